@@ -1,0 +1,127 @@
+/* suanli/base.h — status codes, logging, CPU features, counter-based RNG, timing.
+ *
+ * Usage:
+ *   sl_status st = sl_file_read_all("x.bin", &buf, &n);
+ *   if (st != SL_OK) { fprintf(stderr, "%s\n", sl_errmsg()); return 2; }
+ *
+ *   uint64_t r = sl_rng_u64(seed, stream, counter);   // reproducible from (seed, stream, counter)
+ *   if (sl_cpu_features()->avx512f) { ... }
+ *
+ * Error convention: library functions return sl_status. On failure they record a one-line message
+ * (thread-local) that the caller can fetch with sl_errmsg(). Only the CLI turns a status into an
+ * exit code. Programmer errors (broken invariants) use SL_ASSERT and abort loudly.
+ */
+#ifndef SUANLI_BASE_H
+#define SUANLI_BASE_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum sl_status {
+    SL_OK = 0,
+    SL_ERR_INVALID,     /* bad argument, flag, config value */
+    SL_ERR_IO,          /* file could not be read/written */
+    SL_ERR_FORMAT,      /* file exists but its contents are malformed */
+    SL_ERR_NOMEM,       /* allocation failed */
+    SL_ERR_UNSUPPORTED, /* op/dtype/feature not supported by this backend/build */
+    SL_ERR_TIMEOUT,     /* a deadline passed */
+    SL_ERR_PEER,        /* a remote rank failed or disconnected */
+    SL_ERR_ABORTED,     /* operation was aborted */
+    SL_ERR_INTERNAL,    /* should not happen */
+    SL_STATUS_COUNT
+} sl_status;
+
+const char *sl_status_name(sl_status st);
+
+/* Record an error message (printf-style) for the current thread and return `st`. */
+sl_status sl_fail(sl_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The last recorded error message of this thread ("" if none). Borrowed pointer. */
+const char *sl_errmsg(void);
+void sl_clear_error(void);
+
+/* Propagate a failing status to a cleanup label named `done` with variable `st` in scope. */
+#define SL_CHECK(expr)                                                                             \
+    do {                                                                                           \
+        st = (expr);                                                                               \
+        if (st != SL_OK) goto done;                                                                \
+    } while (0)
+#define SL_TRY(expr)                                                                               \
+    do {                                                                                           \
+        sl_status st_ = (expr);                                                                    \
+        if (st_ != SL_OK) return st_;                                                              \
+    } while (0)
+
+/* Programmer errors: always checked, abort with location. */
+#define SL_ASSERT(cond)                                                                            \
+    do {                                                                                           \
+        if (!(cond)) sl_assert_fail(#cond, __FILE__, __LINE__);                                    \
+    } while (0)
+_Noreturn void sl_assert_fail(const char *cond, const char *file, int line);
+
+/* ---- logging ---- */
+typedef enum { SL_LOG_ERROR = 0, SL_LOG_WARN, SL_LOG_INFO, SL_LOG_DEBUG, SL_LOG_LEVEL_COUNT } sl_log_level;
+void sl_log_set_level(sl_log_level lvl); /* default from SUANLI_LOG (error|warn|info|debug), else info */
+sl_log_level sl_log_get_level(void);
+void sl_log(sl_log_level lvl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define SL_LOGE(...) sl_log(SL_LOG_ERROR, __VA_ARGS__)
+#define SL_LOGW(...) sl_log(SL_LOG_WARN, __VA_ARGS__)
+#define SL_LOGI(...) sl_log(SL_LOG_INFO, __VA_ARGS__)
+#define SL_LOGD(...) sl_log(SL_LOG_DEBUG, __VA_ARGS__)
+
+/* ---- CPU features (CPUID), overridable with SUANLI_ISA=scalar|avx2|avx512 ---- */
+typedef struct sl_cpu_features {
+    int avx2, fma, avx512f, avx512bw, avx512vl, avx512_bf16, avx512_vnni;
+} sl_cpu_features;
+const sl_cpu_features *sl_cpu_features_get(void); /* detected & cached; respects SUANLI_ISA */
+const char *sl_cpu_isa_name(void);                /* "avx512", "avx2" or "scalar" */
+
+/* ---- counter-based RNG (Philox-4x32-10) ----
+ * Every random number is a pure function of (seed, stream, counter), so streams are reproducible
+ * from (seed, step, rank) regardless of how many numbers were drawn before. */
+void sl_philox4x32(uint64_t key, uint64_t ctr_hi, uint64_t ctr_lo, uint32_t out[4]);
+uint64_t sl_rng_u64(uint64_t seed, uint64_t stream, uint64_t counter);
+double sl_rng_uniform(uint64_t seed, uint64_t stream, uint64_t counter); /* [0,1) */
+/* Fill n floats ~ N(mean, std) using Box-Muller over the counter sequence starting at 0. */
+void sl_rng_fill_normal(float *out, int64_t n, uint64_t seed, uint64_t stream, float mean, float std);
+
+/* ---- time ---- */
+double sl_time_sec(void); /* monotonic */
+
+/* ---- threads (OpenMP-backed) ---- */
+void sl_threads_set(int n); /* n <= 0: leave default */
+int sl_threads_get(void);
+
+/* ---- small helpers ---- */
+void *sl_malloc_aligned(size_t bytes); /* 64-byte aligned, NULL on failure; free with sl_free_aligned */
+void sl_free_aligned(void *p);
+/* Read a whole file. *out is owned by caller (free()). */
+sl_status sl_file_read_all(const char *path, char **out, size_t *len);
+/* Atomically write a file: write to path.tmp.PID, fsync, rename. Nothing is left half-written. */
+sl_status sl_file_write_atomic(const char *path, const void *data, size_t len);
+/* mkdir -p; fails with a message naming the path if it is not a writable directory. */
+sl_status sl_mkdirs(const char *path);
+sl_status sl_dir_check_writable(const char *path);
+
+/* bf16 <-> f32, round-to-nearest-even; NaN stays NaN */
+static inline uint16_t sl_f32_to_bf16(float f) {
+    union { float f; uint32_t u; } v = {f};
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40);
+    uint32_t rounding = 0x7fffu + ((v.u >> 16) & 1u);
+    return (uint16_t)((v.u + rounding) >> 16);
+}
+static inline float sl_bf16_to_f32(uint16_t h) {
+    union { uint32_t u; float f; } v = {(uint32_t)h << 16};
+    return v.f;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,65 @@
+/* CPU feature detection via CPUID/XGETBV, with SUANLI_ISA override for tests. */
+#include "suanli/base.h"
+
+#include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+static sl_cpu_features g_feat;
+static int g_feat_init;
+
+#if defined(__x86_64__) || defined(__i386__)
+static uint64_t xgetbv0(void) {
+    uint32_t a, d;
+    __asm__ volatile("xgetbv" : "=a"(a), "=d"(d) : "c"(0));
+    return ((uint64_t)d << 32) | a;
+}
+#endif
+
+static void detect(sl_cpu_features *f) {
+    memset(f, 0, sizeof *f);
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return;
+    int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1;
+    if (!osxsave || !avx) return;
+    uint64_t xcr0 = xgetbv0();
+    int ymm_ok = (xcr0 & 0x6) == 0x6, zmm_ok = (xcr0 & 0xe6) == 0xe6;
+    if (!ymm_ok) return;
+    f->fma = fma;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
+    f->avx2 = (b >> 5) & 1;
+    if (zmm_ok) {
+        f->avx512f = (b >> 16) & 1;
+        f->avx512bw = (b >> 30) & 1;
+        f->avx512vl = (b >> 31) & 1;
+        f->avx512_vnni = (c >> 11) & 1;
+        unsigned a1, b1, c1, d1;
+        if (__get_cpuid_count(7, 1, &a1, &b1, &c1, &d1)) f->avx512_bf16 = (a1 >> 5) & 1;
+    }
+#endif
+}
+
+const sl_cpu_features *sl_cpu_features_get(void) {
+    if (!g_feat_init) {
+        sl_cpu_features f;
+        detect(&f);
+        const char *isa = getenv("SUANLI_ISA");
+        if (isa && !strcmp(isa, "scalar")) {
+            memset(&f, 0, sizeof f);
+        } else if (isa && !strcmp(isa, "avx2")) {
+            f.avx512f = f.avx512bw = f.avx512vl = f.avx512_bf16 = f.avx512_vnni = 0;
+        }
+        g_feat = f;
+        g_feat_init = 1;
+    }
+    return &g_feat;
+}
+
+const char *sl_cpu_isa_name(void) {
+    const sl_cpu_features *f = sl_cpu_features_get();
+    if (f->avx512f && f->avx512bw && f->avx512vl) return "avx512";
+    if (f->avx2 && f->fma) return "avx2";
+    return "scalar";
+}

@@ -1,0 +1,131 @@
+/* Time, threads, aligned memory, whole-file and atomic-file I/O, directories. */
+#define _GNU_SOURCE
+#include "suanli/base.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+double sl_time_sec(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void sl_threads_set(int n) {
+#ifdef _OPENMP
+    if (n > 0) omp_set_num_threads(n);
+#else
+    (void)n;
+#endif
+}
+
+int sl_threads_get(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+void *sl_malloc_aligned(size_t bytes) {
+    if (bytes == 0) bytes = 64;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, (bytes + 63) & ~(size_t)63) != 0) return NULL;
+    return p;
+}
+void sl_free_aligned(void *p) { free(p); }
+
+sl_status sl_file_read_all(const char *path, char **out, size_t *len) {
+    *out = NULL;
+    *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return sl_fail(SL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (fseek(f, 0, SEEK_END) != 0) {
+        fclose(f);
+        return sl_fail(SL_ERR_IO, "%s: cannot seek", path);
+    }
+    long n = ftell(f);
+    if (n < 0) {
+        fclose(f);
+        return sl_fail(SL_ERR_IO, "%s: cannot determine size", path);
+    }
+    rewind(f);
+    char *buf = malloc((size_t)n + 1);
+    if (!buf) {
+        fclose(f);
+        return sl_fail(SL_ERR_NOMEM, "%s: out of memory reading %ld bytes", path, n);
+    }
+    size_t got = fread(buf, 1, (size_t)n, f);
+    fclose(f);
+    if (got != (size_t)n) {
+        free(buf);
+        return sl_fail(SL_ERR_IO, "%s: short read", path);
+    }
+    buf[n] = 0;
+    *out = buf;
+    *len = (size_t)n;
+    return SL_OK;
+}
+
+sl_status sl_file_write_atomic(const char *path, const void *data, size_t len) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return sl_fail(SL_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    const char *p = data;
+    size_t left = len;
+    while (left > 0) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            int e = errno;
+            close(fd);
+            unlink(tmp);
+            return sl_fail(SL_ERR_IO, "%s: write failed: %s", path, strerror(e));
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    if (fsync(fd) != 0 || close(fd) != 0) {
+        unlink(tmp);
+        return sl_fail(SL_ERR_IO, "%s: fsync/close failed: %s", path, strerror(errno));
+    }
+    if (rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return sl_fail(SL_ERR_IO, "%s: rename failed: %s", path, strerror(e));
+    }
+    return SL_OK;
+}
+
+sl_status sl_mkdirs(const char *path) {
+    char buf[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof buf) return sl_fail(SL_ERR_INVALID, "bad directory path '%s'", path);
+    memcpy(buf, path, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (buf[i] == '/' || buf[i] == 0) {
+            char c = buf[i];
+            buf[i] = 0;
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+                return sl_fail(SL_ERR_IO, "%s: cannot create directory: %s", buf, strerror(errno));
+            buf[i] = c;
+        }
+    }
+    return sl_dir_check_writable(path);
+}
+
+sl_status sl_dir_check_writable(const char *path) {
+    struct stat sb;
+    if (stat(path, &sb) != 0) return sl_fail(SL_ERR_IO, "%s: %s", path, strerror(errno));
+    if (!S_ISDIR(sb.st_mode)) return sl_fail(SL_ERR_IO, "%s: not a directory", path);
+    if (access(path, W_OK | X_OK) != 0) return sl_fail(SL_ERR_IO, "%s: directory not writable", path);
+    return SL_OK;
+}

@@ -1,0 +1,4 @@
+/* PLACEHOLDER during initial bring-up: replaced by the real implementation before any issue is resolved. */
+#include <stdio.h>
+#include "cli/commands.h"
+int sl_cmd_bench(int argc, char **argv) { (void)argc; (void)argv; fprintf(stderr, "suanli bench: not built yet\n"); return 1; }

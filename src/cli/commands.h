@@ -1,0 +1,9 @@
+/* CLI subcommands. Each returns a process exit code: 0 ok, 2 bad input/usage, 1 runtime failure. */
+#ifndef SL_CLI_COMMANDS_H
+#define SL_CLI_COMMANDS_H
+int sl_cmd_train(int argc, char **argv);    /* cmd_train.c */
+int sl_cmd_generate(int argc, char **argv); /* cmd_generate.c */
+int sl_cmd_data(int argc, char **argv);     /* cmd_data.c: suanli data prepare ... */
+int sl_cmd_run(int argc, char **argv);      /* cmd_run.c: launcher */
+int sl_cmd_bench(int argc, char **argv);    /* cmd_bench.c: ops | comm | train */
+#endif

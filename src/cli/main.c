@@ -1,0 +1,37 @@
+/* suanli — one CLI for the whole stack. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "suanli/base.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: suanli <command> [flags]\n"
+            "  train     train a model (GPT-2) on token shards\n"
+            "  generate  sample text from saved weights\n"
+            "  data      prepare token shards: suanli data prepare --input F --output-prefix DIR\n"
+            "  run       launch N ranks: suanli run -n N -- PROGRAM ARGS\n"
+            "  bench     benchmarks: suanli bench ops|comm|train [--json]\n"
+            "run 'suanli <command> --help' for its flags\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *c = argv[1];
+    if (!strcmp(c, "-h") || !strcmp(c, "--help") || !strcmp(c, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(c, "train")) return sl_cmd_train(argc - 1, argv + 1);
+    if (!strcmp(c, "generate")) return sl_cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(c, "data")) return sl_cmd_data(argc - 1, argv + 1);
+    if (!strcmp(c, "run")) return sl_cmd_run(argc - 1, argv + 1);
+    if (!strcmp(c, "bench")) return sl_cmd_bench(argc - 1, argv + 1);
+    fprintf(stderr, "suanli: unknown command '%s'\n", c);
+    usage(stderr);
+    return 2;
+}

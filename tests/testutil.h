@@ -1,0 +1,31 @@
+/* Minimal test harness: CHECK macros that print the case and keep counting; main returns failures. */
+#ifndef SL_TESTUTIL_H
+#define SL_TESTUTIL_H
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+
+extern int tu_failures, tu_checks;
+
+#define TU_CHECK(cond, ...)                                                                        \
+    do {                                                                                           \
+        tu_checks++;                                                                               \
+        if (!(cond)) {                                                                             \
+            tu_failures++;                                                                         \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                        \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+        }                                                                                          \
+    } while (0)
+
+/* Compare arrays; tolerance: |a-b| <= atol + rtol*|b|. Prints the worst element on failure. */
+int tu_allclose(const char *what, const float *got, const float *ref, int64_t n, float atol, float rtol);
+/* max|a-b| / max|b| */
+double tu_rel_maxdiff(const float *got, const float *ref, int64_t n);
+int tu_finish(const char *name); /* prints summary, returns exit code */
+/* Run a shell command, capture stdout+stderr into buf (truncated), return exit status (-1 on error). */
+int tu_run(const char *cmd, char *buf, size_t cap);
+const char *tu_cli(void); /* path to the suanli CLI (SUANLI_CLI env) */
+/* Make a fresh temp dir under /tmp; returns static buffer path. */
+const char *tu_tmpdir(const char *tag);
+#endif
