@@ -1,0 +1,109 @@
+/* The CPU backend: host memory buffers and the per-op kernel table. */
+#include <string.h>
+
+#include "device/cpu/kernels/kernels.h"
+#include "suanli/device.h"
+
+typedef sl_status (*kernel_fn)(sl_tensor *n);
+
+static const kernel_fn k_kernels[SL_OP_COUNT] = {
+    [SL_OP_CONT] = sl_k_cont,
+    [SL_OP_CAST] = sl_k_cast,
+    [SL_OP_ADD] = sl_k_add,
+    [SL_OP_MUL] = sl_k_mul,
+    [SL_OP_SCALE] = sl_k_scale,
+    [SL_OP_SUM_TO] = sl_k_sum_to,
+    [SL_OP_ACC] = sl_k_acc,
+    [SL_OP_ZEROS] = sl_k_zeros,
+    [SL_OP_SCATTER_ADD] = sl_k_scatter_add,
+    [SL_OP_MATMUL] = sl_k_matmul,
+    [SL_OP_GELU] = sl_k_gelu,
+    [SL_OP_GELU_BACK] = sl_k_gelu_back,
+    [SL_OP_LAYERNORM] = sl_k_layernorm,
+    [SL_OP_LAYERNORM_BACK_X] = sl_k_layernorm_back_x,
+    [SL_OP_LAYERNORM_BACK_WB] = sl_k_layernorm_back_wb,
+    [SL_OP_SOFTMAX] = sl_k_softmax,
+    [SL_OP_SOFTMAX_BACK] = sl_k_softmax_back,
+    [SL_OP_ATTENTION] = sl_k_attention,
+    [SL_OP_ATTENTION_BACK] = sl_k_attention_back,
+    [SL_OP_EMBEDDING] = sl_k_embedding,
+    [SL_OP_EMBEDDING_BACK] = sl_k_embedding_back,
+    [SL_OP_CROSS_ENTROPY] = sl_k_cross_entropy,
+    [SL_OP_CROSS_ENTROPY_BACK] = sl_k_cross_entropy_back,
+    [SL_OP_CONCAT] = sl_k_concat,
+};
+
+static sl_status cpu_alloc(sl_backend *be, size_t bytes, sl_buffer **out) {
+    sl_buffer *b = calloc(1, sizeof *b);
+    if (!b) return sl_fail(SL_ERR_NOMEM, "cpu backend: out of memory");
+    b->base = sl_malloc_aligned(bytes);
+    if (!b->base) {
+        free(b);
+        return sl_fail(SL_ERR_NOMEM, "cpu backend: cannot allocate %zu bytes", bytes);
+    }
+    b->size = bytes;
+    b->backend = be;
+    *out = b;
+    return SL_OK;
+}
+static void cpu_free(sl_backend *be, sl_buffer *b) {
+    (void)be;
+    sl_free_aligned(b->base);
+    free(b);
+}
+static void *cpu_base(sl_buffer *b) { return b->base; }
+static sl_status cpu_copy_in(sl_buffer *dst, size_t off, const void *host, size_t n) {
+    if (off + n > dst->size) return sl_fail(SL_ERR_INVALID, "cpu backend: copy_in out of range");
+    memcpy((char *)dst->base + off, host, n);
+    return SL_OK;
+}
+static sl_status cpu_copy_out(const sl_buffer *src, size_t off, void *host, size_t n) {
+    if (off + n > src->size) return sl_fail(SL_ERR_INVALID, "cpu backend: copy_out out of range");
+    memcpy(host, (const char *)src->base + off, n);
+    return SL_OK;
+}
+static sl_status cpu_memset_zero(sl_buffer *b, size_t off, size_t n) {
+    if (off + n > b->size) return sl_fail(SL_ERR_INVALID, "cpu backend: memset out of range");
+    memset((char *)b->base + off, 0, n);
+    return SL_OK;
+}
+
+static int cpu_supports(sl_backend *be, const sl_tensor *n) {
+    (void)be;
+    if (n->op == SL_OP_VIEW) return 1;
+    if ((int)n->op <= 0 || n->op >= SL_OP_COUNT || !k_kernels[n->op]) return 0;
+    switch (n->op) {
+    case SL_OP_CONT:
+    case SL_OP_CONCAT:
+    case SL_OP_ZEROS:
+        return 1; /* byte movement: any dtype */
+    case SL_OP_CAST:
+        return n->dtype != SL_I32 && n->src[0]->dtype != SL_I32;
+    default:
+        for (int i = 0; i < SL_MAX_SRC; i++) {
+            const sl_tensor *s = n->src[i];
+            if (!s) continue;
+            if (s->dtype == SL_BF16) return 0; /* bf16 compute kernels come with the operator library */
+        }
+        return n->dtype == SL_F32;
+    }
+}
+
+static sl_status cpu_compute(sl_backend *be, sl_tensor *n) {
+    (void)be;
+    return k_kernels[n->op](n);
+}
+
+static sl_backend g_cpu = {
+    .name = "cpu",
+    .buffer_alloc = cpu_alloc,
+    .buffer_free = cpu_free,
+    .buffer_base = cpu_base,
+    .copy_in = cpu_copy_in,
+    .copy_out = cpu_copy_out,
+    .memset_zero = cpu_memset_zero,
+    .supports_op = cpu_supports,
+    .compute_node = cpu_compute,
+};
+
+sl_backend *sl_backend_cpu(void) { return &g_cpu; }

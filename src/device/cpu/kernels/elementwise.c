@@ -1,0 +1,271 @@
+/* Elementwise and data-movement kernels: cont, cast, add, mul, scale, sum_to, acc, zeros, scatter_add,
+ * concat, gelu. Generic strided loops over 5-D iteration space; the innermost loop is unit-stride
+ * (vectorized by the compiler) whenever the layouts allow. */
+#include <math.h>
+#include <string.h>
+
+#include "device/cpu/kernels/kernels.h"
+
+sl_it5 sl_it5_of(const sl_tensor *t) {
+    sl_it5 r;
+    int pad = 5 - t->ndim;
+    for (int d = 0; d < 5; d++) {
+        r.ne[d] = d < pad ? 1 : t->ne[d - pad];
+        r.nb[d] = d < pad ? 0 : t->nb[d - pad];
+    }
+    return r;
+}
+
+sl_it5 sl_it5_broadcast(const sl_tensor *b, const sl_tensor *out) {
+    sl_it5 o = sl_it5_of(out), r = sl_it5_of(b);
+    for (int d = 0; d < 5; d++) {
+        if (r.ne[d] != o.ne[d]) r.nb[d] = 0; /* broadcast dim (size 1) */
+        r.ne[d] = o.ne[d];
+    }
+    return r;
+}
+
+#define LOOP4(it)                                                                                  \
+    for (int64_t i0 = 0; i0 < (it).ne[0]; i0++)                                                    \
+        for (int64_t i1 = 0; i1 < (it).ne[1]; i1++)                                                \
+            for (int64_t i2 = 0; i2 < (it).ne[2]; i2++)                                            \
+                for (int64_t i3 = 0; i3 < (it).ne[3]; i3++)
+#define OFF4(it) (i0 * (it).nb[0] + i1 * (it).nb[1] + i2 * (it).nb[2] + i3 * (it).nb[3])
+
+sl_status sl_k_cont(sl_tensor *n) {
+    sl_tensor *a = n->src[0];
+    sl_it5 ia = sl_it5_of(a), io = sl_it5_of(n);
+    int64_t n4 = io.ne[4];
+    size_t es = sl_dtype_size(n->dtype);
+    if (es == 4) {
+        const float *src = a->data;
+        float *dst = n->data;
+        LOOP4(io) {
+            const float *s = src + OFF4(ia);
+            float *d = dst + OFF4(io);
+            int64_t sb = ia.nb[4];
+            for (int64_t i = 0; i < n4; i++) d[i] = s[i * sb];
+        }
+    } else {
+        const uint16_t *src = a->data;
+        uint16_t *dst = n->data;
+        LOOP4(io) {
+            const uint16_t *s = src + OFF4(ia);
+            uint16_t *d = dst + OFF4(io);
+            for (int64_t i = 0; i < n4; i++) d[i] = s[i * ia.nb[4]];
+        }
+    }
+    return SL_OK;
+}
+
+sl_status sl_k_cast(sl_tensor *n) {
+    sl_tensor *a = n->src[0];
+    sl_it5 ia = sl_it5_of(a), io = sl_it5_of(n);
+    int64_t n4 = io.ne[4];
+    if (a->dtype == n->dtype) return sl_k_cont(n);
+    if (a->dtype == SL_F32 && n->dtype == SL_BF16) {
+        const float *src = a->data;
+        uint16_t *dst = n->data;
+        LOOP4(io) {
+            const float *s = src + OFF4(ia);
+            uint16_t *d = dst + OFF4(io);
+            for (int64_t i = 0; i < n4; i++) d[i] = sl_f32_to_bf16(s[i * ia.nb[4]]);
+        }
+    } else if (a->dtype == SL_BF16 && n->dtype == SL_F32) {
+        const uint16_t *src = a->data;
+        float *dst = n->data;
+        LOOP4(io) {
+            const uint16_t *s = src + OFF4(ia);
+            float *d = dst + OFF4(io);
+            for (int64_t i = 0; i < n4; i++) d[i] = sl_bf16_to_f32(s[i * ia.nb[4]]);
+        }
+    } else {
+        return sl_fail(SL_ERR_UNSUPPORTED, "cast %s -> %s", sl_dtype_name(a->dtype), sl_dtype_name(n->dtype));
+    }
+    return SL_OK;
+}
+
+static sl_status binary(sl_tensor *n, int is_mul) {
+    sl_tensor *a = n->src[0], *b = n->src[1];
+    sl_it5 io = sl_it5_of(n), ia = sl_it5_of(a), ib = sl_it5_broadcast(b, n);
+    const float *pa = a->data, *pb = b->data;
+    float *po = n->data;
+    int64_t n4 = io.ne[4];
+    int64_t outer = io.ne[0] * io.ne[1] * io.ne[2] * io.ne[3];
+    int unit = ia.nb[4] == 1 && ib.nb[4] <= 1;
+#pragma omp parallel for schedule(static) if (outer * n4 > 32768)
+    for (int64_t r = 0; r < outer; r++) {
+        int64_t i3 = r % io.ne[3], i2 = (r / io.ne[3]) % io.ne[2], i1 = (r / (io.ne[3] * io.ne[2])) % io.ne[1],
+                i0 = r / (io.ne[3] * io.ne[2] * io.ne[1]);
+        const float *x = pa + OFF4(ia), *y = pb + OFF4(ib);
+        float *o = po + OFF4(io);
+        if (unit && ib.nb[4] == 1) {
+            if (is_mul)
+#pragma omp simd
+                for (int64_t i = 0; i < n4; i++) o[i] = x[i] * y[i];
+            else
+#pragma omp simd
+                for (int64_t i = 0; i < n4; i++) o[i] = x[i] + y[i];
+        } else if (unit) { /* y is a scalar along the row */
+            float yv = y[0];
+            if (is_mul)
+                for (int64_t i = 0; i < n4; i++) o[i] = x[i] * yv;
+            else
+                for (int64_t i = 0; i < n4; i++) o[i] = x[i] + yv;
+        } else {
+            for (int64_t i = 0; i < n4; i++) {
+                float xv = x[i * ia.nb[4]], yv = y[i * ib.nb[4]];
+                o[i] = is_mul ? xv * yv : xv + yv;
+            }
+        }
+    }
+    return SL_OK;
+}
+
+sl_status sl_k_add(sl_tensor *n) { return binary(n, 0); }
+sl_status sl_k_mul(sl_tensor *n) { return binary(n, 1); }
+
+sl_status sl_k_scale(sl_tensor *n) {
+    sl_tensor *a = n->src[0];
+    sl_it5 ia = sl_it5_of(a), io = sl_it5_of(n);
+    float s = n->fparams[0];
+    const float *pa = a->data;
+    float *po = n->data;
+    LOOP4(io) {
+        const float *x = pa + OFF4(ia);
+        float *o = po + OFF4(io);
+        for (int64_t i = 0; i < io.ne[4]; i++) o[i] = x[i * ia.nb[4]] * s;
+    }
+    return SL_OK;
+}
+
+sl_status sl_k_sum_to(sl_tensor *n) {
+    sl_tensor *a = n->src[0];
+    float *po = n->data;
+    const float *pa = a->data;
+    int64_t no = sl_nelements(n);
+    int64_t C = n->ndim ? n->ne[n->ndim - 1] : 1;
+    /* fast path: contiguous (R, C) -> (C): parallel over columns, rows summed in order */
+    if (sl_is_contiguous(a) && n->ndim == 1 && a->ne[a->ndim - 1] == C) {
+        int64_t R = sl_nelements(a) / (C ? C : 1);
+#pragma omp parallel for schedule(static)
+        for (int64_t c0 = 0; c0 < C; c0 += 64) {
+            int64_t c1 = c0 + 64 < C ? c0 + 64 : C;
+            float acc[64] = {0};
+            for (int64_t r = 0; r < R; r++) {
+                const float *x = pa + r * C;
+                for (int64_t c = c0; c < c1; c++) acc[c - c0] += x[c];
+            }
+            for (int64_t c = c0; c < c1; c++) po[c] = acc[c - c0];
+        }
+        return SL_OK;
+    }
+    memset(po, 0, sizeof(float) * (size_t)no);
+    sl_it5 ia = sl_it5_of(a), io = sl_it5_broadcast(n, a);
+    /* io: output strides with 0 on reduced dims; io.nb assumes contiguous output */
+    LOOP4(ia) {
+        const float *x = pa + OFF4(ia);
+        float *o = po + OFF4(io);
+        for (int64_t i = 0; i < ia.ne[4]; i++) o[i * io.nb[4]] += x[i * ia.nb[4]];
+    }
+    return SL_OK;
+}
+
+sl_status sl_k_acc(sl_tensor *n) {
+    sl_tensor *dst = n->src[0], *src = n->src[1];
+    SL_ASSERT(n->data == dst->data);
+    sl_it5 id = sl_it5_of(dst), is = sl_it5_of(src);
+    float *pd = dst->data;
+    const float *ps = src->data;
+    if (sl_is_contiguous(dst) && sl_is_contiguous(src)) {
+        int64_t m = sl_nelements(dst);
+#pragma omp parallel for simd schedule(static) if (m > 65536)
+        for (int64_t i = 0; i < m; i++) pd[i] += ps[i];
+        return SL_OK;
+    }
+    /* same element count, maybe different shapes: only contiguous pairs are supported above */
+    SL_ASSERT(sl_same_shape(dst, src));
+    LOOP4(id) {
+        float *d = pd + OFF4(id);
+        const float *s = ps + OFF4(is);
+        for (int64_t i = 0; i < id.ne[4]; i++) d[i * id.nb[4]] += s[i * is.nb[4]];
+    }
+    return SL_OK;
+}
+
+sl_status sl_k_zeros(sl_tensor *n) {
+    memset(n->data, 0, sl_nbytes(n));
+    return SL_OK;
+}
+
+sl_status sl_k_scatter_add(sl_tensor *n) {
+    sl_tensor *src = n->src[1];
+    float *pd = n->data;
+    const float *ps = src->data;
+    int vnd = n->iparams[5];
+    sl_it5 is = sl_it5_of(src), iv = is;
+    int pad = 5 - vnd;
+    for (int d = 0; d < 5; d++) iv.nb[d] = d < pad ? 0 : n->iparams[1 + d - pad];
+    pd += n->iparams[0];
+    LOOP4(is) {
+        float *d = pd + OFF4(iv);
+        const float *s = ps + OFF4(is);
+        for (int64_t i = 0; i < is.ne[4]; i++) d[i * iv.nb[4]] += s[i * is.nb[4]];
+    }
+    return SL_OK;
+}
+
+sl_status sl_k_concat(sl_tensor *n) {
+    sl_tensor *a = n->src[0], *b = n->src[1];
+    int dim = n->iparams[0];
+    size_t es = sl_dtype_size(n->dtype);
+    /* copy a and b into the corresponding slices of the contiguous output, element by element */
+    for (int part = 0; part < 2; part++) {
+        sl_tensor *s = part ? b : a;
+        sl_it5 is = sl_it5_of(s), io = sl_it5_of(n);
+        for (int d = 0; d < 5; d++) io.ne[d] = is.ne[d];
+        int64_t base = part ? a->ne[dim] * n->nb[dim] : 0;
+        char *po = (char *)n->data + base * (int64_t)es;
+        const char *ps = s->data;
+        LOOP4(is) {
+            for (int64_t i = 0; i < is.ne[4]; i++)
+                memcpy(po + (OFF4(io) + i * io.nb[4]) * (int64_t)es, ps + (OFF4(is) + i * is.nb[4]) * (int64_t)es, es);
+        }
+    }
+    return SL_OK;
+}
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+
+sl_status sl_k_gelu(sl_tensor *n) {
+    sl_tensor *a = n->src[0];
+    if (!sl_is_contiguous(a)) return sl_fail(SL_ERR_UNSUPPORTED, "gelu: non-contiguous input");
+    const float *x = a->data;
+    float *y = n->data;
+    int64_t m = sl_nelements(n);
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < m; i++) {
+        float v = x[i];
+        y[i] = 0.5f * v * (1.0f + tanhf(GELU_K * (v + 0.044715f * v * v * v)));
+    }
+    return SL_OK;
+}
+
+sl_status sl_k_gelu_back(sl_tensor *n) {
+    sl_tensor *a = n->src[0], *g = n->src[1];
+    if (!sl_is_contiguous(a) || !sl_is_contiguous(g))
+        return sl_fail(SL_ERR_UNSUPPORTED, "gelu_back: non-contiguous input");
+    const float *x = a->data, *dy = g->data;
+    float *dx = n->data;
+    int64_t m = sl_nelements(n);
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < m; i++) {
+        float v = x[i];
+        float u = GELU_K * (v + 0.044715f * v * v * v);
+        float t = tanhf(u);
+        float sech2 = 1.0f - t * t;
+        float du = GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
+        dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * sech2 * du);
+    }
+    return SL_OK;
+}

@@ -1,0 +1,39 @@
+/* CPU kernels, one per op. Each reads node->src[*]->data and writes node->data (already resolved by the
+ * executor). Kernels that can fail on data (out-of-range ids) return a status. */
+#ifndef SL_CPU_KERNELS_H
+#define SL_CPU_KERNELS_H
+#include "suanli/graph.h"
+
+/* A tensor's shape/strides padded to 5 dims (leading 1s), the common iteration form. */
+typedef struct {
+    int64_t ne[5], nb[5];
+} sl_it5;
+sl_it5 sl_it5_of(const sl_tensor *t);
+/* b's strides as seen when broadcast to shape `out` (0 on broadcast dims). */
+sl_it5 sl_it5_broadcast(const sl_tensor *b, const sl_tensor *out);
+
+sl_status sl_k_cont(sl_tensor *n);
+sl_status sl_k_cast(sl_tensor *n);
+sl_status sl_k_add(sl_tensor *n);
+sl_status sl_k_mul(sl_tensor *n);
+sl_status sl_k_scale(sl_tensor *n);
+sl_status sl_k_sum_to(sl_tensor *n);
+sl_status sl_k_acc(sl_tensor *n);
+sl_status sl_k_zeros(sl_tensor *n);
+sl_status sl_k_scatter_add(sl_tensor *n);
+sl_status sl_k_concat(sl_tensor *n);
+sl_status sl_k_gelu(sl_tensor *n);
+sl_status sl_k_gelu_back(sl_tensor *n);
+sl_status sl_k_matmul(sl_tensor *n);
+sl_status sl_k_layernorm(sl_tensor *n);
+sl_status sl_k_layernorm_back_x(sl_tensor *n);
+sl_status sl_k_layernorm_back_wb(sl_tensor *n);
+sl_status sl_k_softmax(sl_tensor *n);
+sl_status sl_k_softmax_back(sl_tensor *n);
+sl_status sl_k_attention(sl_tensor *n);
+sl_status sl_k_attention_back(sl_tensor *n);
+sl_status sl_k_embedding(sl_tensor *n);
+sl_status sl_k_embedding_back(sl_tensor *n);
+sl_status sl_k_cross_entropy(sl_tensor *n);
+sl_status sl_k_cross_entropy_back(sl_tensor *n);
+#endif

@@ -1,0 +1,161 @@
+/* Reverse-mode autodiff: walks the forward nodes backwards and appends gradient nodes built from the
+ * per-op rules in src/ops/backward.c. */
+#include <string.h>
+
+#include "graph/graph_internal.h"
+#include "ops/ops_internal.h"
+
+typedef struct {
+    sl_graph *g;
+    uint8_t *needs; /* by id: depends on a parameter */
+    uint8_t *owned; /* by id: grads[id] is a private accumulator that may be updated in place */
+} ad_state;
+
+static void push_new(sl_graph *g, sl_tensor *t);
+
+/* Push `t` and any not-yet-pushed nodes it depends on (grad subgraphs are built bottom-up). */
+static void push_new(sl_graph *g, sl_tensor *t) {
+    sl_graph_ensure_id_capacity(g);
+    if (t->op == SL_OP_NONE || g->visited[t->id]) return;
+    for (int i = 0; i < SL_MAX_SRC; i++)
+        if (t->src[i]) push_new(g, t->src[i]);
+    sl_graph_push(g, t);
+}
+
+static void note_grad_write(ad_state *s, sl_tensor *p, sl_tensor *writer) {
+    push_new(s->g, writer);
+    s->g->last_grad_write[p->id] = writer->order;
+}
+
+static void emit(void *vs, sl_tensor *src, sl_tensor *c) {
+    ad_state *s = vs;
+    sl_graph *g = s->g;
+    sl_ctx *ctx = g->ctx;
+    sl_graph_ensure_id_capacity(g);
+    if (!sl_same_shape(c, src)) {
+        /* same number of elements, different shape (e.g. folded matmul): reshape */
+        if (!sl_is_contiguous(c)) c = sl_cont(ctx, c);
+        c = sl_reshape(ctx, c, src->ndim, src->ne);
+    }
+    if (src->flags & SL_FLAG_PARAM) {
+        SL_ASSERT(src->grad && "parameter without a gradient leaf");
+        sl_tensor *in = c;
+        if (!sl_is_contiguous(in)) in = sl_cont(ctx, in);
+        note_grad_write(s, src, sl_acc(ctx, src->grad, in));
+        return;
+    }
+    sl_tensor *prev = g->grads[src->id];
+    if (!prev) {
+        g->grads[src->id] = c;
+        s->owned[src->id] = 0;
+    } else if (s->owned[src->id]) {
+        sl_tensor *in = sl_is_contiguous(c) ? c : sl_cont(ctx, c);
+        g->grads[src->id] = sl_acc(ctx, prev, in);
+    } else {
+        g->grads[src->id] = sl_add(ctx, sl_is_contiguous(prev) ? prev : sl_cont(ctx, prev), c);
+        s->owned[src->id] = 1; /* the add's output is private to this accumulation */
+    }
+}
+
+/* Gradient of a view: scatter g into an accumulator shaped like the view's source. */
+static void emit_view(ad_state *s, sl_tensor *view, sl_tensor *gv) {
+    sl_graph *g = s->g;
+    sl_ctx *ctx = g->ctx;
+    sl_tensor *a = view->view_src;
+    /* A reshape of a contiguous tensor: the gradient is a reshape too. */
+    if (sl_is_contiguous(view) && sl_is_contiguous(a) && view->view_offs == 0 &&
+        sl_nelements(view) == sl_nelements(a)) {
+        emit(s, a, gv);
+        return;
+    }
+    sl_tensor *prev = (a->flags & SL_FLAG_PARAM) ? NULL : g->grads[a->id];
+    sl_tensor *acc;
+    if (prev && s->owned[a->id] && sl_is_contiguous(prev)) {
+        acc = prev;
+    } else {
+        acc = sl_zeros(ctx, SL_F32, a->ndim, a->ne);
+    }
+    sl_tensor *r = sl_scatter_add(ctx, acc, gv, view);
+    if (acc == prev) {
+        g->grads[a->id] = r;
+        return;
+    }
+    if (a->flags & SL_FLAG_PARAM) {
+        emit(s, a, r);
+        return;
+    }
+    if (prev) {
+        g->grads[a->id] = sl_acc(ctx, r, sl_is_contiguous(prev) ? prev : sl_cont(ctx, prev));
+    } else {
+        g->grads[a->id] = r;
+    }
+    s->owned[a->id] = 1;
+}
+
+void sl_graph_build_backward(sl_graph *g, sl_tensor *loss, float loss_scale) {
+    sl_ctx *ctx = g->ctx;
+    int n_fwd = g->n_nodes;
+    SL_ASSERT(loss->order >= 0 && "loss must be in the forward graph");
+    sl_graph_ensure_id_capacity(g);
+    ad_state s = {g, NULL, NULL};
+    int cap = sl_ctx_count(ctx) * 4 + 1024; /* backward creates new tensors */
+    s.needs = calloc((size_t)cap, 1);
+    s.owned = calloc((size_t)cap, 1);
+    SL_ASSERT(s.needs && s.owned);
+    /* which forward nodes depend on a parameter */
+    for (int i = 0; i < n_fwd; i++) {
+        sl_tensor *t = g->nodes[i];
+        for (int k = 0; k < SL_MAX_SRC; k++) {
+            sl_tensor *x = t->src[k];
+            if (!x) continue;
+            if ((x->flags & SL_FLAG_PARAM) || s.needs[x->id]) s.needs[t->id] = 1;
+        }
+    }
+    /* seed: d(loss) = loss_scale, a leaf bound to graph-owned storage */
+    sl_tensor *seed = sl_new_tensor(ctx, SL_F32, loss->ndim, loss->ne);
+    sl_set_name(seed, "d_loss");
+    g->seed_value = loss_scale;
+    sl_tensor_bind(seed, &g->seed_value);
+    SL_ASSERT(sl_nelements(loss) == 1);
+    sl_graph_ensure_id_capacity(g);
+    g->grads[loss->id] = seed;
+
+    for (int i = loss->order; i >= 0; i--) {
+        sl_tensor *t = g->nodes[i];
+        sl_tensor *gt = g->grads[t->id];
+        if (!gt || !s.needs[t->id]) continue;
+        SL_ASSERT(sl_ctx_count(ctx) + 64 < cap);
+        int ng[SL_MAX_SRC] = {0};
+        for (int k = 0; k < SL_MAX_SRC; k++) {
+            sl_tensor *x = t->src[k];
+            ng[k] = x && ((x->flags & SL_FLAG_PARAM) || s.needs[x->id]);
+        }
+        if (t->op == SL_OP_VIEW) {
+            if (ng[0]) emit_view(&s, t, gt);
+        } else if (t->op == SL_OP_EMBEDDING) {
+            sl_tensor *table = t->src[0], *ids = t->src[1];
+            if (ng[0]) {
+                int is_param = (table->flags & SL_FLAG_PARAM) != 0;
+                sl_tensor *dst = is_param ? table->grad : sl_zeros(ctx, SL_F32, 2, table->ne);
+                SL_ASSERT(dst);
+                sl_tensor *eb = sl_new_op(ctx, SL_OP_EMBEDDING_BACK, SL_F32, 2, table->ne);
+                eb->src[0] = dst;
+                eb->src[1] = ids;
+                eb->src[2] = sl_is_contiguous(gt) ? gt : sl_cont(ctx, gt);
+                eb->view_src = dst;
+                if (is_param) note_grad_write(&s, table, eb);
+                else emit(&s, table, eb);
+            }
+        } else {
+            sl_op_backward(ctx, t, gt, ng, emit, &s);
+        }
+        /* push everything created so far so the order stays topological */
+        for (int k = 0; k < SL_MAX_SRC; k++) {
+            sl_tensor *x = t->src[k];
+            if (x && g->grads && x->id < g->grads_cap && g->grads[x->id]) push_new(g, g->grads[x->id]);
+        }
+    }
+    /* gradients that were never consumed (e.g. of inputs) are still pushed so they are computable */
+    free(s.needs);
+    free(s.owned);
+}

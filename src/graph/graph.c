@@ -1,0 +1,253 @@
+/* Graph: node ordering, liveness-based memory planning, and the executor. */
+#include <string.h>
+
+#include "graph/graph_internal.h"
+
+sl_graph *sl_graph_new(sl_ctx *ctx) {
+    sl_graph *g = calloc(1, sizeof *g);
+    if (!g) return NULL;
+    g->ctx = ctx;
+    return g;
+}
+
+void sl_graph_free(sl_graph *g) {
+    if (!g) return;
+    if (g->arena) sl_backend_free(g->backend, g->arena);
+    free(g->nodes);
+    free(g->visited);
+    free(g->grads);
+    free(g->last_grad_write);
+    free(g->offsets);
+    free(g);
+}
+
+void sl_graph_ensure_id_capacity(sl_graph *g) {
+    int need = sl_ctx_count(g->ctx);
+    if (need <= g->visited_cap) return;
+    int cap = need * 2 + 64;
+    g->visited = realloc(g->visited, (size_t)cap);
+    g->grads = realloc(g->grads, sizeof(sl_tensor *) * (size_t)cap);
+    g->last_grad_write = realloc(g->last_grad_write, sizeof(int) * (size_t)cap);
+    SL_ASSERT(g->visited && g->grads && g->last_grad_write);
+    for (int i = g->visited_cap; i < cap; i++) {
+        g->visited[i] = 0;
+        g->grads[i] = NULL;
+        g->last_grad_write[i] = -1;
+    }
+    g->visited_cap = cap;
+    g->grads_cap = cap;
+}
+
+void sl_graph_push(sl_graph *g, sl_tensor *t) {
+    if (g->n_nodes == g->cap_nodes) {
+        g->cap_nodes = g->cap_nodes ? 2 * g->cap_nodes : 256;
+        g->nodes = realloc(g->nodes, sizeof(sl_tensor *) * (size_t)g->cap_nodes);
+        SL_ASSERT(g->nodes);
+    }
+    t->order = g->n_nodes;
+    g->nodes[g->n_nodes++] = t;
+    sl_graph_ensure_id_capacity(g);
+    g->visited[t->id] = 1;
+    g->planned = 0;
+}
+
+static void visit(sl_graph *g, sl_tensor *t) {
+    sl_graph_ensure_id_capacity(g);
+    if (g->visited[t->id]) return;
+    /* iterative DFS would avoid deep recursion; graphs here are a few thousand nodes deep at most */
+    for (int i = 0; i < SL_MAX_SRC; i++)
+        if (t->src[i]) visit(g, t->src[i]);
+    if (t->op == SL_OP_NONE) {
+        g->visited[t->id] = 1; /* leaves are not executed */
+        return;
+    }
+    sl_graph_push(g, t);
+}
+
+void sl_graph_build_forward(sl_graph *g, sl_tensor *out) {
+    visit(g, out);
+    out->flags |= SL_FLAG_OUTPUT;
+}
+
+int sl_graph_n_nodes(const sl_graph *g) { return g->n_nodes; }
+sl_tensor *sl_graph_node(sl_graph *g, int i) { return (i >= 0 && i < g->n_nodes) ? g->nodes[i] : NULL; }
+
+sl_tensor *sl_graph_grad_of(sl_graph *g, const sl_tensor *t) {
+    return (g->grads && t->id < g->grads_cap) ? g->grads[t->id] : NULL;
+}
+
+int sl_graph_last_grad_write(sl_graph *g, const sl_tensor *p) {
+    return (g->last_grad_write && p->id < g->grads_cap) ? g->last_grad_write[p->id] : -1;
+}
+
+/* ---------------- planner ---------------- */
+
+static int is_inplace(const sl_tensor *t) {
+    return t->op == SL_OP_VIEW || t->op == SL_OP_ACC || t->op == SL_OP_SCATTER_ADD ||
+           t->op == SL_OP_EMBEDDING_BACK;
+}
+
+static sl_tensor *storage_root(sl_tensor *t) {
+    while (t->op != SL_OP_NONE && is_inplace(t)) t = t->view_src;
+    return t;
+}
+
+static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
+
+typedef struct {
+    int node;       /* node index */
+    int start, end; /* lifetime [start, end] in node indices */
+    size_t size, offset;
+} plan_item;
+
+static int cmp_size_desc(const void *pa, const void *pb) {
+    const plan_item *a = pa, *b = pb;
+    if (a->size != b->size) return a->size < b->size ? 1 : -1;
+    return a->start - b->start;
+}
+
+/* Note [Activation planning]
+ * Every node that owns storage (not a view, not an in-place op, not a leaf) needs nbytes + aux_bytes.
+ * Its lifetime runs from its own index to the last node that reads it or any alias of it (views and
+ * in-place ops resolve to their storage root). OUTPUT nodes live to the end. Offsets are assigned
+ * offline, largest first, each at the lowest offset that does not overlap an already-placed item
+ * with an intersecting lifetime (greedy-by-size, as in TFLite's arena planner). The arena is
+ * allocated once; no allocation happens in the step loop. */
+sl_status sl_graph_plan(sl_graph *g, sl_backend *be, sl_plan_stats *stats) {
+    int n = g->n_nodes;
+    int *last = malloc(sizeof(int) * (size_t)(n ? n : 1));
+    plan_item *items = malloc(sizeof(plan_item) * (size_t)(n ? n : 1));
+    free(g->offsets);
+    g->offsets = malloc(sizeof(size_t) * (size_t)(n ? n : 1));
+    if (!last || !items || !g->offsets) {
+        free(last);
+        free(items);
+        return sl_fail(SL_ERR_NOMEM, "graph plan: out of memory");
+    }
+    for (int i = 0; i < n; i++) {
+        last[i] = i;
+        g->offsets[i] = SIZE_MAX;
+    }
+    for (int i = 0; i < n; i++) {
+        sl_tensor *t = g->nodes[i];
+        sl_tensor *r = storage_root(t);
+        if (r->op != SL_OP_NONE && r->order >= 0 && last[r->order] < i) last[r->order] = i;
+        for (int s = 0; s < SL_MAX_SRC; s++) {
+            if (!t->src[s]) continue;
+            sl_tensor *rs = storage_root(t->src[s]);
+            if (rs->op != SL_OP_NONE && rs->order >= 0 && last[rs->order] < i) last[rs->order] = i;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        sl_tensor *r = storage_root(g->nodes[i]);
+        if ((g->nodes[i]->flags & SL_FLAG_OUTPUT) && r->op != SL_OP_NONE) last[r->order] = n - 1;
+    }
+    int m = 0;
+    size_t naive = 0;
+    for (int i = 0; i < n; i++) {
+        sl_tensor *t = g->nodes[i];
+        if (is_inplace(t)) continue;
+        size_t sz = align64(sl_nbytes(t) + t->aux_bytes);
+        items[m++] = (plan_item){i, i, last[i], sz, 0};
+        naive += sz;
+    }
+    qsort(items, (size_t)m, sizeof *items, cmp_size_desc);
+    size_t total = 0;
+    /* place each item at the lowest gap among overlapping, already-placed items */
+    plan_item **ov = malloc(sizeof(plan_item *) * (size_t)(m ? m : 1));
+    if (!ov) {
+        free(last);
+        free(items);
+        return sl_fail(SL_ERR_NOMEM, "graph plan: out of memory");
+    }
+    for (int k = 0; k < m; k++) {
+        int nov = 0;
+        for (int j = 0; j < k; j++)
+            if (items[j].start <= items[k].end && items[k].start <= items[j].end) ov[nov++] = &items[j];
+        /* sort overlapping by offset (insertion sort; nov is small) */
+        for (int a = 1; a < nov; a++)
+            for (int b = a; b > 0 && ov[b - 1]->offset > ov[b]->offset; b--) {
+                plan_item *tmp = ov[b];
+                ov[b] = ov[b - 1];
+                ov[b - 1] = tmp;
+            }
+        size_t off = 0;
+        for (int a = 0; a < nov; a++) {
+            if (ov[a]->offset >= off + items[k].size) break;
+            size_t e = ov[a]->offset + ov[a]->size;
+            if (e > off) off = e;
+        }
+        items[k].offset = off;
+        if (off + items[k].size > total) total = off + items[k].size;
+    }
+    for (int k = 0; k < m; k++) g->offsets[items[k].node] = items[k].offset;
+    free(ov);
+    free(last);
+    free(items);
+    if (g->arena) sl_backend_free(g->backend, g->arena);
+    g->arena = NULL;
+    g->backend = be;
+    sl_status st = sl_backend_alloc(be, total ? total : 64, &g->arena);
+    if (st != SL_OK) return st;
+    if (stats) {
+        stats->planned_bytes = total;
+        stats->naive_bytes = naive;
+        stats->n_allocs = m;
+    }
+    g->planned = 1;
+    return SL_OK;
+}
+
+/* ---------------- executor ---------------- */
+
+static sl_status resolve(sl_graph *g) {
+    char *base = g->arena->base;
+    for (int i = 0; i < g->n_nodes; i++) {
+        sl_tensor *t = g->nodes[i];
+        if (t->op == SL_OP_VIEW) {
+            if (!t->view_src->data)
+                return sl_fail(SL_ERR_INVALID, "graph: leaf '%s' has no data bound", t->view_src->name);
+            t->data = (char *)t->view_src->data + t->view_offs * (int64_t)sl_dtype_size(t->view_src->dtype);
+        } else if (is_inplace(t)) {
+            t->data = t->view_src->data;
+        } else {
+            t->data = base + g->offsets[i];
+        }
+        for (int s = 0; s < SL_MAX_SRC; s++)
+            if (t->src[s] && t->src[s]->op == SL_OP_NONE && !t->src[s]->data)
+                return sl_fail(SL_ERR_INVALID, "graph: leaf '%s' (input of %s) has no data bound",
+                               t->src[s]->name, sl_op_name(t->op));
+    }
+    return SL_OK;
+}
+
+sl_status sl_graph_compute_range(sl_graph *g, int start, int end, sl_node_hook hook, void *user) {
+    if (!g->planned) return sl_fail(SL_ERR_INVALID, "graph: compute before plan");
+    if (start == 0) SL_TRY(resolve(g));
+    sl_backend *be = g->backend;
+    if (be->graph_compute) return be->graph_compute(be, g, start, end, hook, user);
+    for (int i = start; i < end; i++) {
+        sl_tensor *t = g->nodes[i];
+        if (t->op != SL_OP_VIEW) {
+            if (!be->supports_op(be, t))
+                return sl_fail(SL_ERR_UNSUPPORTED, "backend %s: op %s (%s) not supported", be->name,
+                               sl_op_name(t->op), sl_dtype_name(t->dtype));
+            SL_TRY(be->compute_node(be, t));
+        }
+        if (hook) SL_TRY(hook(g, i, t, user));
+    }
+    return SL_OK;
+}
+
+sl_status sl_graph_compute(sl_graph *g, sl_node_hook hook, void *user) {
+    return sl_graph_compute_range(g, 0, g->n_nodes, hook, user);
+}
+
+void sl_graph_print(sl_graph *g, FILE *f) {
+    for (int i = 0; i < g->n_nodes; i++) {
+        sl_tensor *t = g->nodes[i];
+        fprintf(f, "%4d %-20s %-5s [", i, sl_op_name(t->op), sl_dtype_name(t->dtype));
+        for (int d = 0; d < t->ndim; d++) fprintf(f, "%s%lld", d ? "," : "", (long long)t->ne[d]);
+        fprintf(f, "] %s\n", t->name);
+    }
+}

@@ -1,0 +1,25 @@
+#ifndef SL_GRAPH_INTERNAL_H
+#define SL_GRAPH_INTERNAL_H
+#include "suanli/device.h"
+#include "suanli/graph.h"
+
+struct sl_graph {
+    sl_ctx *ctx;
+    sl_tensor **nodes; /* computed nodes in execution order */
+    int n_nodes, cap_nodes;
+    uint8_t *visited;  /* by tensor id */
+    int visited_cap;
+    sl_tensor **grads; /* by tensor id: gradient node computed by backward */
+    int *last_grad_write; /* by tensor id (params): index of the last node writing into p->grad */
+    int grads_cap;
+    float seed_value;  /* storage of d(loss) seed */
+    /* plan */
+    sl_backend *backend;
+    sl_buffer *arena;
+    size_t *offsets; /* by node index; SIZE_MAX if not owning storage */
+    int planned;
+};
+
+void sl_graph_push(sl_graph *g, sl_tensor *t);
+void sl_graph_ensure_id_capacity(sl_graph *g);
+#endif

@@ -1,0 +1,146 @@
+/* Backward rules: for each op, the gradient of each source expressed with other ops.
+ * VIEW is handled by the autodiff driver (src/graph/autodiff.c) because its gradient is a scatter
+ * into an accumulator owned by the driver. */
+#include <string.h>
+
+#include "ops/ops_internal.h"
+
+static sl_tensor *as_2d_rows(sl_ctx *ctx, sl_tensor *a) {
+    /* fold leading dims of a (rows uniformly strided) into one: (M, K) view */
+    int64_t M = 1;
+    for (int d = 0; d < a->ndim - 1; d++) M *= a->ne[d];
+    int64_t ne[2] = {M, a->ne[a->ndim - 1]}, nb[2] = {a->ndim >= 2 ? a->nb[a->ndim - 2] : a->ne[0], 1};
+    return sl_view(ctx, a, 2, ne, nb, 0);
+}
+
+static sl_tensor *reshape_like(sl_ctx *ctx, sl_tensor *g, const sl_tensor *like) {
+    if (sl_same_shape(g, like)) return g;
+    if (!sl_is_contiguous(g)) g = sl_cont(ctx, g);
+    return sl_reshape(ctx, g, like->ndim, like->ne);
+}
+
+static sl_tensor *new_backward_op(sl_ctx *ctx, sl_op op, const sl_tensor *like) {
+    return sl_new_op(ctx, op, SL_F32, like->ndim, like->ne);
+}
+
+void sl_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_grad_emit emit, void *st) {
+    sl_tensor *a = n->src[0], *b = n->src[1];
+    switch (n->op) {
+    case SL_OP_CONT:
+        if (ng[0]) emit(st, a, g);
+        break;
+    case SL_OP_CAST:
+        if (ng[0]) emit(st, a, sl_cast(ctx, g, a->dtype));
+        break;
+    case SL_OP_ADD:
+        if (ng[0]) emit(st, a, g);
+        if (ng[1]) emit(st, b, sl_same_shape(a, b) ? g : sl_sum_to(ctx, g, b));
+        break;
+    case SL_OP_MUL:
+        if (ng[0]) emit(st, a, sl_mul(ctx, g, b));
+        if (ng[1]) {
+            sl_tensor *gb = sl_mul(ctx, g, a);
+            emit(st, b, sl_same_shape(a, b) ? gb : sl_sum_to(ctx, gb, b));
+        }
+        break;
+    case SL_OP_SCALE:
+        if (ng[0]) emit(st, a, sl_scale(ctx, g, n->fparams[0]));
+        break;
+    case SL_OP_SUM_TO:
+        if (ng[0]) emit(st, a, sl_add(ctx, sl_zeros(ctx, SL_F32, a->ndim, a->ne), g));
+        break;
+    case SL_OP_CONCAT: {
+        int dim = n->iparams[0];
+        if (ng[0]) emit(st, a, sl_slice(ctx, g, dim, 0, a->ne[dim]));
+        if (ng[1]) emit(st, b, sl_slice(ctx, g, dim, a->ne[dim], b->ne[dim]));
+        break;
+    }
+    case SL_OP_MATMUL: {
+        int tA = n->iparams[0], tB = n->iparams[1];
+        int folded = (b->ndim == 2 && a->ndim > 2);
+        sl_tensor *A = folded ? as_2d_rows(ctx, a) : a;
+        sl_tensor *G = folded ? as_2d_rows(ctx, g) : g;
+        if (ng[0]) {
+            sl_tensor *dA;
+            if (!tA) dA = tB ? sl_matmul(ctx, G, b, 0, 0) : sl_matmul(ctx, G, b, 0, 1);
+            else dA = tB ? sl_matmul(ctx, b, G, 1, 1) : sl_matmul(ctx, b, G, 0, 1);
+            emit(st, a, reshape_like(ctx, dA, a));
+        }
+        if (ng[1]) {
+            sl_tensor *dB;
+            if (!tA) dB = tB ? sl_matmul(ctx, G, A, 1, 0) : sl_matmul(ctx, A, G, 1, 0);
+            else dB = tB ? sl_matmul(ctx, G, A, 1, 1) : sl_matmul(ctx, A, G, 0, 0);
+            emit(st, b, dB);
+        }
+        break;
+    }
+    case SL_OP_GELU:
+        if (ng[0]) {
+            sl_tensor *t = new_backward_op(ctx, SL_OP_GELU_BACK, a);
+            t->src[0] = a;
+            t->src[1] = g;
+            emit(st, a, t);
+        }
+        break;
+    case SL_OP_LAYERNORM: {
+        sl_tensor *w = n->src[1], *bias = n->src[2];
+        if (ng[0]) {
+            sl_tensor *dx = new_backward_op(ctx, SL_OP_LAYERNORM_BACK_X, a);
+            dx->src[0] = n;
+            dx->src[1] = a;
+            dx->src[2] = w;
+            dx->src[3] = g;
+            emit(st, a, dx);
+        }
+        if (ng[1] || ng[2]) {
+            int64_t C = a->ne[a->ndim - 1];
+            sl_tensor *dwb = sl_new_op(ctx, SL_OP_LAYERNORM_BACK_WB, SL_F32, 2, (int64_t[]){2, C});
+            dwb->src[0] = n;
+            dwb->src[1] = a;
+            dwb->src[2] = g;
+            if (ng[1]) emit(st, w, sl_view(ctx, dwb, 1, (int64_t[]){C}, (int64_t[]){1}, 0));
+            if (ng[2]) emit(st, bias, sl_view(ctx, dwb, 1, (int64_t[]){C}, (int64_t[]){1}, C));
+        }
+        break;
+    }
+    case SL_OP_SOFTMAX:
+        if (ng[0]) {
+            sl_tensor *t = new_backward_op(ctx, SL_OP_SOFTMAX_BACK, a);
+            t->src[0] = n;
+            t->src[1] = g;
+            emit(st, a, t);
+        }
+        break;
+    case SL_OP_ATTENTION: {
+        sl_tensor *q = n->src[0], *k = n->src[1], *v = n->src[2];
+        int64_t B = q->ne[0], T = q->ne[1], NH = q->ne[2], hs = q->ne[3], NKV = k->ne[2];
+        sl_tensor *p = sl_new_op(ctx, SL_OP_ATTENTION_BACK, SL_F32, 4, (int64_t[]){B, T, NH + 2 * NKV, hs});
+        p->src[0] = n;
+        p->src[1] = q;
+        p->src[2] = k;
+        p->src[3] = v;
+        p->src[4] = g;
+        if (ng[0]) emit(st, q, sl_slice(ctx, p, 2, 0, NH));
+        if (ng[1]) emit(st, k, sl_slice(ctx, p, 2, NH, NKV));
+        if (ng[2]) emit(st, v, sl_slice(ctx, p, 2, NH + NKV, NKV));
+        break;
+    }
+    case SL_OP_EMBEDDING:
+        /* the table gradient is produced by an accumulating EMBEDDING_BACK; the driver supplies
+         * the destination (the parameter's gradient leaf, or a zeros node) through emit_embedding */
+        break;
+    case SL_OP_CROSS_ENTROPY:
+        if (ng[0]) {
+            sl_tensor *t = new_backward_op(ctx, SL_OP_CROSS_ENTROPY_BACK, a);
+            t->src[0] = n;
+            t->src[1] = a;
+            t->src[2] = b;
+            t->src[3] = g;
+            emit(st, a, t);
+        }
+        break;
+    default:
+        /* backward-only ops have no gradient rule (no higher-order autodiff) */
+        SL_ASSERT(!"op has no backward rule");
+    }
+}

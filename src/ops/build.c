@@ -1,0 +1,282 @@
+/* Op builders: shape rules for every forward op. Programmer errors (impossible shapes) assert. */
+#include <string.h>
+
+#include "ops/ops_internal.h"
+
+static const char *const k_op_names[] = {
+    "none", "view", "cont", "cast", "add", "mul", "scale", "sum_to", "acc", "zeros", "scatter_add",
+    "matmul", "gelu", "gelu_back", "layernorm", "layernorm_back_x", "layernorm_back_wb", "softmax",
+    "softmax_back", "attention", "attention_back", "embedding", "embedding_back", "cross_entropy",
+    "cross_entropy_back", "concat",
+};
+_Static_assert(sizeof(k_op_names) / sizeof(k_op_names[0]) == SL_OP_COUNT, "op name table out of sync");
+
+const char *sl_op_name(sl_op op) { return ((int)op >= 0 && op < SL_OP_COUNT) ? k_op_names[op] : "?"; }
+
+/* ---------------- views ---------------- */
+
+sl_tensor *sl_view(sl_ctx *ctx, sl_tensor *a, int ndim, const int64_t *ne, const int64_t *nb, int64_t offs) {
+    sl_tensor *t = sl_new_op(ctx, SL_OP_VIEW, a->dtype, ndim, ne);
+    for (int d = 0; d < ndim; d++) t->nb[d] = nb[d];
+    t->src[0] = a;
+    t->view_src = a;
+    t->view_offs = offs;
+    /* bounds: the furthest element must lie inside a's extent */
+    int64_t lo = offs, hi = offs, alo = 0, ahi = 0;
+    for (int d = 0; d < ndim; d++)
+        if (ne[d] > 0) hi += (ne[d] - 1) * nb[d];
+    for (int d = 0; d < a->ndim; d++)
+        if (a->ne[d] > 0) ahi += (a->ne[d] - 1) * a->nb[d];
+    SL_ASSERT(lo >= alo && hi <= ahi);
+    return t;
+}
+
+sl_tensor *sl_reshape(sl_ctx *ctx, sl_tensor *a, int ndim, const int64_t *ne) {
+    SL_ASSERT(sl_is_contiguous(a));
+    int64_t n = 1, nb[SL_MAX_DIMS];
+    for (int d = 0; d < ndim; d++) n *= ne[d];
+    SL_ASSERT(n == sl_nelements(a));
+    int64_t s = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        nb[d] = s;
+        s *= ne[d];
+    }
+    return sl_view(ctx, a, ndim, ne, nb, 0);
+}
+
+sl_tensor *sl_reshape_2d(sl_ctx *ctx, sl_tensor *a, int64_t n0, int64_t n1) {
+    return sl_reshape(ctx, a, 2, (int64_t[]){n0, n1});
+}
+
+sl_tensor *sl_permute(sl_ctx *ctx, sl_tensor *a, const int *perm) {
+    int64_t ne[SL_MAX_DIMS], nb[SL_MAX_DIMS];
+    int seen = 0;
+    for (int d = 0; d < a->ndim; d++) {
+        SL_ASSERT(perm[d] >= 0 && perm[d] < a->ndim && !(seen & (1 << perm[d])));
+        seen |= 1 << perm[d];
+        ne[d] = a->ne[perm[d]];
+        nb[d] = a->nb[perm[d]];
+    }
+    return sl_view(ctx, a, a->ndim, ne, nb, 0);
+}
+
+sl_tensor *sl_transpose(sl_ctx *ctx, sl_tensor *a, int d0, int d1) {
+    int perm[SL_MAX_DIMS];
+    for (int d = 0; d < a->ndim; d++) perm[d] = d;
+    perm[d0] = d1;
+    perm[d1] = d0;
+    return sl_permute(ctx, a, perm);
+}
+
+sl_tensor *sl_slice(sl_ctx *ctx, sl_tensor *a, int dim, int64_t start, int64_t len) {
+    SL_ASSERT(dim >= 0 && dim < a->ndim && start >= 0 && len >= 0 && start + len <= a->ne[dim]);
+    int64_t ne[SL_MAX_DIMS];
+    memcpy(ne, a->ne, sizeof ne);
+    ne[dim] = len;
+    return sl_view(ctx, a, a->ndim, ne, a->nb, start * a->nb[dim]);
+}
+
+void sl_split(sl_ctx *ctx, sl_tensor *a, int dim, int n, sl_tensor **out) {
+    SL_ASSERT(n > 0 && a->ne[dim] % n == 0);
+    int64_t len = a->ne[dim] / n;
+    for (int i = 0; i < n; i++) out[i] = sl_slice(ctx, a, dim, i * len, len);
+}
+
+sl_tensor *sl_concat(sl_ctx *ctx, sl_tensor *a, sl_tensor *b, int dim) {
+    SL_ASSERT(a->ndim == b->ndim && a->dtype == b->dtype && dim >= 0 && dim < a->ndim);
+    int64_t ne[SL_MAX_DIMS];
+    for (int d = 0; d < a->ndim; d++) {
+        SL_ASSERT(d == dim || a->ne[d] == b->ne[d]);
+        ne[d] = d == dim ? a->ne[d] + b->ne[d] : a->ne[d];
+    }
+    sl_tensor *t = sl_new_op(ctx, SL_OP_CONCAT, a->dtype, a->ndim, ne);
+    t->src[0] = a;
+    t->src[1] = b;
+    t->iparams[0] = dim;
+    return t;
+}
+
+/* ---------------- elementwise ---------------- */
+
+static sl_tensor *unary(sl_ctx *ctx, sl_op op, sl_tensor *a, sl_dtype dt) {
+    sl_tensor *t = sl_new_op(ctx, op, dt, a->ndim, a->ne);
+    t->src[0] = a;
+    return t;
+}
+
+sl_tensor *sl_cont(sl_ctx *ctx, sl_tensor *a) { return unary(ctx, SL_OP_CONT, a, a->dtype); }
+
+sl_tensor *sl_cast(sl_ctx *ctx, sl_tensor *a, sl_dtype t) {
+    SL_ASSERT(a->dtype != SL_I32 && t != SL_I32);
+    return unary(ctx, SL_OP_CAST, a, t);
+}
+
+int sl_can_broadcast(const sl_tensor *b, const sl_tensor *a) {
+    if (b->ndim > a->ndim) return 0;
+    for (int d = 0; d < b->ndim; d++) {
+        int64_t nb_ = b->ne[b->ndim - 1 - d], na = a->ne[a->ndim - 1 - d];
+        if (nb_ != na && nb_ != 1) return 0;
+    }
+    return 1;
+}
+
+static sl_tensor *binary(sl_ctx *ctx, sl_op op, sl_tensor *a, sl_tensor *b) {
+    SL_ASSERT(a->dtype == SL_F32 && b->dtype == SL_F32);
+    SL_ASSERT(sl_can_broadcast(b, a));
+    sl_tensor *t = sl_new_op(ctx, op, a->dtype, a->ndim, a->ne);
+    t->src[0] = a;
+    t->src[1] = b;
+    return t;
+}
+
+sl_tensor *sl_add(sl_ctx *ctx, sl_tensor *a, sl_tensor *b) { return binary(ctx, SL_OP_ADD, a, b); }
+sl_tensor *sl_mul(sl_ctx *ctx, sl_tensor *a, sl_tensor *b) { return binary(ctx, SL_OP_MUL, a, b); }
+sl_tensor *sl_bias(sl_ctx *ctx, sl_tensor *a, sl_tensor *b) {
+    SL_ASSERT(b->ndim == 1 && b->ne[0] == a->ne[a->ndim - 1]);
+    return binary(ctx, SL_OP_ADD, a, b);
+}
+
+sl_tensor *sl_scale(sl_ctx *ctx, sl_tensor *a, float s) {
+    sl_tensor *t = unary(ctx, SL_OP_SCALE, a, a->dtype);
+    t->fparams[0] = s;
+    return t;
+}
+
+sl_tensor *sl_sum_to(sl_ctx *ctx, sl_tensor *a, const sl_tensor *like) {
+    SL_ASSERT(sl_can_broadcast(like, a));
+    sl_tensor *t = sl_new_op(ctx, SL_OP_SUM_TO, a->dtype, like->ndim, like->ne);
+    t->src[0] = a;
+    return t;
+}
+
+sl_tensor *sl_acc(sl_ctx *ctx, sl_tensor *dst, sl_tensor *src) {
+    SL_ASSERT(sl_nelements(dst) == sl_nelements(src) && dst->dtype == SL_F32 && src->dtype == SL_F32);
+    sl_tensor *t = sl_new_op(ctx, SL_OP_ACC, dst->dtype, dst->ndim, dst->ne);
+    memcpy(t->nb, dst->nb, sizeof t->nb);
+    t->src[0] = dst;
+    t->src[1] = src;
+    t->view_src = dst;
+    return t;
+}
+
+sl_tensor *sl_zeros(sl_ctx *ctx, sl_dtype dt, int ndim, const int64_t *ne) {
+    return sl_new_op(ctx, SL_OP_ZEROS, dt, ndim, ne);
+}
+
+/* Encodes the view geometry (offset, strides) of `view_of_dst` relative to dst's storage so that the
+ * kernel can write src (shape == view's shape) into it. */
+sl_tensor *sl_scatter_add(sl_ctx *ctx, sl_tensor *dst, sl_tensor *src, const sl_tensor *view_of_dst) {
+    SL_ASSERT(sl_same_shape(src, view_of_dst) && view_of_dst->ndim <= 4);
+    SL_ASSERT(dst->dtype == SL_F32 && src->dtype == SL_F32 && sl_is_contiguous(dst));
+    sl_tensor *t = sl_new_op(ctx, SL_OP_SCATTER_ADD, dst->dtype, dst->ndim, dst->ne);
+    t->src[0] = dst;
+    t->src[1] = src;
+    t->view_src = dst;
+    t->iparams[0] = (int32_t)view_of_dst->view_offs;
+    for (int d = 0; d < view_of_dst->ndim; d++) t->iparams[1 + d] = (int32_t)view_of_dst->nb[d];
+    t->iparams[5] = view_of_dst->ndim;
+    return t;
+}
+
+/* ---------------- matmul ---------------- */
+
+sl_tensor *sl_matmul(sl_ctx *ctx, sl_tensor *a, sl_tensor *b, int transA, int transB) {
+    SL_ASSERT(a->ndim >= 2 && b->ndim >= 2 && a->dtype == b->dtype);
+    SL_ASSERT(a->nb[a->ndim - 1] == 1 && b->nb[b->ndim - 1] == 1); /* rows contiguous */
+    int64_t aM = transA ? a->ne[a->ndim - 1] : a->ne[a->ndim - 2];
+    int64_t aK = transA ? a->ne[a->ndim - 2] : a->ne[a->ndim - 1];
+    int64_t bK = transB ? b->ne[b->ndim - 1] : b->ne[b->ndim - 2];
+    int64_t bN = transB ? b->ne[b->ndim - 2] : b->ne[b->ndim - 1];
+    SL_ASSERT(aK == bK);
+    int64_t ne[SL_MAX_DIMS];
+    int nd;
+    if (b->ndim == 2 && a->ndim > 2) {
+        /* linear layer: a's leading dims fold into M; they must be uniformly strided */
+        SL_ASSERT(!transA);
+        for (int d = 0; d < a->ndim - 2; d++) SL_ASSERT(a->ne[d + 1] == 1 || a->nb[d] == a->nb[d + 1] * a->ne[d + 1]);
+        nd = a->ndim;
+        for (int d = 0; d < nd - 1; d++) ne[d] = a->ne[d];
+        ne[nd - 1] = bN;
+    } else {
+        SL_ASSERT(a->ndim == b->ndim && a->ndim <= 5);
+        for (int d = 0; d < a->ndim - 2; d++) SL_ASSERT(a->ne[d] == b->ne[d]);
+        nd = a->ndim;
+        for (int d = 0; d < nd - 2; d++) ne[d] = a->ne[d];
+        ne[nd - 2] = aM;
+        ne[nd - 1] = bN;
+    }
+    sl_tensor *t = sl_new_op(ctx, SL_OP_MATMUL, SL_F32, nd, ne);
+    t->src[0] = a;
+    t->src[1] = b;
+    t->iparams[0] = transA;
+    t->iparams[1] = transB;
+    return t;
+}
+
+sl_tensor *sl_linear(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, sl_tensor *b) {
+    sl_tensor *y = sl_matmul(ctx, x, w, 0, 1);
+    return b ? sl_bias(ctx, y, b) : y;
+}
+
+/* ---------------- nn ops ---------------- */
+
+sl_tensor *sl_gelu(sl_ctx *ctx, sl_tensor *a) {
+    SL_ASSERT(a->dtype == SL_F32);
+    return unary(ctx, SL_OP_GELU, a, a->dtype);
+}
+
+sl_tensor *sl_layernorm(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, sl_tensor *b, float eps) {
+    int64_t C = x->ne[x->ndim - 1];
+    SL_ASSERT(x->dtype == SL_F32 && x->nb[x->ndim - 1] == 1);
+    SL_ASSERT(w->ndim == 1 && w->ne[0] == C && b->ndim == 1 && b->ne[0] == C);
+    sl_tensor *t = unary(ctx, SL_OP_LAYERNORM, x, SL_F32);
+    t->src[1] = w;
+    t->src[2] = b;
+    t->fparams[0] = eps;
+    t->aux_bytes = 2 * sizeof(float) * (size_t)(sl_nelements(x) / (C ? C : 1));
+    return t;
+}
+
+sl_tensor *sl_softmax(sl_ctx *ctx, sl_tensor *a) {
+    SL_ASSERT(a->dtype == SL_F32);
+    return unary(ctx, SL_OP_SOFTMAX, a, a->dtype);
+}
+
+sl_tensor *sl_attention(sl_ctx *ctx, sl_tensor *q, sl_tensor *k, sl_tensor *v) {
+    SL_ASSERT(q->ndim == 4 && k->ndim == 4 && v->ndim == 4);
+    SL_ASSERT(q->dtype == SL_F32 && k->dtype == SL_F32 && v->dtype == SL_F32);
+    int64_t B = q->ne[0], T = q->ne[1], NH = q->ne[2], hs = q->ne[3];
+    SL_ASSERT(sl_same_shape(k, v) && k->ne[0] == B && k->ne[1] == T && k->ne[3] == hs);
+    SL_ASSERT(k->ne[2] > 0 && NH % k->ne[2] == 0);
+    SL_ASSERT(q->nb[3] == 1 && k->nb[3] == 1 && v->nb[3] == 1);
+    sl_tensor *t = sl_new_op(ctx, SL_OP_ATTENTION, SL_F32, 3, (int64_t[]){B, T, NH * hs});
+    t->src[0] = q;
+    t->src[1] = k;
+    t->src[2] = v;
+    t->aux_bytes = sizeof(float) * (size_t)(B * NH * T * T); /* softmax probabilities for backward */
+    return t;
+}
+
+sl_tensor *sl_embedding(sl_ctx *ctx, sl_tensor *table, sl_tensor *ids) {
+    SL_ASSERT(table->ndim == 2 && table->dtype == SL_F32 && sl_is_contiguous(table));
+    SL_ASSERT(ids->dtype == SL_I32 && ids->ndim < SL_MAX_DIMS && sl_is_contiguous(ids));
+    int64_t ne[SL_MAX_DIMS];
+    for (int d = 0; d < ids->ndim; d++) ne[d] = ids->ne[d];
+    ne[ids->ndim] = table->ne[1];
+    sl_tensor *t = sl_new_op(ctx, SL_OP_EMBEDDING, SL_F32, ids->ndim + 1, ne);
+    t->src[0] = table;
+    t->src[1] = ids;
+    return t;
+}
+
+sl_tensor *sl_cross_entropy(sl_ctx *ctx, sl_tensor *logits, sl_tensor *targets) {
+    SL_ASSERT(logits->dtype == SL_F32 && targets->dtype == SL_I32 && sl_is_contiguous(logits));
+    SL_ASSERT(targets->ndim == logits->ndim - 1 && sl_is_contiguous(targets));
+    for (int d = 0; d < targets->ndim; d++) SL_ASSERT(targets->ne[d] == logits->ne[d]);
+    sl_tensor *t = sl_new_op(ctx, SL_OP_CROSS_ENTROPY, SL_F32, 1, (int64_t[]){1});
+    t->src[0] = logits;
+    t->src[1] = targets;
+    t->aux_bytes = sizeof(float) * (size_t)sl_nelements(targets); /* per-row logsumexp */
+    t->flags |= SL_FLAG_LOSS;
+    return t;
+}
