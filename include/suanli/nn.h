@@ -1,0 +1,84 @@
+/* suanli/nn.h — models over flat parameter/gradient buffers, and the optimizer.
+ *
+ * Usage:
+ *   sl_gpt2_config cfg = {.n_layer = 4, .n_head = 4, .n_embd = 128, .vocab_size = 256, .max_seq_len = 128};
+ *   sl_model *m; sl_gpt2_new(&cfg, &m);            // parameters live in m->params_mem (one flat buffer)
+ *   sl_model_init_weights(m, seed);
+ *   sl_tensor *ids = ..., *tg = ...;               // i32 (B, T) leaves created in m->ctx
+ *   sl_tensor *logits, *loss = sl_gpt2_build(m, ids, tg, &logits);
+ *   sl_adamw opt; sl_adamw_init(&opt, m, (sl_adamw_hparams){...});
+ *   sl_adamw_step(&opt, m, lr);                    // over the flat buffers
+ */
+#ifndef SUANLI_NN_H
+#define SUANLI_NN_H
+
+#include "suanli/graph.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct sl_gpt2_config {
+    int n_layer, n_head, n_embd, vocab_size, max_seq_len;
+} sl_gpt2_config;
+
+typedef struct sl_param_info {
+    sl_tensor *t;     /* leaf bound to params_mem + offset */
+    int64_t offset;   /* element offset in the flat buffers */
+    int64_t numel;
+    int decay;        /* weight decay applies (2-D weights), not to biases / norms */
+    int init;         /* SL_INIT_* */
+} sl_param_info;
+
+enum { SL_INIT_NORMAL = 0, SL_INIT_NORMAL_RESID, SL_INIT_ZERO, SL_INIT_ONE };
+
+typedef struct sl_model {
+    sl_gpt2_config cfg;
+    sl_ctx *ctx;             /* holds parameters and every graph built on the model (owned) */
+    sl_param_info *params;   /* owned */
+    int n_params;
+    int64_t numel;           /* total parameter count */
+    float *params_mem;       /* flat parameters (owned) */
+    float *grads_mem;        /* flat gradients (owned), same layout */
+} sl_model;
+
+/* Validates the config (one-line error naming the field) and allocates the flat buffers. */
+sl_status sl_gpt2_new(const sl_gpt2_config *cfg, sl_model **out);
+void sl_model_free(sl_model *m);
+/* GPT-2 init: N(0, 0.02); residual projections N(0, 0.02/sqrt(2L)); biases 0; norm weights 1.
+ * Deterministic in (seed) through the counter RNG: each tensor uses its own stream. */
+void sl_model_init_weights(sl_model *m, uint64_t seed);
+const sl_param_info *sl_model_find(const sl_model *m, const char *name);
+/* Build the forward graph nodes for ids (B, T) -> logits (B, T, V); if targets != NULL also the mean
+ * cross-entropy loss (returned). *logits_out receives the logits node. */
+sl_tensor *sl_gpt2_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_tensor **logits_out);
+/* FLOPs of one forward+backward per token (6N + attention), for MFU. */
+double sl_gpt2_flops_per_token(const sl_gpt2_config *cfg, int T);
+
+/* ---- optimizer ---- */
+typedef struct sl_adamw_hparams {
+    float beta1, beta2, eps, weight_decay;
+} sl_adamw_hparams;
+
+typedef struct sl_adamw {
+    sl_adamw_hparams hp;
+    float *m, *v; /* flat moments (owned) */
+    int64_t numel;
+    int64_t t;    /* steps taken */
+    uint8_t *decay_mask_by_param; /* unused placeholder for sharded layouts */
+} sl_adamw;
+
+sl_status sl_adamw_init(sl_adamw *opt, const sl_model *m, sl_adamw_hparams hp);
+void sl_adamw_free(sl_adamw *opt);
+/* One AdamW step (PyTorch semantics: decoupled decay p *= 1 - lr*wd, bias-corrected moments). */
+void sl_adamw_step(sl_adamw *opt, sl_model *m, float lr);
+/* Global L2 norm of the gradients; if max_norm > 0 and the norm exceeds it, scale the gradients by
+ * max_norm / (norm + 1e-6) (torch.nn.utils.clip_grad_norm_). Returns the norm before clipping. */
+float sl_clip_grad_norm(sl_model *m, float max_norm);
+/* Linear warmup over `warmup` steps ((it+1)/warmup), then cosine from lr to min_lr at `decay_iters`. */
+float sl_lr_schedule(int64_t it, float lr, float min_lr, int64_t warmup, int64_t decay_iters);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,173 @@
+/* GPT-2 (pre-LN, tied embedding, GELU-tanh MLP) built from graph ops over one flat parameter buffer.
+ * Parameter names and layouts follow PyTorch nn.Linear (weight is (out, in)); see scripts/gen_gpt2_parity.py. */
+#include <math.h>
+#include <string.h>
+
+#include "suanli/nn.h"
+
+static sl_status check_cfg(const sl_gpt2_config *c) {
+    if (c->n_layer < 1 || c->n_layer > 1024) return sl_fail(SL_ERR_INVALID, "num-layers must be in [1, 1024], got %d", c->n_layer);
+    if (c->n_head < 1) return sl_fail(SL_ERR_INVALID, "num-attention-heads must be >= 1, got %d", c->n_head);
+    if (c->n_embd < 1 || c->n_embd > 65536) return sl_fail(SL_ERR_INVALID, "hidden-size must be in [1, 65536], got %d", c->n_embd);
+    if (c->n_embd % c->n_head != 0)
+        return sl_fail(SL_ERR_INVALID, "hidden-size %d is not divisible by num-attention-heads %d", c->n_embd, c->n_head);
+    if (c->vocab_size < 2 || c->vocab_size > (1 << 24)) return sl_fail(SL_ERR_INVALID, "vocab-size must be in [2, 2^24], got %d", c->vocab_size);
+    if (c->max_seq_len < 1 || c->max_seq_len > (1 << 20)) return sl_fail(SL_ERR_INVALID, "seq-length must be in [1, 2^20], got %d", c->max_seq_len);
+    return SL_OK;
+}
+
+typedef struct {
+    sl_model *m;
+    int cap;
+} builder;
+
+static sl_tensor *add_param(builder *b, const char *name, int ndim, const int64_t *ne, int decay, int init) {
+    sl_model *m = b->m;
+    SL_ASSERT(m->n_params < b->cap);
+    sl_tensor *t = sl_new_tensor(m->ctx, SL_F32, ndim, ne);
+    sl_set_param(t);
+    sl_set_name(t, "%s", name);
+    sl_param_info *p = &m->params[m->n_params++];
+    p->t = t;
+    p->offset = m->numel;
+    p->numel = sl_nelements(t);
+    p->decay = decay;
+    p->init = init;
+    m->numel += p->numel;
+    return t;
+}
+
+sl_status sl_gpt2_new(const sl_gpt2_config *cfg, sl_model **out) {
+    *out = NULL;
+    SL_TRY(check_cfg(cfg));
+    sl_model *m = calloc(1, sizeof *m);
+    if (!m) return sl_fail(SL_ERR_NOMEM, "model: out of memory");
+    m->cfg = *cfg;
+    int L = cfg->n_layer;
+    int64_t C = cfg->n_embd, V = cfg->vocab_size, T = cfg->max_seq_len;
+    builder b = {m, 4 + 12 * L};
+    m->params = calloc((size_t)b.cap, sizeof(sl_param_info));
+    m->ctx = sl_ctx_new(64 * 1024 + 600 * L);
+    if (!m->params || !m->ctx) {
+        sl_model_free(m);
+        return sl_fail(SL_ERR_NOMEM, "model: out of memory");
+    }
+    char nm[64];
+    add_param(&b, "wte", 2, (int64_t[]){V, C}, 1, SL_INIT_NORMAL);
+    add_param(&b, "wpe", 2, (int64_t[]){T, C}, 1, SL_INIT_NORMAL);
+    for (int l = 0; l < L; l++) {
+#define P(suffix, nd, shape, decay, init)                                                          \
+    snprintf(nm, sizeof nm, "h.%d." suffix, l);                                                    \
+    add_param(&b, nm, nd, shape, decay, init)
+        P("ln_1.weight", 1, ((int64_t[]){C}), 0, SL_INIT_ONE);
+        P("ln_1.bias", 1, ((int64_t[]){C}), 0, SL_INIT_ZERO);
+        P("attn.c_attn.weight", 2, ((int64_t[]){3 * C, C}), 1, SL_INIT_NORMAL);
+        P("attn.c_attn.bias", 1, ((int64_t[]){3 * C}), 0, SL_INIT_ZERO);
+        P("attn.c_proj.weight", 2, ((int64_t[]){C, C}), 1, SL_INIT_NORMAL_RESID);
+        P("attn.c_proj.bias", 1, ((int64_t[]){C}), 0, SL_INIT_ZERO);
+        P("ln_2.weight", 1, ((int64_t[]){C}), 0, SL_INIT_ONE);
+        P("ln_2.bias", 1, ((int64_t[]){C}), 0, SL_INIT_ZERO);
+        P("mlp.c_fc.weight", 2, ((int64_t[]){4 * C, C}), 1, SL_INIT_NORMAL);
+        P("mlp.c_fc.bias", 1, ((int64_t[]){4 * C}), 0, SL_INIT_ZERO);
+        P("mlp.c_proj.weight", 2, ((int64_t[]){C, 4 * C}), 1, SL_INIT_NORMAL_RESID);
+        P("mlp.c_proj.bias", 1, ((int64_t[]){C}), 0, SL_INIT_ZERO);
+#undef P
+    }
+    add_param(&b, "ln_f.weight", 1, (int64_t[]){C}, 0, SL_INIT_ONE);
+    add_param(&b, "ln_f.bias", 1, (int64_t[]){C}, 0, SL_INIT_ZERO);
+    m->params_mem = sl_malloc_aligned(sizeof(float) * (size_t)m->numel);
+    m->grads_mem = sl_malloc_aligned(sizeof(float) * (size_t)m->numel);
+    if (!m->params_mem || !m->grads_mem) {
+        int64_t n = m->numel;
+        sl_model_free(m);
+        return sl_fail(SL_ERR_NOMEM, "model: cannot allocate %lld parameters", (long long)n);
+    }
+    memset(m->params_mem, 0, sizeof(float) * (size_t)m->numel);
+    memset(m->grads_mem, 0, sizeof(float) * (size_t)m->numel);
+    for (int i = 0; i < m->n_params; i++) {
+        sl_param_info *p = &m->params[i];
+        sl_tensor_bind(p->t, m->params_mem + p->offset);
+        p->t->grad = sl_new_tensor(m->ctx, SL_F32, p->t->ndim, p->t->ne);
+        p->t->grad->flags |= SL_FLAG_GRAD;
+        sl_set_name(p->t->grad, "grad.%s", p->t->name);
+        sl_tensor_bind(p->t->grad, m->grads_mem + p->offset);
+    }
+    *out = m;
+    return SL_OK;
+}
+
+void sl_model_free(sl_model *m) {
+    if (!m) return;
+    sl_ctx_free(m->ctx);
+    free(m->params);
+    sl_free_aligned(m->params_mem);
+    sl_free_aligned(m->grads_mem);
+    free(m);
+}
+
+void sl_model_init_weights(sl_model *m, uint64_t seed) {
+    float resid_std = 0.02f / sqrtf(2.0f * (float)m->cfg.n_layer);
+    for (int i = 0; i < m->n_params; i++) {
+        sl_param_info *p = &m->params[i];
+        float *d = m->params_mem + p->offset;
+        switch (p->init) {
+        case SL_INIT_NORMAL: sl_rng_fill_normal(d, p->numel, seed, (uint64_t)i, 0.0f, 0.02f); break;
+        case SL_INIT_NORMAL_RESID: sl_rng_fill_normal(d, p->numel, seed, (uint64_t)i, 0.0f, resid_std); break;
+        case SL_INIT_ZERO: memset(d, 0, sizeof(float) * (size_t)p->numel); break;
+        default:
+            for (int64_t k = 0; k < p->numel; k++) d[k] = 1.0f;
+        }
+    }
+}
+
+const sl_param_info *sl_model_find(const sl_model *m, const char *name) {
+    for (int i = 0; i < m->n_params; i++)
+        if (!strcmp(m->params[i].t->name, name)) return &m->params[i];
+    return NULL;
+}
+
+static sl_tensor *P(sl_model *m, int idx) { return m->params[idx].t; }
+
+sl_tensor *sl_gpt2_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_tensor **logits_out) {
+    sl_ctx *ctx = m->ctx;
+    const sl_gpt2_config *c = &m->cfg;
+    int64_t B = ids->ne[0], T = ids->ne[1], C = c->n_embd, NH = c->n_head, hs = C / NH;
+    SL_ASSERT(ids->ndim == 2 && T <= c->max_seq_len);
+    sl_tensor *wte = P(m, 0), *wpe = P(m, 1);
+    /* x = wte[ids] + wpe[0:T]                                   (B, T, C) */
+    sl_tensor *pos = sl_view(ctx, wpe, 2, (int64_t[]){T, C}, (int64_t[]){C, 1}, 0);
+    sl_tensor *x = sl_add(ctx, sl_embedding(ctx, wte, ids), pos);
+    for (int l = 0; l < c->n_layer; l++) {
+        int o = 2 + 12 * l;
+        /* attention block */
+        sl_tensor *h = sl_layernorm(ctx, x, P(m, o + 0), P(m, o + 1), 1e-5f);
+        sl_tensor *qkv = sl_linear(ctx, h, P(m, o + 2), P(m, o + 3));             /* (B, T, 3C) */
+        sl_tensor *r = sl_reshape(ctx, qkv, 5, (int64_t[]){B, T, 3, NH, hs});
+        int64_t nb4[4] = {r->nb[0], r->nb[1], r->nb[3], 1};
+        sl_tensor *q = sl_view(ctx, r, 4, (int64_t[]){B, T, NH, hs}, nb4, 0);      /* (B, T, NH, hs) */
+        sl_tensor *k = sl_view(ctx, r, 4, (int64_t[]){B, T, NH, hs}, nb4, r->nb[2]);
+        sl_tensor *v = sl_view(ctx, r, 4, (int64_t[]){B, T, NH, hs}, nb4, 2 * r->nb[2]);
+        sl_tensor *a = sl_attention(ctx, q, k, v);                                  /* (B, T, C) */
+        x = sl_add(ctx, x, sl_linear(ctx, a, P(m, o + 4), P(m, o + 5)));
+        /* MLP block */
+        h = sl_layernorm(ctx, x, P(m, o + 6), P(m, o + 7), 1e-5f);
+        sl_tensor *f = sl_gelu(ctx, sl_linear(ctx, h, P(m, o + 8), P(m, o + 9)));  /* (B, T, 4C) */
+        x = sl_add(ctx, x, sl_linear(ctx, f, P(m, o + 10), P(m, o + 11)));
+    }
+    int of = 2 + 12 * c->n_layer;
+    x = sl_layernorm(ctx, x, P(m, of), P(m, of + 1), 1e-5f);
+    sl_tensor *logits = sl_matmul(ctx, x, wte, 0, 1);                               /* (B, T, V) */
+    sl_set_name(logits, "logits");
+    if (logits_out) *logits_out = logits;
+    if (!targets) return NULL;
+    sl_tensor *loss = sl_cross_entropy(ctx, logits, targets);
+    sl_set_name(loss, "loss");
+    return loss;
+}
+
+double sl_gpt2_flops_per_token(const sl_gpt2_config *c, int T) {
+    double C = c->n_embd, L = c->n_layer, V = c->vocab_size;
+    double n_matmul = L * 12.0 * C * C + V * C; /* weights that take part in matmuls */
+    double attn = L * 2.0 * 2.0 * (double)T * C / 2.0 * 3.0; /* causal QK^T and PV, fwd+bwd ~3x */
+    return 6.0 * n_matmul + attn;
+}
