@@ -1,0 +1,93 @@
+/* The training step: builds the forward+backward graph once, plans it, and re-executes it. */
+#include <string.h>
+
+#include "suanli/train.h"
+
+sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *cfg) {
+    memset(tr, 0, sizeof *tr);
+    tr->cfg = *cfg;
+    tr->model = m;
+    if (cfg->B < 1 || cfg->T < 1 || cfg->accum < 1) return sl_fail(SL_ERR_INVALID, "trainer: B, T, accum must be >= 1");
+    if (cfg->T > m->cfg.max_seq_len)
+        return sl_fail(SL_ERR_INVALID, "seq-length %d exceeds the model's max positions %d", cfg->T, m->cfg.max_seq_len);
+    sl_status st = SL_OK;
+    size_t n = (size_t)cfg->B * (size_t)cfg->T;
+    tr->ids_buf = calloc(n, sizeof(int32_t));
+    tr->tg_buf = calloc(n, sizeof(int32_t));
+    if (!tr->ids_buf || !tr->tg_buf) {
+        st = sl_fail(SL_ERR_NOMEM, "trainer: out of memory");
+        goto done;
+    }
+    tr->ids = sl_set_name(sl_new_tensor_2d(m->ctx, SL_I32, cfg->B, cfg->T), "ids");
+    tr->targets = sl_set_name(sl_new_tensor_2d(m->ctx, SL_I32, cfg->B, cfg->T), "targets");
+    sl_set_input(tr->ids);
+    sl_set_input(tr->targets);
+    sl_tensor_bind(tr->ids, tr->ids_buf);
+    sl_tensor_bind(tr->targets, tr->tg_buf);
+    tr->loss = sl_gpt2_build(m, tr->ids, tr->targets, &tr->logits);
+    tr->graph = sl_graph_new(m->ctx);
+    if (!tr->graph) {
+        st = sl_fail(SL_ERR_NOMEM, "trainer: out of memory");
+        goto done;
+    }
+    sl_graph_build_forward(tr->graph, tr->loss);
+    tr->n_forward = sl_graph_n_nodes(tr->graph);
+    sl_graph_build_backward(tr->graph, tr->loss, 1.0f / (float)cfg->accum);
+    SL_CHECK(sl_graph_plan(tr->graph, sl_backend_cpu(), &tr->plan));
+    SL_CHECK(sl_adamw_init(&tr->opt, m, cfg->hp));
+done:
+    if (st != SL_OK) sl_trainer_free(tr);
+    return st;
+}
+
+void sl_trainer_free(sl_trainer *tr) {
+    sl_graph_free(tr->graph);
+    tr->graph = NULL;
+    free(tr->ids_buf);
+    free(tr->tg_buf);
+    tr->ids_buf = tr->tg_buf = NULL;
+    sl_adamw_free(&tr->opt);
+}
+
+sl_status sl_trainer_forward_backward(sl_trainer *tr, const int32_t *ids, const int32_t *targets, float *loss) {
+    size_t n = (size_t)tr->cfg.B * (size_t)tr->cfg.T;
+    if (ids != tr->ids_buf) memcpy(tr->ids_buf, ids, n * sizeof(int32_t));
+    if (targets != tr->tg_buf) memcpy(tr->tg_buf, targets, n * sizeof(int32_t));
+    SL_TRY(sl_graph_compute(tr->graph, NULL, NULL));
+    if (loss) *loss = ((float *)tr->loss->data)[0];
+    return SL_OK;
+}
+
+sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *user, sl_step_stats *stats) {
+    double t0 = sl_time_sec();
+    sl_model *m = tr->model;
+    memset(m->grads_mem, 0, sizeof(float) * (size_t)m->numel);
+    double tot = 0;
+    for (int micro = 0; micro < tr->cfg.accum; micro++) {
+        SL_TRY(fn(user, step, micro, tr->ids_buf, tr->tg_buf));
+        float l;
+        SL_TRY(sl_trainer_forward_backward(tr, tr->ids_buf, tr->tg_buf, &l));
+        tot += l;
+    }
+    float norm = sl_clip_grad_norm(m, tr->cfg.clip);
+    float lr = sl_lr_schedule(step, tr->cfg.lr, tr->cfg.min_lr, tr->cfg.warmup, tr->cfg.decay_iters);
+    sl_adamw_step(&tr->opt, m, lr);
+    if (stats) {
+        stats->loss = (float)(tot / tr->cfg.accum);
+        stats->grad_norm = norm;
+        stats->lr = lr;
+        stats->seconds = sl_time_sec() - t0;
+    }
+    return SL_OK;
+}
+
+sl_status sl_trainer_eval(sl_trainer *tr, sl_batch_fn fn, void *user, int iters, float *loss) {
+    double tot = 0;
+    for (int i = 0; i < iters; i++) {
+        SL_TRY(fn(user, i, 0, tr->ids_buf, tr->tg_buf));
+        SL_TRY(sl_graph_compute_range(tr->graph, 0, tr->n_forward, NULL, NULL));
+        tot += ((float *)tr->loss->data)[0];
+    }
+    *loss = iters ? (float)(tot / iters) : 0.0f;
+    return SL_OK;
+}
