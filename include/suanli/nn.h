@@ -78,6 +78,22 @@ float sl_clip_grad_norm(sl_model *m, float max_norm);
 /* Linear warmup over `warmup` steps ((it+1)/warmup), then cosine from lr to min_lr at `decay_iters`. */
 float sl_lr_schedule(int64_t it, float lr, float min_lr, int64_t warmup, int64_t decay_iters);
 
+/* ---- sampling (generate) ---- */
+typedef struct sl_sample_opts {
+    float temperature; /* <= 0: greedy */
+    int top_k;         /* <= 0: whole vocabulary */
+    float top_p;       /* in (0,1]; 1: off */
+    uint64_t seed;
+} sl_sample_opts;
+/* Pick a token from logits[V]; `counter` indexes the RNG draw so sampling is reproducible. */
+int32_t sl_sample_logits(const float *logits, int V, const sl_sample_opts *o, uint64_t counter);
+/* Called with each new token; return non-zero to stop. */
+typedef int (*sl_token_cb)(void *user, int32_t token);
+/* Autoregressive generation with a sliding window of the model's max positions (no KV cache yet: each
+ * token re-runs the window). Builds its own graph on the model. */
+sl_status sl_gpt2_generate(sl_model *m, const int32_t *prompt, int n_prompt, int max_new, const sl_sample_opts *o,
+                           sl_token_cb cb, void *user);
+
 #ifdef __cplusplus
 }
 #endif

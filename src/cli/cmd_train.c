@@ -1,4 +1,298 @@
-/* PLACEHOLDER during initial bring-up: replaced by the real implementation before any issue is resolved. */
-#include <stdio.h>
+/* suanli train — GPT-2 on token shards. Flag names follow Megatron-LM where one exists. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <string.h>
+
 #include "cli/commands.h"
-int sl_cmd_train(int argc, char **argv) { (void)argc; (void)argv; fprintf(stderr, "suanli train: not built yet\n"); return 1; }
+#include "cli/flags.h"
+#include "suanli/data.h"
+#include "suanli/model_io.h"
+#include "suanli/train.h"
+
+typedef struct {
+    int64_t num_layers, hidden_size, num_heads, seq_length, max_pos, micro_bs, global_bs, train_iters;
+    int64_t warmup, decay_iters, seed, eval_interval, eval_iters, log_interval, threads, vocab_size, sample_tokens;
+    double lr, min_lr, wd, clip, beta1, beta2, eps, exit_mins, temperature;
+    int64_t top_k;
+    const char *data_path, *save, *load, *config, *sample_prompt;
+} train_args;
+
+typedef struct {
+    const sl_dataset *ds;
+    int B, T;
+    uint64_t seed;
+} batch_src;
+
+static sl_status batch_fn(void *u, int64_t step, int micro, int32_t *ids, int32_t *tg) {
+    batch_src *s = u;
+    return sl_dataset_batch(s->ds, s->B, s->T, s->seed, (uint64_t)step, 0, micro, ids, tg);
+}
+
+static void fmt_eta(double sec, char *buf, size_t n) {
+    if (sec < 0 || !isfinite(sec)) sec = 0;
+    int s = (int)(sec + 0.5);
+    if (s >= 3600) snprintf(buf, n, "%dh%02dm", s / 3600, (s / 60) % 60);
+    else if (s >= 60) snprintf(buf, n, "%dm%02ds", s / 60, s % 60);
+    else snprintf(buf, n, "%ds", s);
+}
+
+static int print_token_cb(void *user, int32_t t) {
+    const sl_tokenizer *tok = user;
+    char buf[256];
+    int n = sl_tokenizer_decode_token(tok, t, buf, sizeof buf);
+    if (n > 0) fwrite(buf, 1, (size_t)n, stdout);
+    fflush(stdout);
+    return 0;
+}
+
+/* Shared with generate: print a sample continuing `prompt`. */
+int sl_cli_print_sample(sl_model *m, const sl_tokenizer *tok, const char *prompt, int n_tokens, float temperature,
+                        int top_k, uint64_t seed) {
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    if (sl_tokenizer_encode(tok, prompt, strlen(prompt), &ids, &n) != SL_OK || n == 0) {
+        free(ids);
+        fprintf(stderr, "suanli: cannot encode the prompt: %s\n", sl_errmsg());
+        return 2;
+    }
+    fwrite(prompt, 1, strlen(prompt), stdout);
+    sl_sample_opts so = {temperature, top_k, 1.0f, seed};
+    double t0 = sl_time_sec();
+    sl_status st = sl_gpt2_generate(m, ids, (int)n, n_tokens, &so, print_token_cb, (void *)tok);
+    double dt = sl_time_sec() - t0;
+    free(ids);
+    printf("\n");
+    if (st != SL_OK) {
+        fprintf(stderr, "suanli: generate: %s\n", sl_errmsg());
+        return 1;
+    }
+    fprintf(stderr, "[generated %d tokens in %.2f s, %.1f tokens/s]\n", n_tokens, dt, n_tokens / (dt > 0 ? dt : 1));
+    return 0;
+}
+
+static sl_status copy_file(const char *src, const char *dst) {
+    char *buf;
+    size_t n;
+    SL_TRY(sl_file_read_all(src, &buf, &n));
+    sl_status st = sl_file_write_atomic(dst, buf, n);
+    free(buf);
+    return st;
+}
+
+int sl_cmd_train(int argc, char **argv) {
+    train_args a = {.num_layers = 4, .hidden_size = 128, .num_heads = 4, .seq_length = 128, .max_pos = 0,
+                    .micro_bs = 8, .global_bs = 0, .train_iters = 1000, .warmup = 0, .decay_iters = 0,
+                    .seed = 1234, .eval_interval = 100, .eval_iters = 20, .log_interval = 1, .threads = 0,
+                    .vocab_size = 0, .sample_tokens = 0, .lr = 1e-3, .min_lr = -1, .wd = 0.1, .clip = 1.0,
+                    .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .exit_mins = 0, .temperature = 0.8, .top_k = 0,
+                    .sample_prompt = "\n"};
+    sl_flag flags[] = {
+        {"config", SL_FLAG_STR, &a.config, 0, 0, "JSON file whose keys are these flag names", 0},
+        {"data-path", SL_FLAG_STR, &a.data_path, 0, 0, "directory made by 'suanli data prepare' (required)", 0},
+        {"num-layers", SL_FLAG_INT, &a.num_layers, 1, 1024, "transformer layers (4)", 0},
+        {"hidden-size", SL_FLAG_INT, &a.hidden_size, 1, 65536, "model width C (128)", 0},
+        {"num-attention-heads", SL_FLAG_INT, &a.num_heads, 1, 4096, "attention heads (4)", 0},
+        {"seq-length", SL_FLAG_INT, &a.seq_length, 1, 1 << 20, "tokens per sample T (128)", 0},
+        {"max-position-embeddings", SL_FLAG_INT, &a.max_pos, 1, 1 << 20, "position table size (= seq-length)", 0},
+        {"vocab-size", SL_FLAG_INT, &a.vocab_size, 2, 1 << 24, "must equal the data's vocab (default: from data)", 0},
+        {"micro-batch-size", SL_FLAG_INT, &a.micro_bs, 1, 1 << 20, "samples per micro-batch B (8)", 0},
+        {"global-batch-size", SL_FLAG_INT, &a.global_bs, 1, 1 << 30, "samples per step (= micro-batch-size); a multiple of it", 0},
+        {"train-iters", SL_FLAG_INT, &a.train_iters, 0, 1e12, "optimizer steps (1000)", 0},
+        {"lr", SL_FLAG_FLOAT, &a.lr, 0, 10, "peak learning rate (1e-3)", 0},
+        {"min-lr", SL_FLAG_FLOAT, &a.min_lr, 0, 10, "final learning rate of the cosine decay (lr/10)", 0},
+        {"lr-warmup-iters", SL_FLAG_INT, &a.warmup, 0, 1e12, "linear warmup steps (0)", 0},
+        {"lr-decay-iters", SL_FLAG_INT, &a.decay_iters, 0, 1e12, "cosine decay length (= train-iters)", 0},
+        {"weight-decay", SL_FLAG_FLOAT, &a.wd, 0, 10, "AdamW decoupled weight decay on 2-D weights (0.1)", 0},
+        {"clip-grad", SL_FLAG_FLOAT, &a.clip, 0, 1e9, "global grad-norm clip, 0 = off (1.0)", 0},
+        {"adam-beta1", SL_FLAG_FLOAT, &a.beta1, 0, 0.999999, "(0.9)", 0},
+        {"adam-beta2", SL_FLAG_FLOAT, &a.beta2, 0, 0.999999, "(0.95)", 0},
+        {"adam-eps", SL_FLAG_FLOAT, &a.eps, 0, 1, "(1e-8)", 0},
+        {"seed", SL_FLAG_INT, &a.seed, 0, 9.007199254740992e15, "seeds init and data order (1234)", 0},
+        {"eval-interval", SL_FLAG_INT, &a.eval_interval, 0, 1e12, "steps between val-loss evaluations, 0 = end only (100)", 0},
+        {"eval-iters", SL_FLAG_INT, &a.eval_iters, 1, 1e6, "val micro-batches per evaluation (20)", 0},
+        {"log-interval", SL_FLAG_INT, &a.log_interval, 1, 1e12, "steps between progress lines (1)", 0},
+        {"exit-duration-in-mins", SL_FLAG_FLOAT, &a.exit_mins, 0, 1e9, "stop (eval, save) after this many minutes, 0 = off", 0},
+        {"save", SL_FLAG_STR, &a.save, 0, 0, "output dir: model.safetensors, config.json, tokenizer.json, metrics.jsonl", 0},
+        {"load", SL_FLAG_STR, &a.load, 0, 0, "start from the weights in this dir (architecture from its config.json)", 0},
+        {"threads", SL_FLAG_INT, &a.threads, 0, 1024, "compute threads (default: OpenMP's)", 0},
+        {"sample-tokens", SL_FLAG_INT, &a.sample_tokens, 0, 1e6, "print a sample of N tokens at the end (0)", 0},
+        {"sample-prompt", SL_FLAG_STR, &a.sample_prompt, 0, 0, "prompt for the sample", 0},
+        {"temperature", SL_FLAG_FLOAT, &a.temperature, 0, 100, "sample temperature (0.8)", 0},
+        {"top-k", SL_FLAG_INT, &a.top_k, 0, 1 << 24, "sample top-k, 0 = off", 0},
+    };
+    int nf = (int)(sizeof flags / sizeof flags[0]);
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("usage: suanli train --data-path DIR [flags]\n");
+            sl_flags_usage(flags, nf, stdout);
+            return 0;
+        }
+    if (sl_flags_parse(flags, nf, argc, argv, 1) != SL_OK) {
+        fprintf(stderr, "suanli train: %s\n", sl_errmsg());
+        return 2;
+    }
+#define BAD(...)                                                                                   \
+    do {                                                                                           \
+        fprintf(stderr, "suanli train: " __VA_ARGS__);                                             \
+        fprintf(stderr, "\n");                                                                     \
+        rc = 2;                                                                                    \
+        goto out;                                                                                  \
+    } while (0)
+    int rc = 0;
+    sl_dataset *train = NULL, *val = NULL;
+    sl_tokenizer *tok = NULL;
+    sl_model *m = NULL;
+    sl_trainer tr = {0};
+    FILE *metrics = NULL;
+    int trainer_ok = 0;
+    if (!a.data_path) BAD("--data-path is required");
+    if (a.global_bs == 0) a.global_bs = a.micro_bs;
+    if (a.global_bs % a.micro_bs != 0)
+        BAD("--global-batch-size %lld is not a multiple of --micro-batch-size %lld", (long long)a.global_bs,
+            (long long)a.micro_bs);
+    if (a.min_lr < 0) a.min_lr = a.lr / 10;
+    if (a.min_lr > a.lr) BAD("--min-lr %g exceeds --lr %g", a.min_lr, a.lr);
+    if (a.decay_iters == 0) a.decay_iters = a.train_iters;
+    if (a.warmup > a.decay_iters && a.decay_iters > 0) BAD("--lr-warmup-iters %lld exceeds the decay length %lld", (long long)a.warmup, (long long)a.decay_iters);
+    if (a.threads > 0) sl_threads_set((int)a.threads);
+
+    if (sl_dataset_open(a.data_path, "train", &train) != SL_OK) BAD("%s", sl_errmsg());
+    if (sl_dataset_open(a.data_path, "val", &val) != SL_OK) BAD("%s", sl_errmsg());
+    char tokpath[4096];
+    snprintf(tokpath, sizeof tokpath, "%s/tokenizer.json", a.data_path);
+    if (sl_tokenizer_load(tokpath, &tok) != SL_OK) BAD("%s", sl_errmsg());
+    int data_vocab = sl_dataset_vocab_size(train);
+    if (sl_dataset_vocab_size(val) != data_vocab) BAD("%s: train and val shards disagree on vocab size", a.data_path);
+
+    sl_gpt2_config cfg = {(int)a.num_layers, (int)a.num_heads, (int)a.hidden_size,
+                          a.vocab_size ? (int)a.vocab_size : data_vocab, (int)(a.max_pos ? a.max_pos : a.seq_length)};
+    if (a.load) {
+        sl_gpt2_config lc;
+        if (sl_model_load_config(a.load, &lc) != SL_OK) BAD("--load: %s", sl_errmsg());
+        const char *names[] = {"num-layers", "num-attention-heads", "hidden-size", "vocab-size", "max-position-embeddings"};
+        int lv[] = {lc.n_layer, lc.n_head, lc.n_embd, lc.vocab_size, lc.max_seq_len};
+        int fv[] = {cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, cfg.max_seq_len};
+        for (int i = 0; i < 5; i++)
+            if (sl_flags_find(flags, nf, names[i])->set && lv[i] != fv[i])
+                BAD("--%s %d conflicts with %d in %s/config.json", names[i], fv[i], lv[i], a.load);
+        cfg = lc;
+    }
+    if (cfg.vocab_size != data_vocab)
+        BAD("model vocab size %d does not match the data's vocab size %d (%s)", cfg.vocab_size, data_vocab, a.data_path);
+    if (a.seq_length > cfg.max_seq_len)
+        BAD("--seq-length %lld exceeds the model's position table %d", (long long)a.seq_length, cfg.max_seq_len);
+    if (sl_dataset_num_tokens(train) < a.seq_length + 1 || sl_dataset_num_tokens(val) < a.seq_length + 1)
+        BAD("%s: a split has fewer than seq-length+1 = %lld tokens", a.data_path, (long long)a.seq_length + 1);
+    if (sl_gpt2_new(&cfg, &m) != SL_OK) BAD("%s", sl_errmsg());
+    if (a.load) {
+        char wp[4096];
+        snprintf(wp, sizeof wp, "%s/model.safetensors", a.load);
+        if (sl_model_load_weights(m, wp) != SL_OK) BAD("--load: %s", sl_errmsg());
+    } else {
+        sl_model_init_weights(m, (uint64_t)a.seed);
+    }
+    if (a.save) {
+        if (sl_mkdirs(a.save) != SL_OK) BAD("--save: %s", sl_errmsg());
+        char mp[4096];
+        snprintf(mp, sizeof mp, "%s/metrics.jsonl", a.save);
+        metrics = fopen(mp, "w");
+        if (!metrics) BAD("--save: cannot write %s", mp);
+    }
+
+    int B = (int)a.micro_bs, T = (int)a.seq_length, accum = (int)(a.global_bs / a.micro_bs);
+    sl_trainer_config tc = {.B = B, .T = T, .accum = accum, .lr = (float)a.lr, .min_lr = (float)a.min_lr,
+                            .clip = (float)a.clip, .warmup = a.warmup, .decay_iters = a.decay_iters,
+                            .hp = {(float)a.beta1, (float)a.beta2, (float)a.eps, (float)a.wd}};
+    if (sl_trainer_init(&tr, m, &tc) != SL_OK) {
+        fprintf(stderr, "suanli train: %s\n", sl_errmsg());
+        rc = 1;
+        goto out;
+    }
+    trainer_ok = 1;
+    printf("suanli train: GPT-2 L=%d H=%d C=%d V=%d T=%d | %.2fM params | micro-batch %d x accum %d | %d threads, %s\n",
+           cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, T, (double)m->numel / 1e6, B, accum, sl_threads_get(),
+           sl_cpu_isa_name());
+    printf("activation memory: planned %.1f MiB (naive sum %.1f MiB) | data: %lld train / %lld val tokens\n",
+           tr.plan.planned_bytes / 1048576.0, tr.plan.naive_bytes / 1048576.0, (long long)sl_dataset_num_tokens(train),
+           (long long)sl_dataset_num_tokens(val));
+    fflush(stdout);
+
+    batch_src tsrc = {train, B, T, (uint64_t)a.seed}, vsrc = {val, B, T, (uint64_t)a.seed ^ 0x9e3779b97f4a7c15ull};
+    double t_start = sl_time_sec(), t_steps = 0;
+    float val_loss = NAN;
+    int64_t step = 0;
+    for (; step < a.train_iters; step++) {
+        sl_step_stats ss;
+        if (sl_trainer_step(&tr, step, batch_fn, &tsrc, &ss) != SL_OK) {
+            fprintf(stderr, "suanli train: step %lld: %s\n", (long long)step, sl_errmsg());
+            rc = 1;
+            goto out;
+        }
+        if (!isfinite(ss.loss)) {
+            fprintf(stderr, "suanli train: step %lld: loss is %f; stopping\n", (long long)step, ss.loss);
+            rc = 1;
+            goto out;
+        }
+        t_steps += ss.seconds;
+        double tps = (double)B * T * accum / ss.seconds;
+        int do_eval = (a.eval_interval > 0 && (step + 1) % a.eval_interval == 0) || step + 1 == a.train_iters;
+        int timed_out = a.exit_mins > 0 && sl_time_sec() - t_start > a.exit_mins * 60.0;
+        if (timed_out) do_eval = 1;
+        if (do_eval) {
+            if (sl_trainer_eval(&tr, batch_fn, &vsrc, (int)a.eval_iters, &val_loss) != SL_OK) {
+                fprintf(stderr, "suanli train: eval: %s\n", sl_errmsg());
+                rc = 1;
+                goto out;
+            }
+        }
+        if ((step + 1) % a.log_interval == 0 || do_eval || step == 0) {
+            char eta[32];
+            fmt_eta(t_steps / (double)(step + 1) * (double)(a.train_iters - step - 1), eta, sizeof eta);
+            printf("step %lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %.1f ms/step | %.0f tokens/s | ETA %s",
+                   (long long)step + 1, (long long)a.train_iters, ss.loss, ss.lr, ss.grad_norm, ss.seconds * 1e3, tps, eta);
+            if (do_eval) printf(" | val loss %.4f", val_loss);
+            printf("\n");
+            fflush(stdout);
+        }
+        if (metrics) {
+            fprintf(metrics, "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, \"ms_per_step\": %.3f, "
+                             "\"tokens_per_s\": %.1f",
+                    (long long)step + 1, ss.loss, ss.lr, ss.grad_norm, ss.seconds * 1e3, tps);
+            if (do_eval) fprintf(metrics, ", \"val_loss\": %.6f", val_loss);
+            fprintf(metrics, "}\n");
+            fflush(metrics);
+        }
+        if (timed_out) {
+            printf("stopping after %.1f minutes (--exit-duration-in-mins)\n", (sl_time_sec() - t_start) / 60);
+            step++;
+            break;
+        }
+    }
+    printf("trained %lld steps in %.1f s; final val loss %.4f\n", (long long)step, sl_time_sec() - t_start, val_loss);
+    if (a.save) {
+        char extra[512], tp[4096];
+        snprintf(extra, sizeof extra, "{\"steps\": %lld, \"val_loss\": %.6f, \"seq_length\": %lld, \"seed\": %lld}",
+                 (long long)step, isfinite(val_loss) ? val_loss : -1.0, (long long)a.seq_length, (long long)a.seed);
+        snprintf(tp, sizeof tp, "%s/tokenizer.json", a.save);
+        if (sl_model_save(m, a.save, extra) != SL_OK || copy_file(tokpath, tp) != SL_OK) {
+            fprintf(stderr, "suanli train: save: %s\n", sl_errmsg());
+            rc = 1;
+            goto out;
+        }
+        printf("saved %s/model.safetensors, config.json, tokenizer.json, metrics.jsonl\n", a.save);
+    }
+    if (a.sample_tokens > 0) {
+        printf("---- sample ----\n");
+        rc = sl_cli_print_sample(m, tok, a.sample_prompt, (int)a.sample_tokens, (float)a.temperature, (int)a.top_k,
+                                 (uint64_t)a.seed);
+    }
+out:
+    if (metrics) fclose(metrics);
+    if (trainer_ok) sl_trainer_free(&tr);
+    sl_model_free(m);
+    sl_tokenizer_free(tok);
+    sl_dataset_close(train);
+    sl_dataset_close(val);
+    return rc;
+#undef BAD
+}

@@ -226,13 +226,16 @@ sl_status sl_graph_compute_range(sl_graph *g, int start, int end, sl_node_hook h
     if (start == 0) SL_TRY(resolve(g));
     sl_backend *be = g->backend;
     if (be->graph_compute) return be->graph_compute(be, g, start, end, hook, user);
+    int prof = sl_profile_enabled();
     for (int i = start; i < end; i++) {
         sl_tensor *t = g->nodes[i];
         if (t->op != SL_OP_VIEW) {
             if (!be->supports_op(be, t))
                 return sl_fail(SL_ERR_UNSUPPORTED, "backend %s: op %s (%s) not supported", be->name,
                                sl_op_name(t->op), sl_dtype_name(t->dtype));
+            double t0 = prof ? sl_time_sec() : 0;
             SL_TRY(be->compute_node(be, t));
+            if (prof) sl_profile_add(t->op, sl_time_sec() - t0);
         }
         if (hook) SL_TRY(hook(g, i, t, user));
     }
@@ -241,6 +244,36 @@ sl_status sl_graph_compute_range(sl_graph *g, int start, int end, sl_node_hook h
 
 sl_status sl_graph_compute(sl_graph *g, sl_node_hook hook, void *user) {
     return sl_graph_compute_range(g, 0, g->n_nodes, hook, user);
+}
+
+/* Note [Op profile]
+ * SUANLI_PROFILE=1 accumulates wall time per op kind in the executor and prints a table at exit. */
+static double g_prof_sec[SL_OP_COUNT];
+static long g_prof_cnt[SL_OP_COUNT];
+static int g_prof = -1;
+
+static void profile_report(void) {
+    double tot = 0;
+    for (int i = 0; i < SL_OP_COUNT; i++) tot += g_prof_sec[i];
+    fprintf(stderr, "[suanli profile] op time (s), calls, share\n");
+    for (int i = 0; i < SL_OP_COUNT; i++)
+        if (g_prof_cnt[i])
+            fprintf(stderr, "  %-20s %9.3f %8ld %5.1f%%\n", sl_op_name((sl_op)i), g_prof_sec[i], g_prof_cnt[i],
+                    100 * g_prof_sec[i] / (tot > 0 ? tot : 1));
+}
+
+int sl_profile_enabled(void) {
+    if (g_prof < 0) {
+        const char *e = getenv("SUANLI_PROFILE");
+        g_prof = e && *e && strcmp(e, "0") != 0;
+        if (g_prof) atexit(profile_report);
+    }
+    return g_prof;
+}
+
+void sl_profile_add(sl_op op, double sec) {
+    g_prof_sec[op] += sec;
+    g_prof_cnt[op]++;
 }
 
 void sl_graph_print(sl_graph *g, FILE *f) {

@@ -20,6 +20,8 @@ struct sl_graph {
     int planned;
 };
 
+int sl_profile_enabled(void);
+void sl_profile_add(sl_op op, double sec);
 void sl_graph_push(sl_graph *g, sl_tensor *t);
 void sl_graph_ensure_id_capacity(sl_graph *g);
 #endif

@@ -1,0 +1,141 @@
+#include "cli/flags.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+
+static sl_flag *find(sl_flag *flags, int n, const char *name, size_t len) {
+    for (int i = 0; i < n; i++)
+        if (strlen(flags[i].name) == len && !strncmp(flags[i].name, name, len)) return &flags[i];
+    return NULL;
+}
+
+const sl_flag *sl_flags_find(const sl_flag *flags, int n, const char *name) {
+    return find((sl_flag *)flags, n, name, strlen(name));
+}
+
+static sl_status set_value(sl_flag *f, const char *v, const char *where) {
+    char *end;
+    errno = 0;
+    switch (f->type) {
+    case SL_FLAG_INT: {
+        long long x = strtoll(v, &end, 10);
+        if (!*v || *end || errno)
+            return sl_fail(SL_ERR_INVALID, "%s--%s: '%s' is not an integer", where, f->name, v);
+        if ((double)x < f->lo || (double)x > f->hi)
+            return sl_fail(SL_ERR_INVALID, "%s--%s: %lld out of range [%.0f, %.0f]", where, f->name, x, f->lo, f->hi);
+        *(int64_t *)f->dst = x;
+        break;
+    }
+    case SL_FLAG_FLOAT: {
+        double x = strtod(v, &end);
+        if (!*v || *end || errno || !isfinite(x))
+            return sl_fail(SL_ERR_INVALID, "%s--%s: '%s' is not a number", where, f->name, v);
+        if (x < f->lo || x > f->hi)
+            return sl_fail(SL_ERR_INVALID, "%s--%s: %g out of range [%g, %g]", where, f->name, x, f->lo, f->hi);
+        *(double *)f->dst = x;
+        break;
+    }
+    case SL_FLAG_STR:
+        if (!*v) return sl_fail(SL_ERR_INVALID, "%s--%s: empty value", where, f->name);
+        *(const char **)f->dst = v;
+        break;
+    case SL_FLAG_BOOL:
+        if (!strcmp(v, "1") || !strcmp(v, "true")) *(int *)f->dst = 1;
+        else if (!strcmp(v, "0") || !strcmp(v, "false")) *(int *)f->dst = 0;
+        else return sl_fail(SL_ERR_INVALID, "%s--%s: '%s' is not a boolean", where, f->name, v);
+        break;
+    }
+    f->set = 1;
+    return SL_OK;
+}
+
+/* config strings must outlive parsing: keep them for the process lifetime */
+static sl_status apply_config(sl_flag *flags, int n, const char *path) {
+    char *text;
+    size_t len;
+    SL_TRY(sl_file_read_all(path, &text, &len));
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    free(text);
+    if (!root || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return sl_fail(SL_ERR_FORMAT, "%s: not a JSON object", path);
+    }
+    char where[600];
+    snprintf(where, sizeof where, "%s: ", path);
+    sl_status st = SL_OK;
+    for (cJSON *it = root->child; it; it = it->next) {
+        char key[128];
+        snprintf(key, sizeof key, "%s", it->string ? it->string : "");
+        for (char *p = key; *p; p++)
+            if (*p == '_') *p = '-';
+        sl_flag *f = find(flags, n, key, strlen(key));
+        if (!f || !strcmp(key, "config")) {
+            st = sl_fail(SL_ERR_INVALID, "%s: unknown config key '%s'", path, it->string);
+            break;
+        }
+        char buf[64];
+        const char *v = NULL;
+        if (cJSON_IsString(it)) {
+            v = strdup(it->valuestring); /* lives for the process */
+        } else if (cJSON_IsBool(it)) {
+            v = cJSON_IsTrue(it) ? "1" : "0";
+        } else if (cJSON_IsNumber(it)) {
+            if (f->type == SL_FLAG_INT && it->valuedouble != floor(it->valuedouble)) {
+                st = sl_fail(SL_ERR_INVALID, "%s: key '%s' must be an integer", path, it->string);
+                break;
+            }
+            if (f->type == SL_FLAG_INT) snprintf(buf, sizeof buf, "%.0f", it->valuedouble);
+            else snprintf(buf, sizeof buf, "%.17g", it->valuedouble);
+            v = f->type == SL_FLAG_STR ? strdup(buf) : buf;
+        } else {
+            st = sl_fail(SL_ERR_INVALID, "%s: key '%s' has an unsupported type", path, it->string);
+            break;
+        }
+        if ((st = set_value(f, v, where)) != SL_OK) break;
+    }
+    cJSON_Delete(root);
+    return st;
+}
+
+sl_status sl_flags_parse(sl_flag *flags, int n, int argc, char **argv, int first) {
+    /* pass 1: config file */
+    sl_flag *cfg = find(flags, n, "config", 6);
+    for (int i = first; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strncmp(a, "--config", 8) && (a[8] == 0 || a[8] == '=')) {
+            const char *v = a[8] == '=' ? a + 9 : (i + 1 < argc ? argv[i + 1] : NULL);
+            if (!cfg) return sl_fail(SL_ERR_INVALID, "unknown flag --config");
+            if (!v) return sl_fail(SL_ERR_INVALID, "--config: missing value");
+            SL_TRY(apply_config(flags, n, v));
+            SL_TRY(set_value(cfg, v, ""));
+        }
+    }
+    for (int i = first; i < argc; i++) {
+        const char *a = argv[i];
+        if (strncmp(a, "--", 2) != 0) return sl_fail(SL_ERR_INVALID, "unexpected argument '%s'", a);
+        const char *name = a + 2, *eq = strchr(name, '=');
+        size_t len = eq ? (size_t)(eq - name) : strlen(name);
+        sl_flag *f = find(flags, n, name, len);
+        if (!f) return sl_fail(SL_ERR_INVALID, "unknown flag --%.*s", (int)len, name);
+        const char *v;
+        if (eq) v = eq + 1;
+        else if (f->type == SL_FLAG_BOOL && (i + 1 >= argc || !strncmp(argv[i + 1], "--", 2))) v = "1";
+        else if (i + 1 < argc) v = argv[++i];
+        else return sl_fail(SL_ERR_INVALID, "--%s: missing value", f->name);
+        if (f == cfg) continue;
+        SL_TRY(set_value(f, v, ""));
+    }
+    return SL_OK;
+}
+
+void sl_flags_usage(const sl_flag *flags, int n, FILE *f) {
+    for (int i = 0; i < n; i++) {
+        const char *t = flags[i].type == SL_FLAG_INT ? "N" : flags[i].type == SL_FLAG_FLOAT ? "X"
+                        : flags[i].type == SL_FLAG_STR ? "S" : "";
+        char left[64];
+        snprintf(left, sizeof left, "--%s %s", flags[i].name, t);
+        fprintf(f, "  %-34s %s\n", left, flags[i].help);
+    }
+}

@@ -1,0 +1,129 @@
+/* Model weights <-> safetensors + config.json. */
+#include <cjson/cJSON.h>
+#include <string.h>
+
+#include "suanli/model_io.h"
+#include "suanli/safetensors.h"
+
+sl_status sl_model_save(const sl_model *m, const char *dir, const char *extra_json) {
+    sl_status st = SL_OK;
+    char path[4096];
+    sl_st_tensor *ts = calloc((size_t)m->n_params, sizeof *ts);
+    cJSON *root = cJSON_CreateObject();
+    char *text = NULL;
+    if (!ts || !root) {
+        st = sl_fail(SL_ERR_NOMEM, "save: out of memory");
+        goto done;
+    }
+    for (int i = 0; i < m->n_params; i++) {
+        const sl_param_info *p = &m->params[i];
+        ts[i].name = p->t->name;
+        ts[i].dtype = "F32";
+        ts[i].ndim = p->t->ndim;
+        for (int d = 0; d < p->t->ndim; d++) ts[i].shape[d] = p->t->ne[d];
+        ts[i].data = m->params_mem + p->offset;
+        ts[i].nbytes = sizeof(float) * (size_t)p->numel;
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    const char *meta[] = {"format", "pt", "producer", "suanli", NULL};
+    SL_CHECK(sl_safetensors_write(path, ts, m->n_params, meta));
+    cJSON_AddStringToObject(root, "architecture", "gpt2");
+    cJSON_AddNumberToObject(root, "n_layer", m->cfg.n_layer);
+    cJSON_AddNumberToObject(root, "n_head", m->cfg.n_head);
+    cJSON_AddNumberToObject(root, "n_embd", m->cfg.n_embd);
+    cJSON_AddNumberToObject(root, "vocab_size", m->cfg.vocab_size);
+    cJSON_AddNumberToObject(root, "max_seq_len", m->cfg.max_seq_len);
+    if (extra_json) {
+        cJSON *e = cJSON_Parse(extra_json);
+        if (e) cJSON_AddItemToObject(root, "train", e);
+    }
+    text = cJSON_Print(root);
+    if (!text) {
+        st = sl_fail(SL_ERR_NOMEM, "save: out of memory");
+        goto done;
+    }
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    SL_CHECK(sl_file_write_atomic(path, text, strlen(text)));
+done:
+    free(ts);
+    free(text);
+    cJSON_Delete(root);
+    return st;
+}
+
+static sl_status get_int(cJSON *root, const char *path, const char *key, int *out) {
+    cJSON *it = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!it) return sl_fail(SL_ERR_FORMAT, "%s: missing field '%s'", path, key);
+    if (!cJSON_IsNumber(it) || it->valuedouble != (double)(int)it->valuedouble)
+        return sl_fail(SL_ERR_FORMAT, "%s: field '%s' must be an integer", path, key);
+    *out = (int)it->valuedouble;
+    return SL_OK;
+}
+
+sl_status sl_model_load_config(const char *dir, sl_gpt2_config *cfg) {
+    char path[4096], *text;
+    size_t len;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    SL_TRY(sl_file_read_all(path, &text, &len));
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    free(text);
+    if (!root || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return sl_fail(SL_ERR_FORMAT, "%s: not a JSON object", path);
+    }
+    sl_status st = SL_OK;
+    cJSON *arch = cJSON_GetObjectItemCaseSensitive(root, "architecture");
+    if (!cJSON_IsString(arch) || strcmp(arch->valuestring, "gpt2") != 0) {
+        st = sl_fail(SL_ERR_FORMAT, "%s: field 'architecture' must be \"gpt2\"", path);
+        goto done;
+    }
+    SL_CHECK(get_int(root, path, "n_layer", &cfg->n_layer));
+    SL_CHECK(get_int(root, path, "n_head", &cfg->n_head));
+    SL_CHECK(get_int(root, path, "n_embd", &cfg->n_embd));
+    SL_CHECK(get_int(root, path, "vocab_size", &cfg->vocab_size));
+    SL_CHECK(get_int(root, path, "max_seq_len", &cfg->max_seq_len));
+done:
+    cJSON_Delete(root);
+    return st;
+}
+
+sl_status sl_model_load_weights(sl_model *m, const char *path) {
+    sl_safetensors *st;
+    SL_TRY(sl_safetensors_open(path, &st));
+    sl_status s = SL_OK;
+    for (int i = 0; i < m->n_params; i++) {
+        const sl_param_info *p = &m->params[i];
+        const sl_st_tensor *t = sl_safetensors_find(st, p->t->name);
+        if (!t) {
+            s = sl_fail(SL_ERR_FORMAT, "%s: missing tensor '%s'", path, p->t->name);
+            break;
+        }
+        int ok = !strcmp(t->dtype, "F32") && t->ndim == p->t->ndim;
+        for (int d = 0; ok && d < t->ndim; d++) ok = t->shape[d] == p->t->ne[d];
+        if (!ok) {
+            s = sl_fail(SL_ERR_FORMAT, "%s: tensor '%s' has dtype %s / shape that does not match the model", path,
+                        p->t->name, t->dtype);
+            break;
+        }
+        memcpy(m->params_mem + p->offset, t->data, t->nbytes);
+    }
+    sl_safetensors_close(st);
+    return s;
+}
+
+sl_status sl_model_load(const char *dir, sl_model **out) {
+    *out = NULL;
+    sl_gpt2_config cfg;
+    SL_TRY(sl_model_load_config(dir, &cfg));
+    sl_model *m;
+    SL_TRY(sl_gpt2_new(&cfg, &m));
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    sl_status st = sl_model_load_weights(m, path);
+    if (st != SL_OK) {
+        sl_model_free(m);
+        return st;
+    }
+    *out = m;
+    return SL_OK;
+}

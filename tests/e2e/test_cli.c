@@ -1,0 +1,148 @@
+/* The CLI end to end: a tiny training run (files, metrics, generate) and every bad-input path of
+ * `suanli train`: one line naming the problem, exit status 2, no crash, nothing half-written. */
+#include <cjson/cJSON.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "suanli/base.h"
+#include "testutil.h"
+
+static char out[1 << 16];
+static char dir[512], data[600];
+
+static int exists(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0;
+}
+
+static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int run(const char *fmt, ...) {
+    char args[4096], cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "%s %s", tu_cli(), args);
+    return tu_run(cmd, out, sizeof out);
+}
+
+static int one_line(void) {
+    size_t n = strlen(out);
+    int lines = 0;
+    for (size_t i = 0; i < n; i++) lines += out[i] == '\n';
+    return lines == 1 && n > 0 && out[n - 1] == '\n';
+}
+
+/* expect exit 2 with a one-line message containing `needle` */
+static void bad(const char *what, const char *needle, int rc) {
+    TU_CHECK(rc == 2, "%s: exit %d (want 2); output: %s", what, rc, out);
+    TU_CHECK(strstr(out, needle) != NULL, "%s: message lacks '%s': %s", what, needle, out);
+    TU_CHECK(one_line(), "%s: not exactly one line: %s", what, out);
+}
+
+#define TINY "--num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+
+int main(void) {
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir("cli"));
+    snprintf(data, sizeof data, "%s/data", dir);
+    /* a small corpus: the first 20 KB of tinyshakespeare */
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "head -c 20000 %s/data/tinyshakespeare.txt > %s/small.txt", SL_SOURCE_DIR, dir);
+    TU_CHECK(system(cmd) == 0, "corpus");
+    int rc = run("data prepare --input %s/small.txt --output-prefix %s --tokenizer-type byte", dir, data);
+    TU_CHECK(rc == 0, "prepare: %s", out);
+
+    /* happy path: train, save, metrics, generate */
+    rc = run("train --data-path %s " TINY " --train-iters 6 --eval-interval 3 --eval-iters 2 --save %s/run1 "
+             "--sample-tokens 8 --threads 2", data, dir);
+    TU_CHECK(rc == 0, "train: %s", out);
+    TU_CHECK(strstr(out, "step 6/6") && strstr(out, "val loss") && strstr(out, "tokens/s") && strstr(out, "ETA"),
+             "progress lines: %s", out);
+    const char *files[] = {"model.safetensors", "config.json", "tokenizer.json", "metrics.jsonl"};
+    for (int i = 0; i < 4; i++) {
+        char p[700];
+        snprintf(p, sizeof p, "%s/run1/%s", dir, files[i]);
+        TU_CHECK(exists(p), "missing %s", p);
+    }
+    char mp[700], *mtext = NULL;
+    size_t mlen = 0;
+    snprintf(mp, sizeof mp, "%s/run1/metrics.jsonl", dir);
+    TU_CHECK(sl_file_read_all(mp, &mtext, &mlen) == SL_OK, "read metrics");
+    int nlines = 0, nval = 0;
+    for (char *line = mtext ? strtok(mtext, "\n") : NULL; line; line = strtok(NULL, "\n")) {
+        cJSON *o = cJSON_Parse(line);
+        TU_CHECK(o && cJSON_IsNumber(cJSON_GetObjectItem(o, "step")) && cJSON_IsNumber(cJSON_GetObjectItem(o, "loss")) &&
+                     cJSON_IsNumber(cJSON_GetObjectItem(o, "lr")) && cJSON_IsNumber(cJSON_GetObjectItem(o, "grad_norm")) &&
+                     cJSON_IsNumber(cJSON_GetObjectItem(o, "tokens_per_s")),
+                 "metrics line: %s", line);
+        nval += cJSON_GetObjectItem(o, "val_loss") != NULL;
+        cJSON_Delete(o);
+        nlines++;
+    }
+    free(mtext);
+    TU_CHECK(nlines == 6 && nval == 2, "metrics: %d lines, %d with val_loss", nlines, nval);
+    rc = run("generate --load %s/run1 --prompt ROMEO --max-new-tokens 12 --temperature 0", dir);
+    TU_CHECK(rc == 0 && strncmp(out, "ROMEO", 5) == 0, "generate: %s", out);
+    /* determinism: the same seed gives the same loss trajectory */
+    rc = run("train --data-path %s " TINY " --train-iters 3 --eval-interval 0 --eval-iters 1 --threads 2", data);
+    char first[4096];
+    snprintf(first, sizeof first, "%s", strstr(out, "step 3/3") ? strstr(out, "step 3/3") : "");
+    *strstr(first, " | lr") = 0;
+    run("train --data-path %s " TINY " --train-iters 3 --eval-interval 0 --eval-iters 1 --threads 2", data);
+    TU_CHECK(strstr(out, first) != NULL, "same seed, same loss: '%s' vs %s", first, out);
+    /* a config file gives the same run */
+    char cfgp[700];
+    snprintf(cfgp, sizeof cfgp, "%s/cfg.json", dir);
+    FILE *f = fopen(cfgp, "w");
+    fprintf(f, "{\"num_layers\": 1, \"hidden-size\": 32, \"num_attention_heads\": 2, \"seq_length\": 16,"
+               " \"micro_batch_size\": 2, \"train_iters\": 3, \"eval_interval\": 0, \"eval_iters\": 1}\n");
+    fclose(f);
+    rc = run("train --config %s --data-path %s --threads 2", cfgp, data);
+    TU_CHECK(rc == 0 && strstr(out, first) != NULL, "config run matches flags run: %s", out);
+
+    /* ---- bad input ---- */
+    bad("missing data dir", "nonexistent", run("train --data-path %s/nonexistent " TINY, dir));
+    bad("no data path", "--data-path", run("train " TINY));
+    bad("malformed number", "--lr", run("train --data-path %s --lr abc", data));
+    bad("out of range", "--num-layers", run("train --data-path %s --num-layers 0", data));
+    bad("unknown flag", "--frobnicate", run("train --data-path %s --frobnicate 3", data));
+    bad("missing value", "--seed", run("train --data-path %s --seed", data));
+    bad("batch multiple", "--global-batch-size", run("train --data-path %s --micro-batch-size 3 --global-batch-size 8", data));
+    bad("heads divide", "divisible", run("train --data-path %s --hidden-size 30 --num-attention-heads 4", data));
+    bad("vocab mismatch", "vocab", run("train --data-path %s " TINY " --vocab-size 300 --save %s/never", data, dir));
+    char never[700];
+    snprintf(never, sizeof never, "%s/never", dir);
+    TU_CHECK(!exists(never), "nothing written on a rejected run");
+    f = fopen(cfgp, "w");
+    fprintf(f, "{\"num_layers\": 1, \"learning_rate\": 0.1}\n");
+    fclose(f);
+    bad("unknown config key", "learning_rate", run("train --config %s --data-path %s", cfgp, data));
+    f = fopen(cfgp, "w");
+    fprintf(f, "{\"num_layers\": 1.5}\n");
+    fclose(f);
+    bad("non-integer config value", "num_layers", run("train --config %s --data-path %s", cfgp, data));
+    f = fopen(cfgp, "w");
+    fprintf(f, "{not json\n");
+    fclose(f);
+    bad("malformed config", "cfg.json", run("train --config %s --data-path %s", cfgp, data));
+    /* output dir under a regular file cannot be created (we run as root, so permissions would not stop us) */
+    bad("unwritable save dir", "run1/metrics.jsonl/x", run("train --data-path %s " TINY " --train-iters 1 --save %s/run1/metrics.jsonl/x", data, dir));
+    /* corrupt shards: truncated, foreign */
+    char cp[2048];
+    snprintf(cp, sizeof cp, "cp -r %s %s/trunc && truncate -s 20 %s/trunc/train_000.bin", data, dir, dir);
+    TU_CHECK(system(cp) == 0, "copy");
+    bad("truncated shard header", "train_000.bin", run("train --data-path %s/trunc " TINY, dir));
+    snprintf(cp, sizeof cp, "cp -r %s %s/foreign && head -c 4096 /dev/urandom > %s/foreign/val_000.bin", data, dir, dir);
+    TU_CHECK(system(cp) == 0, "copy");
+    bad("foreign shard", "val_000.bin", run("train --data-path %s/foreign " TINY, dir));
+    snprintf(cp, sizeof cp, "cp -r %s %s/short && truncate -s -100 %s/short/train_000.bin", data, dir, dir);
+    TU_CHECK(system(cp) == 0, "copy");
+    bad("truncated shard payload", "train_000.bin", run("train --data-path %s/short " TINY, dir));
+    bad("generate without weights", "config.json", run("generate --load %s/nothing", dir));
+    /* --load of a model with another shape: flags conflict */
+    bad("load conflict", "--hidden-size", run("train --data-path %s --load %s/run1 --hidden-size 64", data, dir));
+
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    TU_CHECK(system(cmd) == 0, "cleanup");
+    return tu_finish("test_cli");
+}
