@@ -37,8 +37,8 @@ void sl_sgemm_ref(int transA, int transB, int64_t M, int64_t N, int64_t K, float
 /* Generic packing (kgran 1, fp32 panels)                                                           */
 
 #define SL_PACK_A_GENERIC(NAME, T, LOAD)                                                                    \
-    void NAME(const sl_gemm_args *g, int64_t i0, int ni, int64_t k0, int64_t kc, int mr, void *dst_) {     \
-        float *dst = (float *)dst_;                                                                        \
+    static void NAME##_panel(const sl_gemm_args *g, int64_t i0, int ni, int64_t k0, int64_t kc, int mr,  \
+                             float *dst) {                                                                 \
         const T *A = (const T *)g->A;                                                                      \
         int64_t lda = g->lda;                                                                              \
         if (g->transA) { /* A is K x M: row k holds op(A)[., k] contiguously */                            \
@@ -60,8 +60,8 @@ void sl_sgemm_ref(int transA, int transB, int64_t M, int64_t N, int64_t K, float
     }
 
 #define SL_PACK_B_GENERIC(NAME, T, LOAD)                                                                    \
-    void NAME(const sl_gemm_args *g, int64_t j0, int nj, int64_t k0, int64_t kc, int nr, void *dst_) {     \
-        float *dst = (float *)dst_;                                                                        \
+    static void NAME##_panel(const sl_gemm_args *g, int64_t j0, int nj, int64_t k0, int64_t kc, int nr,  \
+                             float *dst) {                                                                 \
         const T *B = (const T *)g->B;                                                                      \
         int64_t ldb = g->ldb;                                                                              \
         if (!g->transB) { /* B is K x N */                                                                 \
@@ -82,12 +82,25 @@ void sl_sgemm_ref(int transA, int transB, int64_t M, int64_t N, int64_t K, float
         }                                                                                                  \
     }
 
+/* Panel loop around a one-panel packer. */
+#define SL_PACK_PANELS(NAME, W)                                                                             \
+    void NAME(const sl_gemm_args *g, int64_t x0, int64_t nx, int64_t k0, int64_t kc, int W, void *dst) {    \
+        for (int64_t p = 0; p * W < nx; p++) {                                                             \
+            int n = nx - p * W < W ? (int)(nx - p * W) : W;                                                \
+            NAME##_panel(g, x0 + p * W, n, k0, kc, W, (float *)dst + p * kc * W);                          \
+        }                                                                                                  \
+    }
+
 #define SL_LOAD_F32(x) (x)
 #define SL_LOAD_BF16(x) sl_bf16_to_f32(x)
 SL_PACK_A_GENERIC(sl_gemm_pack_a_f32, float, SL_LOAD_F32)
 SL_PACK_B_GENERIC(sl_gemm_pack_b_f32, float, SL_LOAD_F32)
 SL_PACK_A_GENERIC(sl_gemm_pack_a_bf16_f32, uint16_t, SL_LOAD_BF16)
 SL_PACK_B_GENERIC(sl_gemm_pack_b_bf16_f32, uint16_t, SL_LOAD_BF16)
+SL_PACK_PANELS(sl_gemm_pack_a_f32, mr)
+SL_PACK_PANELS(sl_gemm_pack_b_f32, nr)
+SL_PACK_PANELS(sl_gemm_pack_a_bf16_f32, mr)
+SL_PACK_PANELS(sl_gemm_pack_b_bf16_f32, nr)
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Scalar micro-kernel (portable C; the compiler may vectorise it with the baseline ISA)             */
@@ -183,10 +196,7 @@ static void block_times_b(const gemm_plan *p, const char *apack, int64_t ic, int
     for (int64_t jc = n0; jc < n1; jc += chunk) {
         int64_t ncur = imin64(chunk, n1 - jc);
         int64_t npb = ceil_div(ncur, nr);
-        for (int64_t q = 0; q < npb; q++) {
-            int nj = (int)imin64(nr, ncur - q * nr);
-            im->pack_b(g, jc + q * nr, nj, k0, kc, nr, bpack + q * bpanel);
-        }
+        im->pack_b(g, jc, ncur, k0, kc, nr, bpack);
         for (int64_t pa = 0; pa < npa; pa++) {
             const char *a = apack + pa * apanel;
             int mi = (int)imin64(mr, mcur - pa * mr);
@@ -204,10 +214,10 @@ static void pack_a_panels(const gemm_plan *p, char *apack, int64_t ic, int64_t m
     const sl_gemm_impl *im = p->im;
     const size_t apanel = (size_t)ceil_div(kc, im->kgran) * im->kgran * im->mr * im->esz;
     int64_t npa = ceil_div(mcur, im->mr);
-    for (int64_t pa = first; pa < npa; pa += step) {
-        int mi = (int)imin64(im->mr, mcur - pa * im->mr);
-        im->pack_a(p->g, ic + pa * im->mr, mi, k0, kc, im->mr, apack + pa * apanel);
-    }
+    int64_t p0 = npa * first / step, p1 = npa * (first + 1) / step; /* this thread's share of the panels */
+    if (p1 > p0)
+        im->pack_a(p->g, ic + p0 * im->mr, imin64(mcur, p1 * im->mr) - p0 * im->mr, k0, kc, im->mr,
+                   apack + p0 * apanel);
 }
 
 /* Thread `tid` of the plan. Every thread runs the same loop nest (barriers must match). */

@@ -173,9 +173,8 @@ SL_TARGET_AVX512 static void pack_rows48_t32(const uint32_t *src, int64_t ld, in
     }
 }
 
-SL_TARGET_AVX512 static void pack_a_f32_avx512(const sl_gemm_args *g, int64_t i0, int ni, int64_t k0, int64_t kc,
-                                               int mr, void *dst_) {
-    (void)mr;
+SL_TARGET_AVX512 static void pack_a_f32_panel(const sl_gemm_args *g, int64_t i0, int ni, int64_t k0, int64_t kc,
+                                              void *dst_) {
     float *dst = (float *)dst_;
     const float *A = (const float *)g->A;
     if (g->transA) { /* A is K x M */
@@ -187,9 +186,8 @@ SL_TARGET_AVX512 static void pack_a_f32_avx512(const sl_gemm_args *g, int64_t i0
     }
 }
 
-SL_TARGET_AVX512 static void pack_b_f32_avx512(const sl_gemm_args *g, int64_t j0, int nj, int64_t k0, int64_t kc,
-                                               int nr, void *dst_) {
-    (void)nr;
+SL_TARGET_AVX512 static void pack_b_f32_panel(const sl_gemm_args *g, int64_t j0, int nj, int64_t k0, int64_t kc,
+                                              void *dst_) {
     float *dst = (float *)dst_;
     const float *B = (const float *)g->B;
     if (!g->transB) { /* B is K x N */
@@ -204,6 +202,22 @@ SL_TARGET_AVX512 static void pack_b_f32_avx512(const sl_gemm_args *g, int64_t j0
     } else {
         pack_rows48_t32((const uint32_t *)(B + j0 * g->ldb + k0), g->ldb, nj, kc, (uint32_t *)dst);
     }
+}
+
+SL_TARGET_AVX512 static void pack_a_f32_avx512(const sl_gemm_args *g, int64_t i0, int64_t ni, int64_t k0,
+                                               int64_t kc, int mr, void *dst) {
+    (void)mr;
+    for (int64_t p = 0; p * MR < ni; p++)
+        pack_a_f32_panel(g, i0 + p * MR, ni - p * MR < MR ? (int)(ni - p * MR) : MR, k0, kc,
+                         (float *)dst + p * kc * MR);
+}
+
+SL_TARGET_AVX512 static void pack_b_f32_avx512(const sl_gemm_args *g, int64_t j0, int64_t nj, int64_t k0,
+                                               int64_t kc, int nr, void *dst) {
+    (void)nr;
+    for (int64_t p = 0; p * NR < nj; p++)
+        pack_b_f32_panel(g, j0 + p * NR, nj - p * NR < NR ? (int)(nj - p * NR) : NR, k0, kc,
+                         (float *)dst + p * kc * NR);
 }
 
 /* bf16 -> fp32 widening packers for the emulated bf16 path on AVX-512 CPUs without AVX512_BF16. */

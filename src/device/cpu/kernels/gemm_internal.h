@@ -30,12 +30,12 @@ typedef struct sl_gemm_args {
     int64_t ldc;
 } sl_gemm_args;
 
-/* Pack rows [i0, i0+ni) (ni <= mr) of op(A), k in [k0, k0+kc), into one micro-panel of
- * ceil(kc/kgran)*kgran*mr elements, zero-padding rows >= ni and k >= kc. */
-typedef void (*sl_gemm_pack_a_fn)(const sl_gemm_args *g, int64_t i0, int ni, int64_t k0, int64_t kc, int mr,
+/* Pack rows [i0, i0+ni) of op(A), k in [k0, k0+kc), into ceil(ni/mr) consecutive micro-panels of
+ * ceil(kc/kgran)*kgran*mr elements each, zero-padding rows past ni and k past kc. */
+typedef void (*sl_gemm_pack_a_fn)(const sl_gemm_args *g, int64_t i0, int64_t ni, int64_t k0, int64_t kc, int mr,
                                   void *dst);
-/* Pack columns [j0, j0+nj) (nj <= nr) of op(B), k in [k0, k0+kc), likewise. */
-typedef void (*sl_gemm_pack_b_fn)(const sl_gemm_args *g, int64_t j0, int nj, int64_t k0, int64_t kc, int nr,
+/* Pack columns [j0, j0+nj) of op(B), k in [k0, k0+kc), into ceil(nj/nr) micro-panels likewise. */
+typedef void (*sl_gemm_pack_b_fn)(const sl_gemm_args *g, int64_t j0, int64_t nj, int64_t k0, int64_t kc, int nr,
                                   void *dst);
 /* C[0..mr)[0..nr) = alpha * (a-panel @ b-panel) + beta * C over ksteps steps of kgran k each;
  * beta == 0: C is write-only. mr <= MR, nr <= NR: only that part of the tile is read or written. */
@@ -60,11 +60,11 @@ typedef struct sl_gemm_impl {
 void sl_gemm_run(const sl_gemm_args *g, const sl_gemm_impl *im, int nthr);
 
 /* Generic packers (any mr/nr, kgran 1): fp32 -> fp32 and bf16 -> fp32 (exact widening). */
-void sl_gemm_pack_a_f32(const sl_gemm_args *g, int64_t i0, int ni, int64_t k0, int64_t kc, int mr, void *dst);
-void sl_gemm_pack_b_f32(const sl_gemm_args *g, int64_t j0, int nj, int64_t k0, int64_t kc, int nr, void *dst);
-void sl_gemm_pack_a_bf16_f32(const sl_gemm_args *g, int64_t i0, int ni, int64_t k0, int64_t kc, int mr,
+void sl_gemm_pack_a_f32(const sl_gemm_args *g, int64_t i0, int64_t ni, int64_t k0, int64_t kc, int mr, void *dst);
+void sl_gemm_pack_b_f32(const sl_gemm_args *g, int64_t j0, int64_t nj, int64_t k0, int64_t kc, int nr, void *dst);
+void sl_gemm_pack_a_bf16_f32(const sl_gemm_args *g, int64_t i0, int64_t ni, int64_t k0, int64_t kc, int mr,
                              void *dst);
-void sl_gemm_pack_b_bf16_f32(const sl_gemm_args *g, int64_t j0, int nj, int64_t k0, int64_t kc, int nr,
+void sl_gemm_pack_b_bf16_f32(const sl_gemm_args *g, int64_t j0, int64_t nj, int64_t k0, int64_t kc, int nr,
                              void *dst);
 
 /* ISA variants; each file defines its impls (the kernel functions are compiled for that ISA). */
