@@ -1,0 +1,325 @@
+/* bench_ops.c — `suanli bench ops`: sgemm (and bf16 gemm) on GPT-2 124M training shapes.
+ *
+ * For BT in {256, 1024} and each Linear (out, in) of GPT-2 124M, the three GEMMs of training:
+ *   fwd  Y[BT,out]  = X[BT,in] @ W[out,in]^T   NT  (M=BT,  N=out, K=in)
+ *   dX   dX[BT,in]  = dY[BT,out] @ W[out,in]   NN  (M=BT,  N=in,  K=out)
+ *   dW   dW[out,in] = dY[BT,out]^T @ X[BT,in]  TN  (M=out, N=in,  K=BT)
+ * at 1 and N threads, through suanli, OpenBLAS (cblas_sgemm) and oneDNN (dnnl_sgemm), interleaved in the
+ * same run (this machine is shared and noisy: medians of --reps runs, and ratios). The anchors are loaded
+ * with dlopen so suanli has no link dependency on them; a missing one prints "n/a".
+ * The fp32 FMA peak is measured in the same run (12 independent FMA chains per thread, widest vectors
+ * the CPU has), and each result is reported as a percentage of it. */
+#include "bench_ops.h"
+
+#include <dlfcn.h>
+#include <immintrin.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/cpu/kernels/gemm.h"
+#include "suanli/base.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* ---- anchors (dlopen) ---- */
+typedef void (*cblas_sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float,
+                               float *, int);
+typedef void (*openblas_set_threads_fn)(int);
+typedef const char *(*openblas_str_fn)(void);
+typedef int (*dnnl_sgemm_fn)(char, char, int64_t, int64_t, int64_t, float, const float *, int64_t, const float *,
+                             int64_t, float, float *, int64_t);
+typedef int (*dnnl_gemm_bf16_fn)(char, char, int64_t, int64_t, int64_t, float, const uint16_t *, int64_t,
+                                 const uint16_t *, int64_t, float, float *, int64_t);
+
+static struct {
+    cblas_sgemm_fn ob_sgemm;
+    openblas_set_threads_fn ob_threads;
+    const char *ob_core, *ob_config;
+    dnnl_sgemm_fn dn_sgemm;
+    dnnl_gemm_bf16_fn dn_bf16;
+} anc;
+
+static void anchors_load(void) {
+    void *h = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
+    if (!h) h = dlopen("libopenblas.so", RTLD_NOW | RTLD_LOCAL);
+    if (h) {
+        anc.ob_sgemm = (cblas_sgemm_fn)dlsym(h, "cblas_sgemm");
+        anc.ob_threads = (openblas_set_threads_fn)dlsym(h, "openblas_set_num_threads");
+        openblas_str_fn core = (openblas_str_fn)dlsym(h, "openblas_get_corename");
+        openblas_str_fn cfg = (openblas_str_fn)dlsym(h, "openblas_get_config");
+        anc.ob_core = core ? core() : "?";
+        anc.ob_config = cfg ? cfg() : "?";
+    }
+    h = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!h) h = dlopen("libdnnl.so", RTLD_NOW | RTLD_LOCAL);
+    if (h) {
+        anc.dn_sgemm = (dnnl_sgemm_fn)dlsym(h, "dnnl_sgemm");
+        anc.dn_bf16 = (dnnl_gemm_bf16_fn)dlsym(h, "dnnl_gemm_bf16bf16f32");
+    }
+}
+
+static void set_threads(int t) {
+#ifdef _OPENMP
+    omp_set_num_threads(t);
+#endif
+    if (anc.ob_threads) anc.ob_threads(t);
+}
+
+/* ---- FMA peak ---- */
+#define PEAK_ITERS 20000000LL
+
+/* 12 independent FMA chains; the compiler cannot reassociate or drop them. */
+#define SL_FMA12(T, FMA, SET1, STORE, W)                                                                    \
+    T a0 = SET1(0.f), a1 = SET1(1.f), a2 = SET1(2.f), a3 = SET1(3.f), a4 = SET1(4.f), a5 = SET1(5.f);      \
+    T a6 = SET1(6.f), a7 = SET1(7.f), a8 = SET1(8.f), a9 = SET1(9.f), a10 = SET1(10.f), a11 = SET1(11.f); \
+    const T x = SET1(0.999999f), y = SET1(1e-7f);                                                          \
+    for (int64_t n = 0; n < iters; n++) {                                                                  \
+        a0 = FMA(a0, x, y), a1 = FMA(a1, x, y), a2 = FMA(a2, x, y), a3 = FMA(a3, x, y);                   \
+        a4 = FMA(a4, x, y), a5 = FMA(a5, x, y), a6 = FMA(a6, x, y), a7 = FMA(a7, x, y);                   \
+        a8 = FMA(a8, x, y), a9 = FMA(a9, x, y), a10 = FMA(a10, x, y), a11 = FMA(a11, x, y);               \
+    }                                                                                                      \
+    float t[W], s = 0;                                                                                     \
+    T all[12] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11};                                        \
+    for (int i = 0; i < 12; i++) {                                                                         \
+        STORE(t, all[i]);                                                                                  \
+        for (int j = 0; j < W; j++) s += t[j];                                                             \
+    }                                                                                                      \
+    return (double)s;
+
+__attribute__((target("avx512f"))) static double fma_loop_zmm(int64_t iters) {
+    SL_FMA12(__m512, _mm512_fmadd_ps, _mm512_set1_ps, _mm512_storeu_ps, 16)
+}
+
+__attribute__((target("avx2,fma"))) static double fma_loop_ymm(int64_t iters) {
+    SL_FMA12(__m256, _mm256_fmadd_ps, _mm256_set1_ps, _mm256_storeu_ps, 8)
+}
+
+/* FLOP per iteration of the loop that runs here (0: no FMA unit we can drive). */
+static int peak_flops_per_iter(void) {
+    const sl_cpu_features *f = sl_cpu_features_get();
+    if (f->avx512f) return 12 * 16 * 2;
+    if (f->avx2 && f->fma) return 12 * 8 * 2;
+    return 0;
+}
+
+static double fma_peak(int nthr) {
+    const sl_cpu_features *f = sl_cpu_features_get();
+    int per = peak_flops_per_iter();
+    if (!per) return 0.0;
+    double best = 0.0;
+    volatile double sink = 0.0;
+    for (int trial = 0; trial < 3; trial++) {
+        double t0 = sl_time_sec();
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nthr) reduction(+ : sink)
+#endif
+        sink += f->avx512f ? fma_loop_zmm(PEAK_ITERS) : fma_loop_ymm(PEAK_ITERS);
+        double dt = sl_time_sec() - t0;
+        double g = (double)per * (double)PEAK_ITERS * nthr / dt * 1e-9;
+        if (g > best) best = g;
+    }
+    (void)sink;
+    return best;
+}
+
+/* ---- timing ---- */
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+enum { LIB_SUANLI, LIB_OPENBLAS, LIB_ONEDNN, LIB_COUNT };
+static const char *lib_names[LIB_COUNT] = {"suanli", "openblas", "onednn"};
+
+typedef struct gcase {
+    const char *pass, *trans;
+    int tA, tB, bf16;
+    int64_t M, N, K;
+} gcase;
+
+static int lib_available(int lib, int bf16) {
+    if (lib == LIB_SUANLI) return 1;
+    if (bf16) return lib == LIB_ONEDNN && anc.dn_bf16;
+    return lib == LIB_OPENBLAS ? anc.ob_sgemm != NULL : anc.dn_sgemm != NULL;
+}
+
+/* One call of case c through library lib. A, B: operands laid out as the case says; C: M x N. */
+static double run_once(int lib, const gcase *c, const void *A, const void *B, float *C) {
+    int64_t lda = c->tA ? c->M : c->K, ldb = c->tB ? c->K : c->N, ldc = c->N;
+    double t0 = sl_time_sec();
+    if (c->bf16) {
+        if (lib == LIB_SUANLI)
+            sl_gemm_bf16(c->tA, c->tB, c->M, c->N, c->K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+        else
+            anc.dn_bf16(c->tA ? 'T' : 'N', c->tB ? 'T' : 'N', c->M, c->N, c->K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+    } else if (lib == LIB_SUANLI) {
+        sl_sgemm(c->tA, c->tB, c->M, c->N, c->K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+    } else if (lib == LIB_OPENBLAS) {
+        anc.ob_sgemm(101, c->tA ? 112 : 111, c->tB ? 112 : 111, (int)c->M, (int)c->N, (int)c->K, 1.0f, A, (int)lda,
+                     B, (int)ldb, 0.0f, C, (int)ldc);
+    } else {
+        anc.dn_sgemm(c->tA ? 'T' : 'N', c->tB ? 'T' : 'N', c->M, c->N, c->K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+    }
+    return sl_time_sec() - t0;
+}
+
+typedef struct brow {
+    gcase c;
+    int threads;
+    double gflops[LIB_COUNT]; /* median; < 0: n/a */
+    double peak;
+} brow;
+
+static void print_num(FILE *f, double v, const char *fmt) {
+    if (v < 0) fprintf(f, "%8s", "n/a");
+    else fprintf(f, fmt, v);
+}
+
+int sl_bench_ops(int argc, char **argv) {
+    int json = 0, quick = 0, maxthr = 2, reps = 3;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json")) json = 1;
+        else if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) maxthr = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("usage: suanli bench ops [--json] [--threads N] [--reps R] [--quick]\n");
+            return 0;
+        } else {
+            fprintf(stderr, "bench ops: unknown flag '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    if (maxthr < 1 || reps < 1) {
+        fprintf(stderr, "bench ops: --threads and --reps must be >= 1\n");
+        return 2;
+    }
+    if (quick) reps = 1;
+    anchors_load();
+    int thr_list[2] = {1, maxthr}, nthr_list = maxthr > 1 ? 2 : 1;
+    double peak[2];
+    for (int t = 0; t < nthr_list; t++) peak[t] = fma_peak(thr_list[t]);
+
+    static const int64_t lin[5][2] = {{2304, 768}, {768, 768}, {3072, 768}, {768, 3072}, {50304, 768}};
+    const int64_t bts[2] = {256, 1024};
+    gcase cases[64];
+    int nc = 0;
+    for (int bi = 0; bi < (quick ? 1 : 2); bi++) {
+        int64_t BT = bts[bi];
+        for (int l = 0; l < 5; l++) {
+            int64_t out = lin[l][0], in = lin[l][1];
+            cases[nc++] = (gcase){"fwd", "NT", 0, 1, 0, BT, out, in};
+            cases[nc++] = (gcase){"dX", "NN", 0, 0, 0, BT, in, out};
+            cases[nc++] = (gcase){"dW", "TN", 1, 0, 0, out, in, BT};
+        }
+    }
+    if (!quick)
+        for (int l = 0; l < 5; l++) cases[nc++] = (gcase){"fwd", "NT", 0, 1, 1, 1024, lin[l][0], lin[l][1]};
+
+    /* operands sized for the largest case, filled once */
+    int64_t maxa = 0, maxb = 0, maxc = 0;
+    for (int i = 0; i < nc; i++) {
+        if (cases[i].M * cases[i].K > maxa) maxa = cases[i].M * cases[i].K;
+        if (cases[i].K * cases[i].N > maxb) maxb = cases[i].K * cases[i].N;
+        if (cases[i].M * cases[i].N > maxc) maxc = cases[i].M * cases[i].N;
+    }
+    float *A = sl_malloc_aligned((size_t)maxa * 4), *B = sl_malloc_aligned((size_t)maxb * 4);
+    float *C = sl_malloc_aligned((size_t)maxc * 4);
+    uint16_t *Ah = sl_malloc_aligned((size_t)maxa * 2), *Bh = sl_malloc_aligned((size_t)maxb * 2);
+    brow *rows = calloc((size_t)nc * 2, sizeof *rows);
+    if (!A || !B || !C || !Ah || !Bh || !rows) {
+        fprintf(stderr, "bench ops: out of memory\n");
+        return 1;
+    }
+    sl_rng_fill_normal(A, maxa, 1, 0, 0.0f, 1.0f);
+    sl_rng_fill_normal(B, maxb, 1, 1, 0.0f, 0.02f);
+    for (int64_t i = 0; i < maxa; i++) Ah[i] = sl_f32_to_bf16(A[i]);
+    for (int64_t i = 0; i < maxb; i++) Bh[i] = sl_f32_to_bf16(B[i]);
+
+    const char *coretype = getenv("OPENBLAS_CORETYPE");
+    if (!json) {
+        printf("suanli bench ops: gemm kernel %s, cpu isa %s, reps %d (median), GFLOP/s\n", sl_gemm_kernel_name(),
+               sl_cpu_isa_name(), reps);
+        printf("anchors: openblas %s (core %s, OPENBLAS_CORETYPE=%s), onednn %s\n",
+               anc.ob_sgemm ? "yes" : "n/a", anc.ob_core ? anc.ob_core : "-", coretype ? coretype : "unset",
+               anc.dn_sgemm ? "yes" : "n/a");
+        for (int t = 0; t < nthr_list; t++) printf("fp32 FMA peak, %d thread(s): %.1f GFLOP/s\n", thr_list[t], peak[t]);
+        printf("%-4s %-5s %-5s %6s %6s %6s %3s %8s %6s %8s %8s %7s %7s\n", "dt", "pass", "trans", "M", "N", "K", "thr",
+               "suanli", "%peak", "openblas", "onednn", "vs_ob", "vs_dnnl");
+        fflush(stdout);
+    }
+    int nrows = 0;
+    double dt[LIB_COUNT][64];
+    if (reps > 64) reps = 64;
+    for (int i = 0; i < nc; i++) {
+        const gcase *c = &cases[i];
+        const void *a = c->bf16 ? (const void *)Ah : (const void *)A, *b = c->bf16 ? (const void *)Bh : (const void *)B;
+        double flop = 2.0 * (double)c->M * (double)c->N * (double)c->K;
+        for (int t = 0; t < nthr_list; t++) {
+            set_threads(thr_list[t]);
+            for (int lib = 0; lib < LIB_COUNT; lib++)
+                if (lib_available(lib, c->bf16)) run_once(lib, c, a, b, C); /* warm-up */
+            for (int r = 0; r < reps; r++)
+                for (int lib = 0; lib < LIB_COUNT; lib++)
+                    if (lib_available(lib, c->bf16)) dt[lib][r] = run_once(lib, c, a, b, C);
+            brow *row = &rows[nrows++];
+            row->c = *c;
+            row->threads = thr_list[t];
+            row->peak = peak[t] * (c->bf16 ? 2.0 : 1.0);
+            for (int lib = 0; lib < LIB_COUNT; lib++)
+                row->gflops[lib] = lib_available(lib, c->bf16) ? flop / median(dt[lib], reps) * 1e-9 : -1.0;
+            if (!json) {
+                double *g = row->gflops;
+                printf("%-4s %-5s %-5s %6lld %6lld %6lld %3d ", c->bf16 ? "bf16" : "fp32", c->pass, c->trans,
+                       (long long)c->M, (long long)c->N, (long long)c->K, row->threads);
+                print_num(stdout, g[0], "%8.1f");
+                printf(" %5.1f%% ", row->peak > 0 ? 100.0 * g[0] / row->peak : 0.0);
+                print_num(stdout, g[1], "%8.1f");
+                printf(" ");
+                print_num(stdout, g[2], "%8.1f");
+                printf(" ");
+                if (g[1] > 0) printf("%6.2fx ", g[0] / g[1]);
+                else printf("%7s ", "n/a");
+                if (g[2] > 0) printf("%6.2fx\n", g[0] / g[2]);
+                else printf("%7s\n", "n/a");
+                fflush(stdout);
+            }
+        }
+    }
+    if (json) {
+        printf("{\"bench\":\"ops\",\"kernel\":\"%s\",\"isa\":\"%s\",\"reps\":%d,\"openblas_coretype\":\"%s\","
+               "\"openblas_core\":\"%s\",\"peak_gflops\":{",
+               sl_gemm_kernel_name(), sl_cpu_isa_name(), reps, coretype ? coretype : "",
+               anc.ob_core ? anc.ob_core : "");
+        for (int t = 0; t < nthr_list; t++) printf("%s\"%d\":%.2f", t ? "," : "", thr_list[t], peak[t]);
+        printf("},\"rows\":[");
+        for (int i = 0; i < nrows; i++) {
+            const brow *r = &rows[i];
+            printf("%s{\"dtype\":\"%s\",\"pass\":\"%s\",\"trans\":\"%s\",\"M\":%lld,\"N\":%lld,\"K\":%lld,"
+                   "\"threads\":%d,\"peak_gflops\":%.2f",
+                   i ? "," : "", r->c.bf16 ? "bf16" : "fp32", r->c.pass, r->c.trans, (long long)r->c.M,
+                   (long long)r->c.N, (long long)r->c.K, r->threads, r->peak);
+            for (int lib = 0; lib < LIB_COUNT; lib++) {
+                if (r->gflops[lib] < 0) printf(",\"%s_gflops\":null", lib_names[lib]);
+                else printf(",\"%s_gflops\":%.2f", lib_names[lib], r->gflops[lib]);
+            }
+            printf(",\"pct_peak\":%.2f", r->peak > 0 ? 100.0 * r->gflops[0] / r->peak : 0.0);
+            for (int lib = 1; lib < LIB_COUNT; lib++) {
+                if (r->gflops[lib] > 0) printf(",\"vs_%s\":%.3f", lib_names[lib], r->gflops[0] / r->gflops[lib]);
+                else printf(",\"vs_%s\":null", lib_names[lib]);
+            }
+            printf("}");
+        }
+        printf("]}\n");
+    }
+    sl_free_aligned(A), sl_free_aligned(B), sl_free_aligned(C), sl_free_aligned(Ah), sl_free_aligned(Bh);
+    free(rows);
+    return 0;
+}

@@ -1,0 +1,8 @@
+/* bench_ops.h — `suanli bench ops`: GEMM throughput on GPT-2 124M training shapes versus the machine's
+ * measured FMA peak and the anchors OpenBLAS and oneDNN (loaded with dlopen when installed). */
+#ifndef SL_BENCH_OPS_H
+#define SL_BENCH_OPS_H
+/* argv[0] == "ops". Flags: --json, --threads N (measure at 1 and N threads; default 2), --reps R (median of
+ * R timed runs per point, default 3), --quick (BT = 256 only, 1 rep, no bf16 rows). Returns an exit code. */
+int sl_bench_ops(int argc, char **argv);
+#endif

@@ -1,0 +1,416 @@
+/* gemm.c — GEMM entry points, the blocked driver, generic packing, the scalar reference and the scalar
+ * micro-kernel. ISA-specific micro-kernels live in gemm_avx2.c and gemm_avx512.c. See Note [GEMM structure]
+ * in gemm_internal.h. */
+#include "device/cpu/kernels/gemm.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "device/cpu/kernels/gemm_internal.h"
+#include "suanli/base.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Reference                                                                                        */
+
+void sl_sgemm_ref(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                  int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    for (int64_t i = 0; i < M; i++) {
+        for (int64_t j = 0; j < N; j++) {
+            double s = 0.0;
+            for (int64_t k = 0; k < K; k++) {
+                double a = transA ? A[k * lda + i] : A[i * lda + k];
+                double b = transB ? B[j * ldb + k] : B[k * ldb + j];
+                s += a * b;
+            }
+            double r = (double)alpha * s;
+            if (beta != 0.0f) r += (double)beta * C[i * ldc + j];
+            C[i * ldc + j] = (float)r;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Generic packing (kgran 1, fp32 panels)                                                           */
+
+#define SL_PACK_A_GENERIC(NAME, T, LOAD)                                                                    \
+    static void NAME##_panel(const sl_gemm_args *g, int64_t i0, int ni, int64_t k0, int64_t kc, int mr,  \
+                             float *dst) {                                                                 \
+        const T *A = (const T *)g->A;                                                                      \
+        int64_t lda = g->lda;                                                                              \
+        if (g->transA) { /* A is K x M: row k holds op(A)[., k] contiguously */                            \
+            for (int64_t k = 0; k < kc; k++) {                                                             \
+                const T *src = A + (k0 + k) * lda + i0;                                                    \
+                float *d = dst + k * mr;                                                                   \
+                int i = 0;                                                                                 \
+                for (; i < ni; i++) d[i] = LOAD(src[i]);                                                   \
+                for (; i < mr; i++) d[i] = 0.0f;                                                           \
+            }                                                                                              \
+        } else {                                                                                           \
+            for (int i = 0; i < ni; i++) {                                                                 \
+                const T *src = A + (i0 + i) * lda + k0;                                                    \
+                for (int64_t k = 0; k < kc; k++) dst[k * mr + i] = LOAD(src[k]);                           \
+            }                                                                                              \
+            for (int i = ni; i < mr; i++)                                                                  \
+                for (int64_t k = 0; k < kc; k++) dst[k * mr + i] = 0.0f;                                   \
+        }                                                                                                  \
+    }
+
+#define SL_PACK_B_GENERIC(NAME, T, LOAD)                                                                    \
+    static void NAME##_panel(const sl_gemm_args *g, int64_t j0, int nj, int64_t k0, int64_t kc, int nr,  \
+                             float *dst) {                                                                 \
+        const T *B = (const T *)g->B;                                                                      \
+        int64_t ldb = g->ldb;                                                                              \
+        if (!g->transB) { /* B is K x N */                                                                 \
+            for (int64_t k = 0; k < kc; k++) {                                                             \
+                const T *src = B + (k0 + k) * ldb + j0;                                                    \
+                float *d = dst + k * nr;                                                                   \
+                int j = 0;                                                                                 \
+                for (; j < nj; j++) d[j] = LOAD(src[j]);                                                   \
+                for (; j < nr; j++) d[j] = 0.0f;                                                           \
+            }                                                                                              \
+        } else { /* B is N x K */                                                                          \
+            for (int j = 0; j < nj; j++) {                                                                 \
+                const T *src = B + (j0 + j) * ldb + k0;                                                    \
+                for (int64_t k = 0; k < kc; k++) dst[k * nr + j] = LOAD(src[k]);                           \
+            }                                                                                              \
+            for (int j = nj; j < nr; j++)                                                                  \
+                for (int64_t k = 0; k < kc; k++) dst[k * nr + j] = 0.0f;                                   \
+        }                                                                                                  \
+    }
+
+/* Panel loop around a one-panel packer. */
+#define SL_PACK_PANELS(NAME, W)                                                                             \
+    void NAME(const sl_gemm_args *g, int64_t x0, int64_t nx, int64_t k0, int64_t kc, int W, void *dst) {    \
+        for (int64_t p = 0; p * W < nx; p++) {                                                             \
+            int n = nx - p * W < W ? (int)(nx - p * W) : W;                                                \
+            NAME##_panel(g, x0 + p * W, n, k0, kc, W, (float *)dst + p * kc * W);                          \
+        }                                                                                                  \
+    }
+
+#define SL_LOAD_F32(x) (x)
+#define SL_LOAD_BF16(x) sl_bf16_to_f32(x)
+SL_PACK_A_GENERIC(sl_gemm_pack_a_f32, float, SL_LOAD_F32)
+SL_PACK_B_GENERIC(sl_gemm_pack_b_f32, float, SL_LOAD_F32)
+SL_PACK_A_GENERIC(sl_gemm_pack_a_bf16_f32, uint16_t, SL_LOAD_BF16)
+SL_PACK_B_GENERIC(sl_gemm_pack_b_bf16_f32, uint16_t, SL_LOAD_BF16)
+SL_PACK_PANELS(sl_gemm_pack_a_f32, mr)
+SL_PACK_PANELS(sl_gemm_pack_b_f32, nr)
+SL_PACK_PANELS(sl_gemm_pack_a_bf16_f32, mr)
+SL_PACK_PANELS(sl_gemm_pack_b_bf16_f32, nr)
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Scalar micro-kernel (portable C; the compiler may vectorise it with the baseline ISA)             */
+
+enum { SC_MR = 4, SC_NR = 16 };
+
+static void kernel_scalar_4x16(int64_t ksteps, const void *a_, const void *b_, float *c, int64_t ldc,
+                               float alpha, float beta, int mr, int nr) {
+    const float *a = (const float *)a_, *b = (const float *)b_;
+    float acc[SC_MR][SC_NR];
+    memset(acc, 0, sizeof acc);
+    for (int64_t k = 0; k < ksteps; k++) {
+        for (int i = 0; i < SC_MR; i++) {
+            float av = a[k * SC_MR + i];
+            for (int j = 0; j < SC_NR; j++) acc[i][j] += av * b[k * SC_NR + j];
+        }
+    }
+    for (int i = 0; i < mr; i++) {
+        float *cr = c + i * ldc;
+        for (int j = 0; j < nr; j++) {
+            float t = alpha * acc[i][j];
+            cr[j] = beta == 0.0f ? t : (beta == 1.0f ? t + cr[j] : beta * cr[j] + t);
+        }
+    }
+}
+
+static const sl_gemm_impl impl_scalar_f32 = {
+    .name = "scalar", .mr = SC_MR, .nr = SC_NR, .kgran = 1, .esz = 4, .in_bf16 = 0, .kc = 256, .mc = 256,
+    .nc = 1024, .pack_a = sl_gemm_pack_a_f32, .pack_b = sl_gemm_pack_b_f32, .kernel = kernel_scalar_4x16};
+static const sl_gemm_impl impl_scalar_bf16 = {
+    .name = "scalar", .mr = SC_MR, .nr = SC_NR, .kgran = 1, .esz = 4, .in_bf16 = 1, .kc = 256, .mc = 256,
+    .nc = 1024, .pack_a = sl_gemm_pack_a_bf16_f32, .pack_b = sl_gemm_pack_b_bf16_f32,
+    .kernel = kernel_scalar_4x16};
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Workspace: one buffer per calling thread, grown on demand, reused across calls                   */
+
+static _Thread_local void *tl_ws;
+static _Thread_local size_t tl_ws_cap;
+
+static void *workspace_get(size_t bytes) {
+    if (bytes > tl_ws_cap) {
+        sl_free_aligned(tl_ws);
+        tl_ws = sl_malloc_aligned(bytes);
+        tl_ws_cap = tl_ws ? bytes : 0;
+    }
+    return tl_ws;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Driver                                                                                           */
+
+static inline int64_t imin64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static inline size_t round_up_sz(size_t a, size_t b) { return (a + b - 1) / b * b; }
+
+/* C = beta * C (beta == 0: C = 0), for K == 0 or alpha == 0. */
+static void scale_c(const sl_gemm_args *g) {
+    for (int64_t i = 0; i < g->M; i++) {
+        float *c = g->C + i * g->ldc;
+        if (g->beta == 0.0f)
+            memset(c, 0, (size_t)g->N * sizeof(float));
+        else if (g->beta != 1.0f)
+            for (int64_t j = 0; j < g->N; j++) c[j] *= g->beta;
+    }
+}
+
+typedef struct gemm_plan {
+    const sl_gemm_args *g;
+    const sl_gemm_impl *im;
+    int nthr;
+    int split_n;        /* 1: threads split N and share packed A; 0: threads split M, pack privately */
+    size_t a_bytes;     /* one packed A block (mc x kc) */
+    size_t b_bytes;     /* one packed B chunk (kc x nc) */
+    char *ws;           /* split_n: [A shared][B t0][B t1]...; else [A t0][B t0][A t1][B t1]... */
+} gemm_plan;
+
+/* Multiply the packed A block (npa micro-panels) by op(B) columns [n0, n1), K block (k0, kc). */
+static void block_times_b(const gemm_plan *p, const char *apack, int64_t ic, int64_t mcur, int64_t k0,
+                          int64_t kc, int64_t n0, int64_t n1, char *bpack) {
+    const sl_gemm_args *g = p->g;
+    const sl_gemm_impl *im = p->im;
+    const int mr = im->mr, nr = im->nr;
+    const int64_t ksteps = ceil_div(kc, im->kgran);
+    const size_t apanel = (size_t)ksteps * im->kgran * mr * im->esz;
+    const size_t bpanel = (size_t)ksteps * im->kgran * nr * im->esz;
+    const float beta = k0 == 0 ? g->beta : 1.0f;
+    const int64_t npa = ceil_div(mcur, mr);
+    if (n1 <= n0) return;
+    /* split [n0,n1) into equal chunks of at most nc columns (multiples of nr) */
+    int64_t len = n1 - n0, nchunks = ceil_div(len, im->nc);
+    int64_t chunk = ceil_div(ceil_div(len, nchunks), nr) * nr;
+    for (int64_t jc = n0; jc < n1; jc += chunk) {
+        int64_t ncur = imin64(chunk, n1 - jc);
+        int64_t npb = ceil_div(ncur, nr);
+        im->pack_b(g, jc, ncur, k0, kc, nr, bpack);
+        for (int64_t pa = 0; pa < npa; pa++) {
+            const char *a = apack + pa * apanel;
+            int mi = (int)imin64(mr, mcur - pa * mr);
+            float *crow = g->C + (ic + pa * mr) * g->ldc + jc;
+            for (int64_t q = 0; q < npb; q++) {
+                int nj = (int)imin64(nr, ncur - q * nr);
+                im->kernel(ksteps, a, bpack + q * bpanel, crow + q * nr, g->ldc, g->alpha, beta, mi, nj);
+            }
+        }
+    }
+}
+
+static void pack_a_panels(const gemm_plan *p, char *apack, int64_t ic, int64_t mcur, int64_t k0, int64_t kc,
+                          int64_t first, int64_t step) {
+    const sl_gemm_impl *im = p->im;
+    const size_t apanel = (size_t)ceil_div(kc, im->kgran) * im->kgran * im->mr * im->esz;
+    int64_t npa = ceil_div(mcur, im->mr);
+    int64_t p0 = npa * first / step, p1 = npa * (first + 1) / step; /* this thread's share of the panels */
+    if (p1 > p0)
+        im->pack_a(p->g, ic + p0 * im->mr, imin64(mcur, p1 * im->mr) - p0 * im->mr, k0, kc, im->mr,
+                   apack + p0 * apanel);
+}
+
+/* Thread `tid` of the plan. Every thread runs the same loop nest (barriers must match). */
+static void gemm_thread(const gemm_plan *p, int tid) {
+    const sl_gemm_args *g = p->g;
+    const sl_gemm_impl *im = p->im;
+    const int nthr = p->nthr;
+    if (p->split_n) {
+        char *apack = p->ws;
+        char *bpack = p->ws + p->a_bytes + (size_t)tid * p->b_bytes;
+        int64_t npb = ceil_div(g->N, im->nr);
+        int64_t n0 = imin64(g->N, npb * tid / nthr * im->nr);
+        int64_t n1 = imin64(g->N, npb * (tid + 1) / nthr * im->nr);
+        for (int64_t ic = 0; ic < g->M; ic += im->mc) {
+            int64_t mcur = imin64(im->mc, g->M - ic);
+            for (int64_t k0 = 0; k0 < g->K; k0 += im->kc) {
+                int64_t kc = imin64(im->kc, g->K - k0);
+#ifdef _OPENMP
+                if (nthr > 1) {
+#pragma omp barrier
+                }
+#endif
+                pack_a_panels(p, apack, ic, mcur, k0, kc, tid, nthr);
+#ifdef _OPENMP
+                if (nthr > 1) {
+#pragma omp barrier
+                }
+#endif
+                block_times_b(p, apack, ic, mcur, k0, kc, n0, n1, bpack);
+            }
+        }
+    } else {
+        char *apack = p->ws + (size_t)tid * (p->a_bytes + p->b_bytes);
+        char *bpack = apack + p->a_bytes;
+        int64_t npa = ceil_div(g->M, im->mr);
+        int64_t m0 = imin64(g->M, npa * tid / nthr * im->mr);
+        int64_t m1 = imin64(g->M, npa * (tid + 1) / nthr * im->mr);
+        for (int64_t ic = m0; ic < m1; ic += im->mc) {
+            int64_t mcur = imin64(im->mc, m1 - ic);
+            for (int64_t k0 = 0; k0 < g->K; k0 += im->kc) {
+                int64_t kc = imin64(im->kc, g->K - k0);
+                pack_a_panels(p, apack, ic, mcur, k0, kc, 0, 1);
+                block_times_b(p, apack, ic, mcur, k0, kc, 0, g->N, bpack);
+            }
+        }
+    }
+}
+
+/* Load balance of splitting `panels` micro-panels over nthr threads (1 = perfect). */
+static double split_balance(int64_t panels, int nthr) {
+    return (double)panels / ((double)nthr * (double)ceil_div(panels, nthr));
+}
+
+/* Last resort when the workspace cannot be allocated: correct, unblocked, slow. */
+static void gemm_unpacked(const sl_gemm_args *g, const sl_gemm_impl *im) {
+    int bf16 = im->in_bf16;
+    for (int64_t i = 0; i < g->M; i++) {
+        for (int64_t j = 0; j < g->N; j++) {
+            float s = 0.0f;
+            for (int64_t k = 0; k < g->K; k++) {
+                int64_t ia = g->transA ? k * g->lda + i : i * g->lda + k;
+                int64_t ib = g->transB ? j * g->ldb + k : k * g->ldb + j;
+                float a = bf16 ? sl_bf16_to_f32(((const uint16_t *)g->A)[ia]) : ((const float *)g->A)[ia];
+                float b = bf16 ? sl_bf16_to_f32(((const uint16_t *)g->B)[ib]) : ((const float *)g->B)[ib];
+                s += a * b;
+            }
+            float *c = g->C + i * g->ldc + j;
+            *c = g->beta == 0.0f ? g->alpha * s : g->alpha * s + g->beta * *c;
+        }
+    }
+}
+
+void sl_gemm_run(const sl_gemm_args *g, const sl_gemm_impl *im, int nthr) {
+    if (g->M <= 0 || g->N <= 0) return;
+    if (g->K <= 0 || g->alpha == 0.0f) {
+        scale_c(g);
+        return;
+    }
+    /* Threads only pay off with enough work: ~4 MFLOP per thread. */
+    double flops = 2.0 * (double)g->M * (double)g->N * (double)g->K;
+    if (nthr > 1 && flops < 4e6 * nthr) nthr = (int)(flops / 4e6) > 1 ? (int)(flops / 4e6) : 1;
+    if (nthr < 1) nthr = 1;
+
+    gemm_plan p = {.g = g, .im = im, .nthr = nthr};
+    int64_t kc = imin64(im->kc, ceil_div(g->K, im->kgran) * im->kgran);
+    int64_t mc = imin64(im->mc, ceil_div(g->M, im->mr) * im->mr);
+    int64_t nc = imin64(im->nc, ceil_div(g->N, im->nr) * im->nr);
+    p.split_n = nthr > 1 && split_balance(ceil_div(g->N, im->nr), nthr) >= split_balance(ceil_div(g->M, im->mr), nthr);
+    p.a_bytes = round_up_sz((size_t)mc * (size_t)kc * (size_t)im->esz, 4096);
+    p.b_bytes = round_up_sz((size_t)nc * (size_t)kc * (size_t)im->esz, 4096);
+    size_t total = p.split_n ? p.a_bytes + (size_t)nthr * p.b_bytes : (size_t)nthr * (p.a_bytes + p.b_bytes);
+    p.ws = (char *)workspace_get(total);
+    if (!p.ws) {
+        SL_LOGW("sl_gemm: cannot allocate %zu bytes of packing workspace; using the slow unpacked loop", total);
+        gemm_unpacked(g, im);
+        return;
+    }
+    if (nthr == 1) {
+        gemm_thread(&p, 0);
+        return;
+    }
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nthr)
+    {
+        /* The runtime may give fewer threads than asked; the partition must be the planned one. */
+        if (omp_get_num_threads() == nthr) gemm_thread(&p, omp_get_thread_num());
+        else if (omp_get_thread_num() == 0) {
+            gemm_plan q = p;
+            q.nthr = 1;
+            q.split_n = 0;
+            gemm_thread(&q, 0);
+        }
+    }
+#else
+    p.nthr = 1;
+    gemm_thread(&p, 0);
+#endif
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Dispatch and entry points                                                                        */
+
+typedef struct gemm_dispatch {
+    const sl_gemm_impl *f32, *bf16;
+    const char *name;
+} gemm_dispatch;
+
+static const gemm_dispatch *dispatch_get(void) {
+    static gemm_dispatch d;
+    static int init;
+    if (!init) {
+        const sl_cpu_features *f = sl_cpu_features_get();
+        gemm_dispatch t = {&impl_scalar_f32, &impl_scalar_bf16, "scalar"};
+        if (f->avx512f && f->avx512bw && f->avx512vl && f->avx2 && f->fma) {
+            t.f32 = &sl_gemm_impl_avx512_f32;
+            t.bf16 = f->avx512_bf16 ? &sl_gemm_impl_avx512_bf16 : &sl_gemm_impl_avx512_bf16emu;
+            t.name = "avx512";
+        } else if (f->avx2 && f->fma) {
+            t.f32 = &sl_gemm_impl_avx2_f32;
+            t.bf16 = &sl_gemm_impl_avx2_bf16emu;
+            t.name = "avx2";
+        }
+        d = t;
+        __atomic_store_n(&init, 1, __ATOMIC_RELEASE);
+    }
+    return &d;
+}
+
+const char *sl_gemm_kernel_name(void) { return dispatch_get()->name; }
+
+static int threads_for_call(void) {
+#ifdef _OPENMP
+    if (omp_in_parallel()) return 1;
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+void sl_sgemm(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+              const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    sl_gemm_args g = {transA, transB, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc};
+    sl_gemm_run(&g, dispatch_get()->f32, threads_for_call());
+}
+
+void sl_gemm_bf16(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *A,
+                  int64_t lda, const uint16_t *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    sl_gemm_args g = {transA, transB, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc};
+    sl_gemm_run(&g, dispatch_get()->bf16, threads_for_call());
+}
+
+void sl_sgemm_batched(int transA, int transB, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
+                      const float *A, int64_t lda, int64_t strideA, const float *B, int64_t ldb, int64_t strideB,
+                      float beta, float *C, int64_t ldc, int64_t strideC) {
+    const sl_gemm_impl *im = dispatch_get()->f32;
+    int nthr = threads_for_call();
+    if (batch <= 0) return;
+    /* Many small problems: one thread per problem. Few: thread inside each. Either way each problem is
+     * computed by the same single-problem code, so the result does not depend on the choice. */
+    if (nthr > 1 && batch >= 2 * nthr) {
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(nthr)
+#endif
+        for (int64_t b = 0; b < batch; b++) {
+            sl_gemm_args g = {transA, transB, M, N, K, alpha, beta, A + b * strideA, lda,
+                              B + b * strideB, ldb, C + b * strideC, ldc};
+            sl_gemm_run(&g, im, 1);
+        }
+    } else {
+        for (int64_t b = 0; b < batch; b++) {
+            sl_gemm_args g = {transA, transB, M, N, K, alpha, beta, A + b * strideA, lda,
+                              B + b * strideB, ldb, C + b * strideC, ldc};
+            sl_gemm_run(&g, im, nthr);
+        }
+    }
+}

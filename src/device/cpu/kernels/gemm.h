@@ -1,0 +1,43 @@
+/* gemm.h — dense matrix multiply kernels of the CPU backend (internal header).
+ *
+ * Usage:
+ *   // Y[BT,OC] = X[BT,C] @ W[OC,C]^T   (a Linear layer's forward pass)
+ *   sl_sgemm(0, 1, BT, OC, C, 1.0f, X, C, W, C, 0.0f, Y, OC);
+ *
+ * Row-major throughout. Every entry point picks the micro-kernel for the running CPU (AVX-512, AVX2+FMA or
+ * scalar; SUANLI_ISA=scalar|avx2|avx512 forces one) and threads with OpenMP. Results are deterministic:
+ * each element of C is summed in an order fixed by the blocking, never by the thread schedule, so the
+ * same inputs give bitwise-identical output for any thread count on the same kernel variant.
+ */
+#ifndef SL_DEVICE_CPU_KERNELS_GEMM_H
+#define SL_DEVICE_CPU_KERNELS_GEMM_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Row-major C[M,N] = alpha * op(A) @ op(B) + beta * C. op(A) is M x K: A is M x K (lda >= K) or, if transA,
+ * K x M (lda >= M). op(B) is K x N: B is K x N (ldb >= N) or, if transB, N x K (ldb >= K). ldc >= N.
+ * beta == 0 means C is write-only (may hold NaN). Threads: uses OpenMP internally (call from serial code);
+ * deterministic: same inputs and thread count -> bitwise-identical output. */
+void sl_sgemm(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
+              const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+/* Scalar reference (double accumulation), the test oracle. */
+void sl_sgemm_ref(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
+              const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+/* Batched: for b in [0,batch): same with A + b*strideA etc. Parallelise over batch when batch is large. */
+void sl_sgemm_batched(int transA, int transB, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
+              const float *A, int64_t lda, int64_t strideA, const float *B, int64_t ldb, int64_t strideB,
+              float beta, float *C, int64_t ldc, int64_t strideC);
+/* bf16 inputs (uint16_t storage, RNE-rounded bf16), fp32 accumulate and fp32 output C. Uses vdpbf16ps
+ * (AVX512_BF16) when present, an exact emulated path otherwise. */
+void sl_gemm_bf16(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
+              const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta, float *C, int64_t ldc);
+const char *sl_gemm_kernel_name(void); /* which variant runs: "avx512", "avx2", "scalar" */
+
+#ifdef __cplusplus
+}
+#endif
+#endif

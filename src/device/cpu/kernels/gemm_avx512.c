@@ -1,0 +1,232 @@
+/* gemm_avx512.c — AVX-512 micro-kernels and packers for the blocked GEMM (see Note [GEMM structure],
+ * gemm_internal.h).
+ *
+ * fp32: 8x48 register tile = 24 zmm accumulators; per k step 3 zmm loads of B and 8 broadcasts of A feed
+ * 24 FMAs (Zen 4 retires one zmm FMA per cycle with 4-cycle latency, so 24 independent chains keep the
+ * pipes full). MR = 8 divides the token counts (B*T) we see; NR = 48 divides GPT-2's widths (768, 2304,
+ * 3072, 50304). Edges use masked loads and stores.
+ * bf16: the same tile with vdpbf16ps on k pairs (AVX512_BF16): panel[k/2][i][k%2].
+ * Packers transpose 8x8 / 16x16 blocks in registers for the transposed layouts.
+ * Compiled with target attributes; only called when CPUID reports the features. */
+#include <immintrin.h>
+#include <string.h>
+
+#include "device/cpu/kernels/gemm_internal.h"
+#include "suanli/base.h"
+
+#define SL_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
+#define SL_TARGET_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")))
+
+enum { MR = 8, NR = 48 };
+
+static inline __mmask16 mask_n(int n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n > 0 ? n : 0)) - 1u); }
+
+/* C tile writeback: C = alpha*acc + beta*C on rows < mr, columns < nr. */
+#define SL_WRITEBACK_8x48(acc)                                                                              \
+    do {                                                                                                   \
+        const __m512 va_ = _mm512_set1_ps(alpha), vb_ = _mm512_set1_ps(beta);                             \
+        const __mmask16 m0_ = mask_n(nr), m1_ = mask_n(nr - 16), m2_ = mask_n(nr - 32);                   \
+        _Pragma("GCC unroll 8") for (int i_ = 0; i_ < MR; i_++) {                                          \
+            if (i_ < mr) {                                                                                 \
+                float *cr_ = c + i_ * ldc;                                                                 \
+                __m512 t0_ = _mm512_mul_ps(va_, acc[i_][0]);                                               \
+                __m512 t1_ = _mm512_mul_ps(va_, acc[i_][1]);                                               \
+                __m512 t2_ = _mm512_mul_ps(va_, acc[i_][2]);                                               \
+                if (beta == 1.0f) {                                                                        \
+                    t0_ = _mm512_add_ps(t0_, _mm512_maskz_loadu_ps(m0_, cr_));                             \
+                    t1_ = _mm512_add_ps(t1_, _mm512_maskz_loadu_ps(m1_, cr_ + 16));                        \
+                    t2_ = _mm512_add_ps(t2_, _mm512_maskz_loadu_ps(m2_, cr_ + 32));                        \
+                } else if (beta != 0.0f) {                                                                 \
+                    t0_ = _mm512_fmadd_ps(vb_, _mm512_maskz_loadu_ps(m0_, cr_), t0_);                      \
+                    t1_ = _mm512_fmadd_ps(vb_, _mm512_maskz_loadu_ps(m1_, cr_ + 16), t1_);                 \
+                    t2_ = _mm512_fmadd_ps(vb_, _mm512_maskz_loadu_ps(m2_, cr_ + 32), t2_);                 \
+                }                                                                                          \
+                _mm512_mask_storeu_ps(cr_, m0_, t0_);                                                      \
+                _mm512_mask_storeu_ps(cr_ + 16, m1_, t1_);                                                 \
+                _mm512_mask_storeu_ps(cr_ + 32, m2_, t2_);                                                 \
+            }                                                                                              \
+        }                                                                                                  \
+    } while (0)
+
+SL_TARGET_AVX512 static void kernel_avx512_8x48(int64_t ksteps, const void *a_, const void *b_, float *c,
+                                                int64_t ldc, float alpha, float beta, int mr, int nr) {
+    const float *a = (const float *)a_, *b = (const float *)b_;
+    __m512 acc[MR][3];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++) {
+        acc[i][0] = acc[i][1] = acc[i][2] = _mm512_setzero_ps();
+        if (i < mr) {
+            _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);
+            _mm_prefetch((const char *)(c + i * ldc + 16), _MM_HINT_T0);
+            _mm_prefetch((const char *)(c + i * ldc + 32), _MM_HINT_T0);
+            _mm_prefetch((const char *)(c + i * ldc + 47), _MM_HINT_T0);
+        }
+    }
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < ksteps; k++) {
+        __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16), b2 = _mm512_load_ps(b + 32);
+        _mm_prefetch((const char *)(b + 48 * 8), _MM_HINT_T0);
+        _mm_prefetch((const char *)(b + 48 * 8 + 16), _MM_HINT_T0);
+        _mm_prefetch((const char *)(b + 48 * 8 + 32), _MM_HINT_T0);
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++) {
+            __m512 av = _mm512_set1_ps(a[i]);
+            acc[i][0] = _mm512_fmadd_ps(av, b0, acc[i][0]);
+            acc[i][1] = _mm512_fmadd_ps(av, b1, acc[i][1]);
+            acc[i][2] = _mm512_fmadd_ps(av, b2, acc[i][2]);
+        }
+        a += MR;
+        b += NR;
+    }
+    SL_WRITEBACK_8x48(acc);
+}
+
+/* ---- in-register transposes ---- */
+
+/* r[0..8) rows of 8 -> r[j] = column j. */
+SL_TARGET_AVX512 static inline void transpose8x8(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int h = 0; h < 2; h++) {
+        __m256 *tt = t + 4 * h, *uu = u + 4 * h;
+        uu[0] = _mm256_shuffle_ps(tt[0], tt[2], _MM_SHUFFLE(1, 0, 1, 0));
+        uu[1] = _mm256_shuffle_ps(tt[0], tt[2], _MM_SHUFFLE(3, 2, 3, 2));
+        uu[2] = _mm256_shuffle_ps(tt[1], tt[3], _MM_SHUFFLE(1, 0, 1, 0));
+        uu[3] = _mm256_shuffle_ps(tt[1], tt[3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int j = 0; j < 4; j++) {
+        r[j] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x20);
+        r[4 + j] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x31);
+    }
+}
+
+/* r[0..16) rows of 16 -> r[j] = column j. */
+SL_TARGET_AVX512 static inline void transpose16x16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int g = 0; g < 4; g++) {
+        __m512 *tt = t + 4 * g;
+        r[4 * g + 0] = _mm512_shuffle_ps(tt[0], tt[2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[4 * g + 1] = _mm512_shuffle_ps(tt[0], tt[2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[4 * g + 2] = _mm512_shuffle_ps(tt[1], tt[3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[4 * g + 3] = _mm512_shuffle_ps(tt[1], tt[3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int c = 0; c < 4; c++) {
+        t[c] = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);
+        t[4 + c] = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xdd);
+        t[8 + c] = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+        t[12 + c] = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xdd);
+    }
+    for (int c = 0; c < 8; c++) {
+        r[c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0x88);
+        r[8 + c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0xdd);
+    }
+}
+
+/* ---- fp32 packers (32-bit elements; reused for bf16 pairs) ---- */
+
+/* dst[k*8 + i] = src[i*ld + k] for i < ni (else 0), k < kc: 8 rows, contiguous in k. */
+SL_TARGET_AVX512 static void pack_rows8_t32(const uint32_t *src, int64_t ld, int ni, int64_t kc, uint32_t *dst) {
+    int64_t k = 0;
+    for (; k + 8 <= kc; k += 8) {
+        __m256 r[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++)
+            r[i] = i < ni ? _mm256_loadu_ps((const float *)(src + i * ld + k)) : _mm256_setzero_ps();
+        transpose8x8(r);
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) _mm256_storeu_ps((float *)(dst + (k + j) * 8), r[j]);
+    }
+    if (k < kc) {
+        int rem = (int)(kc - k);
+        __mmask8 m = (__mmask8)((1u << rem) - 1u);
+        __m256 r[8];
+        for (int i = 0; i < 8; i++)
+            r[i] = i < ni ? _mm256_maskz_loadu_ps(m, (const float *)(src + i * ld + k)) : _mm256_setzero_ps();
+        transpose8x8(r);
+        for (int j = 0; j < rem; j++) _mm256_storeu_ps((float *)(dst + (k + j) * 8), r[j]);
+    }
+}
+
+/* dst[k*48 + j] = src[j*ld + k] for j < nj (else 0), k < kc: 48 rows, contiguous in k. */
+SL_TARGET_AVX512 static void pack_rows48_t32(const uint32_t *src, int64_t ld, int nj, int64_t kc,
+                                             uint32_t *dst) {
+    for (int64_t k = 0; k < kc; k += 16) {
+        int rem = kc - k < 16 ? (int)(kc - k) : 16;
+        __mmask16 m = mask_n(rem);
+        for (int g = 0; g < 3; g++) {
+            __m512 r[16];
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; i++) {
+                int j = g * 16 + i;
+                r[i] = j < nj ? _mm512_maskz_loadu_ps(m, (const float *)(src + j * ld + k)) : _mm512_setzero_ps();
+            }
+            transpose16x16(r);
+            for (int kk = 0; kk < rem; kk++) _mm512_store_ps((float *)(dst + (k + kk) * 48 + g * 16), r[kk]);
+        }
+    }
+}
+
+SL_TARGET_AVX512 static void pack_a_f32_panel(const sl_gemm_args *g, int64_t i0, int ni, int64_t k0, int64_t kc,
+                                              void *dst_) {
+    float *dst = (float *)dst_;
+    const float *A = (const float *)g->A;
+    if (g->transA) { /* A is K x M */
+        __mmask8 m = (__mmask8)((1u << ni) - 1u);
+        for (int64_t k = 0; k < kc; k++)
+            _mm256_store_ps(dst + k * 8, _mm256_maskz_loadu_ps(m, A + (k0 + k) * g->lda + i0));
+    } else {
+        pack_rows8_t32((const uint32_t *)(A + i0 * g->lda + k0), g->lda, ni, kc, (uint32_t *)dst);
+    }
+}
+
+SL_TARGET_AVX512 static void pack_b_f32_panel(const sl_gemm_args *g, int64_t j0, int nj, int64_t k0, int64_t kc,
+                                              void *dst_) {
+    float *dst = (float *)dst_;
+    const float *B = (const float *)g->B;
+    if (!g->transB) { /* B is K x N */
+        __mmask16 m0 = mask_n(nj), m1 = mask_n(nj - 16), m2 = mask_n(nj - 32);
+        for (int64_t k = 0; k < kc; k++) {
+            const float *s = B + (k0 + k) * g->ldb + j0;
+            float *d = dst + k * 48;
+            _mm512_store_ps(d, _mm512_maskz_loadu_ps(m0, s));
+            _mm512_store_ps(d + 16, _mm512_maskz_loadu_ps(m1, s + 16));
+            _mm512_store_ps(d + 32, _mm512_maskz_loadu_ps(m2, s + 32));
+        }
+    } else {
+        pack_rows48_t32((const uint32_t *)(B + j0 * g->ldb + k0), g->ldb, nj, kc, (uint32_t *)dst);
+    }
+}
+
+SL_TARGET_AVX512 static void pack_a_f32_avx512(const sl_gemm_args *g, int64_t i0, int64_t ni, int64_t k0,
+                                               int64_t kc, int mr, void *dst) {
+    (void)mr;
+    for (int64_t p = 0; p * MR < ni; p++)
+        pack_a_f32_panel(g, i0 + p * MR, ni - p * MR < MR ? (int)(ni - p * MR) : MR, k0, kc,
+                         (float *)dst + p * kc * MR);
+}
+
+SL_TARGET_AVX512 static void pack_b_f32_avx512(const sl_gemm_args *g, int64_t j0, int64_t nj, int64_t k0,
+                                               int64_t kc, int nr, void *dst) {
+    (void)nr;
+    for (int64_t p = 0; p * NR < nj; p++)
+        pack_b_f32_panel(g, j0 + p * NR, nj - p * NR < NR ? (int)(nj - p * NR) : NR, k0, kc,
+                         (float *)dst + p * kc * NR);
+}
+
+/* bf16 -> fp32 widening packers for the emulated bf16 path on AVX-512 CPUs without AVX512_BF16. */
+const sl_gemm_impl sl_gemm_impl_avx512_f32 = {
+    .name = "avx512", .mr = MR, .nr = NR, .kgran = 1, .esz = 4, .in_bf16 = 0, .kc = 384, .mc = 1536, .nc = 336,
+    .pack_a = pack_a_f32_avx512, .pack_b = pack_b_f32_avx512, .kernel = kernel_avx512_8x48};
+const sl_gemm_impl sl_gemm_impl_avx512_bf16emu = {
+    .name = "avx512", .mr = MR, .nr = NR, .kgran = 1, .esz = 4, .in_bf16 = 1, .kc = 384, .mc = 1536, .nc = 336,
+    .pack_a = sl_gemm_pack_a_bf16_f32, .pack_b = sl_gemm_pack_b_bf16_f32, .kernel = kernel_avx512_8x48};
+
+/* ---- bf16 (vdpbf16ps) ---- */
+#include "device/cpu/kernels/gemm_avx512_bf16.inc"

@@ -1,0 +1,77 @@
+/* gemm_internal.h — what the GEMM driver (gemm.c) and its ISA-specific kernels (gemm_avx2.c,
+ * gemm_avx512.c) share. Not part of any public API.
+ *
+ * Note [GEMM structure]
+ * A GotoBLAS/BLIS-style blocked GEMM on row-major data. For each block of MC rows of op(A) and KC of K,
+ * op(A) is packed into micro-panels of MR rows (k-major: panel[k][0..MR)); for each chunk of at most NC
+ * columns of op(B), op(B) is packed into micro-panels of NR columns (k-major: panel[k][0..NR)). The
+ * micro-kernel multiplies one A micro-panel (kept in L1) by one B micro-panel (streamed from L2) into an
+ * MR x NR tile of C held in registers. Packing absorbs the four transpose cases and zero-pads the edges,
+ * so kernels only see full tiles (they mask the stores of partial ones). Packed elements may be fp32
+ * (esz 4, kgran 1) or bf16 pairs for vdpbf16ps (esz 2, kgran 2: panel[k/2][i][k%2]).
+ * Each element of C is summed over K in the same order (KC blocks in sequence, k ascending inside the
+ * micro-kernel) whatever the thread partition, so results do not depend on the thread count.
+ */
+#ifndef SL_DEVICE_CPU_KERNELS_GEMM_INTERNAL_H
+#define SL_DEVICE_CPU_KERNELS_GEMM_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct sl_gemm_args {
+    int transA, transB;
+    int64_t M, N, K;
+    float alpha, beta;
+    const void *A; /* float or uint16_t (bf16) */
+    int64_t lda;
+    const void *B;
+    int64_t ldb;
+    float *C;
+    int64_t ldc;
+} sl_gemm_args;
+
+/* Pack rows [i0, i0+ni) of op(A), k in [k0, k0+kc), into ceil(ni/mr) consecutive micro-panels of
+ * ceil(kc/kgran)*kgran*mr elements each, zero-padding rows past ni and k past kc. */
+typedef void (*sl_gemm_pack_a_fn)(const sl_gemm_args *g, int64_t i0, int64_t ni, int64_t k0, int64_t kc, int mr,
+                                  void *dst);
+/* Pack columns [j0, j0+nj) of op(B), k in [k0, k0+kc), into ceil(nj/nr) micro-panels likewise. */
+typedef void (*sl_gemm_pack_b_fn)(const sl_gemm_args *g, int64_t j0, int64_t nj, int64_t k0, int64_t kc, int nr,
+                                  void *dst);
+/* C[0..mr)[0..nr) = alpha * (a-panel @ b-panel) + beta * C over ksteps steps of kgran k each;
+ * beta == 0: C is write-only. mr <= MR, nr <= NR: only that part of the tile is read or written. */
+typedef void (*sl_gemm_kernel_fn)(int64_t ksteps, const void *a, const void *b, float *c, int64_t ldc,
+                                  float alpha, float beta, int mr, int nr);
+
+typedef struct sl_gemm_impl {
+    const char *name;
+    int mr, nr;      /* register tile */
+    int kgran;       /* k per kernel step: 1 (fp32) or 2 (bf16 pairs) */
+    int esz;         /* bytes per packed element */
+    int in_bf16;     /* inputs A, B are bf16 (uint16_t) rather than fp32 */
+    int64_t kc;      /* K block (multiple of kgran) */
+    int64_t mc;      /* rows of op(A) packed at once (multiple of mr) */
+    int64_t nc;      /* columns of op(B) packed at once per thread (multiple of nr) */
+    sl_gemm_pack_a_fn pack_a;
+    sl_gemm_pack_b_fn pack_b;
+    sl_gemm_kernel_fn kernel;
+} sl_gemm_impl;
+
+/* Run the blocked GEMM with `nthr` threads (1: on the calling thread, no OpenMP region). */
+void sl_gemm_run(const sl_gemm_args *g, const sl_gemm_impl *im, int nthr);
+
+/* Generic packers (any mr/nr, kgran 1): fp32 -> fp32 and bf16 -> fp32 (exact widening). */
+void sl_gemm_pack_a_f32(const sl_gemm_args *g, int64_t i0, int64_t ni, int64_t k0, int64_t kc, int mr, void *dst);
+void sl_gemm_pack_b_f32(const sl_gemm_args *g, int64_t j0, int64_t nj, int64_t k0, int64_t kc, int nr, void *dst);
+void sl_gemm_pack_a_bf16_f32(const sl_gemm_args *g, int64_t i0, int64_t ni, int64_t k0, int64_t kc, int mr,
+                             void *dst);
+void sl_gemm_pack_b_bf16_f32(const sl_gemm_args *g, int64_t j0, int64_t nj, int64_t k0, int64_t kc, int nr,
+                             void *dst);
+
+/* ISA variants; each file defines its impls (the kernel functions are compiled for that ISA). */
+extern const sl_gemm_impl sl_gemm_impl_avx512_f32;
+extern const sl_gemm_impl sl_gemm_impl_avx512_bf16emu; /* bf16 widened to fp32 by packing, fp32 kernel */
+extern const sl_gemm_impl sl_gemm_impl_avx512_bf16;    /* vdpbf16ps */
+extern const sl_gemm_impl sl_gemm_impl_avx2_f32;
+extern const sl_gemm_impl sl_gemm_impl_avx2_bf16emu;
+
+#endif

@@ -1,0 +1,192 @@
+/* test_gemm — sl_sgemm / sl_sgemm_batched / sl_gemm_bf16 against the double-accumulating reference.
+ *
+ * Run once per ISA path (ctest sets SUANLI_ISA=scalar|avx2|avx512). Covers awkward shapes (1, 3, 17, 63,
+ * 65, 255, 1000), all four transpose cases, alpha/beta variants (beta = 0 on a NaN-filled C must not
+ * propagate the NaN), leading dimensions larger than the row length, batched calls, bf16 inputs, and
+ * bitwise determinism (run-to-run with the same thread count, and 1 thread vs 2 threads).
+ *
+ * Tolerance: inputs are uniform in [-1, 1], so every product is at most 1 in magnitude and an fp32 sum of
+ * K of them is within about K * 2^-24 of the exact sum; we allow |got - ref| <= 1e-6 * (K + 8) + 1e-5 * |ref|
+ * (bf16: the reference rounds inputs to bf16 first, products of bf16 are exact in fp32, same bound). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/cpu/kernels/gemm.h"
+#include "suanli/base.h"
+#include "testutil.h"
+
+static uint64_t rng_state = 0x243f6a8885a308d3ull;
+static float frand(void) { /* uniform in [-1, 1) */
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((double)(rng_state >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
+}
+static float *falloc(int64_t n) {
+    float *p = (float *)malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    if (!p) abort();
+    return p;
+}
+static void fill(float *p, int64_t n) {
+    for (int64_t i = 0; i < n; i++) p[i] = frand();
+}
+static float tol_atol(int64_t K) { return 1e-6f * (float)(K + 8); }
+
+/* Compare the M x N window (leading dimension ldc) of got against ref; untouched padding must match too. */
+static int check_c(const char *what, const float *got, const float *ref, int64_t rows, int64_t ldc, int64_t K) {
+    return tu_allclose(what, got, ref, rows * ldc, tol_atol(K), 1e-5f);
+}
+
+typedef struct shape { int64_t M, N, K; } shape;
+
+static const shape shapes[] = {
+    {1, 1, 1},     {1, 17, 3},    {3, 1, 17},     {17, 3, 1},    {63, 65, 17},  {65, 63, 255},
+    {255, 17, 65}, {17, 255, 63}, {1000, 17, 63}, {3, 1000, 65}, {63, 65, 1000}, {255, 255, 255},
+    {1000, 65, 3}, {8, 48, 384},  {97, 145, 769},
+};
+
+static int test_sgemm_case(int tA, int tB, shape s, float alpha, float beta, int pad, int nan_c) {
+    int64_t M = s.M, N = s.N, K = s.K;
+    int64_t lda = (tA ? M : K) + pad, ldb = (tB ? K : N) + pad, ldc = N + pad;
+    int64_t arows = tA ? K : M, brows = tB ? N : K;
+    float *A = falloc(arows * lda), *B = falloc(brows * ldb), *C = falloc(M * ldc), *R = falloc(M * ldc);
+    fill(A, arows * lda);
+    fill(B, brows * ldb);
+    fill(C, M * ldc);
+    if (nan_c)
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) C[i * ldc + j] = NAN;
+    memcpy(R, C, (size_t)(M * ldc) * sizeof(float));
+    sl_sgemm_ref(tA, tB, M, N, K, alpha, A, lda, B, ldb, beta, R, ldc);
+    sl_sgemm(tA, tB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    char what[160];
+    snprintf(what, sizeof what, "sgemm %s%s M=%lld N=%lld K=%lld alpha=%g beta=%g pad=%d nanC=%d", tA ? "T" : "N",
+             tB ? "T" : "N", (long long)M, (long long)N, (long long)K, alpha, beta, pad, nan_c);
+    int ok = check_c(what, C, R, M, ldc, K);
+    TU_CHECK(ok, "%s", what);
+    free(A), free(B), free(C), free(R);
+    return ok;
+}
+
+static void test_sgemm_all(void) {
+    int n = (int)(sizeof shapes / sizeof shapes[0]);
+    for (int si = 0; si < n; si++) {
+        for (int t = 0; t < 4; t++) {
+            int tA = t >> 1, tB = t & 1;
+            int pad = (si + t) % 3 == 0 ? 0 : 5 + si;
+            test_sgemm_case(tA, tB, shapes[si], 1.0f, 0.0f, pad, 1);
+            /* the heavier shapes get one alpha/beta variant each, the light ones all of them */
+            int64_t work = shapes[si].M * shapes[si].N * shapes[si].K;
+            if (work > 3000000 && t != si % 4) continue;
+            test_sgemm_case(tA, tB, shapes[si], 1.0f, 1.0f, pad, 0);
+            test_sgemm_case(tA, tB, shapes[si], -1.5f, 0.5f, pad + 1, 0);
+            test_sgemm_case(tA, tB, shapes[si], 0.75f, 0.0f, pad, 0);
+        }
+    }
+    /* alpha == 0 and K == 0: C = beta * C exactly (and beta == 0 clears NaN) */
+    float Cz[6] = {1, 2, 3, NAN, 5, 6}, A1[3] = {1, 2, 3}, B1[6] = {1, 2, 3, 4, 5, 6};
+    sl_sgemm(0, 0, 2, 3, 0, 1.0f, A1, 1, B1, 3, 0.0f, Cz, 3);
+    for (int i = 0; i < 6; i++) TU_CHECK(Cz[i] == 0.0f, "K=0 beta=0 C[%d]=%g", i, Cz[i]);
+    float Cb[6] = {1, 2, 3, 4, 5, 6};
+    sl_sgemm(0, 0, 2, 3, 1, 0.0f, A1, 1, B1, 3, 2.0f, Cb, 3);
+    for (int i = 0; i < 6; i++) TU_CHECK(Cb[i] == 2.0f * (float)(i + 1), "alpha=0 beta=2 C[%d]=%g", i, Cb[i]);
+}
+
+static void test_batched(void) {
+    const int64_t batches[] = {1, 2, 7};
+    const shape bs[] = {{17, 63, 65}, {64, 64, 64}, {3, 100, 9}};
+    for (int bi = 0; bi < 3; bi++) {
+        for (int si = 0; si < 3; si++) {
+            for (int t = 0; t < 4; t++) {
+                int tA = t >> 1, tB = t & 1;
+                int64_t batch = batches[bi], M = bs[si].M, N = bs[si].N, K = bs[si].K;
+                int64_t lda = (tA ? M : K) + 3, ldb = (tB ? K : N) + 1, ldc = N + 2;
+                int64_t sA = (tA ? K : M) * lda + 7, sB = (tB ? N : K) * ldb + 5, sC = M * ldc + 11;
+                float *A = falloc(batch * sA), *B = falloc(batch * sB), *C = falloc(batch * sC),
+                      *R = falloc(batch * sC);
+                fill(A, batch * sA), fill(B, batch * sB), fill(C, batch * sC);
+                memcpy(R, C, (size_t)(batch * sC) * sizeof(float));
+                float alpha = 0.5f, beta = t == 2 ? 0.0f : -1.0f;
+                for (int64_t b = 0; b < batch; b++)
+                    sl_sgemm_ref(tA, tB, M, N, K, alpha, A + b * sA, lda, B + b * sB, ldb, beta, R + b * sC, ldc);
+                sl_sgemm_batched(tA, tB, batch, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC);
+                char what[128];
+                snprintf(what, sizeof what, "batched %s%s batch=%lld M=%lld N=%lld K=%lld", tA ? "T" : "N",
+                         tB ? "T" : "N", (long long)batch, (long long)M, (long long)N, (long long)K);
+                TU_CHECK(check_c(what, C, R, batch * sC / ldc, ldc, K), "%s", what);
+                free(A), free(B), free(C), free(R);
+            }
+        }
+    }
+}
+
+static void test_bf16(void) {
+    const shape bs[] = {{1, 1, 1}, {17, 63, 65}, {65, 17, 3}, {63, 255, 255}, {100, 97, 1000}, {8, 48, 769}};
+    for (int si = 0; si < 6; si++) {
+        for (int t = 0; t < 4; t++) {
+            int tA = t >> 1, tB = t & 1;
+            int64_t M = bs[si].M, N = bs[si].N, K = bs[si].K;
+            int64_t lda = (tA ? M : K) + (t & 1) * 3, ldb = (tB ? K : N) + (t >> 1) * 2, ldc = N + 1;
+            int64_t na = (tA ? K : M) * lda, nb = (tB ? N : K) * ldb;
+            float *Af = falloc(na), *Bf = falloc(nb), *C = falloc(M * ldc), *R = falloc(M * ldc);
+            uint16_t *A = (uint16_t *)malloc((size_t)na * 2), *B = (uint16_t *)malloc((size_t)nb * 2);
+            if (!A || !B) abort();
+            fill(Af, na), fill(Bf, nb), fill(C, M * ldc);
+            for (int64_t i = 0; i < na; i++) A[i] = sl_f32_to_bf16(Af[i]), Af[i] = sl_bf16_to_f32(A[i]);
+            for (int64_t i = 0; i < nb; i++) B[i] = sl_f32_to_bf16(Bf[i]), Bf[i] = sl_bf16_to_f32(B[i]);
+            float beta = t == 1 ? 0.25f : 0.0f, alpha = t == 3 ? -2.0f : 1.0f;
+            if (beta == 0.0f)
+                for (int64_t i = 0; i < M * ldc; i++) C[i] = NAN;
+            memcpy(R, C, (size_t)(M * ldc) * sizeof(float));
+            sl_sgemm_ref(tA, tB, M, N, K, alpha, Af, lda, Bf, ldb, beta, R, ldc);
+            sl_gemm_bf16(tA, tB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+            /* the padding column of C is not written: NaN == NaN there */
+            for (int64_t i = 0; i < M * ldc; i++)
+                if (isnan(R[i]) && isnan(C[i])) R[i] = C[i] = 0.0f;
+            char what[128];
+            snprintf(what, sizeof what, "bf16 %s%s M=%lld N=%lld K=%lld", tA ? "T" : "N", tB ? "T" : "N",
+                     (long long)M, (long long)N, (long long)K);
+            TU_CHECK(check_c(what, C, R, M, ldc, K), "%s", what);
+            free(Af), free(Bf), free(A), free(B), free(C), free(R);
+        }
+    }
+}
+
+/* Same inputs -> bitwise-identical outputs: twice with the same thread count, and with 1 vs 2 threads. */
+static void test_determinism(void) {
+    const shape ds[] = {{200, 300, 1000}, {1000, 96, 130}, {64, 2000, 64}};
+    for (int si = 0; si < 3; si++) {
+        int64_t M = ds[si].M, N = ds[si].N, K = ds[si].K;
+        for (int t = 0; t < 4; t++) {
+            int tA = t >> 1, tB = t & 1;
+            float *A = falloc(M * K), *B = falloc(K * N), *C1 = falloc(M * N), *C2 = falloc(M * N),
+                  *C3 = falloc(M * N);
+            fill(A, M * K), fill(B, K * N);
+            int64_t lda = tA ? M : K, ldb = tB ? K : N;
+            int saved = sl_threads_get();
+            sl_threads_set(2);
+            sl_sgemm(tA, tB, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C1, N);
+            sl_sgemm(tA, tB, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C2, N);
+            sl_threads_set(1);
+            sl_sgemm(tA, tB, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C3, N);
+            sl_threads_set(saved);
+            TU_CHECK(!memcmp(C1, C2, (size_t)(M * N) * sizeof(float)), "run-to-run differs %lld %lld %lld t=%d",
+                     (long long)M, (long long)N, (long long)K, t);
+            TU_CHECK(!memcmp(C1, C3, (size_t)(M * N) * sizeof(float)), "1 vs 2 threads differ %lld %lld %lld t=%d",
+                     (long long)M, (long long)N, (long long)K, t);
+            free(A), free(B), free(C1), free(C2), free(C3);
+        }
+    }
+}
+
+int main(void) {
+    const char *isa = getenv("SUANLI_ISA");
+    printf("gemm kernel: %s (SUANLI_ISA=%s, cpu isa %s)\n", sl_gemm_kernel_name(), isa ? isa : "unset",
+           sl_cpu_isa_name());
+    TU_CHECK(!strcmp(sl_gemm_kernel_name(), sl_cpu_isa_name()), "kernel %s vs isa %s", sl_gemm_kernel_name(),
+             sl_cpu_isa_name());
+    test_sgemm_all();
+    test_batched();
+    test_bf16();
+    test_determinism();
+    return tu_finish("test_gemm");
+}
