@@ -115,7 +115,7 @@ static int cmd_prepare(int argc, char **argv) {
     }
     sl_status st = sl_data_prepare(&o);
     if (st != SL_OK) {
-        fprintf(stderr, "suanli data prepare: %s\n", sl_errmsg());
+        fprintf(stderr, "suanli data: %s\n", sl_errmsg());
         return st == SL_ERR_INVALID ? 2 : 1;
     }
     printf("input      %s: %lld bytes\n", o.input, (long long)S.input_bytes);
