@@ -105,7 +105,7 @@ static int peak_flops_per_iter(void) {
     return 0;
 }
 
-static double fma_peak(int nthr) {
+double sl_bench_fma_peak(int nthr) {
     const sl_cpu_features *f = sl_cpu_features_get();
     int per = peak_flops_per_iter();
     if (!per) return 0.0;
@@ -205,7 +205,7 @@ int sl_bench_ops(int argc, char **argv) {
     anchors_load();
     int thr_list[2] = {1, maxthr}, nthr_list = maxthr > 1 ? 2 : 1;
     double peak[2];
-    for (int t = 0; t < nthr_list; t++) peak[t] = fma_peak(thr_list[t]);
+    for (int t = 0; t < nthr_list; t++) peak[t] = sl_bench_fma_peak(thr_list[t]);
 
     static const int64_t lin[5][2] = {{2304, 768}, {768, 768}, {3072, 768}, {768, 3072}, {50304, 768}};
     const int64_t bts[2] = {256, 1024};

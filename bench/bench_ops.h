@@ -5,4 +5,6 @@
 /* argv[0] == "ops". Flags: --json, --threads N (measure at 1 and N threads; default 2), --reps R (median of
  * R timed runs per point, default 3), --quick (BT = 256 only, 1 rep, no bf16 rows). Returns an exit code. */
 int sl_bench_ops(int argc, char **argv);
+/* Measured fp32 FMA peak (FLOP/s) with nthr threads; used by bench train for MFU. */
+double sl_bench_fma_peak(int nthr);
 #endif

@@ -1,12 +1,25 @@
-/* cmd_bench.c — `suanli bench ops|comm|train`. Only `ops` exists so far (bench/bench_ops.c). */
+/* suanli bench ops|comm|train — dispatch to the benchmark suites in bench/. */
 #include <stdio.h>
 #include <string.h>
 
 #include "bench_ops.h"
 #include "cli/commands.h"
 
+int sl_bench_train(int argc, char **argv); /* bench/bench_train.c */
+#ifdef SL_HAVE_BENCH_COMM
+#include "bench_comm.h"
+#endif
+
 int sl_cmd_bench(int argc, char **argv) {
-    if (argc >= 2 && !strcmp(argv[1], "ops")) return sl_bench_ops(argc - 1, argv + 1);
-    fprintf(stderr, "usage: suanli bench ops [--json] [--threads N] [--reps R] [--quick]\n");
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        fprintf(argc < 2 ? stderr : stdout, "usage: suanli bench ops|comm|train [--json] [flags]\n");
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "ops")) return sl_bench_ops(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "train")) return sl_bench_train(argc - 1, argv + 1);
+#ifdef SL_HAVE_BENCH_COMM
+    if (!strcmp(argv[1], "comm")) return sl_bench_comm(argc - 1, argv + 1);
+#endif
+    fprintf(stderr, "suanli bench: unknown suite '%s' (ops, comm, train)\n", argv[1]);
     return 2;
 }

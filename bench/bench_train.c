@@ -1,0 +1,104 @@
+/* suanli bench train — ms/step, tokens/s and MFU of GPT-2 training steps on synthetic tokens.
+ * MFU uses the fp32 FMA peak measured in the same run (sl_bench_fma_peak from bench_ops.c). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_ops.h"
+#include "cli/flags.h"
+#include "suanli/train.h"
+
+typedef struct {
+    int V;
+    uint64_t seed;
+} synth;
+
+static sl_status synth_batch(void *u, int64_t step, int micro, int32_t *ids, int32_t *tg) {
+    (void)tg;
+    synth *s = u;
+    (void)ids;
+    (void)step;
+    (void)micro;
+    (void)s;
+    return SL_OK;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+int sl_bench_train(int argc, char **argv) {
+    int64_t L = 12, NH = 12, C = 768, V = 50257, B = 4, T = 64, steps = 5, warm = 1, threads = 2;
+    int json = 0;
+    sl_flag flags[] = {
+        {"num-layers", SL_FLAG_INT, &L, 1, 1024, "(12)", 0},
+        {"num-attention-heads", SL_FLAG_INT, &NH, 1, 1024, "(12)", 0},
+        {"hidden-size", SL_FLAG_INT, &C, 1, 65536, "(768)", 0},
+        {"vocab-size", SL_FLAG_INT, &V, 2, 1 << 24, "(50257)", 0},
+        {"micro-batch-size", SL_FLAG_INT, &B, 1, 4096, "(4)", 0},
+        {"seq-length", SL_FLAG_INT, &T, 1, 1 << 16, "(64)", 0},
+        {"steps", SL_FLAG_INT, &steps, 1, 100000, "timed steps (5)", 0},
+        {"warmup", SL_FLAG_INT, &warm, 0, 1000, "untimed steps (1)", 0},
+        {"threads", SL_FLAG_INT, &threads, 1, 1024, "(2)", 0},
+        {"json", SL_FLAG_BOOL, &json, 0, 1, "machine-readable output", 0},
+    };
+    int nf = (int)(sizeof flags / sizeof flags[0]);
+    if (sl_flags_parse(flags, nf, argc, argv, 1) != SL_OK) {
+        fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
+        return 2;
+    }
+    sl_threads_set((int)threads);
+    sl_gpt2_config cfg = {(int)L, (int)NH, (int)C, (int)V, (int)T};
+    sl_model *m;
+    if (sl_gpt2_new(&cfg, &m) != SL_OK) {
+        fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
+        return 2;
+    }
+    sl_model_init_weights(m, 1);
+    sl_trainer tr;
+    sl_trainer_config tc = {.B = (int)B, .T = (int)T, .accum = 1, .lr = 1e-4f, .min_lr = 1e-5f, .clip = 1.0f,
+                            .warmup = 0, .decay_iters = 1000, .hp = {0.9f, 0.95f, 1e-8f, 0.1f}};
+    if (sl_trainer_init(&tr, m, &tc) != SL_OK) {
+        fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
+        sl_model_free(m);
+        return 1;
+    }
+    for (int64_t i = 0; i < B * T; i++) {
+        tr.ids_buf[i] = (int32_t)(sl_rng_u64(7, 0, (uint64_t)i) % (uint64_t)V);
+        tr.tg_buf[i] = (int32_t)(sl_rng_u64(7, 1, (uint64_t)i) % (uint64_t)V);
+    }
+    synth s = {(int)V, 7};
+    double *ts = malloc(sizeof(double) * (size_t)steps);
+    float loss = 0;
+    for (int64_t i = 0; i < warm + steps; i++) {
+        sl_step_stats ss;
+        if (sl_trainer_step(&tr, i, synth_batch, &s, &ss) != SL_OK) {
+            fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
+            return 1;
+        }
+        if (i >= warm) ts[i - warm] = ss.seconds;
+        loss = ss.loss;
+    }
+    qsort(ts, (size_t)steps, sizeof(double), cmp_d);
+    double med = ts[steps / 2];
+    double tps = (double)(B * T) / med;
+    double flops = sl_gpt2_flops_per_token(&cfg, (int)T) * tps;
+    double peak = sl_bench_fma_peak((int)threads) * 1e9; /* GFLOP/s -> FLOP/s */
+    double mfu = peak > 0 ? flops / peak : 0;
+    if (json)
+        printf("{\"bench\": \"train\", \"model\": \"gpt2\", \"L\": %lld, \"NH\": %lld, \"C\": %lld, \"V\": %lld, \"B\": %lld, "
+               "\"T\": %lld, \"threads\": %lld, \"dtype\": \"f32\", \"ms_per_step\": %.2f, \"tokens_per_s\": %.2f, "
+               "\"gflops\": %.2f, \"peak_gflops\": %.2f, \"mfu\": %.4f, \"activation_mib\": %.1f, \"loss\": %.4f}\n",
+               (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T, (long long)threads,
+               med * 1e3, tps, flops / 1e9, peak / 1e9, mfu, tr.plan.planned_bytes / 1048576.0, loss);
+    else
+        printf("GPT-2 L%lld NH%lld C%lld V%lld B%lld T%lld fp32, %lld threads: %.1f ms/step (median of %lld), %.1f tokens/s, "
+               "%.1f GFLOP/s, MFU %.1f%% of measured %.1f GFLOP/s peak; activations %.1f MiB\n",
+               (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T, (long long)threads,
+               med * 1e3, (long long)steps, tps, flops / 1e9, 100 * mfu, peak / 1e9, tr.plan.planned_bytes / 1048576.0);
+    free(ts);
+    sl_trainer_free(&tr);
+    sl_model_free(m);
+    return 0;
+}

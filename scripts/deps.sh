@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Install the Debian 12 packages suanli needs (only those missing). Run as root.
+set -euo pipefail
+pkgs=(build-essential cmake ninja-build pkg-config libcjson-dev openmpi-bin libopenmpi-dev iproute2)
+[ "${SL_BENCH_DEPS:-0}" = 1 ] && pkgs+=(libopenblas-dev libdnnl-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
