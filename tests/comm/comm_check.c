@@ -360,11 +360,13 @@ int cc_run_extras(sl_comm *c) {
     float *a = malloc(sizeof(float) * M), *b = malloc(sizeof(float) * M);
     sl_rng_fill_normal(a, (int64_t)M, 1234, (uint64_t)r, 0.f, 1.f);
     memcpy(b, a, sizeof(float) * M);
-    sl_comm_all_reduce(c, a, a, M, SL_COMM_F32, SL_COMM_SUM);
-    sl_comm_all_reduce(c, b, b, M, SL_COMM_F32, SL_COMM_SUM);
+    if (sl_comm_all_reduce(c, a, a, M, SL_COMM_F32, SL_COMM_SUM) != SL_OK ||
+        sl_comm_all_reduce(c, b, b, M, SL_COMM_F32, SL_COMM_SUM) != SL_OK)
+        fprintf(stderr, "FAIL rank %d: determinism all-reduce: %s\n", r, sl_errmsg()), fails++;
     if (memcmp(a, b, sizeof(float) * M)) fprintf(stderr, "FAIL rank %d: all-reduce not reproducible\n", r), fails++;
     float *g = malloc(sizeof(float) * 16 * (size_t)n);
-    sl_comm_all_gather(c, a, g, 16, SL_COMM_F32);
+    if (sl_comm_all_gather(c, a, g, 16, SL_COMM_F32) != SL_OK)
+        fprintf(stderr, "FAIL rank %d: determinism all-gather: %s\n", r, sl_errmsg()), fails++;
     for (int q = 0; q < n; q++)
         if (memcmp(g + 16 * q, a, 16 * sizeof(float))) fprintf(stderr, "FAIL rank %d: ranks disagree bitwise\n", r), fails++;
     free(a), free(b), free(g);

@@ -117,6 +117,7 @@ static sl_status fifo_exchange(sl_transport *t_, sl_xfer *x, int n, double deadl
         if (x[i].bytes) remaining++;
     }
     unsigned iter = 0;
+    sl_status dead = SL_OK;
     const uint64_t ns = (uint64_t)t->nslots;
     while (remaining) {
         int progressed = 0;
@@ -166,8 +167,10 @@ static sl_status fifo_exchange(sl_transport *t_, sl_xfer *x, int n, double deadl
         }
         if (progressed) {
             iter = 0;
+            dead = SL_OK;
             continue;
         }
+        if (dead != SL_OK) return dead; /* a full pass after the death found nothing left */
         if (atomic_load_explicit(t->base.abort_flag, memory_order_relaxed))
             return sl_fail(SL_ERR_ABORTED, "communicator aborted");
         sl_comm_backoff(&iter);
@@ -178,8 +181,9 @@ static sl_status fifo_exchange(sl_transport *t_, sl_xfer *x, int n, double deadl
                            t->base.vt->name);
         if (now >= t->next_check) {
             t->next_check = now + 0.01;
-            for (int i = 0; i < n; i++)
-                if (x[i].done != x[i].bytes) SL_TRY(peer_check(t, x[i].peer));
+            /* a peer that exited after its last write is not an error yet: drain first */
+            for (int i = 0; i < n && dead == SL_OK; i++)
+                if (x[i].done != x[i].bytes) dead = peer_check(t, x[i].peer);
         }
     }
     return SL_OK;
