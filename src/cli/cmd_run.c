@@ -1,4 +1,108 @@
-/* PLACEHOLDER during initial bring-up: replaced by the real implementation before any issue is resolved. */
+/* suanli run: launch N ranks of a program on this node (or one node of a multi-node job). */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "cli/commands.h"
-int sl_cmd_run(int argc, char **argv) { (void)argc; (void)argv; fprintf(stderr, "suanli run: not built yet\n"); return 1; }
+#include "launch/launch.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: suanli run -n N [--nnodes M --node-rank R --master HOST:PORT] [--max-restarts K]\n"
+            "                  [--grace SEC] [--no-prefix] -- PROGRAM [ARGS...]\n"
+            "  -n, --nproc-per-node N  ranks to start on this node\n"
+            "  --nnodes M              nodes in the job (default 1); run once per node\n"
+            "  --node-rank R           this node's index 0..M-1 (default 0)\n"
+            "  --master HOST:PORT      rendezvous of rank 0 (required with --nnodes > 1)\n"
+            "  --max-restarts K        restart the ranks of this node up to K times after a failure\n"
+            "  --grace SEC             SIGTERM -> SIGKILL delay when stopping ranks (default 3)\n"
+            "  --no-prefix             do not prefix output lines with [rank]\n"
+            "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,\n"
+            "SUANLI_JOB_TOKEN (torchrun-compatible). Exit: 0 all ranks ok, 1 a rank failed, 2 bad usage.\n");
+}
+
+static int parse_int(const char *flag, const char *v, int lo, int hi, int *out) {
+    char *end;
+    long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || !*v || *end || x < lo || x > hi) {
+        fprintf(stderr, "suanli run: %s: expected an integer in %d..%d, got '%s'\n", flag, lo, hi, v ? v : "");
+        return 0;
+    }
+    *out = (int)x;
+    return 1;
+}
+
+int sl_cmd_run(int argc, char **argv) {
+    sl_launch_opts o = {.nproc = 0, .nnodes = 1, .grace_sec = 3.0, .prefix = 1};
+    int i = 1;
+    for (; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--")) {
+            i++;
+            break;
+        }
+        if (a[0] != '-') break;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "-n") || !strcmp(a, "--nproc-per-node")) {
+            if (!parse_int(a, v, 1, 4096, &o.nproc)) return 2;
+            i++;
+        } else if (!strcmp(a, "--nnodes")) {
+            if (!parse_int(a, v, 1, 100000, &o.nnodes)) return 2;
+            i++;
+        } else if (!strcmp(a, "--node-rank")) {
+            if (!parse_int(a, v, 0, 99999, &o.node_rank)) return 2;
+            i++;
+        } else if (!strcmp(a, "--max-restarts")) {
+            if (!parse_int(a, v, 0, 1000, &o.max_restarts)) return 2;
+            i++;
+        } else if (!strcmp(a, "--grace")) {
+            char *end;
+            o.grace_sec = v ? strtod(v, &end) : -1;
+            if (!v || *end || o.grace_sec < 0 || o.grace_sec > 3600) {
+                fprintf(stderr, "suanli run: --grace: expected seconds in 0..3600, got '%s'\n", v ? v : "");
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--master")) {
+            const char *colon = v ? strrchr(v, ':') : NULL;
+            if (!colon || colon == v || (size_t)(colon - v) >= sizeof o.master_addr ||
+                !parse_int("--master port", colon + 1, 1, 65535, &o.master_port)) {
+                if (!colon || colon == v) fprintf(stderr, "suanli run: --master: expected HOST:PORT, got '%s'\n", v ? v : "");
+                return 2;
+            }
+            memcpy(o.master_addr, v, (size_t)(colon - v));
+            o.master_addr[colon - v] = 0;
+            i++;
+        } else if (!strcmp(a, "--no-prefix")) {
+            o.prefix = 0;
+        } else {
+            fprintf(stderr, "suanli run: unknown flag '%s' (see suanli run --help)\n", a);
+            return 2;
+        }
+    }
+    if (o.nproc == 0) {
+        fprintf(stderr, "suanli run: -n: the number of ranks is required (e.g. -n 4)\n");
+        return 2;
+    }
+    if (i >= argc) {
+        fprintf(stderr, "suanli run: no program given (suanli run -n N -- PROGRAM ARGS)\n");
+        return 2;
+    }
+    if (o.node_rank >= o.nnodes) {
+        fprintf(stderr, "suanli run: --node-rank: %d is not below --nnodes %d\n", o.node_rank, o.nnodes);
+        return 2;
+    }
+    if (o.nnodes > 1 && !o.master_port) {
+        fprintf(stderr, "suanli run: --master: HOST:PORT is required with --nnodes > 1\n");
+        return 2;
+    }
+    o.argv = argv + i;
+    sl_launch_result res;
+    sl_status st = sl_launch_run(&o, &res);
+    if (st == SL_OK) return 0;
+    fprintf(stderr, "suanli run: %s%s\n", sl_errmsg(), res.failed_rank >= 0 ? "; stopped the other ranks" : "");
+    if (st == SL_ERR_INVALID) return 2;
+    return res.interrupted ? 128 + res.interrupted : 1;
+}

@@ -1,0 +1,134 @@
+/* Internal contracts of the comm layer: transfers, the transport vtable, out-of-band exchange,
+ * the communicator object. Depends on base only. */
+#ifndef SL_COMM_INTERNAL_H
+#define SL_COMM_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "suanli/comm.h"
+
+/* ---- element kernels (dtype.c) ---- */
+/* dst[i] = a[i] op b[i] for n elements (dst may alias a or b). AVG reduces as SUM. */
+void sl_comm_reduce_kernel(sl_comm_dtype dt, sl_comm_redop op, void *dst, const void *a,
+                           const void *b, size_t n);
+/* x[i] /= divisor (AVG finalisation; integer division for integer types). */
+void sl_comm_div_kernel(sl_comm_dtype dt, void *x, size_t n, int divisor);
+uint16_t sl_comm_f32_to_f16(float f);
+float sl_comm_f16_to_f32(uint16_t h);
+
+/* ---- transfers: the only thing transports know how to do ----
+ * Note [Transfers are byte streams per ordered pair]
+ * Between two ranks of one communicator there is one FIFO byte stream in each direction. Since
+ * every rank issues the same operations in the same order (on one progress thread), the bytes of
+ * consecutive transfers line up without tags. Inside one exchange, several transfers to the same
+ * peer in the same direction are processed in array order. */
+typedef enum { SL_XFER_SEND = 0, SL_XFER_RECV, SL_XFER_RECV_REDUCE } sl_xfer_kind;
+typedef struct sl_xfer {
+    sl_xfer_kind kind;
+    int peer;
+    void *buf;       /* SEND: source; RECV/RECV_REDUCE: destination */
+    const void *src; /* RECV_REDUCE: buf = src op incoming (src may equal buf) */
+    size_t bytes;
+    sl_comm_dtype dt;
+    sl_comm_redop op;
+    size_t done; /* bytes completed (transport bookkeeping) */
+    size_t aux;  /* transport bookkeeping */
+} sl_xfer;
+
+typedef struct sl_transport sl_transport;
+typedef struct sl_transport_vt {
+    const char *name;
+    /* Run all transfers to completion concurrently; error on deadline, abort or dead peer. */
+    sl_status (*exchange)(sl_transport *t, sl_xfer *x, int n, double deadline);
+    /* Tell peers we are gone; make running exchanges return. Any thread; idempotent. */
+    void (*abort)(sl_transport *t);
+    void (*destroy)(sl_transport *t);
+} sl_transport_vt;
+struct sl_transport {
+    const sl_transport_vt *vt;
+    sl_comm_transport_kind kind;
+    int rank, size;
+    atomic_int *abort_flag; /* the communicator's; checked while waiting */
+    double alpha, beta;     /* cost model: seconds per message, seconds per byte */
+};
+
+/* ---- out-of-band exchange used while building transports ---- */
+typedef struct sl_oob sl_oob;
+struct sl_oob {
+    int rank, size;
+    /* all[r*bytes ...] = rank r's mine. Collective over the oob's ranks. */
+    sl_status (*allgather)(sl_oob *o, const void *mine, void *all, size_t bytes);
+    void *ctx;
+    char local_ip[64];   /* address peers can reach this rank at (TCP transport) */
+    char name[200];      /* unique per communicator on a host (shm names) */
+    char token[64];      /* job token (TCP handshakes) */
+    int *world_ranks;    /* MPI transport: this group's ranks in MPI_COMM_WORLD (NULL: identity) */
+    int mpi_tag;         /* MPI transport: tag separating communicators */
+    void *loopback_hint; /* loopback: unused by others */
+};
+
+sl_status sl_tp_shm_new(sl_oob *oob, sl_transport **out);
+sl_status sl_tp_loopback_new(sl_oob *oob, sl_transport **out);
+sl_status sl_tp_loopback_new_all(int n, sl_transport **out);
+sl_status sl_tp_tcp_new(sl_oob *oob, sl_transport **out);
+#ifdef SL_HAVE_MPI
+sl_status sl_tp_mpi_new(sl_oob *oob, sl_transport **out);
+sl_status sl_mpi_oob_world(sl_oob *oob); /* MPI_Init if needed; oob over MPI_COMM_WORLD */
+int sl_mpi_world_rank_size(int *rank, int *size);
+#endif
+
+/* Bootstrap (bootstrap.c): TCP rendezvous store as an oob; root = rank 0 listens. */
+sl_status sl_bootstrap_oob_new(const char *addr, int port, const char *token, int rank, int size,
+                               double timeout, sl_oob **out);
+void sl_bootstrap_oob_free(sl_oob *oob);
+int sl_comm_unique_id_parse(const sl_comm_unique_id *id, char *addr, size_t addrcap, int *port,
+                            char *token, size_t tokcap);
+int sl_bootstrap_take_listener(const char *token); /* fd kept by get_unique_id, or -1 */
+sl_status sl_net_first_ip(char *buf, size_t cap);
+
+/* Wait helpers shared by transports. */
+void sl_comm_backoff(unsigned *iter); /* spin, then yield, then short sleeps */
+double sl_comm_env_timeout(void);
+
+/* ---- algorithms (algo/) ---- */
+typedef struct sl_algo_ctx {
+    sl_transport *tp;
+    int rank, size;
+    double deadline;
+    void **scratch; /* grow-only scratch owned by the communicator */
+    size_t *scratch_cap;
+    sl_comm_algo algo; /* forced, or AUTO */
+} sl_algo_ctx;
+
+sl_status sl_prim_exchange(sl_algo_ctx *c, sl_xfer *x, int n);
+sl_status sl_prim_sendrecv(sl_algo_ctx *c, int sp, const void *sb, size_t sbytes, int rp, void *rb,
+                           size_t rbytes);
+sl_status sl_prim_send_recv_reduce(sl_algo_ctx *c, int sp, const void *sb, size_t sbytes, int rp,
+                                   void *dst, const void *src, size_t rbytes, sl_comm_dtype dt,
+                                   sl_comm_redop op);
+void *sl_algo_scratch(sl_algo_ctx *c, size_t bytes);
+
+sl_comm_algo sl_algo_choose_allreduce(const sl_algo_ctx *c, size_t bytes);
+sl_status sl_algo_allreduce(sl_algo_ctx *c, const void *sb, void *rb, size_t count,
+                            sl_comm_dtype dt, sl_comm_redop op);
+sl_status sl_algo_allreduce_ring(sl_algo_ctx *c, const void *sb, void *rb, size_t count,
+                                 sl_comm_dtype dt, sl_comm_redop op);
+sl_status sl_algo_allreduce_rd(sl_algo_ctx *c, const void *sb, void *rb, size_t count,
+                               sl_comm_dtype dt, sl_comm_redop op);
+sl_status sl_algo_allreduce_direct(sl_algo_ctx *c, const void *sb, void *rb, size_t count,
+                                   sl_comm_dtype dt, sl_comm_redop op);
+sl_status sl_algo_reduce(sl_algo_ctx *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt,
+                         sl_comm_redop op, int root);
+sl_status sl_algo_broadcast(sl_algo_ctx *c, const void *sb, void *rb, size_t count,
+                            sl_comm_dtype dt, int root);
+sl_status sl_algo_allgatherv(sl_algo_ctx *c, const void *sb, void *rb, const size_t *counts,
+                             const size_t *displs, sl_comm_dtype dt);
+sl_status sl_algo_reduce_scatter(sl_algo_ctx *c, const void *sb, void *rb, size_t recvcount,
+                                 sl_comm_dtype dt, sl_comm_redop op);
+sl_status sl_algo_alltoallv(sl_algo_ctx *c, const void *sb, const size_t *scounts,
+                            const size_t *sdispls, void *rb, const size_t *rcounts,
+                            const size_t *rdispls, sl_comm_dtype dt);
+sl_status sl_algo_barrier(sl_algo_ctx *c);
+
+#endif

@@ -1,0 +1,388 @@
+/* Slot-FIFO transports: shared memory between processes on one host (shm) and in-process memory
+ * between threads (loopback). Both move bytes through single-producer/single-consumer rings of
+ * fixed-size slots; they differ only in where the rings live and how a dead peer is noticed.
+ *
+ * Note [Slot FIFOs]
+ * For each ordered pair (s -> d) there is one ring in d's memory: `tail` is advanced by s after it
+ * filled a slot (release), `head` by d after it consumed one (release). A transfer of B bytes uses
+ * ceil(B / slot_bytes) slots; both sides cut the stream identically, so a RECV_REDUCE reduces
+ * straight out of the slot (no extra copy) and every chunk holds whole elements (slot_bytes is a
+ * multiple of 64). Waiting spins briefly, then yields, then sleeps (sl_comm_backoff) so that more
+ * ranks than cores never livelock; deadlines, the abort flag and peer liveness are checked while
+ * waiting. Liveness: shm peers publish their pid (kill(pid,0) + /proc state) and an aborted flag in
+ * their segment header; loopback peers only the aborted flag. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm/comm_internal.h"
+
+typedef struct chan {
+    _Atomic uint64_t tail;
+    char pad1[56];
+    _Atomic uint64_t head;
+    char pad2[56];
+} chan;
+#define CHAN_HDR 128
+
+typedef struct seg_hdr { /* start of each shm segment / of the loopback block */
+    uint64_t magic;
+    atomic_int aborted[64]; /* loopback: per rank; shm: [0] only */
+    int pid, nslots, n;
+    size_t slot_bytes, chan_bytes;
+} seg_hdr;
+#define SEG_HDR 4096
+#define SEG_MAGIC 0x534c464946304f31ull
+
+typedef struct fifo_tp {
+    sl_transport base;
+    int loopback;
+    int nslots;
+    size_t slot_bytes;
+    char **to;       /* [peer] ring I write (in peer's memory) */
+    char **from;     /* [peer] ring I read (in my memory) */
+    seg_hdr **peer;  /* [peer] header holding peer's pid/aborted (shm) */
+    seg_hdr *block;  /* loopback shared block */
+    void **maps;     /* shm: mapping per rank */
+    size_t map_bytes;
+    double next_check;
+} fifo_tp;
+
+static size_t env_size(const char *name, size_t dflt, size_t lo, size_t hi) {
+    const char *v = getenv(name);
+    if (!v || !*v) return dflt;
+    char *end;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (*end || x < lo || x > hi) {
+        SL_LOGW("%s=%s ignored (want %zu..%zu)", name, v, lo, hi);
+        return dflt;
+    }
+    return (size_t)x;
+}
+
+void sl_comm_backoff(unsigned *iter) {
+    unsigned i = (*iter)++;
+    if (i < 2000) {
+        __builtin_ia32_pause();
+    } else if (i < 2200) {
+        sched_yield();
+    } else {
+        struct timespec ts = {0, i < 4000 ? 20000 : 200000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static inline char *slot_ptr(fifo_tp *t, char *ring, uint64_t k) {
+    return ring + CHAN_HDR + (size_t)(k % (uint64_t)t->nslots) * t->slot_bytes;
+}
+
+static int proc_dead(int pid) {
+    if (kill(pid, 0) != 0 && errno == ESRCH) return 1;
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+}
+
+static sl_status peer_check(fifo_tp *t, int peer) {
+    if (t->loopback) {
+        if (atomic_load(&t->block->aborted[peer]))
+            return sl_fail(SL_ERR_PEER, "rank %d aborted its communicator", peer);
+        return SL_OK;
+    }
+    seg_hdr *h = t->peer[peer];
+    if (atomic_load(&h->aborted[0])) return sl_fail(SL_ERR_PEER, "rank %d aborted its communicator", peer);
+    if (proc_dead(h->pid)) return sl_fail(SL_ERR_PEER, "rank %d (pid %d) died", peer, h->pid);
+    return SL_OK;
+}
+
+static sl_status fifo_exchange(sl_transport *t_, sl_xfer *x, int n, double deadline) {
+    fifo_tp *t = (fifo_tp *)t_;
+    int remaining = 0;
+    for (int i = 0; i < n; i++) {
+        x[i].done = 0;
+        if (x[i].bytes) remaining++;
+    }
+    unsigned iter = 0;
+    sl_status dead = SL_OK;
+    const uint64_t ns = (uint64_t)t->nslots;
+    while (remaining) {
+        int progressed = 0;
+        for (int i = 0; i < n; i++) {
+            sl_xfer *xi = &x[i];
+            if (xi->done == xi->bytes) continue;
+            int is_send = xi->kind == SL_XFER_SEND, blocked = 0;
+            for (int j = 0; j < i && !blocked; j++)
+                blocked = x[j].done != x[j].bytes && x[j].peer == xi->peer &&
+                          (x[j].kind == SL_XFER_SEND) == is_send;
+            if (blocked) continue;
+            if (is_send) {
+                chan *c = (chan *)t->to[xi->peer];
+                uint64_t tail = atomic_load_explicit(&c->tail, memory_order_relaxed);
+                uint64_t head = atomic_load_explicit(&c->head, memory_order_acquire);
+                while (xi->done < xi->bytes && tail - head < ns) {
+                    size_t len = xi->bytes - xi->done;
+                    if (len > t->slot_bytes) len = t->slot_bytes;
+                    memcpy(slot_ptr(t, t->to[xi->peer], tail), (char *)xi->buf + xi->done, len);
+                    xi->done += len;
+                    atomic_store_explicit(&c->tail, ++tail, memory_order_release);
+                    progressed = 1;
+                    if (tail - head >= ns) head = atomic_load_explicit(&c->head, memory_order_acquire);
+                }
+            } else {
+                chan *c = (chan *)t->from[xi->peer];
+                uint64_t head = atomic_load_explicit(&c->head, memory_order_relaxed);
+                uint64_t tail = atomic_load_explicit(&c->tail, memory_order_acquire);
+                while (xi->done < xi->bytes && head < tail) {
+                    size_t len = xi->bytes - xi->done;
+                    if (len > t->slot_bytes) len = t->slot_bytes;
+                    const char *s = slot_ptr(t, t->from[xi->peer], head);
+                    char *d = (char *)xi->buf + xi->done;
+                    if (xi->kind == SL_XFER_RECV) memcpy(d, s, len);
+                    else {
+                        size_t es = sl_comm_dtype_size(xi->dt);
+                        sl_comm_reduce_kernel(xi->dt, xi->op, d, (const char *)xi->src + xi->done, s,
+                                              len / es);
+                    }
+                    xi->done += len;
+                    atomic_store_explicit(&c->head, ++head, memory_order_release);
+                    progressed = 1;
+                    if (head >= tail) tail = atomic_load_explicit(&c->tail, memory_order_acquire);
+                }
+            }
+            if (xi->done == xi->bytes) remaining--;
+        }
+        if (progressed) {
+            iter = 0;
+            dead = SL_OK;
+            continue;
+        }
+        if (dead != SL_OK) return dead; /* a full pass after the death found nothing left */
+        if (atomic_load_explicit(t->base.abort_flag, memory_order_relaxed))
+            return sl_fail(SL_ERR_ABORTED, "communicator aborted");
+        sl_comm_backoff(&iter);
+        if (iter < 2000 && (iter & 255)) continue;
+        double now = sl_time_sec();
+        if (now > deadline)
+            return sl_fail(SL_ERR_TIMEOUT, "%s transport: no progress from peer before the deadline",
+                           t->base.vt->name);
+        if (now >= t->next_check) {
+            t->next_check = now + 0.01;
+            /* a peer that exited after its last write is not an error yet: drain first */
+            for (int i = 0; i < n && dead == SL_OK; i++)
+                if (x[i].done != x[i].bytes) dead = peer_check(t, x[i].peer);
+        }
+    }
+    return SL_OK;
+}
+
+static void fifo_abort(sl_transport *t_) {
+    fifo_tp *t = (fifo_tp *)t_;
+    if (t->loopback) atomic_store(&t->block->aborted[t->base.rank], 1);
+    else if (t->maps && t->maps[t->base.rank]) atomic_store(&((seg_hdr *)t->maps[t->base.rank])->aborted[0], 1);
+}
+
+static void fifo_destroy(sl_transport *t_) {
+    fifo_tp *t = (fifo_tp *)t_;
+    if (!t) return;
+    if (t->loopback) {
+        /* last one out frees the shared block; the refcount lives in magic's slot */
+        if (t->block && __atomic_fetch_sub(&t->block->magic, 1, __ATOMIC_ACQ_REL) == 1)
+            sl_free_aligned(t->block);
+    } else if (t->maps) {
+        for (int r = 0; r < t->base.size; r++)
+            if (t->maps[r]) munmap(t->maps[r], t->map_bytes);
+    }
+    free(t->to);
+    free(t->from);
+    free(t->peer);
+    free(t->maps);
+    free(t);
+}
+
+static const sl_transport_vt shm_vt = {"shm", fifo_exchange, fifo_abort, fifo_destroy};
+static const sl_transport_vt lb_vt = {"loopback", fifo_exchange, fifo_abort, fifo_destroy};
+
+static fifo_tp *fifo_alloc(int rank, int size, int loopback) {
+    fifo_tp *t = calloc(1, sizeof *t);
+    if (!t) return NULL;
+    t->base.vt = loopback ? &lb_vt : &shm_vt;
+    t->base.kind = loopback ? SL_COMM_TRANSPORT_LOOPBACK : SL_COMM_TRANSPORT_SHM;
+    t->base.rank = rank;
+    t->base.size = size;
+    t->base.alpha = 1e-6;
+    t->base.beta = 1.0 / 8e9;
+    t->loopback = loopback;
+    t->slot_bytes = env_size("SUANLI_SHM_SLOT_KB", 128, 4, 16384) * 1024;
+    t->nslots = (int)env_size("SUANLI_SHM_SLOTS", 8, 2, 1024);
+    t->to = calloc((size_t)size, sizeof(char *));
+    t->from = calloc((size_t)size, sizeof(char *));
+    t->peer = calloc((size_t)size, sizeof(seg_hdr *));
+    if (!t->to || !t->from || !t->peer) {
+        fifo_destroy(&t->base);
+        return NULL;
+    }
+    return t;
+}
+
+/* ---- loopback: one block with n*n rings; ring (s -> d) at index d*n + s ---- */
+static seg_hdr *lb_block_new(int n, int nslots, size_t slot_bytes) {
+    size_t cb = ((CHAN_HDR + (size_t)nslots * slot_bytes) + 63) & ~(size_t)63;
+    seg_hdr *b = sl_malloc_aligned(SEG_HDR + (size_t)n * (size_t)n * cb);
+    if (!b) return NULL;
+    memset(b, 0, SEG_HDR);
+    for (int i = 0; i < n * n; i++) memset((char *)b + SEG_HDR + (size_t)i * cb, 0, CHAN_HDR);
+    b->magic = (uint64_t)n; /* refcount */
+    b->n = n;
+    b->nslots = nslots;
+    b->slot_bytes = slot_bytes;
+    b->chan_bytes = cb;
+    return b;
+}
+static void lb_wire(fifo_tp *t, seg_hdr *b) {
+    int n = t->base.size, r = t->base.rank;
+    t->block = b;
+    t->nslots = b->nslots;
+    t->slot_bytes = b->slot_bytes;
+    for (int p = 0; p < n; p++) {
+        t->to[p] = (char *)b + SEG_HDR + (size_t)(p * n + r) * b->chan_bytes;
+        t->from[p] = (char *)b + SEG_HDR + (size_t)(r * n + p) * b->chan_bytes;
+    }
+}
+
+sl_status sl_tp_loopback_new_all(int n, sl_transport **out) {
+    if (n > 64) return sl_fail(SL_ERR_INVALID, "loopback transport: at most 64 ranks (got %d)", n);
+    fifo_tp *t0 = fifo_alloc(0, n, 1);
+    if (!t0) return sl_fail(SL_ERR_NOMEM, "loopback transport: out of memory");
+    seg_hdr *b = lb_block_new(n, t0->nslots, t0->slot_bytes);
+    fifo_destroy(&t0->base);
+    if (!b) return sl_fail(SL_ERR_NOMEM, "loopback transport: out of memory");
+    for (int r = 0; r < n; r++) {
+        fifo_tp *t = fifo_alloc(r, n, 1);
+        SL_ASSERT(t);
+        lb_wire(t, b);
+        out[r] = &t->base;
+    }
+    return SL_OK;
+}
+
+sl_status sl_tp_loopback_new(sl_oob *oob, sl_transport **out) {
+    int n = oob->size, r = oob->rank;
+    if (n > 64) return sl_fail(SL_ERR_INVALID, "loopback transport: at most 64 ranks (got %d)", n);
+    fifo_tp *t = fifo_alloc(r, n, 1);
+    if (!t) return sl_fail(SL_ERR_NOMEM, "loopback transport: out of memory");
+    seg_hdr *mine = r == 0 ? lb_block_new(n, t->nslots, t->slot_bytes) : NULL;
+    seg_hdr **all = calloc((size_t)n, sizeof *all);
+    sl_status st = all ? oob->allgather(oob, &mine, all, sizeof mine) : SL_ERR_NOMEM;
+    if (st == SL_OK && !all[0]) st = sl_fail(SL_ERR_NOMEM, "loopback transport: out of memory");
+    if (st == SL_OK) lb_wire(t, all[0]);
+    free(all);
+    if (st != SL_OK) {
+        fifo_destroy(&t->base);
+        return st;
+    }
+    *out = &t->base;
+    return SL_OK;
+}
+
+/* ---- shm: each rank owns one POSIX shm segment holding the rings it receives on ---- */
+sl_status sl_tp_shm_new(sl_oob *oob, sl_transport **out) {
+    int n = oob->size, r = oob->rank;
+    sl_status st = SL_OK;
+    fifo_tp *t = fifo_alloc(r, n, 0);
+    int *ok = calloc((size_t)n, sizeof(int));
+    char name[256];
+    if (!t || !ok || !(t->maps = calloc((size_t)n, sizeof(void *)))) {
+        st = sl_fail(SL_ERR_NOMEM, "shm transport: out of memory");
+        goto done;
+    }
+    size_t cb = ((CHAN_HDR + (size_t)t->nslots * t->slot_bytes) + 4095) & ~(size_t)4095;
+    t->map_bytes = SEG_HDR + (size_t)n * cb;
+    snprintf(name, sizeof name, "/%s-r%d", oob->name, r);
+    shm_unlink(name); /* stale from a crashed run with the same name */
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    int mine_ok = 0;
+    if (fd >= 0) {
+        if (ftruncate(fd, (off_t)t->map_bytes) == 0) {
+            void *m = mmap(NULL, t->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            if (m != MAP_FAILED) {
+                t->maps[r] = m;
+                seg_hdr *h = m;
+                h->pid = (int)getpid();
+                h->nslots = t->nslots;
+                h->slot_bytes = t->slot_bytes;
+                h->chan_bytes = cb;
+                h->n = n;
+                atomic_store(&h->aborted[0], 0);
+                h->magic = SEG_MAGIC;
+                mine_ok = 1;
+            }
+        }
+        close(fd);
+    }
+    if (!mine_ok) SL_LOGE("shm transport: cannot create %s (%zu bytes): %s", name, t->map_bytes, strerror(errno));
+    SL_CHECK(oob->allgather(oob, &mine_ok, ok, sizeof(int)));
+    for (int p = 0; p < n; p++)
+        if (!ok[p]) {
+            st = sl_fail(SL_ERR_IO, "shm transport: rank %d could not create its segment (/dev/shm full?)", p);
+            goto done;
+        }
+    for (int p = 0; p < n; p++) {
+        if (p == r) continue;
+        snprintf(name, sizeof name, "/%s-r%d", oob->name, p);
+        int pfd = shm_open(name, O_RDWR, 0600);
+        if (pfd < 0) {
+            st = sl_fail(SL_ERR_IO, "shm transport: cannot open %s: %s", name, strerror(errno));
+            break;
+        }
+        void *m = mmap(NULL, t->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
+        close(pfd);
+        if (m == MAP_FAILED) {
+            st = sl_fail(SL_ERR_IO, "shm transport: cannot map %s: %s", name, strerror(errno));
+            break;
+        }
+        t->maps[p] = m;
+        if (((seg_hdr *)m)->magic != SEG_MAGIC || ((seg_hdr *)m)->chan_bytes != cb) {
+            st = sl_fail(SL_ERR_INVALID, "shm transport: rank %d uses another slot configuration "
+                         "(SUANLI_SHM_SLOT_KB/SUANLI_SHM_SLOTS must match)", p);
+            break;
+        }
+    }
+    mine_ok = st == SL_OK;
+    sl_status st2 = oob->allgather(oob, &mine_ok, ok, sizeof(int)); /* everyone mapped: unlink */
+    snprintf(name, sizeof name, "/%s-r%d", oob->name, r);
+    shm_unlink(name);
+    if (st != SL_OK) goto done;
+    SL_CHECK(st2);
+    for (int p = 0; p < n; p++)
+        if (!ok[p]) {
+            st = sl_fail(SL_ERR_IO, "shm transport: rank %d could not map its peers", p);
+            goto done;
+        }
+    for (int p = 0; p < n; p++) {
+        t->peer[p] = t->maps[p];
+        t->to[p] = (char *)t->maps[p] + SEG_HDR + (size_t)r * cb;
+        t->from[p] = (char *)t->maps[r] + SEG_HDR + (size_t)p * cb;
+    }
+done:
+    free(ok);
+    if (st != SL_OK) {
+        if (t) fifo_destroy(&t->base);
+        return st;
+    }
+    *out = &t->base;
+    return SL_OK;
+}

@@ -1,0 +1,306 @@
+/* See launch.h.
+ *
+ * Note [Launcher event loop]
+ * One thread: poll() over every child's stdout/stderr pipe with a 50 ms timeout; after each wake
+ * we reap children with waitpid(WNOHANG) and look at the signal flag set by our handlers. Each
+ * child runs in its own process group so that signals reach its whole subtree (sh -c, wrappers).
+ * The first non-zero exit (or death by signal) starts the teardown: SIGTERM to every other group,
+ * SIGKILL to whatever is left after the grace period. Output is flushed line by line, each line
+ * written with one write() so lines from different ranks never interleave mid-line. */
+#define _GNU_SOURCE
+#include "launch/launch.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static volatile sig_atomic_t g_sig;
+static void on_signal(int s) { g_sig = s; }
+
+typedef struct child {
+    pid_t pid;
+    int rank;
+    int fd[2];       /* stdout, stderr pipes (read ends), -1 at EOF */
+    char *buf[2];
+    size_t len[2];
+    int exited, status;
+} child;
+
+#define LINE_MAX_BUF (64 * 1024)
+
+static void emit(int out, int rank, int prefix, const char *s, size_t n, int add_nl) {
+    char pre[32];
+    int pl = prefix ? snprintf(pre, sizeof pre, "[%d] ", rank) : 0;
+    size_t tot = (size_t)pl + n + (size_t)add_nl;
+    char *line = malloc(tot);
+    if (!line) return;
+    memcpy(line, pre, (size_t)pl);
+    memcpy(line + pl, s, n);
+    if (add_nl) line[tot - 1] = '\n';
+    size_t off = 0;
+    while (off < tot) {
+        ssize_t k = write(out, line + off, tot - off);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) break;
+        off += (size_t)k;
+    }
+    free(line);
+}
+
+static void drain(child *c, int which, int prefix, int eof) {
+    char *b = c->buf[which];
+    size_t start = 0;
+    for (size_t i = 0; i < c->len[which]; i++)
+        if (b[i] == '\n') {
+            emit(which ? 2 : 1, c->rank, prefix, b + start, i - start + 1, 0);
+            start = i + 1;
+        }
+    if ((eof || c->len[which] - start >= LINE_MAX_BUF / 2) && c->len[which] > start) {
+        emit(which ? 2 : 1, c->rank, prefix, b + start, c->len[which] - start, 1);
+        start = c->len[which];
+    }
+    memmove(b, b + start, c->len[which] - start);
+    c->len[which] -= start;
+}
+
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return 0;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int port = 0;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+static void kill_all(child *cs, int n, int sig) {
+    for (int i = 0; i < n; i++)
+        if (cs[i].pid > 0 && !cs[i].exited) kill(-cs[i].pid, sig);
+}
+
+static void setenv_int(const char *k, int v) {
+    char s[32];
+    snprintf(s, sizeof s, "%d", v);
+    setenv(k, s, 1);
+}
+
+/* One attempt of the local group. */
+static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, const char *token,
+                          int attempt, sl_launch_result *res) {
+    int n = o->nproc, world = o->nproc * o->nnodes;
+    child *cs = calloc((size_t)n, sizeof *cs);
+    if (!cs) return sl_fail(SL_ERR_NOMEM, "launcher: out of memory");
+    sl_status st = SL_OK;
+    fflush(stdout);
+    fflush(stderr);
+    for (int i = 0; i < n; i++) {
+        child *c = &cs[i];
+        c->rank = o->node_rank * o->nproc + i;
+        c->fd[0] = c->fd[1] = -1;
+        int po[2], pe[2];
+        c->buf[0] = malloc(LINE_MAX_BUF);
+        c->buf[1] = malloc(LINE_MAX_BUF);
+        if (!c->buf[0] || !c->buf[1] || pipe2(po, O_CLOEXEC) != 0) {
+            st = sl_fail(SL_ERR_IO, "launcher: cannot create pipes: %s", strerror(errno));
+            break;
+        }
+        if (pipe2(pe, O_CLOEXEC) != 0) {
+            close(po[0]), close(po[1]);
+            st = sl_fail(SL_ERR_IO, "launcher: cannot create pipes: %s", strerror(errno));
+            break;
+        }
+        pid_t pid = fork();
+        if (pid < 0) {
+            st = sl_fail(SL_ERR_IO, "launcher: fork failed: %s", strerror(errno));
+            close(po[0]), close(po[1]), close(pe[0]), close(pe[1]);
+            break;
+        }
+        if (pid == 0) {
+            setpgid(0, 0);
+            signal(SIGINT, SIG_DFL);
+            signal(SIGTERM, SIG_DFL);
+            signal(SIGHUP, SIG_DFL);
+            dup2(po[1], 1);
+            dup2(pe[1], 2);
+            setenv_int("RANK", c->rank);
+            setenv_int("WORLD_SIZE", world);
+            setenv_int("LOCAL_RANK", i);
+            setenv_int("LOCAL_WORLD_SIZE", n);
+            setenv_int("GROUP_RANK", o->node_rank);
+            setenv_int("NODE_RANK", o->node_rank);
+            setenv_int("SUANLI_RESTART_COUNT", attempt);
+            setenv("MASTER_ADDR", addr, 1);
+            setenv_int("MASTER_PORT", port);
+            setenv("SUANLI_JOB_TOKEN", token, 1);
+            execvp(o->argv[0], o->argv);
+            fprintf(stderr, "suanli run: cannot execute %s: %s\n", o->argv[0], strerror(errno));
+            _exit(127);
+        }
+        setpgid(pid, pid);
+        c->pid = pid;
+        close(po[1]);
+        close(pe[1]);
+        c->fd[0] = po[0];
+        c->fd[1] = pe[0];
+    }
+    int started = 0;
+    for (int i = 0; i < n; i++) started += cs[i].pid > 0;
+    if (st != SL_OK) kill_all(cs, n, SIGKILL);
+    struct pollfd *pf = calloc(2 * (size_t)n, sizeof *pf);
+    int *owner = calloc(2 * (size_t)n, sizeof(int));
+    int running = started, teardown = st != SL_OK, fwd = 0;
+    double kill_at = teardown ? sl_time_sec() : 0;
+    while (pf && owner && (running > 0 || 1)) {
+        int np = 0;
+        for (int i = 0; i < n; i++)
+            for (int w = 0; w < 2; w++)
+                if (cs[i].fd[w] >= 0) {
+                    pf[np] = (struct pollfd){cs[i].fd[w], POLLIN, 0};
+                    owner[np++] = i * 2 + w;
+                }
+        if (np == 0 && running == 0) break;
+        int rc = poll(pf, (nfds_t)np, 50);
+        for (int k = 0; rc > 0 && k < np; k++) {
+            if (!(pf[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+            child *c = &cs[owner[k] / 2];
+            int w = owner[k] % 2;
+            ssize_t got = read(c->fd[w], c->buf[w] + c->len[w], LINE_MAX_BUF - c->len[w]);
+            if (got > 0) {
+                c->len[w] += (size_t)got;
+                drain(c, w, o->prefix, 0);
+            } else if (got == 0 || (errno != EINTR && errno != EAGAIN)) {
+                drain(c, w, o->prefix, 1);
+                close(c->fd[w]);
+                c->fd[w] = -1;
+            }
+        }
+        for (;;) {
+            int status;
+            pid_t p = waitpid(-1, &status, WNOHANG);
+            if (p <= 0) break;
+            for (int i = 0; i < n; i++) {
+                if (cs[i].pid != p || cs[i].exited) continue;
+                cs[i].exited = 1;
+                cs[i].status = status;
+                running--;
+                int bad = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+                if (bad && res->failed_rank < 0 && !fwd) {
+                    res->failed_rank = cs[i].rank;
+                    res->exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+                    res->signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+                }
+                if (bad && !teardown) {
+                    teardown = 1;
+                    kill_at = sl_time_sec() + o->grace_sec;
+                    kill_all(cs, n, SIGTERM);
+                }
+            }
+        }
+        if (g_sig && !fwd) {
+            fwd = g_sig;
+            res->interrupted = fwd;
+            kill_all(cs, n, fwd);
+            if (!teardown) {
+                teardown = 1;
+                kill_at = sl_time_sec() + o->grace_sec;
+            }
+        }
+        if (teardown && running > 0 && sl_time_sec() > kill_at) {
+            kill_all(cs, n, SIGKILL);
+            kill_at = sl_time_sec() + 1e9;
+        }
+        if (running == 0) { /* grandchildren may hold the pipes open: stop reading soon */
+            static const double linger = 2.0;
+            double now = sl_time_sec();
+            if (!kill_at || kill_at > now + linger) kill_at = now + linger;
+            if (now > kill_at) {
+                for (int i = 0; i < n; i++)
+                    for (int w = 0; w < 2; w++)
+                        if (cs[i].fd[w] >= 0) {
+                            drain(&cs[i], w, o->prefix, 1);
+                            close(cs[i].fd[w]);
+                            cs[i].fd[w] = -1;
+                        }
+            }
+        }
+    }
+    if (st == SL_OK && res->failed_rank >= 0) {
+        if (res->signal)
+            st = sl_fail(SL_ERR_PEER, "rank %d was killed by signal %d (%s)", res->failed_rank, res->signal,
+                         strsignal(res->signal));
+        else if (res->exit_code == 127)
+            st = sl_fail(SL_ERR_PEER, "rank %d exited with status 127 (could not execute %s?)", res->failed_rank, o->argv[0]);
+        else
+            st = sl_fail(SL_ERR_PEER, "rank %d exited with status %d", res->failed_rank, res->exit_code);
+    } else if (st == SL_OK && res->interrupted) {
+        st = sl_fail(SL_ERR_ABORTED, "interrupted by signal %d (%s); forwarded to all ranks", res->interrupted,
+                     strsignal(res->interrupted));
+    }
+    for (int i = 0; i < n; i++) {
+        for (int w = 0; w < 2; w++)
+            if (cs[i].fd[w] >= 0) close(cs[i].fd[w]);
+        free(cs[i].buf[0]);
+        free(cs[i].buf[1]);
+    }
+    free(pf);
+    free(owner);
+    free(cs);
+    return st;
+}
+
+sl_status sl_launch_run(const sl_launch_opts *o, sl_launch_result *res) {
+    memset(res, 0, sizeof *res);
+    res->failed_rank = -1;
+    res->exit_code = -1;
+    if (o->nproc < 1 || o->nnodes < 1 || o->node_rank < 0 || o->node_rank >= o->nnodes || !o->argv || !o->argv[0])
+        return sl_fail(SL_ERR_INVALID, "launcher: bad options");
+    char addr[256], token[80];
+    int port = o->master_port;
+    snprintf(addr, sizeof addr, "%s", o->master_addr[0] ? o->master_addr : "127.0.0.1");
+    if (!port) {
+        if (o->nnodes > 1) return sl_fail(SL_ERR_INVALID, "--master HOST:PORT is required with --nnodes > 1");
+        port = free_port();
+        if (!port) return sl_fail(SL_ERR_IO, "launcher: cannot find a free TCP port");
+    }
+    const char *et = getenv("SUANLI_JOB_TOKEN");
+    if (et && *et) snprintf(token, sizeof token, "%.70s", et);
+    else if (o->nnodes > 1) snprintf(token, sizeof token, "m-%.40s-%d", addr, port); /* same on every node */
+    else {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        snprintf(token, sizeof token, "%08x%08lx%05d", (unsigned)getpid(), (unsigned long)ts.tv_nsec, port);
+    }
+    struct sigaction sa = {0}, old[3];
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old[0]);
+    sigaction(SIGTERM, &sa, &old[1]);
+    sigaction(SIGHUP, &sa, &old[2]);
+    g_sig = 0;
+    sl_status st;
+    for (int attempt = 0;; attempt++) {
+        sl_launch_result r1;
+        memset(&r1, 0, sizeof r1);
+        r1.failed_rank = -1;
+        r1.exit_code = -1;
+        st = run_once(o, addr, port, token, attempt, &r1);
+        r1.restarts = attempt;
+        *res = r1;
+        if (st == SL_OK || st == SL_ERR_ABORTED || attempt >= o->max_restarts || g_sig) break;
+        SL_LOGW("suanli run: %s; restarting (%d of %d)", sl_errmsg(), attempt + 1, o->max_restarts);
+        if (o->nnodes == 1 && !o->master_port) port = free_port();
+    }
+    sigaction(SIGINT, &old[0], NULL);
+    sigaction(SIGTERM, &old[1], NULL);
+    sigaction(SIGHUP, &old[2], NULL);
+    return st;
+}

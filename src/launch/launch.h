@@ -1,0 +1,33 @@
+/* The job launcher behind `suanli run`: spawns the local ranks of a job with their environment
+ * (torchrun-compatible: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+ * plus SUANLI_JOB_TOKEN and SUANLI_RESTART_COUNT), prefixes every output line with "[rank] ",
+ * forwards SIGINT/SIGTERM/SIGHUP, and when one rank fails stops the others (SIGTERM, then SIGKILL
+ * after the grace period) and reports which rank failed and why. Depends on base only. */
+#ifndef SL_LAUNCH_H
+#define SL_LAUNCH_H
+#include "suanli/base.h"
+
+typedef struct sl_launch_opts {
+    int nproc;            /* ranks on this node (>= 1) */
+    int nnodes;           /* nodes in the job (>= 1) */
+    int node_rank;        /* this node, 0..nnodes-1 */
+    char master_addr[256];/* "" on one node: 127.0.0.1 and a free port */
+    int master_port;
+    double grace_sec;     /* SIGTERM -> SIGKILL delay (default 3) */
+    int max_restarts;     /* restart the whole local group up to this many times after a failure */
+    int prefix;           /* prefix lines with "[rank] " (default 1) */
+    char **argv;          /* program and arguments, NULL-terminated (borrowed) */
+} sl_launch_opts;
+
+typedef struct sl_launch_result {
+    int failed_rank;      /* -1 when every rank exited 0 */
+    int exit_code;        /* of the failed rank, or -1 */
+    int signal;           /* that killed it, or 0 */
+    int restarts;         /* restarts performed */
+    int interrupted;      /* the launcher received this signal (0: none) */
+} sl_launch_result;
+
+/* Run the job to completion. SL_OK: every rank exited 0. SL_ERR_PEER: a rank failed (message
+ * names rank and cause). SL_ERR_INVALID: bad options. SL_ERR_IO: could not spawn. */
+sl_status sl_launch_run(const sl_launch_opts *o, sl_launch_result *res);
+#endif

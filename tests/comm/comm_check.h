@@ -1,0 +1,17 @@
+/* Shared by the comm tests: the collective × dtype × op × size × in-place matrix, checked on
+ * every rank against a serial reference computed from the same deterministic inputs. */
+#ifndef SL_TEST_COMM_CHECK_H
+#define SL_TEST_COMM_CHECK_H
+#include "suanli/comm.h"
+
+typedef struct cc_cfg {
+    int large;  /* include 1Mi+3 (subset of dtype/op pairs) */
+    int algos;  /* also force every all-reduce algorithm */
+    int quick;  /* fewer dtype/op pairs (high rank counts over slow transports) */
+} cc_cfg;
+
+/* Runs the matrix on comm; returns the number of failed cases on this rank (printed to stderr). */
+int cc_run_matrix(sl_comm *c, const cc_cfg *cfg);
+/* Split, async overlap, determinism, group send/recv; returns failures on this rank. */
+int cc_run_extras(sl_comm *c);
+#endif

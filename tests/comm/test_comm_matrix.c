@@ -1,0 +1,143 @@
+/* The comm test matrix on one transport.
+ *   test_comm_matrix loopback RANKS...   threads as ranks, full matrix incl. forced algorithms
+ *   test_comm_matrix shm|tcp RANKS...    forked processes joined by a unique id
+ *   test_comm_matrix env                 one rank of a job started by suanli run / mpirun / srun
+ * Options (before the mode): --large (1Mi+3 elements), --quick (fewer dtype/op pairs), --algos. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "comm_check.h"
+
+static cc_cfg g_cfg;
+
+typedef struct {
+    sl_comm *c;
+    int fails;
+} th_arg;
+
+static void *th_main(void *p) {
+    th_arg *a = p;
+    a->fails = cc_run_matrix(a->c, &g_cfg);
+    a->fails += cc_run_extras(a->c);
+    return NULL;
+}
+
+static int run_loopback(int n) {
+    sl_comm *comms[64];
+    th_arg args[64];
+    pthread_t th[64];
+    if (sl_comm_init_loopback(n, comms, NULL) != SL_OK) {
+        fprintf(stderr, "FAIL loopback init: %s\n", sl_errmsg());
+        return 1;
+    }
+    for (int r = 0; r < n; r++) {
+        args[r] = (th_arg){comms[r], 0};
+        pthread_create(&th[r], NULL, th_main, &args[r]);
+    }
+    int fails = 0;
+    for (int r = 0; r < n; r++) {
+        pthread_join(th[r], NULL);
+        fails += args[r].fails;
+        sl_comm_free(comms[r]);
+    }
+    return fails;
+}
+
+static int rank_main(sl_comm *c) {
+    int fails = cc_run_matrix(c, &g_cfg);
+    fails += cc_run_extras(c);
+    return fails;
+}
+
+static int run_forked(sl_comm_transport_kind kind, int n) {
+    sl_comm_unique_id id;
+    if (sl_comm_get_unique_id(&id) != SL_OK) {
+        fprintf(stderr, "FAIL get_unique_id: %s\n", sl_errmsg());
+        return 1;
+    }
+    pid_t pids[64];
+    for (int r = 0; r < n; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) {
+            sl_comm_opts o = {.transport = kind, .timeout_sec = 60};
+            sl_comm *c;
+            if (sl_comm_init_rank(&c, n, &id, r, &o) != SL_OK) {
+                fprintf(stderr, "FAIL rank %d init: %s\n", r, sl_errmsg());
+                _exit(1);
+            }
+            if (sl_comm_transport(c) != kind) {
+                fprintf(stderr, "FAIL rank %d: transport %s\n", r, sl_comm_transport_name(sl_comm_transport(c)));
+                _exit(1);
+            }
+            int f = rank_main(c);
+            sl_comm_free(c);
+            _exit(f ? 1 : 0);
+        }
+    }
+    int fails = 0;
+    for (int k = 0; k < n; k++) {
+        int status;
+        pid_t p = wait(&status);
+        if (p < 0) break;
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            fprintf(stderr, "FAIL a rank (pid %d) exited with status 0x%x\n", (int)p, status);
+            fails++;
+        }
+    }
+    return fails;
+}
+
+int main(int argc, char **argv) {
+    int i = 1;
+    for (; i < argc && argv[i][0] == '-'; i++) {
+        if (!strcmp(argv[i], "--large")) g_cfg.large = 1;
+        else if (!strcmp(argv[i], "--quick")) g_cfg.quick = 1;
+        else if (!strcmp(argv[i], "--algos")) g_cfg.algos = 1;
+        else {
+            fprintf(stderr, "unknown flag %s\n", argv[i]);
+            return 2;
+        }
+    }
+    if (i >= argc) {
+        fprintf(stderr, "usage: test_comm_matrix [--large] [--quick] [--algos] loopback|shm|tcp RANKS... | env\n");
+        return 2;
+    }
+    const char *mode = argv[i++];
+    int fails = 0;
+    double t0 = sl_time_sec();
+    if (!strcmp(mode, "env")) {
+        sl_comm *c;
+        if (sl_comm_init_env(&c, NULL) != SL_OK) {
+            fprintf(stderr, "FAIL init_env: %s\n", sl_errmsg());
+            return 1;
+        }
+        fails = rank_main(c);
+        printf("rank %d/%d transport %s: %s (%.1f s)\n", sl_comm_rank(c), sl_comm_size(c),
+               sl_comm_transport_name(sl_comm_transport(c)), fails ? "FAILED" : "ok", sl_time_sec() - t0);
+        sl_comm_free(c);
+        return fails ? 1 : 0;
+    }
+    for (; i < argc; i++) {
+        int n = atoi(argv[i]);
+        double t1 = sl_time_sec();
+        int f;
+        if (!strcmp(mode, "loopback")) f = run_loopback(n);
+        else if (!strcmp(mode, "shm")) f = run_forked(SL_COMM_TRANSPORT_SHM, n);
+        else if (!strcmp(mode, "tcp")) f = run_forked(SL_COMM_TRANSPORT_TCP, n);
+        else {
+            fprintf(stderr, "unknown mode %s\n", mode);
+            return 2;
+        }
+        printf("%s n=%d: %s (%.1f s)\n", mode, n, f ? "FAILED" : "ok", sl_time_sec() - t1);
+        fflush(stdout);
+        fails += f;
+    }
+    printf("%s: %d failure(s) in %.1f s\n", mode, fails, sl_time_sec() - t0);
+    return fails ? 1 : 0;
+}
