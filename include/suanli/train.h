@@ -19,18 +19,23 @@ extern "C" {
 #endif
 
 typedef struct sl_trainer_config {
-    int B, T, accum;           /* micro-batch size, sequence length, micro-batches per step */
+    int B, T, accum;           /* micro-batch size, sequence length, micro-batches per step (per rank) */
+    int dp_size;               /* data-parallel ranks (0 or 1: single process); the loss seed is 1/(accum*dp) */
     float lr, min_lr, clip;    /* clip <= 0: no clipping */
     int64_t warmup, decay_iters;
     sl_adamw_hparams hp;
 } sl_trainer_config;
 
 typedef struct sl_step_stats {
-    float loss, grad_norm, lr;
+    float loss, grad_norm, lr; /* loss: mean over every micro-batch of every dp rank */
     double seconds;
+    double comm_wait_sec;      /* time spent waiting for gradient reduction after backward (DP) */
 } sl_step_stats;
 
-/* Fill one micro-batch: ids and targets are (B, T) int32. */
+typedef struct sl_dp sl_dp;
+
+/* Fill one micro-batch: ids and targets are (B, T) int32. `micro` is the global micro-batch index of the
+ * step (dp_rank * accum + local micro), so a DP run sees exactly the single-process batches. */
 typedef sl_status (*sl_batch_fn)(void *user, int64_t step, int micro, int32_t *ids, int32_t *targets);
 
 typedef struct sl_trainer {
@@ -40,7 +45,9 @@ typedef struct sl_trainer {
     sl_tensor *ids, *targets, *loss, *logits;
     int32_t *ids_buf, *tg_buf;
     int n_forward;    /* nodes [0, n_forward) are the forward pass */
-    sl_adamw opt;
+    sl_adamw opt;              /* single-process optimizer state (allocated at the first step) */
+    sl_dp *dp;                 /* borrowed; when set, gradients are reduced and the update is done by dp */
+    int opt_ready;
     sl_plan_stats plan;
 } sl_trainer;
 

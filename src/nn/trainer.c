@@ -1,6 +1,7 @@
 /* The training step: builds the forward+backward graph once, plans it, and re-executes it. */
 #include <string.h>
 
+#include "suanli/parallel.h"
 #include "suanli/train.h"
 
 sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *cfg) {
@@ -32,9 +33,9 @@ sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *
     }
     sl_graph_build_forward(tr->graph, tr->loss);
     tr->n_forward = sl_graph_n_nodes(tr->graph);
-    sl_graph_build_backward(tr->graph, tr->loss, 1.0f / (float)cfg->accum);
+    int dpn = cfg->dp_size > 1 ? cfg->dp_size : 1;
+    sl_graph_build_backward(tr->graph, tr->loss, 1.0f / (float)(cfg->accum * dpn));
     SL_CHECK(sl_graph_plan(tr->graph, sl_backend_cpu(), &tr->plan));
-    SL_CHECK(sl_adamw_init(&tr->opt, m, cfg->hp));
 done:
     if (st != SL_OK) sl_trainer_free(tr);
     return st;
@@ -46,14 +47,15 @@ void sl_trainer_free(sl_trainer *tr) {
     free(tr->ids_buf);
     free(tr->tg_buf);
     tr->ids_buf = tr->tg_buf = NULL;
-    sl_adamw_free(&tr->opt);
+    if (tr->opt_ready) sl_adamw_free(&tr->opt);
+    tr->opt_ready = 0;
 }
 
 sl_status sl_trainer_forward_backward(sl_trainer *tr, const int32_t *ids, const int32_t *targets, float *loss) {
     size_t n = (size_t)tr->cfg.B * (size_t)tr->cfg.T;
     if (ids != tr->ids_buf) memcpy(tr->ids_buf, ids, n * sizeof(int32_t));
     if (targets != tr->tg_buf) memcpy(tr->tg_buf, targets, n * sizeof(int32_t));
-    SL_TRY(sl_graph_compute(tr->graph, NULL, NULL));
+    SL_TRY(sl_graph_compute(tr->graph, tr->dp ? sl_dp_hook : NULL, tr->dp));
     if (loss) *loss = ((float *)tr->loss->data)[0];
     return SL_OK;
 }
@@ -62,21 +64,36 @@ sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *us
     double t0 = sl_time_sec();
     sl_model *m = tr->model;
     memset(m->grads_mem, 0, sizeof(float) * (size_t)m->numel);
-    double tot = 0;
+    double tot = 0, wait = 0;
+    int dp_rank = tr->dp ? sl_dp_rank(tr->dp) : 0;
     for (int micro = 0; micro < tr->cfg.accum; micro++) {
-        SL_TRY(fn(user, step, micro, tr->ids_buf, tr->tg_buf));
+        SL_TRY(fn(user, step, dp_rank * tr->cfg.accum + micro, tr->ids_buf, tr->tg_buf));
         float l;
+        if (tr->dp) sl_dp_arm(tr->dp, micro == tr->cfg.accum - 1);
         SL_TRY(sl_trainer_forward_backward(tr, tr->ids_buf, tr->tg_buf, &l));
         tot += l;
     }
-    float norm = sl_clip_grad_norm(m, tr->cfg.clip);
     float lr = sl_lr_schedule(step, tr->cfg.lr, tr->cfg.min_lr, tr->cfg.warmup, tr->cfg.decay_iters);
-    sl_adamw_step(&tr->opt, m, lr);
+    float norm, loss = (float)(tot / tr->cfg.accum);
+    if (tr->dp) {
+        SL_TRY(sl_dp_finish_grads(tr->dp, &wait));
+        SL_TRY(sl_dp_clip(tr->dp, tr->cfg.clip, &norm));
+        SL_TRY(sl_dp_optimizer_step(tr->dp, lr, step + 1, tr->cfg.hp));
+        SL_TRY(sl_dp_mean(tr->dp, &loss));
+    } else {
+        if (!tr->opt_ready) {
+            SL_TRY(sl_adamw_init(&tr->opt, m, tr->cfg.hp));
+            tr->opt_ready = 1;
+        }
+        norm = sl_clip_grad_norm(m, tr->cfg.clip);
+        sl_adamw_step(&tr->opt, m, lr);
+    }
     if (stats) {
-        stats->loss = (float)(tot / tr->cfg.accum);
+        stats->loss = loss;
         stats->grad_norm = norm;
         stats->lr = lr;
         stats->seconds = sl_time_sec() - t0;
+        stats->comm_wait_sec = wait;
     }
     return SL_OK;
 }

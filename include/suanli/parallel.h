@@ -1,0 +1,77 @@
+/* suanli/parallel.h — the device mesh and data parallelism (with ZeRO-1/2 sharding).
+ *
+ * Usage (one process per rank):
+ *   sl_comm *world; sl_comm_init_env(&world, NULL);
+ *   sl_mesh mesh; sl_mesh_init(&mesh, world, (sl_mesh_dims){.tp = 1, .pp = 1, .ep = 1});  // dp = rest
+ *   sl_dp *dp; sl_dp_new(&dp, &mesh, model, &(sl_dp_opts){.zero_stage = 1, .bucket_elems = 1 << 20});
+ *   trainer.dp = dp;          // the trainer then overlaps bucketed gradient reduction with backward
+ *
+ * Rank layout (Megatron order): rank = ((pp_rank * dp) + dp_rank) * tp + tp_rank; the expert axis folds
+ * inside dp (ep_rank = dp_rank % ep). Each axis has its own sub-communicator (NULL when its size is 1).
+ */
+#ifndef SUANLI_PARALLEL_H
+#define SUANLI_PARALLEL_H
+
+#include "suanli/comm.h"
+#include "suanli/graph.h"
+#include "suanli/nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct sl_mesh_dims {
+    int tp, pp, ep; /* dp = world / (tp * pp); ep must divide dp */
+} sl_mesh_dims;
+
+typedef struct sl_mesh {
+    int world, rank;
+    int dp, tp, pp, ep;
+    int dp_rank, tp_rank, pp_rank, ep_rank;
+    sl_comm *world_comm;                    /* borrowed */
+    sl_comm *dp_comm, *tp_comm, *pp_comm, *ep_comm; /* owned; NULL when that axis has size 1 */
+} sl_mesh;
+
+/* Validates the sizes (one-line error naming the flag) and splits the sub-communicators. world may be
+ * NULL for a single process. */
+sl_status sl_mesh_init(sl_mesh *mesh, sl_comm *world, sl_mesh_dims dims);
+void sl_mesh_free(sl_mesh *mesh);
+
+typedef struct sl_dp_opts {
+    int zero_stage;       /* 0: all-reduce; 1: + sharded optimizer state; 2: + reduce-scattered grads */
+    int64_t bucket_elems; /* gradient bucket size in elements (0: 1 Mi) */
+} sl_dp_opts;
+
+typedef struct sl_dp sl_dp;
+
+/* Buckets are contiguous slices of the flat gradient buffer, formed in the order backward completes
+ * them. Requires the graph (to know when each bucket's gradients are final). */
+sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, const sl_dp_opts *o);
+void sl_dp_free(sl_dp *dp);
+/* The executor hook: launches a bucket's asynchronous reduction as soon as its last gradient write ran.
+ * Active only while armed (the last micro-batch of a step). */
+sl_status sl_dp_hook(sl_graph *g, int i, sl_tensor *n, void *user);
+void sl_dp_arm(sl_dp *dp, int armed);
+/* Wait for every bucket (after the graph ran); adds the wait time to *wait_sec. */
+sl_status sl_dp_finish_grads(sl_dp *dp, double *wait_sec);
+/* Global grad norm (squares summed over the rank's shard and all-reduced under ZeRO-2) and clipping. */
+sl_status sl_dp_clip(sl_dp *dp, float max_norm, float *norm);
+/* Optimizer step: full AdamW (stage 0) or on this rank's shard followed by an all-gather of the
+ * parameters (stages 1, 2). */
+sl_status sl_dp_optimizer_step(sl_dp *dp, float lr, int64_t t, sl_adamw_hparams hp);
+/* Mean of a scalar over the dp group. */
+sl_status sl_dp_mean(sl_dp *dp, float *v);
+/* Bytes this rank holds for parameters, gradients (the reduced shard under ZeRO-2, plus the backward
+ * accumulation buffer) and optimizer state, from the actual allocations. */
+typedef struct sl_dp_memory {
+    size_t param_bytes, grad_bytes, grad_shard_bytes, optim_bytes;
+} sl_dp_memory;
+void sl_dp_memory_report(const sl_dp *dp, sl_dp_memory *mem);
+int sl_dp_num_buckets(const sl_dp *dp);
+int sl_dp_rank(const sl_dp *dp);
+int sl_dp_size(const sl_dp *dp);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

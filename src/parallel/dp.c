@@ -1,0 +1,339 @@
+/* Data parallelism: bucketed gradient reduction overlapped with backward, ZeRO-1/2 sharding.
+ *
+ * Note [DP buckets and shards]
+ * Buckets are contiguous slices of the flat gradient buffer, built from the end of the buffer (the last
+ * layers, whose gradients backward finishes first) towards the start, each closed once it holds
+ * `bucket_elems`. A bucket is ready after the last node that writes any of its parameters' gradients
+ * (sl_graph_last_grad_write); the executor hook launches its reduction then.
+ * Under ZeRO, each bucket of length len is split into n equal parts of q = len / n elements; rank r owns
+ * part r of every bucket, and the tail (len - n*q < n elements) is reduced with an all-reduce and owned
+ * by every rank (updated identically). So the reduce-scatter / all-gather calls always have equal counts,
+ * and a rank's shard is the concatenation of its parts: about numel / n elements.
+ * Determinism: every reduction sums ranks in a fixed order (with SUANLI_COMM_ALGO=direct: rank 0, 1, ...,
+ * the order a single process accumulates micro-batches in), and the gradient norm is always summed per
+ * rank part then over ranks, so stages 0, 1 and 2 produce bitwise-identical parameters. */
+#include <math.h>
+#include <string.h>
+
+#include "suanli/parallel.h"
+
+typedef struct {
+    int64_t lo, hi, q; /* [lo, hi) in the flat buffer; q = part length per rank (ZeRO) */
+    int ready;         /* graph node index after which the bucket is final */
+    sl_comm_req *req, *req_tail;
+} bucket;
+
+struct sl_dp {
+    sl_comm *comm; /* dp communicator (NULL: dp == 1) */
+    int n, r, zero;
+    sl_model *m;
+    bucket *b; /* sorted by ready */
+    int nb, next, armed;
+    float *m1, *m2;     /* AdamW moments: full (stage 0) or shard (stages 1, 2) */
+    float *gshard;      /* stage 2: this rank's reduced gradients (its parts, then tails) */
+    int64_t shard_len;  /* elements this rank updates */
+    uint8_t *decay;     /* per shard element: weight decay applies (stages 1, 2) */
+    double wait_sec;
+};
+
+static int cmp_ready(const void *a, const void *b) {
+    const bucket *x = a, *y = b;
+    if (x->ready != y->ready) return x->ready - y->ready;
+    return x->lo < y->lo ? 1 : -1;
+}
+
+/* iterate this rank's shard: for each bucket, its part then the tail */
+typedef void (*seg_fn)(void *u, int64_t flat_lo, int64_t len, int64_t shard_off);
+static void for_each_segment(const sl_dp *dp, seg_fn fn, void *u) {
+    int64_t off = 0;
+    for (int k = 0; k < dp->nb; k++) {
+        const bucket *b = &dp->b[k];
+        int64_t len = b->hi - b->lo, q = b->q, tail = len - q * dp->n;
+        if (q > 0) {
+            fn(u, b->lo + q * dp->r, q, off);
+            off += q;
+        }
+        if (tail > 0) {
+            fn(u, b->lo + q * dp->n, tail, off);
+            off += tail;
+        }
+    }
+}
+
+static void count_seg(void *u, int64_t lo, int64_t len, int64_t off) {
+    (void)lo;
+    (void)off;
+    *(int64_t *)u += len;
+}
+
+typedef struct {
+    sl_dp *dp;
+} decay_ctx;
+static void fill_decay(void *u, int64_t lo, int64_t len, int64_t off) {
+    sl_dp *dp = ((decay_ctx *)u)->dp;
+    for (int i = 0; i < dp->m->n_params; i++) {
+        const sl_param_info *p = &dp->m->params[i];
+        int64_t a = p->offset > lo ? p->offset : lo, e = p->offset + p->numel < lo + len ? p->offset + p->numel : lo + len;
+        for (int64_t k = a; k < e; k++) dp->decay[off + (k - lo)] = (uint8_t)p->decay;
+    }
+}
+
+sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, const sl_dp_opts *o) {
+    *out = NULL;
+    if (o->zero_stage < 0 || o->zero_stage > 2)
+        return sl_fail(SL_ERR_UNSUPPORTED, "--zero-stage %d: stages 0, 1 and 2 are implemented (3 is not yet)", o->zero_stage);
+    sl_dp *dp = calloc(1, sizeof *dp);
+    if (!dp) return sl_fail(SL_ERR_NOMEM, "dp: out of memory");
+    dp->comm = mesh->dp_comm;
+    dp->n = mesh->dp;
+    dp->r = mesh->dp_rank;
+    dp->zero = o->zero_stage;
+    dp->m = m;
+    int64_t be = o->bucket_elems > 0 ? o->bucket_elems : (1 << 20);
+    dp->b = calloc((size_t)m->n_params + 1, sizeof(bucket));
+    if (!dp->b) goto oom;
+    /* walk parameters from the end of the flat buffer */
+    int64_t hi = m->numel;
+    int ready = -1;
+    for (int i = m->n_params - 1; i >= 0; i--) {
+        const sl_param_info *p = &m->params[i];
+        int w = sl_graph_last_grad_write(g, p->t);
+        if (w > ready) ready = w;
+        if (hi - p->offset >= be || i == 0) {
+            dp->b[dp->nb++] = (bucket){.lo = p->offset, .hi = hi, .ready = ready};
+            hi = p->offset;
+            ready = -1;
+        }
+    }
+    for (int k = 0; k < dp->nb; k++) dp->b[k].q = dp->zero ? (dp->b[k].hi - dp->b[k].lo) / dp->n : 0;
+    qsort(dp->b, (size_t)dp->nb, sizeof(bucket), cmp_ready);
+    if (dp->zero) {
+        for_each_segment(dp, count_seg, &dp->shard_len);
+    } else {
+        dp->shard_len = m->numel;
+    }
+    dp->m1 = sl_malloc_aligned(sizeof(float) * (size_t)dp->shard_len);
+    dp->m2 = sl_malloc_aligned(sizeof(float) * (size_t)dp->shard_len);
+    if (!dp->m1 || !dp->m2) goto oom;
+    memset(dp->m1, 0, sizeof(float) * (size_t)dp->shard_len);
+    memset(dp->m2, 0, sizeof(float) * (size_t)dp->shard_len);
+    if (dp->zero) {
+        dp->decay = calloc((size_t)dp->shard_len + 1, 1);
+        if (!dp->decay) goto oom;
+        decay_ctx dc = {dp};
+        for_each_segment(dp, fill_decay, &dc);
+    }
+    if (dp->zero == 2) {
+        dp->gshard = sl_malloc_aligned(sizeof(float) * (size_t)dp->shard_len);
+        if (!dp->gshard) goto oom;
+    }
+    *out = dp;
+    return SL_OK;
+oom:
+    sl_dp_free(dp);
+    return sl_fail(SL_ERR_NOMEM, "dp: out of memory");
+}
+
+void sl_dp_free(sl_dp *dp) {
+    if (!dp) return;
+    for (int k = 0; k < dp->nb; k++) {
+        sl_comm_req_free(dp->b[k].req);
+        sl_comm_req_free(dp->b[k].req_tail);
+    }
+    free(dp->b);
+    sl_free_aligned(dp->m1);
+    sl_free_aligned(dp->m2);
+    sl_free_aligned(dp->gshard);
+    free(dp->decay);
+    free(dp);
+}
+
+int sl_dp_num_buckets(const sl_dp *dp) { return dp->nb; }
+int sl_dp_rank(const sl_dp *dp) { return dp->r; }
+int sl_dp_size(const sl_dp *dp) { return dp->n; }
+void sl_dp_arm(sl_dp *dp, int armed) {
+    dp->armed = armed;
+    dp->next = 0;
+}
+
+static sl_status launch(sl_dp *dp, bucket *b) {
+    float *g = dp->m->grads_mem;
+    int64_t len = b->hi - b->lo;
+    if (!dp->comm || len == 0) return SL_OK;
+    if (dp->zero < 2) return sl_comm_all_reduce_async(dp->comm, g + b->lo, g + b->lo, (size_t)len, SL_COMM_F32, SL_COMM_SUM, &b->req);
+    /* stage 2: reduce-scatter the equal parts in place (rank r's part lands at its own offset) */
+    int64_t q = b->q, tail = len - q * dp->n;
+    if (q > 0)
+        SL_TRY(sl_comm_reduce_scatter_async(dp->comm, g + b->lo, g + b->lo + q * dp->r, (size_t)q, SL_COMM_F32,
+                                            SL_COMM_SUM, &b->req));
+    if (tail > 0)
+        SL_TRY(sl_comm_all_reduce_async(dp->comm, g + b->lo + q * dp->n, g + b->lo + q * dp->n, (size_t)tail,
+                                        SL_COMM_F32, SL_COMM_SUM, &b->req_tail));
+    return SL_OK;
+}
+
+sl_status sl_dp_hook(sl_graph *g, int i, sl_tensor *n, void *user) {
+    (void)g;
+    (void)n;
+    sl_dp *dp = user;
+    if (!dp->armed) return SL_OK;
+    while (dp->next < dp->nb && dp->b[dp->next].ready <= i) SL_TRY(launch(dp, &dp->b[dp->next++]));
+    return SL_OK;
+}
+
+typedef struct {
+    sl_dp *dp;
+} gs_ctx;
+static void copy_to_shard(void *u, int64_t lo, int64_t len, int64_t off) {
+    sl_dp *dp = ((gs_ctx *)u)->dp;
+    memcpy(dp->gshard + off, dp->m->grads_mem + lo, sizeof(float) * (size_t)len);
+}
+
+sl_status sl_dp_finish_grads(sl_dp *dp, double *wait_sec) {
+    double t0 = sl_time_sec();
+    sl_status st = SL_OK;
+    /* buckets not launched by the hook (e.g. hook unarmed) go now */
+    while (dp->next < dp->nb) {
+        st = launch(dp, &dp->b[dp->next++]);
+        if (st != SL_OK) break;
+    }
+    for (int k = 0; k < dp->nb; k++) {
+        if (dp->b[k].req) {
+            sl_status s = sl_comm_wait(dp->b[k].req);
+            dp->b[k].req = NULL;
+            if (st == SL_OK) st = s;
+        }
+        if (dp->b[k].req_tail) {
+            sl_status s = sl_comm_wait(dp->b[k].req_tail);
+            dp->b[k].req_tail = NULL;
+            if (st == SL_OK) st = s;
+        }
+    }
+    dp->armed = 0;
+    if (wait_sec) *wait_sec += sl_time_sec() - t0;
+    if (st == SL_OK && dp->zero == 2) {
+        gs_ctx c = {dp};
+        for_each_segment(dp, copy_to_shard, &c);
+    }
+    return st;
+}
+
+/* sum of squares of rank rr's part of every bucket (tails counted for rank 0 only), in double */
+static double part_sumsq(const sl_dp *dp, const float *g, int rr, int use_shard) {
+    double s = 0;
+    int64_t off = 0;
+    for (int k = 0; k < dp->nb; k++) {
+        const bucket *b = &dp->b[k];
+        int64_t len = b->hi - b->lo, q = dp->zero ? b->q : len / dp->n, tail = len - q * dp->n;
+        const float *p = use_shard ? dp->gshard + off : g + b->lo + q * rr;
+        for (int64_t i = 0; i < q; i++) s += (double)p[i] * p[i];
+        off += q;
+        if (tail > 0) {
+            const float *t = use_shard ? dp->gshard + off : g + b->lo + q * dp->n;
+            if (rr == 0)
+                for (int64_t i = 0; i < tail; i++) s += (double)t[i] * t[i];
+            off += tail;
+        }
+    }
+    return s;
+}
+
+sl_status sl_dp_clip(sl_dp *dp, float max_norm, float *norm_out) {
+    double ss;
+    if (dp->zero == 2 && dp->comm) {
+        double mine = part_sumsq(dp, NULL, dp->r, 1);
+        SL_TRY(sl_comm_all_reduce(dp->comm, &mine, &ss, 1, SL_COMM_F64, SL_COMM_SUM));
+    } else {
+        /* same grouping as the sharded case: per rank part, then ranks in order */
+        ss = 0;
+        for (int rr = 0; rr < dp->n; rr++) ss = rr ? ss + part_sumsq(dp, dp->m->grads_mem, rr, 0) : part_sumsq(dp, dp->m->grads_mem, 0, 0);
+    }
+    float norm = (float)sqrt(ss);
+    if (max_norm > 0) {
+        float coef = max_norm / (norm + 1e-6f);
+        if (coef < 1.0f) {
+            float *g = dp->zero == 2 ? dp->gshard : dp->m->grads_mem;
+            int64_t n = dp->zero == 2 ? dp->shard_len : dp->m->numel;
+#pragma omp parallel for simd schedule(static)
+            for (int64_t k = 0; k < n; k++) g[k] *= coef;
+        }
+    }
+    *norm_out = norm;
+    return SL_OK;
+}
+
+/* the AdamW element update, PyTorch operation order (see Note [AdamW order of operations]) */
+static void adamw_seg(float *p, const float *g, float *m1, float *m2, const uint8_t *decay, int decay_all, int64_t n,
+                      float lr, float wd, float b1, float b2, float eps, float step_size, float bc2_sqrt) {
+#pragma omp parallel for simd schedule(static) if (n > 32768)
+    for (int64_t k = 0; k < n; k++) {
+        float gk = g[k];
+        if (decay ? decay[k] : decay_all) p[k] *= 1.0f - lr * wd;
+        m1[k] += (1.0f - b1) * (gk - m1[k]);
+        m2[k] = m2[k] * b2 + (1.0f - b2) * gk * gk;
+        float denom = sqrtf(m2[k]) / bc2_sqrt + eps;
+        p[k] += -step_size * (m1[k] / denom);
+    }
+}
+
+typedef struct {
+    sl_dp *dp;
+    float lr, step_size, bc2_sqrt;
+    sl_adamw_hparams hp;
+} upd_ctx;
+static void update_seg(void *u, int64_t lo, int64_t len, int64_t off) {
+    upd_ctx *c = u;
+    sl_dp *dp = c->dp;
+    const float *g = dp->zero == 2 ? dp->gshard + off : dp->m->grads_mem + lo;
+    adamw_seg(dp->m->params_mem + lo, g, dp->m1 + off, dp->m2 + off, dp->decay + off, 0, len, c->lr, c->hp.weight_decay,
+              c->hp.beta1, c->hp.beta2, c->hp.eps, c->step_size, c->bc2_sqrt);
+}
+
+sl_status sl_dp_optimizer_step(sl_dp *dp, float lr, int64_t t, sl_adamw_hparams hp) {
+    double bc1 = 1.0 - pow((double)hp.beta1, (double)t), bc2 = 1.0 - pow((double)hp.beta2, (double)t);
+    upd_ctx c = {dp, lr, (float)(lr / bc1), (float)sqrt(bc2), hp};
+    if (!dp->zero) {
+        for (int i = 0; i < dp->m->n_params; i++) {
+            const sl_param_info *p = &dp->m->params[i];
+            adamw_seg(dp->m->params_mem + p->offset, dp->m->grads_mem + p->offset, dp->m1 + p->offset,
+                      dp->m2 + p->offset, NULL, p->decay, p->numel, lr, hp.weight_decay, hp.beta1, hp.beta2, hp.eps,
+                      c.step_size, c.bc2_sqrt);
+        }
+        return SL_OK;
+    }
+    for_each_segment(dp, update_seg, &c);
+    if (!dp->comm) return SL_OK;
+    /* all-gather the updated parts of every bucket, in place */
+    sl_status st = SL_OK;
+    float *p = dp->m->params_mem;
+    for (int k = 0; k < dp->nb; k++) {
+        bucket *b = &dp->b[k];
+        if (b->q > 0) {
+            sl_status s = sl_comm_all_gather_async(dp->comm, p + b->lo + b->q * dp->r, p + b->lo, (size_t)b->q,
+                                                   SL_COMM_F32, &b->req);
+            if (s != SL_OK && st == SL_OK) st = s;
+        }
+    }
+    for (int k = 0; k < dp->nb; k++)
+        if (dp->b[k].req) {
+            sl_status s = sl_comm_wait(dp->b[k].req);
+            dp->b[k].req = NULL;
+            if (s != SL_OK && st == SL_OK) st = s;
+        }
+    return st;
+}
+
+sl_status sl_dp_mean(sl_dp *dp, float *v) {
+    if (!dp->comm) return SL_OK;
+    double x = *v, s;
+    SL_TRY(sl_comm_all_reduce(dp->comm, &x, &s, 1, SL_COMM_F64, SL_COMM_SUM));
+    *v = (float)(s / dp->n);
+    return SL_OK;
+}
+
+void sl_dp_memory_report(const sl_dp *dp, sl_dp_memory *mem) {
+    mem->param_bytes = sizeof(float) * (size_t)dp->m->numel;
+    mem->grad_bytes = sizeof(float) * (size_t)dp->m->numel;
+    mem->grad_shard_bytes = dp->gshard ? sizeof(float) * (size_t)dp->shard_len : 0;
+    mem->optim_bytes = 2 * sizeof(float) * (size_t)dp->shard_len;
+}

@@ -1,0 +1,60 @@
+/* The device mesh: dp x pp x tp (x ep inside dp) with one sub-communicator per axis. */
+#include <string.h>
+
+#include "suanli/parallel.h"
+
+sl_status sl_mesh_init(sl_mesh *mesh, sl_comm *world, sl_mesh_dims d) {
+    memset(mesh, 0, sizeof *mesh);
+    int n = world ? sl_comm_size(world) : 1, r = world ? sl_comm_rank(world) : 0;
+    if (d.tp < 1) return sl_fail(SL_ERR_INVALID, "--tensor-model-parallel-size must be >= 1, got %d", d.tp);
+    if (d.pp < 1) return sl_fail(SL_ERR_INVALID, "--pipeline-model-parallel-size must be >= 1, got %d", d.pp);
+    if (d.ep < 1) return sl_fail(SL_ERR_INVALID, "--expert-model-parallel-size must be >= 1, got %d", d.ep);
+    if (n % (d.tp * d.pp) != 0)
+        return sl_fail(SL_ERR_INVALID, "world size %d is not divisible by tensor x pipeline parallel size %d x %d", n,
+                       d.tp, d.pp);
+    int dp = n / (d.tp * d.pp);
+    if (dp % d.ep != 0)
+        return sl_fail(SL_ERR_INVALID, "data-parallel size %d is not divisible by --expert-model-parallel-size %d", dp, d.ep);
+    mesh->world = n;
+    mesh->rank = r;
+    mesh->dp = dp;
+    mesh->tp = d.tp;
+    mesh->pp = d.pp;
+    mesh->ep = d.ep;
+    mesh->tp_rank = r % d.tp;
+    mesh->dp_rank = (r / d.tp) % dp;
+    mesh->pp_rank = r / (d.tp * dp);
+    mesh->ep_rank = mesh->dp_rank % d.ep;
+    mesh->world_comm = world;
+    if (!world || n == 1) return SL_OK;
+    sl_status st = SL_OK;
+    /* every rank takes part in every split (collective), in a fixed order */
+    int dp_color = mesh->pp_rank * d.tp + mesh->tp_rank;
+    int tp_color = mesh->pp_rank * dp + mesh->dp_rank;
+    int pp_color = mesh->dp_rank * d.tp + mesh->tp_rank;
+    int ep_color = (mesh->pp_rank * d.tp + mesh->tp_rank) * (dp / d.ep) + mesh->dp_rank / d.ep;
+    sl_comm *c;
+    SL_CHECK(sl_comm_split(world, dp_color, r, &c));
+    if (dp > 1) mesh->dp_comm = c;
+    else sl_comm_free(c);
+    SL_CHECK(sl_comm_split(world, tp_color, r, &c));
+    if (d.tp > 1) mesh->tp_comm = c;
+    else sl_comm_free(c);
+    SL_CHECK(sl_comm_split(world, pp_color, r, &c));
+    if (d.pp > 1) mesh->pp_comm = c;
+    else sl_comm_free(c);
+    SL_CHECK(sl_comm_split(world, ep_color, r, &c));
+    if (d.ep > 1) mesh->ep_comm = c;
+    else sl_comm_free(c);
+done:
+    if (st != SL_OK) sl_mesh_free(mesh);
+    return st;
+}
+
+void sl_mesh_free(sl_mesh *mesh) {
+    sl_comm_free(mesh->dp_comm);
+    sl_comm_free(mesh->tp_comm);
+    sl_comm_free(mesh->pp_comm);
+    sl_comm_free(mesh->ep_comm);
+    mesh->dp_comm = mesh->tp_comm = mesh->pp_comm = mesh->ep_comm = NULL;
+}
