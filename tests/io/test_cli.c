@@ -72,8 +72,8 @@ int main(void) {
         int64_t n = sl_dataset_num_tokens(tr);
         int32_t *ids = malloc((size_t)n * sizeof *ids);
         sl_dataset_read(tr, 0, n, ids);
-        char *txt;
-        size_t tl;
+        char *txt = NULL;
+        size_t tl = 0;
         size_t clen;
         char *corpus = iot_read(IOT_CORPUS, &clen);
         TU_CHECK(tok && sl_tokenizer_decode(tok, ids, n, &txt, &tl) == SL_OK && tl == 1003855 &&
