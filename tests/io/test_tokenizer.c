@@ -191,6 +191,47 @@ int main(void) {
         free(ref);
     }
 
+    /* same oracle on long words full of (a, a) runs: left-to-right overlap semantics, no spaces at all */
+    {
+        size_t sl = 6000;
+        char *txt = malloc(sl);
+        for (size_t i = 0; i < sl; i++) txt[i] = "aaab\xe4\xb8"[sl_rng_u64(3, 0, i) % 6];
+        for (size_t i = 500; i < 900; i++) txt[i] = 'a'; /* one long run */
+        int nm = 150;
+        int32_t *ref = malloc((size_t)nm * 2 * sizeof *ref);
+        int nref = naive_train(txt, sl, nm, ref);
+        sl_tokenizer *t = NULL;
+        TU_CHECK(sl_tokenizer_train_bpe(txt, sl, 256 + nm, &t) == SL_OK, "%s", sl_errmsg());
+        if (t) {
+            int same = t->nmerges == nref;
+            for (int i = 0; same && i < nref; i++) same = t->merges[2 * i] == ref[2 * i] && t->merges[2 * i + 1] == ref[2 * i + 1];
+            TU_CHECK(same, "runs text: merges differ from the reference (%d vs %d merges)", t->nmerges, nref);
+            int32_t *want = malloc(sl * sizeof *want), *got = NULL;
+            int64_t nwant = naive_encode(t, txt, sl, want), ngot = 0;
+            sl_tokenizer_encode(t, txt, sl, &got, &ngot);
+            TU_CHECK(ngot == nwant && !memcmp(got, want, (size_t)ngot * sizeof *got), "runs text: encode differs");
+            free(want), free(got);
+            sl_tokenizer_free(t);
+        }
+        free(ref), free(txt);
+    }
+
+    /* one 500 KB word (text without spaces, like Chinese): training cost must not scale with word length */
+    {
+        size_t sl = 500000;
+        char *txt = malloc(sl);
+        for (size_t i = 0; i < sl; i++) txt[i] = (char)('a' + sl_rng_u64(4, 0, i) % 10);
+        double w0 = sl_time_sec();
+        sl_tokenizer *t = NULL;
+        TU_CHECK(sl_tokenizer_train_bpe(txt, sl, 1024, &t) == SL_OK, "%s", sl_errmsg());
+        double w1 = sl_time_sec();
+        printf("bpe train: one 500 KB word, vocab 1024: %.3f s\n", w1 - w0);
+        TU_CHECK(w1 - w0 < 20, "training on one long word took %.1f s", w1 - w0);
+        if (t) roundtrip(t, txt, sl, "long word");
+        sl_tokenizer_free(t);
+        free(txt);
+    }
+
     /* training a tiny text runs out of pairs: smaller vocab, not an error */
     {
         sl_tokenizer *t = NULL;
