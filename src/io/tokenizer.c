@@ -88,13 +88,14 @@ sl_status sl__tokenizer_from_merges(const int32_t *merges, int nmerges, sl_token
     for (int r = 0; r < nmerges; r++) {
         int32_t a = merges[2 * r], b = merges[2 * r + 1];
         if (a < 0 || b < 0 || a >= 256 + r || b >= 256 + r) {
-            st = sl_fail(SL_ERR_FORMAT, "tokenizer: merge %d joins ids (%d, %d) not defined before id %d", r, a, b,
-                         256 + r);
+            st = sl_fail(SL_ERR_FORMAT, "tokenizer: merge %d joins ids (%d, %d) not defined before id %d", r,
+                         a, b, 256 + r);
             goto done;
         }
         uint64_t l = (uint64_t)t->len[a] + t->len[b];
         if (l > (1u << 30)) {
-            st = sl_fail(SL_ERR_FORMAT, "tokenizer: merge %d makes a token of %llu bytes", r, (unsigned long long)l);
+            st = sl_fail(SL_ERR_FORMAT, "tokenizer: merge %d makes a token of %llu bytes", r,
+                         (unsigned long long)l);
             goto done;
         }
         t->len[256 + r] = (uint32_t)l;
@@ -184,7 +185,8 @@ sl_status sl_tokenizer_decode(const sl_tokenizer *t, const int32_t *ids, int64_t
     return SL_OK;
 }
 
-sl_status sl_tokenizer_encode(const sl_tokenizer *t, const char *text, size_t len, int32_t **ids, int64_t *n) {
+sl_status sl_tokenizer_encode(const sl_tokenizer *t, const char *text, size_t len, int32_t **ids,
+                              int64_t *n) {
     *ids = NULL;
     *n = 0;
     if (len == 0) return SL_OK;
@@ -356,8 +358,8 @@ sl_status sl_tokenizer_load(const char *path_in, sl_tokenizer **out) {
         goto done;
     }
     if (!cJSON_IsArray(tk) || cJSON_GetArraySize(tk) != vocab - 256) {
-        st = sl_fail(SL_ERR_FORMAT, "%s: field 'tokens' must be an array of vocab_size-256 = %d strings", path,
-                     vocab - 256);
+        st = sl_fail(SL_ERR_FORMAT, "%s: field 'tokens' must be an array of vocab_size-256 = %d strings",
+                     path, vocab - 256);
         goto done;
     }
     int nm = vocab - 256;
@@ -371,7 +373,8 @@ sl_status sl_tokenizer_load(const char *path_in, sl_tokenizer **out) {
     cJSON_ArrayForEach(e, m) {
         const cJSON *a = cJSON_GetArrayItem(e, 0), *b = cJSON_GetArrayItem(e, 1);
         if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) != 2 || !cJSON_IsNumber(a) || !cJSON_IsNumber(b) ||
-            a->valuedouble != (double)(int32_t)a->valuedouble || b->valuedouble != (double)(int32_t)b->valuedouble) {
+            a->valuedouble != (double)(int32_t)a->valuedouble ||
+            b->valuedouble != (double)(int32_t)b->valuedouble) {
             st = sl_fail(SL_ERR_FORMAT, "%s: merges[%d] is not a pair of integer ids", path, r);
             goto done;
         }
@@ -397,8 +400,8 @@ sl_status sl_tokenizer_load(const char *path_in, sl_tokenizer **out) {
             ok = hi >= 0 && lo >= 0 && (uint8_t)(hi * 16 + lo) == t->bytes[t->off[id] + k];
         }
         if (!ok) {
-            st = sl_fail(SL_ERR_FORMAT, "%s: tokens[%d] (id %d) does not match the bytes its merge produces", path,
-                         r, id);
+            st = sl_fail(SL_ERR_FORMAT, "%s: tokens[%d] (id %d) does not match the bytes its merge produces",
+                         path, r, id);
             goto done;
         }
         r++;

@@ -62,7 +62,7 @@ size_t sl__pretok_next(const uint8_t *s, size_t len, size_t i) {
     }
     size_t e = i + 1;
     while (e < len && bclass(s[e]) == C_S) e++;
-    if (e == len) return e - i;  /* trailing whitespace: one word */
+    if (e == len) return e - i;       /* trailing whitespace: one word */
     if (e - i >= 2) return e - i - 1; /* \s+(?!\S): leave the last one to prefix the next word */
     return 1;
 }
@@ -73,7 +73,9 @@ typedef struct {
     int32_t rank, pos;
 } enc_ent;
 
-static inline int enc_less(enc_ent x, enc_ent y) { return x.rank < y.rank || (x.rank == y.rank && x.pos < y.pos); }
+static inline int enc_less(enc_ent x, enc_ent y) {
+    return x.rank < y.rank || (x.rank == y.rank && x.pos < y.pos);
+}
 static void enc_push(enc_ent *h, int *n, enc_ent e) {
     int i = (*n)++;
     while (i > 0) {
@@ -100,7 +102,8 @@ static enc_ent enc_pop(enc_ent *h, int *n) {
     return top;
 }
 
-sl_status sl__bpe_encode(const struct sl_tokenizer *t, const uint8_t *text, size_t len, int32_t *out, int64_t *n) {
+sl_status sl__bpe_encode(const struct sl_tokenizer *t, const uint8_t *text, size_t len, int32_t *out,
+                         int64_t *n) {
     size_t cap = 0;
     int32_t *id = NULL, *nx = NULL, *pv = NULL;
     enc_ent *heap = NULL;
@@ -256,7 +259,9 @@ static heap_ent heap_pop(trainer *T) {
     return top;
 }
 
-static inline size_t phash(uint64_t key, size_t mask) { return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 17) & mask; }
+static inline size_t phash(uint64_t key, size_t mask) {
+    return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 17) & mask;
+}
 
 /* Index of pair (a, b), creating it if absent; -1 on OOM. */
 static int pair_get(trainer *T, int32_t a, int32_t b) {
@@ -405,7 +410,8 @@ static int cmp_i32(const void *x, const void *y) {
 sl_status sl_tokenizer_train_bpe(const char *text, size_t len, int vocab_size, sl_tokenizer **out) {
     *out = NULL;
     if (vocab_size < 257 || vocab_size > SL_BPE_MAX_VOCAB)
-        return sl_fail(SL_ERR_INVALID, "bpe: vocab size %d out of range [257, %d]", vocab_size, SL_BPE_MAX_VOCAB);
+        return sl_fail(SL_ERR_INVALID, "bpe: vocab size %d out of range [257, %d]", vocab_size,
+                       SL_BPE_MAX_VOCAB);
     if (len > 0 && !text) return sl_fail(SL_ERR_INVALID, "bpe: NULL text");
     trainer T;
     memset(&T, 0, sizeof T);
