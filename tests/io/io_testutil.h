@@ -10,5 +10,7 @@ int iot_contains(const char *hay, const char *needle);
 int iot_count_lines(const char *s);
 /* Number of entries in dir whose name contains `part` (NULL: all but . and ..). */
 int iot_count_entries(const char *dir, const char *part);
+/* Remove a tu_tmpdir() directory if no check failed so far. */
+void iot_cleanup(const char *dir);
 #define IOT_CORPUS SL_SOURCE_DIR "/data/tinyshakespeare.txt"
 #endif

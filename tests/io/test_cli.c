@@ -173,5 +173,6 @@ int main(void) {
     rc = run("info %s", d, NULL);
     TU_CHECK(rc == 1 && iot_contains(out, "val_000.bin") && iot_contains(out, "checksum mismatch"),
              "info on corrupt: %d %s", rc, out);
+    iot_cleanup(base);
     return tu_finish("test_io_cli");
 }

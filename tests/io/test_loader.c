@@ -165,5 +165,6 @@ int main(void) {
     TU_CHECK(sl_dataset_open(dir, "train", &bad) == SL_ERR_FORMAT && !bad, "corrupt shard accepted");
     TU_CHECK(iot_contains(sl_errmsg(), "train_001.bin") && iot_contains(sl_errmsg(), "magic"), "message: %s",
              sl_errmsg());
+    iot_cleanup(dir), iot_cleanup(empty), iot_cleanup(mix), iot_cleanup(tv);
     return tu_finish("test_io_loader");
 }

@@ -323,5 +323,6 @@ int main(void) {
     unlink(fast);
     free(mut);
     free(raw);
+    iot_cleanup(dir);
     return tu_finish("test_io_safetensors");
 }

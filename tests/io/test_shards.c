@@ -137,5 +137,6 @@ int main(void) {
 
     free(raw);
     free(t);
+    iot_cleanup(dir);
     return tu_finish("test_io_shards");
 }

@@ -438,5 +438,6 @@ int main(void) {
     free(ws), free(nospace), free(rnd);
     sl_tokenizer_free(bt), sl_tokenizer_free(b512), sl_tokenizer_free(b4k);
     free(corpus);
+    iot_cleanup(dir);
     return tu_finish("test_io_tokenizer");
 }
