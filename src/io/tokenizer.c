@@ -185,6 +185,50 @@ sl_status sl_tokenizer_decode(const sl_tokenizer *t, const int32_t *ids, int64_t
     return SL_OK;
 }
 
+/* Note [Parallel encode]
+ * Words are encoded independently, so a long text is cut at word boundaries (found by one sequential
+ * pre-split pass, which is cheap next to BPE) into chunks encoded by OpenMP threads; chunk c writes its ids
+ * at offset start(c) (a chunk never has more ids than bytes), then the pieces are packed. The result is
+ * identical to the sequential encode. */
+#define ENCODE_CHUNK ((size_t)1 << 22)
+static sl_status encode_parallel(const sl_tokenizer *t, const uint8_t *text, size_t len, int32_t *out,
+                                 int64_t *n) {
+    int nthr = sl_threads_get();
+    if (len < 2 * ENCODE_CHUNK || nthr <= 1) return sl__bpe_encode(t, text, len, out, n);
+    size_t nch = (len + ENCODE_CHUNK - 1) / ENCODE_CHUNK;
+    size_t *start = malloc((nch + 1) * sizeof *start);
+    int64_t *cnt = calloc(nch, sizeof *cnt);
+    sl_status *cst = calloc(nch, sizeof *cst);
+    if (!start || !cnt || !cst) {
+        free(start), free(cnt), free(cst);
+        return sl_fail(SL_ERR_NOMEM, "tokenizer: out of memory");
+    }
+    size_t k = 0, i = 0;
+    start[k++] = 0;
+    while (i < len) {
+        i += sl__pretok_next(text, len, i);
+        if (k < nch && i >= k * ENCODE_CHUNK && i < len) start[k++] = i;
+    }
+    nch = k;
+    start[nch] = len;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (long c = 0; c < (long)nch; c++)
+        cst[c] = sl__bpe_encode(t, text + start[c], start[c + 1] - start[c], out + start[c], &cnt[c]);
+    sl_status st = SL_OK;
+    int64_t pos = 0;
+    for (size_t c = 0; c < nch; c++) {
+        if (cst[c] != SL_OK) {
+            st = sl_fail(cst[c], "tokenizer: encoding chunk %zu failed", c);
+            break;
+        }
+        memmove(out + pos, out + start[c], (size_t)cnt[c] * sizeof *out);
+        pos += cnt[c];
+    }
+    *n = pos;
+    free(start), free(cnt), free(cst);
+    return st;
+}
+
 sl_status sl_tokenizer_encode(const sl_tokenizer *t, const char *text, size_t len, int32_t **ids,
                               int64_t *n) {
     *ids = NULL;
@@ -197,7 +241,7 @@ sl_status sl_tokenizer_encode(const sl_tokenizer *t, const char *text, size_t le
         for (size_t i = 0; i < len; i++) out[i] = (uint8_t)text[i];
         *n = (int64_t)len;
     } else {
-        sl_status st = sl__bpe_encode(t, (const uint8_t *)text, len, out, n);
+        sl_status st = encode_parallel(t, (const uint8_t *)text, len, out, n);
         if (st != SL_OK) {
             free(out);
             return st;

@@ -307,6 +307,28 @@ int main(void) {
     roundtrip(b512, corpus, clen, "corpus");
     roundtrip(b4k, corpus, clen, "corpus");
 
+    /* a 10 MB text goes through the parallel chunked encoder: must equal the sequential one */
+    {
+        size_t bl = 9 * clen;
+        char *bigt = malloc(bl);
+        for (size_t r = 0; r < 9; r++) memcpy(bigt + r * clen, corpus, clen);
+        for (size_t r = 1; r < 9; r++) bigt[r * clen + 7 * r] = (char)(0x80 + r); /* vary the copies */
+        sl_threads_set(2);
+        int32_t *par = NULL, *seq = malloc(bl * sizeof *seq);
+        int64_t npar = 0, nseq = 0;
+        double p0 = sl_time_sec();
+        TU_CHECK(sl_tokenizer_encode(b4k, bigt, bl, &par, &npar) == SL_OK, "%s", sl_errmsg());
+        double p1 = sl_time_sec();
+        TU_CHECK(sl__bpe_encode(b4k, (const uint8_t *)bigt, bl, seq, &nseq) == SL_OK, "%s", sl_errmsg());
+        double p2 = sl_time_sec();
+        printf("encode 10 MB (vocab 4096): %.3f s with %d threads, %.3f s sequential\n", p1 - p0,
+               sl_threads_get(), p2 - p1);
+        TU_CHECK(npar == nseq && par && !memcmp(par, seq, (size_t)nseq * sizeof *seq),
+                 "parallel encode differs from sequential (%lld vs %lld ids)", (long long)npar,
+                 (long long)nseq);
+        free(par), free(seq), free(bigt);
+    }
+
     /* edge cases, both tokenizers */
     const sl_tokenizer *toks[3] = {bt, b512, b4k};
     size_t big = 300000;
