@@ -65,14 +65,16 @@ const char *sl_tokenizer_type(const sl_tokenizer *tok); /* "byte" | "bpe"; stati
 int sl_tokenizer_vocab_size(const sl_tokenizer *tok);
 /* Encode len bytes of text (any bytes; need not be valid UTF-8 nor NUL-terminated). *ids malloc'd and
  * owned by the caller (free); *ids may be NULL when *n == 0. */
-sl_status sl_tokenizer_encode(const sl_tokenizer *tok, const char *text, size_t len, int32_t **ids, int64_t *n);
+sl_status sl_tokenizer_encode(const sl_tokenizer *tok, const char *text, size_t len, int32_t **ids,
+                              int64_t *n);
 /* Copy the bytes of token `id` into buf (no NUL added); returns the number of bytes of the token (which may
  * be more than cap: then only cap bytes were written), or -1 if id is out of range. Token bytes may be a
  * partial UTF-8 sequence. */
 int sl_tokenizer_decode_token(const sl_tokenizer *tok, int32_t id, char *buf, int cap);
 /* Decode n ids into a malloc'd, NUL-terminated buffer (*out owned by caller); *len excludes the NUL.
  * SL_ERR_INVALID if an id is out of range. */
-sl_status sl_tokenizer_decode(const sl_tokenizer *tok, const int32_t *ids, int64_t n, char **out, size_t *len);
+sl_status sl_tokenizer_decode(const sl_tokenizer *tok, const int32_t *ids, int64_t n, char **out,
+                              size_t *len);
 void sl_tokenizer_free(sl_tokenizer *tok);
 
 /* ------------------------------------------------------------------------------------------------
@@ -104,8 +106,8 @@ typedef struct sl_prepare_stats {
     int64_t input_bytes;
     int64_t train_tokens, val_tokens;
     int train_shards, val_shards;
-    int vocab_size;          /* of the written tokenizer */
-    double tokenizer_sec;    /* BPE training time (0 for byte) */
+    int vocab_size;       /* of the written tokenizer */
+    double tokenizer_sec; /* BPE training time (0 for byte) */
     double encode_sec, total_sec;
 } sl_prepare_stats;
 
@@ -143,8 +145,8 @@ sl_status sl_dataset_read(const sl_dataset *ds, int64_t start, int64_t n, int32_
  * B windows of T+1 consecutive tokens. Window b's start is uniform in [0, N-T-1], a pure function of
  * (seed, step, rank, micro, b, split): Philox stream = (split<<62 | rank<<31 | micro),
  * counter = step*B + b. SL_ERR_INVALID if the split has fewer than T+1 tokens or B, T, rank, micro < 0. */
-sl_status sl_dataset_batch(const sl_dataset *ds, int B, int T, uint64_t seed, uint64_t step, int rank, int micro,
-                           int32_t *inputs, int32_t *targets);
+sl_status sl_dataset_batch(const sl_dataset *ds, int B, int T, uint64_t seed, uint64_t step, int rank,
+                           int micro, int32_t *inputs, int32_t *targets);
 void sl_dataset_close(sl_dataset *ds);
 
 #ifdef __cplusplus

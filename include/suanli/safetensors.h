@@ -2,8 +2,8 @@
  *
  * Usage:
  *   float w[6] = {...};
- *   sl_st_tensor t = {.name = "wte", .dtype = "F32", .ndim = 2, .shape = {2, 3}, .data = w, .nbytes = sizeof w};
- *   const char *meta[] = {"format", "pt", "step", "100", NULL};
+ *   sl_st_tensor t = {.name = "wte", .dtype = "F32", .ndim = 2, .shape = {2, 3}, .data = w, .nbytes = sizeof
+ * w}; const char *meta[] = {"format", "pt", "step", "100", NULL};
  *   SL_TRY(sl_safetensors_write("model.safetensors", &t, 1, meta));
  *
  *   sl_safetensors *st;
@@ -14,8 +14,8 @@
  *   sl_safetensors_close(st);
  *
  * Format: u64 little-endian header length N, then N bytes of JSON
- *   {"name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ..., "__metadata__": {"k": "v"}}
- * (padded with spaces so the data starts 8-byte aligned), then the data buffer; offsets are relative to
+ *   {"name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ..., "__metadata__": {"k":
+ * "v"}} (padded with spaces so the data starts 8-byte aligned), then the data buffer; offsets are relative to
  * the start of the data buffer. The reader is strict like the reference implementation: header length
  * within the file and <= 100 MB, a JSON object, known dtypes, integer shapes with numel*size == end-begin,
  * byte ranges in order, non-overlapping, without holes, and covering the data buffer exactly; duplicate
@@ -59,7 +59,8 @@ sl_dtype sl_safetensors_dtype_parse(const char *dtype);
 /* Write n tensors (data laid out in the given order) and optional metadata meta_kv = {key, value, ...,
  * NULL} (or meta_kv == NULL). Atomic: written to path.tmp.PID, fsynced, renamed. Validates names (unique,
  * non-empty, not "__metadata__"), dtypes, shapes vs nbytes. */
-sl_status sl_safetensors_write(const char *path, const sl_st_tensor *tensors, int n, const char *const *meta_kv);
+sl_status sl_safetensors_write(const char *path, const sl_st_tensor *tensors, int n,
+                               const char *const *meta_kv);
 
 typedef struct sl_safetensors sl_safetensors;
 /* mmap and validate (see above). *out owned: sl_safetensors_close. Errors name the file and the problem. */
@@ -68,7 +69,7 @@ int sl_safetensors_count(const sl_safetensors *st);
 /* Tensors in order of their data offsets. Borrowed; valid until close. NULL if i out of range. */
 const sl_st_tensor *sl_safetensors_get(const sl_safetensors *st, int i);
 const sl_st_tensor *sl_safetensors_find(const sl_safetensors *st, const char *name); /* NULL if absent */
-const char *sl_safetensors_meta(const sl_safetensors *st, const char *key);           /* NULL if absent */
+const char *sl_safetensors_meta(const sl_safetensors *st, const char *key);          /* NULL if absent */
 int sl_safetensors_meta_count(const sl_safetensors *st);
 /* i-th metadata pair; returns 0 if i out of range. Borrowed strings. */
 int sl_safetensors_meta_get(const sl_safetensors *st, int i, const char **key, const char **value);

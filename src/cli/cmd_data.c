@@ -42,8 +42,8 @@ static int cmd_prepare(int argc, char **argv) {
             usage(stdout);
             return 0;
         }
-        static const char *const flags[] = {"--input", "--output-prefix", "--tokenizer-type", "--vocab-size",
-                                            "--val-fraction", "--shard-tokens"};
+        static const char *const flags[] = {"--input",      "--output-prefix", "--tokenizer-type",
+                                            "--vocab-size", "--val-fraction",  "--shard-tokens"};
         int f = -1;
         for (int k = 0; k < 6 && f < 0; k++) {
             size_t n = strlen(flags[k]);
@@ -64,12 +64,24 @@ static int cmd_prepare(int argc, char **argv) {
             return 2;
         }
         switch (f) {
-        case 0: o.input = val; break;
-        case 1: o.output_dir = val; break;
-        case 2: o.tokenizer_type = val; break;
-        case 3: vs = val; break;
-        case 4: vf = val; break;
-        default: sh = val; break;
+        case 0:
+            o.input = val;
+            break;
+        case 1:
+            o.output_dir = val;
+            break;
+        case 2:
+            o.tokenizer_type = val;
+            break;
+        case 3:
+            vs = val;
+            break;
+        case 4:
+            vf = val;
+            break;
+        default:
+            sh = val;
+            break;
         }
     }
     if (!o.input) {
@@ -87,7 +99,8 @@ static int cmd_prepare(int argc, char **argv) {
             return 2;
         }
         if (v > SL_BPE_MAX_VOCAB) {
-            fprintf(stderr, "suanli data prepare: vocab size %lld out of range (max %d)\n", v, SL_BPE_MAX_VOCAB);
+            fprintf(stderr, "suanli data prepare: vocab size %lld out of range (max %d)\n", v,
+                    SL_BPE_MAX_VOCAB);
             return 2;
         }
         o.vocab_size = (int)v;
@@ -122,12 +135,15 @@ static int cmd_prepare(int argc, char **argv) {
     printf("tokenizer  %s/tokenizer.json: %s, vocab %d", o.output_dir, o.tokenizer_type, S.vocab_size);
     if (S.tokenizer_sec > 0) printf(", trained in %.3f s", S.tokenizer_sec);
     printf("\n");
-    printf("train      %s/train_000.bin%s: %lld tokens in %d shard%s\n", o.output_dir, S.train_shards > 1 ? " ..." : "",
-           (long long)S.train_tokens, S.train_shards, S.train_shards > 1 ? "s" : "");
-    printf("val        %s/val_000.bin%s: %lld tokens in %d shard%s\n", o.output_dir, S.val_shards > 1 ? " ..." : "",
-           (long long)S.val_tokens, S.val_shards, S.val_shards > 1 ? "s" : "");
+    printf("train      %s/train_000.bin%s: %lld tokens in %d shard%s\n", o.output_dir,
+           S.train_shards > 1 ? " ..." : "", (long long)S.train_tokens, S.train_shards,
+           S.train_shards > 1 ? "s" : "");
+    printf("val        %s/val_000.bin%s: %lld tokens in %d shard%s\n", o.output_dir,
+           S.val_shards > 1 ? " ..." : "", (long long)S.val_tokens, S.val_shards,
+           S.val_shards > 1 ? "s" : "");
     printf("ratio      %.3f bytes/token; encode %.3f s; total %.3f s\n",
-           (double)S.input_bytes / (double)(S.train_tokens + S.val_tokens > 0 ? S.train_tokens + S.val_tokens : 1),
+           (double)S.input_bytes /
+               (double)(S.train_tokens + S.val_tokens > 0 ? S.train_tokens + S.val_tokens : 1),
            S.encode_sec, S.total_sec);
     return 0;
 }

@@ -16,7 +16,8 @@ sl_status sl__shard_validate(const char *path, const uint8_t *p, size_t fsize, s
 static inline int32_t sl__shard_token(const uint8_t *payload, uint32_t width, int64_t i) {
     const uint8_t *q = payload + (size_t)i * width;
     if (width == 2) return (int32_t)((uint32_t)q[0] | ((uint32_t)q[1] << 8));
-    return (int32_t)((uint32_t)q[0] | ((uint32_t)q[1] << 8) | ((uint32_t)q[2] << 16) | ((uint32_t)q[3] << 24));
+    return (int32_t)((uint32_t)q[0] | ((uint32_t)q[1] << 8) | ((uint32_t)q[2] << 16) |
+                     ((uint32_t)q[3] << 24));
 }
 
 /* ---- files (shards.c) ---- */
@@ -31,20 +32,19 @@ sl_status sl__tokenizer_json_vocab(const char *path, int *vocab);
 /* Length of the GPT-2-style pre-token starting at text[i] (>= 1 when i < len). */
 size_t sl__pretok_next(const uint8_t *text, size_t len, size_t i);
 
-
 /* ---- tokenizer object (tokenizer.c, tokenizer_bpe.c) ---- */
 enum { SL_TOK_BYTE = 0, SL_TOK_BPE = 1 };
 struct sl_tokenizer {
     int type;
     int vocab;
     int nmerges;
-    int32_t *merges;  /* [nmerges][2]: merge r joins (a, b) into id 256 + r */
-    uint32_t *off;    /* [vocab] token bytes = bytes[off[i] .. off[i]+len[i]) */
+    int32_t *merges; /* [nmerges][2]: merge r joins (a, b) into id 256 + r */
+    uint32_t *off;   /* [vocab] token bytes = bytes[off[i] .. off[i]+len[i]) */
     uint32_t *len;
     uint8_t *bytes;
-    uint64_t *hkeys;  /* merge lookup, open addressing: key a<<32|b, UINT64_MAX = empty */
+    uint64_t *hkeys; /* merge lookup, open addressing: key a<<32|b, UINT64_MAX = empty */
     int32_t *hrank;
-    size_t hcap;      /* power of two */
+    size_t hcap; /* power of two */
 };
 /* Build a BPE tokenizer from merges (validates ids). Takes no ownership of `merges`. */
 sl_status sl__tokenizer_from_merges(const int32_t *merges, int nmerges, sl_tokenizer **out);
@@ -59,5 +59,6 @@ static inline int32_t sl__merge_rank(const struct sl_tokenizer *t, int32_t a, in
         h = (h + 1) & mask;
     }
 }
-sl_status sl__bpe_encode(const struct sl_tokenizer *t, const uint8_t *text, size_t len, int32_t *out, int64_t *n);
+sl_status sl__bpe_encode(const struct sl_tokenizer *t, const uint8_t *text, size_t len, int32_t *out,
+                         int64_t *n);
 #endif

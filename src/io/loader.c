@@ -102,8 +102,8 @@ sl_status sl_dataset_open(const char *dir, const char *split, sl_dataset **out) 
             ds->vocab = (int)h.vocab_size;
             ds->width = h.token_bytes;
         } else if ((int)h.vocab_size != ds->vocab) {
-            st = sl_fail(SL_ERR_FORMAT, "%s: vocab_size %u differs from %s_000.bin's %d", path, h.vocab_size, split,
-                         ds->vocab);
+            st = sl_fail(SL_ERR_FORMAT, "%s: vocab_size %u differs from %s_000.bin's %d", path, h.vocab_size,
+                         split, ds->vocab);
             goto done;
         }
         s->payload = s->map + SL_SHARD_HEADER_BYTES;
@@ -112,8 +112,8 @@ sl_status sl_dataset_open(const char *dir, const char *split, sl_dataset **out) 
         ds->ntok += s->ntok;
     }
     if (ds->nshards == 0) {
-        st = sl_fail(SL_ERR_IO, "%s/%s_000.bin: no shards for split '%s' (run 'suanli data prepare')", dir, split,
-                     split);
+        st = sl_fail(SL_ERR_IO, "%s/%s_000.bin: no shards for split '%s' (run 'suanli data prepare')", dir,
+                     split, split);
         goto done;
     }
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
@@ -121,8 +121,8 @@ sl_status sl_dataset_open(const char *dir, const char *split, sl_dataset **out) 
         int tv;
         SL_CHECK(sl__tokenizer_json_vocab(path, &tv));
         if (tv != ds->vocab) {
-            st = sl_fail(SL_ERR_FORMAT, "%s: vocab_size %d does not match the %s shards' vocab_size %d", path, tv,
-                         split, ds->vocab);
+            st = sl_fail(SL_ERR_FORMAT, "%s: vocab_size %d does not match the %s shards' vocab_size %d", path,
+                         tv, split, ds->vocab);
             goto done;
         }
     }
@@ -173,15 +173,17 @@ sl_status sl_dataset_read(const sl_dataset *ds, int64_t start, int64_t n, int32_
     return SL_OK;
 }
 
-sl_status sl_dataset_batch(const sl_dataset *ds, int B, int T, uint64_t seed, uint64_t step, int rank, int micro,
-                           int32_t *inputs, int32_t *targets) {
-    if (B <= 0 || T <= 0) return sl_fail(SL_ERR_INVALID, "dataset: batch shape B=%d T=%d must be positive", B, T);
+sl_status sl_dataset_batch(const sl_dataset *ds, int B, int T, uint64_t seed, uint64_t step, int rank,
+                           int micro, int32_t *inputs, int32_t *targets) {
+    if (B <= 0 || T <= 0)
+        return sl_fail(SL_ERR_INVALID, "dataset: batch shape B=%d T=%d must be positive", B, T);
     if (rank < 0 || micro < 0)
         return sl_fail(SL_ERR_INVALID, "dataset: rank %d and micro %d must be >= 0", rank, micro);
     if (ds->ntok < (int64_t)T + 1)
         return sl_fail(SL_ERR_INVALID, "dataset: split has %lld tokens, fewer than T+1 = %d for one window",
                        (long long)ds->ntok, T + 1);
-    uint64_t stream = ((uint64_t)ds->split_id << 62) | ((uint64_t)(uint32_t)rank << 31) | (uint64_t)(uint32_t)micro;
+    uint64_t stream =
+        ((uint64_t)ds->split_id << 62) | ((uint64_t)(uint32_t)rank << 31) | (uint64_t)(uint32_t)micro;
     uint64_t range = (uint64_t)(ds->ntok - T); /* number of valid starts */
     for (int b = 0; b < B; b++) {
         uint64_t u = sl_rng_u64(seed, stream, step * (uint64_t)B + (uint64_t)b);

@@ -24,7 +24,8 @@ typedef struct {
 } staging;
 
 static sl_status stage_path(staging *sg, const char *dir, const char *name, char **tmp) {
-    if (sg->n == MAX_STAGED) return sl_fail(SL_ERR_INVALID, "prepare: too many output files (raise --shard-tokens)");
+    if (sg->n == MAX_STAGED)
+        return sl_fail(SL_ERR_INVALID, "prepare: too many output files (raise --shard-tokens)");
     int a = snprintf(sg->tmp[sg->n][0], sizeof sg->tmp[0][0], "%s/.%s.tmp.%d", dir, name, (int)getpid());
     int b = snprintf(sg->tmp[sg->n][1], sizeof sg->tmp[0][1], "%s/%s", dir, name);
     if (a >= (int)sizeof sg->tmp[0][0] || b >= (int)sizeof sg->tmp[0][1])
@@ -39,11 +40,13 @@ static void unstage_all(staging *sg) {
     sg->n = 0;
 }
 
-static sl_status write_split(staging *sg, const char *dir, const char *split, const int32_t *tok, int64_t n, int vocab,
-                             int64_t per_shard, int *nshards) {
+static sl_status write_split(staging *sg, const char *dir, const char *split, const int32_t *tok, int64_t n,
+                             int vocab, int64_t per_shard, int *nshards) {
     int64_t ns = n == 0 ? 1 : (n + per_shard - 1) / per_shard;
-    if (ns > 1000) return sl_fail(SL_ERR_INVALID, "prepare: %lld shards for split %s; at most 1000 (raise the shard size)",
-                                  (long long)ns, split);
+    if (ns > 1000)
+        return sl_fail(SL_ERR_INVALID,
+                       "prepare: %lld shards for split %s; at most 1000 (raise the shard size)",
+                       (long long)ns, split);
     for (int64_t s = 0; s < ns; s++) {
         char name[64], *tmp;
         snprintf(name, sizeof name, "%s_%03d.bin", split, (int)s);
@@ -71,7 +74,8 @@ static void remove_stale(const char *dir, const char *split, int from) {
 sl_status sl_data_prepare(const sl_prepare_opts *o) {
     double t0 = sl_time_sec();
     if (!o || !o->input || !*o->input) return sl_fail(SL_ERR_INVALID, "prepare: --input is required");
-    if (!o->output_dir || !*o->output_dir) return sl_fail(SL_ERR_INVALID, "prepare: --output-prefix is required");
+    if (!o->output_dir || !*o->output_dir)
+        return sl_fail(SL_ERR_INVALID, "prepare: --output-prefix is required");
     const char *tt = o->tokenizer_type ? o->tokenizer_type : "byte";
     int is_bpe;
     if (!strcmp(tt, "byte"))
@@ -81,19 +85,22 @@ sl_status sl_data_prepare(const sl_prepare_opts *o) {
     else
         return sl_fail(SL_ERR_INVALID, "prepare: unknown tokenizer type '%s' (expected byte or bpe)", tt);
     if (is_bpe && (o->vocab_size < 257 || o->vocab_size > SL_BPE_MAX_VOCAB))
-        return sl_fail(SL_ERR_INVALID, "prepare: vocab size %d out of range for bpe: [257, %d]", o->vocab_size,
-                       SL_BPE_MAX_VOCAB);
+        return sl_fail(SL_ERR_INVALID, "prepare: vocab size %d out of range for bpe: [257, %d]",
+                       o->vocab_size, SL_BPE_MAX_VOCAB);
     if (!is_bpe && o->vocab_size != 0 && o->vocab_size != 256)
-        return sl_fail(SL_ERR_INVALID, "prepare: the byte tokenizer has vocab size 256, not %d", o->vocab_size);
+        return sl_fail(SL_ERR_INVALID, "prepare: the byte tokenizer has vocab size 256, not %d",
+                       o->vocab_size);
     double vf = o->val_fraction == 0 ? 0.1 : o->val_fraction;
     if (!(vf > 0 && vf < 1)) return sl_fail(SL_ERR_INVALID, "prepare: val fraction %g must be in (0, 1)", vf);
     int64_t per_shard = o->shard_tokens ? o->shard_tokens : SL_SHARD_DEFAULT_TOKENS;
-    if (per_shard < 1) return sl_fail(SL_ERR_INVALID, "prepare: shard size %lld must be >= 1", (long long)per_shard);
+    if (per_shard < 1)
+        return sl_fail(SL_ERR_INVALID, "prepare: shard size %lld must be >= 1", (long long)per_shard);
 
     struct stat sb;
     if (stat(o->input, &sb) != 0)
         return sl_fail(SL_ERR_INVALID, "prepare: input file %s: %s", o->input, strerror(errno));
-    if (!S_ISREG(sb.st_mode)) return sl_fail(SL_ERR_INVALID, "prepare: input %s is not a regular file", o->input);
+    if (!S_ISREG(sb.st_mode))
+        return sl_fail(SL_ERR_INVALID, "prepare: input %s is not a regular file", o->input);
     if (sb.st_size == 0) return sl_fail(SL_ERR_INVALID, "prepare: input file %s is empty", o->input);
     if (sl_mkdirs(o->output_dir) != SL_OK) {
         char why[512];
@@ -115,8 +122,8 @@ sl_status sl_data_prepare(const sl_prepare_opts *o) {
     size_t nval = (size_t)floor((double)len * vf);
     size_t ntrain = len - nval;
     if (ntrain == 0 || nval == 0) {
-        st = sl_fail(SL_ERR_INVALID, "prepare: input %s (%zu bytes) too small for a train/val split at %g", o->input,
-                     len, vf);
+        st = sl_fail(SL_ERR_INVALID, "prepare: input %s (%zu bytes) too small for a train/val split at %g",
+                     o->input, len, vf);
         goto done;
     }
     double t1 = sl_time_sec();

@@ -24,8 +24,8 @@ static const struct {
     const char *name;
     size_t size;
 } dtypes[] = {
-    {"F64", 8}, {"F32", 4},  {"F16", 2},  {"BF16", 2}, {"I64", 8},     {"I32", 4},     {"I16", 2}, {"I8", 1},
-    {"U64", 8}, {"U32", 4},  {"U16", 2},  {"U8", 1},   {"BOOL", 1},    {"F8_E4M3", 1}, {"F8_E5M2", 1},
+    {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8},  {"I32", 4},     {"I16", 2},     {"I8", 1},
+    {"U64", 8}, {"U32", 4}, {"U16", 2}, {"U8", 1},   {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1},
 };
 #define NDTYPES ((int)(sizeof dtypes / sizeof dtypes[0]))
 
@@ -70,7 +70,9 @@ static uint64_t shape_bytes(const int64_t *shape, int ndim, size_t esize, int *o
 
 /* ---------------------------------------------------------------------------------------------- */
 /* writer                                                                                         */
-static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
 
 sl_status sl_safetensors_write(const char *path, const sl_st_tensor *ts, int n, const char *const *meta_kv) {
     if (!path || n < 0 || (n > 0 && !ts)) return sl_fail(SL_ERR_INVALID, "safetensors: bad arguments");
@@ -120,8 +122,8 @@ sl_status sl_safetensors_write(const char *path, const sl_st_tensor *ts, int n, 
             goto done;
         }
         if (t->ndim < 0 || t->ndim > SL_ST_MAX_DIMS) {
-            st = sl_fail(SL_ERR_INVALID, "%s: tensor '%s': ndim %d out of range [0, %d]", path, t->name, t->ndim,
-                         SL_ST_MAX_DIMS);
+            st = sl_fail(SL_ERR_INVALID, "%s: tensor '%s': ndim %d out of range [0, %d]", path, t->name,
+                         t->ndim, SL_ST_MAX_DIMS);
             goto done;
         }
         for (int d = 0; d < t->ndim; d++)
@@ -132,8 +134,8 @@ sl_status sl_safetensors_write(const char *path, const sl_st_tensor *ts, int n, 
         int ovf;
         uint64_t want = shape_bytes(t->shape, t->ndim, dtypes[di].size, &ovf);
         if (ovf || want != t->nbytes) {
-            st = sl_fail(SL_ERR_INVALID, "%s: tensor '%s': shape x %s needs %llu bytes but nbytes is %zu", path,
-                         t->name, dtypes[di].name, (unsigned long long)want, t->nbytes);
+            st = sl_fail(SL_ERR_INVALID, "%s: tensor '%s': shape x %s needs %llu bytes but nbytes is %zu",
+                         path, t->name, dtypes[di].name, (unsigned long long)want, t->nbytes);
             goto done;
         }
         if (t->nbytes && !t->data) {
@@ -296,7 +298,8 @@ sl_status sl_safetensors_open(const char *path, sl_safetensors **out) {
     s->size = (size_t)sb.st_size;
     if (s->size < 8) {
         close(fd);
-        st = sl_fail(SL_ERR_FORMAT, "%s: truncated: %zu bytes, less than the 8-byte header length", path, s->size);
+        st = sl_fail(SL_ERR_FORMAT, "%s: truncated: %zu bytes, less than the 8-byte header length", path,
+                     s->size);
         goto done;
     }
     void *m = mmap(NULL, s->size, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -314,8 +317,8 @@ sl_status sl_safetensors_open(const char *path, sl_safetensors **out) {
         goto done;
     }
     if (hl > s->size - 8) {
-        st = sl_fail(SL_ERR_FORMAT, "%s: header length %llu larger than the file (%zu bytes): truncated?", path,
-                     (unsigned long long)hl, s->size);
+        st = sl_fail(SL_ERR_FORMAT, "%s: header length %llu larger than the file (%zu bytes): truncated?",
+                     path, (unsigned long long)hl, s->size);
         goto done;
     }
     if (hl < 2) {
@@ -362,7 +365,8 @@ sl_status sl_safetensors_open(const char *path, sl_safetensors **out) {
             const cJSON *kv;
             cJSON_ArrayForEach(kv, e) {
                 if (!cJSON_IsString(kv)) {
-                    st = sl_fail(SL_ERR_FORMAT, "%s: __metadata__ value of '%s' is not a string", path, kv->string);
+                    st = sl_fail(SL_ERR_FORMAT, "%s: __metadata__ value of '%s' is not a string", path,
+                                 kv->string);
                     goto done;
                 }
                 s->mk[s->nmeta] = kv->string;
@@ -388,8 +392,8 @@ sl_status sl_safetensors_open(const char *path, sl_safetensors **out) {
         }
         int nd = cJSON_IsArray(js) ? cJSON_GetArraySize(js) : -1;
         if (nd < 0 || nd > SL_ST_MAX_DIMS) {
-            st = sl_fail(SL_ERR_FORMAT, "%s: tensor '%s': shape must be an array of at most %d dims", path, name,
-                         SL_ST_MAX_DIMS);
+            st = sl_fail(SL_ERR_FORMAT, "%s: tensor '%s': shape must be an array of at most %d dims", path,
+                         name, SL_ST_MAX_DIMS);
             goto done;
         }
         sl_st_tensor *t = &s->t[s->n];
@@ -399,7 +403,8 @@ sl_status sl_safetensors_open(const char *path, sl_safetensors **out) {
         for (int d = 0; d < nd; d++) {
             uint64_t v;
             if (!json_u53(cJSON_GetArrayItem(js, d), &v)) {
-                st = sl_fail(SL_ERR_FORMAT, "%s: tensor '%s': shape[%d] is not a non-negative integer", path, name, d);
+                st = sl_fail(SL_ERR_FORMAT, "%s: tensor '%s': shape[%d] is not a non-negative integer", path,
+                             name, d);
                 goto done;
             }
             t->shape[d] = (int64_t)v;
@@ -407,7 +412,8 @@ sl_status sl_safetensors_open(const char *path, sl_safetensors **out) {
         uint64_t b, en;
         if (!cJSON_IsArray(jo) || cJSON_GetArraySize(jo) != 2 || !json_u53(cJSON_GetArrayItem(jo, 0), &b) ||
             !json_u53(cJSON_GetArrayItem(jo, 1), &en)) {
-            st = sl_fail(SL_ERR_FORMAT, "%s: tensor '%s': data_offsets must be [begin, end] integers", path, name);
+            st = sl_fail(SL_ERR_FORMAT, "%s: tensor '%s': data_offsets must be [begin, end] integers", path,
+                         name);
             goto done;
         }
         if (b > en) {
@@ -416,15 +422,17 @@ sl_status sl_safetensors_open(const char *path, sl_safetensors **out) {
             goto done;
         }
         if (en > dsize) {
-            st = sl_fail(SL_ERR_FORMAT, "%s: tensor '%s': data_offsets [%llu, %llu] outside the data (%llu bytes)",
-                         path, name, (unsigned long long)b, (unsigned long long)en, (unsigned long long)dsize);
+            st = sl_fail(SL_ERR_FORMAT,
+                         "%s: tensor '%s': data_offsets [%llu, %llu] outside the data (%llu bytes)", path,
+                         name, (unsigned long long)b, (unsigned long long)en, (unsigned long long)dsize);
             goto done;
         }
         int ovf;
         uint64_t want = shape_bytes(t->shape, nd, dtypes[di].size, &ovf);
         if (ovf || want != en - b) {
-            st = sl_fail(SL_ERR_FORMAT, "%s: tensor '%s': shape x %s is %s%llu bytes but data_offsets span %llu", path,
-                         name, t->dtype, ovf ? "over 2^64, not " : "", (unsigned long long)want,
+            st = sl_fail(SL_ERR_FORMAT,
+                         "%s: tensor '%s': shape x %s is %s%llu bytes but data_offsets span %llu", path, name,
+                         t->dtype, ovf ? "over 2^64, not " : "", (unsigned long long)want,
                          (unsigned long long)(en - b));
             goto done;
         }

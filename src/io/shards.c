@@ -82,10 +82,11 @@ sl_status sl__shard_validate(const char *path, const uint8_t *p, size_t fsize, s
     if (memcmp(p, SL_SHARD_MAGIC, 8) != 0)
         return sl_fail(SL_ERR_FORMAT, "%s: bad magic (not a suanli token shard; expected \"%s\")", path,
                        SL_SHARD_MAGIC);
-    sl_shard_header h = {get32(p + 8), get32(p + 12), get32(p + 16), get32(p + 20), get64(p + 24), get64(p + 32)};
+    sl_shard_header h = {get32(p + 8),  get32(p + 12), get32(p + 16),
+                         get32(p + 20), get64(p + 24), get64(p + 32)};
     if (h.version != SL_SHARD_VERSION)
-        return sl_fail(SL_ERR_FORMAT, "%s: unsupported version %u (this build reads version %d)", path, h.version,
-                       SL_SHARD_VERSION);
+        return sl_fail(SL_ERR_FORMAT, "%s: unsupported version %u (this build reads version %d)", path,
+                       h.version, SL_SHARD_VERSION);
     if (h.header_bytes != SL_SHARD_HEADER_BYTES)
         return sl_fail(SL_ERR_FORMAT, "%s: bad header_bytes %u (expected %d)", path, h.header_bytes,
                        SL_SHARD_HEADER_BYTES);
@@ -99,13 +100,15 @@ sl_status sl__shard_validate(const char *path, const uint8_t *p, size_t fsize, s
         if (p[i]) return sl_fail(SL_ERR_FORMAT, "%s: reserved header byte %d is not zero", path, i);
     uint64_t payload = fsize - SL_SHARD_HEADER_BYTES;
     if (h.num_tokens > payload / h.token_bytes)
-        return sl_fail(SL_ERR_FORMAT, "%s: truncated payload: num_tokens %llu needs %llu bytes, file has %llu", path,
-                       (unsigned long long)h.num_tokens,
-                       h.num_tokens > UINT64_MAX / 4 ? 0ull : (unsigned long long)(h.num_tokens * h.token_bytes),
-                       (unsigned long long)payload);
+        return sl_fail(
+            SL_ERR_FORMAT, "%s: truncated payload: num_tokens %llu needs %llu bytes, file has %llu", path,
+            (unsigned long long)h.num_tokens,
+            h.num_tokens > UINT64_MAX / 4 ? 0ull : (unsigned long long)(h.num_tokens * h.token_bytes),
+            (unsigned long long)payload);
     if (h.num_tokens * h.token_bytes != payload)
-        return sl_fail(SL_ERR_FORMAT, "%s: file size %zu does not match num_tokens %llu (expected %llu bytes)", path,
-                       fsize, (unsigned long long)h.num_tokens,
+        return sl_fail(SL_ERR_FORMAT,
+                       "%s: file size %zu does not match num_tokens %llu (expected %llu bytes)", path, fsize,
+                       (unsigned long long)h.num_tokens,
                        (unsigned long long)(SL_SHARD_HEADER_BYTES + h.num_tokens * h.token_bytes));
     const uint8_t *pay = p + SL_SHARD_HEADER_BYTES;
     for (uint64_t i = 0; i < h.num_tokens; i++) {
@@ -116,8 +119,9 @@ sl_status sl__shard_validate(const char *path, const uint8_t *p, size_t fsize, s
     }
     uint64_t sum = XXH3_64bits(pay, (size_t)payload);
     if (sum != h.checksum)
-        return sl_fail(SL_ERR_FORMAT, "%s: checksum mismatch (header %016llx, payload %016llx): file corrupted",
-                       path, (unsigned long long)h.checksum, (unsigned long long)sum);
+        return sl_fail(SL_ERR_FORMAT,
+                       "%s: checksum mismatch (header %016llx, payload %016llx): file corrupted", path,
+                       (unsigned long long)h.checksum, (unsigned long long)sum);
     if (hdr) *hdr = h;
     return SL_OK;
 }

@@ -88,13 +88,14 @@ sl_status sl__tokenizer_from_merges(const int32_t *merges, int nmerges, sl_token
     for (int r = 0; r < nmerges; r++) {
         int32_t a = merges[2 * r], b = merges[2 * r + 1];
         if (a < 0 || b < 0 || a >= 256 + r || b >= 256 + r) {
-            st = sl_fail(SL_ERR_FORMAT, "tokenizer: merge %d joins ids (%d, %d) not defined before id %d", r, a, b,
-                         256 + r);
+            st = sl_fail(SL_ERR_FORMAT, "tokenizer: merge %d joins ids (%d, %d) not defined before id %d", r,
+                         a, b, 256 + r);
             goto done;
         }
         uint64_t l = (uint64_t)t->len[a] + t->len[b];
         if (l > (1u << 30)) {
-            st = sl_fail(SL_ERR_FORMAT, "tokenizer: merge %d makes a token of %llu bytes", r, (unsigned long long)l);
+            st = sl_fail(SL_ERR_FORMAT, "tokenizer: merge %d makes a token of %llu bytes", r,
+                         (unsigned long long)l);
             goto done;
         }
         t->len[256 + r] = (uint32_t)l;
@@ -184,7 +185,52 @@ sl_status sl_tokenizer_decode(const sl_tokenizer *t, const int32_t *ids, int64_t
     return SL_OK;
 }
 
-sl_status sl_tokenizer_encode(const sl_tokenizer *t, const char *text, size_t len, int32_t **ids, int64_t *n) {
+/* Note [Parallel encode]
+ * Words are encoded independently, so a long text is cut at word boundaries (found by one sequential
+ * pre-split pass, which is cheap next to BPE) into chunks encoded by OpenMP threads; chunk c writes its ids
+ * at offset start(c) (a chunk never has more ids than bytes), then the pieces are packed. The result is
+ * identical to the sequential encode. */
+#define ENCODE_CHUNK ((size_t)1 << 22)
+static sl_status encode_parallel(const sl_tokenizer *t, const uint8_t *text, size_t len, int32_t *out,
+                                 int64_t *n) {
+    int nthr = sl_threads_get();
+    if (len < 2 * ENCODE_CHUNK || nthr <= 1) return sl__bpe_encode(t, text, len, out, n);
+    size_t nch = (len + ENCODE_CHUNK - 1) / ENCODE_CHUNK;
+    size_t *start = malloc((nch + 1) * sizeof *start);
+    int64_t *cnt = calloc(nch, sizeof *cnt);
+    sl_status *cst = calloc(nch, sizeof *cst);
+    if (!start || !cnt || !cst) {
+        free(start), free(cnt), free(cst);
+        return sl_fail(SL_ERR_NOMEM, "tokenizer: out of memory");
+    }
+    size_t k = 0, i = 0;
+    start[k++] = 0;
+    while (i < len) {
+        i += sl__pretok_next(text, len, i);
+        if (k < nch && i >= k * ENCODE_CHUNK && i < len) start[k++] = i;
+    }
+    nch = k;
+    start[nch] = len;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (long c = 0; c < (long)nch; c++)
+        cst[c] = sl__bpe_encode(t, text + start[c], start[c + 1] - start[c], out + start[c], &cnt[c]);
+    sl_status st = SL_OK;
+    int64_t pos = 0;
+    for (size_t c = 0; c < nch; c++) {
+        if (cst[c] != SL_OK) {
+            st = sl_fail(cst[c], "tokenizer: encoding chunk %zu failed", c);
+            break;
+        }
+        memmove(out + pos, out + start[c], (size_t)cnt[c] * sizeof *out);
+        pos += cnt[c];
+    }
+    *n = pos;
+    free(start), free(cnt), free(cst);
+    return st;
+}
+
+sl_status sl_tokenizer_encode(const sl_tokenizer *t, const char *text, size_t len, int32_t **ids,
+                              int64_t *n) {
     *ids = NULL;
     *n = 0;
     if (len == 0) return SL_OK;
@@ -195,7 +241,7 @@ sl_status sl_tokenizer_encode(const sl_tokenizer *t, const char *text, size_t le
         for (size_t i = 0; i < len; i++) out[i] = (uint8_t)text[i];
         *n = (int64_t)len;
     } else {
-        sl_status st = sl__bpe_encode(t, (const uint8_t *)text, len, out, n);
+        sl_status st = encode_parallel(t, (const uint8_t *)text, len, out, n);
         if (st != SL_OK) {
             free(out);
             return st;
@@ -356,8 +402,8 @@ sl_status sl_tokenizer_load(const char *path_in, sl_tokenizer **out) {
         goto done;
     }
     if (!cJSON_IsArray(tk) || cJSON_GetArraySize(tk) != vocab - 256) {
-        st = sl_fail(SL_ERR_FORMAT, "%s: field 'tokens' must be an array of vocab_size-256 = %d strings", path,
-                     vocab - 256);
+        st = sl_fail(SL_ERR_FORMAT, "%s: field 'tokens' must be an array of vocab_size-256 = %d strings",
+                     path, vocab - 256);
         goto done;
     }
     int nm = vocab - 256;
@@ -371,7 +417,8 @@ sl_status sl_tokenizer_load(const char *path_in, sl_tokenizer **out) {
     cJSON_ArrayForEach(e, m) {
         const cJSON *a = cJSON_GetArrayItem(e, 0), *b = cJSON_GetArrayItem(e, 1);
         if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) != 2 || !cJSON_IsNumber(a) || !cJSON_IsNumber(b) ||
-            a->valuedouble != (double)(int32_t)a->valuedouble || b->valuedouble != (double)(int32_t)b->valuedouble) {
+            a->valuedouble != (double)(int32_t)a->valuedouble ||
+            b->valuedouble != (double)(int32_t)b->valuedouble) {
             st = sl_fail(SL_ERR_FORMAT, "%s: merges[%d] is not a pair of integer ids", path, r);
             goto done;
         }
@@ -397,8 +444,8 @@ sl_status sl_tokenizer_load(const char *path_in, sl_tokenizer **out) {
             ok = hi >= 0 && lo >= 0 && (uint8_t)(hi * 16 + lo) == t->bytes[t->off[id] + k];
         }
         if (!ok) {
-            st = sl_fail(SL_ERR_FORMAT, "%s: tokens[%d] (id %d) does not match the bytes its merge produces", path,
-                         r, id);
+            st = sl_fail(SL_ERR_FORMAT, "%s: tokens[%d] (id %d) does not match the bytes its merge produces",
+                         path, r, id);
             goto done;
         }
         r++;

@@ -9,12 +9,14 @@
  *   the identity on any byte string.
  *
  * Note [BPE training]
- *   Words are counted once (hash map), each unique word is an array of symbol ids. A hash map keeps
- *   count(a, b) summed over words (weighted by word frequency) and, per pair, the list of words where it
- *   appeared. A max-heap of (count, a, b) with lazy invalidation gives the best pair; ties go to the smaller
- *   (a, b), so training is deterministic. Merging (a, b) -> c only visits the words listed for (a, b): each is
- *   rewritten, its old pairs are subtracted and its new pairs added, and changed pairs are pushed again.
- *   Cost per merge is proportional to the words containing the pair, not to the corpus.
+ *   Words are counted once (hash map); the unique words are laid out as doubly linked lists of symbols (one
+ *   position per byte). A hash map keeps count(a, b) summed over words (weighted by word frequency) and, per
+ *   pair, the positions where it occurred (entries may go stale; they are checked when used). A max-heap of
+ *   (count, a, b) with lazy invalidation gives the best pair; ties go to the smaller (a, b), so training is
+ *   deterministic. Merging (a, b) -> c visits only the recorded occurrences, left to right: unlink b, and
+ *   update the counts of the (prev, a) -> (prev, c) and (b, next) -> (c, next) neighbours. Cost per merge is
+ *   proportional to the pair's occurrences, not to the corpus or the length of the words (a megabyte of text
+ *   without spaces, e.g. Chinese, is one long word).
  *
  * Note [BPE encoding]
  *   Per word: symbols in a linked list, a min-heap of (rank, position) over adjacent pairs that have a merge;
@@ -60,7 +62,7 @@ size_t sl__pretok_next(const uint8_t *s, size_t len, size_t i) {
     }
     size_t e = i + 1;
     while (e < len && bclass(s[e]) == C_S) e++;
-    if (e == len) return e - i;  /* trailing whitespace: one word */
+    if (e == len) return e - i;       /* trailing whitespace: one word */
     if (e - i >= 2) return e - i - 1; /* \s+(?!\S): leave the last one to prefix the next word */
     return 1;
 }
@@ -71,7 +73,9 @@ typedef struct {
     int32_t rank, pos;
 } enc_ent;
 
-static inline int enc_less(enc_ent x, enc_ent y) { return x.rank < y.rank || (x.rank == y.rank && x.pos < y.pos); }
+static inline int enc_less(enc_ent x, enc_ent y) {
+    return x.rank < y.rank || (x.rank == y.rank && x.pos < y.pos);
+}
 static void enc_push(enc_ent *h, int *n, enc_ent e) {
     int i = (*n)++;
     while (i > 0) {
@@ -98,7 +102,8 @@ static enc_ent enc_pop(enc_ent *h, int *n) {
     return top;
 }
 
-sl_status sl__bpe_encode(const struct sl_tokenizer *t, const uint8_t *text, size_t len, int32_t *out, int64_t *n) {
+sl_status sl__bpe_encode(const struct sl_tokenizer *t, const uint8_t *text, size_t len, int32_t *out,
+                         int64_t *n) {
     size_t cap = 0;
     int32_t *id = NULL, *nx = NULL, *pv = NULL;
     enc_ent *heap = NULL;
@@ -188,8 +193,8 @@ static int ivec_push(ivec *a, int32_t x) {
 typedef struct {
     int32_t a, b;
     int64_t count;
-    ivec where; /* words where the pair appeared (may be stale, no duplicates in a row) */
-    int stamp;  /* last merge round that pushed it */
+    ivec occ;  /* positions p where (sym[p], sym[nxt[p]]) was (a, b) when recorded; validated on use */
+    int stamp; /* last merge round that pushed it to the heap */
 } pair_t;
 
 typedef struct {
@@ -198,12 +203,11 @@ typedef struct {
 } heap_ent;
 
 typedef struct {
-    /* words */
-    int nw;
-    int64_t *freq;
-    int32_t *wstart, *wlen; /* into sym */
-    int32_t *sym;
-    int *wstamp;
+    /* all unique words, concatenated: one position per symbol, linked within its word */
+    int32_t npos;
+    int32_t *sym, *nxt, *prv; /* sym -1 = merged away; nxt/prv -1 at word ends */
+    int32_t *word;            /* word index of each position */
+    int64_t *freq;            /* per word */
     /* pairs */
     pair_t *pairs;
     int np, pcap;
@@ -255,7 +259,9 @@ static heap_ent heap_pop(trainer *T) {
     return top;
 }
 
-static inline size_t phash(uint64_t key, size_t mask) { return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 17) & mask; }
+static inline size_t phash(uint64_t key, size_t mask) {
+    return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 17) & mask;
+}
 
 /* Index of pair (a, b), creating it if absent; -1 on OOM. */
 static int pair_get(trainer *T, int32_t a, int32_t b) {
@@ -298,34 +304,33 @@ static int pair_get(trainer *T, int32_t a, int32_t b) {
     return idx;
 }
 
-/* count(a,b) += delta; remember it as touched; optionally record word w. */
-static int pair_add(trainer *T, int32_t a, int32_t b, int64_t delta, int w) {
+/* count(a,b) += delta and remember the pair as touched; pos >= 0 records an occurrence. */
+static int pair_add(trainer *T, int32_t a, int32_t b, int64_t delta, int32_t pos) {
     int p = pair_get(T, a, b);
     if (p < 0) return -1;
     pair_t *P = &T->pairs[p];
     P->count += delta;
-    if (w >= 0 && (P->where.n == 0 || P->where.v[P->where.n - 1] != w))
-        if (ivec_push(&P->where, w)) return -1;
+    if (pos >= 0 && ivec_push(&P->occ, pos)) return -1;
     return ivec_push(&T->touched, p);
 }
 
 static void trainer_free(trainer *T) {
-    for (int i = 0; i < T->np; i++) free(T->pairs[i].where.v);
+    for (int i = 0; i < T->np; i++) free(T->pairs[i].occ.v);
     free(T->pairs), free(T->hkeys), free(T->hval), free(T->heap), free(T->touched.v);
-    free(T->freq), free(T->wstart), free(T->wlen), free(T->sym), free(T->wstamp);
+    free(T->sym), free(T->nxt), free(T->prv), free(T->word), free(T->freq);
 }
 
-/* Count unique words of the text into T (words, freq, symbols). */
+/* Count the unique words of the text and lay them out as linked symbol lists in T. */
 static sl_status count_words(trainer *T, const uint8_t *text, size_t len) {
     sl_status st = SL_OK;
     size_t hcap = 1024, nuniq = 0, wcap = 1024;
-    int32_t *slot = malloc(hcap * sizeof *slot);     /* word index or -1 */
+    int32_t *slot = malloc(hcap * sizeof *slot); /* word index or -1 */
     size_t *woff = malloc(wcap * sizeof *woff), *wl = malloc(wcap * sizeof *wl);
     uint64_t *whash = malloc(wcap * sizeof *whash);
     int64_t *freq = malloc(wcap * sizeof *freq);
     if (!slot || !woff || !wl || !whash || !freq) goto oom;
     memset(slot, 0xff, hcap * sizeof *slot);
-    size_t total_syms = 0;
+    size_t total = 0;
     for (size_t i = 0; i < len;) {
         size_t n = sl__pretok_next(text, len, i);
         uint64_t hv = XXH3_64bits(text + i, n);
@@ -350,13 +355,13 @@ static sl_status count_words(trainer *T, const uint8_t *text, size_t len) {
                 if (d) freq = d;
                 if (!a || !b || !c || !d) goto oom;
             }
-            if (nuniq >= (size_t)INT32_MAX / 2 || total_syms + n > (size_t)INT32_MAX) {
-                st = sl_fail(SL_ERR_INVALID, "bpe: training text too large (more than 2^31 symbols in unique words)");
+            if (total + n >= (size_t)INT32_MAX / 2) {
+                st = sl_fail(SL_ERR_INVALID, "bpe: training text too large (unique words exceed 2^30 bytes)");
                 goto done;
             }
             woff[nuniq] = i, wl[nuniq] = n, whash[nuniq] = hv, freq[nuniq] = 1;
             slot[h] = (int32_t)nuniq++;
-            total_syms += n;
+            total += n;
             if (nuniq * 2 > hcap) {
                 size_t nc = hcap * 2;
                 int32_t *ns = malloc(nc * sizeof *ns);
@@ -373,18 +378,21 @@ static sl_status count_words(trainer *T, const uint8_t *text, size_t len) {
         }
         i += n;
     }
-    T->nw = (int)nuniq;
+    T->npos = (int32_t)total;
     T->freq = freq, freq = NULL;
-    T->wstart = malloc((nuniq + 1) * sizeof *T->wstart);
-    T->wlen = malloc((nuniq + 1) * sizeof *T->wlen);
-    T->wstamp = calloc(nuniq + 1, sizeof *T->wstamp);
-    T->sym = malloc((total_syms + 1) * sizeof *T->sym);
-    if (!T->wstart || !T->wlen || !T->wstamp || !T->sym) goto oom;
+    T->sym = malloc((total + 1) * sizeof *T->sym);
+    T->nxt = malloc((total + 1) * sizeof *T->nxt);
+    T->prv = malloc((total + 1) * sizeof *T->prv);
+    T->word = malloc((total + 1) * sizeof *T->word);
+    if (!T->sym || !T->nxt || !T->prv || !T->word) goto oom;
     size_t pos = 0;
     for (size_t w = 0; w < nuniq; w++) {
-        T->wstart[w] = (int32_t)pos;
-        T->wlen[w] = (int32_t)wl[w];
-        for (size_t k = 0; k < wl[w]; k++) T->sym[pos++] = text[woff[w] + k];
+        for (size_t k = 0; k < wl[w]; k++, pos++) {
+            T->sym[pos] = text[woff[w] + k];
+            T->word[pos] = (int32_t)w;
+            T->prv[pos] = k ? (int32_t)pos - 1 : -1;
+            T->nxt[pos] = k + 1 < wl[w] ? (int32_t)pos + 1 : -1;
+        }
     }
     goto done;
 oom:
@@ -394,10 +402,16 @@ done:
     return st;
 }
 
+static int cmp_i32(const void *x, const void *y) {
+    int32_t a = *(const int32_t *)x, b = *(const int32_t *)y;
+    return (a > b) - (a < b);
+}
+
 sl_status sl_tokenizer_train_bpe(const char *text, size_t len, int vocab_size, sl_tokenizer **out) {
     *out = NULL;
     if (vocab_size < 257 || vocab_size > SL_BPE_MAX_VOCAB)
-        return sl_fail(SL_ERR_INVALID, "bpe: vocab size %d out of range [257, %d]", vocab_size, SL_BPE_MAX_VOCAB);
+        return sl_fail(SL_ERR_INVALID, "bpe: vocab size %d out of range [257, %d]", vocab_size,
+                       SL_BPE_MAX_VOCAB);
     if (len > 0 && !text) return sl_fail(SL_ERR_INVALID, "bpe: NULL text");
     trainer T;
     memset(&T, 0, sizeof T);
@@ -406,12 +420,10 @@ sl_status sl_tokenizer_train_bpe(const char *text, size_t len, int vocab_size, s
     int32_t *merges = malloc((size_t)nm_target * 2 * sizeof *merges);
     if (!merges) return sl_fail(SL_ERR_NOMEM, "bpe: out of memory");
     SL_CHECK(count_words(&T, (const uint8_t *)text, len));
-    /* initial pair counts */
-    for (int w = 0; w < T.nw; w++) {
-        const int32_t *s = T.sym + T.wstart[w];
-        for (int k = 0; k + 1 < T.wlen[w]; k++)
-            if (pair_add(&T, s[k], s[k + 1], T.freq[w], w)) goto oom;
-    }
+    int32_t *sym = T.sym, *nxt = T.nxt, *prv = T.prv;
+    /* initial pair counts and occurrences */
+    for (int32_t i = 0; i < T.npos; i++)
+        if (nxt[i] >= 0 && pair_add(&T, sym[i], sym[nxt[i]], T.freq[T.word[i]], i)) goto oom;
     for (int p = 0; p < T.np; p++)
         if (heap_push(&T, (heap_ent){T.pairs[p].count, T.pairs[p].a, T.pairs[p].b})) goto oom;
     T.touched.n = 0;
@@ -424,33 +436,31 @@ sl_status sl_tokenizer_train_bpe(const char *text, size_t len, int vocab_size, s
         int round = nm + 1;
         merges[2 * nm] = a, merges[2 * nm + 1] = b;
         nm++;
-        /* the where-list of (a, b) is not appended to during this round (new pairs all contain c) */
-        int32_t *wl = T.pairs[p].where.v;
-        int nwl = T.pairs[p].where.n;
-        for (int i = 0; i < nwl; i++) {
-            int w = wl[i];
-            if (T.wstamp[w] == round) continue;
-            T.wstamp[w] = round;
-            int32_t *s = T.sym + T.wstart[w];
-            int L = T.wlen[w], has = 0;
-            for (int k = 0; k + 1 < L && !has; k++) has = s[k] == a && s[k + 1] == b;
-            if (!has) continue;
-            int64_t f = T.freq[w];
-            for (int k = 0; k + 1 < L; k++)
-                if (pair_add(&T, s[k], s[k + 1], -f, -1)) goto oom;
-            int o = 0;
-            for (int k = 0; k < L;) {
-                if (k + 1 < L && s[k] == a && s[k + 1] == b) {
-                    s[o++] = c;
-                    k += 2;
-                } else {
-                    s[o++] = s[k++];
-                }
+        /* Occurrences left to right (positions of a word are increasing), so (a, a) runs merge like the
+         * reference: "aaa" -> "c a". New pairs all contain c, so this list is not appended to meanwhile. */
+        ivec occ = T.pairs[p].occ;
+        T.pairs[p].occ = (ivec){0};
+        qsort(occ.v, (size_t)occ.n, sizeof *occ.v, cmp_i32);
+        for (int k = 0; k < occ.n; k++) {
+            int32_t i = occ.v[k];
+            if (k > 0 && i == occ.v[k - 1]) continue;
+            int32_t j = nxt[i];
+            if (sym[i] != a || j < 0 || sym[j] != b) continue; /* stale: merged away or changed since */
+            int64_t f = T.freq[T.word[i]];
+            int32_t pp = prv[i], nn = nxt[j];
+            if (pair_add(&T, a, b, -f, -1)) goto oom;
+            if (pp >= 0) {
+                if (pair_add(&T, sym[pp], a, -f, -1) || pair_add(&T, sym[pp], c, f, pp)) goto oom;
             }
-            T.wlen[w] = L = o;
-            for (int k = 0; k + 1 < L; k++)
-                if (pair_add(&T, s[k], s[k + 1], f, (s[k] == c || s[k + 1] == c) ? w : -1)) goto oom;
+            if (nn >= 0) {
+                if (pair_add(&T, b, sym[nn], -f, -1) || pair_add(&T, c, sym[nn], f, i)) goto oom;
+            }
+            sym[i] = c;
+            sym[j] = -1;
+            nxt[i] = nn;
+            if (nn >= 0) prv[nn] = i;
         }
+        free(occ.v);
         p = pair_get(&T, a, b);
         SL_ASSERT(T.pairs[p].count == 0);
         for (int i = 0; i < T.touched.n; i++) {

@@ -49,3 +49,11 @@ int iot_count_entries(const char *dir, const char *part) {
     closedir(d);
     return n;
 }
+
+#include "testutil.h"
+void iot_cleanup(const char *dir) {
+    if (tu_failures || strncmp(dir, "/tmp/suanli-test-", 17) != 0) return; /* keep evidence of failures */
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    tu_run(cmd, NULL, 0);
+}

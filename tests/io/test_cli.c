@@ -1,5 +1,6 @@
 /* `suanli data prepare | info` end to end: real corpus with byte and bpe tokenizers, multi-shard output and
- * stale-shard cleanup, and every bad-input path: exit 2, one line naming the problem, nothing half-written. */
+ * stale-shard cleanup, and every bad-input path: exit 2, one line naming the problem, nothing half-written.
+ */
 #include <string.h>
 #include <sys/stat.h>
 
@@ -56,7 +57,8 @@ int main(void) {
 
     /* bpe 512 */
     snprintf(d, sizeof d, "%s/bpe", base);
-    rc = run("prepare --input " IOT_CORPUS " --output-prefix %s --tokenizer-type bpe --vocab-size 512", d, NULL);
+    rc = run("prepare --input " IOT_CORPUS " --output-prefix %s --tokenizer-type bpe --vocab-size 512", d,
+             NULL);
     TU_CHECK(rc == 0, "bpe prepare exit %d: %s", rc, out);
     printf("%s", out);
     TU_CHECK(iot_contains(out, "vocab 512"), "output: %s", out);
@@ -72,8 +74,8 @@ int main(void) {
         int64_t n = sl_dataset_num_tokens(tr);
         int32_t *ids = malloc((size_t)n * sizeof *ids);
         sl_dataset_read(tr, 0, n, ids);
-        char *txt;
-        size_t tl;
+        char *txt = NULL;
+        size_t tl = 0;
         size_t clen;
         char *corpus = iot_read(IOT_CORPUS, &clen);
         TU_CHECK(tok && sl_tokenizer_decode(tok, ids, n, &txt, &tl) == SL_OK && tl == 1003855 &&
@@ -86,8 +88,10 @@ int main(void) {
 
     /* many shards, then a re-prepare into the same dir removes the stale ones */
     snprintf(d, sizeof d, "%s/multi", base);
-    rc = run("prepare --input " IOT_CORPUS " --output-prefix %s --val-fraction 0.25 --shard-tokens 100000", d, NULL);
-    TU_CHECK(rc == 0 && iot_contains(out, "9 shards") && iot_contains(out, "3 shards"), "multi-shard: %s", out);
+    rc = run("prepare --input " IOT_CORPUS " --output-prefix %s --val-fraction 0.25 --shard-tokens 100000", d,
+             NULL);
+    TU_CHECK(rc == 0 && iot_contains(out, "9 shards") && iot_contains(out, "3 shards"), "multi-shard: %s",
+             out);
     snprintf(args, sizeof args, "%s/train_008.bin", d);
     TU_CHECK(iot_exists(args), "train_008.bin missing");
     TU_CHECK(run("info %s", d, NULL) == 0 && iot_contains(out, "836546 tokens in 9 shard"), "info: %s", out);
@@ -101,18 +105,23 @@ int main(void) {
     mkdir(d, 0755);
     snprintf(args, sizeof args, "prepare --input %s/missing.txt --output-prefix %s", base, d);
     bad("missing input", args, d, "missing.txt");
-    snprintf(args, sizeof args, "prepare --input %s --output-prefix %s --tokenizer-type wordpiece", IOT_CORPUS, d);
+    snprintf(args, sizeof args, "prepare --input %s --output-prefix %s --tokenizer-type wordpiece",
+             IOT_CORPUS, d);
     bad("unknown tokenizer", args, d, "wordpiece");
-    snprintf(args, sizeof args, "prepare --input %s --output-prefix %s --tokenizer-type bpe --vocab-size 100", IOT_CORPUS, d);
+    snprintf(args, sizeof args, "prepare --input %s --output-prefix %s --tokenizer-type bpe --vocab-size 100",
+             IOT_CORPUS, d);
     bad("vocab too small", args, d, "vocab size 100");
-    snprintf(args, sizeof args, "prepare --input %s --output-prefix %s --tokenizer-type bpe --vocab-size 99999999999",
+    snprintf(args, sizeof args,
+             "prepare --input %s --output-prefix %s --tokenizer-type bpe --vocab-size 99999999999",
              IOT_CORPUS, d);
     bad("vocab too large", args, d, "vocab size");
-    snprintf(args, sizeof args, "prepare --input %s --output-prefix %s --tokenizer-type bpe --vocab-size 5l2", IOT_CORPUS, d);
+    snprintf(args, sizeof args, "prepare --input %s --output-prefix %s --tokenizer-type bpe --vocab-size 5l2",
+             IOT_CORPUS, d);
     bad("vocab non-numeric", args, d, "'5l2'");
     snprintf(args, sizeof args, "prepare --input %s --output-prefix %s --tokenizer-type bpe", IOT_CORPUS, d);
     bad("bpe without vocab", args, d, "--vocab-size");
-    snprintf(args, sizeof args, "prepare --input %s --output-prefix %s --tokenizer-type byte --vocab-size 512", IOT_CORPUS, d);
+    snprintf(args, sizeof args,
+             "prepare --input %s --output-prefix %s --tokenizer-type byte --vocab-size 512", IOT_CORPUS, d);
     bad("byte with vocab 512", args, d, "256");
     snprintf(args, sizeof args, "prepare --input %s --output-prefix %s --val-fraction 1.5", IOT_CORPUS, d);
     bad("val fraction", args, d, "--val-fraction");
@@ -123,7 +132,8 @@ int main(void) {
     snprintf(args, sizeof args, "prepare --output-prefix %s", d);
     bad("no input", args, d, "--input");
     bad("unknown subcommand", "shuffle", NULL, "shuffle");
-    snprintf(args, sizeof args, "prepare --input %s --output-prefix %s/dir", IOT_CORPUS, d); /* input is a dir */
+    snprintf(args, sizeof args, "prepare --input %s --output-prefix %s/dir", IOT_CORPUS,
+             d); /* input is a dir */
     char dd[800];
     snprintf(dd, sizeof dd, "%s/adir", d);
     mkdir(dd, 0755);
@@ -148,7 +158,8 @@ int main(void) {
     mkdir(dd, 0755);
     rc = run("prepare --input " IOT_CORPUS " --output-prefix %s", d, NULL);
     TU_CHECK(rc == 1, "late failure: exit %d, want 1: %s", rc, out);
-    TU_CHECK(iot_count_lines(out) == 1 && iot_contains(out, "tokenizer.json"), "late failure message: %s", out);
+    TU_CHECK(iot_count_lines(out) == 1 && iot_contains(out, "tokenizer.json"), "late failure message: %s",
+             out);
     TU_CHECK(iot_count_entries(d, NULL) == 1, "late failure left files behind in %s", d);
 
     /* info on a corrupted dataset */
@@ -160,7 +171,8 @@ int main(void) {
     free(raw);
     snprintf(d, sizeof d, "%s/byte", base);
     rc = run("info %s", d, NULL);
-    TU_CHECK(rc == 1 && iot_contains(out, "val_000.bin") && iot_contains(out, "checksum mismatch"), "info on corrupt: %d %s", rc,
-             out);
+    TU_CHECK(rc == 1 && iot_contains(out, "val_000.bin") && iot_contains(out, "checksum mismatch"),
+             "info on corrupt: %d %s", rc, out);
+    iot_cleanup(base);
     return tu_finish("test_io_cli");
 }

@@ -65,15 +65,20 @@ int main(void) {
     sl_dataset *ds2 = NULL;
     TU_CHECK(sl_dataset_open(dir, "train", &ds2) == SL_OK, "%s", sl_errmsg());
     TU_CHECK(sl_dataset_batch(ds2, B, T, 1234, 7, 0, 0, x2, y2) == SL_OK, "%s", sl_errmsg());
-    TU_CHECK(!memcmp(x, x2, sizeof x) && !memcmp(y, y2, sizeof y), "same (seed,step,rank,micro) gave different batches");
+    TU_CHECK(!memcmp(x, x2, sizeof x) && !memcmp(y, y2, sizeof y),
+             "same (seed,step,rank,micro) gave different batches");
     sl_dataset_close(ds2);
 
     /* different step / rank / micro / seed give different batches */
-    struct { uint64_t seed, step; int rank, micro; const char *what; } v[] = {
+    struct {
+        uint64_t seed, step;
+        int rank, micro;
+        const char *what;
+    } v[] = {
         {1234, 8, 0, 0, "step"}, {1234, 7, 1, 0, "rank"}, {1234, 7, 0, 1, "micro"}, {99, 7, 0, 0, "seed"}};
     for (int k = 0; k < 4; k++) {
-        TU_CHECK(sl_dataset_batch(ds, B, T, v[k].seed, v[k].step, v[k].rank, v[k].micro, x2, y2) == SL_OK, "%s",
-                 sl_errmsg());
+        TU_CHECK(sl_dataset_batch(ds, B, T, v[k].seed, v[k].step, v[k].rank, v[k].micro, x2, y2) == SL_OK,
+                 "%s", sl_errmsg());
         TU_CHECK(memcmp(x, x2, sizeof x) != 0, "changing %s did not change the batch", v[k].what);
     }
     /* rows within a batch differ (positions independent) */
@@ -91,8 +96,8 @@ int main(void) {
         if (st > hi) hi = st;
         if (st + 16 > 3000 && st < 3017) hits_mid++; /* window touches the 17-token middle shard */
     }
-    TU_CHECK(lo < 200 && hi > N - 17 - 200, "starts not spread over [0, N-T-1]: lo %lld hi %lld", (long long)lo,
-             (long long)hi);
+    TU_CHECK(lo < 200 && hi > N - 17 - 200, "starts not spread over [0, N-T-1]: lo %lld hi %lld",
+             (long long)lo, (long long)hi);
     TU_CHECK(hits_mid > 0, "no window touched the middle shard in 4000 draws");
 
     /* too short: T+1 > tokens */
@@ -100,7 +105,8 @@ int main(void) {
     TU_CHECK(sl_dataset_open(dir, "val", &dv) == SL_OK, "%s", sl_errmsg());
     if (dv) {
         int32_t a[64], c[64];
-        TU_CHECK(sl_dataset_batch(dv, 1, 39, 1, 0, 0, 0, a, c) == SL_OK, "T+1 == N must work: %s", sl_errmsg());
+        TU_CHECK(sl_dataset_batch(dv, 1, 39, 1, 0, 0, 0, a, c) == SL_OK, "T+1 == N must work: %s",
+                 sl_errmsg());
         TU_CHECK(sl_dataset_batch(dv, 1, 40, 1, 0, 0, 0, a, c) == SL_ERR_INVALID, "T+1 > N accepted");
         TU_CHECK(iot_contains(sl_errmsg(), "fewer than"), "message: %s", sl_errmsg());
         sl_dataset_close(dv);
@@ -115,7 +121,8 @@ int main(void) {
     char empty[512];
     snprintf(empty, sizeof empty, "%s", tu_tmpdir("loader-empty"));
     TU_CHECK(sl_dataset_open(empty, "train", &bad) != SL_OK && !bad, "empty dir accepted");
-    TU_CHECK(iot_contains(sl_errmsg(), "train_000.bin"), "message should name the missing shard: %s", sl_errmsg());
+    TU_CHECK(iot_contains(sl_errmsg(), "train_000.bin"), "message should name the missing shard: %s",
+             sl_errmsg());
 
     /* shards disagreeing on vocab */
     char mix[512];
@@ -128,9 +135,10 @@ int main(void) {
         snprintf(p, sizeof p, "%s/train_001.bin", mix);
         sl_shard_write(p, t, 10, 512);
     }
-    TU_CHECK(sl_dataset_open(mix, "train", &bad) == SL_ERR_FORMAT && !bad, "vocab mismatch between shards accepted");
-    TU_CHECK(iot_contains(sl_errmsg(), "train_001.bin") && iot_contains(sl_errmsg(), "vocab_size"), "message: %s",
-             sl_errmsg());
+    TU_CHECK(sl_dataset_open(mix, "train", &bad) == SL_ERR_FORMAT && !bad,
+             "vocab mismatch between shards accepted");
+    TU_CHECK(iot_contains(sl_errmsg(), "train_001.bin") && iot_contains(sl_errmsg(), "vocab_size"),
+             "message: %s", sl_errmsg());
 
     /* tokenizer.json whose vocab disagrees with the shards */
     char tv[512];
@@ -142,7 +150,8 @@ int main(void) {
     snprintf(tp, sizeof tp, "%s/tokenizer.json", tv);
     sl_tokenizer_save(bt, tp);
     sl_tokenizer_free(bt);
-    TU_CHECK(sl_dataset_open(tv, "train", &bad) == SL_ERR_FORMAT && !bad, "tokenizer/shard vocab mismatch accepted");
+    TU_CHECK(sl_dataset_open(tv, "train", &bad) == SL_ERR_FORMAT && !bad,
+             "tokenizer/shard vocab mismatch accepted");
     TU_CHECK(iot_contains(sl_errmsg(), "tokenizer.json"), "message: %s", sl_errmsg());
 
     /* a corrupted shard in the middle fails the open with the file named */
@@ -156,5 +165,6 @@ int main(void) {
     TU_CHECK(sl_dataset_open(dir, "train", &bad) == SL_ERR_FORMAT && !bad, "corrupt shard accepted");
     TU_CHECK(iot_contains(sl_errmsg(), "train_001.bin") && iot_contains(sl_errmsg(), "magic"), "message: %s",
              sl_errmsg());
+    iot_cleanup(dir), iot_cleanup(empty), iot_cleanup(mix), iot_cleanup(tv);
     return tu_finish("test_io_loader");
 }

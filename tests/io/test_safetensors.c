@@ -1,6 +1,6 @@
-/* safetensors: write -> read round trip over many dtypes, reading a file written by the reference implementation
- * (fixtures/hf_fixture.safetensors, made by fixtures/make_fixture.py), writer argument checks, and every class of
- * malformed file giving a clear error and never a crash (plus a seeded mutation loop). */
+/* safetensors: write -> read round trip over many dtypes, reading a file written by the reference
+ * implementation (fixtures/hf_fixture.safetensors, made by fixtures/make_fixture.py), writer argument checks,
+ * and every class of malformed file giving a clear error and never a crash (plus a seeded mutation loop). */
 #include <string.h>
 #include <unistd.h>
 
@@ -69,7 +69,8 @@ int main(void) {
     double f64 = 2.718281828459045;
     uint8_t bools[3] = {1, 0, 1};
     sl_st_tensor ts[] = {
-        {"u8", "U8", 1, {5}, u8, sizeof u8},  /* odd size first: later tensors are unaligned, must still work */
+        {"u8", "U8", 1, {5}, u8, sizeof u8}, /* odd size first: later tensors are unaligned, must still work
+                                              */
         {"layer.0.w", "F32", 2, {2, 3}, f32, sizeof f32},
         {"bf", "BF16", 2, {2, 2}, bf16, sizeof bf16},
         {"i32", "I32", 1, {3}, i32, sizeof i32},
@@ -99,18 +100,25 @@ int main(void) {
             if (!t) continue;
             TU_CHECK(!strcmp(t->dtype, ts[i].dtype) && t->ndim == ts[i].ndim && t->nbytes == ts[i].nbytes,
                      "'%s': dtype %s ndim %d nbytes %zu", ts[i].name, t->dtype, t->ndim, t->nbytes);
-            TU_CHECK(!memcmp(t->shape, ts[i].shape, (size_t)ts[i].ndim * sizeof(int64_t)), "'%s': shape", ts[i].name);
-            TU_CHECK(ts[i].nbytes == 0 || !memcmp(t->data, ts[i].data, ts[i].nbytes), "'%s': data differs", ts[i].name);
+            TU_CHECK(!memcmp(t->shape, ts[i].shape, (size_t)ts[i].ndim * sizeof(int64_t)), "'%s': shape",
+                     ts[i].name);
+            TU_CHECK(ts[i].nbytes == 0 || !memcmp(t->data, ts[i].data, ts[i].nbytes), "'%s': data differs",
+                     ts[i].name);
         }
         /* get() is in data order = write order */
-        TU_CHECK(!strcmp(sl_safetensors_get(st, 0)->name, "u8") && !strcmp(sl_safetensors_get(st, 1)->name, "layer.0.w"),
+        TU_CHECK(!strcmp(sl_safetensors_get(st, 0)->name, "u8") &&
+                     !strcmp(sl_safetensors_get(st, 1)->name, "layer.0.w"),
                  "get order");
-        TU_CHECK(sl_safetensors_get(st, nt) == NULL && sl_safetensors_get(st, -1) == NULL, "get out of range");
+        TU_CHECK(sl_safetensors_get(st, nt) == NULL && sl_safetensors_get(st, -1) == NULL,
+                 "get out of range");
         TU_CHECK(sl_safetensors_find(st, "nope") == NULL, "find absent");
-        TU_CHECK(sl_safetensors_meta(st, "step") && !strcmp(sl_safetensors_meta(st, "step"), "100"), "meta step");
-        TU_CHECK(sl_safetensors_meta(st, "json") && !strcmp(sl_safetensors_meta(st, "json"), "{\"a\": [1, 2]}"),
+        TU_CHECK(sl_safetensors_meta(st, "step") && !strcmp(sl_safetensors_meta(st, "step"), "100"),
+                 "meta step");
+        TU_CHECK(sl_safetensors_meta(st, "json") &&
+                     !strcmp(sl_safetensors_meta(st, "json"), "{\"a\": [1, 2]}"),
                  "meta with JSON text");
-        TU_CHECK(sl_safetensors_meta(st, "absent") == NULL && sl_safetensors_meta_count(st) == 3, "meta absent/count");
+        TU_CHECK(sl_safetensors_meta(st, "absent") == NULL && sl_safetensors_meta_count(st) == 3,
+                 "meta absent/count");
         const sl_st_tensor *w = sl_safetensors_find(st, "layer.0.w");
         float back[6];
         memcpy(back, w->data, sizeof back);
@@ -129,13 +137,14 @@ int main(void) {
     TU_CHECK(sl_safetensors_dtype_size("BF16") == 2 && sl_safetensors_dtype_size("F8_E4M3") == 1 &&
                  sl_safetensors_dtype_size("F7") == 0 && sl_safetensors_dtype_size(NULL) == 0,
              "dtype sizes");
-    TU_CHECK(!strcmp(sl_safetensors_dtype_name(SL_BF16), "BF16") && sl_safetensors_dtype_parse("I32") == SL_I32 &&
+    TU_CHECK(!strcmp(sl_safetensors_dtype_name(SL_BF16), "BF16") &&
+                 sl_safetensors_dtype_parse("I32") == SL_I32 &&
                  sl_safetensors_dtype_parse("U8") == SL_DTYPE_COUNT,
              "sl_dtype mapping");
 
     /* ---- a file written by the reference implementation ---- */
-    TU_CHECK(sl_safetensors_open(SL_SOURCE_DIR "/tests/io/fixtures/hf_fixture.safetensors", &st) == SL_OK, "%s",
-             sl_errmsg());
+    TU_CHECK(sl_safetensors_open(SL_SOURCE_DIR "/tests/io/fixtures/hf_fixture.safetensors", &st) == SL_OK,
+             "%s", sl_errmsg());
     if (st) {
         const sl_st_tensor *a = sl_safetensors_find(st, "a"), *b = sl_safetensors_find(st, "b"),
                            *c = sl_safetensors_find(st, "c"), *d = sl_safetensors_find(st, "d"),
@@ -145,14 +154,17 @@ int main(void) {
         if (a && b && c && d && e && s && i && z) {
             float av[6];
             memcpy(av, a->data, sizeof av);
-            TU_CHECK(a->ndim == 2 && a->shape[0] == 2 && a->shape[1] == 3 && av[5] == 2.5f && av[1] == 0.5f, "a");
+            TU_CHECK(a->ndim == 2 && a->shape[0] == 2 && a->shape[1] == 3 && av[5] == 2.5f && av[1] == 0.5f,
+                     "a");
             int64_t bv[4];
             memcpy(bv, b->data, sizeof bv);
             TU_CHECK(!strcmp(b->dtype, "I64") && bv[0] == -1 && bv[3] == (int64_t)1 << 40, "b");
             uint16_t cv[2], ev[2];
             memcpy(cv, c->data, 4), memcpy(ev, e->data, 4);
             TU_CHECK(!strcmp(c->dtype, "F16") && cv[0] == 0x3c00 && cv[1] == 0xc000, "c f16 bits");
-            TU_CHECK(!strcmp(e->dtype, "BF16") && sl_bf16_to_f32(ev[0]) == 1.0f && sl_bf16_to_f32(ev[1]) == -0.5f, "e");
+            TU_CHECK(!strcmp(e->dtype, "BF16") && sl_bf16_to_f32(ev[0]) == 1.0f &&
+                         sl_bf16_to_f32(ev[1]) == -0.5f,
+                     "e");
             TU_CHECK(!strcmp(d->dtype, "U8") && ((const uint8_t *)d->data)[2] == 255, "d");
             double sv;
             memcpy(&sv, s->data, 8);
@@ -162,14 +174,16 @@ int main(void) {
             TU_CHECK(i->shape[0] == 1 && i->shape[1] == 2 && iv[0] == 7 && iv[1] == -8, "i");
             TU_CHECK(z->nbytes == 0 && z->shape[0] == 0 && z->shape[1] == 4, "z");
         }
-        TU_CHECK(sl_safetensors_meta(st, "note") && !strcmp(sl_safetensors_meta(st, "note"), "fixture"), "fixture meta");
+        TU_CHECK(sl_safetensors_meta(st, "note") && !strcmp(sl_safetensors_meta(st, "note"), "fixture"),
+                 "fixture meta");
         sl_safetensors_close(st);
     }
 
     /* ---- writer argument checks ---- */
     {
         sl_st_tensor bad = {"x", "F7", 1, {2}, f32, 8};
-        TU_CHECK(sl_safetensors_write(path, &bad, 1, NULL) == SL_ERR_INVALID && iot_contains(sl_errmsg(), "dtype"),
+        TU_CHECK(sl_safetensors_write(path, &bad, 1, NULL) == SL_ERR_INVALID &&
+                     iot_contains(sl_errmsg(), "dtype"),
                  "unknown dtype: %s", sl_errmsg());
         bad.dtype = "F32", bad.nbytes = 12;
         TU_CHECK(sl_safetensors_write(path, &bad, 1, NULL) == SL_ERR_INVALID, "nbytes mismatch accepted");
@@ -178,14 +192,16 @@ int main(void) {
         bad.ndim = 1, bad.shape[0] = -2;
         TU_CHECK(sl_safetensors_write(path, &bad, 1, NULL) == SL_ERR_INVALID, "negative dim accepted");
         sl_st_tensor two[2] = {{"x", "F32", 1, {2}, f32, 8}, {"x", "F32", 1, {2}, f32, 8}};
-        TU_CHECK(sl_safetensors_write(path, two, 2, NULL) == SL_ERR_INVALID && iot_contains(sl_errmsg(), "duplicate"),
+        TU_CHECK(sl_safetensors_write(path, two, 2, NULL) == SL_ERR_INVALID &&
+                     iot_contains(sl_errmsg(), "duplicate"),
                  "duplicate names: %s", sl_errmsg());
         two[1].name = "__metadata__";
         TU_CHECK(sl_safetensors_write(path, two, 2, NULL) == SL_ERR_INVALID, "reserved name accepted");
         two[1].name = "";
         TU_CHECK(sl_safetensors_write(path, two, 2, NULL) == SL_ERR_INVALID, "empty name accepted");
         const char *odd[] = {"k", NULL};
-        TU_CHECK(sl_safetensors_write(path, two, 1, odd) == SL_ERR_INVALID, "metadata key without value accepted");
+        TU_CHECK(sl_safetensors_write(path, two, 1, odd) == SL_ERR_INVALID,
+                 "metadata key without value accepted");
         char unw[800];
         snprintf(unw, sizeof unw, "%s/rt.safetensors/x.safetensors", dir); /* parent is a regular file */
         TU_CHECK(sl_safetensors_write(unw, two, 1, NULL) == SL_ERR_IO, "write under a file: %s", sl_errmsg());
@@ -196,10 +212,11 @@ int main(void) {
     char p[700];
     snprintf(p, sizeof p, "%s/short.safetensors", dir);
     iot_write(p, "\x05\x00\x00", 3);
-    TU_CHECK(sl_safetensors_open(p, &st) == SL_ERR_FORMAT && iot_contains(sl_errmsg(), "truncated"), "3-byte file: %s",
-             sl_errmsg());
+    TU_CHECK(sl_safetensors_open(p, &st) == SL_ERR_FORMAT && iot_contains(sl_errmsg(), "truncated"),
+             "3-byte file: %s", sl_errmsg());
     snprintf(p, sizeof p, "%s/missing.safetensors", dir);
-    TU_CHECK(sl_safetensors_open(p, &st) == SL_ERR_IO && iot_contains(sl_errmsg(), "missing.safetensors"), "missing");
+    TU_CHECK(sl_safetensors_open(p, &st) == SL_ERR_IO && iot_contains(sl_errmsg(), "missing.safetensors"),
+             "missing");
     const char *T1 = "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}";
     expect_bad("header length > file", T1, 4096, 8, "larger than the file");
     expect_bad("huge header length 2^60", T1, (uint64_t)1 << 60, 8, "exceeds");
@@ -210,39 +227,42 @@ int main(void) {
                "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
                "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
                UINT64_MAX, 12, "overlaps");
-    expect_bad("begin > end", "{\"a\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[8,0]}}", UINT64_MAX, 8,
-               "out of order");
+    expect_bad("begin > end", "{\"a\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[8,0]}}", UINT64_MAX,
+               8, "out of order");
     expect_bad("hole",
                "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
                "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}",
                UINT64_MAX, 12, "hole");
     expect_bad("trailing data", T1, UINT64_MAX, 16, "trailing");
-    expect_bad("shape x dtype != range", "{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", UINT64_MAX, 8,
-               "span");
+    expect_bad("shape x dtype != range", "{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}",
+               UINT64_MAX, 8, "span");
     expect_bad("numel overflow",
-               "{\"a\":{\"dtype\":\"F32\",\"shape\":[1099511627776,1099511627776,1099511627776],\"data_offsets\":[0,0]}}",
+               "{\"a\":{\"dtype\":\"F32\",\"shape\":[1099511627776,1099511627776,1099511627776],\"data_"
+               "offsets\":[0,0]}}",
                UINT64_MAX, 0, "2^64");
     expect_bad("non-JSON header", "this is not JSON at all", UINT64_MAX, 0, "JSON");
     expect_bad("JSON array header", "[1,2,3]", UINT64_MAX, 0, "JSON object");
     expect_bad("header truncated mid-JSON", "{\"a\":{\"dtype\":\"F32\",\"sha", UINT64_MAX, 0, "JSON");
     expect_bad("trailing garbage", "{}xyz", UINT64_MAX, 0, "trailing");
-    expect_bad("unknown dtype", "{\"a\":{\"dtype\":\"F7\",\"shape\":[2],\"data_offsets\":[0,8]}}", UINT64_MAX, 8,
-               "unknown dtype 'F7'");
-    expect_bad("dtype not a string", "{\"a\":{\"dtype\":4,\"shape\":[2],\"data_offsets\":[0,8]}}", UINT64_MAX, 8, "dtype");
+    expect_bad("unknown dtype", "{\"a\":{\"dtype\":\"F7\",\"shape\":[2],\"data_offsets\":[0,8]}}", UINT64_MAX,
+               8, "unknown dtype 'F7'");
+    expect_bad("dtype not a string", "{\"a\":{\"dtype\":4,\"shape\":[2],\"data_offsets\":[0,8]}}", UINT64_MAX,
+               8, "dtype");
     expect_bad("duplicate name",
                "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
                "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
                UINT64_MAX, 8, "duplicate");
-    expect_bad("negative dim", "{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", UINT64_MAX, 8,
-               "shape[0]");
-    expect_bad("fractional dim", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,8]}}", UINT64_MAX, 8,
-               "shape[0]");
-    expect_bad("9 dims", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,2],\"data_offsets\":[0,8]}}", UINT64_MAX,
-               8, "dims");
+    expect_bad("negative dim", "{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}",
+               UINT64_MAX, 8, "shape[0]");
+    expect_bad("fractional dim", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,8]}}",
+               UINT64_MAX, 8, "shape[0]");
+    expect_bad("9 dims", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,2],\"data_offsets\":[0,8]}}",
+               UINT64_MAX, 8, "dims");
     expect_bad("offsets missing", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}", UINT64_MAX, 8, "data_offsets");
-    expect_bad("offsets 3 items", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4,8]}}", UINT64_MAX, 8,
-               "data_offsets");
-    expect_bad("offset 2^64", "{\"a\":{\"dtype\":\"U8\",\"shape\":[8],\"data_offsets\":[18446744073709551615,8]}}",
+    expect_bad("offsets 3 items", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4,8]}}",
+               UINT64_MAX, 8, "data_offsets");
+    expect_bad("offset 2^64",
+               "{\"a\":{\"dtype\":\"U8\",\"shape\":[8],\"data_offsets\":[18446744073709551615,8]}}",
                UINT64_MAX, 8, "data_offsets");
     expect_bad("tensor entry not object", "{\"a\":[1]}", UINT64_MAX, 0, "not an object");
     expect_bad("metadata value not string", "{\"__metadata__\":{\"k\":5}}", UINT64_MAX, 0, "not a string");
@@ -294,7 +314,8 @@ int main(void) {
         sl_safetensors *x = NULL;
         if (sl_safetensors_open(p, &x) == SL_OK) {
             opened++;
-            TU_CHECK(valid_layout(x, NULL, 0), "mutation %llu opened with an inconsistent layout", (unsigned long long)it);
+            TU_CHECK(valid_layout(x, NULL, 0), "mutation %llu opened with an inconsistent layout",
+                     (unsigned long long)it);
         }
         sl_safetensors_close(x);
     }
@@ -302,5 +323,6 @@ int main(void) {
     unlink(fast);
     free(mut);
     free(raw);
+    iot_cleanup(dir);
     return tu_finish("test_io_safetensors");
 }

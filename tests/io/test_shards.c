@@ -24,7 +24,8 @@ static void expect_bad(const char *path, const char *what, const char *w1, const
     int64_t n = 0;
     sl_status st = sl_shard_read(path, NULL, &t, &n);
     const char *m = sl_errmsg();
-    TU_CHECK(st == SL_ERR_FORMAT || st == SL_ERR_IO, "%s: expected a format error, got %s", what, sl_status_name(st));
+    TU_CHECK(st == SL_ERR_FORMAT || st == SL_ERR_IO, "%s: expected a format error, got %s", what,
+             sl_status_name(st));
     TU_CHECK(iot_contains(m, path), "%s: message should name the file: %s", what, m);
     TU_CHECK(iot_contains(m, w1), "%s: message should mention '%s': %s", what, w1, m);
     if (w2) TU_CHECK(iot_contains(m, w2), "%s: message should mention '%s': %s", what, w2, m);
@@ -57,8 +58,9 @@ static void f_extra(uint8_t *b, size_t *l) { b[*l] = 0, b[*l + 1] = 0, *l += 2; 
 static void f_count(uint8_t *b, size_t *l) { (void)l, put64(b + 24, (uint64_t)1 << 62); }
 static void f_payload(uint8_t *b, size_t *l) { b[*l - 1] ^= 1; } /* token stays < vocab, checksum breaks */
 static void f_reserved(uint8_t *b, size_t *l) { (void)l, b[50] = 7; }
-static void f_token(uint8_t *b, size_t *l) { /* token >= vocab with a CORRECT checksum: only the range check catches it */
-    b[64] = 0xff, b[65] = 0x7f;                   /* 32767 >= 1000 */
+static void f_token(uint8_t *b,
+                    size_t *l) { /* token >= vocab with a CORRECT checksum: only the range check catches it */
+    b[64] = 0xff, b[65] = 0x7f;  /* 32767 >= 1000 */
     put64(b + 32, XXH3_64bits(b + 64, *l - 64));
 }
 
@@ -82,8 +84,8 @@ int main(void) {
     int32_t *got;
     int64_t n;
     TU_CHECK(sl_shard_read(p2, &h, &got, &n) == SL_OK, "%s", sl_errmsg());
-    TU_CHECK(n == N && h.token_bytes == 2 && h.vocab_size == 1000 && h.version == 1, "header n=%lld w=%u", (long long)n,
-             h.token_bytes);
+    TU_CHECK(n == N && h.token_bytes == 2 && h.vocab_size == 1000 && h.version == 1, "header n=%lld w=%u",
+             (long long)n, h.token_bytes);
     TU_CHECK(got && !memcmp(got, t, N * sizeof *t), "tokens differ after round trip");
     free(got);
 
@@ -95,7 +97,8 @@ int main(void) {
     free(got);
     int32_t edge[2] = {0, 65535}; /* vocab exactly 65536 still fits 2 bytes */
     TU_CHECK(sl_shard_write(p4, edge, 2, 65536) == SL_OK, "%s", sl_errmsg());
-    TU_CHECK(sl_shard_read(p4, &h, &got, &n) == SL_OK && h.token_bytes == 2 && got[1] == 65535, "vocab 65536 width");
+    TU_CHECK(sl_shard_read(p4, &h, &got, &n) == SL_OK && h.token_bytes == 2 && got[1] == 65535,
+             "vocab 65536 width");
     free(got);
 
     /* empty shard is valid */
@@ -134,5 +137,6 @@ int main(void) {
 
     free(raw);
     free(t);
+    iot_cleanup(dir);
     return tu_finish("test_io_shards");
 }
