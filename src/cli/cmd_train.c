@@ -7,13 +7,14 @@
 #include "cli/flags.h"
 #include "suanli/data.h"
 #include "suanli/model_io.h"
+#include "suanli/parallel.h"
 #include "suanli/train.h"
 
 typedef struct {
     int64_t num_layers, hidden_size, num_heads, seq_length, max_pos, micro_bs, global_bs, train_iters;
     int64_t warmup, decay_iters, seed, eval_interval, eval_iters, log_interval, threads, vocab_size, sample_tokens;
     double lr, min_lr, wd, clip, beta1, beta2, eps, exit_mins, temperature;
-    int64_t top_k;
+    int64_t top_k, tp, pp, ep, zero_stage, bucket;
     const char *data_path, *save, *load, *config, *sample_prompt;
 } train_args;
 
@@ -85,7 +86,7 @@ int sl_cmd_train(int argc, char **argv) {
                     .seed = 1234, .eval_interval = 100, .eval_iters = 20, .log_interval = 1, .threads = 0,
                     .vocab_size = 0, .sample_tokens = 0, .lr = 1e-3, .min_lr = -1, .wd = 0.1, .clip = 1.0,
                     .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .exit_mins = 0, .temperature = 0.8, .top_k = 0,
-                    .sample_prompt = "\n"};
+                    .sample_prompt = "\n", .tp = 1, .pp = 1, .ep = 1, .zero_stage = 0, .bucket = 1 << 20};
     sl_flag flags[] = {
         {"config", SL_FLAG_STR, &a.config, 0, 0, "JSON file whose keys are these flag names", 0},
         {"data-path", SL_FLAG_STR, &a.data_path, 0, 0, "directory made by 'suanli data prepare' (required)", 0},
@@ -119,6 +120,14 @@ int sl_cmd_train(int argc, char **argv) {
         {"sample-prompt", SL_FLAG_STR, &a.sample_prompt, 0, 0, "prompt for the sample", 0},
         {"temperature", SL_FLAG_FLOAT, &a.temperature, 0, 100, "sample temperature (0.8)", 0},
         {"top-k", SL_FLAG_INT, &a.top_k, 0, 1 << 24, "sample top-k, 0 = off", 0},
+        {"tensor-model-parallel-size", SL_FLAG_INT, &a.tp, 1, 4096, "tensor-parallel ranks (1; >1 not implemented yet)", 0},
+        {"tp", SL_FLAG_INT, &a.tp, 1, 4096, "short for --tensor-model-parallel-size", 0},
+        {"pipeline-model-parallel-size", SL_FLAG_INT, &a.pp, 1, 4096, "pipeline stages (1; >1 not implemented yet)", 0},
+        {"pp", SL_FLAG_INT, &a.pp, 1, 4096, "short for --pipeline-model-parallel-size", 0},
+        {"expert-model-parallel-size", SL_FLAG_INT, &a.ep, 1, 4096, "expert-parallel ranks (1; >1 needs MoE models)", 0},
+        {"ep", SL_FLAG_INT, &a.ep, 1, 4096, "short for --expert-model-parallel-size", 0},
+        {"zero-stage", SL_FLAG_INT, &a.zero_stage, 0, 3, "0: DP all-reduce, 1: shard optimizer state, 2: + gradients", 0},
+        {"ddp-bucket-size", SL_FLAG_INT, &a.bucket, 1, 1ll << 40, "gradient bucket size in elements (1Mi)", 0},
     };
     int nf = (int)(sizeof flags / sizeof flags[0]);
     for (int i = 1; i < argc; i++)
@@ -144,12 +153,45 @@ int sl_cmd_train(int argc, char **argv) {
     sl_model *m = NULL;
     sl_trainer tr = {0};
     FILE *metrics = NULL;
-    int trainer_ok = 0;
+    int trainer_ok = 0, mesh_ok = 0;
+    sl_comm *world = NULL;
+    sl_mesh mesh;
+    sl_dp *dp = NULL;
+    sl_comm_env env = {0};
+    if (sl_comm_env_detect(&env) != SL_OK) BAD("%s", sl_errmsg());
+    if (env.size > 1 && sl_comm_init_env(&world, NULL) != SL_OK) {
+        fprintf(stderr, "suanli train: rank %d: %s\n", env.rank, sl_errmsg());
+        return 1;
+    }
+    if (sl_mesh_init(&mesh, world, (sl_mesh_dims){(int)a.tp, (int)a.pp, (int)a.ep}) != SL_OK) BAD("%s", sl_errmsg());
+    mesh_ok = 1;
+    if (mesh.tp > 1 || mesh.pp > 1)
+        BAD("tensor and pipeline parallelism are not implemented yet (--tp %d --pp %d); use data parallelism", mesh.tp, mesh.pp);
+    if (mesh.ep > 1) BAD("--expert-model-parallel-size %d needs an MoE model; GPT-2 has no experts", mesh.ep);
+    int rank0 = mesh.rank == 0;
+    if (!rank0) a.sample_tokens = 0;
+    if (world) {
+        /* every rank must run the same configuration: compare a hash of the arguments */
+        uint64_t h = 1469598103934665603ull, hs[1024];
+        for (int i = 1; i < argc; i++)
+            for (const char *c = argv[i]; ; c++) {
+                h = (h ^ (uint8_t)*c) * 1099511628211ull;
+                if (!*c) break;
+            }
+        if (mesh.world > 1024) BAD("world size %d exceeds 1024", mesh.world);
+        if (sl_comm_all_gather(world, &h, hs, 1, SL_COMM_I64) != SL_OK) {
+            fprintf(stderr, "suanli train: rank %d: config exchange: %s\n", mesh.rank, sl_errmsg());
+            rc = 1;
+            goto out;
+        }
+        for (int r = 0; r < mesh.world; r++)
+            if (hs[r] != hs[0]) BAD("rank %d was started with a different configuration than rank 0 (argument hash differs)", r);
+    }
     if (!a.data_path) BAD("--data-path is required");
-    if (a.global_bs == 0) a.global_bs = a.micro_bs;
-    if (a.global_bs % a.micro_bs != 0)
-        BAD("--global-batch-size %lld is not a multiple of --micro-batch-size %lld", (long long)a.global_bs,
-            (long long)a.micro_bs);
+    if (a.global_bs == 0) a.global_bs = a.micro_bs * mesh.dp;
+    if (a.global_bs % (a.micro_bs * mesh.dp) != 0)
+        BAD("--global-batch-size %lld is not a multiple of --micro-batch-size %lld x data-parallel size %d",
+            (long long)a.global_bs, (long long)a.micro_bs, mesh.dp);
     if (a.min_lr < 0) a.min_lr = a.lr / 10;
     if (a.min_lr > a.lr) BAD("--min-lr %g exceeds --lr %g", a.min_lr, a.lr);
     if (a.decay_iters == 0) a.decay_iters = a.train_iters;
@@ -191,7 +233,7 @@ int sl_cmd_train(int argc, char **argv) {
     } else {
         sl_model_init_weights(m, (uint64_t)a.seed);
     }
-    if (a.save) {
+    if (a.save && rank0) {
         if (sl_mkdirs(a.save) != SL_OK) BAD("--save: %s", sl_errmsg());
         char mp[4096];
         snprintf(mp, sizeof mp, "%s/metrics.jsonl", a.save);
@@ -199,8 +241,8 @@ int sl_cmd_train(int argc, char **argv) {
         if (!metrics) BAD("--save: cannot write %s", mp);
     }
 
-    int B = (int)a.micro_bs, T = (int)a.seq_length, accum = (int)(a.global_bs / a.micro_bs);
-    sl_trainer_config tc = {.B = B, .T = T, .accum = accum, .lr = (float)a.lr, .min_lr = (float)a.min_lr,
+    int B = (int)a.micro_bs, T = (int)a.seq_length, accum = (int)(a.global_bs / (a.micro_bs * mesh.dp));
+    sl_trainer_config tc = {.B = B, .T = T, .accum = accum, .dp_size = mesh.dp, .lr = (float)a.lr, .min_lr = (float)a.min_lr,
                             .clip = (float)a.clip, .warmup = a.warmup, .decay_iters = a.decay_iters,
                             .hp = {(float)a.beta1, (float)a.beta2, (float)a.eps, (float)a.wd}};
     if (sl_trainer_init(&tr, m, &tc) != SL_OK) {
@@ -209,9 +251,28 @@ int sl_cmd_train(int argc, char **argv) {
         goto out;
     }
     trainer_ok = 1;
-    printf("suanli train: GPT-2 L=%d H=%d C=%d V=%d T=%d | %.2fM params | micro-batch %d x accum %d | %d threads, %s\n",
-           cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, T, (double)m->numel / 1e6, B, accum, sl_threads_get(),
-           sl_cpu_isa_name());
+    if (mesh.dp > 1) {
+        sl_dp_opts dpo = {(int)a.zero_stage, a.bucket};
+        if (sl_dp_new(&dp, &mesh, m, tr.graph, &dpo) != SL_OK) BAD("%s", sl_errmsg());
+        tr.dp = dp;
+    } else if (a.zero_stage > 0 && rank0) {
+        printf("note: --zero-stage %lld has no effect with one data-parallel rank\n", (long long)a.zero_stage);
+    }
+    if (!rank0) {
+        /* only rank 0 talks and writes */
+        if (!freopen("/dev/null", "w", stdout)) BAD("cannot silence rank %d", mesh.rank);
+    }
+    printf("suanli train: GPT-2 L=%d H=%d C=%d V=%d T=%d | %.2fM params | micro-batch %d x accum %d x dp %d | %d threads, %s\n",
+           cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, T, (double)m->numel / 1e6, B, accum, mesh.dp,
+           sl_threads_get(), sl_cpu_isa_name());
+    if (dp) {
+        sl_dp_memory mem;
+        sl_dp_memory_report(dp, &mem);
+        printf("data parallel: %d ranks, ZeRO-%lld, %d gradient buckets | per rank: params %.1f MiB, grads %.1f MiB "
+               "(+ %.1f MiB reduced shard), optimizer state %.1f MiB\n",
+               mesh.dp, (long long)a.zero_stage, sl_dp_num_buckets(dp), mem.param_bytes / 1048576.0,
+               mem.grad_bytes / 1048576.0, mem.grad_shard_bytes / 1048576.0, mem.optim_bytes / 1048576.0);
+    }
     printf("activation memory: planned %.1f MiB (naive sum %.1f MiB) | data: %lld train / %lld val tokens\n",
            tr.plan.planned_bytes / 1048576.0, tr.plan.naive_bytes / 1048576.0, (long long)sl_dataset_num_tokens(train),
            (long long)sl_dataset_num_tokens(val));
@@ -234,9 +295,19 @@ int sl_cmd_train(int argc, char **argv) {
             goto out;
         }
         t_steps += ss.seconds;
-        double tps = (double)B * T * accum / ss.seconds;
+        double tps = (double)B * T * accum * mesh.dp / ss.seconds;
         int do_eval = (a.eval_interval > 0 && (step + 1) % a.eval_interval == 0) || step + 1 == a.train_iters;
         int timed_out = a.exit_mins > 0 && sl_time_sec() - t_start > a.exit_mins * 60.0;
+        if (world && a.exit_mins > 0) {
+            /* all ranks must stop at the same step: rank 0 decides */
+            int32_t flag = timed_out;
+            if (sl_comm_broadcast(world, &flag, &flag, 1, SL_COMM_I32, 0) != SL_OK) {
+                fprintf(stderr, "suanli train: rank %d: %s\n", mesh.rank, sl_errmsg());
+                rc = 1;
+                goto out;
+            }
+            timed_out = flag;
+        }
         if (timed_out) do_eval = 1;
         if (do_eval) {
             if (sl_trainer_eval(&tr, batch_fn, &vsrc, (int)a.eval_iters, &val_loss) != SL_OK) {
@@ -250,6 +321,7 @@ int sl_cmd_train(int argc, char **argv) {
             fmt_eta(t_steps / (double)(step + 1) * (double)(a.train_iters - step - 1), eta, sizeof eta);
             printf("step %lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %.1f ms/step | %.0f tokens/s | ETA %s",
                    (long long)step + 1, (long long)a.train_iters, ss.loss, ss.lr, ss.grad_norm, ss.seconds * 1e3, tps, eta);
+            if (dp) printf(" | comm wait %.1f ms", ss.comm_wait_sec * 1e3);
             if (do_eval) printf(" | val loss %.4f", val_loss);
             printf("\n");
             fflush(stdout);
@@ -259,6 +331,7 @@ int sl_cmd_train(int argc, char **argv) {
                              "\"tokens_per_s\": %.1f",
                     (long long)step + 1, ss.loss, ss.lr, ss.grad_norm, ss.seconds * 1e3, tps);
             if (do_eval) fprintf(metrics, ", \"val_loss\": %.6f", val_loss);
+            if (dp) fprintf(metrics, ", \"comm_wait_ms\": %.3f", ss.comm_wait_sec * 1e3);
             fprintf(metrics, "}\n");
             fflush(metrics);
         }
@@ -269,7 +342,7 @@ int sl_cmd_train(int argc, char **argv) {
         }
     }
     printf("trained %lld steps in %.1f s; final val loss %.4f\n", (long long)step, sl_time_sec() - t_start, val_loss);
-    if (a.save) {
+    if (a.save && rank0) {
         char extra[512], tp[4096];
         snprintf(extra, sizeof extra, "{\"steps\": %lld, \"val_loss\": %.6f, \"seq_length\": %lld, \"seed\": %lld}",
                  (long long)step, isfinite(val_loss) ? val_loss : -1.0, (long long)a.seq_length, (long long)a.seed);
@@ -288,7 +361,11 @@ int sl_cmd_train(int argc, char **argv) {
     }
 out:
     if (metrics) fclose(metrics);
+    sl_dp_free(dp);
     if (trainer_ok) sl_trainer_free(&tr);
+    if (mesh_ok) sl_mesh_free(&mesh);
+    if (rc != 0 && world) sl_comm_abort(world);
+    sl_comm_free(world);
     sl_model_free(m);
     sl_tokenizer_free(tok);
     sl_dataset_close(train);
