@@ -5,6 +5,11 @@
 
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include <signal.h>
+#include <unistd.h>
+
+#include "suanli/ckpt.h"
+#include "suanli/ckpt_trainer.h"
 #include "suanli/data.h"
 #include "suanli/model_io.h"
 #include "suanli/parallel.h"
@@ -14,7 +19,7 @@ typedef struct {
     int64_t num_layers, hidden_size, num_heads, seq_length, max_pos, micro_bs, global_bs, train_iters;
     int64_t warmup, decay_iters, seed, eval_interval, eval_iters, log_interval, threads, vocab_size, sample_tokens;
     double lr, min_lr, wd, clip, beta1, beta2, eps, exit_mins, temperature;
-    int64_t top_k, tp, pp, ep, zero_stage, bucket;
+    int64_t top_k, tp, pp, ep, zero_stage, bucket, save_interval, save_keep;
     const char *data_path, *save, *load, *config, *sample_prompt;
 } train_args;
 
@@ -80,13 +85,55 @@ static sl_status copy_file(const char *src, const char *dst) {
     return st;
 }
 
+/* Commit a pending checkpoint once every rank's writer finished (or wait for it with force). */
+static sl_status ckpt_poll(sl_ckpt_writer *w, sl_comm *world, const sl_mesh *mesh, const char *root,
+                           int64_t *pending, int force, int keep, const char *model_json, const char *layout_json) {
+    if (*pending < 0) return SL_OK;
+    if (force) sl_ckpt_writer_wait(w);
+    int32_t flags[2] = {sl_ckpt_writer_done(w), 0}, agg[2];
+    if (world) {
+        if (sl_comm_all_reduce(world, &flags[0], &agg[0], 1, SL_COMM_I32, SL_COMM_MIN) != SL_OK) return sl_fail(SL_ERR_PEER, "%s", sl_errmsg());
+    } else {
+        agg[0] = flags[0];
+    }
+    if (!agg[0]) return SL_OK;
+    sl_status ws = sl_ckpt_writer_wait(w);
+    flags[1] = ws != SL_OK;
+    if (world) {
+        if (sl_comm_all_reduce(world, &flags[1], &agg[1], 1, SL_COMM_I32, SL_COMM_MAX) != SL_OK) return sl_fail(SL_ERR_PEER, "%s", sl_errmsg());
+    } else {
+        agg[1] = flags[1];
+    }
+    if (agg[1]) {
+        fprintf(stderr, "suanli train: rank %d: checkpoint step %lld failed: %s\n", mesh->rank, (long long)*pending,
+                ws != SL_OK ? sl_errmsg() : "on another rank");
+        return SL_ERR_IO;
+    }
+    if (mesh->rank == 0) {
+        double t0 = sl_time_sec();
+        sl_status cs = sl_ckpt_commit(root, *pending, mesh->world, keep, model_json, layout_json);
+        if (cs != SL_OK) {
+            fprintf(stderr, "suanli train: checkpoint commit: %s\n", sl_errmsg());
+            return cs;
+        }
+        double ws_ = sl_ckpt_writer_write_seconds(w);
+        printf("checkpoint step %lld committed: stall %.1f ms, background write %.2f s (%.0f MB/s from rank 0), commit %.1f ms\n",
+               (long long)*pending, sl_ckpt_writer_stall(w) * 1e3, ws_, sl_ckpt_writer_bytes(w) / 1e6 / (ws_ > 0 ? ws_ : 1),
+               (sl_time_sec() - t0) * 1e3);
+        fflush(stdout);
+    }
+    *pending = -1;
+    return SL_OK;
+}
+
 int sl_cmd_train(int argc, char **argv) {
     train_args a = {.num_layers = 4, .hidden_size = 128, .num_heads = 4, .seq_length = 128, .max_pos = 0,
                     .micro_bs = 8, .global_bs = 0, .train_iters = 1000, .warmup = 0, .decay_iters = 0,
                     .seed = 1234, .eval_interval = 100, .eval_iters = 20, .log_interval = 1, .threads = 0,
                     .vocab_size = 0, .sample_tokens = 0, .lr = 1e-3, .min_lr = -1, .wd = 0.1, .clip = 1.0,
                     .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .exit_mins = 0, .temperature = 0.8, .top_k = 0,
-                    .sample_prompt = "\n", .tp = 1, .pp = 1, .ep = 1, .zero_stage = 0, .bucket = 1 << 20};
+                    .sample_prompt = "\n", .tp = 1, .pp = 1, .ep = 1, .zero_stage = 0, .bucket = 1 << 20,
+                    .save_interval = 0, .save_keep = 2};
     sl_flag flags[] = {
         {"config", SL_FLAG_STR, &a.config, 0, 0, "JSON file whose keys are these flag names", 0},
         {"data-path", SL_FLAG_STR, &a.data_path, 0, 0, "directory made by 'suanli data prepare' (required)", 0},
@@ -114,7 +161,9 @@ int sl_cmd_train(int argc, char **argv) {
         {"log-interval", SL_FLAG_INT, &a.log_interval, 1, 1e12, "steps between progress lines (1)", 0},
         {"exit-duration-in-mins", SL_FLAG_FLOAT, &a.exit_mins, 0, 1e9, "stop (eval, save) after this many minutes, 0 = off", 0},
         {"save", SL_FLAG_STR, &a.save, 0, 0, "output dir: model.safetensors, config.json, tokenizer.json, metrics.jsonl", 0},
-        {"load", SL_FLAG_STR, &a.load, 0, 0, "start from the weights in this dir (architecture from its config.json)", 0},
+        {"load", SL_FLAG_STR, &a.load, 0, 0, "resume from the newest valid checkpoint under this dir, or start from its model.safetensors", 0},
+        {"save-interval", SL_FLAG_INT, &a.save_interval, 0, 1e12, "steps between checkpoints under --save, 0 = none", 0},
+        {"save-keep", SL_FLAG_INT, &a.save_keep, 0, 1e6, "checkpoints to keep, 0 = all (2)", 0},
         {"threads", SL_FLAG_INT, &a.threads, 0, 1024, "compute threads (default: OpenMP's)", 0},
         {"sample-tokens", SL_FLAG_INT, &a.sample_tokens, 0, 1e6, "print a sample of N tokens at the end (0)", 0},
         {"sample-prompt", SL_FLAG_STR, &a.sample_prompt, 0, 0, "prompt for the sample", 0},
@@ -157,6 +206,7 @@ int sl_cmd_train(int argc, char **argv) {
     sl_comm *world = NULL;
     sl_mesh mesh;
     sl_dp *dp = NULL;
+    sl_ckpt_writer *ckw = NULL;
     sl_comm_env env = {0};
     if (sl_comm_env_detect(&env) != SL_OK) BAD("%s", sl_errmsg());
     if (env.size > 1 && sl_comm_init_env(&world, NULL) != SL_OK) {
@@ -208,15 +258,31 @@ int sl_cmd_train(int argc, char **argv) {
 
     sl_gpt2_config cfg = {(int)a.num_layers, (int)a.num_heads, (int)a.hidden_size,
                           a.vocab_size ? (int)a.vocab_size : data_vocab, (int)(a.max_pos ? a.max_pos : a.seq_length)};
+    char ckdir[4096] = "", wpath[4200] = "";
+    int resume = 0, init_from_weights = 0;
     if (a.load) {
+        snprintf(wpath, sizeof wpath, "%s/model.safetensors", a.load);
+        if (sl_ckpt_is_checkpoint(a.load)) {
+            if (sl_ckpt_find_latest(a.load, ckdir, sizeof ckdir) != SL_OK) BAD("--load: %s", sl_errmsg());
+            resume = 1;
+        } else if (access(wpath, F_OK) == 0) {
+            init_from_weights = 1;
+        } else if (a.save && !strcmp(a.load, a.save)) {
+            printf("note: no checkpoint in %s yet; starting from scratch\n", a.load);
+        } else {
+            BAD("--load %s: no checkpoint (step-*/manifest.json) and no model.safetensors there", a.load);
+        }
+    }
+    if (resume || init_from_weights) {
         sl_gpt2_config lc;
-        if (sl_model_load_config(a.load, &lc) != SL_OK) BAD("--load: %s", sl_errmsg());
+        const char *cdir = resume ? ckdir : a.load;
+        if (sl_model_load_config(cdir, &lc) != SL_OK) BAD("--load: %s", sl_errmsg());
         const char *names[] = {"num-layers", "num-attention-heads", "hidden-size", "vocab-size", "max-position-embeddings"};
         int lv[] = {lc.n_layer, lc.n_head, lc.n_embd, lc.vocab_size, lc.max_seq_len};
         int fv[] = {cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, cfg.max_seq_len};
         for (int i = 0; i < 5; i++)
             if (sl_flags_find(flags, nf, names[i])->set && lv[i] != fv[i])
-                BAD("--%s %d conflicts with %d in %s/config.json", names[i], fv[i], lv[i], a.load);
+                BAD("--%s %d conflicts with %d in %s/config.json", names[i], fv[i], lv[i], cdir);
         cfg = lc;
     }
     if (cfg.vocab_size != data_vocab)
@@ -226,10 +292,8 @@ int sl_cmd_train(int argc, char **argv) {
     if (sl_dataset_num_tokens(train) < a.seq_length + 1 || sl_dataset_num_tokens(val) < a.seq_length + 1)
         BAD("%s: a split has fewer than seq-length+1 = %lld tokens", a.data_path, (long long)a.seq_length + 1);
     if (sl_gpt2_new(&cfg, &m) != SL_OK) BAD("%s", sl_errmsg());
-    if (a.load) {
-        char wp[4096];
-        snprintf(wp, sizeof wp, "%s/model.safetensors", a.load);
-        if (sl_model_load_weights(m, wp) != SL_OK) BAD("--load: %s", sl_errmsg());
+    if (init_from_weights) {
+        if (sl_model_load_weights(m, wpath) != SL_OK) BAD("--load: %s", sl_errmsg());
     } else {
         sl_model_init_weights(m, (uint64_t)a.seed);
     }
@@ -237,7 +301,7 @@ int sl_cmd_train(int argc, char **argv) {
         if (sl_mkdirs(a.save) != SL_OK) BAD("--save: %s", sl_errmsg());
         char mp[4096];
         snprintf(mp, sizeof mp, "%s/metrics.jsonl", a.save);
-        metrics = fopen(mp, "w");
+        metrics = fopen(mp, resume ? "a" : "w");
         if (!metrics) BAD("--save: cannot write %s", mp);
     }
 
@@ -278,10 +342,33 @@ int sl_cmd_train(int argc, char **argv) {
            (long long)sl_dataset_num_tokens(val));
     fflush(stdout);
 
+    int64_t pending_step = -1;
+    char model_json[512], layout_json[1024];
+    snprintf(model_json, sizeof model_json,
+             "{\"architecture\": \"gpt2\", \"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d, \"vocab_size\": %d, "
+             "\"max_seq_len\": %d}", cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, cfg.max_seq_len);
+    int64_t step = 0;
+    if (resume) {
+        sl_ckpt_state cst;
+        sl_ckpt_seg *segs = NULL;
+        double t0 = sl_time_sec();
+        sl_status ls = sl_trainer_ckpt_state(&tr, mesh.rank, mesh.world, &cst, &segs);
+        if (ls == SL_OK) ls = sl_ckpt_load(ckdir, &cst);
+        free(segs);
+        if (ls != SL_OK) BAD("--load: %s", sl_errmsg());
+        step = cst.step;
+        sl_trainer_set_adam_t(&tr, cst.adam_t);
+        printf("resumed from %s at step %lld (%.2f s)\n", ckdir, (long long)step, sl_time_sec() - t0);
+    }
+    if (a.save && a.save_interval > 0) {
+        ckw = sl_ckpt_writer_new();
+        if (!ckw) BAD("out of memory");
+    }
     batch_src tsrc = {train, B, T, (uint64_t)a.seed}, vsrc = {val, B, T, (uint64_t)a.seed ^ 0x9e3779b97f4a7c15ull};
     double t_start = sl_time_sec(), t_steps = 0;
     float val_loss = NAN;
-    int64_t step = 0;
+    const char *fault_at = getenv("SUANLI_FAULT_KILL_AT_STEP"), *fault_rank = getenv("SUANLI_FAULT_RANK"),
+               *restart = getenv("SUANLI_RESTART_COUNT");
     for (; step < a.train_iters; step++) {
         sl_step_stats ss;
         if (sl_trainer_step(&tr, step, batch_fn, &tsrc, &ss) != SL_OK) {
@@ -335,11 +422,62 @@ int sl_cmd_train(int argc, char **argv) {
             fprintf(metrics, "}\n");
             fflush(metrics);
         }
+        if (ckw) {
+            if (ckpt_poll(ckw, world, &mesh, a.save, &pending_step, 0, (int)a.save_keep, model_json, layout_json) != SL_OK) {
+                rc = 1;
+                goto out;
+            }
+            if ((step + 1) % a.save_interval == 0 && pending_step >= 0 &&
+                ckpt_poll(ckw, world, &mesh, a.save, &pending_step, 1, (int)a.save_keep, model_json, layout_json) != SL_OK) {
+                rc = 1; /* the previous save is still being written: finish it first */
+                goto out;
+            }
+            if ((step + 1) % a.save_interval == 0) {
+                sl_ckpt_state cst;
+                sl_ckpt_seg *segs = NULL;
+                sl_status cs = sl_trainer_ckpt_state(&tr, mesh.rank, mesh.world, &cst, &segs);
+                cst.step = step + 1;
+                cst.seed = (uint64_t)a.seed;
+                snprintf(layout_json, sizeof layout_json,
+                         "{\"world\": %d, \"dp\": %d, \"tp\": %d, \"pp\": %d, \"ep\": %d, \"zero_stage\": %lld, "
+                         "\"adam_t\": %lld, \"seed\": %lld, \"data_position\": {\"step\": %lld, \"seed\": %lld}, "
+                         "\"rng\": \"philox4x32-10 counter = step\", \"micro_batch_size\": %d, \"global_batch_size\": %lld, "
+                         "\"seq_length\": %d}",
+                         mesh.world, mesh.dp, mesh.tp, mesh.pp, mesh.ep, (long long)(dp ? a.zero_stage : 0),
+                         (long long)cst.adam_t, (long long)a.seed, (long long)(step + 1), (long long)a.seed, B,
+                         (long long)a.global_bs, T);
+                if (cs == SL_OK) cs = sl_ckpt_save_begin(ckw, a.save, &cst);
+                free(segs);
+                if (cs != SL_OK) {
+                    fprintf(stderr, "suanli train: rank %d: checkpoint: %s\n", mesh.rank, sl_errmsg());
+                    rc = 1;
+                    goto out;
+                }
+                if (rank0) {
+                    /* the model config travels with the checkpoint */
+                    char cp[4300];
+                    snprintf(cp, sizeof cp, "%s/step-%07lld.tmp%s/config.json", a.save, (long long)(step + 1),
+                             restart ? restart : "");
+                    sl_file_write_atomic(cp, model_json, strlen(model_json));
+                }
+                pending_step = step + 1;
+            }
+        }
+        if (fault_at && atoll(fault_at) == step + 1 && (!restart || !strcmp(restart, "0")) &&
+            (!fault_rank || atoi(fault_rank) == mesh.rank)) {
+            fprintf(stderr, "suanli train: rank %d: SUANLI_FAULT_KILL_AT_STEP=%s: killing myself\n", mesh.rank, fault_at);
+            fflush(stderr);
+            raise(SIGKILL);
+        }
         if (timed_out) {
             printf("stopping after %.1f minutes (--exit-duration-in-mins)\n", (sl_time_sec() - t_start) / 60);
             step++;
             break;
         }
+    }
+    if (ckw && ckpt_poll(ckw, world, &mesh, a.save, &pending_step, 1, (int)a.save_keep, model_json, layout_json) != SL_OK) {
+        rc = 1;
+        goto out;
     }
     printf("trained %lld steps in %.1f s; final val loss %.4f\n", (long long)step, sl_time_sec() - t_start, val_loss);
     if (a.save && rank0) {
@@ -360,6 +498,7 @@ int sl_cmd_train(int argc, char **argv) {
                                  (uint64_t)a.seed);
     }
 out:
+    sl_ckpt_writer_free(ckw);
     if (metrics) fclose(metrics);
     sl_dp_free(dp);
     if (trainer_ok) sl_trainer_free(&tr);

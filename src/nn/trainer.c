@@ -78,16 +78,18 @@ sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *us
     if (tr->dp) {
         SL_TRY(sl_dp_finish_grads(tr->dp, &wait));
         SL_TRY(sl_dp_clip(tr->dp, tr->cfg.clip, &norm));
-        SL_TRY(sl_dp_optimizer_step(tr->dp, lr, step + 1, tr->cfg.hp));
+        SL_TRY(sl_dp_optimizer_step(tr->dp, lr, tr->opt_t + 1, tr->cfg.hp));
         SL_TRY(sl_dp_mean(tr->dp, &loss));
     } else {
         if (!tr->opt_ready) {
             SL_TRY(sl_adamw_init(&tr->opt, m, tr->cfg.hp));
             tr->opt_ready = 1;
+            tr->opt.t = tr->opt_t;
         }
         norm = sl_clip_grad_norm(m, tr->cfg.clip);
         sl_adamw_step(&tr->opt, m, lr);
     }
+    tr->opt_t++;
     if (stats) {
         stats->loss = loss;
         stats->grad_norm = norm;

@@ -15,6 +15,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "suanli/ckpt.h"
 #include "suanli/parallel.h"
 
 typedef struct {
@@ -337,3 +338,26 @@ void sl_dp_memory_report(const sl_dp *dp, sl_dp_memory *mem) {
     mem->grad_shard_bytes = dp->gshard ? sizeof(float) * (size_t)dp->shard_len : 0;
     mem->optim_bytes = 2 * sizeof(float) * (size_t)dp->shard_len;
 }
+
+typedef struct {
+    sl_ckpt_seg *v;
+    int n;
+} seg_list;
+static void collect_seg(void *u, int64_t lo, int64_t len, int64_t off) {
+    seg_list *l = u;
+    l->v[l->n++] = (sl_ckpt_seg){lo, len, off};
+}
+
+sl_status sl_dp_state(sl_dp *dp, sl_ckpt_seg **segs, int *nseg, float **m1, float **m2) {
+    *m1 = dp->m1;
+    *m2 = dp->m2;
+    seg_list l = {calloc((size_t)(2 * dp->nb + 1), sizeof(sl_ckpt_seg)), 0};
+    if (!l.v) return sl_fail(SL_ERR_NOMEM, "dp: out of memory");
+    if (dp->zero) for_each_segment(dp, collect_seg, &l);
+    else l.v[l.n++] = (sl_ckpt_seg){0, dp->m->numel, 0};
+    *segs = l.v;
+    *nseg = l.n;
+    return SL_OK;
+}
+
+int sl_dp_zero_stage(const sl_dp *dp) { return dp->zero; }

@@ -1,0 +1,82 @@
+/* suanli/ckpt.h — sharded, asynchronous, resharding training checkpoints.
+ *
+ * Layout: ROOT/step-NNNNNNN/{manifest.json, shard-rRRRRR.safetensors...} and ROOT/latest (the name of the
+ * newest committed step dir). Every tensor (param/<name>, exp_avg/<name>, exp_avg_sq/<name>) is described
+ * in the manifest by its global shape and dtype and a list of shards: file, key in that file, the element
+ * range [offset, offset+length) of the flattened global tensor it holds, and an XXH3 checksum. Any saved
+ * layout loads into any other: a reader copies the overlap of each shard with the ranges it needs.
+ *
+ * Usage (every rank):
+ *   sl_ckpt_writer *w = sl_ckpt_writer_new();
+ *   sl_ckpt_save_begin(w, "out", &state);          // snapshot to host memory, background thread writes
+ *   ... training continues; each step: ...
+ *   if (all ranks report sl_ckpt_writer_done(w))   // e.g. all-reduce MIN of the flag
+ *       rank 0: sl_ckpt_commit("out", step, world, keep);   // manifest, fsync, rename, latest, prune
+ *   sl_ckpt_load(dir, &state);                     // resharding load; sl_ckpt_find_latest picks a valid one
+ */
+#ifndef SUANLI_CKPT_H
+#define SUANLI_CKPT_H
+#include <stdio.h>
+
+#include "suanli/nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A range of the flat parameter buffer owned by this rank; `off` indexes the rank's state arrays. */
+typedef struct sl_ckpt_seg {
+    int64_t lo, len, off;
+} sl_ckpt_seg;
+
+typedef struct sl_ckpt_state {
+    sl_model *m;
+    const sl_ckpt_seg *seg; /* optimizer-state segments of this rank (stage 0: the whole buffer) */
+    int nseg;
+    float *exp_avg, *exp_avg_sq; /* indexed by seg.off */
+    int write_params;            /* this rank writes params for its segments */
+    int write_optim;             /* this rank writes optimizer state for its segments */
+    int64_t step;                /* optimizer steps completed */
+    int64_t adam_t;
+    uint64_t seed;
+    int rank, world;
+    const char *layout_json;     /* JSON object describing the mesh / ZeRO stage (embedded in the manifest) */
+} sl_ckpt_state;
+
+typedef struct sl_ckpt_writer sl_ckpt_writer;
+sl_ckpt_writer *sl_ckpt_writer_new(void);
+/* Waits for a pending write, then frees. */
+void sl_ckpt_writer_free(sl_ckpt_writer *w);
+/* Snapshot this rank's part into host memory (the only work on the training thread) and start the
+ * background write of ROOT/step-N.tmp/shard-rR.safetensors + its sidecar. */
+sl_status sl_ckpt_save_begin(sl_ckpt_writer *w, const char *root, const sl_ckpt_state *st);
+/* 1 when no write is pending (the last one finished, successfully or not). */
+int sl_ckpt_writer_done(sl_ckpt_writer *w);
+/* Wait for the pending write; returns its status. */
+sl_status sl_ckpt_writer_wait(sl_ckpt_writer *w);
+/* Seconds the last save_begin took on the calling thread (the stall), and bytes written. */
+double sl_ckpt_writer_stall(const sl_ckpt_writer *w);
+double sl_ckpt_writer_write_seconds(const sl_ckpt_writer *w);
+size_t sl_ckpt_writer_bytes(const sl_ckpt_writer *w);
+/* Rank 0, after every rank's write finished: merge the sidecars into manifest.json, fsync, rename the
+ * tmp dir to step-N, update `latest` atomically, keep only the newest `keep` step dirs (0: all). */
+sl_status sl_ckpt_commit(const char *root, int64_t step, int world, int keep, const char *model_json,
+                         const char *layout_json);
+
+/* Newest committed checkpoint under root that verifies (checksums, files present); older ones are tried
+ * when the newest is corrupt (a warning names the problem). out receives the step dir path.
+ * Returns SL_ERR_IO with "no checkpoint" when there is none. */
+sl_status sl_ckpt_find_latest(const char *root, char *out, size_t cap);
+/* Load params (all), optimizer state (the rank's segments), step, adam_t, seed. The model shape must
+ * match the manifest's tensors. */
+sl_status sl_ckpt_load(const char *dir, sl_ckpt_state *st);
+/* Check every shard's checksum; print a summary with `inspect`. */
+sl_status sl_ckpt_verify(const char *dir);
+sl_status sl_ckpt_inspect(const char *dir, FILE *f);
+/* 1 if dir looks like a checkpoint root (has `latest`) or a step dir (has manifest.json). */
+int sl_ckpt_is_checkpoint(const char *dir);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,605 @@
+/* Sharded asynchronous checkpoints with atomic commit and resharding load. See include/suanli/ckpt.h.
+ *
+ * Note [Checkpoint commit protocol]
+ * 1. Each writing rank snapshots its ranges into host memory and returns to training; a thread writes
+ *    ROOT/step-N.tmp/shard-rR.safetensors and shard-rR.json (its entries + checksums), each atomically
+ *    (temp name, fsync, rename).
+ * 2. When every rank's writer is done (the caller agrees on that), rank 0 merges the sidecars into
+ *    manifest.json (atomic), fsyncs the tmp dir, renames it to step-N, fsyncs ROOT, and rewrites
+ *    ROOT/latest atomically. A crash before the rename leaves only a .tmp dir that loaders ignore; a crash
+ *    after it leaves a complete step dir; `latest` always names a complete one.
+ * 3. Loading never trusts `latest` blindly: step dirs are tried newest first, and each must have its
+ *    manifest, every shard file, and matching checksums. */
+#define _GNU_SOURCE
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "suanli/ckpt.h"
+#include "suanli/safetensors.h"
+
+typedef struct {
+    char tensor[96];
+    int64_t offset, length;
+    float *data; /* into the snapshot buffer */
+} entry;
+
+struct sl_ckpt_writer {
+    pthread_t th;
+    int running, joined;
+    volatile int done;
+    sl_status status;
+    char errmsg[512];
+    char dir[4096], file[64];
+    int rank;
+    entry *e;
+    int ne, cap;
+    float *buf;
+    size_t buf_cap, bytes;
+    double stall, write_sec;
+};
+
+sl_ckpt_writer *sl_ckpt_writer_new(void) {
+    sl_ckpt_writer *w = calloc(1, sizeof *w);
+    if (w) w->done = 1;
+    return w;
+}
+
+sl_status sl_ckpt_writer_wait(sl_ckpt_writer *w) {
+    if (w->running && !w->joined) {
+        pthread_join(w->th, NULL);
+        w->joined = 1;
+        w->running = 0;
+    }
+    if (w->status != SL_OK) return sl_fail(w->status, "%s", w->errmsg);
+    return SL_OK;
+}
+
+void sl_ckpt_writer_free(sl_ckpt_writer *w) {
+    if (!w) return;
+    sl_ckpt_writer_wait(w);
+    free(w->e);
+    sl_free_aligned(w->buf);
+    free(w);
+}
+
+int sl_ckpt_writer_done(sl_ckpt_writer *w) { return w->done; }
+double sl_ckpt_writer_stall(const sl_ckpt_writer *w) { return w->stall; }
+double sl_ckpt_writer_write_seconds(const sl_ckpt_writer *w) { return w->write_sec; }
+size_t sl_ckpt_writer_bytes(const sl_ckpt_writer *w) { return w->bytes; }
+
+static void step_name(char *out, size_t cap, const char *root, int64_t step, const char *suffix) {
+    snprintf(out, cap, "%s/step-%07lld%s", root, (long long)step, suffix);
+}
+
+static sl_status fsync_path(const char *path) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return sl_fail(SL_ERR_IO, "%s: cannot open for fsync: %s", path, strerror(errno));
+    int rc = fsync(fd);
+    close(fd);
+    return rc == 0 ? SL_OK : sl_fail(SL_ERR_IO, "%s: fsync failed", path);
+}
+
+/* Test hook (docs/ENV.md): SUANLI_FAULT_COMMIT_STAGE=k kills the process at stage k of the commit. */
+static void fault_point(int stage) {
+    const char *e = getenv("SUANLI_FAULT_COMMIT_STAGE");
+    if (e && atoi(e) == stage) {
+        fprintf(stderr, "suanli: SUANLI_FAULT_COMMIT_STAGE=%d: dying inside the checkpoint commit\n", stage);
+        fflush(stderr);
+        _exit(137);
+    }
+}
+
+static void *writer_main(void *arg) {
+    sl_ckpt_writer *w = arg;
+    double t0 = sl_time_sec();
+    sl_status st = SL_OK;
+    sl_st_tensor *ts = calloc((size_t)w->ne + 1, sizeof *ts);
+    char (*keys)[128] = calloc((size_t)w->ne + 1, 128);
+    cJSON *side = cJSON_CreateObject(), *arr = cJSON_CreateArray();
+    char *text = NULL, path[4200];
+    if (!ts || !keys || !side || !arr) {
+        st = sl_fail(SL_ERR_NOMEM, "checkpoint writer: out of memory");
+        goto done;
+    }
+    for (int i = 0; i < w->ne; i++) {
+        entry *e = &w->e[i];
+        snprintf(keys[i], 128, "%s@%lld", e->tensor, (long long)e->offset);
+        ts[i] = (sl_st_tensor){.name = keys[i], .dtype = "F32", .ndim = 1, .shape = {e->length}, .data = e->data,
+                               .nbytes = sizeof(float) * (size_t)e->length};
+        char sum[32];
+        snprintf(sum, sizeof sum, "xxh3:%016llx", (unsigned long long)XXH3_64bits(e->data, ts[i].nbytes));
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "tensor", e->tensor);
+        cJSON_AddStringToObject(o, "key", keys[i]);
+        cJSON_AddNumberToObject(o, "offset", (double)e->offset);
+        cJSON_AddNumberToObject(o, "length", (double)e->length);
+        cJSON_AddStringToObject(o, "checksum", sum);
+        cJSON_AddItemToArray(arr, o);
+    }
+    snprintf(path, sizeof path, "%s/%s", w->dir, w->file);
+    SL_CHECK(sl_safetensors_write(path, ts, w->ne, NULL));
+    fault_point(0);
+    cJSON_AddNumberToObject(side, "rank", w->rank);
+    cJSON_AddStringToObject(side, "file", w->file);
+    cJSON_AddItemToObject(side, "entries", arr);
+    arr = NULL;
+    text = cJSON_PrintUnformatted(side);
+    snprintf(path, sizeof path, "%s/shard-r%05d.json", w->dir, w->rank);
+    if (!text) {
+        st = sl_fail(SL_ERR_NOMEM, "checkpoint writer: out of memory");
+        goto done;
+    }
+    SL_CHECK(sl_file_write_atomic(path, text, strlen(text)));
+done:
+    if (st != SL_OK) snprintf(w->errmsg, sizeof w->errmsg, "%s", sl_errmsg());
+    w->status = st;
+    w->write_sec = sl_time_sec() - t0;
+    free(ts);
+    free(keys);
+    free(text);
+    cJSON_Delete(arr);
+    cJSON_Delete(side);
+    __atomic_store_n(&w->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static sl_status add_entries(sl_ckpt_writer *w, const sl_model *m, const char *kind, const float *src, int64_t lo,
+                             int64_t len, size_t *used) {
+    for (int i = 0; i < m->n_params; i++) {
+        const sl_param_info *p = &m->params[i];
+        int64_t a = p->offset > lo ? p->offset : lo;
+        int64_t b = p->offset + p->numel < lo + len ? p->offset + p->numel : lo + len;
+        if (a >= b) continue;
+        if (w->ne == w->cap) {
+            w->cap = w->cap ? 2 * w->cap : 64;
+            entry *ne = realloc(w->e, sizeof(entry) * (size_t)w->cap);
+            if (!ne) return sl_fail(SL_ERR_NOMEM, "checkpoint: out of memory");
+            w->e = ne;
+        }
+        entry *e = &w->e[w->ne++];
+        snprintf(e->tensor, sizeof e->tensor, "%s/%s", kind, p->t->name);
+        e->offset = a - p->offset;
+        e->length = b - a;
+        e->data = w->buf + *used;
+        memcpy(e->data, src + (a - lo), sizeof(float) * (size_t)(b - a));
+        *used += (size_t)(b - a);
+    }
+    return SL_OK;
+}
+
+sl_status sl_ckpt_save_begin(sl_ckpt_writer *w, const char *root, const sl_ckpt_state *st) {
+    double t0 = sl_time_sec();
+    SL_TRY(sl_ckpt_writer_wait(w));
+    char tmp[4096];
+    const char *rc = getenv("SUANLI_RESTART_COUNT");
+    char suffix[48];
+    snprintf(suffix, sizeof suffix, ".tmp%s", rc ? rc : "");
+    step_name(tmp, sizeof tmp, root, st->step, suffix);
+    SL_TRY(sl_mkdirs(tmp));
+    size_t need = 0;
+    for (int s = 0; s < st->nseg; s++)
+        need += (size_t)st->seg[s].len * (size_t)((st->write_params ? 1 : 0) + (st->write_optim ? 2 : 0));
+    if (need > w->buf_cap) {
+        sl_free_aligned(w->buf);
+        w->buf = sl_malloc_aligned(sizeof(float) * need);
+        w->buf_cap = w->buf ? need : 0;
+        if (!w->buf) return sl_fail(SL_ERR_NOMEM, "checkpoint: cannot snapshot %zu bytes", need * sizeof(float));
+    }
+    w->ne = 0;
+    size_t used = 0;
+    for (int s = 0; s < st->nseg; s++) {
+        const sl_ckpt_seg *g = &st->seg[s];
+        if (st->write_params) SL_TRY(add_entries(w, st->m, "param", st->m->params_mem + g->lo, g->lo, g->len, &used));
+        if (st->write_optim) {
+            SL_TRY(add_entries(w, st->m, "exp_avg", st->exp_avg + g->off, g->lo, g->len, &used));
+            SL_TRY(add_entries(w, st->m, "exp_avg_sq", st->exp_avg_sq + g->off, g->lo, g->len, &used));
+        }
+    }
+    w->bytes = used * sizeof(float);
+    snprintf(w->dir, sizeof w->dir, "%s", tmp);
+    snprintf(w->file, sizeof w->file, "shard-r%05d.safetensors", st->rank);
+    w->rank = st->rank;
+    w->status = SL_OK;
+    w->done = 0;
+    w->joined = 0;
+    if (pthread_create(&w->th, NULL, writer_main, w) != 0) {
+        w->done = 1;
+        return sl_fail(SL_ERR_INTERNAL, "checkpoint: cannot start the writer thread");
+    }
+    w->running = 1;
+    w->stall = sl_time_sec() - t0;
+    return SL_OK;
+}
+
+/* ---------------- commit ---------------- */
+
+static int cmp_str_desc(const void *a, const void *b) { return strcmp(*(char *const *)b, *(char *const *)a); }
+
+/* step dir names under root, newest first (committed ones only). Caller frees each and the array. */
+static int list_steps(const char *root, char ***out) {
+    *out = NULL;
+    DIR *d = opendir(root);
+    if (!d) return 0;
+    int n = 0, cap = 0;
+    char **v = NULL;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        long long s;
+        char tail;
+        if (sscanf(de->d_name, "step-%lld%c", &s, &tail) != 1 || strlen(de->d_name) != 12) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            char **nv = realloc(v, sizeof(char *) * (size_t)cap);
+            if (!nv) break;
+            v = nv;
+        }
+        v[n++] = strdup(de->d_name);
+    }
+    closedir(d);
+    qsort(v, (size_t)n, sizeof(char *), cmp_str_desc);
+    *out = v;
+    return n;
+}
+
+static sl_status rm_rf(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) return unlink(path) == 0 || errno == ENOENT ? SL_OK : sl_fail(SL_ERR_IO, "%s: cannot remove", path);
+    struct dirent *de;
+    sl_status st = SL_OK;
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        char p[4200];
+        snprintf(p, sizeof p, "%s/%s", path, de->d_name);
+        if (unlink(p) != 0 && st == SL_OK) st = rm_rf(p);
+    }
+    closedir(d);
+    if (rmdir(path) != 0 && st == SL_OK) st = sl_fail(SL_ERR_IO, "%s: cannot remove", path);
+    return st;
+}
+
+sl_status sl_ckpt_commit(const char *root, int64_t step, int world, int keep, const char *model_json,
+                         const char *layout_json) {
+    char tmp[4096], fin[4096], path[4300];
+    const char *rc = getenv("SUANLI_RESTART_COUNT");
+    char suffix[48];
+    snprintf(suffix, sizeof suffix, ".tmp%s", rc ? rc : "");
+    step_name(tmp, sizeof tmp, root, step, suffix);
+    step_name(fin, sizeof fin, root, step, "");
+    sl_status st = SL_OK;
+    cJSON *man = cJSON_CreateObject(), *tensors = cJSON_CreateObject();
+    char *text = NULL;
+    cJSON_AddStringToObject(man, "format", "suanli-checkpoint");
+    cJSON_AddNumberToObject(man, "version", 1);
+    cJSON_AddNumberToObject(man, "step", (double)step);
+    cJSON *mj = model_json ? cJSON_Parse(model_json) : NULL;
+    cJSON_AddItemToObject(man, "model", mj ? mj : cJSON_CreateObject());
+    cJSON *lj = layout_json ? cJSON_Parse(layout_json) : NULL;
+    cJSON_AddItemToObject(man, "train", lj ? lj : cJSON_CreateObject());
+    cJSON_AddNumberToObject(man, "world", world);
+    for (int r = 0; r < world; r++) {
+        snprintf(path, sizeof path, "%s/shard-r%05d.json", tmp, r);
+        char *side;
+        size_t len;
+        if (access(path, F_OK) != 0) continue; /* ranks with nothing to write */
+        SL_CHECK(sl_file_read_all(path, &side, &len));
+        cJSON *s = cJSON_ParseWithLength(side, len);
+        free(side);
+        cJSON *file = s ? cJSON_GetObjectItem(s, "file") : NULL, *ents = s ? cJSON_GetObjectItem(s, "entries") : NULL;
+        if (!cJSON_IsString(file) || !cJSON_IsArray(ents)) {
+            cJSON_Delete(s);
+            st = sl_fail(SL_ERR_FORMAT, "%s: malformed sidecar", path);
+            goto done;
+        }
+        cJSON *e;
+        cJSON_ArrayForEach(e, ents) {
+            const char *tn = cJSON_GetStringValue(cJSON_GetObjectItem(e, "tensor"));
+            if (!tn) continue;
+            cJSON *t = cJSON_GetObjectItem(tensors, tn);
+            if (!t) {
+                t = cJSON_CreateObject();
+                cJSON_AddStringToObject(t, "dtype", "F32");
+                cJSON_AddItemToObject(t, "shards", cJSON_CreateArray());
+                cJSON_AddItemToObject(tensors, tn, t);
+            }
+            cJSON *sh = cJSON_Duplicate(e, 1);
+            cJSON_DeleteItemFromObject(sh, "tensor");
+            cJSON_AddStringToObject(sh, "file", file->valuestring);
+            cJSON_AddItemToArray(cJSON_GetObjectItem(t, "shards"), sh);
+        }
+        cJSON_Delete(s);
+    }
+    cJSON_AddItemToObject(man, "tensors", tensors);
+    tensors = NULL;
+    text = cJSON_Print(man);
+    snprintf(path, sizeof path, "%s/manifest.json", tmp);
+    if (!text) {
+        st = sl_fail(SL_ERR_NOMEM, "checkpoint: out of memory");
+        goto done;
+    }
+    fault_point(1);
+    SL_CHECK(sl_file_write_atomic(path, text, strlen(text)));
+    fault_point(2);
+    SL_CHECK(fsync_path(tmp));
+    if (access(fin, F_OK) == 0) SL_CHECK(rm_rf(fin)); /* a re-run of the same step replaces it */
+    fault_point(3);
+    if (rename(tmp, fin) != 0) {
+        st = sl_fail(SL_ERR_IO, "%s: cannot rename to %s: %s", tmp, fin, strerror(errno));
+        goto done;
+    }
+    SL_CHECK(fsync_path(root));
+    fault_point(4);
+    char latest[4200], name[64];
+    snprintf(latest, sizeof latest, "%s/latest", root);
+    snprintf(name, sizeof name, "step-%07lld\n", (long long)step);
+    SL_CHECK(sl_file_write_atomic(latest, name, strlen(name)));
+    SL_CHECK(fsync_path(root));
+    fault_point(5);
+    if (keep > 0) {
+        char **v;
+        int n = list_steps(root, &v);
+        for (int i = 0; i < n; i++) {
+            if (i >= keep) {
+                snprintf(path, sizeof path, "%s/%s", root, v[i]);
+                rm_rf(path);
+            }
+            free(v[i]);
+        }
+        free(v);
+    }
+done:
+    cJSON_Delete(tensors);
+    cJSON_Delete(man);
+    free(text);
+    return st;
+}
+
+/* ---------------- load ---------------- */
+
+typedef struct {
+    char dir[4096];
+    cJSON *man;
+    int nfiles;
+    char *fname[256];
+    sl_safetensors *st[256];
+} reader;
+
+static void reader_close(reader *r) {
+    for (int i = 0; i < r->nfiles; i++) {
+        free(r->fname[i]);
+        sl_safetensors_close(r->st[i]);
+    }
+    cJSON_Delete(r->man);
+    r->nfiles = 0;
+    r->man = NULL;
+}
+
+static sl_status reader_open(reader *r, const char *dir) {
+    memset(r, 0, sizeof *r);
+    snprintf(r->dir, sizeof r->dir, "%s", dir);
+    char path[4200], *text;
+    size_t len;
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    SL_TRY(sl_file_read_all(path, &text, &len));
+    r->man = cJSON_ParseWithLength(text, len);
+    free(text);
+    if (!cJSON_IsObject(r->man)) return sl_fail(SL_ERR_FORMAT, "%s: not a JSON object", path);
+    cJSON *fmt = cJSON_GetObjectItem(r->man, "format");
+    if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "suanli-checkpoint") != 0)
+        return sl_fail(SL_ERR_FORMAT, "%s: field 'format' must be \"suanli-checkpoint\"", path);
+    cJSON *step = cJSON_GetObjectItem(r->man, "step");
+    if (!cJSON_IsNumber(step) || step->valuedouble < 0) return sl_fail(SL_ERR_FORMAT, "%s: field 'step' must be a non-negative number", path);
+    if (!cJSON_IsObject(cJSON_GetObjectItem(r->man, "tensors"))) return sl_fail(SL_ERR_FORMAT, "%s: field 'tensors' must be an object", path);
+    return SL_OK;
+}
+
+static sl_status reader_file(reader *r, const char *name, sl_safetensors **out) {
+    for (int i = 0; i < r->nfiles; i++)
+        if (!strcmp(r->fname[i], name)) {
+            *out = r->st[i];
+            return SL_OK;
+        }
+    if (r->nfiles == 256 || strchr(name, '/')) return sl_fail(SL_ERR_FORMAT, "%s: bad shard file name '%s'", r->dir, name);
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s", r->dir, name);
+    SL_TRY(sl_safetensors_open(path, &r->st[r->nfiles]));
+    r->fname[r->nfiles] = strdup(name);
+    *out = r->st[r->nfiles++];
+    return SL_OK;
+}
+
+/* one shard entry: validated fields, data located and checksum verified */
+static sl_status shard_data(reader *r, const char *tname, cJSON *sh, int64_t *off, int64_t *len, const float **data) {
+    cJSON *f = cJSON_GetObjectItem(sh, "file"), *k = cJSON_GetObjectItem(sh, "key"), *o = cJSON_GetObjectItem(sh, "offset"),
+          *l = cJSON_GetObjectItem(sh, "length"), *c = cJSON_GetObjectItem(sh, "checksum");
+    if (!cJSON_IsString(f) || !cJSON_IsString(k) || !cJSON_IsNumber(o) || !cJSON_IsNumber(l) || !cJSON_IsString(c) ||
+        o->valuedouble < 0 || l->valuedouble < 0)
+        return sl_fail(SL_ERR_FORMAT, "%s/manifest.json: tensor '%s' has a shard with missing or mistyped fields", r->dir, tname);
+    sl_safetensors *st;
+    SL_TRY(reader_file(r, f->valuestring, &st));
+    const sl_st_tensor *t = sl_safetensors_find(st, k->valuestring);
+    if (!t) return sl_fail(SL_ERR_FORMAT, "%s/%s: missing tensor '%s'", r->dir, f->valuestring, k->valuestring);
+    if (strcmp(t->dtype, "F32") != 0 || t->nbytes != sizeof(float) * (size_t)l->valuedouble)
+        return sl_fail(SL_ERR_FORMAT, "%s/%s: '%s' has the wrong size or dtype", r->dir, f->valuestring, k->valuestring);
+    char sum[32];
+    snprintf(sum, sizeof sum, "xxh3:%016llx", (unsigned long long)XXH3_64bits(t->data, t->nbytes));
+    if (strcmp(sum, c->valuestring) != 0)
+        return sl_fail(SL_ERR_FORMAT, "%s/%s: checksum mismatch for '%s' (%s, manifest %s)", r->dir, f->valuestring,
+                       k->valuestring, sum, c->valuestring);
+    *off = (int64_t)o->valuedouble;
+    *len = (int64_t)l->valuedouble;
+    *data = t->data;
+    return SL_OK;
+}
+
+/* fill dst[0, len) = tensor elements [lo, lo+len) from the overlapping shards; every element must be covered */
+static sl_status read_range(reader *r, const char *tname, int64_t numel, int64_t lo, int64_t len, float *dst) {
+    cJSON *t = cJSON_GetObjectItem(cJSON_GetObjectItem(r->man, "tensors"), tname);
+    if (!t) return sl_fail(SL_ERR_FORMAT, "%s: checkpoint has no tensor '%s'", r->dir, tname);
+    cJSON *shards = cJSON_GetObjectItem(t, "shards");
+    if (!cJSON_IsArray(shards)) return sl_fail(SL_ERR_FORMAT, "%s: tensor '%s' has no shard list", r->dir, tname);
+    int64_t covered = 0;
+    cJSON *sh;
+    cJSON_ArrayForEach(sh, shards) {
+        int64_t so, sl;
+        const float *sd;
+        SL_TRY(shard_data(r, tname, sh, &so, &sl, &sd));
+        if (so + sl > numel)
+            return sl_fail(SL_ERR_FORMAT, "%s: tensor '%s' shard [%lld, %lld) exceeds its %lld elements (another model shape?)",
+                           r->dir, tname, (long long)so, (long long)(so + sl), (long long)numel);
+        int64_t a = so > lo ? so : lo, b = so + sl < lo + len ? so + sl : lo + len;
+        if (a >= b) continue;
+        memcpy(dst + (a - lo), (const char *)sd + (a - so) * (int64_t)sizeof(float), sizeof(float) * (size_t)(b - a));
+        covered += b - a;
+    }
+    if (covered != len)
+        return sl_fail(SL_ERR_FORMAT, "%s: tensor '%s' elements [%lld, %lld) are not fully covered by its shards", r->dir,
+                       tname, (long long)lo, (long long)(lo + len));
+    return SL_OK;
+}
+
+static sl_status load_flat(reader *r, const sl_model *m, const char *kind, int64_t lo, int64_t len, float *dst) {
+    for (int i = 0; i < m->n_params; i++) {
+        const sl_param_info *p = &m->params[i];
+        int64_t a = p->offset > lo ? p->offset : lo, b = p->offset + p->numel < lo + len ? p->offset + p->numel : lo + len;
+        if (a >= b) continue;
+        char tn[128];
+        snprintf(tn, sizeof tn, "%s/%s", kind, p->t->name);
+        SL_TRY(read_range(r, tn, p->numel, a - p->offset, b - a, dst + (a - lo)));
+    }
+    return SL_OK;
+}
+
+sl_status sl_ckpt_load(const char *dir, sl_ckpt_state *st) {
+    reader r;
+    sl_status s = reader_open(&r, dir);
+    if (s == SL_OK) {
+        /* shape check first: a checkpoint of another model gives a clear error */
+        for (int i = 0; i < st->m->n_params && s == SL_OK; i++) {
+            char tn[128];
+            snprintf(tn, sizeof tn, "param/%s", st->m->params[i].t->name);
+            if (!cJSON_GetObjectItem(cJSON_GetObjectItem(r.man, "tensors"), tn))
+                s = sl_fail(SL_ERR_FORMAT, "%s: checkpoint has no tensor '%s' (saved from another model?)", dir, tn);
+        }
+    }
+    if (s == SL_OK) s = load_flat(&r, st->m, "param", 0, st->m->numel, st->m->params_mem);
+    for (int k = 0; k < st->nseg && s == SL_OK; k++) {
+        const sl_ckpt_seg *g = &st->seg[k];
+        s = load_flat(&r, st->m, "exp_avg", g->lo, g->len, st->exp_avg + g->off);
+        if (s == SL_OK) s = load_flat(&r, st->m, "exp_avg_sq", g->lo, g->len, st->exp_avg_sq + g->off);
+    }
+    if (s == SL_OK) {
+        st->step = (int64_t)cJSON_GetObjectItem(r.man, "step")->valuedouble;
+        cJSON *tr = cJSON_GetObjectItem(r.man, "train");
+        cJSON *at = cJSON_GetObjectItem(tr, "adam_t"), *sd = cJSON_GetObjectItem(tr, "seed");
+        st->adam_t = cJSON_IsNumber(at) ? (int64_t)at->valuedouble : st->step;
+        if (cJSON_IsNumber(sd)) st->seed = (uint64_t)sd->valuedouble;
+    }
+    reader_close(&r);
+    return s;
+}
+
+sl_status sl_ckpt_verify(const char *dir) {
+    reader r;
+    sl_status s = reader_open(&r, dir);
+    cJSON *t;
+    if (s == SL_OK) cJSON_ArrayForEach(t, cJSON_GetObjectItem(r.man, "tensors")) {
+            cJSON *sh;
+            cJSON_ArrayForEach(sh, cJSON_GetObjectItem(t, "shards")) {
+                int64_t o, l;
+                const float *d;
+                if ((s = shard_data(&r, t->string, sh, &o, &l, &d)) != SL_OK) break;
+            }
+            if (s != SL_OK) break;
+        }
+    reader_close(&r);
+    return s;
+}
+
+sl_status sl_ckpt_inspect(const char *dir, FILE *f) {
+    reader r;
+    SL_TRY(reader_open(&r, dir));
+    char *model = cJSON_PrintUnformatted(cJSON_GetObjectItem(r.man, "model"));
+    char *train = cJSON_PrintUnformatted(cJSON_GetObjectItem(r.man, "train"));
+    fprintf(f, "checkpoint %s\n  step %lld, world %d\n  model %s\n  train %s\n", dir,
+            (long long)cJSON_GetObjectItem(r.man, "step")->valuedouble,
+            cJSON_IsNumber(cJSON_GetObjectItem(r.man, "world")) ? cJSON_GetObjectItem(r.man, "world")->valueint : 1,
+            model ? model : "{}", train ? train : "{}");
+    free(model);
+    free(train);
+    int nt = 0, ns = 0;
+    double bytes = 0;
+    cJSON *t;
+    cJSON_ArrayForEach(t, cJSON_GetObjectItem(r.man, "tensors")) {
+        cJSON *sh;
+        int k = 0;
+        double n = 0;
+        cJSON_ArrayForEach(sh, cJSON_GetObjectItem(t, "shards")) {
+            k++;
+            cJSON *l = cJSON_GetObjectItem(sh, "length");
+            n += cJSON_IsNumber(l) ? l->valuedouble : 0;
+        }
+        fprintf(f, "  %-40s %s %10.0f elements in %d shard(s)\n", t->string,
+                cJSON_GetStringValue(cJSON_GetObjectItem(t, "dtype")) ? cJSON_GetStringValue(cJSON_GetObjectItem(t, "dtype")) : "?",
+                n, k);
+        nt++;
+        ns += k;
+        bytes += 4 * n;
+    }
+    fprintf(f, "  %d tensors, %d shards, %.1f MiB\n", nt, ns, bytes / 1048576.0);
+    reader_close(&r);
+    return SL_OK;
+}
+
+int sl_ckpt_is_checkpoint(const char *dir) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/latest", dir);
+    if (access(p, F_OK) == 0) return 1;
+    snprintf(p, sizeof p, "%s/manifest.json", dir);
+    if (access(p, F_OK) == 0) return 1;
+    char **v;
+    int n = list_steps(dir, &v);
+    for (int i = 0; i < n; i++) free(v[i]);
+    free(v);
+    return n > 0;
+}
+
+sl_status sl_ckpt_find_latest(const char *root, char *out, size_t cap) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/manifest.json", root);
+    if (access(p, F_OK) == 0) { /* a step dir itself */
+        SL_TRY(sl_ckpt_verify(root));
+        snprintf(out, cap, "%s", root);
+        return SL_OK;
+    }
+    char **v;
+    int n = list_steps(root, &v);
+    sl_status st = sl_fail(SL_ERR_IO, "%s: no checkpoint", root);
+    int found = 0;
+    char first_problem[600] = "";
+    for (int i = 0; i < n; i++) {
+        if (!found) {
+            snprintf(p, sizeof p, "%s/%s", root, v[i]);
+            sl_status s = sl_ckpt_verify(p);
+            if (s == SL_OK) {
+                snprintf(out, cap, "%s", p);
+                st = SL_OK;
+                found = 1;
+            } else {
+                SL_LOGW("checkpoint %s is not usable (%s); trying an older one", p, sl_errmsg());
+                if (!first_problem[0]) snprintf(first_problem, sizeof first_problem, "%s", sl_errmsg());
+                st = sl_fail(SL_ERR_FORMAT, "%s: no valid checkpoint (newest: %s)", root, first_problem);
+            }
+        }
+        free(v[i]);
+    }
+    free(v);
+    return st;
+}

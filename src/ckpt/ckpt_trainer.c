@@ -1,0 +1,41 @@
+/* Glue between the trainer (single process or DP/ZeRO) and checkpoints. */
+#include <string.h>
+
+#include "suanli/ckpt.h"
+#include "suanli/ckpt_trainer.h"
+#include "suanli/parallel.h"
+
+sl_status sl_trainer_ckpt_state(sl_trainer *tr, int rank, int world, sl_ckpt_state *st, sl_ckpt_seg **segs) {
+    memset(st, 0, sizeof *st);
+    *segs = NULL;
+    st->m = tr->model;
+    st->rank = rank;
+    st->world = world;
+    if (tr->dp) {
+        SL_TRY(sl_dp_state(tr->dp, segs, &st->nseg, &st->exp_avg, &st->exp_avg_sq));
+        int zero = sl_dp_zero_stage(tr->dp);
+        st->write_params = zero > 0 || rank == 0;
+        st->write_optim = zero > 0 || rank == 0;
+        st->adam_t = tr->opt_t;
+    } else {
+        if (!tr->opt_ready) {
+            SL_TRY(sl_adamw_init(&tr->opt, tr->model, tr->cfg.hp));
+            tr->opt_ready = 1;
+        }
+        *segs = calloc(1, sizeof(sl_ckpt_seg));
+        if (!*segs) return sl_fail(SL_ERR_NOMEM, "checkpoint: out of memory");
+        (*segs)[0] = (sl_ckpt_seg){0, tr->model->numel, 0};
+        st->nseg = 1;
+        st->exp_avg = tr->opt.m;
+        st->exp_avg_sq = tr->opt.v;
+        st->write_params = st->write_optim = 1;
+        st->adam_t = tr->opt.t;
+    }
+    st->seg = *segs;
+    return SL_OK;
+}
+
+void sl_trainer_set_adam_t(sl_trainer *tr, int64_t t) {
+    tr->opt_t = t;
+    if (tr->opt_ready) tr->opt.t = t;
+}
