@@ -525,7 +525,11 @@ sl_status sl_ckpt_verify(const char *dir) {
 
 sl_status sl_ckpt_inspect(const char *dir, FILE *f) {
     reader r;
-    SL_TRY(reader_open(&r, dir));
+    sl_status s = reader_open(&r, dir);
+    if (s != SL_OK) {
+        reader_close(&r);
+        return s;
+    }
     char *model = cJSON_PrintUnformatted(cJSON_GetObjectItem(r.man, "model"));
     char *train = cJSON_PrintUnformatted(cJSON_GetObjectItem(r.man, "train"));
     fprintf(f, "checkpoint %s\n  step %lld, world %d\n  model %s\n  train %s\n", dir,

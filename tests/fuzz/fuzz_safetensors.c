@@ -1,0 +1,29 @@
+/* libFuzzer target: the safetensors reader must reject any malformed file with an error, never crash. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "suanli/safetensors.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    static char path[64];
+    if (!path[0]) snprintf(path, sizeof path, "/tmp/sl-fuzz-st-%d.safetensors", (int)getpid());
+    FILE *f = fopen(path, "wb");
+    if (!f) return 0;
+    fwrite(data, 1, size, f);
+    fclose(f);
+    sl_safetensors *st;
+    if (sl_safetensors_open(path, &st) == SL_OK) {
+        volatile uint8_t sink = 0;
+        for (int i = 0; i < sl_safetensors_count(st); i++) {
+            const sl_st_tensor *t = sl_safetensors_get(st, i);
+            if (t->nbytes) sink ^= ((const uint8_t *)t->data)[t->nbytes - 1];
+            (void)sl_safetensors_find(st, t->name);
+        }
+        (void)sl_safetensors_meta(st, "format");
+        (void)sink;
+        sl_safetensors_close(st);
+    }
+    return 0;
+}
