@@ -305,9 +305,11 @@ void sl_gemm_run(const sl_gemm_args *g, const sl_gemm_impl *im, int nthr) {
     int64_t kc = imin64(im->kc, ceil_div(g->K, im->kgran) * im->kgran);
     int64_t mc = imin64(im->mc, ceil_div(g->M, im->mr) * im->mr);
     int64_t nc = imin64(im->nc, ceil_div(g->N, im->nr) * im->nr);
-    p.split_n = nthr > 1 && split_balance(ceil_div(g->N, im->nr), nthr) >= split_balance(ceil_div(g->M, im->mr), nthr);
     p.a_bytes = round_up_sz((size_t)mc * (size_t)kc * (size_t)im->esz, 4096);
     p.b_bytes = round_up_sz((size_t)nc * (size_t)kc * (size_t)im->esz, 4096);
+    /* Split N (sharing the packed A block) unless M splits into more even shares. */
+    p.split_n = nthr > 1 &&
+                split_balance(ceil_div(g->N, im->nr), nthr) >= split_balance(ceil_div(g->M, im->mr), nthr);
     size_t total = p.split_n ? p.a_bytes + (size_t)nthr * p.b_bytes : (size_t)nthr * (p.a_bytes + p.b_bytes);
     p.ws = (char *)workspace_get(total);
     if (!p.ws) {

@@ -16,9 +16,15 @@ SL_TARGET_AVX2 static void kernel_avx2_6x16(int64_t ksteps, const void *a_, cons
     const float *a = (const float *)a_, *b = (const float *)b_;
     __m256 acc[MR][2];
 #pragma GCC unroll 6
-    for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-#pragma GCC unroll 2
+    for (int i = 0; i < MR; i++) {
+        acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+        /* C is read (beta != 0) or written after ~ksteps*6 cycles: start fetching it now */
+        _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);
+        _mm_prefetch((const char *)(c + i * ldc + NR - 1), _MM_HINT_T0);
+    }
+#pragma GCC unroll 4
     for (int64_t k = 0; k < ksteps; k++) {
+        _mm_prefetch((const char *)(b + 8 * NR), _MM_HINT_T0);
         __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
 #pragma GCC unroll 6
         for (int i = 0; i < MR; i++) {
@@ -181,8 +187,8 @@ SL_TARGET_AVX2 static void pack_b_avx2(const sl_gemm_args *g, int64_t j0, int64_
 }
 
 const sl_gemm_impl sl_gemm_impl_avx2_f32 = {
-    .name = "avx2", .mr = MR, .nr = NR, .kgran = 1, .esz = 4, .in_bf16 = 0, .kc = 256, .mc = 1536, .nc = 512,
+    .name = "avx2", .mr = MR, .nr = NR, .kgran = 1, .esz = 4, .in_bf16 = 0, .kc = 256, .mc = 1536, .nc = 256,
     .pack_a = pack_a_avx2, .pack_b = pack_b_avx2, .kernel = kernel_avx2_6x16};
 const sl_gemm_impl sl_gemm_impl_avx2_bf16emu = {
-    .name = "avx2", .mr = MR, .nr = NR, .kgran = 1, .esz = 4, .in_bf16 = 1, .kc = 256, .mc = 1536, .nc = 512,
+    .name = "avx2", .mr = MR, .nr = NR, .kgran = 1, .esz = 4, .in_bf16 = 1, .kc = 256, .mc = 1536, .nc = 256,
     .pack_a = sl_gemm_pack_a_bf16_f32, .pack_b = sl_gemm_pack_b_bf16_f32, .kernel = kernel_avx2_6x16};
