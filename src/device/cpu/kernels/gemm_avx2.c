@@ -114,38 +114,40 @@ SL_TARGET_AVX2 static void pack_a_rows(const float *A, int64_t lda, int64_t i0, 
     }
 }
 
-/* op(A) rows [i0, i0+ni) for a transposed A (K x M): panel[k][i] = A[k0+k][i0+i]. */
+/* op(A) rows [i0, i0+ni) for a transposed A (K x M): panel[k][i] = A[k0+k][i0+i]. Panel by panel, so the
+ * writes are sequential; the reads of neighbouring panels share cache lines while they are still in L1. */
 SL_TARGET_AVX2 static void pack_a_cols(const float *A, int64_t lda, int64_t i0, int64_t ni, int64_t k0, int64_t kc,
                                        float *dst) {
-    int64_t npan = (ni + MR - 1) / MR, full = ni / MR;
-    for (int64_t k = 0; k < kc; k++) {
-        const float *src = A + (k0 + k) * lda + i0;
-        float *d = dst + k * MR;
-        for (int64_t p = 0; p < full; p++) {
-            _mm_storeu_ps(d + p * kc * MR, _mm_loadu_ps(src + p * MR));
-            _mm_storel_pi((__m64 *)(d + p * kc * MR + 4), _mm_loadl_pi(_mm_setzero_ps(), (const __m64 *)(src + p * MR + 4)));
-        }
-        if (full < npan) {
-            int n = (int)(ni - full * MR);
-            for (int i = 0; i < MR; i++) d[full * kc * MR + i] = i < n ? src[full * MR + i] : 0.0f;
+    for (int64_t p = 0; p * MR < ni; p++, dst += kc * MR) {
+        int n = ni - p * MR < MR ? (int)(ni - p * MR) : MR;
+        const float *src = A + k0 * lda + i0 + p * MR;
+        if (n == MR) {
+            for (int64_t k = 0; k < kc; k++) {
+                const float *s = src + k * lda;
+                _mm_storeu_ps(dst + k * MR, _mm_loadu_ps(s));
+                _mm_storel_pi((__m64 *)(dst + k * MR + 4), _mm_loadl_pi(_mm_setzero_ps(), (const __m64 *)(s + 4)));
+            }
+        } else {
+            for (int64_t k = 0; k < kc; k++)
+                for (int i = 0; i < MR; i++) dst[k * MR + i] = i < n ? src[k * lda + i] : 0.0f;
         }
     }
 }
 
-/* op(B) columns [j0, j0+nj) for a row-major B (K x N): panel[k][j] = B[k0+k][j0+j]. */
+/* op(B) columns [j0, j0+nj) for a row-major B (K x N): panel[k][j] = B[k0+k][j0+j]. Panel by panel. */
 SL_TARGET_AVX2 static void pack_b_rows(const float *B, int64_t ldb, int64_t j0, int64_t nj, int64_t k0, int64_t kc,
                                        float *dst) {
-    int64_t npan = (nj + NR - 1) / NR, full = nj / NR;
-    for (int64_t k = 0; k < kc; k++) {
-        const float *src = B + (k0 + k) * ldb + j0;
-        float *d = dst + k * NR;
-        for (int64_t p = 0; p < full; p++) {
-            _mm256_storeu_ps(d + p * kc * NR, _mm256_loadu_ps(src + p * NR));
-            _mm256_storeu_ps(d + p * kc * NR + 8, _mm256_loadu_ps(src + p * NR + 8));
-        }
-        if (full < npan) {
-            int n = (int)(nj - full * NR);
-            for (int j = 0; j < NR; j++) d[full * kc * NR + j] = j < n ? src[full * NR + j] : 0.0f;
+    for (int64_t p = 0; p * NR < nj; p++, dst += kc * NR) {
+        int n = nj - p * NR < NR ? (int)(nj - p * NR) : NR;
+        const float *src = B + k0 * ldb + j0 + p * NR;
+        if (n == NR) {
+            for (int64_t k = 0; k < kc; k++) {
+                _mm256_storeu_ps(dst + k * NR, _mm256_loadu_ps(src + k * ldb));
+                _mm256_storeu_ps(dst + k * NR + 8, _mm256_loadu_ps(src + k * ldb + 8));
+            }
+        } else {
+            for (int64_t k = 0; k < kc; k++)
+                for (int j = 0; j < NR; j++) dst[k * NR + j] = j < n ? src[k * ldb + j] : 0.0f;
         }
     }
 }
@@ -187,8 +189,8 @@ SL_TARGET_AVX2 static void pack_b_avx2(const sl_gemm_args *g, int64_t j0, int64_
 }
 
 const sl_gemm_impl sl_gemm_impl_avx2_f32 = {
-    .name = "avx2", .mr = MR, .nr = NR, .kgran = 1, .esz = 4, .in_bf16 = 0, .kc = 256, .mc = 1536, .nc = 256,
+    .name = "avx2", .mr = MR, .nr = NR, .kgran = 1, .esz = 4, .in_bf16 = 0, .kc = 384, .mc = 1536, .nc = 192,
     .pack_a = pack_a_avx2, .pack_b = pack_b_avx2, .kernel = kernel_avx2_6x16};
 const sl_gemm_impl sl_gemm_impl_avx2_bf16emu = {
-    .name = "avx2", .mr = MR, .nr = NR, .kgran = 1, .esz = 4, .in_bf16 = 1, .kc = 256, .mc = 1536, .nc = 256,
+    .name = "avx2", .mr = MR, .nr = NR, .kgran = 1, .esz = 4, .in_bf16 = 1, .kc = 384, .mc = 1536, .nc = 192,
     .pack_a = sl_gemm_pack_a_bf16_f32, .pack_b = sl_gemm_pack_b_bf16_f32, .kernel = kernel_avx2_6x16};
