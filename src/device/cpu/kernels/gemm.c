@@ -324,8 +324,8 @@ typedef struct gemm_dispatch {
 
 static const gemm_dispatch *dispatch_get(void) {
     static gemm_dispatch d;
-    static int init;
-    if (!init) {
+    static int init; /* racing first calls compute the same table; the flag publishes it */
+    if (!__atomic_load_n(&init, __ATOMIC_ACQUIRE)) {
         const sl_cpu_features *f = sl_cpu_features_get();
         gemm_dispatch t = {&impl_scalar_f32, &impl_scalar_bf16, "scalar"};
         if (f->avx512f && f->avx512bw && f->avx512vl && f->avx2 && f->fma) {
