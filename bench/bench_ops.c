@@ -125,6 +125,20 @@ double sl_bench_fma_peak(int nthr) {
     return best;
 }
 
+/* bf16 rows run at twice the fp32 peak with vdpbf16ps; the emulated path widens to fp32. */
+static double bf16_peak_factor(void) { return sl_cpu_features_get()->avx512_bf16 ? 2.0 : 1.0; }
+
+/* 1-minute load average (-1 if unknown): how busy the shared machine was. */
+static double loadavg(void) {
+    double l = -1.0;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (fscanf(f, "%lf", &l) != 1) l = -1.0;
+        fclose(f);
+    }
+    return l;
+}
+
 /* ---- timing ---- */
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -150,24 +164,27 @@ static int lib_available(int lib, int bf16) {
     return lib == LIB_OPENBLAS ? anc.ob_sgemm != NULL : anc.dn_sgemm != NULL;
 }
 
-/* One call of case c through library lib. A, B: operands laid out as the case says; C: M x N. */
+/* One call of case c through library lib; seconds, or -1 if the library refused the call. */
 static double run_once(int lib, const gcase *c, const void *A, const void *B, float *C) {
     int64_t lda = c->tA ? c->M : c->K, ldb = c->tB ? c->K : c->N, ldc = c->N;
+    int st = 0;
     double t0 = sl_time_sec();
     if (c->bf16) {
         if (lib == LIB_SUANLI)
             sl_gemm_bf16(c->tA, c->tB, c->M, c->N, c->K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
         else
-            anc.dn_bf16(c->tA ? 'T' : 'N', c->tB ? 'T' : 'N', c->M, c->N, c->K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+            st = anc.dn_bf16(c->tA ? 'T' : 'N', c->tB ? 'T' : 'N', c->M, c->N, c->K, 1.0f, A, lda, B, ldb, 0.0f, C,
+                             ldc);
     } else if (lib == LIB_SUANLI) {
         sl_sgemm(c->tA, c->tB, c->M, c->N, c->K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
     } else if (lib == LIB_OPENBLAS) {
         anc.ob_sgemm(101, c->tA ? 112 : 111, c->tB ? 112 : 111, (int)c->M, (int)c->N, (int)c->K, 1.0f, A, (int)lda,
                      B, (int)ldb, 0.0f, C, (int)ldc);
     } else {
-        anc.dn_sgemm(c->tA ? 'T' : 'N', c->tB ? 'T' : 'N', c->M, c->N, c->K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+        st = anc.dn_sgemm(c->tA ? 'T' : 'N', c->tB ? 'T' : 'N', c->M, c->N, c->K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
     }
-    return sl_time_sec() - t0;
+    double dt = sl_time_sec() - t0;
+    return st == 0 ? dt : -1.0; /* dnnl_status_t: 0 is dnnl_success */
 }
 
 typedef struct brow {
@@ -204,8 +221,11 @@ int sl_bench_ops(int argc, char **argv) {
     if (quick) reps = 1;
     anchors_load();
     int thr_list[2] = {1, maxthr}, nthr_list = maxthr > 1 ? 2 : 1;
+    /* The peak is measured before and after the GEMMs and the larger kept: on a shared machine either
+     * measurement alone may land in a busy moment. */
     double peak[2];
     for (int t = 0; t < nthr_list; t++) peak[t] = sl_bench_fma_peak(thr_list[t]);
+    double load0 = loadavg();
 
     static const int64_t lin[5][2] = {{2304, 768}, {768, 768}, {3072, 768}, {768, 3072}, {50304, 768}};
     const int64_t bts[2] = {256, 1024};
@@ -250,7 +270,10 @@ int sl_bench_ops(int argc, char **argv) {
         printf("anchors: openblas %s (core %s, OPENBLAS_CORETYPE=%s), onednn %s\n",
                anc.ob_sgemm ? "yes" : "n/a", anc.ob_core ? anc.ob_core : "-", coretype ? coretype : "unset",
                anc.dn_sgemm ? "yes" : "n/a");
-        for (int t = 0; t < nthr_list; t++) printf("fp32 FMA peak, %d thread(s): %.1f GFLOP/s\n", thr_list[t], peak[t]);
+        for (int t = 0; t < nthr_list; t++)
+            printf("fp32 FMA peak, %d thread(s): %.1f GFLOP/s (measured again at the end; %%peak uses the larger)\n",
+                   thr_list[t], peak[t]);
+        printf("load average at start: %.2f\n", load0);
         printf("%-4s %-5s %-5s %6s %6s %6s %3s %8s %6s %8s %8s %7s %7s\n", "dt", "pass", "trans", "M", "N", "K", "thr",
                "suanli", "%peak", "openblas", "onednn", "vs_ob", "vs_dnnl");
         fflush(stdout);
@@ -264,17 +287,20 @@ int sl_bench_ops(int argc, char **argv) {
         double flop = 2.0 * (double)c->M * (double)c->N * (double)c->K;
         for (int t = 0; t < nthr_list; t++) {
             set_threads(thr_list[t]);
-            for (int lib = 0; lib < LIB_COUNT; lib++)
-                if (lib_available(lib, c->bf16)) run_once(lib, c, a, b, C); /* warm-up */
+            int ok[LIB_COUNT];
+            for (int lib = 0; lib < LIB_COUNT; lib++) /* warm-up; a library that refuses the case is n/a */
+                ok[lib] = lib_available(lib, c->bf16) && run_once(lib, c, a, b, C) >= 0.0;
             for (int r = 0; r < reps; r++)
-                for (int lib = 0; lib < LIB_COUNT; lib++)
-                    if (lib_available(lib, c->bf16)) dt[lib][r] = run_once(lib, c, a, b, C);
+                for (int l = 0; l < LIB_COUNT; l++) {
+                    int lib = r % 2 ? LIB_COUNT - 1 - l : l; /* alternate the order to cancel drift */
+                    if (ok[lib]) dt[lib][r] = run_once(lib, c, a, b, C);
+                }
             brow *row = &rows[nrows++];
             row->c = *c;
             row->threads = thr_list[t];
-            row->peak = peak[t] * (c->bf16 ? 2.0 : 1.0);
+            row->peak = peak[t] * (c->bf16 ? bf16_peak_factor() : 1.0);
             for (int lib = 0; lib < LIB_COUNT; lib++)
-                row->gflops[lib] = lib_available(lib, c->bf16) ? flop / median(dt[lib], reps) * 1e-9 : -1.0;
+                row->gflops[lib] = ok[lib] ? flop / median(dt[lib], reps) * 1e-9 : -1.0;
             if (!json) {
                 double *g = row->gflops;
                 printf("%-4s %-5s %-5s %6lld %6lld %6lld %3d ", c->bf16 ? "bf16" : "fp32", c->pass, c->trans,
@@ -293,10 +319,33 @@ int sl_bench_ops(int argc, char **argv) {
             }
         }
     }
+    double load1 = loadavg();
+    for (int t = 0; t < nthr_list; t++) {
+        double p2 = sl_bench_fma_peak(thr_list[t]);
+        if (p2 > peak[t]) peak[t] = p2;
+    }
+    for (int i = 0; i < nrows; i++) {
+        int t = rows[i].threads == thr_list[0] ? 0 : 1;
+        rows[i].peak = peak[t] * (rows[i].c.bf16 ? bf16_peak_factor() : 1.0);
+    }
+    if (!json) {
+        for (int t = 0; t < nthr_list; t++) printf("fp32 FMA peak, %d thread(s), max of start and end: %.1f GFLOP/s\n", thr_list[t], peak[t]);
+        printf("load average at end: %.2f\n", load1);
+        printf("summary (%%peak against the final peak):\n");
+        for (int i = 0; i < nrows; i++) {
+            const brow *r = &rows[i];
+            printf("  %-4s %-4s %-3s %5lld %5lld %5lld thr %d: suanli %6.1f = %5.1f%% of peak",
+                   r->c.bf16 ? "bf16" : "fp32", r->c.pass, r->c.trans, (long long)r->c.M, (long long)r->c.N,
+                   (long long)r->c.K, r->threads, r->gflops[0], 100.0 * r->gflops[0] / r->peak);
+            if (r->gflops[2] > 0) printf(", %.2fx onednn", r->gflops[0] / r->gflops[2]);
+            if (r->gflops[1] > 0) printf(", %.2fx openblas", r->gflops[0] / r->gflops[1]);
+            printf("\n");
+        }
+    }
     if (json) {
-        printf("{\"bench\":\"ops\",\"kernel\":\"%s\",\"isa\":\"%s\",\"reps\":%d,\"openblas_coretype\":\"%s\","
+        printf("{\"bench\":\"ops\",\"load_avg_start\":%.2f,\"load_avg_end\":%.2f,\"kernel\":\"%s\",\"isa\":\"%s\",\"reps\":%d,\"openblas_coretype\":\"%s\","
                "\"openblas_core\":\"%s\",\"peak_gflops\":{",
-               sl_gemm_kernel_name(), sl_cpu_isa_name(), reps, coretype ? coretype : "",
+               load0, load1, sl_gemm_kernel_name(), sl_cpu_isa_name(), reps, coretype ? coretype : "",
                anc.ob_core ? anc.ob_core : "");
         for (int t = 0; t < nthr_list; t++) printf("%s\"%d\":%.2f", t ? "," : "", thr_list[t], peak[t]);
         printf("},\"rows\":[");

@@ -172,10 +172,10 @@ typedef struct gemm_plan {
     const sl_gemm_args *g;
     const sl_gemm_impl *im;
     int nthr;
-    int split_n;        /* 1: threads split N and share packed A; 0: threads split M, pack privately */
+    int split_n;        /* 1: threads split N; 0: threads split M */
     size_t a_bytes;     /* one packed A block (mc x kc) */
     size_t b_bytes;     /* one packed B chunk (kc x nc) */
-    char *ws;           /* split_n: [A shared][B t0][B t1]...; else [A t0][B t0][A t1][B t1]... */
+    char *ws;           /* [A t0][B t0][A t1][B t1]... */
 } gemm_plan;
 
 /* Multiply the packed A block (npa micro-panels) by op(B) columns [n0, n1), K block (k0, kc). */
@@ -209,59 +209,34 @@ static void block_times_b(const gemm_plan *p, const char *apack, int64_t ic, int
     }
 }
 
-static void pack_a_panels(const gemm_plan *p, char *apack, int64_t ic, int64_t mcur, int64_t k0, int64_t kc,
-                          int64_t first, int64_t step) {
-    const sl_gemm_impl *im = p->im;
-    const size_t apanel = (size_t)ceil_div(kc, im->kgran) * im->kgran * im->mr * im->esz;
-    int64_t npa = ceil_div(mcur, im->mr);
-    int64_t p0 = npa * first / step, p1 = npa * (first + 1) / step; /* this thread's share of the panels */
-    if (p1 > p0)
-        im->pack_a(p->g, ic + p0 * im->mr, imin64(mcur, p1 * im->mr) - p0 * im->mr, k0, kc, im->mr,
-                   apack + p0 * apanel);
-}
-
-/* Thread `tid` of the plan. Every thread runs the same loop nest (barriers must match). */
+/* Thread `tid` of the plan computes its own block of C, C[m0:m1, n0:n1], packing its own A blocks and B
+ * chunks. Threads never wait for each other: on a shared machine a descheduled thread delays only its own
+ * share (sharing one packed A block would need a barrier per K block, and every barrier would wait for the
+ * slowest thread). The price is packing the other operand once per thread, which the split choice in
+ * sl_gemm_run keeps to the smaller of A and B. */
 static void gemm_thread(const gemm_plan *p, int tid) {
     const sl_gemm_args *g = p->g;
     const sl_gemm_impl *im = p->im;
     const int nthr = p->nthr;
+    char *apack = p->ws + (size_t)tid * (p->a_bytes + p->b_bytes);
+    char *bpack = apack + p->a_bytes;
+    int64_t m0 = 0, m1 = g->M, n0 = 0, n1 = g->N;
     if (p->split_n) {
-        char *apack = p->ws;
-        char *bpack = p->ws + p->a_bytes + (size_t)tid * p->b_bytes;
         int64_t npb = ceil_div(g->N, im->nr);
-        int64_t n0 = imin64(g->N, npb * tid / nthr * im->nr);
-        int64_t n1 = imin64(g->N, npb * (tid + 1) / nthr * im->nr);
-        for (int64_t ic = 0; ic < g->M; ic += im->mc) {
-            int64_t mcur = imin64(im->mc, g->M - ic);
-            for (int64_t k0 = 0; k0 < g->K; k0 += im->kc) {
-                int64_t kc = imin64(im->kc, g->K - k0);
-#ifdef _OPENMP
-                if (nthr > 1) {
-#pragma omp barrier
-                }
-#endif
-                pack_a_panels(p, apack, ic, mcur, k0, kc, tid, nthr);
-#ifdef _OPENMP
-                if (nthr > 1) {
-#pragma omp barrier
-                }
-#endif
-                block_times_b(p, apack, ic, mcur, k0, kc, n0, n1, bpack);
-            }
-        }
+        n0 = imin64(g->N, npb * tid / nthr * im->nr);
+        n1 = imin64(g->N, npb * (tid + 1) / nthr * im->nr);
     } else {
-        char *apack = p->ws + (size_t)tid * (p->a_bytes + p->b_bytes);
-        char *bpack = apack + p->a_bytes;
         int64_t npa = ceil_div(g->M, im->mr);
-        int64_t m0 = imin64(g->M, npa * tid / nthr * im->mr);
-        int64_t m1 = imin64(g->M, npa * (tid + 1) / nthr * im->mr);
-        for (int64_t ic = m0; ic < m1; ic += im->mc) {
-            int64_t mcur = imin64(im->mc, m1 - ic);
-            for (int64_t k0 = 0; k0 < g->K; k0 += im->kc) {
-                int64_t kc = imin64(im->kc, g->K - k0);
-                pack_a_panels(p, apack, ic, mcur, k0, kc, 0, 1);
-                block_times_b(p, apack, ic, mcur, k0, kc, 0, g->N, bpack);
-            }
+        m0 = imin64(g->M, npa * tid / nthr * im->mr);
+        m1 = imin64(g->M, npa * (tid + 1) / nthr * im->mr);
+    }
+    if (m1 <= m0 || n1 <= n0) return;
+    for (int64_t ic = m0; ic < m1; ic += im->mc) {
+        int64_t mcur = imin64(im->mc, m1 - ic);
+        for (int64_t k0 = 0; k0 < g->K; k0 += im->kc) {
+            int64_t kc = imin64(im->kc, g->K - k0);
+            im->pack_a(g, ic, mcur, k0, kc, im->mr, apack);
+            block_times_b(p, apack, ic, mcur, k0, kc, n0, n1, bpack);
         }
     }
 }
@@ -305,10 +280,13 @@ void sl_gemm_run(const sl_gemm_args *g, const sl_gemm_impl *im, int nthr) {
     int64_t kc = imin64(im->kc, ceil_div(g->K, im->kgran) * im->kgran);
     int64_t mc = imin64(im->mc, ceil_div(g->M, im->mr) * im->mr);
     int64_t nc = imin64(im->nc, ceil_div(g->N, im->nr) * im->nr);
-    p.split_n = nthr > 1 && split_balance(ceil_div(g->N, im->nr), nthr) >= split_balance(ceil_div(g->M, im->mr), nthr);
     p.a_bytes = round_up_sz((size_t)mc * (size_t)kc * (size_t)im->esz, 4096);
     p.b_bytes = round_up_sz((size_t)nc * (size_t)kc * (size_t)im->esz, 4096);
-    size_t total = p.split_n ? p.a_bytes + (size_t)nthr * p.b_bytes : (size_t)nthr * (p.a_bytes + p.b_bytes);
+    /* Split the dimension that shares out more evenly; if both do, split N when A is the smaller operand
+     * (each thread then packs all of A) and M otherwise (each packs all of B). */
+    double bal_n = split_balance(ceil_div(g->N, im->nr), nthr), bal_m = split_balance(ceil_div(g->M, im->mr), nthr);
+    p.split_n = bal_n > bal_m + 0.05 ? 1 : bal_m > bal_n + 0.05 ? 0 : g->M <= g->N;
+    size_t total = (size_t)nthr * (p.a_bytes + p.b_bytes);
     p.ws = (char *)workspace_get(total);
     if (!p.ws) {
         SL_LOGW("sl_gemm: cannot allocate %zu bytes of packing workspace; using the slow unpacked loop", total);
@@ -327,7 +305,6 @@ void sl_gemm_run(const sl_gemm_args *g, const sl_gemm_impl *im, int nthr) {
         else if (omp_get_thread_num() == 0) {
             gemm_plan q = p;
             q.nthr = 1;
-            q.split_n = 0;
             gemm_thread(&q, 0);
         }
     }
@@ -347,8 +324,8 @@ typedef struct gemm_dispatch {
 
 static const gemm_dispatch *dispatch_get(void) {
     static gemm_dispatch d;
-    static int init;
-    if (!init) {
+    static int init; /* racing first calls compute the same table; the flag publishes it */
+    if (!__atomic_load_n(&init, __ATOMIC_ACQUIRE)) {
         const sl_cpu_features *f = sl_cpu_features_get();
         gemm_dispatch t = {&impl_scalar_f32, &impl_scalar_bf16, "scalar"};
         if (f->avx512f && f->avx512bw && f->avx512vl && f->avx2 && f->fma) {

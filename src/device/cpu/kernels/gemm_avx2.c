@@ -1,7 +1,7 @@
 /* gemm_avx2.c — AVX2+FMA micro-kernel for the blocked GEMM (see Note [GEMM structure], gemm_internal.h).
  * 6x16 register tile: 12 ymm accumulators, 2 ymm of B, 1 broadcast of A (15 of 16 ymm registers).
  * Compiled with a target attribute so the library needs no -march flag; only called when CPUID says
- * AVX2 and FMA are present. Packing uses the generic packers of gemm.c. */
+ * AVX2 and FMA are present. Packers: gemm_avx2_pack.inc, for fp32 and (widening) bf16 inputs. */
 #include <immintrin.h>
 #include <string.h>
 
@@ -16,9 +16,15 @@ SL_TARGET_AVX2 static void kernel_avx2_6x16(int64_t ksteps, const void *a_, cons
     const float *a = (const float *)a_, *b = (const float *)b_;
     __m256 acc[MR][2];
 #pragma GCC unroll 6
-    for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-#pragma GCC unroll 2
+    for (int i = 0; i < MR; i++) {
+        acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+        /* C is read (beta != 0) or written after ~ksteps*6 cycles: start fetching it now */
+        _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);
+        _mm_prefetch((const char *)(c + i * ldc + NR - 1), _MM_HINT_T0);
+    }
+#pragma GCC unroll 4
     for (int64_t k = 0; k < ksteps; k++) {
+        _mm_prefetch((const char *)(b + 8 * NR), _MM_HINT_T0);
         __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
 #pragma GCC unroll 6
         for (int i = 0; i < MR; i++) {
@@ -87,102 +93,43 @@ SL_TARGET_AVX2 static inline void store6(float *d, __m256 v) {
     _mm_storel_pi((__m64 *)(d + 4), _mm256_extractf128_ps(v, 1));
 }
 
-/* op(A) rows [i0, i0+ni) for a row-major A (M x K): panel[k][i] = A[i0+i][k0+k]. */
-SL_TARGET_AVX2 static void pack_a_rows(const float *A, int64_t lda, int64_t i0, int64_t ni, int64_t k0, int64_t kc,
-                                       float *dst) {
-    for (int64_t p = 0; p * MR < ni; p++, dst += kc * MR) {
-        int n = ni - p * MR < MR ? (int)(ni - p * MR) : MR;
-        const float *src = A + (i0 + p * MR) * lda + k0;
-        int64_t k = 0;
-        if (n == MR) {
-            for (; k + 8 <= kc; k += 8) {
-                __m256 r[8];
-                for (int i = 0; i < MR; i++) r[i] = _mm256_loadu_ps(src + i * lda + k);
-                r[6] = r[7] = _mm256_setzero_ps();
-                transpose8x8(r);
-                for (int j = 0; j < 8; j++) store6(dst + (k + j) * MR, r[j]);
-            }
-        }
-        for (; k < kc; k++)
-            for (int i = 0; i < MR; i++) dst[k * MR + i] = i < n ? src[i * lda + k] : 0.0f;
-    }
+#define SL_CAT_(a, b) a##b
+#define SL_CAT(a, b) SL_CAT_(a, b)
+
+/* 8 bf16 -> 8 fp32 (exact: bf16 is the top half of an fp32) */
+SL_TARGET_AVX2 static inline __m256 bf16x8_to_f32(const uint16_t *p) {
+    __m128i h = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
 }
 
-/* op(A) rows [i0, i0+ni) for a transposed A (K x M): panel[k][i] = A[k0+k][i0+i]. */
-SL_TARGET_AVX2 static void pack_a_cols(const float *A, int64_t lda, int64_t i0, int64_t ni, int64_t k0, int64_t kc,
-                                       float *dst) {
-    int64_t npan = (ni + MR - 1) / MR, full = ni / MR;
-    for (int64_t k = 0; k < kc; k++) {
-        const float *src = A + (k0 + k) * lda + i0;
-        float *d = dst + k * MR;
-        for (int64_t p = 0; p < full; p++) {
-            _mm_storeu_ps(d + p * kc * MR, _mm_loadu_ps(src + p * MR));
-            _mm_storel_pi((__m64 *)(d + p * kc * MR + 4), _mm_loadl_pi(_mm_setzero_ps(), (const __m64 *)(src + p * MR + 4)));
-        }
-        if (full < npan) {
-            int n = (int)(ni - full * MR);
-            for (int i = 0; i < MR; i++) d[full * kc * MR + i] = i < n ? src[full * MR + i] : 0.0f;
-        }
-    }
-}
+#define SL_T float
+#define SL_NAME(x) SL_CAT(x, f32)
+#define SL_LD8(p) _mm256_loadu_ps(p)
+#define SL_LD1(x) (x)
+#define SL_IS_F32 1
+#include "device/cpu/kernels/gemm_avx2_pack.inc"
+#undef SL_T
+#undef SL_NAME
+#undef SL_LD8
+#undef SL_LD1
+#undef SL_IS_F32
 
-/* op(B) columns [j0, j0+nj) for a row-major B (K x N): panel[k][j] = B[k0+k][j0+j]. */
-SL_TARGET_AVX2 static void pack_b_rows(const float *B, int64_t ldb, int64_t j0, int64_t nj, int64_t k0, int64_t kc,
-                                       float *dst) {
-    int64_t npan = (nj + NR - 1) / NR, full = nj / NR;
-    for (int64_t k = 0; k < kc; k++) {
-        const float *src = B + (k0 + k) * ldb + j0;
-        float *d = dst + k * NR;
-        for (int64_t p = 0; p < full; p++) {
-            _mm256_storeu_ps(d + p * kc * NR, _mm256_loadu_ps(src + p * NR));
-            _mm256_storeu_ps(d + p * kc * NR + 8, _mm256_loadu_ps(src + p * NR + 8));
-        }
-        if (full < npan) {
-            int n = (int)(nj - full * NR);
-            for (int j = 0; j < NR; j++) d[full * kc * NR + j] = j < n ? src[full * NR + j] : 0.0f;
-        }
-    }
-}
-
-/* op(B) columns [j0, j0+nj) for a transposed B (N x K): panel[k][j] = B[j0+j][k0+k]. */
-SL_TARGET_AVX2 static void pack_b_cols(const float *B, int64_t ldb, int64_t j0, int64_t nj, int64_t k0, int64_t kc,
-                                       float *dst) {
-    for (int64_t p = 0; p * NR < nj; p++, dst += kc * NR) {
-        int n = nj - p * NR < NR ? (int)(nj - p * NR) : NR;
-        const float *src = B + (j0 + p * NR) * ldb + k0;
-        int64_t k = 0;
-        if (n == NR) {
-            for (; k + 8 <= kc; k += 8) {
-                for (int h = 0; h < 2; h++) {
-                    __m256 r[8];
-                    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + (h * 8 + i) * ldb + k);
-                    transpose8x8(r);
-                    for (int j = 0; j < 8; j++) _mm256_storeu_ps(dst + (k + j) * NR + h * 8, r[j]);
-                }
-            }
-        }
-        for (; k < kc; k++)
-            for (int j = 0; j < NR; j++) dst[k * NR + j] = j < n ? src[j * ldb + k] : 0.0f;
-    }
-}
-
-SL_TARGET_AVX2 static void pack_a_avx2(const sl_gemm_args *g, int64_t i0, int64_t ni, int64_t k0, int64_t kc, int mr,
-                                       void *dst) {
-    (void)mr;
-    if (g->transA) pack_a_cols((const float *)g->A, g->lda, i0, ni, k0, kc, (float *)dst);
-    else pack_a_rows((const float *)g->A, g->lda, i0, ni, k0, kc, (float *)dst);
-}
-
-SL_TARGET_AVX2 static void pack_b_avx2(const sl_gemm_args *g, int64_t j0, int64_t nj, int64_t k0, int64_t kc, int nr,
-                                       void *dst) {
-    (void)nr;
-    if (g->transB) pack_b_cols((const float *)g->B, g->ldb, j0, nj, k0, kc, (float *)dst);
-    else pack_b_rows((const float *)g->B, g->ldb, j0, nj, k0, kc, (float *)dst);
-}
+#define SL_T uint16_t
+#define SL_NAME(x) SL_CAT(x, bf16)
+#define SL_LD8(p) bf16x8_to_f32(p)
+#define SL_LD1(x) bf16_to_f32(x)
+#define SL_IS_F32 0
+#include "device/cpu/kernels/gemm_avx2_pack.inc"
 
 const sl_gemm_impl sl_gemm_impl_avx2_f32 = {
-    .name = "avx2", .mr = MR, .nr = NR, .kgran = 1, .esz = 4, .in_bf16 = 0, .kc = 256, .mc = 1536, .nc = 512,
-    .pack_a = pack_a_avx2, .pack_b = pack_b_avx2, .kernel = kernel_avx2_6x16};
+    .name = "avx2", .mr = MR, .nr = NR, .kgran = 1, .esz = 4, .in_bf16 = 0, .kc = 384, .mc = 1536, .nc = 192,
+    .pack_a = pack_a_avx2_f32, .pack_b = pack_b_avx2_f32, .kernel = kernel_avx2_6x16};
 const sl_gemm_impl sl_gemm_impl_avx2_bf16emu = {
-    .name = "avx2", .mr = MR, .nr = NR, .kgran = 1, .esz = 4, .in_bf16 = 1, .kc = 256, .mc = 1536, .nc = 512,
-    .pack_a = sl_gemm_pack_a_bf16_f32, .pack_b = sl_gemm_pack_b_bf16_f32, .kernel = kernel_avx2_6x16};
+    .name = "avx2", .mr = MR, .nr = NR, .kgran = 1, .esz = 4, .in_bf16 = 1, .kc = 384, .mc = 1536, .nc = 192,
+    .pack_a = pack_a_avx2_bf16, .pack_b = pack_b_avx2_bf16, .kernel = kernel_avx2_6x16};

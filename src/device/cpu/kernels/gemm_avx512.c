@@ -8,14 +8,21 @@
  * bf16: the same tile with vdpbf16ps on k pairs (AVX512_BF16): panel[k/2][i][k%2].
  * Packers transpose 8x8 / 16x16 blocks in registers for the transposed layouts.
  * Compiled with target attributes; only called when CPUID reports the features. */
-#include <immintrin.h>
 #include <string.h>
 
 #include "device/cpu/kernels/gemm_internal.h"
 #include "suanli/base.h"
 
+#ifdef SL_GEMM_AVX512_EMULATED
+/* tests/kernels/test_gemm_avx512_emu.c includes this file after SIMDe (portable C versions of the
+ * intrinsics), so the AVX-512 code is tested on CPUs without AVX-512. */
+#define SL_TARGET_AVX512
+#define SL_TARGET_AVX512BF16
+#else
+#include <immintrin.h>
 #define SL_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
 #define SL_TARGET_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")))
+#endif
 
 enum { MR = 8, NR = 48 };
 
