@@ -253,7 +253,7 @@ sl_tensor *sl_attention(sl_ctx *ctx, sl_tensor *q, sl_tensor *k, sl_tensor *v) {
     t->src[0] = q;
     t->src[1] = k;
     t->src[2] = v;
-    t->aux_bytes = sizeof(float) * (size_t)(B * NH * T * T); /* softmax probabilities for backward */
+    t->aux_bytes = sizeof(float) * (size_t)(B * NH * T); /* per-row logsumexp (B, NH, T) for backward */
     return t;
 }
 
