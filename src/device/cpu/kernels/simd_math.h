@@ -12,7 +12,7 @@
  * e^r = 1 + r + r^2 P(r) with Cephes' degree-5 P on |r| <= ln2/2, then 2^n by scalef (AVX-512) or by
  * multiplying by two exponent-built powers (AVX2; inputs below -87.34 return 0).
  * tanh: odd Taylor series through u^17 for |u| < 0.55 (truncation < 1 ulp there), otherwise
- * sign(u) (1 - 2 / (e^{2|u|} + 1)) with |u| clamped to 9 (tanh(9) rounds to 1 in fp32). Both branches
+ * sign(u) (1 - 2 / (e^{2|u|} + 1)) with |u| clamped to 9.1 (tanh(u) rounds to 1 in fp32 from u = 9.02 on). Both branches
  * are computed and blended per lane, so results do not depend on the position of an element.
  */
 #ifndef SL_DEVICE_CPU_KERNELS_SIMD_MATH_H
@@ -57,7 +57,7 @@ const char *sl_kern_isa_name(int isa);
 #define SL_TANH_T7 (-1.45583438705e-3f)
 #define SL_TANH_T8 5.90027440946e-4f
 #define SL_TANH_SMALL 0.55f
-#define SL_TANH_CLAMP 9.0f
+#define SL_TANH_CLAMP 9.1f
 
 /* ---- scalar twins (same formulas; for tests and scalar tails) ---- */
 static inline float sl_exp_poly(float x) {

@@ -7,6 +7,9 @@
 
 #if SL_HAVE_X86
 #pragma GCC push_options
+/* fp-contract off: a product is fused into an add only where the source says VFMA (exact cancellation
+ * in e.g. layernorm backward with C = 1 depends on it) */
+#pragma GCC optimize("fp-contract=off")
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
 
 typedef __m512 vf;
