@@ -7,6 +7,7 @@
  * 1e-6 + 1e-5; gelu_back 1e-5 + 1e-4 (its 1 - tanh^2 term turns a 1-ulp tanh difference near |tanh| = 1
  * into a larger relative one, in both variants); row reductions (layernorm, softmax, cross-entropy) 1e-5 + 1e-4; attention 2e-5 + 2e-4.
  * Vector exp/tanh: <= 2 ulp against double-precision libm on a dense sweep.
+ * AdamW: bitwise equal to the scalar formula, 1 and 2 threads.
  * Also: MATMUL with bf16 operands against fp32 matmul of the bf16-rounded inputs (1e-5 + 1e-5). */
 #include <string.h>
 
@@ -15,6 +16,7 @@
 #include "device/cpu/kernels/vec_kernels.h"
 #include "suanli/device.h"
 #include "suanli/graph.h"
+#include "suanli/nn.h"
 #include "testutil.h"
 
 typedef sl_status (*kfn)(sl_tensor *);
@@ -361,6 +363,67 @@ static void test_matmul_bf16(void) {
         }
 }
 
+/* AdamW over a fake flat model (odd tensor sizes, decay on some): bitwise equal to the plain scalar
+ * formula of Note [AdamW order of operations], for 1 and 2 threads, over 3 steps. */
+static void test_adamw(void) {
+    const int64_t sizes[] = {1, 3, 17, 63, 65, 1000, 40000};
+    enum { NP = 7 };
+    sl_param_info pi[NP];
+    int64_t off = 0;
+    for (int i = 0; i < NP; i++) {
+        pi[i] = (sl_param_info){.t = NULL, .offset = off, .numel = sizes[i], .decay = i % 2, .init = 0};
+        off += sizes[i];
+    }
+    for (int threads = 1; threads <= 2; threads++) {
+        sl_model m = {.params = pi, .n_params = NP, .numel = off};
+        m.params_mem = rnd(off, 1.0f);
+        float *p_ref = malloc(sizeof(float) * (size_t)off), *m_ref = calloc((size_t)off, 4), *v_ref = calloc((size_t)off, 4);
+        memcpy(p_ref, m.params_mem, sizeof(float) * (size_t)off);
+        sl_adamw opt;
+        sl_adamw_hparams hp = {0.9f, 0.95f, 1e-8f, 0.1f};
+        TU_CHECK(sl_adamw_init(&opt, &m, hp) == SL_OK, "adamw init");
+        sl_threads_set(threads);
+        for (int step = 1; step <= 3; step++) {
+            m.grads_mem = rnd(off, 0.5f);
+            float lr = 1e-3f * (float)step;
+            sl_adamw_step(&opt, &m, lr);
+            double bc1 = 1.0 - pow(0.9, step), bc2 = 1.0 - pow((double)0.95f, step);
+            float b1 = 0.9f, b2 = 0.95f, ss = (float)(lr / (1.0 - pow((double)b1, step))), bs = (float)sqrt(bc2);
+            (void)bc1;
+            for (int i = 0; i < NP; i++) {
+                float decay = pi[i].decay ? 1.0f - lr * hp.weight_decay : 1.0f;
+                for (int64_t k = pi[i].offset; k < pi[i].offset + pi[i].numel; k++) {
+                    volatile float gk = m.grads_mem[k], t1, t2;
+                    p_ref[k] *= decay;
+                    t1 = gk - m_ref[k];
+                    t1 = (1.0f - b1) * t1;
+                    m_ref[k] += t1;
+                    t1 = v_ref[k] * b2;
+                    t2 = (1.0f - b2) * gk;
+                    t2 = t2 * gk;
+                    v_ref[k] = t1 + t2;
+                    t1 = sqrtf(v_ref[k]);
+                    t1 = t1 / bs;
+                    t1 = t1 + hp.eps;
+                    t2 = m_ref[k] / t1;
+                    t2 = -ss * t2;
+                    p_ref[k] += t2;
+                }
+            }
+            free(m.grads_mem);
+        }
+        TU_CHECK(memcmp(p_ref, m.params_mem, sizeof(float) * (size_t)off) == 0, "adamw params bitwise (%d threads)", threads);
+        TU_CHECK(memcmp(m_ref, opt.m, sizeof(float) * (size_t)off) == 0, "adamw m bitwise (%d threads)", threads);
+        TU_CHECK(memcmp(v_ref, opt.v, sizeof(float) * (size_t)off) == 0, "adamw v bitwise (%d threads)", threads);
+        sl_adamw_free(&opt);
+        free(m.params_mem);
+        free(p_ref);
+        free(m_ref);
+        free(v_ref);
+    }
+    sl_threads_set(2);
+}
+
 int main(void) {
     int best = sl_kern_isa();
     for (int isa = best; isa >= SL_KISA_SCALAR; isa--) {
@@ -376,5 +439,6 @@ int main(void) {
     sl_kern_isa_force(-1);
     g_isa = sl_kern_isa_name(best);
     test_matmul_bf16();
+    test_adamw();
     return tu_finish("test_kernels_simd");
 }
