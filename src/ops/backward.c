@@ -60,6 +60,8 @@ void sl_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_g
         int folded = (b->ndim == 2 && a->ndim > 2);
         sl_tensor *A = folded ? as_2d_rows(ctx, a) : a;
         sl_tensor *G = folded ? as_2d_rows(ctx, g) : g;
+        /* bf16 operands: the gradient enters the GEMMs rounded to bf16 (products stay f32) */
+        if (a->dtype == SL_BF16 && G->dtype != SL_BF16) G = sl_cast(ctx, G, SL_BF16);
         if (ng[0]) {
             sl_tensor *dA;
             if (!tA) dA = tB ? sl_matmul(ctx, G, b, 0, 0) : sl_matmul(ctx, G, b, 0, 1);

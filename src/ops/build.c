@@ -181,7 +181,8 @@ sl_tensor *sl_scatter_add(sl_ctx *ctx, sl_tensor *dst, sl_tensor *src, const sl_
 /* ---------------- matmul ---------------- */
 
 sl_tensor *sl_matmul(sl_ctx *ctx, sl_tensor *a, sl_tensor *b, int transA, int transB) {
-    SL_ASSERT(a->ndim >= 2 && b->ndim >= 2 && a->dtype == b->dtype);
+    /* operands both f32 or both bf16 (fp32 accumulation); the product is f32 */
+    SL_ASSERT(a->ndim >= 2 && b->ndim >= 2 && a->dtype == b->dtype && (a->dtype == SL_F32 || a->dtype == SL_BF16));
     SL_ASSERT(a->nb[a->ndim - 1] == 1 && b->nb[b->ndim - 1] == 1); /* rows contiguous */
     int64_t aM = transA ? a->ne[a->ndim - 1] : a->ne[a->ndim - 2];
     int64_t aK = transA ? a->ne[a->ndim - 2] : a->ne[a->ndim - 1];
@@ -253,7 +254,7 @@ sl_tensor *sl_attention(sl_ctx *ctx, sl_tensor *q, sl_tensor *k, sl_tensor *v) {
     t->src[0] = q;
     t->src[1] = k;
     t->src[2] = v;
-    t->aux_bytes = sizeof(float) * (size_t)(B * NH * T * T); /* softmax probabilities for backward */
+    t->aux_bytes = sizeof(float) * (size_t)(B * NH * T); /* per-row logsumexp (B, NH, T) for backward */
     return t;
 }
 

@@ -1,5 +1,6 @@
 /* AdamW, gradient clipping and the LR schedule over the flat buffers. */
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
 #include "suanli/nn.h"
@@ -28,26 +29,64 @@ void sl_adamw_free(sl_adamw *o) {
 /* Note [AdamW order of operations]
  * Mirrors torch.optim.AdamW (single-tensor path) operation by operation so fp32 results agree to
  * rounding: p *= 1 - lr*wd; m = lerp(m, g, 1-b1); v = v*b2 + (1-b2)*g*g;
- * p -= (lr / (1-b1^t)) * m / (sqrt(v) / sqrt(1-b2^t) + eps). */
+ * p -= (lr / (1-b1^t)) * m / (sqrt(v) / sqrt(1-b2^t) + eps).
+ * Every element is computed with IEEE single-precision operations in that order (no FMA contraction),
+ * so the SIMD width (SSE2 or AVX2) and the thread partition do not change a single bit. One parallel
+ * region covers all parameters: each thread updates a contiguous share of every tensor (no barriers). */
+typedef struct {
+    float b1, b2, eps, step_size, bc2_sqrt;
+} adamw_k;
+
+#define ADAMW_SPAN_BODY                                                                            \
+    for (int64_t k = 0; k < n; k++) {                                                              \
+        float gk = g[k];                                                                           \
+        p[k] *= decay;                                                                             \
+        mm[k] += (1.0f - c.b1) * (gk - mm[k]);                                                     \
+        vv[k] = vv[k] * c.b2 + (1.0f - c.b2) * gk * gk;                                            \
+        float denom = sqrtf(vv[k]) / c.bc2_sqrt + c.eps;                                           \
+        p[k] += -c.step_size * (mm[k] / denom);                                                    \
+    }
+
+__attribute__((optimize("fp-contract=off"))) static void adamw_span(float *restrict p, const float *restrict g,
+                                                                    float *restrict mm, float *restrict vv,
+                                                                    int64_t n, float decay, adamw_k c) {
+#pragma omp simd
+    ADAMW_SPAN_BODY
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"), optimize("fp-contract=off"))) static void adamw_span_avx2(
+    float *restrict p, const float *restrict g, float *restrict mm, float *restrict vv, int64_t n, float decay,
+    adamw_k c) {
+#pragma omp simd
+    ADAMW_SPAN_BODY
+}
+#endif
+
 void sl_adamw_step(sl_adamw *o, sl_model *m, float lr) {
     o->t++;
     const float b1 = o->hp.beta1, b2 = o->hp.beta2, eps = o->hp.eps;
     double bc1 = 1.0 - pow((double)b1, (double)o->t), bc2 = 1.0 - pow((double)b2, (double)o->t);
-    float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);
-    for (int i = 0; i < m->n_params; i++) {
-        const sl_param_info *pi = &m->params[i];
-        float decay = pi->decay ? 1.0f - lr * o->hp.weight_decay : 1.0f;
-        float *p = m->params_mem + pi->offset, *g = m->grads_mem + pi->offset;
-        float *mm = o->m + pi->offset, *vv = o->v + pi->offset;
-        int64_t n = pi->numel;
-#pragma omp parallel for simd schedule(static) if (n > 32768)
-        for (int64_t k = 0; k < n; k++) {
-            float gk = g[k];
-            p[k] *= decay;
-            mm[k] += (1.0f - b1) * (gk - mm[k]);
-            vv[k] = vv[k] * b2 + (1.0f - b2) * gk * gk;
-            float denom = sqrtf(vv[k]) / bc2_sqrt + eps;
-            p[k] += -step_size * (mm[k] / denom);
+    adamw_k c = {b1, b2, eps, (float)(lr / bc1), (float)sqrt(bc2)};
+    int avx2 = 0;
+#if defined(__x86_64__)
+    avx2 = sl_cpu_features_get()->avx2;
+#endif
+#pragma omp parallel
+    {
+        int64_t nt = omp_get_num_threads(), tid = omp_get_thread_num();
+        for (int i = 0; i < m->n_params; i++) {
+            const sl_param_info *pi = &m->params[i];
+            float decay = pi->decay ? 1.0f - lr * o->hp.weight_decay : 1.0f;
+            int64_t n = pi->numel, a = n * tid / nt, e = n * (tid + 1) / nt, off = pi->offset + a;
+            if (e <= a) continue;
+#if defined(__x86_64__)
+            if (avx2) {
+                adamw_span_avx2(m->params_mem + off, m->grads_mem + off, o->m + off, o->v + off, e - a, decay, c);
+                continue;
+            }
+#endif
+            adamw_span(m->params_mem + off, m->grads_mem + off, o->m + off, o->v + off, e - a, decay, c);
         }
     }
 }

@@ -79,11 +79,14 @@ static int cpu_supports(sl_backend *be, const sl_tensor *n) {
         return 1; /* byte movement: any dtype */
     case SL_OP_CAST:
         return n->dtype != SL_I32 && n->src[0]->dtype != SL_I32;
+    case SL_OP_MATMUL: /* f32 x f32 or bf16 x bf16 (sl_gemm_bf16), f32 out */
+        return n->dtype == SL_F32 && n->src[0]->dtype == n->src[1]->dtype &&
+               (n->src[0]->dtype == SL_F32 || n->src[0]->dtype == SL_BF16);
     default:
         for (int i = 0; i < SL_MAX_SRC; i++) {
             const sl_tensor *s = n->src[i];
             if (!s) continue;
-            if (s->dtype == SL_BF16) return 0; /* bf16 compute kernels come with the operator library */
+            if (s->dtype == SL_BF16) return 0; /* bf16 compute: casts and matmul only */
         }
         return n->dtype == SL_F32;
     }

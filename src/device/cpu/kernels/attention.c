@@ -1,29 +1,32 @@
-/* Causal multi-head attention with grouped KV heads. Forward stores the softmax probabilities in the
- * node's aux area (B, NH, T, T) for the backward pass. (A flash-style kernel that keeps only the
- * per-row logsumexp is the operator library's job; this is the reference-grade path.) */
+/* Causal multi-head attention with grouped KV heads. The forward pass saves only the per-row logsumexp
+ * of the scaled scores, lse (B, NH, T), in the node's aux area; backward recomputes the probabilities.
+ * sl_k_attention[_back] run the flash-style SIMD kernel (vec_attention.inc); the *_ref kernels are the
+ * scalar reference (row by row, the tests' oracle) with the same aux contract. */
 #include <math.h>
 #include <string.h>
 
 #include "device/cpu/kernels/kernels.h"
+#include "device/cpu/kernels/vec_kernels.h"
 
-sl_status sl_k_attention(sl_tensor *n) {
+sl_status sl_k_attention_ref(sl_tensor *n) {
     sl_tensor *q = n->src[0], *k = n->src[1], *v = n->src[2];
     int64_t B = q->ne[0], T = q->ne[1], NH = q->ne[2], hs = q->ne[3], NKV = k->ne[2];
     int64_t grp = NH / NKV;
     float scale = 1.0f / sqrtf((float)hs);
     const float *pq = q->data, *pk = k->data, *pv = v->data;
     float *out = n->data;
-    float *P = (float *)((char *)n->data + sl_nbytes(n));
+    float *lse = (float *)((char *)n->data + sl_nbytes(n));
+    float *P = malloc(sizeof(float) * (size_t)(B * NH * T > 0 ? B * NH * T : 1) * (size_t)(T ? T : 1));
+    if (!P) return sl_fail(SL_ERR_NOMEM, "attention_ref: out of memory");
 #pragma omp parallel for schedule(dynamic, 4)
     for (int64_t idx = 0; idx < B * NH * T; idx++) {
         int64_t t = idx % T, h = (idx / T) % NH, b = idx / (T * NH), kh = h / grp;
         const float *qr = pq + b * q->nb[0] + t * q->nb[1] + h * q->nb[2];
-        float *p = P + ((b * NH + h) * T + t) * T;
+        float *p = P + idx * T;
         float mx = -INFINITY;
         for (int64_t j = 0; j <= t; j++) {
             const float *kr = pk + b * k->nb[0] + j * k->nb[1] + kh * k->nb[2];
             float s = 0;
-#pragma omp simd reduction(+ : s)
             for (int64_t d = 0; d < hs; d++) s += qr[d] * kr[d];
             s *= scale;
             p[j] = s;
@@ -36,73 +39,113 @@ sl_status sl_k_attention(sl_tensor *n) {
         }
         float inv = 1.0f / sum;
         for (int64_t j = 0; j <= t; j++) p[j] *= inv;
-        for (int64_t j = t + 1; j < T; j++) p[j] = 0;
+        lse[(b * NH + h) * T + t] = mx + logf(sum);
         float *o = out + (b * T + t) * NH * hs + h * hs;
         for (int64_t d = 0; d < hs; d++) o[d] = 0;
         for (int64_t j = 0; j <= t; j++) {
             const float *vr = pv + b * v->nb[0] + j * v->nb[1] + kh * v->nb[2];
             float pj = p[j];
-#pragma omp simd
             for (int64_t d = 0; d < hs; d++) o[d] += pj * vr[d];
         }
     }
+    free(P);
     return SL_OK;
 }
 
 /* Output packed (B, T, NH + 2*NKV, hs): dq | dk | dv. Work is split over (b, kv head) so that the
  * accumulations into dk/dv have a single writer: deterministic and race-free. */
-sl_status sl_k_attention_back(sl_tensor *n) {
+sl_status sl_k_attention_back_ref(sl_tensor *n) {
     sl_tensor *f = n->src[0], *q = n->src[1], *k = n->src[2], *v = n->src[3], *g = n->src[4];
     int64_t B = q->ne[0], T = q->ne[1], NH = q->ne[2], hs = q->ne[3], NKV = k->ne[2];
     int64_t grp = NH / NKV, W = NH + 2 * NKV;
     float scale = 1.0f / sqrtf((float)hs);
-    const float *P = (const float *)((const char *)f->data + sl_nbytes(f));
+    const float *lse = (const float *)((const char *)f->data + sl_nbytes(f));
     const float *pq = q->data, *pk = k->data, *pv = v->data, *pg = g->data;
     float *out = n->data;
     int64_t gb = g->nb[0], gt = g->nb[1];
-#pragma omp parallel
-    {
-        float *dp = malloc(sizeof(float) * (size_t)(T ? T : 1));
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t bk = 0; bk < B * NKV; bk++) {
-            int64_t b = bk / NKV, kh = bk % NKV;
-            for (int64_t j = 0; j < T; j++) {
-                memset(out + (b * T + j) * W * hs + (NH + kh) * hs, 0, sizeof(float) * (size_t)hs);
-                memset(out + (b * T + j) * W * hs + (NH + NKV + kh) * hs, 0, sizeof(float) * (size_t)hs);
-            }
-            for (int64_t h = kh * grp; h < (kh + 1) * grp; h++) {
-                for (int64_t t = 0; t < T; t++) {
-                    const float *p = P + ((b * NH + h) * T + t) * T;
-                    const float *go = pg + b * gb + t * gt + h * hs;
-                    const float *qr = pq + b * q->nb[0] + t * q->nb[1] + h * q->nb[2];
-                    float *dq = out + (b * T + t) * W * hs + h * hs;
-                    float dot = 0;
-                    for (int64_t j = 0; j <= t; j++) {
-                        const float *vr = pv + b * v->nb[0] + j * v->nb[1] + kh * v->nb[2];
-                        float s = 0;
-#pragma omp simd reduction(+ : s)
-                        for (int64_t d = 0; d < hs; d++) s += go[d] * vr[d];
-                        dp[j] = s;
-                        dot += p[j] * s;
+    float *buf = malloc(sizeof(float) * 2 * (size_t)(B * NKV > 0 ? B * NKV : 1) * (size_t)(T ? T : 1));
+    if (!buf) return sl_fail(SL_ERR_NOMEM, "attention_back_ref: out of memory");
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t bk = 0; bk < B * NKV; bk++) {
+        int64_t b = bk / NKV, kh = bk % NKV;
+        float *p = buf + 2 * bk * T, *dp = p + T;
+        for (int64_t j = 0; j < T; j++) {
+            memset(out + (b * T + j) * W * hs + (NH + kh) * hs, 0, sizeof(float) * (size_t)hs);
+            memset(out + (b * T + j) * W * hs + (NH + NKV + kh) * hs, 0, sizeof(float) * (size_t)hs);
+        }
+        for (int64_t h = kh * grp; h < (kh + 1) * grp; h++) {
+            for (int64_t t = 0; t < T; t++) {
+                const float *go = pg + b * gb + t * gt + h * hs;
+                const float *qr = pq + b * q->nb[0] + t * q->nb[1] + h * q->nb[2];
+                float *dq = out + (b * T + t) * W * hs + h * hs;
+                float l = lse[(b * NH + h) * T + t], dot = 0;
+                for (int64_t j = 0; j <= t; j++) {
+                    const float *kr = pk + b * k->nb[0] + j * k->nb[1] + kh * k->nb[2];
+                    const float *vr = pv + b * v->nb[0] + j * v->nb[1] + kh * v->nb[2];
+                    float s = 0, sd = 0;
+                    for (int64_t d = 0; d < hs; d++) {
+                        s += qr[d] * kr[d];
+                        sd += go[d] * vr[d];
                     }
-                    for (int64_t d = 0; d < hs; d++) dq[d] = 0;
-                    for (int64_t j = 0; j <= t; j++) {
-                        float ds = p[j] * (dp[j] - dot) * scale;
-                        const float *kr = pk + b * k->nb[0] + j * k->nb[1] + kh * k->nb[2];
-                        float *dk = out + (b * T + j) * W * hs + (NH + kh) * hs;
-                        float *dv = out + (b * T + j) * W * hs + (NH + NKV + kh) * hs;
-                        float pj = p[j];
-#pragma omp simd
-                        for (int64_t d = 0; d < hs; d++) {
-                            dq[d] += ds * kr[d];
-                            dk[d] += ds * qr[d];
-                            dv[d] += pj * go[d];
-                        }
+                    p[j] = expf(s * scale - l);
+                    dp[j] = sd;
+                    dot += p[j] * sd;
+                }
+                for (int64_t d = 0; d < hs; d++) dq[d] = 0;
+                for (int64_t j = 0; j <= t; j++) {
+                    float ds = p[j] * (dp[j] - dot) * scale;
+                    const float *kr = pk + b * k->nb[0] + j * k->nb[1] + kh * k->nb[2];
+                    float *dk = out + (b * T + j) * W * hs + (NH + kh) * hs;
+                    float *dv = out + (b * T + j) * W * hs + (NH + NKV + kh) * hs;
+                    float pj = p[j];
+                    for (int64_t d = 0; d < hs; d++) {
+                        dq[d] += ds * kr[d];
+                        dk[d] += ds * qr[d];
+                        dv[d] += pj * go[d];
                     }
                 }
             }
         }
-        free(dp);
     }
+    free(buf);
+    return SL_OK;
+}
+
+static sl_attn_args attn_args(sl_tensor *q, sl_tensor *k, sl_tensor *v) {
+    sl_attn_args a = {.B = q->ne[0], .T = q->ne[1], .NH = q->ne[2], .NKV = k->ne[2], .hs = q->ne[3]};
+    a.q = q->data;
+    a.k = k->data;
+    a.v = v->data;
+    for (int d = 0; d < 3; d++) {
+        a.qs[d] = q->nb[d];
+        a.ks[d] = k->nb[d];
+        a.vs[d] = v->nb[d];
+    }
+    a.scale = 1.0f / sqrtf((float)a.hs);
+    return a;
+}
+
+sl_status sl_k_attention(sl_tensor *n) {
+    const sl_vec_ops *v = sl_vec();
+    if (!v || n->src[0]->ne[3] > SL_ATTN_MAX_HS) return sl_k_attention_ref(n);
+    sl_attn_args a = attn_args(n->src[0], n->src[1], n->src[2]);
+    a.out = n->data;
+    a.lse = (float *)((char *)n->data + sl_nbytes(n));
+    v->attn_fwd(&a);
+    return SL_OK;
+}
+
+sl_status sl_k_attention_back(sl_tensor *n) {
+    const sl_vec_ops *v = sl_vec();
+    sl_tensor *f = n->src[0], *g = n->src[4];
+    if (!v || n->src[1]->ne[3] > SL_ATTN_MAX_HS || g->nb[g->ndim - 1] != 1) return sl_k_attention_back_ref(n);
+    sl_attn_args a = attn_args(n->src[1], n->src[2], n->src[3]);
+    a.out = f->data;
+    a.lse = (float *)((char *)f->data + sl_nbytes(f));
+    a.dy = g->data;
+    a.dys[0] = g->nb[0];
+    a.dys[1] = g->nb[1];
+    a.dqkv = n->data;
+    v->attn_bwd(&a);
     return SL_OK;
 }

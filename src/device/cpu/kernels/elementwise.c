@@ -1,10 +1,13 @@
 /* Elementwise and data-movement kernels: cont, cast, add, mul, scale, sum_to, acc, zeros, scatter_add,
- * concat, gelu. Generic strided loops over 5-D iteration space; the innermost loop is unit-stride
- * (vectorized by the compiler) whenever the layouts allow. */
+ * concat, gelu. The *_ref kernels are generic strided loops over a 5-D iteration space (the scalar
+ * reference, the tests' oracle); sl_k_* run the SIMD bodies of vec_kernels.inc on the layouts that
+ * occur in practice (contiguous, row-broadcast bias, rows with uniform strides) and fall back to the
+ * reference otherwise. */
 #include <math.h>
 #include <string.h>
 
 #include "device/cpu/kernels/kernels.h"
+#include "device/cpu/kernels/vec_kernels.h"
 
 sl_it5 sl_it5_of(const sl_tensor *t) {
     sl_it5 r;
@@ -122,8 +125,47 @@ static sl_status binary(sl_tensor *n, int is_mul) {
     return SL_OK;
 }
 
-sl_status sl_k_add(sl_tensor *n) { return binary(n, 0); }
-sl_status sl_k_mul(sl_tensor *n) { return binary(n, 1); }
+sl_status sl_k_add_ref(sl_tensor *n) { return binary(n, 0); }
+sl_status sl_k_mul_ref(sl_tensor *n) { return binary(n, 1); }
+
+/* The outer 4 dims of an iteration form address a single row index r with offset r * ld. */
+static int fold_rows(const sl_it5 *it, int64_t *ld) {
+    int64_t l = -1, span = 1;
+    for (int d = 3; d >= 0; d--) {
+        if (it->ne[d] == 1) continue;
+        if (l < 0) {
+            l = it->nb[d];
+            span = it->ne[d];
+        } else if (it->nb[d] == l * span) {
+            span *= it->ne[d];
+        } else {
+            return 0;
+        }
+    }
+    *ld = l < 0 ? 0 : l;
+    return 1;
+}
+
+static sl_status binary_fast(sl_tensor *n, int op) {
+    const sl_vec_ops *v = sl_vec();
+    sl_tensor *a = n->src[0], *b = n->src[1];
+    if (v) {
+        sl_it5 io = sl_it5_of(n), ia = sl_it5_of(a), ib = sl_it5_broadcast(b, n);
+        int64_t C = io.ne[4], R = sl_nelements(n) / (C ? C : 1), lo, la, lb;
+        if (C > 0 && R > 0 && io.nb[4] == 1 && ia.nb[4] == 1 && ib.nb[4] == 1 && fold_rows(&io, &lo) &&
+            fold_rows(&ia, &la) && fold_rows(&ib, &lb)) {
+            if (R == 1 || (lo == C && la == C && lb == C))
+                v->binary_flat(a->data, b->data, n->data, R * C, op);
+            else
+                v->binary_rows(a->data, la, b->data, lb, n->data, lo, R, C, op);
+            return SL_OK;
+        }
+    }
+    return binary(n, op);
+}
+
+sl_status sl_k_add(sl_tensor *n) { return binary_fast(n, 0); }
+sl_status sl_k_mul(sl_tensor *n) { return binary_fast(n, 1); }
 
 sl_status sl_k_scale(sl_tensor *n) {
     sl_tensor *a = n->src[0];
@@ -139,7 +181,7 @@ sl_status sl_k_scale(sl_tensor *n) {
     return SL_OK;
 }
 
-sl_status sl_k_sum_to(sl_tensor *n) {
+sl_status sl_k_sum_to_ref(sl_tensor *n) {
     sl_tensor *a = n->src[0];
     float *po = n->data;
     const float *pa = a->data;
@@ -171,7 +213,7 @@ sl_status sl_k_sum_to(sl_tensor *n) {
     return SL_OK;
 }
 
-sl_status sl_k_acc(sl_tensor *n) {
+sl_status sl_k_acc_ref(sl_tensor *n) {
     sl_tensor *dst = n->src[0], *src = n->src[1];
     SL_ASSERT(n->data == dst->data);
     sl_it5 id = sl_it5_of(dst), is = sl_it5_of(src);
@@ -237,7 +279,7 @@ sl_status sl_k_concat(sl_tensor *n) {
 
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 
-sl_status sl_k_gelu(sl_tensor *n) {
+sl_status sl_k_gelu_ref(sl_tensor *n) {
     sl_tensor *a = n->src[0];
     if (!sl_is_contiguous(a)) return sl_fail(SL_ERR_UNSUPPORTED, "gelu: non-contiguous input");
     const float *x = a->data;
@@ -251,7 +293,7 @@ sl_status sl_k_gelu(sl_tensor *n) {
     return SL_OK;
 }
 
-sl_status sl_k_gelu_back(sl_tensor *n) {
+sl_status sl_k_gelu_back_ref(sl_tensor *n) {
     sl_tensor *a = n->src[0], *g = n->src[1];
     if (!sl_is_contiguous(a) || !sl_is_contiguous(g))
         return sl_fail(SL_ERR_UNSUPPORTED, "gelu_back: non-contiguous input");
@@ -267,5 +309,43 @@ sl_status sl_k_gelu_back(sl_tensor *n) {
         float du = GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
         dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * sech2 * du);
     }
+    return SL_OK;
+}
+
+sl_status sl_k_sum_to(sl_tensor *n) {
+    const sl_vec_ops *v = sl_vec();
+    sl_tensor *a = n->src[0];
+    int64_t C = n->ndim ? n->ne[n->ndim - 1] : 1;
+    if (v && sl_is_contiguous(a) && n->ndim == 1 && a->ne[a->ndim - 1] == C && C > 0) {
+        v->sum_rows(a->data, C, sl_nelements(a) / C, C, n->data);
+        return SL_OK;
+    }
+    return sl_k_sum_to_ref(n);
+}
+
+sl_status sl_k_acc(sl_tensor *n) {
+    const sl_vec_ops *v = sl_vec();
+    sl_tensor *dst = n->src[0], *src = n->src[1];
+    if (v && sl_is_contiguous(dst) && sl_is_contiguous(src)) {
+        SL_ASSERT(n->data == dst->data);
+        v->binary_flat(dst->data, src->data, dst->data, sl_nelements(dst), 0);
+        return SL_OK;
+    }
+    return sl_k_acc_ref(n);
+}
+
+sl_status sl_k_gelu(sl_tensor *n) {
+    const sl_vec_ops *v = sl_vec();
+    sl_tensor *a = n->src[0];
+    if (!v || !sl_is_contiguous(a)) return sl_k_gelu_ref(n);
+    v->gelu_fwd(a->data, n->data, sl_nelements(n));
+    return SL_OK;
+}
+
+sl_status sl_k_gelu_back(sl_tensor *n) {
+    const sl_vec_ops *v = sl_vec();
+    sl_tensor *a = n->src[0], *g = n->src[1];
+    if (!v || !sl_is_contiguous(a) || !sl_is_contiguous(g)) return sl_k_gelu_back_ref(n);
+    v->gelu_bwd(a->data, g->data, n->data, sl_nelements(n));
     return SL_OK;
 }

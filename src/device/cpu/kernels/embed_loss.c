@@ -1,8 +1,10 @@
-/* Embedding lookup (and its accumulating backward) and cross-entropy over logits. */
+/* Embedding lookup (and its accumulating backward) and cross-entropy over logits.
+ * *_ref: scalar reference kernels; sl_k_*: SIMD bodies from vec_kernels.inc when an ISA allows. */
 #include <math.h>
 #include <string.h>
 
 #include "device/cpu/kernels/kernels.h"
+#include "device/cpu/kernels/vec_kernels.h"
 
 sl_status sl_k_embedding(sl_tensor *n) {
     sl_tensor *tab = n->src[0], *ids = n->src[1];
@@ -21,7 +23,7 @@ sl_status sl_k_embedding(sl_tensor *n) {
 
 /* In place: dst[id] += dy[i] for every position. Parallel over column blocks so rows with the same id
  * never race and the summation order is fixed. */
-sl_status sl_k_embedding_back(sl_tensor *n) {
+sl_status sl_k_embedding_back_ref(sl_tensor *n) {
     sl_tensor *ids = n->src[1], *g = n->src[2];
     int64_t V = n->ne[0], C = n->ne[1], N = sl_nelements(ids);
     const int32_t *pi = ids->data;
@@ -42,7 +44,7 @@ sl_status sl_k_embedding_back(sl_tensor *n) {
 }
 
 /* Mean over positions whose target >= 0 (negative targets are ignored, like PyTorch's ignore_index). */
-sl_status sl_k_cross_entropy(sl_tensor *n) {
+sl_status sl_k_cross_entropy_ref(sl_tensor *n) {
     sl_tensor *lg = n->src[0], *tg = n->src[1];
     int64_t V = lg->ne[lg->ndim - 1], N = sl_nelements(tg);
     const float *pl = lg->data;
@@ -70,7 +72,7 @@ sl_status sl_k_cross_entropy(sl_tensor *n) {
     return SL_OK;
 }
 
-sl_status sl_k_cross_entropy_back(sl_tensor *n) {
+sl_status sl_k_cross_entropy_back_ref(sl_tensor *n) {
     sl_tensor *f = n->src[0], *lg = n->src[1], *tg = n->src[2], *dl = n->src[3];
     int64_t V = lg->ne[lg->ndim - 1], N = sl_nelements(tg);
     const float *lse = (const float *)((const char *)f->data + sl_nbytes(f));
@@ -92,5 +94,53 @@ sl_status sl_k_cross_entropy_back(sl_tensor *n) {
         for (int64_t j = 0; j < V; j++) d[j] = expf(x[j] - l) * scale;
         d[pt[i]] -= scale;
     }
+    return SL_OK;
+}
+
+sl_status sl_k_embedding_back(sl_tensor *n) {
+    const sl_vec_ops *v = sl_vec();
+    if (!v) return sl_k_embedding_back_ref(n);
+    sl_tensor *ids = n->src[1], *g = n->src[2];
+    int64_t V = n->ne[0], C = n->ne[1], N = sl_nelements(ids);
+    const int32_t *pi = ids->data;
+    for (int64_t i = 0; i < N; i++)
+        if (pi[i] < 0 || pi[i] >= V) return sl_fail(SL_ERR_INVALID, "embedding_back: token id %d out of range", pi[i]);
+    v->embedding_bwd(pi, N, g->data, n->data, C);
+    return SL_OK;
+}
+
+sl_status sl_k_cross_entropy(sl_tensor *n) {
+    const sl_vec_ops *v = sl_vec();
+    if (!v) return sl_k_cross_entropy_ref(n);
+    sl_tensor *lg = n->src[0], *tg = n->src[1];
+    int64_t V = lg->ne[lg->ndim - 1], N = sl_nelements(tg);
+    const float *pl = lg->data;
+    const int32_t *pt = tg->data;
+    float *lse = (float *)((char *)n->data + sl_nbytes(n));
+    for (int64_t i = 0; i < N; i++)
+        if (pt[i] >= V) return sl_fail(SL_ERR_INVALID, "cross_entropy: target %d at position %lld >= vocab %lld", pt[i], (long long)i, (long long)V);
+    v->ce_lse(pl, N, V, lse);
+    double total = 0;
+    int64_t cnt = 0;
+    for (int64_t i = 0; i < N; i++)
+        if (pt[i] >= 0) {
+            total += (double)lse[i] - (double)pl[i * V + pt[i]];
+            cnt++;
+        }
+    ((float *)n->data)[0] = cnt ? (float)(total / (double)cnt) : 0.0f;
+    return SL_OK;
+}
+
+sl_status sl_k_cross_entropy_back(sl_tensor *n) {
+    const sl_vec_ops *v = sl_vec();
+    if (!v) return sl_k_cross_entropy_back_ref(n);
+    sl_tensor *f = n->src[0], *lg = n->src[1], *tg = n->src[2], *dl = n->src[3];
+    int64_t V = lg->ne[lg->ndim - 1], N = sl_nelements(tg);
+    const float *lse = (const float *)((const char *)f->data + sl_nbytes(f));
+    const int32_t *pt = tg->data;
+    int64_t cnt = 0;
+    for (int64_t i = 0; i < N; i++) cnt += pt[i] >= 0;
+    float scale = cnt ? ((const float *)dl->data)[0] / (float)cnt : 0.0f;
+    v->ce_bwd(lg->data, lse, pt, scale, n->data, N, V);
     return SL_OK;
 }

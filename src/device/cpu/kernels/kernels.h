@@ -36,4 +36,24 @@ sl_status sl_k_embedding(sl_tensor *n);
 sl_status sl_k_embedding_back(sl_tensor *n);
 sl_status sl_k_cross_entropy(sl_tensor *n);
 sl_status sl_k_cross_entropy_back(sl_tensor *n);
+
+/* Scalar reference kernels (the oracle of tests/ops/test_kernels_simd.c). sl_k_* above run SIMD bodies
+ * (vec_kernels.h) for sl_kern_isa() and fall back to these for the scalar ISA or unusual layouts.
+ * Attention's aux area holds the per-row logsumexp (B, NH, T) for both variants. */
+sl_status sl_k_add_ref(sl_tensor *n);
+sl_status sl_k_mul_ref(sl_tensor *n);
+sl_status sl_k_sum_to_ref(sl_tensor *n);
+sl_status sl_k_acc_ref(sl_tensor *n);
+sl_status sl_k_gelu_ref(sl_tensor *n);
+sl_status sl_k_gelu_back_ref(sl_tensor *n);
+sl_status sl_k_layernorm_ref(sl_tensor *n);
+sl_status sl_k_layernorm_back_x_ref(sl_tensor *n);
+sl_status sl_k_layernorm_back_wb_ref(sl_tensor *n);
+sl_status sl_k_softmax_ref(sl_tensor *n);
+sl_status sl_k_softmax_back_ref(sl_tensor *n);
+sl_status sl_k_attention_ref(sl_tensor *n);
+sl_status sl_k_attention_back_ref(sl_tensor *n);
+sl_status sl_k_embedding_back_ref(sl_tensor *n);
+sl_status sl_k_cross_entropy_ref(sl_tensor *n);
+sl_status sl_k_cross_entropy_back_ref(sl_tensor *n);
 #endif

@@ -1,4 +1,5 @@
-/* MATMUL node -> GEMM calls (folded linear layers and batched products). */
+/* MATMUL node -> GEMM calls (folded linear layers and batched products). Operands are both f32
+ * (sl_sgemm) or both bf16 (sl_gemm_bf16: fp32 accumulation); the output is always f32. */
 #include "device/cpu/kernels/gemm.h"
 #include "device/cpu/kernels/kernels.h"
 
@@ -11,10 +12,15 @@ sl_status sl_k_matmul(sl_tensor *n) {
     int64_t lda = a->nb[na - 2], ldb = b->nb[nbd - 2], ldc = n->nb[no - 2];
     const float *pa = a->data, *pb = b->data;
     float *pc = n->data;
+    int bf = a->dtype == SL_BF16;
+    if (bf && b->dtype != SL_BF16) return sl_fail(SL_ERR_UNSUPPORTED, "matmul: mixed operand dtypes");
     if (nbd == 2 && na > 2) { /* folded: a's leading dims are rows */
         int64_t M = 1;
         for (int d = 0; d < na - 1; d++) M *= a->ne[d];
-        sl_sgemm(0, tB, M, N, K, 1.0f, pa, lda, pb, ldb, 0.0f, pc, N);
+        if (bf)
+            sl_gemm_bf16(0, tB, M, N, K, 1.0f, a->data, lda, b->data, ldb, 0.0f, pc, N);
+        else
+            sl_sgemm(0, tB, M, N, K, 1.0f, pa, lda, pb, ldb, 0.0f, pc, N);
         return SL_OK;
     }
     int64_t M = n->ne[no - 2];
@@ -23,10 +29,14 @@ sl_status sl_k_matmul(sl_tensor *n) {
     for (int64_t i0 = 0; i0 < ic.ne[0]; i0++)
         for (int64_t i1 = 0; i1 < ic.ne[1]; i1++)
             for (int64_t i2 = 0; i2 < ic.ne[2]; i2++) {
-                const float *A = pa + i0 * ia.nb[0] + i1 * ia.nb[1] + i2 * ia.nb[2];
-                const float *B = pb + i0 * ib.nb[0] + i1 * ib.nb[1] + i2 * ib.nb[2];
+                int64_t oa = i0 * ia.nb[0] + i1 * ia.nb[1] + i2 * ia.nb[2];
+                int64_t ob = i0 * ib.nb[0] + i1 * ib.nb[1] + i2 * ib.nb[2];
                 float *C = pc + i0 * ic.nb[0] + i1 * ic.nb[1] + i2 * ic.nb[2];
-                sl_sgemm(tA, tB, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+                if (bf)
+                    sl_gemm_bf16(tA, tB, M, N, K, 1.0f, (const uint16_t *)a->data + oa, lda,
+                                 (const uint16_t *)b->data + ob, ldb, 0.0f, C, ldc);
+                else
+                    sl_sgemm(tA, tB, M, N, K, 1.0f, pa + oa, lda, pb + ob, ldb, 0.0f, C, ldc);
             }
     return SL_OK;
 }

@@ -1,14 +1,16 @@
-/* LayerNorm (forward saves mean and rstd in the node's aux area) and softmax over the last dim. */
+/* LayerNorm (forward saves mean and rstd in the node's aux area) and softmax over the last dim.
+ * *_ref: scalar reference kernels; sl_k_*: SIMD bodies from vec_kernels.inc when an ISA allows. */
 #include <math.h>
 #include <string.h>
 
 #include "device/cpu/kernels/kernels.h"
+#include "device/cpu/kernels/vec_kernels.h"
 
 static int64_t rows_of(const sl_tensor *t) { return sl_nelements(t) / t->ne[t->ndim - 1]; }
 /* row r of a tensor whose last dim is contiguous and whose leading dims fold uniformly */
 static int64_t row_stride(const sl_tensor *t) { return t->ndim >= 2 ? t->nb[t->ndim - 2] : t->ne[0]; }
 
-sl_status sl_k_layernorm(sl_tensor *n) {
+sl_status sl_k_layernorm_ref(sl_tensor *n) {
     sl_tensor *x = n->src[0], *w = n->src[1], *b = n->src[2];
     int64_t C = x->ne[x->ndim - 1], R = rows_of(x), xs = row_stride(x);
     float eps = n->fparams[0];
@@ -36,7 +38,7 @@ sl_status sl_k_layernorm(sl_tensor *n) {
     return SL_OK;
 }
 
-sl_status sl_k_layernorm_back_x(sl_tensor *n) {
+sl_status sl_k_layernorm_back_x_ref(sl_tensor *n) {
     sl_tensor *f = n->src[0], *x = n->src[1], *w = n->src[2], *g = n->src[3];
     int64_t C = x->ne[x->ndim - 1], R = rows_of(x), xs = row_stride(x), gs = row_stride(g);
     const float *mean = (const float *)((const char *)f->data + sl_nbytes(f)), *rstd = mean + R;
@@ -65,7 +67,7 @@ sl_status sl_k_layernorm_back_x(sl_tensor *n) {
     return SL_OK;
 }
 
-sl_status sl_k_layernorm_back_wb(sl_tensor *n) {
+sl_status sl_k_layernorm_back_wb_ref(sl_tensor *n) {
     sl_tensor *f = n->src[0], *x = n->src[1], *g = n->src[2];
     int64_t C = x->ne[x->ndim - 1], R = rows_of(x), xs = row_stride(x), gs = row_stride(g);
     const float *mean = (const float *)((const char *)f->data + sl_nbytes(f)), *rstd = mean + R;
@@ -92,7 +94,7 @@ sl_status sl_k_layernorm_back_wb(sl_tensor *n) {
     return SL_OK;
 }
 
-sl_status sl_k_softmax(sl_tensor *n) {
+sl_status sl_k_softmax_ref(sl_tensor *n) {
     sl_tensor *a = n->src[0];
     int64_t C = a->ne[a->ndim - 1], R = rows_of(a), as = row_stride(a);
     if (a->nb[a->ndim - 1] != 1) return sl_fail(SL_ERR_UNSUPPORTED, "softmax: last dim not contiguous");
@@ -115,7 +117,7 @@ sl_status sl_k_softmax(sl_tensor *n) {
     return SL_OK;
 }
 
-sl_status sl_k_softmax_back(sl_tensor *n) {
+sl_status sl_k_softmax_back_ref(sl_tensor *n) {
     sl_tensor *y = n->src[0], *g = n->src[1];
     int64_t C = y->ne[y->ndim - 1], R = rows_of(y), gs = row_stride(g);
     const float *py = y->data, *pg = g->data;
@@ -128,5 +130,52 @@ sl_status sl_k_softmax_back(sl_tensor *n) {
         for (int64_t c = 0; c < C; c++) dot += yr[c] * gr[c];
         for (int64_t c = 0; c < C; c++) dx[c] = yr[c] * (gr[c] - dot);
     }
+    return SL_OK;
+}
+
+sl_status sl_k_layernorm(sl_tensor *n) {
+    const sl_vec_ops *v = sl_vec();
+    if (!v) return sl_k_layernorm_ref(n);
+    sl_tensor *x = n->src[0], *w = n->src[1], *b = n->src[2];
+    int64_t C = x->ne[x->ndim - 1], R = rows_of(x);
+    float *mean = (float *)((char *)n->data + sl_nbytes(n));
+    v->layernorm_fwd(x->data, row_stride(x), w->data, b->data, n->data, mean, mean + R, R, C, n->fparams[0]);
+    return SL_OK;
+}
+
+sl_status sl_k_layernorm_back_x(sl_tensor *n) {
+    const sl_vec_ops *v = sl_vec();
+    if (!v) return sl_k_layernorm_back_x_ref(n);
+    sl_tensor *f = n->src[0], *x = n->src[1], *w = n->src[2], *g = n->src[3];
+    int64_t C = x->ne[x->ndim - 1], R = rows_of(x);
+    const float *mean = (const float *)((const char *)f->data + sl_nbytes(f));
+    v->layernorm_bwd_x(x->data, row_stride(x), g->data, row_stride(g), w->data, mean, mean + R, n->data, R, C);
+    return SL_OK;
+}
+
+sl_status sl_k_layernorm_back_wb(sl_tensor *n) {
+    const sl_vec_ops *v = sl_vec();
+    if (!v) return sl_k_layernorm_back_wb_ref(n);
+    sl_tensor *f = n->src[0], *x = n->src[1], *g = n->src[2];
+    int64_t C = x->ne[x->ndim - 1], R = rows_of(x);
+    const float *mean = (const float *)((const char *)f->data + sl_nbytes(f));
+    float *dw = n->data;
+    v->layernorm_bwd_wb(x->data, row_stride(x), g->data, row_stride(g), mean, mean + R, dw, dw + C, R, C);
+    return SL_OK;
+}
+
+sl_status sl_k_softmax(sl_tensor *n) {
+    const sl_vec_ops *v = sl_vec();
+    sl_tensor *a = n->src[0];
+    if (!v || a->nb[a->ndim - 1] != 1) return sl_k_softmax_ref(n);
+    v->softmax_fwd(a->data, row_stride(a), n->data, rows_of(a), a->ne[a->ndim - 1]);
+    return SL_OK;
+}
+
+sl_status sl_k_softmax_back(sl_tensor *n) {
+    const sl_vec_ops *v = sl_vec();
+    sl_tensor *y = n->src[0], *g = n->src[1];
+    if (!v || g->nb[g->ndim - 1] != 1) return sl_k_softmax_back_ref(n);
+    v->softmax_bwd(y->data, g->data, row_stride(g), n->data, rows_of(y), y->ne[y->ndim - 1]);
     return SL_OK;
 }

@@ -1,0 +1,444 @@
+/* SIMD non-GEMM kernels against their scalar reference kernels (*_ref), for every ISA path this CPU has
+ * (forced in-process with sl_kern_isa_force), on awkward shapes (1, 3, 17, 63, 65, 255, 1000; head
+ * sizes not a multiple of 16; T = 1; strided q/k/v views; grouped KV heads).
+ * Each fast kernel also runs with 1 and 2 threads and twice with 2 threads: outputs must be bitwise
+ * identical (determinism whatever the thread count).
+ * Tolerances (|fast - ref| <= atol + rtol |ref|, both fp32): elementwise (add, acc, bias, sum_to, gelu)
+ * 1e-6 + 1e-5; gelu_back 1e-5 + 1e-4 (its 1 - tanh^2 term turns a 1-ulp tanh difference near |tanh| = 1
+ * into a larger relative one, in both variants); row reductions (layernorm, softmax, cross-entropy) 1e-5 + 1e-4; attention 2e-5 + 2e-4.
+ * Vector exp/tanh: <= 2 ulp against double-precision libm on a dense sweep.
+ * AdamW: bitwise equal to the scalar formula, 1 and 2 threads.
+ * Also: MATMUL with bf16 operands against fp32 matmul of the bf16-rounded inputs (1e-5 + 1e-5). */
+#include <string.h>
+
+#include "device/cpu/kernels/kernels.h"
+#include "device/cpu/kernels/simd_math.h"
+#include "device/cpu/kernels/vec_kernels.h"
+#include "suanli/device.h"
+#include "suanli/graph.h"
+#include "suanli/nn.h"
+#include "testutil.h"
+
+typedef sl_status (*kfn)(sl_tensor *);
+
+static uint64_t g_stream = 1;
+static const char *g_isa = "?";
+
+static float *rnd(int64_t n, float scale) {
+    float *p = malloc(sizeof(float) * (size_t)(n ? n : 1));
+    sl_rng_fill_normal(p, n, 11, g_stream++, 0.0f, scale);
+    return p;
+}
+
+/* a leaf with random data (freed by the caller through t->data) */
+static sl_tensor *leaf(sl_ctx *ctx, int ndim, const int64_t *ne, float scale) {
+    sl_tensor *t = sl_new_tensor(ctx, SL_F32, ndim, ne);
+    sl_tensor_bind(t, rnd(sl_nelements(t), scale));
+    return t;
+}
+
+/* Run ref once and fast three times (2 threads, 1 thread, 2 threads again); compare. `init` (if not
+ * NULL) is copied into the output before each run (in-place kernels). Leaves n->data = the ref result
+ * so that backward nodes built on n read the same forward data for both variants. Returns the ref buffer. */
+static float *check_pair(const char *what, sl_tensor *n, kfn fast, kfn ref, float atol, float rtol,
+                         const void *init, sl_tensor *alias) {
+    size_t bytes = sl_nbytes(n) + n->aux_bytes;
+    int64_t cnt = (int64_t)(bytes / sizeof(float));
+    float *r = calloc(1, bytes + 64), *f1 = calloc(1, bytes + 64), *f2 = calloc(1, bytes + 64);
+    float *bufs[4] = {r, f1, f2, f2};
+    int threads[4] = {2, 2, 1, 2};
+    char buf[200];
+    for (int k = 0; k < 4; k++) {
+        if (init) memcpy(bufs[k], init, bytes);
+        n->data = bufs[k];
+        if (alias) alias->data = bufs[k];
+        sl_threads_set(threads[k]);
+        sl_status st = (k == 0 ? ref : fast)(n);
+        TU_CHECK(st == SL_OK, "%s: %s", what, sl_errmsg());
+        if (k >= 2) {
+            snprintf(buf, sizeof buf, "[%s] %s deterministic (%s)", g_isa, what, k == 2 ? "1 vs 2 threads" : "rerun");
+            TU_CHECK(memcmp(f1, f2, bytes) == 0, "%s", buf);
+        }
+    }
+    sl_threads_set(2);
+    snprintf(buf, sizeof buf, "[%s] %s", g_isa, what);
+    tu_allclose(buf, f1, r, cnt, atol, rtol);
+    n->data = r;
+    if (alias) alias->data = r;
+    free(f1);
+    free(f2);
+    return r;
+}
+
+static const int64_t k_sizes[] = {1, 3, 17, 63, 65, 255, 1000};
+#define NSIZES ((int)(sizeof k_sizes / sizeof k_sizes[0]))
+
+static void test_elementwise(void) {
+    for (int ri = 0; ri < 3; ri++)
+        for (int ci = 0; ci < NSIZES; ci++) {
+            int64_t R = k_sizes[ri * 2], C = k_sizes[ci];
+            char what[96];
+            sl_ctx *ctx = sl_ctx_new(64);
+            sl_tensor *x = leaf(ctx, 2, (int64_t[]){R, C}, 2.0f), *y = leaf(ctx, 2, (int64_t[]){R, C}, 1.0f);
+            sl_tensor *bias = leaf(ctx, 1, (int64_t[]){C}, 1.0f);
+            float *outs[8];
+            int no = 0;
+            snprintf(what, sizeof what, "add %lldx%lld", (long long)R, (long long)C);
+            outs[no++] = check_pair(what, sl_add(ctx, x, y), sl_k_add, sl_k_add_ref, 1e-6f, 1e-5f, NULL, NULL);
+            snprintf(what, sizeof what, "mul %lldx%lld", (long long)R, (long long)C);
+            outs[no++] = check_pair(what, sl_mul(ctx, x, y), sl_k_mul, sl_k_mul_ref, 1e-6f, 1e-5f, NULL, NULL);
+            snprintf(what, sizeof what, "bias %lldx%lld", (long long)R, (long long)C);
+            outs[no++] = check_pair(what, sl_bias(ctx, x, bias), sl_k_add, sl_k_add_ref, 1e-6f, 1e-5f, NULL, NULL);
+            /* strided rows: a column slice of x */
+            if (C > 2) {
+                sl_tensor *xs = sl_slice(ctx, x, 1, 1, C - 2), *bs = sl_slice(ctx, bias, 0, 0, C - 2);
+                xs->data = (float *)x->data + 1;
+                bs->data = bias->data;
+                snprintf(what, sizeof what, "bias strided %lldx%lld", (long long)R, (long long)C - 2);
+                outs[no++] = check_pair(what, sl_add(ctx, xs, bs), sl_k_add, sl_k_add_ref, 1e-6f, 1e-5f, NULL, NULL);
+            }
+            snprintf(what, sizeof what, "sum_to %lldx%lld", (long long)R, (long long)C);
+            outs[no++] = check_pair(what, sl_sum_to(ctx, x, bias), sl_k_sum_to, sl_k_sum_to_ref, 1e-5f, 1e-5f, NULL, NULL);
+            snprintf(what, sizeof what, "gelu %lldx%lld", (long long)R, (long long)C);
+            outs[no++] = check_pair(what, sl_gelu(ctx, x), sl_k_gelu, sl_k_gelu_ref, 1e-6f, 1e-5f, NULL, NULL);
+            sl_tensor *gb = sl_new_op(ctx, SL_OP_GELU_BACK, SL_F32, 2, x->ne);
+            gb->src[0] = x;
+            gb->src[1] = y;
+            snprintf(what, sizeof what, "gelu_back %lldx%lld", (long long)R, (long long)C);
+            outs[no++] = check_pair(what, gb, sl_k_gelu_back, sl_k_gelu_back_ref, 1e-5f, 1e-4f, NULL, NULL);
+            /* acc: in place into a copy of y */
+            sl_tensor *dst = sl_new_tensor(ctx, SL_F32, 2, (int64_t[]){R, C});
+            sl_tensor *acc = sl_acc(ctx, dst, x);
+            snprintf(what, sizeof what, "acc %lldx%lld", (long long)R, (long long)C);
+            outs[no++] = check_pair(what, acc, sl_k_acc, sl_k_acc_ref, 1e-6f, 1e-5f, y->data, dst);
+            for (int k = 0; k < no; k++) free(outs[k]);
+            free(x->data);
+            free(y->data);
+            free(bias->data);
+            sl_ctx_free(ctx);
+        }
+}
+
+static void test_norm_softmax(void) {
+    for (int ri = 0; ri < 3; ri++)
+        for (int ci = 0; ci < NSIZES; ci++) {
+            int64_t R = k_sizes[ri * 2], C = k_sizes[ci];
+            char what[96];
+            sl_ctx *ctx = sl_ctx_new(64);
+            sl_tensor *x = leaf(ctx, 2, (int64_t[]){R, C + 3}, 2.0f); /* rows strided: use a slice */
+            sl_tensor *xv = sl_slice(ctx, x, 1, 2, C);
+            xv->data = (float *)x->data + 2;
+            sl_tensor *w = leaf(ctx, 1, (int64_t[]){C}, 1.0f), *b = leaf(ctx, 1, (int64_t[]){C}, 1.0f);
+            sl_tensor *g = leaf(ctx, 2, (int64_t[]){R, C}, 1.0f);
+            float *outs[8];
+            int no = 0;
+            sl_tensor *ln = sl_layernorm(ctx, xv, w, b, 1e-5f);
+            snprintf(what, sizeof what, "layernorm %lldx%lld", (long long)R, (long long)C);
+            outs[no++] = check_pair(what, ln, sl_k_layernorm, sl_k_layernorm_ref, 1e-5f, 1e-4f, NULL, NULL);
+            sl_tensor *bx = sl_new_op(ctx, SL_OP_LAYERNORM_BACK_X, SL_F32, 2, (int64_t[]){R, C});
+            bx->src[0] = ln;
+            bx->src[1] = xv;
+            bx->src[2] = w;
+            bx->src[3] = g;
+            snprintf(what, sizeof what, "layernorm_back_x %lldx%lld", (long long)R, (long long)C);
+            outs[no++] = check_pair(what, bx, sl_k_layernorm_back_x, sl_k_layernorm_back_x_ref, 1e-5f, 1e-4f, NULL, NULL);
+            sl_tensor *bwb = sl_new_op(ctx, SL_OP_LAYERNORM_BACK_WB, SL_F32, 2, (int64_t[]){2, C});
+            bwb->src[0] = ln;
+            bwb->src[1] = xv;
+            bwb->src[2] = g;
+            snprintf(what, sizeof what, "layernorm_back_wb %lldx%lld", (long long)R, (long long)C);
+            outs[no++] = check_pair(what, bwb, sl_k_layernorm_back_wb, sl_k_layernorm_back_wb_ref, 1e-5f, 1e-4f, NULL, NULL);
+            sl_tensor *sm = sl_softmax(ctx, xv);
+            snprintf(what, sizeof what, "softmax %lldx%lld", (long long)R, (long long)C);
+            outs[no++] = check_pair(what, sm, sl_k_softmax, sl_k_softmax_ref, 1e-6f, 1e-4f, NULL, NULL);
+            sl_tensor *sb = sl_new_op(ctx, SL_OP_SOFTMAX_BACK, SL_F32, 2, (int64_t[]){R, C});
+            sb->src[0] = sm;
+            sb->src[1] = g;
+            snprintf(what, sizeof what, "softmax_back %lldx%lld", (long long)R, (long long)C);
+            outs[no++] = check_pair(what, sb, sl_k_softmax_back, sl_k_softmax_back_ref, 1e-6f, 1e-4f, NULL, NULL);
+            for (int k = 0; k < no; k++) free(outs[k]);
+            free(x->data);
+            free(w->data);
+            free(b->data);
+            free(g->data);
+            sl_ctx_free(ctx);
+        }
+}
+
+static void test_embed_ce(void) {
+    const int64_t Vs[] = {1, 17, 1000, 50257};
+    for (int vi = 0; vi < 4; vi++)
+        for (int ni = 0; ni < 3; ni++) {
+            int64_t V = Vs[vi], N = k_sizes[ni], C = k_sizes[(vi + ni) % NSIZES];
+            char what[96];
+            sl_ctx *ctx = sl_ctx_new(64);
+            sl_tensor *lg = leaf(ctx, 2, (int64_t[]){N, V}, 3.0f);
+            sl_tensor *tg = sl_new_tensor(ctx, SL_I32, 1, (int64_t[]){N});
+            int32_t *tid = malloc(sizeof(int32_t) * (size_t)N);
+            for (int64_t i = 0; i < N; i++)
+                tid[i] = (i % 5 == 4) ? -100 : (int32_t)(sl_rng_u64(3, 4, (uint64_t)(i + vi)) % (uint64_t)V);
+            sl_tensor_bind(tg, tid);
+            sl_tensor *ce = sl_cross_entropy(ctx, lg, tg);
+            snprintf(what, sizeof what, "cross_entropy N=%lld V=%lld", (long long)N, (long long)V);
+            float *o1 = check_pair(what, ce, sl_k_cross_entropy, sl_k_cross_entropy_ref, 1e-5f, 1e-5f, NULL, NULL);
+            sl_tensor *dl = sl_new_tensor(ctx, SL_F32, 1, (int64_t[]){1});
+            float one = 0.75f;
+            sl_tensor_bind(dl, &one);
+            sl_tensor *cb = sl_new_op(ctx, SL_OP_CROSS_ENTROPY_BACK, SL_F32, 2, lg->ne);
+            cb->src[0] = ce;
+            cb->src[1] = lg;
+            cb->src[2] = tg;
+            cb->src[3] = dl;
+            snprintf(what, sizeof what, "cross_entropy_back N=%lld V=%lld", (long long)N, (long long)V);
+            float *o2 = check_pair(what, cb, sl_k_cross_entropy_back, sl_k_cross_entropy_back_ref, 1e-7f, 1e-5f, NULL, NULL);
+            /* embedding backward: ids into a (V, C) table gradient that already holds values */
+            sl_tensor *ids = sl_new_tensor(ctx, SL_I32, 1, (int64_t[]){N});
+            int32_t *iid = malloc(sizeof(int32_t) * (size_t)N);
+            for (int64_t i = 0; i < N; i++) iid[i] = (int32_t)(sl_rng_u64(3, 5, (uint64_t)i) % (uint64_t)(V < 7 ? V : 7));
+            sl_tensor_bind(ids, iid);
+            sl_tensor *g = leaf(ctx, 2, (int64_t[]){N, C}, 1.0f);
+            int64_t vt = V < 64 ? V : 64;
+            sl_tensor *eb = sl_new_op(ctx, SL_OP_EMBEDDING_BACK, SL_F32, 2, (int64_t[]){vt, C});
+            eb->src[1] = ids;
+            eb->src[2] = g;
+            float *init = rnd(vt * C, 1.0f);
+            snprintf(what, sizeof what, "embedding_back N=%lld C=%lld", (long long)N, (long long)C);
+            float *o3 = check_pair(what, eb, sl_k_embedding_back, sl_k_embedding_back_ref, 1e-6f, 1e-5f, init, NULL);
+            free(o1);
+            free(o2);
+            free(o3);
+            free(init);
+            free(g->data);
+            free(lg->data);
+            free(tid);
+            free(iid);
+            sl_ctx_free(ctx);
+        }
+}
+
+/* q, k, v as strided views of one packed (B, T, NH + 2 NKV, hs + pad) buffer, like a fused QKV projection */
+static void test_attention(void) {
+    const int64_t cases[][5] = {/* B, T, NH, NKV, hs */
+                                {1, 1, 1, 1, 3},  {2, 17, 4, 2, 5},  {1, 65, 2, 1, 64}, {2, 33, 6, 3, 17},
+                                {1, 100, 2, 2, 80}, {1, 63, 3, 1, 16}, {2, 40, 2, 2, 255}};
+    for (int ci = 0; ci < (int)(sizeof cases / sizeof cases[0]); ci++) {
+        int64_t B = cases[ci][0], T = cases[ci][1], NH = cases[ci][2], NKV = cases[ci][3], hs = cases[ci][4];
+        int64_t W = NH + 2 * NKV, hp = hs + 3;
+        char what[128];
+        sl_ctx *ctx = sl_ctx_new(64);
+        sl_tensor *qkv = leaf(ctx, 4, (int64_t[]){B, T, W, hp}, 1.5f);
+        sl_tensor *q = sl_view(ctx, qkv, 4, (int64_t[]){B, T, NH, hs}, qkv->nb, 1);
+        sl_tensor *k = sl_view(ctx, qkv, 4, (int64_t[]){B, T, NKV, hs}, qkv->nb, NH * hp + 1);
+        sl_tensor *v = sl_view(ctx, qkv, 4, (int64_t[]){B, T, NKV, hs}, qkv->nb, (NH + NKV) * hp + 2);
+        q->data = (float *)qkv->data + 1;
+        k->data = (float *)qkv->data + NH * hp + 1;
+        v->data = (float *)qkv->data + (NH + NKV) * hp + 2;
+        sl_tensor *at = sl_attention(ctx, q, k, v);
+        snprintf(what, sizeof what, "attention B%lld T%lld NH%lld NKV%lld hs%lld (out+lse)", (long long)B, (long long)T,
+                 (long long)NH, (long long)NKV, (long long)hs);
+        float *o1 = check_pair(what, at, sl_k_attention, sl_k_attention_ref, 2e-5f, 2e-4f, NULL, NULL);
+        sl_tensor *g = leaf(ctx, 3, at->ne, 1.0f);
+        sl_tensor *ab = sl_new_op(ctx, SL_OP_ATTENTION_BACK, SL_F32, 4, (int64_t[]){B, T, W, hs});
+        ab->src[0] = at;
+        ab->src[1] = q;
+        ab->src[2] = k;
+        ab->src[3] = v;
+        ab->src[4] = g;
+        snprintf(what, sizeof what, "attention_back B%lld T%lld NH%lld NKV%lld hs%lld", (long long)B, (long long)T,
+                 (long long)NH, (long long)NKV, (long long)hs);
+        float *o2 = check_pair(what, ab, sl_k_attention_back, sl_k_attention_back_ref, 2e-5f, 2e-4f, NULL, NULL);
+        free(o1);
+        free(o2);
+        free(g->data);
+        free(qkv->data);
+        sl_ctx_free(ctx);
+    }
+}
+
+/* ---- vector math: ulp error against double libm ---- */
+static double ulp_err(float got, double want) {
+    float wf = (float)want;
+    if (got == wf) return 0;
+    if (isinf(wf) || isinf(got)) return isinf(wf) && isinf(got) && (wf > 0) == (got > 0) ? 0 : INFINITY;
+    double ulp = fabs((double)nextafterf(wf, INFINITY) - (double)wf);
+    if (wf == 0 || fabsf(wf) < 1.17549435e-38f) ulp = 1.4e-45; /* denormal range */
+    return fabs((double)got - want) / ulp;
+}
+
+#if SL_HAVE_X86
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) static void exp16(const float *x, float *y) {
+    _mm512_storeu_ps(y, sl_exp_avx512(_mm512_loadu_ps(x)));
+}
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) static void tanh16(const float *x, float *y) {
+    _mm512_storeu_ps(y, sl_tanh_avx512(_mm512_loadu_ps(x)));
+}
+__attribute__((target("avx2,fma"))) static void exp8(const float *x, float *y) {
+    _mm256_storeu_ps(y, sl_exp_avx2(_mm256_loadu_ps(x)));
+}
+__attribute__((target("avx2,fma"))) static void tanh8(const float *x, float *y) {
+    _mm256_storeu_ps(y, sl_tanh_avx2(_mm256_loadu_ps(x)));
+}
+#endif
+
+static void test_math(int isa) {
+    enum { N = 1 << 16 };
+    static float x[N], y[N], xt[N], yt[N];
+    for (int i = 0; i < N; i++) {
+        x[i] = -87.0f + (88.5f + 87.0f) * (float)i / (float)(N - 1);
+        xt[i] = -10.0f + 20.0f * (float)i / (float)(N - 1);
+    }
+    xt[0] = 1e-30f;
+    xt[1] = -3e-8f;
+    xt[2] = 0.5499f;
+    xt[3] = 0.5501f;
+    for (int i = 0; i < N; i += 16) {
+#if SL_HAVE_X86
+        if (isa == SL_KISA_AVX512) {
+            exp16(x + i, y + i);
+            tanh16(xt + i, yt + i);
+        } else if (isa == SL_KISA_AVX2) {
+            exp8(x + i, y + i), exp8(x + i + 8, y + i + 8);
+            tanh8(xt + i, yt + i), tanh8(xt + i + 8, yt + i + 8);
+        } else
+#endif
+        {
+            for (int j = i; j < i + 16; j++) {
+                y[j] = sl_exp_poly(x[j]);
+                yt[j] = sl_tanh_poly(xt[j]);
+            }
+        }
+    }
+    double we = 0, wt = 0;
+    int ie = 0, it = 0;
+    for (int i = 0; i < N; i++) {
+        double e = ulp_err(y[i], exp((double)x[i])), t = ulp_err(yt[i], tanh((double)xt[i]));
+        if (e > we) we = e, ie = i;
+        if (t > wt) wt = t, it = i;
+    }
+    printf("[%s] exp max %.2f ulp (x=%g), tanh max %.2f ulp (x=%g)\n", sl_kern_isa_name(isa), we, x[ie], wt, xt[it]);
+    TU_CHECK(we <= 2.0, "[%s] exp error %.2f ulp at x=%g", sl_kern_isa_name(isa), we, x[ie]);
+    TU_CHECK(wt <= 2.0, "[%s] tanh error %.2f ulp at x=%g", sl_kern_isa_name(isa), wt, xt[it]);
+}
+
+/* MATMUL with bf16 operands: against the f32 kernel on bf16-rounded copies of the inputs */
+static void test_matmul_bf16(void) {
+    const int64_t shapes[][3] = {{1, 1, 1}, {3, 17, 5}, {17, 63, 65}, {65, 3, 255}};
+    for (int si = 0; si < 4; si++)
+        for (int tr = 0; tr < 4; tr++) {
+            int64_t M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
+            int tA = tr & 1, tB = tr >> 1;
+            sl_ctx *ctx = sl_ctx_new(64);
+            int64_t an[2] = {tA ? K : M, tA ? M : K}, bn[2] = {tB ? N : K, tB ? K : N};
+            sl_tensor *a = leaf(ctx, 2, an, 1.0f), *b = leaf(ctx, 2, bn, 1.0f);
+            sl_tensor *ah = sl_new_tensor(ctx, SL_BF16, 2, an), *bh = sl_new_tensor(ctx, SL_BF16, 2, bn);
+            uint16_t *ad = malloc(2 * (size_t)(M * K)), *bd = malloc(2 * (size_t)(N * K));
+            for (int64_t i = 0; i < M * K; i++) {
+                ad[i] = sl_f32_to_bf16(((float *)a->data)[i]);
+                ((float *)a->data)[i] = sl_bf16_to_f32(ad[i]);
+            }
+            for (int64_t i = 0; i < N * K; i++) {
+                bd[i] = sl_f32_to_bf16(((float *)b->data)[i]);
+                ((float *)b->data)[i] = sl_bf16_to_f32(bd[i]);
+            }
+            sl_tensor_bind(ah, ad);
+            sl_tensor_bind(bh, bd);
+            sl_tensor *c32 = sl_matmul(ctx, a, b, tA, tB), *c16 = sl_matmul(ctx, ah, bh, tA, tB);
+            TU_CHECK(c16->dtype == SL_F32, "bf16 matmul output is f32");
+            TU_CHECK(sl_backend_cpu()->supports_op(sl_backend_cpu(), c16), "cpu supports bf16 matmul");
+            float *r = calloc((size_t)(M * N), 4), *f = calloc((size_t)(M * N), 4);
+            c32->data = r;
+            c16->data = f;
+            TU_CHECK(sl_k_matmul(c32) == SL_OK && sl_k_matmul(c16) == SL_OK, "matmul");
+            char what[96];
+            snprintf(what, sizeof what, "[%s] matmul bf16 M%lld N%lld K%lld tA%d tB%d", g_isa, (long long)M, (long long)N,
+                     (long long)K, tA, tB);
+            tu_allclose(what, f, r, M * N, 1e-5f, 1e-5f);
+            free(r);
+            free(f);
+            free(ad);
+            free(bd);
+            free(a->data);
+            free(b->data);
+            sl_ctx_free(ctx);
+        }
+}
+
+/* AdamW over a fake flat model (odd tensor sizes, decay on some): bitwise equal to the plain scalar
+ * formula of Note [AdamW order of operations], for 1 and 2 threads, over 3 steps. */
+static void test_adamw(void) {
+    const int64_t sizes[] = {1, 3, 17, 63, 65, 1000, 40000};
+    enum { NP = 7 };
+    sl_param_info pi[NP];
+    int64_t off = 0;
+    for (int i = 0; i < NP; i++) {
+        pi[i] = (sl_param_info){.t = NULL, .offset = off, .numel = sizes[i], .decay = i % 2, .init = 0};
+        off += sizes[i];
+    }
+    for (int threads = 1; threads <= 2; threads++) {
+        sl_model m = {.params = pi, .n_params = NP, .numel = off};
+        m.params_mem = rnd(off, 1.0f);
+        float *p_ref = malloc(sizeof(float) * (size_t)off), *m_ref = calloc((size_t)off, 4), *v_ref = calloc((size_t)off, 4);
+        memcpy(p_ref, m.params_mem, sizeof(float) * (size_t)off);
+        sl_adamw opt;
+        sl_adamw_hparams hp = {0.9f, 0.95f, 1e-8f, 0.1f};
+        TU_CHECK(sl_adamw_init(&opt, &m, hp) == SL_OK, "adamw init");
+        sl_threads_set(threads);
+        for (int step = 1; step <= 3; step++) {
+            m.grads_mem = rnd(off, 0.5f);
+            float lr = 1e-3f * (float)step;
+            sl_adamw_step(&opt, &m, lr);
+            double bc1 = 1.0 - pow(0.9, step), bc2 = 1.0 - pow((double)0.95f, step);
+            float b1 = 0.9f, b2 = 0.95f, ss = (float)(lr / (1.0 - pow((double)b1, step))), bs = (float)sqrt(bc2);
+            (void)bc1;
+            for (int i = 0; i < NP; i++) {
+                float decay = pi[i].decay ? 1.0f - lr * hp.weight_decay : 1.0f;
+                for (int64_t k = pi[i].offset; k < pi[i].offset + pi[i].numel; k++) {
+                    volatile float gk = m.grads_mem[k], t1, t2;
+                    p_ref[k] *= decay;
+                    t1 = gk - m_ref[k];
+                    t1 = (1.0f - b1) * t1;
+                    m_ref[k] += t1;
+                    t1 = v_ref[k] * b2;
+                    t2 = (1.0f - b2) * gk;
+                    t2 = t2 * gk;
+                    v_ref[k] = t1 + t2;
+                    t1 = sqrtf(v_ref[k]);
+                    t1 = t1 / bs;
+                    t1 = t1 + hp.eps;
+                    t2 = m_ref[k] / t1;
+                    t2 = -ss * t2;
+                    p_ref[k] += t2;
+                }
+            }
+            free(m.grads_mem);
+        }
+        TU_CHECK(memcmp(p_ref, m.params_mem, sizeof(float) * (size_t)off) == 0, "adamw params bitwise (%d threads)", threads);
+        TU_CHECK(memcmp(m_ref, opt.m, sizeof(float) * (size_t)off) == 0, "adamw m bitwise (%d threads)", threads);
+        TU_CHECK(memcmp(v_ref, opt.v, sizeof(float) * (size_t)off) == 0, "adamw v bitwise (%d threads)", threads);
+        sl_adamw_free(&opt);
+        free(m.params_mem);
+        free(p_ref);
+        free(m_ref);
+        free(v_ref);
+    }
+    sl_threads_set(2);
+}
+
+int main(void) {
+    int best = sl_kern_isa();
+    for (int isa = best; isa >= SL_KISA_SCALAR; isa--) {
+        sl_kern_isa_force(isa);
+        g_isa = sl_kern_isa_name(isa);
+        test_math(isa);
+        if (isa == SL_KISA_SCALAR) continue; /* fast == ref there */
+        test_elementwise();
+        test_norm_softmax();
+        test_embed_ce();
+        test_attention();
+    }
+    sl_kern_isa_force(-1);
+    g_isa = sl_kern_isa_name(best);
+    test_matmul_bf16();
+    test_adamw();
+    return tu_finish("test_kernels_simd");
+}
