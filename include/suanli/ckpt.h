@@ -50,6 +50,8 @@ void sl_ckpt_writer_free(sl_ckpt_writer *w);
 /* Snapshot this rank's part into host memory (the only work on the training thread) and start the
  * background write of ROOT/step-N.tmp/shard-rR.safetensors + its sidecar. */
 sl_status sl_ckpt_save_begin(sl_ckpt_writer *w, const char *root, const sl_ckpt_state *st);
+/* Allocate and touch the snapshot buffer ahead of the first save (floats = elements per save). */
+sl_status sl_ckpt_writer_reserve(sl_ckpt_writer *w, size_t floats);
 /* 1 when no write is pending (the last one finished, successfully or not). */
 int sl_ckpt_writer_done(sl_ckpt_writer *w);
 /* Wait for the pending write; returns its status. */

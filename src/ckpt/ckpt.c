@@ -71,6 +71,16 @@ void sl_ckpt_writer_free(sl_ckpt_writer *w) {
 }
 
 int sl_ckpt_writer_done(sl_ckpt_writer *w) { return w->done; }
+
+sl_status sl_ckpt_writer_reserve(sl_ckpt_writer *w, size_t floats) {
+    if (floats <= w->buf_cap) return SL_OK;
+    sl_free_aligned(w->buf);
+    w->buf = sl_malloc_aligned(sizeof(float) * floats);
+    w->buf_cap = w->buf ? floats : 0;
+    if (!w->buf) return sl_fail(SL_ERR_NOMEM, "checkpoint: cannot reserve %zu bytes", floats * sizeof(float));
+    memset(w->buf, 0, sizeof(float) * floats); /* fault the pages in now, not inside a training step */
+    return SL_OK;
+}
 double sl_ckpt_writer_stall(const sl_ckpt_writer *w) { return w->stall; }
 double sl_ckpt_writer_write_seconds(const sl_ckpt_writer *w) { return w->write_sec; }
 size_t sl_ckpt_writer_bytes(const sl_ckpt_writer *w) { return w->bytes; }
@@ -187,12 +197,7 @@ sl_status sl_ckpt_save_begin(sl_ckpt_writer *w, const char *root, const sl_ckpt_
     size_t need = 0;
     for (int s = 0; s < st->nseg; s++)
         need += (size_t)st->seg[s].len * (size_t)((st->write_params ? 1 : 0) + (st->write_optim ? 2 : 0));
-    if (need > w->buf_cap) {
-        sl_free_aligned(w->buf);
-        w->buf = sl_malloc_aligned(sizeof(float) * need);
-        w->buf_cap = w->buf ? need : 0;
-        if (!w->buf) return sl_fail(SL_ERR_NOMEM, "checkpoint: cannot snapshot %zu bytes", need * sizeof(float));
-    }
+    SL_TRY(sl_ckpt_writer_reserve(w, need));
     w->ne = 0;
     size_t used = 0;
     for (int s = 0; s < st->nseg; s++) {

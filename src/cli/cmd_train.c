@@ -363,6 +363,14 @@ int sl_cmd_train(int argc, char **argv) {
     if (a.save && a.save_interval > 0) {
         ckw = sl_ckpt_writer_new();
         if (!ckw) BAD("out of memory");
+        sl_ckpt_state cst;
+        sl_ckpt_seg *segs = NULL;
+        size_t need = 0;
+        if (sl_trainer_ckpt_state(&tr, mesh.rank, mesh.world, &cst, &segs) == SL_OK)
+            for (int k = 0; k < cst.nseg; k++)
+                need += (size_t)cst.seg[k].len * (size_t)((cst.write_params ? 1 : 0) + (cst.write_optim ? 2 : 0));
+        free(segs);
+        if (sl_ckpt_writer_reserve(ckw, need) != SL_OK) BAD("--save-interval: %s", sl_errmsg());
     }
     batch_src tsrc = {train, B, T, (uint64_t)a.seed}, vsrc = {val, B, T, (uint64_t)a.seed ^ 0x9e3779b97f4a7c15ull};
     double t_start = sl_time_sec(), t_steps = 0;

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Checkpoint benchmark (issue 6): per-save stall of the training loop vs the step time, background write
+# bandwidth vs dd-measured disk bandwidth, and kill-to-training-again time under `suanli run --max-restarts`.
+# Usage: bench/ckpt.sh [--json] [--small]   (--small: a 4-layer model instead of GPT-2 124M)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+json=0; small=0
+for a in "$@"; do case "$a" in --json) json=1;; --small) small=1;; *) echo "usage: $0 [--json] [--small]" >&2; exit 2;; esac; done
+S=./build/suanli
+work=$(mktemp -d /tmp/suanli-bench-ckpt-XXXXXX)
+trap 'rm -rf "$work"' EXIT
+# synthetic-vocab data: GPT-2 124M needs V=50257, so use a BPE corpus is not enough; use byte data with a
+# 50257-entry model would mismatch. We benchmark with the byte corpus and the 124M body (V=256) unless --small.
+$S data prepare --input data/tinyshakespeare.txt --output-prefix "$work/data" --tokenizer-type byte >/dev/null
+if [ "$small" = 1 ]; then model="--num-layers 4 --hidden-size 256 --num-attention-heads 4"; else model="--num-layers 12 --hidden-size 768 --num-attention-heads 12"; fi
+common="--data-path $work/data $model --seq-length 64 --micro-batch-size 4 --eval-interval 0 --eval-iters 1 --threads 2"
+# disk bandwidth with dd (fsync'd), 512 MiB
+dd_out=$(dd if=/dev/zero of="$work/dd.bin" bs=1M count=512 conv=fsync 2>&1 | tail -1)
+dd_mbs=$(echo "$dd_out" | awk '{for(i=1;i<=NF;i++) if ($i ~ /^(MB|GB)\/s$/) {v=$(i-1); if ($i=="GB/s") v*=1000; print v}}')
+rm -f "$work/dd.bin"
+log="$work/train.log"
+$S train $common --train-iters 8 --save "$work/ck" --save-interval 2 >"$log" 2>&1
+step_ms=$(grep -o '[0-9.]* ms/step' "$log" | awk '{print $1}' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+stall_ms=$(grep -o 'stall [0-9.]* ms' "$log" | awk '{print $2}' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+stall_max_ms=$(grep -o 'stall [0-9.]* ms' "$log" | awk '{print $2}' | sort -n | tail -1)
+write_mbs=$(grep -o '([0-9.]* MB/s' "$log" | tr -d '(' | awk '{print $1}' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+ckpt_mib=$(du -sm "$work/ck/latest" >/dev/null 2>&1; du -sm "$work/ck/$(cat "$work/ck/latest")" | awk '{print $1}')
+# kill -9 at step 5 (checkpoint every 2 steps), restart, measure kill -> next completed step
+rlog="$work/restart.log"
+start=$(date +%s.%N)
+SUANLI_FAULT_KILL_AT_STEP=5 $S run -n 1 --max-restarts 1 -- $S train $common --train-iters 7 --save "$work/ft" --load "$work/ft" --save-interval 2 2>&1 \
+  | while IFS= read -r line; do printf '%s %s\n' "$(date +%s.%N)" "$line"; done >"$rlog"
+t_kill=$(grep -m1 'killing myself' "$rlog" | awk '{print $1}')
+t_back=$(awk '/resumed from/ {r=1} r && / step [0-9]+\/7 / {print $1; exit}' "$rlog")
+recover_s=$(awk -v a="$t_kill" -v b="$t_back" 'BEGIN {printf "%.2f", b - a}')
+stall_pct=$(awk -v s="$stall_ms" -v t="$step_ms" 'BEGIN {printf "%.2f", 100 * s / t}')
+if [ "$json" = 1 ]; then
+  printf '{"bench": "ckpt", "model": "%s", "step_ms": %s, "median_stall_ms": %s, "max_stall_ms": '"$stall_max_ms"', "stall_pct_of_step": %s, "ckpt_mib": %s, "write_mb_s": %s, "dd_mb_s": %s, "kill_to_training_s": %s}\n' \
+    "$([ "$small" = 1 ] && echo gpt2-L4-C256 || echo gpt2-124M-body)" "$step_ms" "$stall_ms" "$stall_pct" "$ckpt_mib" "$write_mbs" "${dd_mbs:-0}" "$recover_s"
+else
+  echo "step ${step_ms} ms (median); save stall median ${stall_ms} ms = ${stall_pct}% of a step (worst ${stall_max_ms} ms); checkpoint ${ckpt_mib} MiB"
+  echo "background write ${write_mbs} MB/s (median) vs dd ${dd_mbs:-?} MB/s; kill -9 to the next trained step: ${recover_s} s"
+fi
