@@ -14,6 +14,7 @@ static void usage(FILE *f) {
             "  run       launch N ranks: suanli run -n N -- PROGRAM ARGS\n"
             "  bench     benchmarks: suanli bench ops|comm|train [--json]\n"
             "  ckpt      checkpoints: suanli ckpt inspect|verify DIR\n"
+            "  convert   GPT-2 weights: Hugging Face <-> suanli\n"
             "run 'suanli <command> --help' for its flags\n");
 }
 
@@ -33,6 +34,7 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "run")) return sl_cmd_run(argc - 1, argv + 1);
     if (!strcmp(c, "bench")) return sl_cmd_bench(argc - 1, argv + 1);
     if (!strcmp(c, "ckpt")) return sl_cmd_ckpt(argc - 1, argv + 1);
+    if (!strcmp(c, "convert")) return sl_cmd_convert(argc - 1, argv + 1);
     fprintf(stderr, "suanli: unknown command '%s'\n", c);
     usage(stderr);
     return 2;

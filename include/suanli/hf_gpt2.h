@@ -1,0 +1,14 @@
+/* suanli/hf_gpt2.h — GPT-2 weights from/to a Hugging Face directory (config.json + model.safetensors,
+ * GPT2LMHeadModel layout: Conv1D weights stored (in, out), optional "transformer." prefix, tied head).
+ *
+ * Usage:
+ *   sl_model *m; sl_hf_gpt2_import("gpt2-dir", &m);     // suanli layout (nn.Linear (out, in))
+ *   sl_hf_gpt2_export(m, "out-dir");                    // loadable by transformers' from_pretrained
+ */
+#ifndef SUANLI_HF_GPT2_H
+#define SUANLI_HF_GPT2_H
+#include "suanli/nn.h"
+
+sl_status sl_hf_gpt2_import(const char *dir, sl_model **out);
+sl_status sl_hf_gpt2_export(const sl_model *m, const char *dir);
+#endif

@@ -1,0 +1,110 @@
+/* GPT-2 from/to Hugging Face (fixture: scripts/gen_hf_gpt2.py, transformers GPT2LMHeadModel):
+ * imported weights give transformers' logits (max|d| <= 1e-4); export writes the same tensors back
+ * (byte-identical) and re-imports bitwise; `suanli convert` both ways; bad config/tensors -> clear errors. */
+#include <string.h>
+
+#include "suanli/device.h"
+#include "suanli/hf_gpt2.h"
+#include "suanli/model_io.h"
+#include "suanli/safetensors.h"
+#include "testutil.h"
+
+#define FIX SL_SOURCE_DIR "/tests/fixtures/hf_gpt2"
+
+static char out[1 << 15];
+
+static void write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    fputs(text, f);
+    fclose(f);
+}
+
+int main(void) {
+    sl_threads_set(2);
+    sl_model *m;
+    TU_CHECK(sl_hf_gpt2_import(FIX, &m) == SL_OK, "import: %s", sl_errmsg());
+    sl_safetensors *ref;
+    TU_CHECK(sl_safetensors_open(FIX "/reference.safetensors", &ref) == SL_OK, "reference: %s", sl_errmsg());
+    const sl_st_tensor *ids = sl_safetensors_find(ref, "ids"), *lg = sl_safetensors_find(ref, "logits");
+    int64_t B = ids->shape[0], T = ids->shape[1];
+    sl_tensor *x = sl_new_tensor_2d(m->ctx, SL_I32, B, T);
+    int32_t *idv = malloc(ids->nbytes);
+    memcpy(idv, ids->data, ids->nbytes);
+    sl_tensor_bind(x, idv);
+    sl_tensor *logits;
+    sl_gpt2_build(m, x, NULL, &logits);
+    sl_graph *g = sl_graph_new(m->ctx);
+    sl_graph_build_forward(g, logits);
+    TU_CHECK(sl_graph_plan(g, sl_backend_cpu(), NULL) == SL_OK, "plan");
+    TU_CHECK(sl_graph_compute(g, NULL, NULL) == SL_OK, "forward: %s", sl_errmsg());
+    float *reff = malloc(lg->nbytes);
+    memcpy(reff, lg->data, lg->nbytes);
+    double md = 0;
+    for (size_t i = 0; i < lg->nbytes / 4; i++) {
+        double d = fabs(((float *)logits->data)[i] - reff[i]);
+        if (d > md) md = d;
+    }
+    printf("logits vs transformers: max|d| = %.3g\n", md);
+    TU_CHECK(md <= 1e-4, "logits max|d| %.3g", md);
+    sl_graph_free(g);
+
+    /* export -> identical tensors; re-import -> identical parameters */
+    const char *dir = tu_tmpdir("hfgpt2");
+    char exp[600], p1[800];
+    snprintf(exp, sizeof exp, "%s/export", dir);
+    TU_CHECK(sl_hf_gpt2_export(m, exp) == SL_OK, "export: %s", sl_errmsg());
+    sl_safetensors *a, *b;
+    snprintf(p1, sizeof p1, "%s/model.safetensors", exp);
+    TU_CHECK(sl_safetensors_open(FIX "/model.safetensors", &a) == SL_OK && sl_safetensors_open(p1, &b) == SL_OK, "open");
+    int same = 0;
+    for (int i = 0; i < sl_safetensors_count(a); i++) {
+        const sl_st_tensor *ta = sl_safetensors_get(a, i), *tb = sl_safetensors_find(b, ta->name);
+        if (!tb) continue; /* e.g. attention-mask buffers in old checkpoints */
+        TU_CHECK(ta->nbytes == tb->nbytes && memcmp(ta->data, tb->data, ta->nbytes) == 0 && ta->ndim == tb->ndim &&
+                     ta->shape[0] == tb->shape[0],
+                 "exported %s differs", ta->name);
+        same++;
+    }
+    TU_CHECK(same == m->n_params, "every parameter exported (%d of %d)", same, m->n_params);
+    sl_safetensors_close(a);
+    sl_safetensors_close(b);
+    sl_model *m2;
+    TU_CHECK(sl_hf_gpt2_import(exp, &m2) == SL_OK, "re-import: %s", sl_errmsg());
+    TU_CHECK(memcmp(m2->params_mem, m->params_mem, sizeof(float) * (size_t)m->numel) == 0, "round trip bitwise");
+    sl_model_free(m2);
+
+    /* CLI both ways */
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s convert --from hf-gpt2 --to suanli --input %s --output %s/s && %s convert --from suanli "
+             "--to hf-gpt2 --input %s/s --output %s/h && cmp %s/h/model.safetensors %s/model.safetensors",
+             tu_cli(), FIX, dir, tu_cli(), dir, dir, dir, exp);
+    TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "convert CLI round trip: %s", out);
+
+    /* bad input */
+    char bad[700];
+    snprintf(bad, sizeof bad, "%s/bad", dir);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/model.safetensors %s/", bad, FIX, bad);
+    TU_CHECK(system(cmd) == 0, "copy");
+    snprintf(p1, sizeof p1, "%s/config.json", bad);
+    write_file(p1, "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 48, \"vocab_size\": 97, \"n_positions\": 32}");
+    sl_model *mb = NULL;
+    TU_CHECK(sl_hf_gpt2_import(bad, &mb) == SL_ERR_FORMAT && strstr(sl_errmsg(), "'n_head'"), "missing field: %s", sl_errmsg());
+    write_file(p1, "{\"model_type\": \"llama\"}");
+    TU_CHECK(sl_hf_gpt2_import(bad, &mb) == SL_ERR_UNSUPPORTED && strstr(sl_errmsg(), "model_type"), "arch: %s", sl_errmsg());
+    write_file(p1, "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_head\": 4, \"n_embd\": 48, \"vocab_size\": 97, "
+                   "\"n_positions\": 32, \"activation_function\": \"relu\"}");
+    TU_CHECK(sl_hf_gpt2_import(bad, &mb) == SL_ERR_UNSUPPORTED && strstr(sl_errmsg(), "activation_function"), "act: %s", sl_errmsg());
+    write_file(p1, "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_head\": 4, \"n_embd\": 48, \"vocab_size\": 98, \"n_positions\": 32}");
+    TU_CHECK(sl_hf_gpt2_import(bad, &mb) == SL_ERR_FORMAT && strstr(sl_errmsg(), "wte.weight"), "shape mismatch names the tensor: %s", sl_errmsg());
+    write_file(p1, "{\"model_type\": \"gpt2\", \"n_layer\": 3, \"n_head\": 4, \"n_embd\": 48, \"vocab_size\": 97, \"n_positions\": 32}");
+    TU_CHECK(sl_hf_gpt2_import(bad, &mb) == SL_ERR_FORMAT && strstr(sl_errmsg(), "h.2."), "missing tensor: %s", sl_errmsg());
+    snprintf(cmd, sizeof cmd, "%s convert --from hf-gpt2 --to suanli --input %s --output %s/never", tu_cli(), bad, dir);
+    TU_CHECK(tu_run(cmd, out, sizeof out) == 2 && strstr(out, "h.2."), "CLI error: %s", out);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    TU_CHECK(system(cmd) == 0, "cleanup");
+    free(idv);
+    free(reff);
+    sl_safetensors_close(ref);
+    sl_model_free(m);
+    return tu_finish("test_hf_gpt2");
+}
