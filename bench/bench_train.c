@@ -30,7 +30,7 @@ static int cmp_d(const void *a, const void *b) {
 
 int sl_bench_train(int argc, char **argv) {
     int64_t L = 12, NH = 12, C = 768, V = 50257, B = 4, T = 64, steps = 5, warm = 1, threads = 2;
-    int json = 0;
+    int json = 0, bf16 = 0;
     sl_flag flags[] = {
         {"num-layers", SL_FLAG_INT, &L, 1, 1024, "(12)", 0},
         {"num-attention-heads", SL_FLAG_INT, &NH, 1, 1024, "(12)", 0},
@@ -42,6 +42,7 @@ int sl_bench_train(int argc, char **argv) {
         {"warmup", SL_FLAG_INT, &warm, 0, 1000, "untimed steps (1)", 0},
         {"threads", SL_FLAG_INT, &threads, 1, 1024, "(2)", 0},
         {"json", SL_FLAG_BOOL, &json, 0, 1, "machine-readable output", 0},
+        {"bf16", SL_FLAG_BOOL, &bf16, 0, 1, "bf16 mixed precision", 0},
     };
     int nf = (int)(sizeof flags / sizeof flags[0]);
     if (sl_flags_parse(flags, nf, argc, argv, 1) != SL_OK) {
@@ -56,6 +57,7 @@ int sl_bench_train(int argc, char **argv) {
         return 2;
     }
     sl_model_init_weights(m, 1);
+    m->compute_dtype = bf16 ? SL_BF16 : SL_F32;
     sl_trainer tr;
     sl_trainer_config tc = {.B = (int)B, .T = (int)T, .accum = 1, .lr = 1e-4f, .min_lr = 1e-5f, .clip = 1.0f,
                             .warmup = 0, .decay_iters = 1000, .hp = {0.9f, 0.95f, 1e-8f, 0.1f}};
@@ -88,15 +90,15 @@ int sl_bench_train(int argc, char **argv) {
     double mfu = peak > 0 ? flops / peak : 0;
     if (json)
         printf("{\"bench\": \"train\", \"model\": \"gpt2\", \"L\": %lld, \"NH\": %lld, \"C\": %lld, \"V\": %lld, \"B\": %lld, "
-               "\"T\": %lld, \"threads\": %lld, \"dtype\": \"f32\", \"ms_per_step\": %.2f, \"tokens_per_s\": %.2f, "
+               "\"T\": %lld, \"threads\": %lld, \"dtype\": \"%s\", \"ms_per_step\": %.2f, \"tokens_per_s\": %.2f, "
                "\"gflops\": %.2f, \"peak_gflops\": %.2f, \"mfu\": %.4f, \"activation_mib\": %.1f, \"loss\": %.4f}\n",
                (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T, (long long)threads,
-               med * 1e3, tps, flops / 1e9, peak / 1e9, mfu, tr.plan.planned_bytes / 1048576.0, loss);
+               bf16 ? "bf16-mixed" : "f32", med * 1e3, tps, flops / 1e9, peak / 1e9, mfu, tr.plan.planned_bytes / 1048576.0, loss);
     else
-        printf("GPT-2 L%lld NH%lld C%lld V%lld B%lld T%lld fp32, %lld threads: %.1f ms/step (median of %lld), %.1f tokens/s, "
+        printf("GPT-2 L%lld NH%lld C%lld V%lld B%lld T%lld %s, %lld threads: %.1f ms/step (median of %lld), %.1f tokens/s, "
                "%.1f GFLOP/s, MFU %.1f%% of measured %.1f GFLOP/s peak; activations %.1f MiB\n",
-               (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T, (long long)threads,
-               med * 1e3, (long long)steps, tps, flops / 1e9, 100 * mfu, peak / 1e9, tr.plan.planned_bytes / 1048576.0);
+               (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T,
+               bf16 ? "bf16-mixed" : "fp32", (long long)threads, med * 1e3, (long long)steps, tps, flops / 1e9, 100 * mfu, peak / 1e9, tr.plan.planned_bytes / 1048576.0);
     free(ts);
     sl_trainer_free(&tr);
     sl_model_free(m);

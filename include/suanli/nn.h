@@ -40,6 +40,8 @@ typedef struct sl_model {
     int64_t numel;           /* total parameter count */
     float *params_mem;       /* flat parameters (owned) */
     float *grads_mem;        /* flat gradients (owned), same layout */
+    sl_dtype compute_dtype;  /* SL_F32, or SL_BF16: matmul operands rounded to bf16 (fp32 accumulation and
+                              * master weights), like PyTorch autocast */
 } sl_model;
 
 /* Validates the config (one-line error naming the field) and allocates the flat buffers. */

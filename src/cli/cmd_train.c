@@ -20,6 +20,7 @@ typedef struct {
     int64_t warmup, decay_iters, seed, eval_interval, eval_iters, log_interval, threads, vocab_size, sample_tokens;
     double lr, min_lr, wd, clip, beta1, beta2, eps, exit_mins, temperature;
     int64_t top_k, tp, pp, ep, zero_stage, bucket, save_interval, save_keep;
+    int bf16;
     const char *data_path, *save, *load, *config, *sample_prompt;
 } train_args;
 
@@ -175,6 +176,7 @@ int sl_cmd_train(int argc, char **argv) {
         {"pp", SL_FLAG_INT, &a.pp, 1, 4096, "short for --pipeline-model-parallel-size", 0},
         {"expert-model-parallel-size", SL_FLAG_INT, &a.ep, 1, 4096, "expert-parallel ranks (1; >1 needs MoE models)", 0},
         {"ep", SL_FLAG_INT, &a.ep, 1, 4096, "short for --expert-model-parallel-size", 0},
+        {"bf16", SL_FLAG_BOOL, &a.bf16, 0, 1, "bf16 mixed precision: matmuls in bf16, fp32 master weights and optimizer", 0},
         {"zero-stage", SL_FLAG_INT, &a.zero_stage, 0, 3, "0: DP all-reduce, 1: shard optimizer state, 2: + gradients", 0},
         {"ddp-bucket-size", SL_FLAG_INT, &a.bucket, 1, 1ll << 40, "gradient bucket size in elements (1Mi)", 0},
     };
@@ -305,6 +307,7 @@ int sl_cmd_train(int argc, char **argv) {
         if (!metrics) BAD("--save: cannot write %s", mp);
     }
 
+    m->compute_dtype = a.bf16 ? SL_BF16 : SL_F32;
     int B = (int)a.micro_bs, T = (int)a.seq_length, accum = (int)(a.global_bs / (a.micro_bs * mesh.dp));
     sl_trainer_config tc = {.B = B, .T = T, .accum = accum, .dp_size = mesh.dp, .lr = (float)a.lr, .min_lr = (float)a.min_lr,
                             .clip = (float)a.clip, .warmup = a.warmup, .decay_iters = a.decay_iters,
@@ -326,9 +329,9 @@ int sl_cmd_train(int argc, char **argv) {
         /* only rank 0 talks and writes */
         if (!freopen("/dev/null", "w", stdout)) BAD("cannot silence rank %d", mesh.rank);
     }
-    printf("suanli train: GPT-2 L=%d H=%d C=%d V=%d T=%d | %.2fM params | micro-batch %d x accum %d x dp %d | %d threads, %s\n",
+    printf("suanli train: GPT-2 L=%d H=%d C=%d V=%d T=%d | %.2fM params | micro-batch %d x accum %d x dp %d | %s | %d threads, %s\n",
            cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, T, (double)m->numel / 1e6, B, accum, mesh.dp,
-           sl_threads_get(), sl_cpu_isa_name());
+           a.bf16 ? "bf16 mixed precision" : "fp32", sl_threads_get(), sl_cpu_isa_name());
     if (dp) {
         sl_dp_memory mem;
         sl_dp_memory_report(dp, &mem);

@@ -128,6 +128,17 @@ const sl_param_info *sl_model_find(const sl_model *m, const char *name) {
 
 static sl_tensor *P(sl_model *m, int idx) { return m->params[idx].t; }
 
+/* x @ w^T (+ b); under bf16 compute both operands are rounded to bf16 and the product is fp32 */
+static sl_tensor *mm(sl_model *m, sl_tensor *x, sl_tensor *w, sl_tensor *b) {
+    sl_ctx *ctx = m->ctx;
+    if (m->compute_dtype == SL_BF16) {
+        x = sl_cast(ctx, x->nb[x->ndim - 1] == 1 ? x : sl_cont(ctx, x), SL_BF16);
+        w = sl_cast(ctx, w, SL_BF16);
+    }
+    sl_tensor *y = sl_matmul(ctx, x, w, 0, 1);
+    return b ? sl_bias(ctx, y, b) : y;
+}
+
 sl_tensor *sl_gpt2_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_tensor **logits_out) {
     sl_ctx *ctx = m->ctx;
     const sl_gpt2_config *c = &m->cfg;
@@ -141,22 +152,22 @@ sl_tensor *sl_gpt2_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_ten
         int o = 2 + 12 * l;
         /* attention block */
         sl_tensor *h = sl_layernorm(ctx, x, P(m, o + 0), P(m, o + 1), 1e-5f);
-        sl_tensor *qkv = sl_linear(ctx, h, P(m, o + 2), P(m, o + 3));             /* (B, T, 3C) */
+        sl_tensor *qkv = mm(m, h, P(m, o + 2), P(m, o + 3));             /* (B, T, 3C) */
         sl_tensor *r = sl_reshape(ctx, qkv, 5, (int64_t[]){B, T, 3, NH, hs});
         int64_t nb4[4] = {r->nb[0], r->nb[1], r->nb[3], 1};
         sl_tensor *q = sl_view(ctx, r, 4, (int64_t[]){B, T, NH, hs}, nb4, 0);      /* (B, T, NH, hs) */
         sl_tensor *k = sl_view(ctx, r, 4, (int64_t[]){B, T, NH, hs}, nb4, r->nb[2]);
         sl_tensor *v = sl_view(ctx, r, 4, (int64_t[]){B, T, NH, hs}, nb4, 2 * r->nb[2]);
         sl_tensor *a = sl_attention(ctx, q, k, v);                                  /* (B, T, C) */
-        x = sl_add(ctx, x, sl_linear(ctx, a, P(m, o + 4), P(m, o + 5)));
+        x = sl_add(ctx, x, mm(m, a, P(m, o + 4), P(m, o + 5)));
         /* MLP block */
         h = sl_layernorm(ctx, x, P(m, o + 6), P(m, o + 7), 1e-5f);
-        sl_tensor *f = sl_gelu(ctx, sl_linear(ctx, h, P(m, o + 8), P(m, o + 9)));  /* (B, T, 4C) */
-        x = sl_add(ctx, x, sl_linear(ctx, f, P(m, o + 10), P(m, o + 11)));
+        sl_tensor *f = sl_gelu(ctx, mm(m, h, P(m, o + 8), P(m, o + 9)));  /* (B, T, 4C) */
+        x = sl_add(ctx, x, mm(m, f, P(m, o + 10), P(m, o + 11)));
     }
     int of = 2 + 12 * c->n_layer;
     x = sl_layernorm(ctx, x, P(m, of), P(m, of + 1), 1e-5f);
-    sl_tensor *logits = sl_matmul(ctx, x, wte, 0, 1);                               /* (B, T, V) */
+    sl_tensor *logits = mm(m, x, wte, NULL);                               /* (B, T, V) */
     sl_set_name(logits, "logits");
     if (logits_out) *logits_out = logits;
     if (!targets) return NULL;

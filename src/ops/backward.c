@@ -30,7 +30,7 @@ void sl_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_g
         if (ng[0]) emit(st, a, g);
         break;
     case SL_OP_CAST:
-        if (ng[0]) emit(st, a, sl_cast(ctx, g, a->dtype));
+        if (ng[0]) emit(st, a, g->dtype == a->dtype ? g : sl_cast(ctx, g, a->dtype));
         break;
     case SL_OP_ADD:
         if (ng[0]) emit(st, a, g);
