@@ -103,6 +103,8 @@ void *sl_malloc_aligned(size_t bytes); /* 64-byte aligned, NULL on failure; free
 void sl_free_aligned(void *p);
 /* Read a whole file. *out is owned by caller (free()). */
 sl_status sl_file_read_all(const char *path, char **out, size_t *len);
+/* Write a file and fsync it (no rename); on failure the partial file is removed. */
+sl_status sl_file_write_synced(const char *path, const void *data, size_t len);
 /* Atomically write a file: write to path.tmp.PID, fsync, rename. Nothing is left half-written. */
 sl_status sl_file_write_atomic(const char *path, const void *data, size_t len);
 /* mkdir -p; fails with a message naming the path if it is not a writable directory. */

@@ -74,10 +74,8 @@ sl_status sl_file_read_all(const char *path, char **out, size_t *len) {
     return SL_OK;
 }
 
-sl_status sl_file_write_atomic(const char *path, const void *data, size_t len) {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+sl_status sl_file_write_synced(const char *path, const void *data, size_t len) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) return sl_fail(SL_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
     const char *p = data;
     size_t left = len;
@@ -87,16 +85,31 @@ sl_status sl_file_write_atomic(const char *path, const void *data, size_t len) {
             if (errno == EINTR) continue;
             int e = errno;
             close(fd);
-            unlink(tmp);
+            unlink(path);
             return sl_fail(SL_ERR_IO, "%s: write failed: %s", path, strerror(e));
         }
         p += w;
         left -= (size_t)w;
     }
-    if (fsync(fd) != 0 || close(fd) != 0) {
-        unlink(tmp);
-        return sl_fail(SL_ERR_IO, "%s: fsync/close failed: %s", path, strerror(errno));
+    if (fsync(fd) != 0) {
+        int e = errno;
+        close(fd);
+        unlink(path);
+        return sl_fail(SL_ERR_IO, "%s: fsync failed: %s", path, strerror(e));
     }
+    if (close(fd) != 0) {
+        int e = errno;
+        unlink(path);
+        return sl_fail(SL_ERR_IO, "%s: close failed: %s", path, strerror(e));
+    }
+    return SL_OK;
+}
+
+sl_status sl_file_write_atomic(const char *path, const void *data, size_t len) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    sl_status st = sl_file_write_synced(tmp, data, len);
+    if (st != SL_OK) return sl_fail(st, "%s: %s", path, sl_errmsg()[0] ? sl_errmsg() : "write failed");
     if (rename(tmp, path) != 0) {
         int e = errno;
         unlink(tmp);

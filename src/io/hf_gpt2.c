@@ -3,6 +3,7 @@
 #include <cjson/cJSON.h>
 #include <string.h>
 
+#include "io/json_util.h"
 #include "suanli/hf_gpt2.h"
 #include "suanli/safetensors.h"
 
@@ -10,37 +11,22 @@ static int is_conv1d(const char *name) {
     return strstr(name, "c_attn.weight") || strstr(name, "c_proj.weight") || strstr(name, "c_fc.weight");
 }
 
-static sl_status cfg_int(cJSON *root, const char *path, const char *key, int *out) {
-    cJSON *it = cJSON_GetObjectItemCaseSensitive(root, key);
-    if (!it) return sl_fail(SL_ERR_FORMAT, "%s: missing field '%s'", path, key);
-    if (!cJSON_IsNumber(it) || it->valuedouble != (double)(int)it->valuedouble || it->valuedouble < 1)
-        return sl_fail(SL_ERR_FORMAT, "%s: field '%s' must be a positive integer", path, key);
-    *out = (int)it->valuedouble;
-    return SL_OK;
-}
-
 static sl_status read_config(const char *dir, sl_gpt2_config *c) {
-    char path[4096], *text;
-    size_t len;
+    char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    SL_TRY(sl_file_read_all(path, &text, &len));
-    cJSON *root = cJSON_ParseWithLength(text, len);
-    free(text);
+    cJSON *root;
+    SL_TRY(sl_json_read_object(path, &root));
     sl_status st = SL_OK;
-    if (!cJSON_IsObject(root)) {
-        st = sl_fail(SL_ERR_FORMAT, "%s: not a JSON object", path);
-        goto done;
-    }
     cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
     if (!cJSON_IsString(mt) || strcmp(mt->valuestring, "gpt2") != 0) {
         st = sl_fail(SL_ERR_UNSUPPORTED, "%s: field 'model_type' must be \"gpt2\"", path);
         goto done;
     }
-    SL_CHECK(cfg_int(root, path, "n_layer", &c->n_layer));
-    SL_CHECK(cfg_int(root, path, "n_head", &c->n_head));
-    SL_CHECK(cfg_int(root, path, "n_embd", &c->n_embd));
-    SL_CHECK(cfg_int(root, path, "vocab_size", &c->vocab_size));
-    SL_CHECK(cfg_int(root, path, "n_positions", &c->max_seq_len));
+    SL_CHECK(sl_json_int(root, path, "n_layer", 1, &c->n_layer));
+    SL_CHECK(sl_json_int(root, path, "n_head", 1, &c->n_head));
+    SL_CHECK(sl_json_int(root, path, "n_embd", 1, &c->n_embd));
+    SL_CHECK(sl_json_int(root, path, "vocab_size", 1, &c->vocab_size));
+    SL_CHECK(sl_json_int(root, path, "n_positions", 1, &c->max_seq_len));
     cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "activation_function");
     if (act && (!cJSON_IsString(act) || (strcmp(act->valuestring, "gelu_new") && strcmp(act->valuestring, "gelu_pytorch_tanh")))) {
         st = sl_fail(SL_ERR_UNSUPPORTED, "%s: field 'activation_function' must be gelu_new (tanh GELU)", path);

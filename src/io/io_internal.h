@@ -22,7 +22,6 @@ static inline int32_t sl__shard_token(const uint8_t *payload, uint32_t width, in
 
 /* ---- files (shards.c) ---- */
 /* Write a file at exactly `path` (no rename) and fsync it. On failure the file is removed. */
-sl_status sl__write_file_synced(const char *path, const void *data, size_t len);
 /* fsync a directory so renames in it are durable (best effort). */
 void sl__fsync_dir(const char *dir);
 /* Read the vocab_size field of a tokenizer.json without building the tokenizer; -1 + message on error. */

@@ -2,6 +2,7 @@
 #include <cjson/cJSON.h>
 #include <string.h>
 
+#include "io/json_util.h"
 #include "suanli/model_io.h"
 #include "suanli/safetensors.h"
 
@@ -51,37 +52,22 @@ done:
     return st;
 }
 
-static sl_status get_int(cJSON *root, const char *path, const char *key, int *out) {
-    cJSON *it = cJSON_GetObjectItemCaseSensitive(root, key);
-    if (!it) return sl_fail(SL_ERR_FORMAT, "%s: missing field '%s'", path, key);
-    if (!cJSON_IsNumber(it) || it->valuedouble != (double)(int)it->valuedouble)
-        return sl_fail(SL_ERR_FORMAT, "%s: field '%s' must be an integer", path, key);
-    *out = (int)it->valuedouble;
-    return SL_OK;
-}
-
 sl_status sl_model_load_config(const char *dir, sl_gpt2_config *cfg) {
-    char path[4096], *text;
-    size_t len;
+    char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    SL_TRY(sl_file_read_all(path, &text, &len));
-    cJSON *root = cJSON_ParseWithLength(text, len);
-    free(text);
-    if (!root || !cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return sl_fail(SL_ERR_FORMAT, "%s: not a JSON object", path);
-    }
+    cJSON *root;
+    SL_TRY(sl_json_read_object(path, &root));
     sl_status st = SL_OK;
     cJSON *arch = cJSON_GetObjectItemCaseSensitive(root, "architecture");
     if (!cJSON_IsString(arch) || strcmp(arch->valuestring, "gpt2") != 0) {
         st = sl_fail(SL_ERR_FORMAT, "%s: field 'architecture' must be \"gpt2\"", path);
         goto done;
     }
-    SL_CHECK(get_int(root, path, "n_layer", &cfg->n_layer));
-    SL_CHECK(get_int(root, path, "n_head", &cfg->n_head));
-    SL_CHECK(get_int(root, path, "n_embd", &cfg->n_embd));
-    SL_CHECK(get_int(root, path, "vocab_size", &cfg->vocab_size));
-    SL_CHECK(get_int(root, path, "max_seq_len", &cfg->max_seq_len));
+    SL_CHECK(sl_json_int(root, path, "n_layer", 1, &cfg->n_layer));
+    SL_CHECK(sl_json_int(root, path, "n_head", 1, &cfg->n_head));
+    SL_CHECK(sl_json_int(root, path, "n_embd", 1, &cfg->n_embd));
+    SL_CHECK(sl_json_int(root, path, "vocab_size", 1, &cfg->vocab_size));
+    SL_CHECK(sl_json_int(root, path, "max_seq_len", 1, &cfg->max_seq_len));
 done:
     cJSON_Delete(root);
     return st;

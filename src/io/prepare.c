@@ -55,7 +55,7 @@ static sl_status write_split(staging *sg, const char *dir, const char *split, co
         void *buf;
         size_t len;
         SL_TRY(sl__shard_encode(tmp, tok + off, cnt, vocab, &buf, &len));
-        sl_status st = sl__write_file_synced(tmp, buf, len);
+        sl_status st = sl_file_write_synced(tmp, buf, len);
         free(buf);
         if (st != SL_OK) return st;
     }

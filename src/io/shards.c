@@ -161,37 +161,6 @@ sl_status sl_shard_read(const char *path, sl_shard_header *hdr, int32_t **tokens
     return SL_OK;
 }
 
-sl_status sl__write_file_synced(const char *path, const void *data, size_t len) {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) return sl_fail(SL_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
-    const char *p = data;
-    size_t left = len;
-    while (left > 0) {
-        ssize_t w = write(fd, p, left);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            int e = errno;
-            close(fd);
-            unlink(path);
-            return sl_fail(SL_ERR_IO, "%s: write failed: %s", path, strerror(e));
-        }
-        p += w;
-        left -= (size_t)w;
-    }
-    if (fsync(fd) != 0) {
-        int e = errno;
-        close(fd);
-        unlink(path);
-        return sl_fail(SL_ERR_IO, "%s: fsync failed: %s", path, strerror(e));
-    }
-    if (close(fd) != 0) {
-        int e = errno;
-        unlink(path);
-        return sl_fail(SL_ERR_IO, "%s: close failed: %s", path, strerror(e));
-    }
-    return SL_OK;
-}
-
 void sl__fsync_dir(const char *dir) {
     int fd = open(dir, O_RDONLY | O_DIRECTORY);
     if (fd < 0) return;

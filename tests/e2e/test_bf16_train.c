@@ -5,27 +5,9 @@
 
 #include "suanli/safetensors.h"
 #include "suanli/train.h"
+#include "gpt2_fixture.h"
 #include "testutil.h"
 
-static const sl_safetensors *g_st;
-static int meta_i(const char *k) { return atoi(sl_safetensors_meta(g_st, k)); }
-static float meta_f(const char *k) { return (float)atof(sl_safetensors_meta(g_st, k)); }
-
-typedef struct {
-    const int32_t *tok;
-    int B, T, accum;
-} feed;
-
-static sl_status feed_fn(void *u, int64_t step, int micro, int32_t *ids, int32_t *tg) {
-    feed *f = u;
-    const int32_t *base = f->tok + ((step * f->accum + micro) * f->B) * (int64_t)(f->T + 1);
-    for (int b = 0; b < f->B; b++)
-        for (int t = 0; t < f->T; t++) {
-            ids[b * f->T + t] = base[b * (f->T + 1) + t];
-            tg[b * f->T + t] = base[b * (f->T + 1) + t + 1];
-        }
-    return SL_OK;
-}
 
 static void run(int bf16, float *losses) {
     sl_gpt2_config cfg = {meta_i("n_layer"), meta_i("n_head"), meta_i("n_embd"), meta_i("vocab_size"), meta_i("seq_len")};

@@ -6,9 +6,8 @@
 
 #include "suanli/safetensors.h"
 #include "suanli/train.h"
+#include "gpt2_fixture.h"
 #include "testutil.h"
-
-static const sl_safetensors *g_st;
 
 static const sl_st_tensor *need(const char *name) {
     const sl_st_tensor *t = sl_safetensors_find(g_st, name);
@@ -19,24 +18,6 @@ static const sl_st_tensor *need(const char *name) {
     return t;
 }
 
-static int meta_i(const char *k) { return atoi(sl_safetensors_meta(g_st, k)); }
-static float meta_f(const char *k) { return (float)atof(sl_safetensors_meta(g_st, k)); }
-
-typedef struct {
-    const int32_t *tok;
-    int B, T, accum;
-} feed;
-
-static sl_status feed_fn(void *u, int64_t step, int micro, int32_t *ids, int32_t *tg) {
-    feed *f = u;
-    const int32_t *base = f->tok + ((step * f->accum + micro) * f->B) * (int64_t)(f->T + 1);
-    for (int b = 0; b < f->B; b++)
-        for (int t = 0; t < f->T; t++) {
-            ids[b * f->T + t] = base[b * (f->T + 1) + t];
-            tg[b * f->T + t] = base[b * (f->T + 1) + t + 1];
-        }
-    return SL_OK;
-}
 
 static void load_params(sl_model *m, const char *prefix) {
     for (int i = 0; i < m->n_params; i++) {
