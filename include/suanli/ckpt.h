@@ -50,6 +50,10 @@ void sl_ckpt_writer_free(sl_ckpt_writer *w);
 /* Snapshot this rank's part into host memory (the only work on the training thread) and start the
  * background write of ROOT/step-N.tmp/shard-rR.safetensors + its sidecar. */
 sl_status sl_ckpt_save_begin(sl_ckpt_writer *w, const char *root, const sl_ckpt_state *st);
+/* Root of the in-memory checkpoint copy: SUANLI_MEM_CKPT_DIR (a tmpfs dir that `suanli run` creates for
+ * the job and removes at exit), or NULL. Writers mirror each shard there; rank 0 commits it like the disk
+ * copy (keeping only the newest), and a restarted job loads from it when it is at least as new. */
+const char *sl_ckpt_mem_root(void);
 /* Allocate and touch the snapshot buffer ahead of the first save (floats = elements per save). */
 sl_status sl_ckpt_writer_reserve(sl_ckpt_writer *w, size_t floats);
 /* 1 when no write is pending (the last one finished, successfully or not). */

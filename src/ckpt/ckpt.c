@@ -38,6 +38,7 @@ struct sl_ckpt_writer {
     sl_status status;
     char errmsg[512];
     char dir[4096], file[64];
+    char mem_dir[4096]; /* tmp dir of the in-memory copy ("" when off) */
     int rank;
     entry *e;
     int ne, cap;
@@ -71,6 +72,11 @@ void sl_ckpt_writer_free(sl_ckpt_writer *w) {
 }
 
 int sl_ckpt_writer_done(sl_ckpt_writer *w) { return w->done; }
+
+const char *sl_ckpt_mem_root(void) {
+    const char *e = getenv("SUANLI_MEM_CKPT_DIR");
+    return e && *e ? e : NULL;
+}
 
 sl_status sl_ckpt_writer_reserve(sl_ckpt_writer *w, size_t floats) {
     if (floats <= w->buf_cap) return SL_OK;
@@ -148,6 +154,19 @@ static void *writer_main(void *arg) {
         goto done;
     }
     SL_CHECK(sl_file_write_atomic(path, text, strlen(text)));
+    if (w->mem_dir[0]) {
+        /* the in-memory copy (tmpfs held by the launcher); failing it only costs recovery speed */
+        char mp[4200];
+        snprintf(mp, sizeof mp, "%s/%s", w->mem_dir, w->file);
+        sl_status ms = sl_mkdirs(w->mem_dir);
+        if (ms == SL_OK) ms = sl_safetensors_write(mp, ts, w->ne, NULL);
+        snprintf(mp, sizeof mp, "%s/shard-r%05d.json", w->mem_dir, w->rank);
+        if (ms == SL_OK) ms = sl_file_write_atomic(mp, text, strlen(text));
+        if (ms != SL_OK) {
+            SL_LOGW("in-memory checkpoint copy skipped: %s", sl_errmsg());
+            w->mem_dir[0] = 0;
+        }
+    }
 done:
     if (st != SL_OK) snprintf(w->errmsg, sizeof w->errmsg, "%s", sl_errmsg());
     w->status = st;
@@ -210,6 +229,9 @@ sl_status sl_ckpt_save_begin(sl_ckpt_writer *w, const char *root, const sl_ckpt_
     }
     w->bytes = used * sizeof(float);
     snprintf(w->dir, sizeof w->dir, "%s", tmp);
+    const char *mem = sl_ckpt_mem_root();
+    if (mem) step_name(w->mem_dir, sizeof w->mem_dir, mem, st->step, suffix);
+    else w->mem_dir[0] = 0;
     snprintf(w->file, sizeof w->file, "shard-r%05d.safetensors", st->rank);
     w->rank = st->rank;
     w->status = SL_OK;

@@ -117,6 +117,9 @@ static sl_status ckpt_poll(sl_ckpt_writer *w, sl_comm *world, const sl_mesh *mes
             fprintf(stderr, "suanli train: checkpoint commit: %s\n", sl_errmsg());
             return cs;
         }
+        const char *mem = sl_ckpt_mem_root();
+        if (mem && sl_ckpt_commit(mem, *pending, mesh->world, 1, model_json, layout_json) != SL_OK)
+            SL_LOGW("in-memory checkpoint copy not committed: %s", sl_errmsg());
         double ws_ = sl_ckpt_writer_write_seconds(w);
         printf("checkpoint step %lld committed: stall %.1f ms, background write %.2f s (%.0f MB/s from rank 0), commit %.1f ms\n",
                (long long)*pending, sl_ckpt_writer_stall(w) * 1e3, ws_, sl_ckpt_writer_bytes(w) / 1e6 / (ws_ > 0 ? ws_ : 1),
@@ -264,9 +267,23 @@ int sl_cmd_train(int argc, char **argv) {
     int resume = 0, init_from_weights = 0;
     if (a.load) {
         snprintf(wpath, sizeof wpath, "%s/model.safetensors", a.load);
+        const char *mem = sl_ckpt_mem_root();
+        char memdir[4096];
         if (sl_ckpt_is_checkpoint(a.load)) {
             if (sl_ckpt_find_latest(a.load, ckdir, sizeof ckdir) != SL_OK) BAD("--load: %s", sl_errmsg());
             resume = 1;
+        }
+        if (mem && a.save && !strcmp(a.load, a.save) && sl_ckpt_is_checkpoint(mem) &&
+            sl_ckpt_find_latest(mem, memdir, sizeof memdir) == SL_OK) {
+            /* step dirs are named step-NNNNNNN: compare their steps */
+            const char *ms = strrchr(memdir, '/'), *ds = resume ? strrchr(ckdir, '/') : NULL;
+            if (ms && (!ds || strcmp(ms, ds) >= 0)) {
+                snprintf(ckdir, sizeof ckdir, "%s", memdir);
+                resume = 1;
+            }
+        }
+        if (resume) {
+            /* found above */
         } else if (access(wpath, F_OK) == 0) {
             init_from_weights = 1;
         } else if (a.save && !strcmp(a.load, a.save)) {
@@ -470,6 +487,14 @@ int sl_cmd_train(int argc, char **argv) {
                     snprintf(cp, sizeof cp, "%s/step-%07lld.tmp%s/config.json", a.save, (long long)(step + 1),
                              restart ? restart : "");
                     sl_file_write_atomic(cp, model_json, strlen(model_json));
+                    const char *mem = sl_ckpt_mem_root();
+                    if (mem) {
+                        snprintf(cp, sizeof cp, "%s/step-%07lld.tmp%s", mem, (long long)(step + 1), restart ? restart : "");
+                        if (sl_mkdirs(cp) == SL_OK) {
+                            strncat(cp, "/config.json", sizeof cp - strlen(cp) - 1);
+                            sl_file_write_atomic(cp, model_json, strlen(model_json));
+                        }
+                    }
                 }
                 pending_step = step + 1;
             }
