@@ -40,8 +40,12 @@ SL_TARGET_AVX2 static void kernel_avx2_6x16(int64_t ksteps, const void *a_, cons
 #pragma GCC unroll 6
         for (int i = 0; i < MR; i++) {
             float *cr = c + i * ldc;
-            __m256 t0 = _mm256_mul_ps(va, acc[i][0]), t1 = _mm256_mul_ps(va, acc[i][1]);
-            if (beta != 0.0f) {
+            __m256 t0 = acc[i][0], t1 = acc[i][1];
+            if (alpha != 1.0f) t0 = _mm256_mul_ps(va, t0), t1 = _mm256_mul_ps(va, t1);
+            if (beta == 1.0f) {
+                t0 = _mm256_add_ps(_mm256_loadu_ps(cr), t0);
+                t1 = _mm256_add_ps(_mm256_loadu_ps(cr + 8), t1);
+            } else if (beta != 0.0f) {
                 t0 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(cr), t0);
                 t1 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(cr + 8), t1);
             }
@@ -128,8 +132,8 @@ static inline float bf16_to_f32(uint16_t h) {
 #include "device/cpu/kernels/gemm_avx2_pack.inc"
 
 const sl_gemm_impl sl_gemm_impl_avx2_f32 = {
-    .name = "avx2", .mr = MR, .nr = NR, .kgran = 1, .esz = 4, .in_bf16 = 0, .kc = 384, .mc = 1536, .nc = 192,
+    .name = "avx2", .mr = MR, .nr = NR, .kgran = 1, .esz = 4, .in_bf16 = 0, .kc = 384, .mc = 3072, .nc = 192,
     .pack_a = pack_a_avx2_f32, .pack_b = pack_b_avx2_f32, .kernel = kernel_avx2_6x16};
 const sl_gemm_impl sl_gemm_impl_avx2_bf16emu = {
-    .name = "avx2", .mr = MR, .nr = NR, .kgran = 1, .esz = 4, .in_bf16 = 1, .kc = 384, .mc = 1536, .nc = 192,
+    .name = "avx2", .mr = MR, .nr = NR, .kgran = 1, .esz = 4, .in_bf16 = 1, .kc = 384, .mc = 3072, .nc = 192,
     .pack_a = pack_a_avx2_bf16, .pack_b = pack_b_avx2_bf16, .kernel = kernel_avx2_6x16};

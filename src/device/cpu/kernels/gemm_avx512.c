@@ -36,9 +36,12 @@ static inline __mmask16 mask_n(int n) { return n >= 16 ? (__mmask16)0xffff : (__
         _Pragma("GCC unroll 8") for (int i_ = 0; i_ < MR; i_++) {                                          \
             if (i_ < mr) {                                                                                 \
                 float *cr_ = c + i_ * ldc;                                                                 \
-                __m512 t0_ = _mm512_mul_ps(va_, acc[i_][0]);                                               \
-                __m512 t1_ = _mm512_mul_ps(va_, acc[i_][1]);                                               \
-                __m512 t2_ = _mm512_mul_ps(va_, acc[i_][2]);                                               \
+                __m512 t0_ = acc[i_][0], t1_ = acc[i_][1], t2_ = acc[i_][2];                               \
+                if (alpha != 1.0f) {                                                                       \
+                    t0_ = _mm512_mul_ps(va_, t0_);                                                         \
+                    t1_ = _mm512_mul_ps(va_, t1_);                                                         \
+                    t2_ = _mm512_mul_ps(va_, t2_);                                                         \
+                }                                                                                          \
                 if (beta == 1.0f) {                                                                        \
                     t0_ = _mm512_add_ps(t0_, _mm512_maskz_loadu_ps(m0_, cr_));                             \
                     t1_ = _mm512_add_ps(t1_, _mm512_maskz_loadu_ps(m1_, cr_ + 16));                        \

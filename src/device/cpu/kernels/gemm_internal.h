@@ -10,7 +10,9 @@
  * so kernels only see full tiles (they mask the stores of partial ones). Packed elements may be fp32
  * (esz 4, kgran 1) or bf16 pairs for vdpbf16ps (esz 2, kgran 2: panel[k/2][i][k%2]).
  * Each element of C is summed over K in the same order (KC blocks in sequence, k ascending inside the
- * micro-kernel) whatever the thread partition, so results do not depend on the thread count.
+ * micro-kernel) whatever the thread partition, so results do not depend on the thread count. For that,
+ * every partition (thread shares, MC blocks, NC chunks) starts at a multiple of MR / NR from 0, so an element
+ * always lands in the same kind of tile (full or edge: their writebacks may round differently).
  */
 #ifndef SL_DEVICE_CPU_KERNELS_GEMM_INTERNAL_H
 #define SL_DEVICE_CPU_KERNELS_GEMM_INTERNAL_H
