@@ -1,6 +1,7 @@
 /* SIMD non-GEMM kernels against their scalar reference kernels (*_ref), for every ISA path this CPU has
  * (forced in-process with sl_kern_isa_force), on awkward shapes (1, 3, 17, 63, 65, 255, 1000; head
  * sizes not a multiple of 16; T = 1; strided q/k/v views; grouped KV heads).
+ * The 16-lane logic of the AVX-512 build also runs on AVX2 machines through tests/ops/vec_emu16.c.
  * Each fast kernel also runs with 1 and 2 threads and twice with 2 threads: outputs must be bitwise
  * identical (determinism whatever the thread count).
  * Tolerances (|fast - ref| <= atol + rtol |ref|, both fp32): elementwise (add, acc, bias, sum_to, gelu)
@@ -437,6 +438,19 @@ int main(void) {
         test_attention();
     }
     sl_kern_isa_force(-1);
+#if SL_HAVE_X86
+    /* the 16-lane code paths on AVX2 hardware (tests/ops/vec_emu16.c) */
+    if (best >= SL_KISA_AVX2) {
+        extern const sl_vec_ops sl_vec_ops_emu16;
+        sl_vec_set_for_test(&sl_vec_ops_emu16);
+        g_isa = "emu16";
+        test_elementwise();
+        test_norm_softmax();
+        test_embed_ce();
+        test_attention();
+        sl_vec_set_for_test(NULL);
+    }
+#endif
     g_isa = sl_kern_isa_name(best);
     test_matmul_bf16();
     test_adamw();
