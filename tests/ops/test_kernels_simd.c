@@ -1,6 +1,7 @@
 /* SIMD non-GEMM kernels against their scalar reference kernels (*_ref), for every ISA path this CPU has
  * (forced in-process with sl_kern_isa_force), on awkward shapes (1, 3, 17, 63, 65, 255, 1000; head
  * sizes not a multiple of 16; T = 1; strided q/k/v views; grouped KV heads).
+ * The 16-lane logic of the AVX-512 build also runs on AVX2 machines through tests/ops/vec_emu16.c.
  * Each fast kernel also runs with 1 and 2 threads and twice with 2 threads: outputs must be bitwise
  * identical (determinism whatever the thread count).
  * Tolerances (|fast - ref| <= atol + rtol |ref|, both fp32): elementwise (add, acc, bias, sum_to, gelu)
@@ -363,6 +364,59 @@ static void test_matmul_bf16(void) {
         }
 }
 
+/* Autodiff through cast -> bf16 matmul: loss = sum(matmul(bf16(x), bf16(w)^T) * R); the gradients are
+ * dx = bf16(R) bf16(w), dw = bf16(R)^T bf16(x) (the backward rule rounds the incoming gradient to bf16),
+ * checked in double to 1e-5 of max. */
+static void test_matmul_bf16_grad(void) {
+    int64_t M = 17, N = 5, K = 63;
+    sl_ctx *ctx = sl_ctx_new(256);
+    sl_tensor *x = leaf(ctx, 2, (int64_t[]){M, K}, 1.0f), *w = leaf(ctx, 2, (int64_t[]){N, K}, 1.0f);
+    sl_tensor *R = leaf(ctx, 2, (int64_t[]){M, N}, 1.0f);
+    float *gx = calloc((size_t)(M * K), 4), *gw = calloc((size_t)(N * K), 4);
+    sl_set_param(x);
+    sl_set_param(w);
+    x->grad = sl_new_tensor(ctx, SL_F32, 2, x->ne);
+    w->grad = sl_new_tensor(ctx, SL_F32, 2, w->ne);
+    x->grad->flags |= SL_FLAG_GRAD;
+    w->grad->flags |= SL_FLAG_GRAD;
+    sl_tensor_bind(x->grad, gx);
+    sl_tensor_bind(w->grad, gw);
+    sl_tensor *y = sl_matmul(ctx, sl_cast(ctx, x, SL_BF16), sl_cast(ctx, w, SL_BF16), 0, 1);
+    sl_tensor *loss = sl_sum_to(ctx, sl_mul(ctx, y, R), sl_new_tensor_1d(ctx, SL_F32, 1));
+    sl_graph *g = sl_graph_new(ctx);
+    sl_graph_build_forward(g, loss);
+    sl_graph_build_backward(g, loss, 1.0f);
+    TU_CHECK(sl_graph_plan(g, sl_backend_cpu(), NULL) == SL_OK, "plan bf16 graph: %s", sl_errmsg());
+    TU_CHECK(sl_graph_compute(g, NULL, NULL) == SL_OK, "compute bf16 graph: %s", sl_errmsg());
+    float *ex = calloc((size_t)(M * K), 4), *ew = calloc((size_t)(N * K), 4);
+#define BF(v) sl_bf16_to_f32(sl_f32_to_bf16(v))
+    const float *px = x->data, *pw = w->data, *pr = R->data;
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t k = 0; k < K; k++) {
+            double s = 0;
+            for (int64_t j = 0; j < N; j++) s += (double)BF(pr[i * N + j]) * BF(pw[j * K + k]);
+            ex[i * K + k] = (float)s;
+        }
+    for (int64_t j = 0; j < N; j++)
+        for (int64_t k = 0; k < K; k++) {
+            double s = 0;
+            for (int64_t i = 0; i < M; i++) s += (double)BF(pr[i * N + j]) * BF(px[i * K + k]);
+            ew[j * K + k] = (float)s;
+        }
+#undef BF
+    TU_CHECK(tu_rel_maxdiff(gx, ex, M * K) < 1e-5, "bf16 matmul dx: rel %.3g", tu_rel_maxdiff(gx, ex, M * K));
+    TU_CHECK(tu_rel_maxdiff(gw, ew, N * K) < 1e-5, "bf16 matmul dw: rel %.3g", tu_rel_maxdiff(gw, ew, N * K));
+    sl_graph_free(g);
+    free(ex);
+    free(ew);
+    free(gx);
+    free(gw);
+    free(x->data);
+    free(w->data);
+    free(R->data);
+    sl_ctx_free(ctx);
+}
+
 /* AdamW over a fake flat model (odd tensor sizes, decay on some): bitwise equal to the plain scalar
  * formula of Note [AdamW order of operations], for 1 and 2 threads, over 3 steps. */
 static void test_adamw(void) {
@@ -437,8 +491,22 @@ int main(void) {
         test_attention();
     }
     sl_kern_isa_force(-1);
+#if SL_HAVE_X86
+    /* the 16-lane code paths on AVX2 hardware (tests/ops/vec_emu16.c) */
+    if (best >= SL_KISA_AVX2) {
+        extern const sl_vec_ops sl_vec_ops_emu16;
+        sl_vec_set_for_test(&sl_vec_ops_emu16);
+        g_isa = "emu16";
+        test_elementwise();
+        test_norm_softmax();
+        test_embed_ce();
+        test_attention();
+        sl_vec_set_for_test(NULL);
+    }
+#endif
     g_isa = sl_kern_isa_name(best);
     test_matmul_bf16();
+    test_matmul_bf16_grad();
     test_adamw();
     return tu_finish("test_kernels_simd");
 }

@@ -249,6 +249,16 @@ sl_status sl_k_scatter_add(sl_tensor *n) {
     int pad = 5 - vnd;
     for (int d = 0; d < 5; d++) iv.nb[d] = d < pad ? 0 : n->iparams[1 + d - pad];
     pd += n->iparams[0];
+    if (iv.nb[4] == 1 && is.nb[4] == 1) { /* unit-stride rows (e.g. the q/k/v slices of a fused QKV) */
+        int64_t n4 = is.ne[4];
+        LOOP4(is) {
+            float *d = pd + OFF4(iv);
+            const float *s = ps + OFF4(is);
+#pragma omp simd
+            for (int64_t i = 0; i < n4; i++) d[i] += s[i];
+        }
+        return SL_OK;
+    }
     LOOP4(is) {
         float *d = pd + OFF4(iv);
         const float *s = ps + OFF4(is);

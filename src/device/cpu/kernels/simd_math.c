@@ -5,6 +5,9 @@
 #include "suanli/base.h"
 
 static int g_forced = -1;
+static const sl_vec_ops *g_vec_test;
+
+void sl_vec_set_for_test(const sl_vec_ops *ops) { g_vec_test = ops; }
 
 static int detected(void) {
     const sl_cpu_features *f = sl_cpu_features_get();
@@ -25,6 +28,7 @@ const char *sl_kern_isa_name(int isa) {
 }
 
 const sl_vec_ops *sl_vec(void) {
+    if (g_vec_test) return g_vec_test;
 #if SL_HAVE_X86
     switch (sl_kern_isa()) {
     case SL_KISA_AVX512: return &sl_vec_ops_avx512;

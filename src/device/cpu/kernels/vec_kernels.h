@@ -57,5 +57,7 @@ typedef struct sl_vec_ops {
 extern const sl_vec_ops sl_vec_ops_avx512, sl_vec_ops_avx2;
 /* The table for sl_kern_isa(), or NULL when the scalar reference kernels should run. */
 const sl_vec_ops *sl_vec(void);
+/* Tests only: make sl_vec() return `ops` (NULL restores the normal choice). Call from serial code. */
+void sl_vec_set_for_test(const sl_vec_ops *ops);
 
 #endif

@@ -1,0 +1,84 @@
+/* A 16-lane instantiation of vec_kernels.inc built from pairs of AVX2 vectors, for tests only: it runs
+ * the code paths that the AVX-512 build takes (16 lanes, one vector per 16-key attention tile row,
+ * 8-row register blocks, 64-column sum blocks, lane masks up to 16) on CPUs without AVX-512, so they
+ * are checked against the scalar reference even where vec_avx512.c cannot execute. The intrinsic
+ * mappings of vec_avx512.c themselves are only exercised on AVX-512 hardware. */
+#include <math.h>
+#include <string.h>
+
+#include "device/cpu/kernels/simd_math.h"
+#include "device/cpu/kernels/vec_kernels.h"
+
+#if SL_HAVE_X86
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#pragma GCC target("avx2,fma")
+
+typedef struct {
+    __m256 lo, hi;
+} vf;
+#define VL 16
+static inline vf e_set1(float x) { return (vf){_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+static inline vf e_load(const float *p) { return (vf){_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+static inline void e_store(float *p, vf v) {
+    _mm256_storeu_ps(p, v.lo);
+    _mm256_storeu_ps(p + 8, v.hi);
+}
+#define E2(name, op)                                                                               \
+    static inline vf name(vf a, vf b) { return (vf){op(a.lo, b.lo), op(a.hi, b.hi)}; }
+E2(e_add, _mm256_add_ps)
+E2(e_sub, _mm256_sub_ps)
+E2(e_mul, _mm256_mul_ps)
+E2(e_max, _mm256_max_ps)
+static inline vf e_fma(vf a, vf b, vf c) { return (vf){_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
+static inline vf e_fnma(vf a, vf b, vf c) {
+    return (vf){_mm256_fnmadd_ps(a.lo, b.lo, c.lo), _mm256_fnmadd_ps(a.hi, b.hi, c.hi)};
+}
+static inline vf e_exp(vf a) { return (vf){sl_exp_avx2(a.lo), sl_exp_avx2(a.hi)}; }
+static inline vf e_tanh(vf a) { return (vf){sl_tanh_avx2(a.lo), sl_tanh_avx2(a.hi)}; }
+static inline float e_hsum(vf v) {
+    float t[16], s = 0;
+    e_store(t, v);
+    for (int i = 0; i < 16; i++) s += t[i];
+    return s;
+}
+static inline float e_hmax(vf v) {
+    float t[16], m = -INFINITY;
+    e_store(t, v);
+    for (int i = 0; i < 16; i++) m = t[i] > m ? t[i] : m;
+    return m;
+}
+static inline vf e_loadn(const float *p, int64_t n, float fill) {
+    float t[16];
+    for (int i = 0; i < 16; i++) t[i] = i < n ? p[i] : fill;
+    return e_load(t);
+}
+static inline void e_storen(float *p, vf v, int64_t n) {
+    float t[16];
+    e_store(t, v);
+    for (int i = 0; i < n; i++) p[i] = t[i];
+}
+#define VZERO e_set1(0.0f)
+#define VSET1 e_set1
+#define VLOAD e_load
+#define VSTORE e_store
+#define VADD e_add
+#define VSUB e_sub
+#define VMUL e_mul
+#define VMAX e_max
+#define VFMA e_fma
+#define VFNMA e_fnma
+#define VEXP e_exp
+#define VTANH e_tanh
+#define VHSUM e_hsum
+#define VHMAX e_hmax
+#define VLOADN e_loadn
+#define VSTOREN e_storen
+#define FN(name) emu16_##name
+#define VEC_TABLE sl_vec_ops_emu16
+#define VEC_NAME "emu16"
+
+#include "device/cpu/kernels/vec_kernels.inc"
+
+#pragma GCC pop_options
+#endif
