@@ -176,9 +176,13 @@ static sl_status fifo_exchange(sl_transport *t_, sl_xfer *x, int n, double deadl
         sl_comm_backoff(&iter);
         if (iter < 2000 && (iter & 255)) continue;
         double now = sl_time_sec();
-        if (now > deadline)
-            return sl_fail(SL_ERR_TIMEOUT, "%s transport: no progress from peer before the deadline",
-                           t->base.vt->name);
+        if (now > deadline) {
+            int who = -1;
+            for (int i = 0; i < n && who < 0; i++)
+                if (x[i].done != x[i].bytes) who = x[i].peer;
+            return sl_fail(SL_ERR_TIMEOUT, "%s transport: no progress with rank %d before the deadline "
+                           "(SUANLI_COMM_TIMEOUT)", t->base.vt->name, who);
+        }
         if (now >= t->next_check) {
             t->next_check = now + 0.01;
             /* a peer that exited after its last write is not an error yet: drain first */
