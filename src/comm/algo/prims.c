@@ -40,9 +40,10 @@ void *sl_algo_scratch(sl_algo_ctx *c, size_t bytes) {
 
 /* Note [Cost model]
  * alpha = per-message latency, beta = seconds per byte of the transport (set by each transport).
- *   ring:   2(n-1) alpha + 2 (n-1)/n N beta
- *   rd:     ceil(log2 n) (alpha + N beta) (+2 steps when n is not a power of two)
- *   direct: alpha + (n-1) N beta  (one step, everyone sends everything to everyone)
+ * gamma = seconds per byte of local memory work (copies into scratch, reductions):
+ *   ring:   2(n-1) alpha + 2 (n-1)/n N beta + (n-1)/n N gamma
+ *   rd:     ceil(log2 n) (alpha + N beta + 2 N gamma) (+2 steps when n is not a power of two)
+ *   direct: alpha + (n-1) N beta + (n+1) N gamma  (one step, everyone sends everything to all)
  * The choice depends only on (n, N, transport), never on timings, so it is the same on every rank
  * and every run — which keeps reductions bitwise reproducible. */
 sl_comm_algo sl_algo_choose_allreduce(const sl_algo_ctx *c, size_t bytes) {
@@ -53,10 +54,10 @@ sl_comm_algo sl_algo_choose_allreduce(const sl_algo_ctx *c, size_t bytes) {
         lg++;
     }
     if (p2 != n) lg += 2;
-    double a = c->tp->alpha, b = c->tp->beta, N = (double)bytes;
-    double ring = 2.0 * (n - 1) * a + 2.0 * (n - 1) / n * N * b;
-    double rd = lg * (a + N * b);
-    double direct = a + (n - 1) * N * b;
+    double a = c->tp->alpha, b = c->tp->beta, g = 1.0 / 10e9, N = (double)bytes;
+    double ring = 2.0 * (n - 1) * a + 2.0 * (n - 1) / n * N * b + (double)(n - 1) / n * N * g;
+    double rd = lg * (a + N * b + 2 * N * g);
+    double direct = a + (n - 1) * N * b + (n + 1) * N * g;
     if (direct <= rd && direct <= ring && n <= 8) return SL_COMM_ALGO_DIRECT;
     return rd < ring ? SL_COMM_ALGO_RD : SL_COMM_ALGO_RING;
 }
