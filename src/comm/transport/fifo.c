@@ -230,8 +230,11 @@ static fifo_tp *fifo_alloc(int rank, int size, int loopback) {
     t->base.alpha = 1e-6;
     t->base.beta = 1.0 / 8e9;
     t->loopback = loopback;
-    t->slot_bytes = env_size("SUANLI_SHM_SLOT_KB", 128, 4, 16384) * 1024;
-    t->nslots = (int)env_size("SUANLI_SHM_SLOTS", 8, 2, 1024);
+    /* 4 slots of 1 MiB per ring (fewer hand-offs when ranks share cores); smaller with many ranks
+     * so that one rank's segment stays near 64 MiB */
+    size_t dflt_kb = size <= 4 ? 1024 : size <= 8 ? 512 : size <= 16 ? 256 : 64;
+    t->slot_bytes = env_size("SUANLI_SHM_SLOT_KB", dflt_kb, 4, 16384) * 1024;
+    t->nslots = (int)env_size("SUANLI_SHM_SLOTS", 4, 2, 1024);
     t->to = calloc((size_t)size, sizeof(char *));
     t->from = calloc((size_t)size, sizeof(char *));
     t->peer = calloc((size_t)size, sizeof(seg_hdr *));
