@@ -484,6 +484,7 @@ sl_status sl_comm_send_async(sl_comm *c, const void *buf, size_t count, sl_comm_
     CHECK_COMM(c);
     SL_TRY(check_dt(__func__, dt, 0, SL_COMM_SUM));
     SL_TRY(check_root(__func__, c, peer));
+    if (peer == c->rank) return sl_fail(SL_ERR_INVALID, "%s: send to self (rank %d) is not supported", __func__, peer);
     NEW_TASK(T_SEND);
     t->sb = buf, t->count = count, t->dt = dt, t->root = peer;
     return submit(c, t, req);
@@ -496,6 +497,7 @@ sl_status sl_comm_recv_async(sl_comm *c, void *buf, size_t count, sl_comm_dtype 
     CHECK_COMM(c);
     SL_TRY(check_dt(__func__, dt, 0, SL_COMM_SUM));
     SL_TRY(check_root(__func__, c, peer));
+    if (peer == c->rank) return sl_fail(SL_ERR_INVALID, "%s: receive from self (rank %d) is not supported", __func__, peer);
     NEW_TASK(T_RECV);
     t->rb = buf, t->count = count, t->dt = dt, t->root = peer;
     return submit(c, t, req);
