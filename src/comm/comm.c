@@ -35,7 +35,7 @@ static sl_comm_algo env_algo(void) {
     if (!v || !*v) return SL_COMM_ALGO_AUTO;
     for (int a = 0; a < SL_COMM_ALGO_COUNT; a++)
         if (!strcmp(v, sl_comm_algo_name((sl_comm_algo)a))) return (sl_comm_algo)a;
-    SL_LOGW("SUANLI_COMM_ALGO=%s ignored (want auto|ring|rd|direct)", v);
+    SL_LOGW("SUANLI_COMM_ALGO=%s ignored (want auto|ring|rd|direct|hier)", v);
     return SL_COMM_ALGO_AUTO;
 }
 
@@ -59,6 +59,8 @@ static void record_error(sl_comm *c, sl_status st, const char *msg) {
         snprintf(c->errmsg, sizeof c->errmsg, "%s", msg);
     pthread_mutex_unlock(&c->errmu);
     c->tp->vt->abort(c->tp);
+    if (c->local) sl_comm_abort(c->local);
+    if (c->leaders) sl_comm_abort(c->leaders);
 }
 
 static sl_status run_one(sl_comm *c, sl_algo_ctx *x, sl_comm_req *t) {
@@ -125,7 +127,8 @@ static void execute(sl_comm *c, sl_comm_req *t) {
     }
     sl_algo_ctx x = {.tp = c->tp, .rank = c->rank, .size = c->size,
                      .deadline = sl_time_sec() + c->timeout, .scratch = &c->scratch,
-                     .scratch_cap = &c->scratch_cap, .algo = c->algo};
+                     .scratch_cap = &c->scratch_cap, .algo = c->algo, .local = c->local,
+                     .leaders = c->leaders};
     sl_clear_error();
     t->st = run_one(c, &x, t);
     if (t->st != SL_OK) {
@@ -568,6 +571,8 @@ void sl_comm_free(sl_comm *c) {
     pthread_cond_broadcast(&c->cv_work);
     pthread_mutex_unlock(&c->mu);
     pthread_join(c->thread, NULL);
+    sl_comm_free(c->local);
+    sl_comm_free(c->leaders);
     c->tp->vt->destroy(c->tp);
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->errmu);

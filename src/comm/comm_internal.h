@@ -99,6 +99,8 @@ typedef struct sl_algo_ctx {
     void **scratch; /* grow-only scratch owned by the communicator */
     size_t *scratch_cap;
     sl_comm_algo algo; /* forced, or AUTO */
+    sl_comm *local;    /* hierarchical: ranks on this host (shm), or NULL */
+    sl_comm *leaders;  /* hierarchical: local rank 0 of every host, NULL elsewhere */
 } sl_algo_ctx;
 
 sl_status sl_prim_exchange(sl_algo_ctx *c, sl_xfer *x, int n);
@@ -118,6 +120,8 @@ sl_status sl_algo_allreduce_rd(sl_algo_ctx *c, const void *sb, void *rb, size_t 
                                sl_comm_dtype dt, sl_comm_redop op);
 sl_status sl_algo_allreduce_direct(sl_algo_ctx *c, const void *sb, void *rb, size_t count,
                                    sl_comm_dtype dt, sl_comm_redop op);
+sl_status sl_algo_allreduce_hier(sl_algo_ctx *c, const void *sb, void *rb, size_t count,
+                                 sl_comm_dtype dt, sl_comm_redop op);
 sl_status sl_algo_reduce(sl_algo_ctx *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt,
                          sl_comm_redop op, int root);
 sl_status sl_algo_broadcast(sl_algo_ctx *c, const void *sb, void *rb, size_t count,

@@ -64,15 +64,16 @@ int main(void) {
     snprintf(cmd, sizeof cmd, "%s/tests/comm/test_comm_loopback", SL_BINARY_DIR);
     rc = run("%s run -n 4 -- %s env", cmd);
     TU_CHECK(rc == 0 && strstr(out, "[3] rank 3/4 transport shm: ok"), "comm job: rc=%d out=%.2000s", rc, out);
-    /* two launchers on this host as two nodes of one job (--nnodes 2 --master) */
+    /* two launchers on this host as two nodes of one job (--nnodes 2 --master); they pretend to be
+     * two hosts, so the communicator is tcp between hosts with the hierarchical all-reduce */
     char mn[3072];
     int port = 20000 + (int)(getpid() % 20000);
     snprintf(mn, sizeof mn,
-             "%s run -n 2 --nnodes 2 --node-rank 0 --master 127.0.0.1:%d -- %s env & p=$!; "
-             "%s run -n 2 --nnodes 2 --node-rank 1 --master 127.0.0.1:%d -- %s env; r1=$?; wait $p; r0=$?; "
+             "SUANLI_COMM_HOSTNAME=nodeA %s run -n 2 --nnodes 2 --node-rank 0 --master 127.0.0.1:%d -- %s env & p=$!; "
+             "SUANLI_COMM_HOSTNAME=nodeB %s run -n 2 --nnodes 2 --node-rank 1 --master 127.0.0.1:%d -- %s env; r1=$?; wait $p; r0=$?; "
              "echo rc $r0 $r1",
              tu_cli(), port, cmd, tu_cli(), port, cmd);
     rc = tu_run(mn, out, sizeof out);
-    TU_CHECK(strstr(out, "rc 0 0") && strstr(out, "[0] rank 0/4") && strstr(out, "[3] rank 3/4"), "two nodes: %.3000s", out);
+    TU_CHECK(strstr(out, "rc 0 0") && strstr(out, "[0] rank 0/4") && strstr(out, "[3] rank 3/4 transport tcp: ok"), "two nodes: %.3000s", out);
     return tu_finish("test_launch");
 }

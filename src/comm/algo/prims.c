@@ -47,7 +47,8 @@ void *sl_algo_scratch(sl_algo_ctx *c, size_t bytes) {
  * The choice depends only on (n, N, transport), never on timings, so it is the same on every rank
  * and every run — which keeps reductions bitwise reproducible. */
 sl_comm_algo sl_algo_choose_allreduce(const sl_algo_ctx *c, size_t bytes) {
-    if (c->algo != SL_COMM_ALGO_AUTO) return c->algo;
+    if (c->local && (c->algo == SL_COMM_ALGO_AUTO || c->algo == SL_COMM_ALGO_HIER)) return SL_COMM_ALGO_HIER;
+    if (c->algo != SL_COMM_ALGO_AUTO && c->algo != SL_COMM_ALGO_HIER) return c->algo;
     int n = c->size, lg = 0, p2 = 1;
     while (p2 * 2 <= n) {
         p2 *= 2;
@@ -71,6 +72,7 @@ sl_status sl_algo_allreduce(sl_algo_ctx *c, const void *sb, void *rb, size_t cou
     }
     switch (sl_algo_choose_allreduce(c, count * es)) {
     case SL_COMM_ALGO_DIRECT: return sl_algo_allreduce_direct(c, sb, rb, count, dt, op);
+    case SL_COMM_ALGO_HIER: return sl_algo_allreduce_hier(c, sb, rb, count, dt, op);
     case SL_COMM_ALGO_RD: return sl_algo_allreduce_rd(c, sb, rb, count, dt, op);
     default: return sl_algo_allreduce_ring(c, sb, rb, count, dt, op);
     }
