@@ -134,7 +134,7 @@ static int relaunch(int n, int argc, char **argv) {
         exe[l] = 0;
         av[0] = exe;
     }
-    sl_launch_opts o = {.nproc = n, .nnodes = 1, .grace_sec = 3, .prefix = 0, .argv = av};
+    sl_launch_opts o = {.nproc = n, .nnodes = 1, .grace_sec = 3, .prefix = 0, .bind = 1, .argv = av};
     sl_launch_result res;
     sl_status st = sl_launch_run(&o, &res);
     free(av);

@@ -88,7 +88,9 @@ int sl_bootstrap_take_listener(const char *token); /* fd kept by get_unique_id, 
 sl_status sl_net_first_ip(char *buf, size_t cap);
 
 /* Wait helpers shared by transports. */
-void sl_comm_backoff(unsigned *iter); /* spin, then yield, then short sleeps */
+/* spin `spin` times, then yield, then short sleeps; see Note [Waiting] in transport/fifo.c */
+void sl_comm_backoff(unsigned *iter, unsigned spin);
+unsigned sl_comm_spin_budget(int local_ranks); /* long spins only when every rank has a core */
 double sl_comm_env_timeout(void);
 
 /* ---- algorithms (algo/) ---- */

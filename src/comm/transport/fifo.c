@@ -54,6 +54,7 @@ typedef struct fifo_tp {
     void **maps;     /* shm: mapping per rank */
     size_t map_bytes;
     double next_check;
+    unsigned spin; /* backoff spin budget */
 } fifo_tp;
 
 static size_t env_size(const char *name, size_t dflt, size_t lo, size_t hi) {
@@ -68,14 +69,24 @@ static size_t env_size(const char *name, size_t dflt, size_t lo, size_t hi) {
     return (size_t)x;
 }
 
-void sl_comm_backoff(unsigned *iter) {
+/* Note [Waiting]
+ * Spin briefly (a peer that is running answers within a microsecond), then sched_yield for a long
+ * while (a descheduled peer gets our core at once: this is what keeps latency low when ranks share
+ * cores with each other or with other jobs), and only then sleep, so a rank waiting seconds for a
+ * slow peer costs almost no CPU. Never a pure spin: more ranks than cores cannot livelock. */
+#define YIELD_ITERS 20000u
+unsigned sl_comm_spin_budget(int local_ranks) {
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    return local_ranks <= cpus ? 4096u : 16u;
+}
+void sl_comm_backoff(unsigned *iter, unsigned spin) {
     unsigned i = (*iter)++;
-    if (i < 2000) {
+    if (i < spin) {
         __builtin_ia32_pause();
-    } else if (i < 2200) {
+    } else if (i < YIELD_ITERS) {
         sched_yield();
     } else {
-        struct timespec ts = {0, i < 4000 ? 20000 : 200000};
+        struct timespec ts = {0, i < YIELD_ITERS + 1000 ? 50000 : 200000};
         nanosleep(&ts, NULL);
     }
 }
@@ -173,8 +184,8 @@ static sl_status fifo_exchange(sl_transport *t_, sl_xfer *x, int n, double deadl
         if (dead != SL_OK) return dead; /* a full pass after the death found nothing left */
         if (atomic_load_explicit(t->base.abort_flag, memory_order_relaxed))
             return sl_fail(SL_ERR_ABORTED, "communicator aborted");
-        sl_comm_backoff(&iter);
-        if (iter < 2000 && (iter & 255)) continue;
+        sl_comm_backoff(&iter, t->spin);
+        if ((iter < t->spin && (iter & 255)) || (iter < YIELD_ITERS && (iter & 15))) continue;
         double now = sl_time_sec();
         if (now > deadline) {
             int who = -1;
@@ -230,6 +241,7 @@ static fifo_tp *fifo_alloc(int rank, int size, int loopback) {
     t->base.alpha = 1e-6;
     t->base.beta = 1.0 / 8e9;
     t->loopback = loopback;
+    t->spin = sl_comm_spin_budget(size);
     /* 4 slots of 1 MiB per ring (fewer hand-offs when ranks share cores); smaller with many ranks
      * so that one rank's segment stays near 64 MiB */
     size_t dflt_kb = size <= 4 ? 1024 : size <= 8 ? 512 : size <= 16 ? 256 : 64;
