@@ -170,7 +170,6 @@ static void *progress_main(void *arg) {
         pthread_mutex_lock(&c->mu);
         c->busy = 0;
         complete_locked(c, t);
-        pthread_cond_broadcast(&c->cv_work);
     }
     pthread_mutex_unlock(&c->mu);
     return NULL;
@@ -186,7 +185,7 @@ void sl_comm_acquire(sl_comm *c) {
 void sl_comm_release(sl_comm *c) {
     pthread_mutex_lock(&c->mu);
     c->busy = 0;
-    pthread_cond_broadcast(&c->cv_work);
+    if (c->qhead) pthread_cond_broadcast(&c->cv_work);
     pthread_cond_broadcast(&c->cv_done);
     pthread_mutex_unlock(&c->mu);
 }
@@ -282,7 +281,9 @@ static sl_status submit(sl_comm *c, sl_comm_req *t, sl_comm_req **req) {
         execute(c, t);
         pthread_mutex_lock(&c->mu);
         c->busy = 0;
-        pthread_cond_broadcast(&c->cv_work);
+        /* wake the progress thread only if work arrived meanwhile: a needless wake-up costs a
+         * context switch on every call when the process is pinned to one core */
+        if (c->qhead) pthread_cond_broadcast(&c->cv_work);
         sl_status st = t->st;
         if (st != SL_OK) sl_fail(st, "%s", t->msg);
         task_unref_locked(t);
