@@ -215,10 +215,13 @@ typedef enum sl_comm_algo {
     SL_COMM_ALGO_RING,     /* bandwidth-optimal rings */
     SL_COMM_ALGO_RD,       /* recursive doubling (all-reduce), binomial trees (bcast/reduce) */
     SL_COMM_ALGO_DIRECT,   /* everyone to everyone in one step (small messages) */
+    SL_COMM_ALGO_HIER,     /* several hosts: reduce inside each host (shm), all-reduce between
+                              hosts' leaders (tcp/mpi), broadcast inside each host */
     SL_COMM_ALGO_COUNT
 } sl_comm_algo;
 const char *sl_comm_algo_name(sl_comm_algo a);
-/* Force an algorithm on this communicator (SUANLI_COMM_ALGO=auto|ring|rd|direct sets the default). */
+/* Force an algorithm on this communicator (SUANLI_COMM_ALGO=auto|ring|rd|direct|hier sets the
+ * default; hier applies to all-reduce on multi-host communicators and falls back to auto elsewhere). */
 void sl_comm_set_algo(sl_comm *comm, sl_comm_algo a);
 
 #ifdef __cplusplus

@@ -9,7 +9,7 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: suanli run -n N [--nnodes M --node-rank R --master HOST:PORT] [--max-restarts K]\n"
-            "                  [--grace SEC] [--no-prefix] -- PROGRAM [ARGS...]\n"
+            "                  [--grace SEC] [--bind core|none] [--no-prefix] -- PROGRAM [ARGS...]\n"
             "  -n, --nproc-per-node N  ranks to start on this node\n"
             "  --nnodes M              nodes in the job (default 1); run once per node\n"
             "  --node-rank R           this node's index 0..M-1 (default 0)\n"
@@ -17,6 +17,7 @@ static void usage(FILE *f) {
             "  --max-restarts K        restart the ranks of this node up to K times after a failure\n"
             "  --grace SEC             SIGTERM -> SIGKILL delay when stopping ranks (default 3)\n"
             "  --no-prefix             do not prefix output lines with [rank]\n"
+            "  --bind core|none        pin rank i to the i-th allowed CPU when there are enough (default core)\n"
             "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,\n"
             "SUANLI_JOB_TOKEN (torchrun-compatible). Exit: 0 all ranks ok, 1 a rank failed, 2 bad usage.\n");
 }
@@ -33,7 +34,7 @@ static int parse_int(const char *flag, const char *v, int lo, int hi, int *out) 
 }
 
 int sl_cmd_run(int argc, char **argv) {
-    sl_launch_opts o = {.nproc = 0, .nnodes = 1, .grace_sec = 3.0, .prefix = 1};
+    sl_launch_opts o = {.nproc = 0, .nnodes = 1, .grace_sec = 3.0, .prefix = 1, .bind = 1};
     int i = 1;
     for (; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -74,6 +75,13 @@ int sl_cmd_run(int argc, char **argv) {
             }
             memcpy(o.master_addr, v, (size_t)(colon - v));
             o.master_addr[colon - v] = 0;
+            i++;
+        } else if (!strcmp(a, "--bind")) {
+            if (!v || (strcmp(v, "core") && strcmp(v, "none"))) {
+                fprintf(stderr, "suanli run: --bind: expected core or none, got '%s'\n", v ? v : "");
+                return 2;
+            }
+            o.bind = !strcmp(v, "core");
             i++;
         } else if (!strcmp(a, "--no-prefix")) {
             o.prefix = 0;

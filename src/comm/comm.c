@@ -35,7 +35,7 @@ static sl_comm_algo env_algo(void) {
     if (!v || !*v) return SL_COMM_ALGO_AUTO;
     for (int a = 0; a < SL_COMM_ALGO_COUNT; a++)
         if (!strcmp(v, sl_comm_algo_name((sl_comm_algo)a))) return (sl_comm_algo)a;
-    SL_LOGW("SUANLI_COMM_ALGO=%s ignored (want auto|ring|rd|direct)", v);
+    SL_LOGW("SUANLI_COMM_ALGO=%s ignored (want auto|ring|rd|direct|hier)", v);
     return SL_COMM_ALGO_AUTO;
 }
 
@@ -59,6 +59,8 @@ static void record_error(sl_comm *c, sl_status st, const char *msg) {
         snprintf(c->errmsg, sizeof c->errmsg, "%s", msg);
     pthread_mutex_unlock(&c->errmu);
     c->tp->vt->abort(c->tp);
+    if (c->local) sl_comm_abort(c->local);
+    if (c->leaders) sl_comm_abort(c->leaders);
 }
 
 static sl_status run_one(sl_comm *c, sl_algo_ctx *x, sl_comm_req *t) {
@@ -125,7 +127,8 @@ static void execute(sl_comm *c, sl_comm_req *t) {
     }
     sl_algo_ctx x = {.tp = c->tp, .rank = c->rank, .size = c->size,
                      .deadline = sl_time_sec() + c->timeout, .scratch = &c->scratch,
-                     .scratch_cap = &c->scratch_cap, .algo = c->algo};
+                     .scratch_cap = &c->scratch_cap, .algo = c->algo, .local = c->local,
+                     .leaders = c->leaders};
     sl_clear_error();
     t->st = run_one(c, &x, t);
     if (t->st != SL_OK) {
@@ -167,7 +170,6 @@ static void *progress_main(void *arg) {
         pthread_mutex_lock(&c->mu);
         c->busy = 0;
         complete_locked(c, t);
-        pthread_cond_broadcast(&c->cv_work);
     }
     pthread_mutex_unlock(&c->mu);
     return NULL;
@@ -183,7 +185,7 @@ void sl_comm_acquire(sl_comm *c) {
 void sl_comm_release(sl_comm *c) {
     pthread_mutex_lock(&c->mu);
     c->busy = 0;
-    pthread_cond_broadcast(&c->cv_work);
+    if (c->qhead) pthread_cond_broadcast(&c->cv_work);
     pthread_cond_broadcast(&c->cv_done);
     pthread_mutex_unlock(&c->mu);
 }
@@ -279,7 +281,9 @@ static sl_status submit(sl_comm *c, sl_comm_req *t, sl_comm_req **req) {
         execute(c, t);
         pthread_mutex_lock(&c->mu);
         c->busy = 0;
-        pthread_cond_broadcast(&c->cv_work);
+        /* wake the progress thread only if work arrived meanwhile: a needless wake-up costs a
+         * context switch on every call when the process is pinned to one core */
+        if (c->qhead) pthread_cond_broadcast(&c->cv_work);
         sl_status st = t->st;
         if (st != SL_OK) sl_fail(st, "%s", t->msg);
         task_unref_locked(t);
@@ -484,6 +488,7 @@ sl_status sl_comm_send_async(sl_comm *c, const void *buf, size_t count, sl_comm_
     CHECK_COMM(c);
     SL_TRY(check_dt(__func__, dt, 0, SL_COMM_SUM));
     SL_TRY(check_root(__func__, c, peer));
+    if (peer == c->rank) return sl_fail(SL_ERR_INVALID, "%s: send to self (rank %d) is not supported", __func__, peer);
     NEW_TASK(T_SEND);
     t->sb = buf, t->count = count, t->dt = dt, t->root = peer;
     return submit(c, t, req);
@@ -496,6 +501,7 @@ sl_status sl_comm_recv_async(sl_comm *c, void *buf, size_t count, sl_comm_dtype 
     CHECK_COMM(c);
     SL_TRY(check_dt(__func__, dt, 0, SL_COMM_SUM));
     SL_TRY(check_root(__func__, c, peer));
+    if (peer == c->rank) return sl_fail(SL_ERR_INVALID, "%s: receive from self (rank %d) is not supported", __func__, peer);
     NEW_TASK(T_RECV);
     t->rb = buf, t->count = count, t->dt = dt, t->root = peer;
     return submit(c, t, req);
@@ -566,6 +572,8 @@ void sl_comm_free(sl_comm *c) {
     pthread_cond_broadcast(&c->cv_work);
     pthread_mutex_unlock(&c->mu);
     pthread_join(c->thread, NULL);
+    sl_comm_free(c->local);
+    sl_comm_free(c->leaders);
     c->tp->vt->destroy(c->tp);
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->errmu);

@@ -88,7 +88,9 @@ int sl_bootstrap_take_listener(const char *token); /* fd kept by get_unique_id, 
 sl_status sl_net_first_ip(char *buf, size_t cap);
 
 /* Wait helpers shared by transports. */
-void sl_comm_backoff(unsigned *iter); /* spin, then yield, then short sleeps */
+/* spin `spin` times, then yield, then short sleeps; see Note [Waiting] in transport/fifo.c */
+void sl_comm_backoff(unsigned *iter, unsigned spin);
+unsigned sl_comm_spin_budget(int local_ranks); /* long spins only when every rank has a core */
 double sl_comm_env_timeout(void);
 
 /* ---- algorithms (algo/) ---- */
@@ -99,6 +101,8 @@ typedef struct sl_algo_ctx {
     void **scratch; /* grow-only scratch owned by the communicator */
     size_t *scratch_cap;
     sl_comm_algo algo; /* forced, or AUTO */
+    sl_comm *local;    /* hierarchical: ranks on this host (shm), or NULL */
+    sl_comm *leaders;  /* hierarchical: local rank 0 of every host, NULL elsewhere */
 } sl_algo_ctx;
 
 sl_status sl_prim_exchange(sl_algo_ctx *c, sl_xfer *x, int n);
@@ -118,6 +122,8 @@ sl_status sl_algo_allreduce_rd(sl_algo_ctx *c, const void *sb, void *rb, size_t 
                                sl_comm_dtype dt, sl_comm_redop op);
 sl_status sl_algo_allreduce_direct(sl_algo_ctx *c, const void *sb, void *rb, size_t count,
                                    sl_comm_dtype dt, sl_comm_redop op);
+sl_status sl_algo_allreduce_hier(sl_algo_ctx *c, const void *sb, void *rb, size_t count,
+                                 sl_comm_dtype dt, sl_comm_redop op);
 sl_status sl_algo_reduce(sl_algo_ctx *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt,
                          sl_comm_redop op, int root);
 sl_status sl_algo_broadcast(sl_algo_ctx *c, const void *sb, void *rb, size_t count,

@@ -39,6 +39,7 @@ struct sl_comm {
     int *world_ranks;   /* MPI: ranks in MPI_COMM_WORLD (NULL = identity) */
     int mpi_tag;
     int split_seq;
+    sl_comm *local, *leaders; /* hierarchical (several hosts): owned sub-communicators */
     atomic_int abort_flag;
     atomic_int err;
     pthread_mutex_t errmu;

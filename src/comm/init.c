@@ -29,6 +29,40 @@ static uint64_t nonce64(void) {
 }
 
 /* Build a communicator over an oob: pick the transport, create it, start the progress thread. */
+static sl_status split_kind(sl_comm *c, int color, int key, sl_comm_transport_kind kind, sl_comm **out);
+
+/* Host identity for topology: SUANLI_COMM_HOSTNAME (tests pretend several hosts), else hostname. */
+static void host_id(char *host, size_t cap) {
+    const char *v = getenv("SUANLI_COMM_HOSTNAME");
+    memset(host, 0, cap);
+    if (v && *v) snprintf(host, cap, "%s", v);
+    else gethostname(host, cap - 1);
+}
+
+/* Several hosts: sub-communicators for the hierarchical all-reduce (SUANLI_COMM_HIER=0: off). */
+static sl_status build_hier(sl_comm *c, const char *hosts, size_t hl) {
+    const char *v = getenv("SUANLI_COMM_HIER");
+    if (v && !strcmp(v, "0")) return SL_OK;
+    int color = 0, local_rank = 0, maxlocal = 0;
+    for (int r = 0; r < c->size; r++) {
+        int first = r, cnt = 0;
+        for (int q = 0; q < c->size; q++)
+            if (!strcmp(hosts + (size_t)q * hl, hosts + (size_t)r * hl)) {
+                if (q < first) first = q;
+                cnt++;
+            }
+        if (cnt > maxlocal) maxlocal = cnt;
+        if (r == c->rank) color = first;
+        if (r < c->rank && !strcmp(hosts + (size_t)r * hl, hosts + (size_t)c->rank * hl)) local_rank++;
+    }
+    if (maxlocal < 2) return SL_OK; /* one rank per host: nothing to gain */
+    SL_TRY(split_kind(c, color, c->rank, SL_COMM_TRANSPORT_SHM, &c->local));
+    SL_TRY(split_kind(c, local_rank == 0 ? 0 : SL_COMM_SPLIT_NONE, c->rank, c->tp->kind, &c->leaders));
+    SL_LOGD("comm: rank %d: hierarchical all-reduce, %d ranks on this host, %s", c->rank,
+            sl_comm_size(c->local), c->leaders ? "host leader" : "not a leader");
+    return SL_OK;
+}
+
 static sl_status comm_create(sl_oob *oob, const sl_comm_opts *opts, sl_comm_transport_kind kind,
                              int oob_is_mpi, sl_comm **out) {
     sl_status st = SL_OK;
@@ -40,8 +74,9 @@ static sl_status comm_create(sl_oob *oob, const sl_comm_opts *opts, sl_comm_tran
     }
     /* rank 0's nonce makes the shm names of this communicator unique on the host */
     uint64_t nonce = nonce64(), *nonces = calloc((size_t)oob->size, sizeof(uint64_t));
-    char host[64] = {0};
-    gethostname(host, sizeof host - 1);
+    char host[64];
+    int same = 1, auto_kind = kind == SL_COMM_TRANSPORT_AUTO;
+    host_id(host, sizeof host);
     all = calloc((size_t)oob->size, sizeof host);
     if (!nonces || !all) {
         st = sl_fail(SL_ERR_NOMEM, "communicator: out of memory");
@@ -50,7 +85,6 @@ static sl_status comm_create(sl_oob *oob, const sl_comm_opts *opts, sl_comm_tran
     SL_CHECK(oob->allgather(oob, &nonce, nonces, sizeof nonce));
     if (kind == SL_COMM_TRANSPORT_AUTO) {
         SL_CHECK(oob->allgather(oob, host, all, sizeof host));
-        int same = 1;
         for (int r = 0; r < oob->size; r++) same &= !strcmp(all + (size_t)r * sizeof host, host);
         kind = same ? SL_COMM_TRANSPORT_SHM : oob_is_mpi ? SL_COMM_TRANSPORT_MPI : SL_COMM_TRANSPORT_TCP;
         if (!same) SL_LOGI("comm: ranks span several hosts; using the %s transport", sl_comm_transport_name(kind));
@@ -78,6 +112,13 @@ static sl_status comm_create(sl_oob *oob, const sl_comm_opts *opts, sl_comm_tran
     snprintf(name, sizeof name, "%.150s-%016llx", base, (unsigned long long)nonces[0]);
     SL_CHECK(sl_comm_from_transport(tp, opts, name, oob->local_ip, oob->world_ranks, oob->mpi_tag, out));
     snprintf((*out)->token, sizeof (*out)->token, "%s", oob->token);
+    if (auto_kind && !same) {
+        st = build_hier(*out, all, sizeof host);
+        if (st != SL_OK) {
+            sl_comm_free(*out);
+            *out = NULL;
+        }
+    }
 done:
     free(nonces);
     free(all);
@@ -134,6 +175,10 @@ static sl_status split_allgather(sl_oob *o, const void *mine, void *all, size_t 
 
 sl_status sl_comm_split(sl_comm *c, int color, int key, sl_comm **out) {
     if (!c || !out) return sl_fail(SL_ERR_INVALID, "sl_comm_split: NULL argument");
+    return split_kind(c, color, key, c->tp->kind, out);
+}
+
+static sl_status split_kind(sl_comm *c, int color, int key, sl_comm_transport_kind kind, sl_comm **out) {
     *out = NULL;
     int n = c->size, mine[2] = {color < 0 ? -1 : color, key};
     int *all = malloc(sizeof(int) * 2 * (size_t)n), *members = malloc(sizeof(int) * (size_t)n);
@@ -168,7 +213,7 @@ sl_status sl_comm_split(sl_comm *c, int color, int key, sl_comm **out) {
     snprintf(oob.token, sizeof oob.token, "%s", c->token);
     sl_comm_acquire(c);
     if (atomic_load(&c->err) != SL_OK) st = sl_fail((sl_status)atomic_load(&c->err), "split: parent communicator failed: %s", c->errmsg);
-    else st = comm_create(&oob, &c->opts, c->tp->kind, 0, out);
+    else st = comm_create(&oob, &c->opts, kind, 0, out);
     sl_comm_release(c);
 done:
     free(all);

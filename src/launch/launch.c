@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -126,6 +127,18 @@ static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, c
         }
         if (pid == 0) {
             setpgid(0, 0);
+            if (o->bind) { /* Note: shared-memory waits spin briefly; two ranks on one core would not */
+                cpu_set_t allowed, one;
+                if (sched_getaffinity(0, sizeof allowed, &allowed) == 0 && CPU_COUNT(&allowed) >= n) {
+                    for (int cpu = 0, k = 0; cpu < CPU_SETSIZE; cpu++)
+                        if (CPU_ISSET(cpu, &allowed) && k++ == i) {
+                            CPU_ZERO(&one);
+                            CPU_SET(cpu, &one);
+                            sched_setaffinity(0, sizeof one, &one);
+                            break;
+                        }
+                }
+            }
             signal(SIGINT, SIG_DFL);
             signal(SIGTERM, SIG_DFL);
             signal(SIGHUP, SIG_DFL);

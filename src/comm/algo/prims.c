@@ -40,23 +40,25 @@ void *sl_algo_scratch(sl_algo_ctx *c, size_t bytes) {
 
 /* Note [Cost model]
  * alpha = per-message latency, beta = seconds per byte of the transport (set by each transport).
- *   ring:   2(n-1) alpha + 2 (n-1)/n N beta
- *   rd:     ceil(log2 n) (alpha + N beta) (+2 steps when n is not a power of two)
- *   direct: alpha + (n-1) N beta  (one step, everyone sends everything to everyone)
+ * gamma = seconds per byte of local memory work (copies into scratch, reductions):
+ *   ring:   2(n-1) alpha + 2 (n-1)/n N beta + (n-1)/n N gamma
+ *   rd:     ceil(log2 n) (alpha + N beta + 2 N gamma) (+2 steps when n is not a power of two)
+ *   direct: alpha + (n-1) N beta + (n+1) N gamma  (one step, everyone sends everything to all)
  * The choice depends only on (n, N, transport), never on timings, so it is the same on every rank
  * and every run — which keeps reductions bitwise reproducible. */
 sl_comm_algo sl_algo_choose_allreduce(const sl_algo_ctx *c, size_t bytes) {
-    if (c->algo != SL_COMM_ALGO_AUTO) return c->algo;
+    if (c->local && (c->algo == SL_COMM_ALGO_AUTO || c->algo == SL_COMM_ALGO_HIER)) return SL_COMM_ALGO_HIER;
+    if (c->algo != SL_COMM_ALGO_AUTO && c->algo != SL_COMM_ALGO_HIER) return c->algo;
     int n = c->size, lg = 0, p2 = 1;
     while (p2 * 2 <= n) {
         p2 *= 2;
         lg++;
     }
     if (p2 != n) lg += 2;
-    double a = c->tp->alpha, b = c->tp->beta, N = (double)bytes;
-    double ring = 2.0 * (n - 1) * a + 2.0 * (n - 1) / n * N * b;
-    double rd = lg * (a + N * b);
-    double direct = a + (n - 1) * N * b;
+    double a = c->tp->alpha, b = c->tp->beta, g = 1.0 / 10e9, N = (double)bytes;
+    double ring = 2.0 * (n - 1) * a + 2.0 * (n - 1) / n * N * b + (double)(n - 1) / n * N * g;
+    double rd = lg * (a + N * b + 2 * N * g);
+    double direct = a + (n - 1) * N * b + (n + 1) * N * g;
     if (direct <= rd && direct <= ring && n <= 8) return SL_COMM_ALGO_DIRECT;
     return rd < ring ? SL_COMM_ALGO_RD : SL_COMM_ALGO_RING;
 }
@@ -70,6 +72,7 @@ sl_status sl_algo_allreduce(sl_algo_ctx *c, const void *sb, void *rb, size_t cou
     }
     switch (sl_algo_choose_allreduce(c, count * es)) {
     case SL_COMM_ALGO_DIRECT: return sl_algo_allreduce_direct(c, sb, rb, count, dt, op);
+    case SL_COMM_ALGO_HIER: return sl_algo_allreduce_hier(c, sb, rb, count, dt, op);
     case SL_COMM_ALGO_RD: return sl_algo_allreduce_rd(c, sb, rb, count, dt, op);
     default: return sl_algo_allreduce_ring(c, sb, rb, count, dt, op);
     }

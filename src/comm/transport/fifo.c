@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -38,6 +39,8 @@ typedef struct seg_hdr { /* start of each shm segment / of the loopback block */
     atomic_int aborted[64]; /* loopback: per rank; shm: [0] only */
     int pid, nslots, n;
     size_t slot_bytes, chan_bytes;
+    uint64_t probe_addr; /* shm: address of `probe` in the owner's address space (CMA check) */
+    uint64_t probe;
 } seg_hdr;
 #define SEG_HDR 4096
 #define SEG_MAGIC 0x534c464946304f31ull
@@ -54,7 +57,61 @@ typedef struct fifo_tp {
     void **maps;     /* shm: mapping per rank */
     size_t map_bytes;
     double next_check;
+    unsigned spin;     /* backoff spin budget */
+    size_t pull_min;   /* transfers >= this many bytes are pulled single-copy (0: never) */
+    char *pull_tmp;    /* staging for pulled RECV_REDUCE chunks (cache resident) */
 } fifo_tp;
+
+/* Note [Single-copy pulls]
+ * Large transfers skip the slots: the sender puts a descriptor {address, length} in one slot and
+ * waits until the receiver has consumed it; the receiver copies straight from the sender's buffer
+ * (shm only: process_vm_readv, Linux cross-memory attach) into
+ * its destination, or in PULL_CHUNK pieces through a cache-resident buffer for RECV_REDUCE. This
+ * halves the copies of a large transfer. Both sides pick the mode from the byte count alone, so
+ * they always agree; shm enables it only if every rank could read a peer's probe word at startup
+ * (CMA needs ptrace permission between the ranks). SUANLI_SHM_PULL_KB=0 disables it. */
+#define PULL_CHUNK (256u << 10)
+typedef struct pull_desc {
+    uint64_t addr, len;
+} pull_desc;
+
+static sl_status pull_copy(fifo_tp *t, int peer, void *dst, uint64_t addr, size_t len) {
+    if (t->loopback) {
+        memcpy(dst, (const void *)(uintptr_t)addr, len);
+        return SL_OK;
+    }
+    size_t done = 0;
+    while (done < len) {
+        struct iovec l = {(char *)dst + done, len - done}, r = {(void *)(uintptr_t)(addr + done), len - done};
+        ssize_t k = process_vm_readv(t->peer[peer]->pid, &l, 1, &r, 1, 0);
+        if (k <= 0) return sl_fail(SL_ERR_PEER, "rank %d: cannot read its buffer (process_vm_readv: %s)", peer,
+                                   k < 0 ? strerror(errno) : "short read");
+        done += (size_t)k;
+    }
+    return SL_OK;
+}
+
+/* Receive a pulled transfer described by slot s. */
+static sl_status pull_recv(fifo_tp *t, sl_xfer *xi, const char *s) {
+    pull_desc d;
+    memcpy(&d, s, sizeof d);
+    if (d.len != xi->bytes)
+        return sl_fail(SL_ERR_INTERNAL, "rank %d sent %llu bytes where %zu were expected (mismatched calls?)",
+                       xi->peer, (unsigned long long)d.len, xi->bytes);
+    if (xi->kind == SL_XFER_RECV) return pull_copy(t, xi->peer, xi->buf, d.addr, xi->bytes);
+    size_t es = sl_comm_dtype_size(xi->dt);
+    for (size_t off = 0; off < xi->bytes; off += PULL_CHUNK) {
+        size_t len = xi->bytes - off < PULL_CHUNK ? xi->bytes - off : PULL_CHUNK;
+        const char *src;
+        if (t->loopback) src = (const char *)(uintptr_t)(d.addr + off);
+        else {
+            SL_TRY(pull_copy(t, xi->peer, t->pull_tmp, d.addr + off, len));
+            src = t->pull_tmp;
+        }
+        sl_comm_reduce_kernel(xi->dt, xi->op, (char *)xi->buf + off, (const char *)xi->src + off, src, len / es);
+    }
+    return SL_OK;
+}
 
 static size_t env_size(const char *name, size_t dflt, size_t lo, size_t hi) {
     const char *v = getenv(name);
@@ -68,14 +125,24 @@ static size_t env_size(const char *name, size_t dflt, size_t lo, size_t hi) {
     return (size_t)x;
 }
 
-void sl_comm_backoff(unsigned *iter) {
+/* Note [Waiting]
+ * Spin briefly (a peer that is running answers within a microsecond), then sched_yield for a long
+ * while (a descheduled peer gets our core at once: this is what keeps latency low when ranks share
+ * cores with each other or with other jobs), and only then sleep, so a rank waiting seconds for a
+ * slow peer costs almost no CPU. Never a pure spin: more ranks than cores cannot livelock. */
+#define YIELD_ITERS 20000u
+unsigned sl_comm_spin_budget(int local_ranks) {
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    return local_ranks <= cpus ? 4096u : 16u;
+}
+void sl_comm_backoff(unsigned *iter, unsigned spin) {
     unsigned i = (*iter)++;
-    if (i < 2000) {
+    if (i < spin) {
         __builtin_ia32_pause();
-    } else if (i < 2200) {
+    } else if (i < YIELD_ITERS) {
         sched_yield();
     } else {
-        struct timespec ts = {0, i < 4000 ? 20000 : 200000};
+        struct timespec ts = {0, i < YIELD_ITERS + 1000 ? 50000 : 200000};
         nanosleep(&ts, NULL);
     }
 }
@@ -113,7 +180,7 @@ static sl_status fifo_exchange(sl_transport *t_, sl_xfer *x, int n, double deadl
     fifo_tp *t = (fifo_tp *)t_;
     int remaining = 0;
     for (int i = 0; i < n; i++) {
-        x[i].done = 0;
+        x[i].done = x[i].aux = 0;
         if (x[i].bytes) remaining++;
     }
     unsigned iter = 0;
@@ -133,7 +200,20 @@ static sl_status fifo_exchange(sl_transport *t_, sl_xfer *x, int n, double deadl
                 chan *c = (chan *)t->to[xi->peer];
                 uint64_t tail = atomic_load_explicit(&c->tail, memory_order_relaxed);
                 uint64_t head = atomic_load_explicit(&c->head, memory_order_acquire);
-                while (xi->done < xi->bytes && tail - head < ns) {
+                if (t->pull_min && xi->bytes >= t->pull_min) {
+                    if (!xi->aux && tail - head < ns) { /* post the descriptor */
+                        pull_desc d = {(uint64_t)(uintptr_t)xi->buf, xi->bytes};
+                        memcpy(slot_ptr(t, t->to[xi->peer], tail), &d, sizeof d);
+                        atomic_store_explicit(&c->tail, ++tail, memory_order_release);
+                        xi->aux = tail;
+                        progressed = 1;
+                    }
+                    if (xi->aux && head >= xi->aux) { /* consumed: the peer has copied it */
+                        xi->done = xi->bytes;
+                        progressed = 1;
+                    }
+                }
+                while (!(t->pull_min && xi->bytes >= t->pull_min) && xi->done < xi->bytes && tail - head < ns) {
                     size_t len = xi->bytes - xi->done;
                     if (len > t->slot_bytes) len = t->slot_bytes;
                     memcpy(slot_ptr(t, t->to[xi->peer], tail), (char *)xi->buf + xi->done, len);
@@ -146,7 +226,19 @@ static sl_status fifo_exchange(sl_transport *t_, sl_xfer *x, int n, double deadl
                 chan *c = (chan *)t->from[xi->peer];
                 uint64_t head = atomic_load_explicit(&c->head, memory_order_relaxed);
                 uint64_t tail = atomic_load_explicit(&c->tail, memory_order_acquire);
-                while (xi->done < xi->bytes && head < tail) {
+                if (t->pull_min && xi->bytes >= t->pull_min) {
+                    if (head < tail) {
+                        SL_TRY(pull_recv(t, xi, slot_ptr(t, t->from[xi->peer], head)));
+                        /* a sender that aborted may have reused its buffer while we read it; it
+                         * raises its aborted flag before returning, so this check catches it */
+                        if (atomic_load(&t->peer[xi->peer]->aborted[0]))
+                            return sl_fail(SL_ERR_PEER, "rank %d aborted its communicator", xi->peer);
+                        xi->done = xi->bytes;
+                        atomic_store_explicit(&c->head, ++head, memory_order_release);
+                        progressed = 1;
+                    }
+                }
+                while (!(t->pull_min && xi->bytes >= t->pull_min) && xi->done < xi->bytes && head < tail) {
                     size_t len = xi->bytes - xi->done;
                     if (len > t->slot_bytes) len = t->slot_bytes;
                     const char *s = slot_ptr(t, t->from[xi->peer], head);
@@ -173,12 +265,16 @@ static sl_status fifo_exchange(sl_transport *t_, sl_xfer *x, int n, double deadl
         if (dead != SL_OK) return dead; /* a full pass after the death found nothing left */
         if (atomic_load_explicit(t->base.abort_flag, memory_order_relaxed))
             return sl_fail(SL_ERR_ABORTED, "communicator aborted");
-        sl_comm_backoff(&iter);
-        if (iter < 2000 && (iter & 255)) continue;
+        sl_comm_backoff(&iter, t->spin);
+        if ((iter < t->spin && (iter & 255)) || (iter < YIELD_ITERS && (iter & 15))) continue;
         double now = sl_time_sec();
-        if (now > deadline)
-            return sl_fail(SL_ERR_TIMEOUT, "%s transport: no progress from peer before the deadline",
-                           t->base.vt->name);
+        if (now > deadline) {
+            int who = -1;
+            for (int i = 0; i < n && who < 0; i++)
+                if (x[i].done != x[i].bytes) who = x[i].peer;
+            return sl_fail(SL_ERR_TIMEOUT, "%s transport: no progress with rank %d before the deadline "
+                           "(SUANLI_COMM_TIMEOUT)", t->base.vt->name, who);
+        }
         if (now >= t->next_check) {
             t->next_check = now + 0.01;
             /* a peer that exited after its last write is not an error yet: drain first */
@@ -206,6 +302,7 @@ static void fifo_destroy(sl_transport *t_) {
         for (int r = 0; r < t->base.size; r++)
             if (t->maps[r]) munmap(t->maps[r], t->map_bytes);
     }
+    sl_free_aligned(t->pull_tmp);
     free(t->to);
     free(t->from);
     free(t->peer);
@@ -226,8 +323,14 @@ static fifo_tp *fifo_alloc(int rank, int size, int loopback) {
     t->base.alpha = 1e-6;
     t->base.beta = 1.0 / 8e9;
     t->loopback = loopback;
-    t->slot_bytes = env_size("SUANLI_SHM_SLOT_KB", 128, 4, 16384) * 1024;
-    t->nslots = (int)env_size("SUANLI_SHM_SLOTS", 8, 2, 1024);
+    t->spin = sl_comm_spin_budget(size);
+    /* loopback never pulls: a thread that aborts may free the buffer a peer is reading */
+    t->pull_min = loopback ? 0 : env_size("SUANLI_SHM_PULL_KB", 256, 0, (size_t)1 << 30) * 1024;
+    /* 4 slots of 1 MiB per ring (fewer hand-offs when ranks share cores); smaller with many ranks
+     * so that one rank's segment stays near 64 MiB */
+    size_t dflt_kb = size <= 4 ? 1024 : size <= 8 ? 512 : size <= 16 ? 256 : 64;
+    t->slot_bytes = env_size("SUANLI_SHM_SLOT_KB", dflt_kb, 4, 16384) * 1024;
+    t->nslots = (int)env_size("SUANLI_SHM_SLOTS", 4, 2, 1024);
     t->to = calloc((size_t)size, sizeof(char *));
     t->from = calloc((size_t)size, sizeof(char *));
     t->peer = calloc((size_t)size, sizeof(seg_hdr *));
@@ -327,6 +430,8 @@ sl_status sl_tp_shm_new(sl_oob *oob, sl_transport **out) {
                 h->chan_bytes = cb;
                 h->n = n;
                 atomic_store(&h->aborted[0], 0);
+                h->probe = SEG_MAGIC;
+                h->probe_addr = (uint64_t)(uintptr_t)&h->probe;
                 h->magic = SEG_MAGIC;
                 mine_ok = 1;
             }
@@ -361,17 +466,36 @@ sl_status sl_tp_shm_new(sl_oob *oob, sl_transport **out) {
             break;
         }
     }
-    mine_ok = st == SL_OK;
+    mine_ok = st == SL_OK ? 1 : 0;
+    if (st == SL_OK && t->pull_min) { /* can we read every peer's memory (CMA)? bit 1 = yes */
+        int cma = 1;
+        for (int p = 0; p < n && cma; p++) {
+            if (p == r) continue;
+            seg_hdr *h = t->maps[p];
+            uint64_t v = 0;
+            struct iovec l = {&v, sizeof v}, rv = {(void *)(uintptr_t)h->probe_addr, sizeof v};
+            cma = process_vm_readv(h->pid, &l, 1, &rv, 1, 0) == (ssize_t)sizeof v && v == SEG_MAGIC;
+        }
+        mine_ok |= cma << 1;
+    }
     sl_status st2 = oob->allgather(oob, &mine_ok, ok, sizeof(int)); /* everyone mapped: unlink */
     snprintf(name, sizeof name, "/%s-r%d", oob->name, r);
     shm_unlink(name);
     if (st != SL_OK) goto done;
     SL_CHECK(st2);
-    for (int p = 0; p < n; p++)
-        if (!ok[p]) {
+    int all_cma = 1;
+    for (int p = 0; p < n; p++) {
+        if (!(ok[p] & 1)) {
             st = sl_fail(SL_ERR_IO, "shm transport: rank %d could not map its peers", p);
             goto done;
         }
+        all_cma &= (ok[p] >> 1) & 1;
+    }
+    if (!all_cma) t->pull_min = 0;
+    if (t->pull_min && !(t->pull_tmp = sl_malloc_aligned(PULL_CHUNK))) {
+        st = sl_fail(SL_ERR_NOMEM, "shm transport: out of memory");
+        goto done;
+    }
     for (int p = 0; p < n; p++) {
         t->peer[p] = t->maps[p];
         t->to[p] = (char *)t->maps[p] + SEG_HDR + (size_t)r * cb;

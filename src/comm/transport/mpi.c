@@ -112,7 +112,7 @@ static sl_status mpi_exchange(sl_transport *t_, sl_xfer *x, int n, double deadli
                 if (req[j] != MPI_REQUEST_NULL) MPI_Cancel(&req[j]);
             break;
         }
-        sl_comm_backoff(&iter);
+        sl_comm_backoff(&iter, 256);
     }
     free(req);
     if (st != SL_OK) return st;

@@ -29,6 +29,12 @@ typedef struct tcp_hello {
     char token[64];
 } tcp_hello;
 
+static int first_pending(const sl_xfer *x, int n) {
+    for (int i = 0; i < n; i++)
+        if (x[i].done != x[i].bytes) return x[i].peer;
+    return -1;
+}
+
 static sl_status tcp_exchange(sl_transport *t_, sl_xfer *x, int n, double deadline) {
     tcp_tp *t = (tcp_tp *)t_;
     int nrr = 0, remaining = 0;
@@ -57,7 +63,9 @@ static sl_status tcp_exchange(sl_transport *t_, sl_xfer *x, int n, double deadli
             t->pfd[t->pidx[p]].events |= x[i].kind == SL_XFER_SEND ? POLLOUT : POLLIN;
         }
         double left = deadline - sl_time_sec();
-        if (left <= 0) return sl_fail(SL_ERR_TIMEOUT, "tcp transport: no progress from peer before the deadline");
+        if (left <= 0)
+            return sl_fail(SL_ERR_TIMEOUT, "tcp transport: no progress with rank %d before the deadline "
+                           "(SUANLI_COMM_TIMEOUT)", first_pending(x, n));
         int rc = poll(t->pfd, (nfds_t)np, left > 0.1 ? 100 : (int)(left * 1000) + 1);
         if (rc < 0 && errno != EINTR) return sl_fail(SL_ERR_IO, "tcp transport: poll: %s", strerror(errno));
         if (rc <= 0) continue;

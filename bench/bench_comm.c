@@ -1,0 +1,288 @@
+/* suanli bench comm [--json] [-n N] [--min-bytes B] [--max-bytes B] [--colls LIST] [--iters K]
+ *
+ * Runs inside a job (suanli run / mpirun / srun); with -n N outside a job it launches itself.
+ * For each collective and size (x2 steps): time per call (max over ranks of the mean), algbw =
+ * bytes / time, busbw = algbw x factor (all-reduce 2(n-1)/n; all-gather, reduce-scatter,
+ * all-to-all (n-1)/n; broadcast 1), and #wrong elements of a checked call. In an MPI build under
+ * mpirun the same loop runs through MPI_* in the same process for comparison. */
+#define _GNU_SOURCE
+#include "bench_comm.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "launch/launch.h"
+#include "suanli/comm.h"
+#ifdef SL_HAVE_MPI
+#include <mpi.h>
+#endif
+
+enum { C_AR, C_AG, C_RS, C_A2A, C_BC, C_COUNT };
+static const char *CNAME[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"};
+
+typedef struct bopts {
+    int json, iters;
+    size_t minb, maxb;
+    int colls[C_COUNT];
+} bopts;
+
+static int parse_size(const char *s, size_t *out) {
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || v < 0) return 0;
+    double m = 1;
+    if (*end == 'K' || *end == 'k') m = 1024, end++;
+    else if (*end == 'M' || *end == 'm') m = 1024 * 1024, end++;
+    else if (*end == 'G' || *end == 'g') m = 1024.0 * 1024 * 1024, end++;
+    if (*end) return 0;
+    *out = (size_t)(v * m);
+    return 1;
+}
+
+static double factor(int c, int n) {
+    if (c == C_AR) return 2.0 * (n - 1) / n;
+    if (c == C_BC) return 1.0;
+    return (double)(n - 1) / n;
+}
+
+/* One call of collective c on `bytes` total (f32): ours (mpi=0) or MPI's (mpi=1). */
+static sl_status call(sl_comm *comm, int mpi, int c, float *sb, float *rb, size_t count, int n) {
+    size_t per = count / (size_t)n;
+    (void)mpi;
+#ifdef SL_HAVE_MPI
+    if (mpi) {
+        int rc = MPI_SUCCESS;
+        switch (c) {
+        case C_AR: rc = MPI_Allreduce(sb, rb, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
+        case C_AG: rc = MPI_Allgather(sb, (int)per, MPI_FLOAT, rb, (int)per, MPI_FLOAT, MPI_COMM_WORLD); break;
+        case C_RS: rc = MPI_Reduce_scatter_block(sb, rb, (int)per, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
+        case C_A2A: rc = MPI_Alltoall(sb, (int)per, MPI_FLOAT, rb, (int)per, MPI_FLOAT, MPI_COMM_WORLD); break;
+        case C_BC: rc = MPI_Bcast(rb, (int)count, MPI_FLOAT, 0, MPI_COMM_WORLD); break;
+        }
+        return rc == MPI_SUCCESS ? SL_OK : sl_fail(SL_ERR_PEER, "MPI call failed");
+    }
+#endif
+    switch (c) {
+    case C_AR: return sl_comm_all_reduce(comm, sb, rb, count, SL_COMM_F32, SL_COMM_SUM);
+    case C_AG: return sl_comm_all_gather(comm, sb, rb, per, SL_COMM_F32);
+    case C_RS: return sl_comm_reduce_scatter(comm, sb, rb, per, SL_COMM_F32, SL_COMM_SUM);
+    case C_A2A: return sl_comm_all_to_all(comm, sb, rb, per, SL_COMM_F32);
+    default: return sl_comm_broadcast(comm, rb, rb, count, SL_COMM_F32, 0);
+    }
+}
+
+/* Fill inputs so that every result element is known; count wrong elements after one call. */
+static long check(sl_comm *comm, int mpi, int c, float *sb, float *rb, size_t count, int n, int r, sl_status *st) {
+    size_t per = count / (size_t)n, in = c == C_AG ? per : count, outn = (c == C_RS) ? per : count;
+    for (size_t i = 0; i < in; i++) sb[i] = (float)(r + 1) + (float)(i % 5);
+    for (size_t i = 0; i < count; i++) rb[i] = c == C_BC ? (r == 0 ? (float)(i % 11) : -1.f) : -1.f;
+    *st = call(comm, mpi, c, sb, rb, count, n);
+    if (*st != SL_OK) return -1;
+    long wrong = 0;
+    float tot = (float)n * (float)(n + 1) / 2;
+    for (size_t i = 0; i < outn; i++) {
+        float want;
+        switch (c) {
+        case C_AR: want = tot + (float)n * (float)(i % 5); break;
+        case C_RS: want = tot + (float)n * (float)((r * per + i) % 5); break;
+        case C_AG: want = (float)(i / per + 1) + (float)((i % per) % 5); break;
+        case C_A2A: want = (float)(i / per + 1) + (float)((r * per + i % per) % 5); break;
+        default: want = (float)(i % 11);
+        }
+        wrong += rb[i] != want;
+    }
+    return wrong;
+}
+
+static int iters_for(size_t bytes, int forced) {
+    if (forced) return forced;
+    if (bytes <= (64u << 10)) return 200;
+    if (bytes <= (4u << 20)) return 40;
+    if (bytes <= (32u << 20)) return 10;
+    return 5;
+}
+
+/* mean time per call, max over ranks */
+static double timed(sl_comm *comm, int mpi, int c, float *sb, float *rb, size_t count, int n, int iters, sl_status *st) {
+    for (int w = 0; w < 2 && *st == SL_OK; w++) *st = call(comm, mpi, c, sb, rb, count, n);
+    if (*st == SL_OK) *st = sl_comm_barrier(comm);
+    double t0 = sl_time_sec();
+    for (int k = 0; k < iters && *st == SL_OK; k++) *st = call(comm, mpi, c, sb, rb, count, n);
+    double t = (sl_time_sec() - t0) / iters;
+    if (*st == SL_OK) *st = sl_comm_all_reduce(comm, &t, &t, 1, SL_COMM_F64, SL_COMM_MAX);
+    return t;
+}
+
+static int relaunch(int n, int argc, char **argv) {
+    /* suanli bench comm ... -n N outside a job: start N copies of ourselves */
+    char **av = calloc((size_t)argc + 4, sizeof(char *));
+    int k = 0;
+    av[k++] = "/proc/self/exe";
+    av[k++] = "bench";
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "-n")) {
+            i++;
+            continue;
+        }
+        av[k++] = argv[i];
+    }
+    char exe[4096];
+    ssize_t l = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (l > 0) {
+        exe[l] = 0;
+        av[0] = exe;
+    }
+    sl_launch_opts o = {.nproc = n, .nnodes = 1, .grace_sec = 3, .prefix = 0, .bind = 1, .argv = av};
+    sl_launch_result res;
+    sl_status st = sl_launch_run(&o, &res);
+    free(av);
+    if (st != SL_OK) fprintf(stderr, "suanli bench comm: %s\n", sl_errmsg());
+    return st == SL_OK ? 0 : 1;
+}
+
+int sl_bench_comm(int argc, char **argv) {
+    bopts o = {.minb = 8, .maxb = (size_t)256 << 20};
+    int nlaunch = 0, any = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--json")) o.json = 1;
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: suanli bench comm [--json] [-n N] [--min-bytes B] [--max-bytes B] [--iters K]\n"
+                   "                         [--colls all_reduce,all_gather,reduce_scatter,all_to_all,broadcast]\n"
+                   "Run inside a job (suanli run -n N -- suanli bench comm, mpirun, srun) or pass -n N.\n");
+            return 0;
+        } else if ((!strcmp(a, "--min-bytes") || !strcmp(a, "--max-bytes")) && v) {
+            if (!parse_size(v, a[2] == 'm' && a[3] == 'i' ? &o.minb : &o.maxb)) {
+                fprintf(stderr, "suanli bench comm: %s: expected a size like 8, 64K, 256M, got '%s'\n", a, v);
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--iters") && v) {
+            o.iters = atoi(v);
+            if (o.iters < 1) {
+                fprintf(stderr, "suanli bench comm: --iters: expected a positive integer, got '%s'\n", v);
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "-n") && v) {
+            nlaunch = atoi(v);
+            if (nlaunch < 1) {
+                fprintf(stderr, "suanli bench comm: -n: expected a positive integer, got '%s'\n", v);
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--colls") && v) {
+            char tmp[256];
+            snprintf(tmp, sizeof tmp, "%s", v);
+            for (char *s = strtok(tmp, ","); s; s = strtok(NULL, ",")) {
+                int f = -1;
+                for (int c = 0; c < C_COUNT; c++)
+                    if (!strcmp(s, CNAME[c])) f = c;
+                if (f < 0) {
+                    fprintf(stderr, "suanli bench comm: --colls: unknown collective '%s'\n", s);
+                    return 2;
+                }
+                o.colls[f] = any = 1;
+            }
+            i++;
+        } else {
+            fprintf(stderr, "suanli bench comm: unknown flag '%s'\n", a);
+            return 2;
+        }
+    }
+    if (!any)
+        for (int c = 0; c < C_COUNT; c++) o.colls[c] = 1;
+    if (o.minb < 4) o.minb = 4;
+    if (nlaunch > 0 && !getenv("RANK") && !getenv("OMPI_COMM_WORLD_RANK") && !getenv("PMI_RANK") && !getenv("SLURM_PROCID"))
+        return relaunch(nlaunch, argc, argv);
+
+    sl_comm *comm;
+    if (sl_comm_init_env(&comm, NULL) != SL_OK) {
+        fprintf(stderr, "suanli bench comm: %s\n", sl_errmsg());
+        return 1;
+    }
+    int n = sl_comm_size(comm), r = sl_comm_rank(comm), have_mpi = 0;
+#ifdef SL_HAVE_MPI
+    {
+        int inited = 0, ws = 0;
+        MPI_Initialized(&inited);
+        if (inited) MPI_Comm_size(MPI_COMM_WORLD, &ws);
+        have_mpi = inited && ws == n;
+    }
+#endif
+    size_t maxcount = o.maxb / 4 + (size_t)n;
+    float *sb = sl_malloc_aligned(maxcount * 4), *rb = sl_malloc_aligned(maxcount * 4);
+    if (!sb || !rb) {
+        fprintf(stderr, "suanli bench comm: cannot allocate 2 x %zu bytes\n", maxcount * 4);
+        return 1;
+    }
+    memset(sb, 0, maxcount * 4);
+    memset(rb, 0, maxcount * 4);
+    char host[64] = {0};
+    gethostname(host, sizeof host - 1);
+    const char *tp = sl_comm_transport_name(sl_comm_transport(comm));
+    if (r == 0) {
+        if (o.json) printf("{\"bench\":\"comm\",\"ranks\":%d,\"transport\":\"%s\",\"host\":\"%s\",\"dtype\":\"f32\",\"mpi\":%s,\"results\":[",
+                           n, tp, host, have_mpi ? "true" : "false");
+        else printf("# suanli bench comm: %d ranks, transport %s, host %s, dtype f32, op sum%s\n", n, tp, host,
+                    have_mpi ? ", MPI comparison in the same run" : "");
+    }
+    int first = 1, status = 0;
+    sl_status st = SL_OK;
+    for (int c = 0; c < C_COUNT && st == SL_OK; c++) {
+        if (!o.colls[c]) continue;
+        if (r == 0 && !o.json) {
+            printf("#\n# %s\n# %12s %10s %11s %8s %8s %7s", CNAME[c], "bytes", "count", "time(us)", "algbw", "busbw", "#wrong");
+            if (have_mpi) printf(" | %11s %8s %8s %7s %6s", "mpi(us)", "algbw", "busbw", "#wrong", "ratio");
+            printf("\n");
+        }
+        for (size_t bytes = o.minb; bytes <= o.maxb && st == SL_OK; bytes *= 2) {
+            size_t count = bytes / 4;
+            if (c != C_AR && c != C_BC) count = count / (size_t)n * (size_t)n;
+            if (count == 0) continue;
+            size_t b = count * 4;
+            int it = iters_for(b, o.iters);
+            long wrong = check(comm, 0, c, sb, rb, count, n, r, &st);
+            double t = st == SL_OK ? timed(comm, 0, c, sb, rb, count, n, it, &st) : 0;
+            if (st == SL_OK) st = sl_comm_all_reduce(comm, &wrong, &wrong, 1, SL_COMM_I64, SL_COMM_SUM);
+            double mt = 0;
+            long mwrong = 0;
+            if (have_mpi && st == SL_OK) {
+                mwrong = check(comm, 1, c, sb, rb, count, n, r, &st);
+                if (st == SL_OK) mt = timed(comm, 1, c, sb, rb, count, n, it, &st);
+                if (st == SL_OK) st = sl_comm_all_reduce(comm, &mwrong, &mwrong, 1, SL_COMM_I64, SL_COMM_SUM);
+            }
+            if (st != SL_OK) break;
+            if (wrong) status = 1;
+            double alg = (double)b / t / 1e9, bus = alg * factor(c, n);
+            if (r != 0) continue;
+            if (o.json) {
+                printf("%s\n{\"coll\":\"%s\",\"bytes\":%zu,\"time_us\":%.3f,\"algbw\":%.4f,\"busbw\":%.4f,\"wrong\":%ld",
+                       first ? "" : ",", CNAME[c], b, t * 1e6, alg, bus, wrong);
+                if (have_mpi)
+                    printf(",\"mpi_time_us\":%.3f,\"mpi_busbw\":%.4f,\"mpi_wrong\":%ld", mt * 1e6,
+                           (double)b / mt / 1e9 * factor(c, n), mwrong);
+                printf("}");
+                first = 0;
+            } else {
+                printf("  %12zu %10zu %11.2f %8.3f %8.3f %7ld", b, count, t * 1e6, alg, bus, wrong);
+                if (have_mpi)
+                    printf(" | %11.2f %8.3f %8.3f %7ld %6.2f", mt * 1e6, (double)b / mt / 1e9, (double)b / mt / 1e9 * factor(c, n),
+                           mwrong, mt / t);
+                printf("\n");
+            }
+            fflush(stdout);
+        }
+    }
+    if (r == 0 && o.json) printf("\n]}\n");
+    if (st != SL_OK) {
+        fprintf(stderr, "suanli bench comm: rank %d: %s\n", r, sl_errmsg());
+        status = 1;
+    }
+    sl_free_aligned(sb);
+    sl_free_aligned(rb);
+    sl_comm_free(comm);
+    return status;
+}

@@ -1,0 +1,169 @@
+/* No hang, ever: a rank killed (SIGKILL), stopped (SIGSTOP) or aborted in the middle of a stream
+ * of all-reduces must make every other rank return an error within the deadline.
+ *   test_comm_fault loopback-abort | shm-kill | tcp-kill | shm-stop | tcp-stop | mpi-kill */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "suanli/comm.h"
+
+#define N_ELEMS (2u << 20) /* 8 MiB of f32 per all-reduce */
+#define RUN_SEC 20.0       /* a healthy loop runs this long, far past the fault */
+
+static void sleep_sec(double s) {
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+/* Loop all-reduces until an error or RUN_SEC; returns the failing status (SL_OK if none). */
+static sl_status hammer(sl_comm *c, double *t_err) {
+    float *x = malloc(sizeof(float) * N_ELEMS);
+    for (size_t i = 0; i < N_ELEMS; i++) x[i] = 1.0f;
+    double t0 = sl_time_sec();
+    sl_status st = SL_OK;
+    while (sl_time_sec() - t0 < RUN_SEC) {
+        st = sl_comm_all_reduce(c, x, x, N_ELEMS, SL_COMM_F32, SL_COMM_MAX);
+        if (st != SL_OK) break;
+    }
+    *t_err = sl_time_sec();
+    free(x);
+    return st;
+}
+
+/* ---- loopback: one rank's communicator is aborted from another thread mid-collective ---- */
+typedef struct {
+    sl_comm *c;
+    sl_status st;
+    double t_err;
+    char msg[256];
+} th_arg;
+static void *th_main(void *p) {
+    th_arg *a = p;
+    a->st = hammer(a->c, &a->t_err);
+    snprintf(a->msg, sizeof a->msg, "%s", sl_errmsg());
+    return NULL;
+}
+static int loopback_abort(void) {
+    enum { n = 4 };
+    sl_comm *comms[n];
+    th_arg args[n];
+    pthread_t th[n];
+    sl_comm_opts o = {.timeout_sec = 30};
+    if (sl_comm_init_loopback(n, comms, &o) != SL_OK) return fprintf(stderr, "FAIL init: %s\n", sl_errmsg()), 1;
+    for (int r = 0; r < n; r++) {
+        args[r] = (th_arg){.c = comms[r]};
+        pthread_create(&th[r], NULL, th_main, &args[r]);
+    }
+    sleep_sec(0.5);
+    double t_abort = sl_time_sec();
+    sl_comm_abort(comms[2]);
+    int fails = 0;
+    for (int r = 0; r < n; r++) {
+        pthread_join(th[r], NULL);
+        double dt = args[r].t_err - t_abort;
+        printf("rank %d: %s after %.3f s: %s\n", r, sl_status_name(args[r].st), dt, args[r].msg);
+        if (args[r].st == SL_OK || dt > 5.0) fprintf(stderr, "FAIL rank %d did not fail promptly\n", r), fails++;
+        if (sl_comm_async_error(comms[r]) == SL_OK) fprintf(stderr, "FAIL rank %d: no async error\n", r), fails++;
+        sl_comm_free(comms[r]);
+    }
+    return fails;
+}
+
+/* ---- processes: rank 1 is killed or stopped; the others must exit 3 (error seen) promptly ---- */
+static void *killer(void *p) {
+    sleep_sec(0.5);
+    raise(*(int *)p);
+    return NULL;
+}
+static int procs(sl_comm_transport_kind kind, int sig) {
+    enum { n = 3 };
+    double timeout = sig == SIGSTOP ? 2.0 : 30.0;
+    sl_comm_unique_id id;
+    if (sl_comm_get_unique_id(&id) != SL_OK) return fprintf(stderr, "FAIL id: %s\n", sl_errmsg()), 1;
+    pid_t pids[n];
+    for (int r = 0; r < n; r++) {
+        if ((pids[r] = fork()) != 0) continue;
+        sl_comm_opts o = {.transport = kind, .timeout_sec = timeout};
+        sl_comm *c;
+        if (sl_comm_init_rank(&c, n, &id, r, &o) != SL_OK) {
+            fprintf(stderr, "rank %d init: %s\n", r, sl_errmsg());
+            _exit(1);
+        }
+        static int s;
+        s = sig;
+        pthread_t t;
+        if (r == 1) pthread_create(&t, NULL, killer, &s);
+        double te;
+        sl_status st = hammer(c, &te);
+        printf("rank %d: %s: %s\n", r, sl_status_name(st), st ? sl_errmsg() : "");
+        fflush(stdout);
+        sl_comm_free(c);
+        _exit(st == SL_OK ? 0 : 3);
+    }
+    int fails = 0, left = n, st_of[n] = {0};
+    double t_fault = 0, t_exit[n] = {0};
+    while (left > 0) {
+        int status;
+        pid_t p = waitpid(-1, &status, WUNTRACED);
+        if (p < 0) break;
+        int r = p == pids[0] ? 0 : p == pids[1] ? 1 : 2;
+        if (WIFSTOPPED(status)) {
+            t_fault = sl_time_sec();
+            continue;
+        }
+        left--;
+        t_exit[r] = sl_time_sec();
+        st_of[r] = status;
+        if (r == 1 && !t_fault) t_fault = t_exit[r];
+        if (sig == SIGSTOP && t_exit[0] > 0 && t_exit[2] > 0) kill(pids[1], SIGKILL); /* survivors done */
+    }
+    for (int r = 0; r < n; r += 2) { /* the survivors: ranks 0 and 2 (exit order vs. rank 1 may race) */
+        double dt = t_exit[r] - t_fault;
+        int ok = WIFEXITED(st_of[r]) && WEXITSTATUS(st_of[r]) == 3 && t_fault > 0 && dt < timeout + 5.0;
+        printf("rank %d exited (status 0x%x) %.3f s after the fault\n", r, st_of[r], dt);
+        if (!ok) fprintf(stderr, "FAIL rank %d did not report the fault promptly\n", r), fails++;
+    }
+    if (sig == SIGSTOP) kill(pids[1], SIGKILL);
+    while (wait(NULL) > 0) {
+    }
+    return fails;
+}
+
+/* ---- mpi: run under mpirun; rank 1 dies; mpirun must end the job (non-zero) instead of hanging ---- */
+static int mpi_kill(void) {
+    sl_comm *c;
+    sl_comm_opts o = {.transport = SL_COMM_TRANSPORT_MPI, .timeout_sec = 10};
+    if (sl_comm_init_env(&c, &o) != SL_OK) return fprintf(stderr, "init: %s\n", sl_errmsg()), 1;
+    static int s = SIGKILL;
+    pthread_t t;
+    if (sl_comm_rank(c) == 1) pthread_create(&t, NULL, killer, &s);
+    double te;
+    sl_status st = hammer(c, &te);
+    printf("rank %d: %s\n", sl_comm_rank(c), sl_status_name(st));
+    sl_comm_free(c);
+    return st == SL_OK ? 0 : 3;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: test_comm_fault loopback-abort|shm-kill|tcp-kill|shm-stop|tcp-stop|mpi-kill\n");
+        return 2;
+    }
+    const char *m = argv[1];
+    int f;
+    if (!strcmp(m, "loopback-abort")) f = loopback_abort();
+    else if (!strcmp(m, "shm-kill")) f = procs(SL_COMM_TRANSPORT_SHM, SIGKILL);
+    else if (!strcmp(m, "tcp-kill")) f = procs(SL_COMM_TRANSPORT_TCP, SIGKILL);
+    else if (!strcmp(m, "shm-stop")) f = procs(SL_COMM_TRANSPORT_SHM, SIGSTOP);
+    else if (!strcmp(m, "tcp-stop")) f = procs(SL_COMM_TRANSPORT_TCP, SIGSTOP);
+    else if (!strcmp(m, "mpi-kill")) return mpi_kill();
+    else return fprintf(stderr, "unknown mode %s\n", m), 2;
+    printf("%s: %s\n", m, f ? "FAILED" : "ok");
+    return f ? 1 : 0;
+}
