@@ -17,6 +17,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -292,6 +293,16 @@ sl_status sl_launch_run(const sl_launch_opts *o, sl_launch_result *res) {
         clock_gettime(CLOCK_REALTIME, &ts);
         snprintf(token, sizeof token, "%08x%08lx%05d", (unsigned)getpid(), (unsigned long)ts.tv_nsec, port);
     }
+    /* Note [In-memory checkpoint copy]
+     * The launcher owns a tmpfs directory for the job; ranks mirror each committed checkpoint into it
+     * (SUANLI_MEM_CKPT_DIR), so a restarted attempt reloads from memory instead of disk. It outlives the
+     * ranks (that is the point) and is removed when the launcher finishes. */
+    char memdir[128] = "";
+    if (!getenv("SUANLI_MEM_CKPT_DIR") && access("/dev/shm", W_OK) == 0) {
+        snprintf(memdir, sizeof memdir, "/dev/shm/suanli-ckpt-%d", (int)getpid());
+        if (mkdir(memdir, 0700) == 0) setenv("SUANLI_MEM_CKPT_DIR", memdir, 1);
+        else memdir[0] = 0;
+    }
     struct sigaction sa = {0}, old[3];
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
@@ -315,5 +326,11 @@ sl_status sl_launch_run(const sl_launch_opts *o, sl_launch_result *res) {
     sigaction(SIGINT, &old[0], NULL);
     sigaction(SIGTERM, &old[1], NULL);
     sigaction(SIGHUP, &old[2], NULL);
+    if (memdir[0]) {
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", memdir);
+        if (system(cmd) != 0) SL_LOGW("suanli run: could not remove %s", memdir);
+        unsetenv("SUANLI_MEM_CKPT_DIR");
+    }
     return st;
 }
