@@ -130,6 +130,8 @@ sl_status sl_algo_broadcast(sl_algo_ctx *c, const void *sb, void *rb, size_t cou
                             sl_comm_dtype dt, int root);
 sl_status sl_algo_allgatherv(sl_algo_ctx *c, const void *sb, void *rb, const size_t *counts,
                              const size_t *displs, sl_comm_dtype dt);
+sl_status sl_algo_reduce_scatter_direct(sl_algo_ctx *c, const void *sb, void *rb, size_t recvcount, sl_comm_dtype dt,
+                                        sl_comm_redop op);
 sl_status sl_algo_reduce_scatter(sl_algo_ctx *c, const void *sb, void *rb, size_t recvcount,
                                  sl_comm_dtype dt, sl_comm_redop op);
 sl_status sl_algo_alltoallv(sl_algo_ctx *c, const void *sb, const size_t *scounts,

@@ -259,7 +259,8 @@ int cc_run_matrix(sl_comm *c, const cc_cfg *cfg) {
     int nalgo = cfg->algos ? 4 : 1;
     for (int coll = 0; coll < NCOLL; coll++) {
         int reducing = coll == AR || coll == RED || coll == RS;
-        for (int a = 0; a < (coll == AR || coll == BC ? nalgo : 1); a++) {
+        for (int a = 0; a < (coll == AR || coll == BC || coll == RS ? nalgo : 1); a++) {
+            if (coll == RS && a > 0 && algos[a] != SL_COMM_ALGO_DIRECT) continue; /* ring (auto) or direct */
             sl_comm_set_algo(c, algos[a]);
             for (int dt = 0; dt < SL_COMM_DTYPE_COUNT; dt++) {
                 if (reducing && dt == SL_COMM_U8) continue;

@@ -52,6 +52,7 @@ sl_status sl_algo_reduce_scatter(sl_algo_ctx *c, const void *sb, void *rb, size_
         return SL_OK;
     }
     if (rc == 0) return SL_OK;
+    if (c->algo == SL_COMM_ALGO_DIRECT) return sl_algo_reduce_scatter_direct(c, sb, rb, rc, dt, op);
     char *tmp = sl_algo_scratch(c, bb * (size_t)n);
     if (!tmp) return sl_fail(SL_ERR_NOMEM, "reduce-scatter: cannot allocate %zu bytes of scratch", bb * (size_t)n);
     /* step k sends block r-1-k, receives block r-2-k; after n-1 steps block r is complete */

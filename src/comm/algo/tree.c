@@ -73,6 +73,36 @@ sl_status sl_algo_allreduce_direct(sl_algo_ctx *c, const void *sb, void *rb, siz
     return SL_OK;
 }
 
+/* Reduce-scatter in one step: block j of every rank goes to rank j, which reduces the n blocks in rank
+ * order 0, 1, ..., n-1 — the same order as the direct all-reduce, so ZeRO-2 (reduce-scatter) and plain
+ * data parallelism (all-reduce) give bitwise-identical gradients under SUANLI_COMM_ALGO=direct. */
+sl_status sl_algo_reduce_scatter_direct(sl_algo_ctx *c, const void *sb, void *rb, size_t rc, sl_comm_dtype dt,
+                                        sl_comm_redop op) {
+    int n = c->size, r = c->rank;
+    size_t es = sl_comm_dtype_size(dt), bytes = rc * es;
+    const char *s = sb;
+    char *tmp = sl_algo_scratch(c, bytes * (size_t)n);
+    sl_xfer stack[32], *x = n <= 16 ? stack : malloc(sizeof(sl_xfer) * 2 * (size_t)n);
+    if (!tmp || !x) {
+        if (x != stack) free(x);
+        return sl_fail(SL_ERR_NOMEM, "reduce-scatter: cannot allocate scratch");
+    }
+    memcpy(tmp + (size_t)r * bytes, s + (size_t)r * bytes, bytes);
+    int k = 0;
+    for (int i = 1; i < n; i++) {
+        int to = (r + i) % n, from = (r - i + n) % n;
+        x[k++] = (sl_xfer){.kind = SL_XFER_SEND, .peer = to, .buf = (void *)(s + (size_t)to * bytes), .bytes = bytes};
+        x[k++] = (sl_xfer){.kind = SL_XFER_RECV, .peer = from, .buf = tmp + (size_t)from * bytes, .bytes = bytes};
+    }
+    sl_status st = sl_prim_exchange(c, x, k);
+    if (x != stack) free(x);
+    SL_TRY(st);
+    for (int i = 1; i < n - 1; i++) sl_comm_reduce_kernel(dt, op, tmp, tmp, tmp + (size_t)i * bytes, rc);
+    sl_comm_reduce_kernel(dt, op, rb, tmp, tmp + (size_t)(n - 1) * bytes, rc);
+    if (op == SL_COMM_AVG) sl_comm_div_kernel(dt, rb, rc, n);
+    return SL_OK;
+}
+
 /* Binomial tree rooted at root; children are reduced in a fixed order. */
 sl_status sl_algo_reduce(sl_algo_ctx *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt,
                          sl_comm_redop op, int root) {
