@@ -6,6 +6,7 @@
 
 #include "bench_ops.h"
 #include "cli/flags.h"
+#include "suanli/parallel.h"
 #include "suanli/train.h"
 
 typedef struct {
@@ -50,6 +51,20 @@ int sl_bench_train(int argc, char **argv) {
         return 2;
     }
     sl_threads_set((int)threads);
+    /* under `suanli run -n N` (or mpirun/srun): data parallel, one micro-batch per rank per step */
+    sl_comm_env env = {0};
+    sl_comm *world = NULL;
+    sl_mesh mesh;
+    sl_dp *dp = NULL;
+    if (sl_comm_env_detect(&env) == SL_OK && env.size > 1 && sl_comm_init_env(&world, NULL) != SL_OK) {
+        fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
+        return 1;
+    }
+    if (sl_mesh_init(&mesh, world, (sl_mesh_dims){1, 1, 1}) != SL_OK) {
+        fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
+        return 2;
+    }
+    if (mesh.rank != 0 && !freopen("/dev/null", "w", stdout)) return 1;
     sl_gpt2_config cfg = {(int)L, (int)NH, (int)C, (int)V, (int)T};
     sl_model *m;
     if (sl_gpt2_new(&cfg, &m) != SL_OK) {
@@ -59,13 +74,22 @@ int sl_bench_train(int argc, char **argv) {
     sl_model_init_weights(m, 1);
     m->compute_dtype = bf16 ? SL_BF16 : SL_F32;
     sl_trainer tr;
-    sl_trainer_config tc = {.B = (int)B, .T = (int)T, .accum = 1, .lr = 1e-4f, .min_lr = 1e-5f, .clip = 1.0f,
+    sl_trainer_config tc = {.B = (int)B, .T = (int)T, .accum = 1, .dp_size = mesh.dp, .lr = 1e-4f, .min_lr = 1e-5f, .clip = 1.0f,
                             .warmup = 0, .decay_iters = 1000, .hp = {0.9f, 0.95f, 1e-8f, 0.1f}};
     if (sl_trainer_init(&tr, m, &tc) != SL_OK) {
         fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
         sl_model_free(m);
         return 1;
     }
+    if (mesh.dp > 1) {
+        sl_dp_opts o = {0, 1 << 20};
+        if (sl_dp_new(&dp, &mesh, m, tr.graph, &o) != SL_OK) {
+            fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
+            return 1;
+        }
+        tr.dp = dp;
+    }
+    double wait_tot = 0, step_tot = 0;
     for (int64_t i = 0; i < B * T; i++) {
         tr.ids_buf[i] = (int32_t)(sl_rng_u64(7, 0, (uint64_t)i) % (uint64_t)V);
         tr.tg_buf[i] = (int32_t)(sl_rng_u64(7, 1, (uint64_t)i) % (uint64_t)V);
@@ -79,28 +103,38 @@ int sl_bench_train(int argc, char **argv) {
             fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
             return 1;
         }
-        if (i >= warm) ts[i - warm] = ss.seconds;
+        if (i >= warm) {
+            ts[i - warm] = ss.seconds;
+            wait_tot += ss.comm_wait_sec;
+            step_tot += ss.seconds;
+        }
         loss = ss.loss;
     }
     qsort(ts, (size_t)steps, sizeof(double), cmp_d);
     double med = ts[steps / 2];
-    double tps = (double)(B * T) / med;
+    double tps = (double)(B * T) * mesh.dp / med;
+    double wait_frac = step_tot > 0 ? wait_tot / step_tot : 0;
     double flops = sl_gpt2_flops_per_token(&cfg, (int)T) * tps;
-    double peak = sl_bench_fma_peak((int)threads) * 1e9; /* GFLOP/s -> FLOP/s */
+    double peak = sl_bench_fma_peak((int)threads) * 1e9 * mesh.dp; /* GFLOP/s -> FLOP/s, all ranks */
     double mfu = peak > 0 ? flops / peak : 0;
     if (json)
         printf("{\"bench\": \"train\", \"model\": \"gpt2\", \"L\": %lld, \"NH\": %lld, \"C\": %lld, \"V\": %lld, \"B\": %lld, "
                "\"T\": %lld, \"threads\": %lld, \"dtype\": \"%s\", \"ms_per_step\": %.2f, \"tokens_per_s\": %.2f, "
-               "\"gflops\": %.2f, \"peak_gflops\": %.2f, \"mfu\": %.4f, \"activation_mib\": %.1f, \"loss\": %.4f}\n",
+               "\"gflops\": %.2f, \"peak_gflops\": %.2f, \"mfu\": %.4f, \"activation_mib\": %.1f, \"loss\": %.4f, "
+               "\"dp\": %d, \"comm_wait_fraction\": %.4f}\n",
                (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T, (long long)threads,
-               bf16 ? "bf16-mixed" : "f32", med * 1e3, tps, flops / 1e9, peak / 1e9, mfu, tr.plan.planned_bytes / 1048576.0, loss);
+               bf16 ? "bf16-mixed" : "f32", med * 1e3, tps, flops / 1e9, peak / 1e9, mfu, tr.plan.planned_bytes / 1048576.0, loss, mesh.dp, wait_frac);
     else
         printf("GPT-2 L%lld NH%lld C%lld V%lld B%lld T%lld %s, %lld threads: %.1f ms/step (median of %lld), %.1f tokens/s, "
-               "%.1f GFLOP/s, MFU %.1f%% of measured %.1f GFLOP/s peak; activations %.1f MiB\n",
+               "%.1f GFLOP/s, MFU %.1f%% of measured %.1f GFLOP/s peak; activations %.1f MiB; dp %d, comm wait %.1f%% of step\n",
                (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T,
-               bf16 ? "bf16-mixed" : "fp32", (long long)threads, med * 1e3, (long long)steps, tps, flops / 1e9, 100 * mfu, peak / 1e9, tr.plan.planned_bytes / 1048576.0);
+               bf16 ? "bf16-mixed" : "fp32", (long long)threads, med * 1e3, (long long)steps, tps, flops / 1e9, 100 * mfu, peak / 1e9, tr.plan.planned_bytes / 1048576.0,
+               mesh.dp, 100 * wait_frac);
     free(ts);
+    sl_dp_free(dp);
     sl_trainer_free(&tr);
     sl_model_free(m);
+    sl_mesh_free(&mesh);
+    sl_comm_free(world);
     return 0;
 }
