@@ -21,8 +21,9 @@
  * - Every rank must issue the same collectives in the same order on a communicator (as in NCCL/MPI).
  *   Operations run in issue order on the communicator's progress thread; the caller's buffers must
  *   stay valid and untouched until the request completes. Blocking calls = async + wait.
- * - In-place: pass the same pointer as send and receive buffer (for all-gather the send buffer may be
- *   recvbuf + rank*count elements; for reduce-scatter sendbuf may equal recvbuf... see each call).
+ * - In-place: pass the same pointer as send and receive buffer; for all-gather(v) pass
+ *   sendbuf = recvbuf + (this rank's offset), for reduce-scatter recvbuf = sendbuf + rank*recvcount
+ *   (see each call).
  * - Reductions are deterministic: for a given (algorithm, rank count, count) results are bitwise
  *   identical run to run and on every rank. AVG = SUM then divide by the rank count (integer division
  *   for integer types).

@@ -17,7 +17,7 @@ static void usage(FILE *f) {
             "  --max-restarts K        restart the ranks of this node up to K times after a failure\n"
             "  --grace SEC             SIGTERM -> SIGKILL delay when stopping ranks (default 3)\n"
             "  --no-prefix             do not prefix output lines with [rank]\n"
-            "  --bind core|none        pin rank i to the i-th allowed CPU when there are enough (default core)\n"
+            "  --bind core|none        pin rank i to its own block of CPUs (allowed/N each; default core)\n"
             "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,\n"
             "SUANLI_JOB_TOKEN (torchrun-compatible). Exit: 0 all ranks ok, 1 a rank failed, 2 bad usage.\n");
 }

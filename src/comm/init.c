@@ -327,6 +327,10 @@ sl_status sl_comm_init_env(sl_comm **out, const sl_comm_opts *opts) {
         if (is_mpi) {
             sl_oob o;
             SL_TRY(sl_mpi_oob_world(&o));
+            if (o.size != e.size || o.rank != e.rank)
+                return sl_fail(SL_ERR_INVALID, "MPI_COMM_WORLD is rank %d of %d but the %s environment says %d of %d "
+                               "(this build's MPI does not match the launcher; set MASTER_ADDR/MASTER_PORT to "
+                               "bootstrap over TCP instead)", o.rank, o.size, e.source, e.rank, e.size);
             snprintf(o.token, sizeof o.token, "%s", e.token);
             token_name("mpi", o.name, sizeof o.name);
             return comm_create(&o, opts, SL_COMM_TRANSPORT_AUTO, 1, out);

@@ -128,17 +128,19 @@ static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, c
         }
         if (pid == 0) {
             setpgid(0, 0);
-            if (o->bind) { /* Note: shared-memory waits spin briefly; two ranks on one core would not */
-                cpu_set_t allowed, one;
-                if (sched_getaffinity(0, sizeof allowed, &allowed) == 0 && CPU_COUNT(&allowed) >= n) {
-                    for (int cpu = 0, k = 0; cpu < CPU_SETSIZE; cpu++)
-                        if (CPU_ISSET(cpu, &allowed) && k++ == i) {
-                            CPU_ZERO(&one);
-                            CPU_SET(cpu, &one);
-                            sched_setaffinity(0, sizeof one, &one);
-                            break;
-                        }
-                }
+            /* Pin local rank i to its own block of CPUs (allowed / n each, so OpenMP threads of a
+             * rank stay usable): shared-memory waits spin briefly, and two spinning ranks that the
+             * kernel happens to put on one core cost ~100x in latency. n == 1: no pinning. */
+            cpu_set_t allowed, mine;
+            if (o->bind && n > 1 && sched_getaffinity(0, sizeof allowed, &allowed) == 0 && CPU_COUNT(&allowed) >= n) {
+                int per = CPU_COUNT(&allowed) / n;
+                CPU_ZERO(&mine);
+                for (int cpu = 0, k = 0; cpu < CPU_SETSIZE; cpu++)
+                    if (CPU_ISSET(cpu, &allowed)) {
+                        if (k >= i * per && k < (i + 1) * per) CPU_SET(cpu, &mine);
+                        k++;
+                    }
+                sched_setaffinity(0, sizeof mine, &mine);
             }
             signal(SIGINT, SIG_DFL);
             signal(SIGTERM, SIG_DFL);

@@ -16,8 +16,8 @@ typedef struct sl_launch_opts {
     double grace_sec;     /* SIGTERM -> SIGKILL delay (default 3) */
     int max_restarts;     /* restart the whole local group up to this many times after a failure */
     int prefix;           /* prefix lines with "[rank] " (default 1) */
-    int bind;             /* 1: pin local rank i to the i-th allowed CPU when there are enough CPUs
-                             (like mpirun --bind-to core); 0: leave placement to the kernel */
+    int bind;             /* 1 (and nproc > 1, enough CPUs): pin local rank i to the i-th block of
+                             allowed/nproc CPUs (like mpirun --bind-to); 0: leave it to the kernel */
     char **argv;          /* program and arguments, NULL-terminated (borrowed) */
 } sl_launch_opts;
 
