@@ -1,4 +1,4 @@
-/* suanli bench ops|comm|train — dispatch to the benchmark suites in bench/. */
+/* suanli bench ops|kernels|comm|train — dispatch to the benchmark suites in bench/. */
 #include <stdio.h>
 #include <string.h>
 
@@ -6,20 +6,18 @@
 #include "cli/commands.h"
 
 int sl_bench_train(int argc, char **argv); /* bench/bench_train.c */
-#ifdef SL_HAVE_BENCH_COMM
 #include "bench_comm.h"
-#endif
+#include "bench_kernels.h"
 
 int sl_cmd_bench(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
-        fprintf(argc < 2 ? stderr : stdout, "usage: suanli bench ops|comm|train [--json] [flags]\n");
+        fprintf(argc < 2 ? stderr : stdout, "usage: suanli bench ops|kernels|comm|train [--json] [flags]\n");
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "ops")) return sl_bench_ops(argc - 1, argv + 1);
     if (!strcmp(argv[1], "train")) return sl_bench_train(argc - 1, argv + 1);
-#ifdef SL_HAVE_BENCH_COMM
     if (!strcmp(argv[1], "comm")) return sl_bench_comm(argc - 1, argv + 1);
-#endif
-    fprintf(stderr, "suanli bench: unknown suite '%s' (ops, comm, train)\n", argv[1]);
+    if (!strcmp(argv[1], "kernels")) return sl_bench_kernels(argc - 1, argv + 1);
+    fprintf(stderr, "suanli bench: unknown suite '%s' (ops, kernels, comm, train)\n", argv[1]);
     return 2;
 }
