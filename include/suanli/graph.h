@@ -68,6 +68,21 @@ typedef enum sl_op {
     SL_OP_CROSS_ENTROPY, /* src0 = logits (N.., V), src1 = targets (i32 N..) -> scalar mean loss; aux: lse */
     SL_OP_CROSS_ENTROPY_BACK, /* src0 = fwd, src1 = logits, src2 = targets, src3 = dloss (scalar) */
     SL_OP_CONCAT,        /* concat src0, src1 along iparams[0] */
+    /* Llama family (issue 7) */
+    SL_OP_RMSNORM,       /* src0 = x (.., C), src1 = weight (C); fparams[0]=eps; aux: rstd per row */
+    SL_OP_RMSNORM_BACK_X,/* src0 = fwd (aux: rstd), src1 = x, src2 = w, src3 = dy */
+    SL_OP_RMSNORM_BACK_W,/* src0 = fwd, src1 = x, src2 = dy -> (C) */
+    SL_OP_ROPE,          /* src0 = x (B,T,NH,hs) -> contiguous; rotate-half RoPE at positions iparams[0]+t;
+                            iparams[1]=1: inverse rotation (the backward); fparams[0]=theta */
+    SL_OP_SILU,          /* x * sigmoid(x) */
+    SL_OP_SILU_BACK,     /* src0 = x, src1 = dy */
+    SL_OP_TOPK_GATE,     /* src0 = router logits (N, E) -> (N, E): softmax over the top-k logits per row
+                            (iparams[0]=k), zero elsewhere: Mixtral's renormalised top-k routing weights */
+    SL_OP_TOPK_GATE_BACK,/* src0 = fwd (gate), src1 = dy */
+    SL_OP_ATTENTION_KV,  /* inference with a KV cache: q (B,Tq,NH,hs), k/v caches (B,S,NKV,hs);
+                            query t sits at position iparams[0]+t and attends cache rows 0..iparams[0]+t;
+                            iparams[1] > 0: sliding window -> (B,Tq,NH*hs) */
+    SL_OP_KV_STORE,      /* in-place: cache src0 (B,S,NKV,hs) rows [iparams[0], +Tq) = src1 (B,Tq,NKV,hs) */
     SL_OP_COUNT
 } sl_op;
 
@@ -98,7 +113,7 @@ typedef struct sl_tensor {
     uint32_t flags;
     int id;    /* index in its ctx */
     int order; /* position in the graph's node list (-1: leaf / not in graph) */
-    char name[48];
+    char name[64]; /* fits HF names such as model.layers.31.block_sparse_moe.experts.7.w1.weight */
 } sl_tensor;
 
 typedef struct sl_ctx sl_ctx;
@@ -156,6 +171,17 @@ sl_tensor *sl_softmax(sl_ctx *ctx, sl_tensor *a);
 sl_tensor *sl_attention(sl_ctx *ctx, sl_tensor *q, sl_tensor *k, sl_tensor *v);
 sl_tensor *sl_embedding(sl_ctx *ctx, sl_tensor *table, sl_tensor *ids);
 sl_tensor *sl_cross_entropy(sl_ctx *ctx, sl_tensor *logits, sl_tensor *targets);
+/* Llama family. rmsnorm: x * rsqrt(mean(x^2) + eps) * w over the last dim (HF LlamaRMSNorm). */
+sl_tensor *sl_rmsnorm(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, float eps);
+/* x (B, T, NH, hs), hs even, last dim contiguous: HF rotate-half RoPE at positions pos0 + t. */
+sl_tensor *sl_rope(sl_ctx *ctx, sl_tensor *x, int pos0, float theta);
+sl_tensor *sl_silu(sl_ctx *ctx, sl_tensor *a);
+/* logits (N, E) -> dense routing weights (N, E): softmax over each row's top k, zero elsewhere. */
+sl_tensor *sl_topk_gate(sl_ctx *ctx, sl_tensor *logits, int k);
+/* Inference only (no backward). Caches are (B, S, NKV, hs) contiguous leaves; see SL_OP_ATTENTION_KV.
+ * pos0 lives in iparams[0] and may be changed between executions of the same graph (decode steps). */
+sl_tensor *sl_attention_kv(sl_ctx *ctx, sl_tensor *q, sl_tensor *kc, sl_tensor *vc, int pos0, int window);
+sl_tensor *sl_kv_store(sl_ctx *ctx, sl_tensor *cache, sl_tensor *x, int pos0);
 
 /* Internal-but-public: generic node creation used by builders and backward rules. */
 sl_tensor *sl_new_op(sl_ctx *ctx, sl_op op, sl_dtype t, int ndim, const int64_t *ne);

@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Reference fixtures for issue 7 (HF formats, Llama family), from transformers.
+
+    pip install torch transformers tokenizers safetensors
+    python3 scripts/gen_hf_fixtures.py            # writes tests/fixtures/hf/
+
+For each architecture: a tiny random model (fixed seed, every parameter randomised, norms around 1,
+biases non-zero) saved with save_pretrained (one sharded with an index, some in bf16/fp16 on disk),
+and ref.safetensors with
+    ids     I32 (1, T)     prompt
+    logits  F32 (1, T, V)  transformers fp32 forward (eager attention) of the weights as stored on disk
+    greedy  I32 (32,)      greedy continuation: argmax of a full transformers forward at every step
+    gap     F32 (32,)      top1 - top2 logit margin at each greedy step (ties would make the test moot)
+    logits_bf16 F32        (llama only) forward of model.to(torch.bfloat16)
+Baichuan2 is not in transformers: its fixture is a Llama whose q/k/v are stored fused as W_pack and
+whose lm_head is stored raw; the reference is the Llama with lm_head = F.normalize(raw) (NormHead).
+"""
+import json
+import os
+import shutil
+import sys
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file, load_file
+import transformers
+from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, MistralConfig,
+                          MistralForCausalLM, MixtralConfig, MixtralForCausalLM)
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "hf")
+V, T, NEW = 256, 12, 32
+
+
+def randomise(model, seed):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.15 * torch.randn(p.shape, generator=g))
+
+
+def greedy(model, ids):
+    seq = ids.clone()
+    out, gaps = [], []
+    with torch.no_grad():
+        for _ in range(NEW):
+            lg = model(seq).logits[0, -1].float()
+            top = torch.topk(lg, 2).values
+            t = int(lg.argmax())
+            out.append(t)
+            gaps.append(float(top[0] - top[1]))
+            seq = torch.cat([seq, torch.tensor([[t]])], dim=1)
+    return torch.tensor(out, dtype=torch.int32), torch.tensor(gaps, dtype=torch.float32)
+
+
+def reference(model, d, extra=None):
+    g = torch.Generator().manual_seed(1234)
+    ids = torch.randint(0, V, (1, T), generator=g)
+    with torch.no_grad():
+        logits = model(ids).logits.float()
+    gr, gaps = greedy(model, ids)
+    ref = {"ids": ids.to(torch.int32), "logits": logits.contiguous(), "greedy": gr, "gap": gaps}
+    if extra:
+        ref.update(extra(model, ids))
+    save_file(ref, os.path.join(d, "ref.safetensors"))
+    print(f"{os.path.basename(d)}: max|logit| {logits.abs().max():.3f}, min greedy gap {gaps.min():.2e}")
+
+
+def reload_fp32(cls, d):
+    m = cls.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
+    m.eval()
+    return m
+
+
+def make(name, cls, cfg, seed, dtype=torch.float32, shard=None, extra=None):
+    d = os.path.join(ROOT, name)
+    shutil.rmtree(d, ignore_errors=True)
+    torch.manual_seed(seed)
+    cfg._attn_implementation = "eager"
+    m = cls(cfg)
+    randomise(m, seed)
+    m = m.to(dtype)
+    kw = {"max_shard_size": shard} if shard else {}
+    m.save_pretrained(d, **kw)
+    m = reload_fp32(cls, d)  # the reference sees exactly the weights on disk
+    reference(m, d, extra)
+
+
+def bf16_logits(model, ids):
+    mb = model.to(torch.bfloat16)
+    with torch.no_grad():
+        lg = mb(ids).logits.float()
+    model.to(torch.float32)
+    return {"logits_bf16": lg.contiguous()}
+
+
+def common(**kw):
+    base = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=V, max_position_embeddings=128, rms_norm_eps=1e-5,
+                tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    base.update(kw)
+    return base
+
+
+def baichuan(seed):
+    d = os.path.join(ROOT, "baichuan")
+    shutil.rmtree(d, ignore_errors=True)
+    cfg = LlamaConfig(**common(num_key_value_heads=4))
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    m = LlamaForCausalLM(cfg)
+    randomise(m, seed)
+    m.eval()
+    sd = {k: v.clone().contiguous() for k, v in m.state_dict().items()}
+    out = {}
+    for k, v in sd.items():
+        if ".self_attn.q_proj." in k:
+            pre = k.split(".self_attn.")[0]
+            out[pre + ".self_attn.W_pack.weight"] = torch.cat(
+                [sd[pre + ".self_attn.q_proj.weight"], sd[pre + ".self_attn.k_proj.weight"],
+                 sd[pre + ".self_attn.v_proj.weight"]], 0).contiguous()
+        elif ".self_attn.k_proj." in k or ".self_attn.v_proj." in k:
+            continue
+        else:
+            out[k] = v
+    os.makedirs(d)
+    save_file(out, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    conf = {"architectures": ["BaichuanForCausalLM"], "model_type": "baichuan", "hidden_size": 64,
+            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": V,
+            "model_max_length": 128, "rms_norm_eps": 1e-5, "hidden_act": "silu", "tie_word_embeddings": False,
+            "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32"}
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(conf, f, indent=2)
+    with torch.no_grad():  # NormHead
+        m.lm_head.weight.copy_(F.normalize(m.lm_head.weight, dim=-1))
+    reference(m, d)
+
+
+def main():
+    print("torch", torch.__version__, "transformers", transformers.__version__)
+    os.makedirs(ROOT, exist_ok=True)
+    make("llama", LlamaForCausalLM, LlamaConfig(**common()), 1, shard="150KB", extra=bf16_logits)
+    make("qwen2", Qwen2ForCausalLM, Qwen2Config(**common(tie_word_embeddings=True)), 2, dtype=torch.bfloat16)
+    make("mistral", MistralForCausalLM, MistralConfig(**common(sliding_window=8)), 3, dtype=torch.float16)
+    make("mixtral", MixtralForCausalLM,
+         MixtralConfig(**common(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2,
+                                sliding_window=None)), 4, dtype=torch.bfloat16)
+    baichuan(5)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,288 @@
+/* Llama-family kernels: RMSNorm, rotate-half RoPE, SiLU, top-k routing gate, and the KV-cache
+ * attention used by inference. OpenMP over rows; inner loops unit-stride so the compiler vectorises;
+ * every reduction runs in a fixed order, so results do not depend on the thread count. */
+#include <math.h>
+#include <string.h>
+
+#include "device/cpu/kernels/kernels.h"
+#include "device/cpu/kernels/llama_ops.h"
+
+static int64_t rows_of(const sl_tensor *t) { return t->ne[t->ndim - 1] ? sl_nelements(t) / t->ne[t->ndim - 1] : 0; }
+static int64_t row_stride(const sl_tensor *t) { return t->ndim >= 2 ? t->nb[t->ndim - 2] : t->ne[0]; }
+
+/* ---------------- RMSNorm ---------------- */
+
+sl_status sl_k_rmsnorm(sl_tensor *n) {
+    sl_tensor *x = n->src[0], *w = n->src[1];
+    int64_t C = x->ne[x->ndim - 1], R = rows_of(x), xs = row_stride(x);
+    float eps = n->fparams[0];
+    const float *px = x->data, *pw = w ? w->data : NULL;
+    float *py = n->data, *rstd = (float *)((char *)n->data + sl_nbytes(n));
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < R; r++) {
+        const float *xr = px + r * xs;
+        float *yr = py + r * C;
+        float ss = 0;
+#pragma omp simd reduction(+ : ss)
+        for (int64_t c = 0; c < C; c++) ss += xr[c] * xr[c];
+        float rs = 1.0f / sqrtf(ss / (float)C + eps);
+        if (pw) {
+#pragma omp simd
+            for (int64_t c = 0; c < C; c++) yr[c] = pw[c] * (xr[c] * rs);
+        } else {
+#pragma omp simd
+            for (int64_t c = 0; c < C; c++) yr[c] = xr[c] * rs;
+        }
+        rstd[r] = rs;
+    }
+    return SL_OK;
+}
+
+/* dx = rs * (g*w - xhat * mean(g*w*xhat)),  xhat = x * rs */
+sl_status sl_k_rmsnorm_back_x(sl_tensor *n) {
+    sl_tensor *f = n->src[0], *x = n->src[1], *w = n->src[2], *g = n->src[3];
+    int64_t C = x->ne[x->ndim - 1], R = rows_of(x), xs = row_stride(x), gs = row_stride(g);
+    const float *rstd = (const float *)((const char *)f->data + sl_nbytes(f));
+    const float *px = x->data, *pw = w ? w->data : NULL, *pg = g->data;
+    float *pdx = n->data;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < R; r++) {
+        const float *xr = px + r * xs, *gr = pg + r * gs;
+        float *dx = pdx + r * C;
+        float rs = rstd[r], s = 0;
+        if (pw) {
+#pragma omp simd reduction(+ : s)
+            for (int64_t c = 0; c < C; c++) s += gr[c] * pw[c] * xr[c] * rs;
+            s /= (float)C;
+#pragma omp simd
+            for (int64_t c = 0; c < C; c++) dx[c] = rs * (gr[c] * pw[c] - xr[c] * rs * s);
+        } else {
+#pragma omp simd reduction(+ : s)
+            for (int64_t c = 0; c < C; c++) s += gr[c] * xr[c] * rs;
+            s /= (float)C;
+#pragma omp simd
+            for (int64_t c = 0; c < C; c++) dx[c] = rs * (gr[c] - xr[c] * rs * s);
+        }
+    }
+    return SL_OK;
+}
+
+sl_status sl_k_rmsnorm_back_w(sl_tensor *n) {
+    sl_tensor *f = n->src[0], *x = n->src[1], *g = n->src[2];
+    int64_t C = x->ne[x->ndim - 1], R = rows_of(x), xs = row_stride(x), gs = row_stride(g);
+    const float *rstd = (const float *)((const char *)f->data + sl_nbytes(f));
+    const float *px = x->data, *pg = g->data;
+    float *dw = n->data;
+    /* column blocks; each column sums its rows in order: deterministic for any thread count */
+#pragma omp parallel for schedule(static)
+    for (int64_t c0 = 0; c0 < C; c0 += 64) {
+        int64_t c1 = c0 + 64 < C ? c0 + 64 : C;
+        float acc[64] = {0};
+        for (int64_t r = 0; r < R; r++) {
+            const float *xr = px + r * xs, *gr = pg + r * gs;
+            float rs = rstd[r];
+            for (int64_t c = c0; c < c1; c++) acc[c - c0] += gr[c] * (xr[c] * rs);
+        }
+        memcpy(dw + c0, acc, sizeof(float) * (size_t)(c1 - c0));
+    }
+    return SL_OK;
+}
+
+/* ---------------- RoPE ---------------- */
+
+/* Note [RoPE numerics]
+ * transformers computes inv_freq = 1 / theta^(2i/hs) in float32, freqs = pos * inv_freq in float32,
+ * then cos/sin of the float32 angle. We mirror that order (float angle, then cosf/sinf on its exact
+ * value in double) so that angles at large positions round the same way as in PyTorch. */
+sl_status sl_k_rope(sl_tensor *n) {
+    sl_tensor *x = n->src[0];
+    int64_t B = x->ne[0], T = x->ne[1], NH = x->ne[2], hs = x->ne[3], half = hs / 2;
+    int pos0 = n->iparams[0];
+    float sgn = n->iparams[1] ? -1.0f : 1.0f, theta = n->fparams[0];
+    const float *px = x->data;
+    float *py = n->data;
+#pragma omp parallel
+    {
+        float *cs = malloc(sizeof(float) * (size_t)(3 * half + 1)), *sn = cs + half, *inv = sn + half;
+        for (int64_t i = 0; i < half; i++) inv[i] = 1.0f / powf(theta, (float)(2 * i) / (float)hs);
+#pragma omp for schedule(static)
+        for (int64_t bt = 0; bt < B * T; bt++) {
+            int64_t b = bt / T, t = bt % T;
+            float pos = (float)(pos0 + t);
+            for (int64_t i = 0; i < half; i++) {
+                float ang = pos * inv[i];
+                cs[i] = (float)cos((double)ang);
+                sn[i] = sgn * (float)sin((double)ang);
+            }
+            for (int64_t h = 0; h < NH; h++) {
+                const float *xr = px + b * x->nb[0] + t * x->nb[1] + h * x->nb[2];
+                float *yr = py + ((b * T + t) * NH + h) * hs;
+#pragma omp simd
+                for (int64_t i = 0; i < half; i++) {
+                    float x1 = xr[i], x2 = xr[i + half];
+                    yr[i] = x1 * cs[i] - x2 * sn[i];
+                    yr[i + half] = x2 * cs[i] + x1 * sn[i];
+                }
+            }
+        }
+        free(cs);
+    }
+    return SL_OK;
+}
+
+/* ---------------- SiLU ---------------- */
+
+sl_status sl_k_silu(sl_tensor *n) {
+    sl_tensor *a = n->src[0];
+    sl_it5 ia = sl_it5_of(a), io = sl_it5_of(n);
+    const float *pa = a->data;
+    float *py = n->data;
+    int64_t outer = io.ne[0] * io.ne[1] * io.ne[2] * io.ne[3], inner = io.ne[4];
+#pragma omp parallel for schedule(static)
+    for (int64_t o = 0; o < outer; o++) {
+        int64_t i3 = o % io.ne[3], i2 = (o / io.ne[3]) % io.ne[2], i1 = (o / (io.ne[3] * io.ne[2])) % io.ne[1],
+                i0 = o / (io.ne[3] * io.ne[2] * io.ne[1]);
+        const float *xr = pa + i0 * ia.nb[0] + i1 * ia.nb[1] + i2 * ia.nb[2] + i3 * ia.nb[3];
+        float *yr = py + o * inner;
+        int64_t s = ia.nb[4];
+        for (int64_t i = 0; i < inner; i++) {
+            float v = xr[i * s];
+            yr[i] = v / (1.0f + expf(-v));
+        }
+    }
+    return SL_OK;
+}
+
+/* d/dx x*sig(x) = sig(x) * (1 + x*(1 - sig(x))) */
+sl_status sl_k_silu_back(sl_tensor *n) {
+    sl_tensor *a = n->src[0], *g = n->src[1];
+    sl_it5 ia = sl_it5_of(a), ig = sl_it5_of(g), io = sl_it5_of(n);
+    const float *pa = a->data, *pg = g->data;
+    float *py = n->data;
+    int64_t outer = io.ne[0] * io.ne[1] * io.ne[2] * io.ne[3], inner = io.ne[4];
+#pragma omp parallel for schedule(static)
+    for (int64_t o = 0; o < outer; o++) {
+        int64_t i3 = o % io.ne[3], i2 = (o / io.ne[3]) % io.ne[2], i1 = (o / (io.ne[3] * io.ne[2])) % io.ne[1],
+                i0 = o / (io.ne[3] * io.ne[2] * io.ne[1]);
+        const float *xr = pa + i0 * ia.nb[0] + i1 * ia.nb[1] + i2 * ia.nb[2] + i3 * ia.nb[3];
+        const float *gr = pg + i0 * ig.nb[0] + i1 * ig.nb[1] + i2 * ig.nb[2] + i3 * ig.nb[3];
+        float *yr = py + o * inner;
+        for (int64_t i = 0; i < inner; i++) {
+            float v = xr[i * ia.nb[4]], sg = 1.0f / (1.0f + expf(-v));
+            yr[i] = gr[i * ig.nb[4]] * sg * (1.0f + v * (1.0f - sg));
+        }
+    }
+    return SL_OK;
+}
+
+/* ---------------- top-k gate ---------------- */
+
+/* Ties resolve to the lower index, like torch.topk on CPU for distinct values. */
+sl_status sl_k_topk_gate(sl_tensor *n) {
+    sl_tensor *a = n->src[0];
+    int64_t N = a->ne[0], E = a->ne[1], as = a->nb[0];
+    int k = n->iparams[0];
+    const float *pa = a->data;
+    float *py = n->data;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < N; r++) {
+        const float *x = pa + r * as;
+        float *y = py + r * E;
+        for (int64_t e = 0; e < E; e++) y[e] = 0;
+        float mx = -INFINITY;
+        for (int j = 0; j < k; j++) {
+            int64_t best = -1;
+            for (int64_t e = 0; e < E; e++)
+                if (y[e] == 0 && (best < 0 || x[e] > x[best])) best = e;
+            y[best] = 1; /* marker */
+            if (x[best] > mx) mx = x[best];
+        }
+        double s = 0;
+        for (int64_t e = 0; e < E; e++)
+            if (y[e] != 0) s += exp((double)x[e] - mx);
+        for (int64_t e = 0; e < E; e++)
+            if (y[e] != 0) y[e] = (float)(exp((double)x[e] - mx) / s);
+    }
+    return SL_OK;
+}
+
+/* softmax backward restricted to the selected entries: dx = y * (dy - sum(y*dy)) (zero where y == 0) */
+sl_status sl_k_topk_gate_back(sl_tensor *n) {
+    sl_tensor *f = n->src[0], *g = n->src[1];
+    int64_t N = f->ne[0], E = f->ne[1], gs = row_stride(g);
+    const float *py = f->data, *pg = g->data;
+    float *pd = n->data;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < N; r++) {
+        const float *y = py + r * E, *gr = pg + r * gs;
+        float *d = pd + r * E, dot = 0;
+        for (int64_t e = 0; e < E; e++) dot += y[e] * gr[e];
+        for (int64_t e = 0; e < E; e++) d[e] = y[e] * (gr[e] - dot);
+    }
+    return SL_OK;
+}
+
+/* ---------------- KV cache ---------------- */
+
+sl_status sl_k_kv_store(sl_tensor *n) {
+    sl_tensor *x = n->src[1];
+    int64_t B = x->ne[0], T = x->ne[1], NKV = x->ne[2], hs = x->ne[3], S = n->ne[1];
+    int64_t pos0 = n->iparams[0];
+    if (pos0 < 0 || pos0 + T > S) return sl_fail(SL_ERR_INVALID, "kv cache: position %lld + %lld exceeds capacity %lld",
+                                                 (long long)pos0, (long long)T, (long long)S);
+    float *pc = n->data;
+    const float *px = x->data;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t h = 0; h < NKV; h++)
+                memcpy(pc + ((b * S + pos0 + t) * NKV + h) * hs, px + b * x->nb[0] + t * x->nb[1] + h * x->nb[2],
+                       sizeof(float) * (size_t)hs);
+    return SL_OK;
+}
+
+sl_status sl_k_attention_kv(sl_tensor *n) {
+    sl_tensor *q = n->src[0], *kc = n->src[1], *vc = n->src[2];
+    int64_t B = q->ne[0], Tq = q->ne[1], NH = q->ne[2], hs = q->ne[3], S = kc->ne[1], NKV = kc->ne[2];
+    int64_t grp = NH / NKV, pos0 = n->iparams[0], win = n->iparams[1];
+    if (pos0 < 0 || pos0 + Tq > S) return sl_fail(SL_ERR_INVALID, "kv cache: position %lld + %lld exceeds capacity %lld",
+                                                  (long long)pos0, (long long)Tq, (long long)S);
+    float scale = 1.0f / sqrtf((float)hs);
+    const float *pq = q->data, *pk = kc->data, *pv = vc->data;
+    float *out = n->data;
+#pragma omp parallel
+    {
+        float *p = malloc(sizeof(float) * (size_t)(S ? S : 1));
+#pragma omp for schedule(dynamic, 4)
+        for (int64_t idx = 0; idx < B * NH * Tq; idx++) {
+            int64_t t = idx % Tq, h = (idx / Tq) % NH, b = idx / (Tq * NH), kh = h / grp;
+            int64_t last = pos0 + t, first = (win > 0 && last - win + 1 > 0) ? last - win + 1 : 0;
+            const float *qr = pq + b * q->nb[0] + t * q->nb[1] + h * q->nb[2];
+            float mx = -INFINITY;
+            for (int64_t j = first; j <= last; j++) {
+                const float *kr = pk + ((b * S + j) * NKV + kh) * hs;
+                float s = 0;
+#pragma omp simd reduction(+ : s)
+                for (int64_t d = 0; d < hs; d++) s += qr[d] * kr[d];
+                s *= scale;
+                p[j] = s;
+                if (s > mx) mx = s;
+            }
+            float sum = 0;
+            for (int64_t j = first; j <= last; j++) {
+                p[j] = expf(p[j] - mx);
+                sum += p[j];
+            }
+            float inv = 1.0f / sum;
+            float *o = out + (b * Tq + t) * NH * hs + h * hs;
+            for (int64_t d = 0; d < hs; d++) o[d] = 0;
+            for (int64_t j = first; j <= last; j++) {
+                const float *vr = pv + ((b * S + j) * NKV + kh) * hs;
+                float pj = p[j] * inv;
+#pragma omp simd
+                for (int64_t d = 0; d < hs; d++) o[d] += pj * vr[d];
+            }
+        }
+        free(p);
+    }
+    return SL_OK;
+}
