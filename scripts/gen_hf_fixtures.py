@@ -28,7 +28,7 @@ from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCa
                           MistralForCausalLM, MixtralConfig, MixtralForCausalLM)
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "hf")
-V, T, NEW = 256, 12, 32
+V, T, NEW = 320, 12, 32
 
 
 def randomise(model, seed):
@@ -138,6 +138,85 @@ def baichuan(seed):
     reference(m, d)
 
 
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. It's a test; they'll see what we've done, isn't it?",
+    "Large language models are trained on text. Training needs compute, data and patience!",
+    "def train(model, data):\n    for step, batch in enumerate(data):\n        loss = model(batch)\n        loss.backward()\n",
+    "int main(void) { printf(\"hello, world\\n\"); return 0; }",
+    "机器学习是人工智能的一个分支。大型语言模型需要大量的计算资源和数据。我们在中文文本上训练。",
+    "自然语言处理 中文分词 测试 你好世界 你好，世界！",
+    "Emoji: 😀😃😄 🚀🔥 👍🏽 — numbers 1234567890 3.14159 2024-11-30",
+    "Ünïcödé façade naïve café résumé, Straße, Ελληνικά, русский язык, العربية, 日本語のテキスト。",
+    "    indented    with    spaces\t\ttabs\n\n\nnewlines   ",
+] * 3
+
+TEXT = ("Hello world! It's 2024, and we're testing the TOKENIZER's edge-cases: don't, I'LL, we've.\n"
+        "中文测试：大型语言模型（LLM）在机器学习中很重要。你好，世界！\n"
+        "def f(x):\n\treturn x**2  # square\n    if x >= 10: print(\"big\")\n"
+        "Emoji 🚀🔥👍🏽😀 and café vs cafe\u0301 (combining), ß, Ελληνικά, русский.\n"
+        "Whitespace runs:      five spaces,\t\ttabs,\n\n\n\nnewlines, trailing   \n"
+        "Numbers 1234567 3.14159 and <|im_start|>special<|im_end|> tokens.   ")
+
+LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+             r"\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def train_tokenizer(style, vocab_size):
+    from tokenizers import Tokenizer, Regex, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    specials = ["<|endoftext|>"] if style == "gpt2" else ["<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE(ignore_merges=(style != "gpt2")))
+    if style == "gpt2":
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(LLAMA3_RE), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    if style == "qwen2":
+        tok.normalizer = normalizers.NFC()
+    tok.decoder = decoders.ByteLevel()
+    tr = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                             special_tokens=specials, show_progress=False)
+    tok.train_from_iterator(CORPUS, tr)
+    if style == "llama3":
+        bos = tok.token_to_id("<|begin_of_text|>")
+        tok.post_processor = processors.Sequence([
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|> $B",
+                                          special_tokens=[("<|begin_of_text|>", bos)])])
+    return tok
+
+
+def tokenizer_fixtures():
+    import tokenizers
+    for style in ["gpt2", "llama3", "qwen2"]:
+        d = os.path.join(ROOT, "tok_" + style)
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+        tok = train_tokenizer(style, 700)
+        tok.save(os.path.join(d, "tokenizer.json"))
+        tok = tokenizers.Tokenizer.from_file(os.path.join(d, "tokenizer.json"))  # what users load
+        ids = tok.encode(TEXT, add_special_tokens=False).ids
+        ids_sp = tok.encode(TEXT, add_special_tokens=True).ids
+        with open(os.path.join(d, "expected.json"), "w") as f:
+            json.dump({"tokenizers": tokenizers.__version__, "text": TEXT, "ids": ids, "ids_special": ids_sp,
+                       "decoded": tok.decode(ids, skip_special_tokens=False)}, f, ensure_ascii=False, indent=0)
+        print(f"tok_{style}: {len(ids)} ids for {len(TEXT.encode())} bytes")
+
+
+def model_tokenizer(name, prompt):
+    """A small llama3-style tokenizer in the model's directory + the prompt's ids and greedy continuation."""
+    d = os.path.join(ROOT, name)
+    tok = train_tokenizer("llama3", V)
+    tok.save(os.path.join(d, "tokenizer.json"))
+    m = reload_fp32(LlamaForCausalLM, d)
+    ids = torch.tensor([tok.encode(prompt, add_special_tokens=True).ids])
+    gr, gaps = greedy(m, ids)
+    text = tok.decode(gr.tolist())
+    with open(os.path.join(d, "prompt.json"), "w") as f:
+        json.dump({"prompt": prompt, "ids": ids[0].tolist(), "greedy": gr.tolist(), "text": text,
+                   "min_gap": float(gaps.min())}, f, ensure_ascii=False)
+
+
 def main():
     print("torch", torch.__version__, "transformers", transformers.__version__)
     os.makedirs(ROOT, exist_ok=True)
@@ -148,6 +227,8 @@ def main():
          MixtralConfig(**common(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2,
                                 sliding_window=None)), 4, dtype=torch.bfloat16)
     baichuan(5)
+    model_tokenizer("llama", "Hello world, 你好")
+    tokenizer_fixtures()
 
 
 if __name__ == "__main__":

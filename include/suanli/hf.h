@@ -6,7 +6,7 @@
  *   sl_hf_tokenizer *tok;
  *   SL_TRY(sl_hf_tokenizer_load("path/to/Llama-dir/tokenizer.json", &tok));
  *   int32_t *ids; int n;
- *   SL_TRY(sl_hf_tokenizer_encode(tok, "Hello 世界", &ids, &n));   // ids owned: free()
+ *   SL_TRY(sl_hf_tokenizer_encode(tok, "Hello 世界", 1, &ids, &n));   // ids owned: free()
  *   ... sl_model_generate(m, ids, n, ...) ...
  *   sl_hf_tokenizer_free(tok); sl_model_free(m);
  *
@@ -58,8 +58,9 @@ sl_status sl_model_generate(sl_model *m, const int32_t *prompt, int n_prompt, in
 typedef struct sl_hf_tokenizer sl_hf_tokenizer;
 sl_status sl_hf_tokenizer_load(const char *path, sl_hf_tokenizer **out);
 void sl_hf_tokenizer_free(sl_hf_tokenizer *t);
-/* Text -> ids (special tokens in the text are matched as added tokens). *ids owned: free(). */
-sl_status sl_hf_tokenizer_encode(const sl_hf_tokenizer *t, const char *text, int32_t **ids, int *n);
+/* Text (UTF-8) -> ids; added/special tokens in the text are matched verbatim; add_special: apply the
+ * post-processor template (e.g. Llama-3's BOS). *ids owned: free(). */
+sl_status sl_hf_tokenizer_encode(const sl_hf_tokenizer *t, const char *text, int add_special, int32_t **ids, int *n);
 /* One id -> its bytes (byte-level decoding); returns the byte count written (<= cap), -1 if unknown id. */
 int sl_hf_tokenizer_decode_one(const sl_hf_tokenizer *t, int32_t id, char *buf, int cap);
 int sl_hf_tokenizer_vocab_size(const sl_hf_tokenizer *t);
