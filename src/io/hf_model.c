@@ -345,7 +345,11 @@ sl_status sl_hf_load(const char *dir, sl_model **out, sl_hf_info *info) {
     SL_TRY(sl_hf_load_config(dir, &cfg, info));
     sl_model *m;
     sl_status st = sl_llama_new(&cfg, &m);
-    if (st != SL_OK) return sl_fail(st, "%s/config.json: %s", dir, sl_errmsg());
+    if (st != SL_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", sl_errmsg()); /* sl_fail formats into the same buffer */
+        return sl_fail(st, "%s/config.json: %s", dir, msg);
+    }
     st = sl_hf_load_weights(m, dir, info);
     if (st != SL_OK) {
         sl_model_free(m);
