@@ -6,6 +6,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "suanli/data.h"
+#include "suanli/hf.h"
 #include "suanli/model_io.h"
 #include "suanli/train.h"
 
@@ -14,7 +15,7 @@ typedef struct {
     int64_t warmup, decay_iters, seed, eval_interval, eval_iters, log_interval, threads, vocab_size, sample_tokens;
     double lr, min_lr, wd, clip, beta1, beta2, eps, exit_mins, temperature;
     int64_t top_k;
-    const char *data_path, *save, *load, *config, *sample_prompt;
+    const char *data_path, *save, *load, *config, *sample_prompt, *init_from;
 } train_args;
 
 typedef struct {
@@ -58,7 +59,7 @@ int sl_cli_print_sample(sl_model *m, const sl_tokenizer *tok, const char *prompt
     fwrite(prompt, 1, strlen(prompt), stdout);
     sl_sample_opts so = {temperature, top_k, 1.0f, seed};
     double t0 = sl_time_sec();
-    sl_status st = sl_gpt2_generate(m, ids, (int)n, n_tokens, &so, print_token_cb, (void *)tok);
+    sl_status st = sl_model_generate(m, ids, (int)n, n_tokens, &so, NULL, 0, print_token_cb, (void *)tok, NULL, NULL);
     double dt = sl_time_sec() - t0;
     free(ids);
     printf("\n");
@@ -114,6 +115,7 @@ int sl_cmd_train(int argc, char **argv) {
         {"exit-duration-in-mins", SL_FLAG_FLOAT, &a.exit_mins, 0, 1e9, "stop (eval, save) after this many minutes, 0 = off", 0},
         {"save", SL_FLAG_STR, &a.save, 0, 0, "output dir: model.safetensors, config.json, tokenizer.json, metrics.jsonl", 0},
         {"load", SL_FLAG_STR, &a.load, 0, 0, "start from the weights in this dir (architecture from its config.json)", 0},
+        {"init-from", SL_FLAG_STR, &a.init_from, 0, 0, "start from a Hugging Face model dir (Llama/Qwen2/Mistral/Mixtral/Baichuan2); --save writes HF layout", 0},
         {"threads", SL_FLAG_INT, &a.threads, 0, 1024, "compute threads (default: OpenMP's)", 0},
         {"sample-tokens", SL_FLAG_INT, &a.sample_tokens, 0, 1e6, "print a sample of N tokens at the end (0)", 0},
         {"sample-prompt", SL_FLAG_STR, &a.sample_prompt, 0, 0, "prompt for the sample", 0},
@@ -164,8 +166,23 @@ int sl_cmd_train(int argc, char **argv) {
     int data_vocab = sl_dataset_vocab_size(train);
     if (sl_dataset_vocab_size(val) != data_vocab) BAD("%s: train and val shards disagree on vocab size", a.data_path);
 
+    sl_hf_info hf_info;
+    if (a.init_from) {
+        if (a.load) BAD("--init-from and --load are exclusive");
+        const char *arch_flags[] = {"num-layers", "num-attention-heads", "hidden-size", "vocab-size", "max-position-embeddings"};
+        for (int i = 0; i < 5; i++)
+            if (sl_flags_find(flags, nf, arch_flags[i])->set) BAD("--%s conflicts with --init-from (the architecture comes from %s/config.json)", arch_flags[i], a.init_from);
+        if (sl_hf_load(a.init_from, &m, &hf_info) != SL_OK) BAD("--init-from: %s", sl_errmsg());
+        if (data_vocab > m->cfg.vocab_size)
+            BAD("the data's vocab size %d exceeds the model's vocab_size %d (%s)", data_vocab, m->cfg.vocab_size, a.init_from);
+        int lim = m->lcfg.sliding_window && m->lcfg.sliding_window < m->lcfg.max_seq_len ? m->lcfg.sliding_window : m->lcfg.max_seq_len;
+        if (a.seq_length > lim) BAD("--seq-length %lld exceeds the model's %d positions (or sliding window)", (long long)a.seq_length, lim);
+        if (sl_dataset_num_tokens(train) < a.seq_length + 1 || sl_dataset_num_tokens(val) < a.seq_length + 1)
+            BAD("%s: a split has fewer than seq-length+1 = %lld tokens", a.data_path, (long long)a.seq_length + 1);
+    }
     sl_gpt2_config cfg = {(int)a.num_layers, (int)a.num_heads, (int)a.hidden_size,
                           a.vocab_size ? (int)a.vocab_size : data_vocab, (int)(a.max_pos ? a.max_pos : a.seq_length)};
+    if (a.init_from) cfg = m->cfg;
     if (a.load) {
         sl_gpt2_config lc;
         if (sl_model_load_config(a.load, &lc) != SL_OK) BAD("--load: %s", sl_errmsg());
@@ -177,14 +194,16 @@ int sl_cmd_train(int argc, char **argv) {
                 BAD("--%s %d conflicts with %d in %s/config.json", names[i], fv[i], lv[i], a.load);
         cfg = lc;
     }
-    if (cfg.vocab_size != data_vocab)
+    if (cfg.vocab_size != data_vocab && !a.init_from)
         BAD("model vocab size %d does not match the data's vocab size %d (%s)", cfg.vocab_size, data_vocab, a.data_path);
     if (a.seq_length > cfg.max_seq_len)
         BAD("--seq-length %lld exceeds the model's position table %d", (long long)a.seq_length, cfg.max_seq_len);
     if (sl_dataset_num_tokens(train) < a.seq_length + 1 || sl_dataset_num_tokens(val) < a.seq_length + 1)
         BAD("%s: a split has fewer than seq-length+1 = %lld tokens", a.data_path, (long long)a.seq_length + 1);
-    if (sl_gpt2_new(&cfg, &m) != SL_OK) BAD("%s", sl_errmsg());
-    if (a.load) {
+    if (!a.init_from && sl_gpt2_new(&cfg, &m) != SL_OK) BAD("%s", sl_errmsg());
+    if (a.init_from) {
+        /* weights loaded above */
+    } else if (a.load) {
         char wp[4096];
         snprintf(wp, sizeof wp, "%s/model.safetensors", a.load);
         if (sl_model_load_weights(m, wp) != SL_OK) BAD("--load: %s", sl_errmsg());
@@ -209,8 +228,8 @@ int sl_cmd_train(int argc, char **argv) {
         goto out;
     }
     trainer_ok = 1;
-    printf("suanli train: GPT-2 L=%d H=%d C=%d V=%d T=%d | %.2fM params | micro-batch %d x accum %d | %d threads, %s\n",
-           cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, T, (double)m->numel / 1e6, B, accum, sl_threads_get(),
+    printf("suanli train: %s L=%d H=%d C=%d V=%d T=%d | %.2fM params | micro-batch %d x accum %d | %d threads, %s\n",
+           m->arch == SL_ARCH_GPT2 ? "GPT-2" : sl_arch_name(m->arch), cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, T, (double)m->numel / 1e6, B, accum, sl_threads_get(),
            sl_cpu_isa_name());
     printf("activation memory: planned %.1f MiB (naive sum %.1f MiB) | data: %lld train / %lld val tokens\n",
            tr.plan.planned_bytes / 1048576.0, tr.plan.naive_bytes / 1048576.0, (long long)sl_dataset_num_tokens(train),
@@ -274,7 +293,16 @@ int sl_cmd_train(int argc, char **argv) {
         snprintf(extra, sizeof extra, "{\"steps\": %lld, \"val_loss\": %.6f, \"seq_length\": %lld, \"seed\": %lld}",
                  (long long)step, isfinite(val_loss) ? val_loss : -1.0, (long long)a.seq_length, (long long)a.seed);
         snprintf(tp, sizeof tp, "%s/tokenizer.json", a.save);
-        if (sl_model_save(m, a.save, extra) != SL_OK || copy_file(tokpath, tp) != SL_OK) {
+        sl_status sst = m->arch == SL_ARCH_GPT2 ? sl_model_save(m, a.save, extra) : sl_hf_save(m, a.save, SL_F32, &hf_info);
+        char hft[4096];
+        const char *tsrc = tokpath; /* an HF model keeps its own tokenizer.json */
+        snprintf(hft, sizeof hft, "%s/tokenizer.json", a.init_from ? a.init_from : "");
+        FILE *hf_tok = a.init_from ? fopen(hft, "r") : NULL;
+        if (hf_tok) {
+            fclose(hf_tok);
+            tsrc = hft;
+        }
+        if (sst != SL_OK || copy_file(tsrc, tp) != SL_OK) {
             fprintf(stderr, "suanli train: save: %s\n", sl_errmsg());
             rc = 1;
             goto out;

@@ -6,4 +6,5 @@ int sl_cmd_generate(int argc, char **argv); /* cmd_generate.c */
 int sl_cmd_data(int argc, char **argv);     /* cmd_data.c: suanli data prepare ... */
 int sl_cmd_run(int argc, char **argv);      /* cmd_run.c: launcher */
 int sl_cmd_bench(int argc, char **argv);    /* cmd_bench.c: ops | comm | train */
+int sl_cmd_convert(int argc, char **argv);  /* cmd_convert.c: HF dir -> HF dir (f32 | bf16) */
 #endif

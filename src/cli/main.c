@@ -13,6 +13,7 @@ static void usage(FILE *f) {
             "  data      prepare token shards: suanli data prepare --input F --output-prefix DIR\n"
             "  run       launch N ranks: suanli run -n N -- PROGRAM ARGS\n"
             "  bench     benchmarks: suanli bench ops|comm|train [--json]\n"
+            "  convert   re-save a Hugging Face model dir (or a train --init-from output) as HF safetensors\n"
             "run 'suanli <command> --help' for its flags\n");
 }
 
@@ -31,6 +32,7 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "data")) return sl_cmd_data(argc - 1, argv + 1);
     if (!strcmp(c, "run")) return sl_cmd_run(argc - 1, argv + 1);
     if (!strcmp(c, "bench")) return sl_cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(c, "convert")) return sl_cmd_convert(argc - 1, argv + 1);
     fprintf(stderr, "suanli: unknown command '%s'\n", c);
     usage(stderr);
     return 2;

@@ -109,8 +109,70 @@ static void test_greedy_text(void) {
     cJSON_Delete(r);
 }
 
+static void greedy_ids(const char *dir, char *ids, size_t cap) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt-ids 0,43,72,305,82 --max-new-tokens 16 --temperature 0 "
+             "--ignore-eos --print-ids 2>/dev/null", tu_cli(), dir);
+    int rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 0, "generate %s: exit %d: %s", dir, rc, out);
+    char *js = strstr(out, "\"ids\"");
+    snprintf(ids, cap, "%s", js ? js : "none");
+}
+
+/* convert (f32, bf16), train --init-from (0 and 3 steps) + --save, convert back: a round trip */
+static void test_round_trip(void) {
+    const char *tmp = tu_tmpdir("hfrt");
+    char src[1024], cmd[8192], a[4096], b[4096], d1[1100], d2[1100], data[1100], run[1100], back[1100], txt[1100];
+    snprintf(src, sizeof src, "%s/tests/fixtures/hf/llama", SL_SOURCE_DIR);
+    snprintf(d1, sizeof d1, "%s/f32", tmp);
+    snprintf(d2, sizeof d2, "%s/bf16", tmp);
+    greedy_ids(src, a, sizeof a);
+    snprintf(cmd, sizeof cmd, "%s convert --model %s --output %s", tu_cli(), src, d1);
+    TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "convert f32: %s", out);
+    greedy_ids(d1, b, sizeof b);
+    TU_CHECK(!strcmp(a, b), "convert f32 round trip changes greedy ids: %s vs %s", a, b);
+    snprintf(cmd, sizeof cmd, "%s convert --model %s --output %s --dtype bf16", tu_cli(), src, d2);
+    TU_CHECK(tu_run(cmd, out, sizeof out) == 0 && strstr(out, "bf16"), "convert bf16: %s", out);
+    greedy_ids(d2, b, sizeof b);
+    TU_CHECK(strcmp(b, "none") != 0, "bf16 copy generates");
+    snprintf(cmd, sizeof cmd, "%s convert --model %s --output %s --dtype f16", tu_cli(), src, d2);
+    TU_CHECK(tu_run(cmd, out, sizeof out) == 2 && one_line() && strstr(out, "--dtype"), "bad dtype: %s", out);
+    /* train --init-from */
+    snprintf(txt, sizeof txt, "%s/corpus.txt", tmp);
+    FILE *f = fopen(txt, "w");
+    for (int i = 0; i < 200; i++) fprintf(f, "the quick brown fox %d jumps over the lazy dog. ", i);
+    fclose(f);
+    snprintf(data, sizeof data, "%s/data", tmp);
+    snprintf(cmd, sizeof cmd, "%s data prepare --input %s --output-prefix %s", tu_cli(), txt, data);
+    TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "data prepare: %s", out);
+    snprintf(run, sizeof run, "%s/run0", tmp);
+    snprintf(cmd, sizeof cmd, "%s train --data-path %s --init-from %s --seq-length 16 --micro-batch-size 2 --train-iters 0 "
+             "--eval-iters 1 --save %s", tu_cli(), data, src, run);
+    TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "train 0 steps: %s", out);
+    greedy_ids(run, b, sizeof b);
+    TU_CHECK(!strcmp(a, b), "train --init-from + --save (0 steps) changes greedy ids: %s vs %s", a, b);
+    snprintf(run, sizeof run, "%s/run3", tmp);
+    snprintf(cmd, sizeof cmd, "%s train --data-path %s --init-from %s --seq-length 16 --micro-batch-size 2 --train-iters 3 "
+             "--eval-iters 1 --lr 3e-3 --save %s", tu_cli(), data, src, run);
+    int rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 0 && strstr(out, "llama L=2") && strstr(out, "step 3/3"), "train 3 steps: exit %d: %s", rc, out);
+    snprintf(back, sizeof back, "%s/back", tmp);
+    snprintf(cmd, sizeof cmd, "%s convert --model %s --output %s --dtype bf16", tu_cli(), run, back);
+    TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "convert trained: %s", out);
+    greedy_ids(back, b, sizeof b);
+    TU_CHECK(strcmp(b, "none") != 0, "trained + converted model generates");
+    snprintf(cmd, sizeof cmd, "%s train --data-path %s --init-from %s --hidden-size 32 --train-iters 1", tu_cli(), data, src);
+    rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 2 && one_line() && strstr(out, "--hidden-size conflicts"), "init-from + arch flag: %s", out);
+    snprintf(cmd, sizeof cmd, "%s train --data-path %s --init-from /nonexistent --train-iters 1", tu_cli(), data);
+    rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 2 && one_line() && strstr(out, "config.json"), "init-from missing dir: %s", out);
+    printf("round trip (convert f32, train --init-from + save, convert bf16): checked\n");
+}
+
 int main(void) {
     test_greedy_text();
+    test_round_trip();
     char d[600];
     snprintf(d, sizeof d, "%s/m", tu_tmpdir("hfcli"));
     char p[1024];
