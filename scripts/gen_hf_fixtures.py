@@ -11,7 +11,7 @@ and ref.safetensors with
     logits  F32 (1, T, V)  transformers fp32 forward (eager attention) of the weights as stored on disk
     greedy  I32 (32,)      greedy continuation: argmax of a full transformers forward at every step
     gap     F32 (32,)      top1 - top2 logit margin at each greedy step (ties would make the test moot)
-    logits_bf16 F32        (llama only) forward of model.to(torch.bfloat16)
+    logits_bf16 F32        forward of model.to(torch.bfloat16) (transformers bf16 compute)
 Baichuan2 is not in transformers: its fixture is a Llama whose q/k/v are stored fused as W_pack and
 whose lm_head is stored raw; the reference is the Llama with lm_head = F.normalize(raw) (NormHead).
 """
@@ -75,6 +75,7 @@ def reload_fp32(cls, d):
 
 
 def make(name, cls, cfg, seed, dtype=torch.float32, shard=None, extra=None):
+    extra = extra or bf16_logits
     d = os.path.join(ROOT, name)
     shutil.rmtree(d, ignore_errors=True)
     torch.manual_seed(seed)
@@ -135,7 +136,7 @@ def baichuan(seed):
         json.dump(conf, f, indent=2)
     with torch.no_grad():  # NormHead
         m.lm_head.weight.copy_(F.normalize(m.lm_head.weight, dim=-1))
-    reference(m, d)
+    reference(m, d, bf16_logits)
 
 
 CORPUS = [

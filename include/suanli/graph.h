@@ -83,6 +83,8 @@ typedef enum sl_op {
                             query t sits at position iparams[0]+t and attends cache rows 0..iparams[0]+t;
                             iparams[1] > 0: sliding window -> (B,Tq,NH*hs) */
     SL_OP_KV_STORE,      /* in-place: cache src0 (B,S,NKV,hs) rows [iparams[0], +Tq) = src1 (B,Tq,NKV,hs) */
+    SL_OP_LINEAR_BF16,   /* bf16(src0 f32 (.., K)) @ op(src1 bf16), fp32 accumulate -> f32 (.., N); iparams[0]=transB
+                            (1: src1 is (N, K), a Linear weight), iparams[1]=1: round the output to bf16 */
     SL_OP_COUNT
 } sl_op;
 
@@ -182,6 +184,10 @@ sl_tensor *sl_topk_gate(sl_ctx *ctx, sl_tensor *logits, int k);
  * pos0 lives in iparams[0] and may be changed between executions of the same graph (decode steps). */
 sl_tensor *sl_attention_kv(sl_ctx *ctx, sl_tensor *q, sl_tensor *kc, sl_tensor *vc, int pos0, int window);
 sl_tensor *sl_kv_store(sl_ctx *ctx, sl_tensor *cache, sl_tensor *x, int pos0);
+/* bf16 compute: y = bf16(x) @ w^T with w (N, K) bf16, fp32 accumulation; round_out: y rounded to bf16 values. */
+sl_tensor *sl_linear_bf16(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, int round_out);
+/* Round f32 values to the nearest bf16 (kept in f32): cast to bf16 and back. */
+sl_tensor *sl_round_bf16(sl_ctx *ctx, sl_tensor *x);
 
 /* Internal-but-public: generic node creation used by builders and backward rules. */
 sl_tensor *sl_new_op(sl_ctx *ctx, sl_op op, sl_dtype t, int ndim, const int64_t *ne);

@@ -29,6 +29,7 @@ typedef struct sl_hf_info {
     int n_eos;
     char disk_dtype[8];         /* dtype of the first weight on disk: "F32", "BF16", "F16" */
     int n_files;                /* safetensors files read */
+    int n_mapped;               /* bf16 mode: weights used in place from the memory-mapped files */
 } sl_hf_info;
 
 /* Parse DIR/config.json into cfg (no allocation of weights). info may be NULL. */
@@ -36,6 +37,9 @@ sl_status sl_hf_load_config(const char *dir, sl_llama_config *cfg, sl_hf_info *i
 /* Config + weights: model.safetensors or model.safetensors.index.json with its shards. Every tensor's
  * shape is checked; F32/BF16/F16 are converted to the model's f32 buffer. *out owned (sl_model_free). */
 sl_status sl_hf_load(const char *dir, sl_model **out, sl_hf_info *info);
+/* wdtype SL_BF16: inference model with bf16 projection weights (memory-mapped when stored as aligned BF16)
+ * and bf16 compute; SL_F32: sl_hf_load. */
+sl_status sl_hf_load_ex(const char *dir, sl_dtype wdtype, sl_model **out, sl_hf_info *info);
 /* Fill an existing model's parameters from DIR's safetensors (names and shapes must match). */
 sl_status sl_hf_load_weights(sl_model *m, const char *dir, sl_hf_info *info);
 /* Write DIR/config.json and DIR/model.safetensors in transformers' layout; dtype SL_F32 or SL_BF16. */

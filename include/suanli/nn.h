@@ -73,6 +73,14 @@ typedef struct sl_model {
     float *grads_mem;        /* flat gradients (owned), same layout */
     sl_arch arch;            /* SL_ARCH_GPT2 for models made by sl_gpt2_new */
     sl_llama_config lcfg;    /* valid when arch != SL_ARCH_GPT2 */
+    /* bf16 inference (sl_llama_new_ex with SL_BF16): the 2-D projection weights are SL_BF16 leaves (their
+     * offsets index wmem, or they are bound straight into a memory-mapped checkpoint); embedding, norms
+     * and biases stay f32 in params_mem. No gradients: grads_mem is NULL. */
+    sl_dtype wdtype;         /* SL_F32 (default) or SL_BF16 */
+    int64_t wnumel;          /* bf16 elements */
+    uint16_t *wmem;          /* owned bf16 storage for weights that are not memory-mapped (may be NULL) */
+    void *wsrc;              /* owned mapping that bf16 leaves point into (e.g. safetensors shards) */
+    void (*wsrc_free)(void *);
 } sl_model;
 
 /* Validates the config (one-line error naming the field) and allocates the flat buffers. */
@@ -92,6 +100,10 @@ double sl_gpt2_flops_per_token(const sl_gpt2_config *cfg, int T);
 /* Validates (one-line error naming the field) and allocates; parameter names are transformers' names
  * (model.layers.N.self_attn.q_proj.weight, ...), so HF checkpoints load and save by name. */
 sl_status sl_llama_new(const sl_llama_config *cfg, sl_model **out);
+/* wdtype SL_BF16: inference model with bf16 projection weights and bf16 compute (activations rounded
+ * to bf16 where transformers' bf16 models round them; bf16 GEMM with fp32 accumulation). Leaves of
+ * bf16 weights are left unbound (the loader binds them: memory-mapped or in wmem). */
+sl_status sl_llama_new_ex(const sl_llama_config *cfg, sl_dtype wdtype, sl_model **out);
 /* Any architecture: ids (B, T) -> logits (B, T, V) [+ mean cross-entropy loss when targets]. */
 sl_tensor *sl_model_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_tensor **logits_out);
 

@@ -308,10 +308,35 @@ static const sl_st_tensor *shards_find(shard_set *s, const char *name, const cha
     return sl_safetensors_find(s->st[i], name);
 }
 
+static uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+static void shards_free_heap(void *p) {
+    shards_close(p);
+    free(p);
+}
+
+/* Note [Memory-mapped bf16 weights]
+ * In bf16 mode a BF16 tensor on disk whose data is 2-byte aligned is not copied: its leaf points into
+ * the read-only mapping of the safetensors shard, which the model then owns (wsrc). A 7B model in bf16
+ * thus needs its 13.5 GB of mapped weights (paged in on demand, shared with the page cache) plus the f32
+ * embedding and norms and the activations: well inside 24 GiB. F32/F16 tensors are converted into wmem. */
 sl_status sl_hf_load_weights(sl_model *m, const char *dir, sl_hf_info *info) {
     shard_set s;
     SL_TRY(shards_open(dir, &s));
     sl_status st = SL_OK;
+    int mapped = 0;
+    if (m->wdtype == SL_BF16 && m->wnumel > 0) {
+        m->wmem = sl_malloc_aligned(sizeof(uint16_t) * (size_t)m->wnumel);
+        if (!m->wmem) {
+            shards_close(&s);
+            return sl_fail(SL_ERR_NOMEM, "cannot allocate %lld bf16 weights", (long long)m->wnumel);
+        }
+    }
     for (int i = 0; i < m->n_params && st == SL_OK; i++) {
         const sl_param_info *p = &m->params[i];
         const char *file = NULL;
@@ -329,22 +354,58 @@ sl_status sl_hf_load_weights(sl_model *m, const char *dir, sl_hf_info *info) {
             st = sl_fail(SL_ERR_FORMAT, "%s/%s: tensor '%s' has shape [%s], config.json implies [%s]", dir, file, p->t->name, got, want);
             break;
         }
-        st = convert(x, m->params_mem + p->offset, p->numel, file);
+        if (p->t->dtype == SL_BF16) {
+            if (!strcmp(x->dtype, "BF16") && !((uintptr_t)x->data & 1)) {
+                sl_tensor_bind(p->t, (void *)x->data); /* zero copy: the mapping outlives the model's use */
+                mapped++;
+            } else {
+                float *tmp = malloc(sizeof(float) * (size_t)p->numel);
+                st = tmp ? convert(x, tmp, p->numel, file) : sl_fail(SL_ERR_NOMEM, "out of memory");
+                for (int64_t k = 0; st == SL_OK && k < p->numel; k++) m->wmem[p->offset + k] = f32_to_bf16(tmp[k]);
+                free(tmp);
+                sl_tensor_bind(p->t, m->wmem + p->offset);
+            }
+        } else {
+            st = convert(x, m->params_mem + p->offset, p->numel, file);
+            if (m->wdtype == SL_BF16) /* a bf16 model's embedding, norms and biases hold bf16 values too */
+                for (int64_t k = 0; k < p->numel; k++) {
+                    uint32_t u = (uint32_t)f32_to_bf16(m->params_mem[p->offset + k]) << 16;
+                    memcpy(m->params_mem + p->offset + k, &u, 4);
+                }
+        }
         if (st == SL_OK && info && i == 0) snprintf(info->disk_dtype, sizeof info->disk_dtype, "%s", x->dtype);
     }
-    if (info) info->n_files = s.n;
+    if (info) {
+        info->n_files = s.n;
+        info->n_mapped = mapped;
+    }
+    if (st == SL_OK && mapped) { /* the model keeps the mappings its leaves point into */
+        shard_set *keep = malloc(sizeof *keep);
+        if (!keep) st = sl_fail(SL_ERR_NOMEM, "out of memory");
+        else {
+            *keep = s;
+            m->wsrc = keep;
+            m->wsrc_free = shards_free_heap;
+            return SL_OK;
+        }
+    }
+    if (mapped && st != SL_OK) /* leaves point into mappings about to close */
+        for (int i = 0; i < m->n_params; i++)
+            if (m->params[i].t->dtype == SL_BF16) sl_tensor_bind(m->params[i].t, NULL);
     shards_close(&s);
     return st;
 }
 
-sl_status sl_hf_load(const char *dir, sl_model **out, sl_hf_info *info) {
+sl_status sl_hf_load(const char *dir, sl_model **out, sl_hf_info *info) { return sl_hf_load_ex(dir, SL_F32, out, info); }
+
+sl_status sl_hf_load_ex(const char *dir, sl_dtype wdtype, sl_model **out, sl_hf_info *info) {
     *out = NULL;
     sl_llama_config cfg;
     sl_hf_info local;
     if (!info) info = &local;
     SL_TRY(sl_hf_load_config(dir, &cfg, info));
     sl_model *m;
-    sl_status st = sl_llama_new(&cfg, &m);
+    sl_status st = sl_llama_new_ex(&cfg, wdtype, &m);
     if (st != SL_OK) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", sl_errmsg()); /* sl_fail formats into the same buffer */
@@ -369,6 +430,7 @@ static const char *arch_class(sl_arch a) {
 
 sl_status sl_hf_save(const sl_model *m, const char *dir, sl_dtype dtype, const sl_hf_info *info) {
     if (m->arch == SL_ARCH_GPT2) return sl_fail(SL_ERR_UNSUPPORTED, "convert: GPT-2 models are saved with sl_model_save");
+    if (m->wdtype != SL_F32) return sl_fail(SL_ERR_UNSUPPORTED, "convert: load the model with f32 weights to save it");
     if (dtype != SL_F32 && dtype != SL_BF16) return sl_fail(SL_ERR_INVALID, "convert: dtype must be f32 or bf16");
     const sl_llama_config *c = &m->lcfg;
     sl_status st = SL_OK;

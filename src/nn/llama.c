@@ -55,7 +55,9 @@ static void add_param(builder *b, int decay, int init, int ndim, const int64_t *
 static void add_param(builder *b, int decay, int init, int ndim, const int64_t *ne, const char *fmt, ...) {
     sl_model *m = b->m;
     SL_ASSERT(m->n_params < b->cap);
-    sl_tensor *t = sl_new_tensor(m->ctx, SL_F32, ndim, ne);
+    /* bf16 mode: projection matrices are bf16; the embedding (gathered by id) stays f32 */
+    int bf = m->wdtype == SL_BF16 && ndim == 2 && m->n_params > 0;
+    sl_tensor *t = sl_new_tensor(m->ctx, bf ? SL_BF16 : SL_F32, ndim, ne);
     sl_set_param(t);
     va_list ap;
     va_start(ap, fmt);
@@ -63,18 +65,23 @@ static void add_param(builder *b, int decay, int init, int ndim, const int64_t *
     va_end(ap);
     sl_param_info *p = &m->params[m->n_params++];
     p->t = t;
-    p->offset = m->numel;
+    p->offset = bf ? m->wnumel : m->numel; /* index into wmem for bf16 leaves, params_mem otherwise */
     p->numel = sl_nelements(t);
     p->decay = decay;
     p->init = init;
-    m->numel += p->numel;
+    if (bf) m->wnumel += p->numel;
+    else m->numel += p->numel;
 }
 
-sl_status sl_llama_new(const sl_llama_config *cfg, sl_model **out) {
+sl_status sl_llama_new(const sl_llama_config *cfg, sl_model **out) { return sl_llama_new_ex(cfg, SL_F32, out); }
+
+sl_status sl_llama_new_ex(const sl_llama_config *cfg, sl_dtype wdtype, sl_model **out) {
     *out = NULL;
     SL_TRY(check_cfg(cfg));
+    if (wdtype != SL_F32 && wdtype != SL_BF16) return sl_fail(SL_ERR_INVALID, "model: weight dtype must be f32 or bf16");
     sl_model *m = calloc(1, sizeof *m);
     if (!m) return sl_fail(SL_ERR_NOMEM, "model: out of memory");
+    m->wdtype = wdtype;
     const sl_llama_config *c = cfg;
     m->arch = c->arch;
     m->lcfg = *c;
@@ -120,17 +127,24 @@ sl_status sl_llama_new(const sl_llama_config *cfg, sl_model **out) {
     }
     add_param(&b, 0, SL_INIT_ONE, 1, (int64_t[]){C}, "model.norm.weight");
     if (!c->tie_embeddings) add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){V, C}, "lm_head.weight");
+    int train = wdtype == SL_F32;
     m->params_mem = sl_malloc_aligned(sizeof(float) * (size_t)m->numel);
-    m->grads_mem = sl_malloc_aligned(sizeof(float) * (size_t)m->numel);
-    if (!m->params_mem || !m->grads_mem) {
+    m->grads_mem = train ? sl_malloc_aligned(sizeof(float) * (size_t)m->numel) : NULL;
+    if (!m->params_mem || (train && !m->grads_mem)) {
         int64_t n = m->numel;
         sl_model_free(m);
         return sl_fail(SL_ERR_NOMEM, "model: cannot allocate %lld parameters", (long long)n);
     }
     memset(m->params_mem, 0, sizeof(float) * (size_t)m->numel);
-    memset(m->grads_mem, 0, sizeof(float) * (size_t)m->numel);
+    if (train) memset(m->grads_mem, 0, sizeof(float) * (size_t)m->numel);
     for (int i = 0; i < m->n_params; i++) {
         sl_param_info *p = &m->params[i];
+        if (!train) {
+            sl_set_input(p->t); /* inference: constants, not trainable (bf16 leaves are bound by the loader) */
+            p->t->flags &= ~(uint32_t)SL_FLAG_PARAM;
+            if (p->t->dtype == SL_F32) sl_tensor_bind(p->t, m->params_mem + p->offset);
+            continue;
+        }
         sl_tensor_bind(p->t, m->params_mem + p->offset);
         p->t->grad = sl_new_tensor(m->ctx, SL_F32, p->t->ndim, p->t->ne);
         p->t->grad->flags |= SL_FLAG_GRAD;
@@ -155,6 +169,26 @@ static sl_tensor *W(sl_model *m, const char *fmt, ...) {
     return p->t;
 }
 
+/* Note [bf16 compute]
+ * With bf16 weights (sl_llama_new_ex(.., SL_BF16)) the graph follows a transformers bf16 model: matmuls
+ * take bf16 activations and weights with fp32 accumulation (SL_OP_LINEAR_BF16), and the tensors that
+ * transformers keeps in bf16 (linear outputs, norm outputs, RoPE outputs, attention output, SiLU and
+ * gating products, the residual stream) are rounded to bf16 values. Norm statistics, RoPE angles,
+ * softmax and the MoE routing softmax stay fp32, as in transformers. In f32 mode rnd() is the identity. */
+static sl_tensor *rnd(sl_model *m, sl_tensor *x) { return m->wdtype == SL_BF16 ? sl_round_bf16(m->ctx, x) : x; }
+
+/* transformers' RMSNorm: weight * (x * rstd).to(dtype): in bf16 two roundings */
+static sl_tensor *norm(sl_model *m, sl_tensor *x, sl_tensor *w, float eps) {
+    if (m->wdtype != SL_BF16) return sl_rmsnorm(m->ctx, x, w, eps);
+    return rnd(m, sl_mul(m->ctx, rnd(m, sl_rmsnorm(m->ctx, x, NULL, eps)), w));
+}
+
+static sl_tensor *lin(sl_model *m, sl_tensor *x, sl_tensor *w, sl_tensor *b) {
+    if (w->dtype != SL_BF16) return sl_linear(m->ctx, x, w, b);
+    sl_tensor *y = sl_linear_bf16(m->ctx, x, w, b == NULL);
+    return b ? rnd(m, sl_bias(m->ctx, y, b)) : y;
+}
+
 /* (B, T, n*hd) -> (B, T, n, hd) view */
 static sl_tensor *heads(sl_ctx *ctx, sl_tensor *x, int64_t n, int64_t hd) {
     int64_t B = x->ne[0], T = x->ne[1];
@@ -162,10 +196,11 @@ static sl_tensor *heads(sl_ctx *ctx, sl_tensor *x, int64_t n, int64_t hd) {
     return sl_view(ctx, x, 4, (int64_t[]){B, T, n, hd}, nb, 0);
 }
 
-static sl_tensor *swiglu_mlp(sl_ctx *ctx, sl_tensor *h, sl_tensor *wg, sl_tensor *wu, sl_tensor *wd) {
-    sl_tensor *g = sl_silu(ctx, sl_linear(ctx, h, wg, NULL)); /* (.., I) */
-    sl_tensor *u = sl_linear(ctx, h, wu, NULL);
-    return sl_linear(ctx, sl_mul(ctx, g, u), wd, NULL);        /* (.., C) */
+static sl_tensor *swiglu_mlp(sl_model *m, sl_tensor *h, sl_tensor *wg, sl_tensor *wu, sl_tensor *wd) {
+    sl_ctx *ctx = m->ctx;
+    sl_tensor *g = rnd(m, sl_silu(ctx, lin(m, h, wg, NULL))); /* (.., I) */
+    sl_tensor *u = lin(m, h, wu, NULL);
+    return lin(m, rnd(m, sl_mul(ctx, g, u)), wd, NULL);        /* (.., C) */
 }
 
 /* Note [Mixture of experts in a static graph]
@@ -179,14 +214,15 @@ static sl_tensor *moe(sl_model *m, sl_tensor *h, int l) {
     const sl_llama_config *c = &m->lcfg;
     int64_t B = h->ne[0], T = h->ne[1], C = h->ne[2], E = c->n_experts;
     sl_tensor *h2 = sl_reshape_2d(ctx, h, B * T, C);
-    sl_tensor *gate = sl_topk_gate(ctx, sl_linear(ctx, h2, W(m, "model.layers.%d.block_sparse_moe.gate.weight", l), NULL),
+    sl_tensor *gate = sl_topk_gate(ctx, lin(m, h2, W(m, "model.layers.%d.block_sparse_moe.gate.weight", l), NULL),
                                    c->n_experts_per_tok); /* (N, E) */
+    gate = rnd(m, gate);
     sl_tensor *y = NULL;
     for (int e = 0; e < E; e++) {
         const char *pre = "model.layers.%d.block_sparse_moe.experts.%d.w%d.weight";
-        sl_tensor *ye = swiglu_mlp(ctx, h2, W(m, pre, l, e, 1), W(m, pre, l, e, 3), W(m, pre, l, e, 2)); /* (N, C) */
-        ye = sl_mul(ctx, ye, sl_slice(ctx, gate, 1, e, 1));
-        y = y ? sl_add(ctx, y, ye) : ye;
+        sl_tensor *ye = swiglu_mlp(m, h2, W(m, pre, l, e, 1), W(m, pre, l, e, 3), W(m, pre, l, e, 2)); /* (N, C) */
+        ye = rnd(m, sl_mul(ctx, ye, sl_slice(ctx, gate, 1, e, 1)));
+        y = y ? rnd(m, sl_add(ctx, y, ye)) : ye;
     }
     return sl_reshape(ctx, y, 3, (int64_t[]){B, T, C});
 }
@@ -195,13 +231,16 @@ static sl_tensor *lm_head(sl_model *m, sl_tensor *x) {
     sl_ctx *ctx = m->ctx;
     const sl_llama_config *c = &m->lcfg;
     sl_tensor *w = c->tie_embeddings ? W(m, "model.embed_tokens.weight") : W(m, "lm_head.weight");
+    int bf = m->wdtype == SL_BF16;
     if (c->arch == SL_ARCH_BAICHUAN) {
         /* NormHead: rows of W divided by their L2 norm. rmsnorm(w)/sqrt(C) = w / sqrt(|w|^2 + C*eps);
          * eps = 1e-24 / C keeps the 1e-12 floor of F.normalize out of the way for non-zero rows. */
         int64_t C = w->ne[1];
+        if (w->dtype == SL_BF16) w = sl_cast(ctx, w, SL_F32);
         w = sl_scale(ctx, sl_rmsnorm(ctx, w, NULL, 1e-24f / (float)C), 1.0f / sqrtf((float)C));
     }
-    return sl_matmul(ctx, x, w, 0, 1); /* (B, T, V) */
+    if (bf && w->dtype != SL_BF16) w = sl_cast(ctx, w, SL_BF16); /* tied / normalised head in bf16 */
+    return bf ? sl_linear_bf16(ctx, x, w, 1) : sl_matmul(ctx, x, w, 0, 1); /* (B, T, V) */
 }
 
 /* The shared body. kv == NULL: training / full-sequence attention; else attention over the cache. */
@@ -213,10 +252,10 @@ static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
     const char *pre = "model.layers";
     sl_tensor *x = sl_embedding(ctx, W(m, "model.embed_tokens.weight"), ids); /* (B, T, C) */
     for (int l = 0; l < c->n_layer; l++) {
-        sl_tensor *h = sl_rmsnorm(ctx, x, W(m, "%s.%d.input_layernorm.weight", pre, l), c->rms_eps);
+        sl_tensor *h = norm(m, x, W(m, "%s.%d.input_layernorm.weight", pre, l), c->rms_eps);
         sl_tensor *q, *k, *v;
         if (c->arch == SL_ARCH_BAICHUAN) {
-            sl_tensor *qkv = sl_linear(ctx, h, W(m, "%s.%d.self_attn.W_pack.weight", pre, l), NULL); /* (B, T, 3QD) */
+            sl_tensor *qkv = lin(m, h, W(m, "%s.%d.self_attn.W_pack.weight", pre, l), NULL); /* (B, T, 3QD) */
             q = heads(ctx, sl_slice(ctx, qkv, 2, 0, QD), NH, hd);
             k = heads(ctx, sl_slice(ctx, qkv, 2, QD, KD), NKV, hd);
             v = heads(ctx, sl_slice(ctx, qkv, 2, QD + KD, KD), NKV, hd);
@@ -227,30 +266,32 @@ static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
                 bk = W(m, "%s.%d.self_attn.k_proj.bias", pre, l);
                 bv = W(m, "%s.%d.self_attn.v_proj.bias", pre, l);
             }
-            q = heads(ctx, sl_linear(ctx, h, W(m, "%s.%d.self_attn.q_proj.weight", pre, l), bq), NH, hd);  /* (B,T,NH,hd) */
-            k = heads(ctx, sl_linear(ctx, h, W(m, "%s.%d.self_attn.k_proj.weight", pre, l), bk), NKV, hd); /* (B,T,NKV,hd) */
-            v = heads(ctx, sl_linear(ctx, h, W(m, "%s.%d.self_attn.v_proj.weight", pre, l), bv), NKV, hd);
+            q = heads(ctx, lin(m, h, W(m, "%s.%d.self_attn.q_proj.weight", pre, l), bq), NH, hd);  /* (B,T,NH,hd) */
+            k = heads(ctx, lin(m, h, W(m, "%s.%d.self_attn.k_proj.weight", pre, l), bk), NKV, hd); /* (B,T,NKV,hd) */
+            v = heads(ctx, lin(m, h, W(m, "%s.%d.self_attn.v_proj.weight", pre, l), bv), NKV, hd);
         }
         q = sl_rope(ctx, q, pos0, c->rope_theta);
         k = sl_rope(ctx, k, pos0, c->rope_theta);
+        q->iparams[2] = k->iparams[2] = m->wdtype == SL_BF16; /* see Note [bf16 compute] */
         sl_tensor *a;
         if (kv) {
             sl_tensor *ks = sl_kv_store(ctx, kv->k[l], k, pos0), *vs = sl_kv_store(ctx, kv->v[l], v, pos0);
             a = sl_attention_kv(ctx, q, ks, vs, pos0, c->sliding_window); /* (B, T, QD) */
+            a->iparams[2] = m->wdtype == SL_BF16;
         } else {
             a = sl_attention(ctx, q, k, v); /* (B, T, QD) */
         }
-        x = sl_add(ctx, x, sl_linear(ctx, a, W(m, "%s.%d.self_attn.o_proj.weight", pre, l), NULL));
-        h = sl_rmsnorm(ctx, x, W(m, "%s.%d.post_attention_layernorm.weight", pre, l), c->rms_eps);
+        x = rnd(m, sl_add(ctx, x, lin(m, rnd(m, a), W(m, "%s.%d.self_attn.o_proj.weight", pre, l), NULL)));
+        h = norm(m, x, W(m, "%s.%d.post_attention_layernorm.weight", pre, l), c->rms_eps);
         sl_tensor *f;
         if (c->arch == SL_ARCH_MIXTRAL)
             f = moe(m, h, l);
         else
-            f = swiglu_mlp(ctx, h, W(m, "%s.%d.mlp.gate_proj.weight", pre, l), W(m, "%s.%d.mlp.up_proj.weight", pre, l),
+            f = swiglu_mlp(m, h, W(m, "%s.%d.mlp.gate_proj.weight", pre, l), W(m, "%s.%d.mlp.up_proj.weight", pre, l),
                            W(m, "%s.%d.mlp.down_proj.weight", pre, l));
-        x = sl_add(ctx, x, f);
+        x = rnd(m, sl_add(ctx, x, f));
     }
-    x = sl_rmsnorm(ctx, x, W(m, "model.norm.weight"), c->rms_eps);
+    x = norm(m, x, W(m, "model.norm.weight"), c->rms_eps);
     (void)B;
     (void)T;
     return lm_head(m, x);

@@ -182,6 +182,18 @@ void sl_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_g
             emit(st, a, t);
         }
         break;
+    case SL_OP_LINEAR_BF16:
+        /* dx = bf16(dy) @ w (w frozen: bf16 weights are inference constants) */
+        SL_ASSERT(!ng[1] && "bf16 weights take no gradient");
+        if (ng[0] && n->iparams[0]) {
+            sl_tensor *t = sl_new_op(ctx, SL_OP_LINEAR_BF16, SL_F32, a->ndim, a->ne);
+            t->src[0] = g;
+            t->src[1] = b;
+            t->iparams[0] = 0;
+            t->iparams[1] = 0;
+            emit(st, a, t);
+        }
+        break;
     default:
         /* backward-only ops have no gradient rule (no higher-order autodiff) */
         SL_ASSERT(!"op has no backward rule");

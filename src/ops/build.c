@@ -9,7 +9,7 @@ static const char *const k_op_names[] = {
     "softmax_back", "attention", "attention_back", "embedding", "embedding_back", "cross_entropy",
     "cross_entropy_back", "concat",
     "rmsnorm", "rmsnorm_back_x", "rmsnorm_back_w", "rope", "silu", "silu_back", "topk_gate", "topk_gate_back",
-    "attention_kv", "kv_store",
+    "attention_kv", "kv_store", "linear_bf16",
 };
 _Static_assert(sizeof(k_op_names) / sizeof(k_op_names[0]) == SL_OP_COUNT, "op name table out of sync");
 
@@ -348,3 +348,20 @@ sl_tensor *sl_kv_store(sl_ctx *ctx, sl_tensor *cache, sl_tensor *x, int pos0) {
     t->iparams[0] = pos0;
     return t;
 }
+
+sl_tensor *sl_linear_bf16(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, int round_out) {
+    SL_ASSERT(x->dtype == SL_F32 && w->dtype == SL_BF16 && w->ndim == 2 && sl_is_contiguous(w));
+    SL_ASSERT(x->ndim >= 1 && x->nb[x->ndim - 1] == 1 && x->ne[x->ndim - 1] == w->ne[1]);
+    for (int d = 0; d + 1 < x->ndim - 1; d++) SL_ASSERT(x->ne[d + 1] == 1 || x->nb[d] == x->nb[d + 1] * x->ne[d + 1]);
+    int64_t ne[SL_MAX_DIMS];
+    for (int d = 0; d < x->ndim - 1; d++) ne[d] = x->ne[d];
+    ne[x->ndim - 1] = w->ne[0];
+    sl_tensor *t = sl_new_op(ctx, SL_OP_LINEAR_BF16, SL_F32, x->ndim, ne);
+    t->src[0] = x;
+    t->src[1] = w;
+    t->iparams[0] = 1;
+    t->iparams[1] = round_out;
+    return t;
+}
+
+sl_tensor *sl_round_bf16(sl_ctx *ctx, sl_tensor *x) { return sl_cast(ctx, sl_cast(ctx, x, SL_BF16), SL_F32); }

@@ -3,7 +3,8 @@
  *   - logits of the full-sequence (training) graph vs transformers fp32: max|d| <= 1e-4
  *   - logits of the KV-cache prefill graph: max|d| <= 1e-4
  *   - greedy 32-token continuation through the KV cache identical to transformers' greedy
- *   - (llama) logits with bf16 compute vs transformers bf16: relative max|d| <= 2e-2 */
+ *   - bf16 mode (bf16 weights, memory-mapped when stored bf16; bf16 compute) vs transformers bf16:
+ *     max|d| / max|ref| <= 2e-2, and its greedy KV-cache generation runs */
 #include <string.h>
 
 #include "suanli/device.h"
@@ -99,8 +100,53 @@ static void check_model(const char *name) {
     sl_model_free(m);
 }
 
+static void check_bf16(const char *name) {
+    char dir[1024], path[1100];
+    snprintf(dir, sizeof dir, "%s/tests/fixtures/hf/%s", SL_SOURCE_DIR, name);
+    snprintf(path, sizeof path, "%s/ref.safetensors", dir);
+    sl_model *m = NULL;
+    sl_hf_info info;
+    sl_status st = sl_hf_load_ex(dir, SL_BF16, &m, &info);
+    TU_CHECK(st == SL_OK, "%s: bf16 load: %s", name, sl_errmsg());
+    if (st != SL_OK) return;
+    sl_safetensors *ref;
+    TU_CHECK(sl_safetensors_open(path, &ref) == SL_OK, "%s", sl_errmsg());
+    const sl_st_tensor *rids = need(ref, "ids"), *rb = need(ref, "logits_bf16"), *rf = need(ref, "logits");
+    int T = (int)rids->shape[1];
+    int64_t nl = (int64_t)(rb->nbytes / 4);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)T);
+    float *want = malloc(rb->nbytes), *want32 = malloc(rf->nbytes);
+    memcpy(ids, rids->data, sizeof(int32_t) * (size_t)T);
+    memcpy(want, rb->data, rb->nbytes);
+    memcpy(want32, rf->data, rf->nbytes);
+    sl_kv_cache kv;
+    TU_CHECK(sl_kv_cache_new(m, 1, T, &kv) == SL_OK, "kv: %s", sl_errmsg());
+    sl_tensor *x = sl_new_tensor_2d(m->ctx, SL_I32, 1, T);
+    sl_tensor_bind(x, ids);
+    sl_tensor *logits = sl_model_build_kv(m, x, &kv, 0);
+    sl_graph *g = sl_graph_new(m->ctx);
+    sl_graph_build_forward(g, logits);
+    TU_CHECK(sl_graph_plan(g, sl_backend_cpu(), NULL) == SL_OK, "plan");
+    TU_CHECK(sl_graph_compute(g, NULL, NULL) == SL_OK, "compute: %s", sl_errmsg());
+    double rel = tu_rel_maxdiff(logits->data, want, nl), rel32 = tu_rel_maxdiff(logits->data, want32, nl);
+    double hf_rel = tu_rel_maxdiff(want, want32, nl);
+    printf("%-9s bf16 logits vs transformers bf16: max|d|/max|ref| = %.3g (vs fp32 %.3g; transformers bf16 vs fp32 %.3g; "
+           "%d weights memory-mapped, %s on disk)\n", name, rel, rel32, hf_rel, info.n_mapped, info.disk_dtype);
+    TU_CHECK(rel <= 2e-2, "%s bf16 logits rel %.3g > 2e-2", name, rel);
+    if (!strcmp(info.disk_dtype, "BF16")) TU_CHECK(info.n_mapped > 0 && m->wmem != NULL, "%s: bf16 weights should be mapped", name);
+    sl_graph_free(g);
+    sl_kv_cache_free(&kv);
+    int32_t out[8];
+    sl_sample_opts so = {.temperature = 0, .top_p = 1};
+    TU_CHECK(sl_model_generate(m, ids, T, 8, &so, NULL, 0, NULL, NULL, out, NULL) == SL_OK, "bf16 generate: %s", sl_errmsg());
+    free(ids), free(want), free(want32);
+    sl_safetensors_close(ref);
+    sl_model_free(m);
+}
+
 int main(void) {
     const char *models[] = {"llama", "qwen2", "mistral", "mixtral", "baichuan"};
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) check_model(models[i]);
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) check_bf16(models[i]);
     return tu_finish("test_hf_models");
 }

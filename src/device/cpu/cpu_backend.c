@@ -42,6 +42,7 @@ static const kernel_fn k_kernels[SL_OP_COUNT] = {
     [SL_OP_TOPK_GATE_BACK] = sl_k_topk_gate_back,
     [SL_OP_ATTENTION_KV] = sl_k_attention_kv,
     [SL_OP_KV_STORE] = sl_k_kv_store,
+    [SL_OP_LINEAR_BF16] = sl_k_linear_bf16,
 };
 
 static sl_status cpu_alloc(sl_backend *be, size_t bytes, sl_buffer **out) {
@@ -90,6 +91,8 @@ static int cpu_supports(sl_backend *be, const sl_tensor *n) {
         return 1; /* byte movement: any dtype */
     case SL_OP_CAST:
         return n->dtype != SL_I32 && n->src[0]->dtype != SL_I32;
+    case SL_OP_LINEAR_BF16:
+        return 1;
     default:
         for (int i = 0; i < SL_MAX_SRC; i++) {
             const sl_tensor *s = n->src[i];

@@ -4,9 +4,11 @@
 #include <math.h>
 #include <string.h>
 
+#include "device/cpu/kernels/gemm.h"
 #include "device/cpu/kernels/kernels.h"
 #include "device/cpu/kernels/llama_ops.h"
 
+static float round_bf16(float f);
 static int64_t rows_of(const sl_tensor *t) { return t->ne[t->ndim - 1] ? sl_nelements(t) / t->ne[t->ndim - 1] : 0; }
 static int64_t row_stride(const sl_tensor *t) { return t->ndim >= 2 ? t->nb[t->ndim - 2] : t->ne[0]; }
 
@@ -99,6 +101,7 @@ sl_status sl_k_rope(sl_tensor *n) {
     int64_t B = x->ne[0], T = x->ne[1], NH = x->ne[2], hs = x->ne[3], half = hs / 2;
     int pos0 = n->iparams[0];
     float sgn = n->iparams[1] ? -1.0f : 1.0f, theta = n->fparams[0];
+    int bf = n->iparams[2]; /* bf16 numerics: cos/sin and every product and sum rounded to bf16 */
     const float *px = x->data;
     float *py = n->data;
 #pragma omp parallel
@@ -113,10 +116,19 @@ sl_status sl_k_rope(sl_tensor *n) {
                 float ang = pos * inv[i];
                 cs[i] = (float)cos((double)ang);
                 sn[i] = sgn * (float)sin((double)ang);
+                if (bf) cs[i] = round_bf16(cs[i]), sn[i] = round_bf16(sn[i]);
             }
             for (int64_t h = 0; h < NH; h++) {
                 const float *xr = px + b * x->nb[0] + t * x->nb[1] + h * x->nb[2];
                 float *yr = py + ((b * T + t) * NH + h) * hs;
+                if (bf) {
+                    for (int64_t i = 0; i < half; i++) {
+                        float x1 = xr[i], x2 = xr[i + half];
+                        yr[i] = round_bf16(round_bf16(x1 * cs[i]) + round_bf16(-x2 * sn[i]));
+                        yr[i + half] = round_bf16(round_bf16(x2 * cs[i]) + round_bf16(x1 * sn[i]));
+                    }
+                    continue;
+                }
 #pragma omp simd
                 for (int64_t i = 0; i < half; i++) {
                     float x1 = xr[i], x2 = xr[i + half];
@@ -244,6 +256,7 @@ sl_status sl_k_attention_kv(sl_tensor *n) {
     sl_tensor *q = n->src[0], *kc = n->src[1], *vc = n->src[2];
     int64_t B = q->ne[0], Tq = q->ne[1], NH = q->ne[2], hs = q->ne[3], S = kc->ne[1], NKV = kc->ne[2];
     int64_t grp = NH / NKV, pos0 = n->iparams[0], win = n->iparams[1];
+    int bf = n->iparams[2]; /* bf16 numerics of an eager bf16 model: scores and probabilities rounded */
     if (pos0 < 0 || pos0 + Tq > S) return sl_fail(SL_ERR_INVALID, "kv cache: position %lld + %lld exceeds capacity %lld",
                                                   (long long)pos0, (long long)Tq, (long long)S);
     float scale = 1.0f / sqrtf((float)hs);
@@ -263,7 +276,7 @@ sl_status sl_k_attention_kv(sl_tensor *n) {
                 float s = 0;
 #pragma omp simd reduction(+ : s)
                 for (int64_t d = 0; d < hs; d++) s += qr[d] * kr[d];
-                s *= scale;
+                s = bf ? round_bf16(round_bf16(s) * scale) : s * scale;
                 p[j] = s;
                 if (s > mx) mx = s;
             }
@@ -273,6 +286,8 @@ sl_status sl_k_attention_kv(sl_tensor *n) {
                 sum += p[j];
             }
             float inv = 1.0f / sum;
+            if (bf)
+                for (int64_t j = first; j <= last; j++) p[j] = round_bf16(p[j] * inv) / inv;
             float *o = out + (b * Tq + t) * NH * hs + h * hs;
             for (int64_t d = 0; d < hs; d++) o[d] = 0;
             for (int64_t j = first; j <= last; j++) {
@@ -283,6 +298,44 @@ sl_status sl_k_attention_kv(sl_tensor *n) {
             }
         }
         free(p);
+    }
+    return SL_OK;
+}
+
+/* ---------------- bf16 linear ---------------- */
+
+static uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);                /* round to nearest even */
+}
+
+static float round_bf16(float f) {
+    uint32_t u = (uint32_t)to_bf16(f) << 16;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* x rows are converted to bf16 once (the activation rounding of a bf16 model), then the packed bf16 GEMM
+ * (vdpbf16ps or its exact emulation) accumulates in fp32. */
+sl_status sl_k_linear_bf16(sl_tensor *n) {
+    sl_tensor *x = n->src[0], *w = n->src[1];
+    int transB = n->iparams[0];
+    int64_t K = x->ne[x->ndim - 1], M = K ? sl_nelements(x) / K : 0, xs = row_stride(x);
+    int64_t N = n->ne[n->ndim - 1];
+    uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)(M * K + 1));
+    if (!xb) return sl_fail(SL_ERR_NOMEM, "linear_bf16: cannot allocate %lld bf16 activations", (long long)(M * K));
+    const float *px = x->data;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < M; r++)
+        for (int64_t k = 0; k < K; k++) xb[r * K + k] = to_bf16(px[r * xs + k]);
+    float *y = n->data;
+    sl_gemm_bf16(0, transB, M, N, K, 1.0f, xb, K, w->data, transB ? K : N, 0.0f, y, N);
+    free(xb);
+    if (n->iparams[1]) {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < M * N; i++) y[i] = round_bf16(y[i]);
     }
     return SL_OK;
 }
