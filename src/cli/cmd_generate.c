@@ -61,8 +61,8 @@ static int stream_cb(void *user, int32_t t) {
     return 0;
 }
 
-static int run_hf(const char *dir, const char *prompt, const char *prompt_ids, const char *stop, int ignore_eos,
-                  int print_ids, int max_new, const sl_sample_opts *so) {
+static int run_hf(const char *dir, sl_dtype wdtype, const char *prompt, const char *prompt_ids, const char *stop,
+                  int ignore_eos, int print_ids, int max_new, const sl_sample_opts *so) {
     sl_model *m = NULL;
     sl_hf_tokenizer *tok = NULL;
     sl_hf_info info;
@@ -70,7 +70,7 @@ static int run_hf(const char *dir, const char *prompt, const char *prompt_ids, c
     int n = 0, n_stop = 0, rc = 2;
     char path[4096];
     double t0 = sl_time_sec();
-    if (sl_hf_load(dir, &m, &info) != SL_OK) {
+    if (sl_hf_load_ex(dir, wdtype, &m, &info) != SL_OK) {
         fprintf(stderr, "suanli generate: %s\n", sl_errmsg());
         return 2;
     }
@@ -108,8 +108,9 @@ static int run_hf(const char *dir, const char *prompt, const char *prompt_ids, c
     }
     out = calloc((size_t)max_new + 1, sizeof(int32_t));
     if (!out) goto done;
-    fprintf(stderr, "[%s: %s, %.2fM params, weights %s on disk in %d file(s), loaded in %.2f s; prompt %d tokens]\n", dir,
-            sl_arch_name(m->arch), (double)m->numel / 1e6, info.disk_dtype, info.n_files, load_s, n);
+    fprintf(stderr, "[%s: %s, %.2fM params, weights %s on disk in %d file(s)%s, %s compute, loaded in %.2f s; prompt %d tokens]\n",
+            dir, sl_arch_name(m->arch), (double)(m->numel + m->wnumel) / 1e6, info.disk_dtype, info.n_files,
+            info.n_mapped ? " (memory-mapped)" : "", wdtype == SL_BF16 ? "bf16" : "f32", load_s, n);
     if (prompt && !print_ids) fputs(prompt, stdout);
     stream s = {print_ids ? NULL : tok};
     sl_gen_stats gs;
@@ -142,7 +143,7 @@ done:
 }
 
 int sl_cmd_generate(int argc, char **argv) {
-    const char *load = NULL, *model = NULL, *prompt = NULL, *prompt_ids = NULL, *stop = NULL;
+    const char *load = NULL, *model = NULL, *prompt = NULL, *prompt_ids = NULL, *stop = NULL, *dtype = "f32";
     int64_t n = 200, top_k = 0, seed = 1234, threads = 0;
     double temp = 0.8, top_p = 1.0;
     int ignore_eos = 0, print_ids = 0;
@@ -158,6 +159,7 @@ int sl_cmd_generate(int argc, char **argv) {
         {"stop", SL_FLAG_STR, &stop, 0, 0, "--model: comma-separated stop token ids or tokens (default: the model's eos)", 0},
         {"ignore-eos", SL_FLAG_BOOL, &ignore_eos, 0, 1, "--model: do not stop at eos", 0},
         {"print-ids", SL_FLAG_BOOL, &print_ids, 0, 1, "--model: print prompt and generated ids as JSON instead of text", 0},
+        {"dtype", SL_FLAG_STR, &dtype, 0, 0, "--model: f32 (exact) | bf16 (bf16 weights, memory-mapped when stored bf16; bf16 compute)", 0},
         {"seed", SL_FLAG_INT, &seed, 0, 9.007199254740992e15, "sampling seed (1234)", 0},
         {"threads", SL_FLAG_INT, &threads, 0, 1024, "compute threads", 0},
     };
@@ -182,8 +184,13 @@ int sl_cmd_generate(int argc, char **argv) {
             fprintf(stderr, "suanli generate: give --prompt or --prompt-ids, not both\n");
             return 2;
         }
+        sl_dtype wd = !strcmp(dtype, "f32") ? SL_F32 : !strcmp(dtype, "bf16") ? SL_BF16 : SL_DTYPE_COUNT;
+        if (wd == SL_DTYPE_COUNT) {
+            fprintf(stderr, "suanli generate: --dtype must be f32 or bf16, got '%s'\n", dtype);
+            return 2;
+        }
         sl_sample_opts so = {(float)temp, (int)top_k, (float)top_p, (uint64_t)seed};
-        return run_hf(model, prompt, prompt_ids, stop, ignore_eos, print_ids, (int)n, &so);
+        return run_hf(model, wd, prompt, prompt_ids, stop, ignore_eos, print_ids, (int)n, &so);
     }
     if (!prompt) prompt = "\n";
     sl_model *m = NULL;

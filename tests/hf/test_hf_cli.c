@@ -106,6 +106,13 @@ static void test_greedy_text(void) {
              "--temperature 0.7 --top-k 20 --top-p 0.9 --seed 7", tu_cli(), SL_SOURCE_DIR);
     rc = tu_run(cmd, out, sizeof out);
     TU_CHECK(rc == 0, "sampling: exit %d: %s", rc, out);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s/tests/fixtures/hf/qwen2 --prompt-ids 1,2,3 --max-new-tokens 8 --dtype bf16",
+             tu_cli(), SL_SOURCE_DIR);
+    rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 0 && strstr(out, "memory-mapped") && strstr(out, "bf16 compute"), "bf16: exit %d: %s", rc, out);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s/tests/fixtures/hf/qwen2 --prompt-ids 1 --dtype f16", tu_cli(), SL_SOURCE_DIR);
+    rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 2 && one_line() && strstr(out, "--dtype"), "bad dtype: %s", out);
     cJSON_Delete(r);
 }
 
