@@ -4,6 +4,8 @@ eager attention): same layout as scripts/gen_gpt2_parity.py —
   param.<name> / grad.<name> / final.<name>, tokens, logits, loss, train_tokens, step_losses,
   step_grad_norms, step_lrs — for one forward/backward and STEPS AdamW steps with gradient accumulation,
 clipping and warmup+cosine. Names are transformers' (model.layers.0.self_attn.q_proj.weight, ...).
+Also AC_STEPS steps of the same model from the same weights under torch.autocast("cpu", bfloat16)
+(ac_tokens, ac_losses) and, for scale, the same run in fp32 (fp32_losses).
   pip install torch transformers safetensors
   python3 scripts/gen_llama_parity.py [--out tests/fixtures/hf/llama_train.safetensors]
 """
@@ -21,10 +23,13 @@ LR, MIN_LR, WARMUP, WD, CLIP = 1e-3, 1e-4, 3, 0.1, 1.0
 BETA1, BETA2, EPS, RMS_EPS, THETA = 0.9, 0.95, 1e-8, 1e-5, 10000.0
 
 
-def lr_at(it):
-    if it < WARMUP:
-        return LR * (it + 1) / WARMUP
-    ratio = (it - WARMUP) / (STEPS - WARMUP)
+AC_STEPS, AC_WARMUP = 100, 10
+
+
+def lr_at(it, steps=STEPS, warmup=WARMUP):
+    if it < warmup:
+        return LR * (it + 1) / warmup
+    ratio = (it - warmup) / (steps - warmup)
     return MIN_LR + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (LR - MIN_LR)
 
 
@@ -87,6 +92,36 @@ def main():
         norms.append(norm.item())
         lrs.append(lr)
     out["train_tokens"] = train_tokens.to(torch.int32)
+    # autocast-bf16 run (and its fp32 twin) from the initial weights
+    ac_tokens = torch.randint(0, V, (AC_STEPS, B, T + 1), generator=g)
+    acn = torch.rand((AC_STEPS, B, T + 1), generator=g) < 0.1
+    for t in range(1, T + 1):
+        nxt = (ac_tokens[..., t - 1] * 5 + 1) % V
+        ac_tokens[..., t] = torch.where(acn[..., t], ac_tokens[..., t], nxt)
+    out["ac_tokens"] = ac_tokens.to(torch.int32)
+    for mode in ["bf16", "fp32"]:
+        m2 = LlamaForCausalLM(cfg)
+        with torch.no_grad():
+            for n, p in m2.named_parameters():
+                p.copy_(out["param." + n])
+        dec = [p for n, p in m2.named_parameters() if p.dim() >= 2]
+        nodec = [p for n, p in m2.named_parameters() if p.dim() < 2]
+        o2 = torch.optim.AdamW([{"params": dec, "weight_decay": WD}, {"params": nodec, "weight_decay": 0.0}],
+                               lr=LR, betas=(BETA1, BETA2), eps=EPS, foreach=False, fused=False)
+        ls = []
+        for it in range(AC_STEPS):
+            for grp in o2.param_groups:
+                grp["lr"] = lr_at(it, AC_STEPS, AC_WARMUP)
+            o2.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=(mode == "bf16")):
+                logits = m2(ac_tokens[it, :, :-1]).logits
+            l = F.cross_entropy(logits.float().reshape(-1, V), ac_tokens[it, :, 1:].reshape(-1))
+            l.backward()
+            torch.nn.utils.clip_grad_norm_(m2.parameters(), CLIP)
+            o2.step()
+            ls.append(l.item())
+        out["ac_losses" if mode == "bf16" else "fp32_losses"] = torch.tensor(ls, dtype=torch.float32)
+        print(mode, "losses", [round(x, 4) for x in ls[::10]])
     out["step_losses"] = torch.tensor(losses, dtype=torch.float32)
     out["step_grad_norms"] = torch.tensor(norms, dtype=torch.float32)
     out["step_lrs"] = torch.tensor(lrs, dtype=torch.float32)
@@ -95,7 +130,8 @@ def main():
     meta = {k: str(v) for k, v in dict(n_layer=L, n_head=NH, n_kv_head=NKV, hidden=C, intermediate=I, vocab_size=V,
                                          seq_len=T, batch=B, steps=STEPS, accum=ACCUM, lr=LR, min_lr=MIN_LR,
                                          warmup=WARMUP, weight_decay=WD, clip=CLIP, beta1=BETA1, beta2=BETA2, eps=EPS,
-                                         rms_eps=RMS_EPS, rope_theta=THETA, torch=torch.__version__).items()}
+                                         rms_eps=RMS_EPS, rope_theta=THETA, ac_steps=AC_STEPS, ac_warmup=AC_WARMUP,
+                                         torch=torch.__version__).items()}
     save_file({k: v.contiguous() for k, v in out.items()}, args.out, metadata=meta)
     print(f"wrote {args.out}: loss {loss.item():.6f}, step losses {[round(x, 5) for x in losses]}")
 

@@ -81,6 +81,8 @@ typedef struct sl_model {
     uint16_t *wmem;          /* owned bf16 storage for weights that are not memory-mapped (may be NULL) */
     void *wsrc;              /* owned mapping that bf16 leaves point into (e.g. safetensors shards) */
     void (*wsrc_free)(void *);
+    /* Training with PyTorch autocast-bf16 numerics (f32 master weights): see Note [bf16 compute] in llama.c */
+    int autocast_bf16;
 } sl_model;
 
 /* Validates the config (one-line error naming the field) and allocates the flat buffers. */

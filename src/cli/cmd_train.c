@@ -15,6 +15,7 @@ typedef struct {
     int64_t warmup, decay_iters, seed, eval_interval, eval_iters, log_interval, threads, vocab_size, sample_tokens;
     double lr, min_lr, wd, clip, beta1, beta2, eps, exit_mins, temperature;
     int64_t top_k;
+    int bf16;
     const char *data_path, *save, *load, *config, *sample_prompt, *init_from;
 } train_args;
 
@@ -115,6 +116,7 @@ int sl_cmd_train(int argc, char **argv) {
         {"exit-duration-in-mins", SL_FLAG_FLOAT, &a.exit_mins, 0, 1e9, "stop (eval, save) after this many minutes, 0 = off", 0},
         {"save", SL_FLAG_STR, &a.save, 0, 0, "output dir: model.safetensors, config.json, tokenizer.json, metrics.jsonl", 0},
         {"load", SL_FLAG_STR, &a.load, 0, 0, "start from the weights in this dir (architecture from its config.json)", 0},
+        {"bf16", SL_FLAG_BOOL, &a.bf16, 0, 1, "with --init-from: PyTorch autocast-bf16 numerics (f32 master weights)", 0},
         {"init-from", SL_FLAG_STR, &a.init_from, 0, 0, "start from a Hugging Face model dir (Llama/Qwen2/Mistral/Mixtral/Baichuan2); --save writes HF layout", 0},
         {"threads", SL_FLAG_INT, &a.threads, 0, 1024, "compute threads (default: OpenMP's)", 0},
         {"sample-tokens", SL_FLAG_INT, &a.sample_tokens, 0, 1e6, "print a sample of N tokens at the end (0)", 0},
@@ -182,7 +184,11 @@ int sl_cmd_train(int argc, char **argv) {
     }
     sl_gpt2_config cfg = {(int)a.num_layers, (int)a.num_heads, (int)a.hidden_size,
                           a.vocab_size ? (int)a.vocab_size : data_vocab, (int)(a.max_pos ? a.max_pos : a.seq_length)};
-    if (a.init_from) cfg = m->cfg;
+    if (a.bf16 && !a.init_from) BAD("--bf16 needs --init-from (the GPT-2 path trains in f32)");
+    if (a.init_from) {
+        cfg = m->cfg;
+        m->autocast_bf16 = a.bf16;
+    }
     if (a.load) {
         sl_gpt2_config lc;
         if (sl_model_load_config(a.load, &lc) != SL_OK) BAD("--load: %s", sl_errmsg());

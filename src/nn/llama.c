@@ -175,15 +175,25 @@ static sl_tensor *W(sl_model *m, const char *fmt, ...) {
  * transformers keeps in bf16 (linear outputs, norm outputs, RoPE outputs, attention output, SiLU and
  * gating products, the residual stream) are rounded to bf16 values. Norm statistics, RoPE angles,
  * softmax and the MoE routing softmax stay fp32, as in transformers. In f32 mode rnd() is the identity. */
-static sl_tensor *rnd(sl_model *m, sl_tensor *x) { return m->wdtype == SL_BF16 ? sl_round_bf16(m->ctx, x) : x; }
+static sl_tensor *rnd(sl_model *m, sl_tensor *x) {
+    return (m->wdtype == SL_BF16 || m->autocast_bf16) ? sl_round_bf16(m->ctx, x) : x;
+}
+/* rounding only where a bf16 model (not autocast) keeps bf16 tensors: norm outputs, the residual stream */
+static sl_tensor *rnd_model(sl_model *m, sl_tensor *x) { return m->wdtype == SL_BF16 ? sl_round_bf16(m->ctx, x) : x; }
 
-/* transformers' RMSNorm: weight * (x * rstd).to(dtype): in bf16 two roundings */
+/* transformers' RMSNorm: weight * (x * rstd).to(dtype): in bf16 two roundings; under autocast the
+ * fp32 weight promotes the product back to fp32 (one rounding) */
 static sl_tensor *norm(sl_model *m, sl_tensor *x, sl_tensor *w, float eps) {
-    if (m->wdtype != SL_BF16) return sl_rmsnorm(m->ctx, x, w, eps);
-    return rnd(m, sl_mul(m->ctx, rnd(m, sl_rmsnorm(m->ctx, x, NULL, eps)), w));
+    if (m->wdtype != SL_BF16 && !m->autocast_bf16) return sl_rmsnorm(m->ctx, x, w, eps);
+    return rnd_model(m, sl_mul(m->ctx, rnd(m, sl_rmsnorm(m->ctx, x, NULL, eps)), w));
 }
 
 static sl_tensor *lin(sl_model *m, sl_tensor *x, sl_tensor *w, sl_tensor *b) {
+    if (m->autocast_bf16) { /* autocast: bf16 inputs, weight and bias; fp32 accumulation; bf16 output. The casts'
+                               backward rounds the gradients to bf16 as autocast's bf16 tensors do. */
+        sl_tensor *y = sl_linear(m->ctx, rnd(m, x), rnd(m, w), b ? rnd(m, b) : NULL);
+        return rnd(m, y);
+    }
     if (w->dtype != SL_BF16) return sl_linear(m->ctx, x, w, b);
     sl_tensor *y = sl_linear_bf16(m->ctx, x, w, b == NULL);
     return b ? rnd(m, sl_bias(m->ctx, y, b)) : y;
@@ -239,6 +249,7 @@ static sl_tensor *lm_head(sl_model *m, sl_tensor *x) {
         if (w->dtype == SL_BF16) w = sl_cast(ctx, w, SL_F32);
         w = sl_scale(ctx, sl_rmsnorm(ctx, w, NULL, 1e-24f / (float)C), 1.0f / sqrtf((float)C));
     }
+    if (m->autocast_bf16) return lin(m, x, w, NULL);
     if (bf && w->dtype != SL_BF16) w = sl_cast(ctx, w, SL_BF16); /* tied / normalised head in bf16 */
     return bf ? sl_linear_bf16(ctx, x, w, 1) : sl_matmul(ctx, x, w, 0, 1); /* (B, T, V) */
 }
@@ -272,7 +283,7 @@ static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
         }
         q = sl_rope(ctx, q, pos0, c->rope_theta);
         k = sl_rope(ctx, k, pos0, c->rope_theta);
-        q->iparams[2] = k->iparams[2] = m->wdtype == SL_BF16; /* see Note [bf16 compute] */
+        q->iparams[2] = k->iparams[2] = m->wdtype == SL_BF16 || m->autocast_bf16; /* see Note [bf16 compute] */
         sl_tensor *a;
         if (kv) {
             sl_tensor *ks = sl_kv_store(ctx, kv->k[l], k, pos0), *vs = sl_kv_store(ctx, kv->v[l], v, pos0);
@@ -281,7 +292,7 @@ static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
         } else {
             a = sl_attention(ctx, q, k, v); /* (B, T, QD) */
         }
-        x = rnd(m, sl_add(ctx, x, lin(m, rnd(m, a), W(m, "%s.%d.self_attn.o_proj.weight", pre, l), NULL)));
+        x = rnd_model(m, sl_add(ctx, x, lin(m, rnd(m, a), W(m, "%s.%d.self_attn.o_proj.weight", pre, l), NULL)));
         h = norm(m, x, W(m, "%s.%d.post_attention_layernorm.weight", pre, l), c->rms_eps);
         sl_tensor *f;
         if (c->arch == SL_ARCH_MIXTRAL)
@@ -289,7 +300,7 @@ static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
         else
             f = swiglu_mlp(m, h, W(m, "%s.%d.mlp.gate_proj.weight", pre, l), W(m, "%s.%d.mlp.up_proj.weight", pre, l),
                            W(m, "%s.%d.mlp.down_proj.weight", pre, l));
-        x = rnd(m, sl_add(ctx, x, f));
+        x = rnd_model(m, sl_add(ctx, x, f));
     }
     x = norm(m, x, W(m, "model.norm.weight"), c->rms_eps);
     (void)B;

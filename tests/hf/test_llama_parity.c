@@ -1,7 +1,10 @@
 /* transformers parity for Llama training (fixture: scripts/gen_llama_parity.py, LlamaForCausalLM fp32).
  * Bars (issue 7): loss rel err <= 1e-5; each gradient max|d|/max|ref| <= 1e-4; the 10 AdamW step losses
  * (with grad accumulation, clipping and the LR schedule) within 1e-5 relative. Also checked: logits,
- * grad norms, LRs, and final weights (max|d|/max|ref| <= 1e-4). */
+ * grad norms, LRs, and final weights (max|d|/max|ref| <= 1e-3, see below).
+ * bf16 (issue 7): 100 steps with PyTorch autocast-bf16 numerics (m->autocast_bf16) vs torch.autocast on
+ * the same model and data: every step's loss within 1% (the bar). For scale the test also prints how far
+ * PyTorch's own fp32 run is from its autocast run. */
 #include <string.h>
 
 #include "suanli/hf.h"
@@ -135,6 +138,32 @@ int main(void) {
     }
     printf("final weights worst max|d|/max|ref| %.2e\n", worst);
     sl_trainer_free(&tr);
+
+    /* 3. autocast-bf16 training, 100 steps */
+    load_params(m, "param.");
+    m->autocast_bf16 = 1;
+    int ac_steps = meta_i("ac_steps");
+    sl_trainer_config tc3 = {.B = B, .T = T, .accum = 1, .lr = meta_f("lr"), .min_lr = meta_f("min_lr"),
+                             .clip = meta_f("clip"), .warmup = meta_i("ac_warmup"), .decay_iters = ac_steps,
+                             .hp = {meta_f("beta1"), meta_f("beta2"), meta_f("eps"), meta_f("weight_decay")}};
+    TU_CHECK(sl_trainer_init(&tr, m, &tc3) == SL_OK, "trainer: %s", sl_errmsg());
+    feed f3 = {need("ac_tokens")->data, B, T, 1};
+    const float *ral = need("ac_losses")->data, *rfl = need("fp32_losses")->data;
+    double worst_ac = 0, sum_ac = 0, worst_torch = 0;
+    for (int s = 0; s < ac_steps; s++) {
+        sl_step_stats ss;
+        TU_CHECK(sl_trainer_step(&tr, s, feed_fn, &f3, &ss) == SL_OK, "step: %s", sl_errmsg());
+        double r = fabs(ss.loss - ral[s]) / fabs(ral[s]), rt = fabs(rfl[s] - ral[s]) / fabs(ral[s]);
+        if (r > worst_ac) worst_ac = r;
+        if (rt > worst_torch) worst_torch = rt;
+        sum_ac += r;
+        TU_CHECK(r <= 1e-2, "autocast step %d loss %.5f ref %.5f rel %.3g", s, ss.loss, ral[s], r);
+        if (s % 20 == 0 || s == ac_steps - 1) printf("bf16 step %3d loss %.5f torch autocast %.5f rel %.2e\n", s, ss.loss, ral[s], r);
+    }
+    printf("bf16 autocast %d steps: loss rel err max %.2e mean %.2e (torch fp32 vs torch autocast: max %.2e)\n", ac_steps,
+           worst_ac, sum_ac / ac_steps, worst_torch);
+    sl_trainer_free(&tr);
+    m->autocast_bf16 = 0;
     free(ids);
     free(tg);
     sl_model_free(m);
