@@ -330,11 +330,18 @@ sl_status sl_hf_load_weights(sl_model *m, const char *dir, sl_hf_info *info) {
     SL_TRY(shards_open(dir, &s));
     sl_status st = SL_OK;
     int mapped = 0;
-    if (m->wdtype == SL_BF16 && m->wnumel > 0) {
-        m->wmem = sl_malloc_aligned(sizeof(uint16_t) * (size_t)m->wnumel);
+    int64_t need = 0, woff = 0; /* bf16 elements that cannot be used in place (converted into wmem) */
+    for (int i = 0; m->wdtype == SL_BF16 && i < m->n_params; i++) {
+        const char *file;
+        const sl_st_tensor *x = shards_find(&s, m->params[i].t->name, &file);
+        if (m->params[i].t->dtype == SL_BF16 && !(x && !strcmp(x->dtype, "BF16") && !((uintptr_t)x->data & 1)))
+            need += m->params[i].numel;
+    }
+    if (need > 0) {
+        m->wmem = sl_malloc_aligned(sizeof(uint16_t) * (size_t)need);
         if (!m->wmem) {
             shards_close(&s);
-            return sl_fail(SL_ERR_NOMEM, "cannot allocate %lld bf16 weights", (long long)m->wnumel);
+            return sl_fail(SL_ERR_NOMEM, "cannot allocate %lld bf16 weights", (long long)need);
         }
     }
     for (int i = 0; i < m->n_params && st == SL_OK; i++) {
@@ -361,9 +368,10 @@ sl_status sl_hf_load_weights(sl_model *m, const char *dir, sl_hf_info *info) {
             } else {
                 float *tmp = malloc(sizeof(float) * (size_t)p->numel);
                 st = tmp ? convert(x, tmp, p->numel, file) : sl_fail(SL_ERR_NOMEM, "out of memory");
-                for (int64_t k = 0; st == SL_OK && k < p->numel; k++) m->wmem[p->offset + k] = f32_to_bf16(tmp[k]);
+                for (int64_t k = 0; st == SL_OK && k < p->numel; k++) m->wmem[woff + k] = f32_to_bf16(tmp[k]);
                 free(tmp);
-                sl_tensor_bind(p->t, m->wmem + p->offset);
+                sl_tensor_bind(p->t, m->wmem + woff);
+                woff += p->numel;
             }
         } else {
             st = convert(x, m->params_mem + p->offset, p->numel, file);

@@ -133,7 +133,7 @@ static void check_bf16(const char *name) {
     printf("%-9s bf16 logits vs transformers bf16: max|d|/max|ref| = %.3g (vs fp32 %.3g; transformers bf16 vs fp32 %.3g; "
            "%d weights memory-mapped, %s on disk)\n", name, rel, rel32, hf_rel, info.n_mapped, info.disk_dtype);
     TU_CHECK(rel <= 2e-2, "%s bf16 logits rel %.3g > 2e-2", name, rel);
-    if (!strcmp(info.disk_dtype, "BF16")) TU_CHECK(info.n_mapped > 0 && m->wmem != NULL, "%s: bf16 weights should be mapped", name);
+    if (!strcmp(info.disk_dtype, "BF16")) TU_CHECK(info.n_mapped > 0 && m->wmem == NULL, "%s: bf16 weights should be mapped, not copied", name);
     sl_graph_free(g);
     sl_kv_cache_free(&kv);
     int32_t out[8];
