@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file, load_file
 import transformers
-from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, MistralConfig,
+from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, MistralConfig,
                           MistralForCausalLM, MixtralConfig, MixtralForCausalLM)
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "hf")
@@ -35,7 +35,7 @@ def randomise(model, seed):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name:
+            if "norm" in name or ".ln_" in name:
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
             else:
                 p.copy_(0.15 * torch.randn(p.shape, generator=g))
@@ -228,6 +228,8 @@ def main():
          MixtralConfig(**common(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2,
                                 sliding_window=None)), 4, dtype=torch.bfloat16)
     baichuan(5)
+    make("gpt2", GPT2LMHeadModel, GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=64, vocab_size=V,
+                                             bos_token_id=1, eos_token_id=2), 6)
     model_tokenizer("llama", "Hello world, 你好")
     tokenizer_fixtures()
 

@@ -10,8 +10,8 @@
  *   ... sl_model_generate(m, ids, n, ...) ...
  *   sl_hf_tokenizer_free(tok); sl_model_free(m);
  *
- * Supported: LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, MixtralForCausalLM and
- * BaichuanForCausalLM (Baichuan2-7B layout). Errors are one line naming the file and the field or tensor.
+ * Supported: LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, MixtralForCausalLM,
+ * BaichuanForCausalLM (Baichuan2-7B layout) and GPT2LMHeadModel (loaded into src/nn/gpt2.c's model). Errors are one line naming the file and the field or tensor.
  */
 #ifndef SUANLI_HF_H
 #define SUANLI_HF_H

@@ -14,7 +14,7 @@ typedef struct {
 static const arch_map k_archs[] = {
     {"LlamaForCausalLM", "llama", SL_ARCH_LLAMA},       {"Qwen2ForCausalLM", "qwen2", SL_ARCH_QWEN2},
     {"MistralForCausalLM", "mistral", SL_ARCH_MISTRAL}, {"MixtralForCausalLM", "mixtral", SL_ARCH_MIXTRAL},
-    {"BaichuanForCausalLM", "baichuan", SL_ARCH_BAICHUAN},
+    {"BaichuanForCausalLM", "baichuan", SL_ARCH_BAICHUAN}, {"GPT2LMHeadModel", "gpt2", SL_ARCH_GPT2},
 };
 #define N_ARCHS ((int)(sizeof k_archs / sizeof k_archs[0]))
 
@@ -107,8 +107,33 @@ static sl_status parse_config(const cJSON *r, const char *path, sl_llama_config 
         if ((cls && !strcmp(cls, k_archs[i].cls)) || (!cls && !strcmp(type, k_archs[i].type))) found = i;
     if (found < 0)
         return sl_fail(SL_ERR_UNSUPPORTED, "%s: unsupported architecture '%s' (supported: LlamaForCausalLM, Qwen2ForCausalLM, "
-                       "MistralForCausalLM, MixtralForCausalLM, BaichuanForCausalLM)", path, cls ? cls : type);
+                       "MistralForCausalLM, MixtralForCausalLM, BaichuanForCausalLM, GPT2LMHeadModel)", path, cls ? cls : type);
     c->arch = k_archs[found].arch;
+    if (c->arch == SL_ARCH_GPT2) { /* GPT2LMHeadModel -> our GPT-2 (src/nn/gpt2.c); names and Conv1D layout mapped on load */
+        SL_TRY(jint(r, path, "n_embd", 0, 0, &c->hidden));
+        SL_TRY(jint(r, path, "n_layer", 0, 0, &c->n_layer));
+        SL_TRY(jint(r, path, "n_head", 0, 0, &c->n_head));
+        SL_TRY(jint(r, path, "vocab_size", 0, 0, &c->vocab_size));
+        SL_TRY(jint(r, path, "n_positions", 0, 0, &c->max_seq_len));
+        int inner = 0, tie = 1;
+        float eps;
+        SL_TRY(jint(r, path, "n_inner", 1, 4 * c->hidden, &inner));
+        SL_TRY(jfloat(r, path, "layer_norm_epsilon", 1, 1e-5, &eps));
+        SL_TRY(jbool(r, path, "tie_word_embeddings", 1, &tie));
+        const cJSON *act = cJSON_GetObjectItemCaseSensitive(r, "activation_function");
+        if (act && (!cJSON_IsString(act) || (strcmp(act->valuestring, "gelu_new") && strcmp(act->valuestring, "gelu_pytorch_tanh"))))
+            return sl_fail(SL_ERR_UNSUPPORTED, "%s: field 'activation_function' must be \"gelu_new\" (tanh GELU)", path);
+        if (inner != 4 * c->hidden) return sl_fail(SL_ERR_UNSUPPORTED, "%s: field 'n_inner' must be 4 * n_embd", path);
+        if (eps != 1e-5f) return sl_fail(SL_ERR_UNSUPPORTED, "%s: field 'layer_norm_epsilon' must be 1e-5", path);
+        if (!tie) return sl_fail(SL_ERR_UNSUPPORTED, "%s: field 'tie_word_embeddings': GPT-2 ties its head", path);
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "scale_attn_by_inverse_layer_idx")))
+            return sl_fail(SL_ERR_UNSUPPORTED, "%s: field 'scale_attn_by_inverse_layer_idx' is not supported", path);
+        if (info) {
+            SL_TRY(jint(r, path, "bos_token_id", 1, -1, &info->bos_id));
+            SL_TRY(add_eos(r, path, info));
+        }
+        return SL_OK;
+    }
     SL_TRY(jint(r, path, "hidden_size", 0, 0, &c->hidden));
     SL_TRY(jint(r, path, "intermediate_size", 0, 0, &c->intermediate));
     SL_TRY(jint(r, path, "num_hidden_layers", 0, 0, &c->n_layer));
@@ -406,12 +431,72 @@ sl_status sl_hf_load_weights(sl_model *m, const char *dir, sl_hf_info *info) {
 
 sl_status sl_hf_load(const char *dir, sl_model **out, sl_hf_info *info) { return sl_hf_load_ex(dir, SL_F32, out, info); }
 
+/* GPT2LMHeadModel: transformer.* names, Conv1D weights stored (in, out): transposed into nn.Linear layout */
+static sl_status load_gpt2(const char *dir, const sl_llama_config *c, sl_model **out, sl_hf_info *info) {
+    sl_gpt2_config g = {c->n_layer, c->n_head, c->hidden, c->vocab_size, c->max_seq_len};
+    sl_model *m;
+    sl_status st = sl_gpt2_new(&g, &m);
+    if (st != SL_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", sl_errmsg());
+        return sl_fail(st, "%s/config.json: %s", dir, msg);
+    }
+    shard_set s;
+    if ((st = shards_open(dir, &s)) != SL_OK) {
+        sl_model_free(m);
+        return st;
+    }
+    for (int i = 0; i < m->n_params && st == SL_OK; i++) {
+        const sl_param_info *p = &m->params[i];
+        const char *ours = p->t->name, *file = NULL;
+        char name[160];
+        snprintf(name, sizeof name, "transformer.%s%s", ours, strchr(ours, '.') ? "" : ".weight");
+        const sl_st_tensor *x = shards_find(&s, name, &file);
+        if (!x) x = shards_find(&s, name + strlen("transformer."), &file); /* original checkpoints: no prefix */
+        if (!x) {
+            st = sl_fail(SL_ERR_FORMAT, "%s/%s: missing tensor '%s'", dir, file, name);
+            break;
+        }
+        int conv = p->t->ndim == 2 && strchr(ours, '.'); /* c_attn, c_proj, c_fc weights */
+        int64_t r0 = p->t->ne[0], r1 = p->t->ndim == 2 ? p->t->ne[1] : 0;
+        int ok = x->ndim == p->t->ndim && (p->t->ndim == 1 ? x->shape[0] == r0
+                                                            : (conv ? x->shape[0] == r1 && x->shape[1] == r0 : x->shape[0] == r0 && x->shape[1] == r1));
+        if (!ok) {
+            st = sl_fail(SL_ERR_FORMAT, "%s/%s: tensor '%s' has the wrong shape for config.json", dir, file, name);
+            break;
+        }
+        float *dst = m->params_mem + p->offset;
+        if (!conv) {
+            st = convert(x, dst, p->numel, file);
+        } else {
+            float *tmp = malloc(sizeof(float) * (size_t)p->numel);
+            st = tmp ? convert(x, tmp, p->numel, file) : sl_fail(SL_ERR_NOMEM, "out of memory");
+            for (int64_t a = 0; st == SL_OK && a < r0; a++) /* ours (out, in) <- HF (in, out) */
+                for (int64_t b = 0; b < r1; b++) dst[a * r1 + b] = tmp[b * r0 + a];
+            free(tmp);
+        }
+        if (st == SL_OK && i == 0) snprintf(info->disk_dtype, sizeof info->disk_dtype, "%s", x->dtype);
+    }
+    info->n_files = s.n;
+    shards_close(&s);
+    if (st != SL_OK) {
+        sl_model_free(m);
+        return st;
+    }
+    *out = m;
+    return SL_OK;
+}
+
 sl_status sl_hf_load_ex(const char *dir, sl_dtype wdtype, sl_model **out, sl_hf_info *info) {
     *out = NULL;
     sl_llama_config cfg;
     sl_hf_info local;
     if (!info) info = &local;
     SL_TRY(sl_hf_load_config(dir, &cfg, info));
+    if (cfg.arch == SL_ARCH_GPT2) {
+        if (wdtype != SL_F32) return sl_fail(SL_ERR_UNSUPPORTED, "%s: bf16 mode supports the Llama family, not GPT-2", dir);
+        return load_gpt2(dir, &cfg, out, info);
+    }
     sl_model *m;
     sl_status st = sl_llama_new_ex(&cfg, wdtype, &m);
     if (st != SL_OK) {
