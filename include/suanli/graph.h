@@ -85,6 +85,10 @@ typedef enum sl_op {
     SL_OP_KV_STORE,      /* in-place: cache src0 (B,S,NKV,hs) rows [iparams[0], +Tq) = src1 (B,Tq,NKV,hs) */
     SL_OP_LINEAR_BF16,   /* bf16(src0 f32 (.., K)) @ op(src1 bf16), fp32 accumulate -> f32 (.., N); iparams[0]=transB
                             (1: src1 is (N, K), a Linear weight), iparams[1]=1: round the output to bf16 */
+    SL_OP_MOE_EXPERT,    /* inference: src0 = h (N, C), src1 = gate (N, E), src2..4 = w1 (I, C), w3 (I, C), w2 (C, I)
+                            (f32 or bf16) of expert iparams[0] -> (N, C): gate[n,e] * w2(silu(w1 h) * w3 h) for the
+                            rows routed to e (gate != 0), zero elsewhere; only routed rows are computed;
+                            iparams[1]=1: bf16 numerics */
     SL_OP_COUNT
 } sl_op;
 
@@ -188,6 +192,8 @@ sl_tensor *sl_kv_store(sl_ctx *ctx, sl_tensor *cache, sl_tensor *x, int pos0);
 sl_tensor *sl_linear_bf16(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, int round_out);
 /* Round f32 values to the nearest bf16 (kept in f32): cast to bf16 and back. */
 sl_tensor *sl_round_bf16(sl_ctx *ctx, sl_tensor *x);
+/* Sparse SwiGLU expert (inference, no backward): see SL_OP_MOE_EXPERT. */
+sl_tensor *sl_moe_expert(sl_ctx *ctx, sl_tensor *h, sl_tensor *gate, int e, sl_tensor *w1, sl_tensor *w3, sl_tensor *w2, int bf16);
 
 /* Internal-but-public: generic node creation used by builders and backward rules. */
 sl_tensor *sl_new_op(sl_ctx *ctx, sl_op op, sl_dtype t, int ndim, const int64_t *ne);

@@ -219,7 +219,7 @@ static sl_tensor *swiglu_mlp(sl_model *m, sl_tensor *h, sl_tensor *wg, sl_tensor
  * Mixtral's sparse dispatch exactly (unselected experts are multiplied by 0), at E/k times the FLOPs.
  * Token dispatch (gather/scatter by expert, and the all-to-all of expert parallelism) replaces this
  * when the parallel layer lands; the routing op and its gradient stay. */
-static sl_tensor *moe(sl_model *m, sl_tensor *h, int l) {
+static sl_tensor *moe(sl_model *m, sl_tensor *h, int l, int sparse) {
     sl_ctx *ctx = m->ctx;
     const sl_llama_config *c = &m->lcfg;
     int64_t B = h->ne[0], T = h->ne[1], C = h->ne[2], E = c->n_experts;
@@ -230,8 +230,13 @@ static sl_tensor *moe(sl_model *m, sl_tensor *h, int l) {
     sl_tensor *y = NULL;
     for (int e = 0; e < E; e++) {
         const char *pre = "model.layers.%d.block_sparse_moe.experts.%d.w%d.weight";
-        sl_tensor *ye = swiglu_mlp(m, h2, W(m, pre, l, e, 1), W(m, pre, l, e, 3), W(m, pre, l, e, 2)); /* (N, C) */
-        ye = rnd(m, sl_mul(ctx, ye, sl_slice(ctx, gate, 1, e, 1)));
+        sl_tensor *ye;
+        if (sparse) { /* inference: only the rows routed to e (Note [Sparse experts]) */
+            ye = sl_moe_expert(ctx, h2, gate, e, W(m, pre, l, e, 1), W(m, pre, l, e, 3), W(m, pre, l, e, 2), m->wdtype == SL_BF16);
+        } else {
+            ye = swiglu_mlp(m, h2, W(m, pre, l, e, 1), W(m, pre, l, e, 3), W(m, pre, l, e, 2)); /* (N, C) */
+            ye = rnd(m, sl_mul(ctx, ye, sl_slice(ctx, gate, 1, e, 1)));
+        }
         y = y ? rnd(m, sl_add(ctx, y, ye)) : ye;
     }
     return sl_reshape(ctx, y, 3, (int64_t[]){B, T, C});
@@ -296,7 +301,7 @@ static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
         h = norm(m, x, W(m, "%s.%d.post_attention_layernorm.weight", pre, l), c->rms_eps);
         sl_tensor *f;
         if (c->arch == SL_ARCH_MIXTRAL)
-            f = moe(m, h, l);
+            f = moe(m, h, l, kv != NULL);
         else
             f = swiglu_mlp(m, h, W(m, "%s.%d.mlp.gate_proj.weight", pre, l), W(m, "%s.%d.mlp.up_proj.weight", pre, l),
                            W(m, "%s.%d.mlp.down_proj.weight", pre, l));

@@ -9,7 +9,7 @@ static const char *const k_op_names[] = {
     "softmax_back", "attention", "attention_back", "embedding", "embedding_back", "cross_entropy",
     "cross_entropy_back", "concat",
     "rmsnorm", "rmsnorm_back_x", "rmsnorm_back_w", "rope", "silu", "silu_back", "topk_gate", "topk_gate_back",
-    "attention_kv", "kv_store", "linear_bf16",
+    "attention_kv", "kv_store", "linear_bf16", "moe_expert",
 };
 _Static_assert(sizeof(k_op_names) / sizeof(k_op_names[0]) == SL_OP_COUNT, "op name table out of sync");
 
@@ -365,3 +365,21 @@ sl_tensor *sl_linear_bf16(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, int round_out
 }
 
 sl_tensor *sl_round_bf16(sl_ctx *ctx, sl_tensor *x) { return sl_cast(ctx, sl_cast(ctx, x, SL_BF16), SL_F32); }
+
+sl_tensor *sl_moe_expert(sl_ctx *ctx, sl_tensor *h, sl_tensor *gate, int e, sl_tensor *w1, sl_tensor *w3, sl_tensor *w2, int bf16) {
+    SL_ASSERT(h->ndim == 2 && h->dtype == SL_F32 && sl_is_contiguous(h));
+    SL_ASSERT(gate->ndim == 2 && gate->dtype == SL_F32 && gate->ne[0] == h->ne[0] && gate->nb[1] == 1 && e >= 0 && e < gate->ne[1]);
+    int64_t C = h->ne[1], I = w1->ne[0];
+    SL_ASSERT(w1->ndim == 2 && w3->ndim == 2 && w2->ndim == 2 && w1->ne[1] == C && w3->ne[0] == I && w3->ne[1] == C);
+    SL_ASSERT(w2->ne[0] == C && w2->ne[1] == I && sl_is_contiguous(w1) && sl_is_contiguous(w3) && sl_is_contiguous(w2));
+    SL_ASSERT(w1->dtype == w3->dtype && w1->dtype == w2->dtype && (w1->dtype == SL_F32 || w1->dtype == SL_BF16));
+    sl_tensor *t = sl_new_op(ctx, SL_OP_MOE_EXPERT, SL_F32, 2, h->ne);
+    t->src[0] = h;
+    t->src[1] = gate;
+    t->src[2] = w1;
+    t->src[3] = w3;
+    t->src[4] = w2;
+    t->iparams[0] = e;
+    t->iparams[1] = bf16;
+    return t;
+}

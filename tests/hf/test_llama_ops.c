@@ -259,6 +259,42 @@ static void test_attention_kv(void) {
     }
 }
 
+/* sparse expert: only routed rows computed; equals gate * SwiGLU(h) (double reference), zero elsewhere */
+static void test_moe_expert(void) {
+    int64_t N = 9, C = 5, I = 6, E = 4;
+    tc t = {0};
+    t.ctx = sl_ctx_new(256);
+    sl_tensor *h = param(&t, 2, (int64_t[]){N, C}, 1.0f);
+    sl_tensor *lg = param(&t, 2, (int64_t[]){N, E}, 1.0f);
+    sl_tensor *w1 = param(&t, 2, (int64_t[]){I, C}, 0.5f), *w3 = param(&t, 2, (int64_t[]){I, C}, 0.5f);
+    sl_tensor *w2 = param(&t, 2, (int64_t[]){C, I}, 0.5f);
+    sl_tensor *gate = sl_topk_gate(t.ctx, lg, 2);
+    float *gv = fwd(&t, gate);
+    for (int e = 0; e < E; e++) {
+        float *got = fwd(&t, sl_moe_expert(t.ctx, h, gate, e, w1, w3, w2, 0));
+        float ref[45];
+        for (int64_t r = 0; r < N; r++) {
+            double u[6];
+            for (int64_t i = 0; i < I; i++) {
+                double a = 0, b = 0;
+                for (int64_t c = 0; c < C; c++) a += (double)t.pdata[2][i * C + c] * t.pdata[0][r * C + c], b += (double)t.pdata[3][i * C + c] * t.pdata[0][r * C + c];
+                u[i] = a / (1 + exp(-a)) * b;
+            }
+            for (int64_t c = 0; c < C; c++) {
+                double o = 0;
+                for (int64_t i = 0; i < I; i++) o += (double)t.pdata[4][c * I + i] * u[i];
+                ref[r * C + c] = (float)(gv[r * E + e] * o);
+            }
+        }
+        char what[64];
+        snprintf(what, sizeof what, "moe_expert e=%d", e);
+        tu_allclose(what, got, ref, N * C, 1e-5f, 1e-4f);
+        free(got);
+    }
+    free(gv);
+    tc_free(&t);
+}
+
 /* ---------------- gradients ---------------- */
 
 static sl_tensor *b_rmsnorm(tc *t) {
@@ -307,6 +343,7 @@ int main(void) {
     test_rope_fwd();
     test_silu_topk_fwd();
     test_attention_kv();
+    test_moe_expert();
     grad_check("rmsnorm", b_rmsnorm);
     grad_check("rmsnorm (no weight)", b_rmsnorm_now);
     grad_check("rope (strided heads view)", b_rope);

@@ -43,6 +43,7 @@ static const kernel_fn k_kernels[SL_OP_COUNT] = {
     [SL_OP_ATTENTION_KV] = sl_k_attention_kv,
     [SL_OP_KV_STORE] = sl_k_kv_store,
     [SL_OP_LINEAR_BF16] = sl_k_linear_bf16,
+    [SL_OP_MOE_EXPERT] = sl_k_moe_expert,
 };
 
 static sl_status cpu_alloc(sl_backend *be, size_t bytes, sl_buffer **out) {
@@ -92,6 +93,7 @@ static int cpu_supports(sl_backend *be, const sl_tensor *n) {
     case SL_OP_CAST:
         return n->dtype != SL_I32 && n->src[0]->dtype != SL_I32;
     case SL_OP_LINEAR_BF16:
+    case SL_OP_MOE_EXPERT:
         return 1;
     default:
         for (int i = 0; i < SL_MAX_SRC; i++) {

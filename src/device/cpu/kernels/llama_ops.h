@@ -14,4 +14,5 @@ sl_status sl_k_topk_gate_back(sl_tensor *n);
 sl_status sl_k_attention_kv(sl_tensor *n);
 sl_status sl_k_kv_store(sl_tensor *n);
 sl_status sl_k_linear_bf16(sl_tensor *n);
+sl_status sl_k_moe_expert(sl_tensor *n);
 #endif
