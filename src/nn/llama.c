@@ -215,7 +215,8 @@ static sl_tensor *swiglu_mlp(sl_model *m, sl_tensor *h, sl_tensor *wg, sl_tensor
 
 /* Note [Mixture of experts in a static graph]
  * The gate is a dense (N, E) matrix that is zero outside each token's top-k experts (SL_OP_TOPK_GATE),
- * so the layer is sum_e gate[:, e] * expert_e(h). Every expert runs on every token: the result equals
+ * so the layer is sum_e gate[:, e] * expert_e(h). Inference (KV graphs) computes each expert only on its
+ * routed rows (SL_OP_MOE_EXPERT, Note [Sparse experts]). For training every expert runs on every token: the result equals
  * Mixtral's sparse dispatch exactly (unselected experts are multiplied by 0), at E/k times the FLOPs.
  * Token dispatch (gather/scatter by expert, and the all-to-all of expert parallelism) replaces this
  * when the parallel layer lands; the routing op and its gradient stay. */
