@@ -259,6 +259,39 @@ static void test_attention_kv(void) {
     }
 }
 
+static double bf(double x) { /* round to the nearest bf16 (ties to even) */
+    float f = (float)x;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1)) & 0xffff0000u;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* bf16 linear: y = bf16(x) @ w^T over bf16 weights, fp32 accumulation (double reference on the rounded
+ * operands), with and without output rounding, and the input-gradient direction (transB = 0) */
+static void test_linear_bf16(void) {
+    int64_t M = 7, K = 37, N = 19;
+    tc t = {0};
+    t.ctx = sl_ctx_new(256);
+    sl_tensor *x = param(&t, 2, (int64_t[]){M, K}, 1.0f);
+    sl_tensor *w = param(&t, 2, (int64_t[]){N, K}, 1.0f);
+    sl_tensor *wb = sl_cast(t.ctx, w, SL_BF16);
+    for (int ro = 0; ro < 2; ro++) {
+        float *got = fwd(&t, sl_linear_bf16(t.ctx, x, wb, ro));
+        float ref[7 * 19];
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) {
+                double s = 0;
+                for (int64_t k = 0; k < K; k++) s += bf(t.pdata[0][i * K + k]) * bf(t.pdata[1][j * K + k]);
+                ref[i * N + j] = (float)(ro ? bf(s) : s);
+            }
+        tu_allclose(ro ? "linear_bf16 (rounded output)" : "linear_bf16", got, ref, M * N, ro ? 2e-2f : 1e-5f, ro ? 8e-3f : 1e-4f);
+        free(got);
+    }
+    tc_free(&t);
+}
+
 /* sparse expert: only routed rows computed; equals gate * SwiGLU(h) (double reference), zero elsewhere */
 static void test_moe_expert(void) {
     int64_t N = 9, C = 5, I = 6, E = 4;
@@ -344,6 +377,7 @@ int main(void) {
     test_silu_topk_fwd();
     test_attention_kv();
     test_moe_expert();
+    test_linear_bf16();
     grad_check("rmsnorm", b_rmsnorm);
     grad_check("rmsnorm (no weight)", b_rmsnorm_now);
     grad_check("rope (strided heads view)", b_rope);
