@@ -2,6 +2,7 @@
  * attention used by inference. OpenMP over rows; inner loops unit-stride so the compiler vectorises;
  * every reduction runs in a fixed order, so results do not depend on the thread count. */
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
 #include "device/cpu/kernels/gemm.h"
@@ -104,9 +105,12 @@ sl_status sl_k_rope(sl_tensor *n) {
     int bf = n->iparams[2]; /* bf16 numerics: cos/sin and every product and sum rounded to bf16 */
     const float *px = x->data;
     float *py = n->data;
-#pragma omp parallel
+    int nt = omp_get_max_threads();
+    float *scratch = malloc(sizeof(float) * (size_t)(3 * half + 1) * (size_t)nt); /* per-thread cos|sin|inv_freq */
+    if (!scratch) return sl_fail(SL_ERR_NOMEM, "rope: out of memory");
+#pragma omp parallel num_threads(nt)
     {
-        float *cs = malloc(sizeof(float) * (size_t)(3 * half + 1)), *sn = cs + half, *inv = sn + half;
+        float *cs = scratch + (size_t)omp_get_thread_num() * (size_t)(3 * half + 1), *sn = cs + half, *inv = sn + half;
         for (int64_t i = 0; i < half; i++) inv[i] = 1.0f / powf(theta, (float)(2 * i) / (float)hs);
 #pragma omp for schedule(static)
         for (int64_t bt = 0; bt < B * T; bt++) {
@@ -137,8 +141,8 @@ sl_status sl_k_rope(sl_tensor *n) {
                 }
             }
         }
-        free(cs);
     }
+    free(scratch);
     return SL_OK;
 }
 
@@ -262,9 +266,12 @@ sl_status sl_k_attention_kv(sl_tensor *n) {
     float scale = 1.0f / sqrtf((float)hs);
     const float *pq = q->data, *pk = kc->data, *pv = vc->data;
     float *out = n->data;
-#pragma omp parallel
+    int nt = omp_get_max_threads();
+    float *scratch = malloc(sizeof(float) * (size_t)(S ? S : 1) * (size_t)nt); /* per-thread score rows */
+    if (!scratch) return sl_fail(SL_ERR_NOMEM, "attention_kv: out of memory");
+#pragma omp parallel num_threads(nt)
     {
-        float *p = malloc(sizeof(float) * (size_t)(S ? S : 1));
+        float *p = scratch + (size_t)omp_get_thread_num() * (size_t)(S ? S : 1);
 #pragma omp for schedule(dynamic, 4)
         for (int64_t idx = 0; idx < B * NH * Tq; idx++) {
             int64_t t = idx % Tq, h = (idx / Tq) % NH, b = idx / (Tq * NH), kh = h / grp;
@@ -297,8 +304,8 @@ sl_status sl_k_attention_kv(sl_tensor *n) {
                 for (int64_t d = 0; d < hs; d++) o[d] += pj * vr[d];
             }
         }
-        free(p);
     }
+    free(scratch);
     return SL_OK;
 }
 
