@@ -180,6 +180,8 @@ static sl_status parse_config(const cJSON *r, const char *path, sl_llama_config 
         SL_TRY(jbool(r, path, "use_sliding_window", 0, &use));
         if (use) return sl_fail(SL_ERR_UNSUPPORTED, "%s: field 'use_sliding_window': Qwen2 per-layer sliding windows are not supported", path);
     }
+    if (c->arch == SL_ARCH_BAICHUAN && c->n_layer == 40 && c->hidden == 5120)
+        return sl_fail(SL_ERR_UNSUPPORTED, "%s: Baichuan2-13B (ALiBi attention) is not supported; BaichuanForCausalLM means the 7B (RoPE) layout", path);
     if (c->arch == SL_ARCH_MIXTRAL) {
         SL_TRY(jint(r, path, "num_local_experts", 0, 0, &c->n_experts));
         SL_TRY(jint(r, path, "num_experts_per_tok", 0, 0, &c->n_experts_per_tok));
