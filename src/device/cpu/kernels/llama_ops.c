@@ -10,6 +10,9 @@
 #include "device/cpu/kernels/llama_ops.h"
 
 static float round_bf16(float f);
+/* Thread only when there is enough work: on small decode-step tensors the fork/join costs more than the
+ * loop, and far more on a loaded machine. */
+#define PAR(work) ((int64_t)(work) >= 16384)
 static int64_t rows_of(const sl_tensor *t) { return t->ne[t->ndim - 1] ? sl_nelements(t) / t->ne[t->ndim - 1] : 0; }
 static int64_t row_stride(const sl_tensor *t) { return t->ndim >= 2 ? t->nb[t->ndim - 2] : t->ne[0]; }
 
@@ -21,7 +24,7 @@ sl_status sl_k_rmsnorm(sl_tensor *n) {
     float eps = n->fparams[0];
     const float *px = x->data, *pw = w ? w->data : NULL;
     float *py = n->data, *rstd = (float *)((char *)n->data + sl_nbytes(n));
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(PAR(R * C))
     for (int64_t r = 0; r < R; r++) {
         const float *xr = px + r * xs;
         float *yr = py + r * C;
@@ -48,7 +51,7 @@ sl_status sl_k_rmsnorm_back_x(sl_tensor *n) {
     const float *rstd = (const float *)((const char *)f->data + sl_nbytes(f));
     const float *px = x->data, *pw = w ? w->data : NULL, *pg = g->data;
     float *pdx = n->data;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(PAR(R * C))
     for (int64_t r = 0; r < R; r++) {
         const float *xr = px + r * xs, *gr = pg + r * gs;
         float *dx = pdx + r * C;
@@ -77,7 +80,7 @@ sl_status sl_k_rmsnorm_back_w(sl_tensor *n) {
     const float *px = x->data, *pg = g->data;
     float *dw = n->data;
     /* column blocks; each column sums its rows in order: deterministic for any thread count */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(PAR(R * C))
     for (int64_t c0 = 0; c0 < C; c0 += 64) {
         int64_t c1 = c0 + 64 < C ? c0 + 64 : C;
         float acc[64] = {0};
@@ -108,7 +111,7 @@ sl_status sl_k_rope(sl_tensor *n) {
     int nt = omp_get_max_threads();
     float *scratch = malloc(sizeof(float) * (size_t)(3 * half + 1) * (size_t)nt); /* per-thread cos|sin|inv_freq */
     if (!scratch) return sl_fail(SL_ERR_NOMEM, "rope: out of memory");
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(nt) if(PAR(B * T * NH * hs))
     {
         float *cs = scratch + (size_t)omp_get_thread_num() * (size_t)(3 * half + 1), *sn = cs + half, *inv = sn + half;
         for (int64_t i = 0; i < half; i++) inv[i] = 1.0f / powf(theta, (float)(2 * i) / (float)hs);
@@ -154,7 +157,7 @@ sl_status sl_k_silu(sl_tensor *n) {
     const float *pa = a->data;
     float *py = n->data;
     int64_t outer = io.ne[0] * io.ne[1] * io.ne[2] * io.ne[3], inner = io.ne[4];
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(PAR(outer * inner))
     for (int64_t o = 0; o < outer; o++) {
         int64_t i3 = o % io.ne[3], i2 = (o / io.ne[3]) % io.ne[2], i1 = (o / (io.ne[3] * io.ne[2])) % io.ne[1],
                 i0 = o / (io.ne[3] * io.ne[2] * io.ne[1]);
@@ -176,7 +179,7 @@ sl_status sl_k_silu_back(sl_tensor *n) {
     const float *pa = a->data, *pg = g->data;
     float *py = n->data;
     int64_t outer = io.ne[0] * io.ne[1] * io.ne[2] * io.ne[3], inner = io.ne[4];
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(PAR(outer * inner))
     for (int64_t o = 0; o < outer; o++) {
         int64_t i3 = o % io.ne[3], i2 = (o / io.ne[3]) % io.ne[2], i1 = (o / (io.ne[3] * io.ne[2])) % io.ne[1],
                 i0 = o / (io.ne[3] * io.ne[2] * io.ne[1]);
@@ -200,7 +203,7 @@ sl_status sl_k_topk_gate(sl_tensor *n) {
     int k = n->iparams[0];
     const float *pa = a->data;
     float *py = n->data;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(PAR(N * E))
     for (int64_t r = 0; r < N; r++) {
         const float *x = pa + r * as;
         float *y = py + r * E;
@@ -228,7 +231,7 @@ sl_status sl_k_topk_gate_back(sl_tensor *n) {
     int64_t N = f->ne[0], E = f->ne[1], gs = row_stride(g);
     const float *py = f->data, *pg = g->data;
     float *pd = n->data;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(PAR(N * E))
     for (int64_t r = 0; r < N; r++) {
         const float *y = py + r * E, *gr = pg + r * gs;
         float *d = pd + r * E, dot = 0;
@@ -269,7 +272,7 @@ sl_status sl_k_attention_kv(sl_tensor *n) {
     int nt = omp_get_max_threads();
     float *scratch = malloc(sizeof(float) * (size_t)(S ? S : 1) * (size_t)nt); /* per-thread score rows */
     if (!scratch) return sl_fail(SL_ERR_NOMEM, "attention_kv: out of memory");
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(nt) if(PAR(B * NH * Tq * (pos0 + Tq) * hs))
     {
         float *p = scratch + (size_t)omp_get_thread_num() * (size_t)(S ? S : 1);
 #pragma omp for schedule(dynamic, 4)
@@ -334,14 +337,14 @@ sl_status sl_k_linear_bf16(sl_tensor *n) {
     uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)(M * K + 1));
     if (!xb) return sl_fail(SL_ERR_NOMEM, "linear_bf16: cannot allocate %lld bf16 activations", (long long)(M * K));
     const float *px = x->data;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(PAR(M * K))
     for (int64_t r = 0; r < M; r++)
         for (int64_t k = 0; k < K; k++) xb[r * K + k] = to_bf16(px[r * xs + k]);
     float *y = n->data;
     sl_gemm_bf16(0, transB, M, N, K, 1.0f, xb, K, w->data, transB ? K : N, 0.0f, y, N);
     free(xb);
     if (n->iparams[1]) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(PAR(M * N))
         for (int64_t i = 0; i < M * N; i++) y[i] = round_bf16(y[i]);
     }
     return SL_OK;
