@@ -5,6 +5,7 @@
  *   - greedy 32-token continuation through the KV cache identical to transformers' greedy
  *   - bf16 mode (bf16 weights, memory-mapped when stored bf16; bf16 compute) vs transformers bf16:
  *     max|d| / max|ref| <= 2e-2, and its greedy KV-cache generation runs */
+#include <stdlib.h>
 #include <string.h>
 
 #include "suanli/device.h"
@@ -144,7 +145,46 @@ static void check_bf16(const char *name) {
     sl_model_free(m);
 }
 
+/* config.json truncated at every byte and with byte flips; model.safetensors.index.json likewise: each
+ * load either succeeds or fails with a message, never crashes */
+static void mutations(void) {
+    const char *d = tu_tmpdir("hfmut");
+    char cmd[2048], path[1100], *text;
+    size_t len;
+    snprintf(cmd, sizeof cmd, "cp %s/tests/fixtures/hf/llama/* %s/", SL_SOURCE_DIR, d);
+    TU_CHECK(system(cmd) == 0, "copy");
+    const char *files[] = {"config.json", "model.safetensors.index.json"};
+    int loaded = 0, failed = 0;
+    for (int fi = 0; fi < 2; fi++) {
+        snprintf(path, sizeof path, "%s/%s", d, files[fi]);
+        TU_CHECK(sl_file_read_all(path, &text, &len) == SL_OK, "read");
+        for (size_t k = 0; k < 2 * len; k += fi ? 7 : 3) {
+            size_t cut = k < len ? k : len;
+            char old = 0;
+            if (k >= len) { /* second half: flip one byte */
+                old = text[k - len];
+                text[k - len] = (char)(old ^ 0x21);
+            }
+            FILE *f = fopen(path, "wb");
+            fwrite(text, 1, cut, f);
+            fclose(f);
+            if (k >= len) text[k - len] = old;
+            sl_model *m = NULL;
+            if (sl_hf_load(d, &m, NULL) == SL_OK) loaded++;
+            else failed += sl_errmsg()[0] != 0;
+            sl_model_free(m);
+        }
+        FILE *f = fopen(path, "wb");
+        fwrite(text, 1, len, f);
+        fclose(f);
+        free(text);
+    }
+    printf("config/index mutations: %d loaded, %d refused with a message\n", loaded, failed);
+    TU_CHECK(failed > 0 && loaded > 0, "mutations");
+}
+
 int main(void) {
+    mutations();
     const char *models[] = {"llama", "qwen2", "mistral", "mixtral", "baichuan"};
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) check_model(models[i]);
     check_model("gpt2");

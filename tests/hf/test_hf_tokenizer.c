@@ -72,7 +72,51 @@ static void expect_bad(const char *json, const char *needle) {
     sl_hf_tokenizer_free(t);
 }
 
+/* every truncation (in 331-byte steps) and a byte flip every 97 bytes of a real tokenizer.json: each must
+ * load or fail with a message, never crash (ASan/UBSan builds make this a memory-safety check) */
+static void mutations(void) {
+    char path[1024], *text;
+    size_t len;
+    snprintf(path, sizeof path, "%s/tests/fixtures/hf/tok_qwen2/tokenizer.json", SL_SOURCE_DIR);
+    TU_CHECK(sl_file_read_all(path, &text, &len) == SL_OK, "read");
+    const char *d = tu_tmpdir("hftokmut");
+    char mp[1024];
+    snprintf(mp, sizeof mp, "%s/tokenizer.json", d);
+    int loaded = 0, failed = 0;
+    for (size_t cut = 0; cut < len; cut += 331) {
+        FILE *f = fopen(mp, "wb");
+        fwrite(text, 1, cut, f);
+        fclose(f);
+        sl_hf_tokenizer *t = NULL;
+        if (sl_hf_tokenizer_load(mp, &t) == SL_OK) loaded++;
+        else failed += sl_errmsg()[0] != 0;
+        sl_hf_tokenizer_free(t);
+    }
+    for (size_t at = 0; at < len; at += 97) {
+        char old = text[at];
+        text[at] = (char)(old ^ 0x5a);
+        FILE *f = fopen(mp, "wb");
+        fwrite(text, 1, len, f);
+        fclose(f);
+        text[at] = old;
+        sl_hf_tokenizer *t = NULL;
+        if (sl_hf_tokenizer_load(mp, &t) == SL_OK) {
+            int32_t *ids;
+            int n;
+            if (sl_hf_tokenizer_encode(t, "mutated 你好 😀 text", 1, &ids, &n) == SL_OK) free(ids);
+            loaded++;
+        } else {
+            failed += sl_errmsg()[0] != 0;
+        }
+        sl_hf_tokenizer_free(t);
+    }
+    printf("tokenizer.json mutations: %d loaded, %d refused with a message\n", loaded, failed);
+    TU_CHECK(failed > 0, "mutations must be refused");
+    free(text);
+}
+
 int main(void) {
+    mutations();
     check_style("gpt2");
     check_style("llama3");
     check_style("qwen2");
