@@ -222,6 +222,9 @@ def main():
     print("torch", torch.__version__, "transformers", transformers.__version__)
     os.makedirs(ROOT, exist_ok=True)
     make("llama", LlamaForCausalLM, LlamaConfig(**common()), 1, shard="150KB", extra=bf16_logits)
+    make("llama31", LlamaForCausalLM, LlamaConfig(**common(rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32}, rope_theta=10000.0)), 7, dtype=torch.bfloat16)
     make("qwen2", Qwen2ForCausalLM, Qwen2Config(**common(tie_word_embeddings=True)), 2, dtype=torch.bfloat16)
     make("mistral", MistralForCausalLM, MistralConfig(**common(sliding_window=8)), 3, dtype=torch.float16)
     make("mixtral", MixtralForCausalLM,

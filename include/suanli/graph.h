@@ -73,7 +73,9 @@ typedef enum sl_op {
     SL_OP_RMSNORM_BACK_X,/* src0 = fwd (aux: rstd), src1 = x, src2 = w, src3 = dy */
     SL_OP_RMSNORM_BACK_W,/* src0 = fwd, src1 = x, src2 = dy -> (C) */
     SL_OP_ROPE,          /* src0 = x (B,T,NH,hs) -> contiguous; rotate-half RoPE at positions iparams[0]+t;
-                            iparams[1]=1: inverse rotation (the backward); fparams[0]=theta */
+                            iparams[1]=1: inverse rotation (the backward); fparams[0]=theta; fparams[1..3] =
+                            llama3 scaling (factor, low_freq_factor, high_freq_factor; factor 0 = off) with
+                            iparams[3] = original context; iparams[2]=1: bf16 numerics */
     SL_OP_SILU,          /* x * sigmoid(x) */
     SL_OP_SILU_BACK,     /* src0 = x, src1 = dy */
     SL_OP_TOPK_GATE,     /* src0 = router logits (N, E) -> (N, E): softmax over the top-k logits per row

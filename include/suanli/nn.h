@@ -57,6 +57,9 @@ typedef struct sl_llama_config {
     int max_seq_len;    /* max_position_embeddings */
     float rms_eps;      /* rms_norm_eps */
     float rope_theta;
+    /* rope_scaling of type "llama3" (Llama 3.1+): factor > 0 enables it */
+    float rope_factor, rope_low_freq, rope_high_freq;
+    int rope_orig_ctx;
     int tie_embeddings; /* tie_word_embeddings */
     int qkv_bias;       /* Qwen2 (attention_bias for Llama) */
     int sliding_window; /* 0: off */

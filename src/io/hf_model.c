@@ -160,9 +160,15 @@ static sl_status parse_config(const cJSON *r, const char *path, sl_llama_config 
     if (rs && !cJSON_IsNull(rs)) {
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
         if (!t) t = cJSON_GetObjectItemCaseSensitive(rs, "type");
-        if (!cJSON_IsString(t) || strcmp(t->valuestring, "default") != 0)
-            return sl_fail(SL_ERR_UNSUPPORTED, "%s: field 'rope_scaling': only the default RoPE is supported, got '%s'", path,
-                           cJSON_IsString(t) ? t->valuestring : "?");
+        if (cJSON_IsString(t) && !strcmp(t->valuestring, "llama3")) {
+            SL_TRY(jfloat(rs, path, "factor", 0, 0, &c->rope_factor));
+            SL_TRY(jfloat(rs, path, "low_freq_factor", 0, 0, &c->rope_low_freq));
+            SL_TRY(jfloat(rs, path, "high_freq_factor", 0, 0, &c->rope_high_freq));
+            SL_TRY(jint(rs, path, "original_max_position_embeddings", 0, 0, &c->rope_orig_ctx));
+        } else if (!cJSON_IsString(t) || strcmp(t->valuestring, "default") != 0) {
+            return sl_fail(SL_ERR_UNSUPPORTED, "%s: field 'rope_scaling': only the default and llama3 RoPE are supported, got '%s'",
+                           path, cJSON_IsString(t) ? t->valuestring : "?");
+        }
     }
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(r, "hidden_act");
     if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu") != 0))
@@ -574,6 +580,15 @@ sl_status sl_hf_save(const sl_model *m, const char *dir, sl_dtype dtype, const s
     cJSON_AddNumberToObject(r, "max_position_embeddings", c->max_seq_len);
     cJSON_AddNumberToObject(r, "rms_norm_eps", c->rms_eps);
     cJSON_AddNumberToObject(r, "rope_theta", c->rope_theta);
+    if (c->rope_factor > 0) {
+        cJSON *sc = cJSON_CreateObject();
+        cJSON_AddStringToObject(sc, "rope_type", "llama3");
+        cJSON_AddNumberToObject(sc, "factor", c->rope_factor);
+        cJSON_AddNumberToObject(sc, "low_freq_factor", c->rope_low_freq);
+        cJSON_AddNumberToObject(sc, "high_freq_factor", c->rope_high_freq);
+        cJSON_AddNumberToObject(sc, "original_max_position_embeddings", c->rope_orig_ctx);
+        cJSON_AddItemToObject(r, "rope_scaling", sc);
+    }
     cJSON_AddStringToObject(r, "hidden_act", "silu");
     cJSON_AddBoolToObject(r, "tie_word_embeddings", c->tie_embeddings);
     if (c->arch == SL_ARCH_MISTRAL || c->arch == SL_ARCH_MIXTRAL) {

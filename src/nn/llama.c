@@ -35,6 +35,8 @@ static sl_status check_cfg(const sl_llama_config *c) {
     if (c->head_dim % 2) return sl_fail(SL_ERR_INVALID, "config: head_dim %d must be even (RoPE)", c->head_dim);
     if (!(c->rms_eps > 0 && c->rms_eps < 1)) return sl_fail(SL_ERR_INVALID, "config: rms_norm_eps must be in (0, 1), got %g", (double)c->rms_eps);
     if (!(c->rope_theta > 1)) return sl_fail(SL_ERR_INVALID, "config: rope_theta must be > 1, got %g", (double)c->rope_theta);
+    if (c->rope_factor != 0 && !(c->rope_factor >= 1 && c->rope_low_freq > 0 && c->rope_high_freq > c->rope_low_freq && c->rope_orig_ctx > 0))
+        return sl_fail(SL_ERR_INVALID, "config: rope_scaling (llama3) needs factor >= 1, 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0");
     if (c->arch == SL_ARCH_MIXTRAL) {
         if (c->n_experts < 1 || c->n_experts > 1024) return sl_fail(SL_ERR_INVALID, "config: num_local_experts must be in [1, 1024], got %d", c->n_experts);
         if (c->n_experts_per_tok < 1 || c->n_experts_per_tok > c->n_experts)
@@ -289,6 +291,15 @@ static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
         }
         q = sl_rope(ctx, q, pos0, c->rope_theta);
         k = sl_rope(ctx, k, pos0, c->rope_theta);
+        if (c->rope_factor > 0) {
+            sl_tensor *qk[2] = {q, k};
+            for (int j = 0; j < 2; j++) {
+                qk[j]->fparams[1] = c->rope_factor;
+                qk[j]->fparams[2] = c->rope_low_freq;
+                qk[j]->fparams[3] = c->rope_high_freq;
+                qk[j]->iparams[3] = c->rope_orig_ctx;
+            }
+        }
         q->iparams[2] = k->iparams[2] = m->wdtype == SL_BF16 || m->autocast_bf16; /* see Note [bf16 compute] */
         sl_tensor *a;
         if (kv) {

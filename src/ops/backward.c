@@ -163,6 +163,8 @@ void sl_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_g
         if (ng[0]) {
             sl_tensor *t = sl_rope(ctx, g, n->iparams[0], n->fparams[0]);
             t->iparams[1] = !n->iparams[1];
+            for (int i = 1; i < 4; i++) t->fparams[i] = n->fparams[i]; /* same frequencies */
+            t->iparams[3] = n->iparams[3];
             emit(st, a, t);
         }
         break;

@@ -208,6 +208,9 @@ int main(void) {
     set_cfg(d, "rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4}");
     set_cfg(d, "rope_parameters", NULL);
     bad("rope scaling", "rope_scaling", gen(d, ""));
+    set_cfg(d, "rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8}");
+    set_cfg(d, "rope_parameters", NULL);
+    bad("llama3 rope scaling without its fields", "missing field 'low_freq_factor'", gen(d, ""));
     copy_fixture("qwen2", d);
     set_cfg(d, "hidden_act", "\"gelu\"");
     bad("activation", "hidden_act", gen(d, ""));

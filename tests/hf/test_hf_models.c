@@ -185,7 +185,7 @@ static void mutations(void) {
 
 int main(void) {
     mutations();
-    const char *models[] = {"llama", "qwen2", "mistral", "mixtral", "baichuan"};
+    const char *models[] = {"llama", "llama31", "qwen2", "mistral", "mixtral", "baichuan"};
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) check_model(models[i]);
     check_model("gpt2");
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) check_bf16(models[i]);

@@ -115,6 +115,20 @@ sl_status sl_k_rope(sl_tensor *n) {
     {
         float *cs = scratch + (size_t)omp_get_thread_num() * (size_t)(3 * half + 1), *sn = cs + half, *inv = sn + half;
         for (int64_t i = 0; i < half; i++) inv[i] = 1.0f / powf(theta, (float)(2 * i) / (float)hs);
+        float factor = n->fparams[1];
+        if (factor > 0) { /* transformers' _compute_llama3_parameters, in float32 */
+            float lo = n->fparams[2], hi = n->fparams[3], old = (float)n->iparams[3];
+            float lo_wl = old / lo, hi_wl = old / hi;
+            for (int64_t i = 0; i < half; i++) {
+                float wl = 2.0f * (float)M_PI / inv[i];
+                float f = wl > lo_wl ? inv[i] / factor : inv[i];
+                if (!(wl < hi_wl) && !(wl > lo_wl)) {
+                    float sm = (old / wl - lo) / (hi - lo);
+                    f = (1.0f - sm) * f / factor + sm * f;
+                }
+                inv[i] = f;
+            }
+        }
 #pragma omp for schedule(static)
         for (int64_t bt = 0; bt < B * T; bt++) {
             int64_t b = bt / T, t = bt % T;
