@@ -68,6 +68,29 @@ typedef enum sl_op {
     SL_OP_CROSS_ENTROPY, /* src0 = logits (N.., V), src1 = targets (i32 N..) -> scalar mean loss; aux: lse */
     SL_OP_CROSS_ENTROPY_BACK, /* src0 = fwd, src1 = logits, src2 = targets, src3 = dloss (scalar) */
     SL_OP_CONCAT,        /* concat src0, src1 along iparams[0] */
+    /* Llama family (issue 7) */
+    SL_OP_RMSNORM,       /* src0 = x (.., C), src1 = weight (C); fparams[0]=eps; aux: rstd per row */
+    SL_OP_RMSNORM_BACK_X,/* src0 = fwd (aux: rstd), src1 = x, src2 = w, src3 = dy */
+    SL_OP_RMSNORM_BACK_W,/* src0 = fwd, src1 = x, src2 = dy -> (C) */
+    SL_OP_ROPE,          /* src0 = x (B,T,NH,hs) -> contiguous; rotate-half RoPE at positions iparams[0]+t;
+                            iparams[1]=1: inverse rotation (the backward); fparams[0]=theta; fparams[1..3] =
+                            llama3 scaling (factor, low_freq_factor, high_freq_factor; factor 0 = off) with
+                            iparams[3] = original context; iparams[2]=1: bf16 numerics */
+    SL_OP_SILU,          /* x * sigmoid(x) */
+    SL_OP_SILU_BACK,     /* src0 = x, src1 = dy */
+    SL_OP_TOPK_GATE,     /* src0 = router logits (N, E) -> (N, E): softmax over the top-k logits per row
+                            (iparams[0]=k), zero elsewhere: Mixtral's renormalised top-k routing weights */
+    SL_OP_TOPK_GATE_BACK,/* src0 = fwd (gate), src1 = dy */
+    SL_OP_ATTENTION_KV,  /* inference with a KV cache: q (B,Tq,NH,hs), k/v caches (B,S,NKV,hs);
+                            query t sits at position iparams[0]+t and attends cache rows 0..iparams[0]+t;
+                            iparams[1] > 0: sliding window -> (B,Tq,NH*hs) */
+    SL_OP_KV_STORE,      /* in-place: cache src0 (B,S,NKV,hs) rows [iparams[0], +Tq) = src1 (B,Tq,NKV,hs) */
+    SL_OP_LINEAR_BF16,   /* bf16(src0 f32 (.., K)) @ op(src1 bf16), fp32 accumulate -> f32 (.., N); iparams[0]=transB
+                            (1: src1 is (N, K), a Linear weight), iparams[1]=1: round the output to bf16 */
+    SL_OP_MOE_EXPERT,    /* inference: src0 = h (N, C), src1 = gate (N, E), src2..4 = w1 (I, C), w3 (I, C), w2 (C, I)
+                            (f32 or bf16) of expert iparams[0] -> (N, C): gate[n,e] * w2(silu(w1 h) * w3 h) for the
+                            rows routed to e (gate != 0), zero elsewhere; only routed rows are computed;
+                            iparams[1]=1: bf16 numerics */
     SL_OP_COUNT
 } sl_op;
 
@@ -98,7 +121,7 @@ typedef struct sl_tensor {
     uint32_t flags;
     int id;    /* index in its ctx */
     int order; /* position in the graph's node list (-1: leaf / not in graph) */
-    char name[48];
+    char name[64]; /* fits HF names such as model.layers.31.block_sparse_moe.experts.7.w1.weight */
 } sl_tensor;
 
 typedef struct sl_ctx sl_ctx;
@@ -156,6 +179,23 @@ sl_tensor *sl_softmax(sl_ctx *ctx, sl_tensor *a);
 sl_tensor *sl_attention(sl_ctx *ctx, sl_tensor *q, sl_tensor *k, sl_tensor *v);
 sl_tensor *sl_embedding(sl_ctx *ctx, sl_tensor *table, sl_tensor *ids);
 sl_tensor *sl_cross_entropy(sl_ctx *ctx, sl_tensor *logits, sl_tensor *targets);
+/* Llama family. rmsnorm: x * rsqrt(mean(x^2) + eps) * w over the last dim (HF LlamaRMSNorm). */
+sl_tensor *sl_rmsnorm(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, float eps);
+/* x (B, T, NH, hs), hs even, last dim contiguous: HF rotate-half RoPE at positions pos0 + t. */
+sl_tensor *sl_rope(sl_ctx *ctx, sl_tensor *x, int pos0, float theta);
+sl_tensor *sl_silu(sl_ctx *ctx, sl_tensor *a);
+/* logits (N, E) -> dense routing weights (N, E): softmax over each row's top k, zero elsewhere. */
+sl_tensor *sl_topk_gate(sl_ctx *ctx, sl_tensor *logits, int k);
+/* Inference only (no backward). Caches are (B, S, NKV, hs) contiguous leaves; see SL_OP_ATTENTION_KV.
+ * pos0 lives in iparams[0] and may be changed between executions of the same graph (decode steps). */
+sl_tensor *sl_attention_kv(sl_ctx *ctx, sl_tensor *q, sl_tensor *kc, sl_tensor *vc, int pos0, int window);
+sl_tensor *sl_kv_store(sl_ctx *ctx, sl_tensor *cache, sl_tensor *x, int pos0);
+/* bf16 compute: y = bf16(x) @ w^T with w (N, K) bf16, fp32 accumulation; round_out: y rounded to bf16 values. */
+sl_tensor *sl_linear_bf16(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, int round_out);
+/* Round f32 values to the nearest bf16 (kept in f32): cast to bf16 and back. */
+sl_tensor *sl_round_bf16(sl_ctx *ctx, sl_tensor *x);
+/* Sparse SwiGLU expert (inference, no backward): see SL_OP_MOE_EXPERT. */
+sl_tensor *sl_moe_expert(sl_ctx *ctx, sl_tensor *h, sl_tensor *gate, int e, sl_tensor *w1, sl_tensor *w3, sl_tensor *w2, int bf16);
 
 /* Internal-but-public: generic node creation used by builders and backward rules. */
 sl_tensor *sl_new_op(sl_ctx *ctx, sl_op op, sl_dtype t, int ndim, const int64_t *ne);

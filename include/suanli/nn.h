@@ -32,8 +32,42 @@ typedef struct sl_param_info {
 
 enum { SL_INIT_NORMAL = 0, SL_INIT_NORMAL_RESID, SL_INIT_ZERO, SL_INIT_ONE };
 
+/* Architectures built from the same graph ops (src/nn/gpt2.c, src/nn/llama.c). */
+typedef enum sl_arch {
+    SL_ARCH_GPT2 = 0,
+    SL_ARCH_LLAMA,    /* RMSNorm, RoPE, SwiGLU, GQA, untied head */
+    SL_ARCH_QWEN2,    /* Llama + q/k/v biases */
+    SL_ARCH_MISTRAL,  /* Llama + sliding-window attention */
+    SL_ARCH_MIXTRAL,  /* Mistral + sparse MoE FFN (top-k routing) */
+    SL_ARCH_BAICHUAN, /* Llama with fused W_pack qkv and a normalised LM head (Baichuan2-7B) */
+    SL_ARCH_COUNT
+} sl_arch;
+const char *sl_arch_name(sl_arch a);
+
+/* The Llama family's hyper-parameters (names follow transformers' config.json). */
+typedef struct sl_llama_config {
+    sl_arch arch;
+    int n_layer;        /* num_hidden_layers */
+    int n_head;         /* num_attention_heads */
+    int n_kv_head;      /* num_key_value_heads (GQA when < n_head) */
+    int head_dim;       /* head_dim, default hidden / n_head */
+    int hidden;         /* hidden_size */
+    int intermediate;   /* intermediate_size */
+    int vocab_size;
+    int max_seq_len;    /* max_position_embeddings */
+    float rms_eps;      /* rms_norm_eps */
+    float rope_theta;
+    /* rope_scaling of type "llama3" (Llama 3.1+): factor > 0 enables it */
+    float rope_factor, rope_low_freq, rope_high_freq;
+    int rope_orig_ctx;
+    int tie_embeddings; /* tie_word_embeddings */
+    int qkv_bias;       /* Qwen2 (attention_bias for Llama) */
+    int sliding_window; /* 0: off */
+    int n_experts, n_experts_per_tok; /* Mixtral (num_local_experts, num_experts_per_tok) */
+} sl_llama_config;
+
 typedef struct sl_model {
-    sl_gpt2_config cfg;
+    sl_gpt2_config cfg; /* GPT-2 config; for other architectures n_layer/n_head/n_embd/vocab/max_seq mirror lcfg */
     sl_ctx *ctx;             /* holds parameters and every graph built on the model (owned) */
     sl_param_info *params;   /* owned */
     int n_params;
@@ -42,6 +76,18 @@ typedef struct sl_model {
     float *grads_mem;        /* flat gradients (owned), same layout */
     sl_dtype compute_dtype;  /* SL_F32, or SL_BF16: matmul operands rounded to bf16 (fp32 accumulation and
                               * master weights), like PyTorch autocast */
+    sl_arch arch;            /* SL_ARCH_GPT2 for models made by sl_gpt2_new */
+    sl_llama_config lcfg;    /* valid when arch != SL_ARCH_GPT2 */
+    /* bf16 inference (sl_llama_new_ex with SL_BF16): the 2-D projection weights are SL_BF16 leaves (their
+     * offsets index wmem, or they are bound straight into a memory-mapped checkpoint); embedding, norms
+     * and biases stay f32 in params_mem. No gradients: grads_mem is NULL. */
+    sl_dtype wdtype;         /* SL_F32 (default) or SL_BF16 */
+    int64_t wnumel;          /* bf16 elements */
+    uint16_t *wmem;          /* owned bf16 storage for weights that are not memory-mapped (may be NULL) */
+    void *wsrc;              /* owned mapping that bf16 leaves point into (e.g. safetensors shards) */
+    void (*wsrc_free)(void *);
+    /* Training with PyTorch autocast-bf16 numerics (f32 master weights): see Note [bf16 compute] in llama.c */
+    int autocast_bf16;
 } sl_model;
 
 /* Validates the config (one-line error naming the field) and allocates the flat buffers. */
@@ -56,6 +102,30 @@ const sl_param_info *sl_model_find(const sl_model *m, const char *name);
 sl_tensor *sl_gpt2_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_tensor **logits_out);
 /* FLOPs of one forward+backward per token (6N + attention), for MFU. */
 double sl_gpt2_flops_per_token(const sl_gpt2_config *cfg, int T);
+
+/* ---- Llama family (src/nn/llama.c) ---- */
+/* Validates (one-line error naming the field) and allocates; parameter names are transformers' names
+ * (model.layers.N.self_attn.q_proj.weight, ...), so HF checkpoints load and save by name. */
+sl_status sl_llama_new(const sl_llama_config *cfg, sl_model **out);
+/* wdtype SL_BF16: inference model with bf16 projection weights and bf16 compute (activations rounded
+ * to bf16 where transformers' bf16 models round them; bf16 GEMM with fp32 accumulation). Leaves of
+ * bf16 weights are left unbound (the loader binds them: memory-mapped or in wmem). */
+sl_status sl_llama_new_ex(const sl_llama_config *cfg, sl_dtype wdtype, sl_model **out);
+/* Any architecture: ids (B, T) -> logits (B, T, V) [+ mean cross-entropy loss when targets]. */
+sl_tensor *sl_model_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_tensor **logits_out);
+
+/* KV-cache inference: one cache pair per layer, (B, S, NKV, hd) f32, owned by the sl_kv_cache. */
+typedef struct sl_kv_cache {
+    int B, S, n_layer;
+    sl_tensor **k, **v; /* leaves bound to mem */
+    float *mem;
+} sl_kv_cache;
+sl_status sl_kv_cache_new(sl_model *m, int B, int S, sl_kv_cache *kv);
+void sl_kv_cache_free(sl_kv_cache *kv);
+/* ids (B, Tq) at positions pos0.. -> logits (B, Tq, V), appending the chunk's K/V to the cache.
+ * The position is a run-time parameter: sl_kv_graph_set_pos changes it in a built graph. */
+sl_tensor *sl_model_build_kv(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0);
+void sl_kv_graph_set_pos(sl_graph *g, int pos0);
 
 /* ---- optimizer ---- */
 typedef struct sl_adamw_hparams {

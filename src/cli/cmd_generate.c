@@ -1,31 +1,172 @@
-/* suanli generate — sample text from weights saved by `suanli train --save DIR`. */
+/* suanli generate — sample text from weights saved by `suanli train --save DIR` (--load), or from a
+ * Hugging Face model directory (--model: config.json, safetensors shards, tokenizer.json). */
+#include <ctype.h>
 #include <string.h>
 
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "suanli/data.h"
+#include "suanli/hf.h"
 #include "suanli/model_io.h"
 
 int sl_cli_print_sample(sl_model *m, const sl_tokenizer *tok, const char *prompt, int n_tokens, float temperature,
                         int top_k, uint64_t seed);
 
+/* "1,2,3" -> ids; tokens that are not integers are looked up in the tokenizer (e.g. "<|im_end|>") */
+static int parse_id_list(const char *s, const sl_hf_tokenizer *tok, int V, int32_t **out, int *n, const char *flag) {
+    int cap = 16;
+    *n = 0;
+    *out = malloc(sizeof(int32_t) * (size_t)cap);
+    char *copy = strdup(s), *save = NULL;
+    if (!*out || !copy) {
+        free(copy);
+        return 0;
+    }
+    for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        char *end;
+        long v = strtol(t, &end, 10);
+        if (*end || end == t) v = tok ? sl_hf_tokenizer_token_id(tok, t) : -1;
+        if (v < 0 || v >= V) {
+            fprintf(stderr, "suanli generate: --%s: '%s' is not a token id in [0, %d)%s\n", flag, t, V, tok ? " or a token" : "");
+            free(copy);
+            return 0;
+        }
+        if (*n == cap) {
+            cap *= 2;
+            int32_t *p = realloc(*out, sizeof(int32_t) * (size_t)cap);
+            if (!p) {
+                free(copy);
+                return 0;
+            }
+            *out = p;
+        }
+        (*out)[(*n)++] = (int32_t)v;
+    }
+    free(copy);
+    if (!*n) fprintf(stderr, "suanli generate: --%s is empty\n", flag);
+    return *n > 0;
+}
+
+typedef struct {
+    const sl_hf_tokenizer *tok;
+} stream;
+
+static int stream_cb(void *user, int32_t t) {
+    stream *s = user;
+    if (!s->tok) return 0;
+    char buf[512];
+    int n = sl_hf_tokenizer_decode_one(s->tok, t, buf, sizeof buf);
+    if (n > 0) fwrite(buf, 1, (size_t)n, stdout);
+    fflush(stdout);
+    return 0;
+}
+
+static int run_hf(const char *dir, sl_dtype wdtype, const char *prompt, const char *prompt_ids, const char *stop,
+                  int ignore_eos, int print_ids, int max_new, const sl_sample_opts *so) {
+    sl_model *m = NULL;
+    sl_hf_tokenizer *tok = NULL;
+    sl_hf_info info;
+    int32_t *ids = NULL, *stops = NULL, *out = NULL;
+    int n = 0, n_stop = 0, rc = 2;
+    char path[4096];
+    double t0 = sl_time_sec();
+    if (sl_hf_load_ex(dir, wdtype, &m, &info) != SL_OK) {
+        fprintf(stderr, "suanli generate: %s\n", sl_errmsg());
+        return 2;
+    }
+    double load_s = sl_time_sec() - t0;
+    int V = m->cfg.vocab_size;
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    if (!prompt_ids || prompt) {
+        if (sl_hf_tokenizer_load(path, &tok) != SL_OK) {
+            fprintf(stderr, "suanli generate: %s\n", sl_errmsg());
+            goto done;
+        }
+        if (sl_hf_tokenizer_vocab_size(tok) > V) {
+            fprintf(stderr, "suanli generate: %s has %d tokens but the model's vocab_size is %d\n", path,
+                    sl_hf_tokenizer_vocab_size(tok), V);
+            goto done;
+        }
+    }
+    if (prompt_ids) {
+        if (!parse_id_list(prompt_ids, tok, V, &ids, &n, "prompt-ids")) goto done;
+    } else if (sl_hf_tokenizer_encode(tok, prompt ? prompt : "", 1, &ids, &n) != SL_OK || n == 0) {
+        fprintf(stderr, "suanli generate: cannot encode the prompt: %s\n", n == 0 ? "it is empty" : sl_errmsg());
+        goto done;
+    }
+    if (stop && !parse_id_list(stop, tok, V, &stops, &n_stop, "stop")) goto done;
+    if (!ignore_eos && !stop) {
+        stops = malloc(sizeof(int32_t) * SL_HF_MAX_EOS);
+        if (!stops) goto done;
+        for (int i = 0; i < info.n_eos; i++)
+            if (info.eos_ids[i] >= 0 && info.eos_ids[i] < V) stops[n_stop++] = info.eos_ids[i];
+    }
+    if (m->arch != SL_ARCH_GPT2 && n + max_new > m->lcfg.max_seq_len) { /* GPT-2 slides its window */
+        fprintf(stderr, "suanli generate: prompt (%d tokens) + --max-new-tokens (%d) exceeds the model's %d positions\n", n,
+                max_new, m->lcfg.max_seq_len);
+        goto done;
+    }
+    out = calloc((size_t)max_new + 1, sizeof(int32_t));
+    if (!out) goto done;
+    fprintf(stderr, "[%s: %s, %.2fM params, weights %s on disk in %d file(s)%s, %s compute, loaded in %.2f s; prompt %d tokens]\n",
+            dir, sl_arch_name(m->arch), (double)(m->numel + m->wnumel) / 1e6, info.disk_dtype, info.n_files,
+            info.n_mapped ? " (memory-mapped)" : "", wdtype == SL_BF16 ? "bf16" : "f32", load_s, n);
+    if (prompt && !print_ids) fputs(prompt, stdout);
+    stream s = {print_ids ? NULL : tok};
+    sl_gen_stats gs;
+    if (sl_model_generate(m, ids, n, max_new, so, stops, n_stop, stream_cb, &s, out, &gs) != SL_OK) {
+        fprintf(stderr, "\nsuanli generate: %s\n", sl_errmsg());
+        rc = 1;
+        goto done;
+    }
+    if (print_ids) {
+        printf("{\"prompt_ids\": [");
+        for (int i = 0; i < n; i++) printf("%s%d", i ? ", " : "", ids[i]);
+        printf("], \"ids\": [");
+        for (int i = 0; i < gs.n_generated; i++) printf("%s%d", i ? ", " : "", out[i]);
+        printf("]}\n");
+    } else {
+        printf("\n");
+    }
+    int dec = gs.n_generated > 1 ? gs.n_generated - 1 : 0;
+    fprintf(stderr, "[prompt: %d tokens in %.3f s, %.1f tokens/s | generation: %d tokens, %d decode steps in %.3f s, %.1f tokens/s%s]\n",
+            n, gs.prompt_seconds, n / (gs.prompt_seconds > 0 ? gs.prompt_seconds : 1e-9), gs.n_generated, dec, gs.gen_seconds,
+            dec / (gs.gen_seconds > 0 ? gs.gen_seconds : 1e-9), gs.stopped_by_eos ? ", stopped at a stop token" : "");
+    rc = 0;
+done:
+    free(ids);
+    free(stops);
+    free(out);
+    sl_hf_tokenizer_free(tok);
+    sl_model_free(m);
+    return rc;
+}
+
 int sl_cmd_generate(int argc, char **argv) {
-    const char *load = NULL, *prompt = "\n";
+    const char *load = NULL, *model = NULL, *prompt = NULL, *prompt_ids = NULL, *stop = NULL, *dtype = "f32";
     int64_t n = 200, top_k = 0, seed = 1234, threads = 0;
-    double temp = 0.8;
+    double temp = 0.8, top_p = 1.0;
+    int ignore_eos = 0, print_ids = 0;
     sl_flag flags[] = {
-        {"load", SL_FLAG_STR, &load, 0, 0, "dir with model.safetensors, config.json, tokenizer.json (required)", 0},
+        {"load", SL_FLAG_STR, &load, 0, 0, "dir with model.safetensors, config.json, tokenizer.json from suanli train", 0},
+        {"model", SL_FLAG_STR, &model, 0, 0, "Hugging Face model dir (config.json, safetensors [+ index], tokenizer.json)", 0},
         {"prompt", SL_FLAG_STR, &prompt, 0, 0, "text to continue (newline)", 0},
+        {"prompt-ids", SL_FLAG_STR, &prompt_ids, 0, 0, "--model: comma-separated prompt token ids instead of text", 0},
         {"max-new-tokens", SL_FLAG_INT, &n, 1, 1e7, "tokens to generate (200)", 0},
         {"temperature", SL_FLAG_FLOAT, &temp, 0, 100, "0 = greedy (0.8)", 0},
         {"top-k", SL_FLAG_INT, &top_k, 0, 1 << 24, "0 = off", 0},
+        {"top-p", SL_FLAG_FLOAT, &top_p, 1e-6, 1, "nucleus sampling mass, 1 = off (--model)", 0},
+        {"stop", SL_FLAG_STR, &stop, 0, 0, "--model: comma-separated stop token ids or tokens (default: the model's eos)", 0},
+        {"ignore-eos", SL_FLAG_BOOL, &ignore_eos, 0, 1, "--model: do not stop at eos", 0},
+        {"print-ids", SL_FLAG_BOOL, &print_ids, 0, 1, "--model: print prompt and generated ids as JSON instead of text", 0},
+        {"dtype", SL_FLAG_STR, &dtype, 0, 0, "--model: f32 (exact) | bf16 (bf16 weights, memory-mapped when stored bf16; bf16 compute)", 0},
         {"seed", SL_FLAG_INT, &seed, 0, 9.007199254740992e15, "sampling seed (1234)", 0},
         {"threads", SL_FLAG_INT, &threads, 0, 1024, "compute threads", 0},
     };
     int nf = (int)(sizeof flags / sizeof flags[0]);
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: suanli generate --load DIR [flags]\n");
+            printf("usage: suanli generate (--load DIR | --model HF_DIR) [flags]\n");
             sl_flags_usage(flags, nf, stdout);
             return 0;
         }
@@ -33,11 +174,25 @@ int sl_cmd_generate(int argc, char **argv) {
         fprintf(stderr, "suanli generate: %s\n", sl_errmsg());
         return 2;
     }
-    if (!load) {
-        fprintf(stderr, "suanli generate: --load is required\n");
+    if (!load == !model) {
+        fprintf(stderr, "suanli generate: exactly one of --load or --model is required\n");
         return 2;
     }
     if (threads > 0) sl_threads_set((int)threads);
+    if (model) {
+        if (prompt && prompt_ids) {
+            fprintf(stderr, "suanli generate: give --prompt or --prompt-ids, not both\n");
+            return 2;
+        }
+        sl_dtype wd = !strcmp(dtype, "f32") ? SL_F32 : !strcmp(dtype, "bf16") ? SL_BF16 : SL_DTYPE_COUNT;
+        if (wd == SL_DTYPE_COUNT) {
+            fprintf(stderr, "suanli generate: --dtype must be f32 or bf16, got '%s'\n", dtype);
+            return 2;
+        }
+        sl_sample_opts so = {(float)temp, (int)top_k, (float)top_p, (uint64_t)seed};
+        return run_hf(model, wd, prompt, prompt_ids, stop, ignore_eos, print_ids, (int)n, &so);
+    }
+    if (!prompt) prompt = "\n";
     sl_model *m = NULL;
     sl_tokenizer *tok = NULL;
     char tp[4096];

@@ -11,6 +11,7 @@
 #include "suanli/ckpt.h"
 #include "suanli/ckpt_trainer.h"
 #include "suanli/data.h"
+#include "suanli/hf.h"
 #include "suanli/model_io.h"
 #include "suanli/parallel.h"
 #include "suanli/train.h"
@@ -21,7 +22,7 @@ typedef struct {
     double lr, min_lr, wd, clip, beta1, beta2, eps, exit_mins, temperature;
     int64_t top_k, tp, pp, ep, zero_stage, bucket, save_interval, save_keep;
     int bf16;
-    const char *data_path, *save, *load, *config, *sample_prompt;
+    const char *data_path, *save, *load, *config, *sample_prompt, *init_from;
 } train_args;
 
 typedef struct {
@@ -65,7 +66,7 @@ int sl_cli_print_sample(sl_model *m, const sl_tokenizer *tok, const char *prompt
     fwrite(prompt, 1, strlen(prompt), stdout);
     sl_sample_opts so = {temperature, top_k, 1.0f, seed};
     double t0 = sl_time_sec();
-    sl_status st = sl_gpt2_generate(m, ids, (int)n, n_tokens, &so, print_token_cb, (void *)tok);
+    sl_status st = sl_model_generate(m, ids, (int)n, n_tokens, &so, NULL, 0, print_token_cb, (void *)tok, NULL, NULL);
     double dt = sl_time_sec() - t0;
     free(ids);
     printf("\n");
@@ -168,6 +169,7 @@ int sl_cmd_train(int argc, char **argv) {
         {"load", SL_FLAG_STR, &a.load, 0, 0, "resume from the newest valid checkpoint under this dir, or start from its model.safetensors", 0},
         {"save-interval", SL_FLAG_INT, &a.save_interval, 0, 1e12, "steps between checkpoints under --save, 0 = none", 0},
         {"save-keep", SL_FLAG_INT, &a.save_keep, 0, 1e6, "checkpoints to keep, 0 = all (2)", 0},
+        {"init-from", SL_FLAG_STR, &a.init_from, 0, 0, "start from a Hugging Face model dir (Llama/Qwen2/Mistral/Mixtral/Baichuan2); --save writes HF layout", 0},
         {"threads", SL_FLAG_INT, &a.threads, 0, 1024, "compute threads (default: OpenMP's)", 0},
         {"sample-tokens", SL_FLAG_INT, &a.sample_tokens, 0, 1e6, "print a sample of N tokens at the end (0)", 0},
         {"sample-prompt", SL_FLAG_STR, &a.sample_prompt, 0, 0, "prompt for the sample", 0},
@@ -179,7 +181,7 @@ int sl_cmd_train(int argc, char **argv) {
         {"pp", SL_FLAG_INT, &a.pp, 1, 4096, "short for --pipeline-model-parallel-size", 0},
         {"expert-model-parallel-size", SL_FLAG_INT, &a.ep, 1, 4096, "expert-parallel ranks (1; >1 needs MoE models)", 0},
         {"ep", SL_FLAG_INT, &a.ep, 1, 4096, "short for --expert-model-parallel-size", 0},
-        {"bf16", SL_FLAG_BOOL, &a.bf16, 0, 1, "bf16 mixed precision: matmuls in bf16, fp32 master weights and optimizer", 0},
+        {"bf16", SL_FLAG_BOOL, &a.bf16, 0, 1, "bf16 mixed precision, fp32 master weights and optimizer (GPT-2: bf16 matmul operands; --init-from models: PyTorch autocast numerics)", 0},
         {"zero-stage", SL_FLAG_INT, &a.zero_stage, 0, 3, "0: DP all-reduce, 1: shard optimizer state, 2: + gradients", 0},
         {"ddp-bucket-size", SL_FLAG_INT, &a.bucket, 1, 1ll << 40, "gradient bucket size in elements (1Mi)", 0},
     };
@@ -261,10 +263,28 @@ int sl_cmd_train(int argc, char **argv) {
     int data_vocab = sl_dataset_vocab_size(train);
     if (sl_dataset_vocab_size(val) != data_vocab) BAD("%s: train and val shards disagree on vocab size", a.data_path);
 
+    sl_hf_info hf_info;
+    if (a.init_from) {
+        if (a.load) BAD("--init-from and --load are exclusive");
+        const char *arch_flags[] = {"num-layers", "num-attention-heads", "hidden-size", "vocab-size", "max-position-embeddings"};
+        for (int i = 0; i < 5; i++)
+            if (sl_flags_find(flags, nf, arch_flags[i])->set) BAD("--%s conflicts with --init-from (the architecture comes from %s/config.json)", arch_flags[i], a.init_from);
+        if (sl_hf_load(a.init_from, &m, &hf_info) != SL_OK) BAD("--init-from: %s", sl_errmsg());
+        if (data_vocab > m->cfg.vocab_size)
+            BAD("the data's vocab size %d exceeds the model's vocab_size %d (%s)", data_vocab, m->cfg.vocab_size, a.init_from);
+        int lim = m->lcfg.sliding_window && m->lcfg.sliding_window < m->lcfg.max_seq_len ? m->lcfg.sliding_window : m->lcfg.max_seq_len;
+        if (a.seq_length > lim) BAD("--seq-length %lld exceeds the model's %d positions (or sliding window)", (long long)a.seq_length, lim);
+        if (sl_dataset_num_tokens(train) < a.seq_length + 1 || sl_dataset_num_tokens(val) < a.seq_length + 1)
+            BAD("%s: a split has fewer than seq-length+1 = %lld tokens", a.data_path, (long long)a.seq_length + 1);
+    }
     sl_gpt2_config cfg = {(int)a.num_layers, (int)a.num_heads, (int)a.hidden_size,
                           a.vocab_size ? (int)a.vocab_size : data_vocab, (int)(a.max_pos ? a.max_pos : a.seq_length)};
     char ckdir[4096] = "", wpath[4200] = "";
     int resume = 0, init_from_weights = 0;
+    if (a.init_from) {
+        cfg = m->cfg;
+        m->autocast_bf16 = a.bf16;
+    }
     if (a.load) {
         snprintf(wpath, sizeof wpath, "%s/model.safetensors", a.load);
         const char *mem = sl_ckpt_mem_root();
@@ -304,14 +324,16 @@ int sl_cmd_train(int argc, char **argv) {
                 BAD("--%s %d conflicts with %d in %s/config.json", names[i], fv[i], lv[i], cdir);
         cfg = lc;
     }
-    if (cfg.vocab_size != data_vocab)
+    if (cfg.vocab_size != data_vocab && !a.init_from)
         BAD("model vocab size %d does not match the data's vocab size %d (%s)", cfg.vocab_size, data_vocab, a.data_path);
     if (a.seq_length > cfg.max_seq_len)
         BAD("--seq-length %lld exceeds the model's position table %d", (long long)a.seq_length, cfg.max_seq_len);
     if (sl_dataset_num_tokens(train) < a.seq_length + 1 || sl_dataset_num_tokens(val) < a.seq_length + 1)
         BAD("%s: a split has fewer than seq-length+1 = %lld tokens", a.data_path, (long long)a.seq_length + 1);
-    if (sl_gpt2_new(&cfg, &m) != SL_OK) BAD("%s", sl_errmsg());
-    if (init_from_weights) {
+    if (!a.init_from && sl_gpt2_new(&cfg, &m) != SL_OK) BAD("%s", sl_errmsg());
+    if (a.init_from) {
+        /* weights loaded above */
+    } else if (init_from_weights) {
         if (sl_model_load_weights(m, wpath) != SL_OK) BAD("--load: %s", sl_errmsg());
     } else {
         sl_model_init_weights(m, (uint64_t)a.seed);
@@ -346,8 +368,8 @@ int sl_cmd_train(int argc, char **argv) {
         /* only rank 0 talks and writes */
         if (!freopen("/dev/null", "w", stdout)) BAD("cannot silence rank %d", mesh.rank);
     }
-    printf("suanli train: GPT-2 L=%d H=%d C=%d V=%d T=%d | %.2fM params | micro-batch %d x accum %d x dp %d | %s | %d threads, %s\n",
-           cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, T, (double)m->numel / 1e6, B, accum, mesh.dp,
+    printf("suanli train: %s L=%d H=%d C=%d V=%d T=%d | %.2fM params | micro-batch %d x accum %d x dp %d | %s | %d threads, %s\n",
+           m->arch == SL_ARCH_GPT2 ? "GPT-2" : sl_arch_name(m->arch), cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, T, (double)m->numel / 1e6, B, accum, mesh.dp,
            a.bf16 ? "bf16 mixed precision" : "fp32", sl_threads_get(), sl_cpu_isa_name());
     if (dp) {
         sl_dp_memory mem;
@@ -521,7 +543,16 @@ int sl_cmd_train(int argc, char **argv) {
         snprintf(extra, sizeof extra, "{\"steps\": %lld, \"val_loss\": %.6f, \"seq_length\": %lld, \"seed\": %lld}",
                  (long long)step, isfinite(val_loss) ? val_loss : -1.0, (long long)a.seq_length, (long long)a.seed);
         snprintf(tp, sizeof tp, "%s/tokenizer.json", a.save);
-        if (sl_model_save(m, a.save, extra) != SL_OK || copy_file(tokpath, tp) != SL_OK) {
+        sl_status sst = m->arch == SL_ARCH_GPT2 ? sl_model_save(m, a.save, extra) : sl_hf_save(m, a.save, SL_F32, &hf_info);
+        char hft[4096];
+        const char *tsrc = tokpath; /* an HF model keeps its own tokenizer.json */
+        snprintf(hft, sizeof hft, "%s/tokenizer.json", a.init_from ? a.init_from : "");
+        FILE *hf_tok = a.init_from ? fopen(hft, "r") : NULL;
+        if (hf_tok) {
+            fclose(hf_tok);
+            tsrc = hft;
+        }
+        if (sst != SL_OK || copy_file(tsrc, tp) != SL_OK) {
             fprintf(stderr, "suanli train: save: %s\n", sl_errmsg());
             rc = 1;
             goto out;

@@ -14,7 +14,7 @@ static void usage(FILE *f) {
             "  run       launch N ranks: suanli run -n N -- PROGRAM ARGS\n"
             "  bench     benchmarks: suanli bench ops|comm|train [--json]\n"
             "  ckpt      checkpoints: suanli ckpt inspect|verify DIR\n"
-            "  convert   GPT-2 weights: Hugging Face <-> suanli\n"
+            "  convert   model formats: HF dir -> HF safetensors (f32|bf16); GPT-2 HF <-> suanli (--from/--to)\n"
             "run 'suanli <command> --help' for its flags\n");
 }
 

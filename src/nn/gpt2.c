@@ -102,6 +102,8 @@ void sl_model_free(sl_model *m) {
     free(m->params);
     sl_free_aligned(m->params_mem);
     sl_free_aligned(m->grads_mem);
+    sl_free_aligned(m->wmem);
+    if (m->wsrc_free) m->wsrc_free(m->wsrc);
     free(m);
 }
 

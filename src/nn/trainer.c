@@ -25,7 +25,7 @@ sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *
     sl_set_input(tr->targets);
     sl_tensor_bind(tr->ids, tr->ids_buf);
     sl_tensor_bind(tr->targets, tr->tg_buf);
-    tr->loss = sl_gpt2_build(m, tr->ids, tr->targets, &tr->logits);
+    tr->loss = sl_model_build(m, tr->ids, tr->targets, &tr->logits); /* any architecture */
     tr->graph = sl_graph_new(m->ctx);
     if (!tr->graph) {
         st = sl_fail(SL_ERR_NOMEM, "trainer: out of memory");

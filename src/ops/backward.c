@@ -141,6 +141,63 @@ void sl_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_g
             emit(st, a, t);
         }
         break;
+    case SL_OP_RMSNORM: {
+        sl_tensor *w = n->src[1];
+        if (ng[0]) {
+            sl_tensor *dx = new_backward_op(ctx, SL_OP_RMSNORM_BACK_X, a);
+            dx->src[0] = n;
+            dx->src[1] = a;
+            dx->src[2] = w;
+            dx->src[3] = g;
+            emit(st, a, dx);
+        }
+        if (w && ng[1]) {
+            sl_tensor *dw = new_backward_op(ctx, SL_OP_RMSNORM_BACK_W, w);
+            dw->src[0] = n;
+            dw->src[1] = a;
+            dw->src[2] = g;
+            emit(st, w, dw);
+        }
+        break;
+    }
+    case SL_OP_ROPE:
+        /* a rotation: its adjoint is the rotation by the opposite angle */
+        if (ng[0]) {
+            sl_tensor *t = sl_rope(ctx, g, n->iparams[0], n->fparams[0]);
+            t->iparams[1] = !n->iparams[1];
+            for (int i = 1; i < 4; i++) t->fparams[i] = n->fparams[i]; /* same frequencies */
+            t->iparams[3] = n->iparams[3];
+            emit(st, a, t);
+        }
+        break;
+    case SL_OP_SILU:
+        if (ng[0]) {
+            sl_tensor *t = new_backward_op(ctx, SL_OP_SILU_BACK, a);
+            t->src[0] = a;
+            t->src[1] = g;
+            emit(st, a, t);
+        }
+        break;
+    case SL_OP_TOPK_GATE:
+        if (ng[0]) {
+            sl_tensor *t = new_backward_op(ctx, SL_OP_TOPK_GATE_BACK, a);
+            t->src[0] = n;
+            t->src[1] = g;
+            emit(st, a, t);
+        }
+        break;
+    case SL_OP_LINEAR_BF16:
+        /* dx = bf16(dy) @ w (w frozen: bf16 weights are inference constants) */
+        SL_ASSERT(!ng[1] && "bf16 weights take no gradient");
+        if (ng[0] && n->iparams[0]) {
+            sl_tensor *t = sl_new_op(ctx, SL_OP_LINEAR_BF16, SL_F32, a->ndim, a->ne);
+            t->src[0] = g;
+            t->src[1] = b;
+            t->iparams[0] = 0;
+            t->iparams[1] = 0;
+            emit(st, a, t);
+        }
+        break;
     default:
         /* backward-only ops have no gradient rule (no higher-order autodiff) */
         SL_ASSERT(!"op has no backward rule");

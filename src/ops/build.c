@@ -8,6 +8,8 @@ static const char *const k_op_names[] = {
     "matmul", "gelu", "gelu_back", "layernorm", "layernorm_back_x", "layernorm_back_wb", "softmax",
     "softmax_back", "attention", "attention_back", "embedding", "embedding_back", "cross_entropy",
     "cross_entropy_back", "concat",
+    "rmsnorm", "rmsnorm_back_x", "rmsnorm_back_w", "rope", "silu", "silu_back", "topk_gate", "topk_gate_back",
+    "attention_kv", "kv_store", "linear_bf16", "moe_expert",
 };
 _Static_assert(sizeof(k_op_names) / sizeof(k_op_names[0]) == SL_OP_COUNT, "op name table out of sync");
 
@@ -279,5 +281,106 @@ sl_tensor *sl_cross_entropy(sl_ctx *ctx, sl_tensor *logits, sl_tensor *targets) 
     t->src[1] = targets;
     t->aux_bytes = sizeof(float) * (size_t)sl_nelements(targets); /* per-row logsumexp */
     t->flags |= SL_FLAG_LOSS;
+    return t;
+}
+
+/* ---------------- Llama family (issue 7) ---------------- */
+
+sl_tensor *sl_rmsnorm(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, float eps) {
+    int64_t C = x->ne[x->ndim - 1];
+    SL_ASSERT(x->dtype == SL_F32 && x->nb[x->ndim - 1] == 1);
+    SL_ASSERT(!w || (w->dtype == SL_F32 && w->ndim == 1 && w->ne[0] == C && sl_is_contiguous(w)));
+    for (int d = 0; d + 1 < x->ndim - 1; d++) SL_ASSERT(x->ne[d + 1] == 1 || x->nb[d] == x->nb[d + 1] * x->ne[d + 1]);
+    sl_tensor *t = unary(ctx, SL_OP_RMSNORM, x, SL_F32);
+    t->src[1] = w;
+    t->fparams[0] = eps;
+    t->aux_bytes = sizeof(float) * (size_t)(C ? sl_nelements(x) / C : 0);
+    return t;
+}
+
+sl_tensor *sl_rope(sl_ctx *ctx, sl_tensor *x, int pos0, float theta) {
+    SL_ASSERT(x->ndim == 4 && x->dtype == SL_F32 && x->nb[3] == 1 && x->ne[3] % 2 == 0);
+    SL_ASSERT(pos0 >= 0 && theta > 0);
+    sl_tensor *t = unary(ctx, SL_OP_ROPE, x, SL_F32);
+    t->iparams[0] = pos0;
+    t->iparams[1] = 0;
+    t->fparams[0] = theta;
+    return t;
+}
+
+sl_tensor *sl_silu(sl_ctx *ctx, sl_tensor *a) {
+    SL_ASSERT(a->dtype == SL_F32);
+    return unary(ctx, SL_OP_SILU, a, SL_F32);
+}
+
+sl_tensor *sl_topk_gate(sl_ctx *ctx, sl_tensor *logits, int k) {
+    SL_ASSERT(logits->ndim == 2 && logits->dtype == SL_F32 && logits->nb[1] == 1);
+    SL_ASSERT(k >= 1 && k <= logits->ne[1]);
+    sl_tensor *t = unary(ctx, SL_OP_TOPK_GATE, logits, SL_F32);
+    t->iparams[0] = k;
+    return t;
+}
+
+sl_tensor *sl_attention_kv(sl_ctx *ctx, sl_tensor *q, sl_tensor *kc, sl_tensor *vc, int pos0, int window) {
+    SL_ASSERT(q->ndim == 4 && kc->ndim == 4 && sl_same_shape(kc, vc));
+    SL_ASSERT(q->dtype == SL_F32 && kc->dtype == SL_F32 && vc->dtype == SL_F32);
+    SL_ASSERT(sl_is_contiguous(kc) && sl_is_contiguous(vc) && q->nb[3] == 1);
+    int64_t B = q->ne[0], Tq = q->ne[1], NH = q->ne[2], hs = q->ne[3];
+    SL_ASSERT(kc->ne[0] == B && kc->ne[3] == hs && kc->ne[2] > 0 && NH % kc->ne[2] == 0);
+    SL_ASSERT(pos0 >= 0 && pos0 + Tq <= kc->ne[1] && window >= 0);
+    sl_tensor *t = sl_new_op(ctx, SL_OP_ATTENTION_KV, SL_F32, 3, (int64_t[]){B, Tq, NH * hs});
+    t->src[0] = q;
+    t->src[1] = kc;
+    t->src[2] = vc;
+    t->iparams[0] = pos0;
+    t->iparams[1] = window;
+    return t;
+}
+
+sl_tensor *sl_kv_store(sl_ctx *ctx, sl_tensor *cache, sl_tensor *x, int pos0) {
+    SL_ASSERT(cache->ndim == 4 && x->ndim == 4 && cache->dtype == SL_F32 && x->dtype == SL_F32);
+    SL_ASSERT(sl_is_contiguous(cache) && x->nb[3] == 1);
+    SL_ASSERT(x->ne[0] == cache->ne[0] && x->ne[2] == cache->ne[2] && x->ne[3] == cache->ne[3]);
+    SL_ASSERT(pos0 >= 0 && pos0 + x->ne[1] <= cache->ne[1]);
+    sl_tensor *t = sl_new_op(ctx, SL_OP_KV_STORE, SL_F32, 4, cache->ne);
+    t->src[0] = cache;
+    t->src[1] = x;
+    t->view_src = cache;
+    t->iparams[0] = pos0;
+    return t;
+}
+
+sl_tensor *sl_linear_bf16(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, int round_out) {
+    SL_ASSERT(x->dtype == SL_F32 && w->dtype == SL_BF16 && w->ndim == 2 && sl_is_contiguous(w));
+    SL_ASSERT(x->ndim >= 1 && x->nb[x->ndim - 1] == 1 && x->ne[x->ndim - 1] == w->ne[1]);
+    for (int d = 0; d + 1 < x->ndim - 1; d++) SL_ASSERT(x->ne[d + 1] == 1 || x->nb[d] == x->nb[d + 1] * x->ne[d + 1]);
+    int64_t ne[SL_MAX_DIMS];
+    for (int d = 0; d < x->ndim - 1; d++) ne[d] = x->ne[d];
+    ne[x->ndim - 1] = w->ne[0];
+    sl_tensor *t = sl_new_op(ctx, SL_OP_LINEAR_BF16, SL_F32, x->ndim, ne);
+    t->src[0] = x;
+    t->src[1] = w;
+    t->iparams[0] = 1;
+    t->iparams[1] = round_out;
+    return t;
+}
+
+sl_tensor *sl_round_bf16(sl_ctx *ctx, sl_tensor *x) { return sl_cast(ctx, sl_cast(ctx, x, SL_BF16), SL_F32); }
+
+sl_tensor *sl_moe_expert(sl_ctx *ctx, sl_tensor *h, sl_tensor *gate, int e, sl_tensor *w1, sl_tensor *w3, sl_tensor *w2, int bf16) {
+    SL_ASSERT(h->ndim == 2 && h->dtype == SL_F32 && sl_is_contiguous(h));
+    SL_ASSERT(gate->ndim == 2 && gate->dtype == SL_F32 && gate->ne[0] == h->ne[0] && gate->nb[1] == 1 && e >= 0 && e < gate->ne[1]);
+    int64_t C = h->ne[1], I = w1->ne[0];
+    SL_ASSERT(w1->ndim == 2 && w3->ndim == 2 && w2->ndim == 2 && w1->ne[1] == C && w3->ne[0] == I && w3->ne[1] == C);
+    SL_ASSERT(w2->ne[0] == C && w2->ne[1] == I && sl_is_contiguous(w1) && sl_is_contiguous(w3) && sl_is_contiguous(w2));
+    SL_ASSERT(w1->dtype == w3->dtype && w1->dtype == w2->dtype && (w1->dtype == SL_F32 || w1->dtype == SL_BF16));
+    sl_tensor *t = sl_new_op(ctx, SL_OP_MOE_EXPERT, SL_F32, 2, h->ne);
+    t->src[0] = h;
+    t->src[1] = gate;
+    t->src[2] = w1;
+    t->src[3] = w3;
+    t->src[4] = w2;
+    t->iparams[0] = e;
+    t->iparams[1] = bf16;
     return t;
 }

@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "device/cpu/kernels/kernels.h"
+#include "device/cpu/kernels/llama_ops.h"
 #include "suanli/device.h"
 
 typedef sl_status (*kernel_fn)(sl_tensor *n);
@@ -31,6 +32,18 @@ static const kernel_fn k_kernels[SL_OP_COUNT] = {
     [SL_OP_CROSS_ENTROPY] = sl_k_cross_entropy,
     [SL_OP_CROSS_ENTROPY_BACK] = sl_k_cross_entropy_back,
     [SL_OP_CONCAT] = sl_k_concat,
+    [SL_OP_RMSNORM] = sl_k_rmsnorm,
+    [SL_OP_RMSNORM_BACK_X] = sl_k_rmsnorm_back_x,
+    [SL_OP_RMSNORM_BACK_W] = sl_k_rmsnorm_back_w,
+    [SL_OP_ROPE] = sl_k_rope,
+    [SL_OP_SILU] = sl_k_silu,
+    [SL_OP_SILU_BACK] = sl_k_silu_back,
+    [SL_OP_TOPK_GATE] = sl_k_topk_gate,
+    [SL_OP_TOPK_GATE_BACK] = sl_k_topk_gate_back,
+    [SL_OP_ATTENTION_KV] = sl_k_attention_kv,
+    [SL_OP_KV_STORE] = sl_k_kv_store,
+    [SL_OP_LINEAR_BF16] = sl_k_linear_bf16,
+    [SL_OP_MOE_EXPERT] = sl_k_moe_expert,
 };
 
 static sl_status cpu_alloc(sl_backend *be, size_t bytes, sl_buffer **out) {
@@ -82,6 +95,9 @@ static int cpu_supports(sl_backend *be, const sl_tensor *n) {
     case SL_OP_MATMUL: /* f32 x f32 or bf16 x bf16 (sl_gemm_bf16), f32 out */
         return n->dtype == SL_F32 && n->src[0]->dtype == n->src[1]->dtype &&
                (n->src[0]->dtype == SL_F32 || n->src[0]->dtype == SL_BF16);
+    case SL_OP_LINEAR_BF16:
+    case SL_OP_MOE_EXPERT:
+        return 1;
     default:
         for (int i = 0; i < SL_MAX_SRC; i++) {
             const sl_tensor *s = n->src[i];

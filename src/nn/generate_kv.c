@@ -1,0 +1,99 @@
+/* Generation over any architecture: the Llama family prefills the prompt in one graph and decodes one
+ * token per step through a second graph that shares the KV cache (positions are a run-time parameter);
+ * GPT-2 uses the sliding-window path of generate.c. Stop tokens end generation. */
+#include <string.h>
+
+#include "suanli/device.h"
+#include "suanli/hf.h"
+
+typedef struct {
+    const int32_t *stop;
+    int n_stop, hit, count;
+    int32_t *out;
+    sl_token_cb cb;
+    void *user;
+} wrap;
+
+/* returns 1 when generation must stop */
+static int on_token(wrap *w, int32_t t) {
+    if (w->out) w->out[w->count] = t;
+    w->count++;
+    int stop = w->cb ? w->cb(w->user, t) : 0;
+    for (int i = 0; i < w->n_stop; i++)
+        if (w->stop[i] == t) w->hit = stop = 1;
+    return stop;
+}
+
+static int gpt2_cb(void *user, int32_t t) { return on_token(user, t); }
+
+sl_status sl_model_generate(sl_model *m, const int32_t *prompt, int n_prompt, int max_new, const sl_sample_opts *o,
+                            const int32_t *stop, int n_stop, sl_token_cb cb, void *user, int32_t *out_tokens,
+                            sl_gen_stats *stats) {
+    wrap w = {stop, n_stop, 0, 0, out_tokens, cb, user};
+    sl_gen_stats local;
+    if (!stats) stats = &local;
+    memset(stats, 0, sizeof *stats);
+    stats->n_prompt = n_prompt;
+    int V = m->cfg.vocab_size;
+    if (n_prompt < 1) return sl_fail(SL_ERR_INVALID, "generate: empty prompt");
+    if (max_new < 0) return sl_fail(SL_ERR_INVALID, "generate: max_new must be >= 0");
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= V) return sl_fail(SL_ERR_INVALID, "generate: prompt token %d out of vocab (%d)", prompt[i], V);
+    if (max_new == 0) return SL_OK;
+    if (m->arch == SL_ARCH_GPT2) {
+        double t0 = sl_time_sec();
+        sl_status st = sl_gpt2_generate(m, prompt, n_prompt, max_new, o, gpt2_cb, &w);
+        stats->gen_seconds = sl_time_sec() - t0;
+        stats->n_generated = w.count;
+        stats->stopped_by_eos = w.hit;
+        return st;
+    }
+    int64_t S = (int64_t)n_prompt + max_new;
+    if (S > m->lcfg.max_seq_len)
+        return sl_fail(SL_ERR_INVALID, "generate: prompt (%d tokens) + max-new-tokens (%d) exceeds the model's %d positions",
+                       n_prompt, max_new, m->lcfg.max_seq_len);
+    sl_kv_cache kv;
+    SL_TRY(sl_kv_cache_new(m, 1, (int)S, &kv));
+    sl_status st = SL_OK;
+    int32_t cur = 0;
+    int32_t *pbuf = malloc(sizeof(int32_t) * (size_t)n_prompt);
+    sl_graph *gp = sl_graph_new(m->ctx), *gd = sl_graph_new(m->ctx);
+    if (!pbuf || !gp || !gd) {
+        st = sl_fail(SL_ERR_NOMEM, "generate: out of memory");
+        goto done;
+    }
+    memcpy(pbuf, prompt, sizeof(int32_t) * (size_t)n_prompt);
+    sl_tensor *ids_p = sl_set_name(sl_new_tensor_2d(m->ctx, SL_I32, 1, n_prompt), "prompt_ids");
+    sl_tensor *ids_d = sl_set_name(sl_new_tensor_2d(m->ctx, SL_I32, 1, 1), "decode_id");
+    sl_tensor_bind(ids_p, pbuf);
+    sl_tensor_bind(ids_d, &cur);
+    sl_tensor *lp = sl_model_build_kv(m, ids_p, &kv, 0);
+    sl_tensor *ld = sl_model_build_kv(m, ids_d, &kv, n_prompt);
+    sl_graph_build_forward(gp, lp);
+    sl_graph_build_forward(gd, ld);
+    SL_CHECK(sl_graph_plan(gp, sl_backend_cpu(), NULL));
+    SL_CHECK(sl_graph_plan(gd, sl_backend_cpu(), NULL));
+    double t0 = sl_time_sec();
+    SL_CHECK(sl_graph_compute(gp, NULL, NULL));
+    int32_t t = sl_sample_logits((const float *)lp->data + (int64_t)(n_prompt - 1) * V, V, o, (uint64_t)n_prompt);
+    stats->prompt_seconds = sl_time_sec() - t0;
+    t0 = sl_time_sec();
+    int done_ = on_token(&w, t);
+    for (int s = 1; s < max_new && !done_; s++) {
+        int pos = n_prompt + s - 1;
+        cur = t;
+        sl_kv_graph_set_pos(gd, pos);
+        SL_CHECK(sl_graph_compute(gd, NULL, NULL));
+        t = sl_sample_logits((const float *)ld->data, V, o, (uint64_t)(pos + 1));
+        done_ = on_token(&w, t);
+    }
+    stats->gen_seconds = sl_time_sec() - t0;
+done:
+    stats->n_generated = w.count;
+    stats->stopped_by_eos = w.hit;
+    sl_graph_free(gp);
+    sl_graph_free(gd);
+    free(pbuf);
+    sl_kv_cache_free(&kv);
+    return st;
+}

@@ -1,0 +1,389 @@
+/* The Llama family (Llama, Qwen2, Mistral, Mixtral, Baichuan2) built from graph ops over one flat
+ * parameter buffer. Parameter names and layouts are transformers' (nn.Linear weight is (out, in)), so
+ * HF checkpoints load and save by name (src/io/hf_model.c); see scripts/gen_hf_fixtures.py.
+ *
+ * Per layer (B, T, C = hidden, NH heads and NKV kv heads of size hd, I = intermediate):
+ *   h = rmsnorm(x) ; q,k,v = h Wq^T (+bq), h Wk^T (+bk), h Wv^T (+bv)   (Baichuan: one W_pack)
+ *   q,k = rope(q), rope(k) ; a = causal GQA attention ; x += a Wo^T
+ *   h = rmsnorm(x) ; x += (silu(h Wg^T) * (h Wu^T)) Wd^T               (Mixtral: top-k mixture of such MLPs)
+ * then rmsnorm and the LM head (untied, tied to the embedding, or Baichuan's row-normalised NormHead). */
+#include <math.h>
+#include <string.h>
+
+#include "suanli/nn.h"
+
+static const char *const k_arch_names[] = {"gpt2", "llama", "qwen2", "mistral", "mixtral", "baichuan"};
+_Static_assert(sizeof(k_arch_names) / sizeof(k_arch_names[0]) == SL_ARCH_COUNT, "arch name table out of sync");
+const char *sl_arch_name(sl_arch a) { return ((int)a >= 0 && a < SL_ARCH_COUNT) ? k_arch_names[a] : "?"; }
+
+static sl_status check_cfg(const sl_llama_config *c) {
+#define RANGE(f, lo, hi, name)                                                                     \
+    if (c->f < (lo) || c->f > (hi)) return sl_fail(SL_ERR_INVALID, "config: %s must be in [%d, %d], got %d", name, (int)(lo), (int)(hi), c->f)
+    if (c->arch <= SL_ARCH_GPT2 || c->arch >= SL_ARCH_COUNT) return sl_fail(SL_ERR_INVALID, "config: unsupported architecture %d", (int)c->arch);
+    RANGE(n_layer, 1, 1024, "num_hidden_layers");
+    RANGE(n_head, 1, 4096, "num_attention_heads");
+    RANGE(n_kv_head, 1, 4096, "num_key_value_heads");
+    RANGE(hidden, 1, 1 << 17, "hidden_size");
+    RANGE(head_dim, 2, 1 << 14, "head_dim");
+    RANGE(intermediate, 1, 1 << 20, "intermediate_size");
+    RANGE(vocab_size, 2, 1 << 24, "vocab_size");
+    RANGE(max_seq_len, 1, 1 << 24, "max_position_embeddings");
+    RANGE(sliding_window, 0, 1 << 30, "sliding_window");
+#undef RANGE
+    if (c->n_head % c->n_kv_head)
+        return sl_fail(SL_ERR_INVALID, "config: num_attention_heads %d is not a multiple of num_key_value_heads %d", c->n_head, c->n_kv_head);
+    if (c->head_dim % 2) return sl_fail(SL_ERR_INVALID, "config: head_dim %d must be even (RoPE)", c->head_dim);
+    if (!(c->rms_eps > 0 && c->rms_eps < 1)) return sl_fail(SL_ERR_INVALID, "config: rms_norm_eps must be in (0, 1), got %g", (double)c->rms_eps);
+    if (!(c->rope_theta > 1)) return sl_fail(SL_ERR_INVALID, "config: rope_theta must be > 1, got %g", (double)c->rope_theta);
+    if (c->rope_factor != 0 && !(c->rope_factor >= 1 && c->rope_low_freq > 0 && c->rope_high_freq > c->rope_low_freq && c->rope_orig_ctx > 0))
+        return sl_fail(SL_ERR_INVALID, "config: rope_scaling (llama3) needs factor >= 1, 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0");
+    if (c->arch == SL_ARCH_MIXTRAL) {
+        if (c->n_experts < 1 || c->n_experts > 1024) return sl_fail(SL_ERR_INVALID, "config: num_local_experts must be in [1, 1024], got %d", c->n_experts);
+        if (c->n_experts_per_tok < 1 || c->n_experts_per_tok > c->n_experts)
+            return sl_fail(SL_ERR_INVALID, "config: num_experts_per_tok must be in [1, num_local_experts=%d], got %d", c->n_experts, c->n_experts_per_tok);
+    }
+    if (c->arch == SL_ARCH_BAICHUAN && c->n_kv_head != c->n_head)
+        return sl_fail(SL_ERR_INVALID, "config: Baichuan's W_pack needs num_key_value_heads == num_attention_heads");
+    return SL_OK;
+}
+
+typedef struct {
+    sl_model *m;
+    int cap;
+} builder;
+
+static void add_param(builder *b, int decay, int init, int ndim, const int64_t *ne, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+static void add_param(builder *b, int decay, int init, int ndim, const int64_t *ne, const char *fmt, ...) {
+    sl_model *m = b->m;
+    SL_ASSERT(m->n_params < b->cap);
+    /* bf16 mode: projection matrices are bf16; the embedding (gathered by id) stays f32 */
+    int bf = m->wdtype == SL_BF16 && ndim == 2 && m->n_params > 0;
+    sl_tensor *t = sl_new_tensor(m->ctx, bf ? SL_BF16 : SL_F32, ndim, ne);
+    sl_set_param(t);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t->name, sizeof t->name, fmt, ap);
+    va_end(ap);
+    sl_param_info *p = &m->params[m->n_params++];
+    p->t = t;
+    p->offset = bf ? m->wnumel : m->numel; /* index into wmem for bf16 leaves, params_mem otherwise */
+    p->numel = sl_nelements(t);
+    p->decay = decay;
+    p->init = init;
+    if (bf) m->wnumel += p->numel;
+    else m->numel += p->numel;
+}
+
+sl_status sl_llama_new(const sl_llama_config *cfg, sl_model **out) { return sl_llama_new_ex(cfg, SL_F32, out); }
+
+sl_status sl_llama_new_ex(const sl_llama_config *cfg, sl_dtype wdtype, sl_model **out) {
+    *out = NULL;
+    SL_TRY(check_cfg(cfg));
+    if (wdtype != SL_F32 && wdtype != SL_BF16) return sl_fail(SL_ERR_INVALID, "model: weight dtype must be f32 or bf16");
+    sl_model *m = calloc(1, sizeof *m);
+    if (!m) return sl_fail(SL_ERR_NOMEM, "model: out of memory");
+    m->wdtype = wdtype;
+    const sl_llama_config *c = cfg;
+    m->arch = c->arch;
+    m->lcfg = *c;
+    m->cfg = (sl_gpt2_config){c->n_layer, c->n_head, c->hidden, c->vocab_size, c->max_seq_len};
+    int L = c->n_layer, E = c->arch == SL_ARCH_MIXTRAL ? c->n_experts : 1;
+    int64_t C = c->hidden, V = c->vocab_size, I = c->intermediate, hd = c->head_dim;
+    int64_t QD = c->n_head * hd, KD = c->n_kv_head * hd;
+    builder b = {m, 4 + L * (12 + 3 * E)};
+    m->params = calloc((size_t)b.cap, sizeof(sl_param_info));
+    m->ctx = sl_ctx_new(64 * 1024 + (600 + 64 * E) * L);
+    if (!m->params || !m->ctx) {
+        sl_model_free(m);
+        return sl_fail(SL_ERR_NOMEM, "model: out of memory");
+    }
+    add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){V, C}, "model.embed_tokens.weight");
+    for (int l = 0; l < L; l++) {
+        const char *pre = "model.layers";
+        add_param(&b, 0, SL_INIT_ONE, 1, (int64_t[]){C}, "%s.%d.input_layernorm.weight", pre, l);
+        if (c->arch == SL_ARCH_BAICHUAN) {
+            add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){3 * QD, C}, "%s.%d.self_attn.W_pack.weight", pre, l);
+        } else {
+            const char *nm[3] = {"q_proj", "k_proj", "v_proj"};
+            int64_t od[3] = {QD, KD, KD};
+            for (int j = 0; j < 3; j++) {
+                add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){od[j], C}, "%s.%d.self_attn.%s.weight", pre, l, nm[j]);
+                if (c->qkv_bias) add_param(&b, 0, SL_INIT_ZERO, 1, (int64_t[]){od[j]}, "%s.%d.self_attn.%s.bias", pre, l, nm[j]);
+            }
+        }
+        add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){C, QD}, "%s.%d.self_attn.o_proj.weight", pre, l);
+        add_param(&b, 0, SL_INIT_ONE, 1, (int64_t[]){C}, "%s.%d.post_attention_layernorm.weight", pre, l);
+        if (c->arch == SL_ARCH_MIXTRAL) {
+            add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){E, C}, "%s.%d.block_sparse_moe.gate.weight", pre, l);
+            for (int e = 0; e < E; e++) {
+                add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){I, C}, "%s.%d.block_sparse_moe.experts.%d.w1.weight", pre, l, e);
+                add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){C, I}, "%s.%d.block_sparse_moe.experts.%d.w2.weight", pre, l, e);
+                add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){I, C}, "%s.%d.block_sparse_moe.experts.%d.w3.weight", pre, l, e);
+            }
+        } else {
+            add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){I, C}, "%s.%d.mlp.gate_proj.weight", pre, l);
+            add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){I, C}, "%s.%d.mlp.up_proj.weight", pre, l);
+            add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){C, I}, "%s.%d.mlp.down_proj.weight", pre, l);
+        }
+    }
+    add_param(&b, 0, SL_INIT_ONE, 1, (int64_t[]){C}, "model.norm.weight");
+    if (!c->tie_embeddings) add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){V, C}, "lm_head.weight");
+    int train = wdtype == SL_F32;
+    m->params_mem = sl_malloc_aligned(sizeof(float) * (size_t)m->numel);
+    m->grads_mem = train ? sl_malloc_aligned(sizeof(float) * (size_t)m->numel) : NULL;
+    if (!m->params_mem || (train && !m->grads_mem)) {
+        int64_t n = m->numel;
+        sl_model_free(m);
+        return sl_fail(SL_ERR_NOMEM, "model: cannot allocate %lld parameters", (long long)n);
+    }
+    memset(m->params_mem, 0, sizeof(float) * (size_t)m->numel);
+    if (train) memset(m->grads_mem, 0, sizeof(float) * (size_t)m->numel);
+    for (int i = 0; i < m->n_params; i++) {
+        sl_param_info *p = &m->params[i];
+        if (!train) {
+            sl_set_input(p->t); /* inference: constants, not trainable (bf16 leaves are bound by the loader) */
+            p->t->flags &= ~(uint32_t)SL_FLAG_PARAM;
+            if (p->t->dtype == SL_F32) sl_tensor_bind(p->t, m->params_mem + p->offset);
+            continue;
+        }
+        sl_tensor_bind(p->t, m->params_mem + p->offset);
+        p->t->grad = sl_new_tensor(m->ctx, SL_F32, p->t->ndim, p->t->ne);
+        p->t->grad->flags |= SL_FLAG_GRAD;
+        sl_set_name(p->t->grad, "grad.%s", p->t->name);
+        sl_tensor_bind(p->t->grad, m->grads_mem + p->offset);
+    }
+    *out = m;
+    return SL_OK;
+}
+
+/* ---------------- graph ---------------- */
+
+static sl_tensor *W(sl_model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static sl_tensor *W(sl_model *m, const char *fmt, ...) {
+    char nm[96];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(nm, sizeof nm, fmt, ap);
+    va_end(ap);
+    const sl_param_info *p = sl_model_find(m, nm);
+    SL_ASSERT(p != NULL);
+    return p->t;
+}
+
+/* Note [bf16 compute]
+ * With bf16 weights (sl_llama_new_ex(.., SL_BF16)) the graph follows a transformers bf16 model: matmuls
+ * take bf16 activations and weights with fp32 accumulation (SL_OP_LINEAR_BF16), and the tensors that
+ * transformers keeps in bf16 (linear outputs, norm outputs, RoPE outputs, attention output, SiLU and
+ * gating products, the residual stream) are rounded to bf16 values. Norm statistics, RoPE angles,
+ * softmax and the MoE routing softmax stay fp32, as in transformers. In f32 mode rnd() is the identity. */
+static sl_tensor *rnd(sl_model *m, sl_tensor *x) {
+    return (m->wdtype == SL_BF16 || m->autocast_bf16) ? sl_round_bf16(m->ctx, x) : x;
+}
+/* rounding only where a bf16 model (not autocast) keeps bf16 tensors: norm outputs, the residual stream */
+static sl_tensor *rnd_model(sl_model *m, sl_tensor *x) { return m->wdtype == SL_BF16 ? sl_round_bf16(m->ctx, x) : x; }
+
+/* transformers' RMSNorm: weight * (x * rstd).to(dtype): in bf16 two roundings; under autocast the
+ * fp32 weight promotes the product back to fp32 (one rounding) */
+static sl_tensor *norm(sl_model *m, sl_tensor *x, sl_tensor *w, float eps) {
+    if (m->wdtype != SL_BF16 && !m->autocast_bf16) return sl_rmsnorm(m->ctx, x, w, eps);
+    return rnd_model(m, sl_mul(m->ctx, rnd(m, sl_rmsnorm(m->ctx, x, NULL, eps)), w));
+}
+
+static sl_tensor *lin(sl_model *m, sl_tensor *x, sl_tensor *w, sl_tensor *b) {
+    if (m->autocast_bf16) { /* autocast: bf16 inputs, weight and bias; fp32 accumulation; bf16 output. The casts'
+                               backward rounds the gradients to bf16 as autocast's bf16 tensors do. */
+        sl_tensor *y = sl_linear(m->ctx, rnd(m, x), rnd(m, w), b ? rnd(m, b) : NULL);
+        return rnd(m, y);
+    }
+    if (w->dtype != SL_BF16) return sl_linear(m->ctx, x, w, b);
+    sl_tensor *y = sl_linear_bf16(m->ctx, x, w, b == NULL);
+    return b ? rnd(m, sl_bias(m->ctx, y, b)) : y;
+}
+
+/* (B, T, n*hd) -> (B, T, n, hd) view */
+static sl_tensor *heads(sl_ctx *ctx, sl_tensor *x, int64_t n, int64_t hd) {
+    int64_t B = x->ne[0], T = x->ne[1];
+    int64_t nb[4] = {x->nb[0], x->nb[1], hd, 1};
+    return sl_view(ctx, x, 4, (int64_t[]){B, T, n, hd}, nb, 0);
+}
+
+static sl_tensor *swiglu_mlp(sl_model *m, sl_tensor *h, sl_tensor *wg, sl_tensor *wu, sl_tensor *wd) {
+    sl_ctx *ctx = m->ctx;
+    sl_tensor *g = rnd(m, sl_silu(ctx, lin(m, h, wg, NULL))); /* (.., I) */
+    sl_tensor *u = lin(m, h, wu, NULL);
+    return lin(m, rnd(m, sl_mul(ctx, g, u)), wd, NULL);        /* (.., C) */
+}
+
+/* Note [Mixture of experts in a static graph]
+ * The gate is a dense (N, E) matrix that is zero outside each token's top-k experts (SL_OP_TOPK_GATE),
+ * so the layer is sum_e gate[:, e] * expert_e(h). Inference (KV graphs) computes each expert only on its
+ * routed rows (SL_OP_MOE_EXPERT, Note [Sparse experts]). For training every expert runs on every token: the result equals
+ * Mixtral's sparse dispatch exactly (unselected experts are multiplied by 0), at E/k times the FLOPs.
+ * Token dispatch (gather/scatter by expert, and the all-to-all of expert parallelism) replaces this
+ * when the parallel layer lands; the routing op and its gradient stay. */
+static sl_tensor *moe(sl_model *m, sl_tensor *h, int l, int sparse) {
+    sl_ctx *ctx = m->ctx;
+    const sl_llama_config *c = &m->lcfg;
+    int64_t B = h->ne[0], T = h->ne[1], C = h->ne[2], E = c->n_experts;
+    sl_tensor *h2 = sl_reshape_2d(ctx, h, B * T, C);
+    sl_tensor *gate = sl_topk_gate(ctx, lin(m, h2, W(m, "model.layers.%d.block_sparse_moe.gate.weight", l), NULL),
+                                   c->n_experts_per_tok); /* (N, E) */
+    gate = rnd(m, gate);
+    sl_tensor *y = NULL;
+    for (int e = 0; e < E; e++) {
+        const char *pre = "model.layers.%d.block_sparse_moe.experts.%d.w%d.weight";
+        sl_tensor *ye;
+        if (sparse) { /* inference: only the rows routed to e (Note [Sparse experts]) */
+            ye = sl_moe_expert(ctx, h2, gate, e, W(m, pre, l, e, 1), W(m, pre, l, e, 3), W(m, pre, l, e, 2), m->wdtype == SL_BF16);
+        } else {
+            ye = swiglu_mlp(m, h2, W(m, pre, l, e, 1), W(m, pre, l, e, 3), W(m, pre, l, e, 2)); /* (N, C) */
+            ye = rnd(m, sl_mul(ctx, ye, sl_slice(ctx, gate, 1, e, 1)));
+        }
+        y = y ? rnd(m, sl_add(ctx, y, ye)) : ye;
+    }
+    return sl_reshape(ctx, y, 3, (int64_t[]){B, T, C});
+}
+
+static sl_tensor *lm_head(sl_model *m, sl_tensor *x) {
+    sl_ctx *ctx = m->ctx;
+    const sl_llama_config *c = &m->lcfg;
+    sl_tensor *w = c->tie_embeddings ? W(m, "model.embed_tokens.weight") : W(m, "lm_head.weight");
+    int bf = m->wdtype == SL_BF16;
+    if (c->arch == SL_ARCH_BAICHUAN) {
+        /* NormHead: rows of W divided by their L2 norm. rmsnorm(w)/sqrt(C) = w / sqrt(|w|^2 + C*eps);
+         * eps = 1e-24 / C keeps the 1e-12 floor of F.normalize out of the way for non-zero rows. */
+        int64_t C = w->ne[1];
+        if (w->dtype == SL_BF16) w = sl_cast(ctx, w, SL_F32);
+        w = sl_scale(ctx, sl_rmsnorm(ctx, w, NULL, 1e-24f / (float)C), 1.0f / sqrtf((float)C));
+    }
+    if (m->autocast_bf16) return lin(m, x, w, NULL);
+    if (bf && w->dtype != SL_BF16) w = sl_cast(ctx, w, SL_BF16); /* tied / normalised head in bf16 */
+    return bf ? sl_linear_bf16(ctx, x, w, 1) : sl_matmul(ctx, x, w, 0, 1); /* (B, T, V) */
+}
+
+/* The shared body. kv == NULL: training / full-sequence attention; else attention over the cache. */
+static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
+    sl_ctx *ctx = m->ctx;
+    const sl_llama_config *c = &m->lcfg;
+    int64_t B = ids->ne[0], T = ids->ne[1], hd = c->head_dim, NH = c->n_head, NKV = c->n_kv_head;
+    int64_t QD = NH * hd, KD = NKV * hd;
+    const char *pre = "model.layers";
+    sl_tensor *x = sl_embedding(ctx, W(m, "model.embed_tokens.weight"), ids); /* (B, T, C) */
+    for (int l = 0; l < c->n_layer; l++) {
+        sl_tensor *h = norm(m, x, W(m, "%s.%d.input_layernorm.weight", pre, l), c->rms_eps);
+        sl_tensor *q, *k, *v;
+        if (c->arch == SL_ARCH_BAICHUAN) {
+            sl_tensor *qkv = lin(m, h, W(m, "%s.%d.self_attn.W_pack.weight", pre, l), NULL); /* (B, T, 3QD) */
+            q = heads(ctx, sl_slice(ctx, qkv, 2, 0, QD), NH, hd);
+            k = heads(ctx, sl_slice(ctx, qkv, 2, QD, KD), NKV, hd);
+            v = heads(ctx, sl_slice(ctx, qkv, 2, QD + KD, KD), NKV, hd);
+        } else {
+            sl_tensor *bq = NULL, *bk = NULL, *bv = NULL;
+            if (c->qkv_bias) {
+                bq = W(m, "%s.%d.self_attn.q_proj.bias", pre, l);
+                bk = W(m, "%s.%d.self_attn.k_proj.bias", pre, l);
+                bv = W(m, "%s.%d.self_attn.v_proj.bias", pre, l);
+            }
+            q = heads(ctx, lin(m, h, W(m, "%s.%d.self_attn.q_proj.weight", pre, l), bq), NH, hd);  /* (B,T,NH,hd) */
+            k = heads(ctx, lin(m, h, W(m, "%s.%d.self_attn.k_proj.weight", pre, l), bk), NKV, hd); /* (B,T,NKV,hd) */
+            v = heads(ctx, lin(m, h, W(m, "%s.%d.self_attn.v_proj.weight", pre, l), bv), NKV, hd);
+        }
+        q = sl_rope(ctx, q, pos0, c->rope_theta);
+        k = sl_rope(ctx, k, pos0, c->rope_theta);
+        if (c->rope_factor > 0) {
+            sl_tensor *qk[2] = {q, k};
+            for (int j = 0; j < 2; j++) {
+                qk[j]->fparams[1] = c->rope_factor;
+                qk[j]->fparams[2] = c->rope_low_freq;
+                qk[j]->fparams[3] = c->rope_high_freq;
+                qk[j]->iparams[3] = c->rope_orig_ctx;
+            }
+        }
+        q->iparams[2] = k->iparams[2] = m->wdtype == SL_BF16 || m->autocast_bf16; /* see Note [bf16 compute] */
+        sl_tensor *a;
+        if (kv) {
+            sl_tensor *ks = sl_kv_store(ctx, kv->k[l], k, pos0), *vs = sl_kv_store(ctx, kv->v[l], v, pos0);
+            a = sl_attention_kv(ctx, q, ks, vs, pos0, c->sliding_window); /* (B, T, QD) */
+            a->iparams[2] = m->wdtype == SL_BF16;
+        } else {
+            a = sl_attention(ctx, q, k, v); /* (B, T, QD) */
+        }
+        x = rnd_model(m, sl_add(ctx, x, lin(m, rnd(m, a), W(m, "%s.%d.self_attn.o_proj.weight", pre, l), NULL)));
+        h = norm(m, x, W(m, "%s.%d.post_attention_layernorm.weight", pre, l), c->rms_eps);
+        sl_tensor *f;
+        if (c->arch == SL_ARCH_MIXTRAL)
+            f = moe(m, h, l, kv != NULL);
+        else
+            f = swiglu_mlp(m, h, W(m, "%s.%d.mlp.gate_proj.weight", pre, l), W(m, "%s.%d.mlp.up_proj.weight", pre, l),
+                           W(m, "%s.%d.mlp.down_proj.weight", pre, l));
+        x = rnd_model(m, sl_add(ctx, x, f));
+    }
+    x = norm(m, x, W(m, "model.norm.weight"), c->rms_eps);
+    (void)B;
+    (void)T;
+    return lm_head(m, x);
+}
+
+sl_tensor *sl_model_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_tensor **logits_out) {
+    if (m->arch == SL_ARCH_GPT2) return sl_gpt2_build(m, ids, targets, logits_out);
+    SL_ASSERT(ids->ndim == 2 && ids->ne[1] <= m->lcfg.max_seq_len);
+    /* full-sequence attention has no window: longer sequences need the KV path's sliding window */
+    SL_ASSERT(m->lcfg.sliding_window == 0 || ids->ne[1] <= m->lcfg.sliding_window);
+    sl_tensor *logits = body(m, ids, NULL, 0);
+    sl_set_name(logits, "logits");
+    if (logits_out) *logits_out = logits;
+    if (!targets) return NULL;
+    sl_tensor *loss = sl_cross_entropy(m->ctx, logits, targets);
+    sl_set_name(loss, "loss");
+    return loss;
+}
+
+/* ---------------- KV cache ---------------- */
+
+sl_status sl_kv_cache_new(sl_model *m, int B, int S, sl_kv_cache *kv) {
+    memset(kv, 0, sizeof *kv);
+    if (m->arch == SL_ARCH_GPT2) return sl_fail(SL_ERR_UNSUPPORTED, "kv cache: not implemented for gpt2");
+    if (B < 1 || S < 1) return sl_fail(SL_ERR_INVALID, "kv cache: batch and length must be >= 1");
+    const sl_llama_config *c = &m->lcfg;
+    int64_t per = (int64_t)B * S * c->n_kv_head * c->head_dim;
+    kv->B = B;
+    kv->S = S;
+    kv->n_layer = c->n_layer;
+    kv->k = calloc((size_t)c->n_layer, sizeof(sl_tensor *));
+    kv->v = calloc((size_t)c->n_layer, sizeof(sl_tensor *));
+    kv->mem = sl_malloc_aligned(sizeof(float) * (size_t)(2 * per * c->n_layer));
+    if (!kv->k || !kv->v || !kv->mem) {
+        sl_kv_cache_free(kv);
+        return sl_fail(SL_ERR_NOMEM, "kv cache: cannot allocate %lld floats", (long long)(2 * per * c->n_layer));
+    }
+    for (int l = 0; l < c->n_layer; l++) {
+        int64_t ne[4] = {B, S, c->n_kv_head, c->head_dim};
+        kv->k[l] = sl_set_name(sl_new_tensor(m->ctx, SL_F32, 4, ne), "kcache.%d", l);
+        kv->v[l] = sl_set_name(sl_new_tensor(m->ctx, SL_F32, 4, ne), "vcache.%d", l);
+        sl_tensor_bind(kv->k[l], kv->mem + (2 * l) * per);
+        sl_tensor_bind(kv->v[l], kv->mem + (2 * l + 1) * per);
+    }
+    return SL_OK;
+}
+
+void sl_kv_cache_free(sl_kv_cache *kv) {
+    free(kv->k);
+    free(kv->v);
+    sl_free_aligned(kv->mem);
+    memset(kv, 0, sizeof *kv);
+}
+
+sl_tensor *sl_model_build_kv(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
+    SL_ASSERT(m->arch != SL_ARCH_GPT2 && ids->ndim == 2 && ids->ne[0] == kv->B);
+    sl_tensor *logits = body(m, ids, kv, pos0);
+    sl_set_name(logits, "logits");
+    return logits;
+}
+
+void sl_kv_graph_set_pos(sl_graph *g, int pos0) {
+    for (int i = 0; i < sl_graph_n_nodes(g); i++) {
+        sl_tensor *t = sl_graph_node(g, i);
+        if (t->op == SL_OP_ROPE || t->op == SL_OP_KV_STORE || t->op == SL_OP_ATTENTION_KV) t->iparams[0] = pos0;
+    }
+}

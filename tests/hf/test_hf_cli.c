@@ -1,0 +1,251 @@
+/* `suanli generate --model HF_DIR`: greedy continuation of a text prompt (tokenizer.json + sharded
+ * safetensors) identical to transformers, sampling flags, stop tokens, and every bad-input path:
+ * missing/inconsistent config fields, unsupported architectures, shape mismatches, missing tensors,
+ * truncated safetensors, headers pointing outside the file, huge header lengths, broken shard indexes.
+ * Each bad input must exit 2 with one line naming the field or tensor. */
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "suanli/base.h"
+#include "testutil.h"
+
+static char out[1 << 16];
+
+static int one_line(void) {
+    size_t n = strlen(out);
+    int lines = 0;
+    for (size_t i = 0; i < n; i++) lines += out[i] == '\n';
+    return lines == 1 && n > 0 && out[n - 1] == '\n';
+}
+
+static int gen(const char *dir, const char *extra) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt-ids 5,6,7 --max-new-tokens 4 --temperature 0 %s", tu_cli(), dir, extra);
+    return tu_run(cmd, out, sizeof out);
+}
+
+static void bad(const char *what, const char *needle, int rc) {
+    TU_CHECK(rc == 2, "%s: exit %d (want 2); output: %s", what, rc, out);
+    TU_CHECK(one_line(), "%s: want one line, got: %s", what, out);
+    TU_CHECK(strstr(out, needle) != NULL, "%s: message lacks '%s': %s", what, needle, out);
+}
+
+static void copy_fixture(const char *name, const char *dst) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "rm -rf %s && cp -r %s/tests/fixtures/hf/%s %s", dst, SL_SOURCE_DIR, name, dst);
+    TU_CHECK(tu_run(cmd, NULL, 0) == 0, "copy %s", name);
+}
+
+/* set config.json[key] = value (JSON text), or delete it when value == NULL */
+static void set_cfg(const char *dir, const char *key, const char *value) {
+    char path[1024], *text;
+    size_t len;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    TU_CHECK(sl_file_read_all(path, &text, &len) == SL_OK, "read config");
+    cJSON *r = cJSON_ParseWithLength(text, len);
+    free(text);
+    cJSON_DeleteItemFromObjectCaseSensitive(r, key);
+    if (value) cJSON_AddItemToObject(r, key, cJSON_Parse(value));
+    char *s = cJSON_Print(r);
+    FILE *f = fopen(path, "w");
+    fputs(s, f);
+    fclose(f);
+    free(s);
+    cJSON_Delete(r);
+}
+
+static void write_bytes(const char *path, const void *p, size_t n) {
+    FILE *f = fopen(path, "wb");
+    fwrite(p, 1, n, f);
+    fclose(f);
+}
+
+/* a safetensors file with the given header and `data` bytes of payload */
+static void write_st(const char *path, const char *header, uint64_t hlen_override, size_t data) {
+    uint64_t hl = hlen_override ? hlen_override : strlen(header);
+    FILE *f = fopen(path, "wb");
+    fwrite(&hl, 8, 1, f);
+    fputs(header, f);
+    for (size_t i = 0; i < data; i++) fputc(0, f);
+    fclose(f);
+}
+
+static void test_greedy_text(void) {
+    char path[1024], *text, cmd[4096];
+    size_t len;
+    snprintf(path, sizeof path, "%s/tests/fixtures/hf/llama/prompt.json", SL_SOURCE_DIR);
+    TU_CHECK(sl_file_read_all(path, &text, &len) == SL_OK, "read prompt.json");
+    cJSON *r = cJSON_ParseWithLength(text, len);
+    free(text);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s/tests/fixtures/hf/llama --prompt '%s' --max-new-tokens 32 --temperature 0 "
+             "--ignore-eos --print-ids", tu_cli(), SL_SOURCE_DIR, cJSON_GetObjectItem(r, "prompt")->valuestring);
+    int rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 0, "generate: exit %d: %s", rc, out);
+    char *js = strstr(out, "{\"prompt_ids\"");
+    cJSON *got = js ? cJSON_Parse(js) : NULL;
+    TU_CHECK(got != NULL, "no JSON ids in output: %s", out);
+    if (got) {
+        char *a = cJSON_PrintUnformatted(cJSON_GetObjectItem(got, "prompt_ids")), *b = cJSON_PrintUnformatted(cJSON_GetObjectItem(r, "ids"));
+        char *c = cJSON_PrintUnformatted(cJSON_GetObjectItem(got, "ids")), *d = cJSON_PrintUnformatted(cJSON_GetObjectItem(r, "greedy"));
+        TU_CHECK(!strcmp(a, b), "prompt ids (tokenizer.json + BOS template): got %s want %s", a, b);
+        TU_CHECK(!strcmp(c, d), "greedy 32 tokens: got %s want %s", c, d);
+        printf("CLI greedy continuation of \"%s\": %s\n", cJSON_GetObjectItem(r, "prompt")->valuestring, !strcmp(c, d) ? "identical to transformers" : "DIFFERENT");
+        free(a), free(b), free(c), free(d);
+        cJSON_Delete(got);
+    }
+    TU_CHECK(strstr(out, "tokens/s") != NULL, "tokens/s report");
+    /* text mode, sampling, a stop token that is generated greedily at step 3 -> exactly 3 tokens */
+    int third = cJSON_GetArrayItem(cJSON_GetObjectItem(r, "greedy"), 2)->valueint;
+    snprintf(cmd, sizeof cmd, "%s generate --model %s/tests/fixtures/hf/llama --prompt '%s' --max-new-tokens 32 --temperature 0 "
+             "--stop %d --print-ids", tu_cli(), SL_SOURCE_DIR, cJSON_GetObjectItem(r, "prompt")->valuestring, third);
+    rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 0 && strstr(out, "stopped at a stop token") && strstr(out, "generation: 3 tokens"), "stop token: %s", out);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s/tests/fixtures/hf/qwen2 --prompt-ids 1,2,3 --max-new-tokens 8 "
+             "--temperature 0.7 --top-k 20 --top-p 0.9 --seed 7", tu_cli(), SL_SOURCE_DIR);
+    rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 0, "sampling: exit %d: %s", rc, out);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s/tests/fixtures/hf/qwen2 --prompt-ids 1,2,3 --max-new-tokens 8 --dtype bf16",
+             tu_cli(), SL_SOURCE_DIR);
+    rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 0 && strstr(out, "memory-mapped") && strstr(out, "bf16 compute"), "bf16: exit %d: %s", rc, out);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s/tests/fixtures/hf/qwen2 --prompt-ids 1 --dtype f16", tu_cli(), SL_SOURCE_DIR);
+    rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 2 && one_line() && strstr(out, "--dtype"), "bad dtype: %s", out);
+    cJSON_Delete(r);
+}
+
+static void greedy_ids(const char *dir, char *ids, size_t cap) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt-ids 0,43,72,305,82 --max-new-tokens 16 --temperature 0 "
+             "--ignore-eos --print-ids 2>/dev/null", tu_cli(), dir);
+    int rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 0, "generate %s: exit %d: %s", dir, rc, out);
+    char *js = strstr(out, "\"ids\"");
+    snprintf(ids, cap, "%s", js ? js : "none");
+}
+
+/* convert (f32, bf16), train --init-from (0 and 3 steps) + --save, convert back: a round trip */
+static void test_round_trip(void) {
+    const char *tmp = tu_tmpdir("hfrt");
+    char src[1024], cmd[8192], a[4096], b[4096], d1[1100], d2[1100], data[1100], run[1100], back[1100], txt[1100];
+    snprintf(src, sizeof src, "%s/tests/fixtures/hf/llama", SL_SOURCE_DIR);
+    snprintf(d1, sizeof d1, "%s/f32", tmp);
+    snprintf(d2, sizeof d2, "%s/bf16", tmp);
+    greedy_ids(src, a, sizeof a);
+    snprintf(cmd, sizeof cmd, "%s convert --model %s --output %s", tu_cli(), src, d1);
+    TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "convert f32: %s", out);
+    greedy_ids(d1, b, sizeof b);
+    TU_CHECK(!strcmp(a, b), "convert f32 round trip changes greedy ids: %s vs %s", a, b);
+    snprintf(cmd, sizeof cmd, "%s convert --model %s --output %s --dtype bf16", tu_cli(), src, d2);
+    TU_CHECK(tu_run(cmd, out, sizeof out) == 0 && strstr(out, "bf16"), "convert bf16: %s", out);
+    greedy_ids(d2, b, sizeof b);
+    TU_CHECK(strcmp(b, "none") != 0, "bf16 copy generates");
+    snprintf(cmd, sizeof cmd, "%s convert --model %s --output %s --dtype f16", tu_cli(), src, d2);
+    TU_CHECK(tu_run(cmd, out, sizeof out) == 2 && one_line() && strstr(out, "--dtype"), "bad dtype: %s", out);
+    /* train --init-from */
+    snprintf(txt, sizeof txt, "%s/corpus.txt", tmp);
+    FILE *f = fopen(txt, "w");
+    for (int i = 0; i < 200; i++) fprintf(f, "the quick brown fox %d jumps over the lazy dog. ", i);
+    fclose(f);
+    snprintf(data, sizeof data, "%s/data", tmp);
+    snprintf(cmd, sizeof cmd, "%s data prepare --input %s --output-prefix %s", tu_cli(), txt, data);
+    TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "data prepare: %s", out);
+    snprintf(run, sizeof run, "%s/run0", tmp);
+    snprintf(cmd, sizeof cmd, "%s train --data-path %s --init-from %s --seq-length 16 --micro-batch-size 2 --train-iters 0 "
+             "--eval-iters 1 --save %s", tu_cli(), data, src, run);
+    TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "train 0 steps: %s", out);
+    greedy_ids(run, b, sizeof b);
+    TU_CHECK(!strcmp(a, b), "train --init-from + --save (0 steps) changes greedy ids: %s vs %s", a, b);
+    snprintf(run, sizeof run, "%s/run3", tmp);
+    snprintf(cmd, sizeof cmd, "%s train --data-path %s --init-from %s --seq-length 16 --micro-batch-size 2 --train-iters 3 "
+             "--eval-iters 1 --lr 3e-3 --save %s", tu_cli(), data, src, run);
+    int rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 0 && strstr(out, "llama L=2") && strstr(out, "step 3/3"), "train 3 steps: exit %d: %s", rc, out);
+    snprintf(back, sizeof back, "%s/back", tmp);
+    snprintf(cmd, sizeof cmd, "%s convert --model %s --output %s --dtype bf16", tu_cli(), run, back);
+    TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "convert trained: %s", out);
+    greedy_ids(back, b, sizeof b);
+    TU_CHECK(strcmp(b, "none") != 0, "trained + converted model generates");
+    snprintf(cmd, sizeof cmd, "%s train --data-path %s --init-from %s --hidden-size 32 --train-iters 1", tu_cli(), data, src);
+    rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 2 && one_line() && strstr(out, "--hidden-size conflicts"), "init-from + arch flag: %s", out);
+    snprintf(cmd, sizeof cmd, "%s train --data-path %s --init-from /nonexistent --train-iters 1", tu_cli(), data);
+    rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 2 && one_line() && strstr(out, "config.json"), "init-from missing dir: %s", out);
+    printf("round trip (convert f32, train --init-from + save, convert bf16): checked\n");
+}
+
+int main(void) {
+    test_greedy_text();
+    test_round_trip();
+    char d[600];
+    snprintf(d, sizeof d, "%s/m", tu_tmpdir("hfcli"));
+    char p[1024];
+
+    bad("missing dir", "config.json", gen("/nonexistent/model", ""));
+    bad("no model flag", "--load or --model", tu_run("$SUANLI_CLI generate --prompt x", out, sizeof out));
+    copy_fixture("qwen2", d);
+    bad("prompt id out of range", "--prompt-ids", gen(d, "--prompt-ids 99999"));
+    set_cfg(d, "hidden_size", NULL);
+    bad("missing hidden_size", "missing field 'hidden_size'", gen(d, ""));
+    set_cfg(d, "hidden_size", "\"64\"");
+    bad("string hidden_size", "'hidden_size' must be an integer", gen(d, ""));
+    copy_fixture("qwen2", d);
+    set_cfg(d, "architectures", "[\"GPTNeoXForCausalLM\"]");
+    bad("unsupported arch", "unsupported architecture 'GPTNeoXForCausalLM'", gen(d, ""));
+    copy_fixture("qwen2", d);
+    set_cfg(d, "num_key_value_heads", "3");
+    bad("inconsistent heads", "num_key_value_heads", gen(d, ""));
+    copy_fixture("qwen2", d);
+    set_cfg(d, "intermediate_size", "100");
+    bad("shape mismatch", "tensor 'model.layers.0.mlp.gate_proj.weight' has shape [128,64], config.json implies [100,64]", gen(d, ""));
+    copy_fixture("qwen2", d);
+    set_cfg(d, "tie_word_embeddings", "false");
+    bad("missing tensor", "missing tensor 'lm_head.weight'", gen(d, ""));
+    copy_fixture("qwen2", d);
+    set_cfg(d, "rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4}");
+    set_cfg(d, "rope_parameters", NULL);
+    bad("rope scaling", "rope_scaling", gen(d, ""));
+    set_cfg(d, "rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8}");
+    set_cfg(d, "rope_parameters", NULL);
+    bad("llama3 rope scaling without its fields", "missing field 'low_freq_factor'", gen(d, ""));
+    copy_fixture("qwen2", d);
+    set_cfg(d, "hidden_act", "\"gelu\"");
+    bad("activation", "hidden_act", gen(d, ""));
+    copy_fixture("qwen2", d);
+    set_cfg(d, "rms_norm_eps", "-1");
+    bad("bad eps", "rms_norm_eps", gen(d, ""));
+    copy_fixture("mixtral", d);
+    set_cfg(d, "num_experts_per_tok", "9");
+    bad("experts per token", "num_experts_per_tok", gen(d, ""));
+
+    /* safetensors damage */
+    copy_fixture("qwen2", d);
+    snprintf(p, sizeof p, "%s/model.safetensors", d);
+    TU_CHECK(truncate(p, 100000) == 0, "truncate");
+    bad("truncated safetensors", "model.safetensors", gen(d, ""));
+    write_st(p, "{}", (uint64_t)1 << 60, 0);
+    bad("huge header length", "model.safetensors", gen(d, ""));
+    write_st(p, "{\"model.embed_tokens.weight\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8000000]}}", 0, 8);
+    bad("offsets outside the file", "model.safetensors", gen(d, ""));
+    write_st(p, "{\"model.embed_tokens.weight\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 0, 8);
+    bad("tensor shape vs config", "tensor 'model.embed_tokens.weight' has shape [2]", gen(d, ""));
+    write_bytes(p, "", 0);
+    bad("empty safetensors", "model.safetensors", gen(d, ""));
+
+    /* sharded: index names a missing shard; index malformed */
+    copy_fixture("llama", d);
+    snprintf(p, sizeof p, "%s/model-00002-of-00004.safetensors", d);
+    remove(p);
+    bad("missing shard", "model-00002-of-00004.safetensors", gen(d, ""));
+    copy_fixture("llama", d);
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", d);
+    const char *bad_map = "{\"weight_map\": 3}", *esc = "{\"weight_map\": {\"x\": \"../../etc/passwd\"}}";
+    write_bytes(p, bad_map, strlen(bad_map));
+    bad("bad index", "weight_map", gen(d, ""));
+    write_bytes(p, esc, strlen(esc));
+    bad("index escapes dir", "weight_map entry 'x'", gen(d, ""));
+    return tu_finish("test_hf_cli");
+}
