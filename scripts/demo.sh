@@ -3,7 +3,7 @@
 # cores for a fixed time budget, report val loss (nats per byte) and print a sample.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/deps.sh
+bash scripts/deps.sh demo
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSL_BUILD_TESTS=OFF >/dev/null
 cmake --build build
 ./build/suanli data prepare --input data/tinyshakespeare.txt --output-prefix out/shakespeare-byte --tokenizer-type byte
