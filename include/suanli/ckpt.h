@@ -47,8 +47,8 @@ typedef struct sl_ckpt_writer sl_ckpt_writer;
 sl_ckpt_writer *sl_ckpt_writer_new(void);
 /* Waits for a pending write, then frees. */
 void sl_ckpt_writer_free(sl_ckpt_writer *w);
-/* Snapshot this rank's part into host memory (the only work on the training thread) and start the
- * background write of ROOT/step-N.tmp/shard-rR.safetensors + its sidecar. */
+/* Start saving this rank's part: the background thread copies the live state into host memory (see
+ * sl_ckpt_writer_wait_snapshot) and writes ROOT/step-N.tmp/shard-rR.safetensors + its sidecar. */
 sl_status sl_ckpt_save_begin(sl_ckpt_writer *w, const char *root, const sl_ckpt_state *st);
 /* Root of the in-memory checkpoint copy: SUANLI_MEM_CKPT_DIR (a tmpfs dir that `suanli run` creates for
  * the job and removes at exit), or NULL. Writers mirror each shard there; rank 0 commits it like the disk
@@ -56,11 +56,14 @@ sl_status sl_ckpt_save_begin(sl_ckpt_writer *w, const char *root, const sl_ckpt_
 const char *sl_ckpt_mem_root(void);
 /* Allocate and touch the snapshot buffer ahead of the first save (floats = elements per save). */
 sl_status sl_ckpt_writer_reserve(sl_ckpt_writer *w, size_t floats);
+/* Block until the writer has copied the live state (call before anything modifies parameters or
+ * optimizer state, i.e. before the next optimizer update). Cheap when no save is in flight. */
+void sl_ckpt_writer_wait_snapshot(sl_ckpt_writer *w);
 /* 1 when no write is pending (the last one finished, successfully or not). */
 int sl_ckpt_writer_done(sl_ckpt_writer *w);
 /* Wait for the pending write; returns its status. */
 sl_status sl_ckpt_writer_wait(sl_ckpt_writer *w);
-/* Seconds the last save_begin took on the calling thread (the stall), and bytes written. */
+/* Seconds the last save stalled the training thread (save_begin + waiting for the snapshot), bytes written. */
 double sl_ckpt_writer_stall(const sl_ckpt_writer *w);
 double sl_ckpt_writer_write_seconds(const sl_ckpt_writer *w);
 size_t sl_ckpt_writer_bytes(const sl_ckpt_writer *w);

@@ -48,6 +48,8 @@ typedef struct sl_trainer {
     sl_adamw opt;              /* single-process optimizer state (allocated at the first step) */
     sl_dp *dp;                 /* borrowed; when set, gradients are reduced and the update is done by dp */
     int opt_ready;
+    void (*pre_update)(void *user); /* optional: called right before the optimizer modifies the state */
+    void *pre_update_user;
     int64_t opt_t;             /* optimizer steps taken (both paths) */
     sl_plan_stats plan;
 } sl_trainer;

@@ -28,13 +28,18 @@
 typedef struct {
     char tensor[96];
     int64_t offset, length;
-    float *data; /* into the snapshot buffer */
+    float *data;      /* into the snapshot buffer */
+    const float *src; /* live state, copied by the writer thread before the next optimizer update */
 } entry;
 
 struct sl_ckpt_writer {
     pthread_t th;
     int running, joined;
     volatile int done;
+    int snap_done;            /* the writer copied the live state into buf (guarded by mu) */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    double snap_wait;         /* time the training thread waited for the snapshot */
     sl_status status;
     char errmsg[512];
     char dir[4096], file[64];
@@ -49,8 +54,20 @@ struct sl_ckpt_writer {
 
 sl_ckpt_writer *sl_ckpt_writer_new(void) {
     sl_ckpt_writer *w = calloc(1, sizeof *w);
-    if (w) w->done = 1;
+    if (!w) return NULL;
+    w->done = 1;
+    w->snap_done = 1;
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
     return w;
+}
+
+void sl_ckpt_writer_wait_snapshot(sl_ckpt_writer *w) {
+    double t0 = sl_time_sec();
+    pthread_mutex_lock(&w->mu);
+    while (!w->snap_done) pthread_cond_wait(&w->cv, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+    w->snap_wait += sl_time_sec() - t0;
 }
 
 sl_status sl_ckpt_writer_wait(sl_ckpt_writer *w) {
@@ -68,6 +85,8 @@ void sl_ckpt_writer_free(sl_ckpt_writer *w) {
     sl_ckpt_writer_wait(w);
     free(w->e);
     sl_free_aligned(w->buf);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
     free(w);
 }
 
@@ -87,7 +106,7 @@ sl_status sl_ckpt_writer_reserve(sl_ckpt_writer *w, size_t floats) {
     memset(w->buf, 0, sizeof(float) * floats); /* fault the pages in now, not inside a training step */
     return SL_OK;
 }
-double sl_ckpt_writer_stall(const sl_ckpt_writer *w) { return w->stall; }
+double sl_ckpt_writer_stall(const sl_ckpt_writer *w) { return w->stall + w->snap_wait; }
 double sl_ckpt_writer_write_seconds(const sl_ckpt_writer *w) { return w->write_sec; }
 size_t sl_ckpt_writer_bytes(const sl_ckpt_writer *w) { return w->bytes; }
 
@@ -116,6 +135,16 @@ static void fault_point(int stage) {
 static void *writer_main(void *arg) {
     sl_ckpt_writer *w = arg;
     double t0 = sl_time_sec();
+    /* Note [Snapshot off the training thread]
+     * The saved state (parameters, Adam moments) only changes in the optimizer update at the end of a
+     * step; forward and backward just read it. So the copy into the host snapshot runs here, overlapped
+     * with the next step's forward/backward, and the trainer waits for it (sl_ckpt_writer_wait_snapshot)
+     * only right before its next update. */
+    for (int i = 0; i < w->ne; i++) memcpy(w->e[i].data, w->e[i].src, sizeof(float) * (size_t)w->e[i].length);
+    pthread_mutex_lock(&w->mu);
+    w->snap_done = 1;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
     sl_status st = SL_OK;
     sl_st_tensor *ts = calloc((size_t)w->ne + 1, sizeof *ts);
     char (*keys)[128] = calloc((size_t)w->ne + 1, 128);
@@ -198,7 +227,7 @@ static sl_status add_entries(sl_ckpt_writer *w, const sl_model *m, const char *k
         e->offset = a - p->offset;
         e->length = b - a;
         e->data = w->buf + *used;
-        memcpy(e->data, src + (a - lo), sizeof(float) * (size_t)(b - a));
+        e->src = src + (a - lo);
         *used += (size_t)(b - a);
     }
     return SL_OK;
@@ -237,8 +266,11 @@ sl_status sl_ckpt_save_begin(sl_ckpt_writer *w, const char *root, const sl_ckpt_
     w->status = SL_OK;
     w->done = 0;
     w->joined = 0;
+    w->snap_done = 0;
+    w->snap_wait = 0;
     if (pthread_create(&w->th, NULL, writer_main, w) != 0) {
         w->done = 1;
+        w->snap_done = 1;
         return sl_fail(SL_ERR_INTERNAL, "checkpoint: cannot start the writer thread");
     }
     w->running = 1;

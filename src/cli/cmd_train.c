@@ -87,6 +87,8 @@ static sl_status copy_file(const char *src, const char *dst) {
     return st;
 }
 
+static void wait_snapshot(void *w) { sl_ckpt_writer_wait_snapshot(w); }
+
 /* Commit a pending checkpoint once every rank's writer finished (or wait for it with force). */
 static sl_status ckpt_poll(sl_ckpt_writer *w, sl_comm *world, const sl_mesh *mesh, const char *root,
                            int64_t *pending, int force, int keep, const char *model_json, const char *layout_json) {
@@ -413,6 +415,8 @@ int sl_cmd_train(int argc, char **argv) {
                 need += (size_t)cst.seg[k].len * (size_t)((cst.write_params ? 1 : 0) + (cst.write_optim ? 2 : 0));
         free(segs);
         if (sl_ckpt_writer_reserve(ckw, need) != SL_OK) BAD("--save-interval: %s", sl_errmsg());
+        tr.pre_update = wait_snapshot;
+        tr.pre_update_user = ckw;
     }
     batch_src tsrc = {train, B, T, (uint64_t)a.seed}, vsrc = {val, B, T, (uint64_t)a.seed ^ 0x9e3779b97f4a7c15ull};
     double t_start = sl_time_sec(), t_steps = 0;

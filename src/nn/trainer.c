@@ -78,6 +78,7 @@ sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *us
     if (tr->dp) {
         SL_TRY(sl_dp_finish_grads(tr->dp, &wait));
         SL_TRY(sl_dp_clip(tr->dp, tr->cfg.clip, &norm));
+        if (tr->pre_update) tr->pre_update(tr->pre_update_user);
         SL_TRY(sl_dp_optimizer_step(tr->dp, lr, tr->opt_t + 1, tr->cfg.hp));
         SL_TRY(sl_dp_mean(tr->dp, &loss));
     } else {
@@ -87,6 +88,7 @@ sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *us
             tr->opt.t = tr->opt_t;
         }
         norm = sl_clip_grad_norm(m, tr->cfg.clip);
+        if (tr->pre_update) tr->pre_update(tr->pre_update_user);
         sl_adamw_step(&tr->opt, m, lr);
     }
     tr->opt_t++;
