@@ -33,9 +33,12 @@ static int parse_size(const char *s, size_t *out) {
     double v = strtod(s, &end);
     if (end == s || v < 0) return 0;
     double m = 1;
-    if (*end == 'K' || *end == 'k') m = 1024, end++;
-    else if (*end == 'M' || *end == 'm') m = 1024 * 1024, end++;
-    else if (*end == 'G' || *end == 'g') m = 1024.0 * 1024 * 1024, end++;
+    if (*end == 'K' || *end == 'k')
+        m = 1024, end++;
+    else if (*end == 'M' || *end == 'm')
+        m = 1024 * 1024, end++;
+    else if (*end == 'G' || *end == 'g')
+        m = 1024.0 * 1024 * 1024, end++;
     if (*end) return 0;
     *out = (size_t)(v * m);
     return 1;
@@ -55,26 +58,42 @@ static sl_status call(sl_comm *comm, int mpi, int c, float *sb, float *rb, size_
     if (mpi) {
         int rc = MPI_SUCCESS;
         switch (c) {
-        case C_AR: rc = MPI_Allreduce(sb, rb, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
-        case C_AG: rc = MPI_Allgather(sb, (int)per, MPI_FLOAT, rb, (int)per, MPI_FLOAT, MPI_COMM_WORLD); break;
-        case C_RS: rc = MPI_Reduce_scatter_block(sb, rb, (int)per, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
-        case C_A2A: rc = MPI_Alltoall(sb, (int)per, MPI_FLOAT, rb, (int)per, MPI_FLOAT, MPI_COMM_WORLD); break;
-        case C_BC: rc = MPI_Bcast(rb, (int)count, MPI_FLOAT, 0, MPI_COMM_WORLD); break;
+        case C_AR:
+            rc = MPI_Allreduce(sb, rb, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            break;
+        case C_AG:
+            rc = MPI_Allgather(sb, (int)per, MPI_FLOAT, rb, (int)per, MPI_FLOAT, MPI_COMM_WORLD);
+            break;
+        case C_RS:
+            rc = MPI_Reduce_scatter_block(sb, rb, (int)per, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            break;
+        case C_A2A:
+            rc = MPI_Alltoall(sb, (int)per, MPI_FLOAT, rb, (int)per, MPI_FLOAT, MPI_COMM_WORLD);
+            break;
+        case C_BC:
+            rc = MPI_Bcast(rb, (int)count, MPI_FLOAT, 0, MPI_COMM_WORLD);
+            break;
         }
         return rc == MPI_SUCCESS ? SL_OK : sl_fail(SL_ERR_PEER, "MPI call failed");
     }
 #endif
     switch (c) {
-    case C_AR: return sl_comm_all_reduce(comm, sb, rb, count, SL_COMM_F32, SL_COMM_SUM);
-    case C_AG: return sl_comm_all_gather(comm, sb, rb, per, SL_COMM_F32);
-    case C_RS: return sl_comm_reduce_scatter(comm, sb, rb, per, SL_COMM_F32, SL_COMM_SUM);
-    case C_A2A: return sl_comm_all_to_all(comm, sb, rb, per, SL_COMM_F32);
-    default: return sl_comm_broadcast(comm, rb, rb, count, SL_COMM_F32, 0);
+    case C_AR:
+        return sl_comm_all_reduce(comm, sb, rb, count, SL_COMM_F32, SL_COMM_SUM);
+    case C_AG:
+        return sl_comm_all_gather(comm, sb, rb, per, SL_COMM_F32);
+    case C_RS:
+        return sl_comm_reduce_scatter(comm, sb, rb, per, SL_COMM_F32, SL_COMM_SUM);
+    case C_A2A:
+        return sl_comm_all_to_all(comm, sb, rb, per, SL_COMM_F32);
+    default:
+        return sl_comm_broadcast(comm, rb, rb, count, SL_COMM_F32, 0);
     }
 }
 
 /* Fill inputs so that every result element is known; count wrong elements after one call. */
-static long check(sl_comm *comm, int mpi, int c, float *sb, float *rb, size_t count, int n, int r, sl_status *st) {
+static long check(sl_comm *comm, int mpi, int c, float *sb, float *rb, size_t count, int n, int r,
+                  sl_status *st) {
     size_t per = count / (size_t)n, in = c == C_AG ? per : count, outn = (c == C_RS) ? per : count;
     for (size_t i = 0; i < in; i++) sb[i] = (float)(r + 1) + (float)(i % 5);
     for (size_t i = 0; i < count; i++) rb[i] = c == C_BC ? (r == 0 ? (float)(i % 11) : -1.f) : -1.f;
@@ -85,11 +104,20 @@ static long check(sl_comm *comm, int mpi, int c, float *sb, float *rb, size_t co
     for (size_t i = 0; i < outn; i++) {
         float want;
         switch (c) {
-        case C_AR: want = tot + (float)n * (float)(i % 5); break;
-        case C_RS: want = tot + (float)n * (float)((r * per + i) % 5); break;
-        case C_AG: want = (float)(i / per + 1) + (float)((i % per) % 5); break;
-        case C_A2A: want = (float)(i / per + 1) + (float)((r * per + i % per) % 5); break;
-        default: want = (float)(i % 11);
+        case C_AR:
+            want = tot + (float)n * (float)(i % 5);
+            break;
+        case C_RS:
+            want = tot + (float)n * (float)((r * per + i) % 5);
+            break;
+        case C_AG:
+            want = (float)(i / per + 1) + (float)((i % per) % 5);
+            break;
+        case C_A2A:
+            want = (float)(i / per + 1) + (float)((r * per + i % per) % 5);
+            break;
+        default:
+            want = (float)(i % 11);
         }
         wrong += rb[i] != want;
     }
@@ -105,7 +133,8 @@ static int iters_for(size_t bytes, int forced) {
 }
 
 /* mean time per call, max over ranks */
-static double timed(sl_comm *comm, int mpi, int c, float *sb, float *rb, size_t count, int n, int iters, sl_status *st) {
+static double timed(sl_comm *comm, int mpi, int c, float *sb, float *rb, size_t count, int n, int iters,
+                    sl_status *st) {
     for (int w = 0; w < 2 && *st == SL_OK; w++) *st = call(comm, mpi, c, sb, rb, count, n);
     if (*st == SL_OK) *st = sl_comm_barrier(comm);
     double t0 = sl_time_sec();
@@ -147,10 +176,12 @@ int sl_bench_comm(int argc, char **argv) {
     int nlaunch = 0, any = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--json")) o.json = 1;
+        if (!strcmp(a, "--json"))
+            o.json = 1;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: suanli bench comm [--json] [-n N] [--min-bytes B] [--max-bytes B] [--iters K]\n"
-                   "                         [--colls all_reduce,all_gather,reduce_scatter,all_to_all,broadcast]\n"
+                   "                         [--colls "
+                   "all_reduce,all_gather,reduce_scatter,all_to_all,broadcast]\n"
                    "Run inside a job (suanli run -n N -- suanli bench comm, mpirun, srun) or pass -n N.\n");
             return 0;
         } else if ((!strcmp(a, "--min-bytes") || !strcmp(a, "--max-bytes")) && v) {
@@ -195,7 +226,8 @@ int sl_bench_comm(int argc, char **argv) {
     if (!any)
         for (int c = 0; c < C_COUNT; c++) o.colls[c] = 1;
     if (o.minb < 4) o.minb = 4;
-    if (nlaunch > 0 && !getenv("RANK") && !getenv("OMPI_COMM_WORLD_RANK") && !getenv("PMI_RANK") && !getenv("SLURM_PROCID"))
+    if (nlaunch > 0 && !getenv("RANK") && !getenv("OMPI_COMM_WORLD_RANK") && !getenv("PMI_RANK") &&
+        !getenv("SLURM_PROCID"))
         return relaunch(nlaunch, argc, argv);
 
     sl_comm *comm;
@@ -224,17 +256,21 @@ int sl_bench_comm(int argc, char **argv) {
     gethostname(host, sizeof host - 1);
     const char *tp = sl_comm_transport_name(sl_comm_transport(comm));
     if (r == 0) {
-        if (o.json) printf("{\"bench\":\"comm\",\"ranks\":%d,\"transport\":\"%s\",\"host\":\"%s\",\"dtype\":\"f32\",\"mpi\":%s,\"results\":[",
-                           n, tp, host, have_mpi ? "true" : "false");
-        else printf("# suanli bench comm: %d ranks, transport %s, host %s, dtype f32, op sum%s\n", n, tp, host,
-                    have_mpi ? ", MPI comparison in the same run" : "");
+        if (o.json)
+            printf("{\"bench\":\"comm\",\"ranks\":%d,\"transport\":\"%s\",\"host\":\"%s\",\"dtype\":\"f32\","
+                   "\"mpi\":%s,\"results\":[",
+                   n, tp, host, have_mpi ? "true" : "false");
+        else
+            printf("# suanli bench comm: %d ranks, transport %s, host %s, dtype f32, op sum%s\n", n, tp, host,
+                   have_mpi ? ", MPI comparison in the same run" : "");
     }
     int first = 1, status = 0;
     sl_status st = SL_OK;
     for (int c = 0; c < C_COUNT && st == SL_OK; c++) {
         if (!o.colls[c]) continue;
         if (r == 0 && !o.json) {
-            printf("#\n# %s\n# %12s %10s %11s %8s %8s %7s", CNAME[c], "bytes", "count", "time(us)", "algbw", "busbw", "#wrong");
+            printf("#\n# %s\n# %12s %10s %11s %8s %8s %7s", CNAME[c], "bytes", "count", "time(us)", "algbw",
+                   "busbw", "#wrong");
             if (have_mpi) printf(" | %11s %8s %8s %7s %6s", "mpi(us)", "algbw", "busbw", "#wrong", "ratio");
             printf("\n");
         }
@@ -259,7 +295,8 @@ int sl_bench_comm(int argc, char **argv) {
             double alg = (double)b / t / 1e9, bus = alg * factor(c, n);
             if (r != 0) continue;
             if (o.json) {
-                printf("%s\n{\"coll\":\"%s\",\"bytes\":%zu,\"time_us\":%.3f,\"algbw\":%.4f,\"busbw\":%.4f,\"wrong\":%ld",
+                printf("%s\n{\"coll\":\"%s\",\"bytes\":%zu,\"time_us\":%.3f,\"algbw\":%.4f,\"busbw\":%.4f,"
+                       "\"wrong\":%ld",
                        first ? "" : ",", CNAME[c], b, t * 1e6, alg, bus, wrong);
                 if (have_mpi)
                     printf(",\"mpi_time_us\":%.3f,\"mpi_busbw\":%.4f,\"mpi_wrong\":%ld", mt * 1e6,
@@ -269,8 +306,8 @@ int sl_bench_comm(int argc, char **argv) {
             } else {
                 printf("  %12zu %10zu %11.2f %8.3f %8.3f %7ld", b, count, t * 1e6, alg, bus, wrong);
                 if (have_mpi)
-                    printf(" | %11.2f %8.3f %8.3f %7ld %6.2f", mt * 1e6, (double)b / mt / 1e9, (double)b / mt / 1e9 * factor(c, n),
-                           mwrong, mt / t);
+                    printf(" | %11.2f %8.3f %8.3f %7ld %6.2f", mt * 1e6, (double)b / mt / 1e9,
+                           (double)b / mt / 1e9 * factor(c, n), mwrong, mt / t);
                 printf("\n");
             }
             fflush(stdout);

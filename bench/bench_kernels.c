@@ -35,10 +35,12 @@ static sl_tensor *leaf(sl_ctx *ctx, int ndim, const int64_t *ne, uint64_t stream
     return t;
 }
 
-static void report(bk_ctx *c, const char *name, const char *shape, double tr, double tf, double bytes, double flops) {
+static void report(bk_ctx *c, const char *name, const char *shape, double tr, double tf, double bytes,
+                   double flops) {
     double gbs = bytes > 0 ? bytes / tf * 1e-9 : 0, gfl = flops > 0 ? flops / tf * 1e-9 : 0;
     if (c->json) {
-        printf("%s{\"kernel\": \"%s\", \"shape\": \"%s\", \"ref_ms\": %.4f, \"simd_ms\": %.4f, \"speedup\": %.2f, "
+        printf("%s{\"kernel\": \"%s\", \"shape\": \"%s\", \"ref_ms\": %.4f, \"simd_ms\": %.4f, \"speedup\": "
+               "%.2f, "
                "\"simd_gbs\": %.2f, \"simd_gflops\": %.2f}",
                c->first ? "" : ",\n", name, shape, tr * 1e3, tf * 1e3, tr / tf, gbs, gfl);
         c->first = 0;
@@ -85,7 +87,8 @@ static void bench_adamw(bk_ctx *c, int64_t numel) {
     m.params_mem = rnd(m.numel, 1, 1.0f);
     m.grads_mem = rnd(m.numel, 2, 1.0f);
     sl_adamw o;
-    if (!m.params_mem || !m.grads_mem || sl_adamw_init(&o, &m, (sl_adamw_hparams){0.9f, 0.95f, 1e-8f, 0.1f}) != SL_OK) {
+    if (!m.params_mem || !m.grads_mem ||
+        sl_adamw_init(&o, &m, (sl_adamw_hparams){0.9f, 0.95f, 1e-8f, 0.1f}) != SL_OK) {
         fprintf(stderr, "bench kernels: adamw: out of memory\n");
         sl_free_aligned(m.params_mem);
         sl_free_aligned(m.grads_mem);
@@ -155,11 +158,13 @@ int sl_bench_kernels(int argc, char **argv) {
     int64_t BT = B * T, hs = C / NH;
     const char *isa = sl_kern_isa_name(sl_kern_isa());
     if (json)
-        printf("{\"bench\": \"kernels\", \"isa\": \"%s\", \"threads\": %lld, \"B\": %lld, \"T\": %lld, \"C\": %lld, "
+        printf("{\"bench\": \"kernels\", \"isa\": \"%s\", \"threads\": %lld, \"B\": %lld, \"T\": %lld, "
+               "\"C\": %lld, "
                "\"V\": %lld, \"results\": [\n",
                isa, (long long)threads, (long long)B, (long long)T, (long long)C, (long long)V);
     else
-        printf("suanli bench kernels: isa %s, %lld threads, B=%lld T=%lld C=%lld NH=%lld V=%lld, median of %lld\n"
+        printf("suanli bench kernels: isa %s, %lld threads, B=%lld T=%lld C=%lld NH=%lld V=%lld, median of "
+               "%lld\n"
                "%-20s %-24s %10s %10s %9s\n",
                isa, (long long)threads, (long long)B, (long long)T, (long long)C, (long long)NH, (long long)V,
                (long long)reps, "kernel", "shape", "ref ms", "simd ms", "speedup");
@@ -168,37 +173,42 @@ int sl_bench_kernels(int argc, char **argv) {
     double f4 = 4.0;
     /* residual add (BT, C) + (BT, C); bias add (BT, 3C) + (3C); acc; sum_to (BT, 4C) -> (4C) */
     sl_tensor *x = leaf(ctx, 2, (int64_t[]){BT, C}, 1, 1.0f), *y = leaf(ctx, 2, (int64_t[]){BT, C}, 2, 1.0f);
-    sl_tensor *h = leaf(ctx, 2, (int64_t[]){BT, 4 * C}, 3, 1.0f), *hg = leaf(ctx, 2, (int64_t[]){BT, 4 * C}, 4, 1.0f);
-    sl_tensor *b3 = leaf(ctx, 1, (int64_t[]){3 * C}, 5, 1.0f), *q3 = leaf(ctx, 2, (int64_t[]){BT, 3 * C}, 6, 1.0f);
+    sl_tensor *h = leaf(ctx, 2, (int64_t[]){BT, 4 * C}, 3, 1.0f),
+              *hg = leaf(ctx, 2, (int64_t[]){BT, 4 * C}, 4, 1.0f);
+    sl_tensor *b3 = leaf(ctx, 1, (int64_t[]){3 * C}, 5, 1.0f),
+              *q3 = leaf(ctx, 2, (int64_t[]){BT, 3 * C}, 6, 1.0f);
     sl_tensor *w = leaf(ctx, 1, (int64_t[]){C}, 7, 1.0f), *bb = leaf(ctx, 1, (int64_t[]){C}, 8, 1.0f);
     snprintf(shape, sizeof shape, "%lldx%lld", (long long)BT, (long long)C);
-    bench_pair(&c, "add (residual)", shape, sl_add(ctx, x, y), sl_k_add, sl_k_add_ref, 3 * f4 * BT * C, 0, NULL, 0);
+    bench_pair(&c, "add (residual)", shape, sl_add(ctx, x, y), sl_k_add, sl_k_add_ref, 3 * f4 * BT * C, 0,
+               NULL, 0);
     sl_tensor *dst = sl_new_tensor(ctx, SL_F32, 2, (int64_t[]){BT, C});
     sl_tensor *acc = sl_acc(ctx, dst, x);
     bench_pair(&c, "acc", shape, acc, sl_k_acc, sl_k_acc_ref, 3 * f4 * BT * C, 0, NULL, 0);
     snprintf(shape, sizeof shape, "%lldx%lld + %lld", (long long)BT, (long long)(3 * C), (long long)(3 * C));
-    bench_pair(&c, "add (bias)", shape, sl_bias(ctx, q3, b3), sl_k_add, sl_k_add_ref, 2 * f4 * BT * 3 * C, 0, NULL, 0);
+    bench_pair(&c, "add (bias)", shape, sl_bias(ctx, q3, b3), sl_k_add, sl_k_add_ref, 2 * f4 * BT * 3 * C, 0,
+               NULL, 0);
     snprintf(shape, sizeof shape, "%lldx%lld -> %lld", (long long)BT, (long long)(4 * C), (long long)(4 * C));
-    bench_pair(&c, "sum_to (bias grad)", shape, sl_sum_to(ctx, h, sl_new_tensor_1d(ctx, SL_F32, 4 * C)), sl_k_sum_to,
-               sl_k_sum_to_ref, f4 * BT * 4 * C, 0, NULL, 0);
+    bench_pair(&c, "sum_to (bias grad)", shape, sl_sum_to(ctx, h, sl_new_tensor_1d(ctx, SL_F32, 4 * C)),
+               sl_k_sum_to, sl_k_sum_to_ref, f4 * BT * 4 * C, 0, NULL, 0);
     snprintf(shape, sizeof shape, "%lldx%lld", (long long)BT, (long long)(4 * C));
     bench_pair(&c, "gelu", shape, sl_gelu(ctx, h), sl_k_gelu, sl_k_gelu_ref, 2 * f4 * BT * 4 * C, 0, NULL, 0);
     sl_tensor *gb = sl_new_op(ctx, SL_OP_GELU_BACK, SL_F32, 2, h->ne);
     gb->src[0] = h;
     gb->src[1] = hg;
-    bench_pair(&c, "gelu_back", shape, gb, sl_k_gelu_back, sl_k_gelu_back_ref, 3 * f4 * BT * 4 * C, 0, NULL, 0);
+    bench_pair(&c, "gelu_back", shape, gb, sl_k_gelu_back, sl_k_gelu_back_ref, 3 * f4 * BT * 4 * C, 0, NULL,
+               0);
     /* layernorm */
     snprintf(shape, sizeof shape, "%lldx%lld", (long long)BT, (long long)C);
     sl_tensor *ln = sl_layernorm(ctx, x, w, bb, 1e-5f);
     bench_pair(&c, "layernorm", shape, ln, sl_k_layernorm, sl_k_layernorm_ref, 2 * f4 * BT * C, 0, NULL, 0);
     sl_tensor *lx = sl_new_op(ctx, SL_OP_LAYERNORM_BACK_X, SL_F32, 2, x->ne);
     lx->src[0] = ln, lx->src[1] = x, lx->src[2] = w, lx->src[3] = y;
-    bench_pair(&c, "layernorm_back_x", shape, lx, sl_k_layernorm_back_x, sl_k_layernorm_back_x_ref, 3 * f4 * BT * C, 0,
-               NULL, 0);
+    bench_pair(&c, "layernorm_back_x", shape, lx, sl_k_layernorm_back_x, sl_k_layernorm_back_x_ref,
+               3 * f4 * BT * C, 0, NULL, 0);
     sl_tensor *lw = sl_new_op(ctx, SL_OP_LAYERNORM_BACK_WB, SL_F32, 2, (int64_t[]){2, C});
     lw->src[0] = ln, lw->src[1] = x, lw->src[2] = y;
-    bench_pair(&c, "layernorm_back_wb", shape, lw, sl_k_layernorm_back_wb, sl_k_layernorm_back_wb_ref, 2 * f4 * BT * C,
-               0, NULL, 0);
+    bench_pair(&c, "layernorm_back_wb", shape, lw, sl_k_layernorm_back_wb, sl_k_layernorm_back_wb_ref,
+               2 * f4 * BT * C, 0, NULL, 0);
     /* cross-entropy over (BT, V) */
     sl_tensor *lg = leaf(ctx, 2, (int64_t[]){BT, V}, 9, 2.0f);
     sl_tensor *tg = sl_new_tensor(ctx, SL_I32, 1, (int64_t[]){BT});
@@ -207,7 +217,8 @@ int sl_bench_kernels(int argc, char **argv) {
     sl_tensor_bind(tg, tid);
     snprintf(shape, sizeof shape, "%lldx%lld", (long long)BT, (long long)V);
     sl_tensor *ce = sl_cross_entropy(ctx, lg, tg);
-    bench_pair(&c, "cross_entropy", shape, ce, sl_k_cross_entropy, sl_k_cross_entropy_ref, f4 * BT * V, 0, NULL, 0);
+    bench_pair(&c, "cross_entropy", shape, ce, sl_k_cross_entropy, sl_k_cross_entropy_ref, f4 * BT * V, 0,
+               NULL, 0);
     float dl1 = 1.0f;
     sl_tensor *dl = sl_new_tensor(ctx, SL_F32, 1, (int64_t[]){1});
     sl_tensor_bind(dl, &dl1);
@@ -220,23 +231,26 @@ int sl_bench_kernels(int argc, char **argv) {
     eb->src[1] = tg, eb->src[2] = x;
     float *zero = calloc((size_t)(V * C), sizeof(float));
     snprintf(shape, sizeof shape, "%lld ids x %lld", (long long)BT, (long long)C);
-    bench_pair(&c, "embedding_back", shape, eb, sl_k_embedding_back, sl_k_embedding_back_ref, 3 * f4 * BT * C, 0, zero,
-               V * C);
+    bench_pair(&c, "embedding_back", shape, eb, sl_k_embedding_back, sl_k_embedding_back_ref, 3 * f4 * BT * C,
+               0, zero, V * C);
     free(zero);
     /* attention: q, k, v are views of the fused (B, T, 3C) projection */
     sl_tensor *qkv = leaf(ctx, 4, (int64_t[]){B, T, 3 * NH, hs}, 11, 1.0f);
-    sl_tensor *qv = sl_slice(ctx, qkv, 2, 0, NH), *kv = sl_slice(ctx, qkv, 2, NH, NH), *vv = sl_slice(ctx, qkv, 2, 2 * NH, NH);
+    sl_tensor *qv = sl_slice(ctx, qkv, 2, 0, NH), *kv = sl_slice(ctx, qkv, 2, NH, NH),
+              *vv = sl_slice(ctx, qkv, 2, 2 * NH, NH);
     qv->data = qkv->data;
     kv->data = (float *)qkv->data + NH * hs;
     vv->data = (float *)qkv->data + 2 * NH * hs;
     sl_tensor *at = sl_attention(ctx, qv, kv, vv);
     double causal = (double)B * NH * hs * (double)T * (T + 1) / 2.0;
-    snprintf(shape, sizeof shape, "B%lld T%lld NH%lld hs%lld", (long long)B, (long long)T, (long long)NH, (long long)hs);
+    snprintf(shape, sizeof shape, "B%lld T%lld NH%lld hs%lld", (long long)B, (long long)T, (long long)NH,
+             (long long)hs);
     bench_pair(&c, "attention", shape, at, sl_k_attention, sl_k_attention_ref, 0, 4.0 * causal, NULL, 0);
     sl_tensor *ag = leaf(ctx, 3, at->ne, 12, 1.0f);
     sl_tensor *ab = sl_new_op(ctx, SL_OP_ATTENTION_BACK, SL_F32, 4, (int64_t[]){B, T, 3 * NH, hs});
     ab->src[0] = at, ab->src[1] = qv, ab->src[2] = kv, ab->src[3] = vv, ab->src[4] = ag;
-    bench_pair(&c, "attention_back", shape, ab, sl_k_attention_back, sl_k_attention_back_ref, 0, 8.0 * causal, NULL, 0);
+    bench_pair(&c, "attention_back", shape, ab, sl_k_attention_back, sl_k_attention_back_ref, 0, 8.0 * causal,
+               NULL, 0);
     bench_adamw(&c, 16 << 20);
     if (json) printf("\n]}\n");
     /* free every buffer allocated above: leaves' random data (not views, not the acc alias, not dl) and

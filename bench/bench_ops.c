@@ -25,12 +25,12 @@
 #endif
 
 /* ---- anchors (dlopen) ---- */
-typedef void (*cblas_sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float,
-                               float *, int);
+typedef void (*cblas_sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int,
+                               float, float *, int);
 typedef void (*openblas_set_threads_fn)(int);
 typedef const char *(*openblas_str_fn)(void);
-typedef int (*dnnl_sgemm_fn)(char, char, int64_t, int64_t, int64_t, float, const float *, int64_t, const float *,
-                             int64_t, float, float *, int64_t);
+typedef int (*dnnl_sgemm_fn)(char, char, int64_t, int64_t, int64_t, float, const float *, int64_t,
+                             const float *, int64_t, float, float *, int64_t);
 typedef int (*dnnl_gemm_bf16_fn)(char, char, int64_t, int64_t, int64_t, float, const uint16_t *, int64_t,
                                  const uint16_t *, int64_t, float, float *, int64_t);
 
@@ -72,21 +72,21 @@ static void set_threads(int t) {
 #define PEAK_ITERS 20000000LL
 
 /* 12 independent FMA chains; the compiler cannot reassociate or drop them. */
-#define SL_FMA12(T, FMA, SET1, STORE, W)                                                                    \
-    T a0 = SET1(0.f), a1 = SET1(1.f), a2 = SET1(2.f), a3 = SET1(3.f), a4 = SET1(4.f), a5 = SET1(5.f);      \
-    T a6 = SET1(6.f), a7 = SET1(7.f), a8 = SET1(8.f), a9 = SET1(9.f), a10 = SET1(10.f), a11 = SET1(11.f); \
-    const T x = SET1(0.999999f), y = SET1(1e-7f);                                                          \
-    for (int64_t n = 0; n < iters; n++) {                                                                  \
-        a0 = FMA(a0, x, y), a1 = FMA(a1, x, y), a2 = FMA(a2, x, y), a3 = FMA(a3, x, y);                   \
-        a4 = FMA(a4, x, y), a5 = FMA(a5, x, y), a6 = FMA(a6, x, y), a7 = FMA(a7, x, y);                   \
-        a8 = FMA(a8, x, y), a9 = FMA(a9, x, y), a10 = FMA(a10, x, y), a11 = FMA(a11, x, y);               \
-    }                                                                                                      \
-    float t[W], s = 0;                                                                                     \
-    T all[12] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11};                                        \
-    for (int i = 0; i < 12; i++) {                                                                         \
-        STORE(t, all[i]);                                                                                  \
-        for (int j = 0; j < W; j++) s += t[j];                                                             \
-    }                                                                                                      \
+#define SL_FMA12(T, FMA, SET1, STORE, W)                                                                     \
+    T a0 = SET1(0.f), a1 = SET1(1.f), a2 = SET1(2.f), a3 = SET1(3.f), a4 = SET1(4.f), a5 = SET1(5.f);        \
+    T a6 = SET1(6.f), a7 = SET1(7.f), a8 = SET1(8.f), a9 = SET1(9.f), a10 = SET1(10.f), a11 = SET1(11.f);    \
+    const T x = SET1(0.999999f), y = SET1(1e-7f);                                                            \
+    for (int64_t n = 0; n < iters; n++) {                                                                    \
+        a0 = FMA(a0, x, y), a1 = FMA(a1, x, y), a2 = FMA(a2, x, y), a3 = FMA(a3, x, y);                      \
+        a4 = FMA(a4, x, y), a5 = FMA(a5, x, y), a6 = FMA(a6, x, y), a7 = FMA(a7, x, y);                      \
+        a8 = FMA(a8, x, y), a9 = FMA(a9, x, y), a10 = FMA(a10, x, y), a11 = FMA(a11, x, y);                  \
+    }                                                                                                        \
+    float t[W], s = 0;                                                                                       \
+    T all[12] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11};                                          \
+    for (int i = 0; i < 12; i++) {                                                                           \
+        STORE(t, all[i]);                                                                                    \
+        for (int j = 0; j < W; j++) s += t[j];                                                               \
+    }                                                                                                        \
     return (double)s;
 
 __attribute__((target("avx512f"))) static double fma_loop_zmm(int64_t iters) {
@@ -173,15 +173,16 @@ static double run_once(int lib, const gcase *c, const void *A, const void *B, fl
         if (lib == LIB_SUANLI)
             sl_gemm_bf16(c->tA, c->tB, c->M, c->N, c->K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
         else
-            st = anc.dn_bf16(c->tA ? 'T' : 'N', c->tB ? 'T' : 'N', c->M, c->N, c->K, 1.0f, A, lda, B, ldb, 0.0f, C,
-                             ldc);
+            st = anc.dn_bf16(c->tA ? 'T' : 'N', c->tB ? 'T' : 'N', c->M, c->N, c->K, 1.0f, A, lda, B, ldb,
+                             0.0f, C, ldc);
     } else if (lib == LIB_SUANLI) {
         sl_sgemm(c->tA, c->tB, c->M, c->N, c->K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
     } else if (lib == LIB_OPENBLAS) {
-        anc.ob_sgemm(101, c->tA ? 112 : 111, c->tB ? 112 : 111, (int)c->M, (int)c->N, (int)c->K, 1.0f, A, (int)lda,
-                     B, (int)ldb, 0.0f, C, (int)ldc);
+        anc.ob_sgemm(101, c->tA ? 112 : 111, c->tB ? 112 : 111, (int)c->M, (int)c->N, (int)c->K, 1.0f, A,
+                     (int)lda, B, (int)ldb, 0.0f, C, (int)ldc);
     } else {
-        st = anc.dn_sgemm(c->tA ? 'T' : 'N', c->tB ? 'T' : 'N', c->M, c->N, c->K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+        st = anc.dn_sgemm(c->tA ? 'T' : 'N', c->tB ? 'T' : 'N', c->M, c->N, c->K, 1.0f, A, lda, B, ldb, 0.0f,
+                          C, ldc);
     }
     double dt = sl_time_sec() - t0;
     return st == 0 ? dt : -1.0; /* dnnl_status_t: 0 is dnnl_success */
@@ -195,17 +196,23 @@ typedef struct brow {
 } brow;
 
 static void print_num(FILE *f, double v, const char *fmt) {
-    if (v < 0) fprintf(f, "%8s", "n/a");
-    else fprintf(f, fmt, v);
+    if (v < 0)
+        fprintf(f, "%8s", "n/a");
+    else
+        fprintf(f, fmt, v);
 }
 
 int sl_bench_ops(int argc, char **argv) {
     int json = 0, quick = 0, maxthr = 2, reps = 3;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json")) json = 1;
-        else if (!strcmp(argv[i], "--quick")) quick = 1;
-        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) maxthr = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        if (!strcmp(argv[i], "--json"))
+            json = 1;
+        else if (!strcmp(argv[i], "--quick"))
+            quick = 1;
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+            maxthr = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+            reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             printf("usage: suanli bench ops [--json] [--threads N] [--reps R] [--quick]\n");
             return 0;
@@ -265,17 +272,18 @@ int sl_bench_ops(int argc, char **argv) {
 
     const char *coretype = getenv("OPENBLAS_CORETYPE");
     if (!json) {
-        printf("suanli bench ops: gemm kernel %s, cpu isa %s, reps %d (median), GFLOP/s\n", sl_gemm_kernel_name(),
-               sl_cpu_isa_name(), reps);
+        printf("suanli bench ops: gemm kernel %s, cpu isa %s, reps %d (median), GFLOP/s\n",
+               sl_gemm_kernel_name(), sl_cpu_isa_name(), reps);
         printf("anchors: openblas %s (core %s, OPENBLAS_CORETYPE=%s), onednn %s\n",
                anc.ob_sgemm ? "yes" : "n/a", anc.ob_core ? anc.ob_core : "-", coretype ? coretype : "unset",
                anc.dn_sgemm ? "yes" : "n/a");
         for (int t = 0; t < nthr_list; t++)
-            printf("fp32 FMA peak, %d thread(s): %.1f GFLOP/s (measured again at the end; %%peak uses the larger)\n",
+            printf("fp32 FMA peak, %d thread(s): %.1f GFLOP/s (measured again at the end; %%peak uses the "
+                   "larger)\n",
                    thr_list[t], peak[t]);
         printf("load average at start: %.2f\n", load0);
-        printf("%-4s %-5s %-5s %6s %6s %6s %3s %8s %6s %8s %8s %7s %7s\n", "dt", "pass", "trans", "M", "N", "K", "thr",
-               "suanli", "%peak", "openblas", "onednn", "vs_ob", "vs_dnnl");
+        printf("%-4s %-5s %-5s %6s %6s %6s %3s %8s %6s %8s %8s %7s %7s\n", "dt", "pass", "trans", "M", "N",
+               "K", "thr", "suanli", "%peak", "openblas", "onednn", "vs_ob", "vs_dnnl");
         fflush(stdout);
     }
     int nrows = 0;
@@ -283,7 +291,8 @@ int sl_bench_ops(int argc, char **argv) {
     if (reps > 64) reps = 64;
     for (int i = 0; i < nc; i++) {
         const gcase *c = &cases[i];
-        const void *a = c->bf16 ? (const void *)Ah : (const void *)A, *b = c->bf16 ? (const void *)Bh : (const void *)B;
+        const void *a = c->bf16 ? (const void *)Ah : (const void *)A,
+                   *b = c->bf16 ? (const void *)Bh : (const void *)B;
         double flop = 2.0 * (double)c->M * (double)c->N * (double)c->K;
         for (int t = 0; t < nthr_list; t++) {
             set_threads(thr_list[t]);
@@ -311,10 +320,14 @@ int sl_bench_ops(int argc, char **argv) {
                 printf(" ");
                 print_num(stdout, g[2], "%8.1f");
                 printf(" ");
-                if (g[1] > 0) printf("%6.2fx ", g[0] / g[1]);
-                else printf("%7s ", "n/a");
-                if (g[2] > 0) printf("%6.2fx\n", g[0] / g[2]);
-                else printf("%7s\n", "n/a");
+                if (g[1] > 0)
+                    printf("%6.2fx ", g[0] / g[1]);
+                else
+                    printf("%7s ", "n/a");
+                if (g[2] > 0)
+                    printf("%6.2fx\n", g[0] / g[2]);
+                else
+                    printf("%7s\n", "n/a");
                 fflush(stdout);
             }
         }
@@ -329,7 +342,8 @@ int sl_bench_ops(int argc, char **argv) {
         rows[i].peak = peak[t] * (rows[i].c.bf16 ? bf16_peak_factor() : 1.0);
     }
     if (!json) {
-        for (int t = 0; t < nthr_list; t++) printf("fp32 FMA peak, %d thread(s), max of start and end: %.1f GFLOP/s\n", thr_list[t], peak[t]);
+        for (int t = 0; t < nthr_list; t++)
+            printf("fp32 FMA peak, %d thread(s), max of start and end: %.1f GFLOP/s\n", thr_list[t], peak[t]);
         printf("load average at end: %.2f\n", load1);
         printf("summary (%%peak against the final peak):\n");
         for (int i = 0; i < nrows; i++) {
@@ -343,7 +357,8 @@ int sl_bench_ops(int argc, char **argv) {
         }
     }
     if (json) {
-        printf("{\"bench\":\"ops\",\"load_avg_start\":%.2f,\"load_avg_end\":%.2f,\"kernel\":\"%s\",\"isa\":\"%s\",\"reps\":%d,\"openblas_coretype\":\"%s\","
+        printf("{\"bench\":\"ops\",\"load_avg_start\":%.2f,\"load_avg_end\":%.2f,\"kernel\":\"%s\",\"isa\":"
+               "\"%s\",\"reps\":%d,\"openblas_coretype\":\"%s\","
                "\"openblas_core\":\"%s\",\"peak_gflops\":{",
                load0, load1, sl_gemm_kernel_name(), sl_cpu_isa_name(), reps, coretype ? coretype : "",
                anc.ob_core ? anc.ob_core : "");
@@ -356,13 +371,17 @@ int sl_bench_ops(int argc, char **argv) {
                    i ? "," : "", r->c.bf16 ? "bf16" : "fp32", r->c.pass, r->c.trans, (long long)r->c.M,
                    (long long)r->c.N, (long long)r->c.K, r->threads, r->peak);
             for (int lib = 0; lib < LIB_COUNT; lib++) {
-                if (r->gflops[lib] < 0) printf(",\"%s_gflops\":null", lib_names[lib]);
-                else printf(",\"%s_gflops\":%.2f", lib_names[lib], r->gflops[lib]);
+                if (r->gflops[lib] < 0)
+                    printf(",\"%s_gflops\":null", lib_names[lib]);
+                else
+                    printf(",\"%s_gflops\":%.2f", lib_names[lib], r->gflops[lib]);
             }
             printf(",\"pct_peak\":%.2f", r->peak > 0 ? 100.0 * r->gflops[0] / r->peak : 0.0);
             for (int lib = 1; lib < LIB_COUNT; lib++) {
-                if (r->gflops[lib] > 0) printf(",\"vs_%s\":%.3f", lib_names[lib], r->gflops[0] / r->gflops[lib]);
-                else printf(",\"vs_%s\":null", lib_names[lib]);
+                if (r->gflops[lib] > 0)
+                    printf(",\"vs_%s\":%.3f", lib_names[lib], r->gflops[0] / r->gflops[lib]);
+                else
+                    printf(",\"vs_%s\":null", lib_names[lib]);
             }
             printf("}");
         }

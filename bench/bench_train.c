@@ -74,8 +74,16 @@ int sl_bench_train(int argc, char **argv) {
     sl_model_init_weights(m, 1);
     m->compute_dtype = bf16 ? SL_BF16 : SL_F32;
     sl_trainer tr;
-    sl_trainer_config tc = {.B = (int)B, .T = (int)T, .accum = 1, .dp_size = mesh.dp, .lr = 1e-4f, .min_lr = 1e-5f, .clip = 1.0f,
-                            .warmup = 0, .decay_iters = 1000, .hp = {0.9f, 0.95f, 1e-8f, 0.1f}};
+    sl_trainer_config tc = {.B = (int)B,
+                            .T = (int)T,
+                            .accum = 1,
+                            .dp_size = mesh.dp,
+                            .lr = 1e-4f,
+                            .min_lr = 1e-5f,
+                            .clip = 1.0f,
+                            .warmup = 0,
+                            .decay_iters = 1000,
+                            .hp = {0.9f, 0.95f, 1e-8f, 0.1f}};
     if (sl_trainer_init(&tr, m, &tc) != SL_OK) {
         fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
         sl_model_free(m);
@@ -118,18 +126,25 @@ int sl_bench_train(int argc, char **argv) {
     double peak = sl_bench_fma_peak((int)threads) * 1e9 * mesh.dp; /* GFLOP/s -> FLOP/s, all ranks */
     double mfu = peak > 0 ? flops / peak : 0;
     if (json)
-        printf("{\"bench\": \"train\", \"model\": \"gpt2\", \"L\": %lld, \"NH\": %lld, \"C\": %lld, \"V\": %lld, \"B\": %lld, "
-               "\"T\": %lld, \"threads\": %lld, \"dtype\": \"%s\", \"ms_per_step\": %.2f, \"tokens_per_s\": %.2f, "
-               "\"gflops\": %.2f, \"peak_gflops\": %.2f, \"mfu\": %.4f, \"activation_mib\": %.1f, \"loss\": %.4f, "
+        printf("{\"bench\": \"train\", \"model\": \"gpt2\", \"L\": %lld, \"NH\": %lld, \"C\": %lld, \"V\": "
+               "%lld, \"B\": %lld, "
+               "\"T\": %lld, \"threads\": %lld, \"dtype\": \"%s\", \"ms_per_step\": %.2f, \"tokens_per_s\": "
+               "%.2f, "
+               "\"gflops\": %.2f, \"peak_gflops\": %.2f, \"mfu\": %.4f, \"activation_mib\": %.1f, \"loss\": "
+               "%.4f, "
                "\"dp\": %d, \"comm_wait_fraction\": %.4f}\n",
-               (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T, (long long)threads,
-               bf16 ? "bf16-mixed" : "f32", med * 1e3, tps, flops / 1e9, peak / 1e9, mfu, tr.plan.planned_bytes / 1048576.0, loss, mesh.dp, wait_frac);
-    else
-        printf("GPT-2 L%lld NH%lld C%lld V%lld B%lld T%lld %s, %lld threads: %.1f ms/step (median of %lld), %.1f tokens/s, "
-               "%.1f GFLOP/s, MFU %.1f%% of measured %.1f GFLOP/s peak; activations %.1f MiB; dp %d, comm wait %.1f%% of step\n",
                (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T,
-               bf16 ? "bf16-mixed" : "fp32", (long long)threads, med * 1e3, (long long)steps, tps, flops / 1e9, 100 * mfu, peak / 1e9, tr.plan.planned_bytes / 1048576.0,
-               mesh.dp, 100 * wait_frac);
+               (long long)threads, bf16 ? "bf16-mixed" : "f32", med * 1e3, tps, flops / 1e9, peak / 1e9, mfu,
+               tr.plan.planned_bytes / 1048576.0, loss, mesh.dp, wait_frac);
+    else
+        printf("GPT-2 L%lld NH%lld C%lld V%lld B%lld T%lld %s, %lld threads: %.1f ms/step (median of %lld), "
+               "%.1f tokens/s, "
+               "%.1f GFLOP/s, MFU %.1f%% of measured %.1f GFLOP/s peak; activations %.1f MiB; dp %d, comm "
+               "wait %.1f%% of step\n",
+               (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T,
+               bf16 ? "bf16-mixed" : "fp32", (long long)threads, med * 1e3, (long long)steps, tps,
+               flops / 1e9, 100 * mfu, peak / 1e9, tr.plan.planned_bytes / 1048576.0, mesh.dp,
+               100 * wait_frac);
     free(ts);
     sl_dp_free(dp);
     sl_trainer_free(&tr);

@@ -7,15 +7,15 @@
 
 extern int tu_failures, tu_checks;
 
-#define TU_CHECK(cond, ...)                                                                        \
-    do {                                                                                           \
-        tu_checks++;                                                                               \
-        if (!(cond)) {                                                                             \
-            tu_failures++;                                                                         \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                        \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-        }                                                                                          \
+#define TU_CHECK(cond, ...)                                                                                  \
+    do {                                                                                                     \
+        tu_checks++;                                                                                         \
+        if (!(cond)) {                                                                                       \
+            tu_failures++;                                                                                   \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                  \
+            fprintf(stderr, __VA_ARGS__);                                                                    \
+            fprintf(stderr, "\n");                                                                           \
+        }                                                                                                    \
     } while (0)
 
 /* Compare arrays; tolerance: |a-b| <= atol + rtol*|b|. Prints the worst element on failure. */

@@ -47,21 +47,21 @@ const char *sl_errmsg(void);
 void sl_clear_error(void);
 
 /* Propagate a failing status to a cleanup label named `done` with variable `st` in scope. */
-#define SL_CHECK(expr)                                                                             \
-    do {                                                                                           \
-        st = (expr);                                                                               \
-        if (st != SL_OK) goto done;                                                                \
+#define SL_CHECK(expr)                                                                                       \
+    do {                                                                                                     \
+        st = (expr);                                                                                         \
+        if (st != SL_OK) goto done;                                                                          \
     } while (0)
-#define SL_TRY(expr)                                                                               \
-    do {                                                                                           \
-        sl_status st_ = (expr);                                                                    \
-        if (st_ != SL_OK) return st_;                                                              \
+#define SL_TRY(expr)                                                                                         \
+    do {                                                                                                     \
+        sl_status st_ = (expr);                                                                              \
+        if (st_ != SL_OK) return st_;                                                                        \
     } while (0)
 
 /* Programmer errors: always checked, abort with location. */
-#define SL_ASSERT(cond)                                                                            \
-    do {                                                                                           \
-        if (!(cond)) sl_assert_fail(#cond, __FILE__, __LINE__);                                    \
+#define SL_ASSERT(cond)                                                                                      \
+    do {                                                                                                     \
+        if (!(cond)) sl_assert_fail(#cond, __FILE__, __LINE__);                                              \
     } while (0)
 _Noreturn void sl_assert_fail(const char *cond, const char *file, int line);
 
@@ -113,13 +113,19 @@ sl_status sl_dir_check_writable(const char *path);
 
 /* bf16 <-> f32, round-to-nearest-even; NaN stays NaN */
 static inline uint16_t sl_f32_to_bf16(float f) {
-    union { float f; uint32_t u; } v = {f};
+    union {
+        float f;
+        uint32_t u;
+    } v = {f};
     if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40);
     uint32_t rounding = 0x7fffu + ((v.u >> 16) & 1u);
     return (uint16_t)((v.u + rounding) >> 16);
 }
 static inline float sl_bf16_to_f32(uint16_t h) {
-    union { uint32_t u; float f; } v = {(uint32_t)h << 16};
+    union {
+        uint32_t u;
+        float f;
+    } v = {(uint32_t)h << 16};
     return v.f;
 }
 

@@ -40,7 +40,7 @@ typedef struct sl_ckpt_state {
     int64_t adam_t;
     uint64_t seed;
     int rank, world;
-    const char *layout_json;     /* JSON object describing the mesh / ZeRO stage (embedded in the manifest) */
+    const char *layout_json; /* JSON object describing the mesh / ZeRO stage (embedded in the manifest) */
 } sl_ckpt_state;
 
 typedef struct sl_ckpt_writer sl_ckpt_writer;
@@ -63,7 +63,8 @@ void sl_ckpt_writer_wait_snapshot(sl_ckpt_writer *w);
 int sl_ckpt_writer_done(sl_ckpt_writer *w);
 /* Wait for the pending write; returns its status. */
 sl_status sl_ckpt_writer_wait(sl_ckpt_writer *w);
-/* Seconds the last save stalled the training thread (save_begin + waiting for the snapshot), bytes written. */
+/* Seconds the last save stalled the training thread (save_begin + waiting for the snapshot), bytes written.
+ */
 double sl_ckpt_writer_stall(const sl_ckpt_writer *w);
 double sl_ckpt_writer_write_seconds(const sl_ckpt_writer *w);
 size_t sl_ckpt_writer_bytes(const sl_ckpt_writer *w);

@@ -154,42 +154,38 @@ sl_status sl_comm_group_end(void);
 
 /* ---- collectives (counts are elements; *_async variants return a request in *req) ---- */
 /* recvbuf[i] = op over ranks of sendbuf[i]; count elements. sendbuf == recvbuf is in place. */
-sl_status sl_comm_all_reduce(sl_comm *c, const void *sendbuf, void *recvbuf, size_t count,
-                             sl_comm_dtype dt, sl_comm_redop op);
+sl_status sl_comm_all_reduce(sl_comm *c, const void *sendbuf, void *recvbuf, size_t count, sl_comm_dtype dt,
+                             sl_comm_redop op);
 sl_status sl_comm_all_reduce_async(sl_comm *c, const void *sendbuf, void *recvbuf, size_t count,
                                    sl_comm_dtype dt, sl_comm_redop op, sl_comm_req **req);
 /* Result only on root (recvbuf ignored elsewhere, may be NULL). */
-sl_status sl_comm_reduce(sl_comm *c, const void *sendbuf, void *recvbuf, size_t count,
-                         sl_comm_dtype dt, sl_comm_redop op, int root);
-sl_status sl_comm_reduce_async(sl_comm *c, const void *sendbuf, void *recvbuf, size_t count,
-                               sl_comm_dtype dt, sl_comm_redop op, int root, sl_comm_req **req);
+sl_status sl_comm_reduce(sl_comm *c, const void *sendbuf, void *recvbuf, size_t count, sl_comm_dtype dt,
+                         sl_comm_redop op, int root);
+sl_status sl_comm_reduce_async(sl_comm *c, const void *sendbuf, void *recvbuf, size_t count, sl_comm_dtype dt,
+                               sl_comm_redop op, int root, sl_comm_req **req);
 /* root's sendbuf -> everyone's recvbuf (root: sendbuf == recvbuf in place). */
-sl_status sl_comm_broadcast(sl_comm *c, const void *sendbuf, void *recvbuf, size_t count,
-                            sl_comm_dtype dt, int root);
+sl_status sl_comm_broadcast(sl_comm *c, const void *sendbuf, void *recvbuf, size_t count, sl_comm_dtype dt,
+                            int root);
 sl_status sl_comm_broadcast_async(sl_comm *c, const void *sendbuf, void *recvbuf, size_t count,
                                   sl_comm_dtype dt, int root, sl_comm_req **req);
 /* recvbuf (size*count) = concat over ranks of sendbuf (count). In place: sendbuf == recvbuf + rank*count. */
-sl_status sl_comm_all_gather(sl_comm *c, const void *sendbuf, void *recvbuf, size_t count,
-                             sl_comm_dtype dt);
+sl_status sl_comm_all_gather(sl_comm *c, const void *sendbuf, void *recvbuf, size_t count, sl_comm_dtype dt);
 sl_status sl_comm_all_gather_async(sl_comm *c, const void *sendbuf, void *recvbuf, size_t count,
                                    sl_comm_dtype dt, sl_comm_req **req);
 /* Rank r contributes counts[r] elements placed at displs[r] of recvbuf. counts/displs are copied. */
 sl_status sl_comm_all_gatherv(sl_comm *c, const void *sendbuf, void *recvbuf, const size_t *counts,
                               const size_t *displs, sl_comm_dtype dt);
-sl_status sl_comm_all_gatherv_async(sl_comm *c, const void *sendbuf, void *recvbuf,
-                                    const size_t *counts, const size_t *displs, sl_comm_dtype dt,
-                                    sl_comm_req **req);
+sl_status sl_comm_all_gatherv_async(sl_comm *c, const void *sendbuf, void *recvbuf, const size_t *counts,
+                                    const size_t *displs, sl_comm_dtype dt, sl_comm_req **req);
 /* recvbuf (recvcount) = op over ranks of sendbuf[rank*recvcount ...]; sendbuf has size*recvcount.
  * In place: recvbuf == sendbuf + rank*recvcount. */
 sl_status sl_comm_reduce_scatter(sl_comm *c, const void *sendbuf, void *recvbuf, size_t recvcount,
                                  sl_comm_dtype dt, sl_comm_redop op);
-sl_status sl_comm_reduce_scatter_async(sl_comm *c, const void *sendbuf, void *recvbuf,
-                                       size_t recvcount, sl_comm_dtype dt, sl_comm_redop op,
-                                       sl_comm_req **req);
+sl_status sl_comm_reduce_scatter_async(sl_comm *c, const void *sendbuf, void *recvbuf, size_t recvcount,
+                                       sl_comm_dtype dt, sl_comm_redop op, sl_comm_req **req);
 /* Block j of sendbuf (count elements) goes to rank j, arriving at block (sender) of recvbuf.
  * In place (sendbuf == recvbuf) is supported. */
-sl_status sl_comm_all_to_all(sl_comm *c, const void *sendbuf, void *recvbuf, size_t count,
-                             sl_comm_dtype dt);
+sl_status sl_comm_all_to_all(sl_comm *c, const void *sendbuf, void *recvbuf, size_t count, sl_comm_dtype dt);
 sl_status sl_comm_all_to_all_async(sl_comm *c, const void *sendbuf, void *recvbuf, size_t count,
                                    sl_comm_dtype dt, sl_comm_req **req);
 /* v-variant: sendcounts[j] elements from sdispls[j] go to rank j, received at rdispls[sender].

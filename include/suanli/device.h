@@ -23,9 +23,9 @@ extern "C" {
 
 typedef struct sl_buffer {
     struct sl_backend *backend;
-    void *base;   /* device address */
+    void *base; /* device address */
     size_t size;
-    void *impl;   /* backend-private */
+    void *impl; /* backend-private */
 } sl_buffer;
 
 struct sl_backend {
@@ -38,14 +38,14 @@ struct sl_backend {
     sl_status (*copy_in)(sl_buffer *dst, size_t offset, const void *host, size_t bytes);
     sl_status (*copy_out)(const sl_buffer *src, size_t offset, void *host, size_t bytes);
     sl_status (*memset_zero)(sl_buffer *buf, size_t offset, size_t bytes); /* optional */
-    sl_status (*synchronize)(struct sl_backend *be);                          /* optional */
+    sl_status (*synchronize)(struct sl_backend *be);                       /* optional */
     /* compute */
     int (*supports_op)(struct sl_backend *be, const sl_tensor *node);
     sl_status (*compute_node)(struct sl_backend *be, sl_tensor *node);
     /* optional: run nodes [start,end) of a graph at once (fusion, launch batching). If NULL the
      * executor calls compute_node per node. */
-    sl_status (*graph_compute)(struct sl_backend *be, sl_graph *g, int start, int end,
-                               sl_node_hook hook, void *user);
+    sl_status (*graph_compute)(struct sl_backend *be, sl_graph *g, int start, int end, sl_node_hook hook,
+                               void *user);
 };
 
 /* Registry: "cpu" always; "null" as the template. Returns NULL (with sl_errmsg) if unknown. */

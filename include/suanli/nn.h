@@ -23,11 +23,11 @@ typedef struct sl_gpt2_config {
 } sl_gpt2_config;
 
 typedef struct sl_param_info {
-    sl_tensor *t;     /* leaf bound to params_mem + offset */
-    int64_t offset;   /* element offset in the flat buffers */
+    sl_tensor *t;   /* leaf bound to params_mem + offset */
+    int64_t offset; /* element offset in the flat buffers */
     int64_t numel;
-    int decay;        /* weight decay applies (2-D weights), not to biases / norms */
-    int init;         /* SL_INIT_* */
+    int decay; /* weight decay applies (2-D weights), not to biases / norms */
+    int init;  /* SL_INIT_* */
 } sl_param_info;
 
 enum { SL_INIT_NORMAL = 0, SL_INIT_NORMAL_RESID, SL_INIT_ZERO, SL_INIT_ONE };
@@ -47,46 +47,48 @@ const char *sl_arch_name(sl_arch a);
 /* The Llama family's hyper-parameters (names follow transformers' config.json). */
 typedef struct sl_llama_config {
     sl_arch arch;
-    int n_layer;        /* num_hidden_layers */
-    int n_head;         /* num_attention_heads */
-    int n_kv_head;      /* num_key_value_heads (GQA when < n_head) */
-    int head_dim;       /* head_dim, default hidden / n_head */
-    int hidden;         /* hidden_size */
-    int intermediate;   /* intermediate_size */
+    int n_layer;      /* num_hidden_layers */
+    int n_head;       /* num_attention_heads */
+    int n_kv_head;    /* num_key_value_heads (GQA when < n_head) */
+    int head_dim;     /* head_dim, default hidden / n_head */
+    int hidden;       /* hidden_size */
+    int intermediate; /* intermediate_size */
     int vocab_size;
-    int max_seq_len;    /* max_position_embeddings */
-    float rms_eps;      /* rms_norm_eps */
+    int max_seq_len; /* max_position_embeddings */
+    float rms_eps;   /* rms_norm_eps */
     float rope_theta;
     /* rope_scaling of type "llama3" (Llama 3.1+): factor > 0 enables it */
     float rope_factor, rope_low_freq, rope_high_freq;
     int rope_orig_ctx;
-    int tie_embeddings; /* tie_word_embeddings */
-    int qkv_bias;       /* Qwen2 (attention_bias for Llama) */
-    int sliding_window; /* 0: off */
+    int tie_embeddings;               /* tie_word_embeddings */
+    int qkv_bias;                     /* Qwen2 (attention_bias for Llama) */
+    int sliding_window;               /* 0: off */
     int n_experts, n_experts_per_tok; /* Mixtral (num_local_experts, num_experts_per_tok) */
 } sl_llama_config;
 
 typedef struct sl_model {
-    sl_gpt2_config cfg; /* GPT-2 config; for other architectures n_layer/n_head/n_embd/vocab/max_seq mirror lcfg */
-    sl_ctx *ctx;             /* holds parameters and every graph built on the model (owned) */
-    sl_param_info *params;   /* owned */
+    sl_gpt2_config
+        cfg;     /* GPT-2 config; for other architectures n_layer/n_head/n_embd/vocab/max_seq mirror lcfg */
+    sl_ctx *ctx; /* holds parameters and every graph built on the model (owned) */
+    sl_param_info *params; /* owned */
     int n_params;
-    int64_t numel;           /* total parameter count */
-    float *params_mem;       /* flat parameters (owned) */
-    float *grads_mem;        /* flat gradients (owned), same layout */
-    sl_dtype compute_dtype;  /* SL_F32, or SL_BF16: matmul operands rounded to bf16 (fp32 accumulation and
-                              * master weights), like PyTorch autocast */
-    sl_arch arch;            /* SL_ARCH_GPT2 for models made by sl_gpt2_new */
-    sl_llama_config lcfg;    /* valid when arch != SL_ARCH_GPT2 */
+    int64_t numel;          /* total parameter count */
+    float *params_mem;      /* flat parameters (owned) */
+    float *grads_mem;       /* flat gradients (owned), same layout */
+    sl_dtype compute_dtype; /* SL_F32, or SL_BF16: matmul operands rounded to bf16 (fp32 accumulation and
+                             * master weights), like PyTorch autocast */
+    sl_arch arch;           /* SL_ARCH_GPT2 for models made by sl_gpt2_new */
+    sl_llama_config lcfg;   /* valid when arch != SL_ARCH_GPT2 */
     /* bf16 inference (sl_llama_new_ex with SL_BF16): the 2-D projection weights are SL_BF16 leaves (their
      * offsets index wmem, or they are bound straight into a memory-mapped checkpoint); embedding, norms
      * and biases stay f32 in params_mem. No gradients: grads_mem is NULL. */
-    sl_dtype wdtype;         /* SL_F32 (default) or SL_BF16 */
-    int64_t wnumel;          /* bf16 elements */
-    uint16_t *wmem;          /* owned bf16 storage for weights that are not memory-mapped (may be NULL) */
-    void *wsrc;              /* owned mapping that bf16 leaves point into (e.g. safetensors shards) */
+    sl_dtype wdtype; /* SL_F32 (default) or SL_BF16 */
+    int64_t wnumel;  /* bf16 elements */
+    uint16_t *wmem;  /* owned bf16 storage for weights that are not memory-mapped (may be NULL) */
+    void *wsrc;      /* owned mapping that bf16 leaves point into (e.g. safetensors shards) */
     void (*wsrc_free)(void *);
-    /* Training with PyTorch autocast-bf16 numerics (f32 master weights): see Note [bf16 compute] in llama.c */
+    /* Training with PyTorch autocast-bf16 numerics (f32 master weights): see Note [bf16 compute] in llama.c
+     */
     int autocast_bf16;
 } sl_model;
 
@@ -136,7 +138,7 @@ typedef struct sl_adamw {
     sl_adamw_hparams hp;
     float *m, *v; /* flat moments (owned) */
     int64_t numel;
-    int64_t t;    /* steps taken */
+    int64_t t;                    /* steps taken */
     uint8_t *decay_mask_by_param; /* unused placeholder for sharded layouts */
 } sl_adamw;
 
@@ -163,8 +165,8 @@ int32_t sl_sample_logits(const float *logits, int V, const sl_sample_opts *o, ui
 typedef int (*sl_token_cb)(void *user, int32_t token);
 /* Autoregressive generation with a sliding window of the model's max positions (no KV cache yet: each
  * token re-runs the window). Builds its own graph on the model. */
-sl_status sl_gpt2_generate(sl_model *m, const int32_t *prompt, int n_prompt, int max_new, const sl_sample_opts *o,
-                           sl_token_cb cb, void *user);
+sl_status sl_gpt2_generate(sl_model *m, const int32_t *prompt, int n_prompt, int max_new,
+                           const sl_sample_opts *o, sl_token_cb cb, void *user);
 
 #ifdef __cplusplus
 }

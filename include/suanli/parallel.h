@@ -28,7 +28,7 @@ typedef struct sl_mesh {
     int world, rank;
     int dp, tp, pp, ep;
     int dp_rank, tp_rank, pp_rank, ep_rank;
-    sl_comm *world_comm;                    /* borrowed */
+    sl_comm *world_comm;                            /* borrowed */
     sl_comm *dp_comm, *tp_comm, *pp_comm, *ep_comm; /* owned; NULL when that axis has size 1 */
 } sl_mesh;
 

@@ -4,8 +4,8 @@
 #include <string.h>
 
 static const char *const k_status_names[] = {
-    "ok", "invalid argument", "I/O error", "format error", "out of memory",
-    "unsupported", "timeout", "peer failure", "aborted", "internal error",
+    "ok",          "invalid argument", "I/O error",    "format error", "out of memory",
+    "unsupported", "timeout",          "peer failure", "aborted",      "internal error",
 };
 _Static_assert(sizeof(k_status_names) / sizeof(k_status_names[0]) == SL_STATUS_COUNT,
                "status name table out of sync");

@@ -36,10 +36,10 @@ struct sl_ckpt_writer {
     pthread_t th;
     int running, joined;
     volatile int done;
-    int snap_done;            /* the writer copied the live state into buf (guarded by mu) */
+    int snap_done; /* the writer copied the live state into buf (guarded by mu) */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    double snap_wait;         /* time the training thread waited for the snapshot */
+    double snap_wait; /* time the training thread waited for the snapshot */
     sl_status status;
     char errmsg[512];
     char dir[4096], file[64];
@@ -147,7 +147,7 @@ static void *writer_main(void *arg) {
     pthread_mutex_unlock(&w->mu);
     sl_status st = SL_OK;
     sl_st_tensor *ts = calloc((size_t)w->ne + 1, sizeof *ts);
-    char (*keys)[128] = calloc((size_t)w->ne + 1, 128);
+    char(*keys)[128] = calloc((size_t)w->ne + 1, 128);
     cJSON *side = cJSON_CreateObject(), *arr = cJSON_CreateArray();
     char *text = NULL, path[4200];
     if (!ts || !keys || !side || !arr) {
@@ -157,7 +157,11 @@ static void *writer_main(void *arg) {
     for (int i = 0; i < w->ne; i++) {
         entry *e = &w->e[i];
         snprintf(keys[i], 128, "%s@%lld", e->tensor, (long long)e->offset);
-        ts[i] = (sl_st_tensor){.name = keys[i], .dtype = "F32", .ndim = 1, .shape = {e->length}, .data = e->data,
+        ts[i] = (sl_st_tensor){.name = keys[i],
+                               .dtype = "F32",
+                               .ndim = 1,
+                               .shape = {e->length},
+                               .data = e->data,
                                .nbytes = sizeof(float) * (size_t)e->length};
         char sum[32];
         snprintf(sum, sizeof sum, "xxh3:%016llx", (unsigned long long)XXH3_64bits(e->data, ts[i].nbytes));
@@ -209,8 +213,8 @@ done:
     return NULL;
 }
 
-static sl_status add_entries(sl_ckpt_writer *w, const sl_model *m, const char *kind, const float *src, int64_t lo,
-                             int64_t len, size_t *used) {
+static sl_status add_entries(sl_ckpt_writer *w, const sl_model *m, const char *kind, const float *src,
+                             int64_t lo, int64_t len, size_t *used) {
     for (int i = 0; i < m->n_params; i++) {
         const sl_param_info *p = &m->params[i];
         int64_t a = p->offset > lo ? p->offset : lo;
@@ -250,7 +254,8 @@ sl_status sl_ckpt_save_begin(sl_ckpt_writer *w, const char *root, const sl_ckpt_
     size_t used = 0;
     for (int s = 0; s < st->nseg; s++) {
         const sl_ckpt_seg *g = &st->seg[s];
-        if (st->write_params) SL_TRY(add_entries(w, st->m, "param", st->m->params_mem + g->lo, g->lo, g->len, &used));
+        if (st->write_params)
+            SL_TRY(add_entries(w, st->m, "param", st->m->params_mem + g->lo, g->lo, g->len, &used));
         if (st->write_optim) {
             SL_TRY(add_entries(w, st->m, "exp_avg", st->exp_avg + g->off, g->lo, g->len, &used));
             SL_TRY(add_entries(w, st->m, "exp_avg_sq", st->exp_avg_sq + g->off, g->lo, g->len, &used));
@@ -259,8 +264,10 @@ sl_status sl_ckpt_save_begin(sl_ckpt_writer *w, const char *root, const sl_ckpt_
     w->bytes = used * sizeof(float);
     snprintf(w->dir, sizeof w->dir, "%s", tmp);
     const char *mem = sl_ckpt_mem_root();
-    if (mem) step_name(w->mem_dir, sizeof w->mem_dir, mem, st->step, suffix);
-    else w->mem_dir[0] = 0;
+    if (mem)
+        step_name(w->mem_dir, sizeof w->mem_dir, mem, st->step, suffix);
+    else
+        w->mem_dir[0] = 0;
     snprintf(w->file, sizeof w->file, "shard-r%05d.safetensors", st->rank);
     w->rank = st->rank;
     w->status = SL_OK;
@@ -310,7 +317,8 @@ static int list_steps(const char *root, char ***out) {
 
 static sl_status rm_rf(const char *path) {
     DIR *d = opendir(path);
-    if (!d) return unlink(path) == 0 || errno == ENOENT ? SL_OK : sl_fail(SL_ERR_IO, "%s: cannot remove", path);
+    if (!d)
+        return unlink(path) == 0 || errno == ENOENT ? SL_OK : sl_fail(SL_ERR_IO, "%s: cannot remove", path);
     struct dirent *de;
     sl_status st = SL_OK;
     while ((de = readdir(d))) {
@@ -351,7 +359,8 @@ sl_status sl_ckpt_commit(const char *root, int64_t step, int world, int keep, co
         SL_CHECK(sl_file_read_all(path, &side, &len));
         cJSON *s = cJSON_ParseWithLength(side, len);
         free(side);
-        cJSON *file = s ? cJSON_GetObjectItem(s, "file") : NULL, *ents = s ? cJSON_GetObjectItem(s, "entries") : NULL;
+        cJSON *file = s ? cJSON_GetObjectItem(s, "file") : NULL,
+              *ents = s ? cJSON_GetObjectItem(s, "entries") : NULL;
         if (!cJSON_IsString(file) || !cJSON_IsArray(ents)) {
             cJSON_Delete(s);
             st = sl_fail(SL_ERR_FORMAT, "%s: malformed sidecar", path);
@@ -454,8 +463,10 @@ static sl_status reader_open(reader *r, const char *dir) {
     if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "suanli-checkpoint") != 0)
         return sl_fail(SL_ERR_FORMAT, "%s: field 'format' must be \"suanli-checkpoint\"", path);
     cJSON *step = cJSON_GetObjectItem(r->man, "step");
-    if (!cJSON_IsNumber(step) || step->valuedouble < 0) return sl_fail(SL_ERR_FORMAT, "%s: field 'step' must be a non-negative number", path);
-    if (!cJSON_IsObject(cJSON_GetObjectItem(r->man, "tensors"))) return sl_fail(SL_ERR_FORMAT, "%s: field 'tensors' must be an object", path);
+    if (!cJSON_IsNumber(step) || step->valuedouble < 0)
+        return sl_fail(SL_ERR_FORMAT, "%s: field 'step' must be a non-negative number", path);
+    if (!cJSON_IsObject(cJSON_GetObjectItem(r->man, "tensors")))
+        return sl_fail(SL_ERR_FORMAT, "%s: field 'tensors' must be an object", path);
     return SL_OK;
 }
 
@@ -465,7 +476,8 @@ static sl_status reader_file(reader *r, const char *name, sl_safetensors **out) 
             *out = r->st[i];
             return SL_OK;
         }
-    if (r->nfiles == 256 || strchr(name, '/')) return sl_fail(SL_ERR_FORMAT, "%s: bad shard file name '%s'", r->dir, name);
+    if (r->nfiles == 256 || strchr(name, '/'))
+        return sl_fail(SL_ERR_FORMAT, "%s: bad shard file name '%s'", r->dir, name);
     char path[4400];
     snprintf(path, sizeof path, "%s/%s", r->dir, name);
     SL_TRY(sl_safetensors_open(path, &r->st[r->nfiles]));
@@ -475,35 +487,44 @@ static sl_status reader_file(reader *r, const char *name, sl_safetensors **out) 
 }
 
 /* one shard entry: validated fields, data located and checksum verified */
-static sl_status shard_data(reader *r, const char *tname, cJSON *sh, int64_t *off, int64_t *len, const float **data) {
-    cJSON *f = cJSON_GetObjectItem(sh, "file"), *k = cJSON_GetObjectItem(sh, "key"), *o = cJSON_GetObjectItem(sh, "offset"),
-          *l = cJSON_GetObjectItem(sh, "length"), *c = cJSON_GetObjectItem(sh, "checksum");
-    if (!cJSON_IsString(f) || !cJSON_IsString(k) || !cJSON_IsNumber(o) || !cJSON_IsNumber(l) || !cJSON_IsString(c) ||
-        o->valuedouble < 0 || l->valuedouble < 0)
-        return sl_fail(SL_ERR_FORMAT, "%s/manifest.json: tensor '%s' has a shard with missing or mistyped fields", r->dir, tname);
+static sl_status shard_data(reader *r, const char *tname, cJSON *sh, int64_t *off, int64_t *len,
+                            const float **data) {
+    cJSON *f = cJSON_GetObjectItem(sh, "file"), *k = cJSON_GetObjectItem(sh, "key"),
+          *o = cJSON_GetObjectItem(sh, "offset"), *l = cJSON_GetObjectItem(sh, "length"),
+          *c = cJSON_GetObjectItem(sh, "checksum");
+    if (!cJSON_IsString(f) || !cJSON_IsString(k) || !cJSON_IsNumber(o) || !cJSON_IsNumber(l) ||
+        !cJSON_IsString(c) || o->valuedouble < 0 || l->valuedouble < 0)
+        return sl_fail(SL_ERR_FORMAT,
+                       "%s/manifest.json: tensor '%s' has a shard with missing or mistyped fields", r->dir,
+                       tname);
     sl_safetensors *st;
     SL_TRY(reader_file(r, f->valuestring, &st));
     const sl_st_tensor *t = sl_safetensors_find(st, k->valuestring);
-    if (!t) return sl_fail(SL_ERR_FORMAT, "%s/%s: missing tensor '%s'", r->dir, f->valuestring, k->valuestring);
+    if (!t)
+        return sl_fail(SL_ERR_FORMAT, "%s/%s: missing tensor '%s'", r->dir, f->valuestring, k->valuestring);
     if (strcmp(t->dtype, "F32") != 0 || t->nbytes != sizeof(float) * (size_t)l->valuedouble)
-        return sl_fail(SL_ERR_FORMAT, "%s/%s: '%s' has the wrong size or dtype", r->dir, f->valuestring, k->valuestring);
+        return sl_fail(SL_ERR_FORMAT, "%s/%s: '%s' has the wrong size or dtype", r->dir, f->valuestring,
+                       k->valuestring);
     char sum[32];
     snprintf(sum, sizeof sum, "xxh3:%016llx", (unsigned long long)XXH3_64bits(t->data, t->nbytes));
     if (strcmp(sum, c->valuestring) != 0)
-        return sl_fail(SL_ERR_FORMAT, "%s/%s: checksum mismatch for '%s' (%s, manifest %s)", r->dir, f->valuestring,
-                       k->valuestring, sum, c->valuestring);
+        return sl_fail(SL_ERR_FORMAT, "%s/%s: checksum mismatch for '%s' (%s, manifest %s)", r->dir,
+                       f->valuestring, k->valuestring, sum, c->valuestring);
     *off = (int64_t)o->valuedouble;
     *len = (int64_t)l->valuedouble;
     *data = t->data;
     return SL_OK;
 }
 
-/* fill dst[0, len) = tensor elements [lo, lo+len) from the overlapping shards; every element must be covered */
-static sl_status read_range(reader *r, const char *tname, int64_t numel, int64_t lo, int64_t len, float *dst) {
+/* fill dst[0, len) = tensor elements [lo, lo+len) from the overlapping shards; every element must be covered
+ */
+static sl_status read_range(reader *r, const char *tname, int64_t numel, int64_t lo, int64_t len,
+                            float *dst) {
     cJSON *t = cJSON_GetObjectItem(cJSON_GetObjectItem(r->man, "tensors"), tname);
     if (!t) return sl_fail(SL_ERR_FORMAT, "%s: checkpoint has no tensor '%s'", r->dir, tname);
     cJSON *shards = cJSON_GetObjectItem(t, "shards");
-    if (!cJSON_IsArray(shards)) return sl_fail(SL_ERR_FORMAT, "%s: tensor '%s' has no shard list", r->dir, tname);
+    if (!cJSON_IsArray(shards))
+        return sl_fail(SL_ERR_FORMAT, "%s: tensor '%s' has no shard list", r->dir, tname);
     int64_t covered = 0;
     cJSON *sh;
     cJSON_ArrayForEach(sh, shards) {
@@ -511,23 +532,29 @@ static sl_status read_range(reader *r, const char *tname, int64_t numel, int64_t
         const float *sd;
         SL_TRY(shard_data(r, tname, sh, &so, &sl, &sd));
         if (so + sl > numel)
-            return sl_fail(SL_ERR_FORMAT, "%s: tensor '%s' shard [%lld, %lld) exceeds its %lld elements (another model shape?)",
-                           r->dir, tname, (long long)so, (long long)(so + sl), (long long)numel);
+            return sl_fail(
+                SL_ERR_FORMAT,
+                "%s: tensor '%s' shard [%lld, %lld) exceeds its %lld elements (another model shape?)", r->dir,
+                tname, (long long)so, (long long)(so + sl), (long long)numel);
         int64_t a = so > lo ? so : lo, b = so + sl < lo + len ? so + sl : lo + len;
         if (a >= b) continue;
-        memcpy(dst + (a - lo), (const char *)sd + (a - so) * (int64_t)sizeof(float), sizeof(float) * (size_t)(b - a));
+        memcpy(dst + (a - lo), (const char *)sd + (a - so) * (int64_t)sizeof(float),
+               sizeof(float) * (size_t)(b - a));
         covered += b - a;
     }
     if (covered != len)
-        return sl_fail(SL_ERR_FORMAT, "%s: tensor '%s' elements [%lld, %lld) are not fully covered by its shards", r->dir,
+        return sl_fail(SL_ERR_FORMAT,
+                       "%s: tensor '%s' elements [%lld, %lld) are not fully covered by its shards", r->dir,
                        tname, (long long)lo, (long long)(lo + len));
     return SL_OK;
 }
 
-static sl_status load_flat(reader *r, const sl_model *m, const char *kind, int64_t lo, int64_t len, float *dst) {
+static sl_status load_flat(reader *r, const sl_model *m, const char *kind, int64_t lo, int64_t len,
+                           float *dst) {
     for (int i = 0; i < m->n_params; i++) {
         const sl_param_info *p = &m->params[i];
-        int64_t a = p->offset > lo ? p->offset : lo, b = p->offset + p->numel < lo + len ? p->offset + p->numel : lo + len;
+        int64_t a = p->offset > lo ? p->offset : lo,
+                b = p->offset + p->numel < lo + len ? p->offset + p->numel : lo + len;
         if (a >= b) continue;
         char tn[128];
         snprintf(tn, sizeof tn, "%s/%s", kind, p->t->name);
@@ -545,7 +572,8 @@ sl_status sl_ckpt_load(const char *dir, sl_ckpt_state *st) {
             char tn[128];
             snprintf(tn, sizeof tn, "param/%s", st->m->params[i].t->name);
             if (!cJSON_GetObjectItem(cJSON_GetObjectItem(r.man, "tensors"), tn))
-                s = sl_fail(SL_ERR_FORMAT, "%s: checkpoint has no tensor '%s' (saved from another model?)", dir, tn);
+                s = sl_fail(SL_ERR_FORMAT, "%s: checkpoint has no tensor '%s' (saved from another model?)",
+                            dir, tn);
         }
     }
     if (s == SL_OK) s = load_flat(&r, st->m, "param", 0, st->m->numel, st->m->params_mem);
@@ -593,7 +621,9 @@ sl_status sl_ckpt_inspect(const char *dir, FILE *f) {
     char *train = cJSON_PrintUnformatted(cJSON_GetObjectItem(r.man, "train"));
     fprintf(f, "checkpoint %s\n  step %lld, world %d\n  model %s\n  train %s\n", dir,
             (long long)cJSON_GetObjectItem(r.man, "step")->valuedouble,
-            cJSON_IsNumber(cJSON_GetObjectItem(r.man, "world")) ? cJSON_GetObjectItem(r.man, "world")->valueint : 1,
+            cJSON_IsNumber(cJSON_GetObjectItem(r.man, "world"))
+                ? cJSON_GetObjectItem(r.man, "world")->valueint
+                : 1,
             model ? model : "{}", train ? train : "{}");
     free(model);
     free(train);
@@ -610,7 +640,9 @@ sl_status sl_ckpt_inspect(const char *dir, FILE *f) {
             n += cJSON_IsNumber(l) ? l->valuedouble : 0;
         }
         fprintf(f, "  %-40s %s %10.0f elements in %d shard(s)\n", t->string,
-                cJSON_GetStringValue(cJSON_GetObjectItem(t, "dtype")) ? cJSON_GetStringValue(cJSON_GetObjectItem(t, "dtype")) : "?",
+                cJSON_GetStringValue(cJSON_GetObjectItem(t, "dtype"))
+                    ? cJSON_GetStringValue(cJSON_GetObjectItem(t, "dtype"))
+                    : "?",
                 n, k);
         nt++;
         ns += k;

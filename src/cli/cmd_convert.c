@@ -1,5 +1,5 @@
-/* suanli convert — (1) --model HF_DIR: load a Hugging Face model directory (or what `suanli train --init-from ... --save`
- * wrote) and write it back in transformers' layout: config.json, model.safetensors (f32 or bf16),
+/* suanli convert — (1) --model HF_DIR: load a Hugging Face model directory (or what `suanli train --init-from
+ * ... --save` wrote) and write it back in transformers' layout: config.json, model.safetensors (f32 or bf16),
  * tokenizer.json and generation_config.json copied when present.
  * (2) --from hf-gpt2|suanli --to suanli|hf-gpt2: GPT-2 weights between HF and suanli's own layout. */
 #include <string.h>
@@ -61,12 +61,13 @@ static int convert_hf(int argc, char **argv) {
     if (sl_mkdirs(outd) != SL_OK || sl_hf_save(m, outd, dt, &info) != SL_OK) {
         fprintf(stderr, "suanli convert: %s\n", sl_errmsg());
         rc = 1;
-    } else if (!copy_if_present(in, outd, "tokenizer.json") || !copy_if_present(in, outd, "generation_config.json")) {
+    } else if (!copy_if_present(in, outd, "tokenizer.json") ||
+               !copy_if_present(in, outd, "generation_config.json")) {
         fprintf(stderr, "suanli convert: copying tokenizer/generation config: %s\n", sl_errmsg());
         rc = 1;
     } else {
-        printf("converted %s (%s, %.2fM params, %s on disk) -> %s/model.safetensors (%s)\n", in, sl_arch_name(m->arch),
-               (double)m->numel / 1e6, info.disk_dtype, outd, dtype);
+        printf("converted %s (%s, %.2fM params, %s on disk) -> %s/model.safetensors (%s)\n", in,
+               sl_arch_name(m->arch), (double)m->numel / 1e6, info.disk_dtype, outd, dtype);
     }
     sl_model_free(m);
     return rc;
@@ -106,7 +107,8 @@ static int convert_gpt2(int argc, char **argv) {
         st = sl_model_load(in, &m);
         if (st == SL_OK) st = sl_hf_gpt2_export(m, out);
     } else {
-        fprintf(stderr, "suanli convert: unsupported conversion --from %s --to %s (hf-gpt2 <-> suanli)\n", from, to);
+        fprintf(stderr, "suanli convert: unsupported conversion --from %s --to %s (hf-gpt2 <-> suanli)\n",
+                from, to);
         return 2;
     }
     sl_model_free(m);

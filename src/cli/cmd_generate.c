@@ -9,11 +9,12 @@
 #include "suanli/hf.h"
 #include "suanli/model_io.h"
 
-int sl_cli_print_sample(sl_model *m, const sl_tokenizer *tok, const char *prompt, int n_tokens, float temperature,
-                        int top_k, uint64_t seed);
+int sl_cli_print_sample(sl_model *m, const sl_tokenizer *tok, const char *prompt, int n_tokens,
+                        float temperature, int top_k, uint64_t seed);
 
 /* "1,2,3" -> ids; tokens that are not integers are looked up in the tokenizer (e.g. "<|im_end|>") */
-static int parse_id_list(const char *s, const sl_hf_tokenizer *tok, int V, int32_t **out, int *n, const char *flag) {
+static int parse_id_list(const char *s, const sl_hf_tokenizer *tok, int V, int32_t **out, int *n,
+                         const char *flag) {
     int cap = 16;
     *n = 0;
     *out = malloc(sizeof(int32_t) * (size_t)cap);
@@ -27,7 +28,8 @@ static int parse_id_list(const char *s, const sl_hf_tokenizer *tok, int V, int32
         long v = strtol(t, &end, 10);
         if (*end || end == t) v = tok ? sl_hf_tokenizer_token_id(tok, t) : -1;
         if (v < 0 || v >= V) {
-            fprintf(stderr, "suanli generate: --%s: '%s' is not a token id in [0, %d)%s\n", flag, t, V, tok ? " or a token" : "");
+            fprintf(stderr, "suanli generate: --%s: '%s' is not a token id in [0, %d)%s\n", flag, t, V,
+                    tok ? " or a token" : "");
             free(copy);
             return 0;
         }
@@ -61,8 +63,8 @@ static int stream_cb(void *user, int32_t t) {
     return 0;
 }
 
-static int run_hf(const char *dir, sl_dtype wdtype, const char *prompt, const char *prompt_ids, const char *stop,
-                  int ignore_eos, int print_ids, int max_new, const sl_sample_opts *so) {
+static int run_hf(const char *dir, sl_dtype wdtype, const char *prompt, const char *prompt_ids,
+                  const char *stop, int ignore_eos, int print_ids, int max_new, const sl_sample_opts *so) {
     sl_model *m = NULL;
     sl_hf_tokenizer *tok = NULL;
     sl_hf_info info;
@@ -91,7 +93,8 @@ static int run_hf(const char *dir, sl_dtype wdtype, const char *prompt, const ch
     if (prompt_ids) {
         if (!parse_id_list(prompt_ids, tok, V, &ids, &n, "prompt-ids")) goto done;
     } else if (sl_hf_tokenizer_encode(tok, prompt ? prompt : "", 1, &ids, &n) != SL_OK || n == 0) {
-        fprintf(stderr, "suanli generate: cannot encode the prompt: %s\n", n == 0 ? "it is empty" : sl_errmsg());
+        fprintf(stderr, "suanli generate: cannot encode the prompt: %s\n",
+                n == 0 ? "it is empty" : sl_errmsg());
         goto done;
     }
     if (stop && !parse_id_list(stop, tok, V, &stops, &n_stop, "stop")) goto done;
@@ -102,13 +105,17 @@ static int run_hf(const char *dir, sl_dtype wdtype, const char *prompt, const ch
             if (info.eos_ids[i] >= 0 && info.eos_ids[i] < V) stops[n_stop++] = info.eos_ids[i];
     }
     if (m->arch != SL_ARCH_GPT2 && n + max_new > m->lcfg.max_seq_len) { /* GPT-2 slides its window */
-        fprintf(stderr, "suanli generate: prompt (%d tokens) + --max-new-tokens (%d) exceeds the model's %d positions\n", n,
-                max_new, m->lcfg.max_seq_len);
+        fprintf(
+            stderr,
+            "suanli generate: prompt (%d tokens) + --max-new-tokens (%d) exceeds the model's %d positions\n",
+            n, max_new, m->lcfg.max_seq_len);
         goto done;
     }
     out = calloc((size_t)max_new + 1, sizeof(int32_t));
     if (!out) goto done;
-    fprintf(stderr, "[%s: %s, %.2fM params, weights %s on disk in %d file(s)%s, %s compute, loaded in %.2f s; prompt %d tokens]\n",
+    fprintf(stderr,
+            "[%s: %s, %.2fM params, weights %s on disk in %d file(s)%s, %s compute, loaded in %.2f s; prompt "
+            "%d tokens]\n",
             dir, sl_arch_name(m->arch), (double)(m->numel + m->wnumel) / 1e6, info.disk_dtype, info.n_files,
             info.n_mapped ? " (memory-mapped)" : "", wdtype == SL_BF16 ? "bf16" : "f32", load_s, n);
     if (prompt && !print_ids) fputs(prompt, stdout);
@@ -129,9 +136,12 @@ static int run_hf(const char *dir, sl_dtype wdtype, const char *prompt, const ch
         printf("\n");
     }
     int dec = gs.n_generated > 1 ? gs.n_generated - 1 : 0;
-    fprintf(stderr, "[prompt: %d tokens in %.3f s, %.1f tokens/s | generation: %d tokens, %d decode steps in %.3f s, %.1f tokens/s%s]\n",
-            n, gs.prompt_seconds, n / (gs.prompt_seconds > 0 ? gs.prompt_seconds : 1e-9), gs.n_generated, dec, gs.gen_seconds,
-            dec / (gs.gen_seconds > 0 ? gs.gen_seconds : 1e-9), gs.stopped_by_eos ? ", stopped at a stop token" : "");
+    fprintf(stderr,
+            "[prompt: %d tokens in %.3f s, %.1f tokens/s | generation: %d tokens, %d decode steps in %.3f s, "
+            "%.1f tokens/s%s]\n",
+            n, gs.prompt_seconds, n / (gs.prompt_seconds > 0 ? gs.prompt_seconds : 1e-9), gs.n_generated, dec,
+            gs.gen_seconds, dec / (gs.gen_seconds > 0 ? gs.gen_seconds : 1e-9),
+            gs.stopped_by_eos ? ", stopped at a stop token" : "");
     rc = 0;
 done:
     free(ids);
@@ -148,18 +158,24 @@ int sl_cmd_generate(int argc, char **argv) {
     double temp = 0.8, top_p = 1.0;
     int ignore_eos = 0, print_ids = 0;
     sl_flag flags[] = {
-        {"load", SL_FLAG_STR, &load, 0, 0, "dir with model.safetensors, config.json, tokenizer.json from suanli train", 0},
-        {"model", SL_FLAG_STR, &model, 0, 0, "Hugging Face model dir (config.json, safetensors [+ index], tokenizer.json)", 0},
+        {"load", SL_FLAG_STR, &load, 0, 0,
+         "dir with model.safetensors, config.json, tokenizer.json from suanli train", 0},
+        {"model", SL_FLAG_STR, &model, 0, 0,
+         "Hugging Face model dir (config.json, safetensors [+ index], tokenizer.json)", 0},
         {"prompt", SL_FLAG_STR, &prompt, 0, 0, "text to continue (newline)", 0},
-        {"prompt-ids", SL_FLAG_STR, &prompt_ids, 0, 0, "--model: comma-separated prompt token ids instead of text", 0},
+        {"prompt-ids", SL_FLAG_STR, &prompt_ids, 0, 0,
+         "--model: comma-separated prompt token ids instead of text", 0},
         {"max-new-tokens", SL_FLAG_INT, &n, 1, 1e7, "tokens to generate (200)", 0},
         {"temperature", SL_FLAG_FLOAT, &temp, 0, 100, "0 = greedy (0.8)", 0},
         {"top-k", SL_FLAG_INT, &top_k, 0, 1 << 24, "0 = off", 0},
         {"top-p", SL_FLAG_FLOAT, &top_p, 1e-6, 1, "nucleus sampling mass, 1 = off (--model)", 0},
-        {"stop", SL_FLAG_STR, &stop, 0, 0, "--model: comma-separated stop token ids or tokens (default: the model's eos)", 0},
+        {"stop", SL_FLAG_STR, &stop, 0, 0,
+         "--model: comma-separated stop token ids or tokens (default: the model's eos)", 0},
         {"ignore-eos", SL_FLAG_BOOL, &ignore_eos, 0, 1, "--model: do not stop at eos", 0},
-        {"print-ids", SL_FLAG_BOOL, &print_ids, 0, 1, "--model: print prompt and generated ids as JSON instead of text", 0},
-        {"dtype", SL_FLAG_STR, &dtype, 0, 0, "--model: f32 (exact) | bf16 (bf16 weights, memory-mapped when stored bf16; bf16 compute)", 0},
+        {"print-ids", SL_FLAG_BOOL, &print_ids, 0, 1,
+         "--model: print prompt and generated ids as JSON instead of text", 0},
+        {"dtype", SL_FLAG_STR, &dtype, 0, 0,
+         "--model: f32 (exact) | bf16 (bf16 weights, memory-mapped when stored bf16; bf16 compute)", 0},
         {"seed", SL_FLAG_INT, &seed, 0, 9.007199254740992e15, "sampling seed (1234)", 0},
         {"threads", SL_FLAG_INT, &threads, 0, 1024, "compute threads", 0},
     };
@@ -203,8 +219,8 @@ int sl_cmd_generate(int argc, char **argv) {
         return 2;
     }
     if (sl_tokenizer_vocab_size(tok) != m->cfg.vocab_size) {
-        fprintf(stderr, "suanli generate: %s vocab %d does not match the model's %d\n", tp, sl_tokenizer_vocab_size(tok),
-                m->cfg.vocab_size);
+        fprintf(stderr, "suanli generate: %s vocab %d does not match the model's %d\n", tp,
+                sl_tokenizer_vocab_size(tok), m->cfg.vocab_size);
         sl_model_free(m);
         sl_tokenizer_free(tok);
         return 2;

@@ -26,7 +26,8 @@ static int parse_int(const char *flag, const char *v, int lo, int hi, int *out) 
     char *end;
     long x = v ? strtol(v, &end, 10) : 0;
     if (!v || !*v || *end || x < lo || x > hi) {
-        fprintf(stderr, "suanli run: %s: expected an integer in %d..%d, got '%s'\n", flag, lo, hi, v ? v : "");
+        fprintf(stderr, "suanli run: %s: expected an integer in %d..%d, got '%s'\n", flag, lo, hi,
+                v ? v : "");
         return 0;
     }
     *out = (int)x;
@@ -70,7 +71,8 @@ int sl_cmd_run(int argc, char **argv) {
             const char *colon = v ? strrchr(v, ':') : NULL;
             if (!colon || colon == v || (size_t)(colon - v) >= sizeof o.master_addr ||
                 !parse_int("--master port", colon + 1, 1, 65535, &o.master_port)) {
-                if (!colon || colon == v) fprintf(stderr, "suanli run: --master: expected HOST:PORT, got '%s'\n", v ? v : "");
+                if (!colon || colon == v)
+                    fprintf(stderr, "suanli run: --master: expected HOST:PORT, got '%s'\n", v ? v : "");
                 return 2;
             }
             memcpy(o.master_addr, v, (size_t)(colon - v));
@@ -110,7 +112,8 @@ int sl_cmd_run(int argc, char **argv) {
     sl_launch_result res;
     sl_status st = sl_launch_run(&o, &res);
     if (st == SL_OK) return 0;
-    fprintf(stderr, "suanli run: %s%s\n", sl_errmsg(), res.failed_rank >= 0 ? "; stopped the other ranks" : "");
+    fprintf(stderr, "suanli run: %s%s\n", sl_errmsg(),
+            res.failed_rank >= 0 ? "; stopped the other ranks" : "");
     if (st == SL_ERR_INVALID) return 2;
     return res.interrupted ? 128 + res.interrupted : 1;
 }

@@ -24,7 +24,8 @@ static sl_status set_value(sl_flag *f, const char *v, const char *where) {
         if (!*v || *end || errno)
             return sl_fail(SL_ERR_INVALID, "%s--%s: '%s' is not an integer", where, f->name, v);
         if ((double)x < f->lo || (double)x > f->hi)
-            return sl_fail(SL_ERR_INVALID, "%s--%s: %lld out of range [%.0f, %.0f]", where, f->name, x, f->lo, f->hi);
+            return sl_fail(SL_ERR_INVALID, "%s--%s: %lld out of range [%.0f, %.0f]", where, f->name, x, f->lo,
+                           f->hi);
         *(int64_t *)f->dst = x;
         break;
     }
@@ -33,7 +34,8 @@ static sl_status set_value(sl_flag *f, const char *v, const char *where) {
         if (!*v || *end || errno || !isfinite(x))
             return sl_fail(SL_ERR_INVALID, "%s--%s: '%s' is not a number", where, f->name, v);
         if (x < f->lo || x > f->hi)
-            return sl_fail(SL_ERR_INVALID, "%s--%s: %g out of range [%g, %g]", where, f->name, x, f->lo, f->hi);
+            return sl_fail(SL_ERR_INVALID, "%s--%s: %g out of range [%g, %g]", where, f->name, x, f->lo,
+                           f->hi);
         *(double *)f->dst = x;
         break;
     }
@@ -42,9 +44,12 @@ static sl_status set_value(sl_flag *f, const char *v, const char *where) {
         *(const char **)f->dst = v;
         break;
     case SL_FLAG_BOOL:
-        if (!strcmp(v, "1") || !strcmp(v, "true")) *(int *)f->dst = 1;
-        else if (!strcmp(v, "0") || !strcmp(v, "false")) *(int *)f->dst = 0;
-        else return sl_fail(SL_ERR_INVALID, "%s--%s: '%s' is not a boolean", where, f->name, v);
+        if (!strcmp(v, "1") || !strcmp(v, "true"))
+            *(int *)f->dst = 1;
+        else if (!strcmp(v, "0") || !strcmp(v, "false"))
+            *(int *)f->dst = 0;
+        else
+            return sl_fail(SL_ERR_INVALID, "%s--%s: '%s' is not a boolean", where, f->name, v);
         break;
     }
     f->set = 1;
@@ -86,8 +91,10 @@ static sl_status apply_config(sl_flag *flags, int n, const char *path) {
                 st = sl_fail(SL_ERR_INVALID, "%s: key '%s' must be an integer", path, it->string);
                 break;
             }
-            if (f->type == SL_FLAG_INT) snprintf(buf, sizeof buf, "%.0f", it->valuedouble);
-            else snprintf(buf, sizeof buf, "%.17g", it->valuedouble);
+            if (f->type == SL_FLAG_INT)
+                snprintf(buf, sizeof buf, "%.0f", it->valuedouble);
+            else
+                snprintf(buf, sizeof buf, "%.17g", it->valuedouble);
             v = f->type == SL_FLAG_STR ? strdup(buf) : buf;
         } else {
             st = sl_fail(SL_ERR_INVALID, "%s: key '%s' has an unsupported type", path, it->string);
@@ -120,10 +127,14 @@ sl_status sl_flags_parse(sl_flag *flags, int n, int argc, char **argv, int first
         sl_flag *f = find(flags, n, name, len);
         if (!f) return sl_fail(SL_ERR_INVALID, "unknown flag --%.*s", (int)len, name);
         const char *v;
-        if (eq) v = eq + 1;
-        else if (f->type == SL_FLAG_BOOL && (i + 1 >= argc || !strncmp(argv[i + 1], "--", 2))) v = "1";
-        else if (i + 1 < argc) v = argv[++i];
-        else return sl_fail(SL_ERR_INVALID, "--%s: missing value", f->name);
+        if (eq)
+            v = eq + 1;
+        else if (f->type == SL_FLAG_BOOL && (i + 1 >= argc || !strncmp(argv[i + 1], "--", 2)))
+            v = "1";
+        else if (i + 1 < argc)
+            v = argv[++i];
+        else
+            return sl_fail(SL_ERR_INVALID, "--%s: missing value", f->name);
         if (f == cfg) continue;
         SL_TRY(set_value(f, v, ""));
     }
@@ -132,8 +143,10 @@ sl_status sl_flags_parse(sl_flag *flags, int n, int argc, char **argv, int first
 
 void sl_flags_usage(const sl_flag *flags, int n, FILE *f) {
     for (int i = 0; i < n; i++) {
-        const char *t = flags[i].type == SL_FLAG_INT ? "N" : flags[i].type == SL_FLAG_FLOAT ? "X"
-                        : flags[i].type == SL_FLAG_STR ? "S" : "";
+        const char *t = flags[i].type == SL_FLAG_INT     ? "N"
+                        : flags[i].type == SL_FLAG_FLOAT ? "X"
+                        : flags[i].type == SL_FLAG_STR   ? "S"
+                                                         : "";
         char left[64];
         snprintf(left, sizeof left, "--%s %s", flags[i].name, t);
         fprintf(f, "  %-34s %s\n", left, flags[i].help);

@@ -11,10 +11,10 @@ typedef enum { SL_FLAG_INT, SL_FLAG_FLOAT, SL_FLAG_STR, SL_FLAG_BOOL } sl_flag_t
 typedef struct sl_flag {
     const char *name; /* without leading dashes */
     sl_flag_type type;
-    void *dst;        /* int64_t*, double*, const char**, int* */
-    double lo, hi;    /* inclusive range for numbers */
+    void *dst;     /* int64_t*, double*, const char**, int* */
+    double lo, hi; /* inclusive range for numbers */
     const char *help;
-    int set;          /* filled in: 1 if given on the command line or in a config file */
+    int set; /* filled in: 1 if given on the command line or in a config file */
 } sl_flag;
 
 /* Parse argv[first..argc). Unknown flags, missing values, malformed or out-of-range numbers fail. If a

@@ -6,16 +6,17 @@
 #include "suanli/base.h"
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: suanli <command> [flags]\n"
-            "  train     train a model (GPT-2) on token shards\n"
-            "  generate  sample text from saved weights\n"
-            "  data      prepare token shards: suanli data prepare --input F --output-prefix DIR\n"
-            "  run       launch N ranks: suanli run -n N -- PROGRAM ARGS\n"
-            "  bench     benchmarks: suanli bench ops|comm|train [--json]\n"
-            "  ckpt      checkpoints: suanli ckpt inspect|verify DIR\n"
-            "  convert   model formats: HF dir -> HF safetensors (f32|bf16); GPT-2 HF <-> suanli (--from/--to)\n"
-            "run 'suanli <command> --help' for its flags\n");
+    fprintf(
+        f,
+        "usage: suanli <command> [flags]\n"
+        "  train     train a model (GPT-2) on token shards\n"
+        "  generate  sample text from saved weights\n"
+        "  data      prepare token shards: suanli data prepare --input F --output-prefix DIR\n"
+        "  run       launch N ranks: suanli run -n N -- PROGRAM ARGS\n"
+        "  bench     benchmarks: suanli bench ops|comm|train [--json]\n"
+        "  ckpt      checkpoints: suanli ckpt inspect|verify DIR\n"
+        "  convert   model formats: HF dir -> HF safetensors (f32|bf16); GPT-2 HF <-> suanli (--from/--to)\n"
+        "run 'suanli <command> --help' for its flags\n");
 }
 
 int main(int argc, char **argv) {

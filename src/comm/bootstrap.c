@@ -51,7 +51,10 @@ static sl_status boot_allgather(sl_oob *o, const void *mine, void *all, size_t b
 }
 
 static pthread_mutex_t g_lmu = PTHREAD_MUTEX_INITIALIZER;
-static struct { char token[64]; int fd; } g_listeners[16];
+static struct {
+    char token[64];
+    int fd;
+} g_listeners[16];
 
 int sl_bootstrap_take_listener(const char *token) {
     int fd = -1;
@@ -95,8 +98,8 @@ sl_status sl_comm_get_unique_id(sl_comm_unique_id *id) {
     return SL_OK;
 }
 
-int sl_comm_unique_id_parse(const sl_comm_unique_id *id, char *addr, size_t addrcap, int *port,
-                            char *token, size_t tokcap) {
+int sl_comm_unique_id_parse(const sl_comm_unique_id *id, char *addr, size_t addrcap, int *port, char *token,
+                            size_t tokcap) {
     char a[128], t[64];
     int p;
     if (memchr(id->bytes, 0, sizeof id->bytes) == NULL) return 0;
@@ -121,7 +124,8 @@ void sl_bootstrap_oob_free(sl_oob *o) {
 static void ip_of(int fd, char *buf, size_t cap) {
     struct sockaddr_in a;
     socklen_t len = sizeof a;
-    if (getsockname(fd, (struct sockaddr *)&a, &len) == 0) inet_ntop(AF_INET, &a.sin_addr, buf, (socklen_t)cap);
+    if (getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        inet_ntop(AF_INET, &a.sin_addr, buf, (socklen_t)cap);
 }
 
 sl_status sl_bootstrap_oob_new(const char *addr, int port, const char *token, int rank, int size,
@@ -165,9 +169,10 @@ sl_status sl_bootstrap_oob_new(const char *addr, int port, const char *token, in
             }
             hello h;
             double hdl = sl_time_sec() + 5 < dl ? sl_time_sec() + 5 : dl;
-            if (sl_net_read_full(fd, &h, sizeof h, hdl, "bootstrap client") != SL_OK || h.magic != HELLO_MAGIC ||
-                memchr(h.token, 0, sizeof h.token) == NULL || strcmp(h.token, token) != 0 ||
-                (int)h.size != size || h.rank == 0 || (int)h.rank >= size || b->fds[h.rank] >= 0) {
+            if (sl_net_read_full(fd, &h, sizeof h, hdl, "bootstrap client") != SL_OK ||
+                h.magic != HELLO_MAGIC || memchr(h.token, 0, sizeof h.token) == NULL ||
+                strcmp(h.token, token) != 0 || (int)h.size != size || h.rank == 0 || (int)h.rank >= size ||
+                b->fds[h.rank] >= 0) {
                 SL_LOGW("bootstrap: dropped a connection without this job's token/shape");
                 close(fd);
                 continue;
@@ -190,7 +195,8 @@ sl_status sl_bootstrap_oob_new(const char *addr, int port, const char *token, in
         st = sl_net_write_full(b->fd, &h, sizeof h, dl, "bootstrap: rank 0");
         if (st == SL_OK) st = sl_net_read_full(b->fd, &ack, 1, dl, "bootstrap: rank 0");
         if (st != SL_OK || ack != 'K') {
-            st = sl_fail(SL_ERR_PEER, "bootstrap: rendezvous at %s:%d rejected rank %d (token or world size mismatch?)",
+            st = sl_fail(SL_ERR_PEER,
+                         "bootstrap: rendezvous at %s:%d rejected rank %d (token or world size mismatch?)",
                          addr, port, rank);
             goto fail;
         }

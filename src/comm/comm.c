@@ -65,19 +65,26 @@ static void record_error(sl_comm *c, sl_status st, const char *msg) {
 
 static sl_status run_one(sl_comm *c, sl_algo_ctx *x, sl_comm_req *t) {
     switch (t->kind) {
-    case T_ALLREDUCE: return sl_algo_allreduce(x, t->sb, t->rb, t->count, t->dt, t->op);
-    case T_REDUCE: return sl_algo_reduce(x, t->sb, t->rb, t->count, t->dt, t->op, t->root);
-    case T_BCAST: return sl_algo_broadcast(x, t->sb, t->rb, t->count, t->dt, t->root);
-    case T_ALLGATHERV: return sl_algo_allgatherv(x, t->sb, t->rb, t->v, t->v + c->size, t->dt);
-    case T_REDSCAT: return sl_algo_reduce_scatter(x, t->sb, t->rb, t->count, t->dt, t->op);
+    case T_ALLREDUCE:
+        return sl_algo_allreduce(x, t->sb, t->rb, t->count, t->dt, t->op);
+    case T_REDUCE:
+        return sl_algo_reduce(x, t->sb, t->rb, t->count, t->dt, t->op, t->root);
+    case T_BCAST:
+        return sl_algo_broadcast(x, t->sb, t->rb, t->count, t->dt, t->root);
+    case T_ALLGATHERV:
+        return sl_algo_allgatherv(x, t->sb, t->rb, t->v, t->v + c->size, t->dt);
+    case T_REDSCAT:
+        return sl_algo_reduce_scatter(x, t->sb, t->rb, t->count, t->dt, t->op);
     case T_A2AV: {
         size_t n = (size_t)c->size;
         return sl_algo_alltoallv(x, t->sb, t->v, t->v + n, t->rb, t->v + 2 * n, t->v + 3 * n, t->dt);
     }
-    case T_BARRIER: return sl_algo_barrier(x);
+    case T_BARRIER:
+        return sl_algo_barrier(x);
     case T_SEND:
     case T_RECV: {
-        sl_xfer xf = {.kind = t->kind == T_SEND ? SL_XFER_SEND : SL_XFER_RECV, .peer = t->root,
+        sl_xfer xf = {.kind = t->kind == T_SEND ? SL_XFER_SEND : SL_XFER_RECV,
+                      .peer = t->root,
                       .buf = t->kind == T_SEND ? (void *)t->sb : t->rb,
                       .bytes = t->count * sl_comm_dtype_size(t->dt)};
         if (t->root == c->rank) return sl_fail(SL_ERR_INVALID, "send/recv to self (rank %d)", c->rank);
@@ -102,7 +109,8 @@ static sl_status run_one(sl_comm *c, sl_algo_ctx *x, sl_comm_req *t) {
                     return sl_fail(SL_ERR_INVALID, "send/recv to self (rank %d)", c->rank);
                 }
                 xf[i] = (sl_xfer){.kind = k->kind == T_SEND ? SL_XFER_SEND : SL_XFER_RECV,
-                                  .peer = k->root, .buf = k->kind == T_SEND ? (void *)k->sb : k->rb,
+                                  .peer = k->root,
+                                  .buf = k->kind == T_SEND ? (void *)k->sb : k->rb,
                                   .bytes = k->count * sl_comm_dtype_size(k->dt)};
             }
             sl_status st = sl_prim_exchange(x, xf, n);
@@ -125,9 +133,14 @@ static void execute(sl_comm *c, sl_comm_req *t) {
         pthread_mutex_unlock(&c->errmu);
         return;
     }
-    sl_algo_ctx x = {.tp = c->tp, .rank = c->rank, .size = c->size,
-                     .deadline = sl_time_sec() + c->timeout, .scratch = &c->scratch,
-                     .scratch_cap = &c->scratch_cap, .algo = c->algo, .local = c->local,
+    sl_algo_ctx x = {.tp = c->tp,
+                     .rank = c->rank,
+                     .size = c->size,
+                     .deadline = sl_time_sec() + c->timeout,
+                     .scratch = &c->scratch,
+                     .scratch_cap = &c->scratch_cap,
+                     .algo = c->algo,
+                     .local = c->local,
                      .leaders = c->leaders};
     sl_clear_error();
     t->st = run_one(c, &x, t);
@@ -199,8 +212,10 @@ void sl_comm_group_start(void) { g_depth++; }
 static void enqueue(sl_comm *c, sl_comm_req *t) {
     pthread_mutex_lock(&c->mu);
     t->next = NULL;
-    if (c->qtail) c->qtail->next = t;
-    else c->qhead = t;
+    if (c->qtail)
+        c->qtail->next = t;
+    else
+        c->qhead = t;
     c->qtail = t;
     pthread_cond_broadcast(&c->cv_work);
     pthread_mutex_unlock(&c->mu);
@@ -236,8 +251,10 @@ sl_status sl_comm_group_end(void) {
                 task_unref_locked(t);
                 pthread_mutex_unlock(&t->comm->mu);
             } else {
-                if (rest_tail) rest_tail->next_child = t;
-                else rest = t;
+                if (rest_tail)
+                    rest_tail->next_child = t;
+                else
+                    rest = t;
                 rest_tail = t;
             }
         }
@@ -265,8 +282,10 @@ static sl_status submit(sl_comm *c, sl_comm_req *t, sl_comm_req **req) {
         *req = t;
     }
     if (g_depth > 0) {
-        if (g_tail) g_tail->next_child = t;
-        else g_head = t;
+        if (g_tail)
+            g_tail->next_child = t;
+        else
+            g_head = t;
         g_tail = t;
         return SL_OK;
     }
@@ -338,15 +357,16 @@ void sl_comm_req_free(sl_comm_req *t) {
 }
 
 /* ---------------- entry points ---------------- */
-#define CHECK_COMM(c)                                                                              \
-    do {                                                                                           \
-        if (!(c)) return sl_fail(SL_ERR_INVALID, "%s: NULL communicator", __func__);                \
+#define CHECK_COMM(c)                                                                                        \
+    do {                                                                                                     \
+        if (!(c)) return sl_fail(SL_ERR_INVALID, "%s: NULL communicator", __func__);                         \
     } while (0)
 
 static sl_status check_dt(const char *fn, sl_comm_dtype dt, int reduce, sl_comm_redop op) {
     if ((unsigned)dt >= SL_COMM_DTYPE_COUNT) return sl_fail(SL_ERR_INVALID, "%s: bad dtype %d", fn, (int)dt);
     if (reduce && (dt == SL_COMM_U8 || (unsigned)op >= SL_COMM_REDOP_COUNT))
-        return sl_fail(SL_ERR_INVALID, "%s: cannot reduce dtype %s with op %d", fn, sl_comm_dtype_name(dt), (int)op);
+        return sl_fail(SL_ERR_INVALID, "%s: cannot reduce dtype %s with op %d", fn, sl_comm_dtype_name(dt),
+                       (int)op);
     return SL_OK;
 }
 static sl_status check_root(const char *fn, const sl_comm *c, int root) {
@@ -354,12 +374,12 @@ static sl_status check_root(const char *fn, const sl_comm *c, int root) {
         return sl_fail(SL_ERR_INVALID, "%s: rank %d out of range (size %d)", fn, root, c->size);
     return SL_OK;
 }
-#define NEW_TASK(kind)                                                                             \
-    sl_comm_req *t = task_new(c, kind);                                                            \
+#define NEW_TASK(kind)                                                                                       \
+    sl_comm_req *t = task_new(c, kind);                                                                      \
     if (!t) return sl_fail(SL_ERR_NOMEM, "%s: out of memory", __func__)
 
-sl_status sl_comm_all_reduce_async(sl_comm *c, const void *sb, void *rb, size_t count,
-                                   sl_comm_dtype dt, sl_comm_redop op, sl_comm_req **req) {
+sl_status sl_comm_all_reduce_async(sl_comm *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt,
+                                   sl_comm_redop op, sl_comm_req **req) {
     CHECK_COMM(c);
     SL_TRY(check_dt(__func__, dt, 1, op));
     NEW_TASK(T_ALLREDUCE);
@@ -385,8 +405,8 @@ sl_status sl_comm_reduce(sl_comm *c, const void *sb, void *rb, size_t count, sl_
     return sl_comm_reduce_async(c, sb, rb, count, dt, op, root, NULL);
 }
 
-sl_status sl_comm_broadcast_async(sl_comm *c, const void *sb, void *rb, size_t count,
-                                  sl_comm_dtype dt, int root, sl_comm_req **req) {
+sl_status sl_comm_broadcast_async(sl_comm *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt,
+                                  int root, sl_comm_req **req) {
     CHECK_COMM(c);
     SL_TRY(check_dt(__func__, dt, 0, SL_COMM_SUM));
     SL_TRY(check_root(__func__, c, root));
@@ -394,8 +414,7 @@ sl_status sl_comm_broadcast_async(sl_comm *c, const void *sb, void *rb, size_t c
     t->sb = sb, t->rb = rb, t->count = count, t->dt = dt, t->root = root;
     return submit(c, t, req);
 }
-sl_status sl_comm_broadcast(sl_comm *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt,
-                            int root) {
+sl_status sl_comm_broadcast(sl_comm *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt, int root) {
     return sl_comm_broadcast_async(c, sb, rb, count, dt, root, NULL);
 }
 
@@ -419,8 +438,8 @@ sl_status sl_comm_all_gatherv(sl_comm *c, const void *sb, void *rb, const size_t
     return sl_comm_all_gatherv_async(c, sb, rb, counts, displs, dt, NULL);
 }
 
-sl_status sl_comm_all_gather_async(sl_comm *c, const void *sb, void *rb, size_t count,
-                                   sl_comm_dtype dt, sl_comm_req **req) {
+sl_status sl_comm_all_gather_async(sl_comm *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt,
+                                   sl_comm_req **req) {
     CHECK_COMM(c);
     size_t n = (size_t)c->size, stackv[128] = {0}, *v = n <= 64 ? stackv : malloc(2 * n * sizeof(size_t));
     if (!v) return sl_fail(SL_ERR_NOMEM, "%s: out of memory", __func__);
@@ -433,8 +452,8 @@ sl_status sl_comm_all_gather(sl_comm *c, const void *sb, void *rb, size_t count,
     return sl_comm_all_gather_async(c, sb, rb, count, dt, NULL);
 }
 
-sl_status sl_comm_reduce_scatter_async(sl_comm *c, const void *sb, void *rb, size_t rc,
-                                       sl_comm_dtype dt, sl_comm_redop op, sl_comm_req **req) {
+sl_status sl_comm_reduce_scatter_async(sl_comm *c, const void *sb, void *rb, size_t rc, sl_comm_dtype dt,
+                                       sl_comm_redop op, sl_comm_req **req) {
     CHECK_COMM(c);
     SL_TRY(check_dt(__func__, dt, 1, op));
     NEW_TASK(T_REDSCAT);
@@ -446,9 +465,8 @@ sl_status sl_comm_reduce_scatter(sl_comm *c, const void *sb, void *rb, size_t rc
     return sl_comm_reduce_scatter_async(c, sb, rb, rc, dt, op, NULL);
 }
 
-sl_status sl_comm_all_to_allv_async(sl_comm *c, const void *sb, const size_t *sc, const size_t *sd,
-                                    void *rb, const size_t *rc, const size_t *rd, sl_comm_dtype dt,
-                                    sl_comm_req **req) {
+sl_status sl_comm_all_to_allv_async(sl_comm *c, const void *sb, const size_t *sc, const size_t *sd, void *rb,
+                                    const size_t *rc, const size_t *rd, sl_comm_dtype dt, sl_comm_req **req) {
     CHECK_COMM(c);
     SL_TRY(check_dt(__func__, dt, 0, SL_COMM_SUM));
     size_t n = (size_t)c->size;
@@ -464,13 +482,13 @@ sl_status sl_comm_all_to_allv_async(sl_comm *c, const void *sb, const size_t *sc
     t->sb = sb, t->rb = rb, t->dt = dt;
     return submit(c, t, req);
 }
-sl_status sl_comm_all_to_allv(sl_comm *c, const void *sb, const size_t *sc, const size_t *sd,
-                              void *rb, const size_t *rc, const size_t *rd, sl_comm_dtype dt) {
+sl_status sl_comm_all_to_allv(sl_comm *c, const void *sb, const size_t *sc, const size_t *sd, void *rb,
+                              const size_t *rc, const size_t *rd, sl_comm_dtype dt) {
     return sl_comm_all_to_allv_async(c, sb, sc, sd, rb, rc, rd, dt, NULL);
 }
 
-sl_status sl_comm_all_to_all_async(sl_comm *c, const void *sb, void *rb, size_t count,
-                                   sl_comm_dtype dt, sl_comm_req **req) {
+sl_status sl_comm_all_to_all_async(sl_comm *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt,
+                                   sl_comm_req **req) {
     CHECK_COMM(c);
     size_t n = (size_t)c->size, stackv[128] = {0}, *v = n <= 64 ? stackv : malloc(2 * n * sizeof(size_t));
     if (!v) return sl_fail(SL_ERR_NOMEM, "%s: out of memory", __func__);
@@ -488,7 +506,8 @@ sl_status sl_comm_send_async(sl_comm *c, const void *buf, size_t count, sl_comm_
     CHECK_COMM(c);
     SL_TRY(check_dt(__func__, dt, 0, SL_COMM_SUM));
     SL_TRY(check_root(__func__, c, peer));
-    if (peer == c->rank) return sl_fail(SL_ERR_INVALID, "%s: send to self (rank %d) is not supported", __func__, peer);
+    if (peer == c->rank)
+        return sl_fail(SL_ERR_INVALID, "%s: send to self (rank %d) is not supported", __func__, peer);
     NEW_TASK(T_SEND);
     t->sb = buf, t->count = count, t->dt = dt, t->root = peer;
     return submit(c, t, req);
@@ -501,7 +520,8 @@ sl_status sl_comm_recv_async(sl_comm *c, void *buf, size_t count, sl_comm_dtype 
     CHECK_COMM(c);
     SL_TRY(check_dt(__func__, dt, 0, SL_COMM_SUM));
     SL_TRY(check_root(__func__, c, peer));
-    if (peer == c->rank) return sl_fail(SL_ERR_INVALID, "%s: receive from self (rank %d) is not supported", __func__, peer);
+    if (peer == c->rank)
+        return sl_fail(SL_ERR_INVALID, "%s: receive from self (rank %d) is not supported", __func__, peer);
     NEW_TASK(T_RECV);
     t->rb = buf, t->count = count, t->dt = dt, t->root = peer;
     return submit(c, t, req);
@@ -530,8 +550,7 @@ void sl_comm_abort(sl_comm *c) {
 }
 
 sl_status sl_comm_from_transport(sl_transport *tp, const sl_comm_opts *opts, const char *name,
-                                 const char *local_ip, const int *world_ranks, int mpi_tag,
-                                 sl_comm **out) {
+                                 const char *local_ip, const int *world_ranks, int mpi_tag, sl_comm **out) {
     sl_comm *c = calloc(1, sizeof *c);
     if (!c) {
         tp->vt->destroy(tp);

@@ -10,8 +10,8 @@
 
 /* ---- element kernels (dtype.c) ---- */
 /* dst[i] = a[i] op b[i] for n elements (dst may alias a or b). AVG reduces as SUM. */
-void sl_comm_reduce_kernel(sl_comm_dtype dt, sl_comm_redop op, void *dst, const void *a,
-                           const void *b, size_t n);
+void sl_comm_reduce_kernel(sl_comm_dtype dt, sl_comm_redop op, void *dst, const void *a, const void *b,
+                           size_t n);
 /* x[i] /= divisor (AVG finalisation; integer division for integer types). */
 void sl_comm_div_kernel(sl_comm_dtype dt, void *x, size_t n, int divisor);
 uint16_t sl_comm_f32_to_f16(float f);
@@ -82,8 +82,8 @@ int sl_mpi_world_rank_size(int *rank, int *size);
 sl_status sl_bootstrap_oob_new(const char *addr, int port, const char *token, int rank, int size,
                                double timeout, sl_oob **out);
 void sl_bootstrap_oob_free(sl_oob *oob);
-int sl_comm_unique_id_parse(const sl_comm_unique_id *id, char *addr, size_t addrcap, int *port,
-                            char *token, size_t tokcap);
+int sl_comm_unique_id_parse(const sl_comm_unique_id *id, char *addr, size_t addrcap, int *port, char *token,
+                            size_t tokcap);
 int sl_bootstrap_take_listener(const char *token); /* fd kept by get_unique_id, or -1 */
 sl_status sl_net_first_ip(char *buf, size_t cap);
 
@@ -108,35 +108,33 @@ typedef struct sl_algo_ctx {
 sl_status sl_prim_exchange(sl_algo_ctx *c, sl_xfer *x, int n);
 sl_status sl_prim_sendrecv(sl_algo_ctx *c, int sp, const void *sb, size_t sbytes, int rp, void *rb,
                            size_t rbytes);
-sl_status sl_prim_send_recv_reduce(sl_algo_ctx *c, int sp, const void *sb, size_t sbytes, int rp,
-                                   void *dst, const void *src, size_t rbytes, sl_comm_dtype dt,
-                                   sl_comm_redop op);
+sl_status sl_prim_send_recv_reduce(sl_algo_ctx *c, int sp, const void *sb, size_t sbytes, int rp, void *dst,
+                                   const void *src, size_t rbytes, sl_comm_dtype dt, sl_comm_redop op);
 void *sl_algo_scratch(sl_algo_ctx *c, size_t bytes);
 
 sl_comm_algo sl_algo_choose_allreduce(const sl_algo_ctx *c, size_t bytes);
-sl_status sl_algo_allreduce(sl_algo_ctx *c, const void *sb, void *rb, size_t count,
-                            sl_comm_dtype dt, sl_comm_redop op);
-sl_status sl_algo_allreduce_ring(sl_algo_ctx *c, const void *sb, void *rb, size_t count,
-                                 sl_comm_dtype dt, sl_comm_redop op);
-sl_status sl_algo_allreduce_rd(sl_algo_ctx *c, const void *sb, void *rb, size_t count,
-                               sl_comm_dtype dt, sl_comm_redop op);
-sl_status sl_algo_allreduce_direct(sl_algo_ctx *c, const void *sb, void *rb, size_t count,
-                                   sl_comm_dtype dt, sl_comm_redop op);
-sl_status sl_algo_allreduce_hier(sl_algo_ctx *c, const void *sb, void *rb, size_t count,
-                                 sl_comm_dtype dt, sl_comm_redop op);
+sl_status sl_algo_allreduce(sl_algo_ctx *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt,
+                            sl_comm_redop op);
+sl_status sl_algo_allreduce_ring(sl_algo_ctx *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt,
+                                 sl_comm_redop op);
+sl_status sl_algo_allreduce_rd(sl_algo_ctx *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt,
+                               sl_comm_redop op);
+sl_status sl_algo_allreduce_direct(sl_algo_ctx *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt,
+                                   sl_comm_redop op);
+sl_status sl_algo_allreduce_hier(sl_algo_ctx *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt,
+                                 sl_comm_redop op);
 sl_status sl_algo_reduce(sl_algo_ctx *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt,
                          sl_comm_redop op, int root);
-sl_status sl_algo_broadcast(sl_algo_ctx *c, const void *sb, void *rb, size_t count,
-                            sl_comm_dtype dt, int root);
+sl_status sl_algo_broadcast(sl_algo_ctx *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt,
+                            int root);
 sl_status sl_algo_allgatherv(sl_algo_ctx *c, const void *sb, void *rb, const size_t *counts,
                              const size_t *displs, sl_comm_dtype dt);
-sl_status sl_algo_reduce_scatter_direct(sl_algo_ctx *c, const void *sb, void *rb, size_t recvcount, sl_comm_dtype dt,
-                                        sl_comm_redop op);
-sl_status sl_algo_reduce_scatter(sl_algo_ctx *c, const void *sb, void *rb, size_t recvcount,
-                                 sl_comm_dtype dt, sl_comm_redop op);
-sl_status sl_algo_alltoallv(sl_algo_ctx *c, const void *sb, const size_t *scounts,
-                            const size_t *sdispls, void *rb, const size_t *rcounts,
-                            const size_t *rdispls, sl_comm_dtype dt);
+sl_status sl_algo_reduce_scatter_direct(sl_algo_ctx *c, const void *sb, void *rb, size_t recvcount,
+                                        sl_comm_dtype dt, sl_comm_redop op);
+sl_status sl_algo_reduce_scatter(sl_algo_ctx *c, const void *sb, void *rb, size_t recvcount, sl_comm_dtype dt,
+                                 sl_comm_redop op);
+sl_status sl_algo_alltoallv(sl_algo_ctx *c, const void *sb, const size_t *scounts, const size_t *sdispls,
+                            void *rb, const size_t *rcounts, const size_t *rdispls, sl_comm_dtype dt);
 sl_status sl_algo_barrier(sl_algo_ctx *c);
 
 #endif

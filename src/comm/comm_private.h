@@ -4,7 +4,15 @@
 #include "comm/comm_internal.h"
 
 typedef enum {
-    T_ALLREDUCE, T_REDUCE, T_BCAST, T_ALLGATHERV, T_REDSCAT, T_A2AV, T_SEND, T_RECV, T_BARRIER,
+    T_ALLREDUCE,
+    T_REDUCE,
+    T_BCAST,
+    T_ALLGATHERV,
+    T_REDSCAT,
+    T_A2AV,
+    T_SEND,
+    T_RECV,
+    T_BARRIER,
     T_GROUP
 } task_kind;
 
@@ -16,10 +24,10 @@ struct sl_comm_req {
     size_t count;
     sl_comm_dtype dt;
     sl_comm_redop op;
-    int root;      /* root, or peer for send/recv */
-    size_t *v;     /* counts/displacements (owned) */
-    int refs;      /* executor + user handle; guarded by comm->mu */
-    int done;      /* guarded by comm->mu */
+    int root;  /* root, or peer for send/recv */
+    size_t *v; /* counts/displacements (owned) */
+    int refs;  /* executor + user handle; guarded by comm->mu */
+    int done;  /* guarded by comm->mu */
     sl_status st;
     char msg[300];
     sl_comm_req *next;       /* queue link */
@@ -33,10 +41,10 @@ struct sl_comm {
     double timeout;
     sl_comm_algo algo;
     sl_comm_opts opts;
-    char name[200];     /* unique name (shm segments), parent for splits */
+    char name[200]; /* unique name (shm segments), parent for splits */
     char local_ip[64];
     char token[64];
-    int *world_ranks;   /* MPI: ranks in MPI_COMM_WORLD (NULL = identity) */
+    int *world_ranks; /* MPI: ranks in MPI_COMM_WORLD (NULL = identity) */
     int mpi_tag;
     int split_seq;
     sl_comm *local, *leaders; /* hierarchical (several hosts): owned sub-communicators */
@@ -56,6 +64,5 @@ struct sl_comm {
 void sl_comm_acquire(sl_comm *c);
 void sl_comm_release(sl_comm *c);
 sl_status sl_comm_from_transport(sl_transport *tp, const sl_comm_opts *opts, const char *name,
-                                 const char *local_ip, const int *world_ranks, int mpi_tag,
-                                 sl_comm **out);
+                                 const char *local_ip, const int *world_ranks, int mpi_tag, sl_comm **out);
 #endif

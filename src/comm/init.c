@@ -35,8 +35,10 @@ static sl_status split_kind(sl_comm *c, int color, int key, sl_comm_transport_ki
 static void host_id(char *host, size_t cap) {
     const char *v = getenv("SUANLI_COMM_HOSTNAME");
     memset(host, 0, cap);
-    if (v && *v) snprintf(host, cap, "%s", v);
-    else gethostname(host, cap - 1);
+    if (v && *v)
+        snprintf(host, cap, "%s", v);
+    else
+        gethostname(host, cap - 1);
 }
 
 /* Several hosts: sub-communicators for the hierarchical all-reduce (SUANLI_COMM_HIER=0: off). */
@@ -87,31 +89,40 @@ static sl_status comm_create(sl_oob *oob, const sl_comm_opts *opts, sl_comm_tran
         SL_CHECK(oob->allgather(oob, host, all, sizeof host));
         for (int r = 0; r < oob->size; r++) same &= !strcmp(all + (size_t)r * sizeof host, host);
         kind = same ? SL_COMM_TRANSPORT_SHM : oob_is_mpi ? SL_COMM_TRANSPORT_MPI : SL_COMM_TRANSPORT_TCP;
-        if (!same) SL_LOGI("comm: ranks span several hosts; using the %s transport", sl_comm_transport_name(kind));
+        if (!same)
+            SL_LOGI("comm: ranks span several hosts; using the %s transport", sl_comm_transport_name(kind));
     }
     char base[200];
     snprintf(base, sizeof base, "%s", oob->name);
     snprintf(oob->name, sizeof oob->name, "%.150s-%016llx", base, (unsigned long long)nonces[0]);
     sl_transport *tp = NULL;
     switch (kind) {
-    case SL_COMM_TRANSPORT_SHM: st = sl_tp_shm_new(oob, &tp); break;
-    case SL_COMM_TRANSPORT_TCP: st = sl_tp_tcp_new(oob, &tp); break;
-    case SL_COMM_TRANSPORT_LOOPBACK: st = sl_tp_loopback_new(oob, &tp); break;
+    case SL_COMM_TRANSPORT_SHM:
+        st = sl_tp_shm_new(oob, &tp);
+        break;
+    case SL_COMM_TRANSPORT_TCP:
+        st = sl_tp_tcp_new(oob, &tp);
+        break;
+    case SL_COMM_TRANSPORT_LOOPBACK:
+        st = sl_tp_loopback_new(oob, &tp);
+        break;
     case SL_COMM_TRANSPORT_MPI:
 #ifdef SL_HAVE_MPI
         st = sl_tp_mpi_new(oob, &tp);
 #else
-        st = sl_fail(SL_ERR_UNSUPPORTED, "MPI transport: this build has no MPI (install libopenmpi-dev and rebuild)");
+        st = sl_fail(SL_ERR_UNSUPPORTED,
+                     "MPI transport: this build has no MPI (install libopenmpi-dev and rebuild)");
 #endif
         break;
-    default: st = sl_fail(SL_ERR_INVALID, "bad transport %d", (int)kind);
+    default:
+        st = sl_fail(SL_ERR_INVALID, "bad transport %d", (int)kind);
     }
     snprintf(oob->name, sizeof oob->name, "%s", base);
     if (st != SL_OK) goto done;
     char name[200];
     snprintf(name, sizeof name, "%.150s-%016llx", base, (unsigned long long)nonces[0]);
     SL_CHECK(sl_comm_from_transport(tp, opts, name, oob->local_ip, oob->world_ranks, oob->mpi_tag, out));
-    snprintf((*out)->token, sizeof (*out)->token, "%s", oob->token);
+    snprintf((*out)->token, sizeof(*out)->token, "%s", oob->token);
     if (auto_kind && !same) {
         st = build_hier(*out, all, sizeof host);
         if (st != SL_OK) {
@@ -137,8 +148,10 @@ sl_status sl_comm_init_loopback(int n, sl_comm **comms, const sl_comm_opts *opts
     char name[64];
     snprintf(name, sizeof name, "lb-%016llx", (unsigned long long)nonce64());
     for (int r = 0; r < n; r++) {
-        if (st == SL_OK) st = sl_comm_from_transport(tps[r], opts, name, "127.0.0.1", NULL, 0, &comms[r]);
-        else tps[r]->vt->destroy(tps[r]);
+        if (st == SL_OK)
+            st = sl_comm_from_transport(tps[r], opts, name, "127.0.0.1", NULL, 0, &comms[r]);
+        else
+            tps[r]->vt->destroy(tps[r]);
         if (st != SL_OK) comms[r] = NULL;
     }
     free(tps);
@@ -164,8 +177,10 @@ static sl_status split_allgather(sl_oob *o, const void *mine, void *all, size_t 
     for (int j = 0; j < n; j++) {
         if (j == me) continue;
         x[k++] = (sl_xfer){.kind = SL_XFER_SEND, .peer = s->members[j], .buf = (void *)mine, .bytes = bytes};
-        x[k++] = (sl_xfer){.kind = SL_XFER_RECV, .peer = s->members[j],
-                           .buf = (char *)all + (size_t)j * bytes, .bytes = bytes};
+        x[k++] = (sl_xfer){.kind = SL_XFER_RECV,
+                           .peer = s->members[j],
+                           .buf = (char *)all + (size_t)j * bytes,
+                           .bytes = bytes};
     }
     sl_transport *tp = s->parent->tp;
     sl_status st = tp->vt->exchange(tp, x, k, sl_time_sec() + s->parent->timeout);
@@ -206,14 +221,21 @@ static sl_status split_kind(sl_comm *c, int color, int key, sl_comm_transport_ki
         wr[i] = c->world_ranks ? c->world_ranks[members[i]] : members[i];
     }
     split_ctx sc = {c, members};
-    sl_oob oob = {.rank = me, .size = nm, .allgather = split_allgather, .ctx = &sc, .world_ranks = wr,
-                  .mpi_tag = (int)(((unsigned)c->mpi_tag * 131u + (unsigned)seq * 17u + (unsigned)color) % 30000u) + 1};
+    sl_oob oob = {
+        .rank = me,
+        .size = nm,
+        .allgather = split_allgather,
+        .ctx = &sc,
+        .world_ranks = wr,
+        .mpi_tag = (int)(((unsigned)c->mpi_tag * 131u + (unsigned)seq * 17u + (unsigned)color) % 30000u) + 1};
     snprintf(oob.local_ip, sizeof oob.local_ip, "%s", c->local_ip);
     snprintf(oob.name, sizeof oob.name, "%.160s.s%dc%d", c->name, seq, color);
     snprintf(oob.token, sizeof oob.token, "%s", c->token);
     sl_comm_acquire(c);
-    if (atomic_load(&c->err) != SL_OK) st = sl_fail((sl_status)atomic_load(&c->err), "split: parent communicator failed: %s", c->errmsg);
-    else st = comm_create(&oob, &c->opts, kind, 0, out);
+    if (atomic_load(&c->err) != SL_OK)
+        st = sl_fail((sl_status)atomic_load(&c->err), "split: parent communicator failed: %s", c->errmsg);
+    else
+        st = comm_create(&oob, &c->opts, kind, 0, out);
     sl_comm_release(c);
 done:
     free(all);
@@ -229,7 +251,8 @@ static int env_int(const char *name, int *out, sl_status *st) {
     char *end;
     long x = strtol(v, &end, 10);
     if (*end || x < 0 || x > 1000000) {
-        *st = sl_fail(SL_ERR_INVALID, "environment variable %s=%s is not a valid non-negative integer", name, v);
+        *st = sl_fail(SL_ERR_INVALID, "environment variable %s=%s is not a valid non-negative integer", name,
+                      v);
         return 0;
     }
     *out = (int)x;
@@ -242,7 +265,8 @@ static void slurm_first_host(const char *list, char *out, size_t cap) {
     while (list[i] && list[i] != ',' && list[i] != '[' && o + 1 < cap) out[o++] = list[i++];
     if (list[i] == '[') {
         i++;
-        while (list[i] && list[i] != '-' && list[i] != ',' && list[i] != ']' && o + 1 < cap) out[o++] = list[i++];
+        while (list[i] && list[i] != '-' && list[i] != ',' && list[i] != ']' && o + 1 < cap)
+            out[o++] = list[i++];
     }
     out[o] = 0;
 }
@@ -257,7 +281,8 @@ sl_status sl_comm_env_detect(sl_comm_env *e) {
         e->source = getenv("SUANLI_JOB_TOKEN") ? "suanli" : "torchrun";
         env_int("LOCAL_RANK", &e->local_rank, &st);
         env_int("LOCAL_WORLD_SIZE", &e->local_size, &st);
-    } else if (env_int("OMPI_COMM_WORLD_RANK", &e->rank, &st) && env_int("OMPI_COMM_WORLD_SIZE", &e->size, &st)) {
+    } else if (env_int("OMPI_COMM_WORLD_RANK", &e->rank, &st) &&
+               env_int("OMPI_COMM_WORLD_SIZE", &e->size, &st)) {
         e->source = "openmpi";
         env_int("OMPI_COMM_WORLD_LOCAL_RANK", &e->local_rank, &st);
         env_int("OMPI_COMM_WORLD_LOCAL_SIZE", &e->local_size, &st);
@@ -273,25 +298,33 @@ sl_status sl_comm_env_detect(sl_comm_env *e) {
     }
     if (st != SL_OK) return st;
     if (e->size < 1 || e->rank >= e->size)
-        return sl_fail(SL_ERR_INVALID, "%s environment: rank %d is not below world size %d", e->source, e->rank, e->size);
+        return sl_fail(SL_ERR_INVALID, "%s environment: rank %d is not below world size %d", e->source,
+                       e->rank, e->size);
     const char *ma = getenv("MASTER_ADDR");
     int port = 0;
     if (ma && *ma) snprintf(e->master_addr, sizeof e->master_addr, "%s", ma);
     if (env_int("MASTER_PORT", &port, &st)) e->master_port = port;
     if (st != SL_OK) return st;
-    if (e->master_port > 65535) return sl_fail(SL_ERR_INVALID, "MASTER_PORT=%d is not a TCP port", e->master_port);
+    if (e->master_port > 65535)
+        return sl_fail(SL_ERR_INVALID, "MASTER_PORT=%d is not a TCP port", e->master_port);
     const char *jid = getenv("SLURM_JOB_ID"), *nl = getenv("SLURM_STEP_NODELIST");
     if (!nl) nl = getenv("SLURM_JOB_NODELIST");
-    if (!strcmp(e->source, "slurm") && !e->master_addr[0] && nl) slurm_first_host(nl, e->master_addr, sizeof e->master_addr);
+    if (!strcmp(e->source, "slurm") && !e->master_addr[0] && nl)
+        slurm_first_host(nl, e->master_addr, sizeof e->master_addr);
     if (!strcmp(e->source, "slurm") && !e->master_port && jid) {
         const char *step = getenv("SLURM_STEP_ID");
-        e->master_port = 20000 + (int)((strtoul(jid, NULL, 10) * 7 + (step ? strtoul(step, NULL, 10) : 0)) % 20000);
+        e->master_port =
+            20000 + (int)((strtoul(jid, NULL, 10) * 7 + (step ? strtoul(step, NULL, 10) : 0)) % 20000);
     }
     if (e->master_port && !e->master_addr[0]) snprintf(e->master_addr, sizeof e->master_addr, "127.0.0.1");
     const char *tok = getenv("SUANLI_JOB_TOKEN");
-    if (tok && *tok) snprintf(e->token, sizeof e->token, "%.63s", tok);
-    else if (jid) snprintf(e->token, sizeof e->token, "slurm-%.40s-%s", jid, getenv("SLURM_STEP_ID") ? getenv("SLURM_STEP_ID") : "0");
-    else snprintf(e->token, sizeof e->token, "port-%d", e->master_port);
+    if (tok && *tok)
+        snprintf(e->token, sizeof e->token, "%.63s", tok);
+    else if (jid)
+        snprintf(e->token, sizeof e->token, "slurm-%.40s-%s", jid,
+                 getenv("SLURM_STEP_ID") ? getenv("SLURM_STEP_ID") : "0");
+    else
+        snprintf(e->token, sizeof e->token, "port-%d", e->master_port);
     return SL_OK;
 }
 
@@ -305,7 +338,9 @@ static void token_name(const char *token, char *out, size_t cap) {
     size_t o = snprintf(out, cap, "sl-");
     for (size_t i = 0; token[i] && o + 1 < cap && i < 40; i++)
         out[o++] = (token[i] >= 'a' && token[i] <= 'z') || (token[i] >= '0' && token[i] <= '9') ||
-                           (token[i] >= 'A' && token[i] <= 'Z') ? token[i] : '_';
+                           (token[i] >= 'A' && token[i] <= 'Z')
+                       ? token[i]
+                       : '_';
     out[o] = 0;
 }
 
@@ -328,16 +363,20 @@ sl_status sl_comm_init_env(sl_comm **out, const sl_comm_opts *opts) {
             sl_oob o;
             SL_TRY(sl_mpi_oob_world(&o));
             if (o.size != e.size || o.rank != e.rank)
-                return sl_fail(SL_ERR_INVALID, "MPI_COMM_WORLD is rank %d of %d but the %s environment says %d of %d "
-                               "(this build's MPI does not match the launcher; set MASTER_ADDR/MASTER_PORT to "
-                               "bootstrap over TCP instead)", o.rank, o.size, e.source, e.rank, e.size);
+                return sl_fail(
+                    SL_ERR_INVALID,
+                    "MPI_COMM_WORLD is rank %d of %d but the %s environment says %d of %d "
+                    "(this build's MPI does not match the launcher; set MASTER_ADDR/MASTER_PORT to "
+                    "bootstrap over TCP instead)",
+                    o.rank, o.size, e.source, e.rank, e.size);
             snprintf(o.token, sizeof o.token, "%s", e.token);
             token_name("mpi", o.name, sizeof o.name);
             return comm_create(&o, opts, SL_COMM_TRANSPORT_AUTO, 1, out);
         }
 #endif
         (void)is_mpi;
-        return sl_fail(SL_ERR_INVALID, "%s environment (rank %d of %d) has no rendezvous: set MASTER_ADDR and MASTER_PORT%s",
+        return sl_fail(SL_ERR_INVALID,
+                       "%s environment (rank %d of %d) has no rendezvous: set MASTER_ADDR and MASTER_PORT%s",
                        e.source, e.rank, e.size, is_mpi ? " (or build with MPI)" : "");
     }
     sl_oob *o;

@@ -34,7 +34,8 @@ sl_status sl_net_listen(int port, int *fd_out, int *port_out) {
     if (fd < 0) return sl_fail(SL_ERR_IO, "socket: %s", strerror(errno));
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_ANY)};
+    struct sockaddr_in a = {
+        .sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_ANY)};
     if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(fd, 256) != 0) {
         int e = errno;
         close(fd);
@@ -73,7 +74,8 @@ sl_status sl_net_connect(const char *addr, int port, double deadline, int *fd_ou
         nanosleep(&ts, NULL);
     }
     freeaddrinfo(res);
-    return sl_fail(SL_ERR_TIMEOUT, "cannot connect to %s:%d before the deadline: %s", addr, port, strerror(last));
+    return sl_fail(SL_ERR_TIMEOUT, "cannot connect to %s:%d before the deadline: %s", addr, port,
+                   strerror(last));
 }
 
 sl_status sl_net_accept(int lfd, double deadline, int *fd_out) {
@@ -106,8 +108,10 @@ static sl_status io_full(int fd, void *buf, size_t n, double deadline, const cha
         if (rc <= 0) continue;
         ssize_t k = wr ? send(fd, (char *)buf + done, n - done, MSG_NOSIGNAL | MSG_DONTWAIT)
                        : recv(fd, (char *)buf + done, n - done, MSG_DONTWAIT);
-        if (k > 0) done += (size_t)k;
-        else if (k == 0) return sl_fail(SL_ERR_PEER, "%s closed the connection", who);
+        if (k > 0)
+            done += (size_t)k;
+        else if (k == 0)
+            return sl_fail(SL_ERR_PEER, "%s closed the connection", who);
         else if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)
             return sl_fail(SL_ERR_PEER, "%s: %s", who, strerror(errno));
     }

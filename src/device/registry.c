@@ -10,7 +10,9 @@ sl_backend *sl_backend_get(const char *name) {
     return NULL;
 }
 
-sl_status sl_backend_alloc(sl_backend *be, size_t bytes, sl_buffer **out) { return be->buffer_alloc(be, bytes, out); }
+sl_status sl_backend_alloc(sl_backend *be, size_t bytes, sl_buffer **out) {
+    return be->buffer_alloc(be, bytes, out);
+}
 void sl_backend_free(sl_backend *be, sl_buffer *buf) {
     if (buf) be->buffer_free(be, buf);
 }

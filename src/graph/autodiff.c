@@ -143,8 +143,10 @@ void sl_graph_build_backward(sl_graph *g, sl_tensor *loss, float loss_scale) {
                 eb->src[1] = ids;
                 eb->src[2] = sl_is_contiguous(gt) ? gt : sl_cont(ctx, gt);
                 eb->view_src = dst;
-                if (is_param) note_grad_write(&s, table, eb);
-                else emit(&s, table, eb);
+                if (is_param)
+                    note_grad_write(&s, table, eb);
+                else
+                    emit(&s, table, eb);
             }
         } else {
             sl_op_backward(ctx, t, gt, ng, emit, &s);

@@ -258,8 +258,8 @@ static void profile_report(void) {
     fprintf(stderr, "[suanli profile] op time (s), calls, share\n");
     for (int i = 0; i < SL_OP_COUNT; i++)
         if (g_prof_cnt[i])
-            fprintf(stderr, "  %-20s %9.3f %8ld %5.1f%%\n", sl_op_name((sl_op)i), g_prof_sec[i], g_prof_cnt[i],
-                    100 * g_prof_sec[i] / (tot > 0 ? tot : 1));
+            fprintf(stderr, "  %-20s %9.3f %8ld %5.1f%%\n", sl_op_name((sl_op)i), g_prof_sec[i],
+                    g_prof_cnt[i], 100 * g_prof_sec[i] / (tot > 0 ? tot : 1));
 }
 
 int sl_profile_enabled(void) {

@@ -7,12 +7,12 @@ struct sl_graph {
     sl_ctx *ctx;
     sl_tensor **nodes; /* computed nodes in execution order */
     int n_nodes, cap_nodes;
-    uint8_t *visited;  /* by tensor id */
+    uint8_t *visited; /* by tensor id */
     int visited_cap;
-    sl_tensor **grads; /* by tensor id: gradient node computed by backward */
+    sl_tensor **grads;    /* by tensor id: gradient node computed by backward */
     int *last_grad_write; /* by tensor id (params): index of the last node writing into p->grad */
     int grads_cap;
-    float seed_value;  /* storage of d(loss) seed */
+    float seed_value; /* storage of d(loss) seed */
     /* plan */
     sl_backend *backend;
     sl_buffer *arena;

@@ -28,8 +28,10 @@ static sl_status read_config(const char *dir, sl_gpt2_config *c) {
     SL_CHECK(sl_json_int(root, path, "vocab_size", 1, &c->vocab_size));
     SL_CHECK(sl_json_int(root, path, "n_positions", 1, &c->max_seq_len));
     cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "activation_function");
-    if (act && (!cJSON_IsString(act) || (strcmp(act->valuestring, "gelu_new") && strcmp(act->valuestring, "gelu_pytorch_tanh")))) {
-        st = sl_fail(SL_ERR_UNSUPPORTED, "%s: field 'activation_function' must be gelu_new (tanh GELU)", path);
+    if (act && (!cJSON_IsString(act) ||
+                (strcmp(act->valuestring, "gelu_new") && strcmp(act->valuestring, "gelu_pytorch_tanh")))) {
+        st =
+            sl_fail(SL_ERR_UNSUPPORTED, "%s: field 'activation_function' must be gelu_new (tanh GELU)", path);
         goto done;
     }
     cJSON *inner = cJSON_GetObjectItemCaseSensitive(root, "n_inner");
@@ -72,7 +74,8 @@ sl_status sl_hf_gpt2_import(const char *dir, sl_model **out) {
     for (int i = 0; i < m->n_params && s == SL_OK; i++) {
         const sl_param_info *p = &m->params[i];
         char hname[128];
-        snprintf(hname, sizeof hname, "%s%s", p->t->name, (!strcmp(p->t->name, "wte") || !strcmp(p->t->name, "wpe")) ? ".weight" : "");
+        snprintf(hname, sizeof hname, "%s%s", p->t->name,
+                 (!strcmp(p->t->name, "wte") || !strcmp(p->t->name, "wpe")) ? ".weight" : "");
         const sl_st_tensor *t = find_hf(st, hname);
         if (!t) {
             s = sl_fail(SL_ERR_FORMAT, "%s: missing tensor '%s'", path, hname);
@@ -81,10 +84,12 @@ sl_status sl_hf_gpt2_import(const char *dir, sl_model **out) {
         int conv = is_conv1d(hname);
         int64_t r = p->t->ne[0], c = p->t->ndim > 1 ? p->t->ne[1] : 1;
         int ok = t->ndim == p->t->ndim && (!strcmp(t->dtype, "F32") || !strcmp(t->dtype, "BF16"));
-        if (ok && p->t->ndim == 2) ok = conv ? (t->shape[0] == c && t->shape[1] == r) : (t->shape[0] == r && t->shape[1] == c);
+        if (ok && p->t->ndim == 2)
+            ok = conv ? (t->shape[0] == c && t->shape[1] == r) : (t->shape[0] == r && t->shape[1] == c);
         if (ok && p->t->ndim == 1) ok = t->shape[0] == r;
         if (!ok) {
-            s = sl_fail(SL_ERR_FORMAT, "%s: tensor '%s' (%s) has a shape or dtype that does not match config.json", path,
+            s = sl_fail(SL_ERR_FORMAT,
+                        "%s: tensor '%s' (%s) has a shape or dtype that does not match config.json", path,
                         hname, t->dtype);
             break;
         }
@@ -117,7 +122,7 @@ sl_status sl_hf_gpt2_export(const sl_model *m, const char *dir) {
     sl_status st = SL_OK;
     int n = m->n_params;
     sl_st_tensor *ts = calloc((size_t)n, sizeof *ts);
-    char (*names)[160] = calloc((size_t)n, 160);
+    char(*names)[160] = calloc((size_t)n, 160);
     float *buf = sl_malloc_aligned(sizeof(float) * (size_t)m->numel);
     char *text = NULL;
     if (!ts || !names || !buf) {
@@ -133,7 +138,10 @@ sl_status sl_hf_gpt2_export(const sl_model *m, const char *dir) {
         const float *src = m->params_mem + p->offset;
         float *dst = buf + p->offset;
         for (int64_t k = 0; k < p->numel; k++) dst[conv ? (k % c) * r + k / c : k] = src[k];
-        ts[i] = (sl_st_tensor){.name = names[i], .dtype = "F32", .ndim = p->t->ndim, .data = dst,
+        ts[i] = (sl_st_tensor){.name = names[i],
+                               .dtype = "F32",
+                               .ndim = p->t->ndim,
+                               .data = dst,
                                .nbytes = sizeof(float) * (size_t)p->numel};
         ts[i].shape[0] = conv ? c : r;
         if (p->t->ndim == 2) ts[i].shape[1] = conv ? r : c;

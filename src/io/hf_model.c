@@ -12,8 +12,8 @@ typedef struct {
     sl_arch arch;
 } arch_map;
 static const arch_map k_archs[] = {
-    {"LlamaForCausalLM", "llama", SL_ARCH_LLAMA},       {"Qwen2ForCausalLM", "qwen2", SL_ARCH_QWEN2},
-    {"MistralForCausalLM", "mistral", SL_ARCH_MISTRAL}, {"MixtralForCausalLM", "mixtral", SL_ARCH_MIXTRAL},
+    {"LlamaForCausalLM", "llama", SL_ARCH_LLAMA},          {"Qwen2ForCausalLM", "qwen2", SL_ARCH_QWEN2},
+    {"MistralForCausalLM", "mistral", SL_ARCH_MISTRAL},    {"MixtralForCausalLM", "mixtral", SL_ARCH_MIXTRAL},
     {"BaichuanForCausalLM", "baichuan", SL_ARCH_BAICHUAN}, {"GPT2LMHeadModel", "gpt2", SL_ARCH_GPT2},
 };
 #define N_ARCHS ((int)(sizeof k_archs / sizeof k_archs[0]))
@@ -52,7 +52,8 @@ static sl_status jint(const cJSON *o, const char *path, const char *key, int def
     return SL_OK;
 }
 
-static sl_status jfloat(const cJSON *o, const char *path, const char *key, int def_ok, double def, float *out) {
+static sl_status jfloat(const cJSON *o, const char *path, const char *key, int def_ok, double def,
+                        float *out) {
     const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, key);
     if (!it || cJSON_IsNull(it)) {
         if (!def_ok) return sl_fail(SL_ERR_FORMAT, "%s: missing field '%s'", path, key);
@@ -84,9 +85,11 @@ static sl_status add_eos(const cJSON *o, const char *path, sl_hf_info *info) {
         if (info->n_eos < SL_HF_MAX_EOS) info->eos_ids[info->n_eos++] = it->valueint;
         return SL_OK;
     }
-    if (!cJSON_IsArray(it)) return sl_fail(SL_ERR_FORMAT, "%s: field 'eos_token_id' must be an integer or a list", path);
+    if (!cJSON_IsArray(it))
+        return sl_fail(SL_ERR_FORMAT, "%s: field 'eos_token_id' must be an integer or a list", path);
     cJSON_ArrayForEach(e, it) {
-        if (!cJSON_IsNumber(e)) return sl_fail(SL_ERR_FORMAT, "%s: field 'eos_token_id' must hold integers", path);
+        if (!cJSON_IsNumber(e))
+            return sl_fail(SL_ERR_FORMAT, "%s: field 'eos_token_id' must hold integers", path);
         int dup = 0;
         for (int i = 0; i < info->n_eos; i++) dup |= info->eos_ids[i] == e->valueint;
         if (!dup && info->n_eos < SL_HF_MAX_EOS) info->eos_ids[info->n_eos++] = e->valueint;
@@ -101,15 +104,19 @@ static sl_status parse_config(const cJSON *r, const char *path, sl_llama_config 
     const char *cls = NULL, *type = cJSON_IsString(mt) ? mt->valuestring : NULL;
     if (cJSON_IsArray(archs) && cJSON_GetArraySize(archs) > 0 && cJSON_IsString(cJSON_GetArrayItem(archs, 0)))
         cls = cJSON_GetArrayItem(archs, 0)->valuestring;
-    if (!cls && !type) return sl_fail(SL_ERR_FORMAT, "%s: missing field 'architectures' (and 'model_type')", path);
+    if (!cls && !type)
+        return sl_fail(SL_ERR_FORMAT, "%s: missing field 'architectures' (and 'model_type')", path);
     int found = -1;
     for (int i = 0; i < N_ARCHS; i++)
         if ((cls && !strcmp(cls, k_archs[i].cls)) || (!cls && !strcmp(type, k_archs[i].type))) found = i;
     if (found < 0)
-        return sl_fail(SL_ERR_UNSUPPORTED, "%s: unsupported architecture '%s' (supported: LlamaForCausalLM, Qwen2ForCausalLM, "
-                       "MistralForCausalLM, MixtralForCausalLM, BaichuanForCausalLM, GPT2LMHeadModel)", path, cls ? cls : type);
+        return sl_fail(SL_ERR_UNSUPPORTED,
+                       "%s: unsupported architecture '%s' (supported: LlamaForCausalLM, Qwen2ForCausalLM, "
+                       "MistralForCausalLM, MixtralForCausalLM, BaichuanForCausalLM, GPT2LMHeadModel)",
+                       path, cls ? cls : type);
     c->arch = k_archs[found].arch;
-    if (c->arch == SL_ARCH_GPT2) { /* GPT2LMHeadModel -> our GPT-2 (src/nn/gpt2.c); names and Conv1D layout mapped on load */
+    if (c->arch == SL_ARCH_GPT2) { /* GPT2LMHeadModel -> our GPT-2 (src/nn/gpt2.c); names and Conv1D layout
+                                      mapped on load */
         SL_TRY(jint(r, path, "n_embd", 0, 0, &c->hidden));
         SL_TRY(jint(r, path, "n_layer", 0, 0, &c->n_layer));
         SL_TRY(jint(r, path, "n_head", 0, 0, &c->n_head));
@@ -121,13 +128,19 @@ static sl_status parse_config(const cJSON *r, const char *path, sl_llama_config 
         SL_TRY(jfloat(r, path, "layer_norm_epsilon", 1, 1e-5, &eps));
         SL_TRY(jbool(r, path, "tie_word_embeddings", 1, &tie));
         const cJSON *act = cJSON_GetObjectItemCaseSensitive(r, "activation_function");
-        if (act && (!cJSON_IsString(act) || (strcmp(act->valuestring, "gelu_new") && strcmp(act->valuestring, "gelu_pytorch_tanh"))))
-            return sl_fail(SL_ERR_UNSUPPORTED, "%s: field 'activation_function' must be \"gelu_new\" (tanh GELU)", path);
-        if (inner != 4 * c->hidden) return sl_fail(SL_ERR_UNSUPPORTED, "%s: field 'n_inner' must be 4 * n_embd", path);
-        if (eps != 1e-5f) return sl_fail(SL_ERR_UNSUPPORTED, "%s: field 'layer_norm_epsilon' must be 1e-5", path);
-        if (!tie) return sl_fail(SL_ERR_UNSUPPORTED, "%s: field 'tie_word_embeddings': GPT-2 ties its head", path);
+        if (act && (!cJSON_IsString(act) ||
+                    (strcmp(act->valuestring, "gelu_new") && strcmp(act->valuestring, "gelu_pytorch_tanh"))))
+            return sl_fail(SL_ERR_UNSUPPORTED,
+                           "%s: field 'activation_function' must be \"gelu_new\" (tanh GELU)", path);
+        if (inner != 4 * c->hidden)
+            return sl_fail(SL_ERR_UNSUPPORTED, "%s: field 'n_inner' must be 4 * n_embd", path);
+        if (eps != 1e-5f)
+            return sl_fail(SL_ERR_UNSUPPORTED, "%s: field 'layer_norm_epsilon' must be 1e-5", path);
+        if (!tie)
+            return sl_fail(SL_ERR_UNSUPPORTED, "%s: field 'tie_word_embeddings': GPT-2 ties its head", path);
         if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "scale_attn_by_inverse_layer_idx")))
-            return sl_fail(SL_ERR_UNSUPPORTED, "%s: field 'scale_attn_by_inverse_layer_idx' is not supported", path);
+            return sl_fail(SL_ERR_UNSUPPORTED, "%s: field 'scale_attn_by_inverse_layer_idx' is not supported",
+                           path);
         if (info) {
             SL_TRY(jint(r, path, "bos_token_id", 1, -1, &info->bos_id));
             SL_TRY(add_eos(r, path, info));
@@ -139,11 +152,14 @@ static sl_status parse_config(const cJSON *r, const char *path, sl_llama_config 
     SL_TRY(jint(r, path, "num_hidden_layers", 0, 0, &c->n_layer));
     SL_TRY(jint(r, path, "num_attention_heads", 0, 0, &c->n_head));
     SL_TRY(jint(r, path, "vocab_size", 0, 0, &c->vocab_size));
-    if (c->n_head < 1) return sl_fail(SL_ERR_FORMAT, "%s: field 'num_attention_heads' must be >= 1, got %d", path, c->n_head);
+    if (c->n_head < 1)
+        return sl_fail(SL_ERR_FORMAT, "%s: field 'num_attention_heads' must be >= 1, got %d", path,
+                       c->n_head);
     SL_TRY(jint(r, path, "num_key_value_heads", 1, c->n_head, &c->n_kv_head));
     SL_TRY(jint(r, path, "head_dim", 1, c->hidden / c->n_head, &c->head_dim));
     if (c->head_dim * c->n_head != c->hidden && !cJSON_GetObjectItemCaseSensitive(r, "head_dim"))
-        return sl_fail(SL_ERR_FORMAT, "%s: hidden_size %d is not divisible by num_attention_heads %d", path, c->hidden, c->n_head);
+        return sl_fail(SL_ERR_FORMAT, "%s: hidden_size %d is not divisible by num_attention_heads %d", path,
+                       c->hidden, c->n_head);
     int mp = 0;
     SL_TRY(jint(r, path, "max_position_embeddings", 1, 0, &mp));
     if (!mp) SL_TRY(jint(r, path, "model_max_length", 0, 0, &mp)); /* Baichuan */
@@ -166,8 +182,10 @@ static sl_status parse_config(const cJSON *r, const char *path, sl_llama_config 
             SL_TRY(jfloat(rs, path, "high_freq_factor", 0, 0, &c->rope_high_freq));
             SL_TRY(jint(rs, path, "original_max_position_embeddings", 0, 0, &c->rope_orig_ctx));
         } else if (!cJSON_IsString(t) || strcmp(t->valuestring, "default") != 0) {
-            return sl_fail(SL_ERR_UNSUPPORTED, "%s: field 'rope_scaling': only the default and llama3 RoPE are supported, got '%s'",
-                           path, cJSON_IsString(t) ? t->valuestring : "?");
+            return sl_fail(
+                SL_ERR_UNSUPPORTED,
+                "%s: field 'rope_scaling': only the default and llama3 RoPE are supported, got '%s'", path,
+                cJSON_IsString(t) ? t->valuestring : "?");
         }
     }
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(r, "hidden_act");
@@ -177,17 +195,25 @@ static sl_status parse_config(const cJSON *r, const char *path, sl_llama_config 
     int ab = 0, mb = 0;
     SL_TRY(jbool(r, path, "attention_bias", 0, &ab));
     SL_TRY(jbool(r, path, "mlp_bias", 0, &mb));
-    if (ab || mb) return sl_fail(SL_ERR_UNSUPPORTED, "%s: field '%s': biases in Llama projections are not supported", path, ab ? "attention_bias" : "mlp_bias");
+    if (ab || mb)
+        return sl_fail(SL_ERR_UNSUPPORTED, "%s: field '%s': biases in Llama projections are not supported",
+                       path, ab ? "attention_bias" : "mlp_bias");
     c->qkv_bias = c->arch == SL_ARCH_QWEN2;
     if (c->arch == SL_ARCH_MISTRAL || c->arch == SL_ARCH_MIXTRAL) {
         SL_TRY(jint(r, path, "sliding_window", 1, 0, &c->sliding_window));
     } else if (c->arch == SL_ARCH_QWEN2) {
         int use = 0;
         SL_TRY(jbool(r, path, "use_sliding_window", 0, &use));
-        if (use) return sl_fail(SL_ERR_UNSUPPORTED, "%s: field 'use_sliding_window': Qwen2 per-layer sliding windows are not supported", path);
+        if (use)
+            return sl_fail(
+                SL_ERR_UNSUPPORTED,
+                "%s: field 'use_sliding_window': Qwen2 per-layer sliding windows are not supported", path);
     }
     if (c->arch == SL_ARCH_BAICHUAN && c->n_layer == 40 && c->hidden == 5120)
-        return sl_fail(SL_ERR_UNSUPPORTED, "%s: Baichuan2-13B (ALiBi attention) is not supported; BaichuanForCausalLM means the 7B (RoPE) layout", path);
+        return sl_fail(SL_ERR_UNSUPPORTED,
+                       "%s: Baichuan2-13B (ALiBi attention) is not supported; BaichuanForCausalLM means the "
+                       "7B (RoPE) layout",
+                       path);
     if (c->arch == SL_ARCH_MIXTRAL) {
         SL_TRY(jint(r, path, "num_local_experts", 0, 0, &c->n_experts));
         SL_TRY(jint(r, path, "num_experts_per_tok", 0, 0, &c->n_experts_per_tok));
@@ -225,7 +251,8 @@ sl_status sl_hf_load_config(const char *dir, sl_llama_config *cfg, sl_hf_info *i
 static float f16_to_f32(uint16_t h) {
     uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, f = h & 0x3ff, u;
     if (e == 0) {
-        if (f == 0) u = s;
+        if (f == 0)
+            u = s;
         else { /* subnormal */
             e = 127 - 15 + 1;
             while (!(f & 0x400)) {
@@ -234,8 +261,10 @@ static float f16_to_f32(uint16_t h) {
             }
             u = s | (e << 23) | ((f & 0x3ff) << 13);
         }
-    } else if (e == 31) u = s | 0x7f800000u | (f << 13);
-    else u = s | ((e + 127 - 15) << 23) | (f << 13);
+    } else if (e == 31)
+        u = s | 0x7f800000u | (f << 13);
+    else
+        u = s | ((e + 127 - 15) << 23) | (f << 13);
     float r;
     memcpy(&r, &u, 4);
     return r;
@@ -243,7 +272,8 @@ static float f16_to_f32(uint16_t h) {
 
 static sl_status convert(const sl_st_tensor *x, float *dst, int64_t n, const char *file) {
     const unsigned char *p = x->data;
-    if (!strcmp(x->dtype, "F32")) memcpy(dst, p, sizeof(float) * (size_t)n);
+    if (!strcmp(x->dtype, "F32"))
+        memcpy(dst, p, sizeof(float) * (size_t)n);
     else if (!strcmp(x->dtype, "BF16"))
         for (int64_t i = 0; i < n; i++) {
             uint32_t u = (uint32_t)(p[2 * i] | (p[2 * i + 1] << 8)) << 16;
@@ -251,15 +281,17 @@ static sl_status convert(const sl_st_tensor *x, float *dst, int64_t n, const cha
         }
     else if (!strcmp(x->dtype, "F16"))
         for (int64_t i = 0; i < n; i++) dst[i] = f16_to_f32((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)));
-    else return sl_fail(SL_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s (supported: F32, BF16, F16)", file, x->name, x->dtype);
+    else
+        return sl_fail(SL_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s (supported: F32, BF16, F16)", file,
+                       x->name, x->dtype);
     return SL_OK;
 }
 
 typedef struct {
     int n;
-    char **names;          /* file names (owned) */
-    sl_safetensors **st;   /* opened lazily */
-    cJSON *index;          /* weight_map owner */
+    char **names;        /* file names (owned) */
+    sl_safetensors **st; /* opened lazily */
+    cJSON *index;        /* weight_map owner */
     const cJSON *map;
 } shard_set;
 
@@ -303,7 +335,8 @@ static sl_status shards_open(const char *dir, shard_set *s) {
         const cJSON *e;
         cJSON_ArrayForEach(e, s->map) {
             if (!cJSON_IsString(e) || strchr(e->valuestring, '/') || !e->valuestring[0]) {
-                st = sl_fail(SL_ERR_FORMAT, "%s: weight_map entry '%s' must be a file name in the directory", path, e->string);
+                st = sl_fail(SL_ERR_FORMAT, "%s: weight_map entry '%s' must be a file name in the directory",
+                             path, e->string);
                 break;
             }
             if (shard_index(s, e->valuestring) < 0) s->names[s->n++] = strdup(e->valuestring);
@@ -316,8 +349,10 @@ static sl_status shards_open(const char *dir, shard_set *s) {
             return sl_fail(SL_ERR_NOMEM, "out of memory");
         }
         snprintf(path, sizeof path, "%s/model.safetensors", dir);
-        if (!file_exists(path)) st = sl_fail(SL_ERR_IO, "%s: no model.safetensors or model.safetensors.index.json", dir);
-        else s->names[s->n++] = strdup("model.safetensors");
+        if (!file_exists(path))
+            st = sl_fail(SL_ERR_IO, "%s: no model.safetensors or model.safetensors.index.json", dir);
+        else
+            s->names[s->n++] = strdup("model.safetensors");
     }
     for (int i = 0; st == SL_OK && i < s->n; i++) {
         snprintf(path, sizeof path, "%s/%s", dir, s->names[i]);
@@ -367,7 +402,8 @@ sl_status sl_hf_load_weights(sl_model *m, const char *dir, sl_hf_info *info) {
     for (int i = 0; m->wdtype == SL_BF16 && i < m->n_params; i++) {
         const char *file;
         const sl_st_tensor *x = shards_find(&s, m->params[i].t->name, &file);
-        if (m->params[i].t->dtype == SL_BF16 && !(x && !strcmp(x->dtype, "BF16") && !((uintptr_t)x->data & 1)))
+        if (m->params[i].t->dtype == SL_BF16 &&
+            !(x && !strcmp(x->dtype, "BF16") && !((uintptr_t)x->data & 1)))
             need += m->params[i].numel;
     }
     if (need > 0) {
@@ -389,9 +425,14 @@ sl_status sl_hf_load_weights(sl_model *m, const char *dir, sl_hf_info *info) {
         for (int d = 0; ok && d < x->ndim; d++) ok = x->shape[d] == p->t->ne[d];
         if (!ok) {
             char got[128] = "", want[128] = "";
-            for (int d = 0; d < x->ndim; d++) snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? "," : "", (long long)x->shape[d]);
-            for (int d = 0; d < p->t->ndim; d++) snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? "," : "", (long long)p->t->ne[d]);
-            st = sl_fail(SL_ERR_FORMAT, "%s/%s: tensor '%s' has shape [%s], config.json implies [%s]", dir, file, p->t->name, got, want);
+            for (int d = 0; d < x->ndim; d++)
+                snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? "," : "",
+                         (long long)x->shape[d]);
+            for (int d = 0; d < p->t->ndim; d++)
+                snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? "," : "",
+                         (long long)p->t->ne[d]);
+            st = sl_fail(SL_ERR_FORMAT, "%s/%s: tensor '%s' has shape [%s], config.json implies [%s]", dir,
+                         file, p->t->name, got, want);
             break;
         }
         if (p->t->dtype == SL_BF16) {
@@ -414,7 +455,8 @@ sl_status sl_hf_load_weights(sl_model *m, const char *dir, sl_hf_info *info) {
                     memcpy(m->params_mem + p->offset + k, &u, 4);
                 }
         }
-        if (st == SL_OK && info && i == 0) snprintf(info->disk_dtype, sizeof info->disk_dtype, "%s", x->dtype);
+        if (st == SL_OK && info && i == 0)
+            snprintf(info->disk_dtype, sizeof info->disk_dtype, "%s", x->dtype);
     }
     if (info) {
         info->n_files = s.n;
@@ -422,7 +464,8 @@ sl_status sl_hf_load_weights(sl_model *m, const char *dir, sl_hf_info *info) {
     }
     if (st == SL_OK && mapped) { /* the model keeps the mappings its leaves point into */
         shard_set *keep = malloc(sizeof *keep);
-        if (!keep) st = sl_fail(SL_ERR_NOMEM, "out of memory");
+        if (!keep)
+            st = sl_fail(SL_ERR_NOMEM, "out of memory");
         else {
             *keep = s;
             m->wsrc = keep;
@@ -437,7 +480,9 @@ sl_status sl_hf_load_weights(sl_model *m, const char *dir, sl_hf_info *info) {
     return st;
 }
 
-sl_status sl_hf_load(const char *dir, sl_model **out, sl_hf_info *info) { return sl_hf_load_ex(dir, SL_F32, out, info); }
+sl_status sl_hf_load(const char *dir, sl_model **out, sl_hf_info *info) {
+    return sl_hf_load_ex(dir, SL_F32, out, info);
+}
 
 /* GPT2LMHeadModel: transformer.* names, Conv1D weights stored (in, out): transposed into nn.Linear layout */
 static sl_status load_gpt2(const char *dir, const sl_llama_config *c, sl_model **out, sl_hf_info *info) {
@@ -460,7 +505,8 @@ static sl_status load_gpt2(const char *dir, const sl_llama_config *c, sl_model *
         char name[160];
         snprintf(name, sizeof name, "transformer.%s%s", ours, strchr(ours, '.') ? "" : ".weight");
         const sl_st_tensor *x = shards_find(&s, name, &file);
-        if (!x) x = shards_find(&s, name + strlen("transformer."), &file); /* original checkpoints: no prefix */
+        if (!x)
+            x = shards_find(&s, name + strlen("transformer."), &file); /* original checkpoints: no prefix */
         if (!x) {
             st = sl_fail(SL_ERR_FORMAT, "%s/%s: missing tensor '%s'", dir, file, name);
             break;
@@ -468,9 +514,11 @@ static sl_status load_gpt2(const char *dir, const sl_llama_config *c, sl_model *
         int conv = p->t->ndim == 2 && strchr(ours, '.'); /* c_attn, c_proj, c_fc weights */
         int64_t r0 = p->t->ne[0], r1 = p->t->ndim == 2 ? p->t->ne[1] : 0;
         int ok = x->ndim == p->t->ndim && (p->t->ndim == 1 ? x->shape[0] == r0
-                                                            : (conv ? x->shape[0] == r1 && x->shape[1] == r0 : x->shape[0] == r0 && x->shape[1] == r1));
+                                                           : (conv ? x->shape[0] == r1 && x->shape[1] == r0
+                                                                   : x->shape[0] == r0 && x->shape[1] == r1));
         if (!ok) {
-            st = sl_fail(SL_ERR_FORMAT, "%s/%s: tensor '%s' has the wrong shape for config.json", dir, file, name);
+            st = sl_fail(SL_ERR_FORMAT, "%s/%s: tensor '%s' has the wrong shape for config.json", dir, file,
+                         name);
             break;
         }
         float *dst = m->params_mem + p->offset;
@@ -502,7 +550,8 @@ sl_status sl_hf_load_ex(const char *dir, sl_dtype wdtype, sl_model **out, sl_hf_
     if (!info) info = &local;
     SL_TRY(sl_hf_load_config(dir, &cfg, info));
     if (cfg.arch == SL_ARCH_GPT2) {
-        if (wdtype != SL_F32) return sl_fail(SL_ERR_UNSUPPORTED, "%s: bf16 mode supports the Llama family, not GPT-2", dir);
+        if (wdtype != SL_F32)
+            return sl_fail(SL_ERR_UNSUPPORTED, "%s: bf16 mode supports the Llama family, not GPT-2", dir);
         return load_gpt2(dir, &cfg, out, info);
     }
     sl_model *m;
@@ -530,9 +579,12 @@ static const char *arch_class(sl_arch a) {
 }
 
 sl_status sl_hf_save(const sl_model *m, const char *dir, sl_dtype dtype, const sl_hf_info *info) {
-    if (m->arch == SL_ARCH_GPT2) return sl_fail(SL_ERR_UNSUPPORTED, "convert: GPT-2 models are saved with sl_model_save");
-    if (m->wdtype != SL_F32) return sl_fail(SL_ERR_UNSUPPORTED, "convert: load the model with f32 weights to save it");
-    if (dtype != SL_F32 && dtype != SL_BF16) return sl_fail(SL_ERR_INVALID, "convert: dtype must be f32 or bf16");
+    if (m->arch == SL_ARCH_GPT2)
+        return sl_fail(SL_ERR_UNSUPPORTED, "convert: GPT-2 models are saved with sl_model_save");
+    if (m->wdtype != SL_F32)
+        return sl_fail(SL_ERR_UNSUPPORTED, "convert: load the model with f32 weights to save it");
+    if (dtype != SL_F32 && dtype != SL_BF16)
+        return sl_fail(SL_ERR_INVALID, "convert: dtype must be f32 or bf16");
     const sl_llama_config *c = &m->lcfg;
     sl_status st = SL_OK;
     char path[4096];
@@ -553,13 +605,15 @@ sl_status sl_hf_save(const sl_model *m, const char *dir, sl_dtype dtype, const s
         ts[i].ndim = p->t->ndim;
         for (int d = 0; d < p->t->ndim; d++) ts[i].shape[d] = p->t->ne[d];
         ts[i].nbytes = es * (size_t)p->numel;
-        if (dtype == SL_F32) ts[i].data = m->params_mem + p->offset;
+        if (dtype == SL_F32)
+            ts[i].data = m->params_mem + p->offset;
         else {
             for (int64_t k = 0; k < p->numel; k++) { /* round to nearest even */
                 uint32_t u;
                 memcpy(&u, m->params_mem + p->offset + k, 4);
-                half[p->offset + k] = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40)
-                                                                      : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+                half[p->offset + k] = (u & 0x7fffffffu) > 0x7f800000u
+                                          ? (uint16_t)((u >> 16) | 0x40)
+                                          : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
             }
             ts[i].data = half + p->offset;
         }
@@ -592,16 +646,20 @@ sl_status sl_hf_save(const sl_model *m, const char *dir, sl_dtype dtype, const s
     cJSON_AddStringToObject(r, "hidden_act", "silu");
     cJSON_AddBoolToObject(r, "tie_word_embeddings", c->tie_embeddings);
     if (c->arch == SL_ARCH_MISTRAL || c->arch == SL_ARCH_MIXTRAL) {
-        if (c->sliding_window) cJSON_AddNumberToObject(r, "sliding_window", c->sliding_window);
-        else cJSON_AddNullToObject(r, "sliding_window");
+        if (c->sliding_window)
+            cJSON_AddNumberToObject(r, "sliding_window", c->sliding_window);
+        else
+            cJSON_AddNullToObject(r, "sliding_window");
     }
     if (c->arch == SL_ARCH_MIXTRAL) {
         cJSON_AddNumberToObject(r, "num_local_experts", c->n_experts);
         cJSON_AddNumberToObject(r, "num_experts_per_tok", c->n_experts_per_tok);
     }
     if (info && info->bos_id >= 0) cJSON_AddNumberToObject(r, "bos_token_id", info->bos_id);
-    if (info && info->n_eos == 1) cJSON_AddNumberToObject(r, "eos_token_id", info->eos_ids[0]);
-    else if (info && info->n_eos > 1) cJSON_AddItemToObject(r, "eos_token_id", cJSON_CreateIntArray(info->eos_ids, info->n_eos));
+    if (info && info->n_eos == 1)
+        cJSON_AddNumberToObject(r, "eos_token_id", info->eos_ids[0]);
+    else if (info && info->n_eos > 1)
+        cJSON_AddItemToObject(r, "eos_token_id", cJSON_CreateIntArray(info->eos_ids, info->n_eos));
     cJSON_AddStringToObject(r, "torch_dtype", dtype == SL_F32 ? "float32" : "bfloat16");
     text = cJSON_Print(r);
     if (!text) {

@@ -104,9 +104,9 @@ typedef struct {
 } added_tok;
 
 struct sl_hf_tokenizer {
-    strmap vocab;   /* byte-level token string -> id */
-    char **id_tok;  /* id -> token string (borrowed from vocab keys or added) */
-    int n_ids;      /* max id + 1 */
+    strmap vocab;  /* byte-level token string -> id */
+    char **id_tok; /* id -> token string (borrowed from vocab keys or added) */
+    int n_ids;     /* max id + 1 */
     pairmap merges;
     int ignore_merges, nfc, byte_level, add_prefix_space;
     pcre2_code *split[MAX_SPLITS];
@@ -114,11 +114,12 @@ struct sl_hf_tokenizer {
     added_tok *added;
     int n_added;
     int prefix[4], n_prefix, suffix[4], n_suffix; /* TemplateProcessing ids */
-    char byte_str[256][4]; /* byte -> UTF-8 of its printable code point */
-    int cp_byte[512];      /* code point -> byte (-1 if none) */
+    char byte_str[256][4];                        /* byte -> UTF-8 of its printable code point */
+    int cp_byte[512];                             /* code point -> byte (-1 if none) */
 };
 
-static const char *k_gpt2_regex = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+static const char *k_gpt2_regex =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
 static void byte_tables(sl_hf_tokenizer *t) {
     /* GPT-2 bytes_to_unicode: printable latin-1 bytes map to themselves, the rest to 256.. */
@@ -147,14 +148,17 @@ void sl_hf_tokenizer_free(sl_hf_tokenizer *t) {
 }
 
 static sl_status add_split(sl_hf_tokenizer *t, const char *path, const char *pattern) {
-    if (t->n_split >= MAX_SPLITS) return sl_fail(SL_ERR_UNSUPPORTED, "%s: too many pre_tokenizer splits", path);
+    if (t->n_split >= MAX_SPLITS)
+        return sl_fail(SL_ERR_UNSUPPORTED, "%s: too many pre_tokenizer splits", path);
     int err;
     PCRE2_SIZE off;
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &err, &off, NULL);
+    pcre2_code *re =
+        pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &err, &off, NULL);
     if (!re) {
         PCRE2_UCHAR msg[160];
         pcre2_get_error_message(err, msg, sizeof msg);
-        return sl_fail(SL_ERR_FORMAT, "%s: pre_tokenizer regex at offset %zu: %s", path, (size_t)off, (const char *)msg);
+        return sl_fail(SL_ERR_FORMAT, "%s: pre_tokenizer regex at offset %zu: %s", path, (size_t)off,
+                       (const char *)msg);
     }
     t->split[t->n_split++] = re;
     return SL_OK;
@@ -180,14 +184,20 @@ static sl_status parse_pretok(sl_hf_tokenizer *t, const char *path, const cJSON 
         const cJSON *pat = cJSON_GetObjectItemCaseSensitive(p, "pattern");
         const cJSON *rx = cJSON_GetObjectItemCaseSensitive(pat, "Regex");
         const cJSON *beh = cJSON_GetObjectItemCaseSensitive(p, "behavior");
-        if (!cJSON_IsString(rx)) return sl_fail(SL_ERR_UNSUPPORTED, "%s: pre_tokenizer Split: only {\"Regex\": ...} patterns are supported", path);
+        if (!cJSON_IsString(rx))
+            return sl_fail(SL_ERR_UNSUPPORTED,
+                           "%s: pre_tokenizer Split: only {\"Regex\": ...} patterns are supported", path);
         if (!cJSON_IsString(beh) || strcmp(beh->valuestring, "Isolated") != 0)
-            return sl_fail(SL_ERR_UNSUPPORTED, "%s: pre_tokenizer Split: behavior must be \"Isolated\"", path);
+            return sl_fail(SL_ERR_UNSUPPORTED, "%s: pre_tokenizer Split: behavior must be \"Isolated\"",
+                           path);
         if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(p, "invert")))
             return sl_fail(SL_ERR_UNSUPPORTED, "%s: pre_tokenizer Split: invert is not supported", path);
         return add_split(t, path, rx->valuestring);
     }
-    return sl_fail(SL_ERR_UNSUPPORTED, "%s: pre_tokenizer type '%s' is not supported (byte-level BPE: ByteLevel, Split, Sequence)", path, ty);
+    return sl_fail(
+        SL_ERR_UNSUPPORTED,
+        "%s: pre_tokenizer type '%s' is not supported (byte-level BPE: ByteLevel, Split, Sequence)", path,
+        ty);
 }
 
 static sl_status parse_post(sl_hf_tokenizer *t, const char *path, const cJSON *p) {
@@ -202,7 +212,8 @@ static sl_status parse_post(sl_hf_tokenizer *t, const char *path, const cJSON *p
     }
     if (strcmp(ty, "TemplateProcessing") != 0)
         return sl_fail(SL_ERR_UNSUPPORTED, "%s: post_processor type '%s' is not supported", path, ty);
-    const cJSON *single = cJSON_GetObjectItemCaseSensitive(p, "single"), *sp = cJSON_GetObjectItemCaseSensitive(p, "special_tokens"), *e;
+    const cJSON *single = cJSON_GetObjectItemCaseSensitive(p, "single"),
+                *sp = cJSON_GetObjectItemCaseSensitive(p, "special_tokens"), *e;
     int seen_seq = 0;
     cJSON_ArrayForEach(e, single) {
         const cJSON *s = cJSON_GetObjectItemCaseSensitive(e, "SpecialToken");
@@ -211,12 +222,16 @@ static sl_status parse_post(sl_hf_tokenizer *t, const char *path, const cJSON *p
             continue;
         }
         const cJSON *idn = cJSON_GetObjectItemCaseSensitive(s, "id");
-        const cJSON *ent = cJSON_IsString(idn) ? cJSON_GetObjectItemCaseSensitive(sp, idn->valuestring) : NULL;
+        const cJSON *ent =
+            cJSON_IsString(idn) ? cJSON_GetObjectItemCaseSensitive(sp, idn->valuestring) : NULL;
         const cJSON *ids = cJSON_GetObjectItemCaseSensitive(ent, "ids"), *x;
-        if (!cJSON_IsArray(ids)) return sl_fail(SL_ERR_FORMAT, "%s: post_processor: special token '%s' has no ids", path, cJSON_IsString(idn) ? idn->valuestring : "?");
+        if (!cJSON_IsArray(ids))
+            return sl_fail(SL_ERR_FORMAT, "%s: post_processor: special token '%s' has no ids", path,
+                           cJSON_IsString(idn) ? idn->valuestring : "?");
         cJSON_ArrayForEach(x, ids) {
             int *arr = seen_seq ? t->suffix : t->prefix, *n = seen_seq ? &t->n_suffix : &t->n_prefix;
-            if (!cJSON_IsNumber(x) || *n >= 4) return sl_fail(SL_ERR_FORMAT, "%s: post_processor: bad special token ids", path);
+            if (!cJSON_IsNumber(x) || *n >= 4)
+                return sl_fail(SL_ERR_FORMAT, "%s: post_processor: bad special token ids", path);
             arr[(*n)++] = x->valueint;
         }
     }
@@ -234,11 +249,14 @@ static sl_status parse(sl_hf_tokenizer *t, const char *path, const cJSON *r) {
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(model, "type");
     if (!cJSON_IsObject(model)) return sl_fail(SL_ERR_FORMAT, "%s: missing field 'model'", path);
     if (mt && (!cJSON_IsString(mt) || strcmp(mt->valuestring, "BPE") != 0))
-        return sl_fail(SL_ERR_UNSUPPORTED, "%s: model type '%s' is not supported (BPE only)", path, cJSON_IsString(mt) ? mt->valuestring : "?");
+        return sl_fail(SL_ERR_UNSUPPORTED, "%s: model type '%s' is not supported (BPE only)", path,
+                       cJSON_IsString(mt) ? mt->valuestring : "?");
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "byte_fallback")))
-        return sl_fail(SL_ERR_UNSUPPORTED, "%s: model.byte_fallback (SentencePiece-style BPE) is not supported", path);
+        return sl_fail(SL_ERR_UNSUPPORTED,
+                       "%s: model.byte_fallback (SentencePiece-style BPE) is not supported", path);
     t->ignore_merges = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "ignore_merges"));
-    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab"), *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
+    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab"),
+                *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
     const cJSON *added = cJSON_GetObjectItemCaseSensitive(r, "added_tokens"), *e;
     if (!cJSON_IsObject(vocab)) return sl_fail(SL_ERR_FORMAT, "%s: missing field 'model.vocab'", path);
     if (!cJSON_IsArray(merges)) return sl_fail(SL_ERR_FORMAT, "%s: missing field 'model.merges'", path);
@@ -247,17 +265,23 @@ static sl_status parse(sl_hf_tokenizer *t, const char *path, const cJSON *r) {
         return sl_fail(SL_ERR_NOMEM, "tokenizer: out of memory");
     int maxid = -1;
     cJSON_ArrayForEach(e, vocab) {
-        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= (1 << 24) || e->valuedouble != (int)e->valuedouble)
-            return sl_fail(SL_ERR_FORMAT, "%s: model.vocab['%s'] must be an id in [0, 2^24)", path, e->string);
-        if (!strmap_put(&t->vocab, e->string, e->valueint)) return sl_fail(SL_ERR_NOMEM, "tokenizer: out of memory");
+        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= (1 << 24) ||
+            e->valuedouble != (int)e->valuedouble)
+            return sl_fail(SL_ERR_FORMAT, "%s: model.vocab['%s'] must be an id in [0, 2^24)", path,
+                           e->string);
+        if (!strmap_put(&t->vocab, e->string, e->valueint))
+            return sl_fail(SL_ERR_NOMEM, "tokenizer: out of memory");
         if (e->valueint > maxid) maxid = e->valueint;
     }
     t->added = calloc((size_t)(na ? na : 1), sizeof(added_tok));
     if (!t->added) return sl_fail(SL_ERR_NOMEM, "tokenizer: out of memory");
     cJSON_ArrayForEach(e, added) {
-        const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id"), *c = cJSON_GetObjectItemCaseSensitive(e, "content");
-        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= (1 << 24) || !cJSON_IsString(c) || !c->valuestring[0])
-            return sl_fail(SL_ERR_FORMAT, "%s: added_tokens entry %d needs an 'id' and a non-empty 'content'", path, t->n_added);
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id"),
+                    *c = cJSON_GetObjectItemCaseSensitive(e, "content");
+        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= (1 << 24) ||
+            !cJSON_IsString(c) || !c->valuestring[0])
+            return sl_fail(SL_ERR_FORMAT, "%s: added_tokens entry %d needs an 'id' and a non-empty 'content'",
+                           path, t->n_added);
         added_tok *a = &t->added[t->n_added++];
         a->content = strdup(c->valuestring);
         a->id = id->valueint;
@@ -279,13 +303,14 @@ static sl_status parse(sl_hf_tokenizer *t, const char *path, const cJSON *r) {
         if (cJSON_IsString(e)) { /* "a b" */
             const char *sp = strchr(e->valuestring, ' ');
             size_t la = sp ? (size_t)(sp - e->valuestring) : 0;
-            if (!sp || la >= sizeof buf) return sl_fail(SL_ERR_FORMAT, "%s: model.merges[%d] must be \"a b\"", path, rank);
+            if (!sp || la >= sizeof buf)
+                return sl_fail(SL_ERR_FORMAT, "%s: model.merges[%d] must be \"a b\"", path, rank);
             memcpy(buf, e->valuestring, la);
             buf[la] = 0;
             a = buf;
             b = sp + 1;
-        } else if (cJSON_IsArray(e) && cJSON_GetArraySize(e) == 2 && cJSON_IsString(cJSON_GetArrayItem(e, 0)) &&
-                   cJSON_IsString(cJSON_GetArrayItem(e, 1))) {
+        } else if (cJSON_IsArray(e) && cJSON_GetArraySize(e) == 2 &&
+                   cJSON_IsString(cJSON_GetArrayItem(e, 0)) && cJSON_IsString(cJSON_GetArrayItem(e, 1))) {
             a = cJSON_GetArrayItem(e, 0)->valuestring;
             b = cJSON_GetArrayItem(e, 1)->valuestring;
         } else {
@@ -299,7 +324,10 @@ static sl_status parse(sl_hf_tokenizer *t, const char *path, const cJSON *r) {
         memcpy(ab + la, b, lb + 1);
         int im = strmap_get(&t->vocab, ab, la + lb);
         free(ab);
-        if (ia < 0 || ib < 0 || im < 0) return sl_fail(SL_ERR_FORMAT, "%s: model.merges[%d] ('%s' '%s') uses a token missing from the vocab", path, rank, a, b);
+        if (ia < 0 || ib < 0 || im < 0)
+            return sl_fail(SL_ERR_FORMAT,
+                           "%s: model.merges[%d] ('%s' '%s') uses a token missing from the vocab", path, rank,
+                           a, b);
         size_t s = pair_slot(&t->merges, pair_key(ia, ib));
         if (!t->merges.keys[s]) { /* first occurrence wins */
             t->merges.keys[s] = pair_key(ia, ib);
@@ -320,18 +348,24 @@ static sl_status parse(sl_hf_tokenizer *t, const char *path, const cJSON *r) {
         }
         if (one) {
             if (!cJSON_IsString(nt) || strcmp(nt->valuestring, "NFC") != 0)
-                return sl_fail(SL_ERR_UNSUPPORTED, "%s: normalizer '%s' is not supported (none or NFC)", path, cJSON_IsString(nt) ? nt->valuestring : "?");
+                return sl_fail(SL_ERR_UNSUPPORTED, "%s: normalizer '%s' is not supported (none or NFC)", path,
+                               cJSON_IsString(nt) ? nt->valuestring : "?");
             t->nfc = 1;
         }
     }
     SL_TRY(parse_pretok(t, path, cJSON_GetObjectItemCaseSensitive(r, "pre_tokenizer")));
-    if (!t->byte_level) return sl_fail(SL_ERR_UNSUPPORTED, "%s: pre_tokenizer has no ByteLevel step (only byte-level BPE is supported)", path);
-    const cJSON *dec = cJSON_GetObjectItemCaseSensitive(r, "decoder"), *dt = cJSON_GetObjectItemCaseSensitive(dec, "type");
+    if (!t->byte_level)
+        return sl_fail(SL_ERR_UNSUPPORTED,
+                       "%s: pre_tokenizer has no ByteLevel step (only byte-level BPE is supported)", path);
+    const cJSON *dec = cJSON_GetObjectItemCaseSensitive(r, "decoder"),
+                *dt = cJSON_GetObjectItemCaseSensitive(dec, "type");
     if (dec && !cJSON_IsNull(dec) && (!cJSON_IsString(dt) || strcmp(dt->valuestring, "ByteLevel") != 0))
-        return sl_fail(SL_ERR_UNSUPPORTED, "%s: decoder '%s' is not supported (ByteLevel)", path, cJSON_IsString(dt) ? dt->valuestring : "?");
+        return sl_fail(SL_ERR_UNSUPPORTED, "%s: decoder '%s' is not supported (ByteLevel)", path,
+                       cJSON_IsString(dt) ? dt->valuestring : "?");
     for (int b = 0; b < 256; b++)
         if (strmap_get(&t->vocab, t->byte_str[b], strlen(t->byte_str[b])) < 0)
-            return sl_fail(SL_ERR_FORMAT, "%s: model.vocab lacks the byte-level symbol for byte 0x%02x", path, b);
+            return sl_fail(SL_ERR_FORMAT, "%s: model.vocab lacks the byte-level symbol for byte 0x%02x", path,
+                           b);
     return parse_post(t, path, cJSON_GetObjectItemCaseSensitive(r, "post_processor"));
 }
 
@@ -429,7 +463,8 @@ static sl_status bpe(const sl_hf_tokenizer *t, const unsigned char *s, size_t n,
 }
 
 /* apply split stage `k` to [s, s+n); pieces go to the next stage, the last stage runs BPE */
-static sl_status pretok(const sl_hf_tokenizer *t, int k, const unsigned char *s, size_t n, idvec *out, pcre2_match_data *md) {
+static sl_status pretok(const sl_hf_tokenizer *t, int k, const unsigned char *s, size_t n, idvec *out,
+                        pcre2_match_data *md) {
     if (k == t->n_split) return bpe(t, s, n, out);
     size_t pos = 0, gap = 0;
     while (pos <= n) {
@@ -453,14 +488,17 @@ static sl_status pretok(const sl_hf_tokenizer *t, int k, const unsigned char *s,
     return SL_OK;
 }
 
-static sl_status encode_segment(const sl_hf_tokenizer *t, const char *s, size_t n, int first, idvec *out, pcre2_match_data *md) {
+static sl_status encode_segment(const sl_hf_tokenizer *t, const char *s, size_t n, int first, idvec *out,
+                                pcre2_match_data *md) {
     if (!n) return SL_OK;
     unsigned char *norm = NULL;
     const unsigned char *p = (const unsigned char *)s;
     size_t len = n;
     if (t->nfc) {
-        utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &norm, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
-        if (r < 0) return sl_fail(SL_ERR_INVALID, "tokenizer: text is not valid UTF-8 (%s)", utf8proc_errmsg(r));
+        utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &norm,
+                                          UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+        if (r < 0)
+            return sl_fail(SL_ERR_INVALID, "tokenizer: text is not valid UTF-8 (%s)", utf8proc_errmsg(r));
         p = norm;
         len = (size_t)r;
     }
@@ -468,7 +506,8 @@ static sl_status encode_segment(const sl_hf_tokenizer *t, const char *s, size_t 
     unsigned char *tmp = NULL;
     if (t->add_prefix_space && first && len && p[0] != ' ') {
         tmp = malloc(len + 1);
-        if (!tmp) st = sl_fail(SL_ERR_NOMEM, "tokenizer: out of memory");
+        if (!tmp)
+            st = sl_fail(SL_ERR_NOMEM, "tokenizer: out of memory");
         else {
             tmp[0] = ' ';
             memcpy(tmp + 1, p, len);
@@ -482,14 +521,16 @@ static sl_status encode_segment(const sl_hf_tokenizer *t, const char *s, size_t 
     return st;
 }
 
-sl_status sl_hf_tokenizer_encode(const sl_hf_tokenizer *t, const char *text, int add_special, int32_t **ids, int *n) {
+sl_status sl_hf_tokenizer_encode(const sl_hf_tokenizer *t, const char *text, int add_special, int32_t **ids,
+                                 int *n) {
     *ids = NULL;
     *n = 0;
     size_t len = strlen(text);
     /* the regex engine runs in UTF mode without re-checking: reject invalid input up front */
     for (size_t i = 0; i < len;) {
         utf8proc_int32_t cp;
-        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)text + i, (utf8proc_ssize_t)(len - i), &cp);
+        utf8proc_ssize_t k =
+            utf8proc_iterate((const utf8proc_uint8_t *)text + i, (utf8proc_ssize_t)(len - i), &cp);
         if (k <= 0) return sl_fail(SL_ERR_INVALID, "tokenizer: text is not valid UTF-8 (byte offset %zu)", i);
         i += (size_t)k;
     }
@@ -514,7 +555,8 @@ sl_status sl_hf_tokenizer_encode(const sl_hf_tokenizer *t, const char *text, int
         }
         st = encode_segment(t, text + seg, i - seg, first, &v, md);
         first = 0;
-        if (st == SL_OK && !push(&v, t->added[hit].id)) st = sl_fail(SL_ERR_NOMEM, "tokenizer: out of memory");
+        if (st == SL_OK && !push(&v, t->added[hit].id))
+            st = sl_fail(SL_ERR_NOMEM, "tokenizer: out of memory");
         i += strlen(t->added[hit].content);
         seg = i;
     }

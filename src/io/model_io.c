@@ -87,8 +87,8 @@ sl_status sl_model_load_weights(sl_model *m, const char *path) {
         int ok = !strcmp(t->dtype, "F32") && t->ndim == p->t->ndim;
         for (int d = 0; ok && d < t->ndim; d++) ok = t->shape[d] == p->t->ne[d];
         if (!ok) {
-            s = sl_fail(SL_ERR_FORMAT, "%s: tensor '%s' has dtype %s / shape that does not match the model", path,
-                        p->t->name, t->dtype);
+            s = sl_fail(SL_ERR_FORMAT, "%s: tensor '%s' has dtype %s / shape that does not match the model",
+                        path, p->t->name, t->dtype);
             break;
         }
         memcpy(m->params_mem + p->offset, t->data, t->nbytes);

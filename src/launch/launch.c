@@ -29,7 +29,7 @@ static void on_signal(int s) { g_sig = s; }
 typedef struct child {
     pid_t pid;
     int rank;
-    int fd[2];       /* stdout, stderr pipes (read ends), -1 at EOF */
+    int fd[2]; /* stdout, stderr pipes (read ends), -1 at EOF */
     char *buf[2];
     size_t len[2];
     int exited, status;
@@ -96,8 +96,8 @@ static void setenv_int(const char *k, int v) {
 }
 
 /* One attempt of the local group. */
-static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, const char *token,
-                          int attempt, sl_launch_result *res) {
+static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, const char *token, int attempt,
+                          sl_launch_result *res) {
     int n = o->nproc, world = o->nproc * o->nnodes;
     child *cs = calloc((size_t)n, sizeof *cs);
     if (!cs) return sl_fail(SL_ERR_NOMEM, "launcher: out of memory");
@@ -132,7 +132,8 @@ static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, c
              * rank stay usable): shared-memory waits spin briefly, and two spinning ranks that the
              * kernel happens to put on one core cost ~100x in latency. n == 1: no pinning. */
             cpu_set_t allowed, mine;
-            if (o->bind && n > 1 && sched_getaffinity(0, sizeof allowed, &allowed) == 0 && CPU_COUNT(&allowed) >= n) {
+            if (o->bind && n > 1 && sched_getaffinity(0, sizeof allowed, &allowed) == 0 &&
+                CPU_COUNT(&allowed) >= n) {
                 int per = CPU_COUNT(&allowed) / n;
                 CPU_ZERO(&mine);
                 for (int cpu = 0, k = 0; cpu < CPU_SETSIZE; cpu++)
@@ -254,12 +255,13 @@ static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, c
             st = sl_fail(SL_ERR_PEER, "rank %d was killed by signal %d (%s)", res->failed_rank, res->signal,
                          strsignal(res->signal));
         else if (res->exit_code == 127)
-            st = sl_fail(SL_ERR_PEER, "rank %d exited with status 127 (could not execute %s?)", res->failed_rank, o->argv[0]);
+            st = sl_fail(SL_ERR_PEER, "rank %d exited with status 127 (could not execute %s?)",
+                         res->failed_rank, o->argv[0]);
         else
             st = sl_fail(SL_ERR_PEER, "rank %d exited with status %d", res->failed_rank, res->exit_code);
     } else if (st == SL_OK && res->interrupted) {
-        st = sl_fail(SL_ERR_ABORTED, "interrupted by signal %d (%s); forwarded to all ranks", res->interrupted,
-                     strsignal(res->interrupted));
+        st = sl_fail(SL_ERR_ABORTED, "interrupted by signal %d (%s); forwarded to all ranks",
+                     res->interrupted, strsignal(res->interrupted));
     }
     for (int i = 0; i < n; i++) {
         for (int w = 0; w < 2; w++)
@@ -277,7 +279,8 @@ sl_status sl_launch_run(const sl_launch_opts *o, sl_launch_result *res) {
     memset(res, 0, sizeof *res);
     res->failed_rank = -1;
     res->exit_code = -1;
-    if (o->nproc < 1 || o->nnodes < 1 || o->node_rank < 0 || o->node_rank >= o->nnodes || !o->argv || !o->argv[0])
+    if (o->nproc < 1 || o->nnodes < 1 || o->node_rank < 0 || o->node_rank >= o->nnodes || !o->argv ||
+        !o->argv[0])
         return sl_fail(SL_ERR_INVALID, "launcher: bad options");
     char addr[256], token[80];
     int port = o->master_port;
@@ -288,8 +291,10 @@ sl_status sl_launch_run(const sl_launch_opts *o, sl_launch_result *res) {
         if (!port) return sl_fail(SL_ERR_IO, "launcher: cannot find a free TCP port");
     }
     const char *et = getenv("SUANLI_JOB_TOKEN");
-    if (et && *et) snprintf(token, sizeof token, "%.70s", et);
-    else if (o->nnodes > 1) snprintf(token, sizeof token, "m-%.40s-%d", addr, port); /* same on every node */
+    if (et && *et)
+        snprintf(token, sizeof token, "%.70s", et);
+    else if (o->nnodes > 1)
+        snprintf(token, sizeof token, "m-%.40s-%d", addr, port); /* same on every node */
     else {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -302,8 +307,10 @@ sl_status sl_launch_run(const sl_launch_opts *o, sl_launch_result *res) {
     char memdir[128] = "";
     if (!getenv("SUANLI_MEM_CKPT_DIR") && access("/dev/shm", W_OK) == 0) {
         snprintf(memdir, sizeof memdir, "/dev/shm/suanli-ckpt-%d", (int)getpid());
-        if (mkdir(memdir, 0700) == 0) setenv("SUANLI_MEM_CKPT_DIR", memdir, 1);
-        else memdir[0] = 0;
+        if (mkdir(memdir, 0700) == 0)
+            setenv("SUANLI_MEM_CKPT_DIR", memdir, 1);
+        else
+            memdir[0] = 0;
     }
     struct sigaction sa = {0}, old[3];
     sa.sa_handler = on_signal;

@@ -8,25 +8,25 @@
 #include "suanli/base.h"
 
 typedef struct sl_launch_opts {
-    int nproc;            /* ranks on this node (>= 1) */
-    int nnodes;           /* nodes in the job (>= 1) */
-    int node_rank;        /* this node, 0..nnodes-1 */
-    char master_addr[256];/* "" on one node: 127.0.0.1 and a free port */
+    int nproc;             /* ranks on this node (>= 1) */
+    int nnodes;            /* nodes in the job (>= 1) */
+    int node_rank;         /* this node, 0..nnodes-1 */
+    char master_addr[256]; /* "" on one node: 127.0.0.1 and a free port */
     int master_port;
-    double grace_sec;     /* SIGTERM -> SIGKILL delay (default 3) */
-    int max_restarts;     /* restart the whole local group up to this many times after a failure */
-    int prefix;           /* prefix lines with "[rank] " (default 1) */
-    int bind;             /* 1 (and nproc > 1, enough CPUs): pin local rank i to the i-th block of
-                             allowed/nproc CPUs (like mpirun --bind-to); 0: leave it to the kernel */
-    char **argv;          /* program and arguments, NULL-terminated (borrowed) */
+    double grace_sec; /* SIGTERM -> SIGKILL delay (default 3) */
+    int max_restarts; /* restart the whole local group up to this many times after a failure */
+    int prefix;       /* prefix lines with "[rank] " (default 1) */
+    int bind;         /* 1 (and nproc > 1, enough CPUs): pin local rank i to the i-th block of
+                         allowed/nproc CPUs (like mpirun --bind-to); 0: leave it to the kernel */
+    char **argv;      /* program and arguments, NULL-terminated (borrowed) */
 } sl_launch_opts;
 
 typedef struct sl_launch_result {
-    int failed_rank;      /* -1 when every rank exited 0 */
-    int exit_code;        /* of the failed rank, or -1 */
-    int signal;           /* that killed it, or 0 */
-    int restarts;         /* restarts performed */
-    int interrupted;      /* the launcher received this signal (0: none) */
+    int failed_rank; /* -1 when every rank exited 0 */
+    int exit_code;   /* of the failed rank, or -1 */
+    int signal;      /* that killed it, or 0 */
+    int restarts;    /* restarts performed */
+    int interrupted; /* the launcher received this signal (0: none) */
 } sl_launch_result;
 
 /* Run the job to completion. SL_OK: every rank exited 0. SL_ERR_PEER: a rank failed (message

@@ -53,12 +53,13 @@ int32_t sl_sample_logits(const float *logits, int V, const sl_sample_opts *o, ui
     return pick;
 }
 
-sl_status sl_gpt2_generate(sl_model *m, const int32_t *prompt, int n_prompt, int max_new, const sl_sample_opts *o,
-                           sl_token_cb cb, void *user) {
+sl_status sl_gpt2_generate(sl_model *m, const int32_t *prompt, int n_prompt, int max_new,
+                           const sl_sample_opts *o, sl_token_cb cb, void *user) {
     int W = m->cfg.max_seq_len, V = m->cfg.vocab_size;
     if (n_prompt < 1) return sl_fail(SL_ERR_INVALID, "generate: empty prompt");
     for (int i = 0; i < n_prompt; i++)
-        if (prompt[i] < 0 || prompt[i] >= V) return sl_fail(SL_ERR_INVALID, "generate: prompt token %d out of vocab", prompt[i]);
+        if (prompt[i] < 0 || prompt[i] >= V)
+            return sl_fail(SL_ERR_INVALID, "generate: prompt token %d out of vocab", prompt[i]);
     int64_t cap = (int64_t)n_prompt + max_new;
     int32_t *seq = malloc(sizeof(int32_t) * (size_t)cap), *win = calloc((size_t)W, sizeof(int32_t));
     sl_graph *g = sl_graph_new(m->ctx);

@@ -26,9 +26,9 @@ static int on_token(wrap *w, int32_t t) {
 
 static int gpt2_cb(void *user, int32_t t) { return on_token(user, t); }
 
-sl_status sl_model_generate(sl_model *m, const int32_t *prompt, int n_prompt, int max_new, const sl_sample_opts *o,
-                            const int32_t *stop, int n_stop, sl_token_cb cb, void *user, int32_t *out_tokens,
-                            sl_gen_stats *stats) {
+sl_status sl_model_generate(sl_model *m, const int32_t *prompt, int n_prompt, int max_new,
+                            const sl_sample_opts *o, const int32_t *stop, int n_stop, sl_token_cb cb,
+                            void *user, int32_t *out_tokens, sl_gen_stats *stats) {
     wrap w = {stop, n_stop, 0, 0, out_tokens, cb, user};
     sl_gen_stats local;
     if (!stats) stats = &local;
@@ -38,7 +38,8 @@ sl_status sl_model_generate(sl_model *m, const int32_t *prompt, int n_prompt, in
     if (n_prompt < 1) return sl_fail(SL_ERR_INVALID, "generate: empty prompt");
     if (max_new < 0) return sl_fail(SL_ERR_INVALID, "generate: max_new must be >= 0");
     for (int i = 0; i < n_prompt; i++)
-        if (prompt[i] < 0 || prompt[i] >= V) return sl_fail(SL_ERR_INVALID, "generate: prompt token %d out of vocab (%d)", prompt[i], V);
+        if (prompt[i] < 0 || prompt[i] >= V)
+            return sl_fail(SL_ERR_INVALID, "generate: prompt token %d out of vocab (%d)", prompt[i], V);
     if (max_new == 0) return SL_OK;
     if (m->arch == SL_ARCH_GPT2) {
         double t0 = sl_time_sec();
@@ -50,7 +51,8 @@ sl_status sl_model_generate(sl_model *m, const int32_t *prompt, int n_prompt, in
     }
     int64_t S = (int64_t)n_prompt + max_new;
     if (S > m->lcfg.max_seq_len)
-        return sl_fail(SL_ERR_INVALID, "generate: prompt (%d tokens) + max-new-tokens (%d) exceeds the model's %d positions",
+        return sl_fail(SL_ERR_INVALID,
+                       "generate: prompt (%d tokens) + max-new-tokens (%d) exceeds the model's %d positions",
                        n_prompt, max_new, m->lcfg.max_seq_len);
     sl_kv_cache kv;
     SL_TRY(sl_kv_cache_new(m, 1, (int)S, &kv));
@@ -75,7 +77,8 @@ sl_status sl_model_generate(sl_model *m, const int32_t *prompt, int n_prompt, in
     SL_CHECK(sl_graph_plan(gd, sl_backend_cpu(), NULL));
     double t0 = sl_time_sec();
     SL_CHECK(sl_graph_compute(gp, NULL, NULL));
-    int32_t t = sl_sample_logits((const float *)lp->data + (int64_t)(n_prompt - 1) * V, V, o, (uint64_t)n_prompt);
+    int32_t t =
+        sl_sample_logits((const float *)lp->data + (int64_t)(n_prompt - 1) * V, V, o, (uint64_t)n_prompt);
     stats->prompt_seconds = sl_time_sec() - t0;
     t0 = sl_time_sec();
     int done_ = on_token(&w, t);

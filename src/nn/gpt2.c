@@ -1,18 +1,24 @@
 /* GPT-2 (pre-LN, tied embedding, GELU-tanh MLP) built from graph ops over one flat parameter buffer.
- * Parameter names and layouts follow PyTorch nn.Linear (weight is (out, in)); see scripts/gen_gpt2_parity.py. */
+ * Parameter names and layouts follow PyTorch nn.Linear (weight is (out, in)); see scripts/gen_gpt2_parity.py.
+ */
 #include <math.h>
 #include <string.h>
 
 #include "suanli/nn.h"
 
 static sl_status check_cfg(const sl_gpt2_config *c) {
-    if (c->n_layer < 1 || c->n_layer > 1024) return sl_fail(SL_ERR_INVALID, "num-layers must be in [1, 1024], got %d", c->n_layer);
+    if (c->n_layer < 1 || c->n_layer > 1024)
+        return sl_fail(SL_ERR_INVALID, "num-layers must be in [1, 1024], got %d", c->n_layer);
     if (c->n_head < 1) return sl_fail(SL_ERR_INVALID, "num-attention-heads must be >= 1, got %d", c->n_head);
-    if (c->n_embd < 1 || c->n_embd > 65536) return sl_fail(SL_ERR_INVALID, "hidden-size must be in [1, 65536], got %d", c->n_embd);
+    if (c->n_embd < 1 || c->n_embd > 65536)
+        return sl_fail(SL_ERR_INVALID, "hidden-size must be in [1, 65536], got %d", c->n_embd);
     if (c->n_embd % c->n_head != 0)
-        return sl_fail(SL_ERR_INVALID, "hidden-size %d is not divisible by num-attention-heads %d", c->n_embd, c->n_head);
-    if (c->vocab_size < 2 || c->vocab_size > (1 << 24)) return sl_fail(SL_ERR_INVALID, "vocab-size must be in [2, 2^24], got %d", c->vocab_size);
-    if (c->max_seq_len < 1 || c->max_seq_len > (1 << 20)) return sl_fail(SL_ERR_INVALID, "seq-length must be in [1, 2^20], got %d", c->max_seq_len);
+        return sl_fail(SL_ERR_INVALID, "hidden-size %d is not divisible by num-attention-heads %d", c->n_embd,
+                       c->n_head);
+    if (c->vocab_size < 2 || c->vocab_size > (1 << 24))
+        return sl_fail(SL_ERR_INVALID, "vocab-size must be in [2, 2^24], got %d", c->vocab_size);
+    if (c->max_seq_len < 1 || c->max_seq_len > (1 << 20))
+        return sl_fail(SL_ERR_INVALID, "seq-length must be in [1, 2^20], got %d", c->max_seq_len);
     return SL_OK;
 }
 
@@ -56,8 +62,8 @@ sl_status sl_gpt2_new(const sl_gpt2_config *cfg, sl_model **out) {
     add_param(&b, "wte", 2, (int64_t[]){V, C}, 1, SL_INIT_NORMAL);
     add_param(&b, "wpe", 2, (int64_t[]){T, C}, 1, SL_INIT_NORMAL);
     for (int l = 0; l < L; l++) {
-#define P(suffix, nd, shape, decay, init)                                                          \
-    snprintf(nm, sizeof nm, "h.%d." suffix, l);                                                    \
+#define P(suffix, nd, shape, decay, init)                                                                    \
+    snprintf(nm, sizeof nm, "h.%d." suffix, l);                                                              \
     add_param(&b, nm, nd, shape, decay, init)
         P("ln_1.weight", 1, ((int64_t[]){C}), 0, SL_INIT_ONE);
         P("ln_1.bias", 1, ((int64_t[]){C}), 0, SL_INIT_ZERO);
@@ -113,9 +119,15 @@ void sl_model_init_weights(sl_model *m, uint64_t seed) {
         sl_param_info *p = &m->params[i];
         float *d = m->params_mem + p->offset;
         switch (p->init) {
-        case SL_INIT_NORMAL: sl_rng_fill_normal(d, p->numel, seed, (uint64_t)i, 0.0f, 0.02f); break;
-        case SL_INIT_NORMAL_RESID: sl_rng_fill_normal(d, p->numel, seed, (uint64_t)i, 0.0f, resid_std); break;
-        case SL_INIT_ZERO: memset(d, 0, sizeof(float) * (size_t)p->numel); break;
+        case SL_INIT_NORMAL:
+            sl_rng_fill_normal(d, p->numel, seed, (uint64_t)i, 0.0f, 0.02f);
+            break;
+        case SL_INIT_NORMAL_RESID:
+            sl_rng_fill_normal(d, p->numel, seed, (uint64_t)i, 0.0f, resid_std);
+            break;
+        case SL_INIT_ZERO:
+            memset(d, 0, sizeof(float) * (size_t)p->numel);
+            break;
         default:
             for (int64_t k = 0; k < p->numel; k++) d[k] = 1.0f;
         }
@@ -154,22 +166,22 @@ sl_tensor *sl_gpt2_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_ten
         int o = 2 + 12 * l;
         /* attention block */
         sl_tensor *h = sl_layernorm(ctx, x, P(m, o + 0), P(m, o + 1), 1e-5f);
-        sl_tensor *qkv = mm(m, h, P(m, o + 2), P(m, o + 3));             /* (B, T, 3C) */
+        sl_tensor *qkv = mm(m, h, P(m, o + 2), P(m, o + 3)); /* (B, T, 3C) */
         sl_tensor *r = sl_reshape(ctx, qkv, 5, (int64_t[]){B, T, 3, NH, hs});
         int64_t nb4[4] = {r->nb[0], r->nb[1], r->nb[3], 1};
-        sl_tensor *q = sl_view(ctx, r, 4, (int64_t[]){B, T, NH, hs}, nb4, 0);      /* (B, T, NH, hs) */
+        sl_tensor *q = sl_view(ctx, r, 4, (int64_t[]){B, T, NH, hs}, nb4, 0); /* (B, T, NH, hs) */
         sl_tensor *k = sl_view(ctx, r, 4, (int64_t[]){B, T, NH, hs}, nb4, r->nb[2]);
         sl_tensor *v = sl_view(ctx, r, 4, (int64_t[]){B, T, NH, hs}, nb4, 2 * r->nb[2]);
-        sl_tensor *a = sl_attention(ctx, q, k, v);                                  /* (B, T, C) */
+        sl_tensor *a = sl_attention(ctx, q, k, v); /* (B, T, C) */
         x = sl_add(ctx, x, mm(m, a, P(m, o + 4), P(m, o + 5)));
         /* MLP block */
         h = sl_layernorm(ctx, x, P(m, o + 6), P(m, o + 7), 1e-5f);
-        sl_tensor *f = sl_gelu(ctx, mm(m, h, P(m, o + 8), P(m, o + 9)));  /* (B, T, 4C) */
+        sl_tensor *f = sl_gelu(ctx, mm(m, h, P(m, o + 8), P(m, o + 9))); /* (B, T, 4C) */
         x = sl_add(ctx, x, mm(m, f, P(m, o + 10), P(m, o + 11)));
     }
     int of = 2 + 12 * c->n_layer;
     x = sl_layernorm(ctx, x, P(m, of), P(m, of + 1), 1e-5f);
-    sl_tensor *logits = mm(m, x, wte, NULL);                               /* (B, T, V) */
+    sl_tensor *logits = mm(m, x, wte, NULL); /* (B, T, V) */
     sl_set_name(logits, "logits");
     if (logits_out) *logits_out = logits;
     if (!targets) return NULL;
@@ -180,7 +192,7 @@ sl_tensor *sl_gpt2_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_ten
 
 double sl_gpt2_flops_per_token(const sl_gpt2_config *c, int T) {
     double C = c->n_embd, L = c->n_layer, V = c->vocab_size;
-    double n_matmul = L * 12.0 * C * C + V * C; /* weights that take part in matmuls */
+    double n_matmul = L * 12.0 * C * C + V * C;              /* weights that take part in matmuls */
     double attn = L * 2.0 * 2.0 * (double)T * C / 2.0 * 3.0; /* causal QK^T and PV, fwd+bwd ~3x */
     return 6.0 * n_matmul + attn;
 }

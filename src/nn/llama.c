@@ -13,13 +13,16 @@
 #include "suanli/nn.h"
 
 static const char *const k_arch_names[] = {"gpt2", "llama", "qwen2", "mistral", "mixtral", "baichuan"};
-_Static_assert(sizeof(k_arch_names) / sizeof(k_arch_names[0]) == SL_ARCH_COUNT, "arch name table out of sync");
+_Static_assert(sizeof(k_arch_names) / sizeof(k_arch_names[0]) == SL_ARCH_COUNT,
+               "arch name table out of sync");
 const char *sl_arch_name(sl_arch a) { return ((int)a >= 0 && a < SL_ARCH_COUNT) ? k_arch_names[a] : "?"; }
 
 static sl_status check_cfg(const sl_llama_config *c) {
-#define RANGE(f, lo, hi, name)                                                                     \
-    if (c->f < (lo) || c->f > (hi)) return sl_fail(SL_ERR_INVALID, "config: %s must be in [%d, %d], got %d", name, (int)(lo), (int)(hi), c->f)
-    if (c->arch <= SL_ARCH_GPT2 || c->arch >= SL_ARCH_COUNT) return sl_fail(SL_ERR_INVALID, "config: unsupported architecture %d", (int)c->arch);
+#define RANGE(f, lo, hi, name)                                                                               \
+    if (c->f < (lo) || c->f > (hi))                                                                          \
+    return sl_fail(SL_ERR_INVALID, "config: %s must be in [%d, %d], got %d", name, (int)(lo), (int)(hi), c->f)
+    if (c->arch <= SL_ARCH_GPT2 || c->arch >= SL_ARCH_COUNT)
+        return sl_fail(SL_ERR_INVALID, "config: unsupported architecture %d", (int)c->arch);
     RANGE(n_layer, 1, 1024, "num_hidden_layers");
     RANGE(n_head, 1, 4096, "num_attention_heads");
     RANGE(n_kv_head, 1, 4096, "num_key_value_heads");
@@ -31,19 +34,31 @@ static sl_status check_cfg(const sl_llama_config *c) {
     RANGE(sliding_window, 0, 1 << 30, "sliding_window");
 #undef RANGE
     if (c->n_head % c->n_kv_head)
-        return sl_fail(SL_ERR_INVALID, "config: num_attention_heads %d is not a multiple of num_key_value_heads %d", c->n_head, c->n_kv_head);
-    if (c->head_dim % 2) return sl_fail(SL_ERR_INVALID, "config: head_dim %d must be even (RoPE)", c->head_dim);
-    if (!(c->rms_eps > 0 && c->rms_eps < 1)) return sl_fail(SL_ERR_INVALID, "config: rms_norm_eps must be in (0, 1), got %g", (double)c->rms_eps);
-    if (!(c->rope_theta > 1)) return sl_fail(SL_ERR_INVALID, "config: rope_theta must be > 1, got %g", (double)c->rope_theta);
-    if (c->rope_factor != 0 && !(c->rope_factor >= 1 && c->rope_low_freq > 0 && c->rope_high_freq > c->rope_low_freq && c->rope_orig_ctx > 0))
-        return sl_fail(SL_ERR_INVALID, "config: rope_scaling (llama3) needs factor >= 1, 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0");
+        return sl_fail(SL_ERR_INVALID,
+                       "config: num_attention_heads %d is not a multiple of num_key_value_heads %d",
+                       c->n_head, c->n_kv_head);
+    if (c->head_dim % 2)
+        return sl_fail(SL_ERR_INVALID, "config: head_dim %d must be even (RoPE)", c->head_dim);
+    if (!(c->rms_eps > 0 && c->rms_eps < 1))
+        return sl_fail(SL_ERR_INVALID, "config: rms_norm_eps must be in (0, 1), got %g", (double)c->rms_eps);
+    if (!(c->rope_theta > 1))
+        return sl_fail(SL_ERR_INVALID, "config: rope_theta must be > 1, got %g", (double)c->rope_theta);
+    if (c->rope_factor != 0 && !(c->rope_factor >= 1 && c->rope_low_freq > 0 &&
+                                 c->rope_high_freq > c->rope_low_freq && c->rope_orig_ctx > 0))
+        return sl_fail(SL_ERR_INVALID, "config: rope_scaling (llama3) needs factor >= 1, 0 < low_freq_factor "
+                                       "< high_freq_factor and original_max_position_embeddings > 0");
     if (c->arch == SL_ARCH_MIXTRAL) {
-        if (c->n_experts < 1 || c->n_experts > 1024) return sl_fail(SL_ERR_INVALID, "config: num_local_experts must be in [1, 1024], got %d", c->n_experts);
+        if (c->n_experts < 1 || c->n_experts > 1024)
+            return sl_fail(SL_ERR_INVALID, "config: num_local_experts must be in [1, 1024], got %d",
+                           c->n_experts);
         if (c->n_experts_per_tok < 1 || c->n_experts_per_tok > c->n_experts)
-            return sl_fail(SL_ERR_INVALID, "config: num_experts_per_tok must be in [1, num_local_experts=%d], got %d", c->n_experts, c->n_experts_per_tok);
+            return sl_fail(SL_ERR_INVALID,
+                           "config: num_experts_per_tok must be in [1, num_local_experts=%d], got %d",
+                           c->n_experts, c->n_experts_per_tok);
     }
     if (c->arch == SL_ARCH_BAICHUAN && c->n_kv_head != c->n_head)
-        return sl_fail(SL_ERR_INVALID, "config: Baichuan's W_pack needs num_key_value_heads == num_attention_heads");
+        return sl_fail(SL_ERR_INVALID,
+                       "config: Baichuan's W_pack needs num_key_value_heads == num_attention_heads");
     return SL_OK;
 }
 
@@ -71,16 +86,21 @@ static void add_param(builder *b, int decay, int init, int ndim, const int64_t *
     p->numel = sl_nelements(t);
     p->decay = decay;
     p->init = init;
-    if (bf) m->wnumel += p->numel;
-    else m->numel += p->numel;
+    if (bf)
+        m->wnumel += p->numel;
+    else
+        m->numel += p->numel;
 }
 
-sl_status sl_llama_new(const sl_llama_config *cfg, sl_model **out) { return sl_llama_new_ex(cfg, SL_F32, out); }
+sl_status sl_llama_new(const sl_llama_config *cfg, sl_model **out) {
+    return sl_llama_new_ex(cfg, SL_F32, out);
+}
 
 sl_status sl_llama_new_ex(const sl_llama_config *cfg, sl_dtype wdtype, sl_model **out) {
     *out = NULL;
     SL_TRY(check_cfg(cfg));
-    if (wdtype != SL_F32 && wdtype != SL_BF16) return sl_fail(SL_ERR_INVALID, "model: weight dtype must be f32 or bf16");
+    if (wdtype != SL_F32 && wdtype != SL_BF16)
+        return sl_fail(SL_ERR_INVALID, "model: weight dtype must be f32 or bf16");
     sl_model *m = calloc(1, sizeof *m);
     if (!m) return sl_fail(SL_ERR_NOMEM, "model: out of memory");
     m->wdtype = wdtype;
@@ -103,23 +123,31 @@ sl_status sl_llama_new_ex(const sl_llama_config *cfg, sl_dtype wdtype, sl_model 
         const char *pre = "model.layers";
         add_param(&b, 0, SL_INIT_ONE, 1, (int64_t[]){C}, "%s.%d.input_layernorm.weight", pre, l);
         if (c->arch == SL_ARCH_BAICHUAN) {
-            add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){3 * QD, C}, "%s.%d.self_attn.W_pack.weight", pre, l);
+            add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){3 * QD, C}, "%s.%d.self_attn.W_pack.weight", pre,
+                      l);
         } else {
             const char *nm[3] = {"q_proj", "k_proj", "v_proj"};
             int64_t od[3] = {QD, KD, KD};
             for (int j = 0; j < 3; j++) {
-                add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){od[j], C}, "%s.%d.self_attn.%s.weight", pre, l, nm[j]);
-                if (c->qkv_bias) add_param(&b, 0, SL_INIT_ZERO, 1, (int64_t[]){od[j]}, "%s.%d.self_attn.%s.bias", pre, l, nm[j]);
+                add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){od[j], C}, "%s.%d.self_attn.%s.weight", pre,
+                          l, nm[j]);
+                if (c->qkv_bias)
+                    add_param(&b, 0, SL_INIT_ZERO, 1, (int64_t[]){od[j]}, "%s.%d.self_attn.%s.bias", pre, l,
+                              nm[j]);
             }
         }
         add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){C, QD}, "%s.%d.self_attn.o_proj.weight", pre, l);
         add_param(&b, 0, SL_INIT_ONE, 1, (int64_t[]){C}, "%s.%d.post_attention_layernorm.weight", pre, l);
         if (c->arch == SL_ARCH_MIXTRAL) {
-            add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){E, C}, "%s.%d.block_sparse_moe.gate.weight", pre, l);
+            add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){E, C}, "%s.%d.block_sparse_moe.gate.weight", pre,
+                      l);
             for (int e = 0; e < E; e++) {
-                add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){I, C}, "%s.%d.block_sparse_moe.experts.%d.w1.weight", pre, l, e);
-                add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){C, I}, "%s.%d.block_sparse_moe.experts.%d.w2.weight", pre, l, e);
-                add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){I, C}, "%s.%d.block_sparse_moe.experts.%d.w3.weight", pre, l, e);
+                add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){I, C},
+                          "%s.%d.block_sparse_moe.experts.%d.w1.weight", pre, l, e);
+                add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){C, I},
+                          "%s.%d.block_sparse_moe.experts.%d.w2.weight", pre, l, e);
+                add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){I, C},
+                          "%s.%d.block_sparse_moe.experts.%d.w3.weight", pre, l, e);
             }
         } else {
             add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){I, C}, "%s.%d.mlp.gate_proj.weight", pre, l);
@@ -142,7 +170,8 @@ sl_status sl_llama_new_ex(const sl_llama_config *cfg, sl_dtype wdtype, sl_model 
     for (int i = 0; i < m->n_params; i++) {
         sl_param_info *p = &m->params[i];
         if (!train) {
-            sl_set_input(p->t); /* inference: constants, not trainable (bf16 leaves are bound by the loader) */
+            sl_set_input(
+                p->t); /* inference: constants, not trainable (bf16 leaves are bound by the loader) */
             p->t->flags &= ~(uint32_t)SL_FLAG_PARAM;
             if (p->t->dtype == SL_F32) sl_tensor_bind(p->t, m->params_mem + p->offset);
             continue;
@@ -181,7 +210,9 @@ static sl_tensor *rnd(sl_model *m, sl_tensor *x) {
     return (m->wdtype == SL_BF16 || m->autocast_bf16) ? sl_round_bf16(m->ctx, x) : x;
 }
 /* rounding only where a bf16 model (not autocast) keeps bf16 tensors: norm outputs, the residual stream */
-static sl_tensor *rnd_model(sl_model *m, sl_tensor *x) { return m->wdtype == SL_BF16 ? sl_round_bf16(m->ctx, x) : x; }
+static sl_tensor *rnd_model(sl_model *m, sl_tensor *x) {
+    return m->wdtype == SL_BF16 ? sl_round_bf16(m->ctx, x) : x;
+}
 
 /* transformers' RMSNorm: weight * (x * rstd).to(dtype): in bf16 two roundings; under autocast the
  * fp32 weight promotes the product back to fp32 (one rounding) */
@@ -191,8 +222,8 @@ static sl_tensor *norm(sl_model *m, sl_tensor *x, sl_tensor *w, float eps) {
 }
 
 static sl_tensor *lin(sl_model *m, sl_tensor *x, sl_tensor *w, sl_tensor *b) {
-    if (m->autocast_bf16) { /* autocast: bf16 inputs, weight and bias; fp32 accumulation; bf16 output. The casts'
-                               backward rounds the gradients to bf16 as autocast's bf16 tensors do. */
+    if (m->autocast_bf16) { /* autocast: bf16 inputs, weight and bias; fp32 accumulation; bf16 output. The
+                               casts' backward rounds the gradients to bf16 as autocast's bf16 tensors do. */
         sl_tensor *y = sl_linear(m->ctx, rnd(m, x), rnd(m, w), b ? rnd(m, b) : NULL);
         return rnd(m, y);
     }
@@ -212,30 +243,32 @@ static sl_tensor *swiglu_mlp(sl_model *m, sl_tensor *h, sl_tensor *wg, sl_tensor
     sl_ctx *ctx = m->ctx;
     sl_tensor *g = rnd(m, sl_silu(ctx, lin(m, h, wg, NULL))); /* (.., I) */
     sl_tensor *u = lin(m, h, wu, NULL);
-    return lin(m, rnd(m, sl_mul(ctx, g, u)), wd, NULL);        /* (.., C) */
+    return lin(m, rnd(m, sl_mul(ctx, g, u)), wd, NULL); /* (.., C) */
 }
 
 /* Note [Mixture of experts in a static graph]
  * The gate is a dense (N, E) matrix that is zero outside each token's top-k experts (SL_OP_TOPK_GATE),
  * so the layer is sum_e gate[:, e] * expert_e(h). Inference (KV graphs) computes each expert only on its
- * routed rows (SL_OP_MOE_EXPERT, Note [Sparse experts]). For training every expert runs on every token: the result equals
- * Mixtral's sparse dispatch exactly (unselected experts are multiplied by 0), at E/k times the FLOPs.
- * Token dispatch (gather/scatter by expert, and the all-to-all of expert parallelism) replaces this
+ * routed rows (SL_OP_MOE_EXPERT, Note [Sparse experts]). For training every expert runs on every token: the
+ * result equals Mixtral's sparse dispatch exactly (unselected experts are multiplied by 0), at E/k times the
+ * FLOPs. Token dispatch (gather/scatter by expert, and the all-to-all of expert parallelism) replaces this
  * when the parallel layer lands; the routing op and its gradient stay. */
 static sl_tensor *moe(sl_model *m, sl_tensor *h, int l, int sparse) {
     sl_ctx *ctx = m->ctx;
     const sl_llama_config *c = &m->lcfg;
     int64_t B = h->ne[0], T = h->ne[1], C = h->ne[2], E = c->n_experts;
     sl_tensor *h2 = sl_reshape_2d(ctx, h, B * T, C);
-    sl_tensor *gate = sl_topk_gate(ctx, lin(m, h2, W(m, "model.layers.%d.block_sparse_moe.gate.weight", l), NULL),
-                                   c->n_experts_per_tok); /* (N, E) */
+    sl_tensor *gate =
+        sl_topk_gate(ctx, lin(m, h2, W(m, "model.layers.%d.block_sparse_moe.gate.weight", l), NULL),
+                     c->n_experts_per_tok); /* (N, E) */
     gate = rnd(m, gate);
     sl_tensor *y = NULL;
     for (int e = 0; e < E; e++) {
         const char *pre = "model.layers.%d.block_sparse_moe.experts.%d.w%d.weight";
         sl_tensor *ye;
         if (sparse) { /* inference: only the rows routed to e (Note [Sparse experts]) */
-            ye = sl_moe_expert(ctx, h2, gate, e, W(m, pre, l, e, 1), W(m, pre, l, e, 3), W(m, pre, l, e, 2), m->wdtype == SL_BF16);
+            ye = sl_moe_expert(ctx, h2, gate, e, W(m, pre, l, e, 1), W(m, pre, l, e, 3), W(m, pre, l, e, 2),
+                               m->wdtype == SL_BF16);
         } else {
             ye = swiglu_mlp(m, h2, W(m, pre, l, e, 1), W(m, pre, l, e, 3), W(m, pre, l, e, 2)); /* (N, C) */
             ye = rnd(m, sl_mul(ctx, ye, sl_slice(ctx, gate, 1, e, 1)));
@@ -285,8 +318,10 @@ static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
                 bk = W(m, "%s.%d.self_attn.k_proj.bias", pre, l);
                 bv = W(m, "%s.%d.self_attn.v_proj.bias", pre, l);
             }
-            q = heads(ctx, lin(m, h, W(m, "%s.%d.self_attn.q_proj.weight", pre, l), bq), NH, hd);  /* (B,T,NH,hd) */
-            k = heads(ctx, lin(m, h, W(m, "%s.%d.self_attn.k_proj.weight", pre, l), bk), NKV, hd); /* (B,T,NKV,hd) */
+            q = heads(ctx, lin(m, h, W(m, "%s.%d.self_attn.q_proj.weight", pre, l), bq), NH,
+                      hd); /* (B,T,NH,hd) */
+            k = heads(ctx, lin(m, h, W(m, "%s.%d.self_attn.k_proj.weight", pre, l), bk), NKV,
+                      hd); /* (B,T,NKV,hd) */
             v = heads(ctx, lin(m, h, W(m, "%s.%d.self_attn.v_proj.weight", pre, l), bv), NKV, hd);
         }
         q = sl_rope(ctx, q, pos0, c->rope_theta);
@@ -300,7 +335,8 @@ static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
                 qk[j]->iparams[3] = c->rope_orig_ctx;
             }
         }
-        q->iparams[2] = k->iparams[2] = m->wdtype == SL_BF16 || m->autocast_bf16; /* see Note [bf16 compute] */
+        q->iparams[2] = k->iparams[2] =
+            m->wdtype == SL_BF16 || m->autocast_bf16; /* see Note [bf16 compute] */
         sl_tensor *a;
         if (kv) {
             sl_tensor *ks = sl_kv_store(ctx, kv->k[l], k, pos0), *vs = sl_kv_store(ctx, kv->v[l], v, pos0);
@@ -309,13 +345,15 @@ static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
         } else {
             a = sl_attention(ctx, q, k, v); /* (B, T, QD) */
         }
-        x = rnd_model(m, sl_add(ctx, x, lin(m, rnd(m, a), W(m, "%s.%d.self_attn.o_proj.weight", pre, l), NULL)));
+        x = rnd_model(m,
+                      sl_add(ctx, x, lin(m, rnd(m, a), W(m, "%s.%d.self_attn.o_proj.weight", pre, l), NULL)));
         h = norm(m, x, W(m, "%s.%d.post_attention_layernorm.weight", pre, l), c->rms_eps);
         sl_tensor *f;
         if (c->arch == SL_ARCH_MIXTRAL)
             f = moe(m, h, l, kv != NULL);
         else
-            f = swiglu_mlp(m, h, W(m, "%s.%d.mlp.gate_proj.weight", pre, l), W(m, "%s.%d.mlp.up_proj.weight", pre, l),
+            f = swiglu_mlp(m, h, W(m, "%s.%d.mlp.gate_proj.weight", pre, l),
+                           W(m, "%s.%d.mlp.up_proj.weight", pre, l),
                            W(m, "%s.%d.mlp.down_proj.weight", pre, l));
         x = rnd_model(m, sl_add(ctx, x, f));
     }
@@ -355,7 +393,8 @@ sl_status sl_kv_cache_new(sl_model *m, int B, int S, sl_kv_cache *kv) {
     kv->mem = sl_malloc_aligned(sizeof(float) * (size_t)(2 * per * c->n_layer));
     if (!kv->k || !kv->v || !kv->mem) {
         sl_kv_cache_free(kv);
-        return sl_fail(SL_ERR_NOMEM, "kv cache: cannot allocate %lld floats", (long long)(2 * per * c->n_layer));
+        return sl_fail(SL_ERR_NOMEM, "kv cache: cannot allocate %lld floats",
+                       (long long)(2 * per * c->n_layer));
     }
     for (int l = 0; l < c->n_layer; l++) {
         int64_t ne[4] = {B, S, c->n_kv_head, c->head_dim};
@@ -384,6 +423,7 @@ sl_tensor *sl_model_build_kv(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int p
 void sl_kv_graph_set_pos(sl_graph *g, int pos0) {
     for (int i = 0; i < sl_graph_n_nodes(g); i++) {
         sl_tensor *t = sl_graph_node(g, i);
-        if (t->op == SL_OP_ROPE || t->op == SL_OP_KV_STORE || t->op == SL_OP_ATTENTION_KV) t->iparams[0] = pos0;
+        if (t->op == SL_OP_ROPE || t->op == SL_OP_KV_STORE || t->op == SL_OP_ATTENTION_KV)
+            t->iparams[0] = pos0;
     }
 }

@@ -8,9 +8,11 @@ sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *
     memset(tr, 0, sizeof *tr);
     tr->cfg = *cfg;
     tr->model = m;
-    if (cfg->B < 1 || cfg->T < 1 || cfg->accum < 1) return sl_fail(SL_ERR_INVALID, "trainer: B, T, accum must be >= 1");
+    if (cfg->B < 1 || cfg->T < 1 || cfg->accum < 1)
+        return sl_fail(SL_ERR_INVALID, "trainer: B, T, accum must be >= 1");
     if (cfg->T > m->cfg.max_seq_len)
-        return sl_fail(SL_ERR_INVALID, "seq-length %d exceeds the model's max positions %d", cfg->T, m->cfg.max_seq_len);
+        return sl_fail(SL_ERR_INVALID, "seq-length %d exceeds the model's max positions %d", cfg->T,
+                       m->cfg.max_seq_len);
     sl_status st = SL_OK;
     size_t n = (size_t)cfg->B * (size_t)cfg->T;
     tr->ids_buf = calloc(n, sizeof(int32_t));
@@ -51,7 +53,8 @@ void sl_trainer_free(sl_trainer *tr) {
     tr->opt_ready = 0;
 }
 
-sl_status sl_trainer_forward_backward(sl_trainer *tr, const int32_t *ids, const int32_t *targets, float *loss) {
+sl_status sl_trainer_forward_backward(sl_trainer *tr, const int32_t *ids, const int32_t *targets,
+                                      float *loss) {
     size_t n = (size_t)tr->cfg.B * (size_t)tr->cfg.T;
     if (ids != tr->ids_buf) memcpy(tr->ids_buf, ids, n * sizeof(int32_t));
     if (targets != tr->tg_buf) memcpy(tr->tg_buf, targets, n * sizeof(int32_t));

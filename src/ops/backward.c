@@ -64,14 +64,18 @@ void sl_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_g
         if (a->dtype == SL_BF16 && G->dtype != SL_BF16) G = sl_cast(ctx, G, SL_BF16);
         if (ng[0]) {
             sl_tensor *dA;
-            if (!tA) dA = tB ? sl_matmul(ctx, G, b, 0, 0) : sl_matmul(ctx, G, b, 0, 1);
-            else dA = tB ? sl_matmul(ctx, b, G, 1, 1) : sl_matmul(ctx, b, G, 0, 1);
+            if (!tA)
+                dA = tB ? sl_matmul(ctx, G, b, 0, 0) : sl_matmul(ctx, G, b, 0, 1);
+            else
+                dA = tB ? sl_matmul(ctx, b, G, 1, 1) : sl_matmul(ctx, b, G, 0, 1);
             emit(st, a, reshape_like(ctx, dA, a));
         }
         if (ng[1]) {
             sl_tensor *dB;
-            if (!tA) dB = tB ? sl_matmul(ctx, G, A, 1, 0) : sl_matmul(ctx, A, G, 1, 0);
-            else dB = tB ? sl_matmul(ctx, G, A, 1, 1) : sl_matmul(ctx, A, G, 0, 0);
+            if (!tA)
+                dB = tB ? sl_matmul(ctx, G, A, 1, 0) : sl_matmul(ctx, A, G, 1, 0);
+            else
+                dB = tB ? sl_matmul(ctx, G, A, 1, 1) : sl_matmul(ctx, A, G, 0, 0);
             emit(st, b, dB);
         }
         break;

@@ -4,12 +4,44 @@
 #include "ops/ops_internal.h"
 
 static const char *const k_op_names[] = {
-    "none", "view", "cont", "cast", "add", "mul", "scale", "sum_to", "acc", "zeros", "scatter_add",
-    "matmul", "gelu", "gelu_back", "layernorm", "layernorm_back_x", "layernorm_back_wb", "softmax",
-    "softmax_back", "attention", "attention_back", "embedding", "embedding_back", "cross_entropy",
-    "cross_entropy_back", "concat",
-    "rmsnorm", "rmsnorm_back_x", "rmsnorm_back_w", "rope", "silu", "silu_back", "topk_gate", "topk_gate_back",
-    "attention_kv", "kv_store", "linear_bf16", "moe_expert",
+    "none",
+    "view",
+    "cont",
+    "cast",
+    "add",
+    "mul",
+    "scale",
+    "sum_to",
+    "acc",
+    "zeros",
+    "scatter_add",
+    "matmul",
+    "gelu",
+    "gelu_back",
+    "layernorm",
+    "layernorm_back_x",
+    "layernorm_back_wb",
+    "softmax",
+    "softmax_back",
+    "attention",
+    "attention_back",
+    "embedding",
+    "embedding_back",
+    "cross_entropy",
+    "cross_entropy_back",
+    "concat",
+    "rmsnorm",
+    "rmsnorm_back_x",
+    "rmsnorm_back_w",
+    "rope",
+    "silu",
+    "silu_back",
+    "topk_gate",
+    "topk_gate_back",
+    "attention_kv",
+    "kv_store",
+    "linear_bf16",
+    "moe_expert",
 };
 _Static_assert(sizeof(k_op_names) / sizeof(k_op_names[0]) == SL_OP_COUNT, "op name table out of sync");
 
@@ -184,7 +216,8 @@ sl_tensor *sl_scatter_add(sl_ctx *ctx, sl_tensor *dst, sl_tensor *src, const sl_
 
 sl_tensor *sl_matmul(sl_ctx *ctx, sl_tensor *a, sl_tensor *b, int transA, int transB) {
     /* operands both f32 or both bf16 (fp32 accumulation); the product is f32 */
-    SL_ASSERT(a->ndim >= 2 && b->ndim >= 2 && a->dtype == b->dtype && (a->dtype == SL_F32 || a->dtype == SL_BF16));
+    SL_ASSERT(a->ndim >= 2 && b->ndim >= 2 && a->dtype == b->dtype &&
+              (a->dtype == SL_F32 || a->dtype == SL_BF16));
     SL_ASSERT(a->nb[a->ndim - 1] == 1 && b->nb[b->ndim - 1] == 1); /* rows contiguous */
     int64_t aM = transA ? a->ne[a->ndim - 1] : a->ne[a->ndim - 2];
     int64_t aK = transA ? a->ne[a->ndim - 2] : a->ne[a->ndim - 1];
@@ -196,7 +229,8 @@ sl_tensor *sl_matmul(sl_ctx *ctx, sl_tensor *a, sl_tensor *b, int transA, int tr
     if (b->ndim == 2 && a->ndim > 2) {
         /* linear layer: a's leading dims fold into M; they must be uniformly strided */
         SL_ASSERT(!transA);
-        for (int d = 0; d < a->ndim - 2; d++) SL_ASSERT(a->ne[d + 1] == 1 || a->nb[d] == a->nb[d + 1] * a->ne[d + 1]);
+        for (int d = 0; d < a->ndim - 2; d++)
+            SL_ASSERT(a->ne[d + 1] == 1 || a->nb[d] == a->nb[d + 1] * a->ne[d + 1]);
         nd = a->ndim;
         for (int d = 0; d < nd - 1; d++) ne[d] = a->ne[d];
         ne[nd - 1] = bN;
@@ -290,7 +324,8 @@ sl_tensor *sl_rmsnorm(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, float eps) {
     int64_t C = x->ne[x->ndim - 1];
     SL_ASSERT(x->dtype == SL_F32 && x->nb[x->ndim - 1] == 1);
     SL_ASSERT(!w || (w->dtype == SL_F32 && w->ndim == 1 && w->ne[0] == C && sl_is_contiguous(w)));
-    for (int d = 0; d + 1 < x->ndim - 1; d++) SL_ASSERT(x->ne[d + 1] == 1 || x->nb[d] == x->nb[d + 1] * x->ne[d + 1]);
+    for (int d = 0; d + 1 < x->ndim - 1; d++)
+        SL_ASSERT(x->ne[d + 1] == 1 || x->nb[d] == x->nb[d + 1] * x->ne[d + 1]);
     sl_tensor *t = unary(ctx, SL_OP_RMSNORM, x, SL_F32);
     t->src[1] = w;
     t->fparams[0] = eps;
@@ -353,7 +388,8 @@ sl_tensor *sl_kv_store(sl_ctx *ctx, sl_tensor *cache, sl_tensor *x, int pos0) {
 sl_tensor *sl_linear_bf16(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, int round_out) {
     SL_ASSERT(x->dtype == SL_F32 && w->dtype == SL_BF16 && w->ndim == 2 && sl_is_contiguous(w));
     SL_ASSERT(x->ndim >= 1 && x->nb[x->ndim - 1] == 1 && x->ne[x->ndim - 1] == w->ne[1]);
-    for (int d = 0; d + 1 < x->ndim - 1; d++) SL_ASSERT(x->ne[d + 1] == 1 || x->nb[d] == x->nb[d + 1] * x->ne[d + 1]);
+    for (int d = 0; d + 1 < x->ndim - 1; d++)
+        SL_ASSERT(x->ne[d + 1] == 1 || x->nb[d] == x->nb[d + 1] * x->ne[d + 1]);
     int64_t ne[SL_MAX_DIMS];
     for (int d = 0; d < x->ndim - 1; d++) ne[d] = x->ne[d];
     ne[x->ndim - 1] = w->ne[0];
@@ -367,13 +403,18 @@ sl_tensor *sl_linear_bf16(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, int round_out
 
 sl_tensor *sl_round_bf16(sl_ctx *ctx, sl_tensor *x) { return sl_cast(ctx, sl_cast(ctx, x, SL_BF16), SL_F32); }
 
-sl_tensor *sl_moe_expert(sl_ctx *ctx, sl_tensor *h, sl_tensor *gate, int e, sl_tensor *w1, sl_tensor *w3, sl_tensor *w2, int bf16) {
+sl_tensor *sl_moe_expert(sl_ctx *ctx, sl_tensor *h, sl_tensor *gate, int e, sl_tensor *w1, sl_tensor *w3,
+                         sl_tensor *w2, int bf16) {
     SL_ASSERT(h->ndim == 2 && h->dtype == SL_F32 && sl_is_contiguous(h));
-    SL_ASSERT(gate->ndim == 2 && gate->dtype == SL_F32 && gate->ne[0] == h->ne[0] && gate->nb[1] == 1 && e >= 0 && e < gate->ne[1]);
+    SL_ASSERT(gate->ndim == 2 && gate->dtype == SL_F32 && gate->ne[0] == h->ne[0] && gate->nb[1] == 1 &&
+              e >= 0 && e < gate->ne[1]);
     int64_t C = h->ne[1], I = w1->ne[0];
-    SL_ASSERT(w1->ndim == 2 && w3->ndim == 2 && w2->ndim == 2 && w1->ne[1] == C && w3->ne[0] == I && w3->ne[1] == C);
-    SL_ASSERT(w2->ne[0] == C && w2->ne[1] == I && sl_is_contiguous(w1) && sl_is_contiguous(w3) && sl_is_contiguous(w2));
-    SL_ASSERT(w1->dtype == w3->dtype && w1->dtype == w2->dtype && (w1->dtype == SL_F32 || w1->dtype == SL_BF16));
+    SL_ASSERT(w1->ndim == 2 && w3->ndim == 2 && w2->ndim == 2 && w1->ne[1] == C && w3->ne[0] == I &&
+              w3->ne[1] == C);
+    SL_ASSERT(w2->ne[0] == C && w2->ne[1] == I && sl_is_contiguous(w1) && sl_is_contiguous(w3) &&
+              sl_is_contiguous(w2));
+    SL_ASSERT(w1->dtype == w3->dtype && w1->dtype == w2->dtype &&
+              (w1->dtype == SL_F32 || w1->dtype == SL_BF16));
     sl_tensor *t = sl_new_op(ctx, SL_OP_MOE_EXPERT, SL_F32, 2, h->ne);
     t->src[0] = h;
     t->src[1] = gate;

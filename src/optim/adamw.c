@@ -13,7 +13,8 @@ sl_status sl_adamw_init(sl_adamw *o, const sl_model *m, sl_adamw_hparams hp) {
     o->v = sl_malloc_aligned(sizeof(float) * (size_t)m->numel);
     if (!o->m || !o->v) {
         sl_adamw_free(o);
-        return sl_fail(SL_ERR_NOMEM, "adamw: cannot allocate moments for %lld parameters", (long long)m->numel);
+        return sl_fail(SL_ERR_NOMEM, "adamw: cannot allocate moments for %lld parameters",
+                       (long long)m->numel);
     }
     memset(o->m, 0, sizeof(float) * (size_t)m->numel);
     memset(o->v, 0, sizeof(float) * (size_t)m->numel);
@@ -37,17 +38,18 @@ typedef struct {
     float b1, b2, eps, step_size, bc2_sqrt;
 } adamw_k;
 
-#define ADAMW_SPAN_BODY                                                                            \
-    for (int64_t k = 0; k < n; k++) {                                                              \
-        float gk = g[k];                                                                           \
-        p[k] *= decay;                                                                             \
-        mm[k] += (1.0f - c.b1) * (gk - mm[k]);                                                     \
-        vv[k] = vv[k] * c.b2 + (1.0f - c.b2) * gk * gk;                                            \
-        float denom = sqrtf(vv[k]) / c.bc2_sqrt + c.eps;                                           \
-        p[k] += -c.step_size * (mm[k] / denom);                                                    \
+#define ADAMW_SPAN_BODY                                                                                      \
+    for (int64_t k = 0; k < n; k++) {                                                                        \
+        float gk = g[k];                                                                                     \
+        p[k] *= decay;                                                                                       \
+        mm[k] += (1.0f - c.b1) * (gk - mm[k]);                                                               \
+        vv[k] = vv[k] * c.b2 + (1.0f - c.b2) * gk * gk;                                                      \
+        float denom = sqrtf(vv[k]) / c.bc2_sqrt + c.eps;                                                     \
+        p[k] += -c.step_size * (mm[k] / denom);                                                              \
     }
 
-__attribute__((optimize("fp-contract=off"))) static void adamw_span(float *restrict p, const float *restrict g,
+__attribute__((optimize("fp-contract=off"))) static void adamw_span(float *restrict p,
+                                                                    const float *restrict g,
                                                                     float *restrict mm, float *restrict vv,
                                                                     int64_t n, float decay, adamw_k c) {
 #pragma omp simd
@@ -55,9 +57,9 @@ __attribute__((optimize("fp-contract=off"))) static void adamw_span(float *restr
 }
 
 #if defined(__x86_64__)
-__attribute__((target("avx2"), optimize("fp-contract=off"))) static void adamw_span_avx2(
-    float *restrict p, const float *restrict g, float *restrict mm, float *restrict vv, int64_t n, float decay,
-    adamw_k c) {
+__attribute__((target("avx2"), optimize("fp-contract=off"))) static void
+adamw_span_avx2(float *restrict p, const float *restrict g, float *restrict mm, float *restrict vv, int64_t n,
+                float decay, adamw_k c) {
 #pragma omp simd
     ADAMW_SPAN_BODY
 }
@@ -82,7 +84,8 @@ void sl_adamw_step(sl_adamw *o, sl_model *m, float lr) {
             if (e <= a) continue;
 #if defined(__x86_64__)
             if (avx2) {
-                adamw_span_avx2(m->params_mem + off, m->grads_mem + off, o->m + off, o->v + off, e - a, decay, c);
+                adamw_span_avx2(m->params_mem + off, m->grads_mem + off, o->m + off, o->v + off, e - a, decay,
+                                c);
                 continue;
             }
 #endif

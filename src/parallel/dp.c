@@ -30,10 +30,10 @@ struct sl_dp {
     sl_model *m;
     bucket *b; /* sorted by ready */
     int nb, next, armed;
-    float *m1, *m2;     /* AdamW moments: full (stage 0) or shard (stages 1, 2) */
-    float *gshard;      /* stage 2: this rank's reduced gradients (its parts, then tails) */
-    int64_t shard_len;  /* elements this rank updates */
-    uint8_t *decay;     /* per shard element: weight decay applies (stages 1, 2) */
+    float *m1, *m2;    /* AdamW moments: full (stage 0) or shard (stages 1, 2) */
+    float *gshard;     /* stage 2: this rank's reduced gradients (its parts, then tails) */
+    int64_t shard_len; /* elements this rank updates */
+    uint8_t *decay;    /* per shard element: weight decay applies (stages 1, 2) */
     double wait_sec;
 };
 
@@ -74,7 +74,8 @@ static void fill_decay(void *u, int64_t lo, int64_t len, int64_t off) {
     sl_dp *dp = ((decay_ctx *)u)->dp;
     for (int i = 0; i < dp->m->n_params; i++) {
         const sl_param_info *p = &dp->m->params[i];
-        int64_t a = p->offset > lo ? p->offset : lo, e = p->offset + p->numel < lo + len ? p->offset + p->numel : lo + len;
+        int64_t a = p->offset > lo ? p->offset : lo,
+                e = p->offset + p->numel < lo + len ? p->offset + p->numel : lo + len;
         for (int64_t k = a; k < e; k++) dp->decay[off + (k - lo)] = (uint8_t)p->decay;
     }
 }
@@ -82,7 +83,8 @@ static void fill_decay(void *u, int64_t lo, int64_t len, int64_t off) {
 sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, const sl_dp_opts *o) {
     *out = NULL;
     if (o->zero_stage < 0 || o->zero_stage > 2)
-        return sl_fail(SL_ERR_UNSUPPORTED, "--zero-stage %d: stages 0, 1 and 2 are implemented (3 is not yet)", o->zero_stage);
+        return sl_fail(SL_ERR_UNSUPPORTED,
+                       "--zero-stage %d: stages 0, 1 and 2 are implemented (3 is not yet)", o->zero_stage);
     sl_dp *dp = calloc(1, sizeof *dp);
     if (!dp) return sl_fail(SL_ERR_NOMEM, "dp: out of memory");
     dp->comm = mesh->dp_comm;
@@ -161,12 +163,14 @@ static sl_status launch(sl_dp *dp, bucket *b) {
     float *g = dp->m->grads_mem;
     int64_t len = b->hi - b->lo;
     if (!dp->comm || len == 0) return SL_OK;
-    if (dp->zero < 2) return sl_comm_all_reduce_async(dp->comm, g + b->lo, g + b->lo, (size_t)len, SL_COMM_F32, SL_COMM_SUM, &b->req);
+    if (dp->zero < 2)
+        return sl_comm_all_reduce_async(dp->comm, g + b->lo, g + b->lo, (size_t)len, SL_COMM_F32, SL_COMM_SUM,
+                                        &b->req);
     /* stage 2: reduce-scatter the equal parts in place (rank r's part lands at its own offset) */
     int64_t q = b->q, tail = len - q * dp->n;
     if (q > 0)
-        SL_TRY(sl_comm_reduce_scatter_async(dp->comm, g + b->lo, g + b->lo + q * dp->r, (size_t)q, SL_COMM_F32,
-                                            SL_COMM_SUM, &b->req));
+        SL_TRY(sl_comm_reduce_scatter_async(dp->comm, g + b->lo, g + b->lo + q * dp->r, (size_t)q,
+                                            SL_COMM_F32, SL_COMM_SUM, &b->req));
     if (tail > 0)
         SL_TRY(sl_comm_all_reduce_async(dp->comm, g + b->lo + q * dp->n, g + b->lo + q * dp->n, (size_t)tail,
                                         SL_COMM_F32, SL_COMM_SUM, &b->req_tail));
@@ -247,7 +251,8 @@ sl_status sl_dp_clip(sl_dp *dp, float max_norm, float *norm_out) {
     } else {
         /* same grouping as the sharded case: per rank part, then ranks in order */
         ss = 0;
-        for (int rr = 0; rr < dp->n; rr++) ss = rr ? ss + part_sumsq(dp, dp->m->grads_mem, rr, 0) : part_sumsq(dp, dp->m->grads_mem, 0, 0);
+        for (int rr = 0; rr < dp->n; rr++)
+            ss = rr ? ss + part_sumsq(dp, dp->m->grads_mem, rr, 0) : part_sumsq(dp, dp->m->grads_mem, 0, 0);
     }
     float norm = (float)sqrt(ss);
     if (max_norm > 0) {
@@ -264,8 +269,9 @@ sl_status sl_dp_clip(sl_dp *dp, float max_norm, float *norm_out) {
 }
 
 /* the AdamW element update, PyTorch operation order (see Note [AdamW order of operations]) */
-static void adamw_seg(float *p, const float *g, float *m1, float *m2, const uint8_t *decay, int decay_all, int64_t n,
-                      float lr, float wd, float b1, float b2, float eps, float step_size, float bc2_sqrt) {
+static void adamw_seg(float *p, const float *g, float *m1, float *m2, const uint8_t *decay, int decay_all,
+                      int64_t n, float lr, float wd, float b1, float b2, float eps, float step_size,
+                      float bc2_sqrt) {
 #pragma omp parallel for simd schedule(static) if (n > 32768)
     for (int64_t k = 0; k < n; k++) {
         float gk = g[k];
@@ -286,8 +292,8 @@ static void update_seg(void *u, int64_t lo, int64_t len, int64_t off) {
     upd_ctx *c = u;
     sl_dp *dp = c->dp;
     const float *g = dp->zero == 2 ? dp->gshard + off : dp->m->grads_mem + lo;
-    adamw_seg(dp->m->params_mem + lo, g, dp->m1 + off, dp->m2 + off, dp->decay + off, 0, len, c->lr, c->hp.weight_decay,
-              c->hp.beta1, c->hp.beta2, c->hp.eps, c->step_size, c->bc2_sqrt);
+    adamw_seg(dp->m->params_mem + lo, g, dp->m1 + off, dp->m2 + off, dp->decay + off, 0, len, c->lr,
+              c->hp.weight_decay, c->hp.beta1, c->hp.beta2, c->hp.eps, c->step_size, c->bc2_sqrt);
 }
 
 sl_status sl_dp_optimizer_step(sl_dp *dp, float lr, int64_t t, sl_adamw_hparams hp) {
@@ -297,8 +303,8 @@ sl_status sl_dp_optimizer_step(sl_dp *dp, float lr, int64_t t, sl_adamw_hparams 
         for (int i = 0; i < dp->m->n_params; i++) {
             const sl_param_info *p = &dp->m->params[i];
             adamw_seg(dp->m->params_mem + p->offset, dp->m->grads_mem + p->offset, dp->m1 + p->offset,
-                      dp->m2 + p->offset, NULL, p->decay, p->numel, lr, hp.weight_decay, hp.beta1, hp.beta2, hp.eps,
-                      c.step_size, c.bc2_sqrt);
+                      dp->m2 + p->offset, NULL, p->decay, p->numel, lr, hp.weight_decay, hp.beta1, hp.beta2,
+                      hp.eps, c.step_size, c.bc2_sqrt);
         }
         return SL_OK;
     }
@@ -310,8 +316,8 @@ sl_status sl_dp_optimizer_step(sl_dp *dp, float lr, int64_t t, sl_adamw_hparams 
     for (int k = 0; k < dp->nb; k++) {
         bucket *b = &dp->b[k];
         if (b->q > 0) {
-            sl_status s = sl_comm_all_gather_async(dp->comm, p + b->lo + b->q * dp->r, p + b->lo, (size_t)b->q,
-                                                   SL_COMM_F32, &b->req);
+            sl_status s = sl_comm_all_gather_async(dp->comm, p + b->lo + b->q * dp->r, p + b->lo,
+                                                   (size_t)b->q, SL_COMM_F32, &b->req);
             if (s != SL_OK && st == SL_OK) st = s;
         }
     }
@@ -353,8 +359,10 @@ sl_status sl_dp_state(sl_dp *dp, sl_ckpt_seg **segs, int *nseg, float **m1, floa
     *m2 = dp->m2;
     seg_list l = {calloc((size_t)(2 * dp->nb + 1), sizeof(sl_ckpt_seg)), 0};
     if (!l.v) return sl_fail(SL_ERR_NOMEM, "dp: out of memory");
-    if (dp->zero) for_each_segment(dp, collect_seg, &l);
-    else l.v[l.n++] = (sl_ckpt_seg){0, dp->m->numel, 0};
+    if (dp->zero)
+        for_each_segment(dp, collect_seg, &l);
+    else
+        l.v[l.n++] = (sl_ckpt_seg){0, dp->m->numel, 0};
     *segs = l.v;
     *nseg = l.n;
     return SL_OK;

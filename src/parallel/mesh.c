@@ -10,11 +10,13 @@ sl_status sl_mesh_init(sl_mesh *mesh, sl_comm *world, sl_mesh_dims d) {
     if (d.pp < 1) return sl_fail(SL_ERR_INVALID, "--pipeline-model-parallel-size must be >= 1, got %d", d.pp);
     if (d.ep < 1) return sl_fail(SL_ERR_INVALID, "--expert-model-parallel-size must be >= 1, got %d", d.ep);
     if (n % (d.tp * d.pp) != 0)
-        return sl_fail(SL_ERR_INVALID, "world size %d is not divisible by tensor x pipeline parallel size %d x %d", n,
-                       d.tp, d.pp);
+        return sl_fail(SL_ERR_INVALID,
+                       "world size %d is not divisible by tensor x pipeline parallel size %d x %d", n, d.tp,
+                       d.pp);
     int dp = n / (d.tp * d.pp);
     if (dp % d.ep != 0)
-        return sl_fail(SL_ERR_INVALID, "data-parallel size %d is not divisible by --expert-model-parallel-size %d", dp, d.ep);
+        return sl_fail(SL_ERR_INVALID,
+                       "data-parallel size %d is not divisible by --expert-model-parallel-size %d", dp, d.ep);
     mesh->world = n;
     mesh->rank = r;
     mesh->dp = dp;
@@ -35,17 +37,25 @@ sl_status sl_mesh_init(sl_mesh *mesh, sl_comm *world, sl_mesh_dims d) {
     int ep_color = (mesh->pp_rank * d.tp + mesh->tp_rank) * (dp / d.ep) + mesh->dp_rank / d.ep;
     sl_comm *c;
     SL_CHECK(sl_comm_split(world, dp_color, r, &c));
-    if (dp > 1) mesh->dp_comm = c;
-    else sl_comm_free(c);
+    if (dp > 1)
+        mesh->dp_comm = c;
+    else
+        sl_comm_free(c);
     SL_CHECK(sl_comm_split(world, tp_color, r, &c));
-    if (d.tp > 1) mesh->tp_comm = c;
-    else sl_comm_free(c);
+    if (d.tp > 1)
+        mesh->tp_comm = c;
+    else
+        sl_comm_free(c);
     SL_CHECK(sl_comm_split(world, pp_color, r, &c));
-    if (d.pp > 1) mesh->pp_comm = c;
-    else sl_comm_free(c);
+    if (d.pp > 1)
+        mesh->pp_comm = c;
+    else
+        sl_comm_free(c);
     SL_CHECK(sl_comm_split(world, ep_color, r, &c));
-    if (d.ep > 1) mesh->ep_comm = c;
-    else sl_comm_free(c);
+    if (d.ep > 1)
+        mesh->ep_comm = c;
+    else
+        sl_comm_free(c);
 done:
     if (st != SL_OK) sl_mesh_free(mesh);
     return st;

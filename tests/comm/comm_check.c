@@ -10,7 +10,7 @@
 
 static const size_t SIZES[] = {0, 1, 7, 4093, (1u << 20) + 3};
 enum { AR, RED, BC, AG, AGV, RS, A2A, A2AV, P2P, NCOLL };
-static const char *COLL[] = {"all_reduce", "reduce", "broadcast", "all_gather", "all_gatherv",
+static const char *COLL[] = {"all_reduce",     "reduce",     "broadcast",   "all_gather", "all_gatherv",
                              "reduce_scatter", "all_to_all", "all_to_allv", "send_recv"};
 
 static double val(int rank, size_t i, int cas, sl_comm_redop op) {
@@ -24,26 +24,49 @@ static double val(int rank, size_t i, int cas, sl_comm_redop op) {
 
 static void put(sl_comm_dtype dt, void *b, size_t i, double v) {
     switch (dt) {
-    case SL_COMM_F32: ((float *)b)[i] = (float)v; break;
-    case SL_COMM_F64: ((double *)b)[i] = v; break;
-    case SL_COMM_BF16: ((uint16_t *)b)[i] = sl_f32_to_bf16((float)v); break;
-    case SL_COMM_F16: ((uint16_t *)b)[i] = sl_comm_f32_to_f16((float)v); break;
-    case SL_COMM_I32: ((int32_t *)b)[i] = (int32_t)v; break;
-    case SL_COMM_I64: ((int64_t *)b)[i] = (int64_t)v; break;
-    case SL_COMM_U8: ((uint8_t *)b)[i] = (uint8_t)(int)v; break;
-    default: break;
+    case SL_COMM_F32:
+        ((float *)b)[i] = (float)v;
+        break;
+    case SL_COMM_F64:
+        ((double *)b)[i] = v;
+        break;
+    case SL_COMM_BF16:
+        ((uint16_t *)b)[i] = sl_f32_to_bf16((float)v);
+        break;
+    case SL_COMM_F16:
+        ((uint16_t *)b)[i] = sl_comm_f32_to_f16((float)v);
+        break;
+    case SL_COMM_I32:
+        ((int32_t *)b)[i] = (int32_t)v;
+        break;
+    case SL_COMM_I64:
+        ((int64_t *)b)[i] = (int64_t)v;
+        break;
+    case SL_COMM_U8:
+        ((uint8_t *)b)[i] = (uint8_t)(int)v;
+        break;
+    default:
+        break;
     }
 }
 static double get(sl_comm_dtype dt, const void *b, size_t i) {
     switch (dt) {
-    case SL_COMM_F32: return ((const float *)b)[i];
-    case SL_COMM_F64: return ((const double *)b)[i];
-    case SL_COMM_BF16: return sl_bf16_to_f32(((const uint16_t *)b)[i]);
-    case SL_COMM_F16: return sl_comm_f16_to_f32(((const uint16_t *)b)[i]);
-    case SL_COMM_I32: return ((const int32_t *)b)[i];
-    case SL_COMM_I64: return (double)((const int64_t *)b)[i];
-    case SL_COMM_U8: return ((const uint8_t *)b)[i];
-    default: return 0;
+    case SL_COMM_F32:
+        return ((const float *)b)[i];
+    case SL_COMM_F64:
+        return ((const double *)b)[i];
+    case SL_COMM_BF16:
+        return sl_bf16_to_f32(((const uint16_t *)b)[i]);
+    case SL_COMM_F16:
+        return sl_comm_f16_to_f32(((const uint16_t *)b)[i]);
+    case SL_COMM_I32:
+        return ((const int32_t *)b)[i];
+    case SL_COMM_I64:
+        return (double)((const int64_t *)b)[i];
+    case SL_COMM_U8:
+        return ((const uint8_t *)b)[i];
+    default:
+        return 0;
     }
 }
 
@@ -53,10 +76,17 @@ static void ref_put(sl_comm_dtype dt, sl_comm_redop op, void *b, size_t bi, int 
     for (int r = 1; r < n; r++) {
         double v = val(r, i, cas, op);
         switch (op) {
-        case SL_COMM_PROD: acc *= v; break;
-        case SL_COMM_MAX: acc = v > acc ? v : acc; break;
-        case SL_COMM_MIN: acc = v < acc ? v : acc; break;
-        default: acc += v;
+        case SL_COMM_PROD:
+            acc *= v;
+            break;
+        case SL_COMM_MAX:
+            acc = v > acc ? v : acc;
+            break;
+        case SL_COMM_MIN:
+            acc = v < acc ? v : acc;
+            break;
+        default:
+            acc += v;
         }
     }
     if (op != SL_COMM_AVG) {
@@ -64,10 +94,16 @@ static void ref_put(sl_comm_dtype dt, sl_comm_redop op, void *b, size_t bi, int 
         return;
     }
     switch (dt) {
-    case SL_COMM_F64: put(dt, b, bi, acc / n); break;
+    case SL_COMM_F64:
+        put(dt, b, bi, acc / n);
+        break;
     case SL_COMM_I32:
-    case SL_COMM_I64: put(dt, b, bi, (double)((int64_t)acc / n)); break;
-    default: put(dt, b, bi, (double)((float)acc / (float)n)); break; /* f32/bf16/f16 divide in f32 */
+    case SL_COMM_I64:
+        put(dt, b, bi, (double)((int64_t)acc / n));
+        break;
+    default:
+        put(dt, b, bi, (double)((float)acc / (float)n));
+        break; /* f32/bf16/f16 divide in f32 */
     }
 }
 
@@ -76,7 +112,8 @@ static int compare(const char *what, sl_comm_dtype dt, const void *got, const vo
     if (n == 0 || !memcmp(got, want, n * es)) return 0;
     for (size_t i = 0; i < n; i++)
         if (memcmp((const char *)got + i * es, (const char *)want + i * es, es)) {
-            fprintf(stderr, "FAIL %s: element %zu of %zu: got %g want %g\n", what, i, n, get(dt, got, i), get(dt, want, i));
+            fprintf(stderr, "FAIL %s: element %zu of %zu: got %g want %g\n", what, i, n, get(dt, got, i),
+                    get(dt, want, i));
             break;
         }
     return 1;
@@ -96,7 +133,8 @@ static int run_case(sl_comm *c, int coll, sl_comm_dtype dt, sl_comm_redop op, si
     size_t es = sl_comm_dtype_size(dt);
     char what[256];
     snprintf(what, sizeof what, "rank %d/%d %s dt=%s op=%s count=%zu %s algo=%s", r, n, COLL[coll],
-             sl_comm_dtype_name(dt), sl_comm_redop_name(op), count, inplace ? "in-place" : "out-of-place", algo);
+             sl_comm_dtype_name(dt), sl_comm_redop_name(op), count, inplace ? "in-place" : "out-of-place",
+             algo);
     void *sb = NULL, *rb = NULL, *want = NULL;
     size_t nres = 0;
     sl_status st = SL_OK;
@@ -158,7 +196,8 @@ static int run_case(sl_comm *c, int coll, sl_comm_dtype dt, sl_comm_redop op, si
         } else {
             sb = xmalloc(cnt[r] * es);
             memcpy(sb, (char *)want + dsp[r] * es, cnt[r] * es);
-            st = coll == AG ? sl_comm_all_gather(c, sb, rb, count, dt) : sl_comm_all_gatherv(c, sb, rb, cnt, dsp, dt);
+            st = coll == AG ? sl_comm_all_gather(c, sb, rb, count, dt)
+                            : sl_comm_all_gatherv(c, sb, rb, cnt, dsp, dt);
         }
         nres = tot;
         free(cnt);
@@ -188,14 +227,16 @@ static int run_case(sl_comm *c, int coll, sl_comm_dtype dt, sl_comm_redop op, si
         rb = inplace ? sb : xmalloc(tot * es);
         want = xmalloc(tot * es);
         for (int s = 0; s < n; s++)
-            for (size_t i = 0; i < count; i++) put(dt, want, (size_t)s * count + i, val(s, (size_t)r * count + i, cas, SL_COMM_SUM));
+            for (size_t i = 0; i < count; i++)
+                put(dt, want, (size_t)s * count + i, val(s, (size_t)r * count + i, cas, SL_COMM_SUM));
         st = sl_comm_all_to_all(c, sb, rb, count, dt);
         nres = tot;
         break;
     }
     case A2AV: {
         size_t *sc = calloc((size_t)n, sizeof(size_t)), *sd = calloc((size_t)n, sizeof(size_t));
-        size_t *rc = calloc((size_t)n, sizeof(size_t)), *rd = calloc((size_t)n, sizeof(size_t)), st_ = 0, rt = 0;
+        size_t *rc = calloc((size_t)n, sizeof(size_t)), *rd = calloc((size_t)n, sizeof(size_t)), st_ = 0,
+               rt = 0;
         for (int j = 0; j < n; j++) {
             sc[j] = count + (size_t)((r + 2 * j) % 3);
             rc[j] = count + (size_t)((j + 2 * r) % 3);
@@ -232,7 +273,8 @@ static int run_case(sl_comm *c, int coll, sl_comm_dtype dt, sl_comm_redop op, si
         if (to2 != r) {
             s3 = sl_comm_send(c, sb, count, dt, to2);
             s4 = sl_comm_recv(c, (char *)rb + count * es, count, dt, from2);
-        } else memcpy((char *)rb + count * es, (char *)want + count * es, count * es);
+        } else
+            memcpy((char *)rb + count * es, (char *)want + count * es, count * es);
         st = sl_comm_group_end();
         if (st == SL_OK) st = s1 ? s1 : s2 ? s2 : s3 ? s3 : s4;
         if (st == SL_OK) st = sl_comm_barrier(c); /* blocking calls in a group complete with the group */
@@ -255,7 +297,8 @@ out:
 
 int cc_run_matrix(sl_comm *c, const cc_cfg *cfg) {
     int fails = 0, cas = 0;
-    static const sl_comm_algo algos[] = {SL_COMM_ALGO_AUTO, SL_COMM_ALGO_RING, SL_COMM_ALGO_RD, SL_COMM_ALGO_DIRECT};
+    static const sl_comm_algo algos[] = {SL_COMM_ALGO_AUTO, SL_COMM_ALGO_RING, SL_COMM_ALGO_RD,
+                                         SL_COMM_ALGO_DIRECT};
     int nalgo = cfg->algos ? 4 : 1;
     for (int coll = 0; coll < NCOLL; coll++) {
         int reducing = coll == AR || coll == RED || coll == RS;
@@ -265,14 +308,16 @@ int cc_run_matrix(sl_comm *c, const cc_cfg *cfg) {
             for (int dt = 0; dt < SL_COMM_DTYPE_COUNT; dt++) {
                 if (reducing && dt == SL_COMM_U8) continue;
                 for (int op = 0; op < (reducing ? SL_COMM_REDOP_COUNT : 1); op++) {
-                    if (cfg->quick && reducing && op != (dt % SL_COMM_REDOP_COUNT) && op != SL_COMM_SUM) continue;
+                    if (cfg->quick && reducing && op != (dt % SL_COMM_REDOP_COUNT) && op != SL_COMM_SUM)
+                        continue;
                     for (size_t si = 0; si < sizeof SIZES / sizeof SIZES[0]; si++) {
-                        if (si == 4 && (!cfg->large || (reducing ? op != dt % SL_COMM_REDOP_COUNT : dt % 3 != 0)))
+                        if (si == 4 &&
+                            (!cfg->large || (reducing ? op != dt % SL_COMM_REDOP_COUNT : dt % 3 != 0)))
                             continue; /* large: one op per dtype, and two dtypes for data movement */
                         for (int ip = 0; ip < 2; ip++) {
                             if (coll == A2AV && ip) continue;
-                            fails += run_case(c, coll, (sl_comm_dtype)dt, (sl_comm_redop)op, SIZES[si], ip, cas++,
-                                              sl_comm_algo_name(algos[a]));
+                            fails += run_case(c, coll, (sl_comm_dtype)dt, (sl_comm_redop)op, SIZES[si], ip,
+                                              cas++, sl_comm_algo_name(algos[a]));
                             if (fails > 20) {
                                 fprintf(stderr, "too many failures, stopping\n");
                                 sl_comm_set_algo(c, SL_COMM_ALGO_AUTO);
@@ -308,16 +353,17 @@ int cc_run_extras(sl_comm *c) {
         for (int i = 0; i < nm; i++)
             if (members[i] == r) myidx = i;
         if (!sub || sl_comm_size(sub) != nm || sl_comm_rank(sub) != myidx) {
-            fprintf(stderr, "FAIL rank %d: split gave rank %d of %d, want %d of %d\n", r, sub ? sl_comm_rank(sub) : -1,
-                    sub ? sl_comm_size(sub) : -1, myidx, nm);
+            fprintf(stderr, "FAIL rank %d: split gave rank %d of %d, want %d of %d\n", r,
+                    sub ? sl_comm_rank(sub) : -1, sub ? sl_comm_size(sub) : -1, myidx, nm);
             fails++;
         } else {
             int64_t x = r + 1, want = 0;
             for (int i = 0; i < nm; i++) want += members[i] + 1;
             st = sl_comm_all_reduce(sub, &x, &x, 1, SL_COMM_I64, SL_COMM_SUM);
             if (st != SL_OK || x != want)
-                fprintf(stderr, "FAIL rank %d: all-reduce on split: %s got %lld want %lld\n", r, sl_errmsg(), (long long)x,
-                        (long long)want), fails++;
+                fprintf(stderr, "FAIL rank %d: all-reduce on split: %s got %lld want %lld\n", r, sl_errmsg(),
+                        (long long)x, (long long)want),
+                    fails++;
             /* nested split of the split, then a small matrix on it */
             sl_comm *sub2 = NULL;
             if (sl_comm_split(sub, 0, 0, &sub2) != SL_OK || !sub2 || sl_comm_size(sub2) != nm)
@@ -338,7 +384,8 @@ int cc_run_extras(sl_comm *c) {
         bufs[k] = malloc(sizeof(float) * N);
         for (int i = 0; i < N; i++) bufs[k][i] = (float)((r + k + i) % 5);
         st = sl_comm_all_reduce_async(c, bufs[k], bufs[k], N, SL_COMM_F32, SL_COMM_SUM, &req[k]);
-        if (st != SL_OK) fprintf(stderr, "FAIL rank %d: async submit: %s\n", r, sl_errmsg()), fails++, req[k] = NULL;
+        if (st != SL_OK)
+            fprintf(stderr, "FAIL rank %d: async submit: %s\n", r, sl_errmsg()), fails++, req[k] = NULL;
     }
     int done = 0;
     while (req[K - 1] && !done) {
@@ -353,7 +400,8 @@ int cc_run_extras(sl_comm *c) {
             for (int q = 0; q < n; q++) want += (float)((q + k + i) % 5);
             bad = bufs[k][i] != want;
         }
-        if (bad) fprintf(stderr, "FAIL rank %d: async all-reduce %d wrong (%s)\n", r, k, sl_errmsg()), fails++;
+        if (bad)
+            fprintf(stderr, "FAIL rank %d: async all-reduce %d wrong (%s)\n", r, k, sl_errmsg()), fails++;
     }
     for (int k = 0; k < K; k++) free(bufs[k]);
     /* determinism: random floats, twice, bitwise equal and equal on every rank */
@@ -364,12 +412,14 @@ int cc_run_extras(sl_comm *c) {
     if (sl_comm_all_reduce(c, a, a, M, SL_COMM_F32, SL_COMM_SUM) != SL_OK ||
         sl_comm_all_reduce(c, b, b, M, SL_COMM_F32, SL_COMM_SUM) != SL_OK)
         fprintf(stderr, "FAIL rank %d: determinism all-reduce: %s\n", r, sl_errmsg()), fails++;
-    if (memcmp(a, b, sizeof(float) * M)) fprintf(stderr, "FAIL rank %d: all-reduce not reproducible\n", r), fails++;
+    if (memcmp(a, b, sizeof(float) * M))
+        fprintf(stderr, "FAIL rank %d: all-reduce not reproducible\n", r), fails++;
     float *g = malloc(sizeof(float) * 16 * (size_t)n);
     if (sl_comm_all_gather(c, a, g, 16, SL_COMM_F32) != SL_OK)
         fprintf(stderr, "FAIL rank %d: determinism all-gather: %s\n", r, sl_errmsg()), fails++;
     for (int q = 0; q < n; q++)
-        if (memcmp(g + 16 * q, a, 16 * sizeof(float))) fprintf(stderr, "FAIL rank %d: ranks disagree bitwise\n", r), fails++;
+        if (memcmp(g + 16 * q, a, 16 * sizeof(float)))
+            fprintf(stderr, "FAIL rank %d: ranks disagree bitwise\n", r), fails++;
     free(a), free(b), free(g);
     if (sl_comm_async_error(c) != SL_OK) fprintf(stderr, "FAIL rank %d: async error set\n", r), fails++;
     return fails;

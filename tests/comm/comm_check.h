@@ -5,9 +5,9 @@
 #include "suanli/comm.h"
 
 typedef struct cc_cfg {
-    int large;  /* include 1Mi+3 (subset of dtype/op pairs) */
-    int algos;  /* also force every all-reduce algorithm */
-    int quick;  /* fewer dtype/op pairs (high rank counts over slow transports) */
+    int large; /* include 1Mi+3 (subset of dtype/op pairs) */
+    int algos; /* also force every all-reduce algorithm */
+    int quick; /* fewer dtype/op pairs (high rank counts over slow transports) */
 } cc_cfg;
 
 /* Runs the matrix on comm; returns the number of failed cases on this rank (printed to stderr). */

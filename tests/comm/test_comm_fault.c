@@ -55,7 +55,8 @@ static int loopback_abort(void) {
     th_arg args[n];
     pthread_t th[n];
     sl_comm_opts o = {.timeout_sec = 30};
-    if (sl_comm_init_loopback(n, comms, &o) != SL_OK) return fprintf(stderr, "FAIL init: %s\n", sl_errmsg()), 1;
+    if (sl_comm_init_loopback(n, comms, &o) != SL_OK)
+        return fprintf(stderr, "FAIL init: %s\n", sl_errmsg()), 1;
     for (int r = 0; r < n; r++) {
         args[r] = (th_arg){.c = comms[r]};
         pthread_create(&th[r], NULL, th_main, &args[r]);
@@ -68,8 +69,10 @@ static int loopback_abort(void) {
         pthread_join(th[r], NULL);
         double dt = args[r].t_err - t_abort;
         printf("rank %d: %s after %.3f s: %s\n", r, sl_status_name(args[r].st), dt, args[r].msg);
-        if (args[r].st == SL_OK || dt > 5.0) fprintf(stderr, "FAIL rank %d did not fail promptly\n", r), fails++;
-        if (sl_comm_async_error(comms[r]) == SL_OK) fprintf(stderr, "FAIL rank %d: no async error\n", r), fails++;
+        if (args[r].st == SL_OK || dt > 5.0)
+            fprintf(stderr, "FAIL rank %d did not fail promptly\n", r), fails++;
+        if (sl_comm_async_error(comms[r]) == SL_OK)
+            fprintf(stderr, "FAIL rank %d: no async error\n", r), fails++;
         sl_comm_free(comms[r]);
     }
     return fails;
@@ -152,18 +155,26 @@ static int mpi_kill(void) {
 
 int main(int argc, char **argv) {
     if (argc != 2) {
-        fprintf(stderr, "usage: test_comm_fault loopback-abort|shm-kill|tcp-kill|shm-stop|tcp-stop|mpi-kill\n");
+        fprintf(stderr,
+                "usage: test_comm_fault loopback-abort|shm-kill|tcp-kill|shm-stop|tcp-stop|mpi-kill\n");
         return 2;
     }
     const char *m = argv[1];
     int f;
-    if (!strcmp(m, "loopback-abort")) f = loopback_abort();
-    else if (!strcmp(m, "shm-kill")) f = procs(SL_COMM_TRANSPORT_SHM, SIGKILL);
-    else if (!strcmp(m, "tcp-kill")) f = procs(SL_COMM_TRANSPORT_TCP, SIGKILL);
-    else if (!strcmp(m, "shm-stop")) f = procs(SL_COMM_TRANSPORT_SHM, SIGSTOP);
-    else if (!strcmp(m, "tcp-stop")) f = procs(SL_COMM_TRANSPORT_TCP, SIGSTOP);
-    else if (!strcmp(m, "mpi-kill")) return mpi_kill();
-    else return fprintf(stderr, "unknown mode %s\n", m), 2;
+    if (!strcmp(m, "loopback-abort"))
+        f = loopback_abort();
+    else if (!strcmp(m, "shm-kill"))
+        f = procs(SL_COMM_TRANSPORT_SHM, SIGKILL);
+    else if (!strcmp(m, "tcp-kill"))
+        f = procs(SL_COMM_TRANSPORT_TCP, SIGKILL);
+    else if (!strcmp(m, "shm-stop"))
+        f = procs(SL_COMM_TRANSPORT_SHM, SIGSTOP);
+    else if (!strcmp(m, "tcp-stop"))
+        f = procs(SL_COMM_TRANSPORT_TCP, SIGSTOP);
+    else if (!strcmp(m, "mpi-kill"))
+        return mpi_kill();
+    else
+        return fprintf(stderr, "unknown mode %s\n", m), 2;
     printf("%s: %s\n", m, f ? "FAILED" : "ok");
     return f ? 1 : 0;
 }

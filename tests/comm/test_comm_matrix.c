@@ -72,7 +72,8 @@ static int run_forked(sl_comm_transport_kind kind, int n) {
                 _exit(1);
             }
             if (sl_comm_transport(c) != kind) {
-                fprintf(stderr, "FAIL rank %d: transport %s\n", r, sl_comm_transport_name(sl_comm_transport(c)));
+                fprintf(stderr, "FAIL rank %d: transport %s\n", r,
+                        sl_comm_transport_name(sl_comm_transport(c)));
                 _exit(1);
             }
             int f = rank_main(c);
@@ -96,16 +97,20 @@ static int run_forked(sl_comm_transport_kind kind, int n) {
 int main(int argc, char **argv) {
     int i = 1;
     for (; i < argc && argv[i][0] == '-'; i++) {
-        if (!strcmp(argv[i], "--large")) g_cfg.large = 1;
-        else if (!strcmp(argv[i], "--quick")) g_cfg.quick = 1;
-        else if (!strcmp(argv[i], "--algos")) g_cfg.algos = 1;
+        if (!strcmp(argv[i], "--large"))
+            g_cfg.large = 1;
+        else if (!strcmp(argv[i], "--quick"))
+            g_cfg.quick = 1;
+        else if (!strcmp(argv[i], "--algos"))
+            g_cfg.algos = 1;
         else {
             fprintf(stderr, "unknown flag %s\n", argv[i]);
             return 2;
         }
     }
     if (i >= argc) {
-        fprintf(stderr, "usage: test_comm_matrix [--large] [--quick] [--algos] loopback|shm|tcp RANKS... | env\n");
+        fprintf(stderr,
+                "usage: test_comm_matrix [--large] [--quick] [--algos] loopback|shm|tcp RANKS... | env\n");
         return 2;
     }
     const char *mode = argv[i++];
@@ -127,9 +132,12 @@ int main(int argc, char **argv) {
         int n = atoi(argv[i]);
         double t1 = sl_time_sec();
         int f;
-        if (!strcmp(mode, "loopback")) f = run_loopback(n);
-        else if (!strcmp(mode, "shm")) f = run_forked(SL_COMM_TRANSPORT_SHM, n);
-        else if (!strcmp(mode, "tcp")) f = run_forked(SL_COMM_TRANSPORT_TCP, n);
+        if (!strcmp(mode, "loopback"))
+            f = run_loopback(n);
+        else if (!strcmp(mode, "shm"))
+            f = run_forked(SL_COMM_TRANSPORT_SHM, n);
+        else if (!strcmp(mode, "tcp"))
+            f = run_forked(SL_COMM_TRANSPORT_TCP, n);
         else {
             fprintf(stderr, "unknown mode %s\n", mode);
             return 2;

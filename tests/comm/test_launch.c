@@ -18,11 +18,17 @@ static int run(const char *fmt, const char *arg) {
 int main(void) {
     int rc;
     /* prefixes and environment */
-    rc = run("%s run -n 3 -- sh -c 'echo env $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE; echo err $RANK >&2' %s", NULL);
+    rc = run("%s run -n 3 -- sh -c 'echo env $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE; echo err $RANK "
+             ">&2' %s",
+             NULL);
     TU_CHECK(rc == 0, "rc=%d out=%s", rc, out);
-    TU_CHECK(strstr(out, "[0] env 0 3 0 3") && strstr(out, "[1] env 1 3 1 3") && strstr(out, "[2] env 2 3 2 3"), "out=%s", out);
+    TU_CHECK(strstr(out, "[0] env 0 3 0 3") && strstr(out, "[1] env 1 3 1 3") &&
+                 strstr(out, "[2] env 2 3 2 3"),
+             "out=%s", out);
     TU_CHECK(strstr(out, "[2] err 2") != NULL, "stderr lines prefixed: %s", out);
-    rc = run("%s run -n 2 -- sh -c 'test -n \"$MASTER_ADDR\" && test -n \"$MASTER_PORT\" && test -n \"$SUANLI_JOB_TOKEN\"' %s", NULL);
+    rc = run("%s run -n 2 -- sh -c 'test -n \"$MASTER_ADDR\" && test -n \"$MASTER_PORT\" && test -n "
+             "\"$SUANLI_JOB_TOKEN\"' %s",
+             NULL);
     TU_CHECK(rc == 0, "rendezvous variables set: rc=%d out=%s", rc, out);
     rc = run("%s run --no-prefix -n 1 -- echo plain%s", NULL);
     TU_CHECK(rc == 0 && strncmp(out, "plain", 5) == 0, "no-prefix: %s", out);
@@ -35,7 +41,9 @@ int main(void) {
     TU_CHECK(dt < 10, "took %.1f s to stop the others", dt);
     /* a rank killed by a signal; a rank that ignores SIGTERM is SIGKILLed after the grace period */
     t0 = sl_time_sec();
-    rc = run("%s run -n 3 --grace 1 -- sh -c 'trap \"\" TERM; if [ $RANK = 2 ]; then kill -9 $$; fi; sleep 60' %s", NULL);
+    rc = run(
+        "%s run -n 3 --grace 1 -- sh -c 'trap \"\" TERM; if [ $RANK = 2 ]; then kill -9 $$; fi; sleep 60' %s",
+        NULL);
     dt = sl_time_sec() - t0;
     TU_CHECK(rc == 1 && strstr(out, "rank 2 was killed by signal 9"), "rc=%d out=%s", rc, out);
     TU_CHECK(dt < 10, "took %.1f s", dt);
@@ -46,10 +54,17 @@ int main(void) {
     rc = run("%s run -n 2 --max-restarts 2 -- sh -c 'test $SUANLI_RESTART_COUNT -ge 1' %s", NULL);
     TU_CHECK(rc == 0, "restart: rc=%d out=%s", rc, out);
     /* bad input: exit 2 with one line naming the flag */
-    static const struct { const char *args, *want; } bad[] = {
-        {"-n 0 -- true", "-n"},           {"-n abc -- true", "-n"},       {"-n -- true", "-n"},
-        {"-- true", "-n"},                {"-n 2", "no program"},          {"--bogus -n 2 -- true", "--bogus"},
-        {"-n 2 --nnodes 2 -- true", "--master"}, {"-n 2 --master nohost -- true", "--master"},
+    static const struct {
+        const char *args, *want;
+    } bad[] = {
+        {"-n 0 -- true", "-n"},
+        {"-n abc -- true", "-n"},
+        {"-n -- true", "-n"},
+        {"-- true", "-n"},
+        {"-n 2", "no program"},
+        {"--bogus -n 2 -- true", "--bogus"},
+        {"-n 2 --nnodes 2 -- true", "--master"},
+        {"-n 2 --master nohost -- true", "--master"},
         {"-n 2 --nnodes 2 --node-rank 5 --master h:1 -- true", "--node-rank"},
         {"-n 2 --master h:99999 -- true", "--master"},
     };
@@ -57,23 +72,29 @@ int main(void) {
         rc = run("%s run %s", bad[i].args);
         int lines = 0;
         for (char *p = out; *p; p++) lines += *p == '\n';
-        TU_CHECK(rc == 2 && strstr(out, bad[i].want) && lines == 1, "args '%s': rc=%d out=%s", bad[i].args, rc, out);
+        TU_CHECK(rc == 2 && strstr(out, bad[i].want) && lines == 1, "args '%s': rc=%d out=%s", bad[i].args,
+                 rc, out);
     }
     /* a real communicator job: ranks killed mid-collective under the launcher */
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "%s/tests/comm/test_comm_loopback", SL_BINARY_DIR);
     rc = run("%s run -n 4 -- %s env", cmd);
-    TU_CHECK(rc == 0 && strstr(out, "[3] rank 3/4 transport shm: ok"), "comm job: rc=%d out=%.2000s", rc, out);
+    TU_CHECK(rc == 0 && strstr(out, "[3] rank 3/4 transport shm: ok"), "comm job: rc=%d out=%.2000s", rc,
+             out);
     /* two launchers on this host as two nodes of one job (--nnodes 2 --master); they pretend to be
      * two hosts, so the communicator is tcp between hosts with the hierarchical all-reduce */
     char mn[3072];
     int port = 20000 + (int)(getpid() % 20000);
     snprintf(mn, sizeof mn,
-             "SUANLI_COMM_HOSTNAME=nodeA %s run -n 2 --nnodes 2 --node-rank 0 --master 127.0.0.1:%d -- %s env & p=$!; "
-             "SUANLI_COMM_HOSTNAME=nodeB %s run -n 2 --nnodes 2 --node-rank 1 --master 127.0.0.1:%d -- %s env; r1=$?; wait $p; r0=$?; "
+             "SUANLI_COMM_HOSTNAME=nodeA %s run -n 2 --nnodes 2 --node-rank 0 --master 127.0.0.1:%d -- %s "
+             "env & p=$!; "
+             "SUANLI_COMM_HOSTNAME=nodeB %s run -n 2 --nnodes 2 --node-rank 1 --master 127.0.0.1:%d -- %s "
+             "env; r1=$?; wait $p; r0=$?; "
              "echo rc $r0 $r1",
              tu_cli(), port, cmd, tu_cli(), port, cmd);
     rc = tu_run(mn, out, sizeof out);
-    TU_CHECK(strstr(out, "rc 0 0") && strstr(out, "[0] rank 0/4") && strstr(out, "[3] rank 3/4 transport tcp: ok"), "two nodes: %.3000s", out);
+    TU_CHECK(strstr(out, "rc 0 0") && strstr(out, "[0] rank 0/4") &&
+                 strstr(out, "[3] rank 3/4 transport tcp: ok"),
+             "two nodes: %.3000s", out);
     return tu_finish("test_launch");
 }

@@ -8,9 +8,9 @@
 #include "gpt2_fixture.h"
 #include "testutil.h"
 
-
 static void run(int bf16, float *losses) {
-    sl_gpt2_config cfg = {meta_i("n_layer"), meta_i("n_head"), meta_i("n_embd"), meta_i("vocab_size"), meta_i("seq_len")};
+    sl_gpt2_config cfg = {meta_i("n_layer"), meta_i("n_head"), meta_i("n_embd"), meta_i("vocab_size"),
+                          meta_i("seq_len")};
     int B = meta_i("batch"), T = cfg.max_seq_len, steps = meta_i("steps"), accum = meta_i("accum");
     sl_model *m;
     TU_CHECK(sl_gpt2_new(&cfg, &m) == SL_OK, "model");
@@ -22,8 +22,14 @@ static void run(int bf16, float *losses) {
         memcpy(m->params_mem + m->params[i].offset, t->data, t->nbytes);
     }
     sl_trainer tr;
-    sl_trainer_config tc = {.B = B, .T = T, .accum = accum, .lr = meta_f("lr"), .min_lr = meta_f("min_lr"),
-                            .clip = meta_f("clip"), .warmup = meta_i("warmup"), .decay_iters = steps,
+    sl_trainer_config tc = {.B = B,
+                            .T = T,
+                            .accum = accum,
+                            .lr = meta_f("lr"),
+                            .min_lr = meta_f("min_lr"),
+                            .clip = meta_f("clip"),
+                            .warmup = meta_i("warmup"),
+                            .decay_iters = steps,
                             .hp = {meta_f("beta1"), meta_f("beta2"), meta_f("eps"), meta_f("weight_decay")}};
     TU_CHECK(sl_trainer_init(&tr, m, &tc) == SL_OK, "trainer: %s", sl_errmsg());
     int nbf = 0;

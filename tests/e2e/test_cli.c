@@ -54,9 +54,11 @@ int main(void) {
 
     /* happy path: train, save, metrics, generate */
     rc = run("train --data-path %s " TINY " --train-iters 6 --eval-interval 3 --eval-iters 2 --save %s/run1 "
-             "--sample-tokens 8 --threads 2", data, dir);
+             "--sample-tokens 8 --threads 2",
+             data, dir);
     TU_CHECK(rc == 0, "train: %s", out);
-    TU_CHECK(strstr(out, "step 6/6") && strstr(out, "val loss") && strstr(out, "tokens/s") && strstr(out, "ETA"),
+    TU_CHECK(strstr(out, "step 6/6") && strstr(out, "val loss") && strstr(out, "tokens/s") &&
+                 strstr(out, "ETA"),
              "progress lines: %s", out);
     const char *files[] = {"model.safetensors", "config.json", "tokenizer.json", "metrics.jsonl"};
     for (int i = 0; i < 4; i++) {
@@ -71,8 +73,10 @@ int main(void) {
     int nlines = 0, nval = 0;
     for (char *line = mtext ? strtok(mtext, "\n") : NULL; line; line = strtok(NULL, "\n")) {
         cJSON *o = cJSON_Parse(line);
-        TU_CHECK(o && cJSON_IsNumber(cJSON_GetObjectItem(o, "step")) && cJSON_IsNumber(cJSON_GetObjectItem(o, "loss")) &&
-                     cJSON_IsNumber(cJSON_GetObjectItem(o, "lr")) && cJSON_IsNumber(cJSON_GetObjectItem(o, "grad_norm")) &&
+        TU_CHECK(o && cJSON_IsNumber(cJSON_GetObjectItem(o, "step")) &&
+                     cJSON_IsNumber(cJSON_GetObjectItem(o, "loss")) &&
+                     cJSON_IsNumber(cJSON_GetObjectItem(o, "lr")) &&
+                     cJSON_IsNumber(cJSON_GetObjectItem(o, "grad_norm")) &&
                      cJSON_IsNumber(cJSON_GetObjectItem(o, "tokens_per_s")),
                  "metrics line: %s", line);
         nval += cJSON_GetObjectItem(o, "val_loss") != NULL;
@@ -84,7 +88,8 @@ int main(void) {
     rc = run("generate --load %s/run1 --prompt ROMEO --max-new-tokens 12 --temperature 0", dir);
     TU_CHECK(rc == 0 && strncmp(out, "ROMEO", 5) == 0, "generate: %s", out);
     /* determinism: the same seed gives the same loss trajectory */
-    rc = run("train --data-path %s " TINY " --train-iters 3 --eval-interval 0 --eval-iters 1 --threads 2", data);
+    rc = run("train --data-path %s " TINY " --train-iters 3 --eval-interval 0 --eval-iters 1 --threads 2",
+             data);
     char first[4096];
     snprintf(first, sizeof first, "%s", strstr(out, "step 3/3") ? strstr(out, "step 3/3") : "");
     *strstr(first, " | lr") = 0;
@@ -107,9 +112,12 @@ int main(void) {
     bad("out of range", "--num-layers", run("train --data-path %s --num-layers 0", data));
     bad("unknown flag", "--frobnicate", run("train --data-path %s --frobnicate 3", data));
     bad("missing value", "--seed", run("train --data-path %s --seed", data));
-    bad("batch multiple", "--global-batch-size", run("train --data-path %s --micro-batch-size 3 --global-batch-size 8", data));
-    bad("heads divide", "divisible", run("train --data-path %s --hidden-size 30 --num-attention-heads 4", data));
-    bad("vocab mismatch", "vocab", run("train --data-path %s " TINY " --vocab-size 300 --save %s/never", data, dir));
+    bad("batch multiple", "--global-batch-size",
+        run("train --data-path %s --micro-batch-size 3 --global-batch-size 8", data));
+    bad("heads divide", "divisible",
+        run("train --data-path %s --hidden-size 30 --num-attention-heads 4", data));
+    bad("vocab mismatch", "vocab",
+        run("train --data-path %s " TINY " --vocab-size 300 --save %s/never", data, dir));
     char never[700];
     snprintf(never, sizeof never, "%s/never", dir);
     TU_CHECK(!exists(never), "nothing written on a rejected run");
@@ -126,13 +134,15 @@ int main(void) {
     fclose(f);
     bad("malformed config", "cfg.json", run("train --config %s --data-path %s", cfgp, data));
     /* output dir under a regular file cannot be created (we run as root, so permissions would not stop us) */
-    bad("unwritable save dir", "run1/metrics.jsonl/x", run("train --data-path %s " TINY " --train-iters 1 --save %s/run1/metrics.jsonl/x", data, dir));
+    bad("unwritable save dir", "run1/metrics.jsonl/x",
+        run("train --data-path %s " TINY " --train-iters 1 --save %s/run1/metrics.jsonl/x", data, dir));
     /* corrupt shards: truncated, foreign */
     char cp[2048];
     snprintf(cp, sizeof cp, "cp -r %s %s/trunc && truncate -s 20 %s/trunc/train_000.bin", data, dir, dir);
     TU_CHECK(system(cp) == 0, "copy");
     bad("truncated shard header", "train_000.bin", run("train --data-path %s/trunc " TINY, dir));
-    snprintf(cp, sizeof cp, "cp -r %s %s/foreign && head -c 4096 /dev/urandom > %s/foreign/val_000.bin", data, dir, dir);
+    snprintf(cp, sizeof cp, "cp -r %s %s/foreign && head -c 4096 /dev/urandom > %s/foreign/val_000.bin", data,
+             dir, dir);
     TU_CHECK(system(cp) == 0, "copy");
     bad("foreign shard", "val_000.bin", run("train --data-path %s/foreign " TINY, dir));
     snprintf(cp, sizeof cp, "cp -r %s %s/short && truncate -s -100 %s/short/train_000.bin", data, dir, dir);
@@ -140,7 +150,8 @@ int main(void) {
     bad("truncated shard payload", "train_000.bin", run("train --data-path %s/short " TINY, dir));
     bad("generate without weights", "config.json", run("generate --load %s/nothing", dir));
     /* --load of a model with another shape: flags conflict */
-    bad("load conflict", "--hidden-size", run("train --data-path %s --load %s/run1 --hidden-size 64", data, dir));
+    bad("load conflict", "--hidden-size",
+        run("train --data-path %s --load %s/run1 --hidden-size 64", data, dir));
 
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     TU_CHECK(system(cmd) == 0, "cleanup");

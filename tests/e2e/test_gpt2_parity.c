@@ -18,7 +18,6 @@ static const sl_st_tensor *need(const char *name) {
     return t;
 }
 
-
 static void load_params(sl_model *m, const char *prefix) {
     for (int i = 0; i < m->n_params; i++) {
         char nm[128];
@@ -38,7 +37,8 @@ int main(void) {
         return 1;
     }
     g_st = st;
-    sl_gpt2_config cfg = {meta_i("n_layer"), meta_i("n_head"), meta_i("n_embd"), meta_i("vocab_size"), meta_i("seq_len")};
+    sl_gpt2_config cfg = {meta_i("n_layer"), meta_i("n_head"), meta_i("n_embd"), meta_i("vocab_size"),
+                          meta_i("seq_len")};
     int B = meta_i("batch"), T = cfg.max_seq_len, steps = meta_i("steps"), accum = meta_i("accum");
     sl_model *m;
     TU_CHECK(sl_gpt2_new(&cfg, &m) == SL_OK, "model: %s", sl_errmsg());
@@ -46,8 +46,8 @@ int main(void) {
 
     /* 1. one forward/backward on `tokens` */
     sl_trainer tr;
-    sl_trainer_config tc = {.B = B, .T = T, .accum = 1, .lr = 0, .clip = 0, .decay_iters = 1,
-                            .hp = {0.9f, 0.95f, 1e-8f, 0.0f}};
+    sl_trainer_config tc = {
+        .B = B, .T = T, .accum = 1, .lr = 0, .clip = 0, .decay_iters = 1, .hp = {0.9f, 0.95f, 1e-8f, 0.0f}};
     TU_CHECK(sl_trainer_init(&tr, m, &tc) == SL_OK, "trainer: %s", sl_errmsg());
     feed f = {need("tokens")->data, B, T, 1};
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(B * T)), *tg = malloc(sizeof(int32_t) * (size_t)(B * T));
@@ -79,18 +79,25 @@ int main(void) {
 
     /* 2. ten AdamW steps with accumulation, clipping, warmup+cosine */
     load_params(m, "param.");
-    sl_trainer_config tc2 = {.B = B, .T = T, .accum = accum, .lr = meta_f("lr"), .min_lr = meta_f("min_lr"),
-                             .clip = meta_f("clip"), .warmup = meta_i("warmup"), .decay_iters = steps,
+    sl_trainer_config tc2 = {.B = B,
+                             .T = T,
+                             .accum = accum,
+                             .lr = meta_f("lr"),
+                             .min_lr = meta_f("min_lr"),
+                             .clip = meta_f("clip"),
+                             .warmup = meta_i("warmup"),
+                             .decay_iters = steps,
                              .hp = {meta_f("beta1"), meta_f("beta2"), meta_f("eps"), meta_f("weight_decay")}};
     TU_CHECK(sl_trainer_init(&tr, m, &tc2) == SL_OK, "trainer: %s", sl_errmsg());
     feed f2 = {need("train_tokens")->data, B, T, accum};
-    const float *rls = need("step_losses")->data, *rns = need("step_grad_norms")->data, *rlr = need("step_lrs")->data;
+    const float *rls = need("step_losses")->data, *rns = need("step_grad_norms")->data,
+                *rlr = need("step_lrs")->data;
     for (int s = 0; s < steps; s++) {
         sl_step_stats ss;
         TU_CHECK(sl_trainer_step(&tr, s, feed_fn, &f2, &ss) == SL_OK, "step: %s", sl_errmsg());
         double r = fabs(ss.loss - rls[s]) / fabs(rls[s]);
-        printf("step %d loss %.7f ref %.7f rel %.2e | norm %.6f ref %.6f | lr %.3g ref %.3g\n", s, ss.loss, rls[s], r,
-               ss.grad_norm, rns[s], ss.lr, rlr[s]);
+        printf("step %d loss %.7f ref %.7f rel %.2e | norm %.6f ref %.6f | lr %.3g ref %.3g\n", s, ss.loss,
+               rls[s], r, ss.grad_norm, rns[s], ss.lr, rlr[s]);
         TU_CHECK(r <= 1e-5, "step %d loss rel err %.3g", s, r);
         TU_CHECK(fabs(ss.grad_norm - rns[s]) <= 1e-4 * fabs(rns[s]), "step %d grad norm", s);
         TU_CHECK(fabs(ss.lr - rlr[s]) <= 1e-6 * rlr[s], "step %d lr", s);

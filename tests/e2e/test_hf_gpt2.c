@@ -55,13 +55,15 @@ int main(void) {
     TU_CHECK(sl_hf_gpt2_export(m, exp) == SL_OK, "export: %s", sl_errmsg());
     sl_safetensors *a, *b;
     snprintf(p1, sizeof p1, "%s/model.safetensors", exp);
-    TU_CHECK(sl_safetensors_open(FIX "/model.safetensors", &a) == SL_OK && sl_safetensors_open(p1, &b) == SL_OK, "open");
+    TU_CHECK(sl_safetensors_open(FIX "/model.safetensors", &a) == SL_OK &&
+                 sl_safetensors_open(p1, &b) == SL_OK,
+             "open");
     int same = 0;
     for (int i = 0; i < sl_safetensors_count(a); i++) {
         const sl_st_tensor *ta = sl_safetensors_get(a, i), *tb = sl_safetensors_find(b, ta->name);
         if (!tb) continue; /* e.g. attention-mask buffers in old checkpoints */
-        TU_CHECK(ta->nbytes == tb->nbytes && memcmp(ta->data, tb->data, ta->nbytes) == 0 && ta->ndim == tb->ndim &&
-                     ta->shape[0] == tb->shape[0],
+        TU_CHECK(ta->nbytes == tb->nbytes && memcmp(ta->data, tb->data, ta->nbytes) == 0 &&
+                     ta->ndim == tb->ndim && ta->shape[0] == tb->shape[0],
                  "exported %s differs", ta->name);
         same++;
     }
@@ -70,12 +72,14 @@ int main(void) {
     sl_safetensors_close(b);
     sl_model *m2;
     TU_CHECK(sl_hf_gpt2_import(exp, &m2) == SL_OK, "re-import: %s", sl_errmsg());
-    TU_CHECK(memcmp(m2->params_mem, m->params_mem, sizeof(float) * (size_t)m->numel) == 0, "round trip bitwise");
+    TU_CHECK(memcmp(m2->params_mem, m->params_mem, sizeof(float) * (size_t)m->numel) == 0,
+             "round trip bitwise");
     sl_model_free(m2);
 
     /* CLI both ways */
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s convert --from hf-gpt2 --to suanli --input %s --output %s/s && %s convert --from suanli "
+    snprintf(cmd, sizeof cmd,
+             "%s convert --from hf-gpt2 --to suanli --input %s --output %s/s && %s convert --from suanli "
              "--to hf-gpt2 --input %s/s --output %s/h && cmp %s/h/model.safetensors %s/model.safetensors",
              tu_cli(), FIX, dir, tu_cli(), dir, dir, dir, exp);
     TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "convert CLI round trip: %s", out);
@@ -86,19 +90,29 @@ int main(void) {
     snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/model.safetensors %s/", bad, FIX, bad);
     TU_CHECK(system(cmd) == 0, "copy");
     snprintf(p1, sizeof p1, "%s/config.json", bad);
-    write_file(p1, "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 48, \"vocab_size\": 97, \"n_positions\": 32}");
+    write_file(p1, "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 48, \"vocab_size\": 97, "
+                   "\"n_positions\": 32}");
     sl_model *mb = NULL;
-    TU_CHECK(sl_hf_gpt2_import(bad, &mb) == SL_ERR_FORMAT && strstr(sl_errmsg(), "'n_head'"), "missing field: %s", sl_errmsg());
+    TU_CHECK(sl_hf_gpt2_import(bad, &mb) == SL_ERR_FORMAT && strstr(sl_errmsg(), "'n_head'"),
+             "missing field: %s", sl_errmsg());
     write_file(p1, "{\"model_type\": \"llama\"}");
-    TU_CHECK(sl_hf_gpt2_import(bad, &mb) == SL_ERR_UNSUPPORTED && strstr(sl_errmsg(), "model_type"), "arch: %s", sl_errmsg());
-    write_file(p1, "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_head\": 4, \"n_embd\": 48, \"vocab_size\": 97, "
-                   "\"n_positions\": 32, \"activation_function\": \"relu\"}");
-    TU_CHECK(sl_hf_gpt2_import(bad, &mb) == SL_ERR_UNSUPPORTED && strstr(sl_errmsg(), "activation_function"), "act: %s", sl_errmsg());
-    write_file(p1, "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_head\": 4, \"n_embd\": 48, \"vocab_size\": 98, \"n_positions\": 32}");
-    TU_CHECK(sl_hf_gpt2_import(bad, &mb) == SL_ERR_FORMAT && strstr(sl_errmsg(), "wte.weight"), "shape mismatch names the tensor: %s", sl_errmsg());
-    write_file(p1, "{\"model_type\": \"gpt2\", \"n_layer\": 3, \"n_head\": 4, \"n_embd\": 48, \"vocab_size\": 97, \"n_positions\": 32}");
-    TU_CHECK(sl_hf_gpt2_import(bad, &mb) == SL_ERR_FORMAT && strstr(sl_errmsg(), "h.2."), "missing tensor: %s", sl_errmsg());
-    snprintf(cmd, sizeof cmd, "%s convert --from hf-gpt2 --to suanli --input %s --output %s/never", tu_cli(), bad, dir);
+    TU_CHECK(sl_hf_gpt2_import(bad, &mb) == SL_ERR_UNSUPPORTED && strstr(sl_errmsg(), "model_type"),
+             "arch: %s", sl_errmsg());
+    write_file(
+        p1, "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_head\": 4, \"n_embd\": 48, \"vocab_size\": 97, "
+            "\"n_positions\": 32, \"activation_function\": \"relu\"}");
+    TU_CHECK(sl_hf_gpt2_import(bad, &mb) == SL_ERR_UNSUPPORTED && strstr(sl_errmsg(), "activation_function"),
+             "act: %s", sl_errmsg());
+    write_file(p1, "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_head\": 4, \"n_embd\": 48, "
+                   "\"vocab_size\": 98, \"n_positions\": 32}");
+    TU_CHECK(sl_hf_gpt2_import(bad, &mb) == SL_ERR_FORMAT && strstr(sl_errmsg(), "wte.weight"),
+             "shape mismatch names the tensor: %s", sl_errmsg());
+    write_file(p1, "{\"model_type\": \"gpt2\", \"n_layer\": 3, \"n_head\": 4, \"n_embd\": 48, "
+                   "\"vocab_size\": 97, \"n_positions\": 32}");
+    TU_CHECK(sl_hf_gpt2_import(bad, &mb) == SL_ERR_FORMAT && strstr(sl_errmsg(), "h.2."),
+             "missing tensor: %s", sl_errmsg());
+    snprintf(cmd, sizeof cmd, "%s convert --from hf-gpt2 --to suanli --input %s --output %s/never", tu_cli(),
+             bad, dir);
     TU_CHECK(tu_run(cmd, out, sizeof out) == 2 && strstr(out, "h.2."), "CLI error: %s", out);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     TU_CHECK(system(cmd) == 0, "cleanup");

@@ -40,15 +40,17 @@ static int same_file(const char *a, const char *b) {
     return eq;
 }
 
-#define TINY "--data-path data --num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 " \
-             "--micro-batch-size 2 --train-iters 12 --lr-decay-iters 12 --eval-interval 0 --eval-iters 1 --threads 1"
+#define TINY                                                                                                 \
+    "--data-path data --num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 "              \
+    "--micro-batch-size 2 --train-iters 12 --lr-decay-iters 12 --eval-interval 0 --eval-iters 1 --threads 1"
 
 int main(void) {
     cli = tu_cli();
     snprintf(dir, sizeof dir, "%s", tu_tmpdir("ckpt"));
     snprintf(data, sizeof data, "%s/data", dir);
     int rc = run("sh -c 'head -c 20000 %s/data/tinyshakespeare.txt > s.txt && %s data prepare --input s.txt "
-                 "--output-prefix data'", SL_SOURCE_DIR, cli);
+                 "--output-prefix data'",
+                 SL_SOURCE_DIR, cli);
     TU_CHECK(rc == 0, "prepare: %s", out);
     char a[700], b[700];
 
@@ -60,7 +62,8 @@ int main(void) {
     rc = run("env SUANLI_FAULT_KILL_AT_STEP=10 %s train " TINY " --save s1 --save-interval 4", cli);
     TU_CHECK(rc != 0 && strstr(out, "killing myself"), "killed run: rc %d %s", rc, out);
     rc = run("%s ckpt verify s1", cli);
-    TU_CHECK(rc == 0 && (strstr(out, "step-0000004") || strstr(out, "step-0000008")), "verify after kill: %s", out);
+    TU_CHECK(rc == 0 && (strstr(out, "step-0000004") || strstr(out, "step-0000008")), "verify after kill: %s",
+             out);
     rc = run("%s train " TINY " --save s1 --load s1 --save-interval 4", cli);
     TU_CHECK(rc == 0 && strstr(out, "resumed from s1/step-000000"), "resume: %s", out);
     snprintf(a, sizeof a, "%s/base/model.safetensors", dir);
@@ -69,13 +72,16 @@ int main(void) {
 
     /* ---- DP=2, each ZeRO stage: a rank is killed, the launcher restarts, training resumes ---- */
     for (int z = 0; z < 3; z++) {
-        rc = run("%s run -n 2 -- %s train " TINY " --global-batch-size 4 --zero-stage %d --save dpbase%d", cli, cli, z, z);
+        rc = run("%s run -n 2 -- %s train " TINY " --global-batch-size 4 --zero-stage %d --save dpbase%d",
+                 cli, cli, z, z);
         TU_CHECK(rc == 0, "dp base zero %d: %s", z, out);
-        rc = run("env SUANLI_FAULT_KILL_AT_STEP=8 SUANLI_FAULT_RANK=1 %s run -n 2 --max-restarts 2 -- %s train " TINY
+        rc = run("env SUANLI_FAULT_KILL_AT_STEP=8 SUANLI_FAULT_RANK=1 %s run -n 2 --max-restarts 2 -- %s "
+                 "train " TINY
                  " --global-batch-size 4 --zero-stage %d --save dp%d --load dp%d --save-interval 3",
                  cli, cli, z, z, z);
         /* the launcher keeps an in-memory copy of the newest checkpoint; the restart loads it */
-        TU_CHECK(rc == 0 && strstr(out, "resumed from /dev/shm/suanli-ckpt-") && strstr(out, "killing myself"),
+        TU_CHECK(rc == 0 && strstr(out, "resumed from /dev/shm/suanli-ckpt-") &&
+                     strstr(out, "killing myself"),
                  "dp zero %d restarted run (from the in-memory copy): rc %d %s", z, rc, out);
         snprintf(a, sizeof a, "%s/dpbase%d/model.safetensors", dir, z);
         snprintf(b, sizeof b, "%s/dp%d/model.safetensors", dir, z);
@@ -83,8 +89,10 @@ int main(void) {
     }
 
     /* ---- resharding: DP=2 ZeRO-2 step-6 checkpoint into other layouts ---- */
-    rc = run("%s run -n 2 -- %s train " TINY " --global-batch-size 4 --zero-stage 2 --train-iters 6 --save rs "
-             "--save-interval 6", cli, cli);
+    rc =
+        run("%s run -n 2 -- %s train " TINY " --global-batch-size 4 --zero-stage 2 --train-iters 6 --save rs "
+            "--save-interval 6",
+            cli, cli);
     TU_CHECK(rc == 0, "resharding source: %s", out);
     /* zero further steps: the loaded parameters are exactly the saved ones */
     rc = run("%s train " TINY " --global-batch-size 4 --train-iters 6 --load rs --save rs_single0", cli);
@@ -95,10 +103,12 @@ int main(void) {
     /* continue to step 12 in three other layouts; all must agree with the uninterrupted DP=2 ZeRO-2 run */
     /* rs_a, rs_b see the same batches as the uninterrupted DP=2 run (micro-batch 2); rs_c (DP=4, ZeRO-1,
      * micro-batch 1) sees other batches, so its reference is rs_d: one process, micro-batch 1, accum 4 */
-    const char *layouts[] = {"%s train " TINY " --global-batch-size 4 --load rs --save rs_a",
-                             "%s run -n 2 -- %s train " TINY " --global-batch-size 4 --zero-stage 0 --load rs --save rs_b",
-                             "%s run -n 4 -- %s train " TINY " --micro-batch-size 1 --global-batch-size 4 --zero-stage 1 --load rs --save rs_c",
-                             "%s train " TINY " --micro-batch-size 1 --global-batch-size 4 --load rs --save rs_d"};
+    const char *layouts[] = {
+        "%s train " TINY " --global-batch-size 4 --load rs --save rs_a",
+        "%s run -n 2 -- %s train " TINY " --global-batch-size 4 --zero-stage 0 --load rs --save rs_b",
+        "%s run -n 4 -- %s train " TINY
+        " --micro-batch-size 1 --global-batch-size 4 --zero-stage 1 --load rs --save rs_c",
+        "%s train " TINY " --micro-batch-size 1 --global-batch-size 4 --load rs --save rs_d"};
     const char *outs[] = {"rs_a", "rs_b", "rs_c", "rs_d"};
     for (int k = 0; k < 4; k++) {
         rc = (k == 0 || k == 3) ? run(layouts[k], cli) : run(layouts[k], cli, cli);
@@ -122,9 +132,13 @@ int main(void) {
         double l = NAN;
         if (p) sscanf(p, "{\"step\": 12, \"loss\": %lf", &l);
         free(t);
-        if (k == 3) ref_d = l;
-        else if (k == 2) TU_CHECK(fabs(l - ref_d) <= 1e-5 * fabs(ref_d), "resharded into DP=4 ZeRO-1: %.7f vs %.7f", l, ref_d);
-        else if (k < 0) ref = l;
+        if (k == 3)
+            ref_d = l;
+        else if (k == 2)
+            TU_CHECK(fabs(l - ref_d) <= 1e-5 * fabs(ref_d), "resharded into DP=4 ZeRO-1: %.7f vs %.7f", l,
+                     ref_d);
+        else if (k < 0)
+            ref = l;
     }
     for (int k = 0; k < 2; k++) {
         char mp[700], *t;
@@ -136,13 +150,17 @@ int main(void) {
             if (p) sscanf(p, "{\"step\": 12, \"loss\": %lf", &l);
             free(t);
         }
-        TU_CHECK(fabs(l - ref) <= 1e-5 * fabs(ref), "resharded layout %s: step-12 loss %.7f vs %.7f", outs[k], l, ref);
+        TU_CHECK(fabs(l - ref) <= 1e-5 * fabs(ref), "resharded layout %s: step-12 loss %.7f vs %.7f", outs[k],
+                 l, ref);
     }
 
     /* ---- torn checkpoints: die at every stage of the write/commit of the step-8 checkpoint ---- */
     for (int stage = 0; stage <= 5; stage++) {
-        rc = run("sh -c 'rm -rf torn && %s train " TINY " --save torn --save-interval 4 --train-iters 7 >/dev/null 2>&1 && "
-                 "env SUANLI_FAULT_COMMIT_STAGE=%d %s train " TINY " --save torn --load torn --save-interval 4'", cli, stage, cli);
+        rc = run("sh -c 'rm -rf torn && %s train " TINY
+                 " --save torn --save-interval 4 --train-iters 7 >/dev/null 2>&1 && "
+                 "env SUANLI_FAULT_COMMIT_STAGE=%d %s train " TINY
+                 " --save torn --load torn --save-interval 4'",
+                 cli, stage, cli);
         TU_CHECK(rc != 0, "stage %d: the run died: %s", stage, out);
         rc = run("%s ckpt verify torn", cli);
         TU_CHECK(rc == 0 && (strstr(out, "step-0000004") || strstr(out, "step-0000008")),
@@ -155,29 +173,37 @@ int main(void) {
     }
 
     /* ---- corrupt newest checkpoint: fall back to the previous one ---- */
-    rc = run("sh -c 'rm -rf cor && %s train " TINY " --save cor --save-interval 4 --train-iters 8 --save-keep 0'", cli);
+    rc = run("sh -c 'rm -rf cor && %s train " TINY
+             " --save cor --save-interval 4 --train-iters 8 --save-keep 0'",
+             cli);
     TU_CHECK(rc == 0, "corrupt setup: %s", out);
-    rc = run("sh -c 'printf \"\\\\377\" | dd of=cor/step-0000008/shard-r00000.safetensors bs=1 seek=5000 conv=notrunc 2>/dev/null'");
+    rc = run("sh -c 'printf \"\\\\377\" | dd of=cor/step-0000008/shard-r00000.safetensors bs=1 seek=5000 "
+             "conv=notrunc 2>/dev/null'");
     TU_CHECK(rc == 0, "flip: %s", out);
     rc = run("%s ckpt verify cor", cli);
-    TU_CHECK(rc == 0 && strstr(out, "checksum mismatch") && strstr(out, "step-0000004"), "bit flip reported, step 4 used: %s", out);
+    TU_CHECK(rc == 0 && strstr(out, "checksum mismatch") && strstr(out, "step-0000004"),
+             "bit flip reported, step 4 used: %s", out);
     rc = run("%s train " TINY " --save cor --load cor --save-interval 4 --save-keep 0", cli);
     TU_CHECK(rc == 0 && strstr(out, "resumed from cor/step-0000004"), "resume from the previous: %s", out);
     snprintf(b, sizeof b, "%s/cor/model.safetensors", dir);
     TU_CHECK(same_file(a, b), "after fallback, final weights bitwise equal to the uninterrupted run");
     rc = run("sh -c 'rm cor/step-0000012/shard-r00000.safetensors && %s ckpt verify cor'", cli);
-    TU_CHECK(rc == 0 && strstr(out, "step-0000008") && strstr(out, "shard-r00000.safetensors"), "missing shard: %s", out);
+    TU_CHECK(rc == 0 && strstr(out, "step-0000008") && strstr(out, "shard-r00000.safetensors"),
+             "missing shard: %s", out);
 
     /* ---- malformed manifest, another model ---- */
-    rc = run("sh -c 'sed -i \"s/\\\"step\\\":[[:space:]]*[0-9]*/\\\"step\\\": \\\"twelve\\\"/\" cor/step-0000012/manifest.json "
-             "cor/step-0000008/manifest.json cor/step-0000004/manifest.json && %s ckpt verify cor'", cli);
+    rc = run("sh -c 'sed -i \"s/\\\"step\\\":[[:space:]]*[0-9]*/\\\"step\\\": \\\"twelve\\\"/\" "
+             "cor/step-0000012/manifest.json "
+             "cor/step-0000008/manifest.json cor/step-0000004/manifest.json && %s ckpt verify cor'",
+             cli);
     TU_CHECK(rc == 2 && strstr(out, "'step'"), "wrong-typed manifest field: rc %d %s", rc, out);
     rc = run("%s train " TINY " --load cor", cli);
     TU_CHECK(rc == 2 && strstr(out, "'step'"), "train refuses: rc %d %s", rc, out);
     rc = run("%s train " TINY " --hidden-size 64 --load s1", cli);
     TU_CHECK(rc == 2 && strstr(out, "--hidden-size 64 conflicts"), "other model shape: %s", out);
-    rc = run("sh -c 'sed -i \"s/\\\"n_embd\\\":[[:space:]]*32/\\\"n_embd\\\": 16/\" s1/step-0000012/config.json && %s train " TINY
-             " --hidden-size 16 --load s1'", cli);
+    rc = run("sh -c 'sed -i \"s/\\\"n_embd\\\":[[:space:]]*32/\\\"n_embd\\\": 16/\" "
+             "s1/step-0000012/config.json && %s train " TINY " --hidden-size 16 --load s1'",
+             cli);
     TU_CHECK(rc == 2 && strstr(out, "param/"), "tensors of another shape: rc %d %s", rc, out);
 
     char cmd[700];

@@ -15,7 +15,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         snprintf(dir, sizeof dir, "/tmp/sl-fuzz-ck-%d", (int)getpid());
         mkdir(dir, 0755);
         float v[4] = {1, 2, 3, 4};
-        sl_st_tensor t = {.name = "param/a@0", .dtype = "F32", .ndim = 1, .shape = {4}, .data = v, .nbytes = sizeof v};
+        sl_st_tensor t = {
+            .name = "param/a@0", .dtype = "F32", .ndim = 1, .shape = {4}, .data = v, .nbytes = sizeof v};
         snprintf(path, sizeof path, "%s/shard-r00000.safetensors", dir);
         sl_safetensors_write(path, &t, 1, NULL);
         snprintf(path, sizeof path, "%s/manifest.json", dir);

@@ -22,7 +22,9 @@ static int one_line(void) {
 
 static int gen(const char *dir, const char *extra) {
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt-ids 5,6,7 --max-new-tokens 4 --temperature 0 %s", tu_cli(), dir, extra);
+    snprintf(cmd, sizeof cmd,
+             "%s generate --model %s --prompt-ids 5,6,7 --max-new-tokens 4 --temperature 0 %s", tu_cli(), dir,
+             extra);
     return tu_run(cmd, out, sizeof out);
 }
 
@@ -79,38 +81,54 @@ static void test_greedy_text(void) {
     TU_CHECK(sl_file_read_all(path, &text, &len) == SL_OK, "read prompt.json");
     cJSON *r = cJSON_ParseWithLength(text, len);
     free(text);
-    snprintf(cmd, sizeof cmd, "%s generate --model %s/tests/fixtures/hf/llama --prompt '%s' --max-new-tokens 32 --temperature 0 "
-             "--ignore-eos --print-ids", tu_cli(), SL_SOURCE_DIR, cJSON_GetObjectItem(r, "prompt")->valuestring);
+    snprintf(
+        cmd, sizeof cmd,
+        "%s generate --model %s/tests/fixtures/hf/llama --prompt '%s' --max-new-tokens 32 --temperature 0 "
+        "--ignore-eos --print-ids",
+        tu_cli(), SL_SOURCE_DIR, cJSON_GetObjectItem(r, "prompt")->valuestring);
     int rc = tu_run(cmd, out, sizeof out);
     TU_CHECK(rc == 0, "generate: exit %d: %s", rc, out);
     char *js = strstr(out, "{\"prompt_ids\"");
     cJSON *got = js ? cJSON_Parse(js) : NULL;
     TU_CHECK(got != NULL, "no JSON ids in output: %s", out);
     if (got) {
-        char *a = cJSON_PrintUnformatted(cJSON_GetObjectItem(got, "prompt_ids")), *b = cJSON_PrintUnformatted(cJSON_GetObjectItem(r, "ids"));
-        char *c = cJSON_PrintUnformatted(cJSON_GetObjectItem(got, "ids")), *d = cJSON_PrintUnformatted(cJSON_GetObjectItem(r, "greedy"));
+        char *a = cJSON_PrintUnformatted(cJSON_GetObjectItem(got, "prompt_ids")),
+             *b = cJSON_PrintUnformatted(cJSON_GetObjectItem(r, "ids"));
+        char *c = cJSON_PrintUnformatted(cJSON_GetObjectItem(got, "ids")),
+             *d = cJSON_PrintUnformatted(cJSON_GetObjectItem(r, "greedy"));
         TU_CHECK(!strcmp(a, b), "prompt ids (tokenizer.json + BOS template): got %s want %s", a, b);
         TU_CHECK(!strcmp(c, d), "greedy 32 tokens: got %s want %s", c, d);
-        printf("CLI greedy continuation of \"%s\": %s\n", cJSON_GetObjectItem(r, "prompt")->valuestring, !strcmp(c, d) ? "identical to transformers" : "DIFFERENT");
+        printf("CLI greedy continuation of \"%s\": %s\n", cJSON_GetObjectItem(r, "prompt")->valuestring,
+               !strcmp(c, d) ? "identical to transformers" : "DIFFERENT");
         free(a), free(b), free(c), free(d);
         cJSON_Delete(got);
     }
     TU_CHECK(strstr(out, "tokens/s") != NULL, "tokens/s report");
     /* text mode, sampling, a stop token that is generated greedily at step 3 -> exactly 3 tokens */
     int third = cJSON_GetArrayItem(cJSON_GetObjectItem(r, "greedy"), 2)->valueint;
-    snprintf(cmd, sizeof cmd, "%s generate --model %s/tests/fixtures/hf/llama --prompt '%s' --max-new-tokens 32 --temperature 0 "
-             "--stop %d --print-ids", tu_cli(), SL_SOURCE_DIR, cJSON_GetObjectItem(r, "prompt")->valuestring, third);
+    snprintf(
+        cmd, sizeof cmd,
+        "%s generate --model %s/tests/fixtures/hf/llama --prompt '%s' --max-new-tokens 32 --temperature 0 "
+        "--stop %d --print-ids",
+        tu_cli(), SL_SOURCE_DIR, cJSON_GetObjectItem(r, "prompt")->valuestring, third);
     rc = tu_run(cmd, out, sizeof out);
-    TU_CHECK(rc == 0 && strstr(out, "stopped at a stop token") && strstr(out, "generation: 3 tokens"), "stop token: %s", out);
-    snprintf(cmd, sizeof cmd, "%s generate --model %s/tests/fixtures/hf/qwen2 --prompt-ids 1,2,3 --max-new-tokens 8 "
-             "--temperature 0.7 --top-k 20 --top-p 0.9 --seed 7", tu_cli(), SL_SOURCE_DIR);
-    rc = tu_run(cmd, out, sizeof out);
-    TU_CHECK(rc == 0, "sampling: exit %d: %s", rc, out);
-    snprintf(cmd, sizeof cmd, "%s generate --model %s/tests/fixtures/hf/qwen2 --prompt-ids 1,2,3 --max-new-tokens 8 --dtype bf16",
+    TU_CHECK(rc == 0 && strstr(out, "stopped at a stop token") && strstr(out, "generation: 3 tokens"),
+             "stop token: %s", out);
+    snprintf(cmd, sizeof cmd,
+             "%s generate --model %s/tests/fixtures/hf/qwen2 --prompt-ids 1,2,3 --max-new-tokens 8 "
+             "--temperature 0.7 --top-k 20 --top-p 0.9 --seed 7",
              tu_cli(), SL_SOURCE_DIR);
     rc = tu_run(cmd, out, sizeof out);
-    TU_CHECK(rc == 0 && strstr(out, "memory-mapped") && strstr(out, "bf16 compute"), "bf16: exit %d: %s", rc, out);
-    snprintf(cmd, sizeof cmd, "%s generate --model %s/tests/fixtures/hf/qwen2 --prompt-ids 1 --dtype f16", tu_cli(), SL_SOURCE_DIR);
+    TU_CHECK(rc == 0, "sampling: exit %d: %s", rc, out);
+    snprintf(
+        cmd, sizeof cmd,
+        "%s generate --model %s/tests/fixtures/hf/qwen2 --prompt-ids 1,2,3 --max-new-tokens 8 --dtype bf16",
+        tu_cli(), SL_SOURCE_DIR);
+    rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 0 && strstr(out, "memory-mapped") && strstr(out, "bf16 compute"), "bf16: exit %d: %s", rc,
+             out);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s/tests/fixtures/hf/qwen2 --prompt-ids 1 --dtype f16",
+             tu_cli(), SL_SOURCE_DIR);
     rc = tu_run(cmd, out, sizeof out);
     TU_CHECK(rc == 2 && one_line() && strstr(out, "--dtype"), "bad dtype: %s", out);
     cJSON_Delete(r);
@@ -118,8 +136,10 @@ static void test_greedy_text(void) {
 
 static void greedy_ids(const char *dir, char *ids, size_t cap) {
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt-ids 0,43,72,305,82 --max-new-tokens 16 --temperature 0 "
-             "--ignore-eos --print-ids 2>/dev/null", tu_cli(), dir);
+    snprintf(cmd, sizeof cmd,
+             "%s generate --model %s --prompt-ids 0,43,72,305,82 --max-new-tokens 16 --temperature 0 "
+             "--ignore-eos --print-ids 2>/dev/null",
+             tu_cli(), dir);
     int rc = tu_run(cmd, out, sizeof out);
     TU_CHECK(rc == 0, "generate %s: exit %d: %s", dir, rc, out);
     char *js = strstr(out, "\"ids\"");
@@ -129,7 +149,8 @@ static void greedy_ids(const char *dir, char *ids, size_t cap) {
 /* convert (f32, bf16), train --init-from (0 and 3 steps) + --save, convert back: a round trip */
 static void test_round_trip(void) {
     const char *tmp = tu_tmpdir("hfrt");
-    char src[1024], cmd[8192], a[4096], b[4096], d1[1100], d2[1100], data[1100], run[1100], back[1100], txt[1100];
+    char src[1024], cmd[8192], a[4096], b[4096], d1[1100], d2[1100], data[1100], run[1100], back[1100],
+        txt[1100];
     snprintf(src, sizeof src, "%s/tests/fixtures/hf/llama", SL_SOURCE_DIR);
     snprintf(d1, sizeof d1, "%s/f32", tmp);
     snprintf(d2, sizeof d2, "%s/bf16", tmp);
@@ -153,25 +174,33 @@ static void test_round_trip(void) {
     snprintf(cmd, sizeof cmd, "%s data prepare --input %s --output-prefix %s", tu_cli(), txt, data);
     TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "data prepare: %s", out);
     snprintf(run, sizeof run, "%s/run0", tmp);
-    snprintf(cmd, sizeof cmd, "%s train --data-path %s --init-from %s --seq-length 16 --micro-batch-size 2 --train-iters 0 "
-             "--eval-iters 1 --save %s", tu_cli(), data, src, run);
+    snprintf(cmd, sizeof cmd,
+             "%s train --data-path %s --init-from %s --seq-length 16 --micro-batch-size 2 --train-iters 0 "
+             "--eval-iters 1 --save %s",
+             tu_cli(), data, src, run);
     TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "train 0 steps: %s", out);
     greedy_ids(run, b, sizeof b);
     TU_CHECK(!strcmp(a, b), "train --init-from + --save (0 steps) changes greedy ids: %s vs %s", a, b);
     snprintf(run, sizeof run, "%s/run3", tmp);
-    snprintf(cmd, sizeof cmd, "%s train --data-path %s --init-from %s --seq-length 16 --micro-batch-size 2 --train-iters 3 "
-             "--eval-iters 1 --lr 3e-3 --save %s", tu_cli(), data, src, run);
+    snprintf(cmd, sizeof cmd,
+             "%s train --data-path %s --init-from %s --seq-length 16 --micro-batch-size 2 --train-iters 3 "
+             "--eval-iters 1 --lr 3e-3 --save %s",
+             tu_cli(), data, src, run);
     int rc = tu_run(cmd, out, sizeof out);
-    TU_CHECK(rc == 0 && strstr(out, "llama L=2") && strstr(out, "step 3/3"), "train 3 steps: exit %d: %s", rc, out);
+    TU_CHECK(rc == 0 && strstr(out, "llama L=2") && strstr(out, "step 3/3"), "train 3 steps: exit %d: %s", rc,
+             out);
     snprintf(back, sizeof back, "%s/back", tmp);
     snprintf(cmd, sizeof cmd, "%s convert --model %s --output %s --dtype bf16", tu_cli(), run, back);
     TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "convert trained: %s", out);
     greedy_ids(back, b, sizeof b);
     TU_CHECK(strcmp(b, "none") != 0, "trained + converted model generates");
-    snprintf(cmd, sizeof cmd, "%s train --data-path %s --init-from %s --hidden-size 32 --train-iters 1", tu_cli(), data, src);
+    snprintf(cmd, sizeof cmd, "%s train --data-path %s --init-from %s --hidden-size 32 --train-iters 1",
+             tu_cli(), data, src);
     rc = tu_run(cmd, out, sizeof out);
-    TU_CHECK(rc == 2 && one_line() && strstr(out, "--hidden-size conflicts"), "init-from + arch flag: %s", out);
-    snprintf(cmd, sizeof cmd, "%s train --data-path %s --init-from /nonexistent --train-iters 1", tu_cli(), data);
+    TU_CHECK(rc == 2 && one_line() && strstr(out, "--hidden-size conflicts"), "init-from + arch flag: %s",
+             out);
+    snprintf(cmd, sizeof cmd, "%s train --data-path %s --init-from /nonexistent --train-iters 1", tu_cli(),
+             data);
     rc = tu_run(cmd, out, sizeof out);
     TU_CHECK(rc == 2 && one_line() && strstr(out, "config.json"), "init-from missing dir: %s", out);
     printf("round trip (convert f32, train --init-from + save, convert bf16): checked\n");
@@ -200,7 +229,9 @@ int main(void) {
     bad("inconsistent heads", "num_key_value_heads", gen(d, ""));
     copy_fixture("qwen2", d);
     set_cfg(d, "intermediate_size", "100");
-    bad("shape mismatch", "tensor 'model.layers.0.mlp.gate_proj.weight' has shape [128,64], config.json implies [100,64]", gen(d, ""));
+    bad("shape mismatch",
+        "tensor 'model.layers.0.mlp.gate_proj.weight' has shape [128,64], config.json implies [100,64]",
+        gen(d, ""));
     copy_fixture("qwen2", d);
     set_cfg(d, "tie_word_embeddings", "false");
     bad("missing tensor", "missing tensor 'lm_head.weight'", gen(d, ""));
@@ -228,9 +259,12 @@ int main(void) {
     bad("truncated safetensors", "model.safetensors", gen(d, ""));
     write_st(p, "{}", (uint64_t)1 << 60, 0);
     bad("huge header length", "model.safetensors", gen(d, ""));
-    write_st(p, "{\"model.embed_tokens.weight\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8000000]}}", 0, 8);
+    write_st(p,
+             "{\"model.embed_tokens.weight\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8000000]}}",
+             0, 8);
     bad("offsets outside the file", "model.safetensors", gen(d, ""));
-    write_st(p, "{\"model.embed_tokens.weight\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 0, 8);
+    write_st(p, "{\"model.embed_tokens.weight\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 0,
+             8);
     bad("tensor shape vs config", "tensor 'model.embed_tokens.weight' has shape [2]", gen(d, ""));
     write_bytes(p, "", 0);
     bad("empty safetensors", "model.safetensors", gen(d, ""));

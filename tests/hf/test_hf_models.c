@@ -58,7 +58,8 @@ static void check_model(const char *name) {
         TU_CHECK(sl_graph_plan(g, sl_backend_cpu(), NULL) == SL_OK, "plan");
         TU_CHECK(sl_graph_compute(g, NULL, NULL) == SL_OK, "compute: %s", sl_errmsg());
         double d = maxabs(logits->data, want, nl);
-        printf("%-9s full-sequence logits  max|d| = %.3g  (disk %s, %d file(s))\n", name, d, info.disk_dtype, info.n_files);
+        printf("%-9s full-sequence logits  max|d| = %.3g  (disk %s, %d file(s))\n", name, d, info.disk_dtype,
+               info.n_files);
         TU_CHECK(d <= 1e-4, "%s full logits max|d| %.3g > 1e-4", name, d);
         sl_graph_free(g);
     }
@@ -89,9 +90,10 @@ static void check_model(const char *name) {
         int first_diff = -1;
         for (int i = 0; i < NEW && first_diff < 0; i++)
             if (out[i] != gr[i]) first_diff = i;
-        printf("%-9s greedy %d tokens: %s (first diff %d)\n", name, NEW, first_diff < 0 ? "identical" : "DIFFERENT", first_diff);
-        TU_CHECK(first_diff < 0 && gs.n_generated == NEW, "%s greedy differs at %d: got %d want %d", name, first_diff,
-                 first_diff >= 0 ? out[first_diff] : -1, first_diff >= 0 ? gr[first_diff] : -1);
+        printf("%-9s greedy %d tokens: %s (first diff %d)\n", name, NEW,
+               first_diff < 0 ? "identical" : "DIFFERENT", first_diff);
+        TU_CHECK(first_diff < 0 && gs.n_generated == NEW, "%s greedy differs at %d: got %d want %d", name,
+                 first_diff, first_diff >= 0 ? out[first_diff] : -1, first_diff >= 0 ? gr[first_diff] : -1);
         free(out);
     }
     free(ids);
@@ -131,15 +133,19 @@ static void check_bf16(const char *name) {
     TU_CHECK(sl_graph_compute(g, NULL, NULL) == SL_OK, "compute: %s", sl_errmsg());
     double rel = tu_rel_maxdiff(logits->data, want, nl), rel32 = tu_rel_maxdiff(logits->data, want32, nl);
     double hf_rel = tu_rel_maxdiff(want, want32, nl);
-    printf("%-9s bf16 logits vs transformers bf16: max|d|/max|ref| = %.3g (vs fp32 %.3g; transformers bf16 vs fp32 %.3g; "
-           "%d weights memory-mapped, %s on disk)\n", name, rel, rel32, hf_rel, info.n_mapped, info.disk_dtype);
+    printf("%-9s bf16 logits vs transformers bf16: max|d|/max|ref| = %.3g (vs fp32 %.3g; transformers bf16 "
+           "vs fp32 %.3g; "
+           "%d weights memory-mapped, %s on disk)\n",
+           name, rel, rel32, hf_rel, info.n_mapped, info.disk_dtype);
     TU_CHECK(rel <= 2e-2, "%s bf16 logits rel %.3g > 2e-2", name, rel);
-    if (!strcmp(info.disk_dtype, "BF16")) TU_CHECK(info.n_mapped > 0 && m->wmem == NULL, "%s: bf16 weights should be mapped, not copied", name);
+    if (!strcmp(info.disk_dtype, "BF16"))
+        TU_CHECK(info.n_mapped > 0 && m->wmem == NULL, "%s: bf16 weights should be mapped, not copied", name);
     sl_graph_free(g);
     sl_kv_cache_free(&kv);
     int32_t out[8];
     sl_sample_opts so = {.temperature = 0, .top_p = 1};
-    TU_CHECK(sl_model_generate(m, ids, T, 8, &so, NULL, 0, NULL, NULL, out, NULL) == SL_OK, "bf16 generate: %s", sl_errmsg());
+    TU_CHECK(sl_model_generate(m, ids, T, 8, &so, NULL, 0, NULL, NULL, out, NULL) == SL_OK,
+             "bf16 generate: %s", sl_errmsg());
     free(ids), free(want), free(want32);
     sl_safetensors_close(ref);
     sl_model_free(m);
@@ -170,8 +176,10 @@ static void mutations(void) {
             fclose(f);
             if (k >= len) text[k - len] = old;
             sl_model *m = NULL;
-            if (sl_hf_load(d, &m, NULL) == SL_OK) loaded++;
-            else failed += sl_errmsg()[0] != 0;
+            if (sl_hf_load(d, &m, NULL) == SL_OK)
+                loaded++;
+            else
+                failed += sl_errmsg()[0] != 0;
             sl_model_free(m);
         }
         FILE *f = fopen(path, "wb");

@@ -32,9 +32,11 @@ static void check_style(const char *style) {
         for (int i = 0; i < n && i < nw && first < 0; i++)
             if (ids[i] != cJSON_GetArrayItem(want, i)->valueint) first = i;
         if (first < 0 && n != nw) first = n < nw ? n : nw;
-        printf("tok_%-7s add_special=%d: %d ids, %s\n", style, sp, n, first < 0 ? "identical to tokenizers" : "DIFFERENT");
-        TU_CHECK(first < 0, "%s: ids differ at %d (got %d want %d, n %d vs %d)", style, first, first < n ? ids[first] : -1,
-                 first < nw ? cJSON_GetArrayItem(want, first)->valueint : -1, n, nw);
+        printf("tok_%-7s add_special=%d: %d ids, %s\n", style, sp, n,
+               first < 0 ? "identical to tokenizers" : "DIFFERENT");
+        TU_CHECK(first < 0, "%s: ids differ at %d (got %d want %d, n %d vs %d)", style, first,
+                 first < n ? ids[first] : -1, first < nw ? cJSON_GetArrayItem(want, first)->valueint : -1, n,
+                 nw);
         if (!sp) { /* decode */
             size_t cap = 8 * (size_t)n + 16, o = 0;
             char *buf = malloc(cap);
@@ -44,7 +46,8 @@ static void check_style(const char *style) {
                 if (k > 0) o += (size_t)k;
             }
             buf[o] = 0;
-            TU_CHECK(!strcmp(buf, cJSON_GetObjectItem(r, "decoded")->valuestring), "%s: decode differs from tokenizers'", style);
+            TU_CHECK(!strcmp(buf, cJSON_GetObjectItem(r, "decoded")->valuestring),
+                     "%s: decode differs from tokenizers'", style);
             free(buf);
         }
         free(ids);
@@ -52,7 +55,8 @@ static void check_style(const char *style) {
     /* invalid UTF-8 is an error, not a crash */
     int32_t *ids;
     int n;
-    TU_CHECK(sl_hf_tokenizer_encode(t, "ok \xff\xfe bad", 0, &ids, &n) == SL_ERR_INVALID, "invalid utf-8 must fail");
+    TU_CHECK(sl_hf_tokenizer_encode(t, "ok \xff\xfe bad", 0, &ids, &n) == SL_ERR_INVALID,
+             "invalid utf-8 must fail");
     TU_CHECK(sl_hf_tokenizer_encode(t, "", 0, &ids, &n) == SL_OK && n == 0, "empty text");
     free(ids);
     sl_hf_tokenizer_free(t);
@@ -68,7 +72,8 @@ static void expect_bad(const char *json, const char *needle) {
     fclose(f);
     sl_hf_tokenizer *t = NULL;
     sl_status st = sl_hf_tokenizer_load(path, &t);
-    TU_CHECK(st != SL_OK && strstr(sl_errmsg(), needle), "bad tokenizer (%s): got '%s'", needle, st == SL_OK ? "OK" : sl_errmsg());
+    TU_CHECK(st != SL_OK && strstr(sl_errmsg(), needle), "bad tokenizer (%s): got '%s'", needle,
+             st == SL_OK ? "OK" : sl_errmsg());
     sl_hf_tokenizer_free(t);
 }
 
@@ -88,8 +93,10 @@ static void mutations(void) {
         fwrite(text, 1, cut, f);
         fclose(f);
         sl_hf_tokenizer *t = NULL;
-        if (sl_hf_tokenizer_load(mp, &t) == SL_OK) loaded++;
-        else failed += sl_errmsg()[0] != 0;
+        if (sl_hf_tokenizer_load(mp, &t) == SL_OK)
+            loaded++;
+        else
+            failed += sl_errmsg()[0] != 0;
         sl_hf_tokenizer_free(t);
     }
     for (size_t at = 0; at < len; at += 97) {
@@ -125,16 +132,26 @@ int main(void) {
     expect_bad("{\"x\": 1}", "missing field 'model'");
     expect_bad("{\"model\": {\"type\": \"Unigram\"}}", "model type 'Unigram'");
     expect_bad("{\"model\": {\"type\": \"BPE\", \"merges\": []}}", "model.vocab");
-    expect_bad("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": -3}, \"merges\": []}}", "model.vocab['a']");
-    expect_bad("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a b\"]}}", "model.merges[0]");
+    expect_bad("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": -3}, \"merges\": []}}",
+               "model.vocab['a']");
+    expect_bad("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a b\"]}}",
+               "model.merges[0]");
     expect_bad("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [7]}}", "model.merges[0]");
-    expect_bad("{\"normalizer\": {\"type\": \"NFKD\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}", "normalizer 'NFKD'");
-    expect_bad("{\"pre_tokenizer\": {\"type\": \"Metaspace\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}", "Metaspace");
-    expect_bad("{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(\"}, \"behavior\": \"Isolated\"}, "
-               "\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}", "regex");
+    expect_bad("{\"normalizer\": {\"type\": \"NFKD\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {}, "
+               "\"merges\": []}}",
+               "normalizer 'NFKD'");
+    expect_bad("{\"pre_tokenizer\": {\"type\": \"Metaspace\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {}, "
+               "\"merges\": []}}",
+               "Metaspace");
+    expect_bad("{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(\"}, \"behavior\": "
+               "\"Isolated\"}, "
+               "\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}",
+               "regex");
     char buf[512];
-    snprintf(buf, sizeof buf, "{%s, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}", bl);
+    snprintf(buf, sizeof buf, "{%s, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}",
+             bl);
     expect_bad(buf, "byte 0x00");
-    expect_bad("{\"model\": {\"type\": \"BPE\", \"byte_fallback\": true, \"vocab\": {}, \"merges\": []}}", "byte_fallback");
+    expect_bad("{\"model\": {\"type\": \"BPE\", \"byte_fallback\": true, \"vocab\": {}, \"merges\": []}}",
+               "byte_fallback");
     return tu_finish("test_hf_tokenizer");
 }

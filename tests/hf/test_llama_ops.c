@@ -112,7 +112,8 @@ static void test_rmsnorm_fwd(void) {
             double ss = 0;
             for (int64_t c = 0; c < C; c++) ss += pow(t.pdata[0][r * C + c], 2);
             double rs = 1.0 / sqrt(ss / C + 1e-5);
-            for (int64_t c = 0; c < C; c++) ref[r * C + c] = (float)(t.pdata[0][r * C + c] * rs * (withw ? t.pdata[1][c] : 1.0));
+            for (int64_t c = 0; c < C; c++)
+                ref[r * C + c] = (float)(t.pdata[0][r * C + c] * rs * (withw ? t.pdata[1][c] : 1.0));
         }
         tu_allclose(withw ? "rmsnorm" : "rmsnorm (no weight)", got, ref, R * C, 1e-5f, 1e-4f);
         free(got), free(ref);
@@ -181,15 +182,17 @@ static void test_silu_topk_fwd(void) {
 }
 
 /* causal GQA attention at absolute positions with an optional window, double precision */
-static void ref_attn(const float *Q, const float *K, const float *V, int64_t Tq, int64_t pos0, int64_t NH, int64_t NKV,
-                     int64_t hs, int64_t S, int64_t win, float *out) {
+static void ref_attn(const float *Q, const float *K, const float *V, int64_t Tq, int64_t pos0, int64_t NH,
+                     int64_t NKV, int64_t hs, int64_t S, int64_t win, float *out) {
     for (int64_t t = 0; t < Tq; t++)
         for (int64_t h = 0; h < NH; h++) {
-            int64_t kh = h / (NH / NKV), last = pos0 + t, first = win && last - win + 1 > 0 ? last - win + 1 : 0;
+            int64_t kh = h / (NH / NKV), last = pos0 + t,
+                    first = win && last - win + 1 > 0 ? last - win + 1 : 0;
             double s[64], mx = -1e30, z = 0;
             for (int64_t j = first; j <= last; j++) {
                 double d = 0;
-                for (int64_t e = 0; e < hs; e++) d += (double)Q[(t * NH + h) * hs + e] * K[(j * NKV + kh) * hs + e];
+                for (int64_t e = 0; e < hs; e++)
+                    d += (double)Q[(t * NH + h) * hs + e] * K[(j * NKV + kh) * hs + e];
                 s[j] = d / sqrt((double)hs);
                 mx = fmax(mx, s[j]);
             }
@@ -217,10 +220,12 @@ static void test_attention_kv(void) {
         sl_tensor *Vt = sl_new_tensor(t.ctx, SL_F32, 4, (int64_t[]){1, S, NKV, hs});
         sl_tensor_bind(K, kc);
         sl_tensor_bind(Vt, vc);
-        float *ref = malloc(sizeof(float) * (size_t)(S * NH * hs)), *got = malloc(sizeof(float) * (size_t)(S * NH * hs));
+        float *ref = malloc(sizeof(float) * (size_t)(S * NH * hs)),
+              *got = malloc(sizeof(float) * (size_t)(S * NH * hs));
         ref_attn(t.pdata[0], t.pdata[1], t.pdata[2], S, 0, NH, NKV, hs, S, win, ref);
         /* prefill */
-        sl_tensor *o1 = sl_attention_kv(t.ctx, sl_slice(t.ctx, q, 1, 0, T1), sl_kv_store(t.ctx, K, sl_slice(t.ctx, k, 1, 0, T1), 0),
+        sl_tensor *o1 = sl_attention_kv(t.ctx, sl_slice(t.ctx, q, 1, 0, T1),
+                                        sl_kv_store(t.ctx, K, sl_slice(t.ctx, k, 1, 0, T1), 0),
                                         sl_kv_store(t.ctx, Vt, sl_slice(t.ctx, v, 1, 0, T1), 0), 0, win);
         float *p1 = fwd(&t, o1);
         memcpy(got, p1, sizeof(float) * (size_t)(T1 * NH * hs));
@@ -231,7 +236,8 @@ static void test_attention_kv(void) {
         sl_tensor *kd = sl_new_tensor(t.ctx, SL_F32, 4, (int64_t[]){1, 1, NKV, hs});
         sl_tensor *vd = sl_new_tensor(t.ctx, SL_F32, 4, (int64_t[]){1, 1, NKV, hs});
         sl_tensor_bind(qd, qs), sl_tensor_bind(kd, ks), sl_tensor_bind(vd, vs);
-        sl_tensor *o2 = sl_attention_kv(t.ctx, qd, sl_kv_store(t.ctx, K, kd, (int)T1), sl_kv_store(t.ctx, Vt, vd, (int)T1), (int)T1, win);
+        sl_tensor *o2 = sl_attention_kv(t.ctx, qd, sl_kv_store(t.ctx, K, kd, (int)T1),
+                                        sl_kv_store(t.ctx, Vt, vd, (int)T1), (int)T1, win);
         sl_graph *g = sl_graph_new(t.ctx);
         sl_graph_build_forward(g, o2);
         TU_CHECK(sl_graph_plan(g, sl_backend_cpu(), NULL) == SL_OK, "plan");
@@ -252,7 +258,8 @@ static void test_attention_kv(void) {
             if (nd->op == SL_OP_KV_STORE || nd->op == SL_OP_ATTENTION_KV) nd->iparams[0] = (int)S;
         }
         TU_CHECK(sl_graph_compute(g, NULL, NULL) != SL_OK, "kv position past capacity must fail");
-        tu_allclose(win ? "attention_kv prefill+decode window 3" : "attention_kv prefill+decode", got, ref, S * NH * hs, 1e-5f, 1e-4f);
+        tu_allclose(win ? "attention_kv prefill+decode window 3" : "attention_kv prefill+decode", got, ref,
+                    S * NH * hs, 1e-5f, 1e-4f);
         sl_graph_free(g);
         free(ref), free(got), free(kc), free(vc);
         tc_free(&t);
@@ -286,7 +293,8 @@ static void test_linear_bf16(void) {
                 for (int64_t k = 0; k < K; k++) s += bf(t.pdata[0][i * K + k]) * bf(t.pdata[1][j * K + k]);
                 ref[i * N + j] = (float)(ro ? bf(s) : s);
             }
-        tu_allclose(ro ? "linear_bf16 (rounded output)" : "linear_bf16", got, ref, M * N, ro ? 2e-2f : 1e-5f, ro ? 8e-3f : 1e-4f);
+        tu_allclose(ro ? "linear_bf16 (rounded output)" : "linear_bf16", got, ref, M * N, ro ? 2e-2f : 1e-5f,
+                    ro ? 8e-3f : 1e-4f);
         free(got);
     }
     tc_free(&t);
@@ -310,7 +318,9 @@ static void test_moe_expert(void) {
             double u[6];
             for (int64_t i = 0; i < I; i++) {
                 double a = 0, b = 0;
-                for (int64_t c = 0; c < C; c++) a += (double)t.pdata[2][i * C + c] * t.pdata[0][r * C + c], b += (double)t.pdata[3][i * C + c] * t.pdata[0][r * C + c];
+                for (int64_t c = 0; c < C; c++)
+                    a += (double)t.pdata[2][i * C + c] * t.pdata[0][r * C + c],
+                        b += (double)t.pdata[3][i * C + c] * t.pdata[0][r * C + c];
                 u[i] = a / (1 + exp(-a)) * b;
             }
             for (int64_t c = 0; c < C; c++) {
@@ -367,7 +377,8 @@ static sl_tensor *b_block(tc *t) {
     sl_tensor *k = sl_rope(c, sl_view(c, qkv, 4, (int64_t[]){B, T, NKV, hd}, nb, NH * hd), 0, 10000.0f);
     sl_tensor *v = sl_view(c, qkv, 4, (int64_t[]){B, T, NKV, hd}, nb, (NH + NKV) * hd);
     sl_tensor *a = sl_attention(c, q, k, v);
-    sl_tensor *f = sl_linear(c, sl_mul(c, sl_silu(c, sl_linear(c, a, wg, NULL)), sl_linear(c, a, wu, NULL)), wd, NULL);
+    sl_tensor *f =
+        sl_linear(c, sl_mul(c, sl_silu(c, sl_linear(c, a, wg, NULL)), sl_linear(c, a, wu, NULL)), wd, NULL);
     return sl_add(c, x, f);
 }
 

@@ -61,9 +61,15 @@ int main(void) {
         return 1;
     }
     g_st = st;
-    sl_llama_config cfg = {.arch = SL_ARCH_LLAMA, .n_layer = meta_i("n_layer"), .n_head = meta_i("n_head"),
-                           .n_kv_head = meta_i("n_kv_head"), .hidden = meta_i("hidden"), .intermediate = meta_i("intermediate"),
-                           .vocab_size = meta_i("vocab_size"), .max_seq_len = meta_i("seq_len"), .rms_eps = meta_f("rms_eps"),
+    sl_llama_config cfg = {.arch = SL_ARCH_LLAMA,
+                           .n_layer = meta_i("n_layer"),
+                           .n_head = meta_i("n_head"),
+                           .n_kv_head = meta_i("n_kv_head"),
+                           .hidden = meta_i("hidden"),
+                           .intermediate = meta_i("intermediate"),
+                           .vocab_size = meta_i("vocab_size"),
+                           .max_seq_len = meta_i("seq_len"),
+                           .rms_eps = meta_f("rms_eps"),
                            .rope_theta = meta_f("rope_theta")};
     cfg.head_dim = cfg.hidden / cfg.n_head;
     int B = meta_i("batch"), T = cfg.max_seq_len, steps = meta_i("steps"), accum = meta_i("accum");
@@ -73,8 +79,8 @@ int main(void) {
 
     /* 1. one forward/backward on `tokens` */
     sl_trainer tr;
-    sl_trainer_config tc = {.B = B, .T = T, .accum = 1, .lr = 0, .clip = 0, .decay_iters = 1,
-                            .hp = {0.9f, 0.95f, 1e-8f, 0.0f}};
+    sl_trainer_config tc = {
+        .B = B, .T = T, .accum = 1, .lr = 0, .clip = 0, .decay_iters = 1, .hp = {0.9f, 0.95f, 1e-8f, 0.0f}};
     TU_CHECK(sl_trainer_init(&tr, m, &tc) == SL_OK, "trainer: %s", sl_errmsg());
     feed f = {need("tokens")->data, B, T, 1};
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(B * T)), *tg = malloc(sizeof(int32_t) * (size_t)(B * T));
@@ -106,18 +112,25 @@ int main(void) {
 
     /* 2. ten AdamW steps with accumulation, clipping, warmup+cosine */
     load_params(m, "param.");
-    sl_trainer_config tc2 = {.B = B, .T = T, .accum = accum, .lr = meta_f("lr"), .min_lr = meta_f("min_lr"),
-                             .clip = meta_f("clip"), .warmup = meta_i("warmup"), .decay_iters = steps,
+    sl_trainer_config tc2 = {.B = B,
+                             .T = T,
+                             .accum = accum,
+                             .lr = meta_f("lr"),
+                             .min_lr = meta_f("min_lr"),
+                             .clip = meta_f("clip"),
+                             .warmup = meta_i("warmup"),
+                             .decay_iters = steps,
                              .hp = {meta_f("beta1"), meta_f("beta2"), meta_f("eps"), meta_f("weight_decay")}};
     TU_CHECK(sl_trainer_init(&tr, m, &tc2) == SL_OK, "trainer: %s", sl_errmsg());
     feed f2 = {need("train_tokens")->data, B, T, accum};
-    const float *rls = need("step_losses")->data, *rns = need("step_grad_norms")->data, *rlr = need("step_lrs")->data;
+    const float *rls = need("step_losses")->data, *rns = need("step_grad_norms")->data,
+                *rlr = need("step_lrs")->data;
     for (int s = 0; s < steps; s++) {
         sl_step_stats ss;
         TU_CHECK(sl_trainer_step(&tr, s, feed_fn, &f2, &ss) == SL_OK, "step: %s", sl_errmsg());
         double r = fabs(ss.loss - rls[s]) / fabs(rls[s]);
-        printf("step %d loss %.7f ref %.7f rel %.2e | norm %.6f ref %.6f | lr %.3g ref %.3g\n", s, ss.loss, rls[s], r,
-               ss.grad_norm, rns[s], ss.lr, rlr[s]);
+        printf("step %d loss %.7f ref %.7f rel %.2e | norm %.6f ref %.6f | lr %.3g ref %.3g\n", s, ss.loss,
+               rls[s], r, ss.grad_norm, rns[s], ss.lr, rlr[s]);
         TU_CHECK(r <= 1e-5, "step %d loss rel err %.3g", s, r);
         TU_CHECK(fabs(ss.grad_norm - rns[s]) <= 1e-4 * fabs(rns[s]), "step %d grad norm", s);
         TU_CHECK(fabs(ss.lr - rlr[s]) <= 1e-6 * rlr[s], "step %d lr", s);
@@ -143,8 +156,14 @@ int main(void) {
     load_params(m, "param.");
     m->autocast_bf16 = 1;
     int ac_steps = meta_i("ac_steps");
-    sl_trainer_config tc3 = {.B = B, .T = T, .accum = 1, .lr = meta_f("lr"), .min_lr = meta_f("min_lr"),
-                             .clip = meta_f("clip"), .warmup = meta_i("ac_warmup"), .decay_iters = ac_steps,
+    sl_trainer_config tc3 = {.B = B,
+                             .T = T,
+                             .accum = 1,
+                             .lr = meta_f("lr"),
+                             .min_lr = meta_f("min_lr"),
+                             .clip = meta_f("clip"),
+                             .warmup = meta_i("ac_warmup"),
+                             .decay_iters = ac_steps,
                              .hp = {meta_f("beta1"), meta_f("beta2"), meta_f("eps"), meta_f("weight_decay")}};
     TU_CHECK(sl_trainer_init(&tr, m, &tc3) == SL_OK, "trainer: %s", sl_errmsg());
     feed f3 = {need("ac_tokens")->data, B, T, 1};
@@ -158,10 +177,12 @@ int main(void) {
         if (rt > worst_torch) worst_torch = rt;
         sum_ac += r;
         TU_CHECK(r <= 1e-2, "autocast step %d loss %.5f ref %.5f rel %.3g", s, ss.loss, ral[s], r);
-        if (s % 20 == 0 || s == ac_steps - 1) printf("bf16 step %3d loss %.5f torch autocast %.5f rel %.2e\n", s, ss.loss, ral[s], r);
+        if (s % 20 == 0 || s == ac_steps - 1)
+            printf("bf16 step %3d loss %.5f torch autocast %.5f rel %.2e\n", s, ss.loss, ral[s], r);
     }
-    printf("bf16 autocast %d steps: loss rel err max %.2e mean %.2e (torch fp32 vs torch autocast: max %.2e)\n", ac_steps,
-           worst_ac, sum_ac / ac_steps, worst_torch);
+    printf(
+        "bf16 autocast %d steps: loss rel err max %.2e mean %.2e (torch fp32 vs torch autocast: max %.2e)\n",
+        ac_steps, worst_ac, sum_ac / ac_steps, worst_torch);
     sl_trainer_free(&tr);
     m->autocast_bf16 = 0;
     free(ids);

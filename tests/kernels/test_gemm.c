@@ -32,16 +32,19 @@ static void fill(float *p, int64_t n) {
 static float tol_atol(int64_t K) { return 1e-6f * (float)(K + 8); }
 
 /* Compare the M x N window (leading dimension ldc) of got against ref; untouched padding must match too. */
-static int check_c(const char *what, const float *got, const float *ref, int64_t rows, int64_t ldc, int64_t K) {
+static int check_c(const char *what, const float *got, const float *ref, int64_t rows, int64_t ldc,
+                   int64_t K) {
     return tu_allclose(what, got, ref, rows * ldc, tol_atol(K), 1e-5f);
 }
 
-typedef struct shape { int64_t M, N, K; } shape;
+typedef struct shape {
+    int64_t M, N, K;
+} shape;
 
 static const shape shapes[] = {
-    {1, 1, 1},     {1, 17, 3},    {3, 1, 17},     {17, 3, 1},    {63, 65, 17},  {65, 63, 255},
-    {255, 17, 65}, {17, 255, 63}, {1000, 17, 63}, {3, 1000, 65}, {63, 65, 1000}, {255, 255, 255},
-    {1000, 65, 3}, {8, 48, 384},  {97, 145, 769},
+    {1, 1, 1},      {1, 17, 3},      {3, 1, 17},    {17, 3, 1},     {63, 65, 17},
+    {65, 63, 255},  {255, 17, 65},   {17, 255, 63}, {1000, 17, 63}, {3, 1000, 65},
+    {63, 65, 1000}, {255, 255, 255}, {1000, 65, 3}, {8, 48, 384},   {97, 145, 769},
 };
 
 static int test_sgemm_case(int tA, int tB, shape s, float alpha, float beta, int pad, int nan_c) {
@@ -59,8 +62,9 @@ static int test_sgemm_case(int tA, int tB, shape s, float alpha, float beta, int
     sl_sgemm_ref(tA, tB, M, N, K, alpha, A, lda, B, ldb, beta, R, ldc);
     sl_sgemm(tA, tB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     char what[160];
-    snprintf(what, sizeof what, "sgemm %s%s M=%lld N=%lld K=%lld alpha=%g beta=%g pad=%d nanC=%d", tA ? "T" : "N",
-             tB ? "T" : "N", (long long)M, (long long)N, (long long)K, alpha, beta, pad, nan_c);
+    snprintf(what, sizeof what, "sgemm %s%s M=%lld N=%lld K=%lld alpha=%g beta=%g pad=%d nanC=%d",
+             tA ? "T" : "N", tB ? "T" : "N", (long long)M, (long long)N, (long long)K, alpha, beta, pad,
+             nan_c);
     int ok = check_c(what, C, R, M, ldc, K);
     TU_CHECK(ok, "%s", what);
     free(A), free(B), free(C), free(R);
@@ -107,7 +111,8 @@ static void test_batched(void) {
                 memcpy(R, C, (size_t)(batch * sC) * sizeof(float));
                 float alpha = 0.5f, beta = t == 2 ? 0.0f : -1.0f;
                 for (int64_t b = 0; b < batch; b++)
-                    sl_sgemm_ref(tA, tB, M, N, K, alpha, A + b * sA, lda, B + b * sB, ldb, beta, R + b * sC, ldc);
+                    sl_sgemm_ref(tA, tB, M, N, K, alpha, A + b * sA, lda, B + b * sB, ldb, beta, R + b * sC,
+                                 ldc);
                 sl_sgemm_batched(tA, tB, batch, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC);
                 char what[128];
                 snprintf(what, sizeof what, "batched %s%s batch=%lld M=%lld N=%lld K=%lld", tA ? "T" : "N",
@@ -169,10 +174,11 @@ static void test_determinism(void) {
             sl_threads_set(1);
             sl_sgemm(tA, tB, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C3, N);
             sl_threads_set(saved);
-            TU_CHECK(!memcmp(C1, C2, (size_t)(M * N) * sizeof(float)), "run-to-run differs %lld %lld %lld t=%d",
-                     (long long)M, (long long)N, (long long)K, t);
-            TU_CHECK(!memcmp(C1, C3, (size_t)(M * N) * sizeof(float)), "1 vs 2 threads differ %lld %lld %lld t=%d",
-                     (long long)M, (long long)N, (long long)K, t);
+            TU_CHECK(!memcmp(C1, C2, (size_t)(M * N) * sizeof(float)),
+                     "run-to-run differs %lld %lld %lld t=%d", (long long)M, (long long)N, (long long)K, t);
+            TU_CHECK(!memcmp(C1, C3, (size_t)(M * N) * sizeof(float)),
+                     "1 vs 2 threads differ %lld %lld %lld t=%d", (long long)M, (long long)N, (long long)K,
+                     t);
             free(A), free(B), free(C1), free(C2), free(C3);
         }
     }

@@ -77,8 +77,8 @@ static float frand(void) {
     return (float)((double)(rng_state >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
 }
 
-static void run_case(const sl_gemm_impl *im, int bf16, int tA, int tB, int64_t M, int64_t N, int64_t K, int pad,
-                     float alpha, float beta, int nthr) {
+static void run_case(const sl_gemm_impl *im, int bf16, int tA, int tB, int64_t M, int64_t N, int64_t K,
+                     int pad, float alpha, float beta, int nthr) {
     int64_t lda = (tA ? M : K) + pad, ldb = (tB ? K : N) + pad, ldc = N + pad;
     int64_t na = (tA ? K : M) * lda, nb = (tB ? N : K) * ldb, nc = M * ldc;
     float *Af = malloc((size_t)na * 4), *Bf = malloc((size_t)nb * 4), *C = malloc((size_t)nc * 4),
@@ -94,14 +94,16 @@ static void run_case(const sl_gemm_impl *im, int bf16, int tA, int tB, int64_t M
     }
     memcpy(R, C, (size_t)nc * 4);
     sl_sgemm_ref(tA, tB, M, N, K, alpha, Af, lda, Bf, ldb, beta, R, ldc);
-    sl_gemm_args g = {tA, tB, M, N, K, alpha, beta, bf16 ? (const void *)Ah : Af, lda,
-                      bf16 ? (const void *)Bh : Bf, ldb, C, ldc};
+    sl_gemm_args g = {
+        tA,  tB, M,  N, K, alpha, beta, bf16 ? (const void *)Ah : Af, lda, bf16 ? (const void *)Bh : Bf,
+        ldb, C,  ldc};
     sl_gemm_run(&g, im, nthr);
     for (int64_t i = 0; i < nc; i++)
         if (isnan(R[i]) && isnan(C[i])) R[i] = C[i] = 0.0f; /* untouched padding of a NaN-filled C */
     char what[160];
-    snprintf(what, sizeof what, "%s %s%s M=%lld N=%lld K=%lld pad=%d alpha=%g beta=%g thr=%d", im == &emu_impl_f32 ? "f32" : (im == &emu_impl_bf16 ? "bf16" : "bf16emu"),
-             tA ? "T" : "N", tB ? "T" : "N", (long long)M, (long long)N, (long long)K, pad, alpha, beta, nthr);
+    snprintf(what, sizeof what, "%s %s%s M=%lld N=%lld K=%lld pad=%d alpha=%g beta=%g thr=%d",
+             im == &emu_impl_f32 ? "f32" : (im == &emu_impl_bf16 ? "bf16" : "bf16emu"), tA ? "T" : "N",
+             tB ? "T" : "N", (long long)M, (long long)N, (long long)K, pad, alpha, beta, nthr);
     TU_CHECK(tu_allclose(what, C, R, nc, 1e-6f * (float)(K + 8), 1e-5f), "%s", what);
     free(Af), free(Bf), free(C), free(R), free(Ah), free(Bh);
 }
@@ -109,15 +111,15 @@ static void run_case(const sl_gemm_impl *im, int bf16, int tA, int tB, int64_t M
 int main(void) {
     /* shapes exercise full tiles, row/column edges, k tails of the 8x8/16x16 transposes, odd K for
      * bf16 pairs, and more than one K block (kc 384 fp32 / 512 bf16). */
-    static const int64_t shapes[][3] = {{1, 1, 1},  {8, 48, 16},  {9, 49, 17},    {17, 100, 3},
+    static const int64_t shapes[][3] = {{1, 1, 1},    {8, 48, 16},   {9, 49, 17},   {17, 100, 3},
                                         {63, 65, 33}, {24, 96, 385}, {7, 47, 1031}, {130, 20, 64}};
     const sl_gemm_impl *impls[3] = {&emu_impl_f32, &emu_impl_bf16, &emu_impl_bf16emu};
     for (int ii = 0; ii < 3; ii++)
         for (int s = 0; s < 8; s++)
             for (int t = 0; t < 4; t++) {
                 int pad = (s + t) % 2 ? 3 : 0;
-                run_case(impls[ii], ii > 0, t >> 1, t & 1, shapes[s][0], shapes[s][1], shapes[s][2], pad, 1.0f,
-                         0.0f, 1);
+                run_case(impls[ii], ii > 0, t >> 1, t & 1, shapes[s][0], shapes[s][1], shapes[s][2], pad,
+                         1.0f, 0.0f, 1);
                 run_case(impls[ii], ii > 0, t >> 1, t & 1, shapes[s][0], shapes[s][1], shapes[s][2], pad + 1,
                          -0.5f, 1.0f, 2);
                 if (s % 3 == 0)

@@ -6,8 +6,8 @@
  * identical (determinism whatever the thread count).
  * Tolerances (|fast - ref| <= atol + rtol |ref|, both fp32): elementwise (add, acc, bias, sum_to, gelu)
  * 1e-6 + 1e-5; gelu_back 1e-5 + 1e-4 (its 1 - tanh^2 term turns a 1-ulp tanh difference near |tanh| = 1
- * into a larger relative one, in both variants); row reductions (layernorm, softmax, cross-entropy) 1e-5 + 1e-4; attention 2e-5 + 2e-4.
- * Vector exp/tanh: <= 2 ulp against double-precision libm on a dense sweep.
+ * into a larger relative one, in both variants); row reductions (layernorm, softmax, cross-entropy) 1e-5 +
+ * 1e-4; attention 2e-5 + 2e-4. Vector exp/tanh: <= 2 ulp against double-precision libm on a dense sweep.
  * AdamW: bitwise equal to the scalar formula, 1 and 2 threads.
  * Also: MATMUL with bf16 operands against fp32 matmul of the bf16-rounded inputs (1e-5 + 1e-5). */
 #include <string.h>
@@ -57,7 +57,8 @@ static float *check_pair(const char *what, sl_tensor *n, kfn fast, kfn ref, floa
         sl_status st = (k == 0 ? ref : fast)(n);
         TU_CHECK(st == SL_OK, "%s: %s", what, sl_errmsg());
         if (k >= 2) {
-            snprintf(buf, sizeof buf, "[%s] %s deterministic (%s)", g_isa, what, k == 2 ? "1 vs 2 threads" : "rerun");
+            snprintf(buf, sizeof buf, "[%s] %s deterministic (%s)", g_isa, what,
+                     k == 2 ? "1 vs 2 threads" : "rerun");
             TU_CHECK(memcmp(f1, f2, bytes) == 0, "%s", buf);
         }
     }
@@ -85,23 +86,29 @@ static void test_elementwise(void) {
             float *outs[8];
             int no = 0;
             snprintf(what, sizeof what, "add %lldx%lld", (long long)R, (long long)C);
-            outs[no++] = check_pair(what, sl_add(ctx, x, y), sl_k_add, sl_k_add_ref, 1e-6f, 1e-5f, NULL, NULL);
+            outs[no++] =
+                check_pair(what, sl_add(ctx, x, y), sl_k_add, sl_k_add_ref, 1e-6f, 1e-5f, NULL, NULL);
             snprintf(what, sizeof what, "mul %lldx%lld", (long long)R, (long long)C);
-            outs[no++] = check_pair(what, sl_mul(ctx, x, y), sl_k_mul, sl_k_mul_ref, 1e-6f, 1e-5f, NULL, NULL);
+            outs[no++] =
+                check_pair(what, sl_mul(ctx, x, y), sl_k_mul, sl_k_mul_ref, 1e-6f, 1e-5f, NULL, NULL);
             snprintf(what, sizeof what, "bias %lldx%lld", (long long)R, (long long)C);
-            outs[no++] = check_pair(what, sl_bias(ctx, x, bias), sl_k_add, sl_k_add_ref, 1e-6f, 1e-5f, NULL, NULL);
+            outs[no++] =
+                check_pair(what, sl_bias(ctx, x, bias), sl_k_add, sl_k_add_ref, 1e-6f, 1e-5f, NULL, NULL);
             /* strided rows: a column slice of x */
             if (C > 2) {
                 sl_tensor *xs = sl_slice(ctx, x, 1, 1, C - 2), *bs = sl_slice(ctx, bias, 0, 0, C - 2);
                 xs->data = (float *)x->data + 1;
                 bs->data = bias->data;
                 snprintf(what, sizeof what, "bias strided %lldx%lld", (long long)R, (long long)C - 2);
-                outs[no++] = check_pair(what, sl_add(ctx, xs, bs), sl_k_add, sl_k_add_ref, 1e-6f, 1e-5f, NULL, NULL);
+                outs[no++] =
+                    check_pair(what, sl_add(ctx, xs, bs), sl_k_add, sl_k_add_ref, 1e-6f, 1e-5f, NULL, NULL);
             }
             snprintf(what, sizeof what, "sum_to %lldx%lld", (long long)R, (long long)C);
-            outs[no++] = check_pair(what, sl_sum_to(ctx, x, bias), sl_k_sum_to, sl_k_sum_to_ref, 1e-5f, 1e-5f, NULL, NULL);
+            outs[no++] = check_pair(what, sl_sum_to(ctx, x, bias), sl_k_sum_to, sl_k_sum_to_ref, 1e-5f, 1e-5f,
+                                    NULL, NULL);
             snprintf(what, sizeof what, "gelu %lldx%lld", (long long)R, (long long)C);
-            outs[no++] = check_pair(what, sl_gelu(ctx, x), sl_k_gelu, sl_k_gelu_ref, 1e-6f, 1e-5f, NULL, NULL);
+            outs[no++] =
+                check_pair(what, sl_gelu(ctx, x), sl_k_gelu, sl_k_gelu_ref, 1e-6f, 1e-5f, NULL, NULL);
             sl_tensor *gb = sl_new_op(ctx, SL_OP_GELU_BACK, SL_F32, 2, x->ne);
             gb->src[0] = x;
             gb->src[1] = y;
@@ -142,13 +149,15 @@ static void test_norm_softmax(void) {
             bx->src[2] = w;
             bx->src[3] = g;
             snprintf(what, sizeof what, "layernorm_back_x %lldx%lld", (long long)R, (long long)C);
-            outs[no++] = check_pair(what, bx, sl_k_layernorm_back_x, sl_k_layernorm_back_x_ref, 1e-5f, 1e-4f, NULL, NULL);
+            outs[no++] = check_pair(what, bx, sl_k_layernorm_back_x, sl_k_layernorm_back_x_ref, 1e-5f, 1e-4f,
+                                    NULL, NULL);
             sl_tensor *bwb = sl_new_op(ctx, SL_OP_LAYERNORM_BACK_WB, SL_F32, 2, (int64_t[]){2, C});
             bwb->src[0] = ln;
             bwb->src[1] = xv;
             bwb->src[2] = g;
             snprintf(what, sizeof what, "layernorm_back_wb %lldx%lld", (long long)R, (long long)C);
-            outs[no++] = check_pair(what, bwb, sl_k_layernorm_back_wb, sl_k_layernorm_back_wb_ref, 1e-5f, 1e-4f, NULL, NULL);
+            outs[no++] = check_pair(what, bwb, sl_k_layernorm_back_wb, sl_k_layernorm_back_wb_ref, 1e-5f,
+                                    1e-4f, NULL, NULL);
             sl_tensor *sm = sl_softmax(ctx, xv);
             snprintf(what, sizeof what, "softmax %lldx%lld", (long long)R, (long long)C);
             outs[no++] = check_pair(what, sm, sl_k_softmax, sl_k_softmax_ref, 1e-6f, 1e-4f, NULL, NULL);
@@ -156,7 +165,8 @@ static void test_norm_softmax(void) {
             sb->src[0] = sm;
             sb->src[1] = g;
             snprintf(what, sizeof what, "softmax_back %lldx%lld", (long long)R, (long long)C);
-            outs[no++] = check_pair(what, sb, sl_k_softmax_back, sl_k_softmax_back_ref, 1e-6f, 1e-4f, NULL, NULL);
+            outs[no++] =
+                check_pair(what, sb, sl_k_softmax_back, sl_k_softmax_back_ref, 1e-6f, 1e-4f, NULL, NULL);
             for (int k = 0; k < no; k++) free(outs[k]);
             free(x->data);
             free(w->data);
@@ -181,7 +191,8 @@ static void test_embed_ce(void) {
             sl_tensor_bind(tg, tid);
             sl_tensor *ce = sl_cross_entropy(ctx, lg, tg);
             snprintf(what, sizeof what, "cross_entropy N=%lld V=%lld", (long long)N, (long long)V);
-            float *o1 = check_pair(what, ce, sl_k_cross_entropy, sl_k_cross_entropy_ref, 1e-5f, 1e-5f, NULL, NULL);
+            float *o1 =
+                check_pair(what, ce, sl_k_cross_entropy, sl_k_cross_entropy_ref, 1e-5f, 1e-5f, NULL, NULL);
             sl_tensor *dl = sl_new_tensor(ctx, SL_F32, 1, (int64_t[]){1});
             float one = 0.75f;
             sl_tensor_bind(dl, &one);
@@ -191,11 +202,13 @@ static void test_embed_ce(void) {
             cb->src[2] = tg;
             cb->src[3] = dl;
             snprintf(what, sizeof what, "cross_entropy_back N=%lld V=%lld", (long long)N, (long long)V);
-            float *o2 = check_pair(what, cb, sl_k_cross_entropy_back, sl_k_cross_entropy_back_ref, 1e-7f, 1e-5f, NULL, NULL);
+            float *o2 = check_pair(what, cb, sl_k_cross_entropy_back, sl_k_cross_entropy_back_ref, 1e-7f,
+                                   1e-5f, NULL, NULL);
             /* embedding backward: ids into a (V, C) table gradient that already holds values */
             sl_tensor *ids = sl_new_tensor(ctx, SL_I32, 1, (int64_t[]){N});
             int32_t *iid = malloc(sizeof(int32_t) * (size_t)N);
-            for (int64_t i = 0; i < N; i++) iid[i] = (int32_t)(sl_rng_u64(3, 5, (uint64_t)i) % (uint64_t)(V < 7 ? V : 7));
+            for (int64_t i = 0; i < N; i++)
+                iid[i] = (int32_t)(sl_rng_u64(3, 5, (uint64_t)i) % (uint64_t)(V < 7 ? V : 7));
             sl_tensor_bind(ids, iid);
             sl_tensor *g = leaf(ctx, 2, (int64_t[]){N, C}, 1.0f);
             int64_t vt = V < 64 ? V : 64;
@@ -204,7 +217,8 @@ static void test_embed_ce(void) {
             eb->src[2] = g;
             float *init = rnd(vt * C, 1.0f);
             snprintf(what, sizeof what, "embedding_back N=%lld C=%lld", (long long)N, (long long)C);
-            float *o3 = check_pair(what, eb, sl_k_embedding_back, sl_k_embedding_back_ref, 1e-6f, 1e-5f, init, NULL);
+            float *o3 =
+                check_pair(what, eb, sl_k_embedding_back, sl_k_embedding_back_ref, 1e-6f, 1e-5f, init, NULL);
             free(o1);
             free(o2);
             free(o3);
@@ -220,7 +234,7 @@ static void test_embed_ce(void) {
 /* q, k, v as strided views of one packed (B, T, NH + 2 NKV, hs + pad) buffer, like a fused QKV projection */
 static void test_attention(void) {
     const int64_t cases[][5] = {/* B, T, NH, NKV, hs */
-                                {1, 1, 1, 1, 3},  {2, 17, 4, 2, 5},  {1, 65, 2, 1, 64}, {2, 33, 6, 3, 17},
+                                {1, 1, 1, 1, 3},    {2, 17, 4, 2, 5},  {1, 65, 2, 1, 64}, {2, 33, 6, 3, 17},
                                 {1, 100, 2, 2, 80}, {1, 63, 3, 1, 16}, {2, 40, 2, 2, 255}};
     for (int ci = 0; ci < (int)(sizeof cases / sizeof cases[0]); ci++) {
         int64_t B = cases[ci][0], T = cases[ci][1], NH = cases[ci][2], NKV = cases[ci][3], hs = cases[ci][4];
@@ -235,8 +249,8 @@ static void test_attention(void) {
         k->data = (float *)qkv->data + NH * hp + 1;
         v->data = (float *)qkv->data + (NH + NKV) * hp + 2;
         sl_tensor *at = sl_attention(ctx, q, k, v);
-        snprintf(what, sizeof what, "attention B%lld T%lld NH%lld NKV%lld hs%lld (out+lse)", (long long)B, (long long)T,
-                 (long long)NH, (long long)NKV, (long long)hs);
+        snprintf(what, sizeof what, "attention B%lld T%lld NH%lld NKV%lld hs%lld (out+lse)", (long long)B,
+                 (long long)T, (long long)NH, (long long)NKV, (long long)hs);
         float *o1 = check_pair(what, at, sl_k_attention, sl_k_attention_ref, 2e-5f, 2e-4f, NULL, NULL);
         sl_tensor *g = leaf(ctx, 3, at->ne, 1.0f);
         sl_tensor *ab = sl_new_op(ctx, SL_OP_ATTENTION_BACK, SL_F32, 4, (int64_t[]){B, T, W, hs});
@@ -245,9 +259,10 @@ static void test_attention(void) {
         ab->src[2] = k;
         ab->src[3] = v;
         ab->src[4] = g;
-        snprintf(what, sizeof what, "attention_back B%lld T%lld NH%lld NKV%lld hs%lld", (long long)B, (long long)T,
-                 (long long)NH, (long long)NKV, (long long)hs);
-        float *o2 = check_pair(what, ab, sl_k_attention_back, sl_k_attention_back_ref, 2e-5f, 2e-4f, NULL, NULL);
+        snprintf(what, sizeof what, "attention_back B%lld T%lld NH%lld NKV%lld hs%lld", (long long)B,
+                 (long long)T, (long long)NH, (long long)NKV, (long long)hs);
+        float *o2 =
+            check_pair(what, ab, sl_k_attention_back, sl_k_attention_back_ref, 2e-5f, 2e-4f, NULL, NULL);
         free(o1);
         free(o2);
         free(g->data);
@@ -267,10 +282,12 @@ static double ulp_err(float got, double want) {
 }
 
 #if SL_HAVE_X86
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) static void exp16(const float *x, float *y) {
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) static void exp16(const float *x,
+                                                                                    float *y) {
     _mm512_storeu_ps(y, sl_exp_avx512(_mm512_loadu_ps(x)));
 }
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) static void tanh16(const float *x, float *y) {
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) static void tanh16(const float *x,
+                                                                                     float *y) {
     _mm512_storeu_ps(y, sl_tanh_avx512(_mm512_loadu_ps(x)));
 }
 __attribute__((target("avx2,fma"))) static void exp8(const float *x, float *y) {
@@ -316,7 +333,8 @@ static void test_math(int isa) {
         if (e > we) we = e, ie = i;
         if (t > wt) wt = t, it = i;
     }
-    printf("[%s] exp max %.2f ulp (x=%g), tanh max %.2f ulp (x=%g)\n", sl_kern_isa_name(isa), we, x[ie], wt, xt[it]);
+    printf("[%s] exp max %.2f ulp (x=%g), tanh max %.2f ulp (x=%g)\n", sl_kern_isa_name(isa), we, x[ie], wt,
+           xt[it]);
     TU_CHECK(we <= 2.0, "[%s] exp error %.2f ulp at x=%g", sl_kern_isa_name(isa), we, x[ie]);
     TU_CHECK(wt <= 2.0, "[%s] tanh error %.2f ulp at x=%g", sl_kern_isa_name(isa), wt, xt[it]);
 }
@@ -351,8 +369,8 @@ static void test_matmul_bf16(void) {
             c16->data = f;
             TU_CHECK(sl_k_matmul(c32) == SL_OK && sl_k_matmul(c16) == SL_OK, "matmul");
             char what[96];
-            snprintf(what, sizeof what, "[%s] matmul bf16 M%lld N%lld K%lld tA%d tB%d", g_isa, (long long)M, (long long)N,
-                     (long long)K, tA, tB);
+            snprintf(what, sizeof what, "[%s] matmul bf16 M%lld N%lld K%lld tA%d tB%d", g_isa, (long long)M,
+                     (long long)N, (long long)K, tA, tB);
             tu_allclose(what, f, r, M * N, 1e-5f, 1e-5f);
             free(r);
             free(f);
@@ -431,7 +449,8 @@ static void test_adamw(void) {
     for (int threads = 1; threads <= 2; threads++) {
         sl_model m = {.params = pi, .n_params = NP, .numel = off};
         m.params_mem = rnd(off, 1.0f);
-        float *p_ref = malloc(sizeof(float) * (size_t)off), *m_ref = calloc((size_t)off, 4), *v_ref = calloc((size_t)off, 4);
+        float *p_ref = malloc(sizeof(float) * (size_t)off), *m_ref = calloc((size_t)off, 4),
+              *v_ref = calloc((size_t)off, 4);
         memcpy(p_ref, m.params_mem, sizeof(float) * (size_t)off);
         sl_adamw opt;
         sl_adamw_hparams hp = {0.9f, 0.95f, 1e-8f, 0.1f};
@@ -442,7 +461,8 @@ static void test_adamw(void) {
             float lr = 1e-3f * (float)step;
             sl_adamw_step(&opt, &m, lr);
             double bc1 = 1.0 - pow(0.9, step), bc2 = 1.0 - pow((double)0.95f, step);
-            float b1 = 0.9f, b2 = 0.95f, ss = (float)(lr / (1.0 - pow((double)b1, step))), bs = (float)sqrt(bc2);
+            float b1 = 0.9f, b2 = 0.95f, ss = (float)(lr / (1.0 - pow((double)b1, step))),
+                  bs = (float)sqrt(bc2);
             (void)bc1;
             for (int i = 0; i < NP; i++) {
                 float decay = pi[i].decay ? 1.0f - lr * hp.weight_decay : 1.0f;
@@ -466,9 +486,12 @@ static void test_adamw(void) {
             }
             free(m.grads_mem);
         }
-        TU_CHECK(memcmp(p_ref, m.params_mem, sizeof(float) * (size_t)off) == 0, "adamw params bitwise (%d threads)", threads);
-        TU_CHECK(memcmp(m_ref, opt.m, sizeof(float) * (size_t)off) == 0, "adamw m bitwise (%d threads)", threads);
-        TU_CHECK(memcmp(v_ref, opt.v, sizeof(float) * (size_t)off) == 0, "adamw v bitwise (%d threads)", threads);
+        TU_CHECK(memcmp(p_ref, m.params_mem, sizeof(float) * (size_t)off) == 0,
+                 "adamw params bitwise (%d threads)", threads);
+        TU_CHECK(memcmp(m_ref, opt.m, sizeof(float) * (size_t)off) == 0, "adamw m bitwise (%d threads)",
+                 threads);
+        TU_CHECK(memcmp(v_ref, opt.v, sizeof(float) * (size_t)off) == 0, "adamw v bitwise (%d threads)",
+                 threads);
         sl_adamw_free(&opt);
         free(m.params_mem);
         free(p_ref);

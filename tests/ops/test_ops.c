@@ -55,7 +55,8 @@ static void grad_check(const char *name, build_fn fn) {
     float *rd = malloc(sizeof(float) * (size_t)n);
     sl_rng_fill_normal(rd, n, 9, 99, 0.0f, 1.0f);
     sl_tensor_bind(R, rd);
-    sl_tensor *prod = sl_mul(t.ctx, out->op == SL_OP_VIEW && !sl_is_contiguous(out) ? sl_cont(t.ctx, out) : out, R);
+    sl_tensor *prod =
+        sl_mul(t.ctx, out->op == SL_OP_VIEW && !sl_is_contiguous(out) ? sl_cont(t.ctx, out) : out, R);
     sl_tensor *loss = sl_sum_to(t.ctx, prod, sl_new_tensor_1d(t.ctx, SL_F32, 1));
     sl_graph *gf = sl_graph_new(t.ctx); /* forward-only graph for finite differences */
     sl_graph_build_forward(gf, loss);
@@ -109,8 +110,8 @@ static void grad_check(const char *name, build_fn fn) {
 
 /* -------- forward references (double) -------- */
 
-static void ref_matmul(int tA, int tB, int64_t Bt, int64_t M, int64_t N, int64_t K, const float *A, const float *B,
-                       float *C) {
+static void ref_matmul(int tA, int tB, int64_t Bt, int64_t M, int64_t N, int64_t K, const float *A,
+                       const float *B, float *C) {
     for (int64_t b = 0; b < Bt; b++)
         for (int64_t i = 0; i < M; i++)
             for (int64_t j = 0; j < N; j++) {
@@ -150,8 +151,8 @@ static void test_matmul_fwd(void) {
                 float *ref = malloc(sizeof(float) * (size_t)(Bt * M * N));
                 ref_matmul(tA, tB, Bt, M, N, K, t.pdata[0], t.pdata[1], ref);
                 char what[96];
-                snprintf(what, sizeof what, "matmul B%lld M%lld N%lld K%lld tA%d tB%d", (long long)Bt, (long long)M,
-                         (long long)N, (long long)K, tA, tB);
+                snprintf(what, sizeof what, "matmul B%lld M%lld N%lld K%lld tA%d tB%d", (long long)Bt,
+                         (long long)M, (long long)N, (long long)K, tA, tB);
                 tu_allclose(what, got, ref, Bt * M * N, 1e-5f, 1e-4f);
                 free(got);
                 free(ref);
@@ -210,7 +211,8 @@ static void test_layernorm_fwd(void) {
         for (int64_t c = 0; c < C; c++) v += pow(t.pdata[0][r * C + c] - m, 2);
         v /= C;
         for (int64_t c = 0; c < C; c++)
-            ref[r * C + c] = (float)((t.pdata[0][r * C + c] - m) / sqrt(v + 1e-5) * t.pdata[1][c] + t.pdata[2][c]);
+            ref[r * C + c] =
+                (float)((t.pdata[0][r * C + c] - m) / sqrt(v + 1e-5) * t.pdata[1][c] + t.pdata[2][c]);
     }
     tu_allclose("layernorm", got, ref, R * C, 1e-5f, 1e-4f);
     free(got), free(ref);
@@ -236,7 +238,8 @@ static void test_attention_fwd(void) {
                 for (int64_t j = 0; j <= i; j++) {
                     double d = 0;
                     for (int64_t e = 0; e < hs; e++)
-                        d += (double)Q[((b * T + i) * NH + h) * hs + e] * K[((b * T + j) * NKV + kh) * hs + e];
+                        d +=
+                            (double)Q[((b * T + i) * NH + h) * hs + e] * K[((b * T + j) * NKV + kh) * hs + e];
                     s[j] = d / sqrt((double)hs);
                     mx = fmax(mx, s[j]);
                 }
@@ -262,7 +265,8 @@ static void test_embed_ce_fwd(void) {
     int32_t idv[9] = {0, 10, 3, 3, 7, 1, 0, 9, 5}, tgv[9] = {1, 2, -1, 4, 10, 0, 0, 3, 5};
     sl_tensor_bind(ids, idv);
     float *emb = fwd(&t, sl_embedding(t.ctx, tab, ids));
-    for (int64_t i = 0; i < N; i++) tu_allclose("embedding row", emb + i * C, t.pdata[0] + idv[i] * C, C, 0, 0);
+    for (int64_t i = 0; i < N; i++)
+        tu_allclose("embedding row", emb + i * C, t.pdata[0] + idv[i] * C, C, 0, 0);
     sl_tensor *lg = param(&t, 2, (int64_t[]){N, V}, 3.0f);
     sl_tensor *tg = sl_new_tensor_1d(t.ctx, SL_I32, N);
     sl_tensor_bind(tg, tgv);
@@ -299,7 +303,7 @@ static void test_views_fwd(void) {
     sl_tensor *b = param(&t, 3, (int64_t[]){2, 2, 4}, 1.0f);
     float *pm = fwd(&t, sl_cont(t.ctx, sl_permute(t.ctx, a, (int[]){2, 0, 1}))); /* (4,2,3) */
     float *cc = fwd(&t, sl_concat(t.ctx, a, b, 1));                              /* (2,5,4) */
-    float *sl = fwd(&t, sl_cont(t.ctx, sl_slice(t.ctx, a, 2, 1, 2)));             /* (2,3,2) */
+    float *sl = fwd(&t, sl_cont(t.ctx, sl_slice(t.ctx, a, 2, 1, 2)));            /* (2,3,2) */
     float rp[24], rc[40], rsl[12];
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < 3; j++)
@@ -307,7 +311,8 @@ static void test_views_fwd(void) {
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < 5; j++)
             for (int k = 0; k < 4; k++)
-                rc[(i * 5 + j) * 4 + k] = j < 3 ? t.pdata[0][(i * 3 + j) * 4 + k] : t.pdata[1][(i * 2 + j - 3) * 4 + k];
+                rc[(i * 5 + j) * 4 + k] =
+                    j < 3 ? t.pdata[0][(i * 3 + j) * 4 + k] : t.pdata[1][(i * 2 + j - 3) * 4 + k];
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < 3; j++)
             for (int k = 0; k < 2; k++) rsl[(i * 3 + j) * 2 + k] = t.pdata[0][(i * 3 + j) * 4 + k + 1];
@@ -321,10 +326,12 @@ static void test_views_fwd(void) {
 
 /* -------- gradient builders -------- */
 static sl_tensor *b_matmul_nn(tc *t) {
-    return sl_matmul(t->ctx, param(t, 3, (int64_t[]){2, 3, 5}, 1), param(t, 3, (int64_t[]){2, 5, 4}, 1), 0, 0);
+    return sl_matmul(t->ctx, param(t, 3, (int64_t[]){2, 3, 5}, 1), param(t, 3, (int64_t[]){2, 5, 4}, 1), 0,
+                     0);
 }
 static sl_tensor *b_matmul_tt(tc *t) {
-    return sl_matmul(t->ctx, param(t, 3, (int64_t[]){2, 5, 3}, 1), param(t, 3, (int64_t[]){2, 4, 5}, 1), 1, 1);
+    return sl_matmul(t->ctx, param(t, 3, (int64_t[]){2, 5, 3}, 1), param(t, 3, (int64_t[]){2, 4, 5}, 1), 1,
+                     1);
 }
 static sl_tensor *b_matmul_tn(tc *t) {
     return sl_matmul(t->ctx, param(t, 2, (int64_t[]){5, 3}, 1), param(t, 2, (int64_t[]){5, 4}, 1), 1, 0);
@@ -342,7 +349,9 @@ static sl_tensor *b_add_bcast(tc *t) {
 static sl_tensor *b_mul_bcast(tc *t) {
     return sl_mul(t->ctx, param(t, 3, (int64_t[]){3, 4, 5}, 1), param(t, 3, (int64_t[]){3, 1, 5}, 1));
 }
-static sl_tensor *b_scale_gelu(tc *t) { return sl_gelu(t->ctx, sl_scale(t->ctx, param(t, 2, (int64_t[]){7, 9}, 1), 1.7f)); }
+static sl_tensor *b_scale_gelu(tc *t) {
+    return sl_gelu(t->ctx, sl_scale(t->ctx, param(t, 2, (int64_t[]){7, 9}, 1), 1.7f));
+}
 static sl_tensor *b_layernorm(tc *t) {
     return sl_layernorm(t->ctx, param(t, 3, (int64_t[]){2, 3, 17}, 1), param(t, 1, (int64_t[]){17}, 1),
                         param(t, 1, (int64_t[]){17}, 1), 1e-5f);
@@ -354,14 +363,17 @@ static sl_tensor *b_attention_qkv(tc *t) {
     sl_tensor *qkv = param(t, 3, (int64_t[]){B, T, 3 * NH * hs}, 1);
     sl_tensor *x = sl_scale(t->ctx, qkv, 1.0f); /* make it a non-leaf so views scatter */
     sl_tensor *r = sl_reshape(t->ctx, x, 5, (int64_t[]){B, T, 3, NH, hs});
-    sl_tensor *q = sl_view(t->ctx, r, 4, (int64_t[]){B, T, NH, hs}, (int64_t[]){r->nb[0], r->nb[1], r->nb[3], 1}, 0);
-    sl_tensor *k = sl_view(t->ctx, r, 4, (int64_t[]){B, T, NH, hs}, (int64_t[]){r->nb[0], r->nb[1], r->nb[3], 1}, r->nb[2]);
-    sl_tensor *v = sl_view(t->ctx, r, 4, (int64_t[]){B, T, NH, hs}, (int64_t[]){r->nb[0], r->nb[1], r->nb[3], 1}, 2 * r->nb[2]);
+    sl_tensor *q =
+        sl_view(t->ctx, r, 4, (int64_t[]){B, T, NH, hs}, (int64_t[]){r->nb[0], r->nb[1], r->nb[3], 1}, 0);
+    sl_tensor *k = sl_view(t->ctx, r, 4, (int64_t[]){B, T, NH, hs},
+                           (int64_t[]){r->nb[0], r->nb[1], r->nb[3], 1}, r->nb[2]);
+    sl_tensor *v = sl_view(t->ctx, r, 4, (int64_t[]){B, T, NH, hs},
+                           (int64_t[]){r->nb[0], r->nb[1], r->nb[3], 1}, 2 * r->nb[2]);
     return sl_attention(t->ctx, q, k, v);
 }
 static sl_tensor *b_attention_gqa(tc *t) {
-    return sl_attention(t->ctx, param(t, 4, (int64_t[]){2, 6, 4, 3}, 1), param(t, 4, (int64_t[]){2, 6, 2, 3}, 1),
-                        param(t, 4, (int64_t[]){2, 6, 2, 3}, 1));
+    return sl_attention(t->ctx, param(t, 4, (int64_t[]){2, 6, 4, 3}, 1),
+                        param(t, 4, (int64_t[]){2, 6, 2, 3}, 1), param(t, 4, (int64_t[]){2, 6, 2, 3}, 1));
 }
 static int32_t g_ids[10] = {3, 0, 3, 6, 1, 3, 2, 6, 0, 5};
 static sl_tensor *b_embedding(tc *t) {
@@ -369,8 +381,8 @@ static sl_tensor *b_embedding(tc *t) {
     sl_tensor_bind(ids, g_ids);
     sl_tensor *tab = param(t, 2, (int64_t[]){7, 4}, 1);
     /* the table is used twice (tied embedding pattern): lookup and as a projection */
-    sl_tensor *e = sl_embedding(t->ctx, tab, ids);   /* (2,5,4) */
-    return sl_matmul(t->ctx, e, tab, 0, 1);          /* (2,5,7) */
+    sl_tensor *e = sl_embedding(t->ctx, tab, ids); /* (2,5,4) */
+    return sl_matmul(t->ctx, e, tab, 0, 1);        /* (2,5,7) */
 }
 static int32_t g_tg[12] = {1, 4, 0, -1, 2, 2, 6, 5, 3, 0, 1, 6};
 static sl_tensor *b_ce(tc *t) {
@@ -381,7 +393,7 @@ static sl_tensor *b_ce(tc *t) {
 static sl_tensor *b_views(tc *t) {
     sl_tensor *a = param(t, 3, (int64_t[]){2, 3, 4}, 1);
     sl_tensor *b = param(t, 3, (int64_t[]){2, 2, 4}, 1);
-    sl_tensor *c = sl_concat(t->ctx, a, b, 1);                              /* (2,5,4) */
+    sl_tensor *c = sl_concat(t->ctx, a, b, 1);                               /* (2,5,4) */
     sl_tensor *p = sl_cont(t->ctx, sl_permute(t->ctx, c, (int[]){2, 0, 1})); /* (4,2,5) */
     sl_tensor *parts[2];
     sl_split(t->ctx, p, 0, 2, parts);

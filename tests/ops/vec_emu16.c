@@ -24,13 +24,15 @@ static inline void e_store(float *p, vf v) {
     _mm256_storeu_ps(p, v.lo);
     _mm256_storeu_ps(p + 8, v.hi);
 }
-#define E2(name, op)                                                                               \
+#define E2(name, op)                                                                                         \
     static inline vf name(vf a, vf b) { return (vf){op(a.lo, b.lo), op(a.hi, b.hi)}; }
 E2(e_add, _mm256_add_ps)
 E2(e_sub, _mm256_sub_ps)
 E2(e_mul, _mm256_mul_ps)
 E2(e_max, _mm256_max_ps)
-static inline vf e_fma(vf a, vf b, vf c) { return (vf){_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
+static inline vf e_fma(vf a, vf b, vf c) {
+    return (vf){_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
 static inline vf e_fnma(vf a, vf b, vf c) {
     return (vf){_mm256_fnmadd_ps(a.lo, b.lo, c.lo), _mm256_fnmadd_ps(a.hi, b.hi, c.hi)};
 }

@@ -32,22 +32,26 @@ static double loss_at(const char *metrics_path, int step) {
     return v;
 }
 
-#define TINY "--num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2 " \
-             "--global-batch-size 4 --train-iters 8 --eval-interval 0 --eval-iters 1 --threads 1"
+#define TINY                                                                                                 \
+    "--num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2 "          \
+    "--global-batch-size 4 --train-iters 8 --eval-interval 0 --eval-iters 1 --threads 1"
 
 int main(void) {
     const char *cli = tu_cli();
     char dir[512], data[600];
     snprintf(dir, sizeof dir, "%s", tu_tmpdir("dpcli"));
     snprintf(data, sizeof data, "%s/data", dir);
-    int rc = run("sh -c 'head -c 20000 %s/data/tinyshakespeare.txt > %s/s.txt && %s data prepare --input %s/s.txt "
-                 "--output-prefix %s'", SL_SOURCE_DIR, dir, cli, dir, data);
+    int rc =
+        run("sh -c 'head -c 20000 %s/data/tinyshakespeare.txt > %s/s.txt && %s data prepare --input %s/s.txt "
+            "--output-prefix %s'",
+            SL_SOURCE_DIR, dir, cli, dir, data);
     TU_CHECK(rc == 0, "prepare: %s", out);
     rc = run("%s train --data-path %s " TINY " --save %s/single", cli, data, dir);
     TU_CHECK(rc == 0, "single: %s", out);
     rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --save %s/dp2", cli, cli, data, dir);
     TU_CHECK(rc == 0, "dp2: %s", out);
-    TU_CHECK(strstr(out, "comm wait") && strstr(out, "data parallel: 2 ranks"), "progress shows dp and comm wait: %s", out);
+    TU_CHECK(strstr(out, "comm wait") && strstr(out, "data parallel: 2 ranks"),
+             "progress shows dp and comm wait: %s", out);
     TU_CHECK(!strstr(out, "[1] step"), "only rank 0 logs progress");
     char a[700], b[700];
     snprintf(a, sizeof a, "%s/single/metrics.jsonl", dir);
@@ -61,11 +65,13 @@ int main(void) {
     TU_CHECK(rc != 0 && strstr(out, "[0]") && strstr(out, "[1]") && strstr(out, "data-parallel size 2"),
              "batch not divisible by dp: rc %d %s", rc, out);
     rc = run("%s run -n 3 -- %s train --data-path %s " TINY " --tp 2", cli, cli, data);
-    TU_CHECK(rc != 0 && strstr(out, "not divisible by tensor"), "tp does not divide world: rc %d %s", rc, out);
+    TU_CHECK(rc != 0 && strstr(out, "not divisible by tensor"), "tp does not divide world: rc %d %s", rc,
+             out);
     /* mismatched configuration between ranks: rank 1 gets another seed */
     rc = run("%s run -n 2 -- sh -c 'exec %s train --data-path %s " TINY " --seed $((1 + $RANK))'", cli, cli,
              data);
-    TU_CHECK(rc != 0 && strstr(out, "different configuration"), "config mismatch detected: rc %d %s", rc, out);
+    TU_CHECK(rc != 0 && strstr(out, "different configuration"), "config mismatch detected: rc %d %s", rc,
+             out);
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     TU_CHECK(system(cmd) == 0, "cleanup");

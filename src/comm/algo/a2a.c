@@ -4,9 +4,8 @@
 
 #include "comm/comm_internal.h"
 
-sl_status sl_algo_alltoallv(sl_algo_ctx *c, const void *sb, const size_t *scounts,
-                            const size_t *sdispls, void *rb, const size_t *rcounts,
-                            const size_t *rdispls, sl_comm_dtype dt) {
+sl_status sl_algo_alltoallv(sl_algo_ctx *c, const void *sb, const size_t *scounts, const size_t *sdispls,
+                            void *rb, const size_t *rcounts, const size_t *rdispls, sl_comm_dtype dt) {
     int n = c->size, r = c->rank;
     size_t es = sl_comm_dtype_size(dt);
     const char *s = sb;
@@ -21,13 +20,13 @@ sl_status sl_algo_alltoallv(sl_algo_ctx *c, const void *sb, const size_t *scount
         s = tmp;
     }
     if (rcounts[r] != scounts[r])
-        return sl_fail(SL_ERR_INVALID, "all-to-all: rank %d sends itself %zu elements but expects %zu",
-                       r, scounts[r], rcounts[r]);
+        return sl_fail(SL_ERR_INVALID, "all-to-all: rank %d sends itself %zu elements but expects %zu", r,
+                       scounts[r], rcounts[r]);
     if (scounts[r]) memmove(d + rdispls[r] * es, s + sdispls[r] * es, scounts[r] * es);
     for (int k = 1; k < n; k++) {
         int to = (r + k) % n, from = (r - k + n) % n;
-        SL_TRY(sl_prim_sendrecv(c, to, s + sdispls[to] * es, scounts[to] * es, from,
-                                d + rdispls[from] * es, rcounts[from] * es));
+        SL_TRY(sl_prim_sendrecv(c, to, s + sdispls[to] * es, scounts[to] * es, from, d + rdispls[from] * es,
+                                rcounts[from] * es));
     }
     return SL_OK;
 }

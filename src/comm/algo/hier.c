@@ -4,8 +4,8 @@
  * are built when the communicator is created (init.c) and run their operations inline here. */
 #include "comm/comm_internal.h"
 
-sl_status sl_algo_allreduce_hier(sl_algo_ctx *c, const void *sb, void *rb, size_t count,
-                                 sl_comm_dtype dt, sl_comm_redop op) {
+sl_status sl_algo_allreduce_hier(sl_algo_ctx *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt,
+                                 sl_comm_redop op) {
     sl_comm_redop op1 = op == SL_COMM_AVG ? SL_COMM_SUM : op;
     SL_TRY(sl_comm_reduce(c->local, sb, rb, count, dt, op1, 0));
     if (c->leaders) {

@@ -17,15 +17,19 @@ sl_status sl_prim_sendrecv(sl_algo_ctx *c, int sp, const void *sb, size_t sbytes
     return sl_prim_exchange(c, x, n);
 }
 
-sl_status sl_prim_send_recv_reduce(sl_algo_ctx *c, int sp, const void *sb, size_t sbytes, int rp,
-                                   void *dst, const void *src, size_t rbytes, sl_comm_dtype dt,
-                                   sl_comm_redop op) {
+sl_status sl_prim_send_recv_reduce(sl_algo_ctx *c, int sp, const void *sb, size_t sbytes, int rp, void *dst,
+                                   const void *src, size_t rbytes, sl_comm_dtype dt, sl_comm_redop op) {
     sl_xfer x[2];
     int n = 0;
     if (sp >= 0) x[n++] = (sl_xfer){.kind = SL_XFER_SEND, .peer = sp, .buf = (void *)sb, .bytes = sbytes};
     if (rp >= 0)
-        x[n++] = (sl_xfer){.kind = SL_XFER_RECV_REDUCE, .peer = rp, .buf = dst, .src = src,
-                           .bytes = rbytes, .dt = dt, .op = op};
+        x[n++] = (sl_xfer){.kind = SL_XFER_RECV_REDUCE,
+                           .peer = rp,
+                           .buf = dst,
+                           .src = src,
+                           .bytes = rbytes,
+                           .dt = dt,
+                           .op = op};
     return sl_prim_exchange(c, x, n);
 }
 
@@ -63,17 +67,21 @@ sl_comm_algo sl_algo_choose_allreduce(const sl_algo_ctx *c, size_t bytes) {
     return rd < ring ? SL_COMM_ALGO_RD : SL_COMM_ALGO_RING;
 }
 
-sl_status sl_algo_allreduce(sl_algo_ctx *c, const void *sb, void *rb, size_t count,
-                            sl_comm_dtype dt, sl_comm_redop op) {
+sl_status sl_algo_allreduce(sl_algo_ctx *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt,
+                            sl_comm_redop op) {
     size_t es = sl_comm_dtype_size(dt);
     if (c->size == 1 || count == 0) {
         if (sb != rb && count) memmove(rb, sb, count * es);
         return SL_OK;
     }
     switch (sl_algo_choose_allreduce(c, count * es)) {
-    case SL_COMM_ALGO_DIRECT: return sl_algo_allreduce_direct(c, sb, rb, count, dt, op);
-    case SL_COMM_ALGO_HIER: return sl_algo_allreduce_hier(c, sb, rb, count, dt, op);
-    case SL_COMM_ALGO_RD: return sl_algo_allreduce_rd(c, sb, rb, count, dt, op);
-    default: return sl_algo_allreduce_ring(c, sb, rb, count, dt, op);
+    case SL_COMM_ALGO_DIRECT:
+        return sl_algo_allreduce_direct(c, sb, rb, count, dt, op);
+    case SL_COMM_ALGO_HIER:
+        return sl_algo_allreduce_hier(c, sb, rb, count, dt, op);
+    case SL_COMM_ALGO_RD:
+        return sl_algo_allreduce_rd(c, sb, rb, count, dt, op);
+    default:
+        return sl_algo_allreduce_ring(c, sb, rb, count, dt, op);
     }
 }

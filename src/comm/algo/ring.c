@@ -15,8 +15,8 @@ static size_t blk_len(size_t count, int n, int b) {
 }
 static int mod(int a, int n) { return ((a % n) + n) % n; }
 
-sl_status sl_algo_allreduce_ring(sl_algo_ctx *c, const void *sb, void *rb, size_t count,
-                                 sl_comm_dtype dt, sl_comm_redop op) {
+sl_status sl_algo_allreduce_ring(sl_algo_ctx *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt,
+                                 sl_comm_redop op) {
     int n = c->size, r = c->rank, next = mod(r + 1, n), prev = mod(r - 1, n);
     size_t es = sl_comm_dtype_size(dt);
     const char *s = sb;
@@ -26,24 +26,23 @@ sl_status sl_algo_allreduce_ring(sl_algo_ctx *c, const void *sb, void *rb, size_
         int sbk = mod(r - k, n), rbk = mod(r - k - 1, n);
         const char *src = (k == 0 ? s : d) + blk_off(count, n, sbk) * es;
         size_t ro = blk_off(count, n, rbk) * es;
-        SL_TRY(sl_prim_send_recv_reduce(c, next, src, blk_len(count, n, sbk) * es, prev, d + ro,
-                                        s + ro, blk_len(count, n, rbk) * es, dt, op));
+        SL_TRY(sl_prim_send_recv_reduce(c, next, src, blk_len(count, n, sbk) * es, prev, d + ro, s + ro,
+                                        blk_len(count, n, rbk) * es, dt, op));
     }
     int own = mod(r + 1, n);
     if (n == 1 && sb != rb) memmove(d, s, count * es);
-    if (op == SL_COMM_AVG)
-        sl_comm_div_kernel(dt, d + blk_off(count, n, own) * es, blk_len(count, n, own), n);
+    if (op == SL_COMM_AVG) sl_comm_div_kernel(dt, d + blk_off(count, n, own) * es, blk_len(count, n, own), n);
     /* all-gather: step k sends block r+1-k, receives block r-k */
     for (int k = 0; k < n - 1; k++) {
         int sbk = mod(r + 1 - k, n), rbk = mod(r - k, n);
-        SL_TRY(sl_prim_sendrecv(c, next, d + blk_off(count, n, sbk) * es, blk_len(count, n, sbk) * es,
-                                prev, d + blk_off(count, n, rbk) * es, blk_len(count, n, rbk) * es));
+        SL_TRY(sl_prim_sendrecv(c, next, d + blk_off(count, n, sbk) * es, blk_len(count, n, sbk) * es, prev,
+                                d + blk_off(count, n, rbk) * es, blk_len(count, n, rbk) * es));
     }
     return SL_OK;
 }
 
-sl_status sl_algo_reduce_scatter(sl_algo_ctx *c, const void *sb, void *rb, size_t rc,
-                                 sl_comm_dtype dt, sl_comm_redop op) {
+sl_status sl_algo_reduce_scatter(sl_algo_ctx *c, const void *sb, void *rb, size_t rc, sl_comm_dtype dt,
+                                 sl_comm_redop op) {
     int n = c->size, r = c->rank, next = mod(r + 1, n), prev = mod(r - 1, n);
     size_t es = sl_comm_dtype_size(dt), bb = rc * es;
     const char *s = sb;
@@ -54,7 +53,8 @@ sl_status sl_algo_reduce_scatter(sl_algo_ctx *c, const void *sb, void *rb, size_
     if (rc == 0) return SL_OK;
     if (c->algo == SL_COMM_ALGO_DIRECT) return sl_algo_reduce_scatter_direct(c, sb, rb, rc, dt, op);
     char *tmp = sl_algo_scratch(c, bb * (size_t)n);
-    if (!tmp) return sl_fail(SL_ERR_NOMEM, "reduce-scatter: cannot allocate %zu bytes of scratch", bb * (size_t)n);
+    if (!tmp)
+        return sl_fail(SL_ERR_NOMEM, "reduce-scatter: cannot allocate %zu bytes of scratch", bb * (size_t)n);
     /* step k sends block r-1-k, receives block r-2-k; after n-1 steps block r is complete */
     for (int k = 0; k < n - 1; k++) {
         int sbk = mod(r - 1 - k, n), rbk = mod(r - 2 - k, n);
@@ -74,8 +74,8 @@ sl_status sl_algo_allgatherv(sl_algo_ctx *c, const void *sb, void *rb, const siz
     if (counts[r] && (const char *)sb != d + displs[r] * es) memmove(d + displs[r] * es, sb, counts[r] * es);
     for (int k = 0; k < n - 1; k++) {
         int sbk = mod(r - k, n), rbk = mod(r - k - 1, n);
-        SL_TRY(sl_prim_sendrecv(c, next, d + displs[sbk] * es, counts[sbk] * es, prev,
-                                d + displs[rbk] * es, counts[rbk] * es));
+        SL_TRY(sl_prim_sendrecv(c, next, d + displs[sbk] * es, counts[sbk] * es, prev, d + displs[rbk] * es,
+                                counts[rbk] * es));
     }
     return SL_OK;
 }

@@ -10,8 +10,8 @@
  * idles and receives the final result. Ranks >= 2e take part as virtual rank r - e. Partners of
  * each doubling step reduce the same two partial sums (a op b == b op a in IEEE arithmetic), so all
  * ranks end bitwise equal. */
-sl_status sl_algo_allreduce_rd(sl_algo_ctx *c, const void *sb, void *rb, size_t count,
-                               sl_comm_dtype dt, sl_comm_redop op) {
+sl_status sl_algo_allreduce_rd(sl_algo_ctx *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt,
+                               sl_comm_redop op) {
     int n = c->size, r = c->rank, p = 1;
     while (p * 2 <= n) p *= 2;
     int e = n - p;
@@ -46,8 +46,8 @@ sl_status sl_algo_allreduce_rd(sl_algo_ctx *c, const void *sb, void *rb, size_t 
 }
 
 /* Everyone sends its whole vector to everyone, then reduces in rank order 0..n-1. */
-sl_status sl_algo_allreduce_direct(sl_algo_ctx *c, const void *sb, void *rb, size_t count,
-                                   sl_comm_dtype dt, sl_comm_redop op) {
+sl_status sl_algo_allreduce_direct(sl_algo_ctx *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt,
+                                   sl_comm_redop op) {
     int n = c->size, r = c->rank;
     size_t es = sl_comm_dtype_size(dt), bytes = count * es;
     char *tmp = sl_algo_scratch(c, bytes * (size_t)n);
@@ -61,7 +61,8 @@ sl_status sl_algo_allreduce_direct(sl_algo_ctx *c, const void *sb, void *rb, siz
     for (int i = 1; i < n; i++) {
         int to = (r + i) % n, from = (r - i + n) % n;
         x[k++] = (sl_xfer){.kind = SL_XFER_SEND, .peer = to, .buf = tmp + (size_t)r * bytes, .bytes = bytes};
-        x[k++] = (sl_xfer){.kind = SL_XFER_RECV, .peer = from, .buf = tmp + (size_t)from * bytes, .bytes = bytes};
+        x[k++] =
+            (sl_xfer){.kind = SL_XFER_RECV, .peer = from, .buf = tmp + (size_t)from * bytes, .bytes = bytes};
     }
     sl_status st = sl_prim_exchange(c, x, k);
     if (x != stack) free(x);
@@ -91,8 +92,10 @@ sl_status sl_algo_reduce_scatter_direct(sl_algo_ctx *c, const void *sb, void *rb
     int k = 0;
     for (int i = 1; i < n; i++) {
         int to = (r + i) % n, from = (r - i + n) % n;
-        x[k++] = (sl_xfer){.kind = SL_XFER_SEND, .peer = to, .buf = (void *)(s + (size_t)to * bytes), .bytes = bytes};
-        x[k++] = (sl_xfer){.kind = SL_XFER_RECV, .peer = from, .buf = tmp + (size_t)from * bytes, .bytes = bytes};
+        x[k++] = (sl_xfer){
+            .kind = SL_XFER_SEND, .peer = to, .buf = (void *)(s + (size_t)to * bytes), .bytes = bytes};
+        x[k++] =
+            (sl_xfer){.kind = SL_XFER_RECV, .peer = from, .buf = tmp + (size_t)from * bytes, .bytes = bytes};
     }
     sl_status st = sl_prim_exchange(c, x, k);
     if (x != stack) free(x);
@@ -126,8 +129,8 @@ sl_status sl_algo_reduce(sl_algo_ctx *c, const void *sb, void *rb, size_t count,
 
 /* Small: binomial tree. Large (or forced ring): chain root -> root+1 -> ... in pieces, so that
  * every link carries data at the same time. */
-sl_status sl_algo_broadcast(sl_algo_ctx *c, const void *sb, void *rb, size_t count,
-                            sl_comm_dtype dt, int root) {
+sl_status sl_algo_broadcast(sl_algo_ctx *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt,
+                            int root) {
     int n = c->size, r = c->rank, vr = (r - root + n) % n;
     size_t bytes = count * sl_comm_dtype_size(dt);
     if (r == root && sb != rb && bytes) memmove(rb, sb, bytes);
@@ -139,7 +142,8 @@ sl_status sl_algo_broadcast(sl_algo_ctx *c, const void *sb, void *rb, size_t cou
         while (m < n) m <<= 1;
         int have = vr == 0;
         for (m >>= 1; m >= 1; m >>= 1) {
-            if (have && vr + m < n) SL_TRY(sl_prim_sendrecv(c, (vr + m + root) % n, rb, bytes, -1, NULL, 0));
+            if (have && vr + m < n)
+                SL_TRY(sl_prim_sendrecv(c, (vr + m + root) % n, rb, bytes, -1, NULL, 0));
             else if (!have && (vr & (2 * m - 1)) == m) {
                 SL_TRY(sl_prim_sendrecv(c, -1, NULL, 0, (vr - m + root) % n, rb, bytes));
                 have = 1;

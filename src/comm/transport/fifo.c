@@ -50,16 +50,16 @@ typedef struct fifo_tp {
     int loopback;
     int nslots;
     size_t slot_bytes;
-    char **to;       /* [peer] ring I write (in peer's memory) */
-    char **from;     /* [peer] ring I read (in my memory) */
-    seg_hdr **peer;  /* [peer] header holding peer's pid/aborted (shm) */
-    seg_hdr *block;  /* loopback shared block */
-    void **maps;     /* shm: mapping per rank */
+    char **to;      /* [peer] ring I write (in peer's memory) */
+    char **from;    /* [peer] ring I read (in my memory) */
+    seg_hdr **peer; /* [peer] header holding peer's pid/aborted (shm) */
+    seg_hdr *block; /* loopback shared block */
+    void **maps;    /* shm: mapping per rank */
     size_t map_bytes;
     double next_check;
-    unsigned spin;     /* backoff spin budget */
-    size_t pull_min;   /* transfers >= this many bytes are pulled single-copy (0: never) */
-    char *pull_tmp;    /* staging for pulled RECV_REDUCE chunks (cache resident) */
+    unsigned spin;   /* backoff spin budget */
+    size_t pull_min; /* transfers >= this many bytes are pulled single-copy (0: never) */
+    char *pull_tmp;  /* staging for pulled RECV_REDUCE chunks (cache resident) */
 } fifo_tp;
 
 /* Note [Single-copy pulls]
@@ -84,8 +84,9 @@ static sl_status pull_copy(fifo_tp *t, int peer, void *dst, uint64_t addr, size_
     while (done < len) {
         struct iovec l = {(char *)dst + done, len - done}, r = {(void *)(uintptr_t)(addr + done), len - done};
         ssize_t k = process_vm_readv(t->peer[peer]->pid, &l, 1, &r, 1, 0);
-        if (k <= 0) return sl_fail(SL_ERR_PEER, "rank %d: cannot read its buffer (process_vm_readv: %s)", peer,
-                                   k < 0 ? strerror(errno) : "short read");
+        if (k <= 0)
+            return sl_fail(SL_ERR_PEER, "rank %d: cannot read its buffer (process_vm_readv: %s)", peer,
+                           k < 0 ? strerror(errno) : "short read");
         done += (size_t)k;
     }
     return SL_OK;
@@ -103,12 +104,14 @@ static sl_status pull_recv(fifo_tp *t, sl_xfer *xi, const char *s) {
     for (size_t off = 0; off < xi->bytes; off += PULL_CHUNK) {
         size_t len = xi->bytes - off < PULL_CHUNK ? xi->bytes - off : PULL_CHUNK;
         const char *src;
-        if (t->loopback) src = (const char *)(uintptr_t)(d.addr + off);
+        if (t->loopback)
+            src = (const char *)(uintptr_t)(d.addr + off);
         else {
             SL_TRY(pull_copy(t, xi->peer, t->pull_tmp, d.addr + off, len));
             src = t->pull_tmp;
         }
-        sl_comm_reduce_kernel(xi->dt, xi->op, (char *)xi->buf + off, (const char *)xi->src + off, src, len / es);
+        sl_comm_reduce_kernel(xi->dt, xi->op, (char *)xi->buf + off, (const char *)xi->src + off, src,
+                              len / es);
     }
     return SL_OK;
 }
@@ -213,7 +216,8 @@ static sl_status fifo_exchange(sl_transport *t_, sl_xfer *x, int n, double deadl
                         progressed = 1;
                     }
                 }
-                while (!(t->pull_min && xi->bytes >= t->pull_min) && xi->done < xi->bytes && tail - head < ns) {
+                while (!(t->pull_min && xi->bytes >= t->pull_min) && xi->done < xi->bytes &&
+                       tail - head < ns) {
                     size_t len = xi->bytes - xi->done;
                     if (len > t->slot_bytes) len = t->slot_bytes;
                     memcpy(slot_ptr(t, t->to[xi->peer], tail), (char *)xi->buf + xi->done, len);
@@ -243,7 +247,8 @@ static sl_status fifo_exchange(sl_transport *t_, sl_xfer *x, int n, double deadl
                     if (len > t->slot_bytes) len = t->slot_bytes;
                     const char *s = slot_ptr(t, t->from[xi->peer], head);
                     char *d = (char *)xi->buf + xi->done;
-                    if (xi->kind == SL_XFER_RECV) memcpy(d, s, len);
+                    if (xi->kind == SL_XFER_RECV)
+                        memcpy(d, s, len);
                     else {
                         size_t es = sl_comm_dtype_size(xi->dt);
                         sl_comm_reduce_kernel(xi->dt, xi->op, d, (const char *)xi->src + xi->done, s,
@@ -272,8 +277,10 @@ static sl_status fifo_exchange(sl_transport *t_, sl_xfer *x, int n, double deadl
             int who = -1;
             for (int i = 0; i < n && who < 0; i++)
                 if (x[i].done != x[i].bytes) who = x[i].peer;
-            return sl_fail(SL_ERR_TIMEOUT, "%s transport: no progress with rank %d before the deadline "
-                           "(SUANLI_COMM_TIMEOUT)", t->base.vt->name, who);
+            return sl_fail(SL_ERR_TIMEOUT,
+                           "%s transport: no progress with rank %d before the deadline "
+                           "(SUANLI_COMM_TIMEOUT)",
+                           t->base.vt->name, who);
         }
         if (now >= t->next_check) {
             t->next_check = now + 0.01;
@@ -287,8 +294,10 @@ static sl_status fifo_exchange(sl_transport *t_, sl_xfer *x, int n, double deadl
 
 static void fifo_abort(sl_transport *t_) {
     fifo_tp *t = (fifo_tp *)t_;
-    if (t->loopback) atomic_store(&t->block->aborted[t->base.rank], 1);
-    else if (t->maps && t->maps[t->base.rank]) atomic_store(&((seg_hdr *)t->maps[t->base.rank])->aborted[0], 1);
+    if (t->loopback)
+        atomic_store(&t->block->aborted[t->base.rank], 1);
+    else if (t->maps && t->maps[t->base.rank])
+        atomic_store(&((seg_hdr *)t->maps[t->base.rank])->aborted[0], 1);
 }
 
 static void fifo_destroy(sl_transport *t_) {
@@ -438,11 +447,13 @@ sl_status sl_tp_shm_new(sl_oob *oob, sl_transport **out) {
         }
         close(fd);
     }
-    if (!mine_ok) SL_LOGE("shm transport: cannot create %s (%zu bytes): %s", name, t->map_bytes, strerror(errno));
+    if (!mine_ok)
+        SL_LOGE("shm transport: cannot create %s (%zu bytes): %s", name, t->map_bytes, strerror(errno));
     SL_CHECK(oob->allgather(oob, &mine_ok, ok, sizeof(int)));
     for (int p = 0; p < n; p++)
         if (!ok[p]) {
-            st = sl_fail(SL_ERR_IO, "shm transport: rank %d could not create its segment (/dev/shm full?)", p);
+            st =
+                sl_fail(SL_ERR_IO, "shm transport: rank %d could not create its segment (/dev/shm full?)", p);
             goto done;
         }
     for (int p = 0; p < n; p++) {
@@ -461,8 +472,10 @@ sl_status sl_tp_shm_new(sl_oob *oob, sl_transport **out) {
         }
         t->maps[p] = m;
         if (((seg_hdr *)m)->magic != SEG_MAGIC || ((seg_hdr *)m)->chan_bytes != cb) {
-            st = sl_fail(SL_ERR_INVALID, "shm transport: rank %d uses another slot configuration "
-                         "(SUANLI_SHM_SLOT_KB/SUANLI_SHM_SLOTS must match)", p);
+            st = sl_fail(SL_ERR_INVALID,
+                         "shm transport: rank %d uses another slot configuration "
+                         "(SUANLI_SHM_SLOT_KB/SUANLI_SHM_SLOTS must match)",
+                         p);
             break;
         }
     }

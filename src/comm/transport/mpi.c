@@ -92,8 +92,10 @@ static sl_status mpi_exchange(sl_transport *t_, sl_xfer *x, int n, double deadli
         }
         for (size_t off = 0; off < x[i].bytes; off += MAXCHUNK) {
             int len = (int)(x[i].bytes - off < MAXCHUNK ? x[i].bytes - off : MAXCHUNK);
-            if (x[i].kind == SL_XFER_SEND) MPI_Isend(b + off, len, MPI_BYTE, t->wr[x[i].peer], t->tag, g_world, &req[k++]);
-            else MPI_Irecv(b + off, len, MPI_BYTE, t->wr[x[i].peer], t->tag, g_world, &req[k++]);
+            if (x[i].kind == SL_XFER_SEND)
+                MPI_Isend(b + off, len, MPI_BYTE, t->wr[x[i].peer], t->tag, g_world, &req[k++]);
+            else
+                MPI_Irecv(b + off, len, MPI_BYTE, t->wr[x[i].peer], t->tag, g_world, &req[k++]);
         }
     }
     unsigned iter = 0;
@@ -105,8 +107,10 @@ static sl_status mpi_exchange(sl_transport *t_, sl_xfer *x, int n, double deadli
             break;
         }
         if (flag) break;
-        if (atomic_load(t->base.abort_flag)) st = sl_fail(SL_ERR_ABORTED, "communicator aborted");
-        else if (sl_time_sec() > deadline) st = sl_fail(SL_ERR_TIMEOUT, "mpi transport: no progress from peer before the deadline");
+        if (atomic_load(t->base.abort_flag))
+            st = sl_fail(SL_ERR_ABORTED, "communicator aborted");
+        else if (sl_time_sec() > deadline)
+            st = sl_fail(SL_ERR_TIMEOUT, "mpi transport: no progress from peer before the deadline");
         if (st != SL_OK) {
             for (size_t j = 0; j < k; j++)
                 if (req[j] != MPI_REQUEST_NULL) MPI_Cancel(&req[j]);
@@ -152,8 +156,12 @@ sl_status sl_tp_mpi_new(sl_oob *oob, sl_transport **out) {
     unsigned h = 2166136261u;
     for (const char *p = oob->name; *p; p++) h = (h ^ (unsigned char)*p) * 16777619u;
     t->tag = (int)(h % 30000u) + 1;
-    t->base = (sl_transport){.vt = &mpi_vt, .kind = SL_COMM_TRANSPORT_MPI, .rank = oob->rank,
-                             .size = oob->size, .alpha = 3e-6, .beta = 1.0 / 4e9};
+    t->base = (sl_transport){.vt = &mpi_vt,
+                             .kind = SL_COMM_TRANSPORT_MPI,
+                             .rank = oob->rank,
+                             .size = oob->size,
+                             .alpha = 3e-6,
+                             .beta = 1.0 / 4e9};
     *out = &t->base;
     return SL_OK;
 }

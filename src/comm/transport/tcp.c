@@ -64,8 +64,10 @@ static sl_status tcp_exchange(sl_transport *t_, sl_xfer *x, int n, double deadli
         }
         double left = deadline - sl_time_sec();
         if (left <= 0)
-            return sl_fail(SL_ERR_TIMEOUT, "tcp transport: no progress with rank %d before the deadline "
-                           "(SUANLI_COMM_TIMEOUT)", first_pending(x, n));
+            return sl_fail(SL_ERR_TIMEOUT,
+                           "tcp transport: no progress with rank %d before the deadline "
+                           "(SUANLI_COMM_TIMEOUT)",
+                           first_pending(x, n));
         int rc = poll(t->pfd, (nfds_t)np, left > 0.1 ? 100 : (int)(left * 1000) + 1);
         if (rc < 0 && errno != EINTR) return sl_fail(SL_ERR_IO, "tcp transport: poll: %s", strerror(errno));
         if (rc <= 0) continue;
@@ -76,14 +78,17 @@ static sl_status tcp_exchange(sl_transport *t_, sl_xfer *x, int n, double deadli
             if (xi->done == xi->bytes) continue;
             int is_send = xi->kind == SL_XFER_SEND, blocked = 0;
             for (int j = 0; j < i && !blocked; j++)
-                blocked = x[j].done != x[j].bytes && x[j].peer == xi->peer && (x[j].kind == SL_XFER_SEND) == is_send;
+                blocked = x[j].done != x[j].bytes && x[j].peer == xi->peer &&
+                          (x[j].kind == SL_XFER_SEND) == is_send;
             if (blocked) continue;
             short re = t->pfd[t->pidx[xi->peer]].revents;
             int fd = t->fds[xi->peer];
             if (is_send) {
                 if (!(re & (POLLOUT | POLLERR | POLLHUP))) continue;
-                ssize_t k = send(fd, (char *)xi->buf + xi->done, xi->bytes - xi->done, MSG_DONTWAIT | MSG_NOSIGNAL);
-                if (k > 0) xi->done += (size_t)k;
+                ssize_t k =
+                    send(fd, (char *)xi->buf + xi->done, xi->bytes - xi->done, MSG_DONTWAIT | MSG_NOSIGNAL);
+                if (k > 0)
+                    xi->done += (size_t)k;
                 else if (k < 0 && errno != EAGAIN && errno != EINTR)
                     return sl_fail(SL_ERR_PEER, "rank %d: connection lost: %s", xi->peer, strerror(errno));
             } else {
@@ -107,7 +112,8 @@ static sl_status tcp_exchange(sl_transport *t_, sl_xfer *x, int n, double deadli
                         if (xi->aux) memmove(sg, sg + whole, xi->aux);
                     }
                 }
-                if (k == 0) return sl_fail(SL_ERR_PEER, "rank %d closed the connection (died or aborted)", xi->peer);
+                if (k == 0)
+                    return sl_fail(SL_ERR_PEER, "rank %d closed the connection (died or aborted)", xi->peer);
                 if (k < 0 && errno != EAGAIN && errno != EINTR)
                     return sl_fail(SL_ERR_PEER, "rank %d: connection lost: %s", xi->peer, strerror(errno));
             }
@@ -154,8 +160,12 @@ sl_status sl_tp_tcp_new(sl_oob *oob, sl_transport **out) {
         st = sl_fail(SL_ERR_NOMEM, "tcp transport: out of memory");
         goto done;
     }
-    t->base = (sl_transport){.vt = &tcp_vt, .kind = SL_COMM_TRANSPORT_TCP, .rank = r, .size = n,
-                             .alpha = 30e-6, .beta = 1.0 / 2e9};
+    t->base = (sl_transport){.vt = &tcp_vt,
+                             .kind = SL_COMM_TRANSPORT_TCP,
+                             .rank = r,
+                             .size = n,
+                             .alpha = 30e-6,
+                             .beta = 1.0 / 2e9};
     for (int p = 0; p < n; p++) t->fds[p] = -1;
     SL_CHECK(sl_net_listen(0, &lfd, &port));
     tcp_addr me = {.port = port};

@@ -28,10 +28,10 @@ sl_it5 sl_it5_broadcast(const sl_tensor *b, const sl_tensor *out) {
     return r;
 }
 
-#define LOOP4(it)                                                                                  \
-    for (int64_t i0 = 0; i0 < (it).ne[0]; i0++)                                                    \
-        for (int64_t i1 = 0; i1 < (it).ne[1]; i1++)                                                \
-            for (int64_t i2 = 0; i2 < (it).ne[2]; i2++)                                            \
+#define LOOP4(it)                                                                                            \
+    for (int64_t i0 = 0; i0 < (it).ne[0]; i0++)                                                              \
+        for (int64_t i1 = 0; i1 < (it).ne[1]; i1++)                                                          \
+            for (int64_t i2 = 0; i2 < (it).ne[2]; i2++)                                                      \
                 for (int64_t i3 = 0; i3 < (it).ne[3]; i3++)
 #define OFF4(it) (i0 * (it).nb[0] + i1 * (it).nb[1] + i2 * (it).nb[2] + i3 * (it).nb[3])
 
@@ -98,8 +98,8 @@ static sl_status binary(sl_tensor *n, int is_mul) {
     int unit = ia.nb[4] == 1 && ib.nb[4] <= 1;
 #pragma omp parallel for schedule(static) if (outer * n4 > 32768)
     for (int64_t r = 0; r < outer; r++) {
-        int64_t i3 = r % io.ne[3], i2 = (r / io.ne[3]) % io.ne[2], i1 = (r / (io.ne[3] * io.ne[2])) % io.ne[1],
-                i0 = r / (io.ne[3] * io.ne[2] * io.ne[1]);
+        int64_t i3 = r % io.ne[3], i2 = (r / io.ne[3]) % io.ne[2],
+                i1 = (r / (io.ne[3] * io.ne[2])) % io.ne[1], i0 = r / (io.ne[3] * io.ne[2] * io.ne[1]);
         const float *x = pa + OFF4(ia), *y = pb + OFF4(ib);
         float *o = po + OFF4(io);
         if (unit && ib.nb[4] == 1) {
@@ -281,7 +281,8 @@ sl_status sl_k_concat(sl_tensor *n) {
         const char *ps = s->data;
         LOOP4(is) {
             for (int64_t i = 0; i < is.ne[4]; i++)
-                memcpy(po + (OFF4(io) + i * io.nb[4]) * (int64_t)es, ps + (OFF4(is) + i * is.nb[4]) * (int64_t)es, es);
+                memcpy(po + (OFF4(io) + i * io.nb[4]) * (int64_t)es,
+                       ps + (OFF4(is) + i * is.nb[4]) * (int64_t)es, es);
         }
     }
     return SL_OK;

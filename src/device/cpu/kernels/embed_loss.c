@@ -12,8 +12,8 @@ sl_status sl_k_embedding(sl_tensor *n) {
     const int32_t *pi = ids->data;
     for (int64_t i = 0; i < N; i++)
         if (pi[i] < 0 || pi[i] >= V)
-            return sl_fail(SL_ERR_INVALID, "embedding: token id %d at position %lld out of range [0, %lld)", pi[i],
-                           (long long)i, (long long)V);
+            return sl_fail(SL_ERR_INVALID, "embedding: token id %d at position %lld out of range [0, %lld)",
+                           pi[i], (long long)i, (long long)V);
     const float *pt = tab->data;
     float *po = n->data;
 #pragma omp parallel for schedule(static) if (N * C > 65536)
@@ -28,7 +28,8 @@ sl_status sl_k_embedding_back_ref(sl_tensor *n) {
     int64_t V = n->ne[0], C = n->ne[1], N = sl_nelements(ids);
     const int32_t *pi = ids->data;
     for (int64_t i = 0; i < N; i++)
-        if (pi[i] < 0 || pi[i] >= V) return sl_fail(SL_ERR_INVALID, "embedding_back: token id %d out of range", pi[i]);
+        if (pi[i] < 0 || pi[i] >= V)
+            return sl_fail(SL_ERR_INVALID, "embedding_back: token id %d out of range", pi[i]);
     const float *pg = g->data;
     float *pd = n->data;
 #pragma omp parallel for schedule(static)
@@ -51,7 +52,9 @@ sl_status sl_k_cross_entropy_ref(sl_tensor *n) {
     const int32_t *pt = tg->data;
     float *lse = (float *)((char *)n->data + sl_nbytes(n));
     for (int64_t i = 0; i < N; i++)
-        if (pt[i] >= V) return sl_fail(SL_ERR_INVALID, "cross_entropy: target %d at position %lld >= vocab %lld", pt[i], (long long)i, (long long)V);
+        if (pt[i] >= V)
+            return sl_fail(SL_ERR_INVALID, "cross_entropy: target %d at position %lld >= vocab %lld", pt[i],
+                           (long long)i, (long long)V);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < N; i++) {
         const float *x = pl + i * V;
@@ -104,7 +107,8 @@ sl_status sl_k_embedding_back(sl_tensor *n) {
     int64_t V = n->ne[0], C = n->ne[1], N = sl_nelements(ids);
     const int32_t *pi = ids->data;
     for (int64_t i = 0; i < N; i++)
-        if (pi[i] < 0 || pi[i] >= V) return sl_fail(SL_ERR_INVALID, "embedding_back: token id %d out of range", pi[i]);
+        if (pi[i] < 0 || pi[i] >= V)
+            return sl_fail(SL_ERR_INVALID, "embedding_back: token id %d out of range", pi[i]);
     v->embedding_bwd(pi, N, g->data, n->data, C);
     return SL_OK;
 }
@@ -118,7 +122,9 @@ sl_status sl_k_cross_entropy(sl_tensor *n) {
     const int32_t *pt = tg->data;
     float *lse = (float *)((char *)n->data + sl_nbytes(n));
     for (int64_t i = 0; i < N; i++)
-        if (pt[i] >= V) return sl_fail(SL_ERR_INVALID, "cross_entropy: target %d at position %lld >= vocab %lld", pt[i], (long long)i, (long long)V);
+        if (pt[i] >= V)
+            return sl_fail(SL_ERR_INVALID, "cross_entropy: target %d at position %lld >= vocab %lld", pt[i],
+                           (long long)i, (long long)V);
     v->ce_lse(pl, N, V, lse);
     double total = 0;
     int64_t cnt = 0;

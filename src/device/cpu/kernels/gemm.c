@@ -36,59 +36,59 @@ void sl_sgemm_ref(int transA, int transB, int64_t M, int64_t N, int64_t K, float
 /* ------------------------------------------------------------------------------------------------ */
 /* Generic packing (kgran 1, fp32 panels)                                                           */
 
-#define SL_PACK_A_GENERIC(NAME, T, LOAD)                                                                    \
-    static void NAME##_panel(const sl_gemm_args *g, int64_t i0, int ni, int64_t k0, int64_t kc, int mr,  \
-                             float *dst) {                                                                 \
-        const T *A = (const T *)g->A;                                                                      \
-        int64_t lda = g->lda;                                                                              \
-        if (g->transA) { /* A is K x M: row k holds op(A)[., k] contiguously */                            \
-            for (int64_t k = 0; k < kc; k++) {                                                             \
-                const T *src = A + (k0 + k) * lda + i0;                                                    \
-                float *d = dst + k * mr;                                                                   \
-                int i = 0;                                                                                 \
-                for (; i < ni; i++) d[i] = LOAD(src[i]);                                                   \
-                for (; i < mr; i++) d[i] = 0.0f;                                                           \
-            }                                                                                              \
-        } else {                                                                                           \
-            for (int i = 0; i < ni; i++) {                                                                 \
-                const T *src = A + (i0 + i) * lda + k0;                                                    \
-                for (int64_t k = 0; k < kc; k++) dst[k * mr + i] = LOAD(src[k]);                           \
-            }                                                                                              \
-            for (int i = ni; i < mr; i++)                                                                  \
-                for (int64_t k = 0; k < kc; k++) dst[k * mr + i] = 0.0f;                                   \
-        }                                                                                                  \
+#define SL_PACK_A_GENERIC(NAME, T, LOAD)                                                                     \
+    static void NAME##_panel(const sl_gemm_args *g, int64_t i0, int ni, int64_t k0, int64_t kc, int mr,      \
+                             float *dst) {                                                                   \
+        const T *A = (const T *)g->A;                                                                        \
+        int64_t lda = g->lda;                                                                                \
+        if (g->transA) { /* A is K x M: row k holds op(A)[., k] contiguously */                              \
+            for (int64_t k = 0; k < kc; k++) {                                                               \
+                const T *src = A + (k0 + k) * lda + i0;                                                      \
+                float *d = dst + k * mr;                                                                     \
+                int i = 0;                                                                                   \
+                for (; i < ni; i++) d[i] = LOAD(src[i]);                                                     \
+                for (; i < mr; i++) d[i] = 0.0f;                                                             \
+            }                                                                                                \
+        } else {                                                                                             \
+            for (int i = 0; i < ni; i++) {                                                                   \
+                const T *src = A + (i0 + i) * lda + k0;                                                      \
+                for (int64_t k = 0; k < kc; k++) dst[k * mr + i] = LOAD(src[k]);                             \
+            }                                                                                                \
+            for (int i = ni; i < mr; i++)                                                                    \
+                for (int64_t k = 0; k < kc; k++) dst[k * mr + i] = 0.0f;                                     \
+        }                                                                                                    \
     }
 
-#define SL_PACK_B_GENERIC(NAME, T, LOAD)                                                                    \
-    static void NAME##_panel(const sl_gemm_args *g, int64_t j0, int nj, int64_t k0, int64_t kc, int nr,  \
-                             float *dst) {                                                                 \
-        const T *B = (const T *)g->B;                                                                      \
-        int64_t ldb = g->ldb;                                                                              \
-        if (!g->transB) { /* B is K x N */                                                                 \
-            for (int64_t k = 0; k < kc; k++) {                                                             \
-                const T *src = B + (k0 + k) * ldb + j0;                                                    \
-                float *d = dst + k * nr;                                                                   \
-                int j = 0;                                                                                 \
-                for (; j < nj; j++) d[j] = LOAD(src[j]);                                                   \
-                for (; j < nr; j++) d[j] = 0.0f;                                                           \
-            }                                                                                              \
-        } else { /* B is N x K */                                                                          \
-            for (int j = 0; j < nj; j++) {                                                                 \
-                const T *src = B + (j0 + j) * ldb + k0;                                                    \
-                for (int64_t k = 0; k < kc; k++) dst[k * nr + j] = LOAD(src[k]);                           \
-            }                                                                                              \
-            for (int j = nj; j < nr; j++)                                                                  \
-                for (int64_t k = 0; k < kc; k++) dst[k * nr + j] = 0.0f;                                   \
-        }                                                                                                  \
+#define SL_PACK_B_GENERIC(NAME, T, LOAD)                                                                     \
+    static void NAME##_panel(const sl_gemm_args *g, int64_t j0, int nj, int64_t k0, int64_t kc, int nr,      \
+                             float *dst) {                                                                   \
+        const T *B = (const T *)g->B;                                                                        \
+        int64_t ldb = g->ldb;                                                                                \
+        if (!g->transB) { /* B is K x N */                                                                   \
+            for (int64_t k = 0; k < kc; k++) {                                                               \
+                const T *src = B + (k0 + k) * ldb + j0;                                                      \
+                float *d = dst + k * nr;                                                                     \
+                int j = 0;                                                                                   \
+                for (; j < nj; j++) d[j] = LOAD(src[j]);                                                     \
+                for (; j < nr; j++) d[j] = 0.0f;                                                             \
+            }                                                                                                \
+        } else { /* B is N x K */                                                                            \
+            for (int j = 0; j < nj; j++) {                                                                   \
+                const T *src = B + (j0 + j) * ldb + k0;                                                      \
+                for (int64_t k = 0; k < kc; k++) dst[k * nr + j] = LOAD(src[k]);                             \
+            }                                                                                                \
+            for (int j = nj; j < nr; j++)                                                                    \
+                for (int64_t k = 0; k < kc; k++) dst[k * nr + j] = 0.0f;                                     \
+        }                                                                                                    \
     }
 
 /* Panel loop around a one-panel packer. */
-#define SL_PACK_PANELS(NAME, W)                                                                             \
-    void NAME(const sl_gemm_args *g, int64_t x0, int64_t nx, int64_t k0, int64_t kc, int W, void *dst) {    \
-        for (int64_t p = 0; p * W < nx; p++) {                                                             \
-            int n = nx - p * W < W ? (int)(nx - p * W) : W;                                                \
-            NAME##_panel(g, x0 + p * W, n, k0, kc, W, (float *)dst + p * kc * W);                          \
-        }                                                                                                  \
+#define SL_PACK_PANELS(NAME, W)                                                                              \
+    void NAME(const sl_gemm_args *g, int64_t x0, int64_t nx, int64_t k0, int64_t kc, int W, void *dst) {     \
+        for (int64_t p = 0; p * W < nx; p++) {                                                               \
+            int n = nx - p * W < W ? (int)(nx - p * W) : W;                                                  \
+            NAME##_panel(g, x0 + p * W, n, k0, kc, W, (float *)dst + p * kc * W);                            \
+        }                                                                                                    \
     }
 
 #define SL_LOAD_F32(x) (x)
@@ -127,13 +127,30 @@ static void kernel_scalar_4x16(int64_t ksteps, const void *a_, const void *b_, f
     }
 }
 
-static const sl_gemm_impl impl_scalar_f32 = {
-    .name = "scalar", .mr = SC_MR, .nr = SC_NR, .kgran = 1, .esz = 4, .in_bf16 = 0, .kc = 256, .mc = 256,
-    .nc = 1024, .pack_a = sl_gemm_pack_a_f32, .pack_b = sl_gemm_pack_b_f32, .kernel = kernel_scalar_4x16};
-static const sl_gemm_impl impl_scalar_bf16 = {
-    .name = "scalar", .mr = SC_MR, .nr = SC_NR, .kgran = 1, .esz = 4, .in_bf16 = 1, .kc = 256, .mc = 256,
-    .nc = 1024, .pack_a = sl_gemm_pack_a_bf16_f32, .pack_b = sl_gemm_pack_b_bf16_f32,
-    .kernel = kernel_scalar_4x16};
+static const sl_gemm_impl impl_scalar_f32 = {.name = "scalar",
+                                             .mr = SC_MR,
+                                             .nr = SC_NR,
+                                             .kgran = 1,
+                                             .esz = 4,
+                                             .in_bf16 = 0,
+                                             .kc = 256,
+                                             .mc = 256,
+                                             .nc = 1024,
+                                             .pack_a = sl_gemm_pack_a_f32,
+                                             .pack_b = sl_gemm_pack_b_f32,
+                                             .kernel = kernel_scalar_4x16};
+static const sl_gemm_impl impl_scalar_bf16 = {.name = "scalar",
+                                              .mr = SC_MR,
+                                              .nr = SC_NR,
+                                              .kgran = 1,
+                                              .esz = 4,
+                                              .in_bf16 = 1,
+                                              .kc = 256,
+                                              .mc = 256,
+                                              .nc = 1024,
+                                              .pack_a = sl_gemm_pack_a_bf16_f32,
+                                              .pack_b = sl_gemm_pack_b_bf16_f32,
+                                              .kernel = kernel_scalar_4x16};
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Workspace: one buffer per calling thread, grown on demand, reused across calls                   */
@@ -172,10 +189,10 @@ typedef struct gemm_plan {
     const sl_gemm_args *g;
     const sl_gemm_impl *im;
     int nthr;
-    int split_n;        /* 1: threads split N; 0: threads split M */
-    size_t a_bytes;     /* one packed A block (mc x kc) */
-    size_t b_bytes;     /* one packed B chunk (kc x nc) */
-    char *ws;           /* [A t0][B t0][A t1][B t1]... */
+    int split_n;    /* 1: threads split N; 0: threads split M */
+    size_t a_bytes; /* one packed A block (mc x kc) */
+    size_t b_bytes; /* one packed B chunk (kc x nc) */
+    char *ws;       /* [A t0][B t0][A t1][B t1]... */
 } gemm_plan;
 
 /* Multiply the packed A block (npa micro-panels) by op(B) columns [n0, n1), K block (k0, kc). */
@@ -284,12 +301,14 @@ void sl_gemm_run(const sl_gemm_args *g, const sl_gemm_impl *im, int nthr) {
     p.b_bytes = round_up_sz((size_t)nc * (size_t)kc * (size_t)im->esz, 4096);
     /* Split the dimension that shares out more evenly; if both do, split N when A is the smaller operand
      * (each thread then packs all of A) and M otherwise (each packs all of B). */
-    double bal_n = split_balance(ceil_div(g->N, im->nr), nthr), bal_m = split_balance(ceil_div(g->M, im->mr), nthr);
+    double bal_n = split_balance(ceil_div(g->N, im->nr), nthr),
+           bal_m = split_balance(ceil_div(g->M, im->mr), nthr);
     p.split_n = bal_n > bal_m + 0.05 ? 1 : bal_m > bal_n + 0.05 ? 0 : g->M <= g->N;
     size_t total = (size_t)nthr * (p.a_bytes + p.b_bytes);
     p.ws = (char *)workspace_get(total);
     if (!p.ws) {
-        SL_LOGW("sl_gemm: cannot allocate %zu bytes of packing workspace; using the slow unpacked loop", total);
+        SL_LOGW("sl_gemm: cannot allocate %zu bytes of packing workspace; using the slow unpacked loop",
+                total);
         gemm_unpacked(g, im);
         return;
     }
@@ -301,7 +320,8 @@ void sl_gemm_run(const sl_gemm_args *g, const sl_gemm_impl *im, int nthr) {
 #pragma omp parallel num_threads(nthr)
     {
         /* The runtime may give fewer threads than asked; the partition must be the planned one. */
-        if (omp_get_num_threads() == nthr) gemm_thread(&p, omp_get_thread_num());
+        if (omp_get_num_threads() == nthr)
+            gemm_thread(&p, omp_get_thread_num());
         else if (omp_get_thread_num() == 0) {
             gemm_plan q = p;
             q.nthr = 1;
@@ -354,8 +374,8 @@ static int threads_for_call(void) {
 #endif
 }
 
-void sl_sgemm(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
-              const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+void sl_sgemm(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+              int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     sl_gemm_args g = {transA, transB, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc};
     sl_gemm_run(&g, dispatch_get()->f32, threads_for_call());
 }
@@ -367,8 +387,8 @@ void sl_gemm_bf16(int transA, int transB, int64_t M, int64_t N, int64_t K, float
 }
 
 void sl_sgemm_batched(int transA, int transB, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
-                      const float *A, int64_t lda, int64_t strideA, const float *B, int64_t ldb, int64_t strideB,
-                      float beta, float *C, int64_t ldc, int64_t strideC) {
+                      const float *A, int64_t lda, int64_t strideA, const float *B, int64_t ldb,
+                      int64_t strideB, float beta, float *C, int64_t ldc, int64_t strideC) {
     const sl_gemm_impl *im = dispatch_get()->f32;
     int nthr = threads_for_call();
     if (batch <= 0) return;
@@ -379,14 +399,16 @@ void sl_sgemm_batched(int transA, int transB, int64_t batch, int64_t M, int64_t 
 #pragma omp parallel for schedule(static) num_threads(nthr)
 #endif
         for (int64_t b = 0; b < batch; b++) {
-            sl_gemm_args g = {transA, transB, M, N, K, alpha, beta, A + b * strideA, lda,
-                              B + b * strideB, ldb, C + b * strideC, ldc};
+            sl_gemm_args g = {
+                transA, transB,          M,  N, K, alpha, beta, A + b * strideA, lda, B + b * strideB,
+                ldb,    C + b * strideC, ldc};
             sl_gemm_run(&g, im, 1);
         }
     } else {
         for (int64_t b = 0; b < batch; b++) {
-            sl_gemm_args g = {transA, transB, M, N, K, alpha, beta, A + b * strideA, lda,
-                              B + b * strideB, ldb, C + b * strideC, ldc};
+            sl_gemm_args g = {
+                transA, transB,          M,  N, K, alpha, beta, A + b * strideA, lda, B + b * strideB,
+                ldb,    C + b * strideC, ldc};
             sl_gemm_run(&g, im, nthr);
         }
     }

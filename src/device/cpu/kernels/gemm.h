@@ -22,19 +22,19 @@ extern "C" {
  * K x M (lda >= M). op(B) is K x N: B is K x N (ldb >= N) or, if transB, N x K (ldb >= K). ldc >= N.
  * beta == 0 means C is write-only (may hold NaN). Threads: uses OpenMP internally (call from serial code);
  * deterministic: same inputs and thread count -> bitwise-identical output. */
-void sl_sgemm(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
-              const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+void sl_sgemm(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+              int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 /* Scalar reference (double accumulation), the test oracle. */
-void sl_sgemm_ref(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
-              const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+void sl_sgemm_ref(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                  int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 /* Batched: for b in [0,batch): same with A + b*strideA etc. Parallelise over batch when batch is large. */
 void sl_sgemm_batched(int transA, int transB, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
-              const float *A, int64_t lda, int64_t strideA, const float *B, int64_t ldb, int64_t strideB,
-              float beta, float *C, int64_t ldc, int64_t strideC);
+                      const float *A, int64_t lda, int64_t strideA, const float *B, int64_t ldb,
+                      int64_t strideB, float beta, float *C, int64_t ldc, int64_t strideC);
 /* bf16 inputs (uint16_t storage, RNE-rounded bf16), fp32 accumulate and fp32 output C. Uses vdpbf16ps
  * (AVX512_BF16) when present, an exact emulated path otherwise. */
-void sl_gemm_bf16(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
-              const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta, float *C, int64_t ldc);
+void sl_gemm_bf16(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *A,
+                  int64_t lda, const uint16_t *B, int64_t ldb, float beta, float *C, int64_t ldc);
 const char *sl_gemm_kernel_name(void); /* which variant runs: "avx512", "avx2", "scalar" */
 
 #ifdef __cplusplus

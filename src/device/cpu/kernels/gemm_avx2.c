@@ -131,9 +131,27 @@ static inline float bf16_to_f32(uint16_t h) {
 #define SL_IS_F32 0
 #include "device/cpu/kernels/gemm_avx2_pack.inc"
 
-const sl_gemm_impl sl_gemm_impl_avx2_f32 = {
-    .name = "avx2", .mr = MR, .nr = NR, .kgran = 1, .esz = 4, .in_bf16 = 0, .kc = 384, .mc = 3072, .nc = 192,
-    .pack_a = pack_a_avx2_f32, .pack_b = pack_b_avx2_f32, .kernel = kernel_avx2_6x16};
-const sl_gemm_impl sl_gemm_impl_avx2_bf16emu = {
-    .name = "avx2", .mr = MR, .nr = NR, .kgran = 1, .esz = 4, .in_bf16 = 1, .kc = 384, .mc = 3072, .nc = 192,
-    .pack_a = pack_a_avx2_bf16, .pack_b = pack_b_avx2_bf16, .kernel = kernel_avx2_6x16};
+const sl_gemm_impl sl_gemm_impl_avx2_f32 = {.name = "avx2",
+                                            .mr = MR,
+                                            .nr = NR,
+                                            .kgran = 1,
+                                            .esz = 4,
+                                            .in_bf16 = 0,
+                                            .kc = 384,
+                                            .mc = 3072,
+                                            .nc = 192,
+                                            .pack_a = pack_a_avx2_f32,
+                                            .pack_b = pack_b_avx2_f32,
+                                            .kernel = kernel_avx2_6x16};
+const sl_gemm_impl sl_gemm_impl_avx2_bf16emu = {.name = "avx2",
+                                                .mr = MR,
+                                                .nr = NR,
+                                                .kgran = 1,
+                                                .esz = 4,
+                                                .in_bf16 = 1,
+                                                .kc = 384,
+                                                .mc = 3072,
+                                                .nc = 192,
+                                                .pack_a = pack_a_avx2_bf16,
+                                                .pack_b = pack_b_avx2_bf16,
+                                                .kernel = kernel_avx2_6x16};

@@ -26,36 +26,38 @@
 
 enum { MR = 8, NR = 48 };
 
-static inline __mmask16 mask_n(int n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n > 0 ? n : 0)) - 1u); }
+static inline __mmask16 mask_n(int n) {
+    return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n > 0 ? n : 0)) - 1u);
+}
 
 /* C tile writeback: C = alpha*acc + beta*C on rows < mr, columns < nr. */
-#define SL_WRITEBACK_8x48(acc)                                                                              \
-    do {                                                                                                   \
-        const __m512 va_ = _mm512_set1_ps(alpha), vb_ = _mm512_set1_ps(beta);                             \
-        const __mmask16 m0_ = mask_n(nr), m1_ = mask_n(nr - 16), m2_ = mask_n(nr - 32);                   \
-        _Pragma("GCC unroll 8") for (int i_ = 0; i_ < MR; i_++) {                                          \
-            if (i_ < mr) {                                                                                 \
-                float *cr_ = c + i_ * ldc;                                                                 \
-                __m512 t0_ = acc[i_][0], t1_ = acc[i_][1], t2_ = acc[i_][2];                               \
-                if (alpha != 1.0f) {                                                                       \
-                    t0_ = _mm512_mul_ps(va_, t0_);                                                         \
-                    t1_ = _mm512_mul_ps(va_, t1_);                                                         \
-                    t2_ = _mm512_mul_ps(va_, t2_);                                                         \
-                }                                                                                          \
-                if (beta == 1.0f) {                                                                        \
-                    t0_ = _mm512_add_ps(t0_, _mm512_maskz_loadu_ps(m0_, cr_));                             \
-                    t1_ = _mm512_add_ps(t1_, _mm512_maskz_loadu_ps(m1_, cr_ + 16));                        \
-                    t2_ = _mm512_add_ps(t2_, _mm512_maskz_loadu_ps(m2_, cr_ + 32));                        \
-                } else if (beta != 0.0f) {                                                                 \
-                    t0_ = _mm512_fmadd_ps(vb_, _mm512_maskz_loadu_ps(m0_, cr_), t0_);                      \
-                    t1_ = _mm512_fmadd_ps(vb_, _mm512_maskz_loadu_ps(m1_, cr_ + 16), t1_);                 \
-                    t2_ = _mm512_fmadd_ps(vb_, _mm512_maskz_loadu_ps(m2_, cr_ + 32), t2_);                 \
-                }                                                                                          \
-                _mm512_mask_storeu_ps(cr_, m0_, t0_);                                                      \
-                _mm512_mask_storeu_ps(cr_ + 16, m1_, t1_);                                                 \
-                _mm512_mask_storeu_ps(cr_ + 32, m2_, t2_);                                                 \
-            }                                                                                              \
-        }                                                                                                  \
+#define SL_WRITEBACK_8x48(acc)                                                                               \
+    do {                                                                                                     \
+        const __m512 va_ = _mm512_set1_ps(alpha), vb_ = _mm512_set1_ps(beta);                                \
+        const __mmask16 m0_ = mask_n(nr), m1_ = mask_n(nr - 16), m2_ = mask_n(nr - 32);                      \
+        _Pragma("GCC unroll 8") for (int i_ = 0; i_ < MR; i_++) {                                            \
+            if (i_ < mr) {                                                                                   \
+                float *cr_ = c + i_ * ldc;                                                                   \
+                __m512 t0_ = acc[i_][0], t1_ = acc[i_][1], t2_ = acc[i_][2];                                 \
+                if (alpha != 1.0f) {                                                                         \
+                    t0_ = _mm512_mul_ps(va_, t0_);                                                           \
+                    t1_ = _mm512_mul_ps(va_, t1_);                                                           \
+                    t2_ = _mm512_mul_ps(va_, t2_);                                                           \
+                }                                                                                            \
+                if (beta == 1.0f) {                                                                          \
+                    t0_ = _mm512_add_ps(t0_, _mm512_maskz_loadu_ps(m0_, cr_));                               \
+                    t1_ = _mm512_add_ps(t1_, _mm512_maskz_loadu_ps(m1_, cr_ + 16));                          \
+                    t2_ = _mm512_add_ps(t2_, _mm512_maskz_loadu_ps(m2_, cr_ + 32));                          \
+                } else if (beta != 0.0f) {                                                                   \
+                    t0_ = _mm512_fmadd_ps(vb_, _mm512_maskz_loadu_ps(m0_, cr_), t0_);                        \
+                    t1_ = _mm512_fmadd_ps(vb_, _mm512_maskz_loadu_ps(m1_, cr_ + 16), t1_);                   \
+                    t2_ = _mm512_fmadd_ps(vb_, _mm512_maskz_loadu_ps(m2_, cr_ + 32), t2_);                   \
+                }                                                                                            \
+                _mm512_mask_storeu_ps(cr_, m0_, t0_);                                                        \
+                _mm512_mask_storeu_ps(cr_ + 16, m1_, t1_);                                                   \
+                _mm512_mask_storeu_ps(cr_ + 32, m2_, t2_);                                                   \
+            }                                                                                                \
+        }                                                                                                    \
     } while (0)
 
 SL_TARGET_AVX512 static void kernel_avx512_8x48(int64_t ksteps, const void *a_, const void *b_, float *c,
@@ -142,7 +144,8 @@ SL_TARGET_AVX512 static inline void transpose16x16(__m512 r[16]) {
 /* ---- fp32 packers (32-bit elements; reused for bf16 pairs) ---- */
 
 /* dst[k*8 + i] = src[i*ld + k] for i < ni (else 0), k < kc: 8 rows, contiguous in k. */
-SL_TARGET_AVX512 static void pack_rows8_t32(const uint32_t *src, int64_t ld, int ni, int64_t kc, uint32_t *dst) {
+SL_TARGET_AVX512 static void pack_rows8_t32(const uint32_t *src, int64_t ld, int ni, int64_t kc,
+                                            uint32_t *dst) {
     int64_t k = 0;
     for (; k + 8 <= kc; k += 8) {
         __m256 r[8];
@@ -175,7 +178,8 @@ SL_TARGET_AVX512 static void pack_rows48_t32(const uint32_t *src, int64_t ld, in
 #pragma GCC unroll 16
             for (int i = 0; i < 16; i++) {
                 int j = g * 16 + i;
-                r[i] = j < nj ? _mm512_maskz_loadu_ps(m, (const float *)(src + j * ld + k)) : _mm512_setzero_ps();
+                r[i] = j < nj ? _mm512_maskz_loadu_ps(m, (const float *)(src + j * ld + k))
+                              : _mm512_setzero_ps();
             }
             transpose16x16(r);
             for (int kk = 0; kk < rem; kk++) _mm512_store_ps((float *)(dst + (k + kk) * 48 + g * 16), r[kk]);
@@ -183,8 +187,8 @@ SL_TARGET_AVX512 static void pack_rows48_t32(const uint32_t *src, int64_t ld, in
     }
 }
 
-SL_TARGET_AVX512 static void pack_a_f32_panel(const sl_gemm_args *g, int64_t i0, int ni, int64_t k0, int64_t kc,
-                                              void *dst_) {
+SL_TARGET_AVX512 static void pack_a_f32_panel(const sl_gemm_args *g, int64_t i0, int ni, int64_t k0,
+                                              int64_t kc, void *dst_) {
     float *dst = (float *)dst_;
     const float *A = (const float *)g->A;
     if (g->transA) { /* A is K x M */
@@ -196,8 +200,8 @@ SL_TARGET_AVX512 static void pack_a_f32_panel(const sl_gemm_args *g, int64_t i0,
     }
 }
 
-SL_TARGET_AVX512 static void pack_b_f32_panel(const sl_gemm_args *g, int64_t j0, int nj, int64_t k0, int64_t kc,
-                                              void *dst_) {
+SL_TARGET_AVX512 static void pack_b_f32_panel(const sl_gemm_args *g, int64_t j0, int nj, int64_t k0,
+                                              int64_t kc, void *dst_) {
     float *dst = (float *)dst_;
     const float *B = (const float *)g->B;
     if (!g->transB) { /* B is K x N */
@@ -231,12 +235,30 @@ SL_TARGET_AVX512 static void pack_b_f32_avx512(const sl_gemm_args *g, int64_t j0
 }
 
 /* bf16 -> fp32 widening packers for the emulated bf16 path on AVX-512 CPUs without AVX512_BF16. */
-const sl_gemm_impl sl_gemm_impl_avx512_f32 = {
-    .name = "avx512", .mr = MR, .nr = NR, .kgran = 1, .esz = 4, .in_bf16 = 0, .kc = 384, .mc = 1536, .nc = 336,
-    .pack_a = pack_a_f32_avx512, .pack_b = pack_b_f32_avx512, .kernel = kernel_avx512_8x48};
-const sl_gemm_impl sl_gemm_impl_avx512_bf16emu = {
-    .name = "avx512", .mr = MR, .nr = NR, .kgran = 1, .esz = 4, .in_bf16 = 1, .kc = 384, .mc = 1536, .nc = 336,
-    .pack_a = sl_gemm_pack_a_bf16_f32, .pack_b = sl_gemm_pack_b_bf16_f32, .kernel = kernel_avx512_8x48};
+const sl_gemm_impl sl_gemm_impl_avx512_f32 = {.name = "avx512",
+                                              .mr = MR,
+                                              .nr = NR,
+                                              .kgran = 1,
+                                              .esz = 4,
+                                              .in_bf16 = 0,
+                                              .kc = 384,
+                                              .mc = 1536,
+                                              .nc = 336,
+                                              .pack_a = pack_a_f32_avx512,
+                                              .pack_b = pack_b_f32_avx512,
+                                              .kernel = kernel_avx512_8x48};
+const sl_gemm_impl sl_gemm_impl_avx512_bf16emu = {.name = "avx512",
+                                                  .mr = MR,
+                                                  .nr = NR,
+                                                  .kgran = 1,
+                                                  .esz = 4,
+                                                  .in_bf16 = 1,
+                                                  .kc = 384,
+                                                  .mc = 1536,
+                                                  .nc = 336,
+                                                  .pack_a = sl_gemm_pack_a_bf16_f32,
+                                                  .pack_b = sl_gemm_pack_b_bf16_f32,
+                                                  .kernel = kernel_avx512_8x48};
 
 /* ---- bf16 (vdpbf16ps) ---- */
 #include "device/cpu/kernels/gemm_avx512_bf16.inc"

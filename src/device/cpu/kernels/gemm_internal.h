@@ -34,11 +34,11 @@ typedef struct sl_gemm_args {
 
 /* Pack rows [i0, i0+ni) of op(A), k in [k0, k0+kc), into ceil(ni/mr) consecutive micro-panels of
  * ceil(kc/kgran)*kgran*mr elements each, zero-padding rows past ni and k past kc. */
-typedef void (*sl_gemm_pack_a_fn)(const sl_gemm_args *g, int64_t i0, int64_t ni, int64_t k0, int64_t kc, int mr,
-                                  void *dst);
+typedef void (*sl_gemm_pack_a_fn)(const sl_gemm_args *g, int64_t i0, int64_t ni, int64_t k0, int64_t kc,
+                                  int mr, void *dst);
 /* Pack columns [j0, j0+nj) of op(B), k in [k0, k0+kc), into ceil(nj/nr) micro-panels likewise. */
-typedef void (*sl_gemm_pack_b_fn)(const sl_gemm_args *g, int64_t j0, int64_t nj, int64_t k0, int64_t kc, int nr,
-                                  void *dst);
+typedef void (*sl_gemm_pack_b_fn)(const sl_gemm_args *g, int64_t j0, int64_t nj, int64_t k0, int64_t kc,
+                                  int nr, void *dst);
 /* C[0..mr)[0..nr) = alpha * (a-panel @ b-panel) + beta * C over ksteps steps of kgran k each;
  * beta == 0: C is write-only. mr <= MR, nr <= NR: only that part of the tile is read or written. */
 typedef void (*sl_gemm_kernel_fn)(int64_t ksteps, const void *a, const void *b, float *c, int64_t ldc,
@@ -46,13 +46,13 @@ typedef void (*sl_gemm_kernel_fn)(int64_t ksteps, const void *a, const void *b, 
 
 typedef struct sl_gemm_impl {
     const char *name;
-    int mr, nr;      /* register tile */
-    int kgran;       /* k per kernel step: 1 (fp32) or 2 (bf16 pairs) */
-    int esz;         /* bytes per packed element */
-    int in_bf16;     /* inputs A, B are bf16 (uint16_t) rather than fp32 */
-    int64_t kc;      /* K block (multiple of kgran) */
-    int64_t mc;      /* rows of op(A) packed at once (multiple of mr) */
-    int64_t nc;      /* columns of op(B) packed at once per thread (multiple of nr) */
+    int mr, nr;  /* register tile */
+    int kgran;   /* k per kernel step: 1 (fp32) or 2 (bf16 pairs) */
+    int esz;     /* bytes per packed element */
+    int in_bf16; /* inputs A, B are bf16 (uint16_t) rather than fp32 */
+    int64_t kc;  /* K block (multiple of kgran) */
+    int64_t mc;  /* rows of op(A) packed at once (multiple of mr) */
+    int64_t nc;  /* columns of op(B) packed at once per thread (multiple of nr) */
     sl_gemm_pack_a_fn pack_a;
     sl_gemm_pack_b_fn pack_b;
     sl_gemm_kernel_fn kernel;
@@ -62,8 +62,10 @@ typedef struct sl_gemm_impl {
 void sl_gemm_run(const sl_gemm_args *g, const sl_gemm_impl *im, int nthr);
 
 /* Generic packers (any mr/nr, kgran 1): fp32 -> fp32 and bf16 -> fp32 (exact widening). */
-void sl_gemm_pack_a_f32(const sl_gemm_args *g, int64_t i0, int64_t ni, int64_t k0, int64_t kc, int mr, void *dst);
-void sl_gemm_pack_b_f32(const sl_gemm_args *g, int64_t j0, int64_t nj, int64_t k0, int64_t kc, int nr, void *dst);
+void sl_gemm_pack_a_f32(const sl_gemm_args *g, int64_t i0, int64_t ni, int64_t k0, int64_t kc, int mr,
+                        void *dst);
+void sl_gemm_pack_b_f32(const sl_gemm_args *g, int64_t j0, int64_t nj, int64_t k0, int64_t kc, int nr,
+                        void *dst);
 void sl_gemm_pack_a_bf16_f32(const sl_gemm_args *g, int64_t i0, int64_t ni, int64_t k0, int64_t kc, int mr,
                              void *dst);
 void sl_gemm_pack_b_bf16_f32(const sl_gemm_args *g, int64_t j0, int64_t nj, int64_t k0, int64_t kc, int nr,

@@ -13,7 +13,9 @@ static float round_bf16(float f);
 /* Thread only when there is enough work: on small decode-step tensors the fork/join costs more than the
  * loop, and far more on a loaded machine. */
 #define PAR(work) ((int64_t)(work) >= 16384)
-static int64_t rows_of(const sl_tensor *t) { return t->ne[t->ndim - 1] ? sl_nelements(t) / t->ne[t->ndim - 1] : 0; }
+static int64_t rows_of(const sl_tensor *t) {
+    return t->ne[t->ndim - 1] ? sl_nelements(t) / t->ne[t->ndim - 1] : 0;
+}
 static int64_t row_stride(const sl_tensor *t) { return t->ndim >= 2 ? t->nb[t->ndim - 2] : t->ne[0]; }
 
 /* ---------------- RMSNorm ---------------- */
@@ -24,7 +26,7 @@ sl_status sl_k_rmsnorm(sl_tensor *n) {
     float eps = n->fparams[0];
     const float *px = x->data, *pw = w ? w->data : NULL;
     float *py = n->data, *rstd = (float *)((char *)n->data + sl_nbytes(n));
-#pragma omp parallel for schedule(static) if(PAR(R * C))
+#pragma omp parallel for schedule(static) if (PAR(R * C))
     for (int64_t r = 0; r < R; r++) {
         const float *xr = px + r * xs;
         float *yr = py + r * C;
@@ -51,7 +53,7 @@ sl_status sl_k_rmsnorm_back_x(sl_tensor *n) {
     const float *rstd = (const float *)((const char *)f->data + sl_nbytes(f));
     const float *px = x->data, *pw = w ? w->data : NULL, *pg = g->data;
     float *pdx = n->data;
-#pragma omp parallel for schedule(static) if(PAR(R * C))
+#pragma omp parallel for schedule(static) if (PAR(R * C))
     for (int64_t r = 0; r < R; r++) {
         const float *xr = px + r * xs, *gr = pg + r * gs;
         float *dx = pdx + r * C;
@@ -80,7 +82,7 @@ sl_status sl_k_rmsnorm_back_w(sl_tensor *n) {
     const float *px = x->data, *pg = g->data;
     float *dw = n->data;
     /* column blocks; each column sums its rows in order: deterministic for any thread count */
-#pragma omp parallel for schedule(static) if(PAR(R * C))
+#pragma omp parallel for schedule(static) if (PAR(R * C))
     for (int64_t c0 = 0; c0 < C; c0 += 64) {
         int64_t c1 = c0 + 64 < C ? c0 + 64 : C;
         float acc[64] = {0};
@@ -109,11 +111,13 @@ sl_status sl_k_rope(sl_tensor *n) {
     const float *px = x->data;
     float *py = n->data;
     int nt = omp_get_max_threads();
-    float *scratch = malloc(sizeof(float) * (size_t)(3 * half + 1) * (size_t)nt); /* per-thread cos|sin|inv_freq */
+    float *scratch =
+        malloc(sizeof(float) * (size_t)(3 * half + 1) * (size_t)nt); /* per-thread cos|sin|inv_freq */
     if (!scratch) return sl_fail(SL_ERR_NOMEM, "rope: out of memory");
-#pragma omp parallel num_threads(nt) if(PAR(B * T * NH * hs))
+#pragma omp parallel num_threads(nt) if (PAR(B * T * NH * hs))
     {
-        float *cs = scratch + (size_t)omp_get_thread_num() * (size_t)(3 * half + 1), *sn = cs + half, *inv = sn + half;
+        float *cs = scratch + (size_t)omp_get_thread_num() * (size_t)(3 * half + 1), *sn = cs + half,
+              *inv = sn + half;
         for (int64_t i = 0; i < half; i++) inv[i] = 1.0f / powf(theta, (float)(2 * i) / (float)hs);
         float factor = n->fparams[1];
         if (factor > 0) { /* transformers' _compute_llama3_parameters, in float32 */
@@ -171,10 +175,10 @@ sl_status sl_k_silu(sl_tensor *n) {
     const float *pa = a->data;
     float *py = n->data;
     int64_t outer = io.ne[0] * io.ne[1] * io.ne[2] * io.ne[3], inner = io.ne[4];
-#pragma omp parallel for schedule(static) if(PAR(outer * inner))
+#pragma omp parallel for schedule(static) if (PAR(outer * inner))
     for (int64_t o = 0; o < outer; o++) {
-        int64_t i3 = o % io.ne[3], i2 = (o / io.ne[3]) % io.ne[2], i1 = (o / (io.ne[3] * io.ne[2])) % io.ne[1],
-                i0 = o / (io.ne[3] * io.ne[2] * io.ne[1]);
+        int64_t i3 = o % io.ne[3], i2 = (o / io.ne[3]) % io.ne[2],
+                i1 = (o / (io.ne[3] * io.ne[2])) % io.ne[1], i0 = o / (io.ne[3] * io.ne[2] * io.ne[1]);
         const float *xr = pa + i0 * ia.nb[0] + i1 * ia.nb[1] + i2 * ia.nb[2] + i3 * ia.nb[3];
         float *yr = py + o * inner;
         int64_t s = ia.nb[4];
@@ -193,10 +197,10 @@ sl_status sl_k_silu_back(sl_tensor *n) {
     const float *pa = a->data, *pg = g->data;
     float *py = n->data;
     int64_t outer = io.ne[0] * io.ne[1] * io.ne[2] * io.ne[3], inner = io.ne[4];
-#pragma omp parallel for schedule(static) if(PAR(outer * inner))
+#pragma omp parallel for schedule(static) if (PAR(outer * inner))
     for (int64_t o = 0; o < outer; o++) {
-        int64_t i3 = o % io.ne[3], i2 = (o / io.ne[3]) % io.ne[2], i1 = (o / (io.ne[3] * io.ne[2])) % io.ne[1],
-                i0 = o / (io.ne[3] * io.ne[2] * io.ne[1]);
+        int64_t i3 = o % io.ne[3], i2 = (o / io.ne[3]) % io.ne[2],
+                i1 = (o / (io.ne[3] * io.ne[2])) % io.ne[1], i0 = o / (io.ne[3] * io.ne[2] * io.ne[1]);
         const float *xr = pa + i0 * ia.nb[0] + i1 * ia.nb[1] + i2 * ia.nb[2] + i3 * ia.nb[3];
         const float *gr = pg + i0 * ig.nb[0] + i1 * ig.nb[1] + i2 * ig.nb[2] + i3 * ig.nb[3];
         float *yr = py + o * inner;
@@ -217,7 +221,7 @@ sl_status sl_k_topk_gate(sl_tensor *n) {
     int k = n->iparams[0];
     const float *pa = a->data;
     float *py = n->data;
-#pragma omp parallel for schedule(static) if(PAR(N * E))
+#pragma omp parallel for schedule(static) if (PAR(N * E))
     for (int64_t r = 0; r < N; r++) {
         const float *x = pa + r * as;
         float *y = py + r * E;
@@ -245,7 +249,7 @@ sl_status sl_k_topk_gate_back(sl_tensor *n) {
     int64_t N = f->ne[0], E = f->ne[1], gs = row_stride(g);
     const float *py = f->data, *pg = g->data;
     float *pd = n->data;
-#pragma omp parallel for schedule(static) if(PAR(N * E))
+#pragma omp parallel for schedule(static) if (PAR(N * E))
     for (int64_t r = 0; r < N; r++) {
         const float *y = py + r * E, *gr = pg + r * gs;
         float *d = pd + r * E, dot = 0;
@@ -261,15 +265,16 @@ sl_status sl_k_kv_store(sl_tensor *n) {
     sl_tensor *x = n->src[1];
     int64_t B = x->ne[0], T = x->ne[1], NKV = x->ne[2], hs = x->ne[3], S = n->ne[1];
     int64_t pos0 = n->iparams[0];
-    if (pos0 < 0 || pos0 + T > S) return sl_fail(SL_ERR_INVALID, "kv cache: position %lld + %lld exceeds capacity %lld",
-                                                 (long long)pos0, (long long)T, (long long)S);
+    if (pos0 < 0 || pos0 + T > S)
+        return sl_fail(SL_ERR_INVALID, "kv cache: position %lld + %lld exceeds capacity %lld",
+                       (long long)pos0, (long long)T, (long long)S);
     float *pc = n->data;
     const float *px = x->data;
     for (int64_t b = 0; b < B; b++)
         for (int64_t t = 0; t < T; t++)
             for (int64_t h = 0; h < NKV; h++)
-                memcpy(pc + ((b * S + pos0 + t) * NKV + h) * hs, px + b * x->nb[0] + t * x->nb[1] + h * x->nb[2],
-                       sizeof(float) * (size_t)hs);
+                memcpy(pc + ((b * S + pos0 + t) * NKV + h) * hs,
+                       px + b * x->nb[0] + t * x->nb[1] + h * x->nb[2], sizeof(float) * (size_t)hs);
     return SL_OK;
 }
 
@@ -278,15 +283,16 @@ sl_status sl_k_attention_kv(sl_tensor *n) {
     int64_t B = q->ne[0], Tq = q->ne[1], NH = q->ne[2], hs = q->ne[3], S = kc->ne[1], NKV = kc->ne[2];
     int64_t grp = NH / NKV, pos0 = n->iparams[0], win = n->iparams[1];
     int bf = n->iparams[2]; /* bf16 numerics of an eager bf16 model: scores and probabilities rounded */
-    if (pos0 < 0 || pos0 + Tq > S) return sl_fail(SL_ERR_INVALID, "kv cache: position %lld + %lld exceeds capacity %lld",
-                                                  (long long)pos0, (long long)Tq, (long long)S);
+    if (pos0 < 0 || pos0 + Tq > S)
+        return sl_fail(SL_ERR_INVALID, "kv cache: position %lld + %lld exceeds capacity %lld",
+                       (long long)pos0, (long long)Tq, (long long)S);
     float scale = 1.0f / sqrtf((float)hs);
     const float *pq = q->data, *pk = kc->data, *pv = vc->data;
     float *out = n->data;
     int nt = omp_get_max_threads();
     float *scratch = malloc(sizeof(float) * (size_t)(S ? S : 1) * (size_t)nt); /* per-thread score rows */
     if (!scratch) return sl_fail(SL_ERR_NOMEM, "attention_kv: out of memory");
-#pragma omp parallel num_threads(nt) if(PAR(B * NH * Tq * (pos0 + Tq) * hs))
+#pragma omp parallel num_threads(nt) if (PAR(B * NH * Tq * (pos0 + Tq) * hs))
     {
         float *p = scratch + (size_t)omp_get_thread_num() * (size_t)(S ? S : 1);
 #pragma omp for schedule(dynamic, 4)
@@ -332,7 +338,7 @@ static uint16_t to_bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);                /* round to nearest even */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);                 /* round to nearest even */
 }
 
 static float round_bf16(float f) {
@@ -349,16 +355,18 @@ sl_status sl_k_linear_bf16(sl_tensor *n) {
     int64_t K = x->ne[x->ndim - 1], M = K ? sl_nelements(x) / K : 0, xs = row_stride(x);
     int64_t N = n->ne[n->ndim - 1];
     uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)(M * K + 1));
-    if (!xb) return sl_fail(SL_ERR_NOMEM, "linear_bf16: cannot allocate %lld bf16 activations", (long long)(M * K));
+    if (!xb)
+        return sl_fail(SL_ERR_NOMEM, "linear_bf16: cannot allocate %lld bf16 activations",
+                       (long long)(M * K));
     const float *px = x->data;
-#pragma omp parallel for schedule(static) if(PAR(M * K))
+#pragma omp parallel for schedule(static) if (PAR(M * K))
     for (int64_t r = 0; r < M; r++)
         for (int64_t k = 0; k < K; k++) xb[r * K + k] = to_bf16(px[r * xs + k]);
     float *y = n->data;
     sl_gemm_bf16(0, transB, M, N, K, 1.0f, xb, K, w->data, transB ? K : N, 0.0f, y, N);
     free(xb);
     if (n->iparams[1]) {
-#pragma omp parallel for schedule(static) if(PAR(M * N))
+#pragma omp parallel for schedule(static) if (PAR(M * N))
         for (int64_t i = 0; i < M * N; i++) y[i] = round_bf16(y[i]);
     }
     return SL_OK;
@@ -430,7 +438,8 @@ sl_status sl_k_moe_expert(sl_tensor *n) {
     }
     for (int64_t k = 0; st == SL_OK && k < M; k++) {
         float gw = pg[rows[k] * gs + e];
-        for (int64_t c = 0; c < C; c++) y[rows[k] * C + c] = bf ? round_bf16(o[k * C + c] * gw) : o[k * C + c] * gw;
+        for (int64_t c = 0; c < C; c++)
+            y[rows[k] * C + c] = bf ? round_bf16(o[k * C + c] * gw) : o[k * C + c] * gw;
     }
     free(rows), free(xs), free(a), free(b), free(o);
     return st;

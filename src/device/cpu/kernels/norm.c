@@ -149,7 +149,8 @@ sl_status sl_k_layernorm_back_x(sl_tensor *n) {
     sl_tensor *f = n->src[0], *x = n->src[1], *w = n->src[2], *g = n->src[3];
     int64_t C = x->ne[x->ndim - 1], R = rows_of(x);
     const float *mean = (const float *)((const char *)f->data + sl_nbytes(f));
-    v->layernorm_bwd_x(x->data, row_stride(x), g->data, row_stride(g), w->data, mean, mean + R, n->data, R, C);
+    v->layernorm_bwd_x(x->data, row_stride(x), g->data, row_stride(g), w->data, mean, mean + R, n->data, R,
+                       C);
     return SL_OK;
 }
 

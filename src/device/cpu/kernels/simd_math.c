@@ -31,9 +31,12 @@ const sl_vec_ops *sl_vec(void) {
     if (g_vec_test) return g_vec_test;
 #if SL_HAVE_X86
     switch (sl_kern_isa()) {
-    case SL_KISA_AVX512: return &sl_vec_ops_avx512;
-    case SL_KISA_AVX2: return &sl_vec_ops_avx2;
-    default: return NULL;
+    case SL_KISA_AVX512:
+        return &sl_vec_ops_avx512;
+    case SL_KISA_AVX2:
+        return &sl_vec_ops_avx2;
+    default:
+        return NULL;
     }
 #else
     return NULL;

@@ -12,8 +12,8 @@
  * e^r = 1 + r + r^2 P(r) with Cephes' degree-5 P on |r| <= ln2/2, then 2^n by scalef (AVX-512) or by
  * multiplying by two exponent-built powers (AVX2; inputs below -87.34 return 0).
  * tanh: odd Taylor series through u^17 for |u| < 0.55 (truncation < 1 ulp there), otherwise
- * sign(u) (1 - 2 / (e^{2|u|} + 1)) with |u| clamped to 9.1 (tanh(u) rounds to 1 in fp32 from u = 9.02 on). Both branches
- * are computed and blended per lane, so results do not depend on the position of an element.
+ * sign(u) (1 - 2 / (e^{2|u|} + 1)) with |u| clamped to 9.1 (tanh(u) rounds to 1 in fp32 from u = 9.02 on).
+ * Both branches are computed and blended per lane, so results do not depend on the position of an element.
  */
 #ifndef SL_DEVICE_CPU_KERNELS_SIMD_MATH_H
 #define SL_DEVICE_CPU_KERNELS_SIMD_MATH_H
@@ -141,7 +141,8 @@ static inline SL_TGT_AVX2 __m256 sl_exp_avx2(__m256 x) {
     __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(SL_EXP_LO), _CMP_LT_OQ);
     __m256 over = _mm256_cmp_ps(x, _mm256_set1_ps(SL_EXP_HI), _CMP_GT_OQ);
     x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(SL_EXP_LO)), _mm256_set1_ps(SL_EXP_HI));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(SL_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(SL_LOG2E)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(SL_EXP_C1), x);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(SL_EXP_C2), r);
     __m256 p = _mm256_set1_ps(SL_EXP_P0);

@@ -34,8 +34,8 @@ typedef struct sl_vec_ops {
     void (*gelu_fwd)(const float *x, float *y, int64_t n);
     void (*gelu_bwd)(const float *x, const float *dy, float *dx, int64_t n);
     /* o[r, :] = a[r, :] (+|*) b[r, :]; ldb == 0 broadcasts b's single row; op 0 add, 1 mul */
-    void (*binary_rows)(const float *a, int64_t lda, const float *b, int64_t ldb, float *o, int64_t ldo, int64_t R,
-                        int64_t C, int op);
+    void (*binary_rows)(const float *a, int64_t lda, const float *b, int64_t ldb, float *o, int64_t ldo,
+                        int64_t R, int64_t C, int op);
     void (*binary_flat)(const float *a, const float *b, float *o, int64_t n, int op);
     void (*sum_rows)(const float *a, int64_t lda, int64_t R, int64_t C, float *o); /* o[c] = sum_r a[r, c] */
     void (*layernorm_fwd)(const float *x, int64_t xs, const float *w, const float *b, float *y, float *mean,
