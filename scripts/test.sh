@@ -10,7 +10,7 @@ cmake --build build -j "$jobs"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSL_WERROR=ON -DSL_SANITIZE=ON >/dev/null
 cmake --build build-asan -j "$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j "$jobs")
-# libFuzzer targets for the safetensors and checkpoint-manifest parsers, briefly (clang)
+# libFuzzer targets for the safetensors, checkpoint-manifest and tokenizer.json parsers, briefly (clang)
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSL_BUILD_TESTS=OFF -DSL_FUZZ=ON -DSL_WERROR=OFF >/dev/null
-cmake --build build-fuzz -j "$jobs" --target fuzz_safetensors fuzz_manifest
+cmake --build build-fuzz -j "$jobs" --target fuzz_safetensors fuzz_manifest fuzz_tokenizer
 (cd build-fuzz && ctest --output-on-failure -L fuzz)
