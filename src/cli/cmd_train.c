@@ -636,6 +636,14 @@ int sl_cmd_train(int argc, char **argv) {
             fflush(stderr);
             raise(SIGKILL);
         }
+        const char *hang_at = getenv("SUANLI_FAULT_HANG_AT_STEP");
+        if (hang_at && atoll(hang_at) == step + 1 && (!restart || !strcmp(restart, "0")) &&
+            (!fault_rank || atoi(fault_rank) == mesh.rank)) {
+            fprintf(stderr, "suanli train: rank %d: SUANLI_FAULT_HANG_AT_STEP=%s: stopping myself\n",
+                    mesh.rank, hang_at);
+            fflush(stderr);
+            raise(SIGSTOP); /* a hung rank: alive but silent */
+        }
         if (timed_out) {
             printf("stopping after %.1f minutes (--exit-duration-in-mins)\n", (sl_time_sec() - t_start) / 60);
             step++;

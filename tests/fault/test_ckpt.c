@@ -112,6 +112,18 @@ int main(void) {
                  at, (unsigned long long)seed);
     }
 
+    /* ---- a hung rank (SIGSTOP): the communication deadline turns it into an error, the launcher restarts
+     * ---- */
+    rc = run("env SUANLI_FAULT_HANG_AT_STEP=5 SUANLI_FAULT_RANK=1 SUANLI_COMM_TIMEOUT=3 %s run -n 2 "
+             "--max-restarts 1 -- %s "
+             "train " TINY " --global-batch-size 4 --save hang --load hang --save-interval 2",
+             cli, cli);
+    TU_CHECK(rc == 0 && strstr(out, "stopping myself") && strstr(out, "resumed from "),
+             "hang -> timeout -> restart: rc %d %s", rc, out);
+    snprintf(a, sizeof a, "%s/dpbase0/model.safetensors", dir);
+    snprintf(b, sizeof b, "%s/hang/model.safetensors", dir);
+    TU_CHECK(same_file(a, b), "after a hang and restart, final weights bitwise identical");
+
     /* ---- resharding: DP=2 ZeRO-2 step-6 checkpoint into other layouts ---- */
     rc =
         run("%s run -n 2 -- %s train " TINY " --global-batch-size 4 --zero-stage 2 --train-iters 6 --save rs "
