@@ -310,7 +310,7 @@ static int list_steps(const char *root, char ***out) {
         v[n++] = strdup(de->d_name);
     }
     closedir(d);
-    qsort(v, (size_t)n, sizeof(char *), cmp_str_desc);
+    if (n > 1) qsort(v, (size_t)n, sizeof(char *), cmp_str_desc);
     *out = v;
     return n;
 }

@@ -4,6 +4,7 @@
 #include "device/cpu/kernels/gemm.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "device/cpu/kernels/gemm_internal.h"
@@ -157,12 +158,19 @@ static const sl_gemm_impl impl_scalar_bf16 = {.name = "scalar",
 
 static _Thread_local void *tl_ws;
 static _Thread_local size_t tl_ws_cap;
+/* a thread-exit destructor frees the buffer of threads that end (e.g. ranks run as threads) */
+static pthread_key_t ws_key;
+static pthread_once_t ws_once = PTHREAD_ONCE_INIT;
+static void ws_free(void *p) { sl_free_aligned(p); }
+static void ws_key_init(void) { (void)pthread_key_create(&ws_key, ws_free); }
 
 static void *workspace_get(size_t bytes) {
     if (bytes > tl_ws_cap) {
+        pthread_once(&ws_once, ws_key_init);
         sl_free_aligned(tl_ws);
         tl_ws = sl_malloc_aligned(bytes);
         tl_ws_cap = tl_ws ? bytes : 0;
+        (void)pthread_setspecific(ws_key, tl_ws);
     }
     return tl_ws;
 }
