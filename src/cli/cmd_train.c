@@ -428,6 +428,11 @@ int sl_cmd_train(int argc, char **argv) {
         if (!metrics) BAD("--save: cannot write %s", mp);
     }
 
+    if (m->arch != SL_ARCH_GPT2 && (a.save_interval > 0 || resume))
+        BAD("checkpoints (--save-interval, resuming with --load) support GPT-2 only so far; %s models save "
+            "in HF "
+            "layout at the end with --save",
+            sl_arch_name(m->arch));
     m->compute_dtype = a.bf16 ? SL_BF16 : SL_F32;
     int B = (int)a.micro_bs, T = (int)a.seq_length, accum = (int)(a.global_bs / (a.micro_bs * mesh.dp));
     sl_trainer_config tc = {.B = B,
