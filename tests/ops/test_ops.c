@@ -5,108 +5,8 @@
 
 #include "suanli/device.h"
 #include "suanli/graph.h"
+#include "gradcheck.h"
 #include "testutil.h"
-
-#define MAXP 6
-typedef struct {
-    sl_ctx *ctx;
-    sl_tensor *params[MAXP];
-    float *pdata[MAXP], *gdata[MAXP];
-    int np;
-    sl_tensor *ids; /* optional i32 input */
-    int32_t *idata;
-} tc;
-
-static uint64_t g_seed = 1;
-
-static sl_tensor *param(tc *t, int ndim, const int64_t *ne, float scale) {
-    sl_tensor *p = sl_new_tensor(t->ctx, SL_F32, ndim, ne);
-    sl_set_param(p);
-    sl_set_name(p, "p%d", t->np);
-    int64_t n = sl_nelements(p);
-    float *d = calloc((size_t)n, 4), *g = calloc((size_t)n, 4);
-    sl_rng_fill_normal(d, n, 7, g_seed++, 0.0f, scale);
-    sl_tensor_bind(p, d);
-    p->grad = sl_new_tensor(t->ctx, SL_F32, ndim, ne);
-    p->grad->flags |= SL_FLAG_GRAD;
-    sl_tensor_bind(p->grad, g);
-    t->params[t->np] = p;
-    t->pdata[t->np] = d;
-    t->gdata[t->np] = g;
-    t->np++;
-    return p;
-}
-
-typedef sl_tensor *(*build_fn)(tc *t);
-
-/* loss = sum(out * R) with R fixed random: a scalar whose gradient exercises every output element */
-static double run_loss(sl_graph *g) {
-    sl_status st = sl_graph_compute(g, NULL, NULL);
-    TU_CHECK(st == SL_OK, "compute: %s", sl_errmsg());
-    return 0;
-}
-
-static void grad_check(const char *name, build_fn fn) {
-    tc t = {0};
-    t.ctx = sl_ctx_new(4096);
-    sl_tensor *out = fn(&t);
-    int64_t n = sl_nelements(out);
-    sl_tensor *R = sl_new_tensor(t.ctx, SL_F32, out->ndim, out->ne);
-    float *rd = malloc(sizeof(float) * (size_t)n);
-    sl_rng_fill_normal(rd, n, 9, 99, 0.0f, 1.0f);
-    sl_tensor_bind(R, rd);
-    sl_tensor *prod =
-        sl_mul(t.ctx, out->op == SL_OP_VIEW && !sl_is_contiguous(out) ? sl_cont(t.ctx, out) : out, R);
-    sl_tensor *loss = sl_sum_to(t.ctx, prod, sl_new_tensor_1d(t.ctx, SL_F32, 1));
-    sl_graph *gf = sl_graph_new(t.ctx); /* forward-only graph for finite differences */
-    sl_graph_build_forward(gf, loss);
-    sl_graph *g = sl_graph_new(t.ctx);
-    sl_graph_build_forward(g, loss);
-    sl_graph_build_backward(g, loss, 1.0f);
-    sl_plan_stats ps;
-    TU_CHECK(sl_graph_plan(gf, sl_backend_cpu(), NULL) == SL_OK, "plan");
-    TU_CHECK(sl_graph_plan(g, sl_backend_cpu(), &ps) == SL_OK, "plan");
-    TU_CHECK(ps.planned_bytes <= ps.naive_bytes, "planner never worse than naive");
-    for (int i = 0; i < t.np; i++) memset(t.gdata[i], 0, sizeof(float) * (size_t)sl_nelements(t.params[i]));
-    run_loss(g);
-    for (int i = 0; i < t.np; i++) {
-        int64_t m = sl_nelements(t.params[i]);
-        float *fd = calloc((size_t)m, 4);
-        float *p = t.pdata[i];
-        int64_t step = m > 60 ? m / 37 + 1 : 1; /* probe a spread subset on big tensors */
-        float *gsub = calloc((size_t)m, 4), *fsub = calloc((size_t)m, 4);
-        int64_t k = 0;
-        for (int64_t j = 0; j < m; j += step) {
-            float old = p[j], h = 1e-2f * (fabsf(old) > 1 ? fabsf(old) : 1.0f);
-            p[j] = old + h;
-            sl_graph_compute(gf, NULL, NULL);
-            double lp = ((float *)loss->data)[0];
-            p[j] = old - h;
-            sl_graph_compute(gf, NULL, NULL);
-            double lm = ((float *)loss->data)[0];
-            p[j] = old;
-            fsub[k] = (float)((lp - lm) / (2.0 * h));
-            gsub[k] = t.gdata[i][j];
-            k++;
-        }
-        double rel = tu_rel_maxdiff(gsub, fsub, k);
-        char what[128];
-        snprintf(what, sizeof what, "%s grad of param %d", name, i);
-        TU_CHECK(rel < 5e-3, "%s: max|analytic-FD|/max|FD| = %.3g", what, rel);
-        free(fd);
-        free(gsub);
-        free(fsub);
-    }
-    sl_graph_free(g);
-    sl_graph_free(gf);
-    for (int i = 0; i < t.np; i++) {
-        free(t.pdata[i]);
-        free(t.gdata[i]);
-    }
-    free(t.idata);
-    free(rd);
-    sl_ctx_free(t.ctx);
-}
 
 /* -------- forward references (double) -------- */
 
@@ -123,18 +23,6 @@ static void ref_matmul(int tA, int tB, int64_t Bt, int64_t M, int64_t N, int64_t
                 }
                 C[b * M * N + i * N + j] = (float)s;
             }
-}
-
-static float *fwd(tc *t, sl_tensor *out) {
-    sl_graph *g = sl_graph_new(t->ctx);
-    sl_graph_build_forward(g, out);
-    TU_CHECK(sl_graph_plan(g, sl_backend_cpu(), NULL) == SL_OK, "plan");
-    TU_CHECK(sl_graph_compute(g, NULL, NULL) == SL_OK, "compute: %s", sl_errmsg());
-    int64_t n = sl_nelements(out);
-    float *r = malloc(sizeof(float) * (size_t)n);
-    memcpy(r, out->data, sizeof(float) * (size_t)n);
-    sl_graph_free(g);
-    return r;
 }
 
 static void test_matmul_fwd(void) {
