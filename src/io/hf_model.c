@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include "suanli/hf.h"
+#include "suanli/hf_gpt2.h"
 #include "suanli/safetensors.h"
 
 typedef struct {
@@ -579,8 +580,10 @@ static const char *arch_class(sl_arch a) {
 }
 
 sl_status sl_hf_save(const sl_model *m, const char *dir, sl_dtype dtype, const sl_hf_info *info) {
-    if (m->arch == SL_ARCH_GPT2)
-        return sl_fail(SL_ERR_UNSUPPORTED, "convert: GPT-2 models are saved with sl_model_save");
+    if (m->arch == SL_ARCH_GPT2) {
+        if (dtype != SL_F32) return sl_fail(SL_ERR_UNSUPPORTED, "convert: GPT-2 is exported in f32 only");
+        return sl_hf_gpt2_export(m, dir);
+    }
     if (m->wdtype != SL_F32)
         return sl_fail(SL_ERR_UNSUPPORTED, "convert: load the model with f32 weights to save it");
     if (dtype != SL_F32 && dtype != SL_BF16)
