@@ -1,6 +1,8 @@
 #define _GNU_SOURCE
 #include "testutil.h"
 
+#include "suanli/base.h"
+
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -82,4 +84,18 @@ const char *tu_tmpdir(const char *tag) {
         exit(2);
     }
     return path;
+}
+
+int tu_same_file(const char *a, const char *b) {
+    char *x, *y;
+    size_t nx, ny;
+    if (sl_file_read_all(a, &x, &nx) != SL_OK) return 0;
+    if (sl_file_read_all(b, &y, &ny) != SL_OK) {
+        free(x);
+        return 0;
+    }
+    int eq = nx == ny && memcmp(x, y, nx) == 0;
+    free(x);
+    free(y);
+    return eq;
 }

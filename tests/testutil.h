@@ -25,6 +25,8 @@ double tu_rel_maxdiff(const float *got, const float *ref, int64_t n);
 int tu_finish(const char *name); /* prints summary, returns exit code */
 /* Run a shell command, capture stdout+stderr into buf (truncated), return exit status (-1 on error). */
 int tu_run(const char *cmd, char *buf, size_t cap);
+/* 1 when both files exist and have identical bytes */
+int tu_same_file(const char *a, const char *b);
 const char *tu_cli(void); /* path to the suanli CLI (SUANLI_CLI env) */
 /* Make a fresh temp dir under /tmp; returns static buffer path. */
 const char *tu_tmpdir(const char *tag);

@@ -34,9 +34,10 @@ typedef struct sl_ckpt_state {
     const sl_ckpt_seg *seg; /* optimizer-state segments of this rank (stage 0: the whole buffer) */
     int nseg;
     float *exp_avg, *exp_avg_sq; /* indexed by seg.off */
-    int write_params;            /* this rank writes params for its segments */
-    int write_optim;             /* this rank writes optimizer state for its segments */
-    int64_t step;                /* optimizer steps completed */
+    float *param_shard; /* ZeRO-3: parameters indexed by seg.off (NULL: m->params_mem, indexed by lo) */
+    int write_params;   /* this rank writes params for its segments */
+    int write_optim;    /* this rank writes optimizer state for its segments */
+    int64_t step;       /* optimizer steps completed */
     int64_t adam_t;
     uint64_t seed;
     int rank, world;

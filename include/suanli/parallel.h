@@ -1,4 +1,4 @@
-/* suanli/parallel.h — the device mesh and data parallelism (with ZeRO-1/2 sharding).
+/* suanli/parallel.h — the device mesh and data parallelism (with ZeRO-1/2/3 sharding).
  *
  * Usage (one process per rank):
  *   sl_comm *world; sl_comm_init_env(&world, NULL);
@@ -38,7 +38,8 @@ sl_status sl_mesh_init(sl_mesh *mesh, sl_comm *world, sl_mesh_dims dims);
 void sl_mesh_free(sl_mesh *mesh);
 
 typedef struct sl_dp_opts {
-    int zero_stage;       /* 0: all-reduce; 1: + sharded optimizer state; 2: + reduce-scattered grads */
+    int zero_stage;       /* 0: all-reduce; 1: + sharded optimizer state; 2: + reduce-scattered grads;
+                             3: + sharded parameters, gathered bucket by bucket just before use */
     int64_t bucket_elems; /* gradient bucket size in elements (0: 1 Mi) */
 } sl_dp_opts;
 
@@ -52,6 +53,17 @@ void sl_dp_free(sl_dp *dp);
  * Active only while armed (the last micro-batch of a step). */
 sl_status sl_dp_hook(sl_graph *g, int i, sl_tensor *n, void *user);
 void sl_dp_arm(sl_dp *dp, int armed);
+/* Bracket every execution of the graph (or of its forward range [0, end)) that runs with sl_dp_hook:
+ * under ZeRO-3 begin launches the first parameter gathers and end waits for any still in flight. No-ops
+ * for stages 0-2. */
+sl_status sl_dp_begin_pass(sl_dp *dp, int end);
+sl_status sl_dp_end_pass(sl_dp *dp);
+/* ZeRO-3: all-gather the whole parameter buffer into m->params_mem again and bind the leaves to it (for
+ * saving, sampling or reading the weights after training; collective). The next pass shards them
+ * again. No-op for stages 0-2. */
+sl_status sl_dp_gather_params(sl_dp *dp);
+/* ZeRO-3: this rank's parameter shard, indexed like the optimizer state (sl_dp_state); else NULL. */
+float *sl_dp_param_shard(sl_dp *dp);
 /* Wait for every bucket (after the graph ran); adds the wait time to *wait_sec. */
 sl_status sl_dp_finish_grads(sl_dp *dp, double *wait_sec);
 /* Global grad norm (squares summed over the rank's shard and all-reduced under ZeRO-2) and clipping. */
@@ -64,7 +76,9 @@ sl_status sl_dp_mean(sl_dp *dp, float *v);
 /* Bytes this rank holds for parameters, gradients (the reduced shard under ZeRO-2, plus the backward
  * accumulation buffer) and optimizer state, from the actual allocations. */
 typedef struct sl_dp_memory {
-    size_t param_bytes, grad_bytes, grad_shard_bytes, optim_bytes;
+    size_t param_bytes;        /* full buffer; ZeRO-3: this rank's shard */
+    size_t param_gather_bytes; /* ZeRO-3: the gather slots (the working set of gathered layers) */
+    size_t grad_bytes, grad_shard_bytes, optim_bytes;
 } sl_dp_memory;
 void sl_dp_memory_report(const sl_dp *dp, sl_dp_memory *mem);
 int sl_dp_num_buckets(const sl_dp *dp);

@@ -255,7 +255,9 @@ sl_status sl_ckpt_save_begin(sl_ckpt_writer *w, const char *root, const sl_ckpt_
     for (int s = 0; s < st->nseg; s++) {
         const sl_ckpt_seg *g = &st->seg[s];
         if (st->write_params)
-            SL_TRY(add_entries(w, st->m, "param", st->m->params_mem + g->lo, g->lo, g->len, &used));
+            SL_TRY(add_entries(w, st->m, "param",
+                               st->param_shard ? st->param_shard + g->off : st->m->params_mem + g->lo, g->lo,
+                               g->len, &used));
         if (st->write_optim) {
             SL_TRY(add_entries(w, st->m, "exp_avg", st->exp_avg + g->off, g->lo, g->len, &used));
             SL_TRY(add_entries(w, st->m, "exp_avg_sq", st->exp_avg_sq + g->off, g->lo, g->len, &used));
@@ -576,9 +578,11 @@ sl_status sl_ckpt_load(const char *dir, sl_ckpt_state *st) {
                             dir, tn);
         }
     }
-    if (s == SL_OK) s = load_flat(&r, st->m, "param", 0, st->m->numel, st->m->params_mem);
+    if (s == SL_OK && !st->param_shard) s = load_flat(&r, st->m, "param", 0, st->m->numel, st->m->params_mem);
     for (int k = 0; k < st->nseg && s == SL_OK; k++) {
         const sl_ckpt_seg *g = &st->seg[k];
+        if (st->param_shard) s = load_flat(&r, st->m, "param", g->lo, g->len, st->param_shard + g->off);
+        if (s != SL_OK) break;
         s = load_flat(&r, st->m, "exp_avg", g->lo, g->len, st->exp_avg + g->off);
         if (s == SL_OK) s = load_flat(&r, st->m, "exp_avg_sq", g->lo, g->len, st->exp_avg_sq + g->off);
     }

@@ -17,6 +17,7 @@ sl_status sl_trainer_ckpt_state(sl_trainer *tr, int rank, int world, sl_ckpt_sta
         st->write_params = zero > 0 || rank == 0;
         st->write_optim = zero > 0 || rank == 0;
         st->adam_t = tr->opt_t;
+        st->param_shard = sl_dp_param_shard(tr->dp);
     } else {
         if (!tr->opt_ready) {
             SL_TRY(sl_adamw_init(&tr->opt, tr->model, tr->cfg.hp));

@@ -242,7 +242,7 @@ int sl_cmd_train(int argc, char **argv) {
          "models: PyTorch autocast numerics)",
          0},
         {"zero-stage", SL_FLAG_INT, &a.zero_stage, 0, 3,
-         "0: DP all-reduce, 1: shard optimizer state, 2: + gradients", 0},
+         "0: DP all-reduce, 1: shard optimizer state, 2: + gradients, 3: + parameters", 0},
         {"ddp-bucket-size", SL_FLAG_INT, &a.bucket, 1, 1ll << 40, "gradient bucket size in elements (1Mi)",
          0},
     };
@@ -471,10 +471,10 @@ int sl_cmd_train(int argc, char **argv) {
     if (dp) {
         sl_dp_memory mem;
         sl_dp_memory_report(dp, &mem);
-        printf("data parallel: %d ranks, ZeRO-%lld, %d gradient buckets | per rank: params %.1f MiB, grads "
-               "%.1f MiB "
-               "(+ %.1f MiB reduced shard), optimizer state %.1f MiB\n",
-               mesh.dp, (long long)a.zero_stage, sl_dp_num_buckets(dp), mem.param_bytes / 1048576.0,
+        printf("data parallel: %d ranks, ZeRO-%lld, %d gradient buckets | per rank: params %.1f MiB", mesh.dp,
+               (long long)a.zero_stage, sl_dp_num_buckets(dp), mem.param_bytes / 1048576.0);
+        if (mem.param_gather_bytes) printf(" (+ %.1f MiB gather slots)", mem.param_gather_bytes / 1048576.0);
+        printf(", grads %.1f MiB (+ %.1f MiB reduced shard), optimizer state %.1f MiB\n",
                mem.grad_bytes / 1048576.0, mem.grad_shard_bytes / 1048576.0, mem.optim_bytes / 1048576.0);
     }
     printf("activation memory: planned %.1f MiB (naive sum %.1f MiB) | data: %lld train / %lld val tokens\n",
@@ -657,6 +657,11 @@ int sl_cmd_train(int argc, char **argv) {
     }
     if (ckw && ckpt_poll(ckw, world, &mesh, a.save, &pending_step, 1, (int)a.save_keep, model_json,
                          layout_json) != SL_OK) {
+        rc = 1;
+        goto out;
+    }
+    if (dp && sl_dp_gather_params(dp) != SL_OK) { /* ZeRO-3: whole weights for saving and sampling */
+        fprintf(stderr, "suanli train: rank %d: gathering parameters: %s\n", mesh.rank, sl_errmsg());
         rc = 1;
         goto out;
     }

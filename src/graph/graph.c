@@ -221,6 +221,16 @@ static sl_status resolve(sl_graph *g) {
     return SL_OK;
 }
 
+void sl_graph_refresh_views(sl_graph *g) {
+    for (int i = 0; i < g->n_nodes; i++) {
+        sl_tensor *t = g->nodes[i];
+        if (t->op == SL_OP_VIEW && t->view_src->data)
+            t->data = (char *)t->view_src->data + t->view_offs * (int64_t)sl_dtype_size(t->view_src->dtype);
+        else if (is_inplace(t) && t->view_src->data)
+            t->data = t->view_src->data;
+    }
+}
+
 sl_status sl_graph_compute_range(sl_graph *g, int start, int end, sl_node_hook hook, void *user) {
     if (!g->planned) return sl_fail(SL_ERR_INVALID, "graph: compute before plan");
     if (start == 0) SL_TRY(resolve(g));

@@ -58,7 +58,13 @@ sl_status sl_trainer_forward_backward(sl_trainer *tr, const int32_t *ids, const 
     size_t n = (size_t)tr->cfg.B * (size_t)tr->cfg.T;
     if (ids != tr->ids_buf) memcpy(tr->ids_buf, ids, n * sizeof(int32_t));
     if (targets != tr->tg_buf) memcpy(tr->tg_buf, targets, n * sizeof(int32_t));
-    SL_TRY(sl_graph_compute(tr->graph, tr->dp ? sl_dp_hook : NULL, tr->dp));
+    if (tr->dp) SL_TRY(sl_dp_begin_pass(tr->dp, sl_graph_n_nodes(tr->graph)));
+    sl_status st = sl_graph_compute(tr->graph, tr->dp ? sl_dp_hook : NULL, tr->dp);
+    if (tr->dp) {
+        sl_status es = sl_dp_end_pass(tr->dp);
+        if (st == SL_OK) st = es;
+    }
+    SL_TRY(st);
     if (loss) *loss = ((float *)tr->loss->data)[0];
     return SL_OK;
 }
@@ -109,7 +115,14 @@ sl_status sl_trainer_eval(sl_trainer *tr, sl_batch_fn fn, void *user, int iters,
     double tot = 0;
     for (int i = 0; i < iters; i++) {
         SL_TRY(fn(user, i, 0, tr->ids_buf, tr->tg_buf));
-        SL_TRY(sl_graph_compute_range(tr->graph, 0, tr->n_forward, NULL, NULL));
+        if (tr->dp) SL_TRY(sl_dp_begin_pass(tr->dp, tr->n_forward));
+        sl_status st =
+            sl_graph_compute_range(tr->graph, 0, tr->n_forward, tr->dp ? sl_dp_hook : NULL, tr->dp);
+        if (tr->dp) {
+            sl_status es = sl_dp_end_pass(tr->dp);
+            if (st == SL_OK) st = es;
+        }
+        SL_TRY(st);
         tot += ((float *)tr->loss->data)[0];
     }
     *loss = iters ? (float)(tot / iters) : 0.0f;

@@ -1,7 +1,8 @@
 /* Checkpoints and fault tolerance through the CLI:
  * - resume is exact: kill -9 at a step, resume from the newest checkpoint -> bitwise-identical final
- *   weights (single process; DP=2 with ZeRO-0/1/2 under `suanli run --max-restarts`, a rank killed);
- * - resharding: a DP=2 ZeRO-2 checkpoint loads into one process and into DP=2 ZeRO-0 / DP=4 ZeRO-1;
+ *   weights (single process; DP=2 with ZeRO-0/1/2/3 under `suanli run --max-restarts`, a rank killed);
+ * - resharding: a DP=2 ZeRO-2 checkpoint loads into one process and into DP=2 ZeRO-0 / DP=4 ZeRO-3; a DP=2
+ *   ZeRO-3 checkpoint loads into one process;
  * - torn checkpoints: the writer or committer killed at every stage of the protocol leaves a loadable state;
  * - corrupt newest checkpoint (bit flip, missing shard) -> reported, the previous one is used;
  * - malformed manifest and another model's checkpoint -> one-line error, exit 2. */
@@ -25,20 +26,6 @@ static int run(const char *fmt, ...) {
     va_end(ap);
     snprintf(cmd, sizeof cmd, "cd %s && SUANLI_COMM_TIMEOUT=60 timeout 300 %s", dir, args);
     return tu_run(cmd, out, sizeof out);
-}
-
-static int same_file(const char *a, const char *b) {
-    char *x, *y;
-    size_t nx, ny;
-    if (sl_file_read_all(a, &x, &nx) != SL_OK) return 0;
-    if (sl_file_read_all(b, &y, &ny) != SL_OK) {
-        free(x);
-        return 0;
-    }
-    int eq = nx == ny && memcmp(x, y, nx) == 0;
-    free(x);
-    free(y);
-    return eq;
 }
 
 #define TINY                                                                                                 \
@@ -69,10 +56,11 @@ int main(void) {
     TU_CHECK(rc == 0 && strstr(out, "resumed from s1/step-000000"), "resume: %s", out);
     snprintf(a, sizeof a, "%s/base/model.safetensors", dir);
     snprintf(b, sizeof b, "%s/s1/model.safetensors", dir);
-    TU_CHECK(same_file(a, b), "single: resumed final weights are bitwise identical to the uninterrupted run");
+    TU_CHECK(tu_same_file(a, b),
+             "single: resumed final weights are bitwise identical to the uninterrupted run");
 
     /* ---- DP=2, each ZeRO stage: a rank is killed, the launcher restarts, training resumes ---- */
-    for (int z = 0; z < 3; z++) {
+    for (int z = 0; z < 4; z++) {
         rc = run("%s run -n 2 -- %s train " TINY " --global-batch-size 4 --zero-stage %d --save dpbase%d",
                  cli, cli, z, z);
         TU_CHECK(rc == 0, "dp base zero %d: %s", z, out);
@@ -86,8 +74,16 @@ int main(void) {
                  "dp zero %d restarted run: rc %d %s", z, rc, out);
         snprintf(a, sizeof a, "%s/dpbase%d/model.safetensors", dir, z);
         snprintf(b, sizeof b, "%s/dp%d/model.safetensors", dir, z);
-        TU_CHECK(same_file(a, b), "dp zero %d: final weights after kill + restart are bitwise identical", z);
+        TU_CHECK(tu_same_file(a, b), "dp zero %d: final weights after kill + restart are bitwise identical",
+                 z);
     }
+    /* a ZeRO-3 checkpoint (parameters written by every rank from its shard) loads into one process */
+    rc = run("%s train " TINY " --global-batch-size 4 --load dp3 --save dp3_single", cli);
+    TU_CHECK(rc == 0 && strstr(out, "resumed from dp3/step-0000012"), "load dp2/zero3 into 1 process: %s",
+             out);
+    snprintf(a, sizeof a, "%s/dp3/model.safetensors", dir);
+    snprintf(b, sizeof b, "%s/dp3_single/model.safetensors", dir);
+    TU_CHECK(tu_same_file(a, b), "ZeRO-3 checkpoint parameters load bitwise into one process");
 
     /* ---- 4 ranks, a random rank killed at a random step (seed printed; SUANLI_TEST_SEED reproduces) ---- */
     {
@@ -107,7 +103,7 @@ int main(void) {
                  (unsigned long long)seed, rc, out);
         snprintf(a, sizeof a, "%s/r4base/model.safetensors", dir);
         snprintf(b, sizeof b, "%s/r4/model.safetensors", dir);
-        TU_CHECK(same_file(a, b),
+        TU_CHECK(tu_same_file(a, b),
                  "4 ranks, rank %d killed at step %d (seed %llu): final weights bitwise identical", victim,
                  at, (unsigned long long)seed);
     }
@@ -122,7 +118,7 @@ int main(void) {
              "hang -> timeout -> restart: rc %d %s", rc, out);
     snprintf(a, sizeof a, "%s/dpbase0/model.safetensors", dir);
     snprintf(b, sizeof b, "%s/hang/model.safetensors", dir);
-    TU_CHECK(same_file(a, b), "after a hang and restart, final weights bitwise identical");
+    TU_CHECK(tu_same_file(a, b), "after a hang and restart, final weights bitwise identical");
 
     /* ---- resharding: DP=2 ZeRO-2 step-6 checkpoint into other layouts ---- */
     rc =
@@ -135,15 +131,15 @@ int main(void) {
     TU_CHECK(rc == 0 && strstr(out, "resumed"), "load dp2/zero2 into 1 process: %s", out);
     snprintf(a, sizeof a, "%s/rs/model.safetensors", dir);
     snprintf(b, sizeof b, "%s/rs_single0/model.safetensors", dir);
-    TU_CHECK(same_file(a, b), "params survive resharding bitwise");
+    TU_CHECK(tu_same_file(a, b), "params survive resharding bitwise");
     /* continue to step 12 in three other layouts; all must agree with the uninterrupted DP=2 ZeRO-2 run */
-    /* rs_a, rs_b see the same batches as the uninterrupted DP=2 run (micro-batch 2); rs_c (DP=4, ZeRO-1,
+    /* rs_a, rs_b see the same batches as the uninterrupted DP=2 run (micro-batch 2); rs_c (DP=4, ZeRO-3,
      * micro-batch 1) sees other batches, so its reference is rs_d: one process, micro-batch 1, accum 4 */
     const char *layouts[] = {
         "%s train " TINY " --global-batch-size 4 --load rs --save rs_a",
         "%s run -n 2 -- %s train " TINY " --global-batch-size 4 --zero-stage 0 --load rs --save rs_b",
         "%s run -n 4 -- %s train " TINY
-        " --micro-batch-size 1 --global-batch-size 4 --zero-stage 1 --load rs --save rs_c",
+        " --micro-batch-size 1 --global-batch-size 4 --zero-stage 3 --load rs --save rs_c",
         "%s train " TINY " --micro-batch-size 1 --global-batch-size 4 --load rs --save rs_d"};
     const char *outs[] = {"rs_a", "rs_b", "rs_c", "rs_d"};
     for (int k = 0; k < 4; k++) {
@@ -205,7 +201,7 @@ int main(void) {
         TU_CHECK(rc == 0, "stage %d: resume: %s", stage, out);
         snprintf(a, sizeof a, "%s/base/model.safetensors", dir);
         snprintf(b, sizeof b, "%s/torn/model.safetensors", dir);
-        TU_CHECK(same_file(a, b), "stage %d: final weights bitwise equal to the uninterrupted run", stage);
+        TU_CHECK(tu_same_file(a, b), "stage %d: final weights bitwise equal to the uninterrupted run", stage);
     }
 
     /* ---- corrupt newest checkpoint: fall back to the previous one ---- */
@@ -222,7 +218,7 @@ int main(void) {
     rc = run("%s train " TINY " --save cor --load cor --save-interval 4 --save-keep 0", cli);
     TU_CHECK(rc == 0 && strstr(out, "resumed from cor/step-0000004"), "resume from the previous: %s", out);
     snprintf(b, sizeof b, "%s/cor/model.safetensors", dir);
-    TU_CHECK(same_file(a, b), "after fallback, final weights bitwise equal to the uninterrupted run");
+    TU_CHECK(tu_same_file(a, b), "after fallback, final weights bitwise equal to the uninterrupted run");
     rc = run("sh -c 'rm cor/step-0000012/shard-r00000.safetensors && %s ckpt verify cor'", cli);
     TU_CHECK(rc == 0 && strstr(out, "step-0000008") && strstr(out, "shard-r00000.safetensors"),
              "missing shard: %s", out);

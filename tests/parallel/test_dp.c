@@ -1,8 +1,9 @@
-/* Data parallelism with threads as ranks (loopback transport): DP=2 and DP=4 with ZeRO-0/1/2 against the
+/* Data parallelism with threads as ranks (loopback transport): DP=2 and DP=4 with ZeRO-0/1/2/3 against the
  * single-process run with the same global batch (20 steps, fp32), and per-rank memory of each stage.
  * Bars: loss relative error <= 1e-6 at every step; with rank-ordered reduction (SUANLI_COMM_ALGO=direct)
  * accumulation order equals the single process's, so weights also match; ZeRO-1 equals plain DP bitwise,
- * ZeRO-2 (direct reduce-scatter) too; sharded optimizer state shrinks as 1/N (from the allocation sizes). */
+ * ZeRO-2 (direct reduce-scatter) and ZeRO-3 (parameters gathered bucket by bucket) too; sharded optimizer
+ * state and ZeRO-3 parameters shrink as 1/N (from the allocation sizes). */
 #include <pthread.h>
 #include <string.h>
 
@@ -73,6 +74,7 @@ static void *run_rank(void *arg) {
         if ((j->st = sl_trainer_step(&tr, s, synth, NULL, &ss)) != SL_OK) break;
         j->losses[s] = ss.loss;
     }
+    if (j->st == SL_OK && dp) j->st = sl_dp_gather_params(dp); /* ZeRO-3: whole weights again */
     j->numel = m->numel;
     j->final_params = malloc(sizeof(float) * (size_t)m->numel);
     memcpy(j->final_params, m->params_mem, sizeof(float) * (size_t)m->numel);
@@ -123,8 +125,8 @@ int main(void) {
     const int layouts[][2] = {{2, 2}, {4, 1}}; /* (dp, accum per rank) */
     for (int li = 0; li < 2; li++) {
         int n = layouts[li][0], accum = layouts[li][1];
-        rank_job z[3];
-        for (int zero = 0; zero < 3; zero++) {
+        rank_job z[4];
+        for (int zero = 0; zero < 4; zero++) {
             z[zero] = run_dp(n, accum, zero);
             double worst = 0;
             for (int s = 0; s < STEPS; s++) {
@@ -135,15 +137,22 @@ int main(void) {
                 "dp=%d accum=%d zero=%d: worst loss rel err vs single %.2e; final loss %.6f (single %.6f)\n",
                 n, accum, zero, worst, z[zero].losses[STEPS - 1], ref.losses[STEPS - 1]);
             TU_CHECK(worst <= 1e-6, "dp=%d zero=%d loss rel err %.3g", n, zero, worst);
-            printf("  per-rank bytes: params %zu grads %zu grad shard %zu optimizer %zu\n",
-                   z[zero].mem.param_bytes, z[zero].mem.grad_bytes, z[zero].mem.grad_shard_bytes,
-                   z[zero].mem.optim_bytes);
+            printf(
+                "  per-rank bytes: params %zu (+ gather slots %zu) grads %zu grad shard %zu optimizer %zu\n",
+                z[zero].mem.param_bytes, z[zero].mem.param_gather_bytes, z[zero].mem.grad_bytes,
+                z[zero].mem.grad_shard_bytes, z[zero].mem.optim_bytes);
         }
         TU_CHECK(memcmp(z[0].final_params, z[1].final_params, sizeof(float) * (size_t)ref.numel) == 0,
                  "dp=%d: ZeRO-1 weights equal plain DP bitwise", n);
         TU_CHECK(memcmp(z[0].final_params, z[2].final_params, sizeof(float) * (size_t)ref.numel) == 0,
                  "dp=%d: ZeRO-2 weights equal plain DP bitwise (max rel diff %.3g)", n,
                  tu_rel_maxdiff(z[2].final_params, z[0].final_params, ref.numel));
+        TU_CHECK(memcmp(z[0].final_params, z[3].final_params, sizeof(float) * (size_t)ref.numel) == 0,
+                 "dp=%d: ZeRO-3 weights equal plain DP bitwise (max rel diff %.3g)", n,
+                 tu_rel_maxdiff(z[3].final_params, z[0].final_params, ref.numel));
+        for (int s = 0; s < STEPS; s++)
+            TU_CHECK(z[3].losses[s] == z[0].losses[s], "dp=%d step %d: ZeRO-3 loss %.9g == plain DP %.9g", n,
+                     s, z[3].losses[s], z[0].losses[s]);
         /* losses are the bar; weights also track the single process (AdamW turns the zero-gradient key bias's
          * rounding noise into O(lr) updates, hence 1e-4 as in the PyTorch parity test) */
         TU_CHECK(tu_rel_maxdiff(z[0].final_params, ref.final_params, ref.numel) < 1e-4,
@@ -157,7 +166,18 @@ int main(void) {
                  "ZeRO-1 optimizer state %zu x %d vs full %zu", sh, n, full);
         TU_CHECK(z[2].mem.optim_bytes == sh && z[2].mem.grad_shard_bytes * 2 == sh,
                  "ZeRO-2 gradient shard %zu", z[2].mem.grad_shard_bytes);
-        for (int k = 0; k < 3; k++) free(z[k].final_params);
+        TU_CHECK(z[3].mem.optim_bytes == sh && z[3].mem.grad_shard_bytes * 2 == sh,
+                 "ZeRO-3 optimizer state and gradient shard are ZeRO-2's");
+        /* ZeRO-3 parameters: the shard is 1/N of the buffer (tails replicated), from the allocation size; the
+         * gather slots hold a few buckets at a time, less than the whole model */
+        size_t pfull = z[0].mem.param_bytes, psh = z[3].mem.param_bytes;
+        TU_CHECK(pfull == sizeof(float) * (size_t)ref.numel, "stage 0 parameters are full: %zu", pfull);
+        TU_CHECK(psh * (size_t)n >= pfull &&
+                     psh * (size_t)n <= pfull + sizeof(float) * 64 * (size_t)n * (size_t)n,
+                 "ZeRO-3 parameter shard %zu x %d vs full %zu", psh, n, pfull);
+        TU_CHECK(z[3].mem.param_gather_bytes > 0 && z[3].mem.param_gather_bytes < pfull,
+                 "ZeRO-3 gather slots %zu < full parameters %zu", z[3].mem.param_gather_bytes, pfull);
+        for (int k = 0; k < 4; k++) free(z[k].final_params);
     }
     free(ref.final_params);
     return tu_finish("test_dp");
