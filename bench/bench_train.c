@@ -30,7 +30,8 @@ static int cmp_d(const void *a, const void *b) {
 }
 
 int sl_bench_train(int argc, char **argv) {
-    int64_t L = 12, NH = 12, C = 768, V = 50257, B = 4, T = 64, steps = 5, warm = 1, threads = 2;
+    int64_t L = 12, NH = 12, C = 768, V = 50257, B = 4, T = 64, steps = 5, warm = 1, threads = 2, accum = 1,
+            zero = 0, bucket = 1 << 20;
     int json = 0, bf16 = 0;
     sl_flag flags[] = {
         {"num-layers", SL_FLAG_INT, &L, 1, 1024, "(12)", 0},
@@ -42,6 +43,9 @@ int sl_bench_train(int argc, char **argv) {
         {"steps", SL_FLAG_INT, &steps, 1, 100000, "timed steps (5)", 0},
         {"warmup", SL_FLAG_INT, &warm, 0, 1000, "untimed steps (1)", 0},
         {"threads", SL_FLAG_INT, &threads, 1, 1024, "(2)", 0},
+        {"accum", SL_FLAG_INT, &accum, 1, 4096, "micro-batches per step and rank (1)", 0},
+        {"zero-stage", SL_FLAG_INT, &zero, 0, 3, "ZeRO stage under DP (0)", 0},
+        {"ddp-bucket-size", SL_FLAG_INT, &bucket, 1, 1ll << 40, "gradient bucket size in elements (1Mi)", 0},
         {"json", SL_FLAG_BOOL, &json, 0, 1, "machine-readable output", 0},
         {"bf16", SL_FLAG_BOOL, &bf16, 0, 1, "bf16 mixed precision", 0},
     };
@@ -51,7 +55,7 @@ int sl_bench_train(int argc, char **argv) {
         return 2;
     }
     sl_threads_set((int)threads);
-    /* under `suanli run -n N` (or mpirun/srun): data parallel, one micro-batch per rank per step */
+    /* under `suanli run -n N` (or mpirun/srun): data parallel, `accum` micro-batches per rank per step */
     sl_comm_env env = {0};
     sl_comm *world = NULL;
     sl_mesh mesh;
@@ -76,7 +80,7 @@ int sl_bench_train(int argc, char **argv) {
     sl_trainer tr;
     sl_trainer_config tc = {.B = (int)B,
                             .T = (int)T,
-                            .accum = 1,
+                            .accum = (int)accum,
                             .dp_size = mesh.dp,
                             .lr = 1e-4f,
                             .min_lr = 1e-5f,
@@ -90,7 +94,7 @@ int sl_bench_train(int argc, char **argv) {
         return 1;
     }
     if (mesh.dp > 1) {
-        sl_dp_opts o = {0, 1 << 20};
+        sl_dp_opts o = {(int)zero, bucket};
         if (sl_dp_new(&dp, &mesh, m, tr.graph, &o) != SL_OK) {
             fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
             return 1;
@@ -120,7 +124,7 @@ int sl_bench_train(int argc, char **argv) {
     }
     qsort(ts, (size_t)steps, sizeof(double), cmp_d);
     double med = ts[steps / 2];
-    double tps = (double)(B * T) * mesh.dp / med;
+    double tps = (double)(B * T) * (double)accum * mesh.dp / med;
     double wait_frac = step_tot > 0 ? wait_tot / step_tot : 0;
     double flops = sl_gpt2_flops_per_token(&cfg, (int)T) * tps;
     double peak = sl_bench_fma_peak((int)threads) * 1e9 * mesh.dp; /* GFLOP/s -> FLOP/s, all ranks */
@@ -132,19 +136,20 @@ int sl_bench_train(int argc, char **argv) {
                "%.2f, "
                "\"gflops\": %.2f, \"peak_gflops\": %.2f, \"mfu\": %.4f, \"activation_mib\": %.1f, \"loss\": "
                "%.4f, "
-               "\"dp\": %d, \"comm_wait_fraction\": %.4f}\n",
+               "\"dp\": %d, \"accum\": %lld, \"zero_stage\": %lld, \"comm_wait_fraction\": %.4f}\n",
                (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T,
                (long long)threads, bf16 ? "bf16-mixed" : "f32", med * 1e3, tps, flops / 1e9, peak / 1e9, mfu,
-               tr.plan.planned_bytes / 1048576.0, loss, mesh.dp, wait_frac);
+               tr.plan.planned_bytes / 1048576.0, loss, mesh.dp, (long long)accum, (long long)zero,
+               wait_frac);
     else
         printf("GPT-2 L%lld NH%lld C%lld V%lld B%lld T%lld %s, %lld threads: %.1f ms/step (median of %lld), "
                "%.1f tokens/s, "
-               "%.1f GFLOP/s, MFU %.1f%% of measured %.1f GFLOP/s peak; activations %.1f MiB; dp %d, comm "
-               "wait %.1f%% of step\n",
+               "%.1f GFLOP/s, MFU %.1f%% of measured %.1f GFLOP/s peak; activations %.1f MiB; dp %d x accum "
+               "%lld, ZeRO-%lld, comm wait %.1f%% of step\n",
                (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T,
                bf16 ? "bf16-mixed" : "fp32", (long long)threads, med * 1e3, (long long)steps, tps,
                flops / 1e9, 100 * mfu, peak / 1e9, tr.plan.planned_bytes / 1048576.0, mesh.dp,
-               100 * wait_frac);
+               (long long)accum, (long long)zero, 100 * wait_frac);
     free(ts);
     sl_dp_free(dp);
     sl_trainer_free(&tr);
