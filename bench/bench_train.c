@@ -94,7 +94,7 @@ int sl_bench_train(int argc, char **argv) {
         return 1;
     }
     if (mesh.dp > 1) {
-        sl_dp_opts o = {(int)zero, bucket};
+        sl_dp_opts o = {(int)zero, bucket, (int)accum};
         if (sl_dp_new(&dp, &mesh, m, tr.graph, &o) != SL_OK) {
             fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
             return 1;
@@ -150,6 +150,18 @@ int sl_bench_train(int argc, char **argv) {
                bf16 ? "bf16-mixed" : "fp32", (long long)threads, med * 1e3, (long long)steps, tps,
                flops / 1e9, 100 * mfu, peak / 1e9, tr.plan.planned_bytes / 1048576.0, mesh.dp,
                (long long)accum, (long long)zero, 100 * wait_frac);
+    if (dp) {
+        sl_dp_memory mem;
+        sl_dp_memory_report(dp, &mem);
+        printf(json ? "{\"bench\": \"train_dp_memory\", \"zero_stage\": %lld, \"param_mib\": %.1f, "
+                      "\"slot_mib\": %.1f, "
+                      "\"grad_mib\": %.1f, \"grad_shard_mib\": %.1f, \"optim_mib\": %.1f}\n"
+                    : "per rank (ZeRO-%lld): params %.1f MiB, slots %.1f MiB, grads %.1f MiB, grad shard "
+                      "%.1f MiB, "
+                      "optimizer %.1f MiB\n",
+               (long long)zero, mem.param_bytes / 1048576.0, mem.slot_bytes / 1048576.0,
+               mem.grad_bytes / 1048576.0, mem.grad_shard_bytes / 1048576.0, mem.optim_bytes / 1048576.0);
+    }
     free(ts);
     sl_dp_free(dp);
     sl_trainer_free(&tr);

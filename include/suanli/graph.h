@@ -235,6 +235,9 @@ sl_status sl_graph_plan(sl_graph *g, sl_backend *be, sl_plan_stats *stats);
 sl_status sl_graph_compute(sl_graph *g, sl_node_hook hook, void *user);
 /* Run nodes [start, end). */
 sl_status sl_graph_compute_range(sl_graph *g, int start, int end, sl_node_hook hook, void *user);
+/* The tensor whose memory t uses: follows views and in-place ops (ACC, SCATTER_ADD, ...) to a leaf or to
+ * the node that owns storage. */
+sl_tensor *sl_storage_root(sl_tensor *t);
 /* Re-derive the data pointers of views and in-place nodes from their sources after a leaf was bound to
  * new memory between or during executions (from a hook; ZeRO-3 binds parameters to gather buffers). */
 void sl_graph_refresh_views(sl_graph *g);

@@ -41,6 +41,8 @@ typedef struct sl_dp_opts {
     int zero_stage;       /* 0: all-reduce; 1: + sharded optimizer state; 2: + reduce-scattered grads;
                              3: + sharded parameters, gathered bucket by bucket just before use */
     int64_t bucket_elems; /* gradient bucket size in elements (0: 1 Mi) */
+    int accum;            /* micro-batches per step; 1 lets stages 2 and 3 free the full-size gradient buffer
+                             (gradient slots, see src/parallel/zero_slots.c); 0 = unknown: keep it */
 } sl_dp_opts;
 
 typedef struct sl_dp sl_dp;
@@ -64,6 +66,8 @@ sl_status sl_dp_end_pass(sl_dp *dp);
 sl_status sl_dp_gather_params(sl_dp *dp);
 /* ZeRO-3: this rank's parameter shard, indexed like the optimizer state (sl_dp_state); else NULL. */
 float *sl_dp_param_shard(sl_dp *dp);
+/* 1 when gradients live in slots (m->grads_mem is freed; the trainer must run one micro-batch per step). */
+int sl_dp_grad_slots(const sl_dp *dp);
 /* Wait for every bucket (after the graph ran); adds the wait time to *wait_sec. */
 sl_status sl_dp_finish_grads(sl_dp *dp, double *wait_sec);
 /* Global grad norm (squares summed over the rank's shard and all-reduced under ZeRO-2) and clipping. */
@@ -76,9 +80,10 @@ sl_status sl_dp_mean(sl_dp *dp, float *v);
 /* Bytes this rank holds for parameters, gradients (the reduced shard under ZeRO-2, plus the backward
  * accumulation buffer) and optimizer state, from the actual allocations. */
 typedef struct sl_dp_memory {
-    size_t param_bytes;        /* full buffer; ZeRO-3: this rank's shard */
-    size_t param_gather_bytes; /* ZeRO-3: the gather slots (the working set of gathered layers) */
-    size_t grad_bytes, grad_shard_bytes, optim_bytes;
+    size_t param_bytes; /* full buffer; ZeRO-3: this rank's shard */
+    size_t slot_bytes;  /* ZeRO-3 gathered parameter buckets + in-flight gradient buckets (one arena) */
+    size_t grad_bytes;  /* full backward accumulation buffer (0 with gradient slots) */
+    size_t grad_shard_bytes, optim_bytes;
 } sl_dp_memory;
 void sl_dp_memory_report(const sl_dp *dp, sl_dp_memory *mem);
 int sl_dp_num_buckets(const sl_dp *dp);

@@ -452,7 +452,7 @@ int sl_cmd_train(int argc, char **argv) {
     }
     trainer_ok = 1;
     if (mesh.dp > 1) {
-        sl_dp_opts dpo = {(int)a.zero_stage, a.bucket};
+        sl_dp_opts dpo = {(int)a.zero_stage, a.bucket, accum};
         if (sl_dp_new(&dp, &mesh, m, tr.graph, &dpo) != SL_OK) BAD("%s", sl_errmsg());
         tr.dp = dp;
     } else if (a.zero_stage > 0 && rank0) {
@@ -473,9 +473,10 @@ int sl_cmd_train(int argc, char **argv) {
         sl_dp_memory_report(dp, &mem);
         printf("data parallel: %d ranks, ZeRO-%lld, %d gradient buckets | per rank: params %.1f MiB", mesh.dp,
                (long long)a.zero_stage, sl_dp_num_buckets(dp), mem.param_bytes / 1048576.0);
-        if (mem.param_gather_bytes) printf(" (+ %.1f MiB gather slots)", mem.param_gather_bytes / 1048576.0);
-        printf(", grads %.1f MiB (+ %.1f MiB reduced shard), optimizer state %.1f MiB\n",
+        printf(", grads %.1f MiB (+ %.1f MiB reduced shard), optimizer state %.1f MiB",
                mem.grad_bytes / 1048576.0, mem.grad_shard_bytes / 1048576.0, mem.optim_bytes / 1048576.0);
+        if (mem.slot_bytes) printf(", slots %.1f MiB", mem.slot_bytes / 1048576.0);
+        printf("\n");
     }
     printf("activation memory: planned %.1f MiB (naive sum %.1f MiB) | data: %lld train / %lld val tokens\n",
            tr.plan.planned_bytes / 1048576.0, tr.plan.naive_bytes / 1048576.0,

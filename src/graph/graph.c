@@ -92,6 +92,8 @@ static sl_tensor *storage_root(sl_tensor *t) {
     return t;
 }
 
+sl_tensor *sl_storage_root(sl_tensor *t) { return t ? storage_root(t) : NULL; }
+
 static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
 
 typedef struct {

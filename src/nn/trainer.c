@@ -72,7 +72,10 @@ sl_status sl_trainer_forward_backward(sl_trainer *tr, const int32_t *ids, const 
 sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *user, sl_step_stats *stats) {
     double t0 = sl_time_sec();
     sl_model *m = tr->model;
-    memset(m->grads_mem, 0, sizeof(float) * (size_t)m->numel);
+    if (tr->dp && sl_dp_grad_slots(tr->dp) && tr->cfg.accum > 1)
+        return sl_fail(SL_ERR_INVALID, "trainer: gradient slots (sl_dp_opts.accum = 1) with accum %d",
+                       tr->cfg.accum);
+    if (m->grads_mem) memset(m->grads_mem, 0, sizeof(float) * (size_t)m->numel); /* else: dp zeroes slots */
     double tot = 0, wait = 0;
     int dp_rank = tr->dp ? sl_dp_rank(tr->dp) : 0;
     for (int micro = 0; micro < tr->cfg.accum; micro++) {

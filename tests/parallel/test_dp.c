@@ -64,7 +64,7 @@ static void *run_rank(void *arg) {
     if ((j->st = sl_trainer_init(&tr, m, &tc)) != SL_OK) goto out_model;
     if ((j->st = sl_mesh_init(&mesh, j->world, (sl_mesh_dims){1, 1, 1})) != SL_OK) goto out_tr;
     if (j->world) {
-        sl_dp_opts o = {j->zero, 3000}; /* small buckets: many launches overlap backward */
+        sl_dp_opts o = {j->zero, 3000, j->accum}; /* small buckets: many launches overlap backward */
         if ((j->st = sl_dp_new(&dp, &mesh, m, tr.graph, &o)) != SL_OK) goto out_mesh;
         tr.dp = dp;
         sl_dp_memory_report(dp, &j->mem);
@@ -137,10 +137,9 @@ int main(void) {
                 "dp=%d accum=%d zero=%d: worst loss rel err vs single %.2e; final loss %.6f (single %.6f)\n",
                 n, accum, zero, worst, z[zero].losses[STEPS - 1], ref.losses[STEPS - 1]);
             TU_CHECK(worst <= 1e-6, "dp=%d zero=%d loss rel err %.3g", n, zero, worst);
-            printf(
-                "  per-rank bytes: params %zu (+ gather slots %zu) grads %zu grad shard %zu optimizer %zu\n",
-                z[zero].mem.param_bytes, z[zero].mem.param_gather_bytes, z[zero].mem.grad_bytes,
-                z[zero].mem.grad_shard_bytes, z[zero].mem.optim_bytes);
+            printf("  per-rank bytes: params %zu (+ slots %zu) grads %zu grad shard %zu optimizer %zu\n",
+                   z[zero].mem.param_bytes, z[zero].mem.slot_bytes, z[zero].mem.grad_bytes,
+                   z[zero].mem.grad_shard_bytes, z[zero].mem.optim_bytes);
         }
         TU_CHECK(memcmp(z[0].final_params, z[1].final_params, sizeof(float) * (size_t)ref.numel) == 0,
                  "dp=%d: ZeRO-1 weights equal plain DP bitwise", n);
@@ -175,8 +174,18 @@ int main(void) {
         TU_CHECK(psh * (size_t)n >= pfull &&
                      psh * (size_t)n <= pfull + sizeof(float) * 64 * (size_t)n * (size_t)n,
                  "ZeRO-3 parameter shard %zu x %d vs full %zu", psh, n, pfull);
-        TU_CHECK(z[3].mem.param_gather_bytes > 0 && z[3].mem.param_gather_bytes < pfull,
-                 "ZeRO-3 gather slots %zu < full parameters %zu", z[3].mem.param_gather_bytes, pfull);
+        TU_CHECK(z[3].mem.slot_bytes > 0 && z[3].mem.slot_bytes < pfull,
+                 "ZeRO-3 slots %zu < full parameters %zu", z[3].mem.slot_bytes, pfull);
+        /* gradient slots: with one micro-batch per step ZeRO-2/3 free the full-size gradient buffer; with
+         * accumulation they keep it (the local sum before the one reduction keeps them bitwise plain DP) */
+        for (int zs = 2; zs <= 3; zs++) {
+            size_t want = accum == 1 ? 0 : pfull;
+            TU_CHECK(z[zs].mem.grad_bytes == want, "dp=%d accum=%d ZeRO-%d full gradient buffer %zu (want %zu)", n,
+                     accum, zs, z[zs].mem.grad_bytes, want);
+        }
+        if (accum == 1)
+            TU_CHECK(z[2].mem.slot_bytes > 0 && z[2].mem.slot_bytes < pfull,
+                     "ZeRO-2 gradient slots %zu < a full gradient buffer %zu", z[2].mem.slot_bytes, pfull);
         for (int k = 0; k < 4; k++) free(z[k].final_params);
     }
     free(ref.final_params);

@@ -65,7 +65,7 @@ int main(void) {
     rc = run("%s run -n 2 -- %s train --data-path %s " TINY
              " --zero-stage 3 --save %s/dp2z3 --sample-tokens 8",
              cli, cli, data, dir);
-    TU_CHECK(rc == 0 && strstr(out, "ZeRO-3") && strstr(out, "gather slots") && strstr(out, "---- sample"),
+    TU_CHECK(rc == 0 && strstr(out, "ZeRO-3") && strstr(out, "slots") && strstr(out, "---- sample"),
              "dp2 zero3: %s", out);
     snprintf(a, sizeof a, "%s/dp2/model.safetensors", dir);
     snprintf(b, sizeof b, "%s/dp2z3/model.safetensors", dir);

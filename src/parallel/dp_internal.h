@@ -1,0 +1,63 @@
+/* Private to src/parallel: the data-parallel state shared by dp.c (buckets, reduction, clipping, the
+ * sharded optimizer) and zero_slots.c (ZeRO-3 parameter gathers and gradient slots). */
+#ifndef SUANLI_PARALLEL_DP_INTERNAL_H
+#define SUANLI_PARALLEL_DP_INTERNAL_H
+
+#include "suanli/parallel.h"
+
+typedef struct {
+    int64_t lo, hi, q;  /* [lo, hi) in the flat buffer; q = part length per rank (ZeRO) */
+    int64_t soff, toff; /* offsets of this rank's part and of the tail in the shard arrays */
+    int ready;          /* graph node index after which the bucket's gradients are final */
+    /* gradient slots (Note [Gradient slots]) */
+    int gz;       /* the slot is zeroed and the bucket's gradient leaves bound to it after node gz */
+    int gw0;      /* first node that touches the bucket's gradients (gz = gw0 - 1); INT_MAX: none */
+    int gdone;    /* the reduction is waited for and copied to the shard after node gdone */
+    int64_t goff; /* slot offset in the arena */
+    sl_comm_req *req, *req_tail;
+} bucket;
+
+/* one use interval of a bucket's gathered parameters (Note [ZeRO-3 gather schedule]) */
+typedef struct {
+    int k;       /* bucket */
+    int L, S, E; /* gather launched after node L (-1: before the pass); used by nodes [S, E] */
+    int64_t off; /* element offset of its slot in the arena */
+    sl_comm_req *req;
+    int launched;
+} z3_iv;
+
+struct sl_dp {
+    sl_comm *comm; /* dp communicator (NULL: dp == 1) */
+    int n, r, zero;
+    sl_model *m;
+    bucket *b; /* sorted by ready */
+    int nb, next, armed;
+    float *m1, *m2;    /* AdamW moments: full (stage 0) or shard (stages 1-3) */
+    float *gshard;     /* stages 2, 3: this rank's reduced gradients (its parts, then tails) */
+    int64_t shard_len; /* elements this rank updates */
+    uint8_t *decay;    /* per shard element: weight decay applies (stages 1-3) */
+    double wait_sec;
+    /* slots: ZeRO-3 parameter gathers and gradient slots share one arena */
+    sl_graph *g;
+    int gslots;    /* gradients live in slots; m->grads_mem is freed */
+    float *pshard; /* stage 3: this rank's parameters, indexed like m1/m2 */
+    float *arena;
+    int64_t arena_len;
+    z3_iv *iv;  /* sorted by S */
+    int *by_l;  /* interval indices sorted by L */
+    int *by_gz; /* bucket indices sorted by gz */
+    int niv, cl, cs, cgz, cgd, range_end;
+    int *pbucket;     /* parameter index -> bucket */
+    int materialized; /* sl_dp_gather_params made m->params_mem whole again */
+};
+
+/* zero_slots.c */
+sl_status sl_dp_slots_build(sl_dp *dp, sl_graph *g); /* stage 3 and/or gradient slots */
+void sl_dp_slots_free(sl_dp *dp);
+sl_status sl_dp_slots_advance(sl_dp *dp, int i); /* events after node i (-1: before the first) */
+/* after the last node: wait for and copy every gradient reduction not yet copied */
+sl_status sl_dp_slots_finish(sl_dp *dp);
+/* dp.c */
+sl_status sl_dp_launch_bucket(sl_dp *dp, bucket *b);
+
+#endif
