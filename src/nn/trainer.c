@@ -89,10 +89,10 @@ sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *us
     float norm, loss = (float)(tot / tr->cfg.accum);
     if (tr->dp) {
         SL_TRY(sl_dp_finish_grads(tr->dp, &wait));
+        SL_TRY(sl_dp_mean(tr->dp, &loss)); /* before the update: the parameter gathers it launches run on */
         SL_TRY(sl_dp_clip(tr->dp, tr->cfg.clip, &norm));
         if (tr->pre_update) tr->pre_update(tr->pre_update_user);
         SL_TRY(sl_dp_optimizer_step(tr->dp, lr, tr->opt_t + 1, tr->cfg.hp));
-        SL_TRY(sl_dp_mean(tr->dp, &loss));
     } else {
         if (!tr->opt_ready) {
             SL_TRY(sl_adamw_init(&tr->opt, m, tr->cfg.hp));

@@ -136,7 +136,7 @@ sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, 
                        sizeof(float) * (size_t)tail);
         }
     }
-    if (dp->zero == 3 || dp->gslots) {
+    if (dp->zero) {
         sl_status zs = sl_dp_slots_build(dp, g);
         if (zs != SL_OK) {
             sl_dp_free(dp);
@@ -161,9 +161,11 @@ oom:
 
 void sl_dp_free(sl_dp *dp) {
     if (!dp) return;
+    (void)sl_dp_sync_params(dp); /* nothing may still write into the parameters */
     for (int k = 0; k < dp->nb; k++) {
         sl_comm_req_free(dp->b[k].req);
         sl_comm_req_free(dp->b[k].req_tail);
+        sl_comm_req_free(dp->b[k].preq);
     }
     free(dp->b);
     sl_free_aligned(dp->m1);
@@ -341,24 +343,9 @@ sl_status sl_dp_optimizer_step(sl_dp *dp, float lr, int64_t t, sl_adamw_hparams 
     }
     for_each_segment(dp, update_seg, &c);
     if (!dp->comm || dp->zero == 3) return SL_OK; /* stage 3 gathers lazily in the next pass */
-    /* all-gather the updated parts of every bucket, in place */
-    sl_status st = SL_OK;
-    float *p = dp->m->params_mem;
-    for (int k = 0; k < dp->nb; k++) {
-        bucket *b = &dp->b[k];
-        if (b->q > 0) {
-            sl_status s = sl_comm_all_gather_async(dp->comm, p + b->lo + b->q * dp->r, p + b->lo,
-                                                   (size_t)b->q, SL_COMM_F32, &b->req);
-            if (s != SL_OK && st == SL_OK) st = s;
-        }
-    }
-    for (int k = 0; k < dp->nb; k++)
-        if (dp->b[k].req) {
-            sl_status s = sl_comm_wait(dp->b[k].req);
-            dp->b[k].req = NULL;
-            if (s != SL_OK && st == SL_OK) st = s;
-        }
-    return st;
+    /* all-gather the updated parts of every bucket in place, overlapped with the next forward pass (Note
+     * [Overlapped parameter gather] in zero_slots.c) */
+    return sl_dp_launch_param_gathers(dp);
 }
 
 sl_status sl_dp_mean(sl_dp *dp, float *v) {
@@ -387,6 +374,7 @@ static void collect_seg(void *u, int64_t lo, int64_t len, int64_t off) {
 }
 
 sl_status sl_dp_state(sl_dp *dp, sl_ckpt_seg **segs, int *nseg, float **m1, float **m2) {
+    SL_TRY(sl_dp_sync_params(dp)); /* the caller reads the weights */
     *m1 = dp->m1;
     *m2 = dp->m2;
     seg_list l = {calloc((size_t)(2 * dp->nb + 1), sizeof(sl_ckpt_seg)), 0};

@@ -14,7 +14,9 @@ typedef struct {
     int gw0;      /* first node that touches the bucket's gradients (gz = gw0 - 1); INT_MAX: none */
     int gdone;    /* the reduction is waited for and copied to the shard after node gdone */
     int64_t goff; /* slot offset in the arena */
+    int pfirst;   /* first node that reads the bucket's parameters (INT_MAX: none) */
     sl_comm_req *req, *req_tail;
+    sl_comm_req *preq; /* ZeRO-1/2: the parameter all-gather after the update, waited for before pfirst */
 } bucket;
 
 /* one use interval of a bucket's gathered parameters (Note [ZeRO-3 gather schedule]) */
@@ -46,13 +48,19 @@ struct sl_dp {
     z3_iv *iv;  /* sorted by S */
     int *by_l;  /* interval indices sorted by L */
     int *by_gz; /* bucket indices sorted by gz */
-    int niv, cl, cs, cgz, cgd, range_end;
+    int *by_pf; /* bucket indices sorted by pfirst */
+    int niv, cl, cs, cgz, cgd, cpf, range_end;
+    int pgather;      /* ZeRO-1/2: parameter all-gathers in flight (Note [Overlapped parameter gather]) */
     int *pbucket;     /* parameter index -> bucket */
     int materialized; /* sl_dp_gather_params made m->params_mem whole again */
 };
 
 /* zero_slots.c */
-sl_status sl_dp_slots_build(sl_dp *dp, sl_graph *g); /* stage 3 and/or gradient slots */
+sl_status sl_dp_slots_build(sl_dp *dp, sl_graph *g); /* stages 1-3: use points, slots */
+/* ZeRO-1/2: wait for every parameter all-gather still in flight */
+sl_status sl_dp_sync_params(sl_dp *dp);
+/* ZeRO-1/2: launch the in-place all-gathers of the updated parameter parts (in forward-use order) */
+sl_status sl_dp_launch_param_gathers(sl_dp *dp);
 void sl_dp_slots_free(sl_dp *dp);
 sl_status sl_dp_slots_advance(sl_dp *dp, int i); /* events after node i (-1: before the first) */
 /* after the last node: wait for and copy every gradient reduction not yet copied */

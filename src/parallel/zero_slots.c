@@ -22,6 +22,13 @@
  * is what keeps ZeRO-2/3 bitwise equal to plain DP), so the full buffer is kept: gradient slots are used
  * only when sl_dp_opts.accum == 1.
  *
+ * Note [Overlapped parameter gather]
+ * Under ZeRO-1/2 the updated parameter parts are all-gathered in place after the optimizer step. The
+ * gathers are launched asynchronously in the order the next forward pass reads the buckets (pfirst) and
+ * each is waited for only just before the first node that reads it, so they overlap the next step's
+ * forward (Megatron's overlap-param-gather). Anything that reads the weights between steps (checkpoint
+ * state, sl_dp_gather_params) calls sl_dp_sync_params first; sl_dp_end_pass waits for any left.
+ *
  * Both kinds of slot live in one arena. Offsets are static: greedy by size over the lifetimes (first
  * event, last use], like the activation planner; two slots share memory only when their lifetimes do not
  * overlap. The order of events after node i is: launch bucket reductions that became ready, complete the
@@ -117,6 +124,10 @@ static int cmp_by_gz(const void *a, const void *b) {
     const bucket *x = &g_sort_b[*(const int *)a], *y = &g_sort_b[*(const int *)b];
     return x->gz != y->gz ? (x->gz < y->gz ? -1 : 1) : *(const int *)a - *(const int *)b;
 }
+static int cmp_by_pf(const void *a, const void *b) {
+    const bucket *x = &g_sort_b[*(const int *)a], *y = &g_sort_b[*(const int *)b];
+    return x->pfirst != y->pfirst ? (x->pfirst < y->pfirst ? -1 : 1) : *(const int *)a - *(const int *)b;
+}
 
 /* parameter use intervals of every bucket (stage 3) */
 static sl_status build_param_intervals(sl_dp *dp, sl_graph *g) {
@@ -195,6 +206,16 @@ sl_status sl_dp_slots_build(sl_dp *dp, sl_graph *g) {
         for (int k = 0; k < dp->nb; k++)
             if (m->params[i].offset >= dp->b[k].lo && m->params[i].offset < dp->b[k].hi) dp->pbucket[i] = k;
     }
+    for (int k = 0; k < dp->nb; k++) dp->b[k].pfirst = INT_MAX;
+    for (int i = 0; i < nn; i++) {
+        sl_tensor *t = sl_graph_node(g, i);
+        if (t->op == SL_OP_VIEW) continue;
+        for (int s = 0; s < SL_MAX_SRC; s++) {
+            int pi = t->src[s] ? param_of(dp, t->src[s]) : -1;
+            int k = pi >= 0 ? dp->pbucket[pi] : -1;
+            if (k >= 0 && i < dp->b[k].pfirst) dp->b[k].pfirst = i;
+        }
+    }
     if (dp->zero == 3) SL_TRY(build_param_intervals(dp, g));
     if (dp->gslots) build_grad_intervals(dp, g);
     int nreq = dp->niv + (dp->gslots ? dp->nb : 0);
@@ -218,15 +239,18 @@ sl_status sl_dp_slots_build(sl_dp *dp, sl_graph *g) {
     SL_TRY(st);
     dp->by_l = malloc(sizeof(int) * (size_t)(dp->niv + 1));
     dp->by_gz = malloc(sizeof(int) * (size_t)(dp->nb + 1));
+    dp->by_pf = malloc(sizeof(int) * (size_t)(dp->nb + 1));
     dp->arena = sl_malloc_aligned(sizeof(float) * (size_t)(dp->arena_len + 16));
-    if (!dp->by_l || !dp->by_gz || !dp->arena) return sl_fail(SL_ERR_NOMEM, "dp: out of memory (slots)");
+    if (!dp->by_l || !dp->by_gz || !dp->by_pf || !dp->arena)
+        return sl_fail(SL_ERR_NOMEM, "dp: out of memory (slots)");
     for (int j = 0; j < dp->niv; j++) dp->by_l[j] = j;
     g_sort_iv = dp->iv;
     qsort(dp->by_l, (size_t)dp->niv, sizeof(int), cmp_by_l);
     g_sort_iv = NULL;
-    for (int k = 0; k < dp->nb; k++) dp->by_gz[k] = k;
+    for (int k = 0; k < dp->nb; k++) dp->by_gz[k] = dp->by_pf[k] = k;
     g_sort_b = dp->b;
     qsort(dp->by_gz, (size_t)dp->nb, sizeof(int), cmp_by_gz);
+    qsort(dp->by_pf, (size_t)dp->nb, sizeof(int), cmp_by_pf);
     g_sort_b = NULL;
     /* until their interval binds them, leaves point into the arena (never read there) */
     for (int i = 0; i < m->n_params; i++) {
@@ -242,6 +266,7 @@ void sl_dp_slots_free(sl_dp *dp) {
     free(dp->iv);
     free(dp->by_l);
     free(dp->by_gz);
+    free(dp->by_pf);
     free(dp->pbucket);
     sl_free_aligned(dp->arena);
 }
@@ -293,6 +318,14 @@ static sl_status complete_grad(sl_dp *dp, bucket *b) {
 }
 
 sl_status sl_dp_slots_advance(sl_dp *dp, int i) {
+    /* 0. ZeRO-1/2: parameters node i + 1 reads must have been gathered */
+    if (dp->pgather)
+        while (dp->cpf < dp->nb && dp->b[dp->by_pf[dp->cpf]].pfirst <= i + 1) {
+            bucket *b = &dp->b[dp->by_pf[dp->cpf++]];
+            double t0 = sl_time_sec();
+            SL_TRY(wait_req(&b->preq));
+            dp->wait_sec += sl_time_sec() - t0;
+        }
     /* 1. bucket reductions whose gradients are final */
     if (dp->armed || dp->gslots)
         while (dp->next < dp->nb && dp->b[dp->next].ready <= i)
@@ -346,13 +379,38 @@ sl_status sl_dp_begin_pass(sl_dp *dp, int end) {
         dp->m->params_mem = NULL;
         dp->materialized = 0;
     }
-    dp->cl = dp->cs = dp->cgz = dp->cgd = dp->next = 0;
+    dp->cl = dp->cs = dp->cgz = dp->cgd = dp->cpf = dp->next = 0;
     dp->range_end = end;
     return sl_dp_slots_advance(dp, -1);
 }
 
-sl_status sl_dp_end_pass(sl_dp *dp) {
+sl_status sl_dp_sync_params(sl_dp *dp) {
     sl_status st = SL_OK;
+    if (!dp->pgather) return st;
+    double t0 = sl_time_sec();
+    for (int k = 0; k < dp->nb; k++) {
+        sl_status s = wait_req(&dp->b[k].preq);
+        if (st == SL_OK) st = s;
+    }
+    dp->wait_sec += sl_time_sec() - t0;
+    dp->pgather = 0;
+    return st;
+}
+
+sl_status sl_dp_launch_param_gathers(sl_dp *dp) {
+    float *p = dp->m->params_mem;
+    for (int j = 0; j < dp->nb; j++) {
+        bucket *b = &dp->b[dp->by_pf[j]];
+        if (b->q > 0)
+            SL_TRY(sl_comm_all_gather_async(dp->comm, p + b->lo + b->q * dp->r, p + b->lo, (size_t)b->q,
+                                            SL_COMM_F32, &b->preq));
+    }
+    dp->pgather = 1;
+    return SL_OK;
+}
+
+sl_status sl_dp_end_pass(sl_dp *dp) {
+    sl_status st = sl_dp_sync_params(dp);
     for (int j = 0; j < dp->niv; j++)
         if (dp->iv[j].launched) {
             dp->iv[j].launched = 0;
@@ -363,7 +421,8 @@ sl_status sl_dp_end_pass(sl_dp *dp) {
 }
 
 sl_status sl_dp_gather_params(sl_dp *dp) {
-    if (dp->zero != 3 || dp->materialized) return SL_OK;
+    if (dp->zero != 3) return sl_dp_sync_params(dp);
+    if (dp->materialized) return SL_OK;
     sl_model *m = dp->m;
     m->params_mem = sl_malloc_aligned(sizeof(float) * (size_t)m->numel);
     if (!m->params_mem)
