@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Data-parallel throughput (issue 5): GPT-2 124M, micro-batch 4, T=64, fp32, on this 2-core host.
+# One process with 2 threads (one micro-batch per step, and two: the same global batch as DP=2) against
+# DP=2 with 1 thread per rank under `suanli run -n 2`, for ZeRO stages 0-3. Prints one JSON line per run
+# (the `suanli bench train --json` record, plus the per-rank memory record under DP) and a summary.
+# Usage: bench/dp.sh [--steps N] [--small]   (--small: 4 layers, C=256, for a quick check)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+steps=5; model=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --steps) steps="$2"; shift 2;;
+        --small) model="--num-layers 4 --hidden-size 256 --num-attention-heads 4"; shift;;
+        *) echo "usage: $0 [--steps N] [--small]" >&2; exit 2;;
+    esac
+done
+S=./build/suanli
+out=$(mktemp /tmp/suanli-bench-dp-XXXXXX)
+trap 'rm -f "$out"' EXIT
+echo "# load before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+run() { "$@" --steps "$steps" --json 2>/dev/null | sed 's/^\[0\] //' | grep '^{' | tee -a "$out"; }
+run $S bench train $model --threads 2
+run $S bench train $model --threads 2 --accum 2
+run $S bench train $model --threads 1
+for z in 0 1 2 3; do run $S run -n 2 -- $S bench train $model --threads 1 --zero-stage "$z"; done
+echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+python3 - "$out" <<'EOF' >&2
+import json, sys
+rs = [json.loads(l) for l in open(sys.argv[1]) if '"bench": "train"' in l]
+one = next(r for r in rs if r["dp"] == 1 and r["threads"] == 2 and r["accum"] == 1)
+one2 = next(r for r in rs if r["dp"] == 1 and r["threads"] == 2 and r["accum"] == 2)
+for r in rs:
+    if r["dp"] == 2:
+        print("# DP=2 x 1 thread, ZeRO-%d: %.1f tokens/s = %.2fx one process x 2 threads (%.1f), %.2fx at the same "
+              "global batch (%.1f); comm wait %.1f%% of step"
+              % (r["zero_stage"], r["tokens_per_s"], r["tokens_per_s"] / one["tokens_per_s"], one["tokens_per_s"],
+                 r["tokens_per_s"] / one2["tokens_per_s"], one2["tokens_per_s"], 100 * r["comm_wait_fraction"]))
+EOF
