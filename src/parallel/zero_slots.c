@@ -114,19 +114,20 @@ static sl_status place_slots(slot_req *v, int n, int64_t *total) {
     return SL_OK;
 }
 
-static const z3_iv *g_sort_iv; /* qsort context (set and used within one call) */
-static int cmp_by_l(const void *a, const void *b) {
-    const z3_iv *x = &g_sort_iv[*(const int *)a], *y = &g_sort_iv[*(const int *)b];
-    return x->L != y->L ? x->L - y->L : x->S - y->S;
+/* index sorts without a global qsort context (ranks may be threads of one process) */
+typedef struct {
+    int key, key2, idx;
+} key_idx;
+static int cmp_key_idx(const void *a, const void *b) {
+    const key_idx *x = a, *y = b;
+    if (x->key != y->key) return x->key < y->key ? -1 : 1;
+    if (x->key2 != y->key2) return x->key2 < y->key2 ? -1 : 1;
+    return x->idx - y->idx;
 }
-static const bucket *g_sort_b;
-static int cmp_by_gz(const void *a, const void *b) {
-    const bucket *x = &g_sort_b[*(const int *)a], *y = &g_sort_b[*(const int *)b];
-    return x->gz != y->gz ? (x->gz < y->gz ? -1 : 1) : *(const int *)a - *(const int *)b;
-}
-static int cmp_by_pf(const void *a, const void *b) {
-    const bucket *x = &g_sort_b[*(const int *)a], *y = &g_sort_b[*(const int *)b];
-    return x->pfirst != y->pfirst ? (x->pfirst < y->pfirst ? -1 : 1) : *(const int *)a - *(const int *)b;
+/* out[j] = indices 0..n-1 ordered by (key, key2, index); v is scratch of n entries filled by the caller */
+static void sort_indices(int *out, key_idx *v, int n) {
+    qsort(v, (size_t)n, sizeof(key_idx), cmp_key_idx);
+    for (int i = 0; i < n; i++) out[i] = v[i].idx;
 }
 
 /* parameter use intervals of every bucket (stage 3) */
@@ -243,15 +244,15 @@ sl_status sl_dp_slots_build(sl_dp *dp, sl_graph *g) {
     dp->arena = sl_malloc_aligned(sizeof(float) * (size_t)(dp->arena_len + 16));
     if (!dp->by_l || !dp->by_gz || !dp->by_pf || !dp->arena)
         return sl_fail(SL_ERR_NOMEM, "dp: out of memory (slots)");
-    for (int j = 0; j < dp->niv; j++) dp->by_l[j] = j;
-    g_sort_iv = dp->iv;
-    qsort(dp->by_l, (size_t)dp->niv, sizeof(int), cmp_by_l);
-    g_sort_iv = NULL;
-    for (int k = 0; k < dp->nb; k++) dp->by_gz[k] = dp->by_pf[k] = k;
-    g_sort_b = dp->b;
-    qsort(dp->by_gz, (size_t)dp->nb, sizeof(int), cmp_by_gz);
-    qsort(dp->by_pf, (size_t)dp->nb, sizeof(int), cmp_by_pf);
-    g_sort_b = NULL;
+    key_idx *kv = malloc(sizeof(key_idx) * (size_t)(dp->niv + dp->nb + 1));
+    if (!kv) return sl_fail(SL_ERR_NOMEM, "dp: out of memory (slots)");
+    for (int j = 0; j < dp->niv; j++) kv[j] = (key_idx){dp->iv[j].L, dp->iv[j].S, j};
+    sort_indices(dp->by_l, kv, dp->niv);
+    for (int k = 0; k < dp->nb; k++) kv[k] = (key_idx){dp->b[k].gz, 0, k};
+    sort_indices(dp->by_gz, kv, dp->nb);
+    for (int k = 0; k < dp->nb; k++) kv[k] = (key_idx){dp->b[k].pfirst, 0, k};
+    sort_indices(dp->by_pf, kv, dp->nb);
+    free(kv);
     /* until their interval binds them, leaves point into the arena (never read there) */
     for (int i = 0; i < m->n_params; i++) {
         if (dp->zero == 3) sl_tensor_bind(m->params[i].t, dp->arena);
