@@ -4,8 +4,9 @@
  * One thread: poll() over every child's stdout/stderr pipe with a 50 ms timeout; after each wake
  * we reap children with waitpid(WNOHANG) and look at the signal flag set by our handlers. Each
  * child runs in its own process group so that signals reach its whole subtree (sh -c, wrappers).
- * The first non-zero exit (or death by signal) starts the teardown: SIGTERM to every other group,
- * SIGKILL to whatever is left after the grace period. Output is flushed line by line, each line
+ * The first non-zero exit (or death by signal) starts the teardown: after a short settle time (0.5 s, so
+ * ranks failing for the same reason, e.g. a bad flag every rank checks, still print their own error),
+ * SIGTERM to every other group, SIGKILL to whatever is left after the grace period. Output is flushed line by line, each line
  * written with one write() so lines from different ranks never interleave mid-line. */
 #define _GNU_SOURCE
 #include "launch/launch.h"
@@ -175,7 +176,7 @@ static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, c
     struct pollfd *pf = calloc(2 * (size_t)n, sizeof *pf);
     int *owner = calloc(2 * (size_t)n, sizeof(int));
     int running = started, teardown = st != SL_OK, fwd = 0;
-    double kill_at = teardown ? sl_time_sec() : 0;
+    double kill_at = teardown ? sl_time_sec() : 0, term_at = 0; /* term_at: pending SIGTERM (0: none) */
     while (pf && owner && (running > 0 || 1)) {
         int np = 0;
         for (int i = 0; i < n; i++)
@@ -216,9 +217,10 @@ static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, c
                     res->signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
                 }
                 if (bad && !teardown) {
+                    double settle = o->grace_sec < 0.5 ? o->grace_sec : 0.5;
                     teardown = 1;
-                    kill_at = sl_time_sec() + o->grace_sec;
-                    kill_all(cs, n, SIGTERM);
+                    term_at = sl_time_sec() + settle;
+                    kill_at = term_at + o->grace_sec;
                 }
             }
         }
@@ -230,6 +232,10 @@ static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, c
                 teardown = 1;
                 kill_at = sl_time_sec() + o->grace_sec;
             }
+        }
+        if (term_at > 0 && !fwd && sl_time_sec() >= term_at) {
+            kill_all(cs, n, SIGTERM);
+            term_at = 0;
         }
         if (teardown && running > 0 && sl_time_sec() > kill_at) {
             kill_all(cs, n, SIGKILL);
