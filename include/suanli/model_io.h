@@ -15,6 +15,9 @@ sl_status sl_model_save(const sl_model *m, const char *dir, const char *extra_js
 sl_status sl_model_load(const char *dir, sl_model **out);
 /* Reads only the config (for checks before allocating). */
 sl_status sl_model_load_config(const char *dir, sl_gpt2_config *cfg);
+/* Checks that DIR/config.json (a checkpoint's model record: architecture, n_layer, n_head, n_embd,
+ * vocab_size, max_seq_len) describes model m; one-line error naming the field otherwise. */
+sl_status sl_model_check_config(const char *dir, const sl_model *m);
 /* Load weights from a safetensors file into an existing model (names/shapes must match). */
 sl_status sl_model_load_weights(sl_model *m, const char *path);
 #endif

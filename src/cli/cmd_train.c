@@ -220,7 +220,7 @@ int sl_cmd_train(int argc, char **argv) {
         {"save-keep", SL_FLAG_INT, &a.save_keep, 0, 1e6, "checkpoints to keep, 0 = all (2)", 0},
         {"init-from", SL_FLAG_STR, &a.init_from, 0, 0,
          "start from a Hugging Face model dir (Llama/Qwen2/Mistral/Mixtral/Baichuan2); --save writes HF "
-         "layout",
+         "layout; with --load, resume that model's checkpoints",
          0},
         {"threads", SL_FLAG_INT, &a.threads, 0, 1024, "compute threads (default: OpenMP's)", 0},
         {"sample-tokens", SL_FLAG_INT, &a.sample_tokens, 0, 1e6, "print a sample of N tokens at the end (0)",
@@ -333,7 +333,7 @@ int sl_cmd_train(int argc, char **argv) {
 
     sl_hf_info hf_info;
     if (a.init_from) {
-        if (a.load) BAD("--init-from and --load are exclusive");
+        /* with --load: resume a checkpoint of this model (the architecture still comes from --init-from) */
         const char *arch_flags[] = {"num-layers", "num-attention-heads", "hidden-size", "vocab-size",
                                     "max-position-embeddings"};
         for (int i = 0; i < 5; i++)
@@ -382,7 +382,9 @@ int sl_cmd_train(int argc, char **argv) {
         }
         if (resume) {
             /* found above */
-        } else if (access(wpath, F_OK) == 0) {
+        } else if (a.init_from && !(a.save && !strcmp(a.load, a.save))) {
+            BAD("--load %s with --init-from: no checkpoint (step-*/manifest.json) there", a.load);
+        } else if (!a.init_from && access(wpath, F_OK) == 0) {
             init_from_weights = 1;
         } else if (a.save && !strcmp(a.load, a.save)) {
             printf("note: no checkpoint in %s yet; starting from scratch\n", a.load);
@@ -390,7 +392,9 @@ int sl_cmd_train(int argc, char **argv) {
             BAD("--load %s: no checkpoint (step-*/manifest.json) and no model.safetensors there", a.load);
         }
     }
-    if (resume || init_from_weights) {
+    if (resume && a.init_from) {
+        if (sl_model_check_config(ckdir, m) != SL_OK) BAD("--load: %s", sl_errmsg());
+    } else if (resume || init_from_weights) {
         sl_gpt2_config lc;
         const char *cdir = resume ? ckdir : a.load;
         if (sl_model_load_config(cdir, &lc) != SL_OK) BAD("--load: %s", sl_errmsg());
@@ -428,11 +432,6 @@ int sl_cmd_train(int argc, char **argv) {
         if (!metrics) BAD("--save: cannot write %s", mp);
     }
 
-    if (m->arch != SL_ARCH_GPT2 && (a.save_interval > 0 || resume))
-        BAD("checkpoints (--save-interval, resuming with --load) support GPT-2 only so far; %s models save "
-            "in HF "
-            "layout at the end with --save",
-            sl_arch_name(m->arch));
     m->compute_dtype = a.bf16 ? SL_BF16 : SL_F32;
     int B = (int)a.micro_bs, T = (int)a.seq_length, accum = (int)(a.global_bs / (a.micro_bs * mesh.dp));
     sl_trainer_config tc = {.B = B,
@@ -487,9 +486,9 @@ int sl_cmd_train(int argc, char **argv) {
     char model_json[512], layout_json[1024];
     snprintf(
         model_json, sizeof model_json,
-        "{\"architecture\": \"gpt2\", \"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d, \"vocab_size\": %d, "
+        "{\"architecture\": \"%s\", \"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d, \"vocab_size\": %d, "
         "\"max_seq_len\": %d}",
-        cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, cfg.max_seq_len);
+        sl_arch_name(m->arch), cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, cfg.max_seq_len);
     int64_t step = 0;
     if (resume) {
         sl_ckpt_state cst;

@@ -59,7 +59,15 @@ sl_status sl_model_load_config(const char *dir, sl_gpt2_config *cfg) {
     SL_TRY(sl_json_read_object(path, &root));
     sl_status st = SL_OK;
     cJSON *arch = cJSON_GetObjectItemCaseSensitive(root, "architecture");
-    if (!cJSON_IsString(arch) || strcmp(arch->valuestring, "gpt2") != 0) {
+    if (cJSON_IsString(arch) && strcmp(arch->valuestring, "gpt2") != 0) {
+        st = sl_fail(
+            SL_ERR_FORMAT,
+            "%s: a %s model: pass --init-from with its Hugging Face directory (the architecture comes "
+            "from its config.json)",
+            path, arch->valuestring);
+        goto done;
+    }
+    if (!cJSON_IsString(arch)) {
         st = sl_fail(SL_ERR_FORMAT, "%s: field 'architecture' must be \"gpt2\"", path);
         goto done;
     }
@@ -68,6 +76,33 @@ sl_status sl_model_load_config(const char *dir, sl_gpt2_config *cfg) {
     SL_CHECK(sl_json_int(root, path, "n_embd", 1, &cfg->n_embd));
     SL_CHECK(sl_json_int(root, path, "vocab_size", 1, &cfg->vocab_size));
     SL_CHECK(sl_json_int(root, path, "max_seq_len", 1, &cfg->max_seq_len));
+done:
+    cJSON_Delete(root);
+    return st;
+}
+
+sl_status sl_model_check_config(const char *dir, const sl_model *m) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    cJSON *root;
+    SL_TRY(sl_json_read_object(path, &root));
+    sl_status st = SL_OK;
+    cJSON *arch = cJSON_GetObjectItemCaseSensitive(root, "architecture");
+    const char *want = sl_arch_name(m->arch);
+    if (!cJSON_IsString(arch) || strcmp(arch->valuestring, want) != 0) {
+        st = sl_fail(SL_ERR_FORMAT, "%s: field 'architecture' is %s%s%s, the model is %s", path,
+                     cJSON_IsString(arch) ? "\"" : "", cJSON_IsString(arch) ? arch->valuestring : "missing",
+                     cJSON_IsString(arch) ? "\"" : "", want);
+        goto done;
+    }
+    const char *names[] = {"n_layer", "n_head", "n_embd", "vocab_size", "max_seq_len"};
+    const int have[] = {m->cfg.n_layer, m->cfg.n_head, m->cfg.n_embd, m->cfg.vocab_size, m->cfg.max_seq_len};
+    for (int i = 0; i < 5 && st == SL_OK; i++) {
+        int v;
+        st = sl_json_int(root, path, names[i], 1, &v);
+        if (st == SL_OK && v != have[i])
+            st = sl_fail(SL_ERR_FORMAT, "%s: field '%s' is %d, the model has %d", path, names[i], v, have[i]);
+    }
 done:
     cJSON_Delete(root);
     return st;

@@ -189,6 +189,62 @@ static void test_round_trip(void) {
     int rc = tu_run(cmd, out, sizeof out);
     TU_CHECK(rc == 0 && strstr(out, "llama L=2") && strstr(out, "step 3/3"), "train 3 steps: exit %d: %s", rc,
              out);
+    /* checkpoints of an HF-family model: killed at step 4 of 6 and resumed (the architecture comes from
+     * --init-from, the state from the checkpoint) -> the same final weights as the uninterrupted run;
+     * also DP=2 ZeRO-3 with a rank killed under `suanli run --max-restarts` */
+    {
+        char ra[1100], rb[1100], fa[1200], fb[1200];
+        const char *common = "--seq-length 16 --micro-batch-size 2 --train-iters 6 --lr-decay-iters 6 "
+                             "--eval-interval 0 --eval-iters 1 --lr 3e-3 --threads 1";
+        snprintf(ra, sizeof ra, "%s/ck_base", tmp);
+        snprintf(rb, sizeof rb, "%s/ck_kill", tmp);
+        snprintf(cmd, sizeof cmd, "%s train --data-path %s --init-from %s %s --save %s", tu_cli(), data, src,
+                 common, ra);
+        TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "llama baseline: %s", out);
+        snprintf(
+            cmd, sizeof cmd,
+            "env SUANLI_FAULT_KILL_AT_STEP=4 %s train --data-path %s --init-from %s %s --save %s --load %s "
+            "--save-interval 2",
+            tu_cli(), data, src, common, rb, rb);
+        rc = tu_run(cmd, out, sizeof out);
+        TU_CHECK(rc != 0 && strstr(out, "killing myself"), "llama killed at step 4: rc %d %s", rc, out);
+        snprintf(cmd, sizeof cmd,
+                 "%s train --data-path %s --init-from %s %s --save %s --load %s --save-interval 2", tu_cli(),
+                 data, src, common, rb, rb);
+        rc = tu_run(cmd, out, sizeof out);
+        TU_CHECK(rc == 0 && strstr(out, "resumed from"), "llama resume: rc %d %s", rc, out);
+        snprintf(fa, sizeof fa, "%s/model.safetensors", ra);
+        snprintf(fb, sizeof fb, "%s/model.safetensors", rb);
+        TU_CHECK(tu_same_file(fa, fb), "llama: resumed final weights bitwise equal to the uninterrupted run");
+        /* resuming without --init-from names the fix */
+        snprintf(cmd, sizeof cmd, "%s train --data-path %s %s --save %s --load %s", tu_cli(), data, common,
+                 rb, rb);
+        rc = tu_run(cmd, out, sizeof out);
+        TU_CHECK(rc == 2 && one_line() && strstr(out, "--init-from"), "llama ckpt without --init-from: %s",
+                 out);
+        /* DP=2, ZeRO-3 */
+        snprintf(ra, sizeof ra, "%s/ck_dp_base", tmp);
+        snprintf(rb, sizeof rb, "%s/ck_dp_kill", tmp);
+        snprintf(cmd, sizeof cmd,
+                 "env SUANLI_COMM_ALGO=direct SUANLI_COMM_TIMEOUT=60 %s run -n 2 -- %s train --data-path %s "
+                 "--init-from %s %s --micro-batch-size 1 --zero-stage 3 --save %s",
+                 tu_cli(), tu_cli(), data, src, common, ra);
+        TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "llama dp2 zero3 baseline: %s", out);
+        snprintf(
+            cmd, sizeof cmd,
+            "env SUANLI_COMM_ALGO=direct SUANLI_COMM_TIMEOUT=60 SUANLI_FAULT_KILL_AT_STEP=4 "
+            "SUANLI_FAULT_RANK=1 "
+            "%s run -n 2 --max-restarts 1 -- %s train --data-path %s --init-from %s %s --micro-batch-size 1 "
+            "--zero-stage 3 --save %s --load %s --save-interval 2",
+            tu_cli(), tu_cli(), data, src, common, rb, rb);
+        rc = tu_run(cmd, out, sizeof out);
+        TU_CHECK(rc == 0 && strstr(out, "killing myself") && strstr(out, "resumed from"),
+                 "llama dp2 zero3 kill + restart: rc %d %s", rc, out);
+        snprintf(fa, sizeof fa, "%s/model.safetensors", ra);
+        snprintf(fb, sizeof fb, "%s/model.safetensors", rb);
+        TU_CHECK(tu_same_file(fa, fb),
+                 "llama dp2 zero3: final weights after kill + restart bitwise identical");
+    }
     snprintf(back, sizeof back, "%s/back", tmp);
     snprintf(cmd, sizeof cmd, "%s convert --model %s --output %s --dtype bf16", tu_cli(), run, back);
     TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "convert trained: %s", out);
