@@ -102,6 +102,9 @@ const sl_param_info *sl_model_find(const sl_model *m, const char *name);
 /* Build the forward graph nodes for ids (B, T) -> logits (B, T, V); if targets != NULL also the mean
  * cross-entropy loss (returned). *logits_out receives the logits node. */
 sl_tensor *sl_gpt2_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_tensor **logits_out);
+/* GPT-2 with a KV cache (use sl_model_build_kv, which dispatches here) */
+struct sl_kv_cache;
+sl_tensor *sl_gpt2_build_kv(sl_model *m, sl_tensor *ids, struct sl_kv_cache *kv, int pos0);
 /* FLOPs of one forward+backward per token (6N + attention), for MFU. */
 double sl_gpt2_flops_per_token(const sl_gpt2_config *cfg, int T);
 
@@ -121,6 +124,8 @@ typedef struct sl_kv_cache {
     int B, S, n_layer;
     sl_tensor **k, **v; /* leaves bound to mem */
     float *mem;
+    int32_t *pos; /* GPT-2: position ids of the graphs built on this cache (pos_cap entries) */
+    int pos_cap, pos_used;
 } sl_kv_cache;
 sl_status sl_kv_cache_new(sl_model *m, int B, int S, sl_kv_cache *kv);
 void sl_kv_cache_free(sl_kv_cache *kv);

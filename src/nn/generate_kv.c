@@ -1,6 +1,7 @@
-/* Generation over any architecture: the Llama family prefills the prompt in one graph and decodes one
- * token per step through a second graph that shares the KV cache (positions are a run-time parameter);
- * GPT-2 uses the sliding-window path of generate.c. Stop tokens end generation. */
+/* Generation over any architecture: the prompt is prefilled in one graph and one token per step is decoded
+ * through a second graph that shares the KV cache (positions are a run-time parameter). GPT-2 asked for more
+ * tokens than its learned positions falls back to the sliding-window path of generate.c. Stop tokens end
+ * generation. */
 #include <string.h>
 
 #include "suanli/device.h"
@@ -41,7 +42,9 @@ sl_status sl_model_generate(sl_model *m, const int32_t *prompt, int n_prompt, in
         if (prompt[i] < 0 || prompt[i] >= V)
             return sl_fail(SL_ERR_INVALID, "generate: prompt token %d out of vocab (%d)", prompt[i], V);
     if (max_new == 0) return SL_OK;
-    if (m->arch == SL_ARCH_GPT2) {
+    int max_pos = m->arch == SL_ARCH_GPT2 ? m->cfg.max_seq_len : m->lcfg.max_seq_len;
+    if (m->arch == SL_ARCH_GPT2 && (int64_t)n_prompt + max_new > max_pos) {
+        /* beyond GPT-2's learned positions: the sliding window of generate.c (no cache) */
         double t0 = sl_time_sec();
         sl_status st = sl_gpt2_generate(m, prompt, n_prompt, max_new, o, gpt2_cb, &w);
         stats->gen_seconds = sl_time_sec() - t0;
@@ -50,10 +53,10 @@ sl_status sl_model_generate(sl_model *m, const int32_t *prompt, int n_prompt, in
         return st;
     }
     int64_t S = (int64_t)n_prompt + max_new;
-    if (S > m->lcfg.max_seq_len)
+    if (S > max_pos)
         return sl_fail(SL_ERR_INVALID,
                        "generate: prompt (%d tokens) + max-new-tokens (%d) exceeds the model's %d positions",
-                       n_prompt, max_new, m->lcfg.max_seq_len);
+                       n_prompt, max_new, max_pos);
     sl_kv_cache kv;
     SL_TRY(sl_kv_cache_new(m, 1, (int)S, &kv));
     sl_status st = SL_OK;

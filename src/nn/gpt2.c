@@ -153,14 +153,19 @@ static sl_tensor *mm(sl_model *m, sl_tensor *x, sl_tensor *w, sl_tensor *b) {
     return b ? sl_bias(ctx, y, b) : y;
 }
 
-sl_tensor *sl_gpt2_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_tensor **logits_out) {
+/* The GPT-2 forward pass to logits (B, T, V). Training/evaluation: positions 0..T-1 from a view of wpe and
+ * full causal attention. With a KV cache (generation): positions pos0.. through an embedding lookup of a
+ * position-id leaf (the position is a run-time value, see sl_kv_graph_set_pos), each layer's K/V appended
+ * to the cache and attention over the cached prefix. */
+static sl_tensor *gpt2_body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0, sl_tensor *positions) {
     sl_ctx *ctx = m->ctx;
     const sl_gpt2_config *c = &m->cfg;
     int64_t B = ids->ne[0], T = ids->ne[1], C = c->n_embd, NH = c->n_head, hs = C / NH;
     SL_ASSERT(ids->ndim == 2 && T <= c->max_seq_len);
     sl_tensor *wte = P(m, 0), *wpe = P(m, 1);
-    /* x = wte[ids] + wpe[0:T]                                   (B, T, C) */
-    sl_tensor *pos = sl_view(ctx, wpe, 2, (int64_t[]){T, C}, (int64_t[]){C, 1}, 0);
+    /* x = wte[ids] + wpe[positions]                             (B, T, C) */
+    sl_tensor *pos = kv ? sl_embedding(ctx, wpe, positions)
+                        : sl_view(ctx, wpe, 2, (int64_t[]){T, C}, (int64_t[]){C, 1}, 0);
     sl_tensor *x = sl_add(ctx, sl_embedding(ctx, wte, ids), pos);
     for (int l = 0; l < c->n_layer; l++) {
         int o = 2 + 12 * l;
@@ -172,7 +177,13 @@ sl_tensor *sl_gpt2_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_ten
         sl_tensor *q = sl_view(ctx, r, 4, (int64_t[]){B, T, NH, hs}, nb4, 0); /* (B, T, NH, hs) */
         sl_tensor *k = sl_view(ctx, r, 4, (int64_t[]){B, T, NH, hs}, nb4, r->nb[2]);
         sl_tensor *v = sl_view(ctx, r, 4, (int64_t[]){B, T, NH, hs}, nb4, 2 * r->nb[2]);
-        sl_tensor *a = sl_attention(ctx, q, k, v); /* (B, T, C) */
+        sl_tensor *a;
+        if (kv) {
+            sl_tensor *ks = sl_kv_store(ctx, kv->k[l], k, pos0), *vs = sl_kv_store(ctx, kv->v[l], v, pos0);
+            a = sl_attention_kv(ctx, q, ks, vs, pos0, 0); /* (B, T, C) */
+        } else {
+            a = sl_attention(ctx, q, k, v); /* (B, T, C) */
+        }
         x = sl_add(ctx, x, mm(m, a, P(m, o + 4), P(m, o + 5)));
         /* MLP block */
         h = sl_layernorm(ctx, x, P(m, o + 6), P(m, o + 7), 1e-5f);
@@ -182,12 +193,27 @@ sl_tensor *sl_gpt2_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_ten
     int of = 2 + 12 * c->n_layer;
     x = sl_layernorm(ctx, x, P(m, of), P(m, of + 1), 1e-5f);
     sl_tensor *logits = mm(m, x, wte, NULL); /* (B, T, V) */
-    sl_set_name(logits, "logits");
+    return sl_set_name(logits, "logits");
+}
+
+sl_tensor *sl_gpt2_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_tensor **logits_out) {
+    sl_tensor *logits = gpt2_body(m, ids, NULL, 0, NULL);
     if (logits_out) *logits_out = logits;
     if (!targets) return NULL;
-    sl_tensor *loss = sl_cross_entropy(ctx, logits, targets);
+    sl_tensor *loss = sl_cross_entropy(m->ctx, logits, targets);
     sl_set_name(loss, "loss");
     return loss;
+}
+
+sl_tensor *sl_gpt2_build_kv(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
+    int64_t T = ids->ne[1];
+    SL_ASSERT(kv->pos_used + T <= kv->pos_cap);
+    sl_tensor *positions = sl_set_name(sl_new_tensor(m->ctx, SL_I32, 1, (int64_t[]){T}), "kv_positions");
+    sl_set_input(positions);
+    sl_tensor_bind(positions, kv->pos + kv->pos_used);
+    kv->pos_used += (int)T;
+    for (int64_t t = 0; t < T; t++) ((int32_t *)positions->data)[t] = (int32_t)(pos0 + t);
+    return gpt2_body(m, ids, kv, pos0, positions);
 }
 
 double sl_gpt2_flops_per_token(const sl_gpt2_config *c, int T) {

@@ -381,23 +381,25 @@ sl_tensor *sl_model_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_te
 
 sl_status sl_kv_cache_new(sl_model *m, int B, int S, sl_kv_cache *kv) {
     memset(kv, 0, sizeof *kv);
-    if (m->arch == SL_ARCH_GPT2) return sl_fail(SL_ERR_UNSUPPORTED, "kv cache: not implemented for gpt2");
     if (B < 1 || S < 1) return sl_fail(SL_ERR_INVALID, "kv cache: batch and length must be >= 1");
-    const sl_llama_config *c = &m->lcfg;
-    int64_t per = (int64_t)B * S * c->n_kv_head * c->head_dim;
+    int gpt2 = m->arch == SL_ARCH_GPT2;
+    int n_layer = gpt2 ? m->cfg.n_layer : m->lcfg.n_layer, nkv = gpt2 ? m->cfg.n_head : m->lcfg.n_kv_head,
+        hd = gpt2 ? m->cfg.n_embd / m->cfg.n_head : m->lcfg.head_dim;
+    int64_t per = (int64_t)B * S * nkv * hd;
     kv->B = B;
     kv->S = S;
-    kv->n_layer = c->n_layer;
-    kv->k = calloc((size_t)c->n_layer, sizeof(sl_tensor *));
-    kv->v = calloc((size_t)c->n_layer, sizeof(sl_tensor *));
-    kv->mem = sl_malloc_aligned(sizeof(float) * (size_t)(2 * per * c->n_layer));
-    if (!kv->k || !kv->v || !kv->mem) {
+    kv->n_layer = n_layer;
+    kv->k = calloc((size_t)n_layer, sizeof(sl_tensor *));
+    kv->v = calloc((size_t)n_layer, sizeof(sl_tensor *));
+    kv->mem = sl_malloc_aligned(sizeof(float) * (size_t)(2 * per * n_layer));
+    kv->pos_cap = gpt2 ? 2 * S + 2 : 0; /* a prefill and a decode graph */
+    kv->pos = gpt2 ? calloc((size_t)kv->pos_cap, sizeof(int32_t)) : NULL;
+    if (!kv->k || !kv->v || !kv->mem || (gpt2 && !kv->pos)) {
         sl_kv_cache_free(kv);
-        return sl_fail(SL_ERR_NOMEM, "kv cache: cannot allocate %lld floats",
-                       (long long)(2 * per * c->n_layer));
+        return sl_fail(SL_ERR_NOMEM, "kv cache: cannot allocate %lld floats", (long long)(2 * per * n_layer));
     }
-    for (int l = 0; l < c->n_layer; l++) {
-        int64_t ne[4] = {B, S, c->n_kv_head, c->head_dim};
+    for (int l = 0; l < n_layer; l++) {
+        int64_t ne[4] = {B, S, nkv, hd};
         kv->k[l] = sl_set_name(sl_new_tensor(m->ctx, SL_F32, 4, ne), "kcache.%d", l);
         kv->v[l] = sl_set_name(sl_new_tensor(m->ctx, SL_F32, 4, ne), "vcache.%d", l);
         sl_tensor_bind(kv->k[l], kv->mem + (2 * l) * per);
@@ -409,12 +411,14 @@ sl_status sl_kv_cache_new(sl_model *m, int B, int S, sl_kv_cache *kv) {
 void sl_kv_cache_free(sl_kv_cache *kv) {
     free(kv->k);
     free(kv->v);
+    free(kv->pos);
     sl_free_aligned(kv->mem);
     memset(kv, 0, sizeof *kv);
 }
 
 sl_tensor *sl_model_build_kv(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
-    SL_ASSERT(m->arch != SL_ARCH_GPT2 && ids->ndim == 2 && ids->ne[0] == kv->B);
+    SL_ASSERT(ids->ndim == 2 && ids->ne[0] == kv->B);
+    if (m->arch == SL_ARCH_GPT2) return sl_gpt2_build_kv(m, ids, kv, pos0);
     sl_tensor *logits = body(m, ids, kv, pos0);
     sl_set_name(logits, "logits");
     return logits;
@@ -425,5 +429,10 @@ void sl_kv_graph_set_pos(sl_graph *g, int pos0) {
         sl_tensor *t = sl_graph_node(g, i);
         if (t->op == SL_OP_ROPE || t->op == SL_OP_KV_STORE || t->op == SL_OP_ATTENTION_KV)
             t->iparams[0] = pos0;
+        /* GPT-2's learned positions: the position-id leaf of its wpe lookup */
+        if (t->op == SL_OP_EMBEDDING && t->src[1]->op == SL_OP_NONE && t->src[1]->data &&
+            !strcmp(t->src[1]->name, "kv_positions"))
+            for (int64_t j = 0; j < t->src[1]->ne[0]; j++)
+                ((int32_t *)t->src[1]->data)[j] = (int32_t)(pos0 + j);
     }
 }

@@ -28,6 +28,16 @@ static double maxabs(const float *a, const float *b, int64_t n) {
     return m;
 }
 
+typedef struct {
+    int32_t *v;
+    int n;
+} tok_sink;
+static int collect_tok(void *u, int32_t t) {
+    tok_sink *c = u;
+    c->v[c->n++] = t;
+    return 0;
+}
+
 static void check_model(const char *name) {
     char dir[1024], path[1100];
     snprintf(dir, sizeof dir, "%s/tests/fixtures/hf/%s", SL_SOURCE_DIR, name);
@@ -63,8 +73,8 @@ static void check_model(const char *name) {
         TU_CHECK(d <= 1e-4, "%s full logits max|d| %.3g > 1e-4", name, d);
         sl_graph_free(g);
     }
-    /* KV-cache prefill (the Llama family; GPT-2 generates over a sliding window) */
-    if (m->arch != SL_ARCH_GPT2) {
+    /* KV-cache prefill (every architecture; GPT-2's positions come from a position-id lookup) */
+    {
         sl_kv_cache kv;
         TU_CHECK(sl_kv_cache_new(m, 1, T + 4, &kv) == SL_OK, "kv: %s", sl_errmsg());
         sl_tensor *x = sl_new_tensor_2d(m->ctx, SL_I32, 1, T);
@@ -94,6 +104,24 @@ static void check_model(const char *name) {
                first_diff < 0 ? "identical" : "DIFFERENT", first_diff);
         TU_CHECK(first_diff < 0 && gs.n_generated == NEW, "%s greedy differs at %d: got %d want %d", name,
                  first_diff, first_diff >= 0 ? out[first_diff] : -1, first_diff >= 0 ? gr[first_diff] : -1);
+        /* GPT-2: the KV-cache decode picks the same tokens as the cache-free sliding-window path */
+        if (m->arch == SL_ARCH_GPT2) {
+            int32_t *win = calloc((size_t)NEW, sizeof(int32_t));
+            tok_sink c = {win, 0};
+            st = sl_gpt2_generate(m, ids, T, NEW, &so, collect_tok, &c);
+            TU_CHECK(st == SL_OK && c.n == NEW && memcmp(win, out, sizeof(int32_t) * (size_t)NEW) == 0,
+                     "gpt2: KV-cache and sliding-window greedy tokens agree");
+            /* beyond the learned positions generation falls back to the sliding window */
+            int over = m->cfg.max_seq_len - T + 8;
+            int32_t *lo = calloc((size_t)over, sizeof(int32_t));
+            st = sl_model_generate(m, ids, T, over, &so, NULL, 0, NULL, NULL, lo, &gs);
+            TU_CHECK(st == SL_OK && gs.n_generated == over, "gpt2: %d tokens past %d positions: %s", over,
+                     m->cfg.max_seq_len, st == SL_OK ? "ok" : sl_errmsg());
+            TU_CHECK(memcmp(lo, out, sizeof(int32_t) * (size_t)NEW) == 0,
+                     "gpt2: long generation starts the same");
+            free(lo);
+            free(win);
+        }
         free(out);
     }
     free(ids);
