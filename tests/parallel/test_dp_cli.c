@@ -1,5 +1,5 @@
 /* DP through the CLI and the launcher: `suanli run -n 2 -- suanli train` reproduces the single-process
- * run's losses; bad layouts and mismatched configs fail with a clear error on every rank, no hang. */
+ * run.s losses (and the same run under mpirun); bad layouts and mismatched configs fail with a clear error on every rank, no hang. */
 #include <string.h>
 
 #include "suanli/base.h"
@@ -59,6 +59,19 @@ int main(void) {
     for (int s = 1; s <= 8; s++) {
         double x = loss_at(a, s), y = loss_at(b, s);
         TU_CHECK(fabs(x - y) <= 1e-6 * fabs(x), "step %d: single %.7f dp2 %.7f", s, x, y);
+    }
+    /* the same program under mpirun (OpenMPI's environment; suanli's own transports): same weights */
+    if (system("command -v mpirun >/dev/null 2>&1") == 0) {
+        rc = run(
+            "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 2 %s "
+            "train --data-path %s " TINY " --save %s/mpi2",
+            cli, data, dir);
+        TU_CHECK(rc == 0 && strstr(out, "data parallel: 2 ranks"), "dp2 under mpirun: %s", out);
+        snprintf(a, sizeof a, "%s/dp2/model.safetensors", dir);
+        snprintf(b, sizeof b, "%s/mpi2/model.safetensors", dir);
+        TU_CHECK(tu_same_file(a, b), "DP under mpirun equals DP under suanli run bitwise");
+    } else {
+        printf("mpirun not installed: DP under mpirun skipped\n");
     }
     /* ZeRO-3 through the CLI: parameters sharded and gathered per bucket (eval included), gathered whole
      * for saving and sampling at the end; same weights as plain DP, bitwise (rank-ordered reduction) */
