@@ -1,5 +1,6 @@
 /* DP through the CLI and the launcher: `suanli run -n 2 -- suanli train` reproduces the single-process
- * run.s losses (and the same run under mpirun); bad layouts and mismatched configs fail with a clear error on every rank, no hang. */
+ * run's losses (and the same run under mpirun); bad layouts and mismatched configs fail with a clear error on
+ * every rank, no hang. */
 #include <string.h>
 
 #include "suanli/base.h"
