@@ -61,12 +61,14 @@ int main(void) {
         double x = loss_at(a, s), y = loss_at(b, s);
         TU_CHECK(fabs(x - y) <= 1e-6 * fabs(x), "step %d: single %.7f dp2 %.7f", s, x, y);
     }
-    /* the same program under mpirun (OpenMPI's environment; suanli's own transports): same weights */
+    /* the same program under mpirun (OpenMPI's environment; suanli's own transports): same weights. OpenMPI
+     * 4.1 leaks in MPI_Init (no frame of ours), so leak checking is off for this run, as in tests/comm. */
     if (system("command -v mpirun >/dev/null 2>&1") == 0) {
-        rc = run(
-            "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 2 %s "
-            "train --data-path %s " TINY " --save %s/mpi2",
-            cli, data, dir);
+        rc = run("env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+                 "ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 "
+                 "mpirun --oversubscribe -np 2 %s "
+                 "train --data-path %s " TINY " --save %s/mpi2",
+                 cli, data, dir);
         TU_CHECK(rc == 0 && strstr(out, "data parallel: 2 ranks"), "dp2 under mpirun: %s", out);
         snprintf(a, sizeof a, "%s/dp2/model.safetensors", dir);
         snprintf(b, sizeof b, "%s/mpi2/model.safetensors", dir);
