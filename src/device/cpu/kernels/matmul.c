@@ -23,6 +23,8 @@ sl_status sl_k_matmul(sl_tensor *n) {
             sl_sgemm(0, tB, M, N, K, 1.0f, pa, lda, pb, ldb, 0.0f, pc, N);
         return SL_OK;
     }
+    /* iparams[2]: accumulate into the output (in place on view_src; see ops_internal.h) */
+    float beta = n->iparams[2] ? 1.0f : 0.0f;
     int64_t M = n->ne[no - 2];
     /* batch dims (up to 3) with arbitrary strides */
     sl_it5 ia = sl_it5_of(a), ib = sl_it5_of(b), ic = sl_it5_of(n);
@@ -34,9 +36,9 @@ sl_status sl_k_matmul(sl_tensor *n) {
                 float *C = pc + i0 * ic.nb[0] + i1 * ic.nb[1] + i2 * ic.nb[2];
                 if (bf)
                     sl_gemm_bf16(tA, tB, M, N, K, 1.0f, (const uint16_t *)a->data + oa, lda,
-                                 (const uint16_t *)b->data + ob, ldb, 0.0f, C, ldc);
+                                 (const uint16_t *)b->data + ob, ldb, beta, C, ldc);
                 else
-                    sl_sgemm(tA, tB, M, N, K, 1.0f, pa + oa, lda, pb + ob, ldb, 0.0f, C, ldc);
+                    sl_sgemm(tA, tB, M, N, K, 1.0f, pa + oa, lda, pb + ob, ldb, beta, C, ldc);
             }
     return SL_OK;
 }
