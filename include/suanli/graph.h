@@ -53,7 +53,9 @@ typedef enum sl_op {
     SL_OP_ACC,               /* in-place: src0 += src1 (src0 is any tensor; node aliases src0) */
     SL_OP_ZEROS,             /* a zero-filled tensor of node's shape */
     SL_OP_SCATTER_ADD,       /* in-place: view(src0; iparams: offset + ne/nb of src1's image) += src1 */
-    SL_OP_MATMUL,            /* op(src0) @ op(src1); iparams[0]=transA, [1]=transB */
+    SL_OP_MATMUL,            /* op(src0) @ op(src1) (+ src2: optional f32 bias (N), added to every row; src1
+                                2-D); iparams[0]=transA, [1]=transB; iparams[2]=1: in place, view_src +=
+                                op(src0) @ op(src1) (2-D; gradient accumulation) */
     SL_OP_GELU,              /* tanh approximation (GPT-2) */
     SL_OP_GELU_BACK,         /* src0 = x, src1 = dy */
     SL_OP_LAYERNORM,         /* src0 = x (.., C), src1 = weight (C), src2 = bias (C); fparams[0]=eps */

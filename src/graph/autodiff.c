@@ -39,6 +39,10 @@ static void emit(void *vs, sl_tensor *src, sl_tensor *c) {
     }
     if (src->flags & SL_FLAG_PARAM) {
         SL_ASSERT(src->grad && "parameter without a gradient leaf");
+        if (sl_try_accumulate_into(c, src->grad)) { /* Note [Accumulating gradient writes] */
+            note_grad_write(s, src, c);
+            return;
+        }
         sl_tensor *in = c;
         if (!sl_is_contiguous(in)) in = sl_cont(ctx, in);
         note_grad_write(s, src, sl_acc(ctx, src->grad, in));

@@ -84,7 +84,8 @@ int sl_graph_last_grad_write(sl_graph *g, const sl_tensor *p) {
 
 static int is_inplace(const sl_tensor *t) {
     return t->op == SL_OP_VIEW || t->op == SL_OP_ACC || t->op == SL_OP_SCATTER_ADD ||
-           t->op == SL_OP_EMBEDDING_BACK || t->op == SL_OP_KV_STORE;
+           t->op == SL_OP_EMBEDDING_BACK || t->op == SL_OP_KV_STORE ||
+           (t->op == SL_OP_MATMUL && t->view_src); /* accumulating dW (Note [Accumulating gradient writes]) */
 }
 
 static sl_tensor *storage_root(sl_tensor *t) {

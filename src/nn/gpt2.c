@@ -149,8 +149,7 @@ static sl_tensor *mm(sl_model *m, sl_tensor *x, sl_tensor *w, sl_tensor *b) {
         x = sl_cast(ctx, x->nb[x->ndim - 1] == 1 ? x : sl_cont(ctx, x), SL_BF16);
         w = sl_cast(ctx, w, SL_BF16);
     }
-    sl_tensor *y = sl_matmul(ctx, x, w, 0, 1);
-    return b ? sl_bias(ctx, y, b) : y;
+    return sl_linear(ctx, x, w, b); /* the bias is added by the GEMM */
 }
 
 /* The GPT-2 forward pass to logits (B, T, V). Training/evaluation: positions 0..T-1 from a view of wpe and

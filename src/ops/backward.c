@@ -78,6 +78,7 @@ void sl_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_g
                 dB = tB ? sl_matmul(ctx, G, A, 1, 1) : sl_matmul(ctx, A, G, 0, 0);
             emit(st, b, dB);
         }
+        if (n->src[2] && ng[2]) emit(st, n->src[2], sl_sum_to(ctx, g, n->src[2])); /* fused bias */
         break;
     }
     case SL_OP_GELU:

@@ -193,6 +193,16 @@ sl_tensor *sl_acc(sl_ctx *ctx, sl_tensor *dst, sl_tensor *src) {
     return t;
 }
 
+int sl_try_accumulate_into(sl_tensor *c, sl_tensor *dst) {
+    if (c->op != SL_OP_MATMUL || c->order >= 0 || c->view_src || c->iparams[2] || c->src[2] ||
+        c->dtype != SL_F32 || dst->dtype != SL_F32 || c->ndim != 2 || !sl_same_shape(c, dst) ||
+        !sl_is_contiguous(dst) || !sl_is_contiguous(c))
+        return 0;
+    c->iparams[2] = 1;
+    c->view_src = dst;
+    return 1;
+}
+
 sl_tensor *sl_zeros(sl_ctx *ctx, sl_dtype dt, int ndim, const int64_t *ne) {
     return sl_new_op(ctx, SL_OP_ZEROS, dt, ndim, ne);
 }
@@ -252,6 +262,10 @@ sl_tensor *sl_matmul(sl_ctx *ctx, sl_tensor *a, sl_tensor *b, int transA, int tr
 
 sl_tensor *sl_linear(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, sl_tensor *b) {
     sl_tensor *y = sl_matmul(ctx, x, w, 0, 1);
+    if (b && b->dtype == SL_F32 && b->ndim == 1 && b->ne[0] == y->ne[y->ndim - 1] && w->ndim == 2) {
+        y->src[2] = b; /* bias added by the GEMM (sl_sgemm_bias): no separate pass over y */
+        return y;
+    }
     return b ? sl_bias(ctx, y, b) : y;
 }
 

@@ -9,6 +9,16 @@ int sl_can_broadcast(const sl_tensor *b, const sl_tensor *a);
 /* Append gradient contributions of node `n` (whose output gradient is `g`) to its sources.
  * `emit(src_index, contribution)` is called for each source that receives a gradient. */
 typedef void (*sl_grad_emit)(void *state, sl_tensor *src, sl_tensor *contribution);
+/* Note [Accumulating gradient writes]
+ * A parameter's gradient is normally written as ACC(grad_leaf, contribution): the contribution is computed
+ * into a planned temporary, then added in a second pass. When the contribution is a fresh f32 MATMUL of the
+ * gradient's shape (a Linear layer's dW), sl_try_accumulate_into turns that node into
+ * grad_leaf += op(A) @ op(B) (iparams[2] = 1: the GEMM runs with beta = 1; view_src = grad_leaf: the node is
+ * in place on the leaf, like ACC), which saves the temporary and the extra pass over the gradient. Returns 1
+ * if it did (the caller then uses `c` as the gradient write), 0 if `c` must be accumulated with ACC. `c`
+ * must not be referenced by any other node (backward rules create dW only for the emit call). */
+int sl_try_accumulate_into(sl_tensor *c, sl_tensor *dst);
+
 void sl_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *needs_grad, sl_grad_emit emit,
                     void *state);
 #endif

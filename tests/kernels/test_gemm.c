@@ -3,7 +3,8 @@
  * Run once per ISA path (ctest sets SUANLI_ISA=scalar|avx2|avx512). Covers awkward shapes (1, 3, 17, 63,
  * 65, 255, 1000), all four transpose cases, alpha/beta variants (beta = 0 on a NaN-filled C must not
  * propagate the NaN), leading dimensions larger than the row length, batched calls, bf16 inputs, and
- * bitwise determinism (run-to-run with the same thread count, and 1 thread vs 2 threads).
+ * bitwise determinism (run-to-run with the same thread count, and 1 thread vs 2 threads), and the bias
+ * epilogue (sl_sgemm_bias, sl_gemm_bf16_bias).
  *
  * Tolerance: inputs are uniform in [-1, 1], so every product is at most 1 in magnitude and an fp32 sum of
  * K of them is within about K * 2^-24 of the exact sum; we allow |got - ref| <= 1e-6 * (K + 8) + 1e-5 * |ref|
@@ -93,6 +94,60 @@ static void test_sgemm_all(void) {
     float Cb[6] = {1, 2, 3, 4, 5, 6};
     sl_sgemm(0, 0, 2, 3, 1, 0.0f, A1, 1, B1, 3, 2.0f, Cb, 3);
     for (int i = 0; i < 6; i++) TU_CHECK(Cb[i] == 2.0f * (float)(i + 1), "alpha=0 beta=2 C[%d]=%g", i, Cb[i]);
+}
+
+/* sl_sgemm_bias / sl_gemm_bf16_bias: C = alpha op(A) op(B) + bias on every row (a NaN-filled C is
+ * overwritten), all transpose cases, every shape (K > kc: the bias enters before the first K block); the
+ * bf16 entry point against the fp32 one on bf16-exact inputs; 1 vs 2 threads bitwise. */
+static void test_bias(void) {
+    int n = (int)(sizeof shapes / sizeof shapes[0]);
+    for (int si = 0; si < n; si++) {
+        for (int t = 0; t < 4; t++) {
+            int tA = t >> 1, tB = t & 1;
+            int64_t M = shapes[si].M, N = shapes[si].N, K = shapes[si].K, pad = t == 1 ? 3 : 0;
+            int64_t lda = (tA ? M : K) + pad, ldb = (tB ? K : N) + pad, ldc = N + pad;
+            int64_t arows = tA ? K : M, brows = tB ? N : K;
+            float *A = falloc(arows * lda), *B = falloc(brows * ldb), *C = falloc(M * ldc),
+                  *R = falloc(M * ldc), *bias = falloc(N);
+            fill(A, arows * lda), fill(B, brows * ldb), fill(bias, N);
+            for (int64_t i = 0; i < M * ldc; i++) C[i] = R[i] = NAN;
+            float alpha = t == 3 ? -0.5f : 1.0f;
+            sl_sgemm_ref(tA, tB, M, N, K, alpha, A, lda, B, ldb, 0.0f, R, ldc);
+            for (int64_t i = 0; i < M; i++)
+                for (int64_t j = 0; j < N; j++) R[i * ldc + j] += bias[j];
+            sl_sgemm_bias(tA, tB, M, N, K, alpha, A, lda, B, ldb, bias, C, ldc);
+            for (int64_t i = 0; i < M * ldc; i++)
+                if (isnan(R[i]) && isnan(C[i])) R[i] = C[i] = 0.0f; /* untouched padding */
+            char what[128];
+            snprintf(what, sizeof what, "sgemm_bias %s%s M=%lld N=%lld K=%lld", tA ? "T" : "N",
+                     tB ? "T" : "N", (long long)M, (long long)N, (long long)K);
+            TU_CHECK(check_c(what, C, R, M, ldc, K), "%s", what);
+            free(A), free(B), free(C), free(R), free(bias);
+        }
+    }
+    /* K == 0: C = bias */
+    float Cz[6] = {NAN, 2, 3, NAN, 5, 6}, A1[1] = {1}, B1[3] = {1, 2, 3}, b3[3] = {7, 8, 9};
+    sl_sgemm_bias(0, 0, 2, 3, 0, 1.0f, A1, 1, B1, 3, b3, Cz, 3);
+    for (int i = 0; i < 6; i++) TU_CHECK(Cz[i] == b3[i % 3], "K=0 bias C[%d]=%g", i, Cz[i]);
+    /* bf16 inputs (bf16-exact values) give the fp32 result; threads do not change a bit */
+    int64_t M = 130, N = 70, K = 900;
+    float *A = falloc(M * K), *B = falloc(K * N), *bias = falloc(N), *C1 = falloc(M * N), *C2 = falloc(M * N),
+          *C3 = falloc(M * N);
+    uint16_t *Ah = malloc(sizeof(uint16_t) * (size_t)(M * K)),
+             *Bh = malloc(sizeof(uint16_t) * (size_t)(K * N));
+    fill(A, M * K), fill(B, K * N), fill(bias, N);
+    for (int64_t i = 0; i < M * K; i++) A[i] = sl_bf16_to_f32(Ah[i] = sl_f32_to_bf16(A[i]));
+    for (int64_t i = 0; i < K * N; i++) B[i] = sl_bf16_to_f32(Bh[i] = sl_f32_to_bf16(B[i]));
+    int saved = sl_threads_get();
+    sl_threads_set(2);
+    sl_sgemm_bias(0, 1, M, N, K, 1.0f, A, K, B, K, bias, C1, N);
+    sl_gemm_bf16_bias(0, 1, M, N, K, 1.0f, Ah, K, Bh, K, bias, C3, N);
+    TU_CHECK(tu_allclose("gemm_bf16_bias vs sgemm_bias", C3, C1, M * N, tol_atol(K), 1e-5f), "bf16 bias");
+    sl_threads_set(1);
+    sl_sgemm_bias(0, 1, M, N, K, 1.0f, A, K, B, K, bias, C2, N);
+    sl_threads_set(saved);
+    TU_CHECK(!memcmp(C1, C2, sizeof(float) * (size_t)(M * N)), "sgemm_bias 1 vs 2 threads differ");
+    free(A), free(B), free(bias), free(C1), free(C2), free(C3), free(Ah), free(Bh);
 }
 
 static void test_batched(void) {
@@ -191,6 +246,7 @@ int main(void) {
     TU_CHECK(!strcmp(sl_gemm_kernel_name(), sl_cpu_isa_name()), "kernel %s vs isa %s", sl_gemm_kernel_name(),
              sl_cpu_isa_name());
     test_sgemm_all();
+    test_bias();
     test_batched();
     test_bf16();
     test_determinism();

@@ -501,6 +501,38 @@ static void test_adamw(void) {
     sl_threads_set(2);
 }
 
+/* Gradient clipping: the norm matches a plain double sum (different order: relative 1e-12), is bitwise the
+ * same for 1 and 2 threads, and clipping scales every gradient by max_norm / (norm + 1e-6). Sizes cover
+ * several 65536-element chunks, a tail chunk and a tail inside the 8 lanes. */
+static void test_clip_grad_norm(void) {
+    const int64_t sizes[] = {5, 65536 + 13, 3 * 65536 + 1001};
+    for (int si = 0; si < 3; si++) {
+        int64_t n = sizes[si];
+        float *g0 = rnd(n, 0.5f);
+        double ref = 0;
+        for (int64_t k = 0; k < n; k++) ref += (double)g0[k] * g0[k];
+        float refn = (float)sqrt(ref), norms[2];
+        for (int threads = 1; threads <= 2; threads++) {
+            sl_model m = {.numel = n};
+            m.grads_mem = malloc(sizeof(float) * (size_t)n);
+            memcpy(m.grads_mem, g0, sizeof(float) * (size_t)n);
+            sl_threads_set(threads);
+            norms[threads - 1] = sl_clip_grad_norm(&m, 0.0f); /* 0: no clipping */
+            TU_CHECK(fabsf(norms[threads - 1] - refn) <= 1e-6f * refn, "clip norm %g vs %g (n=%lld)",
+                     norms[threads - 1], refn, (long long)n);
+            TU_CHECK(memcmp(m.grads_mem, g0, sizeof(float) * (size_t)n) == 0, "clip 0 leaves grads alone");
+            float max_norm = 0.5f * refn, coef = max_norm / (sl_clip_grad_norm(&m, max_norm) + 1e-6f);
+            int bad = 0;
+            for (int64_t k = 0; k < n; k++) bad += m.grads_mem[k] != g0[k] * coef;
+            TU_CHECK(bad == 0, "clipped grads scaled by coef (n=%lld, %d wrong)", (long long)n, bad);
+            free(m.grads_mem);
+        }
+        TU_CHECK(memcmp(&norms[0], &norms[1], sizeof(float)) == 0, "clip norm bitwise 1 vs 2 threads");
+        free(g0);
+    }
+    sl_threads_set(2);
+}
+
 int main(void) {
     int best = sl_kern_isa();
     for (int isa = best; isa >= SL_KISA_SCALAR; isa--) {
@@ -531,5 +563,6 @@ int main(void) {
     test_matmul_bf16();
     test_matmul_bf16_grad();
     test_adamw();
+    test_clip_grad_norm();
     return tu_finish("test_kernels_simd");
 }

@@ -94,7 +94,8 @@ static int cpu_supports(sl_backend *be, const sl_tensor *n) {
         return n->dtype != SL_I32 && n->src[0]->dtype != SL_I32;
     case SL_OP_MATMUL: /* f32 x f32 or bf16 x bf16 (sl_gemm_bf16), f32 out */
         return n->dtype == SL_F32 && n->src[0]->dtype == n->src[1]->dtype &&
-               (n->src[0]->dtype == SL_F32 || n->src[0]->dtype == SL_BF16);
+               (n->src[0]->dtype == SL_F32 || n->src[0]->dtype == SL_BF16) &&
+               (!n->src[2] || n->src[2]->dtype == SL_F32);
     case SL_OP_LINEAR_BF16:
     case SL_OP_MOE_EXPERT:
         return 1;

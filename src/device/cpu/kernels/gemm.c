@@ -182,11 +182,13 @@ static inline int64_t imin64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static inline size_t round_up_sz(size_t a, size_t b) { return (a + b - 1) / b * b; }
 
-/* C = beta * C (beta == 0: C = 0), for K == 0 or alpha == 0. */
+/* C = beta * C (beta == 0: C = 0; with a bias: C = bias), for K == 0 or alpha == 0. */
 static void scale_c(const sl_gemm_args *g) {
     for (int64_t i = 0; i < g->M; i++) {
         float *c = g->C + i * g->ldc;
-        if (g->beta == 0.0f)
+        if (g->bias)
+            memcpy(c, g->bias, (size_t)g->N * sizeof(float));
+        else if (g->beta == 0.0f)
             memset(c, 0, (size_t)g->N * sizeof(float));
         else if (g->beta != 1.0f)
             for (int64_t j = 0; j < g->N; j++) c[j] *= g->beta;
@@ -212,7 +214,7 @@ static void block_times_b(const gemm_plan *p, const char *apack, int64_t ic, int
     const int64_t ksteps = ceil_div(kc, im->kgran);
     const size_t apanel = (size_t)ksteps * im->kgran * mr * im->esz;
     const size_t bpanel = (size_t)ksteps * im->kgran * nr * im->esz;
-    const float beta = k0 == 0 ? g->beta : 1.0f;
+    const float beta = k0 == 0 && !g->bias ? g->beta : 1.0f;
     const int64_t npa = ceil_div(mcur, mr);
     if (n1 <= n0) return;
     /* split [n0,n1) into equal chunks of at most nc columns (multiples of nr) */
@@ -222,6 +224,9 @@ static void block_times_b(const gemm_plan *p, const char *apack, int64_t ic, int
         int64_t ncur = imin64(chunk, n1 - jc);
         int64_t npb = ceil_div(ncur, nr);
         im->pack_b(g, jc, ncur, k0, kc, nr, bpack);
+        if (k0 == 0 && g->bias) /* Note [GEMM structure]: the bias goes in first, the kernels add to it */
+            for (int64_t i = 0; i < mcur; i++)
+                memcpy(g->C + (ic + i) * g->ldc + jc, g->bias + jc, (size_t)ncur * sizeof(float));
         for (int64_t pa = 0; pa < npa; pa++) {
             const char *a = apack + pa * apanel;
             int mi = (int)imin64(mr, mcur - pa * mr);
@@ -285,7 +290,10 @@ static void gemm_unpacked(const sl_gemm_args *g, const sl_gemm_impl *im) {
                 s += a * b;
             }
             float *c = g->C + i * g->ldc + j;
-            *c = g->beta == 0.0f ? g->alpha * s : g->alpha * s + g->beta * *c;
+            if (g->bias)
+                *c = g->bias[j] + g->alpha * s;
+            else
+                *c = g->beta == 0.0f ? g->alpha * s : g->alpha * s + g->beta * *c;
         }
     }
 }
@@ -384,13 +392,26 @@ static int threads_for_call(void) {
 
 void sl_sgemm(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
               int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-    sl_gemm_args g = {transA, transB, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc};
+    sl_gemm_args g = {transA, transB, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc, NULL};
     sl_gemm_run(&g, dispatch_get()->f32, threads_for_call());
 }
 
 void sl_gemm_bf16(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *A,
                   int64_t lda, const uint16_t *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-    sl_gemm_args g = {transA, transB, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc};
+    sl_gemm_args g = {transA, transB, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc, NULL};
+    sl_gemm_run(&g, dispatch_get()->bf16, threads_for_call());
+}
+
+void sl_sgemm_bias(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                   int64_t lda, const float *B, int64_t ldb, const float *bias, float *C, int64_t ldc) {
+    sl_gemm_args g = {transA, transB, M, N, K, alpha, 0.0f, A, lda, B, ldb, C, ldc, bias};
+    sl_gemm_run(&g, dispatch_get()->f32, threads_for_call());
+}
+
+void sl_gemm_bf16_bias(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
+                       const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, const float *bias,
+                       float *C, int64_t ldc) {
+    sl_gemm_args g = {transA, transB, M, N, K, alpha, 0.0f, A, lda, B, ldb, C, ldc, bias};
     sl_gemm_run(&g, dispatch_get()->bf16, threads_for_call());
 }
 
@@ -408,15 +429,15 @@ void sl_sgemm_batched(int transA, int transB, int64_t batch, int64_t M, int64_t 
 #endif
         for (int64_t b = 0; b < batch; b++) {
             sl_gemm_args g = {
-                transA, transB,          M,  N, K, alpha, beta, A + b * strideA, lda, B + b * strideB,
-                ldb,    C + b * strideC, ldc};
+                transA, transB,          M,   N,   K, alpha, beta, A + b * strideA, lda, B + b * strideB,
+                ldb,    C + b * strideC, ldc, NULL};
             sl_gemm_run(&g, im, 1);
         }
     } else {
         for (int64_t b = 0; b < batch; b++) {
             sl_gemm_args g = {
-                transA, transB,          M,  N, K, alpha, beta, A + b * strideA, lda, B + b * strideB,
-                ldb,    C + b * strideC, ldc};
+                transA, transB,          M,   N,   K, alpha, beta, A + b * strideA, lda, B + b * strideB,
+                ldb,    C + b * strideC, ldc, NULL};
             sl_gemm_run(&g, im, nthr);
         }
     }

@@ -24,6 +24,10 @@ extern "C" {
  * deterministic: same inputs and thread count -> bitwise-identical output. */
 void sl_sgemm(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
               int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+/* C[M,N] = alpha * op(A) @ op(B) + bias[None, :] (bias: N floats): a Linear layer with its bias added in
+ * the GEMM (no separate pass over C). Same threading and determinism as sl_sgemm. */
+void sl_sgemm_bias(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                   int64_t lda, const float *B, int64_t ldb, const float *bias, float *C, int64_t ldc);
 /* Scalar reference (double accumulation), the test oracle. */
 void sl_sgemm_ref(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                   int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
@@ -35,6 +39,10 @@ void sl_sgemm_batched(int transA, int transB, int64_t batch, int64_t M, int64_t 
  * (AVX512_BF16) when present, an exact emulated path otherwise. */
 void sl_gemm_bf16(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *A,
                   int64_t lda, const uint16_t *B, int64_t ldb, float beta, float *C, int64_t ldc);
+/* bf16 inputs with a bias (see sl_sgemm_bias). */
+void sl_gemm_bf16_bias(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
+                       const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, const float *bias,
+                       float *C, int64_t ldc);
 const char *sl_gemm_kernel_name(void); /* which variant runs: "avx512", "avx2", "scalar" */
 
 #ifdef __cplusplus

@@ -13,6 +13,9 @@
  * micro-kernel) whatever the thread partition, so results do not depend on the thread count. For that,
  * every partition (thread shares, MC blocks, NC chunks) starts at a multiple of MR / NR from 0, so an element
  * always lands in the same kind of tile (full or edge: their writebacks may round differently).
+ * Bias (sl_sgemm_bias): before the first K block of a chunk, the driver writes the bias into the C rows of
+ * that chunk (mc x nc, still in L2 when the kernels read it) and runs the kernels with beta = 1, so C =
+ * ((bias + sum over K block 0) + sum over K block 1) + ...: a fixed order, whatever the partition.
  */
 #ifndef SL_DEVICE_CPU_KERNELS_GEMM_INTERNAL_H
 #define SL_DEVICE_CPU_KERNELS_GEMM_INTERNAL_H
@@ -30,6 +33,7 @@ typedef struct sl_gemm_args {
     int64_t ldb;
     float *C;
     int64_t ldc;
+    const float *bias; /* NULL, or N floats added to every row of C (then beta is 0) */
 } sl_gemm_args;
 
 /* Pack rows [i0, i0+ni) of op(A), k in [k0, k0+kc), into ceil(ni/mr) consecutive micro-panels of

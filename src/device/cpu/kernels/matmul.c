@@ -1,7 +1,21 @@
 /* MATMUL node -> GEMM calls (folded linear layers and batched products). Operands are both f32
- * (sl_sgemm) or both bf16 (sl_gemm_bf16: fp32 accumulation); the output is always f32. */
+ * (sl_sgemm) or both bf16 (sl_gemm_bf16: fp32 accumulation); the output is always f32. An f32 bias (src2)
+ * is added by the GEMM itself (sl_sgemm_bias / sl_gemm_bf16_bias); iparams[2] accumulates into the
+ * output (beta = 1). */
 #include "device/cpu/kernels/gemm.h"
 #include "device/cpu/kernels/kernels.h"
+
+static void gemm_call(int bf, int tA, int tB, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
+                      const void *B, int64_t ldb, float beta, const float *bias, float *C, int64_t ldc) {
+    if (bf && bias)
+        sl_gemm_bf16_bias(tA, tB, M, N, K, 1.0f, A, lda, B, ldb, bias, C, ldc);
+    else if (bf)
+        sl_gemm_bf16(tA, tB, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+    else if (bias)
+        sl_sgemm_bias(tA, tB, M, N, K, 1.0f, A, lda, B, ldb, bias, C, ldc);
+    else
+        sl_sgemm(tA, tB, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+}
 
 sl_status sl_k_matmul(sl_tensor *n) {
     sl_tensor *a = n->src[0], *b = n->src[1];
@@ -10,17 +24,16 @@ sl_status sl_k_matmul(sl_tensor *n) {
     int64_t K = tA ? a->ne[na - 2] : a->ne[na - 1];
     int64_t N = n->ne[no - 1];
     int64_t lda = a->nb[na - 2], ldb = b->nb[nbd - 2], ldc = n->nb[no - 2];
-    const float *pa = a->data, *pb = b->data;
     float *pc = n->data;
     int bf = a->dtype == SL_BF16;
     if (bf && b->dtype != SL_BF16) return sl_fail(SL_ERR_UNSUPPORTED, "matmul: mixed operand dtypes");
+    const float *bias = n->src[2] ? (const float *)n->src[2]->data : NULL;
+    /* iparams[2]: accumulate into the output (in place on view_src; see ops_internal.h) */
+    float beta = n->iparams[2] ? 1.0f : 0.0f;
     if (nbd == 2 && na > 2) { /* folded: a's leading dims are rows */
         int64_t M = 1;
         for (int d = 0; d < na - 1; d++) M *= a->ne[d];
-        if (bf)
-            sl_gemm_bf16(0, tB, M, N, K, 1.0f, a->data, lda, b->data, ldb, 0.0f, pc, N);
-        else
-            sl_sgemm(0, tB, M, N, K, 1.0f, pa, lda, pb, ldb, 0.0f, pc, N);
+        gemm_call(bf, 0, tB, M, N, K, a->data, lda, b->data, ldb, beta, bias, pc, N);
         return SL_OK;
     }
     int64_t M = n->ne[no - 2];
@@ -32,11 +45,9 @@ sl_status sl_k_matmul(sl_tensor *n) {
                 int64_t oa = i0 * ia.nb[0] + i1 * ia.nb[1] + i2 * ia.nb[2];
                 int64_t ob = i0 * ib.nb[0] + i1 * ib.nb[1] + i2 * ib.nb[2];
                 float *C = pc + i0 * ic.nb[0] + i1 * ic.nb[1] + i2 * ic.nb[2];
-                if (bf)
-                    sl_gemm_bf16(tA, tB, M, N, K, 1.0f, (const uint16_t *)a->data + oa, lda,
-                                 (const uint16_t *)b->data + ob, ldb, 0.0f, C, ldc);
-                else
-                    sl_sgemm(tA, tB, M, N, K, 1.0f, pa + oa, lda, pb + ob, ldb, 0.0f, C, ldc);
+                size_t es = bf ? 2 : 4;
+                gemm_call(bf, tA, tB, M, N, K, (const char *)a->data + oa * (int64_t)es, lda,
+                          (const char *)b->data + ob * (int64_t)es, ldb, beta, bias, C, ldc);
             }
     return SL_OK;
 }
