@@ -86,6 +86,41 @@ adamw_span_avx2(float *restrict p, const float *restrict g, float *restrict mm, 
 }
 #endif
 
+/* one span with the best available body */
+static void adamw_span_any(float *p, const float *g, float *mm, float *vv, int64_t n, float decay, adamw_k c,
+                           int avx2) {
+#if defined(__x86_64__)
+    if (avx2) {
+        adamw_span_avx2(p, g, mm, vv, n, decay, c);
+        return;
+    }
+#endif
+    (void)avx2;
+    adamw_span(p, g, mm, vv, n, decay, c);
+}
+
+static int use_avx2(void) {
+#if defined(__x86_64__)
+    return sl_cpu_features_get()->avx2;
+#else
+    return 0;
+#endif
+}
+
+void sl_adamw_update(float *p, const float *g, float *m, float *v, int64_t n, float lr, int decay,
+                     sl_adamw_hparams hp, int64_t t) {
+    double bc1 = 1.0 - pow((double)hp.beta1, (double)t), bc2 = 1.0 - pow((double)hp.beta2, (double)t);
+    adamw_k c = {hp.beta1, hp.beta2, hp.eps, (float)(lr / bc1), (float)sqrt(bc2)};
+    float dec = decay ? 1.0f - lr * hp.weight_decay : 1.0f;
+    int avx2 = use_avx2();
+#pragma omp parallel if (n > 32768)
+    {
+        int64_t nt = omp_get_num_threads(), tid = omp_get_thread_num(), a = n * tid / nt,
+                e = n * (tid + 1) / nt;
+        if (e > a) adamw_span_any(p + a, g + a, m + a, v + a, e - a, dec, c, avx2);
+    }
+}
+
 void sl_adamw_step(sl_adamw *o, sl_model *m, float lr) {
     o->t++;
     const float b1 = o->hp.beta1, b2 = o->hp.beta2, eps = o->hp.eps;

@@ -50,19 +50,6 @@ static void count_seg(void *u, int64_t lo, int64_t len, int64_t off) {
     *(int64_t *)u += len;
 }
 
-typedef struct {
-    sl_dp *dp;
-} decay_ctx;
-static void fill_decay(void *u, int64_t lo, int64_t len, int64_t off) {
-    sl_dp *dp = ((decay_ctx *)u)->dp;
-    for (int i = 0; i < dp->m->n_params; i++) {
-        const sl_param_info *p = &dp->m->params[i];
-        int64_t a = p->offset > lo ? p->offset : lo,
-                e = p->offset + p->numel < lo + len ? p->offset + p->numel : lo + len;
-        for (int64_t k = a; k < e; k++) dp->decay[off + (k - lo)] = (uint8_t)p->decay;
-    }
-}
-
 sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, const sl_dp_opts *o) {
     *out = NULL;
     if (o->zero_stage < 0 || o->zero_stage > 3)
@@ -103,10 +90,6 @@ sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, 
     memset(dp->m1, 0, sizeof(float) * (size_t)dp->shard_len);
     memset(dp->m2, 0, sizeof(float) * (size_t)dp->shard_len);
     if (dp->zero) {
-        dp->decay = calloc((size_t)dp->shard_len + 1, 1);
-        if (!dp->decay) goto oom;
-        decay_ctx dc = {dp};
-        for_each_segment(dp, fill_decay, &dc);
     }
     if (dp->zero >= 2) {
         dp->gshard = sl_malloc_aligned(sizeof(float) * (size_t)dp->shard_len);
@@ -171,7 +154,6 @@ void sl_dp_free(sl_dp *dp) {
     sl_free_aligned(dp->m1);
     sl_free_aligned(dp->m2);
     sl_free_aligned(dp->gshard);
-    free(dp->decay);
     sl_dp_slots_free(dp);
     sl_free_aligned(dp->pshard);
     free(dp);
@@ -295,45 +277,34 @@ sl_status sl_dp_clip(sl_dp *dp, float max_norm, float *norm_out) {
     return SL_OK;
 }
 
-/* the AdamW element update, PyTorch operation order (see Note [AdamW order of operations]) */
-static void adamw_seg(float *p, const float *g, float *m1, float *m2, const uint8_t *decay, int decay_all,
-                      int64_t n, float lr, float wd, float b1, float b2, float eps, float step_size,
-                      float bc2_sqrt) {
-#pragma omp parallel for simd schedule(static) if (n > 32768)
-    for (int64_t k = 0; k < n; k++) {
-        float gk = g[k];
-        if (decay ? decay[k] : decay_all) p[k] *= 1.0f - lr * wd;
-        m1[k] += (1.0f - b1) * (gk - m1[k]);
-        m2[k] = m2[k] * b2 + (1.0f - b2) * gk * gk;
-        float denom = sqrtf(m2[k]) / bc2_sqrt + eps;
-        p[k] += -step_size * (m1[k] / denom);
-    }
-}
-
 typedef struct {
     sl_dp *dp;
-    float lr, step_size, bc2_sqrt;
+    float lr;
+    int64_t t;
     sl_adamw_hparams hp;
 } upd_ctx;
+/* a shard segment [lo, lo+len) of the flat buffer, split at parameter boundaries (weight decay is per
+ * parameter), through the optimizer's span update (Note [AdamW order of operations] in src/optim) */
 static void update_seg(void *u, int64_t lo, int64_t len, int64_t off) {
     upd_ctx *c = u;
     sl_dp *dp = c->dp;
-    const float *g = dp->zero >= 2 ? dp->gshard + off : dp->m->grads_mem + lo;
+    float *g = dp->zero >= 2 ? dp->gshard + off : dp->m->grads_mem + lo;
     float *p = dp->zero == 3 ? dp->pshard + off : dp->m->params_mem + lo;
-    adamw_seg(p, g, dp->m1 + off, dp->m2 + off, dp->decay + off, 0, len, c->lr, c->hp.weight_decay,
-              c->hp.beta1, c->hp.beta2, c->hp.eps, c->step_size, c->bc2_sqrt);
+    for (int i = 0; i < dp->m->n_params; i++) {
+        const sl_param_info *pi = &dp->m->params[i];
+        int64_t a = pi->offset > lo ? pi->offset : lo,
+                e = pi->offset + pi->numel < lo + len ? pi->offset + pi->numel : lo + len;
+        if (e <= a) continue;
+        int64_t k = a - lo;
+        sl_adamw_update(p + k, g + k, dp->m1 + off + k, dp->m2 + off + k, e - a, c->lr, pi->decay, c->hp,
+                        c->t);
+    }
 }
 
 sl_status sl_dp_optimizer_step(sl_dp *dp, float lr, int64_t t, sl_adamw_hparams hp) {
-    double bc1 = 1.0 - pow((double)hp.beta1, (double)t), bc2 = 1.0 - pow((double)hp.beta2, (double)t);
-    upd_ctx c = {dp, lr, (float)(lr / bc1), (float)sqrt(bc2), hp};
+    upd_ctx c = {dp, lr, t, hp};
     if (!dp->zero) {
-        for (int i = 0; i < dp->m->n_params; i++) {
-            const sl_param_info *p = &dp->m->params[i];
-            adamw_seg(dp->m->params_mem + p->offset, dp->m->grads_mem + p->offset, dp->m1 + p->offset,
-                      dp->m2 + p->offset, NULL, p->decay, p->numel, lr, hp.weight_decay, hp.beta1, hp.beta2,
-                      hp.eps, c.step_size, c.bc2_sqrt);
-        }
+        update_seg(&c, 0, dp->m->numel, 0);
         return SL_OK;
     }
     if (dp->zero == 3 && dp->materialized) { /* training goes on after a gather: back to the shard */

@@ -37,7 +37,6 @@ struct sl_dp {
     float *m1, *m2;    /* AdamW moments: full (stage 0) or shard (stages 1-3) */
     float *gshard;     /* stages 2, 3: this rank's reduced gradients (its parts, then tails) */
     int64_t shard_len; /* elements this rank updates */
-    uint8_t *decay;    /* per shard element: weight decay applies (stages 1-3) */
     double wait_sec;
     /* slots: ZeRO-3 parameter gathers and gradient slots share one arena */
     sl_graph *g;
