@@ -3,15 +3,18 @@
 # One process with 2 threads (one micro-batch per step, and two: the same global batch as DP=2) against
 # DP=2 with 1 thread per rank under `suanli run -n 2`, for ZeRO stages 0-3. Prints one JSON line per run
 # (the `suanli bench train --json` record, plus the per-rank memory record under DP) and a summary.
-# Usage: bench/dp.sh [--steps N] [--small]   (--small: 4 layers, C=256, for a quick check)
+# Usage: bench/dp.sh [--steps N] [--repeat R] [--small]   (--small: 4 layers, C=256, for a quick check)
+# With --repeat R the whole set runs R times, interleaved (so drifting background load hits every
+# configuration alike), and the summary uses each configuration's median.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-steps=5; model=""
+steps=5; model=""; repeat=1
 while [ $# -gt 0 ]; do
     case "$1" in
         --steps) steps="$2"; shift 2;;
+        --repeat) repeat="$2"; shift 2;;
         --small) model="--num-layers 4 --hidden-size 256 --num-attention-heads 4"; shift;;
-        *) echo "usage: $0 [--steps N] [--small]" >&2; exit 2;;
+        *) echo "usage: $0 [--steps N] [--repeat R] [--small]" >&2; exit 2;;
     esac
 done
 S=./build/suanli
@@ -19,20 +22,28 @@ out=$(mktemp /tmp/suanli-bench-dp-XXXXXX)
 trap 'rm -f "$out"' EXIT
 echo "# load before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 run() { "$@" --steps "$steps" --json 2>/dev/null | sed 's/^\[0\] //' | grep '^{' | tee -a "$out"; }
-run $S bench train $model --threads 2
-run $S bench train $model --threads 2 --accum 2
-run $S bench train $model --threads 1
-for z in 0 1 2 3; do run $S run -n 2 -- $S bench train $model --threads 1 --zero-stage "$z"; done
+for _ in $(seq "$repeat"); do
+    run $S bench train $model --threads 2
+    run $S bench train $model --threads 2 --accum 2
+    run $S bench train $model --threads 1
+    for z in 0 1 2 3; do run $S run -n 2 -- $S bench train $model --threads 1 --zero-stage "$z"; done
+done
 echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 python3 - "$out" <<'EOF' >&2
-import json, sys
+import json, statistics, sys
 rs = [json.loads(l) for l in open(sys.argv[1]) if '"bench": "train"' in l]
-one = next(r for r in rs if r["dp"] == 1 and r["threads"] == 2 and r["accum"] == 1)
-one2 = next(r for r in rs if r["dp"] == 1 and r["threads"] == 2 and r["accum"] == 2)
-for r in rs:
-    if r["dp"] == 2:
-        print("# DP=2 x 1 thread, ZeRO-%d: %.1f tokens/s = %.2fx one process x 2 threads (%.1f), %.2fx at the same "
-              "global batch (%.1f); comm wait %.1f%% of step"
-              % (r["zero_stage"], r["tokens_per_s"], r["tokens_per_s"] / one["tokens_per_s"], one["tokens_per_s"],
-                 r["tokens_per_s"] / one2["tokens_per_s"], one2["tokens_per_s"], 100 * r["comm_wait_fraction"]))
+def med(sel, key="tokens_per_s"):
+    v = [r[key] for r in rs if sel(r)]
+    return statistics.median(v), len(v)
+one, n1 = med(lambda r: r["dp"] == 1 and r["threads"] == 2 and r["accum"] == 1)
+one2, _ = med(lambda r: r["dp"] == 1 and r["threads"] == 2 and r["accum"] == 2)
+single1, _ = med(lambda r: r["dp"] == 1 and r["threads"] == 1)
+print("# medians of %d run(s): 1 process x 2 threads %.1f tokens/s (2 micro-batches per step: %.1f), x 1 thread %.1f"
+      % (n1, one, one2, single1))
+for z in range(4):
+    sel = lambda r, z=z: r["dp"] == 2 and r["zero_stage"] == z
+    t, n = med(sel)
+    w, _ = med(sel, "comm_wait_fraction")
+    print("# DP=2 x 1 thread, ZeRO-%d: %.1f tokens/s = %.2fx one process x 2 threads, %.2fx at the same global "
+          "batch; comm wait %.1f%% of step" % (z, t, t / one, t / one2, 100 * w))
 EOF
