@@ -151,10 +151,18 @@ sl_status sl_adamw_init(sl_adamw *opt, const sl_model *m, sl_adamw_hparams hp);
 void sl_adamw_free(sl_adamw *opt);
 /* One AdamW step (PyTorch semantics: decoupled decay p *= 1 - lr*wd, bias-corrected moments). */
 void sl_adamw_step(sl_adamw *opt, sl_model *m, float lr);
-/* The same update over one contiguous span (optimizer step t >= 1; decay: weight decay applies), threaded;
- * bitwise equal to sl_adamw_step on those elements. Data parallelism updates its shards with it. */
+/* The same step on gradients multiplied by gscale on the fly: bitwise equal to scaling the gradients first
+ * (gradient clipping fused into the update: no separate pass over the gradients). */
+void sl_adamw_step_scaled(sl_adamw *opt, sl_model *m, float lr, float gscale);
+/* The same update over one contiguous span (optimizer step t >= 1; decay: weight decay applies; gradients
+ * times gscale), threaded; bitwise equal to sl_adamw_step_scaled on those elements. Data parallelism updates
+ * its shards with it. */
 void sl_adamw_update(float *p, const float *g, float *m, float *v, int64_t n, float lr, int decay,
-                     sl_adamw_hparams hp, int64_t t);
+                     float gscale, sl_adamw_hparams hp, int64_t t);
+/* Global L2 norm of the gradients (double sums in a fixed order: deterministic for any thread count). */
+float sl_grad_norm(const sl_model *m);
+/* torch.nn.utils.clip_grad_norm_'s factor: min(1, max_norm / (norm + 1e-6)); 1 when max_norm <= 0. */
+float sl_clip_coef(float norm, float max_norm);
 /* Global L2 norm of the gradients; if max_norm > 0 and the norm exceeds it, scale the gradients by
  * max_norm / (norm + 1e-6) (torch.nn.utils.clip_grad_norm_). Returns the norm before clipping. */
 float sl_clip_grad_norm(sl_model *m, float max_norm);

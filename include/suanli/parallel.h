@@ -70,10 +70,11 @@ float *sl_dp_param_shard(sl_dp *dp);
 int sl_dp_grad_slots(const sl_dp *dp);
 /* Wait for every bucket (after the graph ran); adds the wait time to *wait_sec. */
 sl_status sl_dp_finish_grads(sl_dp *dp, double *wait_sec);
-/* Global grad norm (squares summed over the rank's shard and all-reduced under ZeRO-2) and clipping. */
+/* Global grad norm (squares summed over the rank's shard and all-reduced under ZeRO-2/3) and the clipping
+ * factor, which the next sl_dp_optimizer_step applies inside the update (no separate pass). */
 sl_status sl_dp_clip(sl_dp *dp, float max_norm, float *norm);
 /* Optimizer step: full AdamW (stage 0) or on this rank's shard followed by an all-gather of the
- * parameters (stages 1, 2). */
+ * parameters (stages 1, 2; overlapped with the next forward) or nothing more (stage 3). */
 sl_status sl_dp_optimizer_step(sl_dp *dp, float lr, int64_t t, sl_adamw_hparams hp);
 /* Mean of a scalar over the dp group. */
 sl_status sl_dp_mean(sl_dp *dp, float *v);

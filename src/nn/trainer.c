@@ -75,7 +75,13 @@ sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *us
     if (tr->dp && sl_dp_grad_slots(tr->dp) && tr->cfg.accum > 1)
         return sl_fail(SL_ERR_INVALID, "trainer: gradient slots (sl_dp_opts.accum = 1) with accum %d",
                        tr->cfg.accum);
-    if (m->grads_mem) memset(m->grads_mem, 0, sizeof(float) * (size_t)m->numel); /* else: dp zeroes slots */
+    if (m->grads_mem) { /* else: dp zeroes its gradient slots */
+        float *g = m->grads_mem;
+        int64_t n = m->numel, chunk = 1 << 16;
+#pragma omp parallel for schedule(static)
+        for (int64_t a = 0; a < n; a += chunk)
+            memset(g + a, 0, sizeof(float) * (size_t)(n - a < chunk ? n - a : chunk));
+    }
     double tot = 0, wait = 0;
     int dp_rank = tr->dp ? sl_dp_rank(tr->dp) : 0;
     for (int micro = 0; micro < tr->cfg.accum; micro++) {
@@ -99,9 +105,9 @@ sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *us
             tr->opt_ready = 1;
             tr->opt.t = tr->opt_t;
         }
-        norm = sl_clip_grad_norm(m, tr->cfg.clip);
+        norm = sl_grad_norm(m); /* clipping is applied inside the update (sl_adamw_step_scaled) */
         if (tr->pre_update) tr->pre_update(tr->pre_update_user);
-        sl_adamw_step(&tr->opt, m, lr);
+        sl_adamw_step_scaled(&tr->opt, m, lr, sl_clip_coef(norm, tr->cfg.clip));
     }
     tr->opt_t++;
     if (stats) {

@@ -40,7 +40,7 @@ typedef struct {
 
 #define ADAMW_SPAN_BODY                                                                                      \
     for (int64_t k = 0; k < n; k++) {                                                                        \
-        float gk = g[k];                                                                                     \
+        float gk = g[k] * gscale;                                                                            \
         p[k] *= decay;                                                                                       \
         mm[k] += (1.0f - c.b1) * (gk - mm[k]);                                                               \
         vv[k] = vv[k] * c.b2 + (1.0f - c.b2) * gk * gk;                                                      \
@@ -48,10 +48,9 @@ typedef struct {
         p[k] += -c.step_size * (mm[k] / denom);                                                              \
     }
 
-__attribute__((optimize("fp-contract=off"))) static void adamw_span(float *restrict p,
-                                                                    const float *restrict g,
-                                                                    float *restrict mm, float *restrict vv,
-                                                                    int64_t n, float decay, adamw_k c) {
+__attribute__((optimize("fp-contract=off"))) static void
+adamw_span(float *restrict p, const float *restrict g, float *restrict mm, float *restrict vv, int64_t n,
+           float decay, float gscale, adamw_k c) {
 #pragma omp simd
     ADAMW_SPAN_BODY
 }
@@ -63,14 +62,14 @@ __attribute__((optimize("fp-contract=off"))) static void adamw_span(float *restr
  * operation of the scalar body in the same order (no FMA), so the result is bitwise the same. */
 __attribute__((target("avx2"), optimize("fp-contract=off"))) static void
 adamw_span_avx2(float *restrict p, const float *restrict g, float *restrict mm, float *restrict vv, int64_t n,
-                float decay, adamw_k c) {
+                float decay, float gscale, adamw_k c) {
     const __m256 vdecay = _mm256_set1_ps(decay), omb1 = _mm256_set1_ps(1.0f - c.b1),
                  b2 = _mm256_set1_ps(c.b2), omb2 = _mm256_set1_ps(1.0f - c.b2),
                  bc2 = _mm256_set1_ps(c.bc2_sqrt), eps = _mm256_set1_ps(c.eps),
-                 nstep = _mm256_set1_ps(-c.step_size);
+                 nstep = _mm256_set1_ps(-c.step_size), vgs = _mm256_set1_ps(gscale);
     int64_t k = 0;
     for (; k + 8 <= n; k += 8) {
-        __m256 gk = _mm256_loadu_ps(g + k);
+        __m256 gk = _mm256_mul_ps(_mm256_loadu_ps(g + k), vgs);
         __m256 pk = _mm256_mul_ps(_mm256_loadu_ps(p + k), vdecay);
         __m256 mk = _mm256_loadu_ps(mm + k);
         mk = _mm256_add_ps(mk, _mm256_mul_ps(omb1, _mm256_sub_ps(gk, mk)));
@@ -82,21 +81,21 @@ adamw_span_avx2(float *restrict p, const float *restrict g, float *restrict mm, 
         _mm256_storeu_ps(vv + k, vk);
         _mm256_storeu_ps(p + k, pk);
     }
-    adamw_span(p + k, g + k, mm + k, vv + k, n - k, decay, c);
+    adamw_span(p + k, g + k, mm + k, vv + k, n - k, decay, gscale, c);
 }
 #endif
 
 /* one span with the best available body */
-static void adamw_span_any(float *p, const float *g, float *mm, float *vv, int64_t n, float decay, adamw_k c,
-                           int avx2) {
+static void adamw_span_any(float *p, const float *g, float *mm, float *vv, int64_t n, float decay,
+                           float gscale, adamw_k c, int avx2) {
 #if defined(__x86_64__)
     if (avx2) {
-        adamw_span_avx2(p, g, mm, vv, n, decay, c);
+        adamw_span_avx2(p, g, mm, vv, n, decay, gscale, c);
         return;
     }
 #endif
     (void)avx2;
-    adamw_span(p, g, mm, vv, n, decay, c);
+    adamw_span(p, g, mm, vv, n, decay, gscale, c);
 }
 
 static int use_avx2(void) {
@@ -108,7 +107,7 @@ static int use_avx2(void) {
 }
 
 void sl_adamw_update(float *p, const float *g, float *m, float *v, int64_t n, float lr, int decay,
-                     sl_adamw_hparams hp, int64_t t) {
+                     float gscale, sl_adamw_hparams hp, int64_t t) {
     double bc1 = 1.0 - pow((double)hp.beta1, (double)t), bc2 = 1.0 - pow((double)hp.beta2, (double)t);
     adamw_k c = {hp.beta1, hp.beta2, hp.eps, (float)(lr / bc1), (float)sqrt(bc2)};
     float dec = decay ? 1.0f - lr * hp.weight_decay : 1.0f;
@@ -117,19 +116,16 @@ void sl_adamw_update(float *p, const float *g, float *m, float *v, int64_t n, fl
     {
         int64_t nt = omp_get_num_threads(), tid = omp_get_thread_num(), a = n * tid / nt,
                 e = n * (tid + 1) / nt;
-        if (e > a) adamw_span_any(p + a, g + a, m + a, v + a, e - a, dec, c, avx2);
+        if (e > a) adamw_span_any(p + a, g + a, m + a, v + a, e - a, dec, gscale, c, avx2);
     }
 }
 
-void sl_adamw_step(sl_adamw *o, sl_model *m, float lr) {
+void sl_adamw_step_scaled(sl_adamw *o, sl_model *m, float lr, float gscale) {
     o->t++;
     const float b1 = o->hp.beta1, b2 = o->hp.beta2, eps = o->hp.eps;
     double bc1 = 1.0 - pow((double)b1, (double)o->t), bc2 = 1.0 - pow((double)b2, (double)o->t);
     adamw_k c = {b1, b2, eps, (float)(lr / bc1), (float)sqrt(bc2)};
-    int avx2 = 0;
-#if defined(__x86_64__)
-    avx2 = sl_cpu_features_get()->avx2;
-#endif
+    int avx2 = use_avx2();
 #pragma omp parallel
     {
         int64_t nt = omp_get_num_threads(), tid = omp_get_thread_num();
@@ -137,18 +133,14 @@ void sl_adamw_step(sl_adamw *o, sl_model *m, float lr) {
             const sl_param_info *pi = &m->params[i];
             float decay = pi->decay ? 1.0f - lr * o->hp.weight_decay : 1.0f;
             int64_t n = pi->numel, a = n * tid / nt, e = n * (tid + 1) / nt, off = pi->offset + a;
-            if (e <= a) continue;
-#if defined(__x86_64__)
-            if (avx2) {
-                adamw_span_avx2(m->params_mem + off, m->grads_mem + off, o->m + off, o->v + off, e - a, decay,
-                                c);
-                continue;
-            }
-#endif
-            adamw_span(m->params_mem + off, m->grads_mem + off, o->m + off, o->v + off, e - a, decay, c);
+            if (e > a)
+                adamw_span_any(m->params_mem + off, m->grads_mem + off, o->m + off, o->v + off, e - a, decay,
+                               gscale, c, avx2);
         }
     }
 }
+
+void sl_adamw_step(sl_adamw *o, sl_model *m, float lr) { sl_adamw_step_scaled(o, m, lr, 1.0f); }
 
 /* Sum of g[k]^2 in double over 8 lanes (lane j takes k = j mod 8), combined in a fixed order; the tail
  * is added last. The products are exact in double, so both versions give the same bits. */
@@ -179,33 +171,45 @@ __attribute__((target("avx2"))) static double sumsq_span_avx2(const float *g, in
 }
 #endif
 
-float sl_clip_grad_norm(sl_model *m, float max_norm) {
+float sl_grad_norm(const sl_model *m) {
     /* sum of squares in double, fixed order (65536-element chunks, 8 lanes each): deterministic for any
      * thread count */
     double ss = 0;
     const float *g = m->grads_mem;
     int64_t n = m->numel;
     int64_t nchunks = (n + 65535) / 65536;
-    int avx2 = 0;
-#if defined(__x86_64__)
-    avx2 = sl_cpu_features_get()->avx2;
-#endif
+    int avx2 = use_avx2();
     double *part = calloc((size_t)(nchunks ? nchunks : 1), sizeof(double));
 #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < nchunks; c++) {
         int64_t a = c * 65536, b = a + 65536 < n ? a + 65536 : n;
-        part[c] = avx2 ? sumsq_span_avx2(g + a, b - a) : sumsq_span(g + a, b - a);
+#if defined(__x86_64__)
+        if (avx2) {
+            part[c] = sumsq_span_avx2(g + a, b - a);
+            continue;
+        }
+#endif
+        part[c] = sumsq_span(g + a, b - a);
     }
+    (void)avx2;
     for (int64_t c = 0; c < nchunks; c++) ss += part[c];
     free(part);
-    float norm = (float)sqrt(ss);
-    if (max_norm > 0) {
-        float coef = max_norm / (norm + 1e-6f);
-        if (coef < 1.0f) {
-            float *gw = m->grads_mem;
+    return (float)sqrt(ss);
+}
+
+float sl_clip_coef(float norm, float max_norm) {
+    if (max_norm <= 0) return 1.0f;
+    float coef = max_norm / (norm + 1e-6f);
+    return coef < 1.0f ? coef : 1.0f;
+}
+
+float sl_clip_grad_norm(sl_model *m, float max_norm) {
+    float norm = sl_grad_norm(m), coef = sl_clip_coef(norm, max_norm);
+    if (coef < 1.0f) {
+        float *gw = m->grads_mem;
+        int64_t n = m->numel;
 #pragma omp parallel for simd schedule(static)
-            for (int64_t k = 0; k < n; k++) gw[k] *= coef;
-        }
+        for (int64_t k = 0; k < n; k++) gw[k] *= coef;
     }
     return norm;
 }

@@ -61,6 +61,7 @@ sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, 
     dp->r = mesh->dp_rank;
     dp->zero = o->zero_stage;
     dp->m = m;
+    dp->gscale = 1.0f;
     int64_t be = o->bucket_elems > 0 ? o->bucket_elems : (1 << 20);
     dp->b = calloc((size_t)m->n_params + 1, sizeof(bucket));
     if (!dp->b) goto oom;
@@ -264,15 +265,7 @@ sl_status sl_dp_clip(sl_dp *dp, float max_norm, float *norm_out) {
             ss = rr ? ss + part_sumsq(dp, dp->m->grads_mem, rr, 0) : part_sumsq(dp, dp->m->grads_mem, 0, 0);
     }
     float norm = (float)sqrt(ss);
-    if (max_norm > 0) {
-        float coef = max_norm / (norm + 1e-6f);
-        if (coef < 1.0f) {
-            float *g = dp->zero >= 2 ? dp->gshard : dp->m->grads_mem;
-            int64_t n = dp->zero >= 2 ? dp->shard_len : dp->m->numel;
-#pragma omp parallel for simd schedule(static)
-            for (int64_t k = 0; k < n; k++) g[k] *= coef;
-        }
-    }
+    dp->gscale = sl_clip_coef(norm, max_norm); /* applied inside the update */
     *norm_out = norm;
     return SL_OK;
 }
@@ -296,8 +289,8 @@ static void update_seg(void *u, int64_t lo, int64_t len, int64_t off) {
                 e = pi->offset + pi->numel < lo + len ? pi->offset + pi->numel : lo + len;
         if (e <= a) continue;
         int64_t k = a - lo;
-        sl_adamw_update(p + k, g + k, dp->m1 + off + k, dp->m2 + off + k, e - a, c->lr, pi->decay, c->hp,
-                        c->t);
+        sl_adamw_update(p + k, g + k, dp->m1 + off + k, dp->m2 + off + k, e - a, c->lr, pi->decay, dp->gscale,
+                        c->hp, c->t);
     }
 }
 
@@ -305,6 +298,7 @@ sl_status sl_dp_optimizer_step(sl_dp *dp, float lr, int64_t t, sl_adamw_hparams 
     upd_ctx c = {dp, lr, t, hp};
     if (!dp->zero) {
         update_seg(&c, 0, dp->m->numel, 0);
+        dp->gscale = 1.0f;
         return SL_OK;
     }
     if (dp->zero == 3 && dp->materialized) { /* training goes on after a gather: back to the shard */
@@ -313,6 +307,7 @@ sl_status sl_dp_optimizer_step(sl_dp *dp, float lr, int64_t t, sl_adamw_hparams 
         dp->materialized = 0;
     }
     for_each_segment(dp, update_seg, &c);
+    dp->gscale = 1.0f;                            /* the factor belongs to this step's gradients only */
     if (!dp->comm || dp->zero == 3) return SL_OK; /* stage 3 gathers lazily in the next pass */
     /* all-gather the updated parts of every bucket in place, overlapped with the next forward pass (Note
      * [Overlapped parameter gather] in zero_slots.c) */

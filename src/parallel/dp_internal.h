@@ -38,6 +38,7 @@ struct sl_dp {
     float *gshard;     /* stages 2, 3: this rank's reduced gradients (its parts, then tails) */
     int64_t shard_len; /* elements this rank updates */
     double wait_sec;
+    float gscale; /* gradient clipping factor of this step (sl_dp_clip), applied by the update */
     /* slots: ZeRO-3 parameter gathers and gradient slots share one arena */
     sl_graph *g;
     int gslots;    /* gradients live in slots; m->grads_mem is freed */
