@@ -34,6 +34,8 @@ fail() {
 
 host=$(hostname -s)
 cpus=$(nproc); [ "$cpus" -lt 4 ] && cpus=4   # declared CPUs (config_overrides): -n4 runs on 2 cores too
+# random ports and first job id: concurrent runs of this script must not meet (suanli's Slurm
+# rendezvous port and token derive from the job id)
 port=$((30000 + RANDOM % 20000))
 mkdir -p "$d/state" "$d/spool"
 dd if=/dev/urandom of="$d/munge.key" bs=1024 count=1 status=none
@@ -67,6 +69,7 @@ SwitchType=switch/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 ReturnToService=2
+FirstJobId=$((1000 + RANDOM * 16))
 MailProg=/bin/true
 NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
 PartitionName=sl Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
