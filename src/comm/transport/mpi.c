@@ -157,6 +157,14 @@ sl_status sl_tp_mpi_new(sl_oob *oob, sl_transport **out) {
         MPI_Comm_rank(g_world, &wrank);
         st = oob->allgather(oob, &wrank, t->wr, sizeof(int));
     }
+    /* ranks that MPI_Init'ed as singletons (a launcher that set up no MPI job) all say world rank 0 */
+    for (int a = 0; st == SL_OK && a < oob->size; a++)
+        for (int b = a + 1; st == SL_OK && b < oob->size; b++)
+            if (t->wr[a] == t->wr[b])
+                st = sl_fail(SL_ERR_INVALID,
+                             "MPI transport: ranks %d and %d are both MPI_COMM_WORLD rank %d (start the job "
+                             "with mpirun, or srun --mpi=pmix / --mpi=pmi2, or use another transport)",
+                             a, b, t->wr[a]);
     if (st != SL_OK) {
         mpi_destroy(t ? &t->base : NULL);
         return st;
