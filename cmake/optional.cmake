@@ -11,3 +11,28 @@ if(MPI_C_FOUND)
 else()
   message(STATUS "suanli: no MPI found; MPI transport not built")
 endif()
+
+# MPICH next to the default MPI (Debian's mpich + libmpich-dev install beside OpenMPI as mpicc.mpich /
+# mpiexec.mpich): base + comm + the MPI transport are built a second time against it (target
+# suanli_comm_mpich) so tests/comm can run the comm matrix under mpiexec.mpich too. Off with
+# -DSL_MPICH=OFF; skipped when MPICH is missing or already the default MPI.
+option(SL_MPICH "Also build the comm library against MPICH when it is installed beside the default MPI" ON)
+set(SL_MPICH_FOUND FALSE)
+if(SL_MPICH AND NOT "${MPI_C_LIB_NAMES}" MATCHES "mpich")
+  pkg_check_modules(SL_MPICH_PC QUIET mpich)
+  find_program(SL_MPIEXEC_MPICH NAMES mpiexec.mpich mpiexec.hydra)
+  find_path(SL_MPICH_INCLUDE mpi.h HINTS ${SL_MPICH_PC_INCLUDE_DIRS} PATHS /usr/include/x86_64-linux-gnu/mpich
+            /usr/include/mpich NO_DEFAULT_PATH)
+  find_library(SL_MPICH_LIB mpich HINTS ${SL_MPICH_PC_LIBRARY_DIRS})
+  if(SL_MPIEXEC_MPICH AND SL_MPICH_INCLUDE AND SL_MPICH_LIB)
+    set(SL_MPICH_FOUND TRUE)
+    file(GLOB SL_MPICH_COMM_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/base/*.c ${CMAKE_SOURCE_DIR}/src/comm/*.c
+         ${CMAKE_SOURCE_DIR}/src/comm/algo/*.c ${CMAKE_SOURCE_DIR}/src/comm/transport/*.c)
+    add_library(suanli_comm_mpich STATIC ${SL_MPICH_COMM_SOURCES})
+    target_include_directories(suanli_comm_mpich PUBLIC ${CMAKE_SOURCE_DIR}/include PRIVATE ${CMAKE_SOURCE_DIR}/src)
+    target_include_directories(suanli_comm_mpich SYSTEM PRIVATE ${SL_MPICH_INCLUDE})
+    target_compile_definitions(suanli_comm_mpich PUBLIC SL_HAVE_MPI=1)
+    target_link_libraries(suanli_comm_mpich PUBLIC ${SL_MPICH_LIB} Threads::Threads m)
+    message(STATUS "suanli: also building comm against MPICH (${SL_MPICH_LIB}; mpiexec: ${SL_MPIEXEC_MPICH})")
+  endif()
+endif()

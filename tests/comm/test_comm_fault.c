@@ -1,6 +1,7 @@
 /* No hang, ever: a rank killed (SIGKILL), stopped (SIGSTOP) or aborted in the middle of a stream
  * of all-reduces must make every other rank return an error within the deadline.
- *   test_comm_fault loopback-abort | shm-kill | tcp-kill | shm-stop | tcp-stop | mpi-kill */
+ *   test_comm_fault loopback-abort | shm-kill | tcp-kill | shm-stop | tcp-stop | mpi-kill
+ *   test_comm_fault mpi-stop | env-stop   (one rank of a job under mpirun / suanli run) */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <signal.h>
@@ -153,10 +154,33 @@ static int mpi_kill(void) {
     return st == SL_OK ? 0 : 3;
 }
 
+/* ---- a job started by mpirun / mpiexec.mpich / suanli run: rank 1 stops itself (SIGSTOP) ----
+ * Every other rank must see an error (the deadline) and report it; it then lingers so that the
+ * other survivors report theirs before the launcher tears the job down, and exits 3 without
+ * MPI_Finalize (which could wait for the stopped peer). The launcher must then end the job. */
+static int env_stop(sl_comm_transport_kind kind) {
+    const double timeout = 2.0;
+    sl_comm *c;
+    sl_comm_opts o = {.transport = kind, .timeout_sec = timeout};
+    if (sl_comm_init_env(&c, &o) != SL_OK) return fprintf(stderr, "init: %s\n", sl_errmsg()), 1;
+    static int s = SIGSTOP;
+    pthread_t t;
+    int me = sl_comm_rank(c);
+    if (me == 1) pthread_create(&t, NULL, killer, &s);
+    double t0 = sl_time_sec(), te;
+    sl_status st = hammer(c, &te);
+    printf("rank %d: %s after %.1f s of all-reduces (deadline %.0f s): %s\n", me, sl_status_name(st), te - t0,
+           timeout, st ? sl_errmsg() : "");
+    fflush(stdout);
+    sl_comm_free(c);
+    if (st != SL_OK) sleep_sec(timeout + 1.0);
+    _exit(st == SL_OK ? 0 : 3);
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr,
-                "usage: test_comm_fault loopback-abort|shm-kill|tcp-kill|shm-stop|tcp-stop|mpi-kill\n");
+                "usage: test_comm_fault loopback-abort|shm-kill|tcp-kill|shm-stop|tcp-stop|mpi-kill|mpi-stop|env-stop\n");
         return 2;
     }
     const char *m = argv[1];
@@ -173,6 +197,10 @@ int main(int argc, char **argv) {
         f = procs(SL_COMM_TRANSPORT_TCP, SIGSTOP);
     else if (!strcmp(m, "mpi-kill"))
         return mpi_kill();
+    else if (!strcmp(m, "mpi-stop"))
+        return env_stop(SL_COMM_TRANSPORT_MPI);
+    else if (!strcmp(m, "env-stop"))
+        return env_stop(SL_COMM_TRANSPORT_AUTO);
     else
         return fprintf(stderr, "unknown mode %s\n", m), 2;
     printf("%s: %s\n", m, f ? "FAILED" : "ok");

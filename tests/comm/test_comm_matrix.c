@@ -1,7 +1,8 @@
 /* The comm test matrix on one transport.
  *   test_comm_matrix loopback RANKS...   threads as ranks, full matrix incl. forced algorithms
  *   test_comm_matrix shm|tcp RANKS...    forked processes joined by a unique id
- *   test_comm_matrix env                 one rank of a job started by suanli run / mpirun / srun
+ *   test_comm_matrix env [TRANSPORT [ENV]] one rank of a job started by suanli run / mpirun / srun;
+ *                                        fails unless it joined over TRANSPORT, detected from ENV
  * Options (before the mode): --large (1Mi+3 elements), --quick (fewer dtype/op pairs), --algos. */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -118,13 +119,26 @@ int main(int argc, char **argv) {
     double t0 = sl_time_sec();
     if (!strcmp(mode, "env")) {
         sl_comm *c;
+        sl_comm_env e;
+        if (sl_comm_env_detect(&e) != SL_OK) {
+            fprintf(stderr, "FAIL env_detect: %s\n", sl_errmsg());
+            return 1;
+        }
         if (sl_comm_init_env(&c, NULL) != SL_OK) {
             fprintf(stderr, "FAIL init_env: %s\n", sl_errmsg());
             return 1;
         }
-        fails = rank_main(c);
-        printf("rank %d/%d transport %s: %s (%.1f s)\n", sl_comm_rank(c), sl_comm_size(c),
-               sl_comm_transport_name(sl_comm_transport(c)), fails ? "FAILED" : "ok", sl_time_sec() - t0);
+        /* env [TRANSPORT [SOURCE]]: also fail unless the job was detected and joined as expected */
+        const char *tp = sl_comm_transport_name(sl_comm_transport(c));
+        if (i < argc && strcmp(argv[i], tp))
+            fprintf(stderr, "FAIL rank %d: transport %s, expected %s\n", sl_comm_rank(c), tp, argv[i]), fails++;
+        if (i + 1 < argc && strcmp(argv[i + 1], e.source))
+            fprintf(stderr, "FAIL rank %d: environment %s, expected %s\n", sl_comm_rank(c), e.source, argv[i + 1]),
+                fails++;
+        fails += rank_main(c);
+        printf("rank %d/%d transport %s: %s (%.1f s; environment: %s)\n", sl_comm_rank(c), sl_comm_size(c),
+               sl_comm_transport_name(sl_comm_transport(c)), fails ? "FAILED" : "ok", sl_time_sec() - t0,
+               e.source);
         sl_comm_free(c);
         return fails ? 1 : 0;
     }

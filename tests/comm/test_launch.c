@@ -81,6 +81,24 @@ int main(void) {
     rc = run("%s run -n 4 -- %s env", cmd);
     TU_CHECK(rc == 0 && strstr(out, "[3] rank 3/4 transport shm: ok"), "comm job: rc=%d out=%.2000s", rc,
              out);
+    /* a rank that stops (SIGSTOP) mid-collective: the launcher has no heartbeat of its own; the
+     * communicator deadline (2 s here) makes every other rank fail and exit, which ends the job
+     * and SIGKILLs the stopped rank after the grace period (shm, then tcp) */
+    snprintf(cmd, sizeof cmd, "%s/tests/comm/test_comm_fault_loopback", SL_BINARY_DIR);
+    for (int tcp = 0; tcp < 2; tcp++) {
+        rc = run(tcp ? "SUANLI_COMM_TRANSPORT=tcp %s run -n 3 --grace 1 -- %s env-stop"
+                     : "%s run -n 3 --grace 1 -- %s env-stop",
+                 cmd);
+        /* each survivor fails: by the deadline, or by the other survivor giving up first */
+        int e0 = strstr(out, "[0] rank 0: timeout after") || strstr(out, "[0] rank 0: peer failure after");
+        int e2 = strstr(out, "[2] rank 2: timeout after") || strstr(out, "[2] rank 2: peer failure after");
+        TU_CHECK(rc == 1 && e0 && e2 &&
+                     (strstr(out, "suanli run: rank 0 exited with status 3") ||
+                      strstr(out, "suanli run: rank 2 exited with status 3")) &&
+                     strstr(out, tcp ? "tcp transport: no progress" : "shm transport: no progress"),
+                 "stopped rank (%s): rc=%d out=%.3000s", tcp ? "tcp" : "shm", rc, out);
+    }
+    snprintf(cmd, sizeof cmd, "%s/tests/comm/test_comm_loopback", SL_BINARY_DIR);
     /* two launchers on this host as two nodes of one job (--nnodes 2 --master); they pretend to be
      * two hosts, so the communicator is tcp between hosts with the hierarchical all-reduce */
     char mn[3072];

@@ -25,6 +25,9 @@
 #include <unistd.h>
 
 #include "comm/comm_internal.h"
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
 
 typedef struct chan {
     _Atomic uint64_t tail;
@@ -60,7 +63,61 @@ typedef struct fifo_tp {
     unsigned spin;   /* backoff spin budget */
     size_t pull_min; /* transfers >= this many bytes are pulled single-copy (0: never) */
     char *pull_tmp;  /* staging for pulled RECV_REDUCE chunks (cache resident) */
+    size_t nt_min;   /* slot transfers >= this many bytes store into the destination non-temporally */
+    char *nt_tmp;    /* NT_BLOCK bytes: reduce here (L1), then stream out */
 } fifo_tp;
+
+/* Note [Non-temporal stores]
+ * The destination of a large transfer (several MiB) is not read again before it has left the
+ * cache, so the receiver writes it with streaming stores: that saves the read-for-ownership of every
+ * destination line, a third of the memory traffic of a copy. A reduction is computed into a small
+ * L1-resident block (same operands, same order: results are bitwise the same) which is then streamed
+ * out. Slots themselves are written normally: the receiver reads them from the cache. */
+#define NT_BLOCK (8u << 10)
+static void stream_copy(void *dst, const void *src, size_t len) {
+#if defined(__x86_64__)
+    char *d = dst;
+    const char *s = src;
+    size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+    if (head > len) head = len;
+    memcpy(d, s, head);
+    d += head, s += head, len -= head;
+    for (; len >= 64; len -= 64, d += 64, s += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)s), b = _mm_loadu_si128((const __m128i *)(s + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(s + 32)), e = _mm_loadu_si128((const __m128i *)(s + 48));
+        _mm_stream_si128((__m128i *)d, a);
+        _mm_stream_si128((__m128i *)(d + 16), b);
+        _mm_stream_si128((__m128i *)(d + 32), c);
+        _mm_stream_si128((__m128i *)(d + 48), e);
+    }
+    memcpy(d, s, len);
+    _mm_sfence();
+#else
+    memcpy(dst, src, len);
+#endif
+}
+
+/* Receiver side of one slot: copy or reduce len bytes from slot s into d (a = src operand). */
+static void slot_consume(fifo_tp *t, const sl_xfer *xi, char *d, const char *a, const char *s, size_t len) {
+    int nt = t->nt_min && xi->bytes >= t->nt_min;
+    if (xi->kind == SL_XFER_RECV) {
+        if (nt)
+            stream_copy(d, s, len);
+        else
+            memcpy(d, s, len);
+        return;
+    }
+    size_t es = sl_comm_dtype_size(xi->dt);
+    if (!nt) {
+        sl_comm_reduce_kernel(xi->dt, xi->op, d, a, s, len / es);
+        return;
+    }
+    for (size_t off = 0; off < len; off += NT_BLOCK) {
+        size_t k = len - off < NT_BLOCK ? len - off : NT_BLOCK;
+        sl_comm_reduce_kernel(xi->dt, xi->op, t->nt_tmp, a + off, s + off, k / es);
+        stream_copy(d + off, t->nt_tmp, k);
+    }
+}
 
 /* Note [Single-copy pulls]
  * Large transfers skip the slots: the sender puts a descriptor {address, length} in one slot and
@@ -245,15 +302,9 @@ static sl_status fifo_exchange(sl_transport *t_, sl_xfer *x, int n, double deadl
                 while (!(t->pull_min && xi->bytes >= t->pull_min) && xi->done < xi->bytes && head < tail) {
                     size_t len = xi->bytes - xi->done;
                     if (len > t->slot_bytes) len = t->slot_bytes;
-                    const char *s = slot_ptr(t, t->from[xi->peer], head);
-                    char *d = (char *)xi->buf + xi->done;
-                    if (xi->kind == SL_XFER_RECV)
-                        memcpy(d, s, len);
-                    else {
-                        size_t es = sl_comm_dtype_size(xi->dt);
-                        sl_comm_reduce_kernel(xi->dt, xi->op, d, (const char *)xi->src + xi->done, s,
-                                              len / es);
-                    }
+                    slot_consume(t, xi, (char *)xi->buf + xi->done,
+                                 xi->kind == SL_XFER_RECV ? NULL : (const char *)xi->src + xi->done,
+                                 slot_ptr(t, t->from[xi->peer], head), len);
                     xi->done += len;
                     atomic_store_explicit(&c->head, ++head, memory_order_release);
                     progressed = 1;
@@ -312,6 +363,7 @@ static void fifo_destroy(sl_transport *t_) {
             if (t->maps[r]) munmap(t->maps[r], t->map_bytes);
     }
     sl_free_aligned(t->pull_tmp);
+    sl_free_aligned(t->nt_tmp);
     free(t->to);
     free(t->from);
     free(t->peer);
@@ -334,7 +386,13 @@ static fifo_tp *fifo_alloc(int rank, int size, int loopback) {
     t->loopback = loopback;
     t->spin = sl_comm_spin_budget(size);
     /* loopback never pulls: a thread that aborts may free the buffer a peer is reading */
-    t->pull_min = loopback ? 0 : env_size("SUANLI_SHM_PULL_KB", 256, 0, (size_t)1 << 30) * 1024;
+    /* pulls only when ranks outnumber CPUs (a descheduled sender does not stall the copy): with a
+     * core each, two ranks streaming through cache-resident slots measured as fast or faster at
+     * every size (docs/BENCHMARKS.md) without the page pinning of process_vm_readv */
+    size_t pull_dflt = size > sysconf(_SC_NPROCESSORS_ONLN) ? 256 : 0;
+    t->pull_min = loopback ? 0 : env_size("SUANLI_SHM_PULL_KB", pull_dflt, 0, (size_t)1 << 30) * 1024;
+    t->nt_min = env_size("SUANLI_SHM_NT_KB", 4096, 0, (size_t)1 << 30) * 1024;
+    t->nt_tmp = sl_malloc_aligned(NT_BLOCK);
     /* 4 slots of 1 MiB per ring (fewer hand-offs when ranks share cores); smaller with many ranks
      * so that one rank's segment stays near 64 MiB */
     size_t dflt_kb = size <= 4 ? 1024 : size <= 8 ? 512 : size <= 16 ? 256 : 64;
@@ -343,7 +401,7 @@ static fifo_tp *fifo_alloc(int rank, int size, int loopback) {
     t->to = calloc((size_t)size, sizeof(char *));
     t->from = calloc((size_t)size, sizeof(char *));
     t->peer = calloc((size_t)size, sizeof(seg_hdr *));
-    if (!t->to || !t->from || !t->peer) {
+    if (!t->to || !t->from || !t->peer || !t->nt_tmp) {
         fifo_destroy(&t->base);
         return NULL;
     }

@@ -81,8 +81,15 @@ static sl_status mpi_exchange(sl_transport *t_, sl_xfer *x, int n, double deadli
         t->stage_cap = t->stage ? need : 0;
         if (!t->stage) return sl_fail(SL_ERR_NOMEM, "mpi transport: out of memory");
     }
+    /* Real statuses, not MPI_STATUSES_IGNORE: MPICH defines that as (MPI_Status *)1 and gcc 12 rejects
+     * it for the MPI_Status[] parameter (-Wstringop-overflow). */
     MPI_Request *req = malloc(sizeof(MPI_Request) * (nreq ? nreq : 1));
-    if (!req) return sl_fail(SL_ERR_NOMEM, "mpi transport: out of memory");
+    MPI_Status *sts = malloc(sizeof(MPI_Status) * (nreq ? nreq : 1));
+    if (!req || !sts) {
+        free(req);
+        free(sts);
+        return sl_fail(SL_ERR_NOMEM, "mpi transport: out of memory");
+    }
     size_t k = 0, so = 0;
     for (int i = 0; i < n; i++) {
         char *b = x[i].kind == SL_XFER_RECV_REDUCE ? t->stage + so : x[i].buf;
@@ -102,7 +109,7 @@ static sl_status mpi_exchange(sl_transport *t_, sl_xfer *x, int n, double deadli
     sl_status st = SL_OK;
     for (;;) {
         int flag = 0;
-        if (MPI_Testall((int)k, req, &flag, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
+        if (MPI_Testall((int)k, req, &flag, sts) != MPI_SUCCESS) {
             st = sl_fail(SL_ERR_PEER, "MPI_Testall failed");
             break;
         }
@@ -119,6 +126,7 @@ static sl_status mpi_exchange(sl_transport *t_, sl_xfer *x, int n, double deadli
         sl_comm_backoff(&iter, 256);
     }
     free(req);
+    free(sts);
     if (st != SL_OK) return st;
     for (int i = 0; i < n; i++)
         if (x[i].kind == SL_XFER_RECV_REDUCE)
@@ -149,6 +157,14 @@ sl_status sl_tp_mpi_new(sl_oob *oob, sl_transport **out) {
         MPI_Comm_rank(g_world, &wrank);
         st = oob->allgather(oob, &wrank, t->wr, sizeof(int));
     }
+    /* ranks that MPI_Init'ed as singletons (a launcher that set up no MPI job) all say world rank 0 */
+    for (int a = 0; st == SL_OK && a < oob->size; a++)
+        for (int b = a + 1; st == SL_OK && b < oob->size; b++)
+            if (t->wr[a] == t->wr[b])
+                st = sl_fail(SL_ERR_INVALID,
+                             "MPI transport: ranks %d and %d are both MPI_COMM_WORLD rank %d (start the job "
+                             "with mpirun, or srun --mpi=pmix / --mpi=pmi2, or use another transport)",
+                             a, b, t->wr[a]);
     if (st != SL_OK) {
         mpi_destroy(t ? &t->base : NULL);
         return st;
