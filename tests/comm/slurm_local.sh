@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A private one-node Slurm (munged + slurmctld + slurmd started by hand in a temporary folder, no
-# systemd, no /etc edits), then the comm matrix and a `suanli bench comm` check launched by srun:
+# systemd, no /etc edits), then the comm matrix, a `suanli bench comm` check and a data-parallel
+# `suanli train` (weights equal to the same job under `suanli run`) launched by srun:
 #   slurm_local.sh SUANLI_CLI MATRIX_BIN [MPICH_MATRIX_BIN]
 # srun -n2 / -n4 (bootstrap from SLURM_PROCID/SLURM_NTASKS/SLURM_STEP_NODELIST, shm and tcp), the
 # MPI transport under srun --mpi=pmix (OpenMPI) and, given MPICH_MATRIX_BIN, --mpi=pmi2 (MPICH).
@@ -127,6 +128,28 @@ if [ -n "$mpich_matrix" ]; then
     --mpi=pmi2 "$mpich_matrix" env mpi pmi
   SUANLI_COMM_TRANSPORT=mpi check "srun --mpi=pmi2 -n4 matrix (mpi, MPICH)" 4 "^rank [0-9]/4 transport mpi: ok" \
     --mpi=pmi2 "$mpich_matrix" env mpi pmi
+fi
+# data-parallel training under srun (issue 5): the same weights as the same job under `suanli run`
+src=$(cd "$(dirname "$0")/../.." && pwd)
+head -c 20000 "$src/data/tinyshakespeare.txt" > "$d/s.txt"
+if "$cli" data prepare --input "$d/s.txt" --output-prefix "$d/data" >/dev/null 2>&1; then
+  targs="train --data-path $d/data --num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16
+         --micro-batch-size 2 --global-batch-size 4 --train-iters 6 --eval-interval 0 --eval-iters 1 --threads 1"
+  # shellcheck disable=SC2086
+  out1=$(SUANLI_COMM_ALGO=direct SUANLI_COMM_TIMEOUT=60 timeout 120 "$cli" run -n 2 -- "$cli" $targs --zero-stage 1 --save "$d/run" 2>&1)
+  rc1=$?
+  # shellcheck disable=SC2086
+  out2=$(SUANLI_COMM_ALGO=direct SUANLI_COMM_TIMEOUT=60 timeout 120 srun -N1 -n2 "$cli" $targs --zero-stage 1 --save "$d/srun" 2>&1)
+  rc2=$?
+  if [ $rc1 -ne 0 ] || [ $rc2 -ne 0 ] || ! grep -q "data parallel: 2 ranks" <<<"$out2" ||
+     ! cmp -s "$d/run/model.safetensors" "$d/srun/model.safetensors"; then
+    echo "FAIL srun -n2 suanli train (DP=2, ZeRO-1) vs suanli run (rc $rc1/$rc2):"; tail -n 20 <<<"$out2"
+    nfail=$((nfail + 1))
+  else
+    echo "ok   srun -n2 suanli train: DP=2 ZeRO-1 weights equal to suanli run -n 2, bitwise"
+  fi
+else
+  echo "FAIL data prepare for the srun training check"; nfail=$((nfail + 1))
 fi
 [ $nfail -eq 0 ] || fail "$nfail srun check(s) failed"
 echo "slurm_local: all srun checks passed"
