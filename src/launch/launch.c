@@ -6,8 +6,8 @@
  * child runs in its own process group so that signals reach its whole subtree (sh -c, wrappers).
  * The first non-zero exit (or death by signal) starts the teardown: after a short settle time (0.5 s, so
  * ranks failing for the same reason, e.g. a bad flag every rank checks, still print their own error),
- * SIGTERM to every other group, SIGKILL to whatever is left after the grace period. Output is flushed line by line, each line
- * written with one write() so lines from different ranks never interleave mid-line. */
+ * SIGTERM to every other group, SIGKILL to whatever is left after the grace period. Output is flushed line by
+ * line, each line written with one write() so lines from different ranks never interleave mid-line. */
 #define _GNU_SOURCE
 #include "launch/launch.h"
 

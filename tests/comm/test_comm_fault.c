@@ -179,8 +179,8 @@ static int env_stop(sl_comm_transport_kind kind) {
 
 int main(int argc, char **argv) {
     if (argc != 2) {
-        fprintf(stderr,
-                "usage: test_comm_fault loopback-abort|shm-kill|tcp-kill|shm-stop|tcp-stop|mpi-kill|mpi-stop|env-stop\n");
+        fprintf(stderr, "usage: test_comm_fault "
+                        "loopback-abort|shm-kill|tcp-kill|shm-stop|tcp-stop|mpi-kill|mpi-stop|env-stop\n");
         return 2;
     }
     const char *m = argv[1];

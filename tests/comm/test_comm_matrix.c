@@ -131,9 +131,11 @@ int main(int argc, char **argv) {
         /* env [TRANSPORT [SOURCE]]: also fail unless the job was detected and joined as expected */
         const char *tp = sl_comm_transport_name(sl_comm_transport(c));
         if (i < argc && strcmp(argv[i], tp))
-            fprintf(stderr, "FAIL rank %d: transport %s, expected %s\n", sl_comm_rank(c), tp, argv[i]), fails++;
+            fprintf(stderr, "FAIL rank %d: transport %s, expected %s\n", sl_comm_rank(c), tp, argv[i]),
+                fails++;
         if (i + 1 < argc && strcmp(argv[i + 1], e.source))
-            fprintf(stderr, "FAIL rank %d: environment %s, expected %s\n", sl_comm_rank(c), e.source, argv[i + 1]),
+            fprintf(stderr, "FAIL rank %d: environment %s, expected %s\n", sl_comm_rank(c), e.source,
+                    argv[i + 1]),
                 fails++;
         fails += rank_main(c);
         printf("rank %d/%d transport %s: %s (%.1f s; environment: %s)\n", sl_comm_rank(c), sl_comm_size(c),

@@ -84,7 +84,8 @@ static void stream_copy(void *dst, const void *src, size_t len) {
     d += head, s += head, len -= head;
     for (; len >= 64; len -= 64, d += 64, s += 64) {
         __m128i a = _mm_loadu_si128((const __m128i *)s), b = _mm_loadu_si128((const __m128i *)(s + 16));
-        __m128i c = _mm_loadu_si128((const __m128i *)(s + 32)), e = _mm_loadu_si128((const __m128i *)(s + 48));
+        __m128i c = _mm_loadu_si128((const __m128i *)(s + 32)),
+                e = _mm_loadu_si128((const __m128i *)(s + 48));
         _mm_stream_si128((__m128i *)d, a);
         _mm_stream_si128((__m128i *)(d + 16), b);
         _mm_stream_si128((__m128i *)(d + 32), c);
