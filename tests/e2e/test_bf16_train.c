@@ -5,7 +5,7 @@
 
 #include "suanli/safetensors.h"
 #include "suanli/train.h"
-#include "gpt2_fixture.h"
+#include "parity_fixture.h"
 #include "testutil.h"
 
 static void run(int bf16, float *losses) {

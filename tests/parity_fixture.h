@@ -1,0 +1,136 @@
+/* Shared access to the parity fixtures written by scripts/gen_gpt2_parity.py and scripts/gen_llama_parity.py
+ * (PyTorch / transformers reference runs saved as safetensors with metadata), and the checks every model's
+ * training parity test makes: one forward/backward (loss, logits, every gradient) and ten AdamW steps with
+ * accumulation, clipping and the LR schedule (losses, grad norms, LRs, final weights). */
+#ifndef SL_TESTS_PARITY_FIXTURE_H
+#define SL_TESTS_PARITY_FIXTURE_H
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "suanli/safetensors.h"
+#include "suanli/train.h"
+#include "testutil.h"
+
+static const sl_safetensors *g_st;
+static inline int meta_i(const char *k) { return atoi(sl_safetensors_meta(g_st, k)); }
+static inline float meta_f(const char *k) { return (float)atof(sl_safetensors_meta(g_st, k)); }
+
+static inline const sl_st_tensor *need(const char *name) {
+    const sl_st_tensor *t = sl_safetensors_find(g_st, name);
+    if (!t) {
+        fprintf(stderr, "fixture lacks %s\n", name);
+        exit(1);
+    }
+    return t;
+}
+
+/* copy PREFIX<param name> tensors into the model's parameters */
+static inline void load_params(sl_model *m, const char *prefix) {
+    for (int i = 0; i < m->n_params; i++) {
+        char nm[128];
+        snprintf(nm, sizeof nm, "%s%s", prefix, m->params[i].t->name);
+        const sl_st_tensor *t = need(nm);
+        TU_CHECK(t->nbytes == sizeof(float) * (size_t)m->params[i].numel, "%s size", nm);
+        memcpy(m->params_mem + m->params[i].offset, t->data, t->nbytes);
+    }
+}
+
+/* micro-batches from a (steps, accum, B, T+1) token tensor */
+typedef struct {
+    const int32_t *tok;
+    int B, T, accum;
+} feed;
+
+static inline sl_status feed_fn(void *u, int64_t step, int micro, int32_t *ids, int32_t *tg) {
+    feed *f = u;
+    const int32_t *base = f->tok + ((step * f->accum + micro) * f->B) * (int64_t)(f->T + 1);
+    for (int b = 0; b < f->B; b++)
+        for (int t = 0; t < f->T; t++) {
+            ids[b * f->T + t] = base[b * (f->T + 1) + t];
+            tg[b * f->T + t] = base[b * (f->T + 1) + t + 1];
+        }
+    return SL_OK;
+}
+
+/* max|d|/max|ref| of parameter i's final weights; a test may override it for one tensor (NULL: plain) */
+typedef double (*parity_final_fn)(const sl_model *m, int i, const float *got, const float *ref);
+
+/* 1. one forward/backward on `tokens`: loss and logits (<= 1e-5 relative), every gradient (<= 1e-4);
+ * 2. `steps` AdamW steps on `train_tokens` (accumulation, clipping, warmup + cosine): each step's loss
+ *    (<= 1e-5), grad norm (1e-4) and LR (1e-6), then every final weight (<= final_tol).
+ * Loads the fixture's initial parameters first; leaves the model trained. */
+static inline void parity_train_check(sl_model *m, double final_tol, parity_final_fn final_diff) {
+    int B = meta_i("batch"), T = meta_i("seq_len"), steps = meta_i("steps"), accum = meta_i("accum");
+    load_params(m, "param.");
+    sl_trainer tr;
+    sl_trainer_config tc = {
+        .B = B, .T = T, .accum = 1, .lr = 0, .clip = 0, .decay_iters = 1, .hp = {0.9f, 0.95f, 1e-8f, 0.0f}};
+    TU_CHECK(sl_trainer_init(&tr, m, &tc) == SL_OK, "trainer: %s", sl_errmsg());
+    feed f = {need("tokens")->data, B, T, 1};
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(B * T)), *tg = malloc(sizeof(int32_t) * (size_t)(B * T));
+    feed_fn(&f, 0, 0, ids, tg);
+    memset(m->grads_mem, 0, sizeof(float) * (size_t)m->numel);
+    float loss;
+    TU_CHECK(sl_trainer_forward_backward(&tr, ids, tg, &loss) == SL_OK, "fwd/bwd: %s", sl_errmsg());
+    float ref_loss = ((const float *)need("loss")->data)[0];
+    double lrel = fabs(loss - ref_loss) / fabs(ref_loss);
+    printf("loss %.7f ref %.7f rel %.2e\n", loss, ref_loss, lrel);
+    TU_CHECK(lrel <= 1e-5, "loss rel err %.3g", lrel);
+    /* logits' buffer is reused by the backward pass (planner); re-run the forward part to read them */
+    TU_CHECK(sl_graph_compute_range(tr.graph, 0, tr.n_forward, NULL, NULL) == SL_OK, "forward");
+    const sl_st_tensor *rl = need("logits");
+    double lg_rel = tu_rel_maxdiff(tr.logits->data, rl->data, (int64_t)(rl->nbytes / 4));
+    printf("logits max rel %.2e\n", lg_rel);
+    TU_CHECK(lg_rel <= 1e-5, "logits max|d|/max|ref| %.3g", lg_rel);
+    double worst = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        char nm[128];
+        snprintf(nm, sizeof nm, "grad.%s", m->params[i].t->name);
+        const sl_st_tensor *g = need(nm);
+        double r = tu_rel_maxdiff(m->grads_mem + m->params[i].offset, g->data, m->params[i].numel);
+        if (r > worst) worst = r;
+        TU_CHECK(r <= 1e-4, "%s max|d|/max|ref| = %.3g", nm, r);
+    }
+    printf("worst gradient max|d|/max|ref| %.2e over %d tensors\n", worst, m->n_params);
+    sl_trainer_free(&tr);
+    free(ids);
+    free(tg);
+
+    load_params(m, "param.");
+    sl_trainer_config tc2 = {.B = B,
+                             .T = T,
+                             .accum = accum,
+                             .lr = meta_f("lr"),
+                             .min_lr = meta_f("min_lr"),
+                             .clip = meta_f("clip"),
+                             .warmup = meta_i("warmup"),
+                             .decay_iters = steps,
+                             .hp = {meta_f("beta1"), meta_f("beta2"), meta_f("eps"), meta_f("weight_decay")}};
+    TU_CHECK(sl_trainer_init(&tr, m, &tc2) == SL_OK, "trainer: %s", sl_errmsg());
+    feed f2 = {need("train_tokens")->data, B, T, accum};
+    const float *rls = need("step_losses")->data, *rns = need("step_grad_norms")->data,
+                *rlr = need("step_lrs")->data;
+    for (int s = 0; s < steps; s++) {
+        sl_step_stats ss;
+        TU_CHECK(sl_trainer_step(&tr, s, feed_fn, &f2, &ss) == SL_OK, "step: %s", sl_errmsg());
+        double r = fabs(ss.loss - rls[s]) / fabs(rls[s]);
+        printf("step %d loss %.7f ref %.7f rel %.2e | norm %.6f ref %.6f | lr %.3g ref %.3g\n", s, ss.loss,
+               rls[s], r, ss.grad_norm, rns[s], ss.lr, rlr[s]);
+        TU_CHECK(r <= 1e-5, "step %d loss rel err %.3g", s, r);
+        TU_CHECK(fabs(ss.grad_norm - rns[s]) <= 1e-4 * fabs(rns[s]), "step %d grad norm", s);
+        TU_CHECK(fabs(ss.lr - rlr[s]) <= 1e-6 * rlr[s], "step %d lr", s);
+    }
+    worst = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        char nm[128];
+        snprintf(nm, sizeof nm, "final.%s", m->params[i].t->name);
+        const float *got = m->params_mem + m->params[i].offset, *ref = need(nm)->data;
+        double r = final_diff ? final_diff(m, i, got, ref) : tu_rel_maxdiff(got, ref, m->params[i].numel);
+        if (r > worst) worst = r;
+        TU_CHECK(r <= final_tol, "%s max|d|/max|ref| = %.3g", nm, r);
+    }
+    printf("final weights worst max|d|/max|ref| %.2e\n", worst);
+    sl_trainer_free(&tr);
+}
+#endif
