@@ -36,15 +36,24 @@ fail() {
 host=$(hostname -s)
 cpus=$(nproc); [ "$cpus" -lt 4 ] && cpus=4   # declared CPUs (config_overrides): -n4 runs on 2 cores too
 # random ports and first job id: concurrent runs of this script must not meet (suanli's Slurm
-# rendezvous port and token derive from the job id)
-port=$((30000 + RANDOM % 20000))
-mkdir -p "$d/state" "$d/spool"
+# rendezvous port and token derive from the job id). A port pair in use (other tests listen too) is
+# skipped when `ss` sees it, and a daemon that still cannot bind makes us retry with another pair.
+free_port() { ! command -v ss >/dev/null || [ -z "$(ss -Htln "sport = :$1" 2>/dev/null)" ]; }
 dd if=/dev/urandom of="$d/munge.key" bs=1024 count=1 status=none
 chmod 400 "$d/munge.key"
 munged -F -f --key-file="$d/munge.key" --socket="$d/munge.sock" --pid-file="$d/munged.pid" \
   --log-file="$d/munged.log" --seed-file="$d/munged.seed" >"$d/munged.out.log" 2>&1 &
 pids+=($!)
-cat > "$d/slurm.conf" <<EOF
+for _ in $(seq 50); do [ -S "$d/munge.sock" ] && break; sleep 0.1; done
+[ -S "$d/munge.sock" ] || fail "munged did not start"
+export SLURM_CONF=$d/slurm.conf
+state=""
+for attempt in 1 2 3 4; do
+  port=$((30000 + RANDOM % 20000))
+  free_port "$port" && free_port $((port + 1)) || continue
+  rm -rf "$d/state" "$d/spool" "$d"/slurm*.log
+  mkdir -p "$d/state" "$d/spool"
+  cat > "$d/slurm.conf" <<EOF
 ClusterName=sltest
 SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$port
@@ -75,20 +84,24 @@ MailProg=/bin/true
 NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
 PartitionName=sl Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 EOF
-export SLURM_CONF=$d/slurm.conf
-for _ in $(seq 50); do [ -S "$d/munge.sock" ] && break; sleep 0.1; done
-[ -S "$d/munge.sock" ] || fail "munged did not start"
-slurmctld -D -c -i -f "$SLURM_CONF" >"$d/slurmctld.out.log" 2>&1 &
-pids+=($!)
-slurmd -D -N "$host" -f "$SLURM_CONF" >"$d/slurmd.out.log" 2>&1 &
-pids+=($!)
-state=""
-for _ in $(seq 150); do
-  state=$(sinfo -h -n "$host" -o %t 2>/dev/null)
+  slurmctld -D -c -i -f "$SLURM_CONF" >"$d/slurmctld.out.log" 2>&1 &
+  ctld=$!
+  slurmd -D -N "$host" -f "$SLURM_CONF" >"$d/slurmd.out.log" 2>&1 &
+  sd=$!
+  pids+=("$ctld" "$sd")
+  state=""
+  for _ in $(seq 150); do
+    state=$(sinfo -h -n "$host" -o %t 2>/dev/null)
+    [ "$state" = idle ] && break
+    grep -qs "Address already in use" "$d"/slurm*.log && break
+    sleep 0.2
+  done
   [ "$state" = idle ] && break
-  sleep 0.2
+  echo "attempt $attempt: ports $port/$((port + 1)) not usable (state '$state'); retrying"
+  kill "$ctld" "$sd" 2>/dev/null
+  wait "$ctld" "$sd" 2>/dev/null
 done
-[ "$state" = idle ] || fail "node $host not idle after 30 s (state '$state')"
+[ "$state" = idle ] || fail "node $host not idle after 4 attempts (state '$state')"
 echo "slurm up: $host, ctld port $port, $(srun --version)"
 
 nfail=0
