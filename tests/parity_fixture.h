@@ -53,6 +53,20 @@ static inline sl_status feed_fn(void *u, int64_t step, int micro, int32_t *ids, 
     return SL_OK;
 }
 
+/* the fixture's optimizer settings (lr, min_lr, clip, AdamW hyper-parameters) for `steps` steps */
+static inline sl_trainer_config parity_train_config(int B, int T, int accum, int64_t steps, int64_t warmup) {
+    return (sl_trainer_config){
+        .B = B,
+        .T = T,
+        .accum = accum,
+        .lr = meta_f("lr"),
+        .min_lr = meta_f("min_lr"),
+        .clip = meta_f("clip"),
+        .warmup = warmup,
+        .decay_iters = steps,
+        .hp = {meta_f("beta1"), meta_f("beta2"), meta_f("eps"), meta_f("weight_decay")}};
+}
+
 /* max|d|/max|ref| of parameter i's final weights; a test may override it for one tensor (NULL: plain) */
 typedef double (*parity_final_fn)(const sl_model *m, int i, const float *got, const float *ref);
 
@@ -98,15 +112,7 @@ static inline void parity_train_check(sl_model *m, double final_tol, parity_fina
     free(tg);
 
     load_params(m, "param.");
-    sl_trainer_config tc2 = {.B = B,
-                             .T = T,
-                             .accum = accum,
-                             .lr = meta_f("lr"),
-                             .min_lr = meta_f("min_lr"),
-                             .clip = meta_f("clip"),
-                             .warmup = meta_i("warmup"),
-                             .decay_iters = steps,
-                             .hp = {meta_f("beta1"), meta_f("beta2"), meta_f("eps"), meta_f("weight_decay")}};
+    sl_trainer_config tc2 = parity_train_config(B, T, accum, steps, meta_i("warmup"));
     TU_CHECK(sl_trainer_init(&tr, m, &tc2) == SL_OK, "trainer: %s", sl_errmsg());
     feed f2 = {need("train_tokens")->data, B, T, accum};
     const float *rls = need("step_losses")->data, *rns = need("step_grad_norms")->data,

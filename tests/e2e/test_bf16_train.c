@@ -15,22 +15,9 @@ static void run(int bf16, float *losses) {
     sl_model *m;
     TU_CHECK(sl_gpt2_new(&cfg, &m) == SL_OK, "model");
     m->compute_dtype = bf16 ? SL_BF16 : SL_F32;
-    for (int i = 0; i < m->n_params; i++) {
-        char nm[128];
-        snprintf(nm, sizeof nm, "param.%s", m->params[i].t->name);
-        const sl_st_tensor *t = sl_safetensors_find(g_st, nm);
-        memcpy(m->params_mem + m->params[i].offset, t->data, t->nbytes);
-    }
+    load_params(m, "param.");
     sl_trainer tr;
-    sl_trainer_config tc = {.B = B,
-                            .T = T,
-                            .accum = accum,
-                            .lr = meta_f("lr"),
-                            .min_lr = meta_f("min_lr"),
-                            .clip = meta_f("clip"),
-                            .warmup = meta_i("warmup"),
-                            .decay_iters = steps,
-                            .hp = {meta_f("beta1"), meta_f("beta2"), meta_f("eps"), meta_f("weight_decay")}};
+    sl_trainer_config tc = parity_train_config(B, T, accum, steps, meta_i("warmup"));
     TU_CHECK(sl_trainer_init(&tr, m, &tc) == SL_OK, "trainer: %s", sl_errmsg());
     int nbf = 0;
     for (int i = 0; i < sl_graph_n_nodes(tr.graph); i++) {

@@ -47,15 +47,7 @@ int main(void) {
     sl_trainer tr;
     m->autocast_bf16 = 1;
     int ac_steps = meta_i("ac_steps");
-    sl_trainer_config tc3 = {.B = B,
-                             .T = T,
-                             .accum = 1,
-                             .lr = meta_f("lr"),
-                             .min_lr = meta_f("min_lr"),
-                             .clip = meta_f("clip"),
-                             .warmup = meta_i("ac_warmup"),
-                             .decay_iters = ac_steps,
-                             .hp = {meta_f("beta1"), meta_f("beta2"), meta_f("eps"), meta_f("weight_decay")}};
+    sl_trainer_config tc3 = parity_train_config(B, T, 1, ac_steps, meta_i("ac_warmup"));
     TU_CHECK(sl_trainer_init(&tr, m, &tc3) == SL_OK, "trainer: %s", sl_errmsg());
     feed f3 = {need("ac_tokens")->data, B, T, 1};
     const float *ral = need("ac_losses")->data, *rfl = need("fp32_losses")->data;
