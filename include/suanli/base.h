@@ -111,6 +111,14 @@ sl_status sl_file_write_atomic(const char *path, const void *data, size_t len);
 sl_status sl_mkdirs(const char *path);
 sl_status sl_dir_check_writable(const char *path);
 
+/* ---- shared-memory names of a job (see Note [Shared-memory names] in util.c) ---- */
+/* Write "sl-<token sanitised to [A-Za-z0-9_], at most 40 chars>" into out; the prefix of every POSIX
+ * shared-memory object the communicator creates for a job with this rendezvous token. */
+void sl_shm_job_prefix(const char *token, char *out, size_t cap);
+/* Remove /dev/shm objects named "<prefix>-*" of a finished job (left when a rank died before its peers
+ * had mapped its segment). Call only when no rank of the job on this host is alive. Returns the count. */
+int sl_shm_sweep_job(const char *token);
+
 /* bf16 <-> f32, round-to-nearest-even; NaN stays NaN */
 static inline uint16_t sl_f32_to_bf16(float f) {
     union {

@@ -2,9 +2,11 @@
 #define _GNU_SOURCE
 #include "suanli/base.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -141,4 +143,39 @@ sl_status sl_dir_check_writable(const char *path) {
     if (!S_ISDIR(sb.st_mode)) return sl_fail(SL_ERR_IO, "%s: not a directory", path);
     if (access(path, W_OK | X_OK) != 0) return sl_fail(SL_ERR_IO, "%s: directory not writable", path);
     return SL_OK;
+}
+
+/* Note [Shared-memory names]
+ * The shm transport names each rank's segment "<prefix>-<nonce>-r<rank>", prefix = sl-<token>, and
+ * unlinks it as soon as every peer has mapped it, so a healthy or a cleanly failing job leaves nothing
+ * in /dev/shm. A rank killed (SIGKILL, or the launcher's teardown) between creating its segment and
+ * that point cannot unlink it; the launcher, which knows the token, sweeps "<prefix>-*" once all of
+ * the job's local ranks are gone. */
+void sl_shm_job_prefix(const char *token, char *out, size_t cap) {
+    if (!cap) return;
+    size_t o = (size_t)snprintf(out, cap, "sl-");
+    if (o >= cap) o = cap - 1;
+    for (size_t i = 0; token && token[i] && o + 1 < cap && i < 40; i++) {
+        char c = token[i];
+        out[o++] = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z') ? c : '_';
+    }
+    out[o] = 0;
+}
+
+int sl_shm_sweep_job(const char *token) {
+    char pre[64];
+    sl_shm_job_prefix(token, pre, sizeof pre);
+    size_t pl = strlen(pre);
+    DIR *d = opendir("/dev/shm");
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, pre, pl) != 0 || e->d_name[pl] != '-') continue;
+        char name[300];
+        snprintf(name, sizeof name, "/%s", e->d_name);
+        n += shm_unlink(name) == 0;
+    }
+    closedir(d);
+    return n;
 }

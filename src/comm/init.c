@@ -334,15 +334,7 @@ static sl_status single_allgather(sl_oob *o, const void *mine, void *all, size_t
     return SL_OK;
 }
 
-static void token_name(const char *token, char *out, size_t cap) {
-    size_t o = snprintf(out, cap, "sl-");
-    for (size_t i = 0; token[i] && o + 1 < cap && i < 40; i++)
-        out[o++] = (token[i] >= 'a' && token[i] <= 'z') || (token[i] >= '0' && token[i] <= '9') ||
-                           (token[i] >= 'A' && token[i] <= 'Z')
-                       ? token[i]
-                       : '_';
-    out[o] = 0;
-}
+static void token_name(const char *token, char *out, size_t cap) { sl_shm_job_prefix(token, out, cap); }
 
 sl_status sl_comm_init_env(sl_comm **out, const sl_comm_opts *opts) {
     sl_comm_env e;

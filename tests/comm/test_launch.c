@@ -53,6 +53,29 @@ int main(void) {
     /* restarts: fail on the first attempt only */
     rc = run("%s run -n 2 --max-restarts 2 -- sh -c 'test $SUANLI_RESTART_COUNT -ge 1' %s", NULL);
     TU_CHECK(rc == 0, "restart: rc=%d out=%s", rc, out);
+    /* segments of dead ranks are swept after the job (Note [Shared-memory names]); other jobs' are kept */
+    if (access("/dev/shm", W_OK) == 0) {
+        char tok[64], cmd2[1024], keep[128], left[128];
+        snprintf(tok, sizeof tok, "sweep%d", (int)getpid());
+        snprintf(keep, sizeof keep, "/dev/shm/sl-%sx-keep", tok); /* same leading characters, other job */
+        FILE *f = fopen(keep, "w");
+        TU_CHECK(f != NULL, "cannot create %s", keep);
+        fclose(f);
+        snprintf(cmd2, sizeof cmd2,
+                 "SUANLI_JOB_TOKEN=%s %%s run -n 2 -- sh -c 'touch /dev/shm/sl-%s-0123-r$RANK; "
+                 "[ $RANK = 1 ] && kill -9 $$; sleep 60' %%s",
+                 tok, tok);
+        rc = run(cmd2, NULL);
+        TU_CHECK(rc == 1 && strstr(out, "rank 1 was killed by signal 9"), "rc=%d out=%s", rc, out);
+        for (int r = 0; r < 2; r++) {
+            snprintf(left, sizeof left, "/dev/shm/sl-%s-0123-r%d", tok, r);
+            TU_CHECK(access(left, F_OK) != 0, "%s was left behind", left);
+        }
+        TU_CHECK(access(keep, F_OK) == 0, "another job's %s was removed", keep);
+        unlink(keep);
+    } else {
+        printf("skip: /dev/shm not writable, segment sweep not tested\n");
+    }
     /* bad input: exit 2 with one line naming the flag */
     static const struct {
         const char *args, *want;
