@@ -12,21 +12,22 @@ PyTorch with the same parameter names as suanli. Saves, in one safetensors file:
   step_grad_norms     (STEPS,) global grad norm before clipping
   step_lrs            (STEPS,) learning rate used at each step
   final.<name>        weights after STEPS AdamW steps
-Metadata holds the config and hyper-parameters. Requires: torch, safetensors (pip).
+Metadata holds the config and hyper-parameters. Shared pieces: scripts/parity_common.py. Requires: torch, safetensors (pip).
 Usage: python3 scripts/gen_gpt2_parity.py [--out tests/fixtures/gpt2_parity.safetensors]
 """
 import argparse
 import math
+import os
+import sys
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from safetensors.torch import save_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import parity_common as pc  # noqa: E402
 
 L, NH, C, V, T, B = 2, 4, 64, 256, 32, 4
-STEPS, ACCUM = 10, 2
-LR, MIN_LR, WARMUP, WD, CLIP = 1e-3, 1e-4, 3, 0.1, 1.0
-BETA1, BETA2, EPS = 0.9, 0.95, 1e-8
 
 
 class Block(nn.Module):
@@ -82,11 +83,8 @@ class GPT(nn.Module):
         return logits, loss
 
 
-def lr_at(it):
-    if it < WARMUP:
-        return LR * (it + 1) / WARMUP
-    ratio = (it - WARMUP) / (STEPS - WARMUP)
-    return MIN_LR + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (LR - MIN_LR)
+def loss_of(model, tk):
+    return model(tk[:, :-1], tk[:, 1:])
 
 
 def main():
@@ -97,57 +95,11 @@ def main():
     torch.use_deterministic_algorithms(True)
     model = GPT()
     out = {}
-    for n, p in model.named_parameters():
-        out["param." + n] = p.detach().clone()
     g = torch.Generator().manual_seed(99)
-    tokens = torch.randint(0, V, (B, T + 1), generator=g)
-    logits, loss = model(tokens[:, :-1], tokens[:, 1:])
-    loss.backward()
-    out["tokens"] = tokens.to(torch.int32)
-    out["logits"] = logits.detach().clone()
-    out["loss"] = loss.detach().reshape(1).clone()
-    for n, p in model.named_parameters():
-        out["grad." + n] = p.grad.detach().clone()
-    model.zero_grad(set_to_none=True)
-
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": WD}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=LR, betas=(BETA1, BETA2), eps=EPS, foreach=False, fused=False)
-    # learnable sequences (an affine recurrence with noise) so the loss visibly falls over the steps
-    train_tokens = torch.randint(0, V, (STEPS, ACCUM, B, T + 1), generator=g)
-    noise = torch.rand((STEPS, ACCUM, B, T + 1), generator=g) < 0.1
-    for t in range(1, T + 1):
-        nxt = (train_tokens[..., t - 1] * 5 + 1) % V
-        train_tokens[..., t] = torch.where(noise[..., t], train_tokens[..., t], nxt)
-    losses, norms, lrs = [], [], []
-    for it in range(STEPS):
-        lr = lr_at(it)
-        for grp in opt.param_groups:
-            grp["lr"] = lr
-        opt.zero_grad(set_to_none=True)
-        tot = 0.0
-        for micro in range(ACCUM):
-            tk = train_tokens[it, micro]
-            _, l = model(tk[:, :-1], tk[:, 1:])
-            (l / ACCUM).backward()
-            tot += l.item()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-        opt.step()
-        losses.append(tot / ACCUM)
-        norms.append(norm.item())
-        lrs.append(lr)
-    out["train_tokens"] = train_tokens.to(torch.int32)
-    out["step_losses"] = torch.tensor(losses, dtype=torch.float32)
-    out["step_grad_norms"] = torch.tensor(norms, dtype=torch.float32)
-    out["step_lrs"] = torch.tensor(lrs, dtype=torch.float32)
-    for n, p in model.named_parameters():
-        out["final." + n] = p.detach().clone()
-    meta = {k: str(v) for k, v in dict(n_layer=L, n_head=NH, n_embd=C, vocab_size=V, seq_len=T, batch=B, steps=STEPS,
-                                         accum=ACCUM, lr=LR, min_lr=MIN_LR, warmup=WARMUP, weight_decay=WD, clip=CLIP,
-                                         beta1=BETA1, beta2=BETA2, eps=EPS, torch=torch.__version__).items()}
-    save_file({k: v.contiguous() for k, v in out.items()}, args.out, metadata=meta)
-    print(f"wrote {args.out}: loss {loss.item():.6f}, step losses {[round(x, 5) for x in losses]}")
+    loss = pc.forward_backward(model, loss_of, g, B, T, V, out)
+    losses = pc.train(model, loss_of, pc.learnable_tokens(g, (pc.STEPS, pc.ACCUM, B, T + 1), V), out)
+    meta = dict(n_layer=L, n_head=NH, n_embd=C, vocab_size=V, seq_len=T, batch=B, **pc.optim_meta())
+    pc.save(out, args.out, meta, loss, losses)
 
 
 if __name__ == "__main__":
