@@ -5,7 +5,7 @@
  * All-reduce of N bytes over n ranks: the vector is cut into n slices (the ring's blocks); rank r
  * reduces slice r reading the n inputs in rank order 0..n-1 from every rank's send buffer and writes
  * it into its own receive buffer, then copies every other slice p from rank p's receive buffer.
- * Each slice is processed in chunks of SYM_CHUNK bytes and the copy of chunk k-1 follows the
+ * Each slice is processed in chunks (SUANLI_COMM_WIN_CHUNK_KB, default 128 KiB) and the copy of chunk k-1 follows the
  * reduction of chunk k, so a peer reads a reduced chunk while it is still in the cache that produced
  * it: a 2-rank all-reduce moves about 4N bytes of DRAM traffic (read both inputs, write both
  * outputs; the peer slices are written with streaming stores above SYM_NT_MIN) against about 5N for
@@ -33,6 +33,7 @@
  * algorithm (SUANLI_COMM_ALGO=direct: rank order 0..n-1), which differ from the ring's order but are
  * the same on every rank and in every run, and equal between all-reduce and reduce-scatter (ZeRO-2
  * vs plain data parallelism). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "comm/comm_internal.h"
@@ -42,7 +43,7 @@
 
 enum { W_ARRIVE = 0, W_KIND, W_COUNT, W_SBWIN, W_SBOFF, W_RBWIN, W_RBOFF, W_DONE, W_PROGRESS = 8 };
 enum { K_ALLREDUCE = 1, K_REDSCAT, K_ALLGATHER };
-#define SYM_CHUNK (128u << 10)  /* bytes of one slice reduced before its peers copy it */
+#define SYM_CHUNK_DEFAULT_KB 128 /* bytes of one slice reduced before its peers copy it */
 #define SYM_TMP (16u << 10)     /* n > 2: accumulate in an L1-resident block */
 #define SYM_NT_MIN (4u << 20)   /* copies of transfers this large bypass the cache */
 #define NO_WIN UINT64_MAX
@@ -53,6 +54,26 @@ sl_win *sl_win_find(sl_win *list, const void *p, size_t bytes) {
         if (w->shared && q >= w->base && bytes <= w->bytes && (size_t)(q - w->base) <= w->bytes - bytes)
             return w;
     return NULL;
+}
+
+/* SUANLI_COMM_WIN_CHUNK_KB (read once; every rank must use the same value: it sets the chunk count
+ * that the PROGRESS words count) */
+static size_t sym_chunk(void) {
+    static _Atomic size_t cached;
+    size_t v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (v) return v;
+    v = (size_t)SYM_CHUNK_DEFAULT_KB << 10;
+    const char *e = getenv("SUANLI_COMM_WIN_CHUNK_KB");
+    if (e && *e) {
+        char *end;
+        unsigned long long k = strtoull(e, &end, 10);
+        if (*end || k < 4 || k > (1u << 20))
+            SL_LOGW("SUANLI_COMM_WIN_CHUNK_KB=%s ignored (want 4..1048576)", e);
+        else
+            v = (size_t)k << 10;
+    }
+    atomic_store_explicit(&cached, v, memory_order_relaxed);
+    return v;
 }
 
 static size_t blk_off(size_t count, int n, int b) {
@@ -119,7 +140,7 @@ static sl_status sym_begin(sym_op *o, const char *what) {
         for (int k = 0; k < 6; k++) {
             uint64_t v = atomic_load_explicit(&pc[W_KIND + k], memory_order_relaxed);
             if (v == o->desc[k]) continue;
-            static const char *field[] = {"kind/dtype/op", "count", "send-buffer window", "send-buffer offset",
+            static const char *field[] = {"kind/dtype/op/chunk", "count", "send-buffer window", "send-buffer offset",
                                           "receive-buffer window", "receive-buffer offset"};
             return sl_fail(SL_ERR_INVALID,
                            "window %s: rank %d passed %s %llu, this rank %llu (symmetric memory: every rank "
@@ -167,7 +188,9 @@ sl_status sl_sym_allreduce(sl_algo_ctx *c, const void *sb, void *rb, size_t coun
     if (!ws || !(wr = sl_win_find(c->wins, rb, bytes)) || c->size < 2 || !count) return SL_ERR_UNSUPPORTED;
     int n = c->size, r = c->rank;
     size_t so = (size_t)((const char *)sb - ws->base), ro = (size_t)((char *)rb - wr->base);
-    sym_op o = {.c = c, .desc = {kind_word(K_ALLREDUCE, dt, op), count, ws->id, so, wr->id, ro}};
+    size_t chunk = sym_chunk(); /* in the descriptor: ranks must cut the slices alike */
+    sym_op o = {.c = c, .desc = {kind_word(K_ALLREDUCE, dt, op) | (uint64_t)(chunk >> 10) << 24, count, ws->id, so,
+                                 wr->id, ro}};
     char stack_tmp[1], *tmp = n > 2 ? sl_algo_scratch(c, SYM_TMP) : stack_tmp;
     const char *in_stack[16], **in = n <= 16 ? in_stack : malloc(sizeof(char *) * (size_t)n);
     if (!tmp || !in) {
@@ -175,7 +198,7 @@ sl_status sl_sym_allreduce(sl_algo_ctx *c, const void *sb, void *rb, size_t coun
         return sl_fail(SL_ERR_NOMEM, "window all-reduce: out of memory");
     }
     sl_status st = sym_begin(&o, "all-reduce");
-    size_t ce = SYM_CHUNK / es, nc = (blk_len(count, n, 0) + ce - 1) / ce;
+    size_t ce = chunk / es, nc = (blk_len(count, n, 0) + ce - 1) / ce;
     size_t mo = blk_off(count, n, r), ml = blk_len(count, n, r);
     int nt = bytes >= SYM_NT_MIN;
     for (size_t k = 0; k <= nc && st == SL_OK; k++) {
