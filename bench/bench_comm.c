@@ -278,13 +278,15 @@ int sl_bench_comm(int argc, char **argv) {
             printf("{\"bench\":\"comm\",\"ranks\":%d,\"transport\":\"%s\",\"host\":\"%s\",\"dtype\":\"f32\","
                    "\"mpi\":%s,\"window\":%s,\"results\":[",
                    n, tp, host, have_mpi ? "true" : "false",
-                   !o.window ? "false" : shared ? "\"shared\"" : "\"private\"");
+                   !o.window ? "false"
+                   : shared  ? "\"shared\""
+                             : "\"private\"");
         else
-            printf("# suanli bench comm: %d ranks, transport %s, host %s, dtype f32, op sum%s%s\n", n, tp, host,
-                   have_mpi ? ", MPI comparison in the same run" : "",
-                   !o.window  ? ""
-                   : shared   ? ", window = sl_comm_mem_alloc buffers (shared)"
-                              : ", window = sl_comm_mem_alloc buffers (private fallback on this transport)");
+            printf("# suanli bench comm: %d ranks, transport %s, host %s, dtype f32, op sum%s%s\n", n, tp,
+                   host, have_mpi ? ", MPI comparison in the same run" : "",
+                   !o.window ? ""
+                   : shared  ? ", window = sl_comm_mem_alloc buffers (shared)"
+                             : ", window = sl_comm_mem_alloc buffers (private fallback on this transport)");
     }
     int first = 1, status = 0;
     sl_status st = SL_OK;
@@ -340,7 +342,8 @@ int sl_bench_comm(int argc, char **argv) {
                 first = 0;
             } else {
                 printf("  %12zu %10zu", b, count);
-                if (o.window) printf(" %11.2f %8.3f %7ld |", wt * 1e6, (double)b / wt / 1e9 * factor(c, n), wwrong);
+                if (o.window)
+                    printf(" %11.2f %8.3f %7ld |", wt * 1e6, (double)b / wt / 1e9 * factor(c, n), wwrong);
                 printf(" %11.2f %8.3f %8.3f %7ld", t * 1e6, alg, bus, wrong);
                 if (have_mpi)
                     printf(" | %11.2f %8.3f %8.3f %7ld %6.2f", mt * 1e6, (double)b / mt / 1e9,

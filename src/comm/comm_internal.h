@@ -54,13 +54,13 @@ typedef struct sl_transport sl_transport;
 #define SL_WIN_CTL 16 /* control words per rank: see algo/sym.c for their use */
 typedef struct sl_win sl_win;
 struct sl_win {
-    char *base;    /* this rank's window */
-    size_t bytes;  /* usable bytes (same on every rank) */
-    char **peer;   /* [r] rank r's window in this address space; peer[rank] == base */
-    uint64_t id;   /* allocation number on this communicator (same on every rank) */
-    int shared;    /* 0: private fallback memory (no direct algorithms) */
-    void *priv;    /* transport bookkeeping */
-    sl_win *next;  /* the communicator's list */
+    char *base;   /* this rank's window */
+    size_t bytes; /* usable bytes (same on every rank) */
+    char **peer;  /* [r] rank r's window in this address space; peer[rank] == base */
+    uint64_t id;  /* allocation number on this communicator (same on every rank) */
+    int shared;   /* 0: private fallback memory (no direct algorithms) */
+    void *priv;   /* transport bookkeeping */
+    sl_win *next; /* the communicator's list */
 };
 typedef struct sl_win_vt {
     /* Collective: a window of `bytes` on every rank; fills w->base/peer/priv. */
@@ -185,6 +185,10 @@ sl_status sl_sym_reduce_scatter(sl_algo_ctx *c, const void *sb, void *rb, size_t
                                 sl_comm_redop op);
 sl_status sl_sym_allgatherv(sl_algo_ctx *c, const void *sb, void *rb, const size_t *counts,
                             const size_t *displs, sl_comm_dtype dt);
-sl_win *sl_win_find(sl_win *list, const void *p, size_t bytes); /* shared window holding [p, p+bytes) */
+sl_win *sl_win_find(sl_win *list, const void *p, size_t bytes);
+/* the transport offers windows and no algorithm other than direct (same reduction order) is forced */
+static inline int sl_sym_enabled(const sl_algo_ctx *c) {
+    return (c->algo == SL_COMM_ALGO_AUTO || c->algo == SL_COMM_ALGO_DIRECT) && c->tp->win;
+} /* shared window holding [p, p+bytes) */
 
 #endif

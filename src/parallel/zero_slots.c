@@ -241,7 +241,8 @@ sl_status sl_dp_slots_build(sl_dp *dp, sl_graph *g) {
     /* a symmetric window when there are peers (collective: every rank computed the same arena_len), so
      * the slots' reduce-scatters and all-gathers take the direct path (Note [Gradients in a window], dp.c) */
     if (dp->comm)
-        SL_TRY(sl_comm_mem_alloc(dp->comm, sizeof(float) * (size_t)(dp->arena_len + 16), (void **)&dp->arena));
+        SL_TRY(
+            sl_comm_mem_alloc(dp->comm, sizeof(float) * (size_t)(dp->arena_len + 16), (void **)&dp->arena));
     else
         dp->arena = sl_malloc_aligned(sizeof(float) * (size_t)(dp->arena_len + 16));
     dp->by_l = malloc(sizeof(int) * (size_t)(dp->niv + 1));

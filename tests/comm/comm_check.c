@@ -342,7 +342,8 @@ int cc_run_matrix(sl_comm *c, const cc_cfg *cfg) {
     g_win = w, g_win_bytes = bytes, g_win_used = 0;
     fails += matrix(c, cfg);
     g_win = NULL;
-    if (sl_comm_mem_free(c, w) != SL_OK) fprintf(stderr, "FAIL rank %d: mem_free: %s\n", r, sl_errmsg()), fails++;
+    if (sl_comm_mem_free(c, w) != SL_OK)
+        fprintf(stderr, "FAIL rank %d: mem_free: %s\n", r, sl_errmsg()), fails++;
     return fails;
 }
 
@@ -496,8 +497,9 @@ int cc_run_window_extras(sl_comm *c) {
     float *ws = (float *)w, *wr = ws + M, *ps = malloc(sizeof(float) * M), *pr = malloc(sizeof(float) * M);
     float *again = malloc(sizeof(float) * M), *g = malloc(sizeof(float) * 16 * (size_t)n);
     sl_comm_algo ref = n == 2 ? SL_COMM_ALGO_RING : SL_COMM_ALGO_DIRECT;
-    int cmp_ref = n <= 2 || sl_comm_mem_is_shared(c, w, bytes); /* fallback memory runs the cost model's pick */
-    for (int dt = 0; dt < 2; dt++) { /* f32 and bf16: random data, rounding in every step */
+    int cmp_ref =
+        n <= 2 || sl_comm_mem_is_shared(c, w, bytes); /* fallback memory runs the cost model's pick */
+    for (int dt = 0; dt < 2; dt++) {                  /* f32 and bf16: random data, rounding in every step */
         sl_comm_dtype d = dt ? SL_COMM_BF16 : SL_COMM_F32;
         size_t cnt = dt ? 2 * M : M, es = sl_comm_dtype_size(d);
         sl_rng_fill_normal(dt ? again : ps, (int64_t)M, 99 + (uint64_t)dt, (uint64_t)r, 0.f, 1.f);
@@ -529,8 +531,10 @@ int cc_run_window_extras(sl_comm *c) {
         /* equal on every rank */
         if (sl_comm_all_gather(c, wr, g, 16, SL_COMM_F32) != SL_OK)
             fprintf(stderr, "FAIL rank %d: all-gather: %s\n", r, sl_errmsg()), fails++;
-        for (int q = 0; q < n; q++) fails += win_compare("ranks' window all-reduce results", r, g + 16 * q, wr, 64);
-        /* reduce-scatter: window vs the reference (direct for n > 2: the same order as the window all-reduce) */
+        for (int q = 0; q < n; q++)
+            fails += win_compare("ranks' window all-reduce results", r, g + 16 * q, wr, 64);
+        /* reduce-scatter: window vs the reference (direct for n > 2: the same order as the window all-reduce)
+         */
         size_t rc = cnt / (size_t)n;
         memcpy(ws, ps, sizeof(float) * M);
         sl_status s4 = sl_comm_reduce_scatter(c, ws, wr, rc, d, SL_COMM_SUM);
@@ -558,7 +562,8 @@ int cc_run_window_extras(sl_comm *c) {
             double dt = sl_time_sec() - t0;
             if (!sl_comm_mem_is_shared(dup, dw, 4096 * 3)) { /* tcp, mpi: private memory, no contract */
                 if (st != SL_OK || x[0] != (float)n)
-                    fprintf(stderr, "FAIL rank %d: all-reduce in fallback window memory: %s\n", r, sl_errmsg()),
+                    fprintf(stderr, "FAIL rank %d: all-reduce in fallback window memory: %s\n", r,
+                            sl_errmsg()),
                         fails++;
             } else if (st == SL_OK || dt > 10.0) {
                 fprintf(stderr, "FAIL rank %d: asymmetric window all-reduce gave %s after %.1f s\n", r,
@@ -572,8 +577,10 @@ int cc_run_window_extras(sl_comm *c) {
         sl_comm_free(dup);
     }
     free(ps), free(pr), free(again), free(g);
-    if (sl_comm_mem_free(c, w) != SL_OK) fprintf(stderr, "FAIL rank %d: mem_free: %s\n", r, sl_errmsg()), fails++;
+    if (sl_comm_mem_free(c, w) != SL_OK)
+        fprintf(stderr, "FAIL rank %d: mem_free: %s\n", r, sl_errmsg()), fails++;
     int dummy = 0;
-    if (sl_comm_mem_free(c, &dummy) == SL_OK) fprintf(stderr, "FAIL rank %d: mem_free of a foreign pointer\n", r), fails++;
+    if (sl_comm_mem_free(c, &dummy) == SL_OK)
+        fprintf(stderr, "FAIL rank %d: mem_free of a foreign pointer\n", r), fails++;
     return fails;
 }

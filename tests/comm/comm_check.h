@@ -5,9 +5,9 @@
 #include "suanli/comm.h"
 
 typedef struct cc_cfg {
-    int large; /* include 1Mi+3 (subset of dtype/op pairs) */
-    int algos; /* also force every all-reduce algorithm */
-    int quick; /* fewer dtype/op pairs (high rank counts over slow transports) */
+    int large;  /* include 1Mi+3 (subset of dtype/op pairs) */
+    int algos;  /* also force every all-reduce algorithm */
+    int quick;  /* fewer dtype/op pairs (high rank counts over slow transports) */
     int window; /* all-reduce, reduce-scatter and all-gather(v) buffers from sl_comm_mem_alloc */
 } cc_cfg;
 

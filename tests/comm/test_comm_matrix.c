@@ -114,8 +114,8 @@ int main(int argc, char **argv) {
         }
     }
     if (i >= argc) {
-        fprintf(stderr,
-                "usage: test_comm_matrix [--large] [--quick] [--algos] [--window] loopback|shm|tcp RANKS... | env\n");
+        fprintf(stderr, "usage: test_comm_matrix [--large] [--quick] [--algos] [--window] loopback|shm|tcp "
+                        "RANKS... | env\n");
         return 2;
     }
     const char *mode = argv[i++];

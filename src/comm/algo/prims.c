@@ -74,7 +74,7 @@ sl_status sl_algo_allreduce(sl_algo_ctx *c, const void *sb, void *rb, size_t cou
         if (sb != rb && count) memmove(rb, sb, count * es);
         return SL_OK;
     }
-    if ((c->algo == SL_COMM_ALGO_AUTO || c->algo == SL_COMM_ALGO_DIRECT) && c->tp->win) { /* buffers in symmetric windows: algo/sym.c */
+    if (sl_sym_enabled(c)) { /* buffers in symmetric windows: algo/sym.c */
         sl_status st = sl_sym_allreduce(c, sb, rb, count, dt, op);
         if (st != SL_ERR_UNSUPPORTED) return st;
     }

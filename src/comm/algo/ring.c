@@ -51,7 +51,7 @@ sl_status sl_algo_reduce_scatter(sl_algo_ctx *c, const void *sb, void *rb, size_
         return SL_OK;
     }
     if (rc == 0) return SL_OK;
-    if ((c->algo == SL_COMM_ALGO_AUTO || c->algo == SL_COMM_ALGO_DIRECT) && c->tp->win) { /* send buffer in a symmetric window: algo/sym.c */
+    if (sl_sym_enabled(c)) { /* send buffer in a symmetric window: algo/sym.c */
         sl_status st = sl_sym_reduce_scatter(c, sb, rb, rc, dt, op);
         if (st != SL_ERR_UNSUPPORTED) return st;
     }
@@ -75,7 +75,7 @@ sl_status sl_algo_allgatherv(sl_algo_ctx *c, const void *sb, void *rb, const siz
     int n = c->size, r = c->rank, next = mod(r + 1, n), prev = mod(r - 1, n);
     size_t es = sl_comm_dtype_size(dt);
     char *d = rb;
-    if ((c->algo == SL_COMM_ALGO_AUTO || c->algo == SL_COMM_ALGO_DIRECT) && c->tp->win && n > 1) { /* receive buffer in a window: algo/sym.c */
+    if (sl_sym_enabled(c) && n > 1) { /* receive buffer in a symmetric window: algo/sym.c */
         sl_status st = sl_sym_allgatherv(c, sb, rb, counts, displs, dt);
         if (st != SL_ERR_UNSUPPORTED) return st;
     }

@@ -5,9 +5,9 @@
  * All-reduce of N bytes over n ranks: the vector is cut into n slices (the ring's blocks); rank r
  * reduces slice r reading the n inputs in rank order 0..n-1 from every rank's send buffer and writes
  * it into its own receive buffer, then copies every other slice p from rank p's receive buffer.
- * Each slice is processed in chunks (SUANLI_COMM_WIN_CHUNK_KB, default 128 KiB) and the copy of chunk k-1 follows the
- * reduction of chunk k, so a peer reads a reduced chunk while it is still in the cache that produced
- * it: a 2-rank all-reduce moves about 4N bytes of DRAM traffic (read both inputs, write both
+ * Each slice is processed in chunks (SUANLI_COMM_WIN_CHUNK_KB, default 128 KiB) and the copy of chunk k-1
+ * follows the reduction of chunk k, so a peer reads a reduced chunk while it is still in the cache that
+ * produced it: a 2-rank all-reduce moves about 4N bytes of DRAM traffic (read both inputs, write both
  * outputs; the peer slices are written with streaming stores above SYM_NT_MIN) against about 5N for
  * the slot FIFOs (Note [Slot FIFOs]).
  * Reduce-scatter: rank r reduces slice r of the n send buffers in rank order into its receive
@@ -44,8 +44,8 @@
 enum { W_ARRIVE = 0, W_KIND, W_COUNT, W_SBWIN, W_SBOFF, W_RBWIN, W_RBOFF, W_DONE, W_PROGRESS = 8 };
 enum { K_ALLREDUCE = 1, K_REDSCAT, K_ALLGATHER };
 #define SYM_CHUNK_DEFAULT_KB 128 /* bytes of one slice reduced before its peers copy it */
-#define SYM_TMP (16u << 10)     /* n > 2: accumulate in an L1-resident block */
-#define SYM_NT_MIN (4u << 20)   /* copies of transfers this large bypass the cache */
+#define SYM_TMP (16u << 10)      /* n > 2: accumulate in an L1-resident block */
+#define SYM_NT_MIN (4u << 20)    /* copies of transfers this large bypass the cache */
 #define NO_WIN UINT64_MAX
 
 sl_win *sl_win_find(sl_win *list, const void *p, size_t bytes) {
@@ -140,7 +140,8 @@ static sl_status sym_begin(sym_op *o, const char *what) {
         for (int k = 0; k < 6; k++) {
             uint64_t v = atomic_load_explicit(&pc[W_KIND + k], memory_order_relaxed);
             if (v == o->desc[k]) continue;
-            static const char *field[] = {"kind/dtype/op/chunk", "count", "send-buffer window", "send-buffer offset",
+            static const char *field[] = {"kind/dtype/op/chunk",   "count",
+                                          "send-buffer window",    "send-buffer offset",
                                           "receive-buffer window", "receive-buffer offset"};
             return sl_fail(SL_ERR_INVALID,
                            "window %s: rank %d passed %s %llu, this rank %llu (symmetric memory: every rank "
@@ -189,8 +190,9 @@ sl_status sl_sym_allreduce(sl_algo_ctx *c, const void *sb, void *rb, size_t coun
     int n = c->size, r = c->rank;
     size_t so = (size_t)((const char *)sb - ws->base), ro = (size_t)((char *)rb - wr->base);
     size_t chunk = sym_chunk(); /* in the descriptor: ranks must cut the slices alike */
-    sym_op o = {.c = c, .desc = {kind_word(K_ALLREDUCE, dt, op) | (uint64_t)(chunk >> 10) << 24, count, ws->id, so,
-                                 wr->id, ro}};
+    sym_op o = {.c = c,
+                .desc = {kind_word(K_ALLREDUCE, dt, op) | (uint64_t)(chunk >> 10) << 24, count, ws->id, so,
+                         wr->id, ro}};
     char stack_tmp[1], *tmp = n > 2 ? sl_algo_scratch(c, SYM_TMP) : stack_tmp;
     const char *in_stack[16], **in = n <= 16 ? in_stack : malloc(sizeof(char *) * (size_t)n);
     if (!tmp || !in) {

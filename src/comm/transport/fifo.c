@@ -42,7 +42,7 @@ typedef struct seg_hdr { /* start of each shm segment / of the loopback block */
     atomic_int aborted[64]; /* loopback: per rank; shm: [0] only */
     int pid, nslots, n;
     size_t slot_bytes, chan_bytes;
-    size_t ctl_off; /* loopback: offset of the per-rank window control words in the block */
+    size_t ctl_off;      /* loopback: offset of the per-rank window control words in the block */
     uint64_t probe_addr; /* shm: address of `probe` in the owner's address space (CMA check) */
     uint64_t probe;
 } seg_hdr;
@@ -389,8 +389,8 @@ static sl_status fifo_allgather(fifo_tp *t, const void *mine, void *all, size_t 
     for (int p = 0; p < n; p++) {
         if (p == r) continue;
         x[k++] = (sl_xfer){.kind = SL_XFER_SEND, .peer = p, .buf = (void *)mine, .bytes = bytes};
-        x[k++] =
-            (sl_xfer){.kind = SL_XFER_RECV, .peer = p, .buf = (char *)all + (size_t)p * bytes, .bytes = bytes};
+        x[k++] = (sl_xfer){
+            .kind = SL_XFER_RECV, .peer = p, .buf = (char *)all + (size_t)p * bytes, .bytes = bytes};
     }
     sl_status st = fifo_exchange(&t->base, x, k, deadline);
     free(x);
@@ -400,7 +400,8 @@ static sl_status fifo_allgather(fifo_tp *t, const void *mine, void *all, size_t 
 /* every rank succeeded, and with the same size (the same verdict on every rank) */
 static sl_status win_check(const win_hello *all, int n, const char *what) {
     for (int p = 0; p < n; p++) {
-        if (!all[p].ok) return sl_fail(SL_ERR_IO, "sl_comm_mem_alloc: rank %d could not %s its window", p, what);
+        if (!all[p].ok)
+            return sl_fail(SL_ERR_IO, "sl_comm_mem_alloc: rank %d could not %s its window", p, what);
         if (all[p].bytes != all[0].bytes)
             return sl_fail(SL_ERR_INVALID,
                            "sl_comm_mem_alloc: rank %d asked for %llu bytes, rank 0 for %llu (windows are "
