@@ -539,6 +539,13 @@ sl_status sl_comm_barrier_async(sl_comm *c, sl_comm_req **req) {
 sl_status sl_comm_barrier(sl_comm *c) { return sl_comm_barrier_async(c, NULL); }
 
 /* ---------------- symmetric memory (Note [Symmetric windows] in comm_internal.h) ---------------- */
+/* SUANLI_COMM_WINDOWS=0: sl_comm_mem_alloc hands out private memory (A/B comparisons; must be the same
+ * on every rank, else the ranks with windows wait for the others until the deadline) */
+static int env_windows(void) {
+    const char *v = getenv("SUANLI_COMM_WINDOWS");
+    return !(v && !strcmp(v, "0"));
+}
+
 static void win_release(sl_comm *c, sl_win *w) {
     if (w->shared)
         c->tp->win->release(c->tp, w);
@@ -560,7 +567,7 @@ sl_status sl_comm_mem_alloc(sl_comm *c, size_t bytes, void **ptr) {
         pthread_mutex_lock(&c->errmu);
         sl_fail(st, "%s: communicator already failed: %.250s", __func__, c->errmsg);
         pthread_mutex_unlock(&c->errmu);
-    } else if (c->tp->win) {
+    } else if (c->tp->win && env_windows()) {
         w->id = c->win_ids++;
         sl_clear_error();
         st = c->tp->win->alloc(c->tp, w, sl_time_sec() + c->timeout);
