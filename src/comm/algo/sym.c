@@ -8,9 +8,10 @@
  * Each slice is processed in chunks (SUANLI_COMM_WIN_CHUNK_KB, default 128 KiB) and the copy of chunk k-1
  * follows the reduction of chunk k, so a peer reads a reduced chunk while it is still in the cache that
  * produced it: a 2-rank all-reduce moves about 4N bytes of DRAM traffic (read both inputs, write both
- * outputs; the peer slices are written with streaming stores above SYM_NT_MIN) against about 5N for
- * the slot FIFOs (Note [Slot FIFOs]).
- * Reduce-scatter: rank r reduces slice r of the n send buffers in rank order into its receive
+ * outputs; the peer slices are written with streaming stores from SUANLI_COMM_WIN_NT_KB on) against about 5N
+ * for the slot FIFOs (Note [Slot FIFOs]). One-shot variant (SUANLI_COMM_WIN_ONESHOT_KB, out of place only,
+ * off by default): every rank reduces the whole vector from all n inputs; no chunk hand-off, n-fold reads;
+ * same results. Reduce-scatter: rank r reduces slice r of the n send buffers in rank order into its receive
  * buffer. All-gather(v): each rank puts its block in its own receive buffer, then copies the others'
  * blocks from their receive buffers.
  *
@@ -45,7 +46,8 @@ enum { W_ARRIVE = 0, W_KIND, W_COUNT, W_SBWIN, W_SBOFF, W_RBWIN, W_RBOFF, W_DONE
 enum { K_ALLREDUCE = 1, K_REDSCAT, K_ALLGATHER };
 #define SYM_CHUNK_DEFAULT_KB 128 /* bytes of one slice reduced before its peers copy it */
 #define SYM_TMP (16u << 10)      /* n > 2: accumulate in an L1-resident block */
-#define SYM_NT_MIN (4u << 20)    /* copies of transfers this large bypass the cache */
+#define SYM_ONESHOT_DEFAULT_KB 0 /* out-of-place all-reduces up to this size: one shot */
+#define SYM_NT_DEFAULT_KB 4096   /* copies of transfers this large bypass the cache (0: never) */
 #define NO_WIN UINT64_MAX
 
 sl_win *sl_win_find(sl_win *list, const void *p, size_t bytes) {
@@ -56,24 +58,36 @@ sl_win *sl_win_find(sl_win *list, const void *p, size_t bytes) {
     return NULL;
 }
 
-/* SUANLI_COMM_WIN_CHUNK_KB (read once; every rank must use the same value: it sets the chunk count
- * that the PROGRESS words count) */
-static size_t sym_chunk(void) {
-    static _Atomic size_t cached;
-    size_t v = atomic_load_explicit(&cached, memory_order_relaxed);
-    if (v) return v;
-    v = (size_t)SYM_CHUNK_DEFAULT_KB << 10;
-    const char *e = getenv("SUANLI_COMM_WIN_CHUNK_KB");
+/* KiB-valued knobs, read once: SUANLI_COMM_WIN_CHUNK_KB (every rank must use the same value: it sets
+ * the chunk count that the PROGRESS words count, so it is part of the all-reduce descriptor) and
+ * SUANLI_COMM_WIN_NT_KB (a local choice). */
+static size_t env_kb(const char *name, size_t dflt_kb, size_t lo_kb, _Atomic size_t *cached) {
+    size_t v = atomic_load_explicit(cached, memory_order_relaxed);
+    if (v) return v - 1;
+    v = dflt_kb << 10;
+    const char *e = getenv(name);
     if (e && *e) {
         char *end;
         unsigned long long k = strtoull(e, &end, 10);
-        if (*end || k < 4 || k > (1u << 20))
-            SL_LOGW("SUANLI_COMM_WIN_CHUNK_KB=%s ignored (want 4..1048576)", e);
+        if (*end || k < lo_kb || k > (1u << 30))
+            SL_LOGW("%s=%s ignored (want %zu..%u)", name, e, lo_kb, 1u << 30);
         else
             v = (size_t)k << 10;
     }
-    atomic_store_explicit(&cached, v, memory_order_relaxed);
+    atomic_store_explicit(cached, v + 1, memory_order_relaxed);
     return v;
+}
+static size_t sym_chunk(void) {
+    static _Atomic size_t cached;
+    return env_kb("SUANLI_COMM_WIN_CHUNK_KB", SYM_CHUNK_DEFAULT_KB, 4, &cached);
+}
+static size_t sym_oneshot_max(void) {
+    static _Atomic size_t cached;
+    return env_kb("SUANLI_COMM_WIN_ONESHOT_KB", SYM_ONESHOT_DEFAULT_KB, 0, &cached);
+}
+static size_t sym_nt_min(void) {
+    static _Atomic size_t cached;
+    return env_kb("SUANLI_COMM_WIN_NT_KB", SYM_NT_DEFAULT_KB, 0, &cached);
 }
 
 static size_t blk_off(size_t count, int n, int b) {
@@ -190,9 +204,13 @@ sl_status sl_sym_allreduce(sl_algo_ctx *c, const void *sb, void *rb, size_t coun
     int n = c->size, r = c->rank;
     size_t so = (size_t)((const char *)sb - ws->base), ro = (size_t)((char *)rb - wr->base);
     size_t chunk = sym_chunk(); /* in the descriptor: ranks must cut the slices alike */
-    sym_op o = {.c = c,
-                .desc = {kind_word(K_ALLREDUCE, dt, op) | (uint64_t)(chunk >> 10) << 24, count, ws->id, so,
-                         wr->id, ro}};
+    size_t ce = chunk / es, nc = (blk_len(count, n, 0) + ce - 1) / ce;
+    if (nc >= (1u << 24)) return SL_ERR_UNSUPPORTED;      /* PROGRESS counts chunks in 24 bits */
+    int oneshot = sb != rb && bytes <= sym_oneshot_max(); /* in the descriptor too */
+    sym_op o = {
+        .c = c,
+        .desc = {kind_word(K_ALLREDUCE, dt, op) | (uint64_t)(chunk >> 10) << 24 | (uint64_t)oneshot << 56,
+                 count, ws->id, so, wr->id, ro}};
     char stack_tmp[1], *tmp = n > 2 ? sl_algo_scratch(c, SYM_TMP) : stack_tmp;
     const char *in_stack[16], **in = n <= 16 ? in_stack : malloc(sizeof(char *) * (size_t)n);
     if (!tmp || !in) {
@@ -200,9 +218,16 @@ sl_status sl_sym_allreduce(sl_algo_ctx *c, const void *sb, void *rb, size_t coun
         return sl_fail(SL_ERR_NOMEM, "window all-reduce: out of memory");
     }
     sl_status st = sym_begin(&o, "all-reduce");
-    size_t ce = chunk / es, nc = (blk_len(count, n, 0) + ce - 1) / ce;
+    if (st == SL_OK && oneshot) { /* every rank reduces the whole vector (in rank order, like the slices) */
+        for (int p = 0; p < n; p++) in[p] = ws->peer[p] + so;
+        reduce_n(dt, op, rb, in, n, count, tmp);
+        if (op == SL_COMM_AVG) sl_comm_div_kernel(dt, rb, count, n);
+        st = sym_end(&o);
+        if (in != in_stack) free((void *)in);
+        return st;
+    }
     size_t mo = blk_off(count, n, r), ml = blk_len(count, n, r);
-    int nt = bytes >= SYM_NT_MIN;
+    int nt = sym_nt_min() && bytes >= sym_nt_min();
     for (size_t k = 0; k <= nc && st == SL_OK; k++) {
         if (k < nc) { /* reduce chunk k of my slice */
             size_t e0 = k * ce, m = e0 < ml ? (ml - e0 < ce ? ml - e0 : ce) : 0;
@@ -273,7 +298,7 @@ sl_status sl_sym_allgatherv(sl_algo_ctx *c, const void *sb, void *rb, const size
     char *d = rb;
     if (counts[r] && (const char *)sb != d + displs[r] * es) memmove(d + displs[r] * es, sb, counts[r] * es);
     SL_TRY(sym_begin(&o, "all-gather"));
-    int nt = tot * es >= SYM_NT_MIN;
+    int nt = sym_nt_min() && tot * es >= sym_nt_min();
     for (int i = 1; i < n; i++) {
         int p = (r + i) % n;
         size_t off = displs[p] * es;
