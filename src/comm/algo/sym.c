@@ -47,7 +47,7 @@ enum { K_ALLREDUCE = 1, K_REDSCAT, K_ALLGATHER };
 #define SYM_CHUNK_DEFAULT_KB 128 /* bytes of one slice reduced before its peers copy it */
 #define SYM_TMP (16u << 10)      /* n > 2: accumulate in an L1-resident block */
 #define SYM_ONESHOT_DEFAULT_KB 0 /* out-of-place all-reduces up to this size: one shot */
-#define SYM_NT_DEFAULT_KB 4096   /* copies of transfers this large bypass the cache (0: never) */
+#define SYM_NT_DEFAULT_KB 8192   /* copies of transfers this large bypass the cache (0: never) */
 #define NO_WIN UINT64_MAX
 
 sl_win *sl_win_find(sl_win *list, const void *p, size_t bytes) {
