@@ -571,7 +571,14 @@ sl_status sl_comm_mem_alloc(sl_comm *c, size_t bytes, void **ptr) {
         w->id = c->win_ids++;
         sl_clear_error();
         st = c->tp->win->alloc(c->tp, w, sl_time_sec() + c->timeout);
-        if (st == SL_ERR_TIMEOUT || st == SL_ERR_PEER || st == SL_ERR_ABORTED) {
+        if (st == SL_ERR_IO || st == SL_ERR_NOMEM) {
+            /* some rank could not create or map its part (/dev/shm full?): every rank saw the same
+             * verdict, so all fall back to private memory together */
+            SL_LOGW("sl_comm_mem_alloc: rank %d: %s; using private memory (no direct window algorithms)",
+                    c->rank, sl_errmsg());
+            w->base = sl_malloc_aligned(bytes ? bytes : 1);
+            st = w->base ? SL_OK : sl_fail(SL_ERR_NOMEM, "%s: cannot allocate %zu bytes", __func__, bytes);
+        } else if (st == SL_ERR_TIMEOUT || st == SL_ERR_PEER || st == SL_ERR_ABORTED) {
             char msg[300];
             snprintf(msg, sizeof msg, "rank %d: %s", c->rank, sl_errmsg());
             record_error(c, st, msg); /* the FIFOs may be out of step: the communicator is done */

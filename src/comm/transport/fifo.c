@@ -426,16 +426,21 @@ static sl_status shm_win_alloc(sl_transport *t_, sl_win *w, double deadline) {
     }
     snprintf(name, sizeof name, "/%s-w%llu-r%d", t->name, (unsigned long long)w->id, r);
     shm_unlink(name); /* stale from a crashed run with the same name */
-    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600), err = fd < 0 ? errno : 0;
     if (fd >= 0) {
-        if (ftruncate(fd, (off_t)mb) == 0) {
+        /* reserve the pages now: a /dev/shm too small (containers) is an error here, not a SIGBUS later */
+        err = posix_fallocate(fd, 0, (off_t)mb);
+        if (!err) {
             void *m = mmap(NULL, mb, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-            if (m != MAP_FAILED) peer[r] = m, mine.ok = 1;
+            if (m != MAP_FAILED)
+                peer[r] = m, mine.ok = 1;
+            else
+                err = errno;
         }
         close(fd);
         if (!mine.ok) shm_unlink(name);
     }
-    if (!mine.ok) SL_LOGE("sl_comm_mem_alloc: cannot create %s (%zu bytes): %s", name, mb, strerror(errno));
+    if (!mine.ok) SL_LOGW("sl_comm_mem_alloc: cannot create %s (%zu bytes): %s", name, mb, strerror(err));
     sl_status st = fifo_allgather(t, &mine, all, sizeof mine, deadline), st2 = st;
     if (st == SL_OK) st = win_check(all, n, "create");
     for (int p = 0; p < n && st == SL_OK; p++) {
