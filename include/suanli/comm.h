@@ -210,7 +210,8 @@ sl_status sl_comm_barrier_async(sl_comm *c, sl_comm_req **req);
  * sl_comm_mem_alloc is collective: every rank calls it with the same size, in the same order relative
  * to the other window calls. On shm (processes on one host) the memory is a shared mapping that every
  * rank maps; with threads as ranks (loopback) it is shared process memory; on tcp, mpi or ranks on
- * several hosts it is ordinary private memory, so callers need no special case. Not zeroed.
+ * several hosts it is ordinary private memory, so callers need no special case; likewise on every rank
+ * (with a warning) when some rank cannot create its shared part (/dev/shm too small). Not zeroed.
  * Use it symmetrically: when the buffers of an all-reduce (send and receive), reduce-scatter (send)
  * or all-gather(v) (receive) lie in such windows at the same offset of the same window on every rank
  * and no algorithm other than direct is forced (sl_comm_set_algo / SUANLI_COMM_ALGO), the collective

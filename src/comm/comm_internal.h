@@ -49,6 +49,9 @@ typedef struct sl_transport sl_transport;
  * process), and per-rank control words with a transport-provided wait that obeys the deadline, the
  * abort flag and peer liveness exactly like exchange (Note [Waiting], transport/fifo.c). They never
  * touch slot FIFOs, segment headers or pids.
+ * shm reserves the pages at allocation (posix_fallocate), so a /dev/shm too small is reported then;
+ * every rank sees every rank's verdict, and sl_comm_mem_alloc then falls back to private memory on
+ * all ranks together.
  * Windows are symmetric: allocated collectively with the same size on every rank, numbered in
  * allocation order (`id`, equal on every rank), and used at the same offset on every rank. */
 #define SL_WIN_CTL 16 /* control words per rank: see algo/sym.c for their use */
