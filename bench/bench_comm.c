@@ -1,4 +1,8 @@
-/* suanli bench comm [--json] [-n N] [--min-bytes B] [--max-bytes B] [--colls LIST] [--iters K]
+/* suanli bench comm [--json] [-n N] [--min-bytes B] [--max-bytes B] [--colls LIST] [--iters K] [--window]
+ *
+ * --window: also run every call on buffers from sl_comm_mem_alloc (symmetric windows: the direct
+ * algorithms of src/comm/algo/sym.c on shm), printed first as the "window" columns, beside the plain
+ * (private buffers) and MPI columns of the same run.
  *
  * Runs inside a job (suanli run / mpirun / srun); with -n N outside a job it launches itself.
  * For each collective and size (x2 steps): time per call (max over ranks of the mean), algbw =
@@ -23,7 +27,7 @@ enum { C_AR, C_AG, C_RS, C_A2A, C_BC, C_COUNT };
 static const char *CNAME[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"};
 
 typedef struct bopts {
-    int json, iters;
+    int json, iters, window;
     size_t minb, maxb;
     int colls[C_COUNT];
 } bopts;
@@ -178,8 +182,11 @@ int sl_bench_comm(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--json"))
             o.json = 1;
+        else if (!strcmp(a, "--window"))
+            o.window = 1;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: suanli bench comm [--json] [-n N] [--min-bytes B] [--max-bytes B] [--iters K]\n"
+            printf("usage: suanli bench comm [--json] [-n N] [--min-bytes B] [--max-bytes B] [--iters K] "
+                   "[--window]\n"
                    "                         [--colls "
                    "all_reduce,all_gather,reduce_scatter,all_to_all,broadcast]\n"
                    "Run inside a job (suanli run -n N -- suanli bench comm, mpirun, srun) or pass -n N.\n");
@@ -252,26 +259,45 @@ int sl_bench_comm(int argc, char **argv) {
     }
     memset(sb, 0, maxcount * 4);
     memset(rb, 0, maxcount * 4);
+    float *wsb = NULL, *wrb = NULL;
+    if (o.window) {
+        if (sl_comm_mem_alloc(comm, maxcount * 4, (void **)&wsb) != SL_OK ||
+            sl_comm_mem_alloc(comm, maxcount * 4, (void **)&wrb) != SL_OK) {
+            fprintf(stderr, "suanli bench comm: sl_comm_mem_alloc: %s\n", sl_errmsg());
+            return 1;
+        }
+        memset(wsb, 0, maxcount * 4);
+        memset(wrb, 0, maxcount * 4);
+    }
+    int shared = o.window && sl_comm_mem_is_shared(comm, wsb, maxcount * 4);
     char host[64] = {0};
     gethostname(host, sizeof host - 1);
     const char *tp = sl_comm_transport_name(sl_comm_transport(comm));
     if (r == 0) {
         if (o.json)
             printf("{\"bench\":\"comm\",\"ranks\":%d,\"transport\":\"%s\",\"host\":\"%s\",\"dtype\":\"f32\","
-                   "\"mpi\":%s,\"results\":[",
-                   n, tp, host, have_mpi ? "true" : "false");
+                   "\"mpi\":%s,\"window\":%s,\"results\":[",
+                   n, tp, host, have_mpi ? "true" : "false",
+                   !o.window ? "false"
+                   : shared  ? "\"shared\""
+                             : "\"private\"");
         else
-            printf("# suanli bench comm: %d ranks, transport %s, host %s, dtype f32, op sum%s\n", n, tp, host,
-                   have_mpi ? ", MPI comparison in the same run" : "");
+            printf("# suanli bench comm: %d ranks, transport %s, host %s, dtype f32, op sum%s%s\n", n, tp,
+                   host, have_mpi ? ", MPI comparison in the same run" : "",
+                   !o.window ? ""
+                   : shared  ? ", window = sl_comm_mem_alloc buffers (shared)"
+                             : ", window = sl_comm_mem_alloc buffers (private fallback on this transport)");
     }
     int first = 1, status = 0;
     sl_status st = SL_OK;
     for (int c = 0; c < C_COUNT && st == SL_OK; c++) {
         if (!o.colls[c]) continue;
         if (r == 0 && !o.json) {
-            printf("#\n# %s\n# %12s %10s %11s %8s %8s %7s", CNAME[c], "bytes", "count", "time(us)", "algbw",
-                   "busbw", "#wrong");
+            printf("#\n# %s\n# %12s %10s", CNAME[c], "bytes", "count");
+            if (o.window) printf(" %11s %8s %7s |", "window(us)", "busbw", "#wrong");
+            printf(" %11s %8s %8s %7s", "time(us)", "algbw", "busbw", "#wrong");
             if (have_mpi) printf(" | %11s %8s %8s %7s %6s", "mpi(us)", "algbw", "busbw", "#wrong", "ratio");
+            if (o.window) printf(" | %7s%s", "w/plain", have_mpi ? "  w/mpi" : "");
             printf("\n");
         }
         for (size_t bytes = o.minb; bytes <= o.maxb && st == SL_OK; bytes *= 2) {
@@ -280,7 +306,15 @@ int sl_bench_comm(int argc, char **argv) {
             if (count == 0) continue;
             size_t b = count * 4;
             int it = iters_for(b, o.iters);
-            long wrong = check(comm, 0, c, sb, rb, count, n, r, &st);
+            long wwrong = 0;
+            double wt = 0;
+            if (o.window) {
+                wwrong = check(comm, 0, c, wsb, wrb, count, n, r, &st);
+                if (st == SL_OK) wt = timed(comm, 0, c, wsb, wrb, count, n, it, &st);
+                if (st == SL_OK) st = sl_comm_all_reduce(comm, &wwrong, &wwrong, 1, SL_COMM_I64, SL_COMM_SUM);
+                if (wwrong) status = 1;
+            }
+            long wrong = st == SL_OK ? check(comm, 0, c, sb, rb, count, n, r, &st) : 0;
             double t = st == SL_OK ? timed(comm, 0, c, sb, rb, count, n, it, &st) : 0;
             if (st == SL_OK) st = sl_comm_all_reduce(comm, &wrong, &wrong, 1, SL_COMM_I64, SL_COMM_SUM);
             double mt = 0;
@@ -298,16 +332,26 @@ int sl_bench_comm(int argc, char **argv) {
                 printf("%s\n{\"coll\":\"%s\",\"bytes\":%zu,\"time_us\":%.3f,\"algbw\":%.4f,\"busbw\":%.4f,"
                        "\"wrong\":%ld",
                        first ? "" : ",", CNAME[c], b, t * 1e6, alg, bus, wrong);
+                if (o.window)
+                    printf(",\"window_time_us\":%.3f,\"window_busbw\":%.4f,\"window_wrong\":%ld", wt * 1e6,
+                           (double)b / wt / 1e9 * factor(c, n), wwrong);
                 if (have_mpi)
                     printf(",\"mpi_time_us\":%.3f,\"mpi_busbw\":%.4f,\"mpi_wrong\":%ld", mt * 1e6,
                            (double)b / mt / 1e9 * factor(c, n), mwrong);
                 printf("}");
                 first = 0;
             } else {
-                printf("  %12zu %10zu %11.2f %8.3f %8.3f %7ld", b, count, t * 1e6, alg, bus, wrong);
+                printf("  %12zu %10zu", b, count);
+                if (o.window)
+                    printf(" %11.2f %8.3f %7ld |", wt * 1e6, (double)b / wt / 1e9 * factor(c, n), wwrong);
+                printf(" %11.2f %8.3f %8.3f %7ld", t * 1e6, alg, bus, wrong);
                 if (have_mpi)
                     printf(" | %11.2f %8.3f %8.3f %7ld %6.2f", mt * 1e6, (double)b / mt / 1e9,
                            (double)b / mt / 1e9 * factor(c, n), mwrong, mt / t);
+                if (o.window) {
+                    printf(" | %7.2f", t / wt);
+                    if (have_mpi) printf(" %6.2f", mt / wt);
+                }
                 printf("\n");
             }
             fflush(stdout);
@@ -320,6 +364,10 @@ int sl_bench_comm(int argc, char **argv) {
     }
     sl_free_aligned(sb);
     sl_free_aligned(rb);
+    if (st == SL_OK) {
+        sl_comm_mem_free(comm, wsb);
+        sl_comm_mem_free(comm, wrb);
+    }
     sl_comm_free(comm);
     return status;
 }

@@ -206,6 +206,29 @@ sl_status sl_comm_recv_async(sl_comm *c, void *buf, size_t count, sl_comm_dtype 
 sl_status sl_comm_barrier(sl_comm *c);
 sl_status sl_comm_barrier_async(sl_comm *c, sl_comm_req **req);
 
+/* ---- symmetric memory (NCCL's registered/symmetric buffers) ----
+ * sl_comm_mem_alloc is collective: every rank calls it with the same size, in the same order relative
+ * to the other window calls. On shm (processes on one host) the memory is a shared mapping that every
+ * rank maps; with threads as ranks (loopback) it is shared process memory; on tcp, mpi or ranks on
+ * several hosts it is ordinary private memory, so callers need no special case; likewise on every rank
+ * (with a warning) when some rank cannot create its shared part (/dev/shm too small). Not zeroed.
+ * Use it symmetrically: when the buffers of an all-reduce (send and receive), reduce-scatter (send)
+ * or all-gather(v) (receive) lie in such windows at the same offset of the same window on every rank
+ * and no algorithm other than direct is forced (sl_comm_set_algo / SUANLI_COMM_ALGO), the collective
+ * runs a direct algorithm that reads the peers' buffers in place (src/comm/algo/sym.c) instead of
+ * copying through the transport. Results: bitwise those of the ring for 2 ranks, of the direct
+ * algorithm (rank order 0..n-1) for more (NaN payloads aside); deterministic either way. Every rank
+ * checks that all ranks passed the same windows and offsets: asymmetric use fails on every rank
+ * (SL_ERR_INVALID); window buffers on some ranks and private ones on others fail at the deadline.
+ * The other collectives treat window memory as ordinary memory.
+ * sl_comm_mem_free(c, ptr) takes a pointer returned by sl_comm_mem_alloc (NULL: no-op); call it on
+ * every rank, after the operations using the buffer completed. Windows left are freed by
+ * sl_comm_free. Both wait for the communicator's queued operations. Ownership: the communicator's. */
+sl_status sl_comm_mem_alloc(sl_comm *c, size_t bytes, void **ptr);
+sl_status sl_comm_mem_free(sl_comm *c, void *ptr);
+/* 1 when [ptr, ptr+bytes) lies in a window shared with the peers (0: private or fallback memory). */
+int sl_comm_mem_is_shared(const sl_comm *c, const void *ptr, size_t bytes);
+
 /* ---- algorithms (exposed for tests and the benchmark) ---- */
 typedef enum sl_comm_algo {
     SL_COMM_ALGO_AUTO = 0, /* cost model */

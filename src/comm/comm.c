@@ -141,7 +141,9 @@ static void execute(sl_comm *c, sl_comm_req *t) {
                      .scratch_cap = &c->scratch_cap,
                      .algo = c->algo,
                      .local = c->local,
-                     .leaders = c->leaders};
+                     .leaders = c->leaders,
+                     .wins = c->wins,
+                     .win_seq = &c->win_seq};
     sl_clear_error();
     t->st = run_one(c, &x, t);
     if (t->st != SL_OK) {
@@ -536,6 +538,88 @@ sl_status sl_comm_barrier_async(sl_comm *c, sl_comm_req **req) {
 }
 sl_status sl_comm_barrier(sl_comm *c) { return sl_comm_barrier_async(c, NULL); }
 
+/* ---------------- symmetric memory (Note [Symmetric windows] in comm_internal.h) ---------------- */
+/* SUANLI_COMM_WINDOWS=0: sl_comm_mem_alloc hands out private memory (A/B comparisons; must be the same
+ * on every rank, else the ranks with windows wait for the others until the deadline) */
+static int env_windows(void) {
+    const char *v = getenv("SUANLI_COMM_WINDOWS");
+    return !(v && !strcmp(v, "0"));
+}
+
+static void win_release(sl_comm *c, sl_win *w) {
+    if (w->shared)
+        c->tp->win->release(c->tp, w);
+    else
+        sl_free_aligned(w->base);
+    free(w);
+}
+
+sl_status sl_comm_mem_alloc(sl_comm *c, size_t bytes, void **ptr) {
+    CHECK_COMM(c);
+    if (!ptr) return sl_fail(SL_ERR_INVALID, "%s: NULL ptr", __func__);
+    *ptr = NULL;
+    sl_win *w = calloc(1, sizeof *w);
+    if (!w) return sl_fail(SL_ERR_NOMEM, "%s: out of memory", __func__);
+    w->bytes = bytes;
+    sl_comm_acquire(c); /* queued operations finish first; the transport is ours */
+    sl_status st = (sl_status)atomic_load(&c->err);
+    if (st != SL_OK) {
+        pthread_mutex_lock(&c->errmu);
+        sl_fail(st, "%s: communicator already failed: %.250s", __func__, c->errmsg);
+        pthread_mutex_unlock(&c->errmu);
+    } else if (c->tp->win && env_windows()) {
+        w->id = c->win_ids++;
+        sl_clear_error();
+        st = c->tp->win->alloc(c->tp, w, sl_time_sec() + c->timeout);
+        if (st == SL_ERR_IO || st == SL_ERR_NOMEM) {
+            /* some rank could not create or map its part (/dev/shm full?): every rank saw the same
+             * verdict, so all fall back to private memory together */
+            SL_LOGW("sl_comm_mem_alloc: rank %d: %s; using private memory (no direct window algorithms)",
+                    c->rank, sl_errmsg());
+            w->base = sl_malloc_aligned(bytes ? bytes : 1);
+            st = w->base ? SL_OK : sl_fail(SL_ERR_NOMEM, "%s: cannot allocate %zu bytes", __func__, bytes);
+        } else if (st == SL_ERR_TIMEOUT || st == SL_ERR_PEER || st == SL_ERR_ABORTED) {
+            char msg[300];
+            snprintf(msg, sizeof msg, "rank %d: %s", c->rank, sl_errmsg());
+            record_error(c, st, msg); /* the FIFOs may be out of step: the communicator is done */
+            sl_fail(st, "%s", msg);
+        }
+    } else { /* tcp, mpi, several hosts: private memory, ordinary algorithms */
+        w->id = c->win_ids++;
+        w->base = sl_malloc_aligned(bytes ? bytes : 1);
+        if (!w->base) st = sl_fail(SL_ERR_NOMEM, "%s: cannot allocate %zu bytes", __func__, bytes);
+    }
+    if (st == SL_OK) {
+        w->next = c->wins;
+        c->wins = w;
+        *ptr = w->base;
+    } else {
+        free(w);
+    }
+    sl_comm_release(c);
+    return st;
+}
+
+sl_status sl_comm_mem_free(sl_comm *c, void *ptr) {
+    CHECK_COMM(c);
+    if (!ptr) return SL_OK;
+    sl_comm_acquire(c); /* no queued operation may still use it */
+    sl_win **pw = &c->wins;
+    while (*pw && (*pw)->base != ptr) pw = &(*pw)->next;
+    sl_win *w = *pw;
+    if (w) *pw = w->next;
+    sl_comm_release(c);
+    if (!w)
+        return sl_fail(SL_ERR_INVALID, "%s: %p was not returned by sl_comm_mem_alloc on this communicator",
+                       __func__, ptr);
+    win_release(c, w);
+    return SL_OK;
+}
+
+int sl_comm_mem_is_shared(const sl_comm *c, const void *ptr, size_t bytes) {
+    return c && sl_win_find(c->wins, ptr, bytes) != NULL;
+}
+
 /* ---------------- lifetime ---------------- */
 int sl_comm_rank(const sl_comm *c) { return c->rank; }
 int sl_comm_size(const sl_comm *c) { return c->size; }
@@ -593,6 +677,11 @@ void sl_comm_free(sl_comm *c) {
     pthread_join(c->thread, NULL);
     sl_comm_free(c->local);
     sl_comm_free(c->leaders);
+    while (c->wins) { /* windows the caller did not free */
+        sl_win *w = c->wins;
+        c->wins = w->next;
+        win_release(c, w);
+    }
     c->tp->vt->destroy(c->tp);
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->errmu);

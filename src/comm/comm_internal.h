@@ -37,6 +37,44 @@ typedef struct sl_xfer {
 } sl_xfer;
 
 typedef struct sl_transport sl_transport;
+
+/* ---- symmetric windows: an optional transport capability ----
+ * Note [Symmetric windows]
+ * A window is memory every rank of a communicator can load and store directly: on shm one POSIX
+ * shared-memory object per rank, mapped by all ranks (the name is unlinked as soon as everyone has
+ * mapped it, so a killed job leaves nothing in /dev/shm); on loopback (threads) one heap block cut in
+ * n equal regions. Transports that can offer this fill in `win` (sl_win_vt); the others (tcp, mpi)
+ * leave it NULL and sl_comm_mem_alloc falls back to private memory, so callers need no special case.
+ * The algorithms in algo/sym.c see only this contract: `peer[r]` (rank r's window as mapped in this
+ * process), and per-rank control words with a transport-provided wait that obeys the deadline, the
+ * abort flag and peer liveness exactly like exchange (Note [Waiting], transport/fifo.c). They never
+ * touch slot FIFOs, segment headers or pids.
+ * shm reserves the pages at allocation (posix_fallocate), so a /dev/shm too small is reported then;
+ * every rank sees every rank's verdict, and sl_comm_mem_alloc then falls back to private memory on
+ * all ranks together.
+ * Windows are symmetric: allocated collectively with the same size on every rank, numbered in
+ * allocation order (`id`, equal on every rank), and used at the same offset on every rank. */
+#define SL_WIN_CTL 16 /* control words per rank: see algo/sym.c for their use */
+typedef struct sl_win sl_win;
+struct sl_win {
+    char *base;   /* this rank's window */
+    size_t bytes; /* usable bytes (same on every rank) */
+    char **peer;  /* [r] rank r's window in this address space; peer[rank] == base */
+    uint64_t id;  /* allocation number on this communicator (same on every rank) */
+    int shared;   /* 0: private fallback memory (no direct algorithms) */
+    void *priv;   /* transport bookkeeping */
+    sl_win *next; /* the communicator's list */
+};
+typedef struct sl_win_vt {
+    /* Collective: a window of `bytes` on every rank; fills w->base/peer/priv. */
+    sl_status (*alloc)(sl_transport *t, sl_win *w, double deadline);
+    void (*release)(sl_transport *t, sl_win *w); /* local; peers may still hold their mappings */
+    /* rank r's SL_WIN_CTL control words (shared, written only by rank r) */
+    _Atomic uint64_t *(*ctl)(sl_transport *t, int r);
+    /* wait until ctl(peer)[word] >= v; error on deadline, abort or a dead peer */
+    sl_status (*wait)(sl_transport *t, int peer, int word, uint64_t v, double deadline);
+} sl_win_vt;
+
 typedef struct sl_transport_vt {
     const char *name;
     /* Run all transfers to completion concurrently; error on deadline, abort or dead peer. */
@@ -51,6 +89,7 @@ struct sl_transport {
     int rank, size;
     atomic_int *abort_flag; /* the communicator's; checked while waiting */
     double alpha, beta;     /* cost model: seconds per message, seconds per byte */
+    const sl_win_vt *win;   /* symmetric windows (NULL: not offered) */
 };
 
 /* ---- out-of-band exchange used while building transports ---- */
@@ -103,6 +142,8 @@ typedef struct sl_algo_ctx {
     sl_comm_algo algo; /* forced, or AUTO */
     sl_comm *local;    /* hierarchical: ranks on this host (shm), or NULL */
     sl_comm *leaders;  /* hierarchical: local rank 0 of every host, NULL elsewhere */
+    sl_win *wins;      /* the communicator's windows (algo/sym.c) */
+    uint64_t *win_seq; /* window operations so far (same count on every rank) */
 } sl_algo_ctx;
 
 sl_status sl_prim_exchange(sl_algo_ctx *c, sl_xfer *x, int n);
@@ -136,5 +177,21 @@ sl_status sl_algo_reduce_scatter(sl_algo_ctx *c, const void *sb, void *rb, size_
 sl_status sl_algo_alltoallv(sl_algo_ctx *c, const void *sb, const size_t *scounts, const size_t *sdispls,
                             void *rb, const size_t *rcounts, const size_t *rdispls, sl_comm_dtype dt);
 sl_status sl_algo_barrier(sl_algo_ctx *c);
+
+/* algo/sym.c: direct algorithms on symmetric windows. Each returns SL_ERR_UNSUPPORTED without side
+ * effects when its buffers do not all lie in shared windows on this rank (then the caller runs the
+ * ordinary algorithm); otherwise it runs the window algorithm, which checks that every rank passed
+ * the same call (same windows and offsets) before touching peer memory. */
+sl_status sl_sym_allreduce(sl_algo_ctx *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt,
+                           sl_comm_redop op);
+sl_status sl_sym_reduce_scatter(sl_algo_ctx *c, const void *sb, void *rb, size_t recvcount, sl_comm_dtype dt,
+                                sl_comm_redop op);
+sl_status sl_sym_allgatherv(sl_algo_ctx *c, const void *sb, void *rb, const size_t *counts,
+                            const size_t *displs, sl_comm_dtype dt);
+sl_win *sl_win_find(sl_win *list, const void *p, size_t bytes);
+/* the transport offers windows and no algorithm other than direct (same reduction order) is forced */
+static inline int sl_sym_enabled(const sl_algo_ctx *c) {
+    return (c->algo == SL_COMM_ALGO_AUTO || c->algo == SL_COMM_ALGO_DIRECT) && c->tp->win;
+} /* shared window holding [p, p+bytes) */
 
 #endif

@@ -59,6 +59,9 @@ struct sl_comm {
     pthread_t thread;
     void *scratch;
     size_t scratch_cap;
+    sl_win *wins;     /* sl_comm_mem_alloc windows (changed only while acquired) */
+    uint64_t win_seq; /* window operations run (algo/sym.c) */
+    uint64_t win_ids; /* windows allocated so far */
 };
 
 void sl_comm_acquire(sl_comm *c);

@@ -50,6 +50,47 @@ static void count_seg(void *u, int64_t lo, int64_t len, int64_t off) {
     *(int64_t *)u += len;
 }
 
+/* Note [Gradients in a window]
+ * With peers, the flat gradient buffer (m->grads_mem) moves into a symmetric window
+ * (sl_comm_mem_alloc) for DP's lifetime, and so does the slot arena (zero_slots.c): every rank's
+ * buckets then lie at the same offsets of the same window, and on shm the bucket all-reduces and
+ * reduce-scatters read the peers' gradients in place (src/comm/algo/sym.c) instead of copying them
+ * through the transport. Over tcp/mpi the window is private memory and nothing changes. Results: for
+ * 2 ranks bitwise those of the ring, for more those of SUANLI_COMM_ALGO=direct (rank order), for
+ * all-reduce and reduce-scatter alike, so ZeRO stages still match plain DP bitwise. sl_dp_free moves
+ * the gradients back into private memory (the model owns and frees m->grads_mem); it must run while
+ * the communicator and the graph still exist. */
+static void bind_grads(sl_model *m, float *g) {
+    for (int i = 0; i < m->n_params; i++)
+        if (m->params[i].t->grad) sl_tensor_bind(m->params[i].t->grad, g ? g + m->params[i].offset : NULL);
+}
+
+static sl_status grads_to_window(sl_dp *dp, sl_graph *g) {
+    sl_model *m = dp->m;
+    float *w = NULL;
+    SL_TRY(sl_comm_mem_alloc(dp->comm, sizeof(float) * (size_t)m->numel, (void **)&w));
+    memcpy(w, m->grads_mem, sizeof(float) * (size_t)m->numel);
+    bind_grads(m, w);
+    sl_graph_refresh_views(g);
+    sl_free_aligned(m->grads_mem);
+    m->grads_mem = w;
+    dp->gwin = w;
+    dp->gwin_graph = g;
+    return SL_OK;
+}
+
+static void grads_from_window(sl_dp *dp) {
+    if (!dp->gwin) return;
+    sl_model *m = dp->m;
+    float *p = sl_malloc_aligned(sizeof(float) * (size_t)m->numel);
+    if (p) memcpy(p, dp->gwin, sizeof(float) * (size_t)m->numel);
+    bind_grads(m, p);
+    sl_graph_refresh_views(dp->gwin_graph);
+    m->grads_mem = p; /* NULL if that failed: the model frees NULL, and nothing trains after DP */
+    (void)sl_comm_mem_free(dp->comm, dp->gwin);
+    dp->gwin = NULL;
+}
+
 sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, const sl_dp_opts *o) {
     *out = NULL;
     if (o->zero_stage < 0 || o->zero_stage > 3)
@@ -135,6 +176,12 @@ sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, 
     if (dp->gslots) {
         sl_free_aligned(m->grads_mem);
         m->grads_mem = NULL;
+    } else if (dp->comm && m->grads_mem) {
+        sl_status ws = grads_to_window(dp, g);
+        if (ws != SL_OK) {
+            sl_dp_free(dp);
+            return ws;
+        }
     }
     *out = dp;
     return SL_OK;
@@ -156,6 +203,7 @@ void sl_dp_free(sl_dp *dp) {
     sl_free_aligned(dp->m2);
     sl_free_aligned(dp->gshard);
     sl_dp_slots_free(dp);
+    grads_from_window(dp);
     sl_free_aligned(dp->pshard);
     free(dp);
 }

@@ -53,6 +53,8 @@ struct sl_dp {
     int pgather;      /* ZeRO-1/2: parameter all-gathers in flight (Note [Overlapped parameter gather]) */
     int *pbucket;     /* parameter index -> bucket */
     int materialized; /* sl_dp_gather_params made m->params_mem whole again */
+    float *gwin;      /* m->grads_mem moved into a symmetric window (Note [Gradients in a window]) */
+    sl_graph *gwin_graph;
 };
 
 /* zero_slots.c */

@@ -238,10 +238,16 @@ sl_status sl_dp_slots_build(sl_dp *dp, sl_graph *g) {
     }
     free(v);
     SL_TRY(st);
+    /* a symmetric window when there are peers (collective: every rank computed the same arena_len), so
+     * the slots' reduce-scatters and all-gathers take the direct path (Note [Gradients in a window], dp.c) */
+    if (dp->comm)
+        SL_TRY(
+            sl_comm_mem_alloc(dp->comm, sizeof(float) * (size_t)(dp->arena_len + 16), (void **)&dp->arena));
+    else
+        dp->arena = sl_malloc_aligned(sizeof(float) * (size_t)(dp->arena_len + 16));
     dp->by_l = malloc(sizeof(int) * (size_t)(dp->niv + 1));
     dp->by_gz = malloc(sizeof(int) * (size_t)(dp->nb + 1));
     dp->by_pf = malloc(sizeof(int) * (size_t)(dp->nb + 1));
-    dp->arena = sl_malloc_aligned(sizeof(float) * (size_t)(dp->arena_len + 16));
     if (!dp->by_l || !dp->by_gz || !dp->by_pf || !dp->arena)
         return sl_fail(SL_ERR_NOMEM, "dp: out of memory (slots)");
     key_idx *kv = malloc(sizeof(key_idx) * (size_t)(dp->niv + dp->nb + 1));
@@ -269,7 +275,11 @@ void sl_dp_slots_free(sl_dp *dp) {
     free(dp->by_gz);
     free(dp->by_pf);
     free(dp->pbucket);
-    sl_free_aligned(dp->arena);
+    if (dp->comm)
+        (void)sl_comm_mem_free(dp->comm, dp->arena);
+    else
+        sl_free_aligned(dp->arena);
+    dp->arena = NULL;
 }
 
 /* bind bucket k's parameter (grad = 0) or gradient (grad = 1) leaves to `base` (the bucket's first element)

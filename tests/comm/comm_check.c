@@ -126,6 +126,29 @@ static void *xmalloc(size_t b) {
     return p;
 }
 
+/* Window mode: a bump allocator in one sl_comm_mem_alloc window, reset for every case. Every rank
+ * allocates the same sizes in the same order for the collectives that use windows (the all-gather(v)
+ * send buffer, whose size differs per rank, comes last), so the offsets are symmetric. */
+static _Thread_local char *g_win;
+static _Thread_local size_t g_win_bytes, g_win_used;
+static void *balloc(size_t b) {
+    if (!g_win) return xmalloc(b);
+    size_t a = (b + 63) & ~(size_t)63;
+    if (!a) a = 64;
+    if (g_win_used + a > g_win_bytes) {
+        fprintf(stderr, "window arena too small (%zu + %zu > %zu)\n", g_win_used, a, g_win_bytes);
+        abort();
+    }
+    char *p = g_win + g_win_used;
+    g_win_used += a;
+    memset(p, 0xAB, a);
+    return p;
+}
+static void bfree(void *p) {
+    if (g_win && (char *)p >= g_win && (char *)p < g_win + g_win_bytes) return;
+    free(p);
+}
+
 /* One case; returns 1 on failure. */
 static int run_case(sl_comm *c, int coll, sl_comm_dtype dt, sl_comm_redop op, size_t count, int inplace,
                     int cas, const char *algo) {
@@ -141,9 +164,9 @@ static int run_case(sl_comm *c, int coll, sl_comm_dtype dt, sl_comm_redop op, si
     int bad = 0;
     switch (coll) {
     case AR: {
-        sb = xmalloc(count * es);
+        sb = balloc(count * es);
         for (size_t i = 0; i < count; i++) put(dt, sb, i, val(r, i, cas, op));
-        rb = inplace ? sb : xmalloc(count * es);
+        rb = inplace ? sb : balloc(count * es);
         want = xmalloc(count * es);
         for (size_t i = 0; i < count; i++) ref_put(dt, op, want, i, n, i, cas);
         st = sl_comm_all_reduce(c, sb, rb, count, dt, op);
@@ -185,7 +208,7 @@ static int run_case(sl_comm *c, int coll, sl_comm_dtype dt, sl_comm_redop op, si
             dsp[kk] = tot;
             tot += cnt[kk];
         }
-        rb = xmalloc(tot * es);
+        rb = balloc(tot * es);
         want = xmalloc(tot * es);
         for (int k = 0; k < n; k++)
             for (size_t i = 0; i < cnt[k]; i++) put(dt, want, dsp[k] + i, val(k, i, cas, SL_COMM_SUM));
@@ -194,7 +217,7 @@ static int run_case(sl_comm *c, int coll, sl_comm_dtype dt, sl_comm_redop op, si
             st = coll == AG ? sl_comm_all_gather(c, (char *)rb + dsp[r] * es, rb, count, dt)
                             : sl_comm_all_gatherv(c, (char *)rb + dsp[r] * es, rb, cnt, dsp, dt);
         } else {
-            sb = xmalloc(cnt[r] * es);
+            sb = balloc(cnt[r] * es);
             memcpy(sb, (char *)want + dsp[r] * es, cnt[r] * es);
             st = coll == AG ? sl_comm_all_gather(c, sb, rb, count, dt)
                             : sl_comm_all_gatherv(c, sb, rb, cnt, dsp, dt);
@@ -206,9 +229,9 @@ static int run_case(sl_comm *c, int coll, sl_comm_dtype dt, sl_comm_redop op, si
     }
     case RS: {
         size_t tot = count * (size_t)n;
-        sb = xmalloc(tot * es);
+        sb = balloc(tot * es);
         for (size_t i = 0; i < tot; i++) put(dt, sb, i, val(r, i, cas, op));
-        rb = inplace ? (char *)sb + (size_t)r * count * es : xmalloc(count * es);
+        rb = inplace ? (char *)sb + (size_t)r * count * es : balloc(count * es);
         want = xmalloc(count * es);
         for (size_t i = 0; i < count; i++) ref_put(dt, op, want, i, n, (size_t)r * count + i, cas);
         st = sl_comm_reduce_scatter(c, sb, rb, count, dt, op);
@@ -289,18 +312,48 @@ static int run_case(sl_comm *c, int coll, sl_comm_dtype dt, sl_comm_redop op, si
         bad = compare(what, dt, rb, want, nres);
     }
 out:
-    if (rb != sb) free(rb);
-    free(sb);
+    if (rb != sb) bfree(rb);
+    bfree(sb);
     free(want);
+    if (g_win) g_win_used = 0;
     return bad;
 }
 
+static int matrix(sl_comm *c, const cc_cfg *cfg);
+
 int cc_run_matrix(sl_comm *c, const cc_cfg *cfg) {
+    if (!cfg->window) return matrix(c, cfg);
+    int n = sl_comm_size(c), r = sl_comm_rank(c);
+    size_t maxcount = cfg->large ? SIZES[4] : SIZES[3];
+    size_t bytes = (size_t)(n + 2) * (maxcount + 2) * 8 + 4096;
+    void *w = NULL;
+    if (sl_comm_mem_alloc(c, bytes, &w) != SL_OK) {
+        fprintf(stderr, "FAIL rank %d: sl_comm_mem_alloc(%zu): %s\n", r, bytes, sl_errmsg());
+        return 1;
+    }
+    sl_comm_transport_kind k = sl_comm_transport(c);
+    int want_shared = k == SL_COMM_TRANSPORT_SHM || k == SL_COMM_TRANSPORT_LOOPBACK;
+    int fails = 0;
+    if (sl_comm_mem_is_shared(c, w, bytes) != want_shared) {
+        fprintf(stderr, "FAIL rank %d: window on %s is %sshared\n", r, sl_comm_transport_name(k),
+                want_shared ? "not " : "");
+        fails++;
+    }
+    g_win = w, g_win_bytes = bytes, g_win_used = 0;
+    fails += matrix(c, cfg);
+    g_win = NULL;
+    if (sl_comm_mem_free(c, w) != SL_OK)
+        fprintf(stderr, "FAIL rank %d: mem_free: %s\n", r, sl_errmsg()), fails++;
+    return fails;
+}
+
+static int matrix(sl_comm *c, const cc_cfg *cfg) {
     int fails = 0, cas = 0;
     static const sl_comm_algo algos[] = {SL_COMM_ALGO_AUTO, SL_COMM_ALGO_RING, SL_COMM_ALGO_RD,
                                          SL_COMM_ALGO_DIRECT};
     int nalgo = cfg->algos ? 4 : 1;
     for (int coll = 0; coll < NCOLL; coll++) {
+        if (cfg->window && coll != AR && coll != RS && coll != AG && coll != AGV) continue;
         int reducing = coll == AR || coll == RED || coll == RS;
         for (int a = 0; a < (coll == AR || coll == BC || coll == RS ? nalgo : 1); a++) {
             if (coll == RS && a > 0 && algos[a] != SL_COMM_ALGO_DIRECT) continue; /* ring (auto) or direct */
@@ -369,7 +422,7 @@ int cc_run_extras(sl_comm *c) {
             if (sl_comm_split(sub, 0, 0, &sub2) != SL_OK || !sub2 || sl_comm_size(sub2) != nm)
                 fprintf(stderr, "FAIL rank %d: nested split: %s\n", r, sl_errmsg()), fails++;
             else {
-                cc_cfg small = {0, 0, 1};
+                cc_cfg small = {.quick = 1};
                 fails += cc_run_matrix(sub2, &small) ? 1 : 0;
             }
             sl_comm_free(sub2);
@@ -422,5 +475,112 @@ int cc_run_extras(sl_comm *c) {
             fprintf(stderr, "FAIL rank %d: ranks disagree bitwise\n", r), fails++;
     free(a), free(b), free(g);
     if (sl_comm_async_error(c) != SL_OK) fprintf(stderr, "FAIL rank %d: async error set\n", r), fails++;
+    return fails;
+}
+
+/* ---- window collectives ---- */
+static int win_compare(const char *what, int r, const void *a, const void *b, size_t bytes) {
+    if (!memcmp(a, b, bytes)) return 0;
+    fprintf(stderr, "FAIL rank %d: %s differ bitwise\n", r, what);
+    return 1;
+}
+
+int cc_run_window_extras(sl_comm *c) {
+    int n = sl_comm_size(c), r = sl_comm_rank(c), fails = 0;
+    const size_t M = 300007; /* not divisible by 2..8: uneven slices, several chunks */
+    size_t bytes = sizeof(float) * M * 2 + 4096;
+    char *w = NULL;
+    if (sl_comm_mem_alloc(c, bytes, (void **)&w) != SL_OK) {
+        fprintf(stderr, "FAIL rank %d: sl_comm_mem_alloc: %s\n", r, sl_errmsg());
+        return 1;
+    }
+    float *ws = (float *)w, *wr = ws + M, *ps = malloc(sizeof(float) * M), *pr = malloc(sizeof(float) * M);
+    float *again = malloc(sizeof(float) * M), *g = malloc(sizeof(float) * 16 * (size_t)n);
+    sl_comm_algo ref = n == 2 ? SL_COMM_ALGO_RING : SL_COMM_ALGO_DIRECT;
+    int cmp_ref =
+        n <= 2 || sl_comm_mem_is_shared(c, w, bytes); /* fallback memory runs the cost model's pick */
+    for (int dt = 0; dt < 2; dt++) {                  /* f32 and bf16: random data, rounding in every step */
+        sl_comm_dtype d = dt ? SL_COMM_BF16 : SL_COMM_F32;
+        size_t cnt = dt ? 2 * M : M, es = sl_comm_dtype_size(d);
+        sl_rng_fill_normal(dt ? again : ps, (int64_t)M, 99 + (uint64_t)dt, (uint64_t)r, 0.f, 1.f);
+        for (size_t i = 0; dt && i < cnt; i++) /* bf16: 2M values, no NaN bit patterns */
+            ((uint16_t *)ps)[i] = sl_f32_to_bf16(again[i / 2] * (i % 2 ? 0.5f : 1.f));
+        /* window out-of-place, window in-place, private with the reference algorithm */
+        memcpy(ws, ps, sizeof(float) * M);
+        sl_status s1 = sl_comm_all_reduce(c, ws, wr, cnt, d, SL_COMM_SUM);
+        memcpy(again, wr, sizeof(float) * M);
+        sl_status s2 = sl_comm_all_reduce(c, ws, ws, cnt, d, SL_COMM_SUM);
+        sl_comm_set_algo(c, ref);
+        sl_status s3 = sl_comm_all_reduce(c, ps, pr, cnt, d, SL_COMM_SUM);
+        sl_comm_set_algo(c, SL_COMM_ALGO_AUTO);
+        if (s1 || s2 || s3) {
+            fprintf(stderr, "FAIL rank %d: window all-reduce: %s\n", r, sl_errmsg());
+            fails++;
+            break;
+        }
+        char what[128];
+        snprintf(what, sizeof what, "%s window all-reduce and %s all-reduce", sl_comm_dtype_name(d),
+                 sl_comm_algo_name(ref));
+        if (cmp_ref) fails += win_compare(what, r, wr, pr, cnt * es);
+        fails += win_compare("in-place and out-of-place window all-reduce", r, ws, wr, cnt * es);
+        /* reproducible run to run */
+        memcpy(ws, ps, sizeof(float) * M);
+        if (sl_comm_all_reduce(c, ws, wr, cnt, d, SL_COMM_SUM) != SL_OK)
+            fprintf(stderr, "FAIL rank %d: window all-reduce: %s\n", r, sl_errmsg()), fails++;
+        fails += win_compare("two runs of the window all-reduce", r, wr, again, cnt * es);
+        /* equal on every rank */
+        if (sl_comm_all_gather(c, wr, g, 16, SL_COMM_F32) != SL_OK)
+            fprintf(stderr, "FAIL rank %d: all-gather: %s\n", r, sl_errmsg()), fails++;
+        for (int q = 0; q < n; q++)
+            fails += win_compare("ranks' window all-reduce results", r, g + 16 * q, wr, 64);
+        /* reduce-scatter: window vs the reference (direct for n > 2: the same order as the window all-reduce)
+         */
+        size_t rc = cnt / (size_t)n;
+        memcpy(ws, ps, sizeof(float) * M);
+        sl_status s4 = sl_comm_reduce_scatter(c, ws, wr, rc, d, SL_COMM_SUM);
+        sl_comm_set_algo(c, ref == SL_COMM_ALGO_RING ? SL_COMM_ALGO_AUTO : ref);
+        sl_status s5 = sl_comm_reduce_scatter(c, ps, pr, rc, d, SL_COMM_SUM);
+        sl_comm_set_algo(c, SL_COMM_ALGO_AUTO);
+        if (s4 || s5)
+            fprintf(stderr, "FAIL rank %d: reduce-scatter: %s\n", r, sl_errmsg()), fails++;
+        else if (cmp_ref)
+            fails += win_compare("window and reference reduce-scatter", r, wr, pr, rc * es);
+    }
+    /* asymmetric offsets: an error on every rank, promptly (not the deadline, not wrong data); the
+     * communicator is failed afterwards, so this runs on a duplicate */
+    sl_comm *dup = NULL;
+    if (n > 1 && sl_comm_split(c, 0, r, &dup) == SL_OK && dup) {
+        char *dw = NULL;
+        if (sl_comm_mem_alloc(dup, 4096 * 3, (void **)&dw) != SL_OK) {
+            fprintf(stderr, "FAIL rank %d: mem_alloc on dup: %s\n", r, sl_errmsg());
+            fails++;
+        } else {
+            float *x = (float *)(dw + (r ? 4096 : 0));
+            for (int i = 0; i < 256; i++) x[i] = 1.f;
+            double t0 = sl_time_sec();
+            sl_status st = sl_comm_all_reduce(dup, x, x, 256, SL_COMM_F32, SL_COMM_SUM);
+            double dt = sl_time_sec() - t0;
+            if (!sl_comm_mem_is_shared(dup, dw, 4096 * 3)) { /* tcp, mpi: private memory, no contract */
+                if (st != SL_OK || x[0] != (float)n)
+                    fprintf(stderr, "FAIL rank %d: all-reduce in fallback window memory: %s\n", r,
+                            sl_errmsg()),
+                        fails++;
+            } else if (st == SL_OK || dt > 10.0) {
+                fprintf(stderr, "FAIL rank %d: asymmetric window all-reduce gave %s after %.1f s\n", r,
+                        sl_status_name(st), dt);
+                fails++;
+            } else if (r == 0) {
+                printf("asymmetric window use: %s after %.3f s: %s\n", sl_status_name(st), dt, sl_errmsg());
+            }
+            sl_comm_mem_free(dup, dw);
+        }
+        sl_comm_free(dup);
+    }
+    free(ps), free(pr), free(again), free(g);
+    if (sl_comm_mem_free(c, w) != SL_OK)
+        fprintf(stderr, "FAIL rank %d: mem_free: %s\n", r, sl_errmsg()), fails++;
+    int dummy = 0;
+    if (sl_comm_mem_free(c, &dummy) == SL_OK)
+        fprintf(stderr, "FAIL rank %d: mem_free of a foreign pointer\n", r), fails++;
     return fails;
 }

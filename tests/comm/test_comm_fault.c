@@ -1,7 +1,9 @@
 /* No hang, ever: a rank killed (SIGKILL), stopped (SIGSTOP) or aborted in the middle of a stream
  * of all-reduces must make every other rank return an error within the deadline.
  *   test_comm_fault loopback-abort | shm-kill | tcp-kill | shm-stop | tcp-stop | mpi-kill
- *   test_comm_fault mpi-stop | env-stop   (one rank of a job under mpirun / suanli run) */
+ *   test_comm_fault mpi-stop | env-stop   (one rank of a job under mpirun / suanli run)
+ * A "-window" suffix (loopback-abort-window, shm-kill-window, shm-stop-window) puts the buffer in
+ * sl_comm_mem_alloc memory, so the fault hits the direct window all-reduce (src/comm/algo/sym.c). */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <signal.h>
@@ -16,6 +18,7 @@
 
 #define N_ELEMS (2u << 20) /* 8 MiB of f32 per all-reduce */
 #define RUN_SEC 20.0       /* a healthy loop runs this long, far past the fault */
+static int g_window;       /* buffers from sl_comm_mem_alloc */
 
 static void sleep_sec(double s) {
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
@@ -24,7 +27,20 @@ static void sleep_sec(double s) {
 
 /* Loop all-reduces until an error or RUN_SEC; returns the failing status (SL_OK if none). */
 static sl_status hammer(sl_comm *c, double *t_err) {
-    float *x = malloc(sizeof(float) * N_ELEMS);
+    float *x = NULL;
+    if (g_window) {
+        sl_status st = sl_comm_mem_alloc(c, sizeof(float) * N_ELEMS, (void **)&x);
+        if (st != SL_OK) {
+            fprintf(stderr, "FAIL sl_comm_mem_alloc: %s\n", sl_errmsg());
+            *t_err = 0;
+            return st;
+        }
+        if (!sl_comm_mem_is_shared(c, x, sizeof(float) * N_ELEMS))
+            fprintf(stderr, "FAIL window memory is not shared on %s\n",
+                    sl_comm_transport_name(sl_comm_transport(c)));
+    } else {
+        x = malloc(sizeof(float) * N_ELEMS);
+    }
     for (size_t i = 0; i < N_ELEMS; i++) x[i] = 1.0f;
     double t0 = sl_time_sec();
     sl_status st = SL_OK;
@@ -33,7 +49,10 @@ static sl_status hammer(sl_comm *c, double *t_err) {
         if (st != SL_OK) break;
     }
     *t_err = sl_time_sec();
-    free(x);
+    if (g_window)
+        sl_comm_mem_free(c, x);
+    else
+        free(x);
     return st;
 }
 
@@ -183,7 +202,13 @@ int main(int argc, char **argv) {
                         "loopback-abort|shm-kill|tcp-kill|shm-stop|tcp-stop|mpi-kill|mpi-stop|env-stop\n");
         return 2;
     }
-    const char *m = argv[1];
+    char m[64];
+    snprintf(m, sizeof m, "%s", argv[1]);
+    size_t ml = strlen(m);
+    if (ml > 7 && !strcmp(m + ml - 7, "-window")) {
+        g_window = 1;
+        m[ml - 7] = 0;
+    }
     int f;
     if (!strcmp(m, "loopback-abort"))
         f = loopback_abort();
@@ -203,6 +228,6 @@ int main(int argc, char **argv) {
         return env_stop(SL_COMM_TRANSPORT_AUTO);
     else
         return fprintf(stderr, "unknown mode %s\n", m), 2;
-    printf("%s: %s\n", m, f ? "FAILED" : "ok");
+    printf("%s%s: %s\n", m, g_window ? " (window)" : "", f ? "FAILED" : "ok");
     return f ? 1 : 0;
 }

@@ -3,7 +3,9 @@
  *   test_comm_matrix shm|tcp RANKS...    forked processes joined by a unique id
  *   test_comm_matrix env [TRANSPORT [ENV]] one rank of a job started by suanli run / mpirun / srun;
  *                                        fails unless it joined over TRANSPORT, detected from ENV
- * Options (before the mode): --large (1Mi+3 elements), --quick (fewer dtype/op pairs), --algos. */
+ * Options (before the mode): --large (1Mi+3 elements), --quick (fewer dtype/op pairs), --algos,
+ * --window (all-reduce, reduce-scatter, all-gather(v) on sl_comm_mem_alloc windows, plus the window
+ * checks of cc_run_window_extras instead of the ordinary extras). */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <signal.h>
@@ -25,7 +27,7 @@ typedef struct {
 static void *th_main(void *p) {
     th_arg *a = p;
     a->fails = cc_run_matrix(a->c, &g_cfg);
-    a->fails += cc_run_extras(a->c);
+    a->fails += g_cfg.window ? cc_run_window_extras(a->c) : cc_run_extras(a->c);
     return NULL;
 }
 
@@ -52,7 +54,7 @@ static int run_loopback(int n) {
 
 static int rank_main(sl_comm *c) {
     int fails = cc_run_matrix(c, &g_cfg);
-    fails += cc_run_extras(c);
+    fails += g_cfg.window ? cc_run_window_extras(c) : cc_run_extras(c);
     return fails;
 }
 
@@ -104,14 +106,16 @@ int main(int argc, char **argv) {
             g_cfg.quick = 1;
         else if (!strcmp(argv[i], "--algos"))
             g_cfg.algos = 1;
+        else if (!strcmp(argv[i], "--window"))
+            g_cfg.window = 1;
         else {
             fprintf(stderr, "unknown flag %s\n", argv[i]);
             return 2;
         }
     }
     if (i >= argc) {
-        fprintf(stderr,
-                "usage: test_comm_matrix [--large] [--quick] [--algos] loopback|shm|tcp RANKS... | env\n");
+        fprintf(stderr, "usage: test_comm_matrix [--large] [--quick] [--algos] [--window] loopback|shm|tcp "
+                        "RANKS... | env\n");
         return 2;
     }
     const char *mode = argv[i++];

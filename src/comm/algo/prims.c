@@ -74,6 +74,10 @@ sl_status sl_algo_allreduce(sl_algo_ctx *c, const void *sb, void *rb, size_t cou
         if (sb != rb && count) memmove(rb, sb, count * es);
         return SL_OK;
     }
+    if (sl_sym_enabled(c)) { /* buffers in symmetric windows: algo/sym.c */
+        sl_status st = sl_sym_allreduce(c, sb, rb, count, dt, op);
+        if (st != SL_ERR_UNSUPPORTED) return st;
+    }
     switch (sl_algo_choose_allreduce(c, count * es)) {
     case SL_COMM_ALGO_DIRECT:
         return sl_algo_allreduce_direct(c, sb, rb, count, dt, op);

@@ -51,6 +51,10 @@ sl_status sl_algo_reduce_scatter(sl_algo_ctx *c, const void *sb, void *rb, size_
         return SL_OK;
     }
     if (rc == 0) return SL_OK;
+    if (sl_sym_enabled(c)) { /* send buffer in a symmetric window: algo/sym.c */
+        sl_status st = sl_sym_reduce_scatter(c, sb, rb, rc, dt, op);
+        if (st != SL_ERR_UNSUPPORTED) return st;
+    }
     if (c->algo == SL_COMM_ALGO_DIRECT) return sl_algo_reduce_scatter_direct(c, sb, rb, rc, dt, op);
     char *tmp = sl_algo_scratch(c, bb * (size_t)n);
     if (!tmp)
@@ -71,6 +75,10 @@ sl_status sl_algo_allgatherv(sl_algo_ctx *c, const void *sb, void *rb, const siz
     int n = c->size, r = c->rank, next = mod(r + 1, n), prev = mod(r - 1, n);
     size_t es = sl_comm_dtype_size(dt);
     char *d = rb;
+    if (sl_sym_enabled(c) && n > 1) { /* receive buffer in a symmetric window: algo/sym.c */
+        sl_status st = sl_sym_allgatherv(c, sb, rb, counts, displs, dt);
+        if (st != SL_ERR_UNSUPPORTED) return st;
+    }
     if (counts[r] && (const char *)sb != d + displs[r] * es) memmove(d + displs[r] * es, sb, counts[r] * es);
     for (int k = 0; k < n - 1; k++) {
         int sbk = mod(r - k, n), rbk = mod(r - k - 1, n);

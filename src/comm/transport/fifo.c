@@ -42,10 +42,12 @@ typedef struct seg_hdr { /* start of each shm segment / of the loopback block */
     atomic_int aborted[64]; /* loopback: per rank; shm: [0] only */
     int pid, nslots, n;
     size_t slot_bytes, chan_bytes;
+    size_t ctl_off;      /* loopback: offset of the per-rank window control words in the block */
     uint64_t probe_addr; /* shm: address of `probe` in the owner's address space (CMA check) */
     uint64_t probe;
 } seg_hdr;
 #define SEG_HDR 4096
+#define SEG_CTL 2048 /* shm: offset of the rank's window control words in its segment header */
 #define SEG_MAGIC 0x534c464946304f31ull
 
 typedef struct fifo_tp {
@@ -65,6 +67,7 @@ typedef struct fifo_tp {
     char *pull_tmp;  /* staging for pulled RECV_REDUCE chunks (cache resident) */
     size_t nt_min;   /* slot transfers >= this many bytes store into the destination non-temporally */
     char *nt_tmp;    /* NT_BLOCK bytes: reduce here (L1), then stream out */
+    char name[200];  /* shm: the communicator's segment name prefix (windows derive theirs) */
 } fifo_tp;
 
 /* Note [Non-temporal stores]
@@ -372,6 +375,205 @@ static void fifo_destroy(sl_transport *t_) {
     free(t);
 }
 
+/* ---- symmetric windows (Note [Symmetric windows] in comm_internal.h) ---- */
+typedef struct win_hello {
+    uint64_t ok, bytes, ptr; /* ptr: loopback rank 0's block */
+} win_hello;
+
+/* all[p] = rank p's `mine` over the FIFOs; collective over the transport's ranks */
+static sl_status fifo_allgather(fifo_tp *t, const void *mine, void *all, size_t bytes, double deadline) {
+    int n = t->base.size, r = t->base.rank, k = 0;
+    sl_xfer *x = calloc(2 * (size_t)n, sizeof *x);
+    if (!x) return sl_fail(SL_ERR_NOMEM, "window: out of memory");
+    memcpy((char *)all + (size_t)r * bytes, mine, bytes);
+    for (int p = 0; p < n; p++) {
+        if (p == r) continue;
+        x[k++] = (sl_xfer){.kind = SL_XFER_SEND, .peer = p, .buf = (void *)mine, .bytes = bytes};
+        x[k++] = (sl_xfer){
+            .kind = SL_XFER_RECV, .peer = p, .buf = (char *)all + (size_t)p * bytes, .bytes = bytes};
+    }
+    sl_status st = fifo_exchange(&t->base, x, k, deadline);
+    free(x);
+    return st;
+}
+
+/* every rank succeeded, and with the same size (the same verdict on every rank) */
+static sl_status win_check(const win_hello *all, int n, const char *what) {
+    for (int p = 0; p < n; p++) {
+        if (!all[p].ok)
+            return sl_fail(SL_ERR_IO, "sl_comm_mem_alloc: rank %d could not %s its window", p, what);
+        if (all[p].bytes != all[0].bytes)
+            return sl_fail(SL_ERR_INVALID,
+                           "sl_comm_mem_alloc: rank %d asked for %llu bytes, rank 0 for %llu (windows are "
+                           "symmetric: every rank must pass the same size)",
+                           p, (unsigned long long)all[p].bytes, (unsigned long long)all[0].bytes);
+    }
+    return SL_OK;
+}
+
+static size_t win_map_bytes(size_t b) { return ((b ? b : 1) + 4095) & ~(size_t)4095; }
+
+static sl_status shm_win_alloc(sl_transport *t_, sl_win *w, double deadline) {
+    fifo_tp *t = (fifo_tp *)t_;
+    int n = t->base.size, r = t->base.rank;
+    size_t mb = win_map_bytes(w->bytes);
+    win_hello mine = {0, w->bytes, 0}, *all = calloc((size_t)n, sizeof *all);
+    char **peer = calloc((size_t)n, sizeof *peer), name[256];
+    if (!all || !peer) {
+        free(all);
+        free(peer);
+        return sl_fail(SL_ERR_NOMEM, "sl_comm_mem_alloc: out of memory");
+    }
+    snprintf(name, sizeof name, "/%s-w%llu-r%d", t->name, (unsigned long long)w->id, r);
+    shm_unlink(name); /* stale from a crashed run with the same name */
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600), err = fd < 0 ? errno : 0;
+    if (fd >= 0) {
+        /* reserve the pages now: a /dev/shm too small (containers) is an error here, not a SIGBUS later */
+        err = posix_fallocate(fd, 0, (off_t)mb);
+        if (!err) {
+            void *m = mmap(NULL, mb, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            if (m != MAP_FAILED)
+                peer[r] = m, mine.ok = 1;
+            else
+                err = errno;
+        }
+        close(fd);
+        if (!mine.ok) shm_unlink(name);
+    }
+    if (!mine.ok) SL_LOGW("sl_comm_mem_alloc: cannot create %s (%zu bytes): %s", name, mb, strerror(err));
+    sl_status st = fifo_allgather(t, &mine, all, sizeof mine, deadline), st2 = st;
+    if (st == SL_OK) st = win_check(all, n, "create");
+    for (int p = 0; p < n && st == SL_OK; p++) {
+        if (p == r) continue;
+        char pname[256];
+        snprintf(pname, sizeof pname, "/%s-w%llu-r%d", t->name, (unsigned long long)w->id, p);
+        int pfd = shm_open(pname, O_RDWR, 0600);
+        if (pfd < 0) {
+            st = sl_fail(SL_ERR_IO, "sl_comm_mem_alloc: cannot open %s: %s", pname, strerror(errno));
+            break;
+        }
+        void *m = mmap(NULL, mb, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
+        close(pfd);
+        if (m == MAP_FAILED) {
+            st = sl_fail(SL_ERR_IO, "sl_comm_mem_alloc: cannot map %s: %s", pname, strerror(errno));
+            break;
+        }
+        peer[p] = m;
+    }
+    if (st2 == SL_OK && all[0].ok) { /* second round only if the first reached everyone */
+        int created = 1;
+        for (int p = 0; p < n; p++) created &= all[p].ok && all[p].bytes == all[0].bytes;
+        if (created) {
+            win_hello mapped = {st == SL_OK, w->bytes, 0};
+            st2 = fifo_allgather(t, &mapped, all, sizeof mapped, deadline);
+            if (st == SL_OK) st = st2 != SL_OK ? st2 : win_check(all, n, "map");
+        }
+    }
+    if (mine.ok) shm_unlink(name); /* everyone mapped it (or gave up): nothing stays in /dev/shm */
+    free(all);
+    if (st != SL_OK) {
+        for (int p = 0; p < n; p++)
+            if (peer[p]) munmap(peer[p], mb);
+        free(peer);
+        return st;
+    }
+    w->base = peer[r];
+    w->peer = peer;
+    w->shared = 1;
+    return SL_OK;
+}
+
+static void shm_win_release(sl_transport *t_, sl_win *w) {
+    size_t mb = win_map_bytes(w->bytes);
+    for (int p = 0; p < t_->size; p++)
+        if (w->peer[p]) munmap(w->peer[p], mb);
+    free(w->peer);
+    w->peer = NULL;
+}
+
+/* loopback: rank 0 allocates one block of n regions; the last rank to release it frees it */
+typedef struct lb_win_block {
+    atomic_int refs;
+} lb_win_block;
+#define LB_WIN_HDR 4096
+
+static sl_status lb_win_alloc(sl_transport *t_, sl_win *w, double deadline) {
+    fifo_tp *t = (fifo_tp *)t_;
+    int n = t->base.size, r = t->base.rank;
+    size_t stride = win_map_bytes(w->bytes);
+    win_hello mine = {1, w->bytes, 0}, *all = calloc((size_t)n, sizeof *all);
+    char **peer = calloc((size_t)n, sizeof *peer);
+    if (!all || !peer) {
+        free(all);
+        free(peer);
+        return sl_fail(SL_ERR_NOMEM, "sl_comm_mem_alloc: out of memory");
+    }
+    lb_win_block *blk = NULL;
+    if (r == 0) {
+        blk = sl_malloc_aligned(LB_WIN_HDR + (size_t)n * stride);
+        if (blk) atomic_store(&blk->refs, n);
+        mine.ok = blk != NULL;
+        mine.ptr = (uint64_t)(uintptr_t)blk;
+    }
+    sl_status st = fifo_allgather(t, &mine, all, sizeof mine, deadline);
+    if (st == SL_OK) st = win_check(all, n, "allocate");
+    if (st != SL_OK) {
+        if (r == 0) sl_free_aligned(blk); /* every rank failed with it: nobody else holds it */
+        free(all);
+        free(peer);
+        return st;
+    }
+    blk = (lb_win_block *)(uintptr_t)all[0].ptr;
+    for (int p = 0; p < n; p++) peer[p] = (char *)blk + LB_WIN_HDR + (size_t)p * stride;
+    free(all);
+    w->base = peer[r];
+    w->peer = peer;
+    w->priv = blk;
+    w->shared = 1;
+    return SL_OK;
+}
+
+static void lb_win_release(sl_transport *t_, sl_win *w) {
+    (void)t_;
+    lb_win_block *blk = w->priv;
+    if (blk && atomic_fetch_sub(&blk->refs, 1) == 1) sl_free_aligned(blk);
+    free(w->peer);
+    w->peer = NULL;
+}
+
+static _Atomic uint64_t *fifo_win_ctl(sl_transport *t_, int r) {
+    fifo_tp *t = (fifo_tp *)t_;
+    if (t->loopback) return (_Atomic uint64_t *)((char *)t->block + t->block->ctl_off + (size_t)r * 128);
+    return (_Atomic uint64_t *)((char *)t->maps[r] + SEG_CTL);
+}
+
+/* Same waiting rules as fifo_exchange (Note [Waiting]): spin, yield, sleep; abort flag, deadline and
+ * the peer's liveness (every 10 ms) checked while waiting. */
+static sl_status fifo_win_wait(sl_transport *t_, int peer, int word, uint64_t v, double deadline) {
+    fifo_tp *t = (fifo_tp *)t_;
+    _Atomic uint64_t *w = fifo_win_ctl(t_, peer) + word;
+    unsigned iter = 0;
+    for (;;) {
+        if (atomic_load_explicit(w, memory_order_acquire) >= v) return SL_OK;
+        if (atomic_load_explicit(t->base.abort_flag, memory_order_relaxed))
+            return sl_fail(SL_ERR_ABORTED, "communicator aborted");
+        sl_comm_backoff(&iter, t->spin);
+        if ((iter < t->spin && (iter & 255)) || (iter < YIELD_ITERS && (iter & 15))) continue;
+        double now = sl_time_sec();
+        if (now > deadline)
+            return sl_fail(SL_ERR_TIMEOUT,
+                           "%s transport: window operation: no progress with rank %d before the deadline "
+                           "(SUANLI_COMM_TIMEOUT; or it issued a different operation)",
+                           t->base.vt->name, peer);
+        if (now >= t->next_check) {
+            t->next_check = now + 0.01;
+            SL_TRY(peer_check(t, peer));
+        }
+    }
+}
+
+static const sl_win_vt shm_win_vt = {shm_win_alloc, shm_win_release, fifo_win_ctl, fifo_win_wait};
+static const sl_win_vt lb_win_vt = {lb_win_alloc, lb_win_release, fifo_win_ctl, fifo_win_wait};
 static const sl_transport_vt shm_vt = {"shm", fifo_exchange, fifo_abort, fifo_destroy};
 static const sl_transport_vt lb_vt = {"loopback", fifo_exchange, fifo_abort, fifo_destroy};
 
@@ -384,6 +586,7 @@ static fifo_tp *fifo_alloc(int rank, int size, int loopback) {
     t->base.size = size;
     t->base.alpha = 1e-6;
     t->base.beta = 1.0 / 8e9;
+    t->base.win = loopback ? &lb_win_vt : &shm_win_vt;
     t->loopback = loopback;
     t->spin = sl_comm_spin_budget(size);
     /* loopback never pulls: a thread that aborts may free the buffer a peer is reading */
@@ -412,9 +615,12 @@ static fifo_tp *fifo_alloc(int rank, int size, int loopback) {
 /* ---- loopback: one block with n*n rings; ring (s -> d) at index d*n + s ---- */
 static seg_hdr *lb_block_new(int n, int nslots, size_t slot_bytes) {
     size_t cb = ((CHAN_HDR + (size_t)nslots * slot_bytes) + 63) & ~(size_t)63;
-    seg_hdr *b = sl_malloc_aligned(SEG_HDR + (size_t)n * (size_t)n * cb);
+    size_t ctl_off = SEG_HDR + (size_t)n * (size_t)n * cb, ctl_bytes = (size_t)n * 128;
+    seg_hdr *b = sl_malloc_aligned(ctl_off + ctl_bytes);
     if (!b) return NULL;
     memset(b, 0, SEG_HDR);
+    memset((char *)b + ctl_off, 0, ctl_bytes);
+    b->ctl_off = ctl_off;
     for (int i = 0; i < n * n; i++) memset((char *)b + SEG_HDR + (size_t)i * cb, 0, CHAN_HDR);
     b->magic = (uint64_t)n; /* refcount */
     b->n = n;
@@ -482,6 +688,7 @@ sl_status sl_tp_shm_new(sl_oob *oob, sl_transport **out) {
     }
     size_t cb = ((CHAN_HDR + (size_t)t->nslots * t->slot_bytes) + 4095) & ~(size_t)4095;
     t->map_bytes = SEG_HDR + (size_t)n * cb;
+    snprintf(t->name, sizeof t->name, "%s", oob->name);
     snprintf(name, sizeof name, "/%s-r%d", oob->name, r);
     shm_unlink(name); /* stale from a crashed run with the same name */
     int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
@@ -506,9 +713,15 @@ sl_status sl_tp_shm_new(sl_oob *oob, sl_transport **out) {
         }
         close(fd);
     }
-    if (!mine_ok)
+    if (!mine_ok) {
         SL_LOGE("shm transport: cannot create %s (%zu bytes): %s", name, t->map_bytes, strerror(errno));
-    SL_CHECK(oob->allgather(oob, &mine_ok, ok, sizeof(int)));
+        if (fd >= 0) shm_unlink(name);
+    }
+    st = oob->allgather(oob, &mine_ok, ok, sizeof(int));
+    if (st != SL_OK) { /* our name must not outlive us in /dev/shm; done: frees t and the mapping */
+        if (mine_ok) shm_unlink(name);
+        goto done;
+    }
     for (int p = 0; p < n; p++)
         if (!ok[p]) {
             st =
