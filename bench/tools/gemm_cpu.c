@@ -34,8 +34,13 @@ int main(int argc, char **argv) {
         for (int pass = 0; pass < 3; pass++) {
             if (getenv("ROW") && atoi(getenv("ROW")) != l * 3 + pass) continue;
             int tA = pass == 2, tB = pass == 0;
-            int64_t M = pass == 2 ? out : BT, N = pass == 1 ? in : pass == 0 ? out : in,
-                    K = pass == 0 ? in : pass == 1 ? out : BT;
+            int64_t M = pass == 2 ? out : BT,
+                    N = pass == 1   ? in
+                        : pass == 0 ? out
+                                    : in,
+                    K = pass == 0   ? in
+                        : pass == 1 ? out
+                                    : BT;
             float *A = malloc(sizeof(float) * (size_t)(M * K)), *B = malloc(sizeof(float) * (size_t)(K * N)),
                   *C = malloc(sizeof(float) * (size_t)(M * N));
             for (int64_t i = 0; i < M * K; i++) A[i] = (float)((i * 7 % 13) - 6) * 0.01f;
@@ -52,7 +57,10 @@ int main(int argc, char **argv) {
             qsort(t, (size_t)r, sizeof *t, cmp);
             double fl = 2.0 * (double)M * (double)N * (double)K * 1e-9;
             double med = fl / t[r / 2], best = fl / t[0];
-            printf("%-3s %5ld %5ld %5ld  med %6.1f  best %6.1f GFLOP/s\n", pass == 0 ? "fwd" : pass == 1 ? "dX" : "dW",
+            printf("%-3s %5ld %5ld %5ld  med %6.1f  best %6.1f GFLOP/s\n",
+                   pass == 0   ? "fwd"
+                   : pass == 1 ? "dX"
+                               : "dW",
                    (long)M, (long)N, (long)K, med, best);
             lsum_med += log(med);
             lsum_best += log(best);

@@ -28,7 +28,8 @@ int main(int argc, char **argv) {
     int64_t BT = argc > 2 ? atoll(argv[2]) : 256, C = 768, V = 50257, numel = 124475904;
     static const int64_t lin[4][2] = {{2304, 768}, {768, 768}, {3072, 768}, {768, 3072}};
     float *grads = aligned_alloc(64, sizeof(float) * (size_t)numel);
-    float *dy = aligned_alloc(64, sizeof(float) * (size_t)(BT * V)), *x = aligned_alloc(64, sizeof(float) * (size_t)(BT * 3072));
+    float *dy = aligned_alloc(64, sizeof(float) * (size_t)(BT * V)),
+          *x = aligned_alloc(64, sizeof(float) * (size_t)(BT * 3072));
     for (int64_t i = 0; i < BT * V; i++) dy[i] = (float)((i * 7 % 13) - 6) * 1e-3f;
     for (int64_t i = 0; i < BT * 3072; i++) x[i] = (float)((i * 5 % 11) - 5) * 1e-2f;
     memset(grads, 0, sizeof(float) * (size_t)numel);
@@ -46,7 +47,7 @@ int main(int argc, char **argv) {
             float beta = mode == 0 ? 1.0f : 0.0f;
             int64_t off = 0;
             sl_sgemm(1, 0, V, C, BT, 1.0f, dy, V, x, C, beta, grads + off, C); /* LM head (tied wte) */
-            off += V * C + 1024 * C;                                            /* wte, wpe */
+            off += V * C + 1024 * C;                                           /* wte, wpe */
             for (int l = 0; l < 12; l++)
                 for (int j = 0; j < 4; j++) {
                     int64_t out = lin[j][0], in = lin[j][1];
@@ -59,7 +60,9 @@ int main(int argc, char **argv) {
     }
     qsort(ta, (size_t)reps, sizeof(double), cmp);
     qsort(tb, (size_t)reps, sizeof(double), cmp);
-    printf("BT %ld: memset + beta=1: median %.1f ms (min %.1f)   beta=0: median %.1f ms (min %.1f)   saved %.1f ms\n",
-           (long)BT, ta[reps / 2] * 1e3, ta[0] * 1e3, tb[reps / 2] * 1e3, tb[0] * 1e3, (ta[reps / 2] - tb[reps / 2]) * 1e3);
+    printf("BT %ld: memset + beta=1: median %.1f ms (min %.1f)   beta=0: median %.1f ms (min %.1f)   saved "
+           "%.1f ms\n",
+           (long)BT, ta[reps / 2] * 1e3, ta[0] * 1e3, tb[reps / 2] * 1e3, tb[0] * 1e3,
+           (ta[reps / 2] - tb[reps / 2]) * 1e3);
     return 0;
 }

@@ -107,7 +107,7 @@ enum {
     SL_FLAG_INPUT = 1 << 1,  /* fed by the caller each step */
     SL_FLAG_OUTPUT = 1 << 2, /* kept alive until the end of the graph */
     SL_FLAG_LOSS = 1 << 3,
-    SL_FLAG_GRAD = 1 << 4, /* a gradient leaf (external buffer) */
+    SL_FLAG_GRAD = 1 << 4,       /* a gradient leaf (external buffer) */
     SL_FLAG_GRAD_FIRST = 1 << 5, /* the graph's first node writing into a parameter's gradient leaf */
 };
 

@@ -85,10 +85,17 @@ void sl_graph_set_grad_overwrite(sl_graph *g, int on) {
         sl_tensor *t = g->nodes[i];
         if (!(t->flags & SL_FLAG_GRAD_FIRST)) continue;
         switch (t->op) {
-        case SL_OP_ACC: t->iparams[0] = on; break;
-        case SL_OP_MATMUL: t->iparams[2] = on ? 2 : 1; break;
-        case SL_OP_EMBEDDING_BACK: t->iparams[1] = on; break;
-        default: SL_ASSERT(!"unexpected gradient writer");
+        case SL_OP_ACC:
+            t->iparams[0] = on;
+            break;
+        case SL_OP_MATMUL:
+            t->iparams[2] = on ? 2 : 1;
+            break;
+        case SL_OP_EMBEDDING_BACK:
+            t->iparams[1] = on;
+            break;
+        default:
+            SL_ASSERT(!"unexpected gradient writer");
         }
     }
 }

@@ -32,7 +32,8 @@ static sl_status stop_hook(sl_graph *g, int i, sl_tensor *n, void *user) {
 static void test_grad_overwrite(void) {
     enum { V = 37, C = 24, NT = 29 };
     sl_ctx *ctx = sl_ctx_new(1024);
-    float *pm = malloc(sizeof(float) * (2 * V * C + V + C)), *gm = malloc(sizeof(float) * (2 * V * C + V + C));
+    float *pm = malloc(sizeof(float) * (2 * V * C + V + C)),
+          *gm = malloc(sizeof(float) * (2 * V * C + V + C));
     float *ref = malloc(sizeof(float) * (2 * V * C + V + C));
     int32_t ids[NT], tg[NT];
     for (int i = 0; i < 2 * V * C + V + C; i++) pm[i] = 0.02f * (float)((i * 37 % 23) - 11);
@@ -53,14 +54,16 @@ static void test_grad_overwrite(void) {
     sl_set_input(ttg);
     sl_tensor_bind(tids, ids);
     sl_tensor_bind(ttg, tg);
-    sl_tensor *h = sl_gelu(ctx, sl_add(ctx, sl_mul(ctx, sl_embedding(ctx, E, tids), s), sl_embedding(ctx, P, ttg)));
+    sl_tensor *h =
+        sl_gelu(ctx, sl_add(ctx, sl_mul(ctx, sl_embedding(ctx, E, tids), s), sl_embedding(ctx, P, ttg)));
     sl_tensor *loss = sl_cross_entropy(ctx, sl_linear(ctx, h, E, b), ttg);
     sl_graph *g = sl_graph_new(ctx);
     sl_graph_build_forward(g, loss);
     sl_graph_build_backward(g, loss, 1.0f);
     TU_CHECK(sl_graph_plan(g, sl_backend_cpu(), NULL) == SL_OK, "plan");
     int nfirst = 0;
-    for (int i = 0; i < sl_graph_n_nodes(g); i++) nfirst += (sl_graph_node(g, i)->flags & SL_FLAG_GRAD_FIRST) != 0;
+    for (int i = 0; i < sl_graph_n_nodes(g); i++)
+        nfirst += (sl_graph_node(g, i)->flags & SL_FLAG_GRAD_FIRST) != 0;
     TU_CHECK(nfirst == 4, "one first gradient writer per parameter: %d", nfirst);
     size_t bytes = sizeof(float) * (size_t)off;
     memset(gm, 0, bytes); /* reference: zeroed, accumulating */
@@ -74,7 +77,8 @@ static void test_grad_overwrite(void) {
     TU_CHECK(sl_graph_compute(g, NULL, NULL) == SL_OK, "compute (second pass)");
     memcpy(ref, gm, bytes); /* overwrite, then accumulate */
     memset(gm, 0, bytes);
-    TU_CHECK(sl_graph_compute(g, NULL, NULL) == SL_OK && sl_graph_compute(g, NULL, NULL) == SL_OK, "2 passes");
+    TU_CHECK(sl_graph_compute(g, NULL, NULL) == SL_OK && sl_graph_compute(g, NULL, NULL) == SL_OK,
+             "2 passes");
     TU_CHECK(memcmp(gm, ref, bytes) == 0, "accumulation after an overwriting pass (bitwise)");
     sl_graph_free(g);
     sl_ctx_free(ctx);

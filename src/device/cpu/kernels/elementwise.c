@@ -217,7 +217,8 @@ sl_status sl_k_sum_to_ref(sl_tensor *n) {
 static void copy_flat(float *d, const float *s, int64_t m) {
     const int64_t chunk = 1 << 16;
 #pragma omp parallel for schedule(static) if (m > chunk)
-    for (int64_t a = 0; a < m; a += chunk) memcpy(d + a, s + a, sizeof(float) * (size_t)(m - a < chunk ? m - a : chunk));
+    for (int64_t a = 0; a < m; a += chunk)
+        memcpy(d + a, s + a, sizeof(float) * (size_t)(m - a < chunk ? m - a : chunk));
 }
 
 sl_status sl_k_acc_ref(sl_tensor *n) {
@@ -242,7 +243,8 @@ sl_status sl_k_acc_ref(sl_tensor *n) {
     LOOP4(id) {
         float *d = pd + OFF4(id);
         const float *s = ps + OFF4(is);
-        for (int64_t i = 0; i < id.ne[4]; i++) d[i * id.nb[4]] = (copy ? 0.0f : d[i * id.nb[4]]) + s[i * is.nb[4]];
+        for (int64_t i = 0; i < id.ne[4]; i++)
+            d[i * id.nb[4]] = (copy ? 0.0f : d[i * id.nb[4]]) + s[i * is.nb[4]];
     }
     return SL_OK;
 }

@@ -26,7 +26,8 @@ sl_status sl_k_embedding(sl_tensor *n) {
 static void zero_table(float *d, int64_t m) {
     const int64_t chunk = 1 << 16;
 #pragma omp parallel for schedule(static) if (m > chunk)
-    for (int64_t a = 0; a < m; a += chunk) memset(d + a, 0, sizeof(float) * (size_t)(m - a < chunk ? m - a : chunk));
+    for (int64_t a = 0; a < m; a += chunk)
+        memset(d + a, 0, sizeof(float) * (size_t)(m - a < chunk ? m - a : chunk));
 }
 
 sl_status sl_k_embedding_back_ref(sl_tensor *n) {

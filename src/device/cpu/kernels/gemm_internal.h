@@ -52,15 +52,15 @@ typedef void (*sl_gemm_kernel_fn)(int64_t ksteps, const void *a, const void *b, 
 
 typedef struct sl_gemm_impl {
     const char *name;
-    int mr, nr;  /* register tile */
-    int kgran;   /* k per kernel step: 1 (fp32) or 2 (bf16 pairs) */
-    int esz;     /* bytes per packed element */
-    int in_bf16; /* inputs A, B are bf16 (uint16_t) rather than fp32 */
-    int64_t kc;  /* K block (multiple of kgran) */
-    int64_t mc;  /* rows of op(A) packed at once (multiple of mr) */
+    int mr, nr;     /* register tile */
+    int kgran;      /* k per kernel step: 1 (fp32) or 2 (bf16 pairs) */
+    int esz;        /* bytes per packed element */
+    int in_bf16;    /* inputs A, B are bf16 (uint16_t) rather than fp32 */
+    int64_t kc;     /* K block (multiple of kgran) */
+    int64_t mc;     /* rows of op(A) packed at once (multiple of mr) */
     int64_t mc_max; /* a thread with at most this many rows packs them as one block (B is packed once);
                      * with more, blocks of mc rows (an A block that stays in L2). 0: same as mc */
-    int64_t nc;  /* columns of op(B) packed at once per thread (multiple of nr) */
+    int64_t nc;     /* columns of op(B) packed at once per thread (multiple of nr) */
     sl_gemm_pack_a_fn pack_a;
     sl_gemm_pack_b_fn pack_b;
     sl_gemm_kernel_fn kernel;
