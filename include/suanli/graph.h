@@ -50,12 +50,14 @@ typedef enum sl_op {
     SL_OP_MUL,               /* src0 * src1, src1 broadcast */
     SL_OP_SCALE,             /* src0 * fparams[0] */
     SL_OP_SUM_TO,            /* sum src0 down to node's (broadcast-compatible) shape */
-    SL_OP_ACC,               /* in-place: src0 += src1 (src0 is any tensor; node aliases src0) */
+    SL_OP_ACC,               /* in-place: src0 += src1 (src0 is any tensor; node aliases src0); iparams[0]=1:
+                                src0 = src1 (Note [Overwriting first gradient writes]) */
     SL_OP_ZEROS,             /* a zero-filled tensor of node's shape */
     SL_OP_SCATTER_ADD,       /* in-place: view(src0; iparams: offset + ne/nb of src1's image) += src1 */
     SL_OP_MATMUL,            /* op(src0) @ op(src1) (+ src2: optional f32 bias (N), added to every row; src1
                                 2-D); iparams[0]=transA, [1]=transB; iparams[2]=1: in place, view_src +=
-                                op(src0) @ op(src1) (2-D; gradient accumulation) */
+                                op(src0) @ op(src1) (2-D; gradient accumulation); iparams[2]=2: in place,
+                                view_src = op(src0) @ op(src1) (Note [Overwriting first gradient writes]) */
     SL_OP_GELU,              /* tanh approximation (GPT-2) */
     SL_OP_GELU_BACK,         /* src0 = x, src1 = dy */
     SL_OP_LAYERNORM,         /* src0 = x (.., C), src1 = weight (C), src2 = bias (C); fparams[0]=eps */
@@ -66,7 +68,8 @@ typedef enum sl_op {
     SL_OP_ATTENTION,      /* causal MHA: q (B,T,NH,hs), k/v (B,T,NKV,hs) -> (B,T,NH*hs); aux: lse (B,NH,T) */
     SL_OP_ATTENTION_BACK, /* src0 = fwd, src1..3 = q,k,v, src4 = dy -> (B,T,NH+2*NKV,hs) packed dq|dk|dv */
     SL_OP_EMBEDDING,      /* src0 = table (V, C), src1 = ids (i32, any shape) -> (ids.., C) */
-    SL_OP_EMBEDDING_BACK, /* src0 = ids, src1 = dy -> (V, C) table gradient; iparams[0] = V */
+    SL_OP_EMBEDDING_BACK, /* in place on src0 (V, C): src0[ids[i]] += dy[i] (src1 = ids, src2 = dy);
+                             iparams[1]=1: src0 is zeroed first (a first gradient write) */
     SL_OP_CROSS_ENTROPY,  /* src0 = logits (N.., V), src1 = targets (i32 N..) -> scalar mean loss; aux: lse */
     SL_OP_CROSS_ENTROPY_BACK, /* src0 = fwd, src1 = logits, src2 = targets, src3 = dloss (scalar) */
     SL_OP_CONCAT,             /* concat src0, src1 along iparams[0] */
@@ -104,7 +107,8 @@ enum {
     SL_FLAG_INPUT = 1 << 1,  /* fed by the caller each step */
     SL_FLAG_OUTPUT = 1 << 2, /* kept alive until the end of the graph */
     SL_FLAG_LOSS = 1 << 3,
-    SL_FLAG_GRAD = 1 << 4, /* a gradient leaf (external buffer) */
+    SL_FLAG_GRAD = 1 << 4,       /* a gradient leaf (external buffer) */
+    SL_FLAG_GRAD_FIRST = 1 << 5, /* the graph's first node writing into a parameter's gradient leaf */
 };
 
 typedef struct sl_tensor {
@@ -225,6 +229,16 @@ sl_tensor *sl_graph_node(sl_graph *g, int i);
 sl_tensor *sl_graph_grad_of(sl_graph *g, const sl_tensor *t);
 /* Index of the last node that writes into param p's gradient (-1 if none): DP bucket readiness. */
 int sl_graph_last_grad_write(sl_graph *g, const sl_tensor *p);
+/* Note [Overwriting first gradient writes]
+ * Gradient nodes accumulate into the parameters' gradient leaves (ACC, an accumulating dW MATMUL,
+ * EMBEDDING_BACK), so a training step normally zeroes the gradients first: a full pass over the gradient
+ * buffer, and then every dW GEMM reads that zero C back. With overwrite on, the first writer of each
+ * gradient leaf (flagged SL_FLAG_GRAD_FIRST when backward is built; every writer covers its whole leaf)
+ * overwrites instead: ACC copies, the dW GEMM runs with beta = 0, EMBEDDING_BACK zeroes its table first.
+ * The values are those of zeroing + accumulating (0 + x == x), so a trainer sets overwrite for its first
+ * micro-batch and skips zeroing every gradient that has a writer (sl_graph_last_grad_write >= 0); leaves
+ * without a writer must still be zeroed by the caller. Off by default (a fresh graph accumulates). */
+void sl_graph_set_grad_overwrite(sl_graph *g, int on);
 
 typedef struct sl_plan_stats {
     size_t planned_bytes; /* arena size after liveness reuse */

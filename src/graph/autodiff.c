@@ -24,6 +24,7 @@ static void push_new(sl_graph *g, sl_tensor *t) {
 
 static void note_grad_write(ad_state *s, sl_tensor *p, sl_tensor *writer) {
     push_new(s->g, writer);
+    if (s->g->last_grad_write[p->id] < 0) writer->flags |= SL_FLAG_GRAD_FIRST; /* writers push in order */
     s->g->last_grad_write[p->id] = writer->order;
 }
 

@@ -80,6 +80,26 @@ int sl_graph_last_grad_write(sl_graph *g, const sl_tensor *p) {
     return (g->last_grad_write && p->id < g->grads_cap) ? g->last_grad_write[p->id] : -1;
 }
 
+void sl_graph_set_grad_overwrite(sl_graph *g, int on) {
+    for (int i = 0; i < g->n_nodes; i++) {
+        sl_tensor *t = g->nodes[i];
+        if (!(t->flags & SL_FLAG_GRAD_FIRST)) continue;
+        switch (t->op) {
+        case SL_OP_ACC:
+            t->iparams[0] = on;
+            break;
+        case SL_OP_MATMUL:
+            t->iparams[2] = on ? 2 : 1;
+            break;
+        case SL_OP_EMBEDDING_BACK:
+            t->iparams[1] = on;
+            break;
+        default:
+            SL_ASSERT(!"unexpected gradient writer");
+        }
+    }
+}
+
 /* ---------------- planner ---------------- */
 
 static int is_inplace(const sl_tensor *t) {

@@ -75,22 +75,28 @@ sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *us
     if (tr->dp && sl_dp_grad_slots(tr->dp) && tr->cfg.accum > 1)
         return sl_fail(SL_ERR_INVALID, "trainer: gradient slots (sl_dp_opts.accum = 1) with accum %d",
                        tr->cfg.accum);
-    if (m->grads_mem) { /* else: dp zeroes its gradient slots */
-        float *g = m->grads_mem;
-        int64_t n = m->numel, chunk = 1 << 16;
-#pragma omp parallel for schedule(static)
-        for (int64_t a = 0; a < n; a += chunk)
-            memset(g + a, 0, sizeof(float) * (size_t)(n - a < chunk ? n - a : chunk));
-    }
+    /* Gradients start at zero: the first micro-batch's first write into each gradient overwrites it
+     * (Note [Overwriting first gradient writes], suanli/graph.h) instead of a zeroing pass over the whole
+     * buffer; only gradients that no node writes are zeroed here. */
+    int overwrite = m->grads_mem != NULL; /* else: dp zeroes its gradient slots */
+    if (overwrite)
+        for (int i = 0; i < m->n_params; i++)
+            if (sl_graph_last_grad_write(tr->graph, m->params[i].t) < 0)
+                memset(m->grads_mem + m->params[i].offset, 0, sizeof(float) * (size_t)m->params[i].numel);
     double tot = 0, wait = 0;
     int dp_rank = tr->dp ? sl_dp_rank(tr->dp) : 0;
-    for (int micro = 0; micro < tr->cfg.accum; micro++) {
-        SL_TRY(fn(user, step, dp_rank * tr->cfg.accum + micro, tr->ids_buf, tr->tg_buf));
+    sl_status st = SL_OK;
+    for (int micro = 0; micro < tr->cfg.accum && st == SL_OK; micro++) {
+        st = fn(user, step, dp_rank * tr->cfg.accum + micro, tr->ids_buf, tr->tg_buf);
+        if (st != SL_OK) break;
         float l;
         if (tr->dp) sl_dp_arm(tr->dp, micro == tr->cfg.accum - 1);
-        SL_TRY(sl_trainer_forward_backward(tr, tr->ids_buf, tr->tg_buf, &l));
+        sl_graph_set_grad_overwrite(tr->graph, overwrite && micro == 0);
+        st = sl_trainer_forward_backward(tr, tr->ids_buf, tr->tg_buf, &l);
         tot += l;
     }
+    sl_graph_set_grad_overwrite(tr->graph, 0); /* other callers of the graph accumulate */
+    SL_TRY(st);
     float lr = sl_lr_schedule(step, tr->cfg.lr, tr->cfg.min_lr, tr->cfg.warmup, tr->cfg.decay_iters);
     float norm, loss = (float)(tot / tr->cfg.accum);
     if (tr->dp) {

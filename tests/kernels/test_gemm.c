@@ -43,9 +43,10 @@ typedef struct shape {
 } shape;
 
 static const shape shapes[] = {
-    {1, 1, 1},      {1, 17, 3},      {3, 1, 17},    {17, 3, 1},     {63, 65, 17},
-    {65, 63, 255},  {255, 17, 65},   {17, 255, 63}, {1000, 17, 63}, {3, 1000, 65},
-    {63, 65, 1000}, {255, 255, 255}, {1000, 65, 3}, {8, 48, 384},   {97, 145, 769},
+    {1, 1, 1},     {1, 17, 3},    {3, 1, 17},     {17, 3, 1},     {63, 65, 17},   {65, 63, 255},
+    {255, 17, 65}, {17, 255, 63}, {1000, 17, 63}, {3, 1000, 65},  {63, 65, 1000}, {255, 255, 255},
+    {1000, 65, 3}, {8, 48, 384},  {97, 145, 769}, {1601, 33, 40}, /* more rows than one A block (AVX2: mc_max
+                                                                     1536, blocks of 384) */
 };
 
 static int test_sgemm_case(int tA, int tB, shape s, float alpha, float beta, int pad, int nan_c) {
@@ -213,8 +214,9 @@ static void test_bf16(void) {
 
 /* Same inputs -> bitwise-identical outputs: twice with the same thread count, and with 1 vs 2 threads. */
 static void test_determinism(void) {
-    const shape ds[] = {{200, 300, 1000}, {1000, 96, 130}, {64, 2000, 64}};
-    for (int si = 0; si < 3; si++) {
+    /* {2000, 40, 70}: 1 thread packs A in row blocks, 2 threads (split M) in one block each */
+    const shape ds[] = {{200, 300, 1000}, {1000, 96, 130}, {64, 2000, 64}, {2000, 40, 70}};
+    for (int si = 0; si < 4; si++) {
         int64_t M = ds[si].M, N = ds[si].N, K = ds[si].K;
         for (int t = 0; t < 4; t++) {
             int tA = t >> 1, tB = t & 1;

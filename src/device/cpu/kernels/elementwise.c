@@ -213,14 +213,27 @@ sl_status sl_k_sum_to_ref(sl_tensor *n) {
     return SL_OK;
 }
 
+/* d = s over m floats, in parallel chunks when large. */
+static void copy_flat(float *d, const float *s, int64_t m) {
+    const int64_t chunk = 1 << 16;
+#pragma omp parallel for schedule(static) if (m > chunk)
+    for (int64_t a = 0; a < m; a += chunk)
+        memcpy(d + a, s + a, sizeof(float) * (size_t)(m - a < chunk ? m - a : chunk));
+}
+
 sl_status sl_k_acc_ref(sl_tensor *n) {
     sl_tensor *dst = n->src[0], *src = n->src[1];
     SL_ASSERT(n->data == dst->data);
     sl_it5 id = sl_it5_of(dst), is = sl_it5_of(src);
     float *pd = dst->data;
     const float *ps = src->data;
+    const int copy = n->iparams[0]; /* Note [Overwriting first gradient writes] */
     if (sl_is_contiguous(dst) && sl_is_contiguous(src)) {
         int64_t m = sl_nelements(dst);
+        if (copy) {
+            copy_flat(pd, ps, m);
+            return SL_OK;
+        }
 #pragma omp parallel for simd schedule(static) if (m > 65536)
         for (int64_t i = 0; i < m; i++) pd[i] += ps[i];
         return SL_OK;
@@ -230,7 +243,8 @@ sl_status sl_k_acc_ref(sl_tensor *n) {
     LOOP4(id) {
         float *d = pd + OFF4(id);
         const float *s = ps + OFF4(is);
-        for (int64_t i = 0; i < id.ne[4]; i++) d[i * id.nb[4]] += s[i * is.nb[4]];
+        for (int64_t i = 0; i < id.ne[4]; i++)
+            d[i * id.nb[4]] = (copy ? 0.0f : d[i * id.nb[4]]) + s[i * is.nb[4]];
     }
     return SL_OK;
 }
@@ -337,7 +351,7 @@ sl_status sl_k_sum_to(sl_tensor *n) {
 sl_status sl_k_acc(sl_tensor *n) {
     const sl_vec_ops *v = sl_vec();
     sl_tensor *dst = n->src[0], *src = n->src[1];
-    if (v && sl_is_contiguous(dst) && sl_is_contiguous(src)) {
+    if (v && sl_is_contiguous(dst) && sl_is_contiguous(src) && !n->iparams[0]) {
         SL_ASSERT(n->data == dst->data);
         v->binary_flat(dst->data, src->data, dst->data, sl_nelements(dst), 0);
         return SL_OK;

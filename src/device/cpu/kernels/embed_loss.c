@@ -23,6 +23,13 @@ sl_status sl_k_embedding(sl_tensor *n) {
 
 /* In place: dst[id] += dy[i] for every position. Parallel over column blocks so rows with the same id
  * never race and the summation order is fixed. */
+static void zero_table(float *d, int64_t m) {
+    const int64_t chunk = 1 << 16;
+#pragma omp parallel for schedule(static) if (m > chunk)
+    for (int64_t a = 0; a < m; a += chunk)
+        memset(d + a, 0, sizeof(float) * (size_t)(m - a < chunk ? m - a : chunk));
+}
+
 sl_status sl_k_embedding_back_ref(sl_tensor *n) {
     sl_tensor *ids = n->src[1], *g = n->src[2];
     int64_t V = n->ne[0], C = n->ne[1], N = sl_nelements(ids);
@@ -30,6 +37,7 @@ sl_status sl_k_embedding_back_ref(sl_tensor *n) {
     for (int64_t i = 0; i < N; i++)
         if (pi[i] < 0 || pi[i] >= V)
             return sl_fail(SL_ERR_INVALID, "embedding_back: token id %d out of range", pi[i]);
+    if (n->iparams[1]) zero_table(n->data, V * C); /* Note [Overwriting first gradient writes] */
     const float *pg = g->data;
     float *pd = n->data;
 #pragma omp parallel for schedule(static)
@@ -109,6 +117,7 @@ sl_status sl_k_embedding_back(sl_tensor *n) {
     for (int64_t i = 0; i < N; i++)
         if (pi[i] < 0 || pi[i] >= V)
             return sl_fail(SL_ERR_INVALID, "embedding_back: token id %d out of range", pi[i]);
+    if (n->iparams[1]) zero_table(n->data, V * C); /* Note [Overwriting first gradient writes] */
     v->embedding_bwd(pi, N, g->data, n->data, C);
     return SL_OK;
 }

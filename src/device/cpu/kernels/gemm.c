@@ -179,6 +179,7 @@ static void *workspace_get(size_t bytes) {
 /* Driver                                                                                           */
 
 static inline int64_t imin64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t imax64(int64_t a, int64_t b) { return a > b ? a : b; }
 static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static inline size_t round_up_sz(size_t a, size_t b) { return (a + b - 1) / b * b; }
 
@@ -261,8 +262,9 @@ static void gemm_thread(const gemm_plan *p, int tid) {
         m1 = imin64(g->M, npa * (tid + 1) / nthr * im->mr);
     }
     if (m1 <= m0 || n1 <= n0) return;
-    for (int64_t ic = m0; ic < m1; ic += im->mc) {
-        int64_t mcur = imin64(im->mc, m1 - ic);
+    const int64_t mc = m1 - m0 <= imax64(im->mc, im->mc_max) ? m1 - m0 : im->mc;
+    for (int64_t ic = m0; ic < m1; ic += mc) {
+        int64_t mcur = imin64(mc, m1 - ic);
         for (int64_t k0 = 0; k0 < g->K; k0 += im->kc) {
             int64_t kc = imin64(im->kc, g->K - k0);
             im->pack_a(g, ic, mcur, k0, kc, im->mr, apack);
@@ -311,7 +313,7 @@ void sl_gemm_run(const sl_gemm_args *g, const sl_gemm_impl *im, int nthr) {
 
     gemm_plan p = {.g = g, .im = im, .nthr = nthr};
     int64_t kc = imin64(im->kc, ceil_div(g->K, im->kgran) * im->kgran);
-    int64_t mc = imin64(im->mc, ceil_div(g->M, im->mr) * im->mr);
+    int64_t mc = imin64(imax64(im->mc, im->mc_max), ceil_div(g->M, im->mr) * im->mr);
     int64_t nc = imin64(im->nc, ceil_div(g->N, im->nr) * im->nr);
     p.a_bytes = round_up_sz((size_t)mc * (size_t)kc * (size_t)im->esz, 4096);
     p.b_bytes = round_up_sz((size_t)nc * (size_t)kc * (size_t)im->esz, 4096);

@@ -13,6 +13,8 @@
  * micro-kernel) whatever the thread partition, so results do not depend on the thread count. For that,
  * every partition (thread shares, MC blocks, NC chunks) starts at a multiple of MR / NR from 0, so an element
  * always lands in the same kind of tile (full or edge: their writebacks may round differently).
+ * Blocking (Note [GEMM blocking on Zen 3] in gemm_avx2.c for the AVX2 numbers): kc and nc are fixed per
+ * kernel; the rows of a thread are packed in one block when they are at most mc_max, else in blocks of mc.
  * Bias (sl_sgemm_bias): before the first K block of a chunk, the driver writes the bias into the C rows of
  * that chunk (mc x nc, still in L2 when the kernels read it) and runs the kernels with beta = 1, so C =
  * ((bias + sum over K block 0) + sum over K block 1) + ...: a fixed order, whatever the partition.
@@ -50,13 +52,15 @@ typedef void (*sl_gemm_kernel_fn)(int64_t ksteps, const void *a, const void *b, 
 
 typedef struct sl_gemm_impl {
     const char *name;
-    int mr, nr;  /* register tile */
-    int kgran;   /* k per kernel step: 1 (fp32) or 2 (bf16 pairs) */
-    int esz;     /* bytes per packed element */
-    int in_bf16; /* inputs A, B are bf16 (uint16_t) rather than fp32 */
-    int64_t kc;  /* K block (multiple of kgran) */
-    int64_t mc;  /* rows of op(A) packed at once (multiple of mr) */
-    int64_t nc;  /* columns of op(B) packed at once per thread (multiple of nr) */
+    int mr, nr;     /* register tile */
+    int kgran;      /* k per kernel step: 1 (fp32) or 2 (bf16 pairs) */
+    int esz;        /* bytes per packed element */
+    int in_bf16;    /* inputs A, B are bf16 (uint16_t) rather than fp32 */
+    int64_t kc;     /* K block (multiple of kgran) */
+    int64_t mc;     /* rows of op(A) packed at once (multiple of mr) */
+    int64_t mc_max; /* a thread with at most this many rows packs them as one block (B is packed once);
+                     * with more, blocks of mc rows (an A block that stays in L2). 0: same as mc */
+    int64_t nc;     /* columns of op(B) packed at once per thread (multiple of nr) */
     sl_gemm_pack_a_fn pack_a;
     sl_gemm_pack_b_fn pack_b;
     sl_gemm_kernel_fn kernel;

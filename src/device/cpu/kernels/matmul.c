@@ -1,7 +1,8 @@
 /* MATMUL node -> GEMM calls (folded linear layers and batched products). Operands are both f32
  * (sl_sgemm) or both bf16 (sl_gemm_bf16: fp32 accumulation); the output is always f32. An f32 bias (src2)
- * is added by the GEMM itself (sl_sgemm_bias / sl_gemm_bf16_bias); iparams[2] accumulates into the
- * output (beta = 1). */
+ * is added by the GEMM itself (sl_sgemm_bias / sl_gemm_bf16_bias); iparams[2] = 1 accumulates into the
+ * output (beta = 1), iparams[2] = 2 overwrites it in place (beta = 0; Note [Overwriting first gradient
+ * writes]). */
 #include "device/cpu/kernels/gemm.h"
 #include "device/cpu/kernels/kernels.h"
 
@@ -29,7 +30,7 @@ sl_status sl_k_matmul(sl_tensor *n) {
     if (bf && b->dtype != SL_BF16) return sl_fail(SL_ERR_UNSUPPORTED, "matmul: mixed operand dtypes");
     const float *bias = n->src[2] ? (const float *)n->src[2]->data : NULL;
     /* iparams[2]: accumulate into the output (in place on view_src; see ops_internal.h) */
-    float beta = n->iparams[2] ? 1.0f : 0.0f;
+    float beta = n->iparams[2] == 1 ? 1.0f : 0.0f;
     if (nbd == 2 && na > 2) { /* folded: a's leading dims are rows */
         int64_t M = 1;
         for (int d = 0; d < na - 1; d++) M *= a->ne[d];
