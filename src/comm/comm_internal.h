@@ -10,6 +10,8 @@
 
 /* ---- element kernels (dtype.c) ---- */
 /* dst[i] = a[i] op b[i] for n elements (dst may alias a or b). AVG reduces as SUM. */
+/* memcpy with streaming (non-temporal) stores on x86-64: Note [Non-temporal stores] (transport/fifo.c) */
+void sl_comm_stream_copy(void *dst, const void *src, size_t len);
 void sl_comm_reduce_kernel(sl_comm_dtype dt, sl_comm_redop op, void *dst, const void *a, const void *b,
                            size_t n);
 /* x[i] /= divisor (AVG finalisation; integer division for integer types). */

@@ -38,9 +38,6 @@
 #include <string.h>
 
 #include "comm/comm_internal.h"
-#if defined(__x86_64__)
-#include <emmintrin.h>
-#endif
 
 enum { W_ARRIVE = 0, W_KIND, W_COUNT, W_SBWIN, W_SBOFF, W_RBWIN, W_RBOFF, W_DONE, W_PROGRESS = 8 };
 enum { K_ALLREDUCE = 1, K_REDSCAT, K_ALLGATHER };
@@ -99,30 +96,10 @@ static size_t blk_len(size_t count, int n, int b) {
 }
 
 static void copy_out(void *dst, const void *src, size_t len, int nt) {
-#if defined(__x86_64__)
-    if (nt) { /* streaming stores: see Note [Non-temporal stores] in transport/fifo.c */
-        char *d = dst;
-        const char *s = src;
-        size_t head = (16 - ((uintptr_t)d & 15)) & 15;
-        if (head > len) head = len;
-        memcpy(d, s, head);
-        d += head, s += head, len -= head;
-        for (; len >= 64; len -= 64, d += 64, s += 64) {
-            __m128i a = _mm_loadu_si128((const __m128i *)s), b = _mm_loadu_si128((const __m128i *)(s + 16));
-            __m128i c = _mm_loadu_si128((const __m128i *)(s + 32)),
-                    e = _mm_loadu_si128((const __m128i *)(s + 48));
-            _mm_stream_si128((__m128i *)d, a);
-            _mm_stream_si128((__m128i *)(d + 16), b);
-            _mm_stream_si128((__m128i *)(d + 32), c);
-            _mm_stream_si128((__m128i *)(d + 48), e);
-        }
-        memcpy(d, s, len);
-        _mm_sfence();
-        return;
-    }
-#endif
-    (void)nt;
-    memcpy(dst, src, len);
+    if (nt)
+        sl_comm_stream_copy(dst, src, len); /* Note [Non-temporal stores] in transport/fifo.c */
+    else
+        memcpy(dst, src, len);
 }
 
 typedef struct sym_op {

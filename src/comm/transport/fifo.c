@@ -77,7 +77,7 @@ typedef struct fifo_tp {
  * L1-resident block (same operands, same order: results are bitwise the same) which is then streamed
  * out. Slots themselves are written normally: the receiver reads them from the cache. */
 #define NT_BLOCK (8u << 10)
-static void stream_copy(void *dst, const void *src, size_t len) {
+void sl_comm_stream_copy(void *dst, const void *src, size_t len) {
 #if defined(__x86_64__)
     char *d = dst;
     const char *s = src;
@@ -106,7 +106,7 @@ static void slot_consume(fifo_tp *t, const sl_xfer *xi, char *d, const char *a, 
     int nt = t->nt_min && xi->bytes >= t->nt_min;
     if (xi->kind == SL_XFER_RECV) {
         if (nt)
-            stream_copy(d, s, len);
+            sl_comm_stream_copy(d, s, len);
         else
             memcpy(d, s, len);
         return;
@@ -119,7 +119,7 @@ static void slot_consume(fifo_tp *t, const sl_xfer *xi, char *d, const char *a, 
     for (size_t off = 0; off < len; off += NT_BLOCK) {
         size_t k = len - off < NT_BLOCK ? len - off : NT_BLOCK;
         sl_comm_reduce_kernel(xi->dt, xi->op, t->nt_tmp, a + off, s + off, k / es);
-        stream_copy(d + off, t->nt_tmp, k);
+        sl_comm_stream_copy(d + off, t->nt_tmp, k);
     }
 }
 
