@@ -332,7 +332,8 @@ sl_status sl_launch_run(const sl_launch_opts *o, sl_launch_result *res) {
         r1.failed_rank = -1;
         r1.exit_code = -1;
         st = run_once(o, addr, port, token, attempt, &r1);
-        /* every local rank is gone: remove segments a killed rank could not unlink (Note [Shared-memory names]) */
+        /* every local rank is gone: remove segments a killed rank could not unlink (Note [Shared-memory
+         * names]) */
         int swept = sl_shm_sweep_job(token);
         if (swept) SL_LOGI("suanli run: removed %d shared-memory segment(s) left by dead ranks", swept);
         r1.restarts = attempt;
