@@ -11,6 +11,7 @@
 #define _GNU_SOURCE
 #include "launch/launch.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -19,6 +20,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -281,6 +283,32 @@ static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, c
     return st;
 }
 
+/* Remove the in-memory checkpoint directories of launchers that died without cleaning up (SIGKILL).
+ * A live launcher holds an flock on <dir>/.owner (released by the kernel when it dies, and valid across
+ * pid namespaces sharing /dev/shm); a directory without that file is judged by its pid. */
+static void sweep_dead_memdirs(void) {
+    DIR *d = opendir("/dev/shm");
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        int pid = 0, used = 0;
+        if (sscanf(e->d_name, "suanli-ckpt-%d%n", &pid, &used) != 1 || e->d_name[used] || pid <= 0) continue;
+        char path[320];
+        snprintf(path, sizeof path, "/dev/shm/%s/.owner", e->d_name);
+        int fd = open(path, O_RDONLY | O_CLOEXEC), dead;
+        if (fd >= 0) {
+            dead = flock(fd, LOCK_EX | LOCK_NB) == 0;
+            close(fd);
+        } else {
+            dead = kill(pid, 0) != 0 && errno == ESRCH;
+        }
+        if (!dead) continue;
+        snprintf(path, sizeof path, "rm -rf '/dev/shm/%s'", e->d_name);
+        if (system(path) == 0) SL_LOGI("suanli run: removed /dev/shm/%s (its launcher is gone)", e->d_name);
+    }
+    closedir(d);
+}
+
 sl_status sl_launch_run(const sl_launch_opts *o, sl_launch_result *res) {
     memset(res, 0, sizeof *res);
     res->failed_rank = -1;
@@ -311,12 +339,19 @@ sl_status sl_launch_run(const sl_launch_opts *o, sl_launch_result *res) {
      * (SUANLI_MEM_CKPT_DIR), so a restarted attempt reloads from memory instead of disk. It outlives the
      * ranks (that is the point) and is removed when the launcher finishes. */
     char memdir[128] = "";
+    int owner_fd = -1;
     if (!getenv("SUANLI_MEM_CKPT_DIR") && access("/dev/shm", W_OK) == 0) {
+        sweep_dead_memdirs();
         snprintf(memdir, sizeof memdir, "/dev/shm/suanli-ckpt-%d", (int)getpid());
-        if (mkdir(memdir, 0700) == 0)
+        if (mkdir(memdir, 0700) == 0) {
+            char lk[160];
+            snprintf(lk, sizeof lk, "%s/.owner", memdir);
+            owner_fd = open(lk, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+            if (owner_fd >= 0) flock(owner_fd, LOCK_EX); /* held while we live: sweep_dead_memdirs */
             setenv("SUANLI_MEM_CKPT_DIR", memdir, 1);
-        else
+        } else {
             memdir[0] = 0;
+        }
     }
     struct sigaction sa = {0}, old[3];
     sa.sa_handler = on_signal;
@@ -345,6 +380,7 @@ sl_status sl_launch_run(const sl_launch_opts *o, sl_launch_result *res) {
     sigaction(SIGINT, &old[0], NULL);
     sigaction(SIGTERM, &old[1], NULL);
     sigaction(SIGHUP, &old[2], NULL);
+    if (owner_fd >= 0) close(owner_fd);
     if (memdir[0]) {
         char cmd[256];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", memdir);

@@ -2,6 +2,10 @@
  * exit codes, bad input. Runs the CLI through the shell (SUANLI_CLI). */
 #include <stdio.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "suanli/base.h"
@@ -73,6 +77,31 @@ int main(void) {
         }
         TU_CHECK(access(keep, F_OK) == 0, "another job's %s was removed", keep);
         unlink(keep);
+        /* in-memory checkpoint directories of launchers that died (SIGKILL) are removed, live ones kept:
+         * `gone` has no .owner and a dead pid, `stale` an unlocked .owner, `live` a locked one */
+        pid_t dead = fork();
+        if (dead == 0) _exit(0);
+        waitpid(dead, NULL, 0);
+        char gone[128], stale[128], live[128], file[160];
+        snprintf(gone, sizeof gone, "/dev/shm/suanli-ckpt-%d", (int)dead);
+        snprintf(stale, sizeof stale, "/dev/shm/suanli-ckpt-%d", (int)getpid());
+        snprintf(live, sizeof live, "/dev/shm/suanli-ckpt-%d", (int)getppid());
+        TU_CHECK(mkdir(gone, 0700) == 0 && mkdir(stale, 0700) == 0 && mkdir(live, 0700) == 0,
+                 "cannot create %s / %s / %s", gone, stale, live);
+        snprintf(file, sizeof file, "%s/.owner", stale);
+        int sfd = open(file, O_RDWR | O_CREAT, 0600);
+        snprintf(file, sizeof file, "%s/.owner", live);
+        int lfd = open(file, O_RDWR | O_CREAT, 0600);
+        TU_CHECK(sfd >= 0 && lfd >= 0 && flock(lfd, LOCK_EX) == 0, "cannot create/lock the .owner files");
+        close(sfd);
+        rc = run("%s run -n 1 -- true%s", NULL);
+        TU_CHECK(rc == 0, "rc=%d out=%s", rc, out);
+        TU_CHECK(access(gone, F_OK) != 0, "%s (dead pid, no .owner) was left behind", gone);
+        TU_CHECK(access(stale, F_OK) != 0, "%s (unlocked .owner) was left behind", stale);
+        TU_CHECK(access(live, F_OK) == 0, "%s (locked .owner) was removed", live);
+        close(lfd);
+        unlink(file);
+        rmdir(live);
     } else {
         printf("skip: /dev/shm not writable, segment sweep not tested\n");
     }
