@@ -16,18 +16,10 @@
 #include <stdlib.h>
 #include <time.h>
 #include "device/cpu/kernels/gemm.h"
+#include "gemm_tool.h"
 void base_sl_sgemm(int, int, int64_t, int64_t, int64_t, float, const float *, int64_t, const float *, int64_t,
                    float, float *, int64_t);
 static int use_wall;
-static double cpu_now(void) {
-    struct timespec t;
-    clock_gettime(use_wall ? CLOCK_MONOTONIC : CLOCK_THREAD_CPUTIME_ID, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 typedef void (*gfn)(int, int, int64_t, int64_t, int64_t, float, const float *, int64_t, const float *,
                     int64_t, float, float *, int64_t);
 static gfn fns[2] = {base_sl_sgemm, sl_sgemm};
@@ -39,20 +31,13 @@ int main(int argc, char **argv) {
     int reps = atoi(argv[1]);
     int64_t BT = atoll(argv[2]);
     use_wall = getenv("WALL") != NULL;
-    static const int64_t lin[][2] = {{2304, 768}, {768, 768}, {3072, 768}, {768, 3072}, {50304, 768}};
     double lr = 0;
     int n = 0;
     for (int l = 0; l < 5; l++)
         for (int pass = 0; pass < 3; pass++) {
-            int tA = pass == 2, tB = pass == 0;
-            int64_t out = lin[l][0], in = lin[l][1];
-            int64_t M = pass == 2 ? out : BT,
-                    N = pass == 1   ? in
-                        : pass == 0 ? out
-                                    : in,
-                    K = pass == 0   ? in
-                        : pass == 1 ? out
-                                    : BT;
+            int tA, tB;
+            int64_t M, N, K;
+            tool_gpt2_gemm(l, pass, BT, &tA, &tB, &M, &N, &K);
             float *A = malloc(4 * M * K), *B = malloc(4 * K * N), *C = malloc(4 * M * N);
             for (int64_t i = 0; i < M * K; i++) A[i] = (float)((i * 7 % 13) - 6) * 0.01f;
             for (int64_t i = 0; i < K * N; i++) B[i] = (float)((i * 5 % 11) - 5) * 0.01f;
@@ -64,15 +49,15 @@ int main(int argc, char **argv) {
             for (int r = 0; r < reps; r++)
                 for (int vv = 0; vv < 2; vv++) {
                     int v = (r & 1) ? 1 - vv : vv;
-                    double t0 = cpu_now();
+                    double t0 = tool_now(use_wall);
                     fns[v](tA, tB, M, N, K, 1, A, lda, B, ldb, 0, C, N);
-                    t[v][r] = cpu_now() - t0;
+                    t[v][r] = tool_now(use_wall) - t0;
                 }
             double ratio[64];
             for (int r = 0; r < reps; r++) ratio[r] = t[0][r] / t[1][r];
-            qsort(ratio, reps, 8, cmp);
-            qsort(t[0], reps, 8, cmp);
-            qsort(t[1], reps, 8, cmp);
+            qsort(ratio, reps, 8, tool_cmp_double);
+            qsort(t[0], reps, 8, tool_cmp_double);
+            qsort(t[1], reps, 8, tool_cmp_double);
             double fl = 2.0 * M * N * K * 1e-9;
             printf("%-3s %5ld %5ld %5ld  base %6.1f  exp %6.1f GFLOP/s  speedup(med of pair ratios) %.3f\n",
                    pass == 0   ? "fwd"

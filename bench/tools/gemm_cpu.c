@@ -12,35 +12,19 @@
 #include <time.h>
 
 #include "device/cpu/kernels/gemm.h"
-
-static double cpu_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
+#include "gemm_tool.h"
 
 int main(int argc, char **argv) {
     int reps = argc > 1 ? atoi(argv[1]) : 9;
     int64_t BT = argc > 2 ? atoll(argv[2]) : 256;
-    static const int64_t lin[][2] = {{2304, 768}, {768, 768}, {3072, 768}, {768, 3072}, {50304, 768}};
     double lsum_med = 0, lsum_best = 0;
     int nrows = 0;
     for (int l = 0; l < 5; l++) {
-        int64_t out = lin[l][0], in = lin[l][1];
         for (int pass = 0; pass < 3; pass++) {
             if (getenv("ROW") && atoi(getenv("ROW")) != l * 3 + pass) continue;
-            int tA = pass == 2, tB = pass == 0;
-            int64_t M = pass == 2 ? out : BT,
-                    N = pass == 1   ? in
-                        : pass == 0 ? out
-                                    : in,
-                    K = pass == 0   ? in
-                        : pass == 1 ? out
-                                    : BT;
+            int tA, tB;
+            int64_t M, N, K;
+            tool_gpt2_gemm(l, pass, BT, &tA, &tB, &M, &N, &K);
             float *A = malloc(sizeof(float) * (size_t)(M * K)), *B = malloc(sizeof(float) * (size_t)(K * N)),
                   *C = malloc(sizeof(float) * (size_t)(M * N));
             for (int64_t i = 0; i < M * K; i++) A[i] = (float)((i * 7 % 13) - 6) * 0.01f;
@@ -50,11 +34,11 @@ int main(int argc, char **argv) {
             int r = reps > 64 ? 64 : reps;
             sl_sgemm(tA, tB, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
             for (int i = 0; i < r; i++) {
-                double t0 = cpu_now();
+                double t0 = tool_now(0);
                 sl_sgemm(tA, tB, M, N, K, 1.0f, A, lda, B, ldb, pass == 2 ? 1.0f : 0.0f, C, N);
-                t[i] = cpu_now() - t0;
+                t[i] = tool_now(0) - t0;
             }
-            qsort(t, (size_t)r, sizeof *t, cmp);
+            qsort(t, (size_t)r, sizeof *t, tool_cmp_double);
             double fl = 2.0 * (double)M * (double)N * (double)K * 1e-9;
             double med = fl / t[r / 2], best = fl / t[0];
             printf("%-3s %5ld %5ld %5ld  med %6.1f  best %6.1f GFLOP/s\n",

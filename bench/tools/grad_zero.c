@@ -12,21 +12,11 @@
 #include <time.h>
 
 #include "device/cpu/kernels/gemm.h"
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
+#include "gemm_tool.h"
 
 int main(int argc, char **argv) {
     int reps = argc > 1 ? atoi(argv[1]) : 7;
     int64_t BT = argc > 2 ? atoll(argv[2]) : 256, C = 768, V = 50257, numel = 124475904;
-    static const int64_t lin[4][2] = {{2304, 768}, {768, 768}, {3072, 768}, {768, 3072}};
     float *grads = aligned_alloc(64, sizeof(float) * (size_t)numel);
     float *dy = aligned_alloc(64, sizeof(float) * (size_t)(BT * V)),
           *x = aligned_alloc(64, sizeof(float) * (size_t)(BT * 3072));
@@ -37,7 +27,7 @@ int main(int argc, char **argv) {
     if (reps > 64) reps = 64;
     for (int r = 0; r < reps; r++) {
         for (int mode = 0; mode < 2; mode++) {
-            double t0 = now();
+            double t0 = tool_now(1);
             if (mode == 0) {
                 int64_t chunk = 1 << 16;
 #pragma omp parallel for schedule(static)
@@ -50,16 +40,16 @@ int main(int argc, char **argv) {
             off += V * C + 1024 * C;                                           /* wte, wpe */
             for (int l = 0; l < 12; l++)
                 for (int j = 0; j < 4; j++) {
-                    int64_t out = lin[j][0], in = lin[j][1];
+                    int64_t out = tool_gpt2_linear[j][0], in = tool_gpt2_linear[j][1];
                     off += 2 * C; /* a norm's weight and bias in between */
                     sl_sgemm(1, 0, out, in, BT, 1.0f, dy, out, x, in, beta, grads + off, in);
                     off += out * in + out;
                 }
-            (mode == 0 ? ta : tb)[r] = now() - t0;
+            (mode == 0 ? ta : tb)[r] = tool_now(1) - t0;
         }
     }
-    qsort(ta, (size_t)reps, sizeof(double), cmp);
-    qsort(tb, (size_t)reps, sizeof(double), cmp);
+    qsort(ta, (size_t)reps, sizeof(double), tool_cmp_double);
+    qsort(tb, (size_t)reps, sizeof(double), tool_cmp_double);
     printf("BT %ld: memset + beta=1: median %.1f ms (min %.1f)   beta=0: median %.1f ms (min %.1f)   saved "
            "%.1f ms\n",
            (long)BT, ta[reps / 2] * 1e3, ta[0] * 1e3, tb[reps / 2] * 1e3, tb[0] * 1e3,

@@ -173,6 +173,16 @@ static uint64_t kind_word(int kind, sl_comm_dtype dt, sl_comm_redop op) {
     return (uint64_t)kind | (uint64_t)dt << 8 | (uint64_t)op << 16;
 }
 
+/* Work space of a reduction over the n ranks' inputs, in the communicator's cached scratch buffer: the
+ * L1-resident accumulation block (used when n > 2) followed by the n input pointers. */
+static sl_status sym_work(sl_algo_ctx *c, char **tmp, const char ***in, const char *what) {
+    char *s = sl_algo_scratch(c, SYM_TMP + sizeof(char *) * (size_t)c->size);
+    if (!s) return sl_fail(SL_ERR_NOMEM, "window %s: out of memory", what);
+    *tmp = s;
+    *in = (const char **)(void *)(s + SYM_TMP);
+    return SL_OK;
+}
+
 sl_status sl_sym_allreduce(sl_algo_ctx *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt,
                            sl_comm_redop op) {
     size_t es = sl_comm_dtype_size(dt), bytes = count * es;
@@ -188,20 +198,15 @@ sl_status sl_sym_allreduce(sl_algo_ctx *c, const void *sb, void *rb, size_t coun
         .c = c,
         .desc = {kind_word(K_ALLREDUCE, dt, op) | (uint64_t)(chunk >> 10) << 24 | (uint64_t)oneshot << 56,
                  count, ws->id, so, wr->id, ro}};
-    char stack_tmp[1], *tmp = n > 2 ? sl_algo_scratch(c, SYM_TMP) : stack_tmp;
-    const char *in_stack[16], **in = n <= 16 ? in_stack : malloc(sizeof(char *) * (size_t)n);
-    if (!tmp || !in) {
-        if (in != in_stack) free((void *)in);
-        return sl_fail(SL_ERR_NOMEM, "window all-reduce: out of memory");
-    }
+    char *tmp = NULL;
+    const char **in = NULL;
+    SL_TRY(sym_work(c, &tmp, &in, "all-reduce"));
     sl_status st = sym_begin(&o, "all-reduce");
     if (st == SL_OK && oneshot) { /* every rank reduces the whole vector (in rank order, like the slices) */
         for (int p = 0; p < n; p++) in[p] = ws->peer[p] + so;
         reduce_n(dt, op, rb, in, n, count, tmp);
         if (op == SL_COMM_AVG) sl_comm_div_kernel(dt, rb, count, n);
-        st = sym_end(&o);
-        if (in != in_stack) free((void *)in);
-        return st;
+        return sym_end(&o);
     }
     size_t mo = blk_off(count, n, r), ml = blk_len(count, n, r);
     int nt = sym_nt_min() && bytes >= sym_nt_min();
@@ -228,7 +233,6 @@ sl_status sl_sym_allreduce(sl_algo_ctx *c, const void *sb, void *rb, size_t coun
         }
     }
     if (st == SL_OK) st = sym_end(&o);
-    if (in != in_stack) free((void *)in);
     return st;
 }
 
@@ -240,12 +244,9 @@ sl_status sl_sym_reduce_scatter(sl_algo_ctx *c, const void *sb, void *rb, size_t
     if (!ws || n < 2 || !rc) return SL_ERR_UNSUPPORTED;
     size_t so = (size_t)((const char *)sb - ws->base);
     sym_op o = {.c = c, .desc = {kind_word(K_REDSCAT, dt, op), rc, ws->id, so, NO_WIN, 0}};
-    char stack_tmp[1], *tmp = n > 2 ? sl_algo_scratch(c, SYM_TMP) : stack_tmp;
-    const char *in_stack[16], **in = n <= 16 ? in_stack : malloc(sizeof(char *) * (size_t)n);
-    if (!tmp || !in) {
-        if (in != in_stack) free((void *)in);
-        return sl_fail(SL_ERR_NOMEM, "window reduce-scatter: out of memory");
-    }
+    char *tmp = NULL;
+    const char **in = NULL;
+    SL_TRY(sym_work(c, &tmp, &in, "reduce-scatter"));
     sl_status st = sym_begin(&o, "reduce-scatter");
     if (st == SL_OK) {
         for (int p = 0; p < n; p++) in[p] = ws->peer[p] + so + (size_t)r * rc * es;
@@ -253,7 +254,6 @@ sl_status sl_sym_reduce_scatter(sl_algo_ctx *c, const void *sb, void *rb, size_t
         if (op == SL_COMM_AVG) sl_comm_div_kernel(dt, rb, rc, n);
         st = sym_end(&o);
     }
-    if (in != in_stack) free((void *)in);
     return st;
 }
 
