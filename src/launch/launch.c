@@ -344,10 +344,16 @@ sl_status sl_launch_run(const sl_launch_opts *o, sl_launch_result *res) {
         sweep_dead_memdirs();
         snprintf(memdir, sizeof memdir, "/dev/shm/suanli-ckpt-%d", (int)getpid());
         if (mkdir(memdir, 0700) == 0) {
-            char lk[160];
+            /* .owner appears already locked (locked under a temporary name, then renamed: the lock is
+             * on the inode), so a sweeper never finds it unlocked while we live */
+            char tmp[160], lk[160];
+            snprintf(tmp, sizeof tmp, "%s/.owner.tmp", memdir);
             snprintf(lk, sizeof lk, "%s/.owner", memdir);
-            owner_fd = open(lk, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-            if (owner_fd >= 0) flock(owner_fd, LOCK_EX); /* held while we live: sweep_dead_memdirs */
+            owner_fd = open(tmp, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+            if (owner_fd >= 0 && (flock(owner_fd, LOCK_EX) != 0 || rename(tmp, lk) != 0)) {
+                close(owner_fd);
+                owner_fd = -1;
+            }
             setenv("SUANLI_MEM_CKPT_DIR", memdir, 1);
         } else {
             memdir[0] = 0;
