@@ -1,14 +1,20 @@
-/* suanli bench comm [--json] [-n N] [--min-bytes B] [--max-bytes B] [--colls LIST] [--iters K] [--window]
+/* suanli bench comm [--json] [-n N] [--min-bytes B] [--max-bytes B] [--colls LIST] [--iters K] [--reps R]
+ *                   [--window]
  *
  * --window: also run every call on buffers from sl_comm_mem_alloc (symmetric windows: the direct
  * algorithms of src/comm/algo/sym.c on shm), printed first as the "window" columns, beside the plain
  * (private buffers) and MPI columns of the same run.
  *
  * Runs inside a job (suanli run / mpirun / srun); with -n N outside a job it launches itself.
- * For each collective and size (x2 steps): time per call (max over ranks of the mean), algbw =
+ * For each collective and size (x2 steps): time per call, algbw =
  * bytes / time, busbw = algbw x factor (all-reduce 2(n-1)/n; all-gather, reduce-scatter,
  * all-to-all (n-1)/n; broadcast 1), and #wrong elements of a checked call. In an MPI build under
- * mpirun the same loop runs through MPI_* in the same process for comparison. */
+ * mpirun the same loop runs through MPI_* in the same process for comparison.
+ *
+ * Timing: R blocks (--reps, default 5) of K calls each (--iters, default by size), the window, plain
+ * and MPI blocks interleaved (window, plain, MPI, window, plain, MPI, ...) so that a slow spell of a
+ * shared machine falls on all three alike; a block's time is the max over ranks of its mean per call,
+ * and the printed time is the median block. */
 #define _GNU_SOURCE
 #include "bench_comm.h"
 
@@ -27,7 +33,7 @@ enum { C_AR, C_AG, C_RS, C_A2A, C_BC, C_COUNT };
 static const char *CNAME[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"};
 
 typedef struct bopts {
-    int json, iters, window;
+    int json, iters, reps, window;
     size_t minb, maxb;
     int colls[C_COUNT];
 } bopts;
@@ -136,16 +142,26 @@ static int iters_for(size_t bytes, int forced) {
     return 5;
 }
 
-/* mean time per call, max over ranks */
+/* mean time per call, max over ranks (warm: no warm-up calls first) */
 static double timed(sl_comm *comm, int mpi, int c, float *sb, float *rb, size_t count, int n, int iters,
-                    sl_status *st) {
-    for (int w = 0; w < 2 && *st == SL_OK; w++) *st = call(comm, mpi, c, sb, rb, count, n);
+                    int warm, sl_status *st) {
+    for (int w = 0; w < 2 && !warm && *st == SL_OK; w++) *st = call(comm, mpi, c, sb, rb, count, n);
     if (*st == SL_OK) *st = sl_comm_barrier(comm);
     double t0 = sl_time_sec();
     for (int k = 0; k < iters && *st == SL_OK; k++) *st = call(comm, mpi, c, sb, rb, count, n);
     double t = (sl_time_sec() - t0) / iters;
     if (*st == SL_OK) *st = sl_comm_all_reduce(comm, &t, &t, 1, SL_COMM_F64, SL_COMM_MAX);
     return t;
+}
+
+#define MAX_REPS 101
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+static double median(double *v, int k) {
+    qsort(v, (size_t)k, sizeof *v, cmp_double);
+    return k % 2 ? v[k / 2] : 0.5 * (v[k / 2 - 1] + v[k / 2]);
 }
 
 static int relaunch(int n, int argc, char **argv) {
@@ -176,7 +192,7 @@ static int relaunch(int n, int argc, char **argv) {
 }
 
 int sl_bench_comm(int argc, char **argv) {
-    bopts o = {.minb = 8, .maxb = (size_t)256 << 20};
+    bopts o = {.minb = 8, .maxb = (size_t)256 << 20, .reps = 5};
     int nlaunch = 0, any = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -186,7 +202,7 @@ int sl_bench_comm(int argc, char **argv) {
             o.window = 1;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: suanli bench comm [--json] [-n N] [--min-bytes B] [--max-bytes B] [--iters K] "
-                   "[--window]\n"
+                   "[--reps R] [--window]\n"
                    "                         [--colls "
                    "all_reduce,all_gather,reduce_scatter,all_to_all,broadcast]\n"
                    "Run inside a job (suanli run -n N -- suanli bench comm, mpirun, srun) or pass -n N.\n");
@@ -201,6 +217,14 @@ int sl_bench_comm(int argc, char **argv) {
             o.iters = atoi(v);
             if (o.iters < 1) {
                 fprintf(stderr, "suanli bench comm: --iters: expected a positive integer, got '%s'\n", v);
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--reps") && v) {
+            o.reps = atoi(v);
+            if (o.reps < 1 || o.reps > MAX_REPS) {
+                fprintf(stderr, "suanli bench comm: --reps: expected an integer in 1..%d, got '%s'\n", MAX_REPS,
+                        v);
                 return 2;
             }
             i++;
@@ -306,24 +330,24 @@ int sl_bench_comm(int argc, char **argv) {
             if (count == 0) continue;
             size_t b = count * 4;
             int it = iters_for(b, o.iters);
-            long wwrong = 0;
-            double wt = 0;
-            if (o.window) {
-                wwrong = check(comm, 0, c, wsb, wrb, count, n, r, &st);
-                if (st == SL_OK) wt = timed(comm, 0, c, wsb, wrb, count, n, it, &st);
-                if (st == SL_OK) st = sl_comm_all_reduce(comm, &wwrong, &wwrong, 1, SL_COMM_I64, SL_COMM_SUM);
-                if (wwrong) status = 1;
+            /* modes: 0 window buffers, 1 plain buffers, 2 MPI (plain buffers) */
+            int on[3] = {o.window, 1, have_mpi};
+            float *msb[3] = {wsb, sb, sb}, *mrb[3] = {wrb, rb, rb};
+            long nwrong[3] = {0, 0, 0};
+            double bt[3][MAX_REPS], tm[3] = {0, 0, 0};
+            for (int m = 0; m < 3 && st == SL_OK; m++) {
+                if (!on[m]) continue;
+                nwrong[m] = check(comm, m == 2, c, msb[m], mrb[m], count, n, r, &st);
+                if (st == SL_OK) st = sl_comm_all_reduce(comm, &nwrong[m], &nwrong[m], 1, SL_COMM_I64, SL_COMM_SUM);
+                if (nwrong[m]) status = 1;
             }
-            long wrong = st == SL_OK ? check(comm, 0, c, sb, rb, count, n, r, &st) : 0;
-            double t = st == SL_OK ? timed(comm, 0, c, sb, rb, count, n, it, &st) : 0;
-            if (st == SL_OK) st = sl_comm_all_reduce(comm, &wrong, &wrong, 1, SL_COMM_I64, SL_COMM_SUM);
-            double mt = 0;
-            long mwrong = 0;
-            if (have_mpi && st == SL_OK) {
-                mwrong = check(comm, 1, c, sb, rb, count, n, r, &st);
-                if (st == SL_OK) mt = timed(comm, 1, c, sb, rb, count, n, it, &st);
-                if (st == SL_OK) st = sl_comm_all_reduce(comm, &mwrong, &mwrong, 1, SL_COMM_I64, SL_COMM_SUM);
-            }
+            for (int k = 0; k < o.reps && st == SL_OK; k++)
+                for (int m = 0; m < 3 && st == SL_OK; m++)
+                    if (on[m]) bt[m][k] = timed(comm, m == 2, c, msb[m], mrb[m], count, n, it, k > 0, &st);
+            for (int m = 0; m < 3 && st == SL_OK; m++)
+                if (on[m]) tm[m] = median(bt[m], o.reps);
+            long wwrong = nwrong[0], wrong = nwrong[1], mwrong = nwrong[2];
+            double wt = tm[0], t = tm[1], mt = tm[2];
             if (st != SL_OK) break;
             if (wrong) status = 1;
             double alg = (double)b / t / 1e9, bus = alg * factor(c, n);

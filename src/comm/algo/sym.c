@@ -2,30 +2,30 @@
  * straight from their windows instead of passing the bytes through slot FIFOs.
  *
  * Note [Direct window algorithms]
- * All-reduce of N bytes over n ranks: the vector is cut into n slices (the ring's blocks); rank r
- * reduces slice r reading the n inputs in rank order 0..n-1 from every rank's send buffer and writes
- * it into its own receive buffer, then copies every other slice p from rank p's receive buffer.
- * Each slice is processed in chunks (SUANLI_COMM_WIN_CHUNK_KB, default 128 KiB) and the copy of chunk k-1
- * follows the reduction of chunk k, so a peer reads a reduced chunk while it is still in the cache that
- * produced it: a 2-rank all-reduce moves about 4N bytes of DRAM traffic (read both inputs, write both
- * outputs; the peer slices are written with streaming stores from SUANLI_COMM_WIN_NT_KB on) against about 5N
- * for the slot FIFOs (Note [Slot FIFOs]). One-shot variant (SUANLI_COMM_WIN_ONESHOT_KB, out of place only,
- * off by default): every rank reduces the whole vector from all n inputs; no chunk hand-off, n-fold reads;
- * same results. Reduce-scatter: rank r reduces slice r of the n send buffers in rank order into its receive
- * buffer. All-gather(v): each rank puts its block in its own receive buffer, then copies the others'
- * blocks from their receive buffers.
+ * All-reduce of N bytes over n ranks ("push"): the vector is cut into n slices (the ring's blocks);
+ * rank r reduces slice r reading the n inputs in rank order 0..n-1 from every rank's send buffer, an
+ * 8 KiB block at a time, and stores the block into slice r of every rank's receive buffer, its own
+ * included (reduced straight into its own and copied from there, or, streaming, reduced into an
+ * L1-resident block that is streamed to all). One pass, no hand-off between ranks, nothing re-read: each rank
+ * reads N bytes and writes N bytes, the least any all-reduce can move (4N of DRAM traffic for 2 ranks,
+ * against about 5-6N for a reduce-then-copy two-phase scheme or the slot FIFOs, Note [Slot FIFOs]). From
+ * SUANLI_COMM_WIN_NT_KB on the stores stream past the cache (Note [Non-temporal stores]).
+ * Reduce-scatter: rank r reduces slice r of the n send buffers in rank order into its receive buffer.
+ * All-gather(v): each rank puts its block in its own receive buffer, then copies the others' blocks
+ * from their receive buffers.
  *
  * Synchronisation uses each rank's control words (sl_win_vt.ctl, written only by their owner):
- *   ARRIVE = s  after rank posted the descriptor of its s-th window operation (its inputs are ready);
+ *   ARRIVE = s  after rank posted the descriptor of its s-th window operation (its inputs are ready
+ *              and its receive buffer may be written);
  *   DESC..     what it was called with: kind, dtype, op, count, and (window id, offset) of the
  *              symmetric buffers; every rank compares every peer's with its own before it reads
  *              peer memory, so asymmetric use is an error on every rank, never wrong data;
- *   PROGRESS = s << 24 | k  (all-reduce) rank has reduced and stored chunks 0..k-1 of its slice;
- *   DONE = s   rank no longer reads peer memory for operation s; nobody returns (and so nobody lets
- *              its caller overwrite a buffer) before every peer is DONE.
- * In place works because rank p's slice p of my buffer is read only by rank p during its reduction,
- * and I overwrite it with the result only after p's PROGRESS says that chunk is reduced. Waits are the
- * transport's (deadline, abort flag, dead peer: as in exchange). Only ranks that chose the window
+ *   DONE = s   rank no longer reads or writes peer memory for operation s (streaming stores are
+ *              fenced before); nobody returns (and so nobody lets its caller touch a buffer) before
+ *              every peer is DONE.
+ * In place works because slice r of every buffer is read and written by rank r alone, and it reads
+ * each block before it stores the result. (Partly overlapping send and receive buffers are undefined,
+ * as in MPI and NCCL.) Waits are the transport's (deadline, abort flag, dead peer: as in exchange). Only ranks that chose the window
  * path post anything; a rank that did not (its buffers are not in a window) never arrives, and the
  * others fail at the deadline, as with any other mismatched call.
  *
@@ -39,11 +39,9 @@
 
 #include "comm/comm_internal.h"
 
-enum { W_ARRIVE = 0, W_KIND, W_COUNT, W_SBWIN, W_SBOFF, W_RBWIN, W_RBOFF, W_DONE, W_PROGRESS = 8 };
+enum { W_ARRIVE = 0, W_KIND, W_COUNT, W_SBWIN, W_SBOFF, W_RBWIN, W_RBOFF, W_DONE };
 enum { K_ALLREDUCE = 1, K_REDSCAT, K_ALLGATHER };
-#define SYM_CHUNK_DEFAULT_KB 128 /* bytes of one slice reduced before its peers copy it */
-#define SYM_TMP (16u << 10)      /* n > 2: accumulate in an L1-resident block */
-#define SYM_ONESHOT_DEFAULT_KB 0 /* out-of-place all-reduces up to this size: one shot */
+#define SYM_TMP (8u << 10) /* reduce a block of this size at a time (L1-resident) */
 #define SYM_NT_DEFAULT_KB 8192   /* copies of transfers this large bypass the cache (0: never) */
 #define NO_WIN UINT64_MAX
 
@@ -55,38 +53,24 @@ sl_win *sl_win_find(sl_win *list, const void *p, size_t bytes) {
     return NULL;
 }
 
-/* KiB-valued knobs, read once: SUANLI_COMM_WIN_CHUNK_KB (every rank must use the same value: it sets
- * the chunk count that the PROGRESS words count, so it is part of the all-reduce descriptor) and
- * SUANLI_COMM_WIN_NT_KB (a local choice). */
-static size_t env_kb(const char *name, size_t dflt_kb, size_t lo_kb, _Atomic size_t *cached) {
-    size_t v = atomic_load_explicit(cached, memory_order_relaxed);
+/* SUANLI_COMM_WIN_NT_KB, read once (a local choice: it changes no result). */
+static size_t sym_nt_min(void) {
+    static _Atomic size_t cached;
+    size_t v = atomic_load_explicit(&cached, memory_order_relaxed);
     if (v) return v - 1;
-    v = dflt_kb << 10;
-    const char *e = getenv(name);
+    v = (size_t)SYM_NT_DEFAULT_KB << 10;
+    const char *e = getenv("SUANLI_COMM_WIN_NT_KB");
     if (e && *e) {
         char *end;
         unsigned long long k = strtoull(e, &end, 10);
-        if (*end || k < lo_kb || k > (1u << 30))
-            SL_LOGW("%s=%s ignored (want %zu..%u)", name, e, lo_kb, 1u << 30);
+        if (*end || k > (1u << 30))
+            SL_LOGW("SUANLI_COMM_WIN_NT_KB=%s ignored (want 0..%u)", e, 1u << 30);
         else
             v = (size_t)k << 10;
     }
-    atomic_store_explicit(cached, v + 1, memory_order_relaxed);
+    atomic_store_explicit(&cached, v + 1, memory_order_relaxed);
     return v;
 }
-static size_t sym_chunk(void) {
-    static _Atomic size_t cached;
-    return env_kb("SUANLI_COMM_WIN_CHUNK_KB", SYM_CHUNK_DEFAULT_KB, 4, &cached);
-}
-static size_t sym_oneshot_max(void) {
-    static _Atomic size_t cached;
-    return env_kb("SUANLI_COMM_WIN_ONESHOT_KB", SYM_ONESHOT_DEFAULT_KB, 0, &cached);
-}
-static size_t sym_nt_min(void) {
-    static _Atomic size_t cached;
-    return env_kb("SUANLI_COMM_WIN_NT_KB", SYM_NT_DEFAULT_KB, 0, &cached);
-}
-
 static size_t blk_off(size_t count, int n, int b) {
     size_t q = count / (size_t)n, r = count % (size_t)n;
     return (size_t)b * q + ((size_t)b < r ? (size_t)b : r);
@@ -152,15 +136,21 @@ static sl_status sym_end(sym_op *o) {
     return SL_OK;
 }
 
-/* dst[0..m) = in[0] op in[1] op ... op in[n-1] (rank order); dst may alias any in[i] */
+/* dst[0..m) = in[0] op in[1] op ... op in[n-1] (rank order); dst may alias in[0] or in[1] only */
+static void reduce_block(sl_comm_dtype dt, sl_comm_redop op, char *dst, const char *const *in, int n,
+                         size_t m) {
+    sl_comm_reduce_kernel(dt, op, dst, in[0], in[1], m);
+    for (int i = 2; i < n; i++) sl_comm_reduce_kernel(dt, op, dst, dst, in[i], m);
+}
+
+/* The same for any m, dst may alias any in[i]: n > 2 accumulates SYM_TMP-sized blocks in tmp. */
 static void reduce_n(sl_comm_dtype dt, sl_comm_redop op, char *dst, const char *const *in, int n, size_t m,
                      char *tmp) {
-    size_t es = sl_comm_dtype_size(dt);
+    size_t es = sl_comm_dtype_size(dt), tb = SYM_TMP / es;
     if (n == 2) {
-        sl_comm_reduce_kernel(dt, op, dst, in[0], in[1], m);
+        reduce_block(dt, op, dst, in, n, m);
         return;
     }
-    size_t tb = SYM_TMP / es;
     for (size_t o = 0; o < m; o += tb) {
         size_t k = m - o < tb ? m - o : tb;
         sl_comm_reduce_kernel(dt, op, tmp, in[0] + o * es, in[1] + o * es, k);
@@ -190,50 +180,28 @@ sl_status sl_sym_allreduce(sl_algo_ctx *c, const void *sb, void *rb, size_t coun
     if (!ws || !(wr = sl_win_find(c->wins, rb, bytes)) || c->size < 2 || !count) return SL_ERR_UNSUPPORTED;
     int n = c->size, r = c->rank;
     size_t so = (size_t)((const char *)sb - ws->base), ro = (size_t)((char *)rb - wr->base);
-    size_t chunk = sym_chunk(); /* in the descriptor: ranks must cut the slices alike */
-    size_t ce = chunk / es, nc = (blk_len(count, n, 0) + ce - 1) / ce;
-    if (nc >= (1u << 24)) return SL_ERR_UNSUPPORTED;      /* PROGRESS counts chunks in 24 bits */
-    int oneshot = sb != rb && bytes <= sym_oneshot_max(); /* in the descriptor too */
-    sym_op o = {
-        .c = c,
-        .desc = {kind_word(K_ALLREDUCE, dt, op) | (uint64_t)(chunk >> 10) << 24 | (uint64_t)oneshot << 56,
-                 count, ws->id, so, wr->id, ro}};
+    sym_op o = {.c = c, .desc = {kind_word(K_ALLREDUCE, dt, op), count, ws->id, so, wr->id, ro}};
     char *tmp = NULL;
     const char **in = NULL;
     SL_TRY(sym_work(c, &tmp, &in, "all-reduce"));
-    sl_status st = sym_begin(&o, "all-reduce");
-    if (st == SL_OK && oneshot) { /* every rank reduces the whole vector (in rank order, like the slices) */
-        for (int p = 0; p < n; p++) in[p] = ws->peer[p] + so;
-        reduce_n(dt, op, rb, in, n, count, tmp);
-        if (op == SL_COMM_AVG) sl_comm_div_kernel(dt, rb, count, n);
-        return sym_end(&o);
-    }
-    size_t mo = blk_off(count, n, r), ml = blk_len(count, n, r);
+    SL_TRY(sym_begin(&o, "all-reduce"));
+    size_t mo = blk_off(count, n, r), ml = blk_len(count, n, r), tb = SYM_TMP / es;
     int nt = sym_nt_min() && bytes >= sym_nt_min();
-    for (size_t k = 0; k <= nc && st == SL_OK; k++) {
-        if (k < nc) { /* reduce chunk k of my slice */
-            size_t e0 = k * ce, m = e0 < ml ? (ml - e0 < ce ? ml - e0 : ce) : 0;
-            if (m) {
-                for (int p = 0; p < n; p++) in[p] = ws->peer[p] + so + (mo + e0) * es;
-                char *dst = (char *)rb + (mo + e0) * es;
-                reduce_n(dt, op, dst, in, n, m, tmp);
-                if (op == SL_COMM_AVG) sl_comm_div_kernel(dt, dst, m, n);
-            }
-            atomic_store_explicit(&o.mine[W_PROGRESS], o.seq << 24 | (k + 1), memory_order_release);
-        }
-        if (k == 0) continue;
-        size_t e0 = (k - 1) * ce; /* copy chunk k-1 of every other slice from its owner */
-        for (int i = 1; i < n && st == SL_OK; i++) {
-            int p = (r + i) % n;
-            size_t po = blk_off(count, n, p), pl = blk_len(count, n, p);
-            st = o.vt->wait(c->tp, p, W_PROGRESS, o.seq << 24 | k, c->deadline);
-            if (st != SL_OK || e0 >= pl) continue;
-            size_t m = pl - e0 < ce ? pl - e0 : ce, off = (po + e0) * es;
-            copy_out((char *)rb + off, wr->peer[p] + ro + off, m * es, nt);
-        }
+    for (size_t e0 = 0; e0 < ml; e0 += tb) { /* reduce a block of my slice, store it everywhere */
+        size_t m = ml - e0 < tb ? ml - e0 : tb, off = (mo + e0) * es;
+        for (int p = 0; p < n; p++) in[p] = ws->peer[p] + so + off;
+        /* streaming: reduce into tmp and stream it to every rank; cached: reduce into my own receive
+         * buffer and copy from there (one pass fewer over the block: measured faster at 256 KiB-4 MiB) */
+        char *blk = nt ? tmp : wr->base + ro + off;
+        if (nt)
+            reduce_block(dt, op, tmp, in, n, m);
+        else
+            reduce_n(dt, op, blk, in, n, m, tmp);
+        if (op == SL_COMM_AVG) sl_comm_div_kernel(dt, blk, m, n);
+        for (int i = 1; i <= n; i++)
+            if (nt || i < n) copy_out(wr->peer[(r + i) % n] + ro + off, blk, m * es, nt);
     }
-    if (st == SL_OK) st = sym_end(&o);
-    return st;
+    return sym_end(&o);
 }
 
 sl_status sl_sym_reduce_scatter(sl_algo_ctx *c, const void *sb, void *rb, size_t rc, sl_comm_dtype dt,
