@@ -5,6 +5,7 @@
  * A "-window" suffix (loopback-abort-window, shm-kill-window, shm-stop-window) puts the buffer in
  * sl_comm_mem_alloc memory, so the fault hits the direct window all-reduce (src/comm/algo/sym.c). */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -98,6 +99,29 @@ static int loopback_abort(void) {
     return fails;
 }
 
+/* Names the job left in /dev/shm: the shm transport unlinks its segments and windows as soon as every
+ * rank has mapped them, so a rank killed after set-up must leave nothing behind (Note [Shared-memory
+ * names] in src/base/util.c). The job prefix comes from the token in the unique id ("sl1 addr port
+ * token", src/comm/bootstrap.c). */
+static int shm_leftovers(const sl_comm_unique_id *id) {
+    char addr[128], token[64], pre[64];
+    int port;
+    if (sscanf(id->bytes, "sl1 %127s %d %63s", addr, &port, token) != 3)
+        return fprintf(stderr, "FAIL unique id '%.60s' not in the expected form\n", id->bytes), 1;
+    sl_shm_job_prefix(token, pre, sizeof pre);
+    size_t pl = strlen(pre);
+    DIR *d = opendir("/dev/shm");
+    if (!d) return 0; /* no /dev/shm: nothing can be left */
+    int left = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        if (!strncmp(e->d_name, pre, pl) && e->d_name[pl] == '-') {
+            fprintf(stderr, "FAIL /dev/shm/%s left behind by the job\n", e->d_name);
+            left++;
+        }
+    closedir(d);
+    return left;
+}
+
 /* ---- processes: rank 1 is killed or stopped; the others must exit 3 (error seen) promptly ---- */
 static void *killer(void *p) {
     sleep_sec(0.5);
@@ -155,6 +179,7 @@ static int procs(sl_comm_transport_kind kind, int sig) {
     if (sig == SIGSTOP) kill(pids[1], SIGKILL);
     while (wait(NULL) > 0) {
     }
+    if (kind == SL_COMM_TRANSPORT_SHM) fails += shm_leftovers(&id);
     return fails;
 }
 
