@@ -300,14 +300,15 @@ int sl_bench_comm(int argc, char **argv) {
     if (r == 0) {
         if (o.json)
             printf("{\"bench\":\"comm\",\"ranks\":%d,\"transport\":\"%s\",\"host\":\"%s\",\"dtype\":\"f32\","
-                   "\"mpi\":%s,\"window\":%s,\"results\":[",
-                   n, tp, host, have_mpi ? "true" : "false",
+                   "\"mpi\":%s,\"reps\":%d,\"window\":%s,\"results\":[",
+                   n, tp, host, have_mpi ? "true" : "false", o.reps,
                    !o.window ? "false"
                    : shared  ? "\"shared\""
                              : "\"private\"");
         else
-            printf("# suanli bench comm: %d ranks, transport %s, host %s, dtype f32, op sum%s%s\n", n, tp,
-                   host, have_mpi ? ", MPI comparison in the same run" : "",
+            printf("# suanli bench comm: %d ranks, transport %s, host %s, dtype f32, op sum, median of %d "
+                   "interleaved blocks%s%s\n",
+                   n, tp, host, o.reps, have_mpi ? ", MPI comparison in the same run" : "",
                    !o.window ? ""
                    : shared  ? ", window = sl_comm_mem_alloc buffers (shared)"
                              : ", window = sl_comm_mem_alloc buffers (private fallback on this transport)");

@@ -123,6 +123,8 @@ static sl_status run_one(sl_comm *c, sl_algo_ctx *x, sl_comm_req *t) {
     return sl_fail(SL_ERR_INTERNAL, "unknown comm task %d", (int)t->kind);
 }
 
+static void win_release(sl_comm *c, sl_win *w);
+
 /* Execute t (caller has set busy). Records status/message in t. */
 static void execute(sl_comm *c, sl_comm_req *t) {
     int err = atomic_load(&c->err);
@@ -143,7 +145,9 @@ static void execute(sl_comm *c, sl_comm_req *t) {
                      .local = c->local,
                      .leaders = c->leaders,
                      .wins = c->wins,
-                     .win_seq = &c->win_seq};
+                     .win_seq = &c->win_seq,
+                     .stage = &c->stage,
+                     .stage_state = &c->stage_state};
     sl_clear_error();
     t->st = run_one(c, &x, t);
     if (t->st != SL_OK) {
@@ -646,6 +650,7 @@ sl_status sl_comm_from_transport(sl_transport *tp, const sl_comm_opts *opts, con
     tp->abort_flag = &c->abort_flag;
     c->timeout = opts && opts->timeout_sec > 0 ? opts->timeout_sec : sl_comm_env_timeout();
     c->algo = env_algo();
+    c->stage_state = env_windows() ? 0 : -1;
     c->opts = opts ? *opts : (sl_comm_opts){0};
     snprintf(c->name, sizeof c->name, "%s", name);
     snprintf(c->local_ip, sizeof c->local_ip, "%s", local_ip ? local_ip : "127.0.0.1");
@@ -677,6 +682,7 @@ void sl_comm_free(sl_comm *c) {
     pthread_join(c->thread, NULL);
     sl_comm_free(c->local);
     sl_comm_free(c->leaders);
+    if (c->stage) win_release(c, c->stage);
     while (c->wins) { /* windows the caller did not free */
         sl_win *w = c->wins;
         c->wins = w->next;

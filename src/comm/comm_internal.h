@@ -146,6 +146,8 @@ typedef struct sl_algo_ctx {
     sl_comm *leaders;  /* hierarchical: local rank 0 of every host, NULL elsewhere */
     sl_win *wins;      /* the communicator's windows (algo/sym.c) */
     uint64_t *win_seq; /* window operations so far (same count on every rank) */
+    sl_win **stage;    /* the staged all-reduce's window (algo/sym.c) and whether it exists */
+    int *stage_state;  /* 0 not tried, 1 made, -1 unavailable (SUANLI_COMM_WINDOWS=0, /dev/shm full) */
 } sl_algo_ctx;
 
 sl_status sl_prim_exchange(sl_algo_ctx *c, sl_xfer *x, int n);
@@ -192,6 +194,8 @@ sl_status sl_sym_allgatherv(sl_algo_ctx *c, const void *sb, void *rb, const size
                             const size_t *displs, sl_comm_dtype dt);
 sl_win *sl_win_find(sl_win *list, const void *p, size_t bytes);
 /* the transport offers windows and no algorithm other than direct (same reduction order) is forced */
+sl_status sl_sym_allreduce_staged(sl_algo_ctx *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt,
+                                  sl_comm_redop op);
 static inline int sl_sym_enabled(const sl_algo_ctx *c) {
     return (c->algo == SL_COMM_ALGO_AUTO || c->algo == SL_COMM_ALGO_DIRECT) && c->tp->win;
 } /* shared window holding [p, p+bytes) */

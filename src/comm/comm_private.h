@@ -62,6 +62,8 @@ struct sl_comm {
     sl_win *wins;     /* sl_comm_mem_alloc windows (changed only while acquired) */
     uint64_t win_seq; /* window operations run (algo/sym.c) */
     uint64_t win_ids; /* windows allocated so far */
+    sl_win *stage;    /* staging window of the staged all-reduce (algo/sym.c), made on first use */
+    int stage_state;  /* 0 not tried, 1 made, -1 unavailable (windows off, /dev/shm full) */
 };
 
 void sl_comm_acquire(sl_comm *c);

@@ -386,6 +386,45 @@ static int matrix(sl_comm *c, const cc_cfg *cfg) {
     return fails;
 }
 
+/* Private buffers on shm and loopback take the staged all-reduce (Note [Staged all-reduce] in
+ * src/comm/algo/sym.c) when the algorithm is auto: bitwise the reference algorithm's result (ring for
+ * 2 ranks, direct for more), in place and out of place, f32 and bf16 with random data, over several
+ * staging windows (uneven slices: M is not divisible by 2..8). */
+static int staged_check(sl_comm *c) {
+    int n = sl_comm_size(c), r = sl_comm_rank(c), fails = 0;
+    sl_comm_transport_kind k = sl_comm_transport(c);
+    if (n < 2 || (k != SL_COMM_TRANSPORT_SHM && k != SL_COMM_TRANSPORT_LOOPBACK)) return 0;
+    const size_t M = 300007;
+    float *x = malloc(sizeof(float) * M), *y = malloc(sizeof(float) * M), *z = malloc(sizeof(float) * M),
+          *w = malloc(sizeof(float) * M);
+    sl_comm_algo ref = n == 2 ? SL_COMM_ALGO_RING : SL_COMM_ALGO_DIRECT;
+    for (int dt = 0; dt < 2; dt++) {
+        sl_comm_dtype d = dt ? SL_COMM_BF16 : SL_COMM_F32;
+        size_t cnt = dt ? 2 * M : M;
+        sl_rng_fill_normal(dt ? w : x, (int64_t)M, 77 + (uint64_t)dt, (uint64_t)r, 0.f, 1.f);
+        for (size_t i = 0; dt && i < cnt; i++)
+            ((uint16_t *)x)[i] = sl_f32_to_bf16(w[i / 2] * (i % 2 ? 0.5f : 1.f));
+        memcpy(z, x, sizeof(float) * M);
+        sl_status s1 = sl_comm_all_reduce(c, x, y, cnt, d, SL_COMM_SUM);
+        sl_status s2 = sl_comm_all_reduce(c, z, z, cnt, d, SL_COMM_SUM);
+        sl_comm_set_algo(c, ref);
+        sl_status s3 = sl_comm_all_reduce(c, x, w, cnt, d, SL_COMM_SUM);
+        sl_comm_set_algo(c, SL_COMM_ALGO_AUTO);
+        if (s1 || s2 || s3) {
+            fprintf(stderr, "FAIL rank %d: staged all-reduce: %s\n", r, sl_errmsg());
+            fails++;
+            break;
+        }
+        if (memcmp(y, w, sizeof(float) * M) || memcmp(z, w, sizeof(float) * M))
+            fprintf(stderr, "FAIL rank %d: %s staged all-reduce (out of place %s, in place %s) and %s differ\n", r,
+                    sl_comm_dtype_name(d), memcmp(y, w, sizeof(float) * M) ? "differs" : "equal",
+                    memcmp(z, w, sizeof(float) * M) ? "differs" : "equal", sl_comm_algo_name(ref)),
+                fails++;
+    }
+    free(x), free(y), free(z), free(w);
+    return fails;
+}
+
 int cc_run_extras(sl_comm *c) {
     int n = sl_comm_size(c), r = sl_comm_rank(c), fails = 0;
     /* split: two colors, reversed key order; the last rank opts out when n > 2 */
@@ -474,6 +513,7 @@ int cc_run_extras(sl_comm *c) {
         if (memcmp(g + 16 * q, a, 16 * sizeof(float)))
             fprintf(stderr, "FAIL rank %d: ranks disagree bitwise\n", r), fails++;
     free(a), free(b), free(g);
+    fails += staged_check(c);
     if (sl_comm_async_error(c) != SL_OK) fprintf(stderr, "FAIL rank %d: async error set\n", r), fails++;
     return fails;
 }

@@ -76,6 +76,7 @@ sl_status sl_algo_allreduce(sl_algo_ctx *c, const void *sb, void *rb, size_t cou
     }
     if (sl_sym_enabled(c)) { /* buffers in symmetric windows: algo/sym.c */
         sl_status st = sl_sym_allreduce(c, sb, rb, count, dt, op);
+        if (st == SL_ERR_UNSUPPORTED) st = sl_sym_allreduce_staged(c, sb, rb, count, dt, op);
         if (st != SL_ERR_UNSUPPORTED) return st;
     }
     switch (sl_algo_choose_allreduce(c, count * es)) {

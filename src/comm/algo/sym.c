@@ -40,7 +40,7 @@
 #include "comm/comm_internal.h"
 
 enum { W_ARRIVE = 0, W_KIND, W_COUNT, W_SBWIN, W_SBOFF, W_RBWIN, W_RBOFF, W_DONE };
-enum { K_ALLREDUCE = 1, K_REDSCAT, K_ALLGATHER };
+enum { K_ALLREDUCE = 1, K_REDSCAT, K_ALLGATHER, K_STAGED };
 #define SYM_TMP (8u << 10) /* reduce a block of this size at a time (L1-resident) */
 #define SYM_NT_DEFAULT_KB 8192   /* copies of transfers this large bypass the cache (0: never) */
 #define NO_WIN UINT64_MAX
@@ -53,24 +53,29 @@ sl_win *sl_win_find(sl_win *list, const void *p, size_t bytes) {
     return NULL;
 }
 
-/* SUANLI_COMM_WIN_NT_KB, read once (a local choice: it changes no result). */
-static size_t sym_nt_min(void) {
-    static _Atomic size_t cached;
-    size_t v = atomic_load_explicit(&cached, memory_order_relaxed);
+/* KiB-valued knobs, read once. */
+static size_t env_kb(const char *name, size_t dflt_kb, size_t lo_kb, _Atomic size_t *cached) {
+    size_t v = atomic_load_explicit(cached, memory_order_relaxed);
     if (v) return v - 1;
-    v = (size_t)SYM_NT_DEFAULT_KB << 10;
-    const char *e = getenv("SUANLI_COMM_WIN_NT_KB");
+    v = dflt_kb << 10;
+    const char *e = getenv(name);
     if (e && *e) {
         char *end;
         unsigned long long k = strtoull(e, &end, 10);
-        if (*end || k > (1u << 30))
-            SL_LOGW("SUANLI_COMM_WIN_NT_KB=%s ignored (want 0..%u)", e, 1u << 30);
+        if (*end || k < lo_kb || k > (1u << 30))
+            SL_LOGW("%s=%s ignored (want %zu..%u)", name, e, lo_kb, 1u << 30);
         else
             v = (size_t)k << 10;
     }
-    atomic_store_explicit(&cached, v + 1, memory_order_relaxed);
+    atomic_store_explicit(cached, v + 1, memory_order_relaxed);
     return v;
 }
+/* SUANLI_COMM_WIN_NT_KB: a local choice (it changes no result) */
+static size_t sym_nt_min(void) {
+    static _Atomic size_t cached;
+    return env_kb("SUANLI_COMM_WIN_NT_KB", SYM_NT_DEFAULT_KB, 0, &cached);
+}
+
 static size_t blk_off(size_t count, int n, int b) {
     size_t q = count / (size_t)n, r = count % (size_t)n;
     return (size_t)b * q + ((size_t)b < r ? (size_t)b : r);
@@ -164,13 +169,47 @@ static uint64_t kind_word(int kind, sl_comm_dtype dt, sl_comm_redop op) {
 }
 
 /* Work space of a reduction over the n ranks' inputs, in the communicator's cached scratch buffer: the
- * L1-resident accumulation block (used when n > 2) followed by the n input pointers. */
+ * L1-resident accumulation block followed by 3n pointers (the n inputs of a block, and the push
+ * all-reduce's n input and n output bases). */
 static sl_status sym_work(sl_algo_ctx *c, char **tmp, const char ***in, const char *what) {
-    char *s = sl_algo_scratch(c, SYM_TMP + sizeof(char *) * (size_t)c->size);
+    char *s = sl_algo_scratch(c, SYM_TMP + 3 * sizeof(char *) * (size_t)c->size);
     if (!s) return sl_fail(SL_ERR_NOMEM, "window %s: out of memory", what);
     *tmp = s;
     *in = (const char **)(void *)(s + SYM_TMP);
     return SL_OK;
+}
+
+/* The push all-reduce of count elements (Note [Direct window algorithms]): rank p's input vector
+ * starts at ib[p] and its output at ob[p] (in[n..3n) of sym_work; both in p's window for p != rank).
+ * Stores into my own output stream from nt_self on, into peers' from nt_peer. */
+static sl_status sym_push(sl_algo_ctx *c, const uint64_t desc[6], size_t count, sl_comm_dtype dt,
+                          sl_comm_redop op, int nt_self, int nt_peer) {
+    size_t es = sl_comm_dtype_size(dt);
+    int n = c->size, r = c->rank, nt = nt_self || nt_peer;
+    sym_op o = {.c = c};
+    memcpy(o.desc, desc, 6 * sizeof *desc);
+    char *tmp = NULL;
+    const char **in = NULL;
+    SL_TRY(sym_work(c, &tmp, &in, "all-reduce"));
+    const char *const *ib = in + n;
+    char *const *ob = (char *const *)(in + 2 * n);
+    SL_TRY(sym_begin(&o, "all-reduce"));
+    size_t mo = blk_off(count, n, r), ml = blk_len(count, n, r), tb = SYM_TMP / es;
+    for (size_t e0 = 0; e0 < ml; e0 += tb) { /* reduce a block of my slice, store it everywhere */
+        size_t m = ml - e0 < tb ? ml - e0 : tb, off = (mo + e0) * es;
+        for (int p = 0; p < n; p++) in[p] = ib[p] + off;
+        /* streaming: reduce into tmp and stream it out; cached: reduce into my own output and copy
+         * from there (one pass fewer over the block: measured faster at 256 KiB-4 MiB) */
+        char *blk = nt ? tmp : ob[r] + off;
+        if (nt)
+            reduce_block(dt, op, tmp, in, n, m);
+        else
+            reduce_n(dt, op, blk, in, n, m, tmp);
+        if (op == SL_COMM_AVG) sl_comm_div_kernel(dt, blk, m, n);
+        for (int i = 1; i <= n; i++)
+            if (nt || i < n) copy_out(ob[(r + i) % n] + off, blk, m * es, i < n ? nt_peer : nt_self);
+    }
+    return sym_end(&o);
 }
 
 sl_status sl_sym_allreduce(sl_algo_ctx *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt,
@@ -178,30 +217,89 @@ sl_status sl_sym_allreduce(sl_algo_ctx *c, const void *sb, void *rb, size_t coun
     size_t es = sl_comm_dtype_size(dt), bytes = count * es;
     sl_win *ws = c->tp->win ? sl_win_find(c->wins, sb, bytes) : NULL, *wr;
     if (!ws || !(wr = sl_win_find(c->wins, rb, bytes)) || c->size < 2 || !count) return SL_ERR_UNSUPPORTED;
-    int n = c->size, r = c->rank;
+    int n = c->size;
     size_t so = (size_t)((const char *)sb - ws->base), ro = (size_t)((char *)rb - wr->base);
-    sym_op o = {.c = c, .desc = {kind_word(K_ALLREDUCE, dt, op), count, ws->id, so, wr->id, ro}};
     char *tmp = NULL;
     const char **in = NULL;
     SL_TRY(sym_work(c, &tmp, &in, "all-reduce"));
-    SL_TRY(sym_begin(&o, "all-reduce"));
-    size_t mo = blk_off(count, n, r), ml = blk_len(count, n, r), tb = SYM_TMP / es;
-    int nt = sym_nt_min() && bytes >= sym_nt_min();
-    for (size_t e0 = 0; e0 < ml; e0 += tb) { /* reduce a block of my slice, store it everywhere */
-        size_t m = ml - e0 < tb ? ml - e0 : tb, off = (mo + e0) * es;
-        for (int p = 0; p < n; p++) in[p] = ws->peer[p] + so + off;
-        /* streaming: reduce into tmp and stream it to every rank; cached: reduce into my own receive
-         * buffer and copy from there (one pass fewer over the block: measured faster at 256 KiB-4 MiB) */
-        char *blk = nt ? tmp : wr->base + ro + off;
-        if (nt)
-            reduce_block(dt, op, tmp, in, n, m);
-        else
-            reduce_n(dt, op, blk, in, n, m, tmp);
-        if (op == SL_COMM_AVG) sl_comm_div_kernel(dt, blk, m, n);
-        for (int i = 1; i <= n; i++)
-            if (nt || i < n) copy_out(wr->peer[(r + i) % n] + ro + off, blk, m * es, nt);
+    for (int p = 0; p < n; p++) {
+        in[n + p] = ws->peer[p] + so;
+        in[2 * n + p] = wr->peer[p] + ro;
     }
-    return sym_end(&o);
+    uint64_t desc[6] = {kind_word(K_ALLREDUCE, dt, op), count, ws->id, so, wr->id, ro};
+    int nt = sym_nt_min() && bytes >= sym_nt_min();
+    return sym_push(c, desc, count, dt, op, nt, nt);
+}
+
+/* Note [Staged all-reduce]
+ * Buffers outside windows (any user memory) on a transport with windows: the communicator keeps one
+ * staging window of SUANLI_COMM_STAGE_KB per rank (made by the first such call: every rank reaches it
+ * with the same count, so they make it together; if /dev/shm cannot hold it, every rank learns so
+ * at once and all keep the slot FIFO algorithms). The vector goes through it a window-full at a time:
+ * copy my part of the input in, push all-reduce in place on the staging windows (above), copy the
+ * result out (streaming stores from SUANLI_COMM_WIN_NT_KB on). DRAM traffic is the push's minimum,
+ * reading the input once and writing the output once per rank; the staging copies stay in the cache.
+ * A rank's own slice needs no staging: it reduces it from its own input straight into its own output,
+ * and stages only the slices its peers reduce (their inputs in, their results out).
+ * Results are the push's (bitwise the ring's for 2 ranks, the direct algorithm's rank order for
+ * more); it runs when the algorithm is auto (a forced one runs as asked), for SUANLI_COMM_STAGE_MIN_KB
+ * and up. */
+#define SYM_STAGE_ID (UINT64_C(1) << 62) /* window id of the staging window (user windows count up) */
+#define SYM_STAGE_DEFAULT_KB 1024
+#define SYM_STAGE_MIN_DEFAULT_KB 2
+static size_t sym_stage_bytes(void) {
+    static _Atomic size_t cached;
+    return env_kb("SUANLI_COMM_STAGE_KB", SYM_STAGE_DEFAULT_KB, 0, &cached);
+}
+static size_t sym_stage_min(void) {
+    static _Atomic size_t cached;
+    return env_kb("SUANLI_COMM_STAGE_MIN_KB", SYM_STAGE_MIN_DEFAULT_KB, 0, &cached);
+}
+
+sl_status sl_sym_allreduce_staged(sl_algo_ctx *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt,
+                                  sl_comm_redop op) {
+    size_t es = sl_comm_dtype_size(dt), bytes = count * es, sbytes = sym_stage_bytes();
+    if (!c->tp->win || *c->stage_state < 0 || c->algo != SL_COMM_ALGO_AUTO || c->size < 2 || !count ||
+        sbytes < es || bytes < sym_stage_min())
+        return SL_ERR_UNSUPPORTED;
+    if (!*c->stage) { /* collective: every rank gets here with the same count */
+        sl_win *w = calloc(1, sizeof *w);
+        if (!w) return sl_fail(SL_ERR_NOMEM, "staged all-reduce: out of memory");
+        w->bytes = sbytes;
+        w->id = SYM_STAGE_ID;
+        sl_status st = c->tp->win->alloc(c->tp, w, c->deadline);
+        if (st != SL_OK) {
+            free(w);
+            if (st != SL_ERR_IO && st != SL_ERR_NOMEM) return st;
+            SL_LOGW("staged all-reduce: rank %d: %s; using the slot FIFO algorithms", c->rank, sl_errmsg());
+            *c->stage_state = -1; /* every rank saw the same verdict (see sl_comm_mem_alloc) */
+            return SL_ERR_UNSUPPORTED;
+        }
+        *c->stage = w;
+        *c->stage_state = 1;
+    }
+    const sl_win *w = *c->stage;
+    size_t ce = sbytes / es;
+    int n = c->size, r = c->rank, nt = sym_nt_min() && bytes >= sym_nt_min();
+    char *tmp = NULL;
+    const char **in = NULL;
+    SL_TRY(sym_work(c, &tmp, &in, "all-reduce"));
+    for (size_t e0 = 0; e0 < count; e0 += ce) {
+        size_t m = count - e0 < ce ? count - e0 : ce, mo = blk_off(m, n, r), ml = blk_len(m, n, r);
+        const char *s = (const char *)sb + e0 * es;
+        char *d = (char *)rb + e0 * es;
+        for (int p = 0; p < n; p++) { /* my own slice from and to the caller's buffers, the rest staged */
+            in[n + p] = p == r ? s : w->peer[p];
+            in[2 * n + p] = p == r ? d : w->peer[p];
+        }
+        if (mo) memcpy(w->base, s, mo * es); /* the slices my peers reduce, into my staging window */
+        if (ml < m - mo) memcpy(w->base + (mo + ml) * es, s + (mo + ml) * es, (m - mo - ml) * es);
+        uint64_t desc[6] = {kind_word(K_STAGED, dt, op), m, w->id, 0, w->id, 0};
+        SL_TRY(sym_push(c, desc, m, dt, op, nt, 0));
+        if (mo) copy_out(d, w->base, mo * es, nt); /* their results, out of my staging window */
+        if (mo + ml < m) copy_out(d + (mo + ml) * es, w->base + (mo + ml) * es, (m - mo - ml) * es, nt);
+    }
+    return SL_OK;
 }
 
 sl_status sl_sym_reduce_scatter(sl_algo_ctx *c, const void *sb, void *rb, size_t rc, sl_comm_dtype dt,
