@@ -1,5 +1,5 @@
 /* suanli bench comm [--json] [-n N] [--min-bytes B] [--max-bytes B] [--colls LIST] [--iters K] [--reps R]
- *                   [--window]
+ *                   [--window] [--consume]
  *
  * --window: also run every call on buffers from sl_comm_mem_alloc (symmetric windows: the direct
  * algorithms of src/comm/algo/sym.c on shm), printed first as the "window" columns, beside the plain
@@ -14,7 +14,10 @@
  * Timing: R blocks (--reps, default 5) of K calls each (--iters, default by size), the window, plain
  * and MPI blocks interleaved (window, plain, MPI, window, plain, MPI, ...) so that a slow spell of a
  * shared machine falls on all three alike; a block's time is the max over ranks of its mean per call,
- * and the printed time is the median block. */
+ * and the printed time is the median block. --consume: after each call every rank reads one float per
+ * cache line of its result (the time includes it, for all columns alike): the window all-reduce
+ * stores into the peers' buffers, so without it a result line can stay in the writer's cache from
+ * call to call, which no real consumer would allow. */
 #define _GNU_SOURCE
 #include "bench_comm.h"
 
@@ -143,12 +146,26 @@ static int iters_for(size_t bytes, int forced) {
 }
 
 /* mean time per call, max over ranks (warm: no warm-up calls first) */
+/* --consume: the caller reads every cache line of its result after each call, as an optimizer reading
+ * its gradients would, so a result a peer stored into this rank's buffer is paid for in the loop. */
+static int g_consume;
+static volatile float g_sink;
+static void consume(const float *rb, size_t count) {
+    float s = 0;
+    for (size_t i = 0; i < count; i += 16) s += rb[i];
+    g_sink = s;
+}
+
 static double timed(sl_comm *comm, int mpi, int c, float *sb, float *rb, size_t count, int n, int iters,
                     int warm, sl_status *st) {
+    size_t outn = c == C_RS ? count / (size_t)n : count;
     for (int w = 0; w < 2 && !warm && *st == SL_OK; w++) *st = call(comm, mpi, c, sb, rb, count, n);
     if (*st == SL_OK) *st = sl_comm_barrier(comm);
     double t0 = sl_time_sec();
-    for (int k = 0; k < iters && *st == SL_OK; k++) *st = call(comm, mpi, c, sb, rb, count, n);
+    for (int k = 0; k < iters && *st == SL_OK; k++) {
+        *st = call(comm, mpi, c, sb, rb, count, n);
+        if (g_consume) consume(rb, outn);
+    }
     double t = (sl_time_sec() - t0) / iters;
     if (*st == SL_OK) *st = sl_comm_all_reduce(comm, &t, &t, 1, SL_COMM_F64, SL_COMM_MAX);
     return t;
@@ -200,9 +217,11 @@ int sl_bench_comm(int argc, char **argv) {
             o.json = 1;
         else if (!strcmp(a, "--window"))
             o.window = 1;
+        else if (!strcmp(a, "--consume"))
+            g_consume = 1;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: suanli bench comm [--json] [-n N] [--min-bytes B] [--max-bytes B] [--iters K] "
-                   "[--reps R] [--window]\n"
+                   "[--reps R] [--window] [--consume]\n"
                    "                         [--colls "
                    "all_reduce,all_gather,reduce_scatter,all_to_all,broadcast]\n"
                    "Run inside a job (suanli run -n N -- suanli bench comm, mpirun, srun) or pass -n N.\n");
