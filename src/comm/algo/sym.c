@@ -39,8 +39,8 @@
 
 #include "comm/comm_internal.h"
 
-enum { W_ARRIVE = 0, W_KIND, W_COUNT, W_SBWIN, W_SBOFF, W_RBWIN, W_RBOFF, W_DONE, W_PROGRESS };
-enum { K_ALLREDUCE = 1, K_REDSCAT, K_ALLGATHER, K_STAGED, K_ALLREDUCE_PULL };
+enum { W_ARRIVE = 0, W_KIND, W_COUNT, W_SBWIN, W_SBOFF, W_RBWIN, W_RBOFF, W_DONE };
+enum { K_ALLREDUCE = 1, K_REDSCAT, K_ALLGATHER, K_STAGED };
 #define SYM_TMP (8u << 10) /* reduce a block of this size at a time (L1-resident) */
 #define SYM_NT_DEFAULT_KB 8192   /* copies of transfers this large bypass the cache (0: never) */
 #define NO_WIN UINT64_MAX
@@ -69,13 +69,6 @@ static size_t env_kb(const char *name, size_t dflt_kb, size_t lo_kb, _Atomic siz
     }
     atomic_store_explicit(cached, v + 1, memory_order_relaxed);
     return v;
-}
-#define SYM_CHUNK (128u << 10)     /* pull all-reduce: bytes of a slice reduced before the peers copy them */
-#define SYM_PULL_DEFAULT_KB 32     /* window all-reduces from this size below the streaming threshold pull */
-/* SUANLI_COMM_WIN_PULL_KB (0: never pull); the choice is in the descriptor, so it must match on all ranks */
-static size_t sym_pull_min(void) {
-    static _Atomic size_t cached;
-    return env_kb("SUANLI_COMM_WIN_PULL_KB", SYM_PULL_DEFAULT_KB, 0, &cached);
 }
 /* SUANLI_COMM_WIN_NT_KB: a local choice (it changes no result) */
 static size_t sym_nt_min(void) {
@@ -219,51 +212,6 @@ static sl_status sym_push(sl_algo_ctx *c, const uint64_t desc[6], size_t count, 
     return sym_end(&o);
 }
 
-/* The pull all-reduce (Note [Direct window algorithms]): rank r reduces slice r into its own output
- * (ob[r]) a chunk at a time and publishes PROGRESS; the peers copy each reduced chunk into their own
- * outputs one chunk behind, while it is still in the cache that produced it. */
-static sl_status sym_pull(sl_algo_ctx *c, const uint64_t desc[6], size_t count, sl_comm_dtype dt,
-                          sl_comm_redop op) {
-    size_t es = sl_comm_dtype_size(dt);
-    int n = c->size, r = c->rank;
-    sym_op o = {.c = c};
-    memcpy(o.desc, desc, 6 * sizeof *desc);
-    char *tmp = NULL;
-    const char **in = NULL;
-    SL_TRY(sym_work(c, &tmp, &in, "all-reduce"));
-    const char *const *ib = in + n;
-    char *const *ob = (char *const *)(in + 2 * n);
-    size_t ce = SYM_CHUNK / es, nc = (blk_len(count, n, 0) + ce - 1) / ce;
-    if (nc >= (1u << 24)) return SL_ERR_UNSUPPORTED; /* PROGRESS counts chunks in 24 bits */
-    SL_TRY(sym_begin(&o, "all-reduce"));
-    size_t mo = blk_off(count, n, r), ml = blk_len(count, n, r);
-    sl_status st = SL_OK;
-    for (size_t k = 0; k <= nc && st == SL_OK; k++) {
-        if (k < nc) { /* reduce chunk k of my slice */
-            size_t e0 = k * ce, m = e0 < ml ? (ml - e0 < ce ? ml - e0 : ce) : 0;
-            if (m) {
-                for (int p = 0; p < n; p++) in[p] = ib[p] + (mo + e0) * es;
-                char *dst = ob[r] + (mo + e0) * es;
-                reduce_n(dt, op, dst, in, n, m, tmp);
-                if (op == SL_COMM_AVG) sl_comm_div_kernel(dt, dst, m, n);
-            }
-            atomic_store_explicit(&o.mine[W_PROGRESS], o.seq << 24 | (k + 1), memory_order_release);
-        }
-        if (k == 0) continue;
-        size_t e0 = (k - 1) * ce; /* copy chunk k-1 of every other slice from its owner */
-        for (int i = 1; i < n && st == SL_OK; i++) {
-            int p = (r + i) % n;
-            size_t po = blk_off(count, n, p), pl = blk_len(count, n, p);
-            st = o.vt->wait(c->tp, p, W_PROGRESS, o.seq << 24 | k, c->deadline);
-            if (st != SL_OK || e0 >= pl) continue;
-            size_t m = pl - e0 < ce ? pl - e0 : ce, off = (po + e0) * es;
-            memcpy(ob[r] + off, ob[p] + off, m * es);
-        }
-    }
-    if (st == SL_OK) st = sym_end(&o);
-    return st;
-}
-
 sl_status sl_sym_allreduce(sl_algo_ctx *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt,
                            sl_comm_redop op) {
     size_t es = sl_comm_dtype_size(dt), bytes = count * es;
@@ -278,9 +226,9 @@ sl_status sl_sym_allreduce(sl_algo_ctx *c, const void *sb, void *rb, size_t coun
         in[n + p] = ws->peer[p] + so;
         in[2 * n + p] = wr->peer[p] + ro;
     }
-    int nt = sym_nt_min() && bytes >= sym_nt_min(), pull = !nt && sym_pull_min() && bytes >= sym_pull_min();
-    uint64_t desc[6] = {kind_word(pull ? K_ALLREDUCE_PULL : K_ALLREDUCE, dt, op), count, ws->id, so, wr->id, ro};
-    return pull ? sym_pull(c, desc, count, dt, op) : sym_push(c, desc, count, dt, op, nt, nt);
+    uint64_t desc[6] = {kind_word(K_ALLREDUCE, dt, op), count, ws->id, so, wr->id, ro};
+    int nt = sym_nt_min() && bytes >= sym_nt_min();
+    return sym_push(c, desc, count, dt, op, nt, nt);
 }
 
 /* Note [Staged all-reduce]
