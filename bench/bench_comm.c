@@ -242,8 +242,8 @@ int sl_bench_comm(int argc, char **argv) {
         } else if (!strcmp(a, "--reps") && v) {
             o.reps = atoi(v);
             if (o.reps < 1 || o.reps > MAX_REPS) {
-                fprintf(stderr, "suanli bench comm: --reps: expected an integer in 1..%d, got '%s'\n", MAX_REPS,
-                        v);
+                fprintf(stderr, "suanli bench comm: --reps: expected an integer in 1..%d, got '%s'\n",
+                        MAX_REPS, v);
                 return 2;
             }
             i++;
@@ -358,7 +358,8 @@ int sl_bench_comm(int argc, char **argv) {
             for (int m = 0; m < 3 && st == SL_OK; m++) {
                 if (!on[m]) continue;
                 nwrong[m] = check(comm, m == 2, c, msb[m], mrb[m], count, n, r, &st);
-                if (st == SL_OK) st = sl_comm_all_reduce(comm, &nwrong[m], &nwrong[m], 1, SL_COMM_I64, SL_COMM_SUM);
+                if (st == SL_OK)
+                    st = sl_comm_all_reduce(comm, &nwrong[m], &nwrong[m], 1, SL_COMM_I64, SL_COMM_SUM);
                 if (nwrong[m]) status = 1;
             }
             for (int k = 0; k < o.reps && st == SL_OK; k++)

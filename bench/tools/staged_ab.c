@@ -39,7 +39,8 @@ int main(int argc, char **argv) {
     if (sl_comm_init_env(&a, NULL) != SL_OK) return fprintf(stderr, "init: %s\n", sl_errmsg()), 1;
     const char *var = ring ? "SUANLI_COMM_ALGO" : "SUANLI_COMM_WINDOWS";
     setenv(var, ring ? "ring" : "0", 1); /* read when the split communicator is made */
-    if (sl_comm_split(a, 0, sl_comm_rank(a), &b) != SL_OK) return fprintf(stderr, "split: %s\n", sl_errmsg()), 1;
+    if (sl_comm_split(a, 0, sl_comm_rank(a), &b) != SL_OK)
+        return fprintf(stderr, "split: %s\n", sl_errmsg()), 1;
     unsetenv(var);
     size_t maxb = (size_t)256 << 20;
     float *sb = sl_malloc_aligned(maxb), *rb = sl_malloc_aligned(maxb);
@@ -47,11 +48,14 @@ int main(int argc, char **argv) {
     memset(sb, 0, maxb);
     memset(rb, 0, maxb);
     if (sl_comm_rank(a) == 0)
-        printf("# %d ranks, f32 sum, busbw GB/s, median of 7 interleaved blocks: staged vs %s\n", sl_comm_size(a),
-               ring ? "forced ring" : "auto without staging");
+        printf("# %d ranks, f32 sum, busbw GB/s, median of 7 interleaved blocks: staged vs %s\n",
+               sl_comm_size(a), ring ? "forced ring" : "auto without staging");
     for (size_t by = 64; by <= maxb; by *= 4) {
         size_t n = by / 4;
-        int iters = by <= ((size_t)64 << 10) ? 200 : by <= ((size_t)4 << 20) ? 40 : by <= ((size_t)32 << 20) ? 10 : 4;
+        int iters = by <= ((size_t)64 << 10)   ? 200
+                    : by <= ((size_t)4 << 20)  ? 40
+                    : by <= ((size_t)32 << 20) ? 10
+                                               : 4;
         double ta[7], tb[7];
         block(a, sb, rb, n, 2);
         block(b, sb, rb, n, 2);
@@ -63,8 +67,8 @@ int main(int argc, char **argv) {
         qsort(tb, 7, sizeof *tb, cmpd);
         double f = 2.0 * (sl_comm_size(a) - 1) / sl_comm_size(a);
         if (sl_comm_rank(a) == 0)
-            printf("%10zu B  staged %7.3f  other %7.3f  staged/other %.2f\n", by, (double)by / ta[3] / 1e9 * f,
-                   (double)by / tb[3] / 1e9 * f, tb[3] / ta[3]);
+            printf("%10zu B  staged %7.3f  other %7.3f  staged/other %.2f\n", by,
+                   (double)by / ta[3] / 1e9 * f, (double)by / tb[3] / 1e9 * f, tb[3] / ta[3]);
         fflush(stdout);
     }
     sl_comm_free(b);

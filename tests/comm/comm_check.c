@@ -386,6 +386,14 @@ static int matrix(sl_comm *c, const cc_cfg *cfg) {
     return fails;
 }
 
+/* M floats of random data for rank r into out: f32 normal(0, 1), or for bf16 2M values (no NaN bit
+ * patterns) made from M normals drawn into tmp. */
+static void random_input(int bf16, float *out, float *tmp, size_t M, uint64_t seed, int r) {
+    sl_rng_fill_normal(bf16 ? tmp : out, (int64_t)M, seed, (uint64_t)r, 0.f, 1.f);
+    for (size_t i = 0; bf16 && i < 2 * M; i++)
+        ((uint16_t *)out)[i] = sl_f32_to_bf16(tmp[i / 2] * (i % 2 ? 0.5f : 1.f));
+}
+
 /* Private buffers on shm and loopback take the staged all-reduce (Note [Staged all-reduce] in
  * src/comm/algo/sym.c) when the algorithm is auto: bitwise the reference algorithm's result (ring for
  * 2 ranks, direct for more), in place and out of place, f32 and bf16 with random data, over several
@@ -401,9 +409,7 @@ static int staged_check(sl_comm *c) {
     for (int dt = 0; dt < 2; dt++) {
         sl_comm_dtype d = dt ? SL_COMM_BF16 : SL_COMM_F32;
         size_t cnt = dt ? 2 * M : M;
-        sl_rng_fill_normal(dt ? w : x, (int64_t)M, 77 + (uint64_t)dt, (uint64_t)r, 0.f, 1.f);
-        for (size_t i = 0; dt && i < cnt; i++)
-            ((uint16_t *)x)[i] = sl_f32_to_bf16(w[i / 2] * (i % 2 ? 0.5f : 1.f));
+        random_input(dt, x, w, M, 77 + (uint64_t)dt, r);
         memcpy(z, x, sizeof(float) * M);
         sl_status s1 = sl_comm_all_reduce(c, x, y, cnt, d, SL_COMM_SUM);
         sl_status s2 = sl_comm_all_reduce(c, z, z, cnt, d, SL_COMM_SUM);
@@ -416,7 +422,8 @@ static int staged_check(sl_comm *c) {
             break;
         }
         if (memcmp(y, w, sizeof(float) * M) || memcmp(z, w, sizeof(float) * M))
-            fprintf(stderr, "FAIL rank %d: %s staged all-reduce (out of place %s, in place %s) and %s differ\n", r,
+            fprintf(stderr,
+                    "FAIL rank %d: %s staged all-reduce (out of place %s, in place %s) and %s differ\n", r,
                     sl_comm_dtype_name(d), memcmp(y, w, sizeof(float) * M) ? "differs" : "equal",
                     memcmp(z, w, sizeof(float) * M) ? "differs" : "equal", sl_comm_algo_name(ref)),
                 fails++;
@@ -542,9 +549,7 @@ int cc_run_window_extras(sl_comm *c) {
     for (int dt = 0; dt < 2; dt++) {                  /* f32 and bf16: random data, rounding in every step */
         sl_comm_dtype d = dt ? SL_COMM_BF16 : SL_COMM_F32;
         size_t cnt = dt ? 2 * M : M, es = sl_comm_dtype_size(d);
-        sl_rng_fill_normal(dt ? again : ps, (int64_t)M, 99 + (uint64_t)dt, (uint64_t)r, 0.f, 1.f);
-        for (size_t i = 0; dt && i < cnt; i++) /* bf16: 2M values, no NaN bit patterns */
-            ((uint16_t *)ps)[i] = sl_f32_to_bf16(again[i / 2] * (i % 2 ? 0.5f : 1.f));
+        random_input(dt, ps, again, M, 99 + (uint64_t)dt, r);
         /* window out-of-place, window in-place, private with the reference algorithm */
         memcpy(ws, ps, sizeof(float) * M);
         sl_status s1 = sl_comm_all_reduce(c, ws, wr, cnt, d, SL_COMM_SUM);

@@ -25,9 +25,9 @@
  *              every peer is DONE.
  * In place works because slice r of every buffer is read and written by rank r alone, and it reads
  * each block before it stores the result. (Partly overlapping send and receive buffers are undefined,
- * as in MPI and NCCL.) Waits are the transport's (deadline, abort flag, dead peer: as in exchange). Only ranks that chose the window
- * path post anything; a rank that did not (its buffers are not in a window) never arrives, and the
- * others fail at the deadline, as with any other mismatched call.
+ * as in MPI and NCCL.) Waits are the transport's (deadline, abort flag, dead peer: as in exchange). Only
+ * ranks that chose the window path post anything; a rank that did not (its buffers are not in a window) never
+ * arrives, and the others fail at the deadline, as with any other mismatched call.
  *
  * Results: for n = 2 each element is a op b of the two inputs, bitwise what the ring computes (IEEE
  * sum, product, max and min of two operands commute); for n > 2 they are bitwise those of the direct
@@ -41,8 +41,8 @@
 
 enum { W_ARRIVE = 0, W_KIND, W_COUNT, W_SBWIN, W_SBOFF, W_RBWIN, W_RBOFF, W_DONE };
 enum { K_ALLREDUCE = 1, K_REDSCAT, K_ALLGATHER, K_STAGED };
-#define SYM_TMP (8u << 10) /* reduce a block of this size at a time (L1-resident) */
-#define SYM_NT_DEFAULT_KB 8192   /* copies of transfers this large bypass the cache (0: never) */
+#define SYM_TMP (8u << 10)     /* reduce a block of this size at a time (L1-resident) */
+#define SYM_NT_DEFAULT_KB 8192 /* copies of transfers this large bypass the cache (0: never) */
 #define NO_WIN UINT64_MAX
 
 sl_win *sl_win_find(sl_win *list, const void *p, size_t bytes) {
