@@ -179,18 +179,16 @@ static sl_status sym_work(sl_algo_ctx *c, char **tmp, const char ***in, const ch
     return SL_OK;
 }
 
-/* The push all-reduce of count elements (Note [Direct window algorithms]): rank p's input vector
- * starts at ib[p] and its output at ob[p] (in[n..3n) of sym_work; both in p's window for p != rank).
- * Stores into my own output stream from nt_self on, into peers' from nt_peer. */
+/* The push all-reduce of count elements (Note [Direct window algorithms]), in the work space of
+ * sym_work (tmp, in) which the caller filled: rank p's input vector starts at ib[p] = in[n + p] and its
+ * output at ob[p] = in[2n + p] (both in p's window for p != rank). Stores into my own output stream
+ * when nt_self is set, into the peers' when nt_peer is. */
 static sl_status sym_push(sl_algo_ctx *c, const uint64_t desc[6], size_t count, sl_comm_dtype dt,
-                          sl_comm_redop op, int nt_self, int nt_peer) {
+                          sl_comm_redop op, int nt_self, int nt_peer, char *tmp, const char **in) {
     size_t es = sl_comm_dtype_size(dt);
     int n = c->size, r = c->rank, nt = nt_self || nt_peer;
     sym_op o = {.c = c};
     memcpy(o.desc, desc, 6 * sizeof *desc);
-    char *tmp = NULL;
-    const char **in = NULL;
-    SL_TRY(sym_work(c, &tmp, &in, "all-reduce"));
     const char *const *ib = in + n;
     char *const *ob = (char *const *)(in + 2 * n);
     SL_TRY(sym_begin(&o, "all-reduce"));
@@ -228,7 +226,7 @@ sl_status sl_sym_allreduce(sl_algo_ctx *c, const void *sb, void *rb, size_t coun
     }
     uint64_t desc[6] = {kind_word(K_ALLREDUCE, dt, op), count, ws->id, so, wr->id, ro};
     int nt = sym_nt_min() && bytes >= sym_nt_min();
-    return sym_push(c, desc, count, dt, op, nt, nt);
+    return sym_push(c, desc, count, dt, op, nt, nt, tmp, in);
 }
 
 /* Note [Staged all-reduce]
@@ -295,7 +293,7 @@ sl_status sl_sym_allreduce_staged(sl_algo_ctx *c, const void *sb, void *rb, size
         if (mo) memcpy(w->base, s, mo * es); /* the slices my peers reduce, into my staging window */
         if (ml < m - mo) memcpy(w->base + (mo + ml) * es, s + (mo + ml) * es, (m - mo - ml) * es);
         uint64_t desc[6] = {kind_word(K_STAGED, dt, op), m, w->id, 0, w->id, 0};
-        SL_TRY(sym_push(c, desc, m, dt, op, nt, 0));
+        SL_TRY(sym_push(c, desc, m, dt, op, nt, 0, tmp, in));
         if (mo) copy_out(d, w->base, mo * es, nt); /* their results, out of my staging window */
         if (mo + ml < m) copy_out(d + (mo + ml) * es, w->base + (mo + ml) * es, (m - mo - ml) * es, nt);
     }
