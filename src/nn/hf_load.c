@@ -20,11 +20,15 @@ static sl_hf_arch arch_to_hf(sl_arch a) {
 }
 
 /* sl_hf_config and sl_llama_config hold the same fields (the first parsed, the second validated) */
-#define SL_HF_SAME_FIELDS(X)                                                                                 \
-    X(n_layer)                                                                                               \
-    X(n_head) X(n_kv_head) X(head_dim) X(hidden) X(intermediate) X(vocab_size) X(max_seq_len) X(rms_eps)     \
-        X(rope_theta) X(rope_factor) X(rope_low_freq) X(rope_high_freq) X(rope_orig_ctx) X(tie_embeddings)   \
-            X(qkv_bias) X(sliding_window) X(n_experts) X(n_experts_per_tok)
+/* clang-format off */
+#define SL_HF_SAME_FIELDS(X)                                                                         \
+    X(n_layer) X(n_head) X(n_kv_head) X(head_dim) X(hidden) X(intermediate) X(vocab_size)            \
+    X(max_seq_len) X(rms_eps) X(rope_theta) X(rope_factor) X(rope_low_freq) X(rope_high_freq)        \
+    X(rope_orig_ctx) X(tie_embeddings) X(qkv_bias) X(sliding_window) X(n_experts) X(n_experts_per_tok)
+/* clang-format on */
+
+/* a field added to one struct and not the other (nor to the list above) changes one size */
+_Static_assert(sizeof(sl_hf_config) == sizeof(sl_llama_config), "sl_hf_config and sl_llama_config differ");
 
 static void config_from_hf(const sl_hf_config *h, sl_llama_config *c) {
     memset(c, 0, sizeof *c);
