@@ -205,6 +205,19 @@ typedef int (*sl_token_cb)(void *user, int32_t token);
 sl_status sl_gpt2_generate(sl_model *m, const int32_t *prompt, int n_prompt, int max_new,
                            const sl_sample_opts *o, sl_token_cb cb, void *user);
 
+/* ---- generation over any architecture (KV cache for the Llama family; src/nn/generate_kv.c) ---- */
+typedef struct sl_gen_stats {
+    int n_prompt, n_generated;
+    double prompt_seconds, gen_seconds; /* prefill time; time of the decode steps */
+    int stopped_by_eos;
+} sl_gen_stats;
+/* Generates up to max_new tokens after the prompt; stops early on any of stop[0..n_stop) (the stop
+ * token is passed to cb and counted). cb may be NULL; out_tokens (may be NULL) receives the generated
+ * ids (capacity max_new). */
+sl_status sl_model_generate(sl_model *m, const int32_t *prompt, int n_prompt, int max_new,
+                            const sl_sample_opts *o, const int32_t *stop, int n_stop, sl_token_cb cb,
+                            void *user, int32_t *out_tokens, sl_gen_stats *stats);
+
 #ifdef __cplusplus
 }
 #endif

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "suanli/device.h"
-#include "suanli/hf.h"
+#include "suanli/nn.h"
 
 typedef struct {
     const int32_t *stop;

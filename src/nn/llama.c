@@ -1,6 +1,6 @@
 /* The Llama family (Llama, Qwen2, Mistral, Mixtral, Baichuan2) built from graph ops over one flat
  * parameter buffer. Parameter names and layouts are transformers' (nn.Linear weight is (out, in)), so
- * HF checkpoints load and save by name (src/io/hf_model.c); see scripts/gen_hf_fixtures.py.
+ * HF checkpoints load and save by name (src/nn/hf_load.c); see scripts/gen_hf_fixtures.py.
  *
  * Per layer (B, T, C = hidden, NH heads and NKV kv heads of size hd, I = intermediate):
  *   h = rmsnorm(x) ; q,k,v = h Wq^T (+bq), h Wk^T (+bk), h Wv^T (+bv)   (Baichuan: one W_pack)

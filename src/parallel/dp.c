@@ -18,7 +18,6 @@
 #include <string.h>
 
 #include "parallel/dp_internal.h"
-#include "suanli/ckpt.h"
 
 static int cmp_ready(const void *a, const void *b) {
     const bucket *x = a, *y = b;
@@ -424,24 +423,24 @@ void sl_dp_memory_report(const sl_dp *dp, sl_dp_memory *mem) {
 }
 
 typedef struct {
-    sl_ckpt_seg *v;
+    sl_dp_seg *v;
     int n;
 } seg_list;
 static void collect_seg(void *u, int64_t lo, int64_t len, int64_t off) {
     seg_list *l = u;
-    l->v[l->n++] = (sl_ckpt_seg){lo, len, off};
+    l->v[l->n++] = (sl_dp_seg){lo, len, off};
 }
 
-sl_status sl_dp_state(sl_dp *dp, sl_ckpt_seg **segs, int *nseg, float **m1, float **m2) {
+sl_status sl_dp_state(sl_dp *dp, sl_dp_seg **segs, int *nseg, float **m1, float **m2) {
     SL_TRY(sl_dp_sync_params(dp)); /* the caller reads the weights */
     *m1 = dp->m1;
     *m2 = dp->m2;
-    seg_list l = {calloc((size_t)(2 * dp->nb + 1), sizeof(sl_ckpt_seg)), 0};
+    seg_list l = {calloc((size_t)(2 * dp->nb + 1), sizeof(sl_dp_seg)), 0};
     if (!l.v) return sl_fail(SL_ERR_NOMEM, "dp: out of memory");
     if (dp->zero)
         for_each_segment(dp, collect_seg, &l);
     else
-        l.v[l.n++] = (sl_ckpt_seg){0, dp->m->numel, 0};
+        l.v[l.n++] = (sl_dp_seg){0, dp->m->numel, 0};
     *segs = l.v;
     *nseg = l.n;
     return SL_OK;
