@@ -10,6 +10,7 @@
 #include "device/cpu/kernels/simd_math.h"
 #include "suanli/graph.h"
 #include "suanli/nn.h"
+#include "suanli/optim.h"
 
 typedef sl_status (*kfn)(sl_tensor *);
 

@@ -15,6 +15,7 @@
 #include "suanli/comm.h"
 #include "suanli/graph.h"
 #include "suanli/nn.h"
+#include "suanli/optim.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -30,7 +30,7 @@
 #include <stdint.h>
 
 #include "suanli/base.h"
-#include "suanli/graph.h"
+#include "suanli/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {

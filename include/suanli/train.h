@@ -13,6 +13,7 @@
 
 #include "suanli/device.h"
 #include "suanli/nn.h"
+#include "suanli/optim.h"
 
 #ifdef __cplusplus
 extern "C" {

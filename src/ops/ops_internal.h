@@ -1,7 +1,7 @@
 /* Internal helpers shared by op builders and backward rules. */
 #ifndef SL_OPS_INTERNAL_H
 #define SL_OPS_INTERNAL_H
-#include "suanli/graph.h"
+#include "suanli/ops.h"
 
 /* b's shape broadcasts (right-aligned, dims equal or 1) to a's shape */
 int sl_can_broadcast(const sl_tensor *b, const sl_tensor *a);

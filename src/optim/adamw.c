@@ -4,7 +4,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "suanli/nn.h"
+#include "suanli/optim.h"
 
 sl_status sl_adamw_init(sl_adamw *o, const sl_model *m, sl_adamw_hparams hp) {
     memset(o, 0, sizeof *o);

@@ -18,6 +18,7 @@
 #include "suanli/device.h"
 #include "suanli/graph.h"
 #include "suanli/nn.h"
+#include "suanli/optim.h"
 #include "testutil.h"
 
 typedef sl_status (*kfn)(sl_tensor *);

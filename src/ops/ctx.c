@@ -2,7 +2,7 @@
 #include <stdarg.h>
 #include <string.h>
 
-#include "suanli/graph.h"
+#include "suanli/ops.h"
 
 struct sl_ctx {
     sl_tensor *tensors;
