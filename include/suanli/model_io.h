@@ -8,6 +8,10 @@
 #define SUANLI_MODEL_IO_H
 #include "suanli/nn.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Writes DIR/model.safetensors and DIR/config.json. extra_json: optional JSON object text whose keys
  * are added to config.json under "train" (e.g. the training arguments). */
 sl_status sl_model_save(const sl_model *m, const char *dir, const char *extra_json);
@@ -20,4 +24,8 @@ sl_status sl_model_load_config(const char *dir, sl_gpt2_config *cfg);
 sl_status sl_model_check_config(const char *dir, const sl_model *m);
 /* Load weights from a safetensors file into an existing model (names/shapes must match). */
 sl_status sl_model_load_weights(sl_model *m, const char *path);
+
+#ifdef __cplusplus
+}
+#endif
 #endif
