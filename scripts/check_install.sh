@@ -56,6 +56,7 @@ for exe in "$tmp/ex-shared/generate_hf/generate_hf" "$tmp/ex-static/generate_hf/
   grep -q "^Hello world" "$tmp/gen.out" || fail "$exe: the output does not continue the prompt"
   grep -Eq "generated (12 tokens|[0-9]+ tokens .*stopped at eos)" "$tmp/gen.err" || { cat "$tmp/gen.err"; fail "$exe: no generation summary"; }
 done
+grep -qx "suanli $(pkg-config --modversion suanli)" "$tmp/gen.err" || fail "sl_version() is not the version of suanli.pc"
 say "$(tail -1 "$tmp/gen.err")"
 
 # run: train on a slice of tinyshakespeare; the validation loss must drop; the CLI reads the saved model
