@@ -63,7 +63,12 @@ void sl_clear_error(void);
     do {                                                                                                     \
         if (!(cond)) sl_assert_fail(#cond, __FILE__, __LINE__);                                              \
     } while (0)
-_Noreturn void sl_assert_fail(const char *cond, const char *file, int line);
+#ifdef __cplusplus
+#define SL_NORETURN [[noreturn]] /* C++ has no _Noreturn */
+#else
+#define SL_NORETURN _Noreturn
+#endif
+SL_NORETURN void sl_assert_fail(const char *cond, const char *file, int line);
 
 /* ---- logging ---- */
 typedef enum { SL_LOG_ERROR = 0, SL_LOG_WARN, SL_LOG_INFO, SL_LOG_DEBUG, SL_LOG_LEVEL_COUNT } sl_log_level;

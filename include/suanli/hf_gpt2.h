@@ -9,6 +9,14 @@
 #define SUANLI_HF_GPT2_H
 #include "suanli/nn.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 sl_status sl_hf_gpt2_import(const char *dir, sl_model **out);
 sl_status sl_hf_gpt2_export(const sl_model *m, const char *dir);
+
+#ifdef __cplusplus
+}
+#endif
 #endif

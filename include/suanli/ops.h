@@ -22,6 +22,11 @@ sl_ctx *sl_ctx_new(int max_tensors);
 void sl_ctx_free(sl_ctx *ctx);
 int sl_ctx_count(const sl_ctx *ctx);
 sl_tensor *sl_ctx_tensor(sl_ctx *ctx, int i);
+/* Marks: sl_ctx_reset(ctx, mark) drops every tensor created after mark = sl_ctx_mark(ctx), so a caller can
+ * build temporary graphs (generation) on a long-lived ctx without filling it. Pointers to the dropped
+ * tensors become invalid: free the graphs that use them first. */
+int sl_ctx_mark(const sl_ctx *ctx);
+void sl_ctx_reset(sl_ctx *ctx, int mark);
 
 /* ---- tensor metadata ---- */
 sl_tensor *sl_new_tensor(sl_ctx *ctx, sl_dtype t, int ndim, const int64_t *ne);

@@ -60,6 +60,7 @@ sl_status sl_gpt2_generate(sl_model *m, const int32_t *prompt, int n_prompt, int
     for (int i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= V)
             return sl_fail(SL_ERR_INVALID, "generate: prompt token %d out of vocab", prompt[i]);
+    int mark = sl_ctx_mark(m->ctx); /* Note [Generation graphs are temporary] in generate_kv.c */
     int64_t cap = (int64_t)n_prompt + max_new;
     int32_t *seq = malloc(sizeof(int32_t) * (size_t)cap), *win = calloc((size_t)W, sizeof(int32_t));
     float *row = malloc(sizeof(float) * (size_t)V);
@@ -94,6 +95,7 @@ sl_status sl_gpt2_generate(sl_model *m, const int32_t *prompt, int n_prompt, int
 done:
     sl_graph_free(g);
     sl_backend_free(m->backend, ids_buf);
+    sl_ctx_reset(m->ctx, mark); /* after every buffer of the call is freed */
     free(seq);
     free(win);
     free(row);

@@ -57,6 +57,11 @@ sl_status sl_model_generate(sl_model *m, const int32_t *prompt, int n_prompt, in
         return sl_fail(SL_ERR_INVALID,
                        "generate: prompt (%d tokens) + max-new-tokens (%d) exceeds the model's %d positions",
                        n_prompt, max_new, max_pos);
+    /* Note [Generation graphs are temporary]
+     * The cache leaves and both graphs' nodes are built in the model's ctx, after a mark; they are dropped
+     * (sl_ctx_reset) when the call returns, together with the graphs, their arenas and the cache memory,
+     * so generate can be called any number of times on one model (tests/e2e/test_generate_loop.c). */
+    int mark = sl_ctx_mark(m->ctx);
     sl_kv_cache kv;
     SL_TRY(sl_kv_cache_new(m, 1, (int)S, &kv));
     sl_status st = SL_OK;
@@ -109,5 +114,6 @@ done:
     sl_backend_free(m->backend, ids_buf);
     free(row);
     sl_kv_cache_free(&kv);
+    sl_ctx_reset(m->ctx, mark);
     return st;
 }

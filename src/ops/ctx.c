@@ -30,6 +30,15 @@ void sl_ctx_free(sl_ctx *ctx) {
 int sl_ctx_count(const sl_ctx *ctx) { return ctx->n; }
 sl_tensor *sl_ctx_tensor(sl_ctx *ctx, int i) { return (i >= 0 && i < ctx->n) ? &ctx->tensors[i] : NULL; }
 
+int sl_ctx_mark(const sl_ctx *ctx) { return ctx->n; }
+
+void sl_ctx_reset(sl_ctx *ctx, int mark) {
+    SL_ASSERT(mark >= 0 && mark <= ctx->n);
+    /* the tensors are slots of the fixed arena: zero them so a stale pointer reads an empty leaf */
+    memset(ctx->tensors + mark, 0, sizeof(sl_tensor) * (size_t)(ctx->n - mark));
+    ctx->n = mark;
+}
+
 static void set_contiguous_strides(sl_tensor *t) {
     int64_t s = 1;
     for (int d = t->ndim - 1; d >= 0; d--) {
