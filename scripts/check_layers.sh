@@ -36,6 +36,8 @@ FOLDERS='
 # ---- include/suanli/<header> -> layer ----------------------------------------------------------------------
 HEADERS='
 base.h:          base
+version.h:       base
+suanli.h:        cli
 comm.h:          comm
 device.h:        device
 tensor.h:        device
