@@ -93,7 +93,8 @@ void sl_trainer_set_adam_t(sl_trainer *tr, int64_t t);
 /* ---- a whole training job (src/train/job.c, run.c) ----
  * Options are plain data; sl_train_opts_default fills every field with the `suanli train` defaults. Error
  * messages name options by their `suanli train` flag (--seq-length, --load, ...). Integer options are
- * int64_t and real ones double so a flag table can point straight at them. */
+ * int64_t and real ones double so a flag table can point straight at them. Strings, FILEs and the
+ * communicator are borrowed for the duration of the call. */
 
 typedef struct sl_train_model_opts {
     int64_t num_layers, hidden_size, num_heads; /* 0: from --load's config.json, else 4 / 128 / 4 */

@@ -244,7 +244,10 @@ static sl_status find_start(sl_train_job *j) {
     } else if (!init_from && access(j->wpath, F_OK) == 0) {
         j->init_from_weights = 1;
     } else if (same) {
-        if (j->out) fprintf(j->out, "note: no checkpoint in %s yet; starting from scratch\n", load);
+        if (j->out) {
+            fprintf(j->out, "note: no checkpoint in %s yet; starting from scratch\n", load);
+            fflush(j->out); /* every rank says it; a killed rank must not lose it */
+        }
     } else {
         return sl_train_bad("--load %s: no checkpoint (step-*/manifest.json) and no model.safetensors there",
                             load);

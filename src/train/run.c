@@ -78,9 +78,8 @@ static sl_status ckpt_poll(sl_train_job *j, int force, const sl_train_callbacks 
     const sl_mesh *mesh = &j->mesh;
     if (force) sl_ckpt_writer_wait(w);
     int32_t flags[2] = {sl_ckpt_writer_done(w), 0}, agg[2];
-    sl_status st;
     if (j->world) {
-        if ((st = sl_comm_all_reduce(j->world, &flags[0], &agg[0], 1, SL_COMM_I32, SL_COMM_MIN)) != SL_OK)
+        if (sl_comm_all_reduce(j->world, &flags[0], &agg[0], 1, SL_COMM_I32, SL_COMM_MIN) != SL_OK)
             return sl_train_fail(SL_ERR_PEER, "%s", sl_errmsg());
     } else {
         agg[0] = flags[0];
@@ -89,7 +88,7 @@ static sl_status ckpt_poll(sl_train_job *j, int force, const sl_train_callbacks 
     sl_status ws = sl_ckpt_writer_wait(w);
     flags[1] = ws != SL_OK;
     if (j->world) {
-        if ((st = sl_comm_all_reduce(j->world, &flags[1], &agg[1], 1, SL_COMM_I32, SL_COMM_MAX)) != SL_OK)
+        if (sl_comm_all_reduce(j->world, &flags[1], &agg[1], 1, SL_COMM_I32, SL_COMM_MAX) != SL_OK)
             return sl_train_fail(SL_ERR_PEER, "%s", sl_errmsg());
     } else {
         agg[1] = flags[1];
