@@ -83,11 +83,16 @@ static void bench_adamw(bk_ctx *c, int64_t numel) {
     enum { NP = 4 };
     sl_param_info pi[NP];
     for (int i = 0; i < NP; i++) pi[i] = (sl_param_info){NULL, numel / NP * i, numel / NP, i % 2, 0};
-    sl_model m = {.params = pi, .n_params = NP, .numel = numel / NP * NP};
+    sl_model m = {.params = pi, .n_params = NP, .numel = numel / NP * NP, .backend = sl_backend_cpu()};
     m.params_mem = rnd(m.numel, 1, 1.0f);
     m.grads_mem = rnd(m.numel, 2, 1.0f);
+    static sl_tensor f32_leaf = {.dtype = SL_F32}; /* the spans' dtype */
+    for (int i = 0; i < NP; i++) pi[i].t = &f32_leaf;
     sl_adamw o;
+    size_t bytes = sizeof(float) * (size_t)m.numel;
     if (!m.params_mem || !m.grads_mem ||
+        sl_backend_wrap_host(m.backend, m.params_mem, bytes, &m.params_buf) ||
+        sl_backend_wrap_host(m.backend, m.grads_mem, bytes, &m.grads_buf) ||
         sl_adamw_init(&o, &m, (sl_adamw_hparams){0.9f, 0.95f, 1e-8f, 0.1f}) != SL_OK) {
         fprintf(stderr, "bench kernels: adamw: out of memory\n");
         sl_free_aligned(m.params_mem);
@@ -102,7 +107,8 @@ static void bench_adamw(bk_ctx *c, int64_t numel) {
         for (int i = 0; i < NP; i++) {
             float decay = pi[i].decay ? 1.0f - lr * 0.1f : 1.0f;
             float *p = m.params_mem + pi[i].offset, *g = m.grads_mem + pi[i].offset;
-            float *mm = o.m + pi[i].offset, *vv = o.v + pi[i].offset;
+            float *mm = (float *)sl_buffer_map(o.m) + pi[i].offset,
+                  *vv = (float *)sl_buffer_map(o.v) + pi[i].offset;
             for (int64_t k = 0; k < pi[i].numel; k++) {
                 float gk = g[k];
                 p[k] *= decay;
@@ -112,7 +118,7 @@ static void bench_adamw(bk_ctx *c, int64_t numel) {
             }
         }
         double t1 = sl_time_sec();
-        sl_adamw_step(&o, &m, lr);
+        (void)sl_adamw_step(&o, &m, lr);
         double t2 = sl_time_sec();
         if (r >= 0) {
             tr[r] = t1 - t0;
@@ -127,6 +133,8 @@ static void bench_adamw(bk_ctx *c, int64_t numel) {
     free(tr);
     free(tf);
     sl_adamw_free(&o);
+    sl_backend_free(m.backend, m.params_buf);
+    sl_backend_free(m.backend, m.grads_buf);
     sl_free_aligned(m.params_mem);
     sl_free_aligned(m.grads_mem);
 }

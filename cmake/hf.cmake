@@ -1,4 +1,4 @@
-# HF tokenizer.json support (src/io/hf_tokenizer.c): PCRE2 (Unicode property regexes of byte-level BPE
+# HF tokenizer.json support (src/data/hf_tokenizer.c): PCRE2 (Unicode property regexes of byte-level BPE
 # pre-tokenizers) and utf8proc (the NFC normalizer of Qwen2-style tokenizers). Included by the top-level
 # CMakeLists.txt; both are Debian packages (scripts/deps.sh).
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)

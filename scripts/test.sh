@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
+bash scripts/check_layers.sh  # includes point down the layers (DESIGN.md section 1)
 jobs=$(nproc)
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSL_WERROR=ON >/dev/null
 cmake --build build -j "$jobs"

@@ -107,6 +107,8 @@ sl_status sl_file_read_all(const char *path, char **out, size_t *len);
 sl_status sl_file_write_synced(const char *path, const void *data, size_t len);
 /* Atomically write a file: write to path.tmp.PID, fsync, rename. Nothing is left half-written. */
 sl_status sl_file_write_atomic(const char *path, const void *data, size_t len);
+/* fsync a directory so renames in it are durable (best effort: errors are ignored). */
+void sl_fsync_dir(const char *dir);
 /* mkdir -p; fails with a message naming the path if it is not a writable directory. */
 sl_status sl_mkdirs(const char *path);
 sl_status sl_dir_check_writable(const char *path);

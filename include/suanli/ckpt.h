@@ -19,15 +19,15 @@
 #include <stdio.h>
 
 #include "suanli/nn.h"
+#include "suanli/parallel.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* A range of the flat parameter buffer owned by this rank; `off` indexes the rank's state arrays. */
-typedef struct sl_ckpt_seg {
-    int64_t lo, len, off;
-} sl_ckpt_seg;
+/* A range of the flat parameter buffer owned by this rank; `off` indexes the rank's state arrays.
+ * Data parallelism defines it (sl_dp_state hands out this rank's segments). */
+typedef sl_dp_seg sl_ckpt_seg;
 
 typedef struct sl_ckpt_state {
     sl_model *m;

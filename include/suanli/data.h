@@ -20,13 +20,19 @@
  *   char buf[64]; int nb = sl_tokenizer_decode_token(tok, ids[0], buf, sizeof buf);
  *   sl_tokenizer_free(tok);
  *
- * Files (all little-endian; see src/io/README.md):
+ * Files (all little-endian; see src/data/README.md):
  *   DIR/train_000.bin, train_001.bin ...   token shards of the train split (numbered without gaps)
  *   DIR/val_000.bin ...                    token shards of the val split (the last val_fraction of the text)
  *   DIR/tokenizer.json                     the tokenizer that produced them
  * Shard = 64-byte header (magic "SLTOKSH1", version, header size, token width 2|4, vocab size, token count,
  * XXH3-64 of the payload) followed by the tokens. Readers validate every field, the file size, the checksum
  * and that every token is < vocab size.
+ *
+ *   sl_hf_tokenizer *ht;                                 // a Hugging Face tokenizer.json
+ *   SL_TRY(sl_hf_tokenizer_load("path/to/Llama-dir/tokenizer.json", &ht));
+ *   int32_t *hids; int hn;
+ *   SL_TRY(sl_hf_tokenizer_encode(ht, "Hello 世界", 1, &hids, &hn));   // hids owned: free()
+ *   sl_hf_tokenizer_free(ht);
  *
  * Thread-safety: a loaded sl_tokenizer and an open sl_dataset are read-only; encode/decode/batch may be
  * called concurrently from many threads.
@@ -148,6 +154,22 @@ sl_status sl_dataset_read(const sl_dataset *ds, int64_t start, int64_t n, int32_
 sl_status sl_dataset_batch(const sl_dataset *ds, int B, int T, uint64_t seed, uint64_t step, int rank,
                            int micro, int32_t *inputs, int32_t *targets);
 void sl_dataset_close(sl_dataset *ds);
+
+/* ------------------------------------------------------------------------------------------------
+ * Hugging Face tokenizer.json (byte-level BPE: GPT-2, Llama-3, Qwen2 style; src/data/hf_tokenizer.c)
+ * ---------------------------------------------------------------------------------------------- */
+typedef struct sl_hf_tokenizer sl_hf_tokenizer;
+sl_status sl_hf_tokenizer_load(const char *path, sl_hf_tokenizer **out);
+void sl_hf_tokenizer_free(sl_hf_tokenizer *t);
+/* Text (UTF-8) -> ids; added/special tokens in the text are matched verbatim; add_special: apply the
+ * post-processor template (e.g. Llama-3's BOS). *ids owned: free(). */
+sl_status sl_hf_tokenizer_encode(const sl_hf_tokenizer *t, const char *text, int add_special, int32_t **ids,
+                                 int *n);
+/* One id -> its bytes (byte-level decoding); returns the byte count written (<= cap), -1 if unknown id. */
+int sl_hf_tokenizer_decode_one(const sl_hf_tokenizer *t, int32_t id, char *buf, int cap);
+int sl_hf_tokenizer_vocab_size(const sl_hf_tokenizer *t);
+/* id of a token string (added or vocabulary), -1 if absent */
+int sl_hf_tokenizer_token_id(const sl_hf_tokenizer *t, const char *tok);
 
 #ifdef __cplusplus
 }

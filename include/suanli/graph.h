@@ -23,113 +23,12 @@
 #ifndef SUANLI_GRAPH_H
 #define SUANLI_GRAPH_H
 
-#include "suanli/base.h"
+#include "suanli/device.h"
+#include "suanli/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-#define SL_MAX_DIMS 5
-#define SL_MAX_SRC 5
-#define SL_MAX_IPARAMS 8
-#define SL_MAX_FPARAMS 4
-
-typedef enum sl_dtype { SL_F32 = 0, SL_BF16, SL_I32, SL_DTYPE_COUNT } sl_dtype;
-size_t sl_dtype_size(sl_dtype t);
-const char *sl_dtype_name(sl_dtype t);
-
-/* The op set. Forward ops first, then ops that exist to express backward rules.
- * Adding an op: enum entry here, name + shape rule + backward rule in src/ops/, kernel in
- * src/device/cpu/kernels/, tests in tests/ops/. */
-typedef enum sl_op {
-    SL_OP_NONE = 0,          /* leaf: parameter, input, or constant */
-    SL_OP_VIEW,              /* reshape / permute / slice: new ne/nb/offset over src0's storage */
-    SL_OP_CONT,              /* contiguous copy of src0 */
-    SL_OP_CAST,              /* dtype conversion src0 -> node dtype (f32 <-> bf16) */
-    SL_OP_ADD,               /* src0 + src1, src1 broadcast to src0's shape */
-    SL_OP_MUL,               /* src0 * src1, src1 broadcast */
-    SL_OP_SCALE,             /* src0 * fparams[0] */
-    SL_OP_SUM_TO,            /* sum src0 down to node's (broadcast-compatible) shape */
-    SL_OP_ACC,               /* in-place: src0 += src1 (src0 is any tensor; node aliases src0); iparams[0]=1:
-                                src0 = src1 (Note [Overwriting first gradient writes]) */
-    SL_OP_ZEROS,             /* a zero-filled tensor of node's shape */
-    SL_OP_SCATTER_ADD,       /* in-place: view(src0; iparams: offset + ne/nb of src1's image) += src1 */
-    SL_OP_MATMUL,            /* op(src0) @ op(src1) (+ src2: optional f32 bias (N), added to every row; src1
-                                2-D); iparams[0]=transA, [1]=transB; iparams[2]=1: in place, view_src +=
-                                op(src0) @ op(src1) (2-D; gradient accumulation); iparams[2]=2: in place,
-                                view_src = op(src0) @ op(src1) (Note [Overwriting first gradient writes]) */
-    SL_OP_GELU,              /* tanh approximation (GPT-2) */
-    SL_OP_GELU_BACK,         /* src0 = x, src1 = dy */
-    SL_OP_LAYERNORM,         /* src0 = x (.., C), src1 = weight (C), src2 = bias (C); fparams[0]=eps */
-    SL_OP_LAYERNORM_BACK_X,  /* src0 = fwd node (aux: mean,rstd), src1 = x, src2 = w, src3 = dy */
-    SL_OP_LAYERNORM_BACK_WB, /* -> (2, C): [dweight; dbias]; src0 = fwd, src1 = x, src2 = dy */
-    SL_OP_SOFTMAX,           /* over last dim */
-    SL_OP_SOFTMAX_BACK,      /* src0 = y (softmax output), src1 = dy */
-    SL_OP_ATTENTION,      /* causal MHA: q (B,T,NH,hs), k/v (B,T,NKV,hs) -> (B,T,NH*hs); aux: lse (B,NH,T) */
-    SL_OP_ATTENTION_BACK, /* src0 = fwd, src1..3 = q,k,v, src4 = dy -> (B,T,NH+2*NKV,hs) packed dq|dk|dv */
-    SL_OP_EMBEDDING,      /* src0 = table (V, C), src1 = ids (i32, any shape) -> (ids.., C) */
-    SL_OP_EMBEDDING_BACK, /* in place on src0 (V, C): src0[ids[i]] += dy[i] (src1 = ids, src2 = dy);
-                             iparams[1]=1: src0 is zeroed first (a first gradient write) */
-    SL_OP_CROSS_ENTROPY,  /* src0 = logits (N.., V), src1 = targets (i32 N..) -> scalar mean loss; aux: lse */
-    SL_OP_CROSS_ENTROPY_BACK, /* src0 = fwd, src1 = logits, src2 = targets, src3 = dloss (scalar) */
-    SL_OP_CONCAT,             /* concat src0, src1 along iparams[0] */
-    /* Llama family (issue 7) */
-    SL_OP_RMSNORM,        /* src0 = x (.., C), src1 = weight (C); fparams[0]=eps; aux: rstd per row */
-    SL_OP_RMSNORM_BACK_X, /* src0 = fwd (aux: rstd), src1 = x, src2 = w, src3 = dy */
-    SL_OP_RMSNORM_BACK_W, /* src0 = fwd, src1 = x, src2 = dy -> (C) */
-    SL_OP_ROPE,           /* src0 = x (B,T,NH,hs) -> contiguous; rotate-half RoPE at positions iparams[0]+t;
-                             iparams[1]=1: inverse rotation (the backward); fparams[0]=theta; fparams[1..3] =
-                             llama3 scaling (factor, low_freq_factor, high_freq_factor; factor 0 = off) with
-                             iparams[3] = original context; iparams[2]=1: bf16 numerics */
-    SL_OP_SILU,           /* x * sigmoid(x) */
-    SL_OP_SILU_BACK,      /* src0 = x, src1 = dy */
-    SL_OP_TOPK_GATE,      /* src0 = router logits (N, E) -> (N, E): softmax over the top-k logits per row
-                             (iparams[0]=k), zero elsewhere: Mixtral's renormalised top-k routing weights */
-    SL_OP_TOPK_GATE_BACK, /* src0 = fwd (gate), src1 = dy */
-    SL_OP_ATTENTION_KV,   /* inference with a KV cache: q (B,Tq,NH,hs), k/v caches (B,S,NKV,hs);
-                             query t sits at position iparams[0]+t and attends cache rows 0..iparams[0]+t;
-                             iparams[1] > 0: sliding window -> (B,Tq,NH*hs) */
-    SL_OP_KV_STORE,       /* in-place: cache src0 (B,S,NKV,hs) rows [iparams[0], +Tq) = src1 (B,Tq,NKV,hs) */
-    SL_OP_LINEAR_BF16,    /* bf16(src0 f32 (.., K)) @ op(src1 bf16), fp32 accumulate -> f32 (.., N);
-                             iparams[0]=transB    (1: src1 is (N, K), a Linear weight), iparams[1]=1: round the
-                             output to bf16 */
-    SL_OP_MOE_EXPERT, /* inference: src0 = h (N, C), src1 = gate (N, E), src2..4 = w1 (I, C), w3 (I, C), w2
-                         (C, I) (f32 or bf16) of expert iparams[0] -> (N, C): gate[n,e] * w2(silu(w1 h) * w3
-                         h) for the rows routed to e (gate != 0), zero elsewhere; only routed rows are
-                         computed; iparams[1]=1: bf16 numerics */
-    SL_OP_COUNT
-} sl_op;
-
-const char *sl_op_name(sl_op op);
-
-enum {
-    SL_FLAG_PARAM = 1 << 0,  /* trainable parameter (gets a grad) */
-    SL_FLAG_INPUT = 1 << 1,  /* fed by the caller each step */
-    SL_FLAG_OUTPUT = 1 << 2, /* kept alive until the end of the graph */
-    SL_FLAG_LOSS = 1 << 3,
-    SL_FLAG_GRAD = 1 << 4,       /* a gradient leaf (external buffer) */
-    SL_FLAG_GRAD_FIRST = 1 << 5, /* the graph's first node writing into a parameter's gradient leaf */
-};
-
-typedef struct sl_tensor {
-    sl_dtype dtype;
-    int ndim;
-    int64_t ne[SL_MAX_DIMS]; /* shape, outermost first */
-    int64_t nb[SL_MAX_DIMS]; /* strides in elements */
-    sl_op op;
-    struct sl_tensor *src[SL_MAX_SRC];
-    int32_t iparams[SL_MAX_IPARAMS];
-    float fparams[SL_MAX_FPARAMS];
-    struct sl_tensor *view_src; /* VIEW / in-place ops: the tensor whose storage this one uses */
-    int64_t view_offs;          /* element offset into view_src's storage */
-    void *data;                 /* resolved pointer into backend memory (host for CPU) */
-    size_t aux_bytes;           /* extra bytes after the data, saved for backward (e.g. LN stats) */
-    struct sl_tensor *grad;     /* for params: the gradient leaf to accumulate into */
-    uint32_t flags;
-    int id;        /* index in its ctx */
-    int order;     /* position in the graph's node list (-1: leaf / not in graph) */
-    char name[64]; /* fits HF names such as model.layers.31.block_sparse_moe.experts.7.w1.weight */
-} sl_tensor;
 
 typedef struct sl_ctx sl_ctx;
 
@@ -143,10 +42,6 @@ sl_tensor *sl_new_tensor(sl_ctx *ctx, sl_dtype t, int ndim, const int64_t *ne);
 sl_tensor *sl_new_tensor_1d(sl_ctx *ctx, sl_dtype t, int64_t n0);
 sl_tensor *sl_new_tensor_2d(sl_ctx *ctx, sl_dtype t, int64_t n0, int64_t n1);
 sl_tensor *sl_new_tensor_3d(sl_ctx *ctx, sl_dtype t, int64_t n0, int64_t n1, int64_t n2);
-int64_t sl_nelements(const sl_tensor *t);
-size_t sl_nbytes(const sl_tensor *t); /* of the logical elements if contiguous */
-int sl_is_contiguous(const sl_tensor *t);
-int sl_same_shape(const sl_tensor *a, const sl_tensor *b);
 sl_tensor *sl_set_name(sl_tensor *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void sl_set_param(sl_tensor *t);
 void sl_set_input(sl_tensor *t);
@@ -174,6 +69,7 @@ sl_tensor *sl_bias(sl_ctx *ctx, sl_tensor *a, sl_tensor *b); /* a (.., C) + b (C
 sl_tensor *sl_sum_to(sl_ctx *ctx, sl_tensor *a, const sl_tensor *like);
 sl_tensor *sl_acc(sl_ctx *ctx, sl_tensor *dst, sl_tensor *src);
 sl_tensor *sl_zeros(sl_ctx *ctx, sl_dtype t, int ndim, const int64_t *ne);
+sl_tensor *sl_fill(sl_ctx *ctx, sl_dtype t, int ndim, const int64_t *ne, float value); /* f32, constant */
 sl_tensor *sl_scatter_add(sl_ctx *ctx, sl_tensor *dst, sl_tensor *src, const sl_tensor *view_of_dst);
 /* a: (.., M, K) or (.., K, M) if transA; b: (.., K, N) or (.., N, K) if transB. If b is 2-D and
  * a has batch dims (and !transA), a's leading dims fold into M: a linear layer. */
@@ -210,11 +106,6 @@ sl_tensor *sl_moe_expert(sl_ctx *ctx, sl_tensor *h, sl_tensor *gate, int e, sl_t
 sl_tensor *sl_new_op(sl_ctx *ctx, sl_op op, sl_dtype t, int ndim, const int64_t *ne);
 
 /* ---- graph ---- */
-typedef struct sl_backend sl_backend;
-typedef struct sl_graph sl_graph;
-
-/* Completion hook: called after node `n` (position `i`) has been computed. Returning non-OK stops. */
-typedef sl_status (*sl_node_hook)(sl_graph *g, int i, sl_tensor *n, void *user);
 
 sl_graph *sl_graph_new(sl_ctx *ctx);
 void sl_graph_free(sl_graph *g);

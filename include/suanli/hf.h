@@ -1,23 +1,27 @@
-/* suanli/hf.h — Hugging Face model directories: config.json, (sharded) safetensors, tokenizer.json.
+/* suanli/hf.h — Hugging Face model directories as files (formats layer, src/formats/hf_model.c):
+ * config.json <-> a plain sl_hf_config, the (sharded) safetensors weights by name, and their
+ * F32/BF16/F16 data as f32. Nothing here knows a model: building an sl_model from a directory (and
+ * saving one) is the model zoo's job, `sl_hf_load` & co. in suanli/model_io.h (src/nn/hf_load.c).
  *
  * Usage:
- *   sl_model *m; sl_hf_info info;
- *   SL_TRY(sl_hf_load("path/to/Llama-dir", &m, &info));     // config + weights (F32/BF16/F16 on disk)
- *   sl_hf_tokenizer *tok;
- *   SL_TRY(sl_hf_tokenizer_load("path/to/Llama-dir/tokenizer.json", &tok));
- *   int32_t *ids; int n;
- *   SL_TRY(sl_hf_tokenizer_encode(tok, "Hello 世界", 1, &ids, &n));   // ids owned: free()
- *   ... sl_model_generate(m, ids, n, ...) ...
- *   sl_hf_tokenizer_free(tok); sl_model_free(m);
+ *   sl_hf_config c; sl_hf_info info;
+ *   SL_TRY(sl_hf_config_read("path/to/Llama-dir", &c, &info));   // every field checked
+ *   sl_hf_weights *w;
+ *   SL_TRY(sl_hf_weights_open("path/to/Llama-dir", &w));         // model.safetensors or index + shards
+ *   const char *file;
+ *   const sl_st_tensor *x = sl_hf_weights_find(w, "model.norm.weight", &file);   // borrowed; NULL if absent
+ *   if (x) SL_TRY(sl_hf_tensor_to_f32(x, dst, n, file));
+ *   sl_hf_weights_close(w);
  *
- * Supported: LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, MixtralForCausalLM,
- * BaichuanForCausalLM (Baichuan2-7B layout) and GPT2LMHeadModel (loaded into src/nn/gpt2.c's model). Errors
- * are one line naming the file and the field or tensor.
+ * Supported config.json classes: LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM,
+ * MixtralForCausalLM, BaichuanForCausalLM (Baichuan2-7B layout) and GPT2LMHeadModel. Errors are one line
+ * naming the file and the field or tensor.
  */
 #ifndef SUANLI_HF_H
 #define SUANLI_HF_H
 
-#include "suanli/nn.h"
+#include "suanli/base.h"
+#include "suanli/safetensors.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -33,45 +37,60 @@ typedef struct sl_hf_info {
     int n_mapped;       /* bf16 mode: weights used in place from the memory-mapped files */
 } sl_hf_info;
 
-/* Parse DIR/config.json into cfg (no allocation of weights). info may be NULL. */
-sl_status sl_hf_load_config(const char *dir, sl_llama_config *cfg, sl_hf_info *info);
-/* Config + weights: model.safetensors or model.safetensors.index.json with its shards. Every tensor's
- * shape is checked; F32/BF16/F16 are converted to the model's f32 buffer. *out owned (sl_model_free). */
-sl_status sl_hf_load(const char *dir, sl_model **out, sl_hf_info *info);
-/* wdtype SL_BF16: inference model with bf16 projection weights (memory-mapped when stored as aligned BF16)
- * and bf16 compute; SL_F32: sl_hf_load. */
-sl_status sl_hf_load_ex(const char *dir, sl_dtype wdtype, sl_model **out, sl_hf_info *info);
-/* Fill an existing model's parameters from DIR's safetensors (names and shapes must match). */
-sl_status sl_hf_load_weights(sl_model *m, const char *dir, sl_hf_info *info);
-/* Write DIR/config.json and DIR/model.safetensors in transformers' layout; dtype SL_F32 or SL_BF16. */
-sl_status sl_hf_save(const sl_model *m, const char *dir, sl_dtype dtype, const sl_hf_info *info);
+/* The config.json classes we read and write. */
+typedef enum sl_hf_arch {
+    SL_HF_GPT2 = 0, /* GPT2LMHeadModel */
+    SL_HF_LLAMA,    /* LlamaForCausalLM */
+    SL_HF_QWEN2,    /* Qwen2ForCausalLM */
+    SL_HF_MISTRAL,  /* MistralForCausalLM */
+    SL_HF_MIXTRAL,  /* MixtralForCausalLM */
+    SL_HF_BAICHUAN, /* BaichuanForCausalLM */
+    SL_HF_ARCH_COUNT
+} sl_hf_arch;
+/* "LlamaForCausalLM", ...; NULL if out of range */
+const char *sl_hf_arch_class(sl_hf_arch a);
 
-/* ---- generation over any architecture (KV cache for the Llama family) ---- */
-typedef struct sl_gen_stats {
-    int n_prompt, n_generated;
-    double prompt_seconds, gen_seconds; /* prefill time; time of the decode steps */
-    int stopped_by_eos;
-} sl_gen_stats;
-/* Generates up to max_new tokens after the prompt; stops early on any of stop[0..n_stop) (the stop
- * token is passed to cb and counted). cb may be NULL; out_tokens (may be NULL) receives the generated
- * ids (capacity max_new). */
-sl_status sl_model_generate(sl_model *m, const int32_t *prompt, int n_prompt, int max_new,
-                            const sl_sample_opts *o, const int32_t *stop, int n_stop, sl_token_cb cb,
-                            void *user, int32_t *out_tokens, sl_gen_stats *stats);
+/* config.json's hyper-parameters (GPT-2's n_embd/n_layer/n_head/vocab_size/n_positions land in
+ * hidden/n_layer/n_head/vocab_size/max_seq_len). */
+typedef struct sl_hf_config {
+    sl_hf_arch arch;
+    int n_layer;      /* num_hidden_layers */
+    int n_head;       /* num_attention_heads */
+    int n_kv_head;    /* num_key_value_heads */
+    int head_dim;     /* head_dim, default hidden / n_head */
+    int hidden;       /* hidden_size */
+    int intermediate; /* intermediate_size */
+    int vocab_size;
+    int max_seq_len; /* max_position_embeddings */
+    float rms_eps;   /* rms_norm_eps */
+    float rope_theta;
+    float rope_factor, rope_low_freq, rope_high_freq; /* rope_scaling "llama3": factor > 0 */
+    int rope_orig_ctx;
+    int tie_embeddings;               /* tie_word_embeddings */
+    int qkv_bias;                     /* Qwen2 */
+    int sliding_window;               /* 0: off */
+    int n_experts, n_experts_per_tok; /* Mixtral */
+} sl_hf_config;
 
-/* ---- tokenizer.json (byte-level BPE: GPT-2, Llama-3, Qwen2 style) ---- */
-typedef struct sl_hf_tokenizer sl_hf_tokenizer;
-sl_status sl_hf_tokenizer_load(const char *path, sl_hf_tokenizer **out);
-void sl_hf_tokenizer_free(sl_hf_tokenizer *t);
-/* Text (UTF-8) -> ids; added/special tokens in the text are matched verbatim; add_special: apply the
- * post-processor template (e.g. Llama-3's BOS). *ids owned: free(). */
-sl_status sl_hf_tokenizer_encode(const sl_hf_tokenizer *t, const char *text, int add_special, int32_t **ids,
-                                 int *n);
-/* One id -> its bytes (byte-level decoding); returns the byte count written (<= cap), -1 if unknown id. */
-int sl_hf_tokenizer_decode_one(const sl_hf_tokenizer *t, int32_t id, char *buf, int cap);
-int sl_hf_tokenizer_vocab_size(const sl_hf_tokenizer *t);
-/* id of a token string (added or vocabulary), -1 if absent */
-int sl_hf_tokenizer_token_id(const sl_hf_tokenizer *t, const char *tok);
+/* Parse DIR/config.json (and DIR/generation_config.json's eos ids into info) into cfg. info may be NULL. */
+sl_status sl_hf_config_read(const char *dir, sl_hf_config *cfg, sl_hf_info *info);
+/* Write DIR/config.json in transformers' layout. torch_dtype: "float32" | "bfloat16". The Llama family
+ * records info's bos/eos ids (info may be NULL); GPT-2 is written as GPT2LMHeadModel (info unused). */
+sl_status sl_hf_config_write(const char *dir, const sl_hf_config *cfg, const sl_hf_info *info,
+                             const char *torch_dtype);
+
+/* The weights of a directory: model.safetensors, or model.safetensors.index.json and its shards, all
+ * memory-mapped. *out owned: sl_hf_weights_close (tensors found in it are valid until then). */
+typedef struct sl_hf_weights sl_hf_weights;
+sl_status sl_hf_weights_open(const char *dir, sl_hf_weights **out);
+/* The tensor named `name` (borrowed), or NULL; *file is set to the file that holds it or where it was
+ * expected (for error messages). */
+const sl_st_tensor *sl_hf_weights_find(const sl_hf_weights *w, const char *name, const char **file);
+int sl_hf_weights_n_files(const sl_hf_weights *w);
+void sl_hf_weights_close(sl_hf_weights *w);
+
+/* Convert n elements of an F32/BF16/F16 tensor to f32; other dtypes fail naming `file` and the tensor. */
+sl_status sl_hf_tensor_to_f32(const sl_st_tensor *x, float *dst, int64_t n, const char *file);
 
 #ifdef __cplusplus
 }

@@ -2,7 +2,7 @@
  *
  * Usage:
  *   sl_gpt2_config cfg = {.n_layer = 4, .n_head = 4, .n_embd = 128, .vocab_size = 256, .max_seq_len = 128};
- *   sl_model *m; sl_gpt2_new(&cfg, &m);            // parameters live in m->params_mem (one flat buffer)
+ *   sl_model *m; sl_gpt2_new_on(&cfg, sl_backend_get("cpu"), &m);  // parameters: one flat backend buffer
  *   sl_model_init_weights(m, seed);
  *   sl_tensor *ids = ..., *tg = ...;               // i32 (B, T) leaves created in m->ctx
  *   sl_tensor *logits, *loss = sl_gpt2_build(m, ids, tg, &logits);
@@ -12,6 +12,7 @@
 #ifndef SUANLI_NN_H
 #define SUANLI_NN_H
 
+#include "suanli/device.h"
 #include "suanli/graph.h"
 
 #ifdef __cplusplus
@@ -72,9 +73,15 @@ typedef struct sl_model {
     sl_ctx *ctx; /* holds parameters and every graph built on the model (owned) */
     sl_param_info *params; /* owned */
     int n_params;
-    int64_t numel;          /* total parameter count */
-    float *params_mem;      /* flat parameters (owned) */
-    float *grads_mem;       /* flat gradients (owned), same layout */
+    int64_t numel;         /* total parameter count */
+    sl_backend *backend;   /* where the state lives (borrowed) */
+    sl_buffer *params_buf; /* flat f32 parameters (owned) */
+    sl_buffer *grads_buf;  /* flat f32 gradients, same layout (owned; NULL for inference models) */
+    /* Host mappings of params_buf / grads_buf when the backend's memory is host-visible (cpu); NULL on
+     * other backends, where code moves parameters with sl_model_params_read/write. Data parallelism and
+     * ZeRO (src/parallel) run on these mappings and may rebind them (Note [Gradients in a window]). */
+    float *params_mem;
+    float *grads_mem;
     sl_dtype compute_dtype; /* SL_F32, or SL_BF16: matmul operands rounded to bf16 (fp32 accumulation and
                              * master weights), like PyTorch autocast */
     sl_arch arch;           /* SL_ARCH_GPT2 for models made by sl_gpt2_new */
@@ -92,12 +99,30 @@ typedef struct sl_model {
     int autocast_bf16;
 } sl_model;
 
-/* Validates the config (one-line error naming the field) and allocates the flat buffers. */
+/* Validates the config (one-line error naming the field) and allocates the flat buffers on `be`
+ * (sl_gpt2_new: on the cpu backend). */
 sl_status sl_gpt2_new(const sl_gpt2_config *cfg, sl_model **out);
+sl_status sl_gpt2_new_on(const sl_gpt2_config *cfg, sl_backend *be, sl_model **out);
+/* Allocates params_buf (and grads_buf) on be and binds every f32 parameter (and gradient) leaf to its
+ * slice; used by the constructors. */
+sl_status sl_model_alloc_state(sl_model *m, sl_backend *be, int with_grads);
+/* Host <-> device copies of n parameters (gradients) starting at flat element offset off. */
+sl_status sl_model_params_write(sl_model *m, int64_t off, int64_t n, const float *src);
+sl_status sl_model_params_read(const sl_model *m, int64_t off, int64_t n, float *dst);
+sl_status sl_model_grads_read(const sl_model *m, int64_t off, int64_t n, float *dst);
+/* Swapping state buffers (src/parallel): drop frees a buffer (its leaves stay bound to whatever the
+ * caller binds next); new_params allocates a fresh parameter buffer and binds every f32 parameter leaf
+ * to it; adopt_grads makes buf (owned from then on, may wrap a communicator window) the gradient buffer
+ * and binds the gradient leaves to it. */
+void sl_model_drop_params(sl_model *m);
+void sl_model_drop_grads(sl_model *m);
+sl_status sl_model_new_params(sl_model *m);
+sl_status sl_model_adopt_grads(sl_model *m, sl_buffer *buf);
 void sl_model_free(sl_model *m);
 /* GPT-2 init: N(0, 0.02); residual projections N(0, 0.02/sqrt(2L)); biases 0; norm weights 1.
  * Deterministic in (seed) through the counter RNG: each tensor uses its own stream. */
 void sl_model_init_weights(sl_model *m, uint64_t seed);
+sl_status sl_model_init_weights_ex(sl_model *m, uint64_t seed); /* the same, returning failures */
 const sl_param_info *sl_model_find(const sl_model *m, const char *name);
 /* Build the forward graph nodes for ids (B, T) -> logits (B, T, V); if targets != NULL also the mean
  * cross-entropy loss (returned). *logits_out receives the logits node. */
@@ -116,6 +141,7 @@ sl_status sl_llama_new(const sl_llama_config *cfg, sl_model **out);
  * to bf16 where transformers' bf16 models round them; bf16 GEMM with fp32 accumulation). Leaves of
  * bf16 weights are left unbound (the loader binds them: memory-mapped or in wmem). */
 sl_status sl_llama_new_ex(const sl_llama_config *cfg, sl_dtype wdtype, sl_model **out);
+sl_status sl_llama_new_on(const sl_llama_config *cfg, sl_dtype wdtype, sl_backend *be, sl_model **out);
 /* Any architecture: ids (B, T) -> logits (B, T, V) [+ mean cross-entropy loss when targets]. */
 sl_tensor *sl_model_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_tensor **logits_out);
 
@@ -123,8 +149,9 @@ sl_tensor *sl_model_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_te
 typedef struct sl_kv_cache {
     int B, S, n_layer;
     sl_tensor **k, **v; /* leaves bound to mem */
-    float *mem;
-    int32_t *pos; /* GPT-2: position ids of the graphs built on this cache (pos_cap entries) */
+    sl_backend *backend;
+    sl_buffer *mem; /* every layer's K and V, on the model's backend */
+    sl_buffer *pos; /* GPT-2: position ids of the graphs built on this cache (pos_cap entries) */
     int pos_cap, pos_used;
 } sl_kv_cache;
 sl_status sl_kv_cache_new(sl_model *m, int B, int S, sl_kv_cache *kv);
@@ -132,40 +159,33 @@ void sl_kv_cache_free(sl_kv_cache *kv);
 /* ids (B, Tq) at positions pos0.. -> logits (B, Tq, V), appending the chunk's K/V to the cache.
  * The position is a run-time parameter: sl_kv_graph_set_pos changes it in a built graph. */
 sl_tensor *sl_model_build_kv(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0);
-void sl_kv_graph_set_pos(sl_graph *g, int pos0);
+sl_status sl_kv_graph_set_pos(sl_graph *g, int pos0);
 
-/* ---- optimizer ---- */
-typedef struct sl_adamw_hparams {
-    float beta1, beta2, eps, weight_decay;
-} sl_adamw_hparams;
-
+/* ---- optimizer (its arithmetic runs on the model's backend: sl_backend_adamw / sumsq / scale) ---- */
 typedef struct sl_adamw {
     sl_adamw_hparams hp;
-    float *m, *v; /* flat moments (owned) */
+    sl_buffer *m, *v; /* flat moments on the model's backend (owned) */
     int64_t numel;
-    int64_t t;                    /* steps taken */
-    uint8_t *decay_mask_by_param; /* unused placeholder for sharded layouts */
+    int64_t t;            /* steps taken */
+    sl_adamw_span *spans; /* one per f32 parameter (owned) */
+    int n_spans;
+    sl_backend *backend; /* the model's (borrowed) */
 } sl_adamw;
 
 sl_status sl_adamw_init(sl_adamw *opt, const sl_model *m, sl_adamw_hparams hp);
 void sl_adamw_free(sl_adamw *opt);
 /* One AdamW step (PyTorch semantics: decoupled decay p *= 1 - lr*wd, bias-corrected moments). */
-void sl_adamw_step(sl_adamw *opt, sl_model *m, float lr);
+sl_status sl_adamw_step(sl_adamw *opt, sl_model *m, float lr);
 /* The same step on gradients multiplied by gscale on the fly: bitwise equal to scaling the gradients first
  * (gradient clipping fused into the update: no separate pass over the gradients). */
-void sl_adamw_step_scaled(sl_adamw *opt, sl_model *m, float lr, float gscale);
-/* The same update over one contiguous span (optimizer step t >= 1; decay: weight decay applies; gradients
- * times gscale), threaded; bitwise equal to sl_adamw_step_scaled on those elements. Data parallelism updates
- * its shards with it. */
-void sl_adamw_update(float *p, const float *g, float *m, float *v, int64_t n, float lr, int decay,
-                     float gscale, sl_adamw_hparams hp, int64_t t);
+sl_status sl_adamw_step_scaled(sl_adamw *opt, sl_model *m, float lr, float gscale);
 /* Global L2 norm of the gradients (double sums in a fixed order: deterministic for any thread count). */
-float sl_grad_norm(const sl_model *m);
+sl_status sl_grad_norm(const sl_model *m, float *norm);
 /* torch.nn.utils.clip_grad_norm_'s factor: min(1, max_norm / (norm + 1e-6)); 1 when max_norm <= 0. */
 float sl_clip_coef(float norm, float max_norm);
-/* Global L2 norm of the gradients; if max_norm > 0 and the norm exceeds it, scale the gradients by
- * max_norm / (norm + 1e-6) (torch.nn.utils.clip_grad_norm_). Returns the norm before clipping. */
-float sl_clip_grad_norm(sl_model *m, float max_norm);
+/* Global L2 norm of the gradients into *norm (before clipping); if max_norm > 0 and the norm exceeds it,
+ * scale the gradients by max_norm / (norm + 1e-6) (torch.nn.utils.clip_grad_norm_). */
+sl_status sl_clip_grad_norm(sl_model *m, float max_norm, float *norm);
 /* Linear warmup over `warmup` steps ((it+1)/warmup), then cosine from lr to min_lr at `decay_iters`. */
 float sl_lr_schedule(int64_t it, float lr, float min_lr, int64_t warmup, int64_t decay_iters);
 
@@ -184,6 +204,19 @@ typedef int (*sl_token_cb)(void *user, int32_t token);
  * token re-runs the window). Builds its own graph on the model. */
 sl_status sl_gpt2_generate(sl_model *m, const int32_t *prompt, int n_prompt, int max_new,
                            const sl_sample_opts *o, sl_token_cb cb, void *user);
+
+/* ---- generation over any architecture (KV cache for the Llama family; src/nn/generate_kv.c) ---- */
+typedef struct sl_gen_stats {
+    int n_prompt, n_generated;
+    double prompt_seconds, gen_seconds; /* prefill time; time of the decode steps */
+    int stopped_by_eos;
+} sl_gen_stats;
+/* Generates up to max_new tokens after the prompt; stops early on any of stop[0..n_stop) (the stop
+ * token is passed to cb and counted). cb may be NULL; out_tokens (may be NULL) receives the generated
+ * ids (capacity max_new). */
+sl_status sl_model_generate(sl_model *m, const int32_t *prompt, int n_prompt, int max_new,
+                            const sl_sample_opts *o, const int32_t *stop, int n_stop, sl_token_cb cb,
+                            void *user, int32_t *out_tokens, sl_gen_stats *stats);
 
 #ifdef __cplusplus
 }

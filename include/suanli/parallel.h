@@ -90,10 +90,14 @@ void sl_dp_memory_report(const sl_dp *dp, sl_dp_memory *mem);
 int sl_dp_num_buckets(const sl_dp *dp);
 int sl_dp_rank(const sl_dp *dp);
 int sl_dp_zero_stage(const sl_dp *dp);
+/* A range [lo, lo+len) of the flat parameter buffer owned by this rank; `off` indexes the rank's state
+ * arrays. The checkpoint layer calls it sl_ckpt_seg (suanli/ckpt.h). */
+typedef struct sl_dp_seg {
+    int64_t lo, len, off;
+} sl_dp_seg;
 /* This rank's optimizer-state segments of the flat buffer (owned array, free()) and moment arrays
  * (borrowed), for checkpointing. Stage 0: one segment covering everything. */
-struct sl_ckpt_seg;
-sl_status sl_dp_state(sl_dp *dp, struct sl_ckpt_seg **segs, int *nseg, float **m1, float **m2);
+sl_status sl_dp_state(sl_dp *dp, sl_dp_seg **segs, int *nseg, float **m1, float **m2);
 int sl_dp_size(const sl_dp *dp);
 
 #ifdef __cplusplus

@@ -60,10 +60,11 @@ typedef struct sl_trainer {
     sl_model *model; /* borrowed */
     sl_graph *graph; /* forward + backward (owned) */
     sl_tensor *ids, *targets, *loss, *logits;
-    int32_t *ids_buf, *tg_buf;
-    int n_forward; /* nodes [0, n_forward) are the forward pass */
-    sl_adamw opt;  /* single-process optimizer state (allocated at the first step) */
-    sl_dp *dp;     /* borrowed; when set, gradients are reduced and the update is done by dp */
+    int32_t *ids_buf, *tg_buf; /* host staging of one micro-batch */
+    sl_buffer *input_buf;      /* ids and targets on the model's backend (owned) */
+    int n_forward;             /* nodes [0, n_forward) are the forward pass */
+    sl_adamw opt;              /* single-process optimizer state (allocated at the first step) */
+    sl_dp *dp;                 /* borrowed; when set, gradients are reduced and the update is done by dp */
     int opt_ready;
     void (*pre_update)(void *user); /* optional: called right before the optimizer modifies the state */
     void *pre_update_user;

@@ -120,6 +120,13 @@ sl_status sl_file_write_atomic(const char *path, const void *data, size_t len) {
     return SL_OK;
 }
 
+void sl_fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return;
+    (void)fsync(fd);
+    close(fd);
+}
+
 sl_status sl_mkdirs(const char *path) {
     char buf[4096];
     size_t n = strlen(path);

@@ -116,12 +116,11 @@ void sl_graph_build_backward(sl_graph *g, sl_tensor *loss, float loss_scale) {
             if ((x->flags & SL_FLAG_PARAM) || s.needs[x->id]) s.needs[t->id] = 1;
         }
     }
-    /* seed: d(loss) = loss_scale, a leaf bound to graph-owned storage */
-    sl_tensor *seed = sl_new_tensor(ctx, SL_F32, loss->ndim, loss->ne);
-    sl_set_name(seed, "d_loss");
-    g->seed_value = loss_scale;
-    sl_tensor_bind(seed, &g->seed_value);
+    /* seed: d(loss) = loss_scale, a FILL node computed on the backend (device-resident, no host float) */
     SL_ASSERT(sl_nelements(loss) == 1);
+    sl_tensor *seed = sl_fill(ctx, SL_F32, loss->ndim, loss->ne, loss_scale);
+    sl_set_name(seed, "d_loss");
+    sl_graph_push(g, seed);
     sl_graph_ensure_id_capacity(g);
     g->grads[loss->id] = seed;
 

@@ -9,17 +9,6 @@ struct sl_ctx {
     int n, cap;
 };
 
-static const size_t k_dtype_size[] = {4, 2, 4};
-static const char *const k_dtype_name[] = {"f32", "bf16", "i32"};
-_Static_assert(sizeof(k_dtype_size) / sizeof(k_dtype_size[0]) == SL_DTYPE_COUNT, "dtype size table");
-_Static_assert(sizeof(k_dtype_name) / sizeof(k_dtype_name[0]) == SL_DTYPE_COUNT, "dtype name table");
-
-size_t sl_dtype_size(sl_dtype t) {
-    SL_ASSERT((int)t >= 0 && t < SL_DTYPE_COUNT);
-    return k_dtype_size[t];
-}
-const char *sl_dtype_name(sl_dtype t) { return ((int)t >= 0 && t < SL_DTYPE_COUNT) ? k_dtype_name[t] : "?"; }
-
 sl_ctx *sl_ctx_new(int max_tensors) {
     sl_ctx *c = calloc(1, sizeof *c);
     if (!c) return NULL;
@@ -82,30 +71,6 @@ sl_tensor *sl_new_tensor_3d(sl_ctx *ctx, sl_dtype t, int64_t n0, int64_t n1, int
     return sl_new_tensor(ctx, t, 3, (int64_t[]){n0, n1, n2});
 }
 
-int64_t sl_nelements(const sl_tensor *t) {
-    int64_t n = 1;
-    for (int d = 0; d < t->ndim; d++) n *= t->ne[d];
-    return n;
-}
-
-size_t sl_nbytes(const sl_tensor *t) { return (size_t)sl_nelements(t) * sl_dtype_size(t->dtype); }
-
-int sl_is_contiguous(const sl_tensor *t) {
-    int64_t s = 1;
-    for (int d = t->ndim - 1; d >= 0; d--) {
-        if (t->ne[d] != 1 && t->nb[d] != s) return 0;
-        s *= t->ne[d];
-    }
-    return 1;
-}
-
-int sl_same_shape(const sl_tensor *a, const sl_tensor *b) {
-    if (a->ndim != b->ndim) return 0;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->ne[d] != b->ne[d]) return 0;
-    return 1;
-}
-
 sl_tensor *sl_set_name(sl_tensor *t, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -120,4 +85,6 @@ void sl_set_output(sl_tensor *t) { t->flags |= SL_FLAG_OUTPUT; }
 void sl_tensor_bind(sl_tensor *t, void *data) {
     SL_ASSERT(t->op == SL_OP_NONE);
     t->data = data;
+    t->buffer = NULL; /* external memory: no backend buffer (host-visible backends only) */
+    t->buffer_offs = 0;
 }

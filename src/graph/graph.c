@@ -223,18 +223,28 @@ sl_status sl_graph_plan(sl_graph *g, sl_backend *be, sl_plan_stats *stats) {
 
 /* ---------------- executor ---------------- */
 
+/* A view or in-place node takes its data address and buffer position from its source. */
+static void alias_of(sl_tensor *t, const sl_tensor *src, int64_t elem_offs) {
+    size_t off = (size_t)elem_offs * sl_dtype_size(src->dtype);
+    t->data = (char *)src->data + off;
+    t->buffer = src->buffer;
+    t->buffer_offs = src->buffer_offs + off;
+}
+
 static sl_status resolve(sl_graph *g) {
-    char *base = g->arena->base;
+    char *base = sl_buffer_base(g->arena);
     for (int i = 0; i < g->n_nodes; i++) {
         sl_tensor *t = g->nodes[i];
         if (t->op == SL_OP_VIEW) {
             if (!t->view_src->data)
                 return sl_fail(SL_ERR_INVALID, "graph: leaf '%s' has no data bound", t->view_src->name);
-            t->data = (char *)t->view_src->data + t->view_offs * (int64_t)sl_dtype_size(t->view_src->dtype);
+            alias_of(t, t->view_src, t->view_offs);
         } else if (is_inplace(t)) {
-            t->data = t->view_src->data;
+            alias_of(t, t->view_src, 0);
         } else {
             t->data = base + g->offsets[i];
+            t->buffer = g->arena;
+            t->buffer_offs = g->offsets[i];
         }
         for (int s = 0; s < SL_MAX_SRC; s++)
             if (t->src[s] && t->src[s]->op == SL_OP_NONE && !t->src[s]->data)
@@ -248,9 +258,9 @@ void sl_graph_refresh_views(sl_graph *g) {
     for (int i = 0; i < g->n_nodes; i++) {
         sl_tensor *t = g->nodes[i];
         if (t->op == SL_OP_VIEW && t->view_src->data)
-            t->data = (char *)t->view_src->data + t->view_offs * (int64_t)sl_dtype_size(t->view_src->dtype);
+            alias_of(t, t->view_src, t->view_offs);
         else if (is_inplace(t) && t->view_src->data)
-            t->data = t->view_src->data;
+            alias_of(t, t->view_src, 0);
     }
 }
 

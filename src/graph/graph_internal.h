@@ -12,7 +12,6 @@ struct sl_graph {
     sl_tensor **grads;    /* by tensor id: gradient node computed by backward */
     int *last_grad_write; /* by tensor id (params): index of the last node writing into p->grad */
     int grads_cap;
-    float seed_value; /* storage of d(loss) seed */
     /* plan */
     sl_backend *backend;
     sl_buffer *arena;

@@ -62,32 +62,40 @@ sl_status sl_gpt2_generate(sl_model *m, const int32_t *prompt, int n_prompt, int
             return sl_fail(SL_ERR_INVALID, "generate: prompt token %d out of vocab", prompt[i]);
     int64_t cap = (int64_t)n_prompt + max_new;
     int32_t *seq = malloc(sizeof(int32_t) * (size_t)cap), *win = calloc((size_t)W, sizeof(int32_t));
+    float *row = malloc(sizeof(float) * (size_t)V);
     sl_graph *g = sl_graph_new(m->ctx);
+    sl_buffer *ids_buf = NULL;
     sl_status st = SL_OK;
-    if (!seq || !win || !g) {
+    if (!seq || !win || !row || !g) {
         st = sl_fail(SL_ERR_NOMEM, "generate: out of memory");
         goto done;
     }
+    SL_CHECK(sl_backend_alloc(m->backend, sizeof(int32_t) * (size_t)W, &ids_buf));
     memcpy(seq, prompt, sizeof(int32_t) * (size_t)n_prompt);
     sl_tensor *ids = sl_new_tensor_2d(m->ctx, SL_I32, 1, W);
-    sl_tensor_bind(ids, win);
+    sl_tensor_bind_buffer(ids, ids_buf, 0);
     sl_tensor *logits;
     sl_gpt2_build(m, ids, NULL, &logits);
     sl_graph_build_forward(g, logits);
-    SL_CHECK(sl_graph_plan(g, sl_backend_cpu(), NULL));
+    SL_CHECK(sl_graph_plan(g, m->backend, NULL));
     int64_t n = n_prompt;
     for (int s = 0; s < max_new; s++) {
         int64_t start = n > W ? n - W : 0, len = n - start;
         memcpy(win, seq + start, sizeof(int32_t) * (size_t)len);
+        SL_CHECK(sl_backend_copy_in(ids_buf, 0, win, sizeof(int32_t) * (size_t)W));
         SL_CHECK(sl_graph_compute(g, NULL, NULL));
-        const float *row = (const float *)logits->data + (len - 1) * V;
+        SL_CHECK(sl_backend_copy_out(logits->buffer,
+                                     logits->buffer_offs + sizeof(float) * (size_t)((len - 1) * V), row,
+                                     sizeof(float) * (size_t)V));
         int32_t t = sl_sample_logits(row, V, o, (uint64_t)n);
         seq[n++] = t;
         if (cb && cb(user, t)) break;
     }
 done:
     sl_graph_free(g);
+    sl_backend_free(m->backend, ids_buf);
     free(seq);
     free(win);
+    free(row);
     return st;
 }

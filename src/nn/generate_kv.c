@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "suanli/device.h"
-#include "suanli/hf.h"
+#include "suanli/nn.h"
 
 typedef struct {
     const int32_t *stop;
@@ -61,36 +61,43 @@ sl_status sl_model_generate(sl_model *m, const int32_t *prompt, int n_prompt, in
     SL_TRY(sl_kv_cache_new(m, 1, (int)S, &kv));
     sl_status st = SL_OK;
     int32_t cur = 0;
-    int32_t *pbuf = malloc(sizeof(int32_t) * (size_t)n_prompt);
+    float *row = malloc(sizeof(float) * (size_t)V);
+    sl_buffer *ids_buf = NULL; /* prompt ids, then the decode id, on the model's backend */
     sl_graph *gp = sl_graph_new(m->ctx), *gd = sl_graph_new(m->ctx);
-    if (!pbuf || !gp || !gd) {
+    if (!row || !gp || !gd) {
         st = sl_fail(SL_ERR_NOMEM, "generate: out of memory");
         goto done;
     }
-    memcpy(pbuf, prompt, sizeof(int32_t) * (size_t)n_prompt);
+    size_t pbytes = sizeof(int32_t) * (size_t)n_prompt;
+    SL_CHECK(sl_backend_alloc(m->backend, pbytes + sizeof(int32_t), &ids_buf));
+    SL_CHECK(sl_backend_copy_in(ids_buf, 0, prompt, pbytes));
     sl_tensor *ids_p = sl_set_name(sl_new_tensor_2d(m->ctx, SL_I32, 1, n_prompt), "prompt_ids");
     sl_tensor *ids_d = sl_set_name(sl_new_tensor_2d(m->ctx, SL_I32, 1, 1), "decode_id");
-    sl_tensor_bind(ids_p, pbuf);
-    sl_tensor_bind(ids_d, &cur);
+    sl_tensor_bind_buffer(ids_p, ids_buf, 0);
+    sl_tensor_bind_buffer(ids_d, ids_buf, pbytes);
     sl_tensor *lp = sl_model_build_kv(m, ids_p, &kv, 0);
     sl_tensor *ld = sl_model_build_kv(m, ids_d, &kv, n_prompt);
     sl_graph_build_forward(gp, lp);
     sl_graph_build_forward(gd, ld);
-    SL_CHECK(sl_graph_plan(gp, sl_backend_cpu(), NULL));
-    SL_CHECK(sl_graph_plan(gd, sl_backend_cpu(), NULL));
+    SL_CHECK(sl_graph_plan(gp, m->backend, NULL));
+    SL_CHECK(sl_graph_plan(gd, m->backend, NULL));
     double t0 = sl_time_sec();
     SL_CHECK(sl_graph_compute(gp, NULL, NULL));
-    int32_t t =
-        sl_sample_logits((const float *)lp->data + (int64_t)(n_prompt - 1) * V, V, o, (uint64_t)n_prompt);
+    SL_CHECK(sl_backend_copy_out(lp->buffer,
+                                 lp->buffer_offs + sizeof(float) * (size_t)(n_prompt - 1) * (size_t)V, row,
+                                 sizeof(float) * (size_t)V));
+    int32_t t = sl_sample_logits(row, V, o, (uint64_t)n_prompt);
     stats->prompt_seconds = sl_time_sec() - t0;
     t0 = sl_time_sec();
     int done_ = on_token(&w, t);
     for (int s = 1; s < max_new && !done_; s++) {
         int pos = n_prompt + s - 1;
         cur = t;
-        sl_kv_graph_set_pos(gd, pos);
+        SL_CHECK(sl_backend_copy_in(ids_buf, pbytes, &cur, sizeof cur));
+        SL_CHECK(sl_kv_graph_set_pos(gd, pos));
         SL_CHECK(sl_graph_compute(gd, NULL, NULL));
-        t = sl_sample_logits((const float *)ld->data, V, o, (uint64_t)(pos + 1));
+        SL_CHECK(sl_tensor_copy_out(ld, row));
+        t = sl_sample_logits(row, V, o, (uint64_t)(pos + 1));
         done_ = on_token(&w, t);
     }
     stats->gen_seconds = sl_time_sec() - t0;
@@ -99,7 +106,8 @@ done:
     stats->stopped_by_eos = w.hit;
     sl_graph_free(gp);
     sl_graph_free(gd);
-    free(pbuf);
+    sl_backend_free(m->backend, ids_buf);
+    free(row);
     sl_kv_cache_free(&kv);
     return st;
 }

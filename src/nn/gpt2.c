@@ -44,6 +44,10 @@ static sl_tensor *add_param(builder *b, const char *name, int ndim, const int64_
 }
 
 sl_status sl_gpt2_new(const sl_gpt2_config *cfg, sl_model **out) {
+    return sl_gpt2_new_on(cfg, sl_backend_cpu(), out);
+}
+
+sl_status sl_gpt2_new_on(const sl_gpt2_config *cfg, sl_backend *be, sl_model **out) {
     *out = NULL;
     SL_TRY(check_cfg(cfg));
     sl_model *m = calloc(1, sizeof *m);
@@ -81,57 +85,13 @@ sl_status sl_gpt2_new(const sl_gpt2_config *cfg, sl_model **out) {
     }
     add_param(&b, "ln_f.weight", 1, (int64_t[]){C}, 0, SL_INIT_ONE);
     add_param(&b, "ln_f.bias", 1, (int64_t[]){C}, 0, SL_INIT_ZERO);
-    m->params_mem = sl_malloc_aligned(sizeof(float) * (size_t)m->numel);
-    m->grads_mem = sl_malloc_aligned(sizeof(float) * (size_t)m->numel);
-    if (!m->params_mem || !m->grads_mem) {
-        int64_t n = m->numel;
+    sl_status st = sl_model_alloc_state(m, be, 1);
+    if (st != SL_OK) {
         sl_model_free(m);
-        return sl_fail(SL_ERR_NOMEM, "model: cannot allocate %lld parameters", (long long)n);
-    }
-    memset(m->params_mem, 0, sizeof(float) * (size_t)m->numel);
-    memset(m->grads_mem, 0, sizeof(float) * (size_t)m->numel);
-    for (int i = 0; i < m->n_params; i++) {
-        sl_param_info *p = &m->params[i];
-        sl_tensor_bind(p->t, m->params_mem + p->offset);
-        p->t->grad = sl_new_tensor(m->ctx, SL_F32, p->t->ndim, p->t->ne);
-        p->t->grad->flags |= SL_FLAG_GRAD;
-        sl_set_name(p->t->grad, "grad.%s", p->t->name);
-        sl_tensor_bind(p->t->grad, m->grads_mem + p->offset);
+        return st;
     }
     *out = m;
     return SL_OK;
-}
-
-void sl_model_free(sl_model *m) {
-    if (!m) return;
-    sl_ctx_free(m->ctx);
-    free(m->params);
-    sl_free_aligned(m->params_mem);
-    sl_free_aligned(m->grads_mem);
-    sl_free_aligned(m->wmem);
-    if (m->wsrc_free) m->wsrc_free(m->wsrc);
-    free(m);
-}
-
-void sl_model_init_weights(sl_model *m, uint64_t seed) {
-    float resid_std = 0.02f / sqrtf(2.0f * (float)m->cfg.n_layer);
-    for (int i = 0; i < m->n_params; i++) {
-        sl_param_info *p = &m->params[i];
-        float *d = m->params_mem + p->offset;
-        switch (p->init) {
-        case SL_INIT_NORMAL:
-            sl_rng_fill_normal(d, p->numel, seed, (uint64_t)i, 0.0f, 0.02f);
-            break;
-        case SL_INIT_NORMAL_RESID:
-            sl_rng_fill_normal(d, p->numel, seed, (uint64_t)i, 0.0f, resid_std);
-            break;
-        case SL_INIT_ZERO:
-            memset(d, 0, sizeof(float) * (size_t)p->numel);
-            break;
-        default:
-            for (int64_t k = 0; k < p->numel; k++) d[k] = 1.0f;
-        }
-    }
 }
 
 const sl_param_info *sl_model_find(const sl_model *m, const char *name) {
@@ -209,9 +169,16 @@ sl_tensor *sl_gpt2_build_kv(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int po
     SL_ASSERT(kv->pos_used + T <= kv->pos_cap);
     sl_tensor *positions = sl_set_name(sl_new_tensor(m->ctx, SL_I32, 1, (int64_t[]){T}), "kv_positions");
     sl_set_input(positions);
-    sl_tensor_bind(positions, kv->pos + kv->pos_used);
+    sl_tensor_bind_buffer(positions, kv->pos, sizeof(int32_t) * (size_t)kv->pos_used);
     kv->pos_used += (int)T;
-    for (int64_t t = 0; t < T; t++) ((int32_t *)positions->data)[t] = (int32_t)(pos0 + t);
+    for (int64_t t0 = 0; t0 < T; t0 += 64) { /* position ids into device memory */
+        int32_t pos[64];
+        int64_t c = T - t0 < 64 ? T - t0 : 64;
+        for (int64_t t = 0; t < c; t++) pos[t] = (int32_t)(pos0 + t0 + t);
+        sl_status st = sl_backend_copy_in(kv->pos, positions->buffer_offs + sizeof(int32_t) * (size_t)t0, pos,
+                                          sizeof(int32_t) * (size_t)c);
+        SL_ASSERT(st == SL_OK); /* in range by construction */
+    }
     return gpt2_body(m, ids, kv, pos0, positions);
 }
 

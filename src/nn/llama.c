@@ -1,6 +1,6 @@
 /* The Llama family (Llama, Qwen2, Mistral, Mixtral, Baichuan2) built from graph ops over one flat
  * parameter buffer. Parameter names and layouts are transformers' (nn.Linear weight is (out, in)), so
- * HF checkpoints load and save by name (src/io/hf_model.c); see scripts/gen_hf_fixtures.py.
+ * HF checkpoints load and save by name (src/nn/hf_load.c); see scripts/gen_hf_fixtures.py.
  *
  * Per layer (B, T, C = hidden, NH heads and NKV kv heads of size hd, I = intermediate):
  *   h = rmsnorm(x) ; q,k,v = h Wq^T (+bq), h Wk^T (+bk), h Wv^T (+bv)   (Baichuan: one W_pack)
@@ -97,6 +97,10 @@ sl_status sl_llama_new(const sl_llama_config *cfg, sl_model **out) {
 }
 
 sl_status sl_llama_new_ex(const sl_llama_config *cfg, sl_dtype wdtype, sl_model **out) {
+    return sl_llama_new_on(cfg, wdtype, sl_backend_cpu(), out);
+}
+
+sl_status sl_llama_new_on(const sl_llama_config *cfg, sl_dtype wdtype, sl_backend *be, sl_model **out) {
     *out = NULL;
     SL_TRY(check_cfg(cfg));
     if (wdtype != SL_F32 && wdtype != SL_BF16)
@@ -158,30 +162,21 @@ sl_status sl_llama_new_ex(const sl_llama_config *cfg, sl_dtype wdtype, sl_model 
     add_param(&b, 0, SL_INIT_ONE, 1, (int64_t[]){C}, "model.norm.weight");
     if (!c->tie_embeddings) add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){V, C}, "lm_head.weight");
     int train = wdtype == SL_F32;
-    m->params_mem = sl_malloc_aligned(sizeof(float) * (size_t)m->numel);
-    m->grads_mem = train ? sl_malloc_aligned(sizeof(float) * (size_t)m->numel) : NULL;
-    if (!m->params_mem || (train && !m->grads_mem)) {
-        int64_t n = m->numel;
+    if (!train && !be->caps.host_visible) {
         sl_model_free(m);
-        return sl_fail(SL_ERR_NOMEM, "model: cannot allocate %lld parameters", (long long)n);
+        return sl_fail(SL_ERR_UNSUPPORTED, "model: bf16 weights need a host-visible backend (cpu), not %s",
+                       be->name);
     }
-    memset(m->params_mem, 0, sizeof(float) * (size_t)m->numel);
-    if (train) memset(m->grads_mem, 0, sizeof(float) * (size_t)m->numel);
-    for (int i = 0; i < m->n_params; i++) {
-        sl_param_info *p = &m->params[i];
-        if (!train) {
-            sl_set_input(
-                p->t); /* inference: constants, not trainable (bf16 leaves are bound by the loader) */
-            p->t->flags &= ~(uint32_t)SL_FLAG_PARAM;
-            if (p->t->dtype == SL_F32) sl_tensor_bind(p->t, m->params_mem + p->offset);
-            continue;
+    sl_status st = sl_model_alloc_state(m, be, train);
+    if (st != SL_OK) {
+        sl_model_free(m);
+        return st;
+    }
+    if (!train) /* inference: constants, not trainable (bf16 leaves are bound by the loader) */
+        for (int i = 0; i < m->n_params; i++) {
+            sl_set_input(m->params[i].t);
+            m->params[i].t->flags &= ~(uint32_t)SL_FLAG_PARAM;
         }
-        sl_tensor_bind(p->t, m->params_mem + p->offset);
-        p->t->grad = sl_new_tensor(m->ctx, SL_F32, p->t->ndim, p->t->ne);
-        p->t->grad->flags |= SL_FLAG_GRAD;
-        sl_set_name(p->t->grad, "grad.%s", p->t->name);
-        sl_tensor_bind(p->t->grad, m->grads_mem + p->offset);
-    }
     *out = m;
     return SL_OK;
 }
@@ -391,19 +386,22 @@ sl_status sl_kv_cache_new(sl_model *m, int B, int S, sl_kv_cache *kv) {
     kv->n_layer = n_layer;
     kv->k = calloc((size_t)n_layer, sizeof(sl_tensor *));
     kv->v = calloc((size_t)n_layer, sizeof(sl_tensor *));
-    kv->mem = sl_malloc_aligned(sizeof(float) * (size_t)(2 * per * n_layer));
+    kv->backend = m->backend;
     kv->pos_cap = gpt2 ? 2 * S + 2 : 0; /* a prefill and a decode graph */
-    kv->pos = gpt2 ? calloc((size_t)kv->pos_cap, sizeof(int32_t)) : NULL;
-    if (!kv->k || !kv->v || !kv->mem || (gpt2 && !kv->pos)) {
+    sl_status st = sl_backend_alloc(m->backend, sizeof(float) * (size_t)(2 * per * n_layer), &kv->mem);
+    if (st == SL_OK && gpt2)
+        st = sl_backend_alloc(m->backend, sizeof(int32_t) * (size_t)kv->pos_cap, &kv->pos);
+    if (!kv->k || !kv->v || st != SL_OK) {
         sl_kv_cache_free(kv);
-        return sl_fail(SL_ERR_NOMEM, "kv cache: cannot allocate %lld floats", (long long)(2 * per * n_layer));
+        return sl_fail(SL_ERR_NOMEM, "kv cache: cannot allocate %lld floats on %s",
+                       (long long)(2 * per * n_layer), m->backend->name);
     }
     for (int l = 0; l < n_layer; l++) {
         int64_t ne[4] = {B, S, nkv, hd};
         kv->k[l] = sl_set_name(sl_new_tensor(m->ctx, SL_F32, 4, ne), "kcache.%d", l);
         kv->v[l] = sl_set_name(sl_new_tensor(m->ctx, SL_F32, 4, ne), "vcache.%d", l);
-        sl_tensor_bind(kv->k[l], kv->mem + (2 * l) * per);
-        sl_tensor_bind(kv->v[l], kv->mem + (2 * l + 1) * per);
+        sl_tensor_bind_buffer(kv->k[l], kv->mem, sizeof(float) * (size_t)((2 * l) * per));
+        sl_tensor_bind_buffer(kv->v[l], kv->mem, sizeof(float) * (size_t)((2 * l + 1) * per));
     }
     return SL_OK;
 }
@@ -411,8 +409,10 @@ sl_status sl_kv_cache_new(sl_model *m, int B, int S, sl_kv_cache *kv) {
 void sl_kv_cache_free(sl_kv_cache *kv) {
     free(kv->k);
     free(kv->v);
-    free(kv->pos);
-    sl_free_aligned(kv->mem);
+    if (kv->backend) {
+        sl_backend_free(kv->backend, kv->pos);
+        sl_backend_free(kv->backend, kv->mem);
+    }
     memset(kv, 0, sizeof *kv);
 }
 
@@ -424,15 +424,24 @@ sl_tensor *sl_model_build_kv(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int p
     return logits;
 }
 
-void sl_kv_graph_set_pos(sl_graph *g, int pos0) {
+sl_status sl_kv_graph_set_pos(sl_graph *g, int pos0) {
     for (int i = 0; i < sl_graph_n_nodes(g); i++) {
         sl_tensor *t = sl_graph_node(g, i);
         if (t->op == SL_OP_ROPE || t->op == SL_OP_KV_STORE || t->op == SL_OP_ATTENTION_KV)
             t->iparams[0] = pos0;
-        /* GPT-2's learned positions: the position-id leaf of its wpe lookup */
-        if (t->op == SL_OP_EMBEDDING && t->src[1]->op == SL_OP_NONE && t->src[1]->data &&
-            !strcmp(t->src[1]->name, "kv_positions"))
-            for (int64_t j = 0; j < t->src[1]->ne[0]; j++)
-                ((int32_t *)t->src[1]->data)[j] = (int32_t)(pos0 + j);
+        /* GPT-2's learned positions: the position-id leaf of its wpe lookup, in device memory */
+        if (t->op == SL_OP_EMBEDDING && t->src[1]->op == SL_OP_NONE && t->src[1]->buffer &&
+            !strcmp(t->src[1]->name, "kv_positions")) {
+            int32_t pos[64];
+            int64_t n = t->src[1]->ne[0];
+            for (int64_t j0 = 0; j0 < n; j0 += 64) {
+                int64_t c = n - j0 < 64 ? n - j0 : 64;
+                for (int64_t j = 0; j < c; j++) pos[j] = (int32_t)(pos0 + j0 + j);
+                SL_TRY(sl_backend_copy_in(t->src[1]->buffer,
+                                          t->src[1]->buffer_offs + sizeof(int32_t) * (size_t)j0, pos,
+                                          sizeof(int32_t) * (size_t)c));
+            }
+        }
     }
+    return SL_OK;
 }

@@ -3,50 +3,6 @@
 
 #include "ops/ops_internal.h"
 
-static const char *const k_op_names[] = {
-    "none",
-    "view",
-    "cont",
-    "cast",
-    "add",
-    "mul",
-    "scale",
-    "sum_to",
-    "acc",
-    "zeros",
-    "scatter_add",
-    "matmul",
-    "gelu",
-    "gelu_back",
-    "layernorm",
-    "layernorm_back_x",
-    "layernorm_back_wb",
-    "softmax",
-    "softmax_back",
-    "attention",
-    "attention_back",
-    "embedding",
-    "embedding_back",
-    "cross_entropy",
-    "cross_entropy_back",
-    "concat",
-    "rmsnorm",
-    "rmsnorm_back_x",
-    "rmsnorm_back_w",
-    "rope",
-    "silu",
-    "silu_back",
-    "topk_gate",
-    "topk_gate_back",
-    "attention_kv",
-    "kv_store",
-    "linear_bf16",
-    "moe_expert",
-};
-_Static_assert(sizeof(k_op_names) / sizeof(k_op_names[0]) == SL_OP_COUNT, "op name table out of sync");
-
-const char *sl_op_name(sl_op op) { return ((int)op >= 0 && op < SL_OP_COUNT) ? k_op_names[op] : "?"; }
-
 /* ---------------- views ---------------- */
 
 sl_tensor *sl_view(sl_ctx *ctx, sl_tensor *a, int ndim, const int64_t *ne, const int64_t *nb, int64_t offs) {
@@ -201,6 +157,13 @@ int sl_try_accumulate_into(sl_tensor *c, sl_tensor *dst) {
     c->iparams[2] = 1;
     c->view_src = dst;
     return 1;
+}
+
+sl_tensor *sl_fill(sl_ctx *ctx, sl_dtype dt, int ndim, const int64_t *ne, float value) {
+    SL_ASSERT(dt == SL_F32);
+    sl_tensor *t = sl_new_op(ctx, SL_OP_FILL, dt, ndim, ne);
+    t->fparams[0] = value;
+    return t;
 }
 
 sl_tensor *sl_zeros(sl_ctx *ctx, sl_dtype dt, int ndim, const int64_t *ne) {

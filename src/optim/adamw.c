@@ -1,6 +1,7 @@
-/* AdamW, gradient clipping and the LR schedule over the flat buffers. */
+/* AdamW, gradient clipping and the LR schedule over the model's flat buffers. The arithmetic is the
+ * backend's (sl_backend_adamw / sumsq / scale: the CPU's SIMD bodies live in
+ * src/device/cpu/kernels/optim.c); this file owns the state and the order of the steps. */
 #include <math.h>
-#include <omp.h>
 #include <string.h>
 
 #include "suanli/nn.h"
@@ -9,192 +10,58 @@ sl_status sl_adamw_init(sl_adamw *o, const sl_model *m, sl_adamw_hparams hp) {
     memset(o, 0, sizeof *o);
     o->hp = hp;
     o->numel = m->numel;
-    o->m = sl_malloc_aligned(sizeof(float) * (size_t)m->numel);
-    o->v = sl_malloc_aligned(sizeof(float) * (size_t)m->numel);
-    if (!o->m || !o->v) {
+    size_t bytes = sizeof(float) * (size_t)m->numel;
+    sl_status st = sl_backend_alloc(m->backend, bytes, &o->m);
+    if (st == SL_OK) st = sl_backend_alloc(m->backend, bytes, &o->v); /* buffers come zero-filled */
+    o->spans = calloc((size_t)(m->n_params ? m->n_params : 1), sizeof(sl_adamw_span));
+    if (st != SL_OK || !o->spans) {
         sl_adamw_free(o);
-        return sl_fail(SL_ERR_NOMEM, "adamw: cannot allocate moments for %lld parameters",
-                       (long long)m->numel);
+        return sl_fail(SL_ERR_NOMEM, "adamw: cannot allocate moments for %lld parameters on %s",
+                       (long long)m->numel, m->backend->name);
     }
-    memset(o->m, 0, sizeof(float) * (size_t)m->numel);
-    memset(o->v, 0, sizeof(float) * (size_t)m->numel);
+    for (int i = 0; i < m->n_params; i++) {
+        const sl_param_info *pi = &m->params[i];
+        if (pi->t->dtype != SL_F32) continue;
+        o->spans[o->n_spans++] = (sl_adamw_span){pi->offset, pi->offset, pi->offset, pi->numel, pi->decay};
+    }
+    o->backend = m->backend;
     return SL_OK;
 }
 
 void sl_adamw_free(sl_adamw *o) {
-    sl_free_aligned(o->m);
-    sl_free_aligned(o->v);
+    if (o->backend) {
+        sl_backend_free(o->backend, o->m);
+        sl_backend_free(o->backend, o->v);
+    }
+    free(o->spans);
     o->m = o->v = NULL;
+    o->spans = NULL;
 }
 
-/* Note [AdamW order of operations]
- * Mirrors torch.optim.AdamW (single-tensor path) operation by operation so fp32 results agree to
- * rounding: p *= 1 - lr*wd; m = lerp(m, g, 1-b1); v = v*b2 + (1-b2)*g*g;
- * p -= (lr / (1-b1^t)) * m / (sqrt(v) / sqrt(1-b2^t) + eps).
- * Every element is computed with IEEE single-precision operations in that order (no FMA contraction),
- * so the SIMD width (SSE2 or AVX2) and the thread partition do not change a single bit. One parallel
- * region covers all parameters: each thread updates a contiguous share of every tensor (no barriers). */
-typedef struct {
-    float b1, b2, eps, step_size, bc2_sqrt;
-} adamw_k;
-
-#define ADAMW_SPAN_BODY                                                                                      \
-    for (int64_t k = 0; k < n; k++) {                                                                        \
-        float gk = g[k] * gscale;                                                                            \
-        p[k] *= decay;                                                                                       \
-        mm[k] += (1.0f - c.b1) * (gk - mm[k]);                                                               \
-        vv[k] = vv[k] * c.b2 + (1.0f - c.b2) * gk * gk;                                                      \
-        float denom = sqrtf(vv[k]) / c.bc2_sqrt + c.eps;                                                     \
-        p[k] += -c.step_size * (mm[k] / denom);                                                              \
-    }
-
-__attribute__((optimize("fp-contract=off"))) static void
-adamw_span(float *restrict p, const float *restrict g, float *restrict mm, float *restrict vv, int64_t n,
-           float decay, float gscale, adamw_k c) {
-#pragma omp simd
-    ADAMW_SPAN_BODY
-}
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-/* Explicit AVX2: GCC does not vectorise ADAMW_SPAN_BODY (sqrtf may set errno), and the scalar loop's
- * sqrt and two divides per element made the update compute-bound. Each _mm256_* op is the IEEE single
- * operation of the scalar body in the same order (no FMA), so the result is bitwise the same. */
-__attribute__((target("avx2"), optimize("fp-contract=off"))) static void
-adamw_span_avx2(float *restrict p, const float *restrict g, float *restrict mm, float *restrict vv, int64_t n,
-                float decay, float gscale, adamw_k c) {
-    const __m256 vdecay = _mm256_set1_ps(decay), omb1 = _mm256_set1_ps(1.0f - c.b1),
-                 b2 = _mm256_set1_ps(c.b2), omb2 = _mm256_set1_ps(1.0f - c.b2),
-                 bc2 = _mm256_set1_ps(c.bc2_sqrt), eps = _mm256_set1_ps(c.eps),
-                 nstep = _mm256_set1_ps(-c.step_size), vgs = _mm256_set1_ps(gscale);
-    int64_t k = 0;
-    for (; k + 8 <= n; k += 8) {
-        __m256 gk = _mm256_mul_ps(_mm256_loadu_ps(g + k), vgs);
-        __m256 pk = _mm256_mul_ps(_mm256_loadu_ps(p + k), vdecay);
-        __m256 mk = _mm256_loadu_ps(mm + k);
-        mk = _mm256_add_ps(mk, _mm256_mul_ps(omb1, _mm256_sub_ps(gk, mk)));
-        __m256 vk = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(vv + k), b2),
-                                  _mm256_mul_ps(_mm256_mul_ps(omb2, gk), gk));
-        __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vk), bc2), eps);
-        pk = _mm256_add_ps(pk, _mm256_mul_ps(nstep, _mm256_div_ps(mk, denom)));
-        _mm256_storeu_ps(mm + k, mk);
-        _mm256_storeu_ps(vv + k, vk);
-        _mm256_storeu_ps(p + k, pk);
-    }
-    adamw_span(p + k, g + k, mm + k, vv + k, n - k, decay, gscale, c);
-}
-#endif
-
-/* one span with the best available body */
-static void adamw_span_any(float *p, const float *g, float *mm, float *vv, int64_t n, float decay,
-                           float gscale, adamw_k c, int avx2) {
-#if defined(__x86_64__)
-    if (avx2) {
-        adamw_span_avx2(p, g, mm, vv, n, decay, gscale, c);
-        return;
-    }
-#endif
-    (void)avx2;
-    adamw_span(p, g, mm, vv, n, decay, gscale, c);
-}
-
-static int use_avx2(void) {
-#if defined(__x86_64__)
-    return sl_cpu_features_get()->avx2;
-#else
-    return 0;
-#endif
-}
-
-void sl_adamw_update(float *p, const float *g, float *m, float *v, int64_t n, float lr, int decay,
-                     float gscale, sl_adamw_hparams hp, int64_t t) {
-    double bc1 = 1.0 - pow((double)hp.beta1, (double)t), bc2 = 1.0 - pow((double)hp.beta2, (double)t);
-    adamw_k c = {hp.beta1, hp.beta2, hp.eps, (float)(lr / bc1), (float)sqrt(bc2)};
-    float dec = decay ? 1.0f - lr * hp.weight_decay : 1.0f;
-    int avx2 = use_avx2();
-#pragma omp parallel if (n > 32768)
-    {
-        int64_t nt = omp_get_num_threads(), tid = omp_get_thread_num(), a = n * tid / nt,
-                e = n * (tid + 1) / nt;
-        if (e > a) adamw_span_any(p + a, g + a, m + a, v + a, e - a, dec, gscale, c, avx2);
-    }
-}
-
-void sl_adamw_step_scaled(sl_adamw *o, sl_model *m, float lr, float gscale) {
+sl_status sl_adamw_step_scaled(sl_adamw *o, sl_model *m, float lr, float gscale) {
+    if (!m->grads_buf) return sl_fail(SL_ERR_INVALID, "adamw: the model has no gradients (inference model)");
     o->t++;
-    const float b1 = o->hp.beta1, b2 = o->hp.beta2, eps = o->hp.eps;
-    double bc1 = 1.0 - pow((double)b1, (double)o->t), bc2 = 1.0 - pow((double)b2, (double)o->t);
-    adamw_k c = {b1, b2, eps, (float)(lr / bc1), (float)sqrt(bc2)};
-    int avx2 = use_avx2();
-#pragma omp parallel
-    {
-        int64_t nt = omp_get_num_threads(), tid = omp_get_thread_num();
-        for (int i = 0; i < m->n_params; i++) {
-            const sl_param_info *pi = &m->params[i];
-            float decay = pi->decay ? 1.0f - lr * o->hp.weight_decay : 1.0f;
-            int64_t n = pi->numel, a = n * tid / nt, e = n * (tid + 1) / nt, off = pi->offset + a;
-            if (e > a)
-                adamw_span_any(m->params_mem + off, m->grads_mem + off, o->m + off, o->v + off, e - a, decay,
-                               gscale, c, avx2);
-        }
-    }
+    sl_adamw_call c = {.p = m->params_buf,
+                       .g = m->grads_buf,
+                       .m = o->m,
+                       .v = o->v,
+                       .spans = o->spans,
+                       .n_spans = o->n_spans,
+                       .lr = lr,
+                       .gscale = gscale,
+                       .hp = o->hp,
+                       .t = o->t};
+    return sl_backend_adamw(m->backend, &c);
 }
 
-void sl_adamw_step(sl_adamw *o, sl_model *m, float lr) { sl_adamw_step_scaled(o, m, lr, 1.0f); }
+sl_status sl_adamw_step(sl_adamw *o, sl_model *m, float lr) { return sl_adamw_step_scaled(o, m, lr, 1.0f); }
 
-/* Sum of g[k]^2 in double over 8 lanes (lane j takes k = j mod 8), combined in a fixed order; the tail
- * is added last. The products are exact in double, so both versions give the same bits. */
-static double sumsq_span(const float *g, int64_t n) {
-    double acc[8] = {0};
-    int64_t k = 0;
-    for (; k + 8 <= n; k += 8)
-        for (int j = 0; j < 8; j++) acc[j] += (double)g[k + j] * g[k + j];
-    double s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (; k < n; k++) s += (double)g[k] * g[k];
-    return s;
-}
-
-#if defined(__x86_64__)
-__attribute__((target("avx2"))) static double sumsq_span_avx2(const float *g, int64_t n) {
-    __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd();
-    int64_t k = 0;
-    for (; k + 8 <= n; k += 8) {
-        __m256d x0 = _mm256_cvtps_pd(_mm_loadu_ps(g + k)), x1 = _mm256_cvtps_pd(_mm_loadu_ps(g + k + 4));
-        a0 = _mm256_add_pd(a0, _mm256_mul_pd(x0, x0));
-        a1 = _mm256_add_pd(a1, _mm256_mul_pd(x1, x1));
-    }
-    double t[4];
-    _mm256_storeu_pd(t, _mm256_add_pd(a0, a1)); /* t[j] = acc[j] + acc[j+4] */
-    double s = (t[0] + t[1]) + (t[2] + t[3]);
-    for (; k < n; k++) s += (double)g[k] * g[k];
-    return s;
-}
-#endif
-
-float sl_grad_norm(const sl_model *m) {
-    /* sum of squares in double, fixed order (65536-element chunks, 8 lanes each): deterministic for any
-     * thread count */
+sl_status sl_grad_norm(const sl_model *m, float *norm) {
+    if (!m->grads_buf) return sl_fail(SL_ERR_INVALID, "grad norm: the model has no gradients");
     double ss = 0;
-    const float *g = m->grads_mem;
-    int64_t n = m->numel;
-    int64_t nchunks = (n + 65535) / 65536;
-    int avx2 = use_avx2();
-    double *part = calloc((size_t)(nchunks ? nchunks : 1), sizeof(double));
-#pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < nchunks; c++) {
-        int64_t a = c * 65536, b = a + 65536 < n ? a + 65536 : n;
-#if defined(__x86_64__)
-        if (avx2) {
-            part[c] = sumsq_span_avx2(g + a, b - a);
-            continue;
-        }
-#endif
-        part[c] = sumsq_span(g + a, b - a);
-    }
-    (void)avx2;
-    for (int64_t c = 0; c < nchunks; c++) ss += part[c];
-    free(part);
-    return (float)sqrt(ss);
+    SL_TRY(sl_backend_sumsq(m->backend, m->grads_buf, 0, m->numel, &ss));
+    *norm = (float)sqrt(ss);
+    return SL_OK;
 }
 
 float sl_clip_coef(float norm, float max_norm) {
@@ -203,15 +70,11 @@ float sl_clip_coef(float norm, float max_norm) {
     return coef < 1.0f ? coef : 1.0f;
 }
 
-float sl_clip_grad_norm(sl_model *m, float max_norm) {
-    float norm = sl_grad_norm(m), coef = sl_clip_coef(norm, max_norm);
-    if (coef < 1.0f) {
-        float *gw = m->grads_mem;
-        int64_t n = m->numel;
-#pragma omp parallel for simd schedule(static)
-        for (int64_t k = 0; k < n; k++) gw[k] *= coef;
-    }
-    return norm;
+sl_status sl_clip_grad_norm(sl_model *m, float max_norm, float *norm) {
+    SL_TRY(sl_grad_norm(m, norm));
+    float coef = sl_clip_coef(*norm, max_norm);
+    if (coef < 1.0f) SL_TRY(sl_backend_scale(m->backend, m->grads_buf, 0, m->numel, coef));
+    return SL_OK;
 }
 
 float sl_lr_schedule(int64_t it, float lr, float min_lr, int64_t warmup, int64_t decay_iters) {

@@ -18,7 +18,6 @@
 #include <string.h>
 
 #include "parallel/dp_internal.h"
-#include "suanli/ckpt.h"
 
 static int cmp_ready(const void *a, const void *b) {
     const bucket *x = a, *y = b;
@@ -60,20 +59,21 @@ static void count_seg(void *u, int64_t lo, int64_t len, int64_t off) {
  * all-reduce and reduce-scatter alike, so ZeRO stages still match plain DP bitwise. sl_dp_free moves
  * the gradients back into private memory (the model owns and frees m->grads_mem); it must run while
  * the communicator and the graph still exist. */
-static void bind_grads(sl_model *m, float *g) {
-    for (int i = 0; i < m->n_params; i++)
-        if (m->params[i].t->grad) sl_tensor_bind(m->params[i].t->grad, g ? g + m->params[i].offset : NULL);
-}
-
 static sl_status grads_to_window(sl_dp *dp, sl_graph *g) {
     sl_model *m = dp->m;
+    size_t bytes = sizeof(float) * (size_t)m->numel;
     float *w = NULL;
-    SL_TRY(sl_comm_mem_alloc(dp->comm, sizeof(float) * (size_t)m->numel, (void **)&w));
-    memcpy(w, m->grads_mem, sizeof(float) * (size_t)m->numel);
-    bind_grads(m, w);
+    sl_buffer *wb = NULL;
+    SL_TRY(sl_comm_mem_alloc(dp->comm, bytes, (void **)&w));
+    sl_status st = sl_backend_wrap_host(m->backend, w, bytes, &wb);
+    if (st == SL_OK) st = sl_backend_copy(wb, 0, m->grads_buf, 0, bytes);
+    if (st == SL_OK) st = sl_model_adopt_grads(m, wb);
+    if (st != SL_OK) {
+        sl_backend_free(m->backend, wb);
+        (void)sl_comm_mem_free(dp->comm, w);
+        return st;
+    }
     sl_graph_refresh_views(g);
-    sl_free_aligned(m->grads_mem);
-    m->grads_mem = w;
     dp->gwin = w;
     dp->gwin_graph = g;
     return SL_OK;
@@ -82,19 +82,32 @@ static sl_status grads_to_window(sl_dp *dp, sl_graph *g) {
 static void grads_from_window(sl_dp *dp) {
     if (!dp->gwin) return;
     sl_model *m = dp->m;
-    float *p = sl_malloc_aligned(sizeof(float) * (size_t)m->numel);
-    if (p) memcpy(p, dp->gwin, sizeof(float) * (size_t)m->numel);
-    bind_grads(m, p);
+    sl_buffer *p = NULL;
+    if (sl_backend_alloc(m->backend, sizeof(float) * (size_t)m->numel, &p) == SL_OK)
+        (void)sl_backend_copy(p, 0, m->grads_buf, 0, sizeof(float) * (size_t)m->numel);
+    (void)sl_model_adopt_grads(m, p); /* NULL if that failed: nothing trains after DP */
     sl_graph_refresh_views(dp->gwin_graph);
-    m->grads_mem = p; /* NULL if that failed: the model frees NULL, and nothing trains after DP */
     (void)sl_comm_mem_free(dp->comm, dp->gwin);
     dp->gwin = NULL;
+}
+
+/* A host-mapped f32 buffer of n elements on the model's backend (data parallelism keeps its shards in
+ * host-visible memory: the communicator moves host bytes). */
+static sl_status host_buf(sl_dp *dp, int64_t n, sl_buffer **buf, float **map) {
+    SL_TRY(sl_backend_alloc(dp->m->backend, sizeof(float) * (size_t)(n > 0 ? n : 1), buf));
+    *map = sl_buffer_map(*buf);
+    return SL_OK;
 }
 
 sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, const sl_dp_opts *o) {
     *out = NULL;
     if (o->zero_stage < 0 || o->zero_stage > 3)
         return sl_fail(SL_ERR_INVALID, "--zero-stage %d: must be 0, 1, 2 or 3", o->zero_stage);
+    if (!m->backend->caps.host_visible)
+        return sl_fail(SL_ERR_UNSUPPORTED,
+                       "data parallelism needs host-visible device memory; the %s backend's is not (staging "
+                       "through host copies is not built yet)",
+                       m->backend->name);
     sl_dp *dp = calloc(1, sizeof *dp);
     if (!dp) return sl_fail(SL_ERR_NOMEM, "dp: out of memory");
     dp->comm = mesh->dp_comm;
@@ -126,17 +139,10 @@ sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, 
     } else {
         dp->shard_len = m->numel;
     }
-    dp->m1 = sl_malloc_aligned(sizeof(float) * (size_t)dp->shard_len);
-    dp->m2 = sl_malloc_aligned(sizeof(float) * (size_t)dp->shard_len);
-    if (!dp->m1 || !dp->m2) goto oom;
-    memset(dp->m1, 0, sizeof(float) * (size_t)dp->shard_len);
-    memset(dp->m2, 0, sizeof(float) * (size_t)dp->shard_len);
-    if (dp->zero) {
-    }
-    if (dp->zero >= 2) {
-        dp->gshard = sl_malloc_aligned(sizeof(float) * (size_t)dp->shard_len);
-        if (!dp->gshard) goto oom;
-    }
+    /* moments come zero-filled */
+    if (host_buf(dp, dp->shard_len, &dp->m1_buf, &dp->m1) != SL_OK) goto oom;
+    if (host_buf(dp, dp->shard_len, &dp->m2_buf, &dp->m2) != SL_OK) goto oom;
+    if (dp->zero >= 2 && host_buf(dp, dp->shard_len, &dp->gshard_buf, &dp->gshard) != SL_OK) goto oom;
     if (dp->zero) { /* shard offsets of each bucket's part and tail, in for_each_segment order */
         int64_t off = 0;
         for (int k = 0; k < dp->nb; k++) {
@@ -150,8 +156,7 @@ sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, 
     }
     dp->gslots = dp->zero >= 2 && o->accum == 1 && dp->comm;
     if (dp->zero == 3) {
-        dp->pshard = sl_malloc_aligned(sizeof(float) * (size_t)(dp->shard_len + 1));
-        if (!dp->pshard) goto oom;
+        if (host_buf(dp, dp->shard_len + 1, &dp->pshard_buf, &dp->pshard) != SL_OK) goto oom;
         for (int k = 0; k < dp->nb; k++) {
             const bucket *b = &dp->b[k];
             int64_t len = b->hi - b->lo, tail = len - b->q * dp->n;
@@ -169,14 +174,10 @@ sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, 
         }
     }
     /* the full buffers go (leaves now point into the slot arena) */
-    if (dp->zero == 3) {
-        sl_free_aligned(m->params_mem);
-        m->params_mem = NULL;
-    }
+    if (dp->zero == 3) sl_model_drop_params(m);
     if (dp->gslots) {
-        sl_free_aligned(m->grads_mem);
-        m->grads_mem = NULL;
-    } else if (dp->comm && m->grads_mem) {
+        sl_model_drop_grads(m);
+    } else if (dp->comm && m->grads_buf) {
         sl_status ws = grads_to_window(dp, g);
         if (ws != SL_OK) {
             sl_dp_free(dp);
@@ -199,12 +200,13 @@ void sl_dp_free(sl_dp *dp) {
         sl_comm_req_free(dp->b[k].preq);
     }
     free(dp->b);
-    sl_free_aligned(dp->m1);
-    sl_free_aligned(dp->m2);
-    sl_free_aligned(dp->gshard);
+    sl_backend *be = dp->m->backend;
+    sl_backend_free(be, dp->m1_buf);
+    sl_backend_free(be, dp->m2_buf);
+    sl_backend_free(be, dp->gshard_buf);
     sl_dp_slots_free(dp);
     grads_from_window(dp);
-    sl_free_aligned(dp->pshard);
+    sl_backend_free(be, dp->pshard_buf);
     free(dp);
 }
 
@@ -281,36 +283,47 @@ sl_status sl_dp_finish_grads(sl_dp *dp, double *wait_sec) {
     return st;
 }
 
-/* sum of squares of rank rr's part of every bucket (tails counted for rank 0 only), in double */
-static double part_sumsq(const sl_dp *dp, const float *g, int rr, int use_shard) {
-    double s = 0;
+/* sum of squares of rank rr's part of every bucket (tails counted for rank 0 only), in double, each piece
+ * through the backend's sumsq (the single-process norm's kernel) and the pieces added in bucket order */
+static sl_status part_sumsq(const sl_dp *dp, int rr, int use_shard, double *out) {
+    sl_backend *be = dp->m->backend;
+    const sl_buffer *g = use_shard ? dp->gshard_buf : dp->m->grads_buf;
+    double s = 0, x;
     int64_t off = 0;
     for (int k = 0; k < dp->nb; k++) {
         const bucket *b = &dp->b[k];
         int64_t len = b->hi - b->lo, q = dp->zero ? b->q : len / dp->n, tail = len - q * dp->n;
-        const float *p = use_shard ? dp->gshard + off : g + b->lo + q * rr;
-        for (int64_t i = 0; i < q; i++) s += (double)p[i] * p[i];
+        if (q > 0) {
+            SL_TRY(sl_backend_sumsq(be, g, use_shard ? off : b->lo + q * rr, q, &x));
+            s += x;
+        }
         off += q;
         if (tail > 0) {
-            const float *t = use_shard ? dp->gshard + off : g + b->lo + q * dp->n;
-            if (rr == 0)
-                for (int64_t i = 0; i < tail; i++) s += (double)t[i] * t[i];
+            if (rr == 0) {
+                SL_TRY(sl_backend_sumsq(be, g, use_shard ? off : b->lo + q * dp->n, tail, &x));
+                s += x;
+            }
             off += tail;
         }
     }
-    return s;
+    *out = s;
+    return SL_OK;
 }
 
 sl_status sl_dp_clip(sl_dp *dp, float max_norm, float *norm_out) {
     double ss;
     if (dp->zero >= 2 && dp->comm) {
-        double mine = part_sumsq(dp, NULL, dp->r, 1);
+        double mine;
+        SL_TRY(part_sumsq(dp, dp->r, 1, &mine));
         SL_TRY(sl_comm_all_reduce(dp->comm, &mine, &ss, 1, SL_COMM_F64, SL_COMM_SUM));
     } else {
         /* same grouping as the sharded case: per rank part, then ranks in order */
         ss = 0;
-        for (int rr = 0; rr < dp->n; rr++)
-            ss = rr ? ss + part_sumsq(dp, dp->m->grads_mem, rr, 0) : part_sumsq(dp, dp->m->grads_mem, 0, 0);
+        for (int rr = 0; rr < dp->n; rr++) {
+            double x;
+            SL_TRY(part_sumsq(dp, rr, 0, &x));
+            ss = rr ? ss + x : x;
+        }
     }
     float norm = (float)sqrt(ss);
     dp->gscale = sl_clip_coef(norm, max_norm); /* applied inside the update */
@@ -320,43 +333,74 @@ sl_status sl_dp_clip(sl_dp *dp, float max_norm, float *norm_out) {
 
 typedef struct {
     sl_dp *dp;
-    float lr;
-    int64_t t;
-    sl_adamw_hparams hp;
-} upd_ctx;
+    sl_adamw_span *v;
+    int n, cap;
+} span_list;
 /* a shard segment [lo, lo+len) of the flat buffer, split at parameter boundaries (weight decay is per
- * parameter), through the optimizer's span update (Note [AdamW order of operations] in src/optim) */
-static void update_seg(void *u, int64_t lo, int64_t len, int64_t off) {
-    upd_ctx *c = u;
-    sl_dp *dp = c->dp;
-    float *g = dp->zero >= 2 ? dp->gshard + off : dp->m->grads_mem + lo;
-    float *p = dp->zero == 3 ? dp->pshard + off : dp->m->params_mem + lo;
+ * parameter), as AdamW spans: parameters at lo (or the ZeRO-3 shard), gradients at lo (or the gradient
+ * shard), moments at the shard offset */
+static void collect_spans(void *u, int64_t lo, int64_t len, int64_t off) {
+    span_list *l = u;
+    sl_dp *dp = l->dp;
     for (int i = 0; i < dp->m->n_params; i++) {
         const sl_param_info *pi = &dp->m->params[i];
         int64_t a = pi->offset > lo ? pi->offset : lo,
                 e = pi->offset + pi->numel < lo + len ? pi->offset + pi->numel : lo + len;
         if (e <= a) continue;
         int64_t k = a - lo;
-        sl_adamw_update(p + k, g + k, dp->m1 + off + k, dp->m2 + off + k, e - a, c->lr, pi->decay, dp->gscale,
-                        c->hp, c->t);
+        if (l->n == l->cap) {
+            l->cap = l->cap ? 2 * l->cap : 256;
+            sl_adamw_span *nv = realloc(l->v, sizeof *nv * (size_t)l->cap);
+            if (!nv) {
+                l->cap = -1; /* out of memory: reported by the caller */
+                return;
+            }
+            l->v = nv;
+        }
+        if (l->cap < 0) return;
+        l->v[l->n++] = (sl_adamw_span){.p_offs = (dp->zero == 3 ? off : lo) + k,
+                                       .g_offs = (dp->zero >= 2 ? off : lo) + k,
+                                       .s_offs = off + k,
+                                       .n = e - a,
+                                       .decay = pi->decay};
     }
 }
 
-sl_status sl_dp_optimizer_step(sl_dp *dp, float lr, int64_t t, sl_adamw_hparams hp) {
-    upd_ctx c = {dp, lr, t, hp};
-    if (!dp->zero) {
-        update_seg(&c, 0, dp->m->numel, 0);
-        dp->gscale = 1.0f;
-        return SL_OK;
+/* one AdamW call over every span this rank updates (the single-process optimizer's backend operation) */
+static sl_status update_shard(sl_dp *dp, float lr, int64_t t, sl_adamw_hparams hp) {
+    span_list l = {dp, NULL, 0, 0};
+    if (!dp->zero)
+        collect_spans(&l, 0, dp->m->numel, 0);
+    else
+        for_each_segment(dp, collect_spans, &l);
+    if (l.cap < 0) {
+        free(l.v);
+        return sl_fail(SL_ERR_NOMEM, "dp: out of memory");
     }
+    sl_adamw_call c = {.p = dp->zero == 3 ? dp->pshard_buf : dp->m->params_buf,
+                       .g = dp->zero >= 2 ? dp->gshard_buf : dp->m->grads_buf,
+                       .m = dp->m1_buf,
+                       .v = dp->m2_buf,
+                       .spans = l.v,
+                       .n_spans = l.n,
+                       .lr = lr,
+                       .gscale = dp->gscale,
+                       .hp = hp,
+                       .t = t};
+    sl_status st = l.n ? sl_backend_adamw(dp->m->backend, &c) : SL_OK;
+    free(l.v);
+    return st;
+}
+
+sl_status sl_dp_optimizer_step(sl_dp *dp, float lr, int64_t t, sl_adamw_hparams hp) {
     if (dp->zero == 3 && dp->materialized) { /* training goes on after a gather: back to the shard */
-        sl_free_aligned(dp->m->params_mem);
-        dp->m->params_mem = NULL;
+        sl_model_drop_params(dp->m);
         dp->materialized = 0;
     }
-    for_each_segment(dp, update_seg, &c);
-    dp->gscale = 1.0f;                            /* the factor belongs to this step's gradients only */
-    if (!dp->comm || dp->zero == 3) return SL_OK; /* stage 3 gathers lazily in the next pass */
+    sl_status st = update_shard(dp, lr, t, hp);
+    dp->gscale = 1.0f; /* the factor belongs to this step's gradients only */
+    SL_TRY(st);
+    if (!dp->zero || !dp->comm || dp->zero == 3) return SL_OK; /* stage 3 gathers lazily in the next pass */
     /* all-gather the updated parts of every bucket in place, overlapped with the next forward pass (Note
      * [Overlapped parameter gather] in zero_slots.c) */
     return sl_dp_launch_param_gathers(dp);
@@ -379,24 +423,24 @@ void sl_dp_memory_report(const sl_dp *dp, sl_dp_memory *mem) {
 }
 
 typedef struct {
-    sl_ckpt_seg *v;
+    sl_dp_seg *v;
     int n;
 } seg_list;
 static void collect_seg(void *u, int64_t lo, int64_t len, int64_t off) {
     seg_list *l = u;
-    l->v[l->n++] = (sl_ckpt_seg){lo, len, off};
+    l->v[l->n++] = (sl_dp_seg){lo, len, off};
 }
 
-sl_status sl_dp_state(sl_dp *dp, sl_ckpt_seg **segs, int *nseg, float **m1, float **m2) {
+sl_status sl_dp_state(sl_dp *dp, sl_dp_seg **segs, int *nseg, float **m1, float **m2) {
     SL_TRY(sl_dp_sync_params(dp)); /* the caller reads the weights */
     *m1 = dp->m1;
     *m2 = dp->m2;
-    seg_list l = {calloc((size_t)(2 * dp->nb + 1), sizeof(sl_ckpt_seg)), 0};
+    seg_list l = {calloc((size_t)(2 * dp->nb + 1), sizeof(sl_dp_seg)), 0};
     if (!l.v) return sl_fail(SL_ERR_NOMEM, "dp: out of memory");
     if (dp->zero)
         for_each_segment(dp, collect_seg, &l);
     else
-        l.v[l.n++] = (sl_ckpt_seg){0, dp->m->numel, 0};
+        l.v[l.n++] = (sl_dp_seg){0, dp->m->numel, 0};
     *segs = l.v;
     *nseg = l.n;
     return SL_OK;

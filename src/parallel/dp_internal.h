@@ -34,8 +34,10 @@ struct sl_dp {
     sl_model *m;
     bucket *b; /* sorted by ready */
     int nb, next, armed;
-    float *m1, *m2;    /* AdamW moments: full (stage 0) or shard (stages 1-3) */
-    float *gshard;     /* stages 2, 3: this rank's reduced gradients (its parts, then tails) */
+    float *m1, *m2; /* AdamW moments: full (stage 0) or shard (stages 1-3); host mappings of: */
+    sl_buffer *m1_buf, *m2_buf;
+    float *gshard; /* stages 2, 3: this rank's reduced gradients (its parts, then tails) */
+    sl_buffer *gshard_buf;
     int64_t shard_len; /* elements this rank updates */
     double wait_sec;
     float gscale; /* gradient clipping factor of this step (sl_dp_clip), applied by the update */
@@ -43,6 +45,7 @@ struct sl_dp {
     sl_graph *g;
     int gslots;    /* gradients live in slots; m->grads_mem is freed */
     float *pshard; /* stage 3: this rank's parameters, indexed like m1/m2 */
+    sl_buffer *pshard_buf;
     float *arena;
     int64_t arena_len;
     z3_iv *iv;  /* sorted by S */

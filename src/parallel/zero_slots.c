@@ -386,8 +386,7 @@ sl_status sl_dp_slots_finish(sl_dp *dp) {
 
 sl_status sl_dp_begin_pass(sl_dp *dp, int end) {
     if (dp->materialized) {
-        sl_free_aligned(dp->m->params_mem);
-        dp->m->params_mem = NULL;
+        sl_model_drop_params(dp->m);
         dp->materialized = 0;
     }
     dp->cl = dp->cs = dp->cgz = dp->cgd = dp->cpf = dp->next = 0;
@@ -435,8 +434,7 @@ sl_status sl_dp_gather_params(sl_dp *dp) {
     if (dp->zero != 3) return sl_dp_sync_params(dp);
     if (dp->materialized) return SL_OK;
     sl_model *m = dp->m;
-    m->params_mem = sl_malloc_aligned(sizeof(float) * (size_t)m->numel);
-    if (!m->params_mem)
+    if (sl_model_new_params(m) != SL_OK)
         return sl_fail(SL_ERR_NOMEM, "dp: cannot allocate %lld parameters", (long long)m->numel);
     sl_status st = SL_OK;
     for (int k = 0; k < dp->nb && st == SL_OK; k++) {
@@ -445,8 +443,7 @@ sl_status sl_dp_gather_params(sl_dp *dp) {
         sl_status s = wait_req(&req);
         if (st == SL_OK) st = s;
     }
-    for (int i = 0; i < m->n_params; i++) sl_tensor_bind(m->params[i].t, m->params_mem + m->params[i].offset);
-    sl_graph_refresh_views(dp->g);
+    sl_graph_refresh_views(dp->g); /* sl_model_new_params bound the leaves */
     dp->materialized = 1;
     return st;
 }

@@ -1,7 +1,6 @@
 /* The text sample printed at the end of a run (and by `suanli generate` for saved weights). */
 #include <string.h>
 
-#include "suanli/hf.h"
 #include "train/train_internal.h"
 
 typedef struct {

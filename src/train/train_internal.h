@@ -4,6 +4,7 @@
 #include "suanli/ckpt.h"
 #include "suanli/data.h"
 #include "suanli/hf.h"
+#include "suanli/model_io.h"
 #include "suanli/parallel.h"
 #include "suanli/train.h"
 

@@ -21,12 +21,15 @@ sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *
         st = sl_fail(SL_ERR_NOMEM, "trainer: out of memory");
         goto done;
     }
+    /* the inputs live on the model's backend: ids at byte 0, targets after them */
+    st = sl_backend_alloc(m->backend, 2 * n * sizeof(int32_t), &tr->input_buf);
+    if (st != SL_OK) goto done;
     tr->ids = sl_set_name(sl_new_tensor_2d(m->ctx, SL_I32, cfg->B, cfg->T), "ids");
     tr->targets = sl_set_name(sl_new_tensor_2d(m->ctx, SL_I32, cfg->B, cfg->T), "targets");
     sl_set_input(tr->ids);
     sl_set_input(tr->targets);
-    sl_tensor_bind(tr->ids, tr->ids_buf);
-    sl_tensor_bind(tr->targets, tr->tg_buf);
+    sl_tensor_bind_buffer(tr->ids, tr->input_buf, 0);
+    sl_tensor_bind_buffer(tr->targets, tr->input_buf, n * sizeof(int32_t));
     tr->loss = sl_model_build(m, tr->ids, tr->targets, &tr->logits); /* any architecture */
     tr->graph = sl_graph_new(m->ctx);
     if (!tr->graph) {
@@ -37,7 +40,7 @@ sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *
     tr->n_forward = sl_graph_n_nodes(tr->graph);
     int dpn = cfg->dp_size > 1 ? cfg->dp_size : 1;
     sl_graph_build_backward(tr->graph, tr->loss, 1.0f / (float)(cfg->accum * dpn));
-    SL_CHECK(sl_graph_plan(tr->graph, sl_backend_cpu(), &tr->plan));
+    SL_CHECK(sl_graph_plan(tr->graph, m->backend, &tr->plan));
 done:
     if (st != SL_OK) sl_trainer_free(tr);
     return st;
@@ -49,6 +52,8 @@ void sl_trainer_free(sl_trainer *tr) {
     free(tr->ids_buf);
     free(tr->tg_buf);
     tr->ids_buf = tr->tg_buf = NULL;
+    if (tr->input_buf) sl_backend_free(tr->model->backend, tr->input_buf);
+    tr->input_buf = NULL;
     if (tr->opt_ready) sl_adamw_free(&tr->opt);
     tr->opt_ready = 0;
 }
@@ -56,8 +61,8 @@ void sl_trainer_free(sl_trainer *tr) {
 sl_status sl_trainer_forward_backward(sl_trainer *tr, const int32_t *ids, const int32_t *targets,
                                       float *loss) {
     size_t n = (size_t)tr->cfg.B * (size_t)tr->cfg.T;
-    if (ids != tr->ids_buf) memcpy(tr->ids_buf, ids, n * sizeof(int32_t));
-    if (targets != tr->tg_buf) memcpy(tr->tg_buf, targets, n * sizeof(int32_t));
+    SL_TRY(sl_backend_copy_in(tr->input_buf, 0, ids, n * sizeof(int32_t)));
+    SL_TRY(sl_backend_copy_in(tr->input_buf, n * sizeof(int32_t), targets, n * sizeof(int32_t)));
     if (tr->dp) SL_TRY(sl_dp_begin_pass(tr->dp, sl_graph_n_nodes(tr->graph)));
     sl_status st = sl_graph_compute(tr->graph, tr->dp ? sl_dp_hook : NULL, tr->dp);
     if (tr->dp) {
@@ -65,7 +70,7 @@ sl_status sl_trainer_forward_backward(sl_trainer *tr, const int32_t *ids, const 
         if (st == SL_OK) st = es;
     }
     SL_TRY(st);
-    if (loss) *loss = ((float *)tr->loss->data)[0];
+    if (loss) SL_TRY(sl_tensor_copy_out(tr->loss, loss));
     return SL_OK;
 }
 
@@ -78,11 +83,12 @@ sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *us
     /* Gradients start at zero: the first micro-batch's first write into each gradient overwrites it
      * (Note [Overwriting first gradient writes], suanli/graph.h) instead of a zeroing pass over the whole
      * buffer; only gradients that no node writes are zeroed here. */
-    int overwrite = m->grads_mem != NULL; /* else: dp zeroes its gradient slots */
+    int overwrite = m->grads_buf != NULL; /* else: dp zeroes its gradient slots */
     if (overwrite)
         for (int i = 0; i < m->n_params; i++)
             if (sl_graph_last_grad_write(tr->graph, m->params[i].t) < 0)
-                memset(m->grads_mem + m->params[i].offset, 0, sizeof(float) * (size_t)m->params[i].numel);
+                SL_TRY(sl_backend_memset_zero(m->grads_buf, sizeof(float) * (size_t)m->params[i].offset,
+                                              sizeof(float) * (size_t)m->params[i].numel));
     double tot = 0, wait = 0;
     int dp_rank = tr->dp ? sl_dp_rank(tr->dp) : 0;
     sl_status st = SL_OK;
@@ -111,9 +117,9 @@ sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *us
             tr->opt_ready = 1;
             tr->opt.t = tr->opt_t;
         }
-        norm = sl_grad_norm(m); /* clipping is applied inside the update (sl_adamw_step_scaled) */
+        SL_TRY(sl_grad_norm(m, &norm)); /* clipping is applied inside the update (sl_adamw_step_scaled) */
         if (tr->pre_update) tr->pre_update(tr->pre_update_user);
-        sl_adamw_step_scaled(&tr->opt, m, lr, sl_clip_coef(norm, tr->cfg.clip));
+        SL_TRY(sl_adamw_step_scaled(&tr->opt, m, lr, sl_clip_coef(norm, tr->cfg.clip)));
     }
     tr->opt_t++;
     if (stats) {
@@ -128,8 +134,11 @@ sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *us
 
 sl_status sl_trainer_eval(sl_trainer *tr, sl_batch_fn fn, void *user, int iters, float *loss) {
     double tot = 0;
+    size_t n = (size_t)tr->cfg.B * (size_t)tr->cfg.T;
     for (int i = 0; i < iters; i++) {
         SL_TRY(fn(user, i, 0, tr->ids_buf, tr->tg_buf));
+        SL_TRY(sl_backend_copy_in(tr->input_buf, 0, tr->ids_buf, n * sizeof(int32_t)));
+        SL_TRY(sl_backend_copy_in(tr->input_buf, n * sizeof(int32_t), tr->tg_buf, n * sizeof(int32_t)));
         if (tr->dp) SL_TRY(sl_dp_begin_pass(tr->dp, tr->n_forward));
         sl_status st =
             sl_graph_compute_range(tr->graph, 0, tr->n_forward, tr->dp ? sl_dp_hook : NULL, tr->dp);
@@ -138,7 +147,9 @@ sl_status sl_trainer_eval(sl_trainer *tr, sl_batch_fn fn, void *user, int iters,
             if (st == SL_OK) st = es;
         }
         SL_TRY(st);
-        tot += ((float *)tr->loss->data)[0];
+        float l;
+        SL_TRY(sl_tensor_copy_out(tr->loss, &l));
+        tot += l;
     }
     *loss = iters ? (float)(tot / iters) : 0.0f;
     return SL_OK;

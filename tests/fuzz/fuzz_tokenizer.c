@@ -5,7 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "suanli/hf.h"
+#include "suanli/data.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static char path[64];

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "suanli/device.h"
-#include "suanli/hf.h"
+#include "suanli/model_io.h"
 #include "suanli/safetensors.h"
 #include "testutil.h"
 

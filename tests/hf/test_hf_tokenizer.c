@@ -6,7 +6,7 @@
 #include <cjson/cJSON.h>
 #include <string.h>
 
-#include "suanli/hf.h"
+#include "suanli/data.h"
 #include "testutil.h"
 
 static void check_style(const char *style) {

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "parity_fixture.h"
-#include "suanli/hf.h"
+#include "suanli/model_io.h"
 #include "suanli/safetensors.h"
 #include "suanli/train.h"
 #include "testutil.h"

@@ -3,7 +3,7 @@
  * rejection of tampered tokenizer.json files. */
 #include <string.h>
 
-#include "io/io_internal.h"
+#include "data/data_internal.h"
 #include "io_testutil.h"
 #include "suanli/data.h"
 #include "testutil.h"

@@ -435,6 +435,21 @@ static void test_matmul_bf16_grad(void) {
     sl_ctx_free(ctx);
 }
 
+/* A fake flat model's state on the CPU backend (parameters and gradients mapped) */
+static sl_tensor g_f32_leaf = {.dtype = SL_F32};
+static void fake_state(sl_model *m, int64_t numel) {
+    m->backend = sl_backend_cpu();
+    m->numel = numel;
+    TU_CHECK(sl_backend_alloc(m->backend, sizeof(float) * (size_t)numel, &m->params_buf) == SL_OK, "alloc");
+    TU_CHECK(sl_backend_alloc(m->backend, sizeof(float) * (size_t)numel, &m->grads_buf) == SL_OK, "alloc");
+    m->params_mem = sl_buffer_map(m->params_buf);
+    m->grads_mem = sl_buffer_map(m->grads_buf);
+}
+static void fake_state_free(sl_model *m) {
+    sl_backend_free(m->backend, m->params_buf);
+    sl_backend_free(m->backend, m->grads_buf);
+}
+
 /* AdamW over a fake flat model (odd tensor sizes, decay on some): bitwise equal to the plain scalar
  * formula of Note [AdamW order of operations], for 1 and 2 threads, over 3 steps. */
 static void test_adamw(void) {
@@ -443,12 +458,16 @@ static void test_adamw(void) {
     sl_param_info pi[NP];
     int64_t off = 0;
     for (int i = 0; i < NP; i++) {
-        pi[i] = (sl_param_info){.t = NULL, .offset = off, .numel = sizes[i], .decay = i % 2, .init = 0};
+        pi[i] =
+            (sl_param_info){.t = &g_f32_leaf, .offset = off, .numel = sizes[i], .decay = i % 2, .init = 0};
         off += sizes[i];
     }
     for (int threads = 1; threads <= 2; threads++) {
-        sl_model m = {.params = pi, .n_params = NP, .numel = off};
-        m.params_mem = rnd(off, 1.0f);
+        sl_model m = {.params = pi, .n_params = NP};
+        fake_state(&m, off);
+        float *p0 = rnd(off, 1.0f);
+        memcpy(m.params_mem, p0, sizeof(float) * (size_t)off);
+        free(p0);
         float *p_ref = malloc(sizeof(float) * (size_t)off), *m_ref = calloc((size_t)off, 4),
               *v_ref = calloc((size_t)off, 4);
         memcpy(p_ref, m.params_mem, sizeof(float) * (size_t)off);
@@ -457,9 +476,11 @@ static void test_adamw(void) {
         TU_CHECK(sl_adamw_init(&opt, &m, hp) == SL_OK, "adamw init");
         sl_threads_set(threads);
         for (int step = 1; step <= 3; step++) {
-            m.grads_mem = rnd(off, 0.5f);
+            float *g = rnd(off, 0.5f);
+            memcpy(m.grads_mem, g, sizeof(float) * (size_t)off);
+            free(g);
             float lr = 1e-3f * (float)step;
-            sl_adamw_step(&opt, &m, lr);
+            TU_CHECK(sl_adamw_step(&opt, &m, lr) == SL_OK, "adamw step");
             double bc1 = 1.0 - pow(0.9, step), bc2 = 1.0 - pow((double)0.95f, step);
             float b1 = 0.9f, b2 = 0.95f, ss = (float)(lr / (1.0 - pow((double)b1, step))),
                   bs = (float)sqrt(bc2);
@@ -484,16 +505,15 @@ static void test_adamw(void) {
                     p_ref[k] += t2;
                 }
             }
-            free(m.grads_mem);
         }
         TU_CHECK(memcmp(p_ref, m.params_mem, sizeof(float) * (size_t)off) == 0,
                  "adamw params bitwise (%d threads)", threads);
-        TU_CHECK(memcmp(m_ref, opt.m, sizeof(float) * (size_t)off) == 0, "adamw m bitwise (%d threads)",
-                 threads);
-        TU_CHECK(memcmp(v_ref, opt.v, sizeof(float) * (size_t)off) == 0, "adamw v bitwise (%d threads)",
-                 threads);
+        TU_CHECK(memcmp(m_ref, sl_buffer_map(opt.m), sizeof(float) * (size_t)off) == 0,
+                 "adamw m bitwise (%d threads)", threads);
+        TU_CHECK(memcmp(v_ref, sl_buffer_map(opt.v), sizeof(float) * (size_t)off) == 0,
+                 "adamw v bitwise (%d threads)", threads);
         sl_adamw_free(&opt);
-        free(m.params_mem);
+        fake_state_free(&m);
         free(p_ref);
         free(m_ref);
         free(v_ref);
@@ -513,19 +533,21 @@ static void test_clip_grad_norm(void) {
         for (int64_t k = 0; k < n; k++) ref += (double)g0[k] * g0[k];
         float refn = (float)sqrt(ref), norms[2];
         for (int threads = 1; threads <= 2; threads++) {
-            sl_model m = {.numel = n};
-            m.grads_mem = malloc(sizeof(float) * (size_t)n);
+            sl_model m = {0};
+            fake_state(&m, n);
             memcpy(m.grads_mem, g0, sizeof(float) * (size_t)n);
             sl_threads_set(threads);
-            norms[threads - 1] = sl_clip_grad_norm(&m, 0.0f); /* 0: no clipping */
+            TU_CHECK(sl_clip_grad_norm(&m, 0.0f, &norms[threads - 1]) == SL_OK, "clip"); /* 0: no clipping */
             TU_CHECK(fabsf(norms[threads - 1] - refn) <= 1e-6f * refn, "clip norm %g vs %g (n=%lld)",
                      norms[threads - 1], refn, (long long)n);
             TU_CHECK(memcmp(m.grads_mem, g0, sizeof(float) * (size_t)n) == 0, "clip 0 leaves grads alone");
-            float max_norm = 0.5f * refn, coef = max_norm / (sl_clip_grad_norm(&m, max_norm) + 1e-6f);
+            float max_norm = 0.5f * refn, nn;
+            TU_CHECK(sl_clip_grad_norm(&m, max_norm, &nn) == SL_OK, "clip");
+            float coef = max_norm / (nn + 1e-6f);
             int bad = 0;
             for (int64_t k = 0; k < n; k++) bad += m.grads_mem[k] != g0[k] * coef;
             TU_CHECK(bad == 0, "clipped grads scaled by coef (n=%lld, %d wrong)", (long long)n, bad);
-            free(m.grads_mem);
+            fake_state_free(&m);
         }
         TU_CHECK(memcmp(&norms[0], &norms[1], sizeof(float)) == 0, "clip norm bitwise 1 vs 2 threads");
         free(g0);

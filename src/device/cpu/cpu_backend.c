@@ -44,40 +44,90 @@ static const kernel_fn k_kernels[SL_OP_COUNT] = {
     [SL_OP_KV_STORE] = sl_k_kv_store,
     [SL_OP_LINEAR_BF16] = sl_k_linear_bf16,
     [SL_OP_MOE_EXPERT] = sl_k_moe_expert,
+    [SL_OP_FILL] = sl_k_fill,
 };
 
 static sl_status cpu_alloc(sl_backend *be, size_t bytes, sl_buffer **out) {
     sl_buffer *b = calloc(1, sizeof *b);
     if (!b) return sl_fail(SL_ERR_NOMEM, "cpu backend: out of memory");
-    b->base = sl_malloc_aligned(bytes);
+    b->base = sl_malloc_aligned(bytes ? bytes : 64);
     if (!b->base) {
         free(b);
         return sl_fail(SL_ERR_NOMEM, "cpu backend: cannot allocate %zu bytes", bytes);
     }
+    memset(b->base, 0, bytes);
     b->size = bytes;
     b->backend = be;
     *out = b;
     return SL_OK;
 }
+static char k_wrapped; /* impl marker: the memory belongs to the caller */
+static sl_status cpu_from_host(sl_backend *be, void *ptr, size_t bytes, sl_buffer **out) {
+    sl_buffer *b = calloc(1, sizeof *b);
+    if (!b) return sl_fail(SL_ERR_NOMEM, "cpu backend: out of memory");
+    *b = (sl_buffer){.backend = be, .base = ptr, .size = bytes, .impl = &k_wrapped};
+    *out = b;
+    return SL_OK;
+}
 static void cpu_free(sl_backend *be, sl_buffer *b) {
     (void)be;
-    sl_free_aligned(b->base);
+    if (b->impl != &k_wrapped) sl_free_aligned(b->base);
     free(b);
 }
-static void *cpu_base(sl_buffer *b) { return b->base; }
+/* Ranges are checked by the generic helpers (src/device/registry.c) before these run. */
 static sl_status cpu_copy_in(sl_buffer *dst, size_t off, const void *host, size_t n) {
-    if (off + n > dst->size) return sl_fail(SL_ERR_INVALID, "cpu backend: copy_in out of range");
     memcpy((char *)dst->base + off, host, n);
     return SL_OK;
 }
 static sl_status cpu_copy_out(const sl_buffer *src, size_t off, void *host, size_t n) {
-    if (off + n > src->size) return sl_fail(SL_ERR_INVALID, "cpu backend: copy_out out of range");
     memcpy(host, (const char *)src->base + off, n);
     return SL_OK;
 }
 static sl_status cpu_memset_zero(sl_buffer *b, size_t off, size_t n) {
-    if (off + n > b->size) return sl_fail(SL_ERR_INVALID, "cpu backend: memset out of range");
+    if (off > b->size || n > b->size - off)
+        return sl_fail(SL_ERR_INVALID, "cpu backend: memset out of range");
     memset((char *)b->base + off, 0, n);
+    return SL_OK;
+}
+static sl_status cpu_copy(sl_buffer *dst, size_t doff, const sl_buffer *src, size_t soff, size_t n) {
+    if (doff > dst->size || n > dst->size - doff || soff > src->size || n > src->size - soff)
+        return sl_fail(SL_ERR_INVALID, "cpu backend: copy of %zu bytes out of range", n);
+    memmove((char *)dst->base + doff, (const char *)src->base + soff, n);
+    return SL_OK;
+}
+
+/* ---- state operations ---- */
+static int span_ok(const sl_buffer *b, int64_t off, int64_t n) {
+    return b && off >= 0 && n >= 0 && (size_t)(off + n) * sizeof(float) <= b->size;
+}
+static sl_status cpu_adamw(sl_backend *be, const sl_adamw_call *c) {
+    (void)be;
+    for (int i = 0; i < c->n_spans; i++) {
+        const sl_adamw_span *s = &c->spans[i];
+        if (!span_ok(c->p, s->p_offs, s->n) || !span_ok(c->g, s->g_offs, s->n) ||
+            !span_ok(c->m, s->s_offs, s->n) || !span_ok(c->v, s->s_offs, s->n))
+            return sl_fail(SL_ERR_INVALID, "cpu backend: adamw span %d out of range", i);
+    }
+    sl_k_adamw(c->p->base, c->g->base, c->m->base, c->v->base, c->spans, c->n_spans, c->lr, c->gscale, c->hp,
+               c->t);
+    return SL_OK;
+}
+static sl_status cpu_sumsq(sl_backend *be, const sl_buffer *b, int64_t off, int64_t n, double *out) {
+    (void)be;
+    if (!span_ok(b, off, n)) return sl_fail(SL_ERR_INVALID, "cpu backend: sumsq out of range");
+    *out = sl_k_sumsq((const float *)b->base + off, n);
+    return SL_OK;
+}
+static sl_status cpu_scale(sl_backend *be, sl_buffer *b, int64_t off, int64_t n, float s) {
+    (void)be;
+    if (!span_ok(b, off, n)) return sl_fail(SL_ERR_INVALID, "cpu backend: scale out of range");
+    sl_k_scale_span((float *)b->base + off, n, s);
+    return SL_OK;
+}
+static sl_status cpu_fill(sl_backend *be, sl_buffer *b, int64_t off, int64_t n, float v) {
+    (void)be;
+    if (!span_ok(b, off, n)) return sl_fail(SL_ERR_INVALID, "cpu backend: fill out of range");
+    sl_k_fill_span((float *)b->base + off, n, v);
     return SL_OK;
 }
 
@@ -110,20 +160,26 @@ static int cpu_supports(sl_backend *be, const sl_tensor *n) {
 }
 
 static sl_status cpu_compute(sl_backend *be, sl_tensor *n) {
-    (void)be;
+    be->stats.nodes++;
     return k_kernels[n->op](n);
 }
 
 static sl_backend g_cpu = {
     .name = "cpu",
+    .caps = {.alignment = 64, .host_visible = 1, .async_copies = 0},
     .buffer_alloc = cpu_alloc,
     .buffer_free = cpu_free,
-    .buffer_base = cpu_base,
+    .buffer_from_host = cpu_from_host,
     .copy_in = cpu_copy_in,
     .copy_out = cpu_copy_out,
     .memset_zero = cpu_memset_zero,
+    .copy = cpu_copy,
     .supports_op = cpu_supports,
     .compute_node = cpu_compute,
+    .adamw = cpu_adamw,
+    .sumsq = cpu_sumsq,
+    .scale = cpu_scale,
+    .fill = cpu_fill,
 };
 
 sl_backend *sl_backend_cpu(void) { return &g_cpu; }

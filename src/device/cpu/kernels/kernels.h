@@ -2,7 +2,7 @@
  * executor). Kernels that can fail on data (out-of-range ids) return a status. */
 #ifndef SL_CPU_KERNELS_H
 #define SL_CPU_KERNELS_H
-#include "suanli/graph.h"
+#include "suanli/tensor.h"
 
 /* A tensor's shape/strides padded to 5 dims (leading 1s), the common iteration form. */
 typedef struct {
@@ -36,6 +36,15 @@ sl_status sl_k_embedding(sl_tensor *n);
 sl_status sl_k_embedding_back(sl_tensor *n);
 sl_status sl_k_cross_entropy(sl_tensor *n);
 sl_status sl_k_cross_entropy_back(sl_tensor *n);
+sl_status sl_k_fill(sl_tensor *n);
+
+/* State kernels (optim.c): the CPU backend's adamw / sumsq / scale / fill members over host memory. */
+#include "suanli/device.h"
+void sl_k_adamw(float *p, const float *g, float *m, float *v, const sl_adamw_span *spans, int n_spans,
+                float lr, float gscale, sl_adamw_hparams hp, int64_t t);
+double sl_k_sumsq(const float *g, int64_t n);
+void sl_k_scale_span(float *x, int64_t n, float s);
+void sl_k_fill_span(float *x, int64_t n, float v);
 
 /* Scalar reference kernels (the oracle of tests/ops/test_kernels_simd.c). sl_k_* above run SIMD bodies
  * (vec_kernels.h) for sl_kern_isa() and fall back to these for the scalar ISA or unusual layouts.

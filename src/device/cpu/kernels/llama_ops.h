@@ -1,7 +1,7 @@
 /* Llama-family CPU kernels (src/device/cpu/kernels/llama_ops.c). */
 #ifndef SL_CPU_LLAMA_OPS_H
 #define SL_CPU_LLAMA_OPS_H
-#include "suanli/graph.h"
+#include "suanli/tensor.h"
 
 sl_status sl_k_rmsnorm(sl_tensor *n);
 sl_status sl_k_rmsnorm_back_x(sl_tensor *n);

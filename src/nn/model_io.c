@@ -2,7 +2,7 @@
 #include <cjson/cJSON.h>
 #include <string.h>
 
-#include "io/json_util.h"
+#include "base/json_util.h"
 #include "suanli/model_io.h"
 #include "suanli/safetensors.h"
 

@@ -17,7 +17,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "io/io_internal.h"
 #include "suanli/safetensors.h"
 
 static const struct {
@@ -222,9 +221,9 @@ sl_status sl_safetensors_write(const char *path, const sl_st_tensor *ts, int n, 
         char *slash = strrchr(dir, '/');
         if (slash) {
             *slash = 0;
-            sl__fsync_dir(dir[0] ? dir : "/");
+            sl_fsync_dir(dir[0] ? dir : "/");
         } else {
-            sl__fsync_dir(".");
+            sl_fsync_dir(".");
         }
     }
 done:

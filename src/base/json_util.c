@@ -1,4 +1,4 @@
-#include "io/json_util.h"
+#include "base/json_util.h"
 
 sl_status sl_json_int(const cJSON *root, const char *path, const char *key, int min, int *out) {
     const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, key);

@@ -24,7 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "io/io_internal.h"
+#include "data/data_internal.h"
 
 static void put32(uint8_t *p, uint32_t v) {
     for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
@@ -159,11 +159,4 @@ sl_status sl_shard_read(const char *path, sl_shard_header *hdr, int32_t **tokens
     *tokens = t;
     *n = (int64_t)h.num_tokens;
     return SL_OK;
-}
-
-void sl__fsync_dir(const char *dir) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (fd < 0) return;
-    (void)fsync(fd);
-    close(fd);
 }

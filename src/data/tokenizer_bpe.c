@@ -29,7 +29,7 @@
 
 #include <string.h>
 
-#include "io/io_internal.h"
+#include "data/data_internal.h"
 
 /* ---------------------------------------------------------------------------------------------- */
 /* pre-split                                                                                      */

@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "io/io_internal.h"
+#include "data/data_internal.h"
 
 typedef struct sl_shard_map {
     const uint8_t *map; /* whole file */

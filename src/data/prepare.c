@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "io/io_internal.h"
+#include "data/data_internal.h"
 
 #define MAX_STAGED 2048
 
@@ -152,7 +152,7 @@ sl_status sl_data_prepare(const sl_prepare_opts *o) {
     sg->n = 0;
     remove_stale(o->output_dir, "train", S.train_shards);
     remove_stale(o->output_dir, "val", S.val_shards);
-    sl__fsync_dir(o->output_dir);
+    sl_fsync_dir(o->output_dir);
     S.input_bytes = (int64_t)len;
     S.train_tokens = ntr;
     S.val_tokens = nva;

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <utf8proc.h>
 
-#include "suanli/hf.h"
+#include "suanli/data.h"
 
 /* ---------------- small hash maps ---------------- */
 

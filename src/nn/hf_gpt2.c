@@ -1,19 +1,19 @@
 /* GPT-2 <-> Hugging Face layout. HF's Conv1D stores weights as (in, out); suanli uses nn.Linear's
  * (out, in), so the four projection matrices per layer are transposed on the way out (and, in
- * src/io/hf_model.c, on the way in). */
-#include <cjson/cJSON.h>
+ * src/nn/hf_load.c, on the way in). */
 #include <string.h>
 
 #include "suanli/hf.h"
 #include "suanli/hf_gpt2.h"
-#include "suanli/safetensors.h"
+#include "suanli/model_io.h"
 
 static int is_conv1d(const char *name) {
     return strstr(name, "c_attn.weight") || strstr(name, "c_proj.weight") || strstr(name, "c_fc.weight");
 }
 
-/* Import goes through the general HF loader (src/io/hf_model.c: config checks, sharded files, F32/BF16/F16
- * conversion and the Conv1D transposes); this wrapper only insists that the directory holds a GPT-2. */
+/* Import goes through the general HF loader (src/nn/hf_load.c over src/formats/hf_model.c: config checks,
+ * sharded files, F32/BF16/F16 conversion and the Conv1D transposes); this wrapper only insists that the
+ * directory holds a GPT-2. */
 sl_status sl_hf_gpt2_import(const char *dir, sl_model **out) {
     *out = NULL;
     sl_model *m;
@@ -35,7 +35,6 @@ sl_status sl_hf_gpt2_export(const sl_model *m, const char *dir) {
     sl_st_tensor *ts = calloc((size_t)n, sizeof *ts);
     char(*names)[160] = calloc((size_t)n, 160);
     float *buf = sl_malloc_aligned(sizeof(float) * (size_t)m->numel);
-    char *text = NULL;
     if (!ts || !names || !buf) {
         st = sl_fail(SL_ERR_NOMEM, "export: out of memory");
         goto done;
@@ -62,36 +61,16 @@ sl_status sl_hf_gpt2_export(const sl_model *m, const char *dir) {
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     const char *meta[] = {"format", "pt", NULL};
     SL_CHECK(sl_safetensors_write(path, ts, n, meta));
-    cJSON *root = cJSON_CreateObject();
-    cJSON *arch = cJSON_AddArrayToObject(root, "architectures");
-    cJSON_AddItemToArray(arch, cJSON_CreateString("GPT2LMHeadModel"));
-    cJSON_AddStringToObject(root, "model_type", "gpt2");
-    cJSON_AddStringToObject(root, "activation_function", "gelu_new");
-    cJSON_AddNumberToObject(root, "n_layer", m->cfg.n_layer);
-    cJSON_AddNumberToObject(root, "n_head", m->cfg.n_head);
-    cJSON_AddNumberToObject(root, "n_embd", m->cfg.n_embd);
-    cJSON_AddNumberToObject(root, "vocab_size", m->cfg.vocab_size);
-    cJSON_AddNumberToObject(root, "n_positions", m->cfg.max_seq_len);
-    cJSON_AddNullToObject(root, "n_inner");
-    cJSON_AddNumberToObject(root, "layer_norm_epsilon", 1e-5);
-    cJSON_AddNumberToObject(root, "resid_pdrop", 0);
-    cJSON_AddNumberToObject(root, "embd_pdrop", 0);
-    cJSON_AddNumberToObject(root, "attn_pdrop", 0);
-    cJSON_AddBoolToObject(root, "tie_word_embeddings", 1);
-    cJSON_AddBoolToObject(root, "scale_attn_weights", 1);
-    cJSON_AddStringToObject(root, "dtype", "float32");
-    text = cJSON_Print(root);
-    cJSON_Delete(root);
-    if (!text) {
-        st = sl_fail(SL_ERR_NOMEM, "export: out of memory");
-        goto done;
-    }
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    SL_CHECK(sl_file_write_atomic(path, text, strlen(text)));
+    sl_hf_config hc = {.arch = SL_HF_GPT2,
+                       .n_layer = m->cfg.n_layer,
+                       .n_head = m->cfg.n_head,
+                       .hidden = m->cfg.n_embd,
+                       .vocab_size = m->cfg.vocab_size,
+                       .max_seq_len = m->cfg.max_seq_len};
+    SL_CHECK(sl_hf_config_write(dir, &hc, NULL, "float32"));
 done:
     free(ts);
     free(names);
     sl_free_aligned(buf);
-    free(text);
     return st;
 }

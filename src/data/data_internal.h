@@ -1,6 +1,6 @@
-/* Private helpers shared by the files of src/io. Not a public API. */
-#ifndef SL_IO_INTERNAL_H
-#define SL_IO_INTERNAL_H
+/* Private helpers shared by the files of src/data. Not a public API. */
+#ifndef SL_DATA_INTERNAL_H
+#define SL_DATA_INTERNAL_H
 #include <stddef.h>
 #include <stdint.h>
 
@@ -20,10 +20,7 @@ static inline int32_t sl__shard_token(const uint8_t *payload, uint32_t width, in
                      ((uint32_t)q[3] << 24));
 }
 
-/* ---- files (shards.c) ---- */
-/* Write a file at exactly `path` (no rename) and fsync it. On failure the file is removed. */
-/* fsync a directory so renames in it are durable (best effort). */
-void sl__fsync_dir(const char *dir);
+/* ---- tokenizer.json (tokenizer.c) ---- */
 /* Read the vocab_size field of a tokenizer.json without building the tokenizer; -1 + message on error. */
 sl_status sl__tokenizer_json_vocab(const char *path, int *vocab);
 

@@ -1,6 +1,6 @@
 /* Small cJSON accessors with one-line errors naming the file and field. */
-#ifndef SL_IO_JSON_UTIL_H
-#define SL_IO_JSON_UTIL_H
+#ifndef SL_BASE_JSON_UTIL_H
+#define SL_BASE_JSON_UTIL_H
 #include <cjson/cJSON.h>
 
 #include "suanli/base.h"

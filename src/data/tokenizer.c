@@ -15,7 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "io/io_internal.h"
+#include "data/data_internal.h"
 
 #define TOK_FORMAT "suanli-tokenizer"
 #define TOK_VERSION 1

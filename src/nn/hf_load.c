@@ -1,0 +1,282 @@
+/* Models from Hugging Face directories (src/formats/hf_model.c parses config.json and maps the
+ * safetensors files): sl_hf_config -> sl_llama_config / sl_gpt2_config, tensors by name -> the flat
+ * parameter buffer (or, in bf16 mode, leaves bound into the mapped files), and the reverse (sl_hf_save)
+ * for `suanli convert`. */
+#include <string.h>
+
+#include "suanli/hf.h"
+#include "suanli/hf_gpt2.h"
+#include "suanli/model_io.h"
+
+/* sl_hf_arch and sl_arch list the same classes; the table keeps them apart so either may grow. */
+static const sl_arch k_from_hf[] = {SL_ARCH_GPT2,    SL_ARCH_LLAMA,   SL_ARCH_QWEN2,
+                                    SL_ARCH_MISTRAL, SL_ARCH_MIXTRAL, SL_ARCH_BAICHUAN};
+_Static_assert(sizeof k_from_hf / sizeof k_from_hf[0] == SL_HF_ARCH_COUNT, "sl_hf_arch table out of sync");
+
+static sl_hf_arch arch_to_hf(sl_arch a) {
+    for (int i = 0; i < SL_HF_ARCH_COUNT; i++)
+        if (k_from_hf[i] == a) return (sl_hf_arch)i;
+    return SL_HF_ARCH_COUNT;
+}
+
+/* sl_hf_config and sl_llama_config hold the same fields (the first parsed, the second validated) */
+/* clang-format off */
+#define SL_HF_SAME_FIELDS(X)                                                                         \
+    X(n_layer) X(n_head) X(n_kv_head) X(head_dim) X(hidden) X(intermediate) X(vocab_size)            \
+    X(max_seq_len) X(rms_eps) X(rope_theta) X(rope_factor) X(rope_low_freq) X(rope_high_freq)        \
+    X(rope_orig_ctx) X(tie_embeddings) X(qkv_bias) X(sliding_window) X(n_experts) X(n_experts_per_tok)
+/* clang-format on */
+
+/* a field added to one struct and not the other (nor to the list above) changes one size */
+_Static_assert(sizeof(sl_hf_config) == sizeof(sl_llama_config), "sl_hf_config and sl_llama_config differ");
+
+static void config_from_hf(const sl_hf_config *h, sl_llama_config *c) {
+    memset(c, 0, sizeof *c);
+    c->arch = k_from_hf[h->arch];
+#define COPY(f) c->f = h->f;
+    SL_HF_SAME_FIELDS(COPY)
+#undef COPY
+}
+
+static void config_to_hf(const sl_llama_config *c, sl_hf_config *h) {
+    memset(h, 0, sizeof *h);
+    h->arch = arch_to_hf(c->arch);
+#define COPY(f) h->f = c->f;
+    SL_HF_SAME_FIELDS(COPY)
+#undef COPY
+}
+
+sl_status sl_hf_load_config(const char *dir, sl_llama_config *cfg, sl_hf_info *info) {
+    sl_hf_config h;
+    SL_TRY(sl_hf_config_read(dir, &h, info));
+    config_from_hf(&h, cfg);
+    return SL_OK;
+}
+
+static void weights_free(void *p) { sl_hf_weights_close(p); }
+
+/* Note [Memory-mapped bf16 weights]
+ * In bf16 mode a BF16 tensor on disk whose data is 2-byte aligned is not copied: its leaf points into
+ * the read-only mapping of the safetensors shard, which the model then owns (wsrc). A 7B model in bf16
+ * thus needs its 13.5 GB of mapped weights (paged in on demand, shared with the page cache) plus the f32
+ * embedding and norms and the activations: well inside 24 GiB. F32/F16 tensors are converted into wmem. */
+sl_status sl_hf_load_weights(sl_model *m, const char *dir, sl_hf_info *info) {
+    sl_hf_weights *s;
+    SL_TRY(sl_hf_weights_open(dir, &s));
+    sl_status st = SL_OK;
+    int mapped = 0;
+    int64_t need = 0, woff = 0; /* bf16 elements that cannot be used in place (converted into wmem) */
+    for (int i = 0; m->wdtype == SL_BF16 && i < m->n_params; i++) {
+        const char *file;
+        const sl_st_tensor *x = sl_hf_weights_find(s, m->params[i].t->name, &file);
+        if (m->params[i].t->dtype == SL_BF16 &&
+            !(x && !strcmp(x->dtype, "BF16") && !((uintptr_t)x->data & 1)))
+            need += m->params[i].numel;
+    }
+    if (need > 0) {
+        m->wmem = sl_malloc_aligned(sizeof(uint16_t) * (size_t)need);
+        if (!m->wmem) {
+            sl_hf_weights_close(s);
+            return sl_fail(SL_ERR_NOMEM, "cannot allocate %lld bf16 weights", (long long)need);
+        }
+    }
+    for (int i = 0; i < m->n_params && st == SL_OK; i++) {
+        const sl_param_info *p = &m->params[i];
+        const char *file = NULL;
+        const sl_st_tensor *x = sl_hf_weights_find(s, p->t->name, &file);
+        if (!x) {
+            st = sl_fail(SL_ERR_FORMAT, "%s/%s: missing tensor '%s'", dir, file, p->t->name);
+            break;
+        }
+        int ok = x->ndim == p->t->ndim;
+        for (int d = 0; ok && d < x->ndim; d++) ok = x->shape[d] == p->t->ne[d];
+        if (!ok) {
+            char got[128] = "", want[128] = "";
+            for (int d = 0; d < x->ndim; d++)
+                snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? "," : "",
+                         (long long)x->shape[d]);
+            for (int d = 0; d < p->t->ndim; d++)
+                snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? "," : "",
+                         (long long)p->t->ne[d]);
+            st = sl_fail(SL_ERR_FORMAT, "%s/%s: tensor '%s' has shape [%s], config.json implies [%s]", dir,
+                         file, p->t->name, got, want);
+            break;
+        }
+        if (p->t->dtype == SL_BF16) {
+            if (!strcmp(x->dtype, "BF16") && !((uintptr_t)x->data & 1)) {
+                sl_tensor_bind(p->t, (void *)x->data); /* zero copy: the mapping outlives the model's use */
+                mapped++;
+            } else {
+                float *tmp = malloc(sizeof(float) * (size_t)p->numel);
+                st = tmp ? sl_hf_tensor_to_f32(x, tmp, p->numel, file)
+                         : sl_fail(SL_ERR_NOMEM, "out of memory");
+                for (int64_t k = 0; st == SL_OK && k < p->numel; k++)
+                    m->wmem[woff + k] = sl_f32_to_bf16(tmp[k]);
+                free(tmp);
+                sl_tensor_bind(p->t, m->wmem + woff);
+                woff += p->numel;
+            }
+        } else {
+            st = sl_hf_tensor_to_f32(x, m->params_mem + p->offset, p->numel, file);
+            if (m->wdtype == SL_BF16) /* a bf16 model's embedding, norms and biases hold bf16 values too */
+                for (int64_t k = 0; k < p->numel; k++) {
+                    uint32_t u = (uint32_t)sl_f32_to_bf16(m->params_mem[p->offset + k]) << 16;
+                    memcpy(m->params_mem + p->offset + k, &u, 4);
+                }
+        }
+        if (st == SL_OK && info && i == 0)
+            snprintf(info->disk_dtype, sizeof info->disk_dtype, "%s", x->dtype);
+    }
+    if (info) {
+        info->n_files = sl_hf_weights_n_files(s);
+        info->n_mapped = mapped;
+    }
+    if (st == SL_OK && mapped) { /* the model keeps the mappings its leaves point into */
+        m->wsrc = s;
+        m->wsrc_free = weights_free;
+        return SL_OK;
+    }
+    if (mapped && st != SL_OK) /* leaves point into mappings about to close */
+        for (int i = 0; i < m->n_params; i++)
+            if (m->params[i].t->dtype == SL_BF16) sl_tensor_bind(m->params[i].t, NULL);
+    sl_hf_weights_close(s);
+    return st;
+}
+
+sl_status sl_hf_load(const char *dir, sl_model **out, sl_hf_info *info) {
+    return sl_hf_load_ex(dir, SL_F32, out, info);
+}
+
+/* GPT2LMHeadModel: transformer.* names, Conv1D weights stored (in, out): transposed into nn.Linear layout */
+static sl_status load_gpt2(const char *dir, const sl_llama_config *c, sl_model **out, sl_hf_info *info) {
+    sl_gpt2_config g = {c->n_layer, c->n_head, c->hidden, c->vocab_size, c->max_seq_len};
+    sl_model *m;
+    sl_status st = sl_gpt2_new(&g, &m);
+    if (st != SL_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", sl_errmsg());
+        return sl_fail(st, "%s/config.json: %s", dir, msg);
+    }
+    sl_hf_weights *s;
+    if ((st = sl_hf_weights_open(dir, &s)) != SL_OK) {
+        sl_model_free(m);
+        return st;
+    }
+    for (int i = 0; i < m->n_params && st == SL_OK; i++) {
+        const sl_param_info *p = &m->params[i];
+        const char *ours = p->t->name, *file = NULL;
+        char name[160];
+        snprintf(name, sizeof name, "transformer.%s%s", ours, strchr(ours, '.') ? "" : ".weight");
+        const sl_st_tensor *x = sl_hf_weights_find(s, name, &file);
+        if (!x)
+            x = sl_hf_weights_find(s, name + strlen("transformer."),
+                                   &file); /* original checkpoints: no prefix */
+        if (!x) {
+            st = sl_fail(SL_ERR_FORMAT, "%s/%s: missing tensor '%s'", dir, file, name);
+            break;
+        }
+        int conv = p->t->ndim == 2 && strchr(ours, '.'); /* c_attn, c_proj, c_fc weights */
+        int64_t r0 = p->t->ne[0], r1 = p->t->ndim == 2 ? p->t->ne[1] : 0;
+        int ok = x->ndim == p->t->ndim && (p->t->ndim == 1 ? x->shape[0] == r0
+                                                           : (conv ? x->shape[0] == r1 && x->shape[1] == r0
+                                                                   : x->shape[0] == r0 && x->shape[1] == r1));
+        if (!ok) {
+            st = sl_fail(SL_ERR_FORMAT, "%s/%s: tensor '%s' has the wrong shape for config.json", dir, file,
+                         name);
+            break;
+        }
+        float *dst = m->params_mem + p->offset;
+        if (!conv) {
+            st = sl_hf_tensor_to_f32(x, dst, p->numel, file);
+        } else {
+            float *tmp = malloc(sizeof(float) * (size_t)p->numel);
+            st = tmp ? sl_hf_tensor_to_f32(x, tmp, p->numel, file) : sl_fail(SL_ERR_NOMEM, "out of memory");
+            for (int64_t a = 0; st == SL_OK && a < r0; a++) /* ours (out, in) <- HF (in, out) */
+                for (int64_t b = 0; b < r1; b++) dst[a * r1 + b] = tmp[b * r0 + a];
+            free(tmp);
+        }
+        if (st == SL_OK && i == 0) snprintf(info->disk_dtype, sizeof info->disk_dtype, "%s", x->dtype);
+    }
+    info->n_files = sl_hf_weights_n_files(s);
+    sl_hf_weights_close(s);
+    if (st != SL_OK) {
+        sl_model_free(m);
+        return st;
+    }
+    *out = m;
+    return SL_OK;
+}
+
+sl_status sl_hf_load_ex(const char *dir, sl_dtype wdtype, sl_model **out, sl_hf_info *info) {
+    *out = NULL;
+    sl_llama_config cfg;
+    sl_hf_info local;
+    if (!info) info = &local;
+    SL_TRY(sl_hf_load_config(dir, &cfg, info));
+    if (cfg.arch == SL_ARCH_GPT2) {
+        if (wdtype != SL_F32)
+            return sl_fail(SL_ERR_UNSUPPORTED, "%s: bf16 mode supports the Llama family, not GPT-2", dir);
+        return load_gpt2(dir, &cfg, out, info);
+    }
+    sl_model *m;
+    sl_status st = sl_llama_new_ex(&cfg, wdtype, &m);
+    if (st != SL_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", sl_errmsg()); /* sl_fail formats into the same buffer */
+        return sl_fail(st, "%s/config.json: %s", dir, msg);
+    }
+    st = sl_hf_load_weights(m, dir, info);
+    if (st != SL_OK) {
+        sl_model_free(m);
+        return st;
+    }
+    *out = m;
+    return SL_OK;
+}
+
+/* ---------------- save (convert back to HF) ---------------- */
+
+sl_status sl_hf_save(const sl_model *m, const char *dir, sl_dtype dtype, const sl_hf_info *info) {
+    if (m->arch == SL_ARCH_GPT2) {
+        if (dtype != SL_F32) return sl_fail(SL_ERR_UNSUPPORTED, "convert: GPT-2 is exported in f32 only");
+        return sl_hf_gpt2_export(m, dir);
+    }
+    if (m->wdtype != SL_F32)
+        return sl_fail(SL_ERR_UNSUPPORTED, "convert: load the model with f32 weights to save it");
+    if (dtype != SL_F32 && dtype != SL_BF16)
+        return sl_fail(SL_ERR_INVALID, "convert: dtype must be f32 or bf16");
+    sl_status st = SL_OK;
+    char path[4096];
+    size_t es = dtype == SL_F32 ? 4 : 2;
+    sl_st_tensor *ts = calloc((size_t)m->n_params, sizeof *ts);
+    uint16_t *half = dtype == SL_BF16 ? malloc(2 * (size_t)m->numel) : NULL;
+    if (!ts || (dtype == SL_BF16 && !half)) {
+        st = sl_fail(SL_ERR_NOMEM, "convert: out of memory");
+        goto done;
+    }
+    for (int i = 0; i < m->n_params; i++) {
+        const sl_param_info *p = &m->params[i];
+        ts[i].name = p->t->name;
+        ts[i].dtype = dtype == SL_F32 ? "F32" : "BF16";
+        ts[i].ndim = p->t->ndim;
+        for (int d = 0; d < p->t->ndim; d++) ts[i].shape[d] = p->t->ne[d];
+        ts[i].nbytes = es * (size_t)p->numel;
+        if (dtype == SL_F32)
+            ts[i].data = m->params_mem + p->offset;
+        else {
+            for (int64_t k = 0; k < p->numel; k++) /* round to nearest even */
+                half[p->offset + k] = sl_f32_to_bf16(m->params_mem[p->offset + k]);
+            ts[i].data = half + p->offset;
+        }
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    const char *meta[] = {"format", "pt", NULL};
+    SL_CHECK(sl_safetensors_write(path, ts, m->n_params, meta));
+    sl_hf_config hc;
+    config_to_hf(&m->lcfg, &hc);
+    SL_CHECK(sl_hf_config_write(dir, &hc, info, dtype == SL_F32 ? "float32" : "bfloat16"));
+done:
+    free(ts);
+    free(half);
+    return st;
+}

@@ -1,0 +1,139 @@
+/* A model's flat state in backend buffers (Note [Device-resident state] in suanli/device.h): allocation and
+ * binding of the parameter and gradient leaves, host <-> device copies of parameters, initialisation. */
+#include <math.h>
+#include <string.h>
+
+#include "suanli/nn.h"
+
+sl_status sl_model_alloc_state(sl_model *m, sl_backend *be, int with_grads) {
+    m->backend = be;
+    size_t bytes = sizeof(float) * (size_t)m->numel;
+    sl_status st = sl_backend_alloc(be, bytes, &m->params_buf);
+    if (st == SL_OK && with_grads) st = sl_backend_alloc(be, bytes, &m->grads_buf);
+    if (st != SL_OK)
+        return sl_fail(SL_ERR_NOMEM, "model: cannot allocate %lld parameters on %s: %s", (long long)m->numel,
+                       be->name, sl_errmsg());
+    /* host-visible backends (cpu) expose a mapping; elsewhere these stay NULL and code uses copies */
+    m->params_mem = be->caps.host_visible ? sl_buffer_map(m->params_buf) : NULL;
+    m->grads_mem = be->caps.host_visible && m->grads_buf ? sl_buffer_map(m->grads_buf) : NULL;
+    for (int i = 0; i < m->n_params; i++) {
+        sl_param_info *p = &m->params[i];
+        if (p->t->dtype != SL_F32) continue; /* bf16 inference leaves: bound by the loader */
+        sl_tensor_bind_buffer(p->t, m->params_buf, sizeof(float) * (size_t)p->offset);
+        if (!with_grads) continue;
+        p->t->grad = sl_new_tensor(m->ctx, SL_F32, p->t->ndim, p->t->ne);
+        p->t->grad->flags |= SL_FLAG_GRAD;
+        sl_set_name(p->t->grad, "grad.%s", p->t->name);
+        sl_tensor_bind_buffer(p->t->grad, m->grads_buf, sizeof(float) * (size_t)p->offset);
+    }
+    return SL_OK;
+}
+
+void sl_model_free(sl_model *m) {
+    if (!m) return;
+    sl_ctx_free(m->ctx);
+    free(m->params);
+    if (m->backend) {
+        sl_backend_free(m->backend, m->params_buf);
+        sl_backend_free(m->backend, m->grads_buf);
+    }
+    sl_free_aligned(m->wmem);
+    if (m->wsrc_free) m->wsrc_free(m->wsrc);
+    free(m);
+}
+
+static sl_status check_span(const sl_model *m, int64_t off, int64_t n) {
+    if (off < 0 || n < 0 || off + n > m->numel)
+        return sl_fail(SL_ERR_INVALID, "model: parameter range [%lld, %lld) outside %lld parameters",
+                       (long long)off, (long long)(off + n), (long long)m->numel);
+    return SL_OK;
+}
+sl_status sl_model_params_write(sl_model *m, int64_t off, int64_t n, const float *src) {
+    SL_TRY(check_span(m, off, n));
+    return sl_backend_copy_in(m->params_buf, sizeof(float) * (size_t)off, src, sizeof(float) * (size_t)n);
+}
+sl_status sl_model_params_read(const sl_model *m, int64_t off, int64_t n, float *dst) {
+    SL_TRY(check_span(m, off, n));
+    return sl_backend_copy_out(m->params_buf, sizeof(float) * (size_t)off, dst, sizeof(float) * (size_t)n);
+}
+sl_status sl_model_grads_read(const sl_model *m, int64_t off, int64_t n, float *dst) {
+    SL_TRY(check_span(m, off, n));
+    if (!m->grads_buf) return sl_fail(SL_ERR_INVALID, "model: no gradients (inference model)");
+    return sl_backend_copy_out(m->grads_buf, sizeof(float) * (size_t)off, dst, sizeof(float) * (size_t)n);
+}
+
+sl_status sl_model_init_weights_ex(sl_model *m, uint64_t seed) {
+    float resid_std = 0.02f / sqrtf(2.0f * (float)m->cfg.n_layer);
+    int64_t most = 0;
+    for (int i = 0; i < m->n_params; i++)
+        if (m->params[i].t->dtype == SL_F32 && m->params[i].numel > most) most = m->params[i].numel;
+    float *d = sl_malloc_aligned(sizeof(float) * (size_t)(most ? most : 1));
+    if (!d) return sl_fail(SL_ERR_NOMEM, "model: out of memory initialising weights");
+    sl_status st = SL_OK;
+    for (int i = 0; i < m->n_params && st == SL_OK; i++) {
+        sl_param_info *p = &m->params[i];
+        if (p->t->dtype != SL_F32) continue;
+        switch (p->init) {
+        case SL_INIT_NORMAL:
+            sl_rng_fill_normal(d, p->numel, seed, (uint64_t)i, 0.0f, 0.02f);
+            break;
+        case SL_INIT_NORMAL_RESID:
+            sl_rng_fill_normal(d, p->numel, seed, (uint64_t)i, 0.0f, resid_std);
+            break;
+        case SL_INIT_ZERO:
+            memset(d, 0, sizeof(float) * (size_t)p->numel);
+            break;
+        default:
+            for (int64_t k = 0; k < p->numel; k++) d[k] = 1.0f;
+        }
+        st = sl_model_params_write(m, p->offset, p->numel, d);
+    }
+    sl_free_aligned(d);
+    return st;
+}
+
+void sl_model_init_weights(sl_model *m, uint64_t seed) {
+    sl_status st = sl_model_init_weights_ex(m, seed);
+    SL_ASSERT(st == SL_OK && "sl_model_init_weights: use sl_model_init_weights_ex to handle failures");
+}
+
+/* ---- swapping the state buffers (data parallelism: ZeRO-3 drops the full parameters, gradients move into
+ * a communicator window) ---- */
+static void bind_params(sl_model *m) {
+    for (int i = 0; i < m->n_params; i++)
+        if (m->params[i].t->dtype == SL_F32)
+            sl_tensor_bind_buffer(m->params[i].t, m->params_buf, sizeof(float) * (size_t)m->params[i].offset);
+}
+static void bind_grads(sl_model *m) {
+    for (int i = 0; i < m->n_params; i++)
+        if (m->params[i].t->grad)
+            sl_tensor_bind_buffer(m->params[i].t->grad, m->grads_buf,
+                                  sizeof(float) * (size_t)m->params[i].offset);
+}
+
+void sl_model_drop_params(sl_model *m) {
+    sl_backend_free(m->backend, m->params_buf);
+    m->params_buf = NULL;
+    m->params_mem = NULL;
+}
+void sl_model_drop_grads(sl_model *m) {
+    sl_backend_free(m->backend, m->grads_buf);
+    m->grads_buf = NULL;
+    m->grads_mem = NULL;
+}
+sl_status sl_model_new_params(sl_model *m) {
+    sl_model_drop_params(m);
+    SL_TRY(sl_backend_alloc(m->backend, sizeof(float) * (size_t)m->numel, &m->params_buf));
+    m->params_mem = m->backend->caps.host_visible ? sl_buffer_map(m->params_buf) : NULL;
+    bind_params(m);
+    return SL_OK;
+}
+sl_status sl_model_adopt_grads(sl_model *m, sl_buffer *buf) {
+    if (buf && (buf->backend != m->backend || buf->size < sizeof(float) * (size_t)m->numel))
+        return sl_fail(SL_ERR_INVALID, "model: gradient buffer of the wrong backend or size");
+    sl_model_drop_grads(m);
+    m->grads_buf = buf;
+    m->grads_mem = buf && m->backend->caps.host_visible ? sl_buffer_map(buf) : NULL;
+    if (buf) bind_grads(m);
+    return SL_OK;
+}
