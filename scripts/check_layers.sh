@@ -64,9 +64,6 @@ formats -> suanli/tensor.h   # the tensor types (sl_dtype) live in the device la
 # ---- KNOWN: violations to fix, "file-glob -> included header   # who removes the entry" -----------------------
 # Each entry must be removed by whoever fixes it; the script warns while one is still present.
 KNOWN='
-src/nn/trainer.c -> suanli/parallel.h          # train helper: the trainer moves to src/train
-src/nn/trainer.c -> suanli/train.h             # train helper: the trainer moves to src/train
-src/ckpt/ckpt_trainer.c -> suanli/ckpt_trainer.h  # train helper: trainer checkpoint glue moves to src/train
 '
 
 root="${1:-$(cd "$(dirname "$0")/.." && pwd)}"

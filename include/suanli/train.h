@@ -1,7 +1,19 @@
-/* suanli/train.h — one training step over a model: micro-batches with gradient accumulation, global
- * grad-norm clipping, LR schedule, AdamW; and evaluation with the same graph's forward part.
+/* suanli/train.h — training: one step over a model (sl_trainer: micro-batches with gradient
+ * accumulation, global grad-norm clipping, LR schedule, AdamW, evaluation with the same graph's forward
+ * part) and a whole job (sl_train_run: model, data, DP/ZeRO, checkpoints with resume, eval, metrics,
+ * final save, sample).
  *
- * Usage:
+ * Usage (a whole job with checkpoints; see tests/train/test_train_api.c):
+ *   sl_train_opts o;
+ *   sl_train_opts_default(&o);
+ *   o.data.path = "out/tok";              // made by `suanli data prepare`
+ *   o.train_iters = 100;
+ *   o.ckpt.save_dir = o.ckpt.load_dir = "run1";  // resume from run1's newest checkpoint when there is one
+ *   o.ckpt.save_interval = 20;
+ *   sl_train_result r;
+ *   if (sl_train_run(&o, NULL, &r) != SL_OK) fprintf(stderr, "%s\n", sl_errmsg());
+ *
+ * Usage (one step at a time):
  *   sl_trainer tr;
  *   sl_trainer_init(&tr, model, &(sl_trainer_config){.B = 4, .T = 64, .accum = 2, .lr = 1e-3, ...});
  *   for (step = 0; step < iters; step++) sl_trainer_step(&tr, step, my_batch_fn, user, &stats);
@@ -11,6 +23,11 @@
 #ifndef SUANLI_TRAIN_H
 #define SUANLI_TRAIN_H
 
+#include <stdio.h>
+
+#include "suanli/ckpt.h"
+#include "suanli/comm.h"
+#include "suanli/data.h"
 #include "suanli/device.h"
 #include "suanli/nn.h"
 #include "suanli/optim.h"
@@ -66,6 +83,134 @@ sl_status sl_trainer_forward_backward(sl_trainer *tr, const int32_t *ids, const 
                                       float *loss);
 /* Mean loss over `iters` micro-batches drawn with fn(user, i, 0, ...), forward only. */
 sl_status sl_trainer_eval(sl_trainer *tr, sl_batch_fn fn, void *user, int iters, float *loss);
+
+/* ---- checkpoint state of a trainer (src/train/ckpt_trainer.c) ---- */
+
+/* Fills st (borrowing the trainer's buffers); *segs is owned by the caller (free()). Allocates the
+ * single-process optimizer state if it does not exist yet. */
+sl_status sl_trainer_ckpt_state(sl_trainer *tr, int rank, int world, sl_ckpt_state *st, sl_ckpt_seg **segs);
+/* After loading: the optimizer step count to continue from. */
+void sl_trainer_set_adam_t(sl_trainer *tr, int64_t t);
+
+/* ---- a whole training job (src/train/job.c, run.c) ----
+ * Options are plain data; sl_train_opts_default fills every field with the `suanli train` defaults. Error
+ * messages name options by their `suanli train` flag (--seq-length, --load, ...). Integer options are
+ * int64_t and real ones double so a flag table can point straight at them. Strings, FILEs and the
+ * communicator are borrowed for the duration of the call. */
+
+typedef struct sl_train_model_opts {
+    int64_t num_layers, hidden_size, num_heads; /* 0: from --load's config.json, else 4 / 128 / 4 */
+    int64_t vocab_size;                         /* 0: the data's; else must equal it */
+    int64_t max_positions;                      /* 0: seq_length (or the loaded config's) */
+    const char *init_from; /* Hugging Face model dir (Llama family, GPT-2) to start from, or NULL; a
+                              non-zero size above conflicts with it */
+    int bf16;              /* bf16 mixed precision over fp32 master weights */
+} sl_train_model_opts;
+
+typedef struct sl_train_data_opts {
+    const char *path;          /* required: a directory made by `suanli data prepare` */
+    int64_t seq_length;        /* tokens per sample T (128) */
+    int64_t micro_batch_size;  /* samples per micro-batch B (8) */
+    int64_t global_batch_size; /* samples per step, a multiple of B x dp; 0: B x dp */
+} sl_train_data_opts;
+
+typedef struct sl_train_optim_opts {
+    double lr, min_lr;                 /* peak and final LR of the cosine decay; min_lr < 0: lr / 10 */
+    int64_t warmup_iters, decay_iters; /* linear warmup; cosine decay length (0: train_iters) */
+    double weight_decay, clip_grad;    /* clip_grad 0: off */
+    double beta1, beta2, eps;
+} sl_train_optim_opts;
+
+typedef struct sl_train_eval_opts {
+    int64_t interval; /* steps between val-loss evaluations; 0: at the end only */
+    int64_t iters;    /* val micro-batches per evaluation */
+} sl_train_eval_opts;
+
+typedef struct sl_train_ckpt_opts {
+    const char *save_dir;  /* model.safetensors, config.json, tokenizer.json, metrics.jsonl and the
+                              step-NNNNNNN checkpoints; NULL: nothing is written */
+    const char *load_dir;  /* resume from its newest valid checkpoint, or start from its model.safetensors;
+                              equal to save_dir: resume when there is a checkpoint, else start fresh */
+    int64_t save_interval; /* steps between checkpoints under save_dir; 0: none */
+    int64_t keep;          /* checkpoints to keep; 0: all */
+} sl_train_ckpt_opts;
+
+typedef struct sl_train_parallel_opts {
+    sl_comm *comm;      /* borrowed world communicator; NULL: from the environment (suanli run, torchrun, MPI,
+                           Slurm), single process when there is none. Aborted when the run fails. */
+    int64_t tp, pp, ep; /* mesh axes (tp, pp > 1 not implemented yet) */
+    int64_t zero_stage; /* 0..3 */
+    int64_t bucket_elems; /* gradient bucket size in elements */
+} sl_train_parallel_opts;
+
+typedef struct sl_train_log_opts {
+    int64_t interval; /* steps between progress lines */
+    FILE *out;        /* rank 0's progress lines, notes and the sample; NULL: silent */
+    FILE *err;        /* warnings and generation timing; NULL: silent */
+} sl_train_log_opts;
+
+typedef struct sl_train_sample_opts {
+    int64_t tokens; /* print a sample of this many tokens at the end (rank 0); 0: none */
+    const char *prompt;
+    double temperature;
+    int64_t top_k; /* 0: off */
+} sl_train_sample_opts;
+
+typedef struct sl_train_opts {
+    int64_t train_iters;       /* optimizer steps */
+    int64_t seed;              /* seeds init, data order and the sample */
+    int64_t threads;           /* compute threads; 0: OpenMP's default */
+    double exit_duration_mins; /* stop (eval, save) after this many minutes; 0: off */
+    sl_train_model_opts model;
+    sl_train_data_opts data;
+    sl_train_optim_opts optim;
+    sl_train_eval_opts eval;
+    sl_train_ckpt_opts ckpt;
+    sl_train_parallel_opts parallel;
+    sl_train_log_opts log;
+    sl_train_sample_opts sample;
+} sl_train_opts;
+
+void sl_train_opts_default(sl_train_opts *o);
+
+/* What a step callback sees (every rank). */
+typedef struct sl_train_progress {
+    int64_t step, train_iters; /* step: optimizer steps done, 1-based */
+    sl_step_stats stats;
+    double tokens_per_s;
+    int evaluated;  /* 1: val_loss was computed after this step */
+    float val_loss; /* NaN before the first evaluation */
+} sl_train_progress;
+
+typedef struct sl_train_callbacks {
+    void *user;
+    /* After each step (and its eval, metrics line and checkpoint start). Return non-zero to stop after this
+     * step: the pending checkpoint is committed and the final files are saved. Under DP every rank must
+     * return the same. May be NULL. */
+    int (*on_step)(void *user, const sl_train_progress *p);
+    /* Rank 0, after checkpoint `step` was committed under dir. May be NULL. */
+    void (*on_checkpoint)(void *user, int64_t step, const char *dir);
+} sl_train_callbacks;
+
+typedef struct sl_train_result {
+    int64_t steps;        /* optimizer steps done in total (incl. those before a resume) */
+    int64_t resumed_step; /* the checkpoint step resumed from; -1: none */
+    float loss, val_loss; /* last step's training loss; last val loss (NaN if none) */
+    double seconds;       /* wall time of the step loop */
+} sl_train_result;
+
+/* Runs the whole job: the inputs are checked (and every rank's options compared) before anything is
+ * written; then the step loop with eval, metrics, checkpoints and fault hooks (SUANLI_FAULT_KILL_AT_STEP,
+ * SUANLI_FAULT_HANG_AT_STEP, SUANLI_FAULT_RANK; docs/ENV.md), the final save and the sample.
+ * Returns SL_ERR_INVALID exactly when the options or the files they name are bad (nothing was written);
+ * any other failure is a runtime one. cb and result may be NULL. */
+sl_status sl_train_run(const sl_train_opts *opts, const sl_train_callbacks *cb, sl_train_result *result);
+
+/* Print `prompt` and n_tokens sampled after it to out (NULL: nothing printed), token by token. A prompt
+ * that does not encode (or encodes to nothing) fails with SL_ERR_INVALID. *seconds (may be NULL): the
+ * generation time. */
+sl_status sl_train_sample_print(sl_model *m, const sl_tokenizer *tok, const char *prompt, int n_tokens,
+                                float temperature, int top_k, uint64_t seed, FILE *out, double *seconds);
 
 #ifdef __cplusplus
 }

@@ -8,9 +8,21 @@
 #include "suanli/data.h"
 #include "suanli/hf.h"
 #include "suanli/model_io.h"
+#include "suanli/train.h"
 
-int sl_cli_print_sample(sl_model *m, const sl_tokenizer *tok, const char *prompt, int n_tokens,
-                        float temperature, int top_k, uint64_t seed);
+/* Print a sample continuing `prompt` (sl_train_sample_print) and its timing; an exit code. */
+static int print_sample(sl_model *m, const sl_tokenizer *tok, const char *prompt, int n_tokens,
+                        float temperature, int top_k, uint64_t seed) {
+    double dt;
+    sl_status st = sl_train_sample_print(m, tok, prompt, n_tokens, temperature, top_k, seed, stdout, &dt);
+    if (st != SL_OK) {
+        fprintf(stderr, "suanli: %s\n", sl_errmsg());
+        return st == SL_ERR_INVALID ? 2 : 1;
+    }
+    fprintf(stderr, "[generated %d tokens in %.2f s, %.1f tokens/s]\n", n_tokens, dt,
+            n_tokens / (dt > 0 ? dt : 1));
+    return 0;
+}
 
 /* "1,2,3" -> ids; tokens that are not integers are looked up in the tokenizer (e.g. "<|im_end|>") */
 static int parse_id_list(const char *s, const sl_hf_tokenizer *tok, int V, int32_t **out, int *n,
@@ -225,7 +237,7 @@ int sl_cmd_generate(int argc, char **argv) {
         sl_tokenizer_free(tok);
         return 2;
     }
-    int rc = sl_cli_print_sample(m, tok, prompt, (int)n, (float)temp, (int)top_k, (uint64_t)seed);
+    int rc = print_sample(m, tok, prompt, (int)n, (float)temp, (int)top_k, (uint64_t)seed);
     sl_model_free(m);
     sl_tokenizer_free(tok);
     return rc;

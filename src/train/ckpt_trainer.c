@@ -2,7 +2,7 @@
 #include <string.h>
 
 #include "suanli/ckpt.h"
-#include "suanli/ckpt_trainer.h"
+#include "suanli/train.h"
 #include "suanli/parallel.h"
 
 sl_status sl_trainer_ckpt_state(sl_trainer *tr, int rank, int world, sl_ckpt_state *st, sl_ckpt_seg **segs) {

@@ -1,0 +1,423 @@
+/* A training job's checks and setup: communicator and mesh, the options every rank must share, data,
+ * the model (fresh, --init-from, --load weights or a checkpoint), the trainer with DP/ZeRO, the resumed
+ * state and the checkpoint writer; the output directory last (Note [Bad input before any write]). */
+#include <math.h>
+#include <stdarg.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "suanli/model_io.h"
+#include "train/train_internal.h"
+
+/* Note [Bad input before any write]
+ * Every check of the options and of the files they name runs before the first byte is written: the save
+ * directory and metrics.jsonl are created at the very end of setup, after the checkpoint to resume from
+ * was loaded. A rejected run (SL_ERR_INVALID, the CLI's exit status 2) therefore leaves nothing behind,
+ * and a caller can tell bad input from a runtime failure by the status alone. */
+
+sl_status sl_train_bad(const char *fmt, ...) {
+    char buf[2048]; /* formatted here first: the arguments may point into sl_errmsg()'s buffer */
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    return sl_fail(SL_ERR_INVALID, "%s", buf);
+}
+
+sl_status sl_train_fail(sl_status st, const char *fmt, ...) {
+    char buf[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (st == SL_OK || st == SL_ERR_INVALID) st = SL_ERR_INTERNAL;
+    return sl_fail(st, "%s", buf);
+}
+
+void sl_train_opts_default(sl_train_opts *o) {
+    *o = (sl_train_opts){
+        .train_iters = 1000,
+        .seed = 1234,
+        .data = {.seq_length = 128, .micro_batch_size = 8},
+        .optim = {.lr = 1e-3,
+                  .min_lr = -1,
+                  .weight_decay = 0.1,
+                  .clip_grad = 1.0,
+                  .beta1 = 0.9,
+                  .beta2 = 0.95,
+                  .eps = 1e-8},
+        .eval = {.interval = 100, .iters = 20},
+        .ckpt = {.keep = 2},
+        .parallel = {.tp = 1, .pp = 1, .ep = 1, .bucket_elems = 1 << 20},
+        .log = {.interval = 1, .out = stdout, .err = stderr},
+        .sample = {.prompt = "\n", .temperature = 0.8},
+    };
+}
+
+/* FNV-1a over every option that shapes the run (not the FILE or communicator pointers) */
+static void hash_bytes(uint64_t *h, const void *p, size_t n) {
+    for (size_t i = 0; i < n; i++) *h = (*h ^ ((const uint8_t *)p)[i]) * 1099511628211ull;
+}
+static void hash_str(uint64_t *h, const char *s) {
+    if (s)
+        hash_bytes(h, s, strlen(s) + 1);
+    else
+        hash_bytes(h, "\xff", 1);
+}
+static uint64_t opts_hash(const sl_train_opts *o) {
+    uint64_t h = 1469598103934665603ull;
+    int64_t iv[] = {o->train_iters,
+                    o->seed,
+                    o->threads,
+                    o->model.num_layers,
+                    o->model.hidden_size,
+                    o->model.num_heads,
+                    o->model.vocab_size,
+                    o->model.max_positions,
+                    o->model.bf16,
+                    o->data.seq_length,
+                    o->data.micro_batch_size,
+                    o->data.global_batch_size,
+                    o->optim.warmup_iters,
+                    o->optim.decay_iters,
+                    o->eval.interval,
+                    o->eval.iters,
+                    o->ckpt.save_interval,
+                    o->ckpt.keep,
+                    o->parallel.tp,
+                    o->parallel.pp,
+                    o->parallel.ep,
+                    o->parallel.zero_stage,
+                    o->parallel.bucket_elems,
+                    o->log.interval,
+                    o->sample.tokens,
+                    o->sample.top_k};
+    double dv[] = {o->exit_duration_mins, o->optim.lr,        o->optim.min_lr,
+                   o->optim.weight_decay, o->optim.clip_grad, o->optim.beta1,
+                   o->optim.beta2,        o->optim.eps,       o->sample.temperature};
+    hash_bytes(&h, iv, sizeof iv);
+    hash_bytes(&h, dv, sizeof dv);
+    const char *sv[] = {o->model.init_from, o->data.path, o->ckpt.save_dir, o->ckpt.load_dir,
+                        o->sample.prompt};
+    for (size_t i = 0; i < sizeof sv / sizeof sv[0]; i++) hash_str(&h, sv[i]);
+    return h;
+}
+
+/* The world communicator, the mesh, and the check that every rank runs the same options. */
+static sl_status setup_comm(sl_train_job *j) {
+    sl_train_opts *o = &j->o;
+    j->world = o->parallel.comm;
+    if (!j->world) {
+        sl_comm_env env = {0};
+        if (sl_comm_env_detect(&env) != SL_OK) return sl_train_bad("%s", sl_errmsg());
+        if (env.size > 1) {
+            sl_status st = sl_comm_init_env(&j->world, NULL);
+            if (st != SL_OK) return sl_train_fail(st, "rank %d: %s", env.rank, sl_errmsg());
+            j->own_world = 1;
+        }
+    }
+    sl_mesh_dims dims = {(int)o->parallel.tp, (int)o->parallel.pp, (int)o->parallel.ep};
+    if (sl_mesh_init(&j->mesh, j->world, dims) != SL_OK) return sl_train_bad("%s", sl_errmsg());
+    j->mesh_ok = 1;
+    const sl_mesh *mesh = &j->mesh;
+    if (mesh->tp > 1 || mesh->pp > 1)
+        return sl_train_bad(
+            "tensor and pipeline parallelism are not implemented yet (--tp %d --pp %d); use data parallelism",
+            mesh->tp, mesh->pp);
+    if (mesh->ep > 1)
+        return sl_train_bad("--expert-model-parallel-size %d needs an MoE model; GPT-2 has no experts",
+                            mesh->ep);
+    j->rank0 = mesh->rank == 0;
+    if (j->world) {
+        /* every rank must run the same configuration: compare a hash of the options */
+        uint64_t h = opts_hash(o), hs[1024];
+        if (mesh->world > 1024) return sl_train_bad("world size %d exceeds 1024", mesh->world);
+        sl_status st = sl_comm_all_gather(j->world, &h, hs, 1, SL_COMM_I64);
+        if (st != SL_OK) return sl_train_fail(st, "rank %d: config exchange: %s", mesh->rank, sl_errmsg());
+        for (int r = 0; r < mesh->world; r++)
+            if (hs[r] != hs[0])
+                return sl_train_bad(
+                    "rank %d was started with a different configuration than rank 0 (argument hash differs)",
+                    r);
+    }
+    if (!j->rank0) o->sample.tokens = 0;
+    return SL_OK;
+}
+
+/* Options that need no file: batch layout and the LR schedule; their defaults that depend on the mesh. */
+static sl_status check_opts(sl_train_job *j) {
+    sl_train_opts *o = &j->o;
+    sl_train_data_opts *d = &o->data;
+    sl_train_optim_opts *op = &o->optim;
+    int dp = j->mesh.dp;
+    if (!d->path) return sl_train_bad("--data-path is required");
+    if (d->global_batch_size == 0) d->global_batch_size = d->micro_batch_size * dp;
+    if (d->global_batch_size % (d->micro_batch_size * dp) != 0)
+        return sl_train_bad(
+            "--global-batch-size %lld is not a multiple of --micro-batch-size %lld x data-parallel size %d",
+            (long long)d->global_batch_size, (long long)d->micro_batch_size, dp);
+    if (op->min_lr < 0) op->min_lr = op->lr / 10;
+    if (op->min_lr > op->lr) return sl_train_bad("--min-lr %g exceeds --lr %g", op->min_lr, op->lr);
+    if (op->decay_iters == 0) op->decay_iters = o->train_iters;
+    if (op->warmup_iters > op->decay_iters && op->decay_iters > 0)
+        return sl_train_bad("--lr-warmup-iters %lld exceeds the decay length %lld",
+                            (long long)op->warmup_iters, (long long)op->decay_iters);
+    if (o->threads > 0) sl_threads_set((int)o->threads);
+    return SL_OK;
+}
+
+static sl_status open_data(sl_train_job *j) {
+    const char *path = j->o.data.path;
+    if (sl_dataset_open(path, "train", &j->train) != SL_OK) return sl_train_bad("%s", sl_errmsg());
+    if (sl_dataset_open(path, "val", &j->val) != SL_OK) return sl_train_bad("%s", sl_errmsg());
+    snprintf(j->tokpath, sizeof j->tokpath, "%s/tokenizer.json", path);
+    if (sl_tokenizer_load(j->tokpath, &j->tok) != SL_OK) return sl_train_bad("%s", sl_errmsg());
+    if (sl_dataset_vocab_size(j->val) != sl_dataset_vocab_size(j->train))
+        return sl_train_bad("%s: train and val shards disagree on vocab size", path);
+    return SL_OK;
+}
+
+static int short_split(const sl_train_job *j) {
+    int64_t need = j->o.data.seq_length + 1;
+    return sl_dataset_num_tokens(j->train) < need || sl_dataset_num_tokens(j->val) < need;
+}
+
+/* --init-from: the architecture and weights come from a Hugging Face model dir. */
+static sl_status load_init_from(sl_train_job *j, int data_vocab) {
+    const sl_train_opts *o = &j->o;
+    const char *dir = o->model.init_from;
+    /* with --load: resume a checkpoint of this model (the architecture still comes from --init-from) */
+    const char *names[] = {"num-layers", "num-attention-heads", "hidden-size", "vocab-size",
+                           "max-position-embeddings"};
+    int64_t given[] = {o->model.num_layers, o->model.num_heads, o->model.hidden_size, o->model.vocab_size,
+                       o->model.max_positions};
+    for (int i = 0; i < 5; i++)
+        if (given[i])
+            return sl_train_bad(
+                "--%s conflicts with --init-from (the architecture comes from %s/config.json)", names[i],
+                dir);
+    if (sl_hf_load(dir, &j->m, &j->hf_info) != SL_OK) return sl_train_bad("--init-from: %s", sl_errmsg());
+    sl_model *m = j->m;
+    if (data_vocab > m->cfg.vocab_size)
+        return sl_train_bad("the data's vocab size %d exceeds the model's vocab_size %d (%s)", data_vocab,
+                            m->cfg.vocab_size, dir);
+    int lim = m->lcfg.sliding_window && m->lcfg.sliding_window < m->lcfg.max_seq_len ? m->lcfg.sliding_window
+                                                                                     : m->lcfg.max_seq_len;
+    if (o->data.seq_length > lim)
+        return sl_train_bad("--seq-length %lld exceeds the model's %d positions (or sliding window)",
+                            (long long)o->data.seq_length, lim);
+    if (short_split(j))
+        return sl_train_bad("%s: a split has fewer than seq-length+1 = %lld tokens", o->data.path,
+                            (long long)o->data.seq_length + 1);
+    j->cfg = m->cfg;
+    m->autocast_bf16 = o->model.bf16;
+    return SL_OK;
+}
+
+/* load_dir: a checkpoint to resume (the newest valid one, or the newer in-memory copy), else the weights
+ * in load_dir/model.safetensors, else (load_dir == save_dir) a fresh start. */
+static sl_status find_start(sl_train_job *j) {
+    const sl_train_opts *o = &j->o;
+    const char *load = o->ckpt.load_dir, *save = o->ckpt.save_dir, *init_from = o->model.init_from;
+    int same = save && !strcmp(load, save);
+    snprintf(j->wpath, sizeof j->wpath, "%s/model.safetensors", load);
+    const char *mem = sl_ckpt_mem_root();
+    char memdir[4096];
+    if (sl_ckpt_is_checkpoint(load)) {
+        if (sl_ckpt_find_latest(load, j->ckdir, sizeof j->ckdir) != SL_OK)
+            return sl_train_bad("--load: %s", sl_errmsg());
+        j->resume = 1;
+    }
+    if (mem && same && sl_ckpt_is_checkpoint(mem) &&
+        sl_ckpt_find_latest(mem, memdir, sizeof memdir) == SL_OK) {
+        /* step dirs are named step-NNNNNNN: compare their steps */
+        const char *ms = strrchr(memdir, '/'), *ds = j->resume ? strrchr(j->ckdir, '/') : NULL;
+        if (ms && (!ds || strcmp(ms, ds) >= 0)) {
+            snprintf(j->ckdir, sizeof j->ckdir, "%s", memdir);
+            j->resume = 1;
+        }
+    }
+    if (j->resume) {
+        /* found above */
+    } else if (init_from && !same) {
+        return sl_train_bad("--load %s with --init-from: no checkpoint (step-*/manifest.json) there", load);
+    } else if (!init_from && access(j->wpath, F_OK) == 0) {
+        j->init_from_weights = 1;
+    } else if (same) {
+        if (j->out) {
+            fprintf(j->out, "note: no checkpoint in %s yet; starting from scratch\n", load);
+            fflush(j->out); /* every rank says it; a killed rank must not lose it */
+        }
+    } else {
+        return sl_train_bad("--load %s: no checkpoint (step-*/manifest.json) and no model.safetensors there",
+                            load);
+    }
+    if (j->resume && init_from) {
+        if (sl_model_check_config(j->ckdir, j->m) != SL_OK) return sl_train_bad("--load: %s", sl_errmsg());
+    } else if (j->resume || j->init_from_weights) {
+        sl_gpt2_config lc;
+        const char *cdir = j->resume ? j->ckdir : load;
+        if (sl_model_load_config(cdir, &lc) != SL_OK) return sl_train_bad("--load: %s", sl_errmsg());
+        const char *names[] = {"num-layers", "num-attention-heads", "hidden-size", "vocab-size",
+                               "max-position-embeddings"};
+        int64_t given[] = {o->model.num_layers, o->model.num_heads, o->model.hidden_size, o->model.vocab_size,
+                           o->model.max_positions};
+        int lv[] = {lc.n_layer, lc.n_head, lc.n_embd, lc.vocab_size, lc.max_seq_len};
+        int fv[] = {j->cfg.n_layer, j->cfg.n_head, j->cfg.n_embd, j->cfg.vocab_size, j->cfg.max_seq_len};
+        for (int i = 0; i < 5; i++)
+            if (given[i] && lv[i] != fv[i])
+                return sl_train_bad("--%s %d conflicts with %d in %s/config.json", names[i], fv[i], lv[i],
+                                    cdir);
+        j->cfg = lc;
+    }
+    return SL_OK;
+}
+
+/* The model: its shape from the options, --init-from or --load; weights fresh, loaded or (resume) later. */
+static sl_status make_model(sl_train_job *j) {
+    const sl_train_opts *o = &j->o;
+    const sl_train_model_opts *mo = &o->model;
+    int data_vocab = sl_dataset_vocab_size(j->train);
+    if (mo->init_from) SL_TRY(load_init_from(j, data_vocab));
+    if (!mo->init_from)
+        j->cfg = (sl_gpt2_config){
+            (int)(mo->num_layers ? mo->num_layers : 4), (int)(mo->num_heads ? mo->num_heads : 4),
+            (int)(mo->hidden_size ? mo->hidden_size : 128), mo->vocab_size ? (int)mo->vocab_size : data_vocab,
+            (int)(mo->max_positions ? mo->max_positions : o->data.seq_length)};
+    if (o->ckpt.load_dir) SL_TRY(find_start(j));
+    if (j->cfg.vocab_size != data_vocab && !mo->init_from)
+        return sl_train_bad("model vocab size %d does not match the data's vocab size %d (%s)",
+                            j->cfg.vocab_size, data_vocab, o->data.path);
+    if (o->data.seq_length > j->cfg.max_seq_len)
+        return sl_train_bad("--seq-length %lld exceeds the model's position table %d",
+                            (long long)o->data.seq_length, j->cfg.max_seq_len);
+    if (short_split(j))
+        return sl_train_bad("%s: a split has fewer than seq-length+1 = %lld tokens", o->data.path,
+                            (long long)o->data.seq_length + 1);
+    if (mo->init_from) return SL_OK; /* weights loaded above */
+    if (sl_gpt2_new(&j->cfg, &j->m) != SL_OK) return sl_train_bad("%s", sl_errmsg());
+    if (j->init_from_weights) {
+        if (sl_model_load_weights(j->m, j->wpath) != SL_OK) return sl_train_bad("--load: %s", sl_errmsg());
+    } else {
+        sl_model_init_weights(j->m, (uint64_t)o->seed);
+    }
+    return SL_OK;
+}
+
+/* Bytes of one checkpoint snapshot of this rank, reserved ahead of the first save. */
+static sl_status reserve_writer(sl_train_job *j) {
+    j->ckw = sl_ckpt_writer_new();
+    if (!j->ckw) return sl_train_bad("out of memory");
+    sl_ckpt_state cst;
+    sl_ckpt_seg *segs = NULL;
+    size_t need = 0;
+    if (sl_trainer_ckpt_state(&j->tr, j->mesh.rank, j->mesh.world, &cst, &segs) == SL_OK)
+        for (int k = 0; k < cst.nseg; k++)
+            need += (size_t)cst.seg[k].len * (size_t)((cst.write_params ? 1 : 0) + (cst.write_optim ? 2 : 0));
+    free(segs);
+    if (sl_ckpt_writer_reserve(j->ckw, need) != SL_OK)
+        return sl_train_bad("--save-interval: %s", sl_errmsg());
+    return SL_OK;
+}
+
+static void wait_snapshot(void *w) { sl_ckpt_writer_wait_snapshot(w); }
+
+/* The trainer, DP/ZeRO, the resumed state and the checkpoint writer. */
+static sl_status make_trainer(sl_train_job *j) {
+    const sl_train_opts *o = &j->o;
+    sl_model *m = j->m;
+    m->compute_dtype = o->model.bf16 ? SL_BF16 : SL_F32;
+    j->B = (int)o->data.micro_batch_size;
+    j->T = (int)o->data.seq_length;
+    j->accum = (int)(o->data.global_batch_size / (o->data.micro_batch_size * j->mesh.dp));
+    sl_trainer_config tc = {.B = j->B,
+                            .T = j->T,
+                            .accum = j->accum,
+                            .dp_size = j->mesh.dp,
+                            .lr = (float)o->optim.lr,
+                            .min_lr = (float)o->optim.min_lr,
+                            .clip = (float)o->optim.clip_grad,
+                            .warmup = o->optim.warmup_iters,
+                            .decay_iters = o->optim.decay_iters,
+                            .hp = {(float)o->optim.beta1, (float)o->optim.beta2, (float)o->optim.eps,
+                                   (float)o->optim.weight_decay}};
+    sl_status st = sl_trainer_init(&j->tr, m, &tc);
+    if (st != SL_OK) return sl_train_fail(st, "%s", sl_errmsg());
+    j->trainer_ok = 1;
+    if (j->mesh.dp > 1) {
+        sl_dp_opts dpo = {(int)o->parallel.zero_stage, o->parallel.bucket_elems, j->accum};
+        if (sl_dp_new(&j->dp, &j->mesh, m, j->tr.graph, &dpo) != SL_OK)
+            return sl_train_bad("%s", sl_errmsg());
+        j->tr.dp = j->dp;
+    } else if (o->parallel.zero_stage > 0 && j->rank0 && j->out) {
+        fprintf(j->out, "note: --zero-stage %lld has no effect with one data-parallel rank\n",
+                (long long)o->parallel.zero_stage);
+    }
+    if (j->resume) {
+        sl_ckpt_state cst;
+        sl_ckpt_seg *segs = NULL;
+        double t0 = sl_time_sec();
+        sl_status ls = sl_trainer_ckpt_state(&j->tr, j->mesh.rank, j->mesh.world, &cst, &segs);
+        if (ls == SL_OK) ls = sl_ckpt_load(j->ckdir, &cst);
+        free(segs);
+        if (ls != SL_OK) return sl_train_bad("--load: %s", sl_errmsg());
+        j->start_step = cst.step;
+        sl_trainer_set_adam_t(&j->tr, cst.adam_t);
+        j->resume_seconds = sl_time_sec() - t0;
+    }
+    if (o->ckpt.save_dir && o->ckpt.save_interval > 0) {
+        SL_TRY(reserve_writer(j));
+        j->tr.pre_update = wait_snapshot;
+        j->tr.pre_update_user = j->ckw;
+    }
+    return SL_OK;
+}
+
+/* The only writes of setup, after every check (Note [Bad input before any write]). */
+static sl_status open_outputs(sl_train_job *j) {
+    const char *save = j->o.ckpt.save_dir;
+    if (!save || !j->rank0) return SL_OK;
+    if (sl_mkdirs(save) != SL_OK) return sl_train_bad("--save: %s", sl_errmsg());
+    char mp[4096];
+    snprintf(mp, sizeof mp, "%s/metrics.jsonl", save);
+    j->metrics = fopen(mp, j->resume ? "a" : "w");
+    if (!j->metrics) return sl_train_bad("--save: cannot write %s", mp);
+    return SL_OK;
+}
+
+sl_status sl_train_job_setup(sl_train_job *j, const sl_train_opts *opts) {
+    memset(j, 0, sizeof *j);
+    j->o = *opts;
+    j->out = opts->log.out;
+    j->err = opts->log.err;
+    j->pending_step = -1;
+    SL_TRY(setup_comm(j));
+    SL_TRY(check_opts(j));
+    SL_TRY(open_data(j));
+    SL_TRY(make_model(j));
+    SL_TRY(make_trainer(j));
+    SL_TRY(open_outputs(j));
+    if (!j->rank0) j->out = NULL; /* only rank 0 talks */
+    const sl_gpt2_config *c = &j->cfg;
+    snprintf(
+        j->model_json, sizeof j->model_json,
+        "{\"architecture\": \"%s\", \"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d, \"vocab_size\": %d, "
+        "\"max_seq_len\": %d}",
+        sl_arch_name(j->m->arch), c->n_layer, c->n_head, c->n_embd, c->vocab_size, c->max_seq_len);
+    return SL_OK;
+}
+
+void sl_train_job_release(sl_train_job *j, int failed) {
+    sl_ckpt_writer_free(j->ckw);
+    if (j->metrics) fclose(j->metrics);
+    sl_dp_free(j->dp);
+    if (j->trainer_ok) sl_trainer_free(&j->tr);
+    if (j->mesh_ok) sl_mesh_free(&j->mesh);
+    if (failed && j->world) sl_comm_abort(j->world);
+    if (j->own_world) sl_comm_free(j->world);
+    sl_model_free(j->m);
+    sl_tokenizer_free(j->tok);
+    sl_dataset_close(j->train);
+    sl_dataset_close(j->val);
+    memset(j, 0, sizeof *j);
+}

@@ -1,0 +1,350 @@
+/* A training job's run: the step loop (eval at interval, progress line, metrics.jsonl, checkpoints,
+ * fault hooks, the time limit), the final save and the sample. Setup is in job.c. */
+#include <math.h>
+#include <signal.h>
+#include <string.h>
+
+#include "suanli/model_io.h"
+#include "train/train_internal.h"
+
+typedef struct {
+    const sl_dataset *ds;
+    int B, T;
+    uint64_t seed;
+} batch_src;
+
+static sl_status batch_fn(void *u, int64_t step, int micro, int32_t *ids, int32_t *tg) {
+    batch_src *s = u;
+    return sl_dataset_batch(s->ds, s->B, s->T, s->seed, (uint64_t)step, 0, micro, ids, tg);
+}
+
+static void fmt_eta(double sec, char *buf, size_t n) {
+    if (sec < 0 || !isfinite(sec)) sec = 0;
+    int s = (int)(sec + 0.5);
+    if (s >= 3600)
+        snprintf(buf, n, "%dh%02dm", s / 3600, (s / 60) % 60);
+    else if (s >= 60)
+        snprintf(buf, n, "%dm%02ds", s / 60, s % 60);
+    else
+        snprintf(buf, n, "%ds", s);
+}
+
+static sl_status copy_file(const char *src, const char *dst) {
+    char *buf;
+    size_t n;
+    SL_TRY(sl_file_read_all(src, &buf, &n));
+    sl_status st = sl_file_write_atomic(dst, buf, n);
+    free(buf);
+    return st;
+}
+
+static void print_banner(const sl_train_job *j) {
+    FILE *f = j->out;
+    if (!f) return;
+    const sl_model *m = j->m;
+    const sl_gpt2_config *c = &j->cfg;
+    fprintf(f,
+            "suanli train: %s L=%d H=%d C=%d V=%d T=%d | %.2fM params | micro-batch %d x accum %d x dp %d | "
+            "%s | %d threads, %s\n",
+            m->arch == SL_ARCH_GPT2 ? "GPT-2" : sl_arch_name(m->arch), c->n_layer, c->n_head, c->n_embd,
+            c->vocab_size, j->T, (double)m->numel / 1e6, j->B, j->accum, j->mesh.dp,
+            j->o.model.bf16 ? "bf16 mixed precision" : "fp32", sl_threads_get(), sl_cpu_isa_name());
+    if (j->dp) {
+        sl_dp_memory mem;
+        sl_dp_memory_report(j->dp, &mem);
+        fprintf(f, "data parallel: %d ranks, ZeRO-%lld, %d gradient buckets | per rank: params %.1f MiB",
+                j->mesh.dp, (long long)j->o.parallel.zero_stage, sl_dp_num_buckets(j->dp),
+                mem.param_bytes / 1048576.0);
+        fprintf(f, ", grads %.1f MiB (+ %.1f MiB reduced shard), optimizer state %.1f MiB",
+                mem.grad_bytes / 1048576.0, mem.grad_shard_bytes / 1048576.0, mem.optim_bytes / 1048576.0);
+        if (mem.slot_bytes) fprintf(f, ", slots %.1f MiB", mem.slot_bytes / 1048576.0);
+        fprintf(f, "\n");
+    }
+    fprintf(f,
+            "activation memory: planned %.1f MiB (naive sum %.1f MiB) | data: %lld train / %lld val tokens\n",
+            j->tr.plan.planned_bytes / 1048576.0, j->tr.plan.naive_bytes / 1048576.0,
+            (long long)sl_dataset_num_tokens(j->train), (long long)sl_dataset_num_tokens(j->val));
+    fflush(f);
+    if (j->resume)
+        fprintf(f, "resumed from %s at step %lld (%.2f s)\n", j->ckdir, (long long)j->start_step,
+                j->resume_seconds);
+}
+
+/* Commit a pending checkpoint once every rank's writer finished (or wait for it with force)
+ * (Note [Checkpoint commit protocol] in src/ckpt/ckpt.c). */
+static sl_status ckpt_poll(sl_train_job *j, int force, const sl_train_callbacks *cb) {
+    if (j->pending_step < 0) return SL_OK;
+    sl_ckpt_writer *w = j->ckw;
+    const sl_mesh *mesh = &j->mesh;
+    if (force) sl_ckpt_writer_wait(w);
+    int32_t flags[2] = {sl_ckpt_writer_done(w), 0}, agg[2];
+    if (j->world) {
+        if (sl_comm_all_reduce(j->world, &flags[0], &agg[0], 1, SL_COMM_I32, SL_COMM_MIN) != SL_OK)
+            return sl_train_fail(SL_ERR_PEER, "%s", sl_errmsg());
+    } else {
+        agg[0] = flags[0];
+    }
+    if (!agg[0]) return SL_OK;
+    sl_status ws = sl_ckpt_writer_wait(w);
+    flags[1] = ws != SL_OK;
+    if (j->world) {
+        if (sl_comm_all_reduce(j->world, &flags[1], &agg[1], 1, SL_COMM_I32, SL_COMM_MAX) != SL_OK)
+            return sl_train_fail(SL_ERR_PEER, "%s", sl_errmsg());
+    } else {
+        agg[1] = flags[1];
+    }
+    if (agg[1])
+        return sl_train_fail(SL_ERR_IO, "rank %d: checkpoint step %lld failed: %s", mesh->rank,
+                             (long long)j->pending_step, ws != SL_OK ? sl_errmsg() : "on another rank");
+    const char *root = j->o.ckpt.save_dir;
+    if (mesh->rank == 0) {
+        double t0 = sl_time_sec();
+        sl_status cs = sl_ckpt_commit(root, j->pending_step, mesh->world, (int)j->o.ckpt.keep, j->model_json,
+                                      j->layout_json);
+        if (cs != SL_OK) return sl_train_fail(cs, "checkpoint commit: %s", sl_errmsg());
+        const char *mem = sl_ckpt_mem_root();
+        if (mem &&
+            sl_ckpt_commit(mem, j->pending_step, mesh->world, 1, j->model_json, j->layout_json) != SL_OK)
+            SL_LOGW("in-memory checkpoint copy not committed: %s", sl_errmsg());
+        double wsec = sl_ckpt_writer_write_seconds(w);
+        if (j->out) {
+            fprintf(j->out,
+                    "checkpoint step %lld committed: stall %.1f ms, background write %.2f s (%.0f MB/s from "
+                    "rank 0), commit %.1f ms\n",
+                    (long long)j->pending_step, sl_ckpt_writer_stall(w) * 1e3, wsec,
+                    sl_ckpt_writer_bytes(w) / 1e6 / (wsec > 0 ? wsec : 1), (sl_time_sec() - t0) * 1e3);
+            fflush(j->out);
+        }
+        if (cb && cb->on_checkpoint) cb->on_checkpoint(cb->user, j->pending_step, root);
+    }
+    j->pending_step = -1;
+    return SL_OK;
+}
+
+/* Start checkpoint `step` (the writer thread snapshots the state and writes in the background). */
+static sl_status ckpt_begin(sl_train_job *j, int64_t step) {
+    const sl_train_opts *o = &j->o;
+    const sl_mesh *mesh = &j->mesh;
+    const char *save = o->ckpt.save_dir, *restart = getenv("SUANLI_RESTART_COUNT");
+    sl_ckpt_state cst;
+    sl_ckpt_seg *segs = NULL;
+    sl_status cs = sl_trainer_ckpt_state(&j->tr, mesh->rank, mesh->world, &cst, &segs);
+    cst.step = step;
+    cst.seed = (uint64_t)o->seed;
+    snprintf(j->layout_json, sizeof j->layout_json,
+             "{\"world\": %d, \"dp\": %d, \"tp\": %d, \"pp\": %d, \"ep\": %d, \"zero_stage\": %lld, "
+             "\"adam_t\": %lld, \"seed\": %lld, \"data_position\": {\"step\": %lld, \"seed\": %lld}, "
+             "\"rng\": \"philox4x32-10 counter = step\", \"micro_batch_size\": %d, "
+             "\"global_batch_size\": %lld, "
+             "\"seq_length\": %d}",
+             mesh->world, mesh->dp, mesh->tp, mesh->pp, mesh->ep,
+             (long long)(j->dp ? o->parallel.zero_stage : 0), (long long)cst.adam_t, (long long)o->seed,
+             (long long)step, (long long)o->seed, j->B, (long long)o->data.global_batch_size, j->T);
+    if (cs == SL_OK) cs = sl_ckpt_save_begin(j->ckw, save, &cst);
+    free(segs);
+    if (cs != SL_OK) return sl_train_fail(cs, "rank %d: checkpoint: %s", mesh->rank, sl_errmsg());
+    if (j->rank0) {
+        /* the model config travels with the checkpoint */
+        char cp[4300];
+        snprintf(cp, sizeof cp, "%s/step-%07lld.tmp%s/config.json", save, (long long)step,
+                 restart ? restart : "");
+        sl_file_write_atomic(cp, j->model_json, strlen(j->model_json));
+        const char *mem = sl_ckpt_mem_root();
+        if (mem) {
+            snprintf(cp, sizeof cp, "%s/step-%07lld.tmp%s", mem, (long long)step, restart ? restart : "");
+            if (sl_mkdirs(cp) == SL_OK) {
+                strncat(cp, "/config.json", sizeof cp - strlen(cp) - 1);
+                sl_file_write_atomic(cp, j->model_json, strlen(j->model_json));
+            }
+        }
+    }
+    j->pending_step = step;
+    return SL_OK;
+}
+
+/* After step `done` (1-based): poll the pending checkpoint, start a new one at the interval. */
+static sl_status ckpt_after_step(sl_train_job *j, int64_t done, const sl_train_callbacks *cb) {
+    if (!j->ckw) return SL_OK;
+    int64_t every = j->o.ckpt.save_interval;
+    SL_TRY(ckpt_poll(j, 0, cb));
+    if (done % every != 0) return SL_OK;
+    if (j->pending_step >= 0) SL_TRY(ckpt_poll(j, 1, cb)); /* the previous save is still being written */
+    return ckpt_begin(j, done);
+}
+
+/* Test hooks (docs/ENV.md): on the first attempt, the chosen rank (default: every rank) kills or stops
+ * itself after the given step. */
+static void fault_hooks(const sl_train_job *j, int64_t done) {
+    const char *kill_at = getenv("SUANLI_FAULT_KILL_AT_STEP"), *hang_at = getenv("SUANLI_FAULT_HANG_AT_STEP"),
+               *fault_rank = getenv("SUANLI_FAULT_RANK"), *restart = getenv("SUANLI_RESTART_COUNT");
+    int first = !restart || !strcmp(restart, "0"), me = !fault_rank || atoi(fault_rank) == j->mesh.rank;
+    if (kill_at && atoll(kill_at) == done && first && me) {
+        fprintf(stderr, "suanli train: rank %d: SUANLI_FAULT_KILL_AT_STEP=%s: killing myself\n", j->mesh.rank,
+                kill_at);
+        fflush(stderr);
+        raise(SIGKILL);
+    }
+    if (hang_at && atoll(hang_at) == done && first && me) {
+        fprintf(stderr, "suanli train: rank %d: SUANLI_FAULT_HANG_AT_STEP=%s: stopping myself\n",
+                j->mesh.rank, hang_at);
+        fflush(stderr);
+        raise(SIGSTOP); /* a hung rank: alive but silent */
+    }
+}
+
+static void report_step(const sl_train_job *j, const sl_train_progress *p, double t_steps) {
+    const sl_step_stats *ss = &p->stats;
+    int64_t step = p->step - 1, iters = j->o.train_iters;
+    if (j->out && (p->step % j->o.log.interval == 0 || p->evaluated || step == 0)) {
+        char eta[32];
+        fmt_eta(t_steps / (double)p->step * (double)(iters - p->step), eta, sizeof eta);
+        fprintf(
+            j->out,
+            "step %lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %.1f ms/step | %.0f tokens/s | ETA %s",
+            (long long)p->step, (long long)iters, ss->loss, ss->lr, ss->grad_norm, ss->seconds * 1e3,
+            p->tokens_per_s, eta);
+        if (j->dp) fprintf(j->out, " | comm wait %.1f ms", ss->comm_wait_sec * 1e3);
+        if (p->evaluated) fprintf(j->out, " | val loss %.4f", p->val_loss);
+        fprintf(j->out, "\n");
+        fflush(j->out);
+    }
+    if (j->metrics) {
+        fprintf(j->metrics,
+                "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, \"ms_per_step\": %.3f, "
+                "\"tokens_per_s\": %.1f",
+                (long long)p->step, ss->loss, ss->lr, ss->grad_norm, ss->seconds * 1e3, p->tokens_per_s);
+        if (p->evaluated) fprintf(j->metrics, ", \"val_loss\": %.6f", p->val_loss);
+        if (j->dp) fprintf(j->metrics, ", \"comm_wait_ms\": %.3f", ss->comm_wait_sec * 1e3);
+        fprintf(j->metrics, "}\n");
+        fflush(j->metrics);
+    }
+}
+
+/* Rank 0 decides whether the time limit passed, so that all ranks stop at the same step. */
+static sl_status check_time(const sl_train_job *j, double t_start, int *timed_out) {
+    double mins = j->o.exit_duration_mins;
+    *timed_out = mins > 0 && sl_time_sec() - t_start > mins * 60.0;
+    if (j->world && mins > 0) {
+        int32_t flag = *timed_out;
+        if (sl_comm_broadcast(j->world, &flag, &flag, 1, SL_COMM_I32, 0) != SL_OK)
+            return sl_train_fail(SL_ERR_PEER, "rank %d: %s", j->mesh.rank, sl_errmsg());
+        *timed_out = flag;
+    }
+    return SL_OK;
+}
+
+static sl_status step_loop(sl_train_job *j, const sl_train_callbacks *cb, sl_train_result *r) {
+    const sl_train_opts *o = &j->o;
+    batch_src tsrc = {j->train, j->B, j->T, (uint64_t)o->seed},
+              vsrc = {j->val, j->B, j->T, (uint64_t)o->seed ^ 0x9e3779b97f4a7c15ull};
+    double t_start = sl_time_sec(), t_steps = 0;
+    sl_train_progress p = {.train_iters = o->train_iters, .val_loss = NAN};
+    int64_t step = j->start_step;
+    for (; step < o->train_iters; step++) {
+        sl_step_stats *ss = &p.stats;
+        sl_status st = sl_trainer_step(&j->tr, step, batch_fn, &tsrc, ss);
+        if (st != SL_OK) return sl_train_fail(st, "step %lld: %s", (long long)step, sl_errmsg());
+        if (!isfinite(ss->loss))
+            return sl_train_fail(SL_ERR_INTERNAL, "step %lld: loss is %f; stopping", (long long)step,
+                                 ss->loss);
+        r->loss = ss->loss;
+        t_steps += ss->seconds;
+        p.step = step + 1;
+        p.tokens_per_s = (double)j->B * j->T * j->accum * j->mesh.dp / ss->seconds;
+        p.evaluated =
+            (o->eval.interval > 0 && (step + 1) % o->eval.interval == 0) || step + 1 == o->train_iters;
+        int timed_out;
+        SL_TRY(check_time(j, t_start, &timed_out));
+        if (timed_out) p.evaluated = 1;
+        if (p.evaluated) {
+            st = sl_trainer_eval(&j->tr, batch_fn, &vsrc, (int)o->eval.iters, &p.val_loss);
+            if (st != SL_OK) return sl_train_fail(st, "eval: %s", sl_errmsg());
+            r->val_loss = p.val_loss;
+        }
+        report_step(j, &p, t_steps);
+        SL_TRY(ckpt_after_step(j, step + 1, cb));
+        fault_hooks(j, step + 1);
+        int stop = cb && cb->on_step && cb->on_step(cb->user, &p);
+        if (timed_out && j->out)
+            fprintf(j->out, "stopping after %.1f minutes (--exit-duration-in-mins)\n",
+                    (sl_time_sec() - t_start) / 60);
+        if (timed_out || stop) {
+            step++;
+            break;
+        }
+    }
+    r->steps = step;
+    r->seconds = sl_time_sec() - t_start;
+    return SL_OK;
+}
+
+/* model.safetensors + config.json (GPT-2: suanli's layout; --init-from models: transformers' layout) and
+ * tokenizer.json (the HF model's own when it has one, else the data's). */
+static sl_status save_final(const sl_train_job *j, const sl_train_result *r) {
+    const sl_train_opts *o = &j->o;
+    const char *save = o->ckpt.save_dir, *init_from = o->model.init_from;
+    char extra[512], tp[4096], hft[4096];
+    snprintf(extra, sizeof extra,
+             "{\"steps\": %lld, \"val_loss\": %.6f, \"seq_length\": %lld, \"seed\": %lld}",
+             (long long)r->steps, isfinite(r->val_loss) ? r->val_loss : -1.0, (long long)o->data.seq_length,
+             (long long)o->seed);
+    snprintf(tp, sizeof tp, "%s/tokenizer.json", save);
+    sl_status sst = j->m->arch == SL_ARCH_GPT2 ? sl_model_save(j->m, save, extra)
+                                               : sl_hf_save(j->m, save, SL_F32, &j->hf_info);
+    const char *tsrc = j->tokpath; /* an HF model keeps its own tokenizer.json */
+    snprintf(hft, sizeof hft, "%s/tokenizer.json", init_from ? init_from : "");
+    FILE *hf_tok = init_from ? fopen(hft, "r") : NULL;
+    if (hf_tok) {
+        fclose(hf_tok);
+        tsrc = hft;
+    }
+    if (sst == SL_OK) sst = copy_file(tsrc, tp);
+    if (sst != SL_OK) return sl_train_fail(sst, "save: %s", sl_errmsg());
+    if (j->out)
+        fprintf(j->out, "saved %s/model.safetensors, config.json, tokenizer.json, metrics.jsonl\n", save);
+    return SL_OK;
+}
+
+static sl_status finish(sl_train_job *j, const sl_train_callbacks *cb, const sl_train_result *r,
+                        double t_start) {
+    const sl_train_opts *o = &j->o;
+    if (j->ckw) SL_TRY(ckpt_poll(j, 1, cb));
+    sl_status st;
+    if (j->dp &&
+        (st = sl_dp_gather_params(j->dp)) != SL_OK) /* ZeRO-3: whole weights for saving and sampling */
+        return sl_train_fail(st, "rank %d: gathering parameters: %s", j->mesh.rank, sl_errmsg());
+    if (j->out)
+        fprintf(j->out, "trained %lld steps in %.1f s; final val loss %.4f\n", (long long)r->steps,
+                sl_time_sec() - t_start, r->val_loss);
+    if (o->ckpt.save_dir && j->rank0) SL_TRY(save_final(j, r));
+    if (o->sample.tokens > 0) {
+        if (j->out) fprintf(j->out, "---- sample ----\n");
+        double dt;
+        int n = (int)o->sample.tokens;
+        st = sl_train_sample_print(j->m, j->tok, o->sample.prompt, n, (float)o->sample.temperature,
+                                   (int)o->sample.top_k, (uint64_t)o->seed, j->out, &dt);
+        if (st != SL_OK) return st;
+        if (j->err)
+            fprintf(j->err, "[generated %d tokens in %.2f s, %.1f tokens/s]\n", n, dt, n / (dt > 0 ? dt : 1));
+    }
+    return SL_OK;
+}
+
+sl_status sl_train_run(const sl_train_opts *opts, const sl_train_callbacks *cb, sl_train_result *result) {
+    sl_train_result r = {.resumed_step = -1, .loss = NAN, .val_loss = NAN};
+    sl_train_job *j = calloc(1, sizeof *j);
+    if (!j) return sl_fail(SL_ERR_NOMEM, "train: out of memory");
+    double t_start = sl_time_sec();
+    sl_status st = sl_train_job_setup(j, opts);
+    if (st == SL_OK) {
+        if (j->resume) r.resumed_step = j->start_step;
+        print_banner(j);
+        t_start = sl_time_sec();
+        st = step_loop(j, cb, &r);
+    }
+    if (st == SL_OK) st = finish(j, cb, &r, t_start);
+    sl_train_job_release(j, st != SL_OK);
+    free(j);
+    if (result) *result = r;
+    return st;
+}

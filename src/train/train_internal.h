@@ -1,0 +1,54 @@
+/* The training job shared by job.c (checks and setup) and run.c (the step loop, checkpoints, final save). */
+#ifndef SL_TRAIN_INTERNAL_H
+#define SL_TRAIN_INTERNAL_H
+#include "suanli/ckpt.h"
+#include "suanli/data.h"
+#include "suanli/hf.h"
+#include "suanli/model_io.h"
+#include "suanli/parallel.h"
+#include "suanli/train.h"
+
+typedef struct sl_train_job {
+    sl_train_opts o; /* the caller's options with the defaults that depend on the data/mesh resolved */
+    FILE *out, *err; /* out: NULL on ranks other than 0 once setup is done */
+    sl_comm *world;  /* NULL: single process */
+    int own_world;   /* created from the environment: freed here */
+    sl_mesh mesh;
+    int mesh_ok, rank0;
+
+    sl_dataset *train, *val;
+    sl_tokenizer *tok;
+    char tokpath[4096]; /* the data's tokenizer.json */
+
+    sl_model *m;
+    sl_gpt2_config cfg;
+    sl_hf_info hf_info; /* with init_from */
+    sl_trainer tr;
+    int trainer_ok;
+    sl_dp *dp; /* NULL without data parallelism */
+    int B, T, accum;
+
+    /* where the run starts: a checkpoint (resume) or the weights in load_dir/model.safetensors */
+    int resume, init_from_weights;
+    char ckdir[4096], wpath[4200];
+    int64_t start_step;
+    double resume_seconds;
+
+    /* outputs and checkpoint orchestration */
+    FILE *metrics;
+    sl_ckpt_writer *ckw;
+    int64_t pending_step; /* step of a checkpoint being written; -1: none */
+    char model_json[512], layout_json[1024];
+} sl_train_job;
+
+/* Bad input (SL_ERR_INVALID): a one-line message. The arguments may include sl_errmsg(). */
+sl_status sl_train_bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* A runtime failure with status st (never SL_ERR_INVALID, which means bad input to the caller). */
+sl_status sl_train_fail(sl_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* job.c: every check and allocation before the first step; bad input is reported before anything is
+ * written (the save dir and metrics.jsonl are created last). */
+sl_status sl_train_job_setup(sl_train_job *j, const sl_train_opts *opts);
+void sl_train_job_release(sl_train_job *j, int failed);
+
+#endif
