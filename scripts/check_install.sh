@@ -59,16 +59,27 @@ done
 grep -qx "suanli $(pkg-config --modversion suanli)" "$tmp/gen.err" || fail "sl_version() is not the version of suanli.pc"
 say "$(tail -1 "$tmp/gen.err")"
 
-# run: train on a slice of tinyshakespeare; the validation loss must drop; the CLI reads the saved model
+# run: train on a slice of tinyshakespeare to step 40 (checkpoints at 20 and 40; the validation loss must
+# drop), then again on the same dir to step 60, which must resume from step 40; the CLI reads the saved model
 head -c 200000 "$root/data/tinyshakespeare.txt" >"$tmp/text.txt"
 for exe in "$tmp/ex-shared/train_tiny/train_tiny" "$tmp/train_tiny_pc_static"; do
   rm -rf "$tmp/run"
-  OMP_NUM_THREADS=2 "$exe" "$tmp/text.txt" "$tmp/run" 60 >"$tmp/train.out" 2>&1 || { cat "$tmp/train.out"; fail "$exe exited"; }
-  line=$(grep "val loss" "$tmp/train.out") || { cat "$tmp/train.out"; fail "$exe: no val loss line"; }
-  awk '{ if (!($(NF-1) < $(NF-3) && $(NF-1) < 4.5)) exit 1 }' <<<"$line" || { cat "$tmp/train.out"; fail "$exe: $line"; }
+  OMP_NUM_THREADS=2 "$exe" "$tmp/text.txt" "$tmp/run" 40 20 >"$tmp/train1.out" 2>&1 || { cat "$tmp/train1.out"; fail "$exe exited"; }
+  grep -q "resumed from" "$tmp/train1.out" && { cat "$tmp/train1.out"; fail "$exe: the first run resumed"; }
+  line1=$(grep "^train_tiny: val loss" "$tmp/train1.out") || { cat "$tmp/train1.out"; fail "$exe: no val loss line"; }
+  awk '{ if (!($6 < $4 && $6 < 4.5)) exit 1 }' <<<"$line1" || { cat "$tmp/train1.out"; fail "$exe: $line1"; }
+  [ -s "$tmp/run/model/step-0000040/manifest.json" ] || fail "$exe: no checkpoint step-0000040"
+  OMP_NUM_THREADS=2 "$exe" "$tmp/text.txt" "$tmp/run" 60 20 >"$tmp/train2.out" 2>&1 ||
+    { cat "$tmp/train2.out"; fail "$exe: the second run exited"; }
+  grep -qx "train_tiny: resumed from step 40" "$tmp/train2.out" || { cat "$tmp/train2.out"; fail "$exe: no resume"; }
+  grep -Eq "^step +41/60 " "$tmp/train2.out" && ! grep -Eq "^step +([0-9]|[1-3][0-9]|40)/60 " "$tmp/train2.out" ||
+    { cat "$tmp/train2.out"; fail "$exe: the resumed run did not start at step 41"; }
+  line2=$(grep "^train_tiny: val loss" "$tmp/train2.out") || { cat "$tmp/train2.out"; fail "$exe: no val loss line"; }
+  awk -v v1="$(awk '{ print $6 }' <<<"$line1")" '{ if (!($6 < v1)) exit 1 }' <<<"$line2" ||
+    { cat "$tmp/train2.out"; fail "$exe: the resumed run's val loss did not fall below $line1: $line2"; }
   [ -s "$tmp/run/model/model.safetensors" ] || fail "$exe: no model.safetensors"
 done
-say "train_tiny: ${line#train_tiny: }"
+say "train_tiny: ${line1#train_tiny: }; resumed from step 40: ${line2#train_tiny: }"
 "$prefix/bin/suanli" generate --load "$tmp/run/model" --prompt "ROMEO:" --max-new-tokens 16 --seed 1 \
   >"$tmp/cli.out" 2>&1 || { cat "$tmp/cli.out"; fail "installed suanli generate --load"; }
 grep -q "ROMEO:" "$tmp/cli.out" || fail "installed CLI: no sample"

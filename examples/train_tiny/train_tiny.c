@@ -1,127 +1,118 @@
-/* train_tiny — train a tiny GPT-2 on a text file, with suanli's public API only.
+/* train_tiny — train a tiny GPT-2 on a text file with checkpoints and resume, suanli's public API only.
  *
- *   train_tiny TEXT_FILE OUT_DIR [STEPS]
+ *   train_tiny TEXT_FILE OUT_DIR [STEPS [EVERY]]      (defaults: 100 steps, a checkpoint every 20)
  *
- * 1. tokenizes the text (byte level) into OUT_DIR/data (token shards + tokenizer.json; train/val split);
- * 2. trains a 2-layer GPT-2 with AdamW, warmup + cosine LR and gradient clipping (sl_trainer_step), printing
- *    the loss, and measures the validation loss before and after;
- * 3. saves OUT_DIR/model/{model.safetensors, config.json, tokenizer.json}, which
- *    `suanli generate --load OUT_DIR/model` reads, and prints a short sample.
- *
- * The loop below (steps, eval, save) is what sl_train_run will own (examples/README.md). */
+ * 1. tokenizes the text (byte level, the last 10% for validation) into OUT_DIR/data (sl_data_prepare);
+ * 2. trains a 2-layer GPT-2 to STEPS optimizer steps with sl_train_run: AdamW, warmup + cosine LR, gradient
+ *    clipping, the val loss every 10 steps, a checkpoint OUT_DIR/model/step-NNNNNNN every EVERY steps, and
+ *    at the end OUT_DIR/model/{model.safetensors, config.json, tokenizer.json} (what
+ *    `suanli generate --load OUT_DIR/model` reads). One line per step comes from the on_step callback.
+ * 3. Run it again on the same OUT_DIR (with a larger STEPS to train further) and it resumes from the newest
+ *    checkpoint there; the tokens of step 1 are reused.
+ * 4. prints the val loss (first and last evaluation of this run) and a short sample of the saved model. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
+#include <unistd.h>
 
 #include <suanli/suanli.h>
 
 typedef struct {
-    sl_dataset *ds;
-    int B, T;
-    uint64_t seed;
-} batches;
+    int64_t first_eval_step, last_eval_step;
+    float first_val, last_val;
+} progress;
 
-/* sl_batch_fn: micro-batch `micro` of step `step`, a pure function of (seed, step, micro) */
-static sl_status next_batch(void *user, int64_t step, int micro, int32_t *ids, int32_t *targets) {
-    batches *b = user;
-    return sl_dataset_batch(b->ds, b->B, b->T, b->seed, (uint64_t)step, 0, micro, ids, targets);
+/* after every step: one line; remember the first and last val loss of this run */
+static int on_step(void *user, const sl_train_progress *p) {
+    progress *pr = user;
+    printf("step %4lld/%lld  loss %.4f  lr %.2e  grad norm %.3f  %5.1f ms", (long long)p->step,
+           (long long)p->train_iters, p->stats.loss, p->stats.lr, p->stats.grad_norm, p->stats.seconds * 1e3);
+    if (p->evaluated) {
+        printf("  val loss %.4f", p->val_loss);
+        if (pr->first_eval_step < 0) pr->first_eval_step = p->step, pr->first_val = p->val_loss;
+        pr->last_eval_step = p->step, pr->last_val = p->val_loss;
+    }
+    printf("\n");
+    fflush(stdout);
+    return 0; /* non-zero would stop here (the pending checkpoint and the final files are still written) */
 }
 
-static int print_token(void *user, int32_t id) {
-    char buf[64];
-    int n = sl_tokenizer_decode_token(user, id, buf, (int)sizeof buf);
-    if (n > 0) fwrite(buf, 1, (size_t)(n < (int)sizeof buf ? n : (int)sizeof buf), stdout);
-    return 0;
+static void on_checkpoint(void *user, int64_t step, const char *dir) {
+    (void)user;
+    printf("checkpoint: %s/step-%07lld\n", dir, (long long)step);
 }
-
-#define CHECK(x)                                                                                             \
-    do {                                                                                                     \
-        if ((x) != SL_OK) goto fail;                                                                         \
-    } while (0)
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s TEXT_FILE OUT_DIR [STEPS]\n", argv[0]);
+        fprintf(stderr, "usage: %s TEXT_FILE OUT_DIR [STEPS [EVERY]]\n", argv[0]);
         return 2;
     }
     const char *text = argv[1], *out = argv[2];
-    int steps = argc > 3 ? atoi(argv[3]) : 100;
-    char data_dir[4096], model_dir[4096], tok_path[4200];
+    int64_t steps = argc > 3 ? atoll(argv[3]) : 100, every = argc > 4 ? atoll(argv[4]) : 20;
+    char data_dir[4096], model_dir[4096], shard[4200];
     snprintf(data_dir, sizeof data_dir, "%s/data", out);
     snprintf(model_dir, sizeof model_dir, "%s/model", out);
-    sl_dataset *train = NULL, *val = NULL;
-    sl_tokenizer *tok = NULL;
+    snprintf(shard, sizeof shard, "%s/train_000.bin", data_dir);
     sl_model *m = NULL;
-    sl_trainer tr;
-    int have_tr = 0, rc = 1;
+    sl_tokenizer *tok = NULL;
+    int rc = 1;
 
-    /* 1. data: byte-level tokens, last 10% of the text for validation */
-    sl_prepare_opts po = {
-        .input = text, .output_dir = data_dir, .tokenizer_type = "byte", .val_fraction = 0.1};
-    CHECK(sl_data_prepare(&po));
-    CHECK(sl_dataset_open(data_dir, "train", &train));
-    CHECK(sl_dataset_open(data_dir, "val", &val));
-    CHECK(sl_tokenizer_load(data_dir, &tok));
-
-    /* 2. model and trainer */
-    sl_gpt2_config cfg = {.n_layer = 2,
-                          .n_head = 2,
-                          .n_embd = 64,
-                          .vocab_size = sl_dataset_vocab_size(train),
-                          .max_seq_len = 64};
-    CHECK(sl_gpt2_new(&cfg, &m));
-    sl_model_init_weights(m, 1337);
-    sl_trainer_config tc = {.B = 8,
-                            .T = 64,
-                            .accum = 1,
-                            .lr = 3e-3f,
-                            .min_lr = 3e-4f,
-                            .clip = 1.0f,
-                            .warmup = 10,
-                            .decay_iters = steps,
-                            .hp = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f}};
-    CHECK(sl_trainer_init(&tr, m, &tc));
-    have_tr = 1;
-    batches tb = {train, tc.B, tc.T, 1}, vb = {val, tc.B, tc.T, 2};
-    float val0, val1;
-    CHECK(sl_trainer_eval(&tr, next_batch, &vb, 8, &val0));
-    printf("train_tiny: suanli %s, %lld parameters, %d steps of %d x %d tokens\n", sl_version(),
-           (long long)m->numel, steps, tc.B, tc.T);
-    for (int64_t step = 0; step < steps; step++) {
-        sl_step_stats ss;
-        CHECK(sl_trainer_step(&tr, step, next_batch, &tb, &ss));
-        if (step % 20 == 0 || step == steps - 1)
-            printf("step %4lld/%d  loss %.4f  lr %.2e  grad norm %.3f  %.1f ms\n", (long long)step + 1, steps,
-                   ss.loss, ss.lr, ss.grad_norm, ss.seconds * 1e3);
+    /* 1. data: byte-level token shards + tokenizer.json (kept for a resumed run) */
+    if (access(shard, F_OK) != 0) {
+        sl_prepare_stats ps;
+        sl_prepare_opts po = {.input = text,
+                              .output_dir = data_dir,
+                              .tokenizer_type = "byte",
+                              .val_fraction = 0.1,
+                              .stats = &ps};
+        if (sl_data_prepare(&po) != SL_OK) goto fail;
+        printf("train_tiny: %s -> %s: %lld train / %lld val tokens\n", text, data_dir,
+               (long long)ps.train_tokens, (long long)ps.val_tokens);
     }
-    CHECK(sl_trainer_eval(&tr, next_batch, &vb, 8, &val1));
-    printf("train_tiny: val loss %.4f -> %.4f nats/byte\n", val0, val1);
 
-    /* 3. save (weights + config; the tokenizer beside them) and sample */
-    CHECK(sl_mkdirs(model_dir));
-    CHECK(sl_model_save(m, model_dir, NULL));
-    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", model_dir);
-    CHECK(sl_tokenizer_save(tok, tok_path));
-    printf("train_tiny: saved %s\n", model_dir);
-    const char *prompt = "ROMEO:";
-    int32_t *ids = NULL;
-    int64_t n = 0;
-    CHECK(sl_tokenizer_encode(tok, prompt, strlen(prompt), &ids, &n));
-    sl_sample_opts so = {.temperature = 0.8f, .top_k = 40, .top_p = 1.0f, .seed = 7};
-    fputs(prompt, stdout);
-    sl_status gst = sl_model_generate(m, ids, (int)n, 48, &so, NULL, 0, print_token, tok, NULL, NULL);
-    free(ids);
-    printf("\n");
-    CHECK(gst);
+    /* 2. the job: a 2-layer GPT-2, batches of 8 x 64 tokens, checkpoints in OUT_DIR/model */
+    sl_train_opts o;
+    sl_train_opts_default(&o);
+    o.train_iters = steps;
+    o.seed = 1337;
+    o.model.num_layers = 2;
+    o.model.num_heads = 2;
+    o.model.hidden_size = 64;
+    o.data.path = data_dir;
+    o.data.seq_length = 64;
+    o.data.micro_batch_size = 8;
+    o.optim.lr = 3e-3;
+    o.optim.min_lr = 3e-4;
+    o.optim.warmup_iters = 10;
+    o.eval.interval = 10;
+    o.eval.iters = 8;
+    o.ckpt.save_dir = o.ckpt.load_dir = model_dir; /* 3. resume from its newest checkpoint, if any */
+    o.ckpt.save_interval = every;
+    o.log.out = NULL; /* the callbacks print the progress */
+    progress pr = {.first_eval_step = -1, .first_val = NAN, .last_val = NAN};
+    sl_train_callbacks cb = {.user = &pr, .on_step = on_step, .on_checkpoint = on_checkpoint};
+    sl_train_result r;
+    printf("train_tiny: suanli %s, %lld steps into %s\n", sl_version(), (long long)steps, model_dir);
+    if (sl_train_run(&o, &cb, &r) != SL_OK) goto fail;
+    if (r.resumed_step >= 0) printf("train_tiny: resumed from step %lld\n", (long long)r.resumed_step);
+    if (r.steps == r.resumed_step)
+        printf("train_tiny: already at step %lld; pass a larger STEPS to train further\n", (long long)r.steps);
+    else
+        printf("train_tiny: %lld steps in %.1f s; final val loss %.4f\n",
+               (long long)(r.steps - (r.resumed_step > 0 ? r.resumed_step : 0)), r.seconds, r.val_loss);
+    if (pr.first_eval_step >= 0)
+        printf("train_tiny: val loss %.4f -> %.4f (steps %lld -> %lld)\n", pr.first_val, pr.last_val,
+               (long long)pr.first_eval_step, (long long)pr.last_eval_step);
+
+    /* 4. a sample of the saved model */
+    if (sl_model_load(model_dir, &m) != SL_OK || sl_tokenizer_load(model_dir, &tok) != SL_OK) goto fail;
+    if (sl_train_sample_print(m, tok, "ROMEO:", 48, 0.8f, 40, 7, stdout, NULL) != SL_OK) goto fail;
     rc = 0;
     goto done;
 fail:
     fprintf(stderr, "train_tiny: %s\n", sl_errmsg());
 done:
-    if (have_tr) sl_trainer_free(&tr);
-    sl_model_free(m);
     sl_tokenizer_free(tok);
-    sl_dataset_close(val);
-    sl_dataset_close(train);
+    sl_model_free(m);
     return rc;
 }
