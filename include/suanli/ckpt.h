@@ -33,8 +33,10 @@ typedef struct sl_ckpt_state {
     sl_model *m;
     const sl_ckpt_seg *seg; /* optimizer-state segments of this rank (stage 0: the whole buffer) */
     int nseg;
-    float *exp_avg, *exp_avg_sq; /* indexed by seg.off */
-    float *param_shard; /* ZeRO-3: parameters indexed by seg.off (NULL: m->params_mem, indexed by lo) */
+    float *exp_avg, *exp_avg_sq;             /* host memory indexed by seg.off, or NULL: */
+    sl_buffer *exp_avg_buf, *exp_avg_sq_buf; /* the moments in device buffers (indexed by seg.off), copied */
+    float *param_shard; /* ZeRO-3: parameters indexed by seg.off (NULL: m->params_mem indexed by lo, or
+                           m->params_buf through copies when the backend is not host-visible) */
     int write_params;   /* this rank writes params for its segments */
     int write_optim;    /* this rank writes optimizer state for its segments */
     int64_t step;       /* optimizer steps completed */

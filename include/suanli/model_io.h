@@ -26,6 +26,7 @@ extern "C" {
 sl_status sl_model_save(const sl_model *m, const char *dir, const char *extra_json);
 /* Reads DIR/config.json, checks it, creates the model and loads every tensor (shape and dtype checked). */
 sl_status sl_model_load(const char *dir, sl_model **out);
+sl_status sl_model_load_on(const char *dir, sl_backend *be, sl_model **out); /* state on be */
 /* Reads only the config (for checks before allocating). */
 sl_status sl_model_load_config(const char *dir, sl_gpt2_config *cfg);
 /* Checks that DIR/config.json (a checkpoint's model record: architecture, n_layer, n_head, n_embd,
@@ -46,6 +47,8 @@ sl_status sl_hf_load(const char *dir, sl_model **out, sl_hf_info *info);
 /* wdtype SL_BF16: inference model with bf16 projection weights (memory-mapped when stored as aligned BF16)
  * and bf16 compute; SL_F32: sl_hf_load. */
 sl_status sl_hf_load_ex(const char *dir, sl_dtype wdtype, sl_model **out, sl_hf_info *info);
+/* The same with the model's state on backend be (sl_hf_load_ex: cpu). */
+sl_status sl_hf_load_on(const char *dir, sl_dtype wdtype, sl_backend *be, sl_model **out, sl_hf_info *info);
 /* Fill an existing model's parameters from DIR's safetensors (names and shapes must match). */
 sl_status sl_hf_load_weights(sl_model *m, const char *dir, sl_hf_info *info);
 /* Write DIR/config.json and DIR/model.safetensors in transformers' layout; dtype SL_F32 or SL_BF16. */

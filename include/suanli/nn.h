@@ -109,6 +109,9 @@ sl_status sl_model_alloc_state(sl_model *m, sl_backend *be, int with_grads);
 sl_status sl_model_params_write(sl_model *m, int64_t off, int64_t n, const float *src);
 sl_status sl_model_params_read(const sl_model *m, int64_t off, int64_t n, float *dst);
 sl_status sl_model_grads_read(const sl_model *m, int64_t off, int64_t n, float *dst);
+/* Host view of every parameter: the mapping on host-visible backends, else a copy (*owned is set then:
+ * sl_free_aligned it). For readers such as savers and exporters. */
+sl_status sl_model_params_host(const sl_model *m, const float **out, float **owned);
 /* Swapping state buffers (src/parallel): drop frees a buffer (its leaves stay bound to whatever the
  * caller binds next); new_params allocates a fresh parameter buffer and binds every f32 parameter leaf
  * to it; adopt_grads makes buf (owned from then on, may wrap a communicator window) the gradient buffer

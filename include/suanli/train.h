@@ -105,6 +105,7 @@ typedef struct sl_train_model_opts {
     const char *init_from; /* Hugging Face model dir (Llama family, GPT-2) to start from, or NULL; a
                               non-zero size above conflicts with it */
     int bf16;              /* bf16 mixed precision over fp32 master weights */
+    const char *device;    /* backend name (sl_backend_get): NULL = "cpu" */
 } sl_train_model_opts;
 
 typedef struct sl_train_data_opts {

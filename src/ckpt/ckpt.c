@@ -140,7 +140,8 @@ static void *writer_main(void *arg) {
      * step; forward and backward just read it. So the copy into the host snapshot runs here, overlapped
      * with the next step's forward/backward, and the trainer waits for it (sl_ckpt_writer_wait_snapshot)
      * only right before its next update. */
-    for (int i = 0; i < w->ne; i++) memcpy(w->e[i].data, w->e[i].src, sizeof(float) * (size_t)w->e[i].length);
+    for (int i = 0; i < w->ne; i++) /* entries without a host source were copied from the device already */
+        if (w->e[i].src) memcpy(w->e[i].data, w->e[i].src, sizeof(float) * (size_t)w->e[i].length);
     pthread_mutex_lock(&w->mu);
     w->snap_done = 1;
     pthread_cond_broadcast(&w->cv);
@@ -213,8 +214,11 @@ done:
     return NULL;
 }
 
+/* Entries of [lo, lo+len) split at parameter boundaries, from host memory src (indexed from lo), or, when
+ * src is NULL, from device buffer buf at element boff (indexed from lo): those are copied into the
+ * snapshot right here, on the caller's thread (backends are driven from one thread). */
 static sl_status add_entries(sl_ckpt_writer *w, const sl_model *m, const char *kind, const float *src,
-                             int64_t lo, int64_t len, size_t *used) {
+                             const sl_buffer *buf, int64_t boff, int64_t lo, int64_t len, size_t *used) {
     for (int i = 0; i < m->n_params; i++) {
         const sl_param_info *p = &m->params[i];
         int64_t a = p->offset > lo ? p->offset : lo;
@@ -231,7 +235,10 @@ static sl_status add_entries(sl_ckpt_writer *w, const sl_model *m, const char *k
         e->offset = a - p->offset;
         e->length = b - a;
         e->data = w->buf + *used;
-        e->src = src + (a - lo);
+        e->src = src ? src + (a - lo) : NULL;
+        if (!src)
+            SL_TRY(sl_backend_copy_out(buf, sizeof(float) * (size_t)(boff + (a - lo)), e->data,
+                                       sizeof(float) * (size_t)(b - a)));
         *used += (size_t)(b - a);
     }
     return SL_OK;
@@ -254,13 +261,17 @@ sl_status sl_ckpt_save_begin(sl_ckpt_writer *w, const char *root, const sl_ckpt_
     size_t used = 0;
     for (int s = 0; s < st->nseg; s++) {
         const sl_ckpt_seg *g = &st->seg[s];
-        if (st->write_params)
-            SL_TRY(add_entries(w, st->m, "param",
-                               st->param_shard ? st->param_shard + g->off : st->m->params_mem + g->lo, g->lo,
-                               g->len, &used));
+        if (st->write_params) {
+            const float *ps = st->param_shard     ? st->param_shard + g->off
+                              : st->m->params_mem ? st->m->params_mem + g->lo
+                                                  : NULL;
+            SL_TRY(add_entries(w, st->m, "param", ps, st->m->params_buf, g->lo, g->lo, g->len, &used));
+        }
         if (st->write_optim) {
-            SL_TRY(add_entries(w, st->m, "exp_avg", st->exp_avg + g->off, g->lo, g->len, &used));
-            SL_TRY(add_entries(w, st->m, "exp_avg_sq", st->exp_avg_sq + g->off, g->lo, g->len, &used));
+            SL_TRY(add_entries(w, st->m, "exp_avg", st->exp_avg ? st->exp_avg + g->off : NULL,
+                               st->exp_avg_buf, g->off, g->lo, g->len, &used));
+            SL_TRY(add_entries(w, st->m, "exp_avg_sq", st->exp_avg_sq ? st->exp_avg_sq + g->off : NULL,
+                               st->exp_avg_sq_buf, g->off, g->lo, g->len, &used));
         }
     }
     w->bytes = used * sizeof(float);
@@ -551,8 +562,10 @@ static sl_status read_range(reader *r, const char *tname, int64_t numel, int64_t
     return SL_OK;
 }
 
+/* [lo, lo+len) of kind into host dst (indexed from lo), or, when dst is NULL, into device buffer buf at
+ * element boff through a host bounce of one tensor piece at a time */
 static sl_status load_flat(reader *r, const sl_model *m, const char *kind, int64_t lo, int64_t len,
-                           float *dst) {
+                           float *dst, sl_buffer *buf, int64_t boff) {
     for (int i = 0; i < m->n_params; i++) {
         const sl_param_info *p = &m->params[i];
         int64_t a = p->offset > lo ? p->offset : lo,
@@ -560,7 +573,18 @@ static sl_status load_flat(reader *r, const sl_model *m, const char *kind, int64
         if (a >= b) continue;
         char tn[128];
         snprintf(tn, sizeof tn, "%s/%s", kind, p->t->name);
-        SL_TRY(read_range(r, tn, p->numel, a - p->offset, b - a, dst + (a - lo)));
+        if (dst) {
+            SL_TRY(read_range(r, tn, p->numel, a - p->offset, b - a, dst + (a - lo)));
+            continue;
+        }
+        float *tmp = malloc(sizeof(float) * (size_t)(b - a));
+        if (!tmp) return sl_fail(SL_ERR_NOMEM, "checkpoint: out of memory");
+        sl_status st = read_range(r, tn, p->numel, a - p->offset, b - a, tmp);
+        if (st == SL_OK)
+            st = sl_backend_copy_in(buf, sizeof(float) * (size_t)(boff + (a - lo)), tmp,
+                                    sizeof(float) * (size_t)(b - a));
+        free(tmp);
+        SL_TRY(st);
     }
     return SL_OK;
 }
@@ -578,13 +602,18 @@ sl_status sl_ckpt_load(const char *dir, sl_ckpt_state *st) {
                             dir, tn);
         }
     }
-    if (s == SL_OK && !st->param_shard) s = load_flat(&r, st->m, "param", 0, st->m->numel, st->m->params_mem);
+    if (s == SL_OK && !st->param_shard)
+        s = load_flat(&r, st->m, "param", 0, st->m->numel, st->m->params_mem, st->m->params_buf, 0);
     for (int k = 0; k < st->nseg && s == SL_OK; k++) {
         const sl_ckpt_seg *g = &st->seg[k];
-        if (st->param_shard) s = load_flat(&r, st->m, "param", g->lo, g->len, st->param_shard + g->off);
+        if (st->param_shard)
+            s = load_flat(&r, st->m, "param", g->lo, g->len, st->param_shard + g->off, NULL, 0);
         if (s != SL_OK) break;
-        s = load_flat(&r, st->m, "exp_avg", g->lo, g->len, st->exp_avg + g->off);
-        if (s == SL_OK) s = load_flat(&r, st->m, "exp_avg_sq", g->lo, g->len, st->exp_avg_sq + g->off);
+        s = load_flat(&r, st->m, "exp_avg", g->lo, g->len, st->exp_avg ? st->exp_avg + g->off : NULL,
+                      st->exp_avg_buf, g->off);
+        if (s == SL_OK)
+            s = load_flat(&r, st->m, "exp_avg_sq", g->lo, g->len,
+                          st->exp_avg_sq ? st->exp_avg_sq + g->off : NULL, st->exp_avg_sq_buf, g->off);
     }
     if (s == SL_OK) {
         st->step = (int64_t)cJSON_GetObjectItem(r.man, "step")->valuedouble;

@@ -75,8 +75,9 @@ static int stream_cb(void *user, int32_t t) {
     return 0;
 }
 
-static int run_hf(const char *dir, sl_dtype wdtype, const char *prompt, const char *prompt_ids,
-                  const char *stop, int ignore_eos, int print_ids, int max_new, const sl_sample_opts *so) {
+static int run_hf(const char *dir, sl_backend *be, sl_dtype wdtype, const char *prompt,
+                  const char *prompt_ids, const char *stop, int ignore_eos, int print_ids, int max_new,
+                  const sl_sample_opts *so) {
     sl_model *m = NULL;
     sl_hf_tokenizer *tok = NULL;
     sl_hf_info info;
@@ -84,7 +85,7 @@ static int run_hf(const char *dir, sl_dtype wdtype, const char *prompt, const ch
     int n = 0, n_stop = 0, rc = 2;
     char path[4096];
     double t0 = sl_time_sec();
-    if (sl_hf_load_ex(dir, wdtype, &m, &info) != SL_OK) {
+    if (sl_hf_load_on(dir, wdtype, be, &m, &info) != SL_OK) {
         fprintf(stderr, "suanli generate: %s\n", sl_errmsg());
         return 2;
     }
@@ -165,7 +166,8 @@ done:
 }
 
 int sl_cmd_generate(int argc, char **argv) {
-    const char *load = NULL, *model = NULL, *prompt = NULL, *prompt_ids = NULL, *stop = NULL, *dtype = "f32";
+    const char *load = NULL, *model = NULL, *prompt = NULL, *prompt_ids = NULL, *stop = NULL, *dtype = "f32",
+               *device = "cpu";
     int64_t n = 200, top_k = 0, seed = 1234, threads = 0;
     double temp = 0.8, top_p = 1.0;
     int ignore_eos = 0, print_ids = 0;
@@ -190,6 +192,7 @@ int sl_cmd_generate(int argc, char **argv) {
          "--model: f32 (exact) | bf16 (bf16 weights, memory-mapped when stored bf16; bf16 compute)", 0},
         {"seed", SL_FLAG_INT, &seed, 0, 9.007199254740992e15, "sampling seed (1234)", 0},
         {"threads", SL_FLAG_INT, &threads, 0, 1024, "compute threads", 0},
+        {"device", SL_FLAG_STR, &device, 0, 0, "backend: cpu (default), strict (test backend)", 0},
     };
     int nf = (int)(sizeof flags / sizeof flags[0]);
     for (int i = 1; i < argc; i++)
@@ -207,6 +210,11 @@ int sl_cmd_generate(int argc, char **argv) {
         return 2;
     }
     if (threads > 0) sl_threads_set((int)threads);
+    sl_backend *be = sl_backend_get(device);
+    if (!be) {
+        fprintf(stderr, "suanli generate: --device: %s\n", sl_errmsg());
+        return 2;
+    }
     if (model) {
         if (prompt && prompt_ids) {
             fprintf(stderr, "suanli generate: give --prompt or --prompt-ids, not both\n");
@@ -218,14 +226,14 @@ int sl_cmd_generate(int argc, char **argv) {
             return 2;
         }
         sl_sample_opts so = {(float)temp, (int)top_k, (float)top_p, (uint64_t)seed};
-        return run_hf(model, wd, prompt, prompt_ids, stop, ignore_eos, print_ids, (int)n, &so);
+        return run_hf(model, be, wd, prompt, prompt_ids, stop, ignore_eos, print_ids, (int)n, &so);
     }
     if (!prompt) prompt = "\n";
     sl_model *m = NULL;
     sl_tokenizer *tok = NULL;
     char tp[4096];
     snprintf(tp, sizeof tp, "%s/tokenizer.json", load);
-    if (sl_model_load(load, &m) != SL_OK || sl_tokenizer_load(tp, &tok) != SL_OK) {
+    if (sl_model_load_on(load, be, &m) != SL_OK || sl_tokenizer_load(tp, &tok) != SL_OK) {
         fprintf(stderr, "suanli generate: %s\n", sl_errmsg());
         sl_model_free(m);
         return 2;

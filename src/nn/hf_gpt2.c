@@ -34,18 +34,20 @@ sl_status sl_hf_gpt2_export(const sl_model *m, const char *dir) {
     int n = m->n_params;
     sl_st_tensor *ts = calloc((size_t)n, sizeof *ts);
     char(*names)[160] = calloc((size_t)n, 160);
-    float *buf = sl_malloc_aligned(sizeof(float) * (size_t)m->numel);
+    float *buf = sl_malloc_aligned(sizeof(float) * (size_t)m->numel), *owned = NULL;
+    const float *pm;
     if (!ts || !names || !buf) {
         st = sl_fail(SL_ERR_NOMEM, "export: out of memory");
         goto done;
     }
+    SL_CHECK(sl_model_params_host(m, &pm, &owned));
     for (int i = 0; i < n; i++) {
         const sl_param_info *p = &m->params[i];
         snprintf(names[i], 160, "transformer.%s%s", p->t->name,
                  (!strcmp(p->t->name, "wte") || !strcmp(p->t->name, "wpe")) ? ".weight" : "");
         int conv = is_conv1d(names[i]);
         int64_t r = p->t->ne[0], c = p->t->ndim > 1 ? p->t->ne[1] : 1;
-        const float *src = m->params_mem + p->offset;
+        const float *src = pm + p->offset;
         float *dst = buf + p->offset;
         for (int64_t k = 0; k < p->numel; k++) dst[conv ? (k % c) * r + k / c : k] = src[k];
         ts[i] = (sl_st_tensor){.name = names[i],
@@ -72,5 +74,6 @@ done:
     free(ts);
     free(names);
     sl_free_aligned(buf);
+    sl_free_aligned(owned);
     return st;
 }

@@ -117,12 +117,18 @@ sl_status sl_hf_load_weights(sl_model *m, const char *dir, sl_hf_info *info) {
                 woff += p->numel;
             }
         } else {
-            st = sl_hf_tensor_to_f32(x, m->params_mem + p->offset, p->numel, file);
-            if (m->wdtype == SL_BF16) /* a bf16 model's embedding, norms and biases hold bf16 values too */
+            /* straight into the host mapping where there is one, else through a host copy */
+            float *tmp = m->params_mem ? NULL : malloc(sizeof(float) * (size_t)p->numel),
+                  *dst = m->params_mem ? m->params_mem + p->offset : tmp;
+            st = dst ? sl_hf_tensor_to_f32(x, dst, p->numel, file) : sl_fail(SL_ERR_NOMEM, "out of memory");
+            if (st == SL_OK &&
+                m->wdtype == SL_BF16) /* a bf16 model's embedding, norms, biases: bf16 values */
                 for (int64_t k = 0; k < p->numel; k++) {
-                    uint32_t u = (uint32_t)sl_f32_to_bf16(m->params_mem[p->offset + k]) << 16;
-                    memcpy(m->params_mem + p->offset + k, &u, 4);
+                    uint32_t u = (uint32_t)sl_f32_to_bf16(dst[k]) << 16;
+                    memcpy(dst + k, &u, 4);
                 }
+            if (st == SL_OK && tmp) st = sl_model_params_write(m, p->offset, p->numel, tmp);
+            free(tmp);
         }
         if (st == SL_OK && info && i == 0)
             snprintf(info->disk_dtype, sizeof info->disk_dtype, "%s", x->dtype);
@@ -148,10 +154,11 @@ sl_status sl_hf_load(const char *dir, sl_model **out, sl_hf_info *info) {
 }
 
 /* GPT2LMHeadModel: transformer.* names, Conv1D weights stored (in, out): transposed into nn.Linear layout */
-static sl_status load_gpt2(const char *dir, const sl_llama_config *c, sl_model **out, sl_hf_info *info) {
+static sl_status load_gpt2(const char *dir, const sl_llama_config *c, sl_backend *be, sl_model **out,
+                           sl_hf_info *info) {
     sl_gpt2_config g = {c->n_layer, c->n_head, c->hidden, c->vocab_size, c->max_seq_len};
     sl_model *m;
-    sl_status st = sl_gpt2_new(&g, &m);
+    sl_status st = sl_gpt2_new_on(&g, be, &m);
     if (st != SL_OK) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", sl_errmsg());
@@ -185,8 +192,11 @@ static sl_status load_gpt2(const char *dir, const sl_llama_config *c, sl_model *
                          name);
             break;
         }
-        float *dst = m->params_mem + p->offset;
-        if (!conv) {
+        float *host = m->params_mem ? NULL : malloc(sizeof(float) * (size_t)p->numel);
+        float *dst = m->params_mem ? m->params_mem + p->offset : host;
+        if (!dst) {
+            st = sl_fail(SL_ERR_NOMEM, "out of memory");
+        } else if (!conv) {
             st = sl_hf_tensor_to_f32(x, dst, p->numel, file);
         } else {
             float *tmp = malloc(sizeof(float) * (size_t)p->numel);
@@ -195,6 +205,8 @@ static sl_status load_gpt2(const char *dir, const sl_llama_config *c, sl_model *
                 for (int64_t b = 0; b < r1; b++) dst[a * r1 + b] = tmp[b * r0 + a];
             free(tmp);
         }
+        if (st == SL_OK && host) st = sl_model_params_write(m, p->offset, p->numel, host);
+        free(host);
         if (st == SL_OK && i == 0) snprintf(info->disk_dtype, sizeof info->disk_dtype, "%s", x->dtype);
     }
     info->n_files = sl_hf_weights_n_files(s);
@@ -208,6 +220,10 @@ static sl_status load_gpt2(const char *dir, const sl_llama_config *c, sl_model *
 }
 
 sl_status sl_hf_load_ex(const char *dir, sl_dtype wdtype, sl_model **out, sl_hf_info *info) {
+    return sl_hf_load_on(dir, wdtype, sl_backend_cpu(), out, info);
+}
+
+sl_status sl_hf_load_on(const char *dir, sl_dtype wdtype, sl_backend *be, sl_model **out, sl_hf_info *info) {
     *out = NULL;
     sl_llama_config cfg;
     sl_hf_info local;
@@ -216,10 +232,10 @@ sl_status sl_hf_load_ex(const char *dir, sl_dtype wdtype, sl_model **out, sl_hf_
     if (cfg.arch == SL_ARCH_GPT2) {
         if (wdtype != SL_F32)
             return sl_fail(SL_ERR_UNSUPPORTED, "%s: bf16 mode supports the Llama family, not GPT-2", dir);
-        return load_gpt2(dir, &cfg, out, info);
+        return load_gpt2(dir, &cfg, be, out, info);
     }
     sl_model *m;
-    sl_status st = sl_llama_new_ex(&cfg, wdtype, &m);
+    sl_status st = sl_llama_new_on(&cfg, wdtype, be, &m);
     if (st != SL_OK) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", sl_errmsg()); /* sl_fail formats into the same buffer */
@@ -250,10 +266,13 @@ sl_status sl_hf_save(const sl_model *m, const char *dir, sl_dtype dtype, const s
     size_t es = dtype == SL_F32 ? 4 : 2;
     sl_st_tensor *ts = calloc((size_t)m->n_params, sizeof *ts);
     uint16_t *half = dtype == SL_BF16 ? malloc(2 * (size_t)m->numel) : NULL;
+    const float *pm;
+    float *owned = NULL;
     if (!ts || (dtype == SL_BF16 && !half)) {
         st = sl_fail(SL_ERR_NOMEM, "convert: out of memory");
         goto done;
     }
+    SL_CHECK(sl_model_params_host(m, &pm, &owned));
     for (int i = 0; i < m->n_params; i++) {
         const sl_param_info *p = &m->params[i];
         ts[i].name = p->t->name;
@@ -262,10 +281,10 @@ sl_status sl_hf_save(const sl_model *m, const char *dir, sl_dtype dtype, const s
         for (int d = 0; d < p->t->ndim; d++) ts[i].shape[d] = p->t->ne[d];
         ts[i].nbytes = es * (size_t)p->numel;
         if (dtype == SL_F32)
-            ts[i].data = m->params_mem + p->offset;
+            ts[i].data = pm + p->offset;
         else {
             for (int64_t k = 0; k < p->numel; k++) /* round to nearest even */
-                half[p->offset + k] = sl_f32_to_bf16(m->params_mem[p->offset + k]);
+                half[p->offset + k] = sl_f32_to_bf16(pm[p->offset + k]);
             ts[i].data = half + p->offset;
         }
     }
@@ -278,5 +297,6 @@ sl_status sl_hf_save(const sl_model *m, const char *dir, sl_dtype dtype, const s
 done:
     free(ts);
     free(half);
+    sl_free_aligned(owned);
     return st;
 }

@@ -12,17 +12,20 @@ sl_status sl_model_save(const sl_model *m, const char *dir, const char *extra_js
     sl_st_tensor *ts = calloc((size_t)m->n_params, sizeof *ts);
     cJSON *root = cJSON_CreateObject();
     char *text = NULL;
+    const float *pm;
+    float *owned = NULL;
     if (!ts || !root) {
         st = sl_fail(SL_ERR_NOMEM, "save: out of memory");
         goto done;
     }
+    SL_CHECK(sl_model_params_host(m, &pm, &owned));
     for (int i = 0; i < m->n_params; i++) {
         const sl_param_info *p = &m->params[i];
         ts[i].name = p->t->name;
         ts[i].dtype = "F32";
         ts[i].ndim = p->t->ndim;
         for (int d = 0; d < p->t->ndim; d++) ts[i].shape[d] = p->t->ne[d];
-        ts[i].data = m->params_mem + p->offset;
+        ts[i].data = pm + p->offset;
         ts[i].nbytes = sizeof(float) * (size_t)p->numel;
     }
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
@@ -48,6 +51,7 @@ sl_status sl_model_save(const sl_model *m, const char *dir, const char *extra_js
 done:
     free(ts);
     free(text);
+    sl_free_aligned(owned);
     cJSON_Delete(root);
     return st;
 }
@@ -126,18 +130,23 @@ sl_status sl_model_load_weights(sl_model *m, const char *path) {
                         path, p->t->name, t->dtype);
             break;
         }
-        memcpy(m->params_mem + p->offset, t->data, t->nbytes);
+        s = sl_model_params_write(m, p->offset, p->numel, t->data); /* the file's mapping is host memory */
+        if (s != SL_OK) break;
     }
     sl_safetensors_close(st);
     return s;
 }
 
 sl_status sl_model_load(const char *dir, sl_model **out) {
+    return sl_model_load_on(dir, sl_backend_cpu(), out);
+}
+
+sl_status sl_model_load_on(const char *dir, sl_backend *be, sl_model **out) {
     *out = NULL;
     sl_gpt2_config cfg;
     SL_TRY(sl_model_load_config(dir, &cfg));
     sl_model *m;
-    SL_TRY(sl_gpt2_new(&cfg, &m));
+    SL_TRY(sl_gpt2_new_on(&cfg, be, &m));
     char path[4096];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     sl_status st = sl_model_load_weights(m, path);

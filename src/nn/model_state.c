@@ -137,3 +137,22 @@ sl_status sl_model_adopt_grads(sl_model *m, sl_buffer *buf) {
     if (buf) bind_grads(m);
     return SL_OK;
 }
+
+sl_status sl_model_params_host(const sl_model *m, const float **out, float **owned) {
+    *owned = NULL;
+    if (m->params_mem) {
+        *out = m->params_mem;
+        return SL_OK;
+    }
+    float *h = sl_malloc_aligned(sizeof(float) * (size_t)(m->numel ? m->numel : 1));
+    if (!h)
+        return sl_fail(SL_ERR_NOMEM, "model: cannot allocate a host copy of %lld parameters",
+                       (long long)m->numel);
+    sl_status st = sl_model_params_read(m, 0, m->numel, h);
+    if (st != SL_OK) {
+        sl_free_aligned(h);
+        return st;
+    }
+    *out = *owned = h;
+    return SL_OK;
+}

@@ -27,15 +27,12 @@ sl_status sl_trainer_ckpt_state(sl_trainer *tr, int rank, int world, sl_ckpt_sta
         if (!*segs) return sl_fail(SL_ERR_NOMEM, "checkpoint: out of memory");
         (*segs)[0] = (sl_ckpt_seg){0, tr->model->numel, 0};
         st->nseg = 1;
-        /* checkpoints read the state through host mappings (host-visible backends; see src/ckpt/README.md) */
-        st->exp_avg = sl_buffer_map(tr->opt.m);
-        st->exp_avg_sq = sl_buffer_map(tr->opt.v);
-        if (!st->exp_avg || !st->exp_avg_sq || !tr->model->params_mem) {
-            free(*segs);
-            *segs = NULL;
-            return sl_fail(SL_ERR_UNSUPPORTED, "checkpoint: the %s backend's memory is not host-visible",
-                           tr->model->backend->name);
-        }
+        /* host-visible: the writer thread snapshots from the mappings; else save/load copy through the
+         * contract (sl_ckpt_save_begin copies on this thread) */
+        st->exp_avg = tr->model->backend->caps.host_visible ? sl_buffer_map(tr->opt.m) : NULL;
+        st->exp_avg_sq = tr->model->backend->caps.host_visible ? sl_buffer_map(tr->opt.v) : NULL;
+        st->exp_avg_buf = tr->opt.m;
+        st->exp_avg_sq_buf = tr->opt.v;
         st->write_params = st->write_optim = 1;
         st->adam_t = tr->opt.t;
     }

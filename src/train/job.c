@@ -97,8 +97,8 @@ static uint64_t opts_hash(const sl_train_opts *o) {
                    o->optim.beta2,        o->optim.eps,       o->sample.temperature};
     hash_bytes(&h, iv, sizeof iv);
     hash_bytes(&h, dv, sizeof dv);
-    const char *sv[] = {o->model.init_from, o->data.path, o->ckpt.save_dir, o->ckpt.load_dir,
-                        o->sample.prompt};
+    const char *sv[] = {o->model.init_from, o->data.path,     o->ckpt.save_dir,
+                        o->ckpt.load_dir,   o->sample.prompt, o->model.device};
     for (size_t i = 0; i < sizeof sv / sizeof sv[0]; i++) hash_str(&h, sv[i]);
     return h;
 }
@@ -196,7 +196,8 @@ static sl_status load_init_from(sl_train_job *j, int data_vocab) {
             return sl_train_bad(
                 "--%s conflicts with --init-from (the architecture comes from %s/config.json)", names[i],
                 dir);
-    if (sl_hf_load(dir, &j->m, &j->hf_info) != SL_OK) return sl_train_bad("--init-from: %s", sl_errmsg());
+    if (sl_hf_load_on(dir, SL_F32, j->be, &j->m, &j->hf_info) != SL_OK)
+        return sl_train_bad("--init-from: %s", sl_errmsg());
     sl_model *m = j->m;
     if (data_vocab > m->cfg.vocab_size)
         return sl_train_bad("the data's vocab size %d exceeds the model's vocab_size %d (%s)", data_vocab,
@@ -278,6 +279,8 @@ static sl_status make_model(sl_train_job *j) {
     const sl_train_opts *o = &j->o;
     const sl_train_model_opts *mo = &o->model;
     int data_vocab = sl_dataset_vocab_size(j->train);
+    j->be = sl_backend_get(mo->device ? mo->device : "cpu");
+    if (!j->be) return sl_train_bad("--device: %s", sl_errmsg());
     if (mo->init_from) SL_TRY(load_init_from(j, data_vocab));
     if (!mo->init_from)
         j->cfg = (sl_gpt2_config){
@@ -295,11 +298,11 @@ static sl_status make_model(sl_train_job *j) {
         return sl_train_bad("%s: a split has fewer than seq-length+1 = %lld tokens", o->data.path,
                             (long long)o->data.seq_length + 1);
     if (mo->init_from) return SL_OK; /* weights loaded above */
-    if (sl_gpt2_new(&j->cfg, &j->m) != SL_OK) return sl_train_bad("%s", sl_errmsg());
+    if (sl_gpt2_new_on(&j->cfg, j->be, &j->m) != SL_OK) return sl_train_bad("%s", sl_errmsg());
     if (j->init_from_weights) {
         if (sl_model_load_weights(j->m, j->wpath) != SL_OK) return sl_train_bad("--load: %s", sl_errmsg());
     } else {
-        sl_model_init_weights(j->m, (uint64_t)o->seed);
+        SL_TRY(sl_model_init_weights_ex(j->m, (uint64_t)o->seed));
     }
     return SL_OK;
 }

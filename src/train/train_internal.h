@@ -17,6 +17,7 @@ typedef struct sl_train_job {
     int mesh_ok, rank0;
 
     sl_dataset *train, *val;
+    sl_backend *be; /* the model's backend (--device) */
     sl_tokenizer *tok;
     char tokpath[4096]; /* the data's tokenizer.json */
 

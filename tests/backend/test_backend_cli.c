@@ -1,0 +1,105 @@
+/* `--device` end to end: `suanli train --device strict` (checkpoints, eval, resume, final save, sample) and
+ * `suanli generate --device strict` (--load and an HF dir) give bitwise the CPU backend's files and tokens
+ * (the strict backend runs the CPU kernels behind memory the host cannot touch, so tolerance 0), and bad
+ * devices are refused with one line and exit 2. */
+#define _GNU_SOURCE /* memmem */
+#include <stdarg.h>
+#include <string.h>
+
+#include "suanli/base.h"
+#include "testutil.h"
+
+static char out[1 << 16];
+static char dir[512];
+
+/* the lines of `text` that carry results, without the timing lines ("[...]" and "loaded in ...") */
+static void results_only(char *text) {
+    char *w = text;
+    for (char *l = text; *l;) {
+        char *e = strchr(l, '\n');
+        size_t n = e ? (size_t)(e - l + 1) : strlen(l);
+        int timing =
+            l[0] == '[' || memmem(l, n, " s,", 3) || memmem(l, n, " in 0.", 6) || memmem(l, n, "/s", 2);
+        if (!timing) {
+            memmove(w, l, n);
+            w += n;
+        }
+        l += n;
+    }
+    *w = 0;
+}
+
+static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int run(const char *fmt, ...) {
+    char args[4096], cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "%s %s", tu_cli(), args);
+    return tu_run(cmd, out, sizeof out);
+}
+
+#define TINY                                                                                                 \
+    "--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 32 --micro-batch-size 4 "          \
+    "--global-batch-size 8 --lr 1e-3 --save-interval 3 --eval-interval 3 --eval-iters 2 --threads 2"
+
+int main(void) {
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir("backend_cli"));
+    char cmd[2048], a[1024], b[1024];
+    snprintf(cmd, sizeof cmd, "head -c 30000 %s/data/tinyshakespeare.txt > %s/small.txt", SL_SOURCE_DIR, dir);
+    TU_CHECK(system(cmd) == 0, "corpus");
+    TU_CHECK(
+        run("data prepare --input %s/small.txt --output-prefix %s/data --tokenizer-type byte", dir, dir) == 0,
+        "prepare: %s", out);
+    const char *dev[2] = {"cpu", "strict"};
+    for (int i = 0; i < 2; i++) {
+        /* 6 steps with checkpoints at 3 and 6, then resume to 9 */
+        int rc = run("train --device %s --data-path %s/data " TINY
+                     " --train-iters 6 --save %s/%s --sample-tokens 16",
+                     dev[i], dir, dir, dev[i]);
+        TU_CHECK(rc == 0, "train --device %s: %s", dev[i], out);
+        rc = run("train --device %s --data-path %s/data " TINY " --train-iters 9 --save %s/%s --load %s/%s",
+                 dev[i], dir, dir, dev[i], dir, dev[i]);
+        TU_CHECK(rc == 0 && strstr(out, "resumed from"), "resume --device %s: %s", dev[i], out);
+    }
+    snprintf(a, sizeof a, "%s/cpu/model.safetensors", dir);
+    snprintf(b, sizeof b, "%s/strict/model.safetensors", dir);
+    TU_CHECK(tu_same_file(a, b), "train --device strict: final weights bitwise the cpu run's");
+    snprintf(a, sizeof a, "%s/cpu/step-0000006/shard-r00000.safetensors", dir);
+    snprintf(b, sizeof b, "%s/strict/step-0000006/shard-r00000.safetensors", dir);
+    TU_CHECK(tu_same_file(a, b), "train --device strict: checkpoint shard bitwise the cpu run's");
+    /* generation from the trained dir and from an HF fixture (Mixtral: GQA + MoE, KV cache) */
+    static char gen[2][1 << 16], hf[2][1 << 16];
+    for (int i = 0; i < 2; i++) {
+        int rc =
+            run("generate --device %s --load %s/cpu --prompt ROMEO: --max-new-tokens 24 --temperature 0.7 "
+                "--top-k 20 --seed 3",
+                dev[i], dir);
+        TU_CHECK(rc == 0, "generate --load --device %s: %s", dev[i], out);
+        results_only(out);
+        snprintf(gen[i], sizeof gen[i], "%s", out);
+        rc = run(
+            "generate --device %s --model %s/tests/fixtures/hf/mixtral --prompt-ids 1,5,9 --max-new-tokens 8 "
+            "--temperature 0 --print-ids",
+            dev[i], SL_SOURCE_DIR);
+        TU_CHECK(rc == 0, "generate --model --device %s: %s", dev[i], out);
+        results_only(out);
+        snprintf(hf[i], sizeof hf[i], "%s", out);
+    }
+    TU_CHECK(strlen(gen[0]) > 20, "generate --load printed text: %s", gen[0]);
+    TU_CHECK(!strcmp(gen[0], gen[1]), "generate --load: same text on strict as on cpu");
+    TU_CHECK(!strcmp(hf[0], hf[1]) && strstr(hf[0], "\"ids\""), "generate --model: same ids on strict: %s",
+             hf[1]);
+    /* refusals: one line, exit 2 */
+    int rc = run("train --device tpu --data-path %s/data " TINY " --train-iters 1", dir);
+    TU_CHECK(rc == 2 && strstr(out, "--device") && strstr(out, "unknown device 'tpu'"), "bad device: %s",
+             out);
+    rc = run("generate --device strict --model %s/tests/fixtures/hf/llama --dtype bf16 --prompt-ids 1 "
+             "--max-new-tokens 1",
+             SL_SOURCE_DIR);
+    TU_CHECK(rc == 2 && strstr(out, "host-visible"), "bf16 weights on strict refused: %s", out);
+    rc = run("train --device null --data-path %s/data " TINY " --train-iters 1", dir);
+    TU_CHECK(rc != 0 && strstr(out, "not supported"), "null backend: the first op named: %s", out);
+    return tu_finish("test_backend_cli");
+}
