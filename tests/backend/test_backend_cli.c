@@ -14,6 +14,12 @@ static char dir[512];
 
 /* the lines of `text` that carry results, without the timing lines ("[...]" and "loaded in ...") */
 static void results_only(char *text) {
+    char *g = strstr(text, "[generated"); /* stderr's timing line may land inside the sample's line */
+    if (g) {
+        char *end = strchr(g, ']');
+        end = end ? end + 1 : g + strlen(g);
+        memmove(g, end, strlen(end) + 1);
+    }
     char *w = text;
     for (char *l = text; *l;) {
         char *e = strchr(l, '\n');
