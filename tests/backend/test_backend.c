@@ -7,6 +7,9 @@
  * other backend is held to 1e-4 relative (fp32 kernels with a different summation order; PyTorch's own CPU
  * vs CUDA fp32 differences on these shapes are ~1e-6 to 1e-5) unless SUANLI_CONFORMANCE_RTOL says otherwise.
  *
+ * The bf16 training cases (GPT-2 with bf16 matmul operands, Mixtral with autocast numerics) use the same
+ * tolerance: they exercise CAST and bf16 x bf16 MATMUL, whose kernels are the CPU's on strict.
+ *
  * The strict backend also gets tests of what makes it strict: its memory faults when the host touches it
  * (checked in a child process), a leaf bound to host memory is refused by name, mapping is refused, and an
  * asynchronous copy lands only at synchronize. */
@@ -225,7 +228,8 @@ typedef struct {
     int64_t n;
 } train_result;
 
-static sl_status train3(sl_backend *be, int llama, train_result *r) {
+/* llama: 0 GPT-2, 1 Mixtral (GQA + MoE); bf16: autocast-style bf16 matmul operands over f32 master weights */
+static sl_status train3(sl_backend *be, int llama, int bf16, train_result *r) {
     sl_model *m = NULL;
     if (llama) {
         sl_llama_config c = {.arch = SL_ARCH_MIXTRAL,
@@ -246,6 +250,8 @@ static sl_status train3(sl_backend *be, int llama, train_result *r) {
         sl_gpt2_config c = {.n_layer = 2, .n_head = 4, .n_embd = 32, .vocab_size = 64, .max_seq_len = 32};
         SL_TRY(sl_gpt2_new_on(&c, be, &m));
     }
+    if (bf16 && llama) m->autocast_bf16 = 1;
+    if (bf16 && !llama) m->compute_dtype = SL_BF16;
     sl_status st = sl_model_init_weights_ex(m, 1234);
     sl_trainer tr;
     sl_trainer_config tc = {.B = 2,
@@ -274,10 +280,13 @@ static sl_status train3(sl_backend *be, int llama, train_result *r) {
 }
 
 static void test_train(void) {
-    for (int llama = 0; llama <= 1; llama++) {
-        const char *what = llama ? "mixtral-gqa-moe" : "gpt2";
+    float f32_loss[2] = {0, 0}; /* step-3 loss of the f32 runs: the bf16 runs must differ from it */
+    for (int mode = 0; mode < 4; mode++) {
+        int llama = mode & 1, bf16 = mode >> 1;
+        const char *names[] = {"gpt2", "mixtral-gqa-moe", "gpt2-bf16", "mixtral-gqa-moe-autocast-bf16"};
+        const char *what = names[mode];
         train_result ref = {0}, got = {0};
-        sl_status s1 = train3(sl_backend_cpu(), llama, &ref), s2 = train3(g_be, llama, &got);
+        sl_status s1 = train3(sl_backend_cpu(), llama, bf16, &ref), s2 = train3(g_be, llama, bf16, &got);
         TU_CHECK(s1 == SL_OK && s2 == SL_OK, "train %s on %s: %s", what, g_be->name, sl_errmsg());
         if (s1 == SL_OK && s2 == SL_OK) {
             TU_CHECK(tu_allclose("loss", got.loss, ref.loss, 3, 0, g_rtol), "train %s losses on %s", what,
