@@ -296,6 +296,10 @@ static void test_train(void) {
                      "train %s final weights on %s", what, g_be->name);
             TU_CHECK(ref.loss[2] < ref.loss[0], "train %s: loss falls (%g -> %g)", what, ref.loss[0],
                      ref.loss[2]);
+            if (!bf16) f32_loss[llama] = ref.loss[2];
+            if (bf16)
+                TU_CHECK(ref.loss[2] != f32_loss[llama], "train %s: bf16 numerics differ from f32 (%.9g)",
+                         what, ref.loss[2]);
         }
         free(ref.params);
         free(got.params);
