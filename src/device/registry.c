@@ -3,14 +3,25 @@
 
 #include "suanli/device.h"
 
-/* One line per backend (Note [Adding a backend] in docs/ADDING-A-BACKEND.md). */
+/* The registry: one line per backend, X(name), where the backend's folder defines
+ * `sl_backend *sl_backend_<name>(void)` (docs/ADDING-A-BACKEND.md). The order is the order of
+ * `sl_backend_names` and of the error message for an unknown name. */
+#define SL_BACKENDS(X)                                                                                       \
+    X(cpu)                                                                                                   \
+    X(strict)                                                                                                \
+    X(null)
+
+#define DECLARE(name) sl_backend *sl_backend_##name(void);
+SL_BACKENDS(DECLARE)
+#undef DECLARE
+
 static const struct {
     const char *name;
     sl_backend *(*get)(void);
 } k_registry[] = {
-    {"cpu", sl_backend_cpu},
-    {"strict", sl_backend_strict},
-    {"null", sl_backend_null},
+#define ENTRY(name) {#name, sl_backend_##name},
+    SL_BACKENDS(ENTRY)
+#undef ENTRY
 };
 #define N_REGISTRY ((int)(sizeof k_registry / sizeof k_registry[0]))
 
