@@ -15,12 +15,11 @@
  * see zero_slots.c.
  */
 #include <math.h>
-#include <string.h>
 
 #include "parallel/dp_internal.h"
 
 static int cmp_ready(const void *a, const void *b) {
-    const bucket *x = a, *y = b;
+    const dp_bucket *x = a, *y = b;
     if (x->ready != y->ready) return x->ready - y->ready;
     return x->lo < y->lo ? 1 : -1;
 }
@@ -29,8 +28,8 @@ static int cmp_ready(const void *a, const void *b) {
 typedef void (*seg_fn)(void *u, int64_t flat_lo, int64_t len, int64_t shard_off);
 static void for_each_segment(const sl_dp *dp, seg_fn fn, void *u) {
     int64_t off = 0;
-    for (int k = 0; k < dp->nb; k++) {
-        const bucket *b = &dp->b[k];
+    for (int k = 0; k < dp->buckets.count; k++) {
+        const dp_bucket *b = &dp->buckets.v[k];
         int64_t len = b->hi - b->lo, q = b->q, tail = len - q * dp->n;
         if (q > 0) {
             fn(u, b->lo + q * dp->r, q, off);
@@ -74,28 +73,90 @@ static sl_status grads_to_window(sl_dp *dp, sl_graph *g) {
         return st;
     }
     sl_graph_refresh_views(g);
-    dp->gwin = w;
-    dp->gwin_graph = g;
+    dp->window.grads = w;
     return SL_OK;
 }
 
 static void grads_from_window(sl_dp *dp) {
-    if (!dp->gwin) return;
+    if (!dp->window.grads) return;
     sl_model *m = dp->m;
     sl_buffer *p = NULL;
     if (sl_backend_alloc(m->backend, sizeof(float) * (size_t)m->numel, &p) == SL_OK)
         (void)sl_backend_copy(p, 0, m->grads_buf, 0, sizeof(float) * (size_t)m->numel);
     (void)sl_model_adopt_grads(m, p); /* NULL if that failed: nothing trains after DP */
-    sl_graph_refresh_views(dp->gwin_graph);
-    (void)sl_comm_mem_free(dp->comm, dp->gwin);
-    dp->gwin = NULL;
+    sl_graph_refresh_views(dp->g);
+    (void)sl_comm_mem_free(dp->comm, dp->window.grads);
+    dp->window.grads = NULL;
 }
 
 /* A host-mapped f32 buffer of n elements on the model's backend (data parallelism keeps its shards in
- * host-visible memory: the communicator moves host bytes). */
+ * host-visible memory: the communicator moves host bytes). map may be NULL: no host mapping needed. */
 static sl_status host_buf(sl_dp *dp, int64_t n, sl_buffer **buf, float **map) {
-    SL_TRY(sl_backend_alloc(dp->m->backend, sizeof(float) * (size_t)(n > 0 ? n : 1), buf));
-    *map = sl_buffer_map(*buf);
+    if (sl_backend_alloc(dp->m->backend, f32_bytes(n > 0 ? n : 1), buf) != SL_OK)
+        return sl_fail(SL_ERR_NOMEM, "dp: out of memory");
+    if (map) *map = sl_buffer_map(*buf);
+    return SL_OK;
+}
+
+/* the bucket plan: buckets walked from the end of the flat buffer, sorted by ready, with their part lengths
+ * and (ZeRO) the shard offsets of their parts and tails, in for_each_segment order */
+static sl_status build_buckets(sl_dp *dp, sl_graph *g, int64_t bucket_elems) {
+    const sl_model *m = dp->m;
+    dp_buckets *bs = &dp->buckets;
+    bs->v = calloc((size_t)m->n_params + 1, sizeof(dp_bucket));
+    if (!bs->v) return sl_fail(SL_ERR_NOMEM, "dp: out of memory");
+    int64_t hi = m->numel;
+    int ready = -1;
+    for (int i = m->n_params - 1; i >= 0; i--) {
+        const sl_param_info *p = &m->params[i];
+        int w = sl_graph_last_grad_write(g, p->t);
+        if (w > ready) ready = w;
+        if (hi - p->offset >= bucket_elems || i == 0) {
+            bs->v[bs->count++] = (dp_bucket){.lo = p->offset, .hi = hi, .ready = ready};
+            hi = p->offset;
+            ready = -1;
+        }
+    }
+    for (int k = 0; k < bs->count; k++) bs->v[k].q = dp->zero ? (bs->v[k].hi - bs->v[k].lo) / dp->n : 0;
+    qsort(bs->v, (size_t)bs->count, sizeof(dp_bucket), cmp_ready);
+    if (dp->zero) {
+        int64_t off = 0;
+        for (int k = 0; k < bs->count; k++) {
+            dp_bucket *b = &bs->v[k];
+            int64_t len = b->hi - b->lo, tail = len - b->q * dp->n;
+            b->part_off = off;
+            off += b->q;
+            b->tail_off = off;
+            if (tail > 0) off += tail;
+        }
+    }
+    return SL_OK;
+}
+
+/* the sharded optimizer state; under stage 3 this rank's parameters are copied into its parameter shard */
+static sl_status alloc_shard(sl_dp *dp) {
+    sl_model *m = dp->m;
+    dp_shard *s = &dp->shard;
+    if (dp->zero)
+        for_each_segment(dp, count_seg, &s->len);
+    else
+        s->len = m->numel;
+    /* moments come zero-filled */
+    SL_TRY(host_buf(dp, s->len, &s->m1_buf, &s->m1));
+    SL_TRY(host_buf(dp, s->len, &s->m2_buf, &s->m2));
+    if (dp->zero >= 2) SL_TRY(host_buf(dp, s->len, &s->grad_buf, NULL));
+    if (dp->zero == 3) {
+        SL_TRY(host_buf(dp, s->len + 1, &s->param_buf, &s->param));
+        for (int k = 0; k < dp->buckets.count; k++) {
+            const dp_bucket *b = &dp->buckets.v[k];
+            int64_t len = b->hi - b->lo, tail = len - b->q * dp->n;
+            SL_TRY(sl_backend_copy(s->param_buf, f32_bytes(b->part_off), m->params_buf,
+                                   f32_bytes(b->lo + b->q * dp->r), f32_bytes(b->q)));
+            if (tail > 0)
+                SL_TRY(sl_backend_copy(s->param_buf, f32_bytes(b->tail_off), m->params_buf,
+                                       f32_bytes(b->lo + b->q * dp->n), f32_bytes(tail)));
+        }
+    }
     return SL_OK;
 }
 
@@ -114,127 +175,100 @@ sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, 
     dp->n = mesh->dp;
     dp->r = mesh->dp_rank;
     dp->zero = o->zero_stage;
+    dp->grad_slots = dp->zero >= 2 && o->accum == 1 && dp->comm;
     dp->m = m;
-    dp->gscale = 1.0f;
-    int64_t be = o->bucket_elems > 0 ? o->bucket_elems : (1 << 20);
-    dp->b = calloc((size_t)m->n_params + 1, sizeof(bucket));
-    if (!dp->b) goto oom;
-    /* walk parameters from the end of the flat buffer */
-    int64_t hi = m->numel;
-    int ready = -1;
-    for (int i = m->n_params - 1; i >= 0; i--) {
-        const sl_param_info *p = &m->params[i];
-        int w = sl_graph_last_grad_write(g, p->t);
-        if (w > ready) ready = w;
-        if (hi - p->offset >= be || i == 0) {
-            dp->b[dp->nb++] = (bucket){.lo = p->offset, .hi = hi, .ready = ready};
-            hi = p->offset;
-            ready = -1;
-        }
+    dp->g = g;
+    dp->shard.gscale = 1.0f;
+    sl_status st = build_buckets(dp, g, o->bucket_elems > 0 ? o->bucket_elems : (1 << 20));
+    if (st == SL_OK) {
+        dp->reduce.reqs = calloc((size_t)dp->buckets.count + 1, sizeof(dp_bucket_reqs));
+        if (!dp->reduce.reqs) st = sl_fail(SL_ERR_NOMEM, "dp: out of memory");
     }
-    for (int k = 0; k < dp->nb; k++) dp->b[k].q = dp->zero ? (dp->b[k].hi - dp->b[k].lo) / dp->n : 0;
-    qsort(dp->b, (size_t)dp->nb, sizeof(bucket), cmp_ready);
-    if (dp->zero) {
-        for_each_segment(dp, count_seg, &dp->shard_len);
-    } else {
-        dp->shard_len = m->numel;
+    if (st == SL_OK) st = alloc_shard(dp);
+    if (st == SL_OK && dp->zero) st = sl_dp_slots_build(dp);
+    if (st == SL_OK) {
+        /* the full buffers go (leaves now point into the slot arena) */
+        if (dp->zero == 3) sl_model_drop_params(m);
+        if (dp->grad_slots)
+            sl_model_drop_grads(m);
+        else if (dp->comm && m->grads_buf)
+            st = grads_to_window(dp, g);
     }
-    /* moments come zero-filled */
-    if (host_buf(dp, dp->shard_len, &dp->m1_buf, &dp->m1) != SL_OK) goto oom;
-    if (host_buf(dp, dp->shard_len, &dp->m2_buf, &dp->m2) != SL_OK) goto oom;
-    if (dp->zero >= 2 && host_buf(dp, dp->shard_len, &dp->gshard_buf, &dp->gshard) != SL_OK) goto oom;
-    if (dp->zero) { /* shard offsets of each bucket's part and tail, in for_each_segment order */
-        int64_t off = 0;
-        for (int k = 0; k < dp->nb; k++) {
-            bucket *b = &dp->b[k];
-            int64_t len = b->hi - b->lo, tail = len - b->q * dp->n;
-            b->soff = off;
-            off += b->q;
-            b->toff = off;
-            if (tail > 0) off += tail;
-        }
-    }
-    dp->gslots = dp->zero >= 2 && o->accum == 1 && dp->comm;
-    if (dp->zero == 3) {
-        if (host_buf(dp, dp->shard_len + 1, &dp->pshard_buf, &dp->pshard) != SL_OK) goto oom;
-        for (int k = 0; k < dp->nb; k++) {
-            const bucket *b = &dp->b[k];
-            int64_t len = b->hi - b->lo, tail = len - b->q * dp->n;
-            memcpy(dp->pshard + b->soff, m->params_mem + b->lo + b->q * dp->r, sizeof(float) * (size_t)b->q);
-            if (tail > 0)
-                memcpy(dp->pshard + b->toff, m->params_mem + b->lo + b->q * dp->n,
-                       sizeof(float) * (size_t)tail);
-        }
-    }
-    if (dp->zero) {
-        sl_status zs = sl_dp_slots_build(dp, g);
-        if (zs != SL_OK) {
-            sl_dp_free(dp);
-            return zs;
-        }
-    }
-    /* the full buffers go (leaves now point into the slot arena) */
-    if (dp->zero == 3) sl_model_drop_params(m);
-    if (dp->gslots) {
-        sl_model_drop_grads(m);
-    } else if (dp->comm && m->grads_buf) {
-        sl_status ws = grads_to_window(dp, g);
-        if (ws != SL_OK) {
-            sl_dp_free(dp);
-            return ws;
-        }
+    if (st != SL_OK) {
+        sl_dp_free(dp);
+        return st;
     }
     *out = dp;
     return SL_OK;
-oom:
-    sl_dp_free(dp);
-    return sl_fail(SL_ERR_NOMEM, "dp: out of memory");
 }
 
 void sl_dp_free(sl_dp *dp) {
     if (!dp) return;
     (void)sl_dp_sync_params(dp); /* nothing may still write into the parameters */
-    for (int k = 0; k < dp->nb; k++) {
-        sl_comm_req_free(dp->b[k].req);
-        sl_comm_req_free(dp->b[k].req_tail);
-        sl_comm_req_free(dp->b[k].preq);
-    }
-    free(dp->b);
+    if (dp->reduce.reqs)
+        for (int k = 0; k < dp->buckets.count; k++) {
+            sl_comm_req_free(dp->reduce.reqs[k].part);
+            sl_comm_req_free(dp->reduce.reqs[k].tail);
+        }
+    free(dp->reduce.reqs);
     sl_backend *be = dp->m->backend;
-    sl_backend_free(be, dp->m1_buf);
-    sl_backend_free(be, dp->m2_buf);
-    sl_backend_free(be, dp->gshard_buf);
+    sl_backend_free(be, dp->shard.m1_buf);
+    sl_backend_free(be, dp->shard.m2_buf);
+    sl_backend_free(be, dp->shard.grad_buf);
     sl_dp_slots_free(dp);
     grads_from_window(dp);
-    sl_backend_free(be, dp->pshard_buf);
+    sl_backend_free(be, dp->shard.param_buf);
+    free(dp->buckets.v);
     free(dp);
 }
 
-int sl_dp_num_buckets(const sl_dp *dp) { return dp->nb; }
+int sl_dp_num_buckets(const sl_dp *dp) { return dp->buckets.count; }
 int sl_dp_rank(const sl_dp *dp) { return dp->r; }
 int sl_dp_size(const sl_dp *dp) { return dp->n; }
 void sl_dp_arm(sl_dp *dp, int armed) {
-    dp->armed = armed;
-    dp->next = 0;
+    dp->reduce.armed = armed;
+    dp->reduce.next_launch = 0;
 }
 
-sl_status sl_dp_launch_bucket(sl_dp *dp, bucket *b) {
+/* launch bucket k's reduction (in place, on the host mappings the communicator needs) */
+static sl_status launch_bucket(sl_dp *dp, int k) {
+    const dp_bucket *b = &dp->buckets.v[k];
+    dp_bucket_reqs *rq = &dp->reduce.reqs[k];
     /* the bucket's gradients: its slot, or its range of the full buffer */
-    float *g = dp->gslots ? dp->arena + b->goff : dp->m->grads_mem + b->lo;
+    float *g = dp->grad_slots ? sl_dp_grad_slot(dp, k) : dp->m->grads_mem + b->lo;
     int64_t len = b->hi - b->lo;
     if (!dp->comm || len == 0) return SL_OK;
     if (dp->zero < 2)
-        return sl_comm_all_reduce_async(dp->comm, g, g, (size_t)len, SL_COMM_F32, SL_COMM_SUM, &b->req);
+        return sl_comm_all_reduce_async(dp->comm, g, g, (size_t)len, SL_COMM_F32, SL_COMM_SUM, &rq->part);
     /* stages 2, 3: reduce-scatter the equal parts in place (rank r's part lands at its own offset) */
     int64_t q = b->q, tail = len - q * dp->n;
     if (q > 0)
         SL_TRY(sl_comm_reduce_scatter_async(dp->comm, g, g + q * dp->r, (size_t)q, SL_COMM_F32, SL_COMM_SUM,
-                                            &b->req));
+                                            &rq->part));
     if (tail > 0)
         SL_TRY(sl_comm_all_reduce_async(dp->comm, g + q * dp->n, g + q * dp->n, (size_t)tail, SL_COMM_F32,
-                                        SL_COMM_SUM, &b->req_tail));
+                                        SL_COMM_SUM, &rq->tail));
     return SL_OK;
 }
+
+sl_status sl_dp_reduce_ready(sl_dp *dp, int i) {
+    dp_reduce *r = &dp->reduce;
+    if (!r->armed && !dp->grad_slots) return SL_OK;
+    while (r->next_launch < dp->buckets.count && dp->buckets.v[r->next_launch].ready <= i)
+        SL_TRY(launch_bucket(dp, r->next_launch++));
+    return SL_OK;
+}
+
+sl_status sl_dp_reduce_wait(sl_dp *dp, int k) {
+    dp_bucket_reqs *rq = &dp->reduce.reqs[k];
+    double t0 = sl_time_sec();
+    sl_status st = dp_wait_req(&rq->part), st2 = dp_wait_req(&rq->tail);
+    dp->reduce.wait_sec += sl_time_sec() - t0;
+    SL_TRY(st);
+    return st2;
+}
+
+void sl_dp_reduce_restart(sl_dp *dp) { dp->reduce.next_launch = 0; }
 
 sl_status sl_dp_hook(sl_graph *g, int i, sl_tensor *n, void *user) {
     (void)g;
@@ -244,42 +278,48 @@ sl_status sl_dp_hook(sl_graph *g, int i, sl_tensor *n, void *user) {
 
 typedef struct {
     sl_dp *dp;
+    sl_status st;
 } gs_ctx;
+/* a reduced segment of the full gradient buffer into the gradient shard */
 static void copy_to_shard(void *u, int64_t lo, int64_t len, int64_t off) {
-    sl_dp *dp = ((gs_ctx *)u)->dp;
-    memcpy(dp->gshard + off, dp->m->grads_mem + lo, sizeof(float) * (size_t)len);
+    gs_ctx *c = u;
+    if (c->st == SL_OK)
+        c->st = sl_backend_copy(c->dp->shard.grad_buf, f32_bytes(off), c->dp->m->grads_buf, f32_bytes(lo),
+                                f32_bytes(len));
 }
 
 sl_status sl_dp_finish_grads(sl_dp *dp, double *wait_sec) {
     double t0 = sl_time_sec();
     sl_status st = SL_OK;
+    dp_reduce *r = &dp->reduce;
     /* buckets not launched by the hook (e.g. hook unarmed) go now */
-    while (dp->next < dp->nb) {
-        st = sl_dp_launch_bucket(dp, &dp->b[dp->next++]);
+    while (r->next_launch < dp->buckets.count) {
+        st = launch_bucket(dp, r->next_launch++);
         if (st != SL_OK) break;
     }
-    for (int k = 0; k < dp->nb; k++) {
-        if (dp->b[k].req) {
-            sl_status s = sl_comm_wait(dp->b[k].req);
-            dp->b[k].req = NULL;
+    for (int k = 0; k < dp->buckets.count; k++) {
+        if (r->reqs[k].part) {
+            sl_status s = sl_comm_wait(r->reqs[k].part);
+            r->reqs[k].part = NULL;
             if (st == SL_OK) st = s;
         }
-        if (dp->b[k].req_tail) {
-            sl_status s = sl_comm_wait(dp->b[k].req_tail);
-            dp->b[k].req_tail = NULL;
+        if (r->reqs[k].tail) {
+            sl_status s = sl_comm_wait(r->reqs[k].tail);
+            r->reqs[k].tail = NULL;
             if (st == SL_OK) st = s;
         }
     }
-    dp->armed = 0;
-    if (st == SL_OK && dp->gslots) {
+    r->armed = 0;
+    if (st == SL_OK && dp->grad_slots) {
         st = sl_dp_slots_finish(dp);
     } else if (st == SL_OK && dp->zero >= 2) {
-        gs_ctx c = {dp};
+        gs_ctx c = {dp, SL_OK};
         for_each_segment(dp, copy_to_shard, &c);
+        st = c.st;
     }
     /* + the waits inside backward (ZeRO-3 gathers, gradient slots due) */
-    if (wait_sec) *wait_sec += sl_time_sec() - t0 + dp->wait_sec;
-    dp->wait_sec = 0;
+    if (wait_sec) *wait_sec += sl_time_sec() - t0 + r->wait_sec;
+    r->wait_sec = 0;
     return st;
 }
 
@@ -287,11 +327,11 @@ sl_status sl_dp_finish_grads(sl_dp *dp, double *wait_sec) {
  * through the backend's sumsq (the single-process norm's kernel) and the pieces added in bucket order */
 static sl_status part_sumsq(const sl_dp *dp, int rr, int use_shard, double *out) {
     sl_backend *be = dp->m->backend;
-    const sl_buffer *g = use_shard ? dp->gshard_buf : dp->m->grads_buf;
+    const sl_buffer *g = use_shard ? dp->shard.grad_buf : dp->m->grads_buf;
     double s = 0, x;
     int64_t off = 0;
-    for (int k = 0; k < dp->nb; k++) {
-        const bucket *b = &dp->b[k];
+    for (int k = 0; k < dp->buckets.count; k++) {
+        const dp_bucket *b = &dp->buckets.v[k];
         int64_t len = b->hi - b->lo, q = dp->zero ? b->q : len / dp->n, tail = len - q * dp->n;
         if (q > 0) {
             SL_TRY(sl_backend_sumsq(be, g, use_shard ? off : b->lo + q * rr, q, &x));
@@ -326,7 +366,7 @@ sl_status sl_dp_clip(sl_dp *dp, float max_norm, float *norm_out) {
         }
     }
     float norm = (float)sqrt(ss);
-    dp->gscale = sl_clip_coef(norm, max_norm); /* applied inside the update */
+    dp->shard.gscale = sl_clip_coef(norm, max_norm); /* applied inside the update */
     *norm_out = norm;
     return SL_OK;
 }
@@ -377,14 +417,15 @@ static sl_status update_shard(sl_dp *dp, float lr, int64_t t, sl_adamw_hparams h
         free(l.v);
         return sl_fail(SL_ERR_NOMEM, "dp: out of memory");
     }
-    sl_adamw_call c = {.p = dp->zero == 3 ? dp->pshard_buf : dp->m->params_buf,
-                       .g = dp->zero >= 2 ? dp->gshard_buf : dp->m->grads_buf,
-                       .m = dp->m1_buf,
-                       .v = dp->m2_buf,
+    const dp_shard *s = &dp->shard;
+    sl_adamw_call c = {.p = dp->zero == 3 ? s->param_buf : dp->m->params_buf,
+                       .g = dp->zero >= 2 ? s->grad_buf : dp->m->grads_buf,
+                       .m = s->m1_buf,
+                       .v = s->m2_buf,
                        .spans = l.v,
                        .n_spans = l.n,
                        .lr = lr,
-                       .gscale = dp->gscale,
+                       .gscale = s->gscale,
                        .hp = hp,
                        .t = t};
     sl_status st = l.n ? sl_backend_adamw(dp->m->backend, &c) : SL_OK;
@@ -393,12 +434,9 @@ static sl_status update_shard(sl_dp *dp, float lr, int64_t t, sl_adamw_hparams h
 }
 
 sl_status sl_dp_optimizer_step(sl_dp *dp, float lr, int64_t t, sl_adamw_hparams hp) {
-    if (dp->zero == 3 && dp->materialized) { /* training goes on after a gather: back to the shard */
-        sl_model_drop_params(dp->m);
-        dp->materialized = 0;
-    }
+    if (dp->zero == 3) sl_dp_reshard_params(dp); /* training goes on after a gather: back to the shard */
     sl_status st = update_shard(dp, lr, t, hp);
-    dp->gscale = 1.0f; /* the factor belongs to this step's gradients only */
+    dp->shard.gscale = 1.0f; /* the factor belongs to this step's gradients only */
     SL_TRY(st);
     if (!dp->zero || !dp->comm || dp->zero == 3) return SL_OK; /* stage 3 gathers lazily in the next pass */
     /* all-gather the updated parts of every bucket in place, overlapped with the next forward pass (Note
@@ -415,11 +453,12 @@ sl_status sl_dp_mean(sl_dp *dp, float *v) {
 }
 
 void sl_dp_memory_report(const sl_dp *dp, sl_dp_memory *mem) {
-    mem->param_bytes = sizeof(float) * (size_t)(dp->zero == 3 ? dp->shard_len : dp->m->numel);
-    mem->slot_bytes = sizeof(float) * (size_t)dp->arena_len;
-    mem->grad_bytes = dp->gslots ? 0 : sizeof(float) * (size_t)dp->m->numel;
-    mem->grad_shard_bytes = dp->gshard ? sizeof(float) * (size_t)dp->shard_len : 0;
-    mem->optim_bytes = 2 * sizeof(float) * (size_t)dp->shard_len;
+    const dp_shard *s = &dp->shard;
+    mem->param_bytes = f32_bytes(dp->zero == 3 ? s->len : dp->m->numel);
+    mem->slot_bytes = f32_bytes(dp->slots.arena.len);
+    mem->grad_bytes = dp->grad_slots ? 0 : f32_bytes(dp->m->numel);
+    mem->grad_shard_bytes = s->grad_buf ? f32_bytes(s->len) : 0;
+    mem->optim_bytes = 2 * f32_bytes(s->len);
 }
 
 typedef struct {
@@ -433,9 +472,9 @@ static void collect_seg(void *u, int64_t lo, int64_t len, int64_t off) {
 
 sl_status sl_dp_state(sl_dp *dp, sl_dp_seg **segs, int *nseg, float **m1, float **m2) {
     SL_TRY(sl_dp_sync_params(dp)); /* the caller reads the weights */
-    *m1 = dp->m1;
-    *m2 = dp->m2;
-    seg_list l = {calloc((size_t)(2 * dp->nb + 1), sizeof(sl_dp_seg)), 0};
+    *m1 = dp->shard.m1;
+    *m2 = dp->shard.m2;
+    seg_list l = {calloc((size_t)(2 * dp->buckets.count + 1), sizeof(sl_dp_seg)), 0};
     if (!l.v) return sl_fail(SL_ERR_NOMEM, "dp: out of memory");
     if (dp->zero)
         for_each_segment(dp, collect_seg, &l);

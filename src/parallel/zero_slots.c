@@ -35,7 +35,6 @@
  * reductions due (before their slot can be reused), launch parameter gathers, zero and bind gradient
  * slots, then wait for and bind the parameter gathers node i + 1 needs. */
 #include <limits.h>
-#include <string.h>
 
 #include "parallel/dp_internal.h"
 
@@ -131,36 +130,38 @@ static void sort_indices(int *out, key_idx *v, int n) {
 }
 
 /* parameter use intervals of every bucket (stage 3) */
-static sl_status build_param_intervals(sl_dp *dp, sl_graph *g) {
-    int nn = sl_graph_n_nodes(g), cap = 4 * dp->nb + 16;
-    int *last = malloc(sizeof(int) * (size_t)dp->nb), *open = malloc(sizeof(int) * (size_t)dp->nb);
-    dp->iv = malloc(sizeof(z3_iv) * (size_t)cap);
-    if (!last || !open || !dp->iv) goto oom;
-    for (int k = 0; k < dp->nb; k++) open[k] = -1, last[k] = INT_MIN / 2;
+static sl_status build_param_intervals(sl_dp *dp) {
+    dp_z3 *z3 = &dp->slots.z3;
+    const int *pbucket = dp->slots.param_bucket;
+    int nb = dp->buckets.count, nn = sl_graph_n_nodes(dp->g), cap = 4 * nb + 16;
+    int *last = malloc(sizeof(int) * (size_t)nb), *open = malloc(sizeof(int) * (size_t)nb);
+    z3->iv = malloc(sizeof(z3_iv) * (size_t)cap);
+    if (!last || !open || !z3->iv) goto oom;
+    for (int k = 0; k < nb; k++) open[k] = -1, last[k] = INT_MIN / 2;
     for (int i = 0; i < nn; i++) {
-        sl_tensor *t = sl_graph_node(g, i);
+        sl_tensor *t = sl_graph_node(dp->g, i);
         if (t->op == SL_OP_VIEW) continue; /* views compute nothing; their readers count */
         for (int s = 0; s < SL_MAX_SRC; s++) {
             int pi = t->src[s] ? param_of(dp, t->src[s]) : -1;
-            int k = pi >= 0 ? dp->pbucket[pi] : -1;
+            int k = pi >= 0 ? pbucket[pi] : -1;
             if (k < 0 || last[k] == i) continue;
             if (open[k] >= 0 && i - last[k] <= Z3_GAP) {
-                dp->iv[open[k]].E = i;
+                z3->iv[open[k]].E = i;
             } else {
-                if (dp->niv == cap) {
+                if (z3->count == cap) {
                     cap *= 2;
-                    z3_iv *nv = realloc(dp->iv, sizeof(z3_iv) * (size_t)cap);
+                    z3_iv *nv = realloc(z3->iv, sizeof(z3_iv) * (size_t)cap);
                     if (!nv) goto oom;
-                    dp->iv = nv;
+                    z3->iv = nv;
                 }
-                dp->iv[dp->niv] = (z3_iv){.k = k, .S = i, .E = i};
-                open[k] = dp->niv++;
+                z3->iv[z3->count] = (z3_iv){.k = k, .S = i, .E = i};
+                open[k] = z3->count++;
             }
             last[k] = i;
         }
     }
-    qsort(dp->iv, (size_t)dp->niv, sizeof(z3_iv), cmp_iv_s);
-    for (int j = 0; j < dp->niv; j++) dp->iv[j].L = j == 0 ? -1 : dp->iv[j - 1].S - 1;
+    qsort(z3->iv, (size_t)z3->count, sizeof(z3_iv), cmp_iv_s);
+    for (int j = 0; j < z3->count; j++) z3->iv[j].L = j == 0 ? -1 : z3->iv[j - 1].S - 1;
     free(last);
     free(open);
     return SL_OK;
@@ -171,11 +172,15 @@ oom:
 }
 
 /* first node touching each bucket's gradients, and when its reduction is completed (gradient slots) */
-static void build_grad_intervals(sl_dp *dp, sl_graph *g) {
-    int nn = sl_graph_n_nodes(g);
-    for (int k = 0; k < dp->nb; k++) dp->b[k].gw0 = INT_MAX;
+static sl_status build_grad_intervals(sl_dp *dp) {
+    dp_grad_slots *gs = &dp->slots.grad;
+    const dp_bucket *bv = dp->buckets.v;
+    int nb = dp->buckets.count, nn = sl_graph_n_nodes(dp->g);
+    gs->v = malloc(sizeof(dp_grad_slot) * (size_t)(nb + 1));
+    if (!gs->v) return sl_fail(SL_ERR_NOMEM, "dp: out of memory");
+    for (int k = 0; k < nb; k++) gs->v[k] = (dp_grad_slot){.gw0 = INT_MAX};
     for (int i = 0; i < nn; i++) {
-        sl_tensor *t = sl_graph_node(g, i);
+        sl_tensor *t = sl_graph_node(dp->g, i);
         sl_tensor *touch[SL_MAX_SRC + 1];
         int nt = 0;
         if (t->view_src) touch[nt++] = t->view_src;
@@ -183,196 +188,265 @@ static void build_grad_intervals(sl_dp *dp, sl_graph *g) {
             if (t->src[s]) touch[nt++] = t->src[s];
         for (int a = 0; a < nt; a++) {
             int pi = grad_of(dp, touch[a]);
-            int k = pi >= 0 ? dp->pbucket[pi] : -1;
-            if (k >= 0 && i < dp->b[k].gw0) dp->b[k].gw0 = i;
+            int k = pi >= 0 ? dp->slots.param_bucket[pi] : -1;
+            if (k >= 0 && i < gs->v[k].gw0) gs->v[k].gw0 = i;
         }
     }
-    for (int k = 0; k < dp->nb; k++) {
-        bucket *b = &dp->b[k];
-        if (b->gw0 == INT_MAX) b->gw0 = b->ready >= 0 ? b->ready : nn; /* no gradient written: zeros */
-        b->gz = b->gw0 - 1;
-        b->gdone = k + GSLOT_LAG < dp->nb ? dp->b[k + GSLOT_LAG].ready : nn;
-        if (b->gdone < b->ready) b->gdone = b->ready;
+    for (int k = 0; k < nb; k++) {
+        dp_grad_slot *s = &gs->v[k];
+        if (s->gw0 == INT_MAX) s->gw0 = bv[k].ready >= 0 ? bv[k].ready : nn; /* no gradient written: zeros */
+        s->zero_after = s->gw0 - 1;
+        s->done_after = k + GSLOT_LAG < nb ? bv[k + GSLOT_LAG].ready : nn;
+        if (s->done_after < bv[k].ready) s->done_after = bv[k].ready;
     }
+    return SL_OK;
 }
 
-sl_status sl_dp_slots_build(sl_dp *dp, sl_graph *g) {
-    sl_model *m = dp->m;
-    int nn = sl_graph_n_nodes(g);
-    dp->g = g;
-    dp->pbucket = malloc(sizeof(int) * (size_t)(m->n_params + 1));
-    if (!dp->pbucket) return sl_fail(SL_ERR_NOMEM, "dp: out of memory");
+/* bucket of every parameter, and the first node that reads each bucket's parameters */
+static sl_status build_param_uses(sl_dp *dp) {
+    const sl_model *m = dp->m;
+    dp_slots *s = &dp->slots;
+    int nb = dp->buckets.count, nn = sl_graph_n_nodes(dp->g);
+    s->param_bucket = malloc(sizeof(int) * (size_t)(m->n_params + 1));
+    s->pgather.pfirst = malloc(sizeof(int) * (size_t)(nb + 1));
+    s->pgather.reqs = calloc((size_t)nb + 1, sizeof(sl_comm_req *));
+    if (!s->param_bucket || !s->pgather.pfirst || !s->pgather.reqs)
+        return sl_fail(SL_ERR_NOMEM, "dp: out of memory");
     for (int i = 0; i < m->n_params; i++) {
-        dp->pbucket[i] = -1;
-        for (int k = 0; k < dp->nb; k++)
-            if (m->params[i].offset >= dp->b[k].lo && m->params[i].offset < dp->b[k].hi) dp->pbucket[i] = k;
+        s->param_bucket[i] = -1;
+        for (int k = 0; k < nb; k++)
+            if (m->params[i].offset >= dp->buckets.v[k].lo && m->params[i].offset < dp->buckets.v[k].hi)
+                s->param_bucket[i] = k;
     }
-    for (int k = 0; k < dp->nb; k++) dp->b[k].pfirst = INT_MAX;
+    for (int k = 0; k < nb; k++) s->pgather.pfirst[k] = INT_MAX;
     for (int i = 0; i < nn; i++) {
-        sl_tensor *t = sl_graph_node(g, i);
+        sl_tensor *t = sl_graph_node(dp->g, i);
         if (t->op == SL_OP_VIEW) continue;
-        for (int s = 0; s < SL_MAX_SRC; s++) {
-            int pi = t->src[s] ? param_of(dp, t->src[s]) : -1;
-            int k = pi >= 0 ? dp->pbucket[pi] : -1;
-            if (k >= 0 && i < dp->b[k].pfirst) dp->b[k].pfirst = i;
+        for (int j = 0; j < SL_MAX_SRC; j++) {
+            int pi = t->src[j] ? param_of(dp, t->src[j]) : -1;
+            int k = pi >= 0 ? s->param_bucket[pi] : -1;
+            if (k >= 0 && i < s->pgather.pfirst[k]) s->pgather.pfirst[k] = i;
         }
     }
-    if (dp->zero == 3) SL_TRY(build_param_intervals(dp, g));
-    if (dp->gslots) build_grad_intervals(dp, g);
-    int nreq = dp->niv + (dp->gslots ? dp->nb : 0);
+    return SL_OK;
+}
+
+/* static slot offsets for the ZeRO-3 intervals and the gradient slots (greedy by size over lifetimes) */
+static sl_status plan_arena(sl_dp *dp) {
+    dp_slots *s = &dp->slots;
+    const dp_bucket *bv = dp->buckets.v;
+    int nb = dp->buckets.count, nn = sl_graph_n_nodes(dp->g), niv = s->z3.count;
+    int nreq = niv + (dp->grad_slots ? nb : 0);
     slot_req *v = malloc(sizeof(slot_req) * (size_t)(nreq + 1));
     if (!v) return sl_fail(SL_ERR_NOMEM, "dp: out of memory");
-    for (int j = 0; j < dp->niv; j++) {
-        const bucket *b = &dp->b[dp->iv[j].k];
-        v[j] = (slot_req){round16(b->hi - b->lo), 0, dp->iv[j].L, dp->iv[j].E};
+    for (int j = 0; j < niv; j++) {
+        const dp_bucket *b = &bv[s->z3.iv[j].k];
+        v[j] = (slot_req){round16(b->hi - b->lo), 0, s->z3.iv[j].L, s->z3.iv[j].E};
     }
-    if (dp->gslots)
-        for (int k = 0; k < dp->nb; k++)
-            v[dp->niv + k] = (slot_req){round16(dp->b[k].hi - dp->b[k].lo), 0, dp->b[k].gz,
-                                        dp->b[k].gdone < nn ? dp->b[k].gdone : nn};
-    sl_status st = place_slots(v, nreq, &dp->arena_len);
+    if (dp->grad_slots)
+        for (int k = 0; k < nb; k++) {
+            const dp_grad_slot *g = &s->grad.v[k];
+            v[niv + k] = (slot_req){round16(bv[k].hi - bv[k].lo), 0, g->zero_after,
+                                    g->done_after < nn ? g->done_after : nn};
+        }
+    sl_status st = place_slots(v, nreq, &s->arena.len);
     if (st == SL_OK) {
-        for (int j = 0; j < dp->niv; j++) dp->iv[j].off = v[j].off;
-        if (dp->gslots)
-            for (int k = 0; k < dp->nb; k++) dp->b[k].goff = v[dp->niv + k].off;
+        for (int j = 0; j < niv; j++) s->z3.iv[j].off = v[j].off;
+        if (dp->grad_slots)
+            for (int k = 0; k < nb; k++) s->grad.v[k].off = v[niv + k].off;
     }
     free(v);
-    SL_TRY(st);
-    /* a symmetric window when there are peers (collective: every rank computed the same arena_len), so
-     * the slots' reduce-scatters and all-gathers take the direct path (Note [Gradients in a window], dp.c) */
-    if (dp->comm)
-        SL_TRY(
-            sl_comm_mem_alloc(dp->comm, sizeof(float) * (size_t)(dp->arena_len + 16), (void **)&dp->arena));
-    else
-        dp->arena = sl_malloc_aligned(sizeof(float) * (size_t)(dp->arena_len + 16));
-    dp->by_l = malloc(sizeof(int) * (size_t)(dp->niv + 1));
-    dp->by_gz = malloc(sizeof(int) * (size_t)(dp->nb + 1));
-    dp->by_pf = malloc(sizeof(int) * (size_t)(dp->nb + 1));
-    if (!dp->by_l || !dp->by_gz || !dp->by_pf || !dp->arena)
+    return st;
+}
+
+/* The arena: a backend buffer with a host mapping for the communicator calls. With peers it wraps a
+ * symmetric window (collective: every rank computed the same size), so the slots' reduce-scatters and
+ * all-gathers take the direct path (Note [Gradients in a window], dp.c). It also holds every parameter
+ * (gradient) leaf at offset 0 before its slot binds it. */
+static sl_status alloc_arena(sl_dp *dp) {
+    dp_arena *a = &dp->slots.arena;
+    sl_model *m = dp->m;
+    int64_t n = a->len;
+    if (dp->zero == 3 || dp->grad_slots) /* (no larger unless a bucket's parameters are never read) */
+        for (int i = 0; i < m->n_params; i++)
+            if (m->params[i].numel > n) n = m->params[i].numel;
+    size_t bytes = f32_bytes(n + 16);
+    if (dp->comm) {
+        SL_TRY(sl_comm_mem_alloc(dp->comm, bytes, (void **)&a->map));
+        sl_status st = sl_backend_wrap_host(m->backend, a->map, bytes, &a->buf);
+        if (st != SL_OK) {
+            (void)sl_comm_mem_free(dp->comm, a->map);
+            a->map = NULL;
+        }
+        return st;
+    }
+    if (sl_backend_alloc(m->backend, bytes, &a->buf) != SL_OK)
         return sl_fail(SL_ERR_NOMEM, "dp: out of memory (slots)");
-    key_idx *kv = malloc(sizeof(key_idx) * (size_t)(dp->niv + dp->nb + 1));
-    if (!kv) return sl_fail(SL_ERR_NOMEM, "dp: out of memory (slots)");
-    for (int j = 0; j < dp->niv; j++) kv[j] = (key_idx){dp->iv[j].L, dp->iv[j].S, j};
-    sort_indices(dp->by_l, kv, dp->niv);
-    for (int k = 0; k < dp->nb; k++) kv[k] = (key_idx){dp->b[k].gz, 0, k};
-    sort_indices(dp->by_gz, kv, dp->nb);
-    for (int k = 0; k < dp->nb; k++) kv[k] = (key_idx){dp->b[k].pfirst, 0, k};
-    sort_indices(dp->by_pf, kv, dp->nb);
+    a->map = sl_buffer_map(a->buf);
+    return SL_OK;
+}
+
+/* the event orders: intervals by L, gradient slots by zero_after, parameter gathers by pfirst */
+static sl_status build_orders(sl_dp *dp) {
+    dp_slots *s = &dp->slots;
+    int nb = dp->buckets.count, niv = s->z3.count;
+    s->z3.by_launch = malloc(sizeof(int) * (size_t)(niv + 1));
+    s->pgather.by_pfirst = malloc(sizeof(int) * (size_t)(nb + 1));
+    if (dp->grad_slots) s->grad.by_zero = malloc(sizeof(int) * (size_t)(nb + 1));
+    key_idx *kv = malloc(sizeof(key_idx) * (size_t)(niv + nb + 1));
+    if (!s->z3.by_launch || !s->pgather.by_pfirst || (dp->grad_slots && !s->grad.by_zero) || !kv) {
+        free(kv);
+        return sl_fail(SL_ERR_NOMEM, "dp: out of memory (slots)");
+    }
+    for (int j = 0; j < niv; j++) kv[j] = (key_idx){s->z3.iv[j].L, s->z3.iv[j].S, j};
+    sort_indices(s->z3.by_launch, kv, niv);
+    if (dp->grad_slots) {
+        for (int k = 0; k < nb; k++) kv[k] = (key_idx){s->grad.v[k].zero_after, 0, k};
+        sort_indices(s->grad.by_zero, kv, nb);
+    }
+    for (int k = 0; k < nb; k++) kv[k] = (key_idx){s->pgather.pfirst[k], 0, k};
+    sort_indices(s->pgather.by_pfirst, kv, nb);
     free(kv);
+    return SL_OK;
+}
+
+sl_status sl_dp_slots_build(sl_dp *dp) {
+    sl_model *m = dp->m;
+    SL_TRY(build_param_uses(dp));
+    if (dp->zero == 3) SL_TRY(build_param_intervals(dp));
+    if (dp->grad_slots) SL_TRY(build_grad_intervals(dp));
+    SL_TRY(plan_arena(dp));
+    SL_TRY(alloc_arena(dp));
+    SL_TRY(build_orders(dp));
     /* until their interval binds them, leaves point into the arena (never read there) */
     for (int i = 0; i < m->n_params; i++) {
-        if (dp->zero == 3) sl_tensor_bind(m->params[i].t, dp->arena);
-        if (dp->gslots) sl_tensor_bind(m->params[i].t->grad, dp->arena);
+        if (dp->zero == 3) sl_tensor_bind_buffer(m->params[i].t, dp->slots.arena.buf, 0);
+        if (dp->grad_slots) sl_tensor_bind_buffer(m->params[i].t->grad, dp->slots.arena.buf, 0);
     }
-    sl_graph_refresh_views(g);
+    sl_graph_refresh_views(dp->g);
     return SL_OK;
 }
 
 void sl_dp_slots_free(sl_dp *dp) {
-    for (int j = 0; j < dp->niv; j++) sl_comm_req_free(dp->iv[j].req);
-    free(dp->iv);
-    free(dp->by_l);
-    free(dp->by_gz);
-    free(dp->by_pf);
-    free(dp->pbucket);
-    if (dp->comm)
-        (void)sl_comm_mem_free(dp->comm, dp->arena);
-    else
-        sl_free_aligned(dp->arena);
-    dp->arena = NULL;
+    dp_slots *s = &dp->slots;
+    for (int j = 0; j < s->z3.count; j++) sl_comm_req_free(s->z3.iv[j].req);
+    free(s->z3.iv);
+    free(s->z3.by_launch);
+    free(s->grad.v);
+    free(s->grad.by_zero);
+    if (s->pgather.reqs)
+        for (int k = 0; k < dp->buckets.count; k++) sl_comm_req_free(s->pgather.reqs[k]);
+    free(s->pgather.reqs);
+    free(s->pgather.pfirst);
+    free(s->pgather.by_pfirst);
+    free(s->param_bucket);
+    sl_backend_free(dp->m->backend, s->arena.buf);
+    if (dp->comm) (void)sl_comm_mem_free(dp->comm, s->arena.map);
+    s->arena.buf = NULL;
+    s->arena.map = NULL;
 }
 
-/* bind bucket k's parameter (grad = 0) or gradient (grad = 1) leaves to `base` (the bucket's first element)
- */
-static void bind_bucket(sl_dp *dp, int k, float *base, int grad) {
+float *sl_dp_grad_slot(const sl_dp *dp, int k) { return dp->slots.arena.map + dp->slots.grad.v[k].off; }
+
+/* bind bucket k's parameter (grad = 0) or gradient (grad = 1) leaves to the arena slot at element offset
+ * slot (the bucket's first element) */
+static void bind_bucket(sl_dp *dp, int k, int64_t slot, int grad) {
     for (int i = 0; i < dp->m->n_params; i++)
-        if (dp->pbucket[i] == k) {
+        if (dp->slots.param_bucket[i] == k) {
             sl_tensor *t = grad ? dp->m->params[i].t->grad : dp->m->params[i].t;
-            sl_tensor_bind(t, base + (dp->m->params[i].offset - dp->b[k].lo));
+            sl_tensor_bind_buffer(t, dp->slots.arena.buf,
+                                  f32_bytes(slot + (dp->m->params[i].offset - dp->buckets.v[k].lo)));
         }
 }
 
-/* gather bucket b from every rank's parameter shard into dst (its full length) */
-static sl_status gather_bucket(sl_dp *dp, const bucket *b, float *dst, sl_comm_req **req) {
+/* gather bucket k from every rank's parameter shard into dst at element offset off (its full length):
+ * the parts with an all-gather on the host mappings (a copy without peers), the tail with a copy */
+static sl_status gather_bucket(sl_dp *dp, int k, sl_buffer *dst, int64_t off, sl_comm_req **req) {
+    const dp_bucket *b = &dp->buckets.v[k];
+    const dp_shard *s = &dp->shard;
     int64_t len = b->hi - b->lo, q = b->q, tail = len - q * dp->n;
     if (q > 0) {
         if (dp->comm)
-            SL_TRY(
-                sl_comm_all_gather_async(dp->comm, dp->pshard + b->soff, dst, (size_t)q, SL_COMM_F32, req));
+            SL_TRY(sl_comm_all_gather_async(dp->comm, s->param + b->part_off,
+                                            (float *)sl_buffer_map(dst) + off, (size_t)q, SL_COMM_F32, req));
         else
-            memcpy(dst, dp->pshard + b->soff, sizeof(float) * (size_t)q);
+            SL_TRY(sl_backend_copy(dst, f32_bytes(off), s->param_buf, f32_bytes(b->part_off), f32_bytes(q)));
     }
-    if (tail > 0) memcpy(dst + q * dp->n, dp->pshard + b->toff, sizeof(float) * (size_t)tail);
+    if (tail > 0)
+        SL_TRY(sl_backend_copy(dst, f32_bytes(off + q * dp->n), s->param_buf, f32_bytes(b->tail_off),
+                               f32_bytes(tail)));
     return SL_OK;
 }
 
-static sl_status wait_req(sl_comm_req **r) {
-    sl_status st = SL_OK;
-    if (*r) st = sl_comm_wait(*r);
-    *r = NULL;
-    return st;
+/* gradient slots: wait for bucket k's reduction and copy this rank's reduced part and the tail to the shard
+ */
+static sl_status complete_grad(sl_dp *dp, int k) {
+    SL_TRY(sl_dp_reduce_wait(dp, k));
+    const dp_bucket *b = &dp->buckets.v[k];
+    sl_buffer *arena = dp->slots.arena.buf, *shard = dp->shard.grad_buf;
+    int64_t slot = dp->slots.grad.v[k].off, len = b->hi - b->lo, q = b->q, tail = len - q * dp->n;
+    SL_TRY(sl_backend_copy(shard, f32_bytes(b->part_off), arena, f32_bytes(slot + q * dp->r), f32_bytes(q)));
+    if (tail > 0)
+        SL_TRY(sl_backend_copy(shard, f32_bytes(b->tail_off), arena, f32_bytes(slot + q * dp->n),
+                               f32_bytes(tail)));
+    return SL_OK;
 }
 
-/* gradient slots: wait for bucket b's reduction and copy this rank's reduced part and the tail to the shard
- */
-static sl_status complete_grad(sl_dp *dp, bucket *b) {
-    double t0 = sl_time_sec();
-    sl_status st = wait_req(&b->req), st2 = wait_req(&b->req_tail);
-    dp->wait_sec += sl_time_sec() - t0;
-    SL_TRY(st);
-    SL_TRY(st2);
-    const float *slot = dp->arena + b->goff;
-    int64_t len = b->hi - b->lo, q = b->q, tail = len - q * dp->n;
-    memcpy(dp->gshard + b->soff, slot + q * dp->r, sizeof(float) * (size_t)q);
-    if (tail > 0) memcpy(dp->gshard + b->toff, slot + q * dp->n, sizeof(float) * (size_t)tail);
+/* event 0: ZeRO-1/2 parameters node i + 1 reads must have been gathered */
+static sl_status wait_param_gathers(sl_dp *dp, int i) {
+    dp_param_gathers *pg = &dp->slots.pgather;
+    if (!pg->in_flight) return SL_OK;
+    while (pg->next_wait < dp->buckets.count && pg->pfirst[pg->by_pfirst[pg->next_wait]] <= i + 1) {
+        int k = pg->by_pfirst[pg->next_wait++];
+        double t0 = sl_time_sec();
+        SL_TRY(dp_wait_req(&pg->reqs[k]));
+        dp->reduce.wait_sec += sl_time_sec() - t0;
+    }
     return SL_OK;
 }
 
 sl_status sl_dp_slots_advance(sl_dp *dp, int i) {
+    dp_slots *s = &dp->slots;
+    dp_z3 *z3 = &s->z3;
+    dp_grad_slots *gs = &s->grad;
     /* 0. ZeRO-1/2: parameters node i + 1 reads must have been gathered */
-    if (dp->pgather)
-        while (dp->cpf < dp->nb && dp->b[dp->by_pf[dp->cpf]].pfirst <= i + 1) {
-            bucket *b = &dp->b[dp->by_pf[dp->cpf++]];
-            double t0 = sl_time_sec();
-            SL_TRY(wait_req(&b->preq));
-            dp->wait_sec += sl_time_sec() - t0;
-        }
+    SL_TRY(wait_param_gathers(dp, i));
     /* 1. bucket reductions whose gradients are final */
-    if (dp->armed || dp->gslots)
-        while (dp->next < dp->nb && dp->b[dp->next].ready <= i)
-            SL_TRY(sl_dp_launch_bucket(dp, &dp->b[dp->next++]));
+    SL_TRY(sl_dp_reduce_ready(dp, i));
     /* 2. reductions due (their slot may be reused from here on) */
-    if (dp->gslots)
-        while (dp->cgd < dp->next && dp->b[dp->cgd].gdone <= i) SL_TRY(complete_grad(dp, &dp->b[dp->cgd++]));
+    if (dp->grad_slots)
+        while (gs->next_done < dp->reduce.next_launch && gs->v[gs->next_done].done_after <= i)
+            SL_TRY(complete_grad(dp, gs->next_done++));
     /* 3. parameter gathers (prefetch) */
-    while (dp->cl < dp->niv && dp->iv[dp->by_l[dp->cl]].L <= i) {
-        z3_iv *z = &dp->iv[dp->by_l[dp->cl++]];
-        if (z->S >= dp->range_end) continue;
-        SL_TRY(gather_bucket(dp, &dp->b[z->k], dp->arena + z->off, &z->req));
+    while (z3->next_launch < z3->count && z3->iv[z3->by_launch[z3->next_launch]].L <= i) {
+        z3_iv *z = &z3->iv[z3->by_launch[z3->next_launch++]];
+        if (z->S >= s->pass_end) continue;
+        SL_TRY(gather_bucket(dp, z->k, s->arena.buf, z->off, &z->req));
         z->launched = 1;
     }
     int bound = 0;
     /* 4. gradient slots about to be written: zero and bind */
-    if (dp->gslots)
-        while (dp->cgz < dp->nb && dp->b[dp->by_gz[dp->cgz]].gz <= i) {
-            int k = dp->by_gz[dp->cgz++];
-            bucket *b = &dp->b[k];
-            if (b->gw0 >= dp->range_end) continue;
-            memset(dp->arena + b->goff, 0, sizeof(float) * (size_t)(b->hi - b->lo));
-            bind_bucket(dp, k, dp->arena + b->goff, 1);
+    if (dp->grad_slots)
+        while (gs->next_zero < dp->buckets.count && gs->v[gs->by_zero[gs->next_zero]].zero_after <= i) {
+            int k = gs->by_zero[gs->next_zero++];
+            const dp_grad_slot *g = &gs->v[k];
+            if (g->gw0 >= s->pass_end) continue;
+            SL_TRY(sl_backend_memset_zero(s->arena.buf, f32_bytes(g->off),
+                                          f32_bytes(dp->buckets.v[k].hi - dp->buckets.v[k].lo)));
+            bind_bucket(dp, k, g->off, 1);
             bound = 1;
         }
     /* 5. parameters node i + 1 reads */
-    while (dp->cs < dp->niv && dp->iv[dp->cs].S <= i + 1) {
-        z3_iv *z = &dp->iv[dp->cs++];
-        if (z->S >= dp->range_end) continue;
+    while (z3->next_use < z3->count && z3->iv[z3->next_use].S <= i + 1) {
+        z3_iv *z = &z3->iv[z3->next_use++];
+        if (z->S >= s->pass_end) continue;
         if (!z->launched)
             return sl_fail(SL_ERR_INTERNAL, "dp: ZeRO-3 gather of bucket %d never launched", z->k);
         double t0 = sl_time_sec();
         z->launched = 0;
-        SL_TRY(wait_req(&z->req));
-        dp->wait_sec += sl_time_sec() - t0;
-        bind_bucket(dp, z->k, dp->arena + z->off, 0);
+        SL_TRY(dp_wait_req(&z->req));
+        dp->reduce.wait_sec += sl_time_sec() - t0;
+        bind_bucket(dp, z->k, z->off, 0);
         bound = 1;
     }
     if (bound) sl_graph_refresh_views(dp->g);
@@ -380,51 +454,63 @@ sl_status sl_dp_slots_advance(sl_dp *dp, int i) {
 }
 
 sl_status sl_dp_slots_finish(sl_dp *dp) {
-    while (dp->cgd < dp->nb) SL_TRY(complete_grad(dp, &dp->b[dp->cgd++]));
+    dp_grad_slots *gs = &dp->slots.grad;
+    while (gs->next_done < dp->buckets.count) SL_TRY(complete_grad(dp, gs->next_done++));
     return SL_OK;
 }
 
+void sl_dp_reshard_params(sl_dp *dp) {
+    if (!dp->slots.z3.materialized) return;
+    sl_model_drop_params(dp->m);
+    dp->slots.z3.materialized = 0;
+}
+
 sl_status sl_dp_begin_pass(sl_dp *dp, int end) {
-    if (dp->materialized) {
-        sl_model_drop_params(dp->m);
-        dp->materialized = 0;
-    }
-    dp->cl = dp->cs = dp->cgz = dp->cgd = dp->cpf = dp->next = 0;
-    dp->range_end = end;
+    dp_slots *s = &dp->slots;
+    sl_dp_reshard_params(dp);
+    s->z3.next_launch = s->z3.next_use = 0;
+    s->grad.next_zero = s->grad.next_done = 0;
+    s->pgather.next_wait = 0;
+    sl_dp_reduce_restart(dp);
+    s->pass_end = end;
     return sl_dp_slots_advance(dp, -1);
 }
 
 sl_status sl_dp_sync_params(sl_dp *dp) {
+    dp_param_gathers *pg = &dp->slots.pgather;
     sl_status st = SL_OK;
-    if (!dp->pgather) return st;
+    if (!pg->in_flight) return st;
     double t0 = sl_time_sec();
-    for (int k = 0; k < dp->nb; k++) {
-        sl_status s = wait_req(&dp->b[k].preq);
+    for (int k = 0; k < dp->buckets.count; k++) {
+        sl_status s = dp_wait_req(&pg->reqs[k]);
         if (st == SL_OK) st = s;
     }
-    dp->wait_sec += sl_time_sec() - t0;
-    dp->pgather = 0;
+    dp->reduce.wait_sec += sl_time_sec() - t0;
+    pg->in_flight = 0;
     return st;
 }
 
 sl_status sl_dp_launch_param_gathers(sl_dp *dp) {
-    float *p = dp->m->params_mem;
-    for (int j = 0; j < dp->nb; j++) {
-        bucket *b = &dp->b[dp->by_pf[j]];
+    dp_param_gathers *pg = &dp->slots.pgather;
+    float *p = dp->m->params_mem; /* the communicator's host mapping of m->params_buf */
+    for (int j = 0; j < dp->buckets.count; j++) {
+        int k = pg->by_pfirst[j];
+        const dp_bucket *b = &dp->buckets.v[k];
         if (b->q > 0)
             SL_TRY(sl_comm_all_gather_async(dp->comm, p + b->lo + b->q * dp->r, p + b->lo, (size_t)b->q,
-                                            SL_COMM_F32, &b->preq));
+                                            SL_COMM_F32, &pg->reqs[k]));
     }
-    dp->pgather = 1;
+    pg->in_flight = 1;
     return SL_OK;
 }
 
 sl_status sl_dp_end_pass(sl_dp *dp) {
+    dp_z3 *z3 = &dp->slots.z3;
     sl_status st = sl_dp_sync_params(dp);
-    for (int j = 0; j < dp->niv; j++)
-        if (dp->iv[j].launched) {
-            dp->iv[j].launched = 0;
-            sl_status s = wait_req(&dp->iv[j].req);
+    for (int j = 0; j < z3->count; j++)
+        if (z3->iv[j].launched) {
+            z3->iv[j].launched = 0;
+            sl_status s = dp_wait_req(&z3->iv[j].req);
             if (st == SL_OK) st = s;
         }
     return st;
@@ -432,21 +518,21 @@ sl_status sl_dp_end_pass(sl_dp *dp) {
 
 sl_status sl_dp_gather_params(sl_dp *dp) {
     if (dp->zero != 3) return sl_dp_sync_params(dp);
-    if (dp->materialized) return SL_OK;
+    if (dp->slots.z3.materialized) return SL_OK;
     sl_model *m = dp->m;
     if (sl_model_new_params(m) != SL_OK)
         return sl_fail(SL_ERR_NOMEM, "dp: cannot allocate %lld parameters", (long long)m->numel);
     sl_status st = SL_OK;
-    for (int k = 0; k < dp->nb && st == SL_OK; k++) {
+    for (int k = 0; k < dp->buckets.count && st == SL_OK; k++) {
         sl_comm_req *req = NULL;
-        st = gather_bucket(dp, &dp->b[k], m->params_mem + dp->b[k].lo, &req);
-        sl_status s = wait_req(&req);
+        st = gather_bucket(dp, k, m->params_buf, dp->buckets.v[k].lo, &req);
+        sl_status s = dp_wait_req(&req);
         if (st == SL_OK) st = s;
     }
     sl_graph_refresh_views(dp->g); /* sl_model_new_params bound the leaves */
-    dp->materialized = 1;
+    dp->slots.z3.materialized = 1;
     return st;
 }
 
-float *sl_dp_param_shard(sl_dp *dp) { return dp->zero == 3 ? dp->pshard : NULL; }
-int sl_dp_grad_slots(const sl_dp *dp) { return dp->gslots; }
+float *sl_dp_param_shard(sl_dp *dp) { return dp->zero == 3 ? dp->shard.param : NULL; }
+int sl_dp_grad_slots(const sl_dp *dp) { return dp->grad_slots; }
