@@ -11,6 +11,9 @@ static const struct {
     {"cpu", sl_backend_cpu},
     {"strict", sl_backend_strict},
     {"null", sl_backend_null},
+#ifdef SL_HAVE_OPENCL
+    {"opencl", sl_backend_opencl}, /* built with SL_OPENCL (cmake/opencl.cmake) */
+#endif
 };
 #define N_REGISTRY ((int)(sizeof k_registry / sizeof k_registry[0]))
 
