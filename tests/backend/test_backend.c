@@ -185,6 +185,22 @@ static sl_status run_case(sl_backend *be, const op_case *k, op_result *out) {
     return st;
 }
 
+/* Note [Conformance tolerances measured]
+ * Two comparisons cannot hold 1e-4 relative even between the CPU backend's own kernel paths (measured
+ * 2026-12-01 on Zen 4 by running the cases under SUANLI_ISA=scalar, avx2 and avx512), so backends other
+ * than cpu/strict get a tolerance derived from that spread:
+ * - attention backward: the AVX-512 flash kernel (FMA, tiled sums) and the scalar reference differ by up
+ *   to 3.3e-4 relative on small gradient elements (sums with cancellation); the OpenCL kernels agree with
+ *   the scalar reference to 1e-7 absolute and with AVX-512 to 3.3e-4. Tolerance: 1e-3 relative.
+ * - final weights after 3 AdamW steps: AdamW divides each gradient element by its own RMS, so an element
+ *   with a tiny or sign-changing gradient moves by ~lr whatever its size, and last-digit differences of
+ *   the gradient become differences of a fraction of lr in the weight, not of the weight's value. CPU
+ *   scalar vs AVX-512 differ by up to 9.7e-5 absolute (GPT-2; 1% of lr = 1e-2), OpenCL vs AVX-512 by
+ *   1.2e-4. Tolerance: atol 0.01 * lr * 3 steps = 3e-4 (with the relative tolerance as well). */
+static float case_rtol(const op_case *k) {
+    return g_rtol > 0 && !strcmp(k->name, "attention-gqa-rope") ? fmaxf(g_rtol, 1e-3f) : g_rtol;
+}
+
 static void test_ops(void) {
     for (size_t i = 0; i < sizeof k_cases / sizeof k_cases[0]; i++) {
         const op_case *k = &k_cases[i];
@@ -194,8 +210,9 @@ static void test_ops(void) {
         if (s1 == SL_OK && s2 == SL_OK) {
             TU_CHECK(tu_allclose(k->name, &got.loss, &ref.loss, 1, 0, g_rtol), "op %s forward on %s", k->name,
                      g_be->name);
-            TU_CHECK(tu_allclose(k->name, got.grads, ref.grads, got.n, 1e-7f * (g_rtol > 0), g_rtol),
-                     "op %s backward on %s", k->name, g_be->name);
+            TU_CHECK(tu_allclose(k->name, got.grads, ref.grads, got.n, 1e-7f * (g_rtol > 0), case_rtol(k)),
+                     "op %s backward on %s", k->name,
+                     g_be->name); /* Note [Conformance tolerances measured] */
             double gmax = 0;
             for (int64_t j = 0; j < ref.n; j++) gmax = fmax(gmax, fabs(ref.grads[j]));
             TU_CHECK(gmax > 0, "op %s: the CPU reference has non-zero gradients", k->name);
@@ -283,7 +300,8 @@ static void test_train(void) {
             TU_CHECK(tu_allclose("loss", got.loss, ref.loss, 3, 0, g_rtol), "train %s losses on %s", what,
                      g_be->name);
             TU_CHECK(tu_allclose("grad norm", got.norm, ref.norm, 3, 0, g_rtol), "train %s norms", what);
-            TU_CHECK(tu_allclose("weights", got.params, ref.params, ref.n, 1e-7f * (g_rtol > 0), g_rtol),
+            /* atol 0.01 * lr * 3 steps: Note [Conformance tolerances measured] */
+            TU_CHECK(tu_allclose("weights", got.params, ref.params, ref.n, 3e-4f * (g_rtol > 0), g_rtol),
                      "train %s final weights on %s", what, g_be->name);
             TU_CHECK(ref.loss[2] < ref.loss[0], "train %s: loss falls (%g -> %g)", what, ref.loss[0],
                      ref.loss[2]);
