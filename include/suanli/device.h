@@ -135,6 +135,10 @@ sl_backend *sl_backend_get(const char *name);
 sl_backend *sl_backend_cpu(void);
 sl_backend *sl_backend_null(void);
 sl_backend *sl_backend_strict(void);
+/* The OpenCL backend ("opencl", src/device/opencl): always declared. Returns NULL with sl_errmsg saying why
+ * when it was not built (SL_OPENCL off or no OpenCL at configure time; the registry then does not list it)
+ * or when no OpenCL device is present (the message says "no device"). SUANLI_OPENCL_DEVICE picks a device. */
+sl_backend *sl_backend_opencl(void);
 /* Names of the registered backends, NULL-terminated (borrowed). */
 const char *const *sl_backend_names(void);
 

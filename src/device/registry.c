@@ -6,10 +6,16 @@
 /* The registry: one line per backend, X(name), where the backend's folder defines
  * `sl_backend *sl_backend_<name>(void)` (docs/ADDING-A-BACKEND.md). The order is the order of
  * `sl_backend_names` and of the error message for an unknown name. */
+#ifdef SL_HAVE_OPENCL /* built with SL_OPENCL (cmake/opencl.cmake) */
+#define SL_BACKENDS_OPENCL(X) X(opencl)
+#else
+#define SL_BACKENDS_OPENCL(X)
+#endif
 #define SL_BACKENDS(X)                                                                                       \
     X(cpu)                                                                                                   \
     X(strict)                                                                                                \
-    X(null)
+    X(null)                                                                                                  \
+    SL_BACKENDS_OPENCL(X)
 
 #define DECLARE(name) sl_backend *sl_backend_##name(void);
 SL_BACKENDS(DECLARE)

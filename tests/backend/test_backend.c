@@ -206,6 +206,33 @@ static sl_status run_case(sl_backend *be, const op_case *k, op_result *out) {
     return st;
 }
 
+/* Note [Conformance tolerances measured]
+ * Backends other than cpu/strict are held to g_rtol (1e-4) except where the CPU backend's own kernel
+ * paths disagree by more (measured 2026-12-01 on Zen 4 under SUANLI_ISA=scalar, avx2 and avx512):
+ * - attention backward: the AVX-512 flash kernel (FMA, tiled sums) and the scalar reference differ by up
+ *   to 3.3e-4 relative on small gradient elements (sums with cancellation); the OpenCL kernels agree with
+ *   the scalar reference to 1e-7 absolute and with AVX-512 to 3.3e-4. Tolerance: 1e-3 relative.
+ * - final weights after 3 AdamW steps: AdamW divides each gradient element by its own RMS, so an element
+ *   with a tiny or sign-changing gradient moves by ~lr whatever its size, and last-digit differences of
+ *   the gradient become differences of a fraction of lr in the weight. CPU scalar vs AVX-512 differ by up
+ *   to 9.7e-5 absolute (GPT-2; 1% of lr = 1e-2), OpenCL vs AVX-512 by 1.2e-4. Tolerance: atol
+ *   0.01 * lr * 3 steps = 3e-4 (with the relative tolerance as well).
+ * - gradients are compared normwise too: an element may be off by g_rtol * max|ref| of the case (the
+ *   atol) besides rtol * |ref|. At the demo tier, sums over 256 rows with cancellation leave elements far
+ *   below the maximum with large relative but tiny absolute differences: OpenCL against the CPU's scalar
+ *   reference measured swiglu gradients 3.9e-4 relative on an element of 2.9e-2 (2223 of 270336 elements
+ *   above 1e-4 relative) and attention 3.5e-2 relative on an element of 3.9e-6; normwise both are below
+ *   1e-4 of the case's largest gradient.
+ * - round-bf16: rounding to bf16 turns a last-digit f32 difference of an input into one bf16 ulp (2^-8
+ *   relative) when the value sits at a rounding boundary; measured 5.6e-3 relative on 4 of 86016
+ *   elements. Tolerance: 2^-7 relative for that case. */
+static float case_rtol(const op_case *k) {
+    if (g_rtol <= 0) return g_rtol;
+    if (!strcmp(k->name, "attention-gqa-rope")) return fmaxf(g_rtol, 1e-3f);
+    if (!strcmp(k->name, "round-bf16")) return fmaxf(g_rtol, 1.0f / 128);
+    return g_rtol;
+}
+
 static void test_ops(const shape_tier *tier) {
     set_tier(tier);
     for (int i = 0; i < N_CASES; i++) {
@@ -217,11 +244,12 @@ static void test_ops(const shape_tier *tier) {
         if (s1 == SL_OK && s2 == SL_OK) {
             TU_CHECK(tu_allclose(k->name, &got.loss, &ref.loss, 1, 0, g_rtol), "op %s forward on %s", k->name,
                      g_be->name);
-            TU_CHECK(tu_allclose(k->name, got.grads, ref.grads, got.n, 1e-7f * (g_rtol > 0), g_rtol),
-                     "op %s backward on %s", k->name, g_be->name);
             double gmax = 0;
             for (int64_t j = 0; j < ref.n; j++) gmax = fmax(gmax, fabs(ref.grads[j]));
             TU_CHECK(gmax > 0, "op %s: the CPU reference has non-zero gradients", k->name);
+            /* Note [Conformance tolerances measured]: normwise atol, per-element rtol */
+            TU_CHECK(tu_allclose(k->name, got.grads, ref.grads, got.n, (float)(g_rtol * gmax), case_rtol(k)),
+                     "op %s (%s shapes) backward on %s", k->name, tier->name, g_be->name);
         }
         free(ref.grads);
         free(got.grads);
@@ -307,12 +335,23 @@ static void test_train(void) {
         const char *what = names[mode];
         train_result ref = {0}, got = {0};
         sl_status s1 = train3(sl_backend_cpu(), llama, bf16, &ref), s2 = train3(g_be, llama, bf16, &got);
+        if (bf16 && s1 == SL_OK && s2 == SL_ERR_UNSUPPORTED && g_rtol > 0) {
+            /* a backend without bf16 kernels must refuse them by name (issue 14: "otherwise refused clearly")
+             */
+            TU_CHECK(strstr(sl_errmsg(), "not supported") != NULL, "train %s: refusal names the op: %s", what,
+                     sl_errmsg());
+            fprintf(stderr, "train %s on %s: skipped, refused: %s\n", what, g_be->name, sl_errmsg());
+            free(ref.params);
+            free(got.params);
+            continue;
+        }
         TU_CHECK(s1 == SL_OK && s2 == SL_OK, "train %s on %s: %s", what, g_be->name, sl_errmsg());
         if (s1 == SL_OK && s2 == SL_OK) {
             TU_CHECK(tu_allclose("loss", got.loss, ref.loss, 3, 0, g_rtol), "train %s losses on %s", what,
                      g_be->name);
             TU_CHECK(tu_allclose("grad norm", got.norm, ref.norm, 3, 0, g_rtol), "train %s norms", what);
-            TU_CHECK(tu_allclose("weights", got.params, ref.params, ref.n, 1e-7f * (g_rtol > 0), g_rtol),
+            /* atol 0.01 * lr * 3 steps: Note [Conformance tolerances measured] */
+            TU_CHECK(tu_allclose("weights", got.params, ref.params, ref.n, 3e-4f * (g_rtol > 0), g_rtol),
                      "train %s final weights on %s", what, g_be->name);
             TU_CHECK(ref.loss[2] < ref.loss[0], "train %s: loss falls (%g -> %g)", what, ref.loss[0],
                      ref.loss[2]);
@@ -466,8 +505,12 @@ static void test_strict(void) {
 int main(int argc, char **argv) {
     const char *name = argc > 1 ? argv[1] : "cpu";
     g_be = sl_backend_get(name);
-    if (!g_be) {
+    if (!g_be) { /* a backend whose device is absent (e.g. no OpenCL platform): skipped, exit 77 */
         fprintf(stderr, "%s\n", sl_errmsg());
+        if (strstr(sl_errmsg(), "no device")) {
+            fprintf(stderr, "test_backend_%s: skipped (no device)\n", name);
+            return 77;
+        }
         return 2;
     }
     int same_kernels = !strcmp(name, "cpu") || !strcmp(name, "strict");

@@ -1,0 +1,135 @@
+/* Elementwise and data-movement kernels: k_ew (every 32-bit elementwise op over a strided 5-D iteration
+ * space), k_ew16 (16-bit copies and f32 <-> bf16 casts), k_sum_to (broadcast reduction).
+ * Semantics: src/device/cpu/kernels/elementwise.c and llama_ops.c (silu). Offsets and strides are in
+ * elements; the 5-D shape and strides travel as long8 (lanes 0..4). FP_CONTRACT is off in every file so
+ * the compiler never fuses a multiply and an add the CPU reference rounds separately. */
+#pragma OPENCL FP_CONTRACT OFF
+
+#define EW_ADD 0
+#define EW_MUL 1
+#define EW_COPY_A 2
+#define EW_SCALE 3
+#define EW_GELU 4
+#define EW_GELU_BACK 5
+#define EW_SILU 6
+#define EW_SILU_BACK 7
+#define EW_FILL 8
+#define EW_COPY_B 9
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+
+/* element offset of linear index i (row-major over ne) for strides nb */
+inline long off5(long i, long8 ne, long8 nb) {
+    long i4 = i % ne.s4, r = i / ne.s4;
+    long i3 = r % ne.s3;
+    r /= ne.s3;
+    long i2 = r % ne.s2;
+    r /= ne.s2;
+    long i1 = r % ne.s1, i0 = r / ne.s1;
+    return i0 * nb.s0 + i1 * nb.s1 + i2 * nb.s2 + i3 * nb.s3 + i4 * nb.s4;
+}
+
+kernel void k_ew(global uint *o, long oo, long8 nbo, global const uint *a, long ao, long8 nba, global const uint *b,
+                 long bo, long8 nbb, long8 ne, int op, float f) {
+    long i = get_global_id(0);
+    long po = oo + off5(i, ne, nbo);
+    if (op == EW_FILL) {
+        o[po] = as_uint(f);
+        return;
+    }
+    uint ua = a[ao + off5(i, ne, nba)];
+    if (op == EW_COPY_A) {
+        o[po] = ua;
+        return;
+    }
+    float x = as_float(ua), y = 0.0f;
+    if (op == EW_ADD || op == EW_MUL || op == EW_GELU_BACK || op == EW_SILU_BACK || op == EW_COPY_B) {
+        uint ub = b[bo + off5(i, ne, nbb)];
+        if (op == EW_COPY_B) {
+            o[po] = ub;
+            return;
+        }
+        y = as_float(ub);
+    }
+    float r;
+    switch (op) {
+    case EW_ADD:
+        r = x + y;
+        break;
+    case EW_MUL:
+        r = x * y;
+        break;
+    case EW_SCALE:
+        r = x * f;
+        break;
+    case EW_GELU:
+        r = 0.5f * x * (1.0f + tanh(GELU_K * (x + 0.044715f * x * x * x)));
+        break;
+    case EW_GELU_BACK: {
+        float u = GELU_K * (x + 0.044715f * x * x * x), t = tanh(u);
+        float sech2 = 1.0f - t * t, du = GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+        r = y * (0.5f * (1.0f + t) + 0.5f * x * sech2 * du);
+        break;
+    }
+    case EW_SILU:
+        r = x / (1.0f + exp(-x));
+        break;
+    case EW_SILU_BACK: {
+        float sg = 1.0f / (1.0f + exp(-x));
+        r = y * sg * (1.0f + x * (1.0f - sg));
+        break;
+    }
+    default:
+        r = x;
+    }
+    o[po] = as_uint(r);
+}
+
+/* round to nearest even, quiet NaN (sl_f32_to_bf16 in suanli/base.h) */
+inline ushort to_bf16(float f) {
+    uint u = as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (ushort)((u >> 16) | 0x40);
+    return (ushort)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+/* op 0: 16-bit copy, 1: f32 -> bf16, 2: bf16 -> f32 */
+kernel void k_ew16(global uchar *o_, long oo, long8 nbo, global const uchar *a_, long ao, long8 nba, long8 ne, int op) {
+    long i = get_global_id(0);
+    long po = oo + off5(i, ne, nbo), pa = ao + off5(i, ne, nba);
+    if (op == 0)
+        ((global ushort *)o_)[po] = ((global const ushort *)a_)[pa];
+    else if (op == 1)
+        ((global ushort *)o_)[po] = to_bf16(((global const float *)a_)[pa]);
+    else
+        ((global float *)o_)[po] = as_float((uint)((global const ushort *)a_)[pa] << 16);
+}
+
+/* o (contiguous, shape neo) = sum of a (shape ne, strides nba) over the dims where neo is 1 and ne is not.
+ * One work-item per output element; the reduced elements are added in row-major order, as the CPU does. */
+kernel void k_sum_to(global float *o, long oo, global const float *a, long ao, long8 ne, long8 nba, long8 neo) {
+    long i = get_global_id(0);
+    long c[5], n[5], s[5], red[5], m = 1;
+    long rem = i;
+    n[0] = ne.s0, n[1] = ne.s1, n[2] = ne.s2, n[3] = ne.s3, n[4] = ne.s4;
+    s[0] = nba.s0, s[1] = nba.s1, s[2] = nba.s2, s[3] = nba.s3, s[4] = nba.s4;
+    long q[5] = {neo.s0, neo.s1, neo.s2, neo.s3, neo.s4};
+    for (int d = 4; d >= 0; d--) {
+        c[d] = rem % q[d];
+        rem /= q[d];
+        red[d] = q[d] != n[d];
+        if (red[d]) m *= n[d];
+    }
+    long base = ao;
+    for (int d = 0; d < 5; d++)
+        if (!red[d]) base += c[d] * s[d];
+    float acc = 0.0f;
+    for (long r = 0; r < m; r++) {
+        long rr = r, p = base;
+        for (int d = 4; d >= 0; d--)
+            if (red[d]) {
+                p += (rr % n[d]) * s[d];
+                rr /= n[d];
+            }
+        acc += a[p];
+    }
+    o[oo + i] = acc;
+}

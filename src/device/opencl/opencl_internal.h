@@ -1,0 +1,155 @@
+/* Internal interface of the OpenCL backend: the device state, buffers, tensor references and kernel
+ * launches shared by opencl_backend.c (memory, state operations), opencl_program.c (build + disk cache)
+ * and opencl_ops*.c (one launch function per op). Nothing outside src/device/opencl includes it. */
+#ifndef SL_OPENCL_INTERNAL_H
+#define SL_OPENCL_INTERNAL_H
+
+#define CL_TARGET_OPENCL_VERSION 120
+#include <CL/cl.h>
+
+#include "suanli/device.h"
+
+/* Kernels by name (kernels/ (*.cl)); the table in opencl_program.c holds their names. */
+typedef enum ocl_kernel_id {
+    OK_EW = 0,       /* elementwise.cl: strided 5-D elementwise ops on 32-bit elements */
+    OK_EW16,         /* elementwise.cl: 16-bit copies and f32 <-> bf16 casts */
+    OK_SUM_TO,       /* elementwise.cl */
+    OK_GEMM,         /* gemm.cl: tiled in local memory */
+    OK_LAYERNORM,    /* norm.cl */
+    OK_LN_BACK_X,    /* norm.cl */
+    OK_LN_BACK_WB,   /* norm.cl */
+    OK_RMSNORM,      /* norm.cl */
+    OK_RMS_BACK_X,   /* norm.cl */
+    OK_RMS_BACK_W,   /* norm.cl */
+    OK_SOFTMAX,      /* norm.cl */
+    OK_SOFTMAX_BACK, /* norm.cl */
+    OK_ATTN_FWD,     /* attention.cl */
+    OK_ATTN_BWD_DQ,  /* attention.cl */
+    OK_ATTN_BWD_DKV, /* attention.cl */
+    OK_ATTN_KV,      /* attention.cl */
+    OK_EMBED,        /* loss.cl */
+    OK_EMBED_BACK,   /* loss.cl */
+    OK_CE_LSE,       /* loss.cl */
+    OK_CE_MEAN,      /* loss.cl */
+    OK_CE_BACK,      /* loss.cl */
+    OK_ROPE,         /* llama.cl */
+    OK_TOPK,         /* llama.cl */
+    OK_MOE_UP,       /* llama.cl */
+    OK_MOE_DOWN,     /* llama.cl */
+    OK_ADAMW,        /* optim.cl */
+    OK_SUMSQ,        /* optim.cl (needs cl_khr_fp64) */
+    OK_COUNT
+} ocl_kernel_id;
+
+/* Elementwise op codes of k_ew (kernels/elementwise.cl) */
+enum {
+    EW_ADD = 0,
+    EW_MUL,
+    EW_COPY_A, /* o = a (bit copy) */
+    EW_SCALE,  /* o = a * f */
+    EW_GELU,
+    EW_GELU_BACK, /* a = x, b = dy */
+    EW_SILU,
+    EW_SILU_BACK, /* a = x, b = dy */
+    EW_FILL,      /* o = f */
+    EW_COPY_B,    /* o = b (bit copy) */
+};
+
+typedef struct ocl_state {
+    int tried;          /* initialisation attempted */
+    sl_status init_st;  /* its result */
+    char init_err[512]; /* its message */
+    cl_platform_id platform;
+    cl_device_id device;
+    cl_context ctx;
+    cl_command_queue queue;
+    cl_program program;
+    cl_kernel k[OK_COUNT];
+    char device_name[256], driver[128];
+    int has_fp64;
+    size_t max_wg;
+    cl_ulong local_mem;
+    int gemm_ts, gemm_tk; /* GEMM tile: TS x TS outputs per work-group, TK deep (Note [OpenCL GEMM tiles]) */
+    cl_mem scratch;       /* grown on demand: per-node temporaries (ordered by the in-order queue) */
+    size_t scratch_size;
+    cl_mem flag; /* 2 ints: an out-of-range id seen by a kernel (1, value) */
+} ocl_state;
+
+extern ocl_state g_ocl;
+
+/* impl of an sl_buffer */
+typedef struct ocl_buf {
+    cl_mem mem;
+    size_t reserved; /* bytes of the PROT_NONE range that gives the buffer its unique base */
+} ocl_buf;
+
+/* A tensor's place on the device: memory object + element offset (of 4- or 2-byte elements). */
+typedef struct ocl_ref {
+    cl_mem mem;
+    int64_t off;
+} ocl_ref;
+
+sl_status ocl_fail(cl_int err, const char *what);
+/* Resolve tensor t (a source or the output of node n) to its buffer, refusing host memory by name. */
+sl_status ocl_ref_of(const sl_tensor *n, const sl_tensor *t, ocl_ref *r);
+/* The aux area after t's data (float elements) */
+sl_status ocl_aux_of(const sl_tensor *n, const sl_tensor *t, ocl_ref *r);
+/* A scratch region of at least `bytes` (valid until the next ocl_scratch call) */
+sl_status ocl_scratch(size_t bytes, cl_mem *out);
+/* Build or load the program (opencl_program.c) */
+sl_status ocl_program_build(ocl_state *s);
+
+/* Kernel launch helper: args in order, the first error is kept and reported at launch. */
+typedef struct ocl_call {
+    cl_kernel k;
+    cl_uint n;
+    cl_int err;
+    const char *name;
+} ocl_call;
+
+ocl_call ocl_begin(ocl_kernel_id id);
+void ocl_arg(ocl_call *c, size_t size, const void *v);
+static inline void ocl_mem(ocl_call *c, cl_mem m) { ocl_arg(c, sizeof m, &m); }
+static inline void ocl_ref_arg(ocl_call *c, ocl_ref r) {
+    cl_long o = r.off;
+    ocl_mem(c, r.mem);
+    ocl_arg(c, sizeof o, &o);
+}
+static inline void ocl_long(ocl_call *c, int64_t v) {
+    cl_long x = v;
+    ocl_arg(c, sizeof x, &x);
+}
+static inline void ocl_int(ocl_call *c, int v) {
+    cl_int x = v;
+    ocl_arg(c, sizeof x, &x);
+}
+static inline void ocl_float(ocl_call *c, float v) { ocl_arg(c, sizeof v, &v); }
+/* 1-D launch over n items (local size chosen by the runtime); n == 0 launches nothing */
+sl_status ocl_run1(ocl_call *c, size_t n);
+/* N-D launch with explicit global/local sizes (local may be NULL) */
+sl_status ocl_run(ocl_call *c, cl_uint dims, const size_t *global, const size_t *local);
+
+/* 5-D iteration form (leading 1s), as cl_long8 (lanes 0..4 used) */
+typedef struct ocl_it5 {
+    cl_long8 ne, nb;
+} ocl_it5;
+ocl_it5 ocl_it5_of(const sl_tensor *t);
+/* b's strides broadcast to out's shape (0 on broadcast dims) */
+ocl_it5 ocl_it5_broadcast(const sl_tensor *b, const sl_tensor *out);
+/* contiguous strides of a shape */
+cl_long8 ocl_contig_nb(cl_long8 ne);
+
+/* k_ew: o[it] = op(a[it], b[it]) over shape ne, each operand with its own strides */
+sl_status ocl_ew(int op, float f, ocl_ref o, cl_long8 nbo, ocl_ref a, cl_long8 nba, ocl_ref b, cl_long8 nbb,
+                 cl_long8 ne);
+/* flat span versions of scale / fill / zero over a buffer */
+sl_status ocl_ew_flat(int op, float f, cl_mem m, int64_t off, int64_t n);
+
+/* per-op launches (opencl_ops.c, opencl_ops_nn.c) */
+int ocl_supports(const sl_tensor *n);
+sl_status ocl_compute(sl_tensor *n);
+sl_status ocl_op_matmul(sl_tensor *n);
+sl_status ocl_op_nn(sl_tensor *n); /* norms, softmax, attention, embedding, loss, llama ops */
+/* read the kernels' out-of-range flag; non-zero -> an error naming `what` */
+sl_status ocl_check_flag(const char *what, int64_t limit);
+#endif

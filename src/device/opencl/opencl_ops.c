@@ -1,0 +1,394 @@
+/* The OpenCL backend's op table: supports_op (honest: op, dtypes, layouts), the dispatch of compute_node,
+ * the elementwise / data-movement ops (k_ew, k_ew16, k_sum_to) and MATMUL (k_gemm). The other ops are in
+ * opencl_ops_nn.c. Semantics of every op: the enum in suanli/tensor.h and the CPU kernels. */
+#include <string.h>
+
+#include "device/opencl/opencl_internal.h"
+
+/* ---------------- iteration forms ---------------- */
+
+ocl_it5 ocl_it5_of(const sl_tensor *t) {
+    ocl_it5 r;
+    memset(&r, 0, sizeof r);
+    int pad = 5 - t->ndim;
+    for (int d = 0; d < 5; d++) {
+        r.ne.s[d] = d < pad ? 1 : t->ne[d - pad];
+        r.nb.s[d] = d < pad ? 0 : t->nb[d - pad];
+    }
+    r.ne.s[5] = r.ne.s[6] = r.ne.s[7] = 1;
+    return r;
+}
+
+ocl_it5 ocl_it5_broadcast(const sl_tensor *b, const sl_tensor *out) {
+    ocl_it5 o = ocl_it5_of(out), r = ocl_it5_of(b);
+    for (int d = 0; d < 5; d++) {
+        if (r.ne.s[d] != o.ne.s[d]) r.nb.s[d] = 0; /* broadcast dim (size 1) */
+        r.ne.s[d] = o.ne.s[d];
+    }
+    return r;
+}
+
+cl_long8 ocl_contig_nb(cl_long8 ne) {
+    cl_long8 nb;
+    memset(&nb, 0, sizeof nb);
+    int64_t s = 1;
+    for (int d = 4; d >= 0; d--) {
+        nb.s[d] = s;
+        s *= ne.s[d];
+    }
+    return nb;
+}
+
+static int64_t count5(cl_long8 ne) { return ne.s[0] * ne.s[1] * ne.s[2] * ne.s[3] * ne.s[4]; }
+
+static cl_long8 flat_ne(int64_t n) {
+    cl_long8 ne;
+    for (int d = 0; d < 8; d++) ne.s[d] = 1;
+    ne.s[4] = n;
+    return ne;
+}
+
+sl_status ocl_ew(int op, float f, ocl_ref o, cl_long8 nbo, ocl_ref a, cl_long8 nba, ocl_ref b, cl_long8 nbb,
+                 cl_long8 ne) {
+    ocl_call c = ocl_begin(OK_EW);
+    ocl_ref_arg(&c, o);
+    ocl_arg(&c, sizeof nbo, &nbo);
+    ocl_ref_arg(&c, a);
+    ocl_arg(&c, sizeof nba, &nba);
+    ocl_ref_arg(&c, b);
+    ocl_arg(&c, sizeof nbb, &nbb);
+    ocl_arg(&c, sizeof ne, &ne);
+    ocl_int(&c, op);
+    ocl_float(&c, f);
+    return ocl_run1(&c, (size_t)count5(ne));
+}
+
+sl_status ocl_ew_flat(int op, float f, cl_mem m, int64_t off, int64_t n) {
+    ocl_ref r = {m, off};
+    cl_long8 ne = flat_ne(n), nb = ocl_contig_nb(ne);
+    return ocl_ew(op, f, r, nb, r, nb, r, nb, ne);
+}
+
+static sl_status ew16(int op, ocl_ref o, cl_long8 nbo, ocl_ref a, cl_long8 nba, cl_long8 ne) {
+    ocl_call c = ocl_begin(OK_EW16);
+    ocl_ref_arg(&c, o);
+    ocl_arg(&c, sizeof nbo, &nbo);
+    ocl_ref_arg(&c, a);
+    ocl_arg(&c, sizeof nba, &nba);
+    ocl_arg(&c, sizeof ne, &ne);
+    ocl_int(&c, op);
+    return ocl_run1(&c, (size_t)count5(ne));
+}
+
+/* ---------------- supports_op ---------------- */
+
+static int last_unit(const sl_tensor *t) { return t && t->ndim >= 1 && t->nb[t->ndim - 1] == 1; }
+
+static int all_f32(const sl_tensor *n) {
+    if (n->dtype != SL_F32) return 0;
+    for (int i = 0; i < SL_MAX_SRC; i++)
+        if (n->src[i] && n->src[i]->dtype != SL_F32) return 0;
+    return 1;
+}
+
+/* f32 tensors except for the listed source, which must be i32 */
+static int f32_but_i32(const sl_tensor *n, int isrc) {
+    if (n->dtype != SL_F32) return 0;
+    for (int i = 0; i < SL_MAX_SRC; i++) {
+        const sl_tensor *s = n->src[i];
+        if (s && s->dtype != (i == isrc ? SL_I32 : SL_F32)) return 0;
+    }
+    return 1;
+}
+
+static int movable(sl_dtype t) { return t == SL_F32 || t == SL_I32 || t == SL_BF16; }
+
+/* Note [OpenCL supported ops]
+ * f32 compute only for now: every op of GPT-2 and Llama-family training and of KV-cache generation in
+ * f32; data movement (CONT, CONCAT, ZEROS) in any dtype and CAST between f32 and bf16 (elementwise
+ * conversions, used by the autocast rounding sl_round_bf16). bf16 compute (bf16 MATMUL, LINEAR_BF16,
+ * MOE_EXPERT / ROPE / ATTENTION_KV with bf16 numerics) is refused, so the executor names the op and dtype.
+ * Layout limits are those of the CPU kernels (rows with a unit last stride). */
+int ocl_supports(const sl_tensor *n) {
+    const sl_tensor *a = n->src[0], *b = n->src[1];
+    switch (n->op) {
+    case SL_OP_VIEW:
+        return 1;
+    case SL_OP_CONT:
+    case SL_OP_ZEROS:
+        return movable(n->dtype) && (!a || a->dtype == n->dtype || n->op == SL_OP_ZEROS);
+    case SL_OP_CONCAT:
+        return movable(n->dtype) && a->dtype == n->dtype && b->dtype == n->dtype;
+    case SL_OP_CAST:
+        return (n->dtype == SL_F32 || n->dtype == SL_BF16) && (a->dtype == SL_F32 || a->dtype == SL_BF16);
+    case SL_OP_ADD:
+    case SL_OP_MUL:
+    case SL_OP_SCALE:
+    case SL_OP_SUM_TO:
+    case SL_OP_ACC:
+    case SL_OP_SCATTER_ADD:
+    case SL_OP_GELU:
+    case SL_OP_GELU_BACK:
+    case SL_OP_SILU:
+    case SL_OP_SILU_BACK:
+    case SL_OP_FILL:
+    case SL_OP_KV_STORE:
+        return all_f32(n);
+    case SL_OP_MATMUL:
+        return all_f32(n) && a->ndim >= 2 && b->ndim >= 2 && n->ndim >= 2 && last_unit(a) && last_unit(b) &&
+               last_unit(n) && (!n->src[2] || sl_is_contiguous(n->src[2]));
+    case SL_OP_LAYERNORM:
+    case SL_OP_RMSNORM:
+    case SL_OP_SOFTMAX:
+    case SL_OP_TOPK_GATE:
+        return all_f32(n) && last_unit(a);
+    case SL_OP_LAYERNORM_BACK_X:
+    case SL_OP_RMSNORM_BACK_X:
+        return all_f32(n) && last_unit(n->src[1]) && last_unit(n->src[3]);
+    case SL_OP_LAYERNORM_BACK_WB:
+    case SL_OP_RMSNORM_BACK_W:
+        return all_f32(n) && last_unit(n->src[1]) && last_unit(n->src[2]);
+    case SL_OP_SOFTMAX_BACK:
+    case SL_OP_TOPK_GATE_BACK:
+        return all_f32(n) && sl_is_contiguous(a) && last_unit(b);
+    case SL_OP_ATTENTION:
+        return all_f32(n) && last_unit(a) && last_unit(b) && last_unit(n->src[2]);
+    case SL_OP_ATTENTION_BACK:
+        return all_f32(n) && last_unit(b) && last_unit(n->src[2]) && last_unit(n->src[3]) &&
+               last_unit(n->src[4]) && n->src[4]->ndim >= 3;
+    case SL_OP_ATTENTION_KV:
+        return all_f32(n) && !n->iparams[2] && last_unit(a) && sl_is_contiguous(b) &&
+               sl_is_contiguous(n->src[2]);
+    case SL_OP_EMBEDDING:
+        return f32_but_i32(n, 1) && sl_is_contiguous(a) && sl_is_contiguous(b);
+    case SL_OP_EMBEDDING_BACK:
+        return f32_but_i32(n, 1) && sl_is_contiguous(a) && sl_is_contiguous(b) && sl_is_contiguous(n->src[2]);
+    case SL_OP_CROSS_ENTROPY:
+        return f32_but_i32(n, 1) && sl_is_contiguous(a) && sl_is_contiguous(b);
+    case SL_OP_CROSS_ENTROPY_BACK:
+        return f32_but_i32(n, 2) && sl_is_contiguous(b) && sl_is_contiguous(n->src[2]);
+    case SL_OP_ROPE:
+        return all_f32(n) && !n->iparams[2] && last_unit(a) && a->ndim == 4;
+    case SL_OP_MOE_EXPERT:
+        if (!all_f32(n) || n->iparams[1] || !sl_is_contiguous(a) || !last_unit(b)) return 0;
+        for (int i = 2; i < 5; i++)
+            if (!sl_is_contiguous(n->src[i])) return 0;
+        return 1;
+    default: /* LINEAR_BF16: bf16 compute */
+        return 0;
+    }
+}
+
+/* ---------------- elementwise and data movement ---------------- */
+
+#define REF(t, r) SL_TRY(ocl_ref_of(n, (t), (r)))
+
+/* o (node, contiguous) = copy of a, 32- or 16-bit elements, or a cast */
+static sl_status op_copy(sl_tensor *n, const sl_tensor *a, ocl_ref o, cl_long8 nbo, int cast) {
+    ocl_ref ra;
+    REF(a, &ra);
+    ocl_it5 ia = ocl_it5_of(a);
+    if (cast) return ew16(a->dtype == SL_F32 ? 1 : 2, o, nbo, ra, ia.nb, ia.ne);
+    if (sl_dtype_size(a->dtype) == 2) return ew16(0, o, nbo, ra, ia.nb, ia.ne);
+    return ocl_ew(EW_COPY_A, 0, o, nbo, ra, ia.nb, ra, ia.nb, ia.ne);
+}
+
+static sl_status op_concat(sl_tensor *n) {
+    ocl_ref o;
+    REF(n, &o);
+    ocl_it5 io = ocl_it5_of(n);
+    int dim = n->iparams[0];
+    SL_TRY(op_copy(n, n->src[0], o, io.nb, 0));
+    o.off += n->src[0]->ne[dim] * n->nb[dim];
+    return op_copy(n, n->src[1], o, io.nb, 0);
+}
+
+static sl_status op_binary(sl_tensor *n, int op) {
+    ocl_ref o, a, b;
+    REF(n, &o);
+    REF(n->src[0], &a);
+    ocl_it5 io = ocl_it5_of(n), ia = ocl_it5_of(n->src[0]), ib = io;
+    if (n->src[1]) {
+        REF(n->src[1], &b);
+        ib = ocl_it5_broadcast(n->src[1], n);
+    } else {
+        b = a;
+        ib = ia;
+    }
+    return ocl_ew(op, n->fparams[0], o, io.nb, a, ia.nb, b, ib.nb, io.ne);
+}
+
+static sl_status op_sum_to(sl_tensor *n) {
+    ocl_ref o, a;
+    REF(n, &o);
+    REF(n->src[0], &a);
+    ocl_it5 ia = ocl_it5_of(n->src[0]), io = ocl_it5_of(n);
+    ocl_call c = ocl_begin(OK_SUM_TO);
+    ocl_ref_arg(&c, o);
+    ocl_ref_arg(&c, a);
+    ocl_arg(&c, sizeof ia.ne, &ia.ne);
+    ocl_arg(&c, sizeof ia.nb, &ia.nb);
+    ocl_arg(&c, sizeof io.ne, &io.ne);
+    return ocl_run1(&c, (size_t)sl_nelements(n));
+}
+
+static sl_status op_acc(sl_tensor *n) {
+    const sl_tensor *dst = n->src[0], *src = n->src[1];
+    ocl_ref d, s;
+    REF(dst, &d);
+    REF(src, &s);
+    int op = n->iparams[0] ? EW_COPY_B : EW_ADD; /* Note [Overwriting first gradient writes] */
+    if (sl_is_contiguous(dst) && sl_is_contiguous(src)) {
+        cl_long8 ne = flat_ne(sl_nelements(dst)), nb = ocl_contig_nb(ne);
+        return ocl_ew(op, 0, d, nb, d, nb, s, nb, ne);
+    }
+    ocl_it5 id = ocl_it5_of(dst), is = ocl_it5_of(src);
+    return ocl_ew(op, 0, d, id.nb, d, id.nb, s, is.nb, id.ne);
+}
+
+static sl_status op_scatter_add(sl_tensor *n) {
+    const sl_tensor *src = n->src[1];
+    ocl_ref d, s;
+    REF(n, &d);
+    REF(src, &s);
+    ocl_it5 is = ocl_it5_of(src);
+    cl_long8 nbv = is.nb;
+    int vnd = n->iparams[5], pad = 5 - vnd;
+    for (int k = 0; k < 5; k++) nbv.s[k] = k < pad ? 0 : n->iparams[1 + k - pad];
+    d.off += n->iparams[0];
+    return ocl_ew(EW_ADD, 0, d, nbv, d, nbv, s, is.nb, is.ne);
+}
+
+static sl_status op_zeros(sl_tensor *n) {
+    ocl_ref o;
+    REF(n, &o);
+    size_t es = sl_dtype_size(n->dtype), bytes = sl_nbytes(n);
+    if (!bytes) return SL_OK;
+    cl_uchar zero = 0;
+    cl_int err = clEnqueueFillBuffer(g_ocl.queue, o.mem, &zero, 1, (size_t)o.off * es, bytes, 0, NULL, NULL);
+    return err == CL_SUCCESS ? SL_OK : ocl_fail(err, "zeros");
+}
+
+static sl_status op_kv_store(sl_tensor *n) {
+    const sl_tensor *x = n->src[1];
+    int64_t T = x->ne[1], NKV = x->ne[2], hs = x->ne[3], S = n->ne[1], pos0 = n->iparams[0];
+    if (pos0 < 0 || pos0 + T > S)
+        return sl_fail(SL_ERR_INVALID, "kv cache: position %lld + %lld exceeds capacity %lld",
+                       (long long)pos0, (long long)T, (long long)S);
+    ocl_ref o, rx;
+    REF(n, &o);
+    REF(x, &rx);
+    ocl_it5 ix = ocl_it5_of(x);
+    cl_long8 nbo = ix.nb;
+    nbo.s[0] = 0, nbo.s[1] = S * NKV * hs, nbo.s[2] = NKV * hs, nbo.s[3] = hs, nbo.s[4] = 1;
+    o.off += pos0 * NKV * hs;
+    return ocl_ew(EW_COPY_A, 0, o, nbo, rx, ix.nb, rx, ix.nb, ix.ne);
+}
+
+/* ---------------- matmul ---------------- */
+
+sl_status ocl_op_matmul(sl_tensor *n) {
+    const sl_tensor *a = n->src[0], *b = n->src[1], *bias = n->src[2];
+    int tA = n->iparams[0], tB = n->iparams[1];
+    int na = a->ndim, nbd = b->ndim, no = n->ndim;
+    int64_t K = tA ? a->ne[na - 2] : a->ne[na - 1], N = n->ne[no - 1], M;
+    int64_t lda = a->nb[na - 2], ldb = b->nb[nbd - 2], ldc = n->nb[no - 2];
+    ocl_ref rc, ra, rb, rbias;
+    REF(n, &rc);
+    REF(a, &ra);
+    REF(b, &rb);
+    if (bias)
+        REF(bias, &rbias);
+    else
+        rbias = rc;
+    cl_long4 bne = {{1, 1, 1, 1}}, bsa = {{0, 0, 0, 0}}, bsb = bsa, bsc = bsa;
+    if (nbd == 2 && na > 2) { /* folded: a's leading dims are rows */
+        M = 1;
+        for (int d = 0; d < na - 1; d++) M *= a->ne[d];
+        tA = 0;
+        ldc = N;
+    } else {
+        M = n->ne[no - 2];
+        ocl_it5 ia = ocl_it5_of(a), ib = ocl_it5_of(b), ic = ocl_it5_of(n);
+        for (int d = 0; d < 3; d++) {
+            bne.s[d] = ic.ne.s[d];
+            bsa.s[d] = ia.nb.s[d];
+            bsb.s[d] = ib.nb.s[d];
+            bsc.s[d] = ic.nb.s[d];
+        }
+    }
+    if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX)
+        return sl_fail(SL_ERR_UNSUPPORTED, "opencl backend: matmul '%s' too large", n->name);
+    ocl_call c = ocl_begin(OK_GEMM);
+    ocl_int(&c, (int)M);
+    ocl_int(&c, (int)N);
+    ocl_int(&c, (int)K);
+    ocl_ref_arg(&c, ra);
+    ocl_long(&c, lda);
+    ocl_int(&c, tA);
+    ocl_ref_arg(&c, rb);
+    ocl_long(&c, ldb);
+    ocl_int(&c, tB);
+    ocl_ref_arg(&c, rc);
+    ocl_long(&c, ldc);
+    ocl_int(&c, n->iparams[2] == 1);
+    ocl_ref_arg(&c, rbias);
+    ocl_int(&c, bias != NULL);
+    ocl_arg(&c, sizeof bne, &bne);
+    ocl_arg(&c, sizeof bsa, &bsa);
+    ocl_arg(&c, sizeof bsb, &bsb);
+    ocl_arg(&c, sizeof bsc, &bsc);
+    size_t ts = (size_t)g_ocl.gemm_ts, rts = ts / 4;
+    size_t global[3] = {((size_t)N + ts - 1) / ts * rts, ((size_t)M + ts - 1) / ts * rts,
+                        (size_t)(bne.s[0] * bne.s[1] * bne.s[2])};
+    size_t local[3] = {rts, rts, 1};
+    return ocl_run(&c, 3, global, local);
+}
+
+/* ---------------- dispatch ---------------- */
+
+sl_status ocl_compute(sl_tensor *n) {
+    ocl_ref o;
+    switch (n->op) {
+    case SL_OP_VIEW:
+        return SL_OK;
+    case SL_OP_CONT:
+    case SL_OP_CAST:
+        REF(n, &o);
+        return op_copy(n, n->src[0], o, ocl_it5_of(n).nb,
+                       n->op == SL_OP_CAST && n->dtype != n->src[0]->dtype);
+    case SL_OP_CONCAT:
+        return op_concat(n);
+    case SL_OP_ADD:
+        return op_binary(n, EW_ADD);
+    case SL_OP_MUL:
+        return op_binary(n, EW_MUL);
+    case SL_OP_SCALE:
+        return op_binary(n, EW_SCALE);
+    case SL_OP_GELU:
+        return op_binary(n, EW_GELU);
+    case SL_OP_GELU_BACK:
+        return op_binary(n, EW_GELU_BACK);
+    case SL_OP_SILU:
+        return op_binary(n, EW_SILU);
+    case SL_OP_SILU_BACK:
+        return op_binary(n, EW_SILU_BACK);
+    case SL_OP_FILL:
+        REF(n, &o);
+        return ocl_ew_flat(EW_FILL, n->fparams[0], o.mem, o.off, sl_nelements(n));
+    case SL_OP_SUM_TO:
+        return op_sum_to(n);
+    case SL_OP_ACC:
+        return op_acc(n);
+    case SL_OP_SCATTER_ADD:
+        return op_scatter_add(n);
+    case SL_OP_ZEROS:
+        return op_zeros(n);
+    case SL_OP_KV_STORE:
+        return op_kv_store(n);
+    case SL_OP_MATMUL:
+        return ocl_op_matmul(n);
+    default:
+        return ocl_op_nn(n);
+    }
+}
