@@ -1,3 +1,4 @@
+#include <stdarg.h>
 #define _GNU_SOURCE
 #include "testutil.h"
 
@@ -98,4 +99,14 @@ int tu_same_file(const char *a, const char *b) {
     free(x);
     free(y);
     return eq;
+}
+
+int tu_cli_run(char *out, size_t cap, const char *fmt, ...) {
+    char args[4096], cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "%s %s", tu_cli(), args);
+    return tu_run(cmd, out, cap);
 }

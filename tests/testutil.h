@@ -28,6 +28,9 @@ int tu_run(const char *cmd, char *buf, size_t cap);
 /* 1 when both files exist and have identical bytes */
 int tu_same_file(const char *a, const char *b);
 const char *tu_cli(void); /* path to the suanli CLI (SUANLI_CLI env) */
+/* Run `suanli ARGS` (ARGS formatted like printf) capturing stdout+stderr into out; returns the exit status.
+ */
+int tu_cli_run(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Make a fresh temp dir under /tmp; returns static buffer path. */
 const char *tu_tmpdir(const char *tag);
 #endif

@@ -276,9 +276,8 @@ typedef struct {
     int64_t n;
 } train_result;
 
-/* llama: 0 GPT-2, 1 Mixtral (GQA + MoE); bf16: autocast-style bf16 matmul operands over f32 master weights */
-static sl_status train3(sl_backend *be, int llama, int bf16, train_result *r) {
-    sl_model *m = NULL;
+/* the suite's two tiny models on be: GPT-2, or a Mixtral with GQA (4/2 heads) and 4 experts, top-2 */
+static sl_status tiny_model(sl_backend *be, int llama, sl_model **out) {
     if (llama) {
         sl_llama_config c = {.arch = SL_ARCH_MIXTRAL,
                              .n_layer = 2,
@@ -293,11 +292,18 @@ static sl_status train3(sl_backend *be, int llama, int bf16, train_result *r) {
                              .rope_theta = 10000.0f,
                              .n_experts = 4,
                              .n_experts_per_tok = 2};
-        SL_TRY(sl_llama_new_on(&c, SL_F32, be, &m));
+        SL_TRY(sl_llama_new_on(&c, SL_F32, be, out));
     } else {
         sl_gpt2_config c = {.n_layer = 2, .n_head = 4, .n_embd = 32, .vocab_size = 64, .max_seq_len = 32};
-        SL_TRY(sl_gpt2_new_on(&c, be, &m));
+        SL_TRY(sl_gpt2_new_on(&c, be, out));
     }
+    return SL_OK;
+}
+
+/* llama: 0 GPT-2, 1 Mixtral (GQA + MoE); bf16: autocast-style bf16 matmul operands over f32 master weights */
+static sl_status train3(sl_backend *be, int llama, int bf16, train_result *r) {
+    sl_model *m = NULL;
+    SL_TRY(tiny_model(be, llama, &m));
     if (bf16 && llama) m->autocast_bf16 = 1;
     if (bf16 && !llama) m->compute_dtype = SL_BF16;
     sl_status st = sl_model_init_weights_ex(m, 1234);
@@ -369,25 +375,7 @@ static void test_train(void) {
 
 static sl_status gen(sl_backend *be, int llama, int32_t *out, int *n_out) {
     sl_model *m = NULL;
-    if (llama) {
-        sl_llama_config c = {.arch = SL_ARCH_MIXTRAL,
-                             .n_layer = 2,
-                             .n_head = 4,
-                             .n_kv_head = 2,
-                             .head_dim = 8,
-                             .hidden = 32,
-                             .intermediate = 48,
-                             .vocab_size = 64,
-                             .max_seq_len = 32,
-                             .rms_eps = 1e-5f,
-                             .rope_theta = 10000.0f,
-                             .n_experts = 4,
-                             .n_experts_per_tok = 2};
-        SL_TRY(sl_llama_new_on(&c, SL_F32, be, &m));
-    } else {
-        sl_gpt2_config c = {.n_layer = 2, .n_head = 4, .n_embd = 32, .vocab_size = 64, .max_seq_len = 32};
-        SL_TRY(sl_gpt2_new_on(&c, be, &m));
-    }
+    SL_TRY(tiny_model(be, llama, &m));
     sl_status st = sl_model_init_weights_ex(m, 99);
     int32_t prompt[5] = {1, 5, 9, 2, 7};
     sl_sample_opts o = {.temperature = 0.8f, .top_k = 20, .top_p = 0.95f, .seed = 5};

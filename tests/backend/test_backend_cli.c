@@ -35,16 +35,7 @@ static void results_only(char *text) {
     *w = 0;
 }
 
-static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int run(const char *fmt, ...) {
-    char args[4096], cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "%s %s", tu_cli(), args);
-    return tu_run(cmd, out, sizeof out);
-}
+#define run(...) tu_cli_run(out, sizeof out, __VA_ARGS__)
 
 #define TINY                                                                                                 \
     "--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 32 --micro-batch-size 4 "          \

@@ -15,16 +15,7 @@ static int exists(const char *p) {
     return stat(p, &sb) == 0;
 }
 
-static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int run(const char *fmt, ...) {
-    char args[4096], cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "%s %s", tu_cli(), args);
-    return tu_run(cmd, out, sizeof out);
-}
+#define run(...) tu_cli_run(out, sizeof out, __VA_ARGS__)
 
 static int one_line(void) {
     size_t n = strlen(out);
