@@ -131,7 +131,9 @@ typedef struct sl_prepare_stats {
 typedef struct sl_prepare_opts {
     const char *input;          /* text file */
     const char *output_dir;     /* created if missing */
-    const char *tokenizer_type; /* "byte" | "bpe" */
+    const char *tokenizer_type; /* "byte" | "bpe"; ignored with tokenizer_file */
+    const char *tokenizer_file; /* optional: tokenize with this file (any sl_tokenizer_load accepts: suanli
+                                   or HF tokenizer.json, SentencePiece tokenizer.model), copied into DIR */
     int vocab_size;             /* bpe only; in [257, SL_BPE_MAX_VOCAB]. byte: 0 or 256 */
     double val_fraction;        /* in (0, 1); 0 means the default 0.1. The LAST fraction of the text is val */
     int64_t shard_tokens;       /* max tokens per shard; 0 = default (SL_SHARD_DEFAULT_TOKENS) */
@@ -139,7 +141,9 @@ typedef struct sl_prepare_opts {
 } sl_prepare_opts;
 #define SL_SHARD_DEFAULT_TOKENS ((int64_t)1 << 27)
 
-/* Writes DIR/train_NNN.bin, DIR/val_NNN.bin, DIR/tokenizer.json. The BPE is trained on the train part only.
+/* Writes DIR/train_NNN.bin, DIR/val_NNN.bin, DIR/tokenizer.json (or, with a SentencePiece tokenizer_file,
+ * DIR/tokenizer.model; the other name is removed). The BPE is trained on the train part only; a
+ * tokenizer_file's text split is moved back to a UTF-8 character boundary.
  * Atomic: every file is written to a temporary name first; on failure nothing new is left behind.
  * Stale shards of an earlier, larger prepare in DIR are removed. */
 sl_status sl_data_prepare(const sl_prepare_opts *o);

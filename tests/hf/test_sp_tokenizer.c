@@ -7,6 +7,7 @@
  * (FNV-1a per document; for the BPE models that is the text itself). Malformed models give one-line
  * errors naming the file and field. */
 #include <string.h>
+#include <unistd.h>
 
 #include "suanli/data.h"
 #include "testutil.h"
@@ -389,6 +390,81 @@ static void generic_api(void) {
     if (st != SL_OK) printf("files_match(bpe, unigram): %s\n", strrchr(sl_errmsg(), '/') + 1);
 }
 
+/* `data prepare --tokenizer-file`: shards hold exactly the file's ids, the file is copied, and the
+ * loader and sl_tokenizer_files_match accept the directory */
+static void prepare(const docs *d) {
+    const char *dir = tu_tmpdir("spprep");
+    char in[1024], out[1024], model[1024], cmd[4096], buf[8192];
+    snprintf(in, sizeof in, "%s/corpus.txt", dir);
+    snprintf(out, sizeof out, "%s/data", dir);
+    snprintf(model, sizeof model, "%s/tests/fixtures/sp/bpe.model", SL_SOURCE_DIR);
+    FILE *f = fopen(in, "wb");
+    for (int i = d->count - 400; i < d->count; i++) fwrite(d->s[i], 1, d->n[i], f); /* CJK, emoji, code... */
+    fclose(f);
+    sl_prepare_stats S;
+    sl_prepare_opts o = {
+        .input = in, .output_dir = out, .tokenizer_file = model, .val_fraction = 0.1, .stats = &S};
+    sl_status st = sl_data_prepare(&o);
+    TU_CHECK(st == SL_OK, "prepare --tokenizer-file: %s", sl_errmsg());
+    if (st != SL_OK) return;
+    char *text, *copy, *orig;
+    size_t len, cl, ol;
+    snprintf(cmd, sizeof cmd, "%s/tokenizer.model", out);
+    TU_CHECK(sl_file_read_all(cmd, &copy, &cl) == SL_OK && sl_file_read_all(model, &orig, &ol) == SL_OK &&
+                 cl == ol && !memcmp(copy, orig, cl),
+             "DIR/tokenizer.model must be a copy of the file");
+    free(copy);
+    free(orig);
+    TU_CHECK(sl_tokenizer_files_match(out, model) == SL_OK, "files_match(dir, model): %s", sl_errmsg());
+    sl_tokenizer *tok;
+    TU_CHECK(sl_tokenizer_load(model, &tok) == SL_OK, "load");
+    TU_CHECK(sl_file_read_all(in, &text, &len) == SL_OK, "read");
+    size_t ntrain = len - (size_t)((double)len * 0.1);
+    while (((unsigned char)text[ntrain] & 0xC0) == 0x80) ntrain--;
+    int32_t *want;
+    int64_t nw;
+    TU_CHECK(sl_tokenizer_encode(tok, text, ntrain, &want, &nw) == SL_OK, "encode");
+    sl_dataset *ds;
+    st = sl_dataset_open(out, "train", &ds);
+    TU_CHECK(st == SL_OK, "dataset_open: %s", sl_errmsg());
+    if (st == SL_OK) {
+        TU_CHECK(sl_dataset_vocab_size(ds) == 32000 && sl_dataset_num_tokens(ds) == nw,
+                 "vocab %d, %lld tokens", sl_dataset_vocab_size(ds), (long long)sl_dataset_num_tokens(ds));
+        int32_t *got = malloc(sizeof(int32_t) * (size_t)nw);
+        TU_CHECK(sl_dataset_read(ds, 0, nw, got) == SL_OK && !memcmp(got, want, sizeof(int32_t) * (size_t)nw),
+                 "train shard ids must be the tokenizer's");
+        free(got);
+        sl_dataset_close(ds);
+    }
+    printf("prepare --tokenizer-file bpe.model: %zu bytes -> train %lld / val %lld tokens, vocab %d\n", len,
+           (long long)S.train_tokens, (long long)S.val_tokens, S.vocab_size);
+    free(want);
+    free(text);
+    sl_tokenizer_free(tok);
+    /* the CLI: tokenizer.json this time (replacing the .model), then the conflicting flags */
+    snprintf(cmd, sizeof cmd,
+             "%s data prepare --input %s --output-prefix %s --tokenizer-file "
+             "%s/tests/fixtures/sp/bpe.tokenizer.json 2>&1",
+             tu_cli(), in, out, SL_SOURCE_DIR);
+    int rc = tu_run(cmd, buf, sizeof buf);
+    TU_CHECK(rc == 0 && strstr(buf, "tokenizer.json: hf"), "CLI prepare: rc %d: %s", rc, buf);
+    snprintf(cmd, sizeof cmd, "%s/tokenizer.model", out);
+    TU_CHECK(access(cmd, F_OK) != 0, "the earlier tokenizer.model must be removed");
+    TU_CHECK(sl_tokenizer_files_match(out, model) == SL_OK, "json-prepared dir matches the .model: %s",
+             sl_errmsg());
+    snprintf(cmd, sizeof cmd,
+             "%s data prepare --input %s --output-prefix %s --tokenizer-file %s --vocab-size 9 2>&1",
+             tu_cli(), in, out, model);
+    rc = tu_run(cmd, buf, sizeof buf);
+    TU_CHECK(rc == 2 && strstr(buf, "conflicts"), "CLI conflict: rc %d: %s", rc, buf);
+    snprintf(cmd, sizeof cmd, "%s data prepare --input %s --output-prefix %s/bad --tokenizer-file %s 2>&1",
+             tu_cli(), in, dir, in);
+    rc = tu_run(cmd, buf, sizeof buf);
+    TU_CHECK(rc != 0 && strstr(buf, "corpus.txt") && !strstr(buf, "\n\n"), "bad tokenizer file: rc %d: %s",
+             rc, buf);
+    printf("CLI with a text file as tokenizer: %s", buf);
+}
+
 int main(void) {
     docs d = build_docs();
     printf("%d documents\n", d.count);
@@ -403,6 +479,7 @@ int main(void) {
         check_model("bpe.tokenizer.json", f ? "bpe_json" : "bpe", &d, 1);
     }
     generic_api();
+    prepare(&d);
     mutations(&d);
     for (int i = 0; i < d.count; i++) free(d.s[i]);
     free(d.s);
