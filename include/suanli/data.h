@@ -56,9 +56,20 @@ typedef struct sl_tokenizer sl_tokenizer;
 
 #define SL_BPE_MAX_VOCAB (1 << 20) /* accepted range of a BPE vocab: [257, SL_BPE_MAX_VOCAB] */
 
-/* Load a tokenizer from `path`: either a tokenizer.json file or a data directory containing one.
- * Verifies the file (type, vocab size, merges consistent with the token bytes). *out owned: _free. */
+/* Load a tokenizer from `path`: a file, or a directory holding tokenizer.json (else tokenizer.model).
+ * The file may be suanli's tokenizer.json (type "byte" | "bpe"; verified: type, vocab size, merges
+ * consistent with the token bytes), a Hugging Face tokenizer.json (type "hf") or a SentencePiece
+ * tokenizer.model (type "sentencepiece"); the last two go through sl_hf_tokenizer_* (encode without special
+ * tokens; text must be valid UTF-8). *out owned: _free. */
 sl_status sl_tokenizer_load(const char *path, sl_tokenizer **out);
+/* "tokenizer.model" for a SentencePiece model, else "tokenizer.json": the name it is saved under in a
+ * prepared directory. Static string. */
+const char *sl_tokenizer_file_name(const sl_tokenizer *tok);
+/* SL_OK if the tokenizers at a and b (files or directories, as sl_tokenizer_load) are the same: same type
+ * family, vocab size, every id's token, and the same ids for a multilingual probe text. Otherwise
+ * SL_ERR_INVALID with a one-line message naming both and the first difference (load errors pass through).
+ * For `train --init-from`: refuse data whose tokenizer is not the model's. */
+sl_status sl_tokenizer_files_match(const char *a, const char *b);
 /* The byte-level tokenizer: vocab 256, id = byte value. */
 sl_status sl_tokenizer_new_byte(sl_tokenizer **out);
 /* Train a byte-level BPE on `text` (GPT-2-style pre-split into words, merges never cross words).
@@ -67,7 +78,7 @@ sl_status sl_tokenizer_new_byte(sl_tokenizer **out);
 sl_status sl_tokenizer_train_bpe(const char *text, size_t len, int vocab_size, sl_tokenizer **out);
 /* Save as JSON (atomic write). */
 sl_status sl_tokenizer_save(const sl_tokenizer *tok, const char *path);
-const char *sl_tokenizer_type(const sl_tokenizer *tok); /* "byte" | "bpe"; static string */
+const char *sl_tokenizer_type(const sl_tokenizer *tok); /* "byte" | "bpe" | "hf" | "sentencepiece"; static */
 int sl_tokenizer_vocab_size(const sl_tokenizer *tok);
 /* Encode len bytes of text (any bytes; need not be valid UTF-8 nor NUL-terminated). *ids malloc'd and
  * owned by the caller (free); *ids may be NULL when *n == 0. */
@@ -120,7 +131,9 @@ typedef struct sl_prepare_stats {
 typedef struct sl_prepare_opts {
     const char *input;          /* text file */
     const char *output_dir;     /* created if missing */
-    const char *tokenizer_type; /* "byte" | "bpe" */
+    const char *tokenizer_type; /* "byte" | "bpe"; ignored with tokenizer_file */
+    const char *tokenizer_file; /* optional: tokenize with this file (any sl_tokenizer_load accepts: suanli
+                                   or HF tokenizer.json, SentencePiece tokenizer.model), copied into DIR */
     int vocab_size;             /* bpe only; in [257, SL_BPE_MAX_VOCAB]. byte: 0 or 256 */
     double val_fraction;        /* in (0, 1); 0 means the default 0.1. The LAST fraction of the text is val */
     int64_t shard_tokens;       /* max tokens per shard; 0 = default (SL_SHARD_DEFAULT_TOKENS) */
@@ -128,7 +141,9 @@ typedef struct sl_prepare_opts {
 } sl_prepare_opts;
 #define SL_SHARD_DEFAULT_TOKENS ((int64_t)1 << 27)
 
-/* Writes DIR/train_NNN.bin, DIR/val_NNN.bin, DIR/tokenizer.json. The BPE is trained on the train part only.
+/* Writes DIR/train_NNN.bin, DIR/val_NNN.bin, DIR/tokenizer.json (or, with a SentencePiece tokenizer_file,
+ * DIR/tokenizer.model; the other name is removed). The BPE is trained on the train part only; a
+ * tokenizer_file's text split is moved back to a UTF-8 character boundary.
  * Atomic: every file is written to a temporary name first; on failure nothing new is left behind.
  * Stale shards of an earlier, larger prepare in DIR are removed. */
 sl_status sl_data_prepare(const sl_prepare_opts *o);
@@ -156,17 +171,30 @@ sl_status sl_dataset_batch(const sl_dataset *ds, int B, int T, uint64_t seed, ui
 void sl_dataset_close(sl_dataset *ds);
 
 /* ------------------------------------------------------------------------------------------------
- * Hugging Face tokenizer.json (byte-level BPE: GPT-2, Llama-3, Qwen2 style; src/data/hf_tokenizer.c)
+ * Hugging Face tokenizer.json and SentencePiece tokenizer.model (src/data/hf_tokenizer.c, sp_*.c):
+ * byte-level BPE (GPT-2, Llama-3, Qwen2 style), SentencePiece-style BPE tokenizer.json (Llama-2, Mistral,
+ * Mixtral, Baichuan2: Metaspace or Prepend/Replace, byte_fallback, fuse_unk), and tokenizer.model
+ * (SentencePiece BPE or Unigram with its stored normalizer, byte fallback).
  * ---------------------------------------------------------------------------------------------- */
 typedef struct sl_hf_tokenizer sl_hf_tokenizer;
+/* path: a tokenizer.json, or a SentencePiece tokenizer.model (a file not named *.json whose first byte is not
+ * '{' or '['). Errors are
+ * one line naming the file and the field. */
 sl_status sl_hf_tokenizer_load(const char *path, sl_hf_tokenizer **out);
 void sl_hf_tokenizer_free(sl_hf_tokenizer *t);
 /* Text (UTF-8) -> ids; added/special tokens in the text are matched verbatim; add_special: apply the
  * post-processor template (e.g. Llama-3's BOS). *ids owned: free(). */
 sl_status sl_hf_tokenizer_encode(const sl_hf_tokenizer *t, const char *text, int add_special, int32_t **ids,
                                  int *n);
-/* One id -> its bytes (byte-level decoding); returns the byte count written (<= cap), -1 if unknown id. */
+/* One id -> its bytes (for streaming: byte-level decoding; U+2581 reads as ' ', <0xNN> as the byte, control
+ * pieces as nothing); returns the byte count written (<= cap), -1 if unknown id. */
 int sl_hf_tokenizer_decode_one(const sl_hf_tokenizer *t, int32_t id, char *buf, int cap);
+/* ids -> text as the file's decoder does (tokenizers' decode / sentencepiece's DecodeIds: byte fallback
+ * runs, the leading space of add_dummy_prefix dropped, ...). skip_special: drop special added tokens
+ * (tokenizer.json; a tokenizer.model always drops control pieces). *out malloc'd, NUL-terminated;
+ * SL_ERR_INVALID for an unknown id. */
+sl_status sl_hf_tokenizer_decode(const sl_hf_tokenizer *t, const int32_t *ids, int n, int skip_special,
+                                 char **out, size_t *len);
 int sl_hf_tokenizer_vocab_size(const sl_hf_tokenizer *t);
 /* id of a token string (added or vocabulary), -1 if absent */
 int sl_hf_tokenizer_token_id(const sl_hf_tokenizer *t, const char *tok);

@@ -8,17 +8,21 @@
 #include "suanli/data.h"
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: suanli data prepare --input FILE --output-prefix DIR [--tokenizer-type byte|bpe]\n"
-            "                           [--vocab-size N] [--val-fraction F] [--shard-tokens N]\n"
-            "       suanli data info DIR\n"
-            "  prepare  tokenize FILE into DIR/train_NNN.bin, DIR/val_NNN.bin and DIR/tokenizer.json\n"
-            "           --tokenizer-type  byte (vocab 256, default) or bpe (trained on the train part)\n"
-            "           --vocab-size      bpe vocab size in [257, %d]\n"
-            "           --val-fraction    the last F of the text is the val split (default 0.1, in (0,1))\n"
-            "           --shard-tokens    max tokens per shard file (default %lld)\n"
-            "  info     validate and summarize the shards and tokenizer in DIR\n",
-            SL_BPE_MAX_VOCAB, (long long)SL_SHARD_DEFAULT_TOKENS);
+    fprintf(
+        f,
+        "usage: suanli data prepare --input FILE --output-prefix DIR [--tokenizer-type byte|bpe]\n"
+        "                           [--vocab-size N] [--tokenizer-file F] [--val-fraction F]\n"
+        "                           [--shard-tokens N]\n"
+        "       suanli data info DIR\n"
+        "  prepare  tokenize FILE into DIR/train_NNN.bin, DIR/val_NNN.bin and DIR/tokenizer.json\n"
+        "           --tokenizer-type  byte (vocab 256, default) or bpe (trained on the train part)\n"
+        "           --vocab-size      bpe vocab size in [257, %d]\n"
+        "           --tokenizer-file  tokenize with this file instead: a tokenizer.json (suanli's or\n"
+        "                             Hugging Face's) or a SentencePiece tokenizer.model; copied into DIR\n"
+        "           --val-fraction    the last F of the text is the val split (default 0.1, in (0,1))\n"
+        "           --shard-tokens    max tokens per shard file (default %lld)\n"
+        "  info     validate and summarize the shards and tokenizer in DIR\n",
+        SL_BPE_MAX_VOCAB, (long long)SL_SHARD_DEFAULT_TOKENS);
 }
 
 static int parse_i64(const char *s, long long lo, long long hi, long long *out) {
@@ -36,16 +40,18 @@ static int cmd_prepare(int argc, char **argv) {
     o.tokenizer_type = "byte";
     o.stats = &S;
     const char *vs = NULL, *vf = NULL, *sh = NULL;
+    int type_given = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
         }
-        static const char *const flags[] = {"--input",      "--output-prefix", "--tokenizer-type",
-                                            "--vocab-size", "--val-fraction",  "--shard-tokens"};
+        static const char *const flags[] = {"--input",         "--output-prefix", "--tokenizer-type",
+                                            "--vocab-size",    "--val-fraction",  "--shard-tokens",
+                                            "--tokenizer-file"};
         int f = -1;
-        for (int k = 0; k < 6 && f < 0; k++) {
+        for (int k = 0; k < 7 && f < 0; k++) {
             size_t n = strlen(flags[k]);
             if (!strncmp(a, flags[k], n) && (a[n] == 0 || a[n] == '=')) {
                 f = k;
@@ -79,10 +85,19 @@ static int cmd_prepare(int argc, char **argv) {
         case 4:
             vf = val;
             break;
-        default:
+        case 5:
             sh = val;
             break;
+        default:
+            o.tokenizer_file = val;
+            break;
         }
+        if (f == 2) type_given = 1;
+    }
+    if (o.tokenizer_file && (type_given || vs)) {
+        fprintf(stderr, "suanli data prepare: --tokenizer-file conflicts with --%s\n",
+                type_given ? "tokenizer-type" : "vocab-size");
+        return 2;
     }
     if (!o.input) {
         fprintf(stderr, "suanli data prepare: --input FILE is required\n");
@@ -132,7 +147,15 @@ static int cmd_prepare(int argc, char **argv) {
         return st == SL_ERR_INVALID ? 2 : 1;
     }
     printf("input      %s: %lld bytes\n", o.input, (long long)S.input_bytes);
-    printf("tokenizer  %s/tokenizer.json: %s, vocab %d", o.output_dir, o.tokenizer_type, S.vocab_size);
+    if (o.tokenizer_file) {
+        sl_tokenizer *tk = NULL;
+        if (sl_tokenizer_load(o.output_dir, &tk) == SL_OK)
+            printf("tokenizer  %s/%s: %s from %s, vocab %d", o.output_dir, sl_tokenizer_file_name(tk),
+                   sl_tokenizer_type(tk), o.tokenizer_file, S.vocab_size);
+        sl_tokenizer_free(tk);
+    } else {
+        printf("tokenizer  %s/tokenizer.json: %s, vocab %d", o.output_dir, o.tokenizer_type, S.vocab_size);
+    }
     if (S.tokenizer_sec > 0) printf(", trained in %.3f s", S.tokenizer_sec);
     printf("\n");
     printf("train      %s/train_000.bin%s: %lld tokens in %d shard%s\n", o.output_dir,

@@ -24,14 +24,26 @@ static inline int32_t sl__shard_token(const uint8_t *payload, uint32_t width, in
 /* Read the vocab_size field of a tokenizer.json without building the tokenizer; -1 + message on error. */
 sl_status sl__tokenizer_json_vocab(const char *path, int *vocab);
 
+/* ---- hf_tokenizer.c ---- */
+/* sl_hf_tokenizer_encode of len bytes (need not be NUL-terminated; must be valid UTF-8) */
+sl_status sl__hf_tokenizer_encode_n(const sl_hf_tokenizer *t, const char *text, size_t len, int add_special,
+                                    int32_t **ids, int *n);
+/* the stored string of token id (U+2581 piece, byte-level symbols or added token), NULL if none */
+const char *sl__hf_tokenizer_piece(const sl_hf_tokenizer *t, int32_t id);
+/* 1 if loaded from a SentencePiece tokenizer.model, 0 for a tokenizer.json */
+int sl__hf_tokenizer_is_model(const sl_hf_tokenizer *t);
+
 /* ---- tokenizer pre-split (tokenizer_bpe.c) ---- */
 /* Length of the GPT-2-style pre-token starting at text[i] (>= 1 when i < len). */
 size_t sl__pretok_next(const uint8_t *text, size_t len, size_t i);
 
 /* ---- tokenizer object (tokenizer.c, tokenizer_bpe.c) ---- */
-enum { SL_TOK_BYTE = 0, SL_TOK_BPE = 1 };
+enum { SL_TOK_BYTE = 0, SL_TOK_BPE = 1, SL_TOK_HF = 2 };
 struct sl_tokenizer {
     int type;
+    sl_hf_tokenizer *hf; /* SL_TOK_HF: a Hugging Face tokenizer.json or SentencePiece tokenizer.model */
+    char *src;           /* SL_TOK_HF: the file's bytes, written back by sl_tokenizer_save */
+    size_t src_len;
     int vocab;
     int nmerges;
     int32_t *merges; /* [nmerges][2]: merge r joins (a, b) into id 256 + r */

@@ -1,19 +1,33 @@
-/* tokenizer.json (HF `tokenizers`) for byte-level BPE: GPT-2, Llama-3 and Qwen2 style.
+/* Hugging Face tokenizer.json and SentencePiece tokenizer.model behind one object (sl_hf_tokenizer).
  *
- * Pipeline (as in `tokenizers`): split the text on added tokens (matched verbatim, longest first) ->
- * normalizer (none or NFC via utf8proc) -> pre-tokenizer (Split with a regex, behavior Isolated, and/or
- * ByteLevel with GPT-2's regex; compiled with PCRE2 in UTF+UCP mode) -> bytes mapped to GPT-2's
- * printable code points -> BPE by merge rank (ignore_merges: a piece found whole in the vocabulary
- * is one token) -> post-processor (TemplateProcessing: special tokens around the sequence).
- * Anything else in the file (another model type, normalizer, pre-tokenizer or behavior) is refused with
- * a one-line error naming the field, rather than tokenized differently. */
+ * Byte-level BPE (GPT-2, Llama-3 and Qwen2 style), as in `tokenizers`: split the text on added tokens
+ * (matched verbatim, longest first) -> normalizer (none or NFC via utf8proc) -> pre-tokenizer (Split with a
+ * regex, behavior Isolated, and/or ByteLevel with GPT-2's regex; compiled with PCRE2 in UTF+UCP mode) ->
+ * bytes mapped to GPT-2's printable code points -> BPE by merge rank (ignore_merges: a piece found whole in
+ * the vocabulary is one token) -> post-processor (TemplateProcessing: special tokens around the sequence).
+ *
+ * Note [SentencePiece-style tokenizer.json]
+ *   Llama-2, Mistral, Mixtral and Baichuan2 ship a BPE over U+2581-spelled pieces instead: normalizer
+ *   Sequence[Prepend("▁"), Replace(" ", "▁")] (older files) or a Metaspace pre-tokenizer
+ *   (replacement, prepend_scheme always|first|never, split; newer files), model BPE with byte_fallback
+ *   (a character missing from the vocab becomes its <0xNN> byte tokens) and fuse_unk (consecutive unknown
+ *   characters are one unk_token), merges by rank with a heap (sl__bpe_merge; leftmost on ties, as
+ *   `tokenizers` orders its queue), and the decoder Sequence[Replace("▁", " "), ByteFallback, Fuse,
+ *   Strip(" ", 1, 0)] or Metaspace. Normalizer steps: NFC, NFKC (utf8proc), Prepend, Replace (String
+ *   patterns). A file without a ByteLevel pre-tokenizer takes this path.
+ *
+ * tokenizer.model (a SentencePiece ModelProto: a file not named *.json, not starting with '{' or '[') is read
+ * by sp_model.c and encoded by sp_tokenizer.c; add_special prepends the model's bos piece, as Llama's
+ * tokenizer does. Anything else in a file (another model type, normalizer, pre-tokenizer, decoder or
+ * behavior) is refused with a one-line error naming the file and field, rather than tokenized differently. */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <cjson/cJSON.h>
 #include <pcre2.h>
 #include <string.h>
 #include <utf8proc.h>
 
-#include "suanli/data.h"
+#include "data/data_internal.h"
+#include "data/sp_internal.h"
 
 /* ---------------- small hash maps ---------------- */
 
@@ -103,12 +117,23 @@ typedef struct {
     int id, special;
 } added_tok;
 
+enum { NORM_NFC, NORM_NFKC, NORM_PREPEND, NORM_REPLACE };
+enum { DEC_BYTELEVEL = 16, DEC_REPLACE, DEC_BYTEFALLBACK, DEC_FUSE, DEC_STRIP, DEC_METASPACE };
+#define MAX_STEPS 8
+typedef struct {
+    int kind;
+    char *a, *b;     /* Prepend: a; Replace: a -> b; Strip/Metaspace: a = the character */
+    int start, stop; /* Strip; Metaspace: start = prepend scheme */
+} step;
+enum { PREPEND_NEVER, PREPEND_FIRST, PREPEND_ALWAYS };
+
 struct sl_hf_tokenizer {
-    strmap vocab;  /* byte-level token string -> id */
-    char **id_tok; /* id -> token string (borrowed from vocab keys or added) */
-    int n_ids;     /* max id + 1 */
+    sl__sp_model *sp; /* tokenizer.model; then only id_tok/n_ids below are used */
+    strmap vocab;     /* token string -> id (byte-level symbols, or U+2581 pieces) */
+    char **id_tok;    /* id -> token string (borrowed from vocab keys or added) */
+    int n_ids;        /* max id + 1 */
     pairmap merges;
-    int ignore_merges, nfc, byte_level, add_prefix_space;
+    int ignore_merges, byte_level, add_prefix_space;
     pcre2_code *split[MAX_SPLITS];
     int n_split;
     added_tok *added;
@@ -116,6 +141,13 @@ struct sl_hf_tokenizer {
     int prefix[4], n_prefix, suffix[4], n_suffix; /* TemplateProcessing ids */
     char byte_str[256][4];                        /* byte -> UTF-8 of its printable code point */
     int cp_byte[512];                             /* code point -> byte (-1 if none) */
+    /* SentencePiece-style tokenizer.json (Note [SentencePiece-style tokenizer.json]) */
+    int byte_fallback, fuse_unk, unk_id;
+    int byte_tok[256]; /* id of <0xNN>, -1 if absent */
+    step norm[MAX_STEPS], dec[MAX_STEPS];
+    int n_norm, n_dec;
+    int meta, meta_prepend, meta_split; /* Metaspace pre-tokenizer */
+    char meta_rep[8];
 };
 
 static const char *k_gpt2_regex =
@@ -138,6 +170,9 @@ static void byte_tables(sl_hf_tokenizer *t) {
 
 void sl_hf_tokenizer_free(sl_hf_tokenizer *t) {
     if (!t) return;
+    sl__sp_free(t->sp);
+    for (int i = 0; i < t->n_norm; i++) free(t->norm[i].a), free(t->norm[i].b);
+    for (int i = 0; i < t->n_dec; i++) free(t->dec[i].a), free(t->dec[i].b);
     strmap_free(&t->vocab);
     free(t->id_tok);
     pairmap_free(&t->merges);
@@ -180,6 +215,34 @@ static sl_status parse_pretok(sl_hf_tokenizer *t, const char *path, const cJSON 
         if (!ur || cJSON_IsTrue(ur)) SL_TRY(add_split(t, path, k_gpt2_regex));
         return SL_OK;
     }
+    if (!strcmp(ty, "Metaspace")) {
+        const cJSON *rep = cJSON_GetObjectItemCaseSensitive(p, "replacement"),
+                    *ps = cJSON_GetObjectItemCaseSensitive(p, "prepend_scheme"),
+                    *aps = cJSON_GetObjectItemCaseSensitive(p, "add_prefix_space"),
+                    *sp = cJSON_GetObjectItemCaseSensitive(p, "split");
+        const char *r = cJSON_IsString(rep) ? rep->valuestring : "\xE2\x96\x81";
+        if (!*r || strlen(r) >= sizeof t->meta_rep)
+            return sl_fail(SL_ERR_FORMAT, "%s: pre_tokenizer Metaspace: bad replacement", path);
+        snprintf(t->meta_rep, sizeof t->meta_rep, "%s", r);
+        t->meta = 1;
+        t->meta_split = !sp || cJSON_IsTrue(sp);
+        t->meta_prepend = PREPEND_ALWAYS;
+        if (cJSON_IsString(ps)) {
+            const char *v = ps->valuestring;
+            t->meta_prepend = !strcmp(v, "always")  ? PREPEND_ALWAYS
+                              : !strcmp(v, "first") ? PREPEND_FIRST
+                              : !strcmp(v, "never") ? PREPEND_NEVER
+                                                    : -1;
+            if (t->meta_prepend < 0)
+                return sl_fail(SL_ERR_FORMAT,
+                               "%s: pre_tokenizer Metaspace: prepend_scheme '%s' is not "
+                               "always, first or never",
+                               path, v);
+        } else if (cJSON_IsFalse(aps)) {
+            t->meta_prepend = PREPEND_NEVER;
+        }
+        return SL_OK;
+    }
     if (!strcmp(ty, "Split")) {
         const cJSON *pat = cJSON_GetObjectItemCaseSensitive(p, "pattern");
         const cJSON *rx = cJSON_GetObjectItemCaseSensitive(pat, "Regex");
@@ -194,10 +257,9 @@ static sl_status parse_pretok(sl_hf_tokenizer *t, const char *path, const cJSON 
             return sl_fail(SL_ERR_UNSUPPORTED, "%s: pre_tokenizer Split: invert is not supported", path);
         return add_split(t, path, rx->valuestring);
     }
-    return sl_fail(
-        SL_ERR_UNSUPPORTED,
-        "%s: pre_tokenizer type '%s' is not supported (byte-level BPE: ByteLevel, Split, Sequence)", path,
-        ty);
+    return sl_fail(SL_ERR_UNSUPPORTED,
+                   "%s: pre_tokenizer type '%s' is not supported (ByteLevel, Split, Metaspace, Sequence)",
+                   path, ty);
 }
 
 static sl_status parse_post(sl_hf_tokenizer *t, const char *path, const cJSON *p) {
@@ -238,6 +300,118 @@ static sl_status parse_post(sl_hf_tokenizer *t, const char *path, const cJSON *p
     return SL_OK;
 }
 
+/* {"String": s} pattern of Replace; NULL (and a message) otherwise */
+static const char *string_pattern(const char *path, const char *what, const cJSON *p, sl_status *st) {
+    const cJSON *s =
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(p, "pattern"), "String");
+    if (!cJSON_IsString(s) || !s->valuestring[0]) {
+        *st = sl_fail(SL_ERR_UNSUPPORTED,
+                      "%s: %s Replace: only non-empty {\"String\": ...} patterns are supported", path, what);
+        return NULL;
+    }
+    return s->valuestring;
+}
+
+static sl_status add_step(step *arr, int *n, const char *path, const char *what, step s) {
+    if (*n >= MAX_STEPS) {
+        free(s.a);
+        free(s.b);
+        return sl_fail(SL_ERR_UNSUPPORTED, "%s: %s: more than %d steps", path, what, MAX_STEPS);
+    }
+    if ((s.kind == NORM_PREPEND || s.kind == NORM_REPLACE || s.kind == DEC_REPLACE || s.kind == DEC_STRIP ||
+         s.kind == DEC_METASPACE) &&
+        (!s.a || ((s.kind == NORM_REPLACE || s.kind == DEC_REPLACE) && !s.b))) {
+        free(s.a);
+        free(s.b);
+        return sl_fail(SL_ERR_NOMEM, "tokenizer: out of memory");
+    }
+    arr[(*n)++] = s;
+    return SL_OK;
+}
+
+static sl_status parse_norm(sl_hf_tokenizer *t, const char *path, const cJSON *p) {
+    if (!p || cJSON_IsNull(p)) return SL_OK;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(p, "type");
+    const char *ty = cJSON_IsString(type) ? type->valuestring : "?";
+    sl_status st = SL_OK;
+    if (!strcmp(ty, "Sequence")) {
+        const cJSON *e, *l = cJSON_GetObjectItemCaseSensitive(p, "normalizers");
+        cJSON_ArrayForEach(e, l) SL_TRY(parse_norm(t, path, e));
+        return SL_OK;
+    }
+    if (!strcmp(ty, "NFC"))
+        return add_step(t->norm, &t->n_norm, path, "normalizer", (step){NORM_NFC, 0, 0, 0, 0});
+    if (!strcmp(ty, "NFKC"))
+        return add_step(t->norm, &t->n_norm, path, "normalizer", (step){NORM_NFKC, 0, 0, 0, 0});
+    if (!strcmp(ty, "Prepend")) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(p, "prepend");
+        if (!cJSON_IsString(v))
+            return sl_fail(SL_ERR_FORMAT, "%s: normalizer Prepend: missing 'prepend'", path);
+        return add_step(t->norm, &t->n_norm, path, "normalizer",
+                        (step){NORM_PREPEND, strdup(v->valuestring), 0, 0, 0});
+    }
+    if (!strcmp(ty, "Replace")) {
+        const char *pat = string_pattern(path, "normalizer", p, &st);
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(p, "content");
+        if (!pat) return st;
+        if (!cJSON_IsString(c))
+            return sl_fail(SL_ERR_FORMAT, "%s: normalizer Replace: missing 'content'", path);
+        return add_step(t->norm, &t->n_norm, path, "normalizer",
+                        (step){NORM_REPLACE, strdup(pat), strdup(c->valuestring), 0, 0});
+    }
+    return sl_fail(SL_ERR_UNSUPPORTED,
+                   "%s: normalizer '%s' is not supported (NFC, NFKC, Prepend, Replace, Sequence)", path, ty);
+}
+
+static sl_status parse_dec(sl_hf_tokenizer *t, const char *path, const cJSON *p) {
+    if (!p || cJSON_IsNull(p)) return SL_OK;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(p, "type");
+    const char *ty = cJSON_IsString(type) ? type->valuestring : "?";
+    sl_status st = SL_OK;
+    if (!strcmp(ty, "Sequence")) {
+        const cJSON *e, *l = cJSON_GetObjectItemCaseSensitive(p, "decoders");
+        cJSON_ArrayForEach(e, l) SL_TRY(parse_dec(t, path, e));
+        return SL_OK;
+    }
+    if (!strcmp(ty, "ByteLevel"))
+        return add_step(t->dec, &t->n_dec, path, "decoder", (step){DEC_BYTELEVEL, 0, 0, 0, 0});
+    if (!strcmp(ty, "ByteFallback"))
+        return add_step(t->dec, &t->n_dec, path, "decoder", (step){DEC_BYTEFALLBACK, 0, 0, 0, 0});
+    if (!strcmp(ty, "Fuse"))
+        return add_step(t->dec, &t->n_dec, path, "decoder", (step){DEC_FUSE, 0, 0, 0, 0});
+    if (!strcmp(ty, "Replace")) {
+        const char *pat = string_pattern(path, "decoder", p, &st);
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(p, "content");
+        if (!pat) return st;
+        if (!cJSON_IsString(c)) return sl_fail(SL_ERR_FORMAT, "%s: decoder Replace: missing 'content'", path);
+        return add_step(t->dec, &t->n_dec, path, "decoder",
+                        (step){DEC_REPLACE, strdup(pat), strdup(c->valuestring), 0, 0});
+    }
+    if (!strcmp(ty, "Strip")) {
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(p, "content"),
+                    *a = cJSON_GetObjectItemCaseSensitive(p, "start"),
+                    *b = cJSON_GetObjectItemCaseSensitive(p, "stop");
+        if (!cJSON_IsString(c) || !cJSON_IsNumber(a) || !cJSON_IsNumber(b) || a->valuedouble < 0 ||
+            b->valuedouble < 0 || a->valuedouble > 1e6 || b->valuedouble > 1e6)
+            return sl_fail(SL_ERR_FORMAT, "%s: decoder Strip needs 'content', 'start' and 'stop'", path);
+        return add_step(t->dec, &t->n_dec, path, "decoder",
+                        (step){DEC_STRIP, strdup(c->valuestring), 0, a->valueint, b->valueint});
+    }
+    if (!strcmp(ty, "Metaspace")) {
+        const cJSON *rep = cJSON_GetObjectItemCaseSensitive(p, "replacement"),
+                    *ps = cJSON_GetObjectItemCaseSensitive(p, "prepend_scheme"),
+                    *aps = cJSON_GetObjectItemCaseSensitive(p, "add_prefix_space");
+        int never = (cJSON_IsString(ps) && !strcmp(ps->valuestring, "never")) || cJSON_IsFalse(aps);
+        return add_step(t->dec, &t->n_dec, path, "decoder",
+                        (step){DEC_METASPACE, strdup(cJSON_IsString(rep) ? rep->valuestring : "\xE2\x96\x81"),
+                               0, never ? PREPEND_NEVER : PREPEND_ALWAYS, 0});
+    }
+    return sl_fail(
+        SL_ERR_UNSUPPORTED,
+        "%s: decoder '%s' is not supported (ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace)", path,
+        ty);
+}
+
 static int cmp_added_len(const void *a, const void *b) {
     const added_tok *x = a, *y = b;
     size_t lx = strlen(x->content), ly = strlen(y->content);
@@ -251,9 +425,17 @@ static sl_status parse(sl_hf_tokenizer *t, const char *path, const cJSON *r) {
     if (mt && (!cJSON_IsString(mt) || strcmp(mt->valuestring, "BPE") != 0))
         return sl_fail(SL_ERR_UNSUPPORTED, "%s: model type '%s' is not supported (BPE only)", path,
                        cJSON_IsString(mt) ? mt->valuestring : "?");
-    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "byte_fallback")))
+    t->byte_fallback = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "byte_fallback"));
+    t->fuse_unk = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "fuse_unk"));
+    const cJSON *cs = cJSON_GetObjectItemCaseSensitive(model, "continuing_subword_prefix"),
+                *ew = cJSON_GetObjectItemCaseSensitive(model, "end_of_word_suffix"),
+                *dr = cJSON_GetObjectItemCaseSensitive(model, "dropout");
+    if ((cJSON_IsString(cs) && cs->valuestring[0]) || (cJSON_IsString(ew) && ew->valuestring[0]))
         return sl_fail(SL_ERR_UNSUPPORTED,
-                       "%s: model.byte_fallback (SentencePiece-style BPE) is not supported", path);
+                       "%s: model.continuing_subword_prefix / end_of_word_suffix are not supported", path);
+    if (cJSON_IsNumber(dr) && dr->valuedouble > 0)
+        return sl_fail(SL_ERR_UNSUPPORTED, "%s: model.dropout is not supported (deterministic encoding only)",
+                       path);
     t->ignore_merges = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "ignore_merges"));
     const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab"),
                 *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
@@ -336,36 +518,43 @@ static sl_status parse(sl_hf_tokenizer *t, const char *path, const cJSON *r) {
         }
         rank++;
     }
-    const cJSON *norm = cJSON_GetObjectItemCaseSensitive(r, "normalizer");
-    if (norm && !cJSON_IsNull(norm)) {
-        const cJSON *nt = cJSON_GetObjectItemCaseSensitive(norm, "type");
-        const cJSON *one = norm;
-        if (cJSON_IsString(nt) && !strcmp(nt->valuestring, "Sequence")) {
-            const cJSON *l = cJSON_GetObjectItemCaseSensitive(norm, "normalizers");
-            one = cJSON_GetArraySize(l) == 1 ? cJSON_GetArrayItem(l, 0) : NULL;
-            nt = cJSON_GetObjectItemCaseSensitive(one, "type");
-            if (cJSON_GetArraySize(l) == 0) nt = NULL, one = NULL;
-        }
-        if (one) {
-            if (!cJSON_IsString(nt) || strcmp(nt->valuestring, "NFC") != 0)
-                return sl_fail(SL_ERR_UNSUPPORTED, "%s: normalizer '%s' is not supported (none or NFC)", path,
-                               cJSON_IsString(nt) ? nt->valuestring : "?");
-            t->nfc = 1;
-        }
-    }
+    SL_TRY(parse_norm(t, path, cJSON_GetObjectItemCaseSensitive(r, "normalizer")));
     SL_TRY(parse_pretok(t, path, cJSON_GetObjectItemCaseSensitive(r, "pre_tokenizer")));
-    if (!t->byte_level)
-        return sl_fail(SL_ERR_UNSUPPORTED,
-                       "%s: pre_tokenizer has no ByteLevel step (only byte-level BPE is supported)", path);
-    const cJSON *dec = cJSON_GetObjectItemCaseSensitive(r, "decoder"),
-                *dt = cJSON_GetObjectItemCaseSensitive(dec, "type");
-    if (dec && !cJSON_IsNull(dec) && (!cJSON_IsString(dt) || strcmp(dt->valuestring, "ByteLevel") != 0))
-        return sl_fail(SL_ERR_UNSUPPORTED, "%s: decoder '%s' is not supported (ByteLevel)", path,
-                       cJSON_IsString(dt) ? dt->valuestring : "?");
-    for (int b = 0; b < 256; b++)
-        if (strmap_get(&t->vocab, t->byte_str[b], strlen(t->byte_str[b])) < 0)
-            return sl_fail(SL_ERR_FORMAT, "%s: model.vocab lacks the byte-level symbol for byte 0x%02x", path,
-                           b);
+    SL_TRY(parse_dec(t, path, cJSON_GetObjectItemCaseSensitive(r, "decoder")));
+    if (t->byte_level && !t->n_dec) t->dec[t->n_dec++] = (step){DEC_BYTELEVEL, 0, 0, 0, 0};
+    for (int i = 0; i < t->n_dec; i++)
+        if ((t->dec[i].kind == DEC_BYTELEVEL) != t->byte_level)
+            return sl_fail(SL_ERR_UNSUPPORTED,
+                           t->byte_level
+                               ? "%s: decoder: a ByteLevel pre-tokenizer needs the ByteLevel decoder"
+                               : "%s: decoder: ByteLevel without a ByteLevel pre-tokenizer",
+                           path);
+    if (t->byte_level) {
+        if (t->meta)
+            return sl_fail(SL_ERR_UNSUPPORTED, "%s: pre_tokenizer: Metaspace together with ByteLevel", path);
+        for (int b = 0; b < 256; b++)
+            if (strmap_get(&t->vocab, t->byte_str[b], strlen(t->byte_str[b])) < 0)
+                return sl_fail(SL_ERR_FORMAT, "%s: model.vocab lacks the byte-level symbol for byte 0x%02x",
+                               path, b);
+    } else {
+        if (t->n_split)
+            return sl_fail(SL_ERR_UNSUPPORTED, "%s: pre_tokenizer Split without ByteLevel is not supported",
+                           path);
+        for (int b = 0; b < 256; b++) {
+            char bt[8];
+            snprintf(bt, sizeof bt, "<0x%02X>", b);
+            t->byte_tok[b] = strmap_get(&t->vocab, bt, 6);
+            if (t->byte_fallback && t->byte_tok[b] < 0)
+                return sl_fail(SL_ERR_FORMAT, "%s: model.byte_fallback is set but model.vocab lacks '%s'",
+                               path, bt);
+        }
+        const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
+        t->unk_id =
+            cJSON_IsString(unk) ? strmap_get(&t->vocab, unk->valuestring, strlen(unk->valuestring)) : -1;
+        if (cJSON_IsString(unk) && t->unk_id < 0)
+            return sl_fail(SL_ERR_FORMAT, "%s: model.unk_token '%s' is not in model.vocab", path,
+                           unk->valuestring);
+    }
     return parse_post(t, path, cJSON_GetObjectItemCaseSensitive(r, "post_processor"));
 }
 
@@ -374,6 +563,31 @@ sl_status sl_hf_tokenizer_load(const char *path, sl_hf_tokenizer **out) {
     char *text = NULL;
     size_t len = 0;
     SL_TRY(sl_file_read_all(path, &text, &len));
+    size_t lead = 0;
+    while (lead < len &&
+           (text[lead] == ' ' || text[lead] == '\n' || text[lead] == '\r' || text[lead] == '\t'))
+        lead++;
+    size_t pl = strlen(path);
+    int json_name = pl >= 5 && !strcmp(path + pl - 5, ".json");
+    if (len && !json_name &&
+        (lead == len || (text[lead] != '{' && text[lead] != '['))) { /* tokenizer.model */
+        sl_hf_tokenizer *t = calloc(1, sizeof *t);
+        sl_status st = t ? sl__sp_parse((const uint8_t *)text, len, path, &t->sp)
+                         : sl_fail(SL_ERR_NOMEM, "tokenizer: out of memory");
+        free(text);
+        if (st == SL_OK) {
+            t->n_ids = t->sp->n;
+            if (!(t->id_tok = malloc(sizeof(char *) * (size_t)t->n_ids)))
+                st = sl_fail(SL_ERR_NOMEM, "tokenizer: out of memory");
+            for (int i = 0; st == SL_OK && i < t->n_ids; i++) t->id_tok[i] = t->sp->piece[i];
+        }
+        if (st != SL_OK) {
+            sl_hf_tokenizer_free(t);
+            return st;
+        }
+        *out = t;
+        return SL_OK;
+    }
     cJSON *r = cJSON_ParseWithLength(text, len);
     free(text);
     if (!r || !cJSON_IsObject(r)) {
@@ -488,22 +702,174 @@ static sl_status pretok(const sl_hf_tokenizer *t, int k, const unsigned char *s,
     return SL_OK;
 }
 
+/* normalizer steps over [s, s+n): *out malloc'd (NUL-terminated) */
+static sl_status normalize(const sl_hf_tokenizer *t, const char *s, size_t n, char **out, size_t *len) {
+    char *cur = malloc(n + 1);
+    if (!cur) return sl_fail(SL_ERR_NOMEM, "tokenizer: out of memory");
+    memcpy(cur, s, n);
+    cur[n] = 0;
+    size_t cl = n;
+    for (int k = 0; k < t->n_norm; k++) {
+        const step *st = &t->norm[k];
+        char *nx = NULL;
+        size_t nl = 0;
+        if (st->kind == NORM_NFC || st->kind == NORM_NFKC) {
+            utf8proc_uint8_t *m = NULL;
+            utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)cur, (utf8proc_ssize_t)cl, &m,
+                                              UTF8PROC_STABLE | UTF8PROC_COMPOSE |
+                                                  (st->kind == NORM_NFKC ? UTF8PROC_COMPAT : 0));
+            if (r < 0) {
+                free(cur);
+                return sl_fail(SL_ERR_INVALID, "tokenizer: text is not valid UTF-8 (%s)", utf8proc_errmsg(r));
+            }
+            nx = (char *)m;
+            nl = (size_t)r;
+        } else if (st->kind == NORM_PREPEND) {
+            if (!cl) continue;
+            size_t pl = strlen(st->a);
+            if ((nx = malloc(pl + cl + 1))) {
+                memcpy(nx, st->a, pl);
+                memcpy(nx + pl, cur, cl + 1);
+                nl = pl + cl;
+            }
+        } else { /* NORM_REPLACE */
+            size_t pl = strlen(st->a), rl = strlen(st->b), cnt = 0;
+            for (const char *q = cur; (q = strstr(q, st->a)); q += pl) cnt++;
+            if ((nx = malloc(cl + cnt * rl + 1))) {
+                const char *q = cur, *h;
+                while ((h = strstr(q, st->a))) {
+                    memcpy(nx + nl, q, (size_t)(h - q));
+                    nl += (size_t)(h - q);
+                    memcpy(nx + nl, st->b, rl);
+                    nl += rl;
+                    q = h + pl;
+                }
+                memcpy(nx + nl, q, cl - (size_t)(q - cur) + 1);
+                nl += cl - (size_t)(q - cur);
+            }
+        }
+        free(cur);
+        if (!nx) return sl_fail(SL_ERR_NOMEM, "tokenizer: out of memory");
+        cur = nx;
+        cl = nl;
+    }
+    *out = cur;
+    *len = cl;
+    return SL_OK;
+}
+
+typedef struct {
+    const sl_hf_tokenizer *t;
+} hf_ctx;
+
+static int hf_pair(const void *ctx, const sl__bpe_sym *a, const sl__bpe_sym *b, double *prio,
+                   int32_t *merged) {
+    const sl_hf_tokenizer *t = ((const hf_ctx *)ctx)->t;
+    if (a->id < 0 || b->id < 0) return 0;
+    size_t slot = pair_slot(&t->merges, pair_key(a->id, b->id));
+    if (!t->merges.keys[slot]) return 0;
+    *prio = t->merges.rank[slot];
+    *merged = t->merges.merged[slot];
+    return 1;
+}
+
+/* BPE over U+2581 pieces with byte fallback and fused unknowns (`tokenizers` BPE::merge_word) */
+static sl_status bpe_chars(const sl_hf_tokenizer *t, const char *s, size_t n, idvec *out) {
+    if (!n) return SL_OK;
+    int whole = t->ignore_merges ? strmap_get(&t->vocab, s, n) : -1;
+    if (whole >= 0) return push(out, whole) ? SL_OK : sl_fail(SL_ERR_NOMEM, "tokenizer: out of memory");
+    sl__bpe_sym *sym = malloc(sizeof *sym * n * 1);
+    if (!sym) return sl_fail(SL_ERR_NOMEM, "tokenizer: out of memory");
+    int ns = 0, unk_open = 0;
+    sl_status st = SL_OK;
+    for (size_t i = 0; i < n && st == SL_OK;) {
+        utf8proc_int32_t cp;
+        utf8proc_ssize_t k =
+            utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &cp);
+        size_t cl = k > 0 ? (size_t)k : 1;
+        int id = strmap_get(&t->vocab, s + i, cl);
+        if (id >= 0) {
+            sym[ns] = (sl__bpe_sym){id, (uint32_t)i, (uint32_t)cl, ns - 1, -1, -1, 0};
+            ns++;
+            unk_open = 0;
+        } else if (t->byte_fallback) {
+            for (size_t b = 0; b < cl; b++, ns++)
+                sym[ns] = (sl__bpe_sym){
+                    t->byte_tok[(unsigned char)s[i + b]], (uint32_t)(i + b), 1, ns - 1, -1, -1, 0};
+            unk_open = 0;
+        } else if (t->unk_id >= 0) {
+            if (unk_open && t->fuse_unk) {
+                sym[ns - 1].len += (uint32_t)cl;
+            } else {
+                sym[ns] = (sl__bpe_sym){t->unk_id, (uint32_t)i, (uint32_t)cl, ns - 1, -1, -1, 0};
+                ns++;
+            }
+            unk_open = 1;
+        } else {
+            st = sl_fail(SL_ERR_INVALID,
+                         "tokenizer: character at byte %zu is not in the vocabulary and the model "
+                         "has no unk_token",
+                         i);
+        }
+        i += cl;
+    }
+    for (int i = 0; i < ns; i++) sym[i].next = i + 1 < ns ? i + 1 : -1;
+    hf_ctx c = {t};
+    if (st == SL_OK) st = sl__bpe_merge(sym, ns, hf_pair, &c, NULL);
+    for (int i = 0; st == SL_OK && ns && i >= 0; i = sym[i].next)
+        if (!push(out, sym[i].id)) st = sl_fail(SL_ERR_NOMEM, "tokenizer: out of memory");
+    free(sym);
+    return st;
+}
+
+/* Metaspace: ' ' -> replacement, prepend by scheme, split before each replacement (MergedWithNext) */
+static sl_status metaspace(const sl_hf_tokenizer *t, const char *s, size_t n, int first, idvec *out) {
+    const char *rep = t->meta_rep;
+    size_t rl = strlen(rep), cnt = 0;
+    for (size_t i = 0; i < n; i++) cnt += s[i] == ' ';
+    char *b = malloc(n + (cnt + 1) * rl + 1);
+    if (!b) return sl_fail(SL_ERR_NOMEM, "tokenizer: out of memory");
+    size_t bl = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == ' ') {
+            memcpy(b + bl, rep, rl);
+            bl += rl;
+        } else {
+            b[bl++] = s[i];
+        }
+    }
+    int starts = bl >= rl && !memcmp(b, rep, rl);
+    if (!starts && (t->meta_prepend == PREPEND_ALWAYS || (t->meta_prepend == PREPEND_FIRST && first))) {
+        memmove(b + rl, b, bl);
+        memcpy(b, rep, rl);
+        bl += rl;
+    }
+    sl_status st = SL_OK;
+    size_t w = 0;
+    for (size_t i = 1; t->meta_split && i + rl <= bl && st == SL_OK; i++)
+        if (!memcmp(b + i, rep, rl)) {
+            st = bpe_chars(t, b + w, i - w, out);
+            w = i;
+        }
+    if (st == SL_OK) st = bpe_chars(t, b + w, bl - w, out);
+    free(b);
+    return st;
+}
+
 static sl_status encode_segment(const sl_hf_tokenizer *t, const char *s, size_t n, int first, idvec *out,
                                 pcre2_match_data *md) {
     if (!n) return SL_OK;
-    unsigned char *norm = NULL;
-    const unsigned char *p = (const unsigned char *)s;
-    size_t len = n;
-    if (t->nfc) {
-        utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &norm,
-                                          UTF8PROC_STABLE | UTF8PROC_COMPOSE);
-        if (r < 0)
-            return sl_fail(SL_ERR_INVALID, "tokenizer: text is not valid UTF-8 (%s)", utf8proc_errmsg(r));
-        p = norm;
-        len = (size_t)r;
-    }
+    char *norm = NULL;
+    size_t len = 0;
+    SL_TRY(normalize(t, s, n, &norm, &len));
+    const unsigned char *p = (const unsigned char *)norm;
     sl_status st = SL_OK;
     unsigned char *tmp = NULL;
+    if (!t->byte_level) {
+        st = t->meta ? metaspace(t, norm, len, first, out) : bpe_chars(t, norm, len, out);
+        free(norm);
+        return st;
+    }
     if (t->add_prefix_space && first && len && p[0] != ' ') {
         tmp = malloc(len + 1);
         if (!tmp)
@@ -523,9 +889,13 @@ static sl_status encode_segment(const sl_hf_tokenizer *t, const char *s, size_t 
 
 sl_status sl_hf_tokenizer_encode(const sl_hf_tokenizer *t, const char *text, int add_special, int32_t **ids,
                                  int *n) {
+    return sl__hf_tokenizer_encode_n(t, text, strlen(text), add_special, ids, n);
+}
+
+sl_status sl__hf_tokenizer_encode_n(const sl_hf_tokenizer *t, const char *text, size_t len, int add_special,
+                                    int32_t **ids, int *n) {
     *ids = NULL;
     *n = 0;
-    size_t len = strlen(text);
     /* the regex engine runs in UTF mode without re-checking: reject invalid input up front */
     for (size_t i = 0; i < len;) {
         utf8proc_int32_t cp;
@@ -536,6 +906,20 @@ sl_status sl_hf_tokenizer_encode(const sl_hf_tokenizer *t, const char *text, int
     }
     idvec v = {0};
     sl_status st = SL_OK;
+    if (t->sp) {
+        if (add_special && t->sp->bos_id >= 0 && !push(&v, t->sp->bos_id))
+            return sl_fail(SL_ERR_NOMEM, "tokenizer: out of memory");
+        st = sl__sp_encode(t->sp, text, len, &v.ids, &v.n, &v.cap);
+        if (st != SL_OK) {
+            free(v.ids);
+            return st;
+        }
+        if (!v.ids) v.ids = malloc(sizeof(int32_t));
+        if (!v.ids) return sl_fail(SL_ERR_NOMEM, "tokenizer: out of memory");
+        *ids = v.ids;
+        *n = v.n;
+        return SL_OK;
+    }
     pcre2_match_data *md = pcre2_match_data_create(4, NULL);
     if (!md) return sl_fail(SL_ERR_NOMEM, "tokenizer: out of memory");
     if (add_special)
@@ -575,16 +959,54 @@ sl_status sl_hf_tokenizer_encode(const sl_hf_tokenizer *t, const char *text, int
     return SL_OK;
 }
 
-int sl_hf_tokenizer_decode_one(const sl_hf_tokenizer *t, int32_t id, char *buf, int cap) {
-    if (id < 0 || id >= t->n_ids || !t->id_tok[id]) return -1;
-    const char *s = t->id_tok[id];
+static int is_added(const sl_hf_tokenizer *t, int32_t id, int *special) {
     for (int a = 0; a < t->n_added; a++)
         if (t->added[a].id == id) {
-            int l = (int)strlen(s);
-            if (l > cap) l = cap;
-            memcpy(buf, s, (size_t)l);
-            return l;
+            if (special) *special = t->added[a].special;
+            return 1;
         }
+    return 0;
+}
+
+/* <0xNN> -> NN, else -1 */
+static int byte_token(const char *s) {
+    unsigned v;
+    char c[8];
+    if (strlen(s) != 6 || sscanf(s, "<0x%2X", &v) != 1) return -1;
+    snprintf(c, sizeof c, "<0x%02X>", v);
+    return strcmp(c, s) ? -1 : (int)v;
+}
+
+int sl_hf_tokenizer_decode_one(const sl_hf_tokenizer *t, int32_t id, char *buf, int cap) {
+    if (t->sp) return sl__sp_decode_one(t->sp, id, buf, cap);
+    if (id < 0 || id >= t->n_ids || !t->id_tok[id]) return -1;
+    const char *s = t->id_tok[id];
+    if (cap <= 0) return 0;
+    if (is_added(t, id, NULL)) {
+        int l = (int)strlen(s);
+        if (l > cap) l = cap;
+        memcpy(buf, s, (size_t)l);
+        return l;
+    }
+    if (!t->byte_level) { /* U+2581 pieces: the byte of <0xNN>, else the piece with the replacement as ' ' */
+        int b = t->byte_fallback ? byte_token(s) : -1;
+        if (b >= 0) {
+            buf[0] = (char)b;
+            return 1;
+        }
+        const char *rep = t->meta ? t->meta_rep : "\xE2\x96\x81";
+        size_t rl = strlen(rep), n = strlen(s);
+        int w = 0;
+        for (size_t i = 0; i < n && w < cap;) {
+            if (n - i >= rl && !memcmp(s + i, rep, rl)) {
+                buf[w++] = ' ';
+                i += rl;
+            } else {
+                buf[w++] = s[i++];
+            }
+        }
+        return w;
+    }
     int n = 0;
     const utf8proc_uint8_t *p = (const utf8proc_uint8_t *)s;
     utf8proc_ssize_t len = (utf8proc_ssize_t)strlen(s);
@@ -599,9 +1021,174 @@ int sl_hf_tokenizer_decode_one(const sl_hf_tokenizer *t, int32_t id, char *buf, 
     return n;
 }
 
+/* ---------------- sequence decoding ---------------- */
+
+typedef struct {
+    char **s;
+    int n;
+} strvec;
+
+static void sv_free(strvec *v) {
+    for (int i = 0; i < v->n; i++) free(v->s[i]);
+    free(v->s);
+}
+
+/* replace every occurrence of a by b in *s */
+static int str_replace(char **s, const char *a, const char *b) {
+    size_t al = strlen(a), bl = strlen(b), cnt = 0, n = strlen(*s);
+    for (const char *q = *s; (q = strstr(q, a)); q += al) cnt++;
+    if (!cnt) return 1;
+    char *r = malloc(n + cnt * bl + 1), *w = r;
+    if (!r) return 0;
+    const char *q = *s, *h;
+    while ((h = strstr(q, a))) {
+        memcpy(w, q, (size_t)(h - q));
+        w += h - q;
+        memcpy(w, b, bl);
+        w += bl;
+        q = h + al;
+    }
+    strcpy(w, q);
+    free(*s);
+    *s = r;
+    return 1;
+}
+
+static int dec_step(const sl_hf_tokenizer *t, const step *d, strvec *v) {
+    if (d->kind == DEC_REPLACE) {
+        for (int i = 0; i < v->n; i++)
+            if (!str_replace(&v->s[i], d->a, d->b)) return 0;
+    } else if (d->kind == DEC_BYTELEVEL) {
+        for (int i = 0; i < v->n; i++) {
+            const utf8proc_uint8_t *p = (const utf8proc_uint8_t *)v->s[i];
+            utf8proc_ssize_t len = (utf8proc_ssize_t)strlen(v->s[i]);
+            char *o = malloc((size_t)len + 1);
+            size_t k = 0;
+            if (!o) return 0;
+            while (len > 0) {
+                utf8proc_int32_t cp;
+                utf8proc_ssize_t c = utf8proc_iterate(p, len, &cp);
+                if (c <= 0) break;
+                if (cp >= 0 && cp < 512 && t->cp_byte[cp] >= 0) o[k++] = (char)t->cp_byte[cp];
+                p += c;
+                len -= c;
+            }
+            o[k] = 0;
+            free(v->s[i]);
+            v->s[i] = o;
+        }
+    } else if (d->kind ==
+               DEC_BYTEFALLBACK) { /* runs of <0xNN>: one string if valid UTF-8, else U+FFFD each */
+        int w = 0;
+        for (int i = 0; i < v->n;) {
+            if (byte_token(v->s[i]) < 0) {
+                v->s[w++] = v->s[i++];
+                continue;
+            }
+            int j = i;
+            while (j < v->n && byte_token(v->s[j]) >= 0) j++;
+            char *b = malloc((size_t)(j - i) * 3 + 1);
+            if (!b) return 0;
+            for (int k = i; k < j; k++) b[k - i] = (char)byte_token(v->s[k]);
+            b[j - i] = 0;
+            int valid = utf8proc_decompose((const utf8proc_uint8_t *)b, j - i, NULL, 0, 0) >= 0 &&
+                        (int)strlen(b) == j - i;
+            for (int k = i; k < j; k++) free(v->s[k]);
+            if (valid) {
+                v->s[w++] = b;
+            } else {
+                free(b);
+                for (int k = i; k < j; k++) v->s[w++] = strdup("\xEF\xBF\xBD");
+            }
+            i = j;
+        }
+        v->n = w;
+        for (int i = 0; i < w; i++)
+            if (!v->s[i]) return 0;
+    } else if (d->kind == DEC_FUSE) {
+        size_t tot = 0;
+        for (int i = 0; i < v->n; i++) tot += strlen(v->s[i]);
+        char *f = malloc(tot + 1), *w = f;
+        if (!f) return 0;
+        for (int i = 0; i < v->n; i++) {
+            size_t l = strlen(v->s[i]);
+            memcpy(w, v->s[i], l);
+            w += l;
+            free(v->s[i]);
+        }
+        *w = 0;
+        v->s[0] = f;
+        v->n = 1;
+    } else if (d->kind == DEC_STRIP) {
+        size_t cl = strlen(d->a);
+        for (int i = 0; i < v->n && cl; i++) {
+            char *x = v->s[i];
+            size_t n = strlen(x), a = 0;
+            for (int k = 0; k < d->start && n - a >= cl && !memcmp(x + a, d->a, cl); k++) a += cl;
+            for (int k = 0; k < d->stop && n - a >= cl && !memcmp(x + n - cl, d->a, cl); k++) n -= cl;
+            memmove(x, x + a, n - a);
+            x[n - a] = 0;
+        }
+    } else { /* DEC_METASPACE: replacement -> ' ', dropped altogether in the first token */
+        for (int i = 0; i < v->n; i++)
+            if (!str_replace(&v->s[i], d->a, i == 0 && d->start != PREPEND_NEVER ? "" : " ")) return 0;
+    }
+    return 1;
+}
+
+sl_status sl_hf_tokenizer_decode(const sl_hf_tokenizer *t, const int32_t *ids, int n, int skip_special,
+                                 char **out, size_t *len) {
+    *out = NULL;
+    *len = 0;
+    if (t->sp) return sl__sp_decode(t->sp, ids, n, out, len);
+    strvec v = {calloc((size_t)(n > 0 ? n : 1), sizeof(char *)), 0};
+    if (!v.s) return sl_fail(SL_ERR_NOMEM, "tokenizer: out of memory");
+    for (int i = 0; i < n; i++) {
+        int special = 0;
+        if (ids[i] < 0 || ids[i] >= t->n_ids || !t->id_tok[ids[i]]) {
+            sv_free(&v);
+            return sl_fail(SL_ERR_INVALID, "tokenizer: id %d is not in the vocabulary", ids[i]);
+        }
+        if (is_added(t, ids[i], &special) && special && skip_special) continue;
+        if (!(v.s[v.n++] = strdup(t->id_tok[ids[i]]))) {
+            sv_free(&v);
+            return sl_fail(SL_ERR_NOMEM, "tokenizer: out of memory");
+        }
+    }
+    /* added tokens are emitted verbatim by tokenizers' decoders too: only the model's tokens decode */
+    int ok = 1;
+    for (int k = 0; k < t->n_dec && ok && v.n; k++) ok = dec_step(t, &t->dec[k], &v);
+    size_t tot = 0;
+    for (int i = 0; ok && i < v.n; i++) tot += strlen(v.s[i]);
+    char *r = ok ? malloc(tot + 1) : NULL;
+    if (r) {
+        size_t w = 0;
+        for (int i = 0; i < v.n; i++) {
+            size_t l = strlen(v.s[i]);
+            memcpy(r + w, v.s[i], l);
+            w += l;
+        }
+        r[w] = 0;
+        *out = r;
+        *len = w;
+    }
+    sv_free(&v);
+    return r ? SL_OK : sl_fail(SL_ERR_NOMEM, "tokenizer: out of memory");
+}
+
 int sl_hf_tokenizer_vocab_size(const sl_hf_tokenizer *t) { return t->n_ids; }
 
+const char *sl__hf_tokenizer_piece(const sl_hf_tokenizer *t, int32_t id) {
+    return id >= 0 && id < t->n_ids ? t->id_tok[id] : NULL;
+}
+
+int sl__hf_tokenizer_is_model(const sl_hf_tokenizer *t) { return t->sp != NULL; }
+
 int sl_hf_tokenizer_token_id(const sl_hf_tokenizer *t, const char *tok) {
+    if (t->sp) {
+        int id = sl__sp_piece_to_id(t->sp, tok, strlen(tok));
+        return id == t->sp->unk_id && strcmp(t->sp->piece[id], tok) ? -1 : id;
+    }
     for (int a = 0; a < t->n_added; a++)
         if (!strcmp(t->added[a].content, tok)) return t->added[a].id;
     return strmap_get(&t->vocab, tok, strlen(tok));

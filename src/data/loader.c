@@ -117,9 +117,12 @@ sl_status sl_dataset_open(const char *dir, const char *split, sl_dataset **out) 
         goto done;
     }
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    if (access(path, F_OK) != 0) snprintf(path, sizeof path, "%s/tokenizer.model", dir);
     if (access(path, F_OK) == 0) {
-        int tv;
-        SL_CHECK(sl__tokenizer_json_vocab(path, &tv));
+        sl_tokenizer *tok;
+        SL_CHECK(sl_tokenizer_load(path, &tok));
+        int tv = sl_tokenizer_vocab_size(tok);
+        sl_tokenizer_free(tok);
         if (tv != ds->vocab) {
             st = sl_fail(SL_ERR_FORMAT, "%s: vocab_size %d does not match the %s shards' vocab_size %d", path,
                          tv, split, ds->vocab);

@@ -77,17 +77,22 @@ sl_status sl_data_prepare(const sl_prepare_opts *o) {
     if (!o->output_dir || !*o->output_dir)
         return sl_fail(SL_ERR_INVALID, "prepare: --output-prefix is required");
     const char *tt = o->tokenizer_type ? o->tokenizer_type : "byte";
-    int is_bpe;
-    if (!strcmp(tt, "byte"))
+    const char *tf = o->tokenizer_file && *o->tokenizer_file ? o->tokenizer_file : NULL;
+    int is_bpe = 0;
+    if (tf)
+        tt = "file";
+    else if (!strcmp(tt, "byte"))
         is_bpe = 0;
     else if (!strcmp(tt, "bpe"))
         is_bpe = 1;
     else
         return sl_fail(SL_ERR_INVALID, "prepare: unknown tokenizer type '%s' (expected byte or bpe)", tt);
+    if (tf && o->vocab_size != 0)
+        return sl_fail(SL_ERR_INVALID, "prepare: --vocab-size does not apply to --tokenizer-file %s", tf);
     if (is_bpe && (o->vocab_size < 257 || o->vocab_size > SL_BPE_MAX_VOCAB))
         return sl_fail(SL_ERR_INVALID, "prepare: vocab size %d out of range for bpe: [257, %d]",
                        o->vocab_size, SL_BPE_MAX_VOCAB);
-    if (!is_bpe && o->vocab_size != 0 && o->vocab_size != 256)
+    if (!tf && !is_bpe && o->vocab_size != 0 && o->vocab_size != 256)
         return sl_fail(SL_ERR_INVALID, "prepare: the byte tokenizer has vocab size 256, not %d",
                        o->vocab_size);
     double vf = o->val_fraction == 0 ? 0.1 : o->val_fraction;
@@ -127,7 +132,12 @@ sl_status sl_data_prepare(const sl_prepare_opts *o) {
         goto done;
     }
     double t1 = sl_time_sec();
-    if (is_bpe)
+    if (tf) {
+        SL_CHECK(sl_tokenizer_load(tf, &tok));
+        if (strcmp(sl_tokenizer_type(tok), "byte") && strcmp(sl_tokenizer_type(tok), "bpe"))
+            while (ntrain > 1 && ((unsigned char)text[ntrain] & 0xC0) == 0x80) ntrain--; /* UTF-8 boundary */
+        nval = len - ntrain;
+    } else if (is_bpe)
         SL_CHECK(sl_tokenizer_train_bpe(text, ntrain, o->vocab_size, &tok));
     else
         SL_CHECK(sl_tokenizer_new_byte(&tok));
@@ -139,7 +149,8 @@ sl_status sl_data_prepare(const sl_prepare_opts *o) {
     SL_CHECK(write_split(sg, o->output_dir, "train", tr, ntr, V, per_shard, &S.train_shards));
     SL_CHECK(write_split(sg, o->output_dir, "val", va, nva, V, per_shard, &S.val_shards));
     char *tmp;
-    SL_CHECK(stage_path(sg, o->output_dir, "tokenizer.json", &tmp));
+    const char *tname = sl_tokenizer_file_name(tok);
+    SL_CHECK(stage_path(sg, o->output_dir, tname, &tmp));
     SL_CHECK(sl_tokenizer_save(tok, tmp));
     /* commit */
     for (int i = 0; i < sg->n; i++) {
@@ -150,6 +161,12 @@ sl_status sl_data_prepare(const sl_prepare_opts *o) {
         }
     }
     sg->n = 0;
+    { /* the loader prefers tokenizer.json: never leave one of an earlier prepare next to a tokenizer.model */
+        char other[4200];
+        snprintf(other, sizeof other, "%s/%s", o->output_dir,
+                 strcmp(tname, "tokenizer.json") ? "tokenizer.json" : "tokenizer.model");
+        unlink(other);
+    }
     remove_stale(o->output_dir, "train", S.train_shards);
     remove_stale(o->output_dir, "val", S.val_shards);
     sl_fsync_dir(o->output_dir);

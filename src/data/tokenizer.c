@@ -14,6 +14,7 @@
 #include <cjson/cJSON.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "data/data_internal.h"
 
@@ -23,6 +24,8 @@
 
 void sl_tokenizer_free(sl_tokenizer *t) {
     if (!t) return;
+    sl_hf_tokenizer_free(t->hf);
+    free(t->src);
     free(t->merges);
     free(t->off);
     free(t->len);
@@ -151,11 +154,24 @@ done:
     return st;
 }
 
-const char *sl_tokenizer_type(const sl_tokenizer *t) { return t->type == SL_TOK_BYTE ? "byte" : "bpe"; }
+const char *sl_tokenizer_type(const sl_tokenizer *t) {
+    if (t->type == SL_TOK_HF) return sl__hf_tokenizer_is_model(t->hf) ? "sentencepiece" : "hf";
+    return t->type == SL_TOK_BYTE ? "byte" : "bpe";
+}
 int sl_tokenizer_vocab_size(const sl_tokenizer *t) { return t->vocab; }
+
+const char *sl_tokenizer_file_name(const sl_tokenizer *t) {
+    return t->type == SL_TOK_HF && sl__hf_tokenizer_is_model(t->hf) ? "tokenizer.model" : "tokenizer.json";
+}
 
 int sl_tokenizer_decode_token(const sl_tokenizer *t, int32_t id, char *buf, int cap) {
     if (id < 0 || id >= t->vocab) return -1;
+    if (t->type == SL_TOK_HF) {
+        char tmp[1024];
+        int k = sl_hf_tokenizer_decode_one(t->hf, id, tmp, sizeof tmp);
+        if (k > 0 && cap > 0) memcpy(buf, tmp, (size_t)(k < cap ? k : cap));
+        return k;
+    }
     uint32_t l = t->len[id];
     uint32_t c = cap > 0 ? ((uint32_t)cap < l ? (uint32_t)cap : l) : 0;
     if (c) memcpy(buf, t->bytes + t->off[id], c);
@@ -165,6 +181,11 @@ int sl_tokenizer_decode_token(const sl_tokenizer *t, int32_t id, char *buf, int 
 sl_status sl_tokenizer_decode(const sl_tokenizer *t, const int32_t *ids, int64_t n, char **out, size_t *len) {
     *out = NULL;
     *len = 0;
+    if (t->type == SL_TOK_HF) {
+        if (n > 0x7FFFFFFF)
+            return sl_fail(SL_ERR_INVALID, "tokenizer: %lld ids in one decode call", (long long)n);
+        return sl_hf_tokenizer_decode(t->hf, ids, (int)n, 0, out, len);
+    }
     size_t total = 0;
     for (int64_t i = 0; i < n; i++) {
         if (ids[i] < 0 || ids[i] >= t->vocab)
@@ -235,6 +256,12 @@ sl_status sl_tokenizer_encode(const sl_tokenizer *t, const char *text, size_t le
     *n = 0;
     if (len == 0) return SL_OK;
     if (!text) return sl_fail(SL_ERR_INVALID, "tokenizer: NULL text");
+    if (t->type == SL_TOK_HF) {
+        int k = 0;
+        SL_TRY(sl__hf_tokenizer_encode_n(t->hf, text, len, 0, ids, &k));
+        *n = k;
+        return SL_OK;
+    }
     int32_t *out = malloc(len * sizeof *out); /* never more tokens than bytes */
     if (!out) return sl_fail(SL_ERR_NOMEM, "tokenizer: out of memory encoding %zu bytes", len);
     if (t->type == SL_TOK_BYTE) {
@@ -257,6 +284,7 @@ sl_status sl_tokenizer_encode(const sl_tokenizer *t, const char *text, size_t le
 static const char hexd[] = "0123456789abcdef";
 
 sl_status sl_tokenizer_save(const sl_tokenizer *t, const char *path) {
+    if (t->type == SL_TOK_HF) return sl_file_write_atomic(path, t->src, t->src_len);
     sl_status st = SL_OK;
     char *txt = NULL, *hex = NULL;
     cJSON *root = cJSON_CreateObject();
@@ -319,9 +347,13 @@ static int hexval(char c) {
 static sl_status resolve_path(const char *path, char *buf, size_t cap) {
     struct stat sb;
     if (stat(path, &sb) != 0) return sl_fail(SL_ERR_IO, "%s: tokenizer not found", path);
-    if (S_ISDIR(sb.st_mode))
+    if (S_ISDIR(sb.st_mode)) { /* tokenizer.json, else a SentencePiece tokenizer.model */
         snprintf(buf, cap, "%s/tokenizer.json", path);
-    else
+        if (access(buf, F_OK) != 0) {
+            snprintf(buf, cap, "%s/tokenizer.model", path);
+            if (access(buf, F_OK) != 0) snprintf(buf, cap, "%s/tokenizer.json", path);
+        }
+    } else
         snprintf(buf, cap, "%s", path);
     return SL_OK;
 }
@@ -371,10 +403,47 @@ sl_status sl__tokenizer_json_vocab(const char *path, int *vocab) {
     return st;
 }
 
+/* Note [One tokenizer object]
+ *   sl_tokenizer also holds a Hugging Face tokenizer.json or a SentencePiece tokenizer.model (type "hf" /
+ *   "sentencepiece", SL_TOK_HF): a file that is not JSON, or JSON without suanli's "format" field, is
+ *   loaded with sl_hf_tokenizer_load and encode/decode/save go through it (save writes the file's bytes
+ *   back unchanged), so `data prepare`, the loader and training see one API whatever the file. */
+static sl_status load_hf(const char *path, sl_tokenizer **out) {
+    sl_tokenizer *t = calloc(1, sizeof *t);
+    if (!t) return sl_fail(SL_ERR_NOMEM, "tokenizer: out of memory");
+    t->type = SL_TOK_HF;
+    sl_status st = sl_file_read_all(path, &t->src, &t->src_len);
+    if (st == SL_OK) st = sl_hf_tokenizer_load(path, &t->hf);
+    if (st != SL_OK) {
+        sl_tokenizer_free(t);
+        return st;
+    }
+    t->vocab = sl_hf_tokenizer_vocab_size(t->hf);
+    *out = t;
+    return SL_OK;
+}
+
+/* suanli's own tokenizer.json (or a file parse_json should report on) rather than an HF/SentencePiece one */
+static int is_suanli_json(const char *path) {
+    char *txt;
+    size_t n;
+    if (sl_file_read_all(path, &txt, &n) != SL_OK) return 1; /* let parse_json report it */
+    size_t i = 0;
+    while (i < n && (txt[i] == ' ' || txt[i] == '\n' || txt[i] == '\r' || txt[i] == '\t')) i++;
+    int r;
+    if (i == n || (txt[i] != '{' && txt[i] != '['))
+        r = n == 0; /* not JSON: a tokenizer.model (an empty file is reported as JSON) */
+    else
+        r = memmem(txt, n, "\"" TOK_FORMAT "\"", strlen(TOK_FORMAT) + 2) || !memmem(txt, n, "\"model\"", 7);
+    free(txt);
+    return r;
+}
+
 sl_status sl_tokenizer_load(const char *path_in, sl_tokenizer **out) {
     *out = NULL;
     char path[4096];
     SL_TRY(resolve_path(path_in, path, sizeof path));
+    if (!is_suanli_json(path)) return load_hf(path, out);
     sl_status st;
     int vocab, type;
     int32_t *merges = NULL;
@@ -459,4 +528,69 @@ done:
     }
     *out = t;
     return SL_OK;
+}
+
+/* ---- tokenizer identity (train --init-from: the data's tokenizer must be the model's) ---- */
+
+static const char k_probe[] =
+    "Hello, world! The quick brown fox\n\t  jumps 12345 3.14 don't\r\n"
+    "\xe4\xbd\xa0\xe5\xa5\xbd\xef\xbc\x8c\xe4\xb8\x96\xe7\x95\x8c\xe3\x80\x82 "
+    "\xf0\x9f\x98\x80\xf0\x9f\x91\x8d\xf0\x9f\x8f\xbd int main(void) { return 0; } \xef\xac\x81 caf\xc3\xa9";
+
+/* the stored token string of id (HF/SentencePiece) or its bytes (suanli byte/bpe); 0 if none */
+static int token_of(const sl_tokenizer *t, int32_t id, const char **s, size_t *n) {
+    if (t->type == SL_TOK_HF) {
+        *s = sl__hf_tokenizer_piece(t->hf, id);
+        *n = *s ? strlen(*s) : 0;
+        return *s != NULL;
+    }
+    *s = (const char *)t->bytes + t->off[id];
+    *n = t->len[id];
+    return 1;
+}
+
+sl_status sl_tokenizer_files_match(const char *a, const char *b) {
+    sl_tokenizer *ta = NULL, *tb = NULL;
+    int32_t *ia = NULL, *ib = NULL;
+    int64_t na = 0, nb = 0;
+    sl_status st = sl_tokenizer_load(a, &ta);
+    if (st == SL_OK) st = sl_tokenizer_load(b, &tb);
+    if (st != SL_OK) goto done;
+    if ((ta->type == SL_TOK_HF) != (tb->type == SL_TOK_HF) ||
+        (ta->type != SL_TOK_HF && ta->type != tb->type)) {
+        st = sl_fail(SL_ERR_INVALID, "tokenizers differ: %s is %s, %s is %s", a, sl_tokenizer_type(ta), b,
+                     sl_tokenizer_type(tb));
+        goto done;
+    }
+    if (ta->vocab != tb->vocab) {
+        st = sl_fail(SL_ERR_INVALID, "tokenizers differ: %s has %d tokens, %s has %d", a, ta->vocab, b,
+                     tb->vocab);
+        goto done;
+    }
+    for (int32_t id = 0; id < ta->vocab; id++) {
+        const char *sa, *sb;
+        size_t la, lb;
+        int ha = token_of(ta, id, &sa, &la), hb = token_of(tb, id, &sb, &lb);
+        if (ha != hb || la != lb || (la && memcmp(sa, sb, la))) {
+            st =
+                sl_fail(SL_ERR_INVALID, "tokenizers differ: token %d is '%.*s' in %s but '%.*s' in %s", id,
+                        (int)(la > 40 ? 40 : la), ha ? sa : "", a, (int)(lb > 40 ? 40 : lb), hb ? sb : "", b);
+            goto done;
+        }
+    }
+    SL_CHECK(sl_tokenizer_encode(ta, k_probe, sizeof k_probe - 1, &ia, &na));
+    SL_CHECK(sl_tokenizer_encode(tb, k_probe, sizeof k_probe - 1, &ib, &nb));
+    int64_t k = 0;
+    while (k < na && k < nb && ia[k] == ib[k]) k++;
+    if (k < na || k < nb)
+        st = sl_fail(SL_ERR_INVALID,
+                     "tokenizers differ: same vocabulary, but %s and %s encode a probe text differently "
+                     "(first at id %lld)",
+                     a, b, (long long)k);
+done:
+    free(ia);
+    free(ib);
+    sl_tokenizer_free(ta);
+    sl_tokenizer_free(tb);
+    return st;
 }

@@ -140,9 +140,16 @@ int main(void) {
     expect_bad("{\"normalizer\": {\"type\": \"NFKD\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {}, "
                "\"merges\": []}}",
                "normalizer 'NFKD'");
-    expect_bad("{\"pre_tokenizer\": {\"type\": \"Metaspace\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {}, "
+    expect_bad("{\"pre_tokenizer\": {\"type\": \"Metaspace\", \"prepend_scheme\": \"sometimes\"}, \"model\": "
+               "{\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}",
+               "Metaspace: prepend_scheme");
+    expect_bad("{\"decoder\": {\"type\": \"WordPiece\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {}, "
                "\"merges\": []}}",
-               "Metaspace");
+               "decoder 'WordPiece'");
+    expect_bad(
+        "{\"normalizer\": {\"type\": \"Replace\", \"pattern\": {\"Regex\": \" +\"}, \"content\": \"_\"}, "
+        "\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}",
+        "String");
     expect_bad("{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(\"}, \"behavior\": "
                "\"Isolated\"}, "
                "\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}",
