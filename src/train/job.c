@@ -170,8 +170,9 @@ static sl_status open_data(sl_train_job *j) {
     const char *path = j->o.data.path;
     if (sl_dataset_open(path, "train", &j->train) != SL_OK) return sl_train_bad("%s", sl_errmsg());
     if (sl_dataset_open(path, "val", &j->val) != SL_OK) return sl_train_bad("%s", sl_errmsg());
-    snprintf(j->tokpath, sizeof j->tokpath, "%s/tokenizer.json", path);
-    if (sl_tokenizer_load(j->tokpath, &j->tok) != SL_OK) return sl_train_bad("%s", sl_errmsg());
+    /* the data's tokenizer: tokenizer.json, or tokenizer.model for SentencePiece data */
+    if (sl_tokenizer_load(path, &j->tok) != SL_OK) return sl_train_bad("%s", sl_errmsg());
+    snprintf(j->tokpath, sizeof j->tokpath, "%s/%s", path, sl_tokenizer_file_name(j->tok));
     if (sl_dataset_vocab_size(j->val) != sl_dataset_vocab_size(j->train))
         return sl_train_bad("%s: train and val shards disagree on vocab size", path);
     return SL_OK;
@@ -196,6 +197,15 @@ static sl_status load_init_from(sl_train_job *j, int data_vocab) {
             return sl_train_bad(
                 "--%s conflicts with --init-from (the architecture comes from %s/config.json)", names[i],
                 dir);
+    /* the model dir's config first (its errors name config.json), then the data must be tokenized with the
+     * model's own tokenizer (issue 19), before the weights are read */
+    sl_llama_config probe;
+    if (sl_hf_load_config(dir, &probe, NULL) != SL_OK) return sl_train_bad("--init-from: %s", sl_errmsg());
+    if (sl_tokenizer_files_match(o->data.path, dir) != SL_OK)
+        return sl_train_bad(
+            "--init-from: the data was not tokenized with the model's tokenizer (prepare it with "
+            "`suanli data prepare --tokenizer-file %s/tokenizer.json`): %s",
+            dir, sl_errmsg());
     if (sl_hf_load_on(dir, SL_F32, j->be, &j->m, &j->hf_info) != SL_OK)
         return sl_train_bad("--init-from: %s", sl_errmsg());
     sl_model *m = j->m;

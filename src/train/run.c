@@ -288,7 +288,8 @@ static sl_status save_final(const sl_train_job *j, const sl_train_result *r) {
              "{\"steps\": %lld, \"val_loss\": %.6f, \"seq_length\": %lld, \"seed\": %lld}",
              (long long)r->steps, isfinite(r->val_loss) ? r->val_loss : -1.0, (long long)o->data.seq_length,
              (long long)o->seed);
-    snprintf(tp, sizeof tp, "%s/tokenizer.json", save);
+    const char *tname = sl_tokenizer_file_name(j->tok); /* the data's file name: .json or .model */
+    snprintf(tp, sizeof tp, "%s/%s", save, tname);
     sl_status sst = j->m->arch == SL_ARCH_GPT2 ? sl_model_save(j->m, save, extra)
                                                : sl_hf_save(j->m, save, SL_F32, &j->hf_info);
     const char *tsrc = j->tokpath; /* an HF model keeps its own tokenizer.json */
@@ -297,6 +298,7 @@ static sl_status save_final(const sl_train_job *j, const sl_train_result *r) {
     if (hf_tok) {
         fclose(hf_tok);
         tsrc = hft;
+        snprintf(tp, sizeof tp, "%s/tokenizer.json", save);
     }
     if (sst == SL_OK) sst = copy_file(tsrc, tp);
     if (sst != SL_OK) return sl_train_fail(sst, "save: %s", sl_errmsg());

@@ -171,7 +171,17 @@ static void test_round_trip(void) {
     for (int i = 0; i < 200; i++) fprintf(f, "the quick brown fox %d jumps over the lazy dog. ", i);
     fclose(f);
     snprintf(data, sizeof data, "%s/data", tmp);
-    snprintf(cmd, sizeof cmd, "%s data prepare --input %s --output-prefix %s", tu_cli(), txt, data);
+    /* tokenized with the model's own tokenizer: train --init-from refuses data of another tokenizer */
+    snprintf(cmd, sizeof cmd, "%s data prepare --input %s --output-prefix %s/bytes", tu_cli(), txt, tmp);
+    TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "data prepare (bytes): %s", out);
+    snprintf(cmd, sizeof cmd, "%s train --data-path %s/bytes --init-from %s --seq-length 16 --train-iters 1",
+             tu_cli(), tmp, src);
+    int brc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(brc == 2 && one_line() && strstr(out, "not tokenized with the model's tokenizer"),
+             "init-from on byte-level data refused: rc %d %s", brc, out);
+    snprintf(cmd, sizeof cmd,
+             "%s data prepare --input %s --output-prefix %s --tokenizer-file %s/tokenizer.json", tu_cli(),
+             txt, data, src);
     TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "data prepare: %s", out);
     snprintf(run, sizeof run, "%s/run0", tmp);
     snprintf(cmd, sizeof cmd,
