@@ -96,7 +96,8 @@ int main(int argc, char **argv) {
     if (sl_train_run(&o, &cb, &r) != SL_OK) goto fail;
     if (r.resumed_step >= 0) printf("train_tiny: resumed from step %lld\n", (long long)r.resumed_step);
     if (r.steps == r.resumed_step)
-        printf("train_tiny: already at step %lld; pass a larger STEPS to train further\n", (long long)r.steps);
+        printf("train_tiny: already at step %lld; pass a larger STEPS to train further\n",
+               (long long)r.steps);
     else
         printf("train_tiny: %lld steps in %.1f s; final val loss %.4f\n",
                (long long)(r.steps - (r.resumed_step > 0 ? r.resumed_step : 0)), r.seconds, r.val_loss);
