@@ -89,6 +89,17 @@ if(SL_CUDA_ENABLED)
     add_dependencies(suanli_shared suanli_cuda_kernels)
   endif()
   set(SL_CUDA_LIBS ${SL_CUBLAS_LIB} ${SL_CUBLASLT_LIB} ${SL_CUDART_LIB} stdc++)
+  # NCCL transport sketch (src/comm/transport/nccl.c, Note [NCCL transport sketch]): compile-only
+  find_path(SL_NCCL_INCLUDE nccl.h HINTS ${_hints} PATH_SUFFIXES include NO_DEFAULT_PATH)
+  find_library(SL_NCCL_LIB nccl HINTS ${_hints} PATH_SUFFIXES lib64 lib NO_DEFAULT_PATH)
+  if(SL_NCCL_INCLUDE AND SL_NCCL_LIB)
+    set_source_files_properties(${CMAKE_SOURCE_DIR}/src/comm/transport/nccl.c PROPERTIES
+      COMPILE_DEFINITIONS SL_HAVE_NCCL=1 INCLUDE_DIRECTORIES "${SL_NCCL_INCLUDE};${SL_CUDA_INCLUDE}")
+    if(TARGET suanli_shared)  # only libsuanli.so needs it: no executable pulls nccl.o from libsuanli.a
+      target_link_libraries(suanli_shared PRIVATE ${SL_NCCL_LIB})
+    endif()
+    message(STATUS "suanli: NCCL transport sketch compiled (${SL_NCCL_LIB}; not wired into comm init)")
+  endif()
   sl_library_link(${SL_CUDA_LIBS})
   sl_library_define(SL_HAVE_CUDA=1)
   foreach(l ${SL_CUDA_LIBS})

@@ -280,8 +280,15 @@ typedef struct gemm_args {
     int64_t batch, sA, sB, sC; /* innermost batch dim: count and strides (elements) */
 } gemm_args;
 
-static sl_status gemm(const gemm_args *g) {
+/* cuBLAS wants ld >= the stored column length even where the other extent is 1 and the stride is moot */
+static int64_t fix_ld(int64_t ld, int64_t col_len, int64_t other) { return ld < col_len && other == 1 ? col_len : ld; }
+
+static sl_status gemm(const gemm_args *g0) {
+    gemm_args gg = *g0, *g = &gg;
     if (g->M <= 0 || g->N <= 0 || g->batch <= 0) return SL_OK;
+    g->lda = fix_ld(g->lda, g->tA ? g->M : g->K, g->tA ? g->K : g->M);
+    g->ldb = fix_ld(g->ldb, g->tB ? g->K : g->N, g->tB ? g->N : g->K);
+    g->ldc = fix_ld(g->ldc, g->N, g->M);
     if (g->M > INT32_MAX || g->N > INT32_MAX || g->K > INT32_MAX || g->lda > INT32_MAX || g->ldb > INT32_MAX ||
         g->ldc > INT32_MAX || g->batch > INT32_MAX)
         return sl_fail(SL_ERR_UNSUPPORTED, "cuda backend: GEMM of %lld x %lld x %lld too large for cuBLAS",
