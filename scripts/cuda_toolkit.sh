@@ -8,7 +8,7 @@
 # on the project's machines):
 #   nvidia-cuda-nvcc (nvcc, ptxas, fatbinary, nvlink), nvidia-cuda-crt (crt/ headers), nvidia-nvvm (cicc,
 #   libdevice), nvidia-cuda-runtime (headers, libcudart), nvidia-cublas (cuBLAS + cuBLASLt), nvidia-nccl-cu13.
-# Measured 2026-12-01: 721 MB of wheels (cuBLAS 423, NCCL 196, nvvm 62, nvcc 37), 7-18 s to download here,
+# Measured 2026-12-01: 721 MB of wheels (cuBLAS 423, NCCL 196, nvvm 62, nvcc 37), 7 s to download here,
 # ~1.7 GB installed. Running binaries built with CUDA 13 needs an NVIDIA driver >= 580.
 #
 # Usage: scripts/cuda_toolkit.sh [--print]   (idempotent; prints CUDA_HOME=... and the paths found)

@@ -18,7 +18,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 # CUDA toolkit for building the CUDA backend (tests only; SL_CUDA=0 skips it): reuses a complete
 # /usr/local/cuda, else installs NVIDIA's CUDA 13.0 PyPI wheels into /opt/suanli-cuda (721 MB download,
-# 7-18 s measured; scripts/cuda_toolkit.sh). A failed download only leaves the backend unbuilt (SL_CUDA=AUTO).
+# 7 s measured; scripts/cuda_toolkit.sh). A failed download only leaves the backend unbuilt (SL_CUDA=AUTO).
 if [ "${1:-}" != demo ] && [ "${SL_CUDA:-1}" != 0 ] && [ "${SL_CUDA:-1}" != OFF ]; then
   bash "$(dirname "$0")/cuda_toolkit.sh" >/dev/null || echo "deps.sh: no CUDA toolkit (scripts/cuda_toolkit.sh failed); the CUDA backend will not be built" >&2
 fi
