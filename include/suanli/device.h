@@ -139,6 +139,11 @@ sl_backend *sl_backend_strict(void);
  * when it was not built (SL_OPENCL off or no OpenCL at configure time; the registry then does not list it)
  * or when no OpenCL device is present (the message says "no device"). SUANLI_OPENCL_DEVICE picks a device. */
 sl_backend *sl_backend_opencl(void);
+/* The CUDA backend ("cuda", src/device/cuda): always declared, like sl_backend_opencl. Returns NULL with
+ * sl_errmsg saying why when it was not built (SL_CUDA off or no toolkit at configure time) or when no CUDA
+ * device is usable (the message says "no device" and gives cudaGetDeviceCount's error). SUANLI_CUDA_DEVICE
+ * picks a device. */
+sl_backend *sl_backend_cuda(void);
 /* Names of the registered backends, NULL-terminated (borrowed). */
 const char *const *sl_backend_names(void);
 

@@ -11,11 +11,17 @@
 #else
 #define SL_BACKENDS_OPENCL(X)
 #endif
+#ifdef SL_HAVE_CUDA /* built with SL_CUDA (cmake/cuda.cmake) */
+#define SL_BACKENDS_CUDA(X) X(cuda)
+#else
+#define SL_BACKENDS_CUDA(X)
+#endif
 #define SL_BACKENDS(X)                                                                                       \
     X(cpu)                                                                                                   \
     X(strict)                                                                                                \
     X(null)                                                                                                  \
-    SL_BACKENDS_OPENCL(X)
+    SL_BACKENDS_OPENCL(X)                                                                                    \
+    SL_BACKENDS_CUDA(X)
 
 #define DECLARE(name) sl_backend *sl_backend_##name(void);
 SL_BACKENDS(DECLARE)
