@@ -54,6 +54,7 @@ parallel.h:      parallel
 ckpt.h:          ckpt
 train.h:         train
 ckpt_trainer.h:  train
+metrics.h:       train
 '
 
 # ---- ALLOW: permanent exceptions, "layer -> included header   # reason" --------------------------------------

@@ -148,6 +148,8 @@ typedef struct sl_train_log_opts {
     int64_t interval; /* steps between progress lines */
     FILE *out;        /* rank 0's progress lines, notes and the sample; NULL: silent */
     FILE *err;        /* warnings and generation timing; NULL: silent */
+    const char
+        *tensorboard_dir; /* rank 0 writes TensorBoard event files there (suanli/metrics.h); NULL: none */
 } sl_train_log_opts;
 
 typedef struct sl_train_sample_opts {

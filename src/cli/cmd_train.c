@@ -44,6 +44,10 @@ static int train_flags(sl_train_opts *o, const char **config, sl_flag *flags, in
         {"log-interval", SL_FLAG_INT, &o->log.interval, 1, 1e12, "steps between progress lines (1)", 0},
         {"exit-duration-in-mins", SL_FLAG_FLOAT, &o->exit_duration_mins, 0, 1e9,
          "stop (eval, save) after this many minutes, 0 = off", 0},
+        {"tensorboard-dir", SL_FLAG_STR, &o->log.tensorboard_dir, 0, 0,
+         "write TensorBoard event files (lm loss, lm loss validation, learning-rate, grad-norm, "
+         "tokens-per-sec)",
+         0},
         {"save", SL_FLAG_STR, &o->ckpt.save_dir, 0, 0,
          "output dir: model.safetensors, config.json, tokenizer.json, metrics.jsonl", 0},
         {"load", SL_FLAG_STR, &o->ckpt.load_dir, 0, 0,

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <string.h>
 
+#include "suanli/metrics.h"
 #include "suanli/model_io.h"
 #include "train/train_internal.h"
 
@@ -192,7 +193,25 @@ static void fault_hooks(const sl_train_job *j, int64_t done) {
     }
 }
 
-static void report_step(const sl_train_job *j, const sl_train_progress *p, double t_steps) {
+/* The TensorBoard sink of a step's metrics: the scalars of its metrics.jsonl line, Megatron-LM's tags. */
+static void tb_sink_step(sl_train_job *j, const sl_train_progress *p) {
+    if (!j->tb) return;
+    const sl_step_stats *ss = &p->stats;
+    sl_status st = sl_tb_writer_scalar(j->tb, p->step, 0, "lm loss", ss->loss);
+    if (st == SL_OK && p->evaluated)
+        st = sl_tb_writer_scalar(j->tb, p->step, 0, "lm loss validation", p->val_loss);
+    if (st == SL_OK) st = sl_tb_writer_scalar(j->tb, p->step, 0, "learning-rate", ss->lr);
+    if (st == SL_OK) st = sl_tb_writer_scalar(j->tb, p->step, 0, "grad-norm", ss->grad_norm);
+    if (st == SL_OK) st = sl_tb_writer_scalar(j->tb, p->step, 0, "tokens-per-sec", (float)p->tokens_per_s);
+    if (st == SL_OK) st = sl_tb_writer_flush(j->tb);
+    if (st != SL_OK) { /* metrics on the side never stop training */
+        if (j->err) fprintf(j->err, "suanli train: tensorboard: %s; no more events\n", sl_errmsg());
+        sl_tb_writer_close(j->tb);
+        j->tb = NULL;
+    }
+}
+
+static void report_step(sl_train_job *j, const sl_train_progress *p, double t_steps) {
     const sl_step_stats *ss = &p->stats;
     int64_t step = p->step - 1, iters = j->o.train_iters;
     if (j->out && (p->step % j->o.log.interval == 0 || p->evaluated || step == 0)) {
@@ -218,6 +237,7 @@ static void report_step(const sl_train_job *j, const sl_train_progress *p, doubl
         fprintf(j->metrics, "}\n");
         fflush(j->metrics);
     }
+    tb_sink_step(j, p);
 }
 
 /* Rank 0 decides whether the time limit passed, so that all ranks stop at the same step. */
@@ -338,6 +358,9 @@ sl_status sl_train_run(const sl_train_opts *opts, const sl_train_callbacks *cb, 
     if (!j) return sl_fail(SL_ERR_NOMEM, "train: out of memory");
     double t_start = sl_time_sec();
     sl_status st = sl_train_job_setup(j, opts);
+    const char *tbdir = opts->log.tensorboard_dir;
+    if (st == SL_OK && tbdir && j->rank0 && sl_tb_writer_open(tbdir, &j->tb) != SL_OK)
+        st = sl_train_bad("--tensorboard-dir: %s", sl_errmsg());
     if (st == SL_OK) {
         if (j->resume) r.resumed_step = j->start_step;
         print_banner(j);
@@ -345,6 +368,8 @@ sl_status sl_train_run(const sl_train_opts *opts, const sl_train_callbacks *cb, 
         st = step_loop(j, cb, &r);
     }
     if (st == SL_OK) st = finish(j, cb, &r, t_start);
+    sl_tb_writer_close(j->tb);
+    j->tb = NULL;
     sl_train_job_release(j, st != SL_OK);
     free(j);
     if (result) *result = r;
