@@ -8,3 +8,5 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSL_BUILD_TESTS=OFF >/d
 cmake --build build
 ./build/suanli data prepare --input data/tinyshakespeare.txt --output-prefix out/shakespeare-byte --tokenizer-type byte
 ./build/suanli train --config configs/demo.json --data-path out/shakespeare-byte --save out/demo
+./build/suanli plot out/demo --title "suanli demo: GPT-2 on tinyshakespeare (byte level)"
+echo "loss curves: $(pwd)/out/demo/loss.svg (train loss, val loss, tokens/s, learning rate)"

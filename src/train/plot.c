@@ -171,15 +171,17 @@ static axis nice_axis(double mn, double mx, int want) {
     a.hi = ceil(mx / a.step - 1e-9) * a.step;
     int d = (int)-floor(log10(a.step) + 1e-9);
     a.decimals = d < 0 ? 0 : d;
-    if (a.decimals > 4 || fmax(fabs(a.lo), fabs(a.hi)) >= 1e7) a.decimals = -1;
+    if (a.decimals > 6 || fmax(fabs(a.lo), fabs(a.hi)) >= 1e7) a.decimals = -1;
     return a;
 }
 
 static void tick_label(const axis *a, double v, char *buf, size_t n) {
     if (fabs(v) < a->step * 1e-6) v = 0;
-    if (a->decimals < 0)
-        snprintf(buf, n, "%.2g", v);
-    else
+    if (a->decimals < 0) { /* as many significant digits as tell the ticks apart */
+        double big = fmax(fabs(a->lo), fabs(a->hi));
+        int digits = (int)(floor(log10(big)) - floor(log10(a->step) + 1e-9)) + 1;
+        snprintf(buf, n, "%.*e", digits < 1 ? 0 : digits > 8 ? 7 : digits - 1, v);
+    } else
         snprintf(buf, n, "%.*f", a->decimals, v);
 }
 
@@ -271,7 +273,7 @@ static char *svg_render(const run *runs, int n_runs, const char *title) {
     axis ax = nice_axis(xmin, xmax, 6);
     if (ax.decimals > 0 && ax.step < 1) { /* steps are integers */
         ax = (axis){floor(xmin), ceil(xmax), 1, 0};
-        if (!(ax.hi > ax.lo)) ax.hi = ax.lo + 1;
+        if (!(ax.hi > ax.lo)) ax.lo -= 1, ax.hi += 1; /* one step: in the middle */
     }
     sb_printf(
         &s,
