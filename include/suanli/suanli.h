@@ -24,6 +24,7 @@
 #include "suanli/graph.h"
 #include "suanli/hf.h"
 #include "suanli/hf_gpt2.h"
+#include "suanli/metrics.h"
 #include "suanli/model_io.h"
 #include "suanli/nn.h"
 #include "suanli/ops.h"
