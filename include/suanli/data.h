@@ -10,7 +10,8 @@
  *   SL_TRY(sl_dataset_open("out/tok", "train", &ds));
  *   int V = sl_dataset_vocab_size(ds);                 // refuse a model with a different vocab
  *   int32_t *x = malloc(B * T * 4), *y = malloc(B * T * 4);
- *   sl_dataset_batch(ds, B, T, seed, step, rank, micro, x, y);   // same args -> same batch, always
+ *   sl_dataset_samples(ds, T, seed, step, 0, B, x, y);  // samples 0..B-1 of step: a pure function of
+ *                                                      // (seed, step, sample), whatever the batch layout
  *   sl_dataset_close(ds);
  *
  *   sl_tokenizer *tok;
@@ -168,6 +169,15 @@ sl_status sl_dataset_read(const sl_dataset *ds, int64_t start, int64_t n, int32_
  * counter = step*B + b. SL_ERR_INVALID if the split has fewer than T+1 tokens or B, T, rank, micro < 0. */
 sl_status sl_dataset_batch(const sl_dataset *ds, int B, int T, uint64_t seed, uint64_t step, int rank,
                            int micro, int32_t *inputs, int32_t *targets);
+/* Fill inputs and targets (each n*T int32, row-major [n][T]) with global samples first .. first+n-1 of
+ * optimizer step `step`: sample g is a window of T+1 consecutive tokens whose start is uniform in
+ * [0, N-T-1], a pure function of (seed, split, step, g) only (Philox stream = split<<62 | 1<<61 | step,
+ * counter = g), so a step's samples do not depend on how they are split into micro-batches or ranks.
+ * The trainer's batches (src/train/run.c): micro-batch `micro` (= dp_rank*accum + local micro) of B rows
+ * holds samples micro*B .. micro*B+B-1. SL_ERR_INVALID if the split has fewer than T+1 tokens, n or T < 1,
+ * first < 0 or step >= 2^61. */
+sl_status sl_dataset_samples(const sl_dataset *ds, int T, uint64_t seed, uint64_t step, int64_t first, int n,
+                             int32_t *inputs, int32_t *targets);
 void sl_dataset_close(sl_dataset *ds);
 
 /* ------------------------------------------------------------------------------------------------

@@ -209,6 +209,20 @@ int sl_cmd_generate(int argc, char **argv) {
         fprintf(stderr, "suanli generate: exactly one of --load or --model is required\n");
         return 2;
     }
+    if (load) { /* the --model-only flags are refused, not ignored */
+        static const char *const model_only[] = {"dtype",      "top-p",     "stop",
+                                                 "ignore-eos", "print-ids", "prompt-ids"};
+        for (size_t k = 0; k < sizeof model_only / sizeof model_only[0]; k++) {
+            const sl_flag *f = sl_flags_find(flags, nf, model_only[k]);
+            if (f && f->set) {
+                fprintf(stderr,
+                        "suanli generate: --%s applies to --model only; --load samples with --prompt, "
+                        "--max-new-tokens, --temperature, --top-k and --seed\n",
+                        model_only[k]);
+                return 2;
+            }
+        }
+    }
     if (threads > 0) sl_threads_set((int)threads);
     sl_backend *be = sl_backend_get(device);
     if (!be) {

@@ -74,7 +74,9 @@ static int train_flags(sl_train_opts *o, const char **config, sl_flag *flags, in
          "pipeline stages (1; >1 not implemented yet)", 0},
         {"pp", SL_FLAG_INT, &o->parallel.pp, 1, 4096, "short for --pipeline-model-parallel-size", 0},
         {"expert-model-parallel-size", SL_FLAG_INT, &o->parallel.ep, 1, 4096,
-         "expert-parallel ranks (1; >1 needs MoE models)", 0},
+         "expert-parallel ranks: 1 only (expert parallelism is not implemented; MoE models replicate "
+         "experts)",
+         0},
         {"ep", SL_FLAG_INT, &o->parallel.ep, 1, 4096, "short for --expert-model-parallel-size", 0},
         {"bf16", SL_FLAG_BOOL, &o->model.bf16, 0, 1,
          "bf16 mixed precision, fp32 master weights and optimizer (GPT-2: bf16 matmul operands; --init-from "

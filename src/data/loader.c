@@ -1,12 +1,17 @@
 /* The dataset: memory-mapped shards of one split and the deterministic batch sampler.
  *
  * Note [Deterministic batches]
- *   Window b of micro-batch `micro` at optimizer step `step` on rank `rank` starts at
- *       u = sl_rng_u64(seed, stream, counter),  stream = split<<62 | rank<<31 | micro,  counter = step*B + b
+ *   Training draws by global sample (sl_dataset_samples): sample g of optimizer step `step` starts at
+ *       u = sl_rng_u64(seed, stream, g),  stream = split<<62 | 1<<61 | step
  *       start = floor(u * (N - T) / 2^64)                  (uniform in [0, N-T-1], no modulo bias)
- *   so any batch can be re-drawn after a restart from (seed, step) alone, no loader state is saved, and
- *   distinct (rank, micro) pairs never share a Philox stream. Windows may straddle shard boundaries: shards
- *   are consecutive pieces of one token stream.
+ *   so the G samples of a step are a pure function of (seed, split, step, g in [0, G)), whatever the
+ *   micro-batch size, accumulation and DP split that consume them (the trainer hands micro-batch m of DP
+ *   rank r with B rows samples g = (r*accum + m)*B + b, as Megatron does), any batch can be re-drawn after
+ *   a restart from (seed, step) alone, and no loader state is saved.
+ *   The older per-micro-batch sampler (sl_dataset_batch) draws window b of micro-batch `micro` on rank
+ *   `rank` from stream = split<<62 | rank<<31 | micro, counter = step*B + b, so its samples depend on B;
+ *   bit 61 keeps the two families of streams apart. Windows may straddle shard boundaries: shards are
+ *   consecutive pieces of one token stream.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -190,6 +195,28 @@ sl_status sl_dataset_batch(const sl_dataset *ds, int B, int T, uint64_t seed, ui
     uint64_t range = (uint64_t)(ds->ntok - T); /* number of valid starts */
     for (int b = 0; b < B; b++) {
         uint64_t u = sl_rng_u64(seed, stream, step * (uint64_t)B + (uint64_t)b);
+        int64_t start = (int64_t)(((unsigned __int128)u * range) >> 64);
+        copy_tokens(ds, start, T, inputs + (size_t)b * T); /* no allocation in the step loop */
+        copy_tokens(ds, start + 1, T, targets + (size_t)b * T);
+    }
+    return SL_OK;
+}
+
+sl_status sl_dataset_samples(const sl_dataset *ds, int T, uint64_t seed, uint64_t step, int64_t first, int n,
+                             int32_t *inputs, int32_t *targets) {
+    if (n <= 0 || T <= 0)
+        return sl_fail(SL_ERR_INVALID, "dataset: batch shape n=%d T=%d must be positive", n, T);
+    if (first < 0)
+        return sl_fail(SL_ERR_INVALID, "dataset: first sample %lld must be >= 0", (long long)first);
+    if (step >= (1ull << 61))
+        return sl_fail(SL_ERR_INVALID, "dataset: step %llu exceeds 2^61", (unsigned long long)step);
+    if (ds->ntok < (int64_t)T + 1)
+        return sl_fail(SL_ERR_INVALID, "dataset: split has %lld tokens, fewer than T+1 = %d for one window",
+                       (long long)ds->ntok, T + 1);
+    uint64_t stream = ((uint64_t)ds->split_id << 62) | (1ull << 61) | step;
+    uint64_t range = (uint64_t)(ds->ntok - T); /* number of valid starts */
+    for (int b = 0; b < n; b++) {
+        uint64_t u = sl_rng_u64(seed, stream, (uint64_t)first + (uint64_t)b);
         int64_t start = (int64_t)(((unsigned __int128)u * range) >> 64);
         copy_tokens(ds, start, T, inputs + (size_t)b * T); /* no allocation in the step loop */
         copy_tokens(ds, start + 1, T, targets + (size_t)b * T);

@@ -125,8 +125,11 @@ static sl_status setup_comm(sl_train_job *j) {
             "tensor and pipeline parallelism are not implemented yet (--tp %d --pp %d); use data parallelism",
             mesh->tp, mesh->pp);
     if (mesh->ep > 1)
-        return sl_train_bad("--expert-model-parallel-size %d needs an MoE model; GPT-2 has no experts",
-                            mesh->ep);
+        return sl_train_bad(
+            "expert parallelism is not implemented yet (--expert-model-parallel-size %d), for "
+            "any model; MoE models (Mixtral) keep every expert on every rank: use data "
+            "parallelism",
+            mesh->ep);
     j->rank0 = mesh->rank == 0;
     if (j->world) {
         /* every rank must run the same configuration: compare a hash of the options */

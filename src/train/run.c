@@ -14,9 +14,13 @@ typedef struct {
     uint64_t seed;
 } batch_src;
 
+/* Micro-batch `micro` (dp_rank*accum + local micro, suanli/train.h) of step `step` holds the step's global
+ * samples micro*B .. micro*B+B-1 (Note [Deterministic batches], src/data/loader.c): every micro-batch,
+ * accumulation and DP split of one global batch trains on the same samples. Eval step i draws from the val
+ * split's step i the same way. */
 static sl_status batch_fn(void *u, int64_t step, int micro, int32_t *ids, int32_t *tg) {
     batch_src *s = u;
-    return sl_dataset_batch(s->ds, s->B, s->T, s->seed, (uint64_t)step, 0, micro, ids, tg);
+    return sl_dataset_samples(s->ds, s->T, s->seed, (uint64_t)step, (int64_t)micro * s->B, s->B, ids, tg);
 }
 
 static void fmt_eta(double sec, char *buf, size_t n) {
@@ -135,7 +139,7 @@ static sl_status ckpt_begin(sl_train_job *j, int64_t step) {
     snprintf(j->layout_json, sizeof j->layout_json,
              "{\"world\": %d, \"dp\": %d, \"tp\": %d, \"pp\": %d, \"ep\": %d, \"zero_stage\": %lld, "
              "\"adam_t\": %lld, \"seed\": %lld, \"data_position\": {\"step\": %lld, \"seed\": %lld}, "
-             "\"rng\": \"philox4x32-10 counter = step\", \"micro_batch_size\": %d, "
+             "\"rng\": \"philox4x32-10 stream = step, counter = global sample\", \"micro_batch_size\": %d, "
              "\"global_batch_size\": %lld, "
              "\"seq_length\": %d}",
              mesh->world, mesh->dp, mesh->tp, mesh->pp, mesh->ep,

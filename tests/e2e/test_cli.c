@@ -78,6 +78,18 @@ int main(void) {
     TU_CHECK(nlines == 6 && nval == 2, "metrics: %d lines, %d with val_loss", nlines, nval);
     rc = run("generate --load %s/run1 --prompt ROMEO --max-new-tokens 12 --temperature 0", dir);
     TU_CHECK(rc == 0 && strncmp(out, "ROMEO", 5) == 0, "generate: %s", out);
+    /* the --model-only flags are refused with --load (exit 2, one line naming the flag), not ignored */
+    {
+        const char *model_only[] = {"--dtype bf16", "--top-p 0.9", "--stop 10",
+                                    "--ignore-eos", "--print-ids", "--prompt-ids 1,2"};
+        const char *names[] = {"--dtype", "--top-p", "--stop", "--ignore-eos", "--print-ids", "--prompt-ids"};
+        for (int k = 0; k < 6; k++) {
+            char what[64];
+            snprintf(what, sizeof what, "generate --load %s", model_only[k]);
+            bad(what, names[k], run("generate --load %s/run1 --max-new-tokens 4 %s", dir, model_only[k]));
+            TU_CHECK(strstr(out, "--model only"), "%s: %s", what, out);
+        }
+    }
     /* determinism: the same seed gives the same loss trajectory */
     rc = run("train --data-path %s " TINY " --train-iters 3 --eval-interval 0 --eval-iters 1 --threads 2",
              data);

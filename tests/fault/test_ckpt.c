@@ -133,8 +133,10 @@ int main(void) {
     snprintf(b, sizeof b, "%s/rs_single0/model.safetensors", dir);
     TU_CHECK(tu_same_file(a, b), "params survive resharding bitwise");
     /* continue to step 12 in three other layouts; all must agree with the uninterrupted DP=2 ZeRO-2 run */
-    /* rs_a, rs_b see the same batches as the uninterrupted DP=2 run (micro-batch 2); rs_c (DP=4, ZeRO-3,
-     * micro-batch 1) sees other batches, so its reference is rs_d: one process, micro-batch 1, accum 4 */
+    /* every layout of global batch 4 trains on the same samples (Note [Deterministic batches] in
+     * src/data/loader.c), so rs_a, rs_b (micro-batch 2), rs_c (DP=4, ZeRO-3, micro-batch 1) and rs_d (one
+     * process, micro-batch 1, accum 4) all match the uninterrupted DP=2 run; rs_c is also held to rs_d, its
+     * single-process twin */
     const char *layouts[] = {
         "%s train " TINY " --global-batch-size 4 --load rs --save rs_a",
         "%s run -n 2 -- %s train " TINY " --global-batch-size 4 --zero-stage 0 --load rs --save rs_b",
@@ -167,11 +169,13 @@ int main(void) {
         if (k == 3)
             ref_d = l;
         else if (k == 2)
-            TU_CHECK(fabs(l - ref_d) <= 1e-5 * fabs(ref_d), "resharded into DP=4 ZeRO-1: %.7f vs %.7f", l,
+            TU_CHECK(fabs(l - ref_d) <= 1e-5 * fabs(ref_d), "resharded into DP=4 ZeRO-3: %.7f vs %.7f", l,
                      ref_d);
         else if (k < 0)
             ref = l;
     }
+    TU_CHECK(fabs(ref_d - ref) <= 1e-5 * fabs(ref),
+             "resharded into 1 process, micro-batch 1 x accum 4: step-12 loss %.7f vs %.7f", ref_d, ref);
     for (int k = 0; k < 2; k++) {
         char mp[700], *t;
         size_t n;

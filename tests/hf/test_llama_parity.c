@@ -36,10 +36,12 @@ int main(void) {
     int B = meta_i("batch"), T = cfg.max_seq_len;
     sl_model *m;
     TU_CHECK(sl_llama_new(&cfg, &m) == SL_OK, "model: %s", sl_errmsg());
-    /* 1 + 2. Final weights: every tensor but one lands within 6e-6; in layers.1.o_proj one element ends
-     * 7.6e-5 from PyTorch's (2.1e-4 of max|w|): AdamW divides by sqrt(v), so an element whose gradient
-     * becomes small at some step turns fp32 rounding differences in that gradient into a visible fraction of
-     * an lr-sized step. The step losses (1e-5) are the bar; final weights are held to 1e-3. */
+    /* 1 + 2. Final weights: the worst tensor now ends 2.6e-5 of max|w| from PyTorch's (printed as "final
+     * weights worst"; an older kernel set measured 2.1e-4 in one layers.1.o_proj element). The spread comes
+     * from AdamW dividing by sqrt(v): an element whose gradient becomes small at some step turns fp32
+     * rounding differences in that gradient into a visible fraction of an lr-sized step, so it depends on the
+     * kernels' summation order. The step losses (1e-5) are the bar; final weights are still held only to
+     * 1e-3, about 40x what is measured, until issue 19 item 3 sets every family's bar at its measurement. */
     parity_train_check(m, 1e-3, NULL);
 
     /* 3. autocast-bf16 training, 100 steps */

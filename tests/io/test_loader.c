@@ -111,6 +111,41 @@ int main(void) {
         TU_CHECK(iot_contains(sl_errmsg(), "fewer than"), "message: %s", sl_errmsg());
         sl_dataset_close(dv);
     }
+    /* sl_dataset_samples: sample g of a step is a pure function of (seed, split, step, g), so any split of
+     * a global batch into micro-batches draws the same windows (Note [Deterministic batches]) */
+    {
+        int32_t gx[B * T], gy[B * T], px[B * T], py[B * T];
+        TU_CHECK(sl_dataset_samples(ds, T, 1234, 7, 0, B, gx, gy) == SL_OK, "%s", sl_errmsg());
+        int same = 1, cons = 1;
+        for (int parts = 2; parts <= B; parts *= 2) { /* micro-batches of B/parts rows */
+            int mb = B / parts;
+            for (int m = 0; m < parts; m++)
+                TU_CHECK(sl_dataset_samples(ds, T, 1234, 7, (int64_t)m * mb, mb, px + m * mb * T,
+                                            py + m * mb * T) == SL_OK,
+                         "%s", sl_errmsg());
+            same &= !memcmp(gx, px, sizeof gx) && !memcmp(gy, py, sizeof gy);
+        }
+        TU_CHECK(same, "splitting a global batch into micro-batches changed its samples");
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++) cons &= gy[b * T + t] == (gx[b * T + t] + 1) % V;
+        TU_CHECK(cons, "sl_dataset_samples windows are not consecutive stream tokens");
+        sl_dataset *ds3 = NULL;
+        TU_CHECK(sl_dataset_open(dir, "train", &ds3) == SL_OK, "%s", sl_errmsg());
+        TU_CHECK(ds3 && sl_dataset_samples(ds3, T, 1234, 7, 0, B, px, py) == SL_OK &&
+                     !memcmp(gx, px, sizeof gx),
+                 "same (seed, step, samples) from a second open gave other windows");
+        sl_dataset_close(ds3);
+        TU_CHECK(sl_dataset_samples(ds, T, 1234, 8, 0, B, px, py) == SL_OK && memcmp(gx, px, sizeof gx),
+                 "changing the step did not change the samples");
+        TU_CHECK(sl_dataset_samples(ds, T, 99, 7, 0, B, px, py) == SL_OK && memcmp(gx, px, sizeof gx),
+                 "changing the seed did not change the samples");
+        TU_CHECK(sl_dataset_samples(ds, T, 1234, 7, B, B, px, py) == SL_OK && memcmp(gx, px, sizeof gx),
+                 "samples B..2B-1 repeat samples 0..B-1");
+        TU_CHECK(sl_dataset_samples(ds, T, 1234, 7, -1, 1, px, py) == SL_ERR_INVALID, "first -1 accepted");
+        TU_CHECK(sl_dataset_samples(ds, T, 1234, 7, 0, 0, px, py) == SL_ERR_INVALID, "n=0 accepted");
+        TU_CHECK(sl_dataset_samples(ds, T, 1234, 1ull << 61, 0, 1, px, py) == SL_ERR_INVALID,
+                 "step 2^61 accepted");
+    }
     TU_CHECK(sl_dataset_batch(ds, 0, 4, 1, 0, 0, 0, x, y) == SL_ERR_INVALID, "B=0 accepted");
     TU_CHECK(sl_dataset_batch(ds, 1, 4, 1, 0, -1, 0, x, y) == SL_ERR_INVALID, "rank -1 accepted");
     sl_dataset_close(ds);
