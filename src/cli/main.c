@@ -16,6 +16,7 @@ static void usage(FILE *f) {
         "  bench     benchmarks: suanli bench ops|comm|train [--json]\n"
         "  ckpt      checkpoints: suanli ckpt inspect|verify DIR\n"
         "  convert   model formats: HF dir -> HF safetensors (f32|bf16); GPT-2 HF <-> suanli (--from/--to)\n"
+        "  devices   backends and the devices present (--device NAME or NAME:N)\n"
         "run 'suanli <command> --help' for its flags\n");
 }
 
@@ -36,6 +37,7 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "bench")) return sl_cmd_bench(argc - 1, argv + 1);
     if (!strcmp(c, "ckpt")) return sl_cmd_ckpt(argc - 1, argv + 1);
     if (!strcmp(c, "convert")) return sl_cmd_convert(argc - 1, argv + 1);
+    if (!strcmp(c, "devices")) return sl_cmd_devices(argc - 1, argv + 1);
     fprintf(stderr, "suanli: unknown command '%s'\n", c);
     usage(stderr);
     return 2;
