@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "device/cpu/kernels/gemm.h"
 #include "suanli/base.h"
@@ -209,12 +210,14 @@ static void print_num(FILE *f, double v, const char *fmt) {
  * With --device NAME (not cpu) each fp32 case runs as one MATMUL node (sl_matmul, a planned graph on the
  * backend, operands in its buffers, timed to sl_backend_synchronize) on NAME and, in the same run and
  * interleaved, on the CPU backend through the same path at --threads threads: the device's GFLOP/s, the
- * CPU backend's, and their ratio. bf16 rows are left out (the OpenCL backend refuses bf16 compute). */
+ * CPU backend's, their ratio, and the largest difference of the outputs relative to the largest CPU output
+ * (a case beyond 1e-4 fails the run: exit 1). bf16 rows are left out (the OpenCL backend refuses bf16). */
 typedef struct mm_run {
     sl_backend *be;
     sl_ctx *ctx;
     sl_graph *g;
     sl_buffer *ba, *bb;
+    sl_tensor *y;
 } mm_run;
 
 static void mm_free(mm_run *r) {
@@ -235,7 +238,7 @@ static sl_status mm_setup(mm_run *r, sl_backend *be, const gcase *c, const float
         c->tB ? sl_new_tensor_2d(r->ctx, SL_F32, c->N, c->K) : sl_new_tensor_2d(r->ctx, SL_F32, c->K, c->N);
     sl_set_input(a);
     sl_set_input(b);
-    sl_tensor *y = sl_matmul(r->ctx, a, b, c->tA, c->tB);
+    sl_tensor *y = r->y = sl_matmul(r->ctx, a, b, c->tA, c->tB);
     r->g = sl_graph_new(r->ctx);
     sl_graph_build_forward(r->g, y);
     SL_TRY(sl_graph_plan(r->g, be, NULL));
@@ -248,10 +251,37 @@ static sl_status mm_setup(mm_run *r, sl_backend *be, const gcase *c, const float
     return sl_backend_synchronize(be);
 }
 
-static double mm_time(mm_run *r) {
-    double t0 = sl_time_sec();
+/* CPU seconds of this process (every thread) */
+static double cpu_sec(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* wall seconds of one run; *cpu: the process's CPU seconds during it */
+static double mm_time(mm_run *r, double *cpu) {
+    double t0 = sl_time_sec(), c0 = cpu_sec();
     if (sl_graph_compute(r->g, NULL, NULL) != SL_OK || sl_backend_synchronize(r->be) != SL_OK) return -1.0;
+    *cpu = cpu_sec() - c0;
     return sl_time_sec() - t0;
+}
+
+/* max |d - c| / max |c| of the two runs' outputs (-1 when they cannot be read) */
+static double mm_diff(mm_run *d, mm_run *c, int64_t n) {
+    float *x = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)n);
+    double md = -1.0;
+    if (x && y && sl_tensor_copy_out(d->y, x) == SL_OK && sl_tensor_copy_out(c->y, y) == SL_OK) {
+        double num = 0, den = 0;
+        for (int64_t i = 0; i < n; i++) {
+            double e = fabs((double)x[i] - (double)y[i]), v = fabs((double)y[i]);
+            num = e > num ? e : num;
+            den = v > den ? v : den;
+        }
+        md = den > 0 ? num / den : num;
+    }
+    free(x);
+    free(y);
+    return md;
 }
 
 static int bench_ops_device(const char *dev, gcase *cases, int nc, const float *A, const float *B, int json,
@@ -269,8 +299,8 @@ static int bench_ops_device(const char *dev, gcase *cases, int nc, const float *
                "%d thread(s)), reps %d (median), GFLOP/s\n",
                dev, be->name, sl_gemm_kernel_name(), sl_cpu_isa_name(), threads, reps);
         printf("load average at start: %.2f\n", load0);
-        printf("%-4s %-5s %-5s %6s %6s %6s %10s %10s %8s\n", "dt", "pass", "trans", "M", "N", "K", dev, "cpu",
-               "vs_cpu");
+        printf("%-4s %-5s %-5s %6s %6s %6s %10s %10s %8s %9s\n", "dt", "pass", "trans", "M", "N", "K", dev,
+               "cpu", "vs_cpu", "max_rel");
         fflush(stdout);
     } else {
         printf("{\"bench\":\"ops\",\"device\":\"%s\",\"kernel\":\"%s\",\"isa\":\"%s\",\"threads\":%d,"
@@ -289,36 +319,46 @@ static int bench_ops_device(const char *dev, gcase *cases, int nc, const float *
             rc = 1;
             break;
         }
-        double td[64], tc[64], flop = 2.0 * (double)c->M * (double)c->N * (double)c->K;
-        int ok = mm_time(&rd) >= 0 && mm_time(&rcpu) >= 0; /* warm-up */
+        double td[64], tc[64], cd[64], cc[64], flop = 2.0 * (double)c->M * (double)c->N * (double)c->K;
+        int ok = mm_time(&rd, cd) >= 0 && mm_time(&rcpu, cc) >= 0; /* warm-up */
         for (int r = 0; ok && r < reps; r++) {
             if (r % 2) { /* alternate the order to cancel drift */
-                tc[r] = mm_time(&rcpu);
-                td[r] = mm_time(&rd);
+                tc[r] = mm_time(&rcpu, &cc[r]);
+                td[r] = mm_time(&rd, &cd[r]);
             } else {
-                td[r] = mm_time(&rd);
-                tc[r] = mm_time(&rcpu);
+                td[r] = mm_time(&rd, &cd[r]);
+                tc[r] = mm_time(&rcpu, &cc[r]);
             }
             ok = td[r] >= 0 && tc[r] >= 0;
         }
+        double md = ok ? mm_diff(&rd, &rcpu, c->M * c->N) : -1.0;
         mm_free(&rd);
         mm_free(&rcpu);
+        if (ok && !(md >= 0 && md <= 1e-4)) {
+            fprintf(stderr,
+                    "bench ops: --device %s: %s %s M%lld N%lld K%lld differs from the cpu backend: %.3g\n",
+                    dev, c->pass, c->trans, (long long)c->M, (long long)c->N, (long long)c->K, md);
+            rc = 1;
+        }
         if (!ok) {
             fprintf(stderr, "bench ops: --device %s: %s\n", dev, sl_errmsg());
             rc = 1;
             break;
         }
         double gd = flop / median(td, reps) * 1e-9, gc = flop / median(tc, reps) * 1e-9;
+        /* per CPU-second of the whole process: steadier than wall time when other jobs share the cores */
+        double gdc = flop / median(cd, reps) * 1e-9;
         logsum += log(gd / gc);
         nlog++;
         if (json) {
             printf("%s{\"dtype\":\"fp32\",\"pass\":\"%s\",\"trans\":\"%s\",\"M\":%lld,\"N\":%lld,\"K\":%lld,"
-                   "\"device_gflops\":%.2f,\"cpu_gflops\":%.2f,\"vs_cpu\":%.4f}",
+                   "\"device_gflops\":%.2f,\"cpu_gflops\":%.2f,\"vs_cpu\":%.4f,\"max_rel_diff\":%.3g,"
+                   "\"device_gflop_per_cpu_s\":%.2f}",
                    first ? "" : ",", c->pass, c->trans, (long long)c->M, (long long)c->N, (long long)c->K, gd,
-                   gc, gd / gc);
+                   gc, gd / gc, md, gdc);
         } else {
-            printf("%-4s %-5s %-5s %6lld %6lld %6lld %10.1f %10.1f %7.1f%%\n", "fp32", c->pass, c->trans,
-                   (long long)c->M, (long long)c->N, (long long)c->K, gd, gc, 100.0 * gd / gc);
+            printf("%-4s %-5s %-5s %6lld %6lld %6lld %10.1f %10.1f %7.1f%% %9.1e\n", "fp32", c->pass,
+                   c->trans, (long long)c->M, (long long)c->N, (long long)c->K, gd, gc, 100.0 * gd / gc, md);
             fflush(stdout);
         }
         first = 0;

@@ -78,13 +78,33 @@ static sl_status pick_device(void) {
 }
 
 /* Note [OpenCL GEMM tiles]
- * The GEMM (kernels/gemm.cl) gives each work-group a TS x TS block of C and each work-item a 4 x 4
- * sub-block held in registers; A and B are staged through local memory TK columns at a time
- * (2 * TK * TS floats). TS is the largest of 64, 32, 16 whose work-group ((TS/4)^2 items) fits
- * CL_DEVICE_MAX_WORK_GROUP_SIZE and whose tiles fit half of CL_DEVICE_LOCAL_MEM_SIZE; TK = 16.
- * On CPU devices (PoCL) TS = 16: there the work-group is a loop that PoCL vectorises across work-items,
- * and larger groups only add barrier cost (measured 2026-12-01, PoCL 3.1 on 2 Zen 4 cores, 256x2304x768
- * NT: 7.1 GFLOP/s at TS 16, 3.7 at 32, 5.4 at 64). SUANLI_OPENCL_GEMM_TILE forces TS (16, 32 or 64). */
+ * Two GEMM kernels, chosen per device type (CL_DEVICE_TYPE):
+ * - GPU-type devices: k_gemm (kernels/gemm.cl), tiled in local memory. A work-group computes a TS x TS
+ *   block of C, each work-item a 4 x 4 sub-block in registers; A and B are staged through local memory TK
+ *   columns at a time (2 * TK * (TS + 1) floats: one word of padding per row keeps the column writes of
+ *   neighbouring work-items in different banks). TS is the largest of 64, 32, 16 whose work-group
+ *   ((TS/4)^2 items) fits CL_DEVICE_MAX_WORK_GROUP_SIZE and whose tiles fit half of
+ *   CL_DEVICE_LOCAL_MEM_SIZE; TK = 16.
+ * - CPU-type devices (PoCL): k_gemm_reg (kernels/gemm_reg.cl), register-blocked like a CPU BLAS
+ *   micro-kernel. A work-group is a single work-item (PoCL then runs it as plain vector code: no
+ *   work-item loop, no barriers). It computes MR x 32 tiles with 2*MR float16 accumulators (16 zmm
+ *   registers at MR 8: one vector load of B and MR broadcasts of A per 2*MR FMAs); operands are read as
+ *   panels ([panels][K][width], vector loads along the panel), packed first by k_gemm_pack_* unless already
+ *   in that layout (A^T with M % MR == 0, B with N % 32 == 0). K runs in blocks of KC, and each work-item
+ *   takes MG consecutive m-tiles against one 32-wide B panel, so the 32 x KC slice of B (32 KiB at KC 256)
+ *   stays in L1 across the MG tiles; partial sums between k-blocks go through a scratch Cp (M x N floats),
+ *   in the same k order (Cp is allocated only when K > KC). KC and MG are kernel arguments, MR a build
+ *   option (it sizes the accumulator arrays). Defaults MR 8, KC 256, MG 8.
+ *   Measured (2026-12-01, PoCL 3.1, 2 Zen 4 cores, docs/BENCHMARKS.md "OpenCL backend on PoCL (issue
+ *   14)"): the tiled kernel reaches 4-8 GFLOP/s there (~4% of the CPU backend); k_gemm_reg 50-210 GFLOP/s
+ *   (roughly 50-100% of the CPU backend in the same run); MG 8-32 and KC 128-512 within the noise of a
+ *   shared machine, MG 1 without k-blocks ~10% slower per CPU-second.
+ *   PoCL 3.1 / LLVM 15 pitfall: with KC and MG as compile-time constants (-D options) some values (KC >=
+ * 1024, MG 32) produced a kernel that wrote outside its buffers or skipped work (valgrind: invalid writes in
+ *   k_gemm_reg; wrong results at 2x the machine's peak); as run-time arguments every value tested is
+ *   correct. Not understood further; bench ops --device now checks every result against the CPU backend.
+ * Overrides: SUANLI_OPENCL_GEMM=tiled|reg picks the kernel; SUANLI_OPENCL_GEMM_TILE (16, 32, 64) forces
+ * TS and the tiled kernel; SUANLI_OPENCL_GEMM_MR, _KC, _MG set the register-blocked kernel's sizes. */
 static void choose_tiles(void) {
     const int cand[3] = {64, 32, 16};
     g_ocl.gemm_tk = 16;
@@ -112,6 +132,12 @@ static void choose_tiles(void) {
     if (e && !strcmp(e, "reg")) g_ocl.gemm_kind = OCL_GEMM_REG;
     e = getenv("SUANLI_OPENCL_GEMM_MR");
     if (e && atoi(e) >= 1 && atoi(e) <= 12) g_ocl.gemm_mr = atoi(e);
+    g_ocl.gemm_kc = 256;
+    g_ocl.gemm_mg = 8;
+    e = getenv("SUANLI_OPENCL_GEMM_KC");
+    if (e && atoi(e) >= 1 && atoi(e) <= 65536) g_ocl.gemm_kc = atoi(e);
+    e = getenv("SUANLI_OPENCL_GEMM_MG");
+    if (e && atoi(e) >= 1 && atoi(e) <= 4096) g_ocl.gemm_mg = atoi(e);
 }
 
 static sl_status init_device(void) {
@@ -301,7 +327,11 @@ sl_status ocl_run1(ocl_call *c, size_t n) { return ocl_run(c, 1, &n, NULL); }
 
 sl_status ocl_scratch(size_t bytes, cl_mem *out) {
     if (bytes > g_ocl.scratch_size) {
-        if (g_ocl.scratch) clReleaseMemObject(g_ocl.scratch); /* freed once queued work is done */
+        if (g_ocl.scratch) { /* after the queued work that uses it (rare: the scratch only grows) */
+            cl_int ferr = clFinish(g_ocl.queue);
+            if (ferr != CL_SUCCESS) return ocl_fail(ferr, "clFinish (scratch)");
+            clReleaseMemObject(g_ocl.scratch);
+        }
         cl_int err;
         size_t sz = bytes < 4096 ? 4096 : bytes;
         g_ocl.scratch = clCreateBuffer(g_ocl.ctx, CL_MEM_READ_WRITE, sz, NULL, &err);

@@ -78,8 +78,9 @@ typedef struct ocl_state {
     cl_ulong local_mem;
     int gemm_kind;        /* OCL_GEMM_TILED or OCL_GEMM_REG (Note [OpenCL GEMM tiles]) */
     int gemm_ts, gemm_tk; /* tiled GEMM: TS x TS outputs per work-group, TK deep */
-    int gemm_mr;          /* register-blocked GEMM: MR x 32 outputs per work-item */
-    cl_mem scratch;       /* grown on demand: per-node temporaries (ordered by the in-order queue) */
+    int gemm_mr, gemm_kc,
+        gemm_mg;    /* register-blocked GEMM: MR x 32 tiles, k-blocks of KC, MG tiles per item */
+    cl_mem scratch; /* grown on demand: per-node temporaries (ordered by the in-order queue) */
     size_t scratch_size;
     cl_mem flag; /* 2 ints: an out-of-range id seen by a kernel (1, value) */
 } ocl_state;

@@ -327,9 +327,10 @@ static sl_status gemm_reg(int M, int N, int K, ocl_ref ra, int64_t lda, int tA, 
     /* element (i, k) of A's panel p at A + p*a_pan + k*a_k + i; (k, j) of B's panel q at B + q*b_pan + k*b_k
      * + j */
     int64_t a_pan = MR, a_k = lda, b_pan = 32, b_k = ldb;
+    int64_t cpn = K > g_ocl.gemm_kc ? nz * Mp * Np : 0; /* Cp: partial sums between k-blocks */
+    cl_mem P = g_ocl.flag;                              /* Cp is not touched with one k-block */
+    if (packA || packB || cpn) SL_TRY(ocl_scratch(sizeof(float) * (size_t)(nz * (pa + pb) + cpn), &P));
     if (packA || packB) {
-        cl_mem P;
-        SL_TRY(ocl_scratch(sizeof(float) * (size_t)(nz * (pa + pb)), &P));
         if (packA) {
             SL_TRY(gemm_pack(ra, lda, tA, M, K, MR, P, 0, pa, bne, bsa, nz));
             ra = (ocl_ref){P, 0};
@@ -360,7 +361,11 @@ static sl_status gemm_reg(int M, int N, int K, ocl_ref ra, int64_t lda, int tA, 
     ocl_ref_arg(&c, rbias ? *rbias : rc);
     ocl_int(&c, rbias != NULL);
     ocl_arg(&c, sizeof bne, &bne);
-    size_t global[3] = {(size_t)Np / 32, (size_t)Mp / (size_t)MR, (size_t)nz}, local[3] = {1, 1, 1};
+    ocl_ref_arg(&c, (ocl_ref){P, cpn ? nz * (pa + pb) : 0});
+    ocl_int(&c, g_ocl.gemm_kc);
+    ocl_int(&c, g_ocl.gemm_mg);
+    int64_t nmb = Mp / MR, ng = (nmb + g_ocl.gemm_mg - 1) / g_ocl.gemm_mg;
+    size_t global[3] = {(size_t)Np / 32, (size_t)ng, (size_t)nz}, local[3] = {1, 1, 1};
     return ocl_run(&c, 3, global, local);
 }
 
