@@ -13,12 +13,15 @@
 
 #include <dlfcn.h>
 #include <immintrin.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "device/cpu/kernels/gemm.h"
 #include "suanli/base.h"
+#include "suanli/graph.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -202,8 +205,175 @@ static void print_num(FILE *f, double v, const char *fmt) {
         fprintf(f, fmt, v);
 }
 
+/* ---- --device: the GEMMs as MATMUL nodes through a backend ----
+ * Note [bench ops --device]
+ * With --device NAME (not cpu) each fp32 case runs as one MATMUL node (sl_matmul, a planned graph on the
+ * backend, operands in its buffers, timed to sl_backend_synchronize) on NAME and, in the same run and
+ * interleaved, on the CPU backend through the same path at --threads threads: the device's GFLOP/s, the
+ * CPU backend's, their ratio, and the largest difference of the outputs relative to the largest CPU output
+ * (a case beyond 1e-4 fails the run: exit 1). bf16 rows are left out (the OpenCL backend refuses bf16). */
+typedef struct mm_run {
+    sl_backend *be;
+    sl_ctx *ctx;
+    sl_graph *g;
+    sl_buffer *ba, *bb;
+    sl_tensor *y;
+} mm_run;
+
+static void mm_free(mm_run *r) {
+    if (r->ba) sl_backend_free(r->be, r->ba);
+    if (r->bb) sl_backend_free(r->be, r->bb);
+    sl_graph_free(r->g);
+    sl_ctx_free(r->ctx);
+    memset(r, 0, sizeof *r);
+}
+
+static sl_status mm_setup(mm_run *r, sl_backend *be, const gcase *c, const float *A, const float *B) {
+    memset(r, 0, sizeof *r);
+    r->be = be;
+    r->ctx = sl_ctx_new(16);
+    sl_tensor *a =
+        c->tA ? sl_new_tensor_2d(r->ctx, SL_F32, c->K, c->M) : sl_new_tensor_2d(r->ctx, SL_F32, c->M, c->K);
+    sl_tensor *b =
+        c->tB ? sl_new_tensor_2d(r->ctx, SL_F32, c->N, c->K) : sl_new_tensor_2d(r->ctx, SL_F32, c->K, c->N);
+    sl_set_input(a);
+    sl_set_input(b);
+    sl_tensor *y = r->y = sl_matmul(r->ctx, a, b, c->tA, c->tB);
+    r->g = sl_graph_new(r->ctx);
+    sl_graph_build_forward(r->g, y);
+    SL_TRY(sl_graph_plan(r->g, be, NULL));
+    SL_TRY(sl_backend_alloc(be, sl_nbytes(a), &r->ba));
+    SL_TRY(sl_backend_alloc(be, sl_nbytes(b), &r->bb));
+    sl_tensor_bind_buffer(a, r->ba, 0);
+    sl_tensor_bind_buffer(b, r->bb, 0);
+    SL_TRY(sl_tensor_copy_in(a, A));
+    SL_TRY(sl_tensor_copy_in(b, B));
+    return sl_backend_synchronize(be);
+}
+
+/* CPU seconds of this process (every thread) */
+static double cpu_sec(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* wall seconds of one run; *cpu: the process's CPU seconds during it */
+static double mm_time(mm_run *r, double *cpu) {
+    double t0 = sl_time_sec(), c0 = cpu_sec();
+    if (sl_graph_compute(r->g, NULL, NULL) != SL_OK || sl_backend_synchronize(r->be) != SL_OK) return -1.0;
+    *cpu = cpu_sec() - c0;
+    return sl_time_sec() - t0;
+}
+
+/* max |d - c| / max |c| of the two runs' outputs (-1 when they cannot be read) */
+static double mm_diff(mm_run *d, mm_run *c, int64_t n) {
+    float *x = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)n);
+    double md = -1.0;
+    if (x && y && sl_tensor_copy_out(d->y, x) == SL_OK && sl_tensor_copy_out(c->y, y) == SL_OK) {
+        double num = 0, den = 0;
+        for (int64_t i = 0; i < n; i++) {
+            double e = fabs((double)x[i] - (double)y[i]), v = fabs((double)y[i]);
+            num = e > num ? e : num;
+            den = v > den ? v : den;
+        }
+        md = den > 0 ? num / den : num;
+    }
+    free(x);
+    free(y);
+    return md;
+}
+
+static int bench_ops_device(const char *dev, gcase *cases, int nc, const float *A, const float *B, int json,
+                            int threads, int reps) {
+    sl_backend *be = sl_backend_get(dev), *cpu = sl_backend_get("cpu");
+    if (!be) {
+        fprintf(stderr, "bench ops: --device %s: %s\n", dev, sl_errmsg());
+        return 2;
+    }
+    sl_threads_set(threads);
+    double load0 = loadavg();
+    if (!json) {
+        printf("suanli bench ops --device %s: MATMUL nodes on %s vs the cpu backend (gemm kernel %s, cpu isa "
+               "%s, "
+               "%d thread(s)), reps %d (median), GFLOP/s\n",
+               dev, be->name, sl_gemm_kernel_name(), sl_cpu_isa_name(), threads, reps);
+        printf("load average at start: %.2f\n", load0);
+        printf("%-4s %-5s %-5s %6s %6s %6s %10s %10s %8s %9s\n", "dt", "pass", "trans", "M", "N", "K", dev,
+               "cpu", "vs_cpu", "max_rel");
+        fflush(stdout);
+    } else {
+        printf("{\"bench\":\"ops\",\"device\":\"%s\",\"kernel\":\"%s\",\"isa\":\"%s\",\"threads\":%d,"
+               "\"reps\":%d,\"load_avg_start\":%.2f,\"rows\":[",
+               dev, sl_gemm_kernel_name(), sl_cpu_isa_name(), threads, reps, load0);
+    }
+    int first = 1, rc = 0;
+    double logsum = 0;
+    int nlog = 0;
+    for (int i = 0; i < nc; i++) {
+        const gcase *c = &cases[i];
+        if (c->bf16) continue;
+        mm_run rd, rcpu;
+        if (mm_setup(&rd, be, c, A, B) != SL_OK || mm_setup(&rcpu, cpu, c, A, B) != SL_OK) {
+            fprintf(stderr, "bench ops: --device %s: %s\n", dev, sl_errmsg());
+            rc = 1;
+            break;
+        }
+        double td[64], tc[64], cd[64], cc[64], flop = 2.0 * (double)c->M * (double)c->N * (double)c->K;
+        int ok = mm_time(&rd, cd) >= 0 && mm_time(&rcpu, cc) >= 0; /* warm-up */
+        for (int r = 0; ok && r < reps; r++) {
+            if (r % 2) { /* alternate the order to cancel drift */
+                tc[r] = mm_time(&rcpu, &cc[r]);
+                td[r] = mm_time(&rd, &cd[r]);
+            } else {
+                td[r] = mm_time(&rd, &cd[r]);
+                tc[r] = mm_time(&rcpu, &cc[r]);
+            }
+            ok = td[r] >= 0 && tc[r] >= 0;
+        }
+        double md = ok ? mm_diff(&rd, &rcpu, c->M * c->N) : -1.0;
+        mm_free(&rd);
+        mm_free(&rcpu);
+        if (ok && !(md >= 0 && md <= 1e-4)) {
+            fprintf(stderr,
+                    "bench ops: --device %s: %s %s M%lld N%lld K%lld differs from the cpu backend: %.3g\n",
+                    dev, c->pass, c->trans, (long long)c->M, (long long)c->N, (long long)c->K, md);
+            rc = 1;
+        }
+        if (!ok) {
+            fprintf(stderr, "bench ops: --device %s: %s\n", dev, sl_errmsg());
+            rc = 1;
+            break;
+        }
+        double gd = flop / median(td, reps) * 1e-9, gc = flop / median(tc, reps) * 1e-9;
+        /* per CPU-second of the whole process: steadier than wall time when other jobs share the cores */
+        double gdc = flop / median(cd, reps) * 1e-9;
+        logsum += log(gd / gc);
+        nlog++;
+        if (json) {
+            printf("%s{\"dtype\":\"fp32\",\"pass\":\"%s\",\"trans\":\"%s\",\"M\":%lld,\"N\":%lld,\"K\":%lld,"
+                   "\"device_gflops\":%.2f,\"cpu_gflops\":%.2f,\"vs_cpu\":%.4f,\"max_rel_diff\":%.3g,"
+                   "\"device_gflop_per_cpu_s\":%.2f}",
+                   first ? "" : ",", c->pass, c->trans, (long long)c->M, (long long)c->N, (long long)c->K, gd,
+                   gc, gd / gc, md, gdc);
+        } else {
+            printf("%-4s %-5s %-5s %6lld %6lld %6lld %10.1f %10.1f %7.1f%% %9.1e\n", "fp32", c->pass,
+                   c->trans, (long long)c->M, (long long)c->N, (long long)c->K, gd, gc, 100.0 * gd / gc, md);
+            fflush(stdout);
+        }
+        first = 0;
+    }
+    double geo = nlog ? exp(logsum / nlog) : 0;
+    if (json)
+        printf("],\"geomean_vs_cpu\":%.4f,\"load_avg_end\":%.2f}\n", geo, loadavg());
+    else
+        printf("geometric mean %s / cpu: %.1f%%; load average at end: %.2f\n", dev, 100.0 * geo, loadavg());
+    return rc;
+}
+
 int sl_bench_ops(int argc, char **argv) {
-    int json = 0, quick = 0, maxthr = 2, reps = 3;
+    int json = 0, quick = 0, maxthr = 2, reps = 3, reps_set = 0;
+    const char *device = "cpu";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json"))
             json = 1;
@@ -212,9 +382,15 @@ int sl_bench_ops(int argc, char **argv) {
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
             maxthr = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps = atoi(argv[++i]);
+            reps = atoi(argv[++i]), reps_set = 1;
+        else if (!strcmp(argv[i], "--device") && i + 1 < argc)
+            device = argv[++i];
+        else if (!strncmp(argv[i], "--device=", 9))
+            device = argv[i] + 9;
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: suanli bench ops [--json] [--threads N] [--reps R] [--quick]\n");
+            printf("usage: suanli bench ops [--json] [--threads N] [--reps R] [--quick] [--device NAME]\n"
+                   "  --device NAME: MATMUL nodes on backend NAME (e.g. opencl, opencl:1) beside the cpu "
+                   "backend at N threads, same run\n");
             return 0;
         } else {
             fprintf(stderr, "bench ops: unknown flag '%s'\n", argv[i]);
@@ -225,13 +401,15 @@ int sl_bench_ops(int argc, char **argv) {
         fprintf(stderr, "bench ops: --threads and --reps must be >= 1\n");
         return 2;
     }
-    if (quick) reps = 1;
-    anchors_load();
+    if (quick && !reps_set) reps = 1;
+    if (reps > 64) reps = 64;
+    int on_device = strcmp(device, "cpu") != 0;
+    if (!on_device) anchors_load();
     int thr_list[2] = {1, maxthr}, nthr_list = maxthr > 1 ? 2 : 1;
     /* The peak is measured before and after the GEMMs and the larger kept: on a shared machine either
      * measurement alone may land in a busy moment. */
-    double peak[2];
-    for (int t = 0; t < nthr_list; t++) peak[t] = sl_bench_fma_peak(thr_list[t]);
+    double peak[2] = {0, 0};
+    for (int t = 0; !on_device && t < nthr_list; t++) peak[t] = sl_bench_fma_peak(thr_list[t]);
     double load0 = loadavg();
 
     static const int64_t lin[5][2] = {{2304, 768}, {768, 768}, {3072, 768}, {768, 3072}, {50304, 768}};
@@ -269,6 +447,12 @@ int sl_bench_ops(int argc, char **argv) {
     sl_rng_fill_normal(B, maxb, 1, 1, 0.0f, 0.02f);
     for (int64_t i = 0; i < maxa; i++) Ah[i] = sl_f32_to_bf16(A[i]);
     for (int64_t i = 0; i < maxb; i++) Bh[i] = sl_f32_to_bf16(B[i]);
+    if (on_device) {
+        int rc = bench_ops_device(device, cases, nc, A, B, json, maxthr, reps);
+        sl_free_aligned(A), sl_free_aligned(B), sl_free_aligned(C), sl_free_aligned(Ah), sl_free_aligned(Bh);
+        free(rows);
+        return rc;
+    }
 
     const char *coretype = getenv("OPENBLAS_CORETYPE");
     if (!json) {
@@ -357,7 +541,8 @@ int sl_bench_ops(int argc, char **argv) {
         }
     }
     if (json) {
-        printf("{\"bench\":\"ops\",\"load_avg_start\":%.2f,\"load_avg_end\":%.2f,\"kernel\":\"%s\",\"isa\":"
+        printf("{\"bench\":\"ops\",\"device\":\"cpu\",\"load_avg_start\":%.2f,\"load_avg_end\":%.2f,"
+               "\"kernel\":\"%s\",\"isa\":"
                "\"%s\",\"reps\":%d,\"openblas_coretype\":\"%s\","
                "\"openblas_core\":\"%s\",\"peak_gflops\":{",
                load0, load1, sl_gemm_kernel_name(), sl_cpu_isa_name(), reps, coretype ? coretype : "",

@@ -1,5 +1,6 @@
 /* suanli bench train — ms/step, tokens/s and MFU of GPT-2 training steps on synthetic tokens.
- * MFU uses the fp32 FMA peak measured in the same run (sl_bench_fma_peak from bench_ops.c). */
+ * MFU uses the host's fp32 FMA peak measured in the same run (sl_bench_fma_peak from bench_ops.c), also
+ * with --device (a device's own peak is not known here; on PoCL's CPU device it is the same host). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +34,10 @@ int sl_bench_train(int argc, char **argv) {
     int64_t L = 12, NH = 12, C = 768, V = 50257, B = 4, T = 64, steps = 5, warm = 1, threads = 2, accum = 1,
             zero = 0, bucket = 1 << 20;
     int json = 0, bf16 = 0;
+    const char *device = "cpu";
     sl_flag flags[] = {
+        {"device", SL_FLAG_STR, &device, 0, 0, "backend the model runs on: cpu (default), opencl[:N], strict",
+         0},
         {"num-layers", SL_FLAG_INT, &L, 1, 1024, "(12)", 0},
         {"num-attention-heads", SL_FLAG_INT, &NH, 1, 1024, "(12)", 0},
         {"hidden-size", SL_FLAG_INT, &C, 1, 65536, "(768)", 0},
@@ -71,7 +75,12 @@ int sl_bench_train(int argc, char **argv) {
     if (mesh.rank != 0 && !freopen("/dev/null", "w", stdout)) return 1;
     sl_gpt2_config cfg = {(int)L, (int)NH, (int)C, (int)V, (int)T};
     sl_model *m;
-    if (sl_gpt2_new(&cfg, &m) != SL_OK) {
+    sl_backend *be = sl_backend_get(device);
+    if (!be) {
+        fprintf(stderr, "suanli bench train: --device %s: %s\n", device, sl_errmsg());
+        return 2;
+    }
+    if (sl_gpt2_new_on(&cfg, be, &m) != SL_OK) {
         fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
         return 2;
     }
@@ -130,23 +139,25 @@ int sl_bench_train(int argc, char **argv) {
     double peak = sl_bench_fma_peak((int)threads) * 1e9 * mesh.dp; /* GFLOP/s -> FLOP/s, all ranks */
     double mfu = peak > 0 ? flops / peak : 0;
     if (json)
-        printf("{\"bench\": \"train\", \"model\": \"gpt2\", \"L\": %lld, \"NH\": %lld, \"C\": %lld, \"V\": "
+        printf("{\"bench\": \"train\", \"device\": \"%s\", \"model\": \"gpt2\", \"L\": %lld, \"NH\": %lld, "
+               "\"C\": %lld, \"V\": "
                "%lld, \"B\": %lld, "
                "\"T\": %lld, \"threads\": %lld, \"dtype\": \"%s\", \"ms_per_step\": %.2f, \"tokens_per_s\": "
                "%.2f, "
                "\"gflops\": %.2f, \"peak_gflops\": %.2f, \"mfu\": %.4f, \"activation_mib\": %.1f, \"loss\": "
                "%.4f, "
                "\"dp\": %d, \"accum\": %lld, \"zero_stage\": %lld, \"comm_wait_fraction\": %.4f}\n",
-               (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T,
+               device, (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T,
                (long long)threads, bf16 ? "bf16-mixed" : "f32", med * 1e3, tps, flops / 1e9, peak / 1e9, mfu,
                tr.plan.planned_bytes / 1048576.0, loss, mesh.dp, (long long)accum, (long long)zero,
                wait_frac);
     else
-        printf("GPT-2 L%lld NH%lld C%lld V%lld B%lld T%lld %s, %lld threads: %.1f ms/step (median of %lld), "
+        printf("GPT-2 on %s, L%lld NH%lld C%lld V%lld B%lld T%lld %s, %lld threads: %.1f ms/step (median of "
+               "%lld), "
                "%.1f tokens/s, "
                "%.1f GFLOP/s, MFU %.1f%% of measured %.1f GFLOP/s peak; activations %.1f MiB; dp %d x accum "
                "%lld, ZeRO-%lld, comm wait %.1f%% of step\n",
-               (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T,
+               device, (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T,
                bf16 ? "bf16-mixed" : "fp32", (long long)threads, med * 1e3, (long long)steps, tps,
                flops / 1e9, 100 * mfu, peak / 1e9, tr.plan.planned_bytes / 1048576.0, mesh.dp,
                (long long)accum, (long long)zero, 100 * wait_frac);

@@ -130,7 +130,12 @@ struct sl_backend {
 };
 
 /* Registry: "cpu" always, "strict" (test backend, memory not host-addressable), "null" (template).
- * Returns NULL (with sl_errmsg naming the backend and the known ones) if unknown. */
+ * Returns NULL (with sl_errmsg naming the backend and the known ones) if unknown.
+ * Note [Device names with a suffix]
+ * "NAME:ARG" picks backend NAME and passes ARG to its selector: "opencl:N" is device N of the OpenCL
+ * device list (every platform's devices in order, as `suanli devices` prints them). A backend without a
+ * selector refuses a suffix. One device per backend per process: selecting another device of a backend
+ * that is already initialised is refused. */
 sl_backend *sl_backend_get(const char *name);
 sl_backend *sl_backend_cpu(void);
 sl_backend *sl_backend_null(void);
@@ -144,8 +149,50 @@ sl_backend *sl_backend_opencl(void);
  * device is usable (the message says "no device" and gives cudaGetDeviceCount's error). SUANLI_CUDA_DEVICE
  * picks a device. */
 sl_backend *sl_backend_cuda(void);
+/* "opencl:ARG": ARG is a device index (decimal, >= 0) into the OpenCL device list; overrides
+ * SUANLI_OPENCL_DEVICE. NULL with sl_errmsg on a malformed index, a missing device, or when the backend is
+ * already initialised on another device. */
+sl_backend *sl_backend_opencl_select(const char *arg);
 /* Names of the registered backends, NULL-terminated (borrowed). */
 const char *const *sl_backend_names(void);
+
+/* Inventory (`suanli devices`): the registered backends and the devices each runtime reports, filled
+ * without initialising any backend. Strings are empty when unknown, numbers -1. */
+typedef struct sl_device_info {
+    char backend[16];   /* "opencl", "cuda" */
+    int index;          /* its NAME:N index */
+    char platform[128]; /* OpenCL platform name */
+    char name[128], vendor[128], driver[64], version[128];
+    char type[16]; /* "cpu", "gpu", "accelerator", "other" */
+    int compute_units;
+    int64_t global_mem, local_mem, max_alloc; /* bytes */
+    int64_t max_work_group;
+    int fp64, fp16; /* 1: supported (cl_khr_fp64 / cl_khr_fp16), 0: not */
+} sl_device_info;
+
+typedef struct sl_runtime_info {
+    char name[16];  /* "cpu", "strict", "null", "opencl", "cuda" */
+    int built;      /* compiled into this library */
+    int registered; /* listed by sl_backend_names */
+    int n_devices;  /* devices reported by the runtime (-1: does not apply) */
+    char note[256]; /* one line: cpu ISA and threads; a runtime's platforms; why none is present */
+} sl_runtime_info;
+
+#define SL_INVENTORY_MAX_DEVICES 64
+#define SL_INVENTORY_MAX_RUNTIMES 8
+typedef struct sl_device_inventory {
+    int n_runtimes, n_devices;
+    sl_runtime_info runtimes[SL_INVENTORY_MAX_RUNTIMES];
+    sl_device_info devices[SL_INVENTORY_MAX_DEVICES];
+} sl_device_inventory;
+
+/* Fills inv (registered backends first, then the runtimes not built). Never fails: a missing
+ * runtime is a runtime with n_devices 0 and a note saying so. */
+void sl_device_inventory_get(sl_device_inventory *inv);
+/* The OpenCL part of the inventory (src/device/opencl; the stub reports it as not built). */
+void sl_opencl_inventory(sl_runtime_info *rt, sl_device_info *devs, int cap, int *n);
+/* The CUDA part (src/device/cuda; the stub reports it as not built). */
+void sl_cuda_inventory(sl_runtime_info *rt, sl_device_info *devs, int cap, int *n);
 
 sl_status sl_backend_alloc(sl_backend *be, size_t bytes, sl_buffer **out);
 void sl_backend_free(sl_backend *be, sl_buffer *buf);

@@ -192,7 +192,8 @@ int sl_cmd_generate(int argc, char **argv) {
          "--model: f32 (exact) | bf16 (bf16 weights, memory-mapped when stored bf16; bf16 compute)", 0},
         {"seed", SL_FLAG_INT, &seed, 0, 9.007199254740992e15, "sampling seed (1234)", 0},
         {"threads", SL_FLAG_INT, &threads, 0, 1024, "compute threads", 0},
-        {"device", SL_FLAG_STR, &device, 0, 0, "backend: cpu (default), strict (test backend)", 0},
+        {"device", SL_FLAG_STR, &device, 0, 0,
+         "backend: cpu (default), opencl[:N], strict (test backend); suanli devices lists them", 0},
     };
     int nf = (int)(sizeof flags / sizeof flags[0]);
     for (int i = 1; i < argc; i++)

@@ -61,7 +61,9 @@ static int train_flags(sl_train_opts *o, const char **config, sl_flag *flags, in
          0},
         {"threads", SL_FLAG_INT, &o->threads, 0, 1024, "compute threads (default: OpenMP's)", 0},
         {"device", SL_FLAG_STR, &o->model.device, 0, 0,
-         "backend the model's state and compute live on: cpu (default), strict (test backend)", 0},
+         "backend the model's state and compute live on: cpu (default), opencl[:N], strict (test backend); "
+         "suanli devices lists them",
+         0},
         {"sample-tokens", SL_FLAG_INT, &o->sample.tokens, 0, 1e6, "print a sample of N tokens at the end (0)",
          0},
         {"sample-prompt", SL_FLAG_STR, &o->sample.prompt, 0, 0, "prompt for the sample", 0},

@@ -9,4 +9,5 @@ int sl_cmd_bench(int argc, char **argv);    /* cmd_bench.c: ops | comm | train *
 int sl_cmd_ckpt(int argc, char **argv);     /* cmd_ckpt.c: inspect | verify */
 int sl_cmd_convert(int argc, char **argv);  /* cmd_convert.c: HF <-> HF (f32|bf16), GPT-2 HF <-> suanli */
 int sl_cmd_plot(int argc, char **argv);     /* cmd_plot.c: metrics.jsonl -> SVG */
+int sl_cmd_devices(int argc, char **argv);  /* cmd_devices.c: backends, OpenCL platforms and devices */
 #endif

@@ -17,6 +17,7 @@ static void usage(FILE *f) {
         "  ckpt      checkpoints: suanli ckpt inspect|verify DIR\n"
         "  plot      loss, val loss, tokens/s, lr of runs into an SVG: suanli plot RUN_DIR... [--output F]\n"
         "  convert   model formats: HF dir -> HF safetensors (f32|bf16); GPT-2 HF <-> suanli (--from/--to)\n"
+        "  devices   backends and the devices present (--device NAME or NAME:N)\n"
         "run 'suanli <command> --help' for its flags\n");
 }
 
@@ -38,6 +39,7 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "ckpt")) return sl_cmd_ckpt(argc - 1, argv + 1);
     if (!strcmp(c, "convert")) return sl_cmd_convert(argc - 1, argv + 1);
     if (!strcmp(c, "plot")) return sl_cmd_plot(argc - 1, argv + 1);
+    if (!strcmp(c, "devices")) return sl_cmd_devices(argc - 1, argv + 1);
     fprintf(stderr, "suanli: unknown command '%s'\n", c);
     usage(stderr);
     return 2;

@@ -1,4 +1,5 @@
 /* Backend registry and the generic helpers every backend shares: checked copies, mapping, tensor binding. */
+#include <stdio.h>
 #include <string.h>
 
 #include "suanli/device.h"
@@ -27,6 +28,16 @@
 SL_BACKENDS(DECLARE)
 #undef DECLARE
 
+/* Selectors for "NAME:ARG" (Note [Device names with a suffix] in suanli/device.h): one line per backend
+ * that has one; the others refuse a suffix. */
+static sl_backend *(*selector_of(const char *name))(const char *) {
+#ifdef SL_HAVE_OPENCL
+    if (!strcmp(name, "opencl")) return sl_backend_opencl_select;
+#endif
+    (void)name;
+    return NULL;
+}
+
 static const struct {
     const char *name;
     sl_backend *(*get)(void);
@@ -45,9 +56,19 @@ const char *const *sl_backend_names(void) {
 }
 
 sl_backend *sl_backend_get(const char *name) {
-    char known[128] = "";
+    char known[128] = "", base[32] = "";
+    const char *colon = name ? strchr(name, ':') : NULL;
+    if (colon && (size_t)(colon - name) < sizeof base) memcpy(base, name, (size_t)(colon - name));
     for (int i = 0; i < N_REGISTRY; i++) {
-        if (name && !strcmp(name, k_registry[i].name)) return k_registry[i].get();
+        if (name && !colon && !strcmp(name, k_registry[i].name)) return k_registry[i].get();
+        if (colon && !strcmp(base, k_registry[i].name)) {
+            sl_backend *(*sel)(const char *) = selector_of(base);
+            if (!sel) {
+                sl_fail(SL_ERR_INVALID, "device '%s': the %s backend takes no ':' suffix", name, base);
+                return NULL;
+            }
+            return sel(colon + 1);
+        }
         snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "",
                  k_registry[i].name);
     }
@@ -179,4 +200,49 @@ sl_status sl_backend_copy(sl_buffer *dst, size_t doff, const sl_buffer *src, siz
     SL_TRY(check_range(dst, doff, n, "copy"));
     SL_TRY(check_range(src, soff, n, "copy"));
     return n ? be->copy(dst, doff, src, soff, n) : SL_OK;
+}
+
+/* ---------------- inventory ---------------- */
+
+void sl_device_inventory_get(sl_device_inventory *inv) {
+    memset(inv, 0, sizeof *inv);
+    int have_opencl = 0, have_cuda = 0;
+    for (int i = 0; i < N_REGISTRY && inv->n_runtimes < SL_INVENTORY_MAX_RUNTIMES; i++) {
+        sl_runtime_info *r = &inv->runtimes[inv->n_runtimes++];
+        const char *nm = k_registry[i].name;
+        snprintf(r->name, sizeof r->name, "%s", nm);
+        r->built = r->registered = 1;
+        r->n_devices = -1;
+        if (!strcmp(nm, "cpu"))
+            snprintf(r->note, sizeof r->note, "host CPU, ISA %s, %d thread%s (OMP_NUM_THREADS / --threads)",
+                     sl_cpu_isa_name(), sl_threads_get(), sl_threads_get() == 1 ? "" : "s");
+        else if (!strcmp(nm, "strict"))
+            snprintf(r->note, sizeof r->note,
+                     "test backend: the CPU kernels behind memory the host cannot touch (PROT_NONE)");
+        else if (!strcmp(nm, "null"))
+            snprintf(r->note, sizeof r->note, "template backend: supports no op");
+        else if (!strcmp(nm, "opencl")) {
+            int n = 0;
+            sl_opencl_inventory(r, inv->devices + inv->n_devices, SL_INVENTORY_MAX_DEVICES - inv->n_devices,
+                                &n);
+            r->registered = 1;
+            inv->n_devices += n;
+            have_opencl = 1;
+        } else if (!strcmp(nm, "cuda")) {
+            int n = 0;
+            sl_cuda_inventory(r, inv->devices + inv->n_devices, SL_INVENTORY_MAX_DEVICES - inv->n_devices,
+                              &n);
+            r->registered = 1;
+            inv->n_devices += n;
+            have_cuda = 1;
+        }
+    }
+    if (!have_opencl && inv->n_runtimes < SL_INVENTORY_MAX_RUNTIMES) {
+        int n = 0;
+        sl_opencl_inventory(&inv->runtimes[inv->n_runtimes++], inv->devices, 0, &n);
+    }
+    if (!have_cuda && inv->n_runtimes < SL_INVENTORY_MAX_RUNTIMES) {
+        int n = 0;
+        sl_cuda_inventory(&inv->runtimes[inv->n_runtimes++], inv->devices, 0, &n);
+    }
 }

@@ -98,5 +98,23 @@ int main(void) {
     TU_CHECK(rc == 2 && strstr(out, "host-visible"), "bf16 weights on strict refused: %s", out);
     rc = run("train --device null --data-path %s/data " TINY " --train-iters 1", dir);
     TU_CHECK(rc != 0 && strstr(out, "not supported"), "null backend: the first op named: %s", out);
+    rc = run("train --device cpu:1 --data-path %s/data " TINY " --train-iters 1", dir);
+    TU_CHECK(rc == 2 && strstr(out, "takes no ':' suffix"), "cpu:1 refused: %s", out);
+    /* suanli devices: every registered backend, the OpenCL runtime (devices, or why there are none), cuda */
+    rc = run("devices");
+    TU_CHECK(rc == 0 && strstr(out, "cpu ") && strstr(out, "ISA ") && strstr(out, "strict") &&
+                 strstr(out, "cuda "),
+             "devices: %s", out);
+    /* cuda: the devices, or plainly why there are none (not built / no device / driver too old) */
+    TU_CHECK(strstr(out, "cuda:0") || strstr(out, "cuda    not built") || strstr(out, "no device"),
+             "devices says what cuda has: %s", out);
+#ifdef SL_HAVE_OPENCL
+    TU_CHECK(strstr(out, "opencl:0") || strstr(out, "no OpenCL platform") || strstr(out, "no device"),
+             "devices lists opencl (devices or why none): %s", out);
+#else
+    TU_CHECK(strstr(out, "opencl  not built"), "devices says opencl is not built: %s", out);
+#endif
+    rc = run("devices --json");
+    TU_CHECK(rc == 0 && strstr(out, "\"runtimes\":[{\"name\":\"cpu\""), "devices --json: %s", out);
     return tu_finish("test_backend_cli");
 }

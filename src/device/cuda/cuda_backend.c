@@ -62,16 +62,19 @@ static sl_status init_device(void) {
     const char *e = getenv("SUANLI_CUDA_DEVICE");
     int want = e && *e ? atoi(e) : 0;
     if (want < 0 || want >= n) {
-        snprintf(msg, sizeof msg, "cuda backend: no device %d (%d CUDA device%s found)", want, n, n == 1 ? "" : "s");
+        snprintf(msg, sizeof msg, "cuda backend: no device %d (%d CUDA device%s found)", want, n,
+                 n == 1 ? "" : "s");
         return init_fail(msg);
     }
     g_cu.device = want;
     if ((err = cudaSetDevice(want)) != cudaSuccess) {
-        snprintf(msg, sizeof msg, "cuda backend: no device (cudaSetDevice(%d): %s)", want, cudaGetErrorString(err));
+        snprintf(msg, sizeof msg, "cuda backend: no device (cudaSetDevice(%d): %s)", want,
+                 cudaGetErrorString(err));
         return init_fail(msg);
     }
     struct cudaDeviceProp prop;
-    if ((err = cudaGetDeviceProperties(&prop, want)) != cudaSuccess) return cu_fail(err, "cudaGetDeviceProperties");
+    if ((err = cudaGetDeviceProperties(&prop, want)) != cudaSuccess)
+        return cu_fail(err, "cudaGetDeviceProperties");
     snprintf(g_cu.device_name, sizeof g_cu.device_name, "%s", prop.name);
     g_cu.cc_major = prop.major;
     g_cu.cc_minor = prop.minor;
@@ -84,11 +87,12 @@ static sl_status init_device(void) {
         return cu_blas_fail(bs, "cublasSetStream");
     g_cu.tf32 = env_on("SUANLI_CUDA_TF32");
     g_cu.deterministic = env_on("SUANLI_CUDA_DETERMINISTIC");
-    if ((err = cudaMalloc((void **)&g_cu.flag, 2 * sizeof(int))) != cudaSuccess) return cu_fail(err, "cudaMalloc (flag)");
+    if ((err = cudaMalloc((void **)&g_cu.flag, 2 * sizeof(int))) != cudaSuccess)
+        return cu_fail(err, "cudaMalloc (flag)");
     if ((err = cudaMemsetAsync(g_cu.flag, 0, 2 * sizeof(int), g_cu.stream)) != cudaSuccess)
         return cu_fail(err, "cudaMemset (flag)");
     SL_LOGI("cuda backend: %s (sm_%d%d, %.1f GiB)%s", g_cu.device_name, g_cu.cc_major, g_cu.cc_minor,
-                (double)g_cu.total_mem / (1u << 30), g_cu.tf32 ? ", TF32 GEMMs" : "");
+            (double)g_cu.total_mem / (1u << 30), g_cu.tf32 ? ", TF32 GEMMs" : "");
     return SL_OK;
 }
 
@@ -159,8 +163,8 @@ sl_status cu_ptr_of(const sl_tensor *n, const sl_tensor *t, void **p) {
         if (holds(g_bufs.v[i], t->data, need)) b = g_bufs.v[i];
     if (!b) {
         if (t == n)
-            return sl_fail(SL_ERR_INVALID, "cuda backend: node '%s' (%s) writes outside device memory", n->name,
-                           sl_op_name(n->op));
+            return sl_fail(SL_ERR_INVALID, "cuda backend: node '%s' (%s) writes outside device memory",
+                           n->name, sl_op_name(n->op));
         return sl_fail(SL_ERR_INVALID,
                        "cuda backend: node '%s' (%s) reads '%s' outside device memory (a host pointer bound "
                        "with sl_tensor_bind?)",
@@ -168,8 +172,8 @@ sl_status cu_ptr_of(const sl_tensor *n, const sl_tensor *t, void **p) {
     }
     size_t off = (size_t)((const char *)t->data - (const char *)b->base), es = sl_dtype_size(t->dtype);
     if (off % es)
-        return sl_fail(SL_ERR_INVALID, "cuda backend: tensor '%s' at byte %zu is not %zu-byte aligned", t->name,
-                       off, es);
+        return sl_fail(SL_ERR_INVALID, "cuda backend: tensor '%s' at byte %zu is not %zu-byte aligned",
+                       t->name, off, es);
     *p = t->data;
     return SL_OK;
 }
@@ -203,8 +207,8 @@ static sl_status cuda_alloc(sl_backend *be, size_t bytes, sl_buffer **out) {
     if (err != cudaSuccess) {
         if (b->base) cudaFree(b->base);
         free(b);
-        return sl_fail(SL_ERR_NOMEM, "cuda backend: cannot allocate %zu bytes on %s (%s)", bytes, g_cu.device_name,
-                       cudaGetErrorString(err));
+        return sl_fail(SL_ERR_NOMEM, "cuda backend: cannot allocate %zu bytes on %s (%s)", bytes,
+                       g_cu.device_name, cudaGetErrorString(err));
     }
     b->size = bytes;
     b->backend = be;
@@ -230,7 +234,8 @@ static sl_status cuda_copy_in_async(sl_buffer *dst, size_t off, const void *host
     return cu_ok(err, "copy_in");
 }
 static sl_status cuda_copy_out_async(const sl_buffer *src, size_t off, void *host, size_t n) {
-    cudaError_t err = cudaMemcpyAsync(host, (const char *)src->base + off, n, cudaMemcpyDeviceToHost, g_cu.stream);
+    cudaError_t err =
+        cudaMemcpyAsync(host, (const char *)src->base + off, n, cudaMemcpyDeviceToHost, g_cu.stream);
     return cu_ok(err, "copy_out");
 }
 static sl_status cuda_sync(sl_backend *be) {
@@ -246,7 +251,8 @@ static sl_status cuda_copy_out(const sl_buffer *src, size_t off, void *host, siz
     return cuda_sync(NULL);
 }
 static sl_status cuda_memset(sl_buffer *b, size_t off, size_t n) {
-    if (off > b->size || n > b->size - off) return sl_fail(SL_ERR_INVALID, "cuda backend: memset out of range");
+    if (off > b->size || n > b->size - off)
+        return sl_fail(SL_ERR_INVALID, "cuda backend: memset out of range");
     if (!n) return SL_OK;
     return cu_ok(cudaMemsetAsync((char *)b->base + off, 0, n, g_cu.stream), "memset_zero");
 }
@@ -276,18 +282,20 @@ static sl_status cuda_adamw(sl_backend *be, const sl_adamw_call *c) {
     (void)be;
     for (int i = 0; i < c->n_spans; i++) {
         const sl_adamw_span *s = &c->spans[i];
-        if (!span_ok(c->p, s->p_offs, s->n) || !span_ok(c->g, s->g_offs, s->n) || !span_ok(c->m, s->s_offs, s->n) ||
-            !span_ok(c->v, s->s_offs, s->n))
+        if (!span_ok(c->p, s->p_offs, s->n) || !span_ok(c->g, s->g_offs, s->n) ||
+            !span_ok(c->m, s->s_offs, s->n) || !span_ok(c->v, s->s_offs, s->n))
             return sl_fail(SL_ERR_INVALID, "cuda backend: adamw span %d out of range", i);
     }
-    double bc1 = 1.0 - pow((double)c->hp.beta1, (double)c->t), bc2 = 1.0 - pow((double)c->hp.beta2, (double)c->t);
+    double bc1 = 1.0 - pow((double)c->hp.beta1, (double)c->t),
+           bc2 = 1.0 - pow((double)c->hp.beta2, (double)c->t);
     float step = (float)(c->lr / bc1), bc2s = (float)sqrt(bc2), dec_on = 1.0f - c->lr * c->hp.weight_decay;
     for (int i = 0; i < c->n_spans; i++) {
         const sl_adamw_span *s = &c->spans[i];
-        SL_TRY(cu_ok(cu_adamw(g_cu.stream, f32_at(c->p, s->p_offs), f32_at(c->g, s->g_offs), f32_at(c->m, s->s_offs),
-                              f32_at(c->v, s->s_offs), s->n, s->decay ? dec_on : 1.0f, c->gscale, c->hp.beta1,
-                              c->hp.beta2, c->hp.eps, step, bc2s),
-                     "adamw"));
+        SL_TRY(
+            cu_ok(cu_adamw(g_cu.stream, f32_at(c->p, s->p_offs), f32_at(c->g, s->g_offs),
+                           f32_at(c->m, s->s_offs), f32_at(c->v, s->s_offs), s->n, s->decay ? dec_on : 1.0f,
+                           c->gscale, c->hp.beta1, c->hp.beta2, c->hp.eps, step, bc2s),
+                  "adamw"));
     }
     return SL_OK;
 }
@@ -304,7 +312,8 @@ static sl_status cuda_sumsq(sl_backend *be, const sl_buffer *b, int64_t off, int
     SL_TRY(cu_ok(cu_sumsq_chunks(g_cu.stream, f32_at(b, off), n, part), "sumsq"));
     double local[64], *h = nch <= 64 ? local : malloc(sizeof(double) * (size_t)nch);
     if (!h) return sl_fail(SL_ERR_NOMEM, "cuda backend: sumsq: out of memory");
-    cudaError_t err = cudaMemcpyAsync(h, part, sizeof(double) * (size_t)nch, cudaMemcpyDeviceToHost, g_cu.stream);
+    cudaError_t err =
+        cudaMemcpyAsync(h, part, sizeof(double) * (size_t)nch, cudaMemcpyDeviceToHost, g_cu.stream);
     if (err == cudaSuccess) err = cudaStreamSynchronize(g_cu.stream);
     double ss = 0;
     for (int64_t i = 0; err == cudaSuccess && i < nch; i++) ss += h[i];
@@ -356,3 +365,45 @@ static sl_backend g_be = {
     .scale = cuda_scale,
     .fill = cuda_fill,
 };
+
+/* ---------------- inventory (suanli devices) ---------------- */
+
+void sl_cuda_inventory(sl_runtime_info *rt, sl_device_info *devs, int cap, int *n) {
+    *n = 0;
+    snprintf(rt->name, sizeof rt->name, "cuda");
+    rt->built = 1;
+    int count = 0, rtv = 0, drv = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    (void)cudaRuntimeGetVersion(&rtv);
+    (void)cudaDriverGetVersion(&drv);
+    if (err != cudaSuccess || count == 0) {
+        rt->n_devices = 0;
+        snprintf(rt->note, sizeof rt->note, "runtime %d.%d, driver %d.%d: no device (%s)", rtv / 1000,
+                 rtv % 1000 / 10, drv / 1000, drv % 1000 / 10,
+                 err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+        return;
+    }
+    rt->n_devices = count;
+    snprintf(rt->note, sizeof rt->note, "runtime %d.%d, driver %d.%d, %d device%s", rtv / 1000,
+             rtv % 1000 / 10, drv / 1000, drv % 1000 / 10, count, count == 1 ? "" : "s");
+    for (int i = 0; i < count && *n < cap; i++) {
+        struct cudaDeviceProp p;
+        if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
+        sl_device_info *d = &devs[(*n)++];
+        memset(d, 0, sizeof *d);
+        snprintf(d->backend, sizeof d->backend, "cuda");
+        d->index = i;
+        snprintf(d->name, sizeof d->name, "%.127s", p.name);
+        snprintf(d->vendor, sizeof d->vendor, "NVIDIA");
+        snprintf(d->driver, sizeof d->driver, "%d.%d", drv / 1000, drv % 1000 / 10);
+        snprintf(d->version, sizeof d->version, "compute capability %d.%d", p.major, p.minor);
+        snprintf(d->type, sizeof d->type, "gpu");
+        d->compute_units = p.multiProcessorCount;
+        d->global_mem = (int64_t)p.totalGlobalMem;
+        d->local_mem = (int64_t)p.sharedMemPerBlock;
+        d->max_alloc = (int64_t)p.totalGlobalMem;
+        d->max_work_group = p.maxThreadsPerBlock;
+        d->fp64 = 1;
+        d->fp16 = p.major >= 6;
+    }
+}

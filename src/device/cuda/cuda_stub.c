@@ -8,3 +8,14 @@ sl_backend *sl_backend_cuda(void) {
                                 "scripts/cuda_toolkit.sh)");
     return NULL;
 }
+
+void sl_cuda_inventory(sl_runtime_info *rt, sl_device_info *devs, int cap, int *n) {
+    (void)devs;
+    (void)cap;
+    *n = 0;
+    snprintf(rt->name, sizeof rt->name, "cuda");
+    rt->built = 0;
+    rt->n_devices = 0;
+    snprintf(rt->note, sizeof rt->note,
+             "not built (configure with -DSL_CUDA=ON and a CUDA toolkit: scripts/cuda_toolkit.sh)");
+}

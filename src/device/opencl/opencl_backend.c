@@ -21,6 +21,7 @@
 
 ocl_state g_ocl;
 static sl_backend g_be;
+static int g_want = -1; /* device index from "opencl:N" (-1: SUANLI_OPENCL_DEVICE, else 0) */
 
 /* every live buffer, for address lookups */
 static struct {
@@ -56,7 +57,8 @@ static sl_status pick_device(void) {
     if (np > 16) np = 16;
     clGetPlatformIDs(np, plats, NULL);
     const char *e = getenv("SUANLI_OPENCL_DEVICE");
-    int want = e && *e ? atoi(e) : 0, seen = 0;
+    int want = g_want >= 0 ? g_want : e && *e ? atoi(e) : 0, seen = 0;
+    g_ocl.index = want;
     for (cl_uint p = 0; p < np; p++) {
         cl_uint nd = 0;
         if (clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, 0, NULL, &nd) != CL_SUCCESS || nd == 0) continue;
@@ -76,20 +78,40 @@ static sl_status pick_device(void) {
 }
 
 /* Note [OpenCL GEMM tiles]
- * The GEMM (kernels/gemm.cl) gives each work-group a TS x TS block of C and each work-item a 4 x 4
- * sub-block held in registers; A and B are staged through local memory TK columns at a time
- * (2 * TK * TS floats). TS is the largest of 64, 32, 16 whose work-group ((TS/4)^2 items) fits
- * CL_DEVICE_MAX_WORK_GROUP_SIZE and whose tiles fit half of CL_DEVICE_LOCAL_MEM_SIZE; TK = 16.
- * On CPU devices (PoCL) TS = 16: there the work-group is a loop that PoCL vectorises across work-items,
- * and larger groups only add barrier cost (measured 2026-12-01, PoCL 3.1 on 2 Zen 4 cores, 256x2304x768
- * NT: 7.1 GFLOP/s at TS 16, 3.7 at 32, 5.4 at 64). SUANLI_OPENCL_GEMM_TILE forces TS (16, 32 or 64). */
+ * Two GEMM kernels, chosen per device type (CL_DEVICE_TYPE):
+ * - GPU-type devices: k_gemm (kernels/gemm.cl), tiled in local memory. A work-group computes a TS x TS
+ *   block of C, each work-item a 4 x 4 sub-block in registers; A and B are staged through local memory TK
+ *   columns at a time (2 * TK * (TS + 1) floats: one word of padding per row keeps the column writes of
+ *   neighbouring work-items in different banks). TS is the largest of 64, 32, 16 whose work-group
+ *   ((TS/4)^2 items) fits CL_DEVICE_MAX_WORK_GROUP_SIZE and whose tiles fit half of
+ *   CL_DEVICE_LOCAL_MEM_SIZE; TK = 16.
+ * - CPU-type devices (PoCL): k_gemm_reg (kernels/gemm_reg.cl), register-blocked like a CPU BLAS
+ *   micro-kernel. A work-group is a single work-item (PoCL then runs it as plain vector code: no
+ *   work-item loop, no barriers). It computes MR x 32 tiles with 2*MR float16 accumulators (16 zmm
+ *   registers at MR 8: one vector load of B and MR broadcasts of A per 2*MR FMAs); operands are read as
+ *   panels ([panels][K][width], vector loads along the panel), packed first by k_gemm_pack_* unless already
+ *   in that layout (A^T with M % MR == 0, B with N % 32 == 0). K runs in blocks of KC, and each work-item
+ *   takes MG consecutive m-tiles against one 32-wide B panel, so the 32 x KC slice of B (32 KiB at KC 256)
+ *   stays in L1 across the MG tiles; partial sums between k-blocks go through a scratch Cp (M x N floats),
+ *   in the same k order (Cp is allocated only when K > KC). KC and MG are kernel arguments, MR a build
+ *   option (it sizes the accumulator arrays). Defaults MR 8, KC 256, MG 8.
+ *   Measured (2026-12-01, PoCL 3.1, 2 Zen 4 cores, docs/BENCHMARKS.md "OpenCL backend on PoCL (issue
+ *   14)"): the tiled kernel reaches 4-8 GFLOP/s there (~4% of the CPU backend); k_gemm_reg 50-210 GFLOP/s
+ *   (roughly 50-100% of the CPU backend in the same run); MG 8-32 and KC 128-512 within the noise of a
+ *   shared machine, MG 1 without k-blocks ~10% slower per CPU-second.
+ *   PoCL 3.1 / LLVM 15 pitfall: with KC and MG as compile-time constants (-D options) some values (KC >=
+ * 1024, MG 32) produced a kernel that wrote outside its buffers or skipped work (valgrind: invalid writes in
+ *   k_gemm_reg; wrong results at 2x the machine's peak); as run-time arguments every value tested is
+ *   correct. Not understood further; bench ops --device now checks every result against the CPU backend.
+ * Overrides: SUANLI_OPENCL_GEMM=tiled|reg picks the kernel; SUANLI_OPENCL_GEMM_TILE (16, 32, 64) forces
+ * TS and the tiled kernel; SUANLI_OPENCL_GEMM_MR, _KC, _MG set the register-blocked kernel's sizes. */
 static void choose_tiles(void) {
     const int cand[3] = {64, 32, 16};
     g_ocl.gemm_tk = 16;
     g_ocl.gemm_ts = 16;
     for (int i = 0; i < 3; i++) {
         size_t wg = (size_t)(cand[i] / 4) * (size_t)(cand[i] / 4);
-        size_t lm = 2 * (size_t)g_ocl.gemm_tk * (size_t)cand[i] * sizeof(float);
+        size_t lm = 2 * (size_t)g_ocl.gemm_tk * (size_t)(cand[i] + 1) * sizeof(float);
         if (wg <= g_ocl.max_wg && lm <= g_ocl.local_mem / 2) {
             g_ocl.gemm_ts = cand[i];
             break;
@@ -97,9 +119,25 @@ static void choose_tiles(void) {
     }
     cl_device_type type = 0;
     clGetDeviceInfo(g_ocl.device, CL_DEVICE_TYPE, sizeof type, &type, NULL);
+    g_ocl.gemm_kind = (type & CL_DEVICE_TYPE_CPU) ? OCL_GEMM_REG : OCL_GEMM_TILED;
+    g_ocl.gemm_mr = 8;
     if (type & CL_DEVICE_TYPE_CPU) g_ocl.gemm_ts = 16;
     const char *e = getenv("SUANLI_OPENCL_GEMM_TILE");
-    if (e && (!strcmp(e, "16") || !strcmp(e, "32") || !strcmp(e, "64"))) g_ocl.gemm_ts = atoi(e);
+    if (e && (!strcmp(e, "16") || !strcmp(e, "32") || !strcmp(e, "64"))) {
+        g_ocl.gemm_ts = atoi(e);
+        g_ocl.gemm_kind = OCL_GEMM_TILED;
+    }
+    e = getenv("SUANLI_OPENCL_GEMM");
+    if (e && !strcmp(e, "tiled")) g_ocl.gemm_kind = OCL_GEMM_TILED;
+    if (e && !strcmp(e, "reg")) g_ocl.gemm_kind = OCL_GEMM_REG;
+    e = getenv("SUANLI_OPENCL_GEMM_MR");
+    if (e && atoi(e) >= 1 && atoi(e) <= 12) g_ocl.gemm_mr = atoi(e);
+    g_ocl.gemm_kc = 256;
+    g_ocl.gemm_mg = 8;
+    e = getenv("SUANLI_OPENCL_GEMM_KC");
+    if (e && atoi(e) >= 1 && atoi(e) <= 65536) g_ocl.gemm_kc = atoi(e);
+    e = getenv("SUANLI_OPENCL_GEMM_MG");
+    if (e && atoi(e) >= 1 && atoi(e) <= 4096) g_ocl.gemm_mg = atoi(e);
 }
 
 static sl_status init_device(void) {
@@ -143,6 +181,117 @@ sl_backend *sl_backend_opencl(void) {
     return &g_be;
 }
 
+/* "opencl:N" (Note [Device names with a suffix] in suanli/device.h) */
+sl_backend *sl_backend_opencl_select(const char *arg) {
+    char *end = NULL;
+    long v = arg && *arg >= '0' && *arg <= '9' ? strtol(arg, &end, 10) : -1;
+    if (v < 0 || v > 4096 || !end || *end) {
+        sl_fail(SL_ERR_INVALID,
+                "device 'opencl:%s': expected opencl:N with N a device index (suanli devices)",
+                arg ? arg : "");
+        return NULL;
+    }
+    if (g_ocl.tried && g_ocl.init_st == SL_OK && g_ocl.index != (int)v) {
+        sl_fail(SL_ERR_INVALID,
+                "device 'opencl:%ld': the opencl backend already runs on device %d (%s); one "
+                "OpenCL device per process",
+                v, g_ocl.index, g_ocl.device_name);
+        return NULL;
+    }
+    if (g_ocl.tried && g_ocl.init_st != SL_OK && g_want != (int)v) {
+        g_ocl.tried = 0; /* a failed selection may be retried with another index */
+        g_ocl.init_err[0] = 0;
+    }
+    g_want = (int)v;
+    return sl_backend_opencl();
+}
+
+/* ---------------- inventory ---------------- */
+
+static void dev_str(cl_device_id d, cl_device_info what, char *dst, size_t cap) {
+    dst[0] = 0;
+    if (clGetDeviceInfo(d, what, cap - 1, dst, NULL) != CL_SUCCESS) dst[0] = 0;
+    dst[cap - 1] = 0;
+}
+
+/* suanli/device.h: the platforms and devices, queried without initialising the backend. */
+void sl_opencl_inventory(sl_runtime_info *rt, sl_device_info *devs, int cap, int *n) {
+    *n = 0;
+    snprintf(rt->name, sizeof rt->name, "opencl");
+    rt->built = 1;
+    rt->n_devices = 0;
+    cl_uint np = 0;
+    cl_int err = clGetPlatformIDs(0, NULL, &np);
+    if (err != CL_SUCCESS || np == 0) {
+        snprintf(rt->note, sizeof rt->note,
+                 "runtime missing: no OpenCL platform found (clGetPlatformIDs: %d; install an ICD such as "
+                 "pocl-opencl-icd, or a vendor driver)",
+                 (int)err);
+        return;
+    }
+    cl_platform_id plats[16];
+    if (np > 16) np = 16;
+    clGetPlatformIDs(np, plats, NULL);
+    int len = snprintf(rt->note, sizeof rt->note, "%u platform%s:", np, np == 1 ? "" : "s");
+    for (cl_uint p = 0; p < np; p++) {
+        char pname[128] = "", pver[128] = "";
+        clGetPlatformInfo(plats[p], CL_PLATFORM_NAME, sizeof pname - 1, pname, NULL);
+        clGetPlatformInfo(plats[p], CL_PLATFORM_VERSION, sizeof pver - 1, pver, NULL);
+        if (len > 0 && (size_t)len < sizeof rt->note)
+            len += snprintf(rt->note + len, sizeof rt->note - (size_t)len, "%s %s (%s)", p ? ";" : "", pname,
+                            pver);
+        cl_uint nd = 0;
+        if (clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, 0, NULL, &nd) != CL_SUCCESS || nd == 0) continue;
+        cl_device_id ids[64];
+        if (nd > 64) nd = 64;
+        clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, nd, ids, NULL);
+        for (cl_uint i = 0; i < nd; i++, rt->n_devices++) {
+            if (*n >= cap) continue;
+            sl_device_info *o = &devs[(*n)++];
+            memset(o, 0, sizeof *o);
+            cl_device_id d = ids[i];
+            snprintf(o->backend, sizeof o->backend, "opencl");
+            o->index = rt->n_devices;
+            snprintf(o->platform, sizeof o->platform, "%s", pname);
+            dev_str(d, CL_DEVICE_NAME, o->name, sizeof o->name);
+            dev_str(d, CL_DEVICE_VENDOR, o->vendor, sizeof o->vendor);
+            dev_str(d, CL_DRIVER_VERSION, o->driver, sizeof o->driver);
+            dev_str(d, CL_DEVICE_VERSION, o->version, sizeof o->version);
+            cl_device_type t = 0;
+            clGetDeviceInfo(d, CL_DEVICE_TYPE, sizeof t, &t, NULL);
+            snprintf(o->type, sizeof o->type, "%s",
+                     t & CL_DEVICE_TYPE_GPU           ? "gpu"
+                     : t & CL_DEVICE_TYPE_CPU         ? "cpu"
+                     : t & CL_DEVICE_TYPE_ACCELERATOR ? "accelerator"
+                                                      : "other");
+            cl_uint cu = 0;
+            cl_ulong gm = 0, lm = 0, ma = 0;
+            size_t wg = 0;
+            cl_device_fp_config dfp = 0;
+            o->compute_units =
+                clGetDeviceInfo(d, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof cu, &cu, NULL) ? -1 : (int)cu;
+            o->global_mem =
+                clGetDeviceInfo(d, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof gm, &gm, NULL) ? -1 : (int64_t)gm;
+            o->local_mem =
+                clGetDeviceInfo(d, CL_DEVICE_LOCAL_MEM_SIZE, sizeof lm, &lm, NULL) ? -1 : (int64_t)lm;
+            o->max_alloc =
+                clGetDeviceInfo(d, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof ma, &ma, NULL) ? -1 : (int64_t)ma;
+            o->max_work_group =
+                clGetDeviceInfo(d, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof wg, &wg, NULL) ? -1 : (int64_t)wg;
+            clGetDeviceInfo(d, CL_DEVICE_DOUBLE_FP_CONFIG, sizeof dfp, &dfp, NULL);
+            o->fp64 = dfp != 0;
+            size_t xn = 0;
+            clGetDeviceInfo(d, CL_DEVICE_EXTENSIONS, 0, NULL, &xn);
+            char *ext = xn ? calloc(1, xn + 1) : NULL;
+            if (ext && clGetDeviceInfo(d, CL_DEVICE_EXTENSIONS, xn, ext, NULL) == CL_SUCCESS)
+                o->fp16 = strstr(ext, "cl_khr_fp16") != NULL;
+            free(ext);
+        }
+    }
+    if (rt->n_devices == 0 && len > 0 && (size_t)len < sizeof rt->note)
+        snprintf(rt->note + len, sizeof rt->note - (size_t)len, "; no device on any platform");
+}
+
 /* ---------------- launches ---------------- */
 
 ocl_call ocl_begin(ocl_kernel_id id) {
@@ -178,7 +327,11 @@ sl_status ocl_run1(ocl_call *c, size_t n) { return ocl_run(c, 1, &n, NULL); }
 
 sl_status ocl_scratch(size_t bytes, cl_mem *out) {
     if (bytes > g_ocl.scratch_size) {
-        if (g_ocl.scratch) clReleaseMemObject(g_ocl.scratch); /* freed once queued work is done */
+        if (g_ocl.scratch) { /* after the queued work that uses it (rare: the scratch only grows) */
+            cl_int ferr = clFinish(g_ocl.queue);
+            if (ferr != CL_SUCCESS) return ocl_fail(ferr, "clFinish (scratch)");
+            clReleaseMemObject(g_ocl.scratch);
+        }
         cl_int err;
         size_t sz = bytes < 4096 ? 4096 : bytes;
         g_ocl.scratch = clCreateBuffer(g_ocl.ctx, CL_MEM_READ_WRITE, sz, NULL, &err);

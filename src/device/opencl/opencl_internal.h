@@ -14,7 +14,11 @@ typedef enum ocl_kernel_id {
     OK_EW = 0,       /* elementwise.cl: strided 5-D elementwise ops on 32-bit elements */
     OK_EW16,         /* elementwise.cl: 16-bit copies and f32 <-> bf16 casts */
     OK_SUM_TO,       /* elementwise.cl */
-    OK_GEMM,         /* gemm.cl: tiled in local memory */
+    OK_GEMM,         /* gemm.cl: tiled in local memory (GPU-type devices) */
+    OK_GEMM_REG,     /* gemm_reg.cl: register-blocked, panels (CPU-type devices) */
+    OK_GEMM_PACK_TA, /* gemm_reg.cl: row-major A into MR-wide panels */
+    OK_GEMM_PACK_TB, /* gemm_reg.cl: row-major B^T into 32-wide panels */
+    OK_GEMM_PACK_N,  /* gemm_reg.cl: k-major operand into panels */
     OK_LAYERNORM,    /* norm.cl */
     OK_LN_BACK_X,    /* norm.cl */
     OK_LN_BACK_WB,   /* norm.cl */
@@ -55,6 +59,8 @@ enum {
     EW_COPY_B,    /* o = b (bit copy) */
 };
 
+enum { OCL_GEMM_TILED = 0, OCL_GEMM_REG = 1 };
+
 typedef struct ocl_state {
     int tried;          /* initialisation attempted */
     sl_status init_st;  /* its result */
@@ -65,12 +71,16 @@ typedef struct ocl_state {
     cl_command_queue queue;
     cl_program program;
     cl_kernel k[OK_COUNT];
+    int index; /* position in the OpenCL device list ("opencl:N") */
     char device_name[256], driver[128];
     int has_fp64;
     size_t max_wg;
     cl_ulong local_mem;
-    int gemm_ts, gemm_tk; /* GEMM tile: TS x TS outputs per work-group, TK deep (Note [OpenCL GEMM tiles]) */
-    cl_mem scratch;       /* grown on demand: per-node temporaries (ordered by the in-order queue) */
+    int gemm_kind;        /* OCL_GEMM_TILED or OCL_GEMM_REG (Note [OpenCL GEMM tiles]) */
+    int gemm_ts, gemm_tk; /* tiled GEMM: TS x TS outputs per work-group, TK deep */
+    int gemm_mr, gemm_kc,
+        gemm_mg;    /* register-blocked GEMM: MR x 32 tiles, k-blocks of KC, MG tiles per item */
+    cl_mem scratch; /* grown on demand: per-node temporaries (ordered by the in-order queue) */
     size_t scratch_size;
     cl_mem flag; /* 2 ints: an out-of-range id seen by a kernel (1, value) */
 } ocl_state;

@@ -287,6 +287,88 @@ static sl_status op_kv_store(sl_tensor *n) {
 
 /* ---------------- matmul ---------------- */
 
+/* Pack op(X) into panels of W (Note [OpenCL GEMM tiles]) from X at r with leading dim ld: kmajor: X is
+ * stored K-major (rows of X^T, k_gemm_pack_n), else row-major (k_gemm_pack_t*). Panels of batch element z
+ * at P + po + z*pz. */
+static sl_status gemm_pack(ocl_ref r, int64_t ld, int kmajor, int rows, int K, int W, cl_mem P, int64_t po,
+                           int64_t pz, cl_long4 bne, cl_long4 bs, int64_t nz) {
+    size_t panels = ((size_t)rows + (size_t)W - 1) / (size_t)W;
+    ocl_call c = ocl_begin(kmajor ? OK_GEMM_PACK_N : W == 32 ? OK_GEMM_PACK_TB : OK_GEMM_PACK_TA);
+    ocl_int(&c, rows);
+    ocl_int(&c, K);
+    if (kmajor) ocl_int(&c, W);
+    ocl_ref_arg(&c, r);
+    ocl_long(&c, ld);
+    ocl_ref_arg(&c, (ocl_ref){P, po});
+    ocl_long(&c, pz);
+    ocl_arg(&c, sizeof bne, &bne);
+    ocl_arg(&c, sizeof bs, &bs);
+    size_t g[3] = {panels, kmajor ? (size_t)K : ((size_t)K + 15) / 16, (size_t)nz};
+    return ocl_run(&c, 3, g, NULL);
+}
+
+/* batch strides that put batch element z at z * per (flat, in bne's order) */
+static cl_long4 flat_bs(cl_long4 bne, int64_t per) {
+    cl_long4 r = {{bne.s[1] * bne.s[2] * per, bne.s[2] * per, per, 0}};
+    return r;
+}
+
+/* The register-blocked GEMM (kernels/gemm_reg.cl) for CPU-type devices: an operand already laid out as
+ * panels (op(A) = A^T with M a multiple of MR; op(B) = B with N a multiple of 32) is read in place, the
+ * others are packed into scratch memory first (A's panels, then B's). */
+static sl_status gemm_reg(int M, int N, int K, ocl_ref ra, int64_t lda, int tA, ocl_ref rb, int64_t ldb,
+                          int tB, ocl_ref rc, int64_t ldc, int beta1, const ocl_ref *rbias, cl_long4 bne,
+                          cl_long4 bsa, cl_long4 bsb, cl_long4 bsc) {
+    const int MR = g_ocl.gemm_mr;
+    int64_t nz = bne.s[0] * bne.s[1] * bne.s[2];
+    int64_t Mp = ((int64_t)M + MR - 1) / MR * MR, Np = ((int64_t)N + 31) / 32 * 32;
+    int packA = !tA || M % MR != 0, packB = tB || N % 32 != 0;
+    int64_t pa = packA ? Mp * K : 0, pb = packB ? Np * K : 0; /* packed floats per batch element */
+    /* element (i, k) of A's panel p at A + p*a_pan + k*a_k + i; (k, j) of B's panel q at B + q*b_pan + k*b_k
+     * + j */
+    int64_t a_pan = MR, a_k = lda, b_pan = 32, b_k = ldb;
+    int64_t cpn = K > g_ocl.gemm_kc ? nz * Mp * Np : 0; /* Cp: partial sums between k-blocks */
+    cl_mem P = g_ocl.flag;                              /* Cp is not touched with one k-block */
+    if (packA || packB || cpn) SL_TRY(ocl_scratch(sizeof(float) * (size_t)(nz * (pa + pb) + cpn), &P));
+    if (packA || packB) {
+        if (packA) {
+            SL_TRY(gemm_pack(ra, lda, tA, M, K, MR, P, 0, pa, bne, bsa, nz));
+            ra = (ocl_ref){P, 0};
+            a_pan = (int64_t)MR * K, a_k = MR, bsa = flat_bs(bne, pa);
+        }
+        if (packB) {
+            SL_TRY(gemm_pack(rb, ldb, !tB, N, K, 32, P, nz * pa, pb, bne, bsb, nz));
+            rb = (ocl_ref){P, nz * pa};
+            b_pan = 32 * (int64_t)K, b_k = 32, bsb = flat_bs(bne, pb);
+        }
+    }
+    ocl_call c = ocl_begin(OK_GEMM_REG);
+    ocl_int(&c, M);
+    ocl_int(&c, N);
+    ocl_int(&c, K);
+    ocl_ref_arg(&c, ra);
+    ocl_long(&c, a_pan);
+    ocl_long(&c, a_k);
+    ocl_arg(&c, sizeof bsa, &bsa);
+    ocl_ref_arg(&c, rb);
+    ocl_long(&c, b_pan);
+    ocl_long(&c, b_k);
+    ocl_arg(&c, sizeof bsb, &bsb);
+    ocl_ref_arg(&c, rc);
+    ocl_long(&c, ldc);
+    ocl_arg(&c, sizeof bsc, &bsc);
+    ocl_int(&c, beta1);
+    ocl_ref_arg(&c, rbias ? *rbias : rc);
+    ocl_int(&c, rbias != NULL);
+    ocl_arg(&c, sizeof bne, &bne);
+    ocl_ref_arg(&c, (ocl_ref){P, cpn ? nz * (pa + pb) : 0});
+    ocl_int(&c, g_ocl.gemm_kc);
+    ocl_int(&c, g_ocl.gemm_mg);
+    int64_t nmb = Mp / MR, ng = (nmb + g_ocl.gemm_mg - 1) / g_ocl.gemm_mg;
+    size_t global[3] = {(size_t)Np / 32, (size_t)ng, (size_t)nz}, local[3] = {1, 1, 1};
+    return ocl_run(&c, 3, global, local);
+}
+
 sl_status ocl_op_matmul(sl_tensor *n) {
     const sl_tensor *a = n->src[0], *b = n->src[1], *bias = n->src[2];
     int tA = n->iparams[0], tB = n->iparams[1];
@@ -319,6 +401,9 @@ sl_status ocl_op_matmul(sl_tensor *n) {
     }
     if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX)
         return sl_fail(SL_ERR_UNSUPPORTED, "opencl backend: matmul '%s' too large", n->name);
+    if (g_ocl.gemm_kind == OCL_GEMM_REG)
+        return gemm_reg((int)M, (int)N, (int)K, ra, lda, tA, rb, ldb, tB, rc, ldc, n->iparams[2] == 1,
+                        bias ? &rbias : NULL, bne, bsa, bsb, bsc);
     ocl_call c = ocl_begin(OK_GEMM);
     ocl_int(&c, (int)M);
     ocl_int(&c, (int)N);

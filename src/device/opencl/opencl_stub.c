@@ -8,3 +8,19 @@ sl_backend *sl_backend_opencl(void) {
                                 "headers: apt-get install ocl-icd-opencl-dev)");
     return NULL;
 }
+
+sl_backend *sl_backend_opencl_select(const char *arg) {
+    (void)arg;
+    return sl_backend_opencl();
+}
+
+void sl_opencl_inventory(sl_runtime_info *rt, sl_device_info *devs, int cap, int *n) {
+    (void)devs;
+    (void)cap;
+    *n = 0;
+    snprintf(rt->name, sizeof rt->name, "opencl");
+    rt->built = 0;
+    rt->n_devices = 0;
+    snprintf(rt->note, sizeof rt->note,
+             "not built (configure with -DSL_OPENCL=ON and the OpenCL headers: ocl-icd-opencl-dev)");
+}

@@ -1,5 +1,5 @@
-/* k_gemm: C = op(A) op(B) [+ bias] [+ C], fp32, tiled in local memory (Note [OpenCL GEMM tiles] in
- * opencl_backend.c). TS and TK come from the build options. A work-group computes a TS x TS block of C;
+/* k_gemm: C = op(A) op(B) [+ bias] [+ C], fp32, tiled in local memory, for GPU-type devices (Note [OpenCL
+ * GEMM tiles] in opencl_backend.c; CPU-type devices use k_gemm_reg in gemm_reg.cl). TS and TK come from the build options. A work-group computes a TS x TS block of C;
  * work-item (tx, ty) computes the 4 x 4 elements (ty + i*TS/4, tx + j*TS/4), so neighbouring work-items
  * read neighbouring local-memory words. Up to three batch dims (bne) with their own strides per operand. */
 #pragma OPENCL FP_CONTRACT OFF
@@ -11,8 +11,8 @@ kernel __attribute__((reqd_work_group_size(RTS, RTS, 1))) void
 k_gemm(int M, int N, int K, global const float *A, long ao, long lda, int tA, global const float *B, long bo, long ldb,
        int tB, global float *C, long co, long ldc, int beta1, global const float *bias, long biaso, int has_bias,
        long4 bne, long4 bsa, long4 bsb, long4 bsc) {
-    local float As[TK][TS];
-    local float Bs[TK][TS];
+    local float As[TK][TS + 1]; /* +1: the row-major loads write columns at stride TS + 1 words, which */
+    local float Bs[TK][TS + 1]; /* lands consecutive work-items in different local-memory banks */
     const int tx = get_local_id(0), ty = get_local_id(1), tid = ty * RTS + tx;
     const int col0 = get_group_id(0) * TS, row0 = get_group_id(1) * TS;
     long z = get_global_id(2);

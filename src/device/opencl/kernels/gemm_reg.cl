@@ -1,0 +1,142 @@
+/* The register-blocked GEMM for CPU-type devices (PoCL), Note [OpenCL GEMM tiles] in opencl_backend.c:
+ * C = op(A) op(B) [+ bias] [+ C], fp32. A work-group is one work-item; it computes MR x 32 blocks of C
+ * with 2*MR float16 accumulators (MR = GEMM_MR from the build options), reading op(A) and
+ * op(B) as panels: element (i, k) of A's panel p at A + p*a_pan + k*a_k + i, element (k, j) of B's panel q
+ * at B + q*b_pan + k*b_k + j. Operands whose layout is already a panel (A^T, B with rows a multiple of 32)
+ * are read in place (a_k = lda); the others are first packed by k_gemm_pack_t / k_gemm_pack_n into
+ * scratch memory ([panels][K][width], zero padded). */
+#pragma OPENCL FP_CONTRACT OFF
+
+#ifndef GEMM_MR
+#define GEMM_MR 8
+#endif
+#define MR GEMM_MR
+
+/* batch offset of flat batch index z (three batch dims bne.s0..s2) for strides bs */
+static long gemm_boff(long z, long4 bne, long4 bs) {
+    long i2 = z % bne.s2, i1 = (z / bne.s2) % bne.s1, i0 = z / (bne.s2 * bne.s1);
+    return i0 * bs.s0 + i1 * bs.s1 + i2 * bs.s2;
+}
+
+/* Pack rows of a row-major matrix S (rows x K, leading dim ld) into panels of W rows:
+ * P[(p*K + k)*W + r] = S[(p*W + r)*ld + k] (0 beyond rows). One work-item per (panel, 16 columns of k):
+ * 16-float row reads, transposed in private memory, W-float writes. */
+#define GEMM_PACK_T(NAME, W)                                                                                 \
+    kernel void NAME(int rows, int K, global const float *S, long so, long ld, global float *P, long po,      \
+                     long pz, long4 bne, long4 bss) {                                                        \
+        const int p = get_global_id(0), c = get_global_id(1);                                                \
+        const long z = get_global_id(2);                                                                     \
+        S += so + gemm_boff(z, bne, bss);                                                                    \
+        P += po + z * pz + (long)p * W * K;                                                                  \
+        const int k0 = c * 16, nk = min(16, K - k0);                                                         \
+        float t[W][16];                                                                                      \
+        for (int r = 0; r < W; r++) {                                                                        \
+            int row = p * W + r;                                                                             \
+            global const float *s = S + (long)row * ld + k0;                                                 \
+            if (row < rows && nk == 16) {                                                                    \
+                float16 v = vload16(0, s);                                                                   \
+                vstore16(v, 0, t[r]);                                                                        \
+            } else {                                                                                         \
+                for (int kk = 0; kk < 16; kk++) t[r][kk] = row < rows && kk < nk ? s[kk] : 0.0f;             \
+            }                                                                                                \
+        }                                                                                                    \
+        for (int kk = 0; kk < nk; kk++) {                                                                    \
+            global float *d = P + (long)(k0 + kk) * W;                                                       \
+            for (int r = 0; r < W; r++) d[r] = t[r][kk];                                                     \
+        }                                                                                                    \
+    }
+GEMM_PACK_T(k_gemm_pack_ta, MR)
+GEMM_PACK_T(k_gemm_pack_tb, 32)
+
+/* Pack a k-major matrix S (K x cols, leading dim ld) into panels of W columns:
+ * P[(p*K + k)*W + r] = S[k*ld + p*W + r] (0 beyond cols). One work-item per (panel, k). */
+kernel void k_gemm_pack_n(int cols, int K, int W, global const float *S, long so, long ld, global float *P, long po,
+                          long pz, long4 bne, long4 bss) {
+    const int p = get_global_id(0), k = get_global_id(1);
+    const long z = get_global_id(2);
+    S += so + gemm_boff(z, bne, bss) + (long)k * ld;
+    P += po + z * pz + ((long)p * K + k) * W;
+    for (int r = 0; r < W; r++) {
+        int col = p * W + r;
+        P[r] = col < cols ? S[col] : 0.0f;
+    }
+}
+
+/* One work-item: B's panel nb against MG consecutive A panels (m-blocks g*MG ...), K in blocks of
+ * KC: within a k-block the 32 x KC slice of B's panel (32 KiB at KC 256) stays in L1 across the MG
+ * m-blocks. Between k-blocks a tile's partial sums go through Cp (Mp x Np floats, only used when K > KC);
+ * the sum over k runs in the same order either way. */
+kernel void k_gemm_reg(int M, int N, int K, global const float *A, long ao, long a_pan, long a_k, long4 bsa,
+                       global const float *B, long bo, long b_pan, long b_k, long4 bsb, global float *C, long co,
+                       long ldc, long4 bsc, int beta1, global const float *bias, long biaso, int has_bias,
+                       long4 bne, global float *Cp, long cpo, int KC, int MG) {
+    const int nb = get_global_id(0), g = get_global_id(1);
+    const long z = get_global_id(2);
+    const int nmb = (M + MR - 1) / MR, Np = (N + 31) / 32 * 32;
+    A += ao + gemm_boff(z, bne, bsa);
+    B += bo + gemm_boff(z, bne, bsb) + (long)nb * b_pan;
+    C += co + gemm_boff(z, bne, bsc);
+    Cp += cpo + z * (long)nmb * MR * Np;
+    const int n0 = nb * 32, full = n0 + 32 <= N;
+    float16 bb0 = (float16)(0.0f), bb1 = (float16)(0.0f);
+    if (has_bias && full) {
+        bb0 = vload16(0, bias + biaso + n0);
+        bb1 = vload16(1, bias + biaso + n0);
+    }
+    /* KC and MG are arguments, not build options: Note [OpenCL GEMM tiles] (a PoCL 3.1 pitfall) */
+    const int nkb = K > 0 ? (K + KC - 1) / KC : 1;
+    const int mb0 = g * MG, mb1 = min(nmb, mb0 + MG);
+    for (int kb = 0; kb < nkb; kb++) {
+        const int k0 = kb * KC, k1 = min(K, k0 + KC), last = kb == nkb - 1;
+        for (int mb = mb0; mb < mb1; mb++) {
+            const int m0 = mb * MR;
+            global float *cp = Cp + (long)m0 * Np + n0;
+            float16 c0[MR], c1[MR];
+            _Pragma("unroll") for (int i = 0; i < MR; i++) c0[i] = c1[i] = (float16)(0.0f);
+            if (kb > 0) {
+                _Pragma("unroll") for (int i = 0; i < MR; i++) {
+                    c0[i] = vload16(0, cp + (long)i * Np);
+                    c1[i] = vload16(1, cp + (long)i * Np);
+                }
+            }
+            global const float *ap = A + (long)mb * a_pan;
+            for (int k = k0; k < k1; k++) {
+                global const float *bk = B + (long)k * b_k, *ak = ap + (long)k * a_k;
+                const float16 b0 = vload16(0, bk), b1 = vload16(1, bk);
+                _Pragma("unroll") for (int i = 0; i < MR; i++) {
+                    const float16 a = (float16)(ak[i]);
+                    c0[i] = fma(a, b0, c0[i]);
+                    c1[i] = fma(a, b1, c1[i]);
+                }
+            }
+            if (!last) {
+                _Pragma("unroll") for (int i = 0; i < MR; i++) {
+                    vstore16(c0[i], 0, cp + (long)i * Np);
+                    vstore16(c1[i], 1, cp + (long)i * Np);
+                }
+            } else {
+                _Pragma("unroll") for (int i = 0; i < MR; i++) {
+                    const int m = m0 + i;
+                    global float *c = C + (long)m * ldc + n0;
+                    if (m < M && full) {
+                        float16 v0 = c0[i], v1 = c1[i];
+                        if (has_bias) v0 += bb0, v1 += bb1;
+                        if (beta1) v0 = vload16(0, c) + v0, v1 = vload16(1, c) + v1;
+                        vstore16(v0, 0, c);
+                        vstore16(v1, 1, c);
+                    } else if (m < M) {
+                        float r[32];
+                        vstore16(c0[i], 0, r);
+                        vstore16(c1[i], 1, r);
+                        for (int j = 0; j < 32 && n0 + j < N; j++) {
+                            float v = r[j];
+                            if (has_bias) v += bias[biaso + n0 + j];
+                            if (beta1) v = c[j] + v;
+                            c[j] = v;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,110 @@
+/* `suanli train --device opencl:0` against `--device cpu`: a small GPT-2 (L4 C128 H4, T 64, B 8; the demo's
+ * architecture at a third of its width) trained for 100 steps on the bundled corpus, byte-level, and the
+ * per-step loss curves (metrics.jsonl) compared: every step within 1e-4 relative (issue 14).
+ * Note [OpenCL loss-curve bar]
+ * The bar is 1e-4 relative at every step. Measured 2026-12-01 on Zen 4 + PoCL 3.1 with this exact run:
+ * opencl vs cpu (avx512) 3.9e-7 at worst; the CPU's own ISA paths, SUANLI_ISA=scalar vs avx512,
+ * 1.1e-6, avx2 vs avx512 3.7e-7. So the CPU's spread is below the bar, and the bar stands as issued.
+ * The learning rate is warmed up (10 steps) so the run has no loss spike: a spike amplifies any rounding
+ * difference (an unwarmed lr 2e-3 run spikes at step 8 on every backend alike).
+ * Also: `bench train --device opencl` reports its device; `opencl:N` names are parsed and bounds-checked.
+ * Exit 77 (skipped) when the library has no OpenCL backend or no OpenCL device is present. */
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "suanli/device.h"
+#include "testutil.h"
+
+static char out[1 << 16];
+
+static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int run(const char *fmt, ...) {
+    char args[4096], cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "%s %s", tu_cli(), args);
+    return tu_run(cmd, out, sizeof out);
+}
+
+/* the "loss" of every line of dir/metrics.jsonl (training steps only: lines with "step" and "loss") */
+static int read_losses(const char *dir, double *loss, int cap) {
+    char path[1200], line[4096];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        const char *s = strstr(line, "\"step\":"), *l = strstr(line, "\"loss\":");
+        if (!s || !l || n >= cap) continue;
+        loss[n++] = strtod(l + 7, NULL);
+    }
+    fclose(f);
+    return n;
+}
+
+#define STEPS 100
+#define MODEL                                                                                                \
+    "--num-layers 4 --hidden-size 128 --num-attention-heads 4 --seq-length 64 --micro-batch-size 8 "         \
+    "--train-iters 100 --lr 1e-3 --lr-warmup-iters 10 --threads 2 --eval-interval 0 --eval-iters 1 "         \
+    "--log-interval 50"
+
+int main(void) {
+    static sl_device_inventory inv; /* no opencl device also when the backend is not built */
+    sl_device_inventory_get(&inv);
+    int have = 0;
+    for (int i = 0; i < inv.n_devices; i++) have |= !strcmp(inv.devices[i].backend, "opencl");
+    if (!have) {
+        printf("test_opencl_train: skipped (no OpenCL device, or the OpenCL backend is not built)\n");
+        return 77;
+    }
+    const char *dir = tu_tmpdir("opencl_train");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "head -c 200000 %s/data/tinyshakespeare.txt > %s/small.txt", SL_SOURCE_DIR,
+             dir);
+    TU_CHECK(system(cmd) == 0, "corpus");
+    TU_CHECK(
+        run("data prepare --input %s/small.txt --output-prefix %s/data --tokenizer-type byte", dir, dir) == 0,
+        "prepare: %s", out);
+    const char *dev[2] = {"cpu", "opencl:0"}, *sub[2] = {"cpu", "opencl"};
+    static double loss[2][STEPS + 8];
+    int n[2];
+    for (int i = 0; i < 2; i++) {
+        int rc =
+            run("train --device %s --data-path %s/data " MODEL " --save %s/%s", dev[i], dir, dir, sub[i]);
+        TU_CHECK(rc == 0, "train --device %s: %s", dev[i], out);
+        char d[1024];
+        snprintf(d, sizeof d, "%s/%s", dir, sub[i]);
+        n[i] = read_losses(d, loss[i], STEPS + 8);
+        TU_CHECK(n[i] == STEPS, "--device %s: %d loss lines in metrics.jsonl, want %d", dev[i], n[i], STEPS);
+    }
+    double worst = 0;
+    int worst_at = 0, bad = 0;
+    for (int s = 0; s < n[0] && s < n[1]; s++) {
+        double r = fabs(loss[1][s] - loss[0][s]) / fabs(loss[0][s]);
+        if (r > worst) worst = r, worst_at = s + 1;
+        if (r > 1e-4) { /* Note [OpenCL loss-curve bar] */
+            if (bad++ < 5)
+                fprintf(stderr, "step %d: cpu %.6f opencl %.6f (rel %.2e)\n", s + 1, loss[0][s], loss[1][s],
+                        r);
+        }
+    }
+    printf("loss curves, 100 steps: opencl vs cpu worst relative difference %.3e at step %d; cpu first %.4f "
+           "last "
+           "%.4f\n",
+           worst, worst_at, loss[0][0], loss[0][n[0] - 1]);
+    TU_CHECK(bad == 0, "%d steps beyond 1e-4 relative", bad);
+    TU_CHECK(loss[0][n[0] - 1] < loss[0][0] - 1.0, "the run learns (%.4f -> %.4f)", loss[0][0],
+             loss[0][n[0] - 1]);
+    /* bench train on the device, and device names */
+    int rc = run("bench train --device opencl --num-layers 1 --hidden-size 64 --num-attention-heads 2 "
+                 "--vocab-size 256 --seq-length 32 --micro-batch-size 2 --steps 1 --warmup 0 --json");
+    TU_CHECK(rc == 0 && strstr(out, "\"device\": \"opencl\""), "bench train --device opencl: %s", out);
+    rc = run("train --device opencl:99 --data-path %s/data " MODEL, dir);
+    TU_CHECK(rc != 0 && strstr(out, "no device 99"), "opencl:99 refused: %s", out);
+    rc = run("train --device opencl:x --data-path %s/data " MODEL, dir);
+    TU_CHECK(rc == 2 && strstr(out, "opencl:N"), "opencl:x refused: %s", out);
+    return tu_finish("test_opencl_train");
+}
