@@ -78,7 +78,8 @@ static sl_status nccl_exchange(sl_transport *t_, sl_xfer *x, int n, double deadl
     cudaError_t ce = cudaSuccess;
     for (int i = 0; i < n && ce == cudaSuccess; i++)
         if (x[i].kind == SL_XFER_SEND && x[i].bytes)
-            ce = cudaMemcpyAsync(t->dstage + x[i].aux, x[i].buf, x[i].bytes, cudaMemcpyHostToDevice, t->stream);
+            ce = cudaMemcpyAsync(t->dstage + x[i].aux, x[i].buf, x[i].bytes, cudaMemcpyHostToDevice,
+                                 t->stream);
     if (ce != cudaSuccess) return cuda_fail(ce, "staging a send");
     ncclResult_t r = ncclGroupStart();
     for (int i = 0; i < n && r == ncclSuccess; i++) {
@@ -125,7 +126,9 @@ static sl_status nccl_exchange(sl_transport *t_, sl_xfer *x, int n, double deadl
     return SL_OK;
 }
 
-static void nccl_abort(sl_transport *t) { (void)t; /* the exchange loop sees the abort flag and aborts NCCL */ }
+static void nccl_abort(sl_transport *t) {
+    (void)t; /* the exchange loop sees the abort flag and aborts NCCL */
+}
 
 static void nccl_destroy(sl_transport *t_) {
     nccl_tp *t = (nccl_tp *)t_;

@@ -37,12 +37,13 @@ enum { CU_EW16_COPY = 0, CU_EW16_F32_TO_BF16, CU_EW16_BF16_TO_F32, CU_EW16_ROUND
 
 /* ---- elementwise.cu ---- */
 /* o[it] = op(a[it], b[it]) over shape ne (32-bit elements), each operand with its own strides */
-cudaError_t cu_ew(cudaStream_t s, int op, float f, void *o, cu_v5 nbo, const void *a, cu_v5 nba, const void *b,
-                  cu_v5 nbb, cu_v5 ne);
+cudaError_t cu_ew(cudaStream_t s, int op, float f, void *o, cu_v5 nbo, const void *a, cu_v5 nba,
+                  const void *b, cu_v5 nbb, cu_v5 ne);
 /* 16-bit copies, f32 <-> bf16 casts (round to nearest even, quiet NaN) and rounding f32 to bf16 */
 cudaError_t cu_ew16(cudaStream_t s, int op, void *o, cu_v5 nbo, const void *a, cu_v5 nba, cu_v5 ne);
 /* o (contiguous, shape neo, n_out elements) = sum of a (shape ne, strides nba) over the broadcast dims */
-cudaError_t cu_sum_to(cudaStream_t s, float *o, const float *a, cu_v5 ne, cu_v5 nba, cu_v5 neo, int64_t n_out);
+cudaError_t cu_sum_to(cudaStream_t s, float *o, const float *a, cu_v5 ne, cu_v5 nba, cu_v5 neo,
+                      int64_t n_out);
 
 /* ---- norm.cu ---- (row r of x starts at x + r * xs; outputs contiguous) */
 cudaError_t cu_layernorm(cudaStream_t s, float *y, float *stats, const float *x, int64_t xs, const float *w,
@@ -52,8 +53,8 @@ cudaError_t cu_layernorm_back_x(cudaStream_t s, float *dx, const float *stats, c
 /* the weight gradients: partial sums over 512-row chunks (scratch `part`, cu_colsum_parts floats), then the
  * chunks added in order: deterministic. mode 0: LayerNorm (out (2, C) = [dw; db]), 1: RMSNorm (out (C)). */
 int64_t cu_colsum_parts(int64_t R, int64_t C);
-cudaError_t cu_norm_back_w(cudaStream_t s, int mode, float *out, float *part, const float *stats, const float *x,
-                           int64_t xs, const float *g, int64_t gs, int64_t R, int64_t C);
+cudaError_t cu_norm_back_w(cudaStream_t s, int mode, float *out, float *part, const float *stats,
+                           const float *x, int64_t xs, const float *g, int64_t gs, int64_t R, int64_t C);
 cudaError_t cu_rmsnorm(cudaStream_t s, float *y, float *rstd, const float *x, int64_t xs, const float *w,
                        int64_t R, int64_t C, float eps);
 cudaError_t cu_rmsnorm_back_x(cudaStream_t s, float *dx, const float *rstd, const float *x, int64_t xs,
@@ -71,28 +72,29 @@ cudaError_t cu_attention(cudaStream_t s, float *out, float *lse, const float *q,
 /* out (B, T, NH + 2 NKV, hs) packed dq | dk | dv; dsum: B * NH * T floats of scratch */
 cudaError_t cu_attention_back(cudaStream_t s, float *out, float *dsum, const float *lse, const float *q,
                               cu_v5 qs, const float *k, cu_v5 ks, const float *v, cu_v5 vs, const float *g,
-                              cu_v5 gs, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hs, float scale);
-cudaError_t cu_attention_kv(cudaStream_t s, float *out, const float *q, cu_v5 qs, const float *k, const float *v,
-                            int64_t B, int64_t Tq, int64_t S, int64_t NH, int64_t NKV, int64_t hs, int64_t pos0,
-                            int64_t win, float scale);
+                              cu_v5 gs, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hs,
+                              float scale);
+cudaError_t cu_attention_kv(cudaStream_t s, float *out, const float *q, cu_v5 qs, const float *k,
+                            const float *v, int64_t B, int64_t Tq, int64_t S, int64_t NH, int64_t NKV,
+                            int64_t hs, int64_t pos0, int64_t win, float scale);
 
 /* ---- loss.cu ---- flag: 2 device ints {set, offending id} */
-cudaError_t cu_embedding(cudaStream_t s, float *out, const float *tab, const int32_t *ids, int64_t N, int64_t V,
-                         int64_t C, int *flag);
+cudaError_t cu_embedding(cudaStream_t s, float *out, const float *tab, const int32_t *ids, int64_t N,
+                         int64_t V, int64_t C, int *flag);
 /* deterministic: 1 = one thread per column, positions in order (slow); 0 = atomics */
-cudaError_t cu_embedding_back(cudaStream_t s, float *d, const int32_t *ids, const float *g, int64_t N, int64_t V,
-                              int64_t C, int *flag, int deterministic);
+cudaError_t cu_embedding_back(cudaStream_t s, float *d, const int32_t *ids, const float *g, int64_t N,
+                              int64_t V, int64_t C, int *flag, int deterministic);
 cudaError_t cu_ce_lse(cudaStream_t s, float *lse, const float *x, const int32_t *tg, int64_t N, int64_t V,
                       int *flag);
 /* mode 0: out[0] = mean over valid rows of lse - logit[target] (double); mode 1: out[0] = dl[0] / count */
-cudaError_t cu_ce_mean(cudaStream_t s, int mode, float *out, const float *lse, const float *x, const int32_t *tg,
-                       const float *dl, int64_t N, int64_t V);
+cudaError_t cu_ce_mean(cudaStream_t s, int mode, float *out, const float *lse, const float *x,
+                       const int32_t *tg, const float *dl, int64_t N, int64_t V);
 cudaError_t cu_ce_back(cudaStream_t s, float *d, const float *lse, const float *x, const int32_t *tg,
                        const float *scale, int64_t N, int64_t V);
 
 /* ---- llama.cu ---- */
-cudaError_t cu_rope(cudaStream_t s, float *y, const float *x, cu_v5 xs, const float *inv, int64_t B, int64_t T,
-                    int64_t NH, int64_t hs, int64_t pos0, float sgn);
+cudaError_t cu_rope(cudaStream_t s, float *y, const float *x, cu_v5 xs, const float *inv, int64_t B,
+                    int64_t T, int64_t NH, int64_t hs, int64_t pos0, float sgn);
 cudaError_t cu_topk_gate(cudaStream_t s, float *y, const float *x, int64_t xs, int64_t N, int64_t E, int k);
 cudaError_t cu_moe_up(cudaStream_t s, float *a, const float *h, const float *gate, int64_t gs, int64_t e,
                       const float *w1, const float *w3, int64_t N, int64_t C, int64_t I);
@@ -102,7 +104,8 @@ cudaError_t cu_moe_down(cudaStream_t s, float *y, const float *a, const float *g
 /* ---- optim.cu ---- */
 cudaError_t cu_adamw(cudaStream_t s, float *p, const float *g, float *m, float *v, int64_t n, float decay,
                      float gscale, float b1, float b2, float eps, float step_size, float bc2_sqrt);
-/* part[c] = sum of squares (double) of 65536-element chunk c of x[0 .. n), a fixed reduction tree per chunk */
+/* part[c] = sum of squares (double) of 65536-element chunk c of x[0 .. n), a fixed reduction tree per chunk
+ */
 cudaError_t cu_sumsq_chunks(cudaStream_t s, const float *x, int64_t n, double *part);
 
 #ifdef __cplusplus

@@ -110,8 +110,8 @@ int cu_supports(const sl_tensor *n) {
                last_unit(n) && (!n->src[2] || sl_is_contiguous(n->src[2]));
     }
     case SL_OP_LINEAR_BF16:
-        return n->dtype == SL_F32 && a->dtype == SL_F32 && b->dtype == SL_BF16 && b->ndim == 2 && last_unit(a) &&
-               sl_is_contiguous(b) && sl_is_contiguous(n);
+        return n->dtype == SL_F32 && a->dtype == SL_F32 && b->dtype == SL_BF16 && b->ndim == 2 &&
+               last_unit(a) && sl_is_contiguous(b) && sl_is_contiguous(n);
     case SL_OP_LAYERNORM:
     case SL_OP_RMSNORM:
     case SL_OP_SOFTMAX:
@@ -129,10 +129,11 @@ int cu_supports(const sl_tensor *n) {
     case SL_OP_ATTENTION:
         return all_f32(n) && last_unit(a) && last_unit(b) && last_unit(n->src[2]);
     case SL_OP_ATTENTION_BACK:
-        return all_f32(n) && last_unit(b) && last_unit(n->src[2]) && last_unit(n->src[3]) && last_unit(n->src[4]) &&
-               n->src[4]->ndim >= 3;
+        return all_f32(n) && last_unit(b) && last_unit(n->src[2]) && last_unit(n->src[3]) &&
+               last_unit(n->src[4]) && n->src[4]->ndim >= 3;
     case SL_OP_ATTENTION_KV:
-        return all_f32(n) && !n->iparams[2] && last_unit(a) && sl_is_contiguous(b) && sl_is_contiguous(n->src[2]);
+        return all_f32(n) && !n->iparams[2] && last_unit(a) && sl_is_contiguous(b) &&
+               sl_is_contiguous(n->src[2]);
     case SL_OP_EMBEDDING:
         return f32_but_i32(n, 1) && sl_is_contiguous(a) && sl_is_contiguous(b);
     case SL_OP_EMBEDDING_BACK:
@@ -164,8 +165,8 @@ static sl_status op_copy(sl_tensor *n, const sl_tensor *a, char *o, cu_v5 nbo, i
     PTR(a, &pa);
     cu_it5 ia = cu_it5_of(a);
     if (cast)
-        EW(cu_ew16(g_cu.stream, a->dtype == SL_F32 ? CU_EW16_F32_TO_BF16 : CU_EW16_BF16_TO_F32, o, nbo, pa, ia.nb,
-                   ia.ne));
+        EW(cu_ew16(g_cu.stream, a->dtype == SL_F32 ? CU_EW16_F32_TO_BF16 : CU_EW16_BF16_TO_F32, o, nbo, pa,
+                   ia.nb, ia.ne));
     else if (sl_dtype_size(a->dtype) == 2)
         EW(cu_ew16(g_cu.stream, CU_EW16_COPY, o, nbo, pa, ia.nb, ia.ne));
     else
@@ -249,8 +250,8 @@ static sl_status op_kv_store(sl_tensor *n) {
     const sl_tensor *x = n->src[1];
     int64_t T = x->ne[1], NKV = x->ne[2], hs = x->ne[3], S = n->ne[1], pos0 = n->iparams[0];
     if (pos0 < 0 || pos0 + T > S)
-        return sl_fail(SL_ERR_INVALID, "kv cache: position %lld + %lld exceeds capacity %lld", (long long)pos0,
-                       (long long)T, (long long)S);
+        return sl_fail(SL_ERR_INVALID, "kv cache: position %lld + %lld exceeds capacity %lld",
+                       (long long)pos0, (long long)T, (long long)S);
     float *o, *px;
     PTR(n, &o);
     PTR(x, &px);
@@ -281,7 +282,9 @@ typedef struct gemm_args {
 } gemm_args;
 
 /* cuBLAS wants ld >= the stored column length even where the other extent is 1 and the stride is moot */
-static int64_t fix_ld(int64_t ld, int64_t col_len, int64_t other) { return ld < col_len && other == 1 ? col_len : ld; }
+static int64_t fix_ld(int64_t ld, int64_t col_len, int64_t other) {
+    return ld < col_len && other == 1 ? col_len : ld;
+}
 
 static sl_status gemm(const gemm_args *g0) {
     gemm_args gg = *g0, *g = &gg;
@@ -289,8 +292,8 @@ static sl_status gemm(const gemm_args *g0) {
     g->lda = fix_ld(g->lda, g->tA ? g->M : g->K, g->tA ? g->K : g->M);
     g->ldb = fix_ld(g->ldb, g->tB ? g->K : g->N, g->tB ? g->N : g->K);
     g->ldc = fix_ld(g->ldc, g->N, g->M);
-    if (g->M > INT32_MAX || g->N > INT32_MAX || g->K > INT32_MAX || g->lda > INT32_MAX || g->ldb > INT32_MAX ||
-        g->ldc > INT32_MAX || g->batch > INT32_MAX)
+    if (g->M > INT32_MAX || g->N > INT32_MAX || g->K > INT32_MAX || g->lda > INT32_MAX ||
+        g->ldb > INT32_MAX || g->ldc > INT32_MAX || g->batch > INT32_MAX)
         return sl_fail(SL_ERR_UNSUPPORTED, "cuda backend: GEMM of %lld x %lld x %lld too large for cuBLAS",
                        (long long)g->M, (long long)g->N, (long long)g->K);
     float alpha = 1.0f, beta = g->beta;
@@ -306,12 +309,14 @@ static sl_status gemm(const gemm_args *g0) {
     }
     cublasStatus_t st;
     if (g->batch == 1)
-        st = cublasGemmEx(g_cu.blas, ob, oa, (int)g->N, (int)g->M, (int)g->K, &alpha, g->B, ab, (int)g->ldb, g->A, ab,
-                          (int)g->lda, &beta, g->C, CUDA_R_32F, (int)g->ldc, ct, CUBLAS_GEMM_DEFAULT);
+        st = cublasGemmEx(g_cu.blas, ob, oa, (int)g->N, (int)g->M, (int)g->K, &alpha, g->B, ab, (int)g->ldb,
+                          g->A, ab, (int)g->lda, &beta, g->C, CUDA_R_32F, (int)g->ldc, ct,
+                          CUBLAS_GEMM_DEFAULT);
     else
         st = cublasGemmStridedBatchedEx(g_cu.blas, ob, oa, (int)g->N, (int)g->M, (int)g->K, &alpha, g->B, ab,
-                                        (int)g->ldb, g->sB, g->A, ab, (int)g->lda, g->sA, &beta, g->C, CUDA_R_32F,
-                                        (int)g->ldc, g->sC, (int)g->batch, ct, CUBLAS_GEMM_DEFAULT);
+                                        (int)g->ldb, g->sB, g->A, ab, (int)g->lda, g->sA, &beta, g->C,
+                                        CUDA_R_32F, (int)g->ldc, g->sC, (int)g->batch, ct,
+                                        CUBLAS_GEMM_DEFAULT);
     return st == CUBLAS_STATUS_SUCCESS ? SL_OK : cu_blas_fail(st, "cublasGemmEx");
 }
 
@@ -356,7 +361,8 @@ static sl_status op_matmul(sl_tensor *n) {
     g.M = n->ne[no - 2];
     cu_it5 ia = cu_it5_of(a), ib = cu_it5_of(b), ic = cu_it5_of(n);
     if (pbias) {
-        cu_v5 ne = {{ic.ne.v[0], ic.ne.v[1], ic.ne.v[2], g.M, g.N}}, nbc = {{ic.nb.v[0], ic.nb.v[1], ic.nb.v[2], g.ldc, 1}};
+        cu_v5 ne = {{ic.ne.v[0], ic.ne.v[1], ic.ne.v[2], g.M, g.N}},
+              nbc = {{ic.nb.v[0], ic.nb.v[1], ic.nb.v[2], g.ldc, 1}};
         SL_TRY(bias_rows(pc, ne, nbc, pbias));
         g.beta = 1.0f;
     }
@@ -387,8 +393,20 @@ static sl_status op_linear_bf16(sl_tensor *n) {
     SL_TRY(cu_scratch(sizeof(uint16_t) * (size_t)(M * K > 0 ? M * K : 1), &xb));
     cu_v5 ne = {{1, 1, 1, M, K}}, nbx = {{0, 0, 0, xs, 1}}, nbo = {{0, 0, 0, K, 1}};
     EW(cu_ew16(g_cu.stream, CU_EW16_F32_TO_BF16, xb, nbo, px, nbx, ne));
-    gemm_args g = {.bf = 1, .tA = 0, .tB = transB, .M = M, .N = N, .K = K, .lda = K, .ldb = transB ? K : N,
-                   .ldc = N, .A = xb, .B = pw, .C = y, .beta = 0.0f, .batch = 1};
+    gemm_args g = {.bf = 1,
+                   .tA = 0,
+                   .tB = transB,
+                   .M = M,
+                   .N = N,
+                   .K = K,
+                   .lda = K,
+                   .ldb = transB ? K : N,
+                   .ldc = N,
+                   .A = xb,
+                   .B = pw,
+                   .C = y,
+                   .beta = 0.0f,
+                   .batch = 1};
     SL_TRY(gemm(&g));
     if (n->iparams[1]) {
         cu_v5 ney = cu_flat_ne(M * N), nby = cu_contig_nb(ney);

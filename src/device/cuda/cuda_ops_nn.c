@@ -11,7 +11,9 @@
 #define AUX(t, p) SL_TRY(cu_aux_of(n, (t), (p)))
 #define RUN(call) SL_TRY(cu_ok((call), sl_op_name(n->op)))
 
-static int64_t rows_of(const sl_tensor *t) { return t->ne[t->ndim - 1] ? sl_nelements(t) / t->ne[t->ndim - 1] : 0; }
+static int64_t rows_of(const sl_tensor *t) {
+    return t->ne[t->ndim - 1] ? sl_nelements(t) / t->ne[t->ndim - 1] : 0;
+}
 /* row stride of a tensor whose last dim is contiguous and whose leading dims fold uniformly */
 static int64_t row_stride(const sl_tensor *t) { return t->ndim >= 2 ? t->nb[t->ndim - 2] : t->ne[0]; }
 
@@ -104,8 +106,8 @@ static sl_status op_attention(sl_tensor *n) {
     PTR(q, &pq);
     PTR(k, &pk);
     PTR(v, &pv);
-    RUN(cu_attention(g_cu.stream, o, lse, pq, strides3(q), pk, strides3(k), pv, strides3(v), B, T, NH, NKV, hs,
-                     1.0f / sqrtf((float)hs)));
+    RUN(cu_attention(g_cu.stream, o, lse, pq, strides3(q), pk, strides3(k), pv, strides3(v), B, T, NH, NKV,
+                     hs, 1.0f / sqrtf((float)hs)));
     return SL_OK;
 }
 
@@ -122,8 +124,8 @@ static sl_status op_attention_back(sl_tensor *n) {
     void *dsum;
     SL_TRY(cu_scratch(sizeof(float) * (size_t)(B * NH * T > 0 ? B * NH * T : 1), &dsum));
     cu_v5 gs = {{g->nb[0], g->nb[1], 0, 0, 0}};
-    RUN(cu_attention_back(g_cu.stream, o, dsum, lse, pq, strides3(q), pk, strides3(k), pv, strides3(v), pg, gs, B,
-                          T, NH, NKV, hs, 1.0f / sqrtf((float)hs)));
+    RUN(cu_attention_back(g_cu.stream, o, dsum, lse, pq, strides3(q), pk, strides3(k), pv, strides3(v), pg,
+                          gs, B, T, NH, NKV, hs, 1.0f / sqrtf((float)hs)));
     return SL_OK;
 }
 
@@ -132,8 +134,8 @@ static sl_status op_attention_kv(sl_tensor *n) {
     int64_t B = q->ne[0], Tq = q->ne[1], NH = q->ne[2], hs = q->ne[3], S = kc->ne[1], NKV = kc->ne[2];
     int64_t pos0 = n->iparams[0];
     if (pos0 < 0 || pos0 + Tq > S)
-        return sl_fail(SL_ERR_INVALID, "kv cache: position %lld + %lld exceeds capacity %lld", (long long)pos0,
-                       (long long)Tq, (long long)S);
+        return sl_fail(SL_ERR_INVALID, "kv cache: position %lld + %lld exceeds capacity %lld",
+                       (long long)pos0, (long long)Tq, (long long)S);
     float *o, *pq, *pk, *pv;
     PTR(n, &o);
     PTR(q, &pq);
@@ -240,10 +242,12 @@ static sl_status op_rope(sl_tensor *n) {
     sl_status st = cu_scratch(bytes, &dinv);
     /* pageable source: the copy has read `inv` when cudaMemcpyAsync returns */
     if (st == SL_OK)
-        st = cu_ok(cudaMemcpyAsync(dinv, inv, bytes, cudaMemcpyHostToDevice, g_cu.stream), "rope frequencies");
+        st =
+            cu_ok(cudaMemcpyAsync(dinv, inv, bytes, cudaMemcpyHostToDevice, g_cu.stream), "rope frequencies");
     free(inv);
     SL_TRY(st);
-    RUN(cu_rope(g_cu.stream, y, px, strides3(x), dinv, B, T, NH, hs, n->iparams[0], n->iparams[1] ? -1.0f : 1.0f));
+    RUN(cu_rope(g_cu.stream, y, px, strides3(x), dinv, B, T, NH, hs, n->iparams[0],
+                n->iparams[1] ? -1.0f : 1.0f));
     return SL_OK;
 }
 
