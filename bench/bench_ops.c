@@ -371,6 +371,26 @@ static int bench_ops_device(const char *dev, gcase *cases, int nc, const float *
     return rc;
 }
 
+/* The GEMMs of GPT-2 124M's Linear layers (forward, dX, dW) at B*T = 256 (and 1024 unless quick), plus the
+ * bf16 forward GEMMs at 1024; returns the count (<= 35). */
+static int gpt2_cases(int quick, gcase *cases) {
+    static const int64_t lin[5][2] = {{2304, 768}, {768, 768}, {3072, 768}, {768, 3072}, {50304, 768}};
+    const int64_t bts[2] = {256, 1024};
+    int nc = 0;
+    for (int bi = 0; bi < (quick ? 1 : 2); bi++) {
+        int64_t BT = bts[bi];
+        for (int l = 0; l < 5; l++) {
+            int64_t out = lin[l][0], in = lin[l][1];
+            cases[nc++] = (gcase){"fwd", "NT", 0, 1, 0, BT, out, in};
+            cases[nc++] = (gcase){"dX", "NN", 0, 0, 0, BT, in, out};
+            cases[nc++] = (gcase){"dW", "TN", 1, 0, 0, out, in, BT};
+        }
+    }
+    if (!quick)
+        for (int l = 0; l < 5; l++) cases[nc++] = (gcase){"fwd", "NT", 0, 1, 1, 1024, lin[l][0], lin[l][1]};
+    return nc;
+}
+
 int sl_bench_ops(int argc, char **argv) {
     int json = 0, quick = 0, maxthr = 2, reps = 3, reps_set = 0;
     const char *device = "cpu";
@@ -412,21 +432,8 @@ int sl_bench_ops(int argc, char **argv) {
     for (int t = 0; !on_device && t < nthr_list; t++) peak[t] = sl_bench_fma_peak(thr_list[t]);
     double load0 = loadavg();
 
-    static const int64_t lin[5][2] = {{2304, 768}, {768, 768}, {3072, 768}, {768, 3072}, {50304, 768}};
-    const int64_t bts[2] = {256, 1024};
     gcase cases[64];
-    int nc = 0;
-    for (int bi = 0; bi < (quick ? 1 : 2); bi++) {
-        int64_t BT = bts[bi];
-        for (int l = 0; l < 5; l++) {
-            int64_t out = lin[l][0], in = lin[l][1];
-            cases[nc++] = (gcase){"fwd", "NT", 0, 1, 0, BT, out, in};
-            cases[nc++] = (gcase){"dX", "NN", 0, 0, 0, BT, in, out};
-            cases[nc++] = (gcase){"dW", "TN", 1, 0, 0, out, in, BT};
-        }
-    }
-    if (!quick)
-        for (int l = 0; l < 5; l++) cases[nc++] = (gcase){"fwd", "NT", 0, 1, 1, 1024, lin[l][0], lin[l][1]};
+    int nc = gpt2_cases(quick, cases);
 
     /* operands sized for the largest case, filled once */
     int64_t maxa = 0, maxb = 0, maxc = 0;
