@@ -28,6 +28,13 @@ typedef struct sl_param_info {
     int64_t numel;
     int decay; /* weight decay applies (2-D weights), not to biases / norms */
     int init;  /* SL_INIT_* */
+    /* Tensor parallelism (sl_gpt2_new_tp): how this leaf is a shard of the full parameter. tp_split 0
+     * (zero-initialised default): replicated on every TP rank; 1 / 2: split along rows / columns (dim
+     * tp_split - 1), whose full size is tp_full. The split dimension is tp_pack equal blocks (3 for GPT-2's
+     * packed q|k|v), each split into tp contiguous parts [block * r / tp, block * (r + 1) / tp): heads
+     * split evenly; the vocabulary may not. */
+    int tp_split, tp_pack;
+    int64_t tp_full;
 } sl_param_info;
 
 enum { SL_INIT_NORMAL = 0, SL_INIT_NORMAL_RESID, SL_INIT_ZERO, SL_INIT_ONE };
@@ -96,12 +103,24 @@ typedef struct sl_model {
     /* Training with PyTorch autocast-bf16 numerics (f32 master weights): see Note [bf16 compute] in llama.c
      */
     int autocast_bf16;
+    /* Tensor parallelism: this model holds TP rank tp_rank's shards of a model split tp ways (tp <= 1: a
+     * whole model). Its graphs contain COLLECTIVE nodes (Note [Tensor-parallel graphs]). */
+    int tp, tp_rank;
 } sl_model;
 
 /* Validates the config (one-line error naming the field) and allocates the flat buffers on `be`
  * (sl_gpt2_new: on the cpu backend). */
 sl_status sl_gpt2_new(const sl_gpt2_config *cfg, sl_model **out);
 sl_status sl_gpt2_new_on(const sl_gpt2_config *cfg, sl_backend *be, sl_model **out);
+/* TP rank `tp_rank`'s shards of the model split `tp` ways (Megatron layout): attention heads and the
+ * MLP's hidden units split evenly (column-parallel c_attn / c_fc, row-parallel c_proj), the vocabulary
+ * (wte, tied to the LM head) into contiguous row ranges, everything else replicated. Needs n_head and
+ * 4 * n_embd divisible by tp (one-line error naming --tensor-model-parallel-size otherwise). Every
+ * sl_param_info says how its leaf maps onto the full parameter (tp_dim, tp_pack, tp_full; see
+ * sl_tp_shard_range in suanli/parallel.h for the copy between full and shard). */
+sl_status sl_gpt2_new_tp(const sl_gpt2_config *cfg, sl_backend *be, int tp, int tp_rank, sl_model **out);
+/* The range [lo, lo + len) of rows block_full * r / tp .. of one of tp parts (the TP split rule). */
+void sl_tp_part(int64_t block_full, int tp, int r, int64_t *lo, int64_t *len);
 /* Allocates params_buf (and grads_buf) on be and binds every f32 parameter (and gradient) leaf to its
  * slice; used by the constructors. */
 sl_status sl_model_alloc_state(sl_model *m, sl_backend *be, int with_grads);

@@ -93,6 +93,29 @@ sl_tensor *sl_round_bf16(sl_ctx *ctx, sl_tensor *x);
 sl_tensor *sl_moe_expert(sl_ctx *ctx, sl_tensor *h, sl_tensor *gate, int e, sl_tensor *w1, sl_tensor *w3,
                          sl_tensor *w2, int bf16);
 
+/* ---- tensor parallelism (Note [Tensor-parallel graphs], src/ops/build_tp.c) ----
+ * A COLLECTIVE node names what happens forward and what its gradient does backward, so Megatron's
+ * conjugate pair is two nodes: f = sl_collective(x, COPY, ALLREDUCE) before a column-parallel linear,
+ * g = sl_collective(x, ALLREDUCE, COPY) after a row-parallel one. The graph's collective provider
+ * (sl_graph_set_collective, suanli/graph.h) runs them. */
+typedef enum sl_coll_kind {
+    SL_COLL_NONE = 0,  /* backward only: no gradient flows to the input */
+    SL_COLL_COPY,      /* identity */
+    SL_COLL_ALLREDUCE, /* sum over the group */
+    SL_COLL_ALLGATHER, /* concatenate the group's inputs along dim 0 in rank order (out ne[0] = size x) */
+} sl_coll_kind;
+typedef enum sl_coll_group { SL_GROUP_TP = 0, SL_GROUP_COUNT } sl_coll_group;
+sl_tensor *sl_collective(sl_ctx *ctx, sl_tensor *x, sl_coll_kind fwd, sl_coll_kind bwd, sl_coll_group group,
+                         int group_size);
+/* Embedding lookup in a vocab shard: table holds rows [lo, lo + table->ne[0]) of the full table; other
+ * ids give zero rows (sum the group's outputs to get the full lookup). */
+sl_tensor *sl_embedding_shard(sl_ctx *ctx, sl_tensor *table, sl_tensor *ids, int64_t lo);
+/* Vocab-parallel cross-entropy: logits (N.., Vl) are columns [lo, lo + Vl) of the full logits, split
+ * over the `group_size` ranks of the TP group; the mean loss over targets >= 0 equals sl_cross_entropy of
+ * the full logits, without ever gathering them (one all-gather of 2 floats per row). */
+sl_tensor *sl_cross_entropy_vp(sl_ctx *ctx, sl_tensor *logits, sl_tensor *targets, int64_t lo,
+                               int group_size);
+
 /* Internal-but-public: generic node creation used by builders and backward rules. */
 sl_tensor *sl_new_op(sl_ctx *ctx, sl_op op, sl_dtype t, int ndim, const int64_t *ne);
 

@@ -101,6 +101,30 @@ typedef struct sl_dp_seg {
 sl_status sl_dp_state(sl_dp *dp, sl_dp_seg **segs, int *nseg, float **m1, float **m2);
 int sl_dp_size(const sl_dp *dp);
 
+/* ---- tensor parallelism (src/parallel/tp.c; Note [Tensor-parallel graphs]) ----
+ * Usage: sl_gpt2_new_tp(&cfg, be, mesh.tp, mesh.tp_rank, &m); sl_tp_new(&tp, &mesh);
+ *        sl_tp_load_full(m, full_model_with_the_same_init);  // or a checkpoint
+ *        trainer.tp = tp (before sl_trainer_init: the trainer installs the collective provider). */
+typedef struct sl_tp sl_tp;
+sl_status sl_tp_new(sl_tp **out, const sl_mesh *mesh);
+void sl_tp_free(sl_tp *tp);
+int sl_tp_size(const sl_tp *tp);
+/* The graph's collective provider (sl_graph_set_collective) for COLLECTIVE nodes of group SL_GROUP_TP. */
+sl_status sl_tp_collective(void *tp, sl_tensor *node);
+/* Time spent in, and bytes sent by, TP collectives since the last call (then reset). */
+void sl_tp_take_stats(sl_tp *tp, double *sec, double *bytes);
+/* Copy parameter p between its full layout (`full`) and TP rank r's shard (Note [TP shard layout]). */
+void sl_tp_shard_copy(const sl_param_info *p, int tp, int r, float *full, float *shard, int to_shard);
+/* shard's parameters := its part of `full` (a whole model of the same architecture and config). */
+sl_status sl_tp_load_full(sl_model *shard, const sl_model *full);
+/* The full parameters, in a whole model's flat layout (sl_tp_full_numel floats), on every rank of the
+ * TP group (collective; tp may be NULL for an unsplit model). */
+sl_status sl_tp_gather_full(sl_tp *tp, const sl_model *shard, float *full);
+int64_t sl_tp_full_numel(const sl_model *shard);
+/* Sum of squares of the gradients of the whole model (sharded parts all-reduced over the group,
+ * replicated parameters counted once). */
+sl_status sl_tp_grad_sumsq(sl_tp *tp, const sl_model *m, double *ss);
+
 #ifdef __cplusplus
 }
 #endif

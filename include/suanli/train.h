@@ -51,6 +51,7 @@ typedef struct sl_step_stats {
 } sl_step_stats;
 
 typedef struct sl_dp sl_dp;
+typedef struct sl_tp sl_tp;
 
 /* Fill one micro-batch: ids and targets are (B, T) int32. `micro` is the global micro-batch index of the
  * step (dp_rank * accum + local micro), so a DP run sees exactly the single-process batches. */
@@ -66,6 +67,7 @@ typedef struct sl_trainer {
     int n_forward;             /* nodes [0, n_forward) are the forward pass */
     sl_adamw opt;              /* single-process optimizer state (allocated at the first step) */
     sl_dp *dp;                 /* borrowed; when set, gradients are reduced and the update is done by dp */
+    sl_tp *tp;                 /* borrowed; set by sl_trainer_set_tp for a TP-split model */
     int opt_ready;
     void (*pre_update)(void *user); /* optional: called right before the optimizer modifies the state */
     void *pre_update_user;
@@ -75,6 +77,9 @@ typedef struct sl_trainer {
 
 sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *cfg);
 void sl_trainer_free(sl_trainer *tr);
+/* A model split by tensor parallelism (m->tp > 1): runs the graph's collectives over tp's group and
+ * takes the gradient norm over the whole model. */
+sl_status sl_trainer_set_tp(sl_trainer *tr, sl_tp *tp);
 /* Forward+backward over cfg.accum micro-batches (gradients accumulate with loss scale 1/accum),
  * clip, schedule, AdamW. stats->loss is the mean micro-batch loss before the update. */
 sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *user, sl_step_stats *stats);

@@ -52,6 +52,10 @@ static const char *const k_op_names[] = {
     "linear_bf16",
     "moe_expert",
     "fill",
+    "collective",
+    "ce_vp_stats",
+    "ce_vp",
+    "ce_vp_back",
 };
 _Static_assert(sizeof(k_op_names) / sizeof(k_op_names[0]) == SL_OP_COUNT, "op name table out of sync");
 

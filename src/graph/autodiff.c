@@ -147,6 +147,8 @@ void sl_graph_build_backward(sl_graph *g, sl_tensor *loss, float loss_scale) {
                 eb->src[1] = ids;
                 eb->src[2] = sl_is_contiguous(gt) ? gt : sl_cont(ctx, gt);
                 eb->view_src = dst;
+                eb->iparams[2] = t->iparams[2]; /* vocab shard: rows [lo, +V) */
+                eb->iparams[3] = t->iparams[3];
                 if (is_param)
                     note_grad_write(&s, table, eb);
                 else

@@ -27,9 +27,26 @@ typedef struct {
     int cap;
 } builder;
 
-static sl_tensor *add_param(builder *b, const char *name, int ndim, const int64_t *ne, int decay, int init) {
+void sl_tp_part(int64_t block_full, int tp, int r, int64_t *lo, int64_t *len) {
+    int64_t a = block_full * r / tp, b = block_full * (r + 1) / tp;
+    *lo = a;
+    *len = b - a;
+}
+
+/* A parameter of full shape ne; under TP (b->tp > 1) dimension tp_dim is split (tp_pack blocks). */
+static sl_tensor *add_param_tp(builder *b, const char *name, int ndim, const int64_t *full_ne, int decay,
+                               int init, int tp_dim, int tp_pack) {
     sl_model *m = b->m;
     SL_ASSERT(m->n_params < b->cap);
+    int64_t ne[SL_MAX_DIMS];
+    for (int d = 0; d < ndim; d++) ne[d] = full_ne[d];
+    int tp = m->tp > 1 ? m->tp : 1;
+    if (tp == 1) tp_dim = -1;
+    if (tp_dim >= 0) {
+        int64_t lo, len;
+        sl_tp_part(full_ne[tp_dim] / tp_pack, tp, m->tp_rank, &lo, &len);
+        ne[tp_dim] = len * tp_pack;
+    }
     sl_tensor *t = sl_new_tensor(m->ctx, SL_F32, ndim, ne);
     sl_set_param(t);
     sl_set_name(t, "%s", name);
@@ -39,8 +56,15 @@ static sl_tensor *add_param(builder *b, const char *name, int ndim, const int64_
     p->numel = sl_nelements(t);
     p->decay = decay;
     p->init = init;
+    p->tp_split = tp_dim + 1;
+    p->tp_pack = tp_dim >= 0 ? tp_pack : 1;
+    p->tp_full = tp_dim >= 0 ? full_ne[tp_dim] : 0;
     m->numel += p->numel;
     return t;
+}
+
+static sl_tensor *add_param(builder *b, const char *name, int ndim, const int64_t *ne, int decay, int init) {
+    return add_param_tp(b, name, ndim, ne, decay, init, -1, 1);
 }
 
 sl_status sl_gpt2_new(const sl_gpt2_config *cfg, sl_model **out) {
@@ -48,11 +72,26 @@ sl_status sl_gpt2_new(const sl_gpt2_config *cfg, sl_model **out) {
 }
 
 sl_status sl_gpt2_new_on(const sl_gpt2_config *cfg, sl_backend *be, sl_model **out) {
+    return sl_gpt2_new_tp(cfg, be, 1, 0, out);
+}
+
+sl_status sl_gpt2_new_tp(const sl_gpt2_config *cfg, sl_backend *be, int tp, int tp_rank, sl_model **out) {
     *out = NULL;
     SL_TRY(check_cfg(cfg));
+    if (tp < 1 || tp_rank < 0 || tp_rank >= tp)
+        return sl_fail(SL_ERR_INVALID, "--tensor-model-parallel-size %d: rank %d out of range", tp, tp_rank);
+    if (cfg->n_head % tp != 0)
+        return sl_fail(SL_ERR_INVALID,
+                       "--tensor-model-parallel-size %d does not divide num-attention-heads %d", tp,
+                       cfg->n_head);
+    if (cfg->vocab_size < tp)
+        return sl_fail(SL_ERR_INVALID, "--tensor-model-parallel-size %d exceeds vocab-size %d", tp,
+                       cfg->vocab_size);
     sl_model *m = calloc(1, sizeof *m);
     if (!m) return sl_fail(SL_ERR_NOMEM, "model: out of memory");
     m->cfg = *cfg;
+    m->tp = tp;
+    m->tp_rank = tp_rank;
     int L = cfg->n_layer;
     int64_t C = cfg->n_embd, V = cfg->vocab_size, T = cfg->max_seq_len;
     builder b = {m, 4 + 12 * L};
@@ -63,24 +102,25 @@ sl_status sl_gpt2_new_on(const sl_gpt2_config *cfg, sl_backend *be, sl_model **o
         return sl_fail(SL_ERR_NOMEM, "model: out of memory");
     }
     char nm[64];
-    add_param(&b, "wte", 2, (int64_t[]){V, C}, 1, SL_INIT_NORMAL);
+    add_param_tp(&b, "wte", 2, (int64_t[]){V, C}, 1, SL_INIT_NORMAL, 0, 1); /* vocab-parallel */
     add_param(&b, "wpe", 2, (int64_t[]){T, C}, 1, SL_INIT_NORMAL);
     for (int l = 0; l < L; l++) {
-#define P(suffix, nd, shape, decay, init)                                                                    \
+/* tp dimension and packed blocks: column-parallel weights split rows, row-parallel ones columns */
+#define P(suffix, nd, shape, decay, init, tdim, pack)                                                        \
     snprintf(nm, sizeof nm, "h.%d." suffix, l);                                                              \
-    add_param(&b, nm, nd, shape, decay, init)
-        P("ln_1.weight", 1, ((int64_t[]){C}), 0, SL_INIT_ONE);
-        P("ln_1.bias", 1, ((int64_t[]){C}), 0, SL_INIT_ZERO);
-        P("attn.c_attn.weight", 2, ((int64_t[]){3 * C, C}), 1, SL_INIT_NORMAL);
-        P("attn.c_attn.bias", 1, ((int64_t[]){3 * C}), 0, SL_INIT_ZERO);
-        P("attn.c_proj.weight", 2, ((int64_t[]){C, C}), 1, SL_INIT_NORMAL_RESID);
-        P("attn.c_proj.bias", 1, ((int64_t[]){C}), 0, SL_INIT_ZERO);
-        P("ln_2.weight", 1, ((int64_t[]){C}), 0, SL_INIT_ONE);
-        P("ln_2.bias", 1, ((int64_t[]){C}), 0, SL_INIT_ZERO);
-        P("mlp.c_fc.weight", 2, ((int64_t[]){4 * C, C}), 1, SL_INIT_NORMAL);
-        P("mlp.c_fc.bias", 1, ((int64_t[]){4 * C}), 0, SL_INIT_ZERO);
-        P("mlp.c_proj.weight", 2, ((int64_t[]){C, 4 * C}), 1, SL_INIT_NORMAL_RESID);
-        P("mlp.c_proj.bias", 1, ((int64_t[]){C}), 0, SL_INIT_ZERO);
+    add_param_tp(&b, nm, nd, shape, decay, init, tdim, pack)
+        P("ln_1.weight", 1, ((int64_t[]){C}), 0, SL_INIT_ONE, -1, 1);
+        P("ln_1.bias", 1, ((int64_t[]){C}), 0, SL_INIT_ZERO, -1, 1);
+        P("attn.c_attn.weight", 2, ((int64_t[]){3 * C, C}), 1, SL_INIT_NORMAL, 0, 3);
+        P("attn.c_attn.bias", 1, ((int64_t[]){3 * C}), 0, SL_INIT_ZERO, 0, 3);
+        P("attn.c_proj.weight", 2, ((int64_t[]){C, C}), 1, SL_INIT_NORMAL_RESID, 1, 1);
+        P("attn.c_proj.bias", 1, ((int64_t[]){C}), 0, SL_INIT_ZERO, -1, 1);
+        P("ln_2.weight", 1, ((int64_t[]){C}), 0, SL_INIT_ONE, -1, 1);
+        P("ln_2.bias", 1, ((int64_t[]){C}), 0, SL_INIT_ZERO, -1, 1);
+        P("mlp.c_fc.weight", 2, ((int64_t[]){4 * C, C}), 1, SL_INIT_NORMAL, 0, 1);
+        P("mlp.c_fc.bias", 1, ((int64_t[]){4 * C}), 0, SL_INIT_ZERO, 0, 1);
+        P("mlp.c_proj.weight", 2, ((int64_t[]){C, 4 * C}), 1, SL_INIT_NORMAL_RESID, 1, 1);
+        P("mlp.c_proj.bias", 1, ((int64_t[]){C}), 0, SL_INIT_ZERO, -1, 1);
 #undef P
     }
     add_param(&b, "ln_f.weight", 1, (int64_t[]){C}, 0, SL_INIT_ONE);
@@ -155,7 +195,54 @@ static sl_tensor *gpt2_body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int po
     return sl_set_name(logits, "logits");
 }
 
+/* Megatron's f and g (Note [Tensor-parallel graphs], src/ops/build_tp.c) */
+static sl_tensor *tp_f(sl_model *m, sl_tensor *x) {
+    return sl_collective(m->ctx, x, SL_COLL_COPY, SL_COLL_ALLREDUCE, SL_GROUP_TP, m->tp);
+}
+static sl_tensor *tp_g(sl_model *m, sl_tensor *x) {
+    return sl_collective(m->ctx, x, SL_COLL_ALLREDUCE, SL_COLL_COPY, SL_GROUP_TP, m->tp);
+}
+
+/* The forward pass of one TP rank (training and evaluation): each rank holds NH/tp heads, 4C/tp MLP units
+ * and a contiguous range of the vocabulary. Column-parallel c_attn and c_fc take f(h); row-parallel c_proj
+ * outputs are summed by g before their (replicated) bias; the embedding is a vocab-shard lookup summed by
+ * g; the tied LM head gives this rank's vocabulary columns, and the loss is the vocab-parallel
+ * cross-entropy. Returns the loss; *logits_out: this rank's logits shard (B, T, V/tp). */
+static sl_tensor *gpt2_tp_loss(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_tensor **logits_out) {
+    sl_ctx *ctx = m->ctx;
+    const sl_gpt2_config *c = &m->cfg;
+    int64_t B = ids->ne[0], T = ids->ne[1], C = c->n_embd, NHl = c->n_head / m->tp, hs = C / c->n_head;
+    SL_ASSERT(ids->ndim == 2 && T <= c->max_seq_len);
+    sl_tensor *wte = P(m, 0), *wpe = P(m, 1);
+    int64_t vlo, vlen;
+    sl_tp_part(c->vocab_size, m->tp, m->tp_rank, &vlo, &vlen);
+    sl_tensor *pos = sl_view(ctx, wpe, 2, (int64_t[]){T, C}, (int64_t[]){C, 1}, 0);
+    sl_tensor *x = sl_add(ctx, tp_g(m, sl_embedding_shard(ctx, wte, ids, vlo)), pos);
+    for (int l = 0; l < c->n_layer; l++) {
+        int o = 2 + 12 * l;
+        sl_tensor *h = tp_f(m, sl_layernorm(ctx, x, P(m, o + 0), P(m, o + 1), 1e-5f));
+        sl_tensor *qkv = mm(m, h, P(m, o + 2), P(m, o + 3)); /* (B, T, 3 C/tp) */
+        sl_tensor *r = sl_reshape(ctx, qkv, 5, (int64_t[]){B, T, 3, NHl, hs});
+        int64_t nb4[4] = {r->nb[0], r->nb[1], r->nb[3], 1};
+        sl_tensor *q = sl_view(ctx, r, 4, (int64_t[]){B, T, NHl, hs}, nb4, 0);
+        sl_tensor *k = sl_view(ctx, r, 4, (int64_t[]){B, T, NHl, hs}, nb4, r->nb[2]);
+        sl_tensor *v = sl_view(ctx, r, 4, (int64_t[]){B, T, NHl, hs}, nb4, 2 * r->nb[2]);
+        sl_tensor *a = sl_attention(ctx, q, k, v); /* (B, T, C/tp) */
+        x = sl_add(ctx, x, sl_bias(ctx, tp_g(m, mm(m, a, P(m, o + 4), NULL)), P(m, o + 5)));
+        h = tp_f(m, sl_layernorm(ctx, x, P(m, o + 6), P(m, o + 7), 1e-5f));
+        sl_tensor *f = sl_gelu(ctx, mm(m, h, P(m, o + 8), P(m, o + 9))); /* (B, T, 4C/tp) */
+        x = sl_add(ctx, x, sl_bias(ctx, tp_g(m, mm(m, f, P(m, o + 10), NULL)), P(m, o + 11)));
+    }
+    int of = 2 + 12 * c->n_layer;
+    x = tp_f(m, sl_layernorm(ctx, x, P(m, of), P(m, of + 1), 1e-5f));
+    sl_tensor *logits = sl_set_name(mm(m, x, wte, NULL), "logits"); /* (B, T, V/tp) */
+    if (logits_out) *logits_out = logits;
+    if (!targets) return NULL;
+    return sl_set_name(sl_cross_entropy_vp(ctx, logits, targets, vlo, m->tp), "loss");
+}
+
 sl_tensor *sl_gpt2_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_tensor **logits_out) {
+    if (m->tp > 1) return gpt2_tp_loss(m, ids, targets, logits_out);
     sl_tensor *logits = gpt2_body(m, ids, NULL, 0, NULL);
     if (logits_out) *logits_out = logits;
     if (!targets) return NULL;
@@ -165,6 +252,7 @@ sl_tensor *sl_gpt2_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_ten
 }
 
 sl_tensor *sl_gpt2_build_kv(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
+    SL_ASSERT(m->tp <= 1 && "generation runs on a whole model (gather the TP shards first)");
     int64_t T = ids->ne[1];
     SL_ASSERT(kv->pos_used + T <= kv->pos_cap);
     sl_tensor *positions = sl_set_name(sl_new_tensor(m->ctx, SL_I32, 1, (int64_t[]){T}), "kv_positions");

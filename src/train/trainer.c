@@ -1,4 +1,5 @@
 /* The training step: builds the forward+backward graph once, plans it, and re-executes it. */
+#include <math.h>
 #include <string.h>
 
 #include "suanli/parallel.h"
@@ -44,6 +45,16 @@ sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *
 done:
     if (st != SL_OK) sl_trainer_free(tr);
     return st;
+}
+
+sl_status sl_trainer_set_tp(sl_trainer *tr, sl_tp *tp) {
+    int n = tr->model->tp > 1 ? tr->model->tp : 1;
+    if (sl_tp_size(tp) != n)
+        return sl_fail(SL_ERR_INVALID, "trainer: the model is split %d ways, the TP group has %d ranks", n,
+                       sl_tp_size(tp));
+    tr->tp = tp;
+    sl_graph_set_collective(tr->graph, sl_tp_collective, tp);
+    return SL_OK;
 }
 
 void sl_trainer_free(sl_trainer *tr) {
@@ -117,7 +128,13 @@ sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *us
             tr->opt_ready = 1;
             tr->opt.t = tr->opt_t;
         }
-        SL_TRY(sl_grad_norm(m, &norm)); /* clipping is applied inside the update (sl_adamw_step_scaled) */
+        if (tr->tp) { /* clipping is applied inside the update (sl_adamw_step_scaled) */
+            double ss;
+            SL_TRY(sl_tp_grad_sumsq(tr->tp, m, &ss));
+            norm = (float)sqrt(ss);
+        } else {
+            SL_TRY(sl_grad_norm(m, &norm));
+        }
         if (tr->pre_update) tr->pre_update(tr->pre_update_user);
         SL_TRY(sl_adamw_step_scaled(&tr->opt, m, lr, sl_clip_coef(norm, tr->cfg.clip)));
     }

@@ -36,6 +36,12 @@ sl_status sl_k_embedding(sl_tensor *n);
 sl_status sl_k_embedding_back(sl_tensor *n);
 sl_status sl_k_cross_entropy(sl_tensor *n);
 sl_status sl_k_cross_entropy_back(sl_tensor *n);
+/* tensor parallelism (tp_kernels.c) */
+sl_status sl_k_embedding_shard(sl_tensor *n);
+sl_status sl_k_embedding_back_shard(sl_tensor *n);
+sl_status sl_k_ce_vp_stats(sl_tensor *n);
+sl_status sl_k_ce_vp(sl_tensor *n);
+sl_status sl_k_ce_vp_back(sl_tensor *n);
 sl_status sl_k_fill(sl_tensor *n);
 
 /* State kernels (optim.c): the CPU backend's adamw / sumsq / scale / fill members over host memory. */

@@ -1,0 +1,213 @@
+/* Tensor parallelism: the collective provider that runs a TP graph's COLLECTIVE nodes over the mesh's TP
+ * communicator, the copy between full parameters and a rank's shards, and the gradient norm over a TP
+ * group (Note [Tensor-parallel graphs], src/ops/build_tp.c; the model split: sl_gpt2_new_tp). */
+#include <math.h>
+#include <string.h>
+
+#include "suanli/parallel.h"
+
+struct sl_tp {
+    sl_comm *comm; /* the mesh's TP communicator (borrowed) */
+    int n, r;
+    double coll_sec; /* time inside TP collectives (reset by sl_tp_take_stats) */
+    double coll_bytes;
+};
+
+sl_status sl_tp_new(sl_tp **out, const sl_mesh *mesh) {
+    *out = NULL;
+    if (mesh->tp > 1 && !mesh->tp_comm) return sl_fail(SL_ERR_INVALID, "tp: the mesh has no TP communicator");
+    sl_tp *t = calloc(1, sizeof *t);
+    if (!t) return sl_fail(SL_ERR_NOMEM, "tp: out of memory");
+    t->comm = mesh->tp_comm;
+    t->n = mesh->tp;
+    t->r = mesh->tp_rank;
+    *out = t;
+    return SL_OK;
+}
+
+void sl_tp_free(sl_tp *t) { free(t); }
+
+int sl_tp_size(const sl_tp *t) { return t ? t->n : 1; }
+
+void sl_tp_take_stats(sl_tp *t, double *sec, double *bytes) {
+    *sec = t ? t->coll_sec : 0;
+    *bytes = t ? t->coll_bytes : 0;
+    if (t) t->coll_sec = t->coll_bytes = 0;
+}
+
+sl_status sl_tp_collective(void *user, sl_tensor *n) {
+    sl_tp *t = user;
+    sl_tensor *x = n->src[0];
+    size_t cnt = (size_t)sl_nelements(x);
+    if (!x->data || !n->data || (x->buffer && !x->buffer->backend->caps.host_visible))
+        return sl_fail(SL_ERR_UNSUPPORTED, "tp: collective '%s' needs host-visible memory", n->name);
+    if (n->iparams[3] != t->n)
+        return sl_fail(SL_ERR_INVALID, "tp: collective '%s' built for %d ranks, the group has %d", n->name,
+                       n->iparams[3], t->n);
+    double t0 = sl_time_sec();
+    sl_status st = SL_OK;
+    switch ((sl_coll_kind)n->iparams[0]) {
+    case SL_COLL_COPY:
+        memcpy(n->data, x->data, cnt * sizeof(float));
+        break;
+    case SL_COLL_ALLREDUCE:
+        if (t->n == 1)
+            memcpy(n->data, x->data, cnt * sizeof(float));
+        else
+            st = sl_comm_all_reduce(t->comm, x->data, n->data, cnt, SL_COMM_F32, SL_COMM_SUM);
+        t->coll_bytes += (double)cnt * sizeof(float);
+        break;
+    case SL_COLL_ALLGATHER:
+        if (t->n == 1)
+            memcpy(n->data, x->data, cnt * sizeof(float));
+        else
+            st = sl_comm_all_gather(t->comm, x->data, n->data, cnt, SL_COMM_F32);
+        t->coll_bytes += (double)cnt * sizeof(float) * t->n;
+        break;
+    default:
+        return sl_fail(SL_ERR_INVALID, "tp: collective '%s' has kind %d", n->name, n->iparams[0]);
+    }
+    t->coll_sec += sl_time_sec() - t0;
+    return st;
+}
+
+/* Note [TP shard layout]
+ * A parameter split along dim d (tp_split - 1) with full size F along d is tp_pack blocks of F / tp_pack; rank r holds part r
+ * (sl_tp_part) of every block, concatenated in block order. For d = 0 a part is a run of whole rows; for
+ * d = 1 (2-D only) it is a run of columns in every row. */
+void sl_tp_shard_copy(const sl_param_info *p, int tp, int r, float *full, float *shard, int to_shard) {
+    const sl_tensor *t = p->t;
+    if (p->tp_split == 0) {
+        if (to_shard)
+            memcpy(shard, full, sizeof(float) * (size_t)p->numel);
+        else
+            memcpy(full, shard, sizeof(float) * (size_t)p->numel);
+        return;
+    }
+    int dim = p->tp_split - 1;
+    int64_t inner = 1; /* elements per index of dim `dim`, in the full tensor */
+    for (int d = dim + 1; d < t->ndim; d++) inner *= t->ne[d];
+    int64_t outer = 1;
+    for (int d = 0; d < dim; d++) outer *= t->ne[d];
+    int64_t blk = p->tp_full / p->tp_pack, lo, len;
+    sl_tp_part(blk, tp, r, &lo, &len);
+    int64_t local_dim = len * p->tp_pack; /* == t->ne[dim] */
+    for (int64_t o = 0; o < outer; o++)
+        for (int b = 0; b < p->tp_pack; b++) {
+            float *f = full + (o * p->tp_full + b * blk + lo) * inner;
+            float *s = shard + (o * local_dim + b * len) * inner;
+            size_t n = sizeof(float) * (size_t)(len * inner);
+            if (to_shard)
+                memcpy(s, f, n);
+            else
+                memcpy(f, s, n);
+        }
+}
+
+static int64_t full_numel(const sl_param_info *p) {
+    if (p->tp_split == 0) return p->numel;
+    return p->numel / p->t->ne[(p->tp_split - 1)] * p->tp_full;
+}
+
+sl_status sl_tp_load_full(sl_model *shard, const sl_model *full) {
+    if (shard->n_params != full->n_params)
+        return sl_fail(SL_ERR_INVALID, "tp: full model has %d parameters, the shard %d", full->n_params,
+                       shard->n_params);
+    const float *fp;
+    float *owned = NULL;
+    SL_TRY(sl_model_params_host(full, &fp, &owned));
+    float *buf = malloc(sizeof(float) * (size_t)(shard->numel ? shard->numel : 1));
+    sl_status st = buf ? SL_OK : sl_fail(SL_ERR_NOMEM, "tp: out of memory");
+    for (int i = 0; i < shard->n_params && st == SL_OK; i++) {
+        const sl_param_info *p = &shard->params[i], *q = &full->params[i];
+        if (full_numel(p) != q->numel || strcmp(p->t->name, q->t->name))
+            st = sl_fail(SL_ERR_INVALID, "tp: parameter %d is '%s' (%lld) in the shard, '%s' (%lld) in full", i,
+                         p->t->name, (long long)full_numel(p), q->t->name, (long long)q->numel);
+        else
+            sl_tp_shard_copy(p, shard->tp > 1 ? shard->tp : 1, shard->tp_rank, (float *)fp + q->offset,
+                             buf + p->offset, 1);
+    }
+    if (st == SL_OK) st = sl_model_params_write(shard, 0, shard->numel, buf);
+    free(buf);
+    sl_free_aligned(owned);
+    return st;
+}
+
+sl_status sl_tp_gather_full(sl_tp *t, const sl_model *shard, float *full) {
+    int n = t ? t->n : 1;
+    const float *sp;
+    float *owned = NULL;
+    SL_TRY(sl_model_params_host(shard, &sp, &owned));
+    sl_status st = SL_OK;
+    float *all = NULL;
+    size_t *counts = NULL, *displs = NULL;
+    int64_t off = 0;
+    for (int i = 0; i < shard->n_params && st == SL_OK; i++) {
+        const sl_param_info *p = &shard->params[i];
+        int64_t fn = full_numel(p);
+        if (p->tp_split == 0 || n == 1) {
+            memcpy(full + off, sp + p->offset, sizeof(float) * (size_t)p->numel);
+            off += fn;
+            continue;
+        }
+        /* every rank's shard of this parameter, in rank order, then unpacked into the full layout */
+        free(all);
+        free(counts);
+        free(displs);
+        all = malloc(sizeof(float) * (size_t)fn);
+        counts = malloc(sizeof(size_t) * (size_t)n);
+        displs = malloc(sizeof(size_t) * (size_t)n);
+        if (!all || !counts || !displs) {
+            st = sl_fail(SL_ERR_NOMEM, "tp: out of memory");
+            break;
+        }
+        int64_t per_index = p->numel / p->t->ne[(p->tp_split - 1)];
+        for (int r = 0; r < n; r++) {
+            int64_t lo, len;
+            sl_tp_part(p->tp_full / p->tp_pack, n, r, &lo, &len);
+            counts[r] = (size_t)(len * p->tp_pack * per_index);
+            displs[r] = r ? displs[r - 1] + counts[r - 1] : 0;
+        }
+        st = sl_comm_all_gatherv(t->comm, sp + p->offset, all, counts, displs, SL_COMM_F32);
+        size_t at = 0;
+        for (int r = 0; r < n && st == SL_OK; r++) {
+            sl_tp_shard_copy(p, n, r, full + off, all + at, 0);
+            at += counts[r];
+        }
+        off += fn;
+    }
+    free(all);
+    free(counts);
+    free(displs);
+    sl_free_aligned(owned);
+    return st;
+}
+
+int64_t sl_tp_full_numel(const sl_model *shard) {
+    int64_t n = 0;
+    for (int i = 0; i < shard->n_params; i++) n += full_numel(&shard->params[i]);
+    return n;
+}
+
+/* Sum of squares of the gradients of the whole (unsplit) model: the sharded parameters' sums over the
+ * group plus the replicated ones once (every TP rank holds identical replicated gradients). Each part is
+ * summed in parameter order, as sl_grad_norm sums the flat buffer. */
+sl_status sl_tp_grad_sumsq(sl_tp *t, const sl_model *m, double *ss) {
+    double split = 0, rep = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        const sl_param_info *p = &m->params[i];
+        double x;
+        SL_TRY(sl_backend_sumsq(m->backend, m->grads_buf, p->offset, p->numel, &x));
+        if (p->tp_split > 0)
+            split += x;
+        else
+            rep += x;
+    }
+    if (t && t->n > 1) {
+        double all;
+        SL_TRY(sl_comm_all_reduce(t->comm, &split, &all, 1, SL_COMM_F64, SL_COMM_SUM));
+        split = all;
+    }
+    *ss = split + rep;
+    return SL_OK;
+}
