@@ -130,6 +130,7 @@ typedef struct dp_slots {
 
 struct sl_dp {
     sl_comm *comm;  /* dp communicator (NULL: dp == 1) */
+    sl_comm *tp_comm; /* the mesh's TP communicator when the model is TP-split (the gradient norm) */
     int n, r;       /* group size and this rank */
     int zero;       /* ZeRO stage */
     int grad_slots; /* gradients live in slots (Note [Gradient slots]); m->grads_buf is freed */

@@ -34,7 +34,7 @@ static sl_status synth(void *u, int64_t step, int micro, int32_t *ids, int32_t *
 
 typedef struct {
     sl_comm *world;
-    int tp, accum;
+    int tp, accum, zero; /* dp = world / tp */
     float losses[STEPS], norms[STEPS];
     float *full; /* final weights, full layout */
     int64_t numel, local_numel;
@@ -46,6 +46,7 @@ static void *run_rank(void *arg) {
     sl_mesh mesh;
     sl_model *m = NULL, *full = NULL;
     sl_tp *tp = NULL;
+    sl_dp *dp = NULL;
     sl_trainer tr;
     int have_tr = 0;
     if ((j->st = sl_mesh_init(&mesh, j->world, (sl_mesh_dims){j->tp, 1, 1})) != SL_OK) return NULL;
@@ -62,7 +63,7 @@ static void *run_rank(void *arg) {
     sl_trainer_config tc = {.B = B,
                             .T = T,
                             .accum = j->accum,
-                            .dp_size = 1,
+                            .dp_size = mesh.dp,
                             .lr = 3e-3f,
                             .min_lr = 3e-4f,
                             .clip = 0.5f,
@@ -72,17 +73,24 @@ static void *run_rank(void *arg) {
     if ((j->st = sl_trainer_init(&tr, m, &tc)) != SL_OK) goto out;
     have_tr = 1;
     if (tp && (j->st = sl_trainer_set_tp(&tr, tp)) != SL_OK) goto out;
+    if (mesh.dp > 1) {
+        sl_dp_opts o = {j->zero, 3000, j->accum};
+        if ((j->st = sl_dp_new(&dp, &mesh, m, tr.graph, &o)) != SL_OK) goto out;
+        tr.dp = dp;
+    }
     for (int s = 0; s < STEPS; s++) {
         sl_step_stats ss;
         if ((j->st = sl_trainer_step(&tr, s, synth, NULL, &ss)) != SL_OK) goto out;
         j->losses[s] = ss.loss;
         j->norms[s] = ss.grad_norm;
     }
+    if (dp && (j->st = sl_dp_gather_params(dp)) != SL_OK) goto out;
     j->local_numel = m->numel;
     j->numel = sl_tp_full_numel(m);
     j->full = malloc(sizeof(float) * (size_t)j->numel);
     j->st = sl_tp_gather_full(tp, m, j->full);
 out:
+    sl_dp_free(dp);
     if (have_tr) sl_trainer_free(&tr);
     sl_tp_free(tp);
     sl_model_free(m);
@@ -91,20 +99,21 @@ out:
     return NULL;
 }
 
-static rank_job run_layout(int n, int tp, int accum) {
+static rank_job run_layout(int n, int tp, int accum, int zero) {
     sl_comm *comms[8];
     rank_job jobs[8];
     pthread_t th[8];
     TU_CHECK(sl_comm_init_loopback(n, comms, NULL) == SL_OK, "loopback: %s", sl_errmsg());
     for (int r = 0; r < n; r++) {
-        jobs[r] = (rank_job){.world = comms[r], .tp = tp, .accum = accum};
+        jobs[r] = (rank_job){.world = comms[r], .tp = tp, .accum = accum, .zero = zero};
         pthread_create(&th[r], NULL, run_rank, &jobs[r]);
     }
     for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
     for (int r = 0; r < n; r++) {
         TU_CHECK(jobs[r].st == SL_OK, "tp=%d rank %d: %s (%s)", tp, r, sl_status_name(jobs[r].st), sl_errmsg());
         if (r > 0) {
-            /* every rank gathers the same full model: replicated parameters never drifted apart */
+            /* every rank gathers the same full model: replicated parameters never drifted apart, and
+             * DP replicas agree */
             TU_CHECK(jobs[r].full && jobs[0].full &&
                          memcmp(jobs[r].full, jobs[0].full, sizeof(float) * (size_t)jobs[0].numel) == 0,
                      "tp=%d: rank %d's gathered weights differ from rank 0's", tp, r);
@@ -142,7 +151,7 @@ int main(void) {
         TU_CHECK(ref.losses[STEPS - 1] < ref.losses[0] - 0.1f, "the model learns: %g -> %g", ref.losses[0],
                  ref.losses[STEPS - 1]);
         for (int tp = 2; tp <= 4; tp *= 2) {
-            rank_job z = run_layout(tp, tp, accum);
+            rank_job z = run_layout(tp, tp, accum, 0);
             if (!z.full) continue;
             double worst = 0, worst_norm = 0;
             for (int s = 0; s < STEPS; s++) {
@@ -169,6 +178,21 @@ int main(void) {
                      tp, (long long)z.local_numel, (long long)(repl + split / tp));
             free(z.full);
         }
+        if (accum == 2) /* tp 2 x dp 2, one micro-batch per rank: the same global batch */
+            for (int zero = 0; zero <= 3; zero += 3) {
+                rank_job z = run_layout(4, 2, 1, zero);
+                if (!z.full) continue;
+                double worst = 0;
+                for (int s = 0; s < STEPS; s++) {
+                    double r = fabs(z.losses[s] - ref.losses[s]) / fabs(ref.losses[s]);
+                    if (r > worst) worst = r;
+                }
+                double wd = tu_rel_maxdiff(z.full, ref.full, ref.numel);
+                printf("tp=2 dp=2 zero=%d: worst loss rel err %.2e, final weights %.2e\n", zero, worst, wd);
+                TU_CHECK(worst <= 1e-6, "tp2 dp2 zero%d loss rel err %.3g (bar 1e-6)", zero, worst);
+                TU_CHECK(wd <= 1e-5, "tp2 dp2 zero%d final weights rel err %.3g (bar 1e-5)", zero, wd);
+                free(z.full);
+            }
         free(ref.full);
     }
     return tu_finish("test_tp");
