@@ -120,10 +120,23 @@ static sl_status setup_comm(sl_train_job *j) {
     if (sl_mesh_init(&j->mesh, j->world, dims) != SL_OK) return sl_train_bad("%s", sl_errmsg());
     j->mesh_ok = 1;
     const sl_mesh *mesh = &j->mesh;
-    if (mesh->tp > 1 || mesh->pp > 1)
+    if (mesh->pp > 1)
         return sl_train_bad(
-            "tensor and pipeline parallelism are not implemented yet (--tp %d --pp %d); use data parallelism",
-            mesh->tp, mesh->pp);
+            "pipeline parallelism is not implemented yet (--pipeline-model-parallel-size %d); use data or "
+            "tensor parallelism",
+            mesh->pp);
+    if (mesh->tp > 1) {
+        /* Tensor parallelism (src/parallel/tp.c): GPT-2 models built here, host-visible memory, and no
+         * mid-run checkpoints yet (their state is split across the TP group) */
+        if (o->model.init_from)
+            return sl_train_bad("--tensor-model-parallel-size %d: TP is implemented for suanli's GPT-2 only, "
+                                "not for --init-from models",
+                                mesh->tp);
+        if (o->ckpt.load_dir || (o->ckpt.save_dir && o->ckpt.save_interval > 0))
+            return sl_train_bad("--tensor-model-parallel-size %d: checkpoints of TP runs (--save-interval, "
+                                "--load) are not implemented yet; the final weights are saved with --save",
+                                mesh->tp);
+    }
     if (mesh->ep > 1)
         return sl_train_bad(
             "expert parallelism is not implemented yet (--expert-model-parallel-size %d), for "
@@ -317,6 +330,21 @@ static sl_status make_model(sl_train_job *j) {
     } else {
         SL_TRY(sl_model_init_weights_ex(j->m, (uint64_t)o->seed));
     }
+    if (j->mesh.tp > 1) { /* this rank's shards of the whole model initialised above */
+        if (!j->be->caps.host_visible)
+            return sl_train_bad("--tensor-model-parallel-size needs host-visible memory (--device cpu), not %s",
+                                j->be->name);
+        sl_model *whole = j->m, *shard = NULL;
+        j->m = NULL;
+        sl_status st = sl_gpt2_new_tp(&j->cfg, j->be, j->mesh.tp, j->mesh.tp_rank, &shard);
+        if (st == SL_OK) st = sl_tp_load_full(shard, whole);
+        sl_model_free(whole);
+        if (st != SL_OK) {
+            sl_model_free(shard);
+            return sl_train_bad("%s", sl_errmsg());
+        }
+        j->m = shard;
+    }
     return SL_OK;
 }
 
@@ -360,6 +388,10 @@ static sl_status make_trainer(sl_train_job *j) {
     sl_status st = sl_trainer_init(&j->tr, m, &tc);
     if (st != SL_OK) return sl_train_fail(st, "%s", sl_errmsg());
     j->trainer_ok = 1;
+    if (j->mesh.tp > 1) {
+        if (sl_tp_new(&j->tp, &j->mesh) != SL_OK || sl_trainer_set_tp(&j->tr, j->tp) != SL_OK)
+            return sl_train_bad("%s", sl_errmsg());
+    }
     if (j->mesh.dp > 1) {
         sl_dp_opts dpo = {(int)o->parallel.zero_stage, o->parallel.bucket_elems, j->accum};
         if (sl_dp_new(&j->dp, &j->mesh, m, j->tr.graph, &dpo) != SL_OK)
@@ -427,6 +459,7 @@ void sl_train_job_release(sl_train_job *j, int failed) {
     sl_ckpt_writer_free(j->ckw);
     if (j->metrics) fclose(j->metrics);
     sl_dp_free(j->dp);
+    sl_tp_free(j->tp);
     if (j->trainer_ok) sl_trainer_free(&j->tr);
     if (j->mesh_ok) sl_mesh_free(&j->mesh);
     if (failed && j->world) sl_comm_abort(j->world);

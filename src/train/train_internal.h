@@ -27,6 +27,8 @@ typedef struct sl_train_job {
     sl_trainer tr;
     int trainer_ok;
     sl_dp *dp; /* NULL without data parallelism */
+    sl_tp *tp; /* NULL without tensor parallelism */
+    double tp_sec, tp_bytes; /* the last step's time in and bytes through TP collectives (this rank) */
     int B, T, accum;
 
     /* where the run starts: a checkpoint (resume) or the weights in load_dir/model.safetensors */
