@@ -163,6 +163,10 @@ sl_status sl_llama_new(const sl_llama_config *cfg, sl_model **out);
  * bf16 weights are left unbound (the loader binds them: memory-mapped or in wmem). */
 sl_status sl_llama_new_ex(const sl_llama_config *cfg, sl_dtype wdtype, sl_model **out);
 sl_status sl_llama_new_on(const sl_llama_config *cfg, sl_dtype wdtype, sl_backend *be, sl_model **out);
+/* TP rank tp_rank's shards of a Llama-family model (Llama, Qwen2, Mistral; f32) split tp ways, as
+ * sl_gpt2_new_tp: q/k/v and gate/up column-parallel, o_proj and down_proj row-parallel, the embedding and
+ * an untied lm_head vocab-parallel, norms replicated. Needs tp to divide the query and the kv heads. */
+sl_status sl_llama_new_tp(const sl_llama_config *cfg, sl_backend *be, int tp, int tp_rank, sl_model **out);
 /* Any architecture: ids (B, T) -> logits (B, T, V) [+ mean cross-entropy loss when targets]. */
 sl_tensor *sl_model_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_tensor **logits_out);
 

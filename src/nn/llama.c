@@ -65,6 +65,7 @@ static sl_status check_cfg(const sl_llama_config *c) {
 typedef struct {
     sl_model *m;
     int cap;
+    int tdim, tpack; /* TP split of the next add_param (Note [TP shard layout]); tdim -1: replicated */
 } builder;
 
 static void add_param(builder *b, int decay, int init, int ndim, const int64_t *ne, const char *fmt, ...)
@@ -74,7 +75,17 @@ static void add_param(builder *b, int decay, int init, int ndim, const int64_t *
     SL_ASSERT(m->n_params < b->cap);
     /* bf16 mode: projection matrices are bf16; the embedding (gathered by id) stays f32 */
     int bf = m->wdtype == SL_BF16 && ndim == 2 && m->n_params > 0;
-    sl_tensor *t = sl_new_tensor(m->ctx, bf ? SL_BF16 : SL_F32, ndim, ne);
+    int tdim = m->tp > 1 ? b->tdim : -1, tpack = b->tpack > 0 ? b->tpack : 1;
+    int64_t lne[SL_MAX_DIMS];
+    for (int d = 0; d < ndim; d++) lne[d] = ne[d];
+    if (tdim >= 0) {
+        int64_t lo, len;
+        sl_tp_part(ne[tdim] / tpack, m->tp, m->tp_rank, &lo, &len);
+        lne[tdim] = len * tpack;
+    }
+    b->tdim = -1;
+    b->tpack = 1;
+    sl_tensor *t = sl_new_tensor(m->ctx, bf ? SL_BF16 : SL_F32, ndim, lne);
     sl_set_param(t);
     va_list ap;
     va_start(ap, fmt);
@@ -86,11 +97,17 @@ static void add_param(builder *b, int decay, int init, int ndim, const int64_t *
     p->numel = sl_nelements(t);
     p->decay = decay;
     p->init = init;
+    p->tp_split = tdim + 1;
+    p->tp_pack = tdim >= 0 ? tpack : 1;
+    p->tp_full = tdim >= 0 ? ne[tdim] : 0;
     if (bf)
         m->wnumel += p->numel;
     else
         m->numel += p->numel;
 }
+
+static sl_status llama_new(const sl_llama_config *cfg, sl_dtype wdtype, sl_backend *be, int tp, int tp_rank,
+                           sl_model **out);
 
 sl_status sl_llama_new(const sl_llama_config *cfg, sl_model **out) {
     return sl_llama_new_ex(cfg, SL_F32, out);
@@ -101,6 +118,30 @@ sl_status sl_llama_new_ex(const sl_llama_config *cfg, sl_dtype wdtype, sl_model 
 }
 
 sl_status sl_llama_new_on(const sl_llama_config *cfg, sl_dtype wdtype, sl_backend *be, sl_model **out) {
+    return llama_new(cfg, wdtype, be, 1, 0, out);
+}
+
+sl_status sl_llama_new_tp(const sl_llama_config *cfg, sl_backend *be, int tp, int tp_rank, sl_model **out) {
+    *out = NULL;
+    SL_TRY(check_cfg(cfg));
+    const char *flag = "--tensor-model-parallel-size";
+    if (tp < 1 || tp_rank < 0 || tp_rank >= tp)
+        return sl_fail(SL_ERR_INVALID, "%s %d: rank %d out of range", flag, tp, tp_rank);
+    if (cfg->arch == SL_ARCH_MIXTRAL || cfg->arch == SL_ARCH_BAICHUAN)
+        return sl_fail(SL_ERR_UNSUPPORTED, "%s %d: TP is not implemented for %s (MoE experts / W_pack)", flag,
+                       tp, sl_arch_name(cfg->arch));
+    if (cfg->n_head % tp)
+        return sl_fail(SL_ERR_INVALID, "%s %d does not divide num-attention-heads %d", flag, tp, cfg->n_head);
+    if (cfg->n_kv_head % tp) /* Megatron replicates kv heads when tp > kv heads: not implemented here */
+        return sl_fail(SL_ERR_INVALID, "%s %d does not divide num-query-groups (kv heads) %d", flag, tp,
+                       cfg->n_kv_head);
+    if (cfg->vocab_size < tp)
+        return sl_fail(SL_ERR_INVALID, "%s %d exceeds vocab-size %d", flag, tp, cfg->vocab_size);
+    return llama_new(cfg, SL_F32, be, tp, tp_rank, out);
+}
+
+static sl_status llama_new(const sl_llama_config *cfg, sl_dtype wdtype, sl_backend *be, int tp, int tp_rank,
+                           sl_model **out) {
     *out = NULL;
     SL_TRY(check_cfg(cfg));
     if (wdtype != SL_F32 && wdtype != SL_BF16)
@@ -108,6 +149,8 @@ sl_status sl_llama_new_on(const sl_llama_config *cfg, sl_dtype wdtype, sl_backen
     sl_model *m = calloc(1, sizeof *m);
     if (!m) return sl_fail(SL_ERR_NOMEM, "model: out of memory");
     m->wdtype = wdtype;
+    m->tp = tp;
+    m->tp_rank = tp_rank;
     const sl_llama_config *c = cfg;
     m->arch = c->arch;
     m->lcfg = *c;
@@ -115,13 +158,14 @@ sl_status sl_llama_new_on(const sl_llama_config *cfg, sl_dtype wdtype, sl_backen
     int L = c->n_layer, E = c->arch == SL_ARCH_MIXTRAL ? c->n_experts : 1;
     int64_t C = c->hidden, V = c->vocab_size, I = c->intermediate, hd = c->head_dim;
     int64_t QD = c->n_head * hd, KD = c->n_kv_head * hd;
-    builder b = {m, 4 + L * (12 + 3 * E)};
+    builder b = {m, 4 + L * (12 + 3 * E), -1, 1};
     m->params = calloc((size_t)b.cap, sizeof(sl_param_info));
     m->ctx = sl_ctx_new(64 * 1024 + (600 + 64 * E) * L);
     if (!m->params || !m->ctx) {
         sl_model_free(m);
         return sl_fail(SL_ERR_NOMEM, "model: out of memory");
     }
+    b.tdim = 0; /* vocab-parallel */
     add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){V, C}, "model.embed_tokens.weight");
     for (int l = 0; l < L; l++) {
         const char *pre = "model.layers";
@@ -132,14 +176,17 @@ sl_status sl_llama_new_on(const sl_llama_config *cfg, sl_dtype wdtype, sl_backen
         } else {
             const char *nm[3] = {"q_proj", "k_proj", "v_proj"};
             int64_t od[3] = {QD, KD, KD};
-            for (int j = 0; j < 3; j++) {
+            for (int j = 0; j < 3; j++) { /* column-parallel: heads split */
+                b.tdim = 0;
                 add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){od[j], C}, "%s.%d.self_attn.%s.weight", pre,
                           l, nm[j]);
+                b.tdim = 0;
                 if (c->qkv_bias)
                     add_param(&b, 0, SL_INIT_ZERO, 1, (int64_t[]){od[j]}, "%s.%d.self_attn.%s.bias", pre, l,
                               nm[j]);
             }
         }
+        b.tdim = 1; /* row-parallel */
         add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){C, QD}, "%s.%d.self_attn.o_proj.weight", pre, l);
         add_param(&b, 0, SL_INIT_ONE, 1, (int64_t[]){C}, "%s.%d.post_attention_layernorm.weight", pre, l);
         if (c->arch == SL_ARCH_MIXTRAL) {
@@ -154,13 +201,18 @@ sl_status sl_llama_new_on(const sl_llama_config *cfg, sl_dtype wdtype, sl_backen
                           "%s.%d.block_sparse_moe.experts.%d.w3.weight", pre, l, e);
             }
         } else {
+            b.tdim = 0;
             add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){I, C}, "%s.%d.mlp.gate_proj.weight", pre, l);
+            b.tdim = 0;
             add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){I, C}, "%s.%d.mlp.up_proj.weight", pre, l);
+            b.tdim = 1;
             add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){C, I}, "%s.%d.mlp.down_proj.weight", pre, l);
         }
     }
     add_param(&b, 0, SL_INIT_ONE, 1, (int64_t[]){C}, "model.norm.weight");
+    b.tdim = 0; /* the untied head: vocab-parallel like the embedding */
     if (!c->tie_embeddings) add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){V, C}, "lm_head.weight");
+    b.tdim = -1;
     int train = wdtype == SL_F32;
     if (!train && !be->caps.host_visible) {
         sl_model_free(m);
@@ -290,16 +342,37 @@ static sl_tensor *lm_head(sl_model *m, sl_tensor *x) {
     return bf ? sl_linear_bf16(ctx, x, w, 1) : sl_matmul(ctx, x, w, 0, 1); /* (B, T, V) */
 }
 
-/* The shared body. kv == NULL: training / full-sequence attention; else attention over the cache. */
+/* Megatron's f and g under TP (Note [Tensor-parallel graphs]); identities on a whole model */
+static sl_tensor *tp_f(sl_model *m, sl_tensor *x) {
+    return m->tp > 1 ? sl_collective(m->ctx, x, SL_COLL_COPY, SL_COLL_ALLREDUCE, SL_GROUP_TP, m->tp) : x;
+}
+static sl_tensor *tp_g(sl_model *m, sl_tensor *x) {
+    return m->tp > 1 ? sl_collective(m->ctx, x, SL_COLL_ALLREDUCE, SL_COLL_COPY, SL_GROUP_TP, m->tp) : x;
+}
+
+/* The shared body. kv == NULL: training / full-sequence attention; else attention over the cache.
+ * Under TP (m->tp > 1, training only) each rank holds NH/tp query heads and NKV/tp kv heads, I/tp MLP
+ * units and a vocabulary range: f before the column-parallel q/k/v and gate/up projections, g after the
+ * row-parallel o_proj and down_proj, a vocab-shard embedding summed by g, and logits for the rank's
+ * vocabulary only. */
 static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
     sl_ctx *ctx = m->ctx;
     const sl_llama_config *c = &m->lcfg;
-    int64_t B = ids->ne[0], T = ids->ne[1], hd = c->head_dim, NH = c->n_head, NKV = c->n_kv_head;
+    int tp = m->tp > 1 ? m->tp : 1;
+    SL_ASSERT(tp == 1 || !kv);
+    int64_t B = ids->ne[0], T = ids->ne[1], hd = c->head_dim, NH = c->n_head / tp, NKV = c->n_kv_head / tp;
     int64_t QD = NH * hd, KD = NKV * hd;
     const char *pre = "model.layers";
-    sl_tensor *x = sl_embedding(ctx, W(m, "model.embed_tokens.weight"), ids); /* (B, T, C) */
+    sl_tensor *x;
+    if (tp > 1) {
+        int64_t vlo, vlen;
+        sl_tp_part(c->vocab_size, tp, m->tp_rank, &vlo, &vlen);
+        x = tp_g(m, sl_embedding_shard(ctx, W(m, "model.embed_tokens.weight"), ids, vlo));
+    } else {
+        x = sl_embedding(ctx, W(m, "model.embed_tokens.weight"), ids); /* (B, T, C) */
+    }
     for (int l = 0; l < c->n_layer; l++) {
-        sl_tensor *h = norm(m, x, W(m, "%s.%d.input_layernorm.weight", pre, l), c->rms_eps);
+        sl_tensor *h = tp_f(m, norm(m, x, W(m, "%s.%d.input_layernorm.weight", pre, l), c->rms_eps));
         sl_tensor *q, *k, *v;
         if (c->arch == SL_ARCH_BAICHUAN) {
             sl_tensor *qkv = lin(m, h, W(m, "%s.%d.self_attn.W_pack.weight", pre, l), NULL); /* (B, T, 3QD) */
@@ -340,9 +413,9 @@ static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
         } else {
             a = sl_attention(ctx, q, k, v); /* (B, T, QD) */
         }
-        x = rnd_model(m,
-                      sl_add(ctx, x, lin(m, rnd(m, a), W(m, "%s.%d.self_attn.o_proj.weight", pre, l), NULL)));
-        h = norm(m, x, W(m, "%s.%d.post_attention_layernorm.weight", pre, l), c->rms_eps);
+        x = rnd_model(
+            m, sl_add(ctx, x, tp_g(m, lin(m, rnd(m, a), W(m, "%s.%d.self_attn.o_proj.weight", pre, l), NULL))));
+        h = tp_f(m, norm(m, x, W(m, "%s.%d.post_attention_layernorm.weight", pre, l), c->rms_eps));
         sl_tensor *f;
         if (c->arch == SL_ARCH_MIXTRAL)
             f = moe(m, h, l, kv != NULL);
@@ -350,9 +423,9 @@ static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
             f = swiglu_mlp(m, h, W(m, "%s.%d.mlp.gate_proj.weight", pre, l),
                            W(m, "%s.%d.mlp.up_proj.weight", pre, l),
                            W(m, "%s.%d.mlp.down_proj.weight", pre, l));
-        x = rnd_model(m, sl_add(ctx, x, f));
+        x = rnd_model(m, sl_add(ctx, x, tp_g(m, f)));
     }
-    x = norm(m, x, W(m, "model.norm.weight"), c->rms_eps);
+    x = tp_f(m, norm(m, x, W(m, "model.norm.weight"), c->rms_eps));
     (void)B;
     (void)T;
     return lm_head(m, x);
@@ -367,7 +440,14 @@ sl_tensor *sl_model_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_te
     sl_set_name(logits, "logits");
     if (logits_out) *logits_out = logits;
     if (!targets) return NULL;
-    sl_tensor *loss = sl_cross_entropy(m->ctx, logits, targets);
+    sl_tensor *loss;
+    if (m->tp > 1) { /* logits are this rank's vocabulary columns */
+        int64_t vlo, vlen;
+        sl_tp_part(m->lcfg.vocab_size, m->tp, m->tp_rank, &vlo, &vlen);
+        loss = sl_cross_entropy_vp(m->ctx, logits, targets, vlo, m->tp);
+    } else {
+        loss = sl_cross_entropy(m->ctx, logits, targets);
+    }
     sl_set_name(loss, "loss");
     return loss;
 }

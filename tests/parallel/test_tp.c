@@ -19,6 +19,21 @@
 enum { STEPS = 20, B = 2, T = 16, V = 66 };
 static const sl_gpt2_config CFG = {.n_layer = 2, .n_head = 4, .n_embd = 32, .vocab_size = V, .max_seq_len = T};
 
+/* a GQA Qwen2 (q/k/v biases) with an untied head: 4 query heads, 2 kv heads */
+static const sl_llama_config LCFG = {.arch = SL_ARCH_QWEN2,
+                                     .n_layer = 2,
+                                     .n_head = 4,
+                                     .n_kv_head = 2,
+                                     .head_dim = 8,
+                                     .hidden = 32,
+                                     .intermediate = 48,
+                                     .vocab_size = V,
+                                     .max_seq_len = T,
+                                     .rms_eps = 1e-5f,
+                                     .rope_theta = 10000.0f,
+                                     .tie_embeddings = 0,
+                                     .qkv_bias = 1};
+
 static sl_status synth(void *u, int64_t step, int micro, int32_t *ids, int32_t *tg) {
     (void)u;
     for (int i = 0; i < B * (T + 1); i++) {
@@ -34,7 +49,7 @@ static sl_status synth(void *u, int64_t step, int micro, int32_t *ids, int32_t *
 
 typedef struct {
     sl_comm *world;
-    int tp, accum, zero; /* dp = world / tp */
+    int tp, accum, zero, llama; /* dp = world / tp */
     float losses[STEPS], norms[STEPS];
     float *full; /* final weights, full layout */
     int64_t numel, local_numel;
@@ -50,10 +65,12 @@ static void *run_rank(void *arg) {
     sl_trainer tr;
     int have_tr = 0;
     if ((j->st = sl_mesh_init(&mesh, j->world, (sl_mesh_dims){j->tp, 1, 1})) != SL_OK) return NULL;
-    if ((j->st = sl_gpt2_new(&CFG, &full)) != SL_OK) goto out;
+    if ((j->st = j->llama ? sl_llama_new(&LCFG, &full) : sl_gpt2_new(&CFG, &full)) != SL_OK) goto out;
     sl_model_init_weights(full, 11);
     if (j->tp > 1) {
-        if ((j->st = sl_gpt2_new_tp(&CFG, sl_backend_cpu(), j->tp, mesh.tp_rank, &m)) != SL_OK) goto out;
+        j->st = j->llama ? sl_llama_new_tp(&LCFG, sl_backend_cpu(), j->tp, mesh.tp_rank, &m)
+                         : sl_gpt2_new_tp(&CFG, sl_backend_cpu(), j->tp, mesh.tp_rank, &m);
+        if (j->st != SL_OK) goto out;
         if ((j->st = sl_tp_load_full(m, full)) != SL_OK) goto out;
         if ((j->st = sl_tp_new(&tp, &mesh)) != SL_OK) goto out;
     } else {
@@ -99,13 +116,13 @@ out:
     return NULL;
 }
 
-static rank_job run_layout(int n, int tp, int accum, int zero) {
+static rank_job run_layout(int n, int tp, int accum, int zero, int llama) {
     sl_comm *comms[8];
     rank_job jobs[8];
     pthread_t th[8];
     TU_CHECK(sl_comm_init_loopback(n, comms, NULL) == SL_OK, "loopback: %s", sl_errmsg());
     for (int r = 0; r < n; r++) {
-        jobs[r] = (rank_job){.world = comms[r], .tp = tp, .accum = accum, .zero = zero};
+        jobs[r] = (rank_job){.world = comms[r], .tp = tp, .accum = accum, .zero = zero, .llama = llama};
         pthread_create(&th[r], NULL, run_rank, &jobs[r]);
     }
     for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
@@ -138,12 +155,42 @@ static void bad_splits(void) {
     TU_CHECK(sl_gpt2_new_tp(&c, sl_backend_cpu(), 4, 0, &m) == SL_ERR_INVALID && !m &&
                  strstr(sl_errmsg(), "vocab-size 3"),
              "vocab smaller than tp: %s", sl_errmsg());
+    TU_CHECK(sl_llama_new_tp(&LCFG, sl_backend_cpu(), 4, 0, &m) == SL_ERR_INVALID && !m &&
+                 strstr(sl_errmsg(), "--tensor-model-parallel-size 4 does not divide num-query-groups (kv heads) 2"),
+             "kv heads not divisible by tp: %s", sl_errmsg());
+}
+
+/* the GQA Qwen2: tp = 2 (kv heads split) and tp 2 x dp 2, same bars */
+static void llama_layouts(void) {
+    rank_job ref = {.world = NULL, .tp = 1, .accum = 2, .llama = 1};
+    run_rank(&ref);
+    TU_CHECK(ref.st == SL_OK, "llama single: %s", sl_errmsg());
+    TU_CHECK(ref.losses[STEPS - 1] < ref.losses[0] - 0.1f, "the GQA model learns: %g -> %g", ref.losses[0],
+             ref.losses[STEPS - 1]);
+    const int lay[2][3] = {{2, 2, 2}, {4, 2, 1}}; /* world, tp, accum per rank */
+    for (int li = 0; li < 2; li++) {
+        rank_job z = run_layout(lay[li][0], lay[li][1], lay[li][2], 1, 1);
+        if (!z.full) continue;
+        double worst = 0;
+        for (int s = 0; s < STEPS; s++) {
+            double r = fabs(z.losses[s] - ref.losses[s]) / fabs(ref.losses[s]);
+            if (r > worst) worst = r;
+        }
+        double wd = tu_rel_maxdiff(z.full, ref.full, ref.numel);
+        printf("qwen2 GQA tp=2 dp=%d: worst loss rel err %.2e, final weights %.2e; %lld of %lld per rank\n",
+               lay[li][0] / 2, worst, wd, (long long)z.local_numel, (long long)ref.numel);
+        TU_CHECK(worst <= 1e-6, "qwen2 world %d loss rel err %.3g (bar 1e-6)", lay[li][0], worst);
+        TU_CHECK(wd <= 1e-5, "qwen2 world %d final weights rel err %.3g (bar 1e-5)", lay[li][0], wd);
+        free(z.full);
+    }
+    free(ref.full);
 }
 
 int main(void) {
     setenv("SUANLI_COMM_ALGO", "direct", 1);
     sl_threads_set(1);
     bad_splits();
+    llama_layouts();
     for (int accum = 1; accum <= 2; accum++) {
         rank_job ref = {.world = NULL, .tp = 1, .accum = accum};
         run_rank(&ref);
@@ -151,7 +198,7 @@ int main(void) {
         TU_CHECK(ref.losses[STEPS - 1] < ref.losses[0] - 0.1f, "the model learns: %g -> %g", ref.losses[0],
                  ref.losses[STEPS - 1]);
         for (int tp = 2; tp <= 4; tp *= 2) {
-            rank_job z = run_layout(tp, tp, accum, 0);
+            rank_job z = run_layout(tp, tp, accum, 0, 0);
             if (!z.full) continue;
             double worst = 0, worst_norm = 0;
             for (int s = 0; s < STEPS; s++) {
@@ -180,7 +227,7 @@ int main(void) {
         }
         if (accum == 2) /* tp 2 x dp 2, one micro-batch per rank: the same global batch */
             for (int zero = 0; zero <= 3; zero += 3) {
-                rank_job z = run_layout(4, 2, 1, zero);
+                rank_job z = run_layout(4, 2, 1, zero, 0);
                 if (!z.full) continue;
                 double worst = 0;
                 for (int s = 0; s < STEPS; s++) {
