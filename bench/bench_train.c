@@ -33,7 +33,7 @@ static int cmp_d(const void *a, const void *b) {
 int sl_bench_train(int argc, char **argv) {
     int64_t L = 12, NH = 12, C = 768, V = 50257, B = 4, T = 64, steps = 5, warm = 1, threads = 2, accum = 1,
             zero = 0, bucket = 1 << 20, tpn = 1;
-    int json = 0, bf16 = 0;
+    int json = 0, bf16 = 0, sp = 0;
     const char *device = "cpu";
     sl_flag flags[] = {
         {"device", SL_FLAG_STR, &device, 0, 0, "backend the model runs on: cpu (default), opencl[:N], strict",
@@ -52,6 +52,7 @@ int sl_bench_train(int argc, char **argv) {
         {"tensor-model-parallel-size", SL_FLAG_INT, &tpn, 1, 64, "TP ranks (1); world = dp x tp", 0},
         {"ddp-bucket-size", SL_FLAG_INT, &bucket, 1, 1ll << 40, "gradient bucket size in elements (1Mi)", 0},
         {"json", SL_FLAG_BOOL, &json, 0, 1, "machine-readable output", 0},
+        {"sequence-parallel", SL_FLAG_BOOL, &sp, 0, 1, "sequence parallelism (with TP)", 0},
         {"bf16", SL_FLAG_BOOL, &bf16, 0, 1, "bf16 mixed precision", 0},
     };
     int nf = (int)(sizeof flags / sizeof flags[0]);
@@ -88,6 +89,7 @@ int sl_bench_train(int argc, char **argv) {
         return 2;
     }
     sl_model_init_weights(m, 1);
+    m->sp = sp && mesh.tp > 1;
     m->compute_dtype = bf16 ? SL_BF16 : SL_F32;
     sl_trainer tr;
     sl_trainer_config tc = {.B = (int)B,

@@ -106,6 +106,7 @@ typedef struct sl_model {
     /* Tensor parallelism: this model holds TP rank tp_rank's shards of a model split tp ways (tp <= 1: a
      * whole model). Its graphs contain COLLECTIVE nodes (Note [Tensor-parallel graphs]). */
     int tp, tp_rank;
+    int sp; /* sequence parallelism on top of TP (set before building graphs; seq length % tp == 0) */
 } sl_model;
 
 /* Validates the config (one-line error naming the field) and allocates the flat buffers on `be`

@@ -103,6 +103,9 @@ typedef enum sl_coll_kind {
     SL_COLL_COPY,      /* identity */
     SL_COLL_ALLREDUCE, /* sum over the group */
     SL_COLL_ALLGATHER, /* concatenate the group's inputs along dim 0 in rank order (out ne[0] = size x) */
+    /* sequence parallelism: along dim 1 of (B, T, ..) activations, rank r holding tokens [r T/n, (r+1) T/n) */
+    SL_COLL_ALLGATHER_SEQ, /* (B, T/n, ..) -> (B, T, ..) */
+    SL_COLL_REDSCAT_SEQ,   /* (B, T, ..) partial sums -> (B, T/n, ..) this rank's tokens of the sum */
 } sl_coll_kind;
 typedef enum sl_coll_group { SL_GROUP_TP = 0, SL_GROUP_COUNT } sl_coll_group;
 sl_tensor *sl_collective(sl_ctx *ctx, sl_tensor *x, sl_coll_kind fwd, sl_coll_kind bwd, sl_coll_group group,

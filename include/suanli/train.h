@@ -144,7 +144,8 @@ typedef struct sl_train_ckpt_opts {
 typedef struct sl_train_parallel_opts {
     sl_comm *comm;      /* borrowed world communicator; NULL: from the environment (suanli run, torchrun, MPI,
                            Slurm), single process when there is none. Aborted when the run fails. */
-    int64_t tp, pp, ep; /* mesh axes (tp, pp > 1 not implemented yet) */
+    int64_t tp, pp, ep; /* mesh axes (pp, ep > 1 not implemented yet) */
+    int64_t sequence_parallel; /* 1: sequence parallelism on top of tp > 1 */
     int64_t zero_stage; /* 0..3 */
     int64_t bucket_elems; /* gradient bucket size in elements */
 } sl_train_parallel_opts;

@@ -195,16 +195,24 @@ static sl_tensor *gpt2_body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int po
     return sl_set_name(logits, "logits");
 }
 
-/* Megatron's f and g (Note [Tensor-parallel graphs], src/ops/build_tp.c) */
+/* Megatron's f and g (Note [Tensor-parallel graphs], src/ops/build_tp.c): entering a TP region (before
+ * a column-parallel linear) and leaving it (after a row-parallel one); with sequence parallelism an
+ * all-gather and a reduce-scatter along the sequence */
 static sl_tensor *tp_f(sl_model *m, sl_tensor *x) {
+    if (m->sp) return sl_collective(m->ctx, x, SL_COLL_ALLGATHER_SEQ, SL_COLL_REDSCAT_SEQ, SL_GROUP_TP, m->tp);
     return sl_collective(m->ctx, x, SL_COLL_COPY, SL_COLL_ALLREDUCE, SL_GROUP_TP, m->tp);
 }
 static sl_tensor *tp_g(sl_model *m, sl_tensor *x) {
+    if (m->sp) return sl_collective(m->ctx, x, SL_COLL_REDSCAT_SEQ, SL_COLL_ALLGATHER_SEQ, SL_GROUP_TP, m->tp);
     return sl_collective(m->ctx, x, SL_COLL_ALLREDUCE, SL_COLL_COPY, SL_GROUP_TP, m->tp);
+}
+/* a replicated parameter used on sequence shards: its partial gradients summed over the group */
+static sl_tensor *tp_rep(sl_model *m, sl_tensor *p) {
+    return m->sp ? sl_collective(m->ctx, p, SL_COLL_COPY, SL_COLL_ALLREDUCE, SL_GROUP_TP, m->tp) : p;
 }
 
 /* The forward pass of one TP rank (training and evaluation): each rank holds NH/tp heads, 4C/tp MLP units
- * and a contiguous range of the vocabulary. Column-parallel c_attn and c_fc take f(h); row-parallel c_proj
+ * and a contiguous range of the vocabulary (with m->sp, also T/tp tokens of the residual stream). Column-parallel c_attn and c_fc take f(h); row-parallel c_proj
  * outputs are summed by g before their (replicated) bias; the embedding is a vocab-shard lookup summed by
  * g; the tied LM head gives this rank's vocabulary columns, and the loss is the vocab-parallel
  * cross-entropy. Returns the loss; *logits_out: this rank's logits shard (B, T, V/tp). */
@@ -212,15 +220,17 @@ static sl_tensor *gpt2_tp_loss(sl_model *m, sl_tensor *ids, sl_tensor *targets, 
     sl_ctx *ctx = m->ctx;
     const sl_gpt2_config *c = &m->cfg;
     int64_t B = ids->ne[0], T = ids->ne[1], C = c->n_embd, NHl = c->n_head / m->tp, hs = C / c->n_head;
-    SL_ASSERT(ids->ndim == 2 && T <= c->max_seq_len);
-    sl_tensor *wte = P(m, 0), *wpe = P(m, 1);
-    int64_t vlo, vlen;
+    SL_ASSERT(ids->ndim == 2 && T <= c->max_seq_len && (!m->sp || T % m->tp == 0));
+    sl_tensor *wte = P(m, 0), *wpe = tp_rep(m, P(m, 1));
+    int64_t vlo, vlen, Tl = m->sp ? T / m->tp : T; /* under SP: this rank's tokens of the residual stream */
     sl_tp_part(c->vocab_size, m->tp, m->tp_rank, &vlo, &vlen);
-    sl_tensor *pos = sl_view(ctx, wpe, 2, (int64_t[]){T, C}, (int64_t[]){C, 1}, 0);
+    int64_t t0 = m->sp ? Tl * m->tp_rank : 0;
+    sl_tensor *pos = sl_view(ctx, wpe, 2, (int64_t[]){Tl, C}, (int64_t[]){C, 1}, t0 * C);
     sl_tensor *x = sl_add(ctx, tp_g(m, sl_embedding_shard(ctx, wte, ids, vlo)), pos);
+#define R(i) tp_rep(m, P(m, i))
     for (int l = 0; l < c->n_layer; l++) {
         int o = 2 + 12 * l;
-        sl_tensor *h = tp_f(m, sl_layernorm(ctx, x, P(m, o + 0), P(m, o + 1), 1e-5f));
+        sl_tensor *h = tp_f(m, sl_layernorm(ctx, x, R(o + 0), R(o + 1), 1e-5f));
         sl_tensor *qkv = mm(m, h, P(m, o + 2), P(m, o + 3)); /* (B, T, 3 C/tp) */
         sl_tensor *r = sl_reshape(ctx, qkv, 5, (int64_t[]){B, T, 3, NHl, hs});
         int64_t nb4[4] = {r->nb[0], r->nb[1], r->nb[3], 1};
@@ -228,13 +238,14 @@ static sl_tensor *gpt2_tp_loss(sl_model *m, sl_tensor *ids, sl_tensor *targets, 
         sl_tensor *k = sl_view(ctx, r, 4, (int64_t[]){B, T, NHl, hs}, nb4, r->nb[2]);
         sl_tensor *v = sl_view(ctx, r, 4, (int64_t[]){B, T, NHl, hs}, nb4, 2 * r->nb[2]);
         sl_tensor *a = sl_attention(ctx, q, k, v); /* (B, T, C/tp) */
-        x = sl_add(ctx, x, sl_bias(ctx, tp_g(m, mm(m, a, P(m, o + 4), NULL)), P(m, o + 5)));
-        h = tp_f(m, sl_layernorm(ctx, x, P(m, o + 6), P(m, o + 7), 1e-5f));
+        x = sl_add(ctx, x, sl_bias(ctx, tp_g(m, mm(m, a, P(m, o + 4), NULL)), R(o + 5)));
+        h = tp_f(m, sl_layernorm(ctx, x, R(o + 6), R(o + 7), 1e-5f));
         sl_tensor *f = sl_gelu(ctx, mm(m, h, P(m, o + 8), P(m, o + 9))); /* (B, T, 4C/tp) */
-        x = sl_add(ctx, x, sl_bias(ctx, tp_g(m, mm(m, f, P(m, o + 10), NULL)), P(m, o + 11)));
+        x = sl_add(ctx, x, sl_bias(ctx, tp_g(m, mm(m, f, P(m, o + 10), NULL)), R(o + 11)));
     }
     int of = 2 + 12 * c->n_layer;
-    x = tp_f(m, sl_layernorm(ctx, x, P(m, of), P(m, of + 1), 1e-5f));
+    x = tp_f(m, sl_layernorm(ctx, x, R(of), R(of + 1), 1e-5f));
+#undef R
     sl_tensor *logits = sl_set_name(mm(m, x, wte, NULL), "logits"); /* (B, T, V/tp) */
     if (logits_out) *logits_out = logits;
     if (!targets) return NULL;

@@ -344,17 +344,26 @@ static sl_tensor *lm_head(sl_model *m, sl_tensor *x) {
 
 /* Megatron's f and g under TP (Note [Tensor-parallel graphs]); identities on a whole model */
 static sl_tensor *tp_f(sl_model *m, sl_tensor *x) {
-    return m->tp > 1 ? sl_collective(m->ctx, x, SL_COLL_COPY, SL_COLL_ALLREDUCE, SL_GROUP_TP, m->tp) : x;
+    if (m->tp <= 1) return x;
+    if (m->sp) return sl_collective(m->ctx, x, SL_COLL_ALLGATHER_SEQ, SL_COLL_REDSCAT_SEQ, SL_GROUP_TP, m->tp);
+    return sl_collective(m->ctx, x, SL_COLL_COPY, SL_COLL_ALLREDUCE, SL_GROUP_TP, m->tp);
 }
 static sl_tensor *tp_g(sl_model *m, sl_tensor *x) {
-    return m->tp > 1 ? sl_collective(m->ctx, x, SL_COLL_ALLREDUCE, SL_COLL_COPY, SL_GROUP_TP, m->tp) : x;
+    if (m->tp <= 1) return x;
+    if (m->sp) return sl_collective(m->ctx, x, SL_COLL_REDSCAT_SEQ, SL_COLL_ALLGATHER_SEQ, SL_GROUP_TP, m->tp);
+    return sl_collective(m->ctx, x, SL_COLL_ALLREDUCE, SL_COLL_COPY, SL_GROUP_TP, m->tp);
+}
+/* sequence parallelism: a norm weight applied to this rank's tokens only; its gradient summed over the group */
+static sl_tensor *tp_rep(sl_model *m, sl_tensor *p) {
+    return m->tp > 1 && m->sp ? sl_collective(m->ctx, p, SL_COLL_COPY, SL_COLL_ALLREDUCE, SL_GROUP_TP, m->tp) : p;
 }
 
 /* The shared body. kv == NULL: training / full-sequence attention; else attention over the cache.
  * Under TP (m->tp > 1, training only) each rank holds NH/tp query heads and NKV/tp kv heads, I/tp MLP
  * units and a vocabulary range: f before the column-parallel q/k/v and gate/up projections, g after the
  * row-parallel o_proj and down_proj, a vocab-shard embedding summed by g, and logits for the rank's
- * vocabulary only. */
+ * vocabulary only. With m->sp the norm/residual regions hold T/tp tokens (sequence parallelism; RoPE runs
+ * after the all-gather, on whole sequences). */
 static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
     sl_ctx *ctx = m->ctx;
     const sl_llama_config *c = &m->lcfg;
@@ -372,7 +381,7 @@ static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
         x = sl_embedding(ctx, W(m, "model.embed_tokens.weight"), ids); /* (B, T, C) */
     }
     for (int l = 0; l < c->n_layer; l++) {
-        sl_tensor *h = tp_f(m, norm(m, x, W(m, "%s.%d.input_layernorm.weight", pre, l), c->rms_eps));
+        sl_tensor *h = tp_f(m, norm(m, x, tp_rep(m, W(m, "%s.%d.input_layernorm.weight", pre, l)), c->rms_eps));
         sl_tensor *q, *k, *v;
         if (c->arch == SL_ARCH_BAICHUAN) {
             sl_tensor *qkv = lin(m, h, W(m, "%s.%d.self_attn.W_pack.weight", pre, l), NULL); /* (B, T, 3QD) */
@@ -415,7 +424,7 @@ static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
         }
         x = rnd_model(
             m, sl_add(ctx, x, tp_g(m, lin(m, rnd(m, a), W(m, "%s.%d.self_attn.o_proj.weight", pre, l), NULL))));
-        h = tp_f(m, norm(m, x, W(m, "%s.%d.post_attention_layernorm.weight", pre, l), c->rms_eps));
+        h = tp_f(m, norm(m, x, tp_rep(m, W(m, "%s.%d.post_attention_layernorm.weight", pre, l)), c->rms_eps));
         sl_tensor *f;
         if (c->arch == SL_ARCH_MIXTRAL)
             f = moe(m, h, l, kv != NULL);
@@ -425,7 +434,7 @@ static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
                            W(m, "%s.%d.mlp.down_proj.weight", pre, l));
         x = rnd_model(m, sl_add(ctx, x, tp_g(m, f)));
     }
-    x = tp_f(m, norm(m, x, W(m, "model.norm.weight"), c->rms_eps));
+    x = tp_f(m, norm(m, x, tp_rep(m, W(m, "model.norm.weight")), c->rms_eps));
     (void)B;
     (void)T;
     return lm_head(m, x);

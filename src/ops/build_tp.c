@@ -8,6 +8,12 @@
  *   f = COLLECTIVE(x, COPY, ALLREDUCE)   before a column-parallel linear (input replicated, its gradient
  *                                        is a partial sum on every rank)
  *   g = COLLECTIVE(y, ALLREDUCE, COPY)   after a row-parallel linear (partial sums in, replicated out)
+ * With sequence parallelism (Korthikanti et al. 2022) the replicated activations between the TP regions
+ * are split along the sequence instead: an all-gather along T before a column-parallel linear
+ * (ALLGATHER_SEQ, backward REDSCAT_SEQ) and a reduce-scatter along T after a row-parallel one (REDSCAT_SEQ,
+ * backward ALLGATHER_SEQ). Parameters used on sequence shards (norms, row-parallel biases, positions) take
+ * partial gradients on each rank: the model wraps each in COLLECTIVE(COPY, ALLREDUCE), so their gradient
+ * is summed over the group inside the graph, before data parallelism sees it.
  * The gradient of a COLLECTIVE is a COLLECTIVE with the kinds swapped. The nodes are executed by the
  * graph's collective provider (the parallel layer, src/parallel/tp.c), which sees host-visible memory;
  * backends never see them. The vocab-parallel cross-entropy gathers 2 floats per row (the shard's
@@ -22,8 +28,16 @@ sl_tensor *sl_collective(sl_ctx *ctx, sl_tensor *x, sl_coll_kind fwd, sl_coll_ki
     int64_t ne[SL_MAX_DIMS];
     for (int d = 0; d < x->ndim; d++) ne[d] = x->ne[d];
     if (fwd == SL_COLL_ALLGATHER) ne[0] *= group_size;
+    if (fwd == SL_COLL_ALLGATHER_SEQ) ne[1] *= group_size;
+    if (fwd == SL_COLL_REDSCAT_SEQ) {
+        SL_ASSERT(x->ndim >= 2 && x->ne[1] % group_size == 0);
+        ne[1] /= group_size;
+    }
     /* the adjoint of an all-gather along dim 0 is a slice of the summed gradient: not needed yet */
     SL_ASSERT(bwd != SL_COLL_ALLGATHER && (fwd != SL_COLL_ALLGATHER || bwd == SL_COLL_NONE));
+    /* the sequence collectives are each other's adjoints */
+    SL_ASSERT((fwd == SL_COLL_ALLGATHER_SEQ) == (bwd == SL_COLL_REDSCAT_SEQ) &&
+              (fwd == SL_COLL_REDSCAT_SEQ) == (bwd == SL_COLL_ALLGATHER_SEQ));
     sl_tensor *t = sl_new_op(ctx, SL_OP_COLLECTIVE, SL_F32, x->ndim, ne);
     t->src[0] = x;
     t->iparams[0] = fwd;

@@ -9,6 +9,8 @@
 struct sl_tp {
     sl_comm *comm; /* the mesh's TP communicator (borrowed) */
     int n, r;
+    float *scratch; /* the rank-major staging of sequence collectives */
+    size_t scratch_cap;
     double coll_sec; /* time inside TP collectives (reset by sl_tp_take_stats) */
     double coll_bytes;
 };
@@ -25,7 +27,50 @@ sl_status sl_tp_new(sl_tp **out, const sl_mesh *mesh) {
     return SL_OK;
 }
 
-void sl_tp_free(sl_tp *t) { free(t); }
+void sl_tp_free(sl_tp *t) {
+    if (t) free(t->scratch);
+    free(t);
+}
+
+static float *scratch(sl_tp *t, size_t n) {
+    if (n > t->scratch_cap) {
+        float *p = realloc(t->scratch, sizeof(float) * n);
+        if (!p) return NULL;
+        t->scratch = p;
+        t->scratch_cap = n;
+    }
+    return t->scratch;
+}
+
+/* (B, T, K) <-> (n, B, T/n, K): rank-major blocks of the sequence dimension; to_blocks 1: full -> blocks */
+static void seq_blocks(const float *src, float *dst, int64_t B, int64_t T, int64_t K, int n, int to_blocks) {
+    int64_t Tl = T / n;
+    for (int r = 0; r < n; r++)
+        for (int64_t b = 0; b < B; b++) {
+            const float *a = to_blocks ? src + (b * T + r * Tl) * K : src + ((r * B + b) * Tl) * K;
+            float *d = to_blocks ? dst + ((r * B + b) * Tl) * K : dst + (b * T + r * Tl) * K;
+            memcpy(d, a, sizeof(float) * (size_t)(Tl * K));
+        }
+}
+
+/* sequence-parallel collectives on (B, T, K..) activations (Note [Tensor-parallel graphs]) */
+static sl_status seq_collective(sl_tp *t, sl_tensor *n, sl_tensor *x, int gather) {
+    const sl_tensor *full = gather ? n : x;
+    int64_t B = full->ne[0], T = full->ne[1], K = sl_nelements(full) / (B * T);
+    size_t cnt = (size_t)(B * T * K);
+    float *s = scratch(t, cnt);
+    if (!s) return sl_fail(SL_ERR_NOMEM, "tp: out of memory");
+    if (gather) {
+        SL_TRY(sl_comm_all_gather(t->comm, x->data, s, cnt / (size_t)t->n, SL_COMM_F32));
+        seq_blocks(s, n->data, B, T, K, t->n, 0);
+        t->coll_bytes += (double)cnt * sizeof(float);
+    } else {
+        seq_blocks(x->data, s, B, T, K, t->n, 1);
+        SL_TRY(sl_comm_reduce_scatter(t->comm, s, n->data, cnt / (size_t)t->n, SL_COMM_F32, SL_COMM_SUM));
+        t->coll_bytes += (double)cnt * sizeof(float);
+    }
+    return SL_OK;
+}
 
 int sl_tp_size(const sl_tp *t) { return t ? t->n : 1; }
 
@@ -63,6 +108,13 @@ sl_status sl_tp_collective(void *user, sl_tensor *n) {
         else
             st = sl_comm_all_gather(t->comm, x->data, n->data, cnt, SL_COMM_F32);
         t->coll_bytes += (double)cnt * sizeof(float) * t->n;
+        break;
+    case SL_COLL_ALLGATHER_SEQ:
+    case SL_COLL_REDSCAT_SEQ:
+        if (t->n == 1)
+            memcpy(n->data, x->data, cnt * sizeof(float));
+        else
+            st = seq_collective(t, n, x, n->iparams[0] == SL_COLL_ALLGATHER_SEQ);
         break;
     default:
         return sl_fail(SL_ERR_INVALID, "tp: collective '%s' has kind %d", n->name, n->iparams[0]);

@@ -87,6 +87,7 @@ static uint64_t opts_hash(const sl_train_opts *o) {
                     o->parallel.tp,
                     o->parallel.pp,
                     o->parallel.ep,
+                    o->parallel.sequence_parallel,
                     o->parallel.zero_stage,
                     o->parallel.bucket_elems,
                     o->log.interval,
@@ -125,6 +126,8 @@ static sl_status setup_comm(sl_train_job *j) {
             "pipeline parallelism is not implemented yet (--pipeline-model-parallel-size %d); use data or "
             "tensor parallelism",
             mesh->pp);
+    if (o->parallel.sequence_parallel && mesh->tp < 2)
+        return sl_train_bad("--sequence-parallel needs --tensor-model-parallel-size > 1 (got %d)", mesh->tp);
     if (mesh->tp > 1) {
         /* Tensor parallelism (src/parallel/tp.c): GPT-2 models built here, host-visible memory, and no
          * mid-run checkpoints yet (their state is split across the TP group) */
@@ -132,6 +135,10 @@ static sl_status setup_comm(sl_train_job *j) {
             return sl_train_bad("--tensor-model-parallel-size %d: TP is implemented for suanli's GPT-2 only, "
                                 "not for --init-from models",
                                 mesh->tp);
+        if (o->parallel.sequence_parallel && o->data.seq_length % mesh->tp)
+            return sl_train_bad("--sequence-parallel: --seq-length %lld is not divisible by "
+                                "--tensor-model-parallel-size %d",
+                                (long long)o->data.seq_length, mesh->tp);
         if (o->ckpt.load_dir || (o->ckpt.save_dir && o->ckpt.save_interval > 0))
             return sl_train_bad("--tensor-model-parallel-size %d: checkpoints of TP runs (--save-interval, "
                                 "--load) are not implemented yet; the final weights are saved with --save",
@@ -343,6 +350,7 @@ static sl_status make_model(sl_train_job *j) {
             sl_model_free(shard);
             return sl_train_bad("%s", sl_errmsg());
         }
+        shard->sp = (int)o->parallel.sequence_parallel;
         j->m = shard;
     }
     return SL_OK;

@@ -69,9 +69,10 @@ static void print_banner(const sl_train_job *j) {
         /* per rank: this rank's shards; the formula beside it: split weights / tp + replicated ones */
         double mib = sizeof(float) / 1048576.0, full = (double)sl_tp_full_numel(m);
         fprintf(f,
-                "tensor parallel: %d ranks | per rank: params %.2f MiB (whole model %.2f MiB), grads %.2f MiB, "
-                "optimizer state %.2f MiB\n",
-                j->mesh.tp, m->numel * mib, full * mib, m->numel * mib, 2 * m->numel * mib);
+                "tensor parallel: %d ranks%s | per rank: params %.2f MiB (whole model %.2f MiB), grads %.2f "
+                "MiB, optimizer state %.2f MiB\n",
+                j->mesh.tp, m->sp ? ", sequence parallel" : "", m->numel * mib, full * mib, m->numel * mib,
+                2 * m->numel * mib);
     }
     fprintf(f,
             "activation memory: planned %.1f MiB (naive sum %.1f MiB) | data: %lld train / %lld val tokens\n",

@@ -49,7 +49,8 @@ static sl_status synth(void *u, int64_t step, int micro, int32_t *ids, int32_t *
 
 typedef struct {
     sl_comm *world;
-    int tp, accum, zero, llama; /* dp = world / tp */
+    int tp, accum, zero, llama, sp; /* dp = world / tp */
+    size_t act_bytes; /* planned activations */
     float losses[STEPS], norms[STEPS];
     float *full; /* final weights, full layout */
     int64_t numel, local_numel;
@@ -77,6 +78,7 @@ static void *run_rank(void *arg) {
         m = full;
         full = NULL;
     }
+    m->sp = j->sp;
     sl_trainer_config tc = {.B = B,
                             .T = T,
                             .accum = j->accum,
@@ -102,6 +104,7 @@ static void *run_rank(void *arg) {
         j->norms[s] = ss.grad_norm;
     }
     if (dp && (j->st = sl_dp_gather_params(dp)) != SL_OK) goto out;
+    j->act_bytes = tr.plan.planned_bytes;
     j->local_numel = m->numel;
     j->numel = sl_tp_full_numel(m);
     j->full = malloc(sizeof(float) * (size_t)j->numel);
@@ -116,13 +119,13 @@ out:
     return NULL;
 }
 
-static rank_job run_layout(int n, int tp, int accum, int zero, int llama) {
+static rank_job run_layout_sp(int n, int tp, int accum, int zero, int llama, int sp) {
     sl_comm *comms[8];
     rank_job jobs[8];
     pthread_t th[8];
     TU_CHECK(sl_comm_init_loopback(n, comms, NULL) == SL_OK, "loopback: %s", sl_errmsg());
     for (int r = 0; r < n; r++) {
-        jobs[r] = (rank_job){.world = comms[r], .tp = tp, .accum = accum, .zero = zero, .llama = llama};
+        jobs[r] = (rank_job){.world = comms[r], .tp = tp, .accum = accum, .zero = zero, .llama = llama, .sp = sp};
         pthread_create(&th[r], NULL, run_rank, &jobs[r]);
     }
     for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
@@ -142,6 +145,52 @@ static rank_job run_layout(int n, int tp, int accum, int zero, int llama) {
         sl_comm_free(comms[r]);
     }
     return jobs[0];
+}
+
+static rank_job run_layout(int n, int tp, int accum, int zero, int llama) {
+    return run_layout_sp(n, tp, accum, zero, llama, 0);
+}
+
+/* worst per-step loss rel error and final-weight rel error against the single process */
+static void compare(const char *what, const rank_job *z, const rank_job *ref) {
+    double worst = 0;
+    for (int s = 0; s < STEPS; s++) {
+        double r = fabs(z->losses[s] - ref->losses[s]) / fabs(ref->losses[s]);
+        if (r > worst) worst = r;
+    }
+    double wd = tu_rel_maxdiff(z->full, ref->full, ref->numel);
+    printf("%s: worst loss rel err %.2e, final weights %.2e; planned activations %.1f KiB (single %.1f KiB)\n",
+           what, worst, wd, z->act_bytes / 1024.0, ref->act_bytes / 1024.0);
+    TU_CHECK(worst <= 1e-6, "%s loss rel err %.3g (bar 1e-6)", what, worst);
+    TU_CHECK(wd <= 1e-5, "%s final weights rel err %.3g (bar 1e-5)", what, wd);
+}
+
+/* sequence parallelism: tp 2 and 4, and tp 2 x dp 2, reproduce the single process; its activations are
+ * smaller than plain TP's (the norm/residual regions hold T/tp tokens) */
+static void sp_layouts(void) {
+    for (int llama = 0; llama <= 1; llama++) {
+        rank_job ref = {.world = NULL, .tp = 1, .accum = 2, .llama = llama};
+        run_rank(&ref);
+        TU_CHECK(ref.st == SL_OK, "single: %s", sl_errmsg());
+        const int lay[3][3] = {{2, 2, 2}, {4, 4, 2}, {4, 2, 1}}; /* world, tp, accum */
+        for (int li = 0; li < 3; li++) {
+            int tp = lay[li][1], world = lay[li][0];
+            if (llama && tp > LCFG.n_kv_head) continue;
+            char what[96];
+            snprintf(what, sizeof what, "%s tp=%d dp=%d sequence-parallel", llama ? "qwen2" : "gpt2", tp,
+                     world / tp);
+            rank_job z = run_layout_sp(world, tp, lay[li][2], 1, llama, 1);
+            rank_job t = run_layout_sp(world, tp, lay[li][2], 1, llama, 0);
+            if (z.full && t.full) {
+                compare(what, &z, &ref);
+                TU_CHECK(z.act_bytes < t.act_bytes, "%s: activations %zu < plain TP's %zu", what, z.act_bytes,
+                         t.act_bytes);
+            }
+            free(z.full);
+            free(t.full);
+        }
+        free(ref.full);
+    }
 }
 
 static void bad_splits(void) {
@@ -191,6 +240,7 @@ int main(void) {
     sl_threads_set(1);
     bad_splits();
     llama_layouts();
+    sp_layouts();
     for (int accum = 1; accum <= 2; accum++) {
         rank_job ref = {.world = NULL, .tp = 1, .accum = accum};
         run_rank(&ref);

@@ -89,7 +89,18 @@ int main(void) {
     TU_CHECK(rc == 0 && strstr(out, "data parallel: 2 ranks") && strstr(out, "tensor parallel: 2 ranks"),
              "tp2 x dp2: %s", out);
     same_run(dir, "tp2dp2");
+    rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --tp 2 --sequence-parallel --save %s/tp2sp", cli,
+             cli, data, dir);
+    TU_CHECK(rc == 0 && strstr(out, "tensor parallel: 2 ranks, sequence parallel"), "tp2 + SP: %s", out);
+    same_run(dir, "tp2sp");
     /* bad layouts: exit 2, the flag and the numbers named, nothing written */
+    rc = run("%s train --data-path %s " TINY " --sequence-parallel", cli, data);
+    TU_CHECK(rc == 2 && strstr(out, "--sequence-parallel needs --tensor-model-parallel-size > 1"),
+             "SP without TP: rc %d %s", rc, out);
+    rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --tp 2 --sequence-parallel --seq-length 15", cli,
+             cli, data);
+    TU_CHECK(rc != 0 && strstr(out, "--seq-length 15 is not divisible by --tensor-model-parallel-size 2"),
+             "SP with seq not divisible: rc %d %s", rc, out);
     rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --tp 2 --num-attention-heads 1 --hidden-size 32 "
              "--save %s/bad1",
              cli, cli, data, dir);
