@@ -39,6 +39,9 @@ void sl_graph_build_forward(sl_graph *g, sl_tensor *out);
 /* Append gradient nodes: seeds d(loss) = `loss_scale` and accumulates each parameter's gradient
  * into p->grad (which must be set: a leaf bound to the flat gradient buffer). */
 void sl_graph_build_backward(sl_graph *g, sl_tensor *loss, float loss_scale);
+/* The same from an arbitrary output seeded by the caller's leaf `seed` (shape of out): a pipeline
+ * stage's backward from the gradient of its output activations. */
+void sl_graph_build_backward_seeded(sl_graph *g, sl_tensor *out, sl_tensor *seed);
 int sl_graph_n_nodes(const sl_graph *g);
 sl_tensor *sl_graph_node(sl_graph *g, int i);
 /* The gradient node of t computed by backward (NULL if none). */

@@ -35,6 +35,9 @@ typedef struct sl_param_info {
      * split evenly; the vocabulary may not. */
     int tp_split, tp_pack;
     int64_t tp_full;
+    /* Pipeline parallelism: 1 for the last stage's copy of an embedding tied to the first stage's (equal
+     * values; its gradient is summed with the first stage's and it is counted once in the norm). */
+    int tied_copy;
 } sl_param_info;
 
 enum { SL_INIT_NORMAL = 0, SL_INIT_NORMAL_RESID, SL_INIT_ZERO, SL_INIT_ONE };
@@ -107,7 +110,15 @@ typedef struct sl_model {
      * whole model). Its graphs contain COLLECTIVE nodes (Note [Tensor-parallel graphs]). */
     int tp, tp_rank;
     int sp; /* sequence parallelism on top of TP (set before building graphs; seq length % tp == 0) */
+    /* Pipeline parallelism: stage pp_rank of pp holds layers [layer0, layer0 + n_layers) (a whole model:
+     * pp <= 1, layer0 0, n_layers all) */
+    int pp, pp_rank, layer0, n_layers;
 } sl_model;
+
+/* How a model is split: TP rank tp_rank of tp, pipeline stage pp_rank of pp. */
+typedef struct sl_model_split {
+    int tp, tp_rank, pp, pp_rank;
+} sl_model_split;
 
 /* Validates the config (one-line error naming the field) and allocates the flat buffers on `be`
  * (sl_gpt2_new: on the cpu backend). */
@@ -120,6 +131,14 @@ sl_status sl_gpt2_new_on(const sl_gpt2_config *cfg, sl_backend *be, sl_model **o
  * sl_param_info says how its leaf maps onto the full parameter (tp_dim, tp_pack, tp_full; see
  * sl_tp_shard_range in suanli/parallel.h for the copy between full and shard). */
 sl_status sl_gpt2_new_tp(const sl_gpt2_config *cfg, sl_backend *be, int tp, int tp_rank, sl_model **out);
+/* A pipeline stage (and TP shard): the first stage holds wte and wpe, the last ln_f and the LM head (a copy
+ * of the tied wte, sl_param_info.tied_copy, when it is not also the first), each stage num-layers / pp
+ * layers (one-line error naming --pipeline-model-parallel-size when pp does not divide them). */
+sl_status sl_gpt2_new_par(const sl_gpt2_config *cfg, sl_backend *be, const sl_model_split *split, sl_model **out);
+/* A stage's graph: from the ids (first stage) or x_in (B, T or T/tp under SP, C) to the loss (last stage,
+ * with targets) or to the stage's output activations. */
+sl_tensor *sl_gpt2_build_stage(sl_model *m, sl_tensor *ids, sl_tensor *x_in, sl_tensor *targets,
+                               sl_tensor **logits_out);
 /* The range [lo, lo + len) of rows block_full * r / tp .. of one of tp parts (the TP split rule). */
 void sl_tp_part(int64_t block_full, int tp, int r, int64_t *lo, int64_t *len);
 /* Allocates params_buf (and grads_buf) on be and binds every f32 parameter (and gradient) leaf to its

@@ -65,6 +65,10 @@ sl_status sl_dp_end_pass(sl_dp *dp);
  * saving, sampling or reading the weights after training; collective). The next pass shards them
  * again. No-op for stages 0-2. */
 sl_status sl_dp_gather_params(sl_dp *dp);
+/* Wait for the parameter all-gathers the last ZeRO-1/2 update launched (they overlap the next forward,
+ * whose nodes wait for them through sl_dp_hook): for callers that run the forward without the hook (a
+ * pipeline stage's schedule). */
+sl_status sl_dp_sync_params(sl_dp *dp);
 /* ZeRO-3: this rank's parameter shard, indexed like the optimizer state (sl_dp_state); else NULL. */
 float *sl_dp_param_shard(sl_dp *dp);
 /* 1 when gradients live in slots (m->grads_mem is freed; the trainer must run one micro-batch per step). */
@@ -115,7 +119,8 @@ sl_status sl_tp_collective(void *tp, sl_tensor *node);
 void sl_tp_take_stats(sl_tp *tp, double *sec, double *bytes);
 /* Copy parameter p between its full layout (`full`) and TP rank r's shard (Note [TP shard layout]). */
 void sl_tp_shard_copy(const sl_param_info *p, int tp, int r, float *full, float *shard, int to_shard);
-/* shard's parameters := its part of `full` (a whole model of the same architecture and config). */
+/* shard's parameters := its part of `full` (a whole model of the same architecture and config), by name:
+ * a TP shard and/or a pipeline stage's parameters. */
 sl_status sl_tp_load_full(sl_model *shard, const sl_model *full);
 /* The full parameters, in a whole model's flat layout (sl_tp_full_numel floats), on every rank of the
  * TP group (collective; tp may be NULL for an unsplit model). */

@@ -42,16 +42,19 @@ typedef struct sl_trainer_config {
     float lr, min_lr, clip; /* clip <= 0: no clipping */
     int64_t warmup, decay_iters;
     sl_adamw_hparams hp;
+    const struct sl_mesh *mesh; /* borrowed; needed for a pipeline stage (m->pp > 1), else may be NULL */
 } sl_trainer_config;
 
 typedef struct sl_step_stats {
     float loss, grad_norm, lr; /* loss: mean over every micro-batch of every dp rank */
     double seconds;
     double comm_wait_sec; /* time spent waiting for gradient reduction after backward (DP) */
+    double pipe_wait_sec; /* pipeline stage: time blocked receiving activations/gradients (bubble + comm) */
 } sl_step_stats;
 
 typedef struct sl_dp sl_dp;
 typedef struct sl_tp sl_tp;
+typedef struct sl_pipeline sl_pipeline;
 
 /* Fill one micro-batch: ids and targets are (B, T) int32. `micro` is the global micro-batch index of the
  * step (dp_rank * accum + local micro), so a DP run sees exactly the single-process batches. */
@@ -68,6 +71,8 @@ typedef struct sl_trainer {
     sl_adamw opt;              /* single-process optimizer state (allocated at the first step) */
     sl_dp *dp;                 /* borrowed; when set, gradients are reduced and the update is done by dp */
     sl_tp *tp;                 /* borrowed; set by sl_trainer_set_tp for a TP-split model */
+    sl_pipeline *pipe;         /* owned; a pipeline stage's graphs and schedule (m->pp > 1); graph is its
+                                  first slot's */
     int opt_ready;
     void (*pre_update)(void *user); /* optional: called right before the optimizer modifies the state */
     void *pre_update_user;
@@ -88,6 +93,20 @@ sl_status sl_trainer_forward_backward(sl_trainer *tr, const int32_t *ids, const 
                                       float *loss);
 /* Mean loss over `iters` micro-batches drawn with fn(user, i, 0, ...), forward only. */
 sl_status sl_trainer_eval(sl_trainer *tr, sl_batch_fn fn, void *user, int iters, float *loss);
+
+/* ---- pipeline parallelism (src/train/pipeline.c; Note [Pipeline stages and 1F1B]) ---- */
+sl_status sl_pipeline_new(sl_pipeline **out, sl_model *m, const struct sl_mesh *mesh, int B, int T, int n_micro,
+                          float loss_scale);
+void sl_pipeline_free(sl_pipeline *P);
+sl_graph *sl_pipeline_graph(sl_pipeline *P, int k); /* slot k's graph (NULL past the last) */
+int sl_pipeline_slots(const sl_pipeline *P);
+size_t sl_pipeline_planned_bytes(const sl_pipeline *P); /* activations of every slot */
+/* One step's forward and backward of n_micro micro-batches (global indices micro0..) in 1F1B order;
+ * *loss: the last stage's mean loss (undefined on the other stages). */
+sl_status sl_pipeline_step(sl_pipeline *P, int64_t step, int n_micro, int micro0, sl_batch_fn fn, void *user,
+                           int overwrite, float *loss);
+sl_status sl_pipeline_eval(sl_pipeline *P, int iters, sl_batch_fn fn, void *user, float *loss);
+double sl_pipeline_take_wait(sl_pipeline *P); /* seconds blocked in receives since the last call */
 
 /* ---- checkpoint state of a trainer (src/train/ckpt_trainer.c) ---- */
 

@@ -76,8 +76,18 @@ sl_status sl_gpt2_new_on(const sl_gpt2_config *cfg, sl_backend *be, sl_model **o
 }
 
 sl_status sl_gpt2_new_tp(const sl_gpt2_config *cfg, sl_backend *be, int tp, int tp_rank, sl_model **out) {
+    return sl_gpt2_new_par(cfg, be, &(sl_model_split){tp, tp_rank, 1, 0}, out);
+}
+
+sl_status sl_gpt2_new_par(const sl_gpt2_config *cfg, sl_backend *be, const sl_model_split *sp, sl_model **out) {
     *out = NULL;
     SL_TRY(check_cfg(cfg));
+    int tp = sp->tp, tp_rank = sp->tp_rank, pp = sp->pp, pp_rank = sp->pp_rank;
+    if (pp < 1 || pp_rank < 0 || pp_rank >= pp)
+        return sl_fail(SL_ERR_INVALID, "--pipeline-model-parallel-size %d: stage %d out of range", pp, pp_rank);
+    if (cfg->n_layer % pp != 0)
+        return sl_fail(SL_ERR_INVALID, "--pipeline-model-parallel-size %d does not divide num-layers %d", pp,
+                       cfg->n_layer);
     if (tp < 1 || tp_rank < 0 || tp_rank >= tp)
         return sl_fail(SL_ERR_INVALID, "--tensor-model-parallel-size %d: rank %d out of range", tp, tp_rank);
     if (cfg->n_head % tp != 0)
@@ -92,6 +102,11 @@ sl_status sl_gpt2_new_tp(const sl_gpt2_config *cfg, sl_backend *be, int tp, int 
     m->cfg = *cfg;
     m->tp = tp;
     m->tp_rank = tp_rank;
+    m->pp = pp;
+    m->pp_rank = pp_rank;
+    m->n_layers = cfg->n_layer / pp;
+    m->layer0 = m->n_layers * pp_rank;
+    int first = pp_rank == 0, last = pp_rank == pp - 1;
     int L = cfg->n_layer;
     int64_t C = cfg->n_embd, V = cfg->vocab_size, T = cfg->max_seq_len;
     builder b = {m, 4 + 12 * L};
@@ -102,9 +117,11 @@ sl_status sl_gpt2_new_tp(const sl_gpt2_config *cfg, sl_backend *be, int tp, int 
         return sl_fail(SL_ERR_NOMEM, "model: out of memory");
     }
     char nm[64];
-    add_param_tp(&b, "wte", 2, (int64_t[]){V, C}, 1, SL_INIT_NORMAL, 0, 1); /* vocab-parallel */
-    add_param(&b, "wpe", 2, (int64_t[]){T, C}, 1, SL_INIT_NORMAL);
-    for (int l = 0; l < L; l++) {
+    if (first) {
+        add_param_tp(&b, "wte", 2, (int64_t[]){V, C}, 1, SL_INIT_NORMAL, 0, 1); /* vocab-parallel */
+        add_param(&b, "wpe", 2, (int64_t[]){T, C}, 1, SL_INIT_NORMAL);
+    }
+    for (int l = m->layer0; l < m->layer0 + m->n_layers; l++) {
 /* tp dimension and packed blocks: column-parallel weights split rows, row-parallel ones columns */
 #define P(suffix, nd, shape, decay, init, tdim, pack)                                                        \
     snprintf(nm, sizeof nm, "h.%d." suffix, l);                                                              \
@@ -123,8 +140,14 @@ sl_status sl_gpt2_new_tp(const sl_gpt2_config *cfg, sl_backend *be, int tp, int 
         P("mlp.c_proj.bias", 1, ((int64_t[]){C}), 0, SL_INIT_ZERO, -1, 1);
 #undef P
     }
-    add_param(&b, "ln_f.weight", 1, (int64_t[]){C}, 0, SL_INIT_ONE);
-    add_param(&b, "ln_f.bias", 1, (int64_t[]){C}, 0, SL_INIT_ZERO);
+    if (last) {
+        add_param(&b, "ln_f.weight", 1, (int64_t[]){C}, 0, SL_INIT_ONE);
+        add_param(&b, "ln_f.bias", 1, (int64_t[]){C}, 0, SL_INIT_ZERO);
+    }
+    if (last && !first) { /* the LM head's copy of the tied embedding, kept equal to the first stage's */
+        add_param_tp(&b, "wte", 2, (int64_t[]){V, C}, 1, SL_INIT_NORMAL, 0, 1);
+        m->params[m->n_params - 1].tied_copy = 1;
+    }
     sl_status st = sl_model_alloc_state(m, be, 1);
     if (st != SL_OK) {
         sl_model_free(m);
@@ -197,39 +220,65 @@ static sl_tensor *gpt2_body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int po
 
 /* Megatron's f and g (Note [Tensor-parallel graphs], src/ops/build_tp.c): entering a TP region (before
  * a column-parallel linear) and leaving it (after a row-parallel one); with sequence parallelism an
- * all-gather and a reduce-scatter along the sequence */
+ * all-gather and a reduce-scatter along the sequence. Identities without TP. */
 static sl_tensor *tp_f(sl_model *m, sl_tensor *x) {
+    if (m->tp <= 1) return x;
     if (m->sp) return sl_collective(m->ctx, x, SL_COLL_ALLGATHER_SEQ, SL_COLL_REDSCAT_SEQ, SL_GROUP_TP, m->tp);
     return sl_collective(m->ctx, x, SL_COLL_COPY, SL_COLL_ALLREDUCE, SL_GROUP_TP, m->tp);
 }
 static sl_tensor *tp_g(sl_model *m, sl_tensor *x) {
+    if (m->tp <= 1) return x;
     if (m->sp) return sl_collective(m->ctx, x, SL_COLL_REDSCAT_SEQ, SL_COLL_ALLGATHER_SEQ, SL_GROUP_TP, m->tp);
     return sl_collective(m->ctx, x, SL_COLL_ALLREDUCE, SL_COLL_COPY, SL_GROUP_TP, m->tp);
 }
 /* a replicated parameter used on sequence shards: its partial gradients summed over the group */
 static sl_tensor *tp_rep(sl_model *m, sl_tensor *p) {
-    return m->sp ? sl_collective(m->ctx, p, SL_COLL_COPY, SL_COLL_ALLREDUCE, SL_GROUP_TP, m->tp) : p;
+    return m->tp > 1 && m->sp ? sl_collective(m->ctx, p, SL_COLL_COPY, SL_COLL_ALLREDUCE, SL_GROUP_TP, m->tp)
+                              : p;
+}
+/* a row-parallel linear: partial products summed by g, then the replicated bias; the dense linear without TP */
+static sl_tensor *row_linear(sl_model *m, sl_tensor *x, sl_tensor *w, sl_tensor *b) {
+    if (m->tp <= 1) return mm(m, x, w, b);
+    return sl_bias(m->ctx, tp_g(m, mm(m, x, w, NULL)), tp_rep(m, b));
 }
 
-/* The forward pass of one TP rank (training and evaluation): each rank holds NH/tp heads, 4C/tp MLP units
- * and a contiguous range of the vocabulary (with m->sp, also T/tp tokens of the residual stream). Column-parallel c_attn and c_fc take f(h); row-parallel c_proj
+/* Where a stage model's parameters sit in m->params (sl_gpt2_new_par registers them in this order):
+ * [wte, wpe] on the first stage, 12 per layer of the stage, [ln_f.weight, ln_f.bias] on the last, then the
+ * last stage's copy of the tied wte when it is not also the first. */
+static int idx_layer(const sl_model *m, int l) { return (m->pp_rank == 0 ? 2 : 0) + 12 * (l - m->layer0); }
+static int idx_lnf(const sl_model *m) { return idx_layer(m, m->layer0 + m->n_layers); }
+static int idx_head(const sl_model *m) { return m->pp_rank == 0 ? 0 : idx_lnf(m) + 2; }
+
+/* The forward pass of one rank of a split model (tensor and/or pipeline parallel; training and evaluation).
+ * TP: each rank holds NH/tp heads, 4C/tp MLP units and a contiguous range of the vocabulary (with m->sp,
+ * also T/tp tokens of the residual stream). Column-parallel c_attn and c_fc take f(h); row-parallel c_proj
  * outputs are summed by g before their (replicated) bias; the embedding is a vocab-shard lookup summed by
  * g; the tied LM head gives this rank's vocabulary columns, and the loss is the vocab-parallel
- * cross-entropy. Returns the loss; *logits_out: this rank's logits shard (B, T, V/tp). */
-static sl_tensor *gpt2_tp_loss(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_tensor **logits_out) {
+ * cross-entropy. PP: the stage runs its layers only; the first stage starts from the ids, the others from
+ * x_in (B, T or T/tp under SP, C); the last stage ends in the loss, the others return their activations.
+ * *logits_out: this rank's logits shard (B, T, V/tp) on the last stage. */
+static sl_tensor *gpt2_par_body(sl_model *m, sl_tensor *ids, sl_tensor *x_in, sl_tensor *targets,
+                                sl_tensor **logits_out) {
     sl_ctx *ctx = m->ctx;
     const sl_gpt2_config *c = &m->cfg;
-    int64_t B = ids->ne[0], T = ids->ne[1], C = c->n_embd, NHl = c->n_head / m->tp, hs = C / c->n_head;
-    SL_ASSERT(ids->ndim == 2 && T <= c->max_seq_len && (!m->sp || T % m->tp == 0));
-    sl_tensor *wte = P(m, 0), *wpe = tp_rep(m, P(m, 1));
-    int64_t vlo, vlen, Tl = m->sp ? T / m->tp : T; /* under SP: this rank's tokens of the residual stream */
-    sl_tp_part(c->vocab_size, m->tp, m->tp_rank, &vlo, &vlen);
-    int64_t t0 = m->sp ? Tl * m->tp_rank : 0;
-    sl_tensor *pos = sl_view(ctx, wpe, 2, (int64_t[]){Tl, C}, (int64_t[]){C, 1}, t0 * C);
-    sl_tensor *x = sl_add(ctx, tp_g(m, sl_embedding_shard(ctx, wte, ids, vlo)), pos);
+    int tp = m->tp > 1 ? m->tp : 1, first = m->pp_rank == 0, last = m->pp_rank == (m->pp > 1 ? m->pp : 1) - 1;
+    int64_t B = ids->ne[0], T = ids->ne[1], C = c->n_embd, NHl = c->n_head / tp, hs = C / c->n_head;
+    SL_ASSERT(ids->ndim == 2 && T <= c->max_seq_len && (!m->sp || T % tp == 0));
+    int64_t vlo, vlen, Tl = m->sp ? T / tp : T; /* under SP: this rank's tokens of the residual stream */
+    sl_tp_part(c->vocab_size, tp, m->tp_rank, &vlo, &vlen);
+    sl_tensor *x = x_in;
+    if (first) {
+        SL_ASSERT(!x_in);
+        sl_tensor *wte = P(m, 0), *wpe = tp_rep(m, P(m, 1));
+        int64_t t0 = m->sp ? Tl * m->tp_rank : 0;
+        sl_tensor *pos = sl_view(ctx, wpe, 2, (int64_t[]){Tl, C}, (int64_t[]){C, 1}, t0 * C);
+        sl_tensor *e = tp > 1 ? tp_g(m, sl_embedding_shard(ctx, wte, ids, vlo)) : sl_embedding(ctx, wte, ids);
+        x = sl_add(ctx, e, pos);
+    }
+    SL_ASSERT(x && x->ne[1] == Tl);
 #define R(i) tp_rep(m, P(m, i))
-    for (int l = 0; l < c->n_layer; l++) {
-        int o = 2 + 12 * l;
+    for (int l = m->layer0; l < m->layer0 + m->n_layers; l++) {
+        int o = idx_layer(m, l);
         sl_tensor *h = tp_f(m, sl_layernorm(ctx, x, R(o + 0), R(o + 1), 1e-5f));
         sl_tensor *qkv = mm(m, h, P(m, o + 2), P(m, o + 3)); /* (B, T, 3 C/tp) */
         sl_tensor *r = sl_reshape(ctx, qkv, 5, (int64_t[]){B, T, 3, NHl, hs});
@@ -238,22 +287,30 @@ static sl_tensor *gpt2_tp_loss(sl_model *m, sl_tensor *ids, sl_tensor *targets, 
         sl_tensor *k = sl_view(ctx, r, 4, (int64_t[]){B, T, NHl, hs}, nb4, r->nb[2]);
         sl_tensor *v = sl_view(ctx, r, 4, (int64_t[]){B, T, NHl, hs}, nb4, 2 * r->nb[2]);
         sl_tensor *a = sl_attention(ctx, q, k, v); /* (B, T, C/tp) */
-        x = sl_add(ctx, x, sl_bias(ctx, tp_g(m, mm(m, a, P(m, o + 4), NULL)), R(o + 5)));
+        x = sl_add(ctx, x, row_linear(m, a, P(m, o + 4), P(m, o + 5)));
         h = tp_f(m, sl_layernorm(ctx, x, R(o + 6), R(o + 7), 1e-5f));
         sl_tensor *f = sl_gelu(ctx, mm(m, h, P(m, o + 8), P(m, o + 9))); /* (B, T, 4C/tp) */
-        x = sl_add(ctx, x, sl_bias(ctx, tp_g(m, mm(m, f, P(m, o + 10), NULL)), R(o + 11)));
+        x = sl_add(ctx, x, row_linear(m, f, P(m, o + 10), P(m, o + 11)));
     }
-    int of = 2 + 12 * c->n_layer;
+    if (!last) return sl_set_name(x, "stage_out");
+    int of = idx_lnf(m);
     x = tp_f(m, sl_layernorm(ctx, x, R(of), R(of + 1), 1e-5f));
 #undef R
-    sl_tensor *logits = sl_set_name(mm(m, x, wte, NULL), "logits"); /* (B, T, V/tp) */
+    sl_tensor *logits = sl_set_name(mm(m, x, P(m, idx_head(m)), NULL), "logits"); /* (B, T, V/tp) */
     if (logits_out) *logits_out = logits;
     if (!targets) return NULL;
-    return sl_set_name(sl_cross_entropy_vp(ctx, logits, targets, vlo, m->tp), "loss");
+    sl_tensor *loss = tp > 1 ? sl_cross_entropy_vp(ctx, logits, targets, vlo, tp) : sl_cross_entropy(ctx, logits, targets);
+    return sl_set_name(loss, "loss");
+}
+
+sl_tensor *sl_gpt2_build_stage(sl_model *m, sl_tensor *ids, sl_tensor *x_in, sl_tensor *targets,
+                               sl_tensor **logits_out) {
+    return gpt2_par_body(m, ids, x_in, targets, logits_out);
 }
 
 sl_tensor *sl_gpt2_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_tensor **logits_out) {
-    if (m->tp > 1) return gpt2_tp_loss(m, ids, targets, logits_out);
+    SL_ASSERT(m->pp <= 1 && "a pipeline stage is built with sl_model_build_stage");
+    if (m->tp > 1) return gpt2_par_body(m, ids, NULL, targets, logits_out);
     sl_tensor *logits = gpt2_body(m, ids, NULL, 0, NULL);
     if (logits_out) *logits_out = logits;
     if (!targets) return NULL;

@@ -164,6 +164,10 @@ sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, 
     *out = NULL;
     if (o->zero_stage < 0 || o->zero_stage > 3)
         return sl_fail(SL_ERR_INVALID, "--zero-stage %d: must be 0, 1, 2 or 3", o->zero_stage);
+    if (m->pp > 1 && o->zero_stage == 3) /* its gathers are scheduled in one graph's forward */
+        return sl_fail(SL_ERR_UNSUPPORTED,
+                       "--zero-stage 3 with --pipeline-model-parallel-size %d is not supported (use 0, 1 or 2)",
+                       m->pp);
     if (!m->backend->caps.host_visible)
         return sl_fail(SL_ERR_UNSUPPORTED,
                        "data parallelism needs host-visible device memory; the %s backend's is not (staging "
@@ -173,6 +177,7 @@ sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, 
     if (!dp) return sl_fail(SL_ERR_NOMEM, "dp: out of memory");
     dp->comm = mesh->dp_comm;
     dp->tp_comm = m->tp > 1 ? mesh->tp_comm : NULL;
+    dp->pp_comm = m->pp > 1 ? mesh->pp_comm : NULL;
     dp->n = mesh->dp;
     dp->r = mesh->dp_rank;
     dp->zero = o->zero_stage;
@@ -333,7 +338,7 @@ static sl_status seg_sumsq(const sl_dp *dp, const sl_buffer *g, int64_t goff, in
     double s = 0, x;
     for (int i = 0; i < dp->m->n_params; i++) {
         const sl_param_info *p = &dp->m->params[i];
-        if ((p->tp_split > 0) != (sel == 1)) continue;
+        if ((p->tp_split > 0) != (sel == 1) || p->tied_copy) continue; /* tied copy: on the first stage */
         int64_t a = p->offset > flat ? p->offset : flat,
                 e = p->offset + p->numel < flat + len ? p->offset + p->numel : flat + len;
         if (e <= a) continue;
@@ -392,15 +397,20 @@ static sl_status dp_sumsq(sl_dp *dp, int sel, double *ss) {
  * With a TP-split model each rank's gradients are shards of some parameters and copies of the others
  * (identical on every TP rank). The whole model's sum of squares is the split parameters' sums
  * all-reduced over the TP group plus the replicated ones counted once (sl_tp_grad_sumsq does the same
- * without DP). */
+ * without DP). A pipeline stage's sum is then summed over the stages, the last stage's copy of the tied
+ * embedding left out (Note [Pipeline stages and 1F1B]). */
 sl_status sl_dp_clip(sl_dp *dp, float max_norm, float *norm_out) {
     double ss;
-    if (dp->tp_comm) {
+    if (dp->tp_comm || dp->pp_comm) {
         double split, rep, all;
         SL_TRY(dp_sumsq(dp, 1, &split));
         SL_TRY(dp_sumsq(dp, 2, &rep));
-        SL_TRY(sl_comm_all_reduce(dp->tp_comm, &split, &all, 1, SL_COMM_F64, SL_COMM_SUM));
-        ss = all + rep;
+        if (dp->tp_comm) SL_TRY(sl_comm_all_reduce(dp->tp_comm, &split, &all, 1, SL_COMM_F64, SL_COMM_SUM));
+        ss = (dp->tp_comm ? all : split) + rep;
+        if (dp->pp_comm) { /* every stage's layers */
+            SL_TRY(sl_comm_all_reduce(dp->pp_comm, &ss, &all, 1, SL_COMM_F64, SL_COMM_SUM));
+            ss = all;
+        }
     } else {
         SL_TRY(dp_sumsq(dp, 0, &ss));
     }

@@ -162,19 +162,18 @@ static int64_t full_numel(const sl_param_info *p) {
 }
 
 sl_status sl_tp_load_full(sl_model *shard, const sl_model *full) {
-    if (shard->n_params != full->n_params)
-        return sl_fail(SL_ERR_INVALID, "tp: full model has %d parameters, the shard %d", full->n_params,
-                       shard->n_params);
     const float *fp;
     float *owned = NULL;
     SL_TRY(sl_model_params_host(full, &fp, &owned));
     float *buf = malloc(sizeof(float) * (size_t)(shard->numel ? shard->numel : 1));
     sl_status st = buf ? SL_OK : sl_fail(SL_ERR_NOMEM, "tp: out of memory");
     for (int i = 0; i < shard->n_params && st == SL_OK; i++) {
-        const sl_param_info *p = &shard->params[i], *q = &full->params[i];
-        if (full_numel(p) != q->numel || strcmp(p->t->name, q->t->name))
-            st = sl_fail(SL_ERR_INVALID, "tp: parameter %d is '%s' (%lld) in the shard, '%s' (%lld) in full", i,
-                         p->t->name, (long long)full_numel(p), q->t->name, (long long)q->numel);
+        const sl_param_info *p = &shard->params[i], *q = sl_model_find(full, p->t->name);
+        if (!q)
+            st = sl_fail(SL_ERR_INVALID, "tp: parameter '%s' of the shard is not in the whole model", p->t->name);
+        else if (full_numel(p) != q->numel)
+            st = sl_fail(SL_ERR_INVALID, "tp: parameter '%s' has %lld elements in full, %lld in the whole model",
+                         p->t->name, (long long)full_numel(p), (long long)q->numel);
         else
             sl_tp_shard_copy(p, shard->tp > 1 ? shard->tp : 1, shard->tp_rank, (float *)fp + q->offset,
                              buf + p->offset, 1);
@@ -249,6 +248,7 @@ sl_status sl_tp_grad_sumsq(sl_tp *t, const sl_model *m, double *ss) {
     for (int i = 0; i < m->n_params; i++) {
         const sl_param_info *p = &m->params[i];
         double x;
+        if (p->tied_copy) continue; /* counted on the first pipeline stage */
         SL_TRY(sl_backend_sumsq(m->backend, m->grads_buf, p->offset, p->numel, &x));
         if (p->tp_split > 0)
             split += x;
