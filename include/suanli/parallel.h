@@ -126,6 +126,10 @@ sl_status sl_tp_load_full(sl_model *shard, const sl_model *full);
  * TP group (collective; tp may be NULL for an unsplit model). */
 sl_status sl_tp_gather_full(sl_tp *tp, const sl_model *shard, float *full);
 int64_t sl_tp_full_numel(const sl_model *shard);
+/* The whole model from every TP shard and pipeline stage, written into `whole` (a model of the same
+ * config) on the pipeline's first stage (collective over the TP and pipeline groups; whole is unused on the
+ * other stages and may be NULL there). */
+sl_status sl_par_gather_whole(sl_tp *tp, const sl_mesh *mesh, const sl_model *stage, sl_model *whole);
 /* Sum of squares of the gradients of the whole model (sharded parts all-reduced over the group,
  * replicated parameters counted once). */
 sl_status sl_tp_grad_sumsq(sl_tp *tp, const sl_model *m, double *ss);

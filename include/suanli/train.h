@@ -100,7 +100,7 @@ sl_status sl_pipeline_new(sl_pipeline **out, sl_model *m, const struct sl_mesh *
 void sl_pipeline_free(sl_pipeline *P);
 sl_graph *sl_pipeline_graph(sl_pipeline *P, int k); /* slot k's graph (NULL past the last) */
 int sl_pipeline_slots(const sl_pipeline *P);
-size_t sl_pipeline_planned_bytes(const sl_pipeline *P); /* activations of every slot */
+sl_plan_stats sl_pipeline_plan(const sl_pipeline *P); /* activations of every slot, summed */
 /* One step's forward and backward of n_micro micro-batches (global indices micro0..) in 1F1B order;
  * *loss: the last stage's mean loss (undefined on the other stages). */
 sl_status sl_pipeline_step(sl_pipeline *P, int64_t step, int n_micro, int micro0, sl_batch_fn fn, void *user,

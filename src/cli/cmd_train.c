@@ -75,7 +75,7 @@ static int train_flags(sl_train_opts *o, const char **config, sl_flag *flags, in
         {"sequence-parallel", SL_FLAG_BOOL, &o->parallel.sequence_parallel, 0, 1,
          "split the norm/residual regions along the sequence across the TP group (needs --tp > 1)", 0},
         {"pipeline-model-parallel-size", SL_FLAG_INT, &o->parallel.pp, 1, 4096,
-         "pipeline stages (1; >1 not implemented yet)", 0},
+         "pipeline stages (GPT-2 models; 1F1B schedule; world = dp x pp x tp)", 0},
         {"pp", SL_FLAG_INT, &o->parallel.pp, 1, 4096, "short for --pipeline-model-parallel-size", 0},
         {"expert-model-parallel-size", SL_FLAG_INT, &o->parallel.ep, 1, 4096,
          "expert-parallel ranks: 1 only (expert parallelism is not implemented; MoE models replicate "

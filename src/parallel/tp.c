@@ -263,3 +263,52 @@ sl_status sl_tp_grad_sumsq(sl_tp *t, const sl_model *m, double *ss) {
     *ss = split + rep;
     return SL_OK;
 }
+
+/* Write a stage's parameters (full TP layout, stage order, as sl_tp_gather_full returns them) into the
+ * whole model by name; the last stage's copy of the tied embedding is skipped (the first stage's is it). */
+static sl_status write_stage(const sl_model *stage, const float *full, sl_model *whole) {
+    int64_t off = 0;
+    for (int i = 0; i < stage->n_params; i++) {
+        const sl_param_info *p = &stage->params[i];
+        int64_t fn = full_numel(p);
+        const sl_param_info *q = sl_model_find(whole, p->t->name);
+        if (!q || q->numel != fn)
+            return sl_fail(SL_ERR_INVALID, "gather: parameter '%s' does not fit the whole model", p->t->name);
+        if (!p->tied_copy) SL_TRY(sl_model_params_write(whole, q->offset, fn, full + off));
+        off += fn;
+    }
+    return SL_OK;
+}
+
+sl_status sl_par_gather_whole(sl_tp *t, const sl_mesh *mesh, const sl_model *stage, sl_model *whole) {
+    int64_t n = sl_tp_full_numel(stage);
+    float *mine = malloc(sizeof(float) * (size_t)(n ? n : 1));
+    if (!mine) return sl_fail(SL_ERR_NOMEM, "gather: out of memory");
+    sl_status st = sl_tp_gather_full(t, stage, mine);
+    if (st == SL_OK && mesh->pp_rank == 0) st = write_stage(stage, mine, whole);
+    if (st == SL_OK && mesh->pp_rank != 0) { /* to stage 0 over the pipeline group: a count, the floats */
+        st = sl_comm_send(mesh->pp_comm, &n, 1, SL_COMM_I64, 0);
+        if (st == SL_OK) st = sl_comm_send(mesh->pp_comm, mine, (size_t)n, SL_COMM_F32, 0);
+    }
+    free(mine);
+    if (st != SL_OK || mesh->pp <= 1 || mesh->pp_rank != 0) return st;
+    /* stage 0: each other stage's part, laid out as a stage model built for it (same config) says */
+    for (int s = 1; s < mesh->pp && st == SL_OK; s++) {
+        int64_t cnt = 0;
+        sl_model *peer = NULL;
+        float *buf = NULL;
+        st = sl_comm_recv(mesh->pp_comm, &cnt, 1, SL_COMM_I64, s);
+        sl_model_split split = {stage->tp > 1 ? stage->tp : 1, stage->tp_rank, mesh->pp, s};
+        if (st == SL_OK) st = sl_gpt2_new_par(&stage->cfg, sl_backend_cpu(), &split, &peer);
+        if (st == SL_OK && sl_tp_full_numel(peer) != cnt)
+            st = sl_fail(SL_ERR_INTERNAL, "gather: stage %d sent %lld parameters, expected %lld", s,
+                         (long long)cnt, (long long)sl_tp_full_numel(peer));
+        if (st == SL_OK && !(buf = malloc(sizeof(float) * (size_t)(cnt ? cnt : 1))))
+            st = sl_fail(SL_ERR_NOMEM, "gather: out of memory");
+        if (st == SL_OK) st = sl_comm_recv(mesh->pp_comm, buf, (size_t)cnt, SL_COMM_F32, s);
+        if (st == SL_OK) st = write_stage(peer, buf, whole);
+        free(buf);
+        sl_model_free(peer);
+    }
+    return st;
+}

@@ -121,28 +121,30 @@ static sl_status setup_comm(sl_train_job *j) {
     if (sl_mesh_init(&j->mesh, j->world, dims) != SL_OK) return sl_train_bad("%s", sl_errmsg());
     j->mesh_ok = 1;
     const sl_mesh *mesh = &j->mesh;
-    if (mesh->pp > 1)
-        return sl_train_bad(
-            "pipeline parallelism is not implemented yet (--pipeline-model-parallel-size %d); use data or "
-            "tensor parallelism",
-            mesh->pp);
     if (o->parallel.sequence_parallel && mesh->tp < 2)
         return sl_train_bad("--sequence-parallel needs --tensor-model-parallel-size > 1 (got %d)", mesh->tp);
-    if (mesh->tp > 1) {
-        /* Tensor parallelism (src/parallel/tp.c): GPT-2 models built here, host-visible memory, and no
-         * mid-run checkpoints yet (their state is split across the TP group) */
+    if (mesh->tp > 1 || mesh->pp > 1) {
+        /* Tensor and pipeline parallelism (src/parallel/tp.c, src/train/pipeline.c): GPT-2 models built
+         * here, host-visible memory, and no mid-run checkpoints yet (their state is split across the TP and
+         * pipeline groups) */
+        const char *flag = mesh->tp > 1 ? "--tensor-model-parallel-size" : "--pipeline-model-parallel-size";
+        int n = mesh->tp > 1 ? mesh->tp : mesh->pp;
         if (o->model.init_from)
-            return sl_train_bad("--tensor-model-parallel-size %d: TP is implemented for suanli's GPT-2 only, "
-                                "not for --init-from models",
-                                mesh->tp);
+            return sl_train_bad("%s %d: TP and PP are implemented for suanli's GPT-2 in `suanli train`, not "
+                                "for --init-from models",
+                                flag, n);
         if (o->parallel.sequence_parallel && o->data.seq_length % mesh->tp)
             return sl_train_bad("--sequence-parallel: --seq-length %lld is not divisible by "
                                 "--tensor-model-parallel-size %d",
                                 (long long)o->data.seq_length, mesh->tp);
         if (o->ckpt.load_dir || (o->ckpt.save_dir && o->ckpt.save_interval > 0))
-            return sl_train_bad("--tensor-model-parallel-size %d: checkpoints of TP runs (--save-interval, "
-                                "--load) are not implemented yet; the final weights are saved with --save",
-                                mesh->tp);
+            return sl_train_bad("%s %d: checkpoints of TP/PP runs (--save-interval, --load) are not "
+                                "implemented yet; the final weights are saved with --save",
+                                flag, n);
+        if (mesh->pp > 1 && o->parallel.zero_stage == 3)
+            return sl_train_bad("--zero-stage 3 with --pipeline-model-parallel-size %d is not supported (use 0, "
+                                "1 or 2)",
+                                mesh->pp);
     }
     if (mesh->ep > 1)
         return sl_train_bad(
@@ -337,13 +339,14 @@ static sl_status make_model(sl_train_job *j) {
     } else {
         SL_TRY(sl_model_init_weights_ex(j->m, (uint64_t)o->seed));
     }
-    if (j->mesh.tp > 1) { /* this rank's shards of the whole model initialised above */
+    if (j->mesh.tp > 1 || j->mesh.pp > 1) { /* this rank's part of the whole model initialised above */
         if (!j->be->caps.host_visible)
-            return sl_train_bad("--tensor-model-parallel-size needs host-visible memory (--device cpu), not %s",
+            return sl_train_bad("tensor and pipeline parallelism need host-visible memory (--device cpu), not %s",
                                 j->be->name);
         sl_model *whole = j->m, *shard = NULL;
         j->m = NULL;
-        sl_status st = sl_gpt2_new_tp(&j->cfg, j->be, j->mesh.tp, j->mesh.tp_rank, &shard);
+        sl_model_split split = {j->mesh.tp, j->mesh.tp_rank, j->mesh.pp, j->mesh.pp_rank};
+        sl_status st = sl_gpt2_new_par(&j->cfg, j->be, &split, &shard);
         if (st == SL_OK) st = sl_tp_load_full(shard, whole);
         sl_model_free(whole);
         if (st != SL_OK) {
@@ -392,7 +395,8 @@ static sl_status make_trainer(sl_train_job *j) {
                             .warmup = o->optim.warmup_iters,
                             .decay_iters = o->optim.decay_iters,
                             .hp = {(float)o->optim.beta1, (float)o->optim.beta2, (float)o->optim.eps,
-                                   (float)o->optim.weight_decay}};
+                                   (float)o->optim.weight_decay},
+                            .mesh = &j->mesh};
     sl_status st = sl_trainer_init(&j->tr, m, &tc);
     if (st != SL_OK) return sl_train_fail(st, "%s", sl_errmsg());
     j->trainer_ok = 1;

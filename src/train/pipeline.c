@@ -41,7 +41,7 @@ struct sl_pipeline {
     pipe_slot *slot;
     int32_t *ids_buf, *tg_buf;
     double wait_sec;
-    size_t planned_bytes;
+    sl_plan_stats plan; /* every slot's, summed */
 };
 
 static int first_stage(const sl_pipeline *P) { return P->s == 0; }
@@ -96,7 +96,9 @@ static sl_status build_slot(sl_pipeline *P, pipe_slot *sl, float loss_scale) {
     }
     sl_plan_stats ps;
     SL_TRY(sl_graph_plan(sl->g, m->backend, &ps));
-    P->planned_bytes += ps.planned_bytes;
+    P->plan.planned_bytes += ps.planned_bytes;
+    P->plan.naive_bytes += ps.naive_bytes;
+    P->plan.n_allocs += ps.n_allocs;
     return SL_OK;
 }
 
@@ -160,7 +162,7 @@ done:
 
 sl_graph *sl_pipeline_graph(sl_pipeline *P, int k) { return k < P->K ? P->slot[k].g : NULL; }
 int sl_pipeline_slots(const sl_pipeline *P) { return P->K; }
-size_t sl_pipeline_planned_bytes(const sl_pipeline *P) { return P->planned_bytes; }
+sl_plan_stats sl_pipeline_plan(const sl_pipeline *P) { return P->plan; }
 
 double sl_pipeline_take_wait(sl_pipeline *P) {
     double w = P->wait_sec;

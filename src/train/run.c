@@ -74,6 +74,14 @@ static void print_banner(const sl_train_job *j) {
                 j->mesh.tp, m->sp ? ", sequence parallel" : "", m->numel * mib, full * mib, m->numel * mib,
                 2 * m->numel * mib);
     }
+    if (j->tr.pipe) {
+        int p = j->mesh.pp, mb = j->accum;
+        fprintf(f,
+                "pipeline parallel: %d stages, 1F1B, %d micro-batches per step | stage 0: layers %d-%d, %d "
+                "graph slots, params %.2f MiB | bubble (p-1)/(m+p-1) = %.3f\n",
+                p, mb, m->layer0, m->layer0 + m->n_layers - 1, sl_pipeline_slots(j->tr.pipe),
+                m->numel * 4.0 / 1048576.0, (double)(p - 1) / (mb + p - 1));
+    }
     fprintf(f,
             "activation memory: planned %.1f MiB (naive sum %.1f MiB) | data: %lld train / %lld val tokens\n",
             j->tr.plan.planned_bytes / 1048576.0, j->tr.plan.naive_bytes / 1048576.0,
@@ -237,6 +245,7 @@ static void report_step(sl_train_job *j, const sl_train_progress *p, double t_st
             p->tokens_per_s, eta);
         if (j->dp) fprintf(j->out, " | comm wait %.1f ms", ss->comm_wait_sec * 1e3);
         if (j->tp) fprintf(j->out, " | tp comm %.1f ms", j->tp_sec * 1e3);
+        if (j->tr.pipe) fprintf(j->out, " | pipeline wait %.1f ms", ss->pipe_wait_sec * 1e3);
         if (p->evaluated) fprintf(j->out, " | val loss %.4f", p->val_loss);
         fprintf(j->out, "\n");
         fflush(j->out);
@@ -251,6 +260,7 @@ static void report_step(sl_train_job *j, const sl_train_progress *p, double t_st
         if (j->tp)
             fprintf(j->metrics, ", \"tp_comm_ms\": %.3f, \"tp_comm_mib\": %.3f", j->tp_sec * 1e3,
                     j->tp_bytes / 1048576.0);
+        if (j->tr.pipe) fprintf(j->metrics, ", \"pipe_wait_ms\": %.3f", ss->pipe_wait_sec * 1e3);
         fprintf(j->metrics, "}\n");
         fflush(j->metrics);
     }
@@ -357,19 +367,16 @@ static sl_status finish(sl_train_job *j, const sl_train_callbacks *cb, const sl_
         fprintf(j->out, "trained %lld steps in %.1f s; final val loss %.4f\n", (long long)r->steps,
                 sl_time_sec() - t_start, r->val_loss);
     sl_model *m = j->m, *whole = NULL;
-    if (j->tp) {
-        /* the TP shards gathered into a whole model for saving and sampling (collective: every rank,
-         * whatever it then does with it; only rank 0 samples) */
-        float *buf = malloc(sizeof(float) * (size_t)sl_tp_full_numel(j->m));
-        st = buf ? sl_gpt2_new_on(&j->cfg, j->be, &whole) : sl_fail(SL_ERR_NOMEM, "out of memory");
-        if (st == SL_OK) st = sl_tp_gather_full(j->tp, j->m, buf);
-        if (st == SL_OK) st = sl_model_params_write(whole, 0, whole->numel, buf);
-        free(buf);
+    if (j->tp || j->tr.pipe) {
+        /* the TP shards and pipeline stages gathered into a whole model on the first stage, for saving and
+         * sampling (collective: every rank, whatever it then does with it; only rank 0 saves and samples) */
+        st = j->mesh.pp_rank == 0 ? sl_gpt2_new_on(&j->cfg, j->be, &whole) : SL_OK;
+        if (st == SL_OK) st = sl_par_gather_whole(j->tp, &j->mesh, j->m, whole);
         if (st != SL_OK) {
             sl_model_free(whole);
-            return sl_train_fail(st, "rank %d: gathering the TP shards: %s", j->mesh.rank, sl_errmsg());
+            return sl_train_fail(st, "rank %d: gathering the model: %s", j->mesh.rank, sl_errmsg());
         }
-        m = whole;
+        if (whole) m = whole;
     }
     st = SL_OK;
     if (o->ckpt.save_dir && j->rank0) st = save_final(j, m, r);

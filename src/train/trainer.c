@@ -32,7 +32,7 @@ sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *
         st = sl_pipeline_new(&tr->pipe, m, cfg->mesh, cfg->B, cfg->T, cfg->accum, 1.0f / (float)(cfg->accum * dpn));
         if (st != SL_OK) goto done;
         tr->graph = sl_pipeline_graph(tr->pipe, 0);
-        tr->plan.planned_bytes = sl_pipeline_planned_bytes(tr->pipe);
+        tr->plan = sl_pipeline_plan(tr->pipe);
         goto done;
     }
     /* the inputs live on the model's backend: ids at byte 0, targets after them */

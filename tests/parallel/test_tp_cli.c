@@ -37,16 +37,18 @@ static double metric_at(const char *path, int step, const char *key) {
     return v;
 }
 
-static void same_run(const char *dir, const char *name) {
+static void same_run_as(const char *dir, const char *ref, const char *name, const char *key);
+static void same_run(const char *dir, const char *name) { same_run_as(dir, "single", name, "tp_comm_mib"); }
+static void same_run_as(const char *dir, const char *ref, const char *name, const char *key) {
     char a[700], b[700];
-    snprintf(a, sizeof a, "%s/single/metrics.jsonl", dir);
+    snprintf(a, sizeof a, "%s/%s/metrics.jsonl", dir, ref);
     snprintf(b, sizeof b, "%s/%s/metrics.jsonl", dir, name);
     for (int s = 1; s <= 8; s++) {
         double x = metric_at(a, s, "loss"), y = metric_at(b, s, "loss");
         TU_CHECK(fabs(x - y) <= 1e-6 * fabs(x), "%s step %d: single %.7f vs %.7f", name, s, x, y);
-        TU_CHECK(metric_at(b, s, "tp_comm_mib") > 0, "%s step %d: TP communication volume logged", name, s);
+        TU_CHECK(metric_at(b, s, key) >= 0, "%s step %d: %s logged", name, s, key);
     }
-    snprintf(a, sizeof a, "%s/single", dir);
+    snprintf(a, sizeof a, "%s/%s", dir, ref);
     snprintf(b, sizeof b, "%s/%s", dir, name);
     sl_model *ma = NULL, *mb = NULL;
     TU_CHECK(sl_model_load(a, &ma) == SL_OK && sl_model_load(b, &mb) == SL_OK, "load saved: %s", sl_errmsg());
@@ -93,7 +95,33 @@ int main(void) {
              cli, data, dir);
     TU_CHECK(rc == 0 && strstr(out, "tensor parallel: 2 ranks, sequence parallel"), "tp2 + SP: %s", out);
     same_run(dir, "tp2sp");
+    /* pipeline parallelism: 8 micro-batches per step; pp 2, and tp 2 x pp 2 x dp 2 with SP and ZeRO-1 on 8
+     * processes */
+    rc = run("%s train --data-path %s " TINY " --global-batch-size 16 --save %s/single16", cli, data, dir);
+    TU_CHECK(rc == 0, "single16: %s", out);
+    rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --global-batch-size 16 --pp 2 --save %s/pp2 "
+             "--sample-tokens 8",
+             cli, cli, data, dir);
+    TU_CHECK(rc == 0 && strstr(out, "pipeline parallel: 2 stages, 1F1B, 8 micro-batches") &&
+                 strstr(out, "bubble (p-1)/(m+p-1) = 0.111") && strstr(out, "---- sample"),
+             "pp2: %s", out);
+    same_run_as(dir, "single16", "pp2", "pipe_wait_ms");
+    rc = run("%s run -n 8 -- %s train --data-path %s " TINY
+             " --global-batch-size 16 --tp 2 --pp 2 --sequence-parallel --zero-stage 1 --save %s/3d",
+             cli, cli, data, dir);
+    TU_CHECK(rc == 0 && strstr(out, "pipeline parallel: 2 stages") && strstr(out, "data parallel: 2 ranks"),
+             "tp2 x pp2 x dp2: %s", out);
+    same_run_as(dir, "single16", "3d", "tp_comm_mib");
     /* bad layouts: exit 2, the flag and the numbers named, nothing written */
+    rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --pp 2 --num-layers 3", cli, cli, data);
+    TU_CHECK(rc != 0 && strstr(out, "--pipeline-model-parallel-size 2 does not divide num-layers 3"),
+             "layers not divisible by pp: rc %d %s", rc, out);
+    rc = run("%s run -n 4 -- %s train --data-path %s " TINY " --pp 2 --zero-stage 3", cli, cli, data);
+    TU_CHECK(rc != 0 && strstr(out, "--zero-stage 3 with --pipeline-model-parallel-size 2 is not supported"),
+             "ZeRO-3 with pp: rc %d %s", rc, out);
+    rc = run("%s run -n 6 -- %s train --data-path %s " TINY " --tp 2 --pp 2", cli, cli, data);
+    TU_CHECK(rc != 0 && strstr(out, "world size 6 is not divisible by tensor x pipeline parallel size 2 x 2"),
+             "world not dp x pp x tp: rc %d %s", rc, out);
     rc = run("%s train --data-path %s " TINY " --sequence-parallel", cli, data);
     TU_CHECK(rc == 2 && strstr(out, "--sequence-parallel needs --tensor-model-parallel-size > 1"),
              "SP without TP: rc %d %s", rc, out);
@@ -110,7 +138,7 @@ int main(void) {
     TU_CHECK(stat(p, &sb) != 0, "nothing written for a bad layout");
     rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --tp 2 --save %s/bad2 --save-interval 4", cli, cli,
              data, dir);
-    TU_CHECK(rc != 0 && strstr(out, "checkpoints of TP runs"), "TP mid-run checkpoints refused: rc %d %s", rc,
+    TU_CHECK(rc != 0 && strstr(out, "checkpoints of TP/PP runs"), "TP mid-run checkpoints refused: rc %d %s", rc,
              out);
     rc = run("%s train --data-path %s " TINY " --tp 2", cli, data);
     TU_CHECK(rc == 2 && strstr(out, "not divisible by tensor"), "tp 2 on one process: rc %d %s", rc, out);
