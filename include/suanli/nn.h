@@ -165,6 +165,12 @@ void sl_model_free(sl_model *m);
 void sl_model_init_weights(sl_model *m, uint64_t seed);
 sl_status sl_model_init_weights_ex(sl_model *m, uint64_t seed); /* the same, returning failures */
 const sl_param_info *sl_model_find(const sl_model *m, const char *name);
+/* Note [Full-tensor coordinates] (src/nn/model_state.c): elements of the full parameter p is a part of, and
+ * the runs that local elements [a, b) of p (offsets inside p) form in the full parameter's flattened
+ * elements, in local order: fn(u, full offset, local offset, length). Identity for unsplit parameters. */
+typedef void (*sl_run_fn)(void *u, int64_t full_off, int64_t local_off, int64_t len);
+int64_t sl_param_full_numel(const sl_model *m, const sl_param_info *p);
+void sl_param_runs(const sl_model *m, const sl_param_info *p, int64_t a, int64_t b, sl_run_fn fn, void *u);
 /* Build the forward graph nodes for ids (B, T) -> logits (B, T, V); if targets != NULL also the mean
  * cross-entropy loss (returned). *logits_out receives the logits node. */
 sl_tensor *sl_gpt2_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_tensor **logits_out);

@@ -125,8 +125,7 @@ static sl_status setup_comm(sl_train_job *j) {
         return sl_train_bad("--sequence-parallel needs --tensor-model-parallel-size > 1 (got %d)", mesh->tp);
     if (mesh->tp > 1 || mesh->pp > 1) {
         /* Tensor and pipeline parallelism (src/parallel/tp.c, src/train/pipeline.c): GPT-2 models built
-         * here, host-visible memory, and no mid-run checkpoints yet (their state is split across the TP and
-         * pipeline groups) */
+         * here, host-visible memory */
         const char *flag = mesh->tp > 1 ? "--tensor-model-parallel-size" : "--pipeline-model-parallel-size";
         int n = mesh->tp > 1 ? mesh->tp : mesh->pp;
         if (o->model.init_from)
@@ -137,10 +136,6 @@ static sl_status setup_comm(sl_train_job *j) {
             return sl_train_bad("--sequence-parallel: --seq-length %lld is not divisible by "
                                 "--tensor-model-parallel-size %d",
                                 (long long)o->data.seq_length, mesh->tp);
-        if (o->ckpt.load_dir || (o->ckpt.save_dir && o->ckpt.save_interval > 0))
-            return sl_train_bad("%s %d: checkpoints of TP/PP runs (--save-interval, --load) are not "
-                                "implemented yet; the final weights are saved with --save",
-                                flag, n);
         if (mesh->pp > 1 && o->parallel.zero_stage == 3)
             return sl_train_bad("--zero-stage 3 with --pipeline-model-parallel-size %d is not supported (use 0, "
                                 "1 or 2)",
