@@ -32,7 +32,7 @@ static int cmp_d(const void *a, const void *b) {
 
 int sl_bench_train(int argc, char **argv) {
     int64_t L = 12, NH = 12, C = 768, V = 50257, B = 4, T = 64, steps = 5, warm = 1, threads = 2, accum = 1,
-            zero = 0, bucket = 1 << 20, tpn = 1;
+            zero = 0, bucket = 1 << 20, tpn = 1, ppn = 1;
     int json = 0, bf16 = 0, sp = 0;
     const char *device = "cpu";
     sl_flag flags[] = {
@@ -49,7 +49,8 @@ int sl_bench_train(int argc, char **argv) {
         {"threads", SL_FLAG_INT, &threads, 1, 1024, "(2)", 0},
         {"accum", SL_FLAG_INT, &accum, 1, 4096, "micro-batches per step and rank (1)", 0},
         {"zero-stage", SL_FLAG_INT, &zero, 0, 3, "ZeRO stage under DP (0)", 0},
-        {"tensor-model-parallel-size", SL_FLAG_INT, &tpn, 1, 64, "TP ranks (1); world = dp x tp", 0},
+        {"tensor-model-parallel-size", SL_FLAG_INT, &tpn, 1, 64, "TP ranks (1); world = dp x pp x tp", 0},
+        {"pipeline-model-parallel-size", SL_FLAG_INT, &ppn, 1, 64, "pipeline stages (1); 1F1B over --accum", 0},
         {"ddp-bucket-size", SL_FLAG_INT, &bucket, 1, 1ll << 40, "gradient bucket size in elements (1Mi)", 0},
         {"json", SL_FLAG_BOOL, &json, 0, 1, "machine-readable output", 0},
         {"sequence-parallel", SL_FLAG_BOOL, &sp, 0, 1, "sequence parallelism (with TP)", 0},
@@ -70,7 +71,7 @@ int sl_bench_train(int argc, char **argv) {
         fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
         return 1;
     }
-    if (sl_mesh_init(&mesh, world, (sl_mesh_dims){(int)tpn, 1, 1}) != SL_OK) {
+    if (sl_mesh_init(&mesh, world, (sl_mesh_dims){(int)tpn, (int)ppn, 1}) != SL_OK) {
         fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
         return 2;
     }
@@ -83,7 +84,8 @@ int sl_bench_train(int argc, char **argv) {
         return 2;
     }
     sl_tp *tp = NULL;
-    if (sl_gpt2_new_tp(&cfg, be, mesh.tp, mesh.tp_rank, &m) != SL_OK ||
+    sl_model_split split = {mesh.tp, mesh.tp_rank, mesh.pp, mesh.pp_rank};
+    if (sl_gpt2_new_par(&cfg, be, &split, &m) != SL_OK ||
         (mesh.tp > 1 && sl_tp_new(&tp, &mesh) != SL_OK)) {
         fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
         return 2;
@@ -101,7 +103,8 @@ int sl_bench_train(int argc, char **argv) {
                             .clip = 1.0f,
                             .warmup = 0,
                             .decay_iters = 1000,
-                            .hp = {0.9f, 0.95f, 1e-8f, 0.1f}};
+                            .hp = {0.9f, 0.95f, 1e-8f, 0.1f},
+                            .mesh = &mesh};
     if (sl_trainer_init(&tr, m, &tc) != SL_OK) {
         fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
         sl_model_free(m);
@@ -119,7 +122,7 @@ int sl_bench_train(int argc, char **argv) {
         }
         tr.dp = dp;
     }
-    double wait_tot = 0, step_tot = 0, tp_tot = 0, tp_sec, tp_bytes;
+    double wait_tot = 0, step_tot = 0, tp_tot = 0, pipe_tot = 0, tp_sec, tp_bytes;
     for (int64_t i = 0; i < B * T; i++) {
         tr.ids_buf[i] = (int32_t)(sl_rng_u64(7, 0, (uint64_t)i) % (uint64_t)V);
         tr.tg_buf[i] = (int32_t)(sl_rng_u64(7, 1, (uint64_t)i) % (uint64_t)V);
@@ -136,6 +139,7 @@ int sl_bench_train(int argc, char **argv) {
         sl_tp_take_stats(tp, &tp_sec, &tp_bytes);
         if (i >= warm) {
             tp_tot += tp_sec;
+            pipe_tot += ss.pipe_wait_sec;
             ts[i - warm] = ss.seconds;
             wait_tot += ss.comm_wait_sec;
             step_tot += ss.seconds;
@@ -147,7 +151,8 @@ int sl_bench_train(int argc, char **argv) {
     double tps = (double)(B * T) * (double)accum * mesh.dp / med;
     double wait_frac = step_tot > 0 ? wait_tot / step_tot : 0;
     double flops = sl_gpt2_flops_per_token(&cfg, (int)T) * tps;
-    double peak = sl_bench_fma_peak((int)threads) * 1e9 * mesh.dp * mesh.tp; /* GFLOP/s -> FLOP/s, all ranks */
+    double peak = sl_bench_fma_peak((int)threads) * 1e9 * mesh.world; /* GFLOP/s -> FLOP/s, all ranks */
+    double pipe_frac = step_tot > 0 ? pipe_tot / step_tot : 0;
     double tp_frac = step_tot > 0 ? tp_tot / step_tot : 0;
     double mfu = peak > 0 ? flops / peak : 0;
     if (json)
@@ -159,11 +164,13 @@ int sl_bench_train(int argc, char **argv) {
                "\"gflops\": %.2f, \"peak_gflops\": %.2f, \"mfu\": %.4f, \"activation_mib\": %.1f, \"loss\": "
                "%.4f, "
                "\"dp\": %d, \"accum\": %lld, \"zero_stage\": %lld, \"comm_wait_fraction\": %.4f, \"tp\": %d, "
-               "\"tp_comm_fraction\": %.4f, \"tp_comm_mib_per_step\": %.2f, \"param_mib_per_rank\": %.1f}\n",
+               "\"tp_comm_fraction\": %.4f, \"tp_comm_mib_per_step\": %.2f, \"param_mib_per_rank\": %.1f, "
+               "\"pp\": %d, \"pipe_wait_fraction\": %.4f, \"bubble_theory\": %.4f}\n",
                device, (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T,
                (long long)threads, bf16 ? "bf16-mixed" : "f32", med * 1e3, tps, flops / 1e9, peak / 1e9, mfu,
                tr.plan.planned_bytes / 1048576.0, loss, mesh.dp, (long long)accum, (long long)zero,
-               wait_frac, mesh.tp, tp_frac, tp_bytes / 1048576.0, m->numel * 4.0 / 1048576.0);
+               wait_frac, mesh.tp, tp_frac, tp_bytes / 1048576.0, m->numel * 4.0 / 1048576.0, mesh.pp, pipe_frac,
+               (double)(mesh.pp - 1) / (double)(accum + mesh.pp - 1));
     else
         printf("GPT-2 on %s, L%lld NH%lld C%lld V%lld B%lld T%lld %s, %lld threads: %.1f ms/step (median of "
                "%lld), "

@@ -115,7 +115,8 @@ void sl_tp_free(sl_tp *tp);
 int sl_tp_size(const sl_tp *tp);
 /* The graph's collective provider (sl_graph_set_collective) for COLLECTIVE nodes of group SL_GROUP_TP. */
 sl_status sl_tp_collective(void *tp, sl_tensor *node);
-/* Time spent in, and bytes sent by, TP collectives since the last call (then reset). */
+/* Time spent in, and bytes sent by, TP collectives since the last call (then reset): bus bytes (Note [TP
+ * communication volume]). */
 void sl_tp_take_stats(sl_tp *tp, double *sec, double *bytes);
 /* Copy parameter p between its full layout (`full`) and TP rank r's shard (Note [TP shard layout]). */
 void sl_tp_shard_copy(const sl_param_info *p, int tp, int r, float *full, float *shard, int to_shard);
@@ -133,6 +134,9 @@ sl_status sl_par_gather_whole(sl_tp *tp, const sl_mesh *mesh, const sl_model *st
 /* Sum of squares of the gradients of the whole model (sharded parts all-reduced over the group,
  * replicated parameters counted once). */
 sl_status sl_tp_grad_sumsq(sl_tp *tp, const sl_model *m, double *ss);
+/* Megatron's TP communication per training step of a GPT-2 shard / stage in bus bytes per rank (Note [TP
+ * communication volume]), for micro_batches (B, T) micro-batches. */
+double sl_tp_comm_theory(const sl_model *m, int B, int T, int micro_batches);
 
 #ifdef __cplusplus
 }

@@ -53,6 +53,14 @@ static void seq_blocks(const float *src, float *dst, int64_t B, int64_t T, int64
         }
 }
 
+/* Note [TP communication volume]
+ * Bytes each rank sends on a ring (NCCL's bus bytes): an all-gather or a reduce-scatter of a full tensor of
+ * S bytes sends (n-1)/n S, an all-reduce twice that. The trainer prints the Megatron formula beside it
+ * (sl_tp_comm_theory). */
+static double bus_bytes(int n, int factor, size_t full_elems) {
+    return factor * (double)(n - 1) / n * (double)full_elems * sizeof(float);
+}
+
 /* sequence-parallel collectives on (B, T, K..) activations (Note [Tensor-parallel graphs]) */
 static sl_status seq_collective(sl_tp *t, sl_tensor *n, sl_tensor *x, int gather) {
     const sl_tensor *full = gather ? n : x;
@@ -63,12 +71,11 @@ static sl_status seq_collective(sl_tp *t, sl_tensor *n, sl_tensor *x, int gather
     if (gather) {
         SL_TRY(sl_comm_all_gather(t->comm, x->data, s, cnt / (size_t)t->n, SL_COMM_F32));
         seq_blocks(s, n->data, B, T, K, t->n, 0);
-        t->coll_bytes += (double)cnt * sizeof(float);
     } else {
         seq_blocks(x->data, s, B, T, K, t->n, 1);
         SL_TRY(sl_comm_reduce_scatter(t->comm, s, n->data, cnt / (size_t)t->n, SL_COMM_F32, SL_COMM_SUM));
-        t->coll_bytes += (double)cnt * sizeof(float);
     }
+    t->coll_bytes += bus_bytes(t->n, 1, cnt);
     return SL_OK;
 }
 
@@ -100,14 +107,14 @@ sl_status sl_tp_collective(void *user, sl_tensor *n) {
             memcpy(n->data, x->data, cnt * sizeof(float));
         else
             st = sl_comm_all_reduce(t->comm, x->data, n->data, cnt, SL_COMM_F32, SL_COMM_SUM);
-        t->coll_bytes += (double)cnt * sizeof(float);
+        t->coll_bytes += bus_bytes(t->n, 2, cnt);
         break;
     case SL_COLL_ALLGATHER:
         if (t->n == 1)
             memcpy(n->data, x->data, cnt * sizeof(float));
         else
             st = sl_comm_all_gather(t->comm, x->data, n->data, cnt, SL_COMM_F32);
-        t->coll_bytes += (double)cnt * sizeof(float) * t->n;
+        t->coll_bytes += bus_bytes(t->n, 1, cnt * (size_t)t->n);
         break;
     case SL_COLL_ALLGATHER_SEQ:
     case SL_COLL_REDSCAT_SEQ:
@@ -311,4 +318,18 @@ sl_status sl_par_gather_whole(sl_tp *t, const sl_mesh *mesh, const sl_model *sta
         sl_model_free(peer);
     }
     return st;
+}
+
+double sl_tp_comm_theory(const sl_model *m, int B, int T, int micro_batches) {
+    int n = m->tp > 1 ? m->tp : 1, first = m->pp_rank == 0, last = m->pp_rank == (m->pp > 1 ? m->pp : 1) - 1;
+    if (n == 1) return 0;
+    double f = (double)(n - 1) / n, S = (double)B * T * m->cfg.n_embd * sizeof(float), C = m->cfg.n_embd;
+    int L = m->n_layers;
+    /* per layer: forward g after attention and MLP, backward f before them: 4 all-reduces (or 8 all-gathers /
+     * reduce-scatters under SP); the embedding's g and the final norm's f; the loss's stats all-gather */
+    double per = L * 8 * f * S + (first ? 2 * f * S : 0) + (last ? 2 * f * S : 0);
+    if (last) per += f * n * (double)B * T * 2 * sizeof(float);
+    if (m->sp) /* the sequence-shard parameters' gradient all-reduces */
+        per += 2 * f * sizeof(float) * (L * 6 * C + (first ? m->cfg.max_seq_len * C : 0) + (last ? 2 * C : 0));
+    return per * micro_batches;
 }

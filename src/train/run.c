@@ -70,9 +70,9 @@ static void print_banner(const sl_train_job *j) {
         double mib = sizeof(float) / 1048576.0, full = (double)sl_tp_full_numel(m);
         fprintf(f,
                 "tensor parallel: %d ranks%s | per rank: params %.2f MiB (whole model %.2f MiB), grads %.2f "
-                "MiB, optimizer state %.2f MiB\n",
+                "MiB, optimizer state %.2f MiB | TP communication per step (theory) %.3f MiB\n",
                 j->mesh.tp, m->sp ? ", sequence parallel" : "", m->numel * mib, full * mib, m->numel * mib,
-                2 * m->numel * mib);
+                2 * m->numel * mib, sl_tp_comm_theory(m, j->B, j->T, j->accum) / 1048576.0);
     }
     if (j->tr.pipe) {
         int p = j->mesh.pp, mb = j->accum;
@@ -258,8 +258,9 @@ static void report_step(sl_train_job *j, const sl_train_progress *p, double t_st
         if (p->evaluated) fprintf(j->metrics, ", \"val_loss\": %.6f", p->val_loss);
         if (j->dp) fprintf(j->metrics, ", \"comm_wait_ms\": %.3f", ss->comm_wait_sec * 1e3);
         if (j->tp)
-            fprintf(j->metrics, ", \"tp_comm_ms\": %.3f, \"tp_comm_mib\": %.3f", j->tp_sec * 1e3,
-                    j->tp_bytes / 1048576.0);
+            fprintf(j->metrics, ", \"tp_comm_ms\": %.3f, \"tp_comm_mib\": %.4f, \"tp_comm_theory_mib\": %.4f",
+                    j->tp_sec * 1e3, j->tp_bytes / 1048576.0,
+                    sl_tp_comm_theory(j->m, j->B, j->T, j->accum) / 1048576.0);
         if (j->tr.pipe) fprintf(j->metrics, ", \"pipe_wait_ms\": %.3f", ss->pipe_wait_sec * 1e3);
         fprintf(j->metrics, "}\n");
         fflush(j->metrics);
@@ -307,6 +308,8 @@ static sl_status step_loop(sl_train_job *j, const sl_train_callbacks *cb, sl_tra
         if (p.evaluated) {
             st = sl_trainer_eval(&j->tr, batch_fn, &vsrc, (int)o->eval.iters, &p.val_loss);
             if (st != SL_OK) return sl_train_fail(st, "eval: %s", sl_errmsg());
+            double es, eb; /* eval's TP collectives are not the next step's */
+            sl_tp_take_stats(j->tp, &es, &eb);
             r->val_loss = p.val_loss;
         }
         report_step(j, &p, t_steps);

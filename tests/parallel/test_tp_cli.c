@@ -47,6 +47,11 @@ static void same_run_as(const char *dir, const char *ref, const char *name, cons
         double x = metric_at(a, s, "loss"), y = metric_at(b, s, "loss");
         TU_CHECK(fabs(x - y) <= 1e-6 * fabs(x), "%s step %d: single %.7f vs %.7f", name, s, x, y);
         TU_CHECK(metric_at(b, s, key) >= 0, "%s step %d: %s logged", name, s, key);
+        /* the collectives the graph ran are Megatron's count (Note [TP communication volume]) */
+        double got = metric_at(b, s, "tp_comm_mib"), want = metric_at(b, s, "tp_comm_theory_mib");
+        if (!isnan(want))
+            TU_CHECK(fabs(got - want) <= 1e-3 * want, "%s step %d: TP communication %.4f MiB, theory %.4f", name,
+                     s, got, want);
     }
     snprintf(a, sizeof a, "%s/%s", dir, ref);
     snprintf(b, sizeof b, "%s/%s", dir, name);
@@ -136,10 +141,6 @@ int main(void) {
              "heads not divisible by tp: rc %d %s", rc, out);
     snprintf(p, sizeof p, "%s/bad1", dir);
     TU_CHECK(stat(p, &sb) != 0, "nothing written for a bad layout");
-    rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --tp 2 --save %s/bad2 --save-interval 4", cli, cli,
-             data, dir);
-    TU_CHECK(rc != 0 && strstr(out, "checkpoints of TP/PP runs"), "TP mid-run checkpoints refused: rc %d %s", rc,
-             out);
     rc = run("%s train --data-path %s " TINY " --tp 2", cli, data);
     TU_CHECK(rc == 2 && strstr(out, "not divisible by tensor"), "tp 2 on one process: rc %d %s", rc, out);
     char cmd[700];
