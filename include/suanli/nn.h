@@ -113,11 +113,15 @@ typedef struct sl_model {
     /* Pipeline parallelism: stage pp_rank of pp holds layers [layer0, layer0 + n_layers) (a whole model:
      * pp <= 1, layer0 0, n_layers all) */
     int pp, pp_rank, layer0, n_layers;
+    /* Interleaved pipeline: vpp model chunks per stage (<= 1: one), chunk c = virtual stage c * pp + pp_rank
+     * holding layers [(c * pp + pp_rank) * Lc, + Lc) with Lc = n_layers / vpp; layer0 is chunk 0's first */
+    int vpp;
 } sl_model;
 
-/* How a model is split: TP rank tp_rank of tp, pipeline stage pp_rank of pp. */
+/* How a model is split: TP rank tp_rank of tp, pipeline stage pp_rank of pp, vpp model chunks per stage
+ * (0 or 1: one; Megatron's interleaved schedule otherwise). */
 typedef struct sl_model_split {
-    int tp, tp_rank, pp, pp_rank;
+    int tp, tp_rank, pp, pp_rank, vpp;
 } sl_model_split;
 
 /* Validates the config (one-line error naming the field) and allocates the flat buffers on `be`
@@ -135,9 +139,10 @@ sl_status sl_gpt2_new_tp(const sl_gpt2_config *cfg, sl_backend *be, int tp, int 
  * of the tied wte, sl_param_info.tied_copy, when it is not also the first), each stage num-layers / pp
  * layers (one-line error naming --pipeline-model-parallel-size when pp does not divide them). */
 sl_status sl_gpt2_new_par(const sl_gpt2_config *cfg, sl_backend *be, const sl_model_split *split, sl_model **out);
-/* A stage's graph: from the ids (first stage) or x_in (B, T or T/tp under SP, C) to the loss (last stage,
- * with targets) or to the stage's output activations. */
-sl_tensor *sl_gpt2_build_stage(sl_model *m, sl_tensor *ids, sl_tensor *x_in, sl_tensor *targets,
+/* A stage's graph (of model chunk `chunk`, 0 without interleaving): from the ids (the first virtual stage)
+ * or x_in (B, T or T/tp under SP, C) to the loss (the last virtual stage, with targets) or to the chunk's
+ * output activations. */
+sl_tensor *sl_gpt2_build_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *x_in, sl_tensor *targets,
                                sl_tensor **logits_out);
 /* The range [lo, lo + len) of rows block_full * r / tp .. of one of tp parts (the TP split rule). */
 void sl_tp_part(int64_t block_full, int tp, int r, int64_t *lo, int64_t *len);

@@ -77,6 +77,8 @@ static int train_flags(sl_train_opts *o, const char **config, sl_flag *flags, in
         {"pipeline-model-parallel-size", SL_FLAG_INT, &o->parallel.pp, 1, 4096,
          "pipeline stages (GPT-2 models; 1F1B schedule; world = dp x pp x tp)", 0},
         {"pp", SL_FLAG_INT, &o->parallel.pp, 1, 4096, "short for --pipeline-model-parallel-size", 0},
+        {"num-layers-per-virtual-pipeline-stage", SL_FLAG_INT, &o->parallel.layers_per_virtual_stage, 1, 4096,
+         "interleaved 1F1B: layers per model chunk (num-layers / (pp x this) chunks per stage)", 0},
         {"expert-model-parallel-size", SL_FLAG_INT, &o->parallel.ep, 1, 4096,
          "expert-parallel ranks: 1 only (expert parallelism is not implemented; MoE models replicate "
          "experts)",

@@ -76,18 +76,23 @@ sl_status sl_gpt2_new_on(const sl_gpt2_config *cfg, sl_backend *be, sl_model **o
 }
 
 sl_status sl_gpt2_new_tp(const sl_gpt2_config *cfg, sl_backend *be, int tp, int tp_rank, sl_model **out) {
-    return sl_gpt2_new_par(cfg, be, &(sl_model_split){tp, tp_rank, 1, 0}, out);
+    return sl_gpt2_new_par(cfg, be, &(sl_model_split){tp, tp_rank, 1, 0, 1}, out);
 }
 
 sl_status sl_gpt2_new_par(const sl_gpt2_config *cfg, sl_backend *be, const sl_model_split *sp, sl_model **out) {
     *out = NULL;
     SL_TRY(check_cfg(cfg));
-    int tp = sp->tp, tp_rank = sp->tp_rank, pp = sp->pp, pp_rank = sp->pp_rank;
+    int tp = sp->tp, tp_rank = sp->tp_rank, pp = sp->pp, pp_rank = sp->pp_rank, v = sp->vpp > 1 ? sp->vpp : 1;
     if (pp < 1 || pp_rank < 0 || pp_rank >= pp)
         return sl_fail(SL_ERR_INVALID, "--pipeline-model-parallel-size %d: stage %d out of range", pp, pp_rank);
     if (cfg->n_layer % pp != 0)
         return sl_fail(SL_ERR_INVALID, "--pipeline-model-parallel-size %d does not divide num-layers %d", pp,
                        cfg->n_layer);
+    if (v > 1 && (pp < 2 || cfg->n_layer % (pp * v) != 0))
+        return sl_fail(SL_ERR_INVALID,
+                       "--num-layers-per-virtual-pipeline-stage: num-layers %d is not pipeline stages %d x %d "
+                       "virtual stages x a whole number of layers",
+                       cfg->n_layer, pp, v);
     if (tp < 1 || tp_rank < 0 || tp_rank >= tp)
         return sl_fail(SL_ERR_INVALID, "--tensor-model-parallel-size %d: rank %d out of range", tp, tp_rank);
     if (cfg->n_head % tp != 0)
@@ -105,7 +110,8 @@ sl_status sl_gpt2_new_par(const sl_gpt2_config *cfg, sl_backend *be, const sl_mo
     m->pp = pp;
     m->pp_rank = pp_rank;
     m->n_layers = cfg->n_layer / pp;
-    m->layer0 = m->n_layers * pp_rank;
+    m->vpp = v;
+    m->layer0 = m->n_layers / v * pp_rank; /* chunk 0's first layer */
     int first = pp_rank == 0, last = pp_rank == pp - 1;
     int L = cfg->n_layer;
     int64_t C = cfg->n_embd, V = cfg->vocab_size, T = cfg->max_seq_len;
@@ -121,7 +127,8 @@ sl_status sl_gpt2_new_par(const sl_gpt2_config *cfg, sl_backend *be, const sl_mo
         add_param_tp(&b, "wte", 2, (int64_t[]){V, C}, 1, SL_INIT_NORMAL, 0, 1); /* vocab-parallel */
         add_param(&b, "wpe", 2, (int64_t[]){T, C}, 1, SL_INIT_NORMAL);
     }
-    for (int l = m->layer0; l < m->layer0 + m->n_layers; l++) {
+    for (int k = 0; k < m->n_layers; k++) { /* chunk by chunk (one chunk without interleaving) */
+        int Lc = m->n_layers / v, l = ((k / Lc) * pp + pp_rank) * Lc + k % Lc;
 /* tp dimension and packed blocks: column-parallel weights split rows, row-parallel ones columns */
 #define P(suffix, nd, shape, decay, init, tdim, pack)                                                        \
     snprintf(nm, sizeof nm, "h.%d." suffix, l);                                                              \
@@ -245,8 +252,15 @@ static sl_tensor *row_linear(sl_model *m, sl_tensor *x, sl_tensor *w, sl_tensor 
 /* Where a stage model's parameters sit in m->params (sl_gpt2_new_par registers them in this order):
  * [wte, wpe] on the first stage, 12 per layer of the stage, [ln_f.weight, ln_f.bias] on the last, then the
  * last stage's copy of the tied wte when it is not also the first. */
-static int idx_layer(const sl_model *m, int l) { return (m->pp_rank == 0 ? 2 : 0) + 12 * (l - m->layer0); }
-static int idx_lnf(const sl_model *m) { return idx_layer(m, m->layer0 + m->n_layers); }
+static int chunk_layers(const sl_model *m) { return m->n_layers / (m->vpp > 1 ? m->vpp : 1); }
+static int chunk_first(const sl_model *m, int c) {
+    return (c * (m->pp > 1 ? m->pp : 1) + m->pp_rank) * chunk_layers(m);
+}
+static int idx_layer(const sl_model *m, int l) {
+    int Lc = chunk_layers(m), c = (l / Lc) / (m->pp > 1 ? m->pp : 1);
+    return (m->pp_rank == 0 ? 2 : 0) + 12 * (c * Lc + l % Lc);
+}
+static int idx_lnf(const sl_model *m) { return (m->pp_rank == 0 ? 2 : 0) + 12 * m->n_layers; }
 static int idx_head(const sl_model *m) { return m->pp_rank == 0 ? 0 : idx_lnf(m) + 2; }
 
 /* The forward pass of one rank of a split model (tensor and/or pipeline parallel; training and evaluation).
@@ -257,11 +271,14 @@ static int idx_head(const sl_model *m) { return m->pp_rank == 0 ? 0 : idx_lnf(m)
  * cross-entropy. PP: the stage runs its layers only; the first stage starts from the ids, the others from
  * x_in (B, T or T/tp under SP, C); the last stage ends in the loss, the others return their activations.
  * *logits_out: this rank's logits shard (B, T, V/tp) on the last stage. */
-static sl_tensor *gpt2_par_body(sl_model *m, sl_tensor *ids, sl_tensor *x_in, sl_tensor *targets,
+static sl_tensor *gpt2_par_body(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *x_in, sl_tensor *targets,
                                 sl_tensor **logits_out) {
     sl_ctx *ctx = m->ctx;
     const sl_gpt2_config *c = &m->cfg;
-    int tp = m->tp > 1 ? m->tp : 1, first = m->pp_rank == 0, last = m->pp_rank == (m->pp > 1 ? m->pp : 1) - 1;
+    int v = m->vpp > 1 ? m->vpp : 1;
+    int tp = m->tp > 1 ? m->tp : 1, first = m->pp_rank == 0 && chunk == 0,
+        last = m->pp_rank == (m->pp > 1 ? m->pp : 1) - 1 && chunk == v - 1;
+    SL_ASSERT(chunk >= 0 && chunk < v);
     int64_t B = ids->ne[0], T = ids->ne[1], C = c->n_embd, NHl = c->n_head / tp, hs = C / c->n_head;
     SL_ASSERT(ids->ndim == 2 && T <= c->max_seq_len && (!m->sp || T % tp == 0));
     int64_t vlo, vlen, Tl = m->sp ? T / tp : T; /* under SP: this rank's tokens of the residual stream */
@@ -277,7 +294,7 @@ static sl_tensor *gpt2_par_body(sl_model *m, sl_tensor *ids, sl_tensor *x_in, sl
     }
     SL_ASSERT(x && x->ne[1] == Tl);
 #define R(i) tp_rep(m, P(m, i))
-    for (int l = m->layer0; l < m->layer0 + m->n_layers; l++) {
+    for (int l = chunk_first(m, chunk); l < chunk_first(m, chunk) + chunk_layers(m); l++) {
         int o = idx_layer(m, l);
         sl_tensor *h = tp_f(m, sl_layernorm(ctx, x, R(o + 0), R(o + 1), 1e-5f));
         sl_tensor *qkv = mm(m, h, P(m, o + 2), P(m, o + 3)); /* (B, T, 3 C/tp) */
@@ -303,14 +320,14 @@ static sl_tensor *gpt2_par_body(sl_model *m, sl_tensor *ids, sl_tensor *x_in, sl
     return sl_set_name(loss, "loss");
 }
 
-sl_tensor *sl_gpt2_build_stage(sl_model *m, sl_tensor *ids, sl_tensor *x_in, sl_tensor *targets,
+sl_tensor *sl_gpt2_build_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *x_in, sl_tensor *targets,
                                sl_tensor **logits_out) {
-    return gpt2_par_body(m, ids, x_in, targets, logits_out);
+    return gpt2_par_body(m, chunk, ids, x_in, targets, logits_out);
 }
 
 sl_tensor *sl_gpt2_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_tensor **logits_out) {
     SL_ASSERT(m->pp <= 1 && "a pipeline stage is built with sl_model_build_stage");
-    if (m->tp > 1) return gpt2_par_body(m, ids, NULL, targets, logits_out);
+    if (m->tp > 1) return gpt2_par_body(m, 0, ids, NULL, targets, logits_out);
     sl_tensor *logits = gpt2_body(m, ids, NULL, 0, NULL);
     if (logits_out) *logits_out = logits;
     if (!targets) return NULL;

@@ -88,6 +88,7 @@ static uint64_t opts_hash(const sl_train_opts *o) {
                     o->parallel.pp,
                     o->parallel.ep,
                     o->parallel.sequence_parallel,
+                    o->parallel.layers_per_virtual_stage,
                     o->parallel.zero_stage,
                     o->parallel.bucket_elems,
                     o->log.interval,
@@ -136,6 +137,9 @@ static sl_status setup_comm(sl_train_job *j) {
             return sl_train_bad("--sequence-parallel: --seq-length %lld is not divisible by "
                                 "--tensor-model-parallel-size %d",
                                 (long long)o->data.seq_length, mesh->tp);
+        int64_t lv = o->parallel.layers_per_virtual_stage;
+        if (lv > 0 && mesh->pp < 2)
+            return sl_train_bad("--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1");
         if (mesh->pp > 1 && o->parallel.zero_stage == 3)
             return sl_train_bad("--zero-stage 3 with --pipeline-model-parallel-size %d is not supported (use 0, "
                                 "1 or 2)",
@@ -328,6 +332,12 @@ static sl_status make_model(sl_train_job *j) {
         return sl_train_bad("%s: a split has fewer than seq-length+1 = %lld tokens", o->data.path,
                             (long long)o->data.seq_length + 1);
     if (mo->init_from) return SL_OK; /* weights loaded above */
+    int64_t lv = o->parallel.layers_per_virtual_stage, per_stage = j->cfg.n_layer / j->mesh.pp;
+    if (lv > 0 && (j->cfg.n_layer % j->mesh.pp || per_stage % lv || per_stage / lv < 2))
+        return sl_train_bad("--num-layers-per-virtual-pipeline-stage %lld: num-layers %d is not "
+                            "--pipeline-model-parallel-size %d x %lld x (2 or more model chunks)",
+                            (long long)lv, j->cfg.n_layer, j->mesh.pp, (long long)lv);
+    j->vpp = lv > 0 ? (int)(per_stage / lv) : 1;
     if (sl_gpt2_new_on(&j->cfg, j->be, &j->m) != SL_OK) return sl_train_bad("%s", sl_errmsg());
     if (j->init_from_weights) {
         if (sl_model_load_weights(j->m, j->wpath) != SL_OK) return sl_train_bad("--load: %s", sl_errmsg());
@@ -340,7 +350,7 @@ static sl_status make_model(sl_train_job *j) {
                                 j->be->name);
         sl_model *whole = j->m, *shard = NULL;
         j->m = NULL;
-        sl_model_split split = {j->mesh.tp, j->mesh.tp_rank, j->mesh.pp, j->mesh.pp_rank};
+        sl_model_split split = {j->mesh.tp, j->mesh.tp_rank, j->mesh.pp, j->mesh.pp_rank, j->vpp};
         sl_status st = sl_gpt2_new_par(&j->cfg, j->be, &split, &shard);
         if (st == SL_OK) st = sl_tp_load_full(shard, whole);
         sl_model_free(whole);

@@ -75,12 +75,20 @@ static void print_banner(const sl_train_job *j) {
                 2 * m->numel * mib, sl_tp_comm_theory(m, j->B, j->T, j->accum) / 1048576.0);
     }
     if (j->tr.pipe) {
-        int p = j->mesh.pp, mb = j->accum;
-        fprintf(f,
-                "pipeline parallel: %d stages, 1F1B, %d micro-batches per step | stage 0: layers %d-%d, %d "
-                "graph slots, params %.2f MiB | bubble (p-1)/(m+p-1) = %.3f\n",
-                p, mb, m->layer0, m->layer0 + m->n_layers - 1, sl_pipeline_slots(j->tr.pipe),
-                m->numel * 4.0 / 1048576.0, (double)(p - 1) / (mb + p - 1));
+        int p = j->mesh.pp, mb = j->accum, v = j->vpp;
+        if (v > 1)
+            fprintf(f,
+                    "pipeline parallel: %d stages, interleaved 1F1B with %d model chunks per stage of %d layers, %d "
+                    "micro-batches per step | stage 0: %d graph slots, params %.2f MiB | bubble (p-1)/(vm+p-1) = "
+                    "%.3f\n",
+                    p, v, m->n_layers / v, mb, sl_pipeline_slots(j->tr.pipe), m->numel * 4.0 / 1048576.0,
+                    (double)(p - 1) / (v * mb + p - 1));
+        else
+            fprintf(f,
+                    "pipeline parallel: %d stages, 1F1B, %d micro-batches per step | stage 0: layers %d-%d, %d "
+                    "graph slots, params %.2f MiB | bubble (p-1)/(m+p-1) = %.3f\n",
+                    p, mb, m->layer0, m->layer0 + m->n_layers - 1, sl_pipeline_slots(j->tr.pipe),
+                    m->numel * 4.0 / 1048576.0, (double)(p - 1) / (mb + p - 1));
     }
     fprintf(f,
             "activation memory: planned %.1f MiB (naive sum %.1f MiB) | data: %lld train / %lld val tokens\n",

@@ -28,6 +28,7 @@ typedef struct sl_train_job {
     int trainer_ok;
     sl_dp *dp; /* NULL without data parallelism */
     sl_tp *tp; /* NULL without tensor parallelism */
+    int vpp;   /* model chunks per pipeline stage (interleaved 1F1B), 1 otherwise */
     double tp_sec, tp_bytes; /* the last step's time in and bytes through TP collectives (this rank) */
     int B, T, accum;
 

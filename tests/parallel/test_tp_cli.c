@@ -117,6 +117,21 @@ int main(void) {
     TU_CHECK(rc == 0 && strstr(out, "pipeline parallel: 2 stages") && strstr(out, "data parallel: 2 ranks"),
              "tp2 x pp2 x dp2: %s", out);
     same_run_as(dir, "single16", "3d", "tp_comm_mib");
+    /* interleaved 1F1B: 4 layers, 2 stages of 2 model chunks of 1 layer */
+    rc = run("%s train --data-path %s " TINY " --num-layers 4 --global-batch-size 16 --save %s/single16L4", cli,
+             data, dir);
+    TU_CHECK(rc == 0, "single16L4: %s", out);
+    rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --num-layers 4 --global-batch-size 16 --pp 2 "
+             "--num-layers-per-virtual-pipeline-stage 1 --save %s/ipp2",
+             cli, cli, data, dir);
+    TU_CHECK(rc == 0 && strstr(out, "interleaved 1F1B with 2 model chunks per stage of 1 layers") &&
+                 strstr(out, "bubble (p-1)/(vm+p-1) = 0.059"),
+             "interleaved pp2: %s", out);
+    same_run_as(dir, "single16L4", "ipp2", "pipe_wait_ms");
+    rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --pp 2 --num-layers-per-virtual-pipeline-stage 1",
+             cli, cli, data);
+    TU_CHECK(rc != 0 && strstr(out, "--num-layers-per-virtual-pipeline-stage 1: num-layers 2 is not"),
+             "interleaving needs 2+ chunks: rc %d %s", rc, out);
     /* bad layouts: exit 2, the flag and the numbers named, nothing written */
     rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --pp 2 --num-layers 3", cli, cli, data);
     TU_CHECK(rc != 0 && strstr(out, "--pipeline-model-parallel-size 2 does not divide num-layers 3"),
