@@ -198,6 +198,14 @@ sl_status sl_llama_new_on(const sl_llama_config *cfg, sl_dtype wdtype, sl_backen
  * sl_gpt2_new_tp: q/k/v and gate/up column-parallel, o_proj and down_proj row-parallel, the embedding and
  * an untied lm_head vocab-parallel, norms replicated. Needs tp to divide the query and the kv heads. */
 sl_status sl_llama_new_tp(const sl_llama_config *cfg, sl_backend *be, int tp, int tp_rank, sl_model **out);
+/* TP shard and/or pipeline stage (as sl_gpt2_new_par): the first stage holds the embedding, the last the
+ * final norm and the head (an untied lm_head, or a copy of the tied embedding marked tied_copy). */
+sl_status sl_llama_new_par(const sl_llama_config *cfg, sl_backend *be, const sl_model_split *split, sl_model **out);
+/* Any architecture's split model shaped like `like` (its config and arch), for another split. */
+sl_status sl_model_new_split(const sl_model *like, sl_backend *be, const sl_model_split *split, sl_model **out);
+/* A pipeline stage's graph, any architecture (sl_gpt2_build_stage for GPT-2): the loss on the last
+ * virtual stage, else the chunk's output activations. */
+sl_tensor *sl_model_build_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *x_in, sl_tensor *targets);
 /* Any architecture: ids (B, T) -> logits (B, T, V) [+ mean cross-entropy loss when targets]. */
 sl_tensor *sl_model_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_tensor **logits_out);
 

@@ -106,7 +106,7 @@ static void add_param(builder *b, int decay, int init, int ndim, const int64_t *
         m->numel += p->numel;
 }
 
-static sl_status llama_new(const sl_llama_config *cfg, sl_dtype wdtype, sl_backend *be, int tp, int tp_rank,
+static sl_status llama_new(const sl_llama_config *cfg, sl_dtype wdtype, sl_backend *be, const sl_model_split *sp,
                            sl_model **out);
 
 sl_status sl_llama_new(const sl_llama_config *cfg, sl_model **out) {
@@ -118,18 +118,34 @@ sl_status sl_llama_new_ex(const sl_llama_config *cfg, sl_dtype wdtype, sl_model 
 }
 
 sl_status sl_llama_new_on(const sl_llama_config *cfg, sl_dtype wdtype, sl_backend *be, sl_model **out) {
-    return llama_new(cfg, wdtype, be, 1, 0, out);
+    return llama_new(cfg, wdtype, be, &(sl_model_split){1, 0, 1, 0, 1}, out);
 }
 
 sl_status sl_llama_new_tp(const sl_llama_config *cfg, sl_backend *be, int tp, int tp_rank, sl_model **out) {
+    return sl_llama_new_par(cfg, be, &(sl_model_split){tp, tp_rank, 1, 0, 1}, out);
+}
+
+sl_status sl_llama_new_par(const sl_llama_config *cfg, sl_backend *be, const sl_model_split *sp, sl_model **out) {
     *out = NULL;
     SL_TRY(check_cfg(cfg));
     const char *flag = "--tensor-model-parallel-size";
+    int tp = sp->tp, tp_rank = sp->tp_rank, pp = sp->pp, v = sp->vpp > 1 ? sp->vpp : 1;
+    if (pp < 1 || sp->pp_rank < 0 || sp->pp_rank >= pp)
+        return sl_fail(SL_ERR_INVALID, "--pipeline-model-parallel-size %d: stage %d out of range", pp, sp->pp_rank);
+    if (cfg->n_layer % pp)
+        return sl_fail(SL_ERR_INVALID, "--pipeline-model-parallel-size %d does not divide num-layers %d", pp,
+                       cfg->n_layer);
+    if (v > 1 && (pp < 2 || cfg->n_layer % (pp * v)))
+        return sl_fail(SL_ERR_INVALID,
+                       "--num-layers-per-virtual-pipeline-stage: num-layers %d is not pipeline stages %d x %d "
+                       "virtual stages x a whole number of layers",
+                       cfg->n_layer, pp, v);
     if (tp < 1 || tp_rank < 0 || tp_rank >= tp)
         return sl_fail(SL_ERR_INVALID, "%s %d: rank %d out of range", flag, tp, tp_rank);
     if (cfg->arch == SL_ARCH_MIXTRAL || cfg->arch == SL_ARCH_BAICHUAN)
-        return sl_fail(SL_ERR_UNSUPPORTED, "%s %d: TP is not implemented for %s (MoE experts / W_pack)", flag,
-                       tp, sl_arch_name(cfg->arch));
+        return sl_fail(SL_ERR_UNSUPPORTED, "%s %d / --pipeline-model-parallel-size %d: not implemented for %s (MoE "
+                       "experts / W_pack)",
+                       flag, tp, pp, sl_arch_name(cfg->arch));
     if (cfg->n_head % tp)
         return sl_fail(SL_ERR_INVALID, "%s %d does not divide num-attention-heads %d", flag, tp, cfg->n_head);
     if (cfg->n_kv_head % tp) /* Megatron replicates kv heads when tp > kv heads: not implemented here */
@@ -137,11 +153,13 @@ sl_status sl_llama_new_tp(const sl_llama_config *cfg, sl_backend *be, int tp, in
                        cfg->n_kv_head);
     if (cfg->vocab_size < tp)
         return sl_fail(SL_ERR_INVALID, "%s %d exceeds vocab-size %d", flag, tp, cfg->vocab_size);
-    return llama_new(cfg, SL_F32, be, tp, tp_rank, out);
+    return llama_new(cfg, SL_F32, be, sp, out);
 }
 
-static sl_status llama_new(const sl_llama_config *cfg, sl_dtype wdtype, sl_backend *be, int tp, int tp_rank,
+static sl_status llama_new(const sl_llama_config *cfg, sl_dtype wdtype, sl_backend *be, const sl_model_split *sp,
                            sl_model **out) {
+    int tp = sp->tp, tp_rank = sp->tp_rank, pp = sp->pp > 1 ? sp->pp : 1, s = sp->pp_rank,
+        v = sp->vpp > 1 ? sp->vpp : 1;
     *out = NULL;
     SL_TRY(check_cfg(cfg));
     if (wdtype != SL_F32 && wdtype != SL_BF16)
@@ -151,6 +169,12 @@ static sl_status llama_new(const sl_llama_config *cfg, sl_dtype wdtype, sl_backe
     m->wdtype = wdtype;
     m->tp = tp;
     m->tp_rank = tp_rank;
+    m->pp = pp;
+    m->pp_rank = s;
+    m->vpp = v;
+    m->n_layers = cfg->n_layer / pp;
+    m->layer0 = m->n_layers / v * s;
+    int first = s == 0, last = s == pp - 1;
     const sl_llama_config *c = cfg;
     m->arch = c->arch;
     m->lcfg = *c;
@@ -166,8 +190,10 @@ static sl_status llama_new(const sl_llama_config *cfg, sl_dtype wdtype, sl_backe
         return sl_fail(SL_ERR_NOMEM, "model: out of memory");
     }
     b.tdim = 0; /* vocab-parallel */
-    add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){V, C}, "model.embed_tokens.weight");
-    for (int l = 0; l < L; l++) {
+    if (first) add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){V, C}, "model.embed_tokens.weight");
+    b.tdim = -1;
+    for (int k = 0; k < m->n_layers; k++) { /* this stage's layers, chunk by chunk */
+        int Lc = m->n_layers / v, l = ((k / Lc) * pp + s) * Lc + k % Lc;
         const char *pre = "model.layers";
         add_param(&b, 0, SL_INIT_ONE, 1, (int64_t[]){C}, "%s.%d.input_layernorm.weight", pre, l);
         if (c->arch == SL_ARCH_BAICHUAN) {
@@ -209,10 +235,17 @@ static sl_status llama_new(const sl_llama_config *cfg, sl_dtype wdtype, sl_backe
             add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){C, I}, "%s.%d.mlp.down_proj.weight", pre, l);
         }
     }
-    add_param(&b, 0, SL_INIT_ONE, 1, (int64_t[]){C}, "model.norm.weight");
-    b.tdim = 0; /* the untied head: vocab-parallel like the embedding */
-    if (!c->tie_embeddings) add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){V, C}, "lm_head.weight");
-    b.tdim = -1;
+    if (last) {
+        add_param(&b, 0, SL_INIT_ONE, 1, (int64_t[]){C}, "model.norm.weight");
+        b.tdim = 0; /* the untied head: vocab-parallel like the embedding */
+        if (!c->tie_embeddings) add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){V, C}, "lm_head.weight");
+        b.tdim = 0; /* a tied head on a later stage: its copy of the embedding */
+        if (c->tie_embeddings && !first) {
+            add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){V, C}, "model.embed_tokens.weight");
+            m->params[m->n_params - 1].tied_copy = 1;
+        }
+        b.tdim = -1;
+    }
     int train = wdtype == SL_F32;
     if (!train && !be->caps.host_visible) {
         sl_model_free(m);
@@ -364,23 +397,28 @@ static sl_tensor *tp_rep(sl_model *m, sl_tensor *p) {
  * row-parallel o_proj and down_proj, a vocab-shard embedding summed by g, and logits for the rank's
  * vocabulary only. With m->sp the norm/residual regions hold T/tp tokens (sequence parallelism; RoPE runs
  * after the all-gather, on whole sequences). */
-static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
+static sl_tensor *body_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *x_in, sl_kv_cache *kv,
+                             int pos0) {
     sl_ctx *ctx = m->ctx;
     const sl_llama_config *c = &m->lcfg;
-    int tp = m->tp > 1 ? m->tp : 1;
-    SL_ASSERT(tp == 1 || !kv);
+    int tp = m->tp > 1 ? m->tp : 1, pp = m->pp > 1 ? m->pp : 1, v = m->vpp > 1 ? m->vpp : 1;
+    int first = m->pp_rank == 0 && chunk == 0, last = m->pp_rank == pp - 1 && chunk == v - 1;
+    int Lc = c->n_layer / (pp * v), l0 = (chunk * pp + m->pp_rank) * Lc;
+    SL_ASSERT((tp == 1 && pp == 1) || !kv);
     int64_t B = ids->ne[0], T = ids->ne[1], hd = c->head_dim, NH = c->n_head / tp, NKV = c->n_kv_head / tp;
     int64_t QD = NH * hd, KD = NKV * hd;
     const char *pre = "model.layers";
-    sl_tensor *x;
-    if (tp > 1) {
+    sl_tensor *x = x_in;
+    if (!first) {
+        SL_ASSERT(x_in);
+    } else if (tp > 1) {
         int64_t vlo, vlen;
         sl_tp_part(c->vocab_size, tp, m->tp_rank, &vlo, &vlen);
         x = tp_g(m, sl_embedding_shard(ctx, W(m, "model.embed_tokens.weight"), ids, vlo));
     } else {
         x = sl_embedding(ctx, W(m, "model.embed_tokens.weight"), ids); /* (B, T, C) */
     }
-    for (int l = 0; l < c->n_layer; l++) {
+    for (int l = l0; l < l0 + Lc; l++) {
         sl_tensor *h = tp_f(m, norm(m, x, tp_rep(m, W(m, "%s.%d.input_layernorm.weight", pre, l)), c->rms_eps));
         sl_tensor *q, *k, *v;
         if (c->arch == SL_ARCH_BAICHUAN) {
@@ -434,14 +472,29 @@ static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
                            W(m, "%s.%d.mlp.down_proj.weight", pre, l));
         x = rnd_model(m, sl_add(ctx, x, tp_g(m, f)));
     }
+    if (!last) return sl_set_name(x, "stage_out");
     x = tp_f(m, norm(m, x, tp_rep(m, W(m, "model.norm.weight")), c->rms_eps));
     (void)B;
     (void)T;
     return lm_head(m, x);
 }
 
+static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
+    return body_stage(m, 0, ids, NULL, kv, pos0);
+}
+
+static sl_tensor *llama_loss(sl_model *m, sl_tensor *logits, sl_tensor *targets);
+
+sl_tensor *sl_model_build_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *x_in, sl_tensor *targets) {
+    if (m->arch == SL_ARCH_GPT2) return sl_gpt2_build_stage(m, chunk, ids, x_in, targets, NULL);
+    sl_tensor *out = body_stage(m, chunk, ids, x_in, NULL, 0);
+    int last = m->pp_rank == (m->pp > 1 ? m->pp : 1) - 1 && chunk == (m->vpp > 1 ? m->vpp : 1) - 1;
+    return last && targets ? llama_loss(m, sl_set_name(out, "logits"), targets) : out;
+}
+
 sl_tensor *sl_model_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_tensor **logits_out) {
     if (m->arch == SL_ARCH_GPT2) return sl_gpt2_build(m, ids, targets, logits_out);
+    SL_ASSERT(m->pp <= 1 && "a pipeline stage is built with sl_model_build_stage");
     SL_ASSERT(ids->ndim == 2 && ids->ne[1] <= m->lcfg.max_seq_len);
     /* full-sequence attention has no window: longer sequences need the KV path's sliding window */
     SL_ASSERT(m->lcfg.sliding_window == 0 || ids->ne[1] <= m->lcfg.sliding_window);
@@ -449,6 +502,10 @@ sl_tensor *sl_model_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_te
     sl_set_name(logits, "logits");
     if (logits_out) *logits_out = logits;
     if (!targets) return NULL;
+    return llama_loss(m, logits, targets);
+}
+
+static sl_tensor *llama_loss(sl_model *m, sl_tensor *logits, sl_tensor *targets) {
     sl_tensor *loss;
     if (m->tp > 1) { /* logits are this rank's vocabulary columns */
         int64_t vlo, vlen;
@@ -533,4 +590,9 @@ sl_status sl_kv_graph_set_pos(sl_graph *g, int pos0) {
         }
     }
     return SL_OK;
+}
+
+sl_status sl_model_new_split(const sl_model *like, sl_backend *be, const sl_model_split *split, sl_model **out) {
+    if (like->arch == SL_ARCH_GPT2) return sl_gpt2_new_par(&like->cfg, be, split, out);
+    return sl_llama_new_par(&like->lcfg, be, split, out);
 }

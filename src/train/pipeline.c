@@ -129,7 +129,7 @@ static sl_status build_slot(sl_pipeline *P, int c, pipe_slot *sl, float loss_sca
         sl_tensor_bind_buffer(sl->dx_in, sl->io, at + a * sizeof(float));
     }
     at += 2 * a * sizeof(float);
-    sl->out = sl_gpt2_build_stage(m, c, sl->ids, sl->x_in, last_virtual(P, c) ? sl->targets : NULL, NULL);
+    sl->out = sl_model_build_stage(m, c, sl->ids, sl->x_in, last_virtual(P, c) ? sl->targets : NULL);
     sl->g = sl_graph_new(ctx);
     if (!sl->g) return sl_fail(SL_ERR_NOMEM, "pipeline: out of memory");
     sl_graph_build_forward(sl->g, sl->out);
@@ -177,8 +177,6 @@ sl_status sl_pipeline_new(sl_pipeline **out, sl_model *m, const sl_mesh *mesh, i
                        m->pp_rank, m->pp, mesh->pp_rank, mesh->pp);
     if (!m->backend->caps.host_visible)
         return sl_fail(SL_ERR_UNSUPPORTED, "--pipeline-model-parallel-size needs host-visible memory (cpu)");
-    if (m->arch != SL_ARCH_GPT2)
-        return sl_fail(SL_ERR_UNSUPPORTED, "--pipeline-model-parallel-size: GPT-2 models only");
     if (v > SL_PIPE_MAX_CHUNKS)
         return sl_fail(SL_ERR_INVALID, "--num-layers-per-virtual-pipeline-stage: %d model chunks per stage, at most %d",
                        v, SL_PIPE_MAX_CHUNKS);

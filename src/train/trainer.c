@@ -66,11 +66,11 @@ static sl_status pipe_after_backward(sl_trainer *tr, float *loss) {
     const sl_mesh *mesh = tr->cfg.mesh;
     sl_model *m = tr->model;
     int p = mesh->pp, s = mesh->pp_rank;
-    if (s == 0 || s == p - 1) {
-        const sl_param_info *w = NULL;
-        for (int i = 0; i < m->n_params; i++)
-            if (!strcmp(m->params[i].t->name, "wte")) w = &m->params[i];
-        if (!w || !m->grads_mem) return sl_fail(SL_ERR_INVALID, "pipeline: no wte gradient on stage %d", s);
+    int tied = m->arch == SL_ARCH_GPT2 || m->lcfg.tie_embeddings;
+    const char *name = m->arch == SL_ARCH_GPT2 ? "wte" : "model.embed_tokens.weight";
+    if (tied && (s == 0 || s == p - 1)) {
+        const sl_param_info *w = sl_model_find(m, name);
+        if (!w || !m->grads_mem) return sl_fail(SL_ERR_INVALID, "pipeline: no %s gradient on stage %d", name, s);
         float *g = m->grads_mem + w->offset, *other = malloc(sizeof(float) * (size_t)w->numel);
         if (!other) return sl_fail(SL_ERR_NOMEM, "pipeline: out of memory");
         sl_status st;
