@@ -104,8 +104,11 @@ static sl_status ckpt_poll(sl_train_job *j, int force, const sl_train_callbacks 
     const char *root = j->o.ckpt.save_dir;
     if (mesh->rank == 0) {
         double t0 = sl_time_sec();
-        sl_status cs = sl_ckpt_commit(root, j->pending_step, mesh->world, (int)j->o.ckpt.keep, j->model_json,
-                                      j->layout_json);
+        sl_status cs = j->pooled ? sl_ckpt_pool_commit(&j->pool, j->pending_step, mesh->world,
+                                                       (int)j->o.ckpt.keep, j->model_json, j->layout_json)
+                                 : sl_ckpt_commit(root, j->pending_step, mesh->world, (int)j->o.ckpt.keep,
+                                                  j->model_json, j->layout_json);
+        if (j->pooled) root = j->pool.local_root;
         if (cs != SL_OK) return sl_train_fail(cs, "checkpoint commit: %s", sl_errmsg());
         const char *mem = sl_ckpt_mem_root();
         if (mem &&
@@ -149,11 +152,11 @@ static sl_status ckpt_begin(sl_train_job *j, int64_t step) {
     free(segs);
     if (cs != SL_OK) return sl_train_fail(cs, "rank %d: checkpoint: %s", mesh->rank, sl_errmsg());
     if (j->rank0) {
-        /* the model config travels with the checkpoint */
+        /* the model config travels with the checkpoint (pooled: the commit writes it on every host) */
         char cp[4300];
         snprintf(cp, sizeof cp, "%s/step-%07lld.tmp%s/config.json", save, (long long)step,
                  restart ? restart : "");
-        sl_file_write_atomic(cp, j->model_json, strlen(j->model_json));
+        if (!j->pooled) sl_file_write_atomic(cp, j->model_json, strlen(j->model_json));
         const char *mem = sl_ckpt_mem_root();
         if (mem) {
             snprintf(cp, sizeof cp, "%s/step-%07lld.tmp%s", mem, (long long)step, restart ? restart : "");
@@ -177,6 +180,23 @@ static sl_status ckpt_after_step(sl_train_job *j, int64_t done, const sl_train_c
     return ckpt_begin(j, done);
 }
 
+/* Test hook (docs/ENV.md): SUANLI_FAULT_LOSE_HOSTS=h[,h...] with a pooled store: the rank that kills itself
+ * (SUANLI_FAULT_KILL_AT_STEP) first deletes those hosts' node-local directories, as if their disks died. */
+static void lose_hosts(const sl_train_job *j) {
+    const char *e = getenv("SUANLI_FAULT_LOSE_HOSTS");
+    if (!e || !j->pooled) return;
+    for (const char *p = e; *p;) {
+        char *end;
+        long h = strtol(p, &end, 10);
+        if (end == p) break;
+        char cmd[4300];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s/host-%ld'", j->pool.local_root, h);
+        fprintf(stderr, "suanli train: SUANLI_FAULT_LOSE_HOSTS: removing %s/host-%ld\n", j->pool.local_root, h);
+        if (system(cmd) != 0) fprintf(stderr, "suanli train: could not remove host %ld\n", h);
+        p = *end == ',' ? end + 1 : end;
+    }
+}
+
 /* Test hooks (docs/ENV.md): on the first attempt, the chosen rank (default: every rank) kills or stops
  * itself after the given step. */
 static void fault_hooks(const sl_train_job *j, int64_t done) {
@@ -186,6 +206,7 @@ static void fault_hooks(const sl_train_job *j, int64_t done) {
     if (kill_at && atoll(kill_at) == done && first && me) {
         fprintf(stderr, "suanli train: rank %d: SUANLI_FAULT_KILL_AT_STEP=%s: killing myself\n", j->mesh.rank,
                 kill_at);
+        lose_hosts(j);
         fflush(stderr);
         raise(SIGKILL);
     }

@@ -41,6 +41,8 @@ typedef struct sl_train_job {
     sl_ckpt_writer *ckw;
     int64_t pending_step; /* step of a checkpoint being written; -1: none */
     char model_json[512], layout_json[1024];
+    int pooled;        /* --ckpt-local-dir */
+    sl_ckpt_pool pool; /* this rank's view of the pool */
 } sl_train_job;
 
 /* Bad input (SL_ERR_INVALID): a one-line message. The arguments may include sl_errmsg(). */
