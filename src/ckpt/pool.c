@@ -636,7 +636,14 @@ sl_status sl_ckpt_pool_gather(const char *root, int hosts, int64_t step, const c
                 snprintf(name, sizeof name, "%s\n", c.step_name);
                 st = sl_file_write_atomic(path, name, strlen(name));
                 sl_fsync_dir(dest);
-                sl_ckpt_prune(dest, 1);
+                char **v; /* only the assembled step stays (it may be older than one assembled before) */
+                int nv = sl_ckpt_list_steps(dest, &v);
+                for (int k = 0; k < nv; k++) {
+                    snprintf(path, sizeof path, "%s/%s", dest, v[k]);
+                    if (strcmp(v[k], c.step_name) != 0) sl_ckpt_rm_rf(path);
+                    free(v[k]);
+                }
+                free(v);
             }
         }
         if (st == SL_OK) {
