@@ -115,6 +115,12 @@ sl_status sl_ckpt_pool_parse_ec(const char *s, int *k, int *m);
 sl_status sl_ckpt_pool_check(const sl_ckpt_pool *p);
 /* 1 when this build has erasure coding (Intel ISA-L). */
 int sl_ckpt_ec_available(void);
+/* The Reed–Solomon code of --ckpt-ec (Note [Erasure code matrix] in src/ckpt/ec.c), 1 <= k <= 16, 1 <= m <= 8:
+ * parity[0..m) = code of data[0..k), every block len bytes. Decode: blocks[0..k+m), present[i] != 0 for the
+ * intact ones (at least k); the lost data blocks are rebuilt in place (lost parity is left alone).
+ * SL_ERR_UNSUPPORTED without ISA-L. */
+sl_status sl_ckpt_ec_encode(int k, int m, size_t len, uint8_t **data, uint8_t **parity);
+sl_status sl_ckpt_ec_decode(int k, int m, size_t len, uint8_t **blocks, const int *present);
 /* Pool the writer's saves (a copy of *p is kept; NULL: back to a single directory). */
 void sl_ckpt_writer_set_pool(sl_ckpt_writer *w, const sl_ckpt_pool *p);
 /* Rank 0, after every rank's write finished: the manifest (sidecars of every rank, with the placement of

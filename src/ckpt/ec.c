@@ -28,7 +28,7 @@ static void encode_pieces(size_t len, int k, int rows, unsigned char *tbls, uint
     }
 }
 
-sl_status sl_ec_encode(int k, int m, size_t len, uint8_t **data, uint8_t **parity) {
+sl_status sl_ckpt_ec_encode(int k, int m, size_t len, uint8_t **data, uint8_t **parity) {
     SL_ASSERT(k >= 1 && k <= SL_EC_MAX_K && m >= 1 && m <= SL_EC_MAX_M);
     unsigned char a[(SL_EC_MAX_K + SL_EC_MAX_M) * SL_EC_MAX_K], tbls[32 * SL_EC_MAX_K * SL_EC_MAX_M];
     gf_gen_cauchy1_matrix(a, k + m, k);
@@ -37,7 +37,7 @@ sl_status sl_ec_encode(int k, int m, size_t len, uint8_t **data, uint8_t **parit
     return SL_OK;
 }
 
-sl_status sl_ec_decode(int k, int m, size_t len, uint8_t **blocks, const int *present) {
+sl_status sl_ckpt_ec_decode(int k, int m, size_t len, uint8_t **blocks, const int *present) {
     SL_ASSERT(k >= 1 && k <= SL_EC_MAX_K && m >= 1 && m <= SL_EC_MAX_M);
     enum { N = SL_EC_MAX_K + SL_EC_MAX_M };
     unsigned char a[N * SL_EC_MAX_K], b[SL_EC_MAX_K * SL_EC_MAX_K], inv[SL_EC_MAX_K * SL_EC_MAX_K],
@@ -70,11 +70,11 @@ static sl_status no_isal(void) {
     return sl_fail(SL_ERR_UNSUPPORTED,
                    "erasure coding needs Intel ISA-L: this build has none (install libisal-dev and rebuild)");
 }
-sl_status sl_ec_encode(int k, int m, size_t len, uint8_t **data, uint8_t **parity) {
+sl_status sl_ckpt_ec_encode(int k, int m, size_t len, uint8_t **data, uint8_t **parity) {
     (void)k, (void)m, (void)len, (void)data, (void)parity;
     return no_isal();
 }
-sl_status sl_ec_decode(int k, int m, size_t len, uint8_t **blocks, const int *present) {
+sl_status sl_ckpt_ec_decode(int k, int m, size_t len, uint8_t **blocks, const int *present) {
     (void)k, (void)m, (void)len, (void)blocks, (void)present;
     return no_isal();
 }

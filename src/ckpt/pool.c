@@ -127,7 +127,7 @@ static sl_status spread_ec(const sl_ckpt_pool *p, const char *stepbase, int64_t 
     for (int i = 0; i < k + m; i++) ptr[i] = blk + bs * (size_t)i;
     memset(blk, 0, bs * (size_t)k);
     memcpy(blk, buf, n);
-    sl_status st = sl_ec_encode(k, m, bs, ptr, ptr + k);
+    sl_status st = sl_ckpt_ec_encode(k, m, bs, ptr, ptr + k);
     cJSON_AddNumberToObject(o, "ec_k", k);
     cJSON_AddNumberToObject(o, "ec_m", m);
     cJSON_AddNumberToObject(o, "block_size", (double)bs);
@@ -504,7 +504,7 @@ static sl_status fetch_ec(ctx *c, const char *file, cJSON *o, size_t size, const
         if (why[0] && !c->report)
             SL_LOGW("%s: %s: %s; %s from %d intact blocks", c->step_name, file, why,
                     lost_data ? "rebuilding it" : "reading it", have);
-        if (lost_data) st = sl_ec_decode(k, m, bs, ptr, present);
+        if (lost_data) st = sl_ckpt_ec_decode(k, m, bs, ptr, present);
     }
     char got[32];
     if (st == SL_OK) {

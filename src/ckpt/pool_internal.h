@@ -12,10 +12,7 @@
 
 /* ---- ec.c: Reed–Solomon over ISA-L (Note [Erasure code matrix]) ---- */
 int sl_ec_available(void);
-/* parity[0..m) = RS code of data[0..k), every block len bytes */
-sl_status sl_ec_encode(int k, int m, size_t len, uint8_t **data, uint8_t **parity);
-/* blocks[0..k+m), present[i] != 0 for the intact ones (at least k): rebuild the lost data blocks in place */
-sl_status sl_ec_decode(int k, int m, size_t len, uint8_t **blocks, const int *present);
+/* sl_ckpt_ec_encode / sl_ckpt_ec_decode: suanli/ckpt.h */
 
 /* ---- ckpt.c ---- */
 /* step dir names (step-NNNNNNN, committed ones) under root, newest first; caller frees each and the array */
