@@ -82,7 +82,8 @@ static void sum_str(char *out, size_t cap, const void *p, size_t n) {
 }
 
 /* write head (may be NULL) + body to path atomically: tmp name, fsync, rename */
-static sl_status write_parts(const char *path, const void *head, size_t hn, const void *body, size_t bn) {
+static sl_status write_parts(const char *path, const void *head, size_t hn, const void *body, size_t bn,
+                             int sync) {
     char tmp[4400];
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -104,7 +105,7 @@ static sl_status write_parts(const char *path, const void *head, size_t hn, cons
             off += (size_t)k;
         }
     }
-    if (fsync(fd) != 0 || close(fd) != 0 || rename(tmp, path) != 0) {
+    if ((sync && fsync(fd) != 0) || close(fd) != 0 || rename(tmp, path) != 0) {
         int e = errno;
         unlink(tmp);
         return sl_fail(SL_ERR_IO, "%s: cannot write: %s", path, strerror(e));
@@ -144,7 +145,7 @@ static sl_status spread_ec(const sl_ckpt_pool *p, const char *stepbase, int64_t 
         peer_dir(dir, sizeof dir, p, h, stepbase);
         snprintf(path, sizeof path, "%s/%s", dir, bname);
         st = sl_mkdirs(dir);
-        if (st == SL_OK) st = write_parts(path, &hd, sizeof hd, ptr[j], bs);
+        if (st == SL_OK) st = write_parts(path, &hd, sizeof hd, ptr[j], bs, 1);
         sum_str(sum, sizeof sum, ptr[j], bs);
         cJSON *b = cJSON_CreateObject();
         cJSON_AddNumberToObject(b, "index", j);
@@ -184,7 +185,7 @@ sl_status sl_ckpt_pool_spread(const sl_ckpt_pool *p, const char *stepbase, int64
             peer_dir(dir, sizeof dir, p, h, stepbase);
             snprintf(path, sizeof path, "%s/%s", dir, file);
             st = sl_mkdirs(dir);
-            if (st == SL_OK) st = write_parts(path, NULL, 0, buf, n);
+            if (st == SL_OK) st = write_parts(path, NULL, 0, buf, n, 1);
         }
     }
     free(buf);
@@ -374,8 +375,9 @@ static int host_ok(ctx *c, int h, const char *file, char *err, size_t cap) {
     return 0;
 }
 
-/* one replicated file: the first intact copy */
-static sl_status fetch_replica(ctx *c, const char *file, cJSON *o, size_t size, const char *sum, char **out) {
+/* one replicated file: the first intact copy (*src_host: its host) */
+static sl_status fetch_replica(ctx *c, const char *file, cJSON *o, size_t size, const char *sum, char **out,
+                               int *src_host) {
     cJSON *copies = cJSON_GetObjectItem(o, "copies"), *h;
     char why[1024] = "", one[700], got[32];
     if (!cJSON_IsArray(copies))
@@ -412,6 +414,7 @@ static sl_status fetch_replica(ctx *c, const char *file, cJSON *o, size_t size, 
     }
     if (!keep) return sl_fail(SL_ERR_FORMAT, "%s: no intact copy of %s (%s)", c->step_name, file, why);
     if (why[0] && !c->report) SL_LOGW("%s: %s; using the copy on host %d", c->step_name, why, used);
+    *src_host = used;
     *out = keep;
     return SL_OK;
 }
@@ -580,25 +583,31 @@ static sl_status assemble_step(ctx *c, int scan, const char *dest) {
         }
         char *buf = NULL;
         size_t size = (size_t)js->valuedouble;
+        int src = -1;
         if (cJSON_GetObjectItem(f, "blocks"))
             st = fetch_ec(c, f->string, f, size, jc->valuestring, &buf);
         else
-            st = fetch_replica(c, f->string, f, size, jc->valuestring, &buf);
+            st = fetch_replica(c, f->string, f, size, jc->valuestring, &buf, &src);
         if (st == SL_OK && dest) {
+            /* Note [Restore copies]: a verified copy is hard-linked when it lives on this file system (the
+             * hosts of one machine; a copy that came from a peer would be written), rebuilt files are
+             * written; neither is fsynced: .restore is a cache that the loader verifies again (XXH3 of
+             * every tensor) and that the next restart rebuilds */
+            char from[4600];
             snprintf(path, sizeof path, "%s/%s", dest, f->string);
-            st = sl_file_write_synced(path, buf, size);
+            snprintf(from, sizeof from, "%s/host-%d/%s/%s", c->root, src, c->step_name, f->string);
+            if (src < 0 || link(from, path) != 0) st = write_parts(path, NULL, 0, buf, size, 0);
         }
         free(buf);
         if (st != SL_OK) goto done;
     }
     if (dest) {
         snprintf(path, sizeof path, "%s/manifest.json", dest);
-        SL_CHECK(sl_file_write_synced(path, text, strlen(text)));
+        SL_CHECK(write_parts(path, NULL, 0, text, strlen(text), 0));
         if (config) {
             snprintf(path, sizeof path, "%s/config.json", dest);
-            SL_CHECK(sl_file_write_synced(path, config, clen));
+            SL_CHECK(write_parts(path, NULL, 0, config, clen, 0));
         }
-        sl_fsync_dir(dest);
     }
 done:
     cJSON_Delete(man);
