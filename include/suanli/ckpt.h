@@ -123,6 +123,12 @@ sl_status sl_ckpt_ec_encode(int k, int m, size_t len, uint8_t **data, uint8_t **
 sl_status sl_ckpt_ec_decode(int k, int m, size_t len, uint8_t **blocks, const int *present);
 /* Pool the writer's saves (a copy of *p is kept; NULL: back to a single directory). */
 void sl_ckpt_writer_set_pool(sl_ckpt_writer *w, const sl_ckpt_pool *p);
+/* Rank 0: run sl_ckpt_pool_commit (the writer's pool) on the writer thread, so that the fsyncs of every
+ * host's commit do not stall training; sl_ckpt_writer_done / _wait report it like a write, and the next
+ * save_begin waits for it. */
+sl_status sl_ckpt_writer_commit_pool(sl_ckpt_writer *w, int64_t step, int world, int keep, const char *model_json,
+                                     const char *layout_json);
+double sl_ckpt_writer_commit_seconds(const sl_ckpt_writer *w);
 /* Rank 0, after every rank's write finished: the manifest (sidecars of every rank, with the placement of
  * every copy and block) into every host's step-N.tmp dir, which is renamed to step-N; latest; prune. */
 sl_status sl_ckpt_pool_commit(const sl_ckpt_pool *p, int64_t step, int world, int keep, const char *model_json,

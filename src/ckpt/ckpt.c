@@ -56,6 +56,12 @@ struct sl_ckpt_writer {
     char pool_root[3800];
     char stepbase[64];   /* "step-NNNNNNN.tmpR" */
     int64_t step;
+    struct { /* a pooled commit run by the writer thread (sl_ckpt_writer_commit_pool) */
+        int64_t step;
+        int world, keep;
+        char model_json[1024], layout_json[2048];
+    } commit;
+    double commit_sec;
 };
 
 void sl_ckpt_writer_set_pool(sl_ckpt_writer *w, const sl_ckpt_pool *p) {
@@ -233,6 +239,40 @@ done:
     return NULL;
 }
 
+static void *commit_main(void *arg) {
+    sl_ckpt_writer *w = arg;
+    double t0 = sl_time_sec();
+    sl_status st = sl_ckpt_pool_commit(&w->pool, w->commit.step, w->commit.world, w->commit.keep,
+                                       w->commit.model_json, w->commit.layout_json);
+    if (st != SL_OK) snprintf(w->errmsg, sizeof w->errmsg, "%s", sl_errmsg());
+    w->status = st;
+    w->commit_sec = sl_time_sec() - t0;
+    __atomic_store_n(&w->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+sl_status sl_ckpt_writer_commit_pool(sl_ckpt_writer *w, int64_t step, int world, int keep, const char *model_json,
+                                     const char *layout_json) {
+    if (!w->pooled) return sl_fail(SL_ERR_INVALID, "checkpoint: the writer has no pool");
+    SL_TRY(sl_ckpt_writer_wait(w));
+    w->commit.step = step;
+    w->commit.world = world;
+    w->commit.keep = keep;
+    snprintf(w->commit.model_json, sizeof w->commit.model_json, "%s", model_json ? model_json : "{}");
+    snprintf(w->commit.layout_json, sizeof w->commit.layout_json, "%s", layout_json ? layout_json : "{}");
+    w->status = SL_OK;
+    w->done = 0;
+    w->joined = 0;
+    if (pthread_create(&w->th, NULL, commit_main, w) != 0) {
+        w->done = 1;
+        return sl_fail(SL_ERR_INTERNAL, "checkpoint: cannot start the commit thread");
+    }
+    w->running = 1;
+    return SL_OK;
+}
+
+double sl_ckpt_writer_commit_seconds(const sl_ckpt_writer *w) { return w->commit_sec; }
+
 /* Entries of [lo, lo+len) split at parameter boundaries, from host memory src (indexed from lo), or, when
  * src is NULL, from device buffer buf at element boff (indexed from lo): those are copied into the
  * snapshot right here, on the caller's thread (backends are driven from one thread). */
@@ -373,7 +413,7 @@ sl_status sl_ckpt_rm_rf(const char *path) {
 /* Merge the sidecars (side[r]: rank r's shard-rR.json, or NULL/absent for ranks with nothing to write) into
  * a manifest. A sidecar's "pool" object (its file's placement, src/ckpt/pool.c) goes to pool.files. */
 sl_status sl_ckpt_manifest_build(int64_t step, int world, const char *model_json, const char *layout_json,
-                                 char *const *side, cJSON **out) {
+                                 char *const *side, int require_all, cJSON **out) {
     sl_status st = SL_OK;
     cJSON *man = cJSON_CreateObject(), *tensors = cJSON_CreateObject(), *files = cJSON_CreateObject();
     *out = NULL;
@@ -389,7 +429,14 @@ sl_status sl_ckpt_manifest_build(int64_t step, int world, const char *model_json
         const char *path = side[r];
         char *text;
         size_t len;
-        if (!path || access(path, F_OK) != 0) continue; /* ranks with nothing to write */
+        if (!path || access(path, F_OK) != 0) {
+            if (require_all) {
+                st = sl_fail(SL_ERR_IO, "%s: rank %d's sidecar is missing (its host lost?); not committing step %lld",
+                             path ? path : "?", r, (long long)step);
+                goto done;
+            }
+            continue; /* ranks with nothing to write */
+        }
         SL_CHECK(sl_file_read_all(path, &text, &len));
         cJSON *s = cJSON_ParseWithLength(text, len);
         free(text);
@@ -453,7 +500,7 @@ sl_status sl_ckpt_commit(const char *root, int64_t step, int world, int keep, co
         snprintf(path, sizeof path, "%s/shard-r%05d.json", tmp, r);
         side[r] = strdup(path);
     }
-    SL_CHECK(sl_ckpt_manifest_build(step, world, model_json, layout_json, side, &man));
+    SL_CHECK(sl_ckpt_manifest_build(step, world, model_json, layout_json, side, 0, &man));
     text = cJSON_Print(man);
     snprintf(path, sizeof path, "%s/manifest.json", tmp);
     if (!text) {
@@ -596,23 +643,45 @@ static sl_status read_range(reader *r, const char *tname, int64_t numel, int64_t
     cJSON *shards = cJSON_GetObjectItem(t, "shards");
     if (!cJSON_IsArray(shards))
         return sl_fail(SL_ERR_FORMAT, "%s: tensor '%s' has no shard list", r->dir, tname);
-    int64_t covered = 0;
+    /* shards may overlap: under ZeRO every rank owns (and writes) the tail of a bucket that the rank count
+     * does not divide (src/parallel/dp.c for_each_segment), so coverage is the union of the ranges */
+    int ns = cJSON_GetArraySize(shards);
+    int64_t(*iv)[2] = malloc(sizeof *iv * (size_t)(ns + 1)), covered = 0;
+    if (!iv) return sl_fail(SL_ERR_NOMEM, "checkpoint: out of memory");
+    int ni = 0;
     cJSON *sh;
+    sl_status st = SL_OK;
     cJSON_ArrayForEach(sh, shards) {
         int64_t so, sl;
         const float *sd;
-        SL_TRY(shard_data(r, tname, sh, &so, &sl, &sd));
-        if (so + sl > numel)
-            return sl_fail(
-                SL_ERR_FORMAT,
-                "%s: tensor '%s' shard [%lld, %lld) exceeds its %lld elements (another model shape?)", r->dir,
-                tname, (long long)so, (long long)(so + sl), (long long)numel);
+        if ((st = shard_data(r, tname, sh, &so, &sl, &sd)) != SL_OK) break;
+        if (so + sl > numel) {
+            st = sl_fail(SL_ERR_FORMAT,
+                         "%s: tensor '%s' shard [%lld, %lld) exceeds its %lld elements (another model shape?)",
+                         r->dir, tname, (long long)so, (long long)(so + sl), (long long)numel);
+            break;
+        }
         int64_t a = so > lo ? so : lo, b = so + sl < lo + len ? so + sl : lo + len;
         if (a >= b) continue;
         memcpy(dst + (a - lo), (const char *)sd + (a - so) * (int64_t)sizeof(float),
                sizeof(float) * (size_t)(b - a));
-        covered += b - a;
+        iv[ni][0] = a;
+        iv[ni++][1] = b;
     }
+    for (int i = 1; i < ni; i++) /* insertion sort by start, then merge */
+        for (int k = i; k > 0 && iv[k][0] < iv[k - 1][0]; k--) {
+            int64_t t0 = iv[k][0], t1 = iv[k][1];
+            iv[k][0] = iv[k - 1][0], iv[k][1] = iv[k - 1][1];
+            iv[k - 1][0] = t0, iv[k - 1][1] = t1;
+        }
+    int64_t end = INT64_MIN;
+    for (int i = 0; i < ni; i++) {
+        int64_t a = iv[i][0] > end ? iv[i][0] : end;
+        if (iv[i][1] > a) covered += iv[i][1] - a;
+        if (iv[i][1] > end) end = iv[i][1];
+    }
+    free(iv);
+    SL_TRY(st);
     if (covered != len)
         return sl_fail(SL_ERR_FORMAT,
                        "%s: tensor '%s' elements [%lld, %lld) are not fully covered by its shards", r->dir,

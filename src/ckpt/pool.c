@@ -214,7 +214,7 @@ sl_status sl_ckpt_pool_commit(const sl_ckpt_pool *p, int64_t step, int world, in
                  sl_ckpt_pool_host_of(r, world, p->hosts), stepbase, r);
         side[r] = strdup(path);
     }
-    SL_CHECK(sl_ckpt_manifest_build(step, world, model_json, layout_json, side, &man));
+    SL_CHECK(sl_ckpt_manifest_build(step, world, model_json, layout_json, side, 1, &man));
     cJSON *pool = cJSON_GetObjectItem(man, "pool");
     if (!pool) {
         pool = cJSON_CreateObject();
@@ -573,8 +573,19 @@ static sl_status assemble_step(ctx *c, int scan, const char *dest) {
         if (access(dest, F_OK) == 0) SL_CHECK(sl_ckpt_rm_rf(dest));
         SL_CHECK(sl_mkdirs(dest));
     }
-    cJSON *f;
-    cJSON_ArrayForEach(f, cJSON_GetObjectItem(cJSON_GetObjectItem(man, "pool"), "files")) {
+    cJSON *f, *files = cJSON_GetObjectItem(cJSON_GetObjectItem(man, "pool"), "files"),
+              *jw = cJSON_GetObjectItem(man, "world");
+    /* every rank of a pooled job writes one shard file: a manifest without one is incomplete */
+    for (int r = 0; cJSON_IsNumber(jw) && r < jw->valueint; r++) {
+        char fn[64];
+        snprintf(fn, sizeof fn, "shard-r%05d.safetensors", r);
+        if (!cJSON_GetObjectItem(files, fn)) {
+            st = sl_fail(SL_ERR_FORMAT, "%s: manifest lists no %s (rank %d of %d)", c->step_name, fn, r,
+                         jw->valueint);
+            goto done;
+        }
+    }
+    cJSON_ArrayForEach(f, files) {
         cJSON *js = cJSON_GetObjectItem(f, "size"), *jc = cJSON_GetObjectItem(f, "checksum");
         if (!cJSON_IsNumber(js) || js->valuedouble < 0 || !cJSON_IsString(jc) || strchr(f->string, '/')) {
             st = sl_fail(SL_ERR_FORMAT, "%s: manifest: pool entry '%s' has missing or mistyped fields",

@@ -499,6 +499,7 @@ sl_status sl_train_job_setup(sl_train_job *j, const sl_train_opts *opts) {
     j->out = opts->log.out;
     j->err = opts->log.err;
     j->pending_step = -1;
+    j->committing_step = -1;
     SL_TRY(setup_comm(j));
     SL_TRY(check_opts(j));
     SL_TRY(open_data(j));
