@@ -12,7 +12,7 @@ json=0; small=0
 for a in "$@"; do case "$a" in --json) json=1;; --small) small=1;; *) echo "usage: $0 [--json] [--small]" >&2; exit 2;; esac; done
 S=./build/suanli
 work=$(mktemp -d /tmp/suanli-bench-pool-XXXXXX)
-trap 'rc=$?; [ $rc = 0 ] || { echo "ckpt_pool.sh: failed (rc $rc); logs:" >&2; tail -5 "$work"/*.log >&2; }; rm -rf "$work"' EXIT
+trap 'rc=$?; [ $rc = 0 ] || { echo "ckpt_pool.sh: failed (rc $rc); logs:" >&2; tail -n 5 "$work"/*.log >&2; }; rm -rf "$work"' EXIT
 $S data prepare --input data/tinyshakespeare.txt --output-prefix "$work/data" --tokenizer-type byte >/dev/null
 if [ "$small" = 1 ]; then model="--num-layers 4 --hidden-size 256 --num-attention-heads 4"; else model="--num-layers 12 --hidden-size 768 --num-attention-heads 12"; fi
 med() { sort -n | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]; else print 0}'; }
@@ -50,7 +50,7 @@ for mode in "replicas 2:2:--ckpt-replicas 2" "ec 2+1:3:--ckpt-ec 2+1"; do
     printf '{"bench": "ckpt_pool", "mode": "%s", "ranks_hosts": %s, "step_ms": %s, "stall_ms": %s, "stall_pct": %s, "commit_ms": %s, "commit_pct": %s, "host_bytes_per_save": %s, "host_write_mb_s": %s, "dd_write_mb_s": %s, "gather_s": %s, "gather_read_mb_s": %s, "dd_read_mb_s": %s, "lost_host_kill_to_training_s": %s, "load": "%s"}\n' \
       "$name" "$n" "$step_ms" "$stall_ms" "$stall_pct" "$commit_ms" "$commit_pct" "$host_bytes" "$host_mbs" "${dd_w:-0}" "$gather_s" "$read_mbs" "${dd_r:-0}" "$recover_s" "$load"
   else
-    echo "$name over $n hosts: step ${step_ms} ms; stall ${stall_ms} ms (${stall_pct}%); commit ${commit_ms} ms (${commit_pct}%)"
+    echo "$name over $n hosts: step ${step_ms} ms; stall ${stall_ms} ms (${stall_pct}%); background commit ${commit_ms} ms"
     echo "  per host per save ${host_bytes} B in ${wsec} s = ${host_mbs} MB/s vs dd ${dd_w} MB/s; gather ${gather_s} s (${read_mbs} MB/s vs dd read ${dd_r} MB/s)"
     echo "  kill -9 + host dir lost -> next trained step: ${recover_s} s (load ${load})"
   fi
