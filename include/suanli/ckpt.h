@@ -123,6 +123,10 @@ sl_status sl_ckpt_ec_encode(int k, int m, size_t len, uint8_t **data, uint8_t **
 sl_status sl_ckpt_ec_decode(int k, int m, size_t len, uint8_t **blocks, const int *present);
 /* Pool the writer's saves (a copy of *p is kept; NULL: back to a single directory). */
 void sl_ckpt_writer_set_pool(sl_ckpt_writer *w, const sl_ckpt_pool *p);
+/* The shared tier of a pooled writer: every save is also written as a plain checkpoint under shared_root
+ * (step-N.tmp, by each rank's writer thread), and sl_ckpt_writer_commit_pool then commits it there too,
+ * keeping `keep` steps (0: all). A failure there is a warning: the pooled copy is what counts. NULL: off. */
+void sl_ckpt_writer_set_drain(sl_ckpt_writer *w, const char *shared_root, int keep);
 /* Rank 0: run sl_ckpt_pool_commit (the writer's pool) on the writer thread, so that the fsyncs of every
  * host's commit do not stall training; sl_ckpt_writer_done / _wait report it like a write, and the next
  * save_begin waits for it. */

@@ -62,7 +62,18 @@ struct sl_ckpt_writer {
         char model_json[1024], layout_json[2048];
     } commit;
     double commit_sec;
+    char drain_root[3800]; /* shared tier (sl_ckpt_writer_set_drain): "" off */
+    int drain_keep;
+    char drain_dir[4096]; /* its step-N.tmpR of the save in flight ("" when off or failed) */
 };
+
+static sl_status commit_dir(const char *root, int64_t step, int world, int keep, const char *model_json,
+                            const char *layout_json, int require_all);
+
+void sl_ckpt_writer_set_drain(sl_ckpt_writer *w, const char *shared_root, int keep) {
+    snprintf(w->drain_root, sizeof w->drain_root, "%s", shared_root ? shared_root : "");
+    w->drain_keep = keep;
+}
 
 void sl_ckpt_writer_set_pool(sl_ckpt_writer *w, const sl_ckpt_pool *p) {
     w->pooled = p != NULL;
@@ -226,6 +237,21 @@ static void *writer_main(void *arg) {
             w->mem_dir[0] = 0;
         }
     }
+    if (w->drain_dir[0]) {
+        /* the shared tier (pooled saves drained to --save): a plain single-directory copy of this rank's
+         * shard and its sidecar without placement; failing it only loses that tier for this step */
+        char dp[4200];
+        cJSON *plain = cJSON_Duplicate(side, 1);
+        cJSON_DeleteItemFromObject(plain, "pool");
+        char *ptext = plain ? cJSON_PrintUnformatted(plain) : NULL;
+        cJSON_Delete(plain);
+        snprintf(dp, sizeof dp, "%s/%s", w->drain_dir, w->file);
+        sl_status ds = ptext ? sl_safetensors_write(dp, ts, w->ne, NULL) : SL_ERR_NOMEM;
+        snprintf(dp, sizeof dp, "%s/shard-r%05d.json", w->drain_dir, w->rank);
+        if (ds == SL_OK) ds = sl_file_write_atomic(dp, ptext, strlen(ptext));
+        if (ds != SL_OK) SL_LOGW("shared checkpoint copy skipped: %s", sl_errmsg());
+        free(ptext);
+    }
 done:
     if (st != SL_OK) snprintf(w->errmsg, sizeof w->errmsg, "%s", sl_errmsg());
     w->status = st;
@@ -245,6 +271,11 @@ static void *commit_main(void *arg) {
     sl_status st = sl_ckpt_pool_commit(&w->pool, w->commit.step, w->commit.world, w->commit.keep,
                                        w->commit.model_json, w->commit.layout_json);
     if (st != SL_OK) snprintf(w->errmsg, sizeof w->errmsg, "%s", sl_errmsg());
+    if (st == SL_OK && w->drain_root[0] &&
+        commit_dir(w->drain_root, w->commit.step, w->commit.world, w->drain_keep, w->commit.model_json,
+                   w->commit.layout_json, 1) != SL_OK)
+        SL_LOGW("shared checkpoint step %lld not committed (the pooled one is): %s", (long long)w->commit.step,
+                sl_errmsg());
     w->status = st;
     w->commit_sec = sl_time_sec() - t0;
     __atomic_store_n(&w->done, 1, __ATOMIC_RELEASE);
@@ -317,6 +348,14 @@ sl_status sl_ckpt_save_begin(sl_ckpt_writer *w, const char *root, const sl_ckpt_
     step_name(tmp, sizeof tmp, root, st->step, suffix);
     snprintf(w->stepbase, sizeof w->stepbase, "step-%07lld%s", (long long)st->step, suffix);
     w->step = st->step;
+    w->drain_dir[0] = 0;
+    if (w->pooled && w->drain_root[0]) {
+        step_name(w->drain_dir, sizeof w->drain_dir, w->drain_root, st->step, suffix);
+        if (sl_mkdirs(w->drain_dir) != SL_OK) {
+            SL_LOGW("shared checkpoint copy skipped: %s", sl_errmsg());
+            w->drain_dir[0] = 0;
+        }
+    }
     SL_TRY(sl_mkdirs(tmp));
     size_t need = 0;
     for (int s = 0; s < st->nseg; s++)
@@ -486,6 +525,11 @@ done:
 
 sl_status sl_ckpt_commit(const char *root, int64_t step, int world, int keep, const char *model_json,
                          const char *layout_json) {
+    return commit_dir(root, step, world, keep, model_json, layout_json, 0);
+}
+
+static sl_status commit_dir(const char *root, int64_t step, int world, int keep, const char *model_json,
+                            const char *layout_json, int require_all) {
     char tmp[4096], fin[4096], path[4300];
     const char *rc = getenv("SUANLI_RESTART_COUNT");
     char suffix[48];
@@ -500,7 +544,7 @@ sl_status sl_ckpt_commit(const char *root, int64_t step, int world, int keep, co
         snprintf(path, sizeof path, "%s/shard-r%05d.json", tmp, r);
         side[r] = strdup(path);
     }
-    SL_CHECK(sl_ckpt_manifest_build(step, world, model_json, layout_json, side, 0, &man));
+    SL_CHECK(sl_ckpt_manifest_build(step, world, model_json, layout_json, side, require_all, &man));
     text = cJSON_Print(man);
     snprintf(path, sizeof path, "%s/manifest.json", tmp);
     if (!text) {

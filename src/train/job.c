@@ -85,6 +85,8 @@ static uint64_t opts_hash(const sl_train_opts *o) {
                     o->ckpt.save_interval,
                     o->ckpt.keep,
                     o->ckpt.replicas,
+                    o->ckpt.shared,
+                    o->ckpt.local_keep,
                     o->parallel.tp,
                     o->parallel.pp,
                     o->parallel.ep,
@@ -154,6 +156,8 @@ static sl_status check_pool(sl_train_job *j) {
     const sl_train_ckpt_opts *c = &j->o.ckpt;
     if (!c->local_dir) {
         if (c->replicas > 0) return sl_train_bad("--ckpt-replicas needs --ckpt-local-dir");
+        if (c->shared) return sl_train_bad("--ckpt-shared needs --ckpt-local-dir");
+        if (c->local_keep > 0) return sl_train_bad("--ckpt-local-keep needs --ckpt-local-dir");
         if (c->ec) return sl_train_bad("--ckpt-ec needs --ckpt-local-dir");
         return SL_OK;
     }
@@ -425,6 +429,7 @@ static sl_status reserve_writer(sl_train_job *j) {
     if (sl_ckpt_writer_reserve(j->ckw, need) != SL_OK)
         return sl_train_bad("--save-interval: %s", sl_errmsg());
     if (j->pooled) sl_ckpt_writer_set_pool(j->ckw, &j->pool);
+    if (j->pooled && j->o.ckpt.shared) sl_ckpt_writer_set_drain(j->ckw, j->o.ckpt.save_dir, (int)j->o.ckpt.keep);
     return SL_OK;
 }
 

@@ -131,8 +131,9 @@ static sl_status ckpt_poll(sl_train_job *j, int force, const sl_train_callbacks 
         double t0 = sl_time_sec();
         const char *mem = sl_ckpt_mem_root();
         if (j->pooled) { /* the per-host commits (fsyncs on every host) run on the writer thread */
-            sl_status cs = sl_ckpt_writer_commit_pool(w, j->pending_step, mesh->world, (int)j->o.ckpt.keep,
-                                                      j->model_json, j->layout_json);
+            int keep = (int)(j->o.ckpt.local_keep > 0 ? j->o.ckpt.local_keep : j->o.ckpt.keep);
+            sl_status cs = sl_ckpt_writer_commit_pool(w, j->pending_step, mesh->world, keep, j->model_json,
+                                                      j->layout_json);
             if (cs != SL_OK) return sl_train_fail(cs, "checkpoint commit: %s", sl_errmsg());
             j->committing_step = j->pending_step;
         } else {
@@ -179,7 +180,7 @@ static sl_status ckpt_begin(sl_train_job *j, int64_t step) {
         char cp[4300];
         snprintf(cp, sizeof cp, "%s/step-%07lld.tmp%s/config.json", save, (long long)step,
                  restart ? restart : "");
-        if (!j->pooled) sl_file_write_atomic(cp, j->model_json, strlen(j->model_json));
+        if (!j->pooled || j->o.ckpt.shared) sl_file_write_atomic(cp, j->model_json, strlen(j->model_json));
         const char *mem = sl_ckpt_mem_root();
         if (mem) {
             snprintf(cp, sizeof cp, "%s/step-%07lld.tmp%s", mem, (long long)step, restart ? restart : "");

@@ -8,6 +8,7 @@
  * - losing more than the redundancy allows: the newest step falls back to the previous complete one, or the
  *   restart fails with a message naming the missing shard file and hosts;
  * - a manifest that places blocks on hosts not in the job (restart with fewer --hosts): named;
+ * - tiers: --ckpt-shared drains every pooled save into --save; --save-keep / --ckpt-local-keep per tier;
  * - suanli ckpt inspect / verify / gather; bad flags: one line naming the flag, exit 2, nothing written. */
 #include <string.h>
 #include <sys/stat.h>
@@ -107,6 +108,19 @@ int main(void) {
              rc, out);
     TU_CHECK(same("base", "rep3"), "fallback to step 8: final weights bitwise equal");
 
+    /* ---- tiers: pooled + drained to --save in the background; retention per tier ---- */
+    rc = run("%s run -n 4 --hosts 2 -- %s train " TINY
+             " --save tier --save-interval 4 --ckpt-local-dir T --ckpt-replicas 2 --ckpt-shared --save-keep 3 "
+             "--ckpt-local-keep 1",
+             cli, cli);
+    TU_CHECK(rc == 0 && exists("tier/step-0000004") && exists("tier/step-0000008") && exists("tier/step-0000012") &&
+                 !exists("T/host-0/step-0000008") && exists("T/host-1/step-0000012"),
+             "tiers: 3 steps kept under --save, 1 per host: rc %d %s", rc, out);
+    /* the shared tier alone (every host lost) resumes bitwise */
+    rc = run("sh -c 'rm -rf T && %s run -n 4 -- %s train " TINY " --save tier2 --load tier'", cli, cli);
+    TU_CHECK(rc == 0 && strstr(out, "resumed from tier/step-0000012"), "resume from the shared tier: %s", out);
+    TU_CHECK(same("base", "tier2"), "shared tier: resumed weights bitwise equal");
+
     /* ---- erasure code 2+1 over 4 hosts (each rank its own host): rank 1 dies with its disk ---- */
     if (sl_ckpt_ec_available()) {
         rc = run("env SUANLI_FAULT_KILL_AT_STEP=10 SUANLI_FAULT_RANK=1 SUANLI_FAULT_LOSE_HOSTS=1 %s run -n 4 "
@@ -181,6 +195,8 @@ int main(void) {
     TU_CHECK(rc == 2 && strstr(out, "--ckpt-replicas 2: needs 1..1"), "too many replicas: rc %d %s", rc, out);
     rc = run("%s train " TINY " --save bad1 --save-interval 4 --ckpt-replicas 2", cli);
     TU_CHECK(rc == 2 && strstr(out, "--ckpt-replicas needs --ckpt-local-dir"), "replicas without dir: %s", out);
+    rc = run("%s train " TINY " --save bad1 --save-interval 4 --ckpt-shared", cli);
+    TU_CHECK(rc == 2 && strstr(out, "--ckpt-shared needs --ckpt-local-dir"), "shared without dir: %s", out);
     rc = run("%s train " TINY " --save bad1 --ckpt-local-dir B --ckpt-replicas 1 --ckpt-ec 1+1", cli);
     TU_CHECK(rc == 2 && strstr(out, "not both"), "replicas and ec: %s", out);
     rc = run("env SUANLI_HOSTS=x %s train " TINY " --save bad1 --ckpt-local-dir B", cli);
