@@ -24,16 +24,18 @@ int sl_bench_ec(int argc, char **argv) {
         char *end = NULL;
         if (!strcmp(argv[i], "--json")) {
             json = 1;
-        } else if (!strcmp(argv[i], "--mib") && i + 1 < argc && (mib = strtol(argv[++i], &end, 10)) > 0 && !*end) {
-        } else if (!strcmp(argv[i], "--reps") && i + 1 < argc && (reps = (int)strtol(argv[++i], &end, 10)) > 0 &&
-                   reps <= 100 && !*end) {
+        } else if (!strcmp(argv[i], "--mib") && i + 1 < argc && (mib = strtol(argv[++i], &end, 10)) > 0 &&
+                   !*end) {
+        } else if (!strcmp(argv[i], "--reps") && i + 1 < argc &&
+                   (reps = (int)strtol(argv[++i], &end, 10)) > 0 && reps <= 100 && !*end) {
         } else {
             fprintf(stderr, "suanli bench ec: bad flag '%s' (--json, --mib N, --reps R)\n", argv[i]);
             return 2;
         }
     }
     if (!sl_ckpt_ec_available()) {
-        fprintf(stderr, "suanli bench ec: this build has no erasure coding (install libisal-dev and rebuild)\n");
+        fprintf(stderr,
+                "suanli bench ec: this build has no erasure coding (install libisal-dev and rebuild)\n");
         return 1;
     }
     sl_threads_set(1);
@@ -42,7 +44,8 @@ int sl_bench_ec(int argc, char **argv) {
     for (size_t t = 0; t < sizeof km / sizeof km[0]; t++) {
         int k = km[t][0], m = km[t][1], n = k + m;
         size_t data = (size_t)mib << 20, len = (data / (size_t)k + 63) / 64 * 64;
-        uint8_t *mem = sl_malloc_aligned(len * (size_t)n), *copy = sl_malloc_aligned(len * (size_t)k), *blk[24];
+        uint8_t *mem = sl_malloc_aligned(len * (size_t)n), *copy = sl_malloc_aligned(len * (size_t)k),
+                *blk[24];
         if (!mem || !copy) {
             fprintf(stderr, "suanli bench ec: out of memory\n");
             return 1;
@@ -66,12 +69,13 @@ int sl_bench_ec(int argc, char **argv) {
         }
         double e = median(enc, reps), d = median(dec, reps), c = median(cpy, reps);
         if (json)
-            printf("{\"bench\": \"ec\", \"k\": %d, \"m\": %d, \"data_mib\": %ld, \"encode_gb_s_per_core\": %.2f, "
+            printf("{\"bench\": \"ec\", \"k\": %d, \"m\": %d, \"data_mib\": %ld, \"encode_gb_s_per_core\": "
+                   "%.2f, "
                    "\"decode_gb_s_per_core\": %.2f, \"lost_blocks\": %d, \"memcpy_gb_s\": %.2f}\n",
                    k, m, mib, e, d, lost, c);
         else
-            printf("  %d+%d: encode %.2f GB/s, decode (%d data blocks lost) %.2f GB/s, memcpy %.2f GB/s\n", k, m, e,
-                   lost, d, c);
+            printf("  %d+%d: encode %.2f GB/s, decode (%d data blocks lost) %.2f GB/s, memcpy %.2f GB/s\n", k,
+                   m, e, lost, d, c);
         sl_free_aligned(mem);
         sl_free_aligned(copy);
     }

@@ -115,9 +115,9 @@ sl_status sl_ckpt_pool_parse_ec(const char *s, int *k, int *m);
 sl_status sl_ckpt_pool_check(const sl_ckpt_pool *p);
 /* 1 when this build has erasure coding (Intel ISA-L). */
 int sl_ckpt_ec_available(void);
-/* The Reed–Solomon code of --ckpt-ec (Note [Erasure code matrix] in src/ckpt/ec.c), 1 <= k <= 16, 1 <= m <= 8:
- * parity[0..m) = code of data[0..k), every block len bytes. Decode: blocks[0..k+m), present[i] != 0 for the
- * intact ones (at least k); the lost data blocks are rebuilt in place (lost parity is left alone).
+/* The Reed–Solomon code of --ckpt-ec (Note [Erasure code matrix] in src/ckpt/ec.c), 1 <= k <= 16, 1 <= m <=
+ * 8: parity[0..m) = code of data[0..k), every block len bytes. Decode: blocks[0..k+m), present[i] != 0 for
+ * the intact ones (at least k); the lost data blocks are rebuilt in place (lost parity is left alone).
  * SL_ERR_UNSUPPORTED without ISA-L. */
 sl_status sl_ckpt_ec_encode(int k, int m, size_t len, uint8_t **data, uint8_t **parity);
 sl_status sl_ckpt_ec_decode(int k, int m, size_t len, uint8_t **blocks, const int *present);
@@ -130,13 +130,13 @@ void sl_ckpt_writer_set_drain(sl_ckpt_writer *w, const char *shared_root, int ke
 /* Rank 0: run sl_ckpt_pool_commit (the writer's pool) on the writer thread, so that the fsyncs of every
  * host's commit do not stall training; sl_ckpt_writer_done / _wait report it like a write, and the next
  * save_begin waits for it. */
-sl_status sl_ckpt_writer_commit_pool(sl_ckpt_writer *w, int64_t step, int world, int keep, const char *model_json,
-                                     const char *layout_json);
+sl_status sl_ckpt_writer_commit_pool(sl_ckpt_writer *w, int64_t step, int world, int keep,
+                                     const char *model_json, const char *layout_json);
 double sl_ckpt_writer_commit_seconds(const sl_ckpt_writer *w);
 /* Rank 0, after every rank's write finished: the manifest (sidecars of every rank, with the placement of
  * every copy and block) into every host's step-N.tmp dir, which is renamed to step-N; latest; prune. */
-sl_status sl_ckpt_pool_commit(const sl_ckpt_pool *p, int64_t step, int world, int keep, const char *model_json,
-                              const char *layout_json);
+sl_status sl_ckpt_pool_commit(const sl_ckpt_pool *p, int64_t step, int world, int keep,
+                              const char *model_json, const char *layout_json);
 /* 1 if dir holds host-<h> subdirectories with checkpoints. */
 int sl_ckpt_is_pool(const char *dir);
 /* Assemble step `step` (< 0: the newest one that can be rebuilt, older ones tried after a warning) from

@@ -140,7 +140,7 @@ typedef struct sl_train_ckpt_opts {
     const char *local_dir;
     int64_t replicas;
     const char *ec;
-    int shared;         /* tiers: also drain every pooled save into save_dir (a shared mount), in the background */
+    int shared; /* tiers: also drain every pooled save into save_dir (a shared mount), in the background */
     int64_t local_keep; /* pooled steps kept on each host (0: keep, which then applies to save_dir only) */
 } sl_train_ckpt_opts;
 

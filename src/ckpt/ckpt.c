@@ -51,10 +51,10 @@ struct sl_ckpt_writer {
     float *buf;
     size_t buf_cap, bytes;
     double stall, write_sec;
-    int pooled;          /* pooled node-local storage (sl_ckpt_writer_set_pool) */
-    sl_ckpt_pool pool;   /* pool.local_root points at pool_root */
+    int pooled;        /* pooled node-local storage (sl_ckpt_writer_set_pool) */
+    sl_ckpt_pool pool; /* pool.local_root points at pool_root */
     char pool_root[3800];
-    char stepbase[64];   /* "step-NNNNNNN.tmpR" */
+    char stepbase[64]; /* "step-NNNNNNN.tmpR" */
     int64_t step;
     struct { /* a pooled commit run by the writer thread (sl_ckpt_writer_commit_pool) */
         int64_t step;
@@ -274,16 +274,16 @@ static void *commit_main(void *arg) {
     if (st == SL_OK && w->drain_root[0] &&
         commit_dir(w->drain_root, w->commit.step, w->commit.world, w->drain_keep, w->commit.model_json,
                    w->commit.layout_json, 1) != SL_OK)
-        SL_LOGW("shared checkpoint step %lld not committed (the pooled one is): %s", (long long)w->commit.step,
-                sl_errmsg());
+        SL_LOGW("shared checkpoint step %lld not committed (the pooled one is): %s",
+                (long long)w->commit.step, sl_errmsg());
     w->status = st;
     w->commit_sec = sl_time_sec() - t0;
     __atomic_store_n(&w->done, 1, __ATOMIC_RELEASE);
     return NULL;
 }
 
-sl_status sl_ckpt_writer_commit_pool(sl_ckpt_writer *w, int64_t step, int world, int keep, const char *model_json,
-                                     const char *layout_json) {
+sl_status sl_ckpt_writer_commit_pool(sl_ckpt_writer *w, int64_t step, int world, int keep,
+                                     const char *model_json, const char *layout_json) {
     if (!w->pooled) return sl_fail(SL_ERR_INVALID, "checkpoint: the writer has no pool");
     SL_TRY(sl_ckpt_writer_wait(w));
     w->commit.step = step;
@@ -470,7 +470,8 @@ sl_status sl_ckpt_manifest_build(int64_t step, int world, const char *model_json
         size_t len;
         if (!path || access(path, F_OK) != 0) {
             if (require_all) {
-                st = sl_fail(SL_ERR_IO, "%s: rank %d's sidecar is missing (its host lost?); not committing step %lld",
+                st = sl_fail(SL_ERR_IO,
+                             "%s: rank %d's sidecar is missing (its host lost?); not committing step %lld",
                              path ? path : "?", r, (long long)step);
                 goto done;
             }
@@ -700,9 +701,10 @@ static sl_status read_range(reader *r, const char *tname, int64_t numel, int64_t
         const float *sd;
         if ((st = shard_data(r, tname, sh, &so, &sl, &sd)) != SL_OK) break;
         if (so + sl > numel) {
-            st = sl_fail(SL_ERR_FORMAT,
-                         "%s: tensor '%s' shard [%lld, %lld) exceeds its %lld elements (another model shape?)",
-                         r->dir, tname, (long long)so, (long long)(so + sl), (long long)numel);
+            st =
+                sl_fail(SL_ERR_FORMAT,
+                        "%s: tensor '%s' shard [%lld, %lld) exceeds its %lld elements (another model shape?)",
+                        r->dir, tname, (long long)so, (long long)(so + sl), (long long)numel);
             break;
         }
         int64_t a = so > lo ? so : lo, b = so + sl < lo + len ? so + sl : lo + len;

@@ -45,7 +45,8 @@ sl_status sl_ckpt_ec_decode(int k, int m, size_t len, uint8_t **blocks, const in
     int src[SL_EC_MAX_K], lost[SL_EC_MAX_K], ns = 0, nl = 0;
     for (int i = 0; i < k + m && ns < k; i++)
         if (present[i]) src[ns++] = i;
-    if (ns < k) return sl_fail(SL_ERR_FORMAT, "erasure code %d+%d: only %d of the %d blocks needed", k, m, ns, k);
+    if (ns < k)
+        return sl_fail(SL_ERR_FORMAT, "erasure code %d+%d: only %d of the %d blocks needed", k, m, ns, k);
     for (int i = 0; i < k; i++)
         if (!present[i]) lost[nl++] = i;
     if (nl == 0) return SL_OK;

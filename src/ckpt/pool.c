@@ -65,9 +65,10 @@ sl_status sl_ckpt_pool_check(const sl_ckpt_pool *p) {
             return sl_fail(SL_ERR_UNSUPPORTED,
                            "--ckpt-ec: this build has no erasure coding (install libisal-dev and rebuild)");
         if (p->ec_k + p->ec_m > p->hosts)
-            return sl_fail(SL_ERR_INVALID,
-                           "--ckpt-ec %d+%d: needs %d hosts, this job has %d (suanli run --hosts, SUANLI_HOSTS)",
-                           p->ec_k, p->ec_m, p->ec_k + p->ec_m, p->hosts);
+            return sl_fail(
+                SL_ERR_INVALID,
+                "--ckpt-ec %d+%d: needs %d hosts, this job has %d (suanli run --hosts, SUANLI_HOSTS)",
+                p->ec_k, p->ec_m, p->ec_k + p->ec_m, p->hosts);
         return SL_OK;
     }
     if (p->replicas < 1 || p->replicas > p->hosts)
@@ -123,7 +124,8 @@ static sl_status spread_ec(const sl_ckpt_pool *p, const char *stepbase, int64_t 
     size_t bs = ((n + (size_t)k - 1) / (size_t)k + 63) / 64 * 64;
     if (bs == 0) bs = 64;
     uint8_t *blk = sl_malloc_aligned(bs * (size_t)(k + m));
-    if (!blk) return sl_fail(SL_ERR_NOMEM, "checkpoint: erasure coding: cannot allocate %zu bytes", bs * (k + m));
+    if (!blk)
+        return sl_fail(SL_ERR_NOMEM, "checkpoint: erasure coding: cannot allocate %zu bytes", bs * (k + m));
     uint8_t *ptr[SL_EC_MAX_K + SL_EC_MAX_M];
     for (int i = 0; i < k + m; i++) ptr[i] = blk + bs * (size_t)i;
     memset(blk, 0, bs * (size_t)k);
@@ -138,8 +140,13 @@ static sl_status spread_ec(const sl_ckpt_pool *p, const char *stepbase, int64_t 
     for (int j = 0; j < k + m && st == SL_OK; j++) {
         int h = (p->host + j) % p->hosts;
         char dir[4300], path[4500], bname[128], sum[32];
-        ec_header hd = {.magic = "SLECBLK1", .k = (uint32_t)k, .m = (uint32_t)m, .index = (uint32_t)j,
-                        .step = (uint64_t)step, .file_size = n, .block_size = bs};
+        ec_header hd = {.magic = "SLECBLK1",
+                        .k = (uint32_t)k,
+                        .m = (uint32_t)m,
+                        .index = (uint32_t)j,
+                        .step = (uint64_t)step,
+                        .file_size = n,
+                        .block_size = bs};
         snprintf(hd.stripe, sizeof hd.stripe, "%s/%s", stepname, file);
         snprintf(bname, sizeof bname, "%s.ec%d", file, j);
         peer_dir(dir, sizeof dir, p, h, stepbase);
@@ -199,8 +206,8 @@ sl_status sl_ckpt_pool_spread(const sl_ckpt_pool *p, const char *stepbase, int64
 
 /* ---------------- commit ---------------- */
 
-sl_status sl_ckpt_pool_commit(const sl_ckpt_pool *p, int64_t step, int world, int keep, const char *model_json,
-                              const char *layout_json) {
+sl_status sl_ckpt_pool_commit(const sl_ckpt_pool *p, int64_t step, int world, int keep,
+                              const char *model_json, const char *layout_json) {
     const char *rc = getenv("SUANLI_RESTART_COUNT");
     char stepbase[64], fin_base[32], path[4600];
     snprintf(stepbase, sizeof stepbase, "step-%07lld.tmp%s", (long long)step, rc ? rc : "");
@@ -223,7 +230,8 @@ sl_status sl_ckpt_pool_commit(const sl_ckpt_pool *p, int64_t step, int world, in
     }
     cJSON_AddNumberToObject(pool, "hosts", p->hosts);
     cJSON *rh = cJSON_AddArrayToObject(pool, "rank_host");
-    for (int r = 0; r < world; r++) cJSON_AddItemToArray(rh, cJSON_CreateNumber(sl_ckpt_pool_host_of(r, world, p->hosts)));
+    for (int r = 0; r < world; r++)
+        cJSON_AddItemToArray(rh, cJSON_CreateNumber(sl_ckpt_pool_host_of(r, world, p->hosts)));
     char red[32];
     if (p->ec_k > 0)
         snprintf(red, sizeof red, "ec %d+%d", p->ec_k, p->ec_m);
@@ -400,8 +408,9 @@ static sl_status fetch_replica(ctx *c, const char *file, cJSON *o, size_t size, 
         if (strcmp(got, sum) != 0) {
             free(buf);
             note(c, "    %s copy on host %d: checksum mismatch\n", file, h->valueint);
-            snprintf(why + strlen(why), sizeof why - strlen(why), "%shost %d: %s checksum mismatch (%s, manifest %s)",
-                     why[0] ? "; " : "", h->valueint, file, got, sum);
+            snprintf(why + strlen(why), sizeof why - strlen(why),
+                     "%shost %d: %s checksum mismatch (%s, manifest %s)", why[0] ? "; " : "", h->valueint,
+                     file, got, sum);
             continue;
         }
         note(c, "    %s copy on host %d: ok\n", file, h->valueint);
@@ -460,9 +469,10 @@ static sl_status fetch_ec(ctx *c, const char *file, cJSON *o, size_t size, const
           *jb = cJSON_GetObjectItem(o, "block_size"), *blocks = cJSON_GetObjectItem(o, "blocks"), *b;
     int k = cJSON_IsNumber(jk) ? jk->valueint : 0, m = cJSON_IsNumber(jm) ? jm->valueint : 0;
     size_t bs = cJSON_IsNumber(jb) ? (size_t)jb->valuedouble : 0;
-    if (k < 1 || k > SL_EC_MAX_K || m < 1 || m > SL_EC_MAX_M || bs * (size_t)k < size || !cJSON_IsArray(blocks) ||
-        cJSON_GetArraySize(blocks) != k + m)
-        return sl_fail(SL_ERR_FORMAT, "%s: manifest: erasure-code entry of %s is malformed", c->step_name, file);
+    if (k < 1 || k > SL_EC_MAX_K || m < 1 || m > SL_EC_MAX_M || bs * (size_t)k < size ||
+        !cJSON_IsArray(blocks) || cJSON_GetArraySize(blocks) != k + m)
+        return sl_fail(SL_ERR_FORMAT, "%s: manifest: erasure-code entry of %s is malformed", c->step_name,
+                       file);
     char one[700];
     cJSON_ArrayForEach(b, blocks) {
         cJSON *hh = cJSON_GetObjectItem(b, "host"), *fn = cJSON_GetObjectItem(b, "file"),
@@ -494,14 +504,16 @@ static sl_status fetch_ec(ctx *c, const char *file, cJSON *o, size_t size, const
             have++;
             note(c, "    %s block %d (%s) on host %d: ok\n", file, idx, idx < k ? "data" : "parity", h);
         } else {
-            note(c, "    %s block %d on host %d: %s\n", file, idx, h, strchr(one, ':') ? strchr(one, ':') + 2 : one);
+            note(c, "    %s block %d on host %d: %s\n", file, idx, h,
+                 strchr(one, ':') ? strchr(one, ':') + 2 : one);
             snprintf(why + strlen(why), sizeof why - strlen(why), "%s%s", why[0] ? "; " : "", one);
             if (idx >= 0 && idx < k) lost_data++;
         }
     }
     sl_status st = SL_OK;
     if (have < k) {
-        st = sl_fail(SL_ERR_FORMAT, "%s: %s cannot be rebuilt: %d of its %d+%d blocks are intact, %d needed (%s)",
+        st = sl_fail(SL_ERR_FORMAT,
+                     "%s: %s cannot be rebuilt: %d of its %d+%d blocks are intact, %d needed (%s)",
                      c->step_name, file, have, k, m, k, why);
     } else {
         if (why[0] && !c->report)
@@ -539,8 +551,8 @@ static sl_status step_manifest(ctx *c, int scan, cJSON **man, char **text, char 
         if (access(path, F_OK) != 0 || sl_file_read_all(path, &t, &n) != SL_OK) continue;
         cJSON *j = cJSON_ParseWithLength(t, n);
         cJSON *fmt = cJSON_GetObjectItem(j, "format"), *pool = cJSON_GetObjectItem(j, "pool");
-        if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "suanli-checkpoint") != 0 || !cJSON_IsObject(pool) ||
-            !cJSON_IsObject(cJSON_GetObjectItem(pool, "files")) ||
+        if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "suanli-checkpoint") != 0 ||
+            !cJSON_IsObject(pool) || !cJSON_IsObject(cJSON_GetObjectItem(pool, "files")) ||
             !cJSON_IsNumber(cJSON_GetObjectItem(j, "step"))) {
             if (!first[0]) snprintf(first, sizeof first, "%s: not a pooled suanli manifest", path);
             cJSON_Delete(j);
@@ -703,8 +715,8 @@ sl_status sl_ckpt_pool_inspect(const char *root, int hosts, FILE *f) {
     SL_TRY(step_manifest(&c, scan, &man, &text, &config, &clen));
     cJSON *pool = cJSON_GetObjectItem(man, "pool");
     const char *red = cJSON_GetStringValue(cJSON_GetObjectItem(pool, "redundancy"));
-    fprintf(f, "pooled checkpoint %s, newest %s: %d hosts, redundancy %s, %d shard files\n", root, c.step_name,
-            c.hosts, red ? red : "?", cJSON_GetArraySize(cJSON_GetObjectItem(pool, "files")));
+    fprintf(f, "pooled checkpoint %s, newest %s: %d hosts, redundancy %s, %d shard files\n", root,
+            c.step_name, c.hosts, red ? red : "?", cJSON_GetArraySize(cJSON_GetObjectItem(pool, "files")));
     cJSON *rh = cJSON_GetObjectItem(pool, "rank_host"), *e;
     if (cJSON_IsArray(rh)) {
         fprintf(f, "  rank -> host:");

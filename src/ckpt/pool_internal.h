@@ -21,7 +21,8 @@ sl_status sl_ckpt_rm_rf(const char *path);
 /* keep only the newest `keep` step dirs under root */
 void sl_ckpt_prune(const char *root, int keep);
 /* manifest from the per-rank sidecars side[0..world) (paths; absent files are skipped, or, with require_all,
- * an error: every rank of a pooled job writes one, and a missing one means its host was lost after the write) */
+ * an error: every rank of a pooled job writes one, and a missing one means its host was lost after the write)
+ */
 sl_status sl_ckpt_manifest_build(int64_t step, int world, const char *model_json, const char *layout_json,
                                  char *const *side, int require_all, cJSON **out);
 

@@ -12,7 +12,8 @@ int sl_bench_train(int argc, char **argv); /* bench/bench_train.c */
 
 int sl_cmd_bench(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
-        fprintf(argc < 2 ? stderr : stdout, "usage: suanli bench ops|kernels|comm|train|ec [--json] [flags]\n");
+        fprintf(argc < 2 ? stderr : stdout,
+                "usage: suanli bench ops|kernels|comm|train|ec [--json] [flags]\n");
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "ops")) return sl_bench_ops(argc - 1, argv + 1);

@@ -1,6 +1,7 @@
 /* suanli ckpt inspect|verify DIR — DIR is a step dir or a checkpoint root (its newest valid step), or a
  * pooled store (--ckpt-local-dir: host-<h>/ subdirectories): placement and redundancy of its newest step.
- * suanli ckpt gather POOL OUT [--step N] — assemble a pooled checkpoint into the plain checkpoint root OUT. */
+ * suanli ckpt gather POOL OUT [--step N] — assemble a pooled checkpoint into the plain checkpoint root OUT.
+ */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -9,12 +10,14 @@
 #include "suanli/ckpt.h"
 
 static int usage(void) {
-    fprintf(stderr,
-            "usage: suanli ckpt inspect|verify DIR\n"
-            "       suanli ckpt gather POOL OUT [--step N]\n"
-            "  DIR   a step dir, a checkpoint root (--save), or a pooled store (--ckpt-local-dir)\n"
-            "  POOL  a pooled store; OUT (new or empty) receives OUT/step-N and OUT/latest, a checkpoint that\n"
-            "        `suanli train --load OUT` resumes (newest step the surviving hosts can rebuild, or --step N)\n");
+    fprintf(
+        stderr,
+        "usage: suanli ckpt inspect|verify DIR\n"
+        "       suanli ckpt gather POOL OUT [--step N]\n"
+        "  DIR   a step dir, a checkpoint root (--save), or a pooled store (--ckpt-local-dir)\n"
+        "  POOL  a pooled store; OUT (new or empty) receives OUT/step-N and OUT/latest, a checkpoint that\n"
+        "        `suanli train --load OUT` resumes (newest step the surviving hosts can rebuild, or --step "
+        "N)\n");
     return 2;
 }
 

@@ -158,7 +158,8 @@ static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, c
             setenv_int("GROUP_RANK", o->node_rank);
             setenv_int("NODE_RANK", o->node_rank);
             setenv_int("SUANLI_RESTART_COUNT", attempt);
-            if (o->hosts > 0 || !getenv("SUANLI_HOSTS")) setenv_int("SUANLI_HOSTS", o->hosts > 0 ? o->hosts : world);
+            if (o->hosts > 0 || !getenv("SUANLI_HOSTS"))
+                setenv_int("SUANLI_HOSTS", o->hosts > 0 ? o->hosts : world);
             setenv("MASTER_ADDR", addr, 1);
             setenv_int("MASTER_PORT", port);
             setenv("SUANLI_JOB_TOKEN", token, 1);

@@ -100,8 +100,8 @@ static uint64_t opts_hash(const sl_train_opts *o) {
                    o->optim.beta2,        o->optim.eps,       o->sample.temperature};
     hash_bytes(&h, iv, sizeof iv);
     hash_bytes(&h, dv, sizeof dv);
-    const char *sv[] = {o->model.init_from, o->data.path,     o->ckpt.save_dir,   o->ckpt.load_dir,
-                        o->sample.prompt,   o->model.device,  o->ckpt.local_dir,  o->ckpt.ec};
+    const char *sv[] = {o->model.init_from, o->data.path,    o->ckpt.save_dir,  o->ckpt.load_dir,
+                        o->sample.prompt,   o->model.device, o->ckpt.local_dir, o->ckpt.ec};
     for (size_t i = 0; i < sizeof sv / sizeof sv[0]; i++) hash_str(&h, sv[i]);
     return h;
 }
@@ -161,14 +161,16 @@ static sl_status check_pool(sl_train_job *j) {
         if (c->ec) return sl_train_bad("--ckpt-ec needs --ckpt-local-dir");
         return SL_OK;
     }
-    if (c->save_interval > 0 && !c->save_dir) return sl_train_bad("--ckpt-local-dir: --save-interval needs --save");
+    if (c->save_interval > 0 && !c->save_dir)
+        return sl_train_bad("--ckpt-local-dir: --save-interval needs --save");
     int world = j->mesh.world, hosts = 1;
     const char *eh = getenv("SUANLI_HOSTS");
     if (eh && *eh) {
         char *end;
         long v = strtol(eh, &end, 10);
         if (*end || v < 1 || v > world)
-            return sl_train_bad("SUANLI_HOSTS=%s: expected a host count in 1..%d (the job's ranks)", eh, world);
+            return sl_train_bad("SUANLI_HOSTS=%s: expected a host count in 1..%d (the job's ranks)", eh,
+                                world);
         hosts = (int)v;
     }
     sl_ckpt_pool *p = &j->pool;
@@ -177,7 +179,8 @@ static sl_status check_pool(sl_train_job *j) {
                         .host = sl_ckpt_pool_host_of(j->mesh.rank, world, hosts),
                         .replicas = c->replicas > 0 ? (int)c->replicas : 1};
     if (c->ec) {
-        if (c->replicas > 0) return sl_train_bad("--ckpt-ec: give either --ckpt-replicas or --ckpt-ec, not both");
+        if (c->replicas > 0)
+            return sl_train_bad("--ckpt-ec: give either --ckpt-replicas or --ckpt-ec, not both");
         if (sl_ckpt_pool_parse_ec(c->ec, &p->ec_k, &p->ec_m) != SL_OK) return sl_train_bad("%s", sl_errmsg());
         p->replicas = 0;
     }
@@ -282,7 +285,8 @@ static sl_status pool_restore(sl_train_job *j, char *dir, size_t cap, int *found
     *found = 0;
     if (leader) {
         sl_status st = sl_ckpt_pool_gather(p->local_root, p->hosts, -1, restore, &got);
-        if (st == SL_ERR_IO && strstr(sl_errmsg(), "no pooled checkpoint")) { /* no step at all: a fresh start */
+        if (st == SL_ERR_IO &&
+            strstr(sl_errmsg(), "no pooled checkpoint")) { /* no step at all: a fresh start */
             got = -1;
         } else if (st != SL_OK) {
             snprintf(msg, sizeof msg, "%s", sl_errmsg());
@@ -299,10 +303,11 @@ static sl_status pool_restore(sl_train_job *j, char *dir, size_t cap, int *found
         memcpy(agg, v, sizeof agg);
     }
     if (agg[0])
-        return sl_train_bad("--ckpt-local-dir: %s", msg[0] ? msg : "the pooled restore failed on another host");
+        return sl_train_bad("--ckpt-local-dir: %s",
+                            msg[0] ? msg : "the pooled restore failed on another host");
     if (agg[1] != agg[2])
-        return sl_train_bad("--ckpt-local-dir %s: hosts rebuilt different steps (%lld and %lld)", p->local_root,
-                            (long long)agg[1], (long long)agg[2]);
+        return sl_train_bad("--ckpt-local-dir %s: hosts rebuilt different steps (%lld and %lld)",
+                            p->local_root, (long long)agg[1], (long long)agg[2]);
     if (agg[1] < 0) return SL_OK;
     snprintf(dir, cap, "%s/step-%07lld", restore, (long long)agg[1]);
     *found = 1;
@@ -429,7 +434,8 @@ static sl_status reserve_writer(sl_train_job *j) {
     if (sl_ckpt_writer_reserve(j->ckw, need) != SL_OK)
         return sl_train_bad("--save-interval: %s", sl_errmsg());
     if (j->pooled) sl_ckpt_writer_set_pool(j->ckw, &j->pool);
-    if (j->pooled && j->o.ckpt.shared) sl_ckpt_writer_set_drain(j->ckw, j->o.ckpt.save_dir, (int)j->o.ckpt.keep);
+    if (j->pooled && j->o.ckpt.shared)
+        sl_ckpt_writer_set_drain(j->ckw, j->o.ckpt.save_dir, (int)j->o.ckpt.keep);
     return SL_OK;
 }
 

@@ -83,8 +83,8 @@ static void report_commit(sl_train_job *j, int64_t step, double commit_ms, const
     fprintf(j->out,
             "checkpoint step %lld committed: stall %.1f ms, background write %.2f s (%.0f MB/s from rank 0), "
             "commit %.1f ms%s\n",
-            (long long)step, sl_ckpt_writer_stall(w) * 1e3, wsec, sl_ckpt_writer_bytes(w) / 1e6 / (wsec > 0 ? wsec : 1),
-            commit_ms, how);
+            (long long)step, sl_ckpt_writer_stall(w) * 1e3, wsec,
+            sl_ckpt_writer_bytes(w) / 1e6 / (wsec > 0 ? wsec : 1), commit_ms, how);
     fflush(j->out);
 }
 
@@ -137,8 +137,8 @@ static sl_status ckpt_poll(sl_train_job *j, int force, const sl_train_callbacks 
             if (cs != SL_OK) return sl_train_fail(cs, "checkpoint commit: %s", sl_errmsg());
             j->committing_step = j->pending_step;
         } else {
-            sl_status cs = sl_ckpt_commit(root, j->pending_step, mesh->world, (int)j->o.ckpt.keep, j->model_json,
-                                          j->layout_json);
+            sl_status cs = sl_ckpt_commit(root, j->pending_step, mesh->world, (int)j->o.ckpt.keep,
+                                          j->model_json, j->layout_json);
             if (cs != SL_OK) return sl_train_fail(cs, "checkpoint commit: %s", sl_errmsg());
         }
         if (mem &&
@@ -217,9 +217,12 @@ static void lose_hosts(const sl_train_job *j) {
         if (end == p) break;
         char cmd[4300];
         /* renamed away first: peers' writer threads may still be writing into it */
-        snprintf(cmd, sizeof cmd, "mv '%s/host-%ld' '%s/lost-host-%ld.%d' 2>/dev/null; rm -rf '%s/lost-host-%ld.%d'",
-                 j->pool.local_root, h, j->pool.local_root, h, (int)getpid(), j->pool.local_root, h, (int)getpid());
-        fprintf(stderr, "suanli train: SUANLI_FAULT_LOSE_HOSTS: removing %s/host-%ld\n", j->pool.local_root, h);
+        snprintf(cmd, sizeof cmd,
+                 "mv '%s/host-%ld' '%s/lost-host-%ld.%d' 2>/dev/null; rm -rf '%s/lost-host-%ld.%d'",
+                 j->pool.local_root, h, j->pool.local_root, h, (int)getpid(), j->pool.local_root, h,
+                 (int)getpid());
+        fprintf(stderr, "suanli train: SUANLI_FAULT_LOSE_HOSTS: removing %s/host-%ld\n", j->pool.local_root,
+                h);
         if (system(cmd) != 0) fprintf(stderr, "suanli train: could not remove host %ld\n", h);
         p = *end == ',' ? end + 1 : end;
     }

@@ -13,7 +13,8 @@ int main(void) {
         uint8_t b[64], *p[2] = {b, b};
         int present[2] = {1, 1};
         TU_CHECK(sl_ckpt_ec_encode(1, 1, 64, p, p + 1) == SL_ERR_UNSUPPORTED, "encode without ISA-L");
-        TU_CHECK(sl_ckpt_ec_decode(1, 1, 64, p, present) == SL_ERR_UNSUPPORTED && strstr(sl_errmsg(), "libisal-dev"),
+        TU_CHECK(sl_ckpt_ec_decode(1, 1, 64, p, present) == SL_ERR_UNSUPPORTED &&
+                     strstr(sl_errmsg(), "libisal-dev"),
                  "decode without ISA-L names the package");
         printf("note: no ISA-L in this build\n");
         return tu_finish("test_ckpt_ec");
@@ -51,13 +52,13 @@ int main(void) {
                 for (int i = 0; i < n; i++) memcpy(blk[i], orig[i], len);
                 patterns++;
             }
-            TU_CHECK(bad == 0, "%d+%d, %zu-byte blocks: %d of %d loss patterns decoded wrongly", k, m, len, bad,
-                     patterns);
+            TU_CHECK(bad == 0, "%d+%d, %zu-byte blocks: %d of %d loss patterns decoded wrongly", k, m, len,
+                     bad, patterns);
             /* m+1 lost blocks: an error, not garbage */
             int present[24];
             for (int i = 0; i < n; i++) present[i] = i > m;
-            TU_CHECK(sl_ckpt_ec_decode(k, m, len, blk, present) == SL_ERR_FORMAT, "%d+%d: %d lost is refused", k, m,
-                     m + 1);
+            TU_CHECK(sl_ckpt_ec_decode(k, m, len, blk, present) == SL_ERR_FORMAT, "%d+%d: %d lost is refused",
+                     k, m, m + 1);
             free(mem);
         }
     return tu_finish("test_ckpt_ec");
