@@ -206,6 +206,24 @@ sl_status sl_ckpt_pool_spread(const sl_ckpt_pool *p, const char *stepbase, int64
 
 /* ---------------- commit ---------------- */
 
+/* step-N.tmpX dirs of earlier attempts (X != this attempt's suffix): writes a killed attempt left */
+static void remove_stale_tmp(const char *hroot, const char *suffix) {
+    DIR *d = opendir(hroot);
+    if (!d) return;
+    struct dirent *de;
+    char path[4600];
+    while ((de = readdir(d))) {
+        long long st;
+        int used = 0;
+        if (sscanf(de->d_name, "step-%lld%n", &st, &used) != 1 || strncmp(de->d_name + used, ".tmp", 4) != 0 ||
+            !strcmp(de->d_name + used, suffix))
+            continue;
+        snprintf(path, sizeof path, "%s/%s", hroot, de->d_name);
+        sl_ckpt_rm_rf(path);
+    }
+    closedir(d);
+}
+
 sl_status sl_ckpt_pool_commit(const sl_ckpt_pool *p, int64_t step, int world, int keep,
                               const char *model_json, const char *layout_json) {
     const char *rc = getenv("SUANLI_RESTART_COUNT");
@@ -268,6 +286,7 @@ sl_status sl_ckpt_pool_commit(const sl_ckpt_pool *p, int64_t step, int world, in
         SL_CHECK(sl_file_write_atomic(path, name, strlen(name)));
         sl_fsync_dir(hroot);
         if (keep > 0) sl_ckpt_prune(hroot, keep);
+        remove_stale_tmp(hroot, stepbase + strlen(fin_base));
     }
 done:
     for (int r = 0; r < world; r++) free(side[r]);
