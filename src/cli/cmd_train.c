@@ -54,7 +54,8 @@ static int train_flags(sl_train_opts *o, const char **config, sl_flag *flags, in
          "resume from the newest valid checkpoint under this dir, or start from its model.safetensors", 0},
         {"save-interval", SL_FLAG_INT, &o->ckpt.save_interval, 0, 1e12,
          "steps between checkpoints under --save, 0 = none", 0},
-        {"save-keep", SL_FLAG_INT, &o->ckpt.keep, 0, 1e6, "checkpoints to keep, 0 = all (2)", 0},
+        {"save-keep", SL_FLAG_INT, &o->ckpt.keep, 0, 1e6,
+         "checkpoints to keep (under --save; also per host unless --ckpt-local-keep), 0 = all (2)", 0},
         {"ckpt-local-dir", SL_FLAG_STR, &o->ckpt.local_dir, 0, 0,
          "pooled checkpoints: each host writes under DIR/host-<h> (hosts: suanli run --hosts or "
          "SUANLI_HOSTS) "
