@@ -414,7 +414,7 @@ static sl_status make_model(sl_train_job *j) {
     if (sl_gpt2_new_on(&j->cfg, j->be, &j->m) != SL_OK) return sl_train_bad("%s", sl_errmsg());
     if (j->init_from_weights) {
         if (sl_model_load_weights(j->m, j->wpath) != SL_OK) return sl_train_bad("--load: %s", sl_errmsg());
-    } else {
+    } else if (!j->resume) { /* a resumed run loads every parameter from the checkpoint (make_trainer) */
         SL_TRY(sl_model_init_weights_ex(j->m, (uint64_t)o->seed));
     }
     return SL_OK;
