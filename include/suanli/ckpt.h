@@ -89,6 +89,65 @@ sl_status sl_ckpt_inspect(const char *dir, FILE *f);
 /* 1 if dir looks like a checkpoint root (has `latest`) or a step dir (has manifest.json). */
 int sl_ckpt_is_checkpoint(const char *dir);
 
+/* ---- pooled node-local storage (src/ckpt/pool.c; Note [Pooled checkpoint store]) ----
+ * Each rank writes its shard into its host's local directory ROOT/host-<h>/step-N/ and makes it redundant
+ * across hosts: `replicas` copies on hosts h, h+1, ... (mod hosts), or Reed–Solomon ec_k data + ec_m
+ * parity blocks on hosts h .. h+k+m-1. Rank 0 commits the step on every host (manifest.json with the
+ * placement and checksums of every copy and block). A restore reassembles the newest step that the
+ * surviving hosts can rebuild.
+ *   sl_ckpt_pool p = {"local", hosts, sl_ckpt_pool_host_of(rank, world, hosts), 2, 0, 0};
+ *   sl_ckpt_writer_set_pool(w, &p);     // save_begin now writes under local/host-<h>
+ *   ... rank 0: sl_ckpt_pool_commit(&p, step, world, keep, model_json, layout_json);
+ *   sl_ckpt_pool_gather("local", hosts, -1, "restored", &step);   // a plain step dir for sl_ckpt_load */
+typedef struct sl_ckpt_pool {
+    const char *local_root; /* borrowed */
+    int hosts;              /* hosts in the job (>= 1) */
+    int host;               /* this rank's host, 0..hosts-1 */
+    int replicas;           /* copies of each shard on distinct hosts, own host first (>= 1), or 0 with EC */
+    int ec_k, ec_m;         /* erasure coding: k data + m parity blocks on k+m distinct hosts (0: off) */
+} sl_ckpt_pool;
+/* Host of a rank when `hosts` hosts hold `world` ranks in consecutive groups: rank * hosts / world. */
+int sl_ckpt_pool_host_of(int rank, int world, int hosts);
+/* Parse "K+M" (1 <= K <= 16, 1 <= M <= 8); SL_ERR_INVALID naming --ckpt-ec otherwise. */
+sl_status sl_ckpt_pool_parse_ec(const char *s, int *k, int *m);
+/* Check a pool's settings against its host count (messages name --ckpt-replicas / --ckpt-ec / --hosts);
+ * SL_ERR_UNSUPPORTED when EC is asked of a build without ISA-L. */
+sl_status sl_ckpt_pool_check(const sl_ckpt_pool *p);
+/* 1 when this build has erasure coding (Intel ISA-L). */
+int sl_ckpt_ec_available(void);
+/* The Reed–Solomon code of --ckpt-ec (Note [Erasure code matrix] in src/ckpt/ec.c), 1 <= k <= 16, 1 <= m <=
+ * 8: parity[0..m) = code of data[0..k), every block len bytes. Decode: blocks[0..k+m), present[i] != 0 for
+ * the intact ones (at least k); the lost data blocks are rebuilt in place (lost parity is left alone).
+ * SL_ERR_UNSUPPORTED without ISA-L. */
+sl_status sl_ckpt_ec_encode(int k, int m, size_t len, uint8_t **data, uint8_t **parity);
+sl_status sl_ckpt_ec_decode(int k, int m, size_t len, uint8_t **blocks, const int *present);
+/* Pool the writer's saves (a copy of *p is kept; NULL: back to a single directory). */
+void sl_ckpt_writer_set_pool(sl_ckpt_writer *w, const sl_ckpt_pool *p);
+/* The shared tier of a pooled writer: every save is also written as a plain checkpoint under shared_root
+ * (step-N.tmp, by each rank's writer thread), and sl_ckpt_writer_commit_pool then commits it there too,
+ * keeping `keep` steps (0: all). A failure there is a warning: the pooled copy is what counts. NULL: off. */
+void sl_ckpt_writer_set_drain(sl_ckpt_writer *w, const char *shared_root, int keep);
+/* Rank 0: run sl_ckpt_pool_commit (the writer's pool) on the writer thread, so that the fsyncs of every
+ * host's commit do not stall training; sl_ckpt_writer_done / _wait report it like a write, and the next
+ * save_begin waits for it. */
+sl_status sl_ckpt_writer_commit_pool(sl_ckpt_writer *w, int64_t step, int world, int keep,
+                                     const char *model_json, const char *layout_json);
+double sl_ckpt_writer_commit_seconds(const sl_ckpt_writer *w);
+/* Rank 0, after every rank's write finished: the manifest (sidecars of every rank, with the placement of
+ * every copy and block) into every host's step-N.tmp dir, which is renamed to step-N; latest; prune. */
+sl_status sl_ckpt_pool_commit(const sl_ckpt_pool *p, int64_t step, int world, int keep,
+                              const char *model_json, const char *layout_json);
+/* 1 if dir holds host-<h> subdirectories with checkpoints. */
+int sl_ckpt_is_pool(const char *dir);
+/* Assemble step `step` (< 0: the newest one that can be rebuilt, older ones tried after a warning) from
+ * ROOT/host-* into the checkpoint root `dest`: dest/step-N (written as step-N.tmp, then renamed) and
+ * dest/latest; other step dirs under dest are removed. hosts: the job's host count (a placement on a host
+ * >= hosts is an error); 0: the manifest's. dest NULL: verify only. *got: the step assembled. The error
+ * names the missing or damaged shard files and hosts. */
+sl_status sl_ckpt_pool_gather(const char *root, int hosts, int64_t step, const char *dest, int64_t *got);
+/* Placement and redundancy of the newest step (every copy and block: ok, missing, damaged) to f. */
+sl_status sl_ckpt_pool_inspect(const char *root, int hosts, FILE *f);
+
 #ifdef __cplusplus
 }
 #endif

@@ -159,6 +159,14 @@ typedef struct sl_train_ckpt_opts {
                               equal to save_dir: resume when there is a checkpoint, else start fresh */
     int64_t save_interval; /* steps between checkpoints under save_dir; 0: none */
     int64_t keep;          /* checkpoints to keep; 0: all */
+    /* pooled node-local storage (suanli/ckpt.h sl_ckpt_pool): with local_dir the step checkpoints go to
+       local_dir/host-<h> (h from SUANLI_HOSTS: rank * hosts / world) instead of save_dir, made redundant
+       by `replicas` copies (default 1) or erasure coding `ec` ("K+M"); resuming looks there too */
+    const char *local_dir;
+    int64_t replicas;
+    const char *ec;
+    int shared; /* tiers: also drain every pooled save into save_dir (a shared mount), in the background */
+    int64_t local_keep; /* pooled steps kept on each host (0: keep, which then applies to save_dir only) */
 } sl_train_ckpt_opts;
 
 typedef struct sl_train_parallel_opts {

@@ -22,6 +22,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "ckpt/pool_internal.h"
 #include "suanli/ckpt.h"
 #include "suanli/safetensors.h"
 
@@ -50,7 +51,37 @@ struct sl_ckpt_writer {
     float *buf;
     size_t buf_cap, bytes;
     double stall, write_sec;
+    int pooled;        /* pooled node-local storage (sl_ckpt_writer_set_pool) */
+    sl_ckpt_pool pool; /* pool.local_root points at pool_root */
+    char pool_root[3800];
+    char stepbase[64]; /* "step-NNNNNNN.tmpR" */
+    int64_t step;
+    struct { /* a pooled commit run by the writer thread (sl_ckpt_writer_commit_pool) */
+        int64_t step;
+        int world, keep;
+        char model_json[1024], layout_json[2048];
+    } commit;
+    double commit_sec;
+    char drain_root[3800]; /* shared tier (sl_ckpt_writer_set_drain): "" off */
+    int drain_keep;
+    char drain_dir[4096]; /* its step-N.tmpR of the save in flight ("" when off or failed) */
 };
+
+static sl_status commit_dir(const char *root, int64_t step, int world, int keep, const char *model_json,
+                            const char *layout_json, int require_all);
+
+void sl_ckpt_writer_set_drain(sl_ckpt_writer *w, const char *shared_root, int keep) {
+    snprintf(w->drain_root, sizeof w->drain_root, "%s", shared_root ? shared_root : "");
+    w->drain_keep = keep;
+}
+
+void sl_ckpt_writer_set_pool(sl_ckpt_writer *w, const sl_ckpt_pool *p) {
+    w->pooled = p != NULL;
+    if (!p) return;
+    w->pool = *p;
+    snprintf(w->pool_root, sizeof w->pool_root, "%s", p->local_root);
+    w->pool.local_root = w->pool_root;
+}
 
 sl_ckpt_writer *sl_ckpt_writer_new(void) {
     sl_ckpt_writer *w = calloc(1, sizeof *w);
@@ -176,6 +207,11 @@ static void *writer_main(void *arg) {
     }
     snprintf(path, sizeof path, "%s/%s", w->dir, w->file);
     SL_CHECK(sl_safetensors_write(path, ts, w->ne, NULL));
+    if (w->pooled) { /* replicas or erasure-coded blocks on the peer hosts (src/ckpt/pool.c) */
+        cJSON *placement = NULL;
+        SL_CHECK(sl_ckpt_pool_spread(&w->pool, w->stepbase, w->step, w->file, &placement));
+        cJSON_AddItemToObject(side, "pool", placement);
+    }
     fault_point(0);
     cJSON_AddNumberToObject(side, "rank", w->rank);
     cJSON_AddStringToObject(side, "file", w->file);
@@ -201,6 +237,21 @@ static void *writer_main(void *arg) {
             w->mem_dir[0] = 0;
         }
     }
+    if (w->drain_dir[0]) {
+        /* the shared tier (pooled saves drained to --save): a plain single-directory copy of this rank's
+         * shard and its sidecar without placement; failing it only loses that tier for this step */
+        char dp[4200];
+        cJSON *plain = cJSON_Duplicate(side, 1);
+        cJSON_DeleteItemFromObject(plain, "pool");
+        char *ptext = plain ? cJSON_PrintUnformatted(plain) : NULL;
+        cJSON_Delete(plain);
+        snprintf(dp, sizeof dp, "%s/%s", w->drain_dir, w->file);
+        sl_status ds = ptext ? sl_safetensors_write(dp, ts, w->ne, NULL) : SL_ERR_NOMEM;
+        snprintf(dp, sizeof dp, "%s/shard-r%05d.json", w->drain_dir, w->rank);
+        if (ds == SL_OK) ds = sl_file_write_atomic(dp, ptext, strlen(ptext));
+        if (ds != SL_OK) SL_LOGW("shared checkpoint copy skipped: %s", sl_errmsg());
+        free(ptext);
+    }
 done:
     if (st != SL_OK) snprintf(w->errmsg, sizeof w->errmsg, "%s", sl_errmsg());
     w->status = st;
@@ -213,6 +264,45 @@ done:
     __atomic_store_n(&w->done, 1, __ATOMIC_RELEASE);
     return NULL;
 }
+
+static void *commit_main(void *arg) {
+    sl_ckpt_writer *w = arg;
+    double t0 = sl_time_sec();
+    sl_status st = sl_ckpt_pool_commit(&w->pool, w->commit.step, w->commit.world, w->commit.keep,
+                                       w->commit.model_json, w->commit.layout_json);
+    if (st != SL_OK) snprintf(w->errmsg, sizeof w->errmsg, "%s", sl_errmsg());
+    if (st == SL_OK && w->drain_root[0] &&
+        commit_dir(w->drain_root, w->commit.step, w->commit.world, w->drain_keep, w->commit.model_json,
+                   w->commit.layout_json, 1) != SL_OK)
+        SL_LOGW("shared checkpoint step %lld not committed (the pooled one is): %s",
+                (long long)w->commit.step, sl_errmsg());
+    w->status = st;
+    w->commit_sec = sl_time_sec() - t0;
+    __atomic_store_n(&w->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+sl_status sl_ckpt_writer_commit_pool(sl_ckpt_writer *w, int64_t step, int world, int keep,
+                                     const char *model_json, const char *layout_json) {
+    if (!w->pooled) return sl_fail(SL_ERR_INVALID, "checkpoint: the writer has no pool");
+    SL_TRY(sl_ckpt_writer_wait(w));
+    w->commit.step = step;
+    w->commit.world = world;
+    w->commit.keep = keep;
+    snprintf(w->commit.model_json, sizeof w->commit.model_json, "%s", model_json ? model_json : "{}");
+    snprintf(w->commit.layout_json, sizeof w->commit.layout_json, "%s", layout_json ? layout_json : "{}");
+    w->status = SL_OK;
+    w->done = 0;
+    w->joined = 0;
+    if (pthread_create(&w->th, NULL, commit_main, w) != 0) {
+        w->done = 1;
+        return sl_fail(SL_ERR_INTERNAL, "checkpoint: cannot start the commit thread");
+    }
+    w->running = 1;
+    return SL_OK;
+}
+
+double sl_ckpt_writer_commit_seconds(const sl_ckpt_writer *w) { return w->commit_sec; }
 
 /* Entries of [lo, lo+len) split at parameter boundaries, from host memory src (indexed from lo), or, when
  * src is NULL, from device buffer buf at element boff (indexed from lo): those are copied into the
@@ -275,11 +365,25 @@ static sl_status add_entries(sl_ckpt_writer *w, const sl_model *m, const char *k
 sl_status sl_ckpt_save_begin(sl_ckpt_writer *w, const char *root, const sl_ckpt_state *st) {
     double t0 = sl_time_sec();
     SL_TRY(sl_ckpt_writer_wait(w));
-    char tmp[4096];
+    char tmp[4096], hostroot[3900];
     const char *rc = getenv("SUANLI_RESTART_COUNT");
     char suffix[48];
     snprintf(suffix, sizeof suffix, ".tmp%s", rc ? rc : "");
+    if (w->pooled) { /* this rank's node-local directory: ROOT/host-<h> */
+        snprintf(hostroot, sizeof hostroot, "%s/host-%d", w->pool_root, w->pool.host);
+        root = hostroot;
+    }
     step_name(tmp, sizeof tmp, root, st->step, suffix);
+    snprintf(w->stepbase, sizeof w->stepbase, "step-%07lld%s", (long long)st->step, suffix);
+    w->step = st->step;
+    w->drain_dir[0] = 0;
+    if (w->pooled && w->drain_root[0]) {
+        step_name(w->drain_dir, sizeof w->drain_dir, w->drain_root, st->step, suffix);
+        if (sl_mkdirs(w->drain_dir) != SL_OK) {
+            SL_LOGW("shared checkpoint copy skipped: %s", sl_errmsg());
+            w->drain_dir[0] = 0;
+        }
+    }
     SL_TRY(sl_mkdirs(tmp));
     size_t need = 0;
     for (int s = 0; s < st->nseg; s++)
@@ -331,7 +435,7 @@ sl_status sl_ckpt_save_begin(sl_ckpt_writer *w, const char *root, const sl_ckpt_
 static int cmp_str_desc(const void *a, const void *b) { return strcmp(*(char *const *)b, *(char *const *)a); }
 
 /* step dir names under root, newest first (committed ones only). Caller frees each and the array. */
-static int list_steps(const char *root, char ***out) {
+int sl_ckpt_list_steps(const char *root, char ***out) {
     *out = NULL;
     DIR *d = opendir(root);
     if (!d) return 0;
@@ -356,7 +460,7 @@ static int list_steps(const char *root, char ***out) {
     return n;
 }
 
-static sl_status rm_rf(const char *path) {
+sl_status sl_ckpt_rm_rf(const char *path) {
     DIR *d = opendir(path);
     if (!d)
         return unlink(path) == 0 || errno == ENOENT ? SL_OK : sl_fail(SL_ERR_IO, "%s: cannot remove", path);
@@ -366,24 +470,20 @@ static sl_status rm_rf(const char *path) {
         if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
         char p[4200];
         snprintf(p, sizeof p, "%s/%s", path, de->d_name);
-        if (unlink(p) != 0 && st == SL_OK) st = rm_rf(p);
+        if (unlink(p) != 0 && st == SL_OK) st = sl_ckpt_rm_rf(p);
     }
     closedir(d);
     if (rmdir(path) != 0 && st == SL_OK) st = sl_fail(SL_ERR_IO, "%s: cannot remove", path);
     return st;
 }
 
-sl_status sl_ckpt_commit(const char *root, int64_t step, int world, int keep, const char *model_json,
-                         const char *layout_json) {
-    char tmp[4096], fin[4096], path[4300];
-    const char *rc = getenv("SUANLI_RESTART_COUNT");
-    char suffix[48];
-    snprintf(suffix, sizeof suffix, ".tmp%s", rc ? rc : "");
-    step_name(tmp, sizeof tmp, root, step, suffix);
-    step_name(fin, sizeof fin, root, step, "");
+/* Merge the sidecars (side[r]: rank r's shard-rR.json, or NULL/absent for ranks with nothing to write) into
+ * a manifest. A sidecar's "pool" object (its file's placement, src/ckpt/pool.c) goes to pool.files. */
+sl_status sl_ckpt_manifest_build(int64_t step, int world, const char *model_json, const char *layout_json,
+                                 char *const *side, int require_all, cJSON **out) {
     sl_status st = SL_OK;
-    cJSON *man = cJSON_CreateObject(), *tensors = cJSON_CreateObject();
-    char *text = NULL;
+    cJSON *man = cJSON_CreateObject(), *tensors = cJSON_CreateObject(), *files = cJSON_CreateObject();
+    *out = NULL;
     cJSON_AddStringToObject(man, "format", "suanli-checkpoint");
     cJSON_AddNumberToObject(man, "version", 1);
     cJSON_AddNumberToObject(man, "step", (double)step);
@@ -393,13 +493,21 @@ sl_status sl_ckpt_commit(const char *root, int64_t step, int world, int keep, co
     cJSON_AddItemToObject(man, "train", lj ? lj : cJSON_CreateObject());
     cJSON_AddNumberToObject(man, "world", world);
     for (int r = 0; r < world; r++) {
-        snprintf(path, sizeof path, "%s/shard-r%05d.json", tmp, r);
-        char *side;
+        const char *path = side[r];
+        char *text;
         size_t len;
-        if (access(path, F_OK) != 0) continue; /* ranks with nothing to write */
-        SL_CHECK(sl_file_read_all(path, &side, &len));
-        cJSON *s = cJSON_ParseWithLength(side, len);
-        free(side);
+        if (!path || access(path, F_OK) != 0) {
+            if (require_all) {
+                st = sl_fail(SL_ERR_IO,
+                             "%s: rank %d's sidecar is missing (its host lost?); not committing step %lld",
+                             path ? path : "?", r, (long long)step);
+                goto done;
+            }
+            continue; /* ranks with nothing to write */
+        }
+        SL_CHECK(sl_file_read_all(path, &text, &len));
+        cJSON *s = cJSON_ParseWithLength(text, len);
+        free(text);
         cJSON *file = s ? cJSON_GetObjectItem(s, "file") : NULL,
               *ents = s ? cJSON_GetObjectItem(s, "entries") : NULL;
         if (!cJSON_IsString(file) || !cJSON_IsArray(ents)) {
@@ -423,10 +531,49 @@ sl_status sl_ckpt_commit(const char *root, int64_t step, int world, int keep, co
             cJSON_AddStringToObject(sh, "file", file->valuestring);
             cJSON_AddItemToArray(cJSON_GetObjectItem(t, "shards"), sh);
         }
+        cJSON *pl = cJSON_DetachItemFromObject(s, "pool");
+        if (pl) cJSON_AddItemToObject(files, file->valuestring, pl);
         cJSON_Delete(s);
     }
     cJSON_AddItemToObject(man, "tensors", tensors);
     tensors = NULL;
+    if (cJSON_GetArraySize(files) > 0) {
+        cJSON *pool = cJSON_CreateObject();
+        cJSON_AddItemToObject(pool, "files", files);
+        cJSON_AddItemToObject(man, "pool", pool);
+        files = NULL;
+    }
+    *out = man;
+    man = NULL;
+done:
+    cJSON_Delete(tensors);
+    cJSON_Delete(files);
+    cJSON_Delete(man);
+    return st;
+}
+
+sl_status sl_ckpt_commit(const char *root, int64_t step, int world, int keep, const char *model_json,
+                         const char *layout_json) {
+    return commit_dir(root, step, world, keep, model_json, layout_json, 0);
+}
+
+static sl_status commit_dir(const char *root, int64_t step, int world, int keep, const char *model_json,
+                            const char *layout_json, int require_all) {
+    char tmp[4096], fin[4096], path[4300];
+    const char *rc = getenv("SUANLI_RESTART_COUNT");
+    char suffix[48];
+    snprintf(suffix, sizeof suffix, ".tmp%s", rc ? rc : "");
+    step_name(tmp, sizeof tmp, root, step, suffix);
+    step_name(fin, sizeof fin, root, step, "");
+    sl_status st = SL_OK;
+    cJSON *man = NULL;
+    char *text = NULL, **side = calloc((size_t)world, sizeof(char *));
+    if (!side) return sl_fail(SL_ERR_NOMEM, "checkpoint: out of memory");
+    for (int r = 0; r < world; r++) {
+        snprintf(path, sizeof path, "%s/shard-r%05d.json", tmp, r);
+        side[r] = strdup(path);
+    }
+    SL_CHECK(sl_ckpt_manifest_build(step, world, model_json, layout_json, side, require_all, &man));
     text = cJSON_Print(man);
     snprintf(path, sizeof path, "%s/manifest.json", tmp);
     if (!text) {
@@ -437,7 +584,7 @@ sl_status sl_ckpt_commit(const char *root, int64_t step, int world, int keep, co
     SL_CHECK(sl_file_write_atomic(path, text, strlen(text)));
     fault_point(2);
     SL_CHECK(fsync_path(tmp));
-    if (access(fin, F_OK) == 0) SL_CHECK(rm_rf(fin)); /* a re-run of the same step replaces it */
+    if (access(fin, F_OK) == 0) SL_CHECK(sl_ckpt_rm_rf(fin)); /* a re-run of the same step replaces it */
     fault_point(3);
     if (rename(tmp, fin) != 0) {
         st = sl_fail(SL_ERR_IO, "%s: cannot rename to %s: %s", tmp, fin, strerror(errno));
@@ -451,23 +598,26 @@ sl_status sl_ckpt_commit(const char *root, int64_t step, int world, int keep, co
     SL_CHECK(sl_file_write_atomic(latest, name, strlen(name)));
     SL_CHECK(fsync_path(root));
     fault_point(5);
-    if (keep > 0) {
-        char **v;
-        int n = list_steps(root, &v);
-        for (int i = 0; i < n; i++) {
-            if (i >= keep) {
-                snprintf(path, sizeof path, "%s/%s", root, v[i]);
-                rm_rf(path);
-            }
-            free(v[i]);
-        }
-        free(v);
-    }
+    if (keep > 0) sl_ckpt_prune(root, keep);
 done:
-    cJSON_Delete(tensors);
+    for (int r = 0; r < world; r++) free(side[r]);
+    free(side);
     cJSON_Delete(man);
     free(text);
     return st;
+}
+
+void sl_ckpt_prune(const char *root, int keep) {
+    char **v, path[4400];
+    int n = sl_ckpt_list_steps(root, &v);
+    for (int i = 0; i < n; i++) {
+        if (i >= keep) {
+            snprintf(path, sizeof path, "%s/%s", root, v[i]);
+            sl_ckpt_rm_rf(path);
+        }
+        free(v[i]);
+    }
+    free(v);
 }
 
 /* ---------------- load ---------------- */
@@ -566,23 +716,46 @@ static sl_status read_range(reader *r, const char *tname, int64_t numel, int64_t
     cJSON *shards = cJSON_GetObjectItem(t, "shards");
     if (!cJSON_IsArray(shards))
         return sl_fail(SL_ERR_FORMAT, "%s: tensor '%s' has no shard list", r->dir, tname);
-    int64_t covered = 0;
+    /* shards may overlap: under ZeRO every rank owns (and writes) the tail of a bucket that the rank count
+     * does not divide (src/parallel/dp.c for_each_segment), so coverage is the union of the ranges */
+    int ns = cJSON_GetArraySize(shards);
+    int64_t(*iv)[2] = malloc(sizeof *iv * (size_t)(ns + 1)), covered = 0;
+    if (!iv) return sl_fail(SL_ERR_NOMEM, "checkpoint: out of memory");
+    int ni = 0;
     cJSON *sh;
+    sl_status st = SL_OK;
     cJSON_ArrayForEach(sh, shards) {
         int64_t so, sl;
         const float *sd;
-        SL_TRY(shard_data(r, tname, sh, &so, &sl, &sd));
-        if (so + sl > numel)
-            return sl_fail(
-                SL_ERR_FORMAT,
-                "%s: tensor '%s' shard [%lld, %lld) exceeds its %lld elements (another model shape?)", r->dir,
-                tname, (long long)so, (long long)(so + sl), (long long)numel);
+        if ((st = shard_data(r, tname, sh, &so, &sl, &sd)) != SL_OK) break;
+        if (so + sl > numel) {
+            st =
+                sl_fail(SL_ERR_FORMAT,
+                        "%s: tensor '%s' shard [%lld, %lld) exceeds its %lld elements (another model shape?)",
+                        r->dir, tname, (long long)so, (long long)(so + sl), (long long)numel);
+            break;
+        }
         int64_t a = so > lo ? so : lo, b = so + sl < lo + len ? so + sl : lo + len;
         if (a >= b) continue;
         memcpy(dst + (a - lo), (const char *)sd + (a - so) * (int64_t)sizeof(float),
                sizeof(float) * (size_t)(b - a));
-        covered += b - a;
+        iv[ni][0] = a;
+        iv[ni++][1] = b;
     }
+    for (int i = 1; i < ni; i++) /* insertion sort by start, then merge */
+        for (int k = i; k > 0 && iv[k][0] < iv[k - 1][0]; k--) {
+            int64_t t0 = iv[k][0], t1 = iv[k][1];
+            iv[k][0] = iv[k - 1][0], iv[k][1] = iv[k - 1][1];
+            iv[k - 1][0] = t0, iv[k - 1][1] = t1;
+        }
+    int64_t end = INT64_MIN;
+    for (int i = 0; i < ni; i++) {
+        int64_t a = iv[i][0] > end ? iv[i][0] : end;
+        if (iv[i][1] > a) covered += iv[i][1] - a;
+        if (iv[i][1] > end) end = iv[i][1];
+    }
+    free(iv);
+    SL_TRY(st);
     if (covered != len)
         return sl_fail(SL_ERR_FORMAT,
                        "%s: tensor '%s' elements [%lld, %lld) are not fully covered by its shards", r->dir,
@@ -756,7 +929,7 @@ int sl_ckpt_is_checkpoint(const char *dir) {
     snprintf(p, sizeof p, "%s/manifest.json", dir);
     if (access(p, F_OK) == 0) return 1;
     char **v;
-    int n = list_steps(dir, &v);
+    int n = sl_ckpt_list_steps(dir, &v);
     for (int i = 0; i < n; i++) free(v[i]);
     free(v);
     return n > 0;
@@ -771,7 +944,7 @@ sl_status sl_ckpt_find_latest(const char *root, char *out, size_t cap) {
         return SL_OK;
     }
     char **v;
-    int n = list_steps(root, &v);
+    int n = sl_ckpt_list_steps(root, &v);
     sl_status st = sl_fail(SL_ERR_IO, "%s: no checkpoint", root);
     int found = 0;
     char first_problem[600] = "";

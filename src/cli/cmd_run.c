@@ -7,19 +7,22 @@
 #include "launch/launch.h"
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: suanli run -n N [--nnodes M --node-rank R --master HOST:PORT] [--max-restarts K]\n"
-            "                  [--grace SEC] [--bind core|none] [--no-prefix] -- PROGRAM [ARGS...]\n"
-            "  -n, --nproc-per-node N  ranks to start on this node\n"
-            "  --nnodes M              nodes in the job (default 1); run once per node\n"
-            "  --node-rank R           this node's index 0..M-1 (default 0)\n"
-            "  --master HOST:PORT      rendezvous of rank 0 (required with --nnodes > 1)\n"
-            "  --max-restarts K        restart the ranks of this node up to K times after a failure\n"
-            "  --grace SEC             SIGTERM -> SIGKILL delay when stopping ranks (default 3)\n"
-            "  --no-prefix             do not prefix output lines with [rank]\n"
-            "  --bind core|none        pin rank i to its own block of CPUs (allowed/N each; default core)\n"
-            "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,\n"
-            "SUANLI_JOB_TOKEN (torchrun-compatible). Exit: 0 all ranks ok, 1 a rank failed, 2 bad usage.\n");
+    fprintf(
+        f,
+        "usage: suanli run -n N [--nnodes M --node-rank R --master HOST:PORT] [--max-restarts K]\n"
+        "                  [--grace SEC] [--bind core|none] [--no-prefix] [--hosts H] -- PROGRAM [ARGS...]\n"
+        "  -n, --nproc-per-node N  ranks to start on this node\n"
+        "  --nnodes M              nodes in the job (default 1); run once per node\n"
+        "  --node-rank R           this node's index 0..M-1 (default 0)\n"
+        "  --master HOST:PORT      rendezvous of rank 0 (required with --nnodes > 1)\n"
+        "  --max-restarts K        restart the ranks of this node up to K times after a failure\n"
+        "  --grace SEC             SIGTERM -> SIGKILL delay when stopping ranks (default 3)\n"
+        "  --no-prefix             do not prefix output lines with [rank]\n"
+        "  --bind core|none        pin rank i to its own block of CPUs (allowed/N each; default core)\n"
+        "  --hosts H               pooled checkpoints: consecutive groups of ranks act as H hosts\n"
+        "                          (SUANLI_HOSTS; default: each rank is its own host)\n"
+        "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,\n"
+        "SUANLI_JOB_TOKEN (torchrun-compatible). Exit: 0 all ranks ok, 1 a rank failed, 2 bad usage.\n");
 }
 
 static int parse_int(const char *flag, const char *v, int lo, int hi, int *out) {
@@ -85,6 +88,9 @@ int sl_cmd_run(int argc, char **argv) {
             }
             o.bind = !strcmp(v, "core");
             i++;
+        } else if (!strcmp(a, "--hosts")) {
+            if (!parse_int(a, v, 1, 1 << 20, &o.hosts)) return 2;
+            i++;
         } else if (!strcmp(a, "--no-prefix")) {
             o.prefix = 0;
         } else {
@@ -106,6 +112,10 @@ int sl_cmd_run(int argc, char **argv) {
     }
     if (o.nnodes > 1 && !o.master_port) {
         fprintf(stderr, "suanli run: --master: HOST:PORT is required with --nnodes > 1\n");
+        return 2;
+    }
+    if (o.hosts > o.nproc * o.nnodes) {
+        fprintf(stderr, "suanli run: --hosts: %d exceeds the job's %d ranks\n", o.hosts, o.nproc * o.nnodes);
         return 2;
     }
     o.argv = argv + i;

@@ -54,7 +54,25 @@ static int train_flags(sl_train_opts *o, const char **config, sl_flag *flags, in
          "resume from the newest valid checkpoint under this dir, or start from its model.safetensors", 0},
         {"save-interval", SL_FLAG_INT, &o->ckpt.save_interval, 0, 1e12,
          "steps between checkpoints under --save, 0 = none", 0},
-        {"save-keep", SL_FLAG_INT, &o->ckpt.keep, 0, 1e6, "checkpoints to keep, 0 = all (2)", 0},
+        {"save-keep", SL_FLAG_INT, &o->ckpt.keep, 0, 1e6,
+         "checkpoints to keep (under --save; also per host unless --ckpt-local-keep), 0 = all (2)", 0},
+        {"ckpt-local-dir", SL_FLAG_STR, &o->ckpt.local_dir, 0, 0,
+         "pooled checkpoints: each host writes under DIR/host-<h> (hosts: suanli run --hosts or "
+         "SUANLI_HOSTS) "
+         "instead of --save; resume looks there too",
+         0},
+        {"ckpt-replicas", SL_FLAG_INT, &o->ckpt.replicas, 1, 64,
+         "with --ckpt-local-dir: copies of each shard on distinct hosts (1)", 0},
+        {"ckpt-shared", SL_FLAG_BOOL, &o->ckpt.shared, 0, 1,
+         "with --ckpt-local-dir: also write every checkpoint under --save (a shared mount), in the "
+         "background",
+         0},
+        {"ckpt-local-keep", SL_FLAG_INT, &o->ckpt.local_keep, 0, 1e6,
+         "with --ckpt-local-dir: checkpoints kept on each host, 0 = --save-keep (which then counts for "
+         "--save)",
+         0},
+        {"ckpt-ec", SL_FLAG_STR, &o->ckpt.ec, 0, 0,
+         "with --ckpt-local-dir: Reed-Solomon K+M across hosts instead of replicas (needs ISA-L)", 0},
         {"init-from", SL_FLAG_STR, &o->model.init_from, 0, 0,
          "start from a Hugging Face model dir (Llama/Qwen2/Mistral/Mixtral/Baichuan2); --save writes HF "
          "layout; with --load, resume that model's checkpoints",

@@ -158,6 +158,8 @@ static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, c
             setenv_int("GROUP_RANK", o->node_rank);
             setenv_int("NODE_RANK", o->node_rank);
             setenv_int("SUANLI_RESTART_COUNT", attempt);
+            if (o->hosts > 0 || !getenv("SUANLI_HOSTS"))
+                setenv_int("SUANLI_HOSTS", o->hosts > 0 ? o->hosts : world);
             setenv("MASTER_ADDR", addr, 1);
             setenv_int("MASTER_PORT", port);
             setenv("SUANLI_JOB_TOKEN", token, 1);
@@ -314,7 +316,7 @@ sl_status sl_launch_run(const sl_launch_opts *o, sl_launch_result *res) {
     res->failed_rank = -1;
     res->exit_code = -1;
     if (o->nproc < 1 || o->nnodes < 1 || o->node_rank < 0 || o->node_rank >= o->nnodes || !o->argv ||
-        !o->argv[0])
+        !o->argv[0] || o->hosts < 0 || o->hosts > o->nproc * o->nnodes)
         return sl_fail(SL_ERR_INVALID, "launcher: bad options");
     char addr[256], token[80];
     int port = o->master_port;

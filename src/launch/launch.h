@@ -18,6 +18,9 @@ typedef struct sl_launch_opts {
     int prefix;       /* prefix lines with "[rank] " (default 1) */
     int bind;         /* 1 (and nproc > 1, enough CPUs): pin local rank i to the i-th block of
                          allowed/nproc CPUs (like mpirun --bind-to); 0: leave it to the kernel */
+    int hosts;        /* pooled checkpoints (--ckpt-local-dir): ranks form this many "hosts" in consecutive
+                         groups, passed as SUANLI_HOSTS; 0: SUANLI_HOSTS from the environment, else every
+                         rank is its own host */
     char **argv;      /* program and arguments, NULL-terminated (borrowed) */
 } sl_launch_opts;
 

@@ -84,6 +84,9 @@ static uint64_t opts_hash(const sl_train_opts *o) {
                     o->eval.iters,
                     o->ckpt.save_interval,
                     o->ckpt.keep,
+                    o->ckpt.replicas,
+                    o->ckpt.shared,
+                    o->ckpt.local_keep,
                     o->parallel.tp,
                     o->parallel.pp,
                     o->parallel.ep,
@@ -99,8 +102,8 @@ static uint64_t opts_hash(const sl_train_opts *o) {
                    o->optim.beta2,        o->optim.eps,       o->sample.temperature};
     hash_bytes(&h, iv, sizeof iv);
     hash_bytes(&h, dv, sizeof dv);
-    const char *sv[] = {o->model.init_from, o->data.path,     o->ckpt.save_dir,
-                        o->ckpt.load_dir,   o->sample.prompt, o->model.device};
+    const char *sv[] = {o->model.init_from, o->data.path,    o->ckpt.save_dir,  o->ckpt.load_dir,
+                        o->sample.prompt,   o->model.device, o->ckpt.local_dir, o->ckpt.ec};
     for (size_t i = 0; i < sizeof sv / sizeof sv[0]; i++) hash_str(&h, sv[i]);
     return h;
 }
@@ -169,6 +172,44 @@ static sl_status setup_comm(sl_train_job *j) {
 }
 
 /* Options that need no file: batch layout and the LR schedule; their defaults that depend on the mesh. */
+/* --ckpt-local-dir, --ckpt-replicas, --ckpt-ec and the job's hosts (SUANLI_HOSTS, set by suanli run). */
+static sl_status check_pool(sl_train_job *j) {
+    const sl_train_ckpt_opts *c = &j->o.ckpt;
+    if (!c->local_dir) {
+        if (c->replicas > 0) return sl_train_bad("--ckpt-replicas needs --ckpt-local-dir");
+        if (c->shared) return sl_train_bad("--ckpt-shared needs --ckpt-local-dir");
+        if (c->local_keep > 0) return sl_train_bad("--ckpt-local-keep needs --ckpt-local-dir");
+        if (c->ec) return sl_train_bad("--ckpt-ec needs --ckpt-local-dir");
+        return SL_OK;
+    }
+    if (c->save_interval > 0 && !c->save_dir)
+        return sl_train_bad("--ckpt-local-dir: --save-interval needs --save");
+    int world = j->mesh.world, hosts = 1;
+    const char *eh = getenv("SUANLI_HOSTS");
+    if (eh && *eh) {
+        char *end;
+        long v = strtol(eh, &end, 10);
+        if (*end || v < 1 || v > world)
+            return sl_train_bad("SUANLI_HOSTS=%s: expected a host count in 1..%d (the job's ranks)", eh,
+                                world);
+        hosts = (int)v;
+    }
+    sl_ckpt_pool *p = &j->pool;
+    *p = (sl_ckpt_pool){.local_root = c->local_dir,
+                        .hosts = hosts,
+                        .host = sl_ckpt_pool_host_of(j->mesh.rank, world, hosts),
+                        .replicas = c->replicas > 0 ? (int)c->replicas : 1};
+    if (c->ec) {
+        if (c->replicas > 0)
+            return sl_train_bad("--ckpt-ec: give either --ckpt-replicas or --ckpt-ec, not both");
+        if (sl_ckpt_pool_parse_ec(c->ec, &p->ec_k, &p->ec_m) != SL_OK) return sl_train_bad("%s", sl_errmsg());
+        p->replicas = 0;
+    }
+    if (sl_ckpt_pool_check(p) != SL_OK) return sl_train_bad("%s", sl_errmsg());
+    j->pooled = 1;
+    return SL_OK;
+}
+
 static sl_status check_opts(sl_train_job *j) {
     sl_train_opts *o = &j->o;
     sl_train_data_opts *d = &o->data;
@@ -187,7 +228,7 @@ static sl_status check_opts(sl_train_job *j) {
         return sl_train_bad("--lr-warmup-iters %lld exceeds the decay length %lld",
                             (long long)op->warmup_iters, (long long)op->decay_iters);
     if (o->threads > 0) sl_threads_set((int)o->threads);
-    return SL_OK;
+    return check_pool(j);
 }
 
 static sl_status open_data(sl_train_job *j) {
@@ -249,8 +290,57 @@ static sl_status load_init_from(sl_train_job *j, int data_vocab) {
     return SL_OK;
 }
 
+/* Note [Pooled restore]
+ * Collective (every rank calls it). The first rank of each host assembles the newest step that the
+ * surviving hosts can rebuild (sl_ckpt_pool_gather: intact copies, or erasure-code decoding) into
+ * LOCAL/host-<h>/.restore/step-N; the ranks agree (all-reduce) that every host found the same step, and
+ * each rank then loads from its host's copy. A pool with steps of which none can be rebuilt is an error
+ * naming what is missing; an empty pool is a fresh start. */
+static sl_status pool_restore(sl_train_job *j, char *dir, size_t cap, int *found) {
+    const sl_ckpt_pool *p = &j->pool;
+    int rank = j->mesh.rank, world = j->mesh.world;
+    int leader = rank == 0 || sl_ckpt_pool_host_of(rank - 1, world, p->hosts) != p->host;
+    char restore[3900], msg[1500] = "";
+    snprintf(restore, sizeof restore, "%s/host-%d/.restore", p->local_root, p->host);
+    int64_t got = -1, v[3] = {0, INT64_MAX, INT64_MIN}, agg[3];
+    *found = 0;
+    if (leader) {
+        sl_status st = sl_ckpt_pool_gather(p->local_root, p->hosts, -1, restore, &got);
+        if (st == SL_ERR_IO &&
+            strstr(sl_errmsg(), "no pooled checkpoint")) { /* no step at all: a fresh start */
+            got = -1;
+        } else if (st != SL_OK) {
+            snprintf(msg, sizeof msg, "%s", sl_errmsg());
+            v[0] = 1;
+        }
+        v[1] = v[2] = got;
+    }
+    if (j->world) {
+        if (sl_comm_all_reduce(j->world, &v[0], &agg[0], 1, SL_COMM_I64, SL_COMM_MAX) != SL_OK ||
+            sl_comm_all_reduce(j->world, &v[1], &agg[1], 1, SL_COMM_I64, SL_COMM_MIN) != SL_OK ||
+            sl_comm_all_reduce(j->world, &v[2], &agg[2], 1, SL_COMM_I64, SL_COMM_MAX) != SL_OK)
+            return sl_train_fail(SL_ERR_PEER, "rank %d: pooled restore: %s", rank, sl_errmsg());
+    } else {
+        memcpy(agg, v, sizeof agg);
+    }
+    if (agg[0])
+        return sl_train_bad("--ckpt-local-dir: %s",
+                            msg[0] ? msg : "the pooled restore failed on another host");
+    if (agg[1] != agg[2])
+        return sl_train_bad("--ckpt-local-dir %s: hosts rebuilt different steps (%lld and %lld)",
+                            p->local_root, (long long)agg[1], (long long)agg[2]);
+    if (agg[1] < 0) return SL_OK;
+    snprintf(dir, cap, "%s/step-%07lld", restore, (long long)agg[1]);
+    *found = 1;
+    if (j->out && rank == 0)
+        fprintf(j->out, "pooled checkpoint step %lld reassembled from %s (%d hosts)\n", (long long)agg[1],
+                p->local_root, p->hosts);
+    return SL_OK;
+}
+
 /* load_dir: a checkpoint to resume (the newest valid one, or the newer in-memory copy), else the weights
- * in load_dir/model.safetensors, else (load_dir == save_dir) a fresh start. */
+ * in load_dir/model.safetensors, else (load_dir == save_dir) a fresh start. With --ckpt-local-dir the pool
+ * is a candidate too (Note [Pooled restore]). */
 static sl_status find_start(sl_train_job *j) {
     const sl_train_opts *o = &j->o;
     const char *load = o->ckpt.load_dir, *save = o->ckpt.save_dir, *init_from = o->model.init_from;
@@ -258,10 +348,20 @@ static sl_status find_start(sl_train_job *j) {
     snprintf(j->wpath, sizeof j->wpath, "%s/model.safetensors", load);
     const char *mem = sl_ckpt_mem_root();
     char memdir[4096];
+    char pooldir[4000];
+    int have_pool = 0;
+    if (j->pooled) SL_TRY(pool_restore(j, pooldir, sizeof pooldir, &have_pool));
     if (sl_ckpt_is_checkpoint(load)) {
         if (sl_ckpt_find_latest(load, j->ckdir, sizeof j->ckdir) != SL_OK)
             return sl_train_bad("--load: %s", sl_errmsg());
         j->resume = 1;
+    }
+    if (have_pool) {
+        const char *ps = strrchr(pooldir, '/'), *ds = j->resume ? strrchr(j->ckdir, '/') : NULL;
+        if (!ds || strcmp(ps, ds) >= 0) {
+            snprintf(j->ckdir, sizeof j->ckdir, "%s", pooldir);
+            j->resume = 1;
+        }
     }
     if (mem && same && sl_ckpt_is_checkpoint(mem) &&
         sl_ckpt_find_latest(mem, memdir, sizeof memdir) == SL_OK) {
@@ -341,7 +441,7 @@ static sl_status make_model(sl_train_job *j) {
     if (sl_gpt2_new_on(&j->cfg, j->be, &j->m) != SL_OK) return sl_train_bad("%s", sl_errmsg());
     if (j->init_from_weights) {
         if (sl_model_load_weights(j->m, j->wpath) != SL_OK) return sl_train_bad("--load: %s", sl_errmsg());
-    } else {
+    } else if (!j->resume) { /* a resumed run loads every parameter from the checkpoint (make_trainer) */
         SL_TRY(sl_model_init_weights_ex(j->m, (uint64_t)o->seed));
     }
     if (j->mesh.tp > 1 || j->mesh.pp > 1) { /* this rank's part of the whole model initialised above */
@@ -377,6 +477,9 @@ static sl_status reserve_writer(sl_train_job *j) {
     free(segs);
     if (sl_ckpt_writer_reserve(j->ckw, need) != SL_OK)
         return sl_train_bad("--save-interval: %s", sl_errmsg());
+    if (j->pooled) sl_ckpt_writer_set_pool(j->ckw, &j->pool);
+    if (j->pooled && j->o.ckpt.shared)
+        sl_ckpt_writer_set_drain(j->ckw, j->o.ckpt.save_dir, (int)j->o.ckpt.keep);
     return SL_OK;
 }
 
@@ -456,6 +559,7 @@ sl_status sl_train_job_setup(sl_train_job *j, const sl_train_opts *opts) {
     j->out = opts->log.out;
     j->err = opts->log.err;
     j->pending_step = -1;
+    j->committing_step = -1;
     SL_TRY(setup_comm(j));
     SL_TRY(check_opts(j));
     SL_TRY(open_data(j));

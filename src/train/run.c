@@ -3,6 +3,7 @@
 #include <math.h>
 #include <signal.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "suanli/metrics.h"
 #include "suanli/model_io.h"
@@ -100,6 +101,30 @@ static void print_banner(const sl_train_job *j) {
                 j->resume_seconds);
 }
 
+static void report_commit(sl_train_job *j, int64_t step, double commit_ms, const char *how) {
+    sl_ckpt_writer *w = j->ckw;
+    double wsec = sl_ckpt_writer_write_seconds(w);
+    if (!j->out) return;
+    fprintf(j->out,
+            "checkpoint step %lld committed: stall %.1f ms, background write %.2f s (%.0f MB/s from rank 0), "
+            "commit %.1f ms%s\n",
+            (long long)step, sl_ckpt_writer_stall(w) * 1e3, wsec,
+            sl_ckpt_writer_bytes(w) / 1e6 / (wsec > 0 ? wsec : 1), commit_ms, how);
+    fflush(j->out);
+}
+
+/* Rank 0, pooled: a commit running on the writer thread finished (or wait for it with force). */
+static sl_status commit_poll(sl_train_job *j, int force, const sl_train_callbacks *cb) {
+    if (j->committing_step < 0 || (!force && !sl_ckpt_writer_done(j->ckw))) return SL_OK;
+    int64_t step = j->committing_step;
+    j->committing_step = -1;
+    sl_status cs = sl_ckpt_writer_wait(j->ckw);
+    if (cs != SL_OK) return sl_train_fail(cs, "checkpoint commit: %s", sl_errmsg());
+    report_commit(j, step, sl_ckpt_writer_commit_seconds(j->ckw) * 1e3, " (on the writer thread)");
+    if (cb && cb->on_checkpoint) cb->on_checkpoint(cb->user, step, j->pool.local_root);
+    return SL_OK;
+}
+
 /* Commit a pending checkpoint once every rank's writer finished (or wait for it with force)
  * (Note [Checkpoint commit protocol] in src/ckpt/ckpt.c). */
 static sl_status ckpt_poll(sl_train_job *j, int force, const sl_train_callbacks *cb) {
@@ -129,23 +154,25 @@ static sl_status ckpt_poll(sl_train_job *j, int force, const sl_train_callbacks 
     const char *root = j->o.ckpt.save_dir;
     if (mesh->rank == 0) {
         double t0 = sl_time_sec();
-        sl_status cs = sl_ckpt_commit(root, j->pending_step, mesh->world, (int)j->o.ckpt.keep, j->model_json,
-                                      j->layout_json);
-        if (cs != SL_OK) return sl_train_fail(cs, "checkpoint commit: %s", sl_errmsg());
         const char *mem = sl_ckpt_mem_root();
+        if (j->pooled) { /* the per-host commits (fsyncs on every host) run on the writer thread */
+            int keep = (int)(j->o.ckpt.local_keep > 0 ? j->o.ckpt.local_keep : j->o.ckpt.keep);
+            sl_status cs = sl_ckpt_writer_commit_pool(w, j->pending_step, mesh->world, keep, j->model_json,
+                                                      j->layout_json);
+            if (cs != SL_OK) return sl_train_fail(cs, "checkpoint commit: %s", sl_errmsg());
+            j->committing_step = j->pending_step;
+        } else {
+            sl_status cs = sl_ckpt_commit(root, j->pending_step, mesh->world, (int)j->o.ckpt.keep,
+                                          j->model_json, j->layout_json);
+            if (cs != SL_OK) return sl_train_fail(cs, "checkpoint commit: %s", sl_errmsg());
+        }
         if (mem &&
             sl_ckpt_commit(mem, j->pending_step, mesh->world, 1, j->model_json, j->layout_json) != SL_OK)
             SL_LOGW("in-memory checkpoint copy not committed: %s", sl_errmsg());
-        double wsec = sl_ckpt_writer_write_seconds(w);
-        if (j->out) {
-            fprintf(j->out,
-                    "checkpoint step %lld committed: stall %.1f ms, background write %.2f s (%.0f MB/s from "
-                    "rank 0), commit %.1f ms\n",
-                    (long long)j->pending_step, sl_ckpt_writer_stall(w) * 1e3, wsec,
-                    sl_ckpt_writer_bytes(w) / 1e6 / (wsec > 0 ? wsec : 1), (sl_time_sec() - t0) * 1e3);
-            fflush(j->out);
+        if (!j->pooled) {
+            report_commit(j, j->pending_step, (sl_time_sec() - t0) * 1e3, "");
+            if (cb && cb->on_checkpoint) cb->on_checkpoint(cb->user, j->pending_step, root);
         }
-        if (cb && cb->on_checkpoint) cb->on_checkpoint(cb->user, j->pending_step, root);
     }
     j->pending_step = -1;
     return SL_OK;
@@ -174,11 +201,11 @@ static sl_status ckpt_begin(sl_train_job *j, int64_t step) {
     free(segs);
     if (cs != SL_OK) return sl_train_fail(cs, "rank %d: checkpoint: %s", mesh->rank, sl_errmsg());
     if (j->rank0) {
-        /* the model config travels with the checkpoint */
+        /* the model config travels with the checkpoint (pooled: the commit writes it on every host) */
         char cp[4300];
         snprintf(cp, sizeof cp, "%s/step-%07lld.tmp%s/config.json", save, (long long)step,
                  restart ? restart : "");
-        sl_file_write_atomic(cp, j->model_json, strlen(j->model_json));
+        if (!j->pooled || j->o.ckpt.shared) sl_file_write_atomic(cp, j->model_json, strlen(j->model_json));
         const char *mem = sl_ckpt_mem_root();
         if (mem) {
             snprintf(cp, sizeof cp, "%s/step-%07lld.tmp%s", mem, (long long)step, restart ? restart : "");
@@ -196,10 +223,34 @@ static sl_status ckpt_begin(sl_train_job *j, int64_t step) {
 static sl_status ckpt_after_step(sl_train_job *j, int64_t done, const sl_train_callbacks *cb) {
     if (!j->ckw) return SL_OK;
     int64_t every = j->o.ckpt.save_interval;
+    SL_TRY(commit_poll(j, 0, cb));
     SL_TRY(ckpt_poll(j, 0, cb));
     if (done % every != 0) return SL_OK;
     if (j->pending_step >= 0) SL_TRY(ckpt_poll(j, 1, cb)); /* the previous save is still being written */
+    SL_TRY(commit_poll(j, 1, cb)); /* the writer thread is still committing the previous one */
     return ckpt_begin(j, done);
+}
+
+/* Test hook (docs/ENV.md): SUANLI_FAULT_LOSE_HOSTS=h[,h...] with a pooled store: the rank that kills itself
+ * (SUANLI_FAULT_KILL_AT_STEP) first deletes those hosts' node-local directories, as if their disks died. */
+static void lose_hosts(const sl_train_job *j) {
+    const char *e = getenv("SUANLI_FAULT_LOSE_HOSTS");
+    if (!e || !j->pooled) return;
+    for (const char *p = e; *p;) {
+        char *end;
+        long h = strtol(p, &end, 10);
+        if (end == p) break;
+        char cmd[4300];
+        /* renamed away first: peers' writer threads may still be writing into it */
+        snprintf(cmd, sizeof cmd,
+                 "mv '%s/host-%ld' '%s/lost-host-%ld.%d' 2>/dev/null; rm -rf '%s/lost-host-%ld.%d'",
+                 j->pool.local_root, h, j->pool.local_root, h, (int)getpid(), j->pool.local_root, h,
+                 (int)getpid());
+        fprintf(stderr, "suanli train: SUANLI_FAULT_LOSE_HOSTS: removing %s/host-%ld\n", j->pool.local_root,
+                h);
+        if (system(cmd) != 0) fprintf(stderr, "suanli train: could not remove host %ld\n", h);
+        p = *end == ',' ? end + 1 : end;
+    }
 }
 
 /* Test hooks (docs/ENV.md): on the first attempt, the chosen rank (default: every rank) kills or stops
@@ -211,6 +262,7 @@ static void fault_hooks(const sl_train_job *j, int64_t done) {
     if (kill_at && atoll(kill_at) == done && first && me) {
         fprintf(stderr, "suanli train: rank %d: SUANLI_FAULT_KILL_AT_STEP=%s: killing myself\n", j->mesh.rank,
                 kill_at);
+        lose_hosts(j);
         fflush(stderr);
         raise(SIGKILL);
     }
@@ -370,6 +422,7 @@ static sl_status finish(sl_train_job *j, const sl_train_callbacks *cb, const sl_
                         double t_start) {
     const sl_train_opts *o = &j->o;
     if (j->ckw) SL_TRY(ckpt_poll(j, 1, cb));
+    if (j->ckw) SL_TRY(commit_poll(j, 1, cb));
     sl_status st;
     if (j->dp &&
         (st = sl_dp_gather_params(j->dp)) != SL_OK) /* ZeRO-3: whole weights for saving and sampling */

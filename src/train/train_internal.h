@@ -44,6 +44,10 @@ typedef struct sl_train_job {
     sl_ckpt_writer *ckw;
     int64_t pending_step; /* step of a checkpoint being written; -1: none */
     char model_json[512], layout_json[1024];
+    int pooled;              /* --ckpt-local-dir */
+    int64_t committing_step; /* rank 0, pooled: step whose commit runs on the writer thread; -1: none */
+    double commit_t0;
+    sl_ckpt_pool pool; /* this rank's view of the pool */
 } sl_train_job;
 
 /* Bad input (SL_ERR_INVALID): a one-line message. The arguments may include sl_errmsg(). */

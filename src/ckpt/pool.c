@@ -1,0 +1,758 @@
+/* Pooled node-local checkpoint storage: replicas or erasure-coded blocks across hosts. See
+ * include/suanli/ckpt.h.
+ *
+ * Note [Pooled checkpoint store]
+ * Layout: ROOT/host-<h>/step-NNNNNNN/ is host h's node-local directory for one step. Rank r (host
+ * h = rank*hosts/world) writes shard-rR.safetensors into its own host dir (the writer thread, off the
+ * training thread) and then, still in that thread:
+ *  - replicas k: copies the file into the step dirs of hosts h+1 .. h+k-1 (mod hosts);
+ *  - erasure code k+m: cuts the file into k data blocks (zero-padded to a common 64-byte multiple), computes
+ *    m parity blocks (ec.c), writes block j as shard-rR.safetensors.ec<j> on host h+j, and removes the full
+ *    file. Each block starts with a 128-byte header naming its stripe (step and shard file), k, m and its
+ *    index, so a block of another stripe is recognised as such, not just as a checksum mismatch.
+ * The placement (hosts, sizes, XXH3 of every copy and block) goes into the rank's sidecar; rank 0's commit
+ * puts it under the manifest's "pool" and writes the same manifest and config.json into every host's
+ * step-N.tmp dir before renaming it to step-N (per host: manifest, fsync, rename, `latest`, prune).
+ * A restore takes the manifest from any host that has one, then for each shard file the first intact copy
+ * (size and checksum match) or any k intact blocks, and writes a plain step dir that sl_ckpt_load reads.
+ * Transfers are file writes into the peer host's directory by the owning rank: on one machine the hosts
+ * are directories; on a real cluster that directory would be a peer's export (or the bytes would travel
+ * over sl_comm) — the placement logic and the manifest do not change. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "ckpt/pool_internal.h"
+
+typedef struct {
+    char magic[8]; /* "SLECBLK1" */
+    uint32_t k, m, index, reserved;
+    uint64_t step, file_size, block_size;
+    char stripe[80]; /* "step-NNNNNNN/shard-rRRRRR.safetensors" */
+} ec_header;
+_Static_assert(sizeof(ec_header) == 128, "erasure-code block header is 128 bytes");
+
+int sl_ckpt_pool_host_of(int rank, int world, int hosts) {
+    if (world <= 0 || hosts <= 1) return 0;
+    return (int)((int64_t)rank * hosts / world);
+}
+
+int sl_ckpt_ec_available(void) { return sl_ec_available(); }
+
+sl_status sl_ckpt_pool_parse_ec(const char *s, int *k, int *m) {
+    int used = 0;
+    if (!s || sscanf(s, "%d+%d%n", k, m, &used) != 2 || s[used] || *k < 1 || *k > SL_EC_MAX_K || *m < 1 ||
+        *m > SL_EC_MAX_M)
+        return sl_fail(SL_ERR_INVALID, "--ckpt-ec: expected K+M with 1 <= K <= %d and 1 <= M <= %d, got '%s'",
+                       SL_EC_MAX_K, SL_EC_MAX_M, s ? s : "");
+    return SL_OK;
+}
+
+sl_status sl_ckpt_pool_check(const sl_ckpt_pool *p) {
+    if (!p->local_root || !*p->local_root) return sl_fail(SL_ERR_INVALID, "--ckpt-local-dir: empty path");
+    if (p->hosts < 1 || p->host < 0 || p->host >= p->hosts)
+        return sl_fail(SL_ERR_INVALID, "--hosts: host %d of %d hosts", p->host, p->hosts);
+    if (p->ec_k > 0) {
+        if (p->replicas > 1)
+            return sl_fail(SL_ERR_INVALID, "--ckpt-ec: give either --ckpt-replicas or --ckpt-ec, not both");
+        if (!sl_ec_available())
+            return sl_fail(SL_ERR_UNSUPPORTED,
+                           "--ckpt-ec: this build has no erasure coding (install libisal-dev and rebuild)");
+        if (p->ec_k + p->ec_m > p->hosts)
+            return sl_fail(
+                SL_ERR_INVALID,
+                "--ckpt-ec %d+%d: needs %d hosts, this job has %d (suanli run --hosts, SUANLI_HOSTS)",
+                p->ec_k, p->ec_m, p->ec_k + p->ec_m, p->hosts);
+        return SL_OK;
+    }
+    if (p->replicas < 1 || p->replicas > p->hosts)
+        return sl_fail(SL_ERR_INVALID,
+                       "--ckpt-replicas %d: needs 1..%d (the job's hosts; suanli run --hosts, SUANLI_HOSTS)",
+                       p->replicas, p->hosts);
+    return SL_OK;
+}
+
+static void sum_str(char *out, size_t cap, const void *p, size_t n) {
+    snprintf(out, cap, "xxh3:%016llx", (unsigned long long)XXH3_64bits(p, n));
+}
+
+/* write head (may be NULL) + body to path atomically: tmp name, fsync, rename */
+static sl_status write_parts(const char *path, const void *head, size_t hn, const void *body, size_t bn,
+                             int sync) {
+    char tmp[4400];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return sl_fail(SL_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    const void *pp[2] = {head, body};
+    size_t nn[2] = {head ? hn : 0, bn};
+    for (int i = 0; i < 2; i++) {
+        const char *b = pp[i];
+        size_t off = 0;
+        while (off < nn[i]) {
+            ssize_t k = write(fd, b + off, nn[i] - off);
+            if (k < 0 && errno == EINTR) continue;
+            if (k <= 0) {
+                int e = errno;
+                close(fd);
+                unlink(tmp);
+                return sl_fail(SL_ERR_IO, "%s: write failed: %s", tmp, strerror(e));
+            }
+            off += (size_t)k;
+        }
+    }
+    if ((sync && fsync(fd) != 0) || close(fd) != 0 || rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return sl_fail(SL_ERR_IO, "%s: cannot write: %s", path, strerror(e));
+    }
+    return SL_OK;
+}
+
+static void peer_dir(char *out, size_t cap, const sl_ckpt_pool *p, int host, const char *stepbase) {
+    snprintf(out, cap, "%s/host-%d/%s", p->local_root, host, stepbase);
+}
+
+static sl_status spread_ec(const sl_ckpt_pool *p, const char *stepbase, int64_t step, const char *file,
+                           const char *buf, size_t n, cJSON *o) {
+    int k = p->ec_k, m = p->ec_m;
+    size_t bs = ((n + (size_t)k - 1) / (size_t)k + 63) / 64 * 64;
+    if (bs == 0) bs = 64;
+    uint8_t *blk = sl_malloc_aligned(bs * (size_t)(k + m));
+    if (!blk)
+        return sl_fail(SL_ERR_NOMEM, "checkpoint: erasure coding: cannot allocate %zu bytes", bs * (k + m));
+    uint8_t *ptr[SL_EC_MAX_K + SL_EC_MAX_M];
+    for (int i = 0; i < k + m; i++) ptr[i] = blk + bs * (size_t)i;
+    memset(blk, 0, bs * (size_t)k);
+    memcpy(blk, buf, n);
+    sl_status st = sl_ckpt_ec_encode(k, m, bs, ptr, ptr + k);
+    cJSON_AddNumberToObject(o, "ec_k", k);
+    cJSON_AddNumberToObject(o, "ec_m", m);
+    cJSON_AddNumberToObject(o, "block_size", (double)bs);
+    cJSON *arr = cJSON_AddArrayToObject(o, "blocks");
+    char stepname[32];
+    snprintf(stepname, sizeof stepname, "step-%07lld", (long long)step);
+    for (int j = 0; j < k + m && st == SL_OK; j++) {
+        int h = (p->host + j) % p->hosts;
+        char dir[4300], path[4500], bname[128], sum[32];
+        ec_header hd = {.magic = "SLECBLK1",
+                        .k = (uint32_t)k,
+                        .m = (uint32_t)m,
+                        .index = (uint32_t)j,
+                        .step = (uint64_t)step,
+                        .file_size = n,
+                        .block_size = bs};
+        snprintf(hd.stripe, sizeof hd.stripe, "%s/%s", stepname, file);
+        snprintf(bname, sizeof bname, "%s.ec%d", file, j);
+        peer_dir(dir, sizeof dir, p, h, stepbase);
+        snprintf(path, sizeof path, "%s/%s", dir, bname);
+        st = sl_mkdirs(dir);
+        if (st == SL_OK) st = write_parts(path, &hd, sizeof hd, ptr[j], bs, 1);
+        sum_str(sum, sizeof sum, ptr[j], bs);
+        cJSON *b = cJSON_CreateObject();
+        cJSON_AddNumberToObject(b, "index", j);
+        cJSON_AddNumberToObject(b, "host", h);
+        cJSON_AddStringToObject(b, "file", bname);
+        cJSON_AddStringToObject(b, "checksum", sum);
+        cJSON_AddItemToArray(arr, b);
+    }
+    sl_free_aligned(blk);
+    return st;
+}
+
+sl_status sl_ckpt_pool_spread(const sl_ckpt_pool *p, const char *stepbase, int64_t step, const char *file,
+                              cJSON **placement) {
+    char dir[4300], path[4500], sum[32];
+    *placement = NULL;
+    peer_dir(dir, sizeof dir, p, p->host, stepbase);
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    char *buf;
+    size_t n;
+    SL_TRY(sl_file_read_all(path, &buf, &n));
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "size", (double)n);
+    sum_str(sum, sizeof sum, buf, n);
+    cJSON_AddStringToObject(o, "checksum", sum);
+    sl_status st = SL_OK;
+    if (p->ec_k > 0) {
+        st = spread_ec(p, stepbase, step, file, buf, n, o);
+        if (st == SL_OK && unlink(path) != 0)
+            st = sl_fail(SL_ERR_IO, "%s: cannot remove after erasure coding: %s", path, strerror(errno));
+    } else {
+        cJSON *copies = cJSON_AddArrayToObject(o, "copies");
+        for (int i = 0; i < p->replicas && st == SL_OK; i++) {
+            int h = (p->host + i) % p->hosts;
+            cJSON_AddItemToArray(copies, cJSON_CreateNumber(h));
+            if (i == 0) continue; /* the writer's own file */
+            peer_dir(dir, sizeof dir, p, h, stepbase);
+            snprintf(path, sizeof path, "%s/%s", dir, file);
+            st = sl_mkdirs(dir);
+            if (st == SL_OK) st = write_parts(path, NULL, 0, buf, n, 1);
+        }
+    }
+    free(buf);
+    if (st != SL_OK) {
+        cJSON_Delete(o);
+        return st;
+    }
+    *placement = o;
+    return SL_OK;
+}
+
+/* ---------------- commit ---------------- */
+
+/* step-N.tmpX dirs of earlier attempts (X != this attempt's suffix): writes a killed attempt left */
+static void remove_stale_tmp(const char *hroot, const char *suffix) {
+    DIR *d = opendir(hroot);
+    if (!d) return;
+    struct dirent *de;
+    char path[4600];
+    while ((de = readdir(d))) {
+        long long st;
+        int used = 0;
+        if (sscanf(de->d_name, "step-%lld%n", &st, &used) != 1 || strncmp(de->d_name + used, ".tmp", 4) != 0 ||
+            !strcmp(de->d_name + used, suffix))
+            continue;
+        snprintf(path, sizeof path, "%s/%s", hroot, de->d_name);
+        sl_ckpt_rm_rf(path);
+    }
+    closedir(d);
+}
+
+sl_status sl_ckpt_pool_commit(const sl_ckpt_pool *p, int64_t step, int world, int keep,
+                              const char *model_json, const char *layout_json) {
+    const char *rc = getenv("SUANLI_RESTART_COUNT");
+    char stepbase[64], fin_base[32], path[4600];
+    snprintf(stepbase, sizeof stepbase, "step-%07lld.tmp%s", (long long)step, rc ? rc : "");
+    snprintf(fin_base, sizeof fin_base, "step-%07lld", (long long)step);
+    sl_status st = SL_OK;
+    cJSON *man = NULL;
+    char *text = NULL, **side = calloc((size_t)world, sizeof(char *));
+    if (!side) return sl_fail(SL_ERR_NOMEM, "checkpoint: out of memory");
+    for (int r = 0; r < world; r++) {
+        snprintf(path, sizeof path, "%s/host-%d/%s/shard-r%05d.json", p->local_root,
+                 sl_ckpt_pool_host_of(r, world, p->hosts), stepbase, r);
+        side[r] = strdup(path);
+    }
+    SL_CHECK(sl_ckpt_manifest_build(step, world, model_json, layout_json, side, 1, &man));
+    cJSON *pool = cJSON_GetObjectItem(man, "pool");
+    if (!pool) {
+        pool = cJSON_CreateObject();
+        cJSON_AddItemToObject(pool, "files", cJSON_CreateObject());
+        cJSON_AddItemToObject(man, "pool", pool);
+    }
+    cJSON_AddNumberToObject(pool, "hosts", p->hosts);
+    cJSON *rh = cJSON_AddArrayToObject(pool, "rank_host");
+    for (int r = 0; r < world; r++)
+        cJSON_AddItemToArray(rh, cJSON_CreateNumber(sl_ckpt_pool_host_of(r, world, p->hosts)));
+    char red[32];
+    if (p->ec_k > 0)
+        snprintf(red, sizeof red, "ec %d+%d", p->ec_k, p->ec_m);
+    else
+        snprintf(red, sizeof red, "replicas %d", p->replicas);
+    cJSON_AddStringToObject(pool, "redundancy", red);
+    text = cJSON_Print(man);
+    if (!text) {
+        st = sl_fail(SL_ERR_NOMEM, "checkpoint: out of memory");
+        goto done;
+    }
+    for (int h = 0; h < p->hosts; h++) {
+        char hroot[4300], tmp[4400], fin[4400];
+        snprintf(hroot, sizeof hroot, "%s/host-%d", p->local_root, h);
+        snprintf(tmp, sizeof tmp, "%s/%s", hroot, stepbase);
+        snprintf(fin, sizeof fin, "%s/%s", hroot, fin_base);
+        SL_CHECK(sl_mkdirs(tmp));
+        snprintf(path, sizeof path, "%s/manifest.json", tmp);
+        SL_CHECK(sl_file_write_atomic(path, text, strlen(text)));
+        if (model_json) {
+            snprintf(path, sizeof path, "%s/config.json", tmp);
+            SL_CHECK(sl_file_write_atomic(path, model_json, strlen(model_json)));
+        }
+        sl_fsync_dir(tmp);
+        if (access(fin, F_OK) == 0) SL_CHECK(sl_ckpt_rm_rf(fin));
+        if (rename(tmp, fin) != 0) {
+            st = sl_fail(SL_ERR_IO, "%s: cannot rename to %s: %s", tmp, fin, strerror(errno));
+            goto done;
+        }
+        sl_fsync_dir(hroot);
+        char name[64];
+        snprintf(path, sizeof path, "%s/latest", hroot);
+        snprintf(name, sizeof name, "%s\n", fin_base);
+        SL_CHECK(sl_file_write_atomic(path, name, strlen(name)));
+        sl_fsync_dir(hroot);
+        if (keep > 0) sl_ckpt_prune(hroot, keep);
+        remove_stale_tmp(hroot, stepbase + strlen(fin_base));
+    }
+done:
+    for (int r = 0; r < world; r++) free(side[r]);
+    free(side);
+    cJSON_Delete(man);
+    free(text);
+    return st;
+}
+
+/* ---------------- restore ---------------- */
+
+/* host dirs present: 1 + the largest h of ROOT/host-<h> (0: none) */
+static int hosts_present(const char *root) {
+    DIR *d = opendir(root);
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        int h, used = 0;
+        if (sscanf(de->d_name, "host-%d%n", &h, &used) == 1 && !de->d_name[used] && h >= 0 && h < 100000 &&
+            h + 1 > n)
+            n = h + 1;
+    }
+    closedir(d);
+    return n;
+}
+
+int sl_ckpt_is_pool(const char *dir) { return hosts_present(dir) > 0; }
+
+/* step numbers that some host dir holds (committed names), newest first, without duplicates */
+static int pool_steps(const char *root, int scan, int64_t **out) {
+    int n = 0, cap = 0;
+    int64_t *v = NULL;
+    for (int h = 0; h < scan; h++) {
+        char hroot[4300], **names;
+        snprintf(hroot, sizeof hroot, "%s/host-%d", root, h);
+        int k = sl_ckpt_list_steps(hroot, &names);
+        for (int i = 0; i < k; i++) {
+            int64_t s = atoll(names[i] + 5);
+            free(names[i]);
+            int dup = 0;
+            for (int j = 0; j < n; j++) dup |= v[j] == s;
+            if (dup) continue;
+            if (n == cap) {
+                cap = cap ? 2 * cap : 16;
+                int64_t *nv = realloc(v, sizeof(int64_t) * (size_t)cap);
+                if (!nv) continue;
+                v = nv;
+            }
+            v[n++] = s;
+        }
+        free(names);
+    }
+    for (int i = 1; i < n; i++) /* insertion sort, descending */
+        for (int j = i; j > 0 && v[j] > v[j - 1]; j--) {
+            int64_t t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    *out = v;
+    return n;
+}
+
+typedef struct {
+    const char *root;
+    char step_name[32];
+    int hosts; /* of the job: placements must be below */
+    char *report;
+    size_t rcap;
+} ctx;
+
+static void note(ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void note(ctx *c, const char *fmt, ...) {
+    if (!c->report) return;
+    size_t len = strlen(c->report);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->report + len, c->rcap - len, fmt, ap);
+    va_end(ap);
+}
+
+/* the file at ROOT/host-h/step/name with an expected size: SL_OK and *buf, or a reason in why */
+static int read_checked(ctx *c, int h, const char *name, size_t want, char **buf, char *why, size_t wcap) {
+    char path[4600];
+    snprintf(path, sizeof path, "%s/host-%d/%s/%s", c->root, h, c->step_name, name);
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        snprintf(why, wcap, "host %d: %s missing", h, name);
+        return 0;
+    }
+    if ((size_t)sb.st_size != want) {
+        snprintf(why, wcap, "host %d: %s is %lld bytes, %s than the recorded %zu", h, name,
+                 (long long)sb.st_size, (size_t)sb.st_size < want ? "smaller" : "larger", want);
+        return 0;
+    }
+    size_t n = 0;
+    if (sl_file_read_all(path, buf, &n) != SL_OK) {
+        snprintf(why, wcap, "host %d: %s unreadable", h, name);
+        return 0;
+    }
+    if (n != want) {
+        free(*buf);
+        snprintf(why, wcap, "host %d: %s changed size while read", h, name);
+        return 0;
+    }
+    return 1;
+}
+
+static int host_ok(ctx *c, int h, const char *file, char *err, size_t cap) {
+    if (h >= 0 && h < c->hosts) return 1;
+    snprintf(err, cap, "manifest places %s on host %d, which is not in this job (hosts 0..%d)", file, h,
+             c->hosts - 1);
+    return 0;
+}
+
+/* one replicated file: the first intact copy (*src_host: its host) */
+static sl_status fetch_replica(ctx *c, const char *file, cJSON *o, size_t size, const char *sum, char **out,
+                               int *src_host) {
+    cJSON *copies = cJSON_GetObjectItem(o, "copies"), *h;
+    char why[1024] = "", one[700], got[32];
+    if (!cJSON_IsArray(copies))
+        return sl_fail(SL_ERR_FORMAT, "%s: manifest pool entry of %s has no copies", c->step_name, file);
+    cJSON_ArrayForEach(h, copies) {
+        if (!cJSON_IsNumber(h) || !host_ok(c, h->valueint, file, one, sizeof one))
+            return sl_fail(SL_ERR_FORMAT, "%s: %s", c->step_name, cJSON_IsNumber(h) ? one : "bad host entry");
+    }
+    char *keep = NULL;
+    int used = -1;
+    cJSON_ArrayForEach(h, copies) {
+        char *buf;
+        if (keep && !c->report) break; /* inspect looks at every copy; a restore stops at the first intact */
+        if (!read_checked(c, h->valueint, file, size, &buf, one, sizeof one)) {
+            note(c, "    %s copy on host %d: %s\n", file, h->valueint, strchr(one, ':') + 2);
+            snprintf(why + strlen(why), sizeof why - strlen(why), "%s%s", why[0] ? "; " : "", one);
+            continue;
+        }
+        sum_str(got, sizeof got, buf, size);
+        if (strcmp(got, sum) != 0) {
+            free(buf);
+            note(c, "    %s copy on host %d: checksum mismatch\n", file, h->valueint);
+            snprintf(why + strlen(why), sizeof why - strlen(why),
+                     "%shost %d: %s checksum mismatch (%s, manifest %s)", why[0] ? "; " : "", h->valueint,
+                     file, got, sum);
+            continue;
+        }
+        note(c, "    %s copy on host %d: ok\n", file, h->valueint);
+        if (keep) {
+            free(buf);
+            continue;
+        }
+        keep = buf;
+        used = h->valueint;
+    }
+    if (!keep) return sl_fail(SL_ERR_FORMAT, "%s: no intact copy of %s (%s)", c->step_name, file, why);
+    if (why[0] && !c->report) SL_LOGW("%s: %s; using the copy on host %d", c->step_name, why, used);
+    *src_host = used;
+    *out = keep;
+    return SL_OK;
+}
+
+/* one block of an erasure-coded file into dst (block_size bytes); 0 with a reason when unusable */
+static int fetch_block(ctx *c, cJSON *b, const char *file, int k, int m, size_t bs, size_t size, uint8_t *dst,
+                       int *index, char *why, size_t wcap) {
+    cJSON *ix = cJSON_GetObjectItem(b, "index"), *hh = cJSON_GetObjectItem(b, "host"),
+          *fn = cJSON_GetObjectItem(b, "file"), *cs = cJSON_GetObjectItem(b, "checksum");
+    *index = cJSON_IsNumber(ix) ? ix->valueint : -1;
+    int h = hh->valueint;
+    char *buf;
+    if (!read_checked(c, h, fn->valuestring, sizeof(ec_header) + bs, &buf, why, wcap)) return 0;
+    ec_header hd;
+    memcpy(&hd, buf, sizeof hd);
+    char want[80];
+    snprintf(want, sizeof want, "%s/%s", c->step_name, file);
+    hd.stripe[sizeof hd.stripe - 1] = 0;
+    int ok = 0;
+    if (memcmp(hd.magic, "SLECBLK1", 8) != 0)
+        snprintf(why, wcap, "host %d: %s is not an erasure-code block", h, fn->valuestring);
+    else if (strcmp(hd.stripe, want) != 0 || hd.index != (uint32_t)*index || hd.k != (uint32_t)k ||
+             hd.m != (uint32_t)m || hd.block_size != bs || hd.file_size != size)
+        snprintf(why, wcap, "host %d: %s is block %u of stripe '%s' (%u+%u), not block %d of '%s' (%d+%d)", h,
+                 fn->valuestring, hd.index, hd.stripe, hd.k, hd.m, *index, want, k, m);
+    else {
+        char got[32];
+        sum_str(got, sizeof got, buf + sizeof hd, bs);
+        if (strcmp(got, cs->valuestring) != 0)
+            snprintf(why, wcap, "host %d: %s checksum mismatch (%s, manifest %s)", h, fn->valuestring, got,
+                     cs->valuestring);
+        else {
+            memcpy(dst, buf + sizeof hd, bs);
+            ok = 1;
+        }
+    }
+    free(buf);
+    return ok;
+}
+
+static sl_status fetch_ec(ctx *c, const char *file, cJSON *o, size_t size, const char *sum, char **out) {
+    cJSON *jk = cJSON_GetObjectItem(o, "ec_k"), *jm = cJSON_GetObjectItem(o, "ec_m"),
+          *jb = cJSON_GetObjectItem(o, "block_size"), *blocks = cJSON_GetObjectItem(o, "blocks"), *b;
+    int k = cJSON_IsNumber(jk) ? jk->valueint : 0, m = cJSON_IsNumber(jm) ? jm->valueint : 0;
+    size_t bs = cJSON_IsNumber(jb) ? (size_t)jb->valuedouble : 0;
+    if (k < 1 || k > SL_EC_MAX_K || m < 1 || m > SL_EC_MAX_M || bs * (size_t)k < size ||
+        !cJSON_IsArray(blocks) || cJSON_GetArraySize(blocks) != k + m)
+        return sl_fail(SL_ERR_FORMAT, "%s: manifest: erasure-code entry of %s is malformed", c->step_name,
+                       file);
+    char one[700];
+    cJSON_ArrayForEach(b, blocks) {
+        cJSON *hh = cJSON_GetObjectItem(b, "host"), *fn = cJSON_GetObjectItem(b, "file"),
+              *cs = cJSON_GetObjectItem(b, "checksum");
+        if (!cJSON_IsNumber(hh) || !cJSON_IsString(fn) || !cJSON_IsString(cs) || strchr(fn->valuestring, '/'))
+            return sl_fail(SL_ERR_FORMAT, "%s: manifest: a block of %s has missing or mistyped fields",
+                           c->step_name, file);
+        if (!host_ok(c, hh->valueint, file, one, sizeof one))
+            return sl_fail(SL_ERR_FORMAT, "%s: %s", c->step_name, one);
+    }
+    uint8_t *blk = sl_malloc_aligned(bs * (size_t)(k + m)), *ptr[SL_EC_MAX_K + SL_EC_MAX_M];
+    if (!blk) return sl_fail(SL_ERR_NOMEM, "checkpoint: cannot allocate %zu bytes", bs * (size_t)(k + m));
+    int present[SL_EC_MAX_K + SL_EC_MAX_M] = {0}, have = 0, lost_data = 0;
+    char why[2048] = "";
+    for (int i = 0; i < k + m; i++) ptr[i] = blk + bs * (size_t)i;
+    cJSON_ArrayForEach(b, blocks) {
+        int idx;
+        int ok = 0;
+        cJSON *ix = cJSON_GetObjectItem(b, "index");
+        idx = cJSON_IsNumber(ix) ? ix->valueint : -1;
+        if (idx < 0 || idx >= k + m || present[idx]) {
+            snprintf(one, sizeof one, "block index %d out of place", idx);
+        } else {
+            ok = fetch_block(c, b, file, k, m, bs, size, ptr[idx], &idx, one, sizeof one);
+        }
+        int h = cJSON_GetObjectItem(b, "host")->valueint;
+        if (ok) {
+            present[idx] = 1;
+            have++;
+            note(c, "    %s block %d (%s) on host %d: ok\n", file, idx, idx < k ? "data" : "parity", h);
+        } else {
+            note(c, "    %s block %d on host %d: %s\n", file, idx, h,
+                 strchr(one, ':') ? strchr(one, ':') + 2 : one);
+            snprintf(why + strlen(why), sizeof why - strlen(why), "%s%s", why[0] ? "; " : "", one);
+            if (idx >= 0 && idx < k) lost_data++;
+        }
+    }
+    sl_status st = SL_OK;
+    if (have < k) {
+        st = sl_fail(SL_ERR_FORMAT,
+                     "%s: %s cannot be rebuilt: %d of its %d+%d blocks are intact, %d needed (%s)",
+                     c->step_name, file, have, k, m, k, why);
+    } else {
+        if (why[0] && !c->report)
+            SL_LOGW("%s: %s: %s; %s from %d intact blocks", c->step_name, file, why,
+                    lost_data ? "rebuilding it" : "reading it", have);
+        if (lost_data) st = sl_ckpt_ec_decode(k, m, bs, ptr, present);
+    }
+    char got[32];
+    if (st == SL_OK) {
+        sum_str(got, sizeof got, blk, size);
+        if (strcmp(got, sum) != 0)
+            st = sl_fail(SL_ERR_FORMAT, "%s: %s rebuilt from its blocks has checksum %s, manifest %s",
+                         c->step_name, file, got, sum);
+    }
+    if (st == SL_OK) {
+        *out = malloc(size ? size : 1);
+        if (!*out)
+            st = sl_fail(SL_ERR_NOMEM, "checkpoint: out of memory");
+        else
+            memcpy(*out, blk, size);
+    }
+    sl_free_aligned(blk);
+    return st;
+}
+
+/* the manifest of a step from the first host that has a well-formed one (text and config.json) */
+static sl_status step_manifest(ctx *c, int scan, cJSON **man, char **text, char **config, size_t *clen) {
+    char path[4600], first[4700] = "";
+    *man = NULL;
+    *text = *config = NULL;
+    for (int h = 0; h < scan; h++) {
+        char *t;
+        size_t n;
+        snprintf(path, sizeof path, "%s/host-%d/%s/manifest.json", c->root, h, c->step_name);
+        if (access(path, F_OK) != 0 || sl_file_read_all(path, &t, &n) != SL_OK) continue;
+        cJSON *j = cJSON_ParseWithLength(t, n);
+        cJSON *fmt = cJSON_GetObjectItem(j, "format"), *pool = cJSON_GetObjectItem(j, "pool");
+        if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "suanli-checkpoint") != 0 ||
+            !cJSON_IsObject(pool) || !cJSON_IsObject(cJSON_GetObjectItem(pool, "files")) ||
+            !cJSON_IsNumber(cJSON_GetObjectItem(j, "step"))) {
+            if (!first[0]) snprintf(first, sizeof first, "%s: not a pooled suanli manifest", path);
+            cJSON_Delete(j);
+            free(t);
+            continue;
+        }
+        snprintf(path, sizeof path, "%s/host-%d/%s/config.json", c->root, h, c->step_name);
+        if (access(path, F_OK) == 0) sl_file_read_all(path, config, clen);
+        *man = j;
+        *text = t;
+        if (c->hosts <= 0) {
+            cJSON *jh = cJSON_GetObjectItem(pool, "hosts");
+            c->hosts = cJSON_IsNumber(jh) ? jh->valueint : scan;
+        }
+        return SL_OK;
+    }
+    return sl_fail(SL_ERR_FORMAT, "%s: no host holds a readable manifest.json of %s%s%s", c->root,
+                   c->step_name, first[0] ? "; " : "", first);
+}
+
+/* assemble one step into dest (NULL: verify only) */
+static sl_status assemble_step(ctx *c, int scan, const char *dest) {
+    cJSON *man;
+    char *text, *config;
+    size_t clen = 0;
+    SL_TRY(step_manifest(c, scan, &man, &text, &config, &clen));
+    sl_status st = SL_OK;
+    char path[4600];
+    if (dest) {
+        if (access(dest, F_OK) == 0) SL_CHECK(sl_ckpt_rm_rf(dest));
+        SL_CHECK(sl_mkdirs(dest));
+    }
+    cJSON *f, *files = cJSON_GetObjectItem(cJSON_GetObjectItem(man, "pool"), "files"),
+              *jw = cJSON_GetObjectItem(man, "world");
+    /* every rank of a pooled job writes one shard file: a manifest without one is incomplete */
+    for (int r = 0; cJSON_IsNumber(jw) && r < jw->valueint; r++) {
+        char fn[64];
+        snprintf(fn, sizeof fn, "shard-r%05d.safetensors", r);
+        if (!cJSON_GetObjectItem(files, fn)) {
+            st = sl_fail(SL_ERR_FORMAT, "%s: manifest lists no %s (rank %d of %d)", c->step_name, fn, r,
+                         jw->valueint);
+            goto done;
+        }
+    }
+    cJSON_ArrayForEach(f, files) {
+        cJSON *js = cJSON_GetObjectItem(f, "size"), *jc = cJSON_GetObjectItem(f, "checksum");
+        if (!cJSON_IsNumber(js) || js->valuedouble < 0 || !cJSON_IsString(jc) || strchr(f->string, '/')) {
+            st = sl_fail(SL_ERR_FORMAT, "%s: manifest: pool entry '%s' has missing or mistyped fields",
+                         c->step_name, f->string);
+            goto done;
+        }
+        char *buf = NULL;
+        size_t size = (size_t)js->valuedouble;
+        int src = -1;
+        if (cJSON_GetObjectItem(f, "blocks"))
+            st = fetch_ec(c, f->string, f, size, jc->valuestring, &buf);
+        else
+            st = fetch_replica(c, f->string, f, size, jc->valuestring, &buf, &src);
+        if (st == SL_OK && dest) {
+            /* Note [Restore copies]: a verified copy is hard-linked when it lives on this file system (the
+             * hosts of one machine; a copy that came from a peer would be written), rebuilt files are
+             * written; neither is fsynced: .restore is a cache that the loader verifies again (XXH3 of
+             * every tensor) and that the next restart rebuilds */
+            char from[4600];
+            snprintf(path, sizeof path, "%s/%s", dest, f->string);
+            snprintf(from, sizeof from, "%s/host-%d/%s/%s", c->root, src, c->step_name, f->string);
+            if (src < 0 || link(from, path) != 0) st = write_parts(path, NULL, 0, buf, size, 0);
+        }
+        free(buf);
+        if (st != SL_OK) goto done;
+    }
+    if (dest) {
+        snprintf(path, sizeof path, "%s/manifest.json", dest);
+        SL_CHECK(write_parts(path, NULL, 0, text, strlen(text), 0));
+        if (config) {
+            snprintf(path, sizeof path, "%s/config.json", dest);
+            SL_CHECK(write_parts(path, NULL, 0, config, clen, 0));
+        }
+    }
+done:
+    cJSON_Delete(man);
+    free(text);
+    free(config);
+    return st;
+}
+
+sl_status sl_ckpt_pool_gather(const char *root, int hosts, int64_t step, const char *dest, int64_t *got) {
+    int scan = hosts_present(root);
+    if (hosts > scan) scan = hosts;
+    int64_t *steps = NULL;
+    int n = pool_steps(root, scan, &steps);
+    char tmp[4200], fin[4200], first[1200] = "";
+    sl_status st = sl_fail(SL_ERR_IO, "%s: no pooled checkpoint (no host-*/step-* directories)", root);
+    int tried = 0;
+    if (dest && n > 0 && (st = sl_mkdirs(dest)) != SL_OK) n = 0;
+    for (int i = 0; i < n; i++) {
+        if (step >= 0 && steps[i] != step) continue;
+        tried++;
+        ctx c = {.root = root, .hosts = hosts};
+        snprintf(c.step_name, sizeof c.step_name, "step-%07lld", (long long)steps[i]);
+        if (dest) {
+            snprintf(tmp, sizeof tmp, "%s/%s.tmp", dest, c.step_name);
+            snprintf(fin, sizeof fin, "%s/%s", dest, c.step_name);
+        }
+        st = assemble_step(&c, scan, dest ? tmp : NULL);
+        if (st == SL_OK && dest) {
+            if (access(fin, F_OK) == 0) st = sl_ckpt_rm_rf(fin);
+            if (st == SL_OK && rename(tmp, fin) != 0)
+                st = sl_fail(SL_ERR_IO, "%s: cannot rename to %s: %s", tmp, fin, strerror(errno));
+            if (st == SL_OK) {
+                char path[4300], name[48];
+                snprintf(path, sizeof path, "%s/latest", dest);
+                snprintf(name, sizeof name, "%s\n", c.step_name);
+                st = sl_file_write_atomic(path, name, strlen(name));
+                sl_fsync_dir(dest);
+                char **v; /* only the assembled step stays (it may be older than one assembled before) */
+                int nv = sl_ckpt_list_steps(dest, &v);
+                for (int k = 0; k < nv; k++) {
+                    snprintf(path, sizeof path, "%s/%s", dest, v[k]);
+                    if (strcmp(v[k], c.step_name) != 0) sl_ckpt_rm_rf(path);
+                    free(v[k]);
+                }
+                free(v);
+            }
+        }
+        if (st == SL_OK) {
+            if (got) *got = steps[i];
+            break;
+        }
+        if (dest) sl_ckpt_rm_rf(tmp);
+        if (!first[0]) snprintf(first, sizeof first, "%s", sl_errmsg());
+        if (step < 0)
+            SL_LOGW("pooled checkpoint %s/%s is not usable (%s); trying an older one", root, c.step_name,
+                    sl_errmsg());
+    }
+    if (step >= 0 && !tried && n > 0)
+        st = sl_fail(SL_ERR_IO, "%s: no host holds step-%07lld", root, (long long)step);
+    else if (st != SL_OK && first[0])
+        st = sl_fail(SL_ERR_FORMAT, "%s: no complete pooled checkpoint (newest: %s)", root, first);
+    free(steps);
+    return st;
+}
+
+sl_status sl_ckpt_pool_inspect(const char *root, int hosts, FILE *f) {
+    int scan = hosts_present(root);
+    if (hosts > scan) scan = hosts;
+    int64_t *steps = NULL;
+    int n = pool_steps(root, scan, &steps);
+    if (n == 0) {
+        free(steps);
+        return sl_fail(SL_ERR_IO, "%s: no pooled checkpoint (no host-*/step-* directories)", root);
+    }
+    char report[1 << 16] = "";
+    ctx c = {.root = root, .hosts = hosts, .report = report, .rcap = sizeof report};
+    snprintf(c.step_name, sizeof c.step_name, "step-%07lld", (long long)steps[0]);
+    free(steps);
+    cJSON *man;
+    char *text, *config;
+    size_t clen;
+    SL_TRY(step_manifest(&c, scan, &man, &text, &config, &clen));
+    cJSON *pool = cJSON_GetObjectItem(man, "pool");
+    const char *red = cJSON_GetStringValue(cJSON_GetObjectItem(pool, "redundancy"));
+    fprintf(f, "pooled checkpoint %s, newest %s: %d hosts, redundancy %s, %d shard files\n", root,
+            c.step_name, c.hosts, red ? red : "?", cJSON_GetArraySize(cJSON_GetObjectItem(pool, "files")));
+    cJSON *rh = cJSON_GetObjectItem(pool, "rank_host"), *e;
+    if (cJSON_IsArray(rh)) {
+        fprintf(f, "  rank -> host:");
+        int r = 0;
+        cJSON_ArrayForEach(e, rh) fprintf(f, " %d->%d", r++, e->valueint);
+        fprintf(f, "\n");
+    }
+    for (int h = 0; h < c.hosts; h++) {
+        char p[4400];
+        snprintf(p, sizeof p, "%s/host-%d", root, h);
+        if (access(p, F_OK) != 0) fprintf(f, "  host %d: directory missing (lost host?)\n", h);
+    }
+    cJSON_Delete(man);
+    free(text);
+    free(config);
+    sl_status st = assemble_step(&c, scan, NULL);
+    fputs(report, f);
+    if (st == SL_OK) fprintf(f, "  every shard file of %s can be rebuilt\n", c.step_name);
+    return st;
+}
