@@ -33,7 +33,7 @@ static int cmp_d(const void *a, const void *b) {
 int sl_bench_train(int argc, char **argv) {
     int64_t L = 12, NH = 12, C = 768, V = 50257, B = 4, T = 64, steps = 5, warm = 1, threads = 2, accum = 1,
             zero = 0, bucket = 1 << 20, tpn = 1, ppn = 1;
-    int json = 0, bf16 = 0, sp = 0;
+    int json = 0, bf16 = 0, sp = 0, plan_only = 0;
     const char *device = "cpu";
     sl_flag flags[] = {
         {"device", SL_FLAG_STR, &device, 0, 0, "backend the model runs on: cpu (default), opencl[:N], strict",
@@ -54,6 +54,7 @@ int sl_bench_train(int argc, char **argv) {
         {"ddp-bucket-size", SL_FLAG_INT, &bucket, 1, 1ll << 40, "gradient bucket size in elements (1Mi)", 0},
         {"json", SL_FLAG_BOOL, &json, 0, 1, "machine-readable output", 0},
         {"sequence-parallel", SL_FLAG_BOOL, &sp, 0, 1, "sequence parallelism (with TP)", 0},
+        {"plan-only", SL_FLAG_BOOL, &plan_only, 0, 1, "print the planned activation memory per rank and stop", 0},
         {"bf16", SL_FLAG_BOOL, &bf16, 0, 1, "bf16 mixed precision", 0},
     };
     int nf = (int)(sizeof flags / sizeof flags[0]);
@@ -121,6 +122,21 @@ int sl_bench_train(int argc, char **argv) {
             return 1;
         }
         tr.dp = dp;
+    }
+    if (plan_only) { /* what the planner reserved for one step's activations on this rank, and stop */
+        printf("{\"bench\": \"train_plan\", \"L\": %lld, \"NH\": %lld, \"C\": %lld, \"V\": %lld, \"B\": %lld, "
+               "\"T\": %lld, \"tp\": %d, \"pp\": %d, \"dp\": %d, \"sp\": %d, \"activation_mib\": %.2f, "
+               "\"naive_mib\": %.2f, \"param_mib_per_rank\": %.2f}\n",
+               (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T, mesh.tp, mesh.pp,
+               mesh.dp, m->sp, tr.plan.planned_bytes / 1048576.0, tr.plan.naive_bytes / 1048576.0,
+               m->numel * 4.0 / 1048576.0);
+        sl_dp_free(dp);
+        sl_tp_free(tp);
+        sl_trainer_free(&tr);
+        sl_model_free(m);
+        sl_mesh_free(&mesh);
+        sl_comm_free(world);
+        return 0;
     }
     double wait_tot = 0, step_tot = 0, tp_tot = 0, pipe_tot = 0, tp_sec, tp_bytes;
     for (int64_t i = 0; i < B * T; i++) {
