@@ -35,6 +35,10 @@ typedef struct sl_param_info {
      * split evenly; the vocabulary may not. */
     int tp_split, tp_pack;
     int64_t tp_full;
+    /* 0: split into tp parts, part tp_rank. > 0: split into tp_parts < tp parts (GQA kv heads when tp > kv
+     * heads), TP rank r holding part r / (tp / tp_parts): replicated inside each group of tp / tp_parts
+     * consecutive ranks, whose partial gradients are summed in the graph (SL_GROUP_TP_KV). */
+    int tp_parts;
     /* Pipeline parallelism: 1 for the last stage's copy of an embedding tied to the first stage's (equal
      * values; its gradient is summed with the first stage's and it is counted once in the norm). */
     int tied_copy;
@@ -144,6 +148,8 @@ sl_status sl_gpt2_new_par(const sl_gpt2_config *cfg, sl_backend *be, const sl_mo
  * output activations. */
 sl_tensor *sl_gpt2_build_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *x_in, sl_tensor *targets,
                                sl_tensor **logits_out);
+/* The part of p that TP rank r of tp holds: *parts parts, part *part (Note [TP shard layout]). */
+void sl_param_tp_part(const sl_param_info *p, int tp, int r, int *parts, int *part);
 /* The range [lo, lo + len) of rows block_full * r / tp .. of one of tp parts (the TP split rule). */
 void sl_tp_part(int64_t block_full, int tp, int r, int64_t *lo, int64_t *len);
 /* Allocates params_buf (and grads_buf) on be and binds every f32 parameter (and gradient) leaf to its

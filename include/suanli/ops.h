@@ -107,9 +107,12 @@ typedef enum sl_coll_kind {
     SL_COLL_ALLGATHER_SEQ, /* (B, T/n, ..) -> (B, T, ..) */
     SL_COLL_REDSCAT_SEQ,   /* (B, T, ..) partial sums -> (B, T/n, ..) this rank's tokens of the sum */
 } sl_coll_kind;
-typedef enum sl_coll_group { SL_GROUP_TP = 0, SL_GROUP_COUNT } sl_coll_group;
+/* SL_GROUP_TP_KV: groups of iparams[4] consecutive TP ranks (sl_collective_group) */
+typedef enum sl_coll_group { SL_GROUP_TP = 0, SL_GROUP_TP_KV, SL_GROUP_COUNT } sl_coll_group;
 sl_tensor *sl_collective(sl_ctx *ctx, sl_tensor *x, sl_coll_kind fwd, sl_coll_kind bwd, sl_coll_group group,
                          int group_size);
+/* The same over groups of `sub` consecutive ranks of the TP group (COPY / ALLREDUCE kinds only). */
+sl_tensor *sl_collective_group(sl_ctx *ctx, sl_tensor *x, sl_coll_kind fwd, sl_coll_kind bwd, int tp, int sub);
 /* Embedding lookup in a vocab shard: table holds rows [lo, lo + table->ne[0]) of the full table; other
  * ids give zero rows (sum the group's outputs to get the full lookup). */
 sl_tensor *sl_embedding_shard(sl_ctx *ctx, sl_tensor *table, sl_tensor *ids, int64_t lo);

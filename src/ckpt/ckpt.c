@@ -354,7 +354,10 @@ static sl_status add_entries(sl_ckpt_writer *w, const sl_model *m, const char *k
         int64_t a = p->offset > lo ? p->offset : lo;
         int64_t b = p->offset + p->numel < lo + len ? p->offset + p->numel : lo + len;
         /* written once: the first stage's tied embedding, TP rank 0's copy of a replicated parameter */
-        if (a >= b || p->tied_copy || (m->tp > 1 && p->tp_split == 0 && m->tp_rank != 0)) continue;
+        int group = p->tp_parts > 0 && m->tp > p->tp_parts ? m->tp / p->tp_parts : 1; /* replicated kv part */
+        if (a >= b || p->tied_copy || (m->tp > 1 && p->tp_split == 0 && m->tp_rank != 0) ||
+            (group > 1 && m->tp_rank % group != 0))
+            continue;
         entry_ctx c = {w, p, kind, src, buf, boff, lo, used, SL_OK};
         sl_param_runs(m, p, a - p->offset, b - p->offset, add_run, &c);
         SL_TRY(c.st);

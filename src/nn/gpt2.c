@@ -27,6 +27,16 @@ typedef struct {
     int cap;
 } builder;
 
+void sl_param_tp_part(const sl_param_info *p, int tp, int r, int *parts, int *part) {
+    if (p->tp_parts > 0 && p->tp_parts < tp) {
+        *parts = p->tp_parts;
+        *part = r / (tp / p->tp_parts);
+    } else {
+        *parts = tp;
+        *part = r;
+    }
+}
+
 void sl_tp_part(int64_t block_full, int tp, int r, int64_t *lo, int64_t *len) {
     int64_t a = block_full * r / tp, b = block_full * (r + 1) / tp;
     *lo = a;

@@ -66,6 +66,7 @@ typedef struct {
     sl_model *m;
     int cap;
     int tdim, tpack; /* TP split of the next add_param (Note [TP shard layout]); tdim -1: replicated */
+    int tparts;      /* of the next add_param: > 0 splits into that many parts (replicated kv heads) */
 } builder;
 
 static void add_param(builder *b, int decay, int init, int ndim, const int64_t *ne, const char *fmt, ...)
@@ -78,13 +79,18 @@ static void add_param(builder *b, int decay, int init, int ndim, const int64_t *
     int tdim = m->tp > 1 ? b->tdim : -1, tpack = b->tpack > 0 ? b->tpack : 1;
     int64_t lne[SL_MAX_DIMS];
     for (int d = 0; d < ndim; d++) lne[d] = ne[d];
+    int tparts = tdim >= 0 ? b->tparts : 0;
     if (tdim >= 0) {
         int64_t lo, len;
-        sl_tp_part(ne[tdim] / tpack, m->tp, m->tp_rank, &lo, &len);
+        sl_param_info tmp = {.tp_parts = tparts};
+        int parts, part;
+        sl_param_tp_part(&tmp, m->tp, m->tp_rank, &parts, &part);
+        sl_tp_part(ne[tdim] / tpack, parts, part, &lo, &len);
         lne[tdim] = len * tpack;
     }
     b->tdim = -1;
     b->tpack = 1;
+    b->tparts = 0;
     sl_tensor *t = sl_new_tensor(m->ctx, bf ? SL_BF16 : SL_F32, ndim, lne);
     sl_set_param(t);
     va_list ap;
@@ -100,6 +106,7 @@ static void add_param(builder *b, int decay, int init, int ndim, const int64_t *
     p->tp_split = tdim + 1;
     p->tp_pack = tdim >= 0 ? tpack : 1;
     p->tp_full = tdim >= 0 ? ne[tdim] : 0;
+    p->tp_parts = tparts;
     if (bf)
         m->wnumel += p->numel;
     else
@@ -148,9 +155,9 @@ sl_status sl_llama_new_par(const sl_llama_config *cfg, sl_backend *be, const sl_
                        flag, tp, pp, sl_arch_name(cfg->arch));
     if (cfg->n_head % tp)
         return sl_fail(SL_ERR_INVALID, "%s %d does not divide num-attention-heads %d", flag, tp, cfg->n_head);
-    if (cfg->n_kv_head % tp) /* Megatron replicates kv heads when tp > kv heads: not implemented here */
-        return sl_fail(SL_ERR_INVALID, "%s %d does not divide num-query-groups (kv heads) %d", flag, tp,
-                       cfg->n_kv_head);
+    if (cfg->n_kv_head % tp && tp % cfg->n_kv_head) /* tp > kv heads: each kv head on tp / kv ranks */
+        return sl_fail(SL_ERR_INVALID, "%s %d and num-query-groups (kv heads) %d: neither divides the other", flag,
+                       tp, cfg->n_kv_head);
     if (cfg->vocab_size < tp)
         return sl_fail(SL_ERR_INVALID, "%s %d exceeds vocab-size %d", flag, tp, cfg->vocab_size);
     return llama_new(cfg, SL_F32, be, sp, out);
@@ -182,7 +189,7 @@ static sl_status llama_new(const sl_llama_config *cfg, sl_dtype wdtype, sl_backe
     int L = c->n_layer, E = c->arch == SL_ARCH_MIXTRAL ? c->n_experts : 1;
     int64_t C = c->hidden, V = c->vocab_size, I = c->intermediate, hd = c->head_dim;
     int64_t QD = c->n_head * hd, KD = c->n_kv_head * hd;
-    builder b = {m, 4 + L * (12 + 3 * E), -1, 1};
+    builder b = {m, 4 + L * (12 + 3 * E), -1, 1, 0};
     m->params = calloc((size_t)b.cap, sizeof(sl_param_info));
     m->ctx = sl_ctx_new(64 * 1024 + (600 + 64 * E) * L);
     if (!m->params || !m->ctx) {
@@ -202,11 +209,15 @@ static sl_status llama_new(const sl_llama_config *cfg, sl_dtype wdtype, sl_backe
         } else {
             const char *nm[3] = {"q_proj", "k_proj", "v_proj"};
             int64_t od[3] = {QD, KD, KD};
-            for (int j = 0; j < 3; j++) { /* column-parallel: heads split */
+            /* column-parallel: heads split; kv heads over groups of ranks when tp > kv heads */
+            int kvp = tp > c->n_kv_head ? c->n_kv_head : 0;
+            for (int j = 0; j < 3; j++) {
                 b.tdim = 0;
+                b.tparts = j ? kvp : 0;
                 add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){od[j], C}, "%s.%d.self_attn.%s.weight", pre,
                           l, nm[j]);
                 b.tdim = 0;
+                b.tparts = j ? kvp : 0;
                 if (c->qkv_bias)
                     add_param(&b, 0, SL_INIT_ZERO, 1, (int64_t[]){od[j]}, "%s.%d.self_attn.%s.bias", pre, l,
                               nm[j]);
@@ -405,7 +416,9 @@ static sl_tensor *body_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *
     int first = m->pp_rank == 0 && chunk == 0, last = m->pp_rank == pp - 1 && chunk == v - 1;
     int Lc = c->n_layer / (pp * v), l0 = (chunk * pp + m->pp_rank) * Lc;
     SL_ASSERT((tp == 1 && pp == 1) || !kv);
-    int64_t B = ids->ne[0], T = ids->ne[1], hd = c->head_dim, NH = c->n_head / tp, NKV = c->n_kv_head / tp;
+    int kv_rep = tp > c->n_kv_head ? tp / c->n_kv_head : 1; /* ranks sharing each kv head */
+    int64_t B = ids->ne[0], T = ids->ne[1], hd = c->head_dim, NH = c->n_head / tp,
+            NKV = kv_rep > 1 ? 1 : c->n_kv_head / tp;
     int64_t QD = NH * hd, KD = NKV * hd;
     const char *pre = "model.layers";
     sl_tensor *x = x_in;
@@ -428,16 +441,25 @@ static sl_tensor *body_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *
             v = heads(ctx, sl_slice(ctx, qkv, 2, QD + KD, KD), NKV, hd);
         } else {
             sl_tensor *bq = NULL, *bk = NULL, *bv = NULL;
+            sl_tensor *wk = W(m, "%s.%d.self_attn.k_proj.weight", pre, l),
+                      *wv = W(m, "%s.%d.self_attn.v_proj.weight", pre, l);
             if (c->qkv_bias) {
                 bq = W(m, "%s.%d.self_attn.q_proj.bias", pre, l);
                 bk = W(m, "%s.%d.self_attn.k_proj.bias", pre, l);
                 bv = W(m, "%s.%d.self_attn.v_proj.bias", pre, l);
             }
+            if (kv_rep > 1) { /* a kv head shared by kv_rep ranks: their partial gradients summed */
+#define KVREP(t) ((t) = sl_collective_group(ctx, (t), SL_COLL_COPY, SL_COLL_ALLREDUCE, tp, kv_rep))
+                KVREP(wk);
+                KVREP(wv);
+                if (bk) KVREP(bk);
+                if (bv) KVREP(bv);
+#undef KVREP
+            }
             q = heads(ctx, lin(m, h, W(m, "%s.%d.self_attn.q_proj.weight", pre, l), bq), NH,
                       hd); /* (B,T,NH,hd) */
-            k = heads(ctx, lin(m, h, W(m, "%s.%d.self_attn.k_proj.weight", pre, l), bk), NKV,
-                      hd); /* (B,T,NKV,hd) */
-            v = heads(ctx, lin(m, h, W(m, "%s.%d.self_attn.v_proj.weight", pre, l), bv), NKV, hd);
+            k = heads(ctx, lin(m, h, wk, bk), NKV, hd); /* (B,T,NKV,hd) */
+            v = heads(ctx, lin(m, h, wv, bv), NKV, hd);
         }
         q = sl_rope(ctx, q, pos0, c->rope_theta);
         k = sl_rope(ctx, k, pos0, c->rope_theta);

@@ -176,7 +176,9 @@ void sl_param_runs(const sl_model *m, const sl_param_info *p, int64_t a, int64_t
     int64_t inner = 1;
     for (int k = d + 1; k < p->t->ndim; k++) inner *= p->t->ne[k];
     int64_t ld = p->t->ne[d], blk = p->tp_full / p->tp_pack, lo, len;
-    sl_tp_part(blk, m->tp, m->tp_rank, &lo, &len);
+    int parts, part;
+    sl_param_tp_part(p, m->tp, m->tp_rank, &parts, &part);
+    sl_tp_part(blk, parts, part, &lo, &len);
     for (int64_t x = a; x < b;) {
         int64_t o = x / (ld * inner), rem = x % (ld * inner), i = rem / inner, k = rem % inner;
         int64_t bb = i / len, j = i % len;

@@ -206,8 +206,10 @@ void sl_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_g
     case SL_OP_COLLECTIVE: /* Note [Tensor-parallel graphs]: the conjugate collective */
         if (ng[0] && n->iparams[1] != SL_COLL_NONE) {
             sl_tensor *gc = sl_is_contiguous(g) ? g : sl_cont(ctx, g);
-            emit(st, a, sl_collective(ctx, gc, (sl_coll_kind)n->iparams[1], (sl_coll_kind)n->iparams[0],
-                                      (sl_coll_group)n->iparams[2], n->iparams[3]));
+            sl_tensor *c = sl_collective(ctx, gc, (sl_coll_kind)n->iparams[1], (sl_coll_kind)n->iparams[0],
+                                         (sl_coll_group)n->iparams[2], n->iparams[3]);
+            c->iparams[4] = n->iparams[4];
+            emit(st, a, c);
         }
         break;
     case SL_OP_CE_VP:

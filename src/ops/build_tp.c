@@ -78,3 +78,10 @@ sl_tensor *sl_cross_entropy_vp(sl_ctx *ctx, sl_tensor *logits, sl_tensor *target
     t->flags |= SL_FLAG_LOSS;
     return t;
 }
+
+sl_tensor *sl_collective_group(sl_ctx *ctx, sl_tensor *x, sl_coll_kind fwd, sl_coll_kind bwd, int tp, int sub) {
+    SL_ASSERT(fwd <= SL_COLL_ALLREDUCE && bwd <= SL_COLL_ALLREDUCE && sub >= 1 && tp % sub == 0);
+    sl_tensor *t = sl_collective(ctx, x, fwd, bwd, SL_GROUP_TP_KV, tp);
+    t->iparams[4] = sub;
+    return t;
+}

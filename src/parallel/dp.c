@@ -343,7 +343,7 @@ static sl_status seg_sumsq(const sl_dp *dp, const sl_buffer *g, int64_t goff, in
                 e = p->offset + p->numel < flat + len ? p->offset + p->numel : flat + len;
         if (e <= a) continue;
         SL_TRY(sl_backend_sumsq(be, g, goff + (a - flat), e - a, &x));
-        s += x;
+        s += p->tp_parts > 0 && dp->m->tp > p->tp_parts ? x * p->tp_parts / dp->m->tp : x; /* replicated part */
     }
     *out = s;
     return SL_OK;

@@ -9,6 +9,8 @@
 struct sl_tp {
     sl_comm *comm; /* the mesh's TP communicator (borrowed) */
     int n, r;
+    /* groups of g consecutive TP ranks (g = 2, 4, .. < n, dividing n): replicated GQA kv heads (owned) */
+    sl_comm *group[8];
     float *scratch; /* the rank-major staging of sequence collectives */
     size_t scratch_cap;
     double coll_sec; /* time inside TP collectives (reset by sl_tp_take_stats) */
@@ -23,12 +25,24 @@ sl_status sl_tp_new(sl_tp **out, const sl_mesh *mesh) {
     t->comm = mesh->tp_comm;
     t->n = mesh->tp;
     t->r = mesh->tp_rank;
+    /* collective over the TP group: every rank splits every group size in the same order */
+    for (int k = 1; (1 << k) < t->n && k < 8; k++) {
+        int g = 1 << k;
+        if (t->n % g) continue;
+        sl_status st = sl_comm_split(t->comm, t->r / g, t->r, &t->group[k]);
+        if (st != SL_OK) {
+            sl_tp_free(t);
+            return st;
+        }
+    }
     *out = t;
     return SL_OK;
 }
 
 void sl_tp_free(sl_tp *t) {
-    if (t) free(t->scratch);
+    if (!t) return;
+    for (int k = 0; k < 8; k++) sl_comm_free(t->group[k]);
+    free(t->scratch);
     free(t);
 }
 
@@ -98,6 +112,18 @@ sl_status sl_tp_collective(void *user, sl_tensor *n) {
                        n->iparams[3], t->n);
     double t0 = sl_time_sec();
     sl_status st = SL_OK;
+    if (n->iparams[2] == SL_GROUP_TP_KV) { /* replicated kv heads: only all-reduces, over groups of iparams[4] */
+        int g = n->iparams[4], k = 0;
+        while ((1 << k) < g) k++;
+        if ((1 << k) != g || k >= 8 || !t->group[k] || n->iparams[0] > SL_COLL_ALLREDUCE)
+            return sl_fail(SL_ERR_INVALID, "tp: collective '%s' over groups of %d ranks is not available", n->name, g);
+        if (n->iparams[0] == SL_COLL_COPY)
+            memcpy(n->data, x->data, cnt * sizeof(float));
+        else
+            st = sl_comm_all_reduce(t->group[k], x->data, n->data, cnt, SL_COMM_F32, SL_COMM_SUM);
+        t->coll_sec += sl_time_sec() - t0;
+        return st;
+    }
     switch ((sl_coll_kind)n->iparams[0]) {
     case SL_COLL_COPY:
         memcpy(n->data, x->data, cnt * sizeof(float));
@@ -149,7 +175,9 @@ void sl_tp_shard_copy(const sl_param_info *p, int tp, int r, float *full, float 
     int64_t outer = 1;
     for (int d = 0; d < dim; d++) outer *= t->ne[d];
     int64_t blk = p->tp_full / p->tp_pack, lo, len;
-    sl_tp_part(blk, tp, r, &lo, &len);
+    int parts, part;
+    sl_param_tp_part(p, tp, r, &parts, &part);
+    sl_tp_part(blk, parts, part, &lo, &len);
     int64_t local_dim = len * p->tp_pack; /* == t->ne[dim] */
     for (int64_t o = 0; o < outer; o++)
         for (int b = 0; b < p->tp_pack; b++) {
@@ -212,19 +240,26 @@ sl_status sl_tp_gather_full(sl_tp *t, const sl_model *shard, float *full) {
         free(all);
         free(counts);
         free(displs);
-        all = malloc(sizeof(float) * (size_t)fn);
         counts = malloc(sizeof(size_t) * (size_t)n);
         displs = malloc(sizeof(size_t) * (size_t)n);
-        if (!all || !counts || !displs) {
+        if (!counts || !displs) {
             st = sl_fail(SL_ERR_NOMEM, "tp: out of memory");
             break;
         }
         int64_t per_index = p->numel / p->t->ne[(p->tp_split - 1)];
         for (int r = 0; r < n; r++) {
             int64_t lo, len;
-            sl_tp_part(p->tp_full / p->tp_pack, n, r, &lo, &len);
+            int parts, part;
+            sl_param_tp_part(p, n, r, &parts, &part);
+            sl_tp_part(p->tp_full / p->tp_pack, parts, part, &lo, &len);
             counts[r] = (size_t)(len * p->tp_pack * per_index);
             displs[r] = r ? displs[r - 1] + counts[r - 1] : 0;
+        }
+        /* every rank's part: more than the full tensor when parts are replicated over groups of ranks */
+        all = malloc(sizeof(float) * (displs[n - 1] + counts[n - 1]));
+        if (!all) {
+            st = sl_fail(SL_ERR_NOMEM, "tp: out of memory");
+            break;
         }
         st = sl_comm_all_gatherv(t->comm, sp + p->offset, all, counts, displs, SL_COMM_F32);
         size_t at = 0;
@@ -257,8 +292,8 @@ sl_status sl_tp_grad_sumsq(sl_tp *t, const sl_model *m, double *ss) {
         double x;
         if (p->tied_copy) continue; /* counted on the first pipeline stage */
         SL_TRY(sl_backend_sumsq(m->backend, m->grads_buf, p->offset, p->numel, &x));
-        if (p->tp_split > 0)
-            split += x;
+        if (p->tp_split > 0) /* a part replicated over a group of ranks is counted once (x 1/group) */
+            split += p->tp_parts > 0 && m->tp > p->tp_parts ? x * p->tp_parts / m->tp : x;
         else
             rep += x;
     }

@@ -176,7 +176,7 @@ static void sp_layouts(void) {
         const int lay[3][3] = {{2, 2, 2}, {4, 4, 2}, {4, 2, 1}}; /* world, tp, accum */
         for (int li = 0; li < 3; li++) {
             int tp = lay[li][1], world = lay[li][0];
-            if (llama && tp > LCFG.n_kv_head) continue;
+
             char what[96];
             snprintf(what, sizeof what, "%s tp=%d dp=%d sequence-parallel", llama ? "qwen2" : "gpt2", tp,
                      world / tp);
@@ -242,9 +242,12 @@ static void bad_splits(void) {
     TU_CHECK(sl_gpt2_new_tp(&c, sl_backend_cpu(), 4, 0, &m) == SL_ERR_INVALID && !m &&
                  strstr(sl_errmsg(), "vocab-size 3"),
              "vocab smaller than tp: %s", sl_errmsg());
-    TU_CHECK(sl_llama_new_tp(&LCFG, sl_backend_cpu(), 4, 0, &m) == SL_ERR_INVALID && !m &&
-                 strstr(sl_errmsg(), "--tensor-model-parallel-size 4 does not divide num-query-groups (kv heads) 2"),
-             "kv heads not divisible by tp: %s", sl_errmsg());
+    sl_llama_config lc = LCFG;
+    lc.n_head = 6;
+    lc.n_kv_head = 3;
+    TU_CHECK(sl_llama_new_tp(&lc, sl_backend_cpu(), 2, 0, &m) == SL_ERR_INVALID && !m &&
+                 strstr(sl_errmsg(), "--tensor-model-parallel-size 2 and num-query-groups (kv heads) 3"),
+             "kv heads and tp not dividing each other: %s", sl_errmsg());
 }
 
 /* the GQA Qwen2: tp = 2 (kv heads split) and tp 2 x dp 2, same bars */
@@ -254,9 +257,11 @@ static void llama_layouts(void) {
     TU_CHECK(ref.st == SL_OK, "llama single: %s", sl_errmsg());
     TU_CHECK(ref.losses[STEPS - 1] < ref.losses[0] - 0.1f, "the GQA model learns: %g -> %g", ref.losses[0],
              ref.losses[STEPS - 1]);
-    const int lay[2][3] = {{2, 2, 2}, {4, 2, 1}}; /* world, tp, accum per rank */
-    for (int li = 0; li < 2; li++) {
-        rank_job z = run_layout(lay[li][0], lay[li][1], lay[li][2], 1, 1);
+    /* world, tp, accum per rank: kv heads split (tp 2), tp 2 x dp 2, and tp 4 > 2 kv heads: each kv head
+     * replicated on 2 ranks, its gradient summed over them */
+    const int lay[3][3] = {{2, 2, 2}, {4, 2, 1}, {4, 4, 2}};
+    for (int li = 0; li < 3; li++) {
+        rank_job z = run_layout(lay[li][0], lay[li][1], lay[li][2], lay[li][0] > lay[li][1], 1);
         if (!z.full) continue;
         double worst = 0;
         for (int s = 0; s < STEPS; s++) {
@@ -264,8 +269,8 @@ static void llama_layouts(void) {
             if (r > worst) worst = r;
         }
         double wd = tu_rel_maxdiff(z.full, ref.full, ref.numel);
-        printf("qwen2 GQA tp=2 dp=%d: worst loss rel err %.2e, final weights %.2e; %lld of %lld per rank\n",
-               lay[li][0] / 2, worst, wd, (long long)z.local_numel, (long long)ref.numel);
+        printf("qwen2 GQA tp=%d dp=%d: worst loss rel err %.2e, final weights %.2e; %lld of %lld per rank\n",
+               lay[li][1], lay[li][0] / lay[li][1], worst, wd, (long long)z.local_numel, (long long)ref.numel);
         TU_CHECK(worst <= 1e-6, "qwen2 world %d loss rel err %.3g (bar 1e-6)", lay[li][0], worst);
         TU_CHECK(wd <= 1e-5, "qwen2 world %d final weights rel err %.3g (bar 1e-5)", lay[li][0], wd);
         free(z.full);
