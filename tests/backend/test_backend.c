@@ -45,7 +45,7 @@ typedef struct {
 static const shape_tier k_tiers[] = {{"tiny", 2, 8, 32, 4, 2, 8, 48, 4},
                                      {"demo", 4, 64, 192, 6, 2, 32, 256, 8}};
 static int B, T, C, NH, NKV, HS, V, E;
-enum { MAXP = 6, N_CASES = 11 };
+enum { MAXP = 6, N_CASES = 13 };
 
 typedef struct {
     const char *name;
@@ -115,6 +115,32 @@ static sl_tensor *b_bf16(sl_ctx *c, sl_tensor **p, sl_tensor *ids) { /* autocast
     return sl_linear(c, sl_round_bf16(c, p[0]), sl_round_bf16(c, p[1]), NULL);
 }
 
+/* Trainable MoE: router (+ capacity), per-expert gather -> SwiGLU -> weighted combine, router losses
+ * broadcast into the output. p: x (N, C), router (E, C), w1 / w3 (E*C, C), w2 (E*C, C) rows per expert. */
+static sl_tensor *moe_case(sl_ctx *c, sl_tensor **p, const sl_moe_route_opts *o, sl_tensor *bias, int64_t R) {
+    sl_tensor *lg = sl_linear(c, p[0], p[1], NULL), *rt = sl_moe_route(c, lg, bias, o), *y = NULL;
+    for (int e = 0; e < E; e++) {
+        sl_tensor *xe = sl_moe_gather(c, p[0], rt, e, R, 0);
+        sl_tensor *g = sl_silu(c, sl_linear(c, xe, sl_slice(c, p[2], 0, e * C, C), NULL));
+        sl_tensor *u = sl_linear(c, xe, sl_slice(c, p[3], 0, e * C, C), NULL);
+        sl_tensor *ye = sl_linear(c, sl_mul(c, g, u), sl_slice(c, p[4], 0, e * C, C), NULL);
+        y = sl_moe_combine(c, ye, rt, y, e, 1);
+    }
+    return sl_add(c, y, sl_moe_router_loss(c, lg, rt, 0.1f, 0.01f));
+}
+static sl_tensor *b_moe_capacity(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
+    (void)ids;
+    int64_t cap = (B * T * 2 + E - 1) / E; /* capacity factor 1, top-2: some tokens dropped */
+    sl_moe_route_opts o = {.k = 2, .score = SL_MOE_SCORE_SOFTMAX, .norm_topk = 1, .scale = 1, .capacity = (int)cap};
+    return moe_case(c, p, &o, NULL, cap);
+}
+static sl_tensor *b_moe_sigmoid(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
+    (void)ids; /* DeepSeek-V3 routing, dropless (R = N); p[5]: the selection bias (no gradient) */
+    sl_moe_route_opts o = {.k = 2, .score = SL_MOE_SCORE_SIGMOID, .norm_topk = 1, .n_group = 2, .topk_group = 1,
+                           .scale = 2.5f};
+    return moe_case(c, p, &o, p[5], B * T);
+}
+
 static op_case k_cases[N_CASES];
 /* the cases at the current tier's sizes */
 static void make_cases(void) {
@@ -130,6 +156,10 @@ static void make_cases(void) {
         {"embedding", 2, {2, 2}, {{V, C}, {T, C}}, b_embedding},
         {"concat+transpose+bias", 3, {2, 2, 1}, {{B * T, C}, {B * T, C}, {2}}, b_concat},
         {"round-bf16", 2, {2, 2}, {{B * T, C}, {C, C}}, b_bf16},
+        {"moe-capacity", 5, {2, 2, 2, 2, 2}, {{B * T, C}, {E, C}, {E * C, C}, {E * C, C}, {E * C, C}},
+         b_moe_capacity},
+        {"moe-sigmoid-groups", 6, {2, 2, 2, 2, 2, 1},
+         {{B * T, C}, {E, C}, {E * C, C}, {E * C, C}, {E * C, C}, {E}}, b_moe_sigmoid},
     };
     memcpy(k_cases, v, sizeof v);
 }
