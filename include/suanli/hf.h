@@ -39,12 +39,12 @@ typedef struct sl_hf_info {
 
 /* The config.json classes we read and write. */
 typedef enum sl_hf_arch {
-    SL_HF_GPT2 = 0, /* GPT2LMHeadModel */
-    SL_HF_LLAMA,    /* LlamaForCausalLM */
-    SL_HF_QWEN2,    /* Qwen2ForCausalLM */
-    SL_HF_MISTRAL,  /* MistralForCausalLM */
-    SL_HF_MIXTRAL,  /* MixtralForCausalLM */
-    SL_HF_BAICHUAN, /* BaichuanForCausalLM */
+    SL_HF_GPT2 = 0,    /* GPT2LMHeadModel */
+    SL_HF_LLAMA,       /* LlamaForCausalLM */
+    SL_HF_QWEN2,       /* Qwen2ForCausalLM */
+    SL_HF_MISTRAL,     /* MistralForCausalLM */
+    SL_HF_MIXTRAL,     /* MixtralForCausalLM */
+    SL_HF_BAICHUAN,    /* BaichuanForCausalLM */
     SL_HF_QWEN2_MOE,   /* Qwen2MoeForCausalLM */
     SL_HF_DEEPSEEK_V3, /* DeepseekV3ForCausalLM with Llama attention (no MLA: kv_lora_rank null) */
     SL_HF_ARCH_COUNT

@@ -35,11 +35,11 @@ enum { SL_INIT_NORMAL = 0, SL_INIT_NORMAL_RESID, SL_INIT_ZERO, SL_INIT_ONE };
 /* Architectures built from the same graph ops (src/nn/gpt2.c, src/nn/llama.c). */
 typedef enum sl_arch {
     SL_ARCH_GPT2 = 0,
-    SL_ARCH_LLAMA,    /* RMSNorm, RoPE, SwiGLU, GQA, untied head */
-    SL_ARCH_QWEN2,    /* Llama + q/k/v biases */
-    SL_ARCH_MISTRAL,  /* Llama + sliding-window attention */
-    SL_ARCH_MIXTRAL,  /* Mistral + sparse MoE FFN (top-k routing) */
-    SL_ARCH_BAICHUAN, /* Llama with fused W_pack qkv and a normalised LM head (Baichuan2-7B) */
+    SL_ARCH_LLAMA,       /* RMSNorm, RoPE, SwiGLU, GQA, untied head */
+    SL_ARCH_QWEN2,       /* Llama + q/k/v biases */
+    SL_ARCH_MISTRAL,     /* Llama + sliding-window attention */
+    SL_ARCH_MIXTRAL,     /* Mistral + sparse MoE FFN (top-k routing) */
+    SL_ARCH_BAICHUAN,    /* Llama with fused W_pack qkv and a normalised LM head (Baichuan2-7B) */
     SL_ARCH_QWEN2_MOE,   /* Qwen2 + softmax-then-top-k MoE with a sigmoid-gated shared expert */
     SL_ARCH_DEEPSEEK_V3, /* Llama attention (not MLA) + DeepSeek-V3's sigmoid group-limited MoE */
     SL_ARCH_COUNT

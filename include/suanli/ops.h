@@ -96,12 +96,12 @@ sl_tensor *sl_moe_expert(sl_ctx *ctx, sl_tensor *h, sl_tensor *gate, int e, sl_t
 /* ---- trainable mixture of experts (src/ops/moe_ops.c; Note [MoE dispatch in a static graph]) ---- */
 typedef enum sl_moe_score { SL_MOE_SCORE_SOFTMAX = 0, SL_MOE_SCORE_SIGMOID = 1 } sl_moe_score;
 typedef struct sl_moe_route_opts {
-    int k;              /* experts per token */
-    sl_moe_score score; /* softmax (Mixtral, Switch, Qwen2-MoE) or sigmoid (DeepSeek-V3) */
-    int norm_topk;      /* renormalise the selected weights to sum 1 (Mixtral: topk-then-softmax) */
+    int k;                   /* experts per token */
+    sl_moe_score score;      /* softmax (Mixtral, Switch, Qwen2-MoE) or sigmoid (DeepSeek-V3) */
+    int norm_topk;           /* renormalise the selected weights to sum 1 (Mixtral: topk-then-softmax) */
     int n_group, topk_group; /* group-limited selection (DeepSeek-V3); n_group <= 1: off */
-    float scale;        /* routed_scaling_factor (1: off) */
-    int capacity;       /* tokens per expert, later ones dropped; 0: dropless */
+    float scale;             /* routed_scaling_factor (1: off) */
+    int capacity;            /* tokens per expert, later ones dropped; 0: dropless */
 } sl_moe_route_opts;
 /* logits (N, E), bias (E) or NULL (added to the scores for the selection only) -> routing weights (N, E).
  * The node's aux holds, after the (N, E) scores and (N, E) mask (0 unrouted, 1 kept, 2 dropped), the

@@ -90,20 +90,20 @@ typedef enum sl_op {
                          computed; iparams[1]=1: bf16 numerics */
     SL_OP_FILL,       /* a tensor of node's shape with every element fparams[0] (the loss-gradient seed) */
     /* Trainable mixture of experts (issue 17; src/ops/moe_ops.c, Note [MoE dispatch in a static graph]) */
-    SL_OP_MOE_ROUTE, /* src0 = router logits (N, E), src1 = optional selection bias (E) -> dense routing
-                        weights (N, E): scores softmax|sigmoid (iparams[1] = 0|1), top iparams[0] per row
-                        of score + bias, within the top iparams[4] of iparams[3] groups (DeepSeek-V3),
-                        iparams[2]=1: renormalised over the selection, times fparams[0]; iparams[5] > 0:
-                        capacity per expert, later tokens dropped (weight 0); aux: scores, mask, counts */
-    SL_OP_MOE_ROUTE_BACK,       /* src0 = fwd, src1 = dy -> d logits (N, E) */
-    SL_OP_MOE_ROUTER_LOSS,      /* src0 = logits (N, E), src1 = route -> (1): fparams[0] * Switch
-                                   load-balancing loss + fparams[1] * router z-loss; aux: the two raw */
-    SL_OP_MOE_ROUTER_LOSS_BACK, /* src0 = fwd, src1 = logits, src2 = route, src3 = dloss -> (N, E) */
-    SL_OP_MOE_GATHER,           /* src0 = x (N, C), src1 = route -> (R, C): row r = x of the r-th token kept
-                                   by expert iparams[0] (token order), zero past the count; iparams[1]=1:
-                                   times that token's routing weight */
-    SL_OP_MOE_COMBINE,          /* src0 = y (R, C), src1 = route, src2 = acc (N, C) or NULL -> (N, C):
-                                   acc + (weight *) y scattered back to the tokens of expert iparams[0] */
+    SL_OP_MOE_ROUTE,       /* src0 = router logits (N, E), src1 = optional selection bias (E) -> dense routing
+                              weights (N, E): scores softmax|sigmoid (iparams[1] = 0|1), top iparams[0] per row
+                              of score + bias, within the top iparams[4] of iparams[3] groups (DeepSeek-V3),
+                              iparams[2]=1: renormalised over the selection, times fparams[0]; iparams[5] > 0:
+                              capacity per expert, later tokens dropped (weight 0); aux: scores, mask, counts */
+    SL_OP_MOE_ROUTE_BACK,  /* src0 = fwd, src1 = dy -> d logits (N, E) */
+    SL_OP_MOE_ROUTER_LOSS, /* src0 = logits (N, E), src1 = route -> (1): fparams[0] * Switch
+                              load-balancing loss + fparams[1] * router z-loss; aux: the two raw */
+    SL_OP_MOE_ROUTER_LOSS_BACK,  /* src0 = fwd, src1 = logits, src2 = route, src3 = dloss -> (N, E) */
+    SL_OP_MOE_GATHER,            /* src0 = x (N, C), src1 = route -> (R, C): row r = x of the r-th token kept
+                                    by expert iparams[0] (token order), zero past the count; iparams[1]=1:
+                                    times that token's routing weight */
+    SL_OP_MOE_COMBINE,           /* src0 = y (R, C), src1 = route, src2 = acc (N, C) or NULL -> (N, C):
+                                    acc + (weight *) y scattered back to the tokens of expert iparams[0] */
     SL_OP_MOE_COMBINE_BACK_GATE, /* src0 = y (R, C), src1 = route, src2 = dy (N, C) -> (N, E): column
                                     iparams[0] = dy . y of the token's row, zero elsewhere */
     SL_OP_COUNT

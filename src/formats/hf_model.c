@@ -12,10 +12,14 @@ typedef struct {
     sl_hf_arch arch;
 } arch_map;
 static const arch_map k_archs[] = {
-    {"LlamaForCausalLM", "llama", SL_HF_LLAMA},          {"Qwen2ForCausalLM", "qwen2", SL_HF_QWEN2},
-    {"MistralForCausalLM", "mistral", SL_HF_MISTRAL},    {"MixtralForCausalLM", "mixtral", SL_HF_MIXTRAL},
-    {"BaichuanForCausalLM", "baichuan", SL_HF_BAICHUAN}, {"GPT2LMHeadModel", "gpt2", SL_HF_GPT2},
-    {"Qwen2MoeForCausalLM", "qwen2_moe", SL_HF_QWEN2_MOE}, {"DeepseekV3ForCausalLM", "deepseek_v3", SL_HF_DEEPSEEK_V3},
+    {"LlamaForCausalLM", "llama", SL_HF_LLAMA},
+    {"Qwen2ForCausalLM", "qwen2", SL_HF_QWEN2},
+    {"MistralForCausalLM", "mistral", SL_HF_MISTRAL},
+    {"MixtralForCausalLM", "mixtral", SL_HF_MIXTRAL},
+    {"BaichuanForCausalLM", "baichuan", SL_HF_BAICHUAN},
+    {"GPT2LMHeadModel", "gpt2", SL_HF_GPT2},
+    {"Qwen2MoeForCausalLM", "qwen2_moe", SL_HF_QWEN2_MOE},
+    {"DeepseekV3ForCausalLM", "deepseek_v3", SL_HF_DEEPSEEK_V3},
 };
 #define N_ARCHS ((int)(sizeof k_archs / sizeof k_archs[0]))
 _Static_assert(N_ARCHS == SL_HF_ARCH_COUNT, "config.json class table out of sync");
@@ -490,7 +494,8 @@ static void write_moe(cJSON *r, const sl_hf_config *c) {
         return;
     }
     cJSON_AddNumberToObject(r, "n_routed_experts", c->n_experts);
-    cJSON_AddNumberToObject(r, "n_shared_experts", c->moe_intermediate ? c->shared_intermediate / c->moe_intermediate : 0);
+    cJSON_AddNumberToObject(r, "n_shared_experts",
+                            c->moe_intermediate ? c->shared_intermediate / c->moe_intermediate : 0);
     cJSON_AddNumberToObject(r, "n_group", c->n_group);
     cJSON_AddNumberToObject(r, "topk_group", c->topk_group);
     cJSON_AddNumberToObject(r, "routed_scaling_factor", c->routed_scaling);

@@ -9,8 +9,8 @@
 #include "suanli/model_io.h"
 
 /* sl_hf_arch and sl_arch list the same classes; the table keeps them apart so either may grow. */
-static const sl_arch k_from_hf[] = {SL_ARCH_GPT2,     SL_ARCH_LLAMA,     SL_ARCH_QWEN2,
-                                    SL_ARCH_MISTRAL,  SL_ARCH_MIXTRAL,   SL_ARCH_BAICHUAN,
+static const sl_arch k_from_hf[] = {SL_ARCH_GPT2,      SL_ARCH_LLAMA,      SL_ARCH_QWEN2,
+                                    SL_ARCH_MISTRAL,   SL_ARCH_MIXTRAL,    SL_ARCH_BAICHUAN,
                                     SL_ARCH_QWEN2_MOE, SL_ARCH_DEEPSEEK_V3};
 _Static_assert(sizeof k_from_hf / sizeof k_from_hf[0] == SL_HF_ARCH_COUNT, "sl_hf_arch table out of sync");
 

@@ -16,9 +16,10 @@
 #define rnd sl_llama_rnd
 #define lin sl_llama_lin
 #define swiglu_mlp sl_llama_swiglu
+#define add_param sl_llama_add_param
 
-static const char *const k_arch_names[] = {"gpt2",     "llama",     "qwen2",      "mistral",
-                                           "mixtral",  "baichuan",  "qwen2_moe",  "deepseek_v3"};
+static const char *const k_arch_names[] = {"gpt2",    "llama",    "qwen2",     "mistral",
+                                           "mixtral", "baichuan", "qwen2_moe", "deepseek_v3"};
 _Static_assert(sizeof(k_arch_names) / sizeof(k_arch_names[0]) == SL_ARCH_COUNT,
                "arch name table out of sync");
 const char *sl_arch_name(sl_arch a) { return ((int)a >= 0 && a < SL_ARCH_COUNT) ? k_arch_names[a] : "?"; }
@@ -60,7 +61,8 @@ static sl_status check_cfg(const sl_llama_config *c) {
     return SL_OK;
 }
 
-void sl_llama_add_param(sl_llama_builder *b, int decay, int init, int ndim, const int64_t *ne, const char *fmt, ...) {
+void sl_llama_add_param(sl_llama_builder *b, int decay, int init, int ndim, const int64_t *ne,
+                        const char *fmt, ...) {
     sl_model *m = b->m;
     SL_ASSERT(m->n_params < b->cap);
     /* bf16 mode: projection matrices are bf16; the embedding (gathered by id) stays f32 */
@@ -113,47 +115,47 @@ sl_status sl_llama_new_on(const sl_llama_config *cfg, sl_dtype wdtype, sl_backen
         sl_model_free(m);
         return sl_fail(SL_ERR_NOMEM, "model: out of memory");
     }
-    sl_llama_add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){V, C}, "model.embed_tokens.weight");
+    add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){V, C}, "model.embed_tokens.weight");
     for (int l = 0; l < L; l++) {
         const char *pre = "model.layers";
-        sl_llama_add_param(&b, 0, SL_INIT_ONE, 1, (int64_t[]){C}, "%s.%d.input_layernorm.weight", pre, l);
+        add_param(&b, 0, SL_INIT_ONE, 1, (int64_t[]){C}, "%s.%d.input_layernorm.weight", pre, l);
         if (c->arch == SL_ARCH_BAICHUAN) {
-            sl_llama_add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){3 * QD, C}, "%s.%d.self_attn.W_pack.weight", pre,
+            add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){3 * QD, C}, "%s.%d.self_attn.W_pack.weight", pre,
                       l);
         } else {
             const char *nm[3] = {"q_proj", "k_proj", "v_proj"};
             int64_t od[3] = {QD, KD, KD};
             for (int j = 0; j < 3; j++) {
-                sl_llama_add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){od[j], C}, "%s.%d.self_attn.%s.weight", pre,
+                add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){od[j], C}, "%s.%d.self_attn.%s.weight", pre,
                           l, nm[j]);
                 if (c->qkv_bias)
-                    sl_llama_add_param(&b, 0, SL_INIT_ZERO, 1, (int64_t[]){od[j]}, "%s.%d.self_attn.%s.bias", pre, l,
+                    add_param(&b, 0, SL_INIT_ZERO, 1, (int64_t[]){od[j]}, "%s.%d.self_attn.%s.bias", pre, l,
                               nm[j]);
             }
         }
-        sl_llama_add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){C, QD}, "%s.%d.self_attn.o_proj.weight", pre, l);
-        sl_llama_add_param(&b, 0, SL_INIT_ONE, 1, (int64_t[]){C}, "%s.%d.post_attention_layernorm.weight", pre, l);
+        add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){C, QD}, "%s.%d.self_attn.o_proj.weight", pre, l);
+        add_param(&b, 0, SL_INIT_ONE, 1, (int64_t[]){C}, "%s.%d.post_attention_layernorm.weight", pre, l);
         if (c->arch == SL_ARCH_QWEN2_MOE || (c->arch == SL_ARCH_DEEPSEEK_V3 && l >= c->first_dense)) {
             sl_moe_add_params(&b, l);
         } else if (c->arch == SL_ARCH_MIXTRAL) {
-            sl_llama_add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){E, C}, "%s.%d.block_sparse_moe.gate.weight", pre,
+            add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){E, C}, "%s.%d.block_sparse_moe.gate.weight", pre,
                       l);
             for (int e = 0; e < E; e++) {
-                sl_llama_add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){I, C},
+                add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){I, C},
                           "%s.%d.block_sparse_moe.experts.%d.w1.weight", pre, l, e);
-                sl_llama_add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){C, I},
+                add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){C, I},
                           "%s.%d.block_sparse_moe.experts.%d.w2.weight", pre, l, e);
-                sl_llama_add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){I, C},
+                add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){I, C},
                           "%s.%d.block_sparse_moe.experts.%d.w3.weight", pre, l, e);
             }
         } else {
-            sl_llama_add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){I, C}, "%s.%d.mlp.gate_proj.weight", pre, l);
-            sl_llama_add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){I, C}, "%s.%d.mlp.up_proj.weight", pre, l);
-            sl_llama_add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){C, I}, "%s.%d.mlp.down_proj.weight", pre, l);
+            add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){I, C}, "%s.%d.mlp.gate_proj.weight", pre, l);
+            add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){I, C}, "%s.%d.mlp.up_proj.weight", pre, l);
+            add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){C, I}, "%s.%d.mlp.down_proj.weight", pre, l);
         }
     }
-    sl_llama_add_param(&b, 0, SL_INIT_ONE, 1, (int64_t[]){C}, "model.norm.weight");
-    if (!c->tie_embeddings) sl_llama_add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){V, C}, "lm_head.weight");
+    add_param(&b, 0, SL_INIT_ONE, 1, (int64_t[]){C}, "model.norm.weight");
+    if (!c->tie_embeddings) add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){V, C}, "lm_head.weight");
     int train = wdtype == SL_F32;
     if (!train && !be->caps.host_visible) {
         sl_model_free(m);
@@ -236,10 +238,10 @@ sl_tensor *sl_llama_swiglu(sl_model *m, sl_tensor *h, sl_tensor *wg, sl_tensor *
 /* Note [Mixture of experts in a static graph]
  * The gate is a dense (N, E) matrix that is zero outside each token's top-k experts (SL_OP_TOPK_GATE),
  * so the layer is sum_e gate[:, e] * expert_e(h). Inference (KV graphs) computes each expert only on its
- * routed rows (SL_OP_MOE_EXPERT, Note [Sparse experts]). For training every expert runs on every token: the
- * result equals Mixtral's sparse dispatch exactly (unselected experts are multiplied by 0), at E/k times the
- * FLOPs. Token dispatch (gather/scatter by expert, and the all-to-all of expert parallelism) replaces this
- * when the parallel layer lands; the routing op and its gradient stay. */
+ * routed rows (SL_OP_MOE_EXPERT, Note [Sparse experts]). f32 training of every MoE architecture dispatches
+ * tokens instead (src/nn/moe.c, Note [MoE dispatch in a static graph]); this dense form, where every expert
+ * runs on every token (E/k times the FLOPs, exact because unselected experts are multiplied by 0), remains
+ * for Mixtral's bf16 and autocast numerics, which the fixtures pin down. */
 static sl_tensor *moe(sl_model *m, sl_tensor *h, int l, int sparse) {
     sl_ctx *ctx = m->ctx;
     const sl_llama_config *c = &m->lcfg;

@@ -9,8 +9,8 @@ typedef struct {
 } sl_llama_builder;
 
 /* a parameter leaf in the flat buffer (bf16 when the model's weights are and it is a 2-D matrix) */
-void sl_llama_add_param(sl_llama_builder *b, int decay, int init, int ndim, const int64_t *ne, const char *fmt,
-                        ...) __attribute__((format(printf, 6, 7)));
+void sl_llama_add_param(sl_llama_builder *b, int decay, int init, int ndim, const int64_t *ne,
+                        const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 /* the parameter named by fmt (asserts it exists) */
 sl_tensor *sl_llama_W(sl_model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 sl_tensor *sl_llama_rnd(sl_model *m, sl_tensor *x); /* bf16 rounding where the model's numerics round */

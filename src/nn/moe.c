@@ -26,7 +26,9 @@ int sl_moe_layer_is_sparse(const sl_llama_config *c, int l) {
 }
 
 static const char *experts_field(sl_arch a) {
-    return a == SL_ARCH_MIXTRAL ? "num_local_experts" : a == SL_ARCH_QWEN2_MOE ? "num_experts" : "n_routed_experts";
+    return a == SL_ARCH_MIXTRAL     ? "num_local_experts"
+           : a == SL_ARCH_QWEN2_MOE ? "num_experts"
+                                    : "n_routed_experts";
 }
 
 sl_status sl_moe_check_cfg(const sl_llama_config *c) {
@@ -50,19 +52,22 @@ sl_status sl_moe_check_cfg(const sl_llama_config *c) {
         return sl_fail(SL_ERR_INVALID, "config: n_group %d must divide n_routed_experts %d", c->n_group,
                        c->n_experts);
     if (ng > 1 && (c->topk_group < 1 || c->topk_group > ng || c->n_experts / ng < 2))
-        return sl_fail(SL_ERR_INVALID, "config: topk_group must be in [1, n_group=%d] with >= 2 experts per "
-                                       "group, got %d",
+        return sl_fail(SL_ERR_INVALID,
+                       "config: topk_group must be in [1, n_group=%d] with >= 2 experts per "
+                       "group, got %d",
                        ng, c->topk_group);
     if (ng > 1 && c->n_experts_per_tok > c->topk_group * (c->n_experts / ng))
-        return sl_fail(SL_ERR_INVALID, "config: num_experts_per_tok %d exceeds the %d experts of topk_group "
-                                       "groups",
+        return sl_fail(SL_ERR_INVALID,
+                       "config: num_experts_per_tok %d exceeds the %d experts of topk_group "
+                       "groups",
                        c->n_experts_per_tok, c->topk_group * (c->n_experts / ng));
     if (!(c->routed_scaling >= 0 && c->routed_scaling < 1e6))
         return sl_fail(SL_ERR_INVALID, "config: routed_scaling_factor must be >= 0, got %g",
                        (double)c->routed_scaling);
     if (c->first_dense < 0 || c->first_dense > c->n_layer)
-        return sl_fail(SL_ERR_INVALID, "config: first_k_dense_replace must be in [0, num_hidden_layers=%d], "
-                                       "got %d",
+        return sl_fail(SL_ERR_INVALID,
+                       "config: first_k_dense_replace must be in [0, num_hidden_layers=%d], "
+                       "got %d",
                        c->n_layer, c->first_dense);
     return SL_OK;
 }
@@ -77,8 +82,11 @@ typedef struct {
 static moe_names names_of(sl_arch a) {
     if (a == SL_ARCH_MIXTRAL)
         return (moe_names){"model.layers.%d.block_sparse_moe.gate.weight",
-                           "model.layers.%d.block_sparse_moe.experts.%d.%s.weight", {"w1", "w3", "w2"}, NULL};
-    return (moe_names){"model.layers.%d.mlp.gate.weight", "model.layers.%d.mlp.experts.%d.%s.weight",
+                           "model.layers.%d.block_sparse_moe.experts.%d.%s.weight",
+                           {"w1", "w3", "w2"},
+                           NULL};
+    return (moe_names){"model.layers.%d.mlp.gate.weight",
+                       "model.layers.%d.mlp.experts.%d.%s.weight",
                        {"gate_proj", "up_proj", "down_proj"},
                        a == SL_ARCH_QWEN2_MOE ? "model.layers.%d.mlp.shared_expert.%s.weight"
                                               : "model.layers.%d.mlp.shared_experts.%s.weight"};
@@ -90,8 +98,8 @@ void sl_moe_add_params(sl_llama_builder *b, int l) {
     moe_names nm = names_of(c->arch);
     sl_llama_add_param(b, 1, SL_INIT_NORMAL, 2, (int64_t[]){E, C}, nm.router, l);
     if (c->arch == SL_ARCH_DEEPSEEK_V3) /* a buffer in transformers: no gradient, moved by the bias update */
-        sl_llama_add_param(b, 0, SL_INIT_ZERO, 1, (int64_t[]){E}, "model.layers.%d.mlp.gate.e_score_correction_bias",
-                           l);
+        sl_llama_add_param(b, 0, SL_INIT_ZERO, 1, (int64_t[]){E},
+                           "model.layers.%d.mlp.gate.e_score_correction_bias", l);
     for (int e = 0; e < E; e++) {
         sl_llama_add_param(b, 1, SL_INIT_NORMAL, 2, (int64_t[]){I, C}, nm.expert, l, e, nm.proj[0]);
         sl_llama_add_param(b, 1, SL_INIT_NORMAL, 2, (int64_t[]){I, C}, nm.expert, l, e, nm.proj[1]);
@@ -102,8 +110,8 @@ void sl_moe_add_params(sl_llama_builder *b, int l) {
         sl_llama_add_param(b, 1, SL_INIT_NORMAL, 2, (int64_t[]){S, C}, nm.shared, l, "up_proj");
         sl_llama_add_param(b, 1, SL_INIT_NORMAL, 2, (int64_t[]){C, S}, nm.shared, l, "down_proj");
         if (c->arch == SL_ARCH_QWEN2_MOE)
-            sl_llama_add_param(b, 1, SL_INIT_NORMAL, 2, (int64_t[]){1, C}, "model.layers.%d.mlp.shared_expert_gate.weight",
-                               l);
+            sl_llama_add_param(b, 1, SL_INIT_NORMAL, 2, (int64_t[]){1, C},
+                               "model.layers.%d.mlp.shared_expert_gate.weight", l);
     }
 }
 
@@ -120,10 +128,17 @@ static sl_moe_route_opts route_opts(const sl_model *m, int64_t N) {
         o.scale = c->routed_scaling > 0 ? c->routed_scaling : 1.0f;
     }
     switch (m->moe.router) {
-    case SL_MOE_ROUTER_TOPK_SOFTMAX: o.score = SL_MOE_SCORE_SOFTMAX, o.norm_topk = 1; break;
-    case SL_MOE_ROUTER_SOFTMAX_TOPK: o.score = SL_MOE_SCORE_SOFTMAX, o.norm_topk = 0; break;
-    case SL_MOE_ROUTER_SIGMOID: o.score = SL_MOE_SCORE_SIGMOID, o.norm_topk = 1; break;
-    default: break;
+    case SL_MOE_ROUTER_TOPK_SOFTMAX:
+        o.score = SL_MOE_SCORE_SOFTMAX, o.norm_topk = 1;
+        break;
+    case SL_MOE_ROUTER_SOFTMAX_TOPK:
+        o.score = SL_MOE_SCORE_SOFTMAX, o.norm_topk = 0;
+        break;
+    case SL_MOE_ROUTER_SIGMOID:
+        o.score = SL_MOE_SCORE_SIGMOID, o.norm_topk = 1;
+        break;
+    default:
+        break;
     }
     if (m->moe.capacity_factor > 0) { /* Note [MoE dispatch in a static graph] */
         double cap = ceil((double)m->moe.capacity_factor * (double)N * o.k / c->n_experts);
@@ -137,7 +152,8 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
     const sl_llama_config *c = &m->lcfg;
     int64_t B = h->ne[0], T = h->ne[1], C = h->ne[2], N = B * T, E = c->n_experts;
     moe_names nm = names_of(c->arch);
-    sl_tensor *h2 = sl_reshape_2d(ctx, h->op == SL_OP_VIEW && !sl_is_contiguous(h) ? sl_cont(ctx, h) : h, N, C);
+    sl_tensor *h2 =
+        sl_reshape_2d(ctx, h->op == SL_OP_VIEW && !sl_is_contiguous(h) ? sl_cont(ctx, h) : h, N, C);
     sl_tensor *logits = sl_llama_lin(m, h2, sl_llama_W(m, nm.router, l), NULL); /* (N, E) */
     sl_tensor *bias = c->arch == SL_ARCH_DEEPSEEK_V3
                           ? sl_llama_W(m, "model.layers.%d.mlp.gate.e_score_correction_bias", l)
@@ -164,8 +180,8 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
                                        sl_llama_W(m, nm.shared, l, "down_proj")); /* (N, C) */
         if (c->arch == SL_ARCH_QWEN2_MOE) {
             /* sigmoid(h Wsg^T): a one-expert sigmoid route is the sigmoid, with its gradient */
-            sl_tensor *g = sl_llama_lin(m, h2, sl_llama_W(m, "model.layers.%d.mlp.shared_expert_gate.weight", l),
-                                        NULL); /* (N, 1) */
+            sl_tensor *g = sl_llama_lin(
+                m, h2, sl_llama_W(m, "model.layers.%d.mlp.shared_expert_gate.weight", l), NULL); /* (N, 1) */
             sl_moe_route_opts so = {.k = 1, .score = SL_MOE_SCORE_SIGMOID, .scale = 1.0f};
             s = sl_llama_rnd(m, sl_mul(ctx, s, sl_moe_route(ctx, g, NULL, &so)));
         }
@@ -186,7 +202,9 @@ sl_tensor *sl_moe_add_router_losses(sl_model *m, int mark, sl_tensor *loss) {
 
 /* ---------------- statistics and the bias update ---------------- */
 
-static int is_layer_route(const sl_tensor *t) { return t->op == SL_OP_MOE_ROUTE && t->ne[1] > 1 && t->buffer; }
+static int is_layer_route(const sl_tensor *t) {
+    return t->op == SL_OP_MOE_ROUTE && t->ne[1] > 1 && t->buffer;
+}
 
 static sl_status read_counts(const sl_tensor *t, float *cnt) {
     return sl_backend_copy_out(t->buffer, t->buffer_offs + sl_moe_route_counts_offset(t), cnt,

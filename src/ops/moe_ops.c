@@ -29,7 +29,8 @@ sl_tensor *sl_moe_route(sl_ctx *ctx, sl_tensor *logits, sl_tensor *bias, const s
     SL_ASSERT(row_major_2d(logits));
     int64_t N = logits->ne[0], E = logits->ne[1];
     SL_ASSERT(o->k >= 1 && o->k <= E && o->capacity >= 0);
-    SL_ASSERT(!bias || (bias->ndim == 1 && bias->ne[0] == E && bias->dtype == SL_F32 && sl_is_contiguous(bias)));
+    SL_ASSERT(!bias ||
+              (bias->ndim == 1 && bias->ne[0] == E && bias->dtype == SL_F32 && sl_is_contiguous(bias)));
     int ng = o->n_group > 1 ? o->n_group : 1;
     SL_ASSERT(E % ng == 0 && (ng == 1 || (o->topk_group >= 1 && o->topk_group <= ng)));
     SL_ASSERT(ng == 1 || E / ng >= 2); /* group score: the sum of each group's top two */

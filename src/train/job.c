@@ -95,15 +95,15 @@ static uint64_t opts_hash(const sl_train_opts *o) {
                     o->sample.top_k,
                     o->moe.num_experts,
                     o->moe.topk};
-    double dv[] = {o->exit_duration_mins, o->optim.lr,        o->optim.min_lr,
-                   o->optim.weight_decay, o->optim.clip_grad, o->optim.beta1,
-                   o->optim.beta2,        o->optim.eps,       o->sample.temperature,
+    double dv[] = {o->exit_duration_mins,  o->optim.lr,           o->optim.min_lr,
+                   o->optim.weight_decay,  o->optim.clip_grad,    o->optim.beta1,
+                   o->optim.beta2,         o->optim.eps,          o->sample.temperature,
                    o->moe.capacity_factor, o->moe.aux_loss_coeff, o->moe.z_loss_coeff,
                    o->moe.bias_update_rate};
     hash_bytes(&h, iv, sizeof iv);
     hash_bytes(&h, dv, sizeof dv);
-    const char *sv[] = {o->model.init_from, o->data.path,     o->ckpt.save_dir,
-                        o->ckpt.load_dir,   o->sample.prompt, o->model.device, o->moe.router};
+    const char *sv[] = {o->model.init_from, o->data.path,    o->ckpt.save_dir, o->ckpt.load_dir,
+                        o->sample.prompt,   o->model.device, o->moe.router};
     for (size_t i = 0; i < sizeof sv / sizeof sv[0]; i++) hash_str(&h, sv[i]);
     return h;
 }

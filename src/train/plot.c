@@ -72,7 +72,8 @@ static sl_status load_push(run *r, double x, const cJSON *a) {
     if (!(tot > 0)) return SL_OK;
     if (n > MAX_PLOT_EXPERTS) n = MAX_PLOT_EXPERTS;
     if (n > r->n_experts) r->n_experts = n;
-    for (int e = 0; e < n; e++) SL_TRY(series_push(&r->load[e], x, cJSON_GetArrayItem(a, e)->valuedouble / tot));
+    for (int e = 0; e < n; e++)
+        SL_TRY(series_push(&r->load[e], x, cJSON_GetArrayItem(a, e)->valuedouble / tot));
     return SL_OK;
 }
 

@@ -58,8 +58,9 @@ sl_status sl_train_moe_check(sl_train_job *j) {
         return sl_train_bad("--expert-model-parallel-size %lld does not divide the %d experts%s",
                             (long long)o->parallel.ep, E, is_moe ? " of the model" : " (--num-experts)");
     if (!is_moe && moe_flags_given(mo))
-        return sl_train_bad("--moe-* and --num-experts need a mixture-of-experts model: --init-from a Mixtral, "
-                            "Qwen2-MoE or DeepSeek-V3 directory (fresh models are dense GPT-2)");
+        return sl_train_bad(
+            "--moe-* and --num-experts need a mixture-of-experts model: --init-from a Mixtral, "
+            "Qwen2-MoE or DeepSeek-V3 directory (fresh models are dense GPT-2)");
     if (mo->bias_update_rate > 0 && o->model.init_from) {
         sl_llama_config c;
         if (sl_hf_load_config(o->model.init_from, &c, NULL) == SL_OK && c.arch != SL_ARCH_DEEPSEEK_V3)
@@ -75,11 +76,12 @@ sl_status sl_train_moe_apply(sl_train_job *j) {
     sl_model *m = j->m;
     const sl_train_moe_opts *mo = &j->o.moe;
     if (!sl_model_is_moe(m)) return SL_OK;
-    m->moe = (sl_moe_train_opts){.capacity_factor = isnan(mo->capacity_factor) ? 0.0f : (float)mo->capacity_factor,
-                                 .aux_coeff = (float)mo->aux_loss_coeff,
-                                 .z_coeff = (float)mo->z_loss_coeff,
-                                 .router = (sl_moe_router)router_of(mo->router),
-                                 .bias_update_rate = (float)mo->bias_update_rate};
+    m->moe =
+        (sl_moe_train_opts){.capacity_factor = isnan(mo->capacity_factor) ? 0.0f : (float)mo->capacity_factor,
+                            .aux_coeff = (float)mo->aux_loss_coeff,
+                            .z_coeff = (float)mo->z_loss_coeff,
+                            .router = (sl_moe_router)router_of(mo->router),
+                            .bias_update_rate = (float)mo->bias_update_rate};
     if (mo->topk) m->lcfg.n_experts_per_tok = (int)mo->topk;
     return SL_OK;
 }

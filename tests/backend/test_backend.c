@@ -131,13 +131,14 @@ static sl_tensor *moe_case(sl_ctx *c, sl_tensor **p, const sl_moe_route_opts *o,
 static sl_tensor *b_moe_capacity(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
     (void)ids;
     int64_t cap = (B * T * 2 + E - 1) / E; /* capacity factor 1, top-2: some tokens dropped */
-    sl_moe_route_opts o = {.k = 2, .score = SL_MOE_SCORE_SOFTMAX, .norm_topk = 1, .scale = 1, .capacity = (int)cap};
+    sl_moe_route_opts o = {
+        .k = 2, .score = SL_MOE_SCORE_SOFTMAX, .norm_topk = 1, .scale = 1, .capacity = (int)cap};
     return moe_case(c, p, &o, NULL, cap);
 }
 static sl_tensor *b_moe_sigmoid(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
     (void)ids; /* DeepSeek-V3 routing, dropless (R = N); p[5]: the selection bias (no gradient) */
-    sl_moe_route_opts o = {.k = 2, .score = SL_MOE_SCORE_SIGMOID, .norm_topk = 1, .n_group = 2, .topk_group = 1,
-                           .scale = 2.5f};
+    sl_moe_route_opts o = {
+        .k = 2, .score = SL_MOE_SCORE_SIGMOID, .norm_topk = 1, .n_group = 2, .topk_group = 1, .scale = 2.5f};
     return moe_case(c, p, &o, p[5], B * T);
 }
 
@@ -156,10 +157,16 @@ static void make_cases(void) {
         {"embedding", 2, {2, 2}, {{V, C}, {T, C}}, b_embedding},
         {"concat+transpose+bias", 3, {2, 2, 1}, {{B * T, C}, {B * T, C}, {2}}, b_concat},
         {"round-bf16", 2, {2, 2}, {{B * T, C}, {C, C}}, b_bf16},
-        {"moe-capacity", 5, {2, 2, 2, 2, 2}, {{B * T, C}, {E, C}, {E * C, C}, {E * C, C}, {E * C, C}},
+        {"moe-capacity",
+         5,
+         {2, 2, 2, 2, 2},
+         {{B * T, C}, {E, C}, {E * C, C}, {E * C, C}, {E * C, C}},
          b_moe_capacity},
-        {"moe-sigmoid-groups", 6, {2, 2, 2, 2, 2, 1},
-         {{B * T, C}, {E, C}, {E * C, C}, {E * C, C}, {E * C, C}, {E}}, b_moe_sigmoid},
+        {"moe-sigmoid-groups",
+         6,
+         {2, 2, 2, 2, 2, 1},
+         {{B * T, C}, {E, C}, {E * C, C}, {E * C, C}, {E * C, C}, {E}},
+         b_moe_sigmoid},
     };
     memcpy(k_cases, v, sizeof v);
 }

@@ -54,7 +54,8 @@ static void check_metrics(const char *run, int E, int steps, int expect_drops) {
                  run, lines + 1, E);
         TU_CHECK(cJSON_IsNumber(df) && df->valuedouble >= 0 && df->valuedouble < 1, "moe_dropped_frac");
         TU_CHECK(cJSON_IsNumber(aux) && aux->valuedouble > 0.5 && cJSON_IsNumber(z) && z->valuedouble > 0,
-                 "moe_aux_loss %g (1 when balanced), moe_z_loss", cJSON_IsNumber(aux) ? aux->valuedouble : -1);
+                 "moe_aux_loss %g (1 when balanced), moe_z_loss",
+                 cJSON_IsNumber(aux) ? aux->valuedouble : -1);
         dropped += cJSON_IsNumber(df) && df->valuedouble > 0;
         cJSON_Delete(o);
         lines++;
@@ -76,10 +77,12 @@ int main(void) {
     for (int i = 0; i < 200; i++) fprintf(f, "the quick brown fox %d jumps over the lazy dog. ", i);
     fclose(f);
     snprintf(data, sizeof data, "%s/tok", tmp);
-    snprintf(cmd, sizeof cmd, "%s data prepare --input %s --output-prefix %s --tokenizer-file %s/tokenizer.json",
-             tu_cli(), txt, data, qdir);
+    snprintf(cmd, sizeof cmd,
+             "%s data prepare --input %s --output-prefix %s --tokenizer-file %s/tokenizer.json", tu_cli(),
+             txt, data, qdir);
     TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "data prepare: %s", out);
-    const char *base = "--seq-length 16 --micro-batch-size 2 --train-iters 3 --eval-interval 0 --eval-iters 1";
+    const char *base =
+        "--seq-length 16 --micro-batch-size 2 --train-iters 3 --eval-interval 0 --eval-iters 1";
 
     /* Qwen2-MoE: capacity 0.5 (tokens dropped), aux + z losses, a plot */
     snprintf(run, sizeof run, "%s/run_q", tmp);
@@ -97,12 +100,13 @@ int main(void) {
     /* DeepSeek-V3 style: dropless, the bias update moves e_score_correction_bias; a router override */
     snprintf(run, sizeof run, "%s/run_d", tmp);
     snprintf(cmd, sizeof cmd,
-             "%s train --data-path %s --init-from %s %s --moe-router-bias-update-rate 0.01 --save %s", tu_cli(),
-             data, ddir, base, run);
+             "%s train --data-path %s --init-from %s %s --moe-router-bias-update-rate 0.01 --save %s",
+             tu_cli(), data, ddir, base, run);
     TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "deepseek_v3 train: %s", out);
     check_metrics(run, 8, 3, 0);
     snprintf(cmd, sizeof cmd,
-             "%s train --data-path %s --init-from %s %s --moe-router softmax-topk --moe-router-topk 1 --save %s/r2",
+             "%s train --data-path %s --init-from %s %s --moe-router softmax-topk --moe-router-topk 1 --save "
+             "%s/r2",
              tu_cli(), data, qdir, base, tmp);
     TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "router override: %s", out);
 
@@ -110,14 +114,16 @@ int main(void) {
     struct {
         const char *what, *flags, *needle, *model;
     } cases[] = {
-        {"experts not divisible by ep", "--expert-model-parallel-size 3", "--expert-model-parallel-size", qdir},
+        {"experts not divisible by ep", "--expert-model-parallel-size 3", "--expert-model-parallel-size",
+         qdir},
         {"top-k > experts", "--moe-router-topk 9", "--moe-router-topk", qdir},
         {"capacity factor 0", "--moe-capacity-factor 0", "--moe-capacity-factor", qdir},
         {"capacity factor < 0", "--moe-capacity-factor -1.5", "--moe-capacity-factor", ddir},
         {"unknown router", "--moe-router top2", "--moe-router", qdir},
         {"num-experts mismatch", "--num-experts 6", "--num-experts", qdir},
         {"negative aux coefficient", "--moe-aux-loss-coeff -1", "--moe-aux-loss-coeff", qdir},
-        {"bias update without a bias", "--moe-router-bias-update-rate 0.1", "--moe-router-bias-update-rate", qdir},
+        {"bias update without a bias", "--moe-router-bias-update-rate 0.1", "--moe-router-bias-update-rate",
+         qdir},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         snprintf(flags, sizeof flags, "%s %s --save %s/bad%zu", base, cases[i].flags, tmp, i);
@@ -128,8 +134,8 @@ int main(void) {
     /* MoE flags on a dense (fresh GPT-2) model; top-k > --num-experts and --ep with --num-experts alone */
     snprintf(cmd, sizeof cmd, "%s train --data-path %s %s --moe-aux-loss-coeff 0.1", tu_cli(), data, base);
     bad("moe flag on a dense model", "--moe-", tu_run(cmd, out, sizeof out));
-    snprintf(cmd, sizeof cmd, "%s train --data-path %s %s --num-experts 4 --moe-router-topk 5", tu_cli(), data,
-             base);
+    snprintf(cmd, sizeof cmd, "%s train --data-path %s %s --num-experts 4 --moe-router-topk 5", tu_cli(),
+             data, base);
     bad("top-k > --num-experts", "--moe-router-topk", tu_run(cmd, out, sizeof out));
     snprintf(cmd, sizeof cmd, "%s train --data-path %s %s --num-experts 6 --ep 4", tu_cli(), data, base);
     bad("--num-experts not divisible by --ep", "--expert-model-parallel-size", tu_run(cmd, out, sizeof out));

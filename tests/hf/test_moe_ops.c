@@ -67,8 +67,8 @@ static void test_route_deepseek(void) {
     float ref[8] = {0};
     ref[e1] = (float)(2.5 * s[e1] / (s[e1] + s[e2]));
     ref[e2] = (float)(2.5 * s[e2] / (s[e1] + s[e2]));
-    sl_moe_route_opts o = {.k = 2, .score = SL_MOE_SCORE_SIGMOID, .norm_topk = 1, .n_group = 4, .topk_group = 2,
-                           .scale = 2.5f};
+    sl_moe_route_opts o = {
+        .k = 2, .score = SL_MOE_SCORE_SIGMOID, .norm_topk = 1, .n_group = 4, .topk_group = 2, .scale = 2.5f};
     float *got = fwd(&t, sl_moe_route(t.ctx, x, b, &o));
     tu_allclose("route deepseek-v3 (groups, bias, scale)", got, ref, 8, 1e-6f, 1e-5f);
     TU_CHECK(e1 != 7 && e2 != 7, "the bias pushed expert 7 out (got %d %d)", e1, e2);
@@ -82,7 +82,8 @@ static void test_route_capacity(void) {
     tc t = {0};
     t.ctx = sl_ctx_new(256);
     sl_tensor *x = param(&t, 2, (int64_t[]){5, 3}, 1.0f);
-    for (int r = 0; r < 5; r++) t.pdata[0][r * 3] = 5.0f + (float)r, t.pdata[0][r * 3 + 1] = 0, t.pdata[0][r * 3 + 2] = 0;
+    for (int r = 0; r < 5; r++)
+        t.pdata[0][r * 3] = 5.0f + (float)r, t.pdata[0][r * 3 + 1] = 0, t.pdata[0][r * 3 + 2] = 0;
     sl_moe_route_opts o = opts(1, SL_MOE_SCORE_SOFTMAX, 0);
     o.capacity = 2;
     sl_tensor *rt = sl_moe_route(t.ctx, x, NULL, &o);
@@ -91,9 +92,11 @@ static void test_route_capacity(void) {
     sl_graph_build_forward(g, rt);
     TU_CHECK(sl_graph_plan(g, sl_backend_cpu(), NULL) == SL_OK, "plan");
     TU_CHECK(sl_graph_compute(g, NULL, NULL) == SL_OK, "compute: %s", sl_errmsg());
-    const float *w = rt->data, *cnt = (const float *)((const char *)rt->data + sl_moe_route_counts_offset(rt));
+    const float *w = rt->data,
+                *cnt = (const float *)((const char *)rt->data + sl_moe_route_counts_offset(rt));
     for (int r = 0; r < 5; r++) TU_CHECK((w[r * 3] > 0) == (r < 2), "token %d kept iff among the first 2", r);
-    TU_CHECK(cnt[0] == 5 && cnt[3] == 2 && cnt[1] == 0 && cnt[4] == 0, "counts routed %g kept %g", cnt[0], cnt[3]);
+    TU_CHECK(cnt[0] == 5 && cnt[3] == 2 && cnt[1] == 0 && cnt[4] == 0, "counts routed %g kept %g", cnt[0],
+             cnt[3]);
     sl_graph_free(g);
     tc_free(&t);
 }
@@ -160,8 +163,8 @@ static sl_tensor *g_route_softmax_norm(tc *t) {
     return sl_moe_route(t->ctx, param(t, 2, (int64_t[]){6, 5}, 1.5f), NULL, &o);
 }
 static sl_tensor *g_route_sigmoid_groups(tc *t) {
-    sl_moe_route_opts o = {.k = 2, .score = SL_MOE_SCORE_SIGMOID, .norm_topk = 1, .n_group = 2, .topk_group = 1,
-                           .scale = 2.5f};
+    sl_moe_route_opts o = {
+        .k = 2, .score = SL_MOE_SCORE_SIGMOID, .norm_topk = 1, .n_group = 2, .topk_group = 1, .scale = 2.5f};
     sl_tensor *x = param(t, 2, (int64_t[]){5, 8}, 1.5f);
     sl_tensor *b = sl_new_tensor_1d(t->ctx, SL_F32, 8); /* constant bias (not a parameter in HF) */
     static float bv[8] = {0.1f, -0.1f, 0.2f, 0, 0, 0.05f, -0.2f, 0};

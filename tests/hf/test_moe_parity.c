@@ -48,8 +48,10 @@ int main(void) {
         char n32[128], n64[128];
         snprintf(n32, sizeof n32, "final.%s", m->params[i].t->name);
         snprintf(n64, sizeof n64, "f64_final.%s", m->params[i].t->name);
-        const float *w32 = need(n32)->data, *w64 = need(n64)->data, *got = m->params_mem + m->params[i].offset;
-        double a = tu_rel_maxdiff(w32, w64, m->params[i].numel), b = tu_rel_maxdiff(got, w64, m->params[i].numel);
+        const float *w32 = need(n32)->data, *w64 = need(n64)->data,
+                    *got = m->params_mem + m->params[i].offset;
+        double a = tu_rel_maxdiff(w32, w64, m->params[i].numel),
+               b = tu_rel_maxdiff(got, w64, m->params[i].numel);
         if (a > ref_w) ref_w = a;
         if (b > our_w) our_w = b;
     }

@@ -187,7 +187,8 @@ sl_status sl_k_moe_router_loss_back(sl_tensor *n) {
     int64_t N = x->ne[0], E = x->ne[1], xs = x->nb[0];
     int k = route->iparams[0], sigmoid = route->iparams[1];
     float g = ((const float *)dl->data)[0];
-    float ca = f->fparams[0] * g * (float)E / ((float)N * (float)N * (float)k), cz = f->fparams[1] * g * 2.0f / N;
+    float ca = f->fparams[0] * g * (float)E / ((float)N * (float)N * (float)k),
+          cz = f->fparams[1] * g * 2.0f / N;
     const float *ps = route_scores(route), *cnt = route_counts(route);
     float *pd = n->data;
 #pragma omp parallel for schedule(static) if (PAR(N * E))
