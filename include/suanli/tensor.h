@@ -106,6 +106,14 @@ typedef enum sl_op {
                                     acc + (weight *) y scattered back to the tokens of expert iparams[0] */
     SL_OP_MOE_COMBINE_BACK_GATE, /* src0 = y (R, C), src1 = route, src2 = dy (N, C) -> (N, E): column
                                     iparams[0] = dy . y of the token's row, zero elsewhere */
+    SL_OP_MOE_EXPERT_FFN,        /* src0 = x (R, C) gathered for expert iparams[0], src1..3 = w1 (I, C), w3
+                                    (I, C), w2 (C, I), src4 = route -> (R, C): w2(silu(w1 x) * w3 x) on the
+                                    expert's kept rows only (count from the route), zero below; aux: count,
+                                    w1 x and w3 x for backward */
+    SL_OP_MOE_EXPERT_FFN_BACK, /* src0 = fwd, src1 = dy, src2 = w2 -> packed 1-D [d(w1 x) (R, I) | d(w3 x) (R,
+                                  I) | dw2 (C, I)], kept rows only */
+    SL_OP_MOE_EXPERT_FFN_BACK_X, /* src0 = fwd, src1 = FFN_BACK, src2 = x, src3 = w1, src4 = w3 -> packed 1-D
+                                    [dx (R, C) | dw1 (I, C) | dw3 (I, C)] */
     SL_OP_COUNT
 } sl_op;
 

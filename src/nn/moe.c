@@ -167,11 +167,16 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
     sl_set_name(rl, "moe_router_loss.%d", l);
     sl_set_output(rl);
     sl_tensor *y = NULL;
+    /* f32: the expert's GEMMs run on its kept rows only (Note [Routed expert rows]); bf16 weights or
+     * autocast numerics: matmul nodes on all R rows, rounded as transformers rounds */
+    int routed = m->wdtype == SL_F32 && !m->autocast_bf16;
     for (int e = 0; e < E; e++) {
         sl_tensor *xe = sl_moe_gather(ctx, h2, w, e, R, 0); /* (R, C) */
-        sl_tensor *ye = sl_llama_swiglu(m, xe, sl_llama_W(m, nm.expert, l, e, nm.proj[0]),
-                                        sl_llama_W(m, nm.expert, l, e, nm.proj[1]),
-                                        sl_llama_W(m, nm.expert, l, e, nm.proj[2]));
+        sl_tensor *w1 = sl_llama_W(m, nm.expert, l, e, nm.proj[0]),
+                  *w3 = sl_llama_W(m, nm.expert, l, e, nm.proj[1]),
+                  *w2 = sl_llama_W(m, nm.expert, l, e, nm.proj[2]);
+        sl_tensor *ye =
+            routed ? sl_moe_expert_ffn(ctx, xe, w1, w3, w2, w, e) : sl_llama_swiglu(m, xe, w1, w3, w2);
         y = sl_moe_combine(ctx, ye, w, y, e, 1); /* (N, C) */
     }
     if (c->shared_intermediate > 0) {

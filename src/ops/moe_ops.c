@@ -89,6 +89,26 @@ sl_tensor *sl_moe_combine(sl_ctx *ctx, sl_tensor *y, sl_tensor *route, sl_tensor
     return t;
 }
 
+sl_tensor *sl_moe_expert_ffn(sl_ctx *ctx, sl_tensor *x, sl_tensor *w1, sl_tensor *w3, sl_tensor *w2,
+                             sl_tensor *route, int e) {
+    SL_ASSERT(row_major_2d(x) && sl_is_contiguous(x) && route->op == SL_OP_MOE_ROUTE && e >= 0 &&
+              e < route->ne[1]);
+    int64_t R = x->ne[0], C = x->ne[1], I = w1->ne[0];
+    SL_ASSERT(w1->dtype == SL_F32 && w3->dtype == SL_F32 && w2->dtype == SL_F32);
+    SL_ASSERT(w1->ndim == 2 && w1->ne[1] == C && w3->ndim == 2 && w3->ne[0] == I && w3->ne[1] == C);
+    SL_ASSERT(w2->ndim == 2 && w2->ne[0] == C && w2->ne[1] == I);
+    SL_ASSERT(sl_is_contiguous(w1) && sl_is_contiguous(w3) && sl_is_contiguous(w2));
+    sl_tensor *t = sl_new_op(ctx, SL_OP_MOE_EXPERT_FFN, SL_F32, 2, x->ne);
+    t->src[0] = x;
+    t->src[1] = w1;
+    t->src[2] = w3;
+    t->src[3] = w2;
+    t->src[4] = route;
+    t->iparams[0] = e;
+    t->aux_bytes = sizeof(float) * (size_t)(1 + 2 * R * I); /* count, w1 x, w3 x */
+    return t;
+}
+
 static sl_tensor *rows(sl_ctx *ctx, sl_tensor *g) { return row_major_2d(g) ? g : sl_cont(ctx, g); }
 
 /* Backward rules of the MoE ops; returns 0 for other ops. */
@@ -130,6 +150,27 @@ int sl_moe_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, s
             emit(st, route, t);
         }
         if (n->src[2] && ng[2]) emit(st, n->src[2], g);
+        return 1;
+    }
+    case SL_OP_MOE_EXPERT_FFN: { /* two packed nodes (SL_MAX_SRC): d pre-activations + dw2, then dx + dw1, dw3
+                                  */
+        sl_tensor *w1 = n->src[1], *w3 = n->src[2], *w2 = n->src[3];
+        int64_t R = a->ne[0], C = a->ne[1], I = w1->ne[0];
+        sl_tensor *t = sl_new_op(ctx, SL_OP_MOE_EXPERT_FFN_BACK, SL_F32, 1, (int64_t[]){2 * R * I + C * I});
+        t->src[0] = n;
+        t->src[1] = rows(ctx, g);
+        t->src[2] = w2;
+        if (ng[3]) emit(st, w2, sl_view(ctx, t, 2, (int64_t[]){C, I}, (int64_t[]){I, 1}, 2 * R * I));
+        if (!ng[0] && !ng[1] && !ng[2]) return 1;
+        sl_tensor *u = sl_new_op(ctx, SL_OP_MOE_EXPERT_FFN_BACK_X, SL_F32, 1, (int64_t[]){R * C + 2 * I * C});
+        u->src[0] = n;
+        u->src[1] = t;
+        u->src[2] = a;
+        u->src[3] = w1;
+        u->src[4] = w3;
+        if (ng[0]) emit(st, a, sl_view(ctx, u, 2, (int64_t[]){R, C}, (int64_t[]){C, 1}, 0));
+        if (ng[1]) emit(st, w1, sl_view(ctx, u, 2, (int64_t[]){I, C}, (int64_t[]){C, 1}, R * C));
+        if (ng[2]) emit(st, w3, sl_view(ctx, u, 2, (int64_t[]){I, C}, (int64_t[]){C, 1}, R * C + I * C));
         return 1;
     }
     default:

@@ -45,7 +45,7 @@ typedef struct {
 static const shape_tier k_tiers[] = {{"tiny", 2, 8, 32, 4, 2, 8, 48, 4},
                                      {"demo", 4, 64, 192, 6, 2, 32, 256, 8}};
 static int B, T, C, NH, NKV, HS, V, E;
-enum { MAXP = 6, N_CASES = 13 };
+enum { MAXP = 6, N_CASES = 14 };
 
 typedef struct {
     const char *name;
@@ -142,6 +142,19 @@ static sl_tensor *b_moe_sigmoid(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
     return moe_case(c, p, &o, p[5], B * T);
 }
 
+/* dropless top-2 with the routed expert op (GEMMs on the kept rows only); the experts share p[2..4] */
+static sl_tensor *b_moe_routed(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
+    (void)ids;
+    sl_moe_route_opts o = {.k = 2, .score = SL_MOE_SCORE_SOFTMAX, .norm_topk = 0, .scale = 1};
+    sl_tensor *lg = sl_linear(c, p[0], p[1], NULL), *rt = sl_moe_route(c, lg, NULL, &o), *y = NULL;
+    for (int e = 0; e < E; e++) {
+        sl_tensor *ye =
+            sl_moe_expert_ffn(c, sl_moe_gather(c, p[0], rt, e, B * T, 0), p[2], p[3], p[4], rt, e);
+        y = sl_moe_combine(c, ye, rt, y, e, 1);
+    }
+    return y;
+}
+
 static op_case k_cases[N_CASES];
 /* the cases at the current tier's sizes */
 static void make_cases(void) {
@@ -167,6 +180,11 @@ static void make_cases(void) {
          {2, 2, 2, 2, 2, 1},
          {{B * T, C}, {E, C}, {E * C, C}, {E * C, C}, {E * C, C}, {E}},
          b_moe_sigmoid},
+        {"moe-routed-ffn",
+         5,
+         {2, 2, 2, 2, 2},
+         {{B * T, C}, {E, C}, {2 * C, C}, {2 * C, C}, {C, 2 * C}},
+         b_moe_routed},
     };
     memcpy(k_cases, v, sizeof v);
 }

@@ -152,15 +152,47 @@ static void test_dispatch_dense(void) {
     tc_free(&t);
 }
 
-/* ---- gradients ---- */
+/* the routed expert (kept rows only) equals SwiGLU with matmul nodes on the gathered rows */
+static void test_expert_ffn_dense(void) {
+    tc t = {0};
+    t.ctx = sl_ctx_new(1024);
+    int64_t N = 13, C = 6, E = 3, I = 5;
+    sl_tensor *x = param(&t, 2, (int64_t[]){N, C}, 1.0f), *lg = param(&t, 2, (int64_t[]){N, E}, 1.0f);
+    sl_tensor *w1 = param(&t, 2, (int64_t[]){I, C}, 0.5f), *w3 = param(&t, 2, (int64_t[]){I, C}, 0.5f);
+    sl_tensor *w2 = param(&t, 2, (int64_t[]){C, I}, 0.5f);
+    sl_moe_route_opts o = opts(2, SL_MOE_SCORE_SOFTMAX, 1);
+    sl_tensor *rt = sl_moe_route(t.ctx, lg, NULL, &o);
+    for (int e = 0; e < E; e++) {
+        sl_tensor *xe = sl_moe_gather(t.ctx, x, rt, e, N, 0);
+        sl_tensor *g = sl_silu(t.ctx, sl_linear(t.ctx, xe, w1, NULL)), *u = sl_linear(t.ctx, xe, w3, NULL);
+        float *ref = fwd(&t, sl_linear(t.ctx, sl_mul(t.ctx, g, u), w2, NULL));
+        float *got = fwd(&t, sl_moe_expert_ffn(t.ctx, xe, w1, w3, w2, rt, e));
+        tu_allclose("expert_ffn == swiglu on gathered rows", got, ref, N * C, 1e-6f, 1e-5f);
+        free(got), free(ref);
+    }
+    tc_free(&t);
+}
+
+/* ---- gradients ----
+ * The selection is piecewise constant: a finite difference that flips a top-k choice sees a jump the
+ * gradient rightly ignores. Router logits are therefore a small parameter plus well-separated fixed offsets
+ * (gaps of 1.5 between a row's logits, perturbations of 1e-2). */
+static sl_tensor *sep_logits(tc *t, int64_t N, int64_t E) {
+    float *off = calloc((size_t)(N * E), sizeof(float)); /* freed with the process (test) */
+    for (int64_t r = 0; r < N; r++)
+        for (int64_t e = 0; e < E; e++) off[r * E + e] = 1.5f * (float)((e * 3 + r) % E) - 2.0f;
+    sl_tensor *o = sl_new_tensor_2d(t->ctx, SL_F32, N, E);
+    sl_tensor_bind(o, off);
+    return sl_add(t->ctx, param(t, 2, (int64_t[]){N, E}, 0.2f), o);
+}
 static sl_tensor *g_route_softmax(tc *t) {
     sl_moe_route_opts o = opts(2, SL_MOE_SCORE_SOFTMAX, 0);
-    return sl_moe_route(t->ctx, param(t, 2, (int64_t[]){6, 5}, 1.5f), NULL, &o);
+    return sl_moe_route(t->ctx, sep_logits(t, 6, 5), NULL, &o);
 }
 static sl_tensor *g_route_softmax_norm(tc *t) {
     sl_moe_route_opts o = opts(3, SL_MOE_SCORE_SOFTMAX, 1);
     o.scale = 1.5f;
-    return sl_moe_route(t->ctx, param(t, 2, (int64_t[]){6, 5}, 1.5f), NULL, &o);
+    return sl_moe_route(t->ctx, sep_logits(t, 6, 5), NULL, &o);
 }
 static sl_tensor *g_route_sigmoid_groups(tc *t) {
     sl_moe_route_opts o = {
@@ -174,7 +206,7 @@ static sl_tensor *g_route_sigmoid_groups(tc *t) {
 static sl_tensor *g_route_capacity(tc *t) {
     sl_moe_route_opts o = opts(2, SL_MOE_SCORE_SOFTMAX, 1);
     o.capacity = 3; /* 8 tokens x 2 over 4 experts: some dropped */
-    return sl_moe_route(t->ctx, param(t, 2, (int64_t[]){8, 4}, 1.5f), NULL, &o);
+    return sl_moe_route(t->ctx, sep_logits(t, 8, 4), NULL, &o);
 }
 static sl_tensor *g_sigmoid_1(tc *t) { /* a 1-expert sigmoid route is the sigmoid (the shared-expert gate) */
     sl_moe_route_opts o = opts(1, SL_MOE_SCORE_SIGMOID, 0);
@@ -210,12 +242,30 @@ static sl_tensor *g_dispatch(tc *t) {
     return y;
 }
 
+/* the dropless layer with routed experts (kept rows only); the experts share one set of weight leaves
+ * (the op takes leaves; MAXP parameters), which also checks that their gradients accumulate */
+static sl_tensor *g_expert_ffn(tc *t) {
+    int64_t N = 9, C = 4, E = 2, I = 3;
+    sl_tensor *x = param(t, 2, (int64_t[]){N, C}, 1.0f);
+    sl_tensor *W1 = param(t, 2, (int64_t[]){I, C}, 0.7f), *W3 = param(t, 2, (int64_t[]){I, C}, 0.7f);
+    sl_tensor *W2 = param(t, 2, (int64_t[]){C, I}, 0.7f);
+    sl_moe_route_opts o = opts(1, SL_MOE_SCORE_SOFTMAX, 0);
+    sl_tensor *rt = sl_moe_route(t->ctx, sep_logits(t, N, E), NULL, &o), *y = NULL;
+    for (int e = 0; e < E; e++) {
+        sl_tensor *xe = sl_moe_gather(t->ctx, x, rt, e, N, 0);
+        sl_tensor *ye = sl_moe_expert_ffn(t->ctx, xe, W1, W3, W2, rt, e);
+        y = sl_moe_combine(t->ctx, ye, rt, y, e, 1);
+    }
+    return y;
+}
+
 int main(void) {
     test_route_softmax();
     test_route_deepseek();
     test_route_capacity();
     test_router_loss_value();
     test_dispatch_dense();
+    test_expert_ffn_dense();
     grad_check("moe_route softmax", g_route_softmax);
     grad_check("moe_route softmax+norm+scale", g_route_softmax_norm);
     grad_check("moe_route sigmoid groups", g_route_sigmoid_groups);
@@ -224,5 +274,6 @@ int main(void) {
     grad_check("moe_router_loss softmax", g_router_loss);
     grad_check("moe_router_loss sigmoid", g_router_loss_sigmoid);
     grad_check("moe dispatch", g_dispatch);
+    grad_check("moe routed expert ffn", g_expert_ffn);
     return tu_finish("test_moe_ops");
 }

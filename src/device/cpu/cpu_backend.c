@@ -53,6 +53,9 @@ static const kernel_fn k_kernels[SL_OP_COUNT] = {
     [SL_OP_MOE_GATHER] = sl_k_moe_gather,
     [SL_OP_MOE_COMBINE] = sl_k_moe_combine,
     [SL_OP_MOE_COMBINE_BACK_GATE] = sl_k_moe_combine_back_gate,
+    [SL_OP_MOE_EXPERT_FFN] = sl_k_moe_expert_ffn,
+    [SL_OP_MOE_EXPERT_FFN_BACK] = sl_k_moe_expert_ffn_back,
+    [SL_OP_MOE_EXPERT_FFN_BACK_X] = sl_k_moe_expert_ffn_back_x,
 };
 
 static sl_status cpu_alloc(sl_backend *be, size_t bytes, sl_buffer **out) {

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "device/cpu/kernels/gemm.h"
 #include "device/cpu/kernels/moe.h"
 
 #define PAR(work) ((int64_t)(work) >= 16384)
@@ -292,5 +293,80 @@ sl_status sl_k_moe_combine_back_gate(sl_tensor *n) {
         out[idx[r] * E + e] = dot;
     }
     free(idx);
+    return SL_OK;
+}
+
+/* ---------------- the routed SwiGLU expert on its kept rows ---------------- */
+
+static float silu_f(float x) { return x / (1.0f + expf(-x)); }
+
+/* Note [Routed expert rows]
+ * x holds expert e's kept tokens in rows [0, n) (MOE_GATHER, n from the route's kept count) and zeros
+ * below; the GEMMs run on those n rows only, so a dropless layer costs FLOPs in proportion to k * N instead
+ * of E * N (the rows below n are written as zeros, an O(R * C) pass). The forward keeps w1 x and w3 x of
+ * the n rows for backward (aux), which recomputes nothing else. */
+sl_status sl_k_moe_expert_ffn(sl_tensor *n) {
+    sl_tensor *x = n->src[0], *w1 = n->src[1], *w3 = n->src[2], *w2 = n->src[3], *route = n->src[4];
+    int64_t R = n->ne[0], C = n->ne[1], I = w1->ne[0], E = route->ne[1], e = n->iparams[0];
+    int64_t cnt = (int64_t)route_counts(route)[E + e];
+    if (cnt > R)
+        return sl_fail(SL_ERR_INVALID,
+                       "moe_expert_ffn: expert %lld keeps %lld tokens, more than its %lld rows", (long long)e,
+                       (long long)cnt, (long long)R);
+    float *y = n->data, *aux = (float *)n->data + R * C, *a1 = aux + 1, *a3 = a1 + R * I;
+    aux[0] = (float)cnt;
+    memset(y + cnt * C, 0, sizeof(float) * (size_t)((R - cnt) * C));
+    if (!cnt) return SL_OK;
+    float *h = malloc(sizeof(float) * (size_t)(cnt * I));
+    if (!h) return sl_fail(SL_ERR_NOMEM, "moe_expert_ffn: out of memory");
+    sl_sgemm(0, 1, cnt, I, C, 1.0f, x->data, C, w1->data, C, 0.0f, a1, I);
+    sl_sgemm(0, 1, cnt, I, C, 1.0f, x->data, C, w3->data, C, 0.0f, a3, I);
+    for (int64_t i = 0; i < cnt * I; i++) h[i] = silu_f(a1[i]) * a3[i];
+    sl_sgemm(0, 1, cnt, C, I, 1.0f, h, I, w2->data, I, 0.0f, y, C);
+    free(h);
+    return SL_OK;
+}
+
+/* d(w1 x), d(w3 x) and dw2 from dy, over the kept rows (rows below are zero) */
+sl_status sl_k_moe_expert_ffn_back(sl_tensor *n) {
+    sl_tensor *f = n->src[0], *dy = n->src[1], *w2 = n->src[2];
+    int64_t R = f->ne[0], C = f->ne[1], I = w2->ne[1], ds = dy->nb[0];
+    const float *aux = (const float *)f->data + R * C, *a1 = aux + 1, *a3 = a1 + R * I;
+    int64_t cnt = (int64_t)aux[0];
+    float *d1 = n->data, *d3 = d1 + R * I, *dw2 = d3 + R * I;
+    memset(d1 + cnt * I, 0, sizeof(float) * (size_t)((R - cnt) * I));
+    memset(d3 + cnt * I, 0, sizeof(float) * (size_t)((R - cnt) * I));
+    if (!cnt) {
+        memset(dw2, 0, sizeof(float) * (size_t)(C * I));
+        return SL_OK;
+    }
+    float *h = d1; /* silu(w1 x) * w3 x, then dh, in the d1 rows before they are written */
+    for (int64_t i = 0; i < cnt * I; i++) h[i] = silu_f(a1[i]) * a3[i];
+    sl_sgemm(1, 0, C, I, cnt, 1.0f, dy->data, ds, h, I, 0.0f, dw2, I);      /* dw2 = dy^T h */
+    sl_sgemm(0, 0, cnt, I, C, 1.0f, dy->data, ds, w2->data, I, 0.0f, h, I); /* dh = dy w2 */
+    for (int64_t i = 0; i < cnt * I; i++) {
+        float sg = 1.0f / (1.0f + expf(-a1[i])), dh = h[i];
+        d3[i] = dh * a1[i] * sg;                                /* dh * silu(w1 x) */
+        d1[i] = dh * a3[i] * sg * (1.0f + a1[i] * (1.0f - sg)); /* dh * w3 x * silu'(w1 x) */
+    }
+    return SL_OK;
+}
+
+/* dx, dw1, dw3 from the pre-activation gradients, over the kept rows */
+sl_status sl_k_moe_expert_ffn_back_x(sl_tensor *n) {
+    sl_tensor *f = n->src[0], *b = n->src[1], *x = n->src[2], *w1 = n->src[3], *w3 = n->src[4];
+    int64_t R = f->ne[0], C = f->ne[1], I = w1->ne[0];
+    int64_t cnt = (int64_t)((const float *)f->data)[R * C];
+    const float *d1 = b->data, *d3 = d1 + R * I;
+    float *dx = n->data, *dw1 = dx + R * C, *dw3 = dw1 + I * C;
+    memset(dx + cnt * C, 0, sizeof(float) * (size_t)((R - cnt) * C));
+    if (!cnt) {
+        memset(dw1, 0, sizeof(float) * (size_t)(2 * I * C));
+        return SL_OK;
+    }
+    sl_sgemm(1, 0, I, C, cnt, 1.0f, d1, I, x->data, C, 0.0f, dw1, C);
+    sl_sgemm(1, 0, I, C, cnt, 1.0f, d3, I, x->data, C, 0.0f, dw3, C);
+    sl_sgemm(0, 0, cnt, C, I, 1.0f, d1, I, w1->data, C, 0.0f, dx, C);
+    sl_sgemm(0, 0, cnt, C, I, 1.0f, d3, I, w3->data, C, 1.0f, dx, C);
     return SL_OK;
 }

@@ -10,4 +10,7 @@ sl_status sl_k_moe_router_loss_back(sl_tensor *n);
 sl_status sl_k_moe_gather(sl_tensor *n);
 sl_status sl_k_moe_combine(sl_tensor *n);
 sl_status sl_k_moe_combine_back_gate(sl_tensor *n);
+sl_status sl_k_moe_expert_ffn(sl_tensor *n);
+sl_status sl_k_moe_expert_ffn_back(sl_tensor *n);
+sl_status sl_k_moe_expert_ffn_back_x(sl_tensor *n);
 #endif
