@@ -100,8 +100,8 @@ typedef enum sl_op {
                               load-balancing loss + fparams[1] * router z-loss; aux: the two raw */
     SL_OP_MOE_ROUTER_LOSS_BACK,  /* src0 = fwd, src1 = logits, src2 = route, src3 = dloss -> (N, E) */
     SL_OP_MOE_GATHER,            /* src0 = x (N, C), src1 = route -> (R, C): row r = x of the r-th token kept
-                                    by expert iparams[0] (token order), zero past the count; iparams[1]=1:
-                                    times that token's routing weight */
+                                    by expert iparams[0] (token order), zero past the count (iparams[2]=1:
+                                    unwritten); iparams[1]=1: times that token's routing weight */
     SL_OP_MOE_COMBINE,           /* src0 = y (R, C), src1 = route, src2 = acc (N, C) or NULL -> (N, C):
                                     acc + (weight *) y scattered back to the tokens of expert iparams[0] */
     SL_OP_MOE_COMBINE_BACK_GATE, /* src0 = y (R, C), src1 = route, src2 = dy (N, C) -> (N, E): column

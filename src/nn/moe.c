@@ -172,6 +172,7 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
     int routed = m->wdtype == SL_F32 && !m->autocast_bf16;
     for (int e = 0; e < E; e++) {
         sl_tensor *xe = sl_moe_gather(ctx, h2, w, e, R, 0); /* (R, C) */
+        xe->iparams[2] = routed; /* MOE_EXPERT_FFN reads the kept rows only: no zero fill */
         sl_tensor *w1 = sl_llama_W(m, nm.expert, l, e, nm.proj[0]),
                   *w3 = sl_llama_W(m, nm.expert, l, e, nm.proj[1]),
                   *w2 = sl_llama_W(m, nm.expert, l, e, nm.proj[2]);

@@ -10,8 +10,10 @@
  *   y   = MOE_COMBINE(y_e, w, y_{<e}, e)     (N, C) y_{<e} + w[:, e] * y_e scattered back
  * R is the capacity (ceil(capacity_factor * N * k / E)) when tokens are dropped, so the experts run on
  * E * R ~ capacity_factor * N * k rows as in Switch / Megatron; dropless routing needs R = N (an expert
- * may receive every token), so its expert GEMMs run on N rows each, padding included: correct, and
- * O(N * E) like the dense form it replaces, until a grouped GEMM with run-time row counts lands.
+ * may receive every token). With matmul nodes the expert GEMMs would then run on N rows each, padding
+ * included; MOE_EXPERT_FFN (f32) runs them on the expert's kept rows only, the count read from the route
+ * at run time (Note [Routed expert rows]), so FLOPs follow the routed tokens. The (N, C) combine
+ * accumulator is still copied once per expert (O(N * C * E) bytes moved).
  * Dropping is deterministic: an expert keeps its first `capacity` tokens in token order (Switch's and
  * Megatron's "position" policy); a dropped assignment keeps its place in the top-k normalisation and
  * gets weight 0 (the token passes through the residual). The token -> row map is recomputed by the
@@ -140,7 +142,11 @@ int sl_moe_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, s
     case SL_OP_MOE_COMBINE: {
         int e = n->iparams[0], w = n->iparams[1];
         sl_tensor *gr = rows(ctx, g);
-        if (ng[0]) emit(st, a, sl_moe_gather(ctx, gr, route, e, a->ne[0], w));
+        if (ng[0]) {
+            sl_tensor *d = sl_moe_gather(ctx, gr, route, e, a->ne[0], w);
+            d->iparams[2] = a->op == SL_OP_MOE_EXPERT_FFN; /* its backward reads the kept rows only */
+            emit(st, a, d);
+        }
         if (ng[1] && w) {
             sl_tensor *t = sl_new_op(ctx, SL_OP_MOE_COMBINE_BACK_GATE, SL_F32, 2, route->ne);
             t->src[0] = a;

@@ -239,13 +239,10 @@ sl_status sl_k_moe_gather(sl_tensor *n) {
     const float *pw = route->data, *px = x->data;
     float *py = n->data;
     int w = n->iparams[1];
-#pragma omp parallel for schedule(static) if (PAR(R * C))
-    for (int64_t r = 0; r < R; r++) {
+    if (!n->iparams[2]) memset(py + cnt * C, 0, sizeof(float) * (size_t)((R - cnt) * C));
+#pragma omp parallel for schedule(static) if (PAR(cnt * C))
+    for (int64_t r = 0; r < cnt; r++) {
         float *y = py + r * C;
-        if (r >= cnt) {
-            memset(y, 0, sizeof(float) * (size_t)C);
-            continue;
-        }
         const float *xr = px + idx[r] * xs;
         float s = w ? pw[idx[r] * E + e] : 1.0f;
         for (int64_t c = 0; c < C; c++) y[c] = s * xr[c];
@@ -303,8 +300,11 @@ static float silu_f(float x) { return x / (1.0f + expf(-x)); }
 /* Note [Routed expert rows]
  * x holds expert e's kept tokens in rows [0, n) (MOE_GATHER, n from the route's kept count) and zeros
  * below; the GEMMs run on those n rows only, so a dropless layer costs FLOPs in proportion to k * N instead
- * of E * N (the rows below n are written as zeros, an O(R * C) pass). The forward keeps w1 x and w3 x of
- * the n rows for backward (aux), which recomputes nothing else. */
+ * of E * N. The forward keeps w1 x and w3 x of the n rows for backward (aux), which recomputes nothing
+ * else. What still costs O(R) per expert: the output's rows below n are written as zeros (the op's
+ * contract), and MOE_COMBINE copies its (N, C) accumulator; the gathers that feed this op skip their zero
+ * fill (MOE_GATHER iparams[2]), and its backward leaves the rows past n of dx unwritten, since their only
+ * reader is the gather's backward, which reads the kept rows. */
 sl_status sl_k_moe_expert_ffn(sl_tensor *n) {
     sl_tensor *x = n->src[0], *w1 = n->src[1], *w3 = n->src[2], *w2 = n->src[3], *route = n->src[4];
     int64_t R = n->ne[0], C = n->ne[1], I = w1->ne[0], E = route->ne[1], e = n->iparams[0];
@@ -333,9 +333,7 @@ sl_status sl_k_moe_expert_ffn_back(sl_tensor *n) {
     int64_t R = f->ne[0], C = f->ne[1], I = w2->ne[1], ds = dy->nb[0];
     const float *aux = (const float *)f->data + R * C, *a1 = aux + 1, *a3 = a1 + R * I;
     int64_t cnt = (int64_t)aux[0];
-    float *d1 = n->data, *d3 = d1 + R * I, *dw2 = d3 + R * I;
-    memset(d1 + cnt * I, 0, sizeof(float) * (size_t)((R - cnt) * I));
-    memset(d3 + cnt * I, 0, sizeof(float) * (size_t)((R - cnt) * I));
+    float *d1 = n->data, *d3 = d1 + R * I, *dw2 = d3 + R * I; /* rows past cnt: never read */
     if (!cnt) {
         memset(dw2, 0, sizeof(float) * (size_t)(C * I));
         return SL_OK;
@@ -359,7 +357,8 @@ sl_status sl_k_moe_expert_ffn_back_x(sl_tensor *n) {
     int64_t cnt = (int64_t)((const float *)f->data)[R * C];
     const float *d1 = b->data, *d3 = d1 + R * I;
     float *dx = n->data, *dw1 = dx + R * C, *dw3 = dw1 + I * C;
-    memset(dx + cnt * C, 0, sizeof(float) * (size_t)((R - cnt) * C));
+    /* dx rows past cnt are left unwritten: x's gradient flows only into MOE_GATHER's backward, which reads
+     * the kept rows (Note [Routed expert rows]) */
     if (!cnt) {
         memset(dw1, 0, sizeof(float) * (size_t)(2 * I * C));
         return SL_OK;
