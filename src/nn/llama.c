@@ -338,8 +338,10 @@ static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
                       sl_add(ctx, x, lin(m, rnd(m, a), W(m, "%s.%d.self_attn.o_proj.weight", pre, l), NULL)));
         h = norm(m, x, W(m, "%s.%d.post_attention_layernorm.weight", pre, l), c->rms_eps);
         sl_tensor *f;
-        if (c->arch == SL_ARCH_MIXTRAL && (kv || m->wdtype == SL_BF16 || m->autocast_bf16))
-            f = moe(m, h, l, kv != NULL); /* sparse inference / bf16 numerics: the dense gate form */
+        if (c->arch == SL_ARCH_MIXTRAL &&
+            (kv || m->wdtype == SL_BF16 || m->autocast_bf16 || !sl_moe_backend_ok(m)))
+            f = moe(m, h, l,
+                    kv != NULL); /* sparse inference, bf16 numerics, other backends: the dense gate form */
         else if (sl_moe_layer_is_sparse(c, l))
             f = sl_moe_ffn(m, h, l); /* dispatched experts (src/nn/moe.c) */
         else

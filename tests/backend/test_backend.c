@@ -55,6 +55,8 @@ typedef struct {
     /* builds a tensor from the parameters; the harness turns it into a scalar with cross-entropy */
     sl_tensor *(*build)(sl_ctx *ctx, sl_tensor **p, sl_tensor *ids);
 } op_case;
+/* cases of ops only some backends implement (the MoE ops: cpu and strict): refused there -> skipped */
+static int case_optional(const op_case *k) { return !strncmp(k->name, "moe-", 4); }
 
 static sl_tensor *b_linear(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
     (void)ids;
@@ -294,6 +296,12 @@ static void test_ops(const shape_tier *tier) {
         const op_case *k = &k_cases[i];
         op_result ref = {0}, got = {0};
         sl_status s1 = run_case(sl_backend_cpu(), k, &ref), s2 = run_case(g_be, k, &got);
+        if (case_optional(k) && s1 == SL_OK && s2 == SL_ERR_UNSUPPORTED) {
+            fprintf(stderr, "op %s on %s: skipped, refused: %s\n", k->name, g_be->name, sl_errmsg());
+            free(ref.grads);
+            free(got.grads);
+            continue;
+        }
         TU_CHECK(s1 == SL_OK && s2 == SL_OK, "op %s (%s shapes) on %s: %s", k->name, tier->name, g_be->name,
                  sl_errmsg());
         if (s1 == SL_OK && s2 == SL_OK) {
