@@ -187,11 +187,88 @@ def parity():
     cfg.save_pretrained(d)
 
 
+def ds_parity_loss(model, tk):
+    logits = model(tk[:, :-1]).logits
+    return logits, F.cross_entropy(logits.reshape(-1, PV), tk[:, 1:].reshape(-1))
+
+
+def ds_model(L, dtype):
+    lcfg = LlamaConfig(**hf.common(hidden_size=PC, num_hidden_layers=L, vocab_size=PV, max_position_embeddings=PT,
+                                   bos_token_id=None, eos_token_id=None))
+    lcfg._attn_implementation = "eager"
+    m = LlamaForCausalLM(lcfg)
+    dcfg = DeepseekV3Config(hidden_size=PC, intermediate_size=128, hidden_act="silu", **DS)
+    dcfg._experts_implementation = "eager"
+    for l in range(DS["first_k_dense_replace"], L):
+        m.model.layers[l].mlp = DeepseekV3MoE(dcfg)
+    return m.to(dtype), lcfg
+
+
+def ds_parity(L=3):
+    """DeepSeek-V3-style training parity: CE only (its balancing is the bias, not a loss); the bias is a
+    buffer (no gradient), saved as param./grad. (zero)/final. so the C test finds every parameter."""
+    torch.manual_seed(4321)
+    torch.use_deterministic_algorithms(True)
+    model, lcfg = ds_model(L, torch.float32)
+    g0 = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(1.0 + 0.1 * torch.randn(p.shape) if "norm" in n else 0.1 * torch.randn(p.shape))
+        for l in range(DS["first_k_dense_replace"], L):
+            b = model.model.layers[l].mlp.gate.e_score_correction_bias
+            b.copy_(0.05 * torch.randn(b.shape, generator=g0))
+    init = {n: p.detach().clone() for n, p in model.named_parameters()}
+    bufs = {n: b.detach().clone() for n, b in model.named_buffers() if "e_score_correction_bias" in n}
+    out = {}
+    g = torch.Generator().manual_seed(98)
+    loss = pc.forward_backward(model, ds_parity_loss, g, PB, PT, PV, out)
+    train_tokens = pc.learnable_tokens(g, (pc.STEPS, pc.ACCUM, PB, PT + 1), PV)
+    losses = pc.train(model, ds_parity_loss, train_tokens, out)
+    m64, _ = ds_model(L, torch.float64)
+    with torch.no_grad():
+        for n, p in m64.named_parameters():
+            p.copy_(init[n].double())
+        for n, b in m64.named_buffers():
+            if n in bufs:
+                b.copy_(bufs[n].double())
+    o64 = {}
+    l64 = pc.train(m64, ds_parity_loss, train_tokens, o64)
+    flat = {}
+    for k, v in out.items():
+        pre = next((p for p in ("param.", "grad.", "final.") if k.startswith(p)), None)
+        if pre:
+            flat.update({pre + n: t for n, t in per_expert({k[len(pre):]: v}).items()})
+        else:
+            flat[k] = v
+    for n, b in bufs.items():
+        flat["param." + n], flat["grad." + n], flat["final." + n] = b, torch.zeros_like(b), b.clone()
+        o64["final." + n] = b.double()
+    flat["f64_step_losses"] = torch.tensor(l64, dtype=torch.float64).float()
+    for k, v in o64.items():
+        if k.startswith("final."):
+            flat.update({"f64_final." + n: t.float() for n, t in per_expert({k[6:]: v}).items()})
+    meta = dict(n_layer=L, hidden=PC, vocab_size=PV, seq_len=PT, batch=PB, **pc.optim_meta(), aux_coeff=0, z_coeff=0)
+    print("deepseek f64 step losses", [round(x, 6) for x in l64])
+    pc.save(flat, os.path.join(ROOT, "deepseek_v3_train.safetensors"), meta, loss, losses)
+    conf = dict(hf.common(hidden_size=PC, num_hidden_layers=L, vocab_size=PV, max_position_embeddings=PT,
+                          bos_token_id=None, eos_token_id=None),
+                architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3", head_dim=PC // 4,
+                hidden_act="silu", rope_theta=lcfg.rope_parameters["rope_theta"] if getattr(lcfg, "rope_parameters", None)
+                else 10000.0, scoring_func="sigmoid", kv_lora_rank=None, q_lora_rank=None, rope_interleave=False,
+                torch_dtype="float32", **DS)
+    d = os.path.join(ROOT, "deepseek_v3_train")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(conf, f, indent=2)
+
+
 def main():
     print("torch", torch.__version__, "transformers", transformers.__version__)
     qwen2_moe_logits(11)
     deepseek_v3_logits(12)
     parity()
+    ds_parity()
 
 
 if __name__ == "__main__":
