@@ -56,7 +56,8 @@ static int train_flags(sl_train_opts *o, const char **config, sl_flag *flags, in
          "steps between checkpoints under --save, 0 = none", 0},
         {"save-keep", SL_FLAG_INT, &o->ckpt.keep, 0, 1e6, "checkpoints to keep, 0 = all (2)", 0},
         {"init-from", SL_FLAG_STR, &o->model.init_from, 0, 0,
-         "start from a Hugging Face model dir (Llama/Qwen2/Mistral/Mixtral/Baichuan2); --save writes HF "
+         "start from a Hugging Face model dir (Llama/Qwen2/Mistral/Mixtral/Baichuan2/Qwen2-MoE/DeepSeek-V3 "
+         "with Llama attention); --save writes HF "
          "layout; with --load, resume that model's checkpoints",
          0},
         {"threads", SL_FLAG_INT, &o->threads, 0, 1024, "compute threads (default: OpenMP's)", 0},
