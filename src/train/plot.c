@@ -338,6 +338,11 @@ static char *svg_render(const run *runs, int n_runs, const char *title) {
         snprintf(t, sizeof t, "expert load share (%s)", moe->name);
         for (int e = 0; e < moe->n_experts; e++) ser[e] = &moe->load[e];
         draw_panel(&s, ser, moe->n_experts, t, 0, head + 2 * PANEL_H, &ax);
+        int nk = moe->n_experts < 16 ? moe->n_experts : 16; /* expert key, inside the box's top right */
+        for (int e = 0; e < nk; e++)
+            sb_printf(&s, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" fill=\"%s\">e%d</text>\n",
+                      (double)(PANEL_W - MR - 22 * (nk - e)), head + 2 * PANEL_H + MT + 13.0,
+                      palette[e % (int)(sizeof palette / sizeof palette[0])], e);
         for (int r = 0; r < n_runs && r < 64; r++) ser[r] = &runs[r].s[P_DROP];
         draw_panel(&s, ser, n_runs < 64 ? n_runs : 64, panel_title[P_DROP], PANEL_W, head + 2 * PANEL_H, &ax);
     }
