@@ -61,6 +61,10 @@ sl_status sl_train_moe_check(sl_train_job *j) {
         return sl_train_bad(
             "--moe-* and --num-experts need a mixture-of-experts model: --init-from a Mixtral, "
             "Qwen2-MoE or DeepSeek-V3 directory (fresh models are dense GPT-2)");
+    if (mo->bias_update_rate > 0 && j->mesh.world > 1) /* each rank would move its bias by its own loads */
+        return sl_train_bad("--moe-router-bias-update-rate is single-process for now (the loads are not yet "
+                            "reduced over the %d ranks)",
+                            j->mesh.world);
     if (mo->bias_update_rate > 0 && o->model.init_from) {
         sl_llama_config c;
         if (sl_hf_load_config(o->model.init_from, &c, NULL) == SL_OK && c.arch != SL_ARCH_DEEPSEEK_V3)
