@@ -100,10 +100,11 @@ static uint64_t opts_hash(const sl_train_opts *o) {
                    o->optim.beta2,         o->optim.eps,          o->sample.temperature,
                    o->moe.capacity_factor, o->moe.aux_loss_coeff, o->moe.z_loss_coeff,
                    o->moe.bias_update_rate};
+    hash_str(&h, o->moe.router);
     hash_bytes(&h, iv, sizeof iv);
     hash_bytes(&h, dv, sizeof dv);
-    const char *sv[] = {o->model.init_from, o->data.path,    o->ckpt.save_dir, o->ckpt.load_dir,
-                        o->sample.prompt,   o->model.device, o->moe.router};
+    const char *sv[] = {o->model.init_from, o->data.path,     o->ckpt.save_dir,
+                        o->ckpt.load_dir,   o->sample.prompt, o->model.device};
     for (size_t i = 0; i < sizeof sv / sizeof sv[0]; i++) hash_str(&h, sv[i]);
     return h;
 }

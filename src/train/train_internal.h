@@ -26,7 +26,8 @@ typedef struct sl_train_job {
     sl_hf_info hf_info; /* with init_from */
     sl_trainer tr;
     int trainer_ok;
-    sl_dp *dp; /* NULL without data parallelism */
+    sl_moe_stats moe_stats; /* the last step's (MoE models; moe_stats.n_layers == 0 otherwise) */
+    sl_dp *dp;              /* NULL without data parallelism */
     int B, T, accum;
 
     /* where the run starts: a checkpoint (resume) or the weights in load_dir/model.safetensors */
@@ -41,7 +42,6 @@ typedef struct sl_train_job {
     sl_ckpt_writer *ckw;
     int64_t pending_step; /* step of a checkpoint being written; -1: none */
     char model_json[512], layout_json[1024];
-    sl_moe_stats moe_stats; /* the last step's (MoE models; moe_stats.n_layers == 0 otherwise) */
 } sl_train_job;
 
 /* Bad input (SL_ERR_INVALID): a one-line message. The arguments may include sl_errmsg(). */
