@@ -40,12 +40,14 @@ sl_status sl_train_moe_check(sl_train_job *j) {
     if (mo->num_experts < 0 || mo->topk < 0)
         return sl_train_bad("--%s must be >= 1", mo->num_experts < 0 ? "num-experts" : "moe-router-topk");
     /* the model's experts: --init-from's config.json (read-only); fresh models are dense */
-    int E = 0, k = 0, is_moe = 0;
+    int E = 0, is_moe = 0, group_limit = 0; /* group_limit: experts in DeepSeek-V3's topk_group groups */
     if (o->model.init_from) {
         sl_llama_config c;
         if (sl_hf_load_config(o->model.init_from, &c, NULL) == SL_OK &&
-            (c.arch == SL_ARCH_MIXTRAL || c.arch == SL_ARCH_QWEN2_MOE || c.arch == SL_ARCH_DEEPSEEK_V3))
-            is_moe = 1, E = c.n_experts, k = c.n_experts_per_tok;
+            (c.arch == SL_ARCH_MIXTRAL || c.arch == SL_ARCH_QWEN2_MOE || c.arch == SL_ARCH_DEEPSEEK_V3)) {
+            is_moe = 1, E = c.n_experts;
+            if (c.arch == SL_ARCH_DEEPSEEK_V3 && c.n_group > 1) group_limit = c.topk_group * (E / c.n_group);
+        }
     }
     if (mo->num_experts && is_moe && mo->num_experts != E)
         return sl_train_bad("--num-experts %lld does not match the model's %d experts (%s/config.json)",
@@ -54,6 +56,9 @@ sl_status sl_train_moe_check(sl_train_job *j) {
     if (mo->topk && E && mo->topk > E)
         return sl_train_bad("--moe-router-topk %lld exceeds the %d experts%s", (long long)mo->topk, E,
                             is_moe ? " of the model" : " (--num-experts)");
+    if (mo->topk && group_limit && mo->topk > group_limit)
+        return sl_train_bad("--moe-router-topk %lld exceeds the %d experts of the model's topk_group groups",
+                            (long long)mo->topk, group_limit);
     if (o->parallel.ep > 1 && E && E % o->parallel.ep)
         return sl_train_bad("--expert-model-parallel-size %lld does not divide the %d experts%s",
                             (long long)o->parallel.ep, E, is_moe ? " of the model" : " (--num-experts)");
@@ -72,7 +77,6 @@ sl_status sl_train_moe_check(sl_train_job *j) {
                                 "(DeepSeek-V3's e_score_correction_bias), not %s",
                                 sl_arch_name(c.arch));
     }
-    (void)k;
     return SL_OK;
 }
 

@@ -117,6 +117,7 @@ int main(void) {
         {"experts not divisible by ep", "--expert-model-parallel-size 3", "--expert-model-parallel-size",
          qdir},
         {"top-k > experts", "--moe-router-topk 9", "--moe-router-topk", qdir},
+        {"top-k > experts of the kept groups", "--moe-router-topk 5", "--moe-router-topk", ddir},
         {"capacity factor 0", "--moe-capacity-factor 0", "--moe-capacity-factor", qdir},
         {"capacity factor < 0", "--moe-capacity-factor -1.5", "--moe-capacity-factor", ddir},
         {"unknown router", "--moe-router top2", "--moe-router", qdir},
