@@ -2,9 +2,10 @@
 """MoE fixtures (issue 17), from transformers:
 
   tests/fixtures/hf/qwen2_moe/    Qwen2MoeForCausalLM, tiny and random: config.json + model.safetensors in
-                                  the Hub's per-expert layout (mlp.experts.<e>.{gate,up,down}_proj.weight;
-                                  transformers >= 5 keeps experts fused as gate_up_proj / down_proj in
-                                  memory) + ref.safetensors (ids, logits, greedy, gap) as gen_hf_fixtures.py
+                                  the Hub's per-expert layout (mlp.experts.<e>.{gate,up,down}_proj.weight,
+                                  which transformers 5's save_pretrained also writes, though it keeps the
+                                  experts fused as gate_up_proj / down_proj in memory) + ref.safetensors
+                                  (ids, logits, greedy, gap) as gen_hf_fixtures.py
   tests/fixtures/hf/deepseek_v3/  DeepSeek-V3's MoE block (transformers' DeepseekV3MoE: sigmoid router with
                                   e_score_correction_bias, n_group / topk_group, routed_scaling_factor, a
                                   shared expert, first_k_dense_replace dense layers) inside a Llama model
