@@ -3,7 +3,9 @@
  * DeepSeek-V3's bias update, and the metrics.jsonl fields:
  *   "moe_load": [tokens routed to each expert, summed over the MoE layers] (the load histogram),
  *   "moe_dropped_frac": dropped / routed assignments, "moe_aux_loss" / "moe_z_loss": the raw losses (before
- *   their coefficients), mean over layers. From the last micro-batch of the step, on rank 0. */
+ *   their coefficients), mean over layers. From the last micro-batch of the step, on rank 0.
+ * The step's "loss" is what is optimised: cross-entropy + the coefficients times each layer's router losses
+ * (equal to the cross-entropy with both coefficients 0, the default). */
 #include <math.h>
 #include <string.h>
 
