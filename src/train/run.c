@@ -290,6 +290,7 @@ static void report_step(sl_train_job *j, const sl_train_progress *p, double t_st
                 (long long)p->step, ss->loss, ss->lr, ss->grad_norm, ss->seconds * 1e3, p->tokens_per_s);
         if (p->evaluated) fprintf(j->metrics, ", \"val_loss\": %.6f", p->val_loss);
         if (j->dp) fprintf(j->metrics, ", \"comm_wait_ms\": %.3f", ss->comm_wait_sec * 1e3);
+        sl_train_moe_metrics(j, j->metrics);
         fprintf(j->metrics, "}\n");
         fflush(j->metrics);
     }
@@ -320,6 +321,7 @@ static sl_status step_loop(sl_train_job *j, const sl_train_callbacks *cb, sl_tra
         sl_step_stats *ss = &p.stats;
         sl_status st = sl_trainer_step(&j->tr, step, batch_fn, &tsrc, ss);
         if (st != SL_OK) return sl_train_fail(st, "step %lld: %s", (long long)step, sl_errmsg());
+        SL_TRY(sl_train_moe_after_step(j)); /* before eval runs the forward again */
         if (!isfinite(ss->loss))
             return sl_train_fail(SL_ERR_INTERNAL, "step %lld: loss is %f; stopping", (long long)step,
                                  ss->loss);
