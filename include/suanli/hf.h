@@ -39,12 +39,14 @@ typedef struct sl_hf_info {
 
 /* The config.json classes we read and write. */
 typedef enum sl_hf_arch {
-    SL_HF_GPT2 = 0, /* GPT2LMHeadModel */
-    SL_HF_LLAMA,    /* LlamaForCausalLM */
-    SL_HF_QWEN2,    /* Qwen2ForCausalLM */
-    SL_HF_MISTRAL,  /* MistralForCausalLM */
-    SL_HF_MIXTRAL,  /* MixtralForCausalLM */
-    SL_HF_BAICHUAN, /* BaichuanForCausalLM */
+    SL_HF_GPT2 = 0,    /* GPT2LMHeadModel */
+    SL_HF_LLAMA,       /* LlamaForCausalLM */
+    SL_HF_QWEN2,       /* Qwen2ForCausalLM */
+    SL_HF_MISTRAL,     /* MistralForCausalLM */
+    SL_HF_MIXTRAL,     /* MixtralForCausalLM */
+    SL_HF_BAICHUAN,    /* BaichuanForCausalLM */
+    SL_HF_QWEN2_MOE,   /* Qwen2MoeForCausalLM */
+    SL_HF_DEEPSEEK_V3, /* DeepseekV3ForCausalLM with Llama attention (no MLA: kv_lora_rank null) */
     SL_HF_ARCH_COUNT
 } sl_hf_arch;
 /* "LlamaForCausalLM", ...; NULL if out of range */
@@ -69,7 +71,14 @@ typedef struct sl_hf_config {
     int tie_embeddings;               /* tie_word_embeddings */
     int qkv_bias;                     /* Qwen2 */
     int sliding_window;               /* 0: off */
-    int n_experts, n_experts_per_tok; /* Mixtral */
+    int n_experts, n_experts_per_tok; /* Mixtral, Qwen2-MoE, DeepSeek-V3 */
+    int moe_intermediate;             /* moe_intermediate_size (Qwen2-MoE, DeepSeek-V3); 0: intermediate */
+    int shared_intermediate;          /* shared expert width (Qwen2-MoE shared_expert_intermediate_size,
+                                         DeepSeek-V3 n_shared_experts * moe_intermediate_size); 0: none */
+    int norm_topk_prob;               /* renormalise the top-k weights (Qwen2-MoE, DeepSeek-V3) */
+    int n_group, topk_group;          /* DeepSeek-V3 group-limited routing; 0: off */
+    float routed_scaling;             /* DeepSeek-V3 routed_scaling_factor; 0: 1 */
+    int first_dense;                  /* DeepSeek-V3 first_k_dense_replace: layers < this are dense */
 } sl_hf_config;
 
 /* Parse DIR/config.json (and DIR/generation_config.json's eos ids into info) into cfg. info may be NULL. */

@@ -49,11 +49,13 @@ enum { SL_INIT_NORMAL = 0, SL_INIT_NORMAL_RESID, SL_INIT_ZERO, SL_INIT_ONE };
 /* Architectures built from the same graph ops (src/nn/gpt2.c, src/nn/llama.c). */
 typedef enum sl_arch {
     SL_ARCH_GPT2 = 0,
-    SL_ARCH_LLAMA,    /* RMSNorm, RoPE, SwiGLU, GQA, untied head */
-    SL_ARCH_QWEN2,    /* Llama + q/k/v biases */
-    SL_ARCH_MISTRAL,  /* Llama + sliding-window attention */
-    SL_ARCH_MIXTRAL,  /* Mistral + sparse MoE FFN (top-k routing) */
-    SL_ARCH_BAICHUAN, /* Llama with fused W_pack qkv and a normalised LM head (Baichuan2-7B) */
+    SL_ARCH_LLAMA,       /* RMSNorm, RoPE, SwiGLU, GQA, untied head */
+    SL_ARCH_QWEN2,       /* Llama + q/k/v biases */
+    SL_ARCH_MISTRAL,     /* Llama + sliding-window attention */
+    SL_ARCH_MIXTRAL,     /* Mistral + sparse MoE FFN (top-k routing) */
+    SL_ARCH_BAICHUAN,    /* Llama with fused W_pack qkv and a normalised LM head (Baichuan2-7B) */
+    SL_ARCH_QWEN2_MOE,   /* Qwen2 + softmax-then-top-k MoE with a sigmoid-gated shared expert */
+    SL_ARCH_DEEPSEEK_V3, /* Llama attention (not MLA) + DeepSeek-V3's sigmoid group-limited MoE */
     SL_ARCH_COUNT
 } sl_arch;
 const char *sl_arch_name(sl_arch a);
@@ -77,8 +79,44 @@ typedef struct sl_llama_config {
     int tie_embeddings;               /* tie_word_embeddings */
     int qkv_bias;                     /* Qwen2 (attention_bias for Llama) */
     int sliding_window;               /* 0: off */
-    int n_experts, n_experts_per_tok; /* Mixtral (num_local_experts, num_experts_per_tok) */
+    int n_experts, n_experts_per_tok; /* Mixtral (num_local_experts, num_experts_per_tok); Qwen2-MoE
+                                         num_experts; DeepSeek-V3 n_routed_experts */
+    int moe_intermediate;             /* moe_intermediate_size (Qwen2-MoE, DeepSeek-V3); 0: intermediate */
+    int shared_intermediate;          /* shared expert width (Qwen2-MoE shared_expert_intermediate_size,
+                                         DeepSeek-V3 n_shared_experts * moe_intermediate_size); 0: none */
+    int norm_topk_prob;               /* renormalise the top-k weights (Qwen2-MoE, DeepSeek-V3) */
+    int n_group, topk_group;          /* DeepSeek-V3 group-limited routing; 0: off */
+    float routed_scaling;             /* DeepSeek-V3 routed_scaling_factor; 0: 1 */
+    int first_dense;                  /* DeepSeek-V3 first_k_dense_replace: layers < this are dense */
 } sl_llama_config;
+
+/* Training-time MoE options (src/nn/moe.c; CLI --moe-*); zero-initialised = dropless, no router losses,
+ * the configured router. */
+typedef enum sl_moe_router {
+    SL_MOE_ROUTER_CONFIG = 0,   /* as the architecture / config.json says */
+    SL_MOE_ROUTER_TOPK_SOFTMAX, /* softmax over the top-k logits (Mixtral) */
+    SL_MOE_ROUTER_SOFTMAX_TOPK, /* top-k of the softmax, not renormalised (Switch, Qwen2-MoE) */
+    SL_MOE_ROUTER_SIGMOID,      /* sigmoid scores, top-k, renormalised (DeepSeek-V3; group limits kept) */
+    SL_MOE_ROUTER_COUNT
+} sl_moe_router;
+typedef struct sl_moe_train_opts {
+    float capacity_factor; /* > 0: each expert keeps ceil(cf * N * k / E) tokens, later ones are dropped; 0:
+                              dropless */
+    float aux_coeff;       /* Switch load-balancing loss coefficient (--moe-aux-loss-coeff) */
+    float z_coeff;         /* router z-loss coefficient (--moe-z-loss-coeff) */
+    sl_moe_router router;
+    float bias_update_rate; /* DeepSeek-V3 aux-loss-free balancing: e_score_correction_bias += rate *
+                               sign(mean load - load) after each step (sl_moe_update_bias); 0: off */
+} sl_moe_train_opts;
+
+/* Per-step MoE statistics read back from a graph's routing nodes (sl_moe_graph_stats). */
+#define SL_MOE_MAX_EXPERTS 1024
+typedef struct sl_moe_stats {
+    int n_layers, n_experts;
+    double load[SL_MOE_MAX_EXPERTS]; /* tokens routed to each expert (assignments), summed over layers */
+    double dropped_frac;             /* dropped assignments / routed assignments, all layers */
+    double aux, z;                   /* raw load-balancing and z losses, mean over layers */
+} sl_moe_stats;
 
 typedef struct sl_model {
     sl_gpt2_config
@@ -120,6 +158,7 @@ typedef struct sl_model {
     /* Interleaved pipeline: vpp model chunks per stage (<= 1: one), chunk c = virtual stage c * pp + pp_rank
      * holding layers [(c * pp + pp_rank) * Lc, + Lc) with Lc = n_layers / vpp; layer0 is chunk 0's first */
     int vpp;
+    sl_moe_train_opts moe; /* read when a graph is built (MoE architectures only) */
 } sl_model;
 
 /* How a model is split: TP rank tp_rank of tp, pipeline stage pp_rank of pp, vpp model chunks per stage
@@ -230,6 +269,12 @@ void sl_kv_cache_free(sl_kv_cache *kv);
  * The position is a run-time parameter: sl_kv_graph_set_pos changes it in a built graph. */
 sl_tensor *sl_model_build_kv(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0);
 sl_status sl_kv_graph_set_pos(sl_graph *g, int pos0);
+/* MoE (src/nn/moe.c): whether the model has routed experts; the statistics of the last execution of g
+ * (zeros if g has no routing node); DeepSeek-V3's bias update from those loads (params written through
+ * the backend). */
+int sl_model_is_moe(const sl_model *m);
+sl_status sl_moe_graph_stats(sl_graph *g, sl_moe_stats *out);
+sl_status sl_moe_update_bias(sl_model *m, sl_graph *g);
 
 /* ---- sampling (generate) ---- */
 typedef struct sl_sample_opts {

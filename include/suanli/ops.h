@@ -121,6 +121,34 @@ sl_tensor *sl_embedding_shard(sl_ctx *ctx, sl_tensor *table, sl_tensor *ids, int
  * the full logits, without ever gathering them (one all-gather of 2 floats per row). */
 sl_tensor *sl_cross_entropy_vp(sl_ctx *ctx, sl_tensor *logits, sl_tensor *targets, int64_t lo,
                                int group_size);
+/* ---- trainable mixture of experts (src/ops/moe_ops.c; Note [MoE dispatch in a static graph]) ---- */
+typedef enum sl_moe_score { SL_MOE_SCORE_SOFTMAX = 0, SL_MOE_SCORE_SIGMOID = 1 } sl_moe_score;
+typedef struct sl_moe_route_opts {
+    int k;                   /* experts per token */
+    sl_moe_score score;      /* softmax (Mixtral, Switch, Qwen2-MoE) or sigmoid (DeepSeek-V3) */
+    int norm_topk;           /* renormalise the selected weights to sum 1 (Mixtral: topk-then-softmax) */
+    int n_group, topk_group; /* group-limited selection (DeepSeek-V3); n_group <= 1: off */
+    float scale;             /* routed_scaling_factor (1: off) */
+    int capacity;            /* tokens per expert, later ones dropped; 0: dropless */
+} sl_moe_route_opts;
+/* logits (N, E), bias (E) or NULL (added to the scores for the selection only) -> routing weights (N, E).
+ * The node's aux holds, after the (N, E) scores and (N, E) mask (0 unrouted, 1 kept, 2 dropped), the
+ * per-expert counts: E routed (before capacity) then E kept; sl_moe_route_counts_offset gives its byte
+ * offset from t->data. */
+sl_tensor *sl_moe_route(sl_ctx *ctx, sl_tensor *logits, sl_tensor *bias, const sl_moe_route_opts *o);
+size_t sl_moe_route_counts_offset(const sl_tensor *route);
+/* Scalar aux_coeff * Switch load-balancing loss + z_coeff * router z-loss of one layer (shape (1)); the
+ * node's aux holds the raw [aux, z] (2 floats after the value). */
+sl_tensor *sl_moe_router_loss(sl_ctx *ctx, sl_tensor *logits, sl_tensor *route, float aux_coeff,
+                              float z_coeff);
+/* x (N, C) -> (R, C): the rows of the tokens expert e keeps, in token order; zero rows past the count. */
+sl_tensor *sl_moe_gather(sl_ctx *ctx, sl_tensor *x, sl_tensor *route, int e, int64_t R, int weighted);
+/* acc (N, C) or NULL + routing weight * y (R, C) scattered back to expert e's tokens -> (N, C). */
+sl_tensor *sl_moe_combine(sl_ctx *ctx, sl_tensor *y, sl_tensor *route, sl_tensor *acc, int e, int weighted);
+/* The SwiGLU expert e on x (R, C) from sl_moe_gather, computed on the kept rows only (f32 weights): what
+ * makes dropless dispatch cost FLOPs in proportion to the routed tokens (see SL_OP_MOE_EXPERT_FFN). */
+sl_tensor *sl_moe_expert_ffn(sl_ctx *ctx, sl_tensor *x, sl_tensor *w1, sl_tensor *w3, sl_tensor *w2,
+                             sl_tensor *route, int e);
 
 /* Internal-but-public: generic node creation used by builders and backward rules. */
 sl_tensor *sl_new_op(sl_ctx *ctx, sl_op op, sl_dtype t, int ndim, const int64_t *ne);

@@ -102,6 +102,31 @@ typedef enum sl_op {
                           mean loss over targets >= 0; aux: the global logsumexp per row (N) */
     SL_OP_CE_VP_BACK,  /* src0 = fwd (CE_VP), src1 = logits shard, src2 = targets, src3 = dloss ->
                           d logits shard: softmax - onehot (shard columns), times dloss / count */
+    /* Trainable mixture of experts (issue 17; src/ops/moe_ops.c, Note [MoE dispatch in a static graph]) */
+    SL_OP_MOE_ROUTE,       /* src0 = router logits (N, E), src1 = optional selection bias (E) -> dense routing
+                              weights (N, E): scores softmax|sigmoid (iparams[1] = 0|1), top iparams[0] per row
+                              of score + bias, within the top iparams[4] of iparams[3] groups (DeepSeek-V3),
+                              iparams[2]=1: renormalised over the selection, times fparams[0]; iparams[5] > 0:
+                              capacity per expert, later tokens dropped (weight 0); aux: scores, mask, counts */
+    SL_OP_MOE_ROUTE_BACK,  /* src0 = fwd, src1 = dy -> d logits (N, E) */
+    SL_OP_MOE_ROUTER_LOSS, /* src0 = logits (N, E), src1 = route -> (1): fparams[0] * Switch
+                              load-balancing loss + fparams[1] * router z-loss; aux: the two raw */
+    SL_OP_MOE_ROUTER_LOSS_BACK,  /* src0 = fwd, src1 = logits, src2 = route, src3 = dloss -> (N, E) */
+    SL_OP_MOE_GATHER,            /* src0 = x (N, C), src1 = route -> (R, C): row r = x of the r-th token kept
+                                    by expert iparams[0] (token order), zero past the count (iparams[2]=1:
+                                    unwritten); iparams[1]=1: times that token's routing weight */
+    SL_OP_MOE_COMBINE,           /* src0 = y (R, C), src1 = route, src2 = acc (N, C) or NULL -> (N, C):
+                                    acc + (weight *) y scattered back to the tokens of expert iparams[0] */
+    SL_OP_MOE_COMBINE_BACK_GATE, /* src0 = y (R, C), src1 = route, src2 = dy (N, C) -> (N, E): column
+                                    iparams[0] = dy . y of the token's row, zero elsewhere */
+    SL_OP_MOE_EXPERT_FFN,        /* src0 = x (R, C) gathered for expert iparams[0], src1..3 = w1 (I, C), w3
+                                    (I, C), w2 (C, I), src4 = route -> (R, C): w2(silu(w1 x) * w3 x) on the
+                                    expert's kept rows only (count from the route), zero below; aux: count,
+                                    w1 x and w3 x for backward */
+    SL_OP_MOE_EXPERT_FFN_BACK, /* src0 = fwd, src1 = dy, src2 = w2 -> packed 1-D [d(w1 x) (R, I) | d(w3 x) (R,
+                                  I) | dw2 (C, I)], kept rows only */
+    SL_OP_MOE_EXPERT_FFN_BACK_X, /* src0 = fwd, src1 = FFN_BACK, src2 = x, src3 = w1, src4 = w3 -> packed 1-D
+                                    [dx (R, C) | dw1 (I, C) | dw3 (I, C)] */
     SL_OP_COUNT
 } sl_op;
 

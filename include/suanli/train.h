@@ -180,6 +180,18 @@ typedef struct sl_train_parallel_opts {
     int64_t bucket_elems; /* gradient bucket size in elements */
 } sl_train_parallel_opts;
 
+/* Mixture of experts (MoE models from --init-from; src/train/train_moe.c). Megatron-LM's flag names. */
+typedef struct sl_train_moe_opts {
+    const char *router; /* --moe-router: NULL/"config", "topk-softmax", "softmax-topk", "sigmoid" */
+    double
+        capacity_factor; /* --moe-capacity-factor: > 0 drops tokens past capacity; NAN (default): dropless */
+    double aux_loss_coeff;   /* --moe-aux-loss-coeff: Switch load-balancing loss (0) */
+    double z_loss_coeff;     /* --moe-z-loss-coeff: router z-loss (0) */
+    double bias_update_rate; /* --moe-router-bias-update-rate: DeepSeek-V3 aux-loss-free balancing (0) */
+    int64_t num_experts;     /* --num-experts: 0, or must equal the model's */
+    int64_t topk;            /* --moe-router-topk: 0 = the model's num_experts_per_tok */
+} sl_train_moe_opts;
+
 typedef struct sl_train_log_opts {
     int64_t interval; /* steps between progress lines */
     FILE *out;        /* rank 0's progress lines, notes and the sample; NULL: silent */
@@ -208,6 +220,7 @@ typedef struct sl_train_opts {
     sl_train_parallel_opts parallel;
     sl_train_log_opts log;
     sl_train_sample_opts sample;
+    sl_train_moe_opts moe;
 } sl_train_opts;
 
 void sl_train_opts_default(sl_train_opts *o);

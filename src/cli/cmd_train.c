@@ -74,7 +74,8 @@ static int train_flags(sl_train_opts *o, const char **config, sl_flag *flags, in
         {"ckpt-ec", SL_FLAG_STR, &o->ckpt.ec, 0, 0,
          "with --ckpt-local-dir: Reed-Solomon K+M across hosts instead of replicas (needs ISA-L)", 0},
         {"init-from", SL_FLAG_STR, &o->model.init_from, 0, 0,
-         "start from a Hugging Face model dir (Llama/Qwen2/Mistral/Mixtral/Baichuan2); --save writes HF "
+         "start from a Hugging Face model dir (Llama/Qwen2/Mistral/Mixtral/Baichuan2/Qwen2-MoE/DeepSeek-V3 "
+         "with Llama attention); --save writes HF "
          "layout; with --load, resume that model's checkpoints",
          0},
         {"threads", SL_FLAG_INT, &o->threads, 0, 1024, "compute threads (default: OpenMP's)", 0},
@@ -102,6 +103,24 @@ static int train_flags(sl_train_opts *o, const char **config, sl_flag *flags, in
          "experts)",
          0},
         {"ep", SL_FLAG_INT, &o->parallel.ep, 1, 4096, "short for --expert-model-parallel-size", 0},
+        {"num-experts", SL_FLAG_INT, &o->moe.num_experts, -1e9, 1e9,
+         "MoE: experts per layer; checked against the --init-from model's (0 = the model's)", 0},
+        {"moe-router-topk", SL_FLAG_INT, &o->moe.topk, -1e9, 1e9,
+         "MoE: experts per token (default: the model's num_experts_per_tok)", 0},
+        {"moe-router", SL_FLAG_STR, &o->moe.router, 0, 0,
+         "MoE router: config (default), topk-softmax (Mixtral), softmax-topk (Switch, Qwen2-MoE), sigmoid "
+         "(DeepSeek-V3)",
+         0},
+        {"moe-capacity-factor", SL_FLAG_FLOAT, &o->moe.capacity_factor, -1e9, 1e9,
+         "MoE: > 0: each expert keeps ceil(f * tokens * topk / experts) tokens, later ones (token order) are "
+         "dropped; default: dropless",
+         0},
+        {"moe-aux-loss-coeff", SL_FLAG_FLOAT, &o->moe.aux_loss_coeff, -1e9, 1e9,
+         "MoE: Switch load-balancing loss coefficient, per layer (0)", 0},
+        {"moe-z-loss-coeff", SL_FLAG_FLOAT, &o->moe.z_loss_coeff, -1e9, 1e9,
+         "MoE: router z-loss coefficient (0)", 0},
+        {"moe-router-bias-update-rate", SL_FLAG_FLOAT, &o->moe.bias_update_rate, -1e9, 1e9,
+         "MoE (DeepSeek-V3): aux-loss-free balancing, bias += rate * sign(mean load - load) per step (0)", 0},
         {"bf16", SL_FLAG_BOOL, &o->model.bf16, 0, 1,
          "bf16 mixed precision, fp32 master weights and optimizer (GPT-2: bf16 matmul operands; --init-from "
          "models: PyTorch autocast numerics)",
@@ -121,8 +140,8 @@ int sl_cmd_train(int argc, char **argv) {
     sl_train_opts o;
     sl_train_opts_default(&o);
     const char *config = NULL;
-    sl_flag flags[64];
-    int nf = train_flags(&o, &config, flags, 64);
+    sl_flag flags[80];
+    int nf = train_flags(&o, &config, flags, 80);
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             printf("usage: suanli train --data-path DIR [flags]\n");

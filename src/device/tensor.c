@@ -56,6 +56,16 @@ static const char *const k_op_names[] = {
     "ce_vp_stats",
     "ce_vp",
     "ce_vp_back",
+    "moe_route",
+    "moe_route_back",
+    "moe_router_loss",
+    "moe_router_loss_back",
+    "moe_gather",
+    "moe_combine",
+    "moe_combine_back_gate",
+    "moe_expert_ffn",
+    "moe_expert_ffn_back",
+    "moe_expert_ffn_back_x",
 };
 _Static_assert(sizeof(k_op_names) / sizeof(k_op_names[0]) == SL_OP_COUNT, "op name table out of sync");
 

@@ -12,9 +12,14 @@ typedef struct {
     sl_hf_arch arch;
 } arch_map;
 static const arch_map k_archs[] = {
-    {"LlamaForCausalLM", "llama", SL_HF_LLAMA},          {"Qwen2ForCausalLM", "qwen2", SL_HF_QWEN2},
-    {"MistralForCausalLM", "mistral", SL_HF_MISTRAL},    {"MixtralForCausalLM", "mixtral", SL_HF_MIXTRAL},
-    {"BaichuanForCausalLM", "baichuan", SL_HF_BAICHUAN}, {"GPT2LMHeadModel", "gpt2", SL_HF_GPT2},
+    {"LlamaForCausalLM", "llama", SL_HF_LLAMA},
+    {"Qwen2ForCausalLM", "qwen2", SL_HF_QWEN2},
+    {"MistralForCausalLM", "mistral", SL_HF_MISTRAL},
+    {"MixtralForCausalLM", "mixtral", SL_HF_MIXTRAL},
+    {"BaichuanForCausalLM", "baichuan", SL_HF_BAICHUAN},
+    {"GPT2LMHeadModel", "gpt2", SL_HF_GPT2},
+    {"Qwen2MoeForCausalLM", "qwen2_moe", SL_HF_QWEN2_MOE},
+    {"DeepseekV3ForCausalLM", "deepseek_v3", SL_HF_DEEPSEEK_V3},
 };
 #define N_ARCHS ((int)(sizeof k_archs / sizeof k_archs[0]))
 _Static_assert(N_ARCHS == SL_HF_ARCH_COUNT, "config.json class table out of sync");
@@ -73,6 +78,51 @@ static sl_status jbool(const cJSON *o, const char *path, const char *key, int de
     return SL_OK;
 }
 
+/* Qwen2-MoE and DeepSeek-V3 (with Llama attention) MoE fields */
+static sl_status parse_moe(const cJSON *r, const char *path, sl_hf_config *c) {
+    SL_TRY(jint(r, path, "num_experts_per_tok", 0, 0, &c->n_experts_per_tok));
+    SL_TRY(jint(r, path, "moe_intermediate_size", 0, 0, &c->moe_intermediate));
+    if (c->arch == SL_HF_QWEN2_MOE) {
+        int step = 1;
+        SL_TRY(jint(r, path, "num_experts", 0, 0, &c->n_experts));
+        SL_TRY(jint(r, path, "shared_expert_intermediate_size", 1, 0, &c->shared_intermediate));
+        SL_TRY(jbool(r, path, "norm_topk_prob", 0, &c->norm_topk_prob));
+        SL_TRY(jint(r, path, "decoder_sparse_step", 1, 1, &step));
+        const cJSON *mo = cJSON_GetObjectItemCaseSensitive(r, "mlp_only_layers");
+        if (step != 1 || (cJSON_IsArray(mo) && cJSON_GetArraySize(mo) > 0))
+            return sl_fail(SL_ERR_UNSUPPORTED,
+                           "%s: field '%s': only models whose every layer is sparse are supported", path,
+                           step != 1 ? "decoder_sparse_step" : "mlp_only_layers");
+        return SL_OK;
+    }
+    const char *mla[] = {"kv_lora_rank", "q_lora_rank"};
+    for (int i = 0; i < 2; i++) {
+        const cJSON *it = cJSON_GetObjectItemCaseSensitive(r, mla[i]);
+        if (it && !cJSON_IsNull(it))
+            return sl_fail(SL_ERR_UNSUPPORTED,
+                           "%s: field '%s': multi-head latent attention (MLA) is not supported; suanli's "
+                           "deepseek_v3 is the DeepSeek-V3 MoE block with Llama attention (%s: null)",
+                           path, mla[i], mla[i]);
+    }
+    const cJSON *sf = cJSON_GetObjectItemCaseSensitive(r, "scoring_func");
+    if (sf && (!cJSON_IsString(sf) || strcmp(sf->valuestring, "sigmoid")))
+        return sl_fail(SL_ERR_UNSUPPORTED, "%s: field 'scoring_func' must be \"sigmoid\"", path);
+    int n_shared = 1, interleave = 0;
+    SL_TRY(jbool(r, path, "rope_interleave", 0, &interleave));
+    if (interleave)
+        return sl_fail(SL_ERR_UNSUPPORTED, "%s: field 'rope_interleave': only rotate-half RoPE is supported",
+                       path);
+    SL_TRY(jint(r, path, "n_routed_experts", 0, 0, &c->n_experts));
+    SL_TRY(jint(r, path, "n_shared_experts", 1, 1, &n_shared));
+    c->shared_intermediate = n_shared * c->moe_intermediate;
+    SL_TRY(jint(r, path, "n_group", 1, 1, &c->n_group));
+    SL_TRY(jint(r, path, "topk_group", 1, 1, &c->topk_group));
+    SL_TRY(jfloat(r, path, "routed_scaling_factor", 1, 1.0, &c->routed_scaling));
+    SL_TRY(jbool(r, path, "norm_topk_prob", 1, &c->norm_topk_prob));
+    SL_TRY(jint(r, path, "first_k_dense_replace", 1, 0, &c->first_dense));
+    return SL_OK;
+}
+
 /* eos_token_id: int or list of ints */
 static sl_status add_eos(const cJSON *o, const char *path, sl_hf_info *info) {
     const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, "eos_token_id");
@@ -109,7 +159,8 @@ static sl_status parse_config(const cJSON *r, const char *path, sl_hf_config *c,
     if (found < 0)
         return sl_fail(SL_ERR_UNSUPPORTED,
                        "%s: unsupported architecture '%s' (supported: LlamaForCausalLM, Qwen2ForCausalLM, "
-                       "MistralForCausalLM, MixtralForCausalLM, BaichuanForCausalLM, GPT2LMHeadModel)",
+                       "MistralForCausalLM, MixtralForCausalLM, BaichuanForCausalLM, GPT2LMHeadModel, "
+                       "Qwen2MoeForCausalLM, DeepseekV3ForCausalLM)",
                        path, cls ? cls : type);
     c->arch = k_archs[found].arch;
     if (c->arch == SL_HF_GPT2) { /* GPT2LMHeadModel (src/nn/hf_load.c maps names and the Conv1D layout) */
@@ -194,10 +245,10 @@ static sl_status parse_config(const cJSON *r, const char *path, sl_hf_config *c,
     if (ab || mb)
         return sl_fail(SL_ERR_UNSUPPORTED, "%s: field '%s': biases in Llama projections are not supported",
                        path, ab ? "attention_bias" : "mlp_bias");
-    c->qkv_bias = c->arch == SL_HF_QWEN2;
+    c->qkv_bias = c->arch == SL_HF_QWEN2 || c->arch == SL_HF_QWEN2_MOE;
     if (c->arch == SL_HF_MISTRAL || c->arch == SL_HF_MIXTRAL) {
         SL_TRY(jint(r, path, "sliding_window", 1, 0, &c->sliding_window));
-    } else if (c->arch == SL_HF_QWEN2) {
+    } else if (c->arch == SL_HF_QWEN2 || c->arch == SL_HF_QWEN2_MOE) {
         int use = 0;
         SL_TRY(jbool(r, path, "use_sliding_window", 0, &use));
         if (use)
@@ -214,6 +265,7 @@ static sl_status parse_config(const cJSON *r, const char *path, sl_hf_config *c,
         SL_TRY(jint(r, path, "num_local_experts", 0, 0, &c->n_experts));
         SL_TRY(jint(r, path, "num_experts_per_tok", 0, 0, &c->n_experts_per_tok));
     }
+    if (c->arch == SL_HF_QWEN2_MOE || c->arch == SL_HF_DEEPSEEK_V3) SL_TRY(parse_moe(r, path, c));
     if (info) {
         SL_TRY(jint(r, path, "bos_token_id", 1, -1, &info->bos_id));
         SL_TRY(add_eos(r, path, info));
@@ -430,6 +482,31 @@ static sl_status write_gpt2(const char *dir, const sl_hf_config *c) {
     return write_json(dir, root);
 }
 
+static void write_moe(cJSON *r, const sl_hf_config *c) {
+    cJSON_AddNumberToObject(r, "num_experts_per_tok", c->n_experts_per_tok);
+    cJSON_AddNumberToObject(r, "moe_intermediate_size", c->moe_intermediate);
+    cJSON_AddBoolToObject(r, "norm_topk_prob", c->norm_topk_prob);
+    if (c->arch == SL_HF_QWEN2_MOE) {
+        cJSON_AddNumberToObject(r, "num_experts", c->n_experts);
+        cJSON_AddNumberToObject(r, "shared_expert_intermediate_size", c->shared_intermediate);
+        cJSON_AddNumberToObject(r, "decoder_sparse_step", 1);
+        cJSON_AddBoolToObject(r, "use_sliding_window", 0);
+        return;
+    }
+    cJSON_AddNumberToObject(r, "n_routed_experts", c->n_experts);
+    cJSON_AddNumberToObject(r, "n_shared_experts",
+                            c->moe_intermediate ? c->shared_intermediate / c->moe_intermediate : 0);
+    cJSON_AddNumberToObject(r, "n_group", c->n_group);
+    cJSON_AddNumberToObject(r, "topk_group", c->topk_group);
+    cJSON_AddNumberToObject(r, "routed_scaling_factor", c->routed_scaling);
+    cJSON_AddNumberToObject(r, "first_k_dense_replace", c->first_dense);
+    cJSON_AddStringToObject(r, "scoring_func", "sigmoid");
+    cJSON_AddStringToObject(r, "topk_method", "noaux_tc");
+    cJSON_AddBoolToObject(r, "rope_interleave", 0);
+    cJSON_AddNullToObject(r, "kv_lora_rank");
+    cJSON_AddNullToObject(r, "q_lora_rank");
+}
+
 sl_status sl_hf_config_write(const char *dir, const sl_hf_config *c, const sl_hf_info *info,
                              const char *torch_dtype) {
     const arch_map *am = arch_find(c->arch);
@@ -475,6 +552,7 @@ sl_status sl_hf_config_write(const char *dir, const sl_hf_config *c, const sl_hf
         cJSON_AddNumberToObject(r, "num_local_experts", c->n_experts);
         cJSON_AddNumberToObject(r, "num_experts_per_tok", c->n_experts_per_tok);
     }
+    if (c->arch == SL_HF_QWEN2_MOE || c->arch == SL_HF_DEEPSEEK_V3) write_moe(r, c);
     if (info && info->bos_id >= 0) cJSON_AddNumberToObject(r, "bos_token_id", info->bos_id);
     if (info && info->n_eos == 1)
         cJSON_AddNumberToObject(r, "eos_token_id", info->eos_ids[0]);

@@ -9,8 +9,9 @@
 #include "suanli/model_io.h"
 
 /* sl_hf_arch and sl_arch list the same classes; the table keeps them apart so either may grow. */
-static const sl_arch k_from_hf[] = {SL_ARCH_GPT2,    SL_ARCH_LLAMA,   SL_ARCH_QWEN2,
-                                    SL_ARCH_MISTRAL, SL_ARCH_MIXTRAL, SL_ARCH_BAICHUAN};
+static const sl_arch k_from_hf[] = {SL_ARCH_GPT2,      SL_ARCH_LLAMA,      SL_ARCH_QWEN2,
+                                    SL_ARCH_MISTRAL,   SL_ARCH_MIXTRAL,    SL_ARCH_BAICHUAN,
+                                    SL_ARCH_QWEN2_MOE, SL_ARCH_DEEPSEEK_V3};
 _Static_assert(sizeof k_from_hf / sizeof k_from_hf[0] == SL_HF_ARCH_COUNT, "sl_hf_arch table out of sync");
 
 static sl_hf_arch arch_to_hf(sl_arch a) {
@@ -24,7 +25,9 @@ static sl_hf_arch arch_to_hf(sl_arch a) {
 #define SL_HF_SAME_FIELDS(X)                                                                         \
     X(n_layer) X(n_head) X(n_kv_head) X(head_dim) X(hidden) X(intermediate) X(vocab_size)            \
     X(max_seq_len) X(rms_eps) X(rope_theta) X(rope_factor) X(rope_low_freq) X(rope_high_freq)        \
-    X(rope_orig_ctx) X(tie_embeddings) X(qkv_bias) X(sliding_window) X(n_experts) X(n_experts_per_tok)
+    X(rope_orig_ctx) X(tie_embeddings) X(qkv_bias) X(sliding_window) X(n_experts) X(n_experts_per_tok)  \
+    X(moe_intermediate) X(shared_intermediate) X(norm_topk_prob) X(n_group) X(topk_group)           \
+    X(routed_scaling) X(first_dense)
 /* clang-format on */
 
 /* a field added to one struct and not the other (nor to the list above) changes one size */

@@ -10,9 +10,16 @@
 #include <math.h>
 #include <string.h>
 
-#include "suanli/nn.h"
+#include "nn/llama_internal.h"
 
-static const char *const k_arch_names[] = {"gpt2", "llama", "qwen2", "mistral", "mixtral", "baichuan"};
+#define W sl_llama_W
+#define rnd sl_llama_rnd
+#define lin sl_llama_lin
+#define swiglu_mlp sl_llama_swiglu
+#define add_param sl_llama_add_param
+
+static const char *const k_arch_names[] = {"gpt2",    "llama",    "qwen2",     "mistral",
+                                           "mixtral", "baichuan", "qwen2_moe", "deepseek_v3"};
 _Static_assert(sizeof(k_arch_names) / sizeof(k_arch_names[0]) == SL_ARCH_COUNT,
                "arch name table out of sync");
 const char *sl_arch_name(sl_arch a) { return ((int)a >= 0 && a < SL_ARCH_COUNT) ? k_arch_names[a] : "?"; }
@@ -47,31 +54,15 @@ static sl_status check_cfg(const sl_llama_config *c) {
                                  c->rope_high_freq > c->rope_low_freq && c->rope_orig_ctx > 0))
         return sl_fail(SL_ERR_INVALID, "config: rope_scaling (llama3) needs factor >= 1, 0 < low_freq_factor "
                                        "< high_freq_factor and original_max_position_embeddings > 0");
-    if (c->arch == SL_ARCH_MIXTRAL) {
-        if (c->n_experts < 1 || c->n_experts > 1024)
-            return sl_fail(SL_ERR_INVALID, "config: num_local_experts must be in [1, 1024], got %d",
-                           c->n_experts);
-        if (c->n_experts_per_tok < 1 || c->n_experts_per_tok > c->n_experts)
-            return sl_fail(SL_ERR_INVALID,
-                           "config: num_experts_per_tok must be in [1, num_local_experts=%d], got %d",
-                           c->n_experts, c->n_experts_per_tok);
-    }
+    if (sl_arch_is_moe(c->arch)) SL_TRY(sl_moe_check_cfg(c));
     if (c->arch == SL_ARCH_BAICHUAN && c->n_kv_head != c->n_head)
         return sl_fail(SL_ERR_INVALID,
                        "config: Baichuan's W_pack needs num_key_value_heads == num_attention_heads");
     return SL_OK;
 }
 
-typedef struct {
-    sl_model *m;
-    int cap;
-    int tdim, tpack; /* TP split of the next add_param (Note [TP shard layout]); tdim -1: replicated */
-    int tparts;      /* of the next add_param: > 0 splits into that many parts (replicated kv heads) */
-} builder;
-
-static void add_param(builder *b, int decay, int init, int ndim, const int64_t *ne, const char *fmt, ...)
-    __attribute__((format(printf, 6, 7)));
-static void add_param(builder *b, int decay, int init, int ndim, const int64_t *ne, const char *fmt, ...) {
+void sl_llama_add_param(sl_llama_builder *b, int decay, int init, int ndim, const int64_t *ne,
+                        const char *fmt, ...) {
     sl_model *m = b->m;
     SL_ASSERT(m->n_params < b->cap);
     /* bf16 mode: projection matrices are bf16; the embedding (gathered by id) stays f32 */
@@ -186,12 +177,12 @@ static sl_status llama_new(const sl_llama_config *cfg, sl_dtype wdtype, sl_backe
     m->arch = c->arch;
     m->lcfg = *c;
     m->cfg = (sl_gpt2_config){c->n_layer, c->n_head, c->hidden, c->vocab_size, c->max_seq_len};
-    int L = c->n_layer, E = c->arch == SL_ARCH_MIXTRAL ? c->n_experts : 1;
+    int L = c->n_layer, E = sl_arch_is_moe(c->arch) ? c->n_experts : 1;
     int64_t C = c->hidden, V = c->vocab_size, I = c->intermediate, hd = c->head_dim;
     int64_t QD = c->n_head * hd, KD = c->n_kv_head * hd;
-    builder b = {m, 4 + L * (12 + 3 * E), -1, 1, 0};
+    sl_llama_builder b = {m, 4 + L * (16 + 3 * E), -1, 1, 0};
     m->params = calloc((size_t)b.cap, sizeof(sl_param_info));
-    m->ctx = sl_ctx_new(64 * 1024 + (600 + 64 * E) * L);
+    m->ctx = sl_ctx_new(64 * 1024 + (600 + 128 * E) * L);
     if (!m->params || !m->ctx) {
         sl_model_free(m);
         return sl_fail(SL_ERR_NOMEM, "model: out of memory");
@@ -226,7 +217,9 @@ static sl_status llama_new(const sl_llama_config *cfg, sl_dtype wdtype, sl_backe
         b.tdim = 1; /* row-parallel */
         add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){C, QD}, "%s.%d.self_attn.o_proj.weight", pre, l);
         add_param(&b, 0, SL_INIT_ONE, 1, (int64_t[]){C}, "%s.%d.post_attention_layernorm.weight", pre, l);
-        if (c->arch == SL_ARCH_MIXTRAL) {
+        if (c->arch == SL_ARCH_QWEN2_MOE || (c->arch == SL_ARCH_DEEPSEEK_V3 && l >= c->first_dense)) {
+            sl_moe_add_params(&b, l);
+        } else if (c->arch == SL_ARCH_MIXTRAL) {
             add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){E, C}, "%s.%d.block_sparse_moe.gate.weight", pre,
                       l);
             for (int e = 0; e < E; e++) {
@@ -279,8 +272,7 @@ static sl_status llama_new(const sl_llama_config *cfg, sl_dtype wdtype, sl_backe
 
 /* ---------------- graph ---------------- */
 
-static sl_tensor *W(sl_model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static sl_tensor *W(sl_model *m, const char *fmt, ...) {
+sl_tensor *sl_llama_W(sl_model *m, const char *fmt, ...) {
     char nm[96];
     va_list ap;
     va_start(ap, fmt);
@@ -297,7 +289,7 @@ static sl_tensor *W(sl_model *m, const char *fmt, ...) {
  * transformers keeps in bf16 (linear outputs, norm outputs, RoPE outputs, attention output, SiLU and
  * gating products, the residual stream) are rounded to bf16 values. Norm statistics, RoPE angles,
  * softmax and the MoE routing softmax stay fp32, as in transformers. In f32 mode rnd() is the identity. */
-static sl_tensor *rnd(sl_model *m, sl_tensor *x) {
+sl_tensor *sl_llama_rnd(sl_model *m, sl_tensor *x) {
     return (m->wdtype == SL_BF16 || m->autocast_bf16) ? sl_round_bf16(m->ctx, x) : x;
 }
 /* rounding only where a bf16 model (not autocast) keeps bf16 tensors: norm outputs, the residual stream */
@@ -312,7 +304,7 @@ static sl_tensor *norm(sl_model *m, sl_tensor *x, sl_tensor *w, float eps) {
     return rnd_model(m, sl_mul(m->ctx, rnd(m, sl_rmsnorm(m->ctx, x, NULL, eps)), w));
 }
 
-static sl_tensor *lin(sl_model *m, sl_tensor *x, sl_tensor *w, sl_tensor *b) {
+sl_tensor *sl_llama_lin(sl_model *m, sl_tensor *x, sl_tensor *w, sl_tensor *b) {
     if (m->autocast_bf16) { /* autocast: bf16 inputs, weight and bias; fp32 accumulation; bf16 output. The
                                casts' backward rounds the gradients to bf16 as autocast's bf16 tensors do. */
         sl_tensor *y = sl_linear(m->ctx, rnd(m, x), rnd(m, w), b ? rnd(m, b) : NULL);
@@ -330,7 +322,7 @@ static sl_tensor *heads(sl_ctx *ctx, sl_tensor *x, int64_t n, int64_t hd) {
     return sl_view(ctx, x, 4, (int64_t[]){B, T, n, hd}, nb, 0);
 }
 
-static sl_tensor *swiglu_mlp(sl_model *m, sl_tensor *h, sl_tensor *wg, sl_tensor *wu, sl_tensor *wd) {
+sl_tensor *sl_llama_swiglu(sl_model *m, sl_tensor *h, sl_tensor *wg, sl_tensor *wu, sl_tensor *wd) {
     sl_ctx *ctx = m->ctx;
     sl_tensor *g = rnd(m, sl_silu(ctx, lin(m, h, wg, NULL))); /* (.., I) */
     sl_tensor *u = lin(m, h, wu, NULL);
@@ -340,10 +332,10 @@ static sl_tensor *swiglu_mlp(sl_model *m, sl_tensor *h, sl_tensor *wg, sl_tensor
 /* Note [Mixture of experts in a static graph]
  * The gate is a dense (N, E) matrix that is zero outside each token's top-k experts (SL_OP_TOPK_GATE),
  * so the layer is sum_e gate[:, e] * expert_e(h). Inference (KV graphs) computes each expert only on its
- * routed rows (SL_OP_MOE_EXPERT, Note [Sparse experts]). For training every expert runs on every token: the
- * result equals Mixtral's sparse dispatch exactly (unselected experts are multiplied by 0), at E/k times the
- * FLOPs. Token dispatch (gather/scatter by expert, and the all-to-all of expert parallelism) replaces this
- * when the parallel layer lands; the routing op and its gradient stay. */
+ * routed rows (SL_OP_MOE_EXPERT, Note [Sparse experts]). f32 training of every MoE architecture dispatches
+ * tokens instead (src/nn/moe.c, Note [MoE dispatch in a static graph]); this dense form, where every expert
+ * runs on every token (E/k times the FLOPs, exact because unselected experts are multiplied by 0), remains
+ * for Mixtral's bf16 and autocast numerics, which the fixtures pin down. */
 static sl_tensor *moe(sl_model *m, sl_tensor *h, int l, int sparse) {
     sl_ctx *ctx = m->ctx;
     const sl_llama_config *c = &m->lcfg;
@@ -486,8 +478,12 @@ static sl_tensor *body_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *
             m, sl_add(ctx, x, tp_g(m, lin(m, rnd(m, a), W(m, "%s.%d.self_attn.o_proj.weight", pre, l), NULL))));
         h = tp_f(m, norm(m, x, tp_rep(m, W(m, "%s.%d.post_attention_layernorm.weight", pre, l)), c->rms_eps));
         sl_tensor *f;
-        if (c->arch == SL_ARCH_MIXTRAL)
-            f = moe(m, h, l, kv != NULL);
+        if (c->arch == SL_ARCH_MIXTRAL &&
+            (kv || m->wdtype == SL_BF16 || m->autocast_bf16 || !sl_moe_backend_ok(m)))
+            f = moe(m, h, l,
+                    kv != NULL); /* sparse inference, bf16 numerics, other backends: the dense gate form */
+        else if (sl_moe_layer_is_sparse(c, l))
+            f = sl_moe_ffn(m, h, l); /* dispatched experts (src/nn/moe.c) */
         else
             f = swiglu_mlp(m, h, W(m, "%s.%d.mlp.gate_proj.weight", pre, l),
                            W(m, "%s.%d.mlp.up_proj.weight", pre, l),
@@ -505,13 +501,14 @@ static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
     return body_stage(m, 0, ids, NULL, kv, pos0);
 }
 
-static sl_tensor *llama_loss(sl_model *m, sl_tensor *logits, sl_tensor *targets);
+static sl_tensor *llama_loss(sl_model *m, int mark, sl_tensor *logits, sl_tensor *targets);
 
 sl_tensor *sl_model_build_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *x_in, sl_tensor *targets) {
     if (m->arch == SL_ARCH_GPT2) return sl_gpt2_build_stage(m, chunk, ids, x_in, targets, NULL);
+    int mark = sl_ctx_mark(m->ctx);
     sl_tensor *out = body_stage(m, chunk, ids, x_in, NULL, 0);
     int last = m->pp_rank == (m->pp > 1 ? m->pp : 1) - 1 && chunk == (m->vpp > 1 ? m->vpp : 1) - 1;
-    return last && targets ? llama_loss(m, sl_set_name(out, "logits"), targets) : out;
+    return last && targets ? llama_loss(m, mark, sl_set_name(out, "logits"), targets) : out;
 }
 
 sl_tensor *sl_model_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_tensor **logits_out) {
@@ -520,22 +517,26 @@ sl_tensor *sl_model_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_te
     SL_ASSERT(ids->ndim == 2 && ids->ne[1] <= m->lcfg.max_seq_len);
     /* full-sequence attention has no window: longer sequences need the KV path's sliding window */
     SL_ASSERT(m->lcfg.sliding_window == 0 || ids->ne[1] <= m->lcfg.sliding_window);
+    int mark = sl_ctx_mark(m->ctx);
     sl_tensor *logits = body(m, ids, NULL, 0);
     sl_set_name(logits, "logits");
     if (logits_out) *logits_out = logits;
     if (!targets) return NULL;
-    return llama_loss(m, logits, targets);
+    return llama_loss(m, mark, logits, targets);
 }
 
-static sl_tensor *llama_loss(sl_model *m, sl_tensor *logits, sl_tensor *targets) {
+/* the cross-entropy (vocab-parallel under TP: the logits are this rank's vocabulary columns) plus every
+ * router-loss node created on m->ctx since mark */
+static sl_tensor *llama_loss(sl_model *m, int mark, sl_tensor *logits, sl_tensor *targets) {
     sl_tensor *loss;
-    if (m->tp > 1) { /* logits are this rank's vocabulary columns */
+    if (m->tp > 1) {
         int64_t vlo, vlen;
         sl_tp_part(m->lcfg.vocab_size, m->tp, m->tp_rank, &vlo, &vlen);
         loss = sl_cross_entropy_vp(m->ctx, logits, targets, vlo, m->tp);
     } else {
         loss = sl_cross_entropy(m->ctx, logits, targets);
     }
+    loss = sl_moe_add_router_losses(m, mark, loss);
     sl_set_name(loss, "loss");
     return loss;
 }

@@ -227,6 +227,7 @@ void sl_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_g
     case SL_OP_CE_VP_STATS:
         break; /* reached only through CE_VP's src2, which takes no gradient */
     default:
+        if (sl_moe_op_backward(ctx, n, g, ng, emit, st)) break;
         /* backward-only ops have no gradient rule (no higher-order autodiff) */
         SL_ASSERT(!"op has no backward rule");
     }

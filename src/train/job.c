@@ -51,6 +51,7 @@ void sl_train_opts_default(sl_train_opts *o) {
         .parallel = {.tp = 1, .pp = 1, .ep = 1, .bucket_elems = 1 << 20},
         .log = {.interval = 1, .out = stdout, .err = stderr},
         .sample = {.prompt = "\n", .temperature = 0.8},
+        .moe = {.capacity_factor = NAN},
     };
 }
 
@@ -96,10 +97,15 @@ static uint64_t opts_hash(const sl_train_opts *o) {
                     o->parallel.bucket_elems,
                     o->log.interval,
                     o->sample.tokens,
-                    o->sample.top_k};
-    double dv[] = {o->exit_duration_mins, o->optim.lr,        o->optim.min_lr,
-                   o->optim.weight_decay, o->optim.clip_grad, o->optim.beta1,
-                   o->optim.beta2,        o->optim.eps,       o->sample.temperature};
+                    o->sample.top_k,
+                    o->moe.num_experts,
+                    o->moe.topk};
+    double dv[] = {o->exit_duration_mins,  o->optim.lr,           o->optim.min_lr,
+                   o->optim.weight_decay,  o->optim.clip_grad,    o->optim.beta1,
+                   o->optim.beta2,         o->optim.eps,          o->sample.temperature,
+                   o->moe.capacity_factor, o->moe.aux_loss_coeff, o->moe.z_loss_coeff,
+                   o->moe.bias_update_rate};
+    hash_str(&h, o->moe.router);
     hash_bytes(&h, iv, sizeof iv);
     hash_bytes(&h, dv, sizeof dv);
     const char *sv[] = {o->model.init_from, o->data.path,    o->ckpt.save_dir,  o->ckpt.load_dir,
@@ -148,6 +154,7 @@ static sl_status setup_comm(sl_train_job *j) {
                                 "1 or 2)",
                                 mesh->pp);
     }
+    SL_TRY(sl_train_moe_check(j)); /* expert counts vs --ep first: their message names the flag */
     if (mesh->ep > 1)
         return sl_train_bad(
             "expert parallelism is not implemented yet (--expert-model-parallel-size %d), for "
@@ -490,6 +497,7 @@ static sl_status make_trainer(sl_train_job *j) {
     const sl_train_opts *o = &j->o;
     sl_model *m = j->m;
     m->compute_dtype = o->model.bf16 ? SL_BF16 : SL_F32;
+    SL_TRY(sl_train_moe_apply(j)); /* before the trainer builds the graph */
     j->B = (int)o->data.micro_batch_size;
     j->T = (int)o->data.seq_length;
     j->accum = (int)(o->data.global_batch_size / (o->data.micro_batch_size * j->mesh.dp));

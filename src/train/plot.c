@@ -1,5 +1,7 @@
 /* suanli plot: metrics.jsonl files -> one self-contained SVG (train loss, val loss, tokens/s, learning
- * rate; runs overlaid). No fonts or scripts are referenced: text uses the generic sans-serif family. */
+ * rate; runs overlaid; for MoE runs a third row: each expert's share of the routed tokens over time (the
+ * first MoE run; one line per expert) and the dropped-token fraction). No fonts or scripts are
+ * referenced: text uses the generic sans-serif family. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdarg.h>
@@ -10,9 +12,11 @@
 
 #include "suanli/metrics.h"
 
-enum { P_LOSS, P_VAL, P_TPS, P_LR, P_COUNT };
-static const char *const panel_title[P_COUNT] = {"train loss", "val loss", "tokens/s", "learning rate"};
-static const char *const panel_key[P_COUNT] = {"loss", "val_loss", "tokens_per_s", "lr"};
+enum { P_LOSS, P_VAL, P_TPS, P_LR, P_DROP, P_COUNT };
+static const char *const panel_title[P_COUNT] = {"train loss", "val loss", "tokens/s", "learning rate",
+                                                 "MoE dropped-token fraction"};
+static const char *const panel_key[P_COUNT] = {"loss", "val_loss", "tokens_per_s", "lr", "moe_dropped_frac"};
+enum { MAX_PLOT_EXPERTS = 64 }; /* experts drawn in the load panel */
 _Static_assert(sizeof panel_title / sizeof panel_title[0] == P_COUNT, "panel_title");
 _Static_assert(sizeof panel_key / sizeof panel_key[0] == P_COUNT, "panel_key");
 
@@ -28,6 +32,8 @@ typedef struct {
 typedef struct {
     const char *name;
     series s[P_COUNT];
+    series load[MAX_PLOT_EXPERTS]; /* moe_load: each expert's share of the step's routed tokens */
+    int n_experts;
 } run;
 
 static sl_status series_push(series *s, double x, double y) {
@@ -51,6 +57,24 @@ static void run_free(run *r) {
         free(r->s[p].x);
         free(r->s[p].y);
     }
+    for (int e = 0; e < MAX_PLOT_EXPERTS; e++) {
+        free(r->load[e].x);
+        free(r->load[e].y);
+    }
+}
+
+/* "moe_load": [tokens per expert] -> shares */
+static sl_status load_push(run *r, double x, const cJSON *a) {
+    if (!cJSON_IsArray(a)) return SL_OK;
+    int n = cJSON_GetArraySize(a);
+    double tot = 0;
+    for (int e = 0; e < n; e++) tot += cJSON_GetArrayItem(a, e)->valuedouble;
+    if (!(tot > 0)) return SL_OK;
+    if (n > MAX_PLOT_EXPERTS) n = MAX_PLOT_EXPERTS;
+    if (n > r->n_experts) r->n_experts = n;
+    for (int e = 0; e < n; e++)
+        SL_TRY(series_push(&r->load[e], x, cJSON_GetArrayItem(a, e)->valuedouble / tot));
+    return SL_OK;
 }
 
 static sl_status run_read(run *r, const char *dir) {
@@ -85,6 +109,7 @@ static sl_status run_read(run *r, const char *dir) {
                     if (cJSON_IsNumber(v) && isfinite(v->valuedouble))
                         st = series_push(&r->s[p], x, v->valuedouble);
                 }
+                if (st == SL_OK) st = load_push(r, x, cJSON_GetObjectItemCaseSensitive(o, "moe_load"));
                 steps++;
             }
         }
@@ -187,18 +212,21 @@ static void tick_label(const axis *a, double v, char *buf, size_t n) {
 
 enum { W = 1000, PANEL_W = 500, PANEL_H = 300, ML = 78, MR = 22, MT = 34, MB = 46 };
 
-static void draw_panel(sbuf *s, const run *runs, int n_runs, int p, double ox, double oy, const axis *ax) {
+/* one panel: series ser[0..n) (colour i: run i, or expert i), on the shared step axis */
+static void draw_panel(sbuf *s, const series *const *ser, int n, const char *title, double ox, double oy,
+                       const axis *ax) {
     double x0 = ox + ML, y0 = oy + MT, pw = PANEL_W - ML - MR, ph = PANEL_H - MT - MB;
     int has = 0;
     double mn = INFINITY, mx = -INFINITY;
-    for (int r = 0; r < n_runs; r++)
-        for (int i = 0; i < runs[r].s[p].n; i++) {
-            mn = fmin(mn, runs[r].s[p].y[i]);
-            mx = fmax(mx, runs[r].s[p].y[i]);
+    for (int r = 0; r < n; r++)
+        for (int i = 0; i < ser[r]->n; i++) {
+            mn = fmin(mn, ser[r]->y[i]);
+            mx = fmax(mx, ser[r]->y[i]);
             has = 1;
         }
-    sb_printf(s, "<g>\n<text x=\"%.1f\" y=\"%.1f\" font-size=\"15\" font-weight=\"bold\">%s</text>\n", x0,
-              oy + 22, panel_title[p]);
+    sb_printf(s, "<g>\n<text x=\"%.1f\" y=\"%.1f\" font-size=\"15\" font-weight=\"bold\">", x0, oy + 22);
+    sb_text(s, title);
+    sb_printf(s, "</text>\n");
     sb_printf(
         s, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#fcfcfc\" stroke=\"#444\"/>\n",
         x0, y0, pw, ph);
@@ -239,8 +267,8 @@ static void draw_panel(sbuf *s, const run *runs, int n_runs, int p, double ox, d
     }
     sb_printf(s, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"13\" text-anchor=\"middle\">step</text>\n",
               x0 + pw / 2, y0 + ph + 38);
-    for (int r = 0; r < n_runs; r++) {
-        const series *d = &runs[r].s[p];
+    for (int r = 0; r < n; r++) {
+        const series *d = ser[r];
         if (!d->n) continue;
         const char *c = palette[r % (int)(sizeof palette / sizeof palette[0])];
         sb_printf(
@@ -262,7 +290,10 @@ static void draw_panel(sbuf *s, const run *runs, int n_runs, int p, double ox, d
 static char *svg_render(const run *runs, int n_runs, const char *title) {
     sbuf s = {0};
     int per_row = 3, rows = (n_runs + per_row - 1) / per_row;
-    double head = 44 + 20.0 * rows, H = head + 2 * PANEL_H;
+    const run *moe = NULL; /* the first run with an expert-load series */
+    for (int r = 0; r < n_runs && !moe; r++)
+        if (runs[r].n_experts > 0) moe = &runs[r];
+    double head = 44 + 20.0 * rows, H = head + (moe ? 3 : 2) * PANEL_H;
     double xmin = INFINITY, xmax = -INFINITY; /* one step axis for every panel */
     for (int r = 0; r < n_runs; r++)
         for (int p = 0; p < P_COUNT; p++)
@@ -296,8 +327,25 @@ static char *svg_render(const run *runs, int n_runs, const char *title) {
         sb_printf(&s, "</text>\n");
     }
     sb_printf(&s, "</g>\n");
-    for (int p = 0; p < P_COUNT; p++)
-        draw_panel(&s, runs, n_runs, p, (p % 2) * PANEL_W, head + (p / 2) * PANEL_H, &ax);
+    const series *ser[MAX_PLOT_EXPERTS > 64 ? MAX_PLOT_EXPERTS : 64];
+    for (int p = 0; p < P_LR + 1; p++) { /* the 2 x 2 panels; runs overlaid */
+        for (int r = 0; r < n_runs && r < 64; r++) ser[r] = &runs[r].s[p];
+        draw_panel(&s, ser, n_runs < 64 ? n_runs : 64, panel_title[p], (p % 2) * PANEL_W,
+                   head + (p / 2) * PANEL_H, &ax);
+    }
+    if (moe) { /* the MoE row: expert load of the first MoE run, dropped fraction of every run */
+        char t[1200];
+        snprintf(t, sizeof t, "expert load share (%s)", moe->name);
+        for (int e = 0; e < moe->n_experts; e++) ser[e] = &moe->load[e];
+        draw_panel(&s, ser, moe->n_experts, t, 0, head + 2 * PANEL_H, &ax);
+        int nk = moe->n_experts < 16 ? moe->n_experts : 16; /* expert key, inside the box's top right */
+        for (int e = 0; e < nk; e++)
+            sb_printf(&s, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" fill=\"%s\">e%d</text>\n",
+                      (double)(PANEL_W - MR - 22 * (nk - e)), head + 2 * PANEL_H + MT + 13.0,
+                      palette[e % (int)(sizeof palette / sizeof palette[0])], e);
+        for (int r = 0; r < n_runs && r < 64; r++) ser[r] = &runs[r].s[P_DROP];
+        draw_panel(&s, ser, n_runs < 64 ? n_runs : 64, panel_title[P_DROP], PANEL_W, head + 2 * PANEL_H, &ax);
+    }
     sb_printf(&s, "</svg>\n");
     if (s.oom) {
         free(s.b);

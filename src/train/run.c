@@ -322,6 +322,7 @@ static void report_step(sl_train_job *j, const sl_train_progress *p, double t_st
                     j->tp_sec * 1e3, j->tp_bytes / 1048576.0,
                     sl_tp_comm_theory(j->m, j->B, j->T, j->accum) / 1048576.0);
         if (j->tr.pipe) fprintf(j->metrics, ", \"pipe_wait_ms\": %.3f", ss->pipe_wait_sec * 1e3);
+        sl_train_moe_metrics(j, j->metrics);
         fprintf(j->metrics, "}\n");
         fflush(j->metrics);
     }
@@ -352,6 +353,7 @@ static sl_status step_loop(sl_train_job *j, const sl_train_callbacks *cb, sl_tra
         sl_step_stats *ss = &p.stats;
         sl_status st = sl_trainer_step(&j->tr, step, batch_fn, &tsrc, ss);
         if (st != SL_OK) return sl_train_fail(st, "step %lld: %s", (long long)step, sl_errmsg());
+        SL_TRY(sl_train_moe_after_step(j)); /* before eval runs the forward again */
         if (!isfinite(ss->loss))
             return sl_train_fail(SL_ERR_INTERNAL, "step %lld: loss is %f; stopping", (long long)step,
                                  ss->loss);

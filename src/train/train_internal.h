@@ -30,6 +30,7 @@ typedef struct sl_train_job {
     sl_tp *tp; /* NULL without tensor parallelism */
     int vpp;   /* model chunks per pipeline stage (interleaved 1F1B), 1 otherwise */
     double tp_sec, tp_bytes; /* the last step's time in and bytes through TP collectives (this rank) */
+    sl_moe_stats moe_stats; /* the last step's (MoE models; moe_stats.n_layers == 0 otherwise) */
     int B, T, accum;
 
     /* where the run starts: a checkpoint (resume) or the weights in load_dir/model.safetensors */
@@ -59,5 +60,13 @@ sl_status sl_train_fail(sl_status st, const char *fmt, ...) __attribute__((forma
  * written (the save dir and metrics.jsonl are created last). */
 sl_status sl_train_job_setup(sl_train_job *j, const sl_train_opts *opts);
 void sl_train_job_release(sl_train_job *j, int failed);
+
+/* train_moe.c: the --moe-* / --num-experts checks (bad input, before any write; reads --init-from's
+ * config.json), their application to the model before the trainer builds its graph, the statistics and
+ * bias update after each step, and the metrics.jsonl fields. */
+sl_status sl_train_moe_check(sl_train_job *j);
+sl_status sl_train_moe_apply(sl_train_job *j);
+sl_status sl_train_moe_after_step(sl_train_job *j);
+void sl_train_moe_metrics(const sl_train_job *j, FILE *f);
 
 #endif

@@ -224,6 +224,9 @@ int main(void) {
     const char *models[] = {"llama", "llama31", "qwen2", "mistral", "mixtral", "baichuan"};
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) check_model(models[i]);
     check_model("gpt2");
+    /* MoE (scripts/gen_moe_fixtures.py): Qwen2-MoE, and DeepSeek-V3's MoE block with Llama attention */
+    check_model("qwen2_moe");
+    check_model("deepseek_v3");
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) check_bf16(models[i]);
     return tu_finish("test_hf_models");
 }

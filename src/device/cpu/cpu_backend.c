@@ -3,6 +3,7 @@
 
 #include "device/cpu/kernels/kernels.h"
 #include "device/cpu/kernels/llama_ops.h"
+#include "device/cpu/kernels/moe.h"
 #include "suanli/device.h"
 
 typedef sl_status (*kernel_fn)(sl_tensor *n);
@@ -48,6 +49,16 @@ static const kernel_fn k_kernels[SL_OP_COUNT] = {
     [SL_OP_LINEAR_BF16] = sl_k_linear_bf16,
     [SL_OP_MOE_EXPERT] = sl_k_moe_expert,
     [SL_OP_FILL] = sl_k_fill,
+    [SL_OP_MOE_ROUTE] = sl_k_moe_route,
+    [SL_OP_MOE_ROUTE_BACK] = sl_k_moe_route_back,
+    [SL_OP_MOE_ROUTER_LOSS] = sl_k_moe_router_loss,
+    [SL_OP_MOE_ROUTER_LOSS_BACK] = sl_k_moe_router_loss_back,
+    [SL_OP_MOE_GATHER] = sl_k_moe_gather,
+    [SL_OP_MOE_COMBINE] = sl_k_moe_combine,
+    [SL_OP_MOE_COMBINE_BACK_GATE] = sl_k_moe_combine_back_gate,
+    [SL_OP_MOE_EXPERT_FFN] = sl_k_moe_expert_ffn,
+    [SL_OP_MOE_EXPERT_FFN_BACK] = sl_k_moe_expert_ffn_back,
+    [SL_OP_MOE_EXPERT_FFN_BACK_X] = sl_k_moe_expert_ffn_back_x,
 };
 
 static sl_status cpu_alloc(sl_backend *be, size_t bytes, sl_buffer **out) {

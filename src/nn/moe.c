@@ -1,0 +1,285 @@
+/* Trainable mixture-of-experts layers of the Llama family: Mixtral (f32 training), Qwen2-MoE and a
+ * DeepSeek-V3-style block, built from the MoE ops (src/ops/moe_ops.c, Note [MoE dispatch in a static
+ * graph]); their parameters (transformers' per-expert names, the layout of checkpoints on the Hub); the
+ * router losses added to the language-model loss; and the statistics read back after a step.
+ *
+ * Per sparse layer (h (B, T, C) -> N = B*T rows; E experts of width I; k per token):
+ *   logits = h Wr^T (N, E) ; w = route(logits [+ DeepSeek's e_score_correction_bias for the choice])
+ *   y = sum_e combine(SwiGLU_e(gather(h, w, e)), w, e)                   (R rows per expert)
+ *   + shared expert(s): Qwen2-MoE sigmoid(h Wsg^T) * SwiGLU_s(h); DeepSeek-V3 SwiGLU_s(h)
+ * Routers: Mixtral softmax over the top-k logits; Qwen2-MoE top-k of the softmax (renormalised when
+ * norm_topk_prob); DeepSeek-V3 sigmoid scores, top-k among the topk_group best of n_group groups of
+ * score + bias, renormalised, times routed_scaling_factor. DeepSeek-V3's attention here is Llama's (GQA
+ * with rotate-half RoPE), not multi-head latent attention: configs with kv_lora_rank are refused. */
+#include <math.h>
+#include <string.h>
+
+#include "nn/llama_internal.h"
+
+int sl_arch_is_moe(sl_arch a) {
+    return a == SL_ARCH_MIXTRAL || a == SL_ARCH_QWEN2_MOE || a == SL_ARCH_DEEPSEEK_V3;
+}
+int sl_model_is_moe(const sl_model *m) { return sl_arch_is_moe(m->arch); }
+
+/* whether the model's backend runs the MoE ops (cpu and strict do; a backend that does not gets Mixtral's
+ * dense-gate form, and Qwen2-MoE / DeepSeek-V3 graphs are refused by the executor naming the op) */
+int sl_moe_backend_ok(const sl_model *m) {
+    sl_tensor x = {.dtype = SL_F32, .ndim = 2, .ne = {1, 2}, .nb = {2, 1}};
+    sl_tensor probe = x;
+    probe.op = SL_OP_MOE_ROUTE;
+    probe.src[0] = &x;
+    return m->backend && m->backend->supports_op && m->backend->supports_op(m->backend, &probe);
+}
+
+int sl_moe_layer_is_sparse(const sl_llama_config *c, int l) {
+    return sl_arch_is_moe(c->arch) && !(c->arch == SL_ARCH_DEEPSEEK_V3 && l < c->first_dense);
+}
+
+static const char *experts_field(sl_arch a) {
+    return a == SL_ARCH_MIXTRAL     ? "num_local_experts"
+           : a == SL_ARCH_QWEN2_MOE ? "num_experts"
+                                    : "n_routed_experts";
+}
+
+sl_status sl_moe_check_cfg(const sl_llama_config *c) {
+    const char *ef = experts_field(c->arch);
+    if (c->n_experts < 1 || c->n_experts > SL_MOE_MAX_EXPERTS)
+        return sl_fail(SL_ERR_INVALID, "config: %s must be in [1, %d], got %d", ef, SL_MOE_MAX_EXPERTS,
+                       c->n_experts);
+    if (c->n_experts_per_tok < 1 || c->n_experts_per_tok > c->n_experts)
+        return sl_fail(SL_ERR_INVALID, "config: num_experts_per_tok must be in [1, %s=%d], got %d", ef,
+                       c->n_experts, c->n_experts_per_tok);
+    if (c->arch == SL_ARCH_MIXTRAL) return SL_OK;
+    if (c->moe_intermediate < 1 || c->moe_intermediate > (1 << 20))
+        return sl_fail(SL_ERR_INVALID, "config: moe_intermediate_size must be in [1, %d], got %d", 1 << 20,
+                       c->moe_intermediate);
+    if (c->shared_intermediate < 0 || c->shared_intermediate > (1 << 22))
+        return sl_fail(SL_ERR_INVALID, "config: shared expert width must be in [0, %d], got %d", 1 << 22,
+                       c->shared_intermediate);
+    if (c->arch == SL_ARCH_QWEN2_MOE) return SL_OK;
+    int ng = c->n_group > 1 ? c->n_group : 1;
+    if (c->n_group < 0 || c->n_experts % ng)
+        return sl_fail(SL_ERR_INVALID, "config: n_group %d must divide n_routed_experts %d", c->n_group,
+                       c->n_experts);
+    if (ng > 1 && (c->topk_group < 1 || c->topk_group > ng || c->n_experts / ng < 2))
+        return sl_fail(SL_ERR_INVALID,
+                       "config: topk_group must be in [1, n_group=%d] with >= 2 experts per "
+                       "group, got %d",
+                       ng, c->topk_group);
+    if (ng > 1 && c->n_experts_per_tok > c->topk_group * (c->n_experts / ng))
+        return sl_fail(SL_ERR_INVALID,
+                       "config: num_experts_per_tok %d exceeds the %d experts of topk_group "
+                       "groups",
+                       c->n_experts_per_tok, c->topk_group * (c->n_experts / ng));
+    if (!(c->routed_scaling >= 0 && c->routed_scaling < 1e6))
+        return sl_fail(SL_ERR_INVALID, "config: routed_scaling_factor must be >= 0, got %g",
+                       (double)c->routed_scaling);
+    if (c->first_dense < 0 || c->first_dense > c->n_layer)
+        return sl_fail(SL_ERR_INVALID,
+                       "config: first_k_dense_replace must be in [0, num_hidden_layers=%d], "
+                       "got %d",
+                       c->n_layer, c->first_dense);
+    return SL_OK;
+}
+
+/* transformers' names of one layer's MoE tensors */
+typedef struct {
+    const char *router, *expert; /* printf: (layer), (layer, expert, projection) */
+    const char *proj[3];         /* gate, up, down */
+    const char *shared;          /* (layer, projection) or NULL */
+} moe_names;
+
+static moe_names names_of(sl_arch a) {
+    if (a == SL_ARCH_MIXTRAL)
+        return (moe_names){"model.layers.%d.block_sparse_moe.gate.weight",
+                           "model.layers.%d.block_sparse_moe.experts.%d.%s.weight",
+                           {"w1", "w3", "w2"},
+                           NULL};
+    return (moe_names){"model.layers.%d.mlp.gate.weight",
+                       "model.layers.%d.mlp.experts.%d.%s.weight",
+                       {"gate_proj", "up_proj", "down_proj"},
+                       a == SL_ARCH_QWEN2_MOE ? "model.layers.%d.mlp.shared_expert.%s.weight"
+                                              : "model.layers.%d.mlp.shared_experts.%s.weight"};
+}
+
+void sl_moe_add_params(sl_llama_builder *b, int l) {
+    const sl_llama_config *c = &b->m->lcfg;
+    int64_t C = c->hidden, E = c->n_experts, I = c->moe_intermediate, S = c->shared_intermediate;
+    moe_names nm = names_of(c->arch);
+    sl_llama_add_param(b, 1, SL_INIT_NORMAL, 2, (int64_t[]){E, C}, nm.router, l);
+    if (c->arch == SL_ARCH_DEEPSEEK_V3) /* a buffer in transformers: no gradient, moved by the bias update */
+        sl_llama_add_param(b, 0, SL_INIT_ZERO, 1, (int64_t[]){E},
+                           "model.layers.%d.mlp.gate.e_score_correction_bias", l);
+    for (int e = 0; e < E; e++) {
+        sl_llama_add_param(b, 1, SL_INIT_NORMAL, 2, (int64_t[]){I, C}, nm.expert, l, e, nm.proj[0]);
+        sl_llama_add_param(b, 1, SL_INIT_NORMAL, 2, (int64_t[]){I, C}, nm.expert, l, e, nm.proj[1]);
+        sl_llama_add_param(b, 1, SL_INIT_NORMAL, 2, (int64_t[]){C, I}, nm.expert, l, e, nm.proj[2]);
+    }
+    if (S > 0) {
+        sl_llama_add_param(b, 1, SL_INIT_NORMAL, 2, (int64_t[]){S, C}, nm.shared, l, "gate_proj");
+        sl_llama_add_param(b, 1, SL_INIT_NORMAL, 2, (int64_t[]){S, C}, nm.shared, l, "up_proj");
+        sl_llama_add_param(b, 1, SL_INIT_NORMAL, 2, (int64_t[]){C, S}, nm.shared, l, "down_proj");
+        if (c->arch == SL_ARCH_QWEN2_MOE)
+            sl_llama_add_param(b, 1, SL_INIT_NORMAL, 2, (int64_t[]){1, C},
+                               "model.layers.%d.mlp.shared_expert_gate.weight", l);
+    }
+}
+
+static sl_moe_route_opts route_opts(const sl_model *m, int64_t N) {
+    const sl_llama_config *c = &m->lcfg;
+    sl_moe_route_opts o = {.k = c->n_experts_per_tok, .scale = 1.0f};
+    if (c->arch == SL_ARCH_MIXTRAL) {
+        o.score = SL_MOE_SCORE_SOFTMAX, o.norm_topk = 1;
+    } else if (c->arch == SL_ARCH_QWEN2_MOE) {
+        o.score = SL_MOE_SCORE_SOFTMAX, o.norm_topk = c->norm_topk_prob;
+    } else {
+        o.score = SL_MOE_SCORE_SIGMOID, o.norm_topk = c->norm_topk_prob;
+        o.n_group = c->n_group, o.topk_group = c->topk_group;
+        o.scale = c->routed_scaling > 0 ? c->routed_scaling : 1.0f;
+    }
+    switch (m->moe.router) {
+    case SL_MOE_ROUTER_TOPK_SOFTMAX:
+        o.score = SL_MOE_SCORE_SOFTMAX, o.norm_topk = 1;
+        break;
+    case SL_MOE_ROUTER_SOFTMAX_TOPK:
+        o.score = SL_MOE_SCORE_SOFTMAX, o.norm_topk = 0;
+        break;
+    case SL_MOE_ROUTER_SIGMOID:
+        o.score = SL_MOE_SCORE_SIGMOID, o.norm_topk = 1;
+        break;
+    default:
+        break;
+    }
+    if (m->moe.capacity_factor > 0) { /* Note [MoE dispatch in a static graph] */
+        double cap = ceil((double)m->moe.capacity_factor * (double)N * o.k / c->n_experts);
+        o.capacity = cap >= (double)N ? 0 : (int)cap; /* >= N: nothing can be dropped */
+    }
+    return o;
+}
+
+sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
+    sl_ctx *ctx = m->ctx;
+    const sl_llama_config *c = &m->lcfg;
+    int64_t B = h->ne[0], T = h->ne[1], C = h->ne[2], N = B * T, E = c->n_experts;
+    moe_names nm = names_of(c->arch);
+    sl_tensor *h2 =
+        sl_reshape_2d(ctx, h->op == SL_OP_VIEW && !sl_is_contiguous(h) ? sl_cont(ctx, h) : h, N, C);
+    sl_tensor *logits = sl_llama_lin(m, h2, sl_llama_W(m, nm.router, l), NULL); /* (N, E) */
+    sl_tensor *bias = c->arch == SL_ARCH_DEEPSEEK_V3
+                          ? sl_llama_W(m, "model.layers.%d.mlp.gate.e_score_correction_bias", l)
+                          : NULL;
+    sl_moe_route_opts o = route_opts(m, N);
+    int64_t R = o.capacity > 0 ? o.capacity : N;
+    sl_tensor *w = sl_moe_route(ctx, logits, bias, &o); /* (N, E) */
+    sl_set_name(w, "moe_route.%d", l);
+    sl_set_output(w); /* read back after the step (sl_moe_graph_stats) */
+    sl_tensor *rl = sl_moe_router_loss(ctx, logits, w, m->moe.aux_coeff, m->moe.z_coeff);
+    sl_set_name(rl, "moe_router_loss.%d", l);
+    sl_set_output(rl);
+    sl_tensor *y = NULL;
+    /* f32: the expert's GEMMs run on its kept rows only (Note [Routed expert rows]); bf16 weights or
+     * autocast numerics: matmul nodes on all R rows, rounded as transformers rounds */
+    int routed = m->wdtype == SL_F32 && !m->autocast_bf16;
+    for (int e = 0; e < E; e++) {
+        sl_tensor *xe = sl_moe_gather(ctx, h2, w, e, R, 0); /* (R, C) */
+        xe->iparams[2] = routed; /* MOE_EXPERT_FFN reads the kept rows only: no zero fill */
+        sl_tensor *w1 = sl_llama_W(m, nm.expert, l, e, nm.proj[0]),
+                  *w3 = sl_llama_W(m, nm.expert, l, e, nm.proj[1]),
+                  *w2 = sl_llama_W(m, nm.expert, l, e, nm.proj[2]);
+        sl_tensor *ye =
+            routed ? sl_moe_expert_ffn(ctx, xe, w1, w3, w2, w, e) : sl_llama_swiglu(m, xe, w1, w3, w2);
+        y = sl_moe_combine(ctx, ye, w, y, e, 1); /* (N, C) */
+    }
+    if (c->shared_intermediate > 0) {
+        sl_tensor *s = sl_llama_swiglu(m, h2, sl_llama_W(m, nm.shared, l, "gate_proj"),
+                                       sl_llama_W(m, nm.shared, l, "up_proj"),
+                                       sl_llama_W(m, nm.shared, l, "down_proj")); /* (N, C) */
+        if (c->arch == SL_ARCH_QWEN2_MOE) {
+            /* sigmoid(h Wsg^T): a one-expert sigmoid route is the sigmoid, with its gradient */
+            sl_tensor *g = sl_llama_lin(
+                m, h2, sl_llama_W(m, "model.layers.%d.mlp.shared_expert_gate.weight", l), NULL); /* (N, 1) */
+            sl_moe_route_opts so = {.k = 1, .score = SL_MOE_SCORE_SIGMOID, .scale = 1.0f};
+            s = sl_llama_rnd(m, sl_mul(ctx, s, sl_moe_route(ctx, g, NULL, &so)));
+        }
+        y = sl_llama_rnd(m, sl_add(ctx, y, s));
+    }
+    return sl_reshape(ctx, y, 3, (int64_t[]){B, T, C});
+}
+
+sl_tensor *sl_moe_add_router_losses(sl_model *m, int mark, sl_tensor *loss) {
+    if (!sl_model_is_moe(m)) return loss;
+    int n = sl_ctx_count(m->ctx);
+    for (int i = mark; i < n; i++) {
+        sl_tensor *t = sl_ctx_tensor(m->ctx, i);
+        if (t->op == SL_OP_MOE_ROUTER_LOSS) loss = sl_add(m->ctx, loss, t);
+    }
+    return loss;
+}
+
+/* ---------------- statistics and the bias update ---------------- */
+
+static int is_layer_route(const sl_tensor *t) {
+    return t->op == SL_OP_MOE_ROUTE && t->ne[1] > 1 && t->buffer;
+}
+
+static sl_status read_counts(const sl_tensor *t, float *cnt) {
+    return sl_backend_copy_out(t->buffer, t->buffer_offs + sl_moe_route_counts_offset(t), cnt,
+                               sizeof(float) * 2 * (size_t)t->ne[1]);
+}
+
+sl_status sl_moe_graph_stats(sl_graph *g, sl_moe_stats *out) {
+    memset(out, 0, sizeof *out);
+    float cnt[2 * SL_MOE_MAX_EXPERTS], raw[3];
+    double routed = 0, kept = 0;
+    int n_loss = 0;
+    for (int i = 0; i < sl_graph_n_nodes(g); i++) {
+        sl_tensor *t = sl_graph_node(g, i);
+        if (is_layer_route(t)) {
+            int64_t E = t->ne[1];
+            SL_TRY(read_counts(t, cnt));
+            out->n_layers++;
+            out->n_experts = (int)E;
+            for (int64_t e = 0; e < E && e < SL_MOE_MAX_EXPERTS; e++) {
+                out->load[e] += cnt[e];
+                routed += cnt[e];
+                kept += cnt[E + e];
+            }
+        } else if (t->op == SL_OP_MOE_ROUTER_LOSS && t->buffer) {
+            SL_TRY(sl_backend_copy_out(t->buffer, t->buffer_offs, raw, sizeof raw));
+            out->aux += raw[1];
+            out->z += raw[2];
+            n_loss++;
+        }
+    }
+    if (n_loss) out->aux /= n_loss, out->z /= n_loss;
+    out->dropped_frac = routed > 0 ? (routed - kept) / routed : 0;
+    return SL_OK;
+}
+
+/* Note [Aux-loss-free load balancing]
+ * DeepSeek-V3 adds a per-expert bias to the scores used for the top-k choice only (the weights stay the
+ * unbiased scores) and, after each step, moves it by a fixed rate towards balance:
+ * b_e += rate * sign(mean_e' load_e' - load_e). The loads are the step's routed counts of that layer
+ * (last micro-batch). The bias lives in the flat parameter buffer (a frozen leaf: it gets no gradient and
+ * no weight decay, so AdamW leaves it alone) and is written back through the backend. */
+sl_status sl_moe_update_bias(sl_model *m, sl_graph *g) {
+    if (m->arch != SL_ARCH_DEEPSEEK_V3 || m->moe.bias_update_rate == 0) return SL_OK;
+    float cnt[2 * SL_MOE_MAX_EXPERTS], b[SL_MOE_MAX_EXPERTS];
+    for (int i = 0; i < sl_graph_n_nodes(g); i++) {
+        sl_tensor *t = sl_graph_node(g, i);
+        if (!is_layer_route(t) || !t->src[1]) continue;
+        const sl_param_info *p = NULL;
+        for (int j = 0; j < m->n_params && !p; j++)
+            if (m->params[j].t == t->src[1]) p = &m->params[j];
+        if (!p) continue;
+        int64_t E = t->ne[1];
+        double mean = 0;
+        SL_TRY(read_counts(t, cnt));
+        for (int64_t e = 0; e < E; e++) mean += cnt[e] / (double)E;
+        SL_TRY(sl_model_params_read(m, p->offset, E, b));
+        for (int64_t e = 0; e < E; e++)
+            b[e] += m->moe.bias_update_rate * (float)((cnt[e] < mean) - (cnt[e] > mean));
+        SL_TRY(sl_model_params_write(m, p->offset, E, b));
+    }
+    return SL_OK;
+}

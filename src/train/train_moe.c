@@ -1,0 +1,114 @@
+/* Mixture-of-experts options of a training job (Megatron-LM's flag names): checks that name the flag
+ * (bad input, exit status 2 in the CLI), their application to the model, the per-step statistics and
+ * DeepSeek-V3's bias update, and the metrics.jsonl fields:
+ *   "moe_load": [tokens routed to each expert, summed over the MoE layers] (the load histogram),
+ *   "moe_dropped_frac": dropped / routed assignments, "moe_aux_loss" / "moe_z_loss": the raw losses (before
+ *   their coefficients), mean over layers. From the last micro-batch of the step, on rank 0.
+ * The step's "loss" is what is optimised: cross-entropy + the coefficients times each layer's router losses
+ * (equal to the cross-entropy with both coefficients 0, the default). */
+#include <math.h>
+#include <string.h>
+
+#include "train/train_internal.h"
+
+static const char *const k_router_names[SL_MOE_ROUTER_COUNT] = {"config", "topk-softmax", "softmax-topk",
+                                                                "sigmoid"};
+
+static int router_of(const char *s) {
+    if (!s) return SL_MOE_ROUTER_CONFIG;
+    for (int i = 0; i < SL_MOE_ROUTER_COUNT; i++)
+        if (!strcmp(s, k_router_names[i])) return i;
+    return -1;
+}
+
+static int moe_flags_given(const sl_train_moe_opts *mo) {
+    return mo->router || !isnan(mo->capacity_factor) || mo->aux_loss_coeff != 0 || mo->z_loss_coeff != 0 ||
+           mo->bias_update_rate != 0 || mo->num_experts || mo->topk;
+}
+
+sl_status sl_train_moe_check(sl_train_job *j) {
+    const sl_train_opts *o = &j->o;
+    const sl_train_moe_opts *mo = &o->moe;
+    if (router_of(mo->router) < 0)
+        return sl_train_bad("--moe-router '%s': expected config, topk-softmax, softmax-topk or sigmoid",
+                            mo->router);
+    if (!isnan(mo->capacity_factor) && !(mo->capacity_factor > 0))
+        return sl_train_bad("--moe-capacity-factor must be > 0, got %g (leave it out for dropless routing)",
+                            mo->capacity_factor);
+    if (mo->aux_loss_coeff < 0 || mo->z_loss_coeff < 0 || mo->bias_update_rate < 0)
+        return sl_train_bad("--%s must be >= 0", mo->aux_loss_coeff < 0 ? "moe-aux-loss-coeff"
+                                                 : mo->z_loss_coeff < 0 ? "moe-z-loss-coeff"
+                                                                        : "moe-router-bias-update-rate");
+    if (mo->num_experts < 0 || mo->topk < 0)
+        return sl_train_bad("--%s must be >= 1", mo->num_experts < 0 ? "num-experts" : "moe-router-topk");
+    /* the model's experts: --init-from's config.json (read-only); fresh models are dense */
+    int E = 0, is_moe = 0, group_limit = 0; /* group_limit: experts in DeepSeek-V3's topk_group groups */
+    if (o->model.init_from) {
+        sl_llama_config c;
+        if (sl_hf_load_config(o->model.init_from, &c, NULL) == SL_OK &&
+            (c.arch == SL_ARCH_MIXTRAL || c.arch == SL_ARCH_QWEN2_MOE || c.arch == SL_ARCH_DEEPSEEK_V3)) {
+            is_moe = 1, E = c.n_experts;
+            if (c.arch == SL_ARCH_DEEPSEEK_V3 && c.n_group > 1) group_limit = c.topk_group * (E / c.n_group);
+        }
+    }
+    if (mo->num_experts && is_moe && mo->num_experts != E)
+        return sl_train_bad("--num-experts %lld does not match the model's %d experts (%s/config.json)",
+                            (long long)mo->num_experts, E, o->model.init_from);
+    if (!is_moe && mo->num_experts) E = (int)mo->num_experts; /* checked below, refused after */
+    if (mo->topk && E && mo->topk > E)
+        return sl_train_bad("--moe-router-topk %lld exceeds the %d experts%s", (long long)mo->topk, E,
+                            is_moe ? " of the model" : " (--num-experts)");
+    if (mo->topk && group_limit && mo->topk > group_limit)
+        return sl_train_bad("--moe-router-topk %lld exceeds the %d experts of the model's topk_group groups",
+                            (long long)mo->topk, group_limit);
+    if (o->parallel.ep > 1 && E && E % o->parallel.ep)
+        return sl_train_bad("--expert-model-parallel-size %lld does not divide the %d experts%s",
+                            (long long)o->parallel.ep, E, is_moe ? " of the model" : " (--num-experts)");
+    if (!is_moe && moe_flags_given(mo))
+        return sl_train_bad(
+            "--moe-* and --num-experts need a mixture-of-experts model: --init-from a Mixtral, "
+            "Qwen2-MoE or DeepSeek-V3 directory (fresh models are dense GPT-2)");
+    if (mo->bias_update_rate > 0 && j->mesh.world > 1) /* each rank would move its bias by its own loads */
+        return sl_train_bad("--moe-router-bias-update-rate is single-process for now (the loads are not yet "
+                            "reduced over the %d ranks)",
+                            j->mesh.world);
+    if (mo->bias_update_rate > 0 && o->model.init_from) {
+        sl_llama_config c;
+        if (sl_hf_load_config(o->model.init_from, &c, NULL) == SL_OK && c.arch != SL_ARCH_DEEPSEEK_V3)
+            return sl_train_bad("--moe-router-bias-update-rate needs a model with a selection bias "
+                                "(DeepSeek-V3's e_score_correction_bias), not %s",
+                                sl_arch_name(c.arch));
+    }
+    return SL_OK;
+}
+
+sl_status sl_train_moe_apply(sl_train_job *j) {
+    sl_model *m = j->m;
+    const sl_train_moe_opts *mo = &j->o.moe;
+    if (!sl_model_is_moe(m)) return SL_OK;
+    m->moe =
+        (sl_moe_train_opts){.capacity_factor = isnan(mo->capacity_factor) ? 0.0f : (float)mo->capacity_factor,
+                            .aux_coeff = (float)mo->aux_loss_coeff,
+                            .z_coeff = (float)mo->z_loss_coeff,
+                            .router = (sl_moe_router)router_of(mo->router),
+                            .bias_update_rate = (float)mo->bias_update_rate};
+    if (mo->topk) m->lcfg.n_experts_per_tok = (int)mo->topk;
+    return SL_OK;
+}
+
+sl_status sl_train_moe_after_step(sl_train_job *j) {
+    if (!j->m || !sl_model_is_moe(j->m)) return SL_OK;
+    sl_status st = sl_moe_graph_stats(j->tr.graph, &j->moe_stats);
+    if (st == SL_OK) st = sl_moe_update_bias(j->m, j->tr.graph);
+    if (st != SL_OK) return sl_train_fail(st, "moe statistics: %s", sl_errmsg());
+    return SL_OK;
+}
+
+void sl_train_moe_metrics(const sl_train_job *j, FILE *f) {
+    const sl_moe_stats *s = &j->moe_stats;
+    if (s->n_layers == 0) return;
+    fprintf(f, ", \"moe_load\": [");
+    for (int e = 0; e < s->n_experts; e++) fprintf(f, "%s%.0f", e ? ", " : "", s->load[e]);
+    fprintf(f, "], \"moe_dropped_frac\": %.6f, \"moe_aux_loss\": %.6f, \"moe_z_loss\": %.6f", s->dropped_frac,
+            s->aux, s->z);
+}

@@ -1,0 +1,280 @@
+/* The mixture-of-experts ops (src/ops/moe_ops.c): routing forward against scalar references (softmax then
+ * top-k, top-k then softmax = Mixtral's SL_OP_TOPK_GATE, DeepSeek-V3's sigmoid + bias + group-limited
+ * top-k + scaling, capacity dropping in token order), the router losses against their formulas in double,
+ * dispatch (gather -> expert -> combine) against the dense form sum_e w[:, e] * expert_e(x), and every
+ * backward against central finite differences. Tolerances: forward 1e-6 abs + 1e-5 rel (fp32 of the same
+ * formula); gradients 5e-3 rel of max |FD| (grad_check). */
+#include <math.h>
+#include <string.h>
+
+#include "suanli/device.h"
+#include "suanli/graph.h"
+#include "gradcheck.h"
+#include "testutil.h"
+
+static sl_moe_route_opts opts(int k, sl_moe_score s, int norm) {
+    return (sl_moe_route_opts){.k = k, .score = s, .norm_topk = norm, .scale = 1.0f};
+}
+
+/* softmax + top-k + renormalisation is Mixtral's top-k-then-softmax */
+static void test_route_softmax(void) {
+    tc t = {0};
+    t.ctx = sl_ctx_new(256);
+    int64_t N = 9, E = 6;
+    sl_tensor *x = param(&t, 2, (int64_t[]){N, E}, 1.5f);
+    sl_moe_route_opts o = opts(2, SL_MOE_SCORE_SOFTMAX, 1);
+    float *got = fwd(&t, sl_moe_route(t.ctx, x, NULL, &o));
+    float *ref = fwd(&t, sl_topk_gate(t.ctx, x, 2));
+    tu_allclose("route softmax+norm == topk_gate", got, ref, N * E, 1e-6f, 1e-5f);
+    free(got);
+    o.norm_topk = 0; /* Qwen2-MoE's default: the selected softmax probabilities themselves */
+    got = fwd(&t, sl_moe_route(t.ctx, x, NULL, &o));
+    for (int64_t r = 0; r < N; r++) {
+        double mx = -1e30, s = 0;
+        for (int64_t e = 0; e < E; e++) mx = fmax(mx, t.pdata[0][r * E + e]);
+        for (int64_t e = 0; e < E; e++) s += exp(t.pdata[0][r * E + e] - mx);
+        for (int64_t e = 0; e < E; e++)
+            ref[r * E + e] = ref[r * E + e] != 0 ? (float)(exp(t.pdata[0][r * E + e] - mx) / s) : 0.0f;
+    }
+    tu_allclose("route softmax, no norm", got, ref, N * E, 1e-6f, 1e-5f);
+    free(got), free(ref);
+    tc_free(&t);
+}
+
+/* DeepSeek-V3 on a hand-made row: 8 experts in 4 groups, keep 2 groups, k = 2, bias moves the choice */
+static void test_route_deepseek(void) {
+    tc t = {0};
+    t.ctx = sl_ctx_new(256);
+    sl_tensor *x = param(&t, 2, (int64_t[]){1, 8}, 1.0f), *b = param(&t, 1, (int64_t[]){8}, 1.0f);
+    const float xv[8] = {2.0f, -1.0f, 0.5f, 0.4f, 1.0f, 1.1f, -2.0f, 3.0f};
+    const float bv[8] = {0, 0, 0, 0, 0, 0, 0, -0.9f};
+    memcpy(t.pdata[0], xv, sizeof xv);
+    memcpy(t.pdata[1], bv, sizeof bv);
+    /* sigmoid s; choice = s + b; group sums of top two: g0 = s0+s1, g1 = s2+s3, g2 = s4+s5, g3 = s6+s7-0.9
+     * -> groups 2 (1.48) and 0 (1.15) are kept (g1 = 1.22 ... computed below); the top two choices win */
+    double s[8], c[8], g[4];
+    for (int i = 0; i < 8; i++) s[i] = 1 / (1 + exp(-xv[i])), c[i] = s[i] + bv[i];
+    for (int i = 0; i < 4; i++) g[i] = c[2 * i] + c[2 * i + 1];
+    int g1 = 0, g2 = -1;
+    for (int i = 1; i < 4; i++) g1 = g[i] > g[g1] ? i : g1;
+    for (int i = 0; i < 4; i++)
+        if (i != g1 && (g2 < 0 || g[i] > g[g2])) g2 = i;
+    int e1 = -1, e2 = -1;
+    for (int i = 0; i < 8; i++)
+        if ((i / 2 == g1 || i / 2 == g2) && (e1 < 0 || c[i] > c[e1])) e1 = i;
+    for (int i = 0; i < 8; i++)
+        if ((i / 2 == g1 || i / 2 == g2) && i != e1 && (e2 < 0 || c[i] > c[e2])) e2 = i;
+    float ref[8] = {0};
+    ref[e1] = (float)(2.5 * s[e1] / (s[e1] + s[e2]));
+    ref[e2] = (float)(2.5 * s[e2] / (s[e1] + s[e2]));
+    sl_moe_route_opts o = {
+        .k = 2, .score = SL_MOE_SCORE_SIGMOID, .norm_topk = 1, .n_group = 4, .topk_group = 2, .scale = 2.5f};
+    float *got = fwd(&t, sl_moe_route(t.ctx, x, b, &o));
+    tu_allclose("route deepseek-v3 (groups, bias, scale)", got, ref, 8, 1e-6f, 1e-5f);
+    TU_CHECK(e1 != 7 && e2 != 7, "the bias pushed expert 7 out (got %d %d)", e1, e2);
+    free(got);
+    tc_free(&t);
+}
+
+/* capacity 2 with top-1 routing of 5 tokens that all prefer expert 0: tokens 0, 1 kept, 2.. dropped;
+ * counts: routed 5 / kept 2 */
+static void test_route_capacity(void) {
+    tc t = {0};
+    t.ctx = sl_ctx_new(256);
+    sl_tensor *x = param(&t, 2, (int64_t[]){5, 3}, 1.0f);
+    for (int r = 0; r < 5; r++)
+        t.pdata[0][r * 3] = 5.0f + (float)r, t.pdata[0][r * 3 + 1] = 0, t.pdata[0][r * 3 + 2] = 0;
+    sl_moe_route_opts o = opts(1, SL_MOE_SCORE_SOFTMAX, 0);
+    o.capacity = 2;
+    sl_tensor *rt = sl_moe_route(t.ctx, x, NULL, &o);
+    sl_set_output(rt);
+    sl_graph *g = sl_graph_new(t.ctx);
+    sl_graph_build_forward(g, rt);
+    TU_CHECK(sl_graph_plan(g, sl_backend_cpu(), NULL) == SL_OK, "plan");
+    TU_CHECK(sl_graph_compute(g, NULL, NULL) == SL_OK, "compute: %s", sl_errmsg());
+    const float *w = rt->data,
+                *cnt = (const float *)((const char *)rt->data + sl_moe_route_counts_offset(rt));
+    for (int r = 0; r < 5; r++) TU_CHECK((w[r * 3] > 0) == (r < 2), "token %d kept iff among the first 2", r);
+    TU_CHECK(cnt[0] == 5 && cnt[3] == 2 && cnt[1] == 0 && cnt[4] == 0, "counts routed %g kept %g", cnt[0],
+             cnt[3]);
+    sl_graph_free(g);
+    tc_free(&t);
+}
+
+/* aux = E/(N^2 k) sum_e count_e sum_n p_ne and z = mean lse^2, in double */
+static void test_router_loss_value(void) {
+    tc t = {0};
+    t.ctx = sl_ctx_new(256);
+    int64_t N = 7, E = 5;
+    int k = 2;
+    sl_tensor *x = param(&t, 2, (int64_t[]){N, E}, 1.0f);
+    sl_moe_route_opts o = opts(k, SL_MOE_SCORE_SOFTMAX, 1);
+    sl_tensor *rt = sl_moe_route(t.ctx, x, NULL, &o);
+    float *got = fwd(&t, sl_moe_router_loss(t.ctx, x, rt, 0.5f, 0.25f));
+    float *w = fwd(&t, rt);
+    double cnt[8] = {0}, psum[8] = {0}, z = 0;
+    for (int64_t r = 0; r < N; r++) {
+        const float *xr = t.pdata[0] + r * E;
+        double mx = -1e30, s = 0;
+        for (int64_t e = 0; e < E; e++) mx = fmax(mx, xr[e]);
+        for (int64_t e = 0; e < E; e++) s += exp(xr[e] - mx);
+        for (int64_t e = 0; e < E; e++) psum[e] += exp(xr[e] - mx) / s, cnt[e] += w[r * E + e] != 0;
+        z += pow(mx + log(s), 2);
+    }
+    double aux = 0;
+    for (int64_t e = 0; e < E; e++) aux += cnt[e] * psum[e];
+    aux *= (double)E / ((double)N * N * k);
+    float ref = (float)(0.5 * aux + 0.25 * z / N);
+    tu_allclose("router loss (aux + z)", got, &ref, 1, 1e-6f, 1e-5f);
+    free(got), free(w);
+    tc_free(&t);
+}
+
+/* dispatch equals the dense form: sum_e w[:, e] * (x We^T) with R = N (dropless) */
+static void test_dispatch_dense(void) {
+    tc t = {0};
+    t.ctx = sl_ctx_new(1024);
+    int64_t N = 11, C = 6, E = 4;
+    sl_tensor *x = param(&t, 2, (int64_t[]){N, C}, 1.0f), *lg = param(&t, 2, (int64_t[]){N, E}, 1.0f);
+    sl_tensor *W = param(&t, 2, (int64_t[]){E * C, C}, 0.5f);
+    sl_moe_route_opts o = opts(2, SL_MOE_SCORE_SOFTMAX, 1);
+    sl_tensor *rt = sl_moe_route(t.ctx, lg, NULL, &o), *y = NULL, *d = NULL;
+    for (int e = 0; e < E; e++) {
+        sl_tensor *We = sl_slice(t.ctx, W, 0, e * C, C);
+        sl_tensor *ye = sl_linear(t.ctx, sl_moe_gather(t.ctx, x, rt, e, N, 0), We, NULL);
+        y = sl_moe_combine(t.ctx, ye, rt, y, e, 1);
+        sl_tensor *de = sl_mul(t.ctx, sl_linear(t.ctx, x, We, NULL), sl_slice(t.ctx, rt, 1, e, 1));
+        d = d ? sl_add(t.ctx, d, de) : de;
+    }
+    float *got = fwd(&t, y), *ref = fwd(&t, d);
+    tu_allclose("dispatch == dense", got, ref, N * C, 1e-6f, 1e-5f);
+    free(got), free(ref);
+    tc_free(&t);
+}
+
+/* the routed expert (kept rows only) equals SwiGLU with matmul nodes on the gathered rows */
+static void test_expert_ffn_dense(void) {
+    tc t = {0};
+    t.ctx = sl_ctx_new(1024);
+    int64_t N = 13, C = 6, E = 3, I = 5;
+    sl_tensor *x = param(&t, 2, (int64_t[]){N, C}, 1.0f), *lg = param(&t, 2, (int64_t[]){N, E}, 1.0f);
+    sl_tensor *w1 = param(&t, 2, (int64_t[]){I, C}, 0.5f), *w3 = param(&t, 2, (int64_t[]){I, C}, 0.5f);
+    sl_tensor *w2 = param(&t, 2, (int64_t[]){C, I}, 0.5f);
+    sl_moe_route_opts o = opts(2, SL_MOE_SCORE_SOFTMAX, 1);
+    sl_tensor *rt = sl_moe_route(t.ctx, lg, NULL, &o);
+    for (int e = 0; e < E; e++) {
+        sl_tensor *xe = sl_moe_gather(t.ctx, x, rt, e, N, 0);
+        sl_tensor *g = sl_silu(t.ctx, sl_linear(t.ctx, xe, w1, NULL)), *u = sl_linear(t.ctx, xe, w3, NULL);
+        float *ref = fwd(&t, sl_linear(t.ctx, sl_mul(t.ctx, g, u), w2, NULL));
+        float *got = fwd(&t, sl_moe_expert_ffn(t.ctx, xe, w1, w3, w2, rt, e));
+        tu_allclose("expert_ffn == swiglu on gathered rows", got, ref, N * C, 1e-6f, 1e-5f);
+        free(got), free(ref);
+    }
+    tc_free(&t);
+}
+
+/* ---- gradients ----
+ * The selection is piecewise constant: a finite difference that flips a top-k choice sees a jump the
+ * gradient rightly ignores. Router logits are therefore a small parameter plus well-separated fixed offsets
+ * (gaps of 1.5 between a row's logits, perturbations of 1e-2). */
+static sl_tensor *sep_logits(tc *t, int64_t N, int64_t E) {
+    static float off[256]; /* one graph at a time uses it */
+    SL_ASSERT(N * E <= 256);
+    for (int64_t r = 0; r < N; r++)
+        for (int64_t e = 0; e < E; e++) off[r * E + e] = 1.5f * (float)((e * 3 + r) % E) - 2.0f;
+    sl_tensor *o = sl_new_tensor_2d(t->ctx, SL_F32, N, E);
+    sl_tensor_bind(o, off);
+    return sl_add(t->ctx, param(t, 2, (int64_t[]){N, E}, 0.2f), o);
+}
+static sl_tensor *g_route_softmax(tc *t) {
+    sl_moe_route_opts o = opts(2, SL_MOE_SCORE_SOFTMAX, 0);
+    return sl_moe_route(t->ctx, sep_logits(t, 6, 5), NULL, &o);
+}
+static sl_tensor *g_route_softmax_norm(tc *t) {
+    sl_moe_route_opts o = opts(3, SL_MOE_SCORE_SOFTMAX, 1);
+    o.scale = 1.5f;
+    return sl_moe_route(t->ctx, sep_logits(t, 6, 5), NULL, &o);
+}
+static sl_tensor *g_route_sigmoid_groups(tc *t) {
+    sl_moe_route_opts o = {
+        .k = 2, .score = SL_MOE_SCORE_SIGMOID, .norm_topk = 1, .n_group = 2, .topk_group = 1, .scale = 2.5f};
+    sl_tensor *x = param(t, 2, (int64_t[]){5, 8}, 1.5f);
+    sl_tensor *b = sl_new_tensor_1d(t->ctx, SL_F32, 8); /* constant bias (not a parameter in HF) */
+    static float bv[8] = {0.1f, -0.1f, 0.2f, 0, 0, 0.05f, -0.2f, 0};
+    sl_tensor_bind(b, bv);
+    return sl_moe_route(t->ctx, x, b, &o);
+}
+static sl_tensor *g_route_capacity(tc *t) {
+    sl_moe_route_opts o = opts(2, SL_MOE_SCORE_SOFTMAX, 1);
+    o.capacity = 3; /* 8 tokens x 2 over 4 experts: some dropped */
+    return sl_moe_route(t->ctx, sep_logits(t, 8, 4), NULL, &o);
+}
+static sl_tensor *g_sigmoid_1(tc *t) { /* a 1-expert sigmoid route is the sigmoid (the shared-expert gate) */
+    sl_moe_route_opts o = opts(1, SL_MOE_SCORE_SIGMOID, 0);
+    return sl_moe_route(t->ctx, param(t, 2, (int64_t[]){7, 1}, 2.0f), NULL, &o);
+}
+/* The counts are constants of the selection: finite differences that flip a selection see a jump the
+ * gradient rightly ignores, so the logits are a small parameter plus well-separated fixed offsets. */
+static sl_tensor *router_loss_case(tc *t, sl_moe_score s) {
+    static float off[9 * 4];
+    for (int r = 0; r < 9; r++)
+        for (int e = 0; e < 4; e++) off[r * 4 + e] = 1.5f * (float)((e + r) % 4) - 2.0f;
+    sl_tensor *o4 = sl_new_tensor_2d(t->ctx, SL_F32, 9, 4);
+    sl_tensor_bind(o4, off);
+    sl_tensor *x = sl_add(t->ctx, param(t, 2, (int64_t[]){9, 4}, 0.2f), o4);
+    sl_moe_route_opts o = opts(2, s, 1);
+    return sl_moe_router_loss(t->ctx, x, sl_moe_route(t->ctx, x, NULL, &o), 0.7f, 0.3f);
+}
+static sl_tensor *g_router_loss(tc *t) { return router_loss_case(t, SL_MOE_SCORE_SOFTMAX); }
+static sl_tensor *g_router_loss_sigmoid(tc *t) { return router_loss_case(t, SL_MOE_SCORE_SIGMOID); }
+/* the whole dispatched layer: router, capacity, per-expert linear + silu, weighted combine */
+static sl_tensor *g_dispatch(tc *t) {
+    int64_t N = 10, C = 5, E = 3;
+    sl_tensor *x = param(t, 2, (int64_t[]){N, C}, 1.0f), *wr = param(t, 2, (int64_t[]){E, C}, 1.0f);
+    sl_tensor *W = param(t, 2, (int64_t[]){E * C, C}, 0.5f), *acc = param(t, 2, (int64_t[]){N, C}, 1.0f);
+    sl_moe_route_opts o = opts(2, SL_MOE_SCORE_SOFTMAX, 1);
+    o.capacity = 6;
+    sl_tensor *rt = sl_moe_route(t->ctx, sl_linear(t->ctx, x, wr, NULL), NULL, &o), *y = acc;
+    for (int e = 0; e < E; e++) {
+        sl_tensor *xe = sl_moe_gather(t->ctx, x, rt, e, 6, 0);
+        sl_tensor *ye = sl_silu(t->ctx, sl_linear(t->ctx, xe, sl_slice(t->ctx, W, 0, e * C, C), NULL));
+        y = sl_moe_combine(t->ctx, ye, rt, y, e, 1);
+    }
+    return y;
+}
+
+/* the dropless layer with routed experts (kept rows only); the experts share one set of weight leaves
+ * (the op takes leaves; MAXP parameters), which also checks that their gradients accumulate */
+static sl_tensor *g_expert_ffn(tc *t) {
+    int64_t N = 9, C = 4, E = 2, I = 3;
+    sl_tensor *x = param(t, 2, (int64_t[]){N, C}, 1.0f);
+    sl_tensor *W1 = param(t, 2, (int64_t[]){I, C}, 0.7f), *W3 = param(t, 2, (int64_t[]){I, C}, 0.7f);
+    sl_tensor *W2 = param(t, 2, (int64_t[]){C, I}, 0.7f);
+    sl_moe_route_opts o = opts(1, SL_MOE_SCORE_SOFTMAX, 0);
+    sl_tensor *rt = sl_moe_route(t->ctx, sep_logits(t, N, E), NULL, &o), *y = NULL;
+    for (int e = 0; e < E; e++) {
+        sl_tensor *xe = sl_moe_gather(t->ctx, x, rt, e, N, 0);
+        sl_tensor *ye = sl_moe_expert_ffn(t->ctx, xe, W1, W3, W2, rt, e);
+        y = sl_moe_combine(t->ctx, ye, rt, y, e, 1);
+    }
+    return y;
+}
+
+int main(void) {
+    test_route_softmax();
+    test_route_deepseek();
+    test_route_capacity();
+    test_router_loss_value();
+    test_dispatch_dense();
+    test_expert_ffn_dense();
+    grad_check("moe_route softmax", g_route_softmax);
+    grad_check("moe_route softmax+norm+scale", g_route_softmax_norm);
+    grad_check("moe_route sigmoid groups", g_route_sigmoid_groups);
+    grad_check("moe_route capacity", g_route_capacity);
+    grad_check("moe_route sigmoid E=1", g_sigmoid_1);
+    grad_check("moe_router_loss softmax", g_router_loss);
+    grad_check("moe_router_loss sigmoid", g_router_loss_sigmoid);
+    grad_check("moe dispatch", g_dispatch);
+    grad_check("moe routed expert ffn", g_expert_ffn);
+    return tu_finish("test_moe_ops");
+}
