@@ -118,12 +118,13 @@ int main(void) {
     snprintf(a, sizeof a, "%s/tp2pp2-to-pp2dp2-a/model.safetensors", dir);
     snprintf(b, sizeof b, "%s/reload/model.safetensors", dir);
     TU_CHECK(tu_same_file(a, b), "weights saved on tp 2 x pp 2, reloaded on tp 4: bitwise equal");
-    /* kill -9 of rank 5 (stage 1, dp 0, tp 1) of tp 2 x pp 2 x dp 2 after step 6, checkpoints every 4
-     * steps: the restarted job resumes from step 4 and ends bitwise where the uninterrupted run does */
+    /* kill -9 of rank 5 (stage 1, dp 0, tp 1) of tp 2 x pp 2 x dp 2 after step 10, checkpoints every 4
+     * steps: the step-8 save forced step 4's commit, so the restarted job resumes from step 4 or 8 (disk or
+     * in-memory copy, whichever is newer and complete) and ends bitwise where the uninterrupted run does */
     const char *L3 = "--tp 2 --pp 2 --sequence-parallel --zero-stage 1 --train-iters 12 --save-interval 4";
     rc = run("%s run -n 8 -- %s train --data-path %s " TINY " %s --save %s/plain", cli, cli, data, L3, dir);
     TU_CHECK(rc == 0, "3d uninterrupted: %s", out);
-    rc = run("env SUANLI_FAULT_KILL_AT_STEP=6 SUANLI_FAULT_RANK=5 %s run -n 8 --max-restarts 1 -- %s train "
+    rc = run("env SUANLI_FAULT_KILL_AT_STEP=10 SUANLI_FAULT_RANK=5 %s run -n 8 --max-restarts 1 -- %s train "
              "--data-path %s " TINY " %s --save %s/killed --load %s/killed",
              cli, cli, data, L3, dir, dir);
     TU_CHECK(rc == 0 && strstr(out, "killing myself") && strstr(out, "resumed from"), "3d killed: rc %d %s", rc,
