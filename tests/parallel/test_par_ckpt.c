@@ -12,30 +12,8 @@
 
 static char out[1 << 17];
 
-static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int run(const char *fmt, ...) {
-    char args[4096], cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "SUANLI_COMM_ALGO=direct SUANLI_COMM_TIMEOUT=60 timeout 300 %s", args);
-    return tu_run(cmd, out, sizeof out);
-}
+#define run(...) tu_runf(out, sizeof out, "SUANLI_COMM_ALGO=direct SUANLI_COMM_TIMEOUT=60 timeout 300", __VA_ARGS__)
 
-static double loss_at(const char *path, int step) {
-    FILE *f = fopen(path, "r");
-    if (!f) return NAN;
-    char line[1024];
-    double v = NAN;
-    while (fgets(line, sizeof line, f)) {
-        int s;
-        double l;
-        if (sscanf(line, "{\"step\": %d, \"loss\": %lf", &s, &l) == 2 && s == step) v = l;
-    }
-    fclose(f);
-    return v;
-}
 
 static double weights_diff(const char *a, const char *b) {
     sl_model *ma = NULL, *mb = NULL;
@@ -80,7 +58,7 @@ static void across(const char *cli, const char *data, const char *dir, const cha
     snprintf(b, sizeof b, "%s/%s-b/metrics.jsonl", dir, name);
     double worst = 0;
     for (int s = 9; s <= 16; s++) {
-        double x = loss_at(a, s), y = loss_at(b, s), e = fabs(x - y) / fabs(x);
+        double x = tu_metric_at(a, s, "loss"), y = tu_metric_at(b, s, "loss"), e = fabs(x - y) / fabs(x);
         if (!(e <= worst)) worst = e;
     }
     snprintf(a, sizeof a, "%s/single", dir);

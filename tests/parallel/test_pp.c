@@ -53,14 +53,7 @@ static const char *tied_name(void) { return g_llama ? "model.embed_tokens.weight
 
 static sl_status synth(void *u, int64_t step, int micro, int32_t *ids, int32_t *tg) {
     (void)u;
-    for (int i = 0; i < B * (T + 1); i++) {
-        int b = i / (T + 1), t = i % (T + 1);
-        uint64_t r = sl_rng_u64(5, (uint64_t)(step * 1000 + micro), (uint64_t)b);
-        int32_t tok = (int32_t)((r + (uint64_t)t * 7) % V);
-        if (sl_rng_uniform(6, (uint64_t)(step * 1000 + micro), (uint64_t)i) < 0.2) tok = (int32_t)(r % 13);
-        if (t < T) ids[b * T + t] = tok;
-        if (t > 0) tg[b * T + t - 1] = tok;
-    }
+    tu_synth_tokens(B, T, V, step, micro, ids, tg);
     return SL_OK;
 }
 

@@ -11,31 +11,8 @@
 
 static char out[1 << 17];
 
-static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int run(const char *fmt, ...) {
-    char args[4096], cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "SUANLI_COMM_ALGO=direct SUANLI_COMM_TIMEOUT=60 timeout 300 %s", args);
-    return tu_run(cmd, out, sizeof out);
-}
+#define run(...) tu_runf(out, sizeof out, "SUANLI_COMM_ALGO=direct SUANLI_COMM_TIMEOUT=60 timeout 300", __VA_ARGS__)
 
-static double metric_at(const char *path, int step, const char *key) {
-    FILE *f = fopen(path, "r");
-    if (!f) return NAN;
-    char line[1024], pat[64];
-    snprintf(pat, sizeof pat, "\"%s\": ", key);
-    double v = NAN;
-    while (fgets(line, sizeof line, f)) {
-        int s;
-        const char *k = strstr(line, pat);
-        if (sscanf(line, "{\"step\": %d", &s) == 1 && s == step && k) v = atof(k + strlen(pat));
-    }
-    fclose(f);
-    return v;
-}
 
 static void same_run_as(const char *dir, const char *ref, const char *name, const char *key);
 static void same_run(const char *dir, const char *name) { same_run_as(dir, "single", name, "tp_comm_mib"); }
@@ -44,11 +21,11 @@ static void same_run_as(const char *dir, const char *ref, const char *name, cons
     snprintf(a, sizeof a, "%s/%s/metrics.jsonl", dir, ref);
     snprintf(b, sizeof b, "%s/%s/metrics.jsonl", dir, name);
     for (int s = 1; s <= 8; s++) {
-        double x = metric_at(a, s, "loss"), y = metric_at(b, s, "loss");
+        double x = tu_metric_at(a, s, "loss"), y = tu_metric_at(b, s, "loss");
         TU_CHECK(fabs(x - y) <= 1e-6 * fabs(x), "%s step %d: single %.7f vs %.7f", name, s, x, y);
-        TU_CHECK(metric_at(b, s, key) >= 0, "%s step %d: %s logged", name, s, key);
+        TU_CHECK(tu_metric_at(b, s, key) >= 0, "%s step %d: %s logged", name, s, key);
         /* the collectives the graph ran are Megatron's count (Note [TP communication volume]) */
-        double got = metric_at(b, s, "tp_comm_mib"), want = metric_at(b, s, "tp_comm_theory_mib");
+        double got = tu_metric_at(b, s, "tp_comm_mib"), want = tu_metric_at(b, s, "tp_comm_theory_mib");
         if (!isnan(want))
             TU_CHECK(fabs(got - want) <= 1e-3 * want, "%s step %d: TP communication %.4f MiB, theory %.4f", name,
                      s, got, want);
