@@ -111,6 +111,13 @@ typedef enum sl_coll_kind {
 typedef enum sl_coll_group { SL_GROUP_TP = 0, SL_GROUP_TP_KV, SL_GROUP_COUNT } sl_coll_group;
 sl_tensor *sl_collective(sl_ctx *ctx, sl_tensor *x, sl_coll_kind fwd, sl_coll_kind bwd, sl_coll_group group,
                          int group_size);
+/* Megatron's f and g for a model split tp ways (identities for tp <= 1): entering a TP region before a
+ * column-parallel linear, leaving it after a row-parallel one; with sequence parallelism (sp) an all-gather
+ * and a reduce-scatter along the sequence instead. sl_tp_rep wraps a replicated parameter that SP applies
+ * to sequence shards, so its partial gradients are summed over the group. */
+sl_tensor *sl_tp_enter(sl_ctx *ctx, sl_tensor *x, int tp, int sp);
+sl_tensor *sl_tp_exit(sl_ctx *ctx, sl_tensor *x, int tp, int sp);
+sl_tensor *sl_tp_rep(sl_ctx *ctx, sl_tensor *p, int tp, int sp);
 /* The same over groups of `sub` consecutive ranks of the TP group (COPY / ALLREDUCE kinds only). */
 sl_tensor *sl_collective_group(sl_ctx *ctx, sl_tensor *x, sl_coll_kind fwd, sl_coll_kind bwd, int tp, int sub);
 /* Embedding lookup in a vocab shard: table holds rows [lo, lo + table->ne[0]) of the full table; other

@@ -238,21 +238,9 @@ static sl_tensor *gpt2_body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int po
 /* Megatron's f and g (Note [Tensor-parallel graphs], src/ops/build_tp.c): entering a TP region (before
  * a column-parallel linear) and leaving it (after a row-parallel one); with sequence parallelism an
  * all-gather and a reduce-scatter along the sequence. Identities without TP. */
-static sl_tensor *tp_f(sl_model *m, sl_tensor *x) {
-    if (m->tp <= 1) return x;
-    if (m->sp) return sl_collective(m->ctx, x, SL_COLL_ALLGATHER_SEQ, SL_COLL_REDSCAT_SEQ, SL_GROUP_TP, m->tp);
-    return sl_collective(m->ctx, x, SL_COLL_COPY, SL_COLL_ALLREDUCE, SL_GROUP_TP, m->tp);
-}
-static sl_tensor *tp_g(sl_model *m, sl_tensor *x) {
-    if (m->tp <= 1) return x;
-    if (m->sp) return sl_collective(m->ctx, x, SL_COLL_REDSCAT_SEQ, SL_COLL_ALLGATHER_SEQ, SL_GROUP_TP, m->tp);
-    return sl_collective(m->ctx, x, SL_COLL_ALLREDUCE, SL_COLL_COPY, SL_GROUP_TP, m->tp);
-}
-/* a replicated parameter used on sequence shards: its partial gradients summed over the group */
-static sl_tensor *tp_rep(sl_model *m, sl_tensor *p) {
-    return m->tp > 1 && m->sp ? sl_collective(m->ctx, p, SL_COLL_COPY, SL_COLL_ALLREDUCE, SL_GROUP_TP, m->tp)
-                              : p;
-}
+static sl_tensor *tp_f(sl_model *m, sl_tensor *x) { return sl_tp_enter(m->ctx, x, m->tp, m->sp); }
+static sl_tensor *tp_g(sl_model *m, sl_tensor *x) { return sl_tp_exit(m->ctx, x, m->tp, m->sp); }
+static sl_tensor *tp_rep(sl_model *m, sl_tensor *p) { return sl_tp_rep(m->ctx, p, m->tp, m->sp); }
 /* a row-parallel linear: partial products summed by g, then the replicated bias; the dense linear without TP */
 static sl_tensor *row_linear(sl_model *m, sl_tensor *x, sl_tensor *w, sl_tensor *b) {
     if (m->tp <= 1) return mm(m, x, w, b);

@@ -379,20 +379,9 @@ static sl_tensor *lm_head(sl_model *m, sl_tensor *x) {
 }
 
 /* Megatron's f and g under TP (Note [Tensor-parallel graphs]); identities on a whole model */
-static sl_tensor *tp_f(sl_model *m, sl_tensor *x) {
-    if (m->tp <= 1) return x;
-    if (m->sp) return sl_collective(m->ctx, x, SL_COLL_ALLGATHER_SEQ, SL_COLL_REDSCAT_SEQ, SL_GROUP_TP, m->tp);
-    return sl_collective(m->ctx, x, SL_COLL_COPY, SL_COLL_ALLREDUCE, SL_GROUP_TP, m->tp);
-}
-static sl_tensor *tp_g(sl_model *m, sl_tensor *x) {
-    if (m->tp <= 1) return x;
-    if (m->sp) return sl_collective(m->ctx, x, SL_COLL_REDSCAT_SEQ, SL_COLL_ALLGATHER_SEQ, SL_GROUP_TP, m->tp);
-    return sl_collective(m->ctx, x, SL_COLL_ALLREDUCE, SL_COLL_COPY, SL_GROUP_TP, m->tp);
-}
-/* sequence parallelism: a norm weight applied to this rank's tokens only; its gradient summed over the group */
-static sl_tensor *tp_rep(sl_model *m, sl_tensor *p) {
-    return m->tp > 1 && m->sp ? sl_collective(m->ctx, p, SL_COLL_COPY, SL_COLL_ALLREDUCE, SL_GROUP_TP, m->tp) : p;
-}
+static sl_tensor *tp_f(sl_model *m, sl_tensor *x) { return sl_tp_enter(m->ctx, x, m->tp, m->sp); }
+static sl_tensor *tp_g(sl_model *m, sl_tensor *x) { return sl_tp_exit(m->ctx, x, m->tp, m->sp); }
+static sl_tensor *tp_rep(sl_model *m, sl_tensor *p) { return sl_tp_rep(m->ctx, p, m->tp, m->sp); }
 
 /* The shared body. kv == NULL: training / full-sequence attention; else attention over the cache.
  * Under TP (m->tp > 1, training only) each rank holds NH/tp query heads and NKV/tp kv heads, I/tp MLP

@@ -85,3 +85,19 @@ sl_tensor *sl_collective_group(sl_ctx *ctx, sl_tensor *x, sl_coll_kind fwd, sl_c
     t->iparams[4] = sub;
     return t;
 }
+
+sl_tensor *sl_tp_enter(sl_ctx *ctx, sl_tensor *x, int tp, int sp) {
+    if (tp <= 1) return x;
+    if (sp) return sl_collective(ctx, x, SL_COLL_ALLGATHER_SEQ, SL_COLL_REDSCAT_SEQ, SL_GROUP_TP, tp);
+    return sl_collective(ctx, x, SL_COLL_COPY, SL_COLL_ALLREDUCE, SL_GROUP_TP, tp);
+}
+
+sl_tensor *sl_tp_exit(sl_ctx *ctx, sl_tensor *x, int tp, int sp) {
+    if (tp <= 1) return x;
+    if (sp) return sl_collective(ctx, x, SL_COLL_REDSCAT_SEQ, SL_COLL_ALLGATHER_SEQ, SL_GROUP_TP, tp);
+    return sl_collective(ctx, x, SL_COLL_ALLREDUCE, SL_COLL_COPY, SL_GROUP_TP, tp);
+}
+
+sl_tensor *sl_tp_rep(sl_ctx *ctx, sl_tensor *p, int tp, int sp) {
+    return tp > 1 && sp ? sl_collective(ctx, p, SL_COLL_COPY, SL_COLL_ALLREDUCE, SL_GROUP_TP, tp) : p;
+}
