@@ -54,6 +54,18 @@ sl_status sl_k_embedding_back_ref(sl_tensor *n) {
     return SL_OK;
 }
 
+void sl_k_lse_rows_ref(const float *pl, int64_t N, int64_t V, float *lse) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; i++) {
+        const float *x = pl + i * V;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < V; j++) mx = x[j] > mx ? x[j] : mx;
+        float s = 0;
+        for (int64_t j = 0; j < V; j++) s += expf(x[j] - mx);
+        lse[i] = mx + logf(s);
+    }
+}
+
 /* Mean over positions whose target >= 0 (negative targets are ignored, like PyTorch's ignore_index). */
 sl_status sl_k_cross_entropy_ref(sl_tensor *n) {
     sl_tensor *lg = n->src[0], *tg = n->src[1];
@@ -65,15 +77,7 @@ sl_status sl_k_cross_entropy_ref(sl_tensor *n) {
         if (pt[i] >= V)
             return sl_fail(SL_ERR_INVALID, "cross_entropy: target %d at position %lld >= vocab %lld", pt[i],
                            (long long)i, (long long)V);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N; i++) {
-        const float *x = pl + i * V;
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < V; j++) mx = x[j] > mx ? x[j] : mx;
-        float s = 0;
-        for (int64_t j = 0; j < V; j++) s += expf(x[j] - mx);
-        lse[i] = mx + logf(s);
-    }
+    sl_k_lse_rows_ref(pl, N, V, lse);
     double total = 0;
     int64_t cnt = 0;
     for (int64_t i = 0; i < N; i++)

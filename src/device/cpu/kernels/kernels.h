@@ -70,5 +70,7 @@ sl_status sl_k_attention_ref(sl_tensor *n);
 sl_status sl_k_attention_back_ref(sl_tensor *n);
 sl_status sl_k_embedding_back_ref(sl_tensor *n);
 sl_status sl_k_cross_entropy_ref(sl_tensor *n);
+/* logsumexp of each of N rows of V logits (scalar reference) */
+void sl_k_lse_rows_ref(const float *logits, int64_t N, int64_t V, float *lse);
 sl_status sl_k_cross_entropy_back_ref(sl_tensor *n);
 #endif

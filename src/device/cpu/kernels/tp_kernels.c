@@ -51,19 +51,10 @@ sl_status sl_k_embedding_back_shard(sl_tensor *n) {
 
 static void lse_rows(const float *pl, int64_t N, int64_t V, float *lse) {
     const sl_vec_ops *v = sl_vec();
-    if (v) {
+    if (v)
         v->ce_lse(pl, N, V, lse);
-        return;
-    }
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N; i++) {
-        const float *x = pl + i * V;
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < V; j++) mx = x[j] > mx ? x[j] : mx;
-        float s = 0;
-        for (int64_t j = 0; j < V; j++) s += expf(x[j] - mx);
-        lse[i] = mx + logf(s);
-    }
+    else
+        sl_k_lse_rows_ref(pl, N, V, lse);
 }
 
 sl_status sl_k_ce_vp_stats(sl_tensor *n) {
