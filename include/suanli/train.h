@@ -42,12 +42,17 @@ typedef struct sl_trainer_config {
     float lr, min_lr, clip; /* clip <= 0: no clipping */
     int64_t warmup, decay_iters;
     sl_adamw_hparams hp;
+    /* dynamic loss scaling (fp16; Note [Dynamic loss scaling]): off when loss_scale.initial is 0 */
+    sl_loss_scale_config loss_scale;
 } sl_trainer_config;
 
 typedef struct sl_step_stats {
     float loss, grad_norm, lr; /* loss: mean over every micro-batch of every dp rank */
     double seconds;
     double comm_wait_sec; /* time spent waiting for gradient reduction after backward (DP) */
+    float loss_scale;     /* the scale this step's backward used (1 without loss scaling) */
+    int skipped;          /* 1: inf/nan gradients, no update (grad_norm is then inf or nan) */
+    int64_t skipped_total;
 } sl_step_stats;
 
 typedef struct sl_dp sl_dp;
@@ -71,6 +76,10 @@ typedef struct sl_trainer {
     void *pre_update_user;
     int64_t opt_t; /* optimizer steps taken (both paths) */
     sl_plan_stats plan;
+    sl_tensor *seed;          /* the backward's FILL node d(loss) = seed_base * loss scale */
+    float seed_base;          /* 1 / (accum * dp) */
+    int scaling;              /* dynamic loss scaling on (cfg.loss_scale.initial > 0) */
+    sl_loss_scaler scaler;
 } sl_trainer;
 
 sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *cfg);

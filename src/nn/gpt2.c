@@ -113,8 +113,9 @@ static sl_tensor *P(sl_model *m, int idx) { return m->params[idx].t; }
  * are rounded by the next GEMM's operand cast, which is the same rounding. The backward rounds wherever an
  * f16 tensor's gradient is f16 in autocast: the casts' rule (src/ops/backward.c) turns the f32 gradient
  * reaching an f16 node into f16, which is where fp16 gradients overflow to inf (Note [Dynamic loss
- * scaling]). Attention is one fused op with fp32 arithmetic inside: it matches SDPA (which autocast runs as
- * one f16 op with fp32 accumulation), not an eager softmax(q k^T) v whose intermediates would be f16 too.
+ * scaling]). Attention is one fused op that rounds where the eager softmax(q k^T / sqrt(hs)) v rounds under
+ * autocast (Note [Eager half attention numerics], attention.c). (torch's fused CPU SDPA in f16 rounds
+ * elsewhere, undocumented: measured 19% of its outputs an ulp away from any rounding model we tried.)
  * bf16 compute (`--bf16`) keeps its older, simpler rule: operands rounded, products and bias f32. */
 static sl_tensor *mm(sl_model *m, sl_tensor *x, sl_tensor *w, sl_tensor *b) {
     sl_ctx *ctx = m->ctx;
@@ -156,6 +157,7 @@ static sl_tensor *gpt2_body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int po
             a = sl_attention_kv(ctx, q, ks, vs, pos0, 0); /* (B, T, C) */
         } else {
             a = sl_attention(ctx, q, k, v); /* (B, T, C) */
+            if (m->compute_dtype == SL_F16) a->iparams[2] = 2; /* Note [Eager half attention numerics] */
         }
         x = sl_add(ctx, x, mm(m, a, P(m, o + 4), P(m, o + 5)));
         /* MLP block */

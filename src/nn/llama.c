@@ -345,6 +345,7 @@ static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
             a->iparams[2] = m->wdtype == SL_BF16;
         } else {
             a = sl_attention(ctx, q, k, v); /* (B, T, QD) */
+            if (autocast(m) == SL_F16) a->iparams[2] = 2; /* Note [Eager half attention numerics] */
         }
         x = rnd_model(m,
                       sl_add(ctx, x, lin(m, rnd(m, a), W(m, "%s.%d.self_attn.o_proj.weight", pre, l), NULL)));
