@@ -114,6 +114,7 @@ typedef struct sl_train_model_opts {
     const char *init_from; /* Hugging Face model dir (Llama family, GPT-2) to start from, or NULL; a
                               non-zero size above conflicts with it */
     int bf16;              /* bf16 mixed precision over fp32 master weights */
+    int fp16;              /* fp16 mixed precision (torch.autocast fp16 numerics) with dynamic loss scaling */
     const char *device;    /* backend name (sl_backend_get): NULL = "cpu" */
 } sl_train_model_opts;
 
@@ -129,6 +130,9 @@ typedef struct sl_train_optim_opts {
     int64_t warmup_iters, decay_iters; /* linear warmup; cosine decay length (0: train_iters) */
     double weight_decay, clip_grad;    /* clip_grad 0: off */
     double beta1, beta2, eps;
+    /* --fp16 dynamic loss scaling, Megatron's flags and defaults (Note [Dynamic loss scaling]) */
+    double initial_loss_scale, min_loss_scale; /* 2^32, 1 */
+    int64_t loss_scale_window, hysteresis;     /* 1000, 2 */
 } sl_train_optim_opts;
 
 typedef struct sl_train_eval_opts {
