@@ -70,6 +70,8 @@ sl_tensor *sl_linear(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, sl_tensor *b);
 sl_tensor *sl_gelu(sl_ctx *ctx, sl_tensor *a);
 sl_tensor *sl_layernorm(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, sl_tensor *b, float eps);
 sl_tensor *sl_softmax(sl_ctx *ctx, sl_tensor *a);
+/* iparams[2] of the result: 0 fp32; 1 bf16, 2 f16: an eager attention's half rounding points; 3: f16 with an
+ * fp32 softmax (transformers' eager); CPU reference kernel only (Note [Eager half attention numerics]) */
 sl_tensor *sl_attention(sl_ctx *ctx, sl_tensor *q, sl_tensor *k, sl_tensor *v);
 sl_tensor *sl_embedding(sl_ctx *ctx, sl_tensor *table, sl_tensor *ids);
 sl_tensor *sl_cross_entropy(sl_ctx *ctx, sl_tensor *logits, sl_tensor *targets);

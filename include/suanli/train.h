@@ -76,9 +76,9 @@ typedef struct sl_trainer {
     void *pre_update_user;
     int64_t opt_t; /* optimizer steps taken (both paths) */
     sl_plan_stats plan;
-    sl_tensor *seed;          /* the backward's FILL node d(loss) = seed_base * loss scale */
-    float seed_base;          /* 1 / (accum * dp) */
-    int scaling;              /* dynamic loss scaling on (cfg.loss_scale.initial > 0) */
+    sl_tensor *seed; /* the backward's FILL node d(loss) = seed_base * loss scale */
+    float seed_base; /* 1 / (accum * dp) */
+    int scaling;     /* dynamic loss scaling on (cfg.loss_scale.initial > 0) */
     sl_loss_scaler scaler;
 } sl_trainer;
 

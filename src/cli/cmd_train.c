@@ -85,7 +85,8 @@ static int train_flags(sl_train_opts *o, const char **config, sl_flag *flags, in
          "models: PyTorch autocast numerics)",
          0},
         {"fp16", SL_FLAG_BOOL, &o->model.fp16, 0, 1,
-         "fp16 mixed precision (torch.autocast fp16 numerics; GPT-2 and the Llama family), fp32 master weights "
+         "fp16 mixed precision (torch.autocast fp16 numerics; GPT-2 and the Llama family), fp32 master "
+         "weights "
          "and optimizer, dynamic loss scaling: inf/nan steps are skipped and the scale halves",
          0},
         {"initial-loss-scale", SL_FLAG_FLOAT, &o->optim.initial_loss_scale, -1e38, 1e38,

@@ -218,7 +218,8 @@ static sl_tensor *rnd_model(sl_model *m, sl_tensor *x) {
 /* transformers' RMSNorm: weight * (x * rstd).to(dtype): in bf16 two roundings; under autocast the
  * fp32 weight promotes the product back to fp32 (one rounding) */
 static sl_tensor *norm(sl_model *m, sl_tensor *x, sl_tensor *w, float eps) {
-    if (m->wdtype != SL_BF16 && autocast(m) == SL_F32) return sl_rmsnorm(m->ctx, x, w, eps);
+    /* fp16 autocast: the residual stream is fp32, so transformers' .to(input_dtype) is a no-op: fp32 norm */
+    if (m->wdtype != SL_BF16 && autocast(m) != SL_BF16) return sl_rmsnorm(m->ctx, x, w, eps);
     return rnd_model(m, sl_mul(m->ctx, rnd(m, sl_rmsnorm(m->ctx, x, NULL, eps)), w));
 }
 
@@ -336,8 +337,14 @@ static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
                 qk[j]->iparams[3] = c->rope_orig_ctx;
             }
         }
-        q->iparams[2] = k->iparams[2] = /* see Note [bf16 compute]; 2: f16 numerics */
-            (m->wdtype == SL_BF16 || autocast(m) == SL_BF16) ? 1 : autocast(m) == SL_F16 ? 2 : 0;
+        q->iparams[2] = k->iparams[2] = /* see Note [bf16 compute] */
+            m->wdtype == SL_BF16 || autocast(m) == SL_BF16;
+        if (!kv && autocast(m) == SL_F16) { /* fp16 autocast: transformers' cos/sin are fp32 (the dtype of the
+                                              fp32 hidden states), so RoPE promotes to fp32 and the attention
+                                              matmul's autocast cast rounds q and k to f16 */
+            q = rnd(m, q);
+            k = rnd(m, k);
+        }
         sl_tensor *a;
         if (kv) {
             sl_tensor *ks = sl_kv_store(ctx, kv->k[l], k, pos0), *vs = sl_kv_store(ctx, kv->v[l], v, pos0);
@@ -345,7 +352,7 @@ static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
             a->iparams[2] = m->wdtype == SL_BF16;
         } else {
             a = sl_attention(ctx, q, k, v); /* (B, T, QD) */
-            if (autocast(m) == SL_F16) a->iparams[2] = 2; /* Note [Eager half attention numerics] */
+            if (autocast(m) == SL_F16) a->iparams[2] = 3; /* Note [Eager half attention numerics] */
         }
         x = rnd_model(m,
                       sl_add(ctx, x, lin(m, rnd(m, a), W(m, "%s.%d.self_attn.o_proj.weight", pre, l), NULL)));

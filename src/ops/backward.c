@@ -63,8 +63,10 @@ void sl_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_g
         int folded = (b->ndim == 2 && a->ndim > 2);
         sl_tensor *A = folded ? as_2d_rows(ctx, a) : a;
         sl_tensor *G = folded ? as_2d_rows(ctx, g) : g;
-        /* half (bf16/f16) operands: the gradient enters the GEMMs rounded to that dtype (products stay f32) */
-        if ((a->dtype == SL_BF16 || a->dtype == SL_F16) && G->dtype != a->dtype) G = sl_cast(ctx, G, a->dtype);
+        /* half (bf16/f16) operands: the gradient enters the GEMMs rounded to that dtype (products stay f32)
+         */
+        if ((a->dtype == SL_BF16 || a->dtype == SL_F16) && G->dtype != a->dtype)
+            G = sl_cast(ctx, G, a->dtype);
         if (ng[0]) {
             sl_tensor *dA;
             if (!tA)

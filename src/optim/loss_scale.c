@@ -6,8 +6,9 @@
 /* Note [Dynamic loss scaling]
  * fp16 gradients underflow below 2^-24 and overflow above 65504, so the loss seed is multiplied by a scale S
  * (the FILL node that starts the backward, suanli/graph.h) and the gradients are divided by S again before
- * anything reads them. The rules are Megatron-LM's DynamicGradScaler (megatron/core/optimizer/grad_scaler.py),
- * whose flags `suanli train` takes (--initial-loss-scale, --loss-scale-window, --hysteresis,
+ * anything reads them. The rules are Megatron-LM's DynamicGradScaler
+ * (megatron/core/optimizer/grad_scaler.py), whose flags `suanli train` takes (--initial-loss-scale,
+ * --loss-scale-window, --hysteresis,
  * --min-loss-scale), with its constants backoff 0.5 and growth 2:
  *   - a step is an overflow step when any gradient is inf or nan. It is skipped: no optimizer update, no
  *     AdamW step count (torch's optimizer.step() is not called either); the LR schedule still follows the
@@ -34,7 +35,8 @@ sl_status sl_loss_scaler_init(sl_loss_scaler *s, const sl_loss_scale_config *c) 
         return sl_fail(SL_ERR_INVALID, "--min-loss-scale must be > 0 and <= --initial-loss-scale (got %g)",
                        (double)c->min_scale);
     if (c->window < 1) return sl_fail(SL_ERR_INVALID, "--loss-scale-window must be >= 1 (got %d)", c->window);
-    if (c->hysteresis < 1) return sl_fail(SL_ERR_INVALID, "--hysteresis must be >= 1 (got %d)", c->hysteresis);
+    if (c->hysteresis < 1)
+        return sl_fail(SL_ERR_INVALID, "--hysteresis must be >= 1 (got %d)", c->hysteresis);
     s->cfg = *c;
     s->scale = c->initial;
     s->growth_tracker = 0;

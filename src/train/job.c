@@ -99,10 +99,12 @@ static uint64_t opts_hash(const sl_train_opts *o) {
                     o->log.interval,
                     o->sample.tokens,
                     o->sample.top_k};
-    double dv[] = {o->exit_duration_mins, o->optim.lr,        o->optim.min_lr,
-                   o->optim.weight_decay, o->optim.clip_grad, o->optim.beta1,
-                   o->optim.beta2,        o->optim.eps,       o->sample.temperature,
-                   o->optim.initial_loss_scale, o->optim.min_loss_scale};
+    double dv[] = {o->exit_duration_mins,  o->optim.lr,
+                   o->optim.min_lr,        o->optim.weight_decay,
+                   o->optim.clip_grad,     o->optim.beta1,
+                   o->optim.beta2,         o->optim.eps,
+                   o->sample.temperature,  o->optim.initial_loss_scale,
+                   o->optim.min_loss_scale};
     hash_bytes(&h, iv, sizeof iv);
     hash_bytes(&h, dv, sizeof dv);
     const char *sv[] = {o->model.init_from, o->data.path,     o->ckpt.save_dir,
@@ -164,10 +166,9 @@ static sl_status check_opts(sl_train_job *j) {
     if (o->model.fp16 && o->model.bf16) return sl_train_bad("--fp16 and --bf16 exclude each other");
     if (o->model.fp16) { /* the loss scaler's own checks, messages naming the flag */
         sl_loss_scaler probe;
-        if (sl_loss_scaler_init(&probe, &(sl_loss_scale_config){(float)op->initial_loss_scale,
-                                                                (float)op->min_loss_scale,
-                                                                (int)op->loss_scale_window, (int)op->hysteresis}) !=
-            SL_OK)
+        if (sl_loss_scaler_init(
+                &probe, &(sl_loss_scale_config){(float)op->initial_loss_scale, (float)op->min_loss_scale,
+                                                (int)op->loss_scale_window, (int)op->hysteresis}) != SL_OK)
             return sl_train_bad("%s", sl_errmsg());
     }
     if (!d->path) return sl_train_bad("--data-path is required");
@@ -375,8 +376,9 @@ static sl_status make_trainer(sl_train_job *j) {
                             .hp = {(float)o->optim.beta1, (float)o->optim.beta2, (float)o->optim.eps,
                                    (float)o->optim.weight_decay}};
     if (o->model.fp16)
-        tc.loss_scale = (sl_loss_scale_config){(float)o->optim.initial_loss_scale, (float)o->optim.min_loss_scale,
-                                               (int)o->optim.loss_scale_window, (int)o->optim.hysteresis};
+        tc.loss_scale =
+            (sl_loss_scale_config){(float)o->optim.initial_loss_scale, (float)o->optim.min_loss_scale,
+                                   (int)o->optim.loss_scale_window, (int)o->optim.hysteresis};
     sl_status st = sl_trainer_init(&j->tr, m, &tc);
     if (st != SL_OK) return sl_train_fail(st, "%s", sl_errmsg());
     j->trainer_ok = 1;

@@ -58,10 +58,29 @@ static void test_conversions(void) {
                  sl_f16_to_f32(0x0001) == ldexpf(1.0f, -24) && isinf(sl_f16_to_f32(0x7c00)),
              "f16 constants");
     /* f32 -> f16: boundaries against the oracle */
-    const float edge[] = {0.0f, -0.0f, 1.0f, 65504.0f, 65519.99f, 65520.0f, 65536.0f, 1e30f, INFINITY, -INFINITY,
-                          ldexpf(1.0f, -24), ldexpf(1.0f, -25), ldexpf(1.5f, -25), ldexpf(1.0f, -26),
-                          ldexpf(1.0f, -14), ldexpf(1023.5f, -24), 1.0f + ldexpf(1.0f, -11),
-                          1.0f + ldexpf(3.0f, -11), 2049.0f, 2051.0f, 1e-10f, 3.14159265f, -7.0e-6f};
+    const float edge[] = {0.0f,
+                          -0.0f,
+                          1.0f,
+                          65504.0f,
+                          65519.99f,
+                          65520.0f,
+                          65536.0f,
+                          1e30f,
+                          INFINITY,
+                          -INFINITY,
+                          ldexpf(1.0f, -24),
+                          ldexpf(1.0f, -25),
+                          ldexpf(1.5f, -25),
+                          ldexpf(1.0f, -26),
+                          ldexpf(1.0f, -14),
+                          ldexpf(1023.5f, -24),
+                          1.0f + ldexpf(1.0f, -11),
+                          1.0f + ldexpf(3.0f, -11),
+                          2049.0f,
+                          2051.0f,
+                          1e-10f,
+                          3.14159265f,
+                          -7.0e-6f};
     for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++) {
         uint16_t h = sl_f32_to_f16(edge[i]), o = oracle(edge[i]);
         TU_CHECK(h == o, "f32 -> f16 of %.9g: 0x%04x, nearest-even 0x%04x", (double)edge[i], h, o);
@@ -112,8 +131,8 @@ static void test_kernels(void) {
             float v = t.pdata[0][(i / K) * 2 * K + 5 + i % K];
             notf16 += bits(cast[i]) != bits(sl_f16_to_f32(sl_f32_to_f16(v)));
         }
-        TU_CHECK(bad == 0, "matmul f16 tB%d: %d of %lld differ from the f32 GEMM on widened operands", tB, bad,
-                 (long long)(M * N));
+        TU_CHECK(bad == 0, "matmul f16 tB%d: %d of %lld differ from the f32 GEMM on widened operands", tB,
+                 bad, (long long)(M * N));
         TU_CHECK(notf16 == 0, "cast f32 -> f16 -> f32 on a strided view: %d wrong", notf16);
         free(got);
         free(ref);

@@ -37,7 +37,8 @@ static void read_metrics(const char *path, metrics *m) {
         cJSON *o = cJSON_Parse(line);
         const cJSON *st = cJSON_GetObjectItem(o, "step"), *ls = cJSON_GetObjectItem(o, "loss_scale"),
                     *sk = cJSON_GetObjectItem(o, "skipped"), *gn = cJSON_GetObjectItem(o, "grad_norm");
-        TU_CHECK(o && cJSON_IsNumber(st) && cJSON_IsNumber(ls) && cJSON_IsNumber(sk), "metrics line: %s", line);
+        TU_CHECK(o && cJSON_IsNumber(st) && cJSON_IsNumber(ls) && cJSON_IsNumber(sk), "metrics line: %s",
+                 line);
         if (o && cJSON_IsNumber(st) && st->valueint >= 1 && st->valueint <= STEPS) {
             int s = st->valueint;
             m->loss[s] = cJSON_GetObjectItem(o, "loss")->valuedouble;
@@ -45,7 +46,8 @@ static void read_metrics(const char *path, metrics *m) {
             m->skipped[s] = sk ? sk->valueint : -1;
             m->nskip += m->skipped[s] == 1;
             /* an overflow step's norm is not a number: JSON null */
-            TU_CHECK(m->skipped[s] ? cJSON_IsNull(gn) : cJSON_IsNumber(gn), "grad_norm of step %d: %s", s, line);
+            TU_CHECK(m->skipped[s] ? cJSON_IsNull(gn) : cJSON_IsNumber(gn), "grad_norm of step %d: %s", s,
+                     line);
             m->n++;
         }
         cJSON_Delete(o);
@@ -60,7 +62,7 @@ static int one_line(void) {
 
 #define TINY                                                                                                 \
     "--num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2 "          \
-    "--global-batch-size 4 --train-iters 12 --eval-interval 0 --eval-iters 1 --threads 1 --fp16 "           \
+    "--global-batch-size 4 --train-iters 12 --eval-interval 0 --eval-iters 1 --threads 1 --fp16 "            \
     "--initial-loss-scale 1048576 --loss-scale-window 3 --hysteresis 1"
 
 int main(void) {
@@ -82,8 +84,8 @@ int main(void) {
                             {"--fp16 --min-loss-scale 0", "--min-loss-scale"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         rc = run("%s train --data-path %s %s", cli, data, bad[i][0]);
-        TU_CHECK(rc == 2 && strstr(out, bad[i][1]) && one_line(), "'%s': rc %d, want 2 and one line naming %s: %s",
-                 bad[i][0], rc, bad[i][1], out);
+        TU_CHECK(rc == 2 && strstr(out, bad[i][1]) && one_line(),
+                 "'%s': rc %d, want 2 and one line naming %s: %s", bad[i][0], rc, bad[i][1], out);
     }
     rc = run("%s train --data-path %s " TINY " --save %s/single", cli, data, dir);
     TU_CHECK(rc == 0 && strstr(out, "fp16 mixed precision") && strstr(out, "loss scale") &&
@@ -91,7 +93,8 @@ int main(void) {
              "single: %s", out);
     rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --save %s/dp2", cli, cli, data, dir);
     TU_CHECK(rc == 0 && strstr(out, "data parallel: 2 ranks"), "dp2: %s", out);
-    rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --zero-stage 2 --save %s/z2", cli, cli, data, dir);
+    rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --zero-stage 2 --save %s/z2", cli, cli, data,
+             dir);
     TU_CHECK(rc == 0, "dp2 zero-2: %s", out);
     metrics ms, md, mz;
     char p[700];
@@ -102,17 +105,16 @@ int main(void) {
     snprintf(p, sizeof p, "%s/z2/metrics.jsonl", dir);
     read_metrics(p, &mz);
     TU_CHECK(ms.n == STEPS && md.n == STEPS && mz.n == STEPS, "metrics lines %d %d %d", ms.n, md.n, mz.n);
-    /* 2^20 overflows fp16 gradients: the first steps are skipped and the scale halves each time (hysteresis 1),
-     * then grows after 3 good steps */
-    TU_CHECK(ms.nskip >= 2 && ms.skipped[1] == 1 && ms.scale[1] == 1048576.0 &&
-                 ms.scale[2] == 524288.0,
+    /* 2^20 overflows fp16 gradients: the first steps are skipped and the scale halves each time (hysteresis
+     * 1), then grows after 3 good steps */
+    TU_CHECK(ms.nskip >= 2 && ms.skipped[1] == 1 && ms.scale[1] == 1048576.0 && ms.scale[2] == 524288.0,
              "overflow at the start: %d skipped, scales %g %g", ms.nskip, ms.scale[1], ms.scale[2]);
     TU_CHECK(ms.nskip < STEPS, "some steps update: %d of %d skipped", ms.nskip, STEPS);
     for (int s = 1; s <= STEPS; s++) {
         printf("step %2d: scale %-14g skipped %d loss single %.6f dp2 %.6f zero2 %.6f\n", s, ms.scale[s],
                ms.skipped[s], ms.loss[s], md.loss[s], mz.loss[s]);
-        TU_CHECK(md.skipped[s] == ms.skipped[s] && mz.skipped[s] == ms.skipped[s] && md.scale[s] == ms.scale[s] &&
-                     mz.scale[s] == ms.scale[s],
+        TU_CHECK(md.skipped[s] == ms.skipped[s] && mz.skipped[s] == ms.skipped[s] &&
+                     md.scale[s] == ms.scale[s] && mz.scale[s] == ms.scale[s],
                  "step %d: the same skip and scale under DP", s);
         /* DP sums the same f16-rounded micro-batch gradients in another order: fp32 rounding only */
         TU_CHECK(fabs(md.loss[s] - ms.loss[s]) <= 1e-5 * fabs(ms.loss[s]) &&

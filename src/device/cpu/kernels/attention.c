@@ -12,12 +12,15 @@
  * iparams[2] = 1 (bf16) or 2 (f16) on SL_OP_ATTENTION: the numerics of an eager softmax(q k^T / sqrt(hs)) v
  * under torch.autocast, where each of those ops returns a half tensor (Note [fp16 autocast] in gpt2.c):
  * forward s = h(h(q.k) * scale), P = h(softmax(s)) (the softmax itself in fp32), o = h(P v); backward
- * dP = h(dy.v), dv = h(P^T dy), dS = h(P (dP - sum(P dP))), dS' = h(dS * scale), dq = h(dS' k), dk = h(dS'^T q)
- * with h() the rounding to the half type and every dot product accumulated in fp32. Under GQA each query
+ * dP = h(dy.v), dv = h(P^T dy), dS = h(P (dP - sum(P dP))), dS' = h(dS * scale), dq = h(dS' k), dk = h(dS'^T
+ * q) with h() the rounding to the half type and every dot product accumulated in fp32. Under GQA each query
  * head's dk/dv is rounded and then summed with rounding (the backward of transformers' repeat_kv in half).
+ * iparams[2] = 3: f16 as transformers' eager attention computes it: softmax(s, dtype=float32) keeps P in
+ * fp32 (the next matmul's autocast cast rounds it for P v and dv), so the softmax backward uses the fp32 P
+ * and only dS is rounded (where its gradient reaches the f16 scores).
  * These run in the scalar reference kernels (the flash kernel has no rounding points). */
 static float hround(float x, int mode) {
-    return mode == 2 ? sl_f16_to_f32(sl_f32_to_f16(x)) : mode == 1 ? sl_bf16_to_f32(sl_f32_to_bf16(x)) : x;
+    return mode >= 2 ? sl_f16_to_f32(sl_f32_to_f16(x)) : mode == 1 ? sl_bf16_to_f32(sl_f32_to_bf16(x)) : x;
 }
 
 sl_status sl_k_attention_ref(sl_tensor *n) {
@@ -107,17 +110,18 @@ sl_status sl_k_attention_back_ref(sl_tensor *n) {
                         sd += go[d] * vr[d];
                     }
                     float sc = hm ? hround(hround(s, hm) * scale, hm) : s * scale; /* the forward's scores */
-                    p[j] = hround(expf(sc - l), hm);
+                    p[j] = hm == 3 ? expf(sc - l) : hround(expf(sc - l), hm);      /* 3: fp32 P in softmax' */
                     dp[j] = hround(sd, hm);
                     dot += p[j] * dp[j];
                 }
                 for (int64_t d = 0; d < hs; d++) dq[d] = 0;
                 for (int64_t j = 0; j <= t; j++) {
-                    float ds = hm ? hround(hround(p[j] * (dp[j] - dot), hm) * scale, hm) : p[j] * (dp[j] - dot) * scale;
+                    float ds = hm ? hround(hround(p[j] * (dp[j] - dot), hm) * scale, hm)
+                                  : p[j] * (dp[j] - dot) * scale;
                     const float *kr = pk + b * k->nb[0] + j * k->nb[1] + kh * k->nb[2];
                     float *dk = hm ? hk + j * hs : out + (b * T + j) * W * hs + (NH + kh) * hs;
                     float *dv = hm ? hv + j * hs : out + (b * T + j) * W * hs + (NH + NKV + kh) * hs;
-                    float pj = p[j];
+                    float pj = hm == 3 ? hround(p[j], hm) : p[j]; /* P v used the rounded P */
                     for (int64_t d = 0; d < hs; d++) {
                         dq[d] += ds * kr[d];
                         dk[d] += ds * qr[d];

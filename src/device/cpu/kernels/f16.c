@@ -22,20 +22,23 @@ void sl_f16_to_f32_ref(float *dst, const uint16_t *src, int64_t n) {
 __attribute__((target("avx,f16c"))) static void from_f32_f16c(uint16_t *dst, const float *src, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128((__m128i *)(dst + i),
-                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        _mm_storeu_si128(
+            (__m128i *)(dst + i),
+            _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     sl_f16_from_f32_ref(dst + i, src + i, n - i);
 }
 __attribute__((target("avx,f16c"))) static void to_f32_f16c(float *dst, const uint16_t *src, int64_t n) {
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
     sl_f16_to_f32_ref(dst + i, src + i, n - i);
 }
 __attribute__((target("avx512f"))) static void from_f32_avx512(uint16_t *dst, const float *src, int64_t n) {
     int64_t i = 0;
     for (; i + 16 <= n; i += 16)
-        _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtps_ph(_mm512_loadu_ps(src + i),
-                                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        _mm256_storeu_si256(
+            (__m256i *)(dst + i),
+            _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     sl_f16_from_f32_ref(dst + i, src + i, n - i);
 }
 __attribute__((target("avx512f"))) static void to_f32_avx512(float *dst, const uint16_t *src, int64_t n) {
@@ -61,9 +64,14 @@ const char *sl_f16_path_name(void) {
 void sl_f16_from_f32(uint16_t *dst, const float *src, int64_t n) {
 #ifdef SL_F16_X86
     switch (path()) {
-    case P_AVX512: from_f32_avx512(dst, src, n); return;
-    case P_F16C: from_f32_f16c(dst, src, n); return;
-    default: break;
+    case P_AVX512:
+        from_f32_avx512(dst, src, n);
+        return;
+    case P_F16C:
+        from_f32_f16c(dst, src, n);
+        return;
+    default:
+        break;
     }
 #endif
     sl_f16_from_f32_ref(dst, src, n);
@@ -71,9 +79,14 @@ void sl_f16_from_f32(uint16_t *dst, const float *src, int64_t n) {
 void sl_f16_to_f32_n(float *dst, const uint16_t *src, int64_t n) {
 #ifdef SL_F16_X86
     switch (path()) {
-    case P_AVX512: to_f32_avx512(dst, src, n); return;
-    case P_F16C: to_f32_f16c(dst, src, n); return;
-    default: break;
+    case P_AVX512:
+        to_f32_avx512(dst, src, n);
+        return;
+    case P_F16C:
+        to_f32_f16c(dst, src, n);
+        return;
+    default:
+        break;
     }
 #endif
     sl_f16_to_f32_ref(dst, src, n);
@@ -97,7 +110,9 @@ sl_status sl_k_matmul_f16(sl_tensor *n) {
     SL_ASSERT(a.dtype == SL_F16 && b.dtype == SL_F16);
     int64_t sa = span_of(&a), sb = span_of(&b);
     float *wa = sl_malloc_aligned(sizeof(float) * (size_t)(sa + sb));
-    if (!wa) return sl_fail(SL_ERR_NOMEM, "matmul f16: out of memory for %lld widened elements", (long long)(sa + sb));
+    if (!wa)
+        return sl_fail(SL_ERR_NOMEM, "matmul f16: out of memory for %lld widened elements",
+                       (long long)(sa + sb));
     sl_f16_to_f32_n(wa, a.data, sa);
     sl_f16_to_f32_n(wa + sa, b.data, sb);
     a.dtype = b.dtype = SL_F32;

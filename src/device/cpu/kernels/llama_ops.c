@@ -11,7 +11,9 @@
 
 static float round_bf16(float f);
 /* mode 1: to bf16, 2: to f16 (values kept in f32) */
-static float round_to(float f, int mode) { return mode == 2 ? sl_f16_to_f32(sl_f32_to_f16(f)) : round_bf16(f); }
+static float round_to(float f, int mode) {
+    return mode == 2 ? sl_f16_to_f32(sl_f32_to_f16(f)) : round_bf16(f);
+}
 /* Thread only when there is enough work: on small decode-step tensors the fork/join costs more than the
  * loop, and far more on a loaded machine. */
 #define PAR(work) ((int64_t)(work) >= 16384)

@@ -1,8 +1,8 @@
 /* MATMUL node -> GEMM calls (folded linear layers and batched products). Operands are both f32
- * (sl_sgemm), both bf16 (sl_gemm_bf16: fp32 accumulation) or both f16 (widened: f16.c); the output is always f32. An f32 bias (src2)
- * is added by the GEMM itself (sl_sgemm_bias / sl_gemm_bf16_bias); iparams[2] = 1 accumulates into the
- * output (beta = 1), iparams[2] = 2 overwrites it in place (beta = 0; Note [Overwriting first gradient
- * writes]). */
+ * (sl_sgemm), both bf16 (sl_gemm_bf16: fp32 accumulation) or both f16 (widened: f16.c); the output is always
+ * f32. An f32 bias (src2) is added by the GEMM itself (sl_sgemm_bias / sl_gemm_bf16_bias); iparams[2] = 1
+ * accumulates into the output (beta = 1), iparams[2] = 2 overwrites it in place (beta = 0; Note [Overwriting
+ * first gradient writes]). */
 #include "device/cpu/kernels/f16.h"
 #include "device/cpu/kernels/gemm.h"
 #include "device/cpu/kernels/kernels.h"
