@@ -339,7 +339,7 @@ static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
         }
         q->iparams[2] = k->iparams[2] = /* see Note [bf16 compute] */
             m->wdtype == SL_BF16 || autocast(m) == SL_BF16;
-        if (!kv && autocast(m) == SL_F16) { /* fp16 autocast: transformers' cos/sin are fp32 (the dtype of the
+        if (autocast(m) == SL_F16) { /* fp16 autocast: transformers' cos/sin are fp32 (the dtype of the
                                               fp32 hidden states), so RoPE promotes to fp32 and the attention
                                               matmul's autocast cast rounds q and k to f16 */
             q = rnd(m, q);

@@ -127,7 +127,7 @@ static void test_greedy_text(void) {
     rc = tu_run(cmd, out, sizeof out);
     TU_CHECK(rc == 0 && strstr(out, "memory-mapped") && strstr(out, "bf16 compute"), "bf16: exit %d: %s", rc,
              out);
-    snprintf(cmd, sizeof cmd, "%s generate --model %s/tests/fixtures/hf/qwen2 --prompt-ids 1 --dtype f16",
+    snprintf(cmd, sizeof cmd, "%s generate --model %s/tests/fixtures/hf/qwen2 --prompt-ids 1 --dtype f8",
              tu_cli(), SL_SOURCE_DIR);
     rc = tu_run(cmd, out, sizeof out);
     TU_CHECK(rc == 2 && one_line() && strstr(out, "--dtype"), "bad dtype: %s", out);

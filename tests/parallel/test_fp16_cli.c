@@ -2,7 +2,7 @@
  * scale of 2^20 and a window of 3), the skipped steps and the scale in metrics.jsonl and the progress line;
  * data parallelism (suanli run -n 2, plain DP and ZeRO-2, where the found-inf test is the all-reduced norm)
  * skips the same steps with the same scales and reproduces the single-process losses; bad flags exit 2 with
- * one line naming the flag. */
+ * one line naming the flag; `suanli generate --dtype f16`. */
 #include <string.h>
 
 #include <cjson/cJSON.h>
@@ -121,6 +121,18 @@ int main(void) {
                      fabs(mz.loss[s] - ms.loss[s]) <= 1e-5 * fabs(ms.loss[s]),
                  "step %d: losses single %.7f dp2 %.7f zero2 %.7f", s, ms.loss[s], md.loss[s], mz.loss[s]);
     }
+    /* fp16 inference: f32 weights, autocast-fp16 compute; on the tiny Llama fixture its greedy ids are f32's
+     */
+    char ids[2][512];
+    for (int f16 = 0; f16 < 2; f16++) {
+        rc = run("%s generate --model %s/tests/fixtures/hf/llama --prompt-ids 5,6,7 --max-new-tokens 12 "
+                 "--temperature 0 --print-ids --dtype %s",
+                 cli, SL_SOURCE_DIR, f16 ? "f16" : "f32");
+        TU_CHECK(rc == 0 && strstr(out, f16 ? "f16 compute" : "f32 compute"), "generate --dtype: %s", out);
+        const char *j = strstr(out, "{\"prompt_ids\"");
+        snprintf(ids[f16], sizeof ids[f16], "%s", j ? j : "");
+    }
+    TU_CHECK(ids[0][0] && !strcmp(ids[0], ids[1]), "f16 greedy ids %s vs f32 %s", ids[1], ids[0]);
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     TU_CHECK(system(cmd) == 0, "cleanup");
