@@ -60,10 +60,10 @@ static int one_line(void) {
     return n > 0 && out[n - 1] == '\n' && memchr(out, '\n', n - 1) == NULL;
 }
 
-#define TINY                                                                                                 \
+#define BASE                                                                                                 \
     "--num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2 "          \
-    "--global-batch-size 4 --train-iters 12 --eval-interval 0 --eval-iters 1 --threads 1 --fp16 "            \
-    "--initial-loss-scale 1048576 --loss-scale-window 3 --hysteresis 1"
+    "--global-batch-size 4 --train-iters 12 --eval-interval 0 --eval-iters 1 --threads 1"
+#define TINY BASE " --fp16 --initial-loss-scale 1048576 --loss-scale-window 3 --hysteresis 1"
 
 int main(void) {
     const char *cli = tu_cli();
@@ -133,6 +133,16 @@ int main(void) {
         snprintf(ids[f16], sizeof ids[f16], "%s", j ? j : "");
     }
     TU_CHECK(ids[0][0] && !strcmp(ids[0], ids[1]), "f16 greedy ids %s vs f32 %s", ids[1], ids[0]);
+    /* the fp16 run is not silently fp32: its step-1 loss (same weights, forward only) differs */
+    rc = run("%s train --data-path %s " BASE " --save %s/fp32", cli, data, dir);
+    TU_CHECK(rc == 0, "fp32: %s", out);
+    snprintf(p, sizeof p, "%s/fp32/metrics.jsonl", dir);
+    FILE *f = fopen(p, "r");
+    char line[1024];
+    double l32 = NAN;
+    if (f && fgets(line, sizeof line, f)) sscanf(line, "{\"step\": %*d, \"loss\": %lf", &l32);
+    if (f) fclose(f);
+    TU_CHECK(l32 == l32 && l32 != ms.loss[1], "step-1 loss fp32 %.7f vs fp16 %.7f", l32, ms.loss[1]);
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     TU_CHECK(system(cmd) == 0, "cleanup");
