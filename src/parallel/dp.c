@@ -351,6 +351,10 @@ static sl_status part_sumsq(const sl_dp *dp, int rr, int use_shard, double *out)
 }
 
 sl_status sl_dp_clip(sl_dp *dp, float max_norm, float *norm_out) {
+    return sl_dp_clip_unscale(dp, max_norm, 1.0f, norm_out);
+}
+
+sl_status sl_dp_clip_unscale(sl_dp *dp, float max_norm, float inv_scale, float *norm_out) {
     double ss;
     if (dp->zero >= 2 && dp->comm) {
         double mine;
@@ -365,8 +369,8 @@ sl_status sl_dp_clip(sl_dp *dp, float max_norm, float *norm_out) {
             ss = rr ? ss + x : x;
         }
     }
-    float norm = (float)sqrt(ss);
-    dp->shard.gscale = sl_clip_coef(norm, max_norm); /* applied inside the update */
+    float norm = (float)sqrt(ss) * inv_scale;
+    dp->shard.gscale = sl_clip_coef(norm, max_norm) * inv_scale; /* applied inside the update */
     *norm_out = norm;
     return SL_OK;
 }
