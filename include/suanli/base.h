@@ -82,7 +82,7 @@ void sl_log(sl_log_level lvl, const char *fmt, ...) __attribute__((format(printf
 
 /* ---- CPU features (CPUID), overridable with SUANLI_ISA=scalar|avx2|avx512 ---- */
 typedef struct sl_cpu_features {
-    int avx2, fma, avx512f, avx512bw, avx512vl, avx512_bf16, avx512_vnni;
+    int avx2, fma, avx512f, avx512bw, avx512vl, avx512_bf16, avx512_vnni, f16c;
 } sl_cpu_features;
 const sl_cpu_features *sl_cpu_features_get(void); /* detected & cached; respects SUANLI_ISA */
 const char *sl_cpu_isa_name(void);                /* "avx512", "avx2" or "scalar" */
@@ -141,6 +141,54 @@ static inline float sl_bf16_to_f32(uint16_t h) {
         uint32_t u;
         float f;
     } v = {(uint32_t)h << 16};
+    return v.f;
+}
+
+/* IEEE binary16 <-> f32 (issue 19). f32 -> f16 rounds to nearest even; values >= 65520 become inf; NaN
+ * stays NaN with its top payload bits, quieted (what the F16C instruction VCVTPS2PH does, so the scalar and
+ * SIMD paths of src/device/cpu/kernels/f16.c agree bit for bit); f16 -> f32 is exact. */
+static inline uint16_t sl_f32_to_f16(float f) {
+    union {
+        float f;
+        uint32_t u;
+    } v = {f};
+    uint32_t sign = (v.u >> 16) & 0x8000u, ax = v.u & 0x7fffffffu;
+    if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu)); /* NaN */
+    if (ax >= 0x47800000u) return (uint16_t)(sign | 0x7c00u); /* >= 65536 (and inf): inf */
+    if (ax < 0x38800000u) { /* below 2^-14: subnormal or zero; the float add rounds to nearest even */
+        union {
+            uint32_t u;
+            float f;
+        } a = {ax}, magic = {(uint32_t)((127 - 15) + (23 - 10) + 1) << 23};
+        a.f += magic.f;
+        return (uint16_t)(sign | (a.u - magic.u));
+    }
+    uint32_t odd = (ax >> 13) & 1u;
+    ax += ((uint32_t)(15 - 127) << 23) + 0xfffu + odd; /* rebias and round; a carry into inf is right */
+    return (uint16_t)(sign | (ax >> 13));
+}
+static inline float sl_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, mant = h & 0x3ffu, u;
+    if (e == 0x1f) {
+        u = sign | 0x7f800000u | (mant << 13);
+    } else if (e == 0) {
+        if (!mant) {
+            u = sign;
+        } else { /* subnormal: normalise */
+            int sh = 0;
+            while (!(mant & 0x400u)) {
+                mant <<= 1;
+                sh++;
+            }
+            u = sign | ((uint32_t)(127 - 15 + 1 - sh) << 23) | ((mant & 0x3ffu) << 13);
+        }
+    } else {
+        u = sign | ((e + 127 - 15) << 23) | (mant << 13);
+    }
+    union {
+        uint32_t u;
+        float f;
+    } v = {u};
     return v.f;
 }
 

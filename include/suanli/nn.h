@@ -134,7 +134,8 @@ typedef struct sl_model {
     float *params_mem;
     float *grads_mem;
     sl_dtype compute_dtype; /* SL_F32, or SL_BF16: matmul operands rounded to bf16 (fp32 accumulation and
-                             * master weights), like PyTorch autocast */
+                             * master weights), like PyTorch autocast; SL_F16 (GPT-2 and the Llama family):
+                             * torch.autocast fp16 numerics, Note [fp16 autocast] in gpt2.c */
     sl_arch arch;           /* SL_ARCH_GPT2 for models made by sl_gpt2_new */
     sl_llama_config lcfg;   /* valid when arch != SL_ARCH_GPT2 */
     /* bf16 inference (sl_llama_new_ex with SL_BF16): the 2-D projection weights are SL_BF16 leaves (their

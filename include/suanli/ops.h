@@ -70,6 +70,8 @@ sl_tensor *sl_linear(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, sl_tensor *b);
 sl_tensor *sl_gelu(sl_ctx *ctx, sl_tensor *a);
 sl_tensor *sl_layernorm(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, sl_tensor *b, float eps);
 sl_tensor *sl_softmax(sl_ctx *ctx, sl_tensor *a);
+/* iparams[2] of the result: 0 fp32; 1 bf16, 2 f16: an eager attention's half rounding points; 3: f16 with an
+ * fp32 softmax (transformers' eager); CPU reference kernel only (Note [Eager half attention numerics]) */
 sl_tensor *sl_attention(sl_ctx *ctx, sl_tensor *q, sl_tensor *k, sl_tensor *v);
 sl_tensor *sl_embedding(sl_ctx *ctx, sl_tensor *table, sl_tensor *ids);
 sl_tensor *sl_cross_entropy(sl_ctx *ctx, sl_tensor *logits, sl_tensor *targets);
@@ -89,6 +91,8 @@ sl_tensor *sl_kv_store(sl_ctx *ctx, sl_tensor *cache, sl_tensor *x, int pos0);
 sl_tensor *sl_linear_bf16(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, int round_out);
 /* Round f32 values to the nearest bf16 (kept in f32): cast to bf16 and back. */
 sl_tensor *sl_round_bf16(sl_ctx *ctx, sl_tensor *x);
+/* The same for a half dtype (SL_BF16 or SL_F16): an autocast rounding point (fp16: Note [fp16 autocast]). */
+sl_tensor *sl_round_half(sl_ctx *ctx, sl_tensor *x, sl_dtype half);
 /* Sparse SwiGLU expert (inference, no backward): see SL_OP_MOE_EXPERT. */
 sl_tensor *sl_moe_expert(sl_ctx *ctx, sl_tensor *h, sl_tensor *gate, int e, sl_tensor *w1, sl_tensor *w3,
                          sl_tensor *w2, int bf16);

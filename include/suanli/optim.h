@@ -43,6 +43,25 @@ float sl_clip_coef(float norm, float max_norm);
 /* Global L2 norm of the gradients into *norm (before clipping); if max_norm > 0 and the norm exceeds it,
  * scale the gradients by max_norm / (norm + 1e-6) (torch.nn.utils.clip_grad_norm_). */
 sl_status sl_clip_grad_norm(sl_model *m, float max_norm, float *norm);
+/* ---- dynamic loss scaling (fp16): Megatron's rules, Note [Dynamic loss scaling] in loss_scale.c ---- */
+typedef struct sl_loss_scale_config {
+    float initial;   /* --initial-loss-scale (Megatron's default 2^32) */
+    float min_scale; /* --min-loss-scale (1) */
+    int window;      /* --loss-scale-window: finite steps before the scale doubles (1000) */
+    int hysteresis;  /* --hysteresis: overflow steps (since the last growth) before it halves (2) */
+} sl_loss_scale_config;
+typedef struct sl_loss_scaler {
+    sl_loss_scale_config cfg;
+    float scale;
+    int growth_tracker, hysteresis_tracker;
+    int64_t skipped; /* overflow steps so far */
+} sl_loss_scaler;
+/* Validates c (one-line message naming the flag) and starts at c->initial. */
+sl_status sl_loss_scaler_init(sl_loss_scaler *s, const sl_loss_scale_config *c);
+/* After a step whose gradients were (found_inf = 1) or were not finite. */
+void sl_loss_scaler_update(sl_loss_scaler *s, int found_inf);
+/* 1 when the global norm of the scaled gradients says some gradient is inf or nan. */
+int sl_grad_found_inf(float scaled_norm);
 /* Linear warmup over `warmup` steps ((it+1)/warmup), then cosine from lr to min_lr at `decay_iters`. */
 float sl_lr_schedule(int64_t it, float lr, float min_lr, int64_t warmup, int64_t decay_iters);
 

@@ -78,6 +78,10 @@ sl_status sl_dp_finish_grads(sl_dp *dp, double *wait_sec);
 /* Global grad norm (squares summed over the rank's shard and all-reduced under ZeRO-2/3) and the clipping
  * factor, which the next sl_dp_optimizer_step applies inside the update (no separate pass). */
 sl_status sl_dp_clip(sl_dp *dp, float max_norm, float *norm);
+/* The same on loss-scaled gradients: *norm is the global norm times inv_scale (the unscaled norm; inf or nan
+ * on every rank alike when any rank's gradients overflowed) and the factor applied in the update is
+ * clip_coef(*norm) * inv_scale (Note [Dynamic loss scaling]). */
+sl_status sl_dp_clip_unscale(sl_dp *dp, float max_norm, float inv_scale, float *norm);
 /* Optimizer step: full AdamW (stage 0) or on this rank's shard followed by an all-gather of the
  * parameters (stages 1, 2; overlapped with the next forward) or nothing more (stage 3). */
 sl_status sl_dp_optimizer_step(sl_dp *dp, float lr, int64_t t, sl_adamw_hparams hp);

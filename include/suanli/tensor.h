@@ -25,7 +25,8 @@ extern "C" {
 #define SL_MAX_IPARAMS 8
 #define SL_MAX_FPARAMS 4
 
-typedef enum sl_dtype { SL_F32 = 0, SL_BF16, SL_I32, SL_DTYPE_COUNT } sl_dtype;
+/* SL_F16: IEEE binary16 (issue 19), appended so the stored values of the others do not change */
+typedef enum sl_dtype { SL_F32 = 0, SL_BF16, SL_I32, SL_F16, SL_DTYPE_COUNT } sl_dtype;
 size_t sl_dtype_size(sl_dtype t);
 const char *sl_dtype_name(sl_dtype t);
 
@@ -36,7 +37,7 @@ typedef enum sl_op {
     SL_OP_NONE = 0,          /* leaf: parameter, input, or constant */
     SL_OP_VIEW,              /* reshape / permute / slice: new ne/nb/offset over src0's storage */
     SL_OP_CONT,              /* contiguous copy of src0 */
-    SL_OP_CAST,              /* dtype conversion src0 -> node dtype (f32 <-> bf16) */
+    SL_OP_CAST,              /* dtype conversion src0 -> node dtype (f32 <-> bf16, f32 <-> f16) */
     SL_OP_ADD,               /* src0 + src1, src1 broadcast to src0's shape */
     SL_OP_MUL,               /* src0 * src1, src1 broadcast */
     SL_OP_SCALE,             /* src0 * fparams[0] */
@@ -73,7 +74,7 @@ typedef enum sl_op {
     SL_OP_ROPE,           /* src0 = x (B,T,NH,hs) -> contiguous; rotate-half RoPE at positions iparams[0]+t;
                              iparams[1]=1: inverse rotation (the backward); fparams[0]=theta; fparams[1..3] =
                              llama3 scaling (factor, low_freq_factor, high_freq_factor; factor 0 = off) with
-                             iparams[3] = original context; iparams[2]=1: bf16 numerics */
+                             iparams[3] = original context; iparams[2]=1: bf16 numerics, 2: f16 numerics */
     SL_OP_SILU,           /* x * sigmoid(x) */
     SL_OP_SILU_BACK,      /* src0 = x, src1 = dy */
     SL_OP_TOPK_GATE,      /* src0 = router logits (N, E) -> (N, E): softmax over the top-k logits per row

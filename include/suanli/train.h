@@ -43,6 +43,8 @@ typedef struct sl_trainer_config {
     int64_t warmup, decay_iters;
     sl_adamw_hparams hp;
     const struct sl_mesh *mesh; /* borrowed; needed for a pipeline stage (m->pp > 1), else may be NULL */
+    /* dynamic loss scaling (fp16; Note [Dynamic loss scaling]): off when loss_scale.initial is 0 */
+    sl_loss_scale_config loss_scale;
 } sl_trainer_config;
 
 typedef struct sl_step_stats {
@@ -50,6 +52,9 @@ typedef struct sl_step_stats {
     double seconds;
     double comm_wait_sec; /* time spent waiting for gradient reduction after backward (DP) */
     double pipe_wait_sec; /* pipeline stage: time blocked receiving activations/gradients (bubble + comm) */
+    float loss_scale;     /* the scale this step's backward used (1 without loss scaling) */
+    int skipped;          /* 1: inf/nan gradients, no update (grad_norm is then inf or nan) */
+    int64_t skipped_total;
 } sl_step_stats;
 
 typedef struct sl_dp sl_dp;
@@ -78,6 +83,10 @@ typedef struct sl_trainer {
     void *pre_update_user;
     int64_t opt_t; /* optimizer steps taken (both paths) */
     sl_plan_stats plan;
+    sl_tensor *seed; /* the backward's FILL node d(loss) = seed_base * loss scale */
+    float seed_base; /* 1 / (accum * dp) */
+    int scaling;     /* dynamic loss scaling on (cfg.loss_scale.initial > 0) */
+    sl_loss_scaler scaler;
 } sl_trainer;
 
 sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *cfg);
@@ -130,6 +139,7 @@ typedef struct sl_train_model_opts {
     const char *init_from; /* Hugging Face model dir (Llama family, GPT-2) to start from, or NULL; a
                               non-zero size above conflicts with it */
     int bf16;              /* bf16 mixed precision over fp32 master weights */
+    int fp16;              /* fp16 mixed precision (torch.autocast fp16 numerics) with dynamic loss scaling */
     const char *device;    /* backend name (sl_backend_get): NULL = "cpu" */
 } sl_train_model_opts;
 
@@ -145,6 +155,9 @@ typedef struct sl_train_optim_opts {
     int64_t warmup_iters, decay_iters; /* linear warmup; cosine decay length (0: train_iters) */
     double weight_decay, clip_grad;    /* clip_grad 0: off */
     double beta1, beta2, eps;
+    /* --fp16 dynamic loss scaling, Megatron's flags and defaults (Note [Dynamic loss scaling]) */
+    double initial_loss_scale, min_loss_scale; /* 2^32, 1 */
+    int64_t loss_scale_window, hysteresis;     /* 1000, 2 */
 } sl_train_optim_opts;
 
 typedef struct sl_train_eval_opts {

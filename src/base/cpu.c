@@ -28,6 +28,7 @@ static void detect(sl_cpu_features *f) {
     int ymm_ok = (xcr0 & 0x6) == 0x6, zmm_ok = (xcr0 & 0xe6) == 0xe6;
     if (!ymm_ok) return;
     f->fma = fma;
+    f->f16c = (c >> 29) & 1;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
     f->avx2 = (b >> 5) & 1;
     if (zmm_ok) {
@@ -47,7 +48,7 @@ const sl_cpu_features *sl_cpu_features_get(void) {
         detect(&f);
         const char *isa = getenv("SUANLI_ISA");
         if (isa && !strcmp(isa, "scalar")) {
-            memset(&f, 0, sizeof f);
+            memset(&f, 0, sizeof f); /* f16c too: the scalar f16 conversions run */
         } else if (isa && !strcmp(isa, "avx2")) {
             f.avx512f = f.avx512bw = f.avx512vl = f.avx512_bf16 = f.avx512_vnni = 0;
         }

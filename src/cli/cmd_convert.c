@@ -1,7 +1,7 @@
 /* suanli convert — (1) --model HF_DIR: load a Hugging Face model directory (or what `suanli train --init-from
- * ... --save` wrote) and write it back in transformers' layout: config.json, model.safetensors (f32 or bf16),
- * tokenizer.json and generation_config.json copied when present.
- * (2) --from hf-gpt2|suanli --to suanli|hf-gpt2: GPT-2 weights between HF and suanli's own layout. */
+ * ... --save` wrote) and write it back in transformers' layout: config.json, model.safetensors (f32, bf16 or
+ * f16), tokenizer.json and generation_config.json copied when present. (2) --from hf-gpt2|suanli --to
+ * suanli|hf-gpt2: GPT-2 weights between HF and suanli's own layout. */
 #include <string.h>
 
 #include "cli/commands.h"
@@ -29,12 +29,12 @@ static int convert_hf(int argc, char **argv) {
     sl_flag flags[] = {
         {"model", SL_FLAG_STR, &in, 0, 0, "input: HF model dir (config.json, safetensors [+ index])", 0},
         {"output", SL_FLAG_STR, &outd, 0, 0, "output dir (created)", 0},
-        {"dtype", SL_FLAG_STR, &dtype, 0, 0, "f32 | bf16 (f32)", 0},
+        {"dtype", SL_FLAG_STR, &dtype, 0, 0, "f32 | bf16 | f16 (f32)", 0},
     };
     int nf = (int)(sizeof flags / sizeof flags[0]);
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: suanli convert --model HF_DIR --output DIR [--dtype f32|bf16]\n");
+            printf("usage: suanli convert --model HF_DIR --output DIR [--dtype f32|bf16|f16]\n");
             sl_flags_usage(flags, nf, stdout);
             return 0;
         }
@@ -46,9 +46,12 @@ static int convert_hf(int argc, char **argv) {
         fprintf(stderr, "suanli convert: --model and --output are required\n");
         return 2;
     }
-    sl_dtype dt = !strcmp(dtype, "f32") ? SL_F32 : !strcmp(dtype, "bf16") ? SL_BF16 : SL_DTYPE_COUNT;
+    sl_dtype dt = !strcmp(dtype, "f32")    ? SL_F32
+                  : !strcmp(dtype, "bf16") ? SL_BF16
+                  : !strcmp(dtype, "f16")  ? SL_F16
+                                           : SL_DTYPE_COUNT;
     if (dt == SL_DTYPE_COUNT) {
-        fprintf(stderr, "suanli convert: --dtype must be f32 or bf16, got '%s'\n", dtype);
+        fprintf(stderr, "suanli convert: --dtype must be f32, bf16 or f16, got '%s'\n", dtype);
         return 2;
     }
     sl_model *m = NULL;

@@ -85,10 +85,12 @@ static int run_hf(const char *dir, sl_backend *be, sl_dtype wdtype, const char *
     int n = 0, n_stop = 0, rc = 2;
     char path[4096];
     double t0 = sl_time_sec();
-    if (sl_hf_load_on(dir, wdtype, be, &m, &info) != SL_OK) {
+    /* f16: f32 weights, f16 compute (torch.autocast fp16 numerics: Note [fp16 autocast]) */
+    if (sl_hf_load_on(dir, wdtype == SL_F16 ? SL_F32 : wdtype, be, &m, &info) != SL_OK) {
         fprintf(stderr, "suanli generate: %s\n", sl_errmsg());
         return 2;
     }
+    if (wdtype == SL_F16) m->compute_dtype = SL_F16;
     double load_s = sl_time_sec() - t0;
     int V = m->cfg.vocab_size;
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
@@ -130,7 +132,7 @@ static int run_hf(const char *dir, sl_backend *be, sl_dtype wdtype, const char *
             "[%s: %s, %.2fM params, weights %s on disk in %d file(s)%s, %s compute, loaded in %.2f s; prompt "
             "%d tokens]\n",
             dir, sl_arch_name(m->arch), (double)(m->numel + m->wnumel) / 1e6, info.disk_dtype, info.n_files,
-            info.n_mapped ? " (memory-mapped)" : "", wdtype == SL_BF16 ? "bf16" : "f32", load_s, n);
+            info.n_mapped ? " (memory-mapped)" : "", sl_dtype_name(wdtype), load_s, n);
     if (prompt && !print_ids) fputs(prompt, stdout);
     stream s = {print_ids ? NULL : tok};
     sl_gen_stats gs;
@@ -189,7 +191,10 @@ int sl_cmd_generate(int argc, char **argv) {
         {"print-ids", SL_FLAG_BOOL, &print_ids, 0, 1,
          "--model: print prompt and generated ids as JSON instead of text", 0},
         {"dtype", SL_FLAG_STR, &dtype, 0, 0,
-         "--model: f32 (exact) | bf16 (bf16 weights, memory-mapped when stored bf16; bf16 compute)", 0},
+         "--model: f32 (exact) | bf16 (bf16 weights, memory-mapped when stored bf16; bf16 compute) | f16 "
+         "(f32 "
+         "weights, torch.autocast fp16 compute)",
+         0},
         {"seed", SL_FLAG_INT, &seed, 0, 9.007199254740992e15, "sampling seed (1234)", 0},
         {"threads", SL_FLAG_INT, &threads, 0, 1024, "compute threads", 0},
         {"device", SL_FLAG_STR, &device, 0, 0,
@@ -235,9 +240,12 @@ int sl_cmd_generate(int argc, char **argv) {
             fprintf(stderr, "suanli generate: give --prompt or --prompt-ids, not both\n");
             return 2;
         }
-        sl_dtype wd = !strcmp(dtype, "f32") ? SL_F32 : !strcmp(dtype, "bf16") ? SL_BF16 : SL_DTYPE_COUNT;
+        sl_dtype wd = !strcmp(dtype, "f32")    ? SL_F32
+                      : !strcmp(dtype, "bf16") ? SL_BF16
+                      : !strcmp(dtype, "f16")  ? SL_F16
+                                               : SL_DTYPE_COUNT;
         if (wd == SL_DTYPE_COUNT) {
-            fprintf(stderr, "suanli generate: --dtype must be f32 or bf16, got '%s'\n", dtype);
+            fprintf(stderr, "suanli generate: --dtype must be f32, bf16 or f16, got '%s'\n", dtype);
             return 2;
         }
         sl_sample_opts so = {(float)temp, (int)top_k, (float)top_p, (uint64_t)seed};

@@ -125,6 +125,19 @@ static int train_flags(sl_train_opts *o, const char **config, sl_flag *flags, in
          "bf16 mixed precision, fp32 master weights and optimizer (GPT-2: bf16 matmul operands; --init-from "
          "models: PyTorch autocast numerics)",
          0},
+        {"fp16", SL_FLAG_BOOL, &o->model.fp16, 0, 1,
+         "fp16 mixed precision (torch.autocast fp16 numerics; GPT-2 and the Llama family), fp32 master "
+         "weights "
+         "and optimizer, dynamic loss scaling: inf/nan steps are skipped and the scale halves",
+         0},
+        {"initial-loss-scale", SL_FLAG_FLOAT, &o->optim.initial_loss_scale, -1e38, 1e38,
+         "--fp16: starting loss scale (2^32)", 0},
+        {"min-loss-scale", SL_FLAG_FLOAT, &o->optim.min_loss_scale, -1e38, 1e38,
+         "--fp16: the scale never backs off below this (1)", 0},
+        {"loss-scale-window", SL_FLAG_INT, &o->optim.loss_scale_window, -(1ll << 40), 1ll << 40,
+         "--fp16: finite steps before the scale doubles (1000)", 0},
+        {"hysteresis", SL_FLAG_INT, &o->optim.hysteresis, -(1ll << 40), 1ll << 40,
+         "--fp16: overflow steps tolerated (since the last growth) before the scale halves (2)", 0},
         {"zero-stage", SL_FLAG_INT, &o->parallel.zero_stage, 0, 3,
          "0: DP all-reduce, 1: shard optimizer state, 2: + gradients, 3: + parameters", 0},
         {"ddp-bucket-size", SL_FLAG_INT, &o->parallel.bucket_elems, 1, 1ll << 40,

@@ -1,8 +1,8 @@
 /* Tensor metadata shared by every layer that reads nodes: dtype sizes and names, op names, shape helpers. */
 #include "suanli/tensor.h"
 
-static const size_t k_dtype_size[] = {4, 2, 4};
-static const char *const k_dtype_name[] = {"f32", "bf16", "i32"};
+static const size_t k_dtype_size[] = {4, 2, 4, 2};
+static const char *const k_dtype_name[] = {"f32", "bf16", "i32", "f16"};
 _Static_assert(sizeof(k_dtype_size) / sizeof(k_dtype_size[0]) == SL_DTYPE_COUNT, "dtype size table");
 _Static_assert(sizeof(k_dtype_name) / sizeof(k_dtype_name[0]) == SL_DTYPE_COUNT, "dtype name table");
 

@@ -296,28 +296,6 @@ sl_status sl_hf_config_read(const char *dir, sl_hf_config *cfg, sl_hf_info *info
 
 /* ---------------- weights ---------------- */
 
-static float f16_to_f32(uint16_t h) {
-    uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, f = h & 0x3ff, u;
-    if (e == 0) {
-        if (f == 0)
-            u = s;
-        else { /* subnormal */
-            e = 127 - 15 + 1;
-            while (!(f & 0x400)) {
-                f <<= 1;
-                e--;
-            }
-            u = s | (e << 23) | ((f & 0x3ff) << 13);
-        }
-    } else if (e == 31)
-        u = s | 0x7f800000u | (f << 13);
-    else
-        u = s | ((e + 127 - 15) << 23) | (f << 13);
-    float r;
-    memcpy(&r, &u, 4);
-    return r;
-}
-
 sl_status sl_hf_tensor_to_f32(const sl_st_tensor *x, float *dst, int64_t n, const char *file) {
     const unsigned char *p = x->data;
     if (!strcmp(x->dtype, "F32"))
@@ -328,7 +306,7 @@ sl_status sl_hf_tensor_to_f32(const sl_st_tensor *x, float *dst, int64_t n, cons
             memcpy(dst + i, &u, 4);
         }
     else if (!strcmp(x->dtype, "F16"))
-        for (int64_t i = 0; i < n; i++) dst[i] = f16_to_f32((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)));
+        for (int64_t i = 0; i < n; i++) dst[i] = sl_f16_to_f32((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)));
     else
         return sl_fail(SL_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s (supported: F32, BF16, F16)", file,
                        x->name, x->dtype);

@@ -28,7 +28,7 @@ static const struct {
 };
 #define NDTYPES ((int)(sizeof dtypes / sizeof dtypes[0]))
 
-static const char *const sl_dtype_st_names[] = {"F32", "BF16", "I32"};
+static const char *const sl_dtype_st_names[] = {"F32", "BF16", "I32", "F16"};
 _Static_assert(sizeof sl_dtype_st_names / sizeof sl_dtype_st_names[0] == SL_DTYPE_COUNT,
                "one safetensors name per sl_dtype");
 

@@ -262,16 +262,16 @@ sl_status sl_hf_save(const sl_model *m, const char *dir, sl_dtype dtype, const s
     }
     if (m->wdtype != SL_F32)
         return sl_fail(SL_ERR_UNSUPPORTED, "convert: load the model with f32 weights to save it");
-    if (dtype != SL_F32 && dtype != SL_BF16)
-        return sl_fail(SL_ERR_INVALID, "convert: dtype must be f32 or bf16");
+    if (dtype != SL_F32 && dtype != SL_BF16 && dtype != SL_F16)
+        return sl_fail(SL_ERR_INVALID, "convert: dtype must be f32, bf16 or f16");
     sl_status st = SL_OK;
     char path[4096];
     size_t es = dtype == SL_F32 ? 4 : 2;
     sl_st_tensor *ts = calloc((size_t)m->n_params, sizeof *ts);
-    uint16_t *half = dtype == SL_BF16 ? malloc(2 * (size_t)m->numel) : NULL;
+    uint16_t *half = dtype != SL_F32 ? malloc(2 * (size_t)m->numel) : NULL;
     const float *pm;
     float *owned = NULL;
-    if (!ts || (dtype == SL_BF16 && !half)) {
+    if (!ts || (dtype != SL_F32 && !half)) {
         st = sl_fail(SL_ERR_NOMEM, "convert: out of memory");
         goto done;
     }
@@ -279,15 +279,17 @@ sl_status sl_hf_save(const sl_model *m, const char *dir, sl_dtype dtype, const s
     for (int i = 0; i < m->n_params; i++) {
         const sl_param_info *p = &m->params[i];
         ts[i].name = p->t->name;
-        ts[i].dtype = dtype == SL_F32 ? "F32" : "BF16";
+        ts[i].dtype = sl_safetensors_dtype_name(dtype); /* F32, BF16, F16 */
         ts[i].ndim = p->t->ndim;
         for (int d = 0; d < p->t->ndim; d++) ts[i].shape[d] = p->t->ne[d];
         ts[i].nbytes = es * (size_t)p->numel;
         if (dtype == SL_F32)
             ts[i].data = pm + p->offset;
         else {
-            for (int64_t k = 0; k < p->numel; k++) /* round to nearest even */
-                half[p->offset + k] = sl_f32_to_bf16(pm[p->offset + k]);
+            for (int64_t k = 0; k < p->numel;
+                 k++) /* round to nearest even (f16: |w| >= 65520 -> inf, as .half()) */
+                half[p->offset + k] =
+                    dtype == SL_F16 ? sl_f32_to_f16(pm[p->offset + k]) : sl_f32_to_bf16(pm[p->offset + k]);
             ts[i].data = half + p->offset;
         }
     }
@@ -296,7 +298,10 @@ sl_status sl_hf_save(const sl_model *m, const char *dir, sl_dtype dtype, const s
     SL_CHECK(sl_safetensors_write(path, ts, m->n_params, meta));
     sl_hf_config hc;
     config_to_hf(&m->lcfg, &hc);
-    SL_CHECK(sl_hf_config_write(dir, &hc, info, dtype == SL_F32 ? "float32" : "bfloat16"));
+    SL_CHECK(sl_hf_config_write(dir, &hc, info,
+                                dtype == SL_F32   ? "float32"
+                                : dtype == SL_F16 ? "float16"
+                                                  : "bfloat16"));
 done:
     free(ts);
     free(half);

@@ -289,8 +289,14 @@ sl_tensor *sl_llama_W(sl_model *m, const char *fmt, ...) {
  * transformers keeps in bf16 (linear outputs, norm outputs, RoPE outputs, attention output, SiLU and
  * gating products, the residual stream) are rounded to bf16 values. Norm statistics, RoPE angles,
  * softmax and the MoE routing softmax stay fp32, as in transformers. In f32 mode rnd() is the identity. */
+/* the autocast dtype: SL_BF16 (m->autocast_bf16), SL_F16 (m->compute_dtype, Note [fp16 autocast] in gpt2.c)
+ * or SL_F32 (off). One path for both half types: only the dtype of the rounding differs. */
+static sl_dtype autocast(const sl_model *m) {
+    return m->autocast_bf16 ? SL_BF16 : m->compute_dtype == SL_F16 ? SL_F16 : SL_F32;
+}
 sl_tensor *sl_llama_rnd(sl_model *m, sl_tensor *x) {
-    return (m->wdtype == SL_BF16 || m->autocast_bf16) ? sl_round_bf16(m->ctx, x) : x;
+    if (m->wdtype == SL_BF16) return sl_round_bf16(m->ctx, x);
+    return autocast(m) != SL_F32 ? sl_round_half(m->ctx, x, autocast(m)) : x;
 }
 /* rounding only where a bf16 model (not autocast) keeps bf16 tensors: norm outputs, the residual stream */
 static sl_tensor *rnd_model(sl_model *m, sl_tensor *x) {
@@ -300,13 +306,14 @@ static sl_tensor *rnd_model(sl_model *m, sl_tensor *x) {
 /* transformers' RMSNorm: weight * (x * rstd).to(dtype): in bf16 two roundings; under autocast the
  * fp32 weight promotes the product back to fp32 (one rounding) */
 static sl_tensor *norm(sl_model *m, sl_tensor *x, sl_tensor *w, float eps) {
-    if (m->wdtype != SL_BF16 && !m->autocast_bf16) return sl_rmsnorm(m->ctx, x, w, eps);
+    /* fp16 autocast: the residual stream is fp32, so transformers' .to(input_dtype) is a no-op: fp32 norm */
+    if (m->wdtype != SL_BF16 && autocast(m) != SL_BF16) return sl_rmsnorm(m->ctx, x, w, eps);
     return rnd_model(m, sl_mul(m->ctx, rnd(m, sl_rmsnorm(m->ctx, x, NULL, eps)), w));
 }
 
 sl_tensor *sl_llama_lin(sl_model *m, sl_tensor *x, sl_tensor *w, sl_tensor *b) {
-    if (m->autocast_bf16) { /* autocast: bf16 inputs, weight and bias; fp32 accumulation; bf16 output. The
-                               casts' backward rounds the gradients to bf16 as autocast's bf16 tensors do. */
+    if (autocast(m) != SL_F32) { /* autocast: half inputs, weight and bias; fp32 accumulation; half output.
+                               The casts' backward rounds the gradients as autocast's half tensors do. */
         sl_tensor *y = sl_linear(m->ctx, rnd(m, x), rnd(m, w), b ? rnd(m, b) : NULL);
         return rnd(m, y);
     }
@@ -373,7 +380,7 @@ static sl_tensor *lm_head(sl_model *m, sl_tensor *x) {
         if (w->dtype == SL_BF16) w = sl_cast(ctx, w, SL_F32);
         w = sl_scale(ctx, sl_rmsnorm(ctx, w, NULL, 1e-24f / (float)C), 1.0f / sqrtf((float)C));
     }
-    if (m->autocast_bf16) return lin(m, x, w, NULL);
+    if (autocast(m) != SL_F32) return lin(m, x, w, NULL);
     if (bf && w->dtype != SL_BF16) w = sl_cast(ctx, w, SL_BF16); /* tied / normalised head in bf16 */
     return bf ? sl_linear_bf16(ctx, x, w, 1) : sl_matmul(ctx, x, w, 0, 1); /* (B, T, V) */
 }
@@ -453,8 +460,14 @@ static sl_tensor *body_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *
                 qk[j]->iparams[3] = c->rope_orig_ctx;
             }
         }
-        q->iparams[2] = k->iparams[2] =
-            m->wdtype == SL_BF16 || m->autocast_bf16; /* see Note [bf16 compute] */
+        q->iparams[2] = k->iparams[2] = /* see Note [bf16 compute] */
+            m->wdtype == SL_BF16 || autocast(m) == SL_BF16;
+        if (autocast(m) == SL_F16) { /* fp16 autocast: transformers' cos/sin are fp32 (the dtype of the
+                                              fp32 hidden states), so RoPE promotes to fp32 and the attention
+                                              matmul's autocast cast rounds q and k to f16 */
+            q = rnd(m, q);
+            k = rnd(m, k);
+        }
         sl_tensor *a;
         if (kv) {
             sl_tensor *ks = sl_kv_store(ctx, kv->k[l], k, pos0), *vs = sl_kv_store(ctx, kv->v[l], v, pos0);
@@ -462,6 +475,7 @@ static sl_tensor *body_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *
             a->iparams[2] = m->wdtype == SL_BF16;
         } else {
             a = sl_attention(ctx, q, k, v); /* (B, T, QD) */
+            if (autocast(m) == SL_F16) a->iparams[2] = 3; /* Note [Eager half attention numerics] */
         }
         x = rnd_model(
             m, sl_add(ctx, x, tp_g(m, lin(m, rnd(m, a), W(m, "%s.%d.self_attn.o_proj.weight", pre, l), NULL))));

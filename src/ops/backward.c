@@ -30,6 +30,9 @@ void sl_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_g
         if (ng[0]) emit(st, a, g);
         break;
     case SL_OP_CAST:
+        /* an f16 tensor's gradient is f16 (as in autocast): an f32 gradient arriving at an f16 node (a GEMM's
+         * product) is rounded to f16 first (overflowing to inf, which dynamic loss scaling detects) */
+        if (n->dtype == SL_F16 && g->dtype == SL_F32) g = sl_cast(ctx, g, SL_F16);
         if (ng[0]) emit(st, a, g->dtype == a->dtype ? g : sl_cast(ctx, g, a->dtype));
         break;
     case SL_OP_ADD:
@@ -60,8 +63,10 @@ void sl_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_g
         int folded = (b->ndim == 2 && a->ndim > 2);
         sl_tensor *A = folded ? as_2d_rows(ctx, a) : a;
         sl_tensor *G = folded ? as_2d_rows(ctx, g) : g;
-        /* bf16 operands: the gradient enters the GEMMs rounded to bf16 (products stay f32) */
-        if (a->dtype == SL_BF16 && G->dtype != SL_BF16) G = sl_cast(ctx, G, SL_BF16);
+        /* half (bf16/f16) operands: the gradient enters the GEMMs rounded to that dtype (products stay f32)
+         */
+        if ((a->dtype == SL_BF16 || a->dtype == SL_F16) && G->dtype != a->dtype)
+            G = sl_cast(ctx, G, a->dtype);
         if (ng[0]) {
             sl_tensor *dA;
             if (!tA)

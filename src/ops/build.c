@@ -188,9 +188,9 @@ sl_tensor *sl_scatter_add(sl_ctx *ctx, sl_tensor *dst, sl_tensor *src, const sl_
 /* ---------------- matmul ---------------- */
 
 sl_tensor *sl_matmul(sl_ctx *ctx, sl_tensor *a, sl_tensor *b, int transA, int transB) {
-    /* operands both f32 or both bf16 (fp32 accumulation); the product is f32 */
+    /* operands both f32, both bf16 or both f16 (fp32 accumulation); the product is f32 */
     SL_ASSERT(a->ndim >= 2 && b->ndim >= 2 && a->dtype == b->dtype &&
-              (a->dtype == SL_F32 || a->dtype == SL_BF16));
+              (a->dtype == SL_F32 || a->dtype == SL_BF16 || a->dtype == SL_F16));
     SL_ASSERT(a->nb[a->ndim - 1] == 1 && b->nb[b->ndim - 1] == 1); /* rows contiguous */
     int64_t aM = transA ? a->ne[a->ndim - 1] : a->ne[a->ndim - 2];
     int64_t aK = transA ? a->ne[a->ndim - 2] : a->ne[a->ndim - 1];
@@ -378,7 +378,11 @@ sl_tensor *sl_linear_bf16(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, int round_out
     return t;
 }
 
-sl_tensor *sl_round_bf16(sl_ctx *ctx, sl_tensor *x) { return sl_cast(ctx, sl_cast(ctx, x, SL_BF16), SL_F32); }
+sl_tensor *sl_round_bf16(sl_ctx *ctx, sl_tensor *x) { return sl_round_half(ctx, x, SL_BF16); }
+sl_tensor *sl_round_half(sl_ctx *ctx, sl_tensor *x, sl_dtype half) {
+    SL_ASSERT(half == SL_BF16 || half == SL_F16);
+    return sl_cast(ctx, sl_cast(ctx, x, half), SL_F32);
+}
 
 sl_tensor *sl_moe_expert(sl_ctx *ctx, sl_tensor *h, sl_tensor *gate, int e, sl_tensor *w1, sl_tensor *w3,
                          sl_tensor *w2, int bf16) {

@@ -400,6 +400,10 @@ static sl_status dp_sumsq(sl_dp *dp, int sel, double *ss) {
  * without DP). A pipeline stage's sum is then summed over the stages, the last stage's copy of the tied
  * embedding left out (Note [Pipeline stages and 1F1B]). */
 sl_status sl_dp_clip(sl_dp *dp, float max_norm, float *norm_out) {
+    return sl_dp_clip_unscale(dp, max_norm, 1.0f, norm_out);
+}
+
+sl_status sl_dp_clip_unscale(sl_dp *dp, float max_norm, float inv_scale, float *norm_out) {
     double ss;
     if (dp->tp_comm || dp->pp_comm) {
         double split, rep, all;
@@ -414,8 +418,8 @@ sl_status sl_dp_clip(sl_dp *dp, float max_norm, float *norm_out) {
     } else {
         SL_TRY(dp_sumsq(dp, 0, &ss));
     }
-    float norm = (float)sqrt(ss);
-    dp->shard.gscale = sl_clip_coef(norm, max_norm); /* applied inside the update */
+    float norm = (float)sqrt(ss) * inv_scale;
+    dp->shard.gscale = sl_clip_coef(norm, max_norm) * inv_scale; /* applied inside the update */
     *norm_out = norm;
     return SL_OK;
 }

@@ -45,7 +45,11 @@ void sl_train_opts_default(sl_train_opts *o) {
                   .clip_grad = 1.0,
                   .beta1 = 0.9,
                   .beta2 = 0.95,
-                  .eps = 1e-8},
+                  .eps = 1e-8,
+                  .initial_loss_scale = 4294967296.0,
+                  .min_loss_scale = 1.0,
+                  .loss_scale_window = 1000,
+                  .hysteresis = 2},
         .eval = {.interval = 100, .iters = 20},
         .ckpt = {.keep = 2},
         .parallel = {.tp = 1, .pp = 1, .ep = 1, .bucket_elems = 1 << 20},
@@ -76,6 +80,9 @@ static uint64_t opts_hash(const sl_train_opts *o) {
                     o->model.vocab_size,
                     o->model.max_positions,
                     o->model.bf16,
+                    o->model.fp16,
+                    o->optim.loss_scale_window,
+                    o->optim.hysteresis,
                     o->data.seq_length,
                     o->data.micro_batch_size,
                     o->data.global_batch_size,
@@ -104,7 +111,7 @@ static uint64_t opts_hash(const sl_train_opts *o) {
                    o->optim.weight_decay,  o->optim.clip_grad,    o->optim.beta1,
                    o->optim.beta2,         o->optim.eps,          o->sample.temperature,
                    o->moe.capacity_factor, o->moe.aux_loss_coeff, o->moe.z_loss_coeff,
-                   o->moe.bias_update_rate};
+                   o->moe.bias_update_rate, o->optim.initial_loss_scale, o->optim.min_loss_scale};
     hash_str(&h, o->moe.router);
     hash_bytes(&h, iv, sizeof iv);
     hash_bytes(&h, dv, sizeof dv);
@@ -149,6 +156,10 @@ static sl_status setup_comm(sl_train_job *j) {
         int64_t lv = o->parallel.layers_per_virtual_stage;
         if (lv > 0 && mesh->pp < 2)
             return sl_train_bad("--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1");
+        if (mesh->pp > 1 && o->model.fp16)
+            return sl_train_bad("--fp16 with --pipeline-model-parallel-size %d is not supported yet (the loss "
+                                "scale lives in each last-stage graph slot)",
+                                mesh->pp);
         if (mesh->pp > 1 && o->parallel.zero_stage == 3)
             return sl_train_bad("--zero-stage 3 with --pipeline-model-parallel-size %d is not supported (use 0, "
                                 "1 or 2)",
@@ -222,6 +233,14 @@ static sl_status check_opts(sl_train_job *j) {
     sl_train_data_opts *d = &o->data;
     sl_train_optim_opts *op = &o->optim;
     int dp = j->mesh.dp;
+    if (o->model.fp16 && o->model.bf16) return sl_train_bad("--fp16 and --bf16 exclude each other");
+    if (o->model.fp16) { /* the loss scaler's own checks, messages naming the flag */
+        sl_loss_scaler probe;
+        if (sl_loss_scaler_init(
+                &probe, &(sl_loss_scale_config){(float)op->initial_loss_scale, (float)op->min_loss_scale,
+                                                (int)op->loss_scale_window, (int)op->hysteresis}) != SL_OK)
+            return sl_train_bad("%s", sl_errmsg());
+    }
     if (!d->path) return sl_train_bad("--data-path is required");
     if (d->global_batch_size == 0) d->global_batch_size = d->micro_batch_size * dp;
     if (d->global_batch_size % (d->micro_batch_size * dp) != 0)
@@ -496,7 +515,7 @@ static void wait_snapshot(void *w) { sl_ckpt_writer_wait_snapshot(w); }
 static sl_status make_trainer(sl_train_job *j) {
     const sl_train_opts *o = &j->o;
     sl_model *m = j->m;
-    m->compute_dtype = o->model.bf16 ? SL_BF16 : SL_F32;
+    m->compute_dtype = o->model.bf16 ? SL_BF16 : o->model.fp16 ? SL_F16 : SL_F32;
     SL_TRY(sl_train_moe_apply(j)); /* before the trainer builds the graph */
     j->B = (int)o->data.micro_batch_size;
     j->T = (int)o->data.seq_length;
@@ -513,6 +532,10 @@ static sl_status make_trainer(sl_train_job *j) {
                             .hp = {(float)o->optim.beta1, (float)o->optim.beta2, (float)o->optim.eps,
                                    (float)o->optim.weight_decay},
                             .mesh = &j->mesh};
+    if (o->model.fp16)
+        tc.loss_scale =
+            (sl_loss_scale_config){(float)o->optim.initial_loss_scale, (float)o->optim.min_loss_scale,
+                                   (int)o->optim.loss_scale_window, (int)o->optim.hysteresis};
     sl_status st = sl_trainer_init(&j->tr, m, &tc);
     if (st != SL_OK) return sl_train_fail(st, "%s", sl_errmsg());
     j->trainer_ok = 1;

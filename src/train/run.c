@@ -54,7 +54,10 @@ static void print_banner(const sl_train_job *j) {
             "%s | %d threads, %s\n",
             m->arch == SL_ARCH_GPT2 ? "GPT-2" : sl_arch_name(m->arch), c->n_layer, c->n_head, c->n_embd,
             c->vocab_size, j->T, (double)m->numel / 1e6, j->B, j->accum, j->mesh.dp,
-            j->o.model.bf16 ? "bf16 mixed precision" : "fp32", sl_threads_get(), sl_cpu_isa_name());
+            j->o.model.bf16   ? "bf16 mixed precision"
+            : j->o.model.fp16 ? "fp16 mixed precision"
+                              : "fp32",
+            sl_threads_get(), sl_cpu_isa_name());
     if (j->dp) {
         sl_dp_memory mem;
         sl_dp_memory_report(j->dp, &mem);
@@ -283,6 +286,8 @@ static void tb_sink_step(sl_train_job *j, const sl_train_progress *p) {
         st = sl_tb_writer_scalar(j->tb, p->step, 0, "lm loss validation", p->val_loss);
     if (st == SL_OK) st = sl_tb_writer_scalar(j->tb, p->step, 0, "learning-rate", ss->lr);
     if (st == SL_OK) st = sl_tb_writer_scalar(j->tb, p->step, 0, "grad-norm", ss->grad_norm);
+    if (st == SL_OK && j->o.model.fp16)
+        st = sl_tb_writer_scalar(j->tb, p->step, 0, "loss-scale", ss->loss_scale);
     if (st == SL_OK) st = sl_tb_writer_scalar(j->tb, p->step, 0, "tokens-per-sec", (float)p->tokens_per_s);
     if (st == SL_OK) st = sl_tb_writer_flush(j->tb);
     if (st != SL_OK) { /* metrics on the side never stop training */
@@ -306,15 +311,23 @@ static void report_step(sl_train_job *j, const sl_train_progress *p, double t_st
         if (j->dp) fprintf(j->out, " | comm wait %.1f ms", ss->comm_wait_sec * 1e3);
         if (j->tp) fprintf(j->out, " | tp comm %.1f ms", j->tp_sec * 1e3);
         if (j->tr.pipe) fprintf(j->out, " | pipeline wait %.1f ms", ss->pipe_wait_sec * 1e3);
+        if (j->o.model.fp16)
+            fprintf(j->out, " | loss scale %g%s | skipped %lld", ss->loss_scale,
+                    ss->skipped ? " (overflow: skipped)" : "", (long long)ss->skipped_total);
         if (p->evaluated) fprintf(j->out, " | val loss %.4f", p->val_loss);
         fprintf(j->out, "\n");
         fflush(j->out);
     }
     if (j->metrics) {
+        char gn[32] = "null"; /* an overflow step's norm is inf/nan: not JSON */
+        if (isfinite(ss->grad_norm)) snprintf(gn, sizeof gn, "%.6f", ss->grad_norm);
         fprintf(j->metrics,
-                "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, \"ms_per_step\": %.3f, "
+                "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %s, \"ms_per_step\": %.3f, "
                 "\"tokens_per_s\": %.1f",
-                (long long)p->step, ss->loss, ss->lr, ss->grad_norm, ss->seconds * 1e3, p->tokens_per_s);
+                (long long)p->step, ss->loss, ss->lr, gn, ss->seconds * 1e3, p->tokens_per_s);
+        if (j->o.model.fp16)
+            fprintf(j->metrics, ", \"loss_scale\": %.17g, \"skipped\": %d, \"skipped_total\": %lld",
+                    ss->loss_scale, ss->skipped, (long long)ss->skipped_total);
         if (p->evaluated) fprintf(j->metrics, ", \"val_loss\": %.6f", p->val_loss);
         if (j->dp) fprintf(j->metrics, ", \"comm_wait_ms\": %.3f", ss->comm_wait_sec * 1e3);
         if (j->tp)

@@ -25,6 +25,11 @@ sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *
     }
     int dpn = cfg->dp_size > 1 ? cfg->dp_size : 1;
     if (m->pp > 1) { /* a pipeline stage: the graphs are the schedule's slots */
+        if (cfg->loss_scale.initial > 0) {
+            st = sl_fail(SL_ERR_UNSUPPORTED, "--fp16 loss scaling with --pipeline-model-parallel-size %d is not "
+                                             "supported yet", m->pp);
+            goto done;
+        }
         if (!cfg->mesh) {
             st = sl_fail(SL_ERR_INVALID, "trainer: a pipeline stage needs the mesh (sl_trainer_config.mesh)");
             goto done;
@@ -52,7 +57,14 @@ sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *
     }
     sl_graph_build_forward(tr->graph, tr->loss);
     tr->n_forward = sl_graph_n_nodes(tr->graph);
-    sl_graph_build_backward(tr->graph, tr->loss, 1.0f / (float)(cfg->accum * dpn));
+    if (cfg->loss_scale.initial > 0) {
+        st = sl_loss_scaler_init(&tr->scaler, &cfg->loss_scale);
+        if (st != SL_OK) goto done;
+        tr->scaling = 1;
+    }
+    tr->seed_base = 1.0f / (float)(cfg->accum * dpn);
+    sl_graph_build_backward(tr->graph, tr->loss, tr->seed_base);
+    tr->seed = sl_graph_grad_of(tr->graph, tr->loss);
     SL_CHECK(sl_graph_plan(tr->graph, m->backend, &tr->plan));
 done:
     if (st != SL_OK) sl_trainer_free(tr);
@@ -154,6 +166,8 @@ sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *us
                                               sizeof(float) * (size_t)m->params[i].numel));
     double tot = 0, wait = 0;
     int dp_rank = tr->dp ? sl_dp_rank(tr->dp) : 0;
+    float S = tr->scaling ? tr->scaler.scale : 1.0f; /* Note [Dynamic loss scaling] */
+    if (tr->scaling) tr->seed->fparams[0] = tr->seed_base * S;
     sl_status st = SL_OK;
     if (tr->pipe) { /* the schedule runs every micro-batch; the last stage has the loss */
         float l = 0;
@@ -178,13 +192,15 @@ sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *us
     sl_graph_set_grad_overwrite(tr->graph, 0); /* other callers of the graph accumulate */
     SL_TRY(st);
     float lr = sl_lr_schedule(step, tr->cfg.lr, tr->cfg.min_lr, tr->cfg.warmup, tr->cfg.decay_iters);
-    float norm, loss = (float)(tot / tr->cfg.accum);
+    float norm, loss = (float)(tot / tr->cfg.accum), inv = 1.0f / S;
+    int skip = 0;
     if (tr->dp) {
         SL_TRY(sl_dp_finish_grads(tr->dp, &wait));
         SL_TRY(sl_dp_mean(tr->dp, &loss)); /* before the update: the parameter gathers it launches run on */
-        SL_TRY(sl_dp_clip(tr->dp, tr->cfg.clip, &norm));
-        if (tr->pre_update) tr->pre_update(tr->pre_update_user);
-        SL_TRY(sl_dp_optimizer_step(tr->dp, lr, tr->opt_t + 1, tr->cfg.hp));
+        SL_TRY(sl_dp_clip_unscale(tr->dp, tr->cfg.clip, inv, &norm)); /* the all-reduced (same) norm */
+        skip = tr->scaling && sl_grad_found_inf(norm);
+        if (!skip && tr->pre_update) tr->pre_update(tr->pre_update_user);
+        if (!skip) SL_TRY(sl_dp_optimizer_step(tr->dp, lr, tr->opt_t + 1, tr->cfg.hp));
     } else {
         if (!tr->opt_ready) {
             SL_TRY(sl_adamw_init(&tr->opt, m, tr->cfg.hp));
@@ -203,10 +219,13 @@ sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *us
         } else {
             SL_TRY(sl_grad_norm(m, &norm));
         }
-        if (tr->pre_update) tr->pre_update(tr->pre_update_user);
-        SL_TRY(sl_adamw_step_scaled(&tr->opt, m, lr, sl_clip_coef(norm, tr->cfg.clip)));
+        norm *= inv; /* exact: S is a power of two */
+        skip = tr->scaling && sl_grad_found_inf(norm);
+        if (!skip && tr->pre_update) tr->pre_update(tr->pre_update_user);
+        if (!skip) SL_TRY(sl_adamw_step_scaled(&tr->opt, m, lr, sl_clip_coef(norm, tr->cfg.clip) * inv));
     }
-    tr->opt_t++;
+    if (!skip) tr->opt_t++; /* a skipped step takes no AdamW step (bias correction counts updates) */
+    if (tr->scaling) sl_loss_scaler_update(&tr->scaler, skip);
     if (stats) {
         stats->pipe_wait_sec = tr->pipe ? sl_pipeline_take_wait(tr->pipe) : 0;
         stats->loss = loss;
@@ -214,6 +233,9 @@ sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *us
         stats->lr = lr;
         stats->seconds = sl_time_sec() - t0;
         stats->comm_wait_sec = wait;
+        stats->loss_scale = S;
+        stats->skipped = skip;
+        stats->skipped_total = tr->scaling ? tr->scaler.skipped : 0;
     }
     return SL_OK;
 }

@@ -127,7 +127,7 @@ static void test_greedy_text(void) {
     rc = tu_run(cmd, out, sizeof out);
     TU_CHECK(rc == 0 && strstr(out, "memory-mapped") && strstr(out, "bf16 compute"), "bf16: exit %d: %s", rc,
              out);
-    snprintf(cmd, sizeof cmd, "%s generate --model %s/tests/fixtures/hf/qwen2 --prompt-ids 1 --dtype f16",
+    snprintf(cmd, sizeof cmd, "%s generate --model %s/tests/fixtures/hf/qwen2 --prompt-ids 1 --dtype f8",
              tu_cli(), SL_SOURCE_DIR);
     rc = tu_run(cmd, out, sizeof out);
     TU_CHECK(rc == 2 && one_line() && strstr(out, "--dtype"), "bad dtype: %s", out);
@@ -164,6 +164,10 @@ static void test_round_trip(void) {
     greedy_ids(d2, b, sizeof b);
     TU_CHECK(strcmp(b, "none") != 0, "bf16 copy generates");
     snprintf(cmd, sizeof cmd, "%s convert --model %s --output %s --dtype f16", tu_cli(), src, d2);
+    TU_CHECK(tu_run(cmd, out, sizeof out) == 0 && strstr(out, "f16"), "convert f16: %s", out);
+    greedy_ids(d2, b, sizeof b);
+    TU_CHECK(strcmp(b, "none") != 0, "f16 copy generates");
+    snprintf(cmd, sizeof cmd, "%s convert --model %s --output %s --dtype f8", tu_cli(), src, d2);
     TU_CHECK(tu_run(cmd, out, sizeof out) == 2 && one_line() && strstr(out, "--dtype"), "bad dtype: %s", out);
     /* train --init-from */
     snprintf(txt, sizeof txt, "%s/corpus.txt", tmp);

@@ -154,11 +154,12 @@ static int cpu_supports(sl_backend *be, const sl_tensor *n) {
     case SL_OP_CONCAT:
     case SL_OP_ZEROS:
         return 1; /* byte movement: any dtype */
-    case SL_OP_CAST:
-        return n->dtype != SL_I32 && n->src[0]->dtype != SL_I32;
-    case SL_OP_MATMUL: /* f32 x f32 or bf16 x bf16 (sl_gemm_bf16), f32 out */
+    case SL_OP_CAST: /* f32 <-> bf16, f32 <-> f16 */
+        return n->dtype != SL_I32 && n->src[0]->dtype != SL_I32 &&
+               (n->dtype == SL_F32 || n->src[0]->dtype == SL_F32 || n->dtype == n->src[0]->dtype);
+    case SL_OP_MATMUL: /* f32 x f32, bf16 x bf16 (sl_gemm_bf16) or f16 x f16 (widened), f32 out */
         return n->dtype == SL_F32 && n->src[0]->dtype == n->src[1]->dtype &&
-               (n->src[0]->dtype == SL_F32 || n->src[0]->dtype == SL_BF16) &&
+               (n->src[0]->dtype == SL_F32 || n->src[0]->dtype == SL_BF16 || n->src[0]->dtype == SL_F16) &&
                (!n->src[2] || n->src[2]->dtype == SL_F32);
     case SL_OP_LINEAR_BF16:
     case SL_OP_MOE_EXPERT:
@@ -167,7 +168,7 @@ static int cpu_supports(sl_backend *be, const sl_tensor *n) {
         for (int i = 0; i < SL_MAX_SRC; i++) {
             const sl_tensor *s = n->src[i];
             if (!s) continue;
-            if (s->dtype == SL_BF16) return 0; /* bf16 compute: casts and matmul only */
+            if (s->dtype == SL_BF16 || s->dtype == SL_F16) return 0; /* half: casts and matmul only */
         }
         return n->dtype == SL_F32;
     }

@@ -8,8 +8,24 @@
 #include "device/cpu/kernels/kernels.h"
 #include "device/cpu/kernels/vec_kernels.h"
 
+/* Note [Eager half attention numerics]
+ * iparams[2] = 1 (bf16) or 2 (f16) on SL_OP_ATTENTION: the numerics of an eager softmax(q k^T / sqrt(hs)) v
+ * under torch.autocast, where each of those ops returns a half tensor (Note [fp16 autocast] in gpt2.c):
+ * forward s = h(h(q.k) * scale), P = h(softmax(s)) (the softmax itself in fp32), o = h(P v); backward
+ * dP = h(dy.v), dv = h(P^T dy), dS = h(P (dP - sum(P dP))), dS' = h(dS * scale), dq = h(dS' k), dk = h(dS'^T
+ * q) with h() the rounding to the half type and every dot product accumulated in fp32. Under GQA each query
+ * head's dk/dv is rounded and then summed with rounding (the backward of transformers' repeat_kv in half).
+ * iparams[2] = 3: f16 as transformers' eager attention computes it: softmax(s, dtype=float32) keeps P in
+ * fp32 (the next matmul's autocast cast rounds it for P v and dv), so the softmax backward uses the fp32 P
+ * and only dS is rounded (where its gradient reaches the f16 scores).
+ * These run in the scalar reference kernels (the flash kernel has no rounding points). */
+static float hround(float x, int mode) {
+    return mode >= 2 ? sl_f16_to_f32(sl_f32_to_f16(x)) : mode == 1 ? sl_bf16_to_f32(sl_f32_to_bf16(x)) : x;
+}
+
 sl_status sl_k_attention_ref(sl_tensor *n) {
     sl_tensor *q = n->src[0], *k = n->src[1], *v = n->src[2];
+    int hm = n->iparams[2]; /* Note [Eager half attention numerics] */
     int64_t B = q->ne[0], T = q->ne[1], NH = q->ne[2], hs = q->ne[3], NKV = k->ne[2];
     int64_t grp = NH / NKV;
     float scale = 1.0f / sqrtf((float)hs);
@@ -28,7 +44,7 @@ sl_status sl_k_attention_ref(sl_tensor *n) {
             const float *kr = pk + b * k->nb[0] + j * k->nb[1] + kh * k->nb[2];
             float s = 0;
             for (int64_t d = 0; d < hs; d++) s += qr[d] * kr[d];
-            s *= scale;
+            s = hm ? hround(hround(s, hm) * scale, hm) : s * scale;
             p[j] = s;
             if (s > mx) mx = s;
         }
@@ -38,7 +54,7 @@ sl_status sl_k_attention_ref(sl_tensor *n) {
             sum += p[j];
         }
         float inv = 1.0f / sum;
-        for (int64_t j = 0; j <= t; j++) p[j] *= inv;
+        for (int64_t j = 0; j <= t; j++) p[j] = hround(p[j] * inv, hm);
         lse[(b * NH + h) * T + t] = mx + logf(sum);
         float *o = out + (b * T + t) * NH * hs + h * hs;
         for (int64_t d = 0; d < hs; d++) o[d] = 0;
@@ -47,6 +63,8 @@ sl_status sl_k_attention_ref(sl_tensor *n) {
             float pj = p[j];
             for (int64_t d = 0; d < hs; d++) o[d] += pj * vr[d];
         }
+        if (hm)
+            for (int64_t d = 0; d < hs; d++) o[d] = hround(o[d], hm);
     }
     free(P);
     return SL_OK;
@@ -59,21 +77,25 @@ sl_status sl_k_attention_back_ref(sl_tensor *n) {
     int64_t B = q->ne[0], T = q->ne[1], NH = q->ne[2], hs = q->ne[3], NKV = k->ne[2];
     int64_t grp = NH / NKV, W = NH + 2 * NKV;
     float scale = 1.0f / sqrtf((float)hs);
+    int hm = f->iparams[2]; /* Note [Eager half attention numerics] */
     const float *lse = (const float *)((const char *)f->data + sl_nbytes(f));
     const float *pq = q->data, *pk = k->data, *pv = v->data, *pg = g->data;
     float *out = n->data;
     int64_t gb = g->nb[0], gt = g->nb[1];
-    float *buf = malloc(sizeof(float) * 2 * (size_t)(B * NKV > 0 ? B * NKV : 1) * (size_t)(T ? T : 1));
+    /* per (b, kv head): p, dp (T each) and, for half numerics, one query head's dk | dv (2 T hs) */
+    size_t per = 2 * (size_t)(T ? T : 1) + (hm ? 2 * (size_t)T * (size_t)hs : 0);
+    float *buf = malloc(sizeof(float) * per * (size_t)(B * NKV > 0 ? B * NKV : 1));
     if (!buf) return sl_fail(SL_ERR_NOMEM, "attention_back_ref: out of memory");
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t bk = 0; bk < B * NKV; bk++) {
         int64_t b = bk / NKV, kh = bk % NKV;
-        float *p = buf + 2 * bk * T, *dp = p + T;
+        float *p = buf + per * (size_t)bk, *dp = p + T, *hk = dp + T, *hv = hm ? hk + T * hs : NULL;
         for (int64_t j = 0; j < T; j++) {
             memset(out + (b * T + j) * W * hs + (NH + kh) * hs, 0, sizeof(float) * (size_t)hs);
             memset(out + (b * T + j) * W * hs + (NH + NKV + kh) * hs, 0, sizeof(float) * (size_t)hs);
         }
         for (int64_t h = kh * grp; h < (kh + 1) * grp; h++) {
+            if (hm) memset(hk, 0, sizeof(float) * 2 * (size_t)(T * hs));
             for (int64_t t = 0; t < T; t++) {
                 const float *go = pg + b * gb + t * gt + h * hs;
                 const float *qr = pq + b * q->nb[0] + t * q->nb[1] + h * q->nb[2];
@@ -87,22 +109,33 @@ sl_status sl_k_attention_back_ref(sl_tensor *n) {
                         s += qr[d] * kr[d];
                         sd += go[d] * vr[d];
                     }
-                    p[j] = expf(s * scale - l);
-                    dp[j] = sd;
-                    dot += p[j] * sd;
+                    float sc = hm ? hround(hround(s, hm) * scale, hm) : s * scale; /* the forward's scores */
+                    p[j] = hm == 3 ? expf(sc - l) : hround(expf(sc - l), hm);      /* 3: fp32 P in softmax' */
+                    dp[j] = hround(sd, hm);
+                    dot += p[j] * dp[j];
                 }
                 for (int64_t d = 0; d < hs; d++) dq[d] = 0;
                 for (int64_t j = 0; j <= t; j++) {
-                    float ds = p[j] * (dp[j] - dot) * scale;
+                    float ds = hm ? hround(hround(p[j] * (dp[j] - dot), hm) * scale, hm)
+                                  : p[j] * (dp[j] - dot) * scale;
                     const float *kr = pk + b * k->nb[0] + j * k->nb[1] + kh * k->nb[2];
-                    float *dk = out + (b * T + j) * W * hs + (NH + kh) * hs;
-                    float *dv = out + (b * T + j) * W * hs + (NH + NKV + kh) * hs;
-                    float pj = p[j];
+                    float *dk = hm ? hk + j * hs : out + (b * T + j) * W * hs + (NH + kh) * hs;
+                    float *dv = hm ? hv + j * hs : out + (b * T + j) * W * hs + (NH + NKV + kh) * hs;
+                    float pj = hm == 3 ? hround(p[j], hm) : p[j]; /* P v used the rounded P */
                     for (int64_t d = 0; d < hs; d++) {
                         dq[d] += ds * kr[d];
                         dk[d] += ds * qr[d];
                         dv[d] += pj * go[d];
                     }
+                }
+                if (hm)
+                    for (int64_t d = 0; d < hs; d++) dq[d] = hround(dq[d], hm);
+            }
+            for (int64_t j = 0; hm && j < T; j++) { /* this head's h(dk), h(dv) into the group's sums */
+                float *dk = out + (b * T + j) * W * hs + (NH + kh) * hs, *dv = dk + NKV * hs;
+                for (int64_t d = 0; d < hs; d++) {
+                    dk[d] = hround(dk[d] + hround(hk[j * hs + d], hm), hm);
+                    dv[d] = hround(dv[d] + hround(hv[j * hs + d], hm), hm);
                 }
             }
         }
@@ -127,7 +160,7 @@ static sl_attn_args attn_args(sl_tensor *q, sl_tensor *k, sl_tensor *v) {
 
 sl_status sl_k_attention(sl_tensor *n) {
     const sl_vec_ops *v = sl_vec();
-    if (!v || n->src[0]->ne[3] > SL_ATTN_MAX_HS) return sl_k_attention_ref(n);
+    if (!v || n->src[0]->ne[3] > SL_ATTN_MAX_HS || n->iparams[2]) return sl_k_attention_ref(n);
     sl_attn_args a = attn_args(n->src[0], n->src[1], n->src[2]);
     a.out = n->data;
     a.lse = (float *)((char *)n->data + sl_nbytes(n));
@@ -138,7 +171,8 @@ sl_status sl_k_attention(sl_tensor *n) {
 sl_status sl_k_attention_back(sl_tensor *n) {
     const sl_vec_ops *v = sl_vec();
     sl_tensor *f = n->src[0], *g = n->src[4];
-    if (!v || n->src[1]->ne[3] > SL_ATTN_MAX_HS || g->nb[g->ndim - 1] != 1) return sl_k_attention_back_ref(n);
+    if (!v || n->src[1]->ne[3] > SL_ATTN_MAX_HS || g->nb[g->ndim - 1] != 1 || f->iparams[2])
+        return sl_k_attention_back_ref(n);
     sl_attn_args a = attn_args(n->src[1], n->src[2], n->src[3]);
     a.out = f->data;
     a.lse = (float *)((char *)f->data + sl_nbytes(f));

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "device/cpu/kernels/f16.h"
 #include "device/cpu/kernels/kernels.h"
 #include "device/cpu/kernels/vec_kernels.h"
 
@@ -81,6 +82,24 @@ sl_status sl_k_cast(sl_tensor *n) {
             const uint16_t *s = src + OFF4(ia);
             float *d = dst + OFF4(io);
             for (int64_t i = 0; i < n4; i++) d[i] = sl_bf16_to_f32(s[i * ia.nb[4]]);
+        }
+    } else if (a->dtype == SL_F32 && n->dtype == SL_F16) { /* rows through the F16C/AVX-512 converters */
+        LOOP4(io) {
+            const float *s = (const float *)a->data + OFF4(ia);
+            uint16_t *d = (uint16_t *)n->data + OFF4(io);
+            if (ia.nb[4] == 1)
+                sl_f16_from_f32(d, s, n4);
+            else
+                for (int64_t i = 0; i < n4; i++) d[i] = sl_f32_to_f16(s[i * ia.nb[4]]);
+        }
+    } else if (a->dtype == SL_F16 && n->dtype == SL_F32) {
+        LOOP4(io) {
+            const uint16_t *s = (const uint16_t *)a->data + OFF4(ia);
+            float *d = (float *)n->data + OFF4(io);
+            if (ia.nb[4] == 1)
+                sl_f16_to_f32_n(d, s, n4);
+            else
+                for (int64_t i = 0; i < n4; i++) d[i] = sl_f16_to_f32(s[i * ia.nb[4]]);
         }
     } else {
         return sl_fail(SL_ERR_UNSUPPORTED, "cast %s -> %s", sl_dtype_name(a->dtype), sl_dtype_name(n->dtype));

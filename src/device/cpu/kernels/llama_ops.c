@@ -10,6 +10,10 @@
 #include "device/cpu/kernels/llama_ops.h"
 
 static float round_bf16(float f);
+/* mode 1: to bf16, 2: to f16 (values kept in f32) */
+static float round_to(float f, int mode) {
+    return mode == 2 ? sl_f16_to_f32(sl_f32_to_f16(f)) : round_bf16(f);
+}
 /* Thread only when there is enough work: on small decode-step tensors the fork/join costs more than the
  * loop, and far more on a loaded machine. */
 #define PAR(work) ((int64_t)(work) >= 16384)
@@ -107,7 +111,7 @@ sl_status sl_k_rope(sl_tensor *n) {
     int64_t B = x->ne[0], T = x->ne[1], NH = x->ne[2], hs = x->ne[3], half = hs / 2;
     int pos0 = n->iparams[0];
     float sgn = n->iparams[1] ? -1.0f : 1.0f, theta = n->fparams[0];
-    int bf = n->iparams[2]; /* bf16 numerics: cos/sin and every product and sum rounded to bf16 */
+    int bf = n->iparams[2]; /* 1 (2): bf16 (f16) numerics: cos/sin and every product and sum rounded */
     const float *px = x->data;
     float *py = n->data;
     int nt = omp_get_max_threads();
@@ -141,7 +145,7 @@ sl_status sl_k_rope(sl_tensor *n) {
                 float ang = pos * inv[i];
                 cs[i] = (float)cos((double)ang);
                 sn[i] = sgn * (float)sin((double)ang);
-                if (bf) cs[i] = round_bf16(cs[i]), sn[i] = round_bf16(sn[i]);
+                if (bf) cs[i] = round_to(cs[i], bf), sn[i] = round_to(sn[i], bf);
             }
             for (int64_t h = 0; h < NH; h++) {
                 const float *xr = px + b * x->nb[0] + t * x->nb[1] + h * x->nb[2];
@@ -149,8 +153,8 @@ sl_status sl_k_rope(sl_tensor *n) {
                 if (bf) {
                     for (int64_t i = 0; i < half; i++) {
                         float x1 = xr[i], x2 = xr[i + half];
-                        yr[i] = round_bf16(round_bf16(x1 * cs[i]) + round_bf16(-x2 * sn[i]));
-                        yr[i + half] = round_bf16(round_bf16(x2 * cs[i]) + round_bf16(x1 * sn[i]));
+                        yr[i] = round_to(round_to(x1 * cs[i], bf) + round_to(-x2 * sn[i], bf), bf);
+                        yr[i + half] = round_to(round_to(x2 * cs[i], bf) + round_to(x1 * sn[i], bf), bf);
                     }
                     continue;
                 }

@@ -1,8 +1,9 @@
 /* MATMUL node -> GEMM calls (folded linear layers and batched products). Operands are both f32
- * (sl_sgemm) or both bf16 (sl_gemm_bf16: fp32 accumulation); the output is always f32. An f32 bias (src2)
- * is added by the GEMM itself (sl_sgemm_bias / sl_gemm_bf16_bias); iparams[2] = 1 accumulates into the
- * output (beta = 1), iparams[2] = 2 overwrites it in place (beta = 0; Note [Overwriting first gradient
- * writes]). */
+ * (sl_sgemm), both bf16 (sl_gemm_bf16: fp32 accumulation) or both f16 (widened: f16.c); the output is always
+ * f32. An f32 bias (src2) is added by the GEMM itself (sl_sgemm_bias / sl_gemm_bf16_bias); iparams[2] = 1
+ * accumulates into the output (beta = 1), iparams[2] = 2 overwrites it in place (beta = 0; Note [Overwriting
+ * first gradient writes]). */
+#include "device/cpu/kernels/f16.h"
 #include "device/cpu/kernels/gemm.h"
 #include "device/cpu/kernels/kernels.h"
 
@@ -26,6 +27,7 @@ sl_status sl_k_matmul(sl_tensor *n) {
     int64_t N = n->ne[no - 1];
     int64_t lda = a->nb[na - 2], ldb = b->nb[nbd - 2], ldc = n->nb[no - 2];
     float *pc = n->data;
+    if (a->dtype == SL_F16) return sl_k_matmul_f16(n); /* widened to f32: Note [f16 GEMM] */
     int bf = a->dtype == SL_BF16;
     if (bf && b->dtype != SL_BF16) return sl_fail(SL_ERR_UNSUPPORTED, "matmul: mixed operand dtypes");
     const float *bias = n->src[2] ? (const float *)n->src[2]->data : NULL;

@@ -1,0 +1,150 @@
+/* `suanli train --fp16` (issue 19 item 1) through the CLI: dynamic loss scaling forced into overflow (a start
+ * scale of 2^20 and a window of 3), the skipped steps and the scale in metrics.jsonl and the progress line;
+ * data parallelism (suanli run -n 2, plain DP and ZeRO-2, where the found-inf test is the all-reduced norm)
+ * skips the same steps with the same scales and reproduces the single-process losses; bad flags exit 2 with
+ * one line naming the flag; `suanli generate --dtype f16`. */
+#include <string.h>
+
+#include <cjson/cJSON.h>
+#include "suanli/base.h"
+#include "testutil.h"
+
+static char out[1 << 17];
+
+static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int run(const char *fmt, ...) {
+    char args[4096], cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "SUANLI_COMM_ALGO=direct SUANLI_COMM_TIMEOUT=60 timeout 300 %s", args);
+    return tu_run(cmd, out, sizeof out);
+}
+
+enum { STEPS = 12 };
+typedef struct {
+    double loss[STEPS + 1], scale[STEPS + 1];
+    int skipped[STEPS + 1], n, nskip;
+} metrics;
+
+static void read_metrics(const char *path, metrics *m) {
+    memset(m, 0, sizeof *m);
+    char *text = NULL;
+    size_t len = 0;
+    TU_CHECK(sl_file_read_all(path, &text, &len) == SL_OK, "read %s", path);
+    for (char *line = text ? strtok(text, "\n") : NULL; line; line = strtok(NULL, "\n")) {
+        cJSON *o = cJSON_Parse(line);
+        const cJSON *st = cJSON_GetObjectItem(o, "step"), *ls = cJSON_GetObjectItem(o, "loss_scale"),
+                    *sk = cJSON_GetObjectItem(o, "skipped"), *gn = cJSON_GetObjectItem(o, "grad_norm");
+        TU_CHECK(o && cJSON_IsNumber(st) && cJSON_IsNumber(ls) && cJSON_IsNumber(sk), "metrics line: %s",
+                 line);
+        if (o && cJSON_IsNumber(st) && st->valueint >= 1 && st->valueint <= STEPS) {
+            int s = st->valueint;
+            m->loss[s] = cJSON_GetObjectItem(o, "loss")->valuedouble;
+            m->scale[s] = ls ? ls->valuedouble : 0;
+            m->skipped[s] = sk ? sk->valueint : -1;
+            m->nskip += m->skipped[s] == 1;
+            /* an overflow step's norm is not a number: JSON null */
+            TU_CHECK(m->skipped[s] ? cJSON_IsNull(gn) : cJSON_IsNumber(gn), "grad_norm of step %d: %s", s,
+                     line);
+            m->n++;
+        }
+        cJSON_Delete(o);
+    }
+    free(text);
+}
+
+static int one_line(void) {
+    size_t n = strlen(out);
+    return n > 0 && out[n - 1] == '\n' && memchr(out, '\n', n - 1) == NULL;
+}
+
+#define BASE                                                                                                 \
+    "--num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2 "          \
+    "--global-batch-size 4 --train-iters 12 --eval-interval 0 --eval-iters 1 --threads 1"
+#define TINY BASE " --fp16 --initial-loss-scale 1048576 --loss-scale-window 3 --hysteresis 1"
+
+int main(void) {
+    const char *cli = tu_cli();
+    char dir[512], data[600];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir("fp16cli"));
+    snprintf(data, sizeof data, "%s/data", dir);
+    int rc =
+        run("sh -c 'head -c 20000 %s/data/tinyshakespeare.txt > %s/s.txt && %s data prepare --input %s/s.txt "
+            "--output-prefix %s'",
+            SL_SOURCE_DIR, dir, cli, dir, data);
+    TU_CHECK(rc == 0, "prepare: %s", out);
+    /* bad input: exit 2, one line naming the flag */
+    const char *bad[][2] = {{"--fp16 --bf16", "--bf16"},
+                            {"--fp16 --initial-loss-scale 0", "--initial-loss-scale"},
+                            {"--fp16 --initial-loss-scale -4", "--initial-loss-scale"},
+                            {"--fp16 --loss-scale-window 0", "--loss-scale-window"},
+                            {"--fp16 --hysteresis 0", "--hysteresis"},
+                            {"--fp16 --min-loss-scale 0", "--min-loss-scale"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        rc = run("%s train --data-path %s %s", cli, data, bad[i][0]);
+        TU_CHECK(rc == 2 && strstr(out, bad[i][1]) && one_line(),
+                 "'%s': rc %d, want 2 and one line naming %s: %s", bad[i][0], rc, bad[i][1], out);
+    }
+    rc = run("%s train --data-path %s " TINY " --save %s/single", cli, data, dir);
+    TU_CHECK(rc == 0 && strstr(out, "fp16 mixed precision") && strstr(out, "loss scale") &&
+                 strstr(out, "(overflow: skipped)"),
+             "single: %s", out);
+    rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --save %s/dp2", cli, cli, data, dir);
+    TU_CHECK(rc == 0 && strstr(out, "data parallel: 2 ranks"), "dp2: %s", out);
+    rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --zero-stage 2 --save %s/z2", cli, cli, data,
+             dir);
+    TU_CHECK(rc == 0, "dp2 zero-2: %s", out);
+    metrics ms, md, mz;
+    char p[700];
+    snprintf(p, sizeof p, "%s/single/metrics.jsonl", dir);
+    read_metrics(p, &ms);
+    snprintf(p, sizeof p, "%s/dp2/metrics.jsonl", dir);
+    read_metrics(p, &md);
+    snprintf(p, sizeof p, "%s/z2/metrics.jsonl", dir);
+    read_metrics(p, &mz);
+    TU_CHECK(ms.n == STEPS && md.n == STEPS && mz.n == STEPS, "metrics lines %d %d %d", ms.n, md.n, mz.n);
+    /* 2^20 overflows fp16 gradients: the first steps are skipped and the scale halves each time (hysteresis
+     * 1), then grows after 3 good steps */
+    TU_CHECK(ms.nskip >= 2 && ms.skipped[1] == 1 && ms.scale[1] == 1048576.0 && ms.scale[2] == 524288.0,
+             "overflow at the start: %d skipped, scales %g %g", ms.nskip, ms.scale[1], ms.scale[2]);
+    TU_CHECK(ms.nskip < STEPS, "some steps update: %d of %d skipped", ms.nskip, STEPS);
+    for (int s = 1; s <= STEPS; s++) {
+        printf("step %2d: scale %-14g skipped %d loss single %.6f dp2 %.6f zero2 %.6f\n", s, ms.scale[s],
+               ms.skipped[s], ms.loss[s], md.loss[s], mz.loss[s]);
+        TU_CHECK(md.skipped[s] == ms.skipped[s] && mz.skipped[s] == ms.skipped[s] &&
+                     md.scale[s] == ms.scale[s] && mz.scale[s] == ms.scale[s],
+                 "step %d: the same skip and scale under DP", s);
+        /* DP sums the same f16-rounded micro-batch gradients in another order: fp32 rounding only */
+        TU_CHECK(fabs(md.loss[s] - ms.loss[s]) <= 1e-5 * fabs(ms.loss[s]) &&
+                     fabs(mz.loss[s] - ms.loss[s]) <= 1e-5 * fabs(ms.loss[s]),
+                 "step %d: losses single %.7f dp2 %.7f zero2 %.7f", s, ms.loss[s], md.loss[s], mz.loss[s]);
+    }
+    /* fp16 inference: f32 weights, autocast-fp16 compute; on the tiny Llama fixture its greedy ids are f32's
+     */
+    char ids[2][512];
+    for (int f16 = 0; f16 < 2; f16++) {
+        rc = run("%s generate --model %s/tests/fixtures/hf/llama --prompt-ids 5,6,7 --max-new-tokens 12 "
+                 "--temperature 0 --print-ids --dtype %s",
+                 cli, SL_SOURCE_DIR, f16 ? "f16" : "f32");
+        TU_CHECK(rc == 0 && strstr(out, f16 ? "f16 compute" : "f32 compute"), "generate --dtype: %s", out);
+        const char *j = strstr(out, "{\"prompt_ids\"");
+        snprintf(ids[f16], sizeof ids[f16], "%s", j ? j : "");
+    }
+    TU_CHECK(ids[0][0] && !strcmp(ids[0], ids[1]), "f16 greedy ids %s vs f32 %s", ids[1], ids[0]);
+    /* the fp16 run is not silently fp32: its step-1 loss (same weights, forward only) differs */
+    rc = run("%s train --data-path %s " BASE " --save %s/fp32", cli, data, dir);
+    TU_CHECK(rc == 0, "fp32: %s", out);
+    snprintf(p, sizeof p, "%s/fp32/metrics.jsonl", dir);
+    FILE *f = fopen(p, "r");
+    char line[1024];
+    double l32 = NAN;
+    if (f && fgets(line, sizeof line, f)) sscanf(line, "{\"step\": %*d, \"loss\": %lf", &l32);
+    if (f) fclose(f);
+    TU_CHECK(l32 == l32 && l32 != ms.loss[1], "step-1 loss fp32 %.7f vs fp16 %.7f", l32, ms.loss[1]);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    TU_CHECK(system(cmd) == 0, "cleanup");
+    return tu_finish("test_fp16_cli");
+}
