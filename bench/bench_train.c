@@ -32,8 +32,8 @@ static int cmp_d(const void *a, const void *b) {
 
 int sl_bench_train(int argc, char **argv) {
     int64_t L = 12, NH = 12, C = 768, V = 50257, B = 4, T = 64, steps = 5, warm = 1, threads = 2, accum = 1,
-            zero = 0, bucket = 1 << 20;
-    int json = 0, bf16 = 0;
+            zero = 0, bucket = 1 << 20, tpn = 1, ppn = 1;
+    int json = 0, bf16 = 0, sp = 0, plan_only = 0;
     const char *device = "cpu";
     sl_flag flags[] = {
         {"device", SL_FLAG_STR, &device, 0, 0, "backend the model runs on: cpu (default), opencl[:N], strict",
@@ -49,8 +49,12 @@ int sl_bench_train(int argc, char **argv) {
         {"threads", SL_FLAG_INT, &threads, 1, 1024, "(2)", 0},
         {"accum", SL_FLAG_INT, &accum, 1, 4096, "micro-batches per step and rank (1)", 0},
         {"zero-stage", SL_FLAG_INT, &zero, 0, 3, "ZeRO stage under DP (0)", 0},
+        {"tensor-model-parallel-size", SL_FLAG_INT, &tpn, 1, 64, "TP ranks (1); world = dp x pp x tp", 0},
+        {"pipeline-model-parallel-size", SL_FLAG_INT, &ppn, 1, 64, "pipeline stages (1); 1F1B over --accum", 0},
         {"ddp-bucket-size", SL_FLAG_INT, &bucket, 1, 1ll << 40, "gradient bucket size in elements (1Mi)", 0},
         {"json", SL_FLAG_BOOL, &json, 0, 1, "machine-readable output", 0},
+        {"sequence-parallel", SL_FLAG_BOOL, &sp, 0, 1, "sequence parallelism (with TP)", 0},
+        {"plan-only", SL_FLAG_BOOL, &plan_only, 0, 1, "print the planned activation memory per rank and stop", 0},
         {"bf16", SL_FLAG_BOOL, &bf16, 0, 1, "bf16 mixed precision", 0},
     };
     int nf = (int)(sizeof flags / sizeof flags[0]);
@@ -68,7 +72,7 @@ int sl_bench_train(int argc, char **argv) {
         fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
         return 1;
     }
-    if (sl_mesh_init(&mesh, world, (sl_mesh_dims){1, 1, 1}) != SL_OK) {
+    if (sl_mesh_init(&mesh, world, (sl_mesh_dims){(int)tpn, (int)ppn, 1}) != SL_OK) {
         fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
         return 2;
     }
@@ -80,11 +84,15 @@ int sl_bench_train(int argc, char **argv) {
         fprintf(stderr, "suanli bench train: --device %s: %s\n", device, sl_errmsg());
         return 2;
     }
-    if (sl_gpt2_new_on(&cfg, be, &m) != SL_OK) {
+    sl_tp *tp = NULL;
+    sl_model_split split = {mesh.tp, mesh.tp_rank, mesh.pp, mesh.pp_rank, 1};
+    if (sl_gpt2_new_par(&cfg, be, &split, &m) != SL_OK ||
+        (mesh.tp > 1 && sl_tp_new(&tp, &mesh) != SL_OK)) {
         fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
         return 2;
     }
     sl_model_init_weights(m, 1);
+    m->sp = sp && mesh.tp > 1;
     m->compute_dtype = bf16 ? SL_BF16 : SL_F32;
     sl_trainer tr;
     sl_trainer_config tc = {.B = (int)B,
@@ -96,10 +104,15 @@ int sl_bench_train(int argc, char **argv) {
                             .clip = 1.0f,
                             .warmup = 0,
                             .decay_iters = 1000,
-                            .hp = {0.9f, 0.95f, 1e-8f, 0.1f}};
+                            .hp = {0.9f, 0.95f, 1e-8f, 0.1f},
+                            .mesh = &mesh};
     if (sl_trainer_init(&tr, m, &tc) != SL_OK) {
         fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
         sl_model_free(m);
+        return 1;
+    }
+    if (tp && sl_trainer_set_tp(&tr, tp) != SL_OK) {
+        fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
         return 1;
     }
     if (mesh.dp > 1) {
@@ -110,7 +123,22 @@ int sl_bench_train(int argc, char **argv) {
         }
         tr.dp = dp;
     }
-    double wait_tot = 0, step_tot = 0;
+    if (plan_only) { /* what the planner reserved for one step's activations on this rank, and stop */
+        printf("{\"bench\": \"train_plan\", \"L\": %lld, \"NH\": %lld, \"C\": %lld, \"V\": %lld, \"B\": %lld, "
+               "\"T\": %lld, \"tp\": %d, \"pp\": %d, \"dp\": %d, \"sp\": %d, \"activation_mib\": %.2f, "
+               "\"naive_mib\": %.2f, \"param_mib_per_rank\": %.2f}\n",
+               (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T, mesh.tp, mesh.pp,
+               mesh.dp, m->sp, tr.plan.planned_bytes / 1048576.0, tr.plan.naive_bytes / 1048576.0,
+               m->numel * 4.0 / 1048576.0);
+        sl_dp_free(dp);
+        sl_tp_free(tp);
+        sl_trainer_free(&tr);
+        sl_model_free(m);
+        sl_mesh_free(&mesh);
+        sl_comm_free(world);
+        return 0;
+    }
+    double wait_tot = 0, step_tot = 0, tp_tot = 0, pipe_tot = 0, tp_sec, tp_bytes;
     for (int64_t i = 0; i < B * T; i++) {
         tr.ids_buf[i] = (int32_t)(sl_rng_u64(7, 0, (uint64_t)i) % (uint64_t)V);
         tr.tg_buf[i] = (int32_t)(sl_rng_u64(7, 1, (uint64_t)i) % (uint64_t)V);
@@ -124,7 +152,10 @@ int sl_bench_train(int argc, char **argv) {
             fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
             return 1;
         }
+        sl_tp_take_stats(tp, &tp_sec, &tp_bytes);
         if (i >= warm) {
+            tp_tot += tp_sec;
+            pipe_tot += ss.pipe_wait_sec;
             ts[i - warm] = ss.seconds;
             wait_tot += ss.comm_wait_sec;
             step_tot += ss.seconds;
@@ -136,7 +167,9 @@ int sl_bench_train(int argc, char **argv) {
     double tps = (double)(B * T) * (double)accum * mesh.dp / med;
     double wait_frac = step_tot > 0 ? wait_tot / step_tot : 0;
     double flops = sl_gpt2_flops_per_token(&cfg, (int)T) * tps;
-    double peak = sl_bench_fma_peak((int)threads) * 1e9 * mesh.dp; /* GFLOP/s -> FLOP/s, all ranks */
+    double peak = sl_bench_fma_peak((int)threads) * 1e9 * mesh.world; /* GFLOP/s -> FLOP/s, all ranks */
+    double pipe_frac = step_tot > 0 ? pipe_tot / step_tot : 0;
+    double tp_frac = step_tot > 0 ? tp_tot / step_tot : 0;
     double mfu = peak > 0 ? flops / peak : 0;
     if (json)
         printf("{\"bench\": \"train\", \"device\": \"%s\", \"model\": \"gpt2\", \"L\": %lld, \"NH\": %lld, "
@@ -146,21 +179,24 @@ int sl_bench_train(int argc, char **argv) {
                "%.2f, "
                "\"gflops\": %.2f, \"peak_gflops\": %.2f, \"mfu\": %.4f, \"activation_mib\": %.1f, \"loss\": "
                "%.4f, "
-               "\"dp\": %d, \"accum\": %lld, \"zero_stage\": %lld, \"comm_wait_fraction\": %.4f}\n",
+               "\"dp\": %d, \"accum\": %lld, \"zero_stage\": %lld, \"comm_wait_fraction\": %.4f, \"tp\": %d, "
+               "\"tp_comm_fraction\": %.4f, \"tp_comm_mib_per_step\": %.2f, \"param_mib_per_rank\": %.1f, "
+               "\"pp\": %d, \"pipe_wait_fraction\": %.4f, \"bubble_theory\": %.4f}\n",
                device, (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T,
                (long long)threads, bf16 ? "bf16-mixed" : "f32", med * 1e3, tps, flops / 1e9, peak / 1e9, mfu,
                tr.plan.planned_bytes / 1048576.0, loss, mesh.dp, (long long)accum, (long long)zero,
-               wait_frac);
+               wait_frac, mesh.tp, tp_frac, tp_bytes / 1048576.0, m->numel * 4.0 / 1048576.0, mesh.pp, pipe_frac,
+               (double)(mesh.pp - 1) / (double)(accum + mesh.pp - 1));
     else
         printf("GPT-2 on %s, L%lld NH%lld C%lld V%lld B%lld T%lld %s, %lld threads: %.1f ms/step (median of "
                "%lld), "
                "%.1f tokens/s, "
                "%.1f GFLOP/s, MFU %.1f%% of measured %.1f GFLOP/s peak; activations %.1f MiB; dp %d x accum "
-               "%lld, ZeRO-%lld, comm wait %.1f%% of step\n",
+               "%lld, ZeRO-%lld, comm wait %.1f%% of step; tp %d, TP collectives %.1f%% of step\n",
                device, (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T,
                bf16 ? "bf16-mixed" : "fp32", (long long)threads, med * 1e3, (long long)steps, tps,
                flops / 1e9, 100 * mfu, peak / 1e9, tr.plan.planned_bytes / 1048576.0, mesh.dp,
-               (long long)accum, (long long)zero, 100 * wait_frac);
+               (long long)accum, (long long)zero, 100 * wait_frac, mesh.tp, 100 * tp_frac);
     if (dp) {
         sl_dp_memory mem;
         sl_dp_memory_report(dp, &mem);
@@ -175,6 +211,7 @@ int sl_bench_train(int argc, char **argv) {
     }
     free(ts);
     sl_dp_free(dp);
+    sl_tp_free(tp);
     sl_trainer_free(&tr);
     sl_model_free(m);
     sl_mesh_free(&mesh);

@@ -110,3 +110,39 @@ int tu_cli_run(char *out, size_t cap, const char *fmt, ...) {
     snprintf(cmd, sizeof cmd, "%s %s", tu_cli(), args);
     return tu_run(cmd, out, cap);
 }
+
+int tu_runf(char *out, size_t cap, const char *prefix, const char *fmt, ...) {
+    char args[4096], cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "%s %s", prefix, args);
+    return tu_run(cmd, out, cap);
+}
+
+double tu_metric_at(const char *metrics_path, int step, const char *key) {
+    FILE *f = fopen(metrics_path, "r");
+    if (!f) return NAN;
+    char line[4096], pat[96];
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    double v = NAN;
+    while (fgets(line, sizeof line, f)) {
+        int s;
+        const char *k = strstr(line, pat);
+        if (sscanf(line, "{\"step\": %d", &s) == 1 && s == step && k) v = atof(k + strlen(pat));
+    }
+    fclose(f);
+    return v;
+}
+
+void tu_synth_tokens(int B, int T, int V, int64_t step, int micro, int32_t *ids, int32_t *tg) {
+    for (int i = 0; i < B * (T + 1); i++) {
+        int b = i / (T + 1), t = i % (T + 1);
+        uint64_t r = sl_rng_u64(5, (uint64_t)(step * 1000 + micro), (uint64_t)b);
+        int32_t tok = (int32_t)((r + (uint64_t)t * 7) % (uint64_t)V);
+        if (sl_rng_uniform(6, (uint64_t)(step * 1000 + micro), (uint64_t)i) < 0.2) tok = (int32_t)(r % 13);
+        if (t < T) ids[b * T + t] = tok;
+        if (t > 0) tg[b * T + t - 1] = tok;
+    }
+}

@@ -31,6 +31,14 @@ const char *tu_cli(void); /* path to the suanli CLI (SUANLI_CLI env) */
 /* Run `suanli ARGS` (ARGS formatted like printf) capturing stdout+stderr into out; returns the exit status.
  */
 int tu_cli_run(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Run `prefix` + the command line formatted like printf (e.g. prefix "SUANLI_COMM_TIMEOUT=60 timeout 300"),
+ * capturing stdout+stderr into out; returns the exit status. */
+int tu_runf(char *out, size_t cap, const char *prefix, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* The number after "key": on the metrics.jsonl line of `step` (NAN when absent). */
+double tu_metric_at(const char *metrics_path, int step, const char *key);
+/* A learnable token pattern with noise, a pure function of (step, micro, position): micro-batch `micro` of
+ * `step`, B rows of T ids over vocabulary V, and the targets (the ids shifted by one). */
+void tu_synth_tokens(int B, int T, int V, int64_t step, int micro, int32_t *ids, int32_t *tg);
 /* Make a fresh temp dir under /tmp; returns static buffer path. */
 const char *tu_tmpdir(const char *tag);
 #endif

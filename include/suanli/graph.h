@@ -39,6 +39,9 @@ void sl_graph_build_forward(sl_graph *g, sl_tensor *out);
 /* Append gradient nodes: seeds d(loss) = `loss_scale` and accumulates each parameter's gradient
  * into p->grad (which must be set: a leaf bound to the flat gradient buffer). */
 void sl_graph_build_backward(sl_graph *g, sl_tensor *loss, float loss_scale);
+/* The same from an arbitrary output seeded by the caller's leaf `seed` (shape of out): a pipeline
+ * stage's backward from the gradient of its output activations. */
+void sl_graph_build_backward_seeded(sl_graph *g, sl_tensor *out, sl_tensor *seed);
 int sl_graph_n_nodes(const sl_graph *g);
 sl_tensor *sl_graph_node(sl_graph *g, int i);
 /* The gradient node of t computed by backward (NULL if none). */
@@ -63,6 +66,11 @@ typedef struct sl_plan_stats {
 } sl_plan_stats;
 /* Assign activation memory by liveness and allocate one arena on `be`. */
 sl_status sl_graph_plan(sl_graph *g, sl_backend *be, sl_plan_stats *stats);
+/* The collective provider runs COLLECTIVE nodes (Note [Tensor-parallel graphs], src/ops/build_tp.c) in
+ * place of the backend: it reads node->src[0] and writes node (both host-visible memory) by the kinds in
+ * node->iparams. A graph with COLLECTIVE nodes and no provider fails to compute with a clear error. */
+typedef sl_status (*sl_collective_fn)(void *user, sl_tensor *node);
+void sl_graph_set_collective(sl_graph *g, sl_collective_fn fn, void *user);
 /* Run all nodes (after sl_graph_plan and binding of every leaf). */
 sl_status sl_graph_compute(sl_graph *g, sl_node_hook hook, void *user);
 /* Run nodes [start, end). */

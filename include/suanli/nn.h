@@ -28,6 +28,20 @@ typedef struct sl_param_info {
     int64_t numel;
     int decay; /* weight decay applies (2-D weights), not to biases / norms */
     int init;  /* SL_INIT_* */
+    /* Tensor parallelism (sl_gpt2_new_tp): how this leaf is a shard of the full parameter. tp_split 0
+     * (zero-initialised default): replicated on every TP rank; 1 / 2: split along rows / columns (dim
+     * tp_split - 1), whose full size is tp_full. The split dimension is tp_pack equal blocks (3 for GPT-2's
+     * packed q|k|v), each split into tp contiguous parts [block * r / tp, block * (r + 1) / tp): heads
+     * split evenly; the vocabulary may not. */
+    int tp_split, tp_pack;
+    int64_t tp_full;
+    /* 0: split into tp parts, part tp_rank. > 0: split into tp_parts < tp parts (GQA kv heads when tp > kv
+     * heads), TP rank r holding part r / (tp / tp_parts): replicated inside each group of tp / tp_parts
+     * consecutive ranks, whose partial gradients are summed in the graph (SL_GROUP_TP_KV). */
+    int tp_parts;
+    /* Pipeline parallelism: 1 for the last stage's copy of an embedding tied to the first stage's (equal
+     * values; its gradient is summed with the first stage's and it is counted once in the norm). */
+    int tied_copy;
 } sl_param_info;
 
 enum { SL_INIT_NORMAL = 0, SL_INIT_NORMAL_RESID, SL_INIT_ZERO, SL_INIT_ONE };
@@ -135,13 +149,49 @@ typedef struct sl_model {
     /* Training with PyTorch autocast-bf16 numerics (f32 master weights): see Note [bf16 compute] in llama.c
      */
     int autocast_bf16;
+    /* Tensor parallelism: this model holds TP rank tp_rank's shards of a model split tp ways (tp <= 1: a
+     * whole model). Its graphs contain COLLECTIVE nodes (Note [Tensor-parallel graphs]). */
+    int tp, tp_rank;
+    int sp; /* sequence parallelism on top of TP (set before building graphs; seq length % tp == 0) */
+    /* Pipeline parallelism: stage pp_rank of pp holds layers [layer0, layer0 + n_layers) (a whole model:
+     * pp <= 1, layer0 0, n_layers all) */
+    int pp, pp_rank, layer0, n_layers;
+    /* Interleaved pipeline: vpp model chunks per stage (<= 1: one), chunk c = virtual stage c * pp + pp_rank
+     * holding layers [(c * pp + pp_rank) * Lc, + Lc) with Lc = n_layers / vpp; layer0 is chunk 0's first */
+    int vpp;
     sl_moe_train_opts moe; /* read when a graph is built (MoE architectures only) */
 } sl_model;
+
+/* How a model is split: TP rank tp_rank of tp, pipeline stage pp_rank of pp, vpp model chunks per stage
+ * (0 or 1: one; Megatron's interleaved schedule otherwise). */
+typedef struct sl_model_split {
+    int tp, tp_rank, pp, pp_rank, vpp;
+} sl_model_split;
 
 /* Validates the config (one-line error naming the field) and allocates the flat buffers on `be`
  * (sl_gpt2_new: on the cpu backend). */
 sl_status sl_gpt2_new(const sl_gpt2_config *cfg, sl_model **out);
 sl_status sl_gpt2_new_on(const sl_gpt2_config *cfg, sl_backend *be, sl_model **out);
+/* TP rank `tp_rank`'s shards of the model split `tp` ways (Megatron layout): attention heads and the
+ * MLP's hidden units split evenly (column-parallel c_attn / c_fc, row-parallel c_proj), the vocabulary
+ * (wte, tied to the LM head) into contiguous row ranges, everything else replicated. Needs n_head and
+ * 4 * n_embd divisible by tp (one-line error naming --tensor-model-parallel-size otherwise). Every
+ * sl_param_info says how its leaf maps onto the full parameter (tp_dim, tp_pack, tp_full; see
+ * sl_tp_shard_range in suanli/parallel.h for the copy between full and shard). */
+sl_status sl_gpt2_new_tp(const sl_gpt2_config *cfg, sl_backend *be, int tp, int tp_rank, sl_model **out);
+/* A pipeline stage (and TP shard): the first stage holds wte and wpe, the last ln_f and the LM head (a copy
+ * of the tied wte, sl_param_info.tied_copy, when it is not also the first), each stage num-layers / pp
+ * layers (one-line error naming --pipeline-model-parallel-size when pp does not divide them). */
+sl_status sl_gpt2_new_par(const sl_gpt2_config *cfg, sl_backend *be, const sl_model_split *split, sl_model **out);
+/* A stage's graph (of model chunk `chunk`, 0 without interleaving): from the ids (the first virtual stage)
+ * or x_in (B, T or T/tp under SP, C) to the loss (the last virtual stage, with targets) or to the chunk's
+ * output activations. */
+sl_tensor *sl_gpt2_build_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *x_in, sl_tensor *targets,
+                               sl_tensor **logits_out);
+/* The part of p that TP rank r of tp holds: *parts parts, part *part (Note [TP shard layout]). */
+void sl_param_tp_part(const sl_param_info *p, int tp, int r, int *parts, int *part);
+/* The range [lo, lo + len) of rows block_full * r / tp .. of one of tp parts (the TP split rule). */
+void sl_tp_part(int64_t block_full, int tp, int r, int64_t *lo, int64_t *len);
 /* Allocates params_buf (and grads_buf) on be and binds every f32 parameter (and gradient) leaf to its
  * slice; used by the constructors. */
 sl_status sl_model_alloc_state(sl_model *m, sl_backend *be, int with_grads);
@@ -166,6 +216,12 @@ void sl_model_free(sl_model *m);
 void sl_model_init_weights(sl_model *m, uint64_t seed);
 sl_status sl_model_init_weights_ex(sl_model *m, uint64_t seed); /* the same, returning failures */
 const sl_param_info *sl_model_find(const sl_model *m, const char *name);
+/* Note [Full-tensor coordinates] (src/nn/model_state.c): elements of the full parameter p is a part of, and
+ * the runs that local elements [a, b) of p (offsets inside p) form in the full parameter's flattened
+ * elements, in local order: fn(u, full offset, local offset, length). Identity for unsplit parameters. */
+typedef void (*sl_run_fn)(void *u, int64_t full_off, int64_t local_off, int64_t len);
+int64_t sl_param_full_numel(const sl_model *m, const sl_param_info *p);
+void sl_param_runs(const sl_model *m, const sl_param_info *p, int64_t a, int64_t b, sl_run_fn fn, void *u);
 /* Build the forward graph nodes for ids (B, T) -> logits (B, T, V); if targets != NULL also the mean
  * cross-entropy loss (returned). *logits_out receives the logits node. */
 sl_tensor *sl_gpt2_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_tensor **logits_out);
@@ -184,6 +240,18 @@ sl_status sl_llama_new(const sl_llama_config *cfg, sl_model **out);
  * bf16 weights are left unbound (the loader binds them: memory-mapped or in wmem). */
 sl_status sl_llama_new_ex(const sl_llama_config *cfg, sl_dtype wdtype, sl_model **out);
 sl_status sl_llama_new_on(const sl_llama_config *cfg, sl_dtype wdtype, sl_backend *be, sl_model **out);
+/* TP rank tp_rank's shards of a Llama-family model (Llama, Qwen2, Mistral; f32) split tp ways, as
+ * sl_gpt2_new_tp: q/k/v and gate/up column-parallel, o_proj and down_proj row-parallel, the embedding and
+ * an untied lm_head vocab-parallel, norms replicated. Needs tp to divide the query and the kv heads. */
+sl_status sl_llama_new_tp(const sl_llama_config *cfg, sl_backend *be, int tp, int tp_rank, sl_model **out);
+/* TP shard and/or pipeline stage (as sl_gpt2_new_par): the first stage holds the embedding, the last the
+ * final norm and the head (an untied lm_head, or a copy of the tied embedding marked tied_copy). */
+sl_status sl_llama_new_par(const sl_llama_config *cfg, sl_backend *be, const sl_model_split *split, sl_model **out);
+/* Any architecture's split model shaped like `like` (its config and arch), for another split. */
+sl_status sl_model_new_split(const sl_model *like, sl_backend *be, const sl_model_split *split, sl_model **out);
+/* A pipeline stage's graph, any architecture (sl_gpt2_build_stage for GPT-2): the loss on the last
+ * virtual stage, else the chunk's output activations. */
+sl_tensor *sl_model_build_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *x_in, sl_tensor *targets);
 /* Any architecture: ids (B, T) -> logits (B, T, V) [+ mean cross-entropy loss when targets]. */
 sl_tensor *sl_model_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_tensor **logits_out);
 

@@ -97,6 +97,41 @@ sl_tensor *sl_round_half(sl_ctx *ctx, sl_tensor *x, sl_dtype half);
 sl_tensor *sl_moe_expert(sl_ctx *ctx, sl_tensor *h, sl_tensor *gate, int e, sl_tensor *w1, sl_tensor *w3,
                          sl_tensor *w2, int bf16);
 
+/* ---- tensor parallelism (Note [Tensor-parallel graphs], src/ops/build_tp.c) ----
+ * A COLLECTIVE node names what happens forward and what its gradient does backward, so Megatron's
+ * conjugate pair is two nodes: f = sl_collective(x, COPY, ALLREDUCE) before a column-parallel linear,
+ * g = sl_collective(x, ALLREDUCE, COPY) after a row-parallel one. The graph's collective provider
+ * (sl_graph_set_collective, suanli/graph.h) runs them. */
+typedef enum sl_coll_kind {
+    SL_COLL_NONE = 0,  /* backward only: no gradient flows to the input */
+    SL_COLL_COPY,      /* identity */
+    SL_COLL_ALLREDUCE, /* sum over the group */
+    SL_COLL_ALLGATHER, /* concatenate the group's inputs along dim 0 in rank order (out ne[0] = size x) */
+    /* sequence parallelism: along dim 1 of (B, T, ..) activations, rank r holding tokens [r T/n, (r+1) T/n) */
+    SL_COLL_ALLGATHER_SEQ, /* (B, T/n, ..) -> (B, T, ..) */
+    SL_COLL_REDSCAT_SEQ,   /* (B, T, ..) partial sums -> (B, T/n, ..) this rank's tokens of the sum */
+} sl_coll_kind;
+/* SL_GROUP_TP_KV: groups of iparams[4] consecutive TP ranks (sl_collective_group) */
+typedef enum sl_coll_group { SL_GROUP_TP = 0, SL_GROUP_TP_KV, SL_GROUP_COUNT } sl_coll_group;
+sl_tensor *sl_collective(sl_ctx *ctx, sl_tensor *x, sl_coll_kind fwd, sl_coll_kind bwd, sl_coll_group group,
+                         int group_size);
+/* Megatron's f and g for a model split tp ways (identities for tp <= 1): entering a TP region before a
+ * column-parallel linear, leaving it after a row-parallel one; with sequence parallelism (sp) an all-gather
+ * and a reduce-scatter along the sequence instead. sl_tp_rep wraps a replicated parameter that SP applies
+ * to sequence shards, so its partial gradients are summed over the group. */
+sl_tensor *sl_tp_enter(sl_ctx *ctx, sl_tensor *x, int tp, int sp);
+sl_tensor *sl_tp_exit(sl_ctx *ctx, sl_tensor *x, int tp, int sp);
+sl_tensor *sl_tp_rep(sl_ctx *ctx, sl_tensor *p, int tp, int sp);
+/* The same over groups of `sub` consecutive ranks of the TP group (COPY / ALLREDUCE kinds only). */
+sl_tensor *sl_collective_group(sl_ctx *ctx, sl_tensor *x, sl_coll_kind fwd, sl_coll_kind bwd, int tp, int sub);
+/* Embedding lookup in a vocab shard: table holds rows [lo, lo + table->ne[0]) of the full table; other
+ * ids give zero rows (sum the group's outputs to get the full lookup). */
+sl_tensor *sl_embedding_shard(sl_ctx *ctx, sl_tensor *table, sl_tensor *ids, int64_t lo);
+/* Vocab-parallel cross-entropy: logits (N.., Vl) are columns [lo, lo + Vl) of the full logits, split
+ * over the `group_size` ranks of the TP group; the mean loss over targets >= 0 equals sl_cross_entropy of
+ * the full logits, without ever gathering them (one all-gather of 2 floats per row). */
+sl_tensor *sl_cross_entropy_vp(sl_ctx *ctx, sl_tensor *logits, sl_tensor *targets, int64_t lo,
+                               int group_size);
 /* ---- trainable mixture of experts (src/ops/moe_ops.c; Note [MoE dispatch in a static graph]) ---- */
 typedef enum sl_moe_score { SL_MOE_SCORE_SOFTMAX = 0, SL_MOE_SCORE_SIGMOID = 1 } sl_moe_score;
 typedef struct sl_moe_route_opts {

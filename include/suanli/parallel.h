@@ -65,6 +65,10 @@ sl_status sl_dp_end_pass(sl_dp *dp);
  * saving, sampling or reading the weights after training; collective). The next pass shards them
  * again. No-op for stages 0-2. */
 sl_status sl_dp_gather_params(sl_dp *dp);
+/* Wait for the parameter all-gathers the last ZeRO-1/2 update launched (they overlap the next forward,
+ * whose nodes wait for them through sl_dp_hook): for callers that run the forward without the hook (a
+ * pipeline stage's schedule). */
+sl_status sl_dp_sync_params(sl_dp *dp);
 /* ZeRO-3: this rank's parameter shard, indexed like the optimizer state (sl_dp_state); else NULL. */
 float *sl_dp_param_shard(sl_dp *dp);
 /* 1 when gradients live in slots (m->grads_mem is freed; the trainer must run one micro-batch per step). */
@@ -104,6 +108,39 @@ typedef struct sl_dp_seg {
  * (borrowed), for checkpointing. Stage 0: one segment covering everything. */
 sl_status sl_dp_state(sl_dp *dp, sl_dp_seg **segs, int *nseg, float **m1, float **m2);
 int sl_dp_size(const sl_dp *dp);
+
+/* ---- tensor parallelism (src/parallel/tp.c; Note [Tensor-parallel graphs]) ----
+ * Usage: sl_gpt2_new_tp(&cfg, be, mesh.tp, mesh.tp_rank, &m); sl_tp_new(&tp, &mesh);
+ *        sl_tp_load_full(m, full_model_with_the_same_init);  // or a checkpoint
+ *        trainer.tp = tp (before sl_trainer_init: the trainer installs the collective provider). */
+typedef struct sl_tp sl_tp;
+sl_status sl_tp_new(sl_tp **out, const sl_mesh *mesh);
+void sl_tp_free(sl_tp *tp);
+int sl_tp_size(const sl_tp *tp);
+/* The graph's collective provider (sl_graph_set_collective) for COLLECTIVE nodes of group SL_GROUP_TP. */
+sl_status sl_tp_collective(void *tp, sl_tensor *node);
+/* Time spent in, and bytes sent by, TP collectives since the last call (then reset): bus bytes (Note [TP
+ * communication volume]). */
+void sl_tp_take_stats(sl_tp *tp, double *sec, double *bytes);
+/* Copy parameter p between its full layout (`full`) and TP rank r's shard (Note [TP shard layout]). */
+void sl_tp_shard_copy(const sl_param_info *p, int tp, int r, float *full, float *shard, int to_shard);
+/* shard's parameters := its part of `full` (a whole model of the same architecture and config), by name:
+ * a TP shard and/or a pipeline stage's parameters. */
+sl_status sl_tp_load_full(sl_model *shard, const sl_model *full);
+/* The full parameters, in a whole model's flat layout (sl_tp_full_numel floats), on every rank of the
+ * TP group (collective; tp may be NULL for an unsplit model). */
+sl_status sl_tp_gather_full(sl_tp *tp, const sl_model *shard, float *full);
+int64_t sl_tp_full_numel(const sl_model *shard);
+/* The whole model from every TP shard and pipeline stage, written into `whole` (a model of the same
+ * config) on the pipeline's first stage (collective over the TP and pipeline groups; whole is unused on the
+ * other stages and may be NULL there). */
+sl_status sl_par_gather_whole(sl_tp *tp, const sl_mesh *mesh, const sl_model *stage, sl_model *whole);
+/* Sum of squares of the gradients of the whole model (sharded parts all-reduced over the group,
+ * replicated parameters counted once). */
+sl_status sl_tp_grad_sumsq(sl_tp *tp, const sl_model *m, double *ss);
+/* Megatron's TP communication per training step of a GPT-2 shard / stage in bus bytes per rank (Note [TP
+ * communication volume]), for micro_batches (B, T) micro-batches. */
+double sl_tp_comm_theory(const sl_model *m, int B, int T, int micro_batches);
 
 #ifdef __cplusplus
 }

@@ -59,7 +59,9 @@ typedef enum sl_op {
     SL_OP_SOFTMAX_BACK,      /* src0 = y (softmax output), src1 = dy */
     SL_OP_ATTENTION,      /* causal MHA: q (B,T,NH,hs), k/v (B,T,NKV,hs) -> (B,T,NH*hs); aux: lse (B,NH,T) */
     SL_OP_ATTENTION_BACK, /* src0 = fwd, src1..3 = q,k,v, src4 = dy -> (B,T,NH+2*NKV,hs) packed dq|dk|dv */
-    SL_OP_EMBEDDING,      /* src0 = table (V, C), src1 = ids (i32, any shape) -> (ids.., C) */
+    SL_OP_EMBEDDING,      /* src0 = table (V, C), src1 = ids (i32, any shape) -> (ids.., C); iparams[3]=1: a
+                             vocab shard holding rows [iparams[2], +V) of the full table: other ids give zero
+                             rows (and EMBEDDING_BACK skips them) */
     SL_OP_EMBEDDING_BACK, /* in place on src0 (V, C): src0[ids[i]] += dy[i] (src1 = ids, src2 = dy);
                              iparams[1]=1: src0 is zeroed first (a first gradient write) */
     SL_OP_CROSS_ENTROPY,  /* src0 = logits (N.., V), src1 = targets (i32 N..) -> scalar mean loss; aux: lse */
@@ -90,6 +92,17 @@ typedef enum sl_op {
                          h) for the rows routed to e (gate != 0), zero elsewhere; only routed rows are
                          computed; iparams[1]=1: bf16 numerics */
     SL_OP_FILL,       /* a tensor of node's shape with every element fparams[0] (the loss-gradient seed) */
+    /* Tensor parallelism (Note [Tensor-parallel graphs], src/ops/build_tp.c) */
+    SL_OP_COLLECTIVE, /* a collective over a process group, run by the graph's collective provider (not the
+                         backend): iparams[0] = forward kind, [1] = backward kind (sl_coll_kind), [2] = group
+                         (sl_coll_group), [3] = group size; src0 = input */
+    SL_OP_CE_VP_STATS, /* vocab-parallel cross-entropy, per rank: src0 = logits shard (N.., Vl), src1 =
+                          targets (global ids) -> (N, 2): [logsumexp of the shard, target logit if the target
+                          lies in [iparams[0], +Vl) else 0] */
+    SL_OP_CE_VP,       /* src0 = logits shard, src1 = targets, src2 = all ranks' stats (P, N, 2) -> scalar
+                          mean loss over targets >= 0; aux: the global logsumexp per row (N) */
+    SL_OP_CE_VP_BACK,  /* src0 = fwd (CE_VP), src1 = logits shard, src2 = targets, src3 = dloss ->
+                          d logits shard: softmax - onehot (shard columns), times dloss / count */
     /* Trainable mixture of experts (issue 17; src/ops/moe_ops.c, Note [MoE dispatch in a static graph]) */
     SL_OP_MOE_ROUTE,       /* src0 = router logits (N, E), src1 = optional selection bias (E) -> dense routing
                               weights (N, E): scores softmax|sigmoid (iparams[1] = 0|1), top iparams[0] per row

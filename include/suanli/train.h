@@ -42,6 +42,7 @@ typedef struct sl_trainer_config {
     float lr, min_lr, clip; /* clip <= 0: no clipping */
     int64_t warmup, decay_iters;
     sl_adamw_hparams hp;
+    const struct sl_mesh *mesh; /* borrowed; needed for a pipeline stage (m->pp > 1), else may be NULL */
     /* dynamic loss scaling (fp16; Note [Dynamic loss scaling]): off when loss_scale.initial is 0 */
     sl_loss_scale_config loss_scale;
 } sl_trainer_config;
@@ -50,12 +51,15 @@ typedef struct sl_step_stats {
     float loss, grad_norm, lr; /* loss: mean over every micro-batch of every dp rank */
     double seconds;
     double comm_wait_sec; /* time spent waiting for gradient reduction after backward (DP) */
+    double pipe_wait_sec; /* pipeline stage: time blocked receiving activations/gradients (bubble + comm) */
     float loss_scale;     /* the scale this step's backward used (1 without loss scaling) */
     int skipped;          /* 1: inf/nan gradients, no update (grad_norm is then inf or nan) */
     int64_t skipped_total;
 } sl_step_stats;
 
 typedef struct sl_dp sl_dp;
+typedef struct sl_tp sl_tp;
+typedef struct sl_pipeline sl_pipeline;
 
 /* Fill one micro-batch: ids and targets are (B, T) int32. `micro` is the global micro-batch index of the
  * step (dp_rank * accum + local micro), so a DP run sees exactly the single-process batches. */
@@ -71,6 +75,9 @@ typedef struct sl_trainer {
     int n_forward;             /* nodes [0, n_forward) are the forward pass */
     sl_adamw opt;              /* single-process optimizer state (allocated at the first step) */
     sl_dp *dp;                 /* borrowed; when set, gradients are reduced and the update is done by dp */
+    sl_tp *tp;                 /* borrowed; set by sl_trainer_set_tp for a TP-split model */
+    sl_pipeline *pipe;         /* owned; a pipeline stage's graphs and schedule (m->pp > 1); graph is its
+                                  first slot's */
     int opt_ready;
     void (*pre_update)(void *user); /* optional: called right before the optimizer modifies the state */
     void *pre_update_user;
@@ -84,6 +91,9 @@ typedef struct sl_trainer {
 
 sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *cfg);
 void sl_trainer_free(sl_trainer *tr);
+/* A model split by tensor parallelism (m->tp > 1): runs the graph's collectives over tp's group and
+ * takes the gradient norm over the whole model. */
+sl_status sl_trainer_set_tp(sl_trainer *tr, sl_tp *tp);
 /* Forward+backward over cfg.accum micro-batches (gradients accumulate with loss scale 1/accum),
  * clip, schedule, AdamW. stats->loss is the mean micro-batch loss before the update. */
 sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *user, sl_step_stats *stats);
@@ -92,6 +102,21 @@ sl_status sl_trainer_forward_backward(sl_trainer *tr, const int32_t *ids, const 
                                       float *loss);
 /* Mean loss over `iters` micro-batches drawn with fn(user, i, 0, ...), forward only. */
 sl_status sl_trainer_eval(sl_trainer *tr, sl_batch_fn fn, void *user, int iters, float *loss);
+
+/* ---- pipeline parallelism (src/train/pipeline.c; Note [Pipeline stages and 1F1B]) ---- */
+enum { SL_PIPE_MAX_CHUNKS = 16 }; /* model chunks per stage (interleaved schedule) */
+sl_status sl_pipeline_new(sl_pipeline **out, sl_model *m, const struct sl_mesh *mesh, int B, int T, int n_micro,
+                          float loss_scale);
+void sl_pipeline_free(sl_pipeline *P);
+sl_graph *sl_pipeline_graph(sl_pipeline *P, int k); /* slot k's graph, chunk by chunk (NULL past the last) */
+int sl_pipeline_slots(const sl_pipeline *P);        /* over every chunk */
+sl_plan_stats sl_pipeline_plan(const sl_pipeline *P); /* activations of every slot, summed */
+/* One step's forward and backward of n_micro micro-batches (global indices micro0..) in 1F1B order;
+ * *loss: the last stage's mean loss (undefined on the other stages). */
+sl_status sl_pipeline_step(sl_pipeline *P, int64_t step, int n_micro, int micro0, sl_batch_fn fn, void *user,
+                           int overwrite, float *loss);
+sl_status sl_pipeline_eval(sl_pipeline *P, int iters, sl_batch_fn fn, void *user, float *loss);
+double sl_pipeline_take_wait(sl_pipeline *P); /* seconds blocked in receives since the last call */
 
 /* ---- checkpoint state of a trainer (src/train/ckpt_trainer.c) ---- */
 
@@ -160,7 +185,10 @@ typedef struct sl_train_ckpt_opts {
 typedef struct sl_train_parallel_opts {
     sl_comm *comm;      /* borrowed world communicator; NULL: from the environment (suanli run, torchrun, MPI,
                            Slurm), single process when there is none. Aborted when the run fails. */
-    int64_t tp, pp, ep; /* mesh axes (tp, pp > 1 not implemented yet) */
+    int64_t tp, pp, ep; /* mesh axes (pp, ep > 1 not implemented yet) */
+    int64_t sequence_parallel; /* 1: sequence parallelism on top of tp > 1 */
+    int64_t layers_per_virtual_stage; /* > 0: interleaved 1F1B with num-layers / (pp x this) model chunks
+                                         per stage (--num-layers-per-virtual-pipeline-stage) */
     int64_t zero_stage; /* 0..3 */
     int64_t bucket_elems; /* gradient bucket size in elements */
 } sl_train_parallel_opts;

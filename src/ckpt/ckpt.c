@@ -306,30 +306,61 @@ double sl_ckpt_writer_commit_seconds(const sl_ckpt_writer *w) { return w->commit
 
 /* Entries of [lo, lo+len) split at parameter boundaries, from host memory src (indexed from lo), or, when
  * src is NULL, from device buffer buf at element boff (indexed from lo): those are copied into the
- * snapshot right here, on the caller's thread (backends are driven from one thread). */
+ * snapshot right here, on the caller's thread (backends are driven from one thread). Each entry names its
+ * full tensor and offset in it (Note [Full-tensor coordinates]: a TP shard is runs of it); the last
+ * pipeline stage's copy of a tied embedding is not written (the first stage's is the same), nor the other
+ * TP ranks' copies of a replicated parameter (TP rank 0's are the same). */
+typedef struct {
+    sl_ckpt_writer *w;
+    const sl_param_info *p;
+    const char *kind;
+    const float *src;
+    const sl_buffer *buf;
+    int64_t boff, lo;
+    size_t *used;
+    sl_status st;
+} entry_ctx;
+
+static void add_run(void *u, int64_t full_off, int64_t local_off, int64_t n) {
+    entry_ctx *c = u;
+    sl_ckpt_writer *w = c->w;
+    if (c->st != SL_OK) return;
+    if (w->ne == w->cap) {
+        w->cap = w->cap ? 2 * w->cap : 64;
+        entry *ne = realloc(w->e, sizeof(entry) * (size_t)w->cap);
+        if (!ne) {
+            c->st = sl_fail(SL_ERR_NOMEM, "checkpoint: out of memory");
+            return;
+        }
+        w->e = ne;
+    }
+    entry *e = &w->e[w->ne++];
+    int64_t at = c->p->offset + local_off - c->lo; /* index from lo */
+    snprintf(e->tensor, sizeof e->tensor, "%s/%s", c->kind, c->p->t->name);
+    e->offset = full_off;
+    e->length = n;
+    e->data = w->buf + *c->used;
+    e->src = c->src ? c->src + at : NULL;
+    if (!c->src)
+        c->st = sl_backend_copy_out(c->buf, sizeof(float) * (size_t)(c->boff + at), e->data,
+                                    sizeof(float) * (size_t)n);
+    *c->used += (size_t)n;
+}
+
 static sl_status add_entries(sl_ckpt_writer *w, const sl_model *m, const char *kind, const float *src,
                              const sl_buffer *buf, int64_t boff, int64_t lo, int64_t len, size_t *used) {
     for (int i = 0; i < m->n_params; i++) {
         const sl_param_info *p = &m->params[i];
         int64_t a = p->offset > lo ? p->offset : lo;
         int64_t b = p->offset + p->numel < lo + len ? p->offset + p->numel : lo + len;
-        if (a >= b) continue;
-        if (w->ne == w->cap) {
-            w->cap = w->cap ? 2 * w->cap : 64;
-            entry *ne = realloc(w->e, sizeof(entry) * (size_t)w->cap);
-            if (!ne) return sl_fail(SL_ERR_NOMEM, "checkpoint: out of memory");
-            w->e = ne;
-        }
-        entry *e = &w->e[w->ne++];
-        snprintf(e->tensor, sizeof e->tensor, "%s/%s", kind, p->t->name);
-        e->offset = a - p->offset;
-        e->length = b - a;
-        e->data = w->buf + *used;
-        e->src = src ? src + (a - lo) : NULL;
-        if (!src)
-            SL_TRY(sl_backend_copy_out(buf, sizeof(float) * (size_t)(boff + (a - lo)), e->data,
-                                       sizeof(float) * (size_t)(b - a)));
-        *used += (size_t)(b - a);
+        /* written once: the first stage's tied embedding, TP rank 0's copy of a replicated parameter */
+        int group = p->tp_parts > 0 && m->tp > p->tp_parts ? m->tp / p->tp_parts : 1; /* replicated kv part */
+        if (a >= b || p->tied_copy || (m->tp > 1 && p->tp_split == 0 && m->tp_rank != 0) ||
+            (group > 1 && m->tp_rank % group != 0))
+            continue;
+        entry_ctx c = {w, p, kind, src, buf, boff, lo, used, SL_OK};
+        sl_param_runs(m, p, a - p->offset, b - p->offset, add_run, &c);
+        SL_TRY(c.st);
     }
     return SL_OK;
 }
@@ -736,7 +767,42 @@ static sl_status read_range(reader *r, const char *tname, int64_t numel, int64_t
 }
 
 /* [lo, lo+len) of kind into host dst (indexed from lo), or, when dst is NULL, into device buffer buf at
- * element boff through a host bounce of one tensor piece at a time */
+ * element boff through a host bounce of one tensor piece at a time. A TP-split parameter's piece is read
+ * as the span of the full tensor that covers its runs, then scattered (Note [Full-tensor coordinates]). */
+typedef struct {
+    float *out;        /* the piece, indexed from its first local element */
+    const float *full; /* the full tensor's span, indexed from span0 */
+    int64_t span0, a;
+} scatter_ctx;
+
+static void scatter_run(void *u, int64_t full_off, int64_t local_off, int64_t n) {
+    scatter_ctx *c = u;
+    memcpy(c->out + (local_off - c->a), c->full + (full_off - c->span0), sizeof(float) * (size_t)n);
+}
+static void span_run(void *u, int64_t full_off, int64_t local_off, int64_t n) {
+    int64_t *s = u;
+    (void)local_off;
+    if (full_off < s[0]) s[0] = full_off;
+    if (full_off + n > s[1]) s[1] = full_off + n;
+}
+
+static sl_status read_piece(reader *r, const sl_model *m, const sl_param_info *p, const char *tn, int64_t a,
+                            int64_t b, float *out) {
+    int64_t fn = sl_param_full_numel(m, p);
+    if (p->tp_split == 0 || m->tp <= 1) return read_range(r, tn, fn, a, b - a, out);
+    int64_t span[2] = {INT64_MAX, 0};
+    sl_param_runs(m, p, a, b, span_run, span);
+    float *full = malloc(sizeof(float) * (size_t)(span[1] - span[0]));
+    if (!full) return sl_fail(SL_ERR_NOMEM, "checkpoint: out of memory");
+    sl_status st = read_range(r, tn, fn, span[0], span[1] - span[0], full);
+    if (st == SL_OK) {
+        scatter_ctx c = {out, full, span[0], a};
+        sl_param_runs(m, p, a, b, scatter_run, &c);
+    }
+    free(full);
+    return st;
+}
+
 static sl_status load_flat(reader *r, const sl_model *m, const char *kind, int64_t lo, int64_t len,
                            float *dst, sl_buffer *buf, int64_t boff) {
     for (int i = 0; i < m->n_params; i++) {
@@ -747,12 +813,12 @@ static sl_status load_flat(reader *r, const sl_model *m, const char *kind, int64
         char tn[128];
         snprintf(tn, sizeof tn, "%s/%s", kind, p->t->name);
         if (dst) {
-            SL_TRY(read_range(r, tn, p->numel, a - p->offset, b - a, dst + (a - lo)));
+            SL_TRY(read_piece(r, m, p, tn, a - p->offset, b - p->offset, dst + (a - lo)));
             continue;
         }
         float *tmp = malloc(sizeof(float) * (size_t)(b - a));
         if (!tmp) return sl_fail(SL_ERR_NOMEM, "checkpoint: out of memory");
-        sl_status st = read_range(r, tn, p->numel, a - p->offset, b - a, tmp);
+        sl_status st = read_piece(r, m, p, tn, a - p->offset, b - p->offset, tmp);
         if (st == SL_OK)
             st = sl_backend_copy_in(buf, sizeof(float) * (size_t)(boff + (a - lo)), tmp,
                                     sizeof(float) * (size_t)(b - a));

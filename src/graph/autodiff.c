@@ -97,7 +97,18 @@ static void emit_view(ad_state *s, sl_tensor *view, sl_tensor *gv) {
     s->owned[a->id] = 1;
 }
 
+static void build_backward(sl_graph *g, sl_tensor *loss, float loss_scale, sl_tensor *seed_in);
+
 void sl_graph_build_backward(sl_graph *g, sl_tensor *loss, float loss_scale) {
+    build_backward(g, loss, loss_scale, NULL);
+}
+
+void sl_graph_build_backward_seeded(sl_graph *g, sl_tensor *out, sl_tensor *seed) {
+    SL_ASSERT(seed && sl_same_shape(seed, out) && seed->op == SL_OP_NONE);
+    build_backward(g, out, 1.0f, seed);
+}
+
+static void build_backward(sl_graph *g, sl_tensor *loss, float loss_scale, sl_tensor *seed_in) {
     sl_ctx *ctx = g->ctx;
     int n_fwd = g->n_nodes;
     SL_ASSERT(loss->order >= 0 && "loss must be in the forward graph");
@@ -116,11 +127,15 @@ void sl_graph_build_backward(sl_graph *g, sl_tensor *loss, float loss_scale) {
             if ((x->flags & SL_FLAG_PARAM) || s.needs[x->id]) s.needs[t->id] = 1;
         }
     }
-    /* seed: d(loss) = loss_scale, a FILL node computed on the backend (device-resident, no host float) */
-    SL_ASSERT(sl_nelements(loss) == 1);
-    sl_tensor *seed = sl_fill(ctx, SL_F32, loss->ndim, loss->ne, loss_scale);
-    sl_set_name(seed, "d_loss");
-    sl_graph_push(g, seed);
+    /* seed: d(loss) = loss_scale, a FILL node computed on the backend (device-resident, no host float);
+     * or the caller's leaf (a pipeline stage: the gradient of its output received from the next stage) */
+    sl_tensor *seed = seed_in;
+    if (!seed) {
+        SL_ASSERT(sl_nelements(loss) == 1);
+        seed = sl_fill(ctx, SL_F32, loss->ndim, loss->ne, loss_scale);
+        sl_set_name(seed, "d_loss");
+        sl_graph_push(g, seed);
+    }
     sl_graph_ensure_id_capacity(g);
     g->grads[loss->id] = seed;
 
@@ -147,6 +162,8 @@ void sl_graph_build_backward(sl_graph *g, sl_tensor *loss, float loss_scale) {
                 eb->src[1] = ids;
                 eb->src[2] = sl_is_contiguous(gt) ? gt : sl_cont(ctx, gt);
                 eb->view_src = dst;
+                eb->iparams[2] = t->iparams[2]; /* vocab shard: rows [lo, +V) */
+                eb->iparams[3] = t->iparams[3];
                 if (is_param)
                     note_grad_write(&s, table, eb);
                 else

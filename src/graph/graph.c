@@ -264,6 +264,11 @@ void sl_graph_refresh_views(sl_graph *g) {
     }
 }
 
+void sl_graph_set_collective(sl_graph *g, sl_collective_fn fn, void *user) {
+    g->coll_fn = fn;
+    g->coll_user = user;
+}
+
 sl_status sl_graph_compute_range(sl_graph *g, int start, int end, sl_node_hook hook, void *user) {
     if (!g->planned) return sl_fail(SL_ERR_INVALID, "graph: compute before plan");
     if (start == 0) SL_TRY(resolve(g));
@@ -272,7 +277,14 @@ sl_status sl_graph_compute_range(sl_graph *g, int start, int end, sl_node_hook h
     int prof = sl_profile_enabled();
     for (int i = start; i < end; i++) {
         sl_tensor *t = g->nodes[i];
-        if (t->op != SL_OP_VIEW) {
+        if (t->op == SL_OP_COLLECTIVE) {
+            if (!g->coll_fn)
+                return sl_fail(SL_ERR_INVALID, "graph: collective node '%s' but no collective provider",
+                               t->name);
+            double t0 = prof ? sl_time_sec() : 0;
+            SL_TRY(g->coll_fn(g->coll_user, t));
+            if (prof) sl_profile_add(t->op, sl_time_sec() - t0);
+        } else if (t->op != SL_OP_VIEW) {
             if (!be->supports_op(be, t))
                 return sl_fail(SL_ERR_UNSUPPORTED, "backend %s: op %s (%s) not supported", be->name,
                                sl_op_name(t->op), sl_dtype_name(t->dtype));

@@ -17,6 +17,8 @@ struct sl_graph {
     sl_buffer *arena;
     size_t *offsets; /* by node index; SIZE_MAX if not owning storage */
     int planned;
+    sl_collective_fn coll_fn; /* runs COLLECTIVE nodes (borrowed user pointer) */
+    void *coll_user;
 };
 
 int sl_profile_enabled(void);

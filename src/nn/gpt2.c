@@ -27,9 +27,36 @@ typedef struct {
     int cap;
 } builder;
 
-static sl_tensor *add_param(builder *b, const char *name, int ndim, const int64_t *ne, int decay, int init) {
+void sl_param_tp_part(const sl_param_info *p, int tp, int r, int *parts, int *part) {
+    if (p->tp_parts > 0 && p->tp_parts < tp) {
+        *parts = p->tp_parts;
+        *part = r / (tp / p->tp_parts);
+    } else {
+        *parts = tp;
+        *part = r;
+    }
+}
+
+void sl_tp_part(int64_t block_full, int tp, int r, int64_t *lo, int64_t *len) {
+    int64_t a = block_full * r / tp, b = block_full * (r + 1) / tp;
+    *lo = a;
+    *len = b - a;
+}
+
+/* A parameter of full shape ne; under TP (b->tp > 1) dimension tp_dim is split (tp_pack blocks). */
+static sl_tensor *add_param_tp(builder *b, const char *name, int ndim, const int64_t *full_ne, int decay,
+                               int init, int tp_dim, int tp_pack) {
     sl_model *m = b->m;
     SL_ASSERT(m->n_params < b->cap);
+    int64_t ne[SL_MAX_DIMS];
+    for (int d = 0; d < ndim; d++) ne[d] = full_ne[d];
+    int tp = m->tp > 1 ? m->tp : 1;
+    if (tp == 1) tp_dim = -1;
+    if (tp_dim >= 0) {
+        int64_t lo, len;
+        sl_tp_part(full_ne[tp_dim] / tp_pack, tp, m->tp_rank, &lo, &len);
+        ne[tp_dim] = len * tp_pack;
+    }
     sl_tensor *t = sl_new_tensor(m->ctx, SL_F32, ndim, ne);
     sl_set_param(t);
     sl_set_name(t, "%s", name);
@@ -39,8 +66,15 @@ static sl_tensor *add_param(builder *b, const char *name, int ndim, const int64_
     p->numel = sl_nelements(t);
     p->decay = decay;
     p->init = init;
+    p->tp_split = tp_dim + 1;
+    p->tp_pack = tp_dim >= 0 ? tp_pack : 1;
+    p->tp_full = tp_dim >= 0 ? full_ne[tp_dim] : 0;
     m->numel += p->numel;
     return t;
+}
+
+static sl_tensor *add_param(builder *b, const char *name, int ndim, const int64_t *ne, int decay, int init) {
+    return add_param_tp(b, name, ndim, ne, decay, init, -1, 1);
 }
 
 sl_status sl_gpt2_new(const sl_gpt2_config *cfg, sl_model **out) {
@@ -48,11 +82,47 @@ sl_status sl_gpt2_new(const sl_gpt2_config *cfg, sl_model **out) {
 }
 
 sl_status sl_gpt2_new_on(const sl_gpt2_config *cfg, sl_backend *be, sl_model **out) {
+    return sl_gpt2_new_tp(cfg, be, 1, 0, out);
+}
+
+sl_status sl_gpt2_new_tp(const sl_gpt2_config *cfg, sl_backend *be, int tp, int tp_rank, sl_model **out) {
+    return sl_gpt2_new_par(cfg, be, &(sl_model_split){tp, tp_rank, 1, 0, 1}, out);
+}
+
+sl_status sl_gpt2_new_par(const sl_gpt2_config *cfg, sl_backend *be, const sl_model_split *sp, sl_model **out) {
     *out = NULL;
     SL_TRY(check_cfg(cfg));
+    int tp = sp->tp, tp_rank = sp->tp_rank, pp = sp->pp, pp_rank = sp->pp_rank, v = sp->vpp > 1 ? sp->vpp : 1;
+    if (pp < 1 || pp_rank < 0 || pp_rank >= pp)
+        return sl_fail(SL_ERR_INVALID, "--pipeline-model-parallel-size %d: stage %d out of range", pp, pp_rank);
+    if (cfg->n_layer % pp != 0)
+        return sl_fail(SL_ERR_INVALID, "--pipeline-model-parallel-size %d does not divide num-layers %d", pp,
+                       cfg->n_layer);
+    if (v > 1 && (pp < 2 || cfg->n_layer % (pp * v) != 0))
+        return sl_fail(SL_ERR_INVALID,
+                       "--num-layers-per-virtual-pipeline-stage: num-layers %d is not pipeline stages %d x %d "
+                       "virtual stages x a whole number of layers",
+                       cfg->n_layer, pp, v);
+    if (tp < 1 || tp_rank < 0 || tp_rank >= tp)
+        return sl_fail(SL_ERR_INVALID, "--tensor-model-parallel-size %d: rank %d out of range", tp, tp_rank);
+    if (cfg->n_head % tp != 0)
+        return sl_fail(SL_ERR_INVALID,
+                       "--tensor-model-parallel-size %d does not divide num-attention-heads %d", tp,
+                       cfg->n_head);
+    if (cfg->vocab_size < tp)
+        return sl_fail(SL_ERR_INVALID, "--tensor-model-parallel-size %d exceeds vocab-size %d", tp,
+                       cfg->vocab_size);
     sl_model *m = calloc(1, sizeof *m);
     if (!m) return sl_fail(SL_ERR_NOMEM, "model: out of memory");
     m->cfg = *cfg;
+    m->tp = tp;
+    m->tp_rank = tp_rank;
+    m->pp = pp;
+    m->pp_rank = pp_rank;
+    m->n_layers = cfg->n_layer / pp;
+    m->vpp = v;
+    m->layer0 = m->n_layers / v * pp_rank; /* chunk 0's first layer */
+    int first = pp_rank == 0, last = pp_rank == pp - 1;
     int L = cfg->n_layer;
     int64_t C = cfg->n_embd, V = cfg->vocab_size, T = cfg->max_seq_len;
     builder b = {m, 4 + 12 * L};
@@ -63,28 +133,38 @@ sl_status sl_gpt2_new_on(const sl_gpt2_config *cfg, sl_backend *be, sl_model **o
         return sl_fail(SL_ERR_NOMEM, "model: out of memory");
     }
     char nm[64];
-    add_param(&b, "wte", 2, (int64_t[]){V, C}, 1, SL_INIT_NORMAL);
-    add_param(&b, "wpe", 2, (int64_t[]){T, C}, 1, SL_INIT_NORMAL);
-    for (int l = 0; l < L; l++) {
-#define P(suffix, nd, shape, decay, init)                                                                    \
+    if (first) {
+        add_param_tp(&b, "wte", 2, (int64_t[]){V, C}, 1, SL_INIT_NORMAL, 0, 1); /* vocab-parallel */
+        add_param(&b, "wpe", 2, (int64_t[]){T, C}, 1, SL_INIT_NORMAL);
+    }
+    for (int k = 0; k < m->n_layers; k++) { /* chunk by chunk (one chunk without interleaving) */
+        int Lc = m->n_layers / v, l = ((k / Lc) * pp + pp_rank) * Lc + k % Lc;
+/* tp dimension and packed blocks: column-parallel weights split rows, row-parallel ones columns */
+#define P(suffix, nd, shape, decay, init, tdim, pack)                                                        \
     snprintf(nm, sizeof nm, "h.%d." suffix, l);                                                              \
-    add_param(&b, nm, nd, shape, decay, init)
-        P("ln_1.weight", 1, ((int64_t[]){C}), 0, SL_INIT_ONE);
-        P("ln_1.bias", 1, ((int64_t[]){C}), 0, SL_INIT_ZERO);
-        P("attn.c_attn.weight", 2, ((int64_t[]){3 * C, C}), 1, SL_INIT_NORMAL);
-        P("attn.c_attn.bias", 1, ((int64_t[]){3 * C}), 0, SL_INIT_ZERO);
-        P("attn.c_proj.weight", 2, ((int64_t[]){C, C}), 1, SL_INIT_NORMAL_RESID);
-        P("attn.c_proj.bias", 1, ((int64_t[]){C}), 0, SL_INIT_ZERO);
-        P("ln_2.weight", 1, ((int64_t[]){C}), 0, SL_INIT_ONE);
-        P("ln_2.bias", 1, ((int64_t[]){C}), 0, SL_INIT_ZERO);
-        P("mlp.c_fc.weight", 2, ((int64_t[]){4 * C, C}), 1, SL_INIT_NORMAL);
-        P("mlp.c_fc.bias", 1, ((int64_t[]){4 * C}), 0, SL_INIT_ZERO);
-        P("mlp.c_proj.weight", 2, ((int64_t[]){C, 4 * C}), 1, SL_INIT_NORMAL_RESID);
-        P("mlp.c_proj.bias", 1, ((int64_t[]){C}), 0, SL_INIT_ZERO);
+    add_param_tp(&b, nm, nd, shape, decay, init, tdim, pack)
+        P("ln_1.weight", 1, ((int64_t[]){C}), 0, SL_INIT_ONE, -1, 1);
+        P("ln_1.bias", 1, ((int64_t[]){C}), 0, SL_INIT_ZERO, -1, 1);
+        P("attn.c_attn.weight", 2, ((int64_t[]){3 * C, C}), 1, SL_INIT_NORMAL, 0, 3);
+        P("attn.c_attn.bias", 1, ((int64_t[]){3 * C}), 0, SL_INIT_ZERO, 0, 3);
+        P("attn.c_proj.weight", 2, ((int64_t[]){C, C}), 1, SL_INIT_NORMAL_RESID, 1, 1);
+        P("attn.c_proj.bias", 1, ((int64_t[]){C}), 0, SL_INIT_ZERO, -1, 1);
+        P("ln_2.weight", 1, ((int64_t[]){C}), 0, SL_INIT_ONE, -1, 1);
+        P("ln_2.bias", 1, ((int64_t[]){C}), 0, SL_INIT_ZERO, -1, 1);
+        P("mlp.c_fc.weight", 2, ((int64_t[]){4 * C, C}), 1, SL_INIT_NORMAL, 0, 1);
+        P("mlp.c_fc.bias", 1, ((int64_t[]){4 * C}), 0, SL_INIT_ZERO, 0, 1);
+        P("mlp.c_proj.weight", 2, ((int64_t[]){C, 4 * C}), 1, SL_INIT_NORMAL_RESID, 1, 1);
+        P("mlp.c_proj.bias", 1, ((int64_t[]){C}), 0, SL_INIT_ZERO, -1, 1);
 #undef P
     }
-    add_param(&b, "ln_f.weight", 1, (int64_t[]){C}, 0, SL_INIT_ONE);
-    add_param(&b, "ln_f.bias", 1, (int64_t[]){C}, 0, SL_INIT_ZERO);
+    if (last) {
+        add_param(&b, "ln_f.weight", 1, (int64_t[]){C}, 0, SL_INIT_ONE);
+        add_param(&b, "ln_f.bias", 1, (int64_t[]){C}, 0, SL_INIT_ZERO);
+    }
+    if (last && !first) { /* the LM head's copy of the tied embedding, kept equal to the first stage's */
+        add_param_tp(&b, "wte", 2, (int64_t[]){V, C}, 1, SL_INIT_NORMAL, 0, 1);
+        m->params[m->n_params - 1].tied_copy = 1;
+    }
     sl_status st = sl_model_alloc_state(m, be, 1);
     if (st != SL_OK) {
         sl_model_free(m);
@@ -171,7 +251,97 @@ static sl_tensor *gpt2_body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int po
     return sl_set_name(logits, "logits");
 }
 
+/* Megatron's f and g (Note [Tensor-parallel graphs], src/ops/build_tp.c): entering a TP region (before
+ * a column-parallel linear) and leaving it (after a row-parallel one); with sequence parallelism an
+ * all-gather and a reduce-scatter along the sequence. Identities without TP. */
+static sl_tensor *tp_f(sl_model *m, sl_tensor *x) { return sl_tp_enter(m->ctx, x, m->tp, m->sp); }
+static sl_tensor *tp_g(sl_model *m, sl_tensor *x) { return sl_tp_exit(m->ctx, x, m->tp, m->sp); }
+static sl_tensor *tp_rep(sl_model *m, sl_tensor *p) { return sl_tp_rep(m->ctx, p, m->tp, m->sp); }
+/* a row-parallel linear: partial products summed by g, then the replicated bias; the dense linear without TP */
+static sl_tensor *row_linear(sl_model *m, sl_tensor *x, sl_tensor *w, sl_tensor *b) {
+    if (m->tp <= 1) return mm(m, x, w, b);
+    return sl_bias(m->ctx, tp_g(m, mm(m, x, w, NULL)), tp_rep(m, b));
+}
+
+/* Where a stage model's parameters sit in m->params (sl_gpt2_new_par registers them in this order):
+ * [wte, wpe] on the first stage, 12 per layer of the stage, [ln_f.weight, ln_f.bias] on the last, then the
+ * last stage's copy of the tied wte when it is not also the first. */
+static int chunk_layers(const sl_model *m) { return m->n_layers / (m->vpp > 1 ? m->vpp : 1); }
+static int chunk_first(const sl_model *m, int c) {
+    return (c * (m->pp > 1 ? m->pp : 1) + m->pp_rank) * chunk_layers(m);
+}
+static int idx_layer(const sl_model *m, int l) {
+    int Lc = chunk_layers(m), c = (l / Lc) / (m->pp > 1 ? m->pp : 1);
+    return (m->pp_rank == 0 ? 2 : 0) + 12 * (c * Lc + l % Lc);
+}
+static int idx_lnf(const sl_model *m) { return (m->pp_rank == 0 ? 2 : 0) + 12 * m->n_layers; }
+static int idx_head(const sl_model *m) { return m->pp_rank == 0 ? 0 : idx_lnf(m) + 2; }
+
+/* The forward pass of one rank of a split model (tensor and/or pipeline parallel; training and evaluation).
+ * TP: each rank holds NH/tp heads, 4C/tp MLP units and a contiguous range of the vocabulary (with m->sp,
+ * also T/tp tokens of the residual stream). Column-parallel c_attn and c_fc take f(h); row-parallel c_proj
+ * outputs are summed by g before their (replicated) bias; the embedding is a vocab-shard lookup summed by
+ * g; the tied LM head gives this rank's vocabulary columns, and the loss is the vocab-parallel
+ * cross-entropy. PP: the stage runs its layers only; the first stage starts from the ids, the others from
+ * x_in (B, T or T/tp under SP, C); the last stage ends in the loss, the others return their activations.
+ * *logits_out: this rank's logits shard (B, T, V/tp) on the last stage. */
+static sl_tensor *gpt2_par_body(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *x_in, sl_tensor *targets,
+                                sl_tensor **logits_out) {
+    sl_ctx *ctx = m->ctx;
+    const sl_gpt2_config *c = &m->cfg;
+    int v = m->vpp > 1 ? m->vpp : 1;
+    int tp = m->tp > 1 ? m->tp : 1, first = m->pp_rank == 0 && chunk == 0,
+        last = m->pp_rank == (m->pp > 1 ? m->pp : 1) - 1 && chunk == v - 1;
+    SL_ASSERT(chunk >= 0 && chunk < v);
+    int64_t B = ids->ne[0], T = ids->ne[1], C = c->n_embd, NHl = c->n_head / tp, hs = C / c->n_head;
+    SL_ASSERT(ids->ndim == 2 && T <= c->max_seq_len && (!m->sp || T % tp == 0));
+    int64_t vlo, vlen, Tl = m->sp ? T / tp : T; /* under SP: this rank's tokens of the residual stream */
+    sl_tp_part(c->vocab_size, tp, m->tp_rank, &vlo, &vlen);
+    sl_tensor *x = x_in;
+    if (first) {
+        SL_ASSERT(!x_in);
+        sl_tensor *wte = P(m, 0), *wpe = tp_rep(m, P(m, 1));
+        int64_t t0 = m->sp ? Tl * m->tp_rank : 0;
+        sl_tensor *pos = sl_view(ctx, wpe, 2, (int64_t[]){Tl, C}, (int64_t[]){C, 1}, t0 * C);
+        sl_tensor *e = tp > 1 ? tp_g(m, sl_embedding_shard(ctx, wte, ids, vlo)) : sl_embedding(ctx, wte, ids);
+        x = sl_add(ctx, e, pos);
+    }
+    SL_ASSERT(x && x->ne[1] == Tl);
+#define R(i) tp_rep(m, P(m, i))
+    for (int l = chunk_first(m, chunk); l < chunk_first(m, chunk) + chunk_layers(m); l++) {
+        int o = idx_layer(m, l);
+        sl_tensor *h = tp_f(m, sl_layernorm(ctx, x, R(o + 0), R(o + 1), 1e-5f));
+        sl_tensor *qkv = mm(m, h, P(m, o + 2), P(m, o + 3)); /* (B, T, 3 C/tp) */
+        sl_tensor *r = sl_reshape(ctx, qkv, 5, (int64_t[]){B, T, 3, NHl, hs});
+        int64_t nb4[4] = {r->nb[0], r->nb[1], r->nb[3], 1};
+        sl_tensor *q = sl_view(ctx, r, 4, (int64_t[]){B, T, NHl, hs}, nb4, 0);
+        sl_tensor *k = sl_view(ctx, r, 4, (int64_t[]){B, T, NHl, hs}, nb4, r->nb[2]);
+        sl_tensor *v = sl_view(ctx, r, 4, (int64_t[]){B, T, NHl, hs}, nb4, 2 * r->nb[2]);
+        sl_tensor *a = sl_attention(ctx, q, k, v); /* (B, T, C/tp) */
+        x = sl_add(ctx, x, row_linear(m, a, P(m, o + 4), P(m, o + 5)));
+        h = tp_f(m, sl_layernorm(ctx, x, R(o + 6), R(o + 7), 1e-5f));
+        sl_tensor *f = sl_gelu(ctx, mm(m, h, P(m, o + 8), P(m, o + 9))); /* (B, T, 4C/tp) */
+        x = sl_add(ctx, x, row_linear(m, f, P(m, o + 10), P(m, o + 11)));
+    }
+    if (!last) return sl_set_name(x, "stage_out");
+    int of = idx_lnf(m);
+    x = tp_f(m, sl_layernorm(ctx, x, R(of), R(of + 1), 1e-5f));
+#undef R
+    sl_tensor *logits = sl_set_name(mm(m, x, P(m, idx_head(m)), NULL), "logits"); /* (B, T, V/tp) */
+    if (logits_out) *logits_out = logits;
+    if (!targets) return NULL;
+    sl_tensor *loss = tp > 1 ? sl_cross_entropy_vp(ctx, logits, targets, vlo, tp) : sl_cross_entropy(ctx, logits, targets);
+    return sl_set_name(loss, "loss");
+}
+
+sl_tensor *sl_gpt2_build_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *x_in, sl_tensor *targets,
+                               sl_tensor **logits_out) {
+    return gpt2_par_body(m, chunk, ids, x_in, targets, logits_out);
+}
+
 sl_tensor *sl_gpt2_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_tensor **logits_out) {
+    SL_ASSERT(m->pp <= 1 && "a pipeline stage is built with sl_model_build_stage");
+    if (m->tp > 1) return gpt2_par_body(m, 0, ids, NULL, targets, logits_out);
     sl_tensor *logits = gpt2_body(m, ids, NULL, 0, NULL);
     if (logits_out) *logits_out = logits;
     if (!targets) return NULL;
@@ -181,6 +351,7 @@ sl_tensor *sl_gpt2_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_ten
 }
 
 sl_tensor *sl_gpt2_build_kv(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
+    SL_ASSERT(m->tp <= 1 && "generation runs on a whole model (gather the TP shards first)");
     int64_t T = ids->ne[1];
     SL_ASSERT(kv->pos_used + T <= kv->pos_cap);
     sl_tensor *positions = sl_set_name(sl_new_tensor(m->ctx, SL_I32, 1, (int64_t[]){T}), "kv_positions");

@@ -67,7 +67,22 @@ void sl_llama_add_param(sl_llama_builder *b, int decay, int init, int ndim, cons
     SL_ASSERT(m->n_params < b->cap);
     /* bf16 mode: projection matrices are bf16; the embedding (gathered by id) stays f32 */
     int bf = m->wdtype == SL_BF16 && ndim == 2 && m->n_params > 0;
-    sl_tensor *t = sl_new_tensor(m->ctx, bf ? SL_BF16 : SL_F32, ndim, ne);
+    int tdim = m->tp > 1 ? b->tdim : -1, tpack = b->tpack > 0 ? b->tpack : 1;
+    int64_t lne[SL_MAX_DIMS];
+    for (int d = 0; d < ndim; d++) lne[d] = ne[d];
+    int tparts = tdim >= 0 ? b->tparts : 0;
+    if (tdim >= 0) {
+        int64_t lo, len;
+        sl_param_info tmp = {.tp_parts = tparts};
+        int parts, part;
+        sl_param_tp_part(&tmp, m->tp, m->tp_rank, &parts, &part);
+        sl_tp_part(ne[tdim] / tpack, parts, part, &lo, &len);
+        lne[tdim] = len * tpack;
+    }
+    b->tdim = -1;
+    b->tpack = 1;
+    b->tparts = 0;
+    sl_tensor *t = sl_new_tensor(m->ctx, bf ? SL_BF16 : SL_F32, ndim, lne);
     sl_set_param(t);
     va_list ap;
     va_start(ap, fmt);
@@ -79,11 +94,18 @@ void sl_llama_add_param(sl_llama_builder *b, int decay, int init, int ndim, cons
     p->numel = sl_nelements(t);
     p->decay = decay;
     p->init = init;
+    p->tp_split = tdim + 1;
+    p->tp_pack = tdim >= 0 ? tpack : 1;
+    p->tp_full = tdim >= 0 ? ne[tdim] : 0;
+    p->tp_parts = tparts;
     if (bf)
         m->wnumel += p->numel;
     else
         m->numel += p->numel;
 }
+
+static sl_status llama_new(const sl_llama_config *cfg, sl_dtype wdtype, sl_backend *be, const sl_model_split *sp,
+                           sl_model **out);
 
 sl_status sl_llama_new(const sl_llama_config *cfg, sl_model **out) {
     return sl_llama_new_ex(cfg, SL_F32, out);
@@ -94,6 +116,48 @@ sl_status sl_llama_new_ex(const sl_llama_config *cfg, sl_dtype wdtype, sl_model 
 }
 
 sl_status sl_llama_new_on(const sl_llama_config *cfg, sl_dtype wdtype, sl_backend *be, sl_model **out) {
+    return llama_new(cfg, wdtype, be, &(sl_model_split){1, 0, 1, 0, 1}, out);
+}
+
+sl_status sl_llama_new_tp(const sl_llama_config *cfg, sl_backend *be, int tp, int tp_rank, sl_model **out) {
+    return sl_llama_new_par(cfg, be, &(sl_model_split){tp, tp_rank, 1, 0, 1}, out);
+}
+
+sl_status sl_llama_new_par(const sl_llama_config *cfg, sl_backend *be, const sl_model_split *sp, sl_model **out) {
+    *out = NULL;
+    SL_TRY(check_cfg(cfg));
+    const char *flag = "--tensor-model-parallel-size";
+    int tp = sp->tp, tp_rank = sp->tp_rank, pp = sp->pp, v = sp->vpp > 1 ? sp->vpp : 1;
+    if (pp < 1 || sp->pp_rank < 0 || sp->pp_rank >= pp)
+        return sl_fail(SL_ERR_INVALID, "--pipeline-model-parallel-size %d: stage %d out of range", pp, sp->pp_rank);
+    if (cfg->n_layer % pp)
+        return sl_fail(SL_ERR_INVALID, "--pipeline-model-parallel-size %d does not divide num-layers %d", pp,
+                       cfg->n_layer);
+    if (v > 1 && (pp < 2 || cfg->n_layer % (pp * v)))
+        return sl_fail(SL_ERR_INVALID,
+                       "--num-layers-per-virtual-pipeline-stage: num-layers %d is not pipeline stages %d x %d "
+                       "virtual stages x a whole number of layers",
+                       cfg->n_layer, pp, v);
+    if (tp < 1 || tp_rank < 0 || tp_rank >= tp)
+        return sl_fail(SL_ERR_INVALID, "%s %d: rank %d out of range", flag, tp, tp_rank);
+    if (cfg->arch == SL_ARCH_MIXTRAL || cfg->arch == SL_ARCH_BAICHUAN)
+        return sl_fail(SL_ERR_UNSUPPORTED, "%s %d / --pipeline-model-parallel-size %d: not implemented for %s (MoE "
+                       "experts / W_pack)",
+                       flag, tp, pp, sl_arch_name(cfg->arch));
+    if (cfg->n_head % tp)
+        return sl_fail(SL_ERR_INVALID, "%s %d does not divide num-attention-heads %d", flag, tp, cfg->n_head);
+    if (cfg->n_kv_head % tp && tp % cfg->n_kv_head) /* tp > kv heads: each kv head on tp / kv ranks */
+        return sl_fail(SL_ERR_INVALID, "%s %d and num-query-groups (kv heads) %d: neither divides the other", flag,
+                       tp, cfg->n_kv_head);
+    if (cfg->vocab_size < tp)
+        return sl_fail(SL_ERR_INVALID, "%s %d exceeds vocab-size %d", flag, tp, cfg->vocab_size);
+    return llama_new(cfg, SL_F32, be, sp, out);
+}
+
+static sl_status llama_new(const sl_llama_config *cfg, sl_dtype wdtype, sl_backend *be, const sl_model_split *sp,
+                           sl_model **out) {
+    int tp = sp->tp, tp_rank = sp->tp_rank, pp = sp->pp > 1 ? sp->pp : 1, s = sp->pp_rank,
+        v = sp->vpp > 1 ? sp->vpp : 1;
     *out = NULL;
     SL_TRY(check_cfg(cfg));
     if (wdtype != SL_F32 && wdtype != SL_BF16)
@@ -101,6 +165,14 @@ sl_status sl_llama_new_on(const sl_llama_config *cfg, sl_dtype wdtype, sl_backen
     sl_model *m = calloc(1, sizeof *m);
     if (!m) return sl_fail(SL_ERR_NOMEM, "model: out of memory");
     m->wdtype = wdtype;
+    m->tp = tp;
+    m->tp_rank = tp_rank;
+    m->pp = pp;
+    m->pp_rank = s;
+    m->vpp = v;
+    m->n_layers = cfg->n_layer / pp;
+    m->layer0 = m->n_layers / v * s;
+    int first = s == 0, last = s == pp - 1;
     const sl_llama_config *c = cfg;
     m->arch = c->arch;
     m->lcfg = *c;
@@ -108,15 +180,18 @@ sl_status sl_llama_new_on(const sl_llama_config *cfg, sl_dtype wdtype, sl_backen
     int L = c->n_layer, E = sl_arch_is_moe(c->arch) ? c->n_experts : 1;
     int64_t C = c->hidden, V = c->vocab_size, I = c->intermediate, hd = c->head_dim;
     int64_t QD = c->n_head * hd, KD = c->n_kv_head * hd;
-    sl_llama_builder b = {m, 4 + L * (16 + 3 * E)};
+    sl_llama_builder b = {m, 4 + L * (16 + 3 * E), -1, 1, 0};
     m->params = calloc((size_t)b.cap, sizeof(sl_param_info));
     m->ctx = sl_ctx_new(64 * 1024 + (600 + 128 * E) * L);
     if (!m->params || !m->ctx) {
         sl_model_free(m);
         return sl_fail(SL_ERR_NOMEM, "model: out of memory");
     }
-    add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){V, C}, "model.embed_tokens.weight");
-    for (int l = 0; l < L; l++) {
+    b.tdim = 0; /* vocab-parallel */
+    if (first) add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){V, C}, "model.embed_tokens.weight");
+    b.tdim = -1;
+    for (int k = 0; k < m->n_layers; k++) { /* this stage's layers, chunk by chunk */
+        int Lc = m->n_layers / v, l = ((k / Lc) * pp + s) * Lc + k % Lc;
         const char *pre = "model.layers";
         add_param(&b, 0, SL_INIT_ONE, 1, (int64_t[]){C}, "%s.%d.input_layernorm.weight", pre, l);
         if (c->arch == SL_ARCH_BAICHUAN) {
@@ -125,14 +200,21 @@ sl_status sl_llama_new_on(const sl_llama_config *cfg, sl_dtype wdtype, sl_backen
         } else {
             const char *nm[3] = {"q_proj", "k_proj", "v_proj"};
             int64_t od[3] = {QD, KD, KD};
+            /* column-parallel: heads split; kv heads over groups of ranks when tp > kv heads */
+            int kvp = tp > c->n_kv_head ? c->n_kv_head : 0;
             for (int j = 0; j < 3; j++) {
+                b.tdim = 0;
+                b.tparts = j ? kvp : 0;
                 add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){od[j], C}, "%s.%d.self_attn.%s.weight", pre,
                           l, nm[j]);
+                b.tdim = 0;
+                b.tparts = j ? kvp : 0;
                 if (c->qkv_bias)
                     add_param(&b, 0, SL_INIT_ZERO, 1, (int64_t[]){od[j]}, "%s.%d.self_attn.%s.bias", pre, l,
                               nm[j]);
             }
         }
+        b.tdim = 1; /* row-parallel */
         add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){C, QD}, "%s.%d.self_attn.o_proj.weight", pre, l);
         add_param(&b, 0, SL_INIT_ONE, 1, (int64_t[]){C}, "%s.%d.post_attention_layernorm.weight", pre, l);
         if (c->arch == SL_ARCH_QWEN2_MOE || (c->arch == SL_ARCH_DEEPSEEK_V3 && l >= c->first_dense)) {
@@ -149,13 +231,25 @@ sl_status sl_llama_new_on(const sl_llama_config *cfg, sl_dtype wdtype, sl_backen
                           "%s.%d.block_sparse_moe.experts.%d.w3.weight", pre, l, e);
             }
         } else {
+            b.tdim = 0;
             add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){I, C}, "%s.%d.mlp.gate_proj.weight", pre, l);
+            b.tdim = 0;
             add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){I, C}, "%s.%d.mlp.up_proj.weight", pre, l);
+            b.tdim = 1;
             add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){C, I}, "%s.%d.mlp.down_proj.weight", pre, l);
         }
     }
-    add_param(&b, 0, SL_INIT_ONE, 1, (int64_t[]){C}, "model.norm.weight");
-    if (!c->tie_embeddings) add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){V, C}, "lm_head.weight");
+    if (last) {
+        add_param(&b, 0, SL_INIT_ONE, 1, (int64_t[]){C}, "model.norm.weight");
+        b.tdim = 0; /* the untied head: vocab-parallel like the embedding */
+        if (!c->tie_embeddings) add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){V, C}, "lm_head.weight");
+        b.tdim = 0; /* a tied head on a later stage: its copy of the embedding */
+        if (c->tie_embeddings && !first) {
+            add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){V, C}, "model.embed_tokens.weight");
+            m->params[m->n_params - 1].tied_copy = 1;
+        }
+        b.tdim = -1;
+    }
     int train = wdtype == SL_F32;
     if (!train && !be->caps.host_visible) {
         sl_model_free(m);
@@ -291,16 +385,42 @@ static sl_tensor *lm_head(sl_model *m, sl_tensor *x) {
     return bf ? sl_linear_bf16(ctx, x, w, 1) : sl_matmul(ctx, x, w, 0, 1); /* (B, T, V) */
 }
 
-/* The shared body. kv == NULL: training / full-sequence attention; else attention over the cache. */
-static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
+/* Megatron's f and g under TP (Note [Tensor-parallel graphs]); identities on a whole model */
+static sl_tensor *tp_f(sl_model *m, sl_tensor *x) { return sl_tp_enter(m->ctx, x, m->tp, m->sp); }
+static sl_tensor *tp_g(sl_model *m, sl_tensor *x) { return sl_tp_exit(m->ctx, x, m->tp, m->sp); }
+static sl_tensor *tp_rep(sl_model *m, sl_tensor *p) { return sl_tp_rep(m->ctx, p, m->tp, m->sp); }
+
+/* The shared body. kv == NULL: training / full-sequence attention; else attention over the cache.
+ * Under TP (m->tp > 1, training only) each rank holds NH/tp query heads and NKV/tp kv heads, I/tp MLP
+ * units and a vocabulary range: f before the column-parallel q/k/v and gate/up projections, g after the
+ * row-parallel o_proj and down_proj, a vocab-shard embedding summed by g, and logits for the rank's
+ * vocabulary only. With m->sp the norm/residual regions hold T/tp tokens (sequence parallelism; RoPE runs
+ * after the all-gather, on whole sequences). */
+static sl_tensor *body_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *x_in, sl_kv_cache *kv,
+                             int pos0) {
     sl_ctx *ctx = m->ctx;
     const sl_llama_config *c = &m->lcfg;
-    int64_t B = ids->ne[0], T = ids->ne[1], hd = c->head_dim, NH = c->n_head, NKV = c->n_kv_head;
+    int tp = m->tp > 1 ? m->tp : 1, pp = m->pp > 1 ? m->pp : 1, v = m->vpp > 1 ? m->vpp : 1;
+    int first = m->pp_rank == 0 && chunk == 0, last = m->pp_rank == pp - 1 && chunk == v - 1;
+    int Lc = c->n_layer / (pp * v), l0 = (chunk * pp + m->pp_rank) * Lc;
+    SL_ASSERT((tp == 1 && pp == 1) || !kv);
+    int kv_rep = tp > c->n_kv_head ? tp / c->n_kv_head : 1; /* ranks sharing each kv head */
+    int64_t B = ids->ne[0], T = ids->ne[1], hd = c->head_dim, NH = c->n_head / tp,
+            NKV = kv_rep > 1 ? 1 : c->n_kv_head / tp;
     int64_t QD = NH * hd, KD = NKV * hd;
     const char *pre = "model.layers";
-    sl_tensor *x = sl_embedding(ctx, W(m, "model.embed_tokens.weight"), ids); /* (B, T, C) */
-    for (int l = 0; l < c->n_layer; l++) {
-        sl_tensor *h = norm(m, x, W(m, "%s.%d.input_layernorm.weight", pre, l), c->rms_eps);
+    sl_tensor *x = x_in;
+    if (!first) {
+        SL_ASSERT(x_in);
+    } else if (tp > 1) {
+        int64_t vlo, vlen;
+        sl_tp_part(c->vocab_size, tp, m->tp_rank, &vlo, &vlen);
+        x = tp_g(m, sl_embedding_shard(ctx, W(m, "model.embed_tokens.weight"), ids, vlo));
+    } else {
+        x = sl_embedding(ctx, W(m, "model.embed_tokens.weight"), ids); /* (B, T, C) */
+    }
+    for (int l = l0; l < l0 + Lc; l++) {
+        sl_tensor *h = tp_f(m, norm(m, x, tp_rep(m, W(m, "%s.%d.input_layernorm.weight", pre, l)), c->rms_eps));
         sl_tensor *q, *k, *v;
         if (c->arch == SL_ARCH_BAICHUAN) {
             sl_tensor *qkv = lin(m, h, W(m, "%s.%d.self_attn.W_pack.weight", pre, l), NULL); /* (B, T, 3QD) */
@@ -309,16 +429,25 @@ static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
             v = heads(ctx, sl_slice(ctx, qkv, 2, QD + KD, KD), NKV, hd);
         } else {
             sl_tensor *bq = NULL, *bk = NULL, *bv = NULL;
+            sl_tensor *wk = W(m, "%s.%d.self_attn.k_proj.weight", pre, l),
+                      *wv = W(m, "%s.%d.self_attn.v_proj.weight", pre, l);
             if (c->qkv_bias) {
                 bq = W(m, "%s.%d.self_attn.q_proj.bias", pre, l);
                 bk = W(m, "%s.%d.self_attn.k_proj.bias", pre, l);
                 bv = W(m, "%s.%d.self_attn.v_proj.bias", pre, l);
             }
+            if (kv_rep > 1) { /* a kv head shared by kv_rep ranks: their partial gradients summed */
+#define KVREP(t) ((t) = sl_collective_group(ctx, (t), SL_COLL_COPY, SL_COLL_ALLREDUCE, tp, kv_rep))
+                KVREP(wk);
+                KVREP(wv);
+                if (bk) KVREP(bk);
+                if (bv) KVREP(bv);
+#undef KVREP
+            }
             q = heads(ctx, lin(m, h, W(m, "%s.%d.self_attn.q_proj.weight", pre, l), bq), NH,
                       hd); /* (B,T,NH,hd) */
-            k = heads(ctx, lin(m, h, W(m, "%s.%d.self_attn.k_proj.weight", pre, l), bk), NKV,
-                      hd); /* (B,T,NKV,hd) */
-            v = heads(ctx, lin(m, h, W(m, "%s.%d.self_attn.v_proj.weight", pre, l), bv), NKV, hd);
+            k = heads(ctx, lin(m, h, wk, bk), NKV, hd); /* (B,T,NKV,hd) */
+            v = heads(ctx, lin(m, h, wv, bv), NKV, hd);
         }
         q = sl_rope(ctx, q, pos0, c->rope_theta);
         k = sl_rope(ctx, k, pos0, c->rope_theta);
@@ -348,9 +477,9 @@ static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
             a = sl_attention(ctx, q, k, v); /* (B, T, QD) */
             if (autocast(m) == SL_F16) a->iparams[2] = 3; /* Note [Eager half attention numerics] */
         }
-        x = rnd_model(m,
-                      sl_add(ctx, x, lin(m, rnd(m, a), W(m, "%s.%d.self_attn.o_proj.weight", pre, l), NULL)));
-        h = norm(m, x, W(m, "%s.%d.post_attention_layernorm.weight", pre, l), c->rms_eps);
+        x = rnd_model(
+            m, sl_add(ctx, x, tp_g(m, lin(m, rnd(m, a), W(m, "%s.%d.self_attn.o_proj.weight", pre, l), NULL))));
+        h = tp_f(m, norm(m, x, tp_rep(m, W(m, "%s.%d.post_attention_layernorm.weight", pre, l)), c->rms_eps));
         sl_tensor *f;
         if (c->arch == SL_ARCH_MIXTRAL &&
             (kv || m->wdtype == SL_BF16 || m->autocast_bf16 || !sl_moe_backend_ok(m)))
@@ -362,16 +491,32 @@ static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
             f = swiglu_mlp(m, h, W(m, "%s.%d.mlp.gate_proj.weight", pre, l),
                            W(m, "%s.%d.mlp.up_proj.weight", pre, l),
                            W(m, "%s.%d.mlp.down_proj.weight", pre, l));
-        x = rnd_model(m, sl_add(ctx, x, f));
+        x = rnd_model(m, sl_add(ctx, x, tp_g(m, f)));
     }
-    x = norm(m, x, W(m, "model.norm.weight"), c->rms_eps);
+    if (!last) return sl_set_name(x, "stage_out");
+    x = tp_f(m, norm(m, x, tp_rep(m, W(m, "model.norm.weight")), c->rms_eps));
     (void)B;
     (void)T;
     return lm_head(m, x);
 }
 
+static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
+    return body_stage(m, 0, ids, NULL, kv, pos0);
+}
+
+static sl_tensor *llama_loss(sl_model *m, int mark, sl_tensor *logits, sl_tensor *targets);
+
+sl_tensor *sl_model_build_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *x_in, sl_tensor *targets) {
+    if (m->arch == SL_ARCH_GPT2) return sl_gpt2_build_stage(m, chunk, ids, x_in, targets, NULL);
+    int mark = sl_ctx_mark(m->ctx);
+    sl_tensor *out = body_stage(m, chunk, ids, x_in, NULL, 0);
+    int last = m->pp_rank == (m->pp > 1 ? m->pp : 1) - 1 && chunk == (m->vpp > 1 ? m->vpp : 1) - 1;
+    return last && targets ? llama_loss(m, mark, sl_set_name(out, "logits"), targets) : out;
+}
+
 sl_tensor *sl_model_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_tensor **logits_out) {
     if (m->arch == SL_ARCH_GPT2) return sl_gpt2_build(m, ids, targets, logits_out);
+    SL_ASSERT(m->pp <= 1 && "a pipeline stage is built with sl_model_build_stage");
     SL_ASSERT(ids->ndim == 2 && ids->ne[1] <= m->lcfg.max_seq_len);
     /* full-sequence attention has no window: longer sequences need the KV path's sliding window */
     SL_ASSERT(m->lcfg.sliding_window == 0 || ids->ne[1] <= m->lcfg.sliding_window);
@@ -380,7 +525,21 @@ sl_tensor *sl_model_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_te
     sl_set_name(logits, "logits");
     if (logits_out) *logits_out = logits;
     if (!targets) return NULL;
-    sl_tensor *loss = sl_moe_add_router_losses(m, mark, sl_cross_entropy(m->ctx, logits, targets));
+    return llama_loss(m, mark, logits, targets);
+}
+
+/* the cross-entropy (vocab-parallel under TP: the logits are this rank's vocabulary columns) plus every
+ * router-loss node created on m->ctx since mark */
+static sl_tensor *llama_loss(sl_model *m, int mark, sl_tensor *logits, sl_tensor *targets) {
+    sl_tensor *loss;
+    if (m->tp > 1) {
+        int64_t vlo, vlen;
+        sl_tp_part(m->lcfg.vocab_size, m->tp, m->tp_rank, &vlo, &vlen);
+        loss = sl_cross_entropy_vp(m->ctx, logits, targets, vlo, m->tp);
+    } else {
+        loss = sl_cross_entropy(m->ctx, logits, targets);
+    }
+    loss = sl_moe_add_router_losses(m, mark, loss);
     sl_set_name(loss, "loss");
     return loss;
 }
@@ -457,4 +616,9 @@ sl_status sl_kv_graph_set_pos(sl_graph *g, int pos0) {
         }
     }
     return SL_OK;
+}
+
+sl_status sl_model_new_split(const sl_model *like, sl_backend *be, const sl_model_split *split, sl_model **out) {
+    if (like->arch == SL_ARCH_GPT2) return sl_gpt2_new_par(&like->cfg, be, split, out);
+    return sl_llama_new_par(&like->lcfg, be, split, out);
 }

@@ -156,3 +156,36 @@ sl_status sl_model_params_host(const sl_model *m, const float **out, float **own
     *out = *owned = h;
     return SL_OK;
 }
+
+/* Note [Full-tensor coordinates]
+ * A TP shard's elements are runs of the full parameter's flattened elements (sl_param_info's tp_split,
+ * tp_pack, tp_full; the split rule is sl_tp_part): checkpoints name every element by (full tensor, offset
+ * in it), so a checkpoint saved on one (tp, pp, dp) layout loads on any other. */
+int64_t sl_param_full_numel(const sl_model *m, const sl_param_info *p) {
+    (void)m;
+    if (p->tp_split == 0) return p->numel;
+    return p->numel / p->t->ne[p->tp_split - 1] * p->tp_full;
+}
+
+void sl_param_runs(const sl_model *m, const sl_param_info *p, int64_t a, int64_t b, sl_run_fn fn, void *u) {
+    if (p->tp_split == 0 || m->tp <= 1) {
+        if (b > a) fn(u, a, a, b - a);
+        return;
+    }
+    int d = p->tp_split - 1;
+    int64_t inner = 1;
+    for (int k = d + 1; k < p->t->ndim; k++) inner *= p->t->ne[k];
+    int64_t ld = p->t->ne[d], blk = p->tp_full / p->tp_pack, lo, len;
+    int parts, part;
+    sl_param_tp_part(p, m->tp, m->tp_rank, &parts, &part);
+    sl_tp_part(blk, parts, part, &lo, &len);
+    for (int64_t x = a; x < b;) {
+        int64_t o = x / (ld * inner), rem = x % (ld * inner), i = rem / inner, k = rem % inner;
+        int64_t bb = i / len, j = i % len;
+        int64_t run = ((len - j) * inner) - k; /* to the end of this block part */
+        if (run > b - x) run = b - x;
+        int64_t full = ((o * p->tp_full) + bb * blk + lo + j) * inner + k;
+        fn(u, full, x, run);
+        x += run;
+    }
+}

@@ -164,6 +164,10 @@ sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, 
     *out = NULL;
     if (o->zero_stage < 0 || o->zero_stage > 3)
         return sl_fail(SL_ERR_INVALID, "--zero-stage %d: must be 0, 1, 2 or 3", o->zero_stage);
+    if (m->pp > 1 && o->zero_stage == 3) /* its gathers are scheduled in one graph's forward */
+        return sl_fail(SL_ERR_UNSUPPORTED,
+                       "--zero-stage 3 with --pipeline-model-parallel-size %d is not supported (use 0, 1 or 2)",
+                       m->pp);
     if (!m->backend->caps.host_visible)
         return sl_fail(SL_ERR_UNSUPPORTED,
                        "data parallelism needs host-visible device memory; the %s backend's is not (staging "
@@ -172,6 +176,8 @@ sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, 
     sl_dp *dp = calloc(1, sizeof *dp);
     if (!dp) return sl_fail(SL_ERR_NOMEM, "dp: out of memory");
     dp->comm = mesh->dp_comm;
+    dp->tp_comm = m->tp > 1 ? mesh->tp_comm : NULL;
+    dp->pp_comm = m->pp > 1 ? mesh->pp_comm : NULL;
     dp->n = mesh->dp;
     dp->r = mesh->dp_rank;
     dp->zero = o->zero_stage;
@@ -323,10 +329,29 @@ sl_status sl_dp_finish_grads(sl_dp *dp, double *wait_sec) {
     return st;
 }
 
+/* sum of squares of the flat gradient range [flat, flat + len) stored at goff of g; sel 0: all of it in one
+ * call; 1 / 2: only the TP-split / replicated parameters in it (Note [TP gradient norm]) */
+static sl_status seg_sumsq(const sl_dp *dp, const sl_buffer *g, int64_t goff, int64_t flat, int64_t len,
+                           int sel, double *out) {
+    sl_backend *be = dp->m->backend;
+    if (!sel) return sl_backend_sumsq(be, g, goff, len, out);
+    double s = 0, x;
+    for (int i = 0; i < dp->m->n_params; i++) {
+        const sl_param_info *p = &dp->m->params[i];
+        if ((p->tp_split > 0) != (sel == 1) || p->tied_copy) continue; /* tied copy: on the first stage */
+        int64_t a = p->offset > flat ? p->offset : flat,
+                e = p->offset + p->numel < flat + len ? p->offset + p->numel : flat + len;
+        if (e <= a) continue;
+        SL_TRY(sl_backend_sumsq(be, g, goff + (a - flat), e - a, &x));
+        s += p->tp_parts > 0 && dp->m->tp > p->tp_parts ? x * p->tp_parts / dp->m->tp : x; /* replicated part */
+    }
+    *out = s;
+    return SL_OK;
+}
+
 /* sum of squares of rank rr's part of every bucket (tails counted for rank 0 only), in double, each piece
  * through the backend's sumsq (the single-process norm's kernel) and the pieces added in bucket order */
-static sl_status part_sumsq(const sl_dp *dp, int rr, int use_shard, double *out) {
-    sl_backend *be = dp->m->backend;
+static sl_status part_sumsq(const sl_dp *dp, int rr, int use_shard, int sel, double *out) {
     const sl_buffer *g = use_shard ? dp->shard.grad_buf : dp->m->grads_buf;
     double s = 0, x;
     int64_t off = 0;
@@ -334,13 +359,15 @@ static sl_status part_sumsq(const sl_dp *dp, int rr, int use_shard, double *out)
         const dp_bucket *b = &dp->buckets.v[k];
         int64_t len = b->hi - b->lo, q = dp->zero ? b->q : len / dp->n, tail = len - q * dp->n;
         if (q > 0) {
-            SL_TRY(sl_backend_sumsq(be, g, use_shard ? off : b->lo + q * rr, q, &x));
+            int64_t flat = b->lo + q * rr;
+            SL_TRY(seg_sumsq(dp, g, use_shard ? off : flat, flat, q, sel, &x));
             s += x;
         }
         off += q;
         if (tail > 0) {
             if (rr == 0) {
-                SL_TRY(sl_backend_sumsq(be, g, use_shard ? off : b->lo + q * dp->n, tail, &x));
+                int64_t flat = b->lo + q * dp->n;
+                SL_TRY(seg_sumsq(dp, g, use_shard ? off : flat, flat, tail, sel, &x));
                 s += x;
             }
             off += tail;
@@ -350,24 +377,46 @@ static sl_status part_sumsq(const sl_dp *dp, int rr, int use_shard, double *out)
     return SL_OK;
 }
 
+static sl_status dp_sumsq(sl_dp *dp, int sel, double *ss) {
+    if (dp->zero >= 2 && dp->comm) {
+        double mine;
+        SL_TRY(part_sumsq(dp, dp->r, 1, sel, &mine));
+        return sl_comm_all_reduce(dp->comm, &mine, ss, 1, SL_COMM_F64, SL_COMM_SUM);
+    }
+    /* same grouping as the sharded case: per rank part, then ranks in order */
+    *ss = 0;
+    for (int rr = 0; rr < dp->n; rr++) {
+        double x;
+        SL_TRY(part_sumsq(dp, rr, 0, sel, &x));
+        *ss = rr ? *ss + x : x;
+    }
+    return SL_OK;
+}
+
+/* Note [TP gradient norm]
+ * With a TP-split model each rank's gradients are shards of some parameters and copies of the others
+ * (identical on every TP rank). The whole model's sum of squares is the split parameters' sums
+ * all-reduced over the TP group plus the replicated ones counted once (sl_tp_grad_sumsq does the same
+ * without DP). A pipeline stage's sum is then summed over the stages, the last stage's copy of the tied
+ * embedding left out (Note [Pipeline stages and 1F1B]). */
 sl_status sl_dp_clip(sl_dp *dp, float max_norm, float *norm_out) {
     return sl_dp_clip_unscale(dp, max_norm, 1.0f, norm_out);
 }
 
 sl_status sl_dp_clip_unscale(sl_dp *dp, float max_norm, float inv_scale, float *norm_out) {
     double ss;
-    if (dp->zero >= 2 && dp->comm) {
-        double mine;
-        SL_TRY(part_sumsq(dp, dp->r, 1, &mine));
-        SL_TRY(sl_comm_all_reduce(dp->comm, &mine, &ss, 1, SL_COMM_F64, SL_COMM_SUM));
-    } else {
-        /* same grouping as the sharded case: per rank part, then ranks in order */
-        ss = 0;
-        for (int rr = 0; rr < dp->n; rr++) {
-            double x;
-            SL_TRY(part_sumsq(dp, rr, 0, &x));
-            ss = rr ? ss + x : x;
+    if (dp->tp_comm || dp->pp_comm) {
+        double split, rep, all;
+        SL_TRY(dp_sumsq(dp, 1, &split));
+        SL_TRY(dp_sumsq(dp, 2, &rep));
+        if (dp->tp_comm) SL_TRY(sl_comm_all_reduce(dp->tp_comm, &split, &all, 1, SL_COMM_F64, SL_COMM_SUM));
+        ss = (dp->tp_comm ? all : split) + rep;
+        if (dp->pp_comm) { /* every stage's layers */
+            SL_TRY(sl_comm_all_reduce(dp->pp_comm, &ss, &all, 1, SL_COMM_F64, SL_COMM_SUM));
+            ss = all;
         }
+    } else {
+        SL_TRY(dp_sumsq(dp, 0, &ss));
     }
     float norm = (float)sqrt(ss) * inv_scale;
     dp->shard.gscale = sl_clip_coef(norm, max_norm) * inv_scale; /* applied inside the update */

@@ -130,6 +130,8 @@ typedef struct dp_slots {
 
 struct sl_dp {
     sl_comm *comm;  /* dp communicator (NULL: dp == 1) */
+    sl_comm *tp_comm; /* the mesh's TP communicator when the model is TP-split (the gradient norm) */
+    sl_comm *pp_comm; /* the mesh's pipeline communicator for a pipeline stage (the gradient norm) */
     int n, r;       /* group size and this rank */
     int zero;       /* ZeRO stage */
     int grad_slots; /* gradients live in slots (Note [Gradient slots]); m->grads_buf is freed */
@@ -162,7 +164,6 @@ void sl_dp_reduce_restart(sl_dp *dp); /* a new pass: no bucket launched yet */
 /* zero_slots.c */
 sl_status sl_dp_slots_build(sl_dp *dp); /* stages 1-3: use points, slots */
 /* ZeRO-1/2: wait for every parameter all-gather still in flight */
-sl_status sl_dp_sync_params(sl_dp *dp);
 /* ZeRO-1/2: launch the in-place all-gathers of the updated parameter parts (in forward-use order) */
 sl_status sl_dp_launch_param_gathers(sl_dp *dp);
 /* ZeRO-3: after sl_dp_gather_params, drop the whole parameter buffer again (training goes on) */

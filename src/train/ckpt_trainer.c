@@ -1,4 +1,6 @@
-/* Glue between the trainer (single process or DP/ZeRO) and checkpoints. */
+/* Glue between the trainer (single process, DP/ZeRO, TP shards, pipeline stages) and checkpoints: every
+ * rank describes its state in its model's local flat layout; the checkpoint layer names each element by
+ * its full tensor (Note [Full-tensor coordinates]), so any layout loads any other's checkpoint. */
 #include <string.h>
 
 #include "suanli/ckpt.h"
@@ -14,8 +16,11 @@ sl_status sl_trainer_ckpt_state(sl_trainer *tr, int rank, int world, sl_ckpt_sta
     if (tr->dp) {
         SL_TRY(sl_dp_state(tr->dp, segs, &st->nseg, &st->exp_avg, &st->exp_avg_sq));
         int zero = sl_dp_zero_stage(tr->dp);
-        st->write_params = zero > 0 || rank == 0;
-        st->write_optim = zero > 0 || rank == 0;
+        /* replicas over DP hold the same state: the first writes it (TP shards and pipeline stages each
+         * hold their own part, so every dp-rank-0 writes) */
+        int first = sl_dp_rank(tr->dp) == 0;
+        st->write_params = zero > 0 || first;
+        st->write_optim = zero > 0 || first;
         st->adam_t = tr->opt_t;
         st->param_shard = sl_dp_param_shard(tr->dp);
     } else {

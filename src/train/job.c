@@ -98,6 +98,8 @@ static uint64_t opts_hash(const sl_train_opts *o) {
                     o->parallel.tp,
                     o->parallel.pp,
                     o->parallel.ep,
+                    o->parallel.sequence_parallel,
+                    o->parallel.layers_per_virtual_stage,
                     o->parallel.zero_stage,
                     o->parallel.bucket_elems,
                     o->log.interval,
@@ -136,10 +138,33 @@ static sl_status setup_comm(sl_train_job *j) {
     if (sl_mesh_init(&j->mesh, j->world, dims) != SL_OK) return sl_train_bad("%s", sl_errmsg());
     j->mesh_ok = 1;
     const sl_mesh *mesh = &j->mesh;
-    if (mesh->tp > 1 || mesh->pp > 1)
-        return sl_train_bad(
-            "tensor and pipeline parallelism are not implemented yet (--tp %d --pp %d); use data parallelism",
-            mesh->tp, mesh->pp);
+    if (o->parallel.sequence_parallel && mesh->tp < 2)
+        return sl_train_bad("--sequence-parallel needs --tensor-model-parallel-size > 1 (got %d)", mesh->tp);
+    if (mesh->tp > 1 || mesh->pp > 1) {
+        /* Tensor and pipeline parallelism (src/parallel/tp.c, src/train/pipeline.c): GPT-2 models built
+         * here, host-visible memory */
+        const char *flag = mesh->tp > 1 ? "--tensor-model-parallel-size" : "--pipeline-model-parallel-size";
+        int n = mesh->tp > 1 ? mesh->tp : mesh->pp;
+        if (o->model.init_from)
+            return sl_train_bad("%s %d: TP and PP are implemented for suanli's GPT-2 in `suanli train`, not "
+                                "for --init-from models",
+                                flag, n);
+        if (o->parallel.sequence_parallel && o->data.seq_length % mesh->tp)
+            return sl_train_bad("--sequence-parallel: --seq-length %lld is not divisible by "
+                                "--tensor-model-parallel-size %d",
+                                (long long)o->data.seq_length, mesh->tp);
+        int64_t lv = o->parallel.layers_per_virtual_stage;
+        if (lv > 0 && mesh->pp < 2)
+            return sl_train_bad("--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1");
+        if (mesh->pp > 1 && o->model.fp16)
+            return sl_train_bad("--fp16 with --pipeline-model-parallel-size %d is not supported yet (the loss "
+                                "scale lives in each last-stage graph slot)",
+                                mesh->pp);
+        if (mesh->pp > 1 && o->parallel.zero_stage == 3)
+            return sl_train_bad("--zero-stage 3 with --pipeline-model-parallel-size %d is not supported (use 0, "
+                                "1 or 2)",
+                                mesh->pp);
+    }
     SL_TRY(sl_train_moe_check(j)); /* expert counts vs --ep first: their message names the flag */
     if (mesh->ep > 1)
         return sl_train_bad(
@@ -433,11 +458,34 @@ static sl_status make_model(sl_train_job *j) {
         return sl_train_bad("%s: a split has fewer than seq-length+1 = %lld tokens", o->data.path,
                             (long long)o->data.seq_length + 1);
     if (mo->init_from) return SL_OK; /* weights loaded above */
+    int64_t lv = o->parallel.layers_per_virtual_stage, per_stage = j->cfg.n_layer / j->mesh.pp;
+    if (lv > 0 && (j->cfg.n_layer % j->mesh.pp || per_stage % lv || per_stage / lv < 2))
+        return sl_train_bad("--num-layers-per-virtual-pipeline-stage %lld: num-layers %d is not "
+                            "--pipeline-model-parallel-size %d x %lld x (2 or more model chunks)",
+                            (long long)lv, j->cfg.n_layer, j->mesh.pp, (long long)lv);
+    j->vpp = lv > 0 ? (int)(per_stage / lv) : 1;
     if (sl_gpt2_new_on(&j->cfg, j->be, &j->m) != SL_OK) return sl_train_bad("%s", sl_errmsg());
     if (j->init_from_weights) {
         if (sl_model_load_weights(j->m, j->wpath) != SL_OK) return sl_train_bad("--load: %s", sl_errmsg());
     } else if (!j->resume) { /* a resumed run loads every parameter from the checkpoint (make_trainer) */
         SL_TRY(sl_model_init_weights_ex(j->m, (uint64_t)o->seed));
+    }
+    if (j->mesh.tp > 1 || j->mesh.pp > 1) { /* this rank's part of the whole model initialised above */
+        if (!j->be->caps.host_visible)
+            return sl_train_bad("tensor and pipeline parallelism need host-visible memory (--device cpu), not %s",
+                                j->be->name);
+        sl_model *whole = j->m, *shard = NULL;
+        j->m = NULL;
+        sl_model_split split = {j->mesh.tp, j->mesh.tp_rank, j->mesh.pp, j->mesh.pp_rank, j->vpp};
+        sl_status st = sl_gpt2_new_par(&j->cfg, j->be, &split, &shard);
+        if (st == SL_OK) st = sl_tp_load_full(shard, whole);
+        sl_model_free(whole);
+        if (st != SL_OK) {
+            sl_model_free(shard);
+            return sl_train_bad("%s", sl_errmsg());
+        }
+        shard->sp = (int)o->parallel.sequence_parallel;
+        j->m = shard;
     }
     return SL_OK;
 }
@@ -482,7 +530,8 @@ static sl_status make_trainer(sl_train_job *j) {
                             .warmup = o->optim.warmup_iters,
                             .decay_iters = o->optim.decay_iters,
                             .hp = {(float)o->optim.beta1, (float)o->optim.beta2, (float)o->optim.eps,
-                                   (float)o->optim.weight_decay}};
+                                   (float)o->optim.weight_decay},
+                            .mesh = &j->mesh};
     if (o->model.fp16)
         tc.loss_scale =
             (sl_loss_scale_config){(float)o->optim.initial_loss_scale, (float)o->optim.min_loss_scale,
@@ -490,6 +539,10 @@ static sl_status make_trainer(sl_train_job *j) {
     sl_status st = sl_trainer_init(&j->tr, m, &tc);
     if (st != SL_OK) return sl_train_fail(st, "%s", sl_errmsg());
     j->trainer_ok = 1;
+    if (j->mesh.tp > 1) {
+        if (sl_tp_new(&j->tp, &j->mesh) != SL_OK || sl_trainer_set_tp(&j->tr, j->tp) != SL_OK)
+            return sl_train_bad("%s", sl_errmsg());
+    }
     if (j->mesh.dp > 1) {
         sl_dp_opts dpo = {(int)o->parallel.zero_stage, o->parallel.bucket_elems, j->accum};
         if (sl_dp_new(&j->dp, &j->mesh, m, j->tr.graph, &dpo) != SL_OK)
@@ -558,6 +611,7 @@ void sl_train_job_release(sl_train_job *j, int failed) {
     sl_ckpt_writer_free(j->ckw);
     if (j->metrics) fclose(j->metrics);
     sl_dp_free(j->dp);
+    sl_tp_free(j->tp);
     if (j->trainer_ok) sl_trainer_free(&j->tr);
     if (j->mesh_ok) sl_mesh_free(&j->mesh);
     if (failed && j->world) sl_comm_abort(j->world);

@@ -69,6 +69,31 @@ static void print_banner(const sl_train_job *j) {
         if (mem.slot_bytes) fprintf(f, ", slots %.1f MiB", mem.slot_bytes / 1048576.0);
         fprintf(f, "\n");
     }
+    if (j->tp) {
+        /* per rank: this rank's shards; the formula beside it: split weights / tp + replicated ones */
+        double mib = sizeof(float) / 1048576.0, full = (double)sl_tp_full_numel(m);
+        fprintf(f,
+                "tensor parallel: %d ranks%s | per rank: params %.2f MiB (whole model %.2f MiB), grads %.2f "
+                "MiB, optimizer state %.2f MiB | TP communication per step (theory) %.3f MiB\n",
+                j->mesh.tp, m->sp ? ", sequence parallel" : "", m->numel * mib, full * mib, m->numel * mib,
+                2 * m->numel * mib, sl_tp_comm_theory(m, j->B, j->T, j->accum) / 1048576.0);
+    }
+    if (j->tr.pipe) {
+        int p = j->mesh.pp, mb = j->accum, v = j->vpp;
+        if (v > 1)
+            fprintf(f,
+                    "pipeline parallel: %d stages, interleaved 1F1B with %d model chunks per stage of %d layers, %d "
+                    "micro-batches per step | stage 0: %d graph slots, params %.2f MiB | bubble (p-1)/(vm+p-1) = "
+                    "%.3f\n",
+                    p, v, m->n_layers / v, mb, sl_pipeline_slots(j->tr.pipe), m->numel * 4.0 / 1048576.0,
+                    (double)(p - 1) / (v * mb + p - 1));
+        else
+            fprintf(f,
+                    "pipeline parallel: %d stages, 1F1B, %d micro-batches per step | stage 0: layers %d-%d, %d "
+                    "graph slots, params %.2f MiB | bubble (p-1)/(m+p-1) = %.3f\n",
+                    p, mb, m->layer0, m->layer0 + m->n_layers - 1, sl_pipeline_slots(j->tr.pipe),
+                    m->numel * 4.0 / 1048576.0, (double)(p - 1) / (mb + p - 1));
+    }
     fprintf(f,
             "activation memory: planned %.1f MiB (naive sum %.1f MiB) | data: %lld train / %lld val tokens\n",
             j->tr.plan.planned_bytes / 1048576.0, j->tr.plan.naive_bytes / 1048576.0,
@@ -284,6 +309,8 @@ static void report_step(sl_train_job *j, const sl_train_progress *p, double t_st
             (long long)p->step, (long long)iters, ss->loss, ss->lr, ss->grad_norm, ss->seconds * 1e3,
             p->tokens_per_s, eta);
         if (j->dp) fprintf(j->out, " | comm wait %.1f ms", ss->comm_wait_sec * 1e3);
+        if (j->tp) fprintf(j->out, " | tp comm %.1f ms", j->tp_sec * 1e3);
+        if (j->tr.pipe) fprintf(j->out, " | pipeline wait %.1f ms", ss->pipe_wait_sec * 1e3);
         if (j->o.model.fp16)
             fprintf(j->out, " | loss scale %g%s | skipped %lld", ss->loss_scale,
                     ss->skipped ? " (overflow: skipped)" : "", (long long)ss->skipped_total);
@@ -303,6 +330,11 @@ static void report_step(sl_train_job *j, const sl_train_progress *p, double t_st
                     ss->loss_scale, ss->skipped, (long long)ss->skipped_total);
         if (p->evaluated) fprintf(j->metrics, ", \"val_loss\": %.6f", p->val_loss);
         if (j->dp) fprintf(j->metrics, ", \"comm_wait_ms\": %.3f", ss->comm_wait_sec * 1e3);
+        if (j->tp)
+            fprintf(j->metrics, ", \"tp_comm_ms\": %.3f, \"tp_comm_mib\": %.4f, \"tp_comm_theory_mib\": %.4f",
+                    j->tp_sec * 1e3, j->tp_bytes / 1048576.0,
+                    sl_tp_comm_theory(j->m, j->B, j->T, j->accum) / 1048576.0);
+        if (j->tr.pipe) fprintf(j->metrics, ", \"pipe_wait_ms\": %.3f", ss->pipe_wait_sec * 1e3);
         sl_train_moe_metrics(j, j->metrics);
         fprintf(j->metrics, "}\n");
         fflush(j->metrics);
@@ -339,6 +371,7 @@ static sl_status step_loop(sl_train_job *j, const sl_train_callbacks *cb, sl_tra
             return sl_train_fail(SL_ERR_INTERNAL, "step %lld: loss is %f; stopping", (long long)step,
                                  ss->loss);
         r->loss = ss->loss;
+        sl_tp_take_stats(j->tp, &j->tp_sec, &j->tp_bytes); /* before eval adds its own */
         t_steps += ss->seconds;
         p.step = step + 1;
         p.tokens_per_s = (double)j->B * j->T * j->accum * j->mesh.dp / ss->seconds;
@@ -350,6 +383,8 @@ static sl_status step_loop(sl_train_job *j, const sl_train_callbacks *cb, sl_tra
         if (p.evaluated) {
             st = sl_trainer_eval(&j->tr, batch_fn, &vsrc, (int)o->eval.iters, &p.val_loss);
             if (st != SL_OK) return sl_train_fail(st, "eval: %s", sl_errmsg());
+            double es, eb; /* eval's TP collectives are not the next step's */
+            sl_tp_take_stats(j->tp, &es, &eb);
             r->val_loss = p.val_loss;
         }
         report_step(j, &p, t_steps);
@@ -371,7 +406,7 @@ static sl_status step_loop(sl_train_job *j, const sl_train_callbacks *cb, sl_tra
 
 /* model.safetensors + config.json (GPT-2: suanli's layout; --init-from models: transformers' layout) and
  * tokenizer.json (the HF model's own when it has one, else the data's). */
-static sl_status save_final(const sl_train_job *j, const sl_train_result *r) {
+static sl_status save_final(const sl_train_job *j, sl_model *m, const sl_train_result *r) {
     const sl_train_opts *o = &j->o;
     const char *save = o->ckpt.save_dir, *init_from = o->model.init_from;
     char extra[512], tp[4096], hft[4096];
@@ -381,8 +416,8 @@ static sl_status save_final(const sl_train_job *j, const sl_train_result *r) {
              (long long)o->seed);
     const char *tname = sl_tokenizer_file_name(j->tok); /* the data's file name: .json or .model */
     snprintf(tp, sizeof tp, "%s/%s", save, tname);
-    sl_status sst = j->m->arch == SL_ARCH_GPT2 ? sl_model_save(j->m, save, extra)
-                                               : sl_hf_save(j->m, save, SL_F32, &j->hf_info);
+    sl_status sst = m->arch == SL_ARCH_GPT2 ? sl_model_save(m, save, extra)
+                                            : sl_hf_save(m, save, SL_F32, &j->hf_info);
     const char *tsrc = j->tokpath; /* an HF model keeps its own tokenizer.json */
     snprintf(hft, sizeof hft, "%s/tokenizer.json", init_from ? init_from : "");
     FILE *hf_tok = init_from ? fopen(hft, "r") : NULL;
@@ -410,18 +445,31 @@ static sl_status finish(sl_train_job *j, const sl_train_callbacks *cb, const sl_
     if (j->out)
         fprintf(j->out, "trained %lld steps in %.1f s; final val loss %.4f\n", (long long)r->steps,
                 sl_time_sec() - t_start, r->val_loss);
-    if (o->ckpt.save_dir && j->rank0) SL_TRY(save_final(j, r));
-    if (o->sample.tokens > 0) {
+    sl_model *m = j->m, *whole = NULL;
+    if (j->tp || j->tr.pipe) {
+        /* the TP shards and pipeline stages gathered into a whole model on the first stage, for saving and
+         * sampling (collective: every rank, whatever it then does with it; only rank 0 saves and samples) */
+        st = j->mesh.pp_rank == 0 ? sl_gpt2_new_on(&j->cfg, j->be, &whole) : SL_OK;
+        if (st == SL_OK) st = sl_par_gather_whole(j->tp, &j->mesh, j->m, whole);
+        if (st != SL_OK) {
+            sl_model_free(whole);
+            return sl_train_fail(st, "rank %d: gathering the model: %s", j->mesh.rank, sl_errmsg());
+        }
+        if (whole) m = whole;
+    }
+    st = SL_OK;
+    if (o->ckpt.save_dir && j->rank0) st = save_final(j, m, r);
+    if (st == SL_OK && o->sample.tokens > 0) {
         if (j->out) fprintf(j->out, "---- sample ----\n");
         double dt;
         int n = (int)o->sample.tokens;
-        st = sl_train_sample_print(j->m, j->tok, o->sample.prompt, n, (float)o->sample.temperature,
+        st = sl_train_sample_print(m, j->tok, o->sample.prompt, n, (float)o->sample.temperature,
                                    (int)o->sample.top_k, (uint64_t)o->seed, j->out, &dt);
-        if (st != SL_OK) return st;
-        if (j->err)
+        if (st == SL_OK && j->err)
             fprintf(j->err, "[generated %d tokens in %.2f s, %.1f tokens/s]\n", n, dt, n / (dt > 0 ? dt : 1));
     }
-    return SL_OK;
+    sl_model_free(whole);
+    return st;
 }
 
 sl_status sl_train_run(const sl_train_opts *opts, const sl_train_callbacks *cb, sl_train_result *result) {

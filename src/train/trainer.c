@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "suanli/parallel.h"
+#include "suanli/comm.h"
 #include "suanli/train.h"
 
 sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *cfg) {
@@ -22,6 +23,23 @@ sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *
         st = sl_fail(SL_ERR_NOMEM, "trainer: out of memory");
         goto done;
     }
+    int dpn = cfg->dp_size > 1 ? cfg->dp_size : 1;
+    if (m->pp > 1) { /* a pipeline stage: the graphs are the schedule's slots */
+        if (cfg->loss_scale.initial > 0) {
+            st = sl_fail(SL_ERR_UNSUPPORTED, "--fp16 loss scaling with --pipeline-model-parallel-size %d is not "
+                                             "supported yet", m->pp);
+            goto done;
+        }
+        if (!cfg->mesh) {
+            st = sl_fail(SL_ERR_INVALID, "trainer: a pipeline stage needs the mesh (sl_trainer_config.mesh)");
+            goto done;
+        }
+        st = sl_pipeline_new(&tr->pipe, m, cfg->mesh, cfg->B, cfg->T, cfg->accum, 1.0f / (float)(cfg->accum * dpn));
+        if (st != SL_OK) goto done;
+        tr->graph = sl_pipeline_graph(tr->pipe, 0);
+        tr->plan = sl_pipeline_plan(tr->pipe);
+        goto done;
+    }
     /* the inputs live on the model's backend: ids at byte 0, targets after them */
     st = sl_backend_alloc(m->backend, 2 * n * sizeof(int32_t), &tr->input_buf);
     if (st != SL_OK) goto done;
@@ -39,7 +57,6 @@ sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *
     }
     sl_graph_build_forward(tr->graph, tr->loss);
     tr->n_forward = sl_graph_n_nodes(tr->graph);
-    int dpn = cfg->dp_size > 1 ? cfg->dp_size : 1;
     if (cfg->loss_scale.initial > 0) {
         st = sl_loss_scaler_init(&tr->scaler, &cfg->loss_scale);
         if (st != SL_OK) goto done;
@@ -54,8 +71,58 @@ done:
     return st;
 }
 
+/* After a pipeline step's backward: the tied embedding's two gradients (first stage's lookup, last
+ * stage's LM head) summed on both, in the same order (first + last) so the copies stay bitwise equal,
+ * before data parallelism reduces the buckets; the loss from the last stage to every stage. */
+static sl_status pipe_after_backward(sl_trainer *tr, float *loss) {
+    const sl_mesh *mesh = tr->cfg.mesh;
+    sl_model *m = tr->model;
+    int p = mesh->pp, s = mesh->pp_rank;
+    int tied = m->arch == SL_ARCH_GPT2 || m->lcfg.tie_embeddings;
+    const char *name = m->arch == SL_ARCH_GPT2 ? "wte" : "model.embed_tokens.weight";
+    if (tied && (s == 0 || s == p - 1)) {
+        const sl_param_info *w = sl_model_find(m, name);
+        if (!w || !m->grads_mem) return sl_fail(SL_ERR_INVALID, "pipeline: no %s gradient on stage %d", name, s);
+        float *g = m->grads_mem + w->offset, *other = malloc(sizeof(float) * (size_t)w->numel);
+        if (!other) return sl_fail(SL_ERR_NOMEM, "pipeline: out of memory");
+        sl_status st;
+        if (s == 0) {
+            st = sl_comm_send(mesh->pp_comm, g, (size_t)w->numel, SL_COMM_F32, p - 1);
+            if (st == SL_OK) st = sl_comm_recv(mesh->pp_comm, other, (size_t)w->numel, SL_COMM_F32, p - 1);
+            if (st == SL_OK)
+                for (int64_t i = 0; i < w->numel; i++) g[i] = g[i] + other[i];
+        } else {
+            st = sl_comm_recv(mesh->pp_comm, other, (size_t)w->numel, SL_COMM_F32, 0);
+            if (st == SL_OK) st = sl_comm_send(mesh->pp_comm, g, (size_t)w->numel, SL_COMM_F32, 0);
+            if (st == SL_OK)
+                for (int64_t i = 0; i < w->numel; i++) g[i] = other[i] + g[i];
+        }
+        free(other);
+        SL_TRY(st);
+    }
+    return sl_comm_broadcast(mesh->pp_comm, loss, loss, 1, SL_COMM_F32, p - 1);
+}
+
+sl_status sl_trainer_set_tp(sl_trainer *tr, sl_tp *tp) {
+    int n = tr->model->tp > 1 ? tr->model->tp : 1;
+    if (sl_tp_size(tp) != n)
+        return sl_fail(SL_ERR_INVALID, "trainer: the model is split %d ways, the TP group has %d ranks", n,
+                       sl_tp_size(tp));
+    tr->tp = tp;
+    if (tr->pipe)
+        for (int k = 0; k < sl_pipeline_slots(tr->pipe); k++)
+            sl_graph_set_collective(sl_pipeline_graph(tr->pipe, k), sl_tp_collective, tp);
+    else
+        sl_graph_set_collective(tr->graph, sl_tp_collective, tp);
+    return SL_OK;
+}
+
 void sl_trainer_free(sl_trainer *tr) {
-    sl_graph_free(tr->graph);
+    if (tr->pipe)
+        sl_pipeline_free(tr->pipe); /* owns the graphs */
+    else
+        sl_graph_free(tr->graph);
+    tr->pipe = NULL;
     tr->graph = NULL;
     free(tr->ids_buf);
     free(tr->tg_buf);
@@ -102,7 +169,18 @@ sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *us
     float S = tr->scaling ? tr->scaler.scale : 1.0f; /* Note [Dynamic loss scaling] */
     if (tr->scaling) tr->seed->fparams[0] = tr->seed_base * S;
     sl_status st = SL_OK;
-    for (int micro = 0; micro < tr->cfg.accum && st == SL_OK; micro++) {
+    if (tr->pipe) { /* the schedule runs every micro-batch; the last stage has the loss */
+        float l = 0;
+        if (tr->dp) { /* the buckets go after the tied-embedding sum (below); the forward runs unhooked */
+            sl_dp_arm(tr->dp, 0);
+            st = sl_dp_sync_params(tr->dp);
+        }
+        if (st == SL_OK)
+            st = sl_pipeline_step(tr->pipe, step, tr->cfg.accum, dp_rank * tr->cfg.accum, fn, user, overwrite, &l);
+        if (st == SL_OK) st = pipe_after_backward(tr, &l);
+        tot = (double)l * tr->cfg.accum;
+    }
+    for (int micro = 0; micro < tr->cfg.accum && st == SL_OK && !tr->pipe; micro++) {
         st = fn(user, step, dp_rank * tr->cfg.accum + micro, tr->ids_buf, tr->tg_buf);
         if (st != SL_OK) break;
         float l;
@@ -129,8 +207,19 @@ sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *us
             tr->opt_ready = 1;
             tr->opt.t = tr->opt_t;
         }
-        SL_TRY(sl_grad_norm(m, &norm)); /* clipping is applied inside the update (sl_adamw_step_scaled) */
-        norm *= inv;                    /* exact: S is a power of two */
+        if (tr->tp || tr->pipe) { /* clipping is applied inside the update (sl_adamw_step_scaled) */
+            double ss;
+            SL_TRY(sl_tp_grad_sumsq(tr->tp, m, &ss));
+            if (tr->pipe) {
+                double all;
+                SL_TRY(sl_comm_all_reduce(tr->cfg.mesh->pp_comm, &ss, &all, 1, SL_COMM_F64, SL_COMM_SUM));
+                ss = all;
+            }
+            norm = (float)sqrt(ss);
+        } else {
+            SL_TRY(sl_grad_norm(m, &norm));
+        }
+        norm *= inv; /* exact: S is a power of two */
         skip = tr->scaling && sl_grad_found_inf(norm);
         if (!skip && tr->pre_update) tr->pre_update(tr->pre_update_user);
         if (!skip) SL_TRY(sl_adamw_step_scaled(&tr->opt, m, lr, sl_clip_coef(norm, tr->cfg.clip) * inv));
@@ -138,6 +227,7 @@ sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *us
     if (!skip) tr->opt_t++; /* a skipped step takes no AdamW step (bias correction counts updates) */
     if (tr->scaling) sl_loss_scaler_update(&tr->scaler, skip);
     if (stats) {
+        stats->pipe_wait_sec = tr->pipe ? sl_pipeline_take_wait(tr->pipe) : 0;
         stats->loss = loss;
         stats->grad_norm = norm;
         stats->lr = lr;
@@ -151,6 +241,14 @@ sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *us
 }
 
 sl_status sl_trainer_eval(sl_trainer *tr, sl_batch_fn fn, void *user, int iters, float *loss) {
+    if (tr->pipe) {
+        if (tr->dp) SL_TRY(sl_dp_sync_params(tr->dp));
+        SL_TRY(sl_pipeline_eval(tr->pipe, iters, fn, user, loss));
+        const sl_mesh *mesh = tr->cfg.mesh;
+        SL_TRY(sl_comm_broadcast(mesh->pp_comm, loss, loss, 1, SL_COMM_F32, mesh->pp - 1));
+        sl_pipeline_take_wait(tr->pipe); /* not the next step's */
+        return SL_OK;
+    }
     double tot = 0;
     size_t n = (size_t)tr->cfg.B * (size_t)tr->cfg.T;
     for (int i = 0; i < iters; i++) {

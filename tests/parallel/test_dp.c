@@ -16,15 +16,7 @@ static const sl_gpt2_config CFG = {2, 2, 32, V, T};
 
 static sl_status synth(void *u, int64_t step, int micro, int32_t *ids, int32_t *tg) {
     (void)u;
-    for (int i = 0; i < B * (T + 1); i++) {
-        /* a learnable pattern with noise, a pure function of (step, micro, position) */
-        int b = i / (T + 1), t = i % (T + 1);
-        uint64_t r = sl_rng_u64(5, (uint64_t)(step * 1000 + micro), (uint64_t)b);
-        int32_t tok = (int32_t)((r + (uint64_t)t * 7) % V);
-        if (sl_rng_uniform(6, (uint64_t)(step * 1000 + micro), (uint64_t)i) < 0.2) tok = (int32_t)(r % 13);
-        if (t < T) ids[b * T + t] = tok;
-        if (t > 0) tg[b * T + t - 1] = tok;
-    }
+    tu_synth_tokens(B, T, V, step, micro, ids, tg);
     return SL_OK;
 }
 

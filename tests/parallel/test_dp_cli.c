@@ -8,30 +8,8 @@
 
 static char out[1 << 17];
 
-static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int run(const char *fmt, ...) {
-    char args[4096], cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "SUANLI_COMM_ALGO=direct SUANLI_COMM_TIMEOUT=60 timeout 300 %s", args);
-    return tu_run(cmd, out, sizeof out);
-}
+#define run(...) tu_runf(out, sizeof out, "SUANLI_COMM_ALGO=direct SUANLI_COMM_TIMEOUT=60 timeout 300", __VA_ARGS__)
 
-static double loss_at(const char *metrics_path, int step) {
-    FILE *f = fopen(metrics_path, "r");
-    if (!f) return NAN;
-    char line[1024];
-    double v = NAN;
-    while (fgets(line, sizeof line, f)) {
-        int s;
-        double l;
-        if (sscanf(line, "{\"step\": %d, \"loss\": %lf", &s, &l) == 2 && s == step) v = l;
-    }
-    fclose(f);
-    return v;
-}
 
 #define TINY                                                                                                 \
     "--num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2 "          \
@@ -58,7 +36,7 @@ int main(void) {
     snprintf(a, sizeof a, "%s/single/metrics.jsonl", dir);
     snprintf(b, sizeof b, "%s/dp2/metrics.jsonl", dir);
     for (int s = 1; s <= 8; s++) {
-        double x = loss_at(a, s), y = loss_at(b, s);
+        double x = tu_metric_at(a, s, "loss"), y = tu_metric_at(b, s, "loss");
         TU_CHECK(fabs(x - y) <= 1e-6 * fabs(x), "step %d: single %.7f dp2 %.7f", s, x, y);
     }
     /* the same program under mpirun (OpenMPI's environment; suanli's own transports): same weights. OpenMPI
@@ -89,7 +67,7 @@ int main(void) {
     snprintf(a, sizeof a, "%s/dp2/metrics.jsonl", dir);
     snprintf(b, sizeof b, "%s/dp2z3/metrics.jsonl", dir);
     for (int s = 1; s <= 8; s++) {
-        double x = loss_at(a, s), y = loss_at(b, s);
+        double x = tu_metric_at(a, s, "loss"), y = tu_metric_at(b, s, "loss");
         TU_CHECK(x == y, "step %d: dp2 %.7f dp2 zero3 %.7f", s, x, y);
     }
     /* bad layouts: clear error on every rank, exit non-zero, no hang */

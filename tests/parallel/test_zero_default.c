@@ -14,16 +14,7 @@
 
 static char out[1 << 17];
 
-static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int run(const char *fmt, ...) {
-    char args[4096], cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "env -u SUANLI_COMM_ALGO SUANLI_COMM_TIMEOUT=60 timeout 300 %s", args);
-    return tu_run(cmd, out, sizeof out);
-}
+#define run(...) tu_runf(out, sizeof out, "env -u SUANLI_COMM_ALGO SUANLI_COMM_TIMEOUT=60 timeout 300", __VA_ARGS__)
 
 /* the "loss" fields of metrics.jsonl, as text (bitwise comparison of what was printed) */
 static int losses(const char *path, char *buf, size_t cap) {

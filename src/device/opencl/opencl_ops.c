@@ -159,10 +159,10 @@ int ocl_supports(const sl_tensor *n) {
     case SL_OP_ATTENTION_KV:
         return all_f32(n) && !n->iparams[2] && last_unit(a) && sl_is_contiguous(b) &&
                sl_is_contiguous(n->src[2]);
-    case SL_OP_EMBEDDING:
-        return f32_but_i32(n, 1) && sl_is_contiguous(a) && sl_is_contiguous(b);
+    case SL_OP_EMBEDDING: /* not a vocab shard (iparams[3]; CPU only) */
+        return f32_but_i32(n, 1) && !n->iparams[3] && sl_is_contiguous(a) && sl_is_contiguous(b);
     case SL_OP_EMBEDDING_BACK:
-        return f32_but_i32(n, 1) && sl_is_contiguous(a) && sl_is_contiguous(b) && sl_is_contiguous(n->src[2]);
+        return f32_but_i32(n, 1) && !n->iparams[3] && sl_is_contiguous(a) && sl_is_contiguous(b) && sl_is_contiguous(n->src[2]);
     case SL_OP_CROSS_ENTROPY:
         return f32_but_i32(n, 1) && sl_is_contiguous(a) && sl_is_contiguous(b);
     case SL_OP_CROSS_ENTROPY_BACK:

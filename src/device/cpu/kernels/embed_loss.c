@@ -7,6 +7,7 @@
 #include "device/cpu/kernels/vec_kernels.h"
 
 sl_status sl_k_embedding(sl_tensor *n) {
+    if (n->iparams[3]) return sl_k_embedding_shard(n);
     sl_tensor *tab = n->src[0], *ids = n->src[1];
     int64_t V = tab->ne[0], C = tab->ne[1], N = sl_nelements(ids);
     const int32_t *pi = ids->data;
@@ -31,6 +32,7 @@ static void zero_table(float *d, int64_t m) {
 }
 
 sl_status sl_k_embedding_back_ref(sl_tensor *n) {
+    if (n->iparams[3]) return sl_k_embedding_back_shard(n);
     sl_tensor *ids = n->src[1], *g = n->src[2];
     int64_t V = n->ne[0], C = n->ne[1], N = sl_nelements(ids);
     const int32_t *pi = ids->data;
@@ -52,6 +54,18 @@ sl_status sl_k_embedding_back_ref(sl_tensor *n) {
     return SL_OK;
 }
 
+void sl_k_lse_rows_ref(const float *pl, int64_t N, int64_t V, float *lse) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; i++) {
+        const float *x = pl + i * V;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < V; j++) mx = x[j] > mx ? x[j] : mx;
+        float s = 0;
+        for (int64_t j = 0; j < V; j++) s += expf(x[j] - mx);
+        lse[i] = mx + logf(s);
+    }
+}
+
 /* Mean over positions whose target >= 0 (negative targets are ignored, like PyTorch's ignore_index). */
 sl_status sl_k_cross_entropy_ref(sl_tensor *n) {
     sl_tensor *lg = n->src[0], *tg = n->src[1];
@@ -63,15 +77,7 @@ sl_status sl_k_cross_entropy_ref(sl_tensor *n) {
         if (pt[i] >= V)
             return sl_fail(SL_ERR_INVALID, "cross_entropy: target %d at position %lld >= vocab %lld", pt[i],
                            (long long)i, (long long)V);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N; i++) {
-        const float *x = pl + i * V;
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < V; j++) mx = x[j] > mx ? x[j] : mx;
-        float s = 0;
-        for (int64_t j = 0; j < V; j++) s += expf(x[j] - mx);
-        lse[i] = mx + logf(s);
-    }
+    sl_k_lse_rows_ref(pl, N, V, lse);
     double total = 0;
     int64_t cnt = 0;
     for (int64_t i = 0; i < N; i++)
@@ -109,6 +115,7 @@ sl_status sl_k_cross_entropy_back_ref(sl_tensor *n) {
 }
 
 sl_status sl_k_embedding_back(sl_tensor *n) {
+    if (n->iparams[3]) return sl_k_embedding_back_shard(n);
     const sl_vec_ops *v = sl_vec();
     if (!v) return sl_k_embedding_back_ref(n);
     sl_tensor *ids = n->src[1], *g = n->src[2];
@@ -156,6 +163,6 @@ sl_status sl_k_cross_entropy_back(sl_tensor *n) {
     int64_t cnt = 0;
     for (int64_t i = 0; i < N; i++) cnt += pt[i] >= 0;
     float scale = cnt ? ((const float *)dl->data)[0] / (float)cnt : 0.0f;
-    v->ce_bwd(lg->data, lse, pt, scale, n->data, N, V);
+    v->ce_bwd(lg->data, lse, pt, scale, n->data, N, V, 0);
     return SL_OK;
 }

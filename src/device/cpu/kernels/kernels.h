@@ -36,6 +36,12 @@ sl_status sl_k_embedding(sl_tensor *n);
 sl_status sl_k_embedding_back(sl_tensor *n);
 sl_status sl_k_cross_entropy(sl_tensor *n);
 sl_status sl_k_cross_entropy_back(sl_tensor *n);
+/* tensor parallelism (tp_kernels.c) */
+sl_status sl_k_embedding_shard(sl_tensor *n);
+sl_status sl_k_embedding_back_shard(sl_tensor *n);
+sl_status sl_k_ce_vp_stats(sl_tensor *n);
+sl_status sl_k_ce_vp(sl_tensor *n);
+sl_status sl_k_ce_vp_back(sl_tensor *n);
 sl_status sl_k_fill(sl_tensor *n);
 
 /* State kernels (optim.c): the CPU backend's adamw / sumsq / scale / fill members over host memory. */
@@ -64,5 +70,7 @@ sl_status sl_k_attention_ref(sl_tensor *n);
 sl_status sl_k_attention_back_ref(sl_tensor *n);
 sl_status sl_k_embedding_back_ref(sl_tensor *n);
 sl_status sl_k_cross_entropy_ref(sl_tensor *n);
+/* logsumexp of each of N rows of V logits (scalar reference) */
+void sl_k_lse_rows_ref(const float *logits, int64_t N, int64_t V, float *lse);
 sl_status sl_k_cross_entropy_back_ref(sl_tensor *n);
 #endif

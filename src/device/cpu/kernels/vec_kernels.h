@@ -48,7 +48,7 @@ typedef struct sl_vec_ops {
     void (*softmax_bwd)(const float *y, const float *g, int64_t gs, float *dx, int64_t R, int64_t C);
     void (*ce_lse)(const float *logits, int64_t N, int64_t V, float *lse);
     void (*ce_bwd)(const float *logits, const float *lse, const int32_t *tg, float scale, float *d, int64_t N,
-                   int64_t V);
+                   int64_t V, int64_t lo); /* one-hot at tg - lo when it lies in [0, V) */
     void (*embedding_bwd)(const int32_t *ids, int64_t N, const float *g, float *d, int64_t C);
     void (*attn_fwd)(const sl_attn_args *a);
     void (*attn_bwd)(const sl_attn_args *a);

@@ -1,0 +1,357 @@
+/* Pipeline parallelism: one stage's graphs and the 1F1B schedule (PipeDream-Flush, as in Megatron-LM).
+ *
+ * Note [Pipeline stages and 1F1B]
+ * Stage s of p holds a contiguous block of layers (sl_gpt2_new_par). A micro-batch's forward on stage s
+ * starts from the activations received from stage s-1 (the ids on the first stage) and ends in the
+ * activations sent to stage s+1 (the loss on the last stage); its backward starts from the gradient of
+ * those activations received from s+1 (the loss seed on the last stage) and ends in the gradient of the
+ * received activations, sent back to s-1. The stage's graph is built K = min(m, p - s) times over the
+ * same parameters and gradient leaves ("slots"), each with its own planned activations and I/O leaves,
+ * because 1F1B keeps up to p - s micro-batches in flight on stage s: micro-batch i runs on slot i mod K,
+ * whose previous user (i - K) has finished its backward by then. Schedule per stage (m micro-batches):
+ * w = min(p - s - 1, m) warm-up forwards, then m - w rounds of one forward and one backward, then w
+ * backwards. The bubble is (p - 1) / (m + p - 1) of the step on every stage; what the stage spends
+ * blocked in receives is measured (sl_pipeline_wait) and reported beside that.
+ * Communication: activations and gradients flow over two communicators split from the pipeline group
+ * (one per direction, each with its own progress thread), sends asynchronous, receives blocking: every
+ * channel carries messages one way in micro-batch order, so no wait cycle can form. A send's buffer is
+ * the slot's output activations or input gradient; the slot waits for it before it reuses them.
+ * Gradients of parameters accumulate over the micro-batches as in single-process accumulation (the first
+ * backward of the step overwrites, Note [Overwriting first gradient writes]).
+ *
+ * Interleaved 1F1B (Megatron's virtual pipeline, --num-layers-per-virtual-pipeline-stage): each stage holds
+ * v model chunks; chunk c of stage s is virtual stage c * p + s, so activations go s -> s + 1 and from the
+ * last stage back to the first for the next chunk. Forward unit k (of m * v) runs chunk (k / p) mod v on
+ * micro-batch (k / (p v)) p + k mod p; backward units visit the chunks in reverse; stage s starts with
+ * (p - s - 1) * 2 + (v - 1) * p warm-up forwards (m must be a multiple of p). The bubble shrinks to
+ * (p - 1) / (v m + p - 1). The schedule is generated as a list of units, and each chunk's slot count is
+ * the most micro-batches it ever has in flight in that list. Channels: four communicators, so that each
+ * carries messages one way along a chain: s -> s + 1 and s -> s - 1 inside the pipeline, and the wrap-around
+ * edges last -> first (activations) and first -> last (gradients) of the interleaved schedule. */
+#include <string.h>
+
+#include "train/train_internal.h"
+
+typedef struct {
+    sl_graph *g;
+    sl_tensor *ids, *targets; /* first / last virtual stage */
+    sl_tensor *x_in, *dx_in;  /* not on the first virtual stage: received activations and their gradient */
+    sl_tensor *out;           /* the loss (last virtual stage) or the chunk's output activations */
+    sl_tensor *seed;          /* not on the last virtual stage: the received gradient of out */
+    sl_buffer *io;            /* ids, targets, x_in, dx_in, seed */
+    sl_comm_req *send_fwd, *send_bwd;
+    int n_forward;
+} pipe_slot;
+
+typedef struct {
+    int fwd, chunk, micro;
+} pipe_unit;
+
+enum { CH_UP, CH_DOWN, CH_WRAP_UP, CH_WRAP_DOWN, N_CH };
+
+struct sl_pipeline {
+    sl_model *m;
+    int p, s, v, m_micro, B, T;
+    int64_t act; /* elements of the activations crossing a stage boundary */
+    sl_comm *ch[N_CH];
+    int K[SL_PIPE_MAX_CHUNKS];
+    pipe_slot *slot[SL_PIPE_MAX_CHUNKS];
+    pipe_unit *units;
+    int n_units;
+    int32_t *ids_buf, *tg_buf;
+    double wait_sec;
+    sl_plan_stats plan; /* every slot's, summed */
+};
+
+static int first_virtual(const sl_pipeline *P, int c) { return P->s == 0 && c == 0; }
+static int last_virtual(const sl_pipeline *P, int c) { return P->s == P->p - 1 && c == P->v - 1; }
+
+static sl_status wait_req(sl_comm_req **r) {
+    if (!*r) return SL_OK;
+    sl_status st = sl_comm_wait(*r);
+    *r = NULL;
+    return st;
+}
+
+/* The unit list of one step (Note [Pipeline stages and 1F1B]) */
+static void make_schedule(sl_pipeline *P) {
+    int p = P->p, s = P->s, v = P->v, m = P->m_micro, total = m * v, n = 0;
+    int w = v == 1 ? p - s - 1 : (p - s - 1) * 2 + (v - 1) * p;
+    if (w > total) w = total;
+#define UNIT(k, f)                                                                                           \
+    do {                                                                                                     \
+        int c_ = ((k) / p) % v, mi_ = ((k) / (p * v)) * p + (k) % p;                                        \
+        if (v == 1) mi_ = (k);                                                                               \
+        P->units[n++] = (pipe_unit){(f), (f) ? c_ : v - 1 - c_, mi_};                                      \
+    } while (0)
+    for (int k = 0; k < w; k++) UNIT(k, 1);
+    for (int k = 0; k < total - w; k++) {
+        UNIT(w + k, 1);
+        UNIT(k, 0);
+    }
+    for (int k = total - w; k < total; k++) UNIT(k, 0);
+#undef UNIT
+    P->n_units = n;
+    /* slots: the most micro-batches in flight per chunk (backward visits each chunk's in forward order) */
+    int live[SL_PIPE_MAX_CHUNKS] = {0};
+    for (int c = 0; c < v; c++) P->K[c] = 1;
+    for (int i = 0; i < n; i++) {
+        int c = P->units[i].chunk;
+        live[c] += P->units[i].fwd ? 1 : -1;
+        if (live[c] > P->K[c]) P->K[c] = live[c];
+    }
+}
+
+static sl_status build_slot(sl_pipeline *P, int c, pipe_slot *sl, float loss_scale) {
+    sl_model *m = P->m;
+    sl_ctx *ctx = m->ctx;
+    size_t n = (size_t)P->B * (size_t)P->T, a = (size_t)P->act;
+    size_t bytes = 2 * n * sizeof(int32_t) + 3 * a * sizeof(float);
+    SL_TRY(sl_backend_alloc(m->backend, bytes, &sl->io));
+    size_t at = 0;
+    sl->ids = sl_set_name(sl_new_tensor_2d(ctx, SL_I32, P->B, P->T), "ids");
+    sl->targets = sl_set_name(sl_new_tensor_2d(ctx, SL_I32, P->B, P->T), "targets");
+    sl_set_input(sl->ids);
+    sl_set_input(sl->targets);
+    sl_tensor_bind_buffer(sl->ids, sl->io, at);
+    at += n * sizeof(int32_t);
+    sl_tensor_bind_buffer(sl->targets, sl->io, at);
+    at += n * sizeof(int32_t);
+    int64_t Tl = m->sp ? P->T / m->tp : P->T, ne[3] = {P->B, Tl, m->cfg.n_embd};
+    if (!first_virtual(P, c)) {
+        /* the received activations take a gradient like a parameter: dx_in is its gradient leaf */
+        sl->x_in = sl_set_name(sl_new_tensor(ctx, SL_F32, 3, ne), "stage_in");
+        sl->dx_in = sl_set_name(sl_new_tensor(ctx, SL_F32, 3, ne), "grad.stage_in");
+        sl_set_param(sl->x_in);
+        sl->dx_in->flags |= SL_FLAG_GRAD;
+        sl->x_in->grad = sl->dx_in;
+        sl_tensor_bind_buffer(sl->x_in, sl->io, at);
+        sl_tensor_bind_buffer(sl->dx_in, sl->io, at + a * sizeof(float));
+    }
+    at += 2 * a * sizeof(float);
+    sl->out = sl_model_build_stage(m, c, sl->ids, sl->x_in, last_virtual(P, c) ? sl->targets : NULL);
+    sl->g = sl_graph_new(ctx);
+    if (!sl->g) return sl_fail(SL_ERR_NOMEM, "pipeline: out of memory");
+    sl_graph_build_forward(sl->g, sl->out);
+    sl->n_forward = sl_graph_n_nodes(sl->g);
+    if (last_virtual(P, c)) {
+        sl_graph_build_backward(sl->g, sl->out, loss_scale);
+    } else {
+        sl->seed = sl_set_name(sl_new_tensor(ctx, SL_F32, 3, ne), "grad.stage_out");
+        sl_set_input(sl->seed);
+        sl_tensor_bind_buffer(sl->seed, sl->io, at);
+        sl_graph_build_backward_seeded(sl->g, sl->out, sl->seed);
+    }
+    sl_plan_stats ps;
+    SL_TRY(sl_graph_plan(sl->g, m->backend, &ps));
+    P->plan.planned_bytes += ps.planned_bytes;
+    P->plan.naive_bytes += ps.naive_bytes;
+    P->plan.n_allocs += ps.n_allocs;
+    return SL_OK;
+}
+
+void sl_pipeline_free(sl_pipeline *P) {
+    if (!P) return;
+    for (int c = 0; c < P->v; c++)
+        for (int k = 0; P->slot[c] && k < P->K[c]; k++) {
+            pipe_slot *sl = &P->slot[c][k];
+            wait_req(&sl->send_fwd);
+            wait_req(&sl->send_bwd);
+            sl_graph_free(sl->g);
+            if (sl->io) sl_backend_free(P->m->backend, sl->io);
+        }
+    for (int c = 0; c < P->v; c++) free(P->slot[c]);
+    free(P->units);
+    free(P->ids_buf);
+    free(P->tg_buf);
+    for (int i = 0; i < N_CH; i++) sl_comm_free(P->ch[i]);
+    free(P);
+}
+
+sl_status sl_pipeline_new(sl_pipeline **out, sl_model *m, const sl_mesh *mesh, int B, int T, int n_micro,
+                          float loss_scale) {
+    *out = NULL;
+    int v = m->vpp > 1 ? m->vpp : 1;
+    if (m->pp != mesh->pp || m->pp_rank != mesh->pp_rank || !mesh->pp_comm)
+        return sl_fail(SL_ERR_INVALID, "pipeline: the model is stage %d of %d, the mesh says %d of %d",
+                       m->pp_rank, m->pp, mesh->pp_rank, mesh->pp);
+    if (!m->backend->caps.host_visible)
+        return sl_fail(SL_ERR_UNSUPPORTED, "--pipeline-model-parallel-size needs host-visible memory (cpu)");
+    if (v > SL_PIPE_MAX_CHUNKS)
+        return sl_fail(SL_ERR_INVALID, "--num-layers-per-virtual-pipeline-stage: %d model chunks per stage, at most %d",
+                       v, SL_PIPE_MAX_CHUNKS);
+    if (v > 1 && n_micro % mesh->pp)
+        return sl_fail(SL_ERR_INVALID,
+                       "--num-layers-per-virtual-pipeline-stage: the interleaved schedule needs micro-batches per "
+                       "step (%d) to be a multiple of --pipeline-model-parallel-size %d",
+                       n_micro, mesh->pp);
+    sl_pipeline *P = calloc(1, sizeof *P);
+    if (!P) return sl_fail(SL_ERR_NOMEM, "pipeline: out of memory");
+    P->m = m;
+    P->p = mesh->pp;
+    P->s = mesh->pp_rank;
+    P->v = v;
+    P->m_micro = n_micro;
+    P->B = B;
+    P->T = T;
+    P->act = (int64_t)B * (m->sp ? T / m->tp : T) * m->cfg.n_embd;
+    sl_status st = SL_OK;
+    P->units = calloc((size_t)(2 * n_micro * v), sizeof *P->units);
+    P->ids_buf = calloc((size_t)B * (size_t)T, sizeof(int32_t));
+    P->tg_buf = calloc((size_t)B * (size_t)T, sizeof(int32_t));
+    if (!P->units || !P->ids_buf || !P->tg_buf) {
+        st = sl_fail(SL_ERR_NOMEM, "pipeline: out of memory");
+        goto done;
+    }
+    make_schedule(P);
+    /* the channels (collective over the pipeline group: every stage splits all of them) */
+    int r = sl_comm_rank(mesh->pp_comm);
+    for (int i = 0; i < N_CH && st == SL_OK; i++)
+        if (i < CH_WRAP_UP || v > 1) st = sl_comm_split(mesh->pp_comm, 0, r, &P->ch[i]);
+    for (int c = 0; c < v && st == SL_OK; c++) {
+        P->slot[c] = calloc((size_t)P->K[c], sizeof(pipe_slot));
+        if (!P->slot[c]) st = sl_fail(SL_ERR_NOMEM, "pipeline: out of memory");
+        for (int k = 0; k < P->K[c] && st == SL_OK; k++) st = build_slot(P, c, &P->slot[c][k], loss_scale);
+    }
+done:
+    if (st != SL_OK) {
+        sl_pipeline_free(P);
+        return st;
+    }
+    *out = P;
+    return SL_OK;
+}
+
+int sl_pipeline_slots(const sl_pipeline *P) {
+    int n = 0;
+    for (int c = 0; c < P->v; c++) n += P->K[c];
+    return n;
+}
+sl_graph *sl_pipeline_graph(sl_pipeline *P, int k) {
+    for (int c = 0; c < P->v; c++) {
+        if (k < P->K[c]) return P->slot[c][k].g;
+        k -= P->K[c];
+    }
+    return NULL;
+}
+sl_plan_stats sl_pipeline_plan(const sl_pipeline *P) { return P->plan; }
+
+double sl_pipeline_take_wait(sl_pipeline *P) {
+    double w = P->wait_sec;
+    P->wait_sec = 0;
+    return w;
+}
+
+static sl_status recv_timed(sl_pipeline *P, sl_comm *c, void *buf, int peer) {
+    double t0 = sl_time_sec();
+    sl_status st = sl_comm_recv(c, buf, (size_t)P->act, SL_COMM_F32, peer);
+    P->wait_sec += sl_time_sec() - t0;
+    return st;
+}
+
+/* the channel and peer an activation of chunk c comes from / goes to, and a gradient likewise */
+static sl_comm *act_in(const sl_pipeline *P, int *peer) {
+    *peer = P->s > 0 ? P->s - 1 : P->p - 1;
+    return P->s > 0 ? P->ch[CH_UP] : P->ch[CH_WRAP_UP];
+}
+static sl_comm *act_out(const sl_pipeline *P, int *peer) {
+    *peer = P->s < P->p - 1 ? P->s + 1 : 0;
+    return P->s < P->p - 1 ? P->ch[CH_UP] : P->ch[CH_WRAP_UP];
+}
+static sl_comm *grad_in(const sl_pipeline *P, int *peer) {
+    *peer = P->s < P->p - 1 ? P->s + 1 : 0;
+    return P->s < P->p - 1 ? P->ch[CH_DOWN] : P->ch[CH_WRAP_DOWN];
+}
+static sl_comm *grad_out(const sl_pipeline *P, int *peer) {
+    *peer = P->s > 0 ? P->s - 1 : P->p - 1;
+    return P->s > 0 ? P->ch[CH_DOWN] : P->ch[CH_WRAP_DOWN];
+}
+
+/* forward of micro-batch `micro` of `step` on chunk c's slot k (n_nodes: the forward range, or the whole
+ * forward for evaluation); the last virtual stage adds its loss to *loss_sum */
+static sl_status forward(sl_pipeline *P, int c, int k, int64_t step, int micro, sl_batch_fn fn, void *user,
+                         double *loss_sum) {
+    pipe_slot *sl = &P->slot[c][k];
+    size_t n = (size_t)P->B * (size_t)P->T;
+    int peer;
+    SL_TRY(wait_req(&sl->send_fwd)); /* its output activations are about to be recomputed */
+    if (first_virtual(P, c) || last_virtual(P, c)) {
+        SL_TRY(fn(user, step, micro, P->ids_buf, P->tg_buf));
+        SL_TRY(sl_backend_copy_in(sl->io, 0, P->ids_buf, n * sizeof(int32_t)));
+        SL_TRY(sl_backend_copy_in(sl->io, n * sizeof(int32_t), P->tg_buf, n * sizeof(int32_t)));
+    }
+    if (!first_virtual(P, c)) {
+        sl_comm *ch = act_in(P, &peer);
+        SL_TRY(recv_timed(P, ch, sl->x_in->data, peer));
+    }
+    SL_TRY(sl_graph_compute_range(sl->g, 0, sl->n_forward, NULL, NULL));
+    if (last_virtual(P, c)) {
+        float l;
+        SL_TRY(sl_tensor_copy_out(sl->out, &l));
+        *loss_sum += l;
+    } else {
+        sl_comm *ch = act_out(P, &peer);
+        SL_TRY(sl_comm_send_async(ch, sl->out->data, (size_t)P->act, SL_COMM_F32, peer, &sl->send_fwd));
+    }
+    return SL_OK;
+}
+
+static sl_status backward(sl_pipeline *P, int c, int k, int overwrite) {
+    pipe_slot *sl = &P->slot[c][k];
+    int peer;
+    if (!last_virtual(P, c)) {
+        sl_comm *ch = grad_in(P, &peer);
+        SL_TRY(recv_timed(P, ch, sl->seed->data, peer));
+    }
+    if (!first_virtual(P, c)) {
+        SL_TRY(wait_req(&sl->send_bwd));
+        memset(sl->dx_in->data, 0, sizeof(float) * (size_t)P->act);
+    }
+    sl_graph_set_grad_overwrite(sl->g, overwrite);
+    sl_status st = sl_graph_compute_range(sl->g, sl->n_forward, sl_graph_n_nodes(sl->g), NULL, NULL);
+    sl_graph_set_grad_overwrite(sl->g, 0);
+    SL_TRY(st);
+    if (!first_virtual(P, c)) {
+        sl_comm *ch = grad_out(P, &peer);
+        SL_TRY(sl_comm_send_async(ch, sl->dx_in->data, (size_t)P->act, SL_COMM_F32, peer, &sl->send_bwd));
+    }
+    return SL_OK;
+}
+
+static sl_status drain(sl_pipeline *P) {
+    sl_status st = SL_OK;
+    for (int c = 0; c < P->v; c++)
+        for (int k = 0; k < P->K[c]; k++) {
+            sl_status a = wait_req(&P->slot[c][k].send_fwd), b = wait_req(&P->slot[c][k].send_bwd);
+            if (st == SL_OK) st = a != SL_OK ? a : b;
+        }
+    return st;
+}
+
+sl_status sl_pipeline_step(sl_pipeline *P, int64_t step, int n_micro, int micro0, sl_batch_fn fn, void *user,
+                           int overwrite, float *loss) {
+    if (n_micro != P->m_micro)
+        return sl_fail(SL_ERR_INVALID, "pipeline: built for %d micro-batches, asked for %d", P->m_micro, n_micro);
+    double sum = 0;
+    int seen_bwd[SL_PIPE_MAX_CHUNKS] = {0};
+    for (int i = 0; i < P->n_units; i++) {
+        const pipe_unit *u = &P->units[i];
+        int k = u->micro % P->K[u->chunk];
+        if (u->fwd)
+            SL_TRY(forward(P, u->chunk, k, step, micro0 + u->micro, fn, user, &sum));
+        else /* each chunk's first backward of the step overwrites its gradients */
+            SL_TRY(backward(P, u->chunk, k, overwrite && !seen_bwd[u->chunk]++));
+    }
+    SL_TRY(drain(P));
+    *loss = (float)(sum / n_micro); /* the last stage's mean; the caller broadcasts it */
+    return SL_OK;
+}
+
+sl_status sl_pipeline_eval(sl_pipeline *P, int iters, sl_batch_fn fn, void *user, float *loss) {
+    double sum = 0;
+    for (int i = 0; i < iters; i++)
+        for (int c = 0; c < P->v; c++) SL_TRY(forward(P, c, 0, i, 0, fn, user, &sum));
+    SL_TRY(drain(P));
+    *loss = iters ? (float)(sum / iters) : 0.0f;
+    return SL_OK;
+}
