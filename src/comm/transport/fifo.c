@@ -48,6 +48,7 @@ typedef struct seg_hdr { /* start of each shm segment / of the loopback block */
 } seg_hdr;
 #define SEG_HDR 4096
 #define SEG_CTL 2048 /* shm: offset of the rank's window control words in its segment header */
+_Static_assert(SEG_CTL + SL_WIN_CTL * 8 <= SEG_HDR, "window control words must fit the segment header");
 #define SEG_MAGIC 0x534c464946304f31ull
 
 typedef struct fifo_tp {
@@ -543,7 +544,7 @@ static void lb_win_release(sl_transport *t_, sl_win *w) {
 
 static _Atomic uint64_t *fifo_win_ctl(sl_transport *t_, int r) {
     fifo_tp *t = (fifo_tp *)t_;
-    if (t->loopback) return (_Atomic uint64_t *)((char *)t->block + t->block->ctl_off + (size_t)r * 128);
+    if (t->loopback) return (_Atomic uint64_t *)((char *)t->block + t->block->ctl_off + (size_t)r * SL_WIN_CTL * 8);
     return (_Atomic uint64_t *)((char *)t->maps[r] + SEG_CTL);
 }
 
@@ -615,7 +616,7 @@ static fifo_tp *fifo_alloc(int rank, int size, int loopback) {
 /* ---- loopback: one block with n*n rings; ring (s -> d) at index d*n + s ---- */
 static seg_hdr *lb_block_new(int n, int nslots, size_t slot_bytes) {
     size_t cb = ((CHAN_HDR + (size_t)nslots * slot_bytes) + 63) & ~(size_t)63;
-    size_t ctl_off = SEG_HDR + (size_t)n * (size_t)n * cb, ctl_bytes = (size_t)n * 128;
+    size_t ctl_off = SEG_HDR + (size_t)n * (size_t)n * cb, ctl_bytes = (size_t)n * SL_WIN_CTL * 8;
     seg_hdr *b = sl_malloc_aligned(ctl_off + ctl_bytes);
     if (!b) return NULL;
     memset(b, 0, SEG_HDR);
