@@ -355,6 +355,9 @@ sl_status sl_sym_reduce_scatter(sl_algo_ctx *c, const void *sb, void *rb, size_t
  * for all-to-all), with up to 26 ranks for all-to-all (two control words per peer); otherwise, and
  * when no staging window can be had, the ring / pairwise algorithms run on every rank. */
 #define SRC_STAGED (UINT64_MAX - 1)
+#ifndef SYM_PARTS
+#define SYM_PARTS 4
+#endif
 
 static const sl_win *win_by_id(const sl_win *list, uint64_t id) {
     for (const sl_win *w = list; w; w = w->next)
@@ -404,7 +407,7 @@ sl_status sl_sym_allgatherv(sl_algo_ctx *c, const void *sb, void *rb, const size
     SL_TRY(stage_get(c, "all-gather"));
     const sl_win *stg = *c->stage, *w, *wr;
     char *d = rb, *mine = d + displs[r] * es, **dst = NULL;
-    size_t mb = counts[r] * es, S = stg->bytes / es * es, end = 0;
+    size_t mb = counts[r] * es, S = stg->bytes / SYM_PARTS / 64 * 64, end = 0;
     for (int p = 0; p < n; p++)
         if (counts[p] && displs[p] + counts[p] > end) end = displs[p] + counts[p];
     int nt = sym_nt_min() && tot * es >= sym_nt_min(), push = 1, own = mb && (const char *)sb != mine;
@@ -428,7 +431,8 @@ sl_status sl_sym_allgatherv(sl_algo_ctx *c, const void *sb, void *rb, const size
     size_t rounds = 1;
     for (size_t k = 0; k < rounds; k++) {
         size_t ko = k * S;
-        if (xw[0] == SRC_STAGED && ko < mb) memcpy(stg->base, (const char *)sb + ko, mb - ko < S ? mb - ko : S);
+        if (xw[0] == SRC_STAGED && ko < mb)
+            memcpy(stg->base + (*c->win_seq + 1) % SYM_PARTS * S, (const char *)sb + ko, mb - ko < S ? mb - ko : S);
         SL_TRY(sym_begin(&o, "all-gather"));
         if (k == 0) { /* rounds, and whether everyone pushes (every receive buffer in a window) */
             push = sym_push_min() && tot * es >= sym_push_min();
@@ -462,7 +466,8 @@ sl_status sl_sym_allgatherv(sl_algo_ctx *c, const void *sb, void *rb, const size
             size_t len = counts[p] * es;
             if (!len) continue;
             if (src == SRC_STAGED) {
-                if (ko < len) copy_out(d + displs[p] * es + ko, stg->peer[p], len - ko < S ? len - ko : S, nt);
+                if (ko < len)
+                    copy_out(d + displs[p] * es + ko, stg->peer[p] + o.seq % SYM_PARTS * S, len - ko < S ? len - ko : S, nt);
             } else if (k == 0) {
                 const char *ps = peer_src(c, p, src, atomic_load_explicit(&pc[W_X + 1], memory_order_relaxed), len,
                                           "all-gather");
@@ -482,7 +487,7 @@ sl_status sl_sym_alltoallv(sl_algo_ctx *c, const void *s, const size_t *scounts,
     if (n < 2 || W_X + 3 + 2 * n > SL_WIN_CTL) return SL_ERR_UNSUPPORTED; /* the same on every rank */
     SL_TRY(stage_get(c, "all-to-all"));
     const sl_win *stg = *c->stage;
-    size_t es = sl_comm_dtype_size(dt), cap = (stg->bytes / (size_t)n) & ~(size_t)63, lo = SIZE_MAX, hi = 0,
+    size_t es = sl_comm_dtype_size(dt), cap = (stg->bytes / SYM_PARTS / (size_t)n) & ~(size_t)63, lo = SIZE_MAX, hi = 0,
            big = 0, tot = 0;
     if (!cap) return SL_ERR_UNSUPPORTED;
     uint64_t xw[3 + 2 * 26];
@@ -508,7 +513,7 @@ sl_status sl_sym_alltoallv(sl_algo_ctx *c, const void *s, const size_t *scounts,
         size_t ko = k * cap;
         for (int q = 0; !w && q < n; q++) /* staged: piece k of my block for q into slot q */
             if (q != r && ko < xw[3 + q])
-                memcpy(stg->base + (size_t)q * cap, (const char *)s + xw[3 + n + q] + ko,
+                memcpy(stg->base + (*c->win_seq + 1) % SYM_PARTS * (size_t)n * cap + (size_t)q * cap, (const char *)s + xw[3 + n + q] + ko,
                        xw[3 + q] - ko < cap ? xw[3 + q] - ko : cap);
         SL_TRY(sym_begin(&o, "all-to-all"));
         for (int i = 1; i < n; i++) {
@@ -526,7 +531,7 @@ sl_status sl_sym_alltoallv(sl_algo_ctx *c, const void *s, const size_t *scounts,
             }
             if (!len) continue;
             if (src == SRC_STAGED) {
-                if (ko < len) copy_out(d + rdispls[p] * es + ko, stg->peer[p] + (size_t)r * cap, len - ko < cap ? len - ko : cap, nt);
+                if (ko < len) copy_out(d + rdispls[p] * es + ko, stg->peer[p] + o.seq % SYM_PARTS * (size_t)n * cap + (size_t)r * cap, len - ko < cap ? len - ko : cap, nt);
             } else if (k == 0) {
                 uint64_t off = atomic_load_explicit(&pc[W_X + 1], memory_order_relaxed) +
                                atomic_load_explicit(&pc[W_X + 3 + n + r], memory_order_relaxed);
