@@ -92,6 +92,11 @@ struct sl_transport {
     atomic_int *abort_flag; /* the communicator's; checked while waiting */
     double alpha, beta;     /* cost model: seconds per message, seconds per byte */
     const sl_win_vt *win;   /* symmetric windows (NULL: not offered) */
+    /* Optional (NULL: not offered; the same on every rank): copy len bytes at address addr of peer's
+     * address space into dst (shm: process_vm_readv, Note [Single-copy pulls]); worth it from
+     * peer_read_min bytes. Error if the peer's memory cannot be read. */
+    sl_status (*peer_read)(sl_transport *t, int peer, void *dst, uint64_t addr, size_t len);
+    size_t peer_read_min;
 };
 
 /* ---- out-of-band exchange used while building transports ---- */

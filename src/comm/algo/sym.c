@@ -248,7 +248,7 @@ sl_status sl_sym_allreduce(sl_algo_ctx *c, const void *sb, void *rb, size_t coun
  * more); it runs when the algorithm is auto (a forced one runs as asked), for SUANLI_COMM_STAGE_MIN_KB
  * and up. */
 #define SYM_STAGE_ID (UINT64_C(1) << 62) /* window id of the staging window (user windows count up) */
-#define SYM_STAGE_DEFAULT_KB 1024
+#define SYM_STAGE_DEFAULT_KB 4096
 #define SYM_STAGE_MIN_DEFAULT_KB 2
 static size_t sym_stage_bytes(void) {
     static _Atomic size_t cached;
@@ -355,6 +355,7 @@ sl_status sl_sym_reduce_scatter(sl_algo_ctx *c, const void *sb, void *rb, size_t
  * for all-to-all), with up to 26 ranks for all-to-all (two control words per peer); otherwise, and
  * when no staging window can be had, the ring / pairwise algorithms run on every rank. */
 #define SRC_STAGED (UINT64_MAX - 1)
+#define SRC_ADDR (UINT64_MAX - 2) /* read with the transport's peer_read at this address */
 #ifndef SYM_PARTS
 #define SYM_PARTS 4
 #endif
@@ -420,6 +421,8 @@ sl_status sl_sym_allgatherv(sl_algo_ctx *c, const void *sb, void *rb, const size
         if (own) copy_out(mine, sb, mb, nt);
         own = 0;
         xw[0] = wr->id, xw[1] = (uint64_t)(mine - wr->base);
+    } else if (mb && c->tp->peer_read && mb >= c->tp->peer_read_min) {
+        xw[0] = SRC_ADDR, xw[1] = (uint64_t)(uintptr_t)sb;
     } else if (mb) {
         xw[0] = SRC_STAGED;
     }
@@ -468,6 +471,9 @@ sl_status sl_sym_allgatherv(sl_algo_ctx *c, const void *sb, void *rb, const size
             if (src == SRC_STAGED) {
                 if (ko < len)
                     copy_out(d + displs[p] * es + ko, stg->peer[p] + o.seq % SYM_PARTS * S, len - ko < S ? len - ko : S, nt);
+            } else if (k == 0 && src == SRC_ADDR) {
+                SL_TRY(c->tp->peer_read(c->tp, p, d + displs[p] * es,
+                                        atomic_load_explicit(&pc[W_X + 1], memory_order_relaxed), len));
             } else if (k == 0) {
                 const char *ps = peer_src(c, p, src, atomic_load_explicit(&pc[W_X + 1], memory_order_relaxed), len,
                                           "all-gather");
@@ -504,14 +510,15 @@ sl_status sl_sym_alltoallv(sl_algo_ctx *c, const void *s, const size_t *scounts,
     char *d = rb;
     if (scounts[r]) copy_out(d + rdispls[r] * es, (const char *)s + sdispls[r] * es, scounts[r] * es, nt);
     const sl_win *w = hi ? sl_win_find(c->wins, (const char *)s + lo, hi - lo) : NULL;
-    xw[0] = w ? w->id : SRC_STAGED;
-    xw[1] = w ? (uint64_t)((const char *)s - w->base) : 0;
-    xw[2] = w ? 1 : (big + cap - 1) / cap; /* rounds this rank needs */
+    int addr = !w && hi && c->tp->peer_read && hi - lo >= c->tp->peer_read_min;
+    xw[0] = w ? w->id : addr ? SRC_ADDR : SRC_STAGED;
+    xw[1] = w ? (uint64_t)((const char *)s - w->base) : addr ? (uint64_t)(uintptr_t)s : 0;
+    xw[2] = w || addr ? 1 : (big + cap - 1) / cap; /* rounds this rank needs */
     sym_op o = {.c = c, .desc = {kind_word(K_ALLTOALL, dt, 0), 0, NO_WIN, 0, NO_WIN, 0}, .xw = xw, .nx = 3 + 2 * n};
     size_t rounds = xw[2] ? xw[2] : 1;
     for (size_t k = 0; k < rounds; k++) {
         size_t ko = k * cap;
-        for (int q = 0; !w && q < n; q++) /* staged: piece k of my block for q into slot q */
+        for (int q = 0; xw[0] == SRC_STAGED && q < n; q++) /* staged: piece k of my block for q into slot q */
             if (q != r && ko < xw[3 + q])
                 memcpy(stg->base + (*c->win_seq + 1) % SYM_PARTS * (size_t)n * cap + (size_t)q * cap, (const char *)s + xw[3 + n + q] + ko,
                        xw[3 + q] - ko < cap ? xw[3 + q] - ko : cap);
@@ -535,6 +542,10 @@ sl_status sl_sym_alltoallv(sl_algo_ctx *c, const void *s, const size_t *scounts,
             } else if (k == 0) {
                 uint64_t off = atomic_load_explicit(&pc[W_X + 1], memory_order_relaxed) +
                                atomic_load_explicit(&pc[W_X + 3 + n + r], memory_order_relaxed);
+                if (src == SRC_ADDR) {
+                    SL_TRY(c->tp->peer_read(c->tp, p, d + rdispls[p] * es, off, len));
+                    continue;
+                }
                 const char *ps = peer_src(c, p, src, off, len, "all-to-all");
                 if (!ps) return SL_ERR_INVALID;
                 copy_out(d + rdispls[p] * es, ps, len, nt);

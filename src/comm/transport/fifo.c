@@ -154,6 +154,10 @@ static sl_status pull_copy(fifo_tp *t, int peer, void *dst, uint64_t addr, size_
     return SL_OK;
 }
 
+static sl_status fifo_peer_read(sl_transport *t_, int peer, void *dst, uint64_t addr, size_t len) {
+    return pull_copy((fifo_tp *)t_, peer, dst, addr, len);
+}
+
 /* Receive a pulled transfer described by slot s. */
 static sl_status pull_recv(fifo_tp *t, sl_xfer *xi, const char *s) {
     pull_desc d;
@@ -778,6 +782,7 @@ sl_status sl_tp_shm_new(sl_oob *oob, sl_transport **out) {
         all_cma &= (ok[p] >> 1) & 1;
     }
     if (!all_cma) t->pull_min = 0;
+    if (t->pull_min) t->base.peer_read = fifo_peer_read, t->base.peer_read_min = t->pull_min;
     if (t->pull_min && !(t->pull_tmp = sl_malloc_aligned(PULL_CHUNK))) {
         st = sl_fail(SL_ERR_NOMEM, "shm transport: out of memory");
         goto done;
