@@ -33,7 +33,8 @@
 #endif
 
 enum { C_AR, C_AG, C_RS, C_A2A, C_BC, C_A2AV, C_COUNT };
-static const char *CNAME[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "all_to_allv"};
+static const char *CNAME[] = {"all_reduce", "all_gather", "reduce_scatter",
+                              "all_to_all", "broadcast",  "all_to_allv"};
 _Static_assert(sizeof CNAME / sizeof CNAME[0] == C_COUNT, "one name per collective");
 
 /* all_to_allv: uniform counts (count/n per peer) through the v interface, the displacements of

@@ -198,8 +198,8 @@ sl_status sl_sym_reduce_scatter(sl_algo_ctx *c, const void *sb, void *rb, size_t
 sl_status sl_sym_allgatherv(sl_algo_ctx *c, const void *sb, void *rb, const size_t *counts,
                             const size_t *displs, sl_comm_dtype dt);
 /* sendbuf must not alias recvbuf (a2a.c copies an in-place send buffer away first) */
-sl_status sl_sym_alltoallv(sl_algo_ctx *c, const void *sb, const size_t *scounts, const size_t *sdispls, void *rb,
-                           const size_t *rcounts, const size_t *rdispls, sl_comm_dtype dt);
+sl_status sl_sym_alltoallv(sl_algo_ctx *c, const void *sb, const size_t *scounts, const size_t *sdispls,
+                           void *rb, const size_t *rcounts, const size_t *rdispls, sl_comm_dtype dt);
 sl_win *sl_win_find(sl_win *list, const void *p, size_t bytes);
 /* the transport offers windows and no algorithm other than direct (same reduction order) is forced */
 sl_status sl_sym_allreduce_staged(sl_algo_ctx *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt,

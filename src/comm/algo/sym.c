@@ -41,8 +41,8 @@
 
 enum { W_ARRIVE = 0, W_KIND, W_COUNT, W_SBWIN, W_SBOFF, W_RBWIN, W_RBOFF, W_DONE, W_X };
 enum { K_ALLREDUCE = 1, K_REDSCAT, K_ALLGATHER, K_STAGED, K_ALLTOALL };
-#define SYM_TMP (8u << 10)     /* reduce a block of this size at a time (L1-resident) */
-#define SYM_NT_DEFAULT_KB 8192 /* copies of transfers this large bypass the cache (0: never) */
+#define SYM_TMP (8u << 10)          /* reduce a block of this size at a time (L1-resident) */
+#define SYM_NT_DEFAULT_KB 8192      /* copies of transfers this large bypass the cache (0: never) */
 #define SYM_AG_PUSH_DEFAULT_KB 8192 /* all-gathers this large push when they can (0: never) */
 #define SYM_PUSH_CHUNK (64u << 10)
 #define NO_WIN UINT64_MAX
@@ -343,17 +343,28 @@ sl_status sl_sym_reduce_scatter(sl_algo_ctx *c, const void *sb, void *rb, size_t
  *     buffer is in a window, its own block there (copied in before ARRIVE; in place: already there).
  *     All-to-all: its send buffer, plus per destination the byte count and displacement. Offsets need
  *     not be equal across ranks: the reader finds the window by id (ids are equal on every rank).
- *   - "staged": buffers outside windows (any user memory). The rank copies its data, a staging window
- *     (Note [Staged all-reduce]) at a time, into its staging window, and peers copy it out from there.
- *     All-to-all cuts the staging window in n slots, one per destination.
- * Ranks may mix the two (one rank's buffers in a window, another's private, in place or not): the
+ *   - an address in its own address space, read with the transport's peer_read (shm:
+ *     process_vm_readv), where the transport offers it (more ranks than CPUs: a descheduled owner
+ *     stalls no one, and there are no staging rounds, each a barrier, to pass).
+ *   - "staged": otherwise (private memory). The rank copies its data into its staging window
+ *     (Note [Staged all-reduce]) and peers copy it out from there, in rounds. The staging window is
+ *     used a quarter at a time, the quarters in turn (operation sequence number mod 4): writing the
+ *     lines a peer has just read measured 2x slower at 256 KiB-1 MiB (2 ranks) than the slot FIFOs,
+ *     which rotate through 4 slots the same way. All-to-all cuts the quarter in n slots, one per
+ *     destination.
+ * Ranks may mix these (one rank's buffers in a window, another's private, in place or not): the
  * operation runs in rounds, each a window operation with its own ARRIVE/DONE barrier; round k moves
- * chunk k of every staged rank (all of a window rank's data moves in round 0), and the number of
- * rounds is the largest any rank needs, which every rank computes alike from what all published.
- * All-to-all checks that each pair agrees on the count (SL_ERR_INVALID otherwise). Used when the
- * algorithm is auto or direct, from SUANLI_COMM_STAGE_MIN_KB of gathered bytes (all-gather; any size
- * for all-to-all), with up to 26 ranks for all-to-all (two control words per peer); otherwise, and
- * when no staging window can be had, the ring / pairwise algorithms run on every rank. */
+ * chunk k of every staged rank (everything else moves in round 0), and the number of rounds is the
+ * largest any rank needs, which every rank computes alike from what all published. All-to-all checks
+ * that each pair agrees on the count (SL_ERR_INVALID otherwise).
+ * Push all-gather: from SUANLI_COMM_AG_PUSH_KB of gathered bytes, when every rank's receive buffer
+ * is in a window (every rank sees that in round 0), each rank instead stores its block into every
+ * rank's receive buffer, 64 KiB at a time, so its source is read from memory once (DRAM traffic 3N
+ * instead of 4N for 2 ranks).
+ * Used when the algorithm is auto or direct, from SUANLI_COMM_STAGE_MIN_KB of gathered bytes
+ * (all-gather; any size for all-to-all), with up to 26 ranks for all-to-all (two control words per
+ * peer); otherwise, and when no staging window can be had, the ring / pairwise algorithms run on every
+ * rank. */
 #define SRC_STAGED (UINT64_MAX - 1)
 #define SRC_ADDR (UINT64_MAX - 2) /* read with the transport's peer_read at this address */
 #ifndef SYM_PARTS
@@ -370,8 +381,10 @@ static const sl_win *win_by_id(const sl_win *list, uint64_t id) {
 static const char *peer_src(sl_algo_ctx *c, int p, uint64_t id, uint64_t off, size_t len, const char *what) {
     const sl_win *w = win_by_id(c->wins, id);
     if (!w || off > w->bytes || len > w->bytes - off) {
-        sl_fail(SL_ERR_INVALID, "window %s: rank %d published window %llu offset %llu (%zu bytes), not a window "
-                "of this communicator here", what, p, (unsigned long long)id, (unsigned long long)off, len);
+        sl_fail(SL_ERR_INVALID,
+                "window %s: rank %d published window %llu offset %llu (%zu bytes), not a window "
+                "of this communicator here",
+                what, p, (unsigned long long)id, (unsigned long long)off, len);
         return NULL;
     }
     return w->peer[p] + off;
@@ -435,7 +448,8 @@ sl_status sl_sym_allgatherv(sl_algo_ctx *c, const void *sb, void *rb, const size
     for (size_t k = 0; k < rounds; k++) {
         size_t ko = k * S;
         if (xw[0] == SRC_STAGED && ko < mb)
-            memcpy(stg->base + (*c->win_seq + 1) % SYM_PARTS * S, (const char *)sb + ko, mb - ko < S ? mb - ko : S);
+            memcpy(stg->base + (*c->win_seq + 1) % SYM_PARTS * S, (const char *)sb + ko,
+                   mb - ko < S ? mb - ko : S);
         SL_TRY(sym_begin(&o, "all-gather"));
         if (k == 0) { /* rounds, and whether everyone pushes (every receive buffer in a window) */
             push = sym_push_min() && tot * es >= sym_push_min();
@@ -470,13 +484,14 @@ sl_status sl_sym_allgatherv(sl_algo_ctx *c, const void *sb, void *rb, const size
             if (!len) continue;
             if (src == SRC_STAGED) {
                 if (ko < len)
-                    copy_out(d + displs[p] * es + ko, stg->peer[p] + o.seq % SYM_PARTS * S, len - ko < S ? len - ko : S, nt);
+                    copy_out(d + displs[p] * es + ko, stg->peer[p] + o.seq % SYM_PARTS * S,
+                             len - ko < S ? len - ko : S, nt);
             } else if (k == 0 && src == SRC_ADDR) {
                 SL_TRY(c->tp->peer_read(c->tp, p, d + displs[p] * es,
                                         atomic_load_explicit(&pc[W_X + 1], memory_order_relaxed), len));
             } else if (k == 0) {
-                const char *ps = peer_src(c, p, src, atomic_load_explicit(&pc[W_X + 1], memory_order_relaxed), len,
-                                          "all-gather");
+                const char *ps = peer_src(c, p, src, atomic_load_explicit(&pc[W_X + 1], memory_order_relaxed),
+                                          len, "all-gather");
                 if (!ps) return SL_ERR_INVALID;
                 copy_out(d + displs[p] * es, ps, len, nt);
             }
@@ -487,14 +502,14 @@ sl_status sl_sym_allgatherv(sl_algo_ctx *c, const void *sb, void *rb, const size
 }
 
 /* s: the send data (not aliasing rb: the caller copies an in-place send buffer away first) */
-sl_status sl_sym_alltoallv(sl_algo_ctx *c, const void *s, const size_t *scounts, const size_t *sdispls, void *rb,
-                           const size_t *rcounts, const size_t *rdispls, sl_comm_dtype dt) {
+sl_status sl_sym_alltoallv(sl_algo_ctx *c, const void *s, const size_t *scounts, const size_t *sdispls,
+                           void *rb, const size_t *rcounts, const size_t *rdispls, sl_comm_dtype dt) {
     int n = c->size, r = c->rank;
     if (n < 2 || W_X + 3 + 2 * n > SL_WIN_CTL) return SL_ERR_UNSUPPORTED; /* the same on every rank */
     SL_TRY(stage_get(c, "all-to-all"));
     const sl_win *stg = *c->stage;
-    size_t es = sl_comm_dtype_size(dt), cap = (stg->bytes / SYM_PARTS / (size_t)n) & ~(size_t)63, lo = SIZE_MAX, hi = 0,
-           big = 0, tot = 0;
+    size_t es = sl_comm_dtype_size(dt), cap = (stg->bytes / SYM_PARTS / (size_t)n) & ~(size_t)63,
+           lo = SIZE_MAX, hi = 0, big = 0, tot = 0;
     if (!cap) return SL_ERR_UNSUPPORTED;
     uint64_t xw[3 + 2 * 26];
     for (int q = 0; q < n; q++) {
@@ -514,14 +529,15 @@ sl_status sl_sym_alltoallv(sl_algo_ctx *c, const void *s, const size_t *scounts,
     xw[0] = w ? w->id : addr ? SRC_ADDR : SRC_STAGED;
     xw[1] = w ? (uint64_t)((const char *)s - w->base) : addr ? (uint64_t)(uintptr_t)s : 0;
     xw[2] = w || addr ? 1 : (big + cap - 1) / cap; /* rounds this rank needs */
-    sym_op o = {.c = c, .desc = {kind_word(K_ALLTOALL, dt, 0), 0, NO_WIN, 0, NO_WIN, 0}, .xw = xw, .nx = 3 + 2 * n};
+    sym_op o = {
+        .c = c, .desc = {kind_word(K_ALLTOALL, dt, 0), 0, NO_WIN, 0, NO_WIN, 0}, .xw = xw, .nx = 3 + 2 * n};
     size_t rounds = xw[2] ? xw[2] : 1;
     for (size_t k = 0; k < rounds; k++) {
         size_t ko = k * cap;
         for (int q = 0; xw[0] == SRC_STAGED && q < n; q++) /* staged: piece k of my block for q into slot q */
             if (q != r && ko < xw[3 + q])
-                memcpy(stg->base + (*c->win_seq + 1) % SYM_PARTS * (size_t)n * cap + (size_t)q * cap, (const char *)s + xw[3 + n + q] + ko,
-                       xw[3 + q] - ko < cap ? xw[3 + q] - ko : cap);
+                memcpy(stg->base + (*c->win_seq + 1) % SYM_PARTS * (size_t)n * cap + (size_t)q * cap,
+                       (const char *)s + xw[3 + n + q] + ko, xw[3 + q] - ko < cap ? xw[3 + q] - ko : cap);
         SL_TRY(sym_begin(&o, "all-to-all"));
         for (int i = 1; i < n; i++) {
             int p = (r + i) % n;
@@ -532,13 +548,17 @@ sl_status sl_sym_alltoallv(sl_algo_ctx *c, const void *s, const size_t *scounts,
                 uint64_t pr = atomic_load_explicit(&pc[W_X + 2], memory_order_relaxed),
                          pl = atomic_load_explicit(&pc[W_X + 3 + r], memory_order_relaxed);
                 if (pl != len)
-                    return sl_fail(SL_ERR_INVALID, "all-to-all: rank %d sends this rank %llu bytes, it expects %zu",
-                                   p, (unsigned long long)pl, len);
+                    return sl_fail(SL_ERR_INVALID,
+                                   "all-to-all: rank %d sends this rank %llu bytes, it expects %zu", p,
+                                   (unsigned long long)pl, len);
                 if (pr > rounds) rounds = pr;
             }
             if (!len) continue;
             if (src == SRC_STAGED) {
-                if (ko < len) copy_out(d + rdispls[p] * es + ko, stg->peer[p] + o.seq % SYM_PARTS * (size_t)n * cap + (size_t)r * cap, len - ko < cap ? len - ko : cap, nt);
+                if (ko < len)
+                    copy_out(d + rdispls[p] * es + ko,
+                             stg->peer[p] + o.seq % SYM_PARTS * (size_t)n * cap + (size_t)r * cap,
+                             len - ko < cap ? len - ko : cap, nt);
             } else if (k == 0) {
                 uint64_t off = atomic_load_explicit(&pc[W_X + 1], memory_order_relaxed) +
                                atomic_load_explicit(&pc[W_X + 3 + n + r], memory_order_relaxed);

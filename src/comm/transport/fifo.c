@@ -548,7 +548,8 @@ static void lb_win_release(sl_transport *t_, sl_win *w) {
 
 static _Atomic uint64_t *fifo_win_ctl(sl_transport *t_, int r) {
     fifo_tp *t = (fifo_tp *)t_;
-    if (t->loopback) return (_Atomic uint64_t *)((char *)t->block + t->block->ctl_off + (size_t)r * SL_WIN_CTL * 8);
+    if (t->loopback)
+        return (_Atomic uint64_t *)((char *)t->block + t->block->ctl_off + (size_t)r * SL_WIN_CTL * 8);
     return (_Atomic uint64_t *)((char *)t->maps[r] + SEG_CTL);
 }
 
