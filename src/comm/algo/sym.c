@@ -344,8 +344,9 @@ sl_status sl_sym_reduce_scatter(sl_algo_ctx *c, const void *sb, void *rb, size_t
  *     All-to-all: its send buffer, plus per destination the byte count and displacement. Offsets need
  *     not be equal across ranks: the reader finds the window by id (ids are equal on every rank).
  *   - an address in its own address space, read with the transport's peer_read (shm:
- *     process_vm_readv), where the transport offers it (more ranks than CPUs: a descheduled owner
- *     stalls no one, and there are no staging rounds, each a barrier, to pass).
+ *     process_vm_readv, from SUANLI_SHM_MOVE_PULL_KB): one copy and no staging rounds, each a barrier;
+ *     a peer's unchanged send buffer is read from this core's cache, not pulled across from the
+ *     writer's (on the loaded machine 1-3x OpenMPI where staging gave 0.03-0.9x).
  *   - "staged": otherwise (private memory). The rank copies its data into its staging window
  *     (Note [Staged all-reduce]) and peers copy it out from there, in rounds. The staging window is
  *     used a quarter at a time, the quarters in turn (operation sequence number mod 4): writing the

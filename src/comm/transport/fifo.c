@@ -65,6 +65,7 @@ typedef struct fifo_tp {
     double next_check;
     unsigned spin;   /* backoff spin budget */
     size_t pull_min; /* transfers >= this many bytes are pulled single-copy (0: never) */
+    size_t move_min; /* all-gather / all-to-all sources >= this many bytes are read with peer_read */
     char *pull_tmp;  /* staging for pulled RECV_REDUCE chunks (cache resident) */
     size_t nt_min;   /* slot transfers >= this many bytes store into the destination non-temporally */
     char *nt_tmp;    /* NT_BLOCK bytes: reduce here (L1), then stream out */
@@ -602,6 +603,7 @@ static fifo_tp *fifo_alloc(int rank, int size, int loopback) {
     size_t pull_dflt = size > sysconf(_SC_NPROCESSORS_ONLN) ? 256 : 0;
     t->pull_min = loopback ? 0 : env_size("SUANLI_SHM_PULL_KB", pull_dflt, 0, (size_t)1 << 30) * 1024;
     t->nt_min = env_size("SUANLI_SHM_NT_KB", 4096, 0, (size_t)1 << 30) * 1024;
+    t->move_min = loopback ? 0 : env_size("SUANLI_SHM_MOVE_PULL_KB", 64, 0, (size_t)1 << 30) * 1024;
     t->nt_tmp = sl_malloc_aligned(NT_BLOCK);
     /* 4 slots of 1 MiB per ring (fewer hand-offs when ranks share cores); smaller with many ranks
      * so that one rank's segment stays near 64 MiB */
@@ -758,7 +760,7 @@ sl_status sl_tp_shm_new(sl_oob *oob, sl_transport **out) {
         }
     }
     mine_ok = st == SL_OK ? 1 : 0;
-    if (st == SL_OK && t->pull_min) { /* can we read every peer's memory (CMA)? bit 1 = yes */
+    if (st == SL_OK && (t->pull_min || t->move_min)) { /* can we read every peer's memory (CMA)? bit 1 */
         int cma = 1;
         for (int p = 0; p < n && cma; p++) {
             if (p == r) continue;
@@ -782,8 +784,9 @@ sl_status sl_tp_shm_new(sl_oob *oob, sl_transport **out) {
         }
         all_cma &= (ok[p] >> 1) & 1;
     }
-    if (!all_cma) t->pull_min = 0;
-    if (t->pull_min) t->base.peer_read = fifo_peer_read, t->base.peer_read_min = t->pull_min;
+    if (!all_cma) t->pull_min = t->move_min = 0;
+    if (t->pull_min || t->move_min)
+        t->base.peer_read = fifo_peer_read, t->base.peer_read_min = t->move_min ? t->move_min : t->pull_min;
     if (t->pull_min && !(t->pull_tmp = sl_malloc_aligned(PULL_CHUNK))) {
         st = sl_fail(SL_ERR_NOMEM, "shm transport: out of memory");
         goto done;
