@@ -32,8 +32,26 @@
 #include <mpi.h>
 #endif
 
-enum { C_AR, C_AG, C_RS, C_A2A, C_BC, C_COUNT };
-static const char *CNAME[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"};
+enum { C_AR, C_AG, C_RS, C_A2A, C_BC, C_A2AV, C_COUNT };
+static const char *CNAME[] = {"all_reduce", "all_gather", "reduce_scatter",
+                              "all_to_all", "broadcast",  "all_to_allv"};
+_Static_assert(sizeof CNAME / sizeof CNAME[0] == C_COUNT, "one name per collective");
+
+/* all_to_allv: uniform counts (count/n per peer) through the v interface, the displacements of
+ * all_to_all; sl_comm_all_to_allv against MPI_Alltoallv (size_t vs int arrays, filled once) */
+#define MAX_V_RANKS 256
+static size_t g_vc[MAX_V_RANKS], g_vd[MAX_V_RANKS];
+#ifdef SL_HAVE_MPI
+static int g_mc[MAX_V_RANKS], g_md[MAX_V_RANKS];
+#endif
+static void set_v(size_t per, int n) {
+    for (int j = 0; j < n && j < MAX_V_RANKS; j++) {
+        g_vc[j] = per, g_vd[j] = (size_t)j * per;
+#ifdef SL_HAVE_MPI
+        g_mc[j] = (int)per, g_md[j] = (int)((size_t)j * per);
+#endif
+    }
+}
 
 typedef struct bopts {
     int json, iters, reps, window;
@@ -86,6 +104,9 @@ static sl_status call(sl_comm *comm, int mpi, int c, float *sb, float *rb, size_
         case C_BC:
             rc = MPI_Bcast(rb, (int)count, MPI_FLOAT, 0, MPI_COMM_WORLD);
             break;
+        case C_A2AV:
+            rc = MPI_Alltoallv(sb, g_mc, g_md, MPI_FLOAT, rb, g_mc, g_md, MPI_FLOAT, MPI_COMM_WORLD);
+            break;
         }
         return rc == MPI_SUCCESS ? SL_OK : sl_fail(SL_ERR_PEER, "MPI call failed");
     }
@@ -99,6 +120,8 @@ static sl_status call(sl_comm *comm, int mpi, int c, float *sb, float *rb, size_
         return sl_comm_reduce_scatter(comm, sb, rb, per, SL_COMM_F32, SL_COMM_SUM);
     case C_A2A:
         return sl_comm_all_to_all(comm, sb, rb, per, SL_COMM_F32);
+    case C_A2AV:
+        return sl_comm_all_to_allv(comm, sb, g_vc, g_vd, rb, g_vc, g_vd, SL_COMM_F32);
     default:
         return sl_comm_broadcast(comm, rb, rb, count, SL_COMM_F32, 0);
     }
@@ -127,6 +150,7 @@ static long check(sl_comm *comm, int mpi, int c, float *sb, float *rb, size_t co
             want = (float)(i / per + 1) + (float)((i % per) % 5);
             break;
         case C_A2A:
+        case C_A2AV:
             want = (float)(i / per + 1) + (float)((r * per + i % per) % 5);
             break;
         default:
@@ -223,7 +247,7 @@ int sl_bench_comm(int argc, char **argv) {
             printf("usage: suanli bench comm [--json] [-n N] [--min-bytes B] [--max-bytes B] [--iters K] "
                    "[--reps R] [--window] [--consume]\n"
                    "                         [--colls "
-                   "all_reduce,all_gather,reduce_scatter,all_to_all,broadcast]\n"
+                   "all_reduce,all_gather,reduce_scatter,all_to_all,broadcast,all_to_allv]\n"
                    "Run inside a job (suanli run -n N -- suanli bench comm, mpirun, srun) or pass -n N.\n");
             return 0;
         } else if ((!strcmp(a, "--min-bytes") || !strcmp(a, "--max-bytes")) && v) {
@@ -286,6 +310,7 @@ int sl_bench_comm(int argc, char **argv) {
         return 1;
     }
     int n = sl_comm_size(comm), r = sl_comm_rank(comm), have_mpi = 0;
+    if (n > MAX_V_RANKS) o.colls[C_A2AV] = 0;
 #ifdef SL_HAVE_MPI
     {
         int inited = 0, ws = 0;
@@ -350,6 +375,7 @@ int sl_bench_comm(int argc, char **argv) {
             if (count == 0) continue;
             size_t b = count * 4;
             int it = iters_for(b, o.iters);
+            set_v(count / (size_t)n, n);
             /* modes: 0 window buffers, 1 plain buffers, 2 MPI (plain buffers) */
             int on[3] = {o.window, 1, have_mpi};
             float *msb[3] = {wsb, sb, sb}, *mrb[3] = {wrb, rb, rb};

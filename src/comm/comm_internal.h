@@ -56,7 +56,7 @@ typedef struct sl_transport sl_transport;
  * all ranks together.
  * Windows are symmetric: allocated collectively with the same size on every rank, numbered in
  * allocation order (`id`, equal on every rank), and used at the same offset on every rank. */
-#define SL_WIN_CTL 16 /* control words per rank: see algo/sym.c for their use */
+#define SL_WIN_CTL 64 /* control words per rank: see algo/sym.c for their use */
 typedef struct sl_win sl_win;
 struct sl_win {
     char *base;   /* this rank's window */
@@ -92,6 +92,11 @@ struct sl_transport {
     atomic_int *abort_flag; /* the communicator's; checked while waiting */
     double alpha, beta;     /* cost model: seconds per message, seconds per byte */
     const sl_win_vt *win;   /* symmetric windows (NULL: not offered) */
+    /* Optional (NULL: not offered; the same on every rank): copy len bytes at address addr of peer's
+     * address space into dst (shm: process_vm_readv, Note [Single-copy pulls]); worth it from
+     * peer_read_min bytes. Error if the peer's memory cannot be read. */
+    sl_status (*peer_read)(sl_transport *t, int peer, void *dst, uint64_t addr, size_t len);
+    size_t peer_read_min;
 };
 
 /* ---- out-of-band exchange used while building transports ---- */
@@ -192,6 +197,9 @@ sl_status sl_sym_reduce_scatter(sl_algo_ctx *c, const void *sb, void *rb, size_t
                                 sl_comm_redop op);
 sl_status sl_sym_allgatherv(sl_algo_ctx *c, const void *sb, void *rb, const size_t *counts,
                             const size_t *displs, sl_comm_dtype dt);
+/* sendbuf must not alias recvbuf (a2a.c copies an in-place send buffer away first) */
+sl_status sl_sym_alltoallv(sl_algo_ctx *c, const void *sb, const size_t *scounts, const size_t *sdispls,
+                           void *rb, const size_t *rcounts, const size_t *rdispls, sl_comm_dtype dt);
 sl_win *sl_win_find(sl_win *list, const void *p, size_t bytes);
 /* the transport offers windows and no algorithm other than direct (same reduction order) is forced */
 sl_status sl_sym_allreduce_staged(sl_algo_ctx *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt,

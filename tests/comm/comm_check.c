@@ -144,6 +144,12 @@ static void *balloc(size_t b) {
     memset(p, 0xAB, a);
     return p;
 }
+/* The data-movement collectives (all-gather(v), all-to-all(v)) in window mode place each rank's buffers
+ * by case and rank, so that one call mixes ranks whose send and receive buffers are in the window,
+ * only one of them, or neither (Note [Window data movement] in src/comm/algo/sym.c): bit 0 of the
+ * placement puts the send buffer in the window, bit 1 the receive buffer. */
+static int placement(int cas, int r) { return g_win ? (int)((unsigned)(cas + r) % 4u) : 3; }
+static void *palloc(int in_win, size_t b) { return in_win ? balloc(b) : xmalloc(b); }
 static void bfree(void *p) {
     if (g_win && (char *)p >= g_win && (char *)p < g_win + g_win_bytes) return;
     free(p);
@@ -208,7 +214,8 @@ static int run_case(sl_comm *c, int coll, sl_comm_dtype dt, sl_comm_redop op, si
             dsp[kk] = tot;
             tot += cnt[kk];
         }
-        rb = balloc(tot * es);
+        int pl = placement(cas, r);
+        rb = palloc(pl & 2, tot * es);
         want = xmalloc(tot * es);
         for (int k = 0; k < n; k++)
             for (size_t i = 0; i < cnt[k]; i++) put(dt, want, dsp[k] + i, val(k, i, cas, SL_COMM_SUM));
@@ -217,7 +224,7 @@ static int run_case(sl_comm *c, int coll, sl_comm_dtype dt, sl_comm_redop op, si
             st = coll == AG ? sl_comm_all_gather(c, (char *)rb + dsp[r] * es, rb, count, dt)
                             : sl_comm_all_gatherv(c, (char *)rb + dsp[r] * es, rb, cnt, dsp, dt);
         } else {
-            sb = balloc(cnt[r] * es);
+            sb = palloc(pl & 1, cnt[r] * es);
             memcpy(sb, (char *)want + dsp[r] * es, cnt[r] * es);
             st = coll == AG ? sl_comm_all_gather(c, sb, rb, count, dt)
                             : sl_comm_all_gatherv(c, sb, rb, cnt, dsp, dt);
@@ -245,9 +252,10 @@ static int run_case(sl_comm *c, int coll, sl_comm_dtype dt, sl_comm_redop op, si
     }
     case A2A: {
         size_t tot = count * (size_t)n;
-        sb = xmalloc(tot * es);
+        int pl = placement(cas, r);
+        sb = palloc(pl & 1, tot * es);
         for (size_t i = 0; i < tot; i++) put(dt, sb, i, val(r, i, cas, SL_COMM_SUM));
-        rb = inplace ? sb : xmalloc(tot * es);
+        rb = inplace ? sb : palloc(pl & 2, tot * es);
         want = xmalloc(tot * es);
         for (int s = 0; s < n; s++)
             for (size_t i = 0; i < count; i++)
@@ -266,9 +274,10 @@ static int run_case(sl_comm *c, int coll, sl_comm_dtype dt, sl_comm_redop op, si
             sd[j] = st_, st_ += sc[j];
             rd[j] = rt, rt += rc[j];
         }
-        sb = xmalloc(st_ * es);
+        int pl = placement(cas, r);
+        sb = palloc(pl & 1, st_ * es);
         for (size_t i = 0; i < st_; i++) put(dt, sb, i, val(r, i, cas, SL_COMM_SUM));
-        rb = xmalloc(rt * es);
+        rb = palloc(pl & 2, rt * es);
         want = xmalloc(rt * es);
         for (int s = 0; s < n; s++) { /* sender s's sdispl for me = sum_{j<r} (count + (s+2j)%3) */
             size_t off = 0;
@@ -325,7 +334,7 @@ int cc_run_matrix(sl_comm *c, const cc_cfg *cfg) {
     if (!cfg->window) return matrix(c, cfg);
     int n = sl_comm_size(c), r = sl_comm_rank(c);
     size_t maxcount = cfg->large ? SIZES[4] : SIZES[3];
-    size_t bytes = (size_t)(n + 2) * (maxcount + 2) * 8 + 4096;
+    size_t bytes = (size_t)(2 * n + 2) * (maxcount + 2) * 8 + 8192; /* all-to-all: two n-block buffers */
     void *w = NULL;
     if (sl_comm_mem_alloc(c, bytes, &w) != SL_OK) {
         fprintf(stderr, "FAIL rank %d: sl_comm_mem_alloc(%zu): %s\n", r, bytes, sl_errmsg());
@@ -353,7 +362,7 @@ static int matrix(sl_comm *c, const cc_cfg *cfg) {
                                          SL_COMM_ALGO_DIRECT};
     int nalgo = cfg->algos ? 4 : 1;
     for (int coll = 0; coll < NCOLL; coll++) {
-        if (cfg->window && coll != AR && coll != RS && coll != AG && coll != AGV) continue;
+        if (cfg->window && (coll == RED || coll == BC || coll == P2P)) continue;
         int reducing = coll == AR || coll == RED || coll == RS;
         for (int a = 0; a < (coll == AR || coll == BC || coll == RS ? nalgo : 1); a++) {
             if (coll == RS && a > 0 && algos[a] != SL_COMM_ALGO_DIRECT) continue; /* ring (auto) or direct */

@@ -1,5 +1,6 @@
 /* Pairwise all-to-all(v): in step k (1..n-1) rank r sends to r+k and receives from r-k, so every
- * link carries one block per step and no rank is a hot spot. */
+ * link carries one block per step and no rank is a hot spot. On transports with windows (shm,
+ * loopback) the pull of algo/sym.c runs instead (Note [Window data movement]). */
 #include <string.h>
 
 #include "comm/comm_internal.h"
@@ -22,6 +23,10 @@ sl_status sl_algo_alltoallv(sl_algo_ctx *c, const void *sb, const size_t *scount
     if (rcounts[r] != scounts[r])
         return sl_fail(SL_ERR_INVALID, "all-to-all: rank %d sends itself %zu elements but expects %zu", r,
                        scounts[r], rcounts[r]);
+    if (sl_sym_enabled(c) && n > 1) { /* transport with windows: algo/sym.c, Note [Window data movement] */
+        sl_status st = sl_sym_alltoallv(c, s, scounts, sdispls, rb, rcounts, rdispls, dt);
+        if (st != SL_ERR_UNSUPPORTED) return st;
+    }
     if (scounts[r]) memmove(d + rdispls[r] * es, s + sdispls[r] * es, scounts[r] * es);
     for (int k = 1; k < n; k++) {
         int to = (r + k) % n, from = (r - k + n) % n;

@@ -39,10 +39,12 @@
 
 #include "comm/comm_internal.h"
 
-enum { W_ARRIVE = 0, W_KIND, W_COUNT, W_SBWIN, W_SBOFF, W_RBWIN, W_RBOFF, W_DONE };
-enum { K_ALLREDUCE = 1, K_REDSCAT, K_ALLGATHER, K_STAGED };
-#define SYM_TMP (8u << 10)     /* reduce a block of this size at a time (L1-resident) */
-#define SYM_NT_DEFAULT_KB 8192 /* copies of transfers this large bypass the cache (0: never) */
+enum { W_ARRIVE = 0, W_KIND, W_COUNT, W_SBWIN, W_SBOFF, W_RBWIN, W_RBOFF, W_DONE, W_X };
+enum { K_ALLREDUCE = 1, K_REDSCAT, K_ALLGATHER, K_STAGED, K_ALLTOALL };
+#define SYM_TMP (8u << 10)          /* reduce a block of this size at a time (L1-resident) */
+#define SYM_NT_DEFAULT_KB 8192      /* copies of transfers this large bypass the cache (0: never) */
+#define SYM_AG_PUSH_DEFAULT_KB 8192 /* all-gathers this large push when they can (0: never) */
+#define SYM_PUSH_CHUNK (64u << 10)
 #define NO_WIN UINT64_MAX
 
 sl_win *sl_win_find(sl_win *list, const void *p, size_t bytes) {
@@ -96,6 +98,8 @@ typedef struct sym_op {
     const sl_win_vt *vt;
     _Atomic uint64_t *mine;
     uint64_t seq, desc[7]; /* desc[i] = control word W_KIND + i */
+    const uint64_t *xw;    /* nx words published at W_X.. before ARRIVE (the moves' source descriptors) */
+    int nx;
 } sym_op;
 
 /* Post the descriptor and ARRIVE, wait for every peer's, and check they called the same thing. */
@@ -106,6 +110,7 @@ static sl_status sym_begin(sym_op *o, const char *what) {
     o->mine = o->vt->ctl(tp, c->rank);
     o->seq = ++*c->win_seq;
     for (int i = 0; i < 6; i++) atomic_store_explicit(&o->mine[W_KIND + i], o->desc[i], memory_order_relaxed);
+    for (int i = 0; i < o->nx; i++) atomic_store_explicit(&o->mine[W_X + i], o->xw[i], memory_order_relaxed);
     atomic_store_explicit(&o->mine[W_ARRIVE], o->seq, memory_order_release);
     for (int i = 1; i < c->size; i++) {
         int p = (c->rank + i) % c->size;
@@ -243,7 +248,7 @@ sl_status sl_sym_allreduce(sl_algo_ctx *c, const void *sb, void *rb, size_t coun
  * more); it runs when the algorithm is auto (a forced one runs as asked), for SUANLI_COMM_STAGE_MIN_KB
  * and up. */
 #define SYM_STAGE_ID (UINT64_C(1) << 62) /* window id of the staging window (user windows count up) */
-#define SYM_STAGE_DEFAULT_KB 1024
+#define SYM_STAGE_DEFAULT_KB 4096
 #define SYM_STAGE_MIN_DEFAULT_KB 2
 static size_t sym_stage_bytes(void) {
     static _Atomic size_t cached;
@@ -254,28 +259,36 @@ static size_t sym_stage_min(void) {
     return env_kb("SUANLI_COMM_STAGE_MIN_KB", SYM_STAGE_MIN_DEFAULT_KB, 0, &cached);
 }
 
+/* The communicator's staging window, made by the first call that needs it (collective: every rank
+ * gets here in the same call). SL_ERR_UNSUPPORTED on every rank when it cannot be had. */
+static sl_status stage_get(sl_algo_ctx *c, const char *what) {
+    size_t sbytes = sym_stage_bytes();
+    if (*c->stage_state < 0 || sbytes < 64) return SL_ERR_UNSUPPORTED;
+    if (*c->stage) return SL_OK;
+    sl_win *w = calloc(1, sizeof *w);
+    if (!w) return sl_fail(SL_ERR_NOMEM, "%s: out of memory", what);
+    w->bytes = sbytes;
+    w->id = SYM_STAGE_ID;
+    sl_status st = c->tp->win->alloc(c->tp, w, c->deadline);
+    if (st != SL_OK) {
+        free(w);
+        if (st != SL_ERR_IO && st != SL_ERR_NOMEM) return st;
+        SL_LOGW("%s: rank %d: %s; using the slot FIFO algorithms", what, c->rank, sl_errmsg());
+        *c->stage_state = -1; /* every rank saw the same verdict (see sl_comm_mem_alloc) */
+        return SL_ERR_UNSUPPORTED;
+    }
+    *c->stage = w;
+    *c->stage_state = 1;
+    return SL_OK;
+}
+
 sl_status sl_sym_allreduce_staged(sl_algo_ctx *c, const void *sb, void *rb, size_t count, sl_comm_dtype dt,
                                   sl_comm_redop op) {
     size_t es = sl_comm_dtype_size(dt), bytes = count * es, sbytes = sym_stage_bytes();
     if (!c->tp->win || *c->stage_state < 0 || c->algo != SL_COMM_ALGO_AUTO || c->size < 2 || !count ||
         sbytes < es || bytes < sym_stage_min())
         return SL_ERR_UNSUPPORTED;
-    if (!*c->stage) { /* collective: every rank gets here with the same count */
-        sl_win *w = calloc(1, sizeof *w);
-        if (!w) return sl_fail(SL_ERR_NOMEM, "staged all-reduce: out of memory");
-        w->bytes = sbytes;
-        w->id = SYM_STAGE_ID;
-        sl_status st = c->tp->win->alloc(c->tp, w, c->deadline);
-        if (st != SL_OK) {
-            free(w);
-            if (st != SL_ERR_IO && st != SL_ERR_NOMEM) return st;
-            SL_LOGW("staged all-reduce: rank %d: %s; using the slot FIFO algorithms", c->rank, sl_errmsg());
-            *c->stage_state = -1; /* every rank saw the same verdict (see sl_comm_mem_alloc) */
-            return SL_ERR_UNSUPPORTED;
-        }
-        *c->stage = w;
-        *c->stage_state = 1;
-    }
+    SL_TRY(stage_get(c, "staged all-reduce"));
     const sl_win *w = *c->stage;
     size_t ce = sbytes / es;
     int n = c->size, r = c->rank, nt = sym_nt_min() && bytes >= sym_nt_min();
@@ -321,29 +334,245 @@ sl_status sl_sym_reduce_scatter(sl_algo_ctx *c, const void *sb, void *rb, size_t
     return st;
 }
 
+/* Note [Window data movement]
+ * All-gather(v) and all-to-all(v) on a transport with windows pull: every rank copies what it
+ * receives straight from where its peer keeps it into its own receive buffer, so each byte is copied
+ * once (cf. reduce-scatter above: nothing is written where a peer reads it during the call). Before
+ * ARRIVE each rank publishes in its control words (W_X..) where peers find its data:
+ *   - in a window: (window id, byte offset). All-gather: its send buffer, or, when only the receive
+ *     buffer is in a window, its own block there (copied in before ARRIVE; in place: already there).
+ *     All-to-all: its send buffer, plus per destination the byte count and displacement. Offsets need
+ *     not be equal across ranks: the reader finds the window by id (ids are equal on every rank).
+ *   - an address in its own address space, read with the transport's peer_read (shm:
+ *     process_vm_readv, from SUANLI_SHM_MOVE_PULL_KB): one copy and no staging rounds, each a barrier;
+ *     a peer's unchanged send buffer is read from this core's cache, not pulled across from the
+ *     writer's (on the loaded machine 1-3x OpenMPI where staging gave 0.03-0.9x).
+ *   - "staged": otherwise (private memory). The rank copies its data into its staging window
+ *     (Note [Staged all-reduce]) and peers copy it out from there, in rounds. The staging window is
+ *     used a quarter at a time, the quarters in turn (operation sequence number mod 4): writing the
+ *     lines a peer has just read measured 2x slower at 256 KiB-1 MiB (2 ranks) than the slot FIFOs,
+ *     which rotate through 4 slots the same way. All-to-all cuts the quarter in n slots, one per
+ *     destination.
+ * Ranks may mix these (one rank's buffers in a window, another's private, in place or not): the
+ * operation runs in rounds, each a window operation with its own ARRIVE/DONE barrier; round k moves
+ * chunk k of every staged rank (everything else moves in round 0), and the number of rounds is the
+ * largest any rank needs, which every rank computes alike from what all published. All-to-all checks
+ * that each pair agrees on the count (SL_ERR_INVALID otherwise).
+ * Push all-gather: from SUANLI_COMM_AG_PUSH_KB of gathered bytes, when every rank's receive buffer
+ * is in a window (every rank sees that in round 0), each rank instead stores its block into every
+ * rank's receive buffer, 64 KiB at a time, so its source is read from memory once (DRAM traffic 3N
+ * instead of 4N for 2 ranks).
+ * Used when the algorithm is auto or direct, from SUANLI_COMM_STAGE_MIN_KB of gathered bytes
+ * (all-gather; any size for all-to-all), with up to 26 ranks for all-to-all (two control words per
+ * peer); otherwise, and when no staging window can be had, the ring / pairwise algorithms run on every
+ * rank. */
+#define SRC_STAGED (UINT64_MAX - 1)
+#define SRC_ADDR (UINT64_MAX - 2) /* read with the transport's peer_read at this address */
+#ifndef SYM_PARTS
+#define SYM_PARTS 4
+#endif
+
+static const sl_win *win_by_id(const sl_win *list, uint64_t id) {
+    for (const sl_win *w = list; w; w = w->next)
+        if (w->shared && w->id == id) return w;
+    return NULL;
+}
+
+/* The bytes [off, off + len) of rank p's window `id`, or NULL (with an error) if it makes no sense here. */
+static const char *peer_src(sl_algo_ctx *c, int p, uint64_t id, uint64_t off, size_t len, const char *what) {
+    const sl_win *w = win_by_id(c->wins, id);
+    if (!w || off > w->bytes || len > w->bytes - off) {
+        sl_fail(SL_ERR_INVALID,
+                "window %s: rank %d published window %llu offset %llu (%zu bytes), not a window "
+                "of this communicator here",
+                what, p, (unsigned long long)id, (unsigned long long)off, len);
+        return NULL;
+    }
+    return w->peer[p] + off;
+}
+
+/* SUANLI_COMM_AG_PUSH_KB: all-gathers of at least this many bytes whose receive buffers are all in
+ * windows push (a local copy loop, but every rank must agree: it is decided from what all published) */
+static size_t sym_push_min(void) {
+    static _Atomic size_t cached;
+    return env_kb("SUANLI_COMM_AG_PUSH_KB", SYM_AG_PUSH_DEFAULT_KB, 0, &cached);
+}
+
+/* Push: my block (len bytes at src) into every rank's receive buffer (dst[p]; NULL: skip), a chunk at
+ * a time so that the source is read from memory once. */
+static void ag_push(char *const *dst, const char *src, size_t len, int n, int r, int nt) {
+    for (size_t o = 0; o < len; o += SYM_PUSH_CHUNK) {
+        size_t m = len - o < SYM_PUSH_CHUNK ? len - o : SYM_PUSH_CHUNK;
+        for (int i = 1; i <= n; i++)
+            if (dst[(r + i) % n]) copy_out(dst[(r + i) % n] + o, src + o, m, nt);
+    }
+}
+
 sl_status sl_sym_allgatherv(sl_algo_ctx *c, const void *sb, void *rb, const size_t *counts,
                             const size_t *displs, sl_comm_dtype dt) {
-    size_t es = sl_comm_dtype_size(dt), end = 0, tot = 0;
+    size_t es = sl_comm_dtype_size(dt), tot = 0;
     int n = c->size, r = c->rank;
     uint64_t h = 1469598103934665603ull; /* FNV-1a of the layout: it must be the same on every rank */
     for (int p = 0; p < n; p++) {
-        if (counts[p] && displs[p] + counts[p] > end) end = displs[p] + counts[p];
         tot += counts[p];
         h = (h ^ counts[p]) * 1099511628211ull;
         h = (h ^ displs[p]) * 1099511628211ull;
     }
-    sl_win *wr = c->tp->win ? sl_win_find(c->wins, rb, end * es) : NULL;
-    if (!wr || n < 2 || !tot) return SL_ERR_UNSUPPORTED;
-    size_t ro = (size_t)((char *)rb - wr->base);
-    sym_op o = {.c = c, .desc = {kind_word(K_ALLGATHER, dt, 0), h, NO_WIN, 0, wr->id, ro}};
-    char *d = rb;
-    if (counts[r] && (const char *)sb != d + displs[r] * es) memmove(d + displs[r] * es, sb, counts[r] * es);
-    SL_TRY(sym_begin(&o, "all-gather"));
-    int nt = sym_nt_min() && tot * es >= sym_nt_min();
-    for (int i = 1; i < n; i++) {
-        int p = (r + i) % n;
-        size_t off = displs[p] * es;
-        if (counts[p]) copy_out(d + off, wr->peer[p] + ro + off, counts[p] * es, nt);
+    if (n < 2 || !tot || tot * es < sym_stage_min()) return SL_ERR_UNSUPPORTED; /* the same on every rank */
+    SL_TRY(stage_get(c, "all-gather"));
+    const sl_win *stg = *c->stage, *w, *wr;
+    char *d = rb, *mine = d + displs[r] * es, **dst = NULL;
+    size_t mb = counts[r] * es, S = stg->bytes / SYM_PARTS / 64 * 64, end = 0;
+    for (int p = 0; p < n; p++)
+        if (counts[p] && displs[p] + counts[p] > end) end = displs[p] + counts[p];
+    int nt = sym_nt_min() && tot * es >= sym_nt_min(), push = 1, own = mb && (const char *)sb != mine;
+    /* xw: where my block is (window id and offset, or staged), and my receive buffer's window */
+    uint64_t xw[4] = {NO_WIN, 0, NO_WIN, 0};
+    if ((wr = sl_win_find(c->wins, rb, end * es))) xw[2] = wr->id, xw[3] = (uint64_t)(d - wr->base);
+    if (mb && (w = sl_win_find(c->wins, sb, mb))) {
+        xw[0] = w->id, xw[1] = (uint64_t)((const char *)sb - w->base);
+    } else if (mb && wr) { /* peers may read it from my receive buffer: put it there first */
+        if (own) copy_out(mine, sb, mb, nt);
+        own = 0;
+        xw[0] = wr->id, xw[1] = (uint64_t)(mine - wr->base);
+    } else if (mb && c->tp->peer_read && mb >= c->tp->peer_read_min) {
+        xw[0] = SRC_ADDR, xw[1] = (uint64_t)(uintptr_t)sb;
+    } else if (mb) {
+        xw[0] = SRC_STAGED;
     }
-    return sym_end(&o);
+    const char **tmp_in = NULL;
+    char *tmp = NULL;
+    SL_TRY(sym_work(c, &tmp, &tmp_in, "all-gather"));
+    dst = (char **)(void *)tmp_in;
+    sym_op o = {.c = c, .desc = {kind_word(K_ALLGATHER, dt, 0), h, NO_WIN, 0, NO_WIN, 0}, .xw = xw, .nx = 4};
+    size_t rounds = 1;
+    for (size_t k = 0; k < rounds; k++) {
+        size_t ko = k * S;
+        if (xw[0] == SRC_STAGED && ko < mb)
+            memcpy(stg->base + (*c->win_seq + 1) % SYM_PARTS * S, (const char *)sb + ko,
+                   mb - ko < S ? mb - ko : S);
+        SL_TRY(sym_begin(&o, "all-gather"));
+        if (k == 0) { /* rounds, and whether everyone pushes (every receive buffer in a window) */
+            push = sym_push_min() && tot * es >= sym_push_min();
+            for (int p = 0; p < n; p++) {
+                _Atomic uint64_t *pc = o.vt->ctl(c->tp, p);
+                uint64_t src = atomic_load_explicit(&pc[W_X], memory_order_relaxed);
+                size_t len = counts[p] * es;
+                if (src == SRC_STAGED && (len + S - 1) / S > rounds) rounds = (len + S - 1) / S;
+                uint64_t rw = atomic_load_explicit(&pc[W_X + 2], memory_order_relaxed);
+                if (rw == NO_WIN) push = 0;
+                if (push && p != r) {
+                    uint64_t ro = atomic_load_explicit(&pc[W_X + 3], memory_order_relaxed);
+                    const char *pd = peer_src(c, p, rw, ro, end * es, "all-gather");
+                    if (!pd) return SL_ERR_INVALID;
+                    dst[p] = (char *)pd + displs[r] * es;
+                }
+            }
+            dst[r] = own ? mine : NULL; /* NULL: my block is there already */
+            if (push) rounds = 1;
+            if (push && mb) ag_push(dst, sb, mb, n, r, nt);
+            if (!push && own) copy_out(mine, sb, mb, nt);
+            if (push) {
+                SL_TRY(sym_end(&o));
+                break;
+            }
+        }
+        for (int i = 1; i < n; i++) {
+            int p = (r + i) % n;
+            _Atomic uint64_t *pc = o.vt->ctl(c->tp, p);
+            uint64_t src = atomic_load_explicit(&pc[W_X], memory_order_relaxed);
+            size_t len = counts[p] * es;
+            if (!len) continue;
+            if (src == SRC_STAGED) {
+                if (ko < len)
+                    copy_out(d + displs[p] * es + ko, stg->peer[p] + o.seq % SYM_PARTS * S,
+                             len - ko < S ? len - ko : S, nt);
+            } else if (k == 0 && src == SRC_ADDR) {
+                SL_TRY(c->tp->peer_read(c->tp, p, d + displs[p] * es,
+                                        atomic_load_explicit(&pc[W_X + 1], memory_order_relaxed), len));
+            } else if (k == 0) {
+                const char *ps = peer_src(c, p, src, atomic_load_explicit(&pc[W_X + 1], memory_order_relaxed),
+                                          len, "all-gather");
+                if (!ps) return SL_ERR_INVALID;
+                copy_out(d + displs[p] * es, ps, len, nt);
+            }
+        }
+        SL_TRY(sym_end(&o));
+    }
+    return SL_OK;
+}
+
+/* s: the send data (not aliasing rb: the caller copies an in-place send buffer away first) */
+sl_status sl_sym_alltoallv(sl_algo_ctx *c, const void *s, const size_t *scounts, const size_t *sdispls,
+                           void *rb, const size_t *rcounts, const size_t *rdispls, sl_comm_dtype dt) {
+    int n = c->size, r = c->rank;
+    if (n < 2 || W_X + 3 + 2 * n > SL_WIN_CTL) return SL_ERR_UNSUPPORTED; /* the same on every rank */
+    SL_TRY(stage_get(c, "all-to-all"));
+    const sl_win *stg = *c->stage;
+    size_t es = sl_comm_dtype_size(dt), cap = (stg->bytes / SYM_PARTS / (size_t)n) & ~(size_t)63,
+           lo = SIZE_MAX, hi = 0, big = 0, tot = 0;
+    if (!cap) return SL_ERR_UNSUPPORTED;
+    uint64_t xw[3 + 2 * 26];
+    for (int q = 0; q < n; q++) {
+        xw[3 + q] = scounts[q] * es;
+        xw[3 + n + q] = sdispls[q] * es;
+        tot += rcounts[q] * es;
+        if (!scounts[q] || q == r) continue;
+        if (sdispls[q] * es < lo) lo = sdispls[q] * es;
+        if ((sdispls[q] + scounts[q]) * es > hi) hi = (sdispls[q] + scounts[q]) * es;
+        if (scounts[q] * es > big) big = scounts[q] * es;
+    }
+    int nt = sym_nt_min() && tot >= sym_nt_min();
+    char *d = rb;
+    if (scounts[r]) copy_out(d + rdispls[r] * es, (const char *)s + sdispls[r] * es, scounts[r] * es, nt);
+    const sl_win *w = hi ? sl_win_find(c->wins, (const char *)s + lo, hi - lo) : NULL;
+    int addr = !w && hi && c->tp->peer_read && hi - lo >= c->tp->peer_read_min;
+    xw[0] = w ? w->id : addr ? SRC_ADDR : SRC_STAGED;
+    xw[1] = w ? (uint64_t)((const char *)s - w->base) : addr ? (uint64_t)(uintptr_t)s : 0;
+    xw[2] = w || addr ? 1 : (big + cap - 1) / cap; /* rounds this rank needs */
+    sym_op o = {
+        .c = c, .desc = {kind_word(K_ALLTOALL, dt, 0), 0, NO_WIN, 0, NO_WIN, 0}, .xw = xw, .nx = 3 + 2 * n};
+    size_t rounds = xw[2] ? xw[2] : 1;
+    for (size_t k = 0; k < rounds; k++) {
+        size_t ko = k * cap;
+        for (int q = 0; xw[0] == SRC_STAGED && q < n; q++) /* staged: piece k of my block for q into slot q */
+            if (q != r && ko < xw[3 + q])
+                memcpy(stg->base + (*c->win_seq + 1) % SYM_PARTS * (size_t)n * cap + (size_t)q * cap,
+                       (const char *)s + xw[3 + n + q] + ko, xw[3 + q] - ko < cap ? xw[3 + q] - ko : cap);
+        SL_TRY(sym_begin(&o, "all-to-all"));
+        for (int i = 1; i < n; i++) {
+            int p = (r + i) % n;
+            _Atomic uint64_t *pc = o.vt->ctl(c->tp, p);
+            uint64_t src = atomic_load_explicit(&pc[W_X], memory_order_relaxed);
+            size_t len = rcounts[p] * es;
+            if (k == 0) {
+                uint64_t pr = atomic_load_explicit(&pc[W_X + 2], memory_order_relaxed),
+                         pl = atomic_load_explicit(&pc[W_X + 3 + r], memory_order_relaxed);
+                if (pl != len)
+                    return sl_fail(SL_ERR_INVALID,
+                                   "all-to-all: rank %d sends this rank %llu bytes, it expects %zu", p,
+                                   (unsigned long long)pl, len);
+                if (pr > rounds) rounds = pr;
+            }
+            if (!len) continue;
+            if (src == SRC_STAGED) {
+                if (ko < len)
+                    copy_out(d + rdispls[p] * es + ko,
+                             stg->peer[p] + o.seq % SYM_PARTS * (size_t)n * cap + (size_t)r * cap,
+                             len - ko < cap ? len - ko : cap, nt);
+            } else if (k == 0) {
+                uint64_t off = atomic_load_explicit(&pc[W_X + 1], memory_order_relaxed) +
+                               atomic_load_explicit(&pc[W_X + 3 + n + r], memory_order_relaxed);
+                if (src == SRC_ADDR) {
+                    SL_TRY(c->tp->peer_read(c->tp, p, d + rdispls[p] * es, off, len));
+                    continue;
+                }
+                const char *ps = peer_src(c, p, src, off, len, "all-to-all");
+                if (!ps) return SL_ERR_INVALID;
+                copy_out(d + rdispls[p] * es, ps, len, nt);
+            }
+        }
+        SL_TRY(sym_end(&o));
+    }
+    return SL_OK;
 }

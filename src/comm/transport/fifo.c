@@ -48,6 +48,7 @@ typedef struct seg_hdr { /* start of each shm segment / of the loopback block */
 } seg_hdr;
 #define SEG_HDR 4096
 #define SEG_CTL 2048 /* shm: offset of the rank's window control words in its segment header */
+_Static_assert(SEG_CTL + SL_WIN_CTL * 8 <= SEG_HDR, "window control words must fit the segment header");
 #define SEG_MAGIC 0x534c464946304f31ull
 
 typedef struct fifo_tp {
@@ -64,6 +65,7 @@ typedef struct fifo_tp {
     double next_check;
     unsigned spin;   /* backoff spin budget */
     size_t pull_min; /* transfers >= this many bytes are pulled single-copy (0: never) */
+    size_t move_min; /* all-gather / all-to-all sources >= this many bytes are read with peer_read */
     char *pull_tmp;  /* staging for pulled RECV_REDUCE chunks (cache resident) */
     size_t nt_min;   /* slot transfers >= this many bytes store into the destination non-temporally */
     char *nt_tmp;    /* NT_BLOCK bytes: reduce here (L1), then stream out */
@@ -151,6 +153,10 @@ static sl_status pull_copy(fifo_tp *t, int peer, void *dst, uint64_t addr, size_
         done += (size_t)k;
     }
     return SL_OK;
+}
+
+static sl_status fifo_peer_read(sl_transport *t_, int peer, void *dst, uint64_t addr, size_t len) {
+    return pull_copy((fifo_tp *)t_, peer, dst, addr, len);
 }
 
 /* Receive a pulled transfer described by slot s. */
@@ -543,7 +549,8 @@ static void lb_win_release(sl_transport *t_, sl_win *w) {
 
 static _Atomic uint64_t *fifo_win_ctl(sl_transport *t_, int r) {
     fifo_tp *t = (fifo_tp *)t_;
-    if (t->loopback) return (_Atomic uint64_t *)((char *)t->block + t->block->ctl_off + (size_t)r * 128);
+    if (t->loopback)
+        return (_Atomic uint64_t *)((char *)t->block + t->block->ctl_off + (size_t)r * SL_WIN_CTL * 8);
     return (_Atomic uint64_t *)((char *)t->maps[r] + SEG_CTL);
 }
 
@@ -596,6 +603,7 @@ static fifo_tp *fifo_alloc(int rank, int size, int loopback) {
     size_t pull_dflt = size > sysconf(_SC_NPROCESSORS_ONLN) ? 256 : 0;
     t->pull_min = loopback ? 0 : env_size("SUANLI_SHM_PULL_KB", pull_dflt, 0, (size_t)1 << 30) * 1024;
     t->nt_min = env_size("SUANLI_SHM_NT_KB", 4096, 0, (size_t)1 << 30) * 1024;
+    t->move_min = loopback ? 0 : env_size("SUANLI_SHM_MOVE_PULL_KB", 64, 0, (size_t)1 << 30) * 1024;
     t->nt_tmp = sl_malloc_aligned(NT_BLOCK);
     /* 4 slots of 1 MiB per ring (fewer hand-offs when ranks share cores); smaller with many ranks
      * so that one rank's segment stays near 64 MiB */
@@ -615,7 +623,7 @@ static fifo_tp *fifo_alloc(int rank, int size, int loopback) {
 /* ---- loopback: one block with n*n rings; ring (s -> d) at index d*n + s ---- */
 static seg_hdr *lb_block_new(int n, int nslots, size_t slot_bytes) {
     size_t cb = ((CHAN_HDR + (size_t)nslots * slot_bytes) + 63) & ~(size_t)63;
-    size_t ctl_off = SEG_HDR + (size_t)n * (size_t)n * cb, ctl_bytes = (size_t)n * 128;
+    size_t ctl_off = SEG_HDR + (size_t)n * (size_t)n * cb, ctl_bytes = (size_t)n * SL_WIN_CTL * 8;
     seg_hdr *b = sl_malloc_aligned(ctl_off + ctl_bytes);
     if (!b) return NULL;
     memset(b, 0, SEG_HDR);
@@ -752,7 +760,7 @@ sl_status sl_tp_shm_new(sl_oob *oob, sl_transport **out) {
         }
     }
     mine_ok = st == SL_OK ? 1 : 0;
-    if (st == SL_OK && t->pull_min) { /* can we read every peer's memory (CMA)? bit 1 = yes */
+    if (st == SL_OK && (t->pull_min || t->move_min)) { /* can we read every peer's memory (CMA)? bit 1 */
         int cma = 1;
         for (int p = 0; p < n && cma; p++) {
             if (p == r) continue;
@@ -776,7 +784,9 @@ sl_status sl_tp_shm_new(sl_oob *oob, sl_transport **out) {
         }
         all_cma &= (ok[p] >> 1) & 1;
     }
-    if (!all_cma) t->pull_min = 0;
+    if (!all_cma) t->pull_min = t->move_min = 0;
+    if (t->pull_min || t->move_min)
+        t->base.peer_read = fifo_peer_read, t->base.peer_read_min = t->move_min ? t->move_min : t->pull_min;
     if (t->pull_min && !(t->pull_tmp = sl_malloc_aligned(PULL_CHUNK))) {
         st = sl_fail(SL_ERR_NOMEM, "shm transport: out of memory");
         goto done;
