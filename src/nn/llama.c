@@ -332,7 +332,7 @@ static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
             a = sl_attention_kv(ctx, q, ks, vs, pos0, c->sliding_window); /* (B, T, QD) */
             a->iparams[2] = m->wdtype == SL_BF16;
         } else {
-            a = sl_attention(ctx, q, k, v); /* (B, T, QD) */
+            a = sl_attention_window(ctx, q, k, v, c->sliding_window); /* (B, T, QD); Mistral: windowed */
         }
         x = rnd_model(m,
                       sl_add(ctx, x, lin(m, rnd(m, a), W(m, "%s.%d.self_attn.o_proj.weight", pre, l), NULL)));
@@ -359,8 +359,6 @@ static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
 sl_tensor *sl_model_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_tensor **logits_out) {
     if (m->arch == SL_ARCH_GPT2) return sl_gpt2_build(m, ids, targets, logits_out);
     SL_ASSERT(ids->ndim == 2 && ids->ne[1] <= m->lcfg.max_seq_len);
-    /* full-sequence attention has no window: longer sequences need the KV path's sliding window */
-    SL_ASSERT(m->lcfg.sliding_window == 0 || ids->ne[1] <= m->lcfg.sliding_window);
     int mark = sl_ctx_mark(m->ctx);
     sl_tensor *logits = body(m, ids, NULL, 0);
     sl_set_name(logits, "logits");

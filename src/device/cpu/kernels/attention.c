@@ -1,7 +1,8 @@
 /* Causal multi-head attention with grouped KV heads. The forward pass saves only the per-row logsumexp
  * of the scaled scores, lse (B, NH, T), in the node's aux area; backward recomputes the probabilities.
  * sl_k_attention[_back] run the flash-style SIMD kernel (vec_attention.inc); the *_ref kernels are the
- * scalar reference (row by row, the tests' oracle) with the same aux contract. */
+ * scalar reference (row by row, the tests' oracle) with the same aux contract. A sliding window
+ * (iparams[1] > 0: query t sees keys first(t) = max(0, t - window + 1) .. t) runs the scalar kernels. */
 #include <math.h>
 #include <string.h>
 
@@ -16,6 +17,7 @@ sl_status sl_k_attention_ref(sl_tensor *n) {
     const float *pq = q->data, *pk = k->data, *pv = v->data;
     float *out = n->data;
     float *lse = (float *)((char *)n->data + sl_nbytes(n));
+    int64_t win = n->iparams[1];
     float *P = malloc(sizeof(float) * (size_t)(B * NH * T > 0 ? B * NH * T : 1) * (size_t)(T ? T : 1));
     if (!P) return sl_fail(SL_ERR_NOMEM, "attention_ref: out of memory");
 #pragma omp parallel for schedule(dynamic, 4)
@@ -24,7 +26,8 @@ sl_status sl_k_attention_ref(sl_tensor *n) {
         const float *qr = pq + b * q->nb[0] + t * q->nb[1] + h * q->nb[2];
         float *p = P + idx * T;
         float mx = -INFINITY;
-        for (int64_t j = 0; j <= t; j++) {
+        int64_t j0 = win > 0 && t - win + 1 > 0 ? t - win + 1 : 0;
+        for (int64_t j = j0; j <= t; j++) {
             const float *kr = pk + b * k->nb[0] + j * k->nb[1] + kh * k->nb[2];
             float s = 0;
             for (int64_t d = 0; d < hs; d++) s += qr[d] * kr[d];
@@ -33,16 +36,16 @@ sl_status sl_k_attention_ref(sl_tensor *n) {
             if (s > mx) mx = s;
         }
         float sum = 0;
-        for (int64_t j = 0; j <= t; j++) {
+        for (int64_t j = j0; j <= t; j++) {
             p[j] = expf(p[j] - mx);
             sum += p[j];
         }
         float inv = 1.0f / sum;
-        for (int64_t j = 0; j <= t; j++) p[j] *= inv;
+        for (int64_t j = j0; j <= t; j++) p[j] *= inv;
         lse[(b * NH + h) * T + t] = mx + logf(sum);
         float *o = out + (b * T + t) * NH * hs + h * hs;
         for (int64_t d = 0; d < hs; d++) o[d] = 0;
-        for (int64_t j = 0; j <= t; j++) {
+        for (int64_t j = j0; j <= t; j++) {
             const float *vr = pv + b * v->nb[0] + j * v->nb[1] + kh * v->nb[2];
             float pj = p[j];
             for (int64_t d = 0; d < hs; d++) o[d] += pj * vr[d];
@@ -57,7 +60,7 @@ sl_status sl_k_attention_ref(sl_tensor *n) {
 sl_status sl_k_attention_back_ref(sl_tensor *n) {
     sl_tensor *f = n->src[0], *q = n->src[1], *k = n->src[2], *v = n->src[3], *g = n->src[4];
     int64_t B = q->ne[0], T = q->ne[1], NH = q->ne[2], hs = q->ne[3], NKV = k->ne[2];
-    int64_t grp = NH / NKV, W = NH + 2 * NKV;
+    int64_t grp = NH / NKV, W = NH + 2 * NKV, win = n->iparams[1];
     float scale = 1.0f / sqrtf((float)hs);
     const float *lse = (const float *)((const char *)f->data + sl_nbytes(f));
     const float *pq = q->data, *pk = k->data, *pv = v->data, *pg = g->data;
@@ -79,7 +82,8 @@ sl_status sl_k_attention_back_ref(sl_tensor *n) {
                 const float *qr = pq + b * q->nb[0] + t * q->nb[1] + h * q->nb[2];
                 float *dq = out + (b * T + t) * W * hs + h * hs;
                 float l = lse[(b * NH + h) * T + t], dot = 0;
-                for (int64_t j = 0; j <= t; j++) {
+                int64_t j0 = win > 0 && t - win + 1 > 0 ? t - win + 1 : 0;
+                for (int64_t j = j0; j <= t; j++) {
                     const float *kr = pk + b * k->nb[0] + j * k->nb[1] + kh * k->nb[2];
                     const float *vr = pv + b * v->nb[0] + j * v->nb[1] + kh * v->nb[2];
                     float s = 0, sd = 0;
@@ -92,7 +96,7 @@ sl_status sl_k_attention_back_ref(sl_tensor *n) {
                     dot += p[j] * sd;
                 }
                 for (int64_t d = 0; d < hs; d++) dq[d] = 0;
-                for (int64_t j = 0; j <= t; j++) {
+                for (int64_t j = j0; j <= t; j++) {
                     float ds = p[j] * (dp[j] - dot) * scale;
                     const float *kr = pk + b * k->nb[0] + j * k->nb[1] + kh * k->nb[2];
                     float *dk = out + (b * T + j) * W * hs + (NH + kh) * hs;
@@ -127,7 +131,7 @@ static sl_attn_args attn_args(sl_tensor *q, sl_tensor *k, sl_tensor *v) {
 
 sl_status sl_k_attention(sl_tensor *n) {
     const sl_vec_ops *v = sl_vec();
-    if (!v || n->src[0]->ne[3] > SL_ATTN_MAX_HS) return sl_k_attention_ref(n);
+    if (!v || n->src[0]->ne[3] > SL_ATTN_MAX_HS || n->iparams[1]) return sl_k_attention_ref(n);
     sl_attn_args a = attn_args(n->src[0], n->src[1], n->src[2]);
     a.out = n->data;
     a.lse = (float *)((char *)n->data + sl_nbytes(n));
@@ -138,7 +142,8 @@ sl_status sl_k_attention(sl_tensor *n) {
 sl_status sl_k_attention_back(sl_tensor *n) {
     const sl_vec_ops *v = sl_vec();
     sl_tensor *f = n->src[0], *g = n->src[4];
-    if (!v || n->src[1]->ne[3] > SL_ATTN_MAX_HS || g->nb[g->ndim - 1] != 1) return sl_k_attention_back_ref(n);
+    if (!v || n->src[1]->ne[3] > SL_ATTN_MAX_HS || g->nb[g->ndim - 1] != 1 || n->iparams[1])
+        return sl_k_attention_back_ref(n);
     sl_attn_args a = attn_args(n->src[1], n->src[2], n->src[3]);
     a.out = f->data;
     a.lse = (float *)((char *)f->data + sl_nbytes(f));
