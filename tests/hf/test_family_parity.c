@@ -20,25 +20,26 @@ typedef struct {
 } family;
 
 /* Final weights after the 10 steps, worst tensor max|d|/max|ref|. Measured (transformers 5.24, torch 2.15,
- * x86-64 CPU, 2 threads):
- *                        ours vs torch fp32   torch fp32 vs fp64   ours vs fp64   worst tensor (ours vs fp32)
- *   qwen2 (tied)             4.8e-6               2.8e-6              2.6e-6     layers.0 k_proj.bias
- *   qwen2 untied             2.5e-6               1.5e-6              2.7e-6     layers.0 o_proj
- *   mistral (T 32, win 8)    4.2e-5               5.0e-5              7.1e-5     embed_tokens
- *   mixtral                  1.7e-5               4.5e-6              2.1e-5     layers.0 expert 2 w2
- *   baichuan2                5.6e-6               2.3e-6              7.9e-6     layers.1 W_pack
- *   gpt2 (HF)                2.1e-6               2.7e-6              1.9e-6     h.1 c_attn.weight
+ * x86-64 CPU, 2 threads), in the Release build and [in the Debug ASan+UBSan build, whose kernels sum in
+ * another order]:
+ *                        ours vs torch fp32    torch fp32 vs fp64   ours vs fp64      worst tensor (Release)
+ *   qwen2 (tied)          4.8e-6 [4.2e-6]          2.8e-6          2.6e-6 [3.2e-6]   layers.0 k_proj.bias
+ *   qwen2 untied          2.5e-6 [5.7e-6]          1.5e-6          2.7e-6 [4.2e-6]   layers.0 o_proj
+ *   mistral (T 32, win 8) 4.2e-5 [1.4e-4]          5.0e-5          7.1e-5 [1.7e-4]   embed_tokens
+ *   mixtral               1.7e-5 [1.2e-5]          4.5e-6          2.1e-5 [1.6e-5]   layers.0 expert 2 w2
+ *   baichuan2             5.6e-6 [4.4e-6]          2.3e-6          7.9e-6 [6.7e-6]   layers.1 W_pack
+ *   gpt2 (HF)             2.1e-6 [2.1e-6]          2.7e-6          1.9e-6 [1.9e-6]   h.1 c_attn.weight
  * Everything else is far inside the GPT-2 bars: loss <= 1.7e-7, logits <= 9.8e-7, worst gradient <= 1.4e-6,
- * step losses <= 1.1e-7 relative. The final-weight spread is AdamW's (test_llama_parity.c): an element whose
+ * step losses <= 2.1e-7 relative. The final-weight spread is AdamW's (test_llama_parity.c): an element whose
  * gradient passes near zero at some step turns fp32 rounding differences of that gradient (summation order)
  * into a visible fraction of an lr-sized update, so ours vs PyTorch is of the order of PyTorch's own fp32 vs
- * fp64 distance; the worst ratio ours-vs-fp64 / torch-vs-fp64 is 4.7 (Mixtral: its experts' gradients come
- * from a few routed rows each). Bars: final_tol ~2x the measured ours-vs-torch (room for the SIMD kernels of
- * another CPU, e.g. AVX-512 vs AVX2 summation order); spread 10: ours may be at most 10x as far from the
- * fp64 run as PyTorch's fp32 run is (measured <= 4.7x). */
+ * fp64 distance (Mistral's fixture is the most sensitive: PyTorch's own fp32 run ends 5e-5 from exact).
+ * Bars: final_tol ~2x the larger of the two measurements (room for the SIMD kernels of another CPU); spread
+ * 10: ours at most 10x as far from the fp64 run as PyTorch's fp32 run is (measured <= 4.7x, Mixtral: its
+ * experts' gradients come from a few routed rows each). */
 static const family FAMILIES[] = {
-    {"qwen2_train", 1e-5, 10},     {"qwen2_untied_train", 5e-6, 10}, {"mistral_train", 1e-4, 10},
-    {"mixtral_train", 4e-5, 10},   {"baichuan2_train", 1.2e-5, 10},  {"gpt2_hf_train", 5e-6, 10},
+    {"qwen2_train", 1e-5, 10},     {"qwen2_untied_train", 1.2e-5, 10}, {"mistral_train", 3e-4, 10},
+    {"mixtral_train", 4e-5, 10},   {"baichuan2_train", 1.2e-5, 10},    {"gpt2_hf_train", 5e-6, 10},
 };
 
 static void check_family(const family *f) {
