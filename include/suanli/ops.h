@@ -72,8 +72,8 @@ sl_tensor *sl_layernorm(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, sl_tensor *b, f
 sl_tensor *sl_softmax(sl_ctx *ctx, sl_tensor *a);
 sl_tensor *sl_attention(sl_ctx *ctx, sl_tensor *q, sl_tensor *k, sl_tensor *v);
 /* sl_attention with a sliding window (Mistral): query t attends keys max(0, t - window + 1)..t; window <= 0
- * or >= T is plain causal attention. Windowed nodes run the scalar kernels on the CPU (the SIMD, CUDA and
- * OpenCL kernels have no window: those backends report the node unsupported). */
+ * or >= T is plain causal attention. CPU only (scalar and SIMD kernels); the CUDA and OpenCL kernels have
+ * no window and report such nodes unsupported. */
 sl_tensor *sl_attention_window(sl_ctx *ctx, sl_tensor *q, sl_tensor *k, sl_tensor *v, int window);
 sl_tensor *sl_embedding(sl_ctx *ctx, sl_tensor *table, sl_tensor *ids);
 sl_tensor *sl_cross_entropy(sl_ctx *ctx, sl_tensor *logits, sl_tensor *targets);

@@ -1,8 +1,8 @@
 /* Causal multi-head attention with grouped KV heads. The forward pass saves only the per-row logsumexp
  * of the scaled scores, lse (B, NH, T), in the node's aux area; backward recomputes the probabilities.
  * sl_k_attention[_back] run the flash-style SIMD kernel (vec_attention.inc); the *_ref kernels are the
- * scalar reference (row by row, the tests' oracle) with the same aux contract. A sliding window
- * (iparams[1] > 0: query t sees keys first(t) = max(0, t - window + 1) .. t) runs the scalar kernels. */
+ * scalar reference (row by row, the tests' oracle) with the same aux contract. Both take a sliding window
+ * (iparams[1] > 0: query t sees keys max(0, t - window + 1) .. t). */
 #include <math.h>
 #include <string.h>
 
@@ -115,7 +115,7 @@ sl_status sl_k_attention_back_ref(sl_tensor *n) {
     return SL_OK;
 }
 
-static sl_attn_args attn_args(sl_tensor *q, sl_tensor *k, sl_tensor *v) {
+static sl_attn_args attn_args(sl_tensor *q, sl_tensor *k, sl_tensor *v, int64_t win) {
     sl_attn_args a = {.B = q->ne[0], .T = q->ne[1], .NH = q->ne[2], .NKV = k->ne[2], .hs = q->ne[3]};
     a.q = q->data;
     a.k = k->data;
@@ -126,13 +126,14 @@ static sl_attn_args attn_args(sl_tensor *q, sl_tensor *k, sl_tensor *v) {
         a.vs[d] = v->nb[d];
     }
     a.scale = 1.0f / sqrtf((float)a.hs);
+    a.win = win;
     return a;
 }
 
 sl_status sl_k_attention(sl_tensor *n) {
     const sl_vec_ops *v = sl_vec();
-    if (!v || n->src[0]->ne[3] > SL_ATTN_MAX_HS || n->iparams[1]) return sl_k_attention_ref(n);
-    sl_attn_args a = attn_args(n->src[0], n->src[1], n->src[2]);
+    if (!v || n->src[0]->ne[3] > SL_ATTN_MAX_HS) return sl_k_attention_ref(n);
+    sl_attn_args a = attn_args(n->src[0], n->src[1], n->src[2], n->iparams[1]);
     a.out = n->data;
     a.lse = (float *)((char *)n->data + sl_nbytes(n));
     v->attn_fwd(&a);
@@ -142,9 +143,8 @@ sl_status sl_k_attention(sl_tensor *n) {
 sl_status sl_k_attention_back(sl_tensor *n) {
     const sl_vec_ops *v = sl_vec();
     sl_tensor *f = n->src[0], *g = n->src[4];
-    if (!v || n->src[1]->ne[3] > SL_ATTN_MAX_HS || g->nb[g->ndim - 1] != 1 || n->iparams[1])
-        return sl_k_attention_back_ref(n);
-    sl_attn_args a = attn_args(n->src[1], n->src[2], n->src[3]);
+    if (!v || n->src[1]->ne[3] > SL_ATTN_MAX_HS || g->nb[g->ndim - 1] != 1) return sl_k_attention_back_ref(n);
+    sl_attn_args a = attn_args(n->src[1], n->src[2], n->src[3], n->iparams[1]);
     a.out = f->data;
     a.lse = (float *)((char *)f->data + sl_nbytes(f));
     a.dy = g->data;
