@@ -175,7 +175,8 @@ static inline parity_spread parity_f64_spread(const sl_model *m, parity_final_fn
         char n32[128], n64[128];
         snprintf(n32, sizeof n32, "final.%s", m->params[i].t->name);
         snprintf(n64, sizeof n64, "f64_final.%s", m->params[i].t->name);
-        const float *w32 = need(n32)->data, *w64 = need(n64)->data, *got = m->params_mem + m->params[i].offset;
+        const float *w32 = need(n32)->data, *w64 = need(n64)->data,
+                    *got = m->params_mem + m->params[i].offset;
         double a = final_diff ? final_diff(m, i, w32, w64) : tu_rel_maxdiff(w32, w64, m->params[i].numel),
                b = final_diff ? final_diff(m, i, got, w64) : tu_rel_maxdiff(got, w64, m->params[i].numel);
         if (a > s.ref_w) s.ref_w = a;

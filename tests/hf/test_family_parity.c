@@ -34,12 +34,12 @@ typedef struct {
  * gradient passes near zero at some step turns fp32 rounding differences of that gradient (summation order)
  * into a visible fraction of an lr-sized update, so ours vs PyTorch is of the order of PyTorch's own fp32 vs
  * fp64 distance (Mistral's fixture is the most sensitive: PyTorch's own fp32 run ends 5e-5 from exact).
- * Bars: final_tol ~2x the larger of the two measurements (Mistral 3x) (room for the SIMD kernels of another CPU); spread
- * 10: ours at most 10x as far from the fp64 run as PyTorch's fp32 run is (measured <= 4.7x, Mixtral: its
- * experts' gradients come from a few routed rows each). */
+ * Bars: final_tol ~2x the larger of the two measurements (Mistral 3x) (room for the SIMD kernels of another
+ * CPU); spread 10: ours at most 10x as far from the fp64 run as PyTorch's fp32 run is (measured <= 4.7x,
+ * Mixtral: its experts' gradients come from a few routed rows each). */
 static const family FAMILIES[] = {
-    {"qwen2_train", 1e-5, 10},     {"qwen2_untied_train", 1.2e-5, 10}, {"mistral_train", 3e-4, 10},
-    {"mixtral_train", 4e-5, 10},   {"baichuan2_train", 1.2e-5, 10},    {"gpt2_hf_train", 5e-6, 10},
+    {"qwen2_train", 1e-5, 10},   {"qwen2_untied_train", 1.2e-5, 10}, {"mistral_train", 3e-4, 10},
+    {"mixtral_train", 4e-5, 10}, {"baichuan2_train", 1.2e-5, 10},    {"gpt2_hf_train", 5e-6, 10},
 };
 
 static void check_family(const family *f) {
@@ -73,8 +73,8 @@ static void check_family(const family *f) {
     parity_final_fn fd = gpt2 ? parity_gpt2_final_diff : NULL;
     double w = parity_train_check(m, f->final_tol, fd);
     parity_spread s = parity_f64_spread(m, fd);
-    printf("%s: final weights ours vs torch fp32 %.2e (bar %.2g); vs fp64 ours %.2e, torch fp32 %.2e\n", f->name,
-           w, f->final_tol, s.our_w, s.ref_w);
+    printf("%s: final weights ours vs torch fp32 %.2e (bar %.2g); vs fp64 ours %.2e, torch fp32 %.2e\n",
+           f->name, w, f->final_tol, s.our_w, s.ref_w);
     TU_CHECK(s.our_w <= f->spread * s.ref_w + 1e-6, "%s: final weights %.3g from fp64, reference fp32 %.3g",
              f->name, s.our_w, s.ref_w);
     sl_model_free(m);

@@ -267,8 +267,8 @@ static sl_tensor *b_attention_gqa(tc *t) {
 }
 static sl_tensor *b_attention_window(tc *t) { /* Mistral's sliding window (3 < T = 6), GQA */
     return sl_attention_window(t->ctx, param(t, 4, (int64_t[]){2, 6, 4, 3}, 1),
-                               param(t, 4, (int64_t[]){2, 6, 2, 3}, 1), param(t, 4, (int64_t[]){2, 6, 2, 3}, 1),
-                               3);
+                               param(t, 4, (int64_t[]){2, 6, 2, 3}, 1),
+                               param(t, 4, (int64_t[]){2, 6, 2, 3}, 1), 3);
 }
 static sl_tensor *b_view_of_slice(tc *t) {
     /* Baichuan's W_pack: (B,T,NH,hs) head views of column slices of one (B,T,3*NH*hs) projection, a view of
@@ -278,7 +278,8 @@ static sl_tensor *b_view_of_slice(tc *t) {
     sl_tensor *hv[3];
     for (int j = 0; j < 3; j++) {
         sl_tensor *sl = sl_slice(t->ctx, x, 2, j * D, D);
-        hv[j] = sl_view(t->ctx, sl, 4, (int64_t[]){B, T, NH, hs}, (int64_t[]){sl->nb[0], sl->nb[1], hs, 1}, 0);
+        hv[j] =
+            sl_view(t->ctx, sl, 4, (int64_t[]){B, T, NH, hs}, (int64_t[]){sl->nb[0], sl->nb[1], hs, 1}, 0);
     }
     return sl_attention(t->ctx, sl_rope(t->ctx, hv[0], 0, 10000.0f), hv[1], hv[2]);
 }
