@@ -5,7 +5,9 @@ eager attention): same layout as scripts/gen_gpt2_parity.py —
   step_grad_norms, step_lrs — for one forward/backward and STEPS AdamW steps with gradient accumulation,
 clipping and warmup+cosine. Names are transformers' (model.layers.0.self_attn.q_proj.weight, ...).
 Also AC_STEPS steps of the same model from the same weights under torch.autocast("cpu", bfloat16)
-(ac_tokens, ac_losses) and, for scale, the same run in fp32 (fp32_losses).
+(ac_tokens, ac_losses) and, for scale, the same run in fp32 (fp32_losses). And the STEPS-step run in float64
+(f64_step_losses, f64_final.<name>): how far PyTorch's own fp32 run is from exact, to size the final-weight
+bar (as scripts/gen_family_parity.py).
   pip install torch transformers safetensors
   python3 scripts/gen_llama_parity.py [--out tests/fixtures/hf/llama_train.safetensors]
 """
@@ -73,7 +75,16 @@ def main():
     out = {}
     g = torch.Generator().manual_seed(99)
     loss = pc.forward_backward(model, loss_of, g, B, T, V, out)
-    losses = pc.train(model, loss_of, pc.learnable_tokens(g, (pc.STEPS, pc.ACCUM, B, T + 1), V), out)
+    train_tokens = pc.learnable_tokens(g, (pc.STEPS, pc.ACCUM, B, T + 1), V)
+    losses = pc.train(model, loss_of, train_tokens, out)
+    m64 = LlamaForCausalLM(cfg).double()
+    with torch.no_grad():
+        for n, p in m64.named_parameters():
+            p.copy_(out["param." + n].double())
+    o64 = {}
+    l64 = pc.train(m64, loss_of, train_tokens, o64)
+    out["f64_step_losses"] = torch.tensor(l64, dtype=torch.float64).float()
+    out.update({"f64_" + k: v.float() for k, v in o64.items() if k.startswith("final.")})
     # autocast-bf16 run (and its fp32 twin) from the initial weights
     ac_tokens = pc.learnable_tokens(g, (AC_STEPS, B, T + 1), V)
     out["ac_tokens"] = ac_tokens.to(torch.int32)

@@ -73,8 +73,9 @@ typedef double (*parity_final_fn)(const sl_model *m, int i, const float *got, co
 /* 1. one forward/backward on `tokens`: loss and logits (<= 1e-5 relative), every gradient (<= 1e-4);
  * 2. `steps` AdamW steps on `train_tokens` (accumulation, clipping, warmup + cosine): each step's loss
  *    (<= 1e-5), grad norm (1e-4) and LR (1e-6), then every final weight (<= final_tol).
- * Loads the fixture's initial parameters first; leaves the model trained. */
-static inline void parity_train_check(sl_model *m, double final_tol, parity_final_fn final_diff) {
+ * Loads the fixture's initial parameters first; leaves the model trained. Returns the worst final weight's
+ * max|d|/max|ref| (printed with its tensor). */
+static inline double parity_train_check(sl_model *m, double final_tol, parity_final_fn final_diff) {
     int B = meta_i("batch"), T = meta_i("seq_len"), steps = meta_i("steps"), accum = meta_i("accum");
     load_params(m, "param.");
     sl_trainer tr;
@@ -128,15 +129,62 @@ static inline void parity_train_check(sl_model *m, double final_tol, parity_fina
         TU_CHECK(fabs(ss.lr - rlr[s]) <= 1e-6 * rlr[s], "step %d lr", s);
     }
     worst = 0;
+    const char *worst_name = "";
     for (int i = 0; i < m->n_params; i++) {
         char nm[128];
         snprintf(nm, sizeof nm, "final.%s", m->params[i].t->name);
         const float *got = m->params_mem + m->params[i].offset, *ref = need(nm)->data;
         double r = final_diff ? final_diff(m, i, got, ref) : tu_rel_maxdiff(got, ref, m->params[i].numel);
-        if (r > worst) worst = r;
+        if (r > worst) {
+            worst = r;
+            worst_name = m->params[i].t->name;
+        }
         TU_CHECK(r <= final_tol, "%s max|d|/max|ref| = %.3g", nm, r);
     }
-    printf("final weights worst max|d|/max|ref| %.2e\n", worst);
+    printf("final weights worst max|d|/max|ref| %.2e (%s)\n", worst, worst_name);
     sl_trainer_free(&tr);
+    return worst;
+}
+
+/* GPT-2's key bias has an exactly-zero true gradient (softmax is shift-invariant per query), so its computed
+ * gradient is rounding noise that AdamW normalises into O(lr) updates in both implementations: compare only
+ * the query and value thirds of c_attn.bias (a parity_final_fn). */
+static inline double parity_gpt2_final_diff(const sl_model *m, int i, const float *got, const float *ref) {
+    if (!strstr(m->params[i].t->name, "c_attn.bias")) return tu_rel_maxdiff(got, ref, m->params[i].numel);
+    int64_t C = m->cfg.n_embd;
+    double rq = tu_rel_maxdiff(got, ref, C), rv = tu_rel_maxdiff(got + 2 * C, ref + 2 * C, C);
+    return rq > rv ? rq : rv;
+}
+
+/* The reference's own fp32 spread, from the float64 run of the same script the fixture holds
+ * (f64_step_losses, f64_final.<name>): PyTorch fp32 vs fp64 (step losses, worst final weight) and ours vs
+ * fp64 (worst final weight), printed. Call after parity_train_check (the model holds its final weights). */
+typedef struct {
+    double ref_loss, ref_w, our_w;
+} parity_spread;
+
+static inline parity_spread parity_f64_spread(const sl_model *m, parity_final_fn final_diff) {
+    parity_spread s = {0, 0, 0};
+    int steps = meta_i("steps");
+    const float *r32 = need("step_losses")->data, *r64 = need("f64_step_losses")->data;
+    for (int k = 0; k < steps; k++) {
+        double d = fabs(r32[k] - r64[k]) / fabs(r64[k]);
+        if (d > s.ref_loss) s.ref_loss = d;
+    }
+    for (int i = 0; i < m->n_params; i++) {
+        char n32[128], n64[128];
+        snprintf(n32, sizeof n32, "final.%s", m->params[i].t->name);
+        snprintf(n64, sizeof n64, "f64_final.%s", m->params[i].t->name);
+        const float *w32 = need(n32)->data, *w64 = need(n64)->data,
+                    *got = m->params_mem + m->params[i].offset;
+        double a = final_diff ? final_diff(m, i, w32, w64) : tu_rel_maxdiff(w32, w64, m->params[i].numel),
+               b = final_diff ? final_diff(m, i, got, w64) : tu_rel_maxdiff(got, w64, m->params[i].numel);
+        if (a > s.ref_w) s.ref_w = a;
+        if (b > s.our_w) s.our_w = b;
+    }
+    printf("reference fp32 vs fp64: step losses max rel %.2e, final weights worst max|d|/max|ref| %.2e\n",
+           s.ref_loss, s.ref_w);
+    printf("suanli   fp32 vs fp64: final weights worst max|d|/max|ref| %.2e\n", s.our_w);
+    return s;
 }
 #endif

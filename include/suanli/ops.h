@@ -73,6 +73,10 @@ sl_tensor *sl_softmax(sl_ctx *ctx, sl_tensor *a);
 /* iparams[2] of the result: 0 fp32; 1 bf16, 2 f16: an eager attention's half rounding points; 3: f16 with an
  * fp32 softmax (transformers' eager); CPU reference kernel only (Note [Eager half attention numerics]) */
 sl_tensor *sl_attention(sl_ctx *ctx, sl_tensor *q, sl_tensor *k, sl_tensor *v);
+/* sl_attention with a sliding window (Mistral): query t attends keys max(0, t - window + 1)..t; window <= 0
+ * or >= T is plain causal attention. CPU only (scalar and SIMD kernels); the CUDA and OpenCL kernels have
+ * no window and report such nodes unsupported. */
+sl_tensor *sl_attention_window(sl_ctx *ctx, sl_tensor *q, sl_tensor *k, sl_tensor *v, int window);
 sl_tensor *sl_embedding(sl_ctx *ctx, sl_tensor *table, sl_tensor *ids);
 sl_tensor *sl_cross_entropy(sl_ctx *ctx, sl_tensor *logits, sl_tensor *targets);
 /* Llama family. rmsnorm: x * rsqrt(mean(x^2) + eps) * w over the last dim (HF LlamaRMSNorm). */

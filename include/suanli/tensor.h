@@ -57,7 +57,8 @@ typedef enum sl_op {
     SL_OP_LAYERNORM_BACK_WB, /* -> (2, C): [dweight; dbias]; src0 = fwd, src1 = x, src2 = dy */
     SL_OP_SOFTMAX,           /* over last dim */
     SL_OP_SOFTMAX_BACK,      /* src0 = y (softmax output), src1 = dy */
-    SL_OP_ATTENTION,      /* causal MHA: q (B,T,NH,hs), k/v (B,T,NKV,hs) -> (B,T,NH*hs); aux: lse (B,NH,T) */
+    SL_OP_ATTENTION,      /* causal MHA: q (B,T,NH,hs), k/v (B,T,NKV,hs) -> (B,T,NH*hs); aux: lse (B,NH,T);
+                             iparams[1] > 0: sliding window (query t sees keys > t - window) */
     SL_OP_ATTENTION_BACK, /* src0 = fwd, src1..3 = q,k,v, src4 = dy -> (B,T,NH+2*NKV,hs) packed dq|dk|dv */
     SL_OP_EMBEDDING,      /* src0 = table (V, C), src1 = ids (i32, any shape) -> (ids.., C); iparams[3]=1: a
                              vocab shard holding rows [iparams[2], +V) of the full table: other ids give zero

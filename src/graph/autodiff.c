@@ -67,6 +67,18 @@ static void emit_view(ad_state *s, sl_tensor *view, sl_tensor *gv) {
     sl_graph *g = s->g;
     sl_ctx *ctx = g->ctx;
     sl_tensor *a = view->view_src;
+    /* A view of a strided view (Baichuan's heads of a W_pack slice): its strides and offset address the
+     * memory of the strided view's source, not a contiguous tensor shaped like the strided view, so the
+     * scatter below (into a contiguous accumulator shaped like `a`) would misplace it. Scatter into the
+     * source's gradient instead: the same view geometry with the offsets composed (gradients are linear,
+     * so a's other consumers still reach the source through a's own emit_view). */
+    if (a->op == SL_OP_VIEW && !sl_is_contiguous(a)) {
+        sl_tensor flat = *view;
+        flat.view_src = a->view_src;
+        flat.view_offs = a->view_offs + view->view_offs;
+        emit_view(s, &flat, gv);
+        return;
+    }
     /* A reshape of a contiguous tensor: the gradient is a reshape too. */
     if (sl_is_contiguous(view) && sl_is_contiguous(a) && view->view_offs == 0 &&
         sl_nelements(view) == sl_nelements(a)) {

@@ -474,7 +474,7 @@ static sl_tensor *body_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *
             a = sl_attention_kv(ctx, q, ks, vs, pos0, c->sliding_window); /* (B, T, QD) */
             a->iparams[2] = m->wdtype == SL_BF16;
         } else {
-            a = sl_attention(ctx, q, k, v); /* (B, T, QD) */
+            a = sl_attention_window(ctx, q, k, v, c->sliding_window); /* (B, T, QD); Mistral: windowed */
             if (autocast(m) == SL_F16) a->iparams[2] = 3; /* Note [Eager half attention numerics] */
         }
         x = rnd_model(
@@ -518,8 +518,6 @@ sl_tensor *sl_model_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_te
     if (m->arch == SL_ARCH_GPT2) return sl_gpt2_build(m, ids, targets, logits_out);
     SL_ASSERT(m->pp <= 1 && "a pipeline stage is built with sl_model_build_stage");
     SL_ASSERT(ids->ndim == 2 && ids->ne[1] <= m->lcfg.max_seq_len);
-    /* full-sequence attention has no window: longer sequences need the KV path's sliding window */
-    SL_ASSERT(m->lcfg.sliding_window == 0 || ids->ne[1] <= m->lcfg.sliding_window);
     int mark = sl_ctx_mark(m->ctx);
     sl_tensor *logits = body(m, ids, NULL, 0);
     sl_set_name(logits, "logits");

@@ -132,6 +132,7 @@ void sl_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_g
         p->src[2] = k;
         p->src[3] = v;
         p->src[4] = g;
+        p->iparams[1] = n->iparams[1]; /* sliding window */
         if (ng[0]) emit(st, q, sl_slice(ctx, p, 2, 0, NH));
         if (ng[1]) emit(st, k, sl_slice(ctx, p, 2, NH, NKV));
         if (ng[2]) emit(st, v, sl_slice(ctx, p, 2, NH + NKV, NKV));

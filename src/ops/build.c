@@ -257,6 +257,10 @@ sl_tensor *sl_softmax(sl_ctx *ctx, sl_tensor *a) {
 }
 
 sl_tensor *sl_attention(sl_ctx *ctx, sl_tensor *q, sl_tensor *k, sl_tensor *v) {
+    return sl_attention_window(ctx, q, k, v, 0);
+}
+
+sl_tensor *sl_attention_window(sl_ctx *ctx, sl_tensor *q, sl_tensor *k, sl_tensor *v, int window) {
     SL_ASSERT(q->ndim == 4 && k->ndim == 4 && v->ndim == 4);
     SL_ASSERT(q->dtype == SL_F32 && k->dtype == SL_F32 && v->dtype == SL_F32);
     int64_t B = q->ne[0], T = q->ne[1], NH = q->ne[2], hs = q->ne[3];
@@ -267,6 +271,7 @@ sl_tensor *sl_attention(sl_ctx *ctx, sl_tensor *q, sl_tensor *k, sl_tensor *v) {
     t->src[0] = q;
     t->src[1] = k;
     t->src[2] = v;
+    t->iparams[1] = window > 0 && window < T ? window : 0;
     t->aux_bytes = sizeof(float) * (size_t)(B * NH * T); /* per-row logsumexp (B, NH, T) for backward */
     return t;
 }

@@ -303,11 +303,12 @@ static sl_status load_init_from(sl_train_job *j, int data_vocab) {
     if (data_vocab > m->cfg.vocab_size)
         return sl_train_bad("the data's vocab size %d exceeds the model's vocab_size %d (%s)", data_vocab,
                             m->cfg.vocab_size, dir);
-    int lim = m->lcfg.sliding_window && m->lcfg.sliding_window < m->lcfg.max_seq_len ? m->lcfg.sliding_window
-                                                                                     : m->lcfg.max_seq_len;
+    /* a sequence longer than Mistral's sliding window trains through the windowed ATTENTION (CPU kernels;
+     * the CUDA and OpenCL backends refuse windowed nodes when the graph is planned) */
+    int lim = m->lcfg.max_seq_len;
     if (o->data.seq_length > lim)
-        return sl_train_bad("--seq-length %lld exceeds the model's %d positions (or sliding window)",
-                            (long long)o->data.seq_length, lim);
+        return sl_train_bad("--seq-length %lld exceeds the model's %d positions", (long long)o->data.seq_length,
+                            lim);
     if (short_split(j))
         return sl_train_bad("%s: a split has fewer than seq-length+1 = %lld tokens", o->data.path,
                             (long long)o->data.seq_length + 1);

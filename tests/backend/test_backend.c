@@ -45,7 +45,7 @@ typedef struct {
 static const shape_tier k_tiers[] = {{"tiny", 2, 8, 32, 4, 2, 8, 48, 4},
                                      {"demo", 4, 64, 192, 6, 2, 32, 256, 8}};
 static int B, T, C, NH, NKV, HS, V, E;
-enum { MAXP = 6, N_CASES = 14 };
+enum { MAXP = 6, N_CASES = 15 };
 
 typedef struct {
     const char *name;
@@ -55,8 +55,11 @@ typedef struct {
     /* builds a tensor from the parameters; the harness turns it into a scalar with cross-entropy */
     sl_tensor *(*build)(sl_ctx *ctx, sl_tensor **p, sl_tensor *ids);
 } op_case;
-/* cases of ops only some backends implement (the MoE ops: cpu and strict): refused there -> skipped */
-static int case_optional(const op_case *k) { return !strncmp(k->name, "moe-", 4); }
+/* cases of ops only some backends implement (the MoE ops and sliding-window attention: cpu and strict):
+ * refused there -> skipped */
+static int case_optional(const op_case *k) {
+    return !strncmp(k->name, "moe-", 4) || !strcmp(k->name, "attention-window");
+}
 
 static sl_tensor *b_linear(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
     (void)ids;
@@ -74,9 +77,9 @@ static sl_tensor *b_rmsnorm(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
     (void)ids;
     return sl_rmsnorm(c, p[0], p[1], 1e-6f);
 }
-/* GQA attention with RoPE on q and k, from one projection as the Llama family does */
-static sl_tensor *b_attention(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
-    (void)ids;
+/* GQA attention with RoPE on q and k, from one projection as the Llama family does; window > 0: Mistral's
+ * sliding window */
+static sl_tensor *attention_case(sl_ctx *c, sl_tensor **p, int window) {
     sl_tensor *qkv = sl_linear(c, p[0], p[1], NULL); /* (B*T, (NH+2NKV)*HS) */
     sl_tensor *q = sl_slice(c, qkv, 1, 0, NH * HS), *k = sl_slice(c, qkv, 1, NH * HS, NKV * HS),
               *v = sl_slice(c, qkv, 1, (NH + NKV) * HS, NKV * HS);
@@ -85,7 +88,15 @@ static sl_tensor *b_attention(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
     v = sl_reshape(c, sl_cont(c, v), 4, (int64_t[]){B, T, NKV, HS});
     q = sl_rope(c, q, 0, 10000.0f);
     k = sl_rope(c, k, 0, 10000.0f);
-    return sl_attention(c, q, k, v);
+    return sl_attention_window(c, q, k, v, window);
+}
+static sl_tensor *b_attention(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
+    (void)ids;
+    return attention_case(c, p, 0);
+}
+static sl_tensor *b_attention_window(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
+    (void)ids;
+    return attention_case(c, p, T / 3 + 1); /* tiny: 3 of 8, demo: 22 of 64 */
 }
 /* SwiGLU MLP: down(silu(gate x) * up x) */
 static sl_tensor *b_swiglu(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
@@ -166,6 +177,7 @@ static void make_cases(void) {
         {"layernorm", 3, {2, 1, 1}, {{B * T, C}, {C}, {C}}, b_layernorm},
         {"rmsnorm", 2, {3, 1}, {{B, T, C}, {C}}, b_rmsnorm},
         {"attention-gqa-rope", 2, {2, 2}, {{B * T, C}, {(NH + 2 * NKV) * HS, C}}, b_attention},
+        {"attention-window", 2, {2, 2}, {{B * T, C}, {(NH + 2 * NKV) * HS, C}}, b_attention_window},
         {"swiglu", 4, {2, 2, 2, 2}, {{B * T, C}, {2 * C, C}, {2 * C, C}, {C, 2 * C}}, b_swiglu},
         {"topk-gate", 3, {2, 2, 2}, {{B * T, C}, {E, C}, {E, C}}, b_topk},
         {"softmax", 1, {2}, {{B * T, V}}, b_softmax},
@@ -285,7 +297,7 @@ static sl_status run_case(sl_backend *be, const op_case *k, op_result *out) {
  *   elements. Tolerance: 2^-7 relative for that case. */
 static float case_rtol(const op_case *k) {
     if (g_rtol <= 0) return g_rtol;
-    if (!strcmp(k->name, "attention-gqa-rope")) return fmaxf(g_rtol, 1e-3f);
+    if (!strncmp(k->name, "attention-", 10)) return fmaxf(g_rtol, 1e-3f);
     if (!strcmp(k->name, "round-bf16")) return fmaxf(g_rtol, 1.0f / 128);
     return g_rtol;
 }

@@ -58,8 +58,8 @@ static void check_model(const char *name) {
     memcpy(want, rlog->data, rlog->nbytes);
     int64_t nl = (int64_t)T * V;
 
-    /* full-sequence graph (the training graph's forward) */
-    if (m->lcfg.sliding_window == 0 || T <= m->lcfg.sliding_window) {
+    /* full-sequence graph (the training graph's forward; Mistral's fixture has T > sliding_window) */
+    {
         sl_tensor *x = sl_new_tensor_2d(m->ctx, SL_I32, 1, T), *logits;
         sl_tensor_bind(x, ids);
         sl_model_build(m, x, NULL, &logits);

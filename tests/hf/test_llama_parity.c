@@ -1,7 +1,7 @@
 /* transformers parity for Llama training (fixture: scripts/gen_llama_parity.py, LlamaForCausalLM fp32).
  * Bars (issue 7): loss rel err <= 1e-5; each gradient max|d|/max|ref| <= 1e-4; the 10 AdamW step losses
  * (with grad accumulation, clipping and the LR schedule) within 1e-5 relative. Also checked: logits,
- * grad norms, LRs, and final weights (max|d|/max|ref| <= 1e-3, see below).
+ * grad norms, LRs, and final weights (max|d|/max|ref| <= 8e-5, see below).
  * bf16 (issue 7): 100 steps with PyTorch autocast-bf16 numerics (m->autocast_bf16) vs torch.autocast on
  * the same model and data: every step's loss within 1% (the bar). For scale the test also prints how far
  * PyTorch's own fp32 run is from its autocast run. */
@@ -36,13 +36,20 @@ int main(void) {
     int B = meta_i("batch"), T = cfg.max_seq_len;
     sl_model *m;
     TU_CHECK(sl_llama_new(&cfg, &m) == SL_OK, "model: %s", sl_errmsg());
-    /* 1 + 2. Final weights: the worst tensor now ends 2.6e-5 of max|w| from PyTorch's (printed as "final
-     * weights worst"; an older kernel set measured 2.1e-4 in one layers.1.o_proj element). The spread comes
-     * from AdamW dividing by sqrt(v): an element whose gradient becomes small at some step turns fp32
-     * rounding differences in that gradient into a visible fraction of an lr-sized step, so it depends on the
-     * kernels' summation order. The step losses (1e-5) are the bar; final weights are still held only to
-     * 1e-3, about 40x what is measured, until issue 19 item 3 sets every family's bar at its measurement. */
-    parity_train_check(m, 1e-3, NULL);
+    /* 1 + 2. Final weights (fixture regenerated with transformers 5.24 / torch 2.15): ours vs PyTorch fp32
+     * 1.3e-5 in the Release build (layers.1.self_attn.o_proj; printed "final weights worst"), 3.6e-5 in the
+     * Debug ASan build (layers.1.k_proj); PyTorch fp32 vs its own float64 run 1.7e-5, ours vs fp64 3.1e-5
+     * [2.1e-5] (printed below); PyTorch's fp32 run itself moved 1.3e-5 between the torch
+     * that wrote the previous fixture and this one. The spread comes from AdamW dividing by sqrt(v): an
+     * element whose gradient becomes small at some step turns fp32 rounding differences in that gradient
+     * into a visible fraction of an lr-sized step, so it depends on the kernels' summation order (an older
+     * kernel set measured 2.1e-4 in one layers.1.o_proj element). Bar 8e-5, ~2x the larger measurement (was
+     * 1e-3); and ours at most 10x as far from fp64 as PyTorch's fp32 run (measured 1.8x), as
+     * test_family_parity.c. */
+    parity_train_check(m, 8e-5, NULL);
+    parity_spread sp = parity_f64_spread(m, NULL);
+    TU_CHECK(sp.our_w <= 10 * sp.ref_w + 1e-6, "final weights %.3g from fp64, reference fp32 %.3g", sp.our_w,
+             sp.ref_w);
 
     /* 3. autocast-bf16 training, 100 steps */
     load_params(m, "param.");

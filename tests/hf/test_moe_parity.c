@@ -51,28 +51,8 @@ static void check_fixture(const char *name) {
     parity_train_check(m, FINAL_TOL, NULL);
 
     /* the reference's own fp32 spread: torch fp32 vs torch fp64, next to ours vs torch fp64 */
-    int steps = meta_i("steps");
-    const float *r32 = need("step_losses")->data, *r64 = need("f64_step_losses")->data;
-    double ref_loss_spread = 0;
-    for (int s = 0; s < steps; s++) {
-        double d = fabs(r32[s] - r64[s]) / fabs(r64[s]);
-        if (d > ref_loss_spread) ref_loss_spread = d;
-    }
-    double ref_w = 0, our_w = 0;
-    for (int i = 0; i < m->n_params; i++) {
-        char n32[128], n64[128];
-        snprintf(n32, sizeof n32, "final.%s", m->params[i].t->name);
-        snprintf(n64, sizeof n64, "f64_final.%s", m->params[i].t->name);
-        const float *w32 = need(n32)->data, *w64 = need(n64)->data,
-                    *got = m->params_mem + m->params[i].offset;
-        double a = tu_rel_maxdiff(w32, w64, m->params[i].numel),
-               b = tu_rel_maxdiff(got, w64, m->params[i].numel);
-        if (a > ref_w) ref_w = a;
-        if (b > our_w) our_w = b;
-    }
-    printf("reference fp32 vs fp64: step losses max rel %.2e, final weights worst max|d|/max|ref| %.2e\n",
-           ref_loss_spread, ref_w);
-    printf("suanli   fp32 vs fp64: final weights worst max|d|/max|ref| %.2e\n", our_w);
+    parity_spread sp = parity_f64_spread(m, NULL);
+    double ref_w = sp.ref_w, our_w = sp.our_w;
     /* ours may be as far from exact as PyTorch's fp32 run is, with a margin of 20x for the summation order
      * (measured 0.9x for Qwen2-MoE, 8x for DeepSeek-V3: the one element above) */
     TU_CHECK(our_w <= 20 * ref_w + 1e-6, "%s: suanli's final weights %.3g from fp64, reference fp32 %.3g",

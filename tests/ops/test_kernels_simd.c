@@ -234,11 +234,14 @@ static void test_embed_ce(void) {
 
 /* q, k, v as strided views of one packed (B, T, NH + 2 NKV, hs + pad) buffer, like a fused QKV projection */
 static void test_attention(void) {
-    const int64_t cases[][5] = {/* B, T, NH, NKV, hs */
-                                {1, 1, 1, 1, 3},    {2, 17, 4, 2, 5},  {1, 65, 2, 1, 64}, {2, 33, 6, 3, 17},
-                                {1, 100, 2, 2, 80}, {1, 63, 3, 1, 16}, {2, 40, 2, 2, 255}};
+    const int64_t cases[][6] = {/* B, T, NH, NKV, hs, sliding window (0: causal) */
+                                {1, 1, 1, 1, 3, 0},     {2, 17, 4, 2, 5, 0},   {1, 65, 2, 1, 64, 0},
+                                {2, 33, 6, 3, 17, 0},   {1, 100, 2, 2, 80, 0}, {1, 63, 3, 1, 16, 0},
+                                {2, 40, 2, 2, 255, 0},  {2, 17, 4, 2, 5, 4},   {1, 100, 2, 1, 16, 7},
+                                {1, 130, 2, 2, 32, 40}, {2, 70, 4, 2, 8, 33},  {1, 65, 2, 1, 64, 64}};
     for (int ci = 0; ci < (int)(sizeof cases / sizeof cases[0]); ci++) {
         int64_t B = cases[ci][0], T = cases[ci][1], NH = cases[ci][2], NKV = cases[ci][3], hs = cases[ci][4];
+        int win = (int)cases[ci][5];
         int64_t W = NH + 2 * NKV, hp = hs + 3;
         char what[128];
         sl_ctx *ctx = sl_ctx_new(64);
@@ -249,9 +252,9 @@ static void test_attention(void) {
         q->data = (float *)qkv->data + 1;
         k->data = (float *)qkv->data + NH * hp + 1;
         v->data = (float *)qkv->data + (NH + NKV) * hp + 2;
-        sl_tensor *at = sl_attention(ctx, q, k, v);
-        snprintf(what, sizeof what, "attention B%lld T%lld NH%lld NKV%lld hs%lld (out+lse)", (long long)B,
-                 (long long)T, (long long)NH, (long long)NKV, (long long)hs);
+        sl_tensor *at = sl_attention_window(ctx, q, k, v, win);
+        snprintf(what, sizeof what, "attention B%lld T%lld NH%lld NKV%lld hs%lld win%d (out+lse)",
+                 (long long)B, (long long)T, (long long)NH, (long long)NKV, (long long)hs, win);
         float *o1 = check_pair(what, at, sl_k_attention, sl_k_attention_ref, 2e-5f, 2e-4f, NULL, NULL);
         sl_tensor *g = leaf(ctx, 3, at->ne, 1.0f);
         sl_tensor *ab = sl_new_op(ctx, SL_OP_ATTENTION_BACK, SL_F32, 4, (int64_t[]){B, T, W, hs});
@@ -260,8 +263,9 @@ static void test_attention(void) {
         ab->src[2] = k;
         ab->src[3] = v;
         ab->src[4] = g;
-        snprintf(what, sizeof what, "attention_back B%lld T%lld NH%lld NKV%lld hs%lld", (long long)B,
-                 (long long)T, (long long)NH, (long long)NKV, (long long)hs);
+        ab->iparams[1] = at->iparams[1];
+        snprintf(what, sizeof what, "attention_back B%lld T%lld NH%lld NKV%lld hs%lld win%d", (long long)B,
+                 (long long)T, (long long)NH, (long long)NKV, (long long)hs, win);
         float *o2 =
             check_pair(what, ab, sl_k_attention_back, sl_k_attention_back_ref, 2e-5f, 2e-4f, NULL, NULL);
         free(o1);

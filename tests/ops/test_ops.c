@@ -108,14 +108,15 @@ static void test_layernorm_fwd(void) {
     sl_ctx_free(t.ctx);
 }
 
-static void test_attention_fwd(void) {
+/* window 0: causal; else a sliding window (query i sees keys i - window < j <= i), in double precision */
+static void test_attention_fwd(int window) {
     int64_t B = 2, T = 7, NH = 4, NKV = 2, hs = 5;
     tc t = {0};
     t.ctx = sl_ctx_new(256);
     sl_tensor *q = param(&t, 4, (int64_t[]){B, T, NH, hs}, 1.0f);
     sl_tensor *k = param(&t, 4, (int64_t[]){B, T, NKV, hs}, 1.0f);
     sl_tensor *v = param(&t, 4, (int64_t[]){B, T, NKV, hs}, 1.0f);
-    float *got = fwd(&t, sl_attention(t.ctx, q, k, v));
+    float *got = fwd(&t, sl_attention_window(t.ctx, q, k, v, window));
     float *ref = calloc((size_t)(B * T * NH * hs), 4);
     const float *Q = t.pdata[0], *K = t.pdata[1], *V = t.pdata[2];
     for (int64_t b = 0; b < B; b++)
@@ -123,7 +124,8 @@ static void test_attention_fwd(void) {
             for (int64_t i = 0; i < T; i++) {
                 int64_t kh = h / (NH / NKV);
                 double s[16], mx = -1e30, z = 0;
-                for (int64_t j = 0; j <= i; j++) {
+                int64_t j0 = window > 0 && i - window + 1 > 0 ? i - window + 1 : 0;
+                for (int64_t j = j0; j <= i; j++) {
                     double d = 0;
                     for (int64_t e = 0; e < hs; e++)
                         d +=
@@ -131,14 +133,14 @@ static void test_attention_fwd(void) {
                     s[j] = d / sqrt((double)hs);
                     mx = fmax(mx, s[j]);
                 }
-                for (int64_t j = 0; j <= i; j++) z += (s[j] = exp(s[j] - mx));
+                for (int64_t j = j0; j <= i; j++) z += (s[j] = exp(s[j] - mx));
                 for (int64_t e = 0; e < hs; e++) {
                     double o = 0;
-                    for (int64_t j = 0; j <= i; j++) o += s[j] / z * V[((b * T + j) * NKV + kh) * hs + e];
+                    for (int64_t j = j0; j <= i; j++) o += s[j] / z * V[((b * T + j) * NKV + kh) * hs + e];
                     ref[((b * T + i) * NH + h) * hs + e] = (float)o;
                 }
             }
-    tu_allclose("attention gqa", got, ref, B * T * NH * hs, 1e-5f, 1e-4f);
+    tu_allclose(window ? "attention gqa window 3" : "attention gqa", got, ref, B * T * NH * hs, 1e-5f, 1e-4f);
     free(got), free(ref);
     for (int i = 0; i < t.np; i++) free(t.pdata[i]), free(t.gdata[i]);
     sl_ctx_free(t.ctx);
@@ -263,6 +265,24 @@ static sl_tensor *b_attention_gqa(tc *t) {
     return sl_attention(t->ctx, param(t, 4, (int64_t[]){2, 6, 4, 3}, 1),
                         param(t, 4, (int64_t[]){2, 6, 2, 3}, 1), param(t, 4, (int64_t[]){2, 6, 2, 3}, 1));
 }
+static sl_tensor *b_attention_window(tc *t) { /* Mistral's sliding window (3 < T = 6), GQA */
+    return sl_attention_window(t->ctx, param(t, 4, (int64_t[]){2, 6, 4, 3}, 1),
+                               param(t, 4, (int64_t[]){2, 6, 2, 3}, 1),
+                               param(t, 4, (int64_t[]){2, 6, 2, 3}, 1), 3);
+}
+static sl_tensor *b_view_of_slice(tc *t) {
+    /* Baichuan's W_pack: (B,T,NH,hs) head views of column slices of one (B,T,3*NH*hs) projection, a view of
+     * a strided view (the autodiff scatter once placed its gradient with the wrong strides) */
+    int64_t B = 2, T = 4, NH = 2, hs = 4, D = NH * hs;
+    sl_tensor *x = sl_scale(t->ctx, param(t, 3, (int64_t[]){B, T, 3 * D}, 1), 1.0f);
+    sl_tensor *hv[3];
+    for (int j = 0; j < 3; j++) {
+        sl_tensor *sl = sl_slice(t->ctx, x, 2, j * D, D);
+        hv[j] =
+            sl_view(t->ctx, sl, 4, (int64_t[]){B, T, NH, hs}, (int64_t[]){sl->nb[0], sl->nb[1], hs, 1}, 0);
+    }
+    return sl_attention(t->ctx, sl_rope(t->ctx, hv[0], 0, 10000.0f), hv[1], hv[2]);
+}
 static int32_t g_ids[10] = {3, 0, 3, 6, 1, 3, 2, 6, 0, 5};
 static sl_tensor *b_embedding(tc *t) {
     sl_tensor *ids = sl_new_tensor_2d(t->ctx, SL_I32, 2, 5);
@@ -297,7 +317,8 @@ int main(void) {
     test_matmul_fwd();
     test_elementwise_fwd();
     test_layernorm_fwd();
-    test_attention_fwd();
+    test_attention_fwd(0);
+    test_attention_fwd(3);
     test_embed_ce_fwd();
     test_views_fwd();
     grad_check("matmul_nn", b_matmul_nn);
@@ -312,6 +333,8 @@ int main(void) {
     grad_check("softmax", b_softmax);
     grad_check("attention_qkv_views", b_attention_qkv);
     grad_check("attention_gqa", b_attention_gqa);
+    grad_check("attention_window", b_attention_window);
+    grad_check("view_of_strided_slice", b_view_of_slice);
     grad_check("embedding_tied", b_embedding);
     grad_check("cross_entropy", b_ce);
     grad_check("concat_permute_split", b_views);

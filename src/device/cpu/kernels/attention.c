@@ -1,7 +1,8 @@
 /* Causal multi-head attention with grouped KV heads. The forward pass saves only the per-row logsumexp
  * of the scaled scores, lse (B, NH, T), in the node's aux area; backward recomputes the probabilities.
  * sl_k_attention[_back] run the flash-style SIMD kernel (vec_attention.inc); the *_ref kernels are the
- * scalar reference (row by row, the tests' oracle) with the same aux contract. */
+ * scalar reference (row by row, the tests' oracle) with the same aux contract. Both take a sliding window
+ * (iparams[1] > 0: query t sees keys max(0, t - window + 1) .. t). */
 #include <math.h>
 #include <string.h>
 
@@ -32,6 +33,7 @@ sl_status sl_k_attention_ref(sl_tensor *n) {
     const float *pq = q->data, *pk = k->data, *pv = v->data;
     float *out = n->data;
     float *lse = (float *)((char *)n->data + sl_nbytes(n));
+    int64_t win = n->iparams[1];
     float *P = malloc(sizeof(float) * (size_t)(B * NH * T > 0 ? B * NH * T : 1) * (size_t)(T ? T : 1));
     if (!P) return sl_fail(SL_ERR_NOMEM, "attention_ref: out of memory");
 #pragma omp parallel for schedule(dynamic, 4)
@@ -40,7 +42,8 @@ sl_status sl_k_attention_ref(sl_tensor *n) {
         const float *qr = pq + b * q->nb[0] + t * q->nb[1] + h * q->nb[2];
         float *p = P + idx * T;
         float mx = -INFINITY;
-        for (int64_t j = 0; j <= t; j++) {
+        int64_t j0 = win > 0 && t - win + 1 > 0 ? t - win + 1 : 0;
+        for (int64_t j = j0; j <= t; j++) {
             const float *kr = pk + b * k->nb[0] + j * k->nb[1] + kh * k->nb[2];
             float s = 0;
             for (int64_t d = 0; d < hs; d++) s += qr[d] * kr[d];
@@ -49,16 +52,16 @@ sl_status sl_k_attention_ref(sl_tensor *n) {
             if (s > mx) mx = s;
         }
         float sum = 0;
-        for (int64_t j = 0; j <= t; j++) {
+        for (int64_t j = j0; j <= t; j++) {
             p[j] = expf(p[j] - mx);
             sum += p[j];
         }
         float inv = 1.0f / sum;
-        for (int64_t j = 0; j <= t; j++) p[j] = hround(p[j] * inv, hm);
+        for (int64_t j = j0; j <= t; j++) p[j] = hround(p[j] * inv, hm);
         lse[(b * NH + h) * T + t] = mx + logf(sum);
         float *o = out + (b * T + t) * NH * hs + h * hs;
         for (int64_t d = 0; d < hs; d++) o[d] = 0;
-        for (int64_t j = 0; j <= t; j++) {
+        for (int64_t j = j0; j <= t; j++) {
             const float *vr = pv + b * v->nb[0] + j * v->nb[1] + kh * v->nb[2];
             float pj = p[j];
             for (int64_t d = 0; d < hs; d++) o[d] += pj * vr[d];
@@ -75,7 +78,7 @@ sl_status sl_k_attention_ref(sl_tensor *n) {
 sl_status sl_k_attention_back_ref(sl_tensor *n) {
     sl_tensor *f = n->src[0], *q = n->src[1], *k = n->src[2], *v = n->src[3], *g = n->src[4];
     int64_t B = q->ne[0], T = q->ne[1], NH = q->ne[2], hs = q->ne[3], NKV = k->ne[2];
-    int64_t grp = NH / NKV, W = NH + 2 * NKV;
+    int64_t grp = NH / NKV, W = NH + 2 * NKV, win = n->iparams[1];
     float scale = 1.0f / sqrtf((float)hs);
     int hm = f->iparams[2]; /* Note [Eager half attention numerics] */
     const float *lse = (const float *)((const char *)f->data + sl_nbytes(f));
@@ -101,7 +104,8 @@ sl_status sl_k_attention_back_ref(sl_tensor *n) {
                 const float *qr = pq + b * q->nb[0] + t * q->nb[1] + h * q->nb[2];
                 float *dq = out + (b * T + t) * W * hs + h * hs;
                 float l = lse[(b * NH + h) * T + t], dot = 0;
-                for (int64_t j = 0; j <= t; j++) {
+                int64_t j0 = win > 0 && t - win + 1 > 0 ? t - win + 1 : 0;
+                for (int64_t j = j0; j <= t; j++) {
                     const float *kr = pk + b * k->nb[0] + j * k->nb[1] + kh * k->nb[2];
                     const float *vr = pv + b * v->nb[0] + j * v->nb[1] + kh * v->nb[2];
                     float s = 0, sd = 0;
@@ -115,7 +119,7 @@ sl_status sl_k_attention_back_ref(sl_tensor *n) {
                     dot += p[j] * dp[j];
                 }
                 for (int64_t d = 0; d < hs; d++) dq[d] = 0;
-                for (int64_t j = 0; j <= t; j++) {
+                for (int64_t j = j0; j <= t; j++) {
                     float ds = hm ? hround(hround(p[j] * (dp[j] - dot), hm) * scale, hm)
                                   : p[j] * (dp[j] - dot) * scale;
                     const float *kr = pk + b * k->nb[0] + j * k->nb[1] + kh * k->nb[2];
@@ -144,7 +148,7 @@ sl_status sl_k_attention_back_ref(sl_tensor *n) {
     return SL_OK;
 }
 
-static sl_attn_args attn_args(sl_tensor *q, sl_tensor *k, sl_tensor *v) {
+static sl_attn_args attn_args(sl_tensor *q, sl_tensor *k, sl_tensor *v, int64_t win) {
     sl_attn_args a = {.B = q->ne[0], .T = q->ne[1], .NH = q->ne[2], .NKV = k->ne[2], .hs = q->ne[3]};
     a.q = q->data;
     a.k = k->data;
@@ -155,13 +159,14 @@ static sl_attn_args attn_args(sl_tensor *q, sl_tensor *k, sl_tensor *v) {
         a.vs[d] = v->nb[d];
     }
     a.scale = 1.0f / sqrtf((float)a.hs);
+    a.win = win;
     return a;
 }
 
 sl_status sl_k_attention(sl_tensor *n) {
     const sl_vec_ops *v = sl_vec();
     if (!v || n->src[0]->ne[3] > SL_ATTN_MAX_HS || n->iparams[2]) return sl_k_attention_ref(n);
-    sl_attn_args a = attn_args(n->src[0], n->src[1], n->src[2]);
+    sl_attn_args a = attn_args(n->src[0], n->src[1], n->src[2], n->iparams[1]);
     a.out = n->data;
     a.lse = (float *)((char *)n->data + sl_nbytes(n));
     v->attn_fwd(&a);
@@ -173,7 +178,7 @@ sl_status sl_k_attention_back(sl_tensor *n) {
     sl_tensor *f = n->src[0], *g = n->src[4];
     if (!v || n->src[1]->ne[3] > SL_ATTN_MAX_HS || g->nb[g->ndim - 1] != 1 || f->iparams[2])
         return sl_k_attention_back_ref(n);
-    sl_attn_args a = attn_args(n->src[1], n->src[2], n->src[3]);
+    sl_attn_args a = attn_args(n->src[1], n->src[2], n->src[3], n->iparams[1]);
     a.out = f->data;
     a.lse = (float *)((char *)f->data + sl_nbytes(f));
     a.dy = g->data;

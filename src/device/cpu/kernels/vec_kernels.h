@@ -21,6 +21,7 @@ typedef struct sl_attn_args {
     const float *q, *k, *v;
     int64_t qs[3], ks[3], vs[3]; /* strides of dims B, T, head */
     float scale;
+    int64_t win;     /* > 0: sliding window (query i sees keys i - win < j <= i); 0: causal */
     float *out;      /* forward: written; backward: read (forward output) */
     float *lse;      /* forward: written; backward: read */
     const float *dy; /* backward: (B,T,NH*hs) with strides dys[0] (B), dys[1] (T); head h at h*hs */
