@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/commands.h"
 #include "launch/launch.h"
@@ -19,7 +20,37 @@ static void usage(FILE *f) {
             "  --no-prefix             do not prefix output lines with [rank]\n"
             "  --bind core|none        pin rank i to its own block of CPUs (allowed/N each; default core)\n"
             "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,\n"
-            "SUANLI_JOB_TOKEN (torchrun-compatible). Exit: 0 all ranks ok, 1 a rank failed, 2 bad usage.\n");
+            "SUANLI_JOB_TOKEN (torchrun-compatible). Exit: 0 all ranks ok, 1 a rank failed, 2 bad usage.\n"
+            "Inside a Slurm allocation (SLURM_JOB_ID set, not already in a step) it execs\n"
+            "  srun --nodes=M --ntasks-per-node=N --kill-on-bad-exit=1 PROGRAM ARGS   (SUANLI_RUN_NO_SRUN=1: don't)\n"
+            "and the ranks take RANK/WORLD_SIZE from Slurm (SLURM_PROCID, SLURM_NTASKS).\n");
+}
+
+/* Under Slurm the allocation's launcher starts the ranks (one srun step over every node): suanli run
+ * replaces itself with srun. Restarts are then the job's (suanli submit's --requeue), not ours. */
+static int defer_to_srun(const sl_launch_opts *o, char **prog) {
+    const char *job = getenv("SLURM_JOB_ID"), *no = getenv("SUANLI_RUN_NO_SRUN");
+    if (!job || getenv("SLURM_STEP_ID") || (no && strcmp(no, "0"))) return 0;
+    int n = 0;
+    while (prog[n]) n++;
+    char **av = calloc((size_t)n + 5, sizeof(char *));
+    char nodes[32], tasks[32];
+    if (!av) return 0;
+    snprintf(nodes, sizeof nodes, "--nodes=%d", o->nnodes);
+    snprintf(tasks, sizeof tasks, "--ntasks-per-node=%d", o->nproc);
+    av[0] = "srun";
+    av[1] = nodes;
+    av[2] = tasks;
+    av[3] = "--kill-on-bad-exit=1";
+    for (int i = 0; i < n; i++) av[4 + i] = prog[i];
+    fprintf(stderr, "suanli run: inside Slurm job %s: exec srun %s %s --kill-on-bad-exit=1 %s ...%s\n", job, nodes,
+            tasks, prog[0], o->max_restarts ? " (--max-restarts is left to the job's --requeue)" : "");
+    fflush(stderr);
+    execvp("srun", av);
+    fprintf(stderr, "suanli run: SLURM_JOB_ID is set but srun cannot be run (is Slurm installed?); "
+                    "set SUANLI_RUN_NO_SRUN=1 to launch locally\n");
+    free(av);
+    return 2;
 }
 
 static int parse_int(const char *flag, const char *v, int lo, int hi, int *out) {
@@ -108,6 +139,8 @@ int sl_cmd_run(int argc, char **argv) {
         fprintf(stderr, "suanli run: --master: HOST:PORT is required with --nnodes > 1\n");
         return 2;
     }
+    int srun_rc = defer_to_srun(&o, argv + i);
+    if (srun_rc) return srun_rc;
     o.argv = argv + i;
     sl_launch_result res;
     sl_status st = sl_launch_run(&o, &res);

@@ -107,7 +107,11 @@ sl_status sl_plan_cluster_load(const char *path, sl_plan_cluster *cl) {
     memset(cl, 0, sizeof *cl);
     cJSON *root;
     sl_status st = sl_json_read_object(path, &root);
-    if (st != SL_OK) return sl_fail(SL_ERR_INVALID, "--cluster: %s", sl_errmsg());
+    if (st != SL_OK) {
+        char msg[1024]; /* sl_errmsg's buffer is the one sl_fail writes */
+        snprintf(msg, sizeof msg, "%s", sl_errmsg());
+        return sl_fail(SL_ERR_INVALID, "--cluster: %s", msg);
+    }
     st = cluster_fields(root, path, cl);
     cJSON_Delete(root);
     return st;
@@ -213,7 +217,11 @@ sl_status sl_plan_model_load(const char *spec, sl_plan_model *md) {
             cJSON_Delete(root);
         }
     }
-    if (st != SL_OK) return sl_fail(SL_ERR_INVALID, "--model: %s", sl_errmsg());
+    if (st != SL_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", sl_errmsg());
+        return sl_fail(SL_ERR_INVALID, "--model: %s", msg);
+    }
     const char *base = strrchr(spec, '/');
     snprintf(md->name, sizeof md->name, "%s", base && base[1] ? base + 1 : spec);
     return check_model(md, spec);

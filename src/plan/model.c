@@ -7,9 +7,11 @@
  * walked from its end (a bucket closes once it holds >= bucket_elems elements), each bucket into dp equal
  * parts plus a < dp-element tail every rank keeps, so a shard is sum(len / dp + len % dp). Under ZeRO-2/3
  * with one micro-batch per step the full gradient buffer is replaced by gradient slots (Note [Gradient
- * slots] in src/parallel/zero_slots.c): GSLOT_LAG + 1 = 3 buckets in flight plus, for a tied embedding,
- * its bucket for the whole backward pass (its gradient is written at both ends); ZeRO-3 adds the gathered
- * parameter buckets (the tied embedding's again, the current and the prefetched bucket). Activations are
+ * slots] in src/parallel/zero_slots.c): GSLOT_LAG + 1 = 3 of the largest buckets in flight plus the
+ * embedding's bucket (the last to finish; a tied embedding's gradient is written at both ends of backward);
+ * ZeRO-3 adds gathered parameter buckets, modelled as 3 of the largest. The slot arena's packing is not
+ * modelled exactly (it is a greedy placement over the schedule): slots alone are within ~20 %, totals
+ * within 5 % (tests/plan/test_plan.c prints every component). Activations are
  * sl_graph_plan's liveness-packed arena for one micro-batch, which for suanli's graphs is (fp32 floats per
  * token) 16 C + NH per GPT-2 layer, 6 C + 4 F + 2 KV + NH per Llama layer, and 3 C + 2 V outside the
  * layers (embedding output, final norm, logits and their gradient); fitted on sl_graph_plan and checked
@@ -76,16 +78,14 @@ double sl_plan_flops_per_token(const sl_plan_model *m, int64_t T) {
 }
 
 /* Parameter sizes of the largest pipeline stage in flat-buffer order (the order of src/nn's builders), for
- * the bucket walk. Returns the count; *tied_first: the first entry is a tied embedding (GPT-2, pp = 1). */
-static int stage_param_list(const sl_plan_model *m, int64_t tp, int64_t pp, int64_t ep, int64_t *out, int cap,
-                            int *tied_first) {
+ * the bucket walk. Returns the count. */
+static int stage_param_list(const sl_plan_model *m, int64_t tp, int64_t pp, int64_t ep, int64_t *out, int cap) {
     int n = 0;
     int64_t C = m->hidden, Ls = m->n_layer / pp;
 #define PUSH(x)                                                                                              \
     do {                                                                                                     \
         if (n < cap) out[n++] = (x);                                                                         \
     } while (0)
-    *tied_first = m->tied && pp == 1;
     PUSH(m->vocab * C / tp);
     if (m->arch == SL_PLAN_GPT2) PUSH(m->max_seq * C);
     for (int64_t l = 0; l < Ls; l++) {
@@ -122,12 +122,12 @@ static int stage_param_list(const sl_plan_model *m, int64_t tp, int64_t pp, int6
 }
 
 typedef struct {
-    double total, shard, max_bucket, tied_bucket; /* elements */
+    double total, shard, max_bucket, first_bucket; /* elements; first: the bucket holding the embedding */
     int n_buckets;
 } bucket_stats;
 
 /* the bucket walk of src/parallel/dp.c build_buckets */
-static void buckets(const int64_t *p, int n, int tied_first, int64_t bucket_elems, int64_t dp, bucket_stats *b) {
+static void buckets(const int64_t *p, int n, int64_t bucket_elems, int64_t dp, bucket_stats *b) {
     memset(b, 0, sizeof *b);
     int64_t hi = 0;
     for (int i = 0; i < n; i++) hi += p[i];
@@ -138,8 +138,8 @@ static void buckets(const int64_t *p, int n, int tied_first, int64_t bucket_elem
         if (hi - off >= bucket_elems || i == 0) {
             int64_t len = hi - off;
             b->shard += (double)(len / dp + len % dp);
-            if (i == 0 && tied_first)
-                b->tied_bucket = (double)len;
+            if (i == 0)
+                b->first_bucket = (double)len;
             else if ((double)len > b->max_bucket)
                 b->max_bucket = (double)len;
             b->n_buckets++;
@@ -217,10 +217,9 @@ static sl_status check_layout(const sl_plan_model *m, const sl_plan_cluster *cl,
 
 static void memory(const sl_plan_model *m, const sl_plan_job *job, sl_plan_layout *l) {
     int64_t plist[4096];
-    int tied;
-    int n = stage_param_list(m, l->tp, l->pp, l->ep, plist, 4096, &tied);
+    int n = stage_param_list(m, l->tp, l->pp, l->ep, plist, 4096);
     bucket_stats b;
-    buckets(plist, n, tied, job->bucket_elems > 0 ? job->bucket_elems : (1 << 20), l->dp, &b);
+    buckets(plist, n, job->bucket_elems > 0 ? job->bucket_elems : (1 << 20), l->dp, &b);
     int slots = l->zero >= 2 && l->accum == 1;
     double shard = l->zero ? b.shard : b.total;
     sl_plan_mem *mm = &l->mem;
@@ -229,8 +228,8 @@ static void memory(const sl_plan_model *m, const sl_plan_job *job, sl_plan_layou
     mm->grad_shard = l->zero >= 2 ? 4.0 * shard : 0;
     mm->optim = 8.0 * shard;
     mm->slots = 0;
-    if (slots) mm->slots = 4.0 * (b.tied_bucket + 3.0 * b.max_bucket);
-    if (l->zero == 3) mm->slots += 4.0 * (b.tied_bucket + (l->accum == 1 ? 0.0 : 2.0 * b.max_bucket));
+    if (slots) mm->slots = 4.0 * (b.first_bucket + 3.0 * b.max_bucket);
+    if (l->zero == 3) mm->slots += 4.0 * 3.0 * b.max_bucket;
     double inflight = l->pp > 1 ? (double)(l->accum < l->pp ? l->accum : l->pp) : 1.0;
     double act_layers = sl_plan_activation_bytes(m, l->micro_batch, job->seq_len, l->tp, l->recompute);
     if (l->pp > 1) { /* the first stage: its share of the layers for `inflight` micro-batches */
@@ -271,10 +270,9 @@ static void timing(const sl_plan_model *m, const sl_plan_cluster *cl, const sl_p
     double t_pp = l->pp > 1 ? 2.0 * mb * v * (ppl->alpha_s + x_bytes / ppl->beta_Bps) : 0.0;
     /* DP: volumes of the stage's gradients */
     int64_t plist[4096];
-    int tied;
-    int n = stage_param_list(m, l->tp, l->pp, l->ep, plist, 4096, &tied);
+    int n = stage_param_list(m, l->tp, l->pp, l->ep, plist, 4096);
     bucket_stats bs;
-    buckets(plist, n, tied, job->bucket_elems > 0 ? job->bucket_elems : (1 << 20), l->dp, &bs);
+    buckets(plist, n, job->bucket_elems > 0 ? job->bucket_elems : (1 << 20), l->dp, &bs);
     double gbytes = 4.0 * bs.total, t_dp = 0;
     double lat = (double)bs.n_buckets * dpl->alpha_s * 2.0 * (double)(l->dp - 1);
     if (l->dp > 1) {
