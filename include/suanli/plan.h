@@ -44,6 +44,7 @@ typedef struct sl_plan_cluster {
     double mtbf_hours;       /* per host (a host failure stops the job) */
     double ckpt_write_Bps;   /* per host, to the checkpoint store */
     double ckpt_read_Bps;    /* per host, restore */
+    double ckpt_agg_write_Bps, ckpt_agg_read_Bps; /* the store's aggregate caps (0: none) */
     double restart_sec;      /* fixed cost of a restart (relaunch, rendezvous, graph build) */
     char launcher[16];       /* "run" (suanli run) or "slurm" */
 } sl_plan_cluster;

@@ -125,9 +125,11 @@ static void advise(const plan_args *a, const sl_plan_model *md, const sl_plan_cl
     int64_t W = l->dp * l->tp * l->pp;
     ad->hosts = (W + cl->devices_per_host - 1) / cl->devices_per_host;
     ad->ckpt_bytes = 12.0 * (double)sl_plan_model_params(md); /* fp32 params + two AdamW moments */
-    double per_host = ad->ckpt_bytes / (double)ad->hosts;
-    ad->ck.save_sec = a->save_sec >= 0 ? a->save_sec : per_host / cl->ckpt_write_Bps;
-    ad->ck.restore_sec = a->restore_sec >= 0 ? a->restore_sec : cl->restart_sec + per_host / cl->ckpt_read_Bps;
+    double H = (double)ad->hosts, wbw = cl->ckpt_write_Bps * H, rbw = cl->ckpt_read_Bps * H;
+    if (cl->ckpt_agg_write_Bps > 0 && cl->ckpt_agg_write_Bps < wbw) wbw = cl->ckpt_agg_write_Bps;
+    if (cl->ckpt_agg_read_Bps > 0 && cl->ckpt_agg_read_Bps < rbw) rbw = cl->ckpt_agg_read_Bps;
+    ad->ck.save_sec = a->save_sec >= 0 ? a->save_sec : ad->ckpt_bytes / wbw;
+    ad->ck.restore_sec = a->restore_sec >= 0 ? a->restore_sec : cl->restart_sec + ad->ckpt_bytes / rbw;
     double mtbf_h = a->mtbf_hours > 0 ? a->mtbf_hours : cl->mtbf_hours;
     ad->ck.mtbf_sec = mtbf_h * 3600.0 / (double)ad->hosts;
     ad->tau_young = sl_plan_young_interval(ad->ck.save_sec, ad->ck.mtbf_sec);
@@ -144,7 +146,22 @@ static void advise(const plan_args *a, const sl_plan_model *md, const sl_plan_cl
            100.0 * sl_plan_expected_goodput(&ad->ck, ad->tau_young));
 }
 
-static int simulate(const plan_args *a, const sl_plan_cluster *cl, const ckpt_advice *ad) {
+enum { SIM_REPS = 10 }; /* replicas (seeds seed .. seed+9) averaged per interval */
+
+static double mean_goodput(const sl_plan_sim_opts *o, sl_plan_sim_result *first) {
+    double sum = 0;
+    for (int k = 0; k < SIM_REPS; k++) {
+        sl_plan_sim_opts s = *o;
+        s.seed = o->seed + (uint64_t)k;
+        sl_plan_sim_result x;
+        if (sl_plan_simulate(&s, &x) != SL_OK) return -1;
+        if (k == 0 && first) *first = x;
+        sum += x.goodput;
+    }
+    return sum / SIM_REPS;
+}
+
+static int simulate(const plan_args *a, const ckpt_advice *ad) {
     sl_plan_sim_opts o = {.work_sec = a->work_hours * 3600.0,
                           .interval_sec = a->interval_sec > 0 ? a->interval_sec : ad->tau_daly,
                           .hosts = ad->hosts,
@@ -154,40 +171,36 @@ static int simulate(const plan_args *a, const sl_plan_cluster *cl, const ckpt_ad
                           .spares = a->spares >= 0 ? a->spares : (ad->hosts / 50 > 1 ? ad->hosts / 50 : 1),
                           .repair_sec = a->repair_hours * 3600.0,
                           .seed = (uint64_t)a->seed};
-    (void)cl;
     sl_plan_sim_result r;
-    if (sl_plan_simulate(&o, &r) != SL_OK) {
+    double g = mean_goodput(&o, &r);
+    if (g < 0) {
         fprintf(stderr, "suanli plan: %s\n", sl_errmsg());
         return 2;
     }
-    printf("simulation (seed %llu): %.0f h of work on %lld hosts, %lld spares, repair %.0f h, interval %.0f s: "
-           "wall %.1f h, goodput %.2f%% (analytic %.2f%%), %lld failures, %lld checkpoints, %.0f host-hours lost, "
-           "%lld waits for a spare (%.1f h)\n",
-           (unsigned long long)o.seed, a->work_hours, (long long)o.hosts, (long long)o.spares, a->repair_hours,
-           o.interval_sec, r.wall_sec / 3600.0, 100.0 * r.goodput,
-           100.0 * sl_plan_expected_goodput(&ad->ck, o.interval_sec), (long long)r.failures,
+    printf("simulation (seeds %llu..%llu): %.0f h of work on %lld hosts, %lld spares, repair %.0f h, interval %.0f s: "
+           "goodput %.2f%% (mean of %d runs; analytic, unlimited spares: %.2f%%); first run: wall %.1f h, %lld "
+           "failures, %lld checkpoints, %.0f host-hours lost, %lld waits for a spare (%.1f h)\n",
+           (unsigned long long)o.seed, (unsigned long long)o.seed + SIM_REPS - 1, a->work_hours, (long long)o.hosts,
+           (long long)o.spares, a->repair_hours, o.interval_sec, 100.0 * g, SIM_REPS,
+           100.0 * sl_plan_expected_goodput(&ad->ck, o.interval_sec), r.wall_sec / 3600.0, (long long)r.failures,
            (long long)r.checkpoints, r.lost_host_hours, (long long)r.waits_for_spare, r.wait_sec / 3600.0);
-    /* the simulated optimum: same seed for every interval (common random numbers) */
+    /* the simulated optimum: the same seeds for every interval (common random numbers) */
     double best_tau = 0, best_g = -1;
     for (int i = 0; i <= 40; i++) {
-        double tau = ad->tau_daly * pow(2.0, -3.0 + 6.0 * i / 40.0);
         sl_plan_sim_opts s = o;
-        s.interval_sec = tau;
-        sl_plan_sim_result x;
-        if (sl_plan_simulate(&s, &x) != SL_OK) continue;
-        if (x.goodput > best_g) {
-            best_g = x.goodput;
-            best_tau = tau;
+        s.interval_sec = ad->tau_daly * pow(2.0, -3.0 + 6.0 * i / 40.0);
+        double x = mean_goodput(&s, NULL);
+        if (x > best_g) {
+            best_g = x;
+            best_tau = s.interval_sec;
         }
     }
     sl_plan_sim_opts d = o;
     d.interval_sec = ad->tau_daly;
-    sl_plan_sim_result xd;
-    sl_plan_simulate(&d, &xd);
+    double gd = mean_goodput(&d, NULL);
     printf("simulated optimum: interval %.0f s (%.2fx Daly's %.0f s), goodput %.2f%%; Daly's interval simulated: "
            "%.2f%% (%.2f points below the optimum)\n",
-           best_tau, best_tau / ad->tau_daly, ad->tau_daly, 100.0 * best_g, 100.0 * xd.goodput,
-           100.0 * (best_g - xd.goodput));
+           best_tau, best_tau / ad->tau_daly, ad->tau_daly, 100.0 * best_g, 100.0 * gd, 100.0 * (best_g - gd));
     return 0;
 }
 
@@ -285,7 +298,7 @@ int sl_cmd_plan(int argc, char **argv) {
     ckpt_advice ad;
     advise(&a, &md, &cl, b, &ad);
     launch_command(&a, &md, &cl, b, T, job.global_batch, (int64_t)fmax(1.0, round(ad.tau_daly / b->step_sec)));
-    int ret = a.simulate ? simulate(&a, &cl, &ad) : 0;
+    int ret = a.simulate ? simulate(&a, &ad) : 0;
     free(v);
     return ret;
 }

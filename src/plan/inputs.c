@@ -93,6 +93,11 @@ static sl_status cluster_fields(const cJSON *root, const char *path, sl_plan_clu
     SL_TRY(num(rel, path, "reliability.", "ckpt_write_GBps", 1e-6, 1e6, NAN, &w));
     SL_TRY(num(rel, path, "reliability.", "ckpt_read_GBps", 1e-6, 1e6, NAN, &r));
     SL_TRY(num(rel, path, "reliability.", "restart_sec", 0, 1e6, 30, &cl->restart_sec));
+    double aw = 0, ar = 0; /* the store's aggregate bandwidth caps hosts x per-host (0: no cap) */
+    SL_TRY(num(rel, path, "reliability.", "ckpt_aggregate_write_GBps", 0, 1e9, 0, &aw));
+    SL_TRY(num(rel, path, "reliability.", "ckpt_aggregate_read_GBps", 0, 1e9, 0, &ar));
+    cl->ckpt_agg_write_Bps = aw * 1e9;
+    cl->ckpt_agg_read_Bps = ar * 1e9;
     cl->ckpt_write_Bps = w * 1e9;
     cl->ckpt_read_Bps = r * 1e9;
     const cJSON *la = cJSON_GetObjectItemCaseSensitive(root, "launcher");

@@ -350,8 +350,15 @@ sl_status sl_plan_enumerate(const sl_plan_model *m, const sl_plan_cluster *cl, c
     if (job->devices > cl->hosts * cl->devices_per_host)
         return sl_fail(SL_ERR_INVALID, "--devices: %lld is more than the cluster's %lld", (long long)job->devices,
                        (long long)(cl->hosts * cl->devices_per_host));
+    if (job->tp > 0 && W % job->tp)
+        return sl_fail(SL_ERR_INVALID, "--tp: %lld does not divide the %lld devices", (long long)job->tp, (long long)W);
+    if (job->pp > 0 && W % job->pp)
+        return sl_fail(SL_ERR_INVALID, "--pp: %lld does not divide the %lld devices", (long long)job->pp, (long long)W);
+    if (job->dp > 0 && W % job->dp)
+        return sl_fail(SL_ERR_INVALID, "--dp: %lld does not divide the %lld devices", (long long)job->dp, (long long)W);
     lvec v = {0};
-    for (int64_t tp = 1; tp <= W && tp <= 64; tp *= 2) {
+    for (int64_t tp = 1; tp <= W && tp <= 64; tp = job->tp > 0 ? W + 1 : tp * 2) {
+        if (job->tp > 0) tp = job->tp;
         if (W % tp || !want(job->tp, tp)) continue;
         for (int64_t pp = 1; pp * tp <= W && pp <= m->n_layer; pp++) {
             if ((W / tp) % pp || m->n_layer % pp || !want(job->pp, pp)) continue;
