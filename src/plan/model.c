@@ -9,7 +9,8 @@
  * with one micro-batch per step the full gradient buffer is replaced by gradient slots (Note [Gradient
  * slots] in src/parallel/zero_slots.c): GSLOT_LAG + 1 = 3 of the largest buckets in flight plus the
  * embedding's bucket (the last to finish; a tied embedding's gradient is written at both ends of backward);
- * ZeRO-3 adds gathered parameter buckets, modelled as 3 of the largest. The slot arena's packing is not
+ * ZeRO-3 adds gathered parameter buckets, modelled as 3 of the largest (min(3, buckets - 3), at least 1,
+ * when there are few buckets: fitted on suanli's schedule, see BENCHMARKS.md). The slot arena's packing is not
  * modelled exactly (it is a greedy placement over the schedule): slots alone are within ~20 %, totals
  * within 5 % (tests/plan/test_plan.c prints every component). Activations are
  * sl_graph_plan's liveness-packed arena for one micro-batch, which for suanli's graphs is (fp32 floats per
@@ -229,7 +230,10 @@ static void memory(const sl_plan_model *m, const sl_plan_job *job, sl_plan_layou
     mm->optim = 8.0 * shard;
     mm->slots = 0;
     if (slots) mm->slots = 4.0 * (b.first_bucket + 3.0 * b.max_bucket);
-    if (l->zero == 3) mm->slots += 4.0 * 3.0 * b.max_bucket;
+    if (l->zero == 3) { /* gathered parameters: 3 of the largest, fewer when there are few buckets (fitted) */
+        int k = b.n_buckets - 3 < 3 ? b.n_buckets - 3 : 3;
+        mm->slots += 4.0 * (double)(k < 1 ? 1 : k) * b.max_bucket;
+    }
     double inflight = l->pp > 1 ? (double)(l->accum < l->pp ? l->accum : l->pp) : 1.0;
     double act_layers = sl_plan_activation_bytes(m, l->micro_batch, job->seq_len, l->tp, l->recompute);
     if (l->pp > 1) { /* the first stage: its share of the layers for `inflight` micro-batches */
