@@ -34,19 +34,19 @@ typedef struct sl_plan_link {
 typedef struct sl_plan_cluster {
     char name[64];
     int64_t hosts, devices_per_host;
-    double peak_flops;       /* per device, dense matmul FLOP/s of the training precision */
-    double gemm_efficiency;  /* fraction of peak_flops the backend's GEMMs reach (calibrated: --probe) */
-    double mem_bw_Bps;       /* per device memory bandwidth (non-matmul ops, optimizer) */
-    double mem_bytes;        /* per device memory */
-    double mem_reserve;      /* fraction of mem_bytes kept free (allocator, runtime, fragmentation) */
-    double overlap;          /* fraction of data-parallel communication hidden behind backward, 0..1 */
+    double peak_flops;      /* per device, dense matmul FLOP/s of the training precision */
+    double gemm_efficiency; /* fraction of peak_flops the backend's GEMMs reach (calibrated: --probe) */
+    double mem_bw_Bps;      /* per device memory bandwidth (non-matmul ops, optimizer) */
+    double mem_bytes;       /* per device memory */
+    double mem_reserve;     /* fraction of mem_bytes kept free (allocator, runtime, fragmentation) */
+    double overlap;         /* fraction of data-parallel communication hidden behind backward, 0..1 */
     sl_plan_link intra, inter;
-    double mtbf_hours;       /* per host (a host failure stops the job) */
-    double ckpt_write_Bps;   /* per host, to the checkpoint store */
-    double ckpt_read_Bps;    /* per host, restore */
+    double mtbf_hours;                            /* per host (a host failure stops the job) */
+    double ckpt_write_Bps;                        /* per host, to the checkpoint store */
+    double ckpt_read_Bps;                         /* per host, restore */
     double ckpt_agg_write_Bps, ckpt_agg_read_Bps; /* the store's aggregate caps (0: none) */
-    double restart_sec;      /* fixed cost of a restart (relaunch, rendezvous, graph build) */
-    char launcher[16];       /* "run" (suanli run) or "slurm" */
+    double restart_sec; /* fixed cost of a restart (relaunch, rendezvous, graph build) */
+    char launcher[16];  /* "run" (suanli run) or "slurm" */
 } sl_plan_cluster;
 
 typedef enum { SL_PLAN_GPT2, SL_PLAN_LLAMA, SL_PLAN_ARCH_COUNT } sl_plan_arch;
@@ -55,8 +55,8 @@ typedef struct sl_plan_model {
     char name[64];
     sl_plan_arch arch;
     int64_t n_layer, hidden, n_head, n_kv_head, head_dim, ffn, vocab, max_seq;
-    int tied;                    /* tied input/output embedding */
-    int64_t n_experts, top_k;    /* MoE (0: dense) */
+    int tied;                 /* tied input/output embedding */
+    int64_t n_experts, top_k; /* MoE (0: dense) */
 } sl_plan_model;
 
 typedef struct sl_plan_job {
@@ -81,7 +81,7 @@ typedef struct sl_plan_layout {
     sl_plan_mem mem;
     int fits;
     double t_compute, t_dp_comm, t_tp_comm, t_pp_comm, t_ep_comm, t_optim; /* seconds per step */
-    double bubble;                                                        /* fraction of the pipeline */
+    double bubble;                                                         /* fraction of the pipeline */
     double step_sec, tokens_per_s, mfu;
     int runnable; /* suanli can train this layout today (tp = pp = ep = 1, no recomputation) */
 } sl_plan_layout;
@@ -94,7 +94,7 @@ sl_status sl_plan_cluster_load(const char *path, sl_plan_cluster *cl);
 sl_status sl_plan_model_load(const char *spec, sl_plan_model *md);
 const char *sl_plan_builtin_names(void); /* comma-separated */
 
-int64_t sl_plan_model_params(const sl_plan_model *md);            /* total parameters */
+int64_t sl_plan_model_params(const sl_plan_model *md);              /* total parameters */
 double sl_plan_flops_per_token(const sl_plan_model *md, int64_t T); /* training FLOPs (6N + attention) */
 
 /* Memory and time of one layout (fills l->mem, l->fits, the times). Returns SL_ERR_INVALID naming the
@@ -127,13 +127,13 @@ double sl_plan_daly_interval(double save_sec, double mtbf_sec);
 double sl_plan_expected_goodput(const sl_plan_ckpt *c, double tau);
 
 typedef struct sl_plan_sim_opts {
-    double work_sec;        /* useful work the run must complete */
-    double interval_sec;    /* checkpoint interval tau (work between saves) */
-    int64_t hosts;          /* hosts the job needs */
-    double host_mtbf_sec;   /* per host */
+    double work_sec;      /* useful work the run must complete */
+    double interval_sec;  /* checkpoint interval tau (work between saves) */
+    int64_t hosts;        /* hosts the job needs */
+    double host_mtbf_sec; /* per host */
     double save_sec, restore_sec;
-    int64_t spares;         /* hot spare hosts */
-    double repair_sec;      /* a failed host is back in the pool after this long */
+    int64_t spares;    /* hot spare hosts */
+    double repair_sec; /* a failed host is back in the pool after this long */
     uint64_t seed;
 } sl_plan_sim_opts;
 

@@ -22,7 +22,8 @@ static void usage(FILE *f) {
             "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,\n"
             "SUANLI_JOB_TOKEN (torchrun-compatible). Exit: 0 all ranks ok, 1 a rank failed, 2 bad usage.\n"
             "Inside a Slurm allocation (SLURM_JOB_ID set, not already in a step) it execs\n"
-            "  srun --nodes=M --ntasks-per-node=N --kill-on-bad-exit=1 PROGRAM ARGS   (SUANLI_RUN_NO_SRUN=1: don't)\n"
+            "  srun --nodes=M --ntasks-per-node=N --kill-on-bad-exit=1 PROGRAM ARGS   (SUANLI_RUN_NO_SRUN=1: "
+            "don't)\n"
             "and the ranks take RANK/WORLD_SIZE from Slurm (SLURM_PROCID, SLURM_NTASKS).\n");
 }
 
@@ -43,8 +44,8 @@ static int defer_to_srun(const sl_launch_opts *o, char **prog) {
     av[2] = tasks;
     av[3] = "--kill-on-bad-exit=1";
     for (int i = 0; i < n; i++) av[4 + i] = prog[i];
-    fprintf(stderr, "suanli run: inside Slurm job %s: exec srun %s %s --kill-on-bad-exit=1 %s ...%s\n", job, nodes,
-            tasks, prog[0], o->max_restarts ? " (--max-restarts is left to the job's --requeue)" : "");
+    fprintf(stderr, "suanli run: inside Slurm job %s: exec srun %s %s --kill-on-bad-exit=1 %s ...%s\n", job,
+            nodes, tasks, prog[0], o->max_restarts ? " (--max-restarts is left to the job's --requeue)" : "");
     fflush(stderr);
     execvp("srun", av);
     fprintf(stderr, "suanli run: SLURM_JOB_ID is set but srun cannot be run (is Slurm installed?); "

@@ -17,12 +17,15 @@
 #include "suanli/base.h"
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: suanli submit --nodes N --ntasks-per-node K --time D-HH:MM:SS|HH:MM:SS [--job-name NAME]\n"
-            "                     [--partition P] [--signal-sec SEC] [--script FILE] [--go] -- PROGRAM ARGS...\n"
-            "  writes FILE (default suanli-job.sbatch): #SBATCH --nodes, --ntasks-per-node, --time, --requeue,\n"
-            "  --signal=B:USR1@SEC (default 120); the step runs under srun; on USR1 the ranks checkpoint and exit 75,\n"
-            "  and the job requeues itself. --go submits it with sbatch (exit 2 when sbatch is not installed).\n");
+    fprintf(
+        f,
+        "usage: suanli submit --nodes N --ntasks-per-node K --time D-HH:MM:SS|HH:MM:SS [--job-name NAME]\n"
+        "                     [--partition P] [--signal-sec SEC] [--script FILE] [--go] -- PROGRAM ARGS...\n"
+        "  writes FILE (default suanli-job.sbatch): #SBATCH --nodes, --ntasks-per-node, --time, --requeue,\n"
+        "  --signal=B:USR1@SEC (default 120); the step runs under srun; on USR1 the ranks checkpoint and "
+        "exit 75,\n"
+        "  and the job requeues itself. --go submits it with sbatch (exit 2 when sbatch is not "
+        "installed).\n");
 }
 
 static int is_time(const char *s) { /* [D-]HH:MM:SS or MM:SS or minutes */
@@ -40,7 +43,8 @@ static int is_time(const char *s) { /* [D-]HH:MM:SS or MM:SS or minutes */
 static void shell_word(FILE *f, const char *s) {
     int plain = *s != 0;
     for (const char *p = s; *p; p++)
-        if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:,+@%", *p)) plain = 0;
+        if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:,+@%", *p))
+            plain = 0;
     if (plain) {
         fputs(s, f);
         return;
@@ -81,14 +85,17 @@ static int write_script(const submit_args *a, char **prog) {
         fprintf(stderr, "suanli submit: --script: cannot write '%s'\n", a->script);
         return 2;
     }
-    fprintf(f, "#!/bin/bash\n# written by suanli submit (Note [Requeue on the time limit] in src/cli/cmd_submit.c)\n");
+    fprintf(f, "#!/bin/bash\n# written by suanli submit (Note [Requeue on the time limit] in "
+               "src/cli/cmd_submit.c)\n");
     fprintf(f, "#SBATCH --job-name=%s\n#SBATCH --nodes=%s\n#SBATCH --ntasks-per-node=%s\n#SBATCH --time=%s\n",
             a->name, a->nodes, a->tasks, a->time);
     if (a->partition) fprintf(f, "#SBATCH --partition=%s\n", a->partition);
-    fprintf(f, "#SBATCH --requeue\n#SBATCH --signal=B:USR1@%s\n#SBATCH --output=%s-%%j.out\n", a->signal_sec, a->name);
-    fprintf(f, "requeue=0\n"
-               "trap 'requeue=1; echo \"suanli submit: time limit in %s s: checkpoint and requeue\"; "
-               "kill -USR1 \"$child\" 2>/dev/null' USR1\n",
+    fprintf(f, "#SBATCH --requeue\n#SBATCH --signal=B:USR1@%s\n#SBATCH --output=%s-%%j.out\n", a->signal_sec,
+            a->name);
+    fprintf(f,
+            "requeue=0\n"
+            "trap 'requeue=1; echo \"suanli submit: time limit in %s s: checkpoint and requeue\"; "
+            "kill -USR1 \"$child\" 2>/dev/null' USR1\n",
             a->signal_sec);
     fprintf(f, "srun --kill-on-bad-exit=1");
     for (char **p = prog; *p; p++) {
@@ -125,13 +132,20 @@ int sl_cmd_submit(int argc, char **argv) {
             a.go = 1;
             continue;
         }
-        if (!strcmp(s, "--nodes")) dst = &a.nodes;
-        else if (!strcmp(s, "--ntasks-per-node")) dst = &a.tasks;
-        else if (!strcmp(s, "--time")) dst = &a.time;
-        else if (!strcmp(s, "--job-name")) dst = &a.name;
-        else if (!strcmp(s, "--partition")) dst = &a.partition;
-        else if (!strcmp(s, "--script")) dst = &a.script;
-        else if (!strcmp(s, "--signal-sec")) dst = &a.signal_sec;
+        if (!strcmp(s, "--nodes"))
+            dst = &a.nodes;
+        else if (!strcmp(s, "--ntasks-per-node"))
+            dst = &a.tasks;
+        else if (!strcmp(s, "--time"))
+            dst = &a.time;
+        else if (!strcmp(s, "--job-name"))
+            dst = &a.name;
+        else if (!strcmp(s, "--partition"))
+            dst = &a.partition;
+        else if (!strcmp(s, "--script"))
+            dst = &a.script;
+        else if (!strcmp(s, "--signal-sec"))
+            dst = &a.signal_sec;
         if (!dst) {
             fprintf(stderr, "suanli submit: unknown flag '%s' (see suanli submit --help)\n", s);
             return 2;
@@ -161,7 +175,8 @@ int sl_cmd_submit(int argc, char **argv) {
     }
     long sig = strtol(a.signal_sec, &end, 10);
     if (*end || sig < 1 || sig > 65535) {
-        fprintf(stderr, "suanli submit: --signal-sec: expected seconds in 1..65535, got '%s'\n", a.signal_sec);
+        fprintf(stderr, "suanli submit: --signal-sec: expected seconds in 1..65535, got '%s'\n",
+                a.signal_sec);
         return 2;
     }
     if (!is_time(a.time)) {
@@ -174,7 +189,8 @@ int sl_cmd_submit(int argc, char **argv) {
     }
     char sbatch[4096];
     if (a.go && !find_in_path("sbatch", sbatch, sizeof sbatch)) { /* before writing anything */
-        fprintf(stderr, "suanli submit: --go: sbatch not found in PATH (is Slurm installed?); nothing submitted\n");
+        fprintf(stderr,
+                "suanli submit: --go: sbatch not found in PATH (is Slurm installed?); nothing submitted\n");
         return 2;
     }
     int rc = write_script(&a, argv + i);

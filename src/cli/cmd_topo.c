@@ -32,7 +32,8 @@ static void print_ranks(hwloc_topology_t t, int nranks) {
     if (nodes < 1) nodes = 1;
     for (int r = 0; r < nranks; r++) {
         int node = (int)((long long)r * nodes / nranks);
-        int first = (int)(((long long)node * nranks + nodes - 1) / nodes), last = (int)(((long long)(node + 1) * nranks + nodes - 1) / nodes);
+        int first = (int)(((long long)node * nranks + nodes - 1) / nodes),
+            last = (int)(((long long)(node + 1) * nranks + nodes - 1) / nodes);
         int on_node = last - first, idx = r - first;
         hwloc_obj_t nd = hwloc_get_obj_by_type(t, HWLOC_OBJ_NUMANODE, (unsigned)node);
         hwloc_const_cpuset_t cs = nd ? nd->cpuset : hwloc_topology_get_topology_cpuset(t);
@@ -90,10 +91,12 @@ int sl_cmd_topo(int argc, char **argv) {
     }
     char host[256] = "?";
     gethostname(host, sizeof host - 1);
-    int nn = hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_NUMANODE), np = hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_PACKAGE);
+    int nn = hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_NUMANODE),
+        np = hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_PACKAGE);
     int nc = hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_CORE), npu = hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_PU);
     printf("host %s%s: %d package(s), %d NUMA node(s), %d core(s), %d PU(s)\n", host,
-           synthetic || getenv("HWLOC_XMLFILE") || getenv("HWLOC_SYNTHETIC") ? " (synthetic/XML topology)" : "",
+           synthetic || getenv("HWLOC_XMLFILE") || getenv("HWLOC_SYNTHETIC") ? " (synthetic/XML topology)"
+                                                                             : "",
            np, nn, nc, npu);
     for (int i = 0; i < nn; i++) {
         hwloc_obj_t o = hwloc_get_obj_by_type(t, HWLOC_OBJ_NUMANODE, (unsigned)i);

@@ -18,7 +18,8 @@ static void usage(FILE *f) {
         "  plot      loss, val loss, tokens/s, lr of runs into an SVG: suanli plot RUN_DIR... [--output F]\n"
         "  convert   model formats: HF dir -> HF safetensors (f32|bf16); GPT-2 HF <-> suanli (--from/--to)\n"
         "  devices   backends and the devices present (--device NAME or NAME:N)\n"
-        "  plan      rank parallel layouts of a model on a cluster: --model M --cluster C.json [--simulate-failures]\n"
+        "  plan      rank parallel layouts of a model on a cluster: --model M --cluster C.json "
+        "[--simulate-failures]\n"
         "  topo      hosts, NUMA nodes, cores and caches this process sees (hwloc)\n"
         "  submit    write (--go: submit) an sbatch script for a training command\n"
         "run 'suanli <command> --help' for its flags\n");

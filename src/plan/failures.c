@@ -97,7 +97,8 @@ sl_status sl_plan_simulate(const sl_plan_sim_opts *o, sl_plan_sim_result *r) {
     memset(r, 0, sizeof *r);
     if (!(o->work_sec > 0) || !(o->interval_sec > 0) || o->hosts < 1 || !(o->host_mtbf_sec > 0) ||
         o->save_sec < 0 || o->restore_sec < 0 || o->spares < 0 || o->repair_sec < 0)
-        return sl_fail(SL_ERR_INVALID, "--simulate-failures: work, interval, hosts and MTBF must be > 0, times >= 0");
+        return sl_fail(SL_ERR_INVALID,
+                       "--simulate-failures: work, interval, hosts and MTBF must be > 0, times >= 0");
     sim s = {.o = o, .rate = (double)o->hosts / o->host_mtbf_sec, .spares = o->spares, .r = r};
     double done = 0;
     sl_status st = SL_OK;
@@ -114,8 +115,9 @@ sl_status sl_plan_simulate(const sl_plan_sim_opts *o, sl_plan_sim_result *r) {
             s.t += f;
             st = recover(&s);
         }
-        if (++guard > (int64_t)50000000) st = sl_fail(SL_ERR_INVALID, "--simulate-failures: the run never finishes "
-                                                                 "(MTBF far below the interval)");
+        if (++guard > (int64_t)50000000)
+            st = sl_fail(SL_ERR_INVALID, "--simulate-failures: the run never finishes "
+                                         "(MTBF far below the interval)");
     }
     free(s.back);
     r->wall_sec = s.t;

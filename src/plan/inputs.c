@@ -80,14 +80,16 @@ static sl_status cluster_fields(const cJSON *root, const char *path, sl_plan_clu
         cl->inter = cl->intra;
     SL_TRY(num(links, path, "links.", "dp_overlap", 0, 1, 0.0, &cl->overlap));
     if (cl->hosts > 1 && cl->inter.beta_Bps > cl->intra.beta_Bps * 1.0001)
-        return sl_fail(SL_ERR_INVALID,
-                       "%s: field 'links.inter_host.beta_GBps' (%g) is above links.intra_host.beta_GBps (%g): "
-                       "inconsistent",
-                       path, cl->inter.beta_Bps / 1e9, cl->intra.beta_Bps / 1e9);
+        return sl_fail(
+            SL_ERR_INVALID,
+            "%s: field 'links.inter_host.beta_GBps' (%g) is above links.intra_host.beta_GBps (%g): "
+            "inconsistent",
+            path, cl->inter.beta_Bps / 1e9, cl->intra.beta_Bps / 1e9);
     const cJSON *rel = cJSON_GetObjectItemCaseSensitive(root, "reliability");
     if (!cJSON_IsObject(rel))
         return sl_fail(SL_ERR_INVALID,
-                       "%s: missing field 'reliability' (host_mtbf_hours, ckpt_write_GBps, ckpt_read_GBps)", path);
+                       "%s: missing field 'reliability' (host_mtbf_hours, ckpt_write_GBps, ckpt_read_GBps)",
+                       path);
     double w = 0, r = 0;
     SL_TRY(num(rel, path, "reliability.", "host_mtbf_hours", 1e-3, 1e9, NAN, &cl->mtbf_hours));
     SL_TRY(num(rel, path, "reliability.", "ckpt_write_GBps", 1e-6, 1e6, NAN, &w));
@@ -129,8 +131,14 @@ typedef struct {
     sl_plan_model m;
 } builtin;
 
-#define GPT2(nm, L, H, C, V, T) {nm, {nm, SL_PLAN_GPT2, L, C, H, H, (C) / (H), 4 * (C), V, T, 1, 0, 0}}
-#define LLAMA(nm, L, H, KV, C, F, V, T, tie) {nm, {nm, SL_PLAN_LLAMA, L, C, H, KV, (C) / (H), F, V, T, tie, 0, 0}}
+#define GPT2(nm, L, H, C, V, T)                                                                              \
+    {                                                                                                        \
+        nm, { nm, SL_PLAN_GPT2, L, C, H, H, (C) / (H), 4 * (C), V, T, 1, 0, 0 }                              \
+    }
+#define LLAMA(nm, L, H, KV, C, F, V, T, tie)                                                                 \
+    {                                                                                                        \
+        nm, { nm, SL_PLAN_LLAMA, L, C, H, KV, (C) / (H), F, V, T, tie, 0, 0 }                                \
+    }
 static const builtin BUILTINS[] = {
     GPT2("gpt2-tiny", 4, 4, 128, 256, 256),
     GPT2("gpt2-demo", 4, 6, 192, 256, 128),
@@ -152,14 +160,14 @@ const char *sl_plan_builtin_names(void) {
 
 static sl_status check_model(const sl_plan_model *m, const char *src) {
     if (m->n_layer < 1 || m->hidden < 1 || m->n_head < 1 || m->vocab < 1 || m->ffn < 1)
-        return sl_fail(SL_ERR_INVALID, "--model %s: layers, hidden size, heads, ffn and vocabulary must be >= 1",
-                       src);
+        return sl_fail(SL_ERR_INVALID,
+                       "--model %s: layers, hidden size, heads, ffn and vocabulary must be >= 1", src);
     if (m->hidden % m->n_head && m->arch == SL_PLAN_GPT2)
-        return sl_fail(SL_ERR_INVALID, "--model %s: hidden size %lld is not a multiple of the heads %lld", src,
-                       (long long)m->hidden, (long long)m->n_head);
+        return sl_fail(SL_ERR_INVALID, "--model %s: hidden size %lld is not a multiple of the heads %lld",
+                       src, (long long)m->hidden, (long long)m->n_head);
     if (m->n_kv_head < 1 || m->n_head % m->n_kv_head)
-        return sl_fail(SL_ERR_INVALID, "--model %s: %lld heads is not a multiple of %lld key/value heads", src,
-                       (long long)m->n_head, (long long)m->n_kv_head);
+        return sl_fail(SL_ERR_INVALID, "--model %s: %lld heads is not a multiple of %lld key/value heads",
+                       src, (long long)m->n_head, (long long)m->n_kv_head);
     return SL_OK;
 }
 
@@ -169,8 +177,10 @@ static sl_status from_train_config(const char *path, const cJSON *root, sl_plan_
     SL_TRY(sl_json_int(root, path, "num_layers", 1, &L));
     SL_TRY(sl_json_int(root, path, "hidden_size", 1, &C));
     SL_TRY(sl_json_int(root, path, "num_attention_heads", 1, &H));
-    if (cJSON_GetObjectItemCaseSensitive(root, "vocab_size")) SL_TRY(sl_json_int(root, path, "vocab_size", 1, &V));
-    if (cJSON_GetObjectItemCaseSensitive(root, "seq_length")) SL_TRY(sl_json_int(root, path, "seq_length", 1, &T));
+    if (cJSON_GetObjectItemCaseSensitive(root, "vocab_size"))
+        SL_TRY(sl_json_int(root, path, "vocab_size", 1, &V));
+    if (cJSON_GetObjectItemCaseSensitive(root, "seq_length"))
+        SL_TRY(sl_json_int(root, path, "seq_length", 1, &T));
     *m = (sl_plan_model){"", SL_PLAN_GPT2, L, C, H, H, C / H, 4 * (int64_t)C, V, T, 1, 0, 0};
     return SL_OK;
 }
@@ -179,11 +189,32 @@ static sl_status from_hf(const char *dir, sl_plan_model *m) {
     sl_hf_config c;
     SL_TRY(sl_hf_config_read(dir, &c, NULL));
     if (c.arch == SL_HF_GPT2) {
-        *m = (sl_plan_model){"", SL_PLAN_GPT2, c.n_layer, c.hidden, c.n_head, c.n_head, c.hidden / c.n_head,
-                             4 * (int64_t)c.hidden, c.vocab_size, c.max_seq_len, 1, 0, 0};
+        *m = (sl_plan_model){"",
+                             SL_PLAN_GPT2,
+                             c.n_layer,
+                             c.hidden,
+                             c.n_head,
+                             c.n_head,
+                             c.hidden / c.n_head,
+                             4 * (int64_t)c.hidden,
+                             c.vocab_size,
+                             c.max_seq_len,
+                             1,
+                             0,
+                             0};
     } else {
-        *m = (sl_plan_model){"", SL_PLAN_LLAMA, c.n_layer, c.hidden, c.n_head, c.n_kv_head, c.head_dim,
-                             c.intermediate, c.vocab_size, c.max_seq_len, c.tie_embeddings, c.n_experts,
+        *m = (sl_plan_model){"",
+                             SL_PLAN_LLAMA,
+                             c.n_layer,
+                             c.hidden,
+                             c.n_head,
+                             c.n_kv_head,
+                             c.head_dim,
+                             c.intermediate,
+                             c.vocab_size,
+                             c.max_seq_len,
+                             c.tie_embeddings,
+                             c.n_experts,
                              c.n_experts_per_tok};
     }
     return SL_OK;
@@ -198,8 +229,8 @@ sl_status sl_plan_model_load(const char *spec, sl_plan_model *md) {
         }
     struct stat sb;
     if (stat(spec, &sb) != 0)
-        return sl_fail(SL_ERR_INVALID, "--model: '%s' is neither a file, a directory nor a builtin (%s)", spec,
-                       sl_plan_builtin_names());
+        return sl_fail(SL_ERR_INVALID, "--model: '%s' is neither a file, a directory nor a builtin (%s)",
+                       spec, sl_plan_builtin_names());
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", spec);
     sl_status st = SL_OK;

@@ -10,8 +10,8 @@
  * slots] in src/parallel/zero_slots.c): GSLOT_LAG + 1 = 3 of the largest buckets in flight plus the
  * embedding's bucket (the last to finish; a tied embedding's gradient is written at both ends of backward);
  * ZeRO-3 adds gathered parameter buckets, modelled as 3 of the largest (min(3, buckets - 3), at least 1,
- * when there are few buckets: fitted on suanli's schedule, see BENCHMARKS.md). The slot arena's packing is not
- * modelled exactly (it is a greedy placement over the schedule): slots alone are within ~20 %, totals
+ * when there are few buckets: fitted on suanli's schedule, see BENCHMARKS.md). The slot arena's packing is
+ * not modelled exactly (it is a greedy placement over the schedule): slots alone are within ~20 %, totals
  * within 5 % (tests/plan/test_plan.c prints every component). Activations are
  * sl_graph_plan's liveness-packed arena for one micro-batch, which for suanli's graphs is (fp32 floats per
  * token) 16 C + NH per GPT-2 layer, 6 C + 4 F + 2 KV + NH per Llama layer, and 3 C + 2 V outside the
@@ -80,7 +80,8 @@ double sl_plan_flops_per_token(const sl_plan_model *m, int64_t T) {
 
 /* Parameter sizes of the largest pipeline stage in flat-buffer order (the order of src/nn's builders), for
  * the bucket walk. Returns the count. */
-static int stage_param_list(const sl_plan_model *m, int64_t tp, int64_t pp, int64_t ep, int64_t *out, int cap) {
+static int stage_param_list(const sl_plan_model *m, int64_t tp, int64_t pp, int64_t ep, int64_t *out,
+                            int cap) {
     int n = 0;
     int64_t C = m->hidden, Ls = m->n_layer / pp;
 #define PUSH(x)                                                                                              \
@@ -91,8 +92,8 @@ static int stage_param_list(const sl_plan_model *m, int64_t tp, int64_t pp, int6
     if (m->arch == SL_PLAN_GPT2) PUSH(m->max_seq * C);
     for (int64_t l = 0; l < Ls; l++) {
         if (m->arch == SL_PLAN_GPT2) {
-            int64_t v[12] = {C, C, 3 * C * C / tp, 3 * C / tp, C * C / tp, C, C, C, 4 * C * C / tp, 4 * C / tp,
-                             4 * C * C / tp, C};
+            int64_t v[12] = {C, C, 3 * C * C / tp, 3 * C / tp, C * C / tp,     C,
+                             C, C, 4 * C * C / tp, 4 * C / tp, 4 * C * C / tp, C};
             for (int i = 0; i < 12; i++) PUSH(v[i]);
         } else {
             int64_t qd = m->n_head * m->head_dim, kvd = m->n_kv_head * m->head_dim;
@@ -209,7 +210,8 @@ static sl_status check_layout(const sl_plan_model *m, const sl_plan_cluster *cl,
         return sl_fail(SL_ERR_INVALID, "--micro-batch: %lld x dp %lld does not divide --global-batch %lld",
                        (long long)l->micro_batch, (long long)l->dp, (long long)job->global_batch);
     if (l->zero < 0 || l->zero > 3 || (l->zero > 0 && l->dp == 1))
-        return sl_fail(SL_ERR_INVALID, "--zero: stage %d needs dp > 1 (dp is %lld)", l->zero, (long long)l->dp);
+        return sl_fail(SL_ERR_INVALID, "--zero: stage %d needs dp > 1 (dp is %lld)", l->zero,
+                       (long long)l->dp);
     if (job->seq_len > m->max_seq)
         return sl_fail(SL_ERR_INVALID, "--seq-len: %lld is above the model's %lld positions",
                        (long long)job->seq_len, (long long)m->max_seq);
@@ -310,7 +312,8 @@ sl_status sl_plan_evaluate(const sl_plan_model *m, const sl_plan_cluster *cl, co
     SL_TRY(check_layout(m, cl, job, l));
     l->accum = job->global_batch / (l->micro_batch * l->dp);
     if (l->vpp > 1 && (l->pp == 1 || l->accum % l->pp))
-        return sl_fail(SL_ERR_INVALID, "--vpp: interleaving needs pp > 1 and micro-batches (%lld) a multiple of pp",
+        return sl_fail(SL_ERR_INVALID,
+                       "--vpp: interleaving needs pp > 1 and micro-batches (%lld) a multiple of pp",
                        (long long)l->accum);
     memory(m, job, l);
     l->fits = l->mem.total <= cl->mem_bytes * (1.0 - cl->mem_reserve);
@@ -352,14 +355,17 @@ sl_status sl_plan_enumerate(const sl_plan_model *m, const sl_plan_cluster *cl, c
     *n = 0;
     int64_t W = world_of(cl, job);
     if (job->devices > cl->hosts * cl->devices_per_host)
-        return sl_fail(SL_ERR_INVALID, "--devices: %lld is more than the cluster's %lld", (long long)job->devices,
-                       (long long)(cl->hosts * cl->devices_per_host));
+        return sl_fail(SL_ERR_INVALID, "--devices: %lld is more than the cluster's %lld",
+                       (long long)job->devices, (long long)(cl->hosts * cl->devices_per_host));
     if (job->tp > 0 && W % job->tp)
-        return sl_fail(SL_ERR_INVALID, "--tp: %lld does not divide the %lld devices", (long long)job->tp, (long long)W);
+        return sl_fail(SL_ERR_INVALID, "--tp: %lld does not divide the %lld devices", (long long)job->tp,
+                       (long long)W);
     if (job->pp > 0 && W % job->pp)
-        return sl_fail(SL_ERR_INVALID, "--pp: %lld does not divide the %lld devices", (long long)job->pp, (long long)W);
+        return sl_fail(SL_ERR_INVALID, "--pp: %lld does not divide the %lld devices", (long long)job->pp,
+                       (long long)W);
     if (job->dp > 0 && W % job->dp)
-        return sl_fail(SL_ERR_INVALID, "--dp: %lld does not divide the %lld devices", (long long)job->dp, (long long)W);
+        return sl_fail(SL_ERR_INVALID, "--dp: %lld does not divide the %lld devices", (long long)job->dp,
+                       (long long)W);
     lvec v = {0};
     for (int64_t tp = 1; tp <= W && tp <= 64; tp = job->tp > 0 ? W + 1 : tp * 2) {
         if (job->tp > 0) tp = job->tp;
@@ -377,8 +383,14 @@ sl_status sl_plan_enumerate(const sl_plan_model *m, const sl_plan_cluster *cl, c
                         for (int rc = 0; rc <= 1; rc++) {
                             if ((job->recompute == 1 && rc) || (job->recompute == 2 && !rc)) continue;
                             for (int64_t vpp = 1; vpp <= (pp > 1 ? 2 : 1); vpp++) {
-                                sl_plan_layout l = {.dp = dp, .tp = tp, .pp = pp, .ep = ep, .vpp = vpp,
-                                                    .micro_batch = b, .zero = z, .recompute = rc};
+                                sl_plan_layout l = {.dp = dp,
+                                                    .tp = tp,
+                                                    .pp = pp,
+                                                    .ep = ep,
+                                                    .vpp = vpp,
+                                                    .micro_batch = b,
+                                                    .zero = z,
+                                                    .recompute = rc};
                                 if (sl_plan_evaluate(m, cl, job, &l) != SL_OK) continue;
                                 sl_status st = push(&v, &l);
                                 if (st != SL_OK) {
@@ -394,16 +406,19 @@ sl_status sl_plan_enumerate(const sl_plan_model *m, const sl_plan_cluster *cl, c
     }
     if (v.n == 0) {
         /* say why with the first explicit layout's own error, if one was requested */
-        sl_plan_layout l = {.dp = job->dp > 0 ? job->dp : W / ((job->tp > 0 ? job->tp : 1) * (job->pp > 0 ? job->pp : 1)),
-                            .tp = job->tp > 0 ? job->tp : 1,
-                            .pp = job->pp > 0 ? job->pp : 1,
-                            .ep = job->ep > 0 ? job->ep : 1,
-                            .micro_batch = job->micro_batch > 0 ? job->micro_batch : 1,
-                            .zero = job->zero > 0 ? job->zero - 1 : 0};
+        sl_plan_layout l = {
+            .dp = job->dp > 0 ? job->dp : W / ((job->tp > 0 ? job->tp : 1) * (job->pp > 0 ? job->pp : 1)),
+            .tp = job->tp > 0 ? job->tp : 1,
+            .pp = job->pp > 0 ? job->pp : 1,
+            .ep = job->ep > 0 ? job->ep : 1,
+            .micro_batch = job->micro_batch > 0 ? job->micro_batch : 1,
+            .zero = job->zero > 0 ? job->zero - 1 : 0};
         sl_status st = sl_plan_evaluate(m, cl, job, &l);
-        if (st == SL_OK) st = sl_fail(SL_ERR_INVALID, "plan: no layout of %lld devices is consistent with the "
-                                                      "model and --global-batch %lld",
-                                      (long long)W, (long long)job->global_batch);
+        if (st == SL_OK)
+            st = sl_fail(SL_ERR_INVALID,
+                         "plan: no layout of %lld devices is consistent with the "
+                         "model and --global-batch %lld",
+                         (long long)W, (long long)job->global_batch);
         return st;
     }
     qsort(v.v, (size_t)v.n, sizeof *v.v, cmp_layout);

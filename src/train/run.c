@@ -267,7 +267,9 @@ static sl_status agree_usr1(const sl_train_job *j, int *stop) {
 /* the checkpoint of step `done` before a requeue exit */
 static sl_status usr1_checkpoint(sl_train_job *j, int64_t done, const sl_train_callbacks *cb) {
     if (!j->ckw) {
-        if (j->out) fprintf(j->out, "SIGUSR1 after step %lld: no --save-interval, so no checkpoint\n", (long long)done);
+        if (j->out)
+            fprintf(j->out, "SIGUSR1 after step %lld: no --save-interval, so no checkpoint\n",
+                    (long long)done);
         return SL_OK;
     }
     if (j->pending_step >= 0 && j->pending_step != done) SL_TRY(ckpt_poll(j, 1, cb));

@@ -18,10 +18,19 @@
 #include "testutil.h"
 
 static sl_plan_cluster local_cluster(int64_t devices) {
-    sl_plan_cluster cl = {.hosts = 1, .devices_per_host = devices, .peak_flops = 1e11, .gemm_efficiency = 0.8,
-                          .mem_bw_Bps = 1.5e10, .mem_bytes = 1e10, .mem_reserve = 0.05,
-                          .intra = {1e-6, 5e9}, .inter = {1e-6, 5e9}, .mtbf_hours = 1000,
-                          .ckpt_write_Bps = 2.5e8, .ckpt_read_Bps = 4e8, .restart_sec = 5};
+    sl_plan_cluster cl = {.hosts = 1,
+                          .devices_per_host = devices,
+                          .peak_flops = 1e11,
+                          .gemm_efficiency = 0.8,
+                          .mem_bw_Bps = 1.5e10,
+                          .mem_bytes = 1e10,
+                          .mem_reserve = 0.05,
+                          .intra = {1e-6, 5e9},
+                          .inter = {1e-6, 5e9},
+                          .mtbf_hours = 1000,
+                          .ckpt_write_Bps = 2.5e8,
+                          .ckpt_read_Bps = 4e8,
+                          .restart_sec = 5};
     snprintf(cl.launcher, sizeof cl.launcher, "run");
     return cl;
 }
@@ -37,16 +46,46 @@ typedef struct {
 } rank_job;
 
 static const sl_gpt2_config GCFG = {3, 4, 64, 96, 32};
-static const sl_llama_config LCFG = {.arch = SL_ARCH_LLAMA, .n_layer = 2, .n_head = 4, .n_kv_head = 2,
-                                     .head_dim = 16, .hidden = 64, .intermediate = 160, .vocab_size = 128,
-                                     .max_seq_len = 32, .rms_eps = 1e-5f, .rope_theta = 10000.0f};
+static const sl_llama_config LCFG = {.arch = SL_ARCH_LLAMA,
+                                     .n_layer = 2,
+                                     .n_head = 4,
+                                     .n_kv_head = 2,
+                                     .head_dim = 16,
+                                     .hidden = 64,
+                                     .intermediate = 160,
+                                     .vocab_size = 128,
+                                     .max_seq_len = 32,
+                                     .rms_eps = 1e-5f,
+                                     .rope_theta = 10000.0f};
 
 static sl_plan_model plan_model(int llama) {
     if (llama)
-        return (sl_plan_model){"llama", SL_PLAN_LLAMA, LCFG.n_layer, LCFG.hidden, LCFG.n_head, LCFG.n_kv_head,
-                               LCFG.head_dim, LCFG.intermediate, LCFG.vocab_size, LCFG.max_seq_len, 0, 0, 0};
-    return (sl_plan_model){"gpt2", SL_PLAN_GPT2, GCFG.n_layer, GCFG.n_embd, GCFG.n_head, GCFG.n_head,
-                           GCFG.n_embd / GCFG.n_head, 4 * GCFG.n_embd, GCFG.vocab_size, GCFG.max_seq_len, 1, 0, 0};
+        return (sl_plan_model){"llama",
+                               SL_PLAN_LLAMA,
+                               LCFG.n_layer,
+                               LCFG.hidden,
+                               LCFG.n_head,
+                               LCFG.n_kv_head,
+                               LCFG.head_dim,
+                               LCFG.intermediate,
+                               LCFG.vocab_size,
+                               LCFG.max_seq_len,
+                               0,
+                               0,
+                               0};
+    return (sl_plan_model){"gpt2",
+                           SL_PLAN_GPT2,
+                           GCFG.n_layer,
+                           GCFG.n_embd,
+                           GCFG.n_head,
+                           GCFG.n_head,
+                           GCFG.n_embd / GCFG.n_head,
+                           4 * GCFG.n_embd,
+                           GCFG.vocab_size,
+                           GCFG.max_seq_len,
+                           1,
+                           0,
+                           0};
 }
 
 static void *run_rank(void *arg) {
@@ -58,8 +97,8 @@ static void *run_rank(void *arg) {
     j->st = j->llama ? sl_llama_new(&LCFG, &m) : sl_gpt2_new(&GCFG, &m);
     if (j->st != SL_OK) return NULL;
     int n = j->world ? sl_comm_size(j->world) : 1;
-    sl_trainer_config tc = {.B = j->B, .T = j->T, .accum = j->accum, .dp_size = n, .lr = 1e-3f,
-                            .hp = {0.9f, 0.95f, 1e-8f, 0.1f}};
+    sl_trainer_config tc = {
+        .B = j->B, .T = j->T, .accum = j->accum, .dp_size = n, .lr = 1e-3f, .hp = {0.9f, 0.95f, 1e-8f, 0.1f}};
     if ((j->st = sl_trainer_init(&tr, m, &tc)) != SL_OK) goto out_model;
     j->numel = m->numel;
     j->real_act = (double)tr.plan.planned_bytes;
@@ -90,7 +129,12 @@ static void check_memory(int llama, int n, int zero, int accum, int B, int T, in
     pthread_t th[4];
     if (n > 1) TU_CHECK(sl_comm_init_loopback(n, comms, NULL) == SL_OK, "loopback: %s", sl_errmsg());
     for (int r = 0; r < n; r++) {
-        jobs[r] = (rank_job){.world = comms[r], .llama = llama, .zero = zero, .accum = accum, .B = B, .T = T,
+        jobs[r] = (rank_job){.world = comms[r],
+                             .llama = llama,
+                             .zero = zero,
+                             .accum = accum,
+                             .B = B,
+                             .T = T,
                              .bucket = bucket};
         pthread_create(&th[r], NULL, run_rank, &jobs[r]);
     }
@@ -109,8 +153,8 @@ static void check_memory(int llama, int n, int zero, int accum, int B, int T, in
     double et = l.mem.total / j->real_total - 1.0, ea = l.mem.activations / j->real_act - 1.0;
     printf("memory %-5s dp %d zero %d accum %d B %d T %2d: plan %9.0f real %9.0f B (%+.2f%%) | activations "
            "%8.0f vs %8.0f (%+.2f%%)",
-           md.name, n, zero, accum, B, T, l.mem.total, j->real_total, 100 * et, l.mem.activations, j->real_act,
-           100 * ea);
+           md.name, n, zero, accum, B, T, l.mem.total, j->real_total, 100 * et, l.mem.activations,
+           j->real_act, 100 * ea);
     if (n > 1)
         printf(" | params %.0f/%zu slots %.0f/%zu grads %.0f/%zu shard %.0f/%zu optim %.0f/%zu", l.mem.params,
                j->mem.param_bytes, l.mem.slots, j->mem.slot_bytes, l.mem.grads, j->mem.grad_bytes,
@@ -138,8 +182,15 @@ static void test_failures(void) {
     double ty = sl_plan_young_interval(60, 3600), td = sl_plan_daly_interval(60, 3600);
     TU_CHECK(fabs(ty - 657.3) < 0.1, "Young: sqrt(2 * 60 * 3600) = 657.3, got %g", ty);
     TU_CHECK(td > 600 && td < ty, "Daly's interval %.1f: below Young's %.1f minus delta's share", td, ty);
-    sl_plan_sim_opts o = {.work_sec = 20000 * 3600.0, .interval_sec = ty, .hosts = 100, .host_mtbf_sec = 360000,
-                          .save_sec = 60, .restore_sec = 120, .spares = 1 << 30, .repair_sec = 0, .seed = 7};
+    sl_plan_sim_opts o = {.work_sec = 20000 * 3600.0,
+                          .interval_sec = ty,
+                          .hosts = 100,
+                          .host_mtbf_sec = 360000,
+                          .save_sec = 60,
+                          .restore_sec = 120,
+                          .spares = 1 << 30,
+                          .repair_sec = 0,
+                          .seed = 7};
     sl_plan_sim_result r, r2;
     TU_CHECK(sl_plan_simulate(&o, &r) == SL_OK, "simulate: %s", sl_errmsg());
     double g = sl_plan_expected_goodput(&ck, ty);
@@ -166,11 +217,12 @@ static void test_failures(void) {
     o.interval_sec = td;
     sl_plan_simulate(&o, &r);
     g_daly = r.goodput;
-    printf("failures: simulated optimum %.1f s (%.2fx Daly), goodput %.4f; at Daly's interval %.4f\n", best_tau,
-           best_tau / td, best_g, g_daly);
-    TU_CHECK(best_g - g_daly < 0.002, "Daly's interval within 0.2 points of the simulated optimum: %.4f vs %.4f",
-             g_daly, best_g);
-    TU_CHECK(best_tau > 0.5 * td && best_tau < 2 * td, "simulated optimum %.1f s near Daly's %.1f s", best_tau, td);
+    printf("failures: simulated optimum %.1f s (%.2fx Daly), goodput %.4f; at Daly's interval %.4f\n",
+           best_tau, best_tau / td, best_g, g_daly);
+    TU_CHECK(best_g - g_daly < 0.002,
+             "Daly's interval within 0.2 points of the simulated optimum: %.4f vs %.4f", g_daly, best_g);
+    TU_CHECK(best_tau > 0.5 * td && best_tau < 2 * td, "simulated optimum %.1f s near Daly's %.1f s",
+             best_tau, td);
     /* one spare, a week's repair: failures wait for hosts */
     o.spares = 1;
     o.repair_sec = 7 * 86400.0;
@@ -181,10 +233,11 @@ static void test_failures(void) {
     TU_CHECK(sl_plan_simulate(&o, &r) == SL_ERR_INVALID, "interval 0 is bad input");
 }
 
-static const char *GOOD = "{\"hosts\": 2, \"devices_per_host\": 4, \"device\": {\"peak_TFLOPs\": 100, \"memory_GiB\": 40, "
-                          "\"mem_bw_GBps\": 1000}, \"links\": {\"intra_host\": {\"alpha_us\": 2, \"beta_GBps\": 100}, "
-                          "\"inter_host\": {\"alpha_us\": 5, \"beta_GBps\": 25}}, \"reliability\": {\"host_mtbf_hours\": "
-                          "1000, \"ckpt_write_GBps\": 1, \"ckpt_read_GBps\": 2}}";
+static const char *GOOD =
+    "{\"hosts\": 2, \"devices_per_host\": 4, \"device\": {\"peak_TFLOPs\": 100, \"memory_GiB\": 40, "
+    "\"mem_bw_GBps\": 1000}, \"links\": {\"intra_host\": {\"alpha_us\": 2, \"beta_GBps\": 100}, "
+    "\"inter_host\": {\"alpha_us\": 5, \"beta_GBps\": 25}}, \"reliability\": {\"host_mtbf_hours\": "
+    "1000, \"ckpt_write_GBps\": 1, \"ckpt_read_GBps\": 2}}";
 
 static void cluster_case(const char *dir, const char *from, const char *to, const char *field) {
     char path[512], text[2048];
@@ -219,7 +272,8 @@ static void test_cluster_files(void) {
     cluster_case(d, "\"devices_per_host\": 4, ", "", "devices_per_host");
     cluster_case(d, "\"peak_TFLOPs\": 100", "\"peak_TFLOPs\": \"fast\"", "device.peak_TFLOPs");
     cluster_case(d, "\"memory_GiB\": 40, ", "", "device.memory_GiB");
-    cluster_case(d, "\"inter_host\": {\"alpha_us\": 5, \"beta_GBps\": 25}", "\"inter_host\": 3", "links.inter_host");
+    cluster_case(d, "\"inter_host\": {\"alpha_us\": 5, \"beta_GBps\": 25}", "\"inter_host\": 3",
+                 "links.inter_host");
     cluster_case(d, "\"beta_GBps\": 25", "\"beta_GBps\": 400", "links.inter_host.beta_GBps");
     cluster_case(d, "\"alpha_us\": 2", "\"alpha_us\": -1", "links.intra_host.alpha_us");
     cluster_case(d, "\"host_mtbf_hours\": 1000", "\"host_mtbf_hours\": 0", "reliability.host_mtbf_hours");
@@ -229,7 +283,8 @@ static void test_cluster_files(void) {
                  strstr(sl_errmsg(), "/nonexistent/c.json"),
              "missing file named: %s", sl_errmsg());
     sl_plan_model md;
-    TU_CHECK(sl_plan_model_load("no-such-model", &md) == SL_ERR_INVALID && strstr(sl_errmsg(), "no-such-model"),
+    TU_CHECK(sl_plan_model_load("no-such-model", &md) == SL_ERR_INVALID &&
+                 strstr(sl_errmsg(), "no-such-model"),
              "unknown model: %s", sl_errmsg());
     TU_CHECK(sl_plan_model_load("llama-70b", &md) == SL_OK && sl_plan_model_params(&md) > 69e9 &&
                  sl_plan_model_params(&md) < 72e9,

@@ -23,13 +23,14 @@ static int lines(const char *s) {
     return n;
 }
 
-/* cmd (after the CLI path, may start with VAR=x assignments in `env`) must exit 2 with one line holding `want` */
+/* cmd (after the CLI path, may start with VAR=x assignments in `env`) must exit 2 with one line holding
+ * `want` */
 static void bad(const char *env, const char *args, const char *want) {
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "%s %s %s", env ? env : "", tu_cli(), args);
     int rc = tu_run(cmd, out, sizeof out);
-    TU_CHECK(rc == 2 && lines(out) == 1 && strstr(out, want), "'%s': expected exit 2 and one line with '%s', got %d: %s",
-             args, want, rc, out);
+    TU_CHECK(rc == 2 && lines(out) == 1 && strstr(out, want),
+             "'%s': expected exit 2 and one line with '%s', got %d: %s", args, want, rc, out);
 }
 
 static void write_file(const char *path, const char *text, int exec) {
@@ -49,20 +50,23 @@ static void test_plan_bad(const char *d) {
     snprintf(args, sizeof args, "plan --model gpt3-175b --cluster %s", cl);
     bad(NULL, args, "gpt3-175b");
     snprintf(p, sizeof p, "%s/incons.json", d);
-    write_file(p,
-               "{\"hosts\": 4, \"devices_per_host\": 8, \"device\": {\"peak_TFLOPs\": 100, \"memory_GiB\": 40, "
-               "\"mem_bw_GBps\": 1000}, \"links\": {\"intra_host\": {\"alpha_us\": 2, \"beta_GBps\": 50}, "
-               "\"inter_host\": {\"alpha_us\": 5, \"beta_GBps\": 400}}, \"reliability\": {\"host_mtbf_hours\": 1000, "
-               "\"ckpt_write_GBps\": 1, \"ckpt_read_GBps\": 2}}",
-               0);
+    write_file(
+        p,
+        "{\"hosts\": 4, \"devices_per_host\": 8, \"device\": {\"peak_TFLOPs\": 100, \"memory_GiB\": 40, "
+        "\"mem_bw_GBps\": 1000}, \"links\": {\"intra_host\": {\"alpha_us\": 2, \"beta_GBps\": 50}, "
+        "\"inter_host\": {\"alpha_us\": 5, \"beta_GBps\": 400}}, \"reliability\": {\"host_mtbf_hours\": "
+        "1000, "
+        "\"ckpt_write_GBps\": 1, \"ckpt_read_GBps\": 2}}",
+        0);
     snprintf(args, sizeof args, "plan --model gpt2-124m --cluster %s", p);
     bad(NULL, args, "links.inter_host.beta_GBps");
     snprintf(p, sizeof p, "%s/nolinks.json", d);
-    write_file(p,
-               "{\"hosts\": 1, \"devices_per_host\": 8, \"device\": {\"peak_TFLOPs\": 100, \"memory_GiB\": 40, "
-               "\"mem_bw_GBps\": 1000}, \"reliability\": {\"host_mtbf_hours\": 1000, \"ckpt_write_GBps\": 1, "
-               "\"ckpt_read_GBps\": 2}}",
-               0);
+    write_file(
+        p,
+        "{\"hosts\": 1, \"devices_per_host\": 8, \"device\": {\"peak_TFLOPs\": 100, \"memory_GiB\": 40, "
+        "\"mem_bw_GBps\": 1000}, \"reliability\": {\"host_mtbf_hours\": 1000, \"ckpt_write_GBps\": 1, "
+        "\"ckpt_read_GBps\": 2}}",
+        0);
     snprintf(args, sizeof args, "plan --model gpt2-124m --cluster %s", p);
     bad(NULL, args, "links");
     snprintf(args, sizeof args, "plan --model llama-70b --cluster %s --seq-len 4096", cl);
@@ -88,8 +92,8 @@ static void test_plan_good(void) {
                         "plan --model gpt2-124m --cluster %s/configs/cluster/this-host.json --global-batch 8 "
                         "--seq-len 64 --simulate-failures --work-hours 2000",
                         SL_SOURCE_DIR);
-    TU_CHECK(rc == 0 && strstr(out, "best: ") && strstr(out, "launch: suanli run -n ") && strstr(out, "Young") &&
-                 strstr(out, "simulated optimum") && strstr(out, "runs today"),
+    TU_CHECK(rc == 0 && strstr(out, "best: ") && strstr(out, "launch: suanli run -n ") &&
+                 strstr(out, "Young") && strstr(out, "simulated optimum") && strstr(out, "runs today"),
              "plan on this host: %d: %s", rc, out);
     rc = tu_cli_run(out, sizeof out,
                     "plan --model llama-70b --cluster %s/configs/cluster/accel-10k.json --seq-len 4096 "
@@ -105,8 +109,8 @@ static void test_submit(const char *d) {
     bad(NULL, "submit --ntasks-per-node 2 --time 1:00:00 -- suanli train", "--nodes");
     bad(NULL, "submit --nodes 2 --ntasks-per-node 2 --time soon -- suanli train", "--time");
     bad(NULL, "submit --nodes 2 --ntasks-per-node 2 --time 1:00:00", "no training command");
-    snprintf(cmd, sizeof cmd, "submit --go --script %s --nodes 2 --ntasks-per-node 2 --time 1:00:00 -- suanli train",
-             script);
+    snprintf(cmd, sizeof cmd,
+             "submit --go --script %s --nodes 2 --ntasks-per-node 2 --time 1:00:00 -- suanli train", script);
     bad("PATH=/nonexistent", cmd, "sbatch not found");
     TU_CHECK(access(script, F_OK) != 0, "nothing written when sbatch is missing");
     snprintf(fake, sizeof fake, "%s/bin", d);
@@ -114,7 +118,8 @@ static void test_submit(const char *d) {
     snprintf(fake, sizeof fake, "%s/bin/sbatch", d);
     write_file(fake, "#!/bin/sh\necho \"Submitted batch job 42 ($1)\"\n", 1);
     snprintf(cmd, sizeof cmd,
-             "PATH=%s/bin:/usr/bin:/bin %s submit --go --script %s --nodes 2 --ntasks-per-node 4 --time 0-02:00:00 "
+             "PATH=%s/bin:/usr/bin:/bin %s submit --go --script %s --nodes 2 --ntasks-per-node 4 --time "
+             "0-02:00:00 "
              "-- suanli train --data-path 'my data' --save run --load run",
              d, tu_cli(), script);
     int rc = tu_run(cmd, out, sizeof out);
@@ -139,17 +144,21 @@ static void test_srun(const char *d) {
     char cmd[4096], fake[600];
     snprintf(fake, sizeof fake, "%s/bin/srun", d);
     write_file(fake, "#!/bin/sh\necho \"FAKE-SRUN $*\"\n", 1);
-    snprintf(cmd, sizeof cmd, "SLURM_JOB_ID=5 PATH=%s/bin:/usr/bin:/bin %s run -n 2 -- /bin/true x", d, tu_cli());
+    snprintf(cmd, sizeof cmd, "SLURM_JOB_ID=5 PATH=%s/bin:/usr/bin:/bin %s run -n 2 -- /bin/true x", d,
+             tu_cli());
     int rc = tu_run(cmd, out, sizeof out);
-    TU_CHECK(rc == 0 && strstr(out, "FAKE-SRUN --nodes=1 --ntasks-per-node=2 --kill-on-bad-exit=1 /bin/true x"),
+    TU_CHECK(rc == 0 &&
+                 strstr(out, "FAKE-SRUN --nodes=1 --ntasks-per-node=2 --kill-on-bad-exit=1 /bin/true x"),
              "suanli run defers to srun: %d: %s", rc, out);
     snprintf(cmd, sizeof cmd, "run -n 2 -- /bin/true");
     /* the stderr note plus the error: the error is the last line */
     snprintf(cmd, sizeof cmd, "SLURM_JOB_ID=5 PATH=/nonexistent %s run -n 2 -- /bin/true", tu_cli());
     rc = tu_run(cmd, out, sizeof out);
     TU_CHECK(rc == 2 && strstr(out, "srun cannot be run"), "Slurm without srun: %d: %s", rc, out);
-    snprintf(cmd, sizeof cmd, "SLURM_JOB_ID=5 SUANLI_RUN_NO_SRUN=1 PATH=/nonexistent %s run -n 1 --no-prefix -- /bin/echo local",
-             tu_cli());
+    snprintf(
+        cmd, sizeof cmd,
+        "SLURM_JOB_ID=5 SUANLI_RUN_NO_SRUN=1 PATH=/nonexistent %s run -n 1 --no-prefix -- /bin/echo local",
+        tu_cli());
     rc = tu_run(cmd, out, sizeof out);
     TU_CHECK(rc == 0 && strstr(out, "local"), "SUANLI_RUN_NO_SRUN=1 launches locally: %d: %s", rc, out);
 }
@@ -163,7 +172,8 @@ static void test_topo(void) {
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "HWLOC_SYNTHETIC='numa:2 core:3 pu:2' %s topo --ranks 2", tu_cli());
     rc = tu_run(cmd, out, sizeof out);
-    TU_CHECK(rc == 0 && strstr(out, "2 NUMA node(s), 6 core(s), 12 PU(s)") && strstr(out, "rank 1: NUMA node 1, cores 3 4 5"),
+    TU_CHECK(rc == 0 && strstr(out, "2 NUMA node(s), 6 core(s), 12 PU(s)") &&
+                 strstr(out, "rank 1: NUMA node 1, cores 3 4 5"),
              "HWLOC_SYNTHETIC: %d: %s", rc, out);
     rc = tu_cli_run(out, sizeof out, "topo");
     TU_CHECK(rc == 0 && strstr(out, "NUMA node"), "this host: %d: %s", rc, out);
@@ -173,8 +183,8 @@ static void test_topo(void) {
 
 static void test_usr1(const char *d) {
     char cmd[4096], run[600], metrics[700];
-    snprintf(cmd, sizeof cmd, "%s data prepare --input %s/data/tinyshakespeare.txt --output-prefix %s/tok", tu_cli(),
-             SL_SOURCE_DIR, d);
+    snprintf(cmd, sizeof cmd, "%s data prepare --input %s/data/tinyshakespeare.txt --output-prefix %s/tok",
+             tu_cli(), SL_SOURCE_DIR, d);
     TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "data prepare: %s", out);
     snprintf(run, sizeof run, "%s/run", d);
     snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
@@ -212,17 +222,21 @@ static void test_usr1(const char *d) {
     char latest[700];
     snprintf(latest, sizeof latest, "%s/latest", run);
     char *lt = NULL;
-    TU_CHECK(sl_file_read_all(latest, &lt, &n) == SL_OK && lt && !strncmp(lt, "step-", 5), "latest names a step");
+    TU_CHECK(sl_file_read_all(latest, &lt, &n) == SL_OK && lt && !strncmp(lt, "step-", 5),
+             "latest names a step");
     long step = lt ? atol(lt + 5) : 0;
     free(lt);
-    snprintf(cmd, sizeof cmd,
-             "%s train --data-path %s --num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 "
-             "--micro-batch-size 4 --train-iters %ld --threads 1 --eval-iters 1 --save %s --load %s --save-interval 1000000",
-             tu_cli(), tok, step + 2, run, run);
+    snprintf(
+        cmd, sizeof cmd,
+        "%s train --data-path %s --num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 "
+        "--micro-batch-size 4 --train-iters %ld --threads 1 --eval-iters 1 --save %s --load %s "
+        "--save-interval 1000000",
+        tu_cli(), tok, step + 2, run, run);
     int rc = tu_run(cmd, out, sizeof out);
     char want[64];
     snprintf(want, sizeof want, "at step %ld", step);
-    TU_CHECK(rc == 0 && strstr(out, "resumed from") && strstr(out, want), "requeued run resumes: %d: %s", rc, out);
+    TU_CHECK(rc == 0 && strstr(out, "resumed from") && strstr(out, want), "requeued run resumes: %d: %s", rc,
+             out);
 }
 
 int main(void) {
