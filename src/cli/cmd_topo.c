@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "cli/commands.h"
+#include "cli/topo.h"
 
 static void usage(FILE *f) {
     fprintf(f, "usage: suanli topo [--synthetic DESC] [--ranks N]\n"
@@ -26,27 +27,19 @@ static void print_caches(hwloc_topology_t t) {
     }
 }
 
-/* rank r of n: NUMA node r * nodes / n (blocks), and its share of that node's cores */
-static void print_ranks(hwloc_topology_t t, int nranks) {
-    int nodes = hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_NUMANODE);
-    if (nodes < 1) nodes = 1;
-    for (int r = 0; r < nranks; r++) {
-        int node = (int)((long long)r * nodes / nranks);
-        int first = (int)(((long long)node * nranks + nodes - 1) / nodes),
-            last = (int)(((long long)(node + 1) * nranks + nodes - 1) / nodes);
-        int on_node = last - first, idx = r - first;
-        hwloc_obj_t nd = hwloc_get_obj_by_type(t, HWLOC_OBJ_NUMANODE, (unsigned)node);
-        hwloc_const_cpuset_t cs = nd ? nd->cpuset : hwloc_topology_get_topology_cpuset(t);
-        int cores = hwloc_get_nbobjs_inside_cpuset_by_type(t, cs, HWLOC_OBJ_CORE);
-        int per = on_node > 0 && cores >= on_node ? cores / on_node : 1;
-        printf("  rank %d: NUMA node %d, cores", r, node);
-        for (int c = 0; c < per; c++) {
-            int ci = cores >= on_node ? idx * per + c : idx % (cores > 0 ? cores : 1);
-            hwloc_obj_t core = hwloc_get_obj_inside_cpuset_by_type(t, cs, HWLOC_OBJ_CORE, (unsigned)ci);
-            if (core) printf(" %u", core->logical_index);
-        }
-        printf("\n");
+static int print_ranks(const char *synthetic, int nranks) {
+    sl_rank_place *p = calloc((size_t)nranks, sizeof *p);
+    char err[512];
+    if (!p || !sl_topo_place(nranks, synthetic, p, err, sizeof err)) {
+        fprintf(stderr, "suanli topo: %s\n", p ? err : "out of memory");
+        free(p);
+        return 1;
     }
+    printf("placement of %d ranks (suanli run --bind numa):\n", nranks);
+    for (int r = 0; r < nranks; r++)
+        printf("  rank %d: NUMA node %d, cores %s (CPUs %s)\n", r, p[r].node, p[r].cores, p[r].cpus);
+    free(p);
+    return 0;
 }
 
 int sl_cmd_topo(int argc, char **argv) {
@@ -107,7 +100,6 @@ int sl_cmd_topo(int argc, char **argv) {
                hwloc_get_nbobjs_inside_cpuset_by_type(t, o->cpuset, HWLOC_OBJ_CORE), cpus);
     }
     print_caches(t);
-    if (nranks) print_ranks(t, nranks);
     hwloc_topology_destroy(t);
-    return 0;
+    return nranks ? print_ranks(synthetic, nranks) : 0;
 }

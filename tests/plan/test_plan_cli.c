@@ -4,7 +4,8 @@
  * - a plan on this host prints the best layout, its launch command, Young/Daly and the simulation;
  * - suanli submit writes an sbatch script with --requeue and --signal=B:USR1@120 and submits it with a
  *   (fake) sbatch; suanli run inside an allocation execs (a fake) srun;
- * - suanli topo shows a synthetic two-NUMA-node topology and places ranks NUMA-aware;
+ * - suanli topo shows a synthetic two-NUMA-node topology and places ranks NUMA-aware, and suanli run pins
+ *   them (and sets OMP_PROC_BIND for their threads) accordingly;
  * - SIGUSR1 to a running `suanli train` saves a checkpoint and exits 75; the next run resumes from it. */
 #include <signal.h>
 #include <string.h>
@@ -177,6 +178,19 @@ static void test_topo(void) {
              "HWLOC_SYNTHETIC: %d: %s", rc, out);
     rc = tu_cli_run(out, sizeof out, "topo");
     TU_CHECK(rc == 0 && strstr(out, "NUMA node"), "this host: %d: %s", rc, out);
+    /* the launcher binds ranks NUMA-aware on a fake two-node machine (1 core per node: CPUs 0 and 1) */
+    if (sysconf(_SC_NPROCESSORS_ONLN) >= 2) {
+        snprintf(cmd, sizeof cmd,
+                 "HWLOC_SYNTHETIC='numa:2 core:1 pu:1' %s run -n 3 --no-prefix -- sh -c 'echo \"R$RANK "
+                 "$(grep Cpus_allowed_list /proc/self/status | cut -f2) $OMP_PROC_BIND\"'",
+                 tu_cli());
+        rc = tu_run(cmd, out, sizeof out);
+        TU_CHECK(rc == 0 && strstr(out, "R0 0 close") && strstr(out, "R1 0 close") &&
+                     strstr(out, "R2 1 close"),
+                 "suanli run --bind auto on two NUMA nodes: ranks 0, 1 on node 0 (CPU 0), rank 2 on node 1: "
+                 "%d: %s",
+                 rc, out);
+    }
     bad(NULL, "topo --synthetic 'numa:x'", "--synthetic");
     bad(NULL, "topo --ranks 0", "--ranks");
 }
