@@ -88,6 +88,10 @@ typedef struct sl_plan_layout {
 
 /* Cluster file (JSON; configs/cluster/). Every error names the file and the field. */
 sl_status sl_plan_cluster_load(const char *path, sl_plan_cluster *cl);
+/* Take the checkpoint write bandwidth and the restore time from a `bench/ckpt.sh --json` record (ckpt_mib,
+ * write_mb_s, kill_to_training_s): the measured save and restore of suanli's own checkpoints. The read
+ * bandwidth is set so that restart_sec + ckpt_mib / read = kill_to_training_s. */
+sl_status sl_plan_cluster_apply_ckpt_bench(sl_plan_cluster *cl, const char *path);
 /* A builtin name (gpt2-124m, gpt2-tiny, llama-7b, llama-70b, ...), a Hugging Face model dir or its
  * config.json, or a `suanli train` config JSON (num_layers, hidden_size, num_attention_heads,
  * vocab_size, seq_length). */

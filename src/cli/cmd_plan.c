@@ -11,7 +11,7 @@
 #include "suanli/plan.h"
 
 typedef struct {
-    const char *model, *cluster, *recompute, *data;
+    const char *model, *cluster, *recompute, *data, *ckpt_bench;
     int64_t global_batch, seq_len, devices, tp, pp, ep, dp, mb, zero, bucket, top, threads, spares, seed;
     double mtbf_hours, save_sec, restore_sec, interval_sec, work_hours, repair_hours;
     int probe, json, simulate;
@@ -45,6 +45,8 @@ static int plan_flags(plan_args *a, sl_flag *f) {
         {"save-sec", SL_FLAG_FLOAT, &a->save_sec, 0, 1e9,
          "measured checkpoint save time (default: size / bw)", 0},
         {"restore-sec", SL_FLAG_FLOAT, &a->restore_sec, 0, 1e9, "measured restart + restore time", 0},
+        {"ckpt-bench", SL_FLAG_STR, &a->ckpt_bench, 0, 0,
+         "bench/ckpt.sh --json record: measured checkpoint write bandwidth and restore time", 0},
         {"simulate-failures", SL_FLAG_BOOL, &a->simulate, 0, 0, "discrete-event simulation of a long run", 0},
         {"interval-sec", SL_FLAG_FLOAT, &a->interval_sec, 1e-3, 1e12, "checkpoint interval (default: Daly's)",
          0},
@@ -127,9 +129,7 @@ static void launch_command(const plan_args *a, const sl_plan_model *md, const sl
     else
         printf("launch: suanli run -n %lld --max-restarts 3 -- %s\n", (long long)per, train);
     if (!l->runnable)
-        printf("note: this layout uses %s, which suanli train does not run yet (model-only); the best layout "
-               "that "
-               "runs today is listed with 'runs today'\n",
+        printf("note: this layout uses %s, which suanli train does not run yet (model-only)\n",
                l->recompute ? "recomputation" : "tensor/pipeline/expert parallelism");
 }
 
@@ -290,6 +290,10 @@ int sl_cmd_plan(int argc, char **argv) {
         fprintf(stderr, "suanli plan: %s\n", sl_errmsg());
         return 2;
     }
+    if (a.ckpt_bench && sl_plan_cluster_apply_ckpt_bench(&cl, a.ckpt_bench) != SL_OK) {
+        fprintf(stderr, "suanli plan: %s\n", sl_errmsg());
+        return 2;
+    }
     if (a.probe && calibrate(&a, &cl)) return 1;
     int64_t W = a.devices > 0 ? a.devices : cl.hosts * cl.devices_per_host;
     int64_t T = a.seq_len > 0 ? a.seq_len : (md.max_seq < 2048 ? md.max_seq : 2048);
@@ -341,8 +345,9 @@ int sl_cmd_plan(int argc, char **argv) {
         if (v[i].fits && v[i].runnable) best_run = i;
     if (best_run >= a.top) layout_line(&v[best_run], best_run + 1);
     if (best_run < 0)
-        printf("(no layout that suanli train runs today -- data parallelism and ZeRO only, no recomputation -- "
-               "fits)\n");
+        printf(
+            "(no layout that suanli train runs today -- data parallelism and ZeRO only, no recomputation -- "
+            "fits)\n");
     const sl_plan_layout *b = &v[0];
     printf("best: dp %lld tp %lld pp %lld ep %lld%s, micro-batch %lld x %lld, ZeRO-%d, recompute %s: %.4f "
            "s/step, "
@@ -355,6 +360,12 @@ int sl_cmd_plan(int argc, char **argv) {
     advise(&a, &md, &cl, b, &ad);
     launch_command(&a, &md, &cl, b, T, job.global_batch,
                    (int64_t)fmax(1.0, round(ad.tau_daly / b->step_sec)));
+    if (!b->runnable && best_run >= 0) {
+        printf("best layout suanli runs today (rank %d, %.4f s/step, %.2f GiB per device):\n", best_run + 1,
+               v[best_run].step_sec, v[best_run].mem.total / 1073741824.0);
+        launch_command(&a, &md, &cl, &v[best_run], T, job.global_batch,
+                       (int64_t)fmax(1.0, round(ad.tau_daly / v[best_run].step_sec)));
+    }
     int ret = a.simulate ? simulate(&a, &ad) : 0;
     free(v);
     return ret;

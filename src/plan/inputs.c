@@ -124,6 +124,27 @@ sl_status sl_plan_cluster_load(const char *path, sl_plan_cluster *cl) {
     return st;
 }
 
+sl_status sl_plan_cluster_apply_ckpt_bench(sl_plan_cluster *cl, const char *path) {
+    cJSON *root;
+    if (sl_json_read_object(path, &root) != SL_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", sl_errmsg());
+        return sl_fail(SL_ERR_INVALID, "--ckpt-bench: %s", msg);
+    }
+    double mib = 0, wmbs = 0, back = 0;
+    sl_status st = num(root, path, "", "ckpt_mib", 1e-6, 1e12, NAN, &mib);
+    if (st == SL_OK) st = num(root, path, "", "write_mb_s", 1e-6, 1e9, NAN, &wmbs);
+    if (st == SL_OK) st = num(root, path, "", "kill_to_training_s", 0, 1e9, NAN, &back);
+    cJSON_Delete(root);
+    if (st != SL_OK) return st;
+    cl->ckpt_write_Bps = wmbs * 1e6;
+    double read_sec =
+        back - cl->restart_sec; /* the rest of kill -> training again is reading the checkpoint */
+    if (read_sec < 0.1 * back) read_sec = 0.1 * back;
+    cl->ckpt_read_Bps = mib * 1048576.0 / read_sec;
+    return SL_OK;
+}
+
 /* ---- models ---- */
 
 typedef struct {

@@ -86,6 +86,25 @@ static void test_plan_bad(const char *d) {
     bad(NULL, args, "--zero");
     snprintf(args, sizeof args, "plan --model gpt2-124m --cluster %s --nonsense 1", cl);
     bad(NULL, args, "--nonsense");
+    snprintf(args, sizeof args, "plan --model gpt2-124m --cluster %s --ckpt-bench %s/nonexistent.json", cl,
+             d);
+    bad(NULL, args, "nonexistent.json");
+    snprintf(p, sizeof p, "%s/ckpt.json", d);
+    write_file(p, "{\"bench\": \"ckpt\", \"ckpt_mib\": 38, \"write_mb_s\": 237}", 0);
+    snprintf(args, sizeof args, "plan --model gpt2-124m --cluster %s --ckpt-bench %s", cl, p);
+    bad(NULL, args, "kill_to_training_s");
+    write_file(p, "{\"bench\": \"ckpt\", \"ckpt_mib\": 38, \"write_mb_s\": 237, \"kill_to_training_s\": 6.5}",
+               0);
+    snprintf(args, sizeof args,
+             "plan --model gpt2-124m --cluster %s --ckpt-bench %s --global-batch 8 --seq-len 64 "
+             "--simulate-failures "
+             "--mtbf-hours 2 --work-hours 100",
+             cl, p);
+    int rc = tu_cli_run(out, sizeof out, "%s", args);
+    /* 124M: 1.39 GiB at 237 MB/s = 6.3 s; restore = 5 s restart + 1.39 GiB at 38 MiB / 1.5 s = 61 s */
+    TU_CHECK(rc == 0 && strstr(out, "save 6.3 s") && strstr(out, "restore 61.") &&
+                 strstr(out, "simulated optimum") && strstr(out, "best layout suanli runs today"),
+             "--ckpt-bench: %d: %s", rc, out);
 }
 
 static void test_plan_good(void) {
