@@ -326,6 +326,14 @@ static void test_model_only(void) {
     }
 }
 
+static void test_probe(void) {
+    double gf = 0, bw = 0;
+    TU_CHECK(sl_plan_probe(1, &gf, &bw) == SL_OK, "probe: %s", sl_errmsg());
+    printf("probe: GEMM %.1f GFLOP/s, copy %.1f GB/s (1 thread)\n", gf / 1e9, bw / 1e9);
+    TU_CHECK(gf > 1e9 && gf < 1e13 && bw > 1e9 && bw < 1e13, "probe numbers are plausible: %g FLOP/s, %g B/s",
+             gf, bw);
+}
+
 int main(void) {
     setenv("SUANLI_COMM_ALGO", "direct", 1);
     sl_threads_set(1);
@@ -333,5 +341,6 @@ int main(void) {
     test_failures();
     test_cluster_files();
     test_model_only();
+    test_probe();
     return tu_finish("test_plan");
 }
