@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "cli/topo.h"
 #include "launch/launch.h"
 
@@ -36,6 +37,12 @@ static void usage(FILE *f) {
 static int defer_to_srun(const sl_launch_opts *o, char **prog) {
     const char *job = getenv("SLURM_JOB_ID"), *no = getenv("SUANLI_RUN_NO_SRUN");
     if (!job || getenv("SLURM_STEP_ID") || (no && strcmp(no, "0"))) return 0;
+    char srun[4096];
+    if (!sl_cli_find_in_path("srun", srun, sizeof srun)) {
+        fprintf(stderr, "suanli run: SLURM_JOB_ID is set but srun is not in PATH (is Slurm installed?); set "
+                        "SUANLI_RUN_NO_SRUN=1 to launch locally\n");
+        return 2;
+    }
     int n = 0;
     while (prog[n]) n++;
     char **av = calloc((size_t)n + 5, sizeof(char *));
@@ -51,7 +58,7 @@ static int defer_to_srun(const sl_launch_opts *o, char **prog) {
     fprintf(stderr, "suanli run: inside Slurm job %s: exec srun %s %s --kill-on-bad-exit=1 %s ...%s\n", job,
             nodes, tasks, prog[0], o->max_restarts ? " (--max-restarts is left to the job's --requeue)" : "");
     fflush(stderr);
-    execvp("srun", av);
+    execv(srun, av);
     fprintf(stderr, "suanli run: SLURM_JOB_ID is set but srun cannot be run (is Slurm installed?); "
                     "set SUANLI_RUN_NO_SRUN=1 to launch locally\n");
     free(av);

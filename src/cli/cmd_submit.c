@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "suanli/base.h"
 
 static void usage(FILE *f) {
@@ -57,21 +58,6 @@ static void shell_word(FILE *f, const char *s) {
             fputc(*p, f);
     }
     fputc('\'', f);
-}
-
-static int find_in_path(const char *prog, char *out, size_t cap) {
-    const char *path = getenv("PATH");
-    if (!path) return 0;
-    while (*path) {
-        const char *e = strchr(path, ':');
-        size_t n = e ? (size_t)(e - path) : strlen(path);
-        if (n > 0 && n + strlen(prog) + 2 < cap) {
-            snprintf(out, cap, "%.*s/%s", (int)n, path, prog);
-            if (access(out, X_OK) == 0) return 1;
-        }
-        path += n + (e ? 1 : 0);
-    }
-    return 0;
 }
 
 typedef struct {
@@ -188,7 +174,7 @@ int sl_cmd_submit(int argc, char **argv) {
         return 2;
     }
     char sbatch[4096];
-    if (a.go && !find_in_path("sbatch", sbatch, sizeof sbatch)) { /* before writing anything */
+    if (a.go && !sl_cli_find_in_path("sbatch", sbatch, sizeof sbatch)) { /* before writing anything */
         fprintf(stderr,
                 "suanli submit: --go: sbatch not found in PATH (is Slurm installed?); nothing submitted\n");
         return 2;
