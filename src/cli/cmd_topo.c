@@ -12,9 +12,10 @@
 #include "cli/topo.h"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: suanli topo [--synthetic DESC] [--ranks N]\n"
+    fprintf(f, "usage: suanli topo [--synthetic DESC] [--ranks N] [--export-xml FILE]\n"
                "  prints the host, NUMA nodes (memory, cores, PUs) and caches (hwloc; HWLOC_XMLFILE and\n"
-               "  HWLOC_SYNTHETIC are honoured). --ranks N: the NUMA-aware CPU block of each of N ranks.\n");
+               "  HWLOC_SYNTHETIC are honoured). --ranks N: the NUMA-aware CPU block of each of N ranks.\n"
+               "  --export-xml FILE: write the topology as hwloc XML (for HWLOC_XMLFILE elsewhere).\n");
 }
 
 static void print_caches(hwloc_topology_t t) {
@@ -43,13 +44,16 @@ static int print_ranks(const char *synthetic, int nranks) {
 }
 
 int sl_cmd_topo(int argc, char **argv) {
-    const char *synthetic = NULL;
+    const char *synthetic = NULL, *xml_out = NULL;
     int nranks = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
+        } else if (!strcmp(a, "--export-xml") && v) {
+            xml_out = v;
+            i++;
         } else if (!strcmp(a, "--synthetic") && v) {
             synthetic = v;
             i++;
@@ -79,6 +83,11 @@ int sl_cmd_topo(int argc, char **argv) {
     }
     if (hwloc_topology_load(t) != 0) {
         fprintf(stderr, "suanli topo: hwloc could not load the topology (HWLOC_XMLFILE?)\n");
+        hwloc_topology_destroy(t);
+        return 2;
+    }
+    if (xml_out && hwloc_topology_export_xml(t, xml_out, 0) != 0) {
+        fprintf(stderr, "suanli topo: --export-xml: cannot write '%s'\n", xml_out);
         hwloc_topology_destroy(t);
         return 2;
     }

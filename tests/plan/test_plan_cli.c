@@ -184,7 +184,7 @@ static void test_srun(const char *d) {
     TU_CHECK(rc == 0 && strstr(out, "local"), "SUANLI_RUN_NO_SRUN=1 launches locally: %d: %s", rc, out);
 }
 
-static void test_topo(void) {
+static void test_topo(const char *d) {
     int rc = tu_cli_run(out, sizeof out, "topo --synthetic 'pack:1 numa:2 core:2 pu:1' --ranks 4");
     TU_CHECK(rc == 0 && strstr(out, "2 NUMA node(s), 4 core(s)") && strstr(out, "rank 0: NUMA node 0") &&
                  strstr(out, "rank 1: NUMA node 0") && strstr(out, "rank 2: NUMA node 1") &&
@@ -196,6 +196,16 @@ static void test_topo(void) {
     TU_CHECK(rc == 0 && strstr(out, "2 NUMA node(s), 6 core(s), 12 PU(s)") &&
                  strstr(out, "rank 1: NUMA node 1, cores 3 4 5"),
              "HWLOC_SYNTHETIC: %d: %s", rc, out);
+    /* the same through an XML file (HWLOC_XMLFILE) */
+    snprintf(cmd, sizeof cmd, "%s topo --synthetic 'pack:2 numa:1 l3:1 core:4 pu:2' --export-xml %s/t.xml",
+             tu_cli(), d);
+    rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 0, "export xml: %d: %s", rc, out);
+    snprintf(cmd, sizeof cmd, "HWLOC_XMLFILE=%s/t.xml %s topo --ranks 4", d, tu_cli());
+    rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 0 && strstr(out, "2 package(s), 2 NUMA node(s), 8 core(s), 16 PU(s)") &&
+                 strstr(out, "rank 2: NUMA node 1, cores 4 5 (CPUs 8-11)"),
+             "HWLOC_XMLFILE: %d: %s", rc, out);
     rc = tu_cli_run(out, sizeof out, "topo");
     TU_CHECK(rc == 0 && strstr(out, "NUMA node"), "this host: %d: %s", rc, out);
     /* the launcher binds ranks NUMA-aware on a fake two-node machine (1 core per node: CPUs 0 and 1) */
@@ -281,7 +291,7 @@ int main(void) {
     test_plan_good();
     test_submit(d);
     test_srun(d);
-    test_topo();
+    test_topo(d);
     test_usr1(d);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", d);
