@@ -38,7 +38,9 @@
 
 #include "suanli/plan.h"
 
-enum { ELEM_TRAFFIC_X10 = 30 }; /* elementwise bytes moved per step = 3.0 x planned activation bytes */
+/* elementwise bytes moved per micro-batch = 8.0 x the planned activation bytes: fitted on two runs on this host
+ * (GPT-2 L4 C256 T64, B = 8 and 32, 1 process, 2026-12-01 20:28 UTC, BENCHMARKS.md "Layout planner") */
+enum { ELEM_TRAFFIC_X10 = 80 };
 
 /* ---- parameters ---- */
 
