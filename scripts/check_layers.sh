@@ -21,6 +21,7 @@ graph:     ops device base
 data:      base
 formats:   base
 nn:        formats data graph
+plan:      nn
 optim:     nn
 parallel:  optim comm
 ckpt:      parallel formats
@@ -53,6 +54,7 @@ hf_gpt2.h:       nn
 parallel.h:      parallel
 ckpt.h:          ckpt
 train.h:         train
+plan.h:          plan
 ckpt_trainer.h:  train
 metrics.h:       train
 '

@@ -30,6 +30,7 @@
 #include "suanli/ops.h"
 #include "suanli/optim.h"
 #include "suanli/parallel.h"
+#include "suanli/plan.h"
 #include "suanli/safetensors.h"
 #include "suanli/tensor.h"
 #include "suanli/train.h"

@@ -262,9 +262,15 @@ typedef struct sl_train_result {
     int64_t resumed_step; /* the checkpoint step resumed from; -1: none */
     float loss, val_loss; /* last step's training loss; last val loss (NaN if none) */
     double seconds;       /* wall time of the step loop */
+    int requeue;          /* stopped by SIGUSR1 after a checkpoint (no final save): exit SL_EXIT_REQUEUE */
 } sl_train_result;
 
-/* Runs the whole job: the inputs are checked (and every rank's options compared) before anything is
+/* `suanli train`'s exit status after SIGUSR1 (EX_TEMPFAIL): checkpoint committed, requeue the job. */
+#define SL_EXIT_REQUEUE 75
+
+/* SIGUSR1 during the run: checkpoint at the end of the current step and return with result->requeue = 1
+ * (Note [SIGUSR1: checkpoint and exit for requeue] in src/train/run.c).
+ * Runs the whole job: the inputs are checked (and every rank's options compared) before anything is
  * written; then the step loop with eval, metrics, checkpoints and fault hooks (SUANLI_FAULT_KILL_AT_STEP,
  * SUANLI_FAULT_HANG_AT_STEP, SUANLI_FAULT_RANK; docs/ENV.md), the final save and the sample.
  * Returns SL_ERR_INVALID exactly when the options or the files they name are bad (nothing was written);

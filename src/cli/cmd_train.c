@@ -165,8 +165,9 @@ int sl_cmd_train(int argc, char **argv) {
         fprintf(stderr, "suanli train: %s\n", sl_errmsg());
         return 2;
     }
-    sl_status st = sl_train_run(&o, NULL, NULL);
-    if (st == SL_OK) return 0;
+    sl_train_result r;
+    sl_status st = sl_train_run(&o, NULL, &r);
+    if (st == SL_OK) return r.requeue ? SL_EXIT_REQUEUE : 0;
     fprintf(stderr, "suanli train: %s\n", sl_errmsg());
     return st == SL_ERR_INVALID ? 2 : 1;
 }

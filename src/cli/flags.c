@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <math.h>
 #include <string.h>
+#include <unistd.h>
 
 static sl_flag *find(sl_flag *flags, int n, const char *name, size_t len) {
     for (int i = 0; i < n; i++)
@@ -151,4 +152,19 @@ void sl_flags_usage(const sl_flag *flags, int n, FILE *f) {
         snprintf(left, sizeof left, "--%s %s", flags[i].name, t);
         fprintf(f, "  %-34s %s\n", left, flags[i].help);
     }
+}
+
+int sl_cli_find_in_path(const char *prog, char *out, size_t cap) {
+    const char *path = getenv("PATH");
+    if (!path) return 0;
+    while (*path) {
+        const char *e = strchr(path, ':');
+        size_t n = e ? (size_t)(e - path) : strlen(path);
+        if (n > 0 && n + strlen(prog) + 2 < cap) {
+            snprintf(out, cap, "%.*s/%s", (int)n, path, prog);
+            if (access(out, X_OK) == 0) return 1;
+        }
+        path += n + (e ? 1 : 0);
+    }
+    return 0;
 }

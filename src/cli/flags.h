@@ -2,6 +2,7 @@
  * keys are the flag names (with '-' or '_'). Every error is one line naming the flag or key. */
 #ifndef SL_CLI_FLAGS_H
 #define SL_CLI_FLAGS_H
+#include <stddef.h>
 #include <stdint.h>
 
 #include "suanli/base.h"
@@ -23,4 +24,6 @@ typedef struct sl_flag {
 sl_status sl_flags_parse(sl_flag *flags, int n, int argc, char **argv, int first);
 void sl_flags_usage(const sl_flag *flags, int n, FILE *f);
 const sl_flag *sl_flags_find(const sl_flag *flags, int n, const char *name);
+/* The first executable PROG in $PATH into out; 0 when there is none. */
+int sl_cli_find_in_path(const char *prog, char *out, size_t cap);
 #endif

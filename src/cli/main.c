@@ -18,6 +18,10 @@ static void usage(FILE *f) {
         "  plot      loss, val loss, tokens/s, lr of runs into an SVG: suanli plot RUN_DIR... [--output F]\n"
         "  convert   model formats: HF dir -> HF safetensors (f32|bf16); GPT-2 HF <-> suanli (--from/--to)\n"
         "  devices   backends and the devices present (--device NAME or NAME:N)\n"
+        "  plan      rank parallel layouts of a model on a cluster: --model M --cluster C.json "
+        "[--simulate-failures]\n"
+        "  topo      hosts, NUMA nodes, cores and caches this process sees (hwloc)\n"
+        "  submit    write (--go: submit) an sbatch script for a training command\n"
         "run 'suanli <command> --help' for its flags\n");
 }
 
@@ -40,6 +44,9 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "convert")) return sl_cmd_convert(argc - 1, argv + 1);
     if (!strcmp(c, "plot")) return sl_cmd_plot(argc - 1, argv + 1);
     if (!strcmp(c, "devices")) return sl_cmd_devices(argc - 1, argv + 1);
+    if (!strcmp(c, "plan")) return sl_cmd_plan(argc - 1, argv + 1);
+    if (!strcmp(c, "topo")) return sl_cmd_topo(argc - 1, argv + 1);
+    if (!strcmp(c, "submit")) return sl_cmd_submit(argc - 1, argv + 1);
     fprintf(stderr, "suanli: unknown command '%s'\n", c);
     usage(stderr);
     return 2;

@@ -29,6 +29,30 @@
 static volatile sig_atomic_t g_sig;
 static void on_signal(int s) { g_sig = s; }
 
+/* "0-3,8,10-11" -> set; 0 when malformed or empty */
+static int parse_cpu_list(const char *s, cpu_set_t *set) {
+    CPU_ZERO(set);
+    int any = 0;
+    while (*s) {
+        char *end;
+        long a = strtol(s, &end, 10), b = a;
+        if (end == s || a < 0 || a >= CPU_SETSIZE) return 0;
+        s = end;
+        if (*s == '-') {
+            b = strtol(s + 1, &end, 10);
+            if (end == s + 1 || b < a || b >= CPU_SETSIZE) return 0;
+            s = end;
+        }
+        for (long c = a; c <= b; c++) CPU_SET((int)c, set);
+        any = 1;
+        if (*s == ',')
+            s++;
+        else if (*s)
+            return 0;
+    }
+    return any;
+}
+
 typedef struct child {
     pid_t pid;
     int rank;
@@ -135,8 +159,12 @@ static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, c
              * rank stay usable): shared-memory waits spin briefly, and two spinning ranks that the
              * kernel happens to put on one core cost ~100x in latency. n == 1: no pinning. */
             cpu_set_t allowed, mine;
-            if (o->bind && n > 1 && sched_getaffinity(0, sizeof allowed, &allowed) == 0 &&
-                CPU_COUNT(&allowed) >= n) {
+            if (o->cpu_lists && o->cpu_lists[i]) {
+                if (parse_cpu_list(o->cpu_lists[i], &mine)) sched_setaffinity(0, sizeof mine, &mine);
+                setenv("OMP_PROC_BIND", "close", 0);
+                setenv("OMP_PLACES", "cores", 0);
+            } else if (o->bind && n > 1 && sched_getaffinity(0, sizeof allowed, &allowed) == 0 &&
+                       CPU_COUNT(&allowed) >= n) {
                 int per = CPU_COUNT(&allowed) / n;
                 CPU_ZERO(&mine);
                 for (int cpu = 0, k = 0; cpu < CPU_SETSIZE; cpu++)

@@ -13,15 +13,19 @@ typedef struct sl_launch_opts {
     int node_rank;         /* this node, 0..nnodes-1 */
     char master_addr[256]; /* "" on one node: 127.0.0.1 and a free port */
     int master_port;
-    double grace_sec; /* SIGTERM -> SIGKILL delay (default 3) */
-    int max_restarts; /* restart the whole local group up to this many times after a failure */
-    int prefix;       /* prefix lines with "[rank] " (default 1) */
-    int bind;         /* 1 (and nproc > 1, enough CPUs): pin local rank i to the i-th block of
-                         allowed/nproc CPUs (like mpirun --bind-to); 0: leave it to the kernel */
-    int hosts;        /* pooled checkpoints (--ckpt-local-dir): ranks form this many "hosts" in consecutive
-                         groups, passed as SUANLI_HOSTS; 0: SUANLI_HOSTS from the environment, else every
-                         rank is its own host */
-    char **argv;      /* program and arguments, NULL-terminated (borrowed) */
+    double grace_sec;             /* SIGTERM -> SIGKILL delay (default 3) */
+    int max_restarts;             /* restart the whole local group up to this many times after a failure */
+    int prefix;                   /* prefix lines with "[rank] " (default 1) */
+    int bind;                     /* 1 (and nproc > 1, enough CPUs): pin local rank i to the i-th block of
+                                     allowed/nproc CPUs (like mpirun --bind-to); 0: leave it to the kernel */
+    const char *const *cpu_lists; /* per local rank, a CPU list ("0-3,8"; NUMA-aware placement computed by
+                                     the caller, suanli run --bind numa): pins rank i to it instead of the
+                                     block rule above, and its OpenMP threads to its cores
+                                     (OMP_PROC_BIND=close, OMP_PLACES=cores unless set); NULL: block rule */
+    int hosts;                    /* pooled checkpoints (--ckpt-local-dir): ranks form this many "hosts" in
+                                     consecutive groups, passed as SUANLI_HOSTS; 0: SUANLI_HOSTS from the
+                                     environment, else every rank is its own host */
+    char **argv;                  /* program and arguments, NULL-terminated (borrowed) */
 } sl_launch_opts;
 
 typedef struct sl_launch_result {

@@ -342,6 +342,43 @@ static void report_step(sl_train_job *j, const sl_train_progress *p, double t_st
     tb_sink_step(j, p);
 }
 
+/* Note [SIGUSR1: checkpoint and exit for requeue]
+ * Slurm's --signal=B:USR1@SEC (suanli submit; Note [Requeue on the time limit] in src/cli/cmd_submit.c)
+ * warns a job before its time limit. The handler only sets a flag; after each step the ranks agree on it
+ * (an all-reduce MAX of one int, so a rank that got the signal a step later still stops at the same step),
+ * save and commit a checkpoint of that step (when --save-interval configured a writer), and return with
+ * result->requeue = 1 without the final save or sample; `suanli train` then exits with SL_EXIT_REQUEUE. */
+static volatile sig_atomic_t g_usr1;
+static void on_usr1(int s) {
+    (void)s;
+    g_usr1 = 1;
+}
+
+static sl_status agree_usr1(const sl_train_job *j, int *stop) {
+    int32_t flag = g_usr1 != 0, agg = flag;
+    if (j->world && sl_comm_all_reduce(j->world, &flag, &agg, 1, SL_COMM_I32, SL_COMM_MAX) != SL_OK)
+        return sl_train_fail(SL_ERR_PEER, "rank %d: %s", j->mesh.rank, sl_errmsg());
+    *stop = agg != 0;
+    return SL_OK;
+}
+
+/* the checkpoint of step `done` before a requeue exit */
+static sl_status usr1_checkpoint(sl_train_job *j, int64_t done, const sl_train_callbacks *cb) {
+    if (!j->ckw) {
+        if (j->out)
+            fprintf(j->out, "SIGUSR1 after step %lld: no --save-interval, so no checkpoint\n",
+                    (long long)done);
+        return SL_OK;
+    }
+    if (j->pending_step >= 0 && j->pending_step != done) SL_TRY(ckpt_poll(j, 1, cb));
+    if (j->pending_step != done) SL_TRY(ckpt_begin(j, done));
+    SL_TRY(ckpt_poll(j, 1, cb));
+    if (j->out)
+        fprintf(j->out, "SIGUSR1 after step %lld: checkpoint step-%07lld committed; exiting for requeue\n",
+                (long long)done, (long long)done);
+    return SL_OK;
+}
+
 /* Rank 0 decides whether the time limit passed, so that all ranks stop at the same step. */
 static sl_status check_time(const sl_train_job *j, double t_start, int *timed_out) {
     double mins = j->o.exit_duration_mins;
@@ -390,7 +427,14 @@ static sl_status step_loop(sl_train_job *j, const sl_train_callbacks *cb, sl_tra
         report_step(j, &p, t_steps);
         SL_TRY(ckpt_after_step(j, step + 1, cb));
         fault_hooks(j, step + 1);
-        int stop = cb && cb->on_step && cb->on_step(cb->user, &p);
+        int stop = cb && cb->on_step && cb->on_step(cb->user, &p), usr1 = 0;
+        SL_TRY(agree_usr1(j, &usr1));
+        if (usr1) {
+            SL_TRY(usr1_checkpoint(j, step + 1, cb));
+            r->requeue = 1;
+            step++;
+            break;
+        }
         if (timed_out && j->out)
             fprintf(j->out, "stopping after %.1f minutes (--exit-duration-in-mins)\n",
                     (sl_time_sec() - t_start) / 60);
@@ -477,6 +521,11 @@ sl_status sl_train_run(const sl_train_opts *opts, const sl_train_callbacks *cb, 
     sl_train_job *j = calloc(1, sizeof *j);
     if (!j) return sl_fail(SL_ERR_NOMEM, "train: out of memory");
     double t_start = sl_time_sec();
+    struct sigaction sa = {0}, old_usr1;
+    sa.sa_handler = on_usr1;
+    sigemptyset(&sa.sa_mask);
+    g_usr1 = 0;
+    sigaction(SIGUSR1, &sa, &old_usr1); /* Note [SIGUSR1: checkpoint and exit for requeue] */
     sl_status st = sl_train_job_setup(j, opts);
     const char *tbdir = opts->log.tensorboard_dir;
     if (st == SL_OK && tbdir && j->rank0 && sl_tb_writer_open(tbdir, &j->tb) != SL_OK)
@@ -487,7 +536,8 @@ sl_status sl_train_run(const sl_train_opts *opts, const sl_train_callbacks *cb, 
         t_start = sl_time_sec();
         st = step_loop(j, cb, &r);
     }
-    if (st == SL_OK) st = finish(j, cb, &r, t_start);
+    sigaction(SIGUSR1, &old_usr1, NULL);
+    if (st == SL_OK && !r.requeue) st = finish(j, cb, &r, t_start);
     sl_tb_writer_close(j->tb);
     j->tb = NULL;
     sl_train_job_release(j, st != SL_OK);

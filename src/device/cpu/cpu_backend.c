@@ -1,4 +1,5 @@
 /* The CPU backend: host memory buffers and the per-op kernel table. */
+#include <omp.h>
 #include <string.h>
 
 #include "device/cpu/kernels/kernels.h"
@@ -61,6 +62,28 @@ static const kernel_fn k_kernels[SL_OP_COUNT] = {
     [SL_OP_MOE_EXPERT_FFN_BACK_X] = sl_k_moe_expert_ffn_back_x,
 };
 
+/* Note [First touch]
+ * Linux places a page on the NUMA node of the thread that first writes it. A buffer zeroed by the
+ * allocating thread alone would sit on one node, and the threads of the other node would read it across
+ * the interconnect for the whole run. Large buffers (parameters, gradients, moments, the activation arena)
+ * are therefore zeroed by the OpenMP team in equal contiguous page-aligned parts, thread t the t-th part:
+ * the same static partition the flat-buffer kernels (AdamW, sum of squares, scale, fill; schedule(static))
+ * use, so each thread's pages are local to it once `suanli run --bind` has pinned the rank and
+ * OMP_PROC_BIND its threads. (GEMM tiles are not partitioned that way; their reads are mostly cache-blocked.)
+ */
+static void first_touch_zero(char *p, size_t n) {
+    if (n < ((size_t)1 << 20)) {
+        memset(p, 0, n);
+        return;
+    }
+#pragma omp parallel
+    {
+        size_t nt = (size_t)omp_get_num_threads(), t = (size_t)omp_get_thread_num();
+        size_t per = ((n + nt - 1) / nt + 4095) & ~(size_t)4095, lo = per * t;
+        if (lo < n) memset(p + lo, 0, n - lo < per ? n - lo : per);
+    }
+}
+
 static sl_status cpu_alloc(sl_backend *be, size_t bytes, sl_buffer **out) {
     sl_buffer *b = calloc(1, sizeof *b);
     if (!b) return sl_fail(SL_ERR_NOMEM, "cpu backend: out of memory");
@@ -69,7 +92,7 @@ static sl_status cpu_alloc(sl_backend *be, size_t bytes, sl_buffer **out) {
         free(b);
         return sl_fail(SL_ERR_NOMEM, "cpu backend: cannot allocate %zu bytes", bytes);
     }
-    memset(b->base, 0, bytes);
+    first_touch_zero(b->base, bytes); /* Note [First touch] */
     b->size = bytes;
     b->backend = be;
     *out = b;

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Planner validation on this host (issue 15): real `suanli train` runs (1 process, and `suanli run -n 2`
+# with ZeRO 0-3), one thread per rank, against `suanli plan`'s prediction for the same layout on
+# configs/cluster/this-host.json.
+# Step time, two measurements: (a) wall: median ms_per_step of metrics.jsonl after step 1; (b) CPU: the
+# CPU seconds (user + sys, every rank, divided by the ranks) of a run of STEPS+1 steps minus those of a
+# 1-step run, per step. The host is shared by several engineers: under load (a) is inflated by waiting for
+# a core, while (b) counts only this job's own work, which is what a step costs on an idle core (a rank
+# that spin-waits in a collective counts that too). Each row gives the 1-minute load average.
+# Memory per rank: the banner's allocation sizes (params, grads, shard, optimizer, slots; one process:
+# 16 B x parameters) + the planned activation arena.
+# Usage: bench/plan_validate.sh [--steps N] [--big]   (--big adds GPT-2 L12 C768, 85M parameters)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+steps=10; big=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --steps) steps="$2"; shift 2;;
+        --big) big=1; shift;;
+        *) echo "usage: $0 [--steps N] [--big]" >&2; exit 2;;
+    esac
+done
+S=$PWD/build/suanli
+tmp=$(mktemp -d /tmp/suanli-plan-val-XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+$S data prepare --input data/tinyshakespeare.txt --output-prefix "$tmp/tok" > /dev/null
+echo "# host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) (family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | xargs) model $(grep -m1 '^model\s' /proc/cpuinfo | cut -d: -f2 | xargs)); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "| model | layout | load | wall ms/step (median) | CPU ms/step | predicted | error vs CPU | error vs wall | MiB/rank | predicted | error |"
+echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+TIMEFORMAT='%U %S'
+# run_cpu STEPS LOG CMD...: runs CMD with --train-iters STEPS, prints user+sys seconds of it and its children
+run_cpu() {
+    local n=$1 log=$2; shift 2
+    local t
+    t=$( { time "$@" --train-iters "$n" > "$log" 2>&1; } 2>&1 )
+    awk '{print $1 + $2}' <<<"$t"
+}
+one() { # L C H B n zero
+    local L=$1 C=$2 H=$3 B=$4 n=$5 z=$6 run="$tmp/run-$1-$2-$4-$5-$6"
+    local model="--num-layers $L --hidden-size $C --num-attention-heads $H"
+    local train=($S train --data-path "$tmp/tok" $model --seq-length 64 --micro-batch-size "$B" --threads 1
+                 --eval-iters 1 --eval-interval 0 --log-interval 1)
+    local zf=""; [ "$n" -gt 1 ] && zf="--zero $z"
+    local pre=(); [ "$n" -gt 1 ] && pre=($S run -n "$n" --)
+    local post=(); [ "$n" -gt 1 ] && post=(--zero-stage "$z")
+    local load; load=$(cut -d' ' -f1 /proc/loadavg)
+    local c1 cN
+    c1=$(run_cpu 1 "$run.1.log" "${pre[@]}" "${train[@]}" "${post[@]}")
+    rm -rf "$run"
+    cN=$(run_cpu $((steps + 1)) "$run.log" "${pre[@]}" "${train[@]}" "${post[@]}" --save "$run")
+    echo "{\"num_layers\": $L, \"hidden_size\": $C, \"num_attention_heads\": $H, \"vocab_size\": 256, \"seq_length\": 64}" > "$tmp/m.json"
+    $S plan --model "$tmp/m.json" --cluster configs/cluster/this-host.json --devices "$n" --dp "$n" --micro-batch "$B" \
+        --global-batch $((B * n)) --seq-len 64 --recompute none $zf --json --top 1 > "$tmp/plan.json"
+    python3 - "$run" "$tmp/plan.json" "$L" "$C" "$B" "$n" "$z" "$load" "$c1" "$cN" "$steps" <<'PY'
+import json, re, statistics, sys
+run, planf, L, C, B, n, z, load, c1, cN, steps = sys.argv[1:]
+log = open(run + ".log").read()
+ms = [json.loads(l)["ms_per_step"] for l in open(run + "/metrics.jsonl")][1:]
+wall = statistics.median(ms)
+cpu = (float(cN) - float(c1)) / int(steps) / int(n) * 1e3
+act = float(re.search(r"activation memory: planned ([0-9.]+) MiB", log).group(1))
+m = re.search(r"per rank: params ([0-9.]+) MiB, grads ([0-9.]+) MiB \(\+ ([0-9.]+) MiB reduced shard\), optimizer state ([0-9.]+) MiB(?:, slots ([0-9.]+) MiB)?", log)
+if m:
+    mem = sum(float(x) for x in m.groups() if x) + act
+else:
+    mem = 16 * float(re.search(r"\| ([0-9.]+)M params", log).group(1)) * 1e6 / 1048576 + act
+p = json.loads(open(planf).readline())
+pms, pmem = p["step_sec"] * 1e3, p["mem_total"] / 1048576
+lay = "1 process" if n == "1" else f"DP={n} ZeRO-{z}"
+print(f"| GPT-2 L{L} C{C} T64 B{B} | {lay} | {load} | {wall:.1f} | {cpu:.1f} | {pms:.1f} | {100*(pms/cpu-1):+.1f}% | {100*(pms/wall-1):+.1f}% | {mem:.1f} | {pmem:.1f} | {100*(pmem/mem-1):+.2f}% |")
+PY
+}
+one 4 256 4 8 1 0
+for z in 0 1 2 3; do one 4 256 4 8 2 "$z"; done
+one 4 256 4 32 1 0
+one 4 256 4 32 2 1
+if [ "$big" = 1 ]; then
+    one 12 768 12 4 1 0
+    for z in 0 1 2 3; do one 12 768 12 4 2 "$z"; done
+fi
+echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"

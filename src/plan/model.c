@@ -1,0 +1,430 @@
+/* The layout model: parameters and memory per device, step time, enumeration and ranking.
+ *
+ * Note [Planner memory model]
+ * The memory of a device is what suanli allocates, not a textbook formula: fp32 master parameters (4 B),
+ * fp32 gradients (4 B) and two fp32 AdamW moments (8 B) per parameter (bf16 autocast keeps f32 masters), cut
+ * by ZeRO exactly as src/parallel/dp.c cuts them: the flat buffer is split into buckets of whole parameters
+ * walked from its end (a bucket closes once it holds >= bucket_elems elements), each bucket into dp equal
+ * parts plus a < dp-element tail every rank keeps, so a shard is sum(len / dp + len % dp). Under ZeRO-2/3
+ * with one micro-batch per step the full gradient buffer is replaced by gradient slots (Note [Gradient
+ * slots] in src/parallel/zero_slots.c): GSLOT_LAG + 1 = 3 of the largest buckets in flight plus the
+ * embedding's bucket (the last to finish; a tied embedding's gradient is written at both ends of backward);
+ * ZeRO-3 adds gathered parameter buckets, modelled as 3 of the largest (min(3, buckets - 3), at least 1,
+ * when there are few buckets: fitted on suanli's schedule, see BENCHMARKS.md). The slot arena's packing is
+ * not modelled exactly (it is a greedy placement over the schedule): slots alone are within ~20 %, totals
+ * within 5 % (tests/plan/test_plan.c prints every component). Activations are
+ * sl_graph_plan's liveness-packed arena for one micro-batch, which for suanli's graphs is (fp32 floats per
+ * token) 16 C + NH per GPT-2 layer, 6 C + 4 F + 2 KV + NH per Llama layer, and 3 C + 2 V outside the
+ * layers (embedding output, final norm, logits and their gradient); fitted on sl_graph_plan and checked
+ * by tests/plan/test_plan.c within 5 %. Tensor and pipeline parallelism, expert parallelism and
+ * recomputation are model-only (suanli does not run them yet): Megatron's splits (column/row-parallel
+ * weights, vocab-parallel embedding, 1F1B keeping p micro-batches in flight on the first stage, full
+ * recomputation keeping each layer's input).
+ *
+ * Note [Planner time model]
+ * step = pipeline(compute per micro-batch x (m + (p-1)/v)) + exposed DP communication + optimizer.
+ * Compute per micro-batch = matmul FLOPs / (peak x gemm_efficiency) + elementwise traffic / memory
+ * bandwidth + TP all-reduces (4 per layer, 6 with recomputation) + EP all-to-alls (4 per MoE layer).
+ * Communication is alpha-beta per link class: a collective of n bytes over g ranks costs
+ * k(g) alpha + c(g) n / beta with ring factors (all-reduce 2(g-1)/g, all-gather/reduce-scatter
+ * (g-1)/g); an axis uses the intra-host link when its ranks lie in one host (tp innermost, then dp,
+ * then pp: rank = (pp_rank dp + dp_rank) tp + tp_rank) and the inter-host link otherwise. DP volume per
+ * step: ZeRO-0 all-reduce; ZeRO-1 all-reduce + parameter all-gather; ZeRO-2 reduce-scatter + all-gather;
+ * ZeRO-3 reduce-scatter + two all-gathers; (1 - overlap) of it is exposed. Optimizer: AdamW reads p, g,
+ * m, v and writes p, m, v (28 B) plus the norm's read (4 B) per owned parameter, at memory bandwidth. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "suanli/plan.h"
+
+/* elementwise bytes moved per micro-batch = 8.0 x the planned activation bytes: fitted on two runs on this host
+ * (GPT-2 L4 C256 T64, B = 8 and 32, 1 process, 2026-12-01 20:28 UTC, BENCHMARKS.md "Layout planner") */
+enum { ELEM_TRAFFIC_X10 = 80 };
+
+/* ---- parameters ---- */
+
+static int64_t layer_params(const sl_plan_model *m, int64_t tp, int64_t ep) {
+    int64_t C = m->hidden;
+    if (m->arch == SL_PLAN_GPT2) return (12 * C * C + 9 * C) / tp + 4 * C; /* LNs + row biases replicated */
+    int64_t qd = m->n_head * m->head_dim, kvd = m->n_kv_head * m->head_dim;
+    int64_t attn = (C * qd * 2 + C * kvd * 2) / tp;
+    int64_t mlp = 3 * C * m->ffn / tp;
+    if (m->n_experts > 0) mlp = mlp * m->n_experts / ep + C * m->n_experts;
+    return attn + mlp + 2 * C;
+}
+
+static int64_t embed_params(const sl_plan_model *m, int64_t tp) {
+    int64_t e = m->vocab * m->hidden / tp;
+    if (m->arch == SL_PLAN_GPT2) e += m->max_seq * m->hidden;
+    return e;
+}
+
+int64_t sl_plan_model_params(const sl_plan_model *m) {
+    int64_t n = m->n_layer * layer_params(m, 1, 1) + embed_params(m, 1);
+    n += m->arch == SL_PLAN_GPT2 ? 2 * m->hidden : m->hidden + (m->tied ? 0 : m->vocab * m->hidden);
+    return n;
+}
+
+double sl_plan_flops_per_token(const sl_plan_model *m, int64_t T) {
+    double C = (double)m->hidden, L = (double)m->n_layer, V = (double)m->vocab;
+    double mm; /* weights that take part in matmuls, per token (active experts only) */
+    if (m->arch == SL_PLAN_GPT2) {
+        mm = L * 12.0 * C * C + V * C;
+    } else {
+        double qd = (double)(m->n_head * m->head_dim), kvd = (double)(m->n_kv_head * m->head_dim);
+        double mlp = 3.0 * C * (double)m->ffn * (m->n_experts > 0 ? (double)m->top_k : 1.0);
+        mm = L * (2.0 * C * qd + 2.0 * C * kvd + mlp) + V * C;
+    }
+    double attn = L * 2.0 * 2.0 * (double)T * (double)(m->n_head * m->head_dim) / 2.0 * 3.0;
+    return 6.0 * mm + attn;
+}
+
+/* Parameter sizes of the largest pipeline stage in flat-buffer order (the order of src/nn's builders), for
+ * the bucket walk. Returns the count. */
+static int stage_param_list(const sl_plan_model *m, int64_t tp, int64_t pp, int64_t ep, int64_t *out,
+                            int cap) {
+    int n = 0;
+    int64_t C = m->hidden, Ls = m->n_layer / pp;
+#define PUSH(x)                                                                                              \
+    do {                                                                                                     \
+        if (n < cap) out[n++] = (x);                                                                         \
+    } while (0)
+    PUSH(m->vocab * C / tp);
+    if (m->arch == SL_PLAN_GPT2) PUSH(m->max_seq * C);
+    for (int64_t l = 0; l < Ls; l++) {
+        if (m->arch == SL_PLAN_GPT2) {
+            int64_t v[12] = {C, C, 3 * C * C / tp, 3 * C / tp, C * C / tp,     C,
+                             C, C, 4 * C * C / tp, 4 * C / tp, 4 * C * C / tp, C};
+            for (int i = 0; i < 12; i++) PUSH(v[i]);
+        } else {
+            int64_t qd = m->n_head * m->head_dim, kvd = m->n_kv_head * m->head_dim;
+            PUSH(C);
+            PUSH(qd * C / tp);
+            PUSH(kvd * C / tp);
+            PUSH(kvd * C / tp);
+            PUSH(C * qd / tp);
+            PUSH(C);
+            int64_t e = m->n_experts > 0 ? m->n_experts / ep : 1;
+            if (m->n_experts > 0) PUSH(m->n_experts * C);
+            for (int64_t k = 0; k < e; k++) {
+                PUSH(m->ffn * C / tp);
+                PUSH(m->ffn * C / tp);
+                PUSH(C * m->ffn / tp);
+            }
+        }
+    }
+    if (m->arch == SL_PLAN_GPT2) {
+        PUSH(C);
+        PUSH(C);
+    } else {
+        PUSH(C);
+        if (!m->tied) PUSH(m->vocab * C / tp);
+    }
+#undef PUSH
+    return n;
+}
+
+typedef struct {
+    double total, shard, max_bucket, first_bucket; /* elements; first: the bucket holding the embedding */
+    int n_buckets;
+} bucket_stats;
+
+/* the bucket walk of src/parallel/dp.c build_buckets */
+static void buckets(const int64_t *p, int n, int64_t bucket_elems, int64_t dp, bucket_stats *b) {
+    memset(b, 0, sizeof *b);
+    int64_t hi = 0;
+    for (int i = 0; i < n; i++) hi += p[i];
+    b->total = (double)hi;
+    int64_t off = hi;
+    for (int i = n - 1; i >= 0; i--) {
+        off -= p[i];
+        if (hi - off >= bucket_elems || i == 0) {
+            int64_t len = hi - off;
+            b->shard += (double)(len / dp + len % dp);
+            if (i == 0)
+                b->first_bucket = (double)len;
+            else if ((double)len > b->max_bucket)
+                b->max_bucket = (double)len;
+            b->n_buckets++;
+            hi = off;
+        }
+    }
+}
+
+/* ---- activations ---- */
+
+double sl_plan_activation_bytes(const sl_plan_model *m, int64_t B, int64_t T, int64_t tp, int recompute) {
+    double N = (double)(B * T), C = (double)m->hidden, NH = (double)m->n_head / (double)tp;
+    double rep, split; /* floats per token and layer: replicated across tp, split by tp */
+    if (m->arch == SL_PLAN_GPT2) {
+        rep = 4.0 * C;
+        split = 12.0 * C + NH * (double)tp;
+    } else {
+        double kvd = (double)(m->n_kv_head * m->head_dim), F = (double)m->ffn;
+        if (m->n_experts > 0) F *= (double)m->n_experts; /* training runs every expert (dense gate) */
+        rep = 4.0 * C;
+        split = 2.0 * C + 4.0 * F + 2.0 * kvd + NH * (double)tp;
+    }
+    double per_layer = rep + split / (double)tp;
+    double L = (double)m->n_layer;
+    double outside = 3.0 * C + 2.0 * (double)m->vocab / (double)tp;
+    double floats = recompute ? L * C + per_layer + outside : L * per_layer + outside;
+    return 4.0 * N * floats;
+}
+
+/* ---- communication ---- */
+
+static const sl_plan_link *axis_link(const sl_plan_cluster *cl, int64_t stride, int64_t size) {
+    return stride * size <= cl->devices_per_host ? &cl->intra : &cl->inter;
+}
+
+/* ring collectives over g ranks: factor of bytes on the wire and latency steps */
+static double t_all_reduce(const sl_plan_link *l, int64_t g, double bytes) {
+    if (g <= 1) return 0;
+    return 2.0 * (double)(g - 1) * l->alpha_s + 2.0 * (double)(g - 1) / (double)g * bytes / l->beta_Bps;
+}
+static double t_gather(const sl_plan_link *l, int64_t g, double bytes) { /* all-gather / reduce-scatter */
+    if (g <= 1) return 0;
+    return (double)(g - 1) * l->alpha_s + (double)(g - 1) / (double)g * bytes / l->beta_Bps;
+}
+
+static int64_t world_of(const sl_plan_cluster *cl, const sl_plan_job *job) {
+    return job->devices > 0 ? job->devices : cl->hosts * cl->devices_per_host;
+}
+
+static sl_status check_layout(const sl_plan_model *m, const sl_plan_cluster *cl, const sl_plan_job *job,
+                              const sl_plan_layout *l) {
+    int64_t W = world_of(cl, job);
+    if (l->dp * l->tp * l->pp != W)
+        return sl_fail(SL_ERR_INVALID, "layout: dp %lld x tp %lld x pp %lld is not the %lld devices",
+                       (long long)l->dp, (long long)l->tp, (long long)l->pp, (long long)W);
+    if (m->n_head % l->tp || m->n_kv_head % l->tp || m->ffn % l->tp)
+        return sl_fail(SL_ERR_INVALID, "--tp: %lld does not divide the heads (%lld), kv heads (%lld) and ffn",
+                       (long long)l->tp, (long long)m->n_head, (long long)m->n_kv_head);
+    if (m->n_layer % (l->pp * l->vpp))
+        return sl_fail(SL_ERR_INVALID, "--pp: %lld x %lld virtual stages does not divide the %lld layers",
+                       (long long)l->pp, (long long)l->vpp, (long long)m->n_layer);
+    if (l->dp % l->ep || (l->ep > 1 && (m->n_experts == 0 || m->n_experts % l->ep)))
+        return sl_fail(SL_ERR_INVALID, "--ep: %lld must divide dp (%lld) and the experts (%lld)",
+                       (long long)l->ep, (long long)l->dp, (long long)m->n_experts);
+    if (l->micro_batch < 1 || job->global_batch % (l->micro_batch * l->dp))
+        return sl_fail(SL_ERR_INVALID, "--micro-batch: %lld x dp %lld does not divide --global-batch %lld",
+                       (long long)l->micro_batch, (long long)l->dp, (long long)job->global_batch);
+    if (l->zero < 0 || l->zero > 3 || (l->zero > 0 && l->dp == 1))
+        return sl_fail(SL_ERR_INVALID, "--zero: stage %d needs dp > 1 (dp is %lld)", l->zero,
+                       (long long)l->dp);
+    if (job->seq_len > m->max_seq)
+        return sl_fail(SL_ERR_INVALID, "--seq-len: %lld is above the model's %lld positions",
+                       (long long)job->seq_len, (long long)m->max_seq);
+    return SL_OK;
+}
+
+static void memory(const sl_plan_model *m, const sl_plan_job *job, sl_plan_layout *l) {
+    int64_t plist[4096];
+    int n = stage_param_list(m, l->tp, l->pp, l->ep, plist, 4096);
+    bucket_stats b;
+    buckets(plist, n, job->bucket_elems > 0 ? job->bucket_elems : (1 << 20), l->dp, &b);
+    int slots = l->zero >= 2 && l->accum == 1;
+    double shard = l->zero ? b.shard : b.total;
+    sl_plan_mem *mm = &l->mem;
+    mm->params = 4.0 * (l->zero == 3 ? shard : b.total);
+    mm->grads = slots ? 0 : 4.0 * b.total;
+    mm->grad_shard = l->zero >= 2 ? 4.0 * shard : 0;
+    mm->optim = 8.0 * shard;
+    mm->slots = 0;
+    if (slots) mm->slots = 4.0 * (b.first_bucket + 3.0 * b.max_bucket);
+    if (l->zero == 3) { /* gathered parameters: 3 of the largest, fewer when there are few buckets (fitted) */
+        int k = b.n_buckets - 3 < 3 ? b.n_buckets - 3 : 3;
+        mm->slots += 4.0 * (double)(k < 1 ? 1 : k) * b.max_bucket;
+    }
+    double inflight = l->pp > 1 ? (double)(l->accum < l->pp ? l->accum : l->pp) : 1.0;
+    double act_layers = sl_plan_activation_bytes(m, l->micro_batch, job->seq_len, l->tp, l->recompute);
+    if (l->pp > 1) { /* the first stage: its share of the layers for `inflight` micro-batches */
+        double outside = 4.0 * (double)(l->micro_batch * job->seq_len) *
+                         (3.0 * (double)m->hidden + 2.0 * (double)m->vocab / (double)l->tp);
+        act_layers = (act_layers - outside) / (double)l->pp * inflight + outside;
+    }
+    mm->activations = act_layers;
+    mm->total = mm->params + mm->grads + mm->grad_shard + mm->optim + mm->slots + mm->activations;
+}
+
+static void timing(const sl_plan_model *m, const sl_plan_cluster *cl, const sl_plan_job *job,
+                   sl_plan_layout *l) {
+    double T = (double)job->seq_len, b = (double)l->micro_batch, mb = (double)l->accum;
+    double tokens_mb = b * T;
+    double fpt = sl_plan_flops_per_token(m, job->seq_len);
+    if (l->recompute) fpt *= 4.0 / 3.0;
+    double rate = cl->peak_flops * cl->gemm_efficiency;
+    double t_mm = fpt * tokens_mb / (double)(l->tp * l->pp) / rate;
+    double act = sl_plan_activation_bytes(m, l->micro_batch, job->seq_len, l->tp, 0) / (double)l->pp;
+    double t_elem = act * (ELEM_TRAFFIC_X10 / 10.0) / cl->mem_bw_Bps;
+    double Ls = (double)(m->n_layer / l->pp);
+    double x_bytes = 4.0 * tokens_mb * (double)m->hidden; /* fp32 activations, one micro-batch */
+    const sl_plan_link *tpl = axis_link(cl, 1, l->tp), *dpl = axis_link(cl, l->tp, l->dp),
+                       *ppl = axis_link(cl, l->tp * l->dp, l->pp);
+    double t_tp = Ls * (l->recompute ? 6.0 : 4.0) * t_all_reduce(tpl, l->tp, x_bytes);
+    double t_ep = 0;
+    if (l->ep > 1) {
+        const sl_plan_link *epl = axis_link(cl, l->tp, l->ep);
+        double a2a = (double)(l->ep - 1) * epl->alpha_s +
+                     (double)(l->ep - 1) / (double)l->ep * x_bytes * (double)m->top_k / epl->beta_Bps;
+        t_ep = Ls * 4.0 * a2a;
+    }
+    double t_mb = t_mm + t_elem + t_tp + t_ep;
+    double v = (double)l->vpp, p = (double)l->pp;
+    l->bubble = l->pp > 1 ? (p - 1.0) / (v * mb + p - 1.0) : 0.0;
+    double t_pipe = t_mb * (mb + (p - 1.0) / v);
+    double t_pp = l->pp > 1 ? 2.0 * mb * v * (ppl->alpha_s + x_bytes / ppl->beta_Bps) : 0.0;
+    /* DP: volumes of the stage's gradients */
+    int64_t plist[4096];
+    int n = stage_param_list(m, l->tp, l->pp, l->ep, plist, 4096);
+    bucket_stats bs;
+    buckets(plist, n, job->bucket_elems > 0 ? job->bucket_elems : (1 << 20), l->dp, &bs);
+    double gbytes = 4.0 * bs.total, t_dp = 0;
+    double lat = (double)bs.n_buckets * dpl->alpha_s * 2.0 * (double)(l->dp - 1);
+    if (l->dp > 1) {
+        if (l->zero == 0) t_dp = t_all_reduce(dpl, l->dp, gbytes);
+        if (l->zero == 1) t_dp = t_all_reduce(dpl, l->dp, gbytes) + t_gather(dpl, l->dp, gbytes);
+        if (l->zero == 2) t_dp = 2.0 * t_gather(dpl, l->dp, gbytes);
+        if (l->zero == 3) t_dp = 3.0 * t_gather(dpl, l->dp, gbytes);
+        t_dp += lat;
+    }
+    double owned = l->zero ? bs.shard : bs.total;
+    double t_opt = 32.0 * owned / cl->mem_bw_Bps;
+    l->t_compute = (t_mm + t_elem) * mb;
+    l->t_tp_comm = t_tp * mb;
+    l->t_ep_comm = t_ep * mb;
+    l->t_pp_comm = t_pp;
+    l->t_dp_comm = t_dp * (1.0 - cl->overlap);
+    l->t_optim = t_opt;
+    l->step_sec = t_pipe + t_pp + l->t_dp_comm + t_opt;
+    double tokens = (double)job->global_batch * T;
+    l->tokens_per_s = tokens / l->step_sec;
+    double W = (double)(l->dp * l->tp * l->pp);
+    l->mfu = sl_plan_flops_per_token(m, job->seq_len) * tokens / l->step_sec / (W * cl->peak_flops);
+}
+
+sl_status sl_plan_evaluate(const sl_plan_model *m, const sl_plan_cluster *cl, const sl_plan_job *job,
+                           sl_plan_layout *l) {
+    if (job->global_batch < 1) return sl_fail(SL_ERR_INVALID, "--global-batch: must be >= 1");
+    if (job->seq_len < 1) return sl_fail(SL_ERR_INVALID, "--seq-len: must be >= 1");
+    if (l->vpp < 1) l->vpp = 1;
+    if (l->ep < 1) l->ep = 1;
+    SL_TRY(check_layout(m, cl, job, l));
+    l->accum = job->global_batch / (l->micro_batch * l->dp);
+    if (l->vpp > 1 && (l->pp == 1 || l->accum % l->pp))
+        return sl_fail(SL_ERR_INVALID,
+                       "--vpp: interleaving needs pp > 1 and micro-batches (%lld) a multiple of pp",
+                       (long long)l->accum);
+    memory(m, job, l);
+    l->fits = l->mem.total <= cl->mem_bytes * (1.0 - cl->mem_reserve);
+    timing(m, cl, job, l);
+    l->runnable = l->tp == 1 && l->pp == 1 && l->ep == 1 && !l->recompute && l->vpp == 1;
+    return SL_OK;
+}
+
+static int cmp_layout(const void *a, const void *b) {
+    const sl_plan_layout *x = a, *y = b;
+    if (x->fits != y->fits) return y->fits - x->fits;
+    if (x->step_sec != y->step_sec) return x->step_sec < y->step_sec ? -1 : 1;
+    if (x->mem.total != y->mem.total) return x->mem.total < y->mem.total ? -1 : 1;
+    return 0;
+}
+
+typedef struct {
+    sl_plan_layout *v;
+    int n, cap;
+} lvec;
+
+static sl_status push(lvec *v, const sl_plan_layout *l) {
+    if (v->n == v->cap) {
+        int cap = v->cap ? 2 * v->cap : 256;
+        sl_plan_layout *nv = realloc(v->v, sizeof *nv * (size_t)cap);
+        if (!nv) return sl_fail(SL_ERR_NOMEM, "plan: out of memory");
+        v->v = nv;
+        v->cap = cap;
+    }
+    v->v[v->n++] = *l;
+    return SL_OK;
+}
+
+static int want(int64_t fixed, int64_t x) { return fixed <= 0 || fixed == x; }
+
+sl_status sl_plan_enumerate(const sl_plan_model *m, const sl_plan_cluster *cl, const sl_plan_job *job,
+                            sl_plan_layout **out, int *n) {
+    *out = NULL;
+    *n = 0;
+    int64_t W = world_of(cl, job);
+    if (job->devices > cl->hosts * cl->devices_per_host)
+        return sl_fail(SL_ERR_INVALID, "--devices: %lld is more than the cluster's %lld",
+                       (long long)job->devices, (long long)(cl->hosts * cl->devices_per_host));
+    if (job->tp > 0 && W % job->tp)
+        return sl_fail(SL_ERR_INVALID, "--tp: %lld does not divide the %lld devices", (long long)job->tp,
+                       (long long)W);
+    if (job->pp > 0 && W % job->pp)
+        return sl_fail(SL_ERR_INVALID, "--pp: %lld does not divide the %lld devices", (long long)job->pp,
+                       (long long)W);
+    if (job->dp > 0 && W % job->dp)
+        return sl_fail(SL_ERR_INVALID, "--dp: %lld does not divide the %lld devices", (long long)job->dp,
+                       (long long)W);
+    lvec v = {0};
+    for (int64_t tp = 1; tp <= W && tp <= 64; tp = job->tp > 0 ? W + 1 : tp * 2) {
+        if (job->tp > 0) tp = job->tp;
+        if (W % tp || !want(job->tp, tp)) continue;
+        for (int64_t pp = 1; pp * tp <= W && pp <= m->n_layer; pp++) {
+            if ((W / tp) % pp || m->n_layer % pp || !want(job->pp, pp)) continue;
+            int64_t dp = W / tp / pp;
+            if (!want(job->dp, dp)) continue;
+            for (int64_t ep = 1; ep <= dp; ep *= 2) {
+                if (!want(job->ep, ep) || (ep > 1 && m->n_experts == 0)) continue;
+                for (int64_t b = 1; b <= job->global_batch; b *= 2) {
+                    if (!want(job->micro_batch, b)) continue;
+                    for (int z = 0; z <= 3; z++) {
+                        if (job->zero > 0 && job->zero - 1 != z) continue;
+                        for (int rc = 0; rc <= 1; rc++) {
+                            if ((job->recompute == 1 && rc) || (job->recompute == 2 && !rc)) continue;
+                            for (int64_t vpp = 1; vpp <= (pp > 1 ? 2 : 1); vpp++) {
+                                sl_plan_layout l = {.dp = dp,
+                                                    .tp = tp,
+                                                    .pp = pp,
+                                                    .ep = ep,
+                                                    .vpp = vpp,
+                                                    .micro_batch = b,
+                                                    .zero = z,
+                                                    .recompute = rc};
+                                if (sl_plan_evaluate(m, cl, job, &l) != SL_OK) continue;
+                                sl_status st = push(&v, &l);
+                                if (st != SL_OK) {
+                                    free(v.v);
+                                    return st;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if (v.n == 0) {
+        /* say why with the first explicit layout's own error, if one was requested */
+        sl_plan_layout l = {
+            .dp = job->dp > 0 ? job->dp : W / ((job->tp > 0 ? job->tp : 1) * (job->pp > 0 ? job->pp : 1)),
+            .tp = job->tp > 0 ? job->tp : 1,
+            .pp = job->pp > 0 ? job->pp : 1,
+            .ep = job->ep > 0 ? job->ep : 1,
+            .micro_batch = job->micro_batch > 0 ? job->micro_batch : 1,
+            .zero = job->zero > 0 ? job->zero - 1 : 0};
+        sl_status st = sl_plan_evaluate(m, cl, job, &l);
+        if (st == SL_OK)
+            st = sl_fail(SL_ERR_INVALID,
+                         "plan: no layout of %lld devices is consistent with the "
+                         "model and --global-batch %lld",
+                         (long long)W, (long long)job->global_batch);
+        return st;
+    }
+    qsort(v.v, (size_t)v.n, sizeof *v.v, cmp_layout);
+    *out = v.v;
+    *n = v.n;
+    return SL_OK;
+}

@@ -1,0 +1,346 @@
+/* The planner (src/plan) against suanli itself and against the analytic failure model.
+ * 1. Memory: for GPT-2 and Llama configurations, single process and DP = 2 / 4 with ZeRO-0..3 (threads as
+ *    ranks on loopback), the planner's per-device bytes against the real allocation sizes computed by the
+ *    library: 16 B x numel + sl_graph_plan's planned arena (one process), sl_dp_memory_report + planned
+ *    arena (DP). Bar: total within 5 %, activations within 5 %.
+ * 2. Young/Daly and the simulation: the simulated goodput at Young's interval within 1 % (relative) of
+ *    Daly's analytic expectation (unlimited spares, ~20,000 failures); the simulated optimum over a sweep is
+ *    within 0.2 goodput points of Daly's interval's and lies within [0.5, 2] x Daly's interval; the
+ *    simulation is deterministic in its seed; spares that run out cost waiting time.
+ * 3. Cluster files: every malformed or inconsistent field fails with SL_ERR_INVALID naming the field. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "suanli/parallel.h"
+#include "suanli/plan.h"
+#include "suanli/train.h"
+#include "testutil.h"
+
+static sl_plan_cluster local_cluster(int64_t devices) {
+    sl_plan_cluster cl = {.hosts = 1,
+                          .devices_per_host = devices,
+                          .peak_flops = 1e11,
+                          .gemm_efficiency = 0.8,
+                          .mem_bw_Bps = 1.5e10,
+                          .mem_bytes = 1e10,
+                          .mem_reserve = 0.05,
+                          .intra = {1e-6, 5e9},
+                          .inter = {1e-6, 5e9},
+                          .mtbf_hours = 1000,
+                          .ckpt_write_Bps = 2.5e8,
+                          .ckpt_read_Bps = 4e8,
+                          .restart_sec = 5};
+    snprintf(cl.launcher, sizeof cl.launcher, "run");
+    return cl;
+}
+
+typedef struct {
+    sl_comm *world;
+    int llama, zero, accum, B, T;
+    int64_t bucket;
+    double real_total, real_act;
+    sl_dp_memory mem;
+    int64_t numel;
+    sl_status st;
+} rank_job;
+
+static const sl_gpt2_config GCFG = {3, 4, 64, 96, 32};
+static const sl_llama_config LCFG = {.arch = SL_ARCH_LLAMA,
+                                     .n_layer = 2,
+                                     .n_head = 4,
+                                     .n_kv_head = 2,
+                                     .head_dim = 16,
+                                     .hidden = 64,
+                                     .intermediate = 160,
+                                     .vocab_size = 128,
+                                     .max_seq_len = 32,
+                                     .rms_eps = 1e-5f,
+                                     .rope_theta = 10000.0f};
+
+static sl_plan_model plan_model(int llama) {
+    if (llama)
+        return (sl_plan_model){"llama",
+                               SL_PLAN_LLAMA,
+                               LCFG.n_layer,
+                               LCFG.hidden,
+                               LCFG.n_head,
+                               LCFG.n_kv_head,
+                               LCFG.head_dim,
+                               LCFG.intermediate,
+                               LCFG.vocab_size,
+                               LCFG.max_seq_len,
+                               0,
+                               0,
+                               0};
+    return (sl_plan_model){"gpt2",
+                           SL_PLAN_GPT2,
+                           GCFG.n_layer,
+                           GCFG.n_embd,
+                           GCFG.n_head,
+                           GCFG.n_head,
+                           GCFG.n_embd / GCFG.n_head,
+                           4 * GCFG.n_embd,
+                           GCFG.vocab_size,
+                           GCFG.max_seq_len,
+                           1,
+                           0,
+                           0};
+}
+
+static void *run_rank(void *arg) {
+    rank_job *j = arg;
+    sl_model *m = NULL;
+    sl_trainer tr;
+    sl_mesh mesh;
+    sl_dp *dp = NULL;
+    j->st = j->llama ? sl_llama_new(&LCFG, &m) : sl_gpt2_new(&GCFG, &m);
+    if (j->st != SL_OK) return NULL;
+    int n = j->world ? sl_comm_size(j->world) : 1;
+    sl_trainer_config tc = {
+        .B = j->B, .T = j->T, .accum = j->accum, .dp_size = n, .lr = 1e-3f, .hp = {0.9f, 0.95f, 1e-8f, 0.1f}};
+    if ((j->st = sl_trainer_init(&tr, m, &tc)) != SL_OK) goto out_model;
+    j->numel = m->numel;
+    j->real_act = (double)tr.plan.planned_bytes;
+    if (!j->world) {
+        j->real_total = 16.0 * (double)m->numel + j->real_act; /* params, grads, two AdamW moments, f32 */
+        goto out_tr;
+    }
+    if ((j->st = sl_mesh_init(&mesh, j->world, (sl_mesh_dims){1, 1, 1})) != SL_OK) goto out_tr;
+    sl_dp_opts o = {j->zero, j->bucket, j->accum};
+    if ((j->st = sl_dp_new(&dp, &mesh, m, tr.graph, &o)) == SL_OK) {
+        sl_dp_memory_report(dp, &j->mem);
+        j->real_total = (double)(j->mem.param_bytes + j->mem.slot_bytes + j->mem.grad_bytes +
+                                 j->mem.grad_shard_bytes + j->mem.optim_bytes) +
+                        j->real_act;
+        sl_dp_free(dp);
+    }
+    sl_mesh_free(&mesh);
+out_tr:
+    sl_trainer_free(&tr);
+out_model:
+    sl_model_free(m);
+    return NULL;
+}
+
+static void check_memory(int llama, int n, int zero, int accum, int B, int T, int64_t bucket) {
+    rank_job jobs[4];
+    sl_comm *comms[4] = {0};
+    pthread_t th[4];
+    if (n > 1) TU_CHECK(sl_comm_init_loopback(n, comms, NULL) == SL_OK, "loopback: %s", sl_errmsg());
+    for (int r = 0; r < n; r++) {
+        jobs[r] = (rank_job){.world = comms[r],
+                             .llama = llama,
+                             .zero = zero,
+                             .accum = accum,
+                             .B = B,
+                             .T = T,
+                             .bucket = bucket};
+        pthread_create(&th[r], NULL, run_rank, &jobs[r]);
+    }
+    for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < n; r++) sl_comm_free(comms[r]);
+    rank_job *j = &jobs[0];
+    TU_CHECK(j->st == SL_OK, "run: %s", sl_status_name(j->st));
+    if (j->st != SL_OK) return;
+    sl_plan_model md = plan_model(llama);
+    sl_plan_cluster cl = local_cluster(n);
+    sl_plan_job job = {.global_batch = (int64_t)B * accum * n, .seq_len = T, .bucket_elems = bucket};
+    sl_plan_layout l = {.dp = n, .tp = 1, .pp = 1, .ep = 1, .micro_batch = B, .zero = zero};
+    TU_CHECK(sl_plan_evaluate(&md, &cl, &job, &l) == SL_OK, "evaluate: %s", sl_errmsg());
+    TU_CHECK(sl_plan_model_params(&md) == j->numel, "%s params: plan %lld, model %lld", md.name,
+             (long long)sl_plan_model_params(&md), (long long)j->numel);
+    double et = l.mem.total / j->real_total - 1.0, ea = l.mem.activations / j->real_act - 1.0;
+    printf("memory %-5s dp %d zero %d accum %d B %d T %2d: plan %9.0f real %9.0f B (%+.2f%%) | activations "
+           "%8.0f vs %8.0f (%+.2f%%)",
+           md.name, n, zero, accum, B, T, l.mem.total, j->real_total, 100 * et, l.mem.activations,
+           j->real_act, 100 * ea);
+    if (n > 1)
+        printf(" | params %.0f/%zu slots %.0f/%zu grads %.0f/%zu shard %.0f/%zu optim %.0f/%zu", l.mem.params,
+               j->mem.param_bytes, l.mem.slots, j->mem.slot_bytes, l.mem.grads, j->mem.grad_bytes,
+               l.mem.grad_shard, j->mem.grad_shard_bytes, l.mem.optim, j->mem.optim_bytes);
+    printf("\n");
+    TU_CHECK(fabs(et) <= 0.05, "%s dp %d zero %d: total memory off by %.2f%%", md.name, n, zero, 100 * et);
+    TU_CHECK(fabs(ea) <= 0.05, "%s dp %d: activations off by %.2f%%", md.name, n, 100 * ea);
+}
+
+static void test_memory(void) {
+    for (int llama = 0; llama <= 1; llama++) {
+        check_memory(llama, 1, 0, 1, 4, 32, 0);
+        check_memory(llama, 1, 0, 1, 16, 32, 0);
+        for (int z = 0; z <= 3; z++) {
+            check_memory(llama, 2, z, 1, 4, 32, 5000);
+            check_memory(llama, 2, z, 2, 4, 32, 5000);
+            check_memory(llama, 4, z, 1, 2, 32, 5000);
+        }
+    }
+}
+
+static void test_failures(void) {
+    /* job MTBF 1 h (100 hosts x 100 h), save 60 s, restore 120 s */
+    sl_plan_ckpt ck = {.save_sec = 60, .restore_sec = 120, .mtbf_sec = 3600};
+    double ty = sl_plan_young_interval(60, 3600), td = sl_plan_daly_interval(60, 3600);
+    TU_CHECK(fabs(ty - 657.3) < 0.1, "Young: sqrt(2 * 60 * 3600) = 657.3, got %g", ty);
+    TU_CHECK(td > 600 && td < ty, "Daly's interval %.1f: below Young's %.1f minus delta's share", td, ty);
+    sl_plan_sim_opts o = {.work_sec = 20000 * 3600.0,
+                          .interval_sec = ty,
+                          .hosts = 100,
+                          .host_mtbf_sec = 360000,
+                          .save_sec = 60,
+                          .restore_sec = 120,
+                          .spares = 1 << 30,
+                          .repair_sec = 0,
+                          .seed = 7};
+    sl_plan_sim_result r, r2;
+    TU_CHECK(sl_plan_simulate(&o, &r) == SL_OK, "simulate: %s", sl_errmsg());
+    double g = sl_plan_expected_goodput(&ck, ty);
+    printf("failures: Young %.1f s, Daly %.1f s; simulated goodput at Young %.4f vs analytic %.4f (%+.3f%%), "
+           "%lld failures\n",
+           ty, td, r.goodput, g, 100 * (r.goodput / g - 1), (long long)r.failures);
+    TU_CHECK(fabs(r.goodput / g - 1) < 0.01, "goodput at Young's interval: simulated %.4f, analytic %.4f",
+             r.goodput, g);
+    TU_CHECK(r.failures > 10000, "enough failures for the 1%% bar: %lld", (long long)r.failures);
+    TU_CHECK(sl_plan_simulate(&o, &r2) == SL_OK && r2.wall_sec == r.wall_sec && r2.failures == r.failures,
+             "deterministic in the seed");
+    o.seed = 8;
+    TU_CHECK(sl_plan_simulate(&o, &r2) == SL_OK && r2.wall_sec != r.wall_sec, "another seed, another run");
+    /* the simulated optimum (common random numbers) against Young/Daly */
+    double best_tau = 0, best_g = -1, g_daly = 0;
+    o.seed = 7;
+    o.work_sec = 5000 * 3600.0;
+    for (int i = 0; i <= 40; i++) {
+        double tau = td * pow(2.0, -2.0 + 4.0 * i / 40.0);
+        o.interval_sec = tau;
+        sl_plan_simulate(&o, &r);
+        if (r.goodput > best_g) best_g = r.goodput, best_tau = tau;
+    }
+    o.interval_sec = td;
+    sl_plan_simulate(&o, &r);
+    g_daly = r.goodput;
+    printf("failures: simulated optimum %.1f s (%.2fx Daly), goodput %.4f; at Daly's interval %.4f\n",
+           best_tau, best_tau / td, best_g, g_daly);
+    TU_CHECK(best_g - g_daly < 0.002,
+             "Daly's interval within 0.2 points of the simulated optimum: %.4f vs %.4f", g_daly, best_g);
+    TU_CHECK(best_tau > 0.5 * td && best_tau < 2 * td, "simulated optimum %.1f s near Daly's %.1f s",
+             best_tau, td);
+    /* one spare, a week's repair: failures wait for hosts */
+    o.spares = 1;
+    o.repair_sec = 7 * 86400.0;
+    o.work_sec = 500 * 3600.0;
+    TU_CHECK(sl_plan_simulate(&o, &r) == SL_OK && r.waits_for_spare > 0 && r.wait_sec > 0,
+             "spares run out: %lld waits", (long long)r.waits_for_spare);
+    o.interval_sec = 0;
+    TU_CHECK(sl_plan_simulate(&o, &r) == SL_ERR_INVALID, "interval 0 is bad input");
+}
+
+static const char *GOOD =
+    "{\"hosts\": 2, \"devices_per_host\": 4, \"device\": {\"peak_TFLOPs\": 100, \"memory_GiB\": 40, "
+    "\"mem_bw_GBps\": 1000}, \"links\": {\"intra_host\": {\"alpha_us\": 2, \"beta_GBps\": 100}, "
+    "\"inter_host\": {\"alpha_us\": 5, \"beta_GBps\": 25}}, \"reliability\": {\"host_mtbf_hours\": "
+    "1000, \"ckpt_write_GBps\": 1, \"ckpt_read_GBps\": 2}}";
+
+static void cluster_case(const char *dir, const char *from, const char *to, const char *field) {
+    char path[512], text[2048];
+    snprintf(path, sizeof path, "%s/c.json", dir);
+    const char *at = from ? strstr(GOOD, from) : NULL;
+    if (from && !at) {
+        TU_CHECK(0, "test bug: '%s' not in GOOD", from);
+        return;
+    }
+    if (at)
+        snprintf(text, sizeof text, "%.*s%s%s", (int)(at - GOOD), GOOD, to, at + strlen(from));
+    else
+        snprintf(text, sizeof text, "%s", GOOD);
+    FILE *f = fopen(path, "w");
+    fputs(text, f);
+    fclose(f);
+    sl_plan_cluster cl;
+    sl_status st = sl_plan_cluster_load(path, &cl);
+    if (!field) {
+        TU_CHECK(st == SL_OK && cl.hosts == 2 && cl.inter.beta_Bps == 25e9, "good file: %s", sl_errmsg());
+        return;
+    }
+    TU_CHECK(st == SL_ERR_INVALID && strstr(sl_errmsg(), field) && !strchr(sl_errmsg(), '\n'),
+             "%s -> %s: expected one line naming '%s', got '%s'", from, to, field, sl_errmsg());
+}
+
+static void test_cluster_files(void) {
+    const char *d = tu_tmpdir("plan-cluster");
+    cluster_case(d, NULL, NULL, NULL);
+    cluster_case(d, "\"hosts\": 2", "\"hosts\": 0", "hosts");
+    cluster_case(d, "\"hosts\": 2", "\"hosts\": 1.5", "hosts");
+    cluster_case(d, "\"devices_per_host\": 4, ", "", "devices_per_host");
+    cluster_case(d, "\"peak_TFLOPs\": 100", "\"peak_TFLOPs\": \"fast\"", "device.peak_TFLOPs");
+    cluster_case(d, "\"memory_GiB\": 40, ", "", "device.memory_GiB");
+    cluster_case(d, "\"inter_host\": {\"alpha_us\": 5, \"beta_GBps\": 25}", "\"inter_host\": 3",
+                 "links.inter_host");
+    cluster_case(d, "\"beta_GBps\": 25", "\"beta_GBps\": 400", "links.inter_host.beta_GBps");
+    cluster_case(d, "\"alpha_us\": 2", "\"alpha_us\": -1", "links.intra_host.alpha_us");
+    cluster_case(d, "\"host_mtbf_hours\": 1000", "\"host_mtbf_hours\": 0", "reliability.host_mtbf_hours");
+    cluster_case(d, "{\"hosts\"", "[{\"hosts\"", "not a JSON object");
+    sl_plan_cluster cl;
+    TU_CHECK(sl_plan_cluster_load("/nonexistent/c.json", &cl) == SL_ERR_INVALID &&
+                 strstr(sl_errmsg(), "/nonexistent/c.json"),
+             "missing file named: %s", sl_errmsg());
+    sl_plan_model md;
+    TU_CHECK(sl_plan_model_load("no-such-model", &md) == SL_ERR_INVALID &&
+                 strstr(sl_errmsg(), "no-such-model"),
+             "unknown model: %s", sl_errmsg());
+    TU_CHECK(sl_plan_model_load("llama-70b", &md) == SL_OK && sl_plan_model_params(&md) > 69e9 &&
+                 sl_plan_model_params(&md) < 72e9,
+             "llama-70b has ~70.6B parameters: %lld", (long long)sl_plan_model_params(&md));
+    TU_CHECK(sl_plan_model_load("gpt2-124m", &md) == SL_OK && sl_plan_model_params(&md) == 124439808,
+             "gpt2-124m: %lld", (long long)sl_plan_model_params(&md));
+}
+
+/* model-only parts: the pipeline bubble formulas and TP/PP memory splits */
+static void test_model_only(void) {
+    sl_plan_model md;
+    sl_plan_model_load("llama-70b", &md);
+    sl_plan_cluster cl = local_cluster(8);
+    cl.hosts = 64;
+    cl.mem_bytes = 80.0 * (1 << 30);
+    sl_plan_job job = {.global_batch = 64, .seq_len = 4096};
+    sl_plan_layout a = {.dp = 8, .tp = 8, .pp = 8, .micro_batch = 1, .zero = 1};
+    TU_CHECK(sl_plan_evaluate(&md, &cl, &job, &a) == SL_OK, "70b 8x8x8: %s", sl_errmsg());
+    TU_CHECK(fabs(a.bubble - 7.0 / (8 + 7)) < 1e-12, "1F1B bubble (p-1)/(m+p-1) = 7/15: %g", a.bubble);
+    sl_plan_layout b = a;
+    b.vpp = 2;
+    TU_CHECK(sl_plan_evaluate(&md, &cl, &job, &b) == SL_OK && fabs(b.bubble - 7.0 / (16 + 7)) < 1e-12,
+             "interleaved (p-1)/(v m+p-1) = 7/23: %g", b.bubble);
+    TU_CHECK(b.step_sec < a.step_sec, "interleaving shortens the step: %g vs %g", b.step_sec, a.step_sec);
+    sl_plan_layout c = a;
+    c.tp = 3;
+    c.dp = 64 * 8 / 24;
+    TU_CHECK(sl_plan_evaluate(&md, &cl, &job, &c) == SL_ERR_INVALID, "tp 3 does not divide 64 heads");
+    sl_plan_layout *v;
+    int n;
+    TU_CHECK(sl_plan_enumerate(&md, &cl, &job, &v, &n) == SL_OK && n > 10 && v[0].fits, "enumerate 70b");
+    if (n > 0) {
+        for (int i = 1; i < n; i++)
+            if (v[i].fits && v[i - 1].fits && v[i].step_sec < v[i - 1].step_sec) {
+                TU_CHECK(0, "ranked by step time at %d", i);
+                break;
+            }
+        free(v);
+    }
+}
+
+static void test_probe(void) {
+    double gf = 0, bw = 0;
+    TU_CHECK(sl_plan_probe(1, &gf, &bw) == SL_OK, "probe: %s", sl_errmsg());
+    printf("probe: GEMM %.1f GFLOP/s, copy %.1f GB/s (1 thread)\n", gf / 1e9, bw / 1e9);
+    TU_CHECK(gf > 1e9 && gf < 1e13 && bw > 1e9 && bw < 1e13, "probe numbers are plausible: %g FLOP/s, %g B/s",
+             gf, bw);
+}
+
+int main(void) {
+    setenv("SUANLI_COMM_ALGO", "direct", 1);
+    sl_threads_set(1);
+    test_memory();
+    test_failures();
+    test_cluster_files();
+    test_model_only();
+    test_probe();
+    return tu_finish("test_plan");
+}

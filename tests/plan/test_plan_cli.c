@@ -1,0 +1,300 @@
+/* suanli plan / submit / topo and the Slurm paths, from the command line:
+ * - every bad input (missing flag, unreadable or inconsistent cluster file, unknown model, a layout that
+ *   cannot exist or fit, Slurm missing) gives exit 2 and exactly one line naming the file, field or flag;
+ * - a plan on this host prints the best layout, its launch command, Young/Daly and the simulation;
+ * - suanli submit writes an sbatch script with --requeue and --signal=B:USR1@120 and submits it with a
+ *   (fake) sbatch; suanli run inside an allocation execs (a fake) srun;
+ * - suanli topo shows a synthetic two-NUMA-node topology and places ranks NUMA-aware, and suanli run pins
+ *   them (and sets OMP_PROC_BIND for their threads) accordingly;
+ * - SIGUSR1 to a running `suanli train` saves a checkpoint and exits 75; the next run resumes from it. */
+#include <signal.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "suanli/base.h"
+#include "testutil.h"
+
+static char out[65536];
+
+static int lines(const char *s) {
+    int n = 0;
+    for (; *s; s++) n += *s == '\n';
+    return n;
+}
+
+/* cmd (after the CLI path, may start with VAR=x assignments in `env`) must exit 2 with one line holding
+ * `want` */
+static void bad(const char *env, const char *args, const char *want) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s %s %s", env ? env : "", tu_cli(), args);
+    int rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 2 && lines(out) == 1 && strstr(out, want),
+             "'%s': expected exit 2 and one line with '%s', got %d: %s", args, want, rc, out);
+}
+
+static void write_file(const char *path, const char *text, int exec) {
+    FILE *f = fopen(path, "w");
+    fputs(text, f);
+    fclose(f);
+    if (exec) chmod(path, 0755);
+}
+
+static void test_plan_bad(const char *d) {
+    char p[600], args[2048];
+    const char *cl = SL_SOURCE_DIR "/configs/cluster/this-host.json";
+    bad(NULL, "plan --cluster x.json", "--model");
+    snprintf(args, sizeof args, "plan --model gpt2-124m");
+    bad(NULL, args, "--cluster");
+    bad(NULL, "plan --model gpt2-124m --cluster /nonexistent/c.json", "/nonexistent/c.json");
+    snprintf(args, sizeof args, "plan --model gpt3-175b --cluster %s", cl);
+    bad(NULL, args, "gpt3-175b");
+    snprintf(p, sizeof p, "%s/incons.json", d);
+    write_file(
+        p,
+        "{\"hosts\": 4, \"devices_per_host\": 8, \"device\": {\"peak_TFLOPs\": 100, \"memory_GiB\": 40, "
+        "\"mem_bw_GBps\": 1000}, \"links\": {\"intra_host\": {\"alpha_us\": 2, \"beta_GBps\": 50}, "
+        "\"inter_host\": {\"alpha_us\": 5, \"beta_GBps\": 400}}, \"reliability\": {\"host_mtbf_hours\": "
+        "1000, "
+        "\"ckpt_write_GBps\": 1, \"ckpt_read_GBps\": 2}}",
+        0);
+    snprintf(args, sizeof args, "plan --model gpt2-124m --cluster %s", p);
+    bad(NULL, args, "links.inter_host.beta_GBps");
+    snprintf(p, sizeof p, "%s/nolinks.json", d);
+    write_file(
+        p,
+        "{\"hosts\": 1, \"devices_per_host\": 8, \"device\": {\"peak_TFLOPs\": 100, \"memory_GiB\": 40, "
+        "\"mem_bw_GBps\": 1000}, \"reliability\": {\"host_mtbf_hours\": 1000, \"ckpt_write_GBps\": 1, "
+        "\"ckpt_read_GBps\": 2}}",
+        0);
+    snprintf(args, sizeof args, "plan --model gpt2-124m --cluster %s", p);
+    bad(NULL, args, "links");
+    snprintf(args, sizeof args, "plan --model llama-70b --cluster %s --seq-len 4096", cl);
+    bad(NULL, args, "no layout fits");
+    snprintf(args, sizeof args, "plan --model gpt2-124m --cluster %s --tp 3", cl);
+    bad(NULL, args, "--tp");
+    snprintf(args, sizeof args, "plan --model gpt2-124m --cluster %s --micro-batch 3 --global-batch 8", cl);
+    bad(NULL, args, "--micro-batch");
+    snprintf(args, sizeof args, "plan --model gpt2-124m --cluster %s --seq-len 4096", cl);
+    bad(NULL, args, "--seq-len");
+    snprintf(args, sizeof args, "plan --model gpt2-124m --cluster %s --devices 64", cl);
+    bad(NULL, args, "--devices");
+    snprintf(args, sizeof args, "plan --model gpt2-124m --cluster %s --recompute sometimes", cl);
+    bad(NULL, args, "--recompute");
+    snprintf(args, sizeof args, "plan --model gpt2-124m --cluster %s --zero 7", cl);
+    bad(NULL, args, "--zero");
+    snprintf(args, sizeof args, "plan --model gpt2-124m --cluster %s --nonsense 1", cl);
+    bad(NULL, args, "--nonsense");
+    snprintf(args, sizeof args, "plan --model gpt2-124m --cluster %s --ckpt-bench %s/nonexistent.json", cl,
+             d);
+    bad(NULL, args, "nonexistent.json");
+    snprintf(p, sizeof p, "%s/ckpt.json", d);
+    write_file(p, "{\"bench\": \"ckpt\", \"ckpt_mib\": 38, \"write_mb_s\": 237}", 0);
+    snprintf(args, sizeof args, "plan --model gpt2-124m --cluster %s --ckpt-bench %s", cl, p);
+    bad(NULL, args, "kill_to_training_s");
+    write_file(p, "{\"bench\": \"ckpt\", \"ckpt_mib\": 38, \"write_mb_s\": 237, \"kill_to_training_s\": 6.5}",
+               0);
+    snprintf(args, sizeof args,
+             "plan --model gpt2-124m --cluster %s --ckpt-bench %s --global-batch 8 --seq-len 64 "
+             "--simulate-failures "
+             "--mtbf-hours 2 --work-hours 100",
+             cl, p);
+    int rc = tu_cli_run(out, sizeof out, "%s", args);
+    /* 124M: 1.39 GiB at 237 MB/s = 6.3 s; restore = 5 s restart + 1.39 GiB at 38 MiB / 1.5 s = 61 s */
+    TU_CHECK(rc == 0 && strstr(out, "save 6.3 s") && strstr(out, "restore 61.") &&
+                 strstr(out, "simulated optimum") && strstr(out, "best layout suanli runs today"),
+             "--ckpt-bench: %d: %s", rc, out);
+}
+
+static void test_plan_good(void) {
+    int rc = tu_cli_run(out, sizeof out,
+                        "plan --model gpt2-124m --cluster %s/configs/cluster/this-host.json --global-batch 8 "
+                        "--seq-len 64 --simulate-failures --work-hours 2000",
+                        SL_SOURCE_DIR);
+    TU_CHECK(rc == 0 && strstr(out, "best: ") && strstr(out, "launch: suanli run -n ") &&
+                 strstr(out, "Young") && strstr(out, "simulated optimum") && strstr(out, "runs today"),
+             "plan on this host: %d: %s", rc, out);
+    rc = tu_cli_run(out, sizeof out,
+                    "plan --model llama-70b --cluster %s/configs/cluster/accel-10k.json --seq-len 4096 "
+                    "--global-batch 4000 --top 3",
+                    SL_SOURCE_DIR);
+    TU_CHECK(rc == 0 && strstr(out, "launch: suanli submit --nodes ") && strstr(out, "model-only"),
+             "70b on 10k accelerators: %d: %s", rc, out);
+}
+
+static void test_submit(const char *d) {
+    char cmd[4096], script[600], fake[600];
+    snprintf(script, sizeof script, "%s/job.sbatch", d);
+    bad(NULL, "submit --ntasks-per-node 2 --time 1:00:00 -- suanli train", "--nodes");
+    bad(NULL, "submit --nodes 2 --ntasks-per-node 2 --time soon -- suanli train", "--time");
+    bad(NULL, "submit --nodes 2 --ntasks-per-node 2 --time 1:00:00", "no training command");
+    snprintf(cmd, sizeof cmd,
+             "submit --go --script %s --nodes 2 --ntasks-per-node 2 --time 1:00:00 -- suanli train", script);
+    bad("PATH=/nonexistent", cmd, "sbatch not found");
+    TU_CHECK(access(script, F_OK) != 0, "nothing written when sbatch is missing");
+    snprintf(fake, sizeof fake, "%s/bin", d);
+    mkdir(fake, 0755);
+    snprintf(fake, sizeof fake, "%s/bin/sbatch", d);
+    write_file(fake, "#!/bin/sh\necho \"Submitted batch job 42 ($1)\"\n", 1);
+    snprintf(cmd, sizeof cmd,
+             "PATH=%s/bin:/usr/bin:/bin %s submit --go --script %s --nodes 2 --ntasks-per-node 4 --time "
+             "0-02:00:00 "
+             "-- suanli train --data-path 'my data' --save run --load run",
+             d, tu_cli(), script);
+    int rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 0 && strstr(out, "Submitted batch job 42"), "submit with a fake sbatch: %d: %s", rc, out);
+    char *s = NULL;
+    size_t n;
+    TU_CHECK(sl_file_read_all(script, &s, &n) == SL_OK, "script written");
+    if (s) {
+        TU_CHECK(strstr(s, "#SBATCH --nodes=2\n") && strstr(s, "#SBATCH --ntasks-per-node=4\n") &&
+                     strstr(s, "#SBATCH --time=0-02:00:00\n") && strstr(s, "#SBATCH --requeue\n") &&
+                     strstr(s, "#SBATCH --signal=B:USR1@120\n") &&
+                     strstr(s, "srun --kill-on-bad-exit=1 suanli train --data-path 'my data'") &&
+                     strstr(s, "scontrol requeue") && strstr(s, "-eq 75"),
+                 "script: %s", s);
+        free(s);
+    }
+    snprintf(cmd, sizeof cmd, "bash -n %s", script);
+    TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "the script parses: %s", out);
+}
+
+static void test_srun(const char *d) {
+    char cmd[4096], fake[600];
+    snprintf(fake, sizeof fake, "%s/bin/srun", d);
+    write_file(fake, "#!/bin/sh\necho \"FAKE-SRUN $*\"\n", 1);
+    snprintf(cmd, sizeof cmd, "SLURM_JOB_ID=5 PATH=%s/bin:/usr/bin:/bin %s run -n 2 -- /bin/true x", d,
+             tu_cli());
+    int rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 0 &&
+                 strstr(out, "FAKE-SRUN --nodes=1 --ntasks-per-node=2 --kill-on-bad-exit=1 /bin/true x"),
+             "suanli run defers to srun: %d: %s", rc, out);
+    snprintf(cmd, sizeof cmd, "run -n 2 -- /bin/true");
+    /* the stderr note plus the error: the error is the last line */
+    snprintf(cmd, sizeof cmd, "SLURM_JOB_ID=5 PATH=/nonexistent %s run -n 2 -- /bin/true", tu_cli());
+    rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 2 && lines(out) == 1 && strstr(out, "srun is not in PATH"), "Slurm without srun: %d: %s",
+             rc, out);
+    snprintf(
+        cmd, sizeof cmd,
+        "SLURM_JOB_ID=5 SUANLI_RUN_NO_SRUN=1 PATH=/nonexistent %s run -n 1 --no-prefix -- /bin/echo local",
+        tu_cli());
+    rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 0 && strstr(out, "local"), "SUANLI_RUN_NO_SRUN=1 launches locally: %d: %s", rc, out);
+}
+
+static void test_topo(const char *d) {
+    int rc = tu_cli_run(out, sizeof out, "topo --synthetic 'pack:1 numa:2 core:2 pu:1' --ranks 4");
+    TU_CHECK(rc == 0 && strstr(out, "2 NUMA node(s), 4 core(s)") && strstr(out, "rank 0: NUMA node 0") &&
+                 strstr(out, "rank 1: NUMA node 0") && strstr(out, "rank 2: NUMA node 1") &&
+                 strstr(out, "rank 3: NUMA node 1"),
+             "synthetic two-node topology: %d: %s", rc, out);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "HWLOC_SYNTHETIC='numa:2 core:3 pu:2' %s topo --ranks 2", tu_cli());
+    rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 0 && strstr(out, "2 NUMA node(s), 6 core(s), 12 PU(s)") &&
+                 strstr(out, "rank 1: NUMA node 1, cores 3 4 5"),
+             "HWLOC_SYNTHETIC: %d: %s", rc, out);
+    /* the same through an XML file (HWLOC_XMLFILE) */
+    snprintf(cmd, sizeof cmd, "%s topo --synthetic 'pack:2 numa:1 l3:1 core:4 pu:2' --export-xml %s/t.xml",
+             tu_cli(), d);
+    rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 0, "export xml: %d: %s", rc, out);
+    snprintf(cmd, sizeof cmd, "HWLOC_XMLFILE=%s/t.xml %s topo --ranks 4", d, tu_cli());
+    rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 0 && strstr(out, "2 package(s), 2 NUMA node(s), 8 core(s), 16 PU(s)") &&
+                 strstr(out, "rank 2: NUMA node 1, cores 4 5 (CPUs 8-11)"),
+             "HWLOC_XMLFILE: %d: %s", rc, out);
+    rc = tu_cli_run(out, sizeof out, "topo");
+    TU_CHECK(rc == 0 && strstr(out, "NUMA node"), "this host: %d: %s", rc, out);
+    /* the launcher binds ranks NUMA-aware on a fake two-node machine (1 core per node: CPUs 0 and 1) */
+    if (sysconf(_SC_NPROCESSORS_ONLN) >= 2) {
+        snprintf(cmd, sizeof cmd,
+                 "HWLOC_SYNTHETIC='numa:2 core:1 pu:1' %s run -n 3 --no-prefix -- sh -c 'echo \"R$RANK "
+                 "$(grep Cpus_allowed_list /proc/self/status | cut -f2) $OMP_PROC_BIND\"'",
+                 tu_cli());
+        rc = tu_run(cmd, out, sizeof out);
+        TU_CHECK(rc == 0 && strstr(out, "R0 0 close") && strstr(out, "R1 0 close") &&
+                     strstr(out, "R2 1 close"),
+                 "suanli run --bind auto on two NUMA nodes: ranks 0, 1 on node 0 (CPU 0), rank 2 on node 1: "
+                 "%d: %s",
+                 rc, out);
+    }
+    bad(NULL, "topo --synthetic 'numa:x'", "--synthetic");
+    bad(NULL, "topo --ranks 0", "--ranks");
+}
+
+static void test_usr1(const char *d) {
+    char cmd[4096], run[600], metrics[700];
+    snprintf(cmd, sizeof cmd, "%s data prepare --input %s/data/tinyshakespeare.txt --output-prefix %s/tok",
+             tu_cli(), SL_SOURCE_DIR, d);
+    TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "data prepare: %s", out);
+    snprintf(run, sizeof run, "%s/run", d);
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
+    char tok[600], logp[600];
+    snprintf(tok, sizeof tok, "%s/tok", d);
+    snprintf(logp, sizeof logp, "%s/train.log", d);
+    pid_t pid = fork();
+    if (pid == 0) {
+        FILE *f = freopen(logp, "w", stdout);
+        (void)f;
+        dup2(fileno(stdout), 2);
+        execl(tu_cli(), "suanli", "train", "--data-path", tok, "--num-layers", "2", "--hidden-size", "64",
+              "--num-attention-heads", "2", "--seq-length", "32", "--micro-batch-size", "4", "--train-iters",
+              "1000000", "--threads", "1", "--eval-interval", "0", "--log-interval", "100000", "--save", run,
+              "--load", run, "--save-interval", "1000000", (char *)NULL);
+        _exit(127);
+    }
+    int seen = 0;
+    for (int i = 0; i < 600 && !seen; i++) { /* until the first step is logged (60 s at most) */
+        struct stat sb;
+        seen = stat(metrics, &sb) == 0 && sb.st_size > 0;
+        if (!seen) usleep(100000);
+    }
+    TU_CHECK(seen, "the run logged a step");
+    kill(pid, SIGUSR1);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    char *log = NULL;
+    size_t n;
+    sl_file_read_all(logp, &log, &n);
+    TU_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 75 && log && strstr(log, "SIGUSR1 after step") &&
+                 strstr(log, "committed; exiting for requeue"),
+             "SIGUSR1: exit %d: %s", WIFEXITED(status) ? WEXITSTATUS(status) : -1, log ? log : "");
+    free(log);
+    char latest[700];
+    snprintf(latest, sizeof latest, "%s/latest", run);
+    char *lt = NULL;
+    TU_CHECK(sl_file_read_all(latest, &lt, &n) == SL_OK && lt && !strncmp(lt, "step-", 5),
+             "latest names a step");
+    long step = lt ? atol(lt + 5) : 0;
+    free(lt);
+    snprintf(
+        cmd, sizeof cmd,
+        "%s train --data-path %s --num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 "
+        "--micro-batch-size 4 --train-iters %ld --threads 1 --eval-iters 1 --save %s --load %s "
+        "--save-interval 1000000",
+        tu_cli(), tok, step + 2, run, run);
+    int rc = tu_run(cmd, out, sizeof out);
+    char want[64];
+    snprintf(want, sizeof want, "at step %ld", step);
+    TU_CHECK(rc == 0 && strstr(out, "resumed from") && strstr(out, want), "requeued run resumes: %d: %s", rc,
+             out);
+}
+
+int main(void) {
+    const char *d0 = tu_tmpdir("plan-cli");
+    char d[512];
+    snprintf(d, sizeof d, "%s", d0);
+    test_plan_bad(d);
+    test_plan_good();
+    test_submit(d);
+    test_srun(d);
+    test_topo(d);
+    test_usr1(d);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", d);
+    if (!tu_failures) tu_run(cmd, NULL, 0);
+    return tu_finish("test_plan_cli");
+}
