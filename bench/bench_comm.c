@@ -232,15 +232,15 @@ static int relaunch(int n, int argc, char **argv) {
     return st == SL_OK ? 0 : 1;
 }
 
-int sl_bench_comm(int argc, char **argv) {
-    bopts o = {.minb = 8, .maxb = (size_t)256 << 20, .reps = 5};
-    int nlaunch = 0, any = 0;
+/* the flags into *o and *nlaunch; returns -1 to go on, else the exit status (0: --help, 2: bad flag) */
+static int parse_flags(int argc, char **argv, bopts *o, int *nlaunch) {
+    int any = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--json"))
-            o.json = 1;
+            o->json = 1;
         else if (!strcmp(a, "--window"))
-            o.window = 1;
+            o->window = 1;
         else if (!strcmp(a, "--consume"))
             g_consume = 1;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -251,29 +251,29 @@ int sl_bench_comm(int argc, char **argv) {
                    "Run inside a job (suanli run -n N -- suanli bench comm, mpirun, srun) or pass -n N.\n");
             return 0;
         } else if ((!strcmp(a, "--min-bytes") || !strcmp(a, "--max-bytes")) && v) {
-            if (!parse_size(v, a[2] == 'm' && a[3] == 'i' ? &o.minb : &o.maxb)) {
+            if (!parse_size(v, a[2] == 'm' && a[3] == 'i' ? &o->minb : &o->maxb)) {
                 fprintf(stderr, "suanli bench comm: %s: expected a size like 8, 64K, 256M, got '%s'\n", a, v);
                 return 2;
             }
             i++;
         } else if (!strcmp(a, "--iters") && v) {
-            o.iters = atoi(v);
-            if (o.iters < 1) {
+            o->iters = atoi(v);
+            if (o->iters < 1) {
                 fprintf(stderr, "suanli bench comm: --iters: expected a positive integer, got '%s'\n", v);
                 return 2;
             }
             i++;
         } else if (!strcmp(a, "--reps") && v) {
-            o.reps = atoi(v);
-            if (o.reps < 1 || o.reps > MAX_REPS) {
+            o->reps = atoi(v);
+            if (o->reps < 1 || o->reps > MAX_REPS) {
                 fprintf(stderr, "suanli bench comm: --reps: expected an integer in 1..%d, got '%s'\n",
                         MAX_REPS, v);
                 return 2;
             }
             i++;
         } else if (!strcmp(a, "-n") && v) {
-            nlaunch = atoi(v);
-            if (nlaunch < 1) {
+            *nlaunch = atoi(v);
+            if (*nlaunch < 1) {
                 fprintf(stderr, "suanli bench comm: -n: expected a positive integer, got '%s'\n", v);
                 return 2;
             }
@@ -289,7 +289,7 @@ int sl_bench_comm(int argc, char **argv) {
                     fprintf(stderr, "suanli bench comm: --colls: unknown collective '%s'\n", s);
                     return 2;
                 }
-                o.colls[f] = any = 1;
+                o->colls[f] = any = 1;
             }
             i++;
         } else {
@@ -298,8 +298,15 @@ int sl_bench_comm(int argc, char **argv) {
         }
     }
     if (!any)
-        for (int c = 0; c < C_COUNT; c++) o.colls[c] = 1;
-    if (o.minb < 4) o.minb = 4;
+        for (int c = 0; c < C_COUNT; c++) o->colls[c] = 1;
+    if (o->minb < 4) o->minb = 4;
+    return -1;
+}
+
+int sl_bench_comm(int argc, char **argv) {
+    bopts o = {.minb = 8, .maxb = (size_t)256 << 20, .reps = 5};
+    int nlaunch = 0, rc = parse_flags(argc, argv, &o, &nlaunch);
+    if (rc >= 0) return rc;
     if (nlaunch > 0 && !getenv("RANK") && !getenv("OMPI_COMM_WORLD_RANK") && !getenv("PMI_RANK") &&
         !getenv("SLURM_PROCID"))
         return relaunch(nlaunch, argc, argv);

@@ -83,7 +83,8 @@ static void bench_pair(bk_ctx *c, const char *name, const char *shape, sl_tensor
 static void bench_adamw(bk_ctx *c, int64_t numel) {
     enum { NP = 4 };
     sl_param_info pi[NP];
-    for (int i = 0; i < NP; i++) pi[i] = (sl_param_info){.offset = numel / NP * i, .numel = numel / NP, .decay = i % 2};
+    for (int i = 0; i < NP; i++)
+        pi[i] = (sl_param_info){.offset = numel / NP * i, .numel = numel / NP, .decay = i % 2};
     sl_model m = {.params = pi, .n_params = NP, .numel = numel / NP * NP, .backend = sl_backend_cpu()};
     m.params_mem = rnd(m.numel, 1, 1.0f);
     m.grads_mem = rnd(m.numel, 2, 1.0f);

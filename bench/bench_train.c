@@ -50,11 +50,13 @@ int sl_bench_train(int argc, char **argv) {
         {"accum", SL_FLAG_INT, &accum, 1, 4096, "micro-batches per step and rank (1)", 0},
         {"zero-stage", SL_FLAG_INT, &zero, 0, 3, "ZeRO stage under DP (0)", 0},
         {"tensor-model-parallel-size", SL_FLAG_INT, &tpn, 1, 64, "TP ranks (1); world = dp x pp x tp", 0},
-        {"pipeline-model-parallel-size", SL_FLAG_INT, &ppn, 1, 64, "pipeline stages (1); 1F1B over --accum", 0},
+        {"pipeline-model-parallel-size", SL_FLAG_INT, &ppn, 1, 64, "pipeline stages (1); 1F1B over --accum",
+         0},
         {"ddp-bucket-size", SL_FLAG_INT, &bucket, 1, 1ll << 40, "gradient bucket size in elements (1Mi)", 0},
         {"json", SL_FLAG_BOOL, &json, 0, 1, "machine-readable output", 0},
         {"sequence-parallel", SL_FLAG_BOOL, &sp, 0, 1, "sequence parallelism (with TP)", 0},
-        {"plan-only", SL_FLAG_BOOL, &plan_only, 0, 1, "print the planned activation memory per rank and stop", 0},
+        {"plan-only", SL_FLAG_BOOL, &plan_only, 0, 1, "print the planned activation memory per rank and stop",
+         0},
         {"bf16", SL_FLAG_BOOL, &bf16, 0, 1, "bf16 mixed precision", 0},
     };
     int nf = (int)(sizeof flags / sizeof flags[0]);
@@ -86,8 +88,7 @@ int sl_bench_train(int argc, char **argv) {
     }
     sl_tp *tp = NULL;
     sl_model_split split = {mesh.tp, mesh.tp_rank, mesh.pp, mesh.pp_rank, 1};
-    if (sl_gpt2_new_par(&cfg, be, &split, &m) != SL_OK ||
-        (mesh.tp > 1 && sl_tp_new(&tp, &mesh) != SL_OK)) {
+    if (sl_gpt2_new_par(&cfg, be, &split, &m) != SL_OK || (mesh.tp > 1 && sl_tp_new(&tp, &mesh) != SL_OK)) {
         fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
         return 2;
     }
@@ -124,12 +125,13 @@ int sl_bench_train(int argc, char **argv) {
         tr.dp = dp;
     }
     if (plan_only) { /* what the planner reserved for one step's activations on this rank, and stop */
-        printf("{\"bench\": \"train_plan\", \"L\": %lld, \"NH\": %lld, \"C\": %lld, \"V\": %lld, \"B\": %lld, "
-               "\"T\": %lld, \"tp\": %d, \"pp\": %d, \"dp\": %d, \"sp\": %d, \"activation_mib\": %.2f, "
-               "\"naive_mib\": %.2f, \"param_mib_per_rank\": %.2f}\n",
-               (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T, mesh.tp, mesh.pp,
-               mesh.dp, m->sp, tr.plan.planned_bytes / 1048576.0, tr.plan.naive_bytes / 1048576.0,
-               m->numel * 4.0 / 1048576.0);
+        printf(
+            "{\"bench\": \"train_plan\", \"L\": %lld, \"NH\": %lld, \"C\": %lld, \"V\": %lld, \"B\": %lld, "
+            "\"T\": %lld, \"tp\": %d, \"pp\": %d, \"dp\": %d, \"sp\": %d, \"activation_mib\": %.2f, "
+            "\"naive_mib\": %.2f, \"param_mib_per_rank\": %.2f}\n",
+            (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T, mesh.tp,
+            mesh.pp, mesh.dp, m->sp, tr.plan.planned_bytes / 1048576.0, tr.plan.naive_bytes / 1048576.0,
+            m->numel * 4.0 / 1048576.0);
         sl_dp_free(dp);
         sl_tp_free(tp);
         sl_trainer_free(&tr);
@@ -184,8 +186,8 @@ int sl_bench_train(int argc, char **argv) {
                "\"pp\": %d, \"pipe_wait_fraction\": %.4f, \"bubble_theory\": %.4f}\n",
                device, (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T,
                (long long)threads, bf16 ? "bf16-mixed" : "f32", med * 1e3, tps, flops / 1e9, peak / 1e9, mfu,
-               tr.plan.planned_bytes / 1048576.0, loss, mesh.dp, (long long)accum, (long long)zero,
-               wait_frac, mesh.tp, tp_frac, tp_bytes / 1048576.0, m->numel * 4.0 / 1048576.0, mesh.pp, pipe_frac,
+               tr.plan.planned_bytes / 1048576.0, loss, mesh.dp, (long long)accum, (long long)zero, wait_frac,
+               mesh.tp, tp_frac, tp_bytes / 1048576.0, m->numel * 4.0 / 1048576.0, mesh.pp, pipe_frac,
                (double)(mesh.pp - 1) / (double)(accum + mesh.pp - 1));
     else
         printf("GPT-2 on %s, L%lld NH%lld C%lld V%lld B%lld T%lld %s, %lld threads: %.1f ms/step (median of "

@@ -33,7 +33,8 @@ const char *tu_cli(void); /* path to the suanli CLI (SUANLI_CLI env) */
 int tu_cli_run(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Run `prefix` + the command line formatted like printf (e.g. prefix "SUANLI_COMM_TIMEOUT=60 timeout 300"),
  * capturing stdout+stderr into out; returns the exit status. */
-int tu_runf(char *out, size_t cap, const char *prefix, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+int tu_runf(char *out, size_t cap, const char *prefix, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* The number after "key": on the metrics.jsonl line of `step` (NAN when absent). */
 double tu_metric_at(const char *metrics_path, int step, const char *key);
 /* A learnable token pattern with noise, a pure function of (step, micro, position): micro-batch `micro` of

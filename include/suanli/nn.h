@@ -182,7 +182,8 @@ sl_status sl_gpt2_new_tp(const sl_gpt2_config *cfg, sl_backend *be, int tp, int 
 /* A pipeline stage (and TP shard): the first stage holds wte and wpe, the last ln_f and the LM head (a copy
  * of the tied wte, sl_param_info.tied_copy, when it is not also the first), each stage num-layers / pp
  * layers (one-line error naming --pipeline-model-parallel-size when pp does not divide them). */
-sl_status sl_gpt2_new_par(const sl_gpt2_config *cfg, sl_backend *be, const sl_model_split *split, sl_model **out);
+sl_status sl_gpt2_new_par(const sl_gpt2_config *cfg, sl_backend *be, const sl_model_split *split,
+                          sl_model **out);
 /* A stage's graph (of model chunk `chunk`, 0 without interleaving): from the ids (the first virtual stage)
  * or x_in (B, T or T/tp under SP, C) to the loss (the last virtual stage, with targets) or to the chunk's
  * output activations. */
@@ -246,9 +247,11 @@ sl_status sl_llama_new_on(const sl_llama_config *cfg, sl_dtype wdtype, sl_backen
 sl_status sl_llama_new_tp(const sl_llama_config *cfg, sl_backend *be, int tp, int tp_rank, sl_model **out);
 /* TP shard and/or pipeline stage (as sl_gpt2_new_par): the first stage holds the embedding, the last the
  * final norm and the head (an untied lm_head, or a copy of the tied embedding marked tied_copy). */
-sl_status sl_llama_new_par(const sl_llama_config *cfg, sl_backend *be, const sl_model_split *split, sl_model **out);
+sl_status sl_llama_new_par(const sl_llama_config *cfg, sl_backend *be, const sl_model_split *split,
+                           sl_model **out);
 /* Any architecture's split model shaped like `like` (its config and arch), for another split. */
-sl_status sl_model_new_split(const sl_model *like, sl_backend *be, const sl_model_split *split, sl_model **out);
+sl_status sl_model_new_split(const sl_model *like, sl_backend *be, const sl_model_split *split,
+                             sl_model **out);
 /* A pipeline stage's graph, any architecture (sl_gpt2_build_stage for GPT-2): the loss on the last
  * virtual stage, else the chunk's output activations. */
 sl_tensor *sl_model_build_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *x_in, sl_tensor *targets);

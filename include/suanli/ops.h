@@ -111,7 +111,8 @@ typedef enum sl_coll_kind {
     SL_COLL_COPY,      /* identity */
     SL_COLL_ALLREDUCE, /* sum over the group */
     SL_COLL_ALLGATHER, /* concatenate the group's inputs along dim 0 in rank order (out ne[0] = size x) */
-    /* sequence parallelism: along dim 1 of (B, T, ..) activations, rank r holding tokens [r T/n, (r+1) T/n) */
+    /* sequence parallelism: along dim 1 of (B, T, ..) activations, rank r holding tokens [r T/n, (r+1) T/n)
+     */
     SL_COLL_ALLGATHER_SEQ, /* (B, T/n, ..) -> (B, T, ..) */
     SL_COLL_REDSCAT_SEQ,   /* (B, T, ..) partial sums -> (B, T/n, ..) this rank's tokens of the sum */
 } sl_coll_kind;
@@ -127,7 +128,8 @@ sl_tensor *sl_tp_enter(sl_ctx *ctx, sl_tensor *x, int tp, int sp);
 sl_tensor *sl_tp_exit(sl_ctx *ctx, sl_tensor *x, int tp, int sp);
 sl_tensor *sl_tp_rep(sl_ctx *ctx, sl_tensor *p, int tp, int sp);
 /* The same over groups of `sub` consecutive ranks of the TP group (COPY / ALLREDUCE kinds only). */
-sl_tensor *sl_collective_group(sl_ctx *ctx, sl_tensor *x, sl_coll_kind fwd, sl_coll_kind bwd, int tp, int sub);
+sl_tensor *sl_collective_group(sl_ctx *ctx, sl_tensor *x, sl_coll_kind fwd, sl_coll_kind bwd, int tp,
+                               int sub);
 /* Embedding lookup in a vocab shard: table holds rows [lo, lo + table->ne[0]) of the full table; other
  * ids give zero rows (sum the group's outputs to get the full lookup). */
 sl_tensor *sl_embedding_shard(sl_ctx *ctx, sl_tensor *table, sl_tensor *ids, int64_t lo);

@@ -57,9 +57,9 @@ typedef enum sl_op {
     SL_OP_LAYERNORM_BACK_WB, /* -> (2, C): [dweight; dbias]; src0 = fwd, src1 = x, src2 = dy */
     SL_OP_SOFTMAX,           /* over last dim */
     SL_OP_SOFTMAX_BACK,      /* src0 = y (softmax output), src1 = dy */
-    SL_OP_ATTENTION,      /* causal MHA: q (B,T,NH,hs), k/v (B,T,NKV,hs) -> (B,T,NH*hs); aux: lse (B,NH,T);
-                             iparams[1] > 0: sliding window (query t sees keys > t - window) */
-    SL_OP_ATTENTION_BACK, /* src0 = fwd, src1..3 = q,k,v, src4 = dy -> (B,T,NH+2*NKV,hs) packed dq|dk|dv */
+    SL_OP_ATTENTION,         /* causal MHA: q (B,T,NH,hs), k/v (B,T,NKV,hs) -> (B,T,NH*hs); aux: lse (B,NH,T);
+                                iparams[1] > 0: sliding window (query t sees keys > t - window) */
+    SL_OP_ATTENTION_BACK,    /* src0 = fwd, src1..3 = q,k,v, src4 = dy -> (B,T,NH+2*NKV,hs) packed dq|dk|dv */
     SL_OP_EMBEDDING,      /* src0 = table (V, C), src1 = ids (i32, any shape) -> (ids.., C); iparams[3]=1: a
                              vocab shard holding rows [iparams[2], +V) of the full table: other ids give zero
                              rows (and EMBEDDING_BACK skips them) */
@@ -94,9 +94,9 @@ typedef enum sl_op {
                          computed; iparams[1]=1: bf16 numerics */
     SL_OP_FILL,       /* a tensor of node's shape with every element fparams[0] (the loss-gradient seed) */
     /* Tensor parallelism (Note [Tensor-parallel graphs], src/ops/build_tp.c) */
-    SL_OP_COLLECTIVE, /* a collective over a process group, run by the graph's collective provider (not the
-                         backend): iparams[0] = forward kind, [1] = backward kind (sl_coll_kind), [2] = group
-                         (sl_coll_group), [3] = group size; src0 = input */
+    SL_OP_COLLECTIVE,  /* a collective over a process group, run by the graph's collective provider (not the
+                          backend): iparams[0] = forward kind, [1] = backward kind (sl_coll_kind), [2] = group
+                          (sl_coll_group), [3] = group size; src0 = input */
     SL_OP_CE_VP_STATS, /* vocab-parallel cross-entropy, per rank: src0 = logits shard (N.., Vl), src1 =
                           targets (global ids) -> (N, 2): [logsumexp of the shard, target logit if the target
                           lies in [iparams[0], +Vl) else 0] */

@@ -105,8 +105,8 @@ sl_status sl_trainer_eval(sl_trainer *tr, sl_batch_fn fn, void *user, int iters,
 
 /* ---- pipeline parallelism (src/train/pipeline.c; Note [Pipeline stages and 1F1B]) ---- */
 enum { SL_PIPE_MAX_CHUNKS = 16 }; /* model chunks per stage (interleaved schedule) */
-sl_status sl_pipeline_new(sl_pipeline **out, sl_model *m, const struct sl_mesh *mesh, int B, int T, int n_micro,
-                          float loss_scale);
+sl_status sl_pipeline_new(sl_pipeline **out, sl_model *m, const struct sl_mesh *mesh, int B, int T,
+                          int n_micro, float loss_scale);
 void sl_pipeline_free(sl_pipeline *P);
 sl_graph *sl_pipeline_graph(sl_pipeline *P, int k); /* slot k's graph, chunk by chunk (NULL past the last) */
 int sl_pipeline_slots(const sl_pipeline *P);        /* over every chunk */
@@ -186,11 +186,11 @@ typedef struct sl_train_parallel_opts {
     sl_comm *comm;      /* borrowed world communicator; NULL: from the environment (suanli run, torchrun, MPI,
                            Slurm), single process when there is none. Aborted when the run fails. */
     int64_t tp, pp, ep; /* mesh axes (pp, ep > 1 not implemented yet) */
-    int64_t sequence_parallel; /* 1: sequence parallelism on top of tp > 1 */
+    int64_t sequence_parallel;        /* 1: sequence parallelism on top of tp > 1 */
     int64_t layers_per_virtual_stage; /* > 0: interleaved 1F1B with num-layers / (pp x this) model chunks
                                          per stage (--num-layers-per-virtual-pipeline-stage) */
-    int64_t zero_stage; /* 0..3 */
-    int64_t bucket_elems; /* gradient bucket size in elements */
+    int64_t zero_stage;               /* 0..3 */
+    int64_t bucket_elems;             /* gradient bucket size in elements */
 } sl_train_parallel_opts;
 
 /* Mixture of experts (MoE models from --init-from; src/train/train_moe.c). Megatron-LM's flag names. */

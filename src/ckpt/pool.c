@@ -215,8 +215,8 @@ static void remove_stale_tmp(const char *hroot, const char *suffix) {
     while ((de = readdir(d))) {
         long long st;
         int used = 0;
-        if (sscanf(de->d_name, "step-%lld%n", &st, &used) != 1 || strncmp(de->d_name + used, ".tmp", 4) != 0 ||
-            !strcmp(de->d_name + used, suffix))
+        if (sscanf(de->d_name, "step-%lld%n", &st, &used) != 1 ||
+            strncmp(de->d_name + used, ".tmp", 4) != 0 || !strcmp(de->d_name + used, suffix))
             continue;
         snprintf(path, sizeof path, "%s/%s", hroot, de->d_name);
         sl_ckpt_rm_rf(path);

@@ -13,7 +13,8 @@ static void usage(FILE *f) {
     fprintf(
         f,
         "usage: suanli run -n N [--nnodes M --node-rank R --master HOST:PORT] [--max-restarts K]\n"
-        "                  [--grace SEC] [--bind auto|numa|core|none] [--no-prefix] [--hosts H] -- PROGRAM [ARGS...]\n"
+        "                  [--grace SEC] [--bind auto|numa|core|none] [--no-prefix] [--hosts H] -- PROGRAM "
+        "[ARGS...]\n"
         "  -n, --nproc-per-node N  ranks to start on this node\n"
         "  --nnodes M              nodes in the job (default 1); run once per node\n"
         "  --node-rank R           this node's index 0..M-1 (default 0)\n"

@@ -89,20 +89,23 @@ sl_status sl_gpt2_new_tp(const sl_gpt2_config *cfg, sl_backend *be, int tp, int 
     return sl_gpt2_new_par(cfg, be, &(sl_model_split){tp, tp_rank, 1, 0, 1}, out);
 }
 
-sl_status sl_gpt2_new_par(const sl_gpt2_config *cfg, sl_backend *be, const sl_model_split *sp, sl_model **out) {
+sl_status sl_gpt2_new_par(const sl_gpt2_config *cfg, sl_backend *be, const sl_model_split *sp,
+                          sl_model **out) {
     *out = NULL;
     SL_TRY(check_cfg(cfg));
     int tp = sp->tp, tp_rank = sp->tp_rank, pp = sp->pp, pp_rank = sp->pp_rank, v = sp->vpp > 1 ? sp->vpp : 1;
     if (pp < 1 || pp_rank < 0 || pp_rank >= pp)
-        return sl_fail(SL_ERR_INVALID, "--pipeline-model-parallel-size %d: stage %d out of range", pp, pp_rank);
+        return sl_fail(SL_ERR_INVALID, "--pipeline-model-parallel-size %d: stage %d out of range", pp,
+                       pp_rank);
     if (cfg->n_layer % pp != 0)
         return sl_fail(SL_ERR_INVALID, "--pipeline-model-parallel-size %d does not divide num-layers %d", pp,
                        cfg->n_layer);
     if (v > 1 && (pp < 2 || cfg->n_layer % (pp * v) != 0))
-        return sl_fail(SL_ERR_INVALID,
-                       "--num-layers-per-virtual-pipeline-stage: num-layers %d is not pipeline stages %d x %d "
-                       "virtual stages x a whole number of layers",
-                       cfg->n_layer, pp, v);
+        return sl_fail(
+            SL_ERR_INVALID,
+            "--num-layers-per-virtual-pipeline-stage: num-layers %d is not pipeline stages %d x %d "
+            "virtual stages x a whole number of layers",
+            cfg->n_layer, pp, v);
     if (tp < 1 || tp_rank < 0 || tp_rank >= tp)
         return sl_fail(SL_ERR_INVALID, "--tensor-model-parallel-size %d: rank %d out of range", tp, tp_rank);
     if (cfg->n_head % tp != 0)
@@ -236,7 +239,7 @@ static sl_tensor *gpt2_body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int po
             sl_tensor *ks = sl_kv_store(ctx, kv->k[l], k, pos0), *vs = sl_kv_store(ctx, kv->v[l], v, pos0);
             a = sl_attention_kv(ctx, q, ks, vs, pos0, 0); /* (B, T, C) */
         } else {
-            a = sl_attention(ctx, q, k, v); /* (B, T, C) */
+            a = sl_attention(ctx, q, k, v);                    /* (B, T, C) */
             if (m->compute_dtype == SL_F16) a->iparams[2] = 2; /* Note [Eager half attention numerics] */
         }
         x = sl_add(ctx, x, mm(m, a, P(m, o + 4), P(m, o + 5)));
@@ -257,7 +260,8 @@ static sl_tensor *gpt2_body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int po
 static sl_tensor *tp_f(sl_model *m, sl_tensor *x) { return sl_tp_enter(m->ctx, x, m->tp, m->sp); }
 static sl_tensor *tp_g(sl_model *m, sl_tensor *x) { return sl_tp_exit(m->ctx, x, m->tp, m->sp); }
 static sl_tensor *tp_rep(sl_model *m, sl_tensor *p) { return sl_tp_rep(m->ctx, p, m->tp, m->sp); }
-/* a row-parallel linear: partial products summed by g, then the replicated bias; the dense linear without TP */
+/* a row-parallel linear: partial products summed by g, then the replicated bias; the dense linear without TP
+ */
 static sl_tensor *row_linear(sl_model *m, sl_tensor *x, sl_tensor *w, sl_tensor *b) {
     if (m->tp <= 1) return mm(m, x, w, b);
     return sl_bias(m->ctx, tp_g(m, mm(m, x, w, NULL)), tp_rep(m, b));
@@ -330,7 +334,8 @@ static sl_tensor *gpt2_par_body(sl_model *m, int chunk, sl_tensor *ids, sl_tenso
     sl_tensor *logits = sl_set_name(mm(m, x, P(m, idx_head(m)), NULL), "logits"); /* (B, T, V/tp) */
     if (logits_out) *logits_out = logits;
     if (!targets) return NULL;
-    sl_tensor *loss = tp > 1 ? sl_cross_entropy_vp(ctx, logits, targets, vlo, tp) : sl_cross_entropy(ctx, logits, targets);
+    sl_tensor *loss =
+        tp > 1 ? sl_cross_entropy_vp(ctx, logits, targets, vlo, tp) : sl_cross_entropy(ctx, logits, targets);
     return sl_set_name(loss, "loss");
 }
 

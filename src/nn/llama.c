@@ -104,8 +104,8 @@ void sl_llama_add_param(sl_llama_builder *b, int decay, int init, int ndim, cons
         m->numel += p->numel;
 }
 
-static sl_status llama_new(const sl_llama_config *cfg, sl_dtype wdtype, sl_backend *be, const sl_model_split *sp,
-                           sl_model **out);
+static sl_status llama_new(const sl_llama_config *cfg, sl_dtype wdtype, sl_backend *be,
+                           const sl_model_split *sp, sl_model **out);
 
 sl_status sl_llama_new(const sl_llama_config *cfg, sl_model **out) {
     return sl_llama_new_ex(cfg, SL_F32, out);
@@ -123,39 +123,43 @@ sl_status sl_llama_new_tp(const sl_llama_config *cfg, sl_backend *be, int tp, in
     return sl_llama_new_par(cfg, be, &(sl_model_split){tp, tp_rank, 1, 0, 1}, out);
 }
 
-sl_status sl_llama_new_par(const sl_llama_config *cfg, sl_backend *be, const sl_model_split *sp, sl_model **out) {
+sl_status sl_llama_new_par(const sl_llama_config *cfg, sl_backend *be, const sl_model_split *sp,
+                           sl_model **out) {
     *out = NULL;
     SL_TRY(check_cfg(cfg));
     const char *flag = "--tensor-model-parallel-size";
     int tp = sp->tp, tp_rank = sp->tp_rank, pp = sp->pp, v = sp->vpp > 1 ? sp->vpp : 1;
     if (pp < 1 || sp->pp_rank < 0 || sp->pp_rank >= pp)
-        return sl_fail(SL_ERR_INVALID, "--pipeline-model-parallel-size %d: stage %d out of range", pp, sp->pp_rank);
+        return sl_fail(SL_ERR_INVALID, "--pipeline-model-parallel-size %d: stage %d out of range", pp,
+                       sp->pp_rank);
     if (cfg->n_layer % pp)
         return sl_fail(SL_ERR_INVALID, "--pipeline-model-parallel-size %d does not divide num-layers %d", pp,
                        cfg->n_layer);
     if (v > 1 && (pp < 2 || cfg->n_layer % (pp * v)))
-        return sl_fail(SL_ERR_INVALID,
-                       "--num-layers-per-virtual-pipeline-stage: num-layers %d is not pipeline stages %d x %d "
-                       "virtual stages x a whole number of layers",
-                       cfg->n_layer, pp, v);
+        return sl_fail(
+            SL_ERR_INVALID,
+            "--num-layers-per-virtual-pipeline-stage: num-layers %d is not pipeline stages %d x %d "
+            "virtual stages x a whole number of layers",
+            cfg->n_layer, pp, v);
     if (tp < 1 || tp_rank < 0 || tp_rank >= tp)
         return sl_fail(SL_ERR_INVALID, "%s %d: rank %d out of range", flag, tp, tp_rank);
     if (cfg->arch == SL_ARCH_MIXTRAL || cfg->arch == SL_ARCH_BAICHUAN)
-        return sl_fail(SL_ERR_UNSUPPORTED, "%s %d / --pipeline-model-parallel-size %d: not implemented for %s (MoE "
+        return sl_fail(SL_ERR_UNSUPPORTED,
+                       "%s %d / --pipeline-model-parallel-size %d: not implemented for %s (MoE "
                        "experts / W_pack)",
                        flag, tp, pp, sl_arch_name(cfg->arch));
     if (cfg->n_head % tp)
         return sl_fail(SL_ERR_INVALID, "%s %d does not divide num-attention-heads %d", flag, tp, cfg->n_head);
     if (cfg->n_kv_head % tp && tp % cfg->n_kv_head) /* tp > kv heads: each kv head on tp / kv ranks */
-        return sl_fail(SL_ERR_INVALID, "%s %d and num-query-groups (kv heads) %d: neither divides the other", flag,
-                       tp, cfg->n_kv_head);
+        return sl_fail(SL_ERR_INVALID, "%s %d and num-query-groups (kv heads) %d: neither divides the other",
+                       flag, tp, cfg->n_kv_head);
     if (cfg->vocab_size < tp)
         return sl_fail(SL_ERR_INVALID, "%s %d exceeds vocab-size %d", flag, tp, cfg->vocab_size);
     return llama_new(cfg, SL_F32, be, sp, out);
 }
 
-static sl_status llama_new(const sl_llama_config *cfg, sl_dtype wdtype, sl_backend *be, const sl_model_split *sp,
-                           sl_model **out) {
+static sl_status llama_new(const sl_llama_config *cfg, sl_dtype wdtype, sl_backend *be,
+                           const sl_model_split *sp, sl_model **out) {
     int tp = sp->tp, tp_rank = sp->tp_rank, pp = sp->pp > 1 ? sp->pp : 1, s = sp->pp_rank,
         v = sp->vpp > 1 ? sp->vpp : 1;
     *out = NULL;
@@ -420,7 +424,8 @@ static sl_tensor *body_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *
         x = sl_embedding(ctx, W(m, "model.embed_tokens.weight"), ids); /* (B, T, C) */
     }
     for (int l = l0; l < l0 + Lc; l++) {
-        sl_tensor *h = tp_f(m, norm(m, x, tp_rep(m, W(m, "%s.%d.input_layernorm.weight", pre, l)), c->rms_eps));
+        sl_tensor *h =
+            tp_f(m, norm(m, x, tp_rep(m, W(m, "%s.%d.input_layernorm.weight", pre, l)), c->rms_eps));
         sl_tensor *q, *k, *v;
         if (c->arch == SL_ARCH_BAICHUAN) {
             sl_tensor *qkv = lin(m, h, W(m, "%s.%d.self_attn.W_pack.weight", pre, l), NULL); /* (B, T, 3QD) */
@@ -445,7 +450,7 @@ static sl_tensor *body_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *
 #undef KVREP
             }
             q = heads(ctx, lin(m, h, W(m, "%s.%d.self_attn.q_proj.weight", pre, l), bq), NH,
-                      hd); /* (B,T,NH,hd) */
+                      hd);                              /* (B,T,NH,hd) */
             k = heads(ctx, lin(m, h, wk, bk), NKV, hd); /* (B,T,NKV,hd) */
             v = heads(ctx, lin(m, h, wv, bv), NKV, hd);
         }
@@ -478,7 +483,8 @@ static sl_tensor *body_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *
             if (autocast(m) == SL_F16) a->iparams[2] = 3; /* Note [Eager half attention numerics] */
         }
         x = rnd_model(
-            m, sl_add(ctx, x, tp_g(m, lin(m, rnd(m, a), W(m, "%s.%d.self_attn.o_proj.weight", pre, l), NULL))));
+            m,
+            sl_add(ctx, x, tp_g(m, lin(m, rnd(m, a), W(m, "%s.%d.self_attn.o_proj.weight", pre, l), NULL))));
         h = tp_f(m, norm(m, x, tp_rep(m, W(m, "%s.%d.post_attention_layernorm.weight", pre, l)), c->rms_eps));
         sl_tensor *f;
         if (c->arch == SL_ARCH_MIXTRAL &&
@@ -616,7 +622,8 @@ sl_status sl_kv_graph_set_pos(sl_graph *g, int pos0) {
     return SL_OK;
 }
 
-sl_status sl_model_new_split(const sl_model *like, sl_backend *be, const sl_model_split *split, sl_model **out) {
+sl_status sl_model_new_split(const sl_model *like, sl_backend *be, const sl_model_split *split,
+                             sl_model **out) {
     if (like->arch == SL_ARCH_GPT2) return sl_gpt2_new_par(&like->cfg, be, split, out);
     return sl_llama_new_par(&like->lcfg, be, split, out);
 }

@@ -209,29 +209,11 @@ void sl_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_g
             emit(st, a, t);
         }
         break;
-    case SL_OP_COLLECTIVE: /* Note [Tensor-parallel graphs]: the conjugate collective */
-        if (ng[0] && n->iparams[1] != SL_COLL_NONE) {
-            sl_tensor *gc = sl_is_contiguous(g) ? g : sl_cont(ctx, g);
-            sl_tensor *c = sl_collective(ctx, gc, (sl_coll_kind)n->iparams[1], (sl_coll_kind)n->iparams[0],
-                                         (sl_coll_group)n->iparams[2], n->iparams[3]);
-            c->iparams[4] = n->iparams[4];
-            emit(st, a, c);
-        }
-        break;
+    case SL_OP_COLLECTIVE:
     case SL_OP_CE_VP:
-        /* the stats (src2) are treated as constants: the softmax form below is the whole gradient */
-        if (ng[0]) {
-            sl_tensor *t = new_backward_op(ctx, SL_OP_CE_VP_BACK, a);
-            t->src[0] = n;
-            t->src[1] = a;
-            t->src[2] = b;
-            t->src[3] = g;
-            t->iparams[0] = n->iparams[0];
-            emit(st, a, t);
-        }
-        break;
     case SL_OP_CE_VP_STATS:
-        break; /* reached only through CE_VP's src2, which takes no gradient */
+        sl_op_backward_tp(ctx, n, g, ng, emit, st);
+        break;
     default:
         if (sl_moe_op_backward(ctx, n, g, ng, emit, st)) break;
         /* backward-only ops have no gradient rule (no higher-order autodiff) */

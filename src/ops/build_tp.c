@@ -67,7 +67,8 @@ sl_tensor *sl_cross_entropy_vp(sl_ctx *ctx, sl_tensor *logits, sl_tensor *target
     st->src[1] = targets;
     st->iparams[0] = (int32_t)lo;
     sl_tensor *all = st;
-    if (group_size > 1) all = sl_collective(ctx, st, SL_COLL_ALLGATHER, SL_COLL_NONE, SL_GROUP_TP, group_size);
+    if (group_size > 1)
+        all = sl_collective(ctx, st, SL_COLL_ALLGATHER, SL_COLL_NONE, SL_GROUP_TP, group_size);
     all = sl_reshape(ctx, all, 3, (int64_t[]){group_size, N, 2});
     sl_tensor *t = sl_new_op(ctx, SL_OP_CE_VP, SL_F32, 1, (int64_t[]){1});
     t->src[0] = logits;
@@ -79,7 +80,8 @@ sl_tensor *sl_cross_entropy_vp(sl_ctx *ctx, sl_tensor *logits, sl_tensor *target
     return t;
 }
 
-sl_tensor *sl_collective_group(sl_ctx *ctx, sl_tensor *x, sl_coll_kind fwd, sl_coll_kind bwd, int tp, int sub) {
+sl_tensor *sl_collective_group(sl_ctx *ctx, sl_tensor *x, sl_coll_kind fwd, sl_coll_kind bwd, int tp,
+                               int sub) {
     SL_ASSERT(fwd <= SL_COLL_ALLREDUCE && bwd <= SL_COLL_ALLREDUCE && sub >= 1 && tp % sub == 0);
     sl_tensor *t = sl_collective(ctx, x, fwd, bwd, SL_GROUP_TP_KV, tp);
     t->iparams[4] = sub;
@@ -100,4 +102,36 @@ sl_tensor *sl_tp_exit(sl_ctx *ctx, sl_tensor *x, int tp, int sp) {
 
 sl_tensor *sl_tp_rep(sl_ctx *ctx, sl_tensor *p, int tp, int sp) {
     return tp > 1 && sp ? sl_collective(ctx, p, SL_COLL_COPY, SL_COLL_ALLREDUCE, SL_GROUP_TP, tp) : p;
+}
+
+/* Backward rules of the tensor-parallel ops (called by sl_op_backward) */
+void sl_op_backward_tp(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_grad_emit emit, void *st) {
+    sl_tensor *a = n->src[0], *b = n->src[1];
+    switch (n->op) {
+    case SL_OP_COLLECTIVE: /* the conjugate collective */
+        if (ng[0] && n->iparams[1] != SL_COLL_NONE) {
+            sl_tensor *gc = sl_is_contiguous(g) ? g : sl_cont(ctx, g);
+            sl_tensor *c = sl_collective(ctx, gc, (sl_coll_kind)n->iparams[1], (sl_coll_kind)n->iparams[0],
+                                         (sl_coll_group)n->iparams[2], n->iparams[3]);
+            c->iparams[4] = n->iparams[4];
+            emit(st, a, c);
+        }
+        break;
+    case SL_OP_CE_VP:
+        /* the stats (src2) are treated as constants: the softmax form below is the whole gradient */
+        if (ng[0]) {
+            sl_tensor *t = sl_new_op(ctx, SL_OP_CE_VP_BACK, SL_F32, a->ndim, a->ne);
+            t->src[0] = n;
+            t->src[1] = a;
+            t->src[2] = b;
+            t->src[3] = g;
+            t->iparams[0] = n->iparams[0];
+            emit(st, a, t);
+        }
+        break;
+    case SL_OP_CE_VP_STATS:
+        break; /* reached only through CE_VP's src2, which takes no gradient */
+    default:
+        SL_ASSERT(!"not a tensor-parallel op");
+    }
 }

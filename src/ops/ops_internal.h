@@ -21,6 +21,9 @@ int sl_try_accumulate_into(sl_tensor *c, sl_tensor *dst);
 
 void sl_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *needs_grad, sl_grad_emit emit,
                     void *state);
+/* The tensor-parallel ops' backward rules (src/ops/build_tp.c): COLLECTIVE, CE_VP, CE_VP_STATS. */
+void sl_op_backward_tp(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *needs_grad, sl_grad_emit emit,
+                       void *state);
 /* The MoE ops' backward rules (src/ops/moe_ops.c): 1 if n is one of them, else 0. */
 int sl_moe_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *needs_grad, sl_grad_emit emit,
                        void *state);

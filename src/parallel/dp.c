@@ -165,9 +165,9 @@ sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, 
     if (o->zero_stage < 0 || o->zero_stage > 3)
         return sl_fail(SL_ERR_INVALID, "--zero-stage %d: must be 0, 1, 2 or 3", o->zero_stage);
     if (m->pp > 1 && o->zero_stage == 3) /* its gathers are scheduled in one graph's forward */
-        return sl_fail(SL_ERR_UNSUPPORTED,
-                       "--zero-stage 3 with --pipeline-model-parallel-size %d is not supported (use 0, 1 or 2)",
-                       m->pp);
+        return sl_fail(
+            SL_ERR_UNSUPPORTED,
+            "--zero-stage 3 with --pipeline-model-parallel-size %d is not supported (use 0, 1 or 2)", m->pp);
     if (!m->backend->caps.host_visible)
         return sl_fail(SL_ERR_UNSUPPORTED,
                        "data parallelism needs host-visible device memory; the %s backend's is not (staging "
@@ -343,7 +343,8 @@ static sl_status seg_sumsq(const sl_dp *dp, const sl_buffer *g, int64_t goff, in
                 e = p->offset + p->numel < flat + len ? p->offset + p->numel : flat + len;
         if (e <= a) continue;
         SL_TRY(sl_backend_sumsq(be, g, goff + (a - flat), e - a, &x));
-        s += p->tp_parts > 0 && dp->m->tp > p->tp_parts ? x * p->tp_parts / dp->m->tp : x; /* replicated part */
+        s += p->tp_parts > 0 && dp->m->tp > p->tp_parts ? x * p->tp_parts / dp->m->tp
+                                                        : x; /* replicated part */
     }
     *out = s;
     return SL_OK;

@@ -129,12 +129,12 @@ typedef struct dp_slots {
 } dp_slots;
 
 struct sl_dp {
-    sl_comm *comm;  /* dp communicator (NULL: dp == 1) */
+    sl_comm *comm;    /* dp communicator (NULL: dp == 1) */
     sl_comm *tp_comm; /* the mesh's TP communicator when the model is TP-split (the gradient norm) */
     sl_comm *pp_comm; /* the mesh's pipeline communicator for a pipeline stage (the gradient norm) */
-    int n, r;       /* group size and this rank */
-    int zero;       /* ZeRO stage */
-    int grad_slots; /* gradients live in slots (Note [Gradient slots]); m->grads_buf is freed */
+    int n, r;         /* group size and this rank */
+    int zero;         /* ZeRO stage */
+    int grad_slots;   /* gradients live in slots (Note [Gradient slots]); m->grads_buf is freed */
     sl_model *m;
     sl_graph *g; /* the training graph */
     dp_buckets buckets;

@@ -112,11 +112,13 @@ sl_status sl_tp_collective(void *user, sl_tensor *n) {
                        n->iparams[3], t->n);
     double t0 = sl_time_sec();
     sl_status st = SL_OK;
-    if (n->iparams[2] == SL_GROUP_TP_KV) { /* replicated kv heads: only all-reduces, over groups of iparams[4] */
+    if (n->iparams[2] ==
+        SL_GROUP_TP_KV) { /* replicated kv heads: only all-reduces, over groups of iparams[4] */
         int g = n->iparams[4], k = 0;
         while ((1 << k) < g) k++;
         if ((1 << k) != g || k >= 8 || !t->group[k] || n->iparams[0] > SL_COLL_ALLREDUCE)
-            return sl_fail(SL_ERR_INVALID, "tp: collective '%s' over groups of %d ranks is not available", n->name, g);
+            return sl_fail(SL_ERR_INVALID, "tp: collective '%s' over groups of %d ranks is not available",
+                           n->name, g);
         if (n->iparams[0] == SL_COLL_COPY)
             memcpy(n->data, x->data, cnt * sizeof(float));
         else
@@ -157,9 +159,9 @@ sl_status sl_tp_collective(void *user, sl_tensor *n) {
 }
 
 /* Note [TP shard layout]
- * A parameter split along dim d (tp_split - 1) with full size F along d is tp_pack blocks of F / tp_pack; rank r holds part r
- * (sl_tp_part) of every block, concatenated in block order. For d = 0 a part is a run of whole rows; for
- * d = 1 (2-D only) it is a run of columns in every row. */
+ * A parameter split along dim d (tp_split - 1) with full size F along d is tp_pack blocks of F / tp_pack;
+ * rank r holds part r (sl_tp_part) of every block, concatenated in block order. For d = 0 a part is a run of
+ * whole rows; for d = 1 (2-D only) it is a run of columns in every row. */
 void sl_tp_shard_copy(const sl_param_info *p, int tp, int r, float *full, float *shard, int to_shard) {
     const sl_tensor *t = p->t;
     if (p->tp_split == 0) {
@@ -205,10 +207,12 @@ sl_status sl_tp_load_full(sl_model *shard, const sl_model *full) {
     for (int i = 0; i < shard->n_params && st == SL_OK; i++) {
         const sl_param_info *p = &shard->params[i], *q = sl_model_find(full, p->t->name);
         if (!q)
-            st = sl_fail(SL_ERR_INVALID, "tp: parameter '%s' of the shard is not in the whole model", p->t->name);
+            st = sl_fail(SL_ERR_INVALID, "tp: parameter '%s' of the shard is not in the whole model",
+                         p->t->name);
         else if (full_numel(p) != q->numel)
-            st = sl_fail(SL_ERR_INVALID, "tp: parameter '%s' has %lld elements in full, %lld in the whole model",
-                         p->t->name, (long long)full_numel(p), (long long)q->numel);
+            st = sl_fail(SL_ERR_INVALID,
+                         "tp: parameter '%s' has %lld elements in full, %lld in the whole model", p->t->name,
+                         (long long)full_numel(p), (long long)q->numel);
         else
             sl_tp_shard_copy(p, shard->tp > 1 ? shard->tp : 1, shard->tp_rank, (float *)fp + q->offset,
                              buf + p->offset, 1);
@@ -365,6 +369,7 @@ double sl_tp_comm_theory(const sl_model *m, int B, int T, int micro_batches) {
     double per = L * 8 * f * S + (first ? 2 * f * S : 0) + (last ? 2 * f * S : 0);
     if (last) per += f * n * (double)B * T * 2 * sizeof(float);
     if (m->sp) /* the sequence-shard parameters' gradient all-reduces */
-        per += 2 * f * sizeof(float) * (L * 6 * C + (first ? m->cfg.max_seq_len * C : 0) + (last ? 2 * C : 0));
+        per +=
+            2 * f * sizeof(float) * (L * 6 * C + (first ? m->cfg.max_seq_len * C : 0) + (last ? 2 * C : 0));
     return per * micro_batches;
 }

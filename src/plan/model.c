@@ -38,8 +38,8 @@
 
 #include "suanli/plan.h"
 
-/* elementwise bytes moved per micro-batch = 8.0 x the planned activation bytes: fitted on two runs on this host
- * (GPT-2 L4 C256 T64, B = 8 and 32, 1 process, 2026-12-01 20:28 UTC, BENCHMARKS.md "Layout planner") */
+/* elementwise bytes moved per micro-batch = 8.0 x the planned activation bytes: fitted on two runs on this
+ * host (GPT-2 L4 C256 T64, B = 8 and 32, 1 process, 2026-12-01 20:28 UTC, BENCHMARKS.md "Layout planner") */
 enum { ELEM_TRAFFIC_X10 = 80 };
 
 /* ---- parameters ---- */

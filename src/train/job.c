@@ -107,11 +107,14 @@ static uint64_t opts_hash(const sl_train_opts *o) {
                     o->sample.top_k,
                     o->moe.num_experts,
                     o->moe.topk};
-    double dv[] = {o->exit_duration_mins,  o->optim.lr,           o->optim.min_lr,
-                   o->optim.weight_decay,  o->optim.clip_grad,    o->optim.beta1,
-                   o->optim.beta2,         o->optim.eps,          o->sample.temperature,
-                   o->moe.capacity_factor, o->moe.aux_loss_coeff, o->moe.z_loss_coeff,
-                   o->moe.bias_update_rate, o->optim.initial_loss_scale, o->optim.min_loss_scale};
+    double dv[] = {o->exit_duration_mins,   o->optim.lr,
+                   o->optim.min_lr,         o->optim.weight_decay,
+                   o->optim.clip_grad,      o->optim.beta1,
+                   o->optim.beta2,          o->optim.eps,
+                   o->sample.temperature,   o->moe.capacity_factor,
+                   o->moe.aux_loss_coeff,   o->moe.z_loss_coeff,
+                   o->moe.bias_update_rate, o->optim.initial_loss_scale,
+                   o->optim.min_loss_scale};
     hash_str(&h, o->moe.router);
     hash_bytes(&h, iv, sizeof iv);
     hash_bytes(&h, dv, sizeof dv);
@@ -155,15 +158,18 @@ static sl_status setup_comm(sl_train_job *j) {
                                 (long long)o->data.seq_length, mesh->tp);
         int64_t lv = o->parallel.layers_per_virtual_stage;
         if (lv > 0 && mesh->pp < 2)
-            return sl_train_bad("--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1");
+            return sl_train_bad(
+                "--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1");
         if (mesh->pp > 1 && o->model.fp16)
-            return sl_train_bad("--fp16 with --pipeline-model-parallel-size %d is not supported yet (the loss "
-                                "scale lives in each last-stage graph slot)",
-                                mesh->pp);
+            return sl_train_bad(
+                "--fp16 with --pipeline-model-parallel-size %d is not supported yet (the loss "
+                "scale lives in each last-stage graph slot)",
+                mesh->pp);
         if (mesh->pp > 1 && o->parallel.zero_stage == 3)
-            return sl_train_bad("--zero-stage 3 with --pipeline-model-parallel-size %d is not supported (use 0, "
-                                "1 or 2)",
-                                mesh->pp);
+            return sl_train_bad(
+                "--zero-stage 3 with --pipeline-model-parallel-size %d is not supported (use 0, "
+                "1 or 2)",
+                mesh->pp);
     }
     SL_TRY(sl_train_moe_check(j)); /* expert counts vs --ep first: their message names the flag */
     if (mesh->ep > 1)
@@ -307,8 +313,8 @@ static sl_status load_init_from(sl_train_job *j, int data_vocab) {
      * the CUDA and OpenCL backends refuse windowed nodes when the graph is planned) */
     int lim = m->lcfg.max_seq_len;
     if (o->data.seq_length > lim)
-        return sl_train_bad("--seq-length %lld exceeds the model's %d positions", (long long)o->data.seq_length,
-                            lim);
+        return sl_train_bad("--seq-length %lld exceeds the model's %d positions",
+                            (long long)o->data.seq_length, lim);
     if (short_split(j))
         return sl_train_bad("%s: a split has fewer than seq-length+1 = %lld tokens", o->data.path,
                             (long long)o->data.seq_length + 1);
@@ -473,8 +479,9 @@ static sl_status make_model(sl_train_job *j) {
     }
     if (j->mesh.tp > 1 || j->mesh.pp > 1) { /* this rank's part of the whole model initialised above */
         if (!j->be->caps.host_visible)
-            return sl_train_bad("tensor and pipeline parallelism need host-visible memory (--device cpu), not %s",
-                                j->be->name);
+            return sl_train_bad(
+                "tensor and pipeline parallelism need host-visible memory (--device cpu), not %s",
+                j->be->name);
         sl_model *whole = j->m, *shard = NULL;
         j->m = NULL;
         sl_model_split split = {j->mesh.tp, j->mesh.tp_rank, j->mesh.pp, j->mesh.pp_rank, j->vpp};

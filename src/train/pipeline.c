@@ -80,9 +80,9 @@ static void make_schedule(sl_pipeline *P) {
     if (w > total) w = total;
 #define UNIT(k, f)                                                                                           \
     do {                                                                                                     \
-        int c_ = ((k) / p) % v, mi_ = ((k) / (p * v)) * p + (k) % p;                                        \
+        int c_ = ((k) / p) % v, mi_ = ((k) / (p * v)) * p + (k) % p;                                         \
         if (v == 1) mi_ = (k);                                                                               \
-        P->units[n++] = (pipe_unit){(f), (f) ? c_ : v - 1 - c_, mi_};                                      \
+        P->units[n++] = (pipe_unit){(f), (f) ? c_ : v - 1 - c_, mi_};                                        \
     } while (0)
     for (int k = 0; k < w; k++) UNIT(k, 1);
     for (int k = 0; k < total - w; k++) {
@@ -178,13 +178,15 @@ sl_status sl_pipeline_new(sl_pipeline **out, sl_model *m, const sl_mesh *mesh, i
     if (!m->backend->caps.host_visible)
         return sl_fail(SL_ERR_UNSUPPORTED, "--pipeline-model-parallel-size needs host-visible memory (cpu)");
     if (v > SL_PIPE_MAX_CHUNKS)
-        return sl_fail(SL_ERR_INVALID, "--num-layers-per-virtual-pipeline-stage: %d model chunks per stage, at most %d",
-                       v, SL_PIPE_MAX_CHUNKS);
-    if (v > 1 && n_micro % mesh->pp)
         return sl_fail(SL_ERR_INVALID,
-                       "--num-layers-per-virtual-pipeline-stage: the interleaved schedule needs micro-batches per "
-                       "step (%d) to be a multiple of --pipeline-model-parallel-size %d",
-                       n_micro, mesh->pp);
+                       "--num-layers-per-virtual-pipeline-stage: %d model chunks per stage, at most %d", v,
+                       SL_PIPE_MAX_CHUNKS);
+    if (v > 1 && n_micro % mesh->pp)
+        return sl_fail(
+            SL_ERR_INVALID,
+            "--num-layers-per-virtual-pipeline-stage: the interleaved schedule needs micro-batches per "
+            "step (%d) to be a multiple of --pipeline-model-parallel-size %d",
+            n_micro, mesh->pp);
     sl_pipeline *P = calloc(1, sizeof *P);
     if (!P) return sl_fail(SL_ERR_NOMEM, "pipeline: out of memory");
     P->m = m;
@@ -331,7 +333,8 @@ static sl_status drain(sl_pipeline *P) {
 sl_status sl_pipeline_step(sl_pipeline *P, int64_t step, int n_micro, int micro0, sl_batch_fn fn, void *user,
                            int overwrite, float *loss) {
     if (n_micro != P->m_micro)
-        return sl_fail(SL_ERR_INVALID, "pipeline: built for %d micro-batches, asked for %d", P->m_micro, n_micro);
+        return sl_fail(SL_ERR_INVALID, "pipeline: built for %d micro-batches, asked for %d", P->m_micro,
+                       n_micro);
     double sum = 0;
     int seen_bwd[SL_PIPE_MAX_CHUNKS] = {0};
     for (int i = 0; i < P->n_units; i++) {

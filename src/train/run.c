@@ -81,18 +81,21 @@ static void print_banner(const sl_train_job *j) {
     if (j->tr.pipe) {
         int p = j->mesh.pp, mb = j->accum, v = j->vpp;
         if (v > 1)
-            fprintf(f,
-                    "pipeline parallel: %d stages, interleaved 1F1B with %d model chunks per stage of %d layers, %d "
-                    "micro-batches per step | stage 0: %d graph slots, params %.2f MiB | bubble (p-1)/(vm+p-1) = "
-                    "%.3f\n",
-                    p, v, m->n_layers / v, mb, sl_pipeline_slots(j->tr.pipe), m->numel * 4.0 / 1048576.0,
-                    (double)(p - 1) / (v * mb + p - 1));
+            fprintf(
+                f,
+                "pipeline parallel: %d stages, interleaved 1F1B with %d model chunks per stage of %d layers, "
+                "%d "
+                "micro-batches per step | stage 0: %d graph slots, params %.2f MiB | bubble (p-1)/(vm+p-1) = "
+                "%.3f\n",
+                p, v, m->n_layers / v, mb, sl_pipeline_slots(j->tr.pipe), m->numel * 4.0 / 1048576.0,
+                (double)(p - 1) / (v * mb + p - 1));
         else
-            fprintf(f,
-                    "pipeline parallel: %d stages, 1F1B, %d micro-batches per step | stage 0: layers %d-%d, %d "
-                    "graph slots, params %.2f MiB | bubble (p-1)/(m+p-1) = %.3f\n",
-                    p, mb, m->layer0, m->layer0 + m->n_layers - 1, sl_pipeline_slots(j->tr.pipe),
-                    m->numel * 4.0 / 1048576.0, (double)(p - 1) / (mb + p - 1));
+            fprintf(
+                f,
+                "pipeline parallel: %d stages, 1F1B, %d micro-batches per step | stage 0: layers %d-%d, %d "
+                "graph slots, params %.2f MiB | bubble (p-1)/(m+p-1) = %.3f\n",
+                p, mb, m->layer0, m->layer0 + m->n_layers - 1, sl_pipeline_slots(j->tr.pipe),
+                m->numel * 4.0 / 1048576.0, (double)(p - 1) / (mb + p - 1));
     }
     fprintf(f,
             "activation memory: planned %.1f MiB (naive sum %.1f MiB) | data: %lld train / %lld val tokens\n",
@@ -460,8 +463,8 @@ static sl_status save_final(const sl_train_job *j, sl_model *m, const sl_train_r
              (long long)o->seed);
     const char *tname = sl_tokenizer_file_name(j->tok); /* the data's file name: .json or .model */
     snprintf(tp, sizeof tp, "%s/%s", save, tname);
-    sl_status sst = m->arch == SL_ARCH_GPT2 ? sl_model_save(m, save, extra)
-                                            : sl_hf_save(m, save, SL_F32, &j->hf_info);
+    sl_status sst =
+        m->arch == SL_ARCH_GPT2 ? sl_model_save(m, save, extra) : sl_hf_save(m, save, SL_F32, &j->hf_info);
     const char *tsrc = j->tokpath; /* an HF model keeps its own tokenizer.json */
     snprintf(hft, sizeof hft, "%s/tokenizer.json", init_from ? init_from : "");
     FILE *hf_tok = init_from ? fopen(hft, "r") : NULL;

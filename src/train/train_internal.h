@@ -26,11 +26,11 @@ typedef struct sl_train_job {
     sl_hf_info hf_info; /* with init_from */
     sl_trainer tr;
     int trainer_ok;
-    sl_dp *dp; /* NULL without data parallelism */
-    sl_tp *tp; /* NULL without tensor parallelism */
-    int vpp;   /* model chunks per pipeline stage (interleaved 1F1B), 1 otherwise */
+    sl_dp *dp;               /* NULL without data parallelism */
+    sl_tp *tp;               /* NULL without tensor parallelism */
+    int vpp;                 /* model chunks per pipeline stage (interleaved 1F1B), 1 otherwise */
     double tp_sec, tp_bytes; /* the last step's time in and bytes through TP collectives (this rank) */
-    sl_moe_stats moe_stats; /* the last step's (MoE models; moe_stats.n_layers == 0 otherwise) */
+    sl_moe_stats moe_stats;  /* the last step's (MoE models; moe_stats.n_layers == 0 otherwise) */
     int B, T, accum;
 
     /* where the run starts: a checkpoint (resume) or the weights in load_dir/model.safetensors */

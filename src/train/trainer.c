@@ -26,15 +26,18 @@ sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *
     int dpn = cfg->dp_size > 1 ? cfg->dp_size : 1;
     if (m->pp > 1) { /* a pipeline stage: the graphs are the schedule's slots */
         if (cfg->loss_scale.initial > 0) {
-            st = sl_fail(SL_ERR_UNSUPPORTED, "--fp16 loss scaling with --pipeline-model-parallel-size %d is not "
-                                             "supported yet", m->pp);
+            st = sl_fail(SL_ERR_UNSUPPORTED,
+                         "--fp16 loss scaling with --pipeline-model-parallel-size %d is not "
+                         "supported yet",
+                         m->pp);
             goto done;
         }
         if (!cfg->mesh) {
             st = sl_fail(SL_ERR_INVALID, "trainer: a pipeline stage needs the mesh (sl_trainer_config.mesh)");
             goto done;
         }
-        st = sl_pipeline_new(&tr->pipe, m, cfg->mesh, cfg->B, cfg->T, cfg->accum, 1.0f / (float)(cfg->accum * dpn));
+        st = sl_pipeline_new(&tr->pipe, m, cfg->mesh, cfg->B, cfg->T, cfg->accum,
+                             1.0f / (float)(cfg->accum * dpn));
         if (st != SL_OK) goto done;
         tr->graph = sl_pipeline_graph(tr->pipe, 0);
         tr->plan = sl_pipeline_plan(tr->pipe);
@@ -82,7 +85,8 @@ static sl_status pipe_after_backward(sl_trainer *tr, float *loss) {
     const char *name = m->arch == SL_ARCH_GPT2 ? "wte" : "model.embed_tokens.weight";
     if (tied && (s == 0 || s == p - 1)) {
         const sl_param_info *w = sl_model_find(m, name);
-        if (!w || !m->grads_mem) return sl_fail(SL_ERR_INVALID, "pipeline: no %s gradient on stage %d", name, s);
+        if (!w || !m->grads_mem)
+            return sl_fail(SL_ERR_INVALID, "pipeline: no %s gradient on stage %d", name, s);
         float *g = m->grads_mem + w->offset, *other = malloc(sizeof(float) * (size_t)w->numel);
         if (!other) return sl_fail(SL_ERR_NOMEM, "pipeline: out of memory");
         sl_status st;
@@ -176,7 +180,8 @@ sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *us
             st = sl_dp_sync_params(tr->dp);
         }
         if (st == SL_OK)
-            st = sl_pipeline_step(tr->pipe, step, tr->cfg.accum, dp_rank * tr->cfg.accum, fn, user, overwrite, &l);
+            st = sl_pipeline_step(tr->pipe, step, tr->cfg.accum, dp_rank * tr->cfg.accum, fn, user, overwrite,
+                                  &l);
         if (st == SL_OK) st = pipe_after_backward(tr, &l);
         tot = (double)l * tr->cfg.accum;
     }

@@ -12,8 +12,8 @@
 
 static char out[1 << 17];
 
-#define run(...) tu_runf(out, sizeof out, "SUANLI_COMM_ALGO=direct SUANLI_COMM_TIMEOUT=60 timeout 300", __VA_ARGS__)
-
+#define run(...)                                                                                             \
+    tu_runf(out, sizeof out, "SUANLI_COMM_ALGO=direct SUANLI_COMM_TIMEOUT=60 timeout 300", __VA_ARGS__)
 
 static double weights_diff(const char *a, const char *b) {
     sl_model *ma = NULL, *mb = NULL;
@@ -48,8 +48,8 @@ static void across(const char *cli, const char *data, const char *dir, const cha
     char a[700], b[700], pf[1200], pt[1200];
     prefix(pf, sizeof pf, cli, from.n);
     prefix(pt, sizeof pt, cli, to.n);
-    int rc = run("%s train --data-path %s " TINY " %s --train-iters 8 --save-interval 8 --save %s/%s-a", pf, data,
-                 from.flags, dir, name);
+    int rc = run("%s train --data-path %s " TINY " %s --train-iters 8 --save-interval 8 --save %s/%s-a", pf,
+                 data, from.flags, dir, name);
     TU_CHECK(rc == 0, "%s: save: %s", name, out);
     rc = run("%s train --data-path %s " TINY " %s --train-iters 16 --load %s/%s-a --save %s/%s-b", pt, data,
              to.flags, dir, name, dir, name);
@@ -89,7 +89,8 @@ int main(void) {
     across(cli, data, dir, "3d-to-single", three_d, single);
     across(cli, data, dir, "single-to-tp4", single, tp4);
     /* reloaded weights are the saved ones, bitwise: resume at step 8 on tp 4 and train no step */
-    rc = run("%s run -n 4 -- %s train --data-path %s " TINY " --tp 4 --train-iters 8 --load %s/tp2pp2-to-pp2dp2-a "
+    rc = run("%s run -n 4 -- %s train --data-path %s " TINY
+             " --tp 4 --train-iters 8 --load %s/tp2pp2-to-pp2dp2-a "
              "--save %s/reload",
              cli, cli, data, dir, dir);
     TU_CHECK(rc == 0 && strstr(out, "resumed from"), "reload: %s", out);
@@ -105,11 +106,12 @@ int main(void) {
     rc = run("env SUANLI_FAULT_KILL_AT_STEP=10 SUANLI_FAULT_RANK=5 %s run -n 8 --max-restarts 1 -- %s train "
              "--data-path %s " TINY " %s --save %s/killed --load %s/killed",
              cli, cli, data, L3, dir, dir);
-    TU_CHECK(rc == 0 && strstr(out, "killing myself") && strstr(out, "resumed from"), "3d killed: rc %d %s", rc,
-             out);
+    TU_CHECK(rc == 0 && strstr(out, "killing myself") && strstr(out, "resumed from"), "3d killed: rc %d %s",
+             rc, out);
     snprintf(a, sizeof a, "%s/plain/model.safetensors", dir);
     snprintf(b, sizeof b, "%s/killed/model.safetensors", dir);
-    TU_CHECK(tu_same_file(a, b), "kill -9 under --max-restarts: final weights bitwise the uninterrupted run's");
+    TU_CHECK(tu_same_file(a, b),
+             "kill -9 under --max-restarts: final weights bitwise the uninterrupted run's");
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     TU_CHECK(system(cmd) == 0, "cleanup");

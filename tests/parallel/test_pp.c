@@ -22,7 +22,8 @@
 #include "testutil.h"
 
 enum { STEPS = 20, B = 2, T = 16, V = 66, MAXR = 8 };
-static const sl_gpt2_config CFG = {.n_layer = 4, .n_head = 4, .n_embd = 32, .vocab_size = V, .max_seq_len = T};
+static const sl_gpt2_config CFG = {
+    .n_layer = 4, .n_head = 4, .n_embd = 32, .vocab_size = V, .max_seq_len = T};
 
 /* a GQA Qwen2 (q/k/v biases), 4 layers; tied or untied head (LCFG_UNTIED) */
 static const sl_llama_config LCFG = {.arch = SL_ARCH_QWEN2,
@@ -61,8 +62,8 @@ typedef struct {
     sl_comm *world;
     int tp, pp, sp, zero, accum, vpp; /* dp = world / (tp pp) */
     float losses[STEPS];
-    sl_model *stage;   /* for the names and shapes of the gathered parameters (kept) */
-    float *full;       /* this stage's parameters in full (TP-gathered) layout, stage order */
+    sl_model *stage;           /* for the names and shapes of the gathered parameters (kept) */
+    float *full;               /* this stage's parameters in full (TP-gathered) layout, stage order */
     int slots, stage_dp_rank0; /* this rank is dp rank 0 of its (tp, pp) position */
     double wait;
     sl_status st;
@@ -157,7 +158,8 @@ typedef struct {
     sl_model *m;
 } ref_run;
 
-static void check_layout_v(const ref_run *ref, int world, int tp, int pp, int sp, int zero, int accum, int vpp) {
+static void check_layout_v(const ref_run *ref, int world, int tp, int pp, int sp, int zero, int accum,
+                           int vpp) {
     sl_comm *comms[MAXR];
     rank_job jobs[MAXR];
     pthread_t th[MAXR];
@@ -167,22 +169,24 @@ static void check_layout_v(const ref_run *ref, int world, int tp, int pp, int sp
              vpp > 1 ? " interleaved v=2" : "", world / (tp * pp), sp ? " sp" : "", zero, accum);
     TU_CHECK(sl_comm_init_loopback(world, comms, NULL) == SL_OK, "loopback: %s", sl_errmsg());
     for (int r = 0; r < world; r++) {
-        jobs[r] = (rank_job){.world = comms[r], .tp = tp, .pp = pp, .sp = sp, .zero = zero, .accum = accum, .vpp = vpp};
+        jobs[r] = (rank_job){
+            .world = comms[r], .tp = tp, .pp = pp, .sp = sp, .zero = zero, .accum = accum, .vpp = vpp};
         pthread_create(&th[r], NULL, run_rank, &jobs[r]);
     }
     for (int r = 0; r < world; r++) pthread_join(th[r], NULL);
     double worst = 0, md = 0, mr = 0, wait = 0, ss[2] = {0, 0};
     int ok = 1;
     for (int r = 0; r < world; r++) {
-        TU_CHECK(jobs[r].st == SL_OK, "%s rank %d: %s (%s)", what, r, sl_status_name(jobs[r].st), sl_errmsg());
+        TU_CHECK(jobs[r].st == SL_OK, "%s rank %d: %s (%s)", what, r, sl_status_name(jobs[r].st),
+                 sl_errmsg());
         if (jobs[r].st != SL_OK) ok = 0;
     }
     for (int r = 0; ok && r < world; r++) {
         const rank_job *j = &jobs[r];
         int stage = j->stage->pp_rank;
         if (vpp <= 1) /* 1F1B keeps p - s micro-batches in flight on stage s */
-            TU_CHECK(j->slots == (accum < pp - stage ? accum : pp - stage), "%s stage %d: %d slots", what, stage,
-                     j->slots);
+            TU_CHECK(j->slots == (accum < pp - stage ? accum : pp - stage), "%s stage %d: %d slots", what,
+                     stage, j->slots);
         for (int s = 0; s < STEPS; s++) {
             double e = fabs(j->losses[s] - ref->losses[s]) / fabs(ref->losses[s]);
             if (e > worst) worst = e;
@@ -194,11 +198,13 @@ static void check_layout_v(const ref_run *ref, int world, int tp, int pp, int sp
         TU_CHECK(j->stage->n_layers == 4 / pp, "%s: stage %d holds %d layers", what, stage,
                  j->stage->n_layers);
     }
-    if (ok && pp > 1 && g_llama != 2) { /* the tied copies stay equal: the last stage's is the first's, bitwise */
+    if (ok && pp > 1 &&
+        g_llama != 2) { /* the tied copies stay equal: the last stage's is the first's, bitwise */
         const rank_job *f = &jobs[0], *l = NULL;
         for (int r = 0; r < world; r++)
             if (jobs[r].stage->pp_rank == pp - 1 && jobs[r].stage->tp_rank == 0) l = &jobs[r];
-        const sl_param_info *pf = sl_model_find(f->stage, tied_name()), *pl = sl_model_find(l->stage, tied_name());
+        const sl_param_info *pf = sl_model_find(f->stage, tied_name()),
+                            *pl = sl_model_find(l->stage, tied_name());
         int64_t ol = 0;
         for (int i = 0; i < l->stage->n_params && &l->stage->params[i] != pl; i++)
             ol += sl_model_find(ref->m, l->stage->params[i].t->name)->numel;
@@ -208,20 +214,24 @@ static void check_layout_v(const ref_run *ref, int world, int tp, int pp, int sp
     }
     double wd = mr > 0 ? md / mr : md, wn = ss[1] > 0 ? sqrt(ss[0] / ss[1]) : 1;
     if (ok)
-        printf("%s: worst loss rel err %.2e, final weights %.2e normwise (%.2e max elementwise); time blocked in "
+        printf("%s: worst loss rel err %.2e, final weights %.2e normwise (%.2e max elementwise); time "
+               "blocked in "
                "pipeline receives %.1f ms/rank\n",
                what, worst, wn, wd, 1e3 * wait / world);
     TU_CHECK(worst <= 1e-6, "%s: loss rel err %.3g (bar 1e-6)", what, worst);
     /* the tied Qwen2 under TP: its last layer drifts by ~1e-5 relative (the loss still agrees to 2e-7):
      * measured 3.2e-6 normwise in the release build and 1.35e-5 in the ASan build, whose code generation
-     * rounds differently; AdamW amplifies the reassociation noise of TP's partial sums there (its k_proj bias,
-     * whose true gradient is zero, moves by 4.5e-5). Bar 3e-5 for that model under TP, 1e-5 elsewhere. */
+     * rounds differently; AdamW amplifies the reassociation noise of TP's partial sums there (its k_proj
+     * bias, whose true gradient is zero, moves by 4.5e-5). Bar 3e-5 for that model under TP, 1e-5 elsewhere.
+     */
     double wbar = g_llama == 1 && tp > 1 ? 3e-5 : 1e-5;
     TU_CHECK(wn <= wbar, "%s: final weights normwise rel err %.3g (bar %.0e)", what, wn, wbar);
     TU_CHECK(wd <= 1e-4, "%s: final weights max elementwise rel err %.3g (bar 1e-4)", what, wd);
-    /* without a tied embedding (nothing summed across stages) and without TP/DP, stages change no arithmetic */
+    /* without a tied embedding (nothing summed across stages) and without TP/DP, stages change no arithmetic
+     */
     if (ok && g_llama == 2 && tp == 1 && world == pp)
-        TU_CHECK(worst == 0 && wd == 0, "%s: bitwise the single process (loss %.3g, weights %.3g)", what, worst, wd);
+        TU_CHECK(worst == 0 && wd == 0, "%s: bitwise the single process (loss %.3g, weights %.3g)", what,
+                 worst, wd);
     for (int r = 0; r < world; r++) {
         free(jobs[r].full);
         sl_model_free(jobs[r].stage);
@@ -238,8 +248,16 @@ static void single(int accum, ref_run *ref) {
     TU_CHECK(new_whole(&m) == SL_OK, "model");
     sl_model_init_weights(m, 11);
     sl_trainer tr;
-    sl_trainer_config tc = {.B = B, .T = T, .accum = accum, .dp_size = 1, .lr = 3e-3f, .min_lr = 3e-4f,
-                            .clip = 0.5f, .warmup = 3, .decay_iters = STEPS, .hp = {0.9f, 0.95f, 1e-8f, 0.1f}};
+    sl_trainer_config tc = {.B = B,
+                            .T = T,
+                            .accum = accum,
+                            .dp_size = 1,
+                            .lr = 3e-3f,
+                            .min_lr = 3e-4f,
+                            .clip = 0.5f,
+                            .warmup = 3,
+                            .decay_iters = STEPS,
+                            .hp = {0.9f, 0.95f, 1e-8f, 0.1f}};
     TU_CHECK(sl_trainer_init(&tr, m, &tc) == SL_OK, "trainer: %s", sl_errmsg());
     for (int s = 0; s < STEPS; s++) {
         sl_step_stats ss;
@@ -255,8 +273,9 @@ int main(void) {
     sl_threads_set(1);
     /* bad splits are refused with the flag named */
     sl_model *bad = NULL;
-    TU_CHECK(sl_gpt2_new_par(&CFG, sl_backend_cpu(), &(sl_model_split){1, 0, 3, 0, 1}, &bad) == SL_ERR_INVALID && !bad &&
-                 strstr(sl_errmsg(), "--pipeline-model-parallel-size 3 does not divide num-layers 4"),
+    TU_CHECK(sl_gpt2_new_par(&CFG, sl_backend_cpu(), &(sl_model_split){1, 0, 3, 0, 1}, &bad) ==
+                     SL_ERR_INVALID &&
+                 !bad && strstr(sl_errmsg(), "--pipeline-model-parallel-size 3 does not divide num-layers 4"),
              "layers not divisible by pp: %s", sl_errmsg());
     ref_run ref4, ref8;
     single(4, &ref4);
@@ -276,7 +295,8 @@ int main(void) {
     check_layout_v(&ref4, 2, 1, 2, 0, 0, 4, 2);
     check_layout_v(&ref8, 2, 1, 2, 0, 0, 8, 2);
     check_layout_v(&ref4, 8, 2, 2, 1, 1, 2, 2); /* with tp 2 + SP and dp 2 */
-    TU_CHECK(sl_gpt2_new_par(&CFG, sl_backend_cpu(), &(sl_model_split){1, 0, 2, 0, 3}, &bad) == SL_ERR_INVALID &&
+    TU_CHECK(sl_gpt2_new_par(&CFG, sl_backend_cpu(), &(sl_model_split){1, 0, 2, 0, 3}, &bad) ==
+                     SL_ERR_INVALID &&
                  strstr(sl_errmsg(), "--num-layers-per-virtual-pipeline-stage"),
              "chunks not dividing the layers: %s", sl_errmsg());
     sl_model_free(ref4.m);

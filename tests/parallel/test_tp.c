@@ -17,7 +17,8 @@
 #include "testutil.h"
 
 enum { STEPS = 20, B = 2, T = 16, V = 66 };
-static const sl_gpt2_config CFG = {.n_layer = 2, .n_head = 4, .n_embd = 32, .vocab_size = V, .max_seq_len = T};
+static const sl_gpt2_config CFG = {
+    .n_layer = 2, .n_head = 4, .n_embd = 32, .vocab_size = V, .max_seq_len = T};
 
 /* a GQA Qwen2 (q/k/v biases) with an untied head: 4 query heads, 2 kv heads */
 static const sl_llama_config LCFG = {.arch = SL_ARCH_QWEN2,
@@ -43,7 +44,7 @@ static sl_status synth(void *u, int64_t step, int micro, int32_t *ids, int32_t *
 typedef struct {
     sl_comm *world;
     int tp, accum, zero, llama, sp, bf16; /* dp = world / tp */
-    size_t act_bytes; /* planned activations */
+    size_t act_bytes;                     /* planned activations */
     float losses[STEPS], norms[STEPS];
     float *full; /* final weights, full layout */
     int64_t numel, local_numel;
@@ -119,12 +120,14 @@ static rank_job run_layout_sp(int n, int tp, int accum, int zero, int llama, int
     pthread_t th[8];
     TU_CHECK(sl_comm_init_loopback(n, comms, NULL) == SL_OK, "loopback: %s", sl_errmsg());
     for (int r = 0; r < n; r++) {
-        jobs[r] = (rank_job){.world = comms[r], .tp = tp, .accum = accum, .zero = zero, .llama = llama, .sp = sp};
+        jobs[r] =
+            (rank_job){.world = comms[r], .tp = tp, .accum = accum, .zero = zero, .llama = llama, .sp = sp};
         pthread_create(&th[r], NULL, run_rank, &jobs[r]);
     }
     for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
     for (int r = 0; r < n; r++) {
-        TU_CHECK(jobs[r].st == SL_OK, "tp=%d rank %d: %s (%s)", tp, r, sl_status_name(jobs[r].st), sl_errmsg());
+        TU_CHECK(jobs[r].st == SL_OK, "tp=%d rank %d: %s (%s)", tp, r, sl_status_name(jobs[r].st),
+                 sl_errmsg());
         if (r > 0) {
             /* every rank gathers the same full model: replicated parameters never drifted apart, and
              * DP replicas agree */
@@ -132,8 +135,8 @@ static rank_job run_layout_sp(int n, int tp, int accum, int zero, int llama, int
                          memcmp(jobs[r].full, jobs[0].full, sizeof(float) * (size_t)jobs[0].numel) == 0,
                      "tp=%d: rank %d's gathered weights differ from rank 0's", tp, r);
             for (int s = 0; s < STEPS; s++)
-                TU_CHECK(jobs[r].losses[s] == jobs[0].losses[s], "tp=%d step %d: rank %d's loss differs", tp, s,
-                         r);
+                TU_CHECK(jobs[r].losses[s] == jobs[0].losses[s], "tp=%d step %d: rank %d's loss differs", tp,
+                         s, r);
             free(jobs[r].full);
         }
         sl_comm_free(comms[r]);
@@ -153,8 +156,9 @@ static void compare(const char *what, const rank_job *z, const rank_job *ref) {
         if (r > worst) worst = r;
     }
     double wd = tu_rel_maxdiff(z->full, ref->full, ref->numel);
-    printf("%s: worst loss rel err %.2e, final weights %.2e; planned activations %.1f KiB (single %.1f KiB)\n",
-           what, worst, wd, z->act_bytes / 1024.0, ref->act_bytes / 1024.0);
+    printf(
+        "%s: worst loss rel err %.2e, final weights %.2e; planned activations %.1f KiB (single %.1f KiB)\n",
+        what, worst, wd, z->act_bytes / 1024.0, ref->act_bytes / 1024.0);
     TU_CHECK(worst <= 1e-6, "%s loss rel err %.3g (bar 1e-6)", what, worst);
     TU_CHECK(wd <= 1e-5, "%s final weights rel err %.3g (bar 1e-5)", what, wd);
 }
@@ -194,7 +198,8 @@ static void sp_layouts(void) {
  * (measured 0.34x on this tiny model, whose bf16 gap is itself only ~2e-5 relative); and the bf16 runs must
  * differ from fp32, so the bar cannot pass vacuously. */
 static void bf16_layout(void) {
-    rank_job f32 = {.world = NULL, .tp = 1, .accum = 2}, b16 = {.world = NULL, .tp = 1, .accum = 2, .bf16 = 1};
+    rank_job f32 = {.world = NULL, .tp = 1, .accum = 2},
+             b16 = {.world = NULL, .tp = 1, .accum = 2, .bf16 = 1};
     run_rank(&f32);
     run_rank(&b16);
     TU_CHECK(f32.st == SL_OK && b16.st == SL_OK, "single bf16: %s", sl_errmsg());
@@ -263,7 +268,8 @@ static void llama_layouts(void) {
         }
         double wd = tu_rel_maxdiff(z.full, ref.full, ref.numel);
         printf("qwen2 GQA tp=%d dp=%d: worst loss rel err %.2e, final weights %.2e; %lld of %lld per rank\n",
-               lay[li][1], lay[li][0] / lay[li][1], worst, wd, (long long)z.local_numel, (long long)ref.numel);
+               lay[li][1], lay[li][0] / lay[li][1], worst, wd, (long long)z.local_numel,
+               (long long)ref.numel);
         TU_CHECK(worst <= 1e-6, "qwen2 world %d loss rel err %.3g (bar 1e-6)", lay[li][0], worst);
         TU_CHECK(wd <= 1e-5, "qwen2 world %d final weights rel err %.3g (bar 1e-5)", lay[li][0], wd);
         free(z.full);
@@ -299,8 +305,8 @@ int main(void) {
                    "final loss %.6f (single %.6f); %lld of %lld parameters per rank\n",
                    tp, accum, worst, worst_norm, wd, z.losses[STEPS - 1], ref.losses[STEPS - 1],
                    (long long)z.local_numel, (long long)ref.numel);
-            TU_CHECK(z.numel == ref.numel, "tp=%d: gathered %lld parameters, want %lld", tp, (long long)z.numel,
-                     (long long)ref.numel);
+            TU_CHECK(z.numel == ref.numel, "tp=%d: gathered %lld parameters, want %lld", tp,
+                     (long long)z.numel, (long long)ref.numel);
             TU_CHECK(worst <= 1e-6, "tp=%d accum=%d loss rel err %.3g (bar 1e-6)", tp, accum, worst);
             TU_CHECK(wd <= 1e-5, "tp=%d accum=%d final weights rel err %.3g (bar 1e-5)", tp, accum, wd);
             /* memory: the split weights are 1/tp (uneven vocab shards: within one row of wte), the
@@ -308,8 +314,9 @@ int main(void) {
             int64_t C = CFG.n_embd, L = CFG.n_layer;
             int64_t repl = (int64_t)T * C + L * 6 * C + 2 * C;
             int64_t split = ref.numel - repl;
-            TU_CHECK(llabs(z.local_numel - (repl + split / tp)) <= C, "tp=%d: %lld parameters per rank, want %lld",
-                     tp, (long long)z.local_numel, (long long)(repl + split / tp));
+            TU_CHECK(llabs(z.local_numel - (repl + split / tp)) <= C,
+                     "tp=%d: %lld parameters per rank, want %lld", tp, (long long)z.local_numel,
+                     (long long)(repl + split / tp));
             free(z.full);
         }
         if (accum == 2) /* tp 2 x dp 2, one micro-batch per rank: the same global batch */

@@ -11,8 +11,8 @@
 
 static char out[1 << 17];
 
-#define run(...) tu_runf(out, sizeof out, "SUANLI_COMM_ALGO=direct SUANLI_COMM_TIMEOUT=60 timeout 300", __VA_ARGS__)
-
+#define run(...)                                                                                             \
+    tu_runf(out, sizeof out, "SUANLI_COMM_ALGO=direct SUANLI_COMM_TIMEOUT=60 timeout 300", __VA_ARGS__)
 
 static void same_run_as(const char *dir, const char *ref, const char *name, const char *key);
 static void same_run(const char *dir, const char *name) { same_run_as(dir, "single", name, "tp_comm_mib"); }
@@ -27,15 +27,16 @@ static void same_run_as(const char *dir, const char *ref, const char *name, cons
         /* the collectives the graph ran are Megatron's count (Note [TP communication volume]) */
         double got = tu_metric_at(b, s, "tp_comm_mib"), want = tu_metric_at(b, s, "tp_comm_theory_mib");
         if (!isnan(want))
-            TU_CHECK(fabs(got - want) <= 1e-3 * want, "%s step %d: TP communication %.4f MiB, theory %.4f", name,
-                     s, got, want);
+            TU_CHECK(fabs(got - want) <= 1e-3 * want, "%s step %d: TP communication %.4f MiB, theory %.4f",
+                     name, s, got, want);
     }
     snprintf(a, sizeof a, "%s/%s", dir, ref);
     snprintf(b, sizeof b, "%s/%s", dir, name);
     sl_model *ma = NULL, *mb = NULL;
     TU_CHECK(sl_model_load(a, &ma) == SL_OK && sl_model_load(b, &mb) == SL_OK, "load saved: %s", sl_errmsg());
     if (ma && mb) {
-        TU_CHECK(ma->numel == mb->numel, "%s: whole model saved (%lld parameters)", name, (long long)mb->numel);
+        TU_CHECK(ma->numel == mb->numel, "%s: whole model saved (%lld parameters)", name,
+                 (long long)mb->numel);
         double d = ma->numel == mb->numel ? tu_rel_maxdiff(mb->params_mem, ma->params_mem, ma->numel) : 1;
         printf("%s: saved weights vs single, max rel diff %.2e\n", name, d);
         TU_CHECK(d <= 1e-5, "%s: final weights rel diff %.3g (bar 1e-5)", name, d);
@@ -61,20 +62,20 @@ int main(void) {
     TU_CHECK(rc == 0, "prepare: %s", out);
     rc = run("%s train --data-path %s " TINY " --save %s/single", cli, data, dir);
     TU_CHECK(rc == 0, "single: %s", out);
-    rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --tp 2 --save %s/tp2 --sample-tokens 8", cli, cli,
-             data, dir);
+    rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --tp 2 --save %s/tp2 --sample-tokens 8", cli,
+             cli, data, dir);
     TU_CHECK(rc == 0, "tp2: %s", out);
     TU_CHECK(strstr(out, "tensor parallel: 2 ranks | per rank: params") && strstr(out, "tp comm") &&
                  strstr(out, "---- sample"),
              "tp2 reports accounting, TP comm and samples: %s", out);
     same_run(dir, "tp2");
-    rc = run("%s run -n 4 -- %s train --data-path %s " TINY " --tp 2 --zero-stage 1 --save %s/tp2dp2", cli, cli,
-             data, dir);
+    rc = run("%s run -n 4 -- %s train --data-path %s " TINY " --tp 2 --zero-stage 1 --save %s/tp2dp2", cli,
+             cli, data, dir);
     TU_CHECK(rc == 0 && strstr(out, "data parallel: 2 ranks") && strstr(out, "tensor parallel: 2 ranks"),
              "tp2 x dp2: %s", out);
     same_run(dir, "tp2dp2");
-    rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --tp 2 --sequence-parallel --save %s/tp2sp", cli,
-             cli, data, dir);
+    rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --tp 2 --sequence-parallel --save %s/tp2sp",
+             cli, cli, data, dir);
     TU_CHECK(rc == 0 && strstr(out, "tensor parallel: 2 ranks, sequence parallel"), "tp2 + SP: %s", out);
     same_run(dir, "tp2sp");
     /* pipeline parallelism: 8 micro-batches per step; pp 2, and tp 2 x pp 2 x dp 2 with SP and ZeRO-1 on 8
@@ -95,8 +96,8 @@ int main(void) {
              "tp2 x pp2 x dp2: %s", out);
     same_run_as(dir, "single16", "3d", "tp_comm_mib");
     /* interleaved 1F1B: 4 layers, 2 stages of 2 model chunks of 1 layer */
-    rc = run("%s train --data-path %s " TINY " --num-layers 4 --global-batch-size 16 --save %s/single16L4", cli,
-             data, dir);
+    rc = run("%s train --data-path %s " TINY " --num-layers 4 --global-batch-size 16 --save %s/single16L4",
+             cli, data, dir);
     TU_CHECK(rc == 0, "single16L4: %s", out);
     rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --num-layers 4 --global-batch-size 16 --pp 2 "
              "--num-layers-per-virtual-pipeline-stage 1 --save %s/ipp2",
@@ -105,7 +106,8 @@ int main(void) {
                  strstr(out, "bubble (p-1)/(vm+p-1) = 0.059"),
              "interleaved pp2: %s", out);
     same_run_as(dir, "single16L4", "ipp2", "pipe_wait_ms");
-    rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --pp 2 --num-layers-per-virtual-pipeline-stage 1",
+    rc = run("%s run -n 2 -- %s train --data-path %s " TINY
+             " --pp 2 --num-layers-per-virtual-pipeline-stage 1",
              cli, cli, data);
     TU_CHECK(rc != 0 && strstr(out, "--num-layers-per-virtual-pipeline-stage 1: num-layers 2 is not"),
              "interleaving needs 2+ chunks: rc %d %s", rc, out);
@@ -122,13 +124,14 @@ int main(void) {
     rc = run("%s train --data-path %s " TINY " --sequence-parallel", cli, data);
     TU_CHECK(rc == 2 && strstr(out, "--sequence-parallel needs --tensor-model-parallel-size > 1"),
              "SP without TP: rc %d %s", rc, out);
-    rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --tp 2 --sequence-parallel --seq-length 15", cli,
-             cli, data);
+    rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --tp 2 --sequence-parallel --seq-length 15",
+             cli, cli, data);
     TU_CHECK(rc != 0 && strstr(out, "--seq-length 15 is not divisible by --tensor-model-parallel-size 2"),
              "SP with seq not divisible: rc %d %s", rc, out);
-    rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --tp 2 --num-attention-heads 1 --hidden-size 32 "
-             "--save %s/bad1",
-             cli, cli, data, dir);
+    rc =
+        run("%s run -n 2 -- %s train --data-path %s " TINY " --tp 2 --num-attention-heads 1 --hidden-size 32 "
+            "--save %s/bad1",
+            cli, cli, data, dir);
     TU_CHECK(rc != 0 && strstr(out, "--tensor-model-parallel-size 2 does not divide num-attention-heads 1"),
              "heads not divisible by tp: rc %d %s", rc, out);
     snprintf(p, sizeof p, "%s/bad1", dir);

@@ -14,7 +14,8 @@
 
 static char out[1 << 17];
 
-#define run(...) tu_runf(out, sizeof out, "env -u SUANLI_COMM_ALGO SUANLI_COMM_TIMEOUT=60 timeout 300", __VA_ARGS__)
+#define run(...)                                                                                             \
+    tu_runf(out, sizeof out, "env -u SUANLI_COMM_ALGO SUANLI_COMM_TIMEOUT=60 timeout 300", __VA_ARGS__)
 
 /* the "loss" fields of metrics.jsonl, as text (bitwise comparison of what was printed) */
 static int losses(const char *path, char *buf, size_t cap) {

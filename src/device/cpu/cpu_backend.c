@@ -176,7 +176,7 @@ static int cpu_supports(sl_backend *be, const sl_tensor *n) {
     case SL_OP_CONT:
     case SL_OP_CONCAT:
     case SL_OP_ZEROS:
-        return 1; /* byte movement: any dtype */
+        return 1;    /* byte movement: any dtype */
     case SL_OP_CAST: /* f32 <-> bf16, f32 <-> f16 */
         return n->dtype != SL_I32 && n->src[0]->dtype != SL_I32 &&
                (n->dtype == SL_F32 || n->src[0]->dtype == SL_F32 || n->dtype == n->src[0]->dtype);

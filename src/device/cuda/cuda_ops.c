@@ -131,15 +131,15 @@ int cu_supports(const sl_tensor *n) {
                last_unit(n->src[2]);
     case SL_OP_ATTENTION_BACK:
         return all_f32(n) && !n->iparams[1] && !a->iparams[2] && last_unit(b) && last_unit(n->src[2]) &&
-               last_unit(n->src[3]) &&
-               last_unit(n->src[4]) && n->src[4]->ndim >= 3;
+               last_unit(n->src[3]) && last_unit(n->src[4]) && n->src[4]->ndim >= 3;
     case SL_OP_ATTENTION_KV:
         return all_f32(n) && !n->iparams[2] && last_unit(a) && sl_is_contiguous(b) &&
                sl_is_contiguous(n->src[2]);
     case SL_OP_EMBEDDING: /* not a vocab shard (iparams[3]; CPU only) */
         return f32_but_i32(n, 1) && !n->iparams[3] && sl_is_contiguous(a) && sl_is_contiguous(b);
     case SL_OP_EMBEDDING_BACK:
-        return f32_but_i32(n, 1) && !n->iparams[3] && sl_is_contiguous(a) && sl_is_contiguous(b) && sl_is_contiguous(n->src[2]);
+        return f32_but_i32(n, 1) && !n->iparams[3] && sl_is_contiguous(a) && sl_is_contiguous(b) &&
+               sl_is_contiguous(n->src[2]);
     case SL_OP_CROSS_ENTROPY:
         return f32_but_i32(n, 1) && sl_is_contiguous(a) && sl_is_contiguous(b);
     case SL_OP_CROSS_ENTROPY_BACK:

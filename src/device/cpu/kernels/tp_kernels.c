@@ -12,7 +12,8 @@ sl_status sl_k_embedding_shard(sl_tensor *n) {
     int64_t V = tab->ne[0], C = tab->ne[1], N = sl_nelements(ids), lo = n->iparams[2];
     const int32_t *pi = ids->data;
     for (int64_t i = 0; i < N; i++)
-        if (pi[i] < 0) return sl_fail(SL_ERR_INVALID, "embedding: negative token id %d at %lld", pi[i], (long long)i);
+        if (pi[i] < 0)
+            return sl_fail(SL_ERR_INVALID, "embedding: negative token id %d at %lld", pi[i], (long long)i);
     const float *pt = tab->data;
     float *po = n->data;
 #pragma omp parallel for schedule(static) if (N * C > 65536)
