@@ -12,16 +12,19 @@
 
 typedef struct {
     int V;
-    uint64_t seed;
+    int64_t n; /* B x T */
 } synth;
 
+/* the same random micro-batch every step (the one the trainer's buffers were filled with below): the
+ * pipeline schedule passes buffers of its own, so fill whatever we are given */
 static sl_status synth_batch(void *u, int64_t step, int micro, int32_t *ids, int32_t *tg) {
-    (void)tg;
     synth *s = u;
-    (void)ids;
     (void)step;
     (void)micro;
-    (void)s;
+    for (int64_t i = 0; i < s->n; i++) {
+        ids[i] = (int32_t)(sl_rng_u64(7, 0, (uint64_t)i) % (uint64_t)s->V);
+        tg[i] = (int32_t)(sl_rng_u64(7, 1, (uint64_t)i) % (uint64_t)s->V);
+    }
     return SL_OK;
 }
 
@@ -145,7 +148,7 @@ int sl_bench_train(int argc, char **argv) {
         tr.ids_buf[i] = (int32_t)(sl_rng_u64(7, 0, (uint64_t)i) % (uint64_t)V);
         tr.tg_buf[i] = (int32_t)(sl_rng_u64(7, 1, (uint64_t)i) % (uint64_t)V);
     }
-    synth s = {(int)V, 7};
+    synth s = {(int)V, B * T};
     double *ts = malloc(sizeof(double) * (size_t)steps);
     float loss = 0;
     for (int64_t i = 0; i < warm + steps; i++) {
