@@ -4,7 +4,7 @@
  * higher).
  *   gcc -O2 -mavx2 -Wall -Wextra bench/tools/mem_ceiling.c -o /tmp/mem_ceiling
  *   /tmp/mem_ceiling MiB PROCS memcpy|ntcopy|ntadd          e.g. /tmp/mem_ceiling 64 2 ntcopy
- * Not part of the build (x86-64 + AVX2 only); docs/BENCHMARKS.md "Communication" quotes it. */
+ * Not part of the build (x86-64 + AVX2 only); docs/BENCHMARKS-comm.md quotes it. */
 #define _GNU_SOURCE
 #include <immintrin.h>
 #include <sched.h>

@@ -7,7 +7,7 @@
  *       -fopenmp -lm -o /tmp/staged_ab      (or gcc, from a build without MPI)
  *   build/suanli run -n 2 -- /tmp/staged_ab [--forced-ring]
  * --forced-ring: compare against SUANLI_COMM_ALGO=ring instead of the cost model's pick.
- * Not part of the build; docs/BENCHMARKS.md "Communication" quotes it. */
+ * Not part of the build; docs/BENCHMARKS-comm.md quotes it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -87,7 +87,7 @@ float sl_comm_f16_to_f32(uint16_t h) {
 
 /* The reduction loops are compiled twice, for AVX2 and for the baseline, and the loader picks one by
  * CPUID (ifunc). Element-wise IEEE operations in the same order: both give the same bits. AVX2 measured
- * +20 % on the window all-reduce and +30 % on the staged one at 1 MiB (in-cache; docs/BENCHMARKS.md). */
+ * +20 % on the window all-reduce and +30 % on the staged one at 1 MiB (in-cache; docs/BENCHMARKS-comm.md). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define SL_CLONES __attribute__((target_clones("avx2", "default")))
 #else

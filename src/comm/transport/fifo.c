@@ -599,7 +599,7 @@ static fifo_tp *fifo_alloc(int rank, int size, int loopback) {
     /* loopback never pulls: a thread that aborts may free the buffer a peer is reading */
     /* pulls only when ranks outnumber CPUs (a descheduled sender does not stall the copy): with a
      * core each, two ranks streaming through cache-resident slots measured as fast or faster at
-     * every size (docs/BENCHMARKS.md) without the page pinning of process_vm_readv */
+     * every size (docs/BENCHMARKS-comm.md) without the page pinning of process_vm_readv */
     size_t pull_dflt = size > sysconf(_SC_NPROCESSORS_ONLN) ? 256 : 0;
     t->pull_min = loopback ? 0 : env_size("SUANLI_SHM_PULL_KB", pull_dflt, 0, (size_t)1 << 30) * 1024;
     t->nt_min = env_size("SUANLI_SHM_NT_KB", 4096, 0, (size_t)1 << 30) * 1024;

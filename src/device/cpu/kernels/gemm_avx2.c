@@ -73,7 +73,7 @@ SL_TARGET_AVX2 static void kernel_avx2_6x16(int64_t ksteps, const void *a_, cons
  * kc = 768, nc = 96: the A micro-panel (6 x kc, 18 KiB) stays in L1, a packed B chunk (kc x nc, 288 KiB)
  * in L2 (512 KiB). Against kc = 384 / nc = 192 (the same L2 footprint) this halves the K blocks of the
  * K = 768 GEMMs (one pass over C instead of two, one A packing instead of two): fwd +3-8 %, dX -3..+3 %
- * per call, 1 thread (session 3, docs/BENCHMARKS.md). mc = 384 / mc_max = 1536: a thread's rows are
+ * per call, 1 thread (session 3, docs/BENCHMARKS-ops.md). mc = 384 / mc_max = 1536: a thread's rows are
  * packed as one block up to 1536 of them (B packed once, as before); beyond that (the LM head's dW,
  * M = 50304; qkv/fc dW at 1 thread) in blocks of 384 rows x kc (at K = 256: 384 KiB, in L2) instead
  * of one block of up to 3072 rows that streamed from L3: LM-head dW +5-10 %. */
