@@ -702,7 +702,11 @@ sl_status sl_tp_shm_new(sl_oob *oob, sl_transport **out) {
     int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
     int mine_ok = 0;
     if (fd >= 0) {
-        if (ftruncate(fd, (off_t)t->map_bytes) == 0) {
+        /* reserve the pages now (as the windows do): a /dev/shm that fills up later (a peer's window, a
+         * container's small tmpfs) must be an error here, not a SIGBUS when a slot is first written */
+        int ferr = posix_fallocate(fd, 0, (off_t)t->map_bytes);
+        if (ferr) errno = ferr;
+        if (!ferr) {
             void *m = mmap(NULL, t->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
             if (m != MAP_FAILED) {
                 t->maps[r] = m;
