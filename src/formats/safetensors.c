@@ -278,6 +278,24 @@ static int cmp_by_name(const void *a, const void *b, void *ctx) {
     return strcmp(s->t[*(const int *)a].name, s->t[*(const int *)b].name);
 }
 
+/* the __metadata__ object: string values only, borrowed from the parsed header */
+static sl_status parse_metadata(sl_safetensors *s, const char *path, const cJSON *e) {
+    if (!cJSON_IsObject(e))
+        return sl_fail(SL_ERR_FORMAT, "%s: __metadata__ must be one object of strings", path);
+    int nm = cJSON_GetArraySize(e);
+    s->mk = calloc((size_t)nm + 1, sizeof *s->mk);
+    s->mv = calloc((size_t)nm + 1, sizeof *s->mv);
+    if (!s->mk || !s->mv) return sl_fail(SL_ERR_NOMEM, "%s: out of memory", path);
+    const cJSON *kv;
+    cJSON_ArrayForEach(kv, e) {
+        if (!cJSON_IsString(kv))
+            return sl_fail(SL_ERR_FORMAT, "%s: __metadata__ value of '%s' is not a string", path, kv->string);
+        s->mk[s->nmeta] = kv->string;
+        s->mv[s->nmeta++] = kv->valuestring;
+    }
+    return SL_OK;
+}
+
 sl_status sl_safetensors_open(const char *path, sl_safetensors **out) {
     *out = NULL;
     sl_status st = SL_OK;
@@ -350,27 +368,11 @@ sl_status sl_safetensors_open(const char *path, sl_safetensors **out) {
     cJSON_ArrayForEach(e, s->root) {
         const char *name = e->string;
         if (!strcmp(name, "__metadata__")) {
-            if (seen_meta++ || !cJSON_IsObject(e)) {
+            if (seen_meta++) {
                 st = sl_fail(SL_ERR_FORMAT, "%s: __metadata__ must be one object of strings", path);
                 goto done;
             }
-            int nm = cJSON_GetArraySize(e);
-            s->mk = calloc((size_t)nm + 1, sizeof *s->mk);
-            s->mv = calloc((size_t)nm + 1, sizeof *s->mv);
-            if (!s->mk || !s->mv) {
-                st = sl_fail(SL_ERR_NOMEM, "%s: out of memory", path);
-                goto done;
-            }
-            const cJSON *kv;
-            cJSON_ArrayForEach(kv, e) {
-                if (!cJSON_IsString(kv)) {
-                    st = sl_fail(SL_ERR_FORMAT, "%s: __metadata__ value of '%s' is not a string", path,
-                                 kv->string);
-                    goto done;
-                }
-                s->mk[s->nmeta] = kv->string;
-                s->mv[s->nmeta++] = kv->valuestring;
-            }
+            if ((st = parse_metadata(s, path, e)) != SL_OK) goto done;
             continue;
         }
         if (!cJSON_IsObject(e)) {
