@@ -42,6 +42,9 @@ typedef struct sl_param_info {
     /* Pipeline parallelism: 1 for the last stage's copy of an embedding tied to the first stage's (equal
      * values; its gradient is summed with the first stage's and it is counted once in the norm). */
     int tied_copy;
+    /* Expert parallelism: 1 for a routed expert's weight, held only by the EP ranks that own the expert
+     * (its gradient is reduced over the expert-data-parallel group, src/parallel/dp.c) */
+    int expert;
 } sl_param_info;
 
 enum { SL_INIT_NORMAL = 0, SL_INIT_NORMAL_RESID, SL_INIT_ZERO, SL_INIT_ONE };
@@ -159,13 +162,18 @@ typedef struct sl_model {
     /* Interleaved pipeline: vpp model chunks per stage (<= 1: one), chunk c = virtual stage c * pp + pp_rank
      * holding layers [(c * pp + pp_rank) * Lc, + Lc) with Lc = n_layers / vpp; layer0 is chunk 0's first */
     int vpp;
+    /* Expert parallelism: this model holds the routed experts [ep_rank E / ep, (ep_rank + 1) E / ep) of every
+     * sparse layer (ep <= 1: all); Note [Expert-parallel dispatch] */
+    int ep, ep_rank;
     sl_moe_train_opts moe; /* read when a graph is built (MoE architectures only) */
 } sl_model;
 
 /* How a model is split: TP rank tp_rank of tp, pipeline stage pp_rank of pp, vpp model chunks per stage
- * (0 or 1: one; Megatron's interleaved schedule otherwise). */
+ * (0 or 1: one; Megatron's interleaved schedule otherwise), expert-parallel rank ep_rank of ep (0 or 1:
+ * every expert; MoE models of the Llama family). */
 typedef struct sl_model_split {
     int tp, tp_rank, pp, pp_rank, vpp;
+    int ep, ep_rank;
 } sl_model_split;
 
 /* Validates the config (one-line error naming the field) and allocates the flat buffers on `be`

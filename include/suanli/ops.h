@@ -115,9 +115,14 @@ typedef enum sl_coll_kind {
      */
     SL_COLL_ALLGATHER_SEQ, /* (B, T/n, ..) -> (B, T, ..) */
     SL_COLL_REDSCAT_SEQ,   /* (B, T, ..) partial sums -> (B, T/n, ..) this rank's tokens of the sum */
+    /* expert parallelism (Note [Expert-parallel dispatch], src/ops/moe_ops.c) */
+    SL_COLL_ALLTOALL,     /* block p of x (ne[0] / n elements) to rank p, arriving at block (sender) */
+    SL_COLL_ALLTOALLV,    /* rows of x (S, C) to their experts' ranks: counts src1 = cnt, src2 = rcnt */
+    SL_COLL_ALLTOALLV_REV /* the way back: rows received by ALLTOALLV returned to their senders */
 } sl_coll_kind;
 /* SL_GROUP_TP_KV: groups of iparams[4] consecutive TP ranks (sl_collective_group) */
-typedef enum sl_coll_group { SL_GROUP_TP = 0, SL_GROUP_TP_KV, SL_GROUP_COUNT } sl_coll_group;
+/* SL_GROUP_EP: the expert-parallel group (sl_mesh.ep_comm) */
+typedef enum sl_coll_group { SL_GROUP_TP = 0, SL_GROUP_TP_KV, SL_GROUP_EP, SL_GROUP_COUNT } sl_coll_group;
 sl_tensor *sl_collective(sl_ctx *ctx, sl_tensor *x, sl_coll_kind fwd, sl_coll_kind bwd, sl_coll_group group,
                          int group_size);
 /* Megatron's f and g for a model split tp ways (identities for tp <= 1): entering a TP region before a
@@ -166,6 +171,25 @@ sl_tensor *sl_moe_combine(sl_ctx *ctx, sl_tensor *y, sl_tensor *route, sl_tensor
  * makes dropless dispatch cost FLOPs in proportion to the routed tokens (see SL_OP_MOE_EXPERT_FFN). */
 sl_tensor *sl_moe_expert_ffn(sl_ctx *ctx, sl_tensor *x, sl_tensor *w1, sl_tensor *w3, sl_tensor *w2,
                              sl_tensor *route, int e);
+/* ---- expert parallelism (Note [Expert-parallel dispatch]): E experts over P ranks of SL_GROUP_EP ---- */
+/* cnt (E): this rank's kept tokens per global expert */
+sl_tensor *sl_moe_ep_counts(sl_ctx *ctx, sl_tensor *route);
+/* rcnt (E): the all-to-all of cnt (block p = rank p's counts for this rank's E / P experts) */
+sl_tensor *sl_moe_ep_exchange_counts(sl_ctx *ctx, sl_tensor *cnt, int P);
+/* x (N, C) -> (S, C): the kept (token, expert) pairs, expert-major then token order (S >= pairs) */
+sl_tensor *sl_moe_ep_pack(sl_ctx *ctx, sl_tensor *x, sl_tensor *route, int64_t S, int weighted);
+/* packed (S, C) -> (N, C): each token's rows summed (weighted: times its routing weights) */
+sl_tensor *sl_moe_ep_unpack(sl_ctx *ctx, sl_tensor *packed, sl_tensor *route, int weighted);
+/* rows to the ranks of their experts (reverse 0) or back (reverse 1), into an (rows_out, C) tensor */
+sl_tensor *sl_moe_ep_alltoallv(sl_ctx *ctx, sl_tensor *x, sl_tensor *cnt, sl_tensor *rcnt, int64_t rows_out,
+                               int reverse, int P);
+/* local expert l's received rows (Rl, C); and back into the (Rx, C) layout of the received rows */
+sl_tensor *sl_moe_ep_gather(sl_ctx *ctx, sl_tensor *recv, sl_tensor *rcnt, int l, int El, int64_t Rl);
+sl_tensor *sl_moe_ep_scatter(sl_ctx *ctx, sl_tensor *y, sl_tensor *rcnt, sl_tensor *acc, int l, int El,
+                             int64_t Rx);
+/* the SwiGLU expert of local expert l (of El) on its received rows (sl_moe_ep_gather) */
+sl_tensor *sl_moe_expert_ffn_ep(sl_ctx *ctx, sl_tensor *x, sl_tensor *w1, sl_tensor *w3, sl_tensor *w2,
+                                sl_tensor *rcnt, int l, int El);
 
 /* Internal-but-public: generic node creation used by builders and backward rules. */
 sl_tensor *sl_new_op(sl_ctx *ctx, sl_op op, sl_dtype t, int ndim, const int64_t *ne);

@@ -31,6 +31,9 @@ typedef struct sl_mesh {
     int dp_rank, tp_rank, pp_rank, ep_rank;
     sl_comm *world_comm;                            /* borrowed */
     sl_comm *dp_comm, *tp_comm, *pp_comm, *ep_comm; /* owned; NULL when that axis has size 1 */
+    /* the expert-data-parallel group: the dp / ep ranks of the DP group with this ep_rank (they hold the
+     * same experts; owned; NULL when dp == ep) */
+    sl_comm *edp_comm;
 } sl_mesh;
 
 /* Validates the sizes (one-line error naming the flag) and splits the sub-communicators. world may be
@@ -141,6 +144,10 @@ sl_status sl_tp_grad_sumsq(sl_tp *tp, const sl_model *m, double *ss);
 /* Megatron's TP communication per training step of a GPT-2 shard / stage in bus bytes per rank (Note [TP
  * communication volume]), for micro_batches (B, T) micro-batches. */
 double sl_tp_comm_theory(const sl_model *m, int B, int T, int micro_batches);
+/* Expert parallelism (src/parallel/ep.c; Note [Expert-parallel dispatch]): the same provider runs the
+ * all-to-all(v) nodes of group SL_GROUP_EP over the mesh's EP communicator. Time inside them and bytes
+ * sent to other ranks since the last call (then reset). */
+void sl_ep_take_stats(sl_tp *tp, double *sec, double *bytes);
 
 #ifdef __cplusplus
 }

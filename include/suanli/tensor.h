@@ -123,12 +123,29 @@ typedef enum sl_op {
                                     iparams[0] = dy . y of the token's row, zero elsewhere */
     SL_OP_MOE_EXPERT_FFN,        /* src0 = x (R, C) gathered for expert iparams[0], src1..3 = w1 (I, C), w3
                                     (I, C), w2 (C, I), src4 = route -> (R, C): w2(silu(w1 x) * w3 x) on the
-                                    expert's kept rows only (count from the route), zero below; aux: count,
+                                    expert's kept rows only (count from the route; iparams[1] = El > 0: src4
+                                    is rcnt, the count of local expert iparams[0] summed over its El-strided
+                                    blocks), zero below; aux: count,
                                     w1 x and w3 x for backward */
     SL_OP_MOE_EXPERT_FFN_BACK, /* src0 = fwd, src1 = dy, src2 = w2 -> packed 1-D [d(w1 x) (R, I) | d(w3 x) (R,
                                   I) | dw2 (C, I)], kept rows only */
     SL_OP_MOE_EXPERT_FFN_BACK_X, /* src0 = fwd, src1 = FFN_BACK, src2 = x, src3 = w1, src4 = w3 -> packed 1-D
                                     [dx (R, C) | dw1 (I, C) | dw3 (I, C)] */
+    /* Expert parallelism (src/ops/moe_ops.c, Note [Expert-parallel dispatch]): E experts over P ranks, El =
+     * E / P local ones; "cnt" (E) = this rank's kept tokens per global expert, "rcnt" (E) = block p holds
+     * rank p's counts for this rank's El experts (an all-to-all of cnt) */
+    SL_OP_MOE_EP_COUNTS, /* src0 = route -> cnt (E): kept tokens per expert (floats) */
+    SL_OP_MOE_EP_PACK,   /* src0 = x (N, C), src1 = route -> (S, C): the kept (token, expert) pairs ordered by
+                            expert then token, unwritten past their count; iparams[1]=1: times the weight */
+    SL_OP_MOE_EP_UNPACK, /* src0 = packed (S, C), src1 = route -> (N, C): per token the sum of its rows
+                            (iparams[1]=1: times its routing weights) */
+    SL_OP_MOE_EP_UNPACK_BACK_GATE, /* src0 = packed (S, C), src1 = route, src2 = dy (N, C) -> (N, E): dy .
+                                      row of each kept pair, zero elsewhere */
+    SL_OP_MOE_EP_GATHER,  /* src0 = received (Rx, C), src1 = rcnt -> (Rl, C): local expert iparams[0]'s (of
+                             iparams[1] = El) rows from every source rank in rank order; past the count zero
+                             (iparams[2]=1: unwritten) */
+    SL_OP_MOE_EP_SCATTER, /* src0 = y (Rl, C), src1 = rcnt, src2 = acc (Rx, C) or NULL -> (Rx, C): acc (or
+                             zeros) with local expert iparams[0]'s rows put back where EP_GATHER read them */
     SL_OP_COUNT
 } sl_op;
 

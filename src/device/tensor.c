@@ -66,6 +66,12 @@ static const char *const k_op_names[] = {
     "moe_expert_ffn",
     "moe_expert_ffn_back",
     "moe_expert_ffn_back_x",
+    "moe_ep_counts",
+    "moe_ep_pack",
+    "moe_ep_unpack",
+    "moe_ep_unpack_back_gate",
+    "moe_ep_gather",
+    "moe_ep_scatter",
 };
 _Static_assert(sizeof(k_op_names) / sizeof(k_op_names[0]) == SL_OP_COUNT, "op name table out of sync");
 

@@ -116,11 +116,11 @@ sl_status sl_llama_new_ex(const sl_llama_config *cfg, sl_dtype wdtype, sl_model 
 }
 
 sl_status sl_llama_new_on(const sl_llama_config *cfg, sl_dtype wdtype, sl_backend *be, sl_model **out) {
-    return llama_new(cfg, wdtype, be, &(sl_model_split){1, 0, 1, 0, 1}, out);
+    return llama_new(cfg, wdtype, be, &(sl_model_split){1, 0, 1, 0, 1, 1, 0}, out);
 }
 
 sl_status sl_llama_new_tp(const sl_llama_config *cfg, sl_backend *be, int tp, int tp_rank, sl_model **out) {
-    return sl_llama_new_par(cfg, be, &(sl_model_split){tp, tp_rank, 1, 0, 1}, out);
+    return sl_llama_new_par(cfg, be, &(sl_model_split){tp, tp_rank, 1, 0, 1, 1, 0}, out);
 }
 
 sl_status sl_llama_new_par(const sl_llama_config *cfg, sl_backend *be, const sl_model_split *sp,
@@ -143,6 +143,25 @@ sl_status sl_llama_new_par(const sl_llama_config *cfg, sl_backend *be, const sl_
             cfg->n_layer, pp, v);
     if (tp < 1 || tp_rank < 0 || tp_rank >= tp)
         return sl_fail(SL_ERR_INVALID, "%s %d: rank %d out of range", flag, tp, tp_rank);
+    int ep = sp->ep > 1 ? sp->ep : 1;
+    if (ep > 1) {
+        if (cfg->arch != SL_ARCH_QWEN2_MOE && cfg->arch != SL_ARCH_DEEPSEEK_V3)
+            return sl_fail(SL_ERR_UNSUPPORTED,
+                           "--expert-model-parallel-size %d: expert parallelism is built for Qwen2-MoE and "
+                           "DeepSeek-V3-style models, not %s",
+                           ep, sl_arch_name(cfg->arch));
+        if (cfg->n_experts % ep)
+            return sl_fail(SL_ERR_INVALID, "--expert-model-parallel-size %d does not divide the %d experts", ep,
+                           cfg->n_experts);
+        if (sp->ep_rank < 0 || sp->ep_rank >= ep)
+            return sl_fail(SL_ERR_INVALID, "--expert-model-parallel-size %d: rank %d out of range", ep,
+                           sp->ep_rank);
+        if (tp > 1 || pp > 1)
+            return sl_fail(SL_ERR_UNSUPPORTED,
+                           "--expert-model-parallel-size %d with tensor or pipeline parallelism is not built "
+                           "yet (use --ep with data parallelism)",
+                           ep);
+    }
     if (cfg->arch == SL_ARCH_MIXTRAL || cfg->arch == SL_ARCH_BAICHUAN)
         return sl_fail(SL_ERR_UNSUPPORTED,
                        "%s %d / --pipeline-model-parallel-size %d: not implemented for %s (MoE "
@@ -174,6 +193,8 @@ static sl_status llama_new(const sl_llama_config *cfg, sl_dtype wdtype, sl_backe
     m->pp = pp;
     m->pp_rank = s;
     m->vpp = v;
+    m->ep = sp->ep > 1 ? sp->ep : 1;
+    m->ep_rank = m->ep > 1 ? sp->ep_rank : 0;
     m->n_layers = cfg->n_layer / pp;
     m->layer0 = m->n_layers / v * s;
     int first = s == 0, last = s == pp - 1;

@@ -110,10 +110,13 @@ void sl_moe_add_params(sl_llama_builder *b, int l) {
     if (c->arch == SL_ARCH_DEEPSEEK_V3) /* a buffer in transformers: no gradient, moved by the bias update */
         sl_llama_add_param(b, 0, SL_INIT_ZERO, 1, (int64_t[]){E},
                            "model.layers.%d.mlp.gate.e_score_correction_bias", l);
-    for (int e = 0; e < E; e++) {
-        sl_llama_add_param(b, 1, SL_INIT_NORMAL, 2, (int64_t[]){I, C}, nm.expert, l, e, nm.proj[0]);
-        sl_llama_add_param(b, 1, SL_INIT_NORMAL, 2, (int64_t[]){I, C}, nm.expert, l, e, nm.proj[1]);
-        sl_llama_add_param(b, 1, SL_INIT_NORMAL, 2, (int64_t[]){C, I}, nm.expert, l, e, nm.proj[2]);
+    int64_t El = E / b->m->ep, e0 = El * b->m->ep_rank; /* this EP rank's experts */
+    for (int64_t e = e0; e < e0 + El; e++) {
+        for (int j = 0; j < 3; j++) {
+            int64_t ne[2] = {j < 2 ? I : C, j < 2 ? C : I};
+            sl_llama_add_param(b, 1, SL_INIT_NORMAL, 2, ne, nm.expert, l, (int)e, nm.proj[j]);
+            b->m->params[b->m->n_params - 1].expert = b->m->ep > 1;
+        }
     }
     if (S > 0) {
         sl_llama_add_param(b, 1, SL_INIT_NORMAL, 2, (int64_t[]){S, C}, nm.shared, l, "gate_proj");
@@ -157,6 +160,35 @@ static sl_moe_route_opts route_opts(const sl_model *m, int64_t N) {
     return o;
 }
 
+/* Note [Expert-parallel dispatch] (src/ops/moe_ep_ops.c): h2 (N, C) -> the routed experts' sum (N, C), the
+ * experts living on the ranks of the EP group */
+static sl_tensor *ep_experts(sl_model *m, sl_tensor *h2, sl_tensor *w, int l, const sl_moe_route_opts *o) {
+    sl_ctx *ctx = m->ctx;
+    const sl_llama_config *c = &m->lcfg;
+    int P = m->ep, E = c->n_experts, El = E / P;
+    int64_t N = h2->ne[0], k = o->k, S = N * k, Rx = P * (k < El ? S : N * El), Rl = P * N;
+    moe_names nm = names_of(c->arch);
+    sl_tensor *cnt = sl_moe_ep_counts(ctx, w);
+    sl_tensor *rcnt = sl_moe_ep_exchange_counts(ctx, cnt, P);
+    sl_set_name(rcnt, "moe_ep_counts.%d", l);
+    sl_tensor *xs = sl_moe_ep_pack(ctx, h2, w, S, 0);
+    sl_tensor *xr = sl_moe_ep_alltoallv(ctx, xs, cnt, rcnt, Rx, 0, P);
+    sl_set_name(xr, "moe_ep_dispatch.%d", l);
+    sl_tensor *yr = NULL;
+    for (int j = 0; j < El; j++) {
+        int e = m->ep_rank * El + j;
+        sl_tensor *xl = sl_moe_ep_gather(ctx, xr, rcnt, j, El, Rl);
+        xl->iparams[2] = 1; /* the expert reads its received rows only */
+        sl_tensor *yl = sl_moe_expert_ffn_ep(ctx, xl, sl_llama_W(m, nm.expert, l, e, nm.proj[0]),
+                                             sl_llama_W(m, nm.expert, l, e, nm.proj[1]),
+                                             sl_llama_W(m, nm.expert, l, e, nm.proj[2]), rcnt, j, El);
+        yr = sl_moe_ep_scatter(ctx, yl, rcnt, yr, j, El, Rx);
+    }
+    sl_tensor *ys = sl_moe_ep_alltoallv(ctx, yr, cnt, rcnt, S, 1, P);
+    sl_set_name(ys, "moe_ep_combine.%d", l);
+    return sl_moe_ep_unpack(ctx, ys, w, 1);
+}
+
 sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
     sl_ctx *ctx = m->ctx;
     const sl_llama_config *c = &m->lcfg;
@@ -180,7 +212,11 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
     /* f32: the expert's GEMMs run on its kept rows only (Note [Routed expert rows]); bf16 weights or
      * autocast numerics: matmul nodes on all R rows, rounded as transformers rounds */
     int routed = m->wdtype == SL_F32 && !m->autocast_bf16;
-    for (int e = 0; e < E; e++) {
+    if (m->ep > 1) {
+        SL_ASSERT(routed && "expert parallelism runs f32 experts");
+        y = ep_experts(m, h2, w, l, &o);
+    }
+    for (int e = 0; e < E && m->ep <= 1; e++) {
         sl_tensor *xe = sl_moe_gather(ctx, h2, w, e, R, 0); /* (R, C) */
         xe->iparams[2] = routed; /* MOE_EXPERT_FFN reads the kept rows only: no zero fill */
         sl_tensor *w1 = sl_llama_W(m, nm.expert, l, e, nm.proj[0]),

@@ -109,7 +109,9 @@ void sl_op_backward_tp(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, s
     sl_tensor *a = n->src[0], *b = n->src[1];
     switch (n->op) {
     case SL_OP_COLLECTIVE: /* the conjugate collective */
-        if (ng[0] && n->iparams[1] != SL_COLL_NONE) {
+        if (ng[0] && (n->iparams[0] == SL_COLL_ALLTOALLV || n->iparams[0] == SL_COLL_ALLTOALLV_REV)) {
+            emit(st, a, sl_moe_ep_alltoallv_back(ctx, n, g));
+        } else if (ng[0] && n->iparams[1] != SL_COLL_NONE) {
             sl_tensor *gc = sl_is_contiguous(g) ? g : sl_cont(ctx, g);
             sl_tensor *c = sl_collective(ctx, gc, (sl_coll_kind)n->iparams[1], (sl_coll_kind)n->iparams[0],
                                          (sl_coll_group)n->iparams[2], n->iparams[3]);

@@ -180,6 +180,6 @@ int sl_moe_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, s
         return 1;
     }
     default:
-        return 0;
+        return sl_moe_ep_op_backward(ctx, n, g, ng, emit, st);
     }
 }

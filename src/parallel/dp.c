@@ -30,13 +30,13 @@ static void for_each_segment(const sl_dp *dp, seg_fn fn, void *u) {
     int64_t off = 0;
     for (int k = 0; k < dp->buckets.count; k++) {
         const dp_bucket *b = &dp->buckets.v[k];
-        int64_t len = b->hi - b->lo, q = b->q, tail = len - q * dp->n;
+        int64_t len = b->hi - b->lo, q = b->q, tail = len - q * bk_n(dp, b);
         if (q > 0) {
-            fn(u, b->lo + q * dp->r, q, off);
+            fn(u, b->lo + q * bk_r(dp, b), q, off);
             off += q;
         }
         if (tail > 0) {
-            fn(u, b->lo + q * dp->n, tail, off);
+            fn(u, b->lo + q * bk_n(dp, b), tail, off);
             off += tail;
         }
     }
@@ -111,19 +111,22 @@ static sl_status build_buckets(sl_dp *dp, sl_graph *g, int64_t bucket_elems) {
         const sl_param_info *p = &m->params[i];
         int w = sl_graph_last_grad_write(g, p->t);
         if (w > ready) ready = w;
-        if (hi - p->offset >= bucket_elems || i == 0) {
-            bs->v[bs->count++] = (dp_bucket){.lo = p->offset, .hi = hi, .ready = ready};
+        /* a bucket holds expert parameters only or none (their groups differ) */
+        int close = i == 0 || m->params[i - 1].expert != p->expert;
+        if (hi - p->offset >= bucket_elems || close) {
+            bs->v[bs->count++] = (dp_bucket){.lo = p->offset, .hi = hi, .ready = ready, .expert = p->expert};
             hi = p->offset;
             ready = -1;
         }
     }
-    for (int k = 0; k < bs->count; k++) bs->v[k].q = dp->zero ? (bs->v[k].hi - bs->v[k].lo) / dp->n : 0;
+    for (int k = 0; k < bs->count; k++)
+        bs->v[k].q = dp->zero ? (bs->v[k].hi - bs->v[k].lo) / bk_n(dp, &bs->v[k]) : 0;
     qsort(bs->v, (size_t)bs->count, sizeof(dp_bucket), cmp_ready);
     if (dp->zero) {
         int64_t off = 0;
         for (int k = 0; k < bs->count; k++) {
             dp_bucket *b = &bs->v[k];
-            int64_t len = b->hi - b->lo, tail = len - b->q * dp->n;
+            int64_t len = b->hi - b->lo, tail = len - b->q * bk_n(dp, b);
             b->part_off = off;
             off += b->q;
             b->tail_off = off;
@@ -149,12 +152,12 @@ static sl_status alloc_shard(sl_dp *dp) {
         SL_TRY(host_buf(dp, s->len + 1, &s->param_buf, &s->param));
         for (int k = 0; k < dp->buckets.count; k++) {
             const dp_bucket *b = &dp->buckets.v[k];
-            int64_t len = b->hi - b->lo, tail = len - b->q * dp->n;
+            int64_t len = b->hi - b->lo, tail = len - b->q * bk_n(dp, b);
             SL_TRY(sl_backend_copy(s->param_buf, f32_bytes(b->part_off), m->params_buf,
-                                   f32_bytes(b->lo + b->q * dp->r), f32_bytes(b->q)));
+                                   f32_bytes(b->lo + b->q * bk_r(dp, b)), f32_bytes(b->q)));
             if (tail > 0)
                 SL_TRY(sl_backend_copy(s->param_buf, f32_bytes(b->tail_off), m->params_buf,
-                                       f32_bytes(b->lo + b->q * dp->n), f32_bytes(tail)));
+                                       f32_bytes(b->lo + b->q * bk_n(dp, b)), f32_bytes(tail)));
         }
     }
     return SL_OK;
@@ -164,6 +167,11 @@ sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, 
     *out = NULL;
     if (o->zero_stage < 0 || o->zero_stage > 3)
         return sl_fail(SL_ERR_INVALID, "--zero-stage %d: must be 0, 1, 2 or 3", o->zero_stage);
+    if (m->ep > 1 && (o->zero_stage == 3 || m->tp > 1 || m->pp > 1))
+        return sl_fail(SL_ERR_UNSUPPORTED,
+                       "--expert-model-parallel-size %d with %s is not supported yet (use ZeRO 0, 1 or 2 and "
+                       "data parallelism)",
+                       m->ep, o->zero_stage == 3 ? "--zero-stage 3" : "tensor or pipeline parallelism");
     if (m->pp > 1 && o->zero_stage == 3) /* its gathers are scheduled in one graph's forward */
         return sl_fail(
             SL_ERR_UNSUPPORTED,
@@ -180,6 +188,10 @@ sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, 
     dp->pp_comm = m->pp > 1 ? mesh->pp_comm : NULL;
     dp->n = mesh->dp;
     dp->r = mesh->dp_rank;
+    dp->en = m->ep > 1 ? mesh->dp / mesh->ep : mesh->dp;
+    dp->er = m->ep > 1 ? mesh->dp_rank / mesh->ep : mesh->dp_rank;
+    dp->edp_comm = m->ep > 1 ? mesh->edp_comm : mesh->dp_comm;
+    dp->ep_comm = m->ep > 1 ? mesh->ep_comm : NULL;
     dp->zero = o->zero_stage;
     dp->grad_slots = dp->zero >= 2 && o->accum == 1 && dp->comm;
     dp->m = m;
@@ -243,17 +255,17 @@ static sl_status launch_bucket(sl_dp *dp, int k) {
     /* the bucket's gradients: its slot, or its range of the full buffer */
     float *g = dp->grad_slots ? sl_dp_grad_slot(dp, k) : dp->m->grads_mem + b->lo;
     int64_t len = b->hi - b->lo;
-    if (!dp->comm || len == 0) return SL_OK;
-    if (dp->zero < 2)
-        return sl_comm_all_reduce_async(dp->comm, g, g, (size_t)len, SL_COMM_F32, SL_COMM_SUM, &rq->part);
+    sl_comm *c = bk_comm(dp, b);
+    if (!c || len == 0) return SL_OK;
+    if (dp->zero < 2) return sl_comm_all_reduce_async(c, g, g, (size_t)len, SL_COMM_F32, SL_COMM_SUM, &rq->part);
     /* stages 2, 3: reduce-scatter the equal parts in place (rank r's part lands at its own offset) */
-    int64_t q = b->q, tail = len - q * dp->n;
+    int64_t q = b->q, n = bk_n(dp, b), tail = len - q * n;
     if (q > 0)
-        SL_TRY(sl_comm_reduce_scatter_async(dp->comm, g, g + q * dp->r, (size_t)q, SL_COMM_F32, SL_COMM_SUM,
+        SL_TRY(sl_comm_reduce_scatter_async(c, g, g + q * bk_r(dp, b), (size_t)q, SL_COMM_F32, SL_COMM_SUM,
                                             &rq->part));
     if (tail > 0)
-        SL_TRY(sl_comm_all_reduce_async(dp->comm, g + q * dp->n, g + q * dp->n, (size_t)tail, SL_COMM_F32,
-                                        SL_COMM_SUM, &rq->tail));
+        SL_TRY(sl_comm_all_reduce_async(c, g + q * n, g + q * n, (size_t)tail, SL_COMM_F32, SL_COMM_SUM,
+                                        &rq->tail));
     return SL_OK;
 }
 
@@ -358,16 +370,17 @@ static sl_status part_sumsq(const sl_dp *dp, int rr, int use_shard, int sel, dou
     int64_t off = 0;
     for (int k = 0; k < dp->buckets.count; k++) {
         const dp_bucket *b = &dp->buckets.v[k];
-        int64_t len = b->hi - b->lo, q = dp->zero ? b->q : len / dp->n, tail = len - q * dp->n;
+        int n = bk_n(dp, b), me = use_shard ? bk_r(dp, b) : rr; /* the shard: this rank's part */
+        int64_t len = b->hi - b->lo, q = dp->zero ? b->q : len / n, tail = len - q * n;
         if (q > 0) {
-            int64_t flat = b->lo + q * rr;
+            int64_t flat = b->lo + q * me;
             SL_TRY(seg_sumsq(dp, g, use_shard ? off : flat, flat, q, sel, &x));
             s += x;
         }
         off += q;
         if (tail > 0) {
-            if (rr == 0) {
-                int64_t flat = b->lo + q * dp->n;
+            if (me == 0) {
+                int64_t flat = b->lo + q * n;
                 SL_TRY(seg_sumsq(dp, g, use_shard ? off : flat, flat, tail, sel, &x));
                 s += x;
             }
@@ -378,7 +391,30 @@ static sl_status part_sumsq(const sl_dp *dp, int rr, int use_shard, int sel, dou
     return SL_OK;
 }
 
+/* Note [EP gradient norm]
+ * With expert parallelism a rank's gradients are the replicated parameters' and its own experts'. Sharded
+ * (ZeRO-2) the DP group's parts cover every replicated element once and, EDP group by EDP group, every
+ * expert once: the all-reduce of the parts is the whole model's sum. Unsharded, the replicated sum is
+ * local and the experts' is summed over the EP group (each rank of which holds different experts). */
+static sl_status ep_sumsq(sl_dp *dp, double *ss) {
+    if (dp->zero >= 2 && dp->comm) {
+        double mine;
+        SL_TRY(part_sumsq(dp, dp->r, 1, 0, &mine));
+        return sl_comm_all_reduce(dp->comm, &mine, ss, 1, SL_COMM_F64, SL_COMM_SUM);
+    }
+    double part[2] = {0, 0}, x, all;
+    for (int k = 0; k < dp->buckets.count; k++) {
+        const dp_bucket *b = &dp->buckets.v[k];
+        SL_TRY(sl_backend_sumsq(dp->m->backend, dp->m->grads_buf, b->lo, b->hi - b->lo, &x));
+        part[b->expert] += x;
+    }
+    SL_TRY(sl_comm_all_reduce(dp->ep_comm, &part[1], &all, 1, SL_COMM_F64, SL_COMM_SUM));
+    *ss = part[0] + all;
+    return SL_OK;
+}
+
 static sl_status dp_sumsq(sl_dp *dp, int sel, double *ss) {
+    if (dp->ep_comm) return ep_sumsq(dp, ss);
     if (dp->zero >= 2 && dp->comm) {
         double mine;
         SL_TRY(part_sumsq(dp, dp->r, 1, sel, &mine));

@@ -30,6 +30,7 @@ typedef struct dp_bucket {
     int64_t part_off; /* ZeRO: offset of this rank's part in the shard arrays */
     int64_t tail_off; /* ZeRO: offset of the tail (len - n*q elements, owned by every rank) in them */
     int ready;        /* graph node index after which the bucket's gradients are final */
+    int expert;       /* 1: routed experts' parameters, reduced over the expert-data-parallel group */
 } dp_bucket;
 
 typedef struct dp_buckets {
@@ -133,6 +134,10 @@ struct sl_dp {
     sl_comm *tp_comm; /* the mesh's TP communicator when the model is TP-split (the gradient norm) */
     sl_comm *pp_comm; /* the mesh's pipeline communicator for a pipeline stage (the gradient norm) */
     int n, r;         /* group size and this rank */
+    /* expert parallelism: the expert-data-parallel group (NULL: size 1) of the expert buckets, its size and
+     * this rank in it, and the EP group (the gradient norm sums the experts over it) */
+    sl_comm *edp_comm, *ep_comm;
+    int en, er;
     int zero;         /* ZeRO stage */
     int grad_slots;   /* gradients live in slots (Note [Gradient slots]); m->grads_buf is freed */
     sl_model *m;
@@ -145,6 +150,11 @@ struct sl_dp {
 };
 
 static inline size_t f32_bytes(int64_t n) { return sizeof(float) * (size_t)n; }
+
+/* the group that reduces bucket b: its size, this rank's index in it, its communicator (NULL: size 1) */
+static inline int bk_n(const sl_dp *dp, const dp_bucket *b) { return b->expert ? dp->en : dp->n; }
+static inline int bk_r(const sl_dp *dp, const dp_bucket *b) { return b->expert ? dp->er : dp->r; }
+static inline sl_comm *bk_comm(const sl_dp *dp, const dp_bucket *b) { return b->expert ? dp->edp_comm : dp->comm; }
 
 /* wait for *r if set and clear it */
 static inline sl_status dp_wait_req(sl_comm_req **r) {

@@ -56,6 +56,12 @@ sl_status sl_mesh_init(sl_mesh *mesh, sl_comm *world, sl_mesh_dims d) {
         mesh->ep_comm = c;
     else
         sl_comm_free(c);
+    int edp_color = (mesh->pp_rank * d.tp + mesh->tp_rank) * d.ep + mesh->ep_rank;
+    SL_CHECK(sl_comm_split(world, edp_color, r, &c));
+    if (d.ep > 1 && dp / d.ep > 1)
+        mesh->edp_comm = c;
+    else
+        sl_comm_free(c);
 done:
     if (st != SL_OK) sl_mesh_free(mesh);
     return st;
@@ -66,5 +72,6 @@ void sl_mesh_free(sl_mesh *mesh) {
     sl_comm_free(mesh->tp_comm);
     sl_comm_free(mesh->pp_comm);
     sl_comm_free(mesh->ep_comm);
-    mesh->dp_comm = mesh->tp_comm = mesh->pp_comm = mesh->ep_comm = NULL;
+    sl_comm_free(mesh->edp_comm);
+    mesh->dp_comm = mesh->tp_comm = mesh->pp_comm = mesh->ep_comm = mesh->edp_comm = NULL;
 }

@@ -4,7 +4,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "suanli/parallel.h"
+#include "parallel/ep_internal.h"
 
 struct sl_tp {
     sl_comm *comm; /* the mesh's TP communicator (borrowed) */
@@ -15,6 +15,9 @@ struct sl_tp {
     size_t scratch_cap;
     double coll_sec; /* time inside TP collectives (reset by sl_tp_take_stats) */
     double coll_bytes;
+    sl_comm *ep_comm; /* the mesh's expert-parallel communicator (borrowed; NULL: ep 1) */
+    int ep;
+    double ep_sec, ep_bytes; /* inside EP all-to-alls (reset by sl_ep_take_stats) */
 };
 
 sl_status sl_tp_new(sl_tp **out, const sl_mesh *mesh) {
@@ -25,6 +28,8 @@ sl_status sl_tp_new(sl_tp **out, const sl_mesh *mesh) {
     t->comm = mesh->tp_comm;
     t->n = mesh->tp;
     t->r = mesh->tp_rank;
+    t->ep_comm = mesh->ep_comm;
+    t->ep = mesh->ep;
     /* collective over the TP group: every rank splits every group size in the same order */
     for (int k = 1; (1 << k) < t->n && k < 8; k++) {
         int g = 1 << k;
@@ -95,6 +100,12 @@ static sl_status seq_collective(sl_tp *t, sl_tensor *n, sl_tensor *x, int gather
 
 int sl_tp_size(const sl_tp *t) { return t ? t->n : 1; }
 
+void sl_ep_take_stats(sl_tp *t, double *sec, double *bytes) {
+    *sec = t ? t->ep_sec : 0;
+    *bytes = t ? t->ep_bytes : 0;
+    if (t) t->ep_sec = t->ep_bytes = 0;
+}
+
 void sl_tp_take_stats(sl_tp *t, double *sec, double *bytes) {
     *sec = t ? t->coll_sec : 0;
     *bytes = t ? t->coll_bytes : 0;
@@ -107,6 +118,12 @@ sl_status sl_tp_collective(void *user, sl_tensor *n) {
     size_t cnt = (size_t)sl_nelements(x);
     if (!x->data || !n->data || (x->buffer && !x->buffer->backend->caps.host_visible))
         return sl_fail(SL_ERR_UNSUPPORTED, "tp: collective '%s' needs host-visible memory", n->name);
+    if (n->iparams[2] == SL_GROUP_EP) {
+        double t0 = sl_time_sec();
+        sl_status st = sl_ep_collective(t->ep_comm, t->ep, n, &t->ep_bytes);
+        t->ep_sec += sl_time_sec() - t0;
+        return st;
+    }
     if (n->iparams[3] != t->n)
         return sl_fail(SL_ERR_INVALID, "tp: collective '%s' built for %d ranks, the group has %d", n->name,
                        n->iparams[3], t->n);
@@ -344,7 +361,7 @@ sl_status sl_par_gather_whole(sl_tp *t, const sl_mesh *mesh, const sl_model *sta
         sl_model *peer = NULL;
         float *buf = NULL;
         st = sl_comm_recv(mesh->pp_comm, &cnt, 1, SL_COMM_I64, s);
-        sl_model_split split = {stage->tp > 1 ? stage->tp : 1, stage->tp_rank, mesh->pp, s, stage->vpp};
+        sl_model_split split = {stage->tp > 1 ? stage->tp : 1, stage->tp_rank, mesh->pp, s, stage->vpp, 1, 0};
         if (st == SL_OK) st = sl_model_new_split(stage, sl_backend_cpu(), &split, &peer);
         if (st == SL_OK && sl_tp_full_numel(peer) != cnt)
             st = sl_fail(SL_ERR_INTERNAL, "gather: stage %d sent %lld parameters, expected %lld", s,

@@ -364,16 +364,16 @@ static void bind_bucket(sl_dp *dp, int k, int64_t slot, int grad) {
 static sl_status gather_bucket(sl_dp *dp, int k, sl_buffer *dst, int64_t off, sl_comm_req **req) {
     const dp_bucket *b = &dp->buckets.v[k];
     const dp_shard *s = &dp->shard;
-    int64_t len = b->hi - b->lo, q = b->q, tail = len - q * dp->n;
+    int64_t len = b->hi - b->lo, q = b->q, tail = len - q * bk_n(dp, b);
     if (q > 0) {
-        if (dp->comm)
-            SL_TRY(sl_comm_all_gather_async(dp->comm, s->param + b->part_off,
+        if (bk_comm(dp, b))
+            SL_TRY(sl_comm_all_gather_async(bk_comm(dp, b), s->param + b->part_off,
                                             (float *)sl_buffer_map(dst) + off, (size_t)q, SL_COMM_F32, req));
         else
             SL_TRY(sl_backend_copy(dst, f32_bytes(off), s->param_buf, f32_bytes(b->part_off), f32_bytes(q)));
     }
     if (tail > 0)
-        SL_TRY(sl_backend_copy(dst, f32_bytes(off + q * dp->n), s->param_buf, f32_bytes(b->tail_off),
+        SL_TRY(sl_backend_copy(dst, f32_bytes(off + q * bk_n(dp, b)), s->param_buf, f32_bytes(b->tail_off),
                                f32_bytes(tail)));
     return SL_OK;
 }
@@ -384,10 +384,11 @@ static sl_status complete_grad(sl_dp *dp, int k) {
     SL_TRY(sl_dp_reduce_wait(dp, k));
     const dp_bucket *b = &dp->buckets.v[k];
     sl_buffer *arena = dp->slots.arena.buf, *shard = dp->shard.grad_buf;
-    int64_t slot = dp->slots.grad.v[k].off, len = b->hi - b->lo, q = b->q, tail = len - q * dp->n;
-    SL_TRY(sl_backend_copy(shard, f32_bytes(b->part_off), arena, f32_bytes(slot + q * dp->r), f32_bytes(q)));
+    int64_t slot = dp->slots.grad.v[k].off, len = b->hi - b->lo, q = b->q, tail = len - q * bk_n(dp, b);
+    SL_TRY(sl_backend_copy(shard, f32_bytes(b->part_off), arena, f32_bytes(slot + q * bk_r(dp, b)),
+                           f32_bytes(q)));
     if (tail > 0)
-        SL_TRY(sl_backend_copy(shard, f32_bytes(b->tail_off), arena, f32_bytes(slot + q * dp->n),
+        SL_TRY(sl_backend_copy(shard, f32_bytes(b->tail_off), arena, f32_bytes(slot + q * bk_n(dp, b)),
                                f32_bytes(tail)));
     return SL_OK;
 }
@@ -496,9 +497,9 @@ sl_status sl_dp_launch_param_gathers(sl_dp *dp) {
     for (int j = 0; j < dp->buckets.count; j++) {
         int k = pg->by_pfirst[j];
         const dp_bucket *b = &dp->buckets.v[k];
-        if (b->q > 0)
-            SL_TRY(sl_comm_all_gather_async(dp->comm, p + b->lo + b->q * dp->r, p + b->lo, (size_t)b->q,
-                                            SL_COMM_F32, &pg->reqs[k]));
+        if (b->q > 0 && bk_comm(dp, b))
+            SL_TRY(sl_comm_all_gather_async(bk_comm(dp, b), p + b->lo + b->q * bk_r(dp, b), p + b->lo,
+                                            (size_t)b->q, SL_COMM_F32, &pg->reqs[k]));
     }
     pg->in_flight = 1;
     return SL_OK;

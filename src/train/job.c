@@ -172,12 +172,6 @@ static sl_status setup_comm(sl_train_job *j) {
                 mesh->pp);
     }
     SL_TRY(sl_train_moe_check(j)); /* expert counts vs --ep first: their message names the flag */
-    if (mesh->ep > 1)
-        return sl_train_bad(
-            "expert parallelism is not implemented yet (--expert-model-parallel-size %d), for "
-            "any model; MoE models (Mixtral) keep every expert on every rank: use data "
-            "parallelism",
-            mesh->ep);
     j->rank0 = mesh->rank == 0;
     if (j->world) {
         /* every rank must run the same configuration: compare a hash of the options */
@@ -464,7 +458,7 @@ static sl_status make_model(sl_train_job *j) {
     if (short_split(j))
         return sl_train_bad("%s: a split has fewer than seq-length+1 = %lld tokens", o->data.path,
                             (long long)o->data.seq_length + 1);
-    if (mo->init_from) return SL_OK; /* weights loaded above */
+    if (mo->init_from) return j->mesh.ep > 1 ? sl_train_moe_split(j) : SL_OK; /* weights loaded above */
     int64_t lv = o->parallel.layers_per_virtual_stage, per_stage = j->cfg.n_layer / j->mesh.pp;
     if (lv > 0 && (j->cfg.n_layer % j->mesh.pp || per_stage % lv || per_stage / lv < 2))
         return sl_train_bad("--num-layers-per-virtual-pipeline-stage %lld: num-layers %d is not "
@@ -484,7 +478,7 @@ static sl_status make_model(sl_train_job *j) {
                 j->be->name);
         sl_model *whole = j->m, *shard = NULL;
         j->m = NULL;
-        sl_model_split split = {j->mesh.tp, j->mesh.tp_rank, j->mesh.pp, j->mesh.pp_rank, j->vpp};
+        sl_model_split split = {j->mesh.tp, j->mesh.tp_rank, j->mesh.pp, j->mesh.pp_rank, j->vpp, 1, 0};
         sl_status st = sl_gpt2_new_par(&j->cfg, j->be, &split, &shard);
         if (st == SL_OK) st = sl_tp_load_full(shard, whole);
         sl_model_free(whole);
@@ -547,7 +541,7 @@ static sl_status make_trainer(sl_train_job *j) {
     sl_status st = sl_trainer_init(&j->tr, m, &tc);
     if (st != SL_OK) return sl_train_fail(st, "%s", sl_errmsg());
     j->trainer_ok = 1;
-    if (j->mesh.tp > 1) {
+    if (j->mesh.tp > 1 || j->mesh.ep > 1) { /* the collective provider of TP and EP nodes */
         if (sl_tp_new(&j->tp, &j->mesh) != SL_OK || sl_trainer_set_tp(&j->tr, j->tp) != SL_OK)
             return sl_train_bad("%s", sl_errmsg());
     }

@@ -312,7 +312,8 @@ static void report_step(sl_train_job *j, const sl_train_progress *p, double t_st
             (long long)p->step, (long long)iters, ss->loss, ss->lr, ss->grad_norm, ss->seconds * 1e3,
             p->tokens_per_s, eta);
         if (j->dp) fprintf(j->out, " | comm wait %.1f ms", ss->comm_wait_sec * 1e3);
-        if (j->tp) fprintf(j->out, " | tp comm %.1f ms", j->tp_sec * 1e3);
+        if (j->tp && j->m->tp > 1) fprintf(j->out, " | tp comm %.1f ms", j->tp_sec * 1e3);
+        if (j->tp && j->m->ep > 1) fprintf(j->out, " | a2a %.1f ms", j->ep_sec * 1e3);
         if (j->tr.pipe) fprintf(j->out, " | pipeline wait %.1f ms", ss->pipe_wait_sec * 1e3);
         if (j->o.model.fp16)
             fprintf(j->out, " | loss scale %g%s | skipped %lld", ss->loss_scale,
@@ -333,7 +334,7 @@ static void report_step(sl_train_job *j, const sl_train_progress *p, double t_st
                     ss->loss_scale, ss->skipped, (long long)ss->skipped_total);
         if (p->evaluated) fprintf(j->metrics, ", \"val_loss\": %.6f", p->val_loss);
         if (j->dp) fprintf(j->metrics, ", \"comm_wait_ms\": %.3f", ss->comm_wait_sec * 1e3);
-        if (j->tp)
+        if (j->tp && j->m->tp > 1)
             fprintf(j->metrics, ", \"tp_comm_ms\": %.3f, \"tp_comm_mib\": %.4f, \"tp_comm_theory_mib\": %.4f",
                     j->tp_sec * 1e3, j->tp_bytes / 1048576.0,
                     sl_tp_comm_theory(j->m, j->B, j->T, j->accum) / 1048576.0);
@@ -412,6 +413,7 @@ static sl_status step_loop(sl_train_job *j, const sl_train_callbacks *cb, sl_tra
                                  ss->loss);
         r->loss = ss->loss;
         sl_tp_take_stats(j->tp, &j->tp_sec, &j->tp_bytes); /* before eval adds its own */
+        sl_ep_take_stats(j->tp, &j->ep_sec, &j->ep_bytes);
         t_steps += ss->seconds;
         p.step = step + 1;
         p.tokens_per_s = (double)j->B * j->T * j->accum * j->mesh.dp / ss->seconds;
@@ -425,6 +427,7 @@ static sl_status step_loop(sl_train_job *j, const sl_train_callbacks *cb, sl_tra
             if (st != SL_OK) return sl_train_fail(st, "eval: %s", sl_errmsg());
             double es, eb; /* eval's TP collectives are not the next step's */
             sl_tp_take_stats(j->tp, &es, &eb);
+            sl_ep_take_stats(j->tp, &es, &eb);
             r->val_loss = p.val_loss;
         }
         report_step(j, &p, t_steps);

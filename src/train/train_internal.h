@@ -27,9 +27,10 @@ typedef struct sl_train_job {
     sl_trainer tr;
     int trainer_ok;
     sl_dp *dp;               /* NULL without data parallelism */
-    sl_tp *tp;               /* NULL without tensor parallelism */
+    sl_tp *tp;               /* the collective provider: NULL without tensor or expert parallelism */
     int vpp;                 /* model chunks per pipeline stage (interleaved 1F1B), 1 otherwise */
     double tp_sec, tp_bytes; /* the last step's time in and bytes through TP collectives (this rank) */
+    double ep_sec, ep_bytes; /* the same for the expert-parallel all-to-alls */
     sl_moe_stats moe_stats;  /* the last step's (MoE models; moe_stats.n_layers == 0 otherwise) */
     int B, T, accum;
 
@@ -66,6 +67,8 @@ void sl_train_job_release(sl_train_job *j, int failed);
  * bias update after each step, and the metrics.jsonl fields. */
 sl_status sl_train_moe_check(sl_train_job *j);
 sl_status sl_train_moe_apply(sl_train_job *j);
+/* --expert-model-parallel-size: this rank's experts of the --init-from model (replaces j->m) */
+sl_status sl_train_moe_split(sl_train_job *j);
 sl_status sl_train_moe_after_step(sl_train_job *j);
 void sl_train_moe_metrics(const sl_train_job *j, FILE *f);
 

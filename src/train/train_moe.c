@@ -3,7 +3,10 @@
  * DeepSeek-V3's bias update, and the metrics.jsonl fields:
  *   "moe_load": [tokens routed to each expert, summed over the MoE layers] (the load histogram),
  *   "moe_dropped_frac": dropped / routed assignments, "moe_aux_loss" / "moe_z_loss": the raw losses (before
- *   their coefficients), mean over layers. From the last micro-batch of the step, on rank 0.
+ *   their coefficients), mean over layers. From the last micro-batch of the step: loads and dropped
+ *   assignments summed over the data-parallel ranks, the losses averaged over them;
+ *   with --expert-model-parallel-size, "moe_a2a_ms" / "moe_a2a_mib": this rank's time in the dispatch and
+ *   combine all-to-alls (and the count exchanges) of the step, and the bytes it sent to other ranks.
  * The step's "loss" is what is optimised: cross-entropy + the coefficients times each layer's router losses
  * (equal to the cross-entropy with both coefficients 0, the default). */
 #include <math.h>
@@ -64,6 +67,25 @@ sl_status sl_train_moe_check(sl_train_job *j) {
     if (o->parallel.ep > 1 && E && E % o->parallel.ep)
         return sl_train_bad("--expert-model-parallel-size %lld does not divide the %d experts%s",
                             (long long)o->parallel.ep, E, is_moe ? " of the model" : " (--num-experts)");
+    if (o->parallel.ep > 1) { /* Note [Expert-parallel dispatch] */
+        long long ep = (long long)o->parallel.ep;
+        if (!is_moe)
+            return sl_train_bad("--expert-model-parallel-size %lld needs a mixture-of-experts model: --init-from "
+                                "a Qwen2-MoE or DeepSeek-V3-style directory",
+                                ep);
+        if (o->model.bf16 || o->model.fp16)
+            return sl_train_bad("--expert-model-parallel-size %lld with --%s is not supported yet (the experts "
+                                "run in fp32)",
+                                ep, o->model.bf16 ? "bf16" : "fp16");
+        if (o->parallel.tp > 1 || o->parallel.pp > 1)
+            return sl_train_bad("--expert-model-parallel-size %lld with --%s-model-parallel-size is not "
+                                "supported yet (use --ep with data parallelism)",
+                                ep, o->parallel.tp > 1 ? "tensor" : "pipeline");
+        if (o->parallel.zero_stage == 3)
+            return sl_train_bad("--expert-model-parallel-size %lld with --zero-stage 3 is not supported (use 0, 1 "
+                                "or 2)",
+                                ep);
+    }
     if (!is_moe && moe_flags_given(mo))
         return sl_train_bad(
             "--moe-* and --num-experts need a mixture-of-experts model: --init-from a Mixtral, "
@@ -96,9 +118,46 @@ sl_status sl_train_moe_apply(sl_train_job *j) {
     return SL_OK;
 }
 
+sl_status sl_train_moe_split(sl_train_job *j) {
+    sl_model *whole = j->m, *mine = NULL;
+    if (!sl_model_is_moe(whole) || whole->arch == SL_ARCH_MIXTRAL)
+        return sl_train_bad("--expert-model-parallel-size %d: expert parallelism is built for Qwen2-MoE and "
+                            "DeepSeek-V3-style models, not %s",
+                            j->mesh.ep, sl_arch_name(whole->arch));
+    sl_model_split split = {1, 0, 1, 0, 1, j->mesh.ep, j->mesh.ep_rank};
+    sl_status st = sl_model_new_split(whole, j->be, &split, &mine);
+    if (st == SL_OK) st = sl_tp_load_full(mine, whole);
+    if (st != SL_OK) {
+        sl_model_free(mine);
+        return sl_train_bad("--expert-model-parallel-size %d: %s", j->mesh.ep, sl_errmsg());
+    }
+    mine->autocast_bf16 = whole->autocast_bf16;
+    sl_model_free(whole);
+    j->m = mine;
+    return SL_OK;
+}
+
+/* the statistics of every data-parallel rank's last micro-batch: loads and dropped assignments summed,
+ * the router losses averaged */
+static sl_status reduce_stats(sl_train_job *j, sl_moe_stats *s) {
+    sl_comm *c = j->mesh.dp_comm;
+    if (!c || s->n_experts <= 0) return SL_OK;
+    int E = s->n_experts;
+    double v[SL_MOE_MAX_EXPERTS + 3], all[SL_MOE_MAX_EXPERTS + 3], routed = 0;
+    for (int e = 0; e < E; e++) routed += (v[e] = s->load[e]);
+    v[E] = s->dropped_frac * routed, v[E + 1] = s->aux, v[E + 2] = s->z;
+    SL_TRY(sl_comm_all_reduce(c, v, all, (size_t)E + 3, SL_COMM_F64, SL_COMM_SUM));
+    routed = 0;
+    for (int e = 0; e < E; e++) routed += (s->load[e] = all[e]);
+    s->dropped_frac = routed > 0 ? all[E] / routed : 0;
+    s->aux = all[E + 1] / j->mesh.dp, s->z = all[E + 2] / j->mesh.dp;
+    return SL_OK;
+}
+
 sl_status sl_train_moe_after_step(sl_train_job *j) {
     if (!j->m || !sl_model_is_moe(j->m)) return SL_OK;
     sl_status st = sl_moe_graph_stats(j->tr.graph, &j->moe_stats);
+    if (st == SL_OK) st = reduce_stats(j, &j->moe_stats);
     if (st == SL_OK) st = sl_moe_update_bias(j->m, j->tr.graph);
     if (st != SL_OK) return sl_train_fail(st, "moe statistics: %s", sl_errmsg());
     return SL_OK;
@@ -111,4 +170,6 @@ void sl_train_moe_metrics(const sl_train_job *j, FILE *f) {
     for (int e = 0; e < s->n_experts; e++) fprintf(f, "%s%.0f", e ? ", " : "", s->load[e]);
     fprintf(f, "], \"moe_dropped_frac\": %.6f, \"moe_aux_loss\": %.6f, \"moe_z_loss\": %.6f", s->dropped_frac,
             s->aux, s->z);
+    if (j->m && j->m->ep > 1)
+        fprintf(f, ", \"moe_a2a_ms\": %.3f, \"moe_a2a_mib\": %.4f", j->ep_sec * 1e3, j->ep_bytes / 1048576.0);
 }

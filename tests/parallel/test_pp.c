@@ -80,7 +80,7 @@ static void *run_rank(void *arg) {
     if ((j->st = sl_mesh_init(&mesh, j->world, (sl_mesh_dims){j->tp, j->pp, 1})) != SL_OK) return NULL;
     if ((j->st = new_whole(&whole)) != SL_OK) goto out;
     sl_model_init_weights(whole, 11);
-    sl_model_split split = {j->tp, mesh.tp_rank, j->pp, mesh.pp_rank, j->vpp};
+    sl_model_split split = {j->tp, mesh.tp_rank, j->pp, mesh.pp_rank, j->vpp, 1, 0};
     if ((j->st = new_split(whole, &split, &m)) != SL_OK) goto out;
     if ((j->st = sl_tp_load_full(m, whole)) != SL_OK) goto out;
     if (j->tp > 1 && (j->st = sl_tp_new(&tp, &mesh)) != SL_OK) goto out;
@@ -273,7 +273,7 @@ int main(void) {
     sl_threads_set(1);
     /* bad splits are refused with the flag named */
     sl_model *bad = NULL;
-    TU_CHECK(sl_gpt2_new_par(&CFG, sl_backend_cpu(), &(sl_model_split){1, 0, 3, 0, 1}, &bad) ==
+    TU_CHECK(sl_gpt2_new_par(&CFG, sl_backend_cpu(), &(sl_model_split){1, 0, 3, 0, 1, 1, 0}, &bad) ==
                      SL_ERR_INVALID &&
                  !bad && strstr(sl_errmsg(), "--pipeline-model-parallel-size 3 does not divide num-layers 4"),
              "layers not divisible by pp: %s", sl_errmsg());
@@ -295,7 +295,7 @@ int main(void) {
     check_layout_v(&ref4, 2, 1, 2, 0, 0, 4, 2);
     check_layout_v(&ref8, 2, 1, 2, 0, 0, 8, 2);
     check_layout_v(&ref4, 8, 2, 2, 1, 1, 2, 2); /* with tp 2 + SP and dp 2 */
-    TU_CHECK(sl_gpt2_new_par(&CFG, sl_backend_cpu(), &(sl_model_split){1, 0, 2, 0, 3}, &bad) ==
+    TU_CHECK(sl_gpt2_new_par(&CFG, sl_backend_cpu(), &(sl_model_split){1, 0, 2, 0, 3, 1, 0}, &bad) ==
                      SL_ERR_INVALID &&
                  strstr(sl_errmsg(), "--num-layers-per-virtual-pipeline-stage"),
              "chunks not dividing the layers: %s", sl_errmsg());

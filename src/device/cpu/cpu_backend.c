@@ -60,6 +60,12 @@ static const kernel_fn k_kernels[SL_OP_COUNT] = {
     [SL_OP_MOE_EXPERT_FFN] = sl_k_moe_expert_ffn,
     [SL_OP_MOE_EXPERT_FFN_BACK] = sl_k_moe_expert_ffn_back,
     [SL_OP_MOE_EXPERT_FFN_BACK_X] = sl_k_moe_expert_ffn_back_x,
+    [SL_OP_MOE_EP_COUNTS] = sl_k_moe_ep_counts,
+    [SL_OP_MOE_EP_PACK] = sl_k_moe_ep_pack,
+    [SL_OP_MOE_EP_UNPACK] = sl_k_moe_ep_unpack,
+    [SL_OP_MOE_EP_UNPACK_BACK_GATE] = sl_k_moe_ep_unpack_back_gate,
+    [SL_OP_MOE_EP_GATHER] = sl_k_moe_ep_gather,
+    [SL_OP_MOE_EP_SCATTER] = sl_k_moe_ep_scatter,
 };
 
 /* Note [First touch]

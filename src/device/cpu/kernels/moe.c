@@ -308,8 +308,9 @@ static float silu_f(float x) { return x / (1.0f + expf(-x)); }
 sl_status sl_k_moe_expert_ffn(sl_tensor *n) {
     sl_tensor *x = n->src[0], *w1 = n->src[1], *w3 = n->src[2], *w2 = n->src[3], *route = n->src[4];
     int64_t R = n->ne[0], C = n->ne[1], I = w1->ne[0], E = route->ne[1], e = n->iparams[0];
-    int64_t cnt = (int64_t)route_counts(route)[E + e];
-    if (cnt > R)
+    int64_t cnt = n->iparams[1] > 0 ? sl_k_moe_ep_expert_count(route, n->iparams[1], (int)e, R) /* rcnt */
+                                    : (int64_t)route_counts(route)[E + e];
+    if (cnt < 0 || cnt > R)
         return sl_fail(SL_ERR_INVALID,
                        "moe_expert_ffn: expert %lld keeps %lld tokens, more than its %lld rows", (long long)e,
                        (long long)cnt, (long long)R);

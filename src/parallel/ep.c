@@ -1,0 +1,67 @@
+/* Expert parallelism: the all-to-all(v) collectives of expert-parallel graphs (Note [Expert-parallel
+ * dispatch], src/ops/moe_ep_ops.c), run by the graph's collective provider (sl_tp_collective) over the mesh's
+ * EP communicator. */
+#include <string.h>
+
+#include "parallel/ep_internal.h"
+
+/* per rank of the group: elements to or from it, from a counts tensor (E floats, El per rank block) */
+static sl_status split_counts(const sl_tensor *counts, int P, int64_t C, int64_t rows, size_t *cnt,
+                              size_t *displ, const char *name) {
+    const float *c = counts->data;
+    int64_t E = counts->ne[0], El = E / P, tot = 0;
+    for (int p = 0; p < P; p++) {
+        int64_t r = 0;
+        for (int64_t j = 0; j < El; j++) {
+            float v = c[p * El + j];
+            if (!(v >= 0 && v <= (float)rows) || v != (float)(int64_t)v)
+                return sl_fail(SL_ERR_INVALID, "ep: collective '%s': token count %g is invalid", name,
+                               (double)v);
+            r += (int64_t)v;
+        }
+        displ[p] = (size_t)(tot * C);
+        cnt[p] = (size_t)(r * C);
+        tot += r;
+    }
+    if (tot > rows)
+        return sl_fail(SL_ERR_INVALID, "ep: collective '%s': %lld rows exceed its %lld", name, (long long)tot,
+                       (long long)rows);
+    return SL_OK;
+}
+
+sl_status sl_ep_collective(sl_comm *comm, int P, sl_tensor *n, double *bytes) {
+    sl_tensor *x = n->src[0];
+    int kind = n->iparams[0];
+    if (n->iparams[3] != P)
+        return sl_fail(SL_ERR_INVALID, "ep: collective '%s' built for %d ranks, the group has %d", n->name,
+                       n->iparams[3], P);
+    if (kind == SL_COLL_ALLTOALL) {
+        size_t cnt = (size_t)sl_nelements(x);
+        if (P == 1 || !comm) {
+            memcpy(n->data, x->data, cnt * sizeof(float));
+            return SL_OK;
+        }
+        *bytes += (double)(P - 1) / P * (double)cnt * sizeof(float);
+        return sl_comm_all_to_all(comm, x->data, n->data, cnt / (size_t)P, SL_COMM_F32);
+    }
+    if (kind != SL_COLL_ALLTOALLV && kind != SL_COLL_ALLTOALLV_REV)
+        return sl_fail(SL_ERR_INVALID, "ep: collective '%s' has kind %d", n->name, kind);
+    const sl_tensor *scnt = kind == SL_COLL_ALLTOALLV ? n->src[1] : n->src[2],
+                    *rcnt = kind == SL_COLL_ALLTOALLV ? n->src[2] : n->src[1];
+    int64_t C = x->ne[1];
+    size_t buf[4 * 64], *sc = buf, *sd, *rc, *rd;
+    if (P > 64 && !(sc = malloc(sizeof(size_t) * 4 * (size_t)P))) return sl_fail(SL_ERR_NOMEM, "ep: out of memory");
+    sd = sc + P, rc = sd + P, rd = rc + P;
+    sl_status st = split_counts(scnt, P, C, x->ne[0], sc, sd, n->name);
+    if (st == SL_OK) st = split_counts(rcnt, P, C, n->ne[0], rc, rd, n->name);
+    if (st == SL_OK && (P == 1 || !comm)) {
+        memcpy(n->data, x->data, sc[0] * sizeof(float));
+    } else if (st == SL_OK) {
+        int me = sl_comm_rank(comm);
+        for (int p = 0; p < P; p++)
+            if (p != me) *bytes += (double)sc[p] * sizeof(float);
+        st = sl_comm_all_to_allv(comm, x->data, sc, sd, n->data, rc, rd, SL_COMM_F32);
+    }
+    if (sc != buf) free(sc);
+    return st;
+}
