@@ -65,3 +65,62 @@ sl_status sl_ep_collective(sl_comm *comm, int P, sl_tensor *n, double *bytes) {
     if (sc != buf) free(sc);
     return st;
 }
+
+/* this rank's parameters that are experts (in model order), packed into buf, or their count */
+static int64_t expert_elems(const sl_model *m, float *buf) {
+    int64_t n = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        const sl_param_info *p = &m->params[i];
+        if (!p->expert) continue;
+        if (buf) memcpy(buf + n, m->params_mem + p->offset, sizeof(float) * (size_t)p->numel);
+        n += p->numel;
+    }
+    return n;
+}
+
+/* the expert parameters of `peer` (a model built for another EP rank) from buf, into whole by name */
+static sl_status write_experts(const sl_model *peer, const float *buf, sl_model *whole) {
+    int64_t off = 0;
+    for (int i = 0; i < peer->n_params; i++) {
+        const sl_param_info *p = &peer->params[i];
+        if (!p->expert) continue;
+        const sl_param_info *q = sl_model_find(whole, p->t->name);
+        if (!q || q->numel != p->numel)
+            return sl_fail(SL_ERR_INVALID, "gather: expert '%s' does not fit the whole model", p->t->name);
+        SL_TRY(sl_model_params_write(whole, q->offset, p->numel, buf + off));
+        off += p->numel;
+    }
+    return SL_OK;
+}
+
+sl_status sl_ep_gather_whole(const sl_mesh *mesh, const sl_model *mine, sl_model *whole) {
+    if (!mine->params_mem) return sl_fail(SL_ERR_UNSUPPORTED, "gather: the experts need host-visible memory");
+    for (int i = 0; i < mine->n_params; i++) { /* replicated parameters and this rank's experts */
+        const sl_param_info *p = &mine->params[i], *q = sl_model_find(whole, p->t->name);
+        if (!q || q->numel != p->numel)
+            return sl_fail(SL_ERR_INVALID, "gather: parameter '%s' does not fit the whole model", p->t->name);
+        SL_TRY(sl_model_params_write(whole, q->offset, p->numel, mine->params_mem + p->offset));
+    }
+    int P = mine->ep > 1 ? mine->ep : 1;
+    if (P == 1) return SL_OK;
+    int64_t n = expert_elems(mine, NULL); /* the same on every EP rank: El experts of the same shapes */
+    float *send = malloc(sizeof(float) * (size_t)(n ? n : 1)), *all = malloc(sizeof(float) * (size_t)(n * P + 1));
+    sl_status st = send && all ? SL_OK : sl_fail(SL_ERR_NOMEM, "gather: out of memory");
+    if (st == SL_OK) {
+        expert_elems(mine, send);
+        st = sl_comm_all_gather(mesh->ep_comm, send, all, (size_t)n, SL_COMM_F32);
+    }
+    for (int p = 0; p < P && st == SL_OK; p++) {
+        if (p == mine->ep_rank) continue;
+        sl_model *peer = NULL;
+        sl_model_split split = {1, 0, 1, 0, 1, P, p};
+        st = sl_model_new_split(mine, sl_backend_cpu(), &split, &peer);
+        if (st == SL_OK && expert_elems(peer, NULL) != n)
+            st = sl_fail(SL_ERR_INTERNAL, "gather: EP rank %d holds another expert layout", p);
+        if (st == SL_OK) st = write_experts(peer, all + n * p, whole);
+        sl_model_free(peer);
+    }
+    free(send);
+    free(all);
+    return st;
+}

@@ -18,7 +18,10 @@ sl_status sl_trainer_ckpt_state(sl_trainer *tr, int rank, int world, sl_ckpt_sta
         int zero = sl_dp_zero_stage(tr->dp);
         /* replicas over DP hold the same state: the first writes it (TP shards and pipeline stages each
          * hold their own part, so every dp-rank-0 writes) */
-        int first = sl_dp_rank(tr->dp) == 0;
+        /* with expert parallelism the first rank of each expert-data-parallel group (dp ranks 0..ep-1)
+         * holds its EP rank's experts: each writes (the replicated parameters they share are equal) */
+        int ep = tr->model->ep > 1 ? tr->model->ep : 1;
+        int first = sl_dp_rank(tr->dp) < ep;
         st->write_params = zero > 0 || first;
         st->write_optim = zero > 0 || first;
         st->adam_t = tr->opt_t;

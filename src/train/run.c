@@ -496,7 +496,17 @@ static sl_status finish(sl_train_job *j, const sl_train_callbacks *cb, const sl_
         fprintf(j->out, "trained %lld steps in %.1f s; final val loss %.4f\n", (long long)r->steps,
                 sl_time_sec() - t_start, r->val_loss);
     sl_model *m = j->m, *whole = NULL;
-    if (j->tp || j->tr.pipe) {
+    if (m->ep > 1) { /* every EP rank's experts into a whole model (collective over the EP group) */
+        st = j->dp ? sl_dp_sync_params(j->dp) : SL_OK;
+        if (st == SL_OK) st = sl_model_new_split(m, j->be, &(sl_model_split){1, 0, 1, 0, 1, 1, 0}, &whole);
+        if (st == SL_OK) st = sl_ep_gather_whole(&j->mesh, m, whole);
+        if (st != SL_OK) {
+            sl_model_free(whole);
+            return sl_train_fail(st, "rank %d: gathering the experts: %s", j->mesh.rank, sl_errmsg());
+        }
+        whole->moe = j->m->moe;
+        m = whole;
+    } else if (j->tp || j->tr.pipe) {
         /* the TP shards and pipeline stages gathered into a whole model on the first stage, for saving and
          * sampling (collective: every rank, whatever it then does with it; only rank 0 saves and samples) */
         st = j->mesh.pp_rank == 0 ? sl_gpt2_new_on(&j->cfg, j->be, &whole) : SL_OK;
