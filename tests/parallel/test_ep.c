@@ -236,5 +236,5 @@ int main(void) {
     sl_model_free(ref4.final);
     sl_model_free(cap2.final);
     printf("expert parallelism: ok\n");
-    return 0;
+    return tu_finish("test_ep");
 }
