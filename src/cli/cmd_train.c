@@ -99,8 +99,8 @@ static int train_flags(sl_train_opts *o, const char **config, sl_flag *flags, in
         {"num-layers-per-virtual-pipeline-stage", SL_FLAG_INT, &o->parallel.layers_per_virtual_stage, 1, 4096,
          "interleaved 1F1B: layers per model chunk (num-layers / (pp x this) chunks per stage)", 0},
         {"expert-model-parallel-size", SL_FLAG_INT, &o->parallel.ep, 1, 4096,
-         "expert-parallel ranks: 1 only (expert parallelism is not implemented; MoE models replicate "
-         "experts)",
+         "expert-parallel ranks (1): the routed experts of Qwen2-MoE / DeepSeek-V3-style --init-from models "
+         "split over ep data-parallel ranks (ep divides the experts and the DP size)",
          0},
         {"ep", SL_FLAG_INT, &o->parallel.ep, 1, 4096, "short for --expert-model-parallel-size", 0},
         {"num-experts", SL_FLAG_INT, &o->moe.num_experts, -1e9, 1e9,
