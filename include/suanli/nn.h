@@ -282,11 +282,16 @@ void sl_kv_cache_free(sl_kv_cache *kv);
 sl_tensor *sl_model_build_kv(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0);
 sl_status sl_kv_graph_set_pos(sl_graph *g, int pos0);
 /* MoE (src/nn/moe.c): whether the model has routed experts; the statistics of the last execution of g
- * (zeros if g has no routing node); DeepSeek-V3's bias update from those loads (params written through
- * the backend). */
+ * (zeros if g has no routing node); DeepSeek-V3's bias update from those loads or from `loads` (params
+ * written through the backend). */
 int sl_model_is_moe(const sl_model *m);
 sl_status sl_moe_graph_stats(sl_graph *g, sl_moe_stats *out);
-sl_status sl_moe_update_bias(sl_model *m, sl_graph *g);
+sl_status sl_moe_update_bias(sl_model *m, sl_graph *g, const float *loads);
+/* The routing nodes that carry a selection bias (DeepSeek-V3) and their experts; their routed counts
+ * (layer-major, n_layers x E floats) for a reduction over data-parallel ranks before sl_moe_update_bias
+ * (loads NULL there: the graph's own). */
+int sl_moe_bias_layers(sl_graph *g, int64_t *n_experts);
+sl_status sl_moe_bias_loads(sl_graph *g, float *loads);
 
 /* ---- sampling (generate) ---- */
 typedef struct sl_sample_opts {

@@ -81,6 +81,9 @@ typedef struct sl_trainer {
     int opt_ready;
     void (*pre_update)(void *user); /* optional: called right before the optimizer modifies the state */
     void *pre_update_user;
+    /* optional: called after each micro-batch's forward and backward (not under pipeline parallelism) */
+    sl_status (*after_micro)(void *user, int micro);
+    void *after_micro_user;
     int64_t opt_t; /* optimizer steps taken (both paths) */
     sl_plan_stats plan;
     sl_tensor *seed; /* the backward's FILL node d(loss) = seed_base * loss scale */

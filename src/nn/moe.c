@@ -296,11 +296,37 @@ sl_status sl_moe_graph_stats(sl_graph *g, sl_moe_stats *out) {
  * DeepSeek-V3 adds a per-expert bias to the scores used for the top-k choice only (the weights stay the
  * unbiased scores) and, after each step, moves it by a fixed rate towards balance:
  * b_e += rate * sign(mean_e' load_e' - load_e). The loads are the step's routed counts of that layer
- * (last micro-batch). The bias lives in the flat parameter buffer (a frozen leaf: it gets no gradient and
+ * (last micro-batch; under data parallelism summed over the DP ranks first, sl_moe_bias_loads, so every
+ * replica moves its bias alike). The bias lives in the flat parameter buffer (a frozen leaf: it gets no gradient and
  * no weight decay, so AdamW leaves it alone) and is written back through the backend. */
-sl_status sl_moe_update_bias(sl_model *m, sl_graph *g) {
+int sl_moe_bias_layers(sl_graph *g, int64_t *n_experts) {
+    int n = 0;
+    for (int i = 0; i < sl_graph_n_nodes(g); i++) { /* before the first run too: no buffer needed */
+        sl_tensor *t = sl_graph_node(g, i);
+        if (t->op != SL_OP_MOE_ROUTE || t->ne[1] <= 1 || !t->src[1]) continue;
+        *n_experts = t->ne[1];
+        n++;
+    }
+    return n;
+}
+
+sl_status sl_moe_bias_loads(sl_graph *g, float *loads) {
+    int64_t off = 0;
+    for (int i = 0; i < sl_graph_n_nodes(g); i++) {
+        sl_tensor *t = sl_graph_node(g, i);
+        if (!is_layer_route(t) || !t->src[1]) continue;
+        float cnt[2 * SL_MOE_MAX_EXPERTS];
+        SL_TRY(read_counts(t, cnt));
+        memcpy(loads + off, cnt, sizeof(float) * (size_t)t->ne[1]);
+        off += t->ne[1];
+    }
+    return SL_OK;
+}
+
+sl_status sl_moe_update_bias(sl_model *m, sl_graph *g, const float *loads) {
     if (m->arch != SL_ARCH_DEEPSEEK_V3 || m->moe.bias_update_rate == 0) return SL_OK;
     float cnt[2 * SL_MOE_MAX_EXPERTS], b[SL_MOE_MAX_EXPERTS];
+    int64_t loff = 0;
     for (int i = 0; i < sl_graph_n_nodes(g); i++) {
         sl_tensor *t = sl_graph_node(g, i);
         if (!is_layer_route(t) || !t->src[1]) continue;
@@ -310,7 +336,11 @@ sl_status sl_moe_update_bias(sl_model *m, sl_graph *g) {
         if (!p) continue;
         int64_t E = t->ne[1];
         double mean = 0;
-        SL_TRY(read_counts(t, cnt));
+        if (loads)
+            memcpy(cnt, loads + loff, sizeof(float) * (size_t)E);
+        else
+            SL_TRY(read_counts(t, cnt));
+        loff += E;
         for (int64_t e = 0; e < E; e++) mean += cnt[e] / (double)E;
         SL_TRY(sl_model_params_read(m, p->offset, E, b));
         for (int64_t e = 0; e < E; e++)

@@ -541,6 +541,7 @@ static sl_status make_trainer(sl_train_job *j) {
     sl_status st = sl_trainer_init(&j->tr, m, &tc);
     if (st != SL_OK) return sl_train_fail(st, "%s", sl_errmsg());
     j->trainer_ok = 1;
+    SL_TRY(sl_train_moe_bias_setup(j));
     if (j->mesh.tp > 1 || j->mesh.ep > 1) { /* the collective provider of TP and EP nodes */
         if (sl_tp_new(&j->tp, &j->mesh) != SL_OK || sl_trainer_set_tp(&j->tr, j->tp) != SL_OK)
             return sl_train_bad("%s", sl_errmsg());
@@ -619,6 +620,7 @@ void sl_train_job_release(sl_train_job *j, int failed) {
     if (failed && j->world) sl_comm_abort(j->world);
     if (j->own_world) sl_comm_free(j->world);
     sl_model_free(j->m);
+    free(j->moe_loads);
     sl_tokenizer_free(j->tok);
     sl_dataset_close(j->train);
     sl_dataset_close(j->val);

@@ -32,6 +32,10 @@ typedef struct sl_train_job {
     double tp_sec, tp_bytes; /* the last step's time in and bytes through TP collectives (this rank) */
     double ep_sec, ep_bytes; /* the same for the expert-parallel all-to-alls */
     sl_moe_stats moe_stats;  /* the last step's (MoE models; moe_stats.n_layers == 0 otherwise) */
+    float *moe_loads; /* DeepSeek-V3 bias update: the step's routed counts per biased layer, summed over its
+                         micro-batches (moe_nl layers x moe_E experts) */
+    int moe_nl;
+    int64_t moe_E;
     int B, T, accum;
 
     /* where the run starts: a checkpoint (resume) or the weights in load_dir/model.safetensors */
@@ -70,6 +74,8 @@ sl_status sl_train_moe_apply(sl_train_job *j);
 /* --expert-model-parallel-size: this rank's experts of the --init-from model (replaces j->m) */
 sl_status sl_train_moe_split(sl_train_job *j);
 sl_status sl_train_moe_after_step(sl_train_job *j);
+/* after the trainer exists: DeepSeek-V3's bias update collects each micro-batch's loads */
+sl_status sl_train_moe_bias_setup(sl_train_job *j);
 void sl_train_moe_metrics(const sl_train_job *j, FILE *f);
 
 #endif

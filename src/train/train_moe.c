@@ -90,10 +90,10 @@ sl_status sl_train_moe_check(sl_train_job *j) {
         return sl_train_bad(
             "--moe-* and --num-experts need a mixture-of-experts model: --init-from a Mixtral, "
             "Qwen2-MoE or DeepSeek-V3 directory (fresh models are dense GPT-2)");
-    if (mo->bias_update_rate > 0 && j->mesh.world > 1) /* each rank would move its bias by its own loads */
-        return sl_train_bad("--moe-router-bias-update-rate is single-process for now (the loads are not yet "
-                            "reduced over the %d ranks)",
-                            j->mesh.world);
+    if (mo->bias_update_rate > 0 && o->parallel.pp > 1)
+        return sl_train_bad("--moe-router-bias-update-rate with --pipeline-model-parallel-size %lld is not "
+                            "supported yet (the loads are collected per micro-batch outside the pipeline)",
+                            (long long)o->parallel.pp);
     if (mo->bias_update_rate > 0 && o->model.init_from) {
         sl_llama_config c;
         if (sl_hf_load_config(o->model.init_from, &c, NULL) == SL_OK && c.arch != SL_ARCH_DEEPSEEK_V3)
@@ -154,11 +154,48 @@ static sl_status reduce_stats(sl_train_job *j, sl_moe_stats *s) {
     return SL_OK;
 }
 
+/* Note [Bias balancing over micro-batches and ranks]
+ * DeepSeek-V3's bias moves by the loads of the whole step (as Megatron's tokens_per_expert, accumulated over
+ * the step's micro-batches and summed over the data-parallel ranks), so a run moves its bias alike whatever
+ * its micro-batch, accumulation and DP split. The loads are added up after each micro-batch
+ * (sl_trainer.after_micro) and all-reduced after the step; the update waits for ZeRO's in-flight parameter
+ * gathers first (they rewrite the parameter buffer the bias lives in). */
+static sl_status add_loads(void *u, int micro) {
+    sl_train_job *j = u;
+    size_t n = (size_t)j->moe_nl * (size_t)j->moe_E;
+    float tmp[SL_MOE_MAX_EXPERTS * 8], *buf = n <= sizeof tmp / sizeof tmp[0] ? tmp : malloc(sizeof(float) * n);
+    if (!buf) return sl_fail(SL_ERR_NOMEM, "moe: out of memory");
+    sl_status st = sl_moe_bias_loads(j->tr.graph, buf);
+    for (size_t i = 0; i < n && st == SL_OK; i++) j->moe_loads[i] = micro ? j->moe_loads[i] + buf[i] : buf[i];
+    if (buf != tmp) free(buf);
+    return st;
+}
+
+static sl_status update_bias(sl_train_job *j) {
+    if (!j->moe_loads) return SL_OK;
+    size_t n = (size_t)j->moe_nl * (size_t)j->moe_E;
+    if (j->mesh.dp_comm)
+        SL_TRY(sl_comm_all_reduce(j->mesh.dp_comm, j->moe_loads, j->moe_loads, n, SL_COMM_F32, SL_COMM_SUM));
+    if (j->dp) SL_TRY(sl_dp_sync_params(j->dp));
+    return sl_moe_update_bias(j->m, j->tr.graph, j->moe_loads);
+}
+
+sl_status sl_train_moe_bias_setup(sl_train_job *j) {
+    if (!j->m || !sl_model_is_moe(j->m) || j->m->moe.bias_update_rate == 0) return SL_OK;
+    j->moe_nl = sl_moe_bias_layers(j->tr.graph, &j->moe_E);
+    if (j->moe_nl == 0) return SL_OK;
+    j->moe_loads = calloc((size_t)j->moe_nl * (size_t)j->moe_E, sizeof(float));
+    if (!j->moe_loads) return sl_train_fail(SL_ERR_NOMEM, "moe: out of memory");
+    j->tr.after_micro = add_loads;
+    j->tr.after_micro_user = j;
+    return SL_OK;
+}
+
 sl_status sl_train_moe_after_step(sl_train_job *j) {
     if (!j->m || !sl_model_is_moe(j->m)) return SL_OK;
     sl_status st = sl_moe_graph_stats(j->tr.graph, &j->moe_stats);
     if (st == SL_OK) st = reduce_stats(j, &j->moe_stats);
-    if (st == SL_OK) st = sl_moe_update_bias(j->m, j->tr.graph);
+    if (st == SL_OK) st = update_bias(j);
     if (st != SL_OK) return sl_train_fail(st, "moe statistics: %s", sl_errmsg());
     return SL_OK;
 }

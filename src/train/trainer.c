@@ -192,6 +192,7 @@ sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *us
         if (tr->dp) sl_dp_arm(tr->dp, micro == tr->cfg.accum - 1);
         sl_graph_set_grad_overwrite(tr->graph, overwrite && micro == 0);
         st = sl_trainer_forward_backward(tr, tr->ids_buf, tr->tg_buf, &l);
+        if (st == SL_OK && tr->after_micro) st = tr->after_micro(tr->after_micro_user, micro);
         tot += l;
     }
     sl_graph_set_grad_overwrite(tr->graph, 0); /* other callers of the graph accumulate */

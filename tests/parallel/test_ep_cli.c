@@ -50,6 +50,27 @@ static double weight_diff(const char *ref, const char *got) {
     return d;
 }
 
+/* how many selection-bias entries moved between the model dirs a (initial) and b (trained): each step moves
+ * an entry by exactly +-rate or 0, so a moved entry is a multiple of rate away (within fp32 rounding) */
+static int bias_moved(const char *a, const char *b, float rate) {
+    sl_model *ma = NULL, *mb = NULL;
+    TU_CHECK(sl_hf_load(a, &ma, NULL) == SL_OK && sl_hf_load(b, &mb, NULL) == SL_OK, "load: %s", sl_errmsg());
+    int moved = 0;
+    for (int i = 0; ma && mb && i < ma->n_params; i++) {
+        const sl_param_info *p = &ma->params[i];
+        if (!strstr(p->t->name, "e_score_correction_bias")) continue;
+        const sl_param_info *q = sl_model_find(mb, p->t->name);
+        for (int64_t k = 0; q && k < p->numel; k++) {
+            double d = (mb->params_mem[q->offset + k] - ma->params_mem[p->offset + k]) / rate;
+            TU_CHECK(fabs(d - round(d)) < 1e-3, "%s[%lld] moved by %g x the rate", p->t->name, (long long)k, d);
+            moved += fabs(d) > 0.5;
+        }
+    }
+    sl_model_free(ma);
+    sl_model_free(mb);
+    return moved;
+}
+
 int main(void) {
     const char *tmp = tu_tmpdir("epcli");
     char q[700], data[700], base[2048], flags[4096], a[900], b[900];
@@ -122,6 +143,33 @@ int main(void) {
     double d = weight_diff(a, b);
     printf("resumed at ep 2 from the ep 4 checkpoint: saved weights rel diff %.2e\n", d);
     TU_CHECK(d <= 1e-5, "resumed: final weights rel diff %.3g (bar 1e-5)", d);
+
+    /* DeepSeek-V3's bias balancing under DP and EP: the loads of the whole step (every micro-batch, every
+     * rank) move the bias, so ep 2 x dp 2 runs as the single process with 2 micro-batches per step (Note
+     * [Bias balancing over micro-batches and ranks]) */
+    char dsd[700], dbase[2048];
+    snprintf(dsd, sizeof dsd, "%s/deepseek_v3", tmp);
+    TU_CHECK(tu_runf(out, sizeof out, "",
+                     "mkdir -p %s && cp %s/tests/fixtures/hf/deepseek_v3/config.json "
+                     "%s/tests/fixtures/hf/deepseek_v3/model.safetensors %s/ && cp %s/qwen2_moe/tokenizer.json %s/",
+                     dsd, SL_SOURCE_DIR, SL_SOURCE_DIR, dsd, tmp, dsd) == 0,
+             "deepseek dir: %s", out);
+    snprintf(dbase, sizeof dbase,
+             "train --data-path %s --init-from %s --seq-length 16 --micro-batch-size 2 --global-batch-size 4 "
+             "--eval-interval 0 --eval-iters 1 --threads 1 --train-iters 6 --moe-router-bias-update-rate 0.01",
+             data, dsd);
+    TU_CHECK(run("%s %s --save %s/ds1", tu_cli(), dbase, tmp) == 0, "deepseek single: %s", out);
+    TU_CHECK(run("%s run -n 2 -- %s %s --ep 2 --save %s/ds2", tu_cli(), tu_cli(), dbase, tmp) == 0,
+             "deepseek ep 2: %s", out);
+    snprintf(a, sizeof a, "%s/ds1", tmp);
+    snprintf(b, sizeof b, "%s/ds2", tmp);
+    same_losses(a, b, 1, 6);
+    double dd = weight_diff(a, b);
+    printf("DeepSeek-V3 with bias balancing, ep 2 x dp 2: saved weights (and biases) rel diff %.2e\n", dd);
+    TU_CHECK(dd <= 1e-5, "deepseek ep 2: final weights rel diff %.3g (bar 1e-5)", dd);
+    int moved = bias_moved(dsd, a, 0.01f);
+    printf("DeepSeek-V3: %d selection-bias entries moved in 6 steps\n", moved);
+    TU_CHECK(moved > 0, "the bias update moved no e_score_correction_bias entry");
 
     /* bad input: exit 2, one line naming the flag, no --save directory */
     struct {
