@@ -156,11 +156,6 @@ sl_status sl_llama_new_par(const sl_llama_config *cfg, sl_backend *be, const sl_
         if (sp->ep_rank < 0 || sp->ep_rank >= ep)
             return sl_fail(SL_ERR_INVALID, "--expert-model-parallel-size %d: rank %d out of range", ep,
                            sp->ep_rank);
-        if (tp > 1 || pp > 1)
-            return sl_fail(SL_ERR_UNSUPPORTED,
-                           "--expert-model-parallel-size %d with tensor or pipeline parallelism is not built "
-                           "yet (use --ep with data parallelism)",
-                           ep);
     }
     if (cfg->arch == SL_ARCH_MIXTRAL || cfg->arch == SL_ARCH_BAICHUAN)
         return sl_fail(SL_ERR_UNSUPPORTED,
@@ -506,19 +501,19 @@ static sl_tensor *body_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *
         x = rnd_model(
             m,
             sl_add(ctx, x, tp_g(m, lin(m, rnd(m, a), W(m, "%s.%d.self_attn.o_proj.weight", pre, l), NULL))));
-        h = tp_f(m, norm(m, x, tp_rep(m, W(m, "%s.%d.post_attention_layernorm.weight", pre, l)), c->rms_eps));
+        h = norm(m, x, tp_rep(m, W(m, "%s.%d.post_attention_layernorm.weight", pre, l)), c->rms_eps);
         sl_tensor *f;
         if (c->arch == SL_ARCH_MIXTRAL &&
             (kv || m->wdtype == SL_BF16 || m->autocast_bf16 || !sl_moe_backend_ok(m)))
-            f = moe(m, h, l,
-                    kv != NULL); /* sparse inference, bf16 numerics, other backends: the dense gate form */
+            f = tp_g(m, moe(m, tp_f(m, h), l,
+                            kv != NULL)); /* sparse inference, bf16 numerics, other backends: the dense gate form */
         else if (sl_moe_layer_is_sparse(c, l))
-            f = sl_moe_ffn(m, h, l); /* dispatched experts (src/nn/moe.c) */
+            f = sl_moe_ffn(m, h, l); /* dispatched experts (src/nn/moe.c); Note [MoE under TP] there */
         else
-            f = swiglu_mlp(m, h, W(m, "%s.%d.mlp.gate_proj.weight", pre, l),
-                           W(m, "%s.%d.mlp.up_proj.weight", pre, l),
-                           W(m, "%s.%d.mlp.down_proj.weight", pre, l));
-        x = rnd_model(m, sl_add(ctx, x, tp_g(m, f)));
+            f = tp_g(m, swiglu_mlp(m, tp_f(m, h), W(m, "%s.%d.mlp.gate_proj.weight", pre, l),
+                                   W(m, "%s.%d.mlp.up_proj.weight", pre, l),
+                                   W(m, "%s.%d.mlp.down_proj.weight", pre, l)));
+        x = rnd_model(m, sl_add(ctx, x, f));
     }
     if (!last) return sl_set_name(x, "stage_out");
     x = tp_f(m, norm(m, x, tp_rep(m, W(m, "model.norm.weight")), c->rms_eps));

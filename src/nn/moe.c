@@ -16,6 +16,17 @@
 
 #include "nn/llama_internal.h"
 
+/* Note [MoE under TP]
+ * Under tensor parallelism the experts, the router and the shared experts are not split: every TP rank holds
+ * them whole. Without sequence parallelism the layer input is replicated, so each TP rank routes and runs
+ * the same tokens (redundant compute, full gradients on every rank: no collective, and the TP norm counts
+ * them once as replicated parameters). With sequence parallelism each TP rank runs its own T / tp tokens
+ * through the experts, which halves nothing in memory but splits the expert FLOPs; the weights then take
+ * partial gradients on each rank and enter the graph through sl_tp_rep (COPY forward, ALL-REDUCE of the
+ * gradient), as the other replicated parameters SP applies to sequence shards. Capacity under SP counts each
+ * rank's own tokens. Expert-tensor parallelism (splitting each expert over TP) is not built. */
+static sl_tensor *moe_W(sl_model *m, sl_tensor *w) { return sl_tp_rep(m->ctx, w, m->tp, m->sp); }
+
 int sl_arch_is_moe(sl_arch a) {
     return a == SL_ARCH_MIXTRAL || a == SL_ARCH_QWEN2_MOE || a == SL_ARCH_DEEPSEEK_V3;
 }
@@ -179,9 +190,9 @@ static sl_tensor *ep_experts(sl_model *m, sl_tensor *h2, sl_tensor *w, int l, co
         int e = m->ep_rank * El + j;
         sl_tensor *xl = sl_moe_ep_gather(ctx, xr, rcnt, j, El, Rl);
         xl->iparams[2] = 1; /* the expert reads its received rows only */
-        sl_tensor *yl = sl_moe_expert_ffn_ep(ctx, xl, sl_llama_W(m, nm.expert, l, e, nm.proj[0]),
-                                             sl_llama_W(m, nm.expert, l, e, nm.proj[1]),
-                                             sl_llama_W(m, nm.expert, l, e, nm.proj[2]), rcnt, j, El);
+        sl_tensor *yl = sl_moe_expert_ffn_ep(ctx, xl, moe_W(m, sl_llama_W(m, nm.expert, l, e, nm.proj[0])),
+                                             moe_W(m, sl_llama_W(m, nm.expert, l, e, nm.proj[1])),
+                                             moe_W(m, sl_llama_W(m, nm.expert, l, e, nm.proj[2])), rcnt, j, El);
         yr = sl_moe_ep_scatter(ctx, yl, rcnt, yr, j, El, Rx);
     }
     sl_tensor *ys = sl_moe_ep_alltoallv(ctx, yr, cnt, rcnt, S, 1, P);
@@ -196,7 +207,7 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
     moe_names nm = names_of(c->arch);
     sl_tensor *h2 =
         sl_reshape_2d(ctx, h->op == SL_OP_VIEW && !sl_is_contiguous(h) ? sl_cont(ctx, h) : h, N, C);
-    sl_tensor *logits = sl_llama_lin(m, h2, sl_llama_W(m, nm.router, l), NULL); /* (N, E) */
+    sl_tensor *logits = sl_llama_lin(m, h2, moe_W(m, sl_llama_W(m, nm.router, l)), NULL); /* (N, E) */
     sl_tensor *bias = c->arch == SL_ARCH_DEEPSEEK_V3
                           ? sl_llama_W(m, "model.layers.%d.mlp.gate.e_score_correction_bias", l)
                           : NULL;
@@ -219,21 +230,22 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
     for (int e = 0; e < E && m->ep <= 1; e++) {
         sl_tensor *xe = sl_moe_gather(ctx, h2, w, e, R, 0); /* (R, C) */
         xe->iparams[2] = routed; /* MOE_EXPERT_FFN reads the kept rows only: no zero fill */
-        sl_tensor *w1 = sl_llama_W(m, nm.expert, l, e, nm.proj[0]),
-                  *w3 = sl_llama_W(m, nm.expert, l, e, nm.proj[1]),
-                  *w2 = sl_llama_W(m, nm.expert, l, e, nm.proj[2]);
+        sl_tensor *w1 = moe_W(m, sl_llama_W(m, nm.expert, l, e, nm.proj[0])),
+                  *w3 = moe_W(m, sl_llama_W(m, nm.expert, l, e, nm.proj[1])),
+                  *w2 = moe_W(m, sl_llama_W(m, nm.expert, l, e, nm.proj[2]));
         sl_tensor *ye =
             routed ? sl_moe_expert_ffn(ctx, xe, w1, w3, w2, w, e) : sl_llama_swiglu(m, xe, w1, w3, w2);
         y = sl_moe_combine(ctx, ye, w, y, e, 1); /* (N, C) */
     }
     if (c->shared_intermediate > 0) {
-        sl_tensor *s = sl_llama_swiglu(m, h2, sl_llama_W(m, nm.shared, l, "gate_proj"),
-                                       sl_llama_W(m, nm.shared, l, "up_proj"),
-                                       sl_llama_W(m, nm.shared, l, "down_proj")); /* (N, C) */
+        sl_tensor *s = sl_llama_swiglu(m, h2, moe_W(m, sl_llama_W(m, nm.shared, l, "gate_proj")),
+                                       moe_W(m, sl_llama_W(m, nm.shared, l, "up_proj")),
+                                       moe_W(m, sl_llama_W(m, nm.shared, l, "down_proj"))); /* (N, C) */
         if (c->arch == SL_ARCH_QWEN2_MOE) {
             /* sigmoid(h Wsg^T): a one-expert sigmoid route is the sigmoid, with its gradient */
             sl_tensor *g = sl_llama_lin(
-                m, h2, sl_llama_W(m, "model.layers.%d.mlp.shared_expert_gate.weight", l), NULL); /* (N, 1) */
+                m, h2, moe_W(m, sl_llama_W(m, "model.layers.%d.mlp.shared_expert_gate.weight", l)),
+                NULL); /* (N, 1) */
             sl_moe_route_opts so = {.k = 1, .score = SL_MOE_SCORE_SIGMOID, .scale = 1.0f};
             s = sl_llama_rnd(m, sl_mul(ctx, s, sl_moe_route(ctx, g, NULL, &so)));
         }

@@ -167,11 +167,10 @@ sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, 
     *out = NULL;
     if (o->zero_stage < 0 || o->zero_stage > 3)
         return sl_fail(SL_ERR_INVALID, "--zero-stage %d: must be 0, 1, 2 or 3", o->zero_stage);
-    if (m->ep > 1 && (o->zero_stage == 3 || m->tp > 1 || m->pp > 1))
+    if (m->ep > 1 && o->zero_stage == 3)
         return sl_fail(SL_ERR_UNSUPPORTED,
-                       "--expert-model-parallel-size %d with %s is not supported yet (use ZeRO 0, 1 or 2 and "
-                       "data parallelism)",
-                       m->ep, o->zero_stage == 3 ? "--zero-stage 3" : "tensor or pipeline parallelism");
+                       "--expert-model-parallel-size %d with --zero-stage 3 is not supported yet (use 0, 1 or 2)",
+                       m->ep);
     if (m->pp > 1 && o->zero_stage == 3) /* its gathers are scheduled in one graph's forward */
         return sl_fail(
             SL_ERR_UNSUPPORTED,
@@ -395,17 +394,19 @@ static sl_status part_sumsq(const sl_dp *dp, int rr, int use_shard, int sel, dou
  * With expert parallelism a rank's gradients are the replicated parameters' and its own experts'. Sharded
  * (ZeRO-2) the DP group's parts cover every replicated element once and, EDP group by EDP group, every
  * expert once: the all-reduce of the parts is the whole model's sum. Unsharded, the replicated sum is
- * local and the experts' is summed over the EP group (each rank of which holds different experts). */
-static sl_status ep_sumsq(sl_dp *dp, double *ss) {
+ * local and the experts' is summed over the EP group (each rank of which holds different experts). With TP
+ * or PP the same holds for each selection (sel: TP-split or replicated parameters, Note [TP gradient norm]),
+ * before the TP and pipeline sums. */
+static sl_status ep_sumsq(sl_dp *dp, int sel, double *ss) {
     if (dp->zero >= 2 && dp->comm) {
         double mine;
-        SL_TRY(part_sumsq(dp, dp->r, 1, 0, &mine));
+        SL_TRY(part_sumsq(dp, dp->r, 1, sel, &mine));
         return sl_comm_all_reduce(dp->comm, &mine, ss, 1, SL_COMM_F64, SL_COMM_SUM);
     }
     double part[2] = {0, 0}, x, all;
     for (int k = 0; k < dp->buckets.count; k++) {
         const dp_bucket *b = &dp->buckets.v[k];
-        SL_TRY(sl_backend_sumsq(dp->m->backend, dp->m->grads_buf, b->lo, b->hi - b->lo, &x));
+        SL_TRY(seg_sumsq(dp, dp->m->grads_buf, b->lo, b->lo, b->hi - b->lo, sel, &x));
         part[b->expert] += x;
     }
     SL_TRY(sl_comm_all_reduce(dp->ep_comm, &part[1], &all, 1, SL_COMM_F64, SL_COMM_SUM));
@@ -414,7 +415,7 @@ static sl_status ep_sumsq(sl_dp *dp, double *ss) {
 }
 
 static sl_status dp_sumsq(sl_dp *dp, int sel, double *ss) {
-    if (dp->ep_comm) return ep_sumsq(dp, ss);
+    if (dp->ep_comm) return ep_sumsq(dp, sel, ss);
     if (dp->zero >= 2 && dp->comm) {
         double mine;
         SL_TRY(part_sumsq(dp, dp->r, 1, sel, &mine));

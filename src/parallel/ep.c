@@ -113,7 +113,8 @@ sl_status sl_ep_gather_whole(const sl_mesh *mesh, const sl_model *mine, sl_model
     for (int p = 0; p < P && st == SL_OK; p++) {
         if (p == mine->ep_rank) continue;
         sl_model *peer = NULL;
-        sl_model_split split = {1, 0, 1, 0, 1, P, p};
+        sl_model_split split = {mine->tp > 1 ? mine->tp : 1, mine->tp_rank, mine->pp > 1 ? mine->pp : 1,
+                                mine->pp_rank, mine->vpp, P, p};
         st = sl_model_new_split(mine, sl_backend_cpu(), &split, &peer);
         if (st == SL_OK && expert_elems(peer, NULL) != n)
             st = sl_fail(SL_ERR_INTERNAL, "gather: EP rank %d holds another expert layout", p);

@@ -496,16 +496,28 @@ static sl_status finish(sl_train_job *j, const sl_train_callbacks *cb, const sl_
         fprintf(j->out, "trained %lld steps in %.1f s; final val loss %.4f\n", (long long)r->steps,
                 sl_time_sec() - t_start, r->val_loss);
     sl_model *m = j->m, *whole = NULL;
-    if (m->ep > 1) { /* every EP rank's experts into a whole model (collective over the EP group) */
+    if (m->ep > 1) { /* every EP rank's experts (collective over the EP group), then TP shards and stages */
+        sl_model *stage = NULL;
+        sl_model_split sp = {m->tp > 1 ? m->tp : 1, m->tp_rank, m->pp > 1 ? m->pp : 1, m->pp_rank, m->vpp, 1, 0};
         st = j->dp ? sl_dp_sync_params(j->dp) : SL_OK;
-        if (st == SL_OK) st = sl_model_new_split(m, j->be, &(sl_model_split){1, 0, 1, 0, 1, 1, 0}, &whole);
-        if (st == SL_OK) st = sl_ep_gather_whole(&j->mesh, m, whole);
+        if (st == SL_OK) st = sl_model_new_split(m, j->be, &sp, &stage);
+        if (st == SL_OK) st = sl_ep_gather_whole(&j->mesh, m, stage);
+        if (st == SL_OK && (m->tp > 1 || m->pp > 1)) {
+            if (j->mesh.pp_rank == 0)
+                st = sl_model_new_split(m, j->be, &(sl_model_split){1, 0, 1, 0, 1, 1, 0}, &whole);
+            if (st == SL_OK) st = sl_par_gather_whole(j->tp, &j->mesh, stage, whole);
+        } else if (st == SL_OK) {
+            whole = stage; /* the whole model already */
+        }
+        if (stage != whole) sl_model_free(stage);
         if (st != SL_OK) {
             sl_model_free(whole);
             return sl_train_fail(st, "rank %d: gathering the experts: %s", j->mesh.rank, sl_errmsg());
         }
-        whole->moe = j->m->moe;
-        m = whole;
+        if (whole) {
+            whole->moe = j->m->moe;
+            m = whole;
+        }
     } else if (j->tp || j->tr.pipe) {
         /* the TP shards and pipeline stages gathered into a whole model on the first stage, for saving and
          * sampling (collective: every rank, whatever it then does with it; only rank 0 saves and samples) */
