@@ -167,10 +167,6 @@ sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, 
     *out = NULL;
     if (o->zero_stage < 0 || o->zero_stage > 3)
         return sl_fail(SL_ERR_INVALID, "--zero-stage %d: must be 0, 1, 2 or 3", o->zero_stage);
-    if (m->ep > 1 && o->zero_stage == 3)
-        return sl_fail(SL_ERR_UNSUPPORTED,
-                       "--expert-model-parallel-size %d with --zero-stage 3 is not supported yet (use 0, 1 or 2)",
-                       m->ep);
     if (m->pp > 1 && o->zero_stage == 3) /* its gathers are scheduled in one graph's forward */
         return sl_fail(
             SL_ERR_UNSUPPORTED,

@@ -77,10 +77,6 @@ sl_status sl_train_moe_check(sl_train_job *j) {
             return sl_train_bad("--expert-model-parallel-size %lld with --%s is not supported yet (the experts "
                                 "run in fp32)",
                                 ep, o->model.bf16 ? "bf16" : "fp16");
-        if (o->parallel.zero_stage == 3)
-            return sl_train_bad("--expert-model-parallel-size %lld with --zero-stage 3 is not supported (use 0, 1 "
-                                "or 2)",
-                                ep);
     }
     if (!is_moe && moe_flags_given(mo))
         return sl_train_bad(
@@ -90,6 +86,9 @@ sl_status sl_train_moe_check(sl_train_job *j) {
         return sl_train_bad("--%s with --sequence-parallel is not supported yet (each TP rank's router loss "
                             "would cover only its sequence shard)",
                             mo->aux_loss_coeff > 0 ? "moe-aux-loss-coeff" : "moe-z-loss-coeff");
+    if (mo->bias_update_rate > 0 && o->parallel.zero_stage == 3 && j->mesh.dp > 1)
+        return sl_train_bad("--moe-router-bias-update-rate with --zero-stage 3 is not supported yet (the bias "
+                            "lives in the sharded parameters)");
     if (mo->bias_update_rate > 0 && o->parallel.pp > 1)
         return sl_train_bad("--moe-router-bias-update-rate with --pipeline-model-parallel-size %lld is not "
                             "supported yet (the loads are collected per micro-batch outside the pipeline)",

@@ -125,6 +125,7 @@ static sl_status train(rank_job *j, sl_model *m, const sl_mesh *mesh, sl_tp *tp)
         for (int e = 0; e < E; e++) j->load[s][e] = ms.load[e];
         j->dropped[s] = ms.dropped_frac;
     }
+    if (st == SL_OK && dp) st = sl_dp_gather_params(dp); /* ZeRO-3: the whole parameters again */
     if (st == SL_OK && dp) st = sl_dp_sync_params(dp);
     sl_dp_free(dp);
     sl_trainer_free(&tr);
@@ -267,6 +268,8 @@ int main(void) {
     check_layout(&ref4, (layout){.n = 4, .ep = 2, .zero = 1});
     check_layout(&ref4, (layout){.n = 4, .ep = 4, .zero = 2});
     check_layout(&cap2, (layout){.n = 2, .ep = 2, .capacity = 1.0f});
+    check_layout(&ref4, (layout){.n = 4, .ep = 2, .zero = 3});
+    check_layout(&ref4, (layout){.n = 4, .ep = 4, .zero = 3});
     /* with tensor parallelism (experts whole on every TP rank, Note [MoE under TP]) and pipeline stages */
     check_layout(&ref2, (layout){.n = 4, .ep = 1, .tp = 2});
     check_layout(&ref2, (layout){.n = 4, .ep = 2, .tp = 2});
