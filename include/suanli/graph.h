@@ -66,6 +66,11 @@ typedef struct sl_plan_stats {
 } sl_plan_stats;
 /* Assign activation memory by liveness and allocate one arena on `be`. */
 sl_status sl_graph_plan(sl_graph *g, sl_backend *be, sl_plan_stats *stats);
+/* The planned arena's size, and moving it into caller memory (host-visible backends; e.g. a communicator
+ * window, so collectives on activations read peers' memory in place): `host` (>= that size) must outlive
+ * the graph's use; the graph frees only its own wrapper. Before the next sl_graph_compute from node 0. */
+size_t sl_graph_arena_bytes(const sl_graph *g);
+sl_status sl_graph_move_arena(sl_graph *g, void *host, size_t bytes);
 /* The collective provider runs COLLECTIVE nodes (Note [Tensor-parallel graphs], src/ops/build_tp.c) in
  * place of the backend: it reads node->src[0] and writes node (both host-visible memory) by the kinds in
  * node->iparams. A graph with COLLECTIVE nodes and no provider fails to compute with a clear error. */

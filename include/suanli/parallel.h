@@ -148,6 +148,10 @@ double sl_tp_comm_theory(const sl_model *m, int B, int T, int micro_batches);
  * all-to-all(v) nodes of group SL_GROUP_EP over the mesh's EP communicator. Time inside them and bytes
  * sent to other ranks since the last call (then reset). */
 void sl_ep_take_stats(sl_tp *tp, double *sec, double *bytes);
+/* Moves the graphs' activation arenas into windows of the EP communicator (collective over the EP group:
+ * same graphs in the same order; Note [EP activations in a window]); the windows live until sl_tp_free,
+ * which must come after the graphs' last computation. No-op without EP. */
+sl_status sl_ep_window_arenas(sl_tp *tp, sl_graph **graphs, int n);
 /* `whole` (the same split without EP: every expert; TP shard and pipeline stage as `mine`) from every EP
  * rank's experts: collective over the EP group; every rank gets it. */
 sl_status sl_ep_gather_whole(const sl_mesh *mesh, const sl_model *mine, sl_model *whole);

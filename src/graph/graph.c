@@ -210,7 +210,8 @@ sl_status sl_graph_plan(sl_graph *g, sl_backend *be, sl_plan_stats *stats) {
     if (g->arena) sl_backend_free(g->backend, g->arena);
     g->arena = NULL;
     g->backend = be;
-    sl_status st = sl_backend_alloc(be, total ? total : 64, &g->arena);
+    g->arena_bytes = total ? total : 64;
+    sl_status st = sl_backend_alloc(be, g->arena_bytes, &g->arena);
     if (st != SL_OK) return st;
     if (stats) {
         stats->planned_bytes = total;
@@ -218,6 +219,18 @@ sl_status sl_graph_plan(sl_graph *g, sl_backend *be, sl_plan_stats *stats) {
         stats->n_allocs = m;
     }
     g->planned = 1;
+    return SL_OK;
+}
+
+size_t sl_graph_arena_bytes(const sl_graph *g) { return g->planned ? g->arena_bytes : 0; }
+
+sl_status sl_graph_move_arena(sl_graph *g, void *host, size_t bytes) {
+    if (!g->planned || bytes < g->arena_bytes)
+        return sl_fail(SL_ERR_INVALID, "graph: arena of %zu bytes for a plan of %zu", bytes, g->arena_bytes);
+    sl_buffer *b = NULL;
+    SL_TRY(sl_backend_wrap_host(g->backend, host, bytes, &b));
+    sl_backend_free(g->backend, g->arena);
+    g->arena = b; /* the nodes move at the next compute (resolve) */
     return SL_OK;
 }
 

@@ -15,6 +15,7 @@ struct sl_graph {
     /* plan */
     sl_backend *backend;
     sl_buffer *arena;
+    size_t arena_bytes; /* planned size */
     size_t *offsets; /* by node index; SIZE_MAX if not owning storage */
     int planned;
     sl_collective_fn coll_fn; /* runs COLLECTIVE nodes (borrowed user pointer) */

@@ -2,6 +2,7 @@
  * communicator, the copy between full parameters and a rank's shards, and the gradient norm over a TP
  * group (Note [Tensor-parallel graphs], src/ops/build_tp.c; the model split: sl_gpt2_new_tp). */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "parallel/ep_internal.h"
@@ -18,6 +19,8 @@ struct sl_tp {
     sl_comm *ep_comm; /* the mesh's expert-parallel communicator (borrowed; NULL: ep 1) */
     int ep;
     double ep_sec, ep_bytes; /* inside EP all-to-alls (reset by sl_ep_take_stats) */
+    void *ep_win[64];        /* EP-group windows holding graph arenas (sl_ep_window_arenas) */
+    int n_ep_win;
 };
 
 sl_status sl_tp_new(sl_tp **out, const sl_mesh *mesh) {
@@ -46,6 +49,7 @@ sl_status sl_tp_new(sl_tp **out, const sl_mesh *mesh) {
 
 void sl_tp_free(sl_tp *t) {
     if (!t) return;
+    for (int i = 0; i < t->n_ep_win; i++) (void)sl_comm_mem_free(t->ep_comm, t->ep_win[i]);
     for (int k = 0; k < 8; k++) sl_comm_free(t->group[k]);
     free(t->scratch);
     free(t);
@@ -99,6 +103,29 @@ static sl_status seq_collective(sl_tp *t, sl_tensor *n, sl_tensor *x, int gather
 }
 
 int sl_tp_size(const sl_tp *t) { return t ? t->n : 1; }
+
+/* Note [EP activations in a window]
+ * The dispatch and combine all-to-alls move activation rows between the ranks of the EP group. When the
+ * graph's arena is a symmetric window of the EP communicator, every rank's rows lie at the same offset of
+ * the same window (the EP ranks build the same graph and plan), so the all-to-all(v) copies each peer's rows
+ * straight from its memory (src/comm/algo/sym.c, Note [Window data movement]) instead of through
+ * process_vm_readv or the transport's slots. On transports without windows the memory is private and
+ * nothing changes. SUANLI_COMM_WINDOWS=0 keeps private arenas (A/B). */
+sl_status sl_ep_window_arenas(sl_tp *t, sl_graph **graphs, int n) {
+    if (!t || !t->ep_comm || t->ep <= 1) return SL_OK;
+    const char *env = getenv("SUANLI_COMM_WINDOWS");
+    if (env && !strcmp(env, "0")) return SL_OK;
+    for (int i = 0; i < n; i++) {
+        if (t->n_ep_win == (int)(sizeof t->ep_win / sizeof t->ep_win[0]))
+            return sl_fail(SL_ERR_INVALID, "ep: more than %d graphs", t->n_ep_win);
+        size_t bytes = sl_graph_arena_bytes(graphs[i]);
+        void *p = NULL;
+        SL_TRY(sl_comm_mem_alloc(t->ep_comm, bytes, &p));
+        t->ep_win[t->n_ep_win++] = p;
+        SL_TRY(sl_graph_move_arena(graphs[i], p, bytes));
+    }
+    return SL_OK;
+}
 
 void sl_ep_take_stats(sl_tp *t, double *sec, double *bytes) {
     *sec = t ? t->ep_sec : 0;

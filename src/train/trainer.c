@@ -113,12 +113,14 @@ sl_status sl_trainer_set_tp(sl_trainer *tr, sl_tp *tp) {
         return sl_fail(SL_ERR_INVALID, "trainer: the model is split %d ways, the TP group has %d ranks", n,
                        sl_tp_size(tp));
     tr->tp = tp;
+    sl_graph *gs[64];
+    int ng = 0;
     if (tr->pipe)
-        for (int k = 0; k < sl_pipeline_slots(tr->pipe); k++)
-            sl_graph_set_collective(sl_pipeline_graph(tr->pipe, k), sl_tp_collective, tp);
+        for (int k = 0; k < sl_pipeline_slots(tr->pipe) && ng < 64; k++) gs[ng++] = sl_pipeline_graph(tr->pipe, k);
     else
-        sl_graph_set_collective(tr->graph, sl_tp_collective, tp);
-    return SL_OK;
+        gs[ng++] = tr->graph;
+    for (int k = 0; k < ng; k++) sl_graph_set_collective(gs[k], sl_tp_collective, tp);
+    return sl_ep_window_arenas(tp, gs, ng); /* the dispatch reads peers' rows in place */
 }
 
 void sl_trainer_free(sl_trainer *tr) {
