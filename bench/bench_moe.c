@@ -36,8 +36,8 @@ static int fail(const char *what) {
 }
 
 int sl_bench_moe(int argc, char **argv) {
-    int64_t L = 4, NH = 8, NKV = 4, C = 256, E = 8, K = 2, I = 256, S = 512, V = 4096, B = 4, T = 64, steps = 8,
-            warm = 2, threads = 1, ep = 1, zero = 0;
+    int64_t L = 4, NH = 8, NKV = 4, C = 256, E = 8, K = 2, I = 256, S = 512, V = 4096, B = 4, T = 64,
+            steps = 8, warm = 2, threads = 1, ep = 1, zero = 0;
     int json = 0;
     double cf = 0;
     sl_flag flags[] = {
@@ -123,7 +123,8 @@ int sl_bench_moe(int argc, char **argv) {
         tr.dp = dp;
     }
     synth s = {(int)V, B * T};
-    double *ts = malloc(sizeof(double) * (size_t)steps), a2a_tot = 0, a2a_bytes = 0, wait_tot = 0, step_tot = 0;
+    double *ts = malloc(sizeof(double) * (size_t)steps), a2a_tot = 0, a2a_bytes = 0, wait_tot = 0,
+           step_tot = 0;
     for (int64_t i = 0; i < warm + steps; i++) {
         sl_step_stats ss;
         double sec, bytes;
@@ -139,24 +140,26 @@ int sl_bench_moe(int argc, char **argv) {
     }
     qsort(ts, (size_t)steps, sizeof(double), cmp_d);
     double med = ts[steps / 2], tps = (double)(B * T) * mesh.dp / med;
-    double a2a_frac = step_tot > 0 ? a2a_tot / step_tot : 0, wait_frac = step_tot > 0 ? wait_tot / step_tot : 0;
+    double a2a_frac = step_tot > 0 ? a2a_tot / step_tot : 0,
+           wait_frac = step_tot > 0 ? wait_tot / step_tot : 0;
     if (json)
         printf("{\"bench\": \"moe_train\", \"model\": \"qwen2_moe\", \"L\": %lld, \"C\": %lld, \"E\": %lld, "
                "\"topk\": %lld, \"moe_ffn\": %lld, \"shared\": %lld, \"V\": %lld, \"B\": %lld, \"T\": %lld, "
                "\"threads\": %lld, \"world\": %d, \"dp\": %d, \"ep\": %lld, \"zero_stage\": %lld, "
                "\"capacity_factor\": %g, \"params_per_rank\": %lld, \"ms_per_step\": %.2f, \"tokens_per_s\": "
                "%.1f, \"a2a_fraction\": %.4f, \"a2a_mib_per_step\": %.3f, \"comm_wait_fraction\": %.4f}\n",
-               (long long)L, (long long)C, (long long)E, (long long)K, (long long)I, (long long)S, (long long)V,
-               (long long)B, (long long)T, (long long)threads, mesh.world, mesh.dp, (long long)ep,
-               (long long)zero, cf, (long long)m->numel, med * 1e3, tps, a2a_frac,
+               (long long)L, (long long)C, (long long)E, (long long)K, (long long)I, (long long)S,
+               (long long)V, (long long)B, (long long)T, (long long)threads, mesh.world, mesh.dp,
+               (long long)ep, (long long)zero, cf, (long long)m->numel, med * 1e3, tps, a2a_frac,
                a2a_bytes / steps / 1048576.0, wait_frac);
     else
-        printf("Qwen2-MoE L%lld C%lld, %lld experts top-%lld, B%lld T%lld, %lld threads x %d ranks (dp %d, ep "
-               "%lld): %.1f ms/step, %.1f tokens/s; all-to-all %.1f%% of the step (%.2f MiB sent per rank), "
-               "gradient waits %.1f%%; %lld parameters per rank\n",
-               (long long)L, (long long)C, (long long)E, (long long)K, (long long)B, (long long)T,
-               (long long)threads, mesh.world, mesh.dp, (long long)ep, med * 1e3, tps, 100 * a2a_frac,
-               a2a_bytes / steps / 1048576.0, 100 * wait_frac, (long long)m->numel);
+        printf(
+            "Qwen2-MoE L%lld C%lld, %lld experts top-%lld, B%lld T%lld, %lld threads x %d ranks (dp %d, ep "
+            "%lld): %.1f ms/step, %.1f tokens/s; all-to-all %.1f%% of the step (%.2f MiB sent per rank), "
+            "gradient waits %.1f%%; %lld parameters per rank\n",
+            (long long)L, (long long)C, (long long)E, (long long)K, (long long)B, (long long)T,
+            (long long)threads, mesh.world, mesh.dp, (long long)ep, med * 1e3, tps, 100 * a2a_frac,
+            a2a_bytes / steps / 1048576.0, 100 * wait_frac, (long long)m->numel);
     free(ts);
     sl_dp_free(dp);
     sl_tp_free(tp);

@@ -16,7 +16,7 @@ struct sl_graph {
     sl_backend *backend;
     sl_buffer *arena;
     size_t arena_bytes; /* planned size */
-    size_t *offsets; /* by node index; SIZE_MAX if not owning storage */
+    size_t *offsets;    /* by node index; SIZE_MAX if not owning storage */
     int planned;
     sl_collective_fn coll_fn; /* runs COLLECTIVE nodes (borrowed user pointer) */
     void *coll_user;

@@ -151,8 +151,8 @@ sl_status sl_llama_new_par(const sl_llama_config *cfg, sl_backend *be, const sl_
                            "DeepSeek-V3-style models, not %s",
                            ep, sl_arch_name(cfg->arch));
         if (cfg->n_experts % ep)
-            return sl_fail(SL_ERR_INVALID, "--expert-model-parallel-size %d does not divide the %d experts", ep,
-                           cfg->n_experts);
+            return sl_fail(SL_ERR_INVALID, "--expert-model-parallel-size %d does not divide the %d experts",
+                           ep, cfg->n_experts);
         if (sp->ep_rank < 0 || sp->ep_rank >= ep)
             return sl_fail(SL_ERR_INVALID, "--expert-model-parallel-size %d: rank %d out of range", ep,
                            sp->ep_rank);
@@ -505,8 +505,10 @@ static sl_tensor *body_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *
         sl_tensor *f;
         if (c->arch == SL_ARCH_MIXTRAL &&
             (kv || m->wdtype == SL_BF16 || m->autocast_bf16 || !sl_moe_backend_ok(m)))
-            f = tp_g(m, moe(m, tp_f(m, h), l,
-                            kv != NULL)); /* sparse inference, bf16 numerics, other backends: the dense gate form */
+            f = tp_g(
+                m,
+                moe(m, tp_f(m, h), l,
+                    kv != NULL)); /* sparse inference, bf16 numerics, other backends: the dense gate form */
         else if (sl_moe_layer_is_sparse(c, l))
             f = sl_moe_ffn(m, h, l); /* dispatched experts (src/nn/moe.c); Note [MoE under TP] there */
         else

@@ -190,9 +190,10 @@ static sl_tensor *ep_experts(sl_model *m, sl_tensor *h2, sl_tensor *w, int l, co
         int e = m->ep_rank * El + j;
         sl_tensor *xl = sl_moe_ep_gather(ctx, xr, rcnt, j, El, Rl);
         xl->iparams[2] = 1; /* the expert reads its received rows only */
-        sl_tensor *yl = sl_moe_expert_ffn_ep(ctx, xl, moe_W(m, sl_llama_W(m, nm.expert, l, e, nm.proj[0])),
-                                             moe_W(m, sl_llama_W(m, nm.expert, l, e, nm.proj[1])),
-                                             moe_W(m, sl_llama_W(m, nm.expert, l, e, nm.proj[2])), rcnt, j, El);
+        sl_tensor *yl =
+            sl_moe_expert_ffn_ep(ctx, xl, moe_W(m, sl_llama_W(m, nm.expert, l, e, nm.proj[0])),
+                                 moe_W(m, sl_llama_W(m, nm.expert, l, e, nm.proj[1])),
+                                 moe_W(m, sl_llama_W(m, nm.expert, l, e, nm.proj[2])), rcnt, j, El);
         yr = sl_moe_ep_scatter(ctx, yl, rcnt, yr, j, El, Rx);
     }
     sl_tensor *ys = sl_moe_ep_alltoallv(ctx, yr, cnt, rcnt, S, 1, P);
@@ -309,8 +310,8 @@ sl_status sl_moe_graph_stats(sl_graph *g, sl_moe_stats *out) {
  * unbiased scores) and, after each step, moves it by a fixed rate towards balance:
  * b_e += rate * sign(mean_e' load_e' - load_e). The loads are the step's routed counts of that layer
  * (last micro-batch; under data parallelism summed over the DP ranks first, sl_moe_bias_loads, so every
- * replica moves its bias alike). The bias lives in the flat parameter buffer (a frozen leaf: it gets no gradient and
- * no weight decay, so AdamW leaves it alone) and is written back through the backend. */
+ * replica moves its bias alike). The bias lives in the flat parameter buffer (a frozen leaf: it gets no
+ * gradient and no weight decay, so AdamW leaves it alone) and is written back through the backend. */
 int sl_moe_bias_layers(sl_graph *g, int64_t *n_experts) {
     int n = 0;
     for (int i = 0; i < sl_graph_n_nodes(g); i++) { /* before the first run too: no buffer needed */

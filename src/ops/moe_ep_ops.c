@@ -27,7 +27,9 @@
 #include "ops/ops_internal.h"
 
 static int rows2d(const sl_tensor *t) { return t->ndim == 2 && t->nb[1] == 1 && t->dtype == SL_F32; }
-static sl_tensor *rows(sl_ctx *ctx, sl_tensor *g) { return rows2d(g) && sl_is_contiguous(g) ? g : sl_cont(ctx, g); }
+static sl_tensor *rows(sl_ctx *ctx, sl_tensor *g) {
+    return rows2d(g) && sl_is_contiguous(g) ? g : sl_cont(ctx, g);
+}
 static int is_counts(const sl_tensor *c, int64_t E) {
     return c->ndim == 1 && c->ne[0] == E && c->dtype == SL_F32 && sl_is_contiguous(c);
 }
@@ -146,7 +148,9 @@ int sl_moe_ep_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng
         return 1;
     }
     case SL_OP_MOE_EP_GATHER:
-        if (ng[0]) emit(st, a, sl_moe_ep_scatter(ctx, rows(ctx, g), b, NULL, n->iparams[0], n->iparams[1], a->ne[0]));
+        if (ng[0])
+            emit(st, a,
+                 sl_moe_ep_scatter(ctx, rows(ctx, g), b, NULL, n->iparams[0], n->iparams[1], a->ne[0]));
         return 1;
     case SL_OP_MOE_EP_SCATTER:
         if (ng[0]) {

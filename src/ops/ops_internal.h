@@ -28,6 +28,7 @@ void sl_op_backward_tp(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *needs
 int sl_moe_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *needs_grad, sl_grad_emit emit,
                        void *state);
 /* the expert-parallel ops (moe_ep_ops.c); the gradient of an EP all-to-all(v) node n */
-int sl_moe_ep_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_grad_emit emit, void *st);
+int sl_moe_ep_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_grad_emit emit,
+                          void *st);
 sl_tensor *sl_moe_ep_alltoallv_back(sl_ctx *ctx, sl_tensor *n, sl_tensor *g);
 #endif

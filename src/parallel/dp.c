@@ -252,7 +252,8 @@ static sl_status launch_bucket(sl_dp *dp, int k) {
     int64_t len = b->hi - b->lo;
     sl_comm *c = bk_comm(dp, b);
     if (!c || len == 0) return SL_OK;
-    if (dp->zero < 2) return sl_comm_all_reduce_async(c, g, g, (size_t)len, SL_COMM_F32, SL_COMM_SUM, &rq->part);
+    if (dp->zero < 2)
+        return sl_comm_all_reduce_async(c, g, g, (size_t)len, SL_COMM_F32, SL_COMM_SUM, &rq->part);
     /* stages 2, 3: reduce-scatter the equal parts in place (rank r's part lands at its own offset) */
     int64_t q = b->q, n = bk_n(dp, b), tail = len - q * n;
     if (q > 0)

@@ -138,8 +138,8 @@ struct sl_dp {
      * this rank in it, and the EP group (the gradient norm sums the experts over it) */
     sl_comm *edp_comm, *ep_comm;
     int en, er;
-    int zero;         /* ZeRO stage */
-    int grad_slots;   /* gradients live in slots (Note [Gradient slots]); m->grads_buf is freed */
+    int zero;       /* ZeRO stage */
+    int grad_slots; /* gradients live in slots (Note [Gradient slots]); m->grads_buf is freed */
     sl_model *m;
     sl_graph *g; /* the training graph */
     dp_buckets buckets;
@@ -154,7 +154,9 @@ static inline size_t f32_bytes(int64_t n) { return sizeof(float) * (size_t)n; }
 /* the group that reduces bucket b: its size, this rank's index in it, its communicator (NULL: size 1) */
 static inline int bk_n(const sl_dp *dp, const dp_bucket *b) { return b->expert ? dp->en : dp->n; }
 static inline int bk_r(const sl_dp *dp, const dp_bucket *b) { return b->expert ? dp->er : dp->r; }
-static inline sl_comm *bk_comm(const sl_dp *dp, const dp_bucket *b) { return b->expert ? dp->edp_comm : dp->comm; }
+static inline sl_comm *bk_comm(const sl_dp *dp, const dp_bucket *b) {
+    return b->expert ? dp->edp_comm : dp->comm;
+}
 
 /* wait for *r if set and clear it */
 static inline sl_status dp_wait_req(sl_comm_req **r) {

@@ -50,7 +50,8 @@ sl_status sl_ep_collective(sl_comm *comm, int P, sl_tensor *n, double *bytes) {
                     *rcnt = kind == SL_COLL_ALLTOALLV ? n->src[2] : n->src[1];
     int64_t C = x->ne[1];
     size_t buf[4 * 64], *sc = buf, *sd, *rc, *rd;
-    if (P > 64 && !(sc = malloc(sizeof(size_t) * 4 * (size_t)P))) return sl_fail(SL_ERR_NOMEM, "ep: out of memory");
+    if (P > 64 && !(sc = malloc(sizeof(size_t) * 4 * (size_t)P)))
+        return sl_fail(SL_ERR_NOMEM, "ep: out of memory");
     sd = sc + P, rc = sd + P, rd = rc + P;
     sl_status st = split_counts(scnt, P, C, x->ne[0], sc, sd, n->name);
     if (st == SL_OK) st = split_counts(rcnt, P, C, n->ne[0], rc, rd, n->name);
@@ -104,7 +105,8 @@ sl_status sl_ep_gather_whole(const sl_mesh *mesh, const sl_model *mine, sl_model
     int P = mine->ep > 1 ? mine->ep : 1;
     if (P == 1) return SL_OK;
     int64_t n = expert_elems(mine, NULL); /* the same on every EP rank: El experts of the same shapes */
-    float *send = malloc(sizeof(float) * (size_t)(n ? n : 1)), *all = malloc(sizeof(float) * (size_t)(n * P + 1));
+    float *send = malloc(sizeof(float) * (size_t)(n ? n : 1)),
+          *all = malloc(sizeof(float) * (size_t)(n * P + 1));
     sl_status st = send && all ? SL_OK : sl_fail(SL_ERR_NOMEM, "gather: out of memory");
     if (st == SL_OK) {
         expert_elems(mine, send);
@@ -113,8 +115,13 @@ sl_status sl_ep_gather_whole(const sl_mesh *mesh, const sl_model *mine, sl_model
     for (int p = 0; p < P && st == SL_OK; p++) {
         if (p == mine->ep_rank) continue;
         sl_model *peer = NULL;
-        sl_model_split split = {mine->tp > 1 ? mine->tp : 1, mine->tp_rank, mine->pp > 1 ? mine->pp : 1,
-                                mine->pp_rank, mine->vpp, P, p};
+        sl_model_split split = {mine->tp > 1 ? mine->tp : 1,
+                                mine->tp_rank,
+                                mine->pp > 1 ? mine->pp : 1,
+                                mine->pp_rank,
+                                mine->vpp,
+                                P,
+                                p};
         st = sl_model_new_split(mine, sl_backend_cpu(), &split, &peer);
         if (st == SL_OK && expert_elems(peer, NULL) != n)
             st = sl_fail(SL_ERR_INTERNAL, "gather: EP rank %d holds another expert layout", p);

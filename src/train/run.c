@@ -498,7 +498,8 @@ static sl_status finish(sl_train_job *j, const sl_train_callbacks *cb, const sl_
     sl_model *m = j->m, *whole = NULL;
     if (m->ep > 1) { /* every EP rank's experts (collective over the EP group), then TP shards and stages */
         sl_model *stage = NULL;
-        sl_model_split sp = {m->tp > 1 ? m->tp : 1, m->tp_rank, m->pp > 1 ? m->pp : 1, m->pp_rank, m->vpp, 1, 0};
+        sl_model_split sp = {
+            m->tp > 1 ? m->tp : 1, m->tp_rank, m->pp > 1 ? m->pp : 1, m->pp_rank, m->vpp, 1, 0};
         st = j->dp ? sl_dp_sync_params(j->dp) : SL_OK;
         if (st == SL_OK) st = sl_model_new_split(m, j->be, &sp, &stage);
         if (st == SL_OK) st = sl_ep_gather_whole(&j->mesh, m, stage);

@@ -70,13 +70,15 @@ sl_status sl_train_moe_check(sl_train_job *j) {
     if (o->parallel.ep > 1) { /* Note [Expert-parallel dispatch] */
         long long ep = (long long)o->parallel.ep;
         if (!is_moe)
-            return sl_train_bad("--expert-model-parallel-size %lld needs a mixture-of-experts model: --init-from "
-                                "a Qwen2-MoE or DeepSeek-V3-style directory",
-                                ep);
+            return sl_train_bad(
+                "--expert-model-parallel-size %lld needs a mixture-of-experts model: --init-from "
+                "a Qwen2-MoE or DeepSeek-V3-style directory",
+                ep);
         if (o->model.bf16 || o->model.fp16)
-            return sl_train_bad("--expert-model-parallel-size %lld with --%s is not supported yet (the experts "
-                                "run in fp32)",
-                                ep, o->model.bf16 ? "bf16" : "fp16");
+            return sl_train_bad(
+                "--expert-model-parallel-size %lld with --%s is not supported yet (the experts "
+                "run in fp32)",
+                ep, o->model.bf16 ? "bf16" : "fp16");
     }
     if (!is_moe && moe_flags_given(mo))
         return sl_train_bad(
@@ -87,8 +89,9 @@ sl_status sl_train_moe_check(sl_train_job *j) {
                             "would cover only its sequence shard)",
                             mo->aux_loss_coeff > 0 ? "moe-aux-loss-coeff" : "moe-z-loss-coeff");
     if (mo->bias_update_rate > 0 && o->parallel.zero_stage == 3 && j->mesh.dp > 1)
-        return sl_train_bad("--moe-router-bias-update-rate with --zero-stage 3 is not supported yet (the bias "
-                            "lives in the sharded parameters)");
+        return sl_train_bad(
+            "--moe-router-bias-update-rate with --zero-stage 3 is not supported yet (the bias "
+            "lives in the sharded parameters)");
     if (mo->bias_update_rate > 0 && o->parallel.pp > 1)
         return sl_train_bad("--moe-router-bias-update-rate with --pipeline-model-parallel-size %lld is not "
                             "supported yet (the loads are collected per micro-batch outside the pipeline)",
@@ -162,7 +165,8 @@ static sl_status reduce_stats(sl_train_job *j, sl_moe_stats *s) {
 static sl_status add_loads(void *u, int micro) {
     sl_train_job *j = u;
     size_t n = (size_t)j->moe_nl * (size_t)j->moe_E;
-    float tmp[SL_MOE_MAX_EXPERTS * 8], *buf = n <= sizeof tmp / sizeof tmp[0] ? tmp : malloc(sizeof(float) * n);
+    float tmp[SL_MOE_MAX_EXPERTS * 8],
+        *buf = n <= sizeof tmp / sizeof tmp[0] ? tmp : malloc(sizeof(float) * n);
     if (!buf) return sl_fail(SL_ERR_NOMEM, "moe: out of memory");
     sl_status st = sl_moe_bias_loads(j->tr.graph, buf);
     for (size_t i = 0; i < n && st == SL_OK; i++) j->moe_loads[i] = micro ? j->moe_loads[i] + buf[i] : buf[i];

@@ -116,7 +116,8 @@ sl_status sl_trainer_set_tp(sl_trainer *tr, sl_tp *tp) {
     sl_graph *gs[64];
     int ng = 0;
     if (tr->pipe)
-        for (int k = 0; k < sl_pipeline_slots(tr->pipe) && ng < 64; k++) gs[ng++] = sl_pipeline_graph(tr->pipe, k);
+        for (int k = 0; k < sl_pipeline_slots(tr->pipe) && ng < 64; k++)
+            gs[ng++] = sl_pipeline_graph(tr->pipe, k);
     else
         gs[ng++] = tr->graph;
     for (int k = 0; k < ng; k++) sl_graph_set_collective(gs[k], sl_tp_collective, tp);

@@ -56,11 +56,11 @@ typedef struct {
     const sl_model *ref; /* the single process's final model (NULL while running it) */
     float losses[STEPS];
     double load[STEPS][E], dropped[STEPS];
-    double wdiff, wmax;  /* max |w - ref| and max |ref| over this rank's parameters */
-    int n_experts_held;  /* expert weight matrices of layer 0 */
-    float *replicated;   /* the router weight of layer 0, for the bitwise check across ranks */
+    double wdiff, wmax; /* max |w - ref| and max |ref| over this rank's parameters */
+    int n_experts_held; /* expert weight matrices of layer 0 */
+    float *replicated;  /* the router weight of layer 0, for the bitwise check across ranks */
     int64_t rep_numel;
-    sl_model *final;     /* the single process keeps its model */
+    sl_model *final; /* the single process keeps its model */
     sl_status st;
 } rank_job;
 
@@ -81,7 +81,8 @@ static void cmp_run(void *u, int64_t full_off, int64_t local_off, int64_t len) {
 static void compare_params(rank_job *j, const sl_model *m) {
     for (int i = 0; i < m->n_params; i++) {
         const sl_param_info *p = &m->params[i], *q = sl_model_find(j->ref, p->t->name);
-        TU_CHECK(q && q->numel == sl_param_full_numel(m, p), "%s: not in the single-process model", p->t->name);
+        TU_CHECK(q && q->numel == sl_param_full_numel(m, p), "%s: not in the single-process model",
+                 p->t->name);
         if (!q) continue;
         run_cmp c = {j, m->params_mem + p->offset, j->ref->params_mem + q->offset};
         sl_param_runs(m, p, 0, p->numel, cmp_run, &c);
@@ -90,7 +91,8 @@ static void compare_params(rank_job *j, const sl_model *m) {
             memcpy(j->replicated, m->params_mem + p->offset, sizeof(float) * (size_t)p->numel);
             j->rep_numel = p->numel;
         }
-        if (strstr(p->t->name, "layers.0.mlp.experts.") && strstr(p->t->name, "down_proj")) j->n_experts_held++;
+        if (strstr(p->t->name, "layers.0.mlp.experts.") && strstr(p->t->name, "down_proj"))
+            j->n_experts_held++;
     }
 }
 
@@ -200,11 +202,12 @@ static void check_layout(const rank_job *ref, layout L) {
     for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
     char what[128];
     int tpn = L.tp > 1 ? L.tp : 1, ppn = L.pp > 1 ? L.pp : 1, dpn = n / (tpn * ppn);
-    snprintf(what, sizeof what, "ep=%d dp=%d tp=%d%s pp=%d zero=%d%s", L.ep, dpn, tpn, L.sp ? " (SP)" : "", ppn,
-             L.zero, L.capacity > 0 ? " capacity 1.0" : "");
+    snprintf(what, sizeof what, "ep=%d dp=%d tp=%d%s pp=%d zero=%d%s", L.ep, dpn, tpn, L.sp ? " (SP)" : "",
+             ppn, L.zero, L.capacity > 0 ? " capacity 1.0" : "");
     double worst = 0, wd = 0, wmax = 0;
     for (int r = 0; r < n; r++) {
-        TU_CHECK(jobs[r].st == SL_OK, "%s rank %d: %s (%s)", what, r, sl_status_name(jobs[r].st), sl_errmsg());
+        TU_CHECK(jobs[r].st == SL_OK, "%s rank %d: %s (%s)", what, r, sl_status_name(jobs[r].st),
+                 sl_errmsg());
         if (!jobs[r].replicated) continue; /* a later pipeline stage: layer 0 lives on the first */
         TU_CHECK(jobs[r].n_experts_held == E / L.ep, "%s rank %d holds %d experts, expected %d", what, r,
                  jobs[r].n_experts_held, E / L.ep);
@@ -213,7 +216,8 @@ static void check_layout(const rank_job *ref, layout L) {
     }
     for (int r = 0; r < n; r++) {
         for (int s = 0; s < STEPS; s++) {
-            TU_CHECK(jobs[r].losses[s] == jobs[0].losses[s], "%s step %d: rank %d's loss differs", what, s, r);
+            TU_CHECK(jobs[r].losses[s] == jobs[0].losses[s], "%s step %d: rank %d's loss differs", what, s,
+                     r);
             double e = fabs(jobs[r].losses[s] - ref->losses[s]) / fabs(ref->losses[s]);
             if (e > worst) worst = e;
         }
@@ -230,8 +234,11 @@ static void check_layout(const rank_job *ref, layout L) {
     }
     printf("%s: worst loss rel err %.2e, final weights %.2e, routing of the last micro-batch %s; dropped "
            "fraction at step %d: %.4f\n",
-           what, worst, wd / wmax, !compared ? "not compared" : same ? "identical" : "DIFFERS", STEPS - 1,
-           last->dropped[STEPS - 1]);
+           what, worst, wd / wmax,
+           !compared ? "not compared"
+           : same    ? "identical"
+                     : "DIFFERS",
+           STEPS - 1, last->dropped[STEPS - 1]);
     TU_CHECK(worst <= 1e-6, "%s loss rel err %.3g (bar 1e-6)", what, worst);
     TU_CHECK(wd / wmax <= 1e-5, "%s final weights rel err %.3g (bar 1e-5)", what, wd / wmax);
     TU_CHECK(same, "%s: per-expert loads or dropped fraction differ from the single process", what);

@@ -36,8 +36,8 @@ static void same_losses(const char *ref, const char *got, int from, int to) {
 /* max |a - b| / max |a| over the saved weights of two runs (HF layout) */
 static double weight_diff(const char *ref, const char *got) {
     sl_model *ma = NULL, *mb = NULL;
-    TU_CHECK(sl_hf_load(ref, &ma, NULL) == SL_OK && sl_hf_load(got, &mb, NULL) == SL_OK, "load %s / %s: %s", ref, got,
-             sl_errmsg());
+    TU_CHECK(sl_hf_load(ref, &ma, NULL) == SL_OK && sl_hf_load(got, &mb, NULL) == SL_OK, "load %s / %s: %s",
+             ref, got, sl_errmsg());
     if (!ma || !mb) {
         sl_model_free(ma);
         sl_model_free(mb);
@@ -63,7 +63,8 @@ static int bias_moved(const char *a, const char *b, float rate) {
         const sl_param_info *q = sl_model_find(mb, p->t->name);
         for (int64_t k = 0; q && k < p->numel; k++) {
             double d = (mb->params_mem[q->offset + k] - ma->params_mem[p->offset + k]) / rate;
-            TU_CHECK(fabs(d - round(d)) < 1e-3, "%s[%lld] moved by %g x the rate", p->t->name, (long long)k, d);
+            TU_CHECK(fabs(d - round(d)) < 1e-3, "%s[%lld] moved by %g x the rate", p->t->name, (long long)k,
+                     d);
             moved += fabs(d) > 0.5;
         }
     }
@@ -88,9 +89,10 @@ int main(void) {
                      tmp) == 0,
              "corpus");
     snprintf(data, sizeof data, "%s/tok", tmp);
-    TU_CHECK(run("%s data prepare --input %s/corpus.txt --output-prefix %s --tokenizer-file %s/tokenizer.json",
-                 tu_cli(), tmp, data, q) == 0,
-             "data prepare: %s", out);
+    TU_CHECK(
+        run("%s data prepare --input %s/corpus.txt --output-prefix %s --tokenizer-file %s/tokenizer.json",
+            tu_cli(), tmp, data, q) == 0,
+        "data prepare: %s", out);
     snprintf(base, sizeof base,
              "train --data-path %s --init-from %s --seq-length 16 --micro-batch-size 2 --global-batch-size 8 "
              "--eval-interval 0 --eval-iters 1 --threads 1",
@@ -98,15 +100,16 @@ int main(void) {
 
     /* the single process (4 micro-batches per step) and ep 2 x dp 2, ep 4 x dp 4 (ZeRO-1) */
     TU_CHECK(run("%s %s --train-iters 6 --save %s/single", tu_cli(), base, tmp) == 0, "single: %s", out);
-    TU_CHECK(run("%s run -n 2 -- %s %s --train-iters 6 --ep 2 --save %s/ep2", tu_cli(), tu_cli(), base, tmp) == 0,
-             "ep 2: %s", out);
+    TU_CHECK(
+        run("%s run -n 2 -- %s %s --train-iters 6 --ep 2 --save %s/ep2", tu_cli(), tu_cli(), base, tmp) == 0,
+        "ep 2: %s", out);
     TU_CHECK(strstr(out, "a2a"), "the step line shows the all-to-all time: %s", out);
     TU_CHECK(run("%s run -n 4 -- %s %s --train-iters 6 --expert-model-parallel-size 4 --zero-stage 1 --save "
                  "%s/ep4 --save-interval 3",
                  tu_cli(), tu_cli(), base, tmp) == 0,
              "ep 4: %s", out);
-    TU_CHECK(run("%s run -n 2 -- %s %s --train-iters 6 --ep 2 --zero-stage 3 --save %s/ep2z3", tu_cli(), tu_cli(),
-                 base, tmp) == 0,
+    TU_CHECK(run("%s run -n 2 -- %s %s --train-iters 6 --ep 2 --zero-stage 3 --save %s/ep2z3", tu_cli(),
+                 tu_cli(), base, tmp) == 0,
              "ep 2 ZeRO-3: %s", out);
     snprintf(a, sizeof a, "%s/single", tmp);
     const char *runs[] = {"ep2", "ep4", "ep2z3"};
@@ -124,14 +127,15 @@ int main(void) {
     }
 
     /* the ep 4 checkpoint of step 6 loaded at ep 2 and ep 1: bitwise the weights it saved */
-    TU_CHECK(run("%s run -n 2 -- %s %s --train-iters 6 --ep 2 --load %s/ep4 --save %s/load2", tu_cli(), tu_cli(),
-                 base, tmp, tmp) == 0,
+    TU_CHECK(run("%s run -n 2 -- %s %s --train-iters 6 --ep 2 --load %s/ep4 --save %s/load2", tu_cli(),
+                 tu_cli(), base, tmp, tmp) == 0,
              "load at ep 2: %s", out);
     TU_CHECK(run("%s %s --train-iters 6 --load %s/ep4 --save %s/load1", tu_cli(), base, tmp, tmp) == 0,
              "load at ep 1: %s", out);
     for (int k = 1; k <= 2; k++) {
         snprintf(b, sizeof b, "%s/load%d", tmp, k);
-        TU_CHECK(tu_runf(out, sizeof out, "", "cmp %s/ep4/model.safetensors %s/model.safetensors", tmp, b) == 0,
+        TU_CHECK(tu_runf(out, sizeof out, "", "cmp %s/ep4/model.safetensors %s/model.safetensors", tmp, b) ==
+                     0,
                  "ep 4 -> ep %d: the loaded weights differ: %s", k, out);
     }
     /* resumed from the ep 4 checkpoint of step 3 at ep 2: the rest of the uninterrupted run */
@@ -140,8 +144,8 @@ int main(void) {
                      "step-0000003 > %s/res/latest",
                      tmp, tmp, tmp, tmp, tmp) == 0,
              "copy checkpoint: %s", out);
-    TU_CHECK(run("%s run -n 2 -- %s %s --train-iters 6 --ep 2 --load %s/res --save %s/res", tu_cli(), tu_cli(),
-                 base, tmp, tmp) == 0,
+    TU_CHECK(run("%s run -n 2 -- %s %s --train-iters 6 --ep 2 --load %s/res --save %s/res", tu_cli(),
+                 tu_cli(), base, tmp, tmp) == 0,
              "resume at ep 2: %s", out);
     snprintf(b, sizeof b, "%s/res", tmp);
     same_losses(a, b, 4, 6);
@@ -154,15 +158,18 @@ int main(void) {
      * [Bias balancing over micro-batches and ranks]) */
     char dsd[700], dbase[2048];
     snprintf(dsd, sizeof dsd, "%s/deepseek_v3", tmp);
-    TU_CHECK(tu_runf(out, sizeof out, "",
-                     "mkdir -p %s && cp %s/tests/fixtures/hf/deepseek_v3/config.json "
-                     "%s/tests/fixtures/hf/deepseek_v3/model.safetensors %s/ && cp %s/qwen2_moe/tokenizer.json %s/",
-                     dsd, SL_SOURCE_DIR, SL_SOURCE_DIR, dsd, tmp, dsd) == 0,
-             "deepseek dir: %s", out);
-    snprintf(dbase, sizeof dbase,
-             "train --data-path %s --init-from %s --seq-length 16 --micro-batch-size 2 --global-batch-size 4 "
-             "--eval-interval 0 --eval-iters 1 --threads 1 --train-iters 6 --moe-router-bias-update-rate 0.01",
-             data, dsd);
+    TU_CHECK(
+        tu_runf(
+            out, sizeof out, "",
+            "mkdir -p %s && cp %s/tests/fixtures/hf/deepseek_v3/config.json "
+            "%s/tests/fixtures/hf/deepseek_v3/model.safetensors %s/ && cp %s/qwen2_moe/tokenizer.json %s/",
+            dsd, SL_SOURCE_DIR, SL_SOURCE_DIR, dsd, tmp, dsd) == 0,
+        "deepseek dir: %s", out);
+    snprintf(
+        dbase, sizeof dbase,
+        "train --data-path %s --init-from %s --seq-length 16 --micro-batch-size 2 --global-batch-size 4 "
+        "--eval-interval 0 --eval-iters 1 --threads 1 --train-iters 6 --moe-router-bias-update-rate 0.01",
+        data, dsd);
     TU_CHECK(run("%s %s --save %s/ds1", tu_cli(), dbase, tmp) == 0, "deepseek single: %s", out);
     TU_CHECK(run("%s run -n 2 -- %s %s --ep 2 --save %s/ds2", tu_cli(), tu_cli(), dbase, tmp) == 0,
              "deepseek ep 2: %s", out);
@@ -198,7 +205,8 @@ int main(void) {
     }
     /* a dense model: expert parallelism needs experts */
     snprintf(b, sizeof b, "%s/bad_dense", tmp);
-    TU_CHECK(run("%s run -n 2 -- %s train --data-path %s --seq-length 16 --micro-batch-size 2 --train-iters 2 --ep "
+    TU_CHECK(run("%s run -n 2 -- %s train --data-path %s --seq-length 16 --micro-batch-size 2 --train-iters "
+                 "2 --ep "
                  "2 --save %s",
                  tu_cli(), tu_cli(), data, b) != 0 &&
                  strstr(out, "--expert-model-parallel-size 2 needs a mixture-of-experts model"),

@@ -8,7 +8,9 @@
 
 #define PAR(work) ((int64_t)(work) >= 16384)
 
-static const float *route_mask(const sl_tensor *r) { return (const float *)r->data + 2 * r->ne[0] * r->ne[1]; }
+static const float *route_mask(const sl_tensor *r) {
+    return (const float *)r->data + 2 * r->ne[0] * r->ne[1];
+}
 
 /* row[n * E + e] = the packed row of kept pair (n, e), -1 for other pairs; returns the pair count */
 static int64_t pair_rows(const sl_tensor *route, int64_t *row) {
@@ -137,7 +139,8 @@ static sl_status expert_segments(const sl_tensor *n, const sl_tensor *rcnt, int6
     *tot = segments(rcnt, El, l, rows, *off, *cnt);
     if (*tot < 0 || *tot > lrows) {
         free(*off);
-        return sl_fail(SL_ERR_INVALID, "%s: the exchanged token counts of local expert %d are invalid", op, l);
+        return sl_fail(SL_ERR_INVALID, "%s: the exchanged token counts of local expert %d are invalid", op,
+                       l);
     }
     return SL_OK;
 }
