@@ -106,22 +106,8 @@ sl_tensor *sl_moe_ep_scatter(sl_ctx *ctx, sl_tensor *y, sl_tensor *rcnt, sl_tens
 
 sl_tensor *sl_moe_expert_ffn_ep(sl_ctx *ctx, sl_tensor *x, sl_tensor *w1, sl_tensor *w3, sl_tensor *w2,
                                 sl_tensor *rcnt, int l, int El) {
-    SL_ASSERT(is_counts(rcnt, rcnt->ne[0]) && El >= 1 && l >= 0 && l < El && rcnt->ne[0] % El == 0);
-    SL_ASSERT(rows2d(x) && sl_is_contiguous(x) && w1->dtype == SL_F32 && w3->dtype == SL_F32 &&
-              w2->dtype == SL_F32);
-    int64_t R = x->ne[0], C = x->ne[1], I = w1->ne[0];
-    SL_ASSERT(w1->ndim == 2 && w1->ne[1] == C && w3->ndim == 2 && w3->ne[0] == I && w3->ne[1] == C);
-    SL_ASSERT(w2->ndim == 2 && w2->ne[0] == C && w2->ne[1] == I);
-    sl_tensor *t = sl_new_op(ctx, SL_OP_MOE_EXPERT_FFN, SL_F32, 2, x->ne);
-    t->src[0] = x;
-    t->src[1] = w1;
-    t->src[2] = w3;
-    t->src[3] = w2;
-    t->src[4] = rcnt;
-    t->iparams[0] = l;
-    t->iparams[1] = El;
-    t->aux_bytes = sizeof(float) * (size_t)(1 + 2 * R * I); /* count, w1 x, w3 x */
-    return t;
+    SL_ASSERT(is_counts(rcnt, rcnt->ne[0]) && El >= 1 && l < El && rcnt->ne[0] % El == 0);
+    return sl_moe_expert_ffn_node(ctx, x, w1, w3, w2, rcnt, l, El);
 }
 
 /* Backward rules of the expert-parallel ops; returns 0 for other ops. */

@@ -91,10 +91,9 @@ sl_tensor *sl_moe_combine(sl_ctx *ctx, sl_tensor *y, sl_tensor *route, sl_tensor
     return t;
 }
 
-sl_tensor *sl_moe_expert_ffn(sl_ctx *ctx, sl_tensor *x, sl_tensor *w1, sl_tensor *w3, sl_tensor *w2,
-                             sl_tensor *route, int e) {
-    SL_ASSERT(row_major_2d(x) && sl_is_contiguous(x) && route->op == SL_OP_MOE_ROUTE && e >= 0 &&
-              e < route->ne[1]);
+sl_tensor *sl_moe_expert_ffn_node(sl_ctx *ctx, sl_tensor *x, sl_tensor *w1, sl_tensor *w3, sl_tensor *w2,
+                                  sl_tensor *count_src, int e, int El) {
+    SL_ASSERT(row_major_2d(x) && sl_is_contiguous(x) && e >= 0);
     int64_t R = x->ne[0], C = x->ne[1], I = w1->ne[0];
     SL_ASSERT(w1->dtype == SL_F32 && w3->dtype == SL_F32 && w2->dtype == SL_F32);
     SL_ASSERT(w1->ndim == 2 && w1->ne[1] == C && w3->ndim == 2 && w3->ne[0] == I && w3->ne[1] == C);
@@ -105,10 +104,17 @@ sl_tensor *sl_moe_expert_ffn(sl_ctx *ctx, sl_tensor *x, sl_tensor *w1, sl_tensor
     t->src[1] = w1;
     t->src[2] = w3;
     t->src[3] = w2;
-    t->src[4] = route;
+    t->src[4] = count_src;
     t->iparams[0] = e;
+    t->iparams[1] = El;
     t->aux_bytes = sizeof(float) * (size_t)(1 + 2 * R * I); /* count, w1 x, w3 x */
     return t;
+}
+
+sl_tensor *sl_moe_expert_ffn(sl_ctx *ctx, sl_tensor *x, sl_tensor *w1, sl_tensor *w3, sl_tensor *w2,
+                             sl_tensor *route, int e) {
+    SL_ASSERT(route->op == SL_OP_MOE_ROUTE && e < route->ne[1]);
+    return sl_moe_expert_ffn_node(ctx, x, w1, w3, w2, route, e, 0);
 }
 
 static sl_tensor *rows(sl_ctx *ctx, sl_tensor *g) { return row_major_2d(g) ? g : sl_cont(ctx, g); }

@@ -27,6 +27,9 @@ void sl_op_backward_tp(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *needs
 /* The MoE ops' backward rules (src/ops/moe_ops.c): 1 if n is one of them, else 0. */
 int sl_moe_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *needs_grad, sl_grad_emit emit,
                        void *state);
+/* the MOE_EXPERT_FFN node: its row count from the route (El 0) or from the EP counts (El local experts) */
+sl_tensor *sl_moe_expert_ffn_node(sl_ctx *ctx, sl_tensor *x, sl_tensor *w1, sl_tensor *w3, sl_tensor *w2,
+                                  sl_tensor *count_src, int e, int El);
 /* the expert-parallel ops (moe_ep_ops.c); the gradient of an EP all-to-all(v) node n */
 int sl_moe_ep_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_grad_emit emit,
                           void *st);
