@@ -173,7 +173,8 @@ static sl_moe_route_opts route_opts(const sl_model *m, int64_t N) {
 
 /* Note [Expert-parallel dispatch] (src/ops/moe_ep_ops.c): h2 (N, C) -> the routed experts' sum (N, C), the
  * experts living on the ranks of the EP group */
-static sl_tensor *ep_experts(sl_model *m, sl_tensor *h2, sl_tensor *w, int l, const sl_moe_route_opts *o) {
+static sl_tensor *ep_experts(sl_model *m, sl_tensor *h2, sl_tensor *w, int l, const sl_moe_route_opts *o,
+                             int routed) {
     sl_ctx *ctx = m->ctx;
     const sl_llama_config *c = &m->lcfg;
     int P = m->ep, E = c->n_experts, El = E / P;
@@ -189,11 +190,13 @@ static sl_tensor *ep_experts(sl_model *m, sl_tensor *h2, sl_tensor *w, int l, co
     for (int j = 0; j < El; j++) {
         int e = m->ep_rank * El + j;
         sl_tensor *xl = sl_moe_ep_gather(ctx, xr, rcnt, j, El, Rl);
-        xl->iparams[2] = 1; /* the expert reads its received rows only */
-        sl_tensor *yl =
-            sl_moe_expert_ffn_ep(ctx, xl, moe_W(m, sl_llama_W(m, nm.expert, l, e, nm.proj[0])),
-                                 moe_W(m, sl_llama_W(m, nm.expert, l, e, nm.proj[1])),
-                                 moe_W(m, sl_llama_W(m, nm.expert, l, e, nm.proj[2])), rcnt, j, El);
+        xl->iparams[2] = routed; /* the routed expert reads its received rows only; else zero-filled */
+        sl_tensor *w1 = moe_W(m, sl_llama_W(m, nm.expert, l, e, nm.proj[0])),
+                  *w3 = moe_W(m, sl_llama_W(m, nm.expert, l, e, nm.proj[1])),
+                  *w2 = moe_W(m, sl_llama_W(m, nm.expert, l, e, nm.proj[2]));
+        /* autocast numerics: matmul nodes over all Rl rows, as the single process runs its R rows */
+        sl_tensor *yl = routed ? sl_moe_expert_ffn_ep(ctx, xl, w1, w3, w2, rcnt, j, El)
+                               : sl_llama_swiglu(m, xl, w1, w3, w2);
         yr = sl_moe_ep_scatter(ctx, yl, rcnt, yr, j, El, Rx);
     }
     sl_tensor *ys = sl_moe_ep_alltoallv(ctx, yr, cnt, rcnt, S, 1, P);
@@ -224,10 +227,7 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
     /* f32: the expert's GEMMs run on its kept rows only (Note [Routed expert rows]); bf16 weights or
      * autocast numerics: matmul nodes on all R rows, rounded as transformers rounds */
     int routed = m->wdtype == SL_F32 && !m->autocast_bf16;
-    if (m->ep > 1) {
-        SL_ASSERT(routed && "expert parallelism runs f32 experts");
-        y = ep_experts(m, h2, w, l, &o);
-    }
+    if (m->ep > 1) y = ep_experts(m, h2, w, l, &o, routed);
     for (int e = 0; e < E && m->ep <= 1; e++) {
         sl_tensor *xe = sl_moe_gather(ctx, h2, w, e, R, 0); /* (R, C) */
         xe->iparams[2] = routed; /* MOE_EXPERT_FFN reads the kept rows only: no zero fill */

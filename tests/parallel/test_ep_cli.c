@@ -189,7 +189,7 @@ int main(void) {
     } cases[] = {
         {"ep not dividing dp", "", "--ep 2", "--expert-model-parallel-size 2"},
         {"experts not divisible", "run -n 3 --", "--ep 3", "--expert-model-parallel-size"},
-        {"ep with bf16", "run -n 2 --", "--ep 2 --bf16", "--bf16"},
+        {"ep with fp16", "run -n 2 --", "--ep 2 --fp16", "--fp16"},
         {"ep with tp", "run -n 4 --", "--ep 2 --tp 2", "--tensor-model-parallel-size 2"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
