@@ -69,7 +69,17 @@ static void print_banner(const sl_train_job *j) {
         if (mem.slot_bytes) fprintf(f, ", slots %.1f MiB", mem.slot_bytes / 1048576.0);
         fprintf(f, "\n");
     }
-    if (j->tp) {
+    if (m->ep > 1) {
+        int64_t ex = 0;
+        for (int i = 0; i < m->n_params; i++) ex += m->params[i].expert ? m->params[i].numel : 0;
+        double mib = sizeof(float) / 1048576.0;
+        fprintf(f,
+                "expert parallel: %d ranks, %d of %d experts per rank, expert-data-parallel groups of %d | per "
+                "rank: params %.2f MiB, of which experts %.2f MiB (every expert: %.2f MiB)\n",
+                m->ep, m->lcfg.n_experts / m->ep, m->lcfg.n_experts, j->mesh.dp / m->ep, m->numel * mib, ex * mib,
+                (double)ex * m->ep * mib);
+    }
+    if (j->tp && m->tp > 1) {
         /* per rank: this rank's shards; the formula beside it: split weights / tp + replicated ones */
         double mib = sizeof(float) / 1048576.0, full = (double)sl_tp_full_numel(m);
         fprintf(f,
