@@ -109,13 +109,15 @@ static void print_banner(const sl_train_job *j) {
 
 static void report_commit(sl_train_job *j, int64_t step, double commit_ms, const char *how) {
     sl_ckpt_writer *w = j->ckw;
-    double wsec = sl_ckpt_writer_write_seconds(w);
+    double wsec = sl_ckpt_writer_write_seconds(w), snap, disk, mb = sl_ckpt_writer_bytes(w) / 1e6;
+    int direct;
+    sl_ckpt_writer_times(w, &snap, &disk, &direct);
     if (!j->out) return;
     fprintf(j->out,
-            "checkpoint step %lld committed: stall %.1f ms, background write %.2f s (%.0f MB/s from rank 0), "
-            "commit %.1f ms%s\n",
-            (long long)step, sl_ckpt_writer_stall(w) * 1e3, wsec,
-            sl_ckpt_writer_bytes(w) / 1e6 / (wsec > 0 ? wsec : 1), commit_ms, how);
+            "checkpoint step %lld committed: stall %.1f ms, background write %.2f s (%.0f MB/s from rank 0; "
+            "snapshot %.2f s, local file %.2f s = %.0f MB/s%s), commit %.1f ms%s\n",
+            (long long)step, sl_ckpt_writer_stall(w) * 1e3, wsec, mb / (wsec > 0 ? wsec : 1), snap, disk,
+            disk > 0 ? mb / disk : 0, direct ? " O_DIRECT" : "", commit_ms, how);
     fflush(j->out);
 }
 
