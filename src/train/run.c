@@ -102,9 +102,11 @@ static void print_banner(const sl_train_job *j) {
             j->tr.plan.planned_bytes / 1048576.0, j->tr.plan.naive_bytes / 1048576.0,
             (long long)sl_dataset_num_tokens(j->train), (long long)sl_dataset_num_tokens(j->val));
     fflush(f);
-    if (j->resume)
+    if (j->resume) {
         fprintf(f, "resumed from %s at step %lld (%.2f s)\n", j->ckdir, (long long)j->start_step,
                 j->resume_seconds);
+        fflush(f); /* bench/ckpt.sh times the restart by this line */
+    }
 }
 
 static void report_commit(sl_train_job *j, int64_t step, double commit_ms, const char *how) {
