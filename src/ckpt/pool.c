@@ -3,12 +3,13 @@
  *
  * Note [Pooled checkpoint store]
  * Layout: ROOT/host-<h>/step-NNNNNNN/ is host h's node-local directory for one step. Rank r (host
- * h = rank*hosts/world) writes shard-rR.safetensors into its own host dir (the writer thread, off the
- * training thread) and then, still in that thread:
- *  - replicas k: copies the file into the step dirs of hosts h+1 .. h+k-1 (mod hosts);
- *  - erasure code k+m: cuts the file into k data blocks (zero-padded to a common 64-byte multiple), computes
- *    m parity blocks (ec.c), writes block j as shard-rR.safetensors.ec<j> on host h+j, and removes the full
- *    file. Each block starts with a 128-byte header naming its stripe (step and shard file), k, m and its
+ * h = rank*hosts/world) has the shard file's bytes in memory (header + snapshot, Note [Shard write path])
+ * and, on its writer thread, off the training thread:
+ *  - replicas k: writes shard-rR.safetensors into its own host dir and the step dirs of hosts
+ *    h+1 .. h+k-1 (mod hosts), each from memory (O_DIRECT, nothing read back);
+ *  - erasure code k+m: cuts the bytes into k data blocks (zero-padded to a common 64-byte multiple), computes
+ *    m parity blocks (ec.c) and writes block j as shard-rR.safetensors.ec<j> on host h+j; the full file is
+ *    never written. Each block starts with a 128-byte header naming its stripe (step and shard file), k, m and its
  *    index, so a block of another stripe is recognised as such, not just as a checksum mismatch.
  * The placement (hosts, sizes, XXH3 of every copy and block) goes into the rank's sidecar; rank 0's commit
  * puts it under the manifest's "pool" and writes the same manifest and config.json into every host's
