@@ -42,7 +42,9 @@ t_kill=$(grep -m1 'killing myself' "$rlog" | awk '{print $1}')
 t_detect=$(grep -m1 'restarting (1 of 1)' "$rlog" | awk '{print $1}')
 t_resumed=$(grep -m1 'resumed from' "$rlog" | awk '{print $1}')
 t_back=$(awk '/resumed from/ {r=1} r && / step [0-9]+\/7 / {print $1; exit}' "$rlog")
-load_s=$(grep -m1 -o 'resumed from .* (\([0-9.]*\) s)' "$rlog" | grep -o '([0-9.]* s)' | tr -d '(s)' | awk '{print $1}')
+# "resumed from DIR at step N (LOAD s; setup WALL s, CPU CPU s)": the restarted rank's own view
+res=$(grep -m1 -o 'resumed from .*' "$rlog" | grep -o '([0-9.]* s; setup [0-9.]* s, [0-9.]* CPU s)' | tr -d '(),;')
+load_s=$(echo "$res" | awk '{print $1}'); setup_s=$(echo "$res" | awk '{print $4}'); setup_cpu_s=$(echo "$res" | awk '{print $6}')
 first_ms=$(awk '/resumed from/ {r=1} r && / step [0-9]+\/7 / {for(i=1;i<=NF;i++) if ($i=="ms/step") print $(i-1); exit}' "$rlog")
 recover_s=$(awk -v a="$t_kill" -v b="$t_back" 'BEGIN {printf "%.2f", b - a}')
 detect_s=$(awk -v a="$t_kill" -v b="$t_detect" 'BEGIN {printf "%.2f", b - a}')
@@ -50,10 +52,10 @@ restart_s=$(awk -v a="$t_detect" -v b="$t_resumed" 'BEGIN {printf "%.2f", b - a}
 stall_pct=$(awk -v s="$stall_ms" -v t="$step_ms" 'BEGIN {printf "%.2f", 100 * s / t}')
 local_pct=$(awk -v a="$local_mbs" -v b="$dd_mbs" 'BEGIN {printf "%.0f", (b > 0 ? 100 * a / b : 0)}')
 if [ "$json" = 1 ]; then
-  printf '{"bench": "ckpt", "model": "%s", "step_ms": %s, "median_stall_ms": %s, "max_stall_ms": '"$stall_max_ms"', "stall_pct_of_step": %s, "ckpt_mib": %s, "write_mb_s": %s, "snapshot_s": %s, "local_write_mb_s": %s, "o_direct": %s, "dd_mb_s": %s, "dd_direct_mb_s": %s, "local_pct_of_dd": %s, "kill_to_training_s": %s, "kill_to_detect_s": %s, "detect_to_resumed_s": %s, "load_s": %s, "first_step_ms": %s}\n' \
-    "$([ "$small" = 1 ] && echo gpt2-L4-C256 || echo gpt2-124M-body)" "$step_ms" "$stall_ms" "$stall_pct" "$ckpt_mib" "$write_mbs" "${snap_s:-0}" "${local_mbs:-0}" "$direct" "${dd_mbs:-0}" "${dd_direct_mbs:-0}" "$local_pct" "$recover_s" "$detect_s" "$restart_s" "${load_s:-0}" "${first_ms:-0}"
+  printf '{"bench": "ckpt", "model": "%s", "step_ms": %s, "median_stall_ms": %s, "max_stall_ms": '"$stall_max_ms"', "stall_pct_of_step": %s, "ckpt_mib": %s, "write_mb_s": %s, "snapshot_s": %s, "local_write_mb_s": %s, "o_direct": %s, "dd_mb_s": %s, "dd_direct_mb_s": %s, "local_pct_of_dd": %s, "kill_to_training_s": %s, "kill_to_detect_s": %s, "detect_to_resumed_s": %s, "load_s": %s, "setup_s": %s, "setup_cpu_s": %s, "first_step_ms": %s}\n' \
+    "$([ "$small" = 1 ] && echo gpt2-L4-C256 || echo gpt2-124M-body)" "$step_ms" "$stall_ms" "$stall_pct" "$ckpt_mib" "$write_mbs" "${snap_s:-0}" "${local_mbs:-0}" "$direct" "${dd_mbs:-0}" "${dd_direct_mbs:-0}" "$local_pct" "$recover_s" "$detect_s" "$restart_s" "${load_s:-0}" "${setup_s:-0}" "${setup_cpu_s:-0}" "${first_ms:-0}"
 else
   echo "step ${step_ms} ms (median); save stall median ${stall_ms} ms = ${stall_pct}% of a step (worst ${stall_max_ms} ms); checkpoint ${ckpt_mib} MiB"
   echo "writer ${write_mbs} MB/s overall (snapshot ${snap_s} s); local shard file ${local_mbs} MB/s (O_DIRECT ${direct}) = ${local_pct}% of dd ${dd_mbs:-?} MB/s (dd O_DIRECT ${dd_direct_mbs:-?} MB/s)"
-  echo "kill -9 to the next trained step: ${recover_s} s = kill->restart ${detect_s} s + restart->resumed ${restart_s} s (load ${load_s} s) + first step ${first_ms} ms"
+  echo "kill -9 to the next trained step: ${recover_s} s = kill->restart ${detect_s} s + restart->resumed ${restart_s} s (setup ${setup_s} s wall, ${setup_cpu_s} CPU s, of which load ${load_s} s) + first step ${first_ms} ms"
 fi

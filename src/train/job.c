@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "suanli/model_io.h"
@@ -603,6 +604,13 @@ static sl_status make_trainer(sl_train_job *j) {
     return SL_OK;
 }
 
+double sl_train_cpu_seconds(void) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+           (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+}
+
 /* The only writes of setup, after every check (Note [Bad input before any write]). */
 static sl_status open_outputs(sl_train_job *j) {
     const char *save = j->o.ckpt.save_dir;
@@ -622,6 +630,8 @@ sl_status sl_train_job_setup(sl_train_job *j, const sl_train_opts *opts) {
     j->err = opts->log.err;
     j->pending_step = -1;
     j->committing_step = -1;
+    j->setup_t0 = sl_time_sec();
+    j->setup_cpu0 = sl_train_cpu_seconds();
     SL_TRY(setup_comm(j));
     SL_TRY(check_opts(j));
     SL_TRY(open_data(j));

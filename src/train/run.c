@@ -103,8 +103,10 @@ static void print_banner(const sl_train_job *j) {
             (long long)sl_dataset_num_tokens(j->train), (long long)sl_dataset_num_tokens(j->val));
     fflush(f);
     if (j->resume) {
-        fprintf(f, "resumed from %s at step %lld (%.2f s)\n", j->ckdir, (long long)j->start_step,
-                j->resume_seconds);
+        /* setup: comm, data, model build, the checkpoint's choice, verification and load (bench/ckpt.sh) */
+        fprintf(f, "resumed from %s at step %lld (%.2f s; setup %.2f s, %.2f CPU s)\n", j->ckdir,
+                (long long)j->start_step, j->resume_seconds, sl_time_sec() - j->setup_t0,
+                sl_train_cpu_seconds() - j->setup_cpu0);
         fflush(f); /* bench/ckpt.sh times the restart by this line */
     }
 }
