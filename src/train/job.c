@@ -395,14 +395,17 @@ static sl_status find_start(sl_train_job *j) {
                           : sl_ckpt_is_checkpoint(load) ? sl_ckpt_newest_step(load)
                                                         : -1;
     int64_t pool_step = have_pool ? (int64_t)strtoll(strrchr(pooldir, '/') + 6, NULL, 10) : -1;
+    int mem_state = 0; /* the in-memory copy: 0 not looked at yet, 1 memdir verified, -1 none usable */
     if (mem && same && sl_ckpt_is_checkpoint(mem) && sl_ckpt_newest_step(mem) >= disk_newest &&
-        sl_ckpt_newest_step(mem) >= pool_step && sl_ckpt_find_latest(mem, memdir, sizeof memdir) == SL_OK &&
-        (int64_t)strtoll(strrchr(memdir, '/') + 6, NULL, 10) >=
-            (disk_newest > pool_step ? disk_newest : pool_step)) {
-        snprintf(j->ckdir, sizeof j->ckdir, "%s", memdir);
-        j->resume = 1;
-        j->ckpt_verified = 1;
-        return SL_OK;
+        sl_ckpt_newest_step(mem) >= pool_step) {
+        mem_state = sl_ckpt_find_latest(mem, memdir, sizeof memdir) == SL_OK ? 1 : -1;
+        if (mem_state == 1 && (int64_t)strtoll(strrchr(memdir, '/') + 6, NULL, 10) >=
+                                  (disk_newest > pool_step ? disk_newest : pool_step)) {
+            snprintf(j->ckdir, sizeof j->ckdir, "%s", memdir);
+            j->resume = 1;
+            j->ckpt_verified = 1;
+            return SL_OK;
+        }
     }
     if (sl_ckpt_is_checkpoint(load)) {
         if (sl_ckpt_find_latest(load, j->ckdir, sizeof j->ckdir) != SL_OK)
@@ -418,8 +421,8 @@ static sl_status find_start(sl_train_job *j) {
             j->ckpt_verified = 0;
         }
     }
-    if (mem && same && sl_ckpt_is_checkpoint(mem) &&
-        sl_ckpt_find_latest(mem, memdir, sizeof memdir) == SL_OK) {
+    if (mem && same && mem_state >= 0 && sl_ckpt_is_checkpoint(mem) &&
+        (mem_state == 1 || sl_ckpt_find_latest(mem, memdir, sizeof memdir) == SL_OK)) {
         /* step dirs are named step-NNNNNNN: compare their steps */
         const char *ms = strrchr(memdir, '/'), *ds = j->resume ? strrchr(j->ckdir, '/') : NULL;
         if (ms && (!ds || strcmp(ms, ds) >= 0)) {

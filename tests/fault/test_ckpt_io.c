@@ -9,7 +9,11 @@
  * - end to end through the writer (sl_ckpt_save_begin + commit) for a 1-layer GPT-2: the shard's data
  *   starts 4096-aligned, the disk and in-memory copies verify and load back bitwise (params and both
  *   moments, the oracle being the state that was saved), and one flipped data byte is a checksum mismatch
- *   naming the tensor, in either copy. */
+ *   naming the tensor, in either copy;
+ * - the restart's choice (Note [One verification per restart]) through the CLI: with the in-memory copy as
+ *   new as the disk's, a corrupt disk copy is never read (no warning) and the run resumes from memory; a
+ *   corrupt in-memory copy is detected and the disk copy used; both resumes reproduce the uninterrupted
+ *   run's final weights bitwise. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -125,6 +129,12 @@ static void flip(const char *path) {
     close(fd);
 }
 
+static void flip_in(const char *d, const char *rel) {
+    char p[900];
+    snprintf(p, sizeof p, "%s/%s", d, rel);
+    flip(p);
+}
+
 static void test_writer(void) {
     char root[600], mem[600], p[800];
     snprintf(root, sizeof root, "%s/ck", dir);
@@ -205,9 +215,49 @@ static void test_writer(void) {
     sl_model_free(m2);
 }
 
+#define TINY                                                                                                 \
+    "--data-path data --num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 "              \
+    "--micro-batch-size 2 --train-iters 8 --lr-decay-iters 8 --eval-interval 0 --eval-iters 1 --threads 1"
+
+static char out[1 << 16];
+static int cli_run(const char *mem, const char *args) {
+    char pre[1400];
+    snprintf(pre, sizeof pre, "cd %s && SUANLI_MEM_CKPT_DIR=%s timeout 300", dir, mem);
+    return tu_runf(out, sizeof out, pre, "%s %s", tu_cli(), args);
+}
+
+static void test_restart_choice(void) {
+    char cmd[2000], a[700], b[700];
+    snprintf(cmd, sizeof cmd,
+             "sh -c 'head -c 20000 %s/data/tinyshakespeare.txt > s.txt && %s data prepare --input s.txt "
+             "--output-prefix data'",
+             SL_SOURCE_DIR, tu_cli());
+    int rc = tu_runf(out, sizeof out, "cd", "%s && %s", dir, cmd);
+    TU_CHECK(rc == 0, "prepare: %s", out);
+    /* the uninterrupted run: disk copies of steps 4 and 8, the in-memory copy of step 8 */
+    rc = cli_run("mem1", "train " TINY " --save d1 --save-interval 4");
+    TU_CHECK(rc == 0, "base: %s", out);
+    flip_in(dir, "d1/step-0000008/shard-r00000.safetensors");
+    rc = cli_run("mem1", "train " TINY " --save d1 --load d1 --save-interval 4");
+    TU_CHECK(rc == 0 && strstr(out, "resumed from mem1/step-0000008") && !strstr(out, "not usable"),
+             "in-memory copy first, the corrupt disk copy not read: rc %d %s", rc, out);
+    snprintf(a, sizeof a, "%s/d1/model.safetensors", dir);
+    rc = cli_run("mem2", "train " TINY " --save d2 --save-interval 4");
+    TU_CHECK(rc == 0, "base 2: %s", out);
+    snprintf(b, sizeof b, "%s/d2/model.safetensors", dir);
+    TU_CHECK(tu_same_file(a, b), "resumed from memory: final weights bitwise equal to the uninterrupted run");
+    flip_in(dir, "mem2/step-0000008/shard-r00000.safetensors");
+    rc = cli_run("mem2", "train " TINY " --save d2 --load d2 --save-interval 4");
+    TU_CHECK(rc == 0 && strstr(out, "mem2/step-0000008 is not usable") && strstr(out, "checksum mismatch") &&
+                 strstr(out, "resumed from d2/step-0000008"),
+             "a corrupt in-memory copy is detected and the disk copy used: rc %d %s", rc, out);
+    TU_CHECK(tu_same_file(a, b), "resumed from disk: final weights bitwise equal to the uninterrupted run");
+}
+
 int main(void) {
     dir = tu_tmpdir("ckpt_io");
     test_direct_and_fallback();
     test_writer();
+    test_restart_choice();
     return tu_finish("test_ckpt_io");
 }
