@@ -9,16 +9,16 @@
  *    h+1 .. h+k-1 (mod hosts), each from memory (O_DIRECT, nothing read back);
  *  - erasure code k+m: cuts the bytes into k data blocks (zero-padded to a common 64-byte multiple), computes
  *    m parity blocks (ec.c) and writes block j as shard-rR.safetensors.ec<j> on host h+j; the full file is
- *    never written. Each block starts with a 128-byte header naming its stripe (step and shard file), k, m and its
- *    index, so a block of another stripe is recognised as such, not just as a checksum mismatch.
+ *    never written. Each block starts with a 128-byte header naming its stripe (step and shard file),
+ *    k, m and its index, so a block of another stripe is recognised as such, not as a checksum mismatch.
  * The placement (hosts, sizes, XXH3 of every copy and block) goes into the rank's sidecar; rank 0's commit
  * puts it under the manifest's "pool" and writes the same manifest and config.json into every host's
- * step-N.tmp dir before renaming it to step-N (per host: manifest, fsync, rename, `latest`, prune).
- * A restore takes the manifest from any host that has one, then for each shard file the first intact copy
- * (size and checksum match) or any k intact blocks, and writes a plain step dir that sl_ckpt_load reads.
- * Transfers are file writes into the peer host's directory by the owning rank: on one machine the hosts
- * are directories; on a real cluster that directory would be a peer's export (or the bytes would travel
- * over sl_comm) — the placement logic and the manifest do not change. */
+ * step-N.tmp dir before renaming it to step-N (per host: manifest, fsync, rename, `latest`, prune). A restore
+ * takes the manifest from any host that has one, then for each shard file the first intact copy (size and
+ * checksum match) or any k intact blocks, and writes a plain step dir that sl_ckpt_load reads. Transfers are
+ * file writes into the peer host's directory by the owning rank: on one machine the hosts are directories; on
+ * a real cluster that directory would be a peer's export (or the bytes would travel over sl_comm) — the
+ * placement logic and the manifest do not change. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
