@@ -106,6 +106,8 @@ int sl_threads_get(void);
 /* ---- small helpers ---- */
 void *sl_malloc_aligned(size_t bytes); /* 64-byte aligned, NULL on failure; free with sl_free_aligned */
 void sl_free_aligned(void *p);
+/* align-byte aligned (a power of two >= sizeof(void *), e.g. 4096 for O_DIRECT), size rounded up to align */
+void *sl_malloc_aligned_to(size_t bytes, size_t align);
 /* Read a whole file. *out is owned by caller (free()). */
 sl_status sl_file_read_all(const char *path, char **out, size_t *len);
 /* Write a file and fsync it (no rename); on failure the partial file is removed. */

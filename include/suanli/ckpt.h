@@ -44,6 +44,8 @@ typedef struct sl_ckpt_state {
     uint64_t seed;
     int rank, world;
     const char *layout_json; /* JSON object describing the mesh / ZeRO stage (embedded in the manifest) */
+    int verified; /* sl_ckpt_load: the caller verified dir just before (sl_ckpt_find_latest/_verify), so the
+                     load skips the checksums; 0: the load verifies every shard it reads */
 } sl_ckpt_state;
 
 typedef struct sl_ckpt_writer sl_ckpt_writer;
@@ -57,7 +59,8 @@ sl_status sl_ckpt_save_begin(sl_ckpt_writer *w, const char *root, const sl_ckpt_
  * the job and removes at exit), or NULL. Writers mirror each shard there; rank 0 commits it like the disk
  * copy (keeping only the newest), and a restarted job loads from it when it is at least as new. */
 const char *sl_ckpt_mem_root(void);
-/* Allocate and touch the snapshot buffer ahead of the first save (floats = elements per save). */
+/* Allocate the snapshot buffer ahead of the first save (floats = elements per save; 4096-aligned; its
+ * pages are faulted in by the writer thread during the first snapshot). */
 sl_status sl_ckpt_writer_reserve(sl_ckpt_writer *w, size_t floats);
 /* Block until the writer has copied the live state (call before anything modifies parameters or
  * optimizer state, i.e. before the next optimizer update). Cheap when no save is in flight. */
@@ -70,6 +73,9 @@ sl_status sl_ckpt_writer_wait(sl_ckpt_writer *w);
  */
 double sl_ckpt_writer_stall(const sl_ckpt_writer *w);
 double sl_ckpt_writer_write_seconds(const sl_ckpt_writer *w);
+/* The last save's parts: the snapshot copy with its checksums, the local shard file's write (fsync
+ * included; 0 under erasure coding, which writes blocks only), and whether that went out with O_DIRECT. */
+void sl_ckpt_writer_times(const sl_ckpt_writer *w, double *snapshot, double *disk, int *direct);
 size_t sl_ckpt_writer_bytes(const sl_ckpt_writer *w);
 /* Rank 0, after every rank's write finished: merge the sidecars into manifest.json, fsync, rename the
  * tmp dir to step-N, update `latest` atomically, keep only the newest `keep` step dirs (0: all). */
@@ -80,6 +86,8 @@ sl_status sl_ckpt_commit(const char *root, int64_t step, int world, int keep, co
  * when the newest is corrupt (a warning names the problem). out receives the step dir path.
  * Returns SL_ERR_IO with "no checkpoint" when there is none. */
 sl_status sl_ckpt_find_latest(const char *root, char *out, size_t cap);
+/* Step number of the newest committed step dir under root (by name, nothing read or verified); -1 if none. */
+int64_t sl_ckpt_newest_step(const char *root);
 /* Load params (all), optimizer state (the rank's segments), step, adam_t, seed. The model shape must
  * match the manifest's tensors. */
 sl_status sl_ckpt_load(const char *dir, sl_ckpt_state *st);

@@ -62,6 +62,13 @@ sl_dtype sl_safetensors_dtype_parse(const char *dtype);
 sl_status sl_safetensors_write(const char *path, const sl_st_tensor *tensors, int n,
                                const char *const *meta_kv);
 
+/* The file's first bytes for these tensors (length field, JSON header, space padding) without writing:
+ * *out (owned, free with sl_free_aligned) holds *out_len bytes, a multiple of align (a power of two >= 8),
+ * so the data that follows starts align-aligned in the file (the checkpoint writer's O_DIRECT path uses
+ * 4096). Same validation as sl_safetensors_write; path only names the file in messages. */
+sl_status sl_safetensors_header(const char *path, const sl_st_tensor *tensors, int n,
+                                const char *const *meta_kv, size_t align, char **out, size_t *out_len);
+
 typedef struct sl_safetensors sl_safetensors;
 /* mmap and validate (see above). *out owned: sl_safetensors_close. Errors name the file and the problem. */
 sl_status sl_safetensors_open(const char *path, sl_safetensors **out);

@@ -43,6 +43,12 @@ void *sl_malloc_aligned(size_t bytes) {
     return p;
 }
 void sl_free_aligned(void *p) { free(p); }
+void *sl_malloc_aligned_to(size_t bytes, size_t align) {
+    if (bytes == 0) bytes = align;
+    void *p = NULL;
+    if (posix_memalign(&p, align, (bytes + align - 1) & ~(align - 1)) != 0) return NULL;
+    return p;
+}
 
 sl_status sl_file_read_all(const char *path, char **out, size_t *len) {
     *out = NULL;

@@ -31,6 +31,7 @@ typedef struct {
     int64_t offset, length;
     float *data;      /* into the snapshot buffer */
     const float *src; /* live state, copied by the writer thread before the next optimizer update */
+    uint64_t sum;     /* XXH3 of the snapshot's copy, computed as it is copied */
 } entry;
 
 struct sl_ckpt_writer {
@@ -51,8 +52,10 @@ struct sl_ckpt_writer {
     float *buf;
     size_t buf_cap, bytes;
     double stall, write_sec;
-    int pooled;        /* pooled node-local storage (sl_ckpt_writer_set_pool) */
-    sl_ckpt_pool pool; /* pool.local_root points at pool_root */
+    double snap_sec, disk_sec; /* the snapshot copy + checksums; the local shard file (O_DIRECT, fsync) */
+    int direct;                /* that file went out with O_DIRECT */
+    int pooled;                /* pooled node-local storage (sl_ckpt_writer_set_pool) */
+    sl_ckpt_pool pool;         /* pool.local_root points at pool_root */
     char pool_root[3800];
     char stepbase[64]; /* "step-NNNNNNN.tmpR" */
     int64_t step;
@@ -131,14 +134,20 @@ const char *sl_ckpt_mem_root(void) {
 sl_status sl_ckpt_writer_reserve(sl_ckpt_writer *w, size_t floats) {
     if (floats <= w->buf_cap) return SL_OK;
     sl_free_aligned(w->buf);
-    w->buf = sl_malloc_aligned(sizeof(float) * floats);
+    /* 4096-aligned for O_DIRECT (Note [Shard write path]). Not touched here: the writer thread faults the
+     * pages in during the first snapshot, off the training thread, and a restart does not pay for it */
+    w->buf = sl_malloc_aligned_to(sizeof(float) * floats, 4096);
     w->buf_cap = w->buf ? floats : 0;
     if (!w->buf) return sl_fail(SL_ERR_NOMEM, "checkpoint: cannot reserve %zu bytes", floats * sizeof(float));
-    memset(w->buf, 0, sizeof(float) * floats); /* fault the pages in now, not inside a training step */
     return SL_OK;
 }
 double sl_ckpt_writer_stall(const sl_ckpt_writer *w) { return w->stall + w->snap_wait; }
 double sl_ckpt_writer_write_seconds(const sl_ckpt_writer *w) { return w->write_sec; }
+void sl_ckpt_writer_times(const sl_ckpt_writer *w, double *snapshot, double *disk, int *direct) {
+    *snapshot = w->snap_sec;
+    *disk = w->disk_sec;
+    *direct = w->direct;
+}
 size_t sl_ckpt_writer_bytes(const sl_ckpt_writer *w) { return w->bytes; }
 
 static void step_name(char *out, size_t cap, const char *root, int64_t step, const char *suffix) {
@@ -163,31 +172,48 @@ static void fault_point(int stage) {
     }
 }
 
-static void *writer_main(void *arg) {
-    sl_ckpt_writer *w = arg;
-    double t0 = sl_time_sec();
-    /* Note [Snapshot off the training thread]
-     * The saved state (parameters, Adam moments) only changes in the optimizer update at the end of a
-     * step; forward and backward just read it. So the copy into the host snapshot runs here, overlapped
-     * with the next step's forward/backward, and the trainer waits for it (sl_ckpt_writer_wait_snapshot)
-     * only right before its next update. */
-    for (int i = 0; i < w->ne; i++) /* entries without a host source were copied from the device already */
-        if (w->e[i].src) memcpy(w->e[i].data, w->e[i].src, sizeof(float) * (size_t)w->e[i].length);
-    pthread_mutex_lock(&w->mu);
-    w->snap_done = 1;
-    pthread_cond_broadcast(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-    sl_status st = SL_OK;
-    sl_st_tensor *ts = calloc((size_t)w->ne + 1, sizeof *ts);
-    char(*keys)[128] = calloc((size_t)w->ne + 1, 128);
-    cJSON *side = cJSON_CreateObject(), *arr = cJSON_CreateArray();
-    char *text = NULL, path[4200];
-    if (!ts || !keys || !side || !arr) {
-        st = sl_fail(SL_ERR_NOMEM, "checkpoint writer: out of memory");
-        goto done;
-    }
+/* The snapshot: live state -> buffer, each entry's checksum computed over the copy in the same pass while
+ * its chunk is in cache (entries a device backend copied out in save_begin are only hashed). */
+static void snapshot(sl_ckpt_writer *w) {
+    const size_t chunk = (size_t)256 << 10; /* floats: 1 MiB, fits in L2 */
+    XXH3_state_t hs;
     for (int i = 0; i < w->ne; i++) {
         entry *e = &w->e[i];
+        XXH3_64bits_reset(&hs);
+        for (size_t at = 0; at < (size_t)e->length; at += chunk) {
+            size_t n = (size_t)e->length - at < chunk ? (size_t)e->length - at : chunk;
+            if (e->src) memcpy(e->data + at, e->src + at, sizeof(float) * n);
+            XXH3_64bits_update(&hs, e->data + at, sizeof(float) * n);
+        }
+        e->sum = XXH3_64bits_digest(&hs);
+    }
+}
+
+typedef struct { /* the in-memory copy, written by a helper thread while the disk write runs */
+    pthread_t th;
+    const char *path;
+    const void *hdr, *data;
+    size_t hlen, dlen;
+    sl_status st;
+    char err[512];
+} mem_copy;
+
+static void *mem_copy_main(void *arg) {
+    mem_copy *c = arg;
+    c->st = sl_ckpt_write_file(c->path, c->hdr, c->hlen, c->data, c->dlen, 0, NULL); /* tmpfs: no fsync */
+    if (c->st != SL_OK) snprintf(c->err, sizeof c->err, "%s", sl_errmsg());
+    return NULL;
+}
+
+/* the sidecar's entries; ts[i] describes entry i, keys[i] its name in the shard file */
+static sl_status describe(sl_ckpt_writer *w, sl_st_tensor *ts, char (*keys)[128], cJSON *arr) {
+    float *next = w->buf;
+    for (int i = 0; i < w->ne; i++) {
+        entry *e = &w->e[i];
+        if (e->data != next) /* the shard file is the buffer as it is (Note [Shard write path]) */
+            return sl_fail(SL_ERR_INTERNAL, "checkpoint writer: entry %d is not where the file expects it",
+                           i);
+        next += e->length;
         snprintf(keys[i], 128, "%s@%lld", e->tensor, (long long)e->offset);
         ts[i] = (sl_st_tensor){.name = keys[i],
                                .dtype = "F32",
@@ -196,7 +222,7 @@ static void *writer_main(void *arg) {
                                .data = e->data,
                                .nbytes = sizeof(float) * (size_t)e->length};
         char sum[32];
-        snprintf(sum, sizeof sum, "xxh3:%016llx", (unsigned long long)XXH3_64bits(e->data, ts[i].nbytes));
+        snprintf(sum, sizeof sum, "xxh3:%016llx", (unsigned long long)e->sum);
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "tensor", e->tensor);
         cJSON_AddStringToObject(o, "key", keys[i]);
@@ -205,11 +231,79 @@ static void *writer_main(void *arg) {
         cJSON_AddStringToObject(o, "checksum", sum);
         cJSON_AddItemToArray(arr, o);
     }
+    return SL_OK;
+}
+
+/* the shared tier (pooled saves drained to --save): a plain single-directory copy of this rank's shard
+ * and its sidecar without placement; failing it only loses that tier for this step */
+static void drain_copy(sl_ckpt_writer *w, const cJSON *side, const char *hdr, size_t hlen) {
+    char dp[4200];
+    cJSON *plain = cJSON_Duplicate(side, 1);
+    cJSON_DeleteItemFromObject(plain, "pool");
+    char *ptext = plain ? cJSON_PrintUnformatted(plain) : NULL;
+    cJSON_Delete(plain);
+    snprintf(dp, sizeof dp, "%s/%s", w->drain_dir, w->file);
+    sl_status ds =
+        ptext ? sl_ckpt_write_file(dp, hdr, hlen, w->buf, w->bytes, SL_CKPT_IO_DIRECT | SL_CKPT_IO_SYNC, NULL)
+              : SL_ERR_NOMEM;
+    snprintf(dp, sizeof dp, "%s/shard-r%05d.json", w->drain_dir, w->rank);
+    if (ds == SL_OK) ds = sl_file_write_atomic(dp, ptext, strlen(ptext));
+    if (ds != SL_OK) SL_LOGW("shared checkpoint copy skipped: %s", sl_errmsg());
+    free(ptext);
+}
+
+static void *writer_main(void *arg) {
+    sl_ckpt_writer *w = arg;
+    double t0 = sl_time_sec();
+    /* Note [Snapshot off the training thread]
+     * The saved state (parameters, Adam moments) only changes in the optimizer update at the end of a
+     * step; forward and backward just read it. So the copy into the host snapshot runs here, overlapped
+     * with the next step's forward/backward, and the trainer waits for it (sl_ckpt_writer_wait_snapshot)
+     * only right before its next update. */
+    snapshot(w);
+    pthread_mutex_lock(&w->mu);
+    w->snap_done = 1;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    w->snap_sec = sl_time_sec() - t0;
+    w->disk_sec = 0;
+    w->direct = 0;
+    sl_status st = SL_OK;
+    sl_st_tensor *ts = calloc((size_t)w->ne + 1, sizeof *ts);
+    char(*keys)[128] = calloc((size_t)w->ne + 1, 128);
+    cJSON *side = cJSON_CreateObject(), *arr = cJSON_CreateArray();
+    char *text = NULL, *hdr = NULL, path[4200], mp[4200];
+    size_t hlen = 0;
+    mem_copy mc = {0};
+    int mc_running = 0;
+    if (!ts || !keys || !side || !arr) {
+        st = sl_fail(SL_ERR_NOMEM, "checkpoint writer: out of memory");
+        goto done;
+    }
+    SL_CHECK(describe(w, ts, keys, arr));
     snprintf(path, sizeof path, "%s/%s", w->dir, w->file);
-    SL_CHECK(sl_safetensors_write(path, ts, w->ne, NULL));
+    SL_CHECK(sl_safetensors_header(path, ts, w->ne, NULL, 4096, &hdr, &hlen));
+    if (w->mem_dir[0]) { /* the in-memory copy (tmpfs held by the launcher), beside the disk write */
+        snprintf(mp, sizeof mp, "%s/%s", w->mem_dir, w->file);
+        mc = (mem_copy){.path = mp, .hdr = hdr, .hlen = hlen, .data = w->buf, .dlen = w->bytes};
+        if (sl_mkdirs(w->mem_dir) != SL_OK || pthread_create(&mc.th, NULL, mem_copy_main, &mc) != 0) {
+            SL_LOGW("in-memory checkpoint copy skipped: %s", sl_errmsg());
+            w->mem_dir[0] = 0;
+        } else {
+            mc_running = 1;
+        }
+    }
+    if (!(w->pooled && w->pool.ec_k > 0)) { /* under erasure coding only the blocks are written */
+        sl_ckpt_io io;
+        SL_CHECK(
+            sl_ckpt_write_file(path, hdr, hlen, w->buf, w->bytes, SL_CKPT_IO_DIRECT | SL_CKPT_IO_SYNC, &io));
+        w->disk_sec = io.seconds;
+        w->direct = io.direct;
+    }
     if (w->pooled) { /* replicas or erasure-coded blocks on the peer hosts (src/ckpt/pool.c) */
         cJSON *placement = NULL;
-        SL_CHECK(sl_ckpt_pool_spread(&w->pool, w->stepbase, w->step, w->file, &placement));
+        SL_CHECK(sl_ckpt_pool_spread(&w->pool, w->stepbase, w->step, w->file, hdr, hlen, w->buf, w->bytes,
+                                     &placement));
         cJSON_AddItemToObject(side, "pool", placement);
     }
     fault_point(0);
@@ -224,41 +318,26 @@ static void *writer_main(void *arg) {
         goto done;
     }
     SL_CHECK(sl_file_write_atomic(path, text, strlen(text)));
-    if (w->mem_dir[0]) {
-        /* the in-memory copy (tmpfs held by the launcher); failing it only costs recovery speed */
-        char mp[4200];
-        snprintf(mp, sizeof mp, "%s/%s", w->mem_dir, w->file);
-        sl_status ms = sl_mkdirs(w->mem_dir);
-        if (ms == SL_OK) ms = sl_safetensors_write(mp, ts, w->ne, NULL);
+    if (mc_running) { /* failing the in-memory copy only costs recovery speed */
+        pthread_join(mc.th, NULL);
+        mc_running = 0;
         snprintf(mp, sizeof mp, "%s/shard-r%05d.json", w->mem_dir, w->rank);
-        if (ms == SL_OK) ms = sl_file_write_atomic(mp, text, strlen(text));
+        sl_status ms = mc.st == SL_OK ? sl_file_write_atomic(mp, text, strlen(text)) : mc.st;
         if (ms != SL_OK) {
-            SL_LOGW("in-memory checkpoint copy skipped: %s", sl_errmsg());
+            SL_LOGW("in-memory checkpoint copy skipped: %s", mc.st != SL_OK ? mc.err : sl_errmsg());
             w->mem_dir[0] = 0;
         }
     }
-    if (w->drain_dir[0]) {
-        /* the shared tier (pooled saves drained to --save): a plain single-directory copy of this rank's
-         * shard and its sidecar without placement; failing it only loses that tier for this step */
-        char dp[4200];
-        cJSON *plain = cJSON_Duplicate(side, 1);
-        cJSON_DeleteItemFromObject(plain, "pool");
-        char *ptext = plain ? cJSON_PrintUnformatted(plain) : NULL;
-        cJSON_Delete(plain);
-        snprintf(dp, sizeof dp, "%s/%s", w->drain_dir, w->file);
-        sl_status ds = ptext ? sl_safetensors_write(dp, ts, w->ne, NULL) : SL_ERR_NOMEM;
-        snprintf(dp, sizeof dp, "%s/shard-r%05d.json", w->drain_dir, w->rank);
-        if (ds == SL_OK) ds = sl_file_write_atomic(dp, ptext, strlen(ptext));
-        if (ds != SL_OK) SL_LOGW("shared checkpoint copy skipped: %s", sl_errmsg());
-        free(ptext);
-    }
+    if (w->drain_dir[0]) drain_copy(w, side, hdr, hlen);
 done:
+    if (mc_running) pthread_join(mc.th, NULL);
     if (st != SL_OK) snprintf(w->errmsg, sizeof w->errmsg, "%s", sl_errmsg());
     w->status = st;
     w->write_sec = sl_time_sec() - t0;
     free(ts);
     free(keys);
     free(text);
+    sl_free_aligned(hdr);
     cJSON_Delete(arr);
     cJSON_Delete(side);
     __atomic_store_n(&w->done, 1, __ATOMIC_RELEASE);
@@ -627,6 +706,7 @@ void sl_ckpt_prune(const char *root, int keep) {
 
 typedef struct {
     char dir[4096];
+    int trusted; /* the caller verified the checksums already (sl_ckpt_state.verified) */
     cJSON *man;
     int nfiles;
     char *fname[256];
@@ -700,8 +780,9 @@ static sl_status shard_data(reader *r, const char *tname, cJSON *sh, int64_t *of
         return sl_fail(SL_ERR_FORMAT, "%s/%s: '%s' has the wrong size or dtype", r->dir, f->valuestring,
                        k->valuestring);
     char sum[32];
-    snprintf(sum, sizeof sum, "xxh3:%016llx", (unsigned long long)XXH3_64bits(t->data, t->nbytes));
-    if (strcmp(sum, c->valuestring) != 0)
+    if (!r->trusted)
+        snprintf(sum, sizeof sum, "xxh3:%016llx", (unsigned long long)XXH3_64bits(t->data, t->nbytes));
+    if (!r->trusted && strcmp(sum, c->valuestring) != 0)
         return sl_fail(SL_ERR_FORMAT, "%s/%s: checksum mismatch for '%s' (%s, manifest %s)", r->dir,
                        f->valuestring, k->valuestring, sum, c->valuestring);
     *off = (int64_t)o->valuedouble;
@@ -831,6 +912,7 @@ static sl_status load_flat(reader *r, const sl_model *m, const char *kind, int64
 sl_status sl_ckpt_load(const char *dir, sl_ckpt_state *st) {
     reader r;
     sl_status s = reader_open(&r, dir);
+    r.trusted = st->verified;
     if (s == SL_OK) {
         /* shape check first: a checkpoint of another model gives a clear error */
         for (int i = 0; i < st->m->n_params && s == SL_OK; i++) {
@@ -936,6 +1018,15 @@ int sl_ckpt_is_checkpoint(const char *dir) {
     for (int i = 0; i < n; i++) free(v[i]);
     free(v);
     return n > 0;
+}
+
+int64_t sl_ckpt_newest_step(const char *root) {
+    char **v;
+    int n = sl_ckpt_list_steps(root, &v);
+    int64_t step = n > 0 ? (int64_t)strtoll(v[0] + 5, NULL, 10) : -1;
+    for (int i = 0; i < n; i++) free(v[i]);
+    free(v);
+    return step;
 }
 
 sl_status sl_ckpt_find_latest(const char *root, char *out, size_t cap) {

@@ -3,21 +3,22 @@
  *
  * Note [Pooled checkpoint store]
  * Layout: ROOT/host-<h>/step-NNNNNNN/ is host h's node-local directory for one step. Rank r (host
- * h = rank*hosts/world) writes shard-rR.safetensors into its own host dir (the writer thread, off the
- * training thread) and then, still in that thread:
- *  - replicas k: copies the file into the step dirs of hosts h+1 .. h+k-1 (mod hosts);
- *  - erasure code k+m: cuts the file into k data blocks (zero-padded to a common 64-byte multiple), computes
- *    m parity blocks (ec.c), writes block j as shard-rR.safetensors.ec<j> on host h+j, and removes the full
- *    file. Each block starts with a 128-byte header naming its stripe (step and shard file), k, m and its
- *    index, so a block of another stripe is recognised as such, not just as a checksum mismatch.
+ * h = rank*hosts/world) has the shard file's bytes in memory (header + snapshot, Note [Shard write path])
+ * and, on its writer thread, off the training thread:
+ *  - replicas k: writes shard-rR.safetensors into its own host dir and the step dirs of hosts
+ *    h+1 .. h+k-1 (mod hosts), each from memory (O_DIRECT, nothing read back);
+ *  - erasure code k+m: cuts the bytes into k data blocks (zero-padded to a common 64-byte multiple), computes
+ *    m parity blocks (ec.c) and writes block j as shard-rR.safetensors.ec<j> on host h+j; the full file is
+ *    never written. Each block starts with a 128-byte header naming its stripe (step and shard file),
+ *    k, m and its index, so a block of another stripe is recognised as such, not as a checksum mismatch.
  * The placement (hosts, sizes, XXH3 of every copy and block) goes into the rank's sidecar; rank 0's commit
  * puts it under the manifest's "pool" and writes the same manifest and config.json into every host's
- * step-N.tmp dir before renaming it to step-N (per host: manifest, fsync, rename, `latest`, prune).
- * A restore takes the manifest from any host that has one, then for each shard file the first intact copy
- * (size and checksum match) or any k intact blocks, and writes a plain step dir that sl_ckpt_load reads.
- * Transfers are file writes into the peer host's directory by the owning rank: on one machine the hosts
- * are directories; on a real cluster that directory would be a peer's export (or the bytes would travel
- * over sl_comm) — the placement logic and the manifest do not change. */
+ * step-N.tmp dir before renaming it to step-N (per host: manifest, fsync, rename, `latest`, prune). A restore
+ * takes the manifest from any host that has one, then for each shard file the first intact copy (size and
+ * checksum match) or any k intact blocks, and writes a plain step dir that sl_ckpt_load reads. Transfers are
+ * file writes into the peer host's directory by the owning rank: on one machine the hosts are directories; on
+ * a real cluster that directory would be a peer's export (or the bytes would travel over sl_comm) — the
+ * placement logic and the manifest do not change. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -119,7 +120,8 @@ static void peer_dir(char *out, size_t cap, const sl_ckpt_pool *p, int host, con
 }
 
 static sl_status spread_ec(const sl_ckpt_pool *p, const char *stepbase, int64_t step, const char *file,
-                           const char *buf, size_t n, cJSON *o) {
+                           const void *hdr, size_t hlen, const void *data, size_t dlen, cJSON *o) {
+    size_t n = hlen + dlen;
     int k = p->ec_k, m = p->ec_m;
     size_t bs = ((n + (size_t)k - 1) / (size_t)k + 63) / 64 * 64;
     if (bs == 0) bs = 64;
@@ -128,8 +130,9 @@ static sl_status spread_ec(const sl_ckpt_pool *p, const char *stepbase, int64_t 
         return sl_fail(SL_ERR_NOMEM, "checkpoint: erasure coding: cannot allocate %zu bytes", bs * (k + m));
     uint8_t *ptr[SL_EC_MAX_K + SL_EC_MAX_M];
     for (int i = 0; i < k + m; i++) ptr[i] = blk + bs * (size_t)i;
-    memset(blk, 0, bs * (size_t)k);
-    memcpy(blk, buf, n);
+    memset(blk + n, 0, bs * (size_t)k - n);
+    memcpy(blk, hdr, hlen);
+    memcpy(blk + hlen, data, dlen);
     sl_status st = sl_ckpt_ec_encode(k, m, bs, ptr, ptr + k);
     cJSON_AddNumberToObject(o, "ec_k", k);
     cJSON_AddNumberToObject(o, "ec_m", m);
@@ -166,23 +169,22 @@ static sl_status spread_ec(const sl_ckpt_pool *p, const char *stepbase, int64_t 
 }
 
 sl_status sl_ckpt_pool_spread(const sl_ckpt_pool *p, const char *stepbase, int64_t step, const char *file,
+                              const void *hdr, size_t hlen, const void *data, size_t dlen,
                               cJSON **placement) {
     char dir[4300], path[4500], sum[32];
     *placement = NULL;
-    peer_dir(dir, sizeof dir, p, p->host, stepbase);
-    snprintf(path, sizeof path, "%s/%s", dir, file);
-    char *buf;
-    size_t n;
-    SL_TRY(sl_file_read_all(path, &buf, &n));
+    size_t n = hlen + dlen;
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "size", (double)n);
-    sum_str(sum, sizeof sum, buf, n);
+    XXH3_state_t hs; /* the whole file's checksum, over its two parts */
+    XXH3_64bits_reset(&hs);
+    XXH3_64bits_update(&hs, hdr, hlen);
+    XXH3_64bits_update(&hs, data, dlen);
+    snprintf(sum, sizeof sum, "xxh3:%016llx", (unsigned long long)XXH3_64bits_digest(&hs));
     cJSON_AddStringToObject(o, "checksum", sum);
     sl_status st = SL_OK;
     if (p->ec_k > 0) {
-        st = spread_ec(p, stepbase, step, file, buf, n, o);
-        if (st == SL_OK && unlink(path) != 0)
-            st = sl_fail(SL_ERR_IO, "%s: cannot remove after erasure coding: %s", path, strerror(errno));
+        st = spread_ec(p, stepbase, step, file, hdr, hlen, data, dlen, o);
     } else {
         cJSON *copies = cJSON_AddArrayToObject(o, "copies");
         for (int i = 0; i < p->replicas && st == SL_OK; i++) {
@@ -192,10 +194,11 @@ sl_status sl_ckpt_pool_spread(const sl_ckpt_pool *p, const char *stepbase, int64
             peer_dir(dir, sizeof dir, p, h, stepbase);
             snprintf(path, sizeof path, "%s/%s", dir, file);
             st = sl_mkdirs(dir);
-            if (st == SL_OK) st = write_parts(path, NULL, 0, buf, n, 1);
+            if (st == SL_OK)
+                st = sl_ckpt_write_file(path, hdr, hlen, data, dlen, SL_CKPT_IO_DIRECT | SL_CKPT_IO_SYNC,
+                                        NULL);
         }
     }
-    free(buf);
     if (st != SL_OK) {
         cJSON_Delete(o);
         return st;

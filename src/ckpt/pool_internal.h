@@ -26,10 +26,27 @@ void sl_ckpt_prune(const char *root, int keep);
 sl_status sl_ckpt_manifest_build(int64_t step, int world, const char *model_json, const char *layout_json,
                                  char *const *side, int require_all, cJSON **out);
 
+/* ---- shard_io.c (Note [Shard write path]) ---- */
+enum { SL_CKPT_IO_DIRECT = 1, SL_CKPT_IO_SYNC = 2 };
+typedef struct {
+    int direct;     /* the data went out with O_DIRECT (0: buffered, asked so or refused by the FS) */
+    double seconds; /* open to the directory fsync */
+    size_t bytes;
+} sl_ckpt_io;
+/* SUANLI_CKPT_DIRECT=0 turns O_DIRECT off (docs/ENV.md) */
+int sl_ckpt_direct_enabled(void);
+/* hdr[0, hlen) then data[0, dlen) to path atomically (path.tmp.PID, [fsync], rename, [fsync dir]);
+ * SL_CKPT_IO_DIRECT tries O_DIRECT when hdr is 4096-aligned and hlen a multiple of 4096 (data should be
+ * 4096-aligned too; where the kernel refuses anything, the write continues buffered). On failure neither
+ * path nor the temp file exists and the message names path and the failed call. io may be NULL. */
+sl_status sl_ckpt_write_file(const char *path, const void *hdr, size_t hlen, const void *data, size_t dlen,
+                             int flags, sl_ckpt_io *io);
+
 /* ---- pool.c ---- */
-/* Writer thread, after ROOT/host-<p->host>/stepbase/file was written: copy it to the replica hosts, or cut
- * it into erasure-coded blocks on k+m hosts (the full file is then removed). *placement (owned) describes
- * where everything went, with sizes and checksums, for the manifest's pool.files. */
+/* Writer thread: the shard file's bytes are hdr[0, hlen) + data[0, dlen) (the snapshot, nothing read
+ * back). With replicas, ROOT/host-<p->host>/stepbase/file was written already and the other replica
+ * hosts get copies; with erasure coding the file was not written, and its k+m blocks go to k+m hosts.
+ * *placement (owned) describes where everything went, with sizes and checksums, for pool.files. */
 sl_status sl_ckpt_pool_spread(const sl_ckpt_pool *p, const char *stepbase, int64_t step, const char *file,
-                              cJSON **placement);
+                              const void *hdr, size_t hlen, const void *data, size_t dlen, cJSON **placement);
 #endif

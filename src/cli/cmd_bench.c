@@ -1,4 +1,4 @@
-/* suanli bench ops|kernels|comm|train|moe|ec — dispatch to the benchmark suites in bench/. */
+/* suanli bench ops|kernels|comm|train|moe|ec|ckpt-io — dispatch to the benchmark suites in bench/. */
 #include <stdio.h>
 #include <string.h>
 
@@ -8,13 +8,14 @@
 int sl_bench_train(int argc, char **argv); /* bench/bench_train.c */
 int sl_bench_moe(int argc, char **argv);   /* bench/bench_moe.c */
 #include "bench_comm.h"
+#include "bench_ckpt_io.h"
 #include "bench_ec.h"
 #include "bench_kernels.h"
 
 int sl_cmd_bench(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         fprintf(argc < 2 ? stderr : stdout,
-                "usage: suanli bench ops|kernels|comm|train|moe|ec [--json] [flags]\n");
+                "usage: suanli bench ops|kernels|comm|train|moe|ec|ckpt-io [--json] [flags]\n");
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "ops")) return sl_bench_ops(argc - 1, argv + 1);
@@ -23,6 +24,7 @@ int sl_cmd_bench(int argc, char **argv) {
     if (!strcmp(argv[1], "comm")) return sl_bench_comm(argc - 1, argv + 1);
     if (!strcmp(argv[1], "kernels")) return sl_bench_kernels(argc - 1, argv + 1);
     if (!strcmp(argv[1], "ec")) return sl_bench_ec(argc - 1, argv + 1);
-    fprintf(stderr, "suanli bench: unknown suite '%s' (ops, kernels, comm, train, moe, ec)\n", argv[1]);
+    if (!strcmp(argv[1], "ckpt-io")) return sl_bench_ckpt_io(argc - 1, argv + 1);
+    fprintf(stderr, "suanli bench: unknown suite '%s' (ops, kernels, comm, train, moe, ec, ckpt-io)\n", argv[1]);
     return 2;
 }

@@ -73,15 +73,16 @@ static int cmp_str(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-sl_status sl_safetensors_write(const char *path, const sl_st_tensor *ts, int n, const char *const *meta_kv) {
-    if (!path || n < 0 || (n > 0 && !ts)) return sl_fail(SL_ERR_INVALID, "safetensors: bad arguments");
+sl_status sl_safetensors_header(const char *path, const sl_st_tensor *ts, int n, const char *const *meta_kv,
+                                size_t align, char **out, size_t *out_len) {
+    *out = NULL;
+    *out_len = 0;
+    if (!path || n < 0 || (n > 0 && !ts) || align < 8 || (align & (align - 1)))
+        return sl_fail(SL_ERR_INVALID, "safetensors: bad arguments");
     sl_status st = SL_OK;
     cJSON *root = NULL;
     char *hdr = NULL;
     const char **names = NULL;
-    int fd = -1;
-    char tmp[4200];
-    tmp[0] = 0;
     names = malloc(((size_t)n + 1) * sizeof *names);
     root = cJSON_CreateObject();
     if (!names || !root) {
@@ -168,8 +169,8 @@ sl_status sl_safetensors_write(const char *path, const sl_st_tensor *ts, int n, 
         st = sl_fail(SL_ERR_NOMEM, "%s: out of memory", path);
         goto done;
     }
-    size_t jl = strlen(js), hl = (jl + 7) & ~(size_t)7; /* data starts 8-byte aligned */
-    hdr = malloc(8 + hl);
+    size_t jl = strlen(js), hl = ((8 + jl + align - 1) & ~(align - 1)) - 8; /* data starts aligned */
+    hdr = align > 64 ? sl_malloc_aligned_to(8 + hl, align) : sl_malloc_aligned(8 + hl);
     if (!hdr) {
         free(js);
         st = sl_fail(SL_ERR_NOMEM, "%s: out of memory", path);
@@ -179,6 +180,23 @@ sl_status sl_safetensors_write(const char *path, const sl_st_tensor *ts, int n, 
     memcpy(hdr + 8, js, jl);
     memset(hdr + 8 + jl, ' ', hl - jl);
     free(js);
+    *out = hdr;
+    *out_len = 8 + hl;
+    hdr = NULL;
+done:
+    sl_free_aligned(hdr);
+    free(names);
+    cJSON_Delete(root);
+    return st;
+}
+
+sl_status sl_safetensors_write(const char *path, const sl_st_tensor *ts, int n, const char *const *meta_kv) {
+    char *hdr = NULL, tmp[4200];
+    size_t hlen = 0;
+    int fd = -1;
+    tmp[0] = 0;
+    sl_status st = sl_safetensors_header(path, ts, n, meta_kv, 8, &hdr, &hlen);
+    if (st != SL_OK) return st;
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) {
@@ -188,7 +206,7 @@ sl_status sl_safetensors_write(const char *path, const sl_st_tensor *ts, int n, 
     }
     for (int i = -1; i < n; i++) {
         const char *p = i < 0 ? hdr : ts[i].data;
-        size_t left = i < 0 ? 8 + hl : ts[i].nbytes;
+        size_t left = i < 0 ? hlen : ts[i].nbytes;
         while (left > 0) {
             ssize_t w = write(fd, p, left > ((size_t)1 << 30) ? (size_t)1 << 30 : left);
             if (w < 0 && errno == EINTR) continue;
@@ -229,9 +247,7 @@ sl_status sl_safetensors_write(const char *path, const sl_st_tensor *ts, int n, 
 done:
     if (fd >= 0) close(fd);
     if (tmp[0]) unlink(tmp);
-    free(hdr);
-    free(names);
-    cJSON_Delete(root);
+    sl_free_aligned(hdr);
     return st;
 }
 

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "suanli/model_io.h"
@@ -378,25 +379,50 @@ static sl_status find_start(sl_train_job *j) {
     char pooldir[4000];
     int have_pool = 0;
     if (j->pooled) SL_TRY(pool_restore(j, pooldir, sizeof pooldir, &have_pool));
+    /* Note [One verification per restart]
+     * The in-memory copy is tried first when it is at least as new as every other candidate (step dirs
+     * compared by name, without reading them): then neither the disk copy nor the pool is read, and the
+     * one verification of its checksums here is the only one (the load trusts it, ckpt_verified). */
+    char lm[4200];
+    snprintf(lm, sizeof lm, "%s/manifest.json", load);
+    int64_t disk_newest = access(lm, F_OK) == 0 ? INT64_MAX /* --load names a step dir: not this path */
+                          : sl_ckpt_is_checkpoint(load) ? sl_ckpt_newest_step(load)
+                                                        : -1;
+    int64_t pool_step = have_pool ? (int64_t)strtoll(strrchr(pooldir, '/') + 6, NULL, 10) : -1;
+    int mem_state = 0; /* the in-memory copy: 0 not looked at yet, 1 memdir verified, -1 none usable */
+    if (mem && same && sl_ckpt_is_checkpoint(mem) && sl_ckpt_newest_step(mem) >= disk_newest &&
+        sl_ckpt_newest_step(mem) >= pool_step) {
+        mem_state = sl_ckpt_find_latest(mem, memdir, sizeof memdir) == SL_OK ? 1 : -1;
+        if (mem_state == 1 && (int64_t)strtoll(strrchr(memdir, '/') + 6, NULL, 10) >=
+                                  (disk_newest > pool_step ? disk_newest : pool_step)) {
+            snprintf(j->ckdir, sizeof j->ckdir, "%s", memdir);
+            j->resume = 1;
+            j->ckpt_verified = 1;
+            return SL_OK;
+        }
+    }
     if (sl_ckpt_is_checkpoint(load)) {
         if (sl_ckpt_find_latest(load, j->ckdir, sizeof j->ckdir) != SL_OK)
             return sl_train_bad("--load: %s", sl_errmsg());
         j->resume = 1;
+        j->ckpt_verified = 1;
     }
     if (have_pool) {
         const char *ps = strrchr(pooldir, '/'), *ds = j->resume ? strrchr(j->ckdir, '/') : NULL;
         if (!ds || strcmp(ps, ds) >= 0) {
             snprintf(j->ckdir, sizeof j->ckdir, "%s", pooldir);
             j->resume = 1;
+            j->ckpt_verified = 0;
         }
     }
-    if (mem && same && sl_ckpt_is_checkpoint(mem) &&
-        sl_ckpt_find_latest(mem, memdir, sizeof memdir) == SL_OK) {
+    if (mem && same && mem_state >= 0 && sl_ckpt_is_checkpoint(mem) &&
+        (mem_state == 1 || sl_ckpt_find_latest(mem, memdir, sizeof memdir) == SL_OK)) {
         /* step dirs are named step-NNNNNNN: compare their steps */
         const char *ms = strrchr(memdir, '/'), *ds = j->resume ? strrchr(j->ckdir, '/') : NULL;
         if (ms && (!ds || strcmp(ms, ds) >= 0)) {
             snprintf(j->ckdir, sizeof j->ckdir, "%s", memdir);
             j->resume = 1;
+            j->ckpt_verified = 1;
         }
     }
     if (j->resume) {
@@ -560,6 +586,7 @@ static sl_status make_trainer(sl_train_job *j) {
         sl_ckpt_seg *segs = NULL;
         double t0 = sl_time_sec();
         sl_status ls = sl_trainer_ckpt_state(&j->tr, j->mesh.rank, j->mesh.world, &cst, &segs);
+        cst.verified = j->ckpt_verified; /* Note [One verification per restart] */
         if (ls == SL_OK) ls = sl_ckpt_load(j->ckdir, &cst);
         free(segs);
         if (ls != SL_OK) return sl_train_bad("--load: %s", sl_errmsg());
@@ -573,6 +600,13 @@ static sl_status make_trainer(sl_train_job *j) {
         j->tr.pre_update_user = j->ckw;
     }
     return SL_OK;
+}
+
+double sl_train_cpu_seconds(void) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+           (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
 }
 
 /* The only writes of setup, after every check (Note [Bad input before any write]). */
@@ -594,6 +628,8 @@ sl_status sl_train_job_setup(sl_train_job *j, const sl_train_opts *opts) {
     j->err = opts->log.err;
     j->pending_step = -1;
     j->committing_step = -1;
+    j->setup_t0 = sl_time_sec();
+    j->setup_cpu0 = sl_train_cpu_seconds();
     SL_TRY(setup_comm(j));
     SL_TRY(check_opts(j));
     SL_TRY(open_data(j));

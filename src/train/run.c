@@ -112,20 +112,26 @@ static void print_banner(const sl_train_job *j) {
             j->tr.plan.planned_bytes / 1048576.0, j->tr.plan.naive_bytes / 1048576.0,
             (long long)sl_dataset_num_tokens(j->train), (long long)sl_dataset_num_tokens(j->val));
     fflush(f);
-    if (j->resume)
-        fprintf(f, "resumed from %s at step %lld (%.2f s)\n", j->ckdir, (long long)j->start_step,
-                j->resume_seconds);
+    if (j->resume) {
+        /* setup: comm, data, model build, the checkpoint's choice, verification and load (bench/ckpt.sh) */
+        fprintf(f, "resumed from %s at step %lld (%.2f s; setup %.2f s, %.2f CPU s)\n", j->ckdir,
+                (long long)j->start_step, j->resume_seconds, sl_time_sec() - j->setup_t0,
+                sl_train_cpu_seconds() - j->setup_cpu0);
+        fflush(f); /* bench/ckpt.sh times the restart by this line */
+    }
 }
 
 static void report_commit(sl_train_job *j, int64_t step, double commit_ms, const char *how) {
     sl_ckpt_writer *w = j->ckw;
-    double wsec = sl_ckpt_writer_write_seconds(w);
+    double wsec = sl_ckpt_writer_write_seconds(w), snap, disk, mb = sl_ckpt_writer_bytes(w) / 1e6;
+    int direct;
+    sl_ckpt_writer_times(w, &snap, &disk, &direct);
     if (!j->out) return;
     fprintf(j->out,
-            "checkpoint step %lld committed: stall %.1f ms, background write %.2f s (%.0f MB/s from rank 0), "
-            "commit %.1f ms%s\n",
-            (long long)step, sl_ckpt_writer_stall(w) * 1e3, wsec,
-            sl_ckpt_writer_bytes(w) / 1e6 / (wsec > 0 ? wsec : 1), commit_ms, how);
+            "checkpoint step %lld committed: stall %.1f ms, background write %.2f s (%.0f MB/s from rank 0; "
+            "snapshot %.2f s, local file %.2f s = %.0f MB/s%s), commit %.1f ms%s\n",
+            (long long)step, sl_ckpt_writer_stall(w) * 1e3, wsec, mb / (wsec > 0 ? wsec : 1), snap, disk,
+            disk > 0 ? mb / disk : 0, direct ? " O_DIRECT" : "", commit_ms, how);
     fflush(j->out);
 }
 

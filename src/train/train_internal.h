@@ -40,9 +40,11 @@ typedef struct sl_train_job {
 
     /* where the run starts: a checkpoint (resume) or the weights in load_dir/model.safetensors */
     int resume, init_from_weights;
+    int ckpt_verified; /* find_start verified ckdir's checksums (the load skips them) */
     char ckdir[4096], wpath[4200];
     int64_t start_step;
     double resume_seconds;
+    double setup_t0, setup_cpu0; /* sl_time_sec() and process CPU seconds when setup began */
 
     /* outputs and checkpoint orchestration */
     FILE *metrics;
@@ -78,4 +80,6 @@ sl_status sl_train_moe_after_step(sl_train_job *j);
 sl_status sl_train_moe_bias_setup(sl_train_job *j);
 void sl_train_moe_metrics(const sl_train_job *j, FILE *f);
 
+/* user + system CPU seconds of this process (getrusage) */
+double sl_train_cpu_seconds(void);
 #endif

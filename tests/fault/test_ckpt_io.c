@@ -1,0 +1,263 @@
+/* The checkpoint shard write path (Note [Shard write path], src/ckpt/shard_io.c):
+ * - O_DIRECT from aligned buffers: the file holds exactly header + data (a length that is not a multiple of
+ *   the 4096-byte block, so the zero-padded tail block and the truncate are exercised) and reports direct;
+ * - the kernel refusing O_DIRECT mid-file (a data pointer 4 bytes off alignment: EINVAL on the first data
+ *   write) and SUANLI_CKPT_DIRECT=0: the same bytes through the page cache, reported as buffered;
+ * - a write that fails part-way (RLIMIT_FSIZE below the file size: EFBIG after some bytes went out), with
+ *   and without O_DIRECT: an error naming the file and the call, the previous file at that path untouched,
+ *   no temp file left;
+ * - end to end through the writer (sl_ckpt_save_begin + commit) for a 1-layer GPT-2: the shard's data
+ *   starts 4096-aligned, the disk and in-memory copies verify and load back bitwise (params and both
+ *   moments, the oracle being the state that was saved), and one flipped data byte is a checksum mismatch
+ *   naming the tensor, in either copy;
+ * - the restart's choice (Note [One verification per restart]) through the CLI: with the in-memory copy as
+ *   new as the disk's, a corrupt disk copy is never read (no warning) and the run resumes from memory; a
+ *   corrupt in-memory copy is detected and the disk copy used; both resumes reproduce the uninterrupted
+ *   run's final weights bitwise. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt/pool_internal.h"
+#include "suanli/ckpt.h"
+#include "suanli/safetensors.h"
+#include "testutil.h"
+
+static const char *dir;
+
+/* 1 when path holds exactly a[0,an) + b[0,bn) */
+static int file_is(const char *path, const void *a, size_t an, const void *b, size_t bn) {
+    char *text;
+    size_t len;
+    if (sl_file_read_all(path, &text, &len) != SL_OK) return 0;
+    int ok = len == an + bn && !memcmp(text, a, an) && !memcmp(text + an, b, bn);
+    free(text);
+    return ok;
+}
+
+static int count_tmp(void) {
+    DIR *d = opendir(dir);
+    int n = 0;
+    struct dirent *de;
+    while (d && (de = readdir(d)))
+        if (strstr(de->d_name, ".tmp.")) n++;
+    if (d) closedir(d);
+    return n;
+}
+
+static void test_direct_and_fallback(void) {
+    const size_t hlen = 4096, dlen = ((size_t)3 << 20) + 1000; /* 3 MiB + a partial block */
+    char *hdr = sl_malloc_aligned_to(hlen, 4096), *data = sl_malloc_aligned_to(dlen + 4096, 4096), path[600];
+    for (size_t i = 0; i < hlen; i++) hdr[i] = (char)(i * 7 + 1);
+    for (size_t i = 0; i < dlen + 4096; i++) data[i] = (char)(i * 131 + (i >> 12));
+    snprintf(path, sizeof path, "%s/direct.bin", dir);
+    char pp[600];
+    snprintf(pp, sizeof pp, "%s/probe", dir);
+    int pfd = open(pp, O_WRONLY | O_CREAT | O_DIRECT, 0644); /* does this file system take O_DIRECT? */
+    int fs_direct = pfd >= 0;
+    if (pfd >= 0) close(pfd);
+    unlink(pp);
+
+    sl_ckpt_io io = {0};
+    sl_status st = sl_ckpt_write_file(path, hdr, hlen, data, dlen, SL_CKPT_IO_DIRECT | SL_CKPT_IO_SYNC, &io);
+    TU_CHECK(st == SL_OK && file_is(path, hdr, hlen, data, dlen), "O_DIRECT write: exact bytes (%s)",
+             sl_errmsg());
+    TU_CHECK(io.direct == fs_direct && io.bytes == hlen + dlen, "O_DIRECT used where the FS takes it: %d %d",
+             io.direct, fs_direct);
+
+    /* data 4 bytes off alignment: the kernel refuses the O_DIRECT write, the rest goes buffered */
+    st = sl_ckpt_write_file(path, hdr, hlen, data + 4, dlen, SL_CKPT_IO_DIRECT | SL_CKPT_IO_SYNC, &io);
+    TU_CHECK(st == SL_OK && file_is(path, hdr, hlen, data + 4, dlen) && io.direct == 0,
+             "O_DIRECT refused mid-file: buffered fallback, exact bytes (direct %d, %s)", io.direct,
+             sl_errmsg());
+
+    setenv("SUANLI_CKPT_DIRECT", "0", 1);
+    st = sl_ckpt_write_file(path, hdr, hlen, data, dlen, SL_CKPT_IO_DIRECT | SL_CKPT_IO_SYNC, &io);
+    TU_CHECK(st == SL_OK && file_is(path, hdr, hlen, data, dlen) && io.direct == 0,
+             "SUANLI_CKPT_DIRECT=0: buffered, exact bytes");
+    unsetenv("SUANLI_CKPT_DIRECT");
+
+    /* a partial write failure: the file size limit stops the write after 1 MiB */
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit old, lim;
+    getrlimit(RLIMIT_FSIZE, &old);
+    for (int d = 0; d < 2; d++) {
+        TU_CHECK(sl_ckpt_write_file(path, hdr, hlen, data, dlen, SL_CKPT_IO_SYNC, NULL) == SL_OK,
+                 "previous file");
+        lim = old;
+        lim.rlim_cur = (rlim_t)1 << 20;
+        setrlimit(RLIMIT_FSIZE, &lim);
+        st = sl_ckpt_write_file(path, hdr, hlen, data + 4096, dlen,
+                                (d ? SL_CKPT_IO_DIRECT : 0) | SL_CKPT_IO_SYNC, &io);
+        setrlimit(RLIMIT_FSIZE, &old);
+        TU_CHECK(st == SL_ERR_IO && strstr(sl_errmsg(), "direct.bin: write failed"),
+                 "partial write fails with a message naming the file (%s): %s", d ? "O_DIRECT" : "buffered",
+                 sl_errmsg());
+        TU_CHECK(file_is(path, hdr, hlen, data, dlen), "partial write (%s): the previous file is untouched",
+                 d ? "O_DIRECT" : "buffered");
+        TU_CHECK(count_tmp() == 0, "partial write (%s): no temp file left", d ? "O_DIRECT" : "buffered");
+    }
+    unlink(path);
+    sl_free_aligned(hdr);
+    sl_free_aligned(data);
+}
+
+static sl_model *tiny_model(uint64_t seed) {
+    sl_gpt2_config cfg = {1, 2, 32, 64, 16};
+    sl_model *m = NULL;
+    if (sl_gpt2_new(&cfg, &m) != SL_OK) return NULL;
+    sl_model_init_weights_ex(m, seed);
+    return m;
+}
+
+/* flip one byte 64 bytes before the end of path (inside the data) */
+static void flip(const char *path) {
+    int fd = open(path, O_RDWR);
+    struct stat sb;
+    fstat(fd, &sb);
+    unsigned char c;
+    pread(fd, &c, 1, sb.st_size - 64);
+    c ^= 0xff;
+    pwrite(fd, &c, 1, sb.st_size - 64);
+    close(fd);
+}
+
+static void flip_in(const char *d, const char *rel) {
+    char p[900];
+    snprintf(p, sizeof p, "%s/%s", d, rel);
+    flip(p);
+}
+
+static void test_writer(void) {
+    char root[600], mem[600], p[800];
+    snprintf(root, sizeof root, "%s/ck", dir);
+    snprintf(mem, sizeof mem, "%s/mem", dir);
+    setenv("SUANLI_MEM_CKPT_DIR", mem, 1);
+    sl_model *m = tiny_model(7), *m2 = tiny_model(8);
+    TU_CHECK(m && m2, "models");
+    if (!m || !m2) return;
+    int64_t n = m->numel;
+    float *a1 = malloc(sizeof(float) * (size_t)n), *a2 = malloc(sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) {
+        a1[i] = (float)i * 1e-3f;
+        a2[i] = 1.0f / (float)(i + 1);
+    }
+    sl_ckpt_seg seg = {0, n, 0};
+    sl_ckpt_state s = {.m = m,
+                       .seg = &seg,
+                       .nseg = 1,
+                       .exp_avg = a1,
+                       .exp_avg_sq = a2,
+                       .write_params = 1,
+                       .write_optim = 1,
+                       .step = 3,
+                       .adam_t = 3,
+                       .rank = 0,
+                       .world = 1};
+    sl_ckpt_writer *w = sl_ckpt_writer_new();
+    TU_CHECK(sl_ckpt_save_begin(w, root, &s) == SL_OK, "save_begin: %s", sl_errmsg());
+    sl_ckpt_writer_wait_snapshot(w);
+    TU_CHECK(sl_ckpt_writer_wait(w) == SL_OK, "write: %s", sl_errmsg());
+    TU_CHECK(sl_ckpt_commit(root, 3, 1, 0, "{}", "{}") == SL_OK, "commit disk: %s", sl_errmsg());
+    TU_CHECK(sl_ckpt_commit(mem, 3, 1, 1, "{}", "{}") == SL_OK, "commit mem: %s", sl_errmsg());
+    double snap, disk;
+    int direct;
+    sl_ckpt_writer_times(w, &snap, &disk, &direct);
+    TU_CHECK(disk > 0 && sl_ckpt_writer_bytes(w) == sizeof(float) * 3 * (size_t)n, "writer times, bytes");
+    sl_ckpt_writer_free(w);
+
+    const char *copies[2] = {root, mem};
+    for (int c = 0; c < 2; c++) {
+        char step[700];
+        snprintf(step, sizeof step, "%s/step-0000003", copies[c]);
+        snprintf(p, sizeof p, "%s/shard-r00000.safetensors", step);
+        sl_safetensors *f = NULL;
+        TU_CHECK(sl_safetensors_open(p, &f) == SL_OK, "%s opens: %s", p, sl_errmsg());
+        if (f) {
+            char *text;
+            size_t len;
+            sl_file_read_all(p, &text, &len);
+            uint64_t hl = 0;
+            for (int i = 0; i < 8; i++) hl |= (uint64_t)(unsigned char)text[i] << (8 * i);
+            TU_CHECK((8 + hl) % 4096 == 0, "%s: data starts at %llu, a multiple of 4096", p,
+                     (unsigned long long)(8 + hl));
+            free(text);
+            sl_safetensors_close(f);
+        }
+        TU_CHECK(sl_ckpt_verify(step) == SL_OK, "%s verifies: %s", step, sl_errmsg());
+        float *c1 = calloc((size_t)n, sizeof(float)), *c2 = calloc((size_t)n, sizeof(float));
+        sl_ckpt_state l = {.m = m2, .seg = &seg, .nseg = 1, .exp_avg = c1, .exp_avg_sq = c2};
+        TU_CHECK(sl_ckpt_load(step, &l) == SL_OK && l.step == 3, "%s loads: %s", step, sl_errmsg());
+        TU_CHECK(!memcmp(m2->params_mem, m->params_mem, sizeof(float) * (size_t)n) &&
+                     !memcmp(c1, a1, sizeof(float) * (size_t)n) && !memcmp(c2, a2, sizeof(float) * (size_t)n),
+                 "%s: params and moments bitwise equal to the saved state", step);
+        flip(p);
+        sl_status vs = sl_ckpt_verify(step);
+        TU_CHECK(vs == SL_ERR_FORMAT && strstr(sl_errmsg(), "checksum mismatch for 'exp_avg_sq/"),
+                 "%s: a flipped data byte is a checksum mismatch of the last tensor: %s", step, sl_errmsg());
+        l.verified = 0;
+        TU_CHECK(sl_ckpt_load(step, &l) == SL_ERR_FORMAT && strstr(sl_errmsg(), "checksum mismatch"),
+                 "%s: the load verifies too", step);
+        free(c1);
+        free(c2);
+    }
+    unsetenv("SUANLI_MEM_CKPT_DIR");
+    free(a1);
+    free(a2);
+    sl_model_free(m);
+    sl_model_free(m2);
+}
+
+#define TINY                                                                                                 \
+    "--data-path data --num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 "              \
+    "--micro-batch-size 2 --train-iters 8 --lr-decay-iters 8 --eval-interval 0 --eval-iters 1 --threads 1"
+
+static char out[1 << 16];
+static int cli_run(const char *mem, const char *args) {
+    char pre[1400];
+    snprintf(pre, sizeof pre, "cd %s && SUANLI_MEM_CKPT_DIR=%s timeout 300", dir, mem);
+    return tu_runf(out, sizeof out, pre, "%s %s", tu_cli(), args);
+}
+
+static void test_restart_choice(void) {
+    char cmd[2000], a[700], b[700];
+    snprintf(cmd, sizeof cmd,
+             "sh -c 'head -c 20000 %s/data/tinyshakespeare.txt > s.txt && %s data prepare --input s.txt "
+             "--output-prefix data'",
+             SL_SOURCE_DIR, tu_cli());
+    int rc = tu_runf(out, sizeof out, "cd", "%s && %s", dir, cmd);
+    TU_CHECK(rc == 0, "prepare: %s", out);
+    /* the uninterrupted run: disk copies of steps 4 and 8, the in-memory copy of step 8 */
+    rc = cli_run("mem1", "train " TINY " --save d1 --save-interval 4");
+    TU_CHECK(rc == 0, "base: %s", out);
+    flip_in(dir, "d1/step-0000008/shard-r00000.safetensors");
+    rc = cli_run("mem1", "train " TINY " --save d1 --load d1 --save-interval 4");
+    TU_CHECK(rc == 0 && strstr(out, "resumed from mem1/step-0000008") && !strstr(out, "not usable"),
+             "in-memory copy first, the corrupt disk copy not read: rc %d %s", rc, out);
+    snprintf(a, sizeof a, "%s/d1/model.safetensors", dir);
+    rc = cli_run("mem2", "train " TINY " --save d2 --save-interval 4");
+    TU_CHECK(rc == 0, "base 2: %s", out);
+    snprintf(b, sizeof b, "%s/d2/model.safetensors", dir);
+    TU_CHECK(tu_same_file(a, b), "resumed from memory: final weights bitwise equal to the uninterrupted run");
+    flip_in(dir, "mem2/step-0000008/shard-r00000.safetensors");
+    rc = cli_run("mem2", "train " TINY " --save d2 --load d2 --save-interval 4");
+    TU_CHECK(rc == 0 && strstr(out, "mem2/step-0000008 is not usable") && strstr(out, "checksum mismatch") &&
+                 strstr(out, "resumed from d2/step-0000008"),
+             "a corrupt in-memory copy is detected and the disk copy used: rc %d %s", rc, out);
+    TU_CHECK(tu_same_file(a, b), "resumed from disk: final weights bitwise equal to the uninterrupted run");
+}
+
+int main(void) {
+    dir = tu_tmpdir("ckpt_io");
+    test_direct_and_fallback();
+    test_writer();
+    test_restart_choice();
+    return tu_finish("test_ckpt_io");
+}
