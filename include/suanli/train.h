@@ -189,6 +189,9 @@ typedef struct sl_train_parallel_opts {
     int64_t sequence_parallel;        /* 1: sequence parallelism on top of tp > 1 */
     int64_t layers_per_virtual_stage; /* > 0: interleaved 1F1B with num-layers / (pp x this) model chunks
                                          per stage (--num-layers-per-virtual-pipeline-stage) */
+    int64_t first_stage_layers;       /* > 0: layers of the first pipeline stage, the others share the rest
+                                         (--decoder-first-pipeline-num-layers; Note [Uneven pipeline stages]) */
+    int64_t last_stage_layers;        /* > 0: layers of the last stage (--decoder-last-pipeline-num-layers) */
     int64_t zero_stage;               /* 0..3 */
     int64_t bucket_elems;             /* gradient bucket size in elements */
 } sl_train_parallel_opts;

@@ -98,6 +98,10 @@ static int train_flags(sl_train_opts *o, const char **config, sl_flag *flags, in
         {"pp", SL_FLAG_INT, &o->parallel.pp, 1, 4096, "short for --pipeline-model-parallel-size", 0},
         {"num-layers-per-virtual-pipeline-stage", SL_FLAG_INT, &o->parallel.layers_per_virtual_stage, 1, 4096,
          "interleaved 1F1B: layers per model chunk (num-layers / (pp x this) chunks per stage)", 0},
+        {"decoder-first-pipeline-num-layers", SL_FLAG_INT, &o->parallel.first_stage_layers, 1, 4096,
+         "layers on the first pipeline stage (uneven split; the stages between share the rest evenly)", 0},
+        {"decoder-last-pipeline-num-layers", SL_FLAG_INT, &o->parallel.last_stage_layers, 1, 4096,
+         "layers on the last pipeline stage, which also runs the LM head and the loss (uneven split)", 0},
         {"expert-model-parallel-size", SL_FLAG_INT, &o->parallel.ep, 1, 4096,
          "expert-parallel ranks: 1 only (expert parallelism is not implemented; MoE models replicate "
          "experts)",

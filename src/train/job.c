@@ -100,6 +100,8 @@ static uint64_t opts_hash(const sl_train_opts *o) {
                     o->parallel.ep,
                     o->parallel.sequence_parallel,
                     o->parallel.layers_per_virtual_stage,
+                    o->parallel.first_stage_layers,
+                    o->parallel.last_stage_layers,
                     o->parallel.zero_stage,
                     o->parallel.bucket_elems,
                     o->log.interval,
@@ -157,6 +159,11 @@ static sl_status setup_comm(sl_train_job *j) {
                                 "--tensor-model-parallel-size %d",
                                 (long long)o->data.seq_length, mesh->tp);
         int64_t lv = o->parallel.layers_per_virtual_stage;
+        if ((o->parallel.first_stage_layers || o->parallel.last_stage_layers) && lv > 0)
+            return sl_train_bad(
+                "--decoder-%s-pipeline-num-layers with --num-layers-per-virtual-pipeline-stage "
+                "is not supported (uneven stages without interleaving)",
+                o->parallel.first_stage_layers ? "first" : "last");
         if (lv > 0 && mesh->pp < 2)
             return sl_train_bad(
                 "--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1");
@@ -484,7 +491,13 @@ static sl_status make_model(sl_train_job *j) {
                 j->be->name);
         sl_model *whole = j->m, *shard = NULL;
         j->m = NULL;
-        sl_model_split split = {j->mesh.tp, j->mesh.tp_rank, j->mesh.pp, j->mesh.pp_rank, j->vpp};
+        sl_model_split split = {j->mesh.tp,
+                                j->mesh.tp_rank,
+                                j->mesh.pp,
+                                j->mesh.pp_rank,
+                                j->vpp,
+                                (int)o->parallel.first_stage_layers,
+                                (int)o->parallel.last_stage_layers};
         sl_status st = sl_gpt2_new_par(&j->cfg, j->be, &split, &shard);
         if (st == SL_OK) st = sl_tp_load_full(shard, whole);
         sl_model_free(whole);
