@@ -145,6 +145,9 @@ static sl_status setup_comm(sl_train_job *j) {
     const sl_mesh *mesh = &j->mesh;
     if (o->parallel.sequence_parallel && mesh->tp < 2)
         return sl_train_bad("--sequence-parallel needs --tensor-model-parallel-size > 1 (got %d)", mesh->tp);
+    if ((o->parallel.first_stage_layers || o->parallel.last_stage_layers) && mesh->pp < 2)
+        return sl_train_bad("--decoder-%s-pipeline-num-layers: needs --pipeline-model-parallel-size > 1",
+                            o->parallel.first_stage_layers ? "first" : "last");
     if (mesh->tp > 1 || mesh->pp > 1) {
         /* Tensor and pipeline parallelism (src/parallel/tp.c, src/train/pipeline.c): GPT-2 models built
          * here, host-visible memory */
