@@ -496,7 +496,12 @@ static sl_status finish(sl_train_job *j, const sl_train_callbacks *cb, const sl_
     if (j->tp || j->tr.pipe) {
         /* the TP shards and pipeline stages gathered into a whole model on the first stage, for saving and
          * sampling (collective: every rank, whatever it then does with it; only rank 0 saves and samples) */
-        st = j->mesh.pp_rank == 0 ? sl_gpt2_new_on(&j->cfg, j->be, &whole) : SL_OK;
+        if (j->mesh.pp_rank != 0)
+            st = SL_OK;
+        else if (j->m->arch == SL_ARCH_GPT2)
+            st = sl_gpt2_new_on(&j->cfg, j->be, &whole);
+        else /* an --init-from Llama-family model */
+            st = sl_llama_new_on(&j->m->lcfg, SL_F32, j->be, &whole);
         if (st == SL_OK) st = sl_par_gather_whole(j->tp, &j->mesh, j->m, whole);
         if (st != SL_OK) {
             sl_model_free(whole);
