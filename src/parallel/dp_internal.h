@@ -142,9 +142,17 @@ struct sl_dp {
     dp_shard shard;
     dp_window window;
     dp_slots slots;
+    double comm_bytes; /* bus bytes of the collectives launched since sl_dp_take_comm_bytes (dp_bus_bytes) */
 };
 
 static inline size_t f32_bytes(int64_t n) { return sizeof(float) * (size_t)n; }
+/* Note [DP communication volume]: the bytes each rank sends on a ring for a collective over `full` f32
+ * elements in all (NCCL's bus bytes): (n-1)/n of them for an all-gather or a reduce-scatter (factor 1),
+ * twice that for an all-reduce (factor 2). sl_dp_comm_theory gives the textbook count beside it. */
+static inline void dp_count(sl_dp *dp, int factor, int64_t full) {
+    if (dp->comm && dp->n > 1)
+        dp->comm_bytes += factor * (double)(dp->n - 1) / dp->n * (double)f32_bytes(full);
+}
 
 /* wait for *r if set and clear it */
 static inline sl_status dp_wait_req(sl_comm_req **r) {

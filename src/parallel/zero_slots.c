@@ -366,6 +366,7 @@ static sl_status gather_bucket(sl_dp *dp, int k, sl_buffer *dst, int64_t off, sl
     const dp_shard *s = &dp->shard;
     int64_t len = b->hi - b->lo, q = b->q, tail = len - q * dp->n;
     if (q > 0) {
+        if (dp->comm) dp_count(dp, 1, q * dp->n);
         if (dp->comm)
             SL_TRY(sl_comm_all_gather_async(dp->comm, s->param + b->part_off,
                                             (float *)sl_buffer_map(dst) + off, (size_t)q, SL_COMM_F32, req));
@@ -496,6 +497,7 @@ sl_status sl_dp_launch_param_gathers(sl_dp *dp) {
     for (int j = 0; j < dp->buckets.count; j++) {
         int k = pg->by_pfirst[j];
         const dp_bucket *b = &dp->buckets.v[k];
+        if (b->q > 0) dp_count(dp, 1, b->q * dp->n);
         if (b->q > 0)
             SL_TRY(sl_comm_all_gather_async(dp->comm, p + b->lo + b->q * dp->r, p + b->lo, (size_t)b->q,
                                             SL_COMM_F32, &pg->reqs[k]));

@@ -337,7 +337,16 @@ static void report_step(sl_train_job *j, const sl_train_progress *p, double t_st
             fprintf(j->metrics, ", \"tp_comm_ms\": %.3f, \"tp_comm_mib\": %.4f, \"tp_comm_theory_mib\": %.4f",
                     j->tp_sec * 1e3, j->tp_bytes / 1048576.0,
                     sl_tp_comm_theory(j->m, j->B, j->T, j->accum) / 1048576.0);
-        if (j->tr.pipe) fprintf(j->metrics, ", \"pipe_wait_ms\": %.3f", ss->pipe_wait_sec * 1e3);
+        if (j->dp) { /* Note [DP communication volume]; no theory for ZeRO-3 */
+            double th = sl_dp_comm_theory(j->dp);
+            fprintf(j->metrics, ", \"dp_comm_mib\": %.6f", ss->dp_comm_bytes / 1048576.0);
+            if (isfinite(th)) fprintf(j->metrics, ", \"dp_comm_theory_mib\": %.6f", th / 1048576.0);
+        }
+        if (j->tr.pipe)
+            fprintf(j->metrics,
+                    ", \"pipe_wait_ms\": %.3f, \"pp_comm_mib\": %.6f, \"pp_comm_theory_mib\": %.6f",
+                    ss->pipe_wait_sec * 1e3, ss->pp_comm_bytes / 1048576.0,
+                    sl_pipeline_comm_theory(j->tr.pipe) / 1048576.0);
         sl_train_moe_metrics(j, j->metrics);
         fprintf(j->metrics, "}\n");
         fflush(j->metrics);

@@ -9,6 +9,8 @@
  *  - a checkpoint saved on the uneven split at step 8 resumes on the even split and on the mirror split
  *    (1 + 3) and on one process, and steps 9..16 match the uninterrupted single process within the same
  *    bars (checkpoints name full tensors, so a split is just another layout);
+ *  - pp_comm_mib / dp_comm_mib in metrics.jsonl equal their theory at every step (pp alone, with tp, with dp
+ *    under ZeRO-1, dp alone under ZeRO-2);
  *  - bad splits exit 2 with one line naming the flag and the numbers, before anything is written. */
 #include <string.h>
 #include <sys/stat.h>
@@ -36,7 +38,7 @@ static double weights_diff(const char *a, const char *b) {
 }
 
 /* steps s0..s1 of dir/name against dir/single: losses and the final weights */
-static void same_as_single(const char *dir, const char *name, int s0, int s1) {
+static void same_as_single(const char *dir, const char *name, int s0, int s1, int pp, int dp) {
     char a[700], b[700];
     snprintf(a, sizeof a, "%s/single/metrics.jsonl", dir);
     snprintf(b, sizeof b, "%s/%s/metrics.jsonl", dir, name);
@@ -44,6 +46,19 @@ static void same_as_single(const char *dir, const char *name, int s0, int s1) {
     for (int s = s0; s <= s1; s++) {
         double x = tu_metric_at(a, s, "loss"), y = tu_metric_at(b, s, "loss"), e = fabs(x - y) / fabs(x);
         if (!(e <= worst)) worst = e;
+        /* the bytes the pipeline and DP sent are the schedule's and the collectives' counts (Note [Pipeline
+         * communication volume], Note [DP communication volume]); metrics.jsonl prints 1e-6 MiB */
+        const char *keys[2][2] = {{"pp_comm_mib", "pp_comm_theory_mib"},
+                                  {"dp_comm_mib", "dp_comm_theory_mib"}};
+        for (int k = 0; k < 2; k++) {
+            double got = tu_metric_at(b, s, keys[k][0]), want = tu_metric_at(b, s, keys[k][1]);
+            if (!(k ? dp : pp)) {
+                TU_CHECK(isnan(got), "%s: no %s without %s", name, keys[k][0], k ? "DP" : "PP");
+                continue;
+            }
+            TU_CHECK(want > 0 && fabs(got - want) <= 2e-6, "%s step %d: %s %.6f, theory %.6f", name, s,
+                     keys[k][0], got, want);
+        }
     }
     snprintf(a, sizeof a, "%s/single", dir);
     snprintf(b, sizeof b, "%s/%s", dir, name);
@@ -71,14 +86,14 @@ int main(void) {
              " --train-iters 16 --pp 2 --decoder-first-pipeline-num-layers 3 --save %s/pp2-3-1",
              cli, cli, data, dir);
     TU_CHECK(rc == 0 && strstr(out, "stage 0: layers 0-2"), "pp 2, 3 + 1 layers: rc %d %s", rc, out);
-    same_as_single(dir, "pp2-3-1", 1, 16);
+    same_as_single(dir, "pp2-3-1", 1, 16, 1, 0);
     rc = run("%s run -n 3 -- %s train --data-path %s " TINY
              " --train-iters 16 --pp 3 --decoder-first-pipeline-num-layers 1 "
              "--decoder-last-pipeline-num-layers 1 --save %s/pp3-1-2-1",
              cli, cli, data, dir);
     TU_CHECK(rc == 0 && strstr(out, "pipeline parallel: 3 stages") && strstr(out, "stage 0: layers 0-0"),
              "pp 3, 1 + 2 + 1 layers: rc %d %s", rc, out);
-    same_as_single(dir, "pp3-1-2-1", 1, 16);
+    same_as_single(dir, "pp3-1-2-1", 1, 16, 1, 0);
     /* a checkpoint of the uneven split reshards onto other splits and one process */
     rc = run("%s run -n 2 -- %s train --data-path %s " TINY
              " --train-iters 8 --save-interval 8 --pp 2 --decoder-first-pipeline-num-layers 3 --save %s/ck",
@@ -87,8 +102,10 @@ int main(void) {
     const char *to[][2] = {{"2", "--pp 2"},
                            {"2", "--pp 2 --decoder-last-pipeline-num-layers 3"},
                            {"4", "--pp 2 --decoder-last-pipeline-num-layers 3 --tp 2"},
+                           {"4", "--pp 2 --decoder-last-pipeline-num-layers 3 --zero-stage 1"},
+                           {"2", "--zero-stage 2"},
                            {"1", ""}};
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 6; i++) {
         char name[32];
         snprintf(name, sizeof name, "resume%d", i);
         if (to[i][0][0] == '1')
@@ -99,7 +116,8 @@ int main(void) {
                      "--save %s/%s",
                      cli, to[i][0], cli, data, to[i][1], dir, dir, name);
         TU_CHECK(rc == 0 && strstr(out, "resumed from"), "resume on '%s': rc %d %s", to[i][1], rc, out);
-        same_as_single(dir, name, 9, 16);
+        same_as_single(dir, name, 9, 16, strstr(to[i][1], "--pp") != NULL,
+                       strstr(to[i][1], "--zero") != NULL);
     }
     /* bad splits: exit 2, one line naming the flags and the numbers, nothing written */
     struct {
