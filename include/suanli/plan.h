@@ -83,7 +83,7 @@ typedef struct sl_plan_layout {
     double t_compute, t_dp_comm, t_tp_comm, t_pp_comm, t_ep_comm, t_optim; /* seconds per step */
     double bubble;                                                         /* fraction of the pipeline */
     double step_sec, tokens_per_s, mfu;
-    int runnable; /* suanli can train this layout today (tp = pp = ep = 1, no recomputation) */
+    int runnable; /* suanli can train this layout today (ep = 1, no recomputation, no ZeRO-3 with pp > 1) */
 } sl_plan_layout;
 
 /* Cluster file (JSON; configs/cluster/). Every error names the file and the field. */

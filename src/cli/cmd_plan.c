@@ -108,6 +108,9 @@ static void launch_command(const plan_args *a, const sl_plan_model *md, const sl
     if (l->pp > 1)
         k += snprintf(par + k, sizeof par - (size_t)k, " --pipeline-model-parallel-size %lld",
                       (long long)l->pp);
+    if (l->vpp > 1)
+        k += snprintf(par + k, sizeof par - (size_t)k, " --num-layers-per-virtual-pipeline-stage %lld",
+                      (long long)(md->n_layer / (l->pp * l->vpp)));
     if (l->ep > 1)
         k +=
             snprintf(par + k, sizeof par - (size_t)k, " --expert-model-parallel-size %lld", (long long)l->ep);
@@ -130,7 +133,9 @@ static void launch_command(const plan_args *a, const sl_plan_model *md, const sl
         printf("launch: suanli run -n %lld --max-restarts 3 -- %s\n", (long long)per, train);
     if (!l->runnable)
         printf("note: this layout uses %s, which suanli train does not run yet (model-only)\n",
-               l->recompute ? "recomputation" : "tensor/pipeline/expert parallelism");
+               l->recompute ? "recomputation"
+               : l->ep > 1  ? "expert parallelism"
+                            : "ZeRO-3 with pipeline stages");
 }
 
 typedef struct {
