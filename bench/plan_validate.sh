@@ -9,8 +9,8 @@
 # that spin-waits in a collective counts that too). Each row gives the 1-minute load average.
 # Memory per rank: the banner's allocation sizes (params, grads, shard, optimizer, slots; one process:
 # 16 B x parameters) + the planned activation arena.
-# TP and PP (--par, or --par-only): tp 2, pp 2 (1F1B over 4 micro-batches) and pp 2 with the uneven split
-# the head suggests, on 2 processes; memory is rank 0's (TP: params + grads + optimizer from the banner;
+# TP and PP (--par, or --par-only): tp 2 (1 and 4 micro-batches per step) and pp 2 (1F1B over 4) on 2
+# processes (the planner models even stages only; tp 2 x pp 2 needs 4 cores, this host has 2); memory is rank 0's (TP: params + grads + optimizer from the banner;
 # PP: 16 B x the stage's parameters) + its planned arena, against the planner's fullest device.
 # Usage: bench/plan_validate.sh [--steps N] [--big] [--par | --par-only]   (--big adds GPT-2 L12 C768, 85M)
 set -euo pipefail
@@ -107,7 +107,7 @@ else:
     mem = 4 * float(re.search(r"stage 0: (?:layers [0-9-]+, )?[0-9]+ graph slots, params ([0-9.]+) MiB", log).group(1)) + act
 p = json.loads(open(planf).readline())
 pms, pmem = p["step_sec"] * 1e3, p["mem_total"] / 1048576
-lay = f"TP={tp}" if pp == "1" else f"PP={pp} m={acc}" if tp == "1" else f"TP={tp} x PP={pp} m={acc}"
+lay = (f"TP={tp}" if pp == "1" else f"PP={pp}" if tp == "1" else f"TP={tp} x PP={pp}") + f" m={acc}"
 if extra: lay += " " + extra.replace("--decoder-first-pipeline-num-layers ", "first ").replace("--decoder-last-pipeline-num-layers ", "last ")
 print(f"| GPT-2 L{L} C{C} T64 B{B} | {lay} | {load} | {wall:.1f} | {cpu:.1f} | {pms:.1f} | {100*(pms/cpu-1):+.1f}% | {100*(pms/wall-1):+.1f}% | {mem:.1f} | {pmem:.1f} | {100*(pmem/mem-1):+.2f}% |")
 PY
@@ -123,7 +123,6 @@ if [ "$par" = 1 ]; then
     par 4 256 4 8 2 1 1
     par 4 256 4 8 2 1 4
     par 4 256 4 8 1 2 4
-    par 4 256 4 8 1 2 4 --decoder-first-pipeline-num-layers 3 --decoder-last-pipeline-num-layers 1
 fi
 if [ "$big" = 1 ]; then
     one 12 768 12 4 1 0

@@ -16,13 +16,16 @@
  * sl_graph_plan's liveness-packed arena for one micro-batch, which for suanli's graphs is (fp32 floats per
  * token) 16 C + NH per GPT-2 layer, 6 C + 4 F + 2 KV + NH per Llama layer, and 3 C + 2 V outside the
  * layers (embedding output, final norm, logits and their gradient); fitted on sl_graph_plan and checked
- * by tests/plan/test_plan.c within 5 %. Tensor and pipeline parallelism, expert parallelism and
- * recomputation are model-only (suanli does not run them yet): Megatron's splits (column/row-parallel
- * weights, vocab-parallel embedding, 1F1B keeping p micro-batches in flight on the first stage, full
+ * by tests/plan/test_plan.c within 5 %. Tensor and pipeline parallelism follow suanli's splits
+ * (column/row-parallel weights, vocab-parallel embedding, two more replicated buffers per layer for the f/g
+ * collectives; a pipeline device is the fuller of the first stage (embedding, its layers, min(m, p) 1F1B
+ * slots) and the last (its layers, final norm, LM head, one slot)), checked against real TP/PP allocations
+ * by tests/plan/test_plan.c within 5 % too. Expert parallelism and recomputation are model-only (full
  * recomputation keeping each layer's input).
  *
  * Note [Planner time model]
- * step = pipeline(compute per micro-batch x (m + (p-1)/v)) + exposed DP communication + optimizer.
+ * step = pipeline(compute per micro-batch x (m + (p-1)/v)) + exposed DP communication + optimizer; under pp
+ * the compute per micro-batch is the slowest stage's, the last: L/p layers plus the LM head (even split).
  * Compute per micro-batch = matmul FLOPs / (peak x gemm_efficiency) + elementwise traffic / memory
  * bandwidth + TP all-reduces (4 per layer, 6 with recomputation) + EP all-to-alls (4 per MoE layer).
  * Communication is alpha-beta per link class: a collective of n bytes over g ranks costs
