@@ -149,8 +149,8 @@ static sl_status setup_comm(sl_train_job *j) {
         return sl_train_bad("--decoder-%s-pipeline-num-layers: needs --pipeline-model-parallel-size > 1",
                             o->parallel.first_stage_layers ? "first" : "last");
     if (mesh->tp > 1 || mesh->pp > 1) {
-        /* Tensor and pipeline parallelism (src/parallel/tp.c, src/train/pipeline.c): GPT-2 models built
-         * here, host-visible memory */
+        /* Tensor and pipeline parallelism (src/parallel/tp.c, src/train/pipeline.c): GPT-2 models and
+         * --init-from Llama-family models, split in make_model; host-visible memory */
         const char *flag = mesh->tp > 1 ? "--tensor-model-parallel-size" : "--pipeline-model-parallel-size";
         int n = mesh->tp > 1 ? mesh->tp : mesh->pp;
         if (o->model.init_from) { /* the Llama family and HF GPT-2; not MoE models, not Baichuan's W_pack */
