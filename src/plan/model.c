@@ -39,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "suanli/nn.h"
 #include "suanli/plan.h"
 
 /* elementwise bytes moved per micro-batch = 8.0 x the planned activation bytes: fitted on two runs on this
@@ -87,16 +88,26 @@ double sl_plan_flops_per_token(const sl_plan_model *m, int64_t T) {
  * bucket walk: stage STAGE_ALL (pp 1: the whole model), STAGE_FIRST (the embedding(s) and its layers) or
  * STAGE_LAST (its layers, the final norm and the LM head: untied, or the tied embedding's copy). Returns
  * the count. */
-enum { STAGE_ALL, STAGE_FIRST, STAGE_LAST };
-static int stage_param_list(const sl_plan_model *m, int64_t tp, int64_t pp, int64_t ep, int which,
+enum { STAGE_ALL, STAGE_FIRST, STAGE_MID, STAGE_LAST };
+/* the layers of stage `which` under l's split */
+static int64_t stage_layers(const sl_plan_model *m, const sl_plan_layout *l, int which) {
+    int64_t L = m->n_layer, p = l->pp > 1 ? l->pp : 1, f = l->first_layers, z = l->last_layers;
+    if (p == 1) return L;
+    if (!f && !z) return L / p;
+    if (which == STAGE_FIRST && f) return f;
+    if (which == STAGE_LAST && z) return z;
+    int64_t others = p - (f > 0) - (z > 0);
+    return others > 0 ? (L - f - z) / others : 0;
+}
+static int stage_param_list(const sl_plan_model *m, int64_t tp, int64_t Ls, int64_t ep, int which,
                             int64_t *out, int cap) {
     int n = 0;
-    int64_t C = m->hidden, Ls = m->n_layer / pp;
+    int64_t C = m->hidden;
 #define PUSH(x)                                                                                              \
     do {                                                                                                     \
         if (n < cap) out[n++] = (x);                                                                         \
     } while (0)
-    if (which != STAGE_LAST) {
+    if (which == STAGE_ALL || which == STAGE_FIRST) {
         PUSH(m->vocab * C / tp);
         if (m->arch == SL_PLAN_GPT2) PUSH(m->max_seq * C);
     }
@@ -122,7 +133,7 @@ static int stage_param_list(const sl_plan_model *m, int64_t tp, int64_t pp, int6
             }
         }
     }
-    if (which != STAGE_FIRST) {
+    if (which == STAGE_ALL || which == STAGE_LAST) {
         if (m->arch == SL_PLAN_GPT2) {
             PUSH(C);
             PUSH(C);
@@ -239,7 +250,8 @@ static sl_status check_layout(const sl_plan_model *m, const sl_plan_cluster *cl,
 static void stage_memory(const sl_plan_model *m, const sl_plan_job *job, const sl_plan_layout *l, int which,
                          sl_plan_mem *mm) {
     int64_t plist[4096];
-    int n = stage_param_list(m, l->tp, l->pp, l->ep, which, plist, 4096);
+    int64_t Ls = stage_layers(m, l, which);
+    int n = stage_param_list(m, l->tp, Ls, l->ep, which, plist, 4096);
     bucket_stats b;
     buckets(plist, n, job->bucket_elems > 0 ? job->bucket_elems : (1 << 20), l->dp, &b);
     int slots = l->zero >= 2 && l->accum == 1;
@@ -263,10 +275,11 @@ static void stage_memory(const sl_plan_model *m, const sl_plan_job *job, const s
          * norm, logits and their gradient); 1F1B keeps min(m, p) slots on the first stage, 1 on the last */
         double N = (double)(l->micro_batch * job->seq_len), C = (double)m->hidden;
         double outside = 4.0 * N * (3.0 * C + 2.0 * (double)m->vocab / (double)l->tp + (l->tp > 1 ? C : 0.0));
-        double layers = (act - outside) / (double)l->pp;
-        double inflight = (double)(l->accum < l->pp ? l->accum : l->pp);
-        act = which == STAGE_FIRST ? inflight * (layers + 4.0 * N * 4.0 * C)
-                                   : layers + 4.0 * N * (2.0 * (double)m->vocab / (double)l->tp + 2.0 * C);
+        double layers = (act - outside) / (double)m->n_layer * (double)Ls;
+        int64_t k = which == STAGE_FIRST ? l->pp : which == STAGE_MID ? l->pp - 1 : 1; /* 1F1B: p - s */
+        double inflight = (double)(l->accum < k ? l->accum : k);
+        act = which == STAGE_LAST ? layers + 4.0 * N * (2.0 * (double)m->vocab / (double)l->tp + 2.0 * C)
+                                  : inflight * (layers + 4.0 * N * 4.0 * C);
     }
     mm->activations = act;
     mm->total = mm->params + mm->grads + mm->grad_shard + mm->optim + mm->slots + mm->activations;
@@ -278,10 +291,14 @@ static void memory(const sl_plan_model *m, const sl_plan_job *job, sl_plan_layou
         stage_memory(m, job, l, STAGE_ALL, &l->mem);
         return;
     }
-    sl_plan_mem first, last;
+    sl_plan_mem first, last, mid;
     stage_memory(m, job, l, STAGE_FIRST, &first);
     stage_memory(m, job, l, STAGE_LAST, &last);
     l->mem = first.total >= last.total ? first : last;
+    if (l->pp > 2) {
+        stage_memory(m, job, l, STAGE_MID, &mid);
+        if (mid.total > l->mem.total) l->mem = mid;
+    }
 }
 
 static void timing(const sl_plan_model *m, const sl_plan_cluster *cl, const sl_plan_job *job,
@@ -294,11 +311,19 @@ static void timing(const sl_plan_model *m, const sl_plan_cluster *cl, const sl_p
     /* under pp the slowest stage sets the pace: the last one, with its share of the layers plus the LM head
      * (6 V C FLOPs per token; 5.4 layers' worth for GPT-2 124M at T 64): Note [Uneven pipeline stages] */
     double head = 6.0 * (double)m->vocab * (double)m->hidden * (l->recompute ? 4.0 / 3.0 : 1.0);
-    double fstage = l->pp > 1 ? (fpt - head) / (double)l->pp + head : fpt;
+    double per_layer = (fpt - head) / (double)m->n_layer;
+    double fstage = fpt, Ls = (double)m->n_layer;
+    if (l->pp > 1) {
+        int64_t nf = stage_layers(m, l, STAGE_FIRST), nm = stage_layers(m, l, STAGE_MID),
+                nl = stage_layers(m, l, STAGE_LAST);
+        fstage =
+            fmax(fmax((double)nf, l->pp > 2 ? (double)nm : 0) * per_layer, (double)nl * per_layer + head);
+        Ls = (double)(nf > nl ? nf : nl); /* TP all-reduces: the longest stage's layers */
+        if (l->pp > 2 && nm > Ls) Ls = (double)nm;
+    }
     double t_mm = fstage * tokens_mb / (double)l->tp / rate;
     double act = sl_plan_activation_bytes(m, l->micro_batch, job->seq_len, l->tp, 0) / (double)l->pp;
     double t_elem = act * (ELEM_TRAFFIC_X10 / 10.0) / cl->mem_bw_Bps;
-    double Ls = (double)(m->n_layer / l->pp);
     double x_bytes = 4.0 * tokens_mb * (double)m->hidden; /* fp32 activations, one micro-batch */
     const sl_plan_link *tpl = axis_link(cl, 1, l->tp), *dpl = axis_link(cl, l->tp, l->dp),
                        *ppl = axis_link(cl, l->tp * l->dp, l->pp);
@@ -317,7 +342,8 @@ static void timing(const sl_plan_model *m, const sl_plan_cluster *cl, const sl_p
     double t_pp = l->pp > 1 ? 2.0 * mb * v * (ppl->alpha_s + x_bytes / ppl->beta_Bps) : 0.0;
     /* DP: volumes of the stage's gradients */
     int64_t plist[4096];
-    int n = stage_param_list(m, l->tp, l->pp, l->ep, l->pp > 1 ? STAGE_FIRST : STAGE_ALL, plist, 4096);
+    int which = l->pp > 1 ? STAGE_FIRST : STAGE_ALL;
+    int n = stage_param_list(m, l->tp, stage_layers(m, l, which), l->ep, which, plist, 4096);
     bucket_stats bs;
     buckets(plist, n, job->bucket_elems > 0 ? job->bucket_elems : (1 << 20), l->dp, &bs);
     double gbytes = 4.0 * bs.total, t_dp = 0;
@@ -356,6 +382,15 @@ sl_status sl_plan_evaluate(const sl_plan_model *m, const sl_plan_cluster *cl, co
         return sl_fail(SL_ERR_INVALID,
                        "--vpp: interleaving needs pp > 1 and micro-batches (%lld) a multiple of pp",
                        (long long)l->accum);
+    l->first_layers = l->last_layers = 0;
+    if (l->pp > 1 && l->vpp == 1) { /* the split that balances the last stage's LM head */
+        double fpt = sl_plan_flops_per_token(m, job->seq_len),
+               head = 6.0 * (double)m->vocab * (double)m->hidden;
+        int f, z;
+        sl_pp_balanced_split((int)m->n_layer, (int)l->pp, head / ((fpt - head) / (double)m->n_layer), &f, &z);
+        l->first_layers = f;
+        l->last_layers = z;
+    }
     memory(m, job, l);
     l->fits = l->mem.total <= cl->mem_bytes * (1.0 - cl->mem_reserve);
     timing(m, cl, job, l);

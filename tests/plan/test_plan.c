@@ -389,6 +389,18 @@ static void test_model_only(void) {
     TU_CHECK(sl_plan_evaluate(&md, &cl, &job, &b) == SL_OK && fabs(b.bubble - 7.0 / (16 + 7)) < 1e-12,
              "interleaved (p-1)/(v m+p-1) = 7/23: %g", b.bubble);
     TU_CHECK(b.step_sec < a.step_sec, "interleaving shortens the step: %g vs %g", b.step_sec, a.step_sec);
+    /* the split that balances the LM head: GPT-2 124M on 2 stages, 9 + 3 layers (test_pp.c checks the rule);
+     * the pipeline's step is then the first stage's 9 layers, not 6 layers + the head's ~5.4 */
+    sl_plan_model g;
+    sl_plan_model_load("gpt2-124m", &g);
+    sl_plan_cluster c2 = local_cluster(2);
+    sl_plan_job gj = {.global_batch = 8, .seq_len = 64};
+    sl_plan_layout u = {.dp = 1, .tp = 1, .pp = 2, .micro_batch = 2};
+    TU_CHECK(sl_plan_evaluate(&g, &c2, &gj, &u) == SL_OK && u.first_layers == 9 && u.last_layers == 3,
+             "124m pp 2: split %lld + %lld", (long long)u.first_layers, (long long)u.last_layers);
+    sl_plan_layout w = {.dp = 1, .tp = 1, .pp = 2, .vpp = 2, .micro_batch = 2};
+    TU_CHECK(sl_plan_evaluate(&g, &c2, &gj, &w) == SL_OK && w.first_layers == 0 && w.last_layers == 0,
+             "interleaving keeps the even split");
     sl_plan_layout c = a;
     c.tp = 3;
     c.dp = 64 * 8 / 24;
