@@ -142,7 +142,7 @@ struct sl_dp {
     dp_shard shard;
     dp_window window;
     dp_slots slots;
-    double comm_bytes; /* bus bytes of the collectives launched since sl_dp_take_comm_bytes (dp_bus_bytes) */
+    double comm_bytes; /* bus bytes of the collectives launched since sl_dp_take_comm_bytes (dp_count) */
 };
 
 static inline size_t f32_bytes(int64_t n) { return sizeof(float) * (size_t)n; }
