@@ -35,7 +35,7 @@ static int cmp_d(const void *a, const void *b) {
 
 int sl_bench_train(int argc, char **argv) {
     int64_t L = 12, NH = 12, C = 768, V = 50257, B = 4, T = 64, steps = 5, warm = 1, threads = 2, accum = 1,
-            zero = 0, bucket = 1 << 20, tpn = 1, ppn = 1;
+            zero = 0, bucket = 1 << 20, tpn = 1, ppn = 1, pfirst = 0, plast = 0;
     int json = 0, bf16 = 0, sp = 0, plan_only = 0;
     const char *device = "cpu";
     sl_flag flags[] = {
@@ -55,6 +55,9 @@ int sl_bench_train(int argc, char **argv) {
         {"tensor-model-parallel-size", SL_FLAG_INT, &tpn, 1, 64, "TP ranks (1); world = dp x pp x tp", 0},
         {"pipeline-model-parallel-size", SL_FLAG_INT, &ppn, 1, 64, "pipeline stages (1); 1F1B over --accum",
          0},
+        {"decoder-first-pipeline-num-layers", SL_FLAG_INT, &pfirst, 1, 1024,
+         "layers on the first stage (uneven split; Note [Uneven pipeline stages])", 0},
+        {"decoder-last-pipeline-num-layers", SL_FLAG_INT, &plast, 1, 1024, "layers on the last stage", 0},
         {"ddp-bucket-size", SL_FLAG_INT, &bucket, 1, 1ll << 40, "gradient bucket size in elements (1Mi)", 0},
         {"json", SL_FLAG_BOOL, &json, 0, 1, "machine-readable output", 0},
         {"sequence-parallel", SL_FLAG_BOOL, &sp, 0, 1, "sequence parallelism (with TP)", 0},
@@ -90,7 +93,7 @@ int sl_bench_train(int argc, char **argv) {
         return 2;
     }
     sl_tp *tp = NULL;
-    sl_model_split split = {mesh.tp, mesh.tp_rank, mesh.pp, mesh.pp_rank, 1, 1, 0};
+    sl_model_split split = {mesh.tp, mesh.tp_rank, mesh.pp, mesh.pp_rank, 1, (int)pfirst, (int)plast, 1, 0};
     if (sl_gpt2_new_par(&cfg, be, &split, &m) != SL_OK || (mesh.tp > 1 && sl_tp_new(&tp, &mesh) != SL_OK)) {
         fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
         return 2;
@@ -176,6 +179,8 @@ int sl_bench_train(int argc, char **argv) {
     double pipe_frac = step_tot > 0 ? pipe_tot / step_tot : 0;
     double tp_frac = step_tot > 0 ? tp_tot / step_tot : 0;
     double mfu = peak > 0 ? flops / peak : 0;
+    int bal[2] = {0, 0}; /* the split the head's cost suggests (Note [Uneven pipeline stages]) */
+    sl_pp_balanced_split((int)L, mesh.pp, sl_gpt2_head_layers(&cfg, (int)T), &bal[0], &bal[1]);
     if (json)
         printf("{\"bench\": \"train\", \"device\": \"%s\", \"model\": \"gpt2\", \"L\": %lld, \"NH\": %lld, "
                "\"C\": %lld, \"V\": "
@@ -186,12 +191,14 @@ int sl_bench_train(int argc, char **argv) {
                "%.4f, "
                "\"dp\": %d, \"accum\": %lld, \"zero_stage\": %lld, \"comm_wait_fraction\": %.4f, \"tp\": %d, "
                "\"tp_comm_fraction\": %.4f, \"tp_comm_mib_per_step\": %.2f, \"param_mib_per_rank\": %.1f, "
-               "\"pp\": %d, \"pipe_wait_fraction\": %.4f, \"bubble_theory\": %.4f}\n",
+               "\"pp\": %d, \"pipe_wait_fraction\": %.4f, \"bubble_theory\": %.4f, \"first_layers\": %d, "
+               "\"last_layers\": %d, \"balanced_first_layers\": %d, \"balanced_last_layers\": %d}\n",
                device, (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T,
                (long long)threads, bf16 ? "bf16-mixed" : "f32", med * 1e3, tps, flops / 1e9, peak / 1e9, mfu,
                tr.plan.planned_bytes / 1048576.0, loss, mesh.dp, (long long)accum, (long long)zero, wait_frac,
                mesh.tp, tp_frac, tp_bytes / 1048576.0, m->numel * 4.0 / 1048576.0, mesh.pp, pipe_frac,
-               (double)(mesh.pp - 1) / (double)(accum + mesh.pp - 1));
+               (double)(mesh.pp - 1) / (double)(accum + mesh.pp - 1), (int)pfirst, (int)plast, bal[0],
+               bal[1]);
     else
         printf("GPT-2 on %s, L%lld NH%lld C%lld V%lld B%lld T%lld %s, %lld threads: %.1f ms/step (median of "
                "%lld), "

@@ -9,15 +9,20 @@
 # that spin-waits in a collective counts that too). Each row gives the 1-minute load average.
 # Memory per rank: the banner's allocation sizes (params, grads, shard, optimizer, slots; one process:
 # 16 B x parameters) + the planned activation arena.
-# Usage: bench/plan_validate.sh [--steps N] [--big]   (--big adds GPT-2 L12 C768, 85M parameters)
+# TP and PP (--par, or --par-only): tp 2 (1 and 4 micro-batches per step) and pp 2 (1F1B over 4) on 2
+# processes (the planner models even stages only; tp 2 x pp 2 needs 4 cores, this host has 2); memory is rank 0's (TP: params + grads + optimizer from the banner;
+# PP: 16 B x the stage's parameters) + its planned arena, against the planner's fullest device.
+# Usage: bench/plan_validate.sh [--steps N] [--big] [--par | --par-only]   (--big adds GPT-2 L12 C768, 85M)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-steps=10; big=0
+steps=10; big=0; par=0; dpruns=1
 while [ $# -gt 0 ]; do
     case "$1" in
         --steps) steps="$2"; shift 2;;
         --big) big=1; shift;;
-        *) echo "usage: $0 [--steps N] [--big]" >&2; exit 2;;
+        --par) par=1; shift;;
+        --par-only) par=1; dpruns=0; shift;;
+        *) echo "usage: $0 [--steps N] [--big] [--par | --par-only]" >&2; exit 2;;
     esac
 done
 S=$PWD/build/suanli
@@ -70,10 +75,55 @@ lay = "1 process" if n == "1" else f"DP={n} ZeRO-{z}"
 print(f"| GPT-2 L{L} C{C} T64 B{B} | {lay} | {load} | {wall:.1f} | {cpu:.1f} | {pms:.1f} | {100*(pms/cpu-1):+.1f}% | {100*(pms/wall-1):+.1f}% | {mem:.1f} | {pmem:.1f} | {100*(pmem/mem-1):+.2f}% |")
 PY
 }
+# par L C H B tp pp accum [extra train flags]: tp x pp on tp*pp processes, dp 1
+par() {
+    local L=$1 C=$2 H=$3 B=$4 tp=$5 pp=$6 acc=$7; shift 7
+    local extra=("$@"); local n=$((tp * pp)) run="$tmp/par-$L-$C-$B-$tp-$pp-$acc-$#"
+    local model="--num-layers $L --hidden-size $C --num-attention-heads $H"
+    local train=($S train --data-path "$tmp/tok" $model --seq-length 64 --micro-batch-size "$B" --threads 1
+                 --global-batch-size $((B * acc)) --eval-iters 1 --eval-interval 0 --log-interval 1
+                 --tensor-model-parallel-size "$tp" --pipeline-model-parallel-size "$pp" "${extra[@]}")
+    local pre=($S run -n "$n" --)
+    local load; load=$(cut -d' ' -f1 /proc/loadavg)
+    local c1 cN
+    c1=$(SUANLI_COMM_ALGO=direct run_cpu 1 "$run.1.log" "${pre[@]}" "${train[@]}")
+    rm -rf "$run"
+    cN=$(SUANLI_COMM_ALGO=direct run_cpu $((steps + 1)) "$run.log" "${pre[@]}" "${train[@]}" --save "$run")
+    echo "{\"num_layers\": $L, \"hidden_size\": $C, \"num_attention_heads\": $H, \"vocab_size\": 256, \"seq_length\": 64}" > "$tmp/m.json"
+    $S plan --model "$tmp/m.json" --cluster configs/cluster/this-host.json --devices "$n" --dp 1 --tp "$tp" --pp "$pp" \
+        --micro-batch "$B" --global-batch $((B * acc)) --seq-len 64 --recompute none --zero 0 --json --top 1 > "$tmp/plan.json"
+    python3 - "$run" "$tmp/plan.json" "$L" "$C" "$B" "$n" "$tp" "$pp" "$acc" "$load" "$c1" "$cN" "$steps" "${extra[*]}" <<'PY'
+import json, re, statistics, sys
+run, planf, L, C, B, n, tp, pp, acc, load, c1, cN, steps, extra = sys.argv[1:]
+log = open(run + ".log").read()
+ms = [json.loads(l)["ms_per_step"] for l in open(run + "/metrics.jsonl")][1:]
+wall = statistics.median(ms)
+cpu = (float(cN) - float(c1)) / int(steps) / int(n) * 1e3
+act = float(re.search(r"activation memory: planned ([0-9.]+) MiB", log).group(1))
+m = re.search(r"tensor parallel: \d+ ranks[^|]*\| per rank: params ([0-9.]+) MiB \(whole model [0-9.]+ MiB\), grads ([0-9.]+) MiB, optimizer state ([0-9.]+) MiB", log)
+if m and pp == "1":
+    mem = sum(float(x) for x in m.groups()) + act
+else:
+    mem = 4 * float(re.search(r"stage 0: (?:layers [0-9-]+, )?[0-9]+ graph slots, params ([0-9.]+) MiB", log).group(1)) + act
+p = json.loads(open(planf).readline())
+pms, pmem = p["step_sec"] * 1e3, p["mem_total"] / 1048576
+lay = (f"TP={tp}" if pp == "1" else f"PP={pp}" if tp == "1" else f"TP={tp} x PP={pp}") + f" m={acc}"
+if extra: lay += " " + extra.replace("--decoder-first-pipeline-num-layers ", "first ").replace("--decoder-last-pipeline-num-layers ", "last ")
+print(f"| GPT-2 L{L} C{C} T64 B{B} | {lay} | {load} | {wall:.1f} | {cpu:.1f} | {pms:.1f} | {100*(pms/cpu-1):+.1f}% | {100*(pms/wall-1):+.1f}% | {mem:.1f} | {pmem:.1f} | {100*(pmem/mem-1):+.2f}% |")
+PY
+}
+if [ "$dpruns" = 1 ]; then
 one 4 256 4 8 1 0
 for z in 0 1 2 3; do one 4 256 4 8 2 "$z"; done
 one 4 256 4 32 1 0
 one 4 256 4 32 2 1
+fi
+if [ "$par" = 1 ]; then
+    one 4 256 4 8 1 0
+    par 4 256 4 8 2 1 1
+    par 4 256 4 8 2 1 4
+    par 4 256 4 8 1 2 4
+fi
 if [ "$big" = 1 ]; then
     one 12 768 12 4 1 0
     for z in 0 1 2 3; do one 12 768 12 4 2 "$z"; done

@@ -162,6 +162,8 @@ typedef struct sl_model {
     /* Interleaved pipeline: vpp model chunks per stage (<= 1: one), chunk c = virtual stage c * pp + pp_rank
      * holding layers [(c * pp + pp_rank) * Lc, + Lc) with Lc = n_layers / vpp; layer0 is chunk 0's first */
     int vpp;
+    /* An uneven split (sl_pp_stage_layers): layers on the first / last stage, 0 = even */
+    int pp_first_layers, pp_last_layers;
     /* Expert parallelism: this model holds the routed experts [ep_rank E / ep, (ep_rank + 1) E / ep) of every
      * sparse layer (ep <= 1: all); Note [Expert-parallel dispatch] */
     int ep, ep_rank;
@@ -169,12 +171,28 @@ typedef struct sl_model {
 } sl_model;
 
 /* How a model is split: TP rank tp_rank of tp, pipeline stage pp_rank of pp, vpp model chunks per stage
- * (0 or 1: one; Megatron's interleaved schedule otherwise), expert-parallel rank ep_rank of ep (0 or 1:
- * every expert; MoE models of the Llama family). */
+ * (0 or 1: one; Megatron's interleaved schedule otherwise); first_layers / last_layers (0: even) the
+ * layers of the first / last stage (Megatron's --decoder-first/last-pipeline-num-layers, no interleaving),
+ * the others shared evenly by the stages between; expert-parallel rank ep_rank of ep (0 or 1: every
+ * expert; MoE models of the Llama family). */
 typedef struct sl_model_split {
     int tp, tp_rank, pp, pp_rank, vpp;
+    int first_layers, last_layers;
     int ep, ep_rank;
 } sl_model_split;
+
+/* Note [Uneven pipeline stages]: the layers [*l0, *l0 + *n) of stage s of pp for L layers split as
+ * sp->first_layers / sp->last_layers say (0: even; the stages without a fixed count share the rest evenly,
+ * Megatron's rule). SL_ERR_INVALID, naming the flag and the numbers, when a count is out of range, the rest
+ * does not divide, or a stage would hold no layer. */
+sl_status sl_pp_stage_layers(int L, const sl_model_split *sp, int s, int *l0, int *n);
+/* The split of L layers over pp stages whose slowest stage is fastest when the last stage also costs
+ * head_layers layers (the LM head and loss; sl_gpt2_head_layers): *first / *last layers on the first / last
+ * stage, both 0 when the even split is as good (ties go to it), so the flags can be passed on as they are. */
+void sl_pp_balanced_split(int L, int pp, double head_layers, int *first, int *last);
+/* The LM head's training FLOPs per token in units of one transformer layer's, by the count of
+ * sl_gpt2_flops_per_token: 6 V C / (72 C^2 + 6 T C) = V / (12 C + T) (5.4 for GPT-2 124M at T = 64). */
+double sl_gpt2_head_layers(const sl_gpt2_config *cfg, int T);
 
 /* Validates the config (one-line error naming the field) and allocates the flat buffers on `be`
  * (sl_gpt2_new: on the cpu backend). */

@@ -90,6 +90,10 @@ sl_status sl_dp_clip_unscale(sl_dp *dp, float max_norm, float inv_scale, float *
 sl_status sl_dp_optimizer_step(sl_dp *dp, float lr, int64_t t, sl_adamw_hparams hp);
 /* Mean of a scalar over the dp group. */
 sl_status sl_dp_mean(sl_dp *dp, float *v);
+/* Bus bytes (NCCL's convention) of the gradient and parameter collectives this rank launched since the
+ * last call, and the textbook count for one step (Note [DP communication volume] in dp.c; NAN for ZeRO-3) */
+double sl_dp_take_comm_bytes(sl_dp *dp);
+double sl_dp_comm_theory(const sl_dp *dp);
 /* Bytes this rank holds for parameters, gradients (the reduced shard under ZeRO-2, plus the backward
  * accumulation buffer) and optimizer state, from the actual allocations. */
 typedef struct sl_dp_memory {

@@ -78,12 +78,16 @@ typedef struct sl_plan_layout {
     int64_t dp, tp, pp, ep, vpp; /* vpp: virtual stages per device (interleaved 1F1B when > 1) */
     int64_t micro_batch, accum;  /* accum = micro-batches per step per data-parallel rank */
     int zero, recompute;         /* recompute: 0 none, 1 full (layer inputs kept) */
+    /* pp > 1 without interleaving: the layers of the first / last stage the planner chose so that the
+     * slowest stage (the last holds the LM head) is fastest, 0 / 0 for the even split (sl_pp_balanced_split;
+     * suanli train's --decoder-first/last-pipeline-num-layers) */
+    int64_t first_layers, last_layers;
     sl_plan_mem mem;
     int fits;
     double t_compute, t_dp_comm, t_tp_comm, t_pp_comm, t_ep_comm, t_optim; /* seconds per step */
     double bubble;                                                         /* fraction of the pipeline */
     double step_sec, tokens_per_s, mfu;
-    int runnable; /* suanli can train this layout today (tp = pp = ep = 1, no recomputation) */
+    int runnable; /* suanli can train this layout today (ep = 1, no recomputation, no ZeRO-3 with pp > 1) */
 } sl_plan_layout;
 
 /* Cluster file (JSON; configs/cluster/). Every error names the file and the field. */

@@ -52,6 +52,8 @@ typedef struct sl_step_stats {
     double seconds;
     double comm_wait_sec; /* time spent waiting for gradient reduction after backward (DP) */
     double pipe_wait_sec; /* pipeline stage: time blocked receiving activations/gradients (bubble + comm) */
+    double pp_comm_bytes; /* pipeline stage: bytes this rank sent (Note [Pipeline communication volume]) */
+    double dp_comm_bytes; /* DP: bus bytes of this rank's collectives (Note [DP communication volume]) */
     float loss_scale;     /* the scale this step's backward used (1 without loss scaling) */
     int skipped;          /* 1: inf/nan gradients, no update (grad_norm is then inf or nan) */
     int64_t skipped_total;
@@ -119,7 +121,10 @@ sl_plan_stats sl_pipeline_plan(const sl_pipeline *P); /* activations of every sl
 sl_status sl_pipeline_step(sl_pipeline *P, int64_t step, int n_micro, int micro0, sl_batch_fn fn, void *user,
                            int overwrite, float *loss);
 sl_status sl_pipeline_eval(sl_pipeline *P, int iters, sl_batch_fn fn, void *user, float *loss);
-double sl_pipeline_take_wait(sl_pipeline *P); /* seconds blocked in receives since the last call */
+double sl_pipeline_take_wait(sl_pipeline *P);         /* seconds blocked in receives since the last call */
+double sl_pipeline_take_bytes(sl_pipeline *P);        /* bytes sent since the last call */
+double sl_pipeline_comm_theory(const sl_pipeline *P); /* bytes this rank sends per step, by the schedule */
+void sl_pipeline_add_bytes(sl_pipeline *P, double bytes); /* counts the trainer's tied-embedding exchange */
 
 /* ---- checkpoint state of a trainer (src/train/ckpt_trainer.c) ---- */
 
@@ -192,6 +197,9 @@ typedef struct sl_train_parallel_opts {
     int64_t sequence_parallel;        /* 1: sequence parallelism on top of tp > 1 */
     int64_t layers_per_virtual_stage; /* > 0: interleaved 1F1B with num-layers / (pp x this) model chunks
                                          per stage (--num-layers-per-virtual-pipeline-stage) */
+    int64_t first_stage_layers;       /* > 0: layers of the first pipeline stage, the others share the rest
+                                         (--decoder-first-pipeline-num-layers; Note [Uneven pipeline stages]) */
+    int64_t last_stage_layers;        /* > 0: layers of the last stage (--decoder-last-pipeline-num-layers) */
     int64_t zero_stage;               /* 0..3 */
     int64_t bucket_elems;             /* gradient bucket size in elements */
 } sl_train_parallel_opts;

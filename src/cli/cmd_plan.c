@@ -82,12 +82,13 @@ static void layout_json(const sl_plan_layout *l, int rank) {
         "\"t_pp_comm\": %.6f, \"t_ep_comm\": %.6f, \"t_optim\": %.6f, \"mem_total\": %.0f, \"mem_params\": "
         "%.0f, "
         "\"mem_grads\": %.0f, \"mem_grad_shard\": %.0f, \"mem_optim\": %.0f, \"mem_slots\": %.0f, "
-        "\"mem_activations\": %.0f, \"fits\": %d, \"runnable\": %d}\n",
+        "\"mem_activations\": %.0f, \"fits\": %d, \"runnable\": %d, \"first_layers\": %lld, "
+        "\"last_layers\": %lld}\n",
         rank, (long long)l->dp, (long long)l->tp, (long long)l->pp, (long long)l->ep, (long long)l->vpp,
         (long long)l->micro_batch, (long long)l->accum, l->zero, l->recompute, l->step_sec, l->tokens_per_s,
         l->mfu, l->bubble, l->t_compute, l->t_dp_comm, l->t_tp_comm, l->t_pp_comm, l->t_ep_comm, l->t_optim,
         l->mem.total, l->mem.params, l->mem.grads, l->mem.grad_shard, l->mem.optim, l->mem.slots,
-        l->mem.activations, l->fits, l->runnable);
+        l->mem.activations, l->fits, l->runnable, (long long)l->first_layers, (long long)l->last_layers);
 }
 
 static void launch_command(const plan_args *a, const sl_plan_model *md, const sl_plan_cluster *cl,
@@ -108,6 +109,15 @@ static void launch_command(const plan_args *a, const sl_plan_model *md, const sl
     if (l->pp > 1)
         k += snprintf(par + k, sizeof par - (size_t)k, " --pipeline-model-parallel-size %lld",
                       (long long)l->pp);
+    if (l->first_layers)
+        k += snprintf(par + k, sizeof par - (size_t)k, " --decoder-first-pipeline-num-layers %lld",
+                      (long long)l->first_layers);
+    if (l->last_layers)
+        k += snprintf(par + k, sizeof par - (size_t)k, " --decoder-last-pipeline-num-layers %lld",
+                      (long long)l->last_layers);
+    if (l->vpp > 1)
+        k += snprintf(par + k, sizeof par - (size_t)k, " --num-layers-per-virtual-pipeline-stage %lld",
+                      (long long)(md->n_layer / (l->pp * l->vpp)));
     if (l->ep > 1)
         k +=
             snprintf(par + k, sizeof par - (size_t)k, " --expert-model-parallel-size %lld", (long long)l->ep);
@@ -130,7 +140,9 @@ static void launch_command(const plan_args *a, const sl_plan_model *md, const sl
         printf("launch: suanli run -n %lld --max-restarts 3 -- %s\n", (long long)per, train);
     if (!l->runnable)
         printf("note: this layout uses %s, which suanli train does not run yet (model-only)\n",
-               l->recompute ? "recomputation" : "tensor/pipeline/expert parallelism");
+               l->recompute ? "recomputation"
+               : l->ep > 1  ? "expert parallelism"
+                            : "ZeRO-3 with pipeline stages");
 }
 
 typedef struct {

@@ -86,7 +86,7 @@ sl_status sl_gpt2_new_on(const sl_gpt2_config *cfg, sl_backend *be, sl_model **o
 }
 
 sl_status sl_gpt2_new_tp(const sl_gpt2_config *cfg, sl_backend *be, int tp, int tp_rank, sl_model **out) {
-    return sl_gpt2_new_par(cfg, be, &(sl_model_split){tp, tp_rank, 1, 0, 1, 1, 0}, out);
+    return sl_gpt2_new_par(cfg, be, &(sl_model_split){tp, tp_rank, 1, 0, 1, 0, 0, 1, 0}, out);
 }
 
 sl_status sl_gpt2_new_par(const sl_gpt2_config *cfg, sl_backend *be, const sl_model_split *sp,
@@ -97,9 +97,8 @@ sl_status sl_gpt2_new_par(const sl_gpt2_config *cfg, sl_backend *be, const sl_mo
     if (pp < 1 || pp_rank < 0 || pp_rank >= pp)
         return sl_fail(SL_ERR_INVALID, "--pipeline-model-parallel-size %d: stage %d out of range", pp,
                        pp_rank);
-    if (cfg->n_layer % pp != 0)
-        return sl_fail(SL_ERR_INVALID, "--pipeline-model-parallel-size %d does not divide num-layers %d", pp,
-                       cfg->n_layer);
+    int layer0, nl;
+    SL_TRY(sl_pp_stage_layers(cfg->n_layer, sp, pp_rank, &layer0, &nl));
     if (v > 1 && (pp < 2 || cfg->n_layer % (pp * v) != 0))
         return sl_fail(
             SL_ERR_INVALID,
@@ -122,9 +121,11 @@ sl_status sl_gpt2_new_par(const sl_gpt2_config *cfg, sl_backend *be, const sl_mo
     m->tp_rank = tp_rank;
     m->pp = pp;
     m->pp_rank = pp_rank;
-    m->n_layers = cfg->n_layer / pp;
+    m->n_layers = nl;
     m->vpp = v;
-    m->layer0 = m->n_layers / v * pp_rank; /* chunk 0's first layer */
+    m->layer0 = v > 1 ? nl / v * pp_rank : layer0; /* chunk 0's first layer */
+    m->pp_first_layers = sp->first_layers;
+    m->pp_last_layers = sp->last_layers;
     int first = pp_rank == 0, last = pp_rank == pp - 1;
     int L = cfg->n_layer;
     int64_t C = cfg->n_embd, V = cfg->vocab_size, T = cfg->max_seq_len;
@@ -141,7 +142,7 @@ sl_status sl_gpt2_new_par(const sl_gpt2_config *cfg, sl_backend *be, const sl_mo
         add_param(&b, "wpe", 2, (int64_t[]){T, C}, 1, SL_INIT_NORMAL);
     }
     for (int k = 0; k < m->n_layers; k++) { /* chunk by chunk (one chunk without interleaving) */
-        int Lc = m->n_layers / v, l = ((k / Lc) * pp + pp_rank) * Lc + k % Lc;
+        int Lc = m->n_layers / v, l = m->layer0 + (k / Lc) * pp * Lc + k % Lc; /* chunk k / Lc */
 /* tp dimension and packed blocks: column-parallel weights split rows, row-parallel ones columns */
 #define P(suffix, nd, shape, decay, init, tdim, pack)                                                        \
     snprintf(nm, sizeof nm, "h.%d." suffix, l);                                                              \
@@ -272,11 +273,11 @@ static sl_tensor *row_linear(sl_model *m, sl_tensor *x, sl_tensor *w, sl_tensor 
  * last stage's copy of the tied wte when it is not also the first. */
 static int chunk_layers(const sl_model *m) { return m->n_layers / (m->vpp > 1 ? m->vpp : 1); }
 static int chunk_first(const sl_model *m, int c) {
-    return (c * (m->pp > 1 ? m->pp : 1) + m->pp_rank) * chunk_layers(m);
+    return m->layer0 + c * (m->pp > 1 ? m->pp : 1) * chunk_layers(m);
 }
-static int idx_layer(const sl_model *m, int l) {
-    int Lc = chunk_layers(m), c = (l / Lc) / (m->pp > 1 ? m->pp : 1);
-    return (m->pp_rank == 0 ? 2 : 0) + 12 * (c * Lc + l % Lc);
+static int idx_layer(const sl_model *m, int l) { /* chunk c's layers follow c * pp * Lc after layer0 */
+    int Lc = chunk_layers(m), span = (m->pp > 1 ? m->pp : 1) * Lc, c = (l - m->layer0) / span;
+    return (m->pp_rank == 0 ? 2 : 0) + 12 * (c * Lc + (l - m->layer0) % span);
 }
 static int idx_lnf(const sl_model *m) { return (m->pp_rank == 0 ? 2 : 0) + 12 * m->n_layers; }
 static int idx_head(const sl_model *m) { return m->pp_rank == 0 ? 0 : idx_lnf(m) + 2; }
@@ -372,6 +373,10 @@ sl_tensor *sl_gpt2_build_kv(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int po
         SL_ASSERT(st == SL_OK); /* in range by construction */
     }
     return gpt2_body(m, ids, kv, pos0, positions);
+}
+
+double sl_gpt2_head_layers(const sl_gpt2_config *c, int T) {
+    return (double)c->vocab_size / (12.0 * c->n_embd + T);
 }
 
 double sl_gpt2_flops_per_token(const sl_gpt2_config *c, int T) {

@@ -116,11 +116,11 @@ sl_status sl_llama_new_ex(const sl_llama_config *cfg, sl_dtype wdtype, sl_model 
 }
 
 sl_status sl_llama_new_on(const sl_llama_config *cfg, sl_dtype wdtype, sl_backend *be, sl_model **out) {
-    return llama_new(cfg, wdtype, be, &(sl_model_split){1, 0, 1, 0, 1, 1, 0}, out);
+    return llama_new(cfg, wdtype, be, &(sl_model_split){1, 0, 1, 0, 1, 0, 0, 1, 0}, out);
 }
 
 sl_status sl_llama_new_tp(const sl_llama_config *cfg, sl_backend *be, int tp, int tp_rank, sl_model **out) {
-    return sl_llama_new_par(cfg, be, &(sl_model_split){tp, tp_rank, 1, 0, 1, 1, 0}, out);
+    return sl_llama_new_par(cfg, be, &(sl_model_split){tp, tp_rank, 1, 0, 1, 0, 0, 1, 0}, out);
 }
 
 sl_status sl_llama_new_par(const sl_llama_config *cfg, sl_backend *be, const sl_model_split *sp,
@@ -132,9 +132,10 @@ sl_status sl_llama_new_par(const sl_llama_config *cfg, sl_backend *be, const sl_
     if (pp < 1 || sp->pp_rank < 0 || sp->pp_rank >= pp)
         return sl_fail(SL_ERR_INVALID, "--pipeline-model-parallel-size %d: stage %d out of range", pp,
                        sp->pp_rank);
-    if (cfg->n_layer % pp)
-        return sl_fail(SL_ERR_INVALID, "--pipeline-model-parallel-size %d does not divide num-layers %d", pp,
-                       cfg->n_layer);
+    int l0, nl;
+    SL_TRY(sl_pp_stage_layers(cfg->n_layer, sp, sp->pp_rank, &l0, &nl));
+    (void)l0;
+    (void)nl;
     if (v > 1 && (pp < 2 || cfg->n_layer % (pp * v)))
         return sl_fail(
             SL_ERR_INVALID,
@@ -180,6 +181,8 @@ static sl_status llama_new(const sl_llama_config *cfg, sl_dtype wdtype, sl_backe
     SL_TRY(check_cfg(cfg));
     if (wdtype != SL_F32 && wdtype != SL_BF16)
         return sl_fail(SL_ERR_INVALID, "model: weight dtype must be f32 or bf16");
+    int l0 = 0, nl = cfg->n_layer;
+    if (pp > 1) SL_TRY(sl_pp_stage_layers(cfg->n_layer, sp, s, &l0, &nl)); /* checked by the caller */
     sl_model *m = calloc(1, sizeof *m);
     if (!m) return sl_fail(SL_ERR_NOMEM, "model: out of memory");
     m->wdtype = wdtype;
@@ -190,8 +193,10 @@ static sl_status llama_new(const sl_llama_config *cfg, sl_dtype wdtype, sl_backe
     m->vpp = v;
     m->ep = sp->ep > 1 ? sp->ep : 1;
     m->ep_rank = m->ep > 1 ? sp->ep_rank : 0;
-    m->n_layers = cfg->n_layer / pp;
-    m->layer0 = m->n_layers / v * s;
+    m->n_layers = nl;
+    m->layer0 = v > 1 ? nl / v * s : l0;
+    m->pp_first_layers = sp->first_layers;
+    m->pp_last_layers = sp->last_layers;
     int first = s == 0, last = s == pp - 1;
     const sl_llama_config *c = cfg;
     m->arch = c->arch;
@@ -211,7 +216,7 @@ static sl_status llama_new(const sl_llama_config *cfg, sl_dtype wdtype, sl_backe
     if (first) add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){V, C}, "model.embed_tokens.weight");
     b.tdim = -1;
     for (int k = 0; k < m->n_layers; k++) { /* this stage's layers, chunk by chunk */
-        int Lc = m->n_layers / v, l = ((k / Lc) * pp + s) * Lc + k % Lc;
+        int Lc = m->n_layers / v, l = m->layer0 + (k / Lc) * pp * Lc + k % Lc; /* chunk k / Lc */
         const char *pre = "model.layers";
         add_param(&b, 0, SL_INIT_ONE, 1, (int64_t[]){C}, "%s.%d.input_layernorm.weight", pre, l);
         if (c->arch == SL_ARCH_BAICHUAN) {
@@ -422,7 +427,7 @@ static sl_tensor *body_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *
     const sl_llama_config *c = &m->lcfg;
     int tp = m->tp > 1 ? m->tp : 1, pp = m->pp > 1 ? m->pp : 1, v = m->vpp > 1 ? m->vpp : 1;
     int first = m->pp_rank == 0 && chunk == 0, last = m->pp_rank == pp - 1 && chunk == v - 1;
-    int Lc = c->n_layer / (pp * v), l0 = (chunk * pp + m->pp_rank) * Lc;
+    int Lc = m->n_layers / v, l0 = m->layer0 + chunk * pp * Lc;
     SL_ASSERT((tp == 1 && pp == 1) || !kv);
     int kv_rep = tp > c->n_kv_head ? tp / c->n_kv_head : 1; /* ranks sharing each kv head */
     int64_t B = ids->ne[0], T = ids->ne[1], hd = c->head_dim, NH = c->n_head / tp,

@@ -189,3 +189,73 @@ void sl_param_runs(const sl_model *m, const sl_param_info *p, int64_t a, int64_t
         x += run;
     }
 }
+
+/* Note [Uneven pipeline stages]
+ * Megatron's --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers fix the layer counts
+ * of the first and last stages; the stages without a fixed count share the remaining layers evenly. The
+ * first stage also runs the embedding and the last the final norm, the LM head and the loss (for GPT-2 124M
+ * the head's GEMMs alone weigh V / (12 C) ~ 5.5 layers), so an even split leaves the last stage the slowest
+ * and every other stage waits for it. Stage s holds the consecutive layers [l0, l0 + n); nothing else about
+ * a stage changes (parameter names are global, checkpoints name full tensors), so any split loads any
+ * other's checkpoint. Not combined with interleaving (a chunk size per virtual stage would be needed). */
+sl_status sl_pp_stage_layers(int L, const sl_model_split *sp, int s, int *l0, int *n) {
+    int pp = sp->pp > 1 ? sp->pp : 1, f = sp->first_layers, l = sp->last_layers;
+    const char *ff = "--decoder-first-pipeline-num-layers", *lf = "--decoder-last-pipeline-num-layers";
+    if (f < 0 || l < 0 || f > L || l > L)
+        return sl_fail(SL_ERR_INVALID, "%s %d: must be in [1, num-layers %d]", f < 0 || f > L ? ff : lf,
+                       f < 0 || f > L ? f : l, L);
+    if (!f && !l) {
+        if (L % pp)
+            return sl_fail(SL_ERR_INVALID, "--pipeline-model-parallel-size %d does not divide num-layers %d",
+                           pp, L);
+        *n = L / pp;
+        *l0 = *n * s;
+        return SL_OK;
+    }
+    if (pp < 2) return sl_fail(SL_ERR_INVALID, "%s: needs --pipeline-model-parallel-size > 1", f ? ff : lf);
+    if (sp->vpp > 1)
+        return sl_fail(SL_ERR_INVALID,
+                       "%s: not supported with --num-layers-per-virtual-pipeline-stage (interleaving)",
+                       f ? ff : lf);
+    int rest = L - f - l, middle = pp - (f > 0) - (l > 0);
+    if (rest < 0 || (middle == 0 && rest != 0) || (middle > 0 && (rest <= 0 || rest % middle)))
+        return sl_fail(SL_ERR_INVALID,
+                       "%s %d / %s %d: num-layers %d leaves %d layers for %d other pipeline stages (needs a "
+                       "positive multiple, or none for none)",
+                       ff, f, lf, l, L, rest, middle);
+    int per = middle ? rest / middle : 0, at = 0;
+    for (int k = 0; k <= s; k++) {
+        int c = k == 0 && f ? f : k == pp - 1 && l ? l : per;
+        if (k == s) {
+            *l0 = at;
+            *n = c;
+        }
+        at += c;
+    }
+    return SL_OK;
+}
+
+void sl_pp_balanced_split(int L, int pp, double head_layers, int *first, int *last) {
+    *first = *last = 0;
+    if (pp < 2) return;
+    /* the slowest stage first, then the spread (sum of squared stage costs; their sum is fixed) */
+    double best = INFINITY, best_ss = INFINITY;
+    if (L % pp == 0) {
+        best = (double)(L / pp) + head_layers;
+        best_ss = (pp - 1) * (double)(L / pp) * (L / pp) + best * best;
+    }
+    for (int f = 1; f < L; f++)
+        for (int l = 1; f + l <= L; l++) { /* both fixed, the middle stages even (sl_pp_stage_layers' rule) */
+            int rest = L - f - l, middle = pp - 2;
+            if (middle ? rest <= 0 || rest % middle : rest != 0) continue;
+            double mid = middle ? (double)(rest / middle) : 0, tail = (double)l + head_layers;
+            double worst = fmax(fmax((double)f, mid), tail),
+                   ss = (double)f * f + middle * mid * mid + tail * tail;
+            if (worst < best - 1e-9 || (worst < best + 1e-9 && ss < best_ss - 1e-9)) {
+                best = worst;
+                best_ss = ss;
+                *first = f;
+                *last = l;
+            }
+        }
+}

@@ -147,15 +147,29 @@ struct sl_dp {
     dp_shard shard;
     dp_window window;
     dp_slots slots;
+    double comm_bytes; /* bus bytes of the collectives launched since sl_dp_take_comm_bytes (dp_count) */
 };
 
 static inline size_t f32_bytes(int64_t n) { return sizeof(float) * (size_t)n; }
+/* Note [DP communication volume]: the bytes each rank sends on a ring for a collective over `full` f32
+ * elements in all (NCCL's bus bytes): (n-1)/n of them for an all-gather or a reduce-scatter (factor 1),
+ * twice that for an all-reduce (factor 2). sl_dp_comm_theory gives the textbook count beside it. */
+static inline void dp_count(sl_dp *dp, int factor, int64_t full) {
+    if (dp->comm && dp->n > 1)
+        dp->comm_bytes += factor * (double)(dp->n - 1) / dp->n * (double)f32_bytes(full);
+}
 
 /* the group that reduces bucket b: its size, this rank's index in it, its communicator (NULL: size 1) */
 static inline int bk_n(const sl_dp *dp, const dp_bucket *b) { return b->expert ? dp->en : dp->n; }
 static inline int bk_r(const sl_dp *dp, const dp_bucket *b) { return b->expert ? dp->er : dp->r; }
 static inline sl_comm *bk_comm(const sl_dp *dp, const dp_bucket *b) {
     return b->expert ? dp->edp_comm : dp->comm;
+}
+
+/* dp_count over bucket b's group (the expert-data-parallel group for expert buckets) */
+static inline void dp_count_bk(sl_dp *dp, const dp_bucket *b, int factor, int64_t full) {
+    int n = bk_n(dp, b);
+    if (bk_comm(dp, b) && n > 1) dp->comm_bytes += factor * (double)(n - 1) / n * (double)f32_bytes(full);
 }
 
 /* wait for *r if set and clear it */

@@ -120,6 +120,8 @@ sl_status sl_ep_gather_whole(const sl_mesh *mesh, const sl_model *mine, sl_model
                                 mine->pp > 1 ? mine->pp : 1,
                                 mine->pp_rank,
                                 mine->vpp,
+                                mine->pp_first_layers,
+                                mine->pp_last_layers,
                                 P,
                                 p};
         st = sl_model_new_split(mine, sl_backend_cpu(), &split, &peer);

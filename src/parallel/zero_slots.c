@@ -366,6 +366,7 @@ static sl_status gather_bucket(sl_dp *dp, int k, sl_buffer *dst, int64_t off, sl
     const dp_shard *s = &dp->shard;
     int64_t len = b->hi - b->lo, q = b->q, tail = len - q * bk_n(dp, b);
     if (q > 0) {
+        if (bk_comm(dp, b)) dp_count_bk(dp, b, 1, q * bk_n(dp, b));
         if (bk_comm(dp, b))
             SL_TRY(sl_comm_all_gather_async(bk_comm(dp, b), s->param + b->part_off,
                                             (float *)sl_buffer_map(dst) + off, (size_t)q, SL_COMM_F32, req));
@@ -497,6 +498,7 @@ sl_status sl_dp_launch_param_gathers(sl_dp *dp) {
     for (int j = 0; j < dp->buckets.count; j++) {
         int k = pg->by_pfirst[j];
         const dp_bucket *b = &dp->buckets.v[k];
+        if (b->q > 0) dp_count_bk(dp, b, 1, b->q * bk_n(dp, b));
         if (b->q > 0 && bk_comm(dp, b))
             SL_TRY(sl_comm_all_gather_async(bk_comm(dp, b), p + b->lo + b->q * bk_r(dp, b), p + b->lo,
                                             (size_t)b->q, SL_COMM_F32, &pg->reqs[k]));

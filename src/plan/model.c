@@ -16,13 +16,16 @@
  * sl_graph_plan's liveness-packed arena for one micro-batch, which for suanli's graphs is (fp32 floats per
  * token) 16 C + NH per GPT-2 layer, 6 C + 4 F + 2 KV + NH per Llama layer, and 3 C + 2 V outside the
  * layers (embedding output, final norm, logits and their gradient); fitted on sl_graph_plan and checked
- * by tests/plan/test_plan.c within 5 %. Tensor and pipeline parallelism, expert parallelism and
- * recomputation are model-only (suanli does not run them yet): Megatron's splits (column/row-parallel
- * weights, vocab-parallel embedding, 1F1B keeping p micro-batches in flight on the first stage, full
+ * by tests/plan/test_plan.c within 5 %. Tensor and pipeline parallelism follow suanli's splits
+ * (column/row-parallel weights, vocab-parallel embedding, two more replicated buffers per layer for the f/g
+ * collectives; a pipeline device is the fuller of the first stage (embedding, its layers, min(m, p) 1F1B
+ * slots) and the last (its layers, final norm, LM head, one slot)), checked against real TP/PP allocations
+ * by tests/plan/test_plan.c within 5 % too. Expert parallelism and recomputation are model-only (full
  * recomputation keeping each layer's input).
  *
  * Note [Planner time model]
- * step = pipeline(compute per micro-batch x (m + (p-1)/v)) + exposed DP communication + optimizer.
+ * step = pipeline(compute per micro-batch x (m + (p-1)/v)) + exposed DP communication + optimizer; under pp
+ * the compute per micro-batch is the slowest stage's, the last: L/p layers plus the LM head (even split).
  * Compute per micro-batch = matmul FLOPs / (peak x gemm_efficiency) + elementwise traffic / memory
  * bandwidth + TP all-reduces (4 per layer, 6 with recomputation) + EP all-to-alls (4 per MoE layer).
  * Communication is alpha-beta per link class: a collective of n bytes over g ranks costs
@@ -36,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "suanli/nn.h"
 #include "suanli/plan.h"
 
 /* elementwise bytes moved per micro-batch = 8.0 x the planned activation bytes: fitted on two runs on this
@@ -80,18 +84,33 @@ double sl_plan_flops_per_token(const sl_plan_model *m, int64_t T) {
     return 6.0 * mm + attn;
 }
 
-/* Parameter sizes of the largest pipeline stage in flat-buffer order (the order of src/nn's builders), for
- * the bucket walk. Returns the count. */
-static int stage_param_list(const sl_plan_model *m, int64_t tp, int64_t pp, int64_t ep, int64_t *out,
-                            int cap) {
+/* Parameter sizes of a pipeline stage in flat-buffer order (the order of src/nn's builders), for the
+ * bucket walk: stage STAGE_ALL (pp 1: the whole model), STAGE_FIRST (the embedding(s) and its layers) or
+ * STAGE_LAST (its layers, the final norm and the LM head: untied, or the tied embedding's copy). Returns
+ * the count. */
+enum { STAGE_ALL, STAGE_FIRST, STAGE_MID, STAGE_LAST };
+/* the layers of stage `which` under l's split */
+static int64_t stage_layers(const sl_plan_model *m, const sl_plan_layout *l, int which) {
+    int64_t L = m->n_layer, p = l->pp > 1 ? l->pp : 1, f = l->first_layers, z = l->last_layers;
+    if (p == 1) return L;
+    if (!f && !z) return L / p;
+    if (which == STAGE_FIRST && f) return f;
+    if (which == STAGE_LAST && z) return z;
+    int64_t others = p - (f > 0) - (z > 0);
+    return others > 0 ? (L - f - z) / others : 0;
+}
+static int stage_param_list(const sl_plan_model *m, int64_t tp, int64_t Ls, int64_t ep, int which,
+                            int64_t *out, int cap) {
     int n = 0;
-    int64_t C = m->hidden, Ls = m->n_layer / pp;
+    int64_t C = m->hidden;
 #define PUSH(x)                                                                                              \
     do {                                                                                                     \
         if (n < cap) out[n++] = (x);                                                                         \
     } while (0)
-    PUSH(m->vocab * C / tp);
-    if (m->arch == SL_PLAN_GPT2) PUSH(m->max_seq * C);
+    if (which == STAGE_ALL || which == STAGE_FIRST) {
+        PUSH(m->vocab * C / tp);
+        if (m->arch == SL_PLAN_GPT2) PUSH(m->max_seq * C);
+    }
     for (int64_t l = 0; l < Ls; l++) {
         if (m->arch == SL_PLAN_GPT2) {
             int64_t v[12] = {C, C, 3 * C * C / tp, 3 * C / tp, C * C / tp,     C,
@@ -114,12 +133,15 @@ static int stage_param_list(const sl_plan_model *m, int64_t tp, int64_t pp, int6
             }
         }
     }
-    if (m->arch == SL_PLAN_GPT2) {
-        PUSH(C);
-        PUSH(C);
-    } else {
-        PUSH(C);
-        if (!m->tied) PUSH(m->vocab * C / tp);
+    if (which == STAGE_ALL || which == STAGE_LAST) {
+        if (m->arch == SL_PLAN_GPT2) {
+            PUSH(C);
+            PUSH(C);
+        } else {
+            PUSH(C);
+        }
+        /* the LM head: untied, or (a pipeline's last stage) the tied embedding's copy */
+        if ((m->arch != SL_PLAN_GPT2 && !m->tied) || which == STAGE_LAST) PUSH(m->vocab * C / tp);
     }
 #undef PUSH
     return n;
@@ -166,9 +188,13 @@ double sl_plan_activation_bytes(const sl_plan_model *m, int64_t B, int64_t T, in
         rep = 4.0 * C;
         split = 2.0 * C + 4.0 * F + 2.0 * kvd + NH * (double)tp;
     }
+    /* under TP the f / g collectives keep two more replicated (B, T, C) buffers per layer and the
+     * embedding's g one outside the layers (fitted on sl_graph_plan for GPT-2 L4/L8 C256 B8/B32 tp 2:
+     * 12 C + 6 floats per token and layer, 3 C + 2 V / tp + C outside; BENCHMARKS.md "Layout planner") */
+    if (tp > 1) rep += 2.0 * C;
     double per_layer = rep + split / (double)tp;
     double L = (double)m->n_layer;
-    double outside = 3.0 * C + 2.0 * (double)m->vocab / (double)tp;
+    double outside = 3.0 * C + 2.0 * (double)m->vocab / (double)tp + (tp > 1 ? C : 0.0);
     double floats = recompute ? L * C + per_layer + outside : L * per_layer + outside;
     return 4.0 * N * floats;
 }
@@ -220,14 +246,17 @@ static sl_status check_layout(const sl_plan_model *m, const sl_plan_cluster *cl,
     return SL_OK;
 }
 
-static void memory(const sl_plan_model *m, const sl_plan_job *job, sl_plan_layout *l) {
+/* one stage's memory (Note [Planner memory model]) */
+static void stage_memory(const sl_plan_model *m, const sl_plan_job *job, const sl_plan_layout *l, int which,
+                         sl_plan_mem *mm) {
     int64_t plist[4096];
-    int n = stage_param_list(m, l->tp, l->pp, l->ep, plist, 4096);
+    int64_t Ls = stage_layers(m, l, which);
+    int n = stage_param_list(m, l->tp, Ls, l->ep, which, plist, 4096);
     bucket_stats b;
     buckets(plist, n, job->bucket_elems > 0 ? job->bucket_elems : (1 << 20), l->dp, &b);
     int slots = l->zero >= 2 && l->accum == 1;
     double shard = l->zero ? b.shard : b.total;
-    sl_plan_mem *mm = &l->mem;
+    *mm = (sl_plan_mem){0};
     mm->params = 4.0 * (l->zero == 3 ? shard : b.total);
     mm->grads = slots ? 0 : 4.0 * b.total;
     mm->grad_shard = l->zero >= 2 ? 4.0 * shard : 0;
@@ -238,15 +267,38 @@ static void memory(const sl_plan_model *m, const sl_plan_job *job, sl_plan_layou
         int k = b.n_buckets - 3 < 3 ? b.n_buckets - 3 : 3;
         mm->slots += 4.0 * (double)(k < 1 ? 1 : k) * b.max_bucket;
     }
-    double inflight = l->pp > 1 ? (double)(l->accum < l->pp ? l->accum : l->pp) : 1.0;
-    double act_layers = sl_plan_activation_bytes(m, l->micro_batch, job->seq_len, l->tp, l->recompute);
-    if (l->pp > 1) { /* the first stage: its share of the layers for `inflight` micro-batches */
-        double outside = 4.0 * (double)(l->micro_batch * job->seq_len) *
-                         (3.0 * (double)m->hidden + 2.0 * (double)m->vocab / (double)l->tp);
-        act_layers = (act_layers - outside) / (double)l->pp * inflight + outside;
+    double act = sl_plan_activation_bytes(m, l->micro_batch, job->seq_len, l->tp, l->recompute);
+    if (which != STAGE_ALL) {
+        /* a stage's graph slot: its share of the layers plus its ends, fitted on sl_graph_plan (Llama L2
+         * C64, pp 2 and tp 2 x pp 2, tests/plan/test_plan.c): the first stage ~4 C floats per token (the
+         * embedding output, the stage output and its received gradient), the last 2 V / tp + 2 C (final
+         * norm, logits and their gradient); 1F1B keeps min(m, p) slots on the first stage, 1 on the last */
+        double N = (double)(l->micro_batch * job->seq_len), C = (double)m->hidden;
+        double outside = 4.0 * N * (3.0 * C + 2.0 * (double)m->vocab / (double)l->tp + (l->tp > 1 ? C : 0.0));
+        double layers = (act - outside) / (double)m->n_layer * (double)Ls;
+        int64_t k = which == STAGE_FIRST ? l->pp : which == STAGE_MID ? l->pp - 1 : 1; /* 1F1B: p - s */
+        double inflight = (double)(l->accum < k ? l->accum : k);
+        act = which == STAGE_LAST ? layers + 4.0 * N * (2.0 * (double)m->vocab / (double)l->tp + 2.0 * C)
+                                  : inflight * (layers + 4.0 * N * 4.0 * C);
     }
-    mm->activations = act_layers;
+    mm->activations = act;
     mm->total = mm->params + mm->grads + mm->grad_shard + mm->optim + mm->slots + mm->activations;
+}
+
+/* the fullest device: the whole model's, or the larger of the first and last pipeline stages' */
+static void memory(const sl_plan_model *m, const sl_plan_job *job, sl_plan_layout *l) {
+    if (l->pp <= 1) {
+        stage_memory(m, job, l, STAGE_ALL, &l->mem);
+        return;
+    }
+    sl_plan_mem first, last, mid;
+    stage_memory(m, job, l, STAGE_FIRST, &first);
+    stage_memory(m, job, l, STAGE_LAST, &last);
+    l->mem = first.total >= last.total ? first : last;
+    if (l->pp > 2) {
+        stage_memory(m, job, l, STAGE_MID, &mid);
+        if (mid.total > l->mem.total) l->mem = mid;
+    }
 }
 
 static void timing(const sl_plan_model *m, const sl_plan_cluster *cl, const sl_plan_job *job,
@@ -256,10 +308,22 @@ static void timing(const sl_plan_model *m, const sl_plan_cluster *cl, const sl_p
     double fpt = sl_plan_flops_per_token(m, job->seq_len);
     if (l->recompute) fpt *= 4.0 / 3.0;
     double rate = cl->peak_flops * cl->gemm_efficiency;
-    double t_mm = fpt * tokens_mb / (double)(l->tp * l->pp) / rate;
+    /* under pp the slowest stage sets the pace: the last one, with its share of the layers plus the LM head
+     * (6 V C FLOPs per token; 5.4 layers' worth for GPT-2 124M at T 64): Note [Uneven pipeline stages] */
+    double head = 6.0 * (double)m->vocab * (double)m->hidden * (l->recompute ? 4.0 / 3.0 : 1.0);
+    double per_layer = (fpt - head) / (double)m->n_layer;
+    double fstage = fpt, Ls = (double)m->n_layer;
+    if (l->pp > 1) {
+        int64_t nf = stage_layers(m, l, STAGE_FIRST), nm = stage_layers(m, l, STAGE_MID),
+                nl = stage_layers(m, l, STAGE_LAST);
+        fstage =
+            fmax(fmax((double)nf, l->pp > 2 ? (double)nm : 0) * per_layer, (double)nl * per_layer + head);
+        Ls = (double)(nf > nl ? nf : nl); /* TP all-reduces: the longest stage's layers */
+        if (l->pp > 2 && nm > Ls) Ls = (double)nm;
+    }
+    double t_mm = fstage * tokens_mb / (double)l->tp / rate;
     double act = sl_plan_activation_bytes(m, l->micro_batch, job->seq_len, l->tp, 0) / (double)l->pp;
     double t_elem = act * (ELEM_TRAFFIC_X10 / 10.0) / cl->mem_bw_Bps;
-    double Ls = (double)(m->n_layer / l->pp);
     double x_bytes = 4.0 * tokens_mb * (double)m->hidden; /* fp32 activations, one micro-batch */
     const sl_plan_link *tpl = axis_link(cl, 1, l->tp), *dpl = axis_link(cl, l->tp, l->dp),
                        *ppl = axis_link(cl, l->tp * l->dp, l->pp);
@@ -278,7 +342,8 @@ static void timing(const sl_plan_model *m, const sl_plan_cluster *cl, const sl_p
     double t_pp = l->pp > 1 ? 2.0 * mb * v * (ppl->alpha_s + x_bytes / ppl->beta_Bps) : 0.0;
     /* DP: volumes of the stage's gradients */
     int64_t plist[4096];
-    int n = stage_param_list(m, l->tp, l->pp, l->ep, plist, 4096);
+    int which = l->pp > 1 ? STAGE_FIRST : STAGE_ALL;
+    int n = stage_param_list(m, l->tp, stage_layers(m, l, which), l->ep, which, plist, 4096);
     bucket_stats bs;
     buckets(plist, n, job->bucket_elems > 0 ? job->bucket_elems : (1 << 20), l->dp, &bs);
     double gbytes = 4.0 * bs.total, t_dp = 0;
@@ -317,10 +382,20 @@ sl_status sl_plan_evaluate(const sl_plan_model *m, const sl_plan_cluster *cl, co
         return sl_fail(SL_ERR_INVALID,
                        "--vpp: interleaving needs pp > 1 and micro-batches (%lld) a multiple of pp",
                        (long long)l->accum);
+    l->first_layers = l->last_layers = 0;
+    if (l->pp > 1 && l->vpp == 1) { /* the split that balances the last stage's LM head */
+        double fpt = sl_plan_flops_per_token(m, job->seq_len),
+               head = 6.0 * (double)m->vocab * (double)m->hidden;
+        int f, z;
+        sl_pp_balanced_split((int)m->n_layer, (int)l->pp, head / ((fpt - head) / (double)m->n_layer), &f, &z);
+        l->first_layers = f;
+        l->last_layers = z;
+    }
     memory(m, job, l);
     l->fits = l->mem.total <= cl->mem_bytes * (1.0 - cl->mem_reserve);
     timing(m, cl, job, l);
-    l->runnable = l->tp == 1 && l->pp == 1 && l->ep == 1 && !l->recompute && l->vpp == 1;
+    /* what `suanli train` runs: dp x tp x pp (1F1B or interleaved), ZeRO 0-3 but not ZeRO-3 with pp */
+    l->runnable = l->ep == 1 && !l->recompute && !(l->pp > 1 && l->zero == 3);
     return SL_OK;
 }
 

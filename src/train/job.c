@@ -101,6 +101,8 @@ static uint64_t opts_hash(const sl_train_opts *o) {
                     o->parallel.ep,
                     o->parallel.sequence_parallel,
                     o->parallel.layers_per_virtual_stage,
+                    o->parallel.first_stage_layers,
+                    o->parallel.last_stage_layers,
                     o->parallel.zero_stage,
                     o->parallel.bucket_elems,
                     o->log.interval,
@@ -144,20 +146,34 @@ static sl_status setup_comm(sl_train_job *j) {
     const sl_mesh *mesh = &j->mesh;
     if (o->parallel.sequence_parallel && mesh->tp < 2)
         return sl_train_bad("--sequence-parallel needs --tensor-model-parallel-size > 1 (got %d)", mesh->tp);
+    if ((o->parallel.first_stage_layers || o->parallel.last_stage_layers) && mesh->pp < 2)
+        return sl_train_bad("--decoder-%s-pipeline-num-layers: needs --pipeline-model-parallel-size > 1",
+                            o->parallel.first_stage_layers ? "first" : "last");
     if (mesh->tp > 1 || mesh->pp > 1) {
-        /* Tensor and pipeline parallelism (src/parallel/tp.c, src/train/pipeline.c): GPT-2 models built
-         * here, host-visible memory */
+        /* Tensor and pipeline parallelism (src/parallel/tp.c, src/train/pipeline.c): GPT-2 models and
+         * --init-from Llama-family models, split in make_model; host-visible memory */
         const char *flag = mesh->tp > 1 ? "--tensor-model-parallel-size" : "--pipeline-model-parallel-size";
         int n = mesh->tp > 1 ? mesh->tp : mesh->pp;
-        if (o->model.init_from)
-            return sl_train_bad("%s %d: TP and PP are implemented for suanli's GPT-2 in `suanli train`, not "
-                                "for --init-from models",
-                                flag, n);
+        if (o->model.init_from) { /* the Llama family (Qwen2-MoE / DeepSeek-V3 too: Note [MoE under TP]) and
+                                     HF GPT-2; not Mixtral's dense-gate experts, not Baichuan's W_pack */
+            sl_llama_config hc;
+            if (sl_hf_load_config(o->model.init_from, &hc, NULL) == SL_OK &&
+                (hc.arch == SL_ARCH_MIXTRAL || hc.arch == SL_ARCH_BAICHUAN))
+                return sl_train_bad("%s %d: not implemented for --init-from %s models (%s)", flag, n,
+                                    sl_arch_name(hc.arch),
+                                    hc.arch == SL_ARCH_BAICHUAN ? "the packed W_pack projection"
+                                                                : "Mixtral's experts: use data parallelism");
+        }
         if (o->parallel.sequence_parallel && o->data.seq_length % mesh->tp)
             return sl_train_bad("--sequence-parallel: --seq-length %lld is not divisible by "
                                 "--tensor-model-parallel-size %d",
                                 (long long)o->data.seq_length, mesh->tp);
         int64_t lv = o->parallel.layers_per_virtual_stage;
+        if ((o->parallel.first_stage_layers || o->parallel.last_stage_layers) && lv > 0)
+            return sl_train_bad(
+                "--decoder-%s-pipeline-num-layers with --num-layers-per-virtual-pipeline-stage "
+                "is not supported (uneven stages without interleaving)",
+                o->parallel.first_stage_layers ? "first" : "last");
         if (lv > 0 && mesh->pp < 2)
             return sl_train_bad(
                 "--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1");
@@ -484,29 +500,40 @@ static sl_status make_model(sl_train_job *j) {
     if (short_split(j))
         return sl_train_bad("%s: a split has fewer than seq-length+1 = %lld tokens", o->data.path,
                             (long long)o->data.seq_length + 1);
-    if (mo->init_from) return j->mesh.ep > 1 ? sl_train_moe_split(j) : SL_OK; /* weights loaded above */
     int64_t lv = o->parallel.layers_per_virtual_stage, per_stage = j->cfg.n_layer / j->mesh.pp;
     if (lv > 0 && (j->cfg.n_layer % j->mesh.pp || per_stage % lv || per_stage / lv < 2))
         return sl_train_bad("--num-layers-per-virtual-pipeline-stage %lld: num-layers %d is not "
                             "--pipeline-model-parallel-size %d x %lld x (2 or more model chunks)",
                             (long long)lv, j->cfg.n_layer, j->mesh.pp, (long long)lv);
     j->vpp = lv > 0 ? (int)(per_stage / lv) : 1;
-    if (sl_gpt2_new_on(&j->cfg, j->be, &j->m) != SL_OK) return sl_train_bad("%s", sl_errmsg());
-    if (j->init_from_weights) {
-        if (sl_model_load_weights(j->m, j->wpath) != SL_OK) return sl_train_bad("--load: %s", sl_errmsg());
-    } else if (!j->resume) { /* a resumed run loads every parameter from the checkpoint (make_trainer) */
-        SL_TRY(sl_model_init_weights_ex(j->m, (uint64_t)o->seed));
+    if (!mo->init_from) { /* --init-from: the whole model and its weights loaded above */
+        if (sl_gpt2_new_on(&j->cfg, j->be, &j->m) != SL_OK) return sl_train_bad("%s", sl_errmsg());
+        if (j->init_from_weights) {
+            if (sl_model_load_weights(j->m, j->wpath) != SL_OK)
+                return sl_train_bad("--load: %s", sl_errmsg());
+        } else if (!j->resume) { /* a resumed run loads every parameter from the checkpoint (make_trainer) */
+            SL_TRY(sl_model_init_weights_ex(j->m, (uint64_t)o->seed));
+        }
     }
-    if (j->mesh.tp > 1 || j->mesh.pp > 1) { /* this rank's part of the whole model initialised above */
+    if (j->mesh.tp > 1 || j->mesh.pp > 1 || j->mesh.ep > 1) { /* this rank's part of the whole model */
         if (!j->be->caps.host_visible)
             return sl_train_bad(
                 "tensor and pipeline parallelism need host-visible memory (--device cpu), not %s",
                 j->be->name);
         sl_model *whole = j->m, *shard = NULL;
         j->m = NULL;
-        sl_model_split split = {j->mesh.tp, j->mesh.tp_rank, j->mesh.pp, j->mesh.pp_rank, j->vpp, 1, 0};
-        sl_status st = sl_gpt2_new_par(&j->cfg, j->be, &split, &shard);
+        sl_model_split split = {j->mesh.tp,
+                                j->mesh.tp_rank,
+                                j->mesh.pp,
+                                j->mesh.pp_rank,
+                                j->vpp,
+                                (int)o->parallel.first_stage_layers,
+                                (int)o->parallel.last_stage_layers,
+                                j->mesh.ep,
+                                j->mesh.ep_rank};
+        sl_status st = sl_model_new_split(whole, j->be, &split, &shard);
         if (st == SL_OK) st = sl_tp_load_full(shard, whole);
+        if (st == SL_OK) shard->autocast_bf16 = whole->autocast_bf16;
         sl_model_free(whole);
         if (st != SL_OK) {
             sl_model_free(shard);

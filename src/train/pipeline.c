@@ -60,6 +60,7 @@ struct sl_pipeline {
     int n_units;
     int32_t *ids_buf, *tg_buf;
     double wait_sec;
+    double sent_bytes;  /* activations, their gradients and the tied embedding's gradient sent (this rank) */
     sl_plan_stats plan; /* every slot's, summed */
 };
 
@@ -244,6 +245,34 @@ double sl_pipeline_take_wait(sl_pipeline *P) {
     return w;
 }
 
+double sl_pipeline_take_bytes(sl_pipeline *P) {
+    double b = P->sent_bytes;
+    P->sent_bytes = 0;
+    return b;
+}
+
+void sl_pipeline_add_bytes(sl_pipeline *P, double bytes) { P->sent_bytes += bytes; }
+
+/* Note [Pipeline communication volume]: per step, each of the m micro-batches crosses every boundary
+ * between virtual stages once forward (its activations, B x T (T/tp under SP) x C f32) and once backward
+ * (their gradient); this rank sends the forward copy out of each of its chunks but the last virtual stage
+ * and the backward copy out of each but the first. With a tied embedding the first and last stages also
+ * send each other the embedding's gradient (their shard of it) once per step. The loss broadcast and the
+ * norm's partial sums (a few bytes) are not counted. */
+double sl_pipeline_comm_theory(const sl_pipeline *P) {
+    double a = (double)P->act * sizeof(float), per = 0;
+    for (int c = 0; c < P->v; c++) {
+        int q = c * P->p + P->s, last = P->v * P->p - 1;
+        per += (q < last ? a : 0) + (q > 0 ? a : 0);
+    }
+    double bytes = per * P->m_micro;
+    const sl_model *m = P->m;
+    int tied = m->arch == SL_ARCH_GPT2 || m->lcfg.tie_embeddings;
+    const sl_param_info *w = sl_model_find(m, m->arch == SL_ARCH_GPT2 ? "wte" : "model.embed_tokens.weight");
+    if (tied && w && P->p > 1 && (P->s == 0 || P->s == P->p - 1)) bytes += (double)w->numel * sizeof(float);
+    return bytes;
+}
+
 static sl_status recv_timed(sl_pipeline *P, sl_comm *c, void *buf, int peer) {
     double t0 = sl_time_sec();
     sl_status st = sl_comm_recv(c, buf, (size_t)P->act, SL_COMM_F32, peer);
@@ -294,6 +323,7 @@ static sl_status forward(sl_pipeline *P, int c, int k, int64_t step, int micro, 
     } else {
         sl_comm *ch = act_out(P, &peer);
         SL_TRY(sl_comm_send_async(ch, sl->out->data, (size_t)P->act, SL_COMM_F32, peer, &sl->send_fwd));
+        P->sent_bytes += (double)P->act * sizeof(float);
     }
     return SL_OK;
 }
@@ -316,6 +346,7 @@ static sl_status backward(sl_pipeline *P, int c, int k, int overwrite) {
     if (!first_virtual(P, c)) {
         sl_comm *ch = grad_out(P, &peer);
         SL_TRY(sl_comm_send_async(ch, sl->dx_in->data, (size_t)P->act, SL_COMM_F32, peer, &sl->send_bwd));
+        P->sent_bytes += (double)P->act * sizeof(float);
     }
     return SL_OK;
 }

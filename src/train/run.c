@@ -73,11 +73,12 @@ static void print_banner(const sl_train_job *j) {
         int64_t ex = 0;
         for (int i = 0; i < m->n_params; i++) ex += m->params[i].expert ? m->params[i].numel : 0;
         double mib = sizeof(float) / 1048576.0;
-        fprintf(f,
-                "expert parallel: %d ranks, %d of %d experts per rank, expert-data-parallel groups of %d | per "
-                "rank: params %.2f MiB, of which experts %.2f MiB (every expert: %.2f MiB)\n",
-                m->ep, m->lcfg.n_experts / m->ep, m->lcfg.n_experts, j->mesh.dp / m->ep, m->numel * mib, ex * mib,
-                (double)ex * m->ep * mib);
+        fprintf(
+            f,
+            "expert parallel: %d ranks, %d of %d experts per rank, expert-data-parallel groups of %d | per "
+            "rank: params %.2f MiB, of which experts %.2f MiB (every expert: %.2f MiB)\n",
+            m->ep, m->lcfg.n_experts / m->ep, m->lcfg.n_experts, j->mesh.dp / m->ep, m->numel * mib, ex * mib,
+            (double)ex * m->ep * mib);
     }
     if (j->tp && m->tp > 1) {
         /* per rank: this rank's shards; the formula beside it: split weights / tp + replicated ones */
@@ -354,7 +355,16 @@ static void report_step(sl_train_job *j, const sl_train_progress *p, double t_st
             fprintf(j->metrics, ", \"tp_comm_ms\": %.3f, \"tp_comm_mib\": %.4f, \"tp_comm_theory_mib\": %.4f",
                     j->tp_sec * 1e3, j->tp_bytes / 1048576.0,
                     sl_tp_comm_theory(j->m, j->B, j->T, j->accum) / 1048576.0);
-        if (j->tr.pipe) fprintf(j->metrics, ", \"pipe_wait_ms\": %.3f", ss->pipe_wait_sec * 1e3);
+        if (j->dp) { /* Note [DP communication volume]; no theory for ZeRO-3 */
+            double th = sl_dp_comm_theory(j->dp);
+            fprintf(j->metrics, ", \"dp_comm_mib\": %.6f", ss->dp_comm_bytes / 1048576.0);
+            if (isfinite(th)) fprintf(j->metrics, ", \"dp_comm_theory_mib\": %.6f", th / 1048576.0);
+        }
+        if (j->tr.pipe)
+            fprintf(j->metrics,
+                    ", \"pipe_wait_ms\": %.3f, \"pp_comm_mib\": %.6f, \"pp_comm_theory_mib\": %.6f",
+                    ss->pipe_wait_sec * 1e3, ss->pp_comm_bytes / 1048576.0,
+                    sl_pipeline_comm_theory(j->tr.pipe) / 1048576.0);
         sl_train_moe_metrics(j, j->metrics);
         fprintf(j->metrics, "}\n");
         fflush(j->metrics);
@@ -514,14 +524,21 @@ static sl_status finish(sl_train_job *j, const sl_train_callbacks *cb, const sl_
     sl_model *m = j->m, *whole = NULL;
     if (m->ep > 1) { /* every EP rank's experts (collective over the EP group), then TP shards and stages */
         sl_model *stage = NULL;
-        sl_model_split sp = {
-            m->tp > 1 ? m->tp : 1, m->tp_rank, m->pp > 1 ? m->pp : 1, m->pp_rank, m->vpp, 1, 0};
+        sl_model_split sp = {m->tp > 1 ? m->tp : 1,
+                             m->tp_rank,
+                             m->pp > 1 ? m->pp : 1,
+                             m->pp_rank,
+                             m->vpp,
+                             m->pp_first_layers,
+                             m->pp_last_layers,
+                             1,
+                             0};
         st = j->dp ? sl_dp_sync_params(j->dp) : SL_OK;
         if (st == SL_OK) st = sl_model_new_split(m, j->be, &sp, &stage);
         if (st == SL_OK) st = sl_ep_gather_whole(&j->mesh, m, stage);
         if (st == SL_OK && (m->tp > 1 || m->pp > 1)) {
             if (j->mesh.pp_rank == 0)
-                st = sl_model_new_split(m, j->be, &(sl_model_split){1, 0, 1, 0, 1, 1, 0}, &whole);
+                st = sl_model_new_split(m, j->be, &(sl_model_split){1, 0, 1, 0, 1, 0, 0, 1, 0}, &whole);
             if (st == SL_OK) st = sl_par_gather_whole(j->tp, &j->mesh, stage, whole);
         } else if (st == SL_OK) {
             whole = stage; /* the whole model already */
@@ -538,7 +555,12 @@ static sl_status finish(sl_train_job *j, const sl_train_callbacks *cb, const sl_
     } else if (j->tp || j->tr.pipe) {
         /* the TP shards and pipeline stages gathered into a whole model on the first stage, for saving and
          * sampling (collective: every rank, whatever it then does with it; only rank 0 saves and samples) */
-        st = j->mesh.pp_rank == 0 ? sl_gpt2_new_on(&j->cfg, j->be, &whole) : SL_OK;
+        if (j->mesh.pp_rank != 0)
+            st = SL_OK;
+        else if (j->m->arch == SL_ARCH_GPT2)
+            st = sl_gpt2_new_on(&j->cfg, j->be, &whole);
+        else /* an --init-from Llama-family model */
+            st = sl_llama_new_on(&j->m->lcfg, SL_F32, j->be, &whole);
         if (st == SL_OK) st = sl_par_gather_whole(j->tp, &j->mesh, j->m, whole);
         if (st != SL_OK) {
             sl_model_free(whole);

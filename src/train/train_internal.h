@@ -73,8 +73,6 @@ void sl_train_job_release(sl_train_job *j, int failed);
  * bias update after each step, and the metrics.jsonl fields. */
 sl_status sl_train_moe_check(sl_train_job *j);
 sl_status sl_train_moe_apply(sl_train_job *j);
-/* --expert-model-parallel-size: this rank's experts of the --init-from model (replaces j->m) */
-sl_status sl_train_moe_split(sl_train_job *j);
 sl_status sl_train_moe_after_step(sl_train_job *j);
 /* after the trainer exists: DeepSeek-V3's bias update collects each micro-batch's loads */
 sl_status sl_train_moe_bias_setup(sl_train_job *j);

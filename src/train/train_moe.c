@@ -117,25 +117,6 @@ sl_status sl_train_moe_apply(sl_train_job *j) {
     return SL_OK;
 }
 
-sl_status sl_train_moe_split(sl_train_job *j) {
-    sl_model *whole = j->m, *mine = NULL;
-    if (!sl_model_is_moe(whole) || whole->arch == SL_ARCH_MIXTRAL)
-        return sl_train_bad("--expert-model-parallel-size %d: expert parallelism is built for Qwen2-MoE and "
-                            "DeepSeek-V3-style models, not %s",
-                            j->mesh.ep, sl_arch_name(whole->arch));
-    sl_model_split split = {1, 0, 1, 0, 1, j->mesh.ep, j->mesh.ep_rank};
-    sl_status st = sl_model_new_split(whole, j->be, &split, &mine);
-    if (st == SL_OK) st = sl_tp_load_full(mine, whole);
-    if (st != SL_OK) {
-        sl_model_free(mine);
-        return sl_train_bad("--expert-model-parallel-size %d: %s", j->mesh.ep, sl_errmsg());
-    }
-    mine->autocast_bf16 = whole->autocast_bf16;
-    sl_model_free(whole);
-    j->m = mine;
-    return SL_OK;
-}
-
 /* the statistics of every data-parallel rank's last micro-batch: loads and dropped assignments summed,
  * the router losses averaged */
 static sl_status reduce_stats(sl_train_job *j, sl_moe_stats *s) {
@@ -181,7 +162,7 @@ static sl_status update_bias(sl_train_job *j) {
 }
 
 sl_status sl_train_moe_bias_setup(sl_train_job *j) {
-    if (!j->m || !sl_model_is_moe(j->m) || j->m->moe.bias_update_rate == 0) return SL_OK;
+    if (!j->m || !sl_model_is_moe(j->m) || j->m->moe.bias_update_rate == 0 || j->tr.pipe) return SL_OK;
     j->moe_nl = sl_moe_bias_layers(j->tr.graph, &j->moe_E);
     if (j->moe_nl == 0) return SL_OK;
     j->moe_loads = calloc((size_t)j->moe_nl * (size_t)j->moe_E, sizeof(float));
@@ -193,7 +174,9 @@ sl_status sl_train_moe_bias_setup(sl_train_job *j) {
 
 sl_status sl_train_moe_after_step(sl_train_job *j) {
     if (!j->m || !sl_model_is_moe(j->m)) return SL_OK;
-    sl_status st = sl_moe_graph_stats(j->tr.graph, &j->moe_stats);
+    /* under pipeline parallelism: graph slot 0 (this stage's first chunk, its last micro-batch there) */
+    sl_graph *g = j->tr.pipe ? sl_pipeline_graph(j->tr.pipe, 0) : j->tr.graph;
+    sl_status st = sl_moe_graph_stats(g, &j->moe_stats);
     if (st == SL_OK) st = reduce_stats(j, &j->moe_stats);
     if (st == SL_OK) st = update_bias(j);
     if (st != SL_OK) return sl_train_fail(st, "moe statistics: %s", sl_errmsg());

@@ -103,6 +103,7 @@ static sl_status pipe_after_backward(sl_trainer *tr, float *loss) {
         }
         free(other);
         SL_TRY(st);
+        sl_pipeline_add_bytes(tr->pipe, (double)w->numel * sizeof(float));
     }
     return sl_comm_broadcast(mesh->pp_comm, loss, loss, 1, SL_COMM_F32, p - 1);
 }
@@ -237,6 +238,8 @@ sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *us
     if (tr->scaling) sl_loss_scaler_update(&tr->scaler, skip);
     if (stats) {
         stats->pipe_wait_sec = tr->pipe ? sl_pipeline_take_wait(tr->pipe) : 0;
+        stats->pp_comm_bytes = tr->pipe ? sl_pipeline_take_bytes(tr->pipe) : 0;
+        stats->dp_comm_bytes = sl_dp_take_comm_bytes(tr->dp);
         stats->loss = loss;
         stats->grad_norm = norm;
         stats->lr = lr;

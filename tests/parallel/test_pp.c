@@ -61,6 +61,7 @@ static sl_status synth(void *u, int64_t step, int micro, int32_t *ids, int32_t *
 typedef struct {
     sl_comm *world;
     int tp, pp, sp, zero, accum, vpp; /* dp = world / (tp pp) */
+    int first, last;                  /* layers on the first / last stage (0: even) */
     float losses[STEPS];
     sl_model *stage;           /* for the names and shapes of the gathered parameters (kept) */
     float *full;               /* this stage's parameters in full (TP-gathered) layout, stage order */
@@ -80,7 +81,7 @@ static void *run_rank(void *arg) {
     if ((j->st = sl_mesh_init(&mesh, j->world, (sl_mesh_dims){j->tp, j->pp, 1})) != SL_OK) return NULL;
     if ((j->st = new_whole(&whole)) != SL_OK) goto out;
     sl_model_init_weights(whole, 11);
-    sl_model_split split = {j->tp, mesh.tp_rank, j->pp, mesh.pp_rank, j->vpp, 1, 0};
+    sl_model_split split = {j->tp, mesh.tp_rank, j->pp, mesh.pp_rank, j->vpp, j->first, j->last, 1, 0};
     if ((j->st = new_split(whole, &split, &m)) != SL_OK) goto out;
     if ((j->st = sl_tp_load_full(m, whole)) != SL_OK) goto out;
     if (j->tp > 1 && (j->st = sl_tp_new(&tp, &mesh)) != SL_OK) goto out;
@@ -158,19 +159,32 @@ typedef struct {
     sl_model *m;
 } ref_run;
 
+/* layers per stage of an uneven split (check_layout_u), NULL: even */
+static const int *g_stage_layers;
+static int g_first, g_last;
+
 static void check_layout_v(const ref_run *ref, int world, int tp, int pp, int sp, int zero, int accum,
                            int vpp) {
     sl_comm *comms[MAXR];
     rank_job jobs[MAXR];
     pthread_t th[MAXR];
     char what[128];
-    snprintf(what, sizeof what, "%s tp=%d pp=%d%s dp=%d%s zero=%d m=%d",
-             g_llama ? (g_llama == 1 ? "qwen2-tied" : "qwen2-untied") : "gpt2", tp, pp,
+    char uneven[48] = "";
+    if (g_first || g_last) snprintf(uneven, sizeof uneven, " (first %d, last %d layers)", g_first, g_last);
+    snprintf(what, sizeof what, "%s tp=%d pp=%d%s%s dp=%d%s zero=%d m=%d",
+             g_llama ? (g_llama == 1 ? "qwen2-tied" : "qwen2-untied") : "gpt2", tp, pp, uneven,
              vpp > 1 ? " interleaved v=2" : "", world / (tp * pp), sp ? " sp" : "", zero, accum);
     TU_CHECK(sl_comm_init_loopback(world, comms, NULL) == SL_OK, "loopback: %s", sl_errmsg());
     for (int r = 0; r < world; r++) {
-        jobs[r] = (rank_job){
-            .world = comms[r], .tp = tp, .pp = pp, .sp = sp, .zero = zero, .accum = accum, .vpp = vpp};
+        jobs[r] = (rank_job){.world = comms[r],
+                             .tp = tp,
+                             .pp = pp,
+                             .sp = sp,
+                             .zero = zero,
+                             .accum = accum,
+                             .vpp = vpp,
+                             .first = g_first,
+                             .last = g_last};
         pthread_create(&th[r], NULL, run_rank, &jobs[r]);
     }
     for (int r = 0; r < world; r++) pthread_join(th[r], NULL);
@@ -194,9 +208,10 @@ static void check_layout_v(const ref_run *ref, int world, int tp, int pp, int sp
         double d = stage_diff(j, ref->m, ref->m->params_mem, &mr, j->stage_dp_rank0 ? ss : (double[2]){0, 0});
         if (d > md) md = d;
         wait += j->wait;
-        /* the layers are split evenly: every stage holds L/pp of them */
-        TU_CHECK(j->stage->n_layers == 4 / pp, "%s: stage %d holds %d layers", what, stage,
-                 j->stage->n_layers);
+        /* even: every stage holds L/pp layers; uneven: the counts the layout names */
+        int want = g_stage_layers ? g_stage_layers[stage] : 4 / pp;
+        TU_CHECK(j->stage->n_layers == want, "%s: stage %d holds %d layers, expected %d", what, stage,
+                 j->stage->n_layers, want);
     }
     if (ok && pp > 1 &&
         g_llama != 2) { /* the tied copies stay equal: the last stage's is the first's, bitwise */
@@ -243,6 +258,19 @@ static void check_layout(const ref_run *ref, int world, int tp, int pp, int sp, 
     check_layout_v(ref, world, tp, pp, sp, zero, accum, 1);
 }
 
+/* an uneven split (Note [Uneven pipeline stages]): `first` / `last` layers on the first / last stage, the
+ * stages' layer counts expected as `want` says; the bars are the even splits' (the same ops run, only
+ * their placement on stages changes) */
+static void check_layout_u(const ref_run *ref, int world, int tp, int pp, int first, int last,
+                           const int *want, int accum) {
+    g_first = first;
+    g_last = last;
+    g_stage_layers = want;
+    check_layout_v(ref, world, tp, pp, 0, 0, accum, 1);
+    g_first = g_last = 0;
+    g_stage_layers = NULL;
+}
+
 static void single(int accum, ref_run *ref) {
     sl_model *m;
     TU_CHECK(new_whole(&m) == SL_OK, "model");
@@ -273,7 +301,7 @@ int main(void) {
     sl_threads_set(1);
     /* bad splits are refused with the flag named */
     sl_model *bad = NULL;
-    TU_CHECK(sl_gpt2_new_par(&CFG, sl_backend_cpu(), &(sl_model_split){1, 0, 3, 0, 1, 1, 0}, &bad) ==
+    TU_CHECK(sl_gpt2_new_par(&CFG, sl_backend_cpu(), &(sl_model_split){1, 0, 3, 0, 1, 0, 0, 1, 0}, &bad) ==
                      SL_ERR_INVALID &&
                  !bad && strstr(sl_errmsg(), "--pipeline-model-parallel-size 3 does not divide num-layers 4"),
              "layers not divisible by pp: %s", sl_errmsg());
@@ -295,10 +323,46 @@ int main(void) {
     check_layout_v(&ref4, 2, 1, 2, 0, 0, 4, 2);
     check_layout_v(&ref8, 2, 1, 2, 0, 0, 8, 2);
     check_layout_v(&ref4, 8, 2, 2, 1, 1, 2, 2); /* with tp 2 + SP and dp 2 */
-    TU_CHECK(sl_gpt2_new_par(&CFG, sl_backend_cpu(), &(sl_model_split){1, 0, 2, 0, 3, 1, 0}, &bad) ==
+    TU_CHECK(sl_gpt2_new_par(&CFG, sl_backend_cpu(), &(sl_model_split){1, 0, 2, 0, 3, 0, 0, 1, 0}, &bad) ==
                      SL_ERR_INVALID &&
                  strstr(sl_errmsg(), "--num-layers-per-virtual-pipeline-stage"),
              "chunks not dividing the layers: %s", sl_errmsg());
+    /* uneven stages: 3 + 1 (the head's stage light), 1 + 3, and 1 + 2 + 1 on pp 3 (which no even split
+     * allows for 4 layers), alone and under TP and DP */
+    check_layout_u(&ref4, 2, 1, 2, 3, 1, (const int[]){3, 1}, 4);
+    check_layout_u(&ref4, 2, 1, 2, 0, 3, (const int[]){1, 3}, 4);
+    check_layout_u(&ref4, 3, 1, 3, 1, 1, (const int[]){1, 2, 1}, 4);
+    check_layout_u(&ref4, 4, 2, 2, 3, 0, (const int[]){3, 1}, 4);
+    check_layout_u(&ref4, 6, 1, 3, 1, 1, (const int[]){1, 2, 1}, 2); /* dp 2 */
+    /* bad uneven splits: one line naming the flags and the numbers */
+    struct {
+        int pp, vpp, first, last;
+        const char *msg;
+    } bads[] = {
+        {2, 1, 4, 0, "leaves 0 layers for 1 other pipeline stages"},
+        {2, 1, 3, 2, "num-layers 4 leaves -1 layers"},
+        {3, 1, 1, 0, "leaves 3 layers for 2 other pipeline stages"},
+        {1, 1, 2, 0, "--decoder-first-pipeline-num-layers: needs --pipeline-model-parallel-size > 1"},
+        {2, 2, 3, 1, "not supported with --num-layers-per-virtual-pipeline-stage"},
+        {2, 1, 0, 5, "--decoder-last-pipeline-num-layers 5: must be in [1, num-layers 4]"},
+    };
+    for (size_t i = 0; i < sizeof bads / sizeof bads[0]; i++) {
+        sl_model_split bs = {1, 0, bads[i].pp, 0, bads[i].vpp, bads[i].first, bads[i].last, 1, 0};
+        TU_CHECK(sl_gpt2_new_par(&CFG, sl_backend_cpu(), &bs, &bad) == SL_ERR_INVALID && !bad &&
+                     strstr(sl_errmsg(), bads[i].msg),
+                 "bad split %zu: %s", i, sl_errmsg());
+    }
+    /* the suggested split: GPT-2 124M (head ~5.4 layers at T 64) on 2 stages puts 9 layers first, 3 last
+     * (slowest stage 9 layers' work instead of 6 + 5.4); a head lighter than a layer keeps the even split */
+    int bf, bl;
+    sl_gpt2_config g124 = {12, 12, 768, 50257, 1024};
+    TU_CHECK(fabs(sl_gpt2_head_layers(&g124, 64) - 50257.0 / (12 * 768 + 64)) < 1e-12, "head layers");
+    sl_pp_balanced_split(12, 2, sl_gpt2_head_layers(&g124, 64), &bf, &bl);
+    TU_CHECK(bf == 9 && bl == 3, "balanced 124M pp 2: first %d last %d", bf, bl);
+    sl_pp_balanced_split(12, 4, sl_gpt2_head_layers(&g124, 64), &bf, &bl);
+    TU_CHECK(bf == 3 && bl == 1, "balanced 124M pp 4 (3, 4, 4, 1 + head): first %d last %d", bf, bl);
+    sl_pp_balanced_split(12, 2, 0.4, &bf, &bl);
+    TU_CHECK(bf == 0 && bl == 0, "a light head keeps the even split: %d %d", bf, bl);
     sl_model_free(ref4.m);
     sl_model_free(ref8.m);
     /* the Llama family: a GQA Qwen2 with a tied head (its embedding copied to the last stage) and untied */
@@ -310,6 +374,8 @@ int main(void) {
         check_layout(&lr, 4, 2, 2, 1, 0, 4); /* tp 2 (kv heads split) + SP */
         check_layout(&lr, 8, 2, 2, 0, 1, 2); /* tp 2 x pp 2 x dp 2 */
         check_layout_v(&lr, 2, 1, 2, 0, 0, 4, 2);
+        check_layout_u(&lr, 2, 1, 2, 3, 1, (const int[]){3, 1}, 4);
+        check_layout_u(&lr, 6, 2, 3, 1, 1, (const int[]){1, 2, 1}, 4); /* tp 2 x pp 3 */
         sl_model_free(lr.m);
     }
     return tu_finish("test_pp");

@@ -38,6 +38,7 @@ static sl_plan_cluster local_cluster(int64_t devices) {
 typedef struct {
     sl_comm *world;
     int llama, zero, accum, B, T;
+    int tp, pp; /* > 1: the rank's part of a tp x pp split (dp 1) */
     int64_t bucket;
     double real_total, real_act;
     sl_dp_memory mem;
@@ -123,6 +124,77 @@ out_model:
     return NULL;
 }
 
+/* Tensor and pipeline parallelism (dp 1): rank 0 (TP rank 0 of the first stage, the stage the planner
+ * models) holds its part of the model, 16 B per parameter, and its graph's (or 1F1B slots') planned arena */
+static void *run_split_rank(void *arg) {
+    rank_job *j = arg;
+    sl_model *whole = NULL, *m = NULL;
+    sl_tp *tp = NULL;
+    sl_mesh mesh;
+    sl_trainer tr;
+    if ((j->st = sl_mesh_init(&mesh, j->world, (sl_mesh_dims){j->tp, j->pp, 1})) != SL_OK) return NULL;
+    j->st = j->llama ? sl_llama_new(&LCFG, &whole) : sl_gpt2_new(&GCFG, &whole);
+    sl_model_split sp = {j->tp, mesh.tp_rank, j->pp, mesh.pp_rank, 1, 0, 0, 1, 0};
+    if (j->st == SL_OK) j->st = sl_model_new_split(whole, sl_backend_cpu(), &sp, &m);
+    if (j->st == SL_OK && j->tp > 1) j->st = sl_tp_new(&tp, &mesh);
+    if (j->st == SL_OK) {
+        sl_trainer_config tc = {.B = j->B,
+                                .T = j->T,
+                                .accum = j->accum,
+                                .dp_size = 1,
+                                .lr = 1e-3f,
+                                .hp = {0.9f, 0.95f, 1e-8f, 0.1f},
+                                .mesh = &mesh};
+        j->st = sl_trainer_init(&tr, m, &tc);
+        if (j->st == SL_OK) {
+            j->real_act = (double)tr.plan.planned_bytes;
+            j->real_total = 16.0 * (double)m->numel + j->real_act;
+            sl_trainer_free(&tr);
+        }
+    }
+    sl_tp_free(tp);
+    sl_model_free(m);
+    sl_model_free(whole);
+    sl_mesh_free(&mesh);
+    return NULL;
+}
+
+static void check_split_memory(int llama, int tp, int pp, int accum, int B, int T) {
+    int n = tp * pp;
+    rank_job jobs[4];
+    sl_comm *comms[4] = {0};
+    pthread_t th[4];
+    TU_CHECK(sl_comm_init_loopback(n, comms, NULL) == SL_OK, "loopback: %s", sl_errmsg());
+    for (int r = 0; r < n; r++) {
+        jobs[r] =
+            (rank_job){.world = comms[r], .llama = llama, .accum = accum, .B = B, .T = T, .tp = tp, .pp = pp};
+        pthread_create(&th[r], NULL, run_split_rank, &jobs[r]);
+    }
+    for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < n; r++) sl_comm_free(comms[r]);
+    /* the planner's device is the fullest one: the rank with the most memory */
+    rank_job *j = &jobs[0];
+    for (int r = 0; r < n; r++) {
+        TU_CHECK(jobs[r].st == SL_OK, "split run rank %d: %s", r, sl_status_name(jobs[r].st));
+        if (jobs[r].st != SL_OK) return;
+        printf("  rank %d: %9.0f B, activations %8.0f\n", r, jobs[r].real_total, jobs[r].real_act);
+        if (jobs[r].real_total > j->real_total) j = &jobs[r];
+    }
+    sl_plan_model md = plan_model(llama);
+    sl_plan_cluster cl = local_cluster(n);
+    sl_plan_job job = {.global_batch = (int64_t)B * accum, .seq_len = T};
+    sl_plan_layout l = {.dp = 1, .tp = tp, .pp = pp, .ep = 1, .micro_batch = B};
+    TU_CHECK(sl_plan_evaluate(&md, &cl, &job, &l) == SL_OK, "evaluate: %s", sl_errmsg());
+    double et = l.mem.total / j->real_total - 1.0, ea = l.mem.activations / j->real_act - 1.0;
+    printf(
+        "memory %-5s tp %d pp %d accum %d B %2d T %2d: plan %9.0f real %9.0f B (%+.2f%%) | activations %8.0f "
+        "vs %8.0f (%+.2f%%)\n",
+        md.name, tp, pp, accum, B, T, l.mem.total, j->real_total, 100 * et, l.mem.activations, j->real_act,
+        100 * ea);
+    TU_CHECK(fabs(et) <= 0.05, "%s tp %d pp %d: total memory off by %.2f%%", md.name, tp, pp, 100 * et);
+    TU_CHECK(fabs(ea) <= 0.05, "%s tp %d pp %d: activations off by %.2f%%", md.name, tp, pp, 100 * ea);
+}
+
 static void check_memory(int llama, int n, int zero, int accum, int B, int T, int64_t bucket) {
     rank_job jobs[4];
     sl_comm *comms[4] = {0};
@@ -165,6 +237,14 @@ static void check_memory(int llama, int n, int zero, int accum, int B, int T, in
 }
 
 static void test_memory(void) {
+    /* TP and PP on rank 0: GPT-2 (3 layers) under tp 2, the Llama (2 layers) under tp 2, pp 2, tp 2 x pp 2,
+     * one and two micro-batches per step (1F1B keeps min(m, p) in flight on the first stage) */
+    check_split_memory(0, 2, 1, 1, 4, 32);
+    check_split_memory(0, 2, 1, 1, 16, 32);
+    check_split_memory(1, 2, 1, 1, 4, 32);
+    check_split_memory(1, 1, 2, 1, 4, 32);
+    check_split_memory(1, 1, 2, 2, 4, 32);
+    check_split_memory(1, 2, 2, 2, 4, 32);
     for (int llama = 0; llama <= 1; llama++) {
         check_memory(llama, 1, 0, 1, 4, 32, 0);
         check_memory(llama, 1, 0, 1, 16, 32, 0);
@@ -309,6 +389,18 @@ static void test_model_only(void) {
     TU_CHECK(sl_plan_evaluate(&md, &cl, &job, &b) == SL_OK && fabs(b.bubble - 7.0 / (16 + 7)) < 1e-12,
              "interleaved (p-1)/(v m+p-1) = 7/23: %g", b.bubble);
     TU_CHECK(b.step_sec < a.step_sec, "interleaving shortens the step: %g vs %g", b.step_sec, a.step_sec);
+    /* the split that balances the LM head: GPT-2 124M on 2 stages, 9 + 3 layers (test_pp.c checks the rule);
+     * the pipeline's step is then the first stage's 9 layers, not 6 layers + the head's ~5.4 */
+    sl_plan_model g;
+    sl_plan_model_load("gpt2-124m", &g);
+    sl_plan_cluster c2 = local_cluster(2);
+    sl_plan_job gj = {.global_batch = 8, .seq_len = 64};
+    sl_plan_layout u = {.dp = 1, .tp = 1, .pp = 2, .micro_batch = 2};
+    TU_CHECK(sl_plan_evaluate(&g, &c2, &gj, &u) == SL_OK && u.first_layers == 9 && u.last_layers == 3,
+             "124m pp 2: split %lld + %lld", (long long)u.first_layers, (long long)u.last_layers);
+    sl_plan_layout w = {.dp = 1, .tp = 1, .pp = 2, .vpp = 2, .micro_batch = 2};
+    TU_CHECK(sl_plan_evaluate(&g, &c2, &gj, &w) == SL_OK && w.first_layers == 0 && w.last_layers == 0,
+             "interleaving keeps the even split");
     sl_plan_layout c = a;
     c.tp = 3;
     c.dp = 64 * 8 / 24;
