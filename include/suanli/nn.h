@@ -216,6 +216,10 @@ void sl_model_free(sl_model *m);
  * Deterministic in (seed) through the counter RNG: each tensor uses its own stream. */
 void sl_model_init_weights(sl_model *m, uint64_t seed);
 sl_status sl_model_init_weights_ex(sl_model *m, uint64_t seed); /* the same, returning failures */
+/* A bf16 model (sl_llama_new_ex(.., SL_BF16)) with random weights and no files: f32 leaves as
+ * sl_model_init_weights_ex (rounded to bf16 values), bf16 leaves U(-0.02 sqrt 3, 0.02 sqrt 3) in an owned
+ * block (m->wmem). For benchmarks and tests; Note [Random bf16 models] in src/nn/model_state.c. */
+sl_status sl_model_init_bf16_random(sl_model *m, uint64_t seed);
 const sl_param_info *sl_model_find(const sl_model *m, const char *name);
 /* Note [Full-tensor coordinates] (src/nn/model_state.c): elements of the full parameter p is a part of, and
  * the runs that local elements [a, b) of p (offsets inside p) form in the full parameter's flattened
