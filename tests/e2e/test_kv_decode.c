@@ -6,7 +6,9 @@
  *     Note [GEMV for decoding]) give each row's logits as the full recompute;
  *   - greedy: sl_model_generate (prefill + KV decode) picks the argmax of the full recompute's logits at
  *     every step (teacher forcing over prompt + generated tokens), and for GPT-2 the same tokens as the
- *     cache-free path of generate.c (sl_gpt2_generate), token for token.
+ *     cache-free path of generate.c (sl_gpt2_generate), token for token;
+ *   - GPT-2 past its positions: the windowed cache (Note [GPT-2 past its positions]) against the full
+ *     recompute of each window.
  * Tolerances (f32): the two paths differ only in fp32 summation order (GEMV vs blocked GEMM, cached vs
  * full attention); measured max |d| 1.9e-7 (GPT-2, max |logit| 1.0) and 1.8e-7 (Llama, 0.55), bound 2e-6
  * (10x). bf16: each linear output and the residual stream are rounded to bf16 (Note [bf16 compute]), so a
@@ -154,6 +156,43 @@ static void check_model(const char *name, sl_model *m, double tol) {
     free(kv);
 }
 
+/* GPT-2 past its W positions (Note [GPT-2 past its positions]): until the first refill the tokens are the
+ * cache-free sliding window's; every token is the argmax of a full recompute over the window the cache
+ * holds (start a: the prompt's last W tokens, then the last W/2 whenever the W positions are used up). */
+static void check_gpt2_long(sl_model *m) {
+    enum { P = 6, NEW = 90 };
+    int W = m->cfg.max_seq_len, V = m->cfg.vocab_size, keep = W / 2;
+    int32_t seq[P + NEW], out[NEW], old[NEW];
+    for (int i = 0; i < P; i++) seq[i] = (int32_t)(sl_rng_u64(12, 0, (uint64_t)i) % (uint64_t)V);
+    sl_sample_opts so = {.temperature = 0, .top_k = 0, .top_p = 1, .seed = 1};
+    sl_gen_stats gs;
+    TU_CHECK(sl_model_generate(m, seq, P, NEW, &so, NULL, 0, NULL, NULL, out, &gs) == SL_OK &&
+                 gs.n_generated == NEW,
+             "gpt2 long generate: %s", sl_errmsg());
+    sink sk = {old, 0};
+    TU_CHECK(sl_gpt2_generate(m, seq, P, NEW, &so, collect, &sk) == SL_OK, "gpt2 sliding");
+    int same = W - P; /* tokens produced before the first refill: the same context */
+    TU_CHECK(memcmp(out, old, sizeof(int32_t) * (size_t)same) == 0,
+             "gpt2 long: the first %d tokens differ from the sliding window", same);
+    memcpy(seq + P, out, sizeof out);
+    float *lg = malloc(sizeof(float) * (size_t)W * (size_t)V);
+    int a = 0, bad = 0, checked = 0, refills = 0;
+    for (int t = 0; t < NEW; t++) {
+        int n = P + t; /* tokens known before out[t]; the window is seq[a, n) */
+        if (n - a > W) a = n - keep, refills++;
+        full_logits(m, seq + a, n - a, lg);
+        float gap;
+        int b = argmax(lg + (size_t)(n - a - 1) * (size_t)V, V, &gap);
+        if (gap <= 2e-6) continue;
+        checked++;
+        bad += b != out[t];
+    }
+    printf("gpt2 W=%d, %d tokens: %d refills, %d of %d checked tokens differ from the windowed recompute\n",
+           W, NEW, refills, bad, checked);
+    TU_CHECK(refills >= 2 && bad == 0 && checked >= NEW / 2, "gpt2 long: windowed KV differs (%d)", bad);
+    free(lg);
+}
+
 int main(void) {
     sl_threads_set(2);
     sl_model *m = NULL;
@@ -161,6 +200,7 @@ int main(void) {
     TU_CHECK(sl_gpt2_new(&gc, &m) == SL_OK, "gpt2: %s", sl_errmsg());
     sl_model_init_weights(m, 7);
     check_model("gpt2", m, 2e-6);
+    check_gpt2_long(m);
     sl_model_free(m);
 
     sl_llama_config lc = {.arch = SL_ARCH_LLAMA,
