@@ -270,10 +270,13 @@ typedef struct sl_kv_cache {
     sl_buffer *mem; /* every layer's K and V, on the model's backend */
     sl_buffer *pos; /* GPT-2: position ids of the graphs built on this cache (pos_cap entries) */
     int pos_cap, pos_used;
+    int last_only; /* set by the caller: graphs built on this cache compute the final norm and LM head on
+                      the last position only, logits (B, 1, V) (a prompt's other rows are not sampled) */
 } sl_kv_cache;
 sl_status sl_kv_cache_new(sl_model *m, int B, int S, sl_kv_cache *kv);
 void sl_kv_cache_free(sl_kv_cache *kv);
-/* ids (B, Tq) at positions pos0.. -> logits (B, Tq, V), appending the chunk's K/V to the cache.
+/* ids (B, Tq) at positions pos0.. -> logits (B, Tq, V) (kv->last_only: (B, 1, V)), appending the chunk's
+ * K/V to the cache.
  * The position is a run-time parameter: sl_kv_graph_set_pos changes it in a built graph. */
 sl_tensor *sl_model_build_kv(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0);
 sl_status sl_kv_graph_set_pos(sl_graph *g, int pos0);

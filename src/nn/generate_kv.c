@@ -41,6 +41,7 @@ static sl_status gpt2_windowed(sl_model *m, const int32_t *prompt, int n_prompt,
     int len = n_prompt < W ? n_prompt : W, mark = sl_ctx_mark(m->ctx);
     sl_kv_cache kv;
     SL_TRY(sl_kv_cache_new(m, 1, W, &kv)); /* positions for 3 graphs: len + 1 + keep <= 2W + 2 */
+    kv.last_only = 1;
     sl_status st = SL_OK;
     int64_t n = n_prompt;
     int32_t *seq = malloc(sizeof(int32_t) * ((size_t)n_prompt + (size_t)max_new));
@@ -70,8 +71,7 @@ static sl_status gpt2_windowed(sl_model *m, const int32_t *prompt, int n_prompt,
     double t0 = sl_time_sec();
     SL_CHECK(sl_backend_copy_in(ids_buf, 0, seq + n - len, sizeof(int32_t) * (size_t)len));
     SL_CHECK(sl_graph_compute(gp, NULL, NULL));
-    SL_CHECK(sl_backend_copy_out(lp->buffer, lp->buffer_offs + sizeof(float) * (size_t)(len - 1) * (size_t)V,
-                                 row, sizeof(float) * (size_t)V));
+    SL_CHECK(sl_tensor_copy_out(lp, row)); /* the last position's logits (last_only) */
     int32_t t = sl_sample_logits(row, V, o, (uint64_t)n);
     stats->prompt_seconds = sl_time_sec() - t0;
     t0 = sl_time_sec();
@@ -82,9 +82,7 @@ static sl_status gpt2_windowed(sl_model *m, const int32_t *prompt, int n_prompt,
         if (pos == W) { /* full: the last keep tokens again, at positions 0..keep-1 */
             SL_CHECK(sl_backend_copy_in(ids_buf, 0, seq + n - keep, sizeof(int32_t) * (size_t)keep));
             SL_CHECK(sl_graph_compute(gr, NULL, NULL));
-            SL_CHECK(sl_backend_copy_out(lr->buffer,
-                                         lr->buffer_offs + sizeof(float) * (size_t)(keep - 1) * (size_t)V,
-                                         row, sizeof(float) * (size_t)V));
+            SL_CHECK(sl_tensor_copy_out(lr, row));
             pos = keep;
         } else {
             int32_t cur = t;
@@ -146,6 +144,7 @@ sl_status sl_model_generate(sl_model *m, const int32_t *prompt, int n_prompt, in
     int mark = sl_ctx_mark(m->ctx);
     sl_kv_cache kv;
     SL_TRY(sl_kv_cache_new(m, 1, (int)S, &kv));
+    kv.last_only = 1; /* only the prompt's last row is sampled: the head runs on one row */
     sl_status st = SL_OK;
     int32_t cur = 0;
     float *row = malloc(sizeof(float) * (size_t)V);
@@ -170,9 +169,7 @@ sl_status sl_model_generate(sl_model *m, const int32_t *prompt, int n_prompt, in
     SL_CHECK(sl_graph_plan(gd, m->backend, NULL));
     double t0 = sl_time_sec();
     SL_CHECK(sl_graph_compute(gp, NULL, NULL));
-    SL_CHECK(sl_backend_copy_out(lp->buffer,
-                                 lp->buffer_offs + sizeof(float) * (size_t)(n_prompt - 1) * (size_t)V, row,
-                                 sizeof(float) * (size_t)V));
+    SL_CHECK(sl_tensor_copy_out(lp, row)); /* (1, 1, V) */
     int32_t t = sl_sample_logits(row, V, o, (uint64_t)n_prompt);
     stats->prompt_seconds = sl_time_sec() - t0;
     t0 = sl_time_sec();
