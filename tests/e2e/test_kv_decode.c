@@ -8,7 +8,8 @@
  *     every step (teacher forcing over prompt + generated tokens), and for GPT-2 the same tokens as the
  *     cache-free path of generate.c (sl_gpt2_generate), token for token;
  *   - GPT-2 past its positions: the windowed cache (Note [GPT-2 past its positions]) against the full
- *     recompute of each window.
+ *     recompute of each window;
+ *   - `suanli bench generate` refuses bad flags (exit 2, the flag named).
  * Tolerances (f32): the two paths differ only in fp32 summation order (GEMV vs blocked GEMM, cached vs
  * full attention); measured max |d| 1.9e-7 (GPT-2, max |logit| 1.0) and 1.8e-7 (Llama, 0.55), bound 2e-6
  * (10x). bf16: each linear output and the residual stream are rounded to bf16 (Note [bf16 compute]), so a
@@ -225,5 +226,14 @@ int main(void) {
     /* the random init refuses a model that already has bf16 storage */
     TU_CHECK(sl_model_init_bf16_random(m, 7) == SL_ERR_INVALID, "second init_bf16_random refused");
     sl_model_free(m);
+
+    /* suanli bench generate: bad flags are one line naming the flag, exit 2, before any model is built */
+    char out[4096];
+    int rc = tu_cli_run(out, sizeof out, "bench generate --size 3b");
+    TU_CHECK(rc == 2 && strstr(out, "--size") && strstr(out, "3b"), "bench --size 3b: rc %d: %s", rc, out);
+    rc = tu_cli_run(out, sizeof out, "bench generate --size small --prompt-length 4000 --decode-tokens 200");
+    TU_CHECK(rc == 2 && strstr(out, "--prompt-length"), "bench past positions: rc %d: %s", rc, out);
+    rc = tu_cli_run(out, sizeof out, "bench generate --threads 0");
+    TU_CHECK(rc == 2 && strstr(out, "threads"), "bench --threads 0: rc %d: %s", rc, out);
     return tu_finish("test_kv_decode");
 }
