@@ -298,12 +298,14 @@ typedef struct sl_sample_opts {
 int32_t sl_sample_logits(const float *logits, int V, const sl_sample_opts *o, uint64_t counter);
 /* Called with each new token; return non-zero to stop. */
 typedef int (*sl_token_cb)(void *user, int32_t token);
-/* Autoregressive generation with a sliding window of the model's max positions (no KV cache yet: each
- * token re-runs the window). Builds its own graph on the model. */
+/* GPT-2's exact sliding window of its max positions without a cache: each token re-runs the whole
+ * window (W times a decode step). sl_model_generate is the fast path (a KV cache, refilled in windows
+ * past the positions: Note [GPT-2 past its positions]). Builds its own graph on the model. */
 sl_status sl_gpt2_generate(sl_model *m, const int32_t *prompt, int n_prompt, int max_new,
                            const sl_sample_opts *o, sl_token_cb cb, void *user);
 
-/* ---- generation over any architecture (KV cache for the Llama family; src/nn/generate_kv.c) ---- */
+/* ---- generation over any architecture, GPT-2 included: batched prefill + KV-cache decode
+ * (src/nn/generate_kv.c) ---- */
 typedef struct sl_gen_stats {
     int n_prompt, n_generated;
     double prompt_seconds, gen_seconds; /* prefill time; time of the decode steps */
