@@ -3,6 +3,8 @@
 # Llama-2-7B's shapes (hidden 4096, 32 layers, 32 heads, MLP 11008, vocab 32000; 13.5 GB of bf16 in 7 shards
 # + index) to a scratch dir, then runs `suanli generate --dtype bf16` on it under /usr/bin/time and reports
 # peak RSS and tokens/s. Needs ~14 GB of disk, torch + safetensors (pip). Usage: bench/llama7b_bf16.sh [DIR]
+# Decode against the memory bandwidth without files: `suanli bench generate --size 7b|1b|small --json`
+# (bench/bench_generate.c; 1b when memory is short).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-/tmp/suanli-llama7b}

@@ -242,6 +242,10 @@ void sl_model_free(sl_model *m);
  * Deterministic in (seed) through the counter RNG: each tensor uses its own stream. */
 void sl_model_init_weights(sl_model *m, uint64_t seed);
 sl_status sl_model_init_weights_ex(sl_model *m, uint64_t seed); /* the same, returning failures */
+/* A bf16 model (sl_llama_new_ex(.., SL_BF16)) with random weights and no files: f32 leaves as
+ * sl_model_init_weights_ex (rounded to bf16 values), bf16 leaves U(-0.02 sqrt 3, 0.02 sqrt 3) in an owned
+ * block (m->wmem). For benchmarks and tests; Note [Random bf16 models] in src/nn/model_state.c. */
+sl_status sl_model_init_bf16_random(sl_model *m, uint64_t seed);
 const sl_param_info *sl_model_find(const sl_model *m, const char *name);
 /* Note [Full-tensor coordinates] (src/nn/model_state.c): elements of the full parameter p is a part of, and
  * the runs that local elements [a, b) of p (offsets inside p) form in the full parameter's flattened
@@ -292,10 +296,13 @@ typedef struct sl_kv_cache {
     sl_buffer *mem; /* every layer's K and V, on the model's backend */
     sl_buffer *pos; /* GPT-2: position ids of the graphs built on this cache (pos_cap entries) */
     int pos_cap, pos_used;
+    int last_only; /* set by the caller: graphs built on this cache compute the final norm and LM head on
+                      the last position only, logits (B, 1, V) (a prompt's other rows are not sampled) */
 } sl_kv_cache;
 sl_status sl_kv_cache_new(sl_model *m, int B, int S, sl_kv_cache *kv);
 void sl_kv_cache_free(sl_kv_cache *kv);
-/* ids (B, Tq) at positions pos0.. -> logits (B, Tq, V), appending the chunk's K/V to the cache.
+/* ids (B, Tq) at positions pos0.. -> logits (B, Tq, V) (kv->last_only: (B, 1, V)), appending the chunk's
+ * K/V to the cache.
  * The position is a run-time parameter: sl_kv_graph_set_pos changes it in a built graph. */
 sl_tensor *sl_model_build_kv(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0);
 sl_status sl_kv_graph_set_pos(sl_graph *g, int pos0);
@@ -322,12 +329,14 @@ typedef struct sl_sample_opts {
 int32_t sl_sample_logits(const float *logits, int V, const sl_sample_opts *o, uint64_t counter);
 /* Called with each new token; return non-zero to stop. */
 typedef int (*sl_token_cb)(void *user, int32_t token);
-/* Autoregressive generation with a sliding window of the model's max positions (no KV cache yet: each
- * token re-runs the window). Builds its own graph on the model. */
+/* GPT-2's exact sliding window of its max positions without a cache: each token re-runs the whole
+ * window (W times a decode step). sl_model_generate is the fast path (a KV cache, refilled in windows
+ * past the positions: Note [GPT-2 past its positions]). Builds its own graph on the model. */
 sl_status sl_gpt2_generate(sl_model *m, const int32_t *prompt, int n_prompt, int max_new,
                            const sl_sample_opts *o, sl_token_cb cb, void *user);
 
-/* ---- generation over any architecture (KV cache for the Llama family; src/nn/generate_kv.c) ---- */
+/* ---- generation over any architecture, GPT-2 included: batched prefill + KV-cache decode
+ * (src/nn/generate_kv.c) ---- */
 typedef struct sl_gen_stats {
     int n_prompt, n_generated;
     double prompt_seconds, gen_seconds; /* prefill time; time of the decode steps */

@@ -119,7 +119,8 @@ static int run_hf(const char *dir, sl_backend *be, sl_dtype wdtype, const char *
         for (int i = 0; i < info.n_eos; i++)
             if (info.eos_ids[i] >= 0 && info.eos_ids[i] < V) stops[n_stop++] = info.eos_ids[i];
     }
-    if (m->arch != SL_ARCH_GPT2 && n + max_new > m->lcfg.max_seq_len) { /* GPT-2 slides its window */
+    if (m->arch != SL_ARCH_GPT2 &&
+        n + max_new > m->lcfg.max_seq_len) { /* GPT-2 refills its cache in windows */
         fprintf(
             stderr,
             "suanli generate: prompt (%d tokens) + --max-new-tokens (%d) exceeds the model's %d positions\n",

@@ -250,8 +250,9 @@ static sl_tensor *gpt2_body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int po
         x = sl_add(ctx, x, mm(m, f, P(m, o + 10), P(m, o + 11)));
     }
     int of = 2 + 12 * c->n_layer;
+    if (kv && kv->last_only && T > 1) x = sl_cont(ctx, sl_slice(ctx, x, 1, T - 1, 1)); /* (B, 1, C) */
     x = sl_layernorm(ctx, x, P(m, of), P(m, of + 1), 1e-5f);
-    sl_tensor *logits = mm(m, x, wte, NULL); /* (B, T, V) */
+    sl_tensor *logits = mm(m, x, wte, NULL); /* (B, T, V), or (B, 1, V) */
     return sl_set_name(logits, "logits");
 }
 

@@ -523,6 +523,7 @@ static sl_tensor *body_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *
         x = rnd_model(m, sl_add(ctx, x, f));
     }
     if (!last) return sl_set_name(x, "stage_out");
+    if (kv && kv->last_only && T > 1) x = sl_cont(ctx, sl_slice(ctx, x, 1, T - 1, 1)); /* (B, 1, C) */
     x = tp_f(m, norm(m, x, tp_rep(m, W(m, "model.norm.weight")), c->rms_eps));
     (void)B;
     (void)T;

@@ -92,6 +92,41 @@ sl_status sl_model_init_weights_ex(sl_model *m, uint64_t seed) {
     return st;
 }
 
+/* Note [Random bf16 models]
+ * Benchmarks and tests of bf16 inference need a model without a checkpoint on disk (a 7B one would be
+ * 13.5 GB of files). The bf16 projection leaves get one owned block (wmem) filled with uniform values of
+ * the same standard deviation as the f32 init (0.02: U(-a, a), a = 0.02 sqrt 3) from a counter hash,
+ * which is a few ns per element where the Box-Muller normal would take tens; the f32 leaves (embedding,
+ * norms, biases) take sl_model_init_weights_ex and are then rounded to bf16 values, as the loader rounds
+ * them for a bf16 model (sl_hf_load_weights). */
+sl_status sl_model_init_bf16_random(sl_model *m, uint64_t seed) {
+    if (m->wdtype != SL_BF16 || !m->params_mem || m->wmem || m->wsrc)
+        return sl_fail(SL_ERR_INVALID,
+                       "init_bf16_random: needs an unbound bf16 model on a host-visible backend");
+    SL_TRY(sl_model_init_weights_ex(m, seed));
+    for (int64_t k = 0; k < m->numel; k++) {
+        uint32_t u = (uint32_t)sl_f32_to_bf16(m->params_mem[k]) << 16;
+        memcpy(&m->params_mem[k], &u, 4);
+    }
+    m->wmem = sl_malloc_aligned(sizeof(uint16_t) * (size_t)(m->wnumel ? m->wnumel : 1));
+    if (!m->wmem)
+        return sl_fail(SL_ERR_NOMEM, "init_bf16_random: cannot allocate %lld bf16 weights",
+                       (long long)m->wnumel);
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+    const float a = 0.02f * 1.7320508f / 2147483648.0f; /* scales a signed 32-bit value into [-a, a) */
+    for (int64_t k = 0; k < m->wnumel; k++) {
+        x += 0x9e3779b97f4a7c15ull; /* splitmix64 */
+        uint64_t z = x;
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        m->wmem[k] = sl_f32_to_bf16((float)(int32_t)(uint32_t)z * a);
+    }
+    for (int i = 0; i < m->n_params; i++)
+        if (m->params[i].t->dtype == SL_BF16) sl_tensor_bind(m->params[i].t, m->wmem + m->params[i].offset);
+    return SL_OK;
+}
+
 void sl_model_init_weights(sl_model *m, uint64_t seed) {
     sl_status st = sl_model_init_weights_ex(m, seed);
     SL_ASSERT(st == SL_OK && "sl_model_init_weights: use sl_model_init_weights_ex to handle failures");

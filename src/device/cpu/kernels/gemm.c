@@ -357,6 +357,7 @@ void sl_gemm_run(const sl_gemm_args *g, const sl_gemm_impl *im, int nthr) {
 
 typedef struct gemm_dispatch {
     const sl_gemm_impl *f32, *bf16;
+    const sl_gemv_impl *gemv;
     const char *name;
 } gemm_dispatch;
 
@@ -365,14 +366,16 @@ static const gemm_dispatch *dispatch_get(void) {
     static int init; /* racing first calls compute the same table; the flag publishes it */
     if (!__atomic_load_n(&init, __ATOMIC_ACQUIRE)) {
         const sl_cpu_features *f = sl_cpu_features_get();
-        gemm_dispatch t = {&impl_scalar_f32, &impl_scalar_bf16, "scalar"};
+        gemm_dispatch t = {&impl_scalar_f32, &impl_scalar_bf16, &sl_gemv_scalar, "scalar"};
         if (f->avx512f && f->avx512bw && f->avx512vl && f->avx2 && f->fma) {
             t.f32 = &sl_gemm_impl_avx512_f32;
             t.bf16 = f->avx512_bf16 ? &sl_gemm_impl_avx512_bf16 : &sl_gemm_impl_avx512_bf16emu;
+            t.gemv = f->avx512_bf16 ? &sl_gemv_avx512_bf16 : &sl_gemv_avx512;
             t.name = "avx512";
         } else if (f->avx2 && f->fma) {
             t.f32 = &sl_gemm_impl_avx2_f32;
             t.bf16 = &sl_gemm_impl_avx2_bf16emu;
+            t.gemv = &sl_gemv_avx2;
             t.name = "avx2";
         }
         d = t;
@@ -392,29 +395,41 @@ static int threads_for_call(void) {
 #endif
 }
 
+/* one row (decode): the GEMV, which reads B once (Note [GEMV for decoding]); else the blocked GEMM */
+static void run_f32(const sl_gemm_args *g) {
+    const gemm_dispatch *d = dispatch_get();
+    int nthr = threads_for_call();
+    if (!sl_gemv_run(g, d->gemv, 0, nthr)) sl_gemm_run(g, d->f32, nthr);
+}
+static void run_bf16(const sl_gemm_args *g) {
+    const gemm_dispatch *d = dispatch_get();
+    int nthr = threads_for_call();
+    if (!sl_gemv_run(g, d->gemv, 1, nthr)) sl_gemm_run(g, d->bf16, nthr);
+}
+
 void sl_sgemm(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
               int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     sl_gemm_args g = {transA, transB, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc, NULL};
-    sl_gemm_run(&g, dispatch_get()->f32, threads_for_call());
+    run_f32(&g);
 }
 
 void sl_gemm_bf16(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *A,
                   int64_t lda, const uint16_t *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     sl_gemm_args g = {transA, transB, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc, NULL};
-    sl_gemm_run(&g, dispatch_get()->bf16, threads_for_call());
+    run_bf16(&g);
 }
 
 void sl_sgemm_bias(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                    int64_t lda, const float *B, int64_t ldb, const float *bias, float *C, int64_t ldc) {
     sl_gemm_args g = {transA, transB, M, N, K, alpha, 0.0f, A, lda, B, ldb, C, ldc, bias};
-    sl_gemm_run(&g, dispatch_get()->f32, threads_for_call());
+    run_f32(&g);
 }
 
 void sl_gemm_bf16_bias(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
                        const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, const float *bias,
                        float *C, int64_t ldc) {
     sl_gemm_args g = {transA, transB, M, N, K, alpha, 0.0f, A, lda, B, ldb, C, ldc, bias};
-    sl_gemm_run(&g, dispatch_get()->bf16, threads_for_call());
+    run_bf16(&g);
 }
 
 void sl_sgemm_batched(int transA, int transB, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,

@@ -86,4 +86,16 @@ extern const sl_gemm_impl sl_gemm_impl_avx512_bf16;    /* vdpbf16ps */
 extern const sl_gemm_impl sl_gemm_impl_avx2_f32;
 extern const sl_gemm_impl sl_gemm_impl_avx2_bf16emu;
 
+/* M == 1 (Note [GEMV for decoding] in gemv.c): rows_*(x, B, ldb, K, n, y) sets y[j] = dot(x, B[j, 0..K))
+ * for j < n (x and B fp32 or bf16). */
+typedef void (*sl_gemv_rows_fn)(const void *x, const void *b, int64_t ldb, int64_t K, int64_t n, float *y);
+typedef struct sl_gemv_impl {
+    const char *name;
+    sl_gemv_rows_fn rows_f32, rows_bf16;
+} sl_gemv_impl;
+extern const sl_gemv_impl sl_gemv_scalar, sl_gemv_avx2, sl_gemv_avx512, sl_gemv_avx512_bf16;
+/* Computes g when it is one row times a row-major B^T (M == 1, !transA, transB) and returns 1; else 0
+ * (the caller runs the blocked GEMM). Same alpha / beta / bias semantics as sl_gemm_run. */
+int sl_gemv_run(const sl_gemm_args *g, const sl_gemv_impl *im, int in_bf16, int nthr);
+
 #endif
