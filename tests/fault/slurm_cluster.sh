@@ -58,7 +58,7 @@ MessageTimeout=5
 KillWait=2
 InactiveLimit=0
 MinJobAge=300
-SchedulerParameters=defer
+SchedulerParameters=bf_interval=2
 FirstJobId=$((1000 + RANDOM * 16))
 MailProg=/bin/true
 EOC
