@@ -59,7 +59,18 @@ static sl_status hyb_exchange(sl_transport *t_, sl_xfer *x, int n, double deadli
             t->xn[nn++] = x[i];
         }
     }
-    if (ns) SL_TRY(t->shm->vt->exchange(t->shm, t->xs, ns, deadline));
+    if (ns) {
+        sl_status st = t->shm->vt->exchange(t->shm, t->xs, ns, deadline);
+        if (st != SL_OK) { /* the shm half numbers the host's ranks 0..nlocal-1: name them */
+            char map[128];
+            int o = 0;
+            for (int l = 0; l < t->nlocal && o < (int)sizeof map - 16; l++)
+                o += snprintf(map + o, sizeof map - (size_t)o, "%s%d=%d", l ? " " : "", l, t->members[l]);
+            char msg[400];
+            snprintf(msg, sizeof msg, "%s", sl_errmsg());
+            return sl_fail(st, "%s (shm ranks on this host: %s)", msg, map);
+        }
+    }
     if (nn) SL_TRY(t->net->vt->exchange(t->net, t->xn, nn, deadline));
     return SL_OK;
 }
