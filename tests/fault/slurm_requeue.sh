@@ -11,10 +11,9 @@
 #     committed when the rank stopped). Its
 #     final weights must equal, bitwise, those of the same training uninterrupted (suanli run -n 2).
 #  2. elastic: the same with --nodes 1-2 when no spare is left: the requeued job gets one node and resumes
-#     the DP=2 checkpoint with DP=1 (resharding). Oracle: the same path without Slurm (suanli run -n 2
-#     killed after step 12, then suanli run -n 1 resuming), bitwise; and within 1e-5 of uninterrupted
-#     DP=2 (DP=1 accumulates the 2 micro-batches where DP=2 all-reduces them: fp32 reassociation of one
-#     sum of two, ~1e-7 relative per step over 12 steps of AdamW).
+#     the DP=2 checkpoint with DP=1 (resharding). Oracle: the same checkpoint resumed with DP=1 without
+#     Slurm (suanli run -n 1), bitwise. (Against uninterrupted DP=2 it is not bitwise: DP=1 accumulates
+#     the two micro-batches' gradients where DP=2 all-reduces them; the script says which it saw.)
 # Skips (77) without root, slurm-wlm/munge or namespaces. Tears everything down on exit.
 # usage: slurm_requeue.sh SUANLI_CLI
 set -uo pipefail
@@ -36,14 +35,10 @@ head -c 20000 "$src/data/tinyshakespeare.txt" > "$d/s.txt"
 "$cli" data prepare --input "$d/s.txt" --output-prefix "$d/data" >/dev/null 2>&1 || fail "data prepare"
 targs=(train --data-path "$d/data" --num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16
        --micro-batch-size 2 --global-batch-size 4 --train-iters 24 --eval-interval 0 --eval-iters 1
-       --threads 1 --save-interval 4 --log-interval 4)
+       --threads 1 --save-interval 4 --save-keep 0 --log-interval 4)
 export SUANLI_COMM_ALGO=direct SUANLI_COMM_TIMEOUT=20
-# references, without Slurm: uninterrupted DP=2, and DP=2 killed after step 12 then resumed with DP=1
+# reference, without Slurm: uninterrupted DP=2
 timeout 120 "$cli" run -n 2 -- "$cli" "${targs[@]}" --save "$d/ref" > "$d/ref.log" 2>&1 || fail "reference run"
-SUANLI_FAULT_KILL_AT_STEP=12 timeout 120 "$cli" run -n 2 -- "$cli" "${targs[@]}" --save "$d/eref" --load "$d/eref" \
-  > "$d/eref.log" 2>&1 && fail "the killed reference run did not fail"
-timeout 120 "$cli" run -n 1 -- "$cli" "${targs[@]}" --save "$d/eref" --load "$d/eref" >> "$d/eref.log" 2>&1 ||
-  fail "elastic reference resume"
 
 # job NAME NODES IDLE: once IDLE nodes are idle, submit from $d/NAME (rank 1 stops after step 12 on the first attempt), wait for the
 # stop, kill every process on rank 1's host, wait for the job to finish; sets $jid and $victim
@@ -83,11 +78,25 @@ echo "ok   requeue: host $victim killed at step 12, job requeued, resumed on 2 n
 
 job elastic 1-2 2
 grep -q "micro-batch 2 x accum 2 x dp 1" "$d/elastic/suanli-$jid.out" || fail "elastic: the requeued run was not DP=1"
-cmp -s "$d/eref/model.safetensors" "$d/elastic/out/model.safetensors" ||
-  fail "elastic: final weights differ from the DP=2 -> DP=1 resume without Slurm"
-at=$(grep -o "resumed from .* at step [0-9]*" "$d/elastic/suanli-$jid.out" | sed "s/.* at //")
+at=$(grep -o "resumed from .* at step [0-9]*" "$d/elastic/suanli-$jid.out" | sed "s/.* at step //")
+# the resharded resume trains the same model: its final validation loss (printed to 1e-4) matches the
+# uninterrupted DP=2 run's within 2e-4 (print rounding 1e-4 plus a reassociation drift of ~1e-6 relative;
+# a wrong reshard of weights or optimizer moments moves it by 1e-2 and more)
+vr=$(grep -o "final val loss [0-9.]*" "$d/ref.log" | tail -n 1 | awk '{print $4}')
+ve=$(grep -o "final val loss [0-9.]*" "$d/elastic/suanli-$jid.out" | tail -n 1 | awk '{print $4}')
+awk -v a="$vr" -v b="$ve" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= 2e-4) }' ||
+  fail "elastic: final val loss $ve vs uninterrupted DP=2 $vr"
 [ -n "$at" ] || fail "elastic: the requeued run did not resume"
+# oracle: the DP=2 checkpoint the requeued job resumed from (which one depends on how far the background
+# commit of step 12 got before the rank stopped: 8 or 12), resumed with DP=1 under suanli run
+ck=$(printf "step-%07d" "$at")
+mkdir -p "$d/eref" && cp -r "$d/elastic/out/$ck" "$d/eref/" || fail "elastic: no $ck in the job's save dir"
+timeout 120 "$cli" run -n 1 -- "$cli" "${targs[@]}" --save "$d/eref" --load "$d/eref" > "$d/eref.log" 2>&1 ||
+  fail "elastic reference resume: $(tail -n 3 "$d/eref.log")"
+grep -q "at step $at" "$d/eref.log" || fail "elastic reference did not resume at step $at"
+cmp -s "$d/eref/model.safetensors" "$d/elastic/out/model.safetensors" ||
+  fail "elastic: final weights differ from the DP=2 -> DP=1 resume of the same checkpoint without Slurm"
 # (a sum of two micro-batch gradients is one addition either way, so DP=1 usually matches DP=2 exactly)
 cmp -s "$d/ref/model.safetensors" "$d/elastic/out/model.safetensors" && same="also" || same="not"
-echo "ok   elastic: host $victim killed at step 12, requeued on 1 node, resumed ($at) with DP 2 -> 1 (resharded); final weights bitwise equal to the same resume without Slurm ($same bitwise equal to uninterrupted DP=2)"
+echo "ok   elastic: host $victim killed at step 12, requeued on 1 node, resumed (step $at) with DP 2 -> 1 (resharded); final weights bitwise equal to the same checkpoint resumed with DP=1 without Slurm; final val loss $ve vs uninterrupted DP=2 $vr ($same bitwise equal)"
 echo "slurm_requeue: all passed in $(( $(date +%s) - t0 )) s"
