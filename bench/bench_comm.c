@@ -1,5 +1,10 @@
 /* suanli bench comm [--json] [-n N] [--min-bytes B] [--max-bytes B] [--colls LIST] [--iters K] [--reps R]
- *                   [--window] [--consume]
+ *                   [--window] [--consume] [--algos LIST]
+ *
+ * --algos ring,hier,...: all-reduce also timed with each listed algorithm forced (sl_comm_set_algo),
+ * interleaved with the other columns, printed as "algos" (JSON) or extra columns; the plain column is
+ * the automatic choice. On a multi-host communicator this compares the hierarchical all-reduce with the
+ * flat ring over the same (hybrid) transport in one run (bench/comm_hosts.sh).
  *
  * --window: also run every call on buffers from sl_comm_mem_alloc (symmetric windows: the direct
  * algorithms of src/comm/algo/sym.c on shm), printed first as the "window" columns, beside the plain
@@ -53,8 +58,11 @@ static void set_v(size_t per, int n) {
     }
 }
 
+#define MAX_ALGOS 4
 typedef struct bopts {
     int json, iters, reps, window;
+    int nalgo; /* --algos: extra all-reduce columns, each with that algorithm forced */
+    sl_comm_algo algos[MAX_ALGOS];
     size_t minb, maxb;
     int colls[C_COUNT];
 } bopts;
@@ -245,7 +253,7 @@ static int parse_flags(int argc, char **argv, bopts *o, int *nlaunch) {
             g_consume = 1;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: suanli bench comm [--json] [-n N] [--min-bytes B] [--max-bytes B] [--iters K] "
-                   "[--reps R] [--window] [--consume]\n"
+                   "[--reps R] [--window] [--consume] [--algos ring,rd,direct,hier]\n"
                    "                         [--colls "
                    "all_reduce,all_gather,reduce_scatter,all_to_all,broadcast,all_to_allv]\n"
                    "Run inside a job (suanli run -n N -- suanli bench comm, mpirun, srun) or pass -n N.\n");
@@ -278,6 +286,23 @@ static int parse_flags(int argc, char **argv, bopts *o, int *nlaunch) {
                 return 2;
             }
             i++;
+        } else if (!strcmp(a, "--algos") && v) {
+            char tmp[256];
+            snprintf(tmp, sizeof tmp, "%s", v);
+            for (char *s = strtok(tmp, ","); s; s = strtok(NULL, ",")) {
+                int f = -1;
+                for (int k = 0; k < SL_COMM_ALGO_COUNT; k++)
+                    if (!strcmp(s, sl_comm_algo_name((sl_comm_algo)k))) f = k;
+                if (f < 0 || o->nalgo == MAX_ALGOS) {
+                    fprintf(
+                        stderr,
+                        "suanli bench comm: --algos: %s '%s' (want up to %d of auto,ring,rd,direct,hier)\n",
+                        f < 0 ? "unknown algorithm" : "too many algorithms at", s, MAX_ALGOS);
+                    return 2;
+                }
+                o->algos[o->nalgo++] = (sl_comm_algo)f;
+            }
+            i++;
         } else if (!strcmp(a, "--colls") && v) {
             char tmp[256];
             snprintf(tmp, sizeof tmp, "%s", v);
@@ -303,6 +328,14 @@ static int parse_flags(int argc, char **argv, bopts *o, int *nlaunch) {
     return -1;
 }
 
+#ifdef SL_HAVE_MPI
+static void bench_mpi_fini(void) {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin) MPI_Finalize();
+}
+#endif
+
 int sl_bench_comm(int argc, char **argv) {
     bopts o = {.minb = 8, .maxb = (size_t)256 << 20, .reps = 5};
     int nlaunch = 0, rc = parse_flags(argc, argv, &o, &nlaunch);
@@ -311,6 +344,18 @@ int sl_bench_comm(int argc, char **argv) {
         !getenv("SLURM_PROCID"))
         return relaunch(nlaunch, argc, argv);
 
+#ifdef SL_HAVE_MPI
+    /* under mpirun with MASTER_ADDR/MASTER_PORT exported our communicator bootstraps over TCP (shm,
+     * tcp or hybrid, not the MPI transport), and MPI is initialised here only for its own column: both
+     * run in the same processes, blocks interleaved (bench/comm_hosts.sh) */
+    int mpi_inited = 0;
+    MPI_Initialized(&mpi_inited);
+    if (!mpi_inited && getenv("OMPI_COMM_WORLD_SIZE") && getenv("MASTER_PORT")) {
+        int provided;
+        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) == MPI_SUCCESS)
+            atexit(bench_mpi_fini);
+    }
+#endif
     sl_comm *comm;
     if (sl_comm_init_env(&comm, NULL) != SL_OK) {
         fprintf(stderr, "suanli bench comm: %s\n", sl_errmsg());
@@ -373,6 +418,8 @@ int sl_bench_comm(int argc, char **argv) {
             if (o.window) printf(" %11s %8s %7s |", "window(us)", "busbw", "#wrong");
             printf(" %11s %8s %8s %7s", "time(us)", "algbw", "busbw", "#wrong");
             if (have_mpi) printf(" | %11s %8s %8s %7s %6s", "mpi(us)", "algbw", "busbw", "#wrong", "ratio");
+            for (int a = 0; c == C_AR && a < o.nalgo; a++)
+                printf(" | %8s(us) %8s %7s", sl_comm_algo_name(o.algos[a]), "busbw", "#wrong");
             if (o.window) printf(" | %7s%s", "w/plain", have_mpi ? "  w/mpi" : "");
             printf("\n");
         }
@@ -383,22 +430,32 @@ int sl_bench_comm(int argc, char **argv) {
             size_t b = count * 4;
             int it = iters_for(b, o.iters);
             set_v(count / (size_t)n, n);
-            /* modes: 0 window buffers, 1 plain buffers, 2 MPI (plain buffers) */
-            int on[3] = {o.window, 1, have_mpi};
-            float *msb[3] = {wsb, sb, sb}, *mrb[3] = {wrb, rb, rb};
-            long nwrong[3] = {0, 0, 0};
-            double bt[3][MAX_REPS], tm[3] = {0, 0, 0};
-            for (int m = 0; m < 3 && st == SL_OK; m++) {
+            /* modes: 0 window buffers, 1 plain buffers, 2 MPI (plain buffers), 3.. plain buffers with
+             * --algos[m-3] forced (all-reduce only) */
+            enum { NM = 3 + MAX_ALGOS };
+            int on[NM] = {o.window, 1, have_mpi};
+            float *msb[NM] = {wsb, sb, sb}, *mrb[NM] = {wrb, rb, rb};
+            for (int a = 0; a < MAX_ALGOS; a++)
+                on[3 + a] = c == C_AR && a < o.nalgo, msb[3 + a] = sb, mrb[3 + a] = rb;
+            long nwrong[NM] = {0};
+            double bt[NM][MAX_REPS], tm[NM] = {0};
+            for (int m = 0; m < NM && st == SL_OK; m++) {
                 if (!on[m]) continue;
+                if (m >= 3) sl_comm_set_algo(comm, o.algos[m - 3]);
                 nwrong[m] = check(comm, m == 2, c, msb[m], mrb[m], count, n, r, &st);
+                sl_comm_set_algo(comm, SL_COMM_ALGO_AUTO);
                 if (st == SL_OK)
                     st = sl_comm_all_reduce(comm, &nwrong[m], &nwrong[m], 1, SL_COMM_I64, SL_COMM_SUM);
                 if (nwrong[m]) status = 1;
             }
             for (int k = 0; k < o.reps && st == SL_OK; k++)
-                for (int m = 0; m < 3 && st == SL_OK; m++)
-                    if (on[m]) bt[m][k] = timed(comm, m == 2, c, msb[m], mrb[m], count, n, it, k > 0, &st);
-            for (int m = 0; m < 3 && st == SL_OK; m++)
+                for (int m = 0; m < NM && st == SL_OK; m++)
+                    if (on[m]) {
+                        if (m >= 3) sl_comm_set_algo(comm, o.algos[m - 3]);
+                        bt[m][k] = timed(comm, m == 2, c, msb[m], mrb[m], count, n, it, k > 0, &st);
+                        sl_comm_set_algo(comm, SL_COMM_ALGO_AUTO);
+                    }
+            for (int m = 0; m < NM && st == SL_OK; m++)
                 if (on[m]) tm[m] = median(bt[m], o.reps);
             long wwrong = nwrong[0], wrong = nwrong[1], mwrong = nwrong[2];
             double wt = tm[0], t = tm[1], mt = tm[2];
@@ -416,6 +473,11 @@ int sl_bench_comm(int argc, char **argv) {
                 if (have_mpi)
                     printf(",\"mpi_time_us\":%.3f,\"mpi_busbw\":%.4f,\"mpi_wrong\":%ld", mt * 1e6,
                            (double)b / mt / 1e9 * factor(c, n), mwrong);
+                for (int a = 0; c == C_AR && a < o.nalgo; a++)
+                    printf("%s\"%s\":{\"time_us\":%.3f,\"busbw\":%.4f,\"wrong\":%ld}",
+                           a ? "," : ",\"algos\":{", sl_comm_algo_name(o.algos[a]), tm[3 + a] * 1e6,
+                           (double)b / tm[3 + a] / 1e9 * factor(c, n), nwrong[3 + a]);
+                if (c == C_AR && o.nalgo) printf("}");
                 printf("}");
                 first = 0;
             } else {
@@ -426,6 +488,9 @@ int sl_bench_comm(int argc, char **argv) {
                 if (have_mpi)
                     printf(" | %11.2f %8.3f %8.3f %7ld %6.2f", mt * 1e6, (double)b / mt / 1e9,
                            (double)b / mt / 1e9 * factor(c, n), mwrong, mt / t);
+                for (int a = 0; c == C_AR && a < o.nalgo; a++)
+                    printf(" | %12.2f %8.3f %7ld", tm[3 + a] * 1e6,
+                           (double)b / tm[3 + a] / 1e9 * factor(c, n), nwrong[3 + a]);
                 if (o.window) {
                     printf(" | %7.2f", t / wt);
                     if (have_mpi) printf(" %6.2f", mt / wt);

@@ -74,6 +74,7 @@ typedef enum sl_comm_transport_kind {
     SL_COMM_TRANSPORT_TCP,
     SL_COMM_TRANSPORT_MPI,
     SL_COMM_TRANSPORT_LOOPBACK,
+    SL_COMM_TRANSPORT_HYBRID, /* several hosts: shm to the ranks of this host, tcp to the others */
     SL_COMM_TRANSPORT_COUNT
 } sl_comm_transport_kind;
 
@@ -135,6 +136,11 @@ sl_status sl_comm_async_error(sl_comm *comm);
 int sl_comm_rank(const sl_comm *comm);
 int sl_comm_size(const sl_comm *comm);
 sl_comm_transport_kind sl_comm_transport(const sl_comm *comm);
+/* Topology seen at creation (host = SUANLI_COMM_HOSTNAME, else the hostname): the number of hosts the
+ * ranks span, and the host index (0..nhosts-1, numbered by first appearance in rank order) of `rank`.
+ * In-process (loopback) communicators are one host. */
+int sl_comm_nhosts(const sl_comm *comm);
+int sl_comm_host_of(const sl_comm *comm, int rank);
 
 /* ---- requests ---- */
 /* Block until done or the deadline; returns the operation's status and frees req. */
@@ -235,8 +241,9 @@ typedef enum sl_comm_algo {
     SL_COMM_ALGO_RING,     /* bandwidth-optimal rings */
     SL_COMM_ALGO_RD,       /* recursive doubling (all-reduce), binomial trees (bcast/reduce) */
     SL_COMM_ALGO_DIRECT,   /* everyone to everyone in one step (small messages) */
-    SL_COMM_ALGO_HIER,     /* several hosts: reduce inside each host (shm), all-reduce between
-                              hosts' leaders (tcp/mpi), broadcast inside each host */
+    SL_COMM_ALGO_HIER,     /* several hosts: reduce-scatter inside each host (shm), all-reduce of
+                              each shard among the hosts' ranks holding it (tcp/mpi), all-gather
+                              inside each host (algo/hier.c) */
     SL_COMM_ALGO_COUNT
 } sl_comm_algo;
 const char *sl_comm_algo_name(sl_comm_algo a);

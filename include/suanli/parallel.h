@@ -39,6 +39,9 @@ typedef struct sl_mesh {
 /* Validates the sizes (one-line error naming the flag) and splits the sub-communicators. world may be
  * NULL for a single process. */
 sl_status sl_mesh_init(sl_mesh *mesh, sl_comm *world, sl_mesh_dims dims);
+/* Rank placement (done by sl_mesh_init on a multi-host world): every tp group (tp consecutive ranks)
+ * on one host, host_of[r] = rank r's host (sl_comm_host_of); else SL_ERR_INVALID naming the group. */
+sl_status sl_mesh_check_hosts(int n, int tp, const int *host_of);
 void sl_mesh_free(sl_mesh *mesh);
 
 typedef struct sl_dp_opts {

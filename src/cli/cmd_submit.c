@@ -6,7 +6,19 @@
  * each `suanli train` rank finishes its step, the ranks agree to stop, save and commit a checkpoint and exit
  * with SL_EXIT_REQUEUE (75, EX_TEMPFAIL; src/train/run.c). When the step ends with 75 the script requeues
  * the job (scontrol requeue), and the next run resumes from the newest checkpoint because the training
- * command loads from its save directory. Any other exit status is the job's. */
+ * command loads from its save directory.
+ *
+ * Note [Requeue after a failure]
+ * A step that fails otherwise (a host died: its ranks' peers fail on the communicator deadline or the
+ * reset connection and exit non-zero, srun ends the step) also requeues the job, while the job has been
+ * requeued fewer than --max-requeues times (SLURM_RESTART_COUNT; default 3; 0: never): the batch script
+ * runs `scontrol requeue`, Slurm holds the job until nodes are free (the dead host is marked down after
+ * SlurmdTimeout, so a spare or the surviving hosts take it) and the next run resumes from the newest
+ * valid checkpoint. With --nodes MIN-MAX the requeued job may get fewer nodes: the training command
+ * then resumes with a smaller DP size, resharding the checkpoint (any saved layout loads into any
+ * other). The script exports SUANLI_RESTART_COUNT=SLURM_RESTART_COUNT, so ranks know the attempt
+ * (test hooks fire on the first attempt only, as under suanli run --max-restarts). Any other exit
+ * status is the job's. Tested end to end on a namespace Slurm cluster (tests/fault/slurm_requeue.sh). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,13 +32,16 @@
 static void usage(FILE *f) {
     fprintf(
         f,
-        "usage: suanli submit --nodes N --ntasks-per-node K --time D-HH:MM:SS|HH:MM:SS [--job-name NAME]\n"
-        "                     [--partition P] [--signal-sec SEC] [--script FILE] [--go] -- PROGRAM ARGS...\n"
+        "usage: suanli submit --nodes N|MIN-MAX --ntasks-per-node K --time D-HH:MM:SS|HH:MM:SS [--job-name "
+        "NAME]\n"
+        "                     [--partition P] [--signal-sec SEC] [--max-requeues R] [--script FILE] [--go]\n"
+        "                     -- PROGRAM ARGS...\n"
         "  writes FILE (default suanli-job.sbatch): #SBATCH --nodes, --ntasks-per-node, --time, --requeue,\n"
         "  --signal=B:USR1@SEC (default 120); the step runs under srun; on USR1 the ranks checkpoint and "
         "exit 75,\n"
-        "  and the job requeues itself. --go submits it with sbatch (exit 2 when sbatch is not "
-        "installed).\n");
+        "  and the job requeues itself; a step that fails otherwise (a dead host) requeues it up to R times\n"
+        "  (default 3), on MIN-MAX nodes possibly fewer (the job resumes with a smaller DP size).\n"
+        "  --go submits it with sbatch (exit 2 when sbatch is not installed).\n");
 }
 
 static int is_time(const char *s) { /* [D-]HH:MM:SS or MM:SS or minutes */
@@ -61,7 +76,7 @@ static void shell_word(FILE *f, const char *s) {
 }
 
 typedef struct {
-    const char *nodes, *tasks, *time, *name, *partition, *script, *signal_sec;
+    const char *nodes, *tasks, *time, *name, *partition, *script, *signal_sec, *max_requeues;
     int go;
 } submit_args;
 
@@ -73,17 +88,28 @@ static int write_script(const submit_args *a, char **prog) {
     }
     fprintf(f, "#!/bin/bash\n# written by suanli submit (Note [Requeue on the time limit] in "
                "src/cli/cmd_submit.c)\n");
-    fprintf(f, "#SBATCH --job-name=%s\n#SBATCH --nodes=%s\n#SBATCH --ntasks-per-node=%s\n#SBATCH --time=%s\n",
-            a->name, a->nodes, a->tasks, a->time);
+    int range = strchr(a->nodes, '-') != NULL;
+    fprintf(f, "#SBATCH --job-name=%s\n#SBATCH --nodes=%s\n", a->name, a->nodes);
+    /* MIN-MAX: whole nodes, as many as are free (with --ntasks-per-node in the allocation Slurm starts the
+     * job on MIN nodes; the tasks per node go to srun instead) */
+    if (range)
+        fprintf(f, "#SBATCH --exclusive\n");
+    else
+        fprintf(f, "#SBATCH --ntasks-per-node=%s\n", a->tasks);
+    fprintf(f, "#SBATCH --time=%s\n", a->time);
     if (a->partition) fprintf(f, "#SBATCH --partition=%s\n", a->partition);
-    fprintf(f, "#SBATCH --requeue\n#SBATCH --signal=B:USR1@%s\n#SBATCH --output=%s-%%j.out\n", a->signal_sec,
-            a->name);
+    fprintf(f,
+            "#SBATCH --requeue\n#SBATCH --signal=B:USR1@%s\n#SBATCH --output=%s-%%j.out\n#SBATCH "
+            "--open-mode=append\n",
+            a->signal_sec, a->name);
+    fprintf(f, "export SUANLI_RESTART_COUNT=${SLURM_RESTART_COUNT:-0}\n");
     fprintf(f,
             "requeue=0\n"
             "trap 'requeue=1; echo \"suanli submit: time limit in %s s: checkpoint and requeue\"; "
             "kill -USR1 \"$child\" 2>/dev/null' USR1\n",
             a->signal_sec);
     fprintf(f, "srun --kill-on-bad-exit=1");
+    if (range) fprintf(f, " --ntasks-per-node=%s", a->tasks);
     for (char **p = prog; *p; p++) {
         fputc(' ', f);
         shell_word(f, *p);
@@ -92,7 +118,14 @@ static int write_script(const submit_args *a, char **prog) {
                "while kill -0 \"$child\" 2>/dev/null; do wait \"$child\"; rc=$?; done\n"
                "if [ \"$rc\" -eq 75 ]; then\n"
                "  echo \"suanli submit: checkpoint saved; requeueing job $SLURM_JOB_ID\"\n"
-               "  scontrol requeue \"$SLURM_JOB_ID\"\n  exit 0\nfi\nexit \"$rc\"\n");
+               "  scontrol requeue \"$SLURM_JOB_ID\"\n  exit 0\nfi\n");
+    fprintf(
+        f,
+        "if [ \"$rc\" -ne 0 ] && [ \"$SUANLI_RESTART_COUNT\" -lt %s ]; then\n"
+        "  echo \"suanli submit: step failed (status $rc) on attempt $SUANLI_RESTART_COUNT; requeueing job "
+        "$SLURM_JOB_ID (at most %s times)\"\n"
+        "  scontrol requeue \"$SLURM_JOB_ID\"\n  exit 0\nfi\nexit \"$rc\"\n",
+        a->max_requeues, a->max_requeues);
     if (fclose(f) != 0) {
         fprintf(stderr, "suanli submit: --script: cannot write '%s'\n", a->script);
         return 2;
@@ -101,7 +134,8 @@ static int write_script(const submit_args *a, char **prog) {
 }
 
 int sl_cmd_submit(int argc, char **argv) {
-    submit_args a = {.name = "suanli", .script = "suanli-job.sbatch", .signal_sec = "120"};
+    submit_args a = {
+        .name = "suanli", .script = "suanli-job.sbatch", .signal_sec = "120", .max_requeues = "3"};
     int i = 1;
     for (; i < argc; i++) {
         const char *s = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -132,6 +166,8 @@ int sl_cmd_submit(int argc, char **argv) {
             dst = &a.script;
         else if (!strcmp(s, "--signal-sec"))
             dst = &a.signal_sec;
+        else if (!strcmp(s, "--max-requeues"))
+            dst = &a.max_requeues;
         if (!dst) {
             fprintf(stderr, "suanli submit: unknown flag '%s' (see suanli submit --help)\n", s);
             return 2;
@@ -149,9 +185,16 @@ int sl_cmd_submit(int argc, char **argv) {
         return 2;
     }
     char *end;
-    long nn = strtol(a.nodes, &end, 10), nt;
-    if (*end || nn < 1) {
-        fprintf(stderr, "suanli submit: --nodes: expected an integer >= 1, got '%s'\n", a.nodes);
+    long nn = strtol(a.nodes, &end, 10), nt, nmax = nn;
+    if (*end == '-') nmax = strtol(end + 1, &end, 10);
+    if (*end || nn < 1 || nmax < nn) {
+        fprintf(stderr, "suanli submit: --nodes: expected an integer >= 1 or MIN-MAX, got '%s'\n", a.nodes);
+        return 2;
+    }
+    long mr = strtol(a.max_requeues, &end, 10);
+    if (*end || mr < 0 || mr > 1000) {
+        fprintf(stderr, "suanli submit: --max-requeues: expected an integer in 0..1000, got '%s'\n",
+                a.max_requeues);
         return 2;
     }
     nt = strtol(a.tasks, &end, 10);

@@ -61,6 +61,7 @@ static void record_error(sl_comm *c, sl_status st, const char *msg) {
     c->tp->vt->abort(c->tp);
     if (c->local) sl_comm_abort(c->local);
     if (c->leaders) sl_comm_abort(c->leaders);
+    if (c->peers) sl_comm_abort(c->peers);
 }
 
 static sl_status run_one(sl_comm *c, sl_algo_ctx *x, sl_comm_req *t) {
@@ -144,6 +145,7 @@ static void execute(sl_comm *c, sl_comm_req *t) {
                      .algo = c->algo,
                      .local = c->local,
                      .leaders = c->leaders,
+                     .peers = c->peers,
                      .wins = c->wins,
                      .win_seq = &c->win_seq,
                      .stage = &c->stage,
@@ -630,6 +632,10 @@ int sl_comm_size(const sl_comm *c) { return c->size; }
 sl_comm_transport_kind sl_comm_transport(const sl_comm *c) { return c->tp->kind; }
 sl_status sl_comm_async_error(sl_comm *c) { return (sl_status)atomic_load(&c->err); }
 void sl_comm_set_algo(sl_comm *c, sl_comm_algo a) { c->algo = a; }
+int sl_comm_nhosts(const sl_comm *c) { return c->nhosts > 0 ? c->nhosts : 1; }
+int sl_comm_host_of(const sl_comm *c, int rank) {
+    return c->host_of && rank >= 0 && rank < c->size ? c->host_of[rank] : 0;
+}
 
 void sl_comm_abort(sl_comm *c) {
     if (!c) return;
@@ -682,6 +688,8 @@ void sl_comm_free(sl_comm *c) {
     pthread_join(c->thread, NULL);
     sl_comm_free(c->local);
     sl_comm_free(c->leaders);
+    sl_comm_free(c->peers);
+    free(c->host_of);
     if (c->stage) win_release(c, c->stage);
     while (c->wins) { /* windows the caller did not free */
         sl_win *w = c->wins;

@@ -118,6 +118,8 @@ sl_status sl_tp_shm_new(sl_oob *oob, sl_transport **out);
 sl_status sl_tp_loopback_new(sl_oob *oob, sl_transport **out);
 sl_status sl_tp_loopback_new_all(int n, sl_transport **out);
 sl_status sl_tp_tcp_new(sl_oob *oob, sl_transport **out);
+/* shm to the ranks r with host_of[r] == host_of[rank], tcp to the others (transport/hybrid.c) */
+sl_status sl_tp_hybrid_new(sl_oob *oob, const int *host_of, sl_transport **out);
 #ifdef SL_HAVE_MPI
 sl_status sl_tp_mpi_new(sl_oob *oob, sl_transport **out);
 sl_status sl_mpi_oob_world(sl_oob *oob); /* MPI_Init if needed; oob over MPI_COMM_WORLD */
@@ -148,7 +150,8 @@ typedef struct sl_algo_ctx {
     size_t *scratch_cap;
     sl_comm_algo algo; /* forced, or AUTO */
     sl_comm *local;    /* hierarchical: ranks on this host (shm), or NULL */
-    sl_comm *leaders;  /* hierarchical: local rank 0 of every host, NULL elsewhere */
+    sl_comm *leaders;  /* hierarchical, uneven hosts: local rank 0 of every host, NULL elsewhere */
+    sl_comm *peers;    /* hierarchical, even hosts: this local rank on every host */
     sl_win *wins;      /* the communicator's windows (algo/sym.c) */
     uint64_t *win_seq; /* window operations so far (same count on every rank) */
     sl_win **stage;    /* the staged all-reduce's window (algo/sym.c) and whether it exists */

@@ -48,6 +48,9 @@ struct sl_comm {
     int mpi_tag;
     int split_seq;
     sl_comm *local, *leaders; /* hierarchical (several hosts): owned sub-communicators */
+    sl_comm *peers;           /* hierarchical: the ranks with this local rank on every host (owned) */
+    int *host_of;             /* [rank] host index (NULL: one host) */
+    int nhosts;
     atomic_int abort_flag;
     atomic_int err;
     pthread_mutex_t errmu;

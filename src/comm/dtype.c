@@ -8,7 +8,7 @@
 static const size_t dtype_sizes[] = {4, 2, 2, 8, 4, 8, 1};
 static const char *dtype_names[] = {"f32", "bf16", "f16", "f64", "i32", "i64", "u8"};
 static const char *redop_names[] = {"sum", "prod", "max", "min", "avg"};
-static const char *transport_names[] = {"auto", "shm", "tcp", "mpi", "loopback"};
+static const char *transport_names[] = {"auto", "shm", "tcp", "mpi", "loopback", "hybrid"};
 static const char *algo_names[] = {"auto", "ring", "rd", "direct", "hier"};
 _Static_assert(sizeof dtype_sizes / sizeof dtype_sizes[0] == SL_COMM_DTYPE_COUNT, "dtype table");
 _Static_assert(sizeof dtype_names / sizeof dtype_names[0] == SL_COMM_DTYPE_COUNT, "dtype table");

@@ -13,7 +13,7 @@ static sl_status parse_transport(const char *v, sl_comm_transport_kind *k) {
             *k = (sl_comm_transport_kind)i;
             return SL_OK;
         }
-    return sl_fail(SL_ERR_INVALID, "SUANLI_COMM_TRANSPORT=%s: want auto|shm|tcp|mpi", v);
+    return sl_fail(SL_ERR_INVALID, "SUANLI_COMM_TRANSPORT=%s: want auto|shm|tcp|mpi|hybrid", v);
 }
 
 static uint64_t nonce64(void) {
@@ -41,27 +41,59 @@ static void host_id(char *host, size_t cap) {
         gethostname(host, cap - 1);
 }
 
-/* Several hosts: sub-communicators for the hierarchical all-reduce (SUANLI_COMM_HIER=0: off). */
-static sl_status build_hier(sl_comm *c, const char *hosts, size_t hl) {
+/* host_of[r] = index of rank r's host (numbered by first appearance); returns the host count and the
+ * most ranks on one host (*maxlocal) */
+static int host_index(const char *hosts, size_t hl, int n, int *host_of, int *maxlocal) {
+    int nh = 0, *cnt = calloc((size_t)n, sizeof(int));
+    for (int r = 0; r < n; r++) {
+        host_of[r] = -1;
+        for (int q = 0; q < r && host_of[r] < 0; q++)
+            if (!strcmp(hosts + (size_t)q * hl, hosts + (size_t)r * hl)) host_of[r] = host_of[q];
+        if (host_of[r] < 0) host_of[r] = nh++;
+        if (cnt) cnt[host_of[r]]++;
+    }
+    *maxlocal = cnt ? 0 : n; /* out of memory: assume several ranks per host */
+    for (int h = 0; h < nh && cnt; h++)
+        if (cnt[h] > *maxlocal) *maxlocal = cnt[h];
+    free(cnt);
+    return nh;
+}
+
+/* Note [Hierarchical sub-communicators]
+ * A communicator whose ranks span hosts, with more than one rank on some host, gets `local` (this
+ * host's ranks, shm) and, when every host has the same number L of ranks, `peers` (the ranks with
+ * this local rank on every host, over the network transport): the hierarchical all-reduce
+ * (algo/hier.c) reduce-scatters inside the host, all-reduces shard l among the local ranks l of
+ * all hosts and all-gathers inside the host, so each host sends (H-1)/H of the vector per rank
+ * once instead of a flat ring's share per rank. Uneven hosts get `leaders` (local rank 0 of every
+ * host) for the older reduce / leaders' all-reduce / broadcast form. SUANLI_COMM_HIER=0: neither. */
+static sl_status build_hier(sl_comm *c) {
     const char *v = getenv("SUANLI_COMM_HIER");
     if (v && !strcmp(v, "0")) return SL_OK;
-    int color = 0, local_rank = 0, maxlocal = 0;
+    int maxlocal = 0, local_rank = 0, even = 1, *cnt = calloc((size_t)c->nhosts, sizeof(int));
+    if (!cnt) return sl_fail(SL_ERR_NOMEM, "communicator: out of memory");
     for (int r = 0; r < c->size; r++) {
-        int first = r, cnt = 0;
-        for (int q = 0; q < c->size; q++)
-            if (!strcmp(hosts + (size_t)q * hl, hosts + (size_t)r * hl)) {
-                if (q < first) first = q;
-                cnt++;
-            }
-        if (cnt > maxlocal) maxlocal = cnt;
-        if (r == c->rank) color = first;
-        if (r < c->rank && !strcmp(hosts + (size_t)r * hl, hosts + (size_t)c->rank * hl)) local_rank++;
+        if (r < c->rank && c->host_of[r] == c->host_of[c->rank]) local_rank++;
+        cnt[c->host_of[r]]++;
     }
+    for (int h = 0; h < c->nhosts; h++) {
+        if (cnt[h] > maxlocal) maxlocal = cnt[h];
+        even &= cnt[h] == cnt[0];
+    }
+    free(cnt);
     if (maxlocal < 2) return SL_OK; /* one rank per host: nothing to gain */
-    SL_TRY(split_kind(c, color, c->rank, SL_COMM_TRANSPORT_SHM, &c->local));
-    SL_TRY(split_kind(c, local_rank == 0 ? 0 : SL_COMM_SPLIT_NONE, c->rank, c->tp->kind, &c->leaders));
+    sl_comm_transport_kind net =
+        c->tp->kind == SL_COMM_TRANSPORT_MPI ? SL_COMM_TRANSPORT_MPI : SL_COMM_TRANSPORT_TCP;
+    SL_TRY(split_kind(c, c->host_of[c->rank], c->rank, SL_COMM_TRANSPORT_SHM, &c->local));
+    if (even)
+        SL_TRY(split_kind(c, local_rank, c->rank, net, &c->peers));
+    else
+        SL_TRY(split_kind(c, local_rank == 0 ? 0 : SL_COMM_SPLIT_NONE, c->rank, net, &c->leaders));
     SL_LOGD("comm: rank %d: hierarchical all-reduce, %d ranks on this host, %s", c->rank,
-            sl_comm_size(c->local), c->leaders ? "host leader" : "not a leader");
+            sl_comm_size(c->local),
+            even         ? "shards among host peers"
+            : c->leaders ? "host leader"
+                         : "not a leader");
     return SL_OK;
 }
 
@@ -69,6 +101,7 @@ static sl_status comm_create(sl_oob *oob, const sl_comm_opts *opts, sl_comm_tran
                              int oob_is_mpi, sl_comm **out) {
     sl_status st = SL_OK;
     char *all = NULL;
+    int *host_of = NULL, nh = 1, maxlocal = 1;
     if (kind == SL_COMM_TRANSPORT_AUTO && opts) kind = opts->transport;
     if (kind == SL_COMM_TRANSPORT_AUTO) {
         const char *v = getenv("SUANLI_COMM_TRANSPORT");
@@ -77,20 +110,27 @@ static sl_status comm_create(sl_oob *oob, const sl_comm_opts *opts, sl_comm_tran
     /* rank 0's nonce makes the shm names of this communicator unique on the host */
     uint64_t nonce = nonce64(), *nonces = calloc((size_t)oob->size, sizeof(uint64_t));
     char host[64];
-    int same = 1, auto_kind = kind == SL_COMM_TRANSPORT_AUTO;
+    /* hybrid (a split of a hybrid communicator, or forced) decides again from this group's hosts */
+    int auto_kind = kind == SL_COMM_TRANSPORT_AUTO || kind == SL_COMM_TRANSPORT_HYBRID;
     host_id(host, sizeof host);
     all = calloc((size_t)oob->size, sizeof host);
-    if (!nonces || !all) {
+    host_of = calloc((size_t)oob->size, sizeof(int));
+    if (!nonces || !all || !host_of) {
         st = sl_fail(SL_ERR_NOMEM, "communicator: out of memory");
         goto done;
     }
     SL_CHECK(oob->allgather(oob, &nonce, nonces, sizeof nonce));
-    if (kind == SL_COMM_TRANSPORT_AUTO) {
+    if (kind != SL_COMM_TRANSPORT_LOOPBACK && oob->size > 1) {
         SL_CHECK(oob->allgather(oob, host, all, sizeof host));
-        for (int r = 0; r < oob->size; r++) same &= !strcmp(all + (size_t)r * sizeof host, host);
-        kind = same ? SL_COMM_TRANSPORT_SHM : oob_is_mpi ? SL_COMM_TRANSPORT_MPI : SL_COMM_TRANSPORT_TCP;
-        if (!same)
-            SL_LOGI("comm: ranks span several hosts; using the %s transport", sl_comm_transport_name(kind));
+        nh = host_index(all, sizeof host, oob->size, host_of, &maxlocal);
+    }
+    if (auto_kind) {
+        kind = nh == 1        ? SL_COMM_TRANSPORT_SHM
+               : oob_is_mpi   ? SL_COMM_TRANSPORT_MPI
+               : maxlocal > 1 ? SL_COMM_TRANSPORT_HYBRID
+                              : SL_COMM_TRANSPORT_TCP;
+        if (nh > 1)
+            SL_LOGI("comm: ranks span %d hosts; using the %s transport", nh, sl_comm_transport_name(kind));
     }
     char base[200];
     snprintf(base, sizeof base, "%s", oob->name);
@@ -102,6 +142,9 @@ static sl_status comm_create(sl_oob *oob, const sl_comm_opts *opts, sl_comm_tran
         break;
     case SL_COMM_TRANSPORT_TCP:
         st = sl_tp_tcp_new(oob, &tp);
+        break;
+    case SL_COMM_TRANSPORT_HYBRID:
+        st = sl_tp_hybrid_new(oob, host_of, &tp);
         break;
     case SL_COMM_TRANSPORT_LOOPBACK:
         st = sl_tp_loopback_new(oob, &tp);
@@ -123,8 +166,13 @@ static sl_status comm_create(sl_oob *oob, const sl_comm_opts *opts, sl_comm_tran
     snprintf(name, sizeof name, "%.150s-%016llx", base, (unsigned long long)nonces[0]);
     SL_CHECK(sl_comm_from_transport(tp, opts, name, oob->local_ip, oob->world_ranks, oob->mpi_tag, out));
     snprintf((*out)->token, sizeof(*out)->token, "%s", oob->token);
-    if (auto_kind && !same) {
-        st = build_hier(*out, all, sizeof host);
+    (*out)->nhosts = nh;
+    if (nh > 1) {
+        (*out)->host_of = host_of;
+        host_of = NULL;
+    }
+    if (auto_kind && nh > 1) {
+        st = build_hier(*out);
         if (st != SL_OK) {
             sl_comm_free(*out);
             *out = NULL;
@@ -133,6 +181,7 @@ static sl_status comm_create(sl_oob *oob, const sl_comm_opts *opts, sl_comm_tran
 done:
     free(nonces);
     free(all);
+    free(host_of);
     return st;
 }
 

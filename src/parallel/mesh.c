@@ -1,7 +1,34 @@
 /* The device mesh: dp x pp x tp (x ep inside dp) with one sub-communicator per axis. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "suanli/parallel.h"
+
+/* Note [Rank placement]
+ * Launchers number ranks host by host (suanli run --nnodes: node k holds ranks k*nproc...; srun and
+ * mpirun by default fill a node before the next), and the mesh makes tp the fastest-varying axis
+ * (tp_rank = rank % tp), then dp, then pp. So a tp group is tp consecutive ranks, and it lies inside
+ * one host exactly when every host's ranks are consecutive and tp divides the ranks per host. TP
+ * all-reduces run in every layer's forward and backward (the most frequent, latency-bound traffic),
+ * so a tp group that straddles hosts puts them on the slow link: refused, with the fix in the message.
+ * dp (and pp) groups then span hosts, and the DP gradient all-reduce takes the hierarchical
+ * algorithm over their hybrid communicator (src/comm/algo/hier.c). */
+sl_status sl_mesh_check_hosts(int n, int tp, const int *host_of) {
+    if (!host_of || tp <= 1) return SL_OK;
+    for (int g = 0; g + tp <= n; g += tp)
+        for (int k = g + 1; k < g + tp; k++)
+            if (host_of[k] != host_of[g]) {
+                int per = 0;
+                for (int r = 0; r < n; r++) per += host_of[r] == host_of[g];
+                return sl_fail(
+                    SL_ERR_INVALID,
+                    "--tensor-model-parallel-size %d: tp group of ranks %d..%d spans hosts %d and %d "
+                    "(host %d has %d ranks); tp must divide the ranks per host, ranks numbered host by "
+                    "host",
+                    tp, g, g + tp - 1, host_of[g], host_of[k], host_of[g], per);
+            }
+    return SL_OK;
+}
 
 sl_status sl_mesh_init(sl_mesh *mesh, sl_comm *world, sl_mesh_dims d) {
     memset(mesh, 0, sizeof *mesh);
@@ -17,6 +44,14 @@ sl_status sl_mesh_init(sl_mesh *mesh, sl_comm *world, sl_mesh_dims d) {
     if (dp % d.ep != 0)
         return sl_fail(SL_ERR_INVALID,
                        "data-parallel size %d is not divisible by --expert-model-parallel-size %d", dp, d.ep);
+    if (world && sl_comm_nhosts(world) > 1) {
+        int *host_of = malloc(sizeof(int) * (size_t)n);
+        if (!host_of) return sl_fail(SL_ERR_NOMEM, "mesh: out of memory");
+        for (int q = 0; q < n; q++) host_of[q] = sl_comm_host_of(world, q);
+        sl_status hs = sl_mesh_check_hosts(n, d.tp, host_of);
+        free(host_of);
+        SL_TRY(hs);
+    }
     mesh->world = n;
     mesh->rank = r;
     mesh->dp = dp;

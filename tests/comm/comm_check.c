@@ -359,13 +359,15 @@ int cc_run_matrix(sl_comm *c, const cc_cfg *cfg) {
 static int matrix(sl_comm *c, const cc_cfg *cfg) {
     int fails = 0, cas = 0;
     static const sl_comm_algo algos[] = {SL_COMM_ALGO_AUTO, SL_COMM_ALGO_RING, SL_COMM_ALGO_RD,
-                                         SL_COMM_ALGO_DIRECT};
-    int nalgo = cfg->algos ? 4 : 1;
+                                         SL_COMM_ALGO_DIRECT, SL_COMM_ALGO_HIER};
+    /* hier: only where it means something (ranks on several hosts) */
+    int nalgo = cfg->algos ? (sl_comm_nhosts(c) > 1 ? 5 : 4) : 1;
     for (int coll = 0; coll < NCOLL; coll++) {
         if (cfg->window && (coll == RED || coll == BC || coll == P2P)) continue;
         int reducing = coll == AR || coll == RED || coll == RS;
         for (int a = 0; a < (coll == AR || coll == BC || coll == RS ? nalgo : 1); a++) {
             if (coll == RS && a > 0 && algos[a] != SL_COMM_ALGO_DIRECT) continue; /* ring (auto) or direct */
+            if (coll == BC && algos[a] == SL_COMM_ALGO_HIER) continue;            /* all-reduce only */
             sl_comm_set_algo(c, algos[a]);
             for (int dt = 0; dt < SL_COMM_DTYPE_COUNT; dt++) {
                 if (reducing && dt == SL_COMM_U8) continue;
@@ -636,5 +638,83 @@ int cc_run_window_extras(sl_comm *c) {
     int dummy = 0;
     if (sl_comm_mem_free(c, &dummy) == SL_OK)
         fprintf(stderr, "FAIL rank %d: mem_free of a foreign pointer\n", r), fails++;
+    return fails;
+}
+
+/* The hierarchical all-reduce (algo/hier.c) against the flat ring on random f32 data, sizes 0, 1 (the
+ * count % L tail only), 3, 4093 and 1Mi+3 (shards plus a tail), in place and out of place, SUM and AVG:
+ * - every rank ends with the same bits (each block is reduced once and copied);
+ * - ring and hier sum the n inputs of an element in different orders, so they differ by reassociation
+ *   only: each is within gamma_{n-1} = (n-1)u sum_r |x_r| of the exact sum (u = 2^-24, the standard
+ *   bound for a recursive sum), so |hier - ring| <= 2 (n-1) u sum_r |x_r|, with sum_r |x_r| taken
+ *   from an f64 all-reduce of |x| (exact to well under u at these n);
+ * - the same bound against the f64 all-reduce of x (the exact sum to 2^-53 relative).
+ * Small-integer inputs (the matrix) are exact in every order, so there hier equals the reference
+ * bit for bit. Returns failures on this rank; nothing to do on one host. */
+int cc_run_hier_check(sl_comm *c) {
+    int n = sl_comm_size(c), r = sl_comm_rank(c), fails = 0;
+    if (sl_comm_nhosts(c) < 2 || n < 2) return 0;
+    const size_t sizes[] = {0, 1, 3, 4093, (1u << 20) + 3};
+    size_t M = sizes[4];
+    float *x = malloc(4 * M), *h = malloc(4 * M), *g = malloc(4 * M);
+    double *ex = malloc(8 * M), *ab = malloc(8 * M);
+    const double u = ldexp(1.0, -24);
+    for (size_t si = 0; si < 5 && !fails; si++) {
+        size_t cnt = sizes[si];
+        for (int cas = 0; cas < 4 && !fails; cas++) {
+            int inplace = cas & 1;
+            sl_comm_redop op = cas & 2 ? SL_COMM_AVG : SL_COMM_SUM;
+            sl_rng_fill_normal(x, (int64_t)cnt, 991 + (uint64_t)si, (uint64_t)r, 0.f, 1.f);
+            for (size_t i = 0; i < cnt; i++) ex[i] = x[i], ab[i] = fabs(x[i]);
+            sl_status st = sl_comm_all_reduce(c, ex, ex, cnt, SL_COMM_F64, SL_COMM_SUM);
+            if (st == SL_OK) st = sl_comm_all_reduce(c, ab, ab, cnt, SL_COMM_F64, SL_COMM_SUM);
+            sl_comm_set_algo(c, SL_COMM_ALGO_RING);
+            if (st == SL_OK) st = sl_comm_all_reduce(c, x, g, cnt, SL_COMM_F32, op);
+            sl_comm_set_algo(c, SL_COMM_ALGO_HIER);
+            if (inplace) memcpy(h, x, 4 * cnt);
+            if (st == SL_OK) st = sl_comm_all_reduce(c, inplace ? h : x, h, cnt, SL_COMM_F32, op);
+            sl_comm_set_algo(c, SL_COMM_ALGO_AUTO);
+            if (st != SL_OK) {
+                fprintf(stderr, "FAIL rank %d: hier check: %s\n", r, sl_errmsg());
+                fails++;
+                break;
+            }
+            /* AVG: each side also rounds its division once (u |result| each) */
+            double div = op == SL_COMM_AVG ? n : 1, worst = 0;
+            size_t wi = 0;
+            for (size_t i = 0; i < cnt; i++) {
+                double bound = (2.0 * (n - 1) * u * ab[i] + 2.0 * u * fabs(ex[i])) / div;
+                double e1 = fabs((double)h[i] - (double)g[i]) / (bound > 0 ? bound : 1e-300);
+                double e2 = fabs((double)h[i] - ex[i] / div) / (bound > 0 ? bound : 1e-300);
+                double e = e1 > e2 ? e1 : e2;
+                if (e > worst) worst = e, wi = i;
+            }
+            if (worst > 1.0) {
+                fprintf(
+                    stderr,
+                    "FAIL rank %d: hier vs ring, %zu elements %s %s: element %zu hier %.9g ring %.9g exact "
+                    "%.9g (%.2f x the reassociation bound)\n",
+                    r, cnt, sl_comm_redop_name(op), inplace ? "in place" : "out of place", wi, h[wi], g[wi],
+                    ex[wi] / div, worst);
+                fails++;
+            }
+            /* the same bits on every rank: min and max over ranks of each element agree */
+            if (cnt) {
+                memcpy(g, h, 4 * cnt);
+                memcpy(x, h, 4 * cnt);
+                st = sl_comm_all_reduce(c, g, g, cnt, SL_COMM_F32, SL_COMM_MAX);
+                if (st == SL_OK) st = sl_comm_all_reduce(c, x, x, cnt, SL_COMM_F32, SL_COMM_MIN);
+                if (st != SL_OK || memcmp(g, x, 4 * cnt) || memcmp(g, h, 4 * cnt))
+                    fprintf(stderr, "FAIL rank %d: hier all-reduce of %zu elements differs across ranks\n", r,
+                            cnt),
+                        fails++;
+            }
+        }
+    }
+    if (r == 0 && !fails)
+        printf(
+            "hier vs ring: %d ranks on %d hosts, within the reassociation bound, same bits on every rank\n",
+            n, sl_comm_nhosts(c));
+    free(x), free(h), free(g), free(ex), free(ab);
     return fails;
 }

@@ -18,4 +18,7 @@ int cc_run_extras(sl_comm *c);
 /* Window collectives: bitwise equal to the ring (2 ranks) / direct algorithm (more), reproducible,
  * equal on every rank; asymmetric offsets fail promptly on every rank. Returns failures. */
 int cc_run_window_extras(sl_comm *c);
+/* Several hosts: the hierarchical all-reduce against the flat ring and an f64 reference on random
+ * f32 data (reassociation bound), equal bits on every rank. 0 on one host. Returns failures. */
+int cc_run_hier_check(sl_comm *c);
 #endif

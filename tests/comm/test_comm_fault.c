@@ -1,6 +1,8 @@
 /* No hang, ever: a rank killed (SIGKILL), stopped (SIGSTOP) or aborted in the middle of a stream
  * of all-reduces must make every other rank return an error within the deadline.
  *   test_comm_fault loopback-abort | shm-kill | tcp-kill | shm-stop | tcp-stop | mpi-kill
+ *   test_comm_fault hybrid-kill | hybrid-stop   (ranks 0, 1 pretend to share a host, rank 2 is alone:
+ *                                                the victim is rank 0's shm peer and rank 2's tcp peer)
  *   test_comm_fault mpi-stop | env-stop   (one rank of a job under mpirun / suanli run)
  * A "-window" suffix (loopback-abort-window, shm-kill-window, shm-stop-window) puts the buffer in
  * sl_comm_mem_alloc memory, so the fault hits the direct window all-reduce (src/comm/algo/sym.c). */
@@ -137,9 +139,14 @@ static int procs(sl_comm_transport_kind kind, int sig) {
     for (int r = 0; r < n; r++) {
         if ((pids[r] = fork()) != 0) continue;
         sl_comm_opts o = {.transport = kind, .timeout_sec = timeout};
+        if (kind == SL_COMM_TRANSPORT_HYBRID) setenv("SUANLI_COMM_HOSTNAME", r < 2 ? "hostA" : "hostB", 1);
         sl_comm *c;
         if (sl_comm_init_rank(&c, n, &id, r, &o) != SL_OK) {
             fprintf(stderr, "rank %d init: %s\n", r, sl_errmsg());
+            _exit(1);
+        }
+        if (sl_comm_transport(c) != kind) {
+            fprintf(stderr, "FAIL rank %d: transport %s\n", r, sl_comm_transport_name(sl_comm_transport(c)));
             _exit(1);
         }
         static int s;
@@ -179,7 +186,7 @@ static int procs(sl_comm_transport_kind kind, int sig) {
     if (sig == SIGSTOP) kill(pids[1], SIGKILL);
     while (wait(NULL) > 0) {
     }
-    if (kind == SL_COMM_TRANSPORT_SHM) fails += shm_leftovers(&id);
+    if (kind == SL_COMM_TRANSPORT_SHM || kind == SL_COMM_TRANSPORT_HYBRID) fails += shm_leftovers(&id);
     return fails;
 }
 
@@ -234,8 +241,11 @@ static int env_stop(sl_comm_transport_kind kind) {
 
 int main(int argc, char **argv) {
     if (argc != 2) {
-        fprintf(stderr, "usage: test_comm_fault "
-                        "loopback-abort|shm-kill|tcp-kill|shm-stop|tcp-stop|mpi-kill|mpi-stop|env-stop\n");
+        fprintf(
+            stderr,
+            "usage: test_comm_fault "
+            "loopback-abort|shm-kill|tcp-kill|shm-stop|tcp-stop|hybrid-kill|hybrid-stop|mpi-kill|mpi-stop|"
+            "env-stop\n");
         return 2;
     }
     char m[64];
@@ -256,6 +266,10 @@ int main(int argc, char **argv) {
         f = procs(SL_COMM_TRANSPORT_SHM, SIGSTOP);
     else if (!strcmp(m, "tcp-stop"))
         f = procs(SL_COMM_TRANSPORT_TCP, SIGSTOP);
+    else if (!strcmp(m, "hybrid-kill"))
+        f = procs(SL_COMM_TRANSPORT_HYBRID, SIGKILL);
+    else if (!strcmp(m, "hybrid-stop"))
+        f = procs(SL_COMM_TRANSPORT_HYBRID, SIGSTOP);
     else if (!strcmp(m, "mpi-kill"))
         return mpi_kill();
     else if (!strcmp(m, "mpi-stop"))

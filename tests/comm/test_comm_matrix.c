@@ -1,9 +1,12 @@
 /* The comm test matrix on one transport.
  *   test_comm_matrix loopback RANKS...   threads as ranks, full matrix incl. forced algorithms
  *   test_comm_matrix shm|tcp RANKS...    forked processes joined by a unique id
+ *   test_comm_matrix hosts A,B,... ...  forked, A ranks pretending to be host 0, B host 1, ... (hybrid
+ *                                        transport, hierarchical all-reduce, cc_run_hier_check)
  *   test_comm_matrix env [TRANSPORT [ENV]] one rank of a job started by suanli run / mpirun / srun;
  *                                        fails unless it joined over TRANSPORT, detected from ENV
  * Options (before the mode): --large (1Mi+3 elements), --quick (fewer dtype/op pairs), --algos,
+ * On several hosts (SUANLI_COMM_HOSTNAME, network namespaces) the env mode also runs cc_run_hier_check.
  * --window (all-reduce, reduce-scatter, all-gather(v) on sl_comm_mem_alloc windows, plus the window
  * checks of cc_run_window_extras instead of the ordinary extras). */
 #define _GNU_SOURCE
@@ -54,11 +57,13 @@ static int run_loopback(int n) {
 
 static int rank_main(sl_comm *c) {
     int fails = cc_run_matrix(c, &g_cfg);
+    fails += cc_run_hier_check(c);
     fails += g_cfg.window ? cc_run_window_extras(c) : cc_run_extras(c);
     return fails;
 }
 
-static int run_forked(sl_comm_transport_kind kind, int n) {
+/* host_of: NULL, or the pretend host of each rank (SUANLI_COMM_HOSTNAME set in the child) */
+static int run_forked(sl_comm_transport_kind kind, int n, const int *host_of) {
     sl_comm_unique_id id;
     if (sl_comm_get_unique_id(&id) != SL_OK) {
         fprintf(stderr, "FAIL get_unique_id: %s\n", sl_errmsg());
@@ -69,6 +74,12 @@ static int run_forked(sl_comm_transport_kind kind, int n) {
         pids[r] = fork();
         if (pids[r] == 0) {
             sl_comm_opts o = {.transport = kind, .timeout_sec = 60};
+            if (host_of) {
+                char hn[32];
+                snprintf(hn, sizeof hn, "host%d", host_of[r]);
+                setenv("SUANLI_COMM_HOSTNAME", hn, 1);
+                o.transport = SL_COMM_TRANSPORT_AUTO;
+            }
             sl_comm *c;
             if (sl_comm_init_rank(&c, n, &id, r, &o) != SL_OK) {
                 fprintf(stderr, "FAIL rank %d init: %s\n", r, sl_errmsg());
@@ -115,7 +126,7 @@ int main(int argc, char **argv) {
     }
     if (i >= argc) {
         fprintf(stderr, "usage: test_comm_matrix [--large] [--quick] [--algos] [--window] loopback|shm|tcp "
-                        "RANKS... | env\n");
+                        "RANKS... | hosts A,B,... | env\n");
         return 2;
     }
     const char *mode = argv[i++];
@@ -155,10 +166,22 @@ int main(int argc, char **argv) {
         if (!strcmp(mode, "loopback"))
             f = run_loopback(n);
         else if (!strcmp(mode, "shm"))
-            f = run_forked(SL_COMM_TRANSPORT_SHM, n);
+            f = run_forked(SL_COMM_TRANSPORT_SHM, n, NULL);
         else if (!strcmp(mode, "tcp"))
-            f = run_forked(SL_COMM_TRANSPORT_TCP, n);
-        else {
+            f = run_forked(SL_COMM_TRANSPORT_TCP, n, NULL);
+        else if (!strcmp(mode, "hosts")) { /* A,B,...: A ranks on pretend host 0, B on host 1, ... */
+            int host_of[64], nr = 0, h = 0, many = 0;
+            for (const char *p = argv[i]; *p && nr < 64; h++) {
+                int k = atoi(p);
+                many |= k > 1;
+                for (int j = 0; j < k && nr < 64; j++) host_of[nr++] = h;
+                p = strchr(p, ',');
+                if (!p) break;
+                p++;
+            }
+            f = run_forked(h > 0 && many ? SL_COMM_TRANSPORT_HYBRID : SL_COMM_TRANSPORT_TCP, nr, host_of);
+            n = nr;
+        } else {
             fprintf(stderr, "unknown mode %s\n", mode);
             return 2;
         }

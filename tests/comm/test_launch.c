@@ -153,7 +153,8 @@ int main(void) {
     }
     snprintf(cmd, sizeof cmd, "%s/tests/comm/test_comm_loopback", SL_BINARY_DIR);
     /* two launchers on this host as two nodes of one job (--nnodes 2 --master); they pretend to be
-     * two hosts, so the communicator is tcp between hosts with the hierarchical all-reduce */
+     * two hosts, so the communicator is hybrid (shm inside a host, tcp between) with the hierarchical
+     * all-reduce */
     char mn[3072];
     int port = 20000 + (int)(getpid() % 20000);
     snprintf(mn, sizeof mn,
@@ -165,7 +166,7 @@ int main(void) {
              tu_cli(), port, cmd, tu_cli(), port, cmd);
     rc = tu_run(mn, out, sizeof out);
     TU_CHECK(strstr(out, "rc 0 0") && strstr(out, "[0] rank 0/4") &&
-                 strstr(out, "[3] rank 3/4 transport tcp: ok"),
+                 strstr(out, "[3] rank 3/4 transport hybrid: ok"),
              "two nodes: %.3000s", out);
     return tu_finish("test_launch");
 }

@@ -159,6 +159,27 @@ static void test_submit(const char *d) {
     }
     snprintf(cmd, sizeof cmd, "bash -n %s", script);
     TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "the script parses: %s", out);
+    /* node ranges and the requeue of a failed step (the behaviour itself: tests/fault/slurm_requeue.sh) */
+    bad(NULL, "submit --nodes 2-1 --ntasks-per-node 2 --time 1:00:00 -- suanli train", "--nodes");
+    bad(NULL, "submit --nodes 1-x --ntasks-per-node 2 --time 1:00:00 -- suanli train", "--nodes");
+    bad(NULL, "submit --nodes 2 --ntasks-per-node 2 --time 1:00:00 --max-requeues -1 -- suanli train",
+        "--max-requeues");
+    snprintf(cmd, sizeof cmd,
+             "%s submit --script %s --nodes 1-4 --ntasks-per-node 2 --time 1:00:00 --max-requeues 5 "
+             "-- suanli train",
+             tu_cli(), script);
+    rc = tu_run(cmd, out, sizeof out);
+    s = NULL;
+    TU_CHECK(rc == 0 && sl_file_read_all(script, &s, &n) == SL_OK, "range script: %d %s", rc, out);
+    if (s) {
+        TU_CHECK(strstr(s, "#SBATCH --nodes=1-4\n") && strstr(s, "#SBATCH --exclusive\n") &&
+                     !strstr(s, "#SBATCH --ntasks-per-node") &&
+                     strstr(s, "srun --kill-on-bad-exit=1 --ntasks-per-node=2 suanli train") &&
+                     strstr(s, "-lt 5 ]") && strstr(s, "SUANLI_RESTART_COUNT=${SLURM_RESTART_COUNT:-0}") &&
+                     strstr(s, "#SBATCH --open-mode=append"),
+                 "range script: %s", s);
+        free(s);
+    }
 }
 
 static void test_srun(const char *d) {
