@@ -295,6 +295,11 @@ int main(void) {
     bad("missing hidden_size", "missing field 'hidden_size'", gen(d, ""));
     set_cfg(d, "hidden_size", "\"64\"");
     bad("string hidden_size", "'hidden_size' must be an integer", gen(d, ""));
+    set_cfg(d, "hidden_size", "1e300"); /* was an undefined double -> int conversion (fuzz_hf_config) */
+    bad("huge hidden_size", "'hidden_size' must be an integer", gen(d, ""));
+    set_cfg(d, "hidden_size", "64");
+    set_cfg(d, "num_hidden_layers", "0");
+    bad("zero layers", "field 'num_hidden_layers' must be in [1, 16777216], got 0", gen(d, ""));
     copy_fixture("qwen2", d);
     set_cfg(d, "architectures", "[\"GPTNeoXForCausalLM\"]");
     bad("unsupported arch", "unsupported architecture 'GPTNeoXForCausalLM'", gen(d, ""));
