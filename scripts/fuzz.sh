@@ -47,7 +47,7 @@ for t in "${targets[@]}"; do
   ncorp=$(find "$work" -type f | wc -l)
   crashes=$(find "$art" -type f | wc -l)
   printf '%-18s %10s %8s %8s %7s %s\n' "$t" "${execs:-?}" "$secs" \
-    "$(awk -v e="${execs:-0}" -v s="$secs" 'BEGIN{printf "%.0f", s>0?e/s:0}')" "$ncorp" \
+    "$(awk -v e="${execs:-0}" -v s="$secs" 'BEGIN{printf "%.0f", (s > 0 ? e / s : 0)}')" "$ncorp" \
     "$crashes$([[ $rc != 0 ]] && echo " (exit $rc: $log)")"
   [[ $rc != 0 ]] && fail=1
 done
