@@ -83,7 +83,8 @@ int main(void) {
             cli, cli, ITERS, name, name, frac * base_s, victim);
         int killed = strstr(out, "killed pid") != NULL;
         printf("kill %d: rank #%d of the launcher's children at %.0f%% (%.2f s): %s, resumed at step %d\n", k,
-               victim, 100 * frac, frac * base_s, killed ? "killed" : "the run had ended", resumed_step());
+               victim, 100 * frac, frac * base_s,
+               killed ? "killed" : "no rank alive to kill (not yet forked, or done)", resumed_step());
         TU_CHECK(rc == 0, "kill %d (seed %llu): the restarted job must finish: rc %d %s", k,
                  (unsigned long long)seed, rc, out);
         TU_CHECK(!killed || strstr(out, "restart"), "kill %d: the launcher restarted the job: %s", k, out);
