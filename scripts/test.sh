@@ -14,7 +14,8 @@ bash scripts/check_install.sh build
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSL_WERROR=ON -DSL_SANITIZE=ON >/dev/null
 cmake --build build-asan -j "$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 LSAN_OPTIONS=suppressions=$supp UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j "$jobs")
-# libFuzzer targets for the safetensors, checkpoint-manifest and tokenizer.json parsers, briefly (clang)
+# libFuzzer targets (tests/fuzz, ASan + UBSan), briefly (clang); scripts/fuzz.sh --long for the long run
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSL_BUILD_TESTS=OFF -DSL_FUZZ=ON -DSL_WERROR=OFF >/dev/null
-cmake --build build-fuzz -j "$jobs" --target fuzz_safetensors fuzz_manifest fuzz_tokenizer fuzz_sp_model
+cmake --build build-fuzz -j "$jobs" --target fuzz_safetensors fuzz_manifest fuzz_tokenizer fuzz_sp_model fuzz_shard \
+  fuzz_hf_config fuzz_config_flags fuzz_prompt fuzz_comm_wire
 (cd build-fuzz && ctest --output-on-failure -L fuzz)

@@ -4,8 +4,10 @@
 
 #include "suanli/base.h"
 
+#include <ftw.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -49,7 +51,41 @@ int tu_finish(const char *name) {
     return tu_failures ? 1 : 0;
 }
 
+static uint64_t g_sig, g_sig_pre;
+static size_t g_sig_root;
+static char g_watch[1024];
+
+static uint64_t mix(uint64_t h, uint64_t v) { /* FNV-1a over the 8 bytes of v */
+    for (int i = 0; i < 8; i++) h = (h ^ ((v >> (8 * i)) & 0xff)) * 0x100000001b3ull;
+    return h;
+}
+
+static int sig_entry(const char *path, const struct stat *sb, int type, struct FTW *ftw) {
+    (void)ftw;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const char *p = path + g_sig_root; *p; p++) h = mix(h, (unsigned char)*p);
+    h = mix(h, (uint64_t)type);
+    h = mix(h, (uint64_t)sb->st_size);
+    h = mix(h, (uint64_t)sb->st_mtim.tv_sec * 1000000000ull + (uint64_t)sb->st_mtim.tv_nsec);
+    g_sig += h; /* order-independent: nftw's order is the directory's */
+    return 0;
+}
+
+uint64_t tu_tree_sig(const char *dir) {
+    struct stat sb;
+    if (stat(dir, &sb) != 0) return 0;
+    g_sig = 1;
+    g_sig_root = strlen(dir);
+    nftw(dir, sig_entry, 16, FTW_PHYS);
+    return g_sig;
+}
+
+void tu_watch(const char *dir) { snprintf(g_watch, sizeof g_watch, "%s", dir ? dir : ""); }
+
+int tu_unchanged(void) { return g_watch[0] && tu_tree_sig(g_watch) == g_sig_pre; }
+
 int tu_run(const char *cmd, char *buf, size_t cap) {
+    if (g_watch[0]) g_sig_pre = tu_tree_sig(g_watch);
     char full[8192];
     snprintf(full, sizeof full, "%s 2>&1", cmd);
     FILE *p = popen(full, "r");

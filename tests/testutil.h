@@ -40,6 +40,13 @@ double tu_metric_at(const char *metrics_path, int step, const char *key);
 /* A learnable token pattern with noise, a pure function of (step, micro, position): micro-batch `micro` of
  * `step`, B rows of T ids over vocabulary V, and the targets (the ids shifted by one). */
 void tu_synth_tokens(int B, int T, int V, int64_t step, int micro, int32_t *ids, int32_t *tg);
+/* "Nothing written" (bad input must leave no trace): a signature of every entry under `dir` (relative
+ * path, type, size, modification time in ns), 0 when dir is absent. tu_watch(dir) makes tu_run (and so
+ * tu_cli_run, tu_runf) record the signature right before each command; tu_unchanged() is then 1 when the
+ * last command created, removed, or modified nothing under dir. */
+uint64_t tu_tree_sig(const char *dir);
+void tu_watch(const char *dir);
+int tu_unchanged(void);
 /* Make a fresh temp dir under /tmp; returns static buffer path. */
 const char *tu_tmpdir(const char *tag);
 #endif

@@ -1,9 +1,13 @@
 #include "base/json_util.h"
 
+#include <limits.h>
+#include <math.h>
+
 sl_status sl_json_int(const cJSON *root, const char *path, const char *key, int min, int *out) {
     const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, key);
     if (!it) return sl_fail(SL_ERR_FORMAT, "%s: missing field '%s'", path, key);
-    if (!cJSON_IsNumber(it) || it->valuedouble != (double)(int)it->valuedouble || it->valuedouble < min)
+    double v = cJSON_IsNumber(it) ? it->valuedouble : NAN; /* range first: (int)1e300 is undefined */
+    if (!(v >= min && v <= INT_MAX) || v != floor(v))
         return sl_fail(SL_ERR_FORMAT, "%s: field '%s' must be an integer >= %d", path, key, min);
     *out = (int)it->valuedouble;
     return SL_OK;
@@ -22,4 +26,9 @@ sl_status sl_json_read_object(const char *path, cJSON **out) {
     }
     *out = root;
     return SL_OK;
+}
+
+int sl_json_is_count(const cJSON *v) {
+    return cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble <= 9007199254740992.0 &&
+           v->valuedouble == floor(v->valuedouble);
 }

@@ -7,6 +7,9 @@
 
 /* root[key] must be an integer >= min; errors name `path` and `key`. */
 sl_status sl_json_int(const cJSON *root, const char *path, const char *key, int min, int *out);
+/* 1 when v is a number holding a non-negative integer in [0, 2^53] (exact in a double, so it converts to
+ * int64_t / size_t without undefined behaviour); a manifest's steps, offsets, lengths and sizes. */
+int sl_json_is_count(const cJSON *v);
 /* Read and parse a JSON object file; *out owned by caller (cJSON_Delete). */
 sl_status sl_json_read_object(const char *path, cJSON **out);
 #endif

@@ -22,6 +22,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "base/json_util.h"
 #include "ckpt/pool_internal.h"
 #include "suanli/ckpt.h"
 #include "suanli/safetensors.h"
@@ -737,8 +738,8 @@ static sl_status reader_open(reader *r, const char *dir) {
     if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "suanli-checkpoint") != 0)
         return sl_fail(SL_ERR_FORMAT, "%s: field 'format' must be \"suanli-checkpoint\"", path);
     cJSON *step = cJSON_GetObjectItem(r->man, "step");
-    if (!cJSON_IsNumber(step) || step->valuedouble < 0)
-        return sl_fail(SL_ERR_FORMAT, "%s: field 'step' must be a non-negative number", path);
+    if (!sl_json_is_count(step)) /* a range test before any conversion (1e300 was undefined behaviour) */
+        return sl_fail(SL_ERR_FORMAT, "%s: field 'step' must be a non-negative integer", path);
     if (!cJSON_IsObject(cJSON_GetObjectItem(r->man, "tensors")))
         return sl_fail(SL_ERR_FORMAT, "%s: field 'tensors' must be an object", path);
     return SL_OK;
@@ -766,8 +767,8 @@ static sl_status shard_data(reader *r, const char *tname, cJSON *sh, int64_t *of
     cJSON *f = cJSON_GetObjectItem(sh, "file"), *k = cJSON_GetObjectItem(sh, "key"),
           *o = cJSON_GetObjectItem(sh, "offset"), *l = cJSON_GetObjectItem(sh, "length"),
           *c = cJSON_GetObjectItem(sh, "checksum");
-    if (!cJSON_IsString(f) || !cJSON_IsString(k) || !cJSON_IsNumber(o) || !cJSON_IsNumber(l) ||
-        !cJSON_IsString(c) || o->valuedouble < 0 || l->valuedouble < 0)
+    if (!cJSON_IsString(f) || !cJSON_IsString(k) || !sl_json_is_count(o) || !sl_json_is_count(l) ||
+        !cJSON_IsString(c))
         return sl_fail(SL_ERR_FORMAT,
                        "%s/manifest.json: tensor '%s' has a shard with missing or mistyped fields", r->dir,
                        tname);
@@ -940,8 +941,9 @@ sl_status sl_ckpt_load(const char *dir, sl_ckpt_state *st) {
         st->step = (int64_t)cJSON_GetObjectItem(r.man, "step")->valuedouble;
         cJSON *tr = cJSON_GetObjectItem(r.man, "train");
         cJSON *at = cJSON_GetObjectItem(tr, "adam_t"), *sd = cJSON_GetObjectItem(tr, "seed");
-        st->adam_t = cJSON_IsNumber(at) ? (int64_t)at->valuedouble : st->step;
-        if (cJSON_IsNumber(sd)) st->seed = (uint64_t)sd->valuedouble;
+        st->adam_t = sl_json_is_count(at) ? (int64_t)at->valuedouble : st->step;
+        if (cJSON_IsNumber(sd) && sd->valuedouble >= 0 && sd->valuedouble < 18446744073709551616.0)
+            st->seed = (uint64_t)sd->valuedouble;
     }
     reader_close(&r);
     return s;

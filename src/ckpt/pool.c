@@ -29,6 +29,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "base/json_util.h"
 #include "ckpt/pool_internal.h"
 
 typedef struct {
@@ -490,7 +491,7 @@ static sl_status fetch_ec(ctx *c, const char *file, cJSON *o, size_t size, const
     cJSON *jk = cJSON_GetObjectItem(o, "ec_k"), *jm = cJSON_GetObjectItem(o, "ec_m"),
           *jb = cJSON_GetObjectItem(o, "block_size"), *blocks = cJSON_GetObjectItem(o, "blocks"), *b;
     int k = cJSON_IsNumber(jk) ? jk->valueint : 0, m = cJSON_IsNumber(jm) ? jm->valueint : 0;
-    size_t bs = cJSON_IsNumber(jb) ? (size_t)jb->valuedouble : 0;
+    size_t bs = sl_json_is_count(jb) ? (size_t)jb->valuedouble : 0;
     if (k < 1 || k > SL_EC_MAX_K || m < 1 || m > SL_EC_MAX_M || bs * (size_t)k < size ||
         !cJSON_IsArray(blocks) || cJSON_GetArraySize(blocks) != k + m)
         return sl_fail(SL_ERR_FORMAT, "%s: manifest: erasure-code entry of %s is malformed", c->step_name,
@@ -621,7 +622,7 @@ static sl_status assemble_step(ctx *c, int scan, const char *dest) {
     }
     cJSON_ArrayForEach(f, files) {
         cJSON *js = cJSON_GetObjectItem(f, "size"), *jc = cJSON_GetObjectItem(f, "checksum");
-        if (!cJSON_IsNumber(js) || js->valuedouble < 0 || !cJSON_IsString(jc) || strchr(f->string, '/')) {
+        if (!sl_json_is_count(js) || !cJSON_IsString(jc) || strchr(f->string, '/')) {
             st = sl_fail(SL_ERR_FORMAT, "%s: manifest: pool entry '%s' has missing or mistyped fields",
                          c->step_name, f->string);
             goto done;

@@ -57,7 +57,29 @@ static sl_status set_value(sl_flag *f, const char *v, const char *where) {
     return SL_OK;
 }
 
-/* config strings must outlive parsing: keep them for the process lifetime */
+/* Config strings must outlive parsing (string flags point at them): each is kept in this list until
+ * sl_flags_config_release (which a command never needs to call; a fuzzer parsing many files does). */
+static char **g_kept;
+static size_t g_nkept, g_capkept;
+
+static const char *keep(const char *s) {
+    if (g_nkept == g_capkept) {
+        size_t cap = g_capkept ? 2 * g_capkept : 16;
+        char **p = realloc(g_kept, cap * sizeof *p);
+        if (!p) return NULL;
+        g_kept = p, g_capkept = cap;
+    }
+    char *d = strdup(s);
+    if (d) g_kept[g_nkept++] = d;
+    return d;
+}
+
+void sl_flags_config_release(void) {
+    for (size_t i = 0; i < g_nkept; i++) free(g_kept[i]);
+    free(g_kept);
+    g_kept = NULL, g_nkept = g_capkept = 0;
+}
+
 static sl_status apply_config(sl_flag *flags, int n, const char *path) {
     char *text;
     size_t len;
@@ -84,7 +106,7 @@ static sl_status apply_config(sl_flag *flags, int n, const char *path) {
         char buf[64];
         const char *v = NULL;
         if (cJSON_IsString(it)) {
-            v = strdup(it->valuestring); /* lives for the process */
+            v = keep(it->valuestring);
         } else if (cJSON_IsBool(it)) {
             v = cJSON_IsTrue(it) ? "1" : "0";
         } else if (cJSON_IsNumber(it)) {
@@ -96,9 +118,13 @@ static sl_status apply_config(sl_flag *flags, int n, const char *path) {
                 snprintf(buf, sizeof buf, "%.0f", it->valuedouble);
             else
                 snprintf(buf, sizeof buf, "%.17g", it->valuedouble);
-            v = f->type == SL_FLAG_STR ? strdup(buf) : buf;
+            v = f->type == SL_FLAG_STR ? keep(buf) : buf;
         } else {
             st = sl_fail(SL_ERR_INVALID, "%s: key '%s' has an unsupported type", path, it->string);
+            break;
+        }
+        if (!v) {
+            st = sl_fail(SL_ERR_NOMEM, "%s: out of memory", path);
             break;
         }
         if ((st = set_value(f, v, where)) != SL_OK) break;

@@ -22,6 +22,8 @@ typedef struct sl_flag {
  * flag named "config" exists and is given, that JSON file is applied first and the command line
  * overrides it. */
 sl_status sl_flags_parse(sl_flag *flags, int n, int argc, char **argv, int first);
+/* Free the strings that config files gave to string flags (their dst pointers dangle afterwards). */
+void sl_flags_config_release(void);
 void sl_flags_usage(const sl_flag *flags, int n, FILE *f);
 const sl_flag *sl_flags_find(const sl_flag *flags, int n, const char *name);
 /* The first executable PROG in $PATH into out; 0 when there is none. */

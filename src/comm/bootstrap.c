@@ -16,12 +16,7 @@
 #include <unistd.h>
 
 #include "comm/net.h"
-
-#define HELLO_MAGIC 0x534c4230u
-typedef struct hello {
-    uint32_t magic, rank, size, pad;
-    char token[64];
-} hello;
+#include "comm/wire.h"
 
 typedef struct boot {
     sl_oob oob;
@@ -167,12 +162,12 @@ sl_status sl_bootstrap_oob_new(const char *addr, int port, const char *token, in
                         have + 1, size, addr, port, timeout);
                 break;
             }
-            hello h;
+            sl_wire_boot_hello h;
             double hdl = sl_time_sec() + 5 < dl ? sl_time_sec() + 5 : dl;
-            if (sl_net_read_full(fd, &h, sizeof h, hdl, "bootstrap client") != SL_OK ||
-                h.magic != HELLO_MAGIC || memchr(h.token, 0, sizeof h.token) == NULL ||
-                strcmp(h.token, token) != 0 || (int)h.size != size || h.rank == 0 || (int)h.rank >= size ||
-                b->fds[h.rank] >= 0) {
+            int hr = -1;
+            if (sl_net_read_full(fd, &h, sizeof h, hdl, "bootstrap client") == SL_OK)
+                hr = sl_wire_boot_hello_rank(&h, sizeof h, token, size);
+            if (hr < 0 || b->fds[hr] >= 0) {
                 SL_LOGW("bootstrap: dropped a connection without this job's token/shape");
                 close(fd);
                 continue;
@@ -182,14 +177,14 @@ sl_status sl_bootstrap_oob_new(const char *addr, int port, const char *token, in
                 close(fd);
                 continue;
             }
-            b->fds[h.rank] = fd;
+            b->fds[hr] = fd;
             if (have++ == 0) ip_of(fd, b->oob.local_ip, sizeof b->oob.local_ip);
         }
         close(lfd);
         if (st != SL_OK) goto fail;
     } else {
         SL_CHECK(sl_net_connect(addr, port, dl, &b->fd));
-        hello h = {.magic = HELLO_MAGIC, .rank = (uint32_t)rank, .size = (uint32_t)size};
+        sl_wire_boot_hello h = {.magic = SL_WIRE_BOOT_MAGIC, .rank = (uint32_t)rank, .size = (uint32_t)size};
         snprintf(h.token, sizeof h.token, "%s", token);
         char ack = 0;
         st = sl_net_write_full(b->fd, &h, sizeof h, dl, "bootstrap: rank 0");

@@ -329,6 +329,24 @@ static sl_status add_step(step *arr, int *n, const char *path, const char *what,
     return SL_OK;
 }
 
+/* Note [Strings the encoder splices into the text]
+ * The encoder validates the text as UTF-8 once and then runs the pre-tokenizer regexes with
+ * PCRE2_NO_UTF_CHECK. Added tokens cut the text into segments and normalizers insert strings, so those
+ * strings must be valid UTF-8 too: an added token whose content is a partial character (fuzz_tokenizer
+ * found "\xbd\xa0..." cutting "\xe4\xbd\xa0" in two) leaves a segment ending inside a character, and PCRE2
+ * then reads past the segment. Such files are refused at load. */
+static sl_status utf8_field(const char *path, const char *what, const char *s) {
+    size_t n = strlen(s);
+    for (size_t i = 0; i < n;) {
+        utf8proc_int32_t cp;
+        utf8proc_ssize_t k =
+            utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &cp);
+        if (k <= 0) return sl_fail(SL_ERR_FORMAT, "%s: %s is not valid UTF-8 (byte %zu)", path, what, i);
+        i += (size_t)k;
+    }
+    return SL_OK;
+}
+
 static sl_status parse_norm(sl_hf_tokenizer *t, const char *path, const cJSON *p) {
     if (!p || cJSON_IsNull(p)) return SL_OK;
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(p, "type");
@@ -347,6 +365,7 @@ static sl_status parse_norm(sl_hf_tokenizer *t, const char *path, const cJSON *p
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(p, "prepend");
         if (!cJSON_IsString(v))
             return sl_fail(SL_ERR_FORMAT, "%s: normalizer Prepend: missing 'prepend'", path);
+        SL_TRY(utf8_field(path, "normalizer Prepend 'prepend'", v->valuestring));
         return add_step(t->norm, &t->n_norm, path, "normalizer",
                         (step){NORM_PREPEND, strdup(v->valuestring), 0, 0, 0});
     }
@@ -356,6 +375,8 @@ static sl_status parse_norm(sl_hf_tokenizer *t, const char *path, const cJSON *p
         if (!pat) return st;
         if (!cJSON_IsString(c))
             return sl_fail(SL_ERR_FORMAT, "%s: normalizer Replace: missing 'content'", path);
+        SL_TRY(utf8_field(path, "normalizer Replace 'pattern'", pat));
+        SL_TRY(utf8_field(path, "normalizer Replace 'content'", c->valuestring));
         return add_step(t->norm, &t->n_norm, path, "normalizer",
                         (step){NORM_REPLACE, strdup(pat), strdup(c->valuestring), 0, 0});
     }
@@ -464,6 +485,8 @@ static sl_status parse(sl_hf_tokenizer *t, const char *path, const cJSON *r) {
             !cJSON_IsString(c) || !c->valuestring[0])
             return sl_fail(SL_ERR_FORMAT, "%s: added_tokens entry %d needs an 'id' and a non-empty 'content'",
                            path, t->n_added);
+        /* Note [Strings the encoder splices into the text] */
+        SL_TRY(utf8_field(path, "an added token's 'content'", c->valuestring));
         added_tok *a = &t->added[t->n_added++];
         a->content = strdup(c->valuestring);
         a->id = id->valueint;

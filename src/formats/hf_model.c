@@ -1,6 +1,8 @@
 /* Hugging Face model directories as files: config.json <-> sl_hf_config, the (sharded) safetensors
  * weights by name, F32/BF16/F16 -> f32. Models are built from these in src/nn/hf_load.c. */
 #include <cjson/cJSON.h>
+#include <limits.h>
+#include <math.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -48,9 +50,22 @@ static sl_status jint(const cJSON *o, const char *path, const char *key, int def
         *out = def;
         return SL_OK;
     }
-    if (!cJSON_IsNumber(it) || it->valuedouble != (double)(int)it->valuedouble)
+    /* the range test comes first: converting a double outside int's range (1e300, inf) is undefined */
+    double v = cJSON_IsNumber(it) ? it->valuedouble : NAN;
+    if (!(v >= INT_MIN && v <= INT_MAX) || v != floor(v))
         return sl_fail(SL_ERR_FORMAT, "%s: field '%s' must be an integer", path, key);
     *out = (int)it->valuedouble;
+    return SL_OK;
+}
+
+/* a model dimension: a required integer in [1, SL_HF_MAX_DIM] (products of two dimensions fit an int64, and
+ * 4 * hidden or head_dim * heads fit an int) */
+#define SL_HF_MAX_DIM (1 << 24)
+static sl_status jdim(const cJSON *o, const char *path, const char *key, int def_ok, int def, int *out) {
+    SL_TRY(jint(o, path, key, def_ok, def, out));
+    if (*out < 1 || *out > SL_HF_MAX_DIM)
+        return sl_fail(SL_ERR_FORMAT, "%s: field '%s' must be in [1, %d], got %d", path, key, SL_HF_MAX_DIM,
+                       *out);
     return SL_OK;
 }
 
@@ -164,10 +179,10 @@ static sl_status parse_config(const cJSON *r, const char *path, sl_hf_config *c,
                        path, cls ? cls : type);
     c->arch = k_archs[found].arch;
     if (c->arch == SL_HF_GPT2) { /* GPT2LMHeadModel (src/nn/hf_load.c maps names and the Conv1D layout) */
-        SL_TRY(jint(r, path, "n_embd", 0, 0, &c->hidden));
-        SL_TRY(jint(r, path, "n_layer", 0, 0, &c->n_layer));
-        SL_TRY(jint(r, path, "n_head", 0, 0, &c->n_head));
-        SL_TRY(jint(r, path, "vocab_size", 0, 0, &c->vocab_size));
+        SL_TRY(jdim(r, path, "n_embd", 0, 0, &c->hidden));
+        SL_TRY(jdim(r, path, "n_layer", 0, 0, &c->n_layer));
+        SL_TRY(jdim(r, path, "n_head", 0, 0, &c->n_head));
+        SL_TRY(jdim(r, path, "vocab_size", 0, 0, &c->vocab_size));
         SL_TRY(jint(r, path, "n_positions", 0, 0, &c->max_seq_len));
         int inner = 0, tie = 1;
         float eps;
@@ -194,17 +209,14 @@ static sl_status parse_config(const cJSON *r, const char *path, sl_hf_config *c,
         }
         return SL_OK;
     }
-    SL_TRY(jint(r, path, "hidden_size", 0, 0, &c->hidden));
-    SL_TRY(jint(r, path, "intermediate_size", 0, 0, &c->intermediate));
-    SL_TRY(jint(r, path, "num_hidden_layers", 0, 0, &c->n_layer));
-    SL_TRY(jint(r, path, "num_attention_heads", 0, 0, &c->n_head));
-    SL_TRY(jint(r, path, "vocab_size", 0, 0, &c->vocab_size));
-    if (c->n_head < 1)
-        return sl_fail(SL_ERR_FORMAT, "%s: field 'num_attention_heads' must be >= 1, got %d", path,
-                       c->n_head);
-    SL_TRY(jint(r, path, "num_key_value_heads", 1, c->n_head, &c->n_kv_head));
-    SL_TRY(jint(r, path, "head_dim", 1, c->hidden / c->n_head, &c->head_dim));
-    if (c->head_dim * c->n_head != c->hidden && !cJSON_GetObjectItemCaseSensitive(r, "head_dim"))
+    SL_TRY(jdim(r, path, "hidden_size", 0, 0, &c->hidden));
+    SL_TRY(jdim(r, path, "intermediate_size", 0, 0, &c->intermediate));
+    SL_TRY(jdim(r, path, "num_hidden_layers", 0, 0, &c->n_layer));
+    SL_TRY(jdim(r, path, "num_attention_heads", 0, 0, &c->n_head));
+    SL_TRY(jdim(r, path, "vocab_size", 0, 0, &c->vocab_size));
+    SL_TRY(jdim(r, path, "num_key_value_heads", 1, c->n_head, &c->n_kv_head));
+    SL_TRY(jdim(r, path, "head_dim", 1, c->hidden / c->n_head > 0 ? c->hidden / c->n_head : 1, &c->head_dim));
+    if ((int64_t)c->head_dim * c->n_head != c->hidden && !cJSON_GetObjectItemCaseSensitive(r, "head_dim"))
         return sl_fail(SL_ERR_FORMAT, "%s: hidden_size %d is not divisible by num_attention_heads %d", path,
                        c->hidden, c->n_head);
     int mp = 0;

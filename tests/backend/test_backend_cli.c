@@ -88,18 +88,22 @@ int main(void) {
     TU_CHECK(!strcmp(gen[0], gen[1]), "generate --load: same text on strict as on cpu");
     TU_CHECK(!strcmp(hf[0], hf[1]) && strstr(hf[0], "\"ids\""), "generate --model: same ids on strict: %s",
              hf[1]);
-    /* refusals: one line, exit 2 */
-    int rc = run("train --device tpu --data-path %s/data " TINY " --train-iters 1", dir);
+    /* refusals: one line, exit 2, nothing written (tu_watch: no entry under dir created or changed) */
+    tu_watch(dir);
+    int rc = run("train --device tpu --data-path %s/data " TINY " --train-iters 1 --save %s/never", dir, dir);
     TU_CHECK(rc == 2 && strstr(out, "--device") && strstr(out, "unknown device 'tpu'"), "bad device: %s",
              out);
+    TU_CHECK(tu_unchanged(), "bad device: the run wrote under %s", dir);
     rc = run("generate --device strict --model %s/tests/fixtures/hf/llama --dtype bf16 --prompt-ids 1 "
              "--max-new-tokens 1",
              SL_SOURCE_DIR);
     TU_CHECK(rc == 2 && strstr(out, "host-visible"), "bf16 weights on strict refused: %s", out);
+    TU_CHECK(tu_unchanged(), "bf16 on strict: the run wrote under %s", dir);
     rc = run("train --device null --data-path %s/data " TINY " --train-iters 1", dir);
     TU_CHECK(rc != 0 && strstr(out, "not supported"), "null backend: the first op named: %s", out);
-    rc = run("train --device cpu:1 --data-path %s/data " TINY " --train-iters 1", dir);
+    rc = run("train --device cpu:1 --data-path %s/data " TINY " --train-iters 1 --save %s/never", dir, dir);
     TU_CHECK(rc == 2 && strstr(out, "takes no ':' suffix"), "cpu:1 refused: %s", out);
+    TU_CHECK(tu_unchanged(), "cpu:1: the run wrote under %s", dir);
     /* suanli devices: every registered backend, the OpenCL runtime (devices, or why there are none), cuda */
     rc = run("devices");
     TU_CHECK(rc == 0 && strstr(out, "cpu ") && strstr(out, "ISA ") && strstr(out, "strict") &&

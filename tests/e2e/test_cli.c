@@ -24,9 +24,11 @@ static int one_line(void) {
     return lines == 1 && n > 0 && out[n - 1] == '\n';
 }
 
-/* expect exit 2 with a one-line message containing `needle` */
+/* expect exit 2 with a one-line message containing `needle`, and nothing written: the bad train runs
+ * all get --save DIR/never, and no entry under DIR was created, removed or modified (tu_watch) */
 static void bad(const char *what, const char *needle, int rc) {
     TU_CHECK(rc == 2, "%s: exit %d (want 2); output: %s", what, rc, out);
+    TU_CHECK(tu_unchanged(), "%s: something was written under %s", what, dir);
     TU_CHECK(strstr(out, needle) != NULL, "%s: message lacks '%s': %s", what, needle, out);
     TU_CHECK(one_line(), "%s: not exactly one line: %s", what, out);
 }
@@ -36,6 +38,7 @@ static void bad(const char *what, const char *needle, int rc) {
 int main(void) {
     snprintf(dir, sizeof dir, "%s", tu_tmpdir("cli"));
     snprintf(data, sizeof data, "%s/data", dir);
+    tu_watch(dir); /* every run records the tree before it (bad() checks that nothing changed) */
     /* a small corpus: the first 20 KB of tinyshakespeare */
     char cmd[2048];
     snprintf(cmd, sizeof cmd, "head -c 20000 %s/data/tinyshakespeare.txt > %s/small.txt", SL_SOURCE_DIR, dir);
@@ -109,16 +112,19 @@ int main(void) {
     TU_CHECK(rc == 0 && strstr(out, first) != NULL, "config run matches flags run: %s", out);
 
     /* ---- bad input ---- */
-    bad("missing data dir", "nonexistent", run("train --data-path %s/nonexistent " TINY, dir));
-    bad("no data path", "--data-path", run("train " TINY));
-    bad("malformed number", "--lr", run("train --data-path %s --lr abc", data));
-    bad("out of range", "--num-layers", run("train --data-path %s --num-layers 0", data));
-    bad("unknown flag", "--frobnicate", run("train --data-path %s --frobnicate 3", data));
-    bad("missing value", "--seed", run("train --data-path %s --seed", data));
+    bad("missing data dir", "nonexistent",
+        run("train --save %s/never --data-path %s/nonexistent " TINY, dir, dir));
+    bad("no data path", "--data-path", run("train --save %s/never " TINY, dir));
+    bad("malformed number", "--lr", run("train --save %s/never --data-path %s --lr abc", dir, data));
+    bad("out of range", "--num-layers",
+        run("train --save %s/never --data-path %s --num-layers 0", dir, data));
+    bad("unknown flag", "--frobnicate",
+        run("train --save %s/never --data-path %s --frobnicate 3", dir, data));
+    bad("missing value", "--seed", run("train --save %s/never --data-path %s --seed", dir, data));
     bad("batch multiple", "--global-batch-size",
-        run("train --data-path %s --micro-batch-size 3 --global-batch-size 8", data));
+        run("train --save %s/never --data-path %s --micro-batch-size 3 --global-batch-size 8", dir, data));
     bad("heads divide", "divisible",
-        run("train --data-path %s --hidden-size 30 --num-attention-heads 4", data));
+        run("train --save %s/never --data-path %s --hidden-size 30 --num-attention-heads 4", dir, data));
     bad("vocab mismatch", "vocab",
         run("train --data-path %s " TINY " --vocab-size 300 --save %s/never", data, dir));
     char never[700];
@@ -127,15 +133,18 @@ int main(void) {
     f = fopen(cfgp, "w");
     fprintf(f, "{\"num_layers\": 1, \"learning_rate\": 0.1}\n");
     fclose(f);
-    bad("unknown config key", "learning_rate", run("train --config %s --data-path %s", cfgp, data));
+    bad("unknown config key", "learning_rate",
+        run("train --save %s/never --config %s --data-path %s", dir, cfgp, data));
     f = fopen(cfgp, "w");
     fprintf(f, "{\"num_layers\": 1.5}\n");
     fclose(f);
-    bad("non-integer config value", "num_layers", run("train --config %s --data-path %s", cfgp, data));
+    bad("non-integer config value", "num_layers",
+        run("train --save %s/never --config %s --data-path %s", dir, cfgp, data));
     f = fopen(cfgp, "w");
     fprintf(f, "{not json\n");
     fclose(f);
-    bad("malformed config", "cfg.json", run("train --config %s --data-path %s", cfgp, data));
+    bad("malformed config", "cfg.json",
+        run("train --save %s/never --config %s --data-path %s", dir, cfgp, data));
     /* output dir under a regular file cannot be created (we run as root, so permissions would not stop us) */
     bad("unwritable save dir", "run1/metrics.jsonl/x",
         run("train --data-path %s " TINY " --train-iters 1 --save %s/run1/metrics.jsonl/x", data, dir));
@@ -143,18 +152,20 @@ int main(void) {
     char cp[2048];
     snprintf(cp, sizeof cp, "cp -r %s %s/trunc && truncate -s 20 %s/trunc/train_000.bin", data, dir, dir);
     TU_CHECK(system(cp) == 0, "copy");
-    bad("truncated shard header", "train_000.bin", run("train --data-path %s/trunc " TINY, dir));
+    bad("truncated shard header", "train_000.bin",
+        run("train --save %s/never --data-path %s/trunc " TINY, dir, dir));
     snprintf(cp, sizeof cp, "cp -r %s %s/foreign && head -c 4096 /dev/urandom > %s/foreign/val_000.bin", data,
              dir, dir);
     TU_CHECK(system(cp) == 0, "copy");
-    bad("foreign shard", "val_000.bin", run("train --data-path %s/foreign " TINY, dir));
+    bad("foreign shard", "val_000.bin", run("train --save %s/never --data-path %s/foreign " TINY, dir, dir));
     snprintf(cp, sizeof cp, "cp -r %s %s/short && truncate -s -100 %s/short/train_000.bin", data, dir, dir);
     TU_CHECK(system(cp) == 0, "copy");
-    bad("truncated shard payload", "train_000.bin", run("train --data-path %s/short " TINY, dir));
+    bad("truncated shard payload", "train_000.bin",
+        run("train --save %s/never --data-path %s/short " TINY, dir, dir));
     bad("generate without weights", "config.json", run("generate --load %s/nothing", dir));
     /* --load of a model with another shape: flags conflict */
     bad("load conflict", "--hidden-size",
-        run("train --data-path %s --load %s/run1 --hidden-size 64", data, dir));
+        run("train --save %s/never --data-path %s --load %s/run1 --hidden-size 64", dir, data, dir));
 
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     TU_CHECK(system(cmd) == 0, "cleanup");

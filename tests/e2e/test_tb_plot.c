@@ -358,6 +358,7 @@ static void bad(const char *what, int rc, const char *needle, const char *must_n
     TU_CHECK(strstr(out, needle) != NULL, "%s: message lacks '%s': %s", what, needle, out);
     TU_CHECK(one_line(), "%s: not one line: %s", what, out);
     if (must_not_exist) TU_CHECK(!exists(must_not_exist), "%s: %s was written", what, must_not_exist);
+    TU_CHECK(tu_unchanged(), "%s: the run changed the test dir", what); /* tu_watch(dir) in main */
 }
 
 static void test_plot(void) {
@@ -398,7 +399,8 @@ static void test_plot(void) {
     TU_CHECK(rc == 0, "plot run3: %s", out);
     check_svg(p, 3, "no data");
 
-    /* bad input: one line, exit 2, nothing written */
+    /* bad input: one line, exit 2, nothing written (no entry under dir created, removed or modified) */
+    tu_watch(dir);
     char o[700], bd[600];
     snprintf(o, sizeof o, "%s/never.svg", dir);
     rc = run("plot %s/nope --output %s", dir, o);

@@ -6,20 +6,19 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fuzz_util.h"
 #include "suanli/ckpt.h"
 #include "suanli/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    static char dir[64], path[128];
-    if (!dir[0]) {
-        snprintf(dir, sizeof dir, "/tmp/sl-fuzz-ck-%d", (int)getpid());
-        mkdir(dir, 0755);
+    static const char *dir, *path;
+    if (!dir) {
+        dir = fuzz_scratch("ck", "", 1);
         float v[4] = {1, 2, 3, 4};
         sl_st_tensor t = {
             .name = "param/a@0", .dtype = "F32", .ndim = 1, .shape = {4}, .data = v, .nbytes = sizeof v};
-        snprintf(path, sizeof path, "%s/shard-r00000.safetensors", dir);
-        sl_safetensors_write(path, &t, 1, NULL);
-        snprintf(path, sizeof path, "%s/manifest.json", dir);
+        sl_safetensors_write(fuzz_scratch_file(0, "shard-r00000.safetensors"), &t, 1, NULL);
+        path = fuzz_scratch_file(1, "manifest.json");
     }
     FILE *f = fopen(path, "wb");
     if (!f) return 0;

@@ -5,11 +5,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fuzz_util.h"
 #include "suanli/data.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    static char path[64];
-    if (!path[0]) snprintf(path, sizeof path, "/tmp/sl-fuzz-tok-%d.json", (int)getpid());
+    const char *path = fuzz_scratch("tok", ".json", 0);
     FILE *f = fopen(path, "wb");
     if (!f) return 0;
     fwrite(data, 1, size, f);

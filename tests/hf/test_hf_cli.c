@@ -28,8 +28,10 @@ static int gen(const char *dir, const char *extra) {
     return tu_run(cmd, out, sizeof out);
 }
 
+/* exit 2, one line naming the problem, and nothing written under the watched test dir (tu_watch) */
 static void bad(const char *what, const char *needle, int rc) {
     TU_CHECK(rc == 2, "%s: exit %d (want 2); output: %s", what, rc, out);
+    TU_CHECK(tu_unchanged(), "%s: the run changed the model dir", what);
     TU_CHECK(one_line(), "%s: want one line, got: %s", what, out);
     TU_CHECK(strstr(out, needle) != NULL, "%s: message lacks '%s': %s", what, needle, out);
 }
@@ -280,7 +282,9 @@ int main(void) {
     test_greedy_text();
     test_round_trip();
     char d[600];
-    snprintf(d, sizeof d, "%s/m", tu_tmpdir("hfcli"));
+    const char *td = tu_tmpdir("hfcli");
+    snprintf(d, sizeof d, "%s/m", td);
+    tu_watch(td);
     char p[1024];
 
     bad("missing dir", "config.json", gen("/nonexistent/model", ""));
@@ -291,6 +295,11 @@ int main(void) {
     bad("missing hidden_size", "missing field 'hidden_size'", gen(d, ""));
     set_cfg(d, "hidden_size", "\"64\"");
     bad("string hidden_size", "'hidden_size' must be an integer", gen(d, ""));
+    set_cfg(d, "hidden_size", "1e300"); /* was an undefined double -> int conversion (fuzz_hf_config) */
+    bad("huge hidden_size", "'hidden_size' must be an integer", gen(d, ""));
+    set_cfg(d, "hidden_size", "64");
+    set_cfg(d, "num_hidden_layers", "0");
+    bad("zero layers", "field 'num_hidden_layers' must be in [1, 16777216], got 0", gen(d, ""));
     copy_fixture("qwen2", d);
     set_cfg(d, "architectures", "[\"GPTNeoXForCausalLM\"]");
     bad("unsupported arch", "unsupported architecture 'GPTNeoXForCausalLM'", gen(d, ""));

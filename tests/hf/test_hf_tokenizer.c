@@ -129,6 +129,14 @@ int main(void) {
     check_style("qwen2");
     const char *bl = "\"pre_tokenizer\": {\"type\": \"ByteLevel\"}";
     expect_bad("[1, 2]", "not a JSON object");
+    /* strings spliced into the text must be valid UTF-8 (Note [Strings the encoder splices into the text];
+     * the first was a heap over-read found by fuzz_tokenizer) */
+    expect_bad("{\"added_tokens\": [{\"id\": 0, \"content\": \"\xbd\xa0x\"}], \"model\": {\"type\": \"BPE\", "
+               "\"vocab\": {}, \"merges\": []}}",
+               "an added token's 'content' is not valid UTF-8 (byte 0)");
+    expect_bad("{\"normalizer\": {\"type\": \"Prepend\", \"prepend\": \"a\xe4\"}, \"model\": {\"type\": "
+               "\"BPE\", \"vocab\": {}, \"merges\": []}}",
+               "normalizer Prepend 'prepend' is not valid UTF-8 (byte 1)");
     expect_bad("{\"x\": 1}", "missing field 'model'");
     expect_bad("{\"model\": {\"type\": \"Unigram\"}}", "model type 'Unigram'");
     expect_bad("{\"model\": {\"type\": \"BPE\", \"merges\": []}}", "model.vocab");

@@ -19,8 +19,11 @@ static int one_line(void) {
     return lines == 1 && n > 0 && out[n - 1] == '\n';
 }
 
+/* exit 2, one line naming the flag, nothing written under the test dir (each bad run has a --save; tu_watch)
+ */
 static void bad(const char *what, const char *needle, int rc) {
     TU_CHECK(rc == 2, "%s: exit %d (want 2); output: %s", what, rc, out);
+    TU_CHECK(tu_unchanged(), "%s: the run wrote under the test dir", what);
     TU_CHECK(one_line(), "%s: want one line, got: %s", what, out);
     TU_CHECK(strstr(out, needle) != NULL, "%s: message lacks '%s': %s", what, needle, out);
 }
@@ -110,7 +113,8 @@ int main(void) {
              tu_cli(), data, qdir, base, tmp);
     TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "router override: %s", out);
 
-    /* bad input: exit 2, one line naming the flag */
+    /* bad input: exit 2, one line naming the flag, nothing written */
+    tu_watch(tmp);
     struct {
         const char *what, *flags, *needle, *model;
     } cases[] = {
@@ -133,12 +137,15 @@ int main(void) {
         bad(cases[i].what, cases[i].needle, tu_run(cmd, out, sizeof out));
     }
     /* MoE flags on a dense (fresh GPT-2) model; top-k > --num-experts and --ep with --num-experts alone */
-    snprintf(cmd, sizeof cmd, "%s train --data-path %s %s --moe-aux-loss-coeff 0.1", tu_cli(), data, base);
+    snprintf(cmd, sizeof cmd, "%s train --data-path %s %s --moe-aux-loss-coeff 0.1 --save %s/bad_dense",
+             tu_cli(), data, base, tmp);
     bad("moe flag on a dense model", "--moe-", tu_run(cmd, out, sizeof out));
-    snprintf(cmd, sizeof cmd, "%s train --data-path %s %s --num-experts 4 --moe-router-topk 5", tu_cli(),
-             data, base);
+    snprintf(cmd, sizeof cmd,
+             "%s train --data-path %s %s --num-experts 4 --moe-router-topk 5 --save %s/bad_topk", tu_cli(),
+             data, base, tmp);
     bad("top-k > --num-experts", "--moe-router-topk", tu_run(cmd, out, sizeof out));
-    snprintf(cmd, sizeof cmd, "%s train --data-path %s %s --num-experts 6 --ep 4", tu_cli(), data, base);
+    snprintf(cmd, sizeof cmd, "%s train --data-path %s %s --num-experts 6 --ep 4 --save %s/bad_ep", tu_cli(),
+             data, base, tmp);
     bad("--num-experts not divisible by --ep", "--expert-model-parallel-size", tu_run(cmd, out, sizeof out));
     return tu_finish("test_moe_cli");
 }

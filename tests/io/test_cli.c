@@ -17,7 +17,8 @@ static int run(const char *fmt, const char *a, const char *b) {
     return tu_run(full, out, sizeof out);
 }
 
-/* A bad invocation: exit 2, exactly one line, mentioning `word`; nothing new written into `dir`. */
+/* A bad invocation: exit 2, exactly one line, mentioning `word`; nothing new written into `dir`, and no
+ * entry anywhere under the test's directory created, removed or modified (tu_watch in main). */
 static void bad(const char *what, const char *args, const char *dir, const char *word) {
     int before = dir ? iot_count_entries(dir, NULL) : 0;
     int rc = run("%s", args, NULL);
@@ -25,11 +26,13 @@ static void bad(const char *what, const char *args, const char *dir, const char 
     TU_CHECK(iot_count_lines(out) == 1, "%s: want one line, got: %s", what, out);
     TU_CHECK(iot_contains(out, word), "%s: output should mention '%s': %s", what, word, out);
     if (dir) TU_CHECK(iot_count_entries(dir, NULL) == before, "%s: files were written into %s", what, dir);
+    TU_CHECK(tu_unchanged(), "%s: the run changed the test directory", what);
 }
 
 int main(void) {
     char base[512], d[700], args[2048];
     snprintf(base, sizeof base, "%s", tu_tmpdir("cli"));
+    tu_watch(base);
 
     /* byte tokenizer on the corpus */
     snprintf(d, sizeof d, "%s/byte", base);

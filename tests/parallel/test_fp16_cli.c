@@ -82,11 +82,14 @@ int main(void) {
                             {"--fp16 --loss-scale-window 0", "--loss-scale-window"},
                             {"--fp16 --hysteresis 0", "--hysteresis"},
                             {"--fp16 --min-loss-scale 0", "--min-loss-scale"}};
+    tu_watch(dir); /* and nothing written: no entry under dir created, removed or modified */
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        rc = run("%s train --data-path %s %s", cli, data, bad[i][0]);
+        rc = run("%s train --data-path %s %s --save %s/never", cli, data, bad[i][0], dir);
         TU_CHECK(rc == 2 && strstr(out, bad[i][1]) && one_line(),
                  "'%s': rc %d, want 2 and one line naming %s: %s", bad[i][0], rc, bad[i][1], out);
+        TU_CHECK(tu_unchanged(), "'%s': the run wrote under %s", bad[i][0], dir);
     }
+    tu_watch(NULL);
     rc = run("%s train --data-path %s " TINY " --save %s/single", cli, data, dir);
     TU_CHECK(rc == 0 && strstr(out, "fp16 mixed precision") && strstr(out, "loss scale") &&
                  strstr(out, "(overflow: skipped)"),

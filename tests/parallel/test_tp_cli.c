@@ -111,33 +111,45 @@ int main(void) {
              cli, cli, data);
     TU_CHECK(rc != 0 && strstr(out, "--num-layers-per-virtual-pipeline-stage 1: num-layers 2 is not"),
              "interleaving needs 2+ chunks: rc %d %s", rc, out);
-    /* bad layouts: exit 2, the flag and the numbers named, nothing written */
-    rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --pp 2 --num-layers 3", cli, cli, data);
+    /* bad layouts: exit 2, the flag and the numbers named, nothing written (each has a --save; tu_watch) */
+    tu_watch(dir);
+    rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --pp 2 --num-layers 3 --save %s/never", cli,
+             cli, data, dir);
     TU_CHECK(rc != 0 && strstr(out, "--pipeline-model-parallel-size 2 does not divide num-layers 3"),
              "layers not divisible by pp: rc %d %s", rc, out);
-    rc = run("%s run -n 4 -- %s train --data-path %s " TINY " --pp 2 --zero-stage 3", cli, cli, data);
+    TU_CHECK(tu_unchanged(), "bad layout: the run wrote under %s", dir);
+    rc = run("%s run -n 4 -- %s train --data-path %s " TINY " --pp 2 --zero-stage 3 --save %s/never", cli,
+             cli, data, dir);
     TU_CHECK(rc != 0 && strstr(out, "--zero-stage 3 with --pipeline-model-parallel-size 2 is not supported"),
              "ZeRO-3 with pp: rc %d %s", rc, out);
-    rc = run("%s run -n 6 -- %s train --data-path %s " TINY " --tp 2 --pp 2", cli, cli, data);
+    TU_CHECK(tu_unchanged(), "bad layout: the run wrote under %s", dir);
+    rc = run("%s run -n 6 -- %s train --data-path %s " TINY " --tp 2 --pp 2 --save %s/never", cli, cli, data,
+             dir);
     TU_CHECK(rc != 0 && strstr(out, "world size 6 is not divisible by tensor x pipeline parallel size 2 x 2"),
              "world not dp x pp x tp: rc %d %s", rc, out);
-    rc = run("%s train --data-path %s " TINY " --sequence-parallel", cli, data);
+    TU_CHECK(tu_unchanged(), "bad layout: the run wrote under %s", dir);
+    rc = run("%s train --data-path %s " TINY " --sequence-parallel --save %s/never", cli, data, dir);
     TU_CHECK(rc == 2 && strstr(out, "--sequence-parallel needs --tensor-model-parallel-size > 1"),
              "SP without TP: rc %d %s", rc, out);
-    rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --tp 2 --sequence-parallel --seq-length 15",
-             cli, cli, data);
+    TU_CHECK(tu_unchanged(), "bad layout: the run wrote under %s", dir);
+    rc = run("%s run -n 2 -- %s train --data-path %s " TINY
+             " --tp 2 --sequence-parallel --seq-length 15 --save %s/never",
+             cli, cli, data, dir);
     TU_CHECK(rc != 0 && strstr(out, "--seq-length 15 is not divisible by --tensor-model-parallel-size 2"),
              "SP with seq not divisible: rc %d %s", rc, out);
+    TU_CHECK(tu_unchanged(), "bad layout: the run wrote under %s", dir);
     rc =
         run("%s run -n 2 -- %s train --data-path %s " TINY " --tp 2 --num-attention-heads 1 --hidden-size 32 "
             "--save %s/bad1",
             cli, cli, data, dir);
     TU_CHECK(rc != 0 && strstr(out, "--tensor-model-parallel-size 2 does not divide num-attention-heads 1"),
              "heads not divisible by tp: rc %d %s", rc, out);
+    TU_CHECK(tu_unchanged(), "bad layout: the run wrote under %s", dir);
     snprintf(p, sizeof p, "%s/bad1", dir);
     TU_CHECK(stat(p, &sb) != 0, "nothing written for a bad layout");
-    rc = run("%s train --data-path %s " TINY " --tp 2", cli, data);
+    rc = run("%s train --data-path %s " TINY " --tp 2 --save %s/never", cli, data, dir);
     TU_CHECK(rc == 2 && strstr(out, "not divisible by tensor"), "tp 2 on one process: rc %d %s", rc, out);
+    TU_CHECK(tu_unchanged(), "bad layout: the run wrote under %s", dir);
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     TU_CHECK(system(cmd) == 0, "cleanup");

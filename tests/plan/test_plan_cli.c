@@ -32,6 +32,7 @@ static void bad(const char *env, const char *args, const char *want) {
     int rc = tu_run(cmd, out, sizeof out);
     TU_CHECK(rc == 2 && lines(out) == 1 && strstr(out, want),
              "'%s': expected exit 2 and one line with '%s', got %d: %s", args, want, rc, out);
+    TU_CHECK(tu_unchanged(), "'%s': the run changed the test dir", args); /* nothing written (tu_watch) */
 }
 
 static void write_file(const char *path, const char *text, int exec) {
@@ -309,6 +310,7 @@ int main(void) {
     const char *d0 = tu_tmpdir("plan-cli");
     char d[512];
     snprintf(d, sizeof d, "%s", d0);
+    tu_watch(d);
     test_plan_bad(d);
     test_plan_good();
     test_submit(d);

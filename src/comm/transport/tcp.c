@@ -11,9 +11,9 @@
 #include <unistd.h>
 
 #include "comm/net.h"
+#include "comm/wire.h"
 
 #define STAGE (256u << 10)
-#define TCP_MAGIC 0x534c5443u
 
 typedef struct tcp_tp {
     sl_transport base;
@@ -23,11 +23,6 @@ typedef struct tcp_tp {
     struct pollfd *pfd;
     int *pidx;
 } tcp_tp;
-
-typedef struct tcp_hello {
-    uint32_t magic, rank;
-    char token[64];
-} tcp_hello;
 
 static int first_pending(const sl_xfer *x, int n) {
     for (int i = 0; i < n; i++)
@@ -144,15 +139,10 @@ static void tcp_destroy(sl_transport *t_) {
 
 static const sl_transport_vt tcp_vt = {"tcp", tcp_exchange, tcp_abort, tcp_destroy};
 
-typedef struct tcp_addr {
-    char ip[64];
-    int port;
-} tcp_addr;
-
 sl_status sl_tp_tcp_new(sl_oob *oob, sl_transport **out) {
     int n = oob->size, r = oob->rank, lfd = -1, port = 0;
     sl_status st = SL_OK;
-    tcp_addr *all = NULL;
+    sl_wire_tcp_addr *all = NULL;
     tcp_tp *t = calloc(1, sizeof *t);
     double timeout = sl_comm_env_timeout(), dl = sl_time_sec() + timeout;
     if (!t || !(t->fds = malloc(sizeof(int) * (size_t)n)) || !(t->pfd = calloc((size_t)n, sizeof *t->pfd)) ||
@@ -168,10 +158,11 @@ sl_status sl_tp_tcp_new(sl_oob *oob, sl_transport **out) {
                              .beta = 1.0 / 2e9};
     for (int p = 0; p < n; p++) t->fds[p] = -1;
     SL_CHECK(sl_net_listen(0, &lfd, &port));
-    tcp_addr me = {.port = port};
+    sl_wire_tcp_addr me = {.port = port};
     snprintf(me.ip, sizeof me.ip, "%s", oob->local_ip);
     SL_CHECK(oob->allgather(oob, &me, all, sizeof me));
-    tcp_hello h = {.magic = TCP_MAGIC, .rank = (uint32_t)r};
+    for (int p = 0; p < r; p++) SL_CHECK(sl_wire_tcp_addr_check(&all[p], sizeof all[p], p)); /* we connect */
+    sl_wire_tcp_hello h = {.magic = SL_WIRE_TCP_MAGIC, .rank = (uint32_t)r};
     snprintf(h.token, sizeof h.token, "%s", oob->token);
     for (int p = 0; p < r; p++) { /* connect to lower ranks; their kernels queue us until accept */
         SL_CHECK(sl_net_connect(all[p].ip, all[p].port, dl, &t->fds[p]));
@@ -180,15 +171,16 @@ sl_status sl_tp_tcp_new(sl_oob *oob, sl_transport **out) {
     for (int have = 0; have < n - 1 - r;) { /* accept higher ranks */
         int fd;
         SL_CHECK(sl_net_accept(lfd, dl, &fd));
-        tcp_hello ph;
-        if (sl_net_read_full(fd, &ph, sizeof ph, dl, "tcp handshake") != SL_OK || ph.magic != TCP_MAGIC ||
-            memchr(ph.token, 0, sizeof ph.token) == NULL || strcmp(ph.token, oob->token) != 0 ||
-            (int)ph.rank <= r || (int)ph.rank >= n || t->fds[ph.rank] >= 0) {
+        sl_wire_tcp_hello ph;
+        int pr = -1;
+        if (sl_net_read_full(fd, &ph, sizeof ph, dl, "tcp handshake") == SL_OK)
+            pr = sl_wire_tcp_hello_rank(&ph, sizeof ph, oob->token, r, n);
+        if (pr < 0 || t->fds[pr] >= 0) {
             SL_LOGW("tcp transport: dropped a connection without this job's token");
             close(fd);
             continue;
         }
-        t->fds[ph.rank] = fd;
+        t->fds[pr] = fd;
         have++;
     }
     for (int p = 0; p < n; p++)
