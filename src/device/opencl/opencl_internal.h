@@ -14,6 +14,8 @@ typedef enum ocl_kernel_id {
     OK_EW = 0,       /* elementwise.cl: strided 5-D elementwise ops on 32-bit elements */
     OK_EW16,         /* elementwise.cl: 16-bit copies and f32 <-> bf16 casts */
     OK_SUM_TO,       /* elementwise.cl */
+    OK_EWC,          /* elementwise.cl: contiguous k_ew (Note [OpenCL contiguous elementwise]) */
+    OK_SUM_ROWS,     /* elementwise.cl: sum over leading rows of a contiguous tensor */
     OK_GEMM,         /* gemm.cl: tiled in local memory (GPU-type devices) */
     OK_GEMM_REG,     /* gemm_reg.cl: register-blocked, panels (CPU-type devices) */
     OK_GEMM_PACK_TA, /* gemm_reg.cl: row-major A into MR-wide panels */
@@ -61,6 +63,11 @@ enum {
 
 enum { OCL_GEMM_TILED = 0, OCL_GEMM_REG = 1 };
 
+/* rows per attention tile (ATT_B in kernels/attention.cl, passed with -D; Note [OpenCL flash attention]) */
+#define OCL_ATT_B 16
+/* local memory the attention backward needs at head size hs (its largest kernel: 6 tiles + 2 rows) */
+#define OCL_ATT_LOCAL(hs) (sizeof(float) * OCL_ATT_B * (6 * (size_t)(hs) + 2))
+
 typedef struct ocl_state {
     int tried;          /* initialisation attempted */
     sl_status init_st;  /* its result */
@@ -74,6 +81,7 @@ typedef struct ocl_state {
     int index; /* position in the OpenCL device list ("opencl:N") */
     char device_name[256], driver[128];
     int has_fp64;
+    int prof; /* SUANLI_PROFILE set: finish every node (its device time in the op profile) */
     size_t max_wg;
     cl_ulong local_mem;
     int gemm_kind;        /* OCL_GEMM_TILED or OCL_GEMM_REG (Note [OpenCL GEMM tiles]) */

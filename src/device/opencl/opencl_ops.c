@@ -48,8 +48,40 @@ static cl_long8 flat_ne(int64_t n) {
     return ne;
 }
 
+/* x and y agree on every dim of more than one element */
+static int same_nb(cl_long8 x, cl_long8 y, cl_long8 ne) {
+    for (int d = 0; d < 5; d++)
+        if (ne.s[d] != 1 && x.s[d] != y.s[d]) return 0;
+    return 1;
+}
+
+/* b's period when its strides are 0 over the leading dims and contiguous over the trailing ones (a
+ * broadcast over rows, as a bias), 0 when b is contiguous over all of ne, else -1 */
+static int64_t bcast_period(cl_long8 nbb, cl_long8 ne, cl_long8 cnb) {
+    int d = 0;
+    while (d < 5 && (nbb.s[d] == 0 || ne.s[d] == 1)) d++;
+    int64_t per = 1;
+    for (int e = d; e < 5; e++) {
+        if (ne.s[e] != 1 && nbb.s[e] != cnb.s[e]) return -1;
+        per *= ne.s[e];
+    }
+    return per == count5(ne) ? 0 : per;
+}
+
 sl_status ocl_ew(int op, float f, ocl_ref o, cl_long8 nbo, ocl_ref a, cl_long8 nba, ocl_ref b, cl_long8 nbb,
                  cl_long8 ne) {
+    cl_long8 cnb = ocl_contig_nb(ne);
+    int64_t per = -1;
+    if (same_nb(nbo, cnb, ne) && same_nb(nba, cnb, ne) && (per = bcast_period(nbb, ne, cnb)) >= 0) {
+        ocl_call c = ocl_begin(OK_EWC); /* Note [OpenCL contiguous elementwise] */
+        ocl_ref_arg(&c, o);
+        ocl_ref_arg(&c, a);
+        ocl_ref_arg(&c, b);
+        ocl_long(&c, per);
+        ocl_int(&c, op);
+        ocl_float(&c, f);
+        return ocl_run1(&c, (size_t)count5(ne));
+    }
     ocl_call c = ocl_begin(OK_EW);
     ocl_ref_arg(&c, o);
     ocl_arg(&c, sizeof nbo, &nbo);
@@ -151,12 +183,12 @@ int ocl_supports(const sl_tensor *n) {
     case SL_OP_SOFTMAX_BACK:
     case SL_OP_TOPK_GATE_BACK:
         return all_f32(n) && sl_is_contiguous(a) && last_unit(b);
-    case SL_OP_ATTENTION: /* no eager half rounding (iparams[2]) nor sliding window (iparams[1]) here */
-        return all_f32(n) && !n->iparams[1] && !n->iparams[2] && last_unit(a) && last_unit(b) &&
-               last_unit(n->src[2]);
+    case SL_OP_ATTENTION: /* sliding window (iparams[1]) too; no eager half rounding (iparams[2]) here */
+        return all_f32(n) && !n->iparams[2] && last_unit(a) && last_unit(b) && last_unit(n->src[2]) &&
+               OCL_ATT_LOCAL(a->ne[3]) <= g_ocl.local_mem;
     case SL_OP_ATTENTION_BACK:
-        return all_f32(n) && !n->iparams[1] && !a->iparams[2] && last_unit(b) && last_unit(n->src[2]) &&
-               last_unit(n->src[3]) && last_unit(n->src[4]) && n->src[4]->ndim >= 3;
+        return all_f32(n) && !a->iparams[2] && last_unit(b) && last_unit(n->src[2]) && last_unit(n->src[3]) &&
+               last_unit(n->src[4]) && n->src[4]->ndim >= 3 && OCL_ATT_LOCAL(b->ne[3]) <= g_ocl.local_mem;
     case SL_OP_ATTENTION_KV:
         return all_f32(n) && !n->iparams[2] && last_unit(a) && sl_is_contiguous(b) &&
                sl_is_contiguous(n->src[2]);
@@ -225,6 +257,20 @@ static sl_status op_sum_to(sl_tensor *n) {
     REF(n, &o);
     REF(n->src[0], &a);
     ocl_it5 ia = ocl_it5_of(n->src[0]), io = ocl_it5_of(n);
+    /* a contiguous, n its trailing dims: a sum over whole rows, in row order (the CPU's order) */
+    int lead = 0;
+    while (lead < 5 && io.ne.s[lead] == 1) lead++;
+    int trailing = sl_is_contiguous(n->src[0]);
+    for (int d = lead; d < 5 && trailing; d++) trailing = io.ne.s[d] == ia.ne.s[d];
+    if (trailing) {
+        int64_t P = sl_nelements(n);
+        ocl_call c = ocl_begin(OK_SUM_ROWS);
+        ocl_ref_arg(&c, o);
+        ocl_ref_arg(&c, a);
+        ocl_long(&c, P ? sl_nelements(n->src[0]) / P : 0);
+        ocl_long(&c, P);
+        return ocl_run1(&c, (size_t)P);
+    }
     ocl_call c = ocl_begin(OK_SUM_TO);
     ocl_ref_arg(&c, o);
     ocl_ref_arg(&c, a);
