@@ -151,7 +151,9 @@ inline ushort to_bf16(float f) {
     return (ushort)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
 }
 
-/* op 0: 16-bit copy, 1: f32 -> bf16, 2: bf16 -> f32 */
+/* op 0: 16-bit copy, 1: f32 -> bf16, 2: bf16 -> f32, 3: f32 -> f16, 4: f16 -> f32. The f16 conversions
+ * are vstore_half_rte / vload_half, core OpenCL 1.2 (no cl_khr_fp16 needed: f16 is storage only, all
+ * arithmetic stays f32; Note [OpenCL f16 storage] in opencl_ops.c). */
 kernel void k_ew16(global uchar *o_, long oo, long8 nbo, global const uchar *a_, long ao, long8 nba, long8 ne, int op) {
     long i = get_global_id(0);
     long po = oo + off5(i, ne, nbo), pa = ao + off5(i, ne, nba);
@@ -159,8 +161,12 @@ kernel void k_ew16(global uchar *o_, long oo, long8 nbo, global const uchar *a_,
         ((global ushort *)o_)[po] = ((global const ushort *)a_)[pa];
     else if (op == 1)
         ((global ushort *)o_)[po] = to_bf16(((global const float *)a_)[pa]);
-    else
+    else if (op == 2)
         ((global float *)o_)[po] = as_float((uint)((global const ushort *)a_)[pa] << 16);
+    else if (op == 3)
+        vstore_half_rte(((global const float *)a_)[pa], po, (global half *)o_);
+    else
+        ((global float *)o_)[po] = vload_half(pa, (global const half *)a_);
 }
 
 /* o (contiguous, shape neo) = sum of a (shape ne, strides nba) over the dims where neo is 1 and ne is not.
