@@ -72,8 +72,8 @@ enum { OCL_GEMM_TILED = 0, OCL_GEMM_REG = 1 };
 
 /* rows per attention tile (ATT_B in kernels/attention.cl, passed with -D; Note [OpenCL flash attention]) */
 #define OCL_ATT_B 16
-/* local memory the attention backward needs at head size hs (its largest kernel: 6 tiles + 2 rows) */
-#define OCL_ATT_LOCAL(hs) (sizeof(float) * OCL_ATT_B * (6 * (size_t)(hs) + 2))
+/* local memory the attention backward needs at head size hs (its largest kernel: 8 tiles + 2 rows) */
+#define OCL_ATT_LOCAL(hs) (sizeof(float) * OCL_ATT_B * (8 * (size_t)(hs) + 2))
 
 typedef struct ocl_state {
     int tried;          /* initialisation attempted */

@@ -231,7 +231,7 @@ static sl_status op_attention_back(sl_tensor *n) {
         qkv_args(&c, rq, q, rk, k, rv, v);
         ocl_ref_arg(&c, rg);
         ocl_arg(&c, sizeof gs, &gs);
-        att_tail(&c, T, NH, NKV, hs, n->iparams[1], pass ? 6 : 5, pass ? 2 : 0);
+        att_tail(&c, T, NH, NKV, hs, n->iparams[1], pass ? 8 : 6, pass ? 2 : 0);
         SL_TRY(att_run(&c, T, pass ? NKV : NH, B));
     }
     return SL_OK;

@@ -13,8 +13,11 @@
  * second kernel), pass 2 dq_t = sum_j p_tj (dy_t . v_j - D_t) scale k_j, with K/V tiles in local memory;
  * k_attention_back_dkv per (key block, kv head, batch) owns dk_j, dv_j and visits, for each query head of
  * its group, the Q / dY tiles (with their lse and D) of the query rows that see its keys.
- * Local arrays whose rows a work-item owns are transposed ([d][row]) so consecutive work-items touch
- * consecutive words (a vector load on PoCL's CPU device, coalesced on a GPU); shared tiles are [row][d].
+ * Layout for vector units (PoCL's CPU device vectorises the innermost loop, and with FP_CONTRACT off it
+ * does not reassociate a dot product): the ATT_B scores of a row against a tile are computed together,
+ * d outer and the tile's rows inner, from the tile stored transposed ([d][row]), so the inner loop is ATT_B
+ * independent multiply-adds (each score still sums d in order, as the CPU does); the updates of a row's
+ * accumulator (o += p v, dq += ds k, ...) run over d on row-major tiles ([row][d]).
  * The probabilities are exp(s - max) summed per tile rather than over the whole row as the CPU's scalar
  * reference does: the same values to a few ulps, within the conformance suite's attention tolerance.
  * Strides: q/k/v rows are (b, t, head) with strides qs/ks/vs (elements, head dim contiguous); dy rows are
@@ -32,7 +35,8 @@ inline float dotp(global const float *a, global const float *b, long n) {
 
 inline long first_key(long t, long win) { return win > 0 && t - win + 1 > 0 ? t - win + 1 : 0; }
 
-/* rows [r0, r0 + ATT_B) of a (b, t, head) tensor at base into tile[row][d] (zero past T) */
+/* rows [r0, r0 + ATT_B) of a (b, t, head) tensor at base into tile[row][d] (zero past T); work-item i
+ * copies row i */
 inline void load_tile(local float *tile, global const float *base, long rs, long r0, long T, long hs) {
     int i = (int)get_local_id(0);
     long r = r0 + i;
@@ -46,144 +50,155 @@ inline void load_tile_t(local float *tile, global const float *base, long rs, lo
     for (long d = 0; d < hs; d++) tile[d * ATT_B + i] = r < T ? base[r * rs + d] : 0.0f;
 }
 
-/* global (nqb * ATT_B, NH, B), local (ATT_B, 1, 1); local arrays: Qt, Ot [hs][ATT_B], Ks, Vs [ATT_B][hs] */
+/* sc[jj] = sum over d (in order) of x[d] * tile_t[d][jj] */
+inline void scores(float *sc, local const float *x, local const float *tile_t, long hs) {
+    for (int jj = 0; jj < ATT_B; jj++) sc[jj] = 0.0f;
+    for (long d = 0; d < hs; d++) {
+        float xd = x[d];
+        for (int jj = 0; jj < ATT_B; jj++) sc[jj] += xd * tile_t[d * ATT_B + jj];
+    }
+}
+
+/* global (nqb * ATT_B, NH, B), local (ATT_B, 1, 1); local arrays: Qs, Os, Vs [ATT_B][hs], Kt [hs][ATT_B] */
 kernel void k_attention(global float *out, long oo, global float *lse, long lo, global const float *q, long qo,
                         long4 qs, global const float *k, long ko, long4 ks, global const float *v, long vo, long4 vs,
-                        long T, long NH, long NKV, long hs, long win, float scale, local float *Qt, local float *Ot,
-                        local float *Ks, local float *Vs) {
+                        long T, long NH, long NKV, long hs, long win, float scale, local float *Qs, local float *Os,
+                        local float *Kt, local float *Vs) {
     int i = (int)get_local_id(0);
     long q0 = get_group_id(0) * ATT_B, h = get_global_id(1), b = get_global_id(2), kh = h / (NH / NKV);
     long t = q0 + i;
     global const float *kb = k + ko + b * ks.s0 + kh * ks.s2, *vb = v + vo + b * vs.s0 + kh * vs.s2;
-    load_tile_t(Qt, q + qo + b * qs.s0 + h * qs.s2, qs.s1, q0, T, hs);
-    for (long d = 0; d < hs; d++) Ot[d * ATT_B + i] = 0.0f;
+    local float *qr = Qs + i * hs, *orow = Os + i * hs;
+    load_tile(Qs, q + qo + b * qs.s0 + h * qs.s2, qs.s1, q0, T, hs);
+    for (long d = 0; d < hs; d++) orow[d] = 0.0f;
     float m = -INFINITY, l = 0.0f, sc[ATT_B];
     long jlo = first_key(q0, win), jhi = q0 + ATT_B - 1 < T - 1 ? q0 + ATT_B - 1 : T - 1;
     for (long j0 = jlo / ATT_B * ATT_B; j0 <= jhi; j0 += ATT_B) {
         barrier(CLK_LOCAL_MEM_FENCE);
-        load_tile(Ks, kb, ks.s1, j0, T, hs);
+        load_tile_t(Kt, kb, ks.s1, j0, T, hs);
         load_tile(Vs, vb, vs.s1, j0, T, hs);
         barrier(CLK_LOCAL_MEM_FENCE);
         if (t >= T) continue;
         long a = first_key(t, win);
+        scores(sc, qr, Kt, hs);
         float tm = -INFINITY;
         for (int jj = 0; jj < ATT_B; jj++) {
             long j = j0 + jj;
-            float s = -INFINITY;
-            if (j >= a && j <= t) {
-                float dt = 0.0f;
-                for (long d = 0; d < hs; d++) dt += Qt[d * ATT_B + i] * Ks[jj * hs + d];
-                s = dt * scale;
-            }
-            sc[jj] = s;
-            tm = fmax(tm, s);
+            sc[jj] = j >= a && j <= t ? sc[jj] * scale : -INFINITY;
+            tm = fmax(tm, sc[jj]);
         }
         if (tm == -INFINITY) continue; /* no key of this tile is visible to row t */
         float mn = fmax(m, tm), corr = exp(m - mn);
         l *= corr;
-        for (long d = 0; d < hs; d++) Ot[d * ATT_B + i] *= corr;
+        for (long d = 0; d < hs; d++) orow[d] *= corr;
         m = mn;
         for (int jj = 0; jj < ATT_B; jj++) {
             if (sc[jj] == -INFINITY) continue;
             float p = exp(sc[jj] - m);
             l += p;
-            for (long d = 0; d < hs; d++) Ot[d * ATT_B + i] += p * Vs[jj * hs + d];
+            local const float *vr = Vs + jj * hs;
+            for (long d = 0; d < hs; d++) orow[d] += p * vr[d];
         }
     }
     if (t >= T) return;
     float inv = 1.0f / l;
     lse[lo + (b * NH + h) * T + t] = m + log(l);
     global float *o = out + oo + (b * T + t) * NH * hs + h * hs;
-    for (long d = 0; d < hs; d++) o[d] = Ot[d * ATT_B + i] * inv;
+    for (long d = 0; d < hs; d++) o[d] = orow[d] * inv;
 }
 
 /* out: (B, T, NH + 2*NKV, hs) packed dq | dk | dv; Dsum: (B, NH, T) scratch.
- * global (nqb * ATT_B, NH, B), local (ATT_B, 1, 1); local: Qt, Gt, dQt [hs][ATT_B], Ks, Vs [ATT_B][hs] */
+ * global (nqb * ATT_B, NH, B), local (ATT_B, 1, 1); local: Qs, Gs, dQs, Ks [ATT_B][hs], Kt, Vt [hs][ATT_B] */
 kernel void k_attention_back_dq(global float *out, long oo, global float *Dsum, global const float *lse, long lo,
                                 global const float *q, long qo, long4 qs, global const float *k, long ko, long4 ks,
                                 global const float *v, long vo, long4 vs, global const float *g, long go, long4 gs,
-                                long T, long NH, long NKV, long hs, long win, float scale, local float *Qt,
-                                local float *Gt, local float *dQt, local float *Ks, local float *Vs) {
+                                long T, long NH, long NKV, long hs, long win, float scale, local float *Qs,
+                                local float *Gs, local float *dQs, local float *Ks, local float *Kt,
+                                local float *Vt) {
     int i = (int)get_local_id(0);
     long q0 = get_group_id(0) * ATT_B, h = get_global_id(1), b = get_global_id(2), kh = h / (NH / NKV);
     long t = q0 + i, W = NH + 2 * NKV;
     global const float *kb = k + ko + b * ks.s0 + kh * ks.s2, *vb = v + vo + b * vs.s0 + kh * vs.s2;
-    load_tile_t(Qt, q + qo + b * qs.s0 + h * qs.s2, qs.s1, q0, T, hs);
-    load_tile_t(Gt, g + go + b * gs.s0 + h * hs, gs.s1, q0, T, hs);
-    for (long d = 0; d < hs; d++) dQt[d * ATT_B + i] = 0.0f;
-    float l = t < T ? lse[lo + (b * NH + h) * T + t] : 0.0f, dot = 0.0f;
+    local float *dqr = dQs + i * hs;
+    load_tile(Qs, q + qo + b * qs.s0 + h * qs.s2, qs.s1, q0, T, hs);
+    load_tile(Gs, g + go + b * gs.s0 + h * hs, gs.s1, q0, T, hs);
+    for (long d = 0; d < hs; d++) dqr[d] = 0.0f;
+    float l = t < T ? lse[lo + (b * NH + h) * T + t] : 0.0f, dot = 0.0f, s[ATT_B], sd[ATT_B];
     long a = first_key(t, win);
     long jlo = first_key(q0, win), jhi = q0 + ATT_B - 1 < T - 1 ? q0 + ATT_B - 1 : T - 1;
     for (int pass = 0; pass < 2; pass++)
         for (long j0 = jlo / ATT_B * ATT_B; j0 <= jhi; j0 += ATT_B) {
             barrier(CLK_LOCAL_MEM_FENCE);
             load_tile(Ks, kb, ks.s1, j0, T, hs);
-            load_tile(Vs, vb, vs.s1, j0, T, hs);
+            load_tile_t(Kt, kb, ks.s1, j0, T, hs);
+            load_tile_t(Vt, vb, vs.s1, j0, T, hs);
             barrier(CLK_LOCAL_MEM_FENCE);
             if (t >= T) continue;
+            scores(s, Qs + i * hs, Kt, hs);
+            scores(sd, Gs + i * hs, Vt, hs);
             for (int jj = 0; jj < ATT_B; jj++) {
                 long j = j0 + jj;
                 if (j < a || j > t) continue;
-                float s = 0.0f, sd = 0.0f;
-                for (long d = 0; d < hs; d++) {
-                    s += Qt[d * ATT_B + i] * Ks[jj * hs + d];
-                    sd += Gt[d * ATT_B + i] * Vs[jj * hs + d];
-                }
-                float p = exp(s * scale - l);
+                float p = exp(s[jj] * scale - l);
                 if (pass == 0) {
-                    dot += p * sd;
+                    dot += p * sd[jj];
                     continue;
                 }
-                float ds = p * (sd - dot) * scale;
-                for (long d = 0; d < hs; d++) dQt[d * ATT_B + i] += ds * Ks[jj * hs + d];
+                float ds = p * (sd[jj] - dot) * scale;
+                local const float *kr = Ks + jj * hs;
+                for (long d = 0; d < hs; d++) dqr[d] += ds * kr[d];
             }
         }
     if (t >= T) return;
     Dsum[(b * NH + h) * T + t] = dot;
     global float *dq = out + oo + (b * T + t) * W * hs + h * hs;
-    for (long d = 0; d < hs; d++) dq[d] = dQt[d * ATT_B + i];
+    for (long d = 0; d < hs; d++) dq[d] = dqr[d];
 }
 
-/* global (nkb * ATT_B, NKV, B), local (ATT_B, 1, 1); local: Kt, Vt, dKt, dVt [hs][ATT_B], Qs, Gs [ATT_B][hs],
- * Ls, Ds [ATT_B] */
+/* global (nkb * ATT_B, NKV, B), local (ATT_B, 1, 1); local: Kr, Vr, dKs, dVs, Qs, Gs [ATT_B][hs], Qt, Gt
+ * [hs][ATT_B], Ls, Ds [ATT_B] */
 kernel void k_attention_back_dkv(global float *out, long oo, global const float *Dsum, global const float *lse, long lo,
                                  global const float *q, long qo, long4 qs, global const float *k, long ko, long4 ks,
                                  global const float *v, long vo, long4 vs, global const float *g, long go, long4 gs,
-                                 long T, long NH, long NKV, long hs, long win, float scale, local float *Kt,
-                                 local float *Vt, local float *dKt, local float *dVt, local float *Qs,
-                                 local float *Gs, local float *Ls, local float *Ds) {
+                                 long T, long NH, long NKV, long hs, long win, float scale, local float *Kr,
+                                 local float *Vr, local float *dKs, local float *dVs, local float *Qs,
+                                 local float *Gs, local float *Qt, local float *Gt, local float *Ls,
+                                 local float *Ds) {
     int i = (int)get_local_id(0);
     long k0 = get_group_id(0) * ATT_B, kh = get_global_id(1), b = get_global_id(2), grp = NH / NKV;
     long j = k0 + i, W = NH + 2 * NKV;
-    load_tile_t(Kt, k + ko + b * ks.s0 + kh * ks.s2, ks.s1, k0, T, hs);
-    load_tile_t(Vt, v + vo + b * vs.s0 + kh * vs.s2, vs.s1, k0, T, hs);
-    for (long d = 0; d < hs; d++) dKt[d * ATT_B + i] = dVt[d * ATT_B + i] = 0.0f;
+    local float *dkr = dKs + i * hs, *dvr = dVs + i * hs;
+    load_tile(Kr, k + ko + b * ks.s0 + kh * ks.s2, ks.s1, k0, T, hs);
+    load_tile(Vr, v + vo + b * vs.s0 + kh * vs.s2, vs.s1, k0, T, hs);
+    for (long d = 0; d < hs; d++) dkr[d] = dvr[d] = 0.0f;
+    float s[ATT_B], sd[ATT_B];
     /* query rows that see a key of this block: [k0, last key + win - 1] (all later rows without a window) */
     long kl = k0 + ATT_B - 1 < T - 1 ? k0 + ATT_B - 1 : T - 1;
     long thi = win > 0 && kl + win - 1 < T - 1 ? kl + win - 1 : T - 1;
     for (long h = kh * grp; h < (kh + 1) * grp; h++)
         for (long t0 = k0; t0 <= thi; t0 += ATT_B) {
             barrier(CLK_LOCAL_MEM_FENCE);
-            load_tile(Qs, q + qo + b * qs.s0 + h * qs.s2, qs.s1, t0, T, hs);
-            load_tile(Gs, g + go + b * gs.s0 + h * hs, gs.s1, t0, T, hs);
+            global const float *qb = q + qo + b * qs.s0 + h * qs.s2, *gb = g + go + b * gs.s0 + h * hs;
+            load_tile(Qs, qb, qs.s1, t0, T, hs);
+            load_tile_t(Qt, qb, qs.s1, t0, T, hs);
+            load_tile(Gs, gb, gs.s1, t0, T, hs);
+            load_tile_t(Gt, gb, gs.s1, t0, T, hs);
             long row = (b * NH + h) * T + t0 + i;
             Ls[i] = t0 + i < T ? lse[lo + row] : 0.0f;
             Ds[i] = t0 + i < T ? Dsum[row] : 0.0f;
             barrier(CLK_LOCAL_MEM_FENCE);
             if (j >= T) continue;
+            scores(s, Kr + i * hs, Qt, hs);
+            scores(sd, Vr + i * hs, Gt, hs);
             for (int tt = 0; tt < ATT_B; tt++) {
                 long t = t0 + tt;
                 if (t >= T || t < j || first_key(t, win) > j) continue;
-                float s = 0.0f, sd = 0.0f;
+                float p = exp(s[tt] * scale - Ls[tt]);
+                float ds = p * (sd[tt] - Ds[tt]) * scale;
+                local const float *qr = Qs + tt * hs, *gr = Gs + tt * hs;
                 for (long d = 0; d < hs; d++) {
-                    s += Qs[tt * hs + d] * Kt[d * ATT_B + i];
-                    sd += Gs[tt * hs + d] * Vt[d * ATT_B + i];
-                }
-                float p = exp(s * scale - Ls[tt]);
-                float ds = p * (sd - Ds[tt]) * scale;
-                for (long d = 0; d < hs; d++) {
-                    dKt[d * ATT_B + i] += ds * Qs[tt * hs + d];
-                    dVt[d * ATT_B + i] += p * Gs[tt * hs + d];
+                    dkr[d] += ds * qr[d];
+                    dvr[d] += p * gr[d];
                 }
             }
         }
@@ -191,8 +206,8 @@ kernel void k_attention_back_dkv(global float *out, long oo, global const float 
     global float *dk = out + oo + (b * T + j) * W * hs + (NH + kh) * hs;
     global float *dv = out + oo + (b * T + j) * W * hs + (NH + NKV + kh) * hs;
     for (long d = 0; d < hs; d++) {
-        dk[d] = dKt[d * ATT_B + i];
-        dv[d] = dVt[d * ATT_B + i];
+        dk[d] = dkr[d];
+        dv[d] = dvr[d];
     }
 }
 
