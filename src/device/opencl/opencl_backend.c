@@ -124,6 +124,9 @@ static void choose_tiles(void) {
     cl_device_type type = 0;
     clGetDeviceInfo(g_ocl.device, CL_DEVICE_TYPE, sizeof type, &type, NULL);
     g_ocl.gemm_kind = (type & CL_DEVICE_TYPE_CPU) ? OCL_GEMM_REG : OCL_GEMM_TILED;
+    /* row kernels (Note [OpenCL row reductions]): one vector of lanes per row on a CPU device, where the
+     * work-items of a group are a loop (16: one zmm of floats), 256 work-items on a GPU */
+    g_ocl.row_wg = (type & CL_DEVICE_TYPE_CPU) ? 16 : 256;
     g_ocl.gemm_mr = 8;
     if (type & CL_DEVICE_TYPE_CPU) g_ocl.gemm_ts = 16;
     const char *e = getenv("SUANLI_OPENCL_GEMM_TILE");

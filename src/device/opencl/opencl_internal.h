@@ -88,7 +88,8 @@ typedef struct ocl_state {
     int index; /* position in the OpenCL device list ("opencl:N") */
     char device_name[256], driver[128];
     int has_fp64;
-    int prof; /* SUANLI_PROFILE set: finish every node (its device time in the op profile) */
+    int row_wg; /* work-items per row of the row kernels (a power of two) */
+    int prof;   /* SUANLI_PROFILE set: finish every node (its device time in the op profile) */
     size_t max_wg;
     cl_ulong local_mem;
     int gemm_kind;        /* OCL_GEMM_TILED or OCL_GEMM_REG (Note [OpenCL GEMM tiles]) */

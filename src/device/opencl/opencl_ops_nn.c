@@ -18,11 +18,11 @@ static int64_t row_stride(const sl_tensor *t) { return t->ndim >= 2 ? t->nb[t->n
 /* ---------------- norms and softmax ---------------- */
 
 /* Launch a row kernel (Note [OpenCL row reductions], kernels/norm.cl): one work-group of L work-items per
- * row, L the power of two nearest C / 2 within [1, 256] and the device's limit, and L floats of local
- * memory as the last argument. */
+ * row, L a power of two up to g_ocl.row_wg (16 on CPU devices, 256 on GPUs), about C / 2 at most and
+ * within the device's limit, and L floats of local memory as the last argument. */
 static sl_status run_rows(ocl_call *c, int64_t R, int64_t C) {
     size_t L = 1;
-    while (L < 256 && (int64_t)(2 * L) <= (C + 1) / 2 + 1 && 2 * L <= g_ocl.max_wg) L *= 2;
+    while (L < (size_t)g_ocl.row_wg && (int64_t)(2 * L) <= (C + 1) / 2 + 1 && 2 * L <= g_ocl.max_wg) L *= 2;
     ocl_arg(c, sizeof(float) * L, NULL);
     size_t global = (size_t)R * L;
     return ocl_run(c, 1, &global, &L);
