@@ -45,7 +45,7 @@ typedef struct {
 static const shape_tier k_tiers[] = {{"tiny", 2, 8, 32, 4, 2, 8, 48, 4},
                                      {"demo", 4, 64, 192, 6, 2, 32, 256, 8}};
 static int B, T, C, NH, NKV, HS, V, E;
-enum { MAXP = 6, N_CASES = 15 };
+enum { MAXP = 6, N_CASES = 16 };
 
 typedef struct {
     const char *name;
@@ -55,10 +55,12 @@ typedef struct {
     /* builds a tensor from the parameters; the harness turns it into a scalar with cross-entropy */
     sl_tensor *(*build)(sl_ctx *ctx, sl_tensor **p, sl_tensor *ids);
 } op_case;
-/* cases of ops only some backends implement (the MoE ops and sliding-window attention: cpu and strict):
+/* cases of ops only some backends implement (the MoE ops: cpu and strict; sliding-window attention: not
+ * every accelerator; f16 GEMMs: cpu, strict, opencl):
  * refused there -> skipped */
 static int case_optional(const op_case *k) {
-    return !strncmp(k->name, "moe-", 4) || !strcmp(k->name, "attention-window");
+    return !strncmp(k->name, "moe-", 4) || !strcmp(k->name, "attention-window") ||
+           !strcmp(k->name, "matmul-f16");
 }
 
 static sl_tensor *b_linear(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
@@ -128,6 +130,13 @@ static sl_tensor *b_bf16(sl_ctx *c, sl_tensor **p, sl_tensor *ids) { /* autocast
     return sl_linear(c, sl_round_bf16(c, p[0]), sl_round_bf16(c, p[1]), NULL);
 }
 
+/* fp16 autocast GEMM: f16 x f16 operands, f32 product (the backward: f16 casts of the gradient and f16
+ * GEMMs, src/ops/backward.c) */
+static sl_tensor *b_f16(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
+    (void)ids;
+    return sl_matmul(c, sl_cast(c, p[0], SL_F16), sl_cast(c, p[1], SL_F16), 0, 1);
+}
+
 /* Trainable MoE: router (+ capacity), per-expert gather -> SwiGLU -> weighted combine, router losses
  * broadcast into the output. p: x (N, C), router (E, C), w1 / w3 (E*C, C), w2 (E*C, C) rows per expert. */
 static sl_tensor *moe_case(sl_ctx *c, sl_tensor **p, const sl_moe_route_opts *o, sl_tensor *bias, int64_t R) {
@@ -184,6 +193,7 @@ static void make_cases(void) {
         {"embedding", 2, {2, 2}, {{V, C}, {T, C}}, b_embedding},
         {"concat+transpose+bias", 3, {2, 2, 1}, {{B * T, C}, {B * T, C}, {2}}, b_concat},
         {"round-bf16", 2, {2, 2}, {{B * T, C}, {C, C}}, b_bf16},
+        {"matmul-f16", 2, {2, 2}, {{B * T, C}, {C, C}}, b_f16},
         {"moe-capacity",
          5,
          {2, 2, 2, 2, 2},

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device/accel_support.h"
 #include "device/cuda/cuda_internal.h"
 
 cu_state g_cu;
@@ -270,9 +271,6 @@ static sl_status cuda_copy(sl_buffer *dst, size_t doff, const sl_buffer *src, si
 
 /* ---------------- state operations ---------------- */
 
-static int span_ok(const sl_buffer *b, int64_t off, int64_t n) {
-    return b && off >= 0 && n >= 0 && (size_t)(off + n) * sizeof(float) <= b->size;
-}
 static float *f32_at(const sl_buffer *b, int64_t off) { return (float *)b->base + off; }
 
 /* Note [AdamW order of operations] (src/device/cpu/kernels/optim.c): kernels/optim.cu computes each element
@@ -280,15 +278,9 @@ static float *f32_at(const sl_buffer *b, int64_t off) { return (float *)b->base 
  * the CPU does. One launch per span. */
 static sl_status cuda_adamw(sl_backend *be, const sl_adamw_call *c) {
     (void)be;
-    for (int i = 0; i < c->n_spans; i++) {
-        const sl_adamw_span *s = &c->spans[i];
-        if (!span_ok(c->p, s->p_offs, s->n) || !span_ok(c->g, s->g_offs, s->n) ||
-            !span_ok(c->m, s->s_offs, s->n) || !span_ok(c->v, s->s_offs, s->n))
-            return sl_fail(SL_ERR_INVALID, "cuda backend: adamw span %d out of range", i);
-    }
-    double bc1 = 1.0 - pow((double)c->hp.beta1, (double)c->t),
-           bc2 = 1.0 - pow((double)c->hp.beta2, (double)c->t);
-    float step = (float)(c->lr / bc1), bc2s = (float)sqrt(bc2), dec_on = 1.0f - c->lr * c->hp.weight_decay;
+    SL_TRY(sl_accel_adamw_check(c, "cuda"));
+    sl_accel_adamw_consts ac = sl_accel_adamw_consts_of(c);
+    float step = ac.step, bc2s = ac.bc2_sqrt, dec_on = ac.decay_on;
     for (int i = 0; i < c->n_spans; i++) {
         const sl_adamw_span *s = &c->spans[i];
         SL_TRY(
@@ -303,7 +295,7 @@ static sl_status cuda_adamw(sl_backend *be, const sl_adamw_call *c) {
 /* Note [CUDA sumsq order] (kernels/optim.cu): chunk sums on the device, added here in chunk order. */
 static sl_status cuda_sumsq(sl_backend *be, const sl_buffer *b, int64_t off, int64_t n, double *out) {
     (void)be;
-    if (!span_ok(b, off, n)) return sl_fail(SL_ERR_INVALID, "cuda backend: sumsq out of range");
+    if (!sl_accel_span_ok(b, off, n)) return sl_fail(SL_ERR_INVALID, "cuda backend: sumsq out of range");
     int64_t nch = (n + 65535) / 65536;
     *out = 0;
     if (!nch) return SL_OK;
@@ -325,12 +317,12 @@ static sl_status cuda_sumsq(sl_backend *be, const sl_buffer *b, int64_t off, int
 
 static sl_status cuda_scale(sl_backend *be, sl_buffer *b, int64_t off, int64_t n, float s) {
     (void)be;
-    if (!span_ok(b, off, n)) return sl_fail(SL_ERR_INVALID, "cuda backend: scale out of range");
+    if (!sl_accel_span_ok(b, off, n)) return sl_fail(SL_ERR_INVALID, "cuda backend: scale out of range");
     return cu_ew_flat(CU_EW_SCALE, s, f32_at(b, off), n);
 }
 static sl_status cuda_fill(sl_backend *be, sl_buffer *b, int64_t off, int64_t n, float v) {
     (void)be;
-    if (!span_ok(b, off, n)) return sl_fail(SL_ERR_INVALID, "cuda backend: fill out of range");
+    if (!sl_accel_span_ok(b, off, n)) return sl_fail(SL_ERR_INVALID, "cuda backend: fill out of range");
     return cu_ew_flat(CU_EW_FILL, v, f32_at(b, off), n);
 }
 

@@ -64,16 +64,16 @@ cudaError_t cu_softmax(cudaStream_t s, float *y, const float *x, int64_t xs, int
 cudaError_t cu_softmax_back(cudaStream_t s, float *dx, const float *y, const float *g, int64_t gs, int64_t R,
                             int64_t C);
 
-/* ---- attention.cu ---- q/k/v rows (b, t, head) with strides qs/ks/vs (v[0..2]); dy rows (b, t) with
- * strides gs (v[0..1]), heads contiguous */
+/* ---- attention.cu ---- win > 0: a sliding window (query t sees keys t - win + 1 .. t); q/k/v rows (b, t,
+ * head) with strides qs/ks/vs (v[0..2]); dy rows (b, t) with strides gs (v[0..1]), heads contiguous */
 cudaError_t cu_attention(cudaStream_t s, float *out, float *lse, const float *q, cu_v5 qs, const float *k,
                          cu_v5 ks, const float *v, cu_v5 vs, int64_t B, int64_t T, int64_t NH, int64_t NKV,
-                         int64_t hs, float scale);
+                         int64_t hs, int64_t win, float scale);
 /* out (B, T, NH + 2 NKV, hs) packed dq | dk | dv; dsum: B * NH * T floats of scratch */
 cudaError_t cu_attention_back(cudaStream_t s, float *out, float *dsum, const float *lse, const float *q,
                               cu_v5 qs, const float *k, cu_v5 ks, const float *v, cu_v5 vs, const float *g,
                               cu_v5 gs, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hs,
-                              float scale);
+                              int64_t win, float scale);
 cudaError_t cu_attention_kv(cudaStream_t s, float *out, const float *q, cu_v5 qs, const float *k,
                             const float *v, int64_t B, int64_t Tq, int64_t S, int64_t NH, int64_t NKV,
                             int64_t hs, int64_t pos0, int64_t win, float scale);

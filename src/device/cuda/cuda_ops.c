@@ -3,6 +3,7 @@
  * other ops are in cuda_ops_nn.c. Semantics of every op: the enum in suanli/tensor.h and the CPU kernels. */
 #include <string.h>
 
+#include "device/accel_support.h"
 #include "device/cuda/cuda_internal.h"
 
 /* ---------------- iteration forms ---------------- */
@@ -48,111 +49,28 @@ sl_status cu_ew_flat(int op, float f, float *p, int64_t n) {
 
 /* ---------------- supports_op ---------------- */
 
-static int last_unit(const sl_tensor *t) { return t && t->ndim >= 1 && t->nb[t->ndim - 1] == 1; }
-
-static int all_f32(const sl_tensor *n) {
-    if (n->dtype != SL_F32) return 0;
-    for (int i = 0; i < SL_MAX_SRC; i++)
-        if (n->src[i] && n->src[i]->dtype != SL_F32) return 0;
-    return 1;
-}
-
-/* f32 tensors except for the listed source, which must be i32 */
-static int f32_but_i32(const sl_tensor *n, int isrc) {
-    if (n->dtype != SL_F32) return 0;
-    for (int i = 0; i < SL_MAX_SRC; i++) {
-        const sl_tensor *s = n->src[i];
-        if (s && s->dtype != (i == isrc ? SL_I32 : SL_F32)) return 0;
-    }
-    return 1;
-}
-
-static int movable(sl_dtype t) { return t == SL_F32 || t == SL_I32 || t == SL_BF16; }
-
 /* Note [CUDA supported ops]
- * Everything the OpenCL backend runs (Note [OpenCL supported ops]: every op of GPT-2 and Llama-family
- * training and of KV-cache generation in f32; CONT / CONCAT / ZEROS in any dtype; CAST f32 <-> bf16) plus
- * bf16 compute in the GEMMs: MATMUL with bf16 x bf16 operands (f32 out, f32 bias) and LINEAR_BF16, both
- * cublasGemmEx with CUBLAS_COMPUTE_32F (fp32 accumulation, as the CPU's sl_gemm_bf16). The bf16-numerics
- * variants of ROPE / ATTENTION_KV / MOE_EXPERT (and MOE_EXPERT with bf16 weights) are refused, so the
- * executor names the op and dtype. Layout limits are those of the CPU kernels (rows with a unit last
- * stride). */
+ * The shared accelerator table (Note [Accelerator supported ops], src/device/accel_support.c: every f32 op
+ * of GPT-2 / Llama-family training and KV-cache generation, sliding-window attention included; CONT /
+ * CONCAT / ZEROS in any dtype; CAST f32 <-> bf16) plus bf16 compute in the GEMMs: MATMUL with bf16 x bf16
+ * operands (f32 out, f32 bias) and LINEAR_BF16, both cublasGemmEx with CUBLAS_COMPUTE_32F (fp32
+ * accumulation, as the CPU's sl_gemm_bf16). The bf16-numerics variants of ROPE / ATTENTION_KV / MOE_EXPERT
+ * (and MOE_EXPERT with bf16 weights) are refused, so the executor names the op and dtype. */
 int cu_supports(const sl_tensor *n) {
     const sl_tensor *a = n->src[0], *b = n->src[1];
     switch (n->op) {
-    case SL_OP_VIEW:
-        return 1;
-    case SL_OP_CONT:
-    case SL_OP_ZEROS:
-        return movable(n->dtype) && (!a || a->dtype == n->dtype || n->op == SL_OP_ZEROS);
-    case SL_OP_CONCAT:
-        return movable(n->dtype) && a->dtype == n->dtype && b->dtype == n->dtype;
-    case SL_OP_CAST:
-        return (n->dtype == SL_F32 || n->dtype == SL_BF16) && (a->dtype == SL_F32 || a->dtype == SL_BF16);
-    case SL_OP_ADD:
-    case SL_OP_MUL:
-    case SL_OP_SCALE:
-    case SL_OP_SUM_TO:
-    case SL_OP_ACC:
-    case SL_OP_SCATTER_ADD:
-    case SL_OP_GELU:
-    case SL_OP_GELU_BACK:
-    case SL_OP_SILU:
-    case SL_OP_SILU_BACK:
-    case SL_OP_FILL:
-    case SL_OP_KV_STORE:
-        return all_f32(n);
     case SL_OP_MATMUL: {
-        int f32 = all_f32(n);
         int bf = n->dtype == SL_F32 && a->dtype == SL_BF16 && b->dtype == SL_BF16 &&
                  (!n->src[2] || n->src[2]->dtype == SL_F32);
-        return (f32 || bf) && a->ndim >= 2 && b->ndim >= 2 && n->ndim >= 2 && last_unit(a) && last_unit(b) &&
-               last_unit(n) && (!n->src[2] || sl_is_contiguous(n->src[2]));
+        return (sl_accel_all_f32(n) || bf) && a->ndim >= 2 && b->ndim >= 2 && n->ndim >= 2 &&
+               sl_accel_last_unit(a) && sl_accel_last_unit(b) && sl_accel_last_unit(n) &&
+               (!n->src[2] || sl_is_contiguous(n->src[2]));
     }
     case SL_OP_LINEAR_BF16:
         return n->dtype == SL_F32 && a->dtype == SL_F32 && b->dtype == SL_BF16 && b->ndim == 2 &&
-               last_unit(a) && sl_is_contiguous(b) && sl_is_contiguous(n);
-    case SL_OP_LAYERNORM:
-    case SL_OP_RMSNORM:
-    case SL_OP_SOFTMAX:
-    case SL_OP_TOPK_GATE:
-        return all_f32(n) && last_unit(a);
-    case SL_OP_LAYERNORM_BACK_X:
-    case SL_OP_RMSNORM_BACK_X:
-        return all_f32(n) && last_unit(n->src[1]) && last_unit(n->src[3]);
-    case SL_OP_LAYERNORM_BACK_WB:
-    case SL_OP_RMSNORM_BACK_W:
-        return all_f32(n) && last_unit(n->src[1]) && last_unit(n->src[2]);
-    case SL_OP_SOFTMAX_BACK:
-    case SL_OP_TOPK_GATE_BACK:
-        return all_f32(n) && sl_is_contiguous(a) && last_unit(b);
-    case SL_OP_ATTENTION: /* no eager half rounding (iparams[2]) nor sliding window (iparams[1]) here */
-        return all_f32(n) && !n->iparams[1] && !n->iparams[2] && last_unit(a) && last_unit(b) &&
-               last_unit(n->src[2]);
-    case SL_OP_ATTENTION_BACK:
-        return all_f32(n) && !n->iparams[1] && !a->iparams[2] && last_unit(b) && last_unit(n->src[2]) &&
-               last_unit(n->src[3]) && last_unit(n->src[4]) && n->src[4]->ndim >= 3;
-    case SL_OP_ATTENTION_KV:
-        return all_f32(n) && !n->iparams[2] && last_unit(a) && sl_is_contiguous(b) &&
-               sl_is_contiguous(n->src[2]);
-    case SL_OP_EMBEDDING: /* not a vocab shard (iparams[3]; CPU only) */
-        return f32_but_i32(n, 1) && !n->iparams[3] && sl_is_contiguous(a) && sl_is_contiguous(b);
-    case SL_OP_EMBEDDING_BACK:
-        return f32_but_i32(n, 1) && !n->iparams[3] && sl_is_contiguous(a) && sl_is_contiguous(b) &&
-               sl_is_contiguous(n->src[2]);
-    case SL_OP_CROSS_ENTROPY:
-        return f32_but_i32(n, 1) && sl_is_contiguous(a) && sl_is_contiguous(b);
-    case SL_OP_CROSS_ENTROPY_BACK:
-        return f32_but_i32(n, 2) && sl_is_contiguous(b) && sl_is_contiguous(n->src[2]);
-    case SL_OP_ROPE:
-        return all_f32(n) && !n->iparams[2] && last_unit(a) && a->ndim == 4;
-    case SL_OP_MOE_EXPERT:
-        if (!all_f32(n) || n->iparams[1] || !sl_is_contiguous(a) || !last_unit(b)) return 0;
-        for (int i = 2; i < 5; i++)
-            if (!sl_is_contiguous(n->src[i])) return 0;
-        return 1;
+               sl_accel_last_unit(a) && sl_is_contiguous(b) && sl_is_contiguous(n);
     default:
-        return 0;
+        return sl_accel_supports(n);
     }
 }
 

@@ -107,7 +107,7 @@ static sl_status op_attention(sl_tensor *n) {
     PTR(k, &pk);
     PTR(v, &pv);
     RUN(cu_attention(g_cu.stream, o, lse, pq, strides3(q), pk, strides3(k), pv, strides3(v), B, T, NH, NKV,
-                     hs, 1.0f / sqrtf((float)hs)));
+                     hs, n->iparams[1], 1.0f / sqrtf((float)hs)));
     return SL_OK;
 }
 
@@ -125,7 +125,7 @@ static sl_status op_attention_back(sl_tensor *n) {
     SL_TRY(cu_scratch(sizeof(float) * (size_t)(B * NH * T > 0 ? B * NH * T : 1), &dsum));
     cu_v5 gs = {{g->nb[0], g->nb[1], 0, 0, 0}};
     RUN(cu_attention_back(g_cu.stream, o, dsum, lse, pq, strides3(q), pk, strides3(k), pv, strides3(v), pg,
-                          gs, B, T, NH, NKV, hs, 1.0f / sqrtf((float)hs)));
+                          gs, B, T, NH, NKV, hs, n->iparams[1], 1.0f / sqrtf((float)hs)));
     return SL_OK;
 }
 

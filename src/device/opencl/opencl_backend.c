@@ -17,6 +17,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "device/accel_support.h"
 #include "device/opencl/opencl_internal.h"
 
 ocl_state g_ocl;
@@ -104,7 +105,10 @@ static sl_status pick_device(void) {
  *   k_gemm_reg; wrong results at 2x the machine's peak); as run-time arguments every value tested is
  *   correct. Not understood further; bench ops --device now checks every result against the CPU backend.
  * Overrides: SUANLI_OPENCL_GEMM=tiled|reg picks the kernel; SUANLI_OPENCL_GEMM_TILE (16, 32, 64) forces
- * TS and the tiled kernel; SUANLI_OPENCL_GEMM_MR, _KC, _MG set the register-blocked kernel's sizes. */
+ * TS and the tiled kernel; SUANLI_OPENCL_GEMM_MR, _KC, _MG set the register-blocked kernel's sizes.
+ * Partial sums between k-blocks (Cp) were Mp x Np floats per GEMM (206 MB for the GPT-2 LM head at B*T =
+ * 1024); now N is split into launches of as many 32-column panels as fit OCL_GEMM_CP_MAX (32 MiB;
+ * SUANLI_OPENCL_GEMM_CP bytes overrides, which the tests use to force many launches). */
 static void choose_tiles(void) {
     const int cand[3] = {64, 32, 16};
     g_ocl.gemm_tk = 16;
@@ -120,6 +124,9 @@ static void choose_tiles(void) {
     cl_device_type type = 0;
     clGetDeviceInfo(g_ocl.device, CL_DEVICE_TYPE, sizeof type, &type, NULL);
     g_ocl.gemm_kind = (type & CL_DEVICE_TYPE_CPU) ? OCL_GEMM_REG : OCL_GEMM_TILED;
+    /* row kernels (Note [OpenCL row reductions]): one vector of lanes per row on a CPU device, where the
+     * work-items of a group are a loop (16: one zmm of floats), 256 work-items on a GPU */
+    g_ocl.row_wg = (type & CL_DEVICE_TYPE_CPU) ? 16 : 256;
     g_ocl.gemm_mr = 8;
     if (type & CL_DEVICE_TYPE_CPU) g_ocl.gemm_ts = 16;
     const char *e = getenv("SUANLI_OPENCL_GEMM_TILE");
@@ -138,6 +145,9 @@ static void choose_tiles(void) {
     if (e && atoi(e) >= 1 && atoi(e) <= 65536) g_ocl.gemm_kc = atoi(e);
     e = getenv("SUANLI_OPENCL_GEMM_MG");
     if (e && atoi(e) >= 1 && atoi(e) <= 4096) g_ocl.gemm_mg = atoi(e);
+    g_ocl.gemm_cp_max = OCL_GEMM_CP_MAX;
+    e = getenv("SUANLI_OPENCL_GEMM_CP");
+    if (e && atoll(e) >= 1) g_ocl.gemm_cp_max = atoll(e);
 }
 
 static sl_status init_device(void) {
@@ -151,6 +161,8 @@ static sl_status init_device(void) {
     clGetDeviceInfo(d, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof g_ocl.max_wg, &g_ocl.max_wg, NULL);
     clGetDeviceInfo(d, CL_DEVICE_LOCAL_MEM_SIZE, sizeof g_ocl.local_mem, &g_ocl.local_mem, NULL);
     choose_tiles();
+    const char *pe = getenv("SUANLI_PROFILE");
+    g_ocl.prof = pe && *pe && strcmp(pe, "0") != 0;
     cl_int err;
     g_ocl.ctx = clCreateContext(NULL, 1, &d, NULL, NULL, &err);
     if (err != CL_SUCCESS) return ocl_fail(err, "clCreateContext");
@@ -508,25 +520,15 @@ static sl_status ocl_copy(sl_buffer *dst, size_t doff, const sl_buffer *src, siz
 
 /* ---------------- state operations ---------------- */
 
-static int span_ok(const sl_buffer *b, int64_t off, int64_t n) {
-    return b && off >= 0 && n >= 0 && (size_t)(off + n) * sizeof(float) <= b->size;
-}
-
 /* Note [AdamW order of operations] (src/device/cpu/kernels/optim.c): kernels/optim.cl computes each
  * element with the same single-precision operations in the same order (FP_CONTRACT off; division and
  * sqrt correctly rounded when the device offers it), with the step constants computed here as the CPU
  * does. One launch per span. */
 static sl_status ocl_adamw(sl_backend *be, const sl_adamw_call *c) {
     (void)be;
-    for (int i = 0; i < c->n_spans; i++) {
-        const sl_adamw_span *s = &c->spans[i];
-        if (!span_ok(c->p, s->p_offs, s->n) || !span_ok(c->g, s->g_offs, s->n) ||
-            !span_ok(c->m, s->s_offs, s->n) || !span_ok(c->v, s->s_offs, s->n))
-            return sl_fail(SL_ERR_INVALID, "opencl backend: adamw span %d out of range", i);
-    }
-    double bc1 = 1.0 - pow((double)c->hp.beta1, (double)c->t),
-           bc2 = 1.0 - pow((double)c->hp.beta2, (double)c->t);
-    float step = (float)(c->lr / bc1), bc2s = (float)sqrt(bc2), dec_on = 1.0f - c->lr * c->hp.weight_decay;
+    SL_TRY(sl_accel_adamw_check(c, "opencl"));
+    sl_accel_adamw_consts ac = sl_accel_adamw_consts_of(c);
+    float step = ac.step, bc2s = ac.bc2_sqrt, dec_on = ac.decay_on;
     for (int i = 0; i < c->n_spans; i++) {
         const sl_adamw_span *s = &c->spans[i];
         ocl_call k = ocl_begin(OK_ADAMW);
@@ -553,7 +555,7 @@ static sl_status ocl_adamw(sl_backend *be, const sl_adamw_call *c) {
  * work-item per chunk), chunk sums added here in chunk order, so the result is bitwise the CPU's. */
 static sl_status ocl_sumsq(sl_backend *be, const sl_buffer *b, int64_t off, int64_t n, double *out) {
     (void)be;
-    if (!span_ok(b, off, n)) return sl_fail(SL_ERR_INVALID, "opencl backend: sumsq out of range");
+    if (!sl_accel_span_ok(b, off, n)) return sl_fail(SL_ERR_INVALID, "opencl backend: sumsq out of range");
     if (!g_ocl.has_fp64)
         return sl_fail(SL_ERR_UNSUPPORTED,
                        "opencl backend: sumsq needs double precision (cl_khr_fp64), which %s lacks",
@@ -583,12 +585,12 @@ static sl_status ocl_sumsq(sl_backend *be, const sl_buffer *b, int64_t off, int6
 
 static sl_status ocl_scale(sl_backend *be, sl_buffer *b, int64_t off, int64_t n, float s) {
     (void)be;
-    if (!span_ok(b, off, n)) return sl_fail(SL_ERR_INVALID, "opencl backend: scale out of range");
+    if (!sl_accel_span_ok(b, off, n)) return sl_fail(SL_ERR_INVALID, "opencl backend: scale out of range");
     return ocl_ew_flat(EW_SCALE, s, mem_of(b), off, n);
 }
 static sl_status ocl_fill(sl_backend *be, sl_buffer *b, int64_t off, int64_t n, float v) {
     (void)be;
-    if (!span_ok(b, off, n)) return sl_fail(SL_ERR_INVALID, "opencl backend: fill out of range");
+    if (!sl_accel_span_ok(b, off, n)) return sl_fail(SL_ERR_INVALID, "opencl backend: fill out of range");
     return ocl_ew_flat(EW_FILL, v, mem_of(b), off, n);
 }
 
@@ -599,9 +601,14 @@ static int ocl_supports_be(sl_backend *be, const sl_tensor *n) {
     return ocl_supports(n);
 }
 
+/* Under SUANLI_PROFILE=1 each node is finished before it returns, so the executor's per-op wall time
+ * (Note [Op profile] in src/graph/graph.c) is the node's device time and not its enqueue time. */
 static sl_status ocl_compute_be(sl_backend *be, sl_tensor *n) {
     be->stats.nodes++;
-    return ocl_compute(n);
+    SL_TRY(ocl_compute(n));
+    if (!g_ocl.prof) return SL_OK;
+    cl_int err = clFinish(g_ocl.queue);
+    return err == CL_SUCCESS ? SL_OK : ocl_fail(err, "clFinish (profile)");
 }
 
 static sl_backend g_be = {

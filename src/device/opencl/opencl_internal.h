@@ -11,14 +11,19 @@
 
 /* Kernels by name (kernels/ (*.cl)); the table in opencl_program.c holds their names. */
 typedef enum ocl_kernel_id {
-    OK_EW = 0,       /* elementwise.cl: strided 5-D elementwise ops on 32-bit elements */
-    OK_EW16,         /* elementwise.cl: 16-bit copies and f32 <-> bf16 casts */
-    OK_SUM_TO,       /* elementwise.cl */
-    OK_GEMM,         /* gemm.cl: tiled in local memory (GPU-type devices) */
-    OK_GEMM_REG,     /* gemm_reg.cl: register-blocked, panels (CPU-type devices) */
-    OK_GEMM_PACK_TA, /* gemm_reg.cl: row-major A into MR-wide panels */
-    OK_GEMM_PACK_TB, /* gemm_reg.cl: row-major B^T into 32-wide panels */
-    OK_GEMM_PACK_N,  /* gemm_reg.cl: k-major operand into panels */
+    OK_EW = 0,         /* elementwise.cl: strided 5-D elementwise ops on 32-bit elements */
+    OK_EW16,           /* elementwise.cl: 16-bit copies and f32 <-> bf16 casts */
+    OK_SUM_TO,         /* elementwise.cl */
+    OK_EWC,            /* elementwise.cl: contiguous k_ew (Note [OpenCL contiguous elementwise]) */
+    OK_SUM_ROWS,       /* elementwise.cl: sum over leading rows of a contiguous tensor */
+    OK_GEMM,           /* gemm.cl: tiled in local memory (GPU-type devices) */
+    OK_GEMM_REG,       /* gemm_reg.cl: register-blocked, panels (CPU-type devices) */
+    OK_GEMM_PACK_TA,   /* gemm_reg.cl: row-major A into MR-wide panels */
+    OK_GEMM_PACK_TB,   /* gemm_reg.cl: row-major B^T into 32-wide panels */
+    OK_GEMM_PACK_N,    /* gemm_reg.cl: k-major operand into panels */
+    OK_GEMM_PACK_TA_H, /* gemm_reg.cl: the same three from f16 operands (Note [OpenCL f16 storage]) */
+    OK_GEMM_PACK_TB_H,
+    OK_GEMM_PACK_N_H,
     OK_LAYERNORM,    /* norm.cl */
     OK_LN_BACK_X,    /* norm.cl */
     OK_LN_BACK_WB,   /* norm.cl */
@@ -61,6 +66,15 @@ enum {
 
 enum { OCL_GEMM_TILED = 0, OCL_GEMM_REG = 1 };
 
+/* default bytes of the register GEMM's k-block partial sums (Cp) per launch (g_ocl.gemm_cp_max, override
+ * SUANLI_OPENCL_GEMM_CP); a wider N is split into launches */
+#define OCL_GEMM_CP_MAX ((int64_t)32 << 20)
+
+/* rows per attention tile (ATT_B in kernels/attention.cl, passed with -D; Note [OpenCL flash attention]) */
+#define OCL_ATT_B 16
+/* local memory the attention backward needs at head size hs (its largest kernel: 8 tiles + 2 rows) */
+#define OCL_ATT_LOCAL(hs) (sizeof(float) * OCL_ATT_B * (8 * (size_t)(hs) + 2))
+
 typedef struct ocl_state {
     int tried;          /* initialisation attempted */
     sl_status init_st;  /* its result */
@@ -74,13 +88,16 @@ typedef struct ocl_state {
     int index; /* position in the OpenCL device list ("opencl:N") */
     char device_name[256], driver[128];
     int has_fp64;
+    int row_wg; /* work-items per row of the row kernels (a power of two) */
+    int prof;   /* SUANLI_PROFILE set: finish every node (its device time in the op profile) */
     size_t max_wg;
     cl_ulong local_mem;
     int gemm_kind;        /* OCL_GEMM_TILED or OCL_GEMM_REG (Note [OpenCL GEMM tiles]) */
     int gemm_ts, gemm_tk; /* tiled GEMM: TS x TS outputs per work-group, TK deep */
     int gemm_mr, gemm_kc,
-        gemm_mg;    /* register-blocked GEMM: MR x 32 tiles, k-blocks of KC, MG tiles per item */
-    cl_mem scratch; /* grown on demand: per-node temporaries (ordered by the in-order queue) */
+        gemm_mg;         /* register-blocked GEMM: MR x 32 tiles, k-blocks of KC, MG tiles per item */
+    int64_t gemm_cp_max; /* register-blocked GEMM: bytes of partial sums per launch */
+    cl_mem scratch;      /* grown on demand: per-node temporaries (ordered by the in-order queue) */
     size_t scratch_size;
     cl_mem flag; /* 2 ints: an out-of-range id seen by a kernel (1, value) */
 } ocl_state;

@@ -3,6 +3,7 @@
  * opencl_ops_nn.c. Semantics of every op: the enum in suanli/tensor.h and the CPU kernels. */
 #include <string.h>
 
+#include "device/accel_support.h"
 #include "device/opencl/opencl_internal.h"
 
 /* ---------------- iteration forms ---------------- */
@@ -48,8 +49,40 @@ static cl_long8 flat_ne(int64_t n) {
     return ne;
 }
 
+/* x and y agree on every dim of more than one element */
+static int same_nb(cl_long8 x, cl_long8 y, cl_long8 ne) {
+    for (int d = 0; d < 5; d++)
+        if (ne.s[d] != 1 && x.s[d] != y.s[d]) return 0;
+    return 1;
+}
+
+/* b's period when its strides are 0 over the leading dims and contiguous over the trailing ones (a
+ * broadcast over rows, as a bias), 0 when b is contiguous over all of ne, else -1 */
+static int64_t bcast_period(cl_long8 nbb, cl_long8 ne, cl_long8 cnb) {
+    int d = 0;
+    while (d < 5 && (nbb.s[d] == 0 || ne.s[d] == 1)) d++;
+    int64_t per = 1;
+    for (int e = d; e < 5; e++) {
+        if (ne.s[e] != 1 && nbb.s[e] != cnb.s[e]) return -1;
+        per *= ne.s[e];
+    }
+    return per == count5(ne) ? 0 : per;
+}
+
 sl_status ocl_ew(int op, float f, ocl_ref o, cl_long8 nbo, ocl_ref a, cl_long8 nba, ocl_ref b, cl_long8 nbb,
                  cl_long8 ne) {
+    cl_long8 cnb = ocl_contig_nb(ne);
+    int64_t per = -1;
+    if (same_nb(nbo, cnb, ne) && same_nb(nba, cnb, ne) && (per = bcast_period(nbb, ne, cnb)) >= 0) {
+        ocl_call c = ocl_begin(OK_EWC); /* Note [OpenCL contiguous elementwise] */
+        ocl_ref_arg(&c, o);
+        ocl_ref_arg(&c, a);
+        ocl_ref_arg(&c, b);
+        ocl_long(&c, per);
+        ocl_int(&c, op);
+        ocl_float(&c, f);
+        return ocl_run1(&c, (size_t)count5(ne));
+    }
     ocl_call c = ocl_begin(OK_EW);
     ocl_ref_arg(&c, o);
     ocl_arg(&c, sizeof nbo, &nbo);
@@ -82,102 +115,47 @@ static sl_status ew16(int op, ocl_ref o, cl_long8 nbo, ocl_ref a, cl_long8 nba, 
 
 /* ---------------- supports_op ---------------- */
 
-static int last_unit(const sl_tensor *t) { return t && t->ndim >= 1 && t->nb[t->ndim - 1] == 1; }
-
-static int all_f32(const sl_tensor *n) {
-    if (n->dtype != SL_F32) return 0;
-    for (int i = 0; i < SL_MAX_SRC; i++)
-        if (n->src[i] && n->src[i]->dtype != SL_F32) return 0;
-    return 1;
-}
-
-/* f32 tensors except for the listed source, which must be i32 */
-static int f32_but_i32(const sl_tensor *n, int isrc) {
-    if (n->dtype != SL_F32) return 0;
-    for (int i = 0; i < SL_MAX_SRC; i++) {
-        const sl_tensor *s = n->src[i];
-        if (s && s->dtype != (i == isrc ? SL_I32 : SL_F32)) return 0;
-    }
-    return 1;
-}
-
-static int movable(sl_dtype t) { return t == SL_F32 || t == SL_I32 || t == SL_BF16; }
-
-/* Note [OpenCL supported ops]
- * f32 compute only for now: every op of GPT-2 and Llama-family training and of KV-cache generation in
- * f32; data movement (CONT, CONCAT, ZEROS) in any dtype and CAST between f32 and bf16 (elementwise
- * conversions, used by the autocast rounding sl_round_bf16). bf16 compute (bf16 MATMUL, LINEAR_BF16,
- * MOE_EXPERT / ROPE / ATTENTION_KV with bf16 numerics) is refused, so the executor names the op and dtype.
- * Layout limits are those of the CPU kernels (rows with a unit last stride). */
+/* Note [OpenCL f16 storage]
+ * f16 is a storage format here, with every operation in f32, so it needs no cl_khr_fp16 (PoCL's CPU device
+ * lacks it): vload_half / vstore_half_rte are core OpenCL 1.2. CAST f32 <-> f16 rounds to nearest even;
+ * CONT / CONCAT / ZEROS move 16-bit elements; MATMUL with f16 x f16 operands (f32 out and bias, the fp16
+ * autocast GEMM) packs both operands into f32 panels (k_gemm_pack_*_h widen as they pack) and runs the
+ * register-blocked kernel with f32 accumulation, as the CPU widens f16 for its GEMM. The tiled GEMM (GPU-
+ * type devices) has no f16 path yet: there f16 MATMUL is refused by name. Not done: the eager half
+ * attention numerics (ATTENTION iparams[2], the --fp16 path), so fp16 training still stops there.
+ *
+ * Note [OpenCL supported ops]
+ * The shared accelerator table (Note [Accelerator supported ops], src/device/accel_support.c: every f32 op of
+ * GPT-2 / Llama-family training and KV-cache generation, sliding-window attention included; bf16 / f16
+ * compute refused by name), with attention limited to head sizes whose tiles fit the device's local memory
+ * (OCL_ATT_LOCAL, Note [OpenCL flash attention]). */
 int ocl_supports(const sl_tensor *n) {
     const sl_tensor *a = n->src[0], *b = n->src[1];
     switch (n->op) {
-    case SL_OP_VIEW:
-        return 1;
-    case SL_OP_CONT:
+    case SL_OP_CONT: /* f16 data movement: 16-bit copies */
     case SL_OP_ZEROS:
-        return movable(n->dtype) && (!a || a->dtype == n->dtype || n->op == SL_OP_ZEROS);
+        if (n->dtype == SL_F16) return !a || a->dtype == SL_F16 || n->op == SL_OP_ZEROS;
+        return sl_accel_supports(n);
     case SL_OP_CONCAT:
-        return movable(n->dtype) && a->dtype == n->dtype && b->dtype == n->dtype;
-    case SL_OP_CAST:
-        return (n->dtype == SL_F32 || n->dtype == SL_BF16) && (a->dtype == SL_F32 || a->dtype == SL_BF16);
-    case SL_OP_ADD:
-    case SL_OP_MUL:
-    case SL_OP_SCALE:
-    case SL_OP_SUM_TO:
-    case SL_OP_ACC:
-    case SL_OP_SCATTER_ADD:
-    case SL_OP_GELU:
-    case SL_OP_GELU_BACK:
-    case SL_OP_SILU:
-    case SL_OP_SILU_BACK:
-    case SL_OP_FILL:
-    case SL_OP_KV_STORE:
-        return all_f32(n);
-    case SL_OP_MATMUL:
-        return all_f32(n) && a->ndim >= 2 && b->ndim >= 2 && n->ndim >= 2 && last_unit(a) && last_unit(b) &&
-               last_unit(n) && (!n->src[2] || sl_is_contiguous(n->src[2]));
-    case SL_OP_LAYERNORM:
-    case SL_OP_RMSNORM:
-    case SL_OP_SOFTMAX:
-    case SL_OP_TOPK_GATE:
-        return all_f32(n) && last_unit(a);
-    case SL_OP_LAYERNORM_BACK_X:
-    case SL_OP_RMSNORM_BACK_X:
-        return all_f32(n) && last_unit(n->src[1]) && last_unit(n->src[3]);
-    case SL_OP_LAYERNORM_BACK_WB:
-    case SL_OP_RMSNORM_BACK_W:
-        return all_f32(n) && last_unit(n->src[1]) && last_unit(n->src[2]);
-    case SL_OP_SOFTMAX_BACK:
-    case SL_OP_TOPK_GATE_BACK:
-        return all_f32(n) && sl_is_contiguous(a) && last_unit(b);
-    case SL_OP_ATTENTION: /* no eager half rounding (iparams[2]) nor sliding window (iparams[1]) here */
-        return all_f32(n) && !n->iparams[1] && !n->iparams[2] && last_unit(a) && last_unit(b) &&
-               last_unit(n->src[2]);
+        if (n->dtype == SL_F16) return a->dtype == SL_F16 && b->dtype == SL_F16;
+        return sl_accel_supports(n);
+    case SL_OP_CAST: /* f32 <-> f16 besides the table's f32 <-> bf16 */
+        if ((n->dtype == SL_F16 && a->dtype == SL_F32) || (n->dtype == SL_F32 && a->dtype == SL_F16))
+            return 1;
+        return sl_accel_supports(n);
+    case SL_OP_MATMUL: /* f16 x f16 -> f32 on the register-blocked GEMM (Note [OpenCL f16 storage]) */
+        if (a->dtype == SL_F16 && b->dtype == SL_F16 && n->dtype == SL_F32 &&
+            (!n->src[2] || n->src[2]->dtype == SL_F32))
+            return g_ocl.gemm_kind == OCL_GEMM_REG && a->ndim >= 2 && b->ndim >= 2 && n->ndim >= 2 &&
+                   sl_accel_last_unit(a) && sl_accel_last_unit(b) && sl_accel_last_unit(n) &&
+                   (!n->src[2] || sl_is_contiguous(n->src[2]));
+        return sl_accel_supports(n);
+    case SL_OP_ATTENTION:
+        return sl_accel_supports(n) && OCL_ATT_LOCAL(n->src[0]->ne[3]) <= g_ocl.local_mem;
     case SL_OP_ATTENTION_BACK:
-        return all_f32(n) && !n->iparams[1] && !a->iparams[2] && last_unit(b) && last_unit(n->src[2]) &&
-               last_unit(n->src[3]) && last_unit(n->src[4]) && n->src[4]->ndim >= 3;
-    case SL_OP_ATTENTION_KV:
-        return all_f32(n) && !n->iparams[2] && last_unit(a) && sl_is_contiguous(b) &&
-               sl_is_contiguous(n->src[2]);
-    case SL_OP_EMBEDDING: /* not a vocab shard (iparams[3]; CPU only) */
-        return f32_but_i32(n, 1) && !n->iparams[3] && sl_is_contiguous(a) && sl_is_contiguous(b);
-    case SL_OP_EMBEDDING_BACK:
-        return f32_but_i32(n, 1) && !n->iparams[3] && sl_is_contiguous(a) && sl_is_contiguous(b) &&
-               sl_is_contiguous(n->src[2]);
-    case SL_OP_CROSS_ENTROPY:
-        return f32_but_i32(n, 1) && sl_is_contiguous(a) && sl_is_contiguous(b);
-    case SL_OP_CROSS_ENTROPY_BACK:
-        return f32_but_i32(n, 2) && sl_is_contiguous(b) && sl_is_contiguous(n->src[2]);
-    case SL_OP_ROPE:
-        return all_f32(n) && !n->iparams[2] && last_unit(a) && a->ndim == 4;
-    case SL_OP_MOE_EXPERT:
-        if (!all_f32(n) || n->iparams[1] || !sl_is_contiguous(a) || !last_unit(b)) return 0;
-        for (int i = 2; i < 5; i++)
-            if (!sl_is_contiguous(n->src[i])) return 0;
-        return 1;
-    default: /* LINEAR_BF16: bf16 compute */
-        return 0;
+        return sl_accel_supports(n) && OCL_ATT_LOCAL(n->src[1]->ne[3]) <= g_ocl.local_mem;
+    default:
+        return sl_accel_supports(n);
     }
 }
 
@@ -190,7 +168,10 @@ static sl_status op_copy(sl_tensor *n, const sl_tensor *a, ocl_ref o, cl_long8 n
     ocl_ref ra;
     REF(a, &ra);
     ocl_it5 ia = ocl_it5_of(a);
-    if (cast) return ew16(a->dtype == SL_F32 ? 1 : 2, o, nbo, ra, ia.nb, ia.ne);
+    if (cast) { /* k_ew16: 1 f32 -> bf16, 2 bf16 -> f32, 3 f32 -> f16, 4 f16 -> f32 */
+        int half = a->dtype == SL_F16 || n->dtype == SL_F16;
+        return ew16(a->dtype == SL_F32 ? (half ? 3 : 1) : (half ? 4 : 2), o, nbo, ra, ia.nb, ia.ne);
+    }
     if (sl_dtype_size(a->dtype) == 2) return ew16(0, o, nbo, ra, ia.nb, ia.ne);
     return ocl_ew(EW_COPY_A, 0, o, nbo, ra, ia.nb, ra, ia.nb, ia.ne);
 }
@@ -225,6 +206,20 @@ static sl_status op_sum_to(sl_tensor *n) {
     REF(n, &o);
     REF(n->src[0], &a);
     ocl_it5 ia = ocl_it5_of(n->src[0]), io = ocl_it5_of(n);
+    /* a contiguous, n its trailing dims: a sum over whole rows, in row order (the CPU's order) */
+    int lead = 0;
+    while (lead < 5 && io.ne.s[lead] == 1) lead++;
+    int trailing = sl_is_contiguous(n->src[0]);
+    for (int d = lead; d < 5 && trailing; d++) trailing = io.ne.s[d] == ia.ne.s[d];
+    if (trailing) {
+        int64_t P = sl_nelements(n);
+        ocl_call c = ocl_begin(OK_SUM_ROWS);
+        ocl_ref_arg(&c, o);
+        ocl_ref_arg(&c, a);
+        ocl_long(&c, P ? sl_nelements(n->src[0]) / P : 0);
+        ocl_long(&c, P);
+        return ocl_run1(&c, (size_t)P);
+    }
     ocl_call c = ocl_begin(OK_SUM_TO);
     ocl_ref_arg(&c, o);
     ocl_ref_arg(&c, a);
@@ -293,9 +288,11 @@ static sl_status op_kv_store(sl_tensor *n) {
  * stored K-major (rows of X^T, k_gemm_pack_n), else row-major (k_gemm_pack_t*). Panels of batch element z
  * at P + po + z*pz. */
 static sl_status gemm_pack(ocl_ref r, int64_t ld, int kmajor, int rows, int K, int W, cl_mem P, int64_t po,
-                           int64_t pz, cl_long4 bne, cl_long4 bs, int64_t nz) {
+                           int64_t pz, cl_long4 bne, cl_long4 bs, int64_t nz, int half) {
     size_t panels = ((size_t)rows + (size_t)W - 1) / (size_t)W;
-    ocl_call c = ocl_begin(kmajor ? OK_GEMM_PACK_N : W == 32 ? OK_GEMM_PACK_TB : OK_GEMM_PACK_TA);
+    ocl_kernel_id id = kmajor ? OK_GEMM_PACK_N : W == 32 ? OK_GEMM_PACK_TB : OK_GEMM_PACK_TA;
+    if (half) id = kmajor ? OK_GEMM_PACK_N_H : W == 32 ? OK_GEMM_PACK_TB_H : OK_GEMM_PACK_TA_H;
+    ocl_call c = ocl_begin(id);
     ocl_int(&c, rows);
     ocl_int(&c, K);
     if (kmajor) ocl_int(&c, W);
@@ -320,26 +317,29 @@ static cl_long4 flat_bs(cl_long4 bne, int64_t per) {
  * others are packed into scratch memory first (A's panels, then B's). */
 static sl_status gemm_reg(int M, int N, int K, ocl_ref ra, int64_t lda, int tA, ocl_ref rb, int64_t ldb,
                           int tB, ocl_ref rc, int64_t ldc, int beta1, const ocl_ref *rbias, cl_long4 bne,
-                          cl_long4 bsa, cl_long4 bsb, cl_long4 bsc) {
+                          cl_long4 bsa, cl_long4 bsb, cl_long4 bsc, int half) {
     const int MR = g_ocl.gemm_mr;
     int64_t nz = bne.s[0] * bne.s[1] * bne.s[2];
     int64_t Mp = ((int64_t)M + MR - 1) / MR * MR, Np = ((int64_t)N + 31) / 32 * 32;
-    int packA = !tA || M % MR != 0, packB = tB || N % 32 != 0;
+    int packA = half || !tA || M % MR != 0, packB = half || tB || N % 32 != 0; /* f16: always widened */
     int64_t pa = packA ? Mp * K : 0, pb = packB ? Np * K : 0; /* packed floats per batch element */
     /* element (i, k) of A's panel p at A + p*a_pan + k*a_k + i; (k, j) of B's panel q at B + q*b_pan + k*b_k
      * + j */
     int64_t a_pan = MR, a_k = lda, b_pan = 32, b_k = ldb;
-    int64_t cpn = K > g_ocl.gemm_kc ? nz * Mp * Np : 0; /* Cp: partial sums between k-blocks */
-    cl_mem P = g_ocl.flag;                              /* Cp is not touched with one k-block */
+    /* Cp: partial sums between k-blocks, for chunks of cpp column panels at a time (bounded) */
+    int64_t npan = Np / 32, cpp = npan;
+    while (cpp > 1 && nz * Mp * cpp * 32 * (int64_t)sizeof(float) > g_ocl.gemm_cp_max) cpp = (cpp + 1) / 2;
+    int64_t cpn = K > g_ocl.gemm_kc ? nz * Mp * cpp * 32 : 0;
+    cl_mem P = g_ocl.flag; /* Cp is not touched with one k-block */
     if (packA || packB || cpn) SL_TRY(ocl_scratch(sizeof(float) * (size_t)(nz * (pa + pb) + cpn), &P));
     if (packA || packB) {
         if (packA) {
-            SL_TRY(gemm_pack(ra, lda, tA, M, K, MR, P, 0, pa, bne, bsa, nz));
+            SL_TRY(gemm_pack(ra, lda, tA, M, K, MR, P, 0, pa, bne, bsa, nz, half));
             ra = (ocl_ref){P, 0};
             a_pan = (int64_t)MR * K, a_k = MR, bsa = flat_bs(bne, pa);
         }
         if (packB) {
-            SL_TRY(gemm_pack(rb, ldb, !tB, N, K, 32, P, nz * pa, pb, bne, bsb, nz));
+            SL_TRY(gemm_pack(rb, ldb, !tB, N, K, 32, P, nz * pa, pb, bne, bsb, nz, half));
             rb = (ocl_ref){P, nz * pa};
             b_pan = 32 * (int64_t)K, b_k = 32, bsb = flat_bs(bne, pb);
         }
@@ -367,8 +367,16 @@ static sl_status gemm_reg(int M, int N, int K, ocl_ref ra, int64_t lda, int tA, 
     ocl_int(&c, g_ocl.gemm_kc);
     ocl_int(&c, g_ocl.gemm_mg);
     int64_t nmb = Mp / MR, ng = (nmb + g_ocl.gemm_mg - 1) / g_ocl.gemm_mg;
-    size_t global[3] = {(size_t)Np / 32, (size_t)ng, (size_t)nz}, local[3] = {1, 1, 1};
-    return ocl_run(&c, 3, global, local);
+    cl_int cpld = (cl_int)(cpp * 32);
+    for (int64_t nb0 = 0; nb0 < npan; nb0 += cpp) { /* in-order queue: chunks reuse Cp one after another */
+        cl_int b0 = (cl_int)nb0;
+        if (c.err == CL_SUCCESS) c.err = clSetKernelArg(c.k, c.n, sizeof b0, &b0);
+        if (c.err == CL_SUCCESS) c.err = clSetKernelArg(c.k, c.n + 1, sizeof cpld, &cpld);
+        size_t global[3] = {(size_t)(npan - nb0 < cpp ? npan - nb0 : cpp), (size_t)ng, (size_t)nz};
+        size_t local[3] = {1, 1, 1};
+        SL_TRY(ocl_run(&c, 3, global, local));
+    }
+    return SL_OK;
 }
 
 sl_status ocl_op_matmul(sl_tensor *n) {
@@ -405,7 +413,7 @@ sl_status ocl_op_matmul(sl_tensor *n) {
         return sl_fail(SL_ERR_UNSUPPORTED, "opencl backend: matmul '%s' too large", n->name);
     if (g_ocl.gemm_kind == OCL_GEMM_REG)
         return gemm_reg((int)M, (int)N, (int)K, ra, lda, tA, rb, ldb, tB, rc, ldc, n->iparams[2] == 1,
-                        bias ? &rbias : NULL, bne, bsa, bsb, bsc);
+                        bias ? &rbias : NULL, bne, bsa, bsb, bsc, a->dtype == SL_F16);
     ocl_call c = ocl_begin(OK_GEMM);
     ocl_int(&c, (int)M);
     ocl_int(&c, (int)N);

@@ -17,6 +17,17 @@ static int64_t row_stride(const sl_tensor *t) { return t->ndim >= 2 ? t->nb[t->n
 
 /* ---------------- norms and softmax ---------------- */
 
+/* Launch a row kernel (Note [OpenCL row reductions], kernels/norm.cl): one work-group of L work-items per
+ * row, L a power of two up to g_ocl.row_wg (16 on CPU devices, 256 on GPUs), about C / 2 at most and
+ * within the device's limit, and L floats of local memory as the last argument. */
+static sl_status run_rows(ocl_call *c, int64_t R, int64_t C) {
+    size_t L = 1;
+    while (L < (size_t)g_ocl.row_wg && (int64_t)(2 * L) <= (C + 1) / 2 + 1 && 2 * L <= g_ocl.max_wg) L *= 2;
+    ocl_arg(c, sizeof(float) * L, NULL);
+    size_t global = (size_t)R * L;
+    return ocl_run(c, 1, &global, &L);
+}
+
 static sl_status op_layernorm(sl_tensor *n) {
     const sl_tensor *x = n->src[0];
     int64_t C = x->ne[x->ndim - 1], R = rows_of(x);
@@ -36,7 +47,7 @@ static sl_status op_layernorm(sl_tensor *n) {
     ocl_long(&c, R);
     ocl_long(&c, C);
     ocl_float(&c, n->fparams[0]);
-    return ocl_run1(&c, (size_t)R);
+    return run_rows(&c, R, C);
 }
 
 static sl_status op_layernorm_back(sl_tensor *n) {
@@ -61,7 +72,7 @@ static sl_status op_layernorm_back(sl_tensor *n) {
     ocl_long(&c, row_stride(g));
     ocl_long(&c, R);
     ocl_long(&c, C);
-    return ocl_run1(&c, (size_t)(wb ? C : R));
+    return wb ? ocl_run1(&c, (size_t)C) : run_rows(&c, R, C);
 }
 
 static sl_status op_rmsnorm(sl_tensor *n) {
@@ -84,7 +95,7 @@ static sl_status op_rmsnorm(sl_tensor *n) {
     ocl_int(&c, w != NULL);
     ocl_long(&c, C);
     ocl_float(&c, n->fparams[0]);
-    return ocl_run1(&c, (size_t)R);
+    return run_rows(&c, R, C);
 }
 
 static sl_status op_rmsnorm_back(sl_tensor *n) {
@@ -112,7 +123,7 @@ static sl_status op_rmsnorm_back(sl_tensor *n) {
     ocl_ref_arg(&c, rg);
     ocl_long(&c, row_stride(g));
     ocl_long(&c, bw ? R : C);
-    return ocl_run1(&c, (size_t)(bw ? C : R));
+    return bw ? ocl_run1(&c, (size_t)C) : run_rows(&c, R, C);
 }
 
 static sl_status op_softmax(sl_tensor *n) {
@@ -125,7 +136,7 @@ static sl_status op_softmax(sl_tensor *n) {
     ocl_ref_arg(&c, rx);
     ocl_long(&c, row_stride(x));
     ocl_long(&c, x->ne[x->ndim - 1]);
-    return ocl_run1(&c, (size_t)rows_of(x));
+    return run_rows(&c, rows_of(x), x->ne[x->ndim - 1]);
 }
 
 /* SOFTMAX_BACK and TOPK_GATE_BACK: dx = y * (dy - sum(y * dy)) per row */
@@ -141,7 +152,7 @@ static sl_status op_softmax_back(sl_tensor *n) {
     ocl_ref_arg(&c, rg);
     ocl_long(&c, row_stride(g));
     ocl_long(&c, y->ne[y->ndim - 1]);
-    return ocl_run1(&c, (size_t)rows_of(y));
+    return run_rows(&c, rows_of(y), y->ne[y->ndim - 1]);
 }
 
 /* ---------------- attention ---------------- */
@@ -163,6 +174,25 @@ static void qkv_args(ocl_call *c, ocl_ref q, const sl_tensor *tq, ocl_ref k, con
     ocl_arg(c, sizeof vs, &vs);
 }
 
+/* Note [OpenCL flash attention] (kernels/attention.cl): blocks of OCL_ATT_B rows, one work-group each */
+static void att_tail(ocl_call *c, int64_t T, int64_t NH, int64_t NKV, int64_t hs, int64_t win, int n_tiles,
+                     int n_rows) {
+    ocl_long(c, T);
+    ocl_long(c, NH);
+    ocl_long(c, NKV);
+    ocl_long(c, hs);
+    ocl_long(c, win);
+    ocl_float(c, 1.0f / sqrtf((float)hs));
+    for (int i = 0; i < n_tiles; i++) ocl_arg(c, sizeof(float) * OCL_ATT_B * (size_t)hs, NULL);
+    for (int i = 0; i < n_rows; i++) ocl_arg(c, sizeof(float) * OCL_ATT_B, NULL);
+}
+
+static sl_status att_run(ocl_call *c, int64_t T, int64_t heads, int64_t B) {
+    size_t global[3] = {(size_t)((T + OCL_ATT_B - 1) / OCL_ATT_B * OCL_ATT_B), (size_t)heads, (size_t)B};
+    size_t local[3] = {OCL_ATT_B, 1, 1};
+    return ocl_run(c, 3, global, local);
+}
+
 static sl_status op_attention(sl_tensor *n) {
     const sl_tensor *q = n->src[0], *k = n->src[1], *v = n->src[2];
     int64_t B = q->ne[0], T = q->ne[1], NH = q->ne[2], hs = q->ne[3], NKV = k->ne[2];
@@ -176,12 +206,8 @@ static sl_status op_attention(sl_tensor *n) {
     ocl_ref_arg(&c, o);
     ocl_ref_arg(&c, lse);
     qkv_args(&c, rq, q, rk, k, rv, v);
-    ocl_long(&c, T);
-    ocl_long(&c, NH);
-    ocl_long(&c, NKV);
-    ocl_long(&c, hs);
-    ocl_float(&c, 1.0f / sqrtf((float)hs));
-    return ocl_run1(&c, (size_t)(B * NH * T));
+    att_tail(&c, T, NH, NKV, hs, n->iparams[1], 4, 0);
+    return att_run(&c, T, NH, B);
 }
 
 static sl_status op_attention_back(sl_tensor *n) {
@@ -205,12 +231,8 @@ static sl_status op_attention_back(sl_tensor *n) {
         qkv_args(&c, rq, q, rk, k, rv, v);
         ocl_ref_arg(&c, rg);
         ocl_arg(&c, sizeof gs, &gs);
-        ocl_long(&c, T);
-        ocl_long(&c, NH);
-        ocl_long(&c, NKV);
-        ocl_long(&c, hs);
-        ocl_float(&c, 1.0f / sqrtf((float)hs));
-        SL_TRY(ocl_run1(&c, (size_t)(B * (pass ? NKV : NH) * T)));
+        att_tail(&c, T, NH, NKV, hs, n->iparams[1], pass ? 8 : 6, pass ? 2 : 0);
+        SL_TRY(att_run(&c, T, pass ? NKV : NH, B));
     }
     return SL_OK;
 }
@@ -315,7 +337,7 @@ static sl_status op_cross_entropy(sl_tensor *n) {
     ocl_ref_arg(&c, rt);
     ocl_long(&c, V);
     ocl_mem(&c, g_ocl.flag);
-    SL_TRY(ocl_run1(&c, (size_t)N));
+    SL_TRY(run_rows(&c, N, V));
     SL_TRY(ocl_check_flag("cross_entropy: target", V));
     return ce_mean(0, o, lse, rl, rt, rl, N, V);
 }

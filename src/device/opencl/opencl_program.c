@@ -25,11 +25,16 @@ static const char *const k_names[OK_COUNT] = {
     [OK_EW] = "k_ew",
     [OK_EW16] = "k_ew16",
     [OK_SUM_TO] = "k_sum_to",
+    [OK_EWC] = "k_ewc",
+    [OK_SUM_ROWS] = "k_sum_rows",
     [OK_GEMM] = "k_gemm",
     [OK_GEMM_REG] = "k_gemm_reg",
     [OK_GEMM_PACK_TA] = "k_gemm_pack_ta",
     [OK_GEMM_PACK_TB] = "k_gemm_pack_tb",
     [OK_GEMM_PACK_N] = "k_gemm_pack_n",
+    [OK_GEMM_PACK_TA_H] = "k_gemm_pack_ta_h",
+    [OK_GEMM_PACK_TB_H] = "k_gemm_pack_tb_h",
+    [OK_GEMM_PACK_N_H] = "k_gemm_pack_n_h",
     [OK_LAYERNORM] = "k_layernorm",
     [OK_LN_BACK_X] = "k_layernorm_back_x",
     [OK_LN_BACK_WB] = "k_layernorm_back_wb",
@@ -156,8 +161,8 @@ sl_status ocl_program_build(ocl_state *s) {
     cl_device_fp_config sfp = 0;
     clGetDeviceInfo(s->device, CL_DEVICE_SINGLE_FP_CONFIG, sizeof sfp, &sfp, NULL);
     clGetPlatformInfo(s->platform, CL_PLATFORM_VERSION, sizeof plat - 1, plat, NULL);
-    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DTS=%d -DTK=%d -DGEMM_MR=%d%s%s", s->gemm_ts, s->gemm_tk,
-             s->gemm_mr, s->has_fp64 ? " -DSL_FP64=1" : "",
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2 -DTS=%d -DTK=%d -DGEMM_MR=%d -DATT_B=%d%s%s", s->gemm_ts,
+             s->gemm_tk, s->gemm_mr, OCL_ATT_B, s->has_fp64 ? " -DSL_FP64=1" : "",
              (sfp & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) ? " -cl-fp32-correctly-rounded-divide-sqrt" : "");
     uint64_t h = 1469598103934665603ull;
     for (int i = 0; i < sl_ocl_n_sources; i++) h = fnv(fnv(h, sl_ocl_source_names[i]), sl_ocl_sources[i]);

@@ -1,5 +1,7 @@
-/* Causal attention with grouped KV heads (port of src/device/opencl/kernels/attention.cl, Note [OpenCL
- * attention, first version]; semantics: src/device/cpu/kernels/attention.c, llama_ops.c).
+/* Causal attention with grouped KV heads and an optional sliding window (win > 0: query t sees keys
+ * max(0, t - win + 1) .. t, as the CPU's sl_attention_window). Port of the first version of
+ * src/device/opencl/kernels/attention.cl (one work-item per row; that file is now tiled, Note [OpenCL flash
+ * attention]); semantics: src/device/cpu/kernels/attention.c, llama_ops.c).
  * Forward: one thread per (b, h, query row t), scores recomputed in three passes (max, sum, weighted sum of
  * v); lse = max + log(sum) saved in aux. Backward: one thread per (b, h, t) writes dq and D = sum_j p_j
  * (dy . v_j) (scratch), then one thread per (b, kv head, key row j) owns dk_j and dv_j (race-free,
@@ -7,6 +9,10 @@
  * Note [CUDA attention speed]: this is the correct first version, not a flash kernel; at GPT-2 124M, T=1024
  * it is expected to dominate the step (README). */
 #include "common.cuh"
+
+__device__ __forceinline__ int64_t first_key(int64_t t, int64_t win) {
+    return win > 0 && t - win + 1 > 0 ? t - win + 1 : 0;
+}
 
 __device__ __forceinline__ float dotp(const float *a, const float *b, int64_t n) {
     float s = 0.0f;
@@ -16,20 +22,21 @@ __device__ __forceinline__ float dotp(const float *a, const float *b, int64_t n)
 
 __global__ void k_attention(float *out, float *lse, const float *q, cu_v5 qs, const float *k, cu_v5 ks,
                             const float *v, cu_v5 vs, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hs,
-                            float scale) {
+                            int64_t win, float scale) {
     CU_LOOP(idx, B * NH * T) {
         int64_t t = idx % T, h = (idx / T) % NH, b = idx / (T * NH), kh = h / (NH / NKV);
         const float *qr = q + b * qs.v[0] + t * qs.v[1] + h * qs.v[2];
         const float *kb = k + b * ks.v[0] + kh * ks.v[2], *vb = v + b * vs.v[0] + kh * vs.v[2];
+        int64_t j0 = first_key(t, win);
         float mx = -INFINITY;
-        for (int64_t j = 0; j <= t; j++) mx = fmaxf(mx, dotp(qr, kb + j * ks.v[1], hs) * scale);
+        for (int64_t j = j0; j <= t; j++) mx = fmaxf(mx, dotp(qr, kb + j * ks.v[1], hs) * scale);
         float sum = 0.0f;
-        for (int64_t j = 0; j <= t; j++) sum += expf(dotp(qr, kb + j * ks.v[1], hs) * scale - mx);
+        for (int64_t j = j0; j <= t; j++) sum += expf(dotp(qr, kb + j * ks.v[1], hs) * scale - mx);
         float inv = 1.0f / sum;
         lse[(b * NH + h) * T + t] = mx + logf(sum);
         float *o = out + (b * T + t) * NH * hs + h * hs;
         for (int64_t d = 0; d < hs; d++) o[d] = 0.0f;
-        for (int64_t j = 0; j <= t; j++) {
+        for (int64_t j = j0; j <= t; j++) {
             float pj = expf(dotp(qr, kb + j * ks.v[1], hs) * scale - mx) * inv;
             const float *vr = vb + j * vs.v[1];
             for (int64_t d = 0; d < hs; d++) o[d] += pj * vr[d];
@@ -39,30 +46,32 @@ __global__ void k_attention(float *out, float *lse, const float *q, cu_v5 qs, co
 
 extern "C" cudaError_t cu_attention(cudaStream_t s, float *out, float *lse, const float *q, cu_v5 qs,
                                     const float *k, cu_v5 ks, const float *v, cu_v5 vs, int64_t B, int64_t T,
-                                    int64_t NH, int64_t NKV, int64_t hs, float scale) {
+                                    int64_t NH, int64_t NKV, int64_t hs, int64_t win, float scale) {
     if (B * NH * T <= 0) return cudaSuccess;
     k_attention<<<cu_blocks(B * NH * T), CU_THREADS, 0, s>>>(out, lse, q, qs, k, ks, v, vs, B, T, NH, NKV, hs,
-                                                             scale);
+                                                             win, scale);
     return CU_LAUNCHED();
 }
 
 __global__ void k_attention_back_dq(float *out, float *Dsum, const float *lse, const float *q, cu_v5 qs,
                                     const float *k, cu_v5 ks, const float *v, cu_v5 vs, const float *g, cu_v5 gs,
-                                    int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hs, float scale) {
+                                    int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hs, int64_t win,
+                                    float scale) {
     CU_LOOP(idx, B * NH * T) {
         int64_t t = idx % T, h = (idx / T) % NH, b = idx / (T * NH), kh = h / (NH / NKV), W = NH + 2 * NKV;
         const float *qr = q + b * qs.v[0] + t * qs.v[1] + h * qs.v[2];
         const float *gr = g + b * gs.v[0] + t * gs.v[1] + h * hs;
         const float *kb = k + b * ks.v[0] + kh * ks.v[2], *vb = v + b * vs.v[0] + kh * vs.v[2];
         float l = lse[(b * NH + h) * T + t], dot = 0.0f;
-        for (int64_t j = 0; j <= t; j++) {
+        int64_t j0 = first_key(t, win);
+        for (int64_t j = j0; j <= t; j++) {
             float p = expf(dotp(qr, kb + j * ks.v[1], hs) * scale - l);
             dot += p * dotp(gr, vb + j * vs.v[1], hs);
         }
         Dsum[(b * NH + h) * T + t] = dot;
         float *dq = out + (b * T + t) * W * hs + h * hs;
         for (int64_t d = 0; d < hs; d++) dq[d] = 0.0f;
-        for (int64_t j = 0; j <= t; j++) {
+        for (int64_t j = j0; j <= t; j++) {
             const float *kr = kb + j * ks.v[1];
             float p = expf(dotp(qr, kr, hs) * scale - l);
             float ds = p * (dotp(gr, vb + j * vs.v[1], hs) - dot) * scale;
@@ -74,7 +83,7 @@ __global__ void k_attention_back_dq(float *out, float *Dsum, const float *lse, c
 __global__ void k_attention_back_dkv(float *out, const float *Dsum, const float *lse, const float *q, cu_v5 qs,
                                      const float *k, cu_v5 ks, const float *v, cu_v5 vs, const float *g,
                                      cu_v5 gs, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hs,
-                                     float scale) {
+                                     int64_t win, float scale) {
     CU_LOOP(idx, B * NKV * T) {
         int64_t j = idx % T, kh = (idx / T) % NKV, b = idx / (T * NKV), grp = NH / NKV, W = NH + 2 * NKV;
         const float *kr = k + b * ks.v[0] + j * ks.v[1] + kh * ks.v[2];
@@ -83,7 +92,7 @@ __global__ void k_attention_back_dkv(float *out, const float *Dsum, const float 
         float *dv = out + (b * T + j) * W * hs + (NH + NKV + kh) * hs;
         for (int64_t d = 0; d < hs; d++) dk[d] = dv[d] = 0.0f;
         for (int64_t h = kh * grp; h < (kh + 1) * grp; h++)
-            for (int64_t t = j; t < T; t++) {
+            for (int64_t t = j; t < (win > 0 && j + win < T ? j + win : T); t++) {
                 const float *qr = q + b * qs.v[0] + t * qs.v[1] + h * qs.v[2];
                 const float *gr = g + b * gs.v[0] + t * gs.v[1] + h * hs;
                 int64_t row = (b * NH + h) * T + t;
@@ -100,14 +109,14 @@ __global__ void k_attention_back_dkv(float *out, const float *Dsum, const float 
 extern "C" cudaError_t cu_attention_back(cudaStream_t s, float *out, float *dsum, const float *lse,
                                          const float *q, cu_v5 qs, const float *k, cu_v5 ks, const float *v,
                                          cu_v5 vs, const float *g, cu_v5 gs, int64_t B, int64_t T, int64_t NH,
-                                         int64_t NKV, int64_t hs, float scale) {
+                                         int64_t NKV, int64_t hs, int64_t win, float scale) {
     if (B * NH * T <= 0) return cudaSuccess;
     k_attention_back_dq<<<cu_blocks(B * NH * T), CU_THREADS, 0, s>>>(out, dsum, lse, q, qs, k, ks, v, vs, g, gs,
-                                                                     B, T, NH, NKV, hs, scale);
+                                                                     B, T, NH, NKV, hs, win, scale);
     cudaError_t e = CU_LAUNCHED();
     if (e != cudaSuccess) return e;
     k_attention_back_dkv<<<cu_blocks(B * NKV * T), CU_THREADS, 0, s>>>(out, dsum, lse, q, qs, k, ks, v, vs, g,
-                                                                       gs, B, T, NH, NKV, hs, scale);
+                                                                       gs, B, T, NH, NKV, hs, win, scale);
     return CU_LAUNCHED();
 }
 

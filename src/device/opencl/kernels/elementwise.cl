@@ -17,6 +17,11 @@
 #define EW_COPY_B 9
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 
+/* tanh(u) = 1 - 2 / (exp(2u) + 1): PoCL's tanh made GELU 2x the CPU backend's share of a training step
+ * (docs/BENCHMARKS.md); this form is one exp and one division, exact at the limits (exp overflow -> 1,
+ * underflow -> -1), within a few ulps of 1 elsewhere, which is the part GELU uses (1 + t) */
+inline float tanh_fast(float u) { return 1.0f - 2.0f / (exp(2.0f * u) + 1.0f); }
+
 /* element offset of linear index i (row-major over ne) for strides nb */
 inline long off5(long i, long8 ne, long8 nb) {
     long i4 = i % ne.s4, r = i / ne.s4;
@@ -62,10 +67,10 @@ kernel void k_ew(global uint *o, long oo, long8 nbo, global const uint *a, long 
         r = x * f;
         break;
     case EW_GELU:
-        r = 0.5f * x * (1.0f + tanh(GELU_K * (x + 0.044715f * x * x * x)));
+        r = 0.5f * x * (1.0f + tanh_fast(GELU_K * (x + 0.044715f * x * x * x)));
         break;
     case EW_GELU_BACK: {
-        float u = GELU_K * (x + 0.044715f * x * x * x), t = tanh(u);
+        float u = GELU_K * (x + 0.044715f * x * x * x), t = tanh_fast(u);
         float sech2 = 1.0f - t * t, du = GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
         r = y * (0.5f * (1.0f + t) + 0.5f * x * sech2 * du);
         break;
@@ -84,6 +89,66 @@ kernel void k_ew(global uint *o, long oo, long8 nbo, global const uint *a, long 
     o[po] = as_uint(r);
 }
 
+/* Note [OpenCL contiguous elementwise]
+ * k_ew decodes a 5-D index per operand (15 64-bit divisions per element): on PoCL's CPU device that kept
+ * the add of a 256 x 768 residual at ~0.2 GB/s. When the output and a are contiguous, k_ewc takes the flat
+ * index, and b is either contiguous too (bper 0) or repeats with period bper (a bias over the leading
+ * rows): b[i % bper]. Same arithmetic as k_ew, element for element. */
+inline float ew_apply(int op, float x, float y, float f) {
+    switch (op) {
+    case EW_ADD:
+        return x + y;
+    case EW_MUL:
+        return x * y;
+    case EW_SCALE:
+        return x * f;
+    case EW_GELU:
+        return 0.5f * x * (1.0f + tanh_fast(GELU_K * (x + 0.044715f * x * x * x)));
+    case EW_GELU_BACK: {
+        float u = GELU_K * (x + 0.044715f * x * x * x), t = tanh_fast(u);
+        float sech2 = 1.0f - t * t, du = GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+        return y * (0.5f * (1.0f + t) + 0.5f * x * sech2 * du);
+    }
+    case EW_SILU:
+        return x / (1.0f + exp(-x));
+    case EW_SILU_BACK: {
+        float sg = 1.0f / (1.0f + exp(-x));
+        return y * sg * (1.0f + x * (1.0f - sg));
+    }
+    case EW_FILL:
+        return f;
+    case EW_COPY_B:
+        return y;
+    default:
+        return x;
+    }
+}
+
+kernel void k_ewc(global uint *o, long oo, global const uint *a, long ao, global const uint *b, long bo, long bper,
+                  int op, float f) {
+    long i = get_global_id(0);
+    if (op == EW_FILL) {
+        o[oo + i] = as_uint(f);
+        return;
+    }
+    uint ua = a[ao + i];
+    if (op == EW_COPY_A) { /* bit copies: 32-bit data of any dtype */
+        o[oo + i] = ua;
+        return;
+    }
+    uint ub = b[bo + (bper ? i % bper : i)];
+    o[oo + i] = op == EW_COPY_B ? ub : as_uint(ew_apply(op, as_float(ua), as_float(ub), f));
+}
+
+/* o[i] = sum over r < R of a[r * P + i] (a contiguous, reduced over its leading rows, in row order as the
+ * CPU adds them): the bias gradient */
+kernel void k_sum_rows(global float *o, long oo, global const float *a, long ao, long R, long P) {
+    long i = get_global_id(0);
+    float acc = 0.0f;
+    for (long r = 0; r < R; r++) acc += a[ao + r * P + i];
+    o[oo + i] = acc;
+}
+
 /* round to nearest even, quiet NaN (sl_f32_to_bf16 in suanli/base.h) */
 inline ushort to_bf16(float f) {
     uint u = as_uint(f);
@@ -91,7 +156,9 @@ inline ushort to_bf16(float f) {
     return (ushort)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
 }
 
-/* op 0: 16-bit copy, 1: f32 -> bf16, 2: bf16 -> f32 */
+/* op 0: 16-bit copy, 1: f32 -> bf16, 2: bf16 -> f32, 3: f32 -> f16, 4: f16 -> f32. The f16 conversions
+ * are vstore_half_rte / vload_half, core OpenCL 1.2 (no cl_khr_fp16 needed: f16 is storage only, all
+ * arithmetic stays f32; Note [OpenCL f16 storage] in opencl_ops.c). */
 kernel void k_ew16(global uchar *o_, long oo, long8 nbo, global const uchar *a_, long ao, long8 nba, long8 ne, int op) {
     long i = get_global_id(0);
     long po = oo + off5(i, ne, nbo), pa = ao + off5(i, ne, nba);
@@ -99,8 +166,12 @@ kernel void k_ew16(global uchar *o_, long oo, long8 nbo, global const uchar *a_,
         ((global ushort *)o_)[po] = ((global const ushort *)a_)[pa];
     else if (op == 1)
         ((global ushort *)o_)[po] = to_bf16(((global const float *)a_)[pa]);
-    else
+    else if (op == 2)
         ((global float *)o_)[po] = as_float((uint)((global const ushort *)a_)[pa] << 16);
+    else if (op == 3)
+        vstore_half_rte(((global const float *)a_)[pa], po, (global half *)o_);
+    else
+        ((global float *)o_)[po] = vload_half(pa, (global const half *)a_);
 }
 
 /* o (contiguous, shape neo) = sum of a (shape ne, strides nba) over the dims where neo is 1 and ne is not.

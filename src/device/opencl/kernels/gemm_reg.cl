@@ -21,8 +21,8 @@ static long gemm_boff(long z, long4 bne, long4 bs) {
 /* Pack rows of a row-major matrix S (rows x K, leading dim ld) into panels of W rows:
  * P[(p*K + k)*W + r] = S[(p*W + r)*ld + k] (0 beyond rows). One work-item per (panel, 16 columns of k):
  * 16-float row reads, transposed in private memory, W-float writes. */
-#define GEMM_PACK_T(NAME, W)                                                                                 \
-    kernel void NAME(int rows, int K, global const float *S, long so, long ld, global float *P, long po,      \
+#define GEMM_PACK_T(NAME, W, ST, LOAD16, LOAD1)                                                              \
+    kernel void NAME(int rows, int K, global const ST *S, long so, long ld, global float *P, long po,         \
                      long pz, long4 bne, long4 bss) {                                                        \
         const int p = get_global_id(0), c = get_global_id(1);                                                \
         const long z = get_global_id(2);                                                                     \
@@ -32,12 +32,12 @@ static long gemm_boff(long z, long4 bne, long4 bs) {
         float t[W][16];                                                                                      \
         for (int r = 0; r < W; r++) {                                                                        \
             int row = p * W + r;                                                                             \
-            global const float *s = S + (long)row * ld + k0;                                                 \
+            global const ST *s = S + (long)row * ld + k0;                                                    \
             if (row < rows && nk == 16) {                                                                    \
-                float16 v = vload16(0, s);                                                                   \
+                float16 v = LOAD16(0, s);                                                                    \
                 vstore16(v, 0, t[r]);                                                                        \
             } else {                                                                                         \
-                for (int kk = 0; kk < 16; kk++) t[r][kk] = row < rows && kk < nk ? s[kk] : 0.0f;             \
+                for (int kk = 0; kk < 16; kk++) t[r][kk] = row < rows && kk < nk ? LOAD1(kk, s) : 0.0f;      \
             }                                                                                                \
         }                                                                                                    \
         for (int kk = 0; kk < nk; kk++) {                                                                    \
@@ -45,38 +45,46 @@ static long gemm_boff(long z, long4 bne, long4 bs) {
             for (int r = 0; r < W; r++) d[r] = t[r][kk];                                                     \
         }                                                                                                    \
     }
-GEMM_PACK_T(k_gemm_pack_ta, MR)
-GEMM_PACK_T(k_gemm_pack_tb, 32)
+#define LOAD_F32(i, p) ((p)[i])
+GEMM_PACK_T(k_gemm_pack_ta, MR, float, vload16, LOAD_F32)
+GEMM_PACK_T(k_gemm_pack_tb, 32, float, vload16, LOAD_F32)
+/* f16 operands (Note [OpenCL f16 storage]): widened to f32 panels as they are packed */
+GEMM_PACK_T(k_gemm_pack_ta_h, MR, half, vload_half16, vload_half)
+GEMM_PACK_T(k_gemm_pack_tb_h, 32, half, vload_half16, vload_half)
 
 /* Pack a k-major matrix S (K x cols, leading dim ld) into panels of W columns:
  * P[(p*K + k)*W + r] = S[k*ld + p*W + r] (0 beyond cols). One work-item per (panel, k). */
-kernel void k_gemm_pack_n(int cols, int K, int W, global const float *S, long so, long ld, global float *P, long po,
-                          long pz, long4 bne, long4 bss) {
-    const int p = get_global_id(0), k = get_global_id(1);
-    const long z = get_global_id(2);
-    S += so + gemm_boff(z, bne, bss) + (long)k * ld;
-    P += po + z * pz + ((long)p * K + k) * W;
-    for (int r = 0; r < W; r++) {
-        int col = p * W + r;
-        P[r] = col < cols ? S[col] : 0.0f;
+#define GEMM_PACK_N(NAME, ST, LOAD1)                                                                         \
+    kernel void NAME(int cols, int K, int W, global const ST *S, long so, long ld, global float *P, long po,  \
+                     long pz, long4 bne, long4 bss) {                                                        \
+        const int p = get_global_id(0), k = get_global_id(1);                                                \
+        const long z = get_global_id(2);                                                                     \
+        S += so + gemm_boff(z, bne, bss) + (long)k * ld;                                                     \
+        P += po + z * pz + ((long)p * K + k) * W;                                                            \
+        for (int r = 0; r < W; r++) {                                                                        \
+            int col = p * W + r;                                                                             \
+            P[r] = col < cols ? LOAD1(col, S) : 0.0f;                                                        \
+        }                                                                                                    \
     }
-}
+GEMM_PACK_N(k_gemm_pack_n, float, LOAD_F32)
+GEMM_PACK_N(k_gemm_pack_n_h, half, vload_half)
 
 /* One work-item: B's panel nb against MG consecutive A panels (m-blocks g*MG ...), K in blocks of
  * KC: within a k-block the 32 x KC slice of B's panel (32 KiB at KC 256) stays in L1 across the MG
- * m-blocks. Between k-blocks a tile's partial sums go through Cp (Mp x Np floats, only used when K > KC);
- * the sum over k runs in the same order either way. */
+ * m-blocks. Between k-blocks a tile's partial sums go through Cp (only used when K > KC): Mp rows of cpld
+ * floats, the columns of the panels nb0 .. this launch covers (the host splits N into launches so that Cp
+ * stays bounded, Note [OpenCL GEMM tiles]); the sum over k runs in the same order either way. */
 kernel void k_gemm_reg(int M, int N, int K, global const float *A, long ao, long a_pan, long a_k, long4 bsa,
                        global const float *B, long bo, long b_pan, long b_k, long4 bsb, global float *C, long co,
                        long ldc, long4 bsc, int beta1, global const float *bias, long biaso, int has_bias,
-                       long4 bne, global float *Cp, long cpo, int KC, int MG) {
-    const int nb = get_global_id(0), g = get_global_id(1);
+                       long4 bne, global float *Cp, long cpo, int KC, int MG, int nb0, int cpld) {
+    const int nb = nb0 + (int)get_global_id(0), g = get_global_id(1);
     const long z = get_global_id(2);
-    const int nmb = (M + MR - 1) / MR, Np = (N + 31) / 32 * 32;
+    const int nmb = (M + MR - 1) / MR, Np = cpld;
     A += ao + gemm_boff(z, bne, bsa);
     B += bo + gemm_boff(z, bne, bsb) + (long)nb * b_pan;
     C += co + gemm_boff(z, bne, bsc);
-    Cp += cpo + z * (long)nmb * MR * Np;
+    Cp += cpo + z * (long)nmb * MR * Np + (long)(nb - nb0) * 32;
     const int n0 = nb * 32, full = n0 + 32 <= N;
     float16 bb0 = (float16)(0.0f), bb1 = (float16)(0.0f);
     if (has_bias && full) {
@@ -90,7 +98,7 @@ kernel void k_gemm_reg(int M, int N, int K, global const float *A, long ao, long
         const int k0 = kb * KC, k1 = min(K, k0 + KC), last = kb == nkb - 1;
         for (int mb = mb0; mb < mb1; mb++) {
             const int m0 = mb * MR;
-            global float *cp = Cp + (long)m0 * Np + n0;
+            global float *cp = Cp + (long)m0 * Np;
             float16 c0[MR], c1[MR];
             _Pragma("unroll") for (int i = 0; i < MR; i++) c0[i] = c1[i] = (float16)(0.0f);
             if (kb > 0) {

@@ -40,17 +40,33 @@ kernel void k_embedding_back(global float *d, long dofs, global const int *ids, 
     }
 }
 
-/* lse[i] = logsumexp of logits row i */
+/* lse[i] = logsumexp of logits row i: one work-group per row, maxima and sums reduced in local memory
+ * (Note [OpenCL row reductions] in norm.cl; red has L floats, L a power of two) */
 kernel void k_ce_lse(global float *lse, long lo, global const float *x, long xo, global const int *tg, long tgo, long V,
-                     global int *flag) {
-    long i = get_global_id(0);
+                     global int *flag, local float *red) {
+    long i = get_group_id(0), l = get_local_id(0), L = get_local_size(0);
+    int li = (int)l, Li = (int)L;
     global const float *xr = x + xo + i * V;
-    if (tg[tgo + i] >= V) set_flag(flag, tg[tgo + i]);
+    if (l == 0 && tg[tgo + i] >= V) set_flag(flag, tg[tgo + i]);
     float mx = -INFINITY;
-    for (long j = 0; j < V; j++) mx = xr[j] > mx ? xr[j] : mx;
-    float s = 0.0f;
-    for (long j = 0; j < V; j++) s += exp(xr[j] - mx);
-    lse[lo + i] = mx + log(s);
+    for (long j = l; j < V; j += L) mx = xr[j] > mx ? xr[j] : mx;
+    red[li] = mx;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = Li / 2; s > 0; s >>= 1) {
+        if (li < s) red[li] = fmax(red[li], red[li + s]);
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    mx = red[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    float sum = 0.0f;
+    for (long j = l; j < V; j += L) sum += exp(xr[j] - mx);
+    red[li] = sum;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = Li / 2; s > 0; s >>= 1) {
+        if (li < s) red[li] += red[li + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (l == 0) lse[lo + i] = mx + log(red[0]);
 }
 
 /* mode 0: out[0] = mean over rows with target >= 0 of lse - logit[target] (in double when available);

@@ -1,0 +1,127 @@
+/* Predicates shared by the accelerator backends (accel_support.h). */
+#include "device/accel_support.h"
+
+#include <math.h>
+
+int sl_accel_last_unit(const sl_tensor *t) { return t && t->ndim >= 1 && t->nb[t->ndim - 1] == 1; }
+
+int sl_accel_all_f32(const sl_tensor *n) {
+    if (n->dtype != SL_F32) return 0;
+    for (int i = 0; i < SL_MAX_SRC; i++)
+        if (n->src[i] && n->src[i]->dtype != SL_F32) return 0;
+    return 1;
+}
+
+/* f32 tensors except for the listed source, which must be i32 */
+static int f32_but_i32(const sl_tensor *n, int isrc) {
+    if (n->dtype != SL_F32) return 0;
+    for (int i = 0; i < SL_MAX_SRC; i++) {
+        const sl_tensor *s = n->src[i];
+        if (s && s->dtype != (i == isrc ? SL_I32 : SL_F32)) return 0;
+    }
+    return 1;
+}
+
+static int movable(sl_dtype t) { return t == SL_F32 || t == SL_I32 || t == SL_BF16; }
+
+#define last_unit sl_accel_last_unit
+#define all_f32 sl_accel_all_f32
+
+/* Note [Accelerator supported ops]
+ * Every op of GPT-2 and Llama-family training (sliding-window attention included) and of KV-cache
+ * generation in f32; data movement (CONT, CONCAT, ZEROS) in f32 / i32 / bf16 and CAST between f32 and bf16
+ * (elementwise conversions, used by the autocast rounding sl_round_bf16). Refused, so the executor names
+ * the op and dtype: bf16 / f16 compute (a backend may add its own GEMMs: Note [CUDA supported ops]), the
+ * half-numerics variants of ATTENTION / ROPE / ATTENTION_KV / MOE_EXPERT (iparams), vocab-sharded
+ * embedding, MoE routing. Layout limits are those of the CPU kernels (rows with a unit last stride). */
+int sl_accel_supports(const sl_tensor *n) {
+    const sl_tensor *a = n->src[0], *b = n->src[1];
+    switch (n->op) {
+    case SL_OP_VIEW:
+        return 1;
+    case SL_OP_CONT:
+    case SL_OP_ZEROS:
+        return movable(n->dtype) && (!a || a->dtype == n->dtype || n->op == SL_OP_ZEROS);
+    case SL_OP_CONCAT:
+        return movable(n->dtype) && a->dtype == n->dtype && b->dtype == n->dtype;
+    case SL_OP_CAST:
+        return (n->dtype == SL_F32 || n->dtype == SL_BF16) && (a->dtype == SL_F32 || a->dtype == SL_BF16);
+    case SL_OP_ADD:
+    case SL_OP_MUL:
+    case SL_OP_SCALE:
+    case SL_OP_SUM_TO:
+    case SL_OP_ACC:
+    case SL_OP_SCATTER_ADD:
+    case SL_OP_GELU:
+    case SL_OP_GELU_BACK:
+    case SL_OP_SILU:
+    case SL_OP_SILU_BACK:
+    case SL_OP_FILL:
+    case SL_OP_KV_STORE:
+        return all_f32(n);
+    case SL_OP_MATMUL:
+        return all_f32(n) && a->ndim >= 2 && b->ndim >= 2 && n->ndim >= 2 && last_unit(a) && last_unit(b) &&
+               last_unit(n) && (!n->src[2] || sl_is_contiguous(n->src[2]));
+    case SL_OP_LAYERNORM:
+    case SL_OP_RMSNORM:
+    case SL_OP_SOFTMAX:
+    case SL_OP_TOPK_GATE:
+        return all_f32(n) && last_unit(a);
+    case SL_OP_LAYERNORM_BACK_X:
+    case SL_OP_RMSNORM_BACK_X:
+        return all_f32(n) && last_unit(n->src[1]) && last_unit(n->src[3]);
+    case SL_OP_LAYERNORM_BACK_WB:
+    case SL_OP_RMSNORM_BACK_W:
+        return all_f32(n) && last_unit(n->src[1]) && last_unit(n->src[2]);
+    case SL_OP_SOFTMAX_BACK:
+    case SL_OP_TOPK_GATE_BACK:
+        return all_f32(n) && sl_is_contiguous(a) && last_unit(b);
+    case SL_OP_ATTENTION: /* sliding window (iparams[1]) too; no eager half rounding (iparams[2]) */
+        return all_f32(n) && !n->iparams[2] && last_unit(a) && last_unit(b) && last_unit(n->src[2]);
+    case SL_OP_ATTENTION_BACK:
+        return all_f32(n) && !a->iparams[2] && last_unit(b) && last_unit(n->src[2]) && last_unit(n->src[3]) &&
+               last_unit(n->src[4]) && n->src[4]->ndim >= 3;
+    case SL_OP_ATTENTION_KV:
+        return all_f32(n) && !n->iparams[2] && last_unit(a) && sl_is_contiguous(b) &&
+               sl_is_contiguous(n->src[2]);
+    case SL_OP_EMBEDDING: /* not a vocab shard (iparams[3]; CPU only) */
+        return f32_but_i32(n, 1) && !n->iparams[3] && sl_is_contiguous(a) && sl_is_contiguous(b);
+    case SL_OP_EMBEDDING_BACK:
+        return f32_but_i32(n, 1) && !n->iparams[3] && sl_is_contiguous(a) && sl_is_contiguous(b) &&
+               sl_is_contiguous(n->src[2]);
+    case SL_OP_CROSS_ENTROPY:
+        return f32_but_i32(n, 1) && sl_is_contiguous(a) && sl_is_contiguous(b);
+    case SL_OP_CROSS_ENTROPY_BACK:
+        return f32_but_i32(n, 2) && sl_is_contiguous(b) && sl_is_contiguous(n->src[2]);
+    case SL_OP_ROPE:
+        return all_f32(n) && !n->iparams[2] && last_unit(a) && a->ndim == 4;
+    case SL_OP_MOE_EXPERT:
+        if (!all_f32(n) || n->iparams[1] || !sl_is_contiguous(a) || !last_unit(b)) return 0;
+        for (int i = 2; i < 5; i++)
+            if (!sl_is_contiguous(n->src[i])) return 0;
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+int sl_accel_span_ok(const sl_buffer *b, int64_t off, int64_t n) {
+    return b && off >= 0 && n >= 0 && (size_t)(off + n) * sizeof(float) <= b->size;
+}
+
+sl_status sl_accel_adamw_check(const sl_adamw_call *c, const char *backend) {
+    for (int i = 0; i < c->n_spans; i++) {
+        const sl_adamw_span *s = &c->spans[i];
+        if (!sl_accel_span_ok(c->p, s->p_offs, s->n) || !sl_accel_span_ok(c->g, s->g_offs, s->n) ||
+            !sl_accel_span_ok(c->m, s->s_offs, s->n) || !sl_accel_span_ok(c->v, s->s_offs, s->n))
+            return sl_fail(SL_ERR_INVALID, "%s backend: adamw span %d out of range", backend, i);
+    }
+    return SL_OK;
+}
+
+sl_accel_adamw_consts sl_accel_adamw_consts_of(const sl_adamw_call *c) {
+    double bc1 = 1.0 - pow((double)c->hp.beta1, (double)c->t),
+           bc2 = 1.0 - pow((double)c->hp.beta2, (double)c->t);
+    sl_accel_adamw_consts k = {(float)(c->lr / bc1), (float)sqrt(bc2), 1.0f - c->lr * c->hp.weight_decay};
+    return k;
+}

@@ -1,0 +1,29 @@
+/* Predicates shared by the accelerator backends (src/device/opencl, src/device/cuda): which ops an f32
+ * device backend without host-visible memory runs (the op table of GPT-2 / Llama-family training and
+ * KV-cache generation, with the CPU kernels' layout limits) and the range checks and step constants of
+ * the state operations. Each backend adds its own extras (bf16 GEMMs, local-memory limits) around these.
+ * Not a backend: includes none, is included by them only. */
+#ifndef SL_DEVICE_ACCEL_SUPPORT_H
+#define SL_DEVICE_ACCEL_SUPPORT_H
+
+#include "suanli/device.h"
+
+/* rows with a unit last stride */
+int sl_accel_last_unit(const sl_tensor *t);
+/* node and every source f32 */
+int sl_accel_all_f32(const sl_tensor *n);
+/* Note [Accelerator supported ops] (accel_support.c): the f32 op table; 1 when n can run */
+int sl_accel_supports(const sl_tensor *n);
+
+/* float span [off, off + n) inside buffer b */
+int sl_accel_span_ok(const sl_buffer *b, int64_t off, int64_t n);
+/* every span of an AdamW call inside its buffers; else SL_ERR_INVALID naming the backend and the span */
+sl_status sl_accel_adamw_check(const sl_adamw_call *c, const char *backend);
+/* the step constants of Note [AdamW order of operations], computed as the CPU does */
+typedef struct sl_accel_adamw_consts {
+    float step;     /* lr / (1 - beta1^t) */
+    float bc2_sqrt; /* sqrt(1 - beta2^t) */
+    float decay_on; /* 1 - lr * weight_decay (spans with decay) */
+} sl_accel_adamw_consts;
+sl_accel_adamw_consts sl_accel_adamw_consts_of(const sl_adamw_call *c);
+#endif
