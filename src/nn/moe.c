@@ -179,7 +179,7 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
     sl_tensor *y = NULL;
     /* f32: the expert's GEMMs run on its kept rows only (Note [Routed expert rows]); bf16 weights or
      * autocast numerics: matmul nodes on all R rows, rounded as transformers rounds */
-    int routed = m->wdtype == SL_F32 && !m->autocast_bf16;
+    int routed = m->wdtype == SL_F32 && sl_llama_autocast(m) == SL_F32;
     for (int e = 0; e < E; e++) {
         sl_tensor *xe = sl_moe_gather(ctx, h2, w, e, R, 0); /* (R, C) */
         xe->iparams[2] = routed; /* MOE_EXPERT_FFN reads the kept rows only: no zero fill */
