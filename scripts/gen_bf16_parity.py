@@ -10,7 +10,8 @@ Saved per model (bf16_gpt2.safetensors, bf16_llama.safetensors):
                           bf16 logits widened to f32) of the step-0 forward
   train_tokens            int32 (STEPS, ACCUM, B, T+1)
   batch_loss0_fp32/_bf16  (STEPS,) the initial weights' losses on train_tokens[i, 0], forward only
-  grad0_fp32.<name>, grad0_bf16.<name>  the initial weights' gradients of the loss on train_tokens[0, 0]
+  grad0_bf16.<name>       autocast's gradients of the initial weights for the loss on train_tokens[0, 0];
+  grad0_gap.<name>        (1,) sum |fp32 gradient - grad0_bf16| over the tensor
   bf16_losses, fp32_losses (STEPS,) per-step training losses (mean over the ACCUM micro-batches)
 --floor measures (and prints; writes nothing) how far from autocast an implementation lands that rounds where
 autocast rounds but sums in another fp32 order: GPT-2 with fp32 kernels and explicit bf16 rounding points
@@ -144,10 +145,14 @@ def fixture(name, make, path):
         for bf16, tag in ((False, "fp32"), (True, "bf16")):
             out["batch_loss0_" + tag] = torch.tensor([loss_of(model, train_tokens[i, 0], bf16)[1].item()
                                                       for i in range(STEPS)], dtype=torch.float32)
+    grads = {}
     for bf16, tag in ((False, "fp32"), (True, "bf16")):  # step-0 gradients of train_tokens[0, 0]
         model.zero_grad(set_to_none=True)
         loss_of(model, train_tokens[0, 0], bf16)[1].backward()
-        out.update({f"grad0_{tag}.{n}": p.grad.detach().clone() for n, p in model.named_parameters()})
+        grads[tag] = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    for n, gb in grads["bf16"].items():  # the fp32 gradients only as their distance (keeps the file small)
+        out["grad0_bf16." + n] = gb
+        out["grad0_gap." + n] = (grads["fp32"][n].double() - gb.double()).abs().sum().float().reshape(1)
     lb = run(make, out, train_tokens, True)
     l32 = run(make, out, train_tokens, False)
     out.update(bf16_losses=lb, fp32_losses=l32)

@@ -117,10 +117,10 @@ static double grads0(const char *name, int llama, float batch_loss0) {
     for (int i = 0; i < m->n_params; i++) {
         char nb[128], nf[128];
         snprintf(nb, sizeof nb, "grad0_bf16.%s", m->params[i].t->name);
-        snprintf(nf, sizeof nf, "grad0_fp32.%s", m->params[i].t->name);
-        const float *ga = need(nb)->data, *gf = need(nf)->data, *gs = m->grads_mem + m->params[i].offset;
+        snprintf(nf, sizeof nf, "grad0_gap.%s", m->params[i].t->name);
+        const float *ga = need(nb)->data, *gs = m->grads_mem + m->params[i].offset;
         int64_t n = m->params[i].numel;
-        double d = mean_abs_diff(gs, ga, n), bar = mean_abs_diff(gf, ga, n);
+        double d = mean_abs_diff(gs, ga, n), bar = *(const float *)need(nf)->data / (double)n;
         sd += d * (double)n;
         sb += bar * (double)n;
         if (getenv("SL_TEST_VERBOSE"))
