@@ -136,9 +136,9 @@ typedef struct sl_model {
      * ZeRO (src/parallel) run on these mappings and may rebind them (Note [Gradients in a window]). */
     float *params_mem;
     float *grads_mem;
-    sl_dtype compute_dtype; /* SL_F32, or SL_BF16: matmul operands rounded to bf16 (fp32 accumulation and
-                             * master weights), like PyTorch autocast; SL_F16 (GPT-2 and the Llama family):
-                             * torch.autocast fp16 numerics, Note [fp16 autocast] in gpt2.c */
+    sl_dtype compute_dtype; /* SL_F32; SL_BF16 or SL_F16 (GPT-2 and the Llama family): the numerics of
+                             * torch.autocast("cpu", bfloat16 / float16) over f32 master weights,
+                             * Note [Half autocast] in gpt2.c */
     sl_arch arch;           /* SL_ARCH_GPT2 for models made by sl_gpt2_new */
     sl_llama_config lcfg;   /* valid when arch != SL_ARCH_GPT2 */
     /* bf16 inference (sl_llama_new_ex with SL_BF16): the 2-D projection weights are SL_BF16 leaves (their
@@ -149,8 +149,8 @@ typedef struct sl_model {
     uint16_t *wmem;  /* owned bf16 storage for weights that are not memory-mapped (may be NULL) */
     void *wsrc;      /* owned mapping that bf16 leaves point into (e.g. safetensors shards) */
     void (*wsrc_free)(void *);
-    /* Training with PyTorch autocast-bf16 numerics (f32 master weights): see Note [bf16 compute] in llama.c
-     */
+    /* Training with PyTorch autocast-bf16 numerics (f32 master weights), the same as compute_dtype SL_BF16
+     * (kept for callers that set it): Note [Half autocast] in gpt2.c */
     int autocast_bf16;
     /* Tensor parallelism: this model holds TP rank tp_rank's shards of a model split tp ways (tp <= 1: a
      * whole model). Its graphs contain COLLECTIVE nodes (Note [Tensor-parallel graphs]). */

@@ -95,7 +95,7 @@ sl_tensor *sl_kv_store(sl_ctx *ctx, sl_tensor *cache, sl_tensor *x, int pos0);
 sl_tensor *sl_linear_bf16(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, int round_out);
 /* Round f32 values to the nearest bf16 (kept in f32): cast to bf16 and back. */
 sl_tensor *sl_round_bf16(sl_ctx *ctx, sl_tensor *x);
-/* The same for a half dtype (SL_BF16 or SL_F16): an autocast rounding point (fp16: Note [fp16 autocast]). */
+/* The same for a half dtype (SL_BF16 or SL_F16): an autocast rounding point (Note [Half autocast]). */
 sl_tensor *sl_round_half(sl_ctx *ctx, sl_tensor *x, sl_dtype half);
 /* Sparse SwiGLU expert (inference, no backward): see SL_OP_MOE_EXPERT. */
 sl_tensor *sl_moe_expert(sl_ctx *ctx, sl_tensor *h, sl_tensor *gate, int e, sl_tensor *w1, sl_tensor *w3,

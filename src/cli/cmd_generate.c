@@ -85,7 +85,7 @@ static int run_hf(const char *dir, sl_backend *be, sl_dtype wdtype, const char *
     int n = 0, n_stop = 0, rc = 2;
     char path[4096];
     double t0 = sl_time_sec();
-    /* f16: f32 weights, f16 compute (torch.autocast fp16 numerics: Note [fp16 autocast]) */
+    /* f16: f32 weights, f16 compute (torch.autocast fp16 numerics: Note [Half autocast]) */
     if (sl_hf_load_on(dir, wdtype == SL_F16 ? SL_F32 : wdtype, be, &m, &info) != SL_OK) {
         fprintf(stderr, "suanli generate: %s\n", sl_errmsg());
         return 2;

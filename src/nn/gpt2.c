@@ -186,28 +186,32 @@ const sl_param_info *sl_model_find(const sl_model *m, const char *name) {
 
 static sl_tensor *P(sl_model *m, int idx) { return m->params[idx].t; }
 
-/* Note [fp16 autocast]
- * m->compute_dtype = SL_F16 (`--fp16`) follows torch.autocast("cpu", dtype=torch.float16) on this model: the
- * ops on autocast's lower-precision list (linear, matmul, scaled_dot_product_attention) take f16 operands
- * (weights and biases included: f32 master weights are cast each step) and return an f16 tensor; everything
- * else runs in the dtype of its inputs (layer norm on the fp32 residual stream is fp32; GELU of an f16 tensor
- * is an f16 tensor) and cross-entropy is on autocast's fp32 list. So the rounding points are: each GEMM's
- * operands (the casts below) and its output (sl_round_half: that f16 tensor feeds GELU, attention, the
- * residual add, which promotes to fp32 exactly, and cross-entropy). GELU's output and attention's output
- * are rounded by the next GEMM's operand cast, which is the same rounding. The backward rounds wherever an
- * f16 tensor's gradient is f16 in autocast: the casts' rule (src/ops/backward.c) turns the f32 gradient
- * reaching an f16 node into f16, which is where fp16 gradients overflow to inf (Note [Dynamic loss
- * scaling]). Attention is one fused op that rounds where the eager softmax(q k^T / sqrt(hs)) v rounds under
- * autocast (Note [Eager half attention numerics], attention.c). (torch's fused CPU SDPA in f16 rounds
- * elsewhere, undocumented: measured 19% of its outputs an ulp away from any rounding model we tried.)
- * bf16 compute (`--bf16`) keeps its older, simpler rule: operands rounded, products and bias f32. */
+/* Note [Half autocast]
+ * m->compute_dtype = SL_F16 (`--fp16`) or SL_BF16 (`--bf16`) follows torch.autocast("cpu",
+ * dtype=torch.float16 / torch.bfloat16) on this model (one path: only the dtype of the rounding differs;
+ * below, "f16" is either): the ops on autocast's lower-precision list (linear, matmul,
+ * scaled_dot_product_attention) take f16 operands (weights and biases included: f32 master weights are cast
+ * each step) and return an f16 tensor; everything else runs in the dtype of its inputs (layer norm on the
+ * fp32 residual stream is fp32; GELU of an f16 tensor is an f16 tensor) and cross-entropy is on autocast's
+ * fp32 list. So the rounding points are: each GEMM's operands (the casts below) and its output
+ * (sl_round_half: that f16 tensor feeds GELU, attention, the residual add, which promotes to fp32 exactly,
+ * and cross-entropy). GELU's output and attention's output are rounded by the next GEMM's operand cast, which
+ * is the same rounding. The backward rounds wherever an f16 tensor's gradient is f16 in autocast: the casts'
+ * rule (src/ops/backward.c) turns the f32 gradient reaching an f16 node into f16, which is where fp16
+ * gradients overflow to inf (Note [Dynamic loss scaling]). Attention is one fused op that rounds where the
+ * eager softmax(q k^T / sqrt(hs)) v rounds under autocast (Note [Eager half attention numerics],
+ * attention.c). (torch's fused CPU SDPA in f16 rounds elsewhere, undocumented: measured 19% of its outputs an
+ * ulp away from any rounding model we tried.) (bf16 once rounded operands only, with f32 products and bias:
+ * 0.9x autocast's own distance from fp32 at step 0; with these rounding points, 0.000x:
+ * tests/e2e/test_bf16_train.c.) The Llama family follows the same rules in llama.c (autocast()), with
+ * transformers' eager attention (softmax in fp32, Note [Eager half attention numerics] modes 3/4) and RoPE in
+ * fp32 with half gradients (Note [RoPE numerics]). */
 static sl_tensor *mm(sl_model *m, sl_tensor *x, sl_tensor *w, sl_tensor *b) {
     sl_ctx *ctx = m->ctx;
     sl_dtype cd = m->compute_dtype;
     if (cd == SL_F32) return sl_linear(ctx, x, w, b); /* the bias is added by the GEMM */
     x = sl_cast(ctx, x->nb[x->ndim - 1] == 1 ? x : sl_cont(ctx, x), cd);
     w = sl_cast(ctx, w, cd);
-    if (cd == SL_BF16) return sl_linear(ctx, x, w, b);
     return sl_round_half(ctx, sl_linear(ctx, x, w, b ? sl_round_half(ctx, b, cd) : NULL), cd);
 }
 
@@ -240,8 +244,9 @@ static sl_tensor *gpt2_body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int po
             sl_tensor *ks = sl_kv_store(ctx, kv->k[l], k, pos0), *vs = sl_kv_store(ctx, kv->v[l], v, pos0);
             a = sl_attention_kv(ctx, q, ks, vs, pos0, 0); /* (B, T, C) */
         } else {
-            a = sl_attention(ctx, q, k, v);                    /* (B, T, C) */
-            if (m->compute_dtype == SL_F16) a->iparams[2] = 2; /* Note [Eager half attention numerics] */
+            a = sl_attention(ctx, q, k, v); /* (B, T, C) */
+            if (m->compute_dtype != SL_F32) /* Note [Eager half attention numerics] */
+                a->iparams[2] = m->compute_dtype == SL_F16 ? 2 : 1;
         }
         x = sl_add(ctx, x, mm(m, a, P(m, o + 4), P(m, o + 5)));
         /* MLP block */

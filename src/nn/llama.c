@@ -314,11 +314,16 @@ sl_tensor *sl_llama_W(sl_model *m, const char *fmt, ...) {
  * transformers keeps in bf16 (linear outputs, norm outputs, RoPE outputs, attention output, SiLU and
  * gating products, the residual stream) are rounded to bf16 values. Norm statistics, RoPE angles,
  * softmax and the MoE routing softmax stay fp32, as in transformers. In f32 mode rnd() is the identity. */
-/* the autocast dtype: SL_BF16 (m->autocast_bf16), SL_F16 (m->compute_dtype, Note [fp16 autocast] in gpt2.c)
- * or SL_F32 (off). One path for both half types: only the dtype of the rounding differs. */
-static sl_dtype autocast(const sl_model *m) {
-    return m->autocast_bf16 ? SL_BF16 : m->compute_dtype == SL_F16 ? SL_F16 : SL_F32;
+/* the autocast dtype: SL_BF16 (m->compute_dtype or m->autocast_bf16), SL_F16 (m->compute_dtype), or SL_F32
+ * (off); Note [Half autocast] in gpt2.c. One path for both half types: only the dtype of the rounding
+ * differs. */
+sl_dtype sl_llama_autocast(const sl_model *m) {
+    if (m->wdtype == SL_BF16) return SL_F32; /* a bf16 inference model: Note [bf16 compute] */
+    return m->autocast_bf16                                            ? SL_BF16
+           : m->compute_dtype == SL_F16 || m->compute_dtype == SL_BF16 ? m->compute_dtype
+                                                                       : SL_F32;
 }
+static sl_dtype autocast(const sl_model *m) { return sl_llama_autocast(m); }
 sl_tensor *sl_llama_rnd(sl_model *m, sl_tensor *x) {
     if (m->wdtype == SL_BF16) return sl_round_bf16(m->ctx, x);
     return autocast(m) != SL_F32 ? sl_round_half(m->ctx, x, autocast(m)) : x;
@@ -328,11 +333,11 @@ static sl_tensor *rnd_model(sl_model *m, sl_tensor *x) {
     return m->wdtype == SL_BF16 ? sl_round_bf16(m->ctx, x) : x;
 }
 
-/* transformers' RMSNorm: weight * (x * rstd).to(dtype): in bf16 two roundings; under autocast the
- * fp32 weight promotes the product back to fp32 (one rounding) */
+/* transformers' RMSNorm: weight * (x * rstd).to(input_dtype): in a bf16 model two roundings. Under
+ * autocast (bf16 or f16) the residual stream is fp32 (a half linear output added to the fp32 embedding
+ * promotes), so .to(input_dtype) is a no-op: an fp32 norm. */
 static sl_tensor *norm(sl_model *m, sl_tensor *x, sl_tensor *w, float eps) {
-    /* fp16 autocast: the residual stream is fp32, so transformers' .to(input_dtype) is a no-op: fp32 norm */
-    if (m->wdtype != SL_BF16 && autocast(m) != SL_BF16) return sl_rmsnorm(m->ctx, x, w, eps);
+    if (m->wdtype != SL_BF16) return sl_rmsnorm(m->ctx, x, w, eps);
     return rnd_model(m, sl_mul(m->ctx, rnd(m, sl_rmsnorm(m->ctx, x, NULL, eps)), w));
 }
 
@@ -486,13 +491,18 @@ static sl_tensor *body_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *
                 qk[j]->iparams[3] = c->rope_orig_ctx;
             }
         }
-        q->iparams[2] = k->iparams[2] = /* see Note [bf16 compute] */
-            m->wdtype == SL_BF16 || autocast(m) == SL_BF16;
-        if (autocast(m) == SL_F16) { /* fp16 autocast: transformers' cos/sin are fp32 (the dtype of the
-                                              fp32 hidden states), so RoPE promotes to fp32 and the attention
-                                              matmul's autocast cast rounds q and k to f16 */
+        /* Note [bf16 compute]; autocast: Note [RoPE numerics] */
+        q->iparams[2] = k->iparams[2] = m->wdtype == SL_BF16     ? 1
+                                        : autocast(m) == SL_BF16 ? 3
+                                        : autocast(m) == SL_F16  ? 4
+                                                                 : 0;
+        if (autocast(m) != SL_F32) { /* autocast: transformers' cos/sin are fp32 (the dtype of the fp32
+                                        hidden states), so RoPE promotes to fp32 and the attention matmul's
+                                        autocast cast rounds q and k to the half type. Training: the
+                                        cast of k follows transformers' repeat_kv, so the attention kernel
+                                        rounds k itself (Note [Eager half attention numerics]) */
             q = rnd(m, q);
-            k = rnd(m, k);
+            if (kv) k = rnd(m, k);
         }
         sl_tensor *a;
         if (kv) {
@@ -501,7 +511,8 @@ static sl_tensor *body_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *
             a->iparams[2] = m->wdtype == SL_BF16;
         } else {
             a = sl_attention_window(ctx, q, k, v, c->sliding_window); /* (B, T, QD); Mistral: windowed */
-            if (autocast(m) == SL_F16) a->iparams[2] = 3; /* Note [Eager half attention numerics] */
+            if (autocast(m) != SL_F32) /* Note [Eager half attention numerics]: fp32 P */
+                a->iparams[2] = autocast(m) == SL_F16 ? 3 : 4;
         }
         x = rnd_model(
             m,
@@ -509,7 +520,7 @@ static sl_tensor *body_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *
         h = norm(m, x, tp_rep(m, W(m, "%s.%d.post_attention_layernorm.weight", pre, l)), c->rms_eps);
         sl_tensor *f;
         if (c->arch == SL_ARCH_MIXTRAL &&
-            (kv || m->wdtype == SL_BF16 || m->autocast_bf16 || !sl_moe_backend_ok(m)))
+            (kv || m->wdtype == SL_BF16 || autocast(m) != SL_F32 || !sl_moe_backend_ok(m)))
             f = tp_g(
                 m,
                 moe(m, tp_f(m, h), l,

@@ -15,6 +15,9 @@ void sl_llama_add_param(sl_llama_builder *b, int decay, int init, int ndim, cons
                         const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 /* the parameter named by fmt (asserts it exists) */
 sl_tensor *sl_llama_W(sl_model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* the autocast dtype of a training model: SL_BF16 (compute_dtype SL_BF16 or autocast_bf16), SL_F16, or
+ * SL_F32 (off) */
+sl_dtype sl_llama_autocast(const sl_model *m);
 sl_tensor *sl_llama_rnd(sl_model *m, sl_tensor *x); /* bf16 rounding where the model's numerics round */
 sl_tensor *sl_llama_lin(sl_model *m, sl_tensor *x, sl_tensor *w, sl_tensor *b);
 sl_tensor *sl_llama_swiglu(sl_model *m, sl_tensor *h, sl_tensor *wg, sl_tensor *wu, sl_tensor *wd);

@@ -226,7 +226,7 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
     sl_tensor *y = NULL;
     /* f32: the expert's GEMMs run on its kept rows only (Note [Routed expert rows]); bf16 weights or
      * autocast numerics: matmul nodes on all R rows, rounded as transformers rounds */
-    int routed = m->wdtype == SL_F32 && !m->autocast_bf16;
+    int routed = m->wdtype == SL_F32 && sl_llama_autocast(m) == SL_F32;
     if (m->ep > 1) y = ep_experts(m, h2, w, l, &o, routed);
     for (int e = 0; e < E && m->ep <= 1; e++) {
         sl_tensor *xe = sl_moe_gather(ctx, h2, w, e, R, 0); /* (R, C) */

@@ -30,9 +30,10 @@ void sl_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_g
         if (ng[0]) emit(st, a, g);
         break;
     case SL_OP_CAST:
-        /* an f16 tensor's gradient is f16 (as in autocast): an f32 gradient arriving at an f16 node (a GEMM's
-         * product) is rounded to f16 first (overflowing to inf, which dynamic loss scaling detects) */
-        if (n->dtype == SL_F16 && g->dtype == SL_F32) g = sl_cast(ctx, g, SL_F16);
+        /* a half tensor's gradient is half (as in autocast): an f32 gradient arriving at an f16/bf16 node (a
+         * GEMM's operand or product) is rounded to that type first (f16: overflowing to inf, which dynamic
+         * loss scaling detects) */
+        if ((n->dtype == SL_F16 || n->dtype == SL_BF16) && g->dtype == SL_F32) g = sl_cast(ctx, g, n->dtype);
         if (ng[0]) emit(st, a, g->dtype == a->dtype ? g : sl_cast(ctx, g, a->dtype));
         break;
     case SL_OP_ADD:
@@ -176,6 +177,8 @@ void sl_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_g
         if (ng[0]) {
             sl_tensor *t = sl_rope(ctx, g, n->iparams[0], n->fparams[0]);
             t->iparams[1] = !n->iparams[1];
+            /* autocast: the half gradient's roundings (Note [RoPE numerics]) */
+            t->iparams[2] = n->iparams[2] == 3 || n->iparams[2] == 4 ? n->iparams[2] + 2 : 0;
             for (int i = 1; i < 4; i++) t->fparams[i] = n->fparams[i]; /* same frequencies */
             t->iparams[3] = n->iparams[3];
             emit(st, a, t);

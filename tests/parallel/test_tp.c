@@ -193,10 +193,13 @@ static void sp_layouts(void) {
 
 /* bf16 compute (matmul operands rounded to bf16, fp32 accumulation): tp 2 against the single process's
  * bf16 run. TP only reassociates fp32 sums, but a reassociation that moves a value across a bf16 rounding
- * boundary moves it by 2^-8, so the bar is the alignment issue's bf16 bar with the single-process bf16 run
- * as the reference: the mean per-step |tp - single| (both bf16) under 0.5 x the mean |fp32 - single bf16|
- * (measured 0.34x on this tiny model, whose bf16 gap is itself only ~2e-5 relative); and the bf16 runs must
- * differ from fp32, so the bar cannot pass vacuously. */
+ * boundary moves it by 2^-8, and training amplifies such flips to the bf16 noise level: with autocast's
+ * rounding points (Note [Half autocast]) PyTorch's own autocast run moves 0.9x its fp32 distance when its
+ * master weights move by one fp32 ulp (tests/e2e/test_bf16_train.c, scripts/gen_bf16_parity.py --floor).
+ * TP also rounds each rank's partial row-parallel product to bf16 before the sum. So the bar is that floor
+ * with the single-process bf16 run as the reference: the mean per-step |tp - single| (both bf16) under
+ * 1.25 x the mean |fp32 - single bf16| (measured 0.90x; 0.34x when bf16 rounded GEMM operands only); and
+ * the bf16 runs must differ from fp32, so the bar cannot pass vacuously. */
 static void bf16_layout(void) {
     rank_job f32 = {.world = NULL, .tp = 1, .accum = 2},
              b16 = {.world = NULL, .tp = 1, .accum = 2, .bf16 = 1};
@@ -218,9 +221,10 @@ static void bf16_layout(void) {
         gap += fabs(b16.losses[s] - f32.losses[s]) / STEPS;
         dev += fabs(jobs[0].losses[s] - b16.losses[s]) / STEPS;
     }
-    printf("bf16 tp=2: mean |tp - single| %.2e vs mean |bf16 - fp32| %.2e (bar 0.5x)\n", dev, gap);
+    printf("bf16 tp=2: mean |tp - single| %.2e vs mean |bf16 - fp32| %.2e (ratio %.2f, bar 1.25x)\n", dev,
+           gap, dev / gap);
     TU_CHECK(gap > 0, "bf16 differs from fp32");
-    TU_CHECK(dev < 0.5 * gap, "bf16 tp=2 deviation %.3g >= 0.5 x bf16 gap %.3g", dev, gap);
+    TU_CHECK(dev < 1.25 * gap, "bf16 tp=2 deviation %.3g >= 1.25 x bf16 gap %.3g", dev, gap);
     for (int r = 0; r < 2; r++) {
         free(jobs[r].full);
         sl_comm_free(comms[r]);

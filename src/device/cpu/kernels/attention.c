@@ -11,18 +11,23 @@
 
 /* Note [Eager half attention numerics]
  * iparams[2] = 1 (bf16) or 2 (f16) on SL_OP_ATTENTION: the numerics of an eager softmax(q k^T / sqrt(hs)) v
- * under torch.autocast, where each of those ops returns a half tensor (Note [fp16 autocast] in gpt2.c):
+ * under torch.autocast, where each of those ops returns a half tensor (Note [Half autocast] in gpt2.c):
  * forward s = h(h(q.k) * scale), P = h(softmax(s)) (the softmax itself in fp32), o = h(P v); backward
  * dP = h(dy.v), dv = h(P^T dy), dS = h(P (dP - sum(P dP))), dS' = h(dS * scale), dq = h(dS' k), dk = h(dS'^T
  * q) with h() the rounding to the half type and every dot product accumulated in fp32. Under GQA each query
  * head's dk/dv is rounded and then summed with rounding (the backward of transformers' repeat_kv in half).
- * iparams[2] = 3: f16 as transformers' eager attention computes it: softmax(s, dtype=float32) keeps P in
- * fp32 (the next matmul's autocast cast rounds it for P v and dv), so the softmax backward uses the fp32 P
- * and only dS is rounded (where its gradient reaches the f16 scores).
+ * iparams[2] = 3 (f16) or 4 (bf16): as transformers' eager attention computes it under autocast:
+ * softmax(s, dtype=float32) keeps P in fp32 (the next matmul's autocast cast rounds it for P v and dv), so
+ * the softmax backward uses the fp32 P and only dS is rounded (where its gradient reaches the half scores);
+ * under GQA the keys repeated are the fp32 ones after RoPE (the cast to half follows), so the kernel reads
+ * k rounded to half (k is the fp32 RoPE output) and the group's dk is summed in fp32 (dv is still summed in
+ * half: the values are the half linear output).
  * These run in the scalar reference kernels (the flash kernel has no rounding points). */
 static float hround(float x, int mode) {
-    return mode >= 2 ? sl_f16_to_f32(sl_f32_to_f16(x)) : mode == 1 ? sl_bf16_to_f32(sl_f32_to_bf16(x)) : x;
+    if (mode == 2 || mode == 3) return sl_f16_to_f32(sl_f32_to_f16(x));
+    return mode ? sl_bf16_to_f32(sl_f32_to_bf16(x)) : x;
 }
+static int p32(int mode) { return mode == 3 || mode == 4; } /* softmax P kept in fp32 */
 
 sl_status sl_k_attention_ref(sl_tensor *n) {
     sl_tensor *q = n->src[0], *k = n->src[1], *v = n->src[2];
@@ -46,7 +51,7 @@ sl_status sl_k_attention_ref(sl_tensor *n) {
         for (int64_t j = j0; j <= t; j++) {
             const float *kr = pk + b * k->nb[0] + j * k->nb[1] + kh * k->nb[2];
             float s = 0;
-            for (int64_t d = 0; d < hs; d++) s += qr[d] * kr[d];
+            for (int64_t d = 0; d < hs; d++) s += qr[d] * (p32(hm) ? hround(kr[d], hm) : kr[d]);
             s = hm ? hround(hround(s, hm) * scale, hm) : s * scale;
             p[j] = s;
             if (s > mx) mx = s;
@@ -110,11 +115,11 @@ sl_status sl_k_attention_back_ref(sl_tensor *n) {
                     const float *vr = pv + b * v->nb[0] + j * v->nb[1] + kh * v->nb[2];
                     float s = 0, sd = 0;
                     for (int64_t d = 0; d < hs; d++) {
-                        s += qr[d] * kr[d];
+                        s += qr[d] * (p32(hm) ? hround(kr[d], hm) : kr[d]);
                         sd += go[d] * vr[d];
                     }
                     float sc = hm ? hround(hround(s, hm) * scale, hm) : s * scale; /* the forward's scores */
-                    p[j] = hm == 3 ? expf(sc - l) : hround(expf(sc - l), hm);      /* 3: fp32 P in softmax' */
+                    p[j] = p32(hm) ? expf(sc - l) : hround(expf(sc - l), hm);      /* fp32 P in softmax' */
                     dp[j] = hround(sd, hm);
                     dot += p[j] * dp[j];
                 }
@@ -125,9 +130,9 @@ sl_status sl_k_attention_back_ref(sl_tensor *n) {
                     const float *kr = pk + b * k->nb[0] + j * k->nb[1] + kh * k->nb[2];
                     float *dk = hm ? hk + j * hs : out + (b * T + j) * W * hs + (NH + kh) * hs;
                     float *dv = hm ? hv + j * hs : out + (b * T + j) * W * hs + (NH + NKV + kh) * hs;
-                    float pj = hm == 3 ? hround(p[j], hm) : p[j]; /* P v used the rounded P */
+                    float pj = p32(hm) ? hround(p[j], hm) : p[j]; /* P v used the rounded P */
                     for (int64_t d = 0; d < hs; d++) {
-                        dq[d] += ds * kr[d];
+                        dq[d] += ds * (p32(hm) ? hround(kr[d], hm) : kr[d]);
                         dk[d] += ds * qr[d];
                         dv[d] += pj * go[d];
                     }
@@ -138,7 +143,9 @@ sl_status sl_k_attention_back_ref(sl_tensor *n) {
             for (int64_t j = 0; hm && j < T; j++) { /* this head's h(dk), h(dv) into the group's sums */
                 float *dk = out + (b * T + j) * W * hs + (NH + kh) * hs, *dv = dk + NKV * hs;
                 for (int64_t d = 0; d < hs; d++) {
-                    dk[d] = hround(dk[d] + hround(hk[j * hs + d], hm), hm);
+                    /* 3/4: transformers repeats the fp32 (post-RoPE) keys, so their sum is fp32 */
+                    dk[d] = p32(hm) ? dk[d] + hround(hk[j * hs + d], hm)
+                                    : hround(dk[d] + hround(hk[j * hs + d], hm), hm);
                     dv[d] = hround(dv[d] + hround(hv[j * hs + d], hm), hm);
                 }
             }

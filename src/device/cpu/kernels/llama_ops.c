@@ -105,13 +105,22 @@ sl_status sl_k_rmsnorm_back_w(sl_tensor *n) {
 /* Note [RoPE numerics]
  * transformers computes inv_freq = 1 / theta^(2i/hs) in float32, freqs = pos * inv_freq in float32,
  * then cos/sin of the float32 angle. We mirror that order (float angle, then cosf/sinf on its exact
- * value in double) so that angles at large positions round the same way as in PyTorch. */
+ * value in double) so that angles at large positions round the same way as in PyTorch.
+ * iparams[2]: 0 fp32; 1 (2) a bf16 (f16) model: cos/sin and every product and sum rounded; 3 (4) autocast
+ * bf16 (f16): an fp32 forward (transformers' fp32 cos/sin promote q and k to fp32; the attention matmul's
+ * cast rounds them after) whose backward is mode 5 (6): autocast's gradient of q * cos + rotate_half(q) *
+ * sin for a half q, each product's gradient rounded and their sum rounded, cos/sin exact. */
 sl_status sl_k_rope(sl_tensor *n) {
     sl_tensor *x = n->src[0];
     int64_t B = x->ne[0], T = x->ne[1], NH = x->ne[2], hs = x->ne[3], half = hs / 2;
     int pos0 = n->iparams[0];
     float sgn = n->iparams[1] ? -1.0f : 1.0f, theta = n->fparams[0];
-    int bf = n->iparams[2]; /* 1 (2): bf16 (f16) numerics: cos/sin and every product and sum rounded */
+    int mode = n->iparams[2]; /* Note [RoPE numerics] */
+    int bf = mode == 1 || mode == 2 ? mode
+             : mode == 5            ? 1
+             : mode == 6            ? 2
+                                    : 0,
+        round_cs = mode == 1 || mode == 2;
     const float *px = x->data;
     float *py = n->data;
     int nt = omp_get_max_threads();
@@ -145,7 +154,7 @@ sl_status sl_k_rope(sl_tensor *n) {
                 float ang = pos * inv[i];
                 cs[i] = (float)cos((double)ang);
                 sn[i] = sgn * (float)sin((double)ang);
-                if (bf) cs[i] = round_to(cs[i], bf), sn[i] = round_to(sn[i], bf);
+                if (round_cs) cs[i] = round_to(cs[i], bf), sn[i] = round_to(sn[i], bf);
             }
             for (int64_t h = 0; h < NH; h++) {
                 const float *xr = px + b * x->nb[0] + t * x->nb[1] + h * x->nb[2];

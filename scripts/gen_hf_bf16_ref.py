@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""bf16 inference references (issue 19 item 2) for tests/hf/test_hf_models.c, beside each model of
+tests/fixtures/hf/ that gen_hf_fixtures.py wrote: transformers with model.to(torch.bfloat16) (eager attention),
+the weights as stored on disk (read as fp32, then rounded to bf16 as suanli's bf16 load does). Writes
+<model>/ref_bf16.safetensors:
+    logits_bf16  F32 (1, T, V) the prompt's logits (this run; ref.safetensors' logits_bf16 are from the
+                             transformers of gen_hf_fixtures.py and differ for llama31 and mistral)
+    greedy_bf16  I32 (NEW,)  greedy continuation of ref.safetensors' prompt, argmax of a full bf16 forward
+    top_bf16     F32 (NEW,)  the top logit at each greedy step (its bf16 ulp is the resolution of the margin)
+    gap_bf16     F32 (NEW,)  top1 - top2 logit margin at each step
+    gap_mean     F32 (1,)    mean |bf16 - fp32| of the prompt's logits (transformers' own bf16-vs-fp32 gap)
+Baichuan2 (not in transformers) is left out. Usage: python3 scripts/gen_hf_bf16_ref.py
+"""
+import os
+import sys
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "hf")
+NEW = 32
+MODELS = {"llama": LlamaForCausalLM, "llama31": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM,
+          "mistral": MistralForCausalLM, "mixtral": MixtralForCausalLM}
+
+
+def main():
+    for name, cls in MODELS.items():
+        d = os.path.join(ROOT, name)
+        ref = load_file(os.path.join(d, "ref.safetensors"))
+        m = cls.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval().to(torch.bfloat16)
+        ids = ref["ids"].long()
+        with torch.no_grad():
+            lg = m(ids).logits.float()
+            same = torch.equal(lg, ref["logits_bf16"])
+            seq, out, tops, gaps = ids.clone(), [], [], []
+            for _ in range(NEW):
+                last = m(seq).logits[0, -1].float()
+                top = torch.topk(last, 2).values
+                t = int(last.argmax())
+                out.append(t)
+                tops.append(float(top[0]))
+                gaps.append(float(top[0] - top[1]))
+                seq = torch.cat([seq, torch.tensor([[t]])], dim=1)
+        gap_mean = (lg - ref["logits"]).abs().mean()
+        save_file({"logits_bf16": lg.contiguous(), "greedy_bf16": torch.tensor(out, dtype=torch.int32), "top_bf16": torch.tensor(tops),
+                   "gap_bf16": torch.tensor(gaps), "gap_mean": gap_mean.reshape(1).float()},
+                  os.path.join(d, "ref_bf16.safetensors"))
+        print(f"{name}: logits_bf16 reproduced: {same}; mean |bf16-fp32| {gap_mean:.4g}; greedy {out[:8]}...; "
+              f"min margin {min(gaps):.3g}")
+
+
+if __name__ == "__main__":
+    main()
