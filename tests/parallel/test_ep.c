@@ -257,9 +257,11 @@ static void check_layout(const rank_job *ref, layout L) {
  * pass where the single process rounds per micro-batch, bf16(a + b) against bf16(a) + bf16(b): a bf16
  * rounding of the expert gradients each step, the same size as the bf16 - fp32 difference itself. So the
  * bars are that difference, measured in the same run: the mean per-step |ep - single| loss and the final
- * weights' max |ep - single| stay below the single process's bf16 - fp32 gap (measured here: loss 0.93x,
- * weights 0.71x). ep = 1 (plain DP) has no such rounding: its losses match the single process bitwise and
- * its weights to 7e-9 (the norm's grouping), which is asserted too (bar 1e-7). */
+ * weights' max |ep - single| stay below the single process's bf16 - fp32 gap (measured here with autocast's
+ * rounding points (issue 19): loss 0.35x,
+ * weights 0.73x). ep = 1 (plain DP) has no such rounding: its losses match the single process
+ * bitwise and its weights to 1.2e-7 (the norm is summed in another grouping, which can move the clipping
+ * factor by an ulp and every update with it), which is asserted too (bar 1e-6). */
 static void bf16_layout(const rank_job *f32, int ep) {
     rank_job b16 = {.ep = 1, .accum = 2, .bf16 = 1};
     run_rank(&b16);
@@ -290,7 +292,7 @@ static void bf16_layout(const rank_job *f32, int ep) {
         "bf16 ep=%d dp=2: loss mean |ep - single| %.2e vs |bf16 - fp32| %.2e; final weights %.2e vs %.2e\n",
         ep, dev, gap, wd, wgap);
     TU_CHECK(gap > 0 && wgap > 0, "bf16 differs from fp32");
-    TU_CHECK(ep > 1 || (dev == 0 && wd < 1e-7), "bf16 dp=2 without EP: not the single process");
+    TU_CHECK(ep > 1 || (dev == 0 && wd < 1e-6), "bf16 dp=2 without EP: not the single process");
     TU_CHECK(dev < gap, "bf16 ep=%d loss deviation %.3g >= the bf16 - fp32 gap %.3g", ep, dev, gap);
     TU_CHECK(wd < wgap, "bf16 ep=%d weight deviation %.3g >= the bf16 - fp32 gap %.3g", ep, wd, wgap);
     for (int r = 0; r < 2; r++) {
