@@ -182,3 +182,12 @@ void tu_synth_tokens(int B, int T, int V, int64_t step, int micro, int32_t *ids,
         if (t > 0) tg[b * T + t - 1] = tok;
     }
 }
+
+int tu_prepare_corpus(const char *dir, int bytes, char *data, size_t data_cap, char *out, size_t cap) {
+    snprintf(data, data_cap, "%s/data", dir);
+    return tu_runf(
+        out, cap, "",
+        "sh -c 'head -c %d %s/data/tinyshakespeare.txt > %s/s.txt && %s data prepare --input %s/s.txt "
+        "--output-prefix %s'",
+        bytes, SL_SOURCE_DIR, dir, tu_cli(), dir, data);
+}

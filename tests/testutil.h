@@ -47,6 +47,9 @@ void tu_synth_tokens(int B, int T, int V, int64_t step, int micro, int32_t *ids,
 uint64_t tu_tree_sig(const char *dir);
 void tu_watch(const char *dir);
 int tu_unchanged(void);
+/* dir/data: the first `bytes` of the bundled tinyshakespeare as a byte-level token dataset (`suanli data
+ * prepare`; data receives the prefix, out the command's output); returns the exit status. */
+int tu_prepare_corpus(const char *dir, int bytes, char *data, size_t data_cap, char *out, size_t cap);
 /* Make a fresh temp dir under /tmp; returns static buffer path. */
 const char *tu_tmpdir(const char *tag);
 #endif

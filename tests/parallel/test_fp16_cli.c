@@ -69,11 +69,7 @@ int main(void) {
     const char *cli = tu_cli();
     char dir[512], data[600];
     snprintf(dir, sizeof dir, "%s", tu_tmpdir("fp16cli"));
-    snprintf(data, sizeof data, "%s/data", dir);
-    int rc =
-        run("sh -c 'head -c 20000 %s/data/tinyshakespeare.txt > %s/s.txt && %s data prepare --input %s/s.txt "
-            "--output-prefix %s'",
-            SL_SOURCE_DIR, dir, cli, dir, data);
+    int rc = tu_prepare_corpus(dir, 20000, data, sizeof data, out, sizeof out);
     TU_CHECK(rc == 0, "prepare: %s", out);
     /* bad input: exit 2, one line naming the flag */
     const char *bad[][2] = {{"--fp16 --bf16", "--bf16"},

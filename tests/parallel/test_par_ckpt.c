@@ -73,11 +73,7 @@ int main(void) {
     const char *cli = tu_cli();
     char dir[512], data[600], a[800], b[800];
     snprintf(dir, sizeof dir, "%s", tu_tmpdir("parckpt"));
-    snprintf(data, sizeof data, "%s/data", dir);
-    int rc =
-        run("sh -c 'head -c 20000 %s/data/tinyshakespeare.txt > %s/s.txt && %s data prepare --input %s/s.txt "
-            "--output-prefix %s'",
-            SL_SOURCE_DIR, dir, cli, dir, data);
+    int rc = tu_prepare_corpus(dir, 20000, data, sizeof data, out, sizeof out);
     TU_CHECK(rc == 0, "prepare: %s", out);
     rc = run("%s train --data-path %s " TINY " --train-iters 16 --save %s/single", cli, data, dir);
     TU_CHECK(rc == 0, "single: %s", out);
