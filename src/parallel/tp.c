@@ -110,11 +110,9 @@ int sl_tp_size(const sl_tp *t) { return t ? t->n : 1; }
  * the same window (the EP ranks build the same graph and plan), so the all-to-all(v) copies each peer's rows
  * straight from its memory (src/comm/algo/sym.c, Note [Window data movement]) instead of through
  * process_vm_readv or the transport's slots. On transports without windows the memory is private and
- * nothing changes. SUANLI_COMM_WINDOWS=0 keeps private arenas (A/B). */
+ * nothing changes (nor with SUANLI_COMM_WINDOWS=0, under which sl_comm_mem_alloc returns private memory). */
 sl_status sl_ep_window_arenas(sl_tp *t, sl_graph **graphs, int n) {
     if (!t || !t->ep_comm || t->ep <= 1) return SL_OK;
-    const char *env = getenv("SUANLI_COMM_WINDOWS");
-    if (env && !strcmp(env, "0")) return SL_OK;
     for (int i = 0; i < n; i++) {
         if (t->n_ep_win == (int)(sizeof t->ep_win / sizeof t->ep_win[0]))
             return sl_fail(SL_ERR_INVALID, "ep: more than %d graphs", t->n_ep_win);
