@@ -343,13 +343,13 @@ static void report_step(sl_train_job *j, const sl_train_progress *p, double t_st
         char gn[32] = "null"; /* an overflow step's norm is inf/nan: not JSON */
         if (isfinite(ss->grad_norm)) snprintf(gn, sizeof gn, "%.6f", ss->grad_norm);
         fprintf(j->metrics,
-                "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %s, \"ms_per_step\": %.3f, "
+                "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.6e, \"grad_norm\": %s, \"ms_per_step\": %.3f, "
                 "\"tokens_per_s\": %.1f",
                 (long long)p->step, ss->loss, ss->lr, gn, ss->seconds * 1e3, p->tokens_per_s);
         if (j->o.model.fp16)
             fprintf(j->metrics, ", \"loss_scale\": %.17g, \"skipped\": %d, \"skipped_total\": %lld",
                     ss->loss_scale, ss->skipped, (long long)ss->skipped_total);
-        if (p->evaluated) fprintf(j->metrics, ", \"val_loss\": %.6f", p->val_loss);
+        if (p->evaluated) fprintf(j->metrics, ", \"val_loss\": %.9g", p->val_loss);
         if (j->dp) fprintf(j->metrics, ", \"comm_wait_ms\": %.3f", ss->comm_wait_sec * 1e3);
         if (j->tp && j->m->tp > 1)
             fprintf(j->metrics, ", \"tp_comm_ms\": %.3f, \"tp_comm_mib\": %.4f, \"tp_comm_theory_mib\": %.4f",
