@@ -45,6 +45,9 @@ typedef struct sl_trainer_config {
     const struct sl_mesh *mesh; /* borrowed; needed for a pipeline stage (m->pp > 1), else may be NULL */
     /* dynamic loss scaling (fp16; Note [Dynamic loss scaling]): off when loss_scale.initial is 0 */
     sl_loss_scale_config loss_scale;
+    /* dropout (the model's attention_dropout / hidden_dropout): the masks' Philox key; micro-batch j of step
+     * s draws stream s * (dp * accum) + j (Note [Dropout from counters], src/ops/build.c) */
+    uint64_t dropout_seed;
 } sl_trainer_config;
 
 typedef struct sl_step_stats {
@@ -141,6 +144,9 @@ typedef struct sl_train_model_opts {
     int bf16;              /* bf16 mixed precision over fp32 master weights */
     int fp16;              /* fp16 mixed precision (torch.autocast fp16 numerics) with dynamic loss scaling */
     const char *device;    /* backend name (sl_backend_get): NULL = "cpu" */
+    /* dropout probabilities in [0, 1) (Megatron's --attention-dropout / --hidden-dropout; sl_model's fields
+     * say where); 0: none */
+    double attention_dropout, hidden_dropout;
 } sl_train_model_opts;
 
 typedef struct sl_train_data_opts {

@@ -66,6 +66,7 @@ static const char *const k_op_names[] = {
     "moe_expert_ffn",
     "moe_expert_ffn_back",
     "moe_expert_ffn_back_x",
+    "dropout",
 };
 _Static_assert(sizeof(k_op_names) / sizeof(k_op_names[0]) == SL_OP_COUNT, "op name table out of sync");
 

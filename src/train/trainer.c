@@ -24,6 +24,13 @@ sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *
         goto done;
     }
     int dpn = cfg->dp_size > 1 ? cfg->dp_size : 1;
+    if ((m->attention_dropout > 0 || m->hidden_dropout > 0) && (m->pp > 1 || m->tp > 1)) {
+        st = sl_fail(
+            SL_ERR_UNSUPPORTED,
+            "--attention-dropout/--hidden-dropout with tensor or pipeline parallelism is not supported "
+            "yet");
+        goto done;
+    }
     if (m->pp > 1) { /* a pipeline stage: the graphs are the schedule's slots */
         if (cfg->loss_scale.initial > 0) {
             st = sl_fail(SL_ERR_UNSUPPORTED,
@@ -191,7 +198,13 @@ sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *us
         float l;
         if (tr->dp) sl_dp_arm(tr->dp, micro == tr->cfg.accum - 1);
         sl_graph_set_grad_overwrite(tr->graph, overwrite && micro == 0);
+        /* Note [Dropout from counters]: the global micro-batch counter keys this micro-batch's masks */
+        uint64_t stream =
+            (uint64_t)step * (uint64_t)(tr->cfg.accum * (tr->cfg.dp_size > 1 ? tr->cfg.dp_size : 1)) +
+            (uint64_t)(dp_rank * tr->cfg.accum + micro);
+        sl_graph_set_dropout(tr->graph, 1, tr->cfg.dropout_seed, stream);
         st = sl_trainer_forward_backward(tr, tr->ids_buf, tr->tg_buf, &l);
+        sl_graph_set_dropout(tr->graph, 0, 0, 0); /* other runs of the graph (eval) without dropout */
         tot += l;
     }
     sl_graph_set_grad_overwrite(tr->graph, 0); /* other callers of the graph accumulate */

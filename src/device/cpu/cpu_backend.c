@@ -60,6 +60,7 @@ static const kernel_fn k_kernels[SL_OP_COUNT] = {
     [SL_OP_MOE_EXPERT_FFN] = sl_k_moe_expert_ffn,
     [SL_OP_MOE_EXPERT_FFN_BACK] = sl_k_moe_expert_ffn_back,
     [SL_OP_MOE_EXPERT_FFN_BACK_X] = sl_k_moe_expert_ffn_back_x,
+    [SL_OP_DROPOUT] = sl_k_dropout,
 };
 
 /* Note [First touch]
