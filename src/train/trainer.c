@@ -9,6 +9,7 @@
 sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *cfg) {
     memset(tr, 0, sizeof *tr);
     tr->cfg = *cfg;
+    sl_thread_gov_init(&tr->gov, sl_threads_get()); /* Note [Threads on a shared machine] */
     tr->model = m;
     if (cfg->B < 1 || cfg->T < 1 || cfg->accum < 1)
         return sl_fail(SL_ERR_INVALID, "trainer: B, T, accum must be >= 1");
@@ -160,8 +161,21 @@ sl_status sl_trainer_forward_backward(sl_trainer *tr, const int32_t *ids, const 
     return SL_OK;
 }
 
+static sl_status trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *user, sl_step_stats *stats,
+                              double t0);
+
 sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *user, sl_step_stats *stats) {
     double t0 = sl_time_sec();
+    int threads = sl_thread_gov_begin(&tr->gov);
+    sl_status st = trainer_step(tr, step, fn, user, stats, t0);
+    double sec = sl_time_sec() - t0;
+    sl_thread_gov_end(&tr->gov, sec);
+    if (stats) stats->threads = threads;
+    return st;
+}
+
+static sl_status trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *user, sl_step_stats *stats,
+                              double t0) {
     sl_model *m = tr->model;
     if (tr->dp && sl_dp_grad_slots(tr->dp) && tr->cfg.accum > 1)
         return sl_fail(SL_ERR_INVALID, "trainer: gradient slots (sl_dp_opts.accum = 1) with accum %d",
