@@ -223,11 +223,15 @@ sl_status sl_k_dropout(sl_tensor *n) {
         if (o != x) memcpy(o, x, sizeof(float) * (size_t)N);
         return SL_OK;
     }
+    const sl_vec_ops *v = sl_vec();
 #pragma omp parallel for schedule(static) if (N > 16384)
     for (int64_t c0 = 0; c0 < N; c0 += 1024) {
         float m[1024];
         int64_t c = N - c0 < 1024 ? N - c0 : 1024;
-        sl_rng_dropout(seed, hi, (uint64_t)c0, c, p, m);
+        if (v)
+            v->dropout_mask(seed, hi, (uint64_t)c0, c, p, m);
+        else
+            sl_rng_dropout(seed, hi, (uint64_t)c0, c, p, m);
         for (int64_t i = 0; i < c; i++) o[c0 + i] = x[c0 + i] * m[i];
     }
     return SL_OK;

@@ -59,6 +59,8 @@ typedef struct sl_vec_ops {
     void (*embedding_bwd)(const int32_t *ids, int64_t N, const float *g, float *d, int64_t C);
     void (*attn_fwd)(const sl_attn_args *a);
     void (*attn_bwd)(const sl_attn_args *a);
+    /* out[i] = dropout multiplier of element e0 + i (0 or 1/(1-p)): exactly sl_rng_dropout */
+    void (*dropout_mask)(uint64_t seed, uint64_t hi, uint64_t e0, int64_t n, float p, float *out);
 } sl_vec_ops;
 
 extern const sl_vec_ops sl_vec_ops_avx512, sl_vec_ops_avx2;
