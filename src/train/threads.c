@@ -15,8 +15,10 @@
  * any step boundary without changing a single bit of the run. So the governor measures instead of guessing:
  * every `interval` steps it runs a probe of 2 steps at the alternative count (n - 1 while at n, n while
  * below) and switches when the probe's median step time beats the median of the last (up to 8) steps at
- * the current count by more than 3 %. A probe that loses doubles the interval (4 -> 128 steps), so on a
- * quiet machine probes cost ~2 slower steps in 128 (< 0.5 % at 1.35x per probe step); a switch resets it
+ * the current count by more than 3 %. A probe that loses doubles the interval (4 -> 128 steps; x4 and a
+ * single probe step when the alternative is over 1.5x slower: on an oversubscribed machine a 2-thread step
+ * measured 5.7x a 1-thread one), so on a quiet machine probes cost ~2 slower steps in 128 (< 0.5 % at
+ * 1.35x per probe step); a switch resets it
  * to 4, and a step slower than 1.3x the current median (a neighbour arrived, or left while we were at
  * n - 1) brings the next probe forward. An idle OpenMP thread of a smaller team sleeps in the kernel
  * (futex) after libgomp's spin, so at n - 1 the spare thread leaves its core to the neighbour.
@@ -29,7 +31,7 @@ void sl_thread_gov_init(sl_thread_gov *g, int n_max) {
     g->n_max = g->cur = n_max > 0 ? n_max : 1;
     g->on = g->n_max > 1 && !(e && !strcmp(e, "0"));
     g->interval = GOV_FIRST;
-    g->next = 1 + GOV_FIRST; /* step 0 warms caches and allocations: not timed */
+    g->next = 3; /* step 0 warms caches and allocations (not timed); two timed steps, then the first probe */
 }
 
 static double median(const double *x, int n) {
@@ -63,8 +65,10 @@ void sl_thread_gov_end(sl_thread_gov *g, double sec) {
     if (step == 0) return; /* warm-up */
     if (g->probe_left) {
         g->probe[g->nprobe++] = sec;
+        double mc = median(g->hist, g->nhist);
+        if (sec > 1.5 * mc) g->probe_left = 1; /* clearly losing: one probe step is enough */
         if (--g->probe_left) return;
-        double mp = median(g->probe, g->nprobe), mc = median(g->hist, g->nhist);
+        double mp = median(g->probe, g->nprobe);
         if (mp < 0.97 * mc) { /* switch: the history restarts at the new count */
             g->cur = g->alt;
             g->switches++;
@@ -72,8 +76,9 @@ void sl_thread_gov_end(sl_thread_gov *g, double sec) {
             for (int i = 0; i < g->nprobe; i++) g->hist[g->nhist++] = g->probe[i];
             g->hpos = g->nhist % 8;
             g->interval = GOV_FIRST;
-        } else if (g->interval < GOV_MAX_INTERVAL) {
-            g->interval *= 2;
+        } else if (g->interval < GOV_MAX_INTERVAL) { /* a far slower alternative is retried later still */
+            g->interval *= mp > 1.5 * mc ? 4 : 2;
+            if (g->interval > GOV_MAX_INTERVAL) g->interval = GOV_MAX_INTERVAL;
         }
         g->alt = 0;
         g->next = g->steps + g->interval;
