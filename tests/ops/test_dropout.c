@@ -8,7 +8,8 @@
  * - the same values on 1 and 2 threads (bitwise), forward and backward;
  * - p = 0, or dropout off (the state evaluation and generation run in): bitwise the dropout-free values,
  *   also for a whole GPT-2 through the trainer's evaluation (a model with p = 0.5 evaluates exactly like the
- *   same weights without dropout, while its training loss differs); the generation graph has no dropout. */
+ *   same weights without dropout, while its gradients differ; the same for a GQA Llama); the generation
+ *   graph has no dropout. */
 #include <omp.h>
 #include <string.h>
 
@@ -220,20 +221,36 @@ static sl_status batch(void *u, int64_t step, int micro, int32_t *ids, int32_t *
     return SL_OK;
 }
 
-/* a GPT-2 with p = 0.5 against the same weights with p = 0: evaluation bitwise equal, training not */
-static void test_model_eval(void) {
+/* a GPT-2 (llama = 0) or a GQA Llama (1) with p = 0.5 against the same weights with p = 0: evaluation
+ * bitwise equal, training not; the dropout nodes are where sl_model_dropout_site says */
+static void test_model_eval(int llama) {
     sl_gpt2_config cfg = {.n_layer = 2, .n_head = 2, .n_embd = 32, .vocab_size = 64, .max_seq_len = 16};
+    sl_llama_config lc = {.arch = SL_ARCH_LLAMA,
+                          .n_layer = 2,
+                          .n_head = 4,
+                          .n_kv_head = 2,
+                          .hidden = 32,
+                          .intermediate = 48,
+                          .vocab_size = 64,
+                          .max_seq_len = 16,
+                          .rms_eps = 1e-5f,
+                          .rope_theta = 10000.0f,
+                          .head_dim = 8};
     float ev[2], tl[2], gn[2], *gr[2];
     int64_t n_grad = 0;
     for (int d = 0; d < 2; d++) {
         sl_model *m;
-        TU_CHECK(sl_gpt2_new(&cfg, &m) == SL_OK, "model: %s", sl_errmsg());
+        TU_CHECK((llama ? sl_llama_new(&lc, &m) : sl_gpt2_new(&cfg, &m)) == SL_OK, "model: %s", sl_errmsg());
         sl_model_init_weights(m, 5);
         m->attention_dropout = m->hidden_dropout = d ? 0.5f : 0.0f;
         sl_trainer tr;
         sl_trainer_config tc = {
             .B = 4, .T = 16, .accum = 1, .lr = 1e-3f, .decay_iters = 10, .dropout_seed = 9};
         TU_CHECK(sl_trainer_init(&tr, m, &tc) == SL_OK, "trainer: %s", sl_errmsg());
+        /* forward: embedding + 3 per layer; backward: the hidden ones again (attention's is in
+         * ATTENTION_BACK) */
+        int nd = sl_graph_set_dropout(tr.graph, 0, 0, 0);
+        TU_CHECK(nd == (d ? 2 * (1 + 2 * 2) + 2 : 0), "%s: %d dropout nodes", llama ? "llama" : "gpt2", nd);
         TU_CHECK(sl_trainer_eval(&tr, batch, NULL, 2, &ev[d]) == SL_OK, "eval: %s", sl_errmsg());
         sl_step_stats ss;
         TU_CHECK(sl_trainer_step(&tr, 0, batch, NULL, &ss) == SL_OK, "step: %s", sl_errmsg());
@@ -243,14 +260,16 @@ static void test_model_eval(void) {
         memcpy(gr[d], m->grads_mem, sizeof(float) * (size_t)m->numel);
         n_grad = m->numel;
         /* the KV-cache generation graph of the same model carries no dropout */
-        sl_kv_cache kv;
-        TU_CHECK(sl_kv_cache_new(m, 1, 16, &kv) == SL_OK, "kv: %s", sl_errmsg());
-        sl_tensor *ids = sl_new_tensor_2d(m->ctx, SL_I32, 1, 4);
-        sl_graph *g = sl_graph_new(m->ctx);
-        sl_graph_build_forward(g, sl_gpt2_build_kv(m, ids, &kv, 0));
-        TU_CHECK(sl_graph_set_dropout(g, 1, 1, 1) == 0, "the generation graph has dropout nodes");
-        sl_graph_free(g);
-        sl_kv_cache_free(&kv);
+        if (!llama) {
+            sl_kv_cache kv;
+            TU_CHECK(sl_kv_cache_new(m, 1, 16, &kv) == SL_OK, "kv: %s", sl_errmsg());
+            sl_tensor *ids = sl_new_tensor_2d(m->ctx, SL_I32, 1, 4);
+            sl_graph *g = sl_graph_new(m->ctx);
+            sl_graph_build_forward(g, sl_gpt2_build_kv(m, ids, &kv, 0));
+            TU_CHECK(sl_graph_set_dropout(g, 1, 1, 1) == 0, "the generation graph has dropout nodes");
+            sl_graph_free(g);
+            sl_kv_cache_free(&kv);
+        }
         sl_trainer_free(&tr);
         sl_model_free(m);
     }
@@ -275,6 +294,7 @@ int main(void) {
     test_attention_mean();
     test_threads();
     test_identity();
-    test_model_eval();
+    test_model_eval(0);
+    test_model_eval(1);
     return tu_finish("test_dropout");
 }
