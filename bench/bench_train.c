@@ -58,6 +58,53 @@ static int cmp_d(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* the timed steps (after `warm` untimed ones), with the --busy neighbour running throughout */
+typedef struct {
+    double *ts; /* seconds of each timed step */
+    double wait_tot, step_tot, tp_tot, pipe_tot, tp_bytes, cpu_step, wall_mean;
+    int64_t thr_sum;
+    float loss;
+} timed;
+
+static int run_timed(sl_trainer *tr, sl_tp *tp, synth *s, int64_t warm, int64_t steps, int busy, timed *r) {
+    pid_t neighbour = busy ? start_neighbour() : 0;
+    if (neighbour < 0) {
+        fprintf(stderr, "suanli bench train: --busy: cannot fork the neighbour process\n");
+        return 1;
+    }
+    double cpu0 = 0, wall0 = 0, tp_sec;
+    int rc = 0;
+    for (int64_t i = 0; i < warm + steps && !rc; i++) {
+        if (i == warm) {
+            cpu0 = cpu_sec();
+            wall0 = sl_time_sec();
+        }
+        sl_step_stats ss;
+        if (sl_trainer_step(tr, i, synth_batch, s, &ss) != SL_OK) {
+            fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
+            rc = 1;
+            break;
+        }
+        sl_tp_take_stats(tp, &tp_sec, &r->tp_bytes);
+        if (i >= warm) {
+            r->thr_sum += ss.threads;
+            r->tp_tot += tp_sec;
+            r->pipe_tot += ss.pipe_wait_sec;
+            r->ts[i - warm] = ss.seconds;
+            r->wait_tot += ss.comm_wait_sec;
+            r->step_tot += ss.seconds;
+        }
+        r->loss = ss.loss;
+    }
+    r->cpu_step = (cpu_sec() - cpu0) / (double)steps;
+    r->wall_mean = (sl_time_sec() - wall0) / (double)steps;
+    if (neighbour > 0) {
+        kill(neighbour, SIGKILL);
+        waitpid(neighbour, NULL, 0);
+    }
+    return rc;
+}
+
 int sl_bench_train(int argc, char **argv) {
     int64_t L = 12, NH = 12, C = 768, V = 50257, B = 4, T = 64, steps = 5, warm = 1, threads = 2, accum = 1,
             zero = 0, bucket = 1 << 20, tpn = 1, ppn = 1;
@@ -178,49 +225,18 @@ int sl_bench_train(int argc, char **argv) {
         sl_comm_free(world);
         return 0;
     }
-    double wait_tot = 0, step_tot = 0, tp_tot = 0, pipe_tot = 0, tp_sec, tp_bytes;
     for (int64_t i = 0; i < B * T; i++) {
         tr.ids_buf[i] = (int32_t)(sl_rng_u64(7, 0, (uint64_t)i) % (uint64_t)V);
         tr.tg_buf[i] = (int32_t)(sl_rng_u64(7, 1, (uint64_t)i) % (uint64_t)V);
     }
-    synth s = {(int)V, B * T};
-    double *ts = malloc(sizeof(double) * (size_t)steps);
-    float loss = 0;
     if (fixed) tr.gov.on = 0;
-    pid_t neighbour = busy ? start_neighbour() : 0;
-    if (neighbour < 0) {
-        fprintf(stderr, "suanli bench train: --busy: cannot fork the neighbour process\n");
-        return 1;
-    }
-    double cpu0 = 0, wall0 = 0;
-    int64_t thr_sum = 0;
-    for (int64_t i = 0; i < warm + steps; i++) {
-        if (i == warm) {
-            cpu0 = cpu_sec();
-            wall0 = sl_time_sec();
-        }
-        sl_step_stats ss;
-        if (sl_trainer_step(&tr, i, synth_batch, &s, &ss) != SL_OK) {
-            fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
-            return 1;
-        }
-        sl_tp_take_stats(tp, &tp_sec, &tp_bytes);
-        if (i >= warm) {
-            thr_sum += ss.threads;
-            tp_tot += tp_sec;
-            pipe_tot += ss.pipe_wait_sec;
-            ts[i - warm] = ss.seconds;
-            wait_tot += ss.comm_wait_sec;
-            step_tot += ss.seconds;
-        }
-        loss = ss.loss;
-    }
-    double cpu_step = (cpu_sec() - cpu0) / (double)steps, wall_mean = (sl_time_sec() - wall0) / (double)steps;
-    if (neighbour > 0) {
-        kill(neighbour, SIGKILL);
-        waitpid(neighbour, NULL, 0);
-    }
-    double thr_mean = (double)thr_sum / (double)steps;
+    timed r = {.ts = malloc(sizeof(double) * (size_t)steps)};
+    synth s = {(int)V, B * T};
+    if (!r.ts || run_timed(&tr, tp, &s, warm, steps, busy, &r) != 0) return 1;
+    double *ts = r.ts, wait_tot = r.wait_tot, step_tot = r.step_tot, tp_tot = r.tp_tot, pipe_tot = r.pipe_tot,
+           tp_bytes = r.tp_bytes, cpu_step = r.cpu_step, wall_mean = r.wall_mean;
+    float loss = r.loss;
+    double thr_mean = (double)r.thr_sum / (double)steps;
     qsort(ts, (size_t)steps, sizeof(double), cmp_d);
     double med = ts[steps / 2];
     double tps = (double)(B * T) * (double)accum * mesh.dp / med;
