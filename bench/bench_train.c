@@ -1,9 +1,15 @@
 /* suanli bench train — ms/step, tokens/s and MFU of GPT-2 training steps on synthetic tokens.
  * MFU uses the host's fp32 FMA peak measured in the same run (sl_bench_fma_peak from bench_ops.c), also
  * with --device (a device's own peak is not known here; on PoCL's CPU device it is the same host). */
+#define _GNU_SOURCE
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "bench_ops.h"
 #include "cli/flags.h"
@@ -28,15 +34,82 @@ static sl_status synth_batch(void *u, int64_t step, int micro, int32_t *ids, int
     return SL_OK;
 }
 
+/* --busy: a neighbour process that spins on one core until killed (and dies with us) */
+static pid_t start_neighbour(void) {
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        volatile unsigned long x = 0;
+        for (;;) x++;
+    }
+    return pid;
+}
+
+static double cpu_sec(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_sec +
+           1e-6 * (double)ru.ru_stime.tv_usec;
+}
+
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
 
+/* the timed steps (after `warm` untimed ones), with the --busy neighbour running throughout */
+typedef struct {
+    double *ts; /* seconds of each timed step */
+    double wait_tot, step_tot, tp_tot, pipe_tot, tp_bytes, cpu_step, wall_mean;
+    int64_t thr_sum;
+    float loss;
+} timed;
+
+static int run_timed(sl_trainer *tr, sl_tp *tp, synth *s, int64_t warm, int64_t steps, int busy, timed *r) {
+    pid_t neighbour = busy ? start_neighbour() : 0;
+    if (neighbour < 0) {
+        fprintf(stderr, "suanli bench train: --busy: cannot fork the neighbour process\n");
+        return 1;
+    }
+    double cpu0 = 0, wall0 = 0, tp_sec;
+    int rc = 0;
+    for (int64_t i = 0; i < warm + steps && !rc; i++) {
+        if (i == warm) {
+            cpu0 = cpu_sec();
+            wall0 = sl_time_sec();
+        }
+        sl_step_stats ss;
+        if (sl_trainer_step(tr, i, synth_batch, s, &ss) != SL_OK) {
+            fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
+            rc = 1;
+            break;
+        }
+        sl_tp_take_stats(tp, &tp_sec, &r->tp_bytes);
+        if (i >= warm) {
+            r->thr_sum += ss.threads;
+            r->tp_tot += tp_sec;
+            r->pipe_tot += ss.pipe_wait_sec;
+            r->ts[i - warm] = ss.seconds;
+            r->wait_tot += ss.comm_wait_sec;
+            r->step_tot += ss.seconds;
+        }
+        r->loss = ss.loss;
+    }
+    r->cpu_step = (cpu_sec() - cpu0) / (double)steps;
+    r->wall_mean = (sl_time_sec() - wall0) / (double)steps;
+    if (neighbour > 0) {
+        kill(neighbour, SIGKILL);
+        waitpid(neighbour, NULL, 0);
+    }
+    return rc;
+}
+
 int sl_bench_train(int argc, char **argv) {
     int64_t L = 12, NH = 12, C = 768, V = 50257, B = 4, T = 64, steps = 5, warm = 1, threads = 2, accum = 1,
             zero = 0, bucket = 1 << 20, tpn = 1, ppn = 1, pfirst = 0, plast = 0;
-    int json = 0, bf16 = 0, sp = 0, plan_only = 0;
+    int json = 0, bf16 = 0, sp = 0, plan_only = 0, busy = 0, fixed = 0;
+    double pa = 0, ph = 0;
     const char *device = "cpu";
     sl_flag flags[] = {
         {"device", SL_FLAG_STR, &device, 0, 0, "backend the model runs on: cpu (default), opencl[:N], strict",
@@ -64,6 +137,12 @@ int sl_bench_train(int argc, char **argv) {
         {"plan-only", SL_FLAG_BOOL, &plan_only, 0, 1, "print the planned activation memory per rank and stop",
          0},
         {"bf16", SL_FLAG_BOOL, &bf16, 0, 1, "bf16 mixed precision", 0},
+        {"busy", SL_FLAG_BOOL, &busy, 0, 1,
+         "start a neighbour process that spins on one core for the whole run (a shared machine)", 0},
+        {"fixed-threads", SL_FLAG_BOOL, &fixed, 0, 1,
+         "keep --threads for every step (no adaptation: Note [Threads on a shared machine])", 0},
+        {"attention-dropout", SL_FLAG_FLOAT, &pa, 0, 0.99, "dropout of the attention probabilities (0)", 0},
+        {"hidden-dropout", SL_FLAG_FLOAT, &ph, 0, 0.99, "dropout of the hidden states (0)", 0},
     };
     int nf = (int)(sizeof flags / sizeof flags[0]);
     if (sl_flags_parse(flags, nf, argc, argv, 1) != SL_OK) {
@@ -101,6 +180,8 @@ int sl_bench_train(int argc, char **argv) {
     sl_model_init_weights(m, 1);
     m->sp = sp && mesh.tp > 1;
     m->compute_dtype = bf16 ? SL_BF16 : SL_F32;
+    m->attention_dropout = (float)pa;
+    m->hidden_dropout = (float)ph;
     sl_trainer tr;
     sl_trainer_config tc = {.B = (int)B,
                             .T = (int)T,
@@ -112,7 +193,8 @@ int sl_bench_train(int argc, char **argv) {
                             .warmup = 0,
                             .decay_iters = 1000,
                             .hp = {0.9f, 0.95f, 1e-8f, 0.1f},
-                            .mesh = &mesh};
+                            .mesh = &mesh,
+                            .dropout_seed = 1};
     if (sl_trainer_init(&tr, m, &tc) != SL_OK) {
         fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
         sl_model_free(m);
@@ -146,30 +228,18 @@ int sl_bench_train(int argc, char **argv) {
         sl_comm_free(world);
         return 0;
     }
-    double wait_tot = 0, step_tot = 0, tp_tot = 0, pipe_tot = 0, tp_sec, tp_bytes;
     for (int64_t i = 0; i < B * T; i++) {
         tr.ids_buf[i] = (int32_t)(sl_rng_u64(7, 0, (uint64_t)i) % (uint64_t)V);
         tr.tg_buf[i] = (int32_t)(sl_rng_u64(7, 1, (uint64_t)i) % (uint64_t)V);
     }
+    if (fixed) tr.gov.on = 0;
+    timed r = {.ts = malloc(sizeof(double) * (size_t)steps)};
     synth s = {(int)V, B * T};
-    double *ts = malloc(sizeof(double) * (size_t)steps);
-    float loss = 0;
-    for (int64_t i = 0; i < warm + steps; i++) {
-        sl_step_stats ss;
-        if (sl_trainer_step(&tr, i, synth_batch, &s, &ss) != SL_OK) {
-            fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
-            return 1;
-        }
-        sl_tp_take_stats(tp, &tp_sec, &tp_bytes);
-        if (i >= warm) {
-            tp_tot += tp_sec;
-            pipe_tot += ss.pipe_wait_sec;
-            ts[i - warm] = ss.seconds;
-            wait_tot += ss.comm_wait_sec;
-            step_tot += ss.seconds;
-        }
-        loss = ss.loss;
-    }
+    if (!r.ts || run_timed(&tr, tp, &s, warm, steps, busy, &r) != 0) return 1;
+    double *ts = r.ts, wait_tot = r.wait_tot, step_tot = r.step_tot, tp_tot = r.tp_tot, pipe_tot = r.pipe_tot,
+           tp_bytes = r.tp_bytes, cpu_step = r.cpu_step, wall_mean = r.wall_mean;
+    float loss = r.loss;
+    double thr_mean = (double)r.thr_sum / (double)steps;
     qsort(ts, (size_t)steps, sizeof(double), cmp_d);
     double med = ts[steps / 2];
     double tps = (double)(B * T) * (double)accum * mesh.dp / med;
@@ -192,13 +262,17 @@ int sl_bench_train(int argc, char **argv) {
                "\"dp\": %d, \"accum\": %lld, \"zero_stage\": %lld, \"comm_wait_fraction\": %.4f, \"tp\": %d, "
                "\"tp_comm_fraction\": %.4f, \"tp_comm_mib_per_step\": %.2f, \"param_mib_per_rank\": %.1f, "
                "\"pp\": %d, \"pipe_wait_fraction\": %.4f, \"bubble_theory\": %.4f, \"first_layers\": %d, "
-               "\"last_layers\": %d, \"balanced_first_layers\": %d, \"balanced_last_layers\": %d}\n",
+               "\"last_layers\": %d, \"balanced_first_layers\": %d, \"balanced_last_layers\": %d, \"busy\": %d, "
+               "\"adaptive_threads\": %d, \"mean_threads\": %.2f, \"thread_switches\": %lld, \"probes\": "
+               "%lld, \"cpu_ms_per_step\": %.2f, \"wall_ms_per_step_mean\": %.2f, "
+               "\"tokens_per_s_mean\": %.2f, \"attention_dropout\": %g, \"hidden_dropout\": %g}\n",
                device, (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T,
                (long long)threads, bf16 ? "bf16-mixed" : "f32", med * 1e3, tps, flops / 1e9, peak / 1e9, mfu,
                tr.plan.planned_bytes / 1048576.0, loss, mesh.dp, (long long)accum, (long long)zero, wait_frac,
                mesh.tp, tp_frac, tp_bytes / 1048576.0, m->numel * 4.0 / 1048576.0, mesh.pp, pipe_frac,
                (double)(mesh.pp - 1) / (double)(accum + mesh.pp - 1), (int)pfirst, (int)plast, bal[0],
-               bal[1]);
+               bal[1], busy, tr.gov.on, thr_mean, (long long)tr.gov.switches, (long long)tr.gov.probes,
+               cpu_step * 1e3, wall_mean * 1e3, (double)(B * T) * (double)accum * mesh.dp / wall_mean, pa, ph);
     else
         printf("GPT-2 on %s, L%lld NH%lld C%lld V%lld B%lld T%lld %s, %lld threads: %.1f ms/step (median of "
                "%lld), "
@@ -209,6 +283,13 @@ int sl_bench_train(int argc, char **argv) {
                bf16 ? "bf16-mixed" : "fp32", (long long)threads, med * 1e3, (long long)steps, tps,
                flops / 1e9, 100 * mfu, peak / 1e9, tr.plan.planned_bytes / 1048576.0, mesh.dp,
                (long long)accum, (long long)zero, 100 * wait_frac, mesh.tp, 100 * tp_frac);
+    if (!json)
+        printf("threads: mean %.2f per step (%s, %lld switches, %lld probes)%s; CPU %.1f ms/step; mean wall "
+               "%.1f "
+               "ms/step\n",
+               thr_mean, tr.gov.on ? "adaptive" : "fixed", (long long)tr.gov.switches,
+               (long long)tr.gov.probes, busy ? "; a spinning neighbour process ran throughout" : "",
+               cpu_step * 1e3, wall_mean * 1e3);
     if (dp) {
         sl_dp_memory mem;
         sl_dp_memory_report(dp, &mem);

@@ -95,6 +95,12 @@ uint64_t sl_rng_u64(uint64_t seed, uint64_t stream, uint64_t counter);
 double sl_rng_uniform(uint64_t seed, uint64_t stream, uint64_t counter); /* [0,1) */
 /* Fill n floats ~ N(mean, std) using Box-Muller over the counter sequence starting at 0. */
 void sl_rng_fill_normal(float *out, int64_t n, uint64_t seed, uint64_t stream, float mean, float std);
+/* Dropout multipliers for elements e0 .. e0+n-1 of one counter stream (Note [Dropout from counters]):
+ * element e draws u = sl_philox4x32(seed, ctr_hi, e / 4)[e % 4] and is kept (out = 1 / (1 - p)) iff
+ * u >= sl_dropout_threshold(p), else dropped (out = 0). p in [0, 1). */
+uint32_t sl_dropout_threshold(float p);
+uint64_t sl_dropout_ctr_hi(uint64_t stream, int site); /* stream * 2^16 + site, site in [0, 2^16) */
+void sl_rng_dropout(uint64_t seed, uint64_t ctr_hi, uint64_t e0, int64_t n, float p, float *out);
 
 /* ---- time ---- */
 double sl_time_sec(void); /* monotonic */

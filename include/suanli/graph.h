@@ -58,6 +58,10 @@ int sl_graph_last_grad_write(sl_graph *g, const sl_tensor *p);
  * micro-batch and skips zeroing every gradient that has a writer (sl_graph_last_grad_write >= 0); leaves
  * without a writer must still be zeroed by the caller. Off by default (a fresh graph accumulates). */
 void sl_graph_set_grad_overwrite(sl_graph *g, int on);
+/* Dropout on (training micro-batch `stream` of the run seeded `seed`) or off (evaluation) for every
+ * DROPOUT node and dropout-carrying ATTENTION node of g (Note [Dropout from counters], src/ops/build.c).
+ * Returns the number of such nodes. */
+int sl_graph_set_dropout(sl_graph *g, int on, uint64_t seed, uint64_t stream);
 
 typedef struct sl_plan_stats {
     size_t planned_bytes; /* arena size after liveness reuse */

@@ -168,7 +168,22 @@ typedef struct sl_model {
      * sparse layer (ep <= 1: all); Note [Expert-parallel dispatch] */
     int ep, ep_rank;
     sl_moe_train_opts moe; /* read when a graph is built (MoE architectures only) */
+    /* Dropout probabilities in [0, 1), read when a training/evaluation graph is built (0: no dropout
+     * nodes). Places (sl_model_dropout_site): attention probabilities (attention_dropout); the embedding
+     * output, the attention block's output projection and the MLP's output, each before its residual add
+     * (hidden_dropout) -- nanoGPT's and HF GPT-2's places, and Megatron-LM's for every family (HF Llama has
+     * attention_dropout only). Off until the trainer turns them on (Note [Dropout from counters]). */
+    float attention_dropout, hidden_dropout;
 } sl_model;
+
+/* Where a dropout sits: 0 the embedding, 1 + 3 l + {0 attention probabilities, 1 attention output, 2 MLP
+ * output} in layer l. Its counters (Note [Dropout from counters], src/ops/build.c) use this number. */
+enum { SL_DROP_ATTN_PROBS = 0, SL_DROP_ATTN_OUT = 1, SL_DROP_MLP_OUT = 2 };
+static inline int sl_model_dropout_site(int layer, int kind) { return layer < 0 ? 0 : 1 + 3 * layer + kind; }
+/* x with the model's hidden dropout at `site` (x itself when hidden_dropout is 0) */
+sl_tensor *sl_model_hidden_dropout(sl_model *m, sl_tensor *x, int site);
+/* attention node a with the model's attention dropout (a itself when attention_dropout is 0) */
+sl_tensor *sl_model_attention_dropout(sl_model *m, sl_tensor *a, int layer);
 
 /* How a model is split: TP rank tp_rank of tp, pipeline stage pp_rank of pp, vpp model chunks per stage
  * (0 or 1: one; Megatron's interleaved schedule otherwise); first_layers / last_layers (0: even) the

@@ -78,6 +78,11 @@ sl_tensor *sl_attention(sl_ctx *ctx, sl_tensor *q, sl_tensor *k, sl_tensor *v);
  * no window and report such nodes unsupported. */
 sl_tensor *sl_attention_window(sl_ctx *ctx, sl_tensor *q, sl_tensor *k, sl_tensor *v, int window);
 sl_tensor *sl_embedding(sl_ctx *ctx, sl_tensor *table, sl_tensor *ids);
+/* Dropout with probability p in [0, 1) at model place `site` (Note [Dropout from counters], build.c): the
+ * identity until sl_graph_set_dropout turns it on; x * keep / (1 - p) then. */
+sl_tensor *sl_dropout(sl_ctx *ctx, sl_tensor *x, float p, int site);
+/* Dropout of an ATTENTION node's probabilities (same counters; returns attn). */
+sl_tensor *sl_attention_dropout(sl_tensor *attn, float p, int site);
 sl_tensor *sl_cross_entropy(sl_ctx *ctx, sl_tensor *logits, sl_tensor *targets);
 /* Llama family. rmsnorm: x * rsqrt(mean(x^2) + eps) * w over the last dim (HF LlamaRMSNorm). */
 sl_tensor *sl_rmsnorm(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, float eps);

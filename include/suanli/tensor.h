@@ -146,10 +146,27 @@ typedef enum sl_op {
                              (iparams[2]=1: unwritten) */
     SL_OP_MOE_EP_SCATTER, /* src0 = y (Rl, C), src1 = rcnt, src2 = acc (Rx, C) or NULL -> (Rx, C): acc (or
                              zeros) with local expert iparams[0]'s rows put back where EP_GATHER read them */
+    /* Dropout (issue 20; Note [Dropout from counters], src/ops/build.c) */
+    SL_OP_DROPOUT, /* src0 * keep / (1 - p): p = fparams[0], the keep mask a pure function of the counters in
+                      iparams (SL_DROPOUT_IP_*); its backward is the same node applied to the gradient */
     SL_OP_COUNT
 } sl_op;
 
 const char *sl_op_name(sl_op op);
+
+/* Dropout parameters, shared by SL_OP_DROPOUT and SL_OP_ATTENTION (attention-probability dropout; its
+ * ATTENTION_BACK reads them from the forward node): p = fparams[0]; iparams[SL_DROPOUT_IP_ON] = 1 while
+ * training (set per execution by sl_graph_set_dropout; 0 = identity, the state a graph is built in),
+ * [SITE] = where in the model (layer, kind), [SEED_LO/HI] = the run's seed, [STREAM_LO/HI] = the global
+ * micro-batch counter. Note [Dropout from counters] in src/ops/build.c. */
+enum {
+    SL_DROPOUT_IP_ON = 0,
+    SL_DROPOUT_IP_SITE = 3,
+    SL_DROPOUT_IP_SEED_LO = 4,
+    SL_DROPOUT_IP_SEED_HI = 5,
+    SL_DROPOUT_IP_STREAM_LO = 6,
+    SL_DROPOUT_IP_STREAM_HI = 7,
+};
 
 enum {
     SL_FLAG_PARAM = 1 << 0,  /* trainable parameter (gets a grad) */

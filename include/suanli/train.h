@@ -45,6 +45,9 @@ typedef struct sl_trainer_config {
     const struct sl_mesh *mesh; /* borrowed; needed for a pipeline stage (m->pp > 1), else may be NULL */
     /* dynamic loss scaling (fp16; Note [Dynamic loss scaling]): off when loss_scale.initial is 0 */
     sl_loss_scale_config loss_scale;
+    /* dropout (the model's attention_dropout / hidden_dropout): the masks' Philox key; micro-batch j of step
+     * s draws stream s * (dp * accum) + j (Note [Dropout from counters], src/ops/build.c) */
+    uint64_t dropout_seed;
 } sl_trainer_config;
 
 typedef struct sl_step_stats {
@@ -57,6 +60,7 @@ typedef struct sl_step_stats {
     float loss_scale;     /* the scale this step's backward used (1 without loss scaling) */
     int skipped;          /* 1: inf/nan gradients, no update (grad_norm is then inf or nan) */
     int64_t skipped_total;
+    int threads; /* compute threads of this step (Note [Threads on a shared machine]) */
 } sl_step_stats;
 
 typedef struct sl_dp sl_dp;
@@ -67,10 +71,30 @@ typedef struct sl_pipeline sl_pipeline;
  * step (dp_rank * accum + local micro), so a DP run sees exactly the single-process batches. */
 typedef sl_status (*sl_batch_fn)(void *user, int64_t step, int micro, int32_t *ids, int32_t *targets);
 
+/* Note [Threads on a shared machine] (src/train/threads.c): the trainer's thread count adapts to
+ * neighbours. The kernels' results do not depend on the thread count, so switching is free of numerical
+ * effect; the governor times steps at the configured count n and at n - 1 and keeps the faster. */
+typedef struct sl_thread_gov {
+    int n_max, cur, alt; /* configured count; this step's; the probed alternative (0: none) */
+    int on;              /* 0: fixed (one configured thread, SUANLI_ADAPTIVE_THREADS=0) */
+    int64_t steps, next; /* steps seen; the step at which the next probe starts */
+    int64_t interval;    /* steps between probes (doubles while the current count keeps winning) */
+    int probe_left;      /* steps of the running probe still to time */
+    double hist[8];      /* recent step times at cur (ring) */
+    int nhist, hpos;
+    double probe[4];
+    int nprobe;
+    int64_t switches, probes; /* for reports */
+} sl_thread_gov;
+void sl_thread_gov_init(sl_thread_gov *g, int n_max);
+int sl_thread_gov_begin(sl_thread_gov *g);                /* sets and returns this step's thread count */
+void sl_thread_gov_end(sl_thread_gov *g, double seconds); /* the step's wall time */
+
 typedef struct sl_trainer {
     sl_trainer_config cfg;
-    sl_model *model; /* borrowed */
-    sl_graph *graph; /* forward + backward (owned) */
+    sl_thread_gov gov; /* Note [Threads on a shared machine] */
+    sl_model *model;   /* borrowed */
+    sl_graph *graph;   /* forward + backward (owned) */
     sl_tensor *ids, *targets, *loss, *logits;
     int32_t *ids_buf, *tg_buf; /* host staging of one micro-batch */
     sl_buffer *input_buf;      /* ids and targets on the model's backend (owned) */
@@ -149,6 +173,9 @@ typedef struct sl_train_model_opts {
     int bf16;              /* bf16 mixed precision over fp32 master weights */
     int fp16;              /* fp16 mixed precision (torch.autocast fp16 numerics) with dynamic loss scaling */
     const char *device;    /* backend name (sl_backend_get): NULL = "cpu" */
+    /* dropout probabilities in [0, 1) (Megatron's --attention-dropout / --hidden-dropout; sl_model's fields
+     * say where); 0: none */
+    double attention_dropout, hidden_dropout;
 } sl_train_model_opts;
 
 typedef struct sl_train_data_opts {

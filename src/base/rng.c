@@ -45,3 +45,21 @@ void sl_rng_fill_normal(float *out, int64_t n, uint64_t seed, uint64_t stream, f
         if (i + 1 < n) out[i + 1] = (float)(mean + std * r * sin(2.0 * M_PI * u2));
     }
 }
+
+uint32_t sl_dropout_threshold(float p) {
+    double t = (double)p * 4294967296.0; /* exact for a float p >= 2^-32: no rounding to reproduce */
+    return t <= 0 ? 0u : t >= 4294967295.0 ? 4294967295u : (uint32_t)t;
+}
+
+uint64_t sl_dropout_ctr_hi(uint64_t stream, int site) { return (stream << 16) | (uint64_t)(site & 0xffff); }
+
+void sl_rng_dropout(uint64_t seed, uint64_t ctr_hi, uint64_t e0, int64_t n, float p, float *out) {
+    uint32_t thr = sl_dropout_threshold(p), o[4];
+    float keep = (float)(1.0 / (1.0 - (double)p)); /* as torch: scale = 1 / (1 - p) in double */
+    int64_t i = 0;
+    while (i < n) {
+        uint64_t e = e0 + (uint64_t)i;
+        sl_philox4x32(seed, ctr_hi, e >> 2, o);
+        for (unsigned l = (unsigned)(e & 3); l < 4 && i < n; l++, i++) out[i] = o[l] >= thr ? keep : 0.0f;
+    }
+}

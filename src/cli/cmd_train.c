@@ -125,6 +125,12 @@ static int train_flags(sl_train_opts *o, const char **config, sl_flag *flags, in
          "MoE: router z-loss coefficient (0)", 0},
         {"moe-router-bias-update-rate", SL_FLAG_FLOAT, &o->moe.bias_update_rate, -1e9, 1e9,
          "MoE (DeepSeek-V3): aux-loss-free balancing, bias += rate * sign(mean load - load) per step (0)", 0},
+        {"attention-dropout", SL_FLAG_FLOAT, &o->model.attention_dropout, -1e9, 1e9,
+         "dropout probability of the attention probabilities, in [0, 1) (0)", 0},
+        {"hidden-dropout", SL_FLAG_FLOAT, &o->model.hidden_dropout, -1e9, 1e9,
+         "dropout probability of the embedding output and of each attention and MLP block's output before "
+         "its residual add, in [0, 1) (0)",
+         0},
         {"bf16", SL_FLAG_BOOL, &o->model.bf16, 0, 1,
          "bf16 mixed precision, fp32 master weights and optimizer (GPT-2: bf16 matmul operands; --init-from "
          "models: PyTorch autocast numerics)",

@@ -76,11 +76,13 @@ int sl_accel_supports(const sl_tensor *n) {
     case SL_OP_SOFTMAX_BACK:
     case SL_OP_TOPK_GATE_BACK:
         return all_f32(n) && sl_is_contiguous(a) && last_unit(b);
-    case SL_OP_ATTENTION: /* sliding window (iparams[1]) too; no eager half rounding (iparams[2]) */
-        return all_f32(n) && !n->iparams[2] && last_unit(a) && last_unit(b) && last_unit(n->src[2]);
+    case SL_OP_ATTENTION: /* sliding window (iparams[1]) too; no eager half rounding (iparams[2]) nor dropout
+                             (fparams[0]) */
+        return all_f32(n) && !n->iparams[2] && !(n->fparams[0] > 0) && last_unit(a) && last_unit(b) &&
+               last_unit(n->src[2]);
     case SL_OP_ATTENTION_BACK:
-        return all_f32(n) && !a->iparams[2] && last_unit(b) && last_unit(n->src[2]) && last_unit(n->src[3]) &&
-               last_unit(n->src[4]) && n->src[4]->ndim >= 3;
+        return all_f32(n) && !a->iparams[2] && !(a->fparams[0] > 0) && last_unit(b) && last_unit(n->src[2]) &&
+               last_unit(n->src[3]) && last_unit(n->src[4]) && n->src[4]->ndim >= 3;
     case SL_OP_ATTENTION_KV:
         return all_f32(n) && !n->iparams[2] && last_unit(a) && sl_is_contiguous(b) &&
                sl_is_contiguous(n->src[2]);

@@ -72,6 +72,7 @@ static const char *const k_op_names[] = {
     "moe_ep_unpack_back_gate",
     "moe_ep_gather",
     "moe_ep_scatter",
+    "dropout",
 };
 _Static_assert(sizeof(k_op_names) / sizeof(k_op_names[0]) == SL_OP_COUNT, "op name table out of sync");
 

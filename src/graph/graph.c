@@ -80,6 +80,21 @@ int sl_graph_last_grad_write(sl_graph *g, const sl_tensor *p) {
     return (g->last_grad_write && p->id < g->grads_cap) ? g->last_grad_write[p->id] : -1;
 }
 
+int sl_graph_set_dropout(sl_graph *g, int on, uint64_t seed, uint64_t stream) {
+    int n = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        sl_tensor *t = g->nodes[i];
+        if (t->op != SL_OP_DROPOUT && !(t->op == SL_OP_ATTENTION && t->fparams[0] > 0)) continue;
+        t->iparams[SL_DROPOUT_IP_ON] = on;
+        t->iparams[SL_DROPOUT_IP_SEED_LO] = (int32_t)(uint32_t)seed;
+        t->iparams[SL_DROPOUT_IP_SEED_HI] = (int32_t)(uint32_t)(seed >> 32);
+        t->iparams[SL_DROPOUT_IP_STREAM_LO] = (int32_t)(uint32_t)stream;
+        t->iparams[SL_DROPOUT_IP_STREAM_HI] = (int32_t)(uint32_t)(stream >> 32);
+        n++;
+    }
+    return n;
+}
+
 void sl_graph_set_grad_overwrite(sl_graph *g, int on) {
     for (int i = 0; i < g->n_nodes; i++) {
         sl_tensor *t = g->nodes[i];

@@ -178,6 +178,16 @@ sl_status sl_gpt2_new_par(const sl_gpt2_config *cfg, sl_backend *be, const sl_mo
     return SL_OK;
 }
 
+sl_tensor *sl_model_hidden_dropout(sl_model *m, sl_tensor *x, int site) {
+    return m->hidden_dropout > 0 ? sl_dropout(m->ctx, x, m->hidden_dropout, site) : x;
+}
+
+sl_tensor *sl_model_attention_dropout(sl_model *m, sl_tensor *a, int layer) {
+    if (m->attention_dropout > 0)
+        sl_attention_dropout(a, m->attention_dropout, sl_model_dropout_site(layer, SL_DROP_ATTN_PROBS));
+    return a;
+}
+
 const sl_param_info *sl_model_find(const sl_model *m, const char *name) {
     for (int i = 0; i < m->n_params; i++)
         if (!strcmp(m->params[i].t->name, name)) return &m->params[i];
@@ -229,6 +239,7 @@ static sl_tensor *gpt2_body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int po
     sl_tensor *pos = kv ? sl_embedding(ctx, wpe, positions)
                         : sl_view(ctx, wpe, 2, (int64_t[]){T, C}, (int64_t[]){C, 1}, 0);
     sl_tensor *x = sl_add(ctx, sl_embedding(ctx, wte, ids), pos);
+    if (!kv) x = sl_model_hidden_dropout(m, x, sl_model_dropout_site(-1, 0)); /* nanoGPT's transformer.drop */
     for (int l = 0; l < c->n_layer; l++) {
         int o = 2 + 12 * l;
         /* attention block */
@@ -247,12 +258,20 @@ static sl_tensor *gpt2_body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int po
             a = sl_attention(ctx, q, k, v); /* (B, T, C) */
             if (m->compute_dtype != SL_F32) /* Note [Eager half attention numerics] */
                 a->iparams[2] = m->compute_dtype == SL_F16 ? 2 : 1;
+            sl_model_attention_dropout(m, a, l); /* attn.attn_dropout */
         }
-        x = sl_add(ctx, x, mm(m, a, P(m, o + 4), P(m, o + 5)));
+        sl_tensor *ao = mm(m, a, P(m, o + 4), P(m, o + 5));
+        if (!kv)
+            ao = sl_model_hidden_dropout(m, ao,
+                                         sl_model_dropout_site(l, SL_DROP_ATTN_OUT)); /* resid_dropout */
+        x = sl_add(ctx, x, ao);
         /* MLP block */
         h = sl_layernorm(ctx, x, P(m, o + 6), P(m, o + 7), 1e-5f);
         sl_tensor *f = sl_gelu(ctx, mm(m, h, P(m, o + 8), P(m, o + 9))); /* (B, T, 4C) */
-        x = sl_add(ctx, x, mm(m, f, P(m, o + 10), P(m, o + 11)));
+        f = mm(m, f, P(m, o + 10), P(m, o + 11));
+        if (!kv)
+            f = sl_model_hidden_dropout(m, f, sl_model_dropout_site(l, SL_DROP_MLP_OUT)); /* mlp.dropout */
+        x = sl_add(ctx, x, f);
     }
     int of = 2 + 12 * c->n_layer;
     if (kv && kv->last_only && T > 1) x = sl_cont(ctx, sl_slice(ctx, x, 1, T - 1, 1)); /* (B, 1, C) */

@@ -449,6 +449,7 @@ static sl_tensor *body_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *
     } else {
         x = sl_embedding(ctx, W(m, "model.embed_tokens.weight"), ids); /* (B, T, C) */
     }
+    if (first && !kv) x = sl_model_hidden_dropout(m, x, sl_model_dropout_site(-1, 0)); /* Megatron's */
     for (int l = l0; l < l0 + Lc; l++) {
         sl_tensor *h =
             tp_f(m, norm(m, x, tp_rep(m, W(m, "%s.%d.input_layernorm.weight", pre, l)), c->rms_eps));
@@ -513,10 +514,11 @@ static sl_tensor *body_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *
             a = sl_attention_window(ctx, q, k, v, c->sliding_window); /* (B, T, QD); Mistral: windowed */
             if (autocast(m) != SL_F32) /* Note [Eager half attention numerics]: fp32 P */
                 a->iparams[2] = autocast(m) == SL_F16 ? 3 : 4;
+            sl_model_attention_dropout(m, a, l); /* HF's attention_dropout */
         }
-        x = rnd_model(
-            m,
-            sl_add(ctx, x, tp_g(m, lin(m, rnd(m, a), W(m, "%s.%d.self_attn.o_proj.weight", pre, l), NULL))));
+        sl_tensor *ao = tp_g(m, lin(m, rnd(m, a), W(m, "%s.%d.self_attn.o_proj.weight", pre, l), NULL));
+        if (!kv) ao = sl_model_hidden_dropout(m, ao, sl_model_dropout_site(l, SL_DROP_ATTN_OUT));
+        x = rnd_model(m, sl_add(ctx, x, ao));
         h = norm(m, x, tp_rep(m, W(m, "%s.%d.post_attention_layernorm.weight", pre, l)), c->rms_eps);
         sl_tensor *f;
         if (c->arch == SL_ARCH_MIXTRAL &&
@@ -531,6 +533,7 @@ static sl_tensor *body_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *
             f = tp_g(m, swiglu_mlp(m, tp_f(m, h), W(m, "%s.%d.mlp.gate_proj.weight", pre, l),
                                    W(m, "%s.%d.mlp.up_proj.weight", pre, l),
                                    W(m, "%s.%d.mlp.down_proj.weight", pre, l)));
+        if (!kv) f = sl_model_hidden_dropout(m, f, sl_model_dropout_site(l, SL_DROP_MLP_OUT));
         x = rnd_model(m, sl_add(ctx, x, f));
     }
     if (!last) return sl_set_name(x, "stage_out");

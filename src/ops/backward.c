@@ -139,6 +139,14 @@ void sl_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_g
         if (ng[2]) emit(st, v, sl_slice(ctx, p, 2, NH + NKV, NKV));
         break;
     }
+    case SL_OP_DROPOUT:
+        /* the same mask from the same counters (Note [Dropout from counters], build.c) */
+        if (ng[0]) {
+            sl_tensor *t = sl_dropout(ctx, g, n->fparams[0], n->iparams[SL_DROPOUT_IP_SITE]);
+            memcpy(t->iparams, n->iparams, sizeof t->iparams); /* on/off, seed and stream too */
+            emit(st, a, t);
+        }
+        break;
     case SL_OP_EMBEDDING:
         /* the table gradient is produced by an accumulating EMBEDDING_BACK; the driver supplies
          * the destination (the parameter's gradient leaf, or a zeros node) through emit_embedding */

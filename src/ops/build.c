@@ -276,6 +276,43 @@ sl_tensor *sl_attention_window(sl_ctx *ctx, sl_tensor *q, sl_tensor *k, sl_tenso
     return t;
 }
 
+/* Note [Dropout from counters]
+ * A dropout mask is never drawn from a stateful generator: element e of a dropout site keeps its value iff
+ * u >= p * 2^32, u = Philox-4x32-10(key = seed, counter = (stream * 2^16 + site, e / 4)) word e % 4
+ * (sl_rng_dropout, src/base/rng.c), and kept values are scaled by 1 / (1 - p) (inverted dropout, as
+ * torch.nn.functional.dropout). stream is the global micro-batch counter, step * (dp * accum) + micro (the
+ * micro-batch index a single process gives the same batch), site names the layer and place, e is the
+ * element's index in the full logical tensor. So the mask depends on nothing else: not on the thread count
+ * or partition, not on the data-parallel split (a DP rank draws the masks of the micro-batches it runs),
+ * and the backward regenerates the forward's mask from the same counters instead of storing it:
+ * DROPOUT's gradient is a DROPOUT node with the same parameters, and ATTENTION_BACK reads them from its
+ * forward node. For attention the dropped elements are the probabilities P (B, NH, T, T), e = ((b NH + h) T
+ * + i) T + j; the softmax denominator is the undropped one, as in torch's softmax followed by dropout.
+ * A graph is built with dropout off (SL_DROPOUT_IP_ON = 0: the identity), so evaluation and generation
+ * run without it; the trainer turns it on for each training micro-batch (sl_graph_set_dropout). Not yet:
+ * a head / sequence offset for tensor and sequence parallelism (the trainer refuses dropout with tp or pp).
+ */
+static void set_dropout(sl_tensor *t, float p, int site) {
+    SL_ASSERT(p >= 0.0f && p < 1.0f && site >= 0 && site < 65536);
+    t->fparams[0] = p;
+    t->iparams[SL_DROPOUT_IP_ON] = 0;
+    t->iparams[SL_DROPOUT_IP_SITE] = site;
+}
+
+sl_tensor *sl_dropout(sl_ctx *ctx, sl_tensor *x, float p, int site) {
+    SL_ASSERT(x->dtype == SL_F32);
+    if (!sl_is_contiguous(x)) x = sl_cont(ctx, x);
+    sl_tensor *t = unary(ctx, SL_OP_DROPOUT, x, SL_F32);
+    set_dropout(t, p, site);
+    return t;
+}
+
+sl_tensor *sl_attention_dropout(sl_tensor *attn, float p, int site) {
+    SL_ASSERT(attn->op == SL_OP_ATTENTION);
+    set_dropout(attn, p, site);
+    return attn;
+}
+
 sl_tensor *sl_embedding(sl_ctx *ctx, sl_tensor *table, sl_tensor *ids) {
     SL_ASSERT(table->ndim == 2 && table->dtype == SL_F32 && sl_is_contiguous(table));
     SL_ASSERT(ids->dtype == SL_I32 && ids->ndim < SL_MAX_DIMS && sl_is_contiguous(ids));

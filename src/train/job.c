@@ -117,7 +117,8 @@ static uint64_t opts_hash(const sl_train_opts *o) {
                    o->sample.temperature,   o->moe.capacity_factor,
                    o->moe.aux_loss_coeff,   o->moe.z_loss_coeff,
                    o->moe.bias_update_rate, o->optim.initial_loss_scale,
-                   o->optim.min_loss_scale};
+                   o->optim.min_loss_scale, o->model.attention_dropout,
+                   o->model.hidden_dropout};
     hash_str(&h, o->moe.router);
     hash_bytes(&h, iv, sizeof iv);
     hash_bytes(&h, dv, sizeof dv);
@@ -251,6 +252,13 @@ static sl_status check_opts(sl_train_job *j) {
     sl_train_optim_opts *op = &o->optim;
     int dp = j->mesh.dp;
     if (o->model.fp16 && o->model.bf16) return sl_train_bad("--fp16 and --bf16 exclude each other");
+    if (!(o->model.attention_dropout >= 0 && o->model.attention_dropout < 1))
+        return sl_train_bad("--attention-dropout %g is not in [0, 1)", o->model.attention_dropout);
+    if (!(o->model.hidden_dropout >= 0 && o->model.hidden_dropout < 1))
+        return sl_train_bad("--hidden-dropout %g is not in [0, 1)", o->model.hidden_dropout);
+    if ((o->model.attention_dropout > 0 || o->model.hidden_dropout > 0) &&
+        (o->parallel.tp > 1 || o->parallel.pp > 1))
+        return sl_train_bad("--attention-dropout/--hidden-dropout with --tp or --pp is not supported yet");
     if (o->model.fp16) { /* the loss scaler's own checks, messages naming the flag */
         sl_loss_scaler probe;
         if (sl_loss_scaler_init(
@@ -571,6 +579,8 @@ static sl_status make_trainer(sl_train_job *j) {
     const sl_train_opts *o = &j->o;
     sl_model *m = j->m;
     m->compute_dtype = o->model.bf16 ? SL_BF16 : o->model.fp16 ? SL_F16 : SL_F32;
+    m->attention_dropout = (float)o->model.attention_dropout; /* read when the graph is built */
+    m->hidden_dropout = (float)o->model.hidden_dropout;
     SL_TRY(sl_train_moe_apply(j)); /* before the trainer builds the graph */
     j->B = (int)o->data.micro_batch_size;
     j->T = (int)o->data.seq_length;
@@ -586,7 +596,9 @@ static sl_status make_trainer(sl_train_job *j) {
                             .decay_iters = o->optim.decay_iters,
                             .hp = {(float)o->optim.beta1, (float)o->optim.beta2, (float)o->optim.eps,
                                    (float)o->optim.weight_decay},
-                            .mesh = &j->mesh};
+                            .mesh = &j->mesh,
+                            /* the masks' Philox key: the run's seed, moved off the data loader's key */
+                            .dropout_seed = (uint64_t)o->seed ^ 0x64726f706f757421ull};
     if (o->model.fp16)
         tc.loss_scale =
             (sl_loss_scale_config){(float)o->optim.initial_loss_scale, (float)o->optim.min_loss_scale,

@@ -9,6 +9,7 @@
 sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *cfg) {
     memset(tr, 0, sizeof *tr);
     tr->cfg = *cfg;
+    sl_thread_gov_init(&tr->gov, sl_threads_get()); /* Note [Threads on a shared machine] */
     tr->model = m;
     if (cfg->B < 1 || cfg->T < 1 || cfg->accum < 1)
         return sl_fail(SL_ERR_INVALID, "trainer: B, T, accum must be >= 1");
@@ -24,6 +25,13 @@ sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *
         goto done;
     }
     int dpn = cfg->dp_size > 1 ? cfg->dp_size : 1;
+    if ((m->attention_dropout > 0 || m->hidden_dropout > 0) && (m->pp > 1 || m->tp > 1)) {
+        st = sl_fail(
+            SL_ERR_UNSUPPORTED,
+            "--attention-dropout/--hidden-dropout with tensor or pipeline parallelism is not supported "
+            "yet");
+        goto done;
+    }
     if (m->pp > 1) { /* a pipeline stage: the graphs are the schedule's slots */
         if (cfg->loss_scale.initial > 0) {
             st = sl_fail(SL_ERR_UNSUPPORTED,
@@ -157,8 +165,21 @@ sl_status sl_trainer_forward_backward(sl_trainer *tr, const int32_t *ids, const 
     return SL_OK;
 }
 
+static sl_status trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *user, sl_step_stats *stats,
+                              double t0);
+
 sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *user, sl_step_stats *stats) {
     double t0 = sl_time_sec();
+    int threads = sl_thread_gov_begin(&tr->gov);
+    sl_status st = trainer_step(tr, step, fn, user, stats, t0);
+    double sec = sl_time_sec() - t0;
+    sl_thread_gov_end(&tr->gov, sec);
+    if (stats) stats->threads = threads;
+    return st;
+}
+
+static sl_status trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *user, sl_step_stats *stats,
+                              double t0) {
     sl_model *m = tr->model;
     if (tr->dp && sl_dp_grad_slots(tr->dp) && tr->cfg.accum > 1)
         return sl_fail(SL_ERR_INVALID, "trainer: gradient slots (sl_dp_opts.accum = 1) with accum %d",
@@ -195,7 +216,13 @@ sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *us
         float l;
         if (tr->dp) sl_dp_arm(tr->dp, micro == tr->cfg.accum - 1);
         sl_graph_set_grad_overwrite(tr->graph, overwrite && micro == 0);
+        /* Note [Dropout from counters]: the global micro-batch counter keys this micro-batch's masks */
+        uint64_t stream =
+            (uint64_t)step * (uint64_t)(tr->cfg.accum * (tr->cfg.dp_size > 1 ? tr->cfg.dp_size : 1)) +
+            (uint64_t)(dp_rank * tr->cfg.accum + micro);
+        sl_graph_set_dropout(tr->graph, 1, tr->cfg.dropout_seed, stream);
         st = sl_trainer_forward_backward(tr, tr->ids_buf, tr->tg_buf, &l);
+        sl_graph_set_dropout(tr->graph, 0, 0, 0); /* other runs of the graph (eval) without dropout */
         if (st == SL_OK && tr->after_micro) st = tr->after_micro(tr->after_micro_user, micro);
         tot += l;
     }

@@ -81,6 +81,23 @@ int main(void) {
     TU_CHECK(nlines == 6 && nval == 2, "metrics: %d lines, %d with val_loss", nlines, nval);
     rc = run("generate --load %s/run1 --prompt ROMEO --max-new-tokens 12 --temperature 0", dir);
     TU_CHECK(rc == 0 && strncmp(out, "ROMEO", 5) == 0, "generate: %s", out);
+    /* dropout (issue 20): trains with both flags; out-of-range probabilities are bad input, before any write
+     */
+    rc = run("train --data-path %s " TINY " --train-iters 3 --eval-interval 3 --eval-iters 1 "
+             "--attention-dropout 0.1 --hidden-dropout 0.2 --threads 2",
+             data);
+    TU_CHECK(rc == 0 && strstr(out, "step 3/3"), "train with dropout: %s", out);
+    bad("attention dropout 1", "--attention-dropout 1 is not in [0, 1)",
+        run("train --data-path %s " TINY " --train-iters 1 --attention-dropout 1 --save %s/nodrop", data,
+            dir));
+    bad("hidden dropout < 0", "--hidden-dropout -0.1 is not in [0, 1)",
+        run("train --data-path %s " TINY " --train-iters 1 --hidden-dropout -0.1 --save %s/nodrop", data,
+            dir));
+    {
+        char nd[700];
+        snprintf(nd, sizeof nd, "%s/nodrop", dir);
+        TU_CHECK(!exists(nd), "a refused dropout run wrote %s", nd);
+    }
     /* the --model-only flags are refused with --load (exit 2, one line naming the flag), not ignored */
     {
         const char *model_only[] = {"--dtype bf16", "--top-p 0.9", "--stop 10",

@@ -234,11 +234,14 @@ static void test_embed_ce(void) {
 
 /* q, k, v as strided views of one packed (B, T, NH + 2 NKV, hs + pad) buffer, like a fused QKV projection */
 static void test_attention(void) {
-    const int64_t cases[][6] = {/* B, T, NH, NKV, hs, sliding window (0: causal) */
-                                {1, 1, 1, 1, 3, 0},     {2, 17, 4, 2, 5, 0},   {1, 65, 2, 1, 64, 0},
-                                {2, 33, 6, 3, 17, 0},   {1, 100, 2, 2, 80, 0}, {1, 63, 3, 1, 16, 0},
-                                {2, 40, 2, 2, 255, 0},  {2, 17, 4, 2, 5, 4},   {1, 100, 2, 1, 16, 7},
-                                {1, 130, 2, 2, 32, 40}, {2, 70, 4, 2, 8, 33},  {1, 65, 2, 1, 64, 64}};
+    const int64_t cases[][7] = {
+        /* B, T, NH, NKV, hs, sliding window (0: causal), dropout of the probabilities in % (issue 20) */
+        {1, 1, 1, 1, 3, 0, 0},     {2, 17, 4, 2, 5, 0, 0},   {1, 65, 2, 1, 64, 0, 0},
+        {2, 33, 6, 3, 17, 0, 0},   {1, 100, 2, 2, 80, 0, 0}, {1, 63, 3, 1, 16, 0, 0},
+        {2, 40, 2, 2, 255, 0, 0},  {2, 17, 4, 2, 5, 4, 0},   {1, 100, 2, 1, 16, 7, 0},
+        {1, 130, 2, 2, 32, 40, 0}, {2, 70, 4, 2, 8, 33, 0},  {1, 65, 2, 1, 64, 64, 0},
+        {2, 17, 4, 2, 5, 0, 25},   {1, 65, 2, 1, 64, 0, 20}, {2, 70, 4, 2, 8, 33, 30},
+        {1, 100, 2, 2, 80, 0, 50}};
     for (int ci = 0; ci < (int)(sizeof cases / sizeof cases[0]); ci++) {
         int64_t B = cases[ci][0], T = cases[ci][1], NH = cases[ci][2], NKV = cases[ci][3], hs = cases[ci][4];
         int win = (int)cases[ci][5];
@@ -253,8 +256,15 @@ static void test_attention(void) {
         k->data = (float *)qkv->data + NH * hp + 1;
         v->data = (float *)qkv->data + (NH + NKV) * hp + 2;
         sl_tensor *at = sl_attention_window(ctx, q, k, v, win);
-        snprintf(what, sizeof what, "attention B%lld T%lld NH%lld NKV%lld hs%lld win%d (out+lse)",
-                 (long long)B, (long long)T, (long long)NH, (long long)NKV, (long long)hs, win);
+        if (cases[ci][6]) { /* the same mask in both kernels (Note [Dropout from counters]) */
+            sl_attention_dropout(at, (float)cases[ci][6] / 100.0f, 7);
+            at->iparams[SL_DROPOUT_IP_ON] = 1;
+            at->iparams[SL_DROPOUT_IP_SEED_LO] = 12345;
+            at->iparams[SL_DROPOUT_IP_STREAM_LO] = 3 + ci;
+        }
+        snprintf(what, sizeof what, "attention B%lld T%lld NH%lld NKV%lld hs%lld win%d drop%lld%% (out+lse)",
+                 (long long)B, (long long)T, (long long)NH, (long long)NKV, (long long)hs, win,
+                 (long long)cases[ci][6]);
         float *o1 = check_pair(what, at, sl_k_attention, sl_k_attention_ref, 2e-5f, 2e-4f, NULL, NULL);
         sl_tensor *g = leaf(ctx, 3, at->ne, 1.0f);
         sl_tensor *ab = sl_new_op(ctx, SL_OP_ATTENTION_BACK, SL_F32, 4, (int64_t[]){B, T, W, hs});

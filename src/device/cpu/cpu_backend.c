@@ -66,6 +66,7 @@ static const kernel_fn k_kernels[SL_OP_COUNT] = {
     [SL_OP_MOE_EP_UNPACK_BACK_GATE] = sl_k_moe_ep_unpack_back_gate,
     [SL_OP_MOE_EP_GATHER] = sl_k_moe_ep_gather,
     [SL_OP_MOE_EP_SCATTER] = sl_k_moe_ep_scatter,
+    [SL_OP_DROPOUT] = sl_k_dropout,
 };
 
 /* Note [First touch]

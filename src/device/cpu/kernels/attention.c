@@ -39,8 +39,11 @@ sl_status sl_k_attention_ref(sl_tensor *n) {
     float *out = n->data;
     float *lse = (float *)((char *)n->data + sl_nbytes(n));
     int64_t win = n->iparams[1];
-    float *P = malloc(sizeof(float) * (size_t)(B * NH * T > 0 ? B * NH * T : 1) * (size_t)(T ? T : 1));
+    uint64_t dseed = 0, dhi = 0;
+    float dp = sl_dropout_params(n, &dseed, &dhi); /* Note [Dropout from counters] (src/ops/build.c) */
+    float *P = malloc(sizeof(float) * (size_t)(B * NH * T > 0 ? B * NH * T : 1) * (size_t)(T ? T : 1) * 2);
     if (!P) return sl_fail(SL_ERR_NOMEM, "attention_ref: out of memory");
+    float *Mk = P + (size_t)(B * NH * T) * (size_t)T;
 #pragma omp parallel for schedule(dynamic, 4)
     for (int64_t idx = 0; idx < B * NH * T; idx++) {
         int64_t t = idx % T, h = (idx / T) % NH, b = idx / (T * NH), kh = h / grp;
@@ -64,11 +67,13 @@ sl_status sl_k_attention_ref(sl_tensor *n) {
         float inv = 1.0f / sum;
         for (int64_t j = j0; j <= t; j++) p[j] = hround(p[j] * inv, hm);
         lse[(b * NH + h) * T + t] = mx + logf(sum);
+        float *mk = Mk + idx * T; /* element (b, h, t, j) of P is number idx * T + j */
+        if (dp > 0) sl_rng_dropout(dseed, dhi, (uint64_t)(idx * T), t + 1, dp, mk);
         float *o = out + (b * T + t) * NH * hs + h * hs;
         for (int64_t d = 0; d < hs; d++) o[d] = 0;
         for (int64_t j = j0; j <= t; j++) {
             const float *vr = pv + b * v->nb[0] + j * v->nb[1] + kh * v->nb[2];
-            float pj = p[j];
+            float pj = dp > 0 ? p[j] * mk[j] : p[j];
             for (int64_t d = 0; d < hs; d++) o[d] += pj * vr[d];
         }
         if (hm)
@@ -91,13 +96,16 @@ sl_status sl_k_attention_back_ref(sl_tensor *n) {
     float *out = n->data;
     int64_t gb = g->nb[0], gt = g->nb[1];
     /* per (b, kv head): p, dp (T each) and, for half numerics, one query head's dk | dv (2 T hs) */
-    size_t per = 2 * (size_t)(T ? T : 1) + (hm ? 2 * (size_t)T * (size_t)hs : 0);
+    uint64_t dseed = 0, dhi = 0;
+    float dpr = sl_dropout_params(f, &dseed, &dhi); /* the forward's mask, regenerated */
+    size_t per = 3 * (size_t)(T ? T : 1) + (hm ? 2 * (size_t)T * (size_t)hs : 0);
     float *buf = malloc(sizeof(float) * per * (size_t)(B * NKV > 0 ? B * NKV : 1));
     if (!buf) return sl_fail(SL_ERR_NOMEM, "attention_back_ref: out of memory");
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t bk = 0; bk < B * NKV; bk++) {
         int64_t b = bk / NKV, kh = bk % NKV;
-        float *p = buf + per * (size_t)bk, *dp = p + T, *hk = dp + T, *hv = hm ? hk + T * hs : NULL;
+        float *p = buf + per * (size_t)bk, *dp = p + T, *mk = dp + T, *hk = mk + T,
+              *hv = hm ? hk + T * hs : NULL;
         for (int64_t j = 0; j < T; j++) {
             memset(out + (b * T + j) * W * hs + (NH + kh) * hs, 0, sizeof(float) * (size_t)hs);
             memset(out + (b * T + j) * W * hs + (NH + NKV + kh) * hs, 0, sizeof(float) * (size_t)hs);
@@ -110,6 +118,8 @@ sl_status sl_k_attention_back_ref(sl_tensor *n) {
                 float *dq = out + (b * T + t) * W * hs + h * hs;
                 float l = lse[(b * NH + h) * T + t], dot = 0;
                 int64_t j0 = win > 0 && t - win + 1 > 0 ? t - win + 1 : 0;
+                if (dpr > 0)
+                    sl_rng_dropout(dseed, dhi, (uint64_t)(((b * NH + h) * T + t) * T), t + 1, dpr, mk);
                 for (int64_t j = j0; j <= t; j++) {
                     const float *kr = pk + b * k->nb[0] + j * k->nb[1] + kh * k->nb[2];
                     const float *vr = pv + b * v->nb[0] + j * v->nb[1] + kh * v->nb[2];
@@ -121,6 +131,7 @@ sl_status sl_k_attention_back_ref(sl_tensor *n) {
                     float sc = hm ? hround(hround(s, hm) * scale, hm) : s * scale; /* the forward's scores */
                     p[j] = p32(hm) ? expf(sc - l) : hround(expf(sc - l), hm);      /* fp32 P in softmax' */
                     dp[j] = hround(sd, hm);
+                    if (dpr > 0) dp[j] *= mk[j]; /* d(P m) / dP: the kept scale; dot = rowsum(dO * O) */
                     dot += p[j] * dp[j];
                 }
                 for (int64_t d = 0; d < hs; d++) dq[d] = 0;
@@ -131,6 +142,7 @@ sl_status sl_k_attention_back_ref(sl_tensor *n) {
                     float *dk = hm ? hk + j * hs : out + (b * T + j) * W * hs + (NH + kh) * hs;
                     float *dv = hm ? hv + j * hs : out + (b * T + j) * W * hs + (NH + NKV + kh) * hs;
                     float pj = p32(hm) ? hround(p[j], hm) : p[j]; /* P v used the rounded P */
+                    if (dpr > 0) pj *= mk[j];
                     for (int64_t d = 0; d < hs; d++) {
                         dq[d] += ds * (p32(hm) ? hround(kr[d], hm) : kr[d]);
                         dk[d] += ds * qr[d];
@@ -170,10 +182,15 @@ static sl_attn_args attn_args(sl_tensor *q, sl_tensor *k, sl_tensor *v, int64_t 
     return a;
 }
 
+static void attn_dropout_args(sl_attn_args *a, const sl_tensor *fwd) {
+    a->drop_p = sl_dropout_params(fwd, &a->drop_seed, &a->drop_hi);
+}
+
 sl_status sl_k_attention(sl_tensor *n) {
     const sl_vec_ops *v = sl_vec();
     if (!v || n->src[0]->ne[3] > SL_ATTN_MAX_HS || n->iparams[2]) return sl_k_attention_ref(n);
     sl_attn_args a = attn_args(n->src[0], n->src[1], n->src[2], n->iparams[1]);
+    attn_dropout_args(&a, n);
     a.out = n->data;
     a.lse = (float *)((char *)n->data + sl_nbytes(n));
     v->attn_fwd(&a);
@@ -186,6 +203,7 @@ sl_status sl_k_attention_back(sl_tensor *n) {
     if (!v || n->src[1]->ne[3] > SL_ATTN_MAX_HS || g->nb[g->ndim - 1] != 1 || f->iparams[2])
         return sl_k_attention_back_ref(n);
     sl_attn_args a = attn_args(n->src[1], n->src[2], n->src[3], n->iparams[1]);
+    attn_dropout_args(&a, f);
     a.out = f->data;
     a.lse = (float *)((char *)f->data + sl_nbytes(f));
     a.dy = g->data;

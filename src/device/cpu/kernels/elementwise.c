@@ -200,6 +200,43 @@ sl_status sl_k_scale(sl_tensor *n) {
     return SL_OK;
 }
 
+float sl_dropout_params(const sl_tensor *n, uint64_t *seed, uint64_t *ctr_hi) {
+    const int32_t *ip = n->iparams;
+    if (!ip[SL_DROPOUT_IP_ON] || !(n->fparams[0] > 0)) return 0.0f;
+    *seed = (uint64_t)(uint32_t)ip[SL_DROPOUT_IP_SEED_LO] | (uint64_t)(uint32_t)ip[SL_DROPOUT_IP_SEED_HI]
+                                                                << 32;
+    uint64_t stream = (uint64_t)(uint32_t)ip[SL_DROPOUT_IP_STREAM_LO] |
+                      (uint64_t)(uint32_t)ip[SL_DROPOUT_IP_STREAM_HI] << 32;
+    *ctr_hi = sl_dropout_ctr_hi(stream, ip[SL_DROPOUT_IP_SITE]);
+    return n->fparams[0];
+}
+
+/* Contiguous in and out (the builder makes them so). Chunks of 1024 elements: each draws its own mask from
+ * the counters, so the partition over threads changes nothing. */
+sl_status sl_k_dropout(sl_tensor *n) {
+    const float *x = n->src[0]->data;
+    float *o = n->data;
+    int64_t N = sl_nelements(n);
+    uint64_t seed = 0, hi = 0;
+    float p = sl_dropout_params(n, &seed, &hi);
+    if (p == 0.0f) {
+        if (o != x) memcpy(o, x, sizeof(float) * (size_t)N);
+        return SL_OK;
+    }
+    const sl_vec_ops *v = sl_vec();
+#pragma omp parallel for schedule(static) if (N > 16384)
+    for (int64_t c0 = 0; c0 < N; c0 += 1024) {
+        float m[1024];
+        int64_t c = N - c0 < 1024 ? N - c0 : 1024;
+        if (v)
+            v->dropout_mask(seed, hi, (uint64_t)c0, c, p, m);
+        else
+            sl_rng_dropout(seed, hi, (uint64_t)c0, c, p, m);
+        for (int64_t i = 0; i < c; i++) o[c0 + i] = x[c0 + i] * m[i];
+    }
+    return SL_OK;
+}
+
 sl_status sl_k_sum_to_ref(sl_tensor *n) {
     sl_tensor *a = n->src[0];
     float *po = n->data;

@@ -17,6 +17,10 @@ sl_status sl_k_cast(sl_tensor *n);
 sl_status sl_k_add(sl_tensor *n);
 sl_status sl_k_mul(sl_tensor *n);
 sl_status sl_k_scale(sl_tensor *n);
+sl_status sl_k_dropout(sl_tensor *n);
+/* A dropout-carrying node's (DROPOUT, or the forward ATTENTION) p when it is on, else 0; with its Philox
+ * key and high counter word (Note [Dropout from counters], src/ops/build.c). */
+float sl_dropout_params(const sl_tensor *n, uint64_t *seed, uint64_t *ctr_hi);
 sl_status sl_k_sum_to(sl_tensor *n);
 sl_status sl_k_acc(sl_tensor *n);
 sl_status sl_k_zeros(sl_tensor *n);

@@ -14,6 +14,8 @@
 
 #include <stdint.h>
 
+#include "suanli/base.h" /* sl_rng_dropout */
+
 /* Causal attention with grouped KV heads. q (B,T,NH,hs), k/v (B,T,NKV,hs): strides in elements for the
  * B, T and head dims (hs is unit-stride). out (B,T,NH*hs) packed; lse (B,NH,T) packed. */
 typedef struct sl_attn_args {
@@ -27,6 +29,10 @@ typedef struct sl_attn_args {
     const float *dy; /* backward: (B,T,NH*hs) with strides dys[0] (B), dys[1] (T); head h at h*hs */
     int64_t dys[2];
     float *dqkv; /* backward: (B,T,NH+2*NKV,hs) packed dq|dk|dv */
+    /* dropout of the probabilities (drop_p > 0): mask of element (b, h, i, j) from sl_rng_dropout(drop_seed,
+     * drop_hi, ((b NH + h) T + i) T + j); Note [Dropout from counters] in src/ops/build.c */
+    float drop_p;
+    uint64_t drop_seed, drop_hi;
 } sl_attn_args;
 #define SL_ATTN_MAX_HS 256 /* larger head sizes use the reference kernel */
 
@@ -53,6 +59,8 @@ typedef struct sl_vec_ops {
     void (*embedding_bwd)(const int32_t *ids, int64_t N, const float *g, float *d, int64_t C);
     void (*attn_fwd)(const sl_attn_args *a);
     void (*attn_bwd)(const sl_attn_args *a);
+    /* out[i] = dropout multiplier of element e0 + i (0 or 1/(1-p)): exactly sl_rng_dropout */
+    void (*dropout_mask)(uint64_t seed, uint64_t hi, uint64_t e0, int64_t n, float p, float *out);
 } sl_vec_ops;
 
 extern const sl_vec_ops sl_vec_ops_avx512, sl_vec_ops_avx2;

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Time to loss (issue 20, item 3): nanoGPT's CPU "baby GPT" recipe (configs/baby.json: 4 layers, 4 heads,
+# 128 wide, T=64, B=12, 2,000 iterations, dropout 0.2, AdamW lr 1e-3 -> 1e-4 cosine, beta2 0.99) on
+# tinyshakespeare bytes (90/10 split), at 2 threads and at 1 thread: wall seconds, CPU seconds (user+sys,
+# robust to a shared machine's load), final val loss (nats/byte, 20 val batches as nanoGPT's
+# --eval_iters=20), tokens/s, and the load average before and after each run.
+# Anchor: nanoGPT on PyTorch reaches val 1.886 in 152 s on the issue's host (2 threads), quoted from issue 20;
+# with --torch PY it also runs bench/tools/nanogpt_baby.py (the same recipe in PyTorch, nanoGPT's model with
+# its dropout places) in the same session with the interpreter PY (needs torch and numpy).
+# Targets: val <= 1.89 in <= 50 s wall at 2 threads; 2 threads >= 1.7x 1 thread.
+# Usage: bench/time_to_loss.sh [--json] [--threads "2 1"] [--iters N] [--torch PY]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+json=0; threads="2 1"; iters=2000; torch_py=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --json) json=1;;
+    --threads) threads="$2"; shift;;
+    --iters) iters="$2"; shift;;
+    --torch) torch_py="$2"; shift;;
+    *) echo "usage: $0 [--json] [--threads \"2 1\"] [--iters N] [--torch PY]" >&2; exit 2;;
+  esac
+  shift
+done
+S=${SUANLI:-./build/suanli}
+work=$(mktemp -d /tmp/suanli-bench-ttl-XXXXXX)
+trap 'rm -rf "$work"' EXIT
+$S data prepare --input data/tinyshakespeare.txt --output-prefix "$work/data" --tokenizer-type byte >/dev/null
+cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
+load() { cut -d' ' -f1 /proc/loadavg; }
+out="$work/results"
+: >"$out"
+for n in $threads; do
+  l0=$(load)
+  /usr/bin/time -f "%e %U %S" -o "$work/time" $S train --config configs/baby.json --data-path "$work/data" \
+    --threads "$n" --train-iters "$iters" --lr-decay-iters "$iters" >"$work/log" 2>&1
+  l1=$(load)
+  read -r wall usr sys <"$work/time"
+  val=$(grep -o 'final val loss [0-9.]*' "$work/log" | awk '{print $4}')
+  cpu_s=$(awk -v u="$usr" -v s="$sys" 'BEGIN {printf "%.2f", u + s}')
+  tps=$(awk -v w="$wall" -v i="$iters" 'BEGIN {printf "%.0f", i * 12 * 64 / w}')
+  echo "suanli $n $wall $cpu_s $val $tps $l0 $l1" >>"$out"
+done
+if [ -n "$torch_py" ]; then
+  l0=$(load)
+  /usr/bin/time -f "%e %U %S" -o "$work/time" "$torch_py" bench/tools/nanogpt_baby.py --data data/tinyshakespeare.txt \
+    --iters "$iters" --threads 2 >"$work/tlog" 2>&1
+  l1=$(load)
+  read -r wall usr sys <"$work/time"
+  val=$(grep -o 'final val loss [0-9.]*' "$work/tlog" | awk '{print $4}')
+  cpu_s=$(awk -v u="$usr" -v s="$sys" 'BEGIN {printf "%.2f", u + s}')
+  tps=$(awk -v w="$wall" -v i="$iters" 'BEGIN {printf "%.0f", i * 12 * 64 / w}')
+  echo "pytorch 2 $wall $cpu_s $val $tps $l0 $l1" >>"$out"
+fi
+w2=$(awk '$1 == "suanli" && $2 == 2 {print $3}' "$out"); w1=$(awk '$1 == "suanli" && $2 == 1 {print $3}' "$out")
+speedup=$(awk -v a="${w1:-0}" -v b="${w2:-0}" 'BEGIN {printf "%.3f", (a > 0 && b > 0) ? a / b : 0}')
+if [ "$json" = 1 ]; then
+  while read -r who n wall cpu_s val tps l0 l1; do
+    printf '{"bench": "time_to_loss", "impl": "%s", "recipe": "nanogpt-baby", "iters": %s, "threads": %s, "wall_s": %s, "cpu_s": %s, "val_loss": %s, "tokens_per_s": %s, "load_before": %s, "load_after": %s, "cpu": "%s", "target_val": 1.89, "target_wall_s": 50, "anchor": "nanoGPT PyTorch, issue 20", "anchor_val": 1.886, "anchor_wall_s": 152}\n' \
+      "$who" "$iters" "$n" "$wall" "$cpu_s" "${val:-null}" "$tps" "$l0" "$l1" "$cpu"
+  done <"$out"
+  printf '{"bench": "time_to_loss_scaling", "wall_1_thread_over_2_threads": %s, "target": 1.7}\n' "$speedup"
+else
+  echo "time to loss, nanoGPT baby recipe ($iters iterations), $cpu"
+  while read -r who n wall cpu_s val tps l0 l1; do
+    echo "  $who, $n threads: val $val in $wall s wall ($cpu_s s CPU, $tps tokens/s), load $l0 -> $l1"
+  done <"$out"
+  echo "  1-thread wall / 2-thread wall: $speedup (target >= 1.7); anchor: nanoGPT/PyTorch val 1.886 in 152 s (issue 20)"
+fi
