@@ -105,6 +105,20 @@ static int run_timed(sl_trainer *tr, sl_tp *tp, synth *s, int64_t warm, int64_t 
     return rc;
 }
 
+/* the per-rank DP memory record (after the timing record) */
+static void print_dp_memory(sl_dp *dp, int json, int64_t zero) {
+    sl_dp_memory mem;
+    sl_dp_memory_report(dp, &mem);
+    printf(json ? "{\"bench\": \"train_dp_memory\", \"zero_stage\": %lld, \"param_mib\": %.1f, "
+                  "\"slot_mib\": %.1f, "
+                  "\"grad_mib\": %.1f, \"grad_shard_mib\": %.1f, \"optim_mib\": %.1f}\n"
+                : "per rank (ZeRO-%lld): params %.1f MiB, slots %.1f MiB, grads %.1f MiB, grad shard "
+                  "%.1f MiB, "
+                  "optimizer %.1f MiB\n",
+           (long long)zero, mem.param_bytes / 1048576.0, mem.slot_bytes / 1048576.0,
+           mem.grad_bytes / 1048576.0, mem.grad_shard_bytes / 1048576.0, mem.optim_bytes / 1048576.0);
+}
+
 int sl_bench_train(int argc, char **argv) {
     int64_t L = 12, NH = 12, C = 768, V = 50257, B = 4, T = 64, steps = 5, warm = 1, threads = 2, accum = 1,
             zero = 0, bucket = 1 << 20, tpn = 1, ppn = 1, pfirst = 0, plast = 0;
@@ -252,27 +266,28 @@ int sl_bench_train(int argc, char **argv) {
     int bal[2] = {0, 0}; /* the split the head's cost suggests (Note [Uneven pipeline stages]) */
     sl_pp_balanced_split((int)L, mesh.pp, sl_gpt2_head_layers(&cfg, (int)T), &bal[0], &bal[1]);
     if (json)
-        printf("{\"bench\": \"train\", \"device\": \"%s\", \"model\": \"gpt2\", \"L\": %lld, \"NH\": %lld, "
-               "\"C\": %lld, \"V\": "
-               "%lld, \"B\": %lld, "
-               "\"T\": %lld, \"threads\": %lld, \"dtype\": \"%s\", \"ms_per_step\": %.2f, \"tokens_per_s\": "
-               "%.2f, "
-               "\"gflops\": %.2f, \"peak_gflops\": %.2f, \"mfu\": %.4f, \"activation_mib\": %.1f, \"loss\": "
-               "%.4f, "
-               "\"dp\": %d, \"accum\": %lld, \"zero_stage\": %lld, \"comm_wait_fraction\": %.4f, \"tp\": %d, "
-               "\"tp_comm_fraction\": %.4f, \"tp_comm_mib_per_step\": %.2f, \"param_mib_per_rank\": %.1f, "
-               "\"pp\": %d, \"pipe_wait_fraction\": %.4f, \"bubble_theory\": %.4f, \"first_layers\": %d, "
-               "\"last_layers\": %d, \"balanced_first_layers\": %d, \"balanced_last_layers\": %d, \"busy\": %d, "
-               "\"adaptive_threads\": %d, \"mean_threads\": %.2f, \"thread_switches\": %lld, \"probes\": "
-               "%lld, \"cpu_ms_per_step\": %.2f, \"wall_ms_per_step_mean\": %.2f, "
-               "\"tokens_per_s_mean\": %.2f, \"attention_dropout\": %g, \"hidden_dropout\": %g}\n",
-               device, (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T,
-               (long long)threads, bf16 ? "bf16-mixed" : "f32", med * 1e3, tps, flops / 1e9, peak / 1e9, mfu,
-               tr.plan.planned_bytes / 1048576.0, loss, mesh.dp, (long long)accum, (long long)zero, wait_frac,
-               mesh.tp, tp_frac, tp_bytes / 1048576.0, m->numel * 4.0 / 1048576.0, mesh.pp, pipe_frac,
-               (double)(mesh.pp - 1) / (double)(accum + mesh.pp - 1), (int)pfirst, (int)plast, bal[0],
-               bal[1], busy, tr.gov.on, thr_mean, (long long)tr.gov.switches, (long long)tr.gov.probes,
-               cpu_step * 1e3, wall_mean * 1e3, (double)(B * T) * (double)accum * mesh.dp / wall_mean, pa, ph);
+        printf(
+            "{\"bench\": \"train\", \"device\": \"%s\", \"model\": \"gpt2\", \"L\": %lld, \"NH\": %lld, "
+            "\"C\": %lld, \"V\": "
+            "%lld, \"B\": %lld, "
+            "\"T\": %lld, \"threads\": %lld, \"dtype\": \"%s\", \"ms_per_step\": %.2f, \"tokens_per_s\": "
+            "%.2f, "
+            "\"gflops\": %.2f, \"peak_gflops\": %.2f, \"mfu\": %.4f, \"activation_mib\": %.1f, \"loss\": "
+            "%.4f, "
+            "\"dp\": %d, \"accum\": %lld, \"zero_stage\": %lld, \"comm_wait_fraction\": %.4f, \"tp\": %d, "
+            "\"tp_comm_fraction\": %.4f, \"tp_comm_mib_per_step\": %.2f, \"param_mib_per_rank\": %.1f, "
+            "\"pp\": %d, \"pipe_wait_fraction\": %.4f, \"bubble_theory\": %.4f, \"first_layers\": %d, "
+            "\"last_layers\": %d, \"balanced_first_layers\": %d, \"balanced_last_layers\": %d, \"busy\": %d, "
+            "\"adaptive_threads\": %d, \"mean_threads\": %.2f, \"thread_switches\": %lld, \"probes\": "
+            "%lld, \"cpu_ms_per_step\": %.2f, \"wall_ms_per_step_mean\": %.2f, "
+            "\"tokens_per_s_mean\": %.2f, \"attention_dropout\": %g, \"hidden_dropout\": %g}\n",
+            device, (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T,
+            (long long)threads, bf16 ? "bf16-mixed" : "f32", med * 1e3, tps, flops / 1e9, peak / 1e9, mfu,
+            tr.plan.planned_bytes / 1048576.0, loss, mesh.dp, (long long)accum, (long long)zero, wait_frac,
+            mesh.tp, tp_frac, tp_bytes / 1048576.0, m->numel * 4.0 / 1048576.0, mesh.pp, pipe_frac,
+            (double)(mesh.pp - 1) / (double)(accum + mesh.pp - 1), (int)pfirst, (int)plast, bal[0], bal[1],
+            busy, tr.gov.on, thr_mean, (long long)tr.gov.switches, (long long)tr.gov.probes, cpu_step * 1e3,
+            wall_mean * 1e3, (double)(B * T) * (double)accum * mesh.dp / wall_mean, pa, ph);
     else
         printf("GPT-2 on %s, L%lld NH%lld C%lld V%lld B%lld T%lld %s, %lld threads: %.1f ms/step (median of "
                "%lld), "
@@ -290,18 +305,7 @@ int sl_bench_train(int argc, char **argv) {
                thr_mean, tr.gov.on ? "adaptive" : "fixed", (long long)tr.gov.switches,
                (long long)tr.gov.probes, busy ? "; a spinning neighbour process ran throughout" : "",
                cpu_step * 1e3, wall_mean * 1e3);
-    if (dp) {
-        sl_dp_memory mem;
-        sl_dp_memory_report(dp, &mem);
-        printf(json ? "{\"bench\": \"train_dp_memory\", \"zero_stage\": %lld, \"param_mib\": %.1f, "
-                      "\"slot_mib\": %.1f, "
-                      "\"grad_mib\": %.1f, \"grad_shard_mib\": %.1f, \"optim_mib\": %.1f}\n"
-                    : "per rank (ZeRO-%lld): params %.1f MiB, slots %.1f MiB, grads %.1f MiB, grad shard "
-                      "%.1f MiB, "
-                      "optimizer %.1f MiB\n",
-               (long long)zero, mem.param_bytes / 1048576.0, mem.slot_bytes / 1048576.0,
-               mem.grad_bytes / 1048576.0, mem.grad_shard_bytes / 1048576.0, mem.optim_bytes / 1048576.0);
-    }
+    if (dp) print_dp_memory(dp, json, zero);
     free(ts);
     sl_dp_free(dp);
     sl_tp_free(tp);

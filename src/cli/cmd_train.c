@@ -89,7 +89,9 @@ static int train_flags(sl_train_opts *o, const char **config, sl_flag *flags, in
         {"temperature", SL_FLAG_FLOAT, &o->sample.temperature, 0, 100, "sample temperature (0.8)", 0},
         {"top-k", SL_FLAG_INT, &o->sample.top_k, 0, 1 << 24, "sample top-k, 0 = off", 0},
         {"tensor-model-parallel-size", SL_FLAG_INT, &o->parallel.tp, 1, 4096,
-         "tensor-parallel ranks (GPT-2, --init-from Llama family; rank order tp fastest, world = dp x pp x tp)", 0},
+         "tensor-parallel ranks (GPT-2, --init-from Llama family; rank order tp fastest, world = dp x pp x "
+         "tp)",
+         0},
         {"tp", SL_FLAG_INT, &o->parallel.tp, 1, 4096, "short for --tensor-model-parallel-size", 0},
         {"sequence-parallel", SL_FLAG_BOOL, &o->parallel.sequence_parallel, 0, 1,
          "split the norm/residual regions along the sequence across the TP group (needs --tp > 1)", 0},

@@ -23,6 +23,36 @@ static sl_tensor *new_backward_op(sl_ctx *ctx, sl_op op, const sl_tensor *like) 
     return sl_new_op(ctx, op, SL_F32, like->ndim, like->ne);
 }
 
+/* the matmul rule: dA, dB (A folded to rows for a 2-D B), the fused bias */
+static void matmul_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_grad_emit emit,
+                            void *st) {
+    sl_tensor *a = n->src[0], *b = n->src[1];
+    int tA = n->iparams[0], tB = n->iparams[1];
+    int folded = (b->ndim == 2 && a->ndim > 2);
+    sl_tensor *A = folded ? as_2d_rows(ctx, a) : a;
+    sl_tensor *G = folded ? as_2d_rows(ctx, g) : g;
+    /* half (bf16/f16) operands: the gradient enters the GEMMs rounded to that dtype (products stay f32)
+     */
+    if ((a->dtype == SL_BF16 || a->dtype == SL_F16) && G->dtype != a->dtype) G = sl_cast(ctx, G, a->dtype);
+    if (ng[0]) {
+        sl_tensor *dA;
+        if (!tA)
+            dA = tB ? sl_matmul(ctx, G, b, 0, 0) : sl_matmul(ctx, G, b, 0, 1);
+        else
+            dA = tB ? sl_matmul(ctx, b, G, 1, 1) : sl_matmul(ctx, b, G, 0, 1);
+        emit(st, a, reshape_like(ctx, dA, a));
+    }
+    if (ng[1]) {
+        sl_tensor *dB;
+        if (!tA)
+            dB = tB ? sl_matmul(ctx, G, A, 1, 0) : sl_matmul(ctx, A, G, 1, 0);
+        else
+            dB = tB ? sl_matmul(ctx, G, A, 1, 1) : sl_matmul(ctx, A, G, 0, 0);
+        emit(st, b, dB);
+    }
+    if (n->src[2] && ng[2]) emit(st, n->src[2], sl_sum_to(ctx, g, n->src[2])); /* fused bias */
+}
+
 void sl_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_grad_emit emit, void *st) {
     sl_tensor *a = n->src[0], *b = n->src[1];
     switch (n->op) {
@@ -59,34 +89,9 @@ void sl_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_g
         if (ng[1]) emit(st, b, sl_slice(ctx, g, dim, a->ne[dim], b->ne[dim]));
         break;
     }
-    case SL_OP_MATMUL: {
-        int tA = n->iparams[0], tB = n->iparams[1];
-        int folded = (b->ndim == 2 && a->ndim > 2);
-        sl_tensor *A = folded ? as_2d_rows(ctx, a) : a;
-        sl_tensor *G = folded ? as_2d_rows(ctx, g) : g;
-        /* half (bf16/f16) operands: the gradient enters the GEMMs rounded to that dtype (products stay f32)
-         */
-        if ((a->dtype == SL_BF16 || a->dtype == SL_F16) && G->dtype != a->dtype)
-            G = sl_cast(ctx, G, a->dtype);
-        if (ng[0]) {
-            sl_tensor *dA;
-            if (!tA)
-                dA = tB ? sl_matmul(ctx, G, b, 0, 0) : sl_matmul(ctx, G, b, 0, 1);
-            else
-                dA = tB ? sl_matmul(ctx, b, G, 1, 1) : sl_matmul(ctx, b, G, 0, 1);
-            emit(st, a, reshape_like(ctx, dA, a));
-        }
-        if (ng[1]) {
-            sl_tensor *dB;
-            if (!tA)
-                dB = tB ? sl_matmul(ctx, G, A, 1, 0) : sl_matmul(ctx, A, G, 1, 0);
-            else
-                dB = tB ? sl_matmul(ctx, G, A, 1, 1) : sl_matmul(ctx, A, G, 0, 0);
-            emit(st, b, dB);
-        }
-        if (n->src[2] && ng[2]) emit(st, n->src[2], sl_sum_to(ctx, g, n->src[2])); /* fused bias */
+    case SL_OP_MATMUL:
+        matmul_backward(ctx, n, g, ng, emit, st);
         break;
-    }
     case SL_OP_GELU:
         if (ng[0]) {
             sl_tensor *t = new_backward_op(ctx, SL_OP_GELU_BACK, a);

@@ -386,8 +386,8 @@ sl_status sl_par_gather_whole(sl_tp *t, const sl_mesh *mesh, const sl_model *sta
         sl_model *peer = NULL;
         float *buf = NULL;
         st = sl_comm_recv(mesh->pp_comm, &cnt, 1, SL_COMM_I64, s);
-        sl_model_split split = {stage->tp > 1 ? stage->tp : 1, stage->tp_rank,       mesh->pp, s, stage->vpp,
-                                stage->pp_first_layers,        stage->pp_last_layers, 1, 0};
+        sl_model_split split = {stage->tp > 1 ? stage->tp : 1, stage->tp_rank,        mesh->pp, s, stage->vpp,
+                                stage->pp_first_layers,        stage->pp_last_layers, 1,        0};
         if (st == SL_OK) st = sl_model_new_split(stage, sl_backend_cpu(), &split, &peer);
         if (st == SL_OK && sl_tp_full_numel(peer) != cnt)
             st = sl_fail(SL_ERR_INTERNAL, "gather: stage %d sent %lld parameters, expected %lld", s,

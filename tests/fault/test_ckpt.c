@@ -32,6 +32,71 @@ static int run(const char *fmt, ...) {
     "--data-path data --num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 "              \
     "--micro-batch-size 2 --train-iters 12 --lr-decay-iters 12 --eval-interval 0 --eval-iters 1 --threads 1"
 
+/* torn writes at every commit stage, a corrupt or missing newest checkpoint (fall back to the previous one),
+ * malformed manifests and checkpoints of another model (run after the single-process runs: base, s1) */
+static void damaged_checkpoints(void) {
+    char a[700], b[700];
+    int rc;
+    snprintf(a, sizeof a, "%s/base/model.safetensors", dir);
+    /* ---- torn checkpoints: die at every stage of the write/commit of the step-8 checkpoint ---- */
+    for (int stage = 0; stage <= 5; stage++) {
+        rc = run("sh -c 'rm -rf torn && %s train " TINY
+                 " --save torn --save-interval 4 --train-iters 7 >/dev/null 2>&1 && "
+                 "env SUANLI_FAULT_COMMIT_STAGE=%d %s train " TINY
+                 " --save torn --load torn --save-interval 4'",
+                 cli, stage, cli);
+        TU_CHECK(rc != 0, "stage %d: the run died: %s", stage, out);
+        rc = run("%s ckpt verify torn", cli);
+        TU_CHECK(rc == 0 && (strstr(out, "step-0000004") || strstr(out, "step-0000008")),
+                 "stage %d: a valid checkpoint remains: %s", stage, out);
+        rc = run("%s train " TINY " --save torn --load torn --save-interval 4", cli);
+        TU_CHECK(rc == 0, "stage %d: resume: %s", stage, out);
+        snprintf(a, sizeof a, "%s/base/model.safetensors", dir);
+        snprintf(b, sizeof b, "%s/torn/model.safetensors", dir);
+        TU_CHECK(tu_same_file(a, b), "stage %d: final weights bitwise equal to the uninterrupted run", stage);
+    }
+
+    /* ---- corrupt newest checkpoint: fall back to the previous one ---- */
+    rc = run("sh -c 'rm -rf cor && %s train " TINY
+             " --save cor --save-interval 4 --train-iters 8 --save-keep 0'",
+             cli);
+    TU_CHECK(rc == 0, "corrupt setup: %s", out);
+    /* a byte in the data (64 bytes before the end: the header, padded to a multiple of 4096 for O_DIRECT,
+     * can be longer than any fixed offset) */
+    rc = run("sh -c 'f=cor/step-0000008/shard-r00000.safetensors; printf \"\\\\377\" | dd of=$f bs=1 "
+             "seek=$(($(stat -c %%s $f) - 64)) conv=notrunc 2>/dev/null'");
+    TU_CHECK(rc == 0, "flip: %s", out);
+    rc = run("%s ckpt verify cor", cli);
+    TU_CHECK(rc == 0 && strstr(out, "checksum mismatch") && strstr(out, "step-0000004"),
+             "bit flip reported, step 4 used: %s", out);
+    rc = run("%s train " TINY " --save cor --load cor --save-interval 4 --save-keep 0", cli);
+    TU_CHECK(rc == 0 && strstr(out, "resumed from cor/step-0000004"), "resume from the previous: %s", out);
+    snprintf(b, sizeof b, "%s/cor/model.safetensors", dir);
+    TU_CHECK(tu_same_file(a, b), "after fallback, final weights bitwise equal to the uninterrupted run");
+    rc = run("sh -c 'rm cor/step-0000012/shard-r00000.safetensors && %s ckpt verify cor'", cli);
+    TU_CHECK(rc == 0 && strstr(out, "step-0000008") && strstr(out, "shard-r00000.safetensors"),
+             "missing shard: %s", out);
+
+    rc = run("sh -c 'truncate -s 1000 cor/step-0000008/shard-r00000.safetensors && %s ckpt verify cor'", cli);
+    TU_CHECK(rc == 0 && strstr(out, "step-0000004") && strstr(out, "step-0000008"),
+             "truncated shard reported, step 4 used: %s", out);
+
+    /* ---- malformed manifest, another model ---- */
+    rc = run("sh -c 'sed -i \"s/\\\"step\\\":[[:space:]]*[0-9]*/\\\"step\\\": \\\"twelve\\\"/\" "
+             "cor/step-0000012/manifest.json "
+             "cor/step-0000008/manifest.json cor/step-0000004/manifest.json && %s ckpt verify cor'",
+             cli);
+    TU_CHECK(rc == 2 && strstr(out, "'step'"), "wrong-typed manifest field: rc %d %s", rc, out);
+    rc = run("%s train " TINY " --load cor", cli);
+    TU_CHECK(rc == 2 && strstr(out, "'step'"), "train refuses: rc %d %s", rc, out);
+    rc = run("%s train " TINY " --hidden-size 64 --load s1", cli);
+    TU_CHECK(rc == 2 && strstr(out, "--hidden-size 64 conflicts"), "other model shape: %s", out);
+    rc = run("sh -c 'sed -i \"s/\\\"n_embd\\\":[[:space:]]*32/\\\"n_embd\\\": 16/\" "
+             "s1/step-0000012/config.json && %s train " TINY " --hidden-size 16 --load s1'",
+             cli);
+    TU_CHECK(rc == 2 && strstr(out, "param/"), "tensors of another shape: rc %d %s", rc, out);
+}
+
 int main(void) {
     cli = tu_cli();
     snprintf(dir, sizeof dir, "%s", tu_tmpdir("ckpt"));
@@ -190,63 +255,7 @@ int main(void) {
                  l, ref);
     }
 
-    /* ---- torn checkpoints: die at every stage of the write/commit of the step-8 checkpoint ---- */
-    for (int stage = 0; stage <= 5; stage++) {
-        rc = run("sh -c 'rm -rf torn && %s train " TINY
-                 " --save torn --save-interval 4 --train-iters 7 >/dev/null 2>&1 && "
-                 "env SUANLI_FAULT_COMMIT_STAGE=%d %s train " TINY
-                 " --save torn --load torn --save-interval 4'",
-                 cli, stage, cli);
-        TU_CHECK(rc != 0, "stage %d: the run died: %s", stage, out);
-        rc = run("%s ckpt verify torn", cli);
-        TU_CHECK(rc == 0 && (strstr(out, "step-0000004") || strstr(out, "step-0000008")),
-                 "stage %d: a valid checkpoint remains: %s", stage, out);
-        rc = run("%s train " TINY " --save torn --load torn --save-interval 4", cli);
-        TU_CHECK(rc == 0, "stage %d: resume: %s", stage, out);
-        snprintf(a, sizeof a, "%s/base/model.safetensors", dir);
-        snprintf(b, sizeof b, "%s/torn/model.safetensors", dir);
-        TU_CHECK(tu_same_file(a, b), "stage %d: final weights bitwise equal to the uninterrupted run", stage);
-    }
-
-    /* ---- corrupt newest checkpoint: fall back to the previous one ---- */
-    rc = run("sh -c 'rm -rf cor && %s train " TINY
-             " --save cor --save-interval 4 --train-iters 8 --save-keep 0'",
-             cli);
-    TU_CHECK(rc == 0, "corrupt setup: %s", out);
-    /* a byte in the data (64 bytes before the end: the header, padded to a multiple of 4096 for O_DIRECT,
-     * can be longer than any fixed offset) */
-    rc = run("sh -c 'f=cor/step-0000008/shard-r00000.safetensors; printf \"\\\\377\" | dd of=$f bs=1 "
-             "seek=$(($(stat -c %%s $f) - 64)) conv=notrunc 2>/dev/null'");
-    TU_CHECK(rc == 0, "flip: %s", out);
-    rc = run("%s ckpt verify cor", cli);
-    TU_CHECK(rc == 0 && strstr(out, "checksum mismatch") && strstr(out, "step-0000004"),
-             "bit flip reported, step 4 used: %s", out);
-    rc = run("%s train " TINY " --save cor --load cor --save-interval 4 --save-keep 0", cli);
-    TU_CHECK(rc == 0 && strstr(out, "resumed from cor/step-0000004"), "resume from the previous: %s", out);
-    snprintf(b, sizeof b, "%s/cor/model.safetensors", dir);
-    TU_CHECK(tu_same_file(a, b), "after fallback, final weights bitwise equal to the uninterrupted run");
-    rc = run("sh -c 'rm cor/step-0000012/shard-r00000.safetensors && %s ckpt verify cor'", cli);
-    TU_CHECK(rc == 0 && strstr(out, "step-0000008") && strstr(out, "shard-r00000.safetensors"),
-             "missing shard: %s", out);
-
-    rc = run("sh -c 'truncate -s 1000 cor/step-0000008/shard-r00000.safetensors && %s ckpt verify cor'", cli);
-    TU_CHECK(rc == 0 && strstr(out, "step-0000004") && strstr(out, "step-0000008"),
-             "truncated shard reported, step 4 used: %s", out);
-
-    /* ---- malformed manifest, another model ---- */
-    rc = run("sh -c 'sed -i \"s/\\\"step\\\":[[:space:]]*[0-9]*/\\\"step\\\": \\\"twelve\\\"/\" "
-             "cor/step-0000012/manifest.json "
-             "cor/step-0000008/manifest.json cor/step-0000004/manifest.json && %s ckpt verify cor'",
-             cli);
-    TU_CHECK(rc == 2 && strstr(out, "'step'"), "wrong-typed manifest field: rc %d %s", rc, out);
-    rc = run("%s train " TINY " --load cor", cli);
-    TU_CHECK(rc == 2 && strstr(out, "'step'"), "train refuses: rc %d %s", rc, out);
-    rc = run("%s train " TINY " --hidden-size 64 --load s1", cli);
-    TU_CHECK(rc == 2 && strstr(out, "--hidden-size 64 conflicts"), "other model shape: %s", out);
-    rc = run("sh -c 'sed -i \"s/\\\"n_embd\\\":[[:space:]]*32/\\\"n_embd\\\": 16/\" "
-             "s1/step-0000012/config.json && %s train " TINY " --hidden-size 16 --load s1'",
-             cli);
-    TU_CHECK(rc == 2 && strstr(out, "param/"), "tensors of another shape: rc %d %s", rc, out);
+    damaged_checkpoints();
 
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
