@@ -95,12 +95,15 @@ static sl_status jbool(const cJSON *o, const char *path, const char *key, int de
 
 /* Qwen2-MoE and DeepSeek-V3 (with Llama attention) MoE fields */
 static sl_status parse_moe(const cJSON *r, const char *path, sl_hf_config *c) {
-    SL_TRY(jint(r, path, "num_experts_per_tok", 0, 0, &c->n_experts_per_tok));
-    SL_TRY(jint(r, path, "moe_intermediate_size", 0, 0, &c->moe_intermediate));
+    SL_TRY(jdim(r, path, "num_experts_per_tok", 0, 0, &c->n_experts_per_tok));
+    SL_TRY(jdim(r, path, "moe_intermediate_size", 0, 0, &c->moe_intermediate));
     if (c->arch == SL_HF_QWEN2_MOE) {
         int step = 1;
-        SL_TRY(jint(r, path, "num_experts", 0, 0, &c->n_experts));
+        SL_TRY(jdim(r, path, "num_experts", 0, 0, &c->n_experts));
         SL_TRY(jint(r, path, "shared_expert_intermediate_size", 1, 0, &c->shared_intermediate));
+        if (c->shared_intermediate < 0 || c->shared_intermediate > SL_HF_MAX_DIM)
+            return sl_fail(SL_ERR_FORMAT, "%s: field 'shared_expert_intermediate_size' must be in [0, %d]",
+                           path, SL_HF_MAX_DIM);
         SL_TRY(jbool(r, path, "norm_topk_prob", 0, &c->norm_topk_prob));
         SL_TRY(jint(r, path, "decoder_sparse_step", 1, 1, &step));
         const cJSON *mo = cJSON_GetObjectItemCaseSensitive(r, "mlp_only_layers");
@@ -127,8 +130,13 @@ static sl_status parse_moe(const cJSON *r, const char *path, sl_hf_config *c) {
     if (interleave)
         return sl_fail(SL_ERR_UNSUPPORTED, "%s: field 'rope_interleave': only rotate-half RoPE is supported",
                        path);
-    SL_TRY(jint(r, path, "n_routed_experts", 0, 0, &c->n_experts));
+    SL_TRY(jdim(r, path, "n_routed_experts", 0, 0, &c->n_experts));
     SL_TRY(jint(r, path, "n_shared_experts", 1, 1, &n_shared));
+    /* the shared experts form one MLP of n_shared * moe_intermediate_size; keep it a model dimension */
+    if (n_shared < 0 || (int64_t)n_shared * c->moe_intermediate > SL_HF_MAX_DIM)
+        return sl_fail(SL_ERR_FORMAT,
+                       "%s: field 'n_shared_experts' must be in [0, %d] for moe_intermediate_size %d", path,
+                       SL_HF_MAX_DIM / c->moe_intermediate, c->moe_intermediate);
     c->shared_intermediate = n_shared * c->moe_intermediate;
     SL_TRY(jint(r, path, "n_group", 1, 1, &c->n_group));
     SL_TRY(jint(r, path, "topk_group", 1, 1, &c->topk_group));
@@ -274,8 +282,8 @@ static sl_status parse_config(const cJSON *r, const char *path, sl_hf_config *c,
                        "7B (RoPE) layout",
                        path);
     if (c->arch == SL_HF_MIXTRAL) {
-        SL_TRY(jint(r, path, "num_local_experts", 0, 0, &c->n_experts));
-        SL_TRY(jint(r, path, "num_experts_per_tok", 0, 0, &c->n_experts_per_tok));
+        SL_TRY(jdim(r, path, "num_local_experts", 0, 0, &c->n_experts));
+        SL_TRY(jdim(r, path, "num_experts_per_tok", 0, 0, &c->n_experts_per_tok));
     }
     if (c->arch == SL_HF_QWEN2_MOE || c->arch == SL_HF_DEEPSEEK_V3) SL_TRY(parse_moe(r, path, c));
     if (info) {

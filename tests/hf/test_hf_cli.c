@@ -330,6 +330,15 @@ int main(void) {
     copy_fixture("mixtral", d);
     set_cfg(d, "num_experts_per_tok", "9");
     bad("experts per token", "num_experts_per_tok", gen(d, ""));
+    set_cfg(d, "num_experts_per_tok", "0");
+    bad("zero experts per token", "field 'num_experts_per_tok' must be in [1, 16777216], got 0", gen(d, ""));
+    /* shared experts whose width overflowed an int (fuzz_hf_config, regress-shared-overflow.bin) */
+    copy_fixture("deepseek_v3", d);
+    set_cfg(d, "n_shared_experts", "1073741824");
+    bad("shared experts overflow", "field 'n_shared_experts' must be in [0, ", gen(d, ""));
+    copy_fixture("qwen2_moe", d);
+    set_cfg(d, "shared_expert_intermediate_size", "-8");
+    bad("negative shared width", "field 'shared_expert_intermediate_size' must be in [0, ", gen(d, ""));
 
     /* safetensors damage */
     copy_fixture("qwen2", d);
