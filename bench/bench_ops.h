@@ -9,4 +9,7 @@
 int sl_bench_ops(int argc, char **argv);
 /* Measured fp32 FMA peak (FLOP/s) with nthr threads; used by bench train for MFU. */
 double sl_bench_fma_peak(int nthr);
+/* measured GFLOP/s of vdpbf16ps chains on nthr threads (AVX512_BF16), else the f32 FMA peak (the
+ * emulated bf16 GEMM widens to f32) */
+double sl_bench_bf16_peak(int nthr);
 #endif

@@ -1,6 +1,7 @@
 /* suanli bench train — ms/step, tokens/s and MFU of GPT-2 training steps on synthetic tokens.
- * MFU uses the host's fp32 FMA peak measured in the same run (sl_bench_fma_peak from bench_ops.c), also
- * with --device (a device's own peak is not known here; on PoCL's CPU device it is the same host). */
+ * MFU uses the host's peak for the GEMMs' dtype measured in the same run (sl_bench_fma_peak, or
+ * sl_bench_bf16_peak with --bf16, from bench_ops.c), also with --device (a device's own peak is not known
+ * here; on PoCL's CPU device it is the same host). Peak RSS is the process's ru_maxrss. */
 #define _GNU_SOURCE
 #include <math.h>
 #include <signal.h>
@@ -259,7 +260,12 @@ int sl_bench_train(int argc, char **argv) {
     double tps = (double)(B * T) * (double)accum * mesh.dp / med;
     double wait_frac = step_tot > 0 ? wait_tot / step_tot : 0;
     double flops = sl_gpt2_flops_per_token(&cfg, (int)T) * tps;
-    double peak = sl_bench_fma_peak((int)threads) * 1e9 * mesh.world; /* GFLOP/s -> FLOP/s, all ranks */
+    /* MFU against the peak of the dtype the GEMMs run in (PaLM's convention): bf16-mixed against the
+     * measured vdpbf16ps peak; mfu_f32_peak keeps the fp32 figure for comparison */
+    double peak32 = sl_bench_fma_peak((int)threads) * 1e9 * mesh.world; /* GFLOP/s -> FLOP/s, all ranks */
+    double peak = bf16 ? sl_bench_bf16_peak((int)threads) * 1e9 * mesh.world : peak32;
+    struct rusage ru;
+    double rss_mib = getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss / 1024.0 : -1;
     double pipe_frac = step_tot > 0 ? pipe_tot / step_tot : 0;
     double tp_frac = step_tot > 0 ? tp_tot / step_tot : 0;
     double mfu = peak > 0 ? flops / peak : 0;
@@ -280,24 +286,27 @@ int sl_bench_train(int argc, char **argv) {
             "\"last_layers\": %d, \"balanced_first_layers\": %d, \"balanced_last_layers\": %d, \"busy\": %d, "
             "\"adaptive_threads\": %d, \"mean_threads\": %.2f, \"thread_switches\": %lld, \"probes\": "
             "%lld, \"cpu_ms_per_step\": %.2f, \"wall_ms_per_step_mean\": %.2f, "
-            "\"tokens_per_s_mean\": %.2f, \"attention_dropout\": %g, \"hidden_dropout\": %g}\n",
+            "\"tokens_per_s_mean\": %.2f, \"attention_dropout\": %g, \"hidden_dropout\": %g, "
+            "\"mfu_f32_peak\": %.4f, \"peak_rss_mib\": %.1f}\n",
             device, (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T,
             (long long)threads, bf16 ? "bf16-mixed" : "f32", med * 1e3, tps, flops / 1e9, peak / 1e9, mfu,
             tr.plan.planned_bytes / 1048576.0, loss, mesh.dp, (long long)accum, (long long)zero, wait_frac,
             mesh.tp, tp_frac, tp_bytes / 1048576.0, m->numel * 4.0 / 1048576.0, mesh.pp, pipe_frac,
             (double)(mesh.pp - 1) / (double)(accum + mesh.pp - 1), (int)pfirst, (int)plast, bal[0], bal[1],
             busy, tr.gov.on, thr_mean, (long long)tr.gov.switches, (long long)tr.gov.probes, cpu_step * 1e3,
-            wall_mean * 1e3, (double)(B * T) * (double)accum * mesh.dp / wall_mean, pa, ph);
+            wall_mean * 1e3, (double)(B * T) * (double)accum * mesh.dp / wall_mean, pa, ph,
+            peak32 > 0 ? flops / peak32 : 0, rss_mib);
     else
         printf("GPT-2 on %s, L%lld NH%lld C%lld V%lld B%lld T%lld %s, %lld threads: %.1f ms/step (median of "
                "%lld), "
                "%.1f tokens/s, "
-               "%.1f GFLOP/s, MFU %.1f%% of measured %.1f GFLOP/s peak; activations %.1f MiB; dp %d x accum "
+               "%.1f GFLOP/s, MFU %.1f%% of measured %.1f GFLOP/s %s peak; activations %.1f MiB; peak RSS "
+               "%.0f MiB; dp %d x accum "
                "%lld, ZeRO-%lld, comm wait %.1f%% of step; tp %d, TP collectives %.1f%% of step\n",
                device, (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T,
                bf16 ? "bf16-mixed" : "fp32", (long long)threads, med * 1e3, (long long)steps, tps,
-               flops / 1e9, 100 * mfu, peak / 1e9, tr.plan.planned_bytes / 1048576.0, mesh.dp,
-               (long long)accum, (long long)zero, 100 * wait_frac, mesh.tp, 100 * tp_frac);
+               flops / 1e9, 100 * mfu, peak / 1e9, bf16 ? "bf16" : "fp32", tr.plan.planned_bytes / 1048576.0,
+               rss_mib, mesh.dp, (long long)accum, (long long)zero, 100 * wait_frac, mesh.tp, 100 * tp_frac);
     if (!json)
         printf("threads: mean %.2f per step (%s, %lld switches, %lld probes)%s; CPU %.1f ms/step; mean wall "
                "%.1f "

@@ -55,6 +55,10 @@ typedef struct sl_backend_caps {
     size_t alignment; /* every buffer base is aligned to this (bytes, power of two) */
     int host_visible; /* 1: device addresses are host pointers (sl_buffer_map works) */
     int async_copies; /* 1: copy_in_async/copy_out_async complete only at synchronize */
+    /* 1: the kernels of the ops in sl_op_may_overwrite (graph.c) read each input element before writing the
+     * output element at the same index, so the planner may give an output the storage of an input that
+     * dies there (Note [Donated storage]) */
+    int donate_inputs;
 } sl_backend_caps;
 
 /* Counters a backend keeps (for tests and diagnostics). */

@@ -27,6 +27,9 @@ extern "C" {
 
 /* SL_F16: IEEE binary16 (issue 19), appended so the stored values of the others do not change */
 typedef enum sl_dtype { SL_F32 = 0, SL_BF16, SL_I32, SL_F16, SL_DTYPE_COUNT } sl_dtype;
+/* MATMUL iparams[3]: SL_BF16 = round the f32 product to bf16 before it is stored or accumulated (Note
+ * [Rounded weight gradients], src/ops/ops_internal.h); 0 = none */
+#define SL_MATMUL_IP_ROUND 3
 size_t sl_dtype_size(sl_dtype t);
 const char *sl_dtype_name(sl_dtype t);
 

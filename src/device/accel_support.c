@@ -60,8 +60,9 @@ int sl_accel_supports(const sl_tensor *n) {
     case SL_OP_KV_STORE:
         return all_f32(n);
     case SL_OP_MATMUL:
-        return all_f32(n) && a->ndim >= 2 && b->ndim >= 2 && n->ndim >= 2 && last_unit(a) && last_unit(b) &&
-               last_unit(n) && (!n->src[2] || sl_is_contiguous(n->src[2]));
+        return all_f32(n) && !n->iparams[SL_MATMUL_IP_ROUND] && a->ndim >= 2 && b->ndim >= 2 &&
+               n->ndim >= 2 && last_unit(a) && last_unit(b) && last_unit(n) &&
+               (!n->src[2] || sl_is_contiguous(n->src[2]));
     case SL_OP_LAYERNORM:
     case SL_OP_RMSNORM:
     case SL_OP_SOFTMAX:

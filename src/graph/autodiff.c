@@ -184,9 +184,13 @@ static void build_backward(sl_graph *g, sl_tensor *loss, float loss_scale, sl_te
         } else {
             sl_op_backward(ctx, t, gt, ng, emit, &s);
         }
-        /* push everything created so far so the order stays topological */
+        /* push everything created so far so the order stays topological; the gradient of a bf16 copy of a
+         * parameter waits for the CAST rule (Note [Rounded weight gradients]) */
         for (int k = 0; k < SL_MAX_SRC; k++) {
             sl_tensor *x = t->src[k];
+            if (x && x->op == SL_OP_CAST && x->dtype == SL_BF16 && x->src[0]->op == SL_OP_NONE &&
+                (x->src[0]->flags & SL_FLAG_PARAM) && x->order >= 0 && x->order < i)
+                continue;
             if (x && g->grads && x->id < g->grads_cap && g->grads[x->id]) push_new(g, g->grads[x->id]);
         }
     }

@@ -144,6 +144,49 @@ static int cmp_size_desc(const void *pa, const void *pb) {
     return a->start - b->start;
 }
 
+/* Note [Donated storage]
+ * An elementwise backward op whose input dies at that op can write its output over the input: the
+ * cross-entropy gradient over the logits (llm.c does the same; B * T * V floats, GPT-2's largest
+ * activation), GELU's gradient over the incoming gradient or the pre-activation. The planner merges such an
+ * output into its input's storage (same bytes, same element size, the input read by no later node) when the
+ * backend says its kernels allow it (sl_backend_caps.donate_inputs). Values are unchanged; only the
+ * arena shrinks. SUANLI_PLAN_DONATE=0 turns it off (A/B). */
+static int may_overwrite(const sl_tensor *t, int s) {
+    switch (t->op) {
+    case SL_OP_CROSS_ENTROPY_BACK:
+    case SL_OP_CE_VP_BACK:
+        return s == 1;
+    case SL_OP_GELU_BACK:
+        return s == 0 || s == 1;
+    default:
+        return 0;
+    }
+}
+
+/* donor[i]: the node whose storage node i writes over (-1: its own). `last` is extended so the donor's
+ * storage lives as long as the output. Runs in node order, so chains resolve to their first owner. */
+static void plan_donations(sl_graph *g, const sl_backend *be, int *last, int *donor) {
+    int n = g->n_nodes;
+    for (int i = 0; i < n; i++) donor[i] = -1;
+    const char *e = getenv("SUANLI_PLAN_DONATE");
+    if (!be->caps.donate_inputs || (e && !strcmp(e, "0"))) return;
+    for (int i = 0; i < n; i++) {
+        sl_tensor *t = g->nodes[i];
+        if (is_inplace(t) || (t->flags & SL_FLAG_OUTPUT) || t->aux_bytes || !sl_is_contiguous(t)) continue;
+        for (int s = 0; s < SL_MAX_SRC && donor[i] < 0; s++) {
+            sl_tensor *x = t->src[s];
+            if (!x || !may_overwrite(t, s) || x->op == SL_OP_NONE || is_inplace(x) || x->order < 0 ||
+                last[x->order] != i || (x->flags & SL_FLAG_OUTPUT) || !sl_is_contiguous(x) ||
+                sl_nbytes(x) + x->aux_bytes != sl_nbytes(t) ||
+                sl_dtype_size(x->dtype) != sl_dtype_size(t->dtype))
+                continue;
+            int root = donor[x->order] >= 0 ? donor[x->order] : x->order;
+            donor[i] = root;
+            last[root] = last[i];
+        }
+    }
+}
+
 /* Note [Activation planning]
  * Every node that owns storage (not a view, not an in-place op, not a leaf) needs nbytes + aux_bytes.
  * Its lifetime runs from its own index to the last node that reads it or any alias of it (views and
@@ -153,12 +196,13 @@ static int cmp_size_desc(const void *pa, const void *pb) {
  * allocated once; no allocation happens in the step loop. */
 sl_status sl_graph_plan(sl_graph *g, sl_backend *be, sl_plan_stats *stats) {
     int n = g->n_nodes;
-    int *last = malloc(sizeof(int) * (size_t)(n ? n : 1));
+    int *last = malloc(sizeof(int) * (size_t)(n ? n : 1)), *donor = malloc(sizeof(int) * (size_t)(n ? n : 1));
     plan_item *items = malloc(sizeof(plan_item) * (size_t)(n ? n : 1));
     free(g->offsets);
     g->offsets = malloc(sizeof(size_t) * (size_t)(n ? n : 1));
-    if (!last || !items || !g->offsets) {
+    if (!last || !donor || !items || !g->offsets) {
         free(last);
+        free(donor);
         free(items);
         return sl_fail(SL_ERR_NOMEM, "graph plan: out of memory");
     }
@@ -180,11 +224,12 @@ sl_status sl_graph_plan(sl_graph *g, sl_backend *be, sl_plan_stats *stats) {
         sl_tensor *r = storage_root(g->nodes[i]);
         if ((g->nodes[i]->flags & SL_FLAG_OUTPUT) && r->op != SL_OP_NONE) last[r->order] = n - 1;
     }
+    plan_donations(g, be, last, donor);
     int m = 0;
     size_t naive = 0;
     for (int i = 0; i < n; i++) {
         sl_tensor *t = g->nodes[i];
-        if (is_inplace(t)) continue;
+        if (is_inplace(t) || donor[i] >= 0) continue;
         size_t sz = align64(sl_nbytes(t) + t->aux_bytes);
         items[m++] = (plan_item){i, i, last[i], sz, 0};
         naive += sz;
@@ -195,6 +240,7 @@ sl_status sl_graph_plan(sl_graph *g, sl_backend *be, sl_plan_stats *stats) {
     plan_item **ov = malloc(sizeof(plan_item *) * (size_t)(m ? m : 1));
     if (!ov) {
         free(last);
+        free(donor);
         free(items);
         return sl_fail(SL_ERR_NOMEM, "graph plan: out of memory");
     }
@@ -219,8 +265,11 @@ sl_status sl_graph_plan(sl_graph *g, sl_backend *be, sl_plan_stats *stats) {
         if (off + items[k].size > total) total = off + items[k].size;
     }
     for (int k = 0; k < m; k++) g->offsets[items[k].node] = items[k].offset;
+    for (int i = 0; i < n; i++)
+        if (donor[i] >= 0) g->offsets[i] = g->offsets[donor[i]];
     free(ov);
     free(last);
+    free(donor);
     free(items);
     if (g->arena) sl_backend_free(g->backend, g->arena);
     g->arena = NULL;

@@ -23,6 +23,37 @@ static sl_tensor *new_backward_op(sl_ctx *ctx, sl_op op, const sl_tensor *like) 
     return sl_new_op(ctx, op, SL_F32, like->ndim, like->ne);
 }
 
+/* Note [Recomputed GELU]
+ * The weight gradient of the MLP's down projection needs its input h = gelu(x) (or h rounded to a half
+ * type, cast(gelu(x))), and GELU's own backward needs x. Keeping both costs a 4C-wide activation twice
+ * per layer; as llm.c does, backward recomputes h from x right before the dW GEMM instead, so forward's h
+ * dies after forward's GEMM. The recomputed node runs the same kernel on the same input: the same bits.
+ * It costs one GELU per layer and step (under 1 % of GPT-2 124M's step) and saves L * B * T * 4C floats
+ * (36 MiB at B4 T64; bench/act_memory.sh). */
+static sl_tensor *recompute_gelu(sl_ctx *ctx, sl_tensor *a) {
+    sl_tensor *c = a->op == SL_OP_CAST ? a->src[0] : a;
+    if (c->op != SL_OP_GELU || c->src[0]->op == SL_OP_NONE) return a;
+    sl_tensor *r = sl_gelu(ctx, c->src[0]);
+    memcpy(r->iparams, c->iparams, sizeof r->iparams);
+    memcpy(r->fparams, c->fparams, sizeof r->fparams);
+    if (a != c) r = sl_cast(ctx, r, a->dtype);
+    sl_set_name(r, "gelu_recomputed");
+    return r;
+}
+
+/* Note [Recomputed weight casts]
+ * Under autocast each weight enters its GEMM as a bf16 copy cast(w). Kept from forward to backward the
+ * copies of every layer are alive at once (GPT-2 124M: 225 MiB, more than all other activations at B4
+ * T64). Backward casts the weight again right before the GEMM that needs it, so each forward copy dies
+ * after its forward GEMM. The recast reads the same f32 weight with the same kernel: the same bits. It
+ * costs one more pass over the weights per step. */
+static sl_tensor *recompute_cast(sl_ctx *ctx, sl_tensor *x) {
+    if (x->op != SL_OP_CAST || x->dtype != SL_BF16 || x->src[0]->op != SL_OP_NONE ||
+        !(x->src[0]->flags & SL_FLAG_PARAM) || !sl_is_contiguous(x) || !sl_is_contiguous(x->src[0]))
+        return x;
+    return sl_set_name(sl_cast(ctx, x->src[0], x->dtype), "%s_recast", x->src[0]->name);
+}
+
 /* the matmul rule: dA, dB (A folded to rows for a 2-D B), the fused bias */
 static void matmul_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_grad_emit emit,
                             void *st) {
@@ -36,14 +67,17 @@ static void matmul_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *
     if ((a->dtype == SL_BF16 || a->dtype == SL_F16) && G->dtype != a->dtype) G = sl_cast(ctx, G, a->dtype);
     if (ng[0]) {
         sl_tensor *dA;
+        sl_tensor *bw = recompute_cast(ctx, b); /* Note [Recomputed weight casts] */
         if (!tA)
-            dA = tB ? sl_matmul(ctx, G, b, 0, 0) : sl_matmul(ctx, G, b, 0, 1);
+            dA = tB ? sl_matmul(ctx, G, bw, 0, 0) : sl_matmul(ctx, G, bw, 0, 1);
         else
-            dA = tB ? sl_matmul(ctx, b, G, 1, 1) : sl_matmul(ctx, b, G, 0, 1);
+            dA = tB ? sl_matmul(ctx, bw, G, 1, 1) : sl_matmul(ctx, bw, G, 0, 1);
         emit(st, a, reshape_like(ctx, dA, a));
     }
     if (ng[1]) {
         sl_tensor *dB;
+        sl_tensor *h = recompute_gelu(ctx, a); /* Note [Recomputed GELU] */
+        if (h != a) A = folded ? as_2d_rows(ctx, h) : h;
         if (!tA)
             dB = tB ? sl_matmul(ctx, G, A, 1, 0) : sl_matmul(ctx, A, G, 1, 0);
         else
@@ -60,6 +94,15 @@ void sl_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_g
         if (ng[0]) emit(st, a, g);
         break;
     case SL_OP_CAST:
+        /* a bf16 copy of a parameter whose gradient is one fresh product: rounded as it accumulates (Note
+         * [Rounded weight gradients]) */
+        if (ng[0] && n->dtype == SL_BF16 && a->dtype == SL_F32 && (a->flags & SL_FLAG_PARAM) &&
+            g->op == SL_OP_MATMUL && g->dtype == SL_F32 && g->order < 0 && !g->iparams[2] && !g->view_src &&
+            !g->src[2] && g->ndim == 2 && g->src[0]->ndim == 2 && g->src[1]->ndim == 2) {
+            g->iparams[SL_MATMUL_IP_ROUND] = SL_BF16;
+            emit(st, a, g);
+            break;
+        }
         /* a half tensor's gradient is half (as in autocast): an f32 gradient arriving at an f16/bf16 node (a
          * GEMM's operand or product) is rounded to that type first (f16: overflowing to inf, which dynamic
          * loss scaling detects) */

@@ -18,6 +18,15 @@ typedef void (*sl_grad_emit)(void *state, sl_tensor *src, sl_tensor *contributio
  * if it did (the caller then uses `c` as the gradient write), 0 if `c` must be accumulated with ACC. `c`
  * must not be referenced by any other node (backward rules create dW only for the emit call). */
 int sl_try_accumulate_into(sl_tensor *c, sl_tensor *dst);
+/* Note [Rounded weight gradients]
+ * Under autocast a half weight copy w16 = cast(w) takes a half gradient: the f32 product dW is rounded to
+ * bf16, widened back and accumulated into w.grad (PyTorch: the bf16 GEMM's output, then ToCopyBackward and
+ * AccumulateGrad). Built literally that is an f32 dW, its bf16 copy and an f32 copy before the ACC: for a
+ * tied GPT-2 embedding 147 + 74 + 147 MiB at B4 T64, the peak of the whole step. Instead the CAST rule
+ * marks the product iparams[SL_MATMUL_IP_ROUND] = SL_BF16 (tensor.h) and lets it accumulate into the gradient
+ * (Note [Accumulating gradient writes]); the kernel rounds each block of the product to bf16 before it adds
+ * it (matmul.c). The same bits as the three nodes. Autodiff defers pushing the gradient of a half cast of a
+ * parameter until the CAST rule has run (a pushed node can no longer become an accumulating write). */
 
 void sl_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *needs_grad, sl_grad_emit emit,
                     void *state);

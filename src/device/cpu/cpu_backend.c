@@ -211,7 +211,7 @@ static sl_status cpu_compute(sl_backend *be, sl_tensor *n) {
 
 static sl_backend g_cpu = {
     .name = "cpu",
-    .caps = {.alignment = 64, .host_visible = 1, .async_copies = 0},
+    .caps = {.alignment = 64, .host_visible = 1, .async_copies = 0, .donate_inputs = 1},
     .buffer_alloc = cpu_alloc,
     .buffer_free = cpu_free,
     .buffer_from_host = cpu_from_host,

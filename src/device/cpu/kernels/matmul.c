@@ -3,6 +3,9 @@
  * f32. An f32 bias (src2) is added by the GEMM itself (sl_sgemm_bias / sl_gemm_bf16_bias); iparams[2] = 1
  * accumulates into the output (beta = 1), iparams[2] = 2 overwrites it in place (beta = 0; Note [Overwriting
  * first gradient writes]). */
+#include <pthread.h>
+#include <stdlib.h>
+
 #include "device/cpu/kernels/f16.h"
 #include "device/cpu/kernels/gemm.h"
 #include "device/cpu/kernels/kernels.h"
@@ -19,6 +22,57 @@ static void gemm_call(int bf, int tA, int tB, int64_t M, int64_t N, int64_t K, c
         sl_sgemm(tA, tB, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
 }
 
+/* A per-thread scratch for the rounded product (Note [Rounded weight gradients]): executors of
+ * threads-as-ranks runs each have their own; freed when the thread exits. */
+#define ROUND_SCRATCH_FLOATS (1 << 19) /* 2 MiB */
+static pthread_key_t g_scratch_key;
+static pthread_once_t g_scratch_once = PTHREAD_ONCE_INIT;
+static void scratch_key_init(void) { (void)pthread_key_create(&g_scratch_key, free); }
+static float *round_scratch(void) {
+    (void)pthread_once(&g_scratch_once, scratch_key_init);
+    float *p = pthread_getspecific(g_scratch_key);
+    if (!p && (p = malloc(sizeof(float) * ROUND_SCRATCH_FLOATS)) && pthread_setspecific(g_scratch_key, p)) {
+        free(p);
+        p = NULL;
+    }
+    return p;
+}
+
+/* C (=|+=) bf16(op(A) op(B)) for 2-D operands: the product in blocks of rows through the scratch, each
+ * element rounded to bf16 (as sl_f32_to_bf16, the CAST kernel's rounding) before it is stored or added.
+ * A block's elements are the same sums as the whole GEMM's (row blocks do not change an element's
+ * reduction over K). */
+static sl_status matmul_rounded(sl_tensor *n, int bf, int tA, int tB, int64_t K, int64_t N, float beta) {
+    sl_tensor *a = n->src[0], *b = n->src[1];
+    if (a->ndim != 2 || b->ndim != 2 || n->ndim != 2 || n->src[2] ||
+        n->iparams[SL_MATMUL_IP_ROUND] != SL_BF16)
+        return sl_fail(SL_ERR_UNSUPPORTED, "matmul '%s': bf16-rounded product needs 2-D operands", n->name);
+    float *tmp = round_scratch();
+    if (!tmp) return sl_fail(SL_ERR_NOMEM, "matmul '%s': out of memory for the rounding scratch", n->name);
+    int64_t M = n->ne[0], ldc = n->nb[0], lda = a->nb[0], ldb = b->nb[0];
+    int64_t R = ROUND_SCRATCH_FLOATS / (N > 0 ? N : 1);
+    if (R < 1)
+        return sl_fail(SL_ERR_UNSUPPORTED, "matmul '%s': %lld columns exceed the rounding scratch", n->name,
+                       (long long)N);
+    size_t es = bf ? 2 : 4;
+    float *pc = n->data;
+    for (int64_t r0 = 0; r0 < M; r0 += R) {
+        int64_t r = M - r0 < R ? M - r0 : R;
+        const char *pa = (const char *)a->data + (size_t)(tA ? r0 : r0 * lda) * es;
+        gemm_call(bf, tA, tB, r, N, K, pa, lda, b->data, ldb, 0.0f, NULL, tmp, N);
+#pragma omp parallel for schedule(static) if (r * N > 65536)
+        for (int64_t i = 0; i < r; i++) {
+            float *c = pc + (r0 + i) * ldc;
+            const float *t = tmp + i * N;
+            for (int64_t j = 0; j < N; j++) {
+                float v = sl_bf16_to_f32(sl_f32_to_bf16(t[j]));
+                c[j] = beta != 0.0f ? c[j] + v : v;
+            }
+        }
+    }
+    return SL_OK;
+}
+
 sl_status sl_k_matmul(sl_tensor *n) {
     sl_tensor *a = n->src[0], *b = n->src[1];
     int tA = n->iparams[0], tB = n->iparams[1];
@@ -33,6 +87,7 @@ sl_status sl_k_matmul(sl_tensor *n) {
     const float *bias = n->src[2] ? (const float *)n->src[2]->data : NULL;
     /* iparams[2]: accumulate into the output (in place on view_src; see ops_internal.h) */
     float beta = n->iparams[2] == 1 ? 1.0f : 0.0f;
+    if (n->iparams[SL_MATMUL_IP_ROUND]) return matmul_rounded(n, bf, tA, tB, K, N, beta);
     if (nbd == 2 && na > 2) { /* folded: a's leading dims are rows */
         int64_t M = 1;
         for (int d = 0; d < na - 1; d++) M *= a->ne[d];
