@@ -57,7 +57,15 @@ typedef struct sl_plan_model {
     int64_t n_layer, hidden, n_head, n_kv_head, head_dim, ffn, vocab, max_seq;
     int tied;                 /* tied input/output embedding */
     int64_t n_experts, top_k; /* MoE (0: dense) */
+    /* MoE layers (n_experts > 0): each routed expert's width (moe_intermediate_size; Mixtral: ffn), the
+     * shared experts' total width (0: none), how many leading layers stay dense with width ffn (DeepSeek's
+     * first_k_dense_replace), and the flavour's extra parameters: SL_PLAN_MOE_QWEN2 adds a 1 x C
+     * shared-expert gate, SL_PLAN_MOE_DEEPSEEK an E-element router bias (Note [Planner memory model]) */
+    int64_t moe_ffn, shared_ffn, first_dense;
+    int moe_kind;
 } sl_plan_model;
+
+enum { SL_PLAN_MOE_MIXTRAL, SL_PLAN_MOE_QWEN2, SL_PLAN_MOE_DEEPSEEK };
 
 typedef struct sl_plan_job {
     int64_t global_batch; /* samples per optimizer step */
@@ -114,7 +122,8 @@ sl_status sl_plan_enumerate(const sl_plan_model *md, const sl_plan_cluster *cl, 
                             sl_plan_layout **out, int *n);
 
 /* Activation bytes of one micro-batch as suanli's planner (sl_graph_plan) lays them out, per device. */
-double sl_plan_activation_bytes(const sl_plan_model *md, int64_t B, int64_t T, int64_t tp, int recompute);
+double sl_plan_activation_bytes(const sl_plan_model *md, int64_t B, int64_t T, int64_t tp, int64_t ep,
+                                int recompute);
 
 /* Calibration: GEMM FLOP/s and copy bandwidth of the CPU backend with `threads` threads (a short probe,
  * ~1 s). */

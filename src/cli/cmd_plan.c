@@ -141,7 +141,7 @@ static void launch_command(const plan_args *a, const sl_plan_model *md, const sl
     if (!l->runnable)
         printf("note: this layout uses %s, which suanli train does not run yet (model-only)\n",
                l->recompute ? "recomputation"
-               : l->ep > 1  ? "expert parallelism"
+               : l->ep > 1  ? "expert parallelism on Mixtral (its experts are not split by EP)"
                             : "ZeRO-3 with pipeline stages");
 }
 

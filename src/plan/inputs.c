@@ -154,11 +154,11 @@ typedef struct {
 
 #define GPT2(nm, L, H, C, V, T)                                                                              \
     {                                                                                                        \
-        nm, { nm, SL_PLAN_GPT2, L, C, H, H, (C) / (H), 4 * (C), V, T, 1, 0, 0 }                              \
+        nm, { nm, SL_PLAN_GPT2, L, C, H, H, (C) / (H), 4 * (C), V, T, 1, 0, 0, 0, 0, 0, 0 }                  \
     }
 #define LLAMA(nm, L, H, KV, C, F, V, T, tie)                                                                 \
     {                                                                                                        \
-        nm, { nm, SL_PLAN_LLAMA, L, C, H, KV, (C) / (H), F, V, T, tie, 0, 0 }                                \
+        nm, { nm, SL_PLAN_LLAMA, L, C, H, KV, (C) / (H), F, V, T, tie, 0, 0, 0, 0, 0, 0 }                    \
     }
 static const builtin BUILTINS[] = {
     GPT2("gpt2-tiny", 4, 4, 128, 256, 256),
@@ -202,7 +202,7 @@ static sl_status from_train_config(const char *path, const cJSON *root, sl_plan_
         SL_TRY(sl_json_int(root, path, "vocab_size", 1, &V));
     if (cJSON_GetObjectItemCaseSensitive(root, "seq_length"))
         SL_TRY(sl_json_int(root, path, "seq_length", 1, &T));
-    *m = (sl_plan_model){"", SL_PLAN_GPT2, L, C, H, H, C / H, 4 * (int64_t)C, V, T, 1, 0, 0};
+    *m = (sl_plan_model){"", SL_PLAN_GPT2, L, C, H, H, C / H, 4 * (int64_t)C, V, T, 1, 0, 0, 0, 0, 0, 0};
     return SL_OK;
 }
 
@@ -222,6 +222,10 @@ static sl_status from_hf(const char *dir, sl_plan_model *m) {
                              c.max_seq_len,
                              1,
                              0,
+                             0,
+                             0,
+                             0,
+                             0,
                              0};
     } else {
         *m = (sl_plan_model){"",
@@ -236,7 +240,13 @@ static sl_status from_hf(const char *dir, sl_plan_model *m) {
                              c.max_seq_len,
                              c.tie_embeddings,
                              c.n_experts,
-                             c.n_experts_per_tok};
+                             c.n_experts_per_tok,
+                             c.arch == SL_HF_MIXTRAL ? c.intermediate : c.moe_intermediate,
+                             c.shared_intermediate,
+                             c.arch == SL_HF_DEEPSEEK_V3 ? c.first_dense : 0,
+                             c.arch == SL_HF_QWEN2_MOE     ? SL_PLAN_MOE_QWEN2
+                             : c.arch == SL_HF_DEEPSEEK_V3 ? SL_PLAN_MOE_DEEPSEEK
+                                                           : SL_PLAN_MOE_MIXTRAL};
     }
     return SL_OK;
 }

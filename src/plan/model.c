@@ -14,14 +14,18 @@
  * not modelled exactly (it is a greedy placement over the schedule): slots alone are within ~20 %, totals
  * within 5 % (tests/plan/test_plan.c prints every component). Activations are
  * sl_graph_plan's liveness-packed arena for one micro-batch, which for suanli's graphs is (fp32 floats per
- * token) 16 C + NH per GPT-2 layer, 6 C + 4 F + 2 KV + NH per Llama layer, and 3 C + 2 V outside the
- * layers (embedding output, final norm, logits and their gradient); fitted on sl_graph_plan and checked
- * by tests/plan/test_plan.c within 5 %. Tensor and pipeline parallelism follow suanli's splits
+ * token) 12 C + NH per GPT-2 layer, 6 C + 4 F + 2 KV + NH per Llama layer, and 3 C + V outside the
+ * layers (embedding output, final norm, logits overwritten by their gradient); fitted on sl_graph_plan and
+ * checked by tests/plan/test_plan.c within 5 %. Tensor and pipeline parallelism follow suanli's splits
  * (column/row-parallel weights, vocab-parallel embedding, two more replicated buffers per layer for the f/g
  * collectives; a pipeline device is the fuller of the first stage (embedding, its layers, min(m, p) 1F1B
  * slots) and the last (its layers, final norm, LM head, one slot)), checked against real TP/PP allocations
- * by tests/plan/test_plan.c within 5 % too. Expert parallelism and recomputation are model-only (full
- * recomputation keeping each layer's input).
+ * by tests/plan/test_plan.c within 5 % too. MoE layers hold the router, E / ep routed experts of width
+ * moe_ffn, the shared experts and the flavour's gate or bias, none split by TP; under EP the routed
+ * experts' gradients and moments are reduced and sharded over the dp / ep expert-data-parallel ranks in
+ * buckets of their own (src/parallel/dp.c), checked byte-exact by tests/plan/test_plan_moe.c, which also
+ * checks the fitted MoE activations. Recomputation is model-only (full recomputation keeping each layer's
+ * input).
  *
  * Note [Planner time model]
  * step = pipeline(compute per micro-batch x (m + (p-1)/v)) + exposed DP communication + optimizer; under pp
@@ -48,13 +52,30 @@ enum { ELEM_TRAFFIC_X10 = 80 };
 
 /* ---- parameters ---- */
 
-static int64_t layer_params(const sl_plan_model *m, int64_t tp, int64_t ep) {
+/* layer l is a routed-expert layer (MoE models: all but DeepSeek's first_k_dense_replace) */
+static int moe_layer(const sl_plan_model *m, int64_t l) { return m->n_experts > 0 && l >= m->first_dense; }
+
+/* the experts a device holds: E / ep (Mixtral's experts are not split by EP in suanli) */
+static int64_t local_experts(const sl_plan_model *m, int64_t ep) {
+    return m->moe_kind == SL_PLAN_MOE_MIXTRAL ? m->n_experts : m->n_experts / (ep > 0 ? ep : 1);
+}
+
+/* one MoE layer's MLP parameters on a device: the router (and DeepSeek's bias), the local experts, the
+ * shared experts (and Qwen2-MoE's gate); none is split by TP (Note [MoE under TP], src/nn/moe.c) */
+static int64_t moe_mlp_params(const sl_plan_model *m, int64_t ep) {
+    int64_t C = m->hidden, E = m->n_experts, S = m->shared_ffn;
+    int64_t n = E * C + local_experts(m, ep) * 3 * C * m->moe_ffn + 3 * C * S;
+    if (m->moe_kind == SL_PLAN_MOE_DEEPSEEK) n += E;
+    if (m->moe_kind == SL_PLAN_MOE_QWEN2 && S > 0) n += C;
+    return n;
+}
+
+static int64_t layer_params(const sl_plan_model *m, int64_t tp, int64_t ep, int64_t l) {
     int64_t C = m->hidden;
     if (m->arch == SL_PLAN_GPT2) return (12 * C * C + 9 * C) / tp + 4 * C; /* LNs + row biases replicated */
     int64_t qd = m->n_head * m->head_dim, kvd = m->n_kv_head * m->head_dim;
     int64_t attn = (C * qd * 2 + C * kvd * 2) / tp;
-    int64_t mlp = 3 * C * m->ffn / tp;
-    if (m->n_experts > 0) mlp = mlp * m->n_experts / ep + C * m->n_experts;
+    int64_t mlp = moe_layer(m, l) ? moe_mlp_params(m, ep) : 3 * C * m->ffn / tp;
     return attn + mlp + 2 * C;
 }
 
@@ -65,9 +86,21 @@ static int64_t embed_params(const sl_plan_model *m, int64_t tp) {
 }
 
 int64_t sl_plan_model_params(const sl_plan_model *m) {
-    int64_t n = m->n_layer * layer_params(m, 1, 1) + embed_params(m, 1);
+    int64_t n = embed_params(m, 1);
+    for (int64_t l = 0; l < m->n_layer; l++) n += layer_params(m, 1, 1, l);
     n += m->arch == SL_PLAN_GPT2 ? 2 * m->hidden : m->hidden + (m->tied ? 0 : m->vocab * m->hidden);
     return n;
+}
+
+/* matmul FLOPs per token of the MLPs of all layers (active experts only: top_k routed + the shared ones,
+ * and the router) */
+static double mlp_weights_per_token(const sl_plan_model *m) {
+    double C = (double)m->hidden, w = 0;
+    for (int64_t l = 0; l < m->n_layer; l++)
+        w += moe_layer(m, l) ? 3.0 * C * ((double)m->top_k * (double)m->moe_ffn + (double)m->shared_ffn) +
+                                   C * (double)m->n_experts
+                             : 3.0 * C * (double)m->ffn;
+    return w;
 }
 
 double sl_plan_flops_per_token(const sl_plan_model *m, int64_t T) {
@@ -77,8 +110,7 @@ double sl_plan_flops_per_token(const sl_plan_model *m, int64_t T) {
         mm = L * 12.0 * C * C + V * C;
     } else {
         double qd = (double)(m->n_head * m->head_dim), kvd = (double)(m->n_kv_head * m->head_dim);
-        double mlp = 3.0 * C * (double)m->ffn * (m->n_experts > 0 ? (double)m->top_k : 1.0);
-        mm = L * (2.0 * C * qd + 2.0 * C * kvd + mlp) + V * C;
+        mm = L * (2.0 * C * qd + 2.0 * C * kvd) + mlp_weights_per_token(m) + V * C;
     }
     double attn = L * 2.0 * 2.0 * (double)T * (double)(m->n_head * m->head_dim) / 2.0 * 3.0;
     return 6.0 * mm + attn;
@@ -99,38 +131,60 @@ static int64_t stage_layers(const sl_plan_model *m, const sl_plan_layout *l, int
     int64_t others = p - (f > 0) - (z > 0);
     return others > 0 ? (L - f - z) / others : 0;
 }
-static int stage_param_list(const sl_plan_model *m, int64_t tp, int64_t Ls, int64_t ep, int which,
-                            int64_t *out, int cap) {
+/* a parameter of the flat buffer: its size, and whether it is an expert's (reduced over the
+ * expert-data-parallel group, dp / ep ranks; src/parallel/dp.c keeps the two kinds in separate buckets) */
+typedef struct {
+    int64_t n;
+    int expert;
+} plan_param;
+
+/* the first layer of stage `which` (the middle stages: the second stage's) */
+static int64_t stage_first_layer(const sl_plan_model *m, const sl_plan_layout *l, int which) {
+    if (which == STAGE_ALL || which == STAGE_FIRST) return 0;
+    if (which == STAGE_LAST) return m->n_layer - stage_layers(m, l, STAGE_LAST);
+    return stage_layers(m, l, STAGE_FIRST);
+}
+
+static int stage_param_list(const sl_plan_model *m, int64_t tp, int64_t l0, int64_t Ls, int64_t ep, int which,
+                            plan_param *out, int cap) {
     int n = 0;
     int64_t C = m->hidden;
+    int ex = 0; /* the expert flag of what PUSH adds; set only under EP, as src/nn/moe.c does */
 #define PUSH(x)                                                                                              \
     do {                                                                                                     \
-        if (n < cap) out[n++] = (x);                                                                         \
+        if (n < cap) out[n++] = (plan_param){(x), ex};                                                       \
     } while (0)
     if (which == STAGE_ALL || which == STAGE_FIRST) {
         PUSH(m->vocab * C / tp);
         if (m->arch == SL_PLAN_GPT2) PUSH(m->max_seq * C);
     }
-    for (int64_t l = 0; l < Ls; l++) {
+    for (int64_t l = l0; l < l0 + Ls; l++) {
         if (m->arch == SL_PLAN_GPT2) {
             int64_t v[12] = {C, C, 3 * C * C / tp, 3 * C / tp, C * C / tp,     C,
                              C, C, 4 * C * C / tp, 4 * C / tp, 4 * C * C / tp, C};
             for (int i = 0; i < 12; i++) PUSH(v[i]);
-        } else {
-            int64_t qd = m->n_head * m->head_dim, kvd = m->n_kv_head * m->head_dim;
-            PUSH(C);
-            PUSH(qd * C / tp);
-            PUSH(kvd * C / tp);
-            PUSH(kvd * C / tp);
-            PUSH(C * qd / tp);
-            PUSH(C);
-            int64_t e = m->n_experts > 0 ? m->n_experts / ep : 1;
-            if (m->n_experts > 0) PUSH(m->n_experts * C);
-            for (int64_t k = 0; k < e; k++) {
-                PUSH(m->ffn * C / tp);
-                PUSH(m->ffn * C / tp);
-                PUSH(C * m->ffn / tp);
-            }
+            continue;
+        }
+        int64_t qd = m->n_head * m->head_dim, kvd = m->n_kv_head * m->head_dim;
+        PUSH(C);
+        PUSH(qd * C / tp);
+        PUSH(kvd * C / tp);
+        PUSH(kvd * C / tp);
+        PUSH(C * qd / tp);
+        PUSH(C);
+        if (!moe_layer(m, l)) {
+            for (int k = 0; k < 3; k++) PUSH(m->ffn * C / tp);
+            continue;
+        }
+        PUSH(m->n_experts * C); /* the router (src/nn/moe.c sl_moe_add_params order) */
+        if (m->moe_kind == SL_PLAN_MOE_DEEPSEEK) PUSH(m->n_experts);
+        ex = ep > 1 && m->moe_kind != SL_PLAN_MOE_MIXTRAL;
+        for (int64_t e = 0; e < local_experts(m, ep); e++)
+            for (int k = 0; k < 3; k++) PUSH(m->moe_ffn * C);
+        ex = 0;
+        if (m->shared_ffn > 0) {
+            for (int k = 0; k < 3; k++) PUSH(m->shared_ffn * C);
+            if (m->moe_kind == SL_PLAN_MOE_QWEN2) PUSH(C);
         }
     }
     if (which == STAGE_ALL || which == STAGE_LAST) {
@@ -152,18 +206,20 @@ typedef struct {
     int n_buckets;
 } bucket_stats;
 
-/* the bucket walk of src/parallel/dp.c build_buckets */
-static void buckets(const int64_t *p, int n, int64_t bucket_elems, int64_t dp, bucket_stats *b) {
+/* the bucket walk of src/parallel/dp.c build_buckets: from the end, a bucket closes once it holds
+ * >= bucket_elems elements or where the expert flag changes; an expert bucket is sharded over dp / ep */
+static void buckets(const plan_param *p, int n, int64_t bucket_elems, int64_t dp, int64_t ep,
+                    bucket_stats *b) {
     memset(b, 0, sizeof *b);
     int64_t hi = 0;
-    for (int i = 0; i < n; i++) hi += p[i];
+    for (int i = 0; i < n; i++) hi += p[i].n;
     b->total = (double)hi;
     int64_t off = hi;
     for (int i = n - 1; i >= 0; i--) {
-        off -= p[i];
-        if (hi - off >= bucket_elems || i == 0) {
-            int64_t len = hi - off;
-            b->shard += (double)(len / dp + len % dp);
+        off -= p[i].n;
+        if (hi - off >= bucket_elems || i == 0 || p[i - 1].expert != p[i].expert) {
+            int64_t len = hi - off, g = p[i].expert ? dp / ep : dp;
+            b->shard += (double)(len / g + len % g);
             if (i == 0)
                 b->first_bucket = (double)len;
             else if ((double)len > b->max_bucket)
@@ -176,26 +232,41 @@ static void buckets(const int64_t *p, int n, int64_t bucket_elems, int64_t dp, b
 
 /* ---- activations ---- */
 
-double sl_plan_activation_bytes(const sl_plan_model *m, int64_t B, int64_t T, int64_t tp, int recompute) {
+double sl_plan_activation_bytes(const sl_plan_model *m, int64_t B, int64_t T, int64_t tp, int64_t ep,
+                                int recompute) {
     double N = (double)(B * T), C = (double)m->hidden, NH = (double)m->n_head / (double)tp;
-    double rep, split; /* floats per token and layer: replicated across tp, split by tp */
+    double L = (double)m->n_layer;
+    /* floats per token and layer: replicated across tp, split by tp */
+    double rep = 4.0 * C, split, moe = 0;
     if (m->arch == SL_PLAN_GPT2) {
-        rep = 4.0 * C;
-        split = 12.0 * C + NH * (double)tp;
+        split = 8.0 * C + NH * (double)tp; /* the GELU output is recomputed (Note [Recomputed GELU]) */
     } else {
-        double kvd = (double)(m->n_kv_head * m->head_dim), F = (double)m->ffn;
-        if (m->n_experts > 0) F *= (double)m->n_experts; /* training runs every expert (dense gate) */
-        rep = 4.0 * C;
-        split = 2.0 * C + 4.0 * F + 2.0 * kvd + NH * (double)tp;
+        double kvd = (double)(m->n_kv_head * m->head_dim);
+        split = 2.0 * C + 4.0 * (double)m->ffn + 2.0 * kvd + NH * (double)tp;
+        if (m->n_experts > 0) {
+            /* a dispatched MoE layer instead of the dense MLP (src/nn/moe.c; fitted on sl_graph_plan,
+             * Qwen2-MoE and DeepSeek-V3 L3 C64 E8 top-2, tests/plan/test_plan_moe.c): dropless, every
+             * expert's gathered rows and output (2 C) and its two hidden buffers (2 moe_ffn) are sized for
+             * every token the device may receive (N; under EP each of the E / ep local experts for ep x N),
+             * the router's scores and route (3 E), the shared experts as a dense MLP (4 shared_ffn, their
+             * output C, the gate), the combined output (C), and under EP the received rows (ep C). Not split
+             * by TP. */
+            double E = (double)m->n_experts, e = (double)(ep > 1 ? ep : 1);
+            double S = (double)m->shared_ffn;
+            moe = E * (2.0 * C + 2.0 * (double)m->moe_ffn) + 3.0 * E + (S > 0 ? 4.0 * S + C + 1.0 : 0.0) + C +
+                  (ep > 1 ? e * C : 0.0) - 4.0 * (double)m->ffn / (double)tp;
+        }
     }
     /* under TP the f / g collectives keep two more replicated (B, T, C) buffers per layer and the
      * embedding's g one outside the layers (fitted on sl_graph_plan for GPT-2 L4/L8 C256 B8/B32 tp 2:
      * 12 C + 6 floats per token and layer, 3 C + 2 V / tp + C outside; BENCHMARKS.md "Layout planner") */
     if (tp > 1) rep += 2.0 * C;
     double per_layer = rep + split / (double)tp;
-    double L = (double)m->n_layer;
-    double outside = 3.0 * C + 2.0 * (double)m->vocab / (double)tp + (tp > 1 ? C : 0.0);
-    double floats = recompute ? L * C + per_layer + outside : L * per_layer + outside;
+    double moe_layers = m->n_experts > 0 ? L - (double)m->first_dense : 0.0;
+    /* the logits' gradient overwrites them (Note [Donated storage]) */
+    double outside = 3.0 * C + (double)m->vocab / (double)tp + (tp > 1 ? C : 0.0);
+    double floats = recompute ? L * C + per_layer + (moe_layers > 0 ? moe : 0.0) + outside
+                              : L * per_layer + moe_layers * moe + outside;
     return 4.0 * N * floats;
 }
 
@@ -246,14 +317,26 @@ static sl_status check_layout(const sl_plan_model *m, const sl_plan_cluster *cl,
     return SL_OK;
 }
 
-/* one stage's memory (Note [Planner memory model]) */
-static void stage_memory(const sl_plan_model *m, const sl_plan_job *job, const sl_plan_layout *l, int which,
-                         sl_plan_mem *mm) {
-    int64_t plist[4096];
+/* the bucket walk over stage `which`'s flat buffer */
+static sl_status stage_buckets(const sl_plan_model *m, const sl_plan_job *job, const sl_plan_layout *l,
+                               int which, bucket_stats *b) {
     int64_t Ls = stage_layers(m, l, which);
-    int n = stage_param_list(m, l->tp, Ls, l->ep, which, plist, 4096);
+    int64_t cap = Ls * (16 + 3 * (m->n_experts > 0 ? local_experts(m, l->ep) : 0)) + 16;
+    if (cap > (1 << 26)) return sl_fail(SL_ERR_INVALID, "plan: %lld parameters per stage", (long long)cap);
+    plan_param *plist = malloc(sizeof *plist * (size_t)cap);
+    if (!plist) return sl_fail(SL_ERR_NOMEM, "plan: out of memory");
+    int n = stage_param_list(m, l->tp, stage_first_layer(m, l, which), Ls, l->ep, which, plist, (int)cap);
+    buckets(plist, n, job->bucket_elems > 0 ? job->bucket_elems : (1 << 20), l->dp, l->ep, b);
+    free(plist);
+    return SL_OK;
+}
+
+/* one stage's memory (Note [Planner memory model]) */
+static sl_status stage_memory(const sl_plan_model *m, const sl_plan_job *job, const sl_plan_layout *l,
+                              int which, sl_plan_mem *mm) {
+    int64_t Ls = stage_layers(m, l, which);
     bucket_stats b;
-    buckets(plist, n, job->bucket_elems > 0 ? job->bucket_elems : (1 << 20), l->dp, &b);
+    SL_TRY(stage_buckets(m, job, l, which, &b));
     int slots = l->zero >= 2 && l->accum == 1;
     double shard = l->zero ? b.shard : b.total;
     *mm = (sl_plan_mem){0};
@@ -267,14 +350,14 @@ static void stage_memory(const sl_plan_model *m, const sl_plan_job *job, const s
         int k = b.n_buckets - 3 < 3 ? b.n_buckets - 3 : 3;
         mm->slots += 4.0 * (double)(k < 1 ? 1 : k) * b.max_bucket;
     }
-    double act = sl_plan_activation_bytes(m, l->micro_batch, job->seq_len, l->tp, l->recompute);
+    double act = sl_plan_activation_bytes(m, l->micro_batch, job->seq_len, l->tp, l->ep, l->recompute);
     if (which != STAGE_ALL) {
         /* a stage's graph slot: its share of the layers plus its ends, fitted on sl_graph_plan (Llama L2
          * C64, pp 2 and tp 2 x pp 2, tests/plan/test_plan.c): the first stage ~4 C floats per token (the
          * embedding output, the stage output and its received gradient), the last 2 V / tp + 2 C (final
          * norm, logits and their gradient); 1F1B keeps min(m, p) slots on the first stage, 1 on the last */
         double N = (double)(l->micro_batch * job->seq_len), C = (double)m->hidden;
-        double outside = 4.0 * N * (3.0 * C + 2.0 * (double)m->vocab / (double)l->tp + (l->tp > 1 ? C : 0.0));
+        double outside = 4.0 * N * (3.0 * C + (double)m->vocab / (double)l->tp + (l->tp > 1 ? C : 0.0));
         double layers = (act - outside) / (double)m->n_layer * (double)Ls;
         int64_t k = which == STAGE_FIRST ? l->pp : which == STAGE_MID ? l->pp - 1 : 1; /* 1F1B: p - s */
         double inflight = (double)(l->accum < k ? l->accum : k);
@@ -283,26 +366,25 @@ static void stage_memory(const sl_plan_model *m, const sl_plan_job *job, const s
     }
     mm->activations = act;
     mm->total = mm->params + mm->grads + mm->grad_shard + mm->optim + mm->slots + mm->activations;
+    return SL_OK;
 }
 
 /* the fullest device: the whole model's, or the larger of the first and last pipeline stages' */
-static void memory(const sl_plan_model *m, const sl_plan_job *job, sl_plan_layout *l) {
-    if (l->pp <= 1) {
-        stage_memory(m, job, l, STAGE_ALL, &l->mem);
-        return;
-    }
+static sl_status memory(const sl_plan_model *m, const sl_plan_job *job, sl_plan_layout *l) {
+    if (l->pp <= 1) return stage_memory(m, job, l, STAGE_ALL, &l->mem);
     sl_plan_mem first, last, mid;
-    stage_memory(m, job, l, STAGE_FIRST, &first);
-    stage_memory(m, job, l, STAGE_LAST, &last);
+    SL_TRY(stage_memory(m, job, l, STAGE_FIRST, &first));
+    SL_TRY(stage_memory(m, job, l, STAGE_LAST, &last));
     l->mem = first.total >= last.total ? first : last;
     if (l->pp > 2) {
-        stage_memory(m, job, l, STAGE_MID, &mid);
+        SL_TRY(stage_memory(m, job, l, STAGE_MID, &mid));
         if (mid.total > l->mem.total) l->mem = mid;
     }
+    return SL_OK;
 }
 
-static void timing(const sl_plan_model *m, const sl_plan_cluster *cl, const sl_plan_job *job,
-                   sl_plan_layout *l) {
+static sl_status timing(const sl_plan_model *m, const sl_plan_cluster *cl, const sl_plan_job *job,
+                        sl_plan_layout *l) {
     double T = (double)job->seq_len, b = (double)l->micro_batch, mb = (double)l->accum;
     double tokens_mb = b * T;
     double fpt = sl_plan_flops_per_token(m, job->seq_len);
@@ -321,8 +403,19 @@ static void timing(const sl_plan_model *m, const sl_plan_cluster *cl, const sl_p
         Ls = (double)(nf > nl ? nf : nl); /* TP all-reduces: the longest stage's layers */
         if (l->pp > 2 && nm > Ls) Ls = (double)nm;
     }
-    double t_mm = fstage * tokens_mb / (double)l->tp / rate;
-    double act = sl_plan_activation_bytes(m, l->micro_batch, job->seq_len, l->tp, 0) / (double)l->pp;
+    /* the experts are not split by TP (Note [MoE under TP]): their share of the FLOPs runs whole on every
+     * TP rank (suanli without sequence parallelism) */
+    double moe_share = 0;
+    if (m->n_experts > 0 && m->arch != SL_PLAN_GPT2) {
+        double C = (double)m->hidden, moe = 0;
+        for (int64_t k = 0; k < m->n_layer; k++)
+            if (moe_layer(m, k))
+                moe += 6.0 * (3.0 * C * ((double)m->top_k * (double)m->moe_ffn + (double)m->shared_ffn) +
+                              C * (double)m->n_experts);
+        moe_share = moe / sl_plan_flops_per_token(m, job->seq_len);
+    }
+    double t_mm = fstage * tokens_mb * ((1.0 - moe_share) / (double)l->tp + moe_share) / rate;
+    double act = sl_plan_activation_bytes(m, l->micro_batch, job->seq_len, l->tp, l->ep, 0) / (double)l->pp;
     double t_elem = act * (ELEM_TRAFFIC_X10 / 10.0) / cl->mem_bw_Bps;
     double x_bytes = 4.0 * tokens_mb * (double)m->hidden; /* fp32 activations, one micro-batch */
     const sl_plan_link *tpl = axis_link(cl, 1, l->tp), *dpl = axis_link(cl, l->tp, l->dp),
@@ -341,11 +434,8 @@ static void timing(const sl_plan_model *m, const sl_plan_cluster *cl, const sl_p
     double t_pipe = t_mb * (mb + (p - 1.0) / v);
     double t_pp = l->pp > 1 ? 2.0 * mb * v * (ppl->alpha_s + x_bytes / ppl->beta_Bps) : 0.0;
     /* DP: volumes of the stage's gradients */
-    int64_t plist[4096];
-    int which = l->pp > 1 ? STAGE_FIRST : STAGE_ALL;
-    int n = stage_param_list(m, l->tp, stage_layers(m, l, which), l->ep, which, plist, 4096);
     bucket_stats bs;
-    buckets(plist, n, job->bucket_elems > 0 ? job->bucket_elems : (1 << 20), l->dp, &bs);
+    SL_TRY(stage_buckets(m, job, l, l->pp > 1 ? STAGE_FIRST : STAGE_ALL, &bs));
     double gbytes = 4.0 * bs.total, t_dp = 0;
     double lat = (double)bs.n_buckets * dpl->alpha_s * 2.0 * (double)(l->dp - 1);
     if (l->dp > 1) {
@@ -368,6 +458,7 @@ static void timing(const sl_plan_model *m, const sl_plan_cluster *cl, const sl_p
     l->tokens_per_s = tokens / l->step_sec;
     double W = (double)(l->dp * l->tp * l->pp);
     l->mfu = sl_plan_flops_per_token(m, job->seq_len) * tokens / l->step_sec / (W * cl->peak_flops);
+    return SL_OK;
 }
 
 sl_status sl_plan_evaluate(const sl_plan_model *m, const sl_plan_cluster *cl, const sl_plan_job *job,
@@ -391,11 +482,13 @@ sl_status sl_plan_evaluate(const sl_plan_model *m, const sl_plan_cluster *cl, co
         l->first_layers = f;
         l->last_layers = z;
     }
-    memory(m, job, l);
+    SL_TRY(memory(m, job, l));
     l->fits = l->mem.total <= cl->mem_bytes * (1.0 - cl->mem_reserve);
-    timing(m, cl, job, l);
-    /* what `suanli train` runs: dp x tp x pp (1F1B or interleaved), ZeRO 0-3 but not ZeRO-3 with pp */
-    l->runnable = l->ep == 1 && !l->recompute && !(l->pp > 1 && l->zero == 3);
+    SL_TRY(timing(m, cl, job, l));
+    /* what `suanli train` runs: dp x tp x pp (1F1B or interleaved), ZeRO 0-3 but not ZeRO-3 with pp; expert
+     * parallelism for Qwen2-MoE / DeepSeek-V3 (not Mixtral) */
+    l->runnable = !l->recompute && !(l->pp > 1 && l->zero == 3) &&
+                  (l->ep == 1 || (m->n_experts > 0 && m->moe_kind != SL_PLAN_MOE_MIXTRAL));
     return SL_OK;
 }
 

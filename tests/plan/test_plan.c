@@ -73,6 +73,10 @@ static sl_plan_model plan_model(int llama) {
                                LCFG.max_seq_len,
                                0,
                                0,
+                               0,
+                               0,
+                               0,
+                               0,
                                0};
     return (sl_plan_model){"gpt2",
                            SL_PLAN_GPT2,
@@ -85,6 +89,10 @@ static sl_plan_model plan_model(int llama) {
                            GCFG.vocab_size,
                            GCFG.max_seq_len,
                            1,
+                           0,
+                           0,
+                           0,
+                           0,
                            0,
                            0};
 }

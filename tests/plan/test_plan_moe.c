@@ -1,0 +1,196 @@
+/* The planner's MoE model (src/plan/model.c, Note [Planner memory model]) against suanli's real MoE models:
+ * Qwen2-MoE (shared expert and its gate) and DeepSeek-V3 (router bias, a leading dense layer), single
+ * process and dp 2 / 4 with expert parallelism 2 / 4 and ZeRO 0-3 (threads as ranks on loopback).
+ * - parameters: sl_plan_model_params against the whole model's numel (exact), and each device's
+ *   parameter bytes against sl_dp_memory_report (exact: the planner walks the same buckets);
+ * - gradients, their shards and the optimizer state exactly too (expert buckets sharded over dp / ep);
+ * - activations and the total within 5 %, the bar of tests/plan/test_plan.c (the dispatched experts'
+ *   buffers are fitted, not derived);
+ * - the layouts with ep > 1 are marked runnable (suanli train runs them: tests/parallel/test_ep_cli.c). */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "suanli/parallel.h"
+#include "suanli/plan.h"
+#include "suanli/train.h"
+#include "testutil.h"
+
+typedef struct {
+    sl_comm *world;
+    const sl_llama_config *cfg;
+    int dp, ep, zero, B, T;
+    double act;
+    int64_t numel;
+    sl_dp_memory mem;
+    sl_status st;
+} rank_job;
+
+static sl_llama_config moe_cfg(int deepseek) {
+    sl_llama_config c = {.arch = deepseek ? SL_ARCH_DEEPSEEK_V3 : SL_ARCH_QWEN2_MOE,
+                         .n_layer = 3,
+                         .n_head = 4,
+                         .n_kv_head = 2,
+                         .head_dim = 16,
+                         .hidden = 64,
+                         .intermediate = 96,
+                         .moe_intermediate = 32,
+                         .shared_intermediate = deepseek ? 32 : 48,
+                         .n_experts = 8,
+                         .n_experts_per_tok = 2,
+                         .vocab_size = 128,
+                         .max_seq_len = 32,
+                         .rms_eps = 1e-6f,
+                         .rope_theta = 10000.0f};
+    if (deepseek) {
+        c.first_dense = 1;
+        c.n_group = 1;
+        c.topk_group = 1;
+        c.routed_scaling = 1.0f;
+        c.norm_topk_prob = 1;
+    } else {
+        c.qkv_bias = 0; /* the planner does not count Qwen2's q/k/v biases */
+    }
+    return c;
+}
+
+static sl_plan_model plan_of(const sl_llama_config *c) {
+    int ds = c->arch == SL_ARCH_DEEPSEEK_V3;
+    sl_plan_model m = {"",
+                       SL_PLAN_LLAMA,
+                       c->n_layer,
+                       c->hidden,
+                       c->n_head,
+                       c->n_kv_head,
+                       c->head_dim,
+                       c->intermediate,
+                       c->vocab_size,
+                       c->max_seq_len,
+                       0,
+                       c->n_experts,
+                       c->n_experts_per_tok,
+                       c->moe_intermediate,
+                       c->shared_intermediate,
+                       ds ? c->first_dense : 0,
+                       ds ? SL_PLAN_MOE_DEEPSEEK : SL_PLAN_MOE_QWEN2};
+    snprintf(m.name, sizeof m.name, "%s", ds ? "deepseek" : "qwen2moe");
+    return m;
+}
+
+static void *run_rank(void *arg) {
+    rank_job *j = arg;
+    sl_mesh mesh;
+    sl_model *m = NULL;
+    sl_trainer tr;
+    sl_dp *dp = NULL;
+    if ((j->st = sl_mesh_init(&mesh, j->world, (sl_mesh_dims){1, 1, j->ep})) != SL_OK) return NULL;
+    sl_model_split sp = {1, 0, 1, 0, 1, 0, 0, j->ep, mesh.ep_rank};
+    if ((j->st = sl_llama_new_par(j->cfg, sl_backend_cpu(), &sp, &m)) != SL_OK) goto out_mesh;
+    j->numel = m->numel;
+    sl_trainer_config tc = {.B = j->B,
+                            .T = j->T,
+                            .accum = 1,
+                            .dp_size = mesh.dp,
+                            .lr = 1e-3f,
+                            .hp = {0.9f, 0.95f, 1e-8f, 0.1f},
+                            .mesh = &mesh};
+    if ((j->st = sl_trainer_init(&tr, m, &tc)) != SL_OK) goto out_model;
+    j->act = (double)tr.plan.planned_bytes;
+    if (mesh.dp > 1) {
+        sl_dp_opts o = {j->zero, 5000, 1};
+        if ((j->st = sl_dp_new(&dp, &mesh, m, tr.graph, &o)) == SL_OK) sl_dp_memory_report(dp, &j->mem);
+        sl_dp_free(dp);
+    } else { /* one process: parameters, gradients and two moments, all f32 */
+        j->mem = (sl_dp_memory){.param_bytes = 4 * (size_t)m->numel,
+                                .grad_bytes = 4 * (size_t)m->numel,
+                                .optim_bytes = 8 * (size_t)m->numel};
+    }
+    sl_trainer_free(&tr);
+out_model:
+    sl_model_free(m);
+out_mesh:
+    sl_mesh_free(&mesh);
+    return NULL;
+}
+
+/* wide: another shape for the fit (4 experts of width 64, top-1, no shared expert) */
+static void check(int deepseek, int wide, int dp, int ep, int zero, int B, int T) {
+    sl_llama_config c = moe_cfg(deepseek);
+    if (wide) {
+        c.n_experts = 4;
+        c.moe_intermediate = 64;
+        c.n_experts_per_tok = 1;
+        c.shared_intermediate = 0;
+    }
+    rank_job jobs[4];
+    sl_comm *comms[4] = {0};
+    pthread_t th[4];
+    if (dp > 1) TU_CHECK(sl_comm_init_loopback(dp, comms, NULL) == SL_OK, "loopback: %s", sl_errmsg());
+    for (int r = 0; r < dp; r++) {
+        jobs[r] = (rank_job){.world = comms[r], .cfg = &c, .dp = dp, .ep = ep, .zero = zero, .B = B, .T = T};
+        pthread_create(&th[r], NULL, run_rank, &jobs[r]);
+    }
+    for (int r = 0; r < dp; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < dp; r++) sl_comm_free(comms[r]);
+    rank_job *j = &jobs[0];
+    TU_CHECK(j->st == SL_OK, "run: %s", sl_status_name(j->st));
+    if (j->st != SL_OK) return;
+    sl_plan_model md = plan_of(&c);
+    sl_plan_cluster cl = {.hosts = 1,
+                          .devices_per_host = dp,
+                          .peak_flops = 1e11,
+                          .gemm_efficiency = 0.8,
+                          .mem_bw_Bps = 1.5e10,
+                          .mem_bytes = 1e10,
+                          .mem_reserve = 0.05,
+                          .intra = {1e-6, 5e9},
+                          .inter = {1e-6, 5e9}};
+    sl_plan_job job = {.global_batch = (int64_t)B * dp, .seq_len = T, .bucket_elems = 5000};
+    sl_plan_layout l = {.dp = dp, .tp = 1, .pp = 1, .ep = ep, .micro_batch = B, .zero = zero};
+    TU_CHECK(sl_plan_evaluate(&md, &cl, &job, &l) == SL_OK, "evaluate: %s", sl_errmsg());
+    if (ep == 1)
+        TU_CHECK(sl_plan_model_params(&md) == j->numel, "%s params: plan %lld, model %lld", md.name,
+                 (long long)sl_plan_model_params(&md), (long long)j->numel);
+    const sl_dp_memory *r = &j->mem;
+    double real =
+        (double)(r->param_bytes + r->slot_bytes + r->grad_bytes + r->grad_shard_bytes + r->optim_bytes) +
+        j->act;
+    double et = l.mem.total / real - 1.0, ea = l.mem.activations / j->act - 1.0;
+    printf("memory %-8s E%d I%d k%d dp %d ep %d zero %d B %d T %d: plan %9.0f real %9.0f B (%+.2f%%) | "
+           "activations %8.0f vs "
+           "%8.0f (%+.2f%%) | params %.0f/%zu grads %.0f/%zu shard %.0f/%zu optim %.0f/%zu slots %.0f/%zu\n",
+           md.name, c.n_experts, c.moe_intermediate, c.n_experts_per_tok, dp, ep, zero, B, T, l.mem.total,
+           real, 100 * et, l.mem.activations, j->act, 100 * ea, l.mem.params, r->param_bytes, l.mem.grads,
+           r->grad_bytes, l.mem.grad_shard, r->grad_shard_bytes, l.mem.optim, r->optim_bytes, l.mem.slots,
+           r->slot_bytes);
+    TU_CHECK(l.mem.params == (double)r->param_bytes, "%s dp %d ep %d zero %d: parameter bytes %.0f vs %zu",
+             md.name, dp, ep, zero, l.mem.params, r->param_bytes);
+    TU_CHECK(l.mem.optim == (double)r->optim_bytes, "%s dp %d ep %d zero %d: optimizer bytes %.0f vs %zu",
+             md.name, dp, ep, zero, l.mem.optim, r->optim_bytes);
+    TU_CHECK(l.mem.grads == (double)r->grad_bytes && l.mem.grad_shard == (double)r->grad_shard_bytes,
+             "%s dp %d ep %d zero %d: gradient bytes %.0f + %.0f vs %zu + %zu", md.name, dp, ep, zero,
+             l.mem.grads, l.mem.grad_shard, r->grad_bytes, r->grad_shard_bytes);
+    TU_CHECK(fabs(et) <= 0.05, "%s dp %d ep %d zero %d: total memory off by %.2f%%", md.name, dp, ep, zero,
+             100 * et);
+    TU_CHECK(fabs(ea) <= 0.05, "%s dp %d ep %d: activations off by %.2f%%", md.name, dp, ep, 100 * ea);
+    TU_CHECK(l.runnable, "%s dp %d ep %d zero %d: marked not runnable", md.name, dp, ep, zero);
+}
+
+int main(void) {
+    setenv("SUANLI_COMM_ALGO", "direct", 1);
+    sl_threads_set(1);
+    for (int ds = 0; ds <= 1; ds++) {
+        check(ds, 0, 1, 1, 0, 4, 32);
+        check(ds, 0, 1, 1, 0, 8, 32);
+        check(ds, 0, 2, 1, 1, 4, 32);
+        check(ds, 0, 2, 2, 0, 4, 32);
+        check(ds, 0, 4, 2, 1, 4, 32);
+        check(ds, 0, 4, 4, 2, 4, 32);
+        check(ds, 0, 4, 2, 3, 4, 32);
+        check(ds, 1, 1, 1, 0, 4, 32);
+        check(ds, 1, 4, 4, 1, 4, 32);
+    }
+    return tu_finish("test_plan_moe");
+}
