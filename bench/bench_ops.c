@@ -128,20 +128,27 @@ double sl_bench_fma_peak(int nthr) {
     return best;
 }
 
-/* 12 independent vdpbf16ps chains: 64 FLOP each (16 lanes x 2 bf16 pairs x multiply-add) */
+/* 12 independent vdpbf16ps chains in registers: 64 FLOP each (16 lanes x 2 bf16 pairs x multiply-add) */
+#define SL_DP(a) a = _mm512_dpbf16_ps(a, x, y)
 __attribute__((target("avx512f,avx512bf16"))) static double dpbf16_loop(int64_t iters) {
-    __m512 a[12];
-    for (int i = 0; i < 12; i++) a[i] = _mm512_set1_ps((float)i);
+    __m512 a0 = _mm512_set1_ps(0.f), a1 = _mm512_set1_ps(1.f), a2 = _mm512_set1_ps(2.f),
+           a3 = _mm512_set1_ps(3.f), a4 = _mm512_set1_ps(4.f), a5 = _mm512_set1_ps(5.f),
+           a6 = _mm512_set1_ps(6.f), a7 = _mm512_set1_ps(7.f), a8 = _mm512_set1_ps(8.f),
+           a9 = _mm512_set1_ps(9.f), a10 = _mm512_set1_ps(10.f), a11 = _mm512_set1_ps(11.f);
     const __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f7f3f7f), y = (__m512bh)_mm512_set1_epi32(0x33d633d6);
-    for (int64_t n = 0; n < iters; n++)
-        for (int i = 0; i < 12; i++) a[i] = _mm512_dpbf16_ps(a[i], x, y);
+    for (int64_t n = 0; n < iters; n++) {
+        SL_DP(a0), SL_DP(a1), SL_DP(a2), SL_DP(a3), SL_DP(a4), SL_DP(a5);
+        SL_DP(a6), SL_DP(a7), SL_DP(a8), SL_DP(a9), SL_DP(a10), SL_DP(a11);
+    }
+    __m512 all[12] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11};
     float t[16], s = 0;
     for (int i = 0; i < 12; i++) {
-        _mm512_storeu_ps(t, a[i]);
+        _mm512_storeu_ps(t, all[i]);
         for (int j = 0; j < 16; j++) s += t[j];
     }
     return (double)s;
 }
+#undef SL_DP
 
 double sl_bench_bf16_peak(int nthr) {
     if (!sl_cpu_features_get()->avx512_bf16) return sl_bench_fma_peak(nthr); /* emulated: f32 FMAs */

@@ -355,6 +355,50 @@ static void test_math(int isa) {
 }
 
 /* MATMUL with bf16 operands: against the f32 kernel on bf16-rounded copies of the inputs */
+/* CAST f32 <-> bf16 on contiguous tensors (the flat vectorized loop) against sl_f32_to_bf16 /
+ * sl_bf16_to_f32, bit for bit: signed zeros, denormals, infinities, NaNs with payloads, rounding ties
+ * (even and odd), values that round up to infinity, random values; lengths across the vector and
+ * threading thresholds */
+static void test_cast_bf16(void) {
+    static const uint32_t special[] = {0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x00408000u,
+                                       0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffbfffffu,
+                                       0x7f7fffffu, 0x7f7f8000u, 0x3f808000u, 0x3f818000u, 0x3f80ffffu,
+                                       0x3f807fffu, 0x477fe000u, 0xc77fe000u};
+    const int64_t ns = (int64_t)(sizeof special / sizeof special[0]);
+    const int64_t lens[] = {1, 17, 65, 1000, 200003};
+    for (int li = 0; li < 5; li++) {
+        int64_t n = lens[li];
+        sl_ctx *ctx = sl_ctx_new(16);
+        sl_tensor *x = leaf(ctx, 1, (int64_t[]){n}, 1000.0f);
+        uint32_t *u = x->data;
+        for (int64_t i = 0; i < n; i++)
+            if (i % 7 == 3)
+                u[i] = special[(i / 7) % ns];
+            else if (i % 11 == 5)
+                u[i] = (uint32_t)sl_rng_u64(5, 2, (uint64_t)i); /* any bit pattern */
+        sl_tensor *b = sl_cast(ctx, x, SL_BF16), *y = sl_cast(ctx, b, SL_F32);
+        void *bb = malloc(sizeof(uint16_t) * (size_t)n), *yb = malloc(sizeof(float) * (size_t)n);
+        b->data = bb;
+        y->data = yb;
+        TU_CHECK(sl_k_cast(b) == SL_OK && sl_k_cast(y) == SL_OK, "[%s] cast: %s", g_isa, sl_errmsg());
+        const uint16_t *pb = b->data;
+        const uint32_t *py = y->data;
+        int64_t bad = 0;
+        for (int64_t i = 0; i < n; i++) {
+            float v;
+            memcpy(&v, u + i, 4);
+            uint16_t e = sl_f32_to_bf16(v);
+            bad += pb[i] != e || py[i] != (uint32_t)e << 16;
+        }
+        TU_CHECK(bad == 0, "[%s] cast f32 <-> bf16, n %lld: %lld elements differ from sl_f32_to_bf16", g_isa,
+                 (long long)n, (long long)bad);
+        free(bb);
+        free(yb);
+        free(x->data);
+        sl_ctx_free(ctx);
+    }
+}
+
 static void test_matmul_bf16(void) {
     const int64_t shapes[][3] = {{1, 1, 1}, {3, 17, 5}, {17, 63, 65}, {65, 3, 255}};
     for (int si = 0; si < 4; si++)
@@ -586,6 +630,7 @@ int main(void) {
         sl_kern_isa_force(isa);
         g_isa = sl_kern_isa_name(isa);
         test_math(isa);
+        test_cast_bf16();
         if (isa == SL_KISA_SCALAR) continue; /* fast == ref there */
         test_elementwise();
         test_norm_softmax();
