@@ -399,6 +399,49 @@ static void test_cast_bf16(void) {
     }
 }
 
+/* MATMUL with iparams[SL_MATMUL_IP_ROUND] = SL_BF16 (Note [Rounded weight gradients]): the product in row
+ * blocks of the kernel's scratch (M = 1500 rows of N = 768: three blocks), each element rounded to bf16,
+ * then stored (iparams[2] = 2) or added (iparams[2] = 1) — bitwise the plain product rounded by
+ * sl_f32_to_bf16 and added in f32; for both operand layouts of a weight gradient (tA = 1 and 0) */
+static void test_matmul_rounded(void) {
+    int64_t M = 1500, N = 768, K = 40;
+    for (int tA = 0; tA <= 1; tA++) {
+        sl_ctx *ctx = sl_ctx_new(64);
+        sl_tensor *a32 = leaf(ctx, 2, tA ? (int64_t[]){K, M} : (int64_t[]){M, K}, 1.0f);
+        sl_tensor *b32 = leaf(ctx, 2, (int64_t[]){K, N}, 1.0f);
+        sl_tensor *a = sl_cast(ctx, a32, SL_BF16), *b = sl_cast(ctx, b32, SL_BF16);
+        a->data = malloc(2 * (size_t)(M * K));
+        b->data = malloc(2 * (size_t)(K * N));
+        TU_CHECK(sl_k_cast(a) == SL_OK && sl_k_cast(b) == SL_OK, "casts");
+        sl_tensor *plain = sl_matmul(ctx, a, b, tA, 0), *rnd_mm = sl_matmul(ctx, a, b, tA, 0);
+        float *pp = malloc(4 * (size_t)(M * N)), *c0 = rnd(M * N, 1.0f), *c = malloc(4 * (size_t)(M * N));
+        plain->data = pp;
+        rnd_mm->data = c;
+        rnd_mm->iparams[SL_MATMUL_IP_ROUND] = SL_BF16;
+        TU_CHECK(sl_k_matmul(plain) == SL_OK, "plain product: %s", sl_errmsg());
+        for (int mode = 1; mode <= 2; mode++) {
+            memcpy(c, c0, 4 * (size_t)(M * N));
+            rnd_mm->iparams[2] = mode;
+            TU_CHECK(sl_k_matmul(rnd_mm) == SL_OK, "rounded product: %s", sl_errmsg());
+            int64_t bad = 0;
+            for (int64_t i = 0; i < M * N; i++) {
+                float r = sl_bf16_to_f32(sl_f32_to_bf16(pp[i])), e = mode == 1 ? c0[i] + r : r;
+                bad += memcmp(&e, c + i, 4) != 0;
+            }
+            TU_CHECK(bad == 0, "[%s] rounded matmul tA %d %s: %lld of %lld elements differ", g_isa, tA,
+                     mode == 1 ? "accumulating" : "overwriting", (long long)bad, (long long)(M * N));
+        }
+        free(a->data);
+        free(b->data);
+        free(a32->data);
+        free(b32->data);
+        free(pp);
+        free(c0);
+        free(c);
+        sl_ctx_free(ctx);
+    }
+}
+
 static void test_matmul_bf16(void) {
     const int64_t shapes[][3] = {{1, 1, 1}, {3, 17, 5}, {17, 63, 65}, {65, 3, 255}};
     for (int si = 0; si < 4; si++)
@@ -653,6 +696,7 @@ int main(void) {
 #endif
     g_isa = sl_kern_isa_name(best);
     test_matmul_bf16();
+    test_matmul_rounded();
     test_matmul_bf16_grad();
     test_adamw();
     test_clip_grad_norm();

@@ -5,6 +5,7 @@
  * first gradient writes]). */
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "device/cpu/kernels/f16.h"
 #include "device/cpu/kernels/gemm.h"
@@ -38,6 +39,17 @@ static float *round_scratch(void) {
     return p;
 }
 
+/* f32 -> bf16 -> f32 as sl_f32_to_bf16 rounds (nearest even; NaN kept quiet), branch-free so the loops
+ * below vectorize */
+static inline float round_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u, q = (u & 0xffff0000u) | 0x400000u;
+    u = (u & 0x7fffffffu) > 0x7f800000u ? q : r;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
 /* C (=|+=) bf16(op(A) op(B)) for 2-D operands: the product in blocks of rows through the scratch, each
  * element rounded to bf16 (as sl_f32_to_bf16, the CAST kernel's rounding) before it is stored or added.
  * A block's elements are the same sums as the whole GEMM's (row blocks do not change an element's
@@ -64,10 +76,10 @@ static sl_status matmul_rounded(sl_tensor *n, int bf, int tA, int tB, int64_t K,
         for (int64_t i = 0; i < r; i++) {
             float *c = pc + (r0 + i) * ldc;
             const float *t = tmp + i * N;
-            for (int64_t j = 0; j < N; j++) {
-                float v = sl_bf16_to_f32(sl_f32_to_bf16(t[j]));
-                c[j] = beta != 0.0f ? c[j] + v : v;
-            }
+            if (beta != 0.0f)
+                for (int64_t j = 0; j < N; j++) c[j] += round_bf16(t[j]);
+            else
+                for (int64_t j = 0; j < N; j++) c[j] = round_bf16(t[j]);
         }
     }
     return SL_OK;
