@@ -120,6 +120,17 @@ static void print_dp_memory(sl_dp *dp, int json, int64_t zero) {
            mem.grad_bytes / 1048576.0, mem.grad_shard_bytes / 1048576.0, mem.optim_bytes / 1048576.0);
 }
 
+/* --plan-only: the activation arena the planner reserved for one step on this rank */
+static void print_plan(const sl_gpt2_config *c, int64_t B, const sl_mesh *mesh, const sl_model *m,
+                       const sl_trainer *tr) {
+    printf("{\"bench\": \"train_plan\", \"L\": %d, \"NH\": %d, \"C\": %d, \"V\": %d, \"B\": %lld, \"T\": %d, "
+           "\"tp\": %d, \"pp\": %d, \"dp\": %d, \"sp\": %d, \"activation_mib\": %.2f, \"naive_mib\": %.2f, "
+           "\"param_mib_per_rank\": %.2f}\n",
+           c->n_layer, c->n_head, c->n_embd, c->vocab_size, (long long)B, c->max_seq_len, mesh->tp, mesh->pp,
+           mesh->dp, m->sp, tr->plan.planned_bytes / 1048576.0, tr->plan.naive_bytes / 1048576.0,
+           m->numel * 4.0 / 1048576.0);
+}
+
 int sl_bench_train(int argc, char **argv) {
     int64_t L = 12, NH = 12, C = 768, V = 50257, B = 4, T = 64, steps = 5, warm = 1, threads = 2, accum = 1,
             zero = 0, bucket = 1 << 20, tpn = 1, ppn = 1, pfirst = 0, plast = 0;
@@ -228,13 +239,7 @@ int sl_bench_train(int argc, char **argv) {
         tr.dp = dp;
     }
     if (plan_only) { /* what the planner reserved for one step's activations on this rank, and stop */
-        printf(
-            "{\"bench\": \"train_plan\", \"L\": %lld, \"NH\": %lld, \"C\": %lld, \"V\": %lld, \"B\": %lld, "
-            "\"T\": %lld, \"tp\": %d, \"pp\": %d, \"dp\": %d, \"sp\": %d, \"activation_mib\": %.2f, "
-            "\"naive_mib\": %.2f, \"param_mib_per_rank\": %.2f}\n",
-            (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T, mesh.tp,
-            mesh.pp, mesh.dp, m->sp, tr.plan.planned_bytes / 1048576.0, tr.plan.naive_bytes / 1048576.0,
-            m->numel * 4.0 / 1048576.0);
+        print_plan(&cfg, B, &mesh, m, &tr);
         sl_dp_free(dp);
         sl_tp_free(tp);
         sl_trainer_free(&tr);
