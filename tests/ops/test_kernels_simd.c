@@ -233,7 +233,17 @@ static void test_embed_ce(void) {
 }
 
 /* q, k, v as strided views of one packed (B, T, NH + 2 NKV, hs + pad) buffer, like a fused QKV projection */
-static void test_attention(void) {
+static void test_attention_cases(int half);
+static void test_attention(void) { test_attention_cases(0); }
+
+/* The eager half numerics (iparams[2] = 1..4: bf16 / f16, P rounded or fp32; Note [Eager half attention
+ * numerics]): sl_k_attention_half[_back] against the reference kernels with zero tolerance (Note [Eager
+ * half attention, vectorized]: the same operations in the same order) on every case of test_attention */
+static void test_attention_half(void) {
+    for (int mode = 1; mode <= 4; mode++) test_attention_cases(mode);
+}
+
+static void test_attention_cases(int half) {
     const int64_t cases[][7] = {
         /* B, T, NH, NKV, hs, sliding window (0: causal), dropout of the probabilities in % (issue 20) */
         {1, 1, 1, 1, 3, 0, 0},     {2, 17, 4, 2, 5, 0, 0},   {1, 65, 2, 1, 64, 0, 0},
@@ -256,16 +266,20 @@ static void test_attention(void) {
         k->data = (float *)qkv->data + NH * hp + 1;
         v->data = (float *)qkv->data + (NH + NKV) * hp + 2;
         sl_tensor *at = sl_attention_window(ctx, q, k, v, win);
+        at->iparams[2] = half;
         if (cases[ci][6]) { /* the same mask in both kernels (Note [Dropout from counters]) */
             sl_attention_dropout(at, (float)cases[ci][6] / 100.0f, 7);
             at->iparams[SL_DROPOUT_IP_ON] = 1;
             at->iparams[SL_DROPOUT_IP_SEED_LO] = 12345;
             at->iparams[SL_DROPOUT_IP_STREAM_LO] = 3 + ci;
         }
-        snprintf(what, sizeof what, "attention B%lld T%lld NH%lld NKV%lld hs%lld win%d drop%lld%% (out+lse)",
+        snprintf(what, sizeof what,
+                 "attention B%lld T%lld NH%lld NKV%lld hs%lld win%d drop%lld%% half%d (out+lse)",
                  (long long)B, (long long)T, (long long)NH, (long long)NKV, (long long)hs, win,
-                 (long long)cases[ci][6]);
-        float *o1 = check_pair(what, at, sl_k_attention, sl_k_attention_ref, 2e-5f, 2e-4f, NULL, NULL);
+                 (long long)cases[ci][6], half);
+        float tol = half ? 0.0f : 1.0f; /* the half kernels: bit for bit */
+        float *o1 = check_pair(what, at, half ? sl_k_attention_half : sl_k_attention, sl_k_attention_ref,
+                               2e-5f * tol, 2e-4f * tol, NULL, NULL);
         sl_tensor *g = leaf(ctx, 3, at->ne, 1.0f);
         sl_tensor *ab = sl_new_op(ctx, SL_OP_ATTENTION_BACK, SL_F32, 4, (int64_t[]){B, T, W, hs});
         ab->src[0] = at;
@@ -274,10 +288,10 @@ static void test_attention(void) {
         ab->src[3] = v;
         ab->src[4] = g;
         ab->iparams[1] = at->iparams[1];
-        snprintf(what, sizeof what, "attention_back B%lld T%lld NH%lld NKV%lld hs%lld win%d", (long long)B,
-                 (long long)T, (long long)NH, (long long)NKV, (long long)hs, win);
-        float *o2 =
-            check_pair(what, ab, sl_k_attention_back, sl_k_attention_back_ref, 2e-5f, 2e-4f, NULL, NULL);
+        snprintf(what, sizeof what, "attention_back B%lld T%lld NH%lld NKV%lld hs%lld win%d half%d",
+                 (long long)B, (long long)T, (long long)NH, (long long)NKV, (long long)hs, win, half);
+        float *o2 = check_pair(what, ab, half ? sl_k_attention_half_back : sl_k_attention_back,
+                               sl_k_attention_back_ref, 2e-5f * tol, 2e-4f * tol, NULL, NULL);
         free(o1);
         free(o2);
         free(g->data);
@@ -695,6 +709,7 @@ int main(void) {
     }
 #endif
     g_isa = sl_kern_isa_name(best);
+    test_attention_half();
     test_matmul_bf16();
     test_matmul_rounded();
     test_matmul_bf16_grad();

@@ -72,6 +72,9 @@ sl_status sl_k_softmax_ref(sl_tensor *n);
 sl_status sl_k_softmax_back_ref(sl_tensor *n);
 sl_status sl_k_attention_ref(sl_tensor *n);
 sl_status sl_k_attention_back_ref(sl_tensor *n);
+/* the eager half numerics (iparams[2] != 0): the reference's arithmetic, vectorized (attention.c) */
+sl_status sl_k_attention_half(sl_tensor *n);
+sl_status sl_k_attention_half_back(sl_tensor *n);
 sl_status sl_k_embedding_back_ref(sl_tensor *n);
 sl_status sl_k_cross_entropy_ref(sl_tensor *n);
 /* logsumexp of each of N rows of V logits (scalar reference) */
