@@ -688,6 +688,7 @@ int main(void) {
         g_isa = sl_kern_isa_name(isa);
         test_math(isa);
         test_cast_bf16();
+        test_attention_half();
         if (isa == SL_KISA_SCALAR) continue; /* fast == ref there */
         test_elementwise();
         test_norm_softmax();
@@ -709,7 +710,6 @@ int main(void) {
     }
 #endif
     g_isa = sl_kern_isa_name(best);
-    test_attention_half();
     test_matmul_bf16();
     test_matmul_rounded();
     test_matmul_bf16_grad();

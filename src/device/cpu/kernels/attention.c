@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "device/cpu/kernels/kernels.h"
+#include "device/cpu/kernels/simd_math.h"
 #include "device/cpu/kernels/vec_kernels.h"
 
 /* Note [Eager half attention numerics]
@@ -203,15 +204,41 @@ SL_NO_CONTRACT_ATTR static float *transposed(const sl_tensor *x, int hm, int rou
     return r;
 }
 
-/* acc[j] = sum over d (in order) of a[d] * xt[d][j] for j in [j0, j1] */
-SL_NO_CONTRACT_ATTR static void dots_t(const float *a, const float *xt, int64_t T, int64_t hs, int64_t j0,
-                                       int64_t j1, float *acc) {
-    SL_NO_CONTRACT
-    for (int64_t j = j0; j <= j1; j++) acc[j] = 0;
-    for (int64_t d = 0; d < hs; d++) {
-        const float ad = a[d], *xd = xt + d * T;
-        for (int64_t j = j0; j <= j1; j++) acc[j] += ad * xd[j];
+/* acc[j] = sum over d (in order) of a[d] * xt[d][j] for j in [j0, j1]; built for AVX-512, AVX2 and the
+ * baseline (wider lanes, the same per-lane operations) and chosen by the kernel ISA (sl_kern_isa) */
+#define DOTS_T_BODY                                                                                          \
+    SL_NO_CONTRACT                                                                                           \
+    for (int64_t j = j0; j <= j1; j++) acc[j] = 0;                                                           \
+    for (int64_t d = 0; d < hs; d++) {                                                                       \
+        const float ad = a[d], *xd = xt + d * T;                                                             \
+        _Pragma("omp simd") for (int64_t j = j0; j <= j1; j++) acc[j] += ad * xd[j];                         \
     }
+SL_NO_CONTRACT_ATTR static void dots_t_base(const float *a, const float *xt, int64_t T, int64_t hs,
+                                            int64_t j0, int64_t j1, float *acc){DOTS_T_BODY}
+#if SL_HAVE_X86
+SL_NO_CONTRACT_ATTR
+    __attribute__((target("avx512f"))) static void dots_t_avx512(const float *a, const float *xt, int64_t T,
+                                                                 int64_t hs, int64_t j0, int64_t j1,
+                                                                 float *acc){DOTS_T_BODY} SL_NO_CONTRACT_ATTR
+    __attribute__((target("avx2"))) static void dots_t_avx2(const float *a, const float *xt, int64_t T,
+                                                            int64_t hs, int64_t j0, int64_t j1, float *acc) {
+    DOTS_T_BODY
+}
+#endif
+static void dots_t(const float *a, const float *xt, int64_t T, int64_t hs, int64_t j0, int64_t j1,
+                   float *acc) {
+#if SL_HAVE_X86
+    int isa = sl_kern_isa();
+    if (isa >= SL_KISA_AVX512) {
+        dots_t_avx512(a, xt, T, hs, j0, j1, acc);
+        return;
+    }
+    if (isa >= SL_KISA_AVX2) {
+        dots_t_avx2(a, xt, T, hs, j0, j1, acc);
+        return;
+    }
+#endif
+    dots_t_base(a, xt, T, hs, j0, j1, acc);
 }
 
 SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half(sl_tensor *n) {
@@ -264,6 +291,7 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half(sl_tensor *n) {
         for (int64_t j = j0; j <= t; j++) {
             const float *vr = pv + b * v->nb[0] + j * v->nb[1] + kh * v->nb[2];
             float pj = dp > 0 ? p[j] * mk[j] : p[j];
+#pragma omp simd
             for (int64_t d = 0; d < hs; d++) o[d] += pj * vr[d];
         }
         for (int64_t d = 0; d < hs; d++) o[d] = hround(o[d], hm);
@@ -334,6 +362,7 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half_back(sl_tensor *n) {
                     float *dk = hk + j * hs, *dv = hv + j * hs;
                     float pj = p32(hm) ? hround(p[j], hm) : p[j];
                     if (dpr > 0) pj *= mk[j];
+#pragma omp simd
                     for (int64_t d = 0; d < hs; d++) {
                         dq[d] += ds * krj[d];
                         dk[d] += ds * qr[d];
