@@ -108,10 +108,8 @@ static int peak_flops_per_iter(void) {
     return 0;
 }
 
-double sl_bench_fma_peak(int nthr) {
-    const sl_cpu_features *f = sl_cpu_features_get();
-    int per = peak_flops_per_iter();
-    if (!per) return 0.0;
+/* the best of 3 timed runs of `loop` (PEAK_ITERS iterations of `flops` FLOP) on nthr threads, in GFLOP/s */
+static double best_of_3(double (*loop)(int64_t), double flops, int nthr) {
     double best = 0.0;
     volatile double sink = 0.0;
     for (int trial = 0; trial < 3; trial++) {
@@ -119,13 +117,19 @@ double sl_bench_fma_peak(int nthr) {
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nthr) reduction(+ : sink)
 #endif
-        sink += f->avx512f ? fma_loop_zmm(PEAK_ITERS) : fma_loop_ymm(PEAK_ITERS);
+        sink += loop(PEAK_ITERS);
         double dt = sl_time_sec() - t0;
-        double g = (double)per * (double)PEAK_ITERS * nthr / dt * 1e-9;
+        double g = flops * (double)PEAK_ITERS * nthr / dt * 1e-9;
         if (g > best) best = g;
     }
     (void)sink;
     return best;
+}
+
+double sl_bench_fma_peak(int nthr) {
+    int per = peak_flops_per_iter();
+    if (!per) return 0.0;
+    return best_of_3(sl_cpu_features_get()->avx512f ? fma_loop_zmm : fma_loop_ymm, (double)per, nthr);
 }
 
 /* 12 independent vdpbf16ps chains in registers: 64 FLOP each (16 lanes x 2 bf16 pairs x multiply-add) */
@@ -152,20 +156,7 @@ __attribute__((target("avx512f,avx512bf16"))) static double dpbf16_loop(int64_t 
 
 double sl_bench_bf16_peak(int nthr) {
     if (!sl_cpu_features_get()->avx512_bf16) return sl_bench_fma_peak(nthr); /* emulated: f32 FMAs */
-    double best = 0.0;
-    volatile double sink = 0.0;
-    for (int trial = 0; trial < 3; trial++) {
-        double t0 = sl_time_sec();
-#ifdef _OPENMP
-#pragma omp parallel num_threads(nthr) reduction(+ : sink)
-#endif
-        sink += dpbf16_loop(PEAK_ITERS);
-        double dt = sl_time_sec() - t0;
-        double g = 12.0 * 64.0 * (double)PEAK_ITERS * nthr / dt * 1e-9;
-        if (g > best) best = g;
-    }
-    (void)sink;
-    return best;
+    return best_of_3(dpbf16_loop, 12.0 * 64.0, nthr);
 }
 
 /* bf16 rows run at twice the fp32 peak with vdpbf16ps; the emulated path widens to fp32. */

@@ -16,6 +16,7 @@
 #include "suanli/parallel.h"
 #include "suanli/plan.h"
 #include "suanli/train.h"
+#include "plan_cluster.h"
 #include "testutil.h"
 
 typedef struct {
@@ -138,15 +139,7 @@ static void check(int deepseek, int wide, int dp, int ep, int zero, int B, int T
     TU_CHECK(j->st == SL_OK, "run: %s", sl_status_name(j->st));
     if (j->st != SL_OK) return;
     sl_plan_model md = plan_of(&c);
-    sl_plan_cluster cl = {.hosts = 1,
-                          .devices_per_host = dp,
-                          .peak_flops = 1e11,
-                          .gemm_efficiency = 0.8,
-                          .mem_bw_Bps = 1.5e10,
-                          .mem_bytes = 1e10,
-                          .mem_reserve = 0.05,
-                          .intra = {1e-6, 5e9},
-                          .inter = {1e-6, 5e9}};
+    sl_plan_cluster cl = local_cluster(dp);
     sl_plan_job job = {.global_batch = (int64_t)B * dp, .seq_len = T, .bucket_elems = 5000};
     sl_plan_layout l = {.dp = dp, .tp = 1, .pp = 1, .ep = ep, .micro_batch = B, .zero = zero};
     TU_CHECK(sl_plan_evaluate(&md, &cl, &job, &l) == SL_OK, "evaluate: %s", sl_errmsg());
