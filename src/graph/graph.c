@@ -229,10 +229,10 @@ sl_status sl_graph_plan(sl_graph *g, sl_backend *be, sl_plan_stats *stats) {
     size_t naive = 0;
     for (int i = 0; i < n; i++) {
         sl_tensor *t = g->nodes[i];
-        if (is_inplace(t) || donor[i] >= 0) continue;
+        if (is_inplace(t)) continue;
         size_t sz = align64(sl_nbytes(t) + t->aux_bytes);
-        items[m++] = (plan_item){i, i, last[i], sz, 0};
-        naive += sz;
+        naive += sz; /* every storage on its own: the sum without any reuse, donation included */
+        if (donor[i] < 0) items[m++] = (plan_item){i, i, last[i], sz, 0};
     }
     qsort(items, (size_t)m, sizeof *items, cmp_size_desc);
     size_t total = 0;

@@ -1,6 +1,7 @@
 /* The CLI end to end: a tiny training run (files, metrics, generate) and every bad-input path of
  * `suanli train`: one line naming the problem, exit status 2, no crash, nothing half-written. */
 #include <cjson/cJSON.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -34,6 +35,52 @@ static void bad(const char *what, const char *needle, int rc) {
 }
 
 #define TINY "--num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+
+/* the JSON record of `bench train` (its last line that parses), or NULL */
+static cJSON *bench_record(void) {
+    cJSON *o = NULL;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *j = cJSON_Parse(line);
+        if (j) {
+            cJSON_Delete(o);
+            o = j;
+        }
+    }
+    return o;
+}
+
+/* `bench train --json` reports peak RSS and MFU against the GEMMs' dtype (issue 20 items 2, 5);
+ * `--plan-only` shows the planner's donation (Note [Donated storage]): without it (SUANLI_PLAN_DONATE=0)
+ * the arena holds the logits' gradient beside the logits, B * T * V floats more (2 * 16 * 4096 * 4 B =
+ * 0.5 MiB here); GELU's gradient may take a buffer too, so "at least" */
+static void test_bench_train(void) {
+    for (int bf = 0; bf <= 1; bf++) {
+        int rc = run("bench train " TINY " --vocab-size 256 --steps 1 --warmup 0 --threads 1 --json%s",
+                     bf ? " --bf16" : "");
+        cJSON *o = rc == 0 ? bench_record() : NULL;
+        const cJSON *rss = cJSON_GetObjectItem(o, "peak_rss_mib"), *dt = cJSON_GetObjectItem(o, "dtype");
+        TU_CHECK(o && cJSON_IsNumber(rss) && rss->valuedouble > 0 &&
+                     cJSON_IsNumber(cJSON_GetObjectItem(o, "mfu")) &&
+                     cJSON_IsNumber(cJSON_GetObjectItem(o, "mfu_f32_peak")) && cJSON_IsString(dt) &&
+                     !strcmp(dt->valuestring, bf ? "bf16-mixed" : "f32"),
+                 "bench train --json%s: rc %d, record %s", bf ? " --bf16" : "", rc, out);
+        cJSON_Delete(o);
+    }
+    double mib[2] = {0, 0};
+    for (int k = 0; k < 2; k++) {
+        if (k) setenv("SUANLI_PLAN_DONATE", "0", 1);
+        int rc = run("bench train --plan-only --num-layers 1 --hidden-size 32 --num-attention-heads 2 "
+                     "--vocab-size 4096 --seq-length 16 --micro-batch-size 2 --threads 1");
+        unsetenv("SUANLI_PLAN_DONATE");
+        cJSON *o = rc == 0 ? bench_record() : NULL;
+        const cJSON *a = cJSON_GetObjectItem(o, "activation_mib");
+        TU_CHECK(cJSON_IsNumber(a), "bench train --plan-only: rc %d %s", rc, out);
+        mib[k] = cJSON_IsNumber(a) ? a->valuedouble : 0;
+        cJSON_Delete(o);
+    }
+    TU_CHECK(mib[1] - mib[0] >= 0.5 - 0.01, "donation saves the logits' 0.5 MiB: %.2f MiB with, %.2f without",
+             mib[0], mib[1]);
+}
 
 int main(void) {
     snprintf(dir, sizeof dir, "%s", tu_tmpdir("cli"));
@@ -184,6 +231,7 @@ int main(void) {
     bad("load conflict", "--hidden-size",
         run("train --save %s/never --data-path %s --load %s/run1 --hidden-size 64", dir, data, dir));
 
+    test_bench_train();
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     TU_CHECK(system(cmd) == 0, "cleanup");
     return tu_finish("test_cli");
