@@ -143,15 +143,18 @@ SL_TARGET_AVX512 static inline void transpose16x16(__m512 r[16]) {
 
 /* ---- fp32 packers (32-bit elements; reused for bf16 pairs) ---- */
 
-/* dst[k*8 + i] = src[i*ld + k] for i < ni (else 0), k < kc: 8 rows, contiguous in k. */
-SL_TARGET_AVX512 static void pack_rows8_t32(const uint32_t *src, int64_t ld, int ni, int64_t kc,
-                                            uint32_t *dst) {
+/* dst[k*8 + i] = src[i*ld + k] for i < ni (else 0), k < kc: 8 rows, contiguous in k. The rows are ld_bytes
+ * apart, any multiple of 2 (bf16 pairs of a row with an odd leading dimension are 32-bit values at 2-byte
+ * alignment: the loads are unaligned anyway). */
+SL_TARGET_AVX512 static void pack_rows8_t32b(const void *base, int64_t ld_bytes, int ni, int64_t kc,
+                                             uint32_t *dst) {
+    const char *src = base;
     int64_t k = 0;
     for (; k + 8 <= kc; k += 8) {
         __m256 r[8];
 #pragma GCC unroll 8
         for (int i = 0; i < 8; i++)
-            r[i] = i < ni ? _mm256_loadu_ps((const float *)(src + i * ld + k)) : _mm256_setzero_ps();
+            r[i] = i < ni ? _mm256_loadu_ps((const float *)(src + i * ld_bytes) + k) : _mm256_setzero_ps();
         transpose8x8(r);
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) _mm256_storeu_ps((float *)(dst + (k + j) * 8), r[j]);
@@ -161,10 +164,15 @@ SL_TARGET_AVX512 static void pack_rows8_t32(const uint32_t *src, int64_t ld, int
         __mmask8 m = (__mmask8)((1u << rem) - 1u);
         __m256 r[8];
         for (int i = 0; i < 8; i++)
-            r[i] = i < ni ? _mm256_maskz_loadu_ps(m, (const float *)(src + i * ld + k)) : _mm256_setzero_ps();
+            r[i] = i < ni ? _mm256_maskz_loadu_ps(m, (const float *)(src + i * ld_bytes) + k)
+                          : _mm256_setzero_ps();
         transpose8x8(r);
         for (int j = 0; j < rem; j++) _mm256_storeu_ps((float *)(dst + (k + j) * 8), r[j]);
     }
+}
+SL_TARGET_AVX512 static void pack_rows8_t32(const uint32_t *src, int64_t ld, int ni, int64_t kc,
+                                            uint32_t *dst) {
+    pack_rows8_t32b(src, ld * 4, ni, kc, dst);
 }
 
 /* dst[k*48 + j] = src[j*ld + k] for j < nj (else 0), k < kc: 48 rows, contiguous in k. */
