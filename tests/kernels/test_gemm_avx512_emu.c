@@ -1,7 +1,8 @@
 /* test_gemm_avx512_emu — the AVX-512 GEMM code (fp32 8x48 kernel, its transposing packers, the vdpbf16ps
  * kernel and bf16-pair packers) run through SIMDe's portable intrinsics, against the reference. This
  * checks the AVX-512 logic on machines whose CPU lacks AVX-512 (built only when SIMDe is installed:
- * libsimde-dev). A few intrinsics SIMDe 0.7 lacks are written out below, lane by lane.
+ * libsimde-dev). A few intrinsics SIMDe 0.7 lacks are written out below, lane by lane (with memcpy: the
+ * instructions need no alignment, and the bf16 packers load 32-bit pairs at 2-byte alignment).
  * Tolerance as in test_gemm: |got - ref| <= 1e-6 * (K + 8) + 1e-5 * |ref|. */
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <simde/x86/avx512.h>
@@ -11,19 +12,21 @@
 typedef simde__mmask16 __mmask16;
 typedef simde__mmask8 __mmask8;
 static inline __m512 sh_mm512_maskz_loadu_ps(__mmask16 k, const void *p) {
-    float t[16];
-    for (int i = 0; i < 16; i++) t[i] = (k >> i) & 1 ? ((const float *)p)[i] : 0.0f;
+    float t[16] = {0};
+    for (int i = 0; i < 16; i++)
+        if ((k >> i) & 1) memcpy(t + i, (const char *)p + 4 * i, 4);
     return _mm512_loadu_ps(t);
 }
 static inline void sh_mm512_mask_storeu_ps(void *p, __mmask16 k, __m512 v) {
     float t[16];
     _mm512_storeu_ps(t, v);
     for (int i = 0; i < 16; i++)
-        if ((k >> i) & 1) ((float *)p)[i] = t[i];
+        if ((k >> i) & 1) memcpy((char *)p + 4 * i, t + i, 4);
 }
 static inline __m256 sh_mm256_maskz_loadu_ps(__mmask8 k, const void *p) {
-    float t[8];
-    for (int i = 0; i < 8; i++) t[i] = (k >> i) & 1 ? ((const float *)p)[i] : 0.0f;
+    float t[8] = {0};
+    for (int i = 0; i < 8; i++)
+        if ((k >> i) & 1) memcpy(t + i, (const char *)p + 4 * i, 4);
     return _mm256_loadu_ps(t);
 }
 static inline __m512 sh_mm512_shuffle_f32x4(__m512 a, __m512 b, int imm) {
