@@ -137,6 +137,9 @@ enum { SL_PIPE_MAX_CHUNKS = 16 }; /* model chunks per stage (interleaved schedul
 sl_status sl_pipeline_new(sl_pipeline **out, sl_model *m, const struct sl_mesh *mesh, int B, int T,
                           int n_micro, float loss_scale);
 void sl_pipeline_free(sl_pipeline *P);
+/* The loss's gradient seed in every last-virtual-stage slot (the base 1/(accum x dp) times the fp16 loss
+ * scale, Note [Dynamic loss scaling]); stages without the loss ignore it. */
+void sl_pipeline_set_loss_seed(sl_pipeline *P, float v);
 sl_graph *sl_pipeline_graph(sl_pipeline *P, int k); /* slot k's graph, chunk by chunk (NULL past the last) */
 int sl_pipeline_slots(const sl_pipeline *P);        /* over every chunk */
 sl_plan_stats sl_pipeline_plan(const sl_pipeline *P); /* activations of every slot, summed */

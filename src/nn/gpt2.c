@@ -348,6 +348,8 @@ static sl_tensor *gpt2_par_body(sl_model *m, int chunk, sl_tensor *ids, sl_tenso
         sl_tensor *k = sl_view(ctx, r, 4, (int64_t[]){B, T, NHl, hs}, nb4, r->nb[2]);
         sl_tensor *v = sl_view(ctx, r, 4, (int64_t[]){B, T, NHl, hs}, nb4, 2 * r->nb[2]);
         sl_tensor *a = sl_attention(ctx, q, k, v); /* (B, T, C/tp) */
+        if (m->compute_dtype != SL_F32) /* as the single process: Note [Eager half attention numerics] */
+            a->iparams[2] = m->compute_dtype == SL_F16 ? 2 : 1;
         x = sl_add(ctx, x, row_linear(m, a, P(m, o + 4), P(m, o + 5)));
         h = tp_f(m, sl_layernorm(ctx, x, R(o + 6), R(o + 7), 1e-5f));
         sl_tensor *f = sl_gelu(ctx, mm(m, h, P(m, o + 8), P(m, o + 9))); /* (B, T, 4C/tp) */

@@ -178,11 +178,6 @@ static sl_status setup_comm(sl_train_job *j) {
         if (lv > 0 && mesh->pp < 2)
             return sl_train_bad(
                 "--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1");
-        if (mesh->pp > 1 && o->model.fp16)
-            return sl_train_bad(
-                "--fp16 with --pipeline-model-parallel-size %d is not supported yet (the loss "
-                "scale lives in each last-stage graph slot)",
-                mesh->pp);
         if (mesh->pp > 1 && o->parallel.zero_stage == 3)
             return sl_train_bad(
                 "--zero-stage 3 with --pipeline-model-parallel-size %d is not supported (use 0, "

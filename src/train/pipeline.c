@@ -38,6 +38,7 @@ typedef struct {
     sl_tensor *x_in, *dx_in;  /* not on the first virtual stage: received activations and their gradient */
     sl_tensor *out;           /* the loss (last virtual stage) or the chunk's output activations */
     sl_tensor *seed;          /* not on the last virtual stage: the received gradient of out */
+    sl_tensor *loss_seed;     /* the last virtual stage: d(loss) = 1/(accum x dp), times the loss scale */
     sl_buffer *io;            /* ids, targets, x_in, dx_in, seed */
     sl_comm_req *send_fwd, *send_bwd;
     int n_forward;
@@ -137,6 +138,8 @@ static sl_status build_slot(sl_pipeline *P, int c, pipe_slot *sl, float loss_sca
     sl->n_forward = sl_graph_n_nodes(sl->g);
     if (last_virtual(P, c)) {
         sl_graph_build_backward(sl->g, sl->out, loss_scale);
+        sl->loss_seed = sl_graph_grad_of(sl->g, sl->out);
+        if (!sl->loss_seed) return sl_fail(SL_ERR_INTERNAL, "pipeline: the loss has no gradient seed");
     } else {
         sl->seed = sl_set_name(sl_new_tensor(ctx, SL_F32, 3, ne), "grad.stage_out");
         sl_set_input(sl->seed);
@@ -223,6 +226,12 @@ done:
     }
     *out = P;
     return SL_OK;
+}
+
+void sl_pipeline_set_loss_seed(sl_pipeline *P, float v) {
+    for (int c = 0; c < P->v; c++)
+        for (int k = 0; k < P->K[c]; k++)
+            if (P->slot[c][k].loss_seed) P->slot[c][k].loss_seed->fparams[0] = v;
 }
 
 int sl_pipeline_slots(const sl_pipeline *P) {

@@ -74,8 +74,6 @@ sl_status sl_train_moe_check(sl_train_job *j) {
                 "--expert-model-parallel-size %lld needs a mixture-of-experts model: --init-from "
                 "a Qwen2-MoE or DeepSeek-V3-style directory",
                 ep);
-        if (o->model.fp16) /* the loss scaler and fp16 experts under EP are not tested yet */
-            return sl_train_bad("--expert-model-parallel-size %lld with --fp16 is not supported yet", ep);
     }
     if (!is_moe && moe_flags_given(mo))
         return sl_train_bad(

@@ -32,20 +32,18 @@ sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *
             "yet");
         goto done;
     }
+    if (cfg->loss_scale.initial > 0) {
+        st = sl_loss_scaler_init(&tr->scaler, &cfg->loss_scale);
+        if (st != SL_OK) goto done;
+        tr->scaling = 1;
+    }
+    tr->seed_base = 1.0f / (float)(cfg->accum * dpn);
     if (m->pp > 1) { /* a pipeline stage: the graphs are the schedule's slots */
-        if (cfg->loss_scale.initial > 0) {
-            st = sl_fail(SL_ERR_UNSUPPORTED,
-                         "--fp16 loss scaling with --pipeline-model-parallel-size %d is not "
-                         "supported yet",
-                         m->pp);
-            goto done;
-        }
         if (!cfg->mesh) {
             st = sl_fail(SL_ERR_INVALID, "trainer: a pipeline stage needs the mesh (sl_trainer_config.mesh)");
             goto done;
         }
-        st = sl_pipeline_new(&tr->pipe, m, cfg->mesh, cfg->B, cfg->T, cfg->accum,
-                             1.0f / (float)(cfg->accum * dpn));
+        st = sl_pipeline_new(&tr->pipe, m, cfg->mesh, cfg->B, cfg->T, cfg->accum, tr->seed_base);
         if (st != SL_OK) goto done;
         tr->graph = sl_pipeline_graph(tr->pipe, 0);
         tr->plan = sl_pipeline_plan(tr->pipe);
@@ -68,12 +66,6 @@ sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *
     }
     sl_graph_build_forward(tr->graph, tr->loss);
     tr->n_forward = sl_graph_n_nodes(tr->graph);
-    if (cfg->loss_scale.initial > 0) {
-        st = sl_loss_scaler_init(&tr->scaler, &cfg->loss_scale);
-        if (st != SL_OK) goto done;
-        tr->scaling = 1;
-    }
-    tr->seed_base = 1.0f / (float)(cfg->accum * dpn);
     sl_graph_build_backward(tr->graph, tr->loss, tr->seed_base);
     tr->seed = sl_graph_grad_of(tr->graph, tr->loss);
     SL_CHECK(sl_graph_plan(tr->graph, m->backend, &tr->plan));
@@ -196,7 +188,10 @@ static sl_status trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void
     double tot = 0, wait = 0;
     int dp_rank = tr->dp ? sl_dp_rank(tr->dp) : 0;
     float S = tr->scaling ? tr->scaler.scale : 1.0f; /* Note [Dynamic loss scaling] */
-    if (tr->scaling) tr->seed->fparams[0] = tr->seed_base * S;
+    if (tr->scaling && tr->pipe) /* every stage's gradients carry S: the skip test below sees them all */
+        sl_pipeline_set_loss_seed(tr->pipe, tr->seed_base * S);
+    else if (tr->scaling)
+        tr->seed->fparams[0] = tr->seed_base * S;
     sl_status st = SL_OK;
     if (tr->pipe) { /* the schedule runs every micro-batch; the last stage has the loss */
         float l = 0;

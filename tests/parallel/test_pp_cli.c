@@ -77,6 +77,25 @@ int main(void) {
     TU_CHECK(rc == 0, "prepare: %s", out);
     rc = run("%s train --data-path %s " TINY " --train-iters 16 --save %s/single", cli, data, dir);
     TU_CHECK(rc == 0, "single: %s", out);
+    /* bf16 (autocast numerics): a stage runs the single process's ops, eager-half attention included, so
+     * the step-1 loss (same weights, forward only) is bitwise the single process's, and the next steps
+     * differ by the reassociations above only */
+    rc = run("%s train --data-path %s " TINY " --train-iters 4 --bf16 --save %s/b_single", cli, data, dir);
+    TU_CHECK(rc == 0, "bf16 single: %s", out);
+    rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --train-iters 4 --bf16 --pp 2 --save %s/b_pp2",
+             cli, cli, data, dir);
+    TU_CHECK(rc == 0, "bf16 pp 2: %s", out);
+    {
+        char a[700], b[700];
+        snprintf(a, sizeof a, "%s/b_single/metrics.jsonl", dir);
+        snprintf(b, sizeof b, "%s/b_pp2/metrics.jsonl", dir);
+        double l1 = tu_metric_at(a, 1, "loss"), l2 = tu_metric_at(b, 1, "loss");
+        TU_CHECK(l1 == l2, "bf16 pp 2 step 1: loss %.8f, single %.8f (want bitwise)", l2, l1);
+        for (int s = 2; s <= 4; s++) {
+            double x = tu_metric_at(a, s, "loss"), y = tu_metric_at(b, s, "loss");
+            TU_CHECK(fabs(x - y) <= 1e-6 * fabs(x), "bf16 pp 2 step %d: %.8f vs %.8f", s, y, x);
+        }
+    }
     /* uneven splits, uninterrupted */
     rc = run("%s run -n 2 -- %s train --data-path %s " TINY
              " --train-iters 16 --pp 2 --decoder-first-pipeline-num-layers 3 --save %s/pp2-3-1",
