@@ -42,6 +42,12 @@ typedef struct sl_ckpt_state {
     int64_t step;       /* optimizer steps completed */
     int64_t adam_t;
     uint64_t seed;
+    /* fp16 dynamic loss scaling (Megatron keeps its grad scaler in the optimizer state): sl_ckpt_load sets
+     * has_scaler when the manifest's train.loss_scaler holds a valid state; saving takes it from layout_json
+     */
+    int has_scaler;
+    double loss_scale;
+    int64_t growth_tracker, hysteresis_tracker, skipped;
     int rank, world;
     const char *layout_json; /* JSON object describing the mesh / ZeRO stage (embedded in the manifest) */
     int verified; /* sl_ckpt_load: the caller verified dir just before (sl_ckpt_find_latest/_verify), so the

@@ -15,6 +15,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <pthread.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -944,6 +945,26 @@ sl_status sl_ckpt_load(const char *dir, sl_ckpt_state *st) {
         st->adam_t = sl_json_is_count(at) ? (int64_t)at->valuedouble : st->step;
         if (cJSON_IsNumber(sd) && sd->valuedouble >= 0 && sd->valuedouble < 18446744073709551616.0)
             st->seed = (uint64_t)sd->valuedouble;
+        const cJSON *ls = cJSON_GetObjectItem(tr, "loss_scaler"), *sc = cJSON_GetObjectItem(ls, "scale"),
+                    *gt = cJSON_GetObjectItem(ls, "growth_tracker"),
+                    *ht = cJSON_GetObjectItem(ls, "hysteresis_tracker"),
+                    *sk = cJSON_GetObjectItem(ls, "skipped");
+        st->has_scaler = 0;
+        if (ls) { /* present: it must be whole, or the resumed run would silently restart its scale */
+            if (!(cJSON_IsNumber(sc) && sc->valuedouble > 0 && sc->valuedouble <= 3.4e38) ||
+                !sl_json_is_count(gt) || gt->valuedouble > 2147483647.0 || !cJSON_IsNumber(ht) ||
+                ht->valuedouble != floor(ht->valuedouble) || fabs(ht->valuedouble) > 2147483647.0 ||
+                !sl_json_is_count(sk)) { /* the hysteresis tracker counts down past 0 */
+                s = sl_fail(SL_ERR_FORMAT,
+                            "%s/manifest.json: train.loss_scaler is not a valid loss-scaler state", dir);
+            } else {
+                st->has_scaler = 1;
+                st->loss_scale = sc->valuedouble;
+                st->growth_tracker = (int64_t)gt->valuedouble;
+                st->hysteresis_tracker = (int64_t)ht->valuedouble;
+                st->skipped = (int64_t)sk->valuedouble;
+            }
+        }
     }
     reader_close(&r);
     return s;

@@ -626,6 +626,14 @@ static sl_status make_trainer(sl_train_job *j) {
         if (ls != SL_OK) return sl_train_bad("--load: %s", sl_errmsg());
         j->start_step = cst.step;
         sl_trainer_set_adam_t(&j->tr, cst.adam_t);
+        if (cst.has_scaler &&
+            j->tr.scaling) { /* else an fp16 run from an fp32 checkpoint: the initial scale */
+            sl_loss_scaler *ls = &j->tr.scaler;
+            ls->scale = (float)cst.loss_scale;
+            ls->growth_tracker = (int)cst.growth_tracker;
+            ls->hysteresis_tracker = (int)cst.hysteresis_tracker;
+            ls->skipped = cst.skipped;
+        }
         j->resume_seconds = sl_time_sec() - t0;
     }
     if (o->ckpt.save_dir && o->ckpt.save_interval > 0) {

@@ -220,6 +220,14 @@ static sl_status ckpt_begin(sl_train_job *j, int64_t step) {
              mesh->world, mesh->dp, mesh->tp, mesh->pp, mesh->ep,
              (long long)(j->dp ? o->parallel.zero_stage : 0), (long long)cst.adam_t, (long long)o->seed,
              (long long)step, (long long)o->seed, j->B, (long long)o->data.global_batch_size, j->T);
+    if (j->tr.scaling) { /* the scaler after step `step`: a resumed fp16 run continues its trajectory */
+        size_t n = strlen(j->layout_json);
+        const sl_loss_scaler *ls = &j->tr.scaler;
+        snprintf(j->layout_json + n - 1, sizeof j->layout_json - (n - 1),
+                 ", \"loss_scaler\": {\"scale\": %.9g, \"growth_tracker\": %d, \"hysteresis_tracker\": %d, "
+                 "\"skipped\": %lld}}",
+                 (double)ls->scale, ls->growth_tracker, ls->hysteresis_tracker, (long long)ls->skipped);
+    }
     if (cs == SL_OK) cs = sl_ckpt_save_begin(j->ckw, save, &cst);
     free(segs);
     if (cs != SL_OK) return sl_train_fail(cs, "rank %d: checkpoint: %s", mesh->rank, sl_errmsg());

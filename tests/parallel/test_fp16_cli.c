@@ -7,6 +7,7 @@
  * with one line naming the flag; `suanli generate --dtype f16`. (fp16 with expert parallelism:
  * tests/parallel/test_ep_cli.c.) */
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 #include "suanli/base.h"
@@ -127,6 +128,39 @@ int main(void) {
                      fabs(mz.loss[s] - ms.loss[s]) <= 1e-5 * fabs(ms.loss[s]),
                  "step %d: losses single %.7f dp2 %.7f zero2 %.7f", s, ms.loss[s], md.loss[s], mz.loss[s]);
     }
+    /* the scaler travels with the checkpoint (train.loss_scaler in the manifest, as Megatron keeps its grad
+     * scaler in the optimizer state): resumed from step 5, steps 6..12 are the uninterrupted run's, bitwise,
+     * scale and skips included; a damaged scaler state is refused, naming the file and the field */
+    rc = run("%s train --data-path %s " TINY " --save %s/full --save-interval 5", cli, data, dir);
+    TU_CHECK(rc == 0, "fp16 with checkpoints: %s", out);
+    rc = tu_runf(
+        out, sizeof out, "",
+        "mkdir -p %s/res %s/bad && cp -r %s/full/step-0000005 %s/res/ && cp -r %s/full/step-0000005 "
+        "%s/bad/ && echo step-0000005 | tee %s/res/latest > %s/bad/latest && sed -i "
+        "'/\"loss_scaler\"/,/}/s/\"scale\":[[:space:]]*[0-9.e+]*/\"scale\": -1/' "
+        "%s/bad/step-0000005/manifest.json && grep -q '\"scale\": -1' %s/bad/step-0000005/manifest.json",
+        dir, dir, dir, dir, dir, dir, dir, dir, dir, dir);
+    TU_CHECK(rc == 0, "copy and damage the step-5 checkpoint: %s", out);
+    rc = run("%s train --data-path %s " TINY " --load %s/res --save %s/res", cli, data, dir, dir);
+    TU_CHECK(rc == 0 && strstr(out, "resumed from"), "fp16 resume: %s", out);
+    metrics mf, mr;
+    snprintf(p, sizeof p, "%s/full/metrics.jsonl", dir);
+    read_metrics(p, &mf);
+    snprintf(p, sizeof p, "%s/res/metrics.jsonl", dir);
+    read_metrics(p, &mr);
+    TU_CHECK(mf.nskip >= 2, "the checkpointed run skipped %d steps", mf.nskip);
+    for (int s = 6; s <= STEPS; s++)
+        TU_CHECK(mr.loss[s] == mf.loss[s] && mr.scale[s] == mf.scale[s] && mr.skipped[s] == mf.skipped[s],
+                 "resumed step %d: loss %.8f scale %g skipped %d, uninterrupted %.8f %g %d", s, mr.loss[s],
+                 mr.scale[s], mr.skipped[s], mf.loss[s], mf.scale[s], mf.skipped[s]);
+    rc = tu_runf(out, sizeof out, "", "cmp %s/full/model.safetensors %s/res/model.safetensors", dir, dir);
+    TU_CHECK(rc == 0, "resumed fp16 run: final weights differ from the uninterrupted run's: %s", out);
+    rc = run("%s train --data-path %s " TINY " --load %s/bad --save %s/bad", cli, data, dir, dir);
+    TU_CHECK(rc == 2 && one_line() && strstr(out, "manifest.json") && strstr(out, "train.loss_scaler"),
+             "damaged loss_scaler: rc %d, want 2 and one line naming the file and field: %s", rc, out);
+    snprintf(p, sizeof p, "%s/bad/model.safetensors", dir);
+    TU_CHECK(access(p, F_OK) != 0, "the refused run wrote %s", p);
+
     /* pipeline parallelism, 4 layers: the schedule's slots carry the scale; every stage skips together */
     rc = run("%s train --data-path %s " PP_TINY " --save %s/pp_single", cli, data, dir);
     TU_CHECK(rc == 0, "pp single: %s", out);
