@@ -140,6 +140,10 @@ void sl_pipeline_free(sl_pipeline *P);
 /* The loss's gradient seed in every last-virtual-stage slot (the base 1/(accum x dp) times the fp16 loss
  * scale, Note [Dynamic loss scaling]); stages without the loss ignore it. */
 void sl_pipeline_set_loss_seed(sl_pipeline *P, float v);
+/* Training dropout for the next steps: micro-batch i of step s (i counted over the whole data-parallel
+ * group, as sl_pipeline_step's micro0 + i) draws the masks of stream s x micro_per_step + i, those the
+ * single process draws for it (Note [Dropout from counters]); on = 0 turns every slot's masks off. */
+void sl_pipeline_set_dropout(sl_pipeline *P, int on, uint64_t seed, uint64_t micro_per_step);
 sl_graph *sl_pipeline_graph(sl_pipeline *P, int k); /* slot k's graph, chunk by chunk (NULL past the last) */
 int sl_pipeline_slots(const sl_pipeline *P);        /* over every chunk */
 sl_plan_stats sl_pipeline_plan(const sl_pipeline *P); /* activations of every slot, summed */

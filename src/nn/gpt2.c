@@ -335,6 +335,7 @@ static sl_tensor *gpt2_par_body(sl_model *m, int chunk, sl_tensor *ids, sl_tenso
         sl_tensor *pos = sl_view(ctx, wpe, 2, (int64_t[]){Tl, C}, (int64_t[]){C, 1}, t0 * C);
         sl_tensor *e = tp > 1 ? tp_g(m, sl_embedding_shard(ctx, wte, ids, vlo)) : sl_embedding(ctx, wte, ids);
         x = sl_add(ctx, e, pos);
+        if (tp == 1) x = sl_model_hidden_dropout(m, x, sl_model_dropout_site(-1, 0)); /* transformer.drop */
     }
     SL_ASSERT(x && x->ne[1] == Tl);
 #define R(i) tp_rep(m, P(m, i))
@@ -350,10 +351,18 @@ static sl_tensor *gpt2_par_body(sl_model *m, int chunk, sl_tensor *ids, sl_tenso
         sl_tensor *a = sl_attention(ctx, q, k, v); /* (B, T, C/tp) */
         if (m->compute_dtype != SL_F32) /* as the single process: Note [Eager half attention numerics] */
             a->iparams[2] = m->compute_dtype == SL_F16 ? 2 : 1;
-        x = sl_add(ctx, x, row_linear(m, a, P(m, o + 4), P(m, o + 5)));
+        /* dropout as the single process, same sites and counters (Note [Dropout from counters]): under PP
+         * a stage's tensors are the full micro-batch's; TP refuses dropout (its attention probabilities
+         * would need the heads' global index) */
+        if (tp == 1) sl_model_attention_dropout(m, a, l);
+        sl_tensor *ao = row_linear(m, a, P(m, o + 4), P(m, o + 5));
+        if (tp == 1) ao = sl_model_hidden_dropout(m, ao, sl_model_dropout_site(l, SL_DROP_ATTN_OUT));
+        x = sl_add(ctx, x, ao);
         h = tp_f(m, sl_layernorm(ctx, x, R(o + 6), R(o + 7), 1e-5f));
         sl_tensor *f = sl_gelu(ctx, mm(m, h, P(m, o + 8), P(m, o + 9))); /* (B, T, 4C/tp) */
-        x = sl_add(ctx, x, row_linear(m, f, P(m, o + 10), P(m, o + 11)));
+        f = row_linear(m, f, P(m, o + 10), P(m, o + 11));
+        if (tp == 1) f = sl_model_hidden_dropout(m, f, sl_model_dropout_site(l, SL_DROP_MLP_OUT));
+        x = sl_add(ctx, x, f);
     }
     if (!last) return sl_set_name(x, "stage_out");
     int of = idx_lnf(m);

@@ -53,7 +53,9 @@ enum { CH_UP, CH_DOWN, CH_WRAP_UP, CH_WRAP_DOWN, N_CH };
 struct sl_pipeline {
     sl_model *m;
     int p, s, v, m_micro, B, T;
-    int64_t act; /* elements of the activations crossing a stage boundary */
+    int drop_on;                       /* training dropout (sl_pipeline_set_dropout) */
+    uint64_t drop_seed, drop_per_step; /* stream = step x drop_per_step + global micro-batch index */
+    int64_t act;                       /* elements of the activations crossing a stage boundary */
     sl_comm *ch[N_CH];
     int K[SL_PIPE_MAX_CHUNKS];
     pipe_slot *slot[SL_PIPE_MAX_CHUNKS];
@@ -228,6 +230,15 @@ done:
     return SL_OK;
 }
 
+void sl_pipeline_set_dropout(sl_pipeline *P, int on, uint64_t seed, uint64_t micro_per_step) {
+    P->drop_on = on;
+    P->drop_seed = seed;
+    P->drop_per_step = micro_per_step;
+    if (!on) /* evaluation and later callers run the slots without masks */
+        for (int c = 0; c < P->v; c++)
+            for (int k = 0; k < P->K[c]; k++) sl_graph_set_dropout(P->slot[c][k].g, 0, 0, 0);
+}
+
 void sl_pipeline_set_loss_seed(sl_pipeline *P, float v) {
     for (int c = 0; c < P->v; c++)
         for (int k = 0; k < P->K[c]; k++)
@@ -324,6 +335,10 @@ static sl_status forward(sl_pipeline *P, int c, int k, int64_t step, int micro, 
         sl_comm *ch = act_in(P, &peer);
         SL_TRY(recv_timed(P, ch, sl->x_in->data, peer));
     }
+    /* the micro-batch's masks (Note [Dropout from counters]): set on the slot's graph, they stay there for
+     * its backward, which runs before the slot takes another micro-batch */
+    if (P->drop_on)
+        sl_graph_set_dropout(sl->g, 1, P->drop_seed, (uint64_t)step * P->drop_per_step + (uint64_t)micro);
     SL_TRY(sl_graph_compute_range(sl->g, 0, sl->n_forward, NULL, NULL));
     if (last_virtual(P, c)) {
         float l;

@@ -25,11 +25,9 @@ sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *
         goto done;
     }
     int dpn = cfg->dp_size > 1 ? cfg->dp_size : 1;
-    if ((m->attention_dropout > 0 || m->hidden_dropout > 0) && (m->pp > 1 || m->tp > 1)) {
-        st = sl_fail(
-            SL_ERR_UNSUPPORTED,
-            "--attention-dropout/--hidden-dropout with tensor or pipeline parallelism is not supported "
-            "yet");
+    if ((m->attention_dropout > 0 || m->hidden_dropout > 0) && m->tp > 1) {
+        st = sl_fail(SL_ERR_UNSUPPORTED,
+                     "--attention-dropout/--hidden-dropout with tensor parallelism is not supported yet");
         goto done;
     }
     if (cfg->loss_scale.initial > 0) {
@@ -199,9 +197,12 @@ static sl_status trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void
             sl_dp_arm(tr->dp, 0);
             st = sl_dp_sync_params(tr->dp);
         }
+        sl_pipeline_set_dropout(tr->pipe, 1, tr->cfg.dropout_seed,
+                                (uint64_t)(tr->cfg.accum * (tr->cfg.dp_size > 1 ? tr->cfg.dp_size : 1)));
         if (st == SL_OK)
             st = sl_pipeline_step(tr->pipe, step, tr->cfg.accum, dp_rank * tr->cfg.accum, fn, user, overwrite,
                                   &l);
+        sl_pipeline_set_dropout(tr->pipe, 0, 0, 0); /* evaluation runs the slots without masks */
         if (st == SL_OK) st = pipe_after_backward(tr, &l);
         tot = (double)l * tr->cfg.accum;
     }

@@ -37,10 +37,10 @@ static double weights_diff(const char *a, const char *b) {
     return d;
 }
 
-/* steps s0..s1 of dir/name against dir/single: losses and the final weights */
-static void same_as_single(const char *dir, const char *name, int s0, int s1, int pp, int dp) {
+/* steps s0..s1 of dir/name against dir/ref: losses and the final weights */
+static void same_as(const char *dir, const char *ref, const char *name, int s0, int s1, int pp, int dp) {
     char a[700], b[700];
-    snprintf(a, sizeof a, "%s/single/metrics.jsonl", dir);
+    snprintf(a, sizeof a, "%s/%s/metrics.jsonl", dir, ref);
     snprintf(b, sizeof b, "%s/%s/metrics.jsonl", dir, name);
     double worst = 0;
     for (int s = s0; s <= s1; s++) {
@@ -60,12 +60,15 @@ static void same_as_single(const char *dir, const char *name, int s0, int s1, in
                      keys[k][0], got, want);
         }
     }
-    snprintf(a, sizeof a, "%s/single", dir);
+    snprintf(a, sizeof a, "%s/%s", dir, ref);
     snprintf(b, sizeof b, "%s/%s", dir, name);
     double wd = weights_diff(a, b);
     printf("%s: steps %d-%d worst loss rel err %.2e, final weights %.2e\n", name, s0, s1, worst, wd);
     TU_CHECK(worst <= 1e-6, "%s: loss rel err %.3g (bar 1e-6)", name, worst);
     TU_CHECK(wd <= 1e-5, "%s: final weights rel err %.3g (bar 1e-5)", name, wd);
+}
+static void same_as_single(const char *dir, const char *name, int s0, int s1, int pp, int dp) {
+    same_as(dir, "single", name, s0, s1, pp, dp);
 }
 
 int main(void) {
@@ -77,6 +80,31 @@ int main(void) {
     TU_CHECK(rc == 0, "prepare: %s", out);
     rc = run("%s train --data-path %s " TINY " --train-iters 16 --save %s/single", cli, data, dir);
     TU_CHECK(rc == 0, "single: %s", out);
+    /* dropout (Megatron's flags) under PP: each stage draws its layers' masks from the counters the single
+     * process uses (stream = the global micro-batch, site = layer and place, element = index in the full
+     * tensor), so pp 2, the interleaved schedule and pp 2 x dp 2 reproduce the single dropout run within the
+     * fp32 bars above */
+#define DROP " --attention-dropout 0.1 --hidden-dropout 0.1"
+    rc = run("%s train --data-path %s " TINY DROP " --train-iters 6 --save %s/d_single", cli, data, dir);
+    TU_CHECK(rc == 0, "dropout single: %s", out);
+    rc = run("%s train --data-path %s " TINY " --train-iters 6 --save %s/d_none", cli, data, dir);
+    TU_CHECK(rc == 0, "no dropout: %s", out);
+    snprintf(p, sizeof p, "%s/d_single/metrics.jsonl", dir);
+    {
+        char q[800];
+        snprintf(q, sizeof q, "%s/d_none/metrics.jsonl", dir);
+        TU_CHECK(tu_metric_at(p, 1, "loss") != tu_metric_at(q, 1, "loss"), "dropout changes the step-1 loss");
+    }
+    const char *dl[][3] = {{"d_pp2", "-n 2", "--pp 2"},
+                           {"d_vpp", "-n 2", "--pp 2 --num-layers-per-virtual-pipeline-stage 1"},
+                           {"d_pp2dp2", "-n 4", "--pp 2 --zero-stage 1"}};
+    for (int i = 0; i < 3; i++) {
+        rc = run("%s run %s -- %s train --data-path %s " TINY DROP " --train-iters 6 %s --save %s/%s", cli,
+                 dl[i][1], cli, data, dl[i][2], dir, dl[i][0]);
+        TU_CHECK(rc == 0, "%s: %s", dl[i][0], out);
+        same_as(dir, "d_single", dl[i][0], 1, 6, 1, i == 2);
+    }
+#undef DROP
     /* bf16 (autocast numerics): a stage runs the single process's ops, eager-half attention included, so
      * the step-1 loss (same weights, forward only) is bitwise the single process's, and the next steps
      * differ by the reassociations above only */

@@ -124,6 +124,11 @@ int main(void) {
     TU_CHECK(rc != 0 && strstr(out, "world size 6 is not divisible by tensor x pipeline parallel size 2 x 2"),
              "world not dp x pp x tp: rc %d %s", rc, out);
     TU_CHECK(tu_unchanged(), "bad layout: the run wrote under %s", dir);
+    rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --tp 2 --hidden-dropout 0.1 --save %s/never",
+             cli, cli, data, dir);
+    TU_CHECK(rc != 0 && strstr(out, "--attention-dropout/--hidden-dropout with --tp is not supported"),
+             "dropout with tp: rc %d %s", rc, out);
+    TU_CHECK(tu_unchanged(), "bad layout: the run wrote under %s", dir);
     rc = run("%s train --data-path %s " TINY " --sequence-parallel --save %s/never", cli, data, dir);
     TU_CHECK(rc == 2 && strstr(out, "--sequence-parallel needs --tensor-model-parallel-size > 1"),
              "SP without TP: rc %d %s", rc, out);
