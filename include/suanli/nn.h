@@ -326,7 +326,11 @@ sl_status sl_kv_graph_set_pos(sl_graph *g, int pos0);
  * written through the backend). */
 int sl_model_is_moe(const sl_model *m);
 sl_status sl_moe_graph_stats(sl_graph *g, sl_moe_stats *out);
-sl_status sl_moe_update_bias(sl_model *m, sl_graph *g, const float *loads);
+/* add(user, offset, n, delta): adds delta[0..n) to parameters [offset, offset + n) of the flat buffer where
+ * the caller keeps them (ZeRO-3: the rank's shard, sl_dp_add_params); NULL: read, add, write through the
+ * backend. The update is a function of the loads only (rate x sign(mean - load)), never of the bias. */
+typedef sl_status (*sl_param_add_fn)(void *user, int64_t offset, int64_t n, const float *delta);
+sl_status sl_moe_update_bias(sl_model *m, sl_graph *g, const float *loads, sl_param_add_fn add, void *user);
 /* The routing nodes that carry a selection bias (DeepSeek-V3) and their experts; their routed counts
  * (layer-major, n_layers x E floats) for a reduction over data-parallel ranks before sl_moe_update_bias
  * (loads NULL there: the graph's own). */

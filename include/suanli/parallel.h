@@ -75,6 +75,10 @@ sl_status sl_dp_gather_params(sl_dp *dp);
  * whose nodes wait for them through sl_dp_hook): for callers that run the forward without the hook (a
  * pipeline stage's schedule). */
 sl_status sl_dp_sync_params(sl_dp *dp);
+/* Add delta[0..n) to parameters [lo, lo + n) of the flat buffer: ZeRO-3 adds to the elements of this rank's
+ * shard (the others' owners add theirs: every rank must call it with the same delta); stages 0-2 to the
+ * model's parameters. For updates outside the optimizer that are the same on every rank (the MoE bias). */
+sl_status sl_dp_add_params(sl_dp *dp, int64_t lo, int64_t n, const float *delta);
 /* ZeRO-3: this rank's parameter shard, indexed like the optimizer state (sl_dp_state); else NULL. */
 float *sl_dp_param_shard(sl_dp *dp);
 /* 1 when gradients live in slots (m->grads_mem is freed; the trainer must run one micro-batch per step). */

@@ -336,7 +336,7 @@ sl_status sl_moe_bias_loads(sl_graph *g, float *loads) {
     return SL_OK;
 }
 
-sl_status sl_moe_update_bias(sl_model *m, sl_graph *g, const float *loads) {
+sl_status sl_moe_update_bias(sl_model *m, sl_graph *g, const float *loads, sl_param_add_fn add, void *user) {
     if (m->arch != SL_ARCH_DEEPSEEK_V3 || m->moe.bias_update_rate == 0) return SL_OK;
     float cnt[2 * SL_MOE_MAX_EXPERTS], b[SL_MOE_MAX_EXPERTS];
     int64_t loff = 0;
@@ -355,9 +355,15 @@ sl_status sl_moe_update_bias(sl_model *m, sl_graph *g, const float *loads) {
             SL_TRY(read_counts(t, cnt));
         loff += E;
         for (int64_t e = 0; e < E; e++) mean += cnt[e] / (double)E;
-        SL_TRY(sl_model_params_read(m, p->offset, E, b));
+        float d[SL_MOE_MAX_EXPERTS];
         for (int64_t e = 0; e < E; e++)
-            b[e] += m->moe.bias_update_rate * (float)((cnt[e] < mean) - (cnt[e] > mean));
+            d[e] = m->moe.bias_update_rate * (float)((cnt[e] < mean) - (cnt[e] > mean));
+        if (add) {
+            SL_TRY(add(user, p->offset, E, d));
+            continue;
+        }
+        SL_TRY(sl_model_params_read(m, p->offset, E, b));
+        for (int64_t e = 0; e < E; e++) b[e] += d[e];
         SL_TRY(sl_model_params_write(m, p->offset, E, b));
     }
     return SL_OK;

@@ -551,6 +551,37 @@ double sl_dp_comm_theory(const sl_dp *dp) {
     return (dp->zero == 1 ? 3 : 2) * (f * G + fe * Ge);
 }
 
+typedef struct {
+    float *shard;
+    int64_t lo, n;
+    const float *delta;
+} add_ctx;
+static void add_seg(void *u, int64_t lo, int64_t len, int64_t off) {
+    add_ctx *a = u;
+    int64_t b = lo > a->lo ? lo : a->lo, e = lo + len < a->lo + a->n ? lo + len : a->lo + a->n;
+    for (int64_t x = b; x < e; x++) a->shard[off + (x - lo)] += a->delta[x - a->lo];
+}
+
+sl_status sl_dp_add_params(sl_dp *dp, int64_t lo, int64_t n, const float *delta) {
+    sl_model *m = dp->m;
+    if (lo < 0 || n < 0 || lo + n > m->numel)
+        return sl_fail(SL_ERR_INVALID, "dp: parameters [%lld, %lld) outside the model's %lld", (long long)lo,
+                       (long long)(lo + n), (long long)m->numel);
+    if (dp->zero != 3) {
+        float *v = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+        if (!v) return sl_fail(SL_ERR_NOMEM, "dp: out of memory");
+        sl_status st = sl_model_params_read(m, lo, n, v);
+        for (int64_t i = 0; i < n && st == SL_OK; i++) v[i] += delta[i];
+        if (st == SL_OK) st = sl_model_params_write(m, lo, n, v);
+        free(v);
+        return st;
+    }
+    if (!dp->shard.param) return sl_fail(SL_ERR_UNSUPPORTED, "dp: the ZeRO-3 shard is not host-visible");
+    add_ctx a = {dp->shard.param, lo, n, delta};
+    for_each_segment(dp, add_seg, &a);
+    return SL_OK;
+}
+
 sl_status sl_dp_optimizer_step(sl_dp *dp, float lr, int64_t t, sl_adamw_hparams hp) {
     if (dp->zero == 3) sl_dp_reshard_params(dp); /* training goes on after a gather: back to the shard */
     sl_status st = update_shard(dp, lr, t, hp);

@@ -83,10 +83,6 @@ sl_status sl_train_moe_check(sl_train_job *j) {
         return sl_train_bad("--%s with --sequence-parallel is not supported yet (each TP rank's router loss "
                             "would cover only its sequence shard)",
                             mo->aux_loss_coeff > 0 ? "moe-aux-loss-coeff" : "moe-z-loss-coeff");
-    if (mo->bias_update_rate > 0 && o->parallel.zero_stage == 3 && j->mesh.dp > 1)
-        return sl_train_bad(
-            "--moe-router-bias-update-rate with --zero-stage 3 is not supported yet (the bias "
-            "lives in the sharded parameters)");
     if (mo->bias_update_rate > 0 && o->parallel.pp > 1)
         return sl_train_bad("--moe-router-bias-update-rate with --pipeline-model-parallel-size %lld is not "
                             "supported yet (the loads are collected per micro-batch outside the pipeline)",
@@ -150,13 +146,18 @@ static sl_status add_loads(void *u, int micro) {
     return st;
 }
 
+static sl_status dp_add(void *u, int64_t off, int64_t n, const float *d) {
+    return sl_dp_add_params(u, off, n, d);
+}
+
 static sl_status update_bias(sl_train_job *j) {
     if (!j->moe_loads) return SL_OK;
     size_t n = (size_t)j->moe_nl * (size_t)j->moe_E;
     if (j->mesh.dp_comm)
         SL_TRY(sl_comm_all_reduce(j->mesh.dp_comm, j->moe_loads, j->moe_loads, n, SL_COMM_F32, SL_COMM_SUM));
     if (j->dp) SL_TRY(sl_dp_sync_params(j->dp));
-    return sl_moe_update_bias(j->m, j->tr.graph, j->moe_loads);
+    /* ZeRO-3 (or any DP): each rank adds the same update to the parameters it keeps */
+    return sl_moe_update_bias(j->m, j->tr.graph, j->moe_loads, j->dp ? dp_add : NULL, j->dp);
 }
 
 sl_status sl_train_moe_bias_setup(sl_train_job *j) {
