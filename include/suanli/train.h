@@ -140,6 +140,12 @@ void sl_pipeline_free(sl_pipeline *P);
 /* The loss's gradient seed in every last-virtual-stage slot (the base 1/(accum x dp) times the fp16 loss
  * scale, Note [Dynamic loss scaling]); stages without the loss ignore it. */
 void sl_pipeline_set_loss_seed(sl_pipeline *P, float v);
+/* Called after each forward unit of sl_pipeline_step (not of evaluation) with the unit's model chunk and
+ * slot graph, before the slot's outputs can be overwritten (the MoE bias loads are read there). */
+typedef sl_status (*sl_pipeline_fwd_fn)(void *user, int chunk, sl_graph *g);
+void sl_pipeline_set_after_forward(sl_pipeline *P, sl_pipeline_fwd_fn fn, void *user);
+int sl_pipeline_chunks(const sl_pipeline *P);             /* model chunks of this stage (virtual stages) */
+sl_graph *sl_pipeline_chunk_graph(sl_pipeline *P, int c); /* chunk c's first slot graph (same nodes as all) */
 /* Training dropout for the next steps: micro-batch i of step s (i counted over the whole data-parallel
  * group, as sl_pipeline_step's micro0 + i) draws the masks of stream s x micro_per_step + i, those the
  * single process draws for it (Note [Dropout from counters]); on = 0 turns every slot's masks off. */

@@ -55,7 +55,10 @@ struct sl_pipeline {
     int p, s, v, m_micro, B, T;
     int drop_on;                       /* training dropout (sl_pipeline_set_dropout) */
     uint64_t drop_seed, drop_per_step; /* stream = step x drop_per_step + global micro-batch index */
-    int64_t act;                       /* elements of the activations crossing a stage boundary */
+    int in_step;                       /* inside sl_pipeline_step (not evaluation) */
+    sl_pipeline_fwd_fn after_fwd;      /* after each training forward unit: fn(user, chunk, slot graph) */
+    void *after_fwd_user;
+    int64_t act; /* elements of the activations crossing a stage boundary */
     sl_comm *ch[N_CH];
     int K[SL_PIPE_MAX_CHUNKS];
     pipe_slot *slot[SL_PIPE_MAX_CHUNKS];
@@ -230,6 +233,16 @@ done:
     return SL_OK;
 }
 
+void sl_pipeline_set_after_forward(sl_pipeline *P, sl_pipeline_fwd_fn fn, void *user) {
+    P->after_fwd = fn;
+    P->after_fwd_user = user;
+}
+
+int sl_pipeline_chunks(const sl_pipeline *P) { return P->v; }
+sl_graph *sl_pipeline_chunk_graph(sl_pipeline *P, int c) {
+    return c >= 0 && c < P->v ? P->slot[c][0].g : NULL;
+}
+
 void sl_pipeline_set_dropout(sl_pipeline *P, int on, uint64_t seed, uint64_t micro_per_step) {
     P->drop_on = on;
     P->drop_seed = seed;
@@ -340,6 +353,7 @@ static sl_status forward(sl_pipeline *P, int c, int k, int64_t step, int micro, 
     if (P->drop_on)
         sl_graph_set_dropout(sl->g, 1, P->drop_seed, (uint64_t)step * P->drop_per_step + (uint64_t)micro);
     SL_TRY(sl_graph_compute_range(sl->g, 0, sl->n_forward, NULL, NULL));
+    if (P->in_step && P->after_fwd) SL_TRY(P->after_fwd(P->after_fwd_user, c, sl->g));
     if (last_virtual(P, c)) {
         float l;
         SL_TRY(sl_tensor_copy_out(sl->out, &l));
@@ -392,14 +406,18 @@ sl_status sl_pipeline_step(sl_pipeline *P, int64_t step, int n_micro, int micro0
                        n_micro);
     double sum = 0;
     int seen_bwd[SL_PIPE_MAX_CHUNKS] = {0};
-    for (int i = 0; i < P->n_units; i++) {
+    sl_status st = SL_OK;
+    P->in_step = 1;
+    for (int i = 0; i < P->n_units && st == SL_OK; i++) {
         const pipe_unit *u = &P->units[i];
         int k = u->micro % P->K[u->chunk];
         if (u->fwd)
-            SL_TRY(forward(P, u->chunk, k, step, micro0 + u->micro, fn, user, &sum));
+            st = forward(P, u->chunk, k, step, micro0 + u->micro, fn, user, &sum);
         else /* each chunk's first backward of the step overwrites its gradients */
-            SL_TRY(backward(P, u->chunk, k, overwrite && !seen_bwd[u->chunk]++));
+            st = backward(P, u->chunk, k, overwrite && !seen_bwd[u->chunk]++);
     }
+    P->in_step = 0;
+    SL_TRY(st);
     SL_TRY(drain(P));
     *loss = (float)(sum / n_micro); /* the last stage's mean; the caller broadcasts it */
     return SL_OK;

@@ -36,6 +36,7 @@ typedef struct sl_train_job {
                          micro-batches (moe_nl layers x moe_E experts) */
     int moe_nl;
     int64_t moe_E;
+    int moe_chunk_nl[SL_PIPE_MAX_CHUNKS]; /* under PP: the biased layers of each model chunk of this stage */
     int B, T, accum;
 
     /* where the run starts: a checkpoint (resume) or the weights in load_dir/model.safetensors */

@@ -83,10 +83,6 @@ sl_status sl_train_moe_check(sl_train_job *j) {
         return sl_train_bad("--%s with --sequence-parallel is not supported yet (each TP rank's router loss "
                             "would cover only its sequence shard)",
                             mo->aux_loss_coeff > 0 ? "moe-aux-loss-coeff" : "moe-z-loss-coeff");
-    if (mo->bias_update_rate > 0 && o->parallel.pp > 1)
-        return sl_train_bad("--moe-router-bias-update-rate with --pipeline-model-parallel-size %lld is not "
-                            "supported yet (the loads are collected per micro-batch outside the pipeline)",
-                            (long long)o->parallel.pp);
     if (mo->bias_update_rate > 0 && o->model.init_from) {
         sl_llama_config c;
         if (sl_hf_load_config(o->model.init_from, &c, NULL) == SL_OK && c.arch != SL_ARCH_DEEPSEEK_V3)
@@ -157,11 +153,48 @@ static sl_status update_bias(sl_train_job *j) {
         SL_TRY(sl_comm_all_reduce(j->mesh.dp_comm, j->moe_loads, j->moe_loads, n, SL_COMM_F32, SL_COMM_SUM));
     if (j->dp) SL_TRY(sl_dp_sync_params(j->dp));
     /* ZeRO-3 (or any DP): each rank adds the same update to the parameters it keeps */
-    return sl_moe_update_bias(j->m, j->tr.graph, j->moe_loads, j->dp ? dp_add : NULL, j->dp);
+    if (!j->tr.pipe) return sl_moe_update_bias(j->m, j->tr.graph, j->moe_loads, j->dp ? dp_add : NULL, j->dp);
+    /* a pipeline stage: its chunks' layers, each from its chunk's loads; the next step adds from zero */
+    const float *l = j->moe_loads;
+    for (int c = 0; c < sl_pipeline_chunks(j->tr.pipe); c++) {
+        SL_TRY(sl_moe_update_bias(j->m, sl_pipeline_chunk_graph(j->tr.pipe, c), l, j->dp ? dp_add : NULL,
+                                  j->dp));
+        l += (size_t)j->moe_chunk_nl[c] * (size_t)j->moe_E;
+    }
+    memset(j->moe_loads, 0, sizeof(float) * n);
+    return SL_OK;
+}
+
+/* under PP: after each forward unit of the step, the unit's chunk's loads (micro-batches in order, as the
+ * single process adds them) */
+static sl_status pipe_add_loads(void *u, int chunk, sl_graph *g) {
+    sl_train_job *j = u;
+    size_t off = 0, n = (size_t)j->moe_chunk_nl[chunk] * (size_t)j->moe_E;
+    for (int c = 0; c < chunk; c++) off += (size_t)j->moe_chunk_nl[c] * (size_t)j->moe_E;
+    float *buf = malloc(sizeof(float) * (n ? n : 1));
+    if (!buf) return sl_fail(SL_ERR_NOMEM, "moe: out of memory");
+    sl_status st = sl_moe_bias_loads(g, buf);
+    for (size_t i = 0; i < n && st == SL_OK; i++) j->moe_loads[off + i] += buf[i];
+    free(buf);
+    return st;
 }
 
 sl_status sl_train_moe_bias_setup(sl_train_job *j) {
-    if (!j->m || !sl_model_is_moe(j->m) || j->m->moe.bias_update_rate == 0 || j->tr.pipe) return SL_OK;
+    if (!j->m || !sl_model_is_moe(j->m) || j->m->moe.bias_update_rate == 0) return SL_OK;
+    if (j->tr.pipe) { /* Note [Bias balancing over micro-batches and ranks], per model chunk */
+        j->moe_nl = 0;
+        for (int c = 0; c < sl_pipeline_chunks(j->tr.pipe); c++) {
+            int64_t E = 0;
+            j->moe_chunk_nl[c] = sl_moe_bias_layers(sl_pipeline_chunk_graph(j->tr.pipe, c), &E);
+            if (j->moe_chunk_nl[c] > 0) j->moe_E = E;
+            j->moe_nl += j->moe_chunk_nl[c];
+        }
+        if (j->moe_nl == 0) return SL_OK; /* this stage has no biased layer */
+        j->moe_loads = calloc((size_t)j->moe_nl * (size_t)j->moe_E, sizeof(float));
+        if (!j->moe_loads) return sl_train_fail(SL_ERR_NOMEM, "moe: out of memory");
+        sl_pipeline_set_after_forward(j->tr.pipe, pipe_add_loads, j);
+        return SL_OK;
+    }
     j->moe_nl = sl_moe_bias_layers(j->tr.graph, &j->moe_E);
     if (j->moe_nl == 0) return SL_OK;
     j->moe_loads = calloc((size_t)j->moe_nl * (size_t)j->moe_E, sizeof(float));

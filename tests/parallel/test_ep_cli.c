@@ -202,21 +202,26 @@ int main(void) {
     printf("DeepSeek-V3: %d selection-bias entries moved in 6 steps\n", moved);
     TU_CHECK(moved > 0, "the bias update moved no e_score_correction_bias entry");
     /* ZeRO-3: the bias lives in the parameter shards; every rank adds the same update (a function of the
-     * all-reduced loads) to the elements it owns (sl_dp_add_params) */
-    const char *dsl[][2] = {
-        {"ds2", "--ep 2"}, {"dsz3", "--zero-stage 3"}, {"dsep2z3", "--ep 2 --zero-stage 3"}};
-    for (int k = 0; k < 3; k++) {
-        TU_CHECK(run("%s run -n 2 -- %s %s %s --save %s/%s", tu_cli(), tu_cli(), dbase, dsl[k][1], tmp,
-                     dsl[k][0]) == 0,
-                 "deepseek %s: %s", dsl[k][1], out);
+     * all-reduced loads) to the elements it owns (sl_dp_add_params). PP: each stage adds its chunks' loads
+     * after every forward unit of the step (sl_pipeline_set_after_forward) and moves its layers' biases;
+     * pp 3 has a stage without MoE layers (the first, dense), pp 2 x dp 2 sums the loads over DP too */
+    const char *dsl[][3] = {{"ds2", "2", "--ep 2"},
+                            {"dsz3", "2", "--zero-stage 3"},
+                            {"dsep2z3", "2", "--ep 2 --zero-stage 3"},
+                            {"dsp3", "3", "--pp 3"},
+                            {"dsp2d2", "4", "--pp 2 --decoder-first-pipeline-num-layers 1 --zero-stage 1"}};
+    for (int k = 0; k < 5; k++) {
+        TU_CHECK(run("%s run -n %s -- %s %s %s --save %s/%s", tu_cli(), dsl[k][1], tu_cli(), dbase, dsl[k][2],
+                     tmp, dsl[k][0]) == 0,
+                 "deepseek %s: %s", dsl[k][2], out);
         snprintf(b, sizeof b, "%s/%s", tmp, dsl[k][0]);
         same_losses(a, b, 1, 6);
         double dd = weight_diff(a, b);
-        printf("DeepSeek-V3 with bias balancing, %s x dp 2: saved weights (and biases) rel diff %.2e\n",
-               dsl[k][1], dd);
-        TU_CHECK(dd <= 1e-4, "deepseek %s: final weights elementwise %.3g (bar 1e-4)", dsl[k][1], dd);
+        printf("DeepSeek-V3 with bias balancing, %s on %s ranks: saved weights (and biases) rel diff %.2e\n",
+               dsl[k][2], dsl[k][1], dd);
+        TU_CHECK(dd <= 1e-4, "deepseek %s: final weights elementwise %.3g (bar 1e-4)", dsl[k][2], dd);
         TU_CHECK(bias_moved(dsd, b, 0.01f) == moved, "deepseek %s: %d bias entries moved, single %d",
-                 dsl[k][1], bias_moved(dsd, b, 0.01f), moved);
+                 dsl[k][2], bias_moved(dsd, b, 0.01f), moved);
     }
 
     /* fp16 with dynamic loss scaling under EP: a start scale of 2^20 overflows, so steps are skipped; the
