@@ -283,14 +283,30 @@ static sl_tensor *gpt2_body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int po
 /* Megatron's f and g (Note [Tensor-parallel graphs], src/ops/build_tp.c): entering a TP region (before
  * a column-parallel linear) and leaving it (after a row-parallel one); with sequence parallelism an
  * all-gather and a reduce-scatter along the sequence. Identities without TP. */
-static sl_tensor *tp_f(sl_model *m, sl_tensor *x) { return sl_tp_enter(m->ctx, x, m->tp, m->sp); }
 static sl_tensor *tp_g(sl_model *m, sl_tensor *x) { return sl_tp_exit(m->ctx, x, m->tp, m->sp); }
 static sl_tensor *tp_rep(sl_model *m, sl_tensor *p) { return sl_tp_rep(m->ctx, p, m->tp, m->sp); }
 /* a row-parallel linear: partial products summed by g, then the replicated bias; the dense linear without TP
  */
 static sl_tensor *row_linear(sl_model *m, sl_tensor *x, sl_tensor *w, sl_tensor *b) {
     if (m->tp <= 1) return mm(m, x, w, b);
-    return sl_bias(m->ctx, tp_g(m, mm(m, x, w, NULL)), tp_rep(m, b));
+    sl_dtype cd = m->compute_dtype;
+    if (cd != SL_F16) return sl_bias(m->ctx, tp_g(m, mm(m, x, w, NULL)), tp_rep(m, b));
+    /* Note [Half sums across TP ranks] */
+    sl_tensor *s = sl_round_half(m->ctx, tp_g(m, mm(m, x, w, NULL)), cd);
+    return sl_round_half(m->ctx, sl_bias(m->ctx, s, sl_round_half(m->ctx, tp_rep(m, b), cd)), cd);
+}
+/* Note [Half sums across TP ranks]
+ * Under fp16 a TP collective sums fp16 tensors, as Megatron's all-reduce of fp16 activations and gradients
+ * does: the sum of the ranks' rounded partial products is rounded again, so a sum past 65504 is inf, as the
+ * single process's full product is, and dynamic loss scaling skips the steps the single process skips
+ * (without it tp 2 missed the overflow of the first steps; test_fp16_cli). Forward: the row-parallel output
+ * after g; backward: the column-parallel input's gradient after f's all-reduce (the rounding node sits
+ * before f, so its backward rounds the summed gradient; its forward rounding is the one the GEMM's operand
+ * cast makes anyway). Not under bf16: its range is f32's (nothing to detect), and rounding the sum again
+ * only moves TP further from the single process (test_tp's bf16 deviation 0.84 -> 1.20 of the bf16 gap). */
+static sl_tensor *col_input(sl_model *m, sl_tensor *h) {
+    if (m->tp > 1 && m->compute_dtype == SL_F16) h = sl_round_half(m->ctx, h, SL_F16);
+    return sl_tp_enter(m->ctx, h, m->tp, m->sp);
 }
 
 /* Where a stage model's parameters sit in m->params (sl_gpt2_new_par registers them in this order):
@@ -341,7 +357,7 @@ static sl_tensor *gpt2_par_body(sl_model *m, int chunk, sl_tensor *ids, sl_tenso
 #define R(i) tp_rep(m, P(m, i))
     for (int l = chunk_first(m, chunk); l < chunk_first(m, chunk) + chunk_layers(m); l++) {
         int o = idx_layer(m, l);
-        sl_tensor *h = tp_f(m, sl_layernorm(ctx, x, R(o + 0), R(o + 1), 1e-5f));
+        sl_tensor *h = col_input(m, sl_layernorm(ctx, x, R(o + 0), R(o + 1), 1e-5f));
         sl_tensor *qkv = mm(m, h, P(m, o + 2), P(m, o + 3)); /* (B, T, 3 C/tp) */
         sl_tensor *r = sl_reshape(ctx, qkv, 5, (int64_t[]){B, T, 3, NHl, hs});
         int64_t nb4[4] = {r->nb[0], r->nb[1], r->nb[3], 1};
@@ -358,7 +374,7 @@ static sl_tensor *gpt2_par_body(sl_model *m, int chunk, sl_tensor *ids, sl_tenso
         sl_tensor *ao = row_linear(m, a, P(m, o + 4), P(m, o + 5));
         if (tp == 1) ao = sl_model_hidden_dropout(m, ao, sl_model_dropout_site(l, SL_DROP_ATTN_OUT));
         x = sl_add(ctx, x, ao);
-        h = tp_f(m, sl_layernorm(ctx, x, R(o + 6), R(o + 7), 1e-5f));
+        h = col_input(m, sl_layernorm(ctx, x, R(o + 6), R(o + 7), 1e-5f));
         sl_tensor *f = sl_gelu(ctx, mm(m, h, P(m, o + 8), P(m, o + 9))); /* (B, T, 4C/tp) */
         f = row_linear(m, f, P(m, o + 10), P(m, o + 11));
         if (tp == 1) f = sl_model_hidden_dropout(m, f, sl_model_dropout_site(l, SL_DROP_MLP_OUT));
@@ -366,7 +382,7 @@ static sl_tensor *gpt2_par_body(sl_model *m, int chunk, sl_tensor *ids, sl_tenso
     }
     if (!last) return sl_set_name(x, "stage_out");
     int of = idx_lnf(m);
-    x = tp_f(m, sl_layernorm(ctx, x, R(of), R(of + 1), 1e-5f));
+    x = col_input(m, sl_layernorm(ctx, x, R(of), R(of + 1), 1e-5f));
 #undef R
     sl_tensor *logits = sl_set_name(mm(m, x, P(m, idx_head(m)), NULL), "logits"); /* (B, T, V/tp) */
     if (logits_out) *logits_out = logits;

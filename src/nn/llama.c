@@ -416,8 +416,16 @@ static sl_tensor *lm_head(sl_model *m, sl_tensor *x) {
 }
 
 /* Megatron's f and g under TP (Note [Tensor-parallel graphs]); identities on a whole model */
-static sl_tensor *tp_f(sl_model *m, sl_tensor *x) { return sl_tp_enter(m->ctx, x, m->tp, m->sp); }
-static sl_tensor *tp_g(sl_model *m, sl_tensor *x) { return sl_tp_exit(m->ctx, x, m->tp, m->sp); }
+/* f and g; under fp16 autocast the TP sums are fp16 sums (Note [Half sums across TP ranks], src/nn/gpt2.c):
+ * the rounding before f rounds the all-reduced input gradient in backward, the one after g the forward sum */
+static sl_tensor *tp_f(sl_model *m, sl_tensor *x) {
+    if (m->tp > 1 && m->wdtype != SL_BF16 && autocast(m) == SL_F16) x = sl_round_half(m->ctx, x, SL_F16);
+    return sl_tp_enter(m->ctx, x, m->tp, m->sp);
+}
+static sl_tensor *tp_g(sl_model *m, sl_tensor *x) {
+    x = sl_tp_exit(m->ctx, x, m->tp, m->sp);
+    return m->tp > 1 && m->wdtype != SL_BF16 && autocast(m) == SL_F16 ? sl_round_half(m->ctx, x, SL_F16) : x;
+}
 static sl_tensor *tp_rep(sl_model *m, sl_tensor *p) { return sl_tp_rep(m->ctx, p, m->tp, m->sp); }
 
 /* The shared body. kv == NULL: training / full-sequence attention; else attention over the cache.
@@ -445,7 +453,9 @@ static sl_tensor *body_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *
     } else if (tp > 1) {
         int64_t vlo, vlen;
         sl_tp_part(c->vocab_size, tp, m->tp_rank, &vlo, &vlen);
-        x = tp_g(m, sl_embedding_shard(ctx, W(m, "model.embed_tokens.weight"), ids, vlo));
+        /* one rank's shard holds each row: an exact sum, f32 as the embedding's output under autocast */
+        x = sl_tp_exit(ctx, sl_embedding_shard(ctx, W(m, "model.embed_tokens.weight"), ids, vlo), m->tp,
+                       m->sp);
     } else {
         x = sl_embedding(ctx, W(m, "model.embed_tokens.weight"), ids); /* (B, T, C) */
     }

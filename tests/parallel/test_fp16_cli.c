@@ -128,6 +128,20 @@ int main(void) {
                      fabs(mz.loss[s] - ms.loss[s]) <= 1e-5 * fabs(ms.loss[s]),
                  "step %d: losses single %.7f dp2 %.7f zero2 %.7f", s, ms.loss[s], md.loss[s], mz.loss[s]);
     }
+    /* tensor parallelism on the 1-layer model: the sum of the ranks' partial products must overflow where the
+     * single process's full product does (Note [Half sums across TP ranks]; without it tp 2 skipped other
+     * steps here) */
+    rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --tp 2 --save %s/tp1", cli, cli, data, dir);
+    TU_CHECK(rc == 0 && strstr(out, "tensor parallel"), "tp 2: %s", out);
+    snprintf(p, sizeof p, "%s/tp1/metrics.jsonl", dir);
+    read_metrics(p, &md);
+    for (int s = 1; s <= STEPS; s++) {
+        TU_CHECK(md.skipped[s] == ms.skipped[s] && md.scale[s] == ms.scale[s],
+                 "tp 2 step %d: skipped %d scale %g, single %d %g", s, md.skipped[s], md.scale[s],
+                 ms.skipped[s], ms.scale[s]);
+        TU_CHECK(fabs(md.loss[s] - ms.loss[s]) <= 1e-5 * fabs(ms.loss[s]),
+                 "tp 2 step %d: loss %.7f, single %.7f", s, md.loss[s], ms.loss[s]);
+    }
     /* the scaler travels with the checkpoint (train.loss_scaler in the manifest, as Megatron keeps its grad
      * scaler in the optimizer state): resumed from step 5, steps 6..12 are the uninterrupted run's, bitwise,
      * scale and skips included; a damaged scaler state is refused, naming the file and the field */
@@ -161,7 +175,8 @@ int main(void) {
     snprintf(p, sizeof p, "%s/bad/model.safetensors", dir);
     TU_CHECK(access(p, F_OK) != 0, "the refused run wrote %s", p);
 
-    /* pipeline parallelism, 4 layers: the schedule's slots carry the scale; every stage skips together */
+    /* pipeline parallelism, 4 layers: the schedule's slots carry the scale; every stage skips together;
+     * and tensor parallelism (without sequence parallelism: with it the skips differ, not yet resolved) */
     rc = run("%s train --data-path %s " PP_TINY " --save %s/pp_single", cli, data, dir);
     TU_CHECK(rc == 0, "pp single: %s", out);
     snprintf(p, sizeof p, "%s/pp_single/metrics.jsonl", dir);
@@ -170,11 +185,13 @@ int main(void) {
              ms.nskip);
     const char *layouts[][3] = {{"pp2", "-n 2", "--pp 2"},
                                 {"pp2dp2", "-n 4", "--pp 2 --zero-stage 1"},
-                                {"vpp", "-n 2", "--pp 2 --num-layers-per-virtual-pipeline-stage 1"}};
+                                {"vpp", "-n 2", "--pp 2 --num-layers-per-virtual-pipeline-stage 1"},
+                                {"tp2", "-n 2", "--tp 2"}};
     for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
         rc = run("%s run %s -- %s train --data-path %s " PP_TINY " %s --save %s/%s", cli, layouts[i][1], cli,
                  data, layouts[i][2], dir, layouts[i][0]);
-        TU_CHECK(rc == 0 && strstr(out, "pipeline"), "%s: %s", layouts[i][0], out);
+        TU_CHECK(rc == 0 && strstr(out, layouts[i][0][0] == 't' ? "tensor parallel" : "pipeline"), "%s: %s",
+                 layouts[i][0], out);
         snprintf(p, sizeof p, "%s/%s/metrics.jsonl", dir, layouts[i][0]);
         read_metrics(p, &md);
         TU_CHECK(md.n == STEPS, "%s: %d metrics lines", layouts[i][0], md.n);
@@ -188,7 +205,8 @@ int main(void) {
         }
         /* the stages run the single process's ops; the tied embedding's two gradients, the norm's partial
          * sums (and dp's micro-batch sums) are reassociated, which f16 rounding can amplify by a flip:
-         * measured <= 1.3e-6; the DP bar above */
+         * measured <= 1.3e-6; TP sums rounded partial products and rounds the sum again (Note [Half sums
+         * across TP ranks], which makes it skip the single process's steps): measured 1.6e-6; the DP bar */
         printf("fp16 %s: %d skipped steps as the single process, worst loss rel err %.2e\n", layouts[i][0],
                ms.nskip, worst);
         TU_CHECK(worst <= 1e-5, "%s: loss rel err %.3g (bar 1e-5)", layouts[i][0], worst);
