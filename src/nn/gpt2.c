@@ -293,7 +293,7 @@ static sl_tensor *row_linear(sl_model *m, sl_tensor *x, sl_tensor *w, sl_tensor 
     if (cd != SL_F16) return sl_bias(m->ctx, tp_g(m, mm(m, x, w, NULL)), tp_rep(m, b));
     /* Note [Half sums across TP ranks] */
     sl_tensor *s = sl_round_half(m->ctx, tp_g(m, mm(m, x, w, NULL)), cd);
-    return sl_round_half(m->ctx, sl_bias(m->ctx, s, sl_round_half(m->ctx, tp_rep(m, b), cd)), cd);
+    return sl_round_half(m->ctx, sl_bias(m->ctx, s, tp_rep(m, sl_round_half(m->ctx, b, cd))), cd);
 }
 /* Note [Half sums across TP ranks]
  * Under fp16 a TP collective sums fp16 tensors, as Megatron's all-reduce of fp16 activations and gradients
@@ -302,8 +302,10 @@ static sl_tensor *row_linear(sl_model *m, sl_tensor *x, sl_tensor *w, sl_tensor 
  * (without it tp 2 missed the overflow of the first steps; test_fp16_cli). Forward: the row-parallel output
  * after g; backward: the column-parallel input's gradient after f's all-reduce (the rounding node sits
  * before f, so its backward rounds the summed gradient; its forward rounding is the one the GEMM's operand
- * cast makes anyway). Not under bf16: its range is f32's (nothing to detect), and rounding the sum again
- * only moves TP further from the single process (test_tp's bf16 deviation 0.84 -> 1.20 of the bf16 gap). */
+ * cast makes anyway); and the replicated bias is rounded before its (COPY, ALLREDUCE) wrapper, so under SP
+ * its gradient summed over the sequence shards is rounded as the single process's full sum is. Not under
+ * bf16: its range is f32's (nothing to detect), and rounding the sum again only moves TP further from the
+ * single process (test_tp's bf16 deviation 0.84 -> 1.20 of the bf16 gap). */
 static sl_tensor *col_input(sl_model *m, sl_tensor *h) {
     if (m->tp > 1 && m->compute_dtype == SL_F16) h = sl_round_half(m->ctx, h, SL_F16);
     return sl_tp_enter(m->ctx, h, m->tp, m->sp);

@@ -176,7 +176,8 @@ int main(void) {
     TU_CHECK(access(p, F_OK) != 0, "the refused run wrote %s", p);
 
     /* pipeline parallelism, 4 layers: the schedule's slots carry the scale; every stage skips together;
-     * and tensor parallelism (without sequence parallelism: with it the skips differ, not yet resolved) */
+     * and tensor parallelism, with and without sequence parallelism (under SP the row-parallel bias's
+     * gradient is summed over the sequence shards: rounded after that sum too) */
     rc = run("%s train --data-path %s " PP_TINY " --save %s/pp_single", cli, data, dir);
     TU_CHECK(rc == 0, "pp single: %s", out);
     snprintf(p, sizeof p, "%s/pp_single/metrics.jsonl", dir);
@@ -186,7 +187,8 @@ int main(void) {
     const char *layouts[][3] = {{"pp2", "-n 2", "--pp 2"},
                                 {"pp2dp2", "-n 4", "--pp 2 --zero-stage 1"},
                                 {"vpp", "-n 2", "--pp 2 --num-layers-per-virtual-pipeline-stage 1"},
-                                {"tp2", "-n 2", "--tp 2"}};
+                                {"tp2", "-n 2", "--tp 2"},
+                                {"tp2sp", "-n 2", "--tp 2 --sequence-parallel"}};
     for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
         rc = run("%s run %s -- %s train --data-path %s " PP_TINY " %s --save %s/%s", cli, layouts[i][1], cli,
                  data, layouts[i][2], dir, layouts[i][0]);
