@@ -119,6 +119,12 @@ typedef struct sl_ckpt_pool {
     int host;               /* this rank's host, 0..hosts-1 */
     int replicas;           /* copies of each shard on distinct hosts, own host first (>= 1), or 0 with EC */
     int ec_k, ec_m;         /* erasure coding: k data + m parity blocks on k+m distinct hosts (0: off) */
+    /* The job's ranks (borrowed; rank order = job rank), used only by the writer threads: copies, blocks and
+     * the commit's sidecars travel over it, and no rank opens another host's directory (Note [Pool
+     * transfers over comm]); sl_ckpt_writer_commit_pool is then called on every rank. NULL: the owning rank
+     * writes into ROOT/host-<peer> itself (hosts that share a file system view, as in one machine's tests).
+     */
+    sl_comm *comm;
 } sl_ckpt_pool;
 /* Host of a rank when `hosts` hosts hold `world` ranks in consecutive groups: rank * hosts / world. */
 int sl_ckpt_pool_host_of(int rank, int world, int hosts);
@@ -141,9 +147,10 @@ void sl_ckpt_writer_set_pool(sl_ckpt_writer *w, const sl_ckpt_pool *p);
  * (step-N.tmp, by each rank's writer thread), and sl_ckpt_writer_commit_pool then commits it there too,
  * keeping `keep` steps (0: all). A failure there is a warning: the pooled copy is what counts. NULL: off. */
 void sl_ckpt_writer_set_drain(sl_ckpt_writer *w, const char *shared_root, int keep);
-/* Rank 0: run sl_ckpt_pool_commit (the writer's pool) on the writer thread, so that the fsyncs of every
- * host's commit do not stall training; sl_ckpt_writer_done / _wait report it like a write, and the next
- * save_begin waits for it. */
+/* Rank 0 (every rank when the pool has a comm): run the pooled commit (sl_ckpt_pool_commit, or its
+ * collective form over the pool's comm, where each host's first rank commits its own host) on the writer
+ * thread, so that the fsyncs of every host's commit do not stall training; sl_ckpt_writer_done / _wait
+ * report it like a write, and the next save_begin waits for it. */
 sl_status sl_ckpt_writer_commit_pool(sl_ckpt_writer *w, int64_t step, int world, int keep,
                                      const char *model_json, const char *layout_json);
 double sl_ckpt_writer_commit_seconds(const sl_ckpt_writer *w);
@@ -159,6 +166,11 @@ int sl_ckpt_is_pool(const char *dir);
  * >= hosts is an error); 0: the manifest's. dest NULL: verify only. *got: the step assembled. The error
  * names the missing or damaged shard files and hosts. */
 sl_status sl_ckpt_pool_gather(const char *root, int hosts, int64_t step, const char *dest, int64_t *got);
+/* sl_ckpt_pool_gather(p->local_root, p->hosts, -1, dest, got) done by the first rank of every host together
+ * (collective over `leaders`: those ranks, rank = host), each reading only its own host's directory; the
+ * reads of another host's files arrive over `leaders` from that host's first rank (Note [Pool transfers
+ * over comm]). Every caller assembles the same step into its dest (its own host's .restore) or fails. */
+sl_status sl_ckpt_pool_restore(const sl_ckpt_pool *p, sl_comm *leaders, const char *dest, int64_t *got);
 /* Placement and redundancy of the newest step (every copy and block: ok, missing, damaged) to f. */
 sl_status sl_ckpt_pool_inspect(const char *root, int hosts, FILE *f);
 

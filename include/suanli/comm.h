@@ -153,8 +153,10 @@ void sl_comm_req_free(sl_comm_req *req);
 /* ---- group calls ----
  * Between group_start and group_end (per thread, nestable), operations are queued but not started;
  * group_end submits them as one unit in which all sends and receives progress together, so exchange
- * patterns that would deadlock as separate blocking calls work. Inside a group, blocking calls return
- * SL_OK immediately and complete at group_end; async calls return requests as usual. */
+ * patterns that would deadlock as separate blocking calls work. group_end returns once the unit is
+ * queued, not when it finished: inside a group use the async calls and wait on their requests (a blocking
+ * call inside a group returns SL_OK at once, and its operation is known to be done only after a later
+ * blocking call on the same communicator returns, since a communicator runs its queue in order). */
 void sl_comm_group_start(void);
 sl_status sl_comm_group_end(void);
 

@@ -70,6 +70,7 @@ struct sl_ckpt_writer {
     char drain_root[3800]; /* shared tier (sl_ckpt_writer_set_drain): "" off */
     int drain_keep;
     char drain_dir[4096]; /* its step-N.tmpR of the save in flight ("" when off or failed) */
+    char *side_text;      /* the last save's sidecar (a pooled commit over comm gathers it) */
 };
 
 static sl_status commit_dir(const char *root, int64_t step, int world, int keep, const char *model_json,
@@ -120,6 +121,7 @@ void sl_ckpt_writer_free(sl_ckpt_writer *w) {
     if (!w) return;
     sl_ckpt_writer_wait(w);
     free(w->e);
+    free(w->side_text);
     sl_free_aligned(w->buf);
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
@@ -320,6 +322,8 @@ static void *writer_main(void *arg) {
         goto done;
     }
     SL_CHECK(sl_file_write_atomic(path, text, strlen(text)));
+    free(w->side_text);
+    w->side_text = strdup(text);
     if (mc_running) { /* failing the in-memory copy only costs recovery speed */
         pthread_join(mc.th, NULL);
         mc_running = 0;
@@ -349,10 +353,14 @@ done:
 static void *commit_main(void *arg) {
     sl_ckpt_writer *w = arg;
     double t0 = sl_time_sec();
-    sl_status st = sl_ckpt_pool_commit(&w->pool, w->commit.step, w->commit.world, w->commit.keep,
-                                       w->commit.model_json, w->commit.layout_json);
+    sl_status st =
+        !w->pool.comm
+            ? sl_ckpt_pool_commit(&w->pool, w->commit.step, w->commit.world, w->commit.keep,
+                                  w->commit.model_json, w->commit.layout_json)
+            : sl_ckpt_pool_commit_comm(&w->pool, w->commit.step, w->commit.keep, w->commit.model_json,
+                                       w->commit.layout_json, w->side_text ? w->side_text : "");
     if (st != SL_OK) snprintf(w->errmsg, sizeof w->errmsg, "%s", sl_errmsg());
-    if (st == SL_OK && w->drain_root[0] &&
+    if (st == SL_OK && w->drain_root[0] && w->rank == 0 &&
         commit_dir(w->drain_root, w->commit.step, w->commit.world, w->drain_keep, w->commit.model_json,
                    w->commit.layout_json, 1) != SL_OK)
         SL_LOGW("shared checkpoint step %lld not committed (the pooled one is): %s",
@@ -563,8 +571,10 @@ sl_status sl_ckpt_rm_rf(const char *path) {
 
 /* Merge the sidecars (side[r]: rank r's shard-rR.json, or NULL/absent for ranks with nothing to write) into
  * a manifest. A sidecar's "pool" object (its file's placement, src/ckpt/pool.c) goes to pool.files. */
-sl_status sl_ckpt_manifest_build(int64_t step, int world, const char *model_json, const char *layout_json,
-                                 char *const *side, int require_all, cJSON **out) {
+/* side: sidecar paths (texts NULL) or, with texts, names for messages (may be NULL) */
+static sl_status manifest_build(int64_t step, int world, const char *model_json, const char *layout_json,
+                                char *const *side, int require_all, char *const *texts, const size_t *lens,
+                                cJSON **out) {
     sl_status st = SL_OK;
     cJSON *man = cJSON_CreateObject(), *tensors = cJSON_CreateObject(), *files = cJSON_CreateObject();
     *out = NULL;
@@ -577,10 +587,14 @@ sl_status sl_ckpt_manifest_build(int64_t step, int world, const char *model_json
     cJSON_AddItemToObject(man, "train", lj ? lj : cJSON_CreateObject());
     cJSON_AddNumberToObject(man, "world", world);
     for (int r = 0; r < world; r++) {
-        const char *path = side[r];
+        const char *path = side ? side[r] : NULL;
         char *text;
         size_t len;
-        if (!path || access(path, F_OK) != 0) {
+        char what[64];
+        if (texts) {
+            snprintf(what, sizeof what, "rank %d's sidecar", r);
+            if (!path) path = what;
+        } else if (!path || access(path, F_OK) != 0) {
             if (require_all) {
                 st = sl_fail(SL_ERR_IO,
                              "%s: rank %d's sidecar is missing (its host lost?); not committing step %lld",
@@ -589,9 +603,14 @@ sl_status sl_ckpt_manifest_build(int64_t step, int world, const char *model_json
             }
             continue; /* ranks with nothing to write */
         }
-        SL_CHECK(sl_file_read_all(path, &text, &len));
-        cJSON *s = cJSON_ParseWithLength(text, len);
-        free(text);
+        cJSON *s;
+        if (texts) {
+            s = cJSON_ParseWithLength(texts[r], lens[r]);
+        } else {
+            SL_CHECK(sl_file_read_all(path, &text, &len));
+            s = cJSON_ParseWithLength(text, len);
+            free(text);
+        }
         cJSON *file = s ? cJSON_GetObjectItem(s, "file") : NULL,
               *ents = s ? cJSON_GetObjectItem(s, "entries") : NULL;
         if (!cJSON_IsString(file) || !cJSON_IsArray(ents)) {
@@ -634,6 +653,17 @@ done:
     cJSON_Delete(files);
     cJSON_Delete(man);
     return st;
+}
+
+sl_status sl_ckpt_manifest_build(int64_t step, int world, const char *model_json, const char *layout_json,
+                                 char *const *side, int require_all, cJSON **out) {
+    return manifest_build(step, world, model_json, layout_json, side, require_all, NULL, NULL, out);
+}
+
+sl_status sl_ckpt_manifest_build_texts(int64_t step, int world, const char *model_json,
+                                       const char *layout_json, char *const *texts, const size_t *lens,
+                                       cJSON **out) {
+    return manifest_build(step, world, model_json, layout_json, NULL, 1, texts, lens, out);
 }
 
 sl_status sl_ckpt_commit(const char *root, int64_t step, int world, int keep, const char *model_json,

@@ -141,29 +141,47 @@ static sl_status spread_ec(const sl_ckpt_pool *p, const char *stepbase, int64_t 
     cJSON *arr = cJSON_AddArrayToObject(o, "blocks");
     char stepname[32];
     snprintf(stepname, sizeof stepname, "step-%07lld", (long long)step);
-    for (int j = 0; j < k + m && st == SL_OK; j++) {
+    ec_header hds[SL_EC_MAX_K + SL_EC_MAX_M];
+    char bnames[SL_EC_MAX_K + SL_EC_MAX_M][96];
+    sl_ckpt_pool_stream out[SL_CKPT_POOL_MAX_STREAMS];
+    int nout = 0, world = p->comm ? sl_comm_size(p->comm) : 0, me = p->comm ? sl_comm_rank(p->comm) : 0;
+    for (int j = 0; j < k + m; j++) {
         int h = (p->host + j) % p->hosts;
-        char dir[4300], path[4500], bname[128], sum[32];
-        ec_header hd = {.magic = "SLECBLK1",
-                        .k = (uint32_t)k,
-                        .m = (uint32_t)m,
-                        .index = (uint32_t)j,
-                        .step = (uint64_t)step,
-                        .file_size = n,
-                        .block_size = bs};
-        snprintf(hd.stripe, sizeof hd.stripe, "%s/%s", stepname, file);
-        snprintf(bname, sizeof bname, "%s.ec%d", file, j);
-        peer_dir(dir, sizeof dir, p, h, stepbase);
-        snprintf(path, sizeof path, "%s/%s", dir, bname);
-        st = sl_mkdirs(dir);
-        if (st == SL_OK) st = write_parts(path, &hd, sizeof hd, ptr[j], bs, 1);
+        char dir[4300], path[4500], sum[32];
+        ec_header *hd = &hds[j];
+        *hd = (ec_header){.magic = "SLECBLK1",
+                          .k = (uint32_t)k,
+                          .m = (uint32_t)m,
+                          .index = (uint32_t)j,
+                          .step = (uint64_t)step,
+                          .file_size = n,
+                          .block_size = bs};
+        snprintf(hd->stripe, sizeof hd->stripe, "%s/%s", stepname, file);
+        snprintf(bnames[j], sizeof bnames[j], "%s.ec%d", file, j);
+        if (p->comm && j > 0) { /* Note [Pool transfers over comm] */
+            out[nout++] = (sl_ckpt_pool_stream){.dst = sl_ckpt_pool_receiver(me, h, world, p->hosts),
+                                                .name = bnames[j],
+                                                .head = hd,
+                                                .hlen = sizeof *hd,
+                                                .body = ptr[j],
+                                                .blen = bs};
+        } else if (st == SL_OK) {
+            peer_dir(dir, sizeof dir, p, h, stepbase);
+            snprintf(path, sizeof path, "%s/%s", dir, bnames[j]);
+            st = sl_mkdirs(dir);
+            if (st == SL_OK) st = write_parts(path, hd, sizeof *hd, ptr[j], bs, 1);
+        }
         sum_str(sum, sizeof sum, ptr[j], bs);
         cJSON *b = cJSON_CreateObject();
         cJSON_AddNumberToObject(b, "index", j);
         cJSON_AddNumberToObject(b, "host", h);
-        cJSON_AddStringToObject(b, "file", bname);
+        cJSON_AddStringToObject(b, "file", bnames[j]);
         cJSON_AddStringToObject(b, "checksum", sum);
         cJSON_AddItemToArray(arr, b);
+    }
+    if (p->comm) { /* collective: taken part in even after a local failure */
+        sl_status xs = sl_ckpt_pool_exchange(p, stepbase, out, nout);
+        if (st == SL_OK) st = xs;
     }
     sl_free_aligned(blk);
     return st;
@@ -188,10 +206,21 @@ sl_status sl_ckpt_pool_spread(const sl_ckpt_pool *p, const char *stepbase, int64
         st = spread_ec(p, stepbase, step, file, hdr, hlen, data, dlen, o);
     } else {
         cJSON *copies = cJSON_AddArrayToObject(o, "copies");
+        sl_ckpt_pool_stream out[SL_CKPT_POOL_MAX_STREAMS];
+        int nout = 0, world = p->comm ? sl_comm_size(p->comm) : 0, me = p->comm ? sl_comm_rank(p->comm) : 0;
         for (int i = 0; i < p->replicas && st == SL_OK; i++) {
             int h = (p->host + i) % p->hosts;
             cJSON_AddItemToArray(copies, cJSON_CreateNumber(h));
             if (i == 0) continue; /* the writer's own file */
+            if (p->comm) {        /* Note [Pool transfers over comm] */
+                out[nout++] = (sl_ckpt_pool_stream){.dst = sl_ckpt_pool_receiver(me, h, world, p->hosts),
+                                                    .name = file,
+                                                    .head = hdr,
+                                                    .hlen = hlen,
+                                                    .body = data,
+                                                    .blen = dlen};
+                continue;
+            }
             peer_dir(dir, sizeof dir, p, h, stepbase);
             snprintf(path, sizeof path, "%s/%s", dir, file);
             st = sl_mkdirs(dir);
@@ -199,6 +228,7 @@ sl_status sl_ckpt_pool_spread(const sl_ckpt_pool *p, const char *stepbase, int64
                 st = sl_ckpt_write_file(path, hdr, hlen, data, dlen, SL_CKPT_IO_DIRECT | SL_CKPT_IO_SYNC,
                                         NULL);
         }
+        if (p->comm) st = sl_ckpt_pool_exchange(p, stepbase, out, nout);
     }
     if (st != SL_OK) {
         cJSON_Delete(o);
@@ -228,22 +258,8 @@ static void remove_stale_tmp(const char *hroot, const char *suffix) {
     closedir(d);
 }
 
-sl_status sl_ckpt_pool_commit(const sl_ckpt_pool *p, int64_t step, int world, int keep,
-                              const char *model_json, const char *layout_json) {
-    const char *rc = getenv("SUANLI_RESTART_COUNT");
-    char stepbase[64], fin_base[32], path[4600];
-    snprintf(stepbase, sizeof stepbase, "step-%07lld.tmp%s", (long long)step, rc ? rc : "");
-    snprintf(fin_base, sizeof fin_base, "step-%07lld", (long long)step);
-    sl_status st = SL_OK;
-    cJSON *man = NULL;
-    char *text = NULL, **side = calloc((size_t)world, sizeof(char *));
-    if (!side) return sl_fail(SL_ERR_NOMEM, "checkpoint: out of memory");
-    for (int r = 0; r < world; r++) {
-        snprintf(path, sizeof path, "%s/host-%d/%s/shard-r%05d.json", p->local_root,
-                 sl_ckpt_pool_host_of(r, world, p->hosts), stepbase, r);
-        side[r] = strdup(path);
-    }
-    SL_CHECK(sl_ckpt_manifest_build(step, world, model_json, layout_json, side, 1, &man));
+/* the pool's fields of a step's manifest: hosts, rank -> host, redundancy */
+static void pool_fields(const sl_ckpt_pool *p, int world, cJSON *man) {
     cJSON *pool = cJSON_GetObjectItem(man, "pool");
     if (!pool) {
         pool = cJSON_CreateObject();
@@ -260,43 +276,131 @@ sl_status sl_ckpt_pool_commit(const sl_ckpt_pool *p, int64_t step, int world, in
     else
         snprintf(red, sizeof red, "replicas %d", p->replicas);
     cJSON_AddStringToObject(pool, "redundancy", red);
+}
+
+/* commit one host's step dir: manifest and config into step-N.tmpX, fsync, rename, latest, prune */
+static sl_status commit_host(const sl_ckpt_pool *p, int h, const char *stepbase, const char *fin_base,
+                             const char *text, const char *model_json, int keep) {
+    char hroot[4300], tmp[4400], fin[4400], path[4600];
+    snprintf(hroot, sizeof hroot, "%s/host-%d", p->local_root, h);
+    snprintf(tmp, sizeof tmp, "%s/%s", hroot, stepbase);
+    snprintf(fin, sizeof fin, "%s/%s", hroot, fin_base);
+    SL_TRY(sl_mkdirs(tmp));
+    snprintf(path, sizeof path, "%s/manifest.json", tmp);
+    SL_TRY(sl_file_write_atomic(path, text, strlen(text)));
+    if (model_json) {
+        snprintf(path, sizeof path, "%s/config.json", tmp);
+        SL_TRY(sl_file_write_atomic(path, model_json, strlen(model_json)));
+    }
+    sl_fsync_dir(tmp);
+    if (access(fin, F_OK) == 0) SL_TRY(sl_ckpt_rm_rf(fin));
+    if (rename(tmp, fin) != 0)
+        return sl_fail(SL_ERR_IO, "%s: cannot rename to %s: %s", tmp, fin, strerror(errno));
+    sl_fsync_dir(hroot);
+    char name[64];
+    snprintf(path, sizeof path, "%s/latest", hroot);
+    snprintf(name, sizeof name, "%s\n", fin_base);
+    SL_TRY(sl_file_write_atomic(path, name, strlen(name)));
+    sl_fsync_dir(hroot);
+    if (keep > 0) sl_ckpt_prune(hroot, keep);
+    remove_stale_tmp(hroot, stepbase + strlen(fin_base));
+    return SL_OK;
+}
+
+static void commit_names(int64_t step, char *stepbase, size_t scap, char *fin_base, size_t fcap) {
+    const char *rc = getenv("SUANLI_RESTART_COUNT");
+    snprintf(stepbase, scap, "step-%07lld.tmp%s", (long long)step, rc ? rc : "");
+    snprintf(fin_base, fcap, "step-%07lld", (long long)step);
+}
+
+sl_status sl_ckpt_pool_commit(const sl_ckpt_pool *p, int64_t step, int world, int keep,
+                              const char *model_json, const char *layout_json) {
+    char stepbase[64], fin_base[32], path[4600];
+    commit_names(step, stepbase, sizeof stepbase, fin_base, sizeof fin_base);
+    sl_status st = SL_OK;
+    cJSON *man = NULL;
+    char *text = NULL, **side = calloc((size_t)world, sizeof(char *));
+    if (!side) return sl_fail(SL_ERR_NOMEM, "checkpoint: out of memory");
+    for (int r = 0; r < world; r++) {
+        snprintf(path, sizeof path, "%s/host-%d/%s/shard-r%05d.json", p->local_root,
+                 sl_ckpt_pool_host_of(r, world, p->hosts), stepbase, r);
+        side[r] = strdup(path);
+    }
+    SL_CHECK(sl_ckpt_manifest_build(step, world, model_json, layout_json, side, 1, &man));
+    pool_fields(p, world, man);
     text = cJSON_Print(man);
     if (!text) {
         st = sl_fail(SL_ERR_NOMEM, "checkpoint: out of memory");
         goto done;
     }
-    for (int h = 0; h < p->hosts; h++) {
-        char hroot[4300], tmp[4400], fin[4400];
-        snprintf(hroot, sizeof hroot, "%s/host-%d", p->local_root, h);
-        snprintf(tmp, sizeof tmp, "%s/%s", hroot, stepbase);
-        snprintf(fin, sizeof fin, "%s/%s", hroot, fin_base);
-        SL_CHECK(sl_mkdirs(tmp));
-        snprintf(path, sizeof path, "%s/manifest.json", tmp);
-        SL_CHECK(sl_file_write_atomic(path, text, strlen(text)));
-        if (model_json) {
-            snprintf(path, sizeof path, "%s/config.json", tmp);
-            SL_CHECK(sl_file_write_atomic(path, model_json, strlen(model_json)));
-        }
-        sl_fsync_dir(tmp);
-        if (access(fin, F_OK) == 0) SL_CHECK(sl_ckpt_rm_rf(fin));
-        if (rename(tmp, fin) != 0) {
-            st = sl_fail(SL_ERR_IO, "%s: cannot rename to %s: %s", tmp, fin, strerror(errno));
-            goto done;
-        }
-        sl_fsync_dir(hroot);
-        char name[64];
-        snprintf(path, sizeof path, "%s/latest", hroot);
-        snprintf(name, sizeof name, "%s\n", fin_base);
-        SL_CHECK(sl_file_write_atomic(path, name, strlen(name)));
-        sl_fsync_dir(hroot);
-        if (keep > 0) sl_ckpt_prune(hroot, keep);
-        remove_stale_tmp(hroot, stepbase + strlen(fin_base));
-    }
+    for (int h = 0; h < p->hosts; h++)
+        SL_CHECK(commit_host(p, h, stepbase, fin_base, text, model_json, keep));
 done:
     for (int r = 0; r < world; r++) free(side[r]);
     free(side);
     cJSON_Delete(man);
     free(text);
+    return st;
+}
+
+sl_status sl_ckpt_pool_commit_comm(const sl_ckpt_pool *p, int64_t step, int keep, const char *model_json,
+                                   const char *layout_json, const char *side) {
+    sl_comm *c = p->comm;
+    int world = sl_comm_size(c), me = sl_comm_rank(c);
+    char stepbase[64], fin_base[32];
+    commit_names(step, stepbase, sizeof stepbase, fin_base, sizeof fin_base);
+    int64_t len = (int64_t)strlen(side), *lens = calloc((size_t)world, sizeof *lens);
+    size_t *counts = calloc((size_t)world, sizeof *counts), *displs = calloc((size_t)world, sizeof *displs);
+    char *all = NULL, **texts = calloc((size_t)world, sizeof *texts), *text = NULL;
+    cJSON *man = NULL;
+    sl_status st =
+        lens && counts && displs && texts ? SL_OK : sl_fail(SL_ERR_NOMEM, "checkpoint: out of memory");
+    /* past the allocations, every rank takes part in every collective below whatever happened locally (an
+     * allocation failure leaves the exchange: the job fails, and the peers see this rank go) */
+    if (st != SL_OK) goto out;
+    if (sl_comm_all_gather(c, &len, lens, 1, SL_COMM_I64) != SL_OK) {
+        st = sl_fail(SL_ERR_PEER, "checkpoint commit: exchanging sidecars: %s", sl_errmsg());
+        goto out;
+    }
+    size_t total = 0;
+    for (int r = 0; r < world; r++) {
+        counts[r] = (size_t)lens[r];
+        displs[r] = total;
+        total += counts[r];
+    }
+    all = malloc(total + 1);
+    if (!all) {
+        st = sl_fail(SL_ERR_NOMEM, "checkpoint commit: out of memory");
+        goto out;
+    }
+    if (sl_comm_all_gatherv(c, side, all, counts, displs, SL_COMM_U8) != SL_OK) {
+        st = sl_fail(SL_ERR_PEER, "checkpoint commit: exchanging sidecars: %s", sl_errmsg());
+        goto out;
+    }
+    for (int r = 0; r < world; r++) texts[r] = all + displs[r];
+    if (st == SL_OK)
+        st = sl_ckpt_manifest_build_texts(step, world, model_json, layout_json, texts, counts, &man);
+    if (st == SL_OK) {
+        pool_fields(p, world, man);
+        text = cJSON_Print(man);
+        if (!text) st = sl_fail(SL_ERR_NOMEM, "checkpoint: out of memory");
+    }
+    int leader = me == sl_ckpt_pool_first_rank(p->host, world, p->hosts);
+    if (st == SL_OK && leader) st = commit_host(p, p->host, stepbase, fin_base, text, model_json, keep);
+    int32_t bad = st != SL_OK, any = 0;
+    if (sl_comm_all_reduce(c, &bad, &any, 1, SL_COMM_I32, SL_COMM_MAX) != SL_OK) {
+        if (st == SL_OK) st = sl_fail(SL_ERR_PEER, "checkpoint commit: %s", sl_errmsg());
+    } else if (any && st == SL_OK) {
+        st = sl_fail(SL_ERR_IO, "checkpoint commit of step %lld failed on another host", (long long)step);
+    }
+out:
+    free(lens);
+    free(counts);
+    free(displs);
+    free(all);
+    free(texts);
+    free(text);
+    cJSON_Delete(man);
     return st;
 }
 
@@ -360,7 +464,21 @@ typedef struct {
     int hosts; /* of the job: placements must be below */
     char *report;
     size_t rcap;
+    /* lock step over comm (sl_ckpt_pool_restore): the hosts' first ranks, rank = host; me: this host */
+    sl_comm *lc;
+    int me;
 } ctx;
+
+/* Lock step: every host's leader learns whether any of them failed at a local step (writing its restore
+ * copy), so that all leave the assembly together; the status to go on with */
+static sl_status agree(ctx *c, sl_status st) {
+    if (!c->lc) return st;
+    int32_t bad = st != SL_OK, any = 0;
+    if (sl_comm_all_reduce(c->lc, &bad, &any, 1, SL_COMM_I32, SL_COMM_MAX) != SL_OK)
+        return st != SL_OK ? st : sl_fail(SL_ERR_PEER, "pooled restore: %s", sl_errmsg());
+    if (any && st == SL_OK) return sl_fail(SL_ERR_IO, "pooled restore: failed on another host");
+    return st;
+}
 
 static void note(ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void note(ctx *c, const char *fmt, ...) {
@@ -372,8 +490,10 @@ static void note(ctx *c, const char *fmt, ...) {
     va_end(ap);
 }
 
-/* the file at ROOT/host-h/step/name with an expected size: SL_OK and *buf, or a reason in why */
-static int read_checked(ctx *c, int h, const char *name, size_t want, char **buf, char *why, size_t wcap) {
+/* the file at ROOT/host-h/step/name with an expected size (SIZE_MAX: any): 1 and *buf (*got bytes), or 0
+ * and a reason in why */
+static int read_local(ctx *c, int h, const char *name, size_t want, char **buf, size_t *got, char *why,
+                      size_t wcap) {
     char path[4600];
     snprintf(path, sizeof path, "%s/host-%d/%s/%s", c->root, h, c->step_name, name);
     struct stat sb;
@@ -381,6 +501,7 @@ static int read_checked(ctx *c, int h, const char *name, size_t want, char **buf
         snprintf(why, wcap, "host %d: %s missing", h, name);
         return 0;
     }
+    if (want == SIZE_MAX) want = (size_t)sb.st_size;
     if ((size_t)sb.st_size != want) {
         snprintf(why, wcap, "host %d: %s is %lld bytes, %s than the recorded %zu", h, name,
                  (long long)sb.st_size, (size_t)sb.st_size < want ? "smaller" : "larger", want);
@@ -396,7 +517,56 @@ static int read_checked(ctx *c, int h, const char *name, size_t want, char **buf
         snprintf(why, wcap, "host %d: %s changed size while read", h, name);
         return 0;
     }
+    *got = n;
     return 1;
+}
+
+/* read_local of host h's file, by h's leader in lock step (Note [Pool transfers over comm]): it reads its
+ * own disk and broadcasts the outcome and the bytes to the other hosts' leaders */
+static int read_host(ctx *c, int h, const char *name, size_t want, char **buf, size_t *got, char *why,
+                     size_t wcap) {
+    if (!c->lc) return read_local(c, h, name, want, buf, got, why, wcap);
+    struct {
+        int64_t ok, n;
+        char why[496];
+    } m;
+    memset(&m, 0, sizeof m);
+    char *b = NULL;
+    size_t n = 0;
+    if (h == c->me) {
+        m.ok = read_local(c, h, name, want, &b, &n, m.why, sizeof m.why);
+        m.n = (int64_t)n;
+    }
+    if (sl_comm_broadcast(c->lc, &m, &m, sizeof m, SL_COMM_U8, h) != SL_OK) {
+        snprintf(why, wcap, "host %d: %s: transfer failed: %s", h, name, sl_errmsg());
+        free(b);
+        return 0;
+    }
+    if (!m.ok) {
+        snprintf(why, wcap, "%s", m.why);
+        return 0;
+    }
+    if (h != c->me) b = malloc(m.n ? (size_t)m.n : 1);
+    int32_t lack = b == NULL, any = 0; /* a leader without the memory: nobody sends, all report it */
+    if (sl_comm_all_reduce(c->lc, &lack, &any, 1, SL_COMM_I32, SL_COMM_MAX) != SL_OK || any) {
+        snprintf(why, wcap, "host %d: %s: %s", h, name,
+                 any ? "a host has no memory to receive it" : "transfer failed");
+        free(b);
+        return 0;
+    }
+    if (sl_comm_broadcast(c->lc, b, b, (size_t)m.n, SL_COMM_U8, h) != SL_OK) {
+        snprintf(why, wcap, "host %d: %s: transfer failed: %s", h, name, sl_errmsg());
+        free(b);
+        return 0;
+    }
+    *buf = b;
+    *got = (size_t)m.n;
+    return 1;
+}
+
+static int read_checked(ctx *c, int h, const char *name, size_t want, char **buf, char *why, size_t wcap) {
+    size_t got;
+    return read_host(c, h, name, want, buf, &got, why, wcap);
 }
 
 static int host_ok(ctx *c, int h, const char *file, char *err, size_t cap) {
@@ -568,10 +738,10 @@ static sl_status step_manifest(ctx *c, int scan, cJSON **man, char **text, char 
     *man = NULL;
     *text = *config = NULL;
     for (int h = 0; h < scan; h++) {
-        char *t;
+        char *t, why[600];
         size_t n;
         snprintf(path, sizeof path, "%s/host-%d/%s/manifest.json", c->root, h, c->step_name);
-        if (access(path, F_OK) != 0 || sl_file_read_all(path, &t, &n) != SL_OK) continue;
+        if (!read_host(c, h, "manifest.json", SIZE_MAX, &t, &n, why, sizeof why)) continue;
         cJSON *j = cJSON_ParseWithLength(t, n);
         cJSON *fmt = cJSON_GetObjectItem(j, "format"), *pool = cJSON_GetObjectItem(j, "pool");
         if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "suanli-checkpoint") != 0 ||
@@ -582,8 +752,7 @@ static sl_status step_manifest(ctx *c, int scan, cJSON **man, char **text, char 
             free(t);
             continue;
         }
-        snprintf(path, sizeof path, "%s/host-%d/%s/config.json", c->root, h, c->step_name);
-        if (access(path, F_OK) == 0) sl_file_read_all(path, config, clen);
+        if (!read_host(c, h, "config.json", SIZE_MAX, config, clen, why, sizeof why)) *config = NULL;
         *man = j;
         *text = t;
         if (c->hosts <= 0) {
@@ -605,8 +774,9 @@ static sl_status assemble_step(ctx *c, int scan, const char *dest) {
     sl_status st = SL_OK;
     char path[4600];
     if (dest) {
-        if (access(dest, F_OK) == 0) SL_CHECK(sl_ckpt_rm_rf(dest));
-        SL_CHECK(sl_mkdirs(dest));
+        if (access(dest, F_OK) == 0) st = sl_ckpt_rm_rf(dest);
+        if (st == SL_OK) st = sl_mkdirs(dest);
+        SL_CHECK(agree(c, st));
     }
     cJSON *f, *files = cJSON_GetObjectItem(cJSON_GetObjectItem(man, "pool"), "files"),
               *jw = cJSON_GetObjectItem(man, "world");
@@ -642,18 +812,21 @@ static sl_status assemble_step(ctx *c, int scan, const char *dest) {
             char from[4600];
             snprintf(path, sizeof path, "%s/%s", dest, f->string);
             snprintf(from, sizeof from, "%s/host-%d/%s/%s", c->root, src, c->step_name, f->string);
-            if (src < 0 || link(from, path) != 0) st = write_parts(path, NULL, 0, buf, size, 0);
+            if (src < 0 || (c->lc && src != c->me) || link(from, path) != 0)
+                st = write_parts(path, NULL, 0, buf, size, 0);
+            st = agree(c, st); /* a local failure: every leader leaves here (reads were the same for all) */
         }
         free(buf);
         if (st != SL_OK) goto done;
     }
     if (dest) {
         snprintf(path, sizeof path, "%s/manifest.json", dest);
-        SL_CHECK(write_parts(path, NULL, 0, text, strlen(text), 0));
-        if (config) {
+        st = write_parts(path, NULL, 0, text, strlen(text), 0);
+        if (st == SL_OK && config) {
             snprintf(path, sizeof path, "%s/config.json", dest);
-            SL_CHECK(write_parts(path, NULL, 0, config, clen, 0));
+            st = write_parts(path, NULL, 0, config, clen, 0);
         }
+        st = agree(c, st);
     }
 done:
     cJSON_Delete(man);
@@ -662,19 +835,63 @@ done:
     return st;
 }
 
-sl_status sl_ckpt_pool_gather(const char *root, int hosts, int64_t step, const char *dest, int64_t *got) {
-    int scan = hosts_present(root);
+/* Lock step: the union of the steps the hosts hold (each leader lists its own host dir), newest first */
+enum { MAX_LISTED = 64 };
+static int pool_steps_comm(const char *root, sl_comm *lc, int me, int64_t **out) {
+    int hosts = sl_comm_size(lc);
+    int64_t mine[MAX_LISTED], *all = malloc(sizeof mine * (size_t)hosts), *v = NULL;
+    *out = NULL;
+    for (int i = 0; i < MAX_LISTED; i++) mine[i] = -1;
+    char hroot[4300], **names;
+    snprintf(hroot, sizeof hroot, "%s/host-%d", root, me);
+    int k = sl_ckpt_list_steps(hroot, &names); /* newest first: the newest MAX_LISTED of this host */
+    for (int i = 0; i < k; i++) {
+        if (i < MAX_LISTED) mine[i] = atoll(names[i] + 5);
+        free(names[i]);
+    }
+    if (k > 0) free(names);
+    if (!all || sl_comm_all_gather(lc, mine, all, MAX_LISTED, SL_COMM_I64) != SL_OK) {
+        free(all);
+        return -1;
+    }
+    int n = 0;
+    v = malloc(sizeof mine * (size_t)hosts);
+    for (int i = 0; v && i < hosts * MAX_LISTED; i++) {
+        if (all[i] < 0) continue;
+        int dup = 0;
+        for (int j = 0; j < n; j++) dup |= v[j] == all[i];
+        if (!dup) v[n++] = all[i];
+    }
+    for (int i = 1; i < n; i++) /* insertion sort, descending */
+        for (int j = i; j > 0 && v[j] > v[j - 1]; j--) {
+            int64_t t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    free(all);
+    *out = v;
+    return v ? n : -1;
+}
+
+static sl_status gather(const char *root, int hosts, int64_t step, const char *dest, int64_t *got,
+                        sl_comm *lc, int me) {
+    int scan = lc ? hosts : hosts_present(root);
     if (hosts > scan) scan = hosts;
     int64_t *steps = NULL;
-    int n = pool_steps(root, scan, &steps);
+    int n = lc ? pool_steps_comm(root, lc, me, &steps) : pool_steps(root, scan, &steps);
+    if (n < 0)
+        return sl_fail(SL_ERR_PEER, "%s: pooled restore: listing the hosts' steps: %s", root, sl_errmsg());
     char tmp[4200], fin[4200], first[1200] = "";
     sl_status st = sl_fail(SL_ERR_IO, "%s: no pooled checkpoint (no host-*/step-* directories)", root);
     int tried = 0;
-    if (dest && n > 0 && (st = sl_mkdirs(dest)) != SL_OK) n = 0;
+    if (dest && n > 0) {
+        ctx c0 = {.lc = lc};
+        if ((st = agree(&c0, sl_mkdirs(dest))) != SL_OK) n = 0;
+    }
     for (int i = 0; i < n; i++) {
         if (step >= 0 && steps[i] != step) continue;
         tried++;
-        ctx c = {.root = root, .hosts = hosts};
+        ctx c = {.root = root, .hosts = hosts, .lc = lc, .me = me};
         snprintf(c.step_name, sizeof c.step_name, "step-%07lld", (long long)steps[i]);
         if (dest) {
             snprintf(tmp, sizeof tmp, "%s/%s.tmp", dest, c.step_name);
@@ -700,6 +917,7 @@ sl_status sl_ckpt_pool_gather(const char *root, int hosts, int64_t step, const c
                 }
                 free(v);
             }
+            st = agree(&c, st);
         }
         if (st == SL_OK) {
             if (got) *got = steps[i];
@@ -717,6 +935,17 @@ sl_status sl_ckpt_pool_gather(const char *root, int hosts, int64_t step, const c
         st = sl_fail(SL_ERR_FORMAT, "%s: no complete pooled checkpoint (newest: %s)", root, first);
     free(steps);
     return st;
+}
+
+sl_status sl_ckpt_pool_gather(const char *root, int hosts, int64_t step, const char *dest, int64_t *got) {
+    return gather(root, hosts, step, dest, got, NULL, 0);
+}
+
+sl_status sl_ckpt_pool_restore(const sl_ckpt_pool *p, sl_comm *leaders, const char *dest, int64_t *got) {
+    if (!leaders || sl_comm_size(leaders) != p->hosts || sl_comm_rank(leaders) != p->host)
+        return sl_fail(SL_ERR_INVALID,
+                       "pooled restore: the leaders' communicator must have one rank per host");
+    return gather(p->local_root, p->hosts, -1, dest, got, leaders, p->host);
 }
 
 sl_status sl_ckpt_pool_inspect(const char *root, int hosts, FILE *f) {

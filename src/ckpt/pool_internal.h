@@ -25,6 +25,10 @@ void sl_ckpt_prune(const char *root, int keep);
  */
 sl_status sl_ckpt_manifest_build(int64_t step, int world, const char *model_json, const char *layout_json,
                                  char *const *side, int require_all, cJSON **out);
+/* the same from the sidecars' texts (texts[r] of lens[r] bytes, every rank's present) */
+sl_status sl_ckpt_manifest_build_texts(int64_t step, int world, const char *model_json,
+                                       const char *layout_json, char *const *texts, const size_t *lens,
+                                       cJSON **out);
 
 /* ---- shard_io.c (Note [Shard write path]) ---- */
 enum { SL_CKPT_IO_DIRECT = 1, SL_CKPT_IO_SYNC = 2 };
@@ -47,6 +51,27 @@ sl_status sl_ckpt_write_file(const char *path, const void *hdr, size_t hlen, con
  * back). With replicas, ROOT/host-<p->host>/stepbase/file was written already and the other replica
  * hosts get copies; with erasure coding the file was not written, and its k+m blocks go to k+m hosts.
  * *placement (owned) describes where everything went, with sizes and checksums, for pool.files. */
+/* ---- pool_comm.c (Note [Pool transfers over comm]) ---- */
+#define SL_CKPT_POOL_MAX_STREAMS (SL_EC_MAX_K + SL_EC_MAX_M)
+typedef struct {
+    int dst;          /* receiving rank */
+    const char *name; /* file name in the receiver's host step dir (< 88 bytes) */
+    const void *head, *body;
+    size_t hlen, blen;
+} sl_ckpt_pool_stream;
+/* first rank of a host (world when the host has none); the rank of `host` that receives rank src's streams */
+int sl_ckpt_pool_first_rank(int host, int world, int hosts);
+int sl_ckpt_pool_receiver(int src, int host, int world, int hosts);
+/* Collective over p->comm (every rank, each with its outgoing streams, possibly none): sends out[] and
+ * writes every stream addressed to this rank into ROOT/host-<p->host>/stepbase/<name> (temp, fsync, rename).
+ * Every rank returns only once the exchange is over; a local write failure is reported after it. */
+sl_status sl_ckpt_pool_exchange(const sl_ckpt_pool *p, const char *stepbase, const sl_ckpt_pool_stream *out,
+                                int nout);
+/* Collective over p->comm (writer threads): the pooled commit of Note [Pool transfers over comm]; side is
+ * this rank's sidecar text. */
+sl_status sl_ckpt_pool_commit_comm(const sl_ckpt_pool *p, int64_t step, int keep, const char *model_json,
+                                   const char *layout_json, const char *side);
+
 sl_status sl_ckpt_pool_spread(const sl_ckpt_pool *p, const char *stepbase, int64_t step, const char *file,
                               const void *hdr, size_t hlen, const void *data, size_t dlen, cJSON **placement);
 #endif

@@ -338,10 +338,13 @@ static sl_status load_init_from(sl_train_job *j, int data_vocab) {
 
 /* Note [Pooled restore]
  * Collective (every rank calls it). The first rank of each host assembles the newest step that the
- * surviving hosts can rebuild (sl_ckpt_pool_gather: intact copies, or erasure-code decoding) into
- * LOCAL/host-<h>/.restore/step-N; the ranks agree (all-reduce) that every host found the same step, and
- * each rank then loads from its host's copy. A pool with steps of which none can be rebuilt is an error
- * naming what is missing; an empty pool is a fresh start. */
+ * surviving hosts can rebuild (intact copies, or erasure-code decoding) into LOCAL/host-<h>/.restore/step-N:
+ * with several ranks the first ranks do it together (sl_ckpt_pool_restore), each reading only its own
+ * host's directory and receiving the other hosts' files over a communicator of the first ranks (Note [Pool
+ * transfers over comm]); one process reads every host directory itself (sl_ckpt_pool_gather). The ranks agree
+ * (all-reduce) that every host found the same step, and each rank then loads from its host's copy. A pool
+ * with steps of which none can be rebuilt is an error naming what is missing; an empty pool is a fresh start.
+ */
 static sl_status pool_restore(sl_train_job *j, char *dir, size_t cap, int *found) {
     const sl_ckpt_pool *p = &j->pool;
     int rank = j->mesh.rank, world = j->mesh.world;
@@ -350,8 +353,12 @@ static sl_status pool_restore(sl_train_job *j, char *dir, size_t cap, int *found
     snprintf(restore, sizeof restore, "%s/host-%d/.restore", p->local_root, p->host);
     int64_t got = -1, v[3] = {0, INT64_MAX, INT64_MIN}, agg[3];
     *found = 0;
+    sl_comm *lc = NULL; /* the hosts' first ranks: reads of another host's files come over it */
+    if (j->world && world > 1 && sl_comm_split(j->world, leader ? 0 : 1, p->host, &lc) != SL_OK)
+        return sl_train_fail(SL_ERR_PEER, "rank %d: pooled restore: %s", rank, sl_errmsg());
     if (leader) {
-        sl_status st = sl_ckpt_pool_gather(p->local_root, p->hosts, -1, restore, &got);
+        sl_status st = lc ? sl_ckpt_pool_restore(p, lc, restore, &got)
+                          : sl_ckpt_pool_gather(p->local_root, p->hosts, -1, restore, &got);
         if (st == SL_ERR_IO &&
             strstr(sl_errmsg(), "no pooled checkpoint")) { /* no step at all: a fresh start */
             got = -1;
@@ -361,6 +368,7 @@ static sl_status pool_restore(sl_train_job *j, char *dir, size_t cap, int *found
         }
         v[1] = v[2] = got;
     }
+    sl_comm_free(lc);
     if (j->world) {
         if (sl_comm_all_reduce(j->world, &v[0], &agg[0], 1, SL_COMM_I64, SL_COMM_MAX) != SL_OK ||
             sl_comm_all_reduce(j->world, &v[1], &agg[1], 1, SL_COMM_I64, SL_COMM_MIN) != SL_OK ||
@@ -560,6 +568,13 @@ static sl_status reserve_writer(sl_train_job *j) {
     free(segs);
     if (sl_ckpt_writer_reserve(j->ckw, need) != SL_OK)
         return sl_train_bad("--save-interval: %s", sl_errmsg());
+    if (j->pooled && j->world && sl_comm_size(j->world) > 1) {
+        /* Note [Pool transfers over comm]: the writer threads' own communicator */
+        if (sl_comm_split(j->world, 0, j->mesh.rank, &j->ckpt_comm) != SL_OK)
+            return sl_train_fail(SL_ERR_PEER, "rank %d: checkpoint communicator: %s", j->mesh.rank,
+                                 sl_errmsg());
+        j->pool.comm = j->ckpt_comm;
+    }
     if (j->pooled) sl_ckpt_writer_set_pool(j->ckw, &j->pool);
     if (j->pooled && j->o.ckpt.shared)
         sl_ckpt_writer_set_drain(j->ckw, j->o.ckpt.save_dir, (int)j->o.ckpt.keep);
@@ -688,7 +703,9 @@ sl_status sl_train_job_setup(sl_train_job *j, const sl_train_opts *opts) {
 }
 
 void sl_train_job_release(sl_train_job *j, int failed) {
+    if (failed && j->ckpt_comm) sl_comm_abort(j->ckpt_comm); /* a writer thread may wait on a peer */
     sl_ckpt_writer_free(j->ckw);
+    sl_comm_free(j->ckpt_comm);
     if (j->metrics) fclose(j->metrics);
     sl_dp_free(j->dp);
     sl_tp_free(j->tp);

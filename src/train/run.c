@@ -144,7 +144,7 @@ static sl_status commit_poll(sl_train_job *j, int force, const sl_train_callback
     sl_status cs = sl_ckpt_writer_wait(j->ckw);
     if (cs != SL_OK) return sl_train_fail(cs, "checkpoint commit: %s", sl_errmsg());
     report_commit(j, step, sl_ckpt_writer_commit_seconds(j->ckw) * 1e3, " (on the writer thread)");
-    if (cb && cb->on_checkpoint) cb->on_checkpoint(cb->user, step, j->pool.local_root);
+    if (cb && cb->on_checkpoint && j->mesh.rank == 0) cb->on_checkpoint(cb->user, step, j->pool.local_root);
     return SL_OK;
 }
 
@@ -175,10 +175,20 @@ static sl_status ckpt_poll(sl_train_job *j, int force, const sl_train_callbacks 
         return sl_train_fail(SL_ERR_IO, "rank %d: checkpoint step %lld failed: %s", mesh->rank,
                              (long long)j->pending_step, ws != SL_OK ? sl_errmsg() : "on another rank");
     const char *root = j->o.ckpt.save_dir;
+    if (j->pooled &&
+        j->pool.comm) { /* every rank's writer thread takes part (Note [Pool transfers over comm]) */
+        int keep = (int)(j->o.ckpt.local_keep > 0 ? j->o.ckpt.local_keep : j->o.ckpt.keep);
+        sl_status cs =
+            sl_ckpt_writer_commit_pool(w, j->pending_step, mesh->world, keep, j->model_json, j->layout_json);
+        if (cs != SL_OK) return sl_train_fail(cs, "checkpoint commit: %s", sl_errmsg());
+        j->committing_step = j->pending_step;
+    }
     if (mesh->rank == 0) {
         double t0 = sl_time_sec();
         const char *mem = sl_ckpt_mem_root();
-        if (j->pooled) { /* the per-host commits (fsyncs on every host) run on the writer thread */
+        if (j->pooled && j->pool.comm) {
+            /* started above */
+        } else if (j->pooled) { /* the per-host commits (fsyncs on every host) run on the writer thread */
             int keep = (int)(j->o.ckpt.local_keep > 0 ? j->o.ckpt.local_keep : j->o.ckpt.keep);
             sl_status cs = sl_ckpt_writer_commit_pool(w, j->pending_step, mesh->world, keep, j->model_json,
                                                       j->layout_json);

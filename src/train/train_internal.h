@@ -54,9 +54,11 @@ typedef struct sl_train_job {
     int64_t pending_step; /* step of a checkpoint being written; -1: none */
     char model_json[512], layout_json[1024];
     int pooled;              /* --ckpt-local-dir */
-    int64_t committing_step; /* rank 0, pooled: step whose commit runs on the writer thread; -1: none */
+    int64_t committing_step; /* pooled: step whose commit runs on the writer thread (rank 0, or every rank
+                              * with pool.comm); -1: none */
     double commit_t0;
-    sl_ckpt_pool pool; /* this rank's view of the pool */
+    sl_ckpt_pool pool;  /* this rank's view of the pool */
+    sl_comm *ckpt_comm; /* pooled, several ranks: the writer threads' communicator (pool.comm) */
 } sl_train_job;
 
 /* Bad input (SL_ERR_INVALID): a one-line message. The arguments may include sl_errmsg(). */
