@@ -15,10 +15,11 @@
  * puts it under the manifest's "pool" and writes the same manifest and config.json into every host's
  * step-N.tmp dir before renaming it to step-N (per host: manifest, fsync, rename, `latest`, prune). A restore
  * takes the manifest from any host that has one, then for each shard file the first intact copy (size and
- * checksum match) or any k intact blocks, and writes a plain step dir that sl_ckpt_load reads. Transfers are
- * file writes into the peer host's directory by the owning rank: on one machine the hosts are directories; on
- * a real cluster that directory would be a peer's export (or the bytes would travel over sl_comm) — the
- * placement logic and the manifest do not change. */
+ * checksum match) or any k intact blocks, and writes a plain step dir that sl_ckpt_load reads. With a pool
+ * communicator (every multi-rank training job) the copies and blocks, the commit and the restore's reads
+ * travel over sl_comm and each rank touches only its own host's directory (pool_comm.c, Note [Pool transfers
+ * over comm]); without one (the library used from one process, the offline `suanli ckpt` tools) the owning
+ * rank writes into, and the restore reads from, every host directory itself. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
