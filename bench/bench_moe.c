@@ -94,7 +94,7 @@ int sl_bench_moe(int argc, char **argv) {
                            .qkv_bias = 1};
     sl_model *m = NULL;
     sl_tp *tp = NULL;
-    sl_model_split split = {1, 0, 1, 0, 1, 0, 0, (int)ep, mesh.ep_rank};
+    sl_model_split split = {1, 0, 1, 0, 1, 0, 0, (int)ep, mesh.ep_rank, 0};
     if (sl_llama_new_par(&cfg, sl_backend_cpu(), &split, &m) != SL_OK) {
         fprintf(stderr, "suanli bench moe: %s\n", sl_errmsg());
         return 2;

@@ -198,7 +198,8 @@ int sl_bench_train(int argc, char **argv) {
         return 2;
     }
     sl_tp *tp = NULL;
-    sl_model_split split = {mesh.tp, mesh.tp_rank, mesh.pp, mesh.pp_rank, 1, (int)pfirst, (int)plast, 1, 0};
+    sl_model_split split = {mesh.tp, mesh.tp_rank, mesh.pp, mesh.pp_rank, 1, (int)pfirst, (int)plast, 1, 0,
+                            0};
     if (sl_gpt2_new_par(&cfg, be, &split, &m) != SL_OK || (mesh.tp > 1 && sl_tp_new(&tp, &mesh) != SL_OK)) {
         fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
         return 2;

@@ -167,6 +167,10 @@ typedef struct sl_model {
     /* Expert parallelism: this model holds the routed experts [ep_rank E / ep, (ep_rank + 1) E / ep) of every
      * sparse layer (ep <= 1: all); Note [Expert-parallel dispatch] */
     int ep, ep_rank;
+    /* Expert tensor parallelism (TP > 1, routed experts): every routed expert's I dimension is split over
+     * the TP group like a dense MLP (gate/up column-, down row-parallel) instead of each TP rank holding it
+     * whole; Note [Expert tensor parallelism] in src/nn/moe.c */
+    int etp;
     sl_moe_train_opts moe; /* read when a graph is built (MoE architectures only) */
     /* Dropout probabilities in [0, 1), read when a training/evaluation graph is built (0: no dropout
      * nodes). Places (sl_model_dropout_site): attention probabilities (attention_dropout); the embedding
@@ -194,6 +198,7 @@ typedef struct sl_model_split {
     int tp, tp_rank, pp, pp_rank, vpp;
     int first_layers, last_layers;
     int ep, ep_rank;
+    int etp; /* 1: split the routed experts over TP (sl_model.etp); needs tp > 1 */
 } sl_model_split;
 
 /* Note [Uneven pipeline stages]: the layers [*l0, *l0 + *n) of stage s of pp for L layers split as

@@ -233,7 +233,8 @@ typedef struct sl_train_ckpt_opts {
 typedef struct sl_train_parallel_opts {
     sl_comm *comm;      /* borrowed world communicator; NULL: from the environment (suanli run, torchrun, MPI,
                            Slurm), single process when there is none. Aborted when the run fails. */
-    int64_t tp, pp, ep; /* mesh axes (pp, ep > 1 not implemented yet) */
+    int64_t tp, pp, ep; /* mesh axes */
+    int64_t etp;        /* --expert-tensor-parallel-size: 1 (experts whole on every TP rank) or tp (split) */
     int64_t sequence_parallel;        /* 1: sequence parallelism on top of tp > 1 */
     int64_t layers_per_virtual_stage; /* > 0: interleaved 1F1B with num-layers / (pp x this) model chunks
                                          per stage (--num-layers-per-virtual-pipeline-stage) */

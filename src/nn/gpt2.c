@@ -86,7 +86,7 @@ sl_status sl_gpt2_new_on(const sl_gpt2_config *cfg, sl_backend *be, sl_model **o
 }
 
 sl_status sl_gpt2_new_tp(const sl_gpt2_config *cfg, sl_backend *be, int tp, int tp_rank, sl_model **out) {
-    return sl_gpt2_new_par(cfg, be, &(sl_model_split){tp, tp_rank, 1, 0, 1, 0, 0, 1, 0}, out);
+    return sl_gpt2_new_par(cfg, be, &(sl_model_split){tp, tp_rank, 1, 0, 1, 0, 0, 1, 0, 0}, out);
 }
 
 sl_status sl_gpt2_new_par(const sl_gpt2_config *cfg, sl_backend *be, const sl_model_split *sp,

@@ -116,11 +116,11 @@ sl_status sl_llama_new_ex(const sl_llama_config *cfg, sl_dtype wdtype, sl_model 
 }
 
 sl_status sl_llama_new_on(const sl_llama_config *cfg, sl_dtype wdtype, sl_backend *be, sl_model **out) {
-    return llama_new(cfg, wdtype, be, &(sl_model_split){1, 0, 1, 0, 1, 0, 0, 1, 0}, out);
+    return llama_new(cfg, wdtype, be, &(sl_model_split){1, 0, 1, 0, 1, 0, 0, 1, 0, 0}, out);
 }
 
 sl_status sl_llama_new_tp(const sl_llama_config *cfg, sl_backend *be, int tp, int tp_rank, sl_model **out) {
-    return sl_llama_new_par(cfg, be, &(sl_model_split){tp, tp_rank, 1, 0, 1, 0, 0, 1, 0}, out);
+    return sl_llama_new_par(cfg, be, &(sl_model_split){tp, tp_rank, 1, 0, 1, 0, 0, 1, 0, 0}, out);
 }
 
 sl_status sl_llama_new_par(const sl_llama_config *cfg, sl_backend *be, const sl_model_split *sp,
@@ -193,6 +193,7 @@ static sl_status llama_new(const sl_llama_config *cfg, sl_dtype wdtype, sl_backe
     m->vpp = v;
     m->ep = sp->ep > 1 ? sp->ep : 1;
     m->ep_rank = m->ep > 1 ? sp->ep_rank : 0;
+    m->etp = sp->etp && tp > 1 && sl_arch_is_moe(cfg->arch) && cfg->arch != SL_ARCH_MIXTRAL;
     m->n_layers = nl;
     m->layer0 = v > 1 ? nl / v * s : l0;
     m->pp_first_layers = sp->first_layers;
@@ -427,6 +428,8 @@ static sl_tensor *tp_g(sl_model *m, sl_tensor *x) {
     return m->tp > 1 && m->wdtype != SL_BF16 && autocast(m) == SL_F16 ? sl_round_half(m->ctx, x, SL_F16) : x;
 }
 static sl_tensor *tp_rep(sl_model *m, sl_tensor *p) { return sl_tp_rep(m->ctx, p, m->tp, m->sp); }
+sl_tensor *sl_llama_tp_f(sl_model *m, sl_tensor *x) { return tp_f(m, x); }
+sl_tensor *sl_llama_tp_g(sl_model *m, sl_tensor *x) { return tp_g(m, x); }
 
 /* The shared body. kv == NULL: training / full-sequence attention; else attention over the cache.
  * Under TP (m->tp > 1, training only) each rank holds NH/tp query heads and NKV/tp kv heads, I/tp MLP

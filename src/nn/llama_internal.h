@@ -20,6 +20,10 @@ sl_tensor *sl_llama_W(sl_model *m, const char *fmt, ...) __attribute__((format(p
 sl_dtype sl_llama_autocast(const sl_model *m);
 sl_tensor *sl_llama_rnd(sl_model *m, sl_tensor *x); /* bf16 rounding where the model's numerics round */
 sl_tensor *sl_llama_lin(sl_model *m, sl_tensor *x, sl_tensor *w, sl_tensor *b);
+/* Megatron's f (identity forward, all-reduce of the gradient) and g (all-reduce forward) over the TP group,
+ * with the fp16 roundings of Note [Half sums across TP ranks] (src/nn/gpt2.c) */
+sl_tensor *sl_llama_tp_f(sl_model *m, sl_tensor *x);
+sl_tensor *sl_llama_tp_g(sl_model *m, sl_tensor *x);
 sl_tensor *sl_llama_swiglu(sl_model *m, sl_tensor *h, sl_tensor *wg, sl_tensor *wu, sl_tensor *wd);
 
 /* ---- moe.c ---- */

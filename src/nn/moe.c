@@ -24,7 +24,24 @@
  * through the experts, which halves nothing in memory but splits the expert FLOPs; the weights then take
  * partial gradients on each rank and enter the graph through sl_tp_rep (COPY forward, ALL-REDUCE of the
  * gradient), as the other replicated parameters SP applies to sequence shards. Capacity under SP counts each
- * rank's own tokens. Expert-tensor parallelism (splitting each expert over TP) is not built. */
+ * rank's own tokens. With expert tensor parallelism (below) the experts are split instead.
+ *
+ * Note [Expert tensor parallelism]
+ * Megatron's --expert-tensor-parallel-size = tp: each routed expert's intermediate dimension I is split over
+ * the TP group as a dense MLP's is (gate/up column-parallel, down row-parallel; full-tensor coordinates in
+ * checkpoints, so they reshard to any layout), the router and the shared experts stay whole on every rank.
+ * Without SP the input is replicated, so every TP rank routes the same tokens to the same experts, runs its
+ * I / tp slice of each on them, and the combined output is a partial sum:
+ *   logits = h Wr^T              (replicated)
+ *   w      = route(f(logits))     f: identity forward, all-reduce of the gradient
+ *   y      = g(sum_e combine(FFN_e^(r)(gather(f(h), w, e)), w, e))      g: all-reduce forward
+ * The combine's gradient to the routing weights, <dy, y_e^(r)>, is partial on each rank (its y_e is), and so
+ * is everything the route's backward makes of it, so the route reads the logits through f: their gradient
+ * is summed over TP and the router, the router losses (which read the logits directly, whole on each rank)
+ * and h's router path see the single process's values. The experts' gradient to h is partial too and
+ * arrives through f(h). Cost per layer: one all-reduce of (N, C) forward, and of (N, C) + (N, E) backward;
+ * the expert FLOPs and expert memory per rank fall by tp. Refused with SP (the tokens would first be
+ * all-gathered, and the router would have to run on the shards) and with EP (the dispatch groups). */
 static sl_tensor *moe_W(sl_model *m, sl_tensor *w) { return sl_tp_rep(m->ctx, w, m->tp, m->sp); }
 
 int sl_arch_is_moe(sl_arch a) {
@@ -125,6 +142,7 @@ void sl_moe_add_params(sl_llama_builder *b, int l) {
     for (int64_t e = e0; e < e0 + El; e++) {
         for (int j = 0; j < 3; j++) {
             int64_t ne[2] = {j < 2 ? I : C, j < 2 ? C : I};
+            if (b->m->etp) b->tdim = j < 2 ? 0 : 1; /* Note [Expert tensor parallelism]: I split over TP */
             sl_llama_add_param(b, 1, SL_INIT_NORMAL, 2, ne, nm.expert, l, (int)e, nm.proj[j]);
             b->m->params[b->m->n_params - 1].expert = b->m->ep > 1;
         }
@@ -217,7 +235,10 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
                           : NULL;
     sl_moe_route_opts o = route_opts(m, N);
     int64_t R = o.capacity > 0 ? o.capacity : N;
-    sl_tensor *w = sl_moe_route(ctx, logits, bias, &o); /* (N, E) */
+    int etp = m->etp && m->tp > 1 && m->ep <= 1 && !m->sp; /* Note [Expert tensor parallelism] */
+    /* f without a half rounding: the route reads f32 logits */
+    sl_tensor *w =
+        sl_moe_route(ctx, etp ? sl_tp_enter(ctx, logits, m->tp, 0) : logits, bias, &o); /* (N, E) */
     sl_set_name(w, "moe_route.%d", l);
     sl_set_output(w); /* read back after the step (sl_moe_graph_stats) */
     sl_tensor *rl = sl_moe_router_loss(ctx, logits, w, m->moe.aux_coeff, m->moe.z_coeff);
@@ -228,16 +249,19 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
      * autocast numerics: matmul nodes on all R rows, rounded as transformers rounds */
     int routed = m->wdtype == SL_F32 && sl_llama_autocast(m) == SL_F32;
     if (m->ep > 1) y = ep_experts(m, h2, w, l, &o, routed);
+    sl_tensor *hx = etp ? sl_llama_tp_f(m, h2) : h2; /* the experts' input */
     for (int e = 0; e < E && m->ep <= 1; e++) {
-        sl_tensor *xe = sl_moe_gather(ctx, h2, w, e, R, 0); /* (R, C) */
+        sl_tensor *xe = sl_moe_gather(ctx, hx, w, e, R, 0); /* (R, C) */
         xe->iparams[2] = routed; /* MOE_EXPERT_FFN reads the kept rows only: no zero fill */
-        sl_tensor *w1 = moe_W(m, sl_llama_W(m, nm.expert, l, e, nm.proj[0])),
-                  *w3 = moe_W(m, sl_llama_W(m, nm.expert, l, e, nm.proj[1])),
-                  *w2 = moe_W(m, sl_llama_W(m, nm.expert, l, e, nm.proj[2]));
+        sl_tensor *w1 = sl_llama_W(m, nm.expert, l, e, nm.proj[0]),
+                  *w3 = sl_llama_W(m, nm.expert, l, e, nm.proj[1]),
+                  *w2 = sl_llama_W(m, nm.expert, l, e, nm.proj[2]);
+        if (!etp) w1 = moe_W(m, w1), w3 = moe_W(m, w3), w2 = moe_W(m, w2);
         sl_tensor *ye =
             routed ? sl_moe_expert_ffn(ctx, xe, w1, w3, w2, w, e) : sl_llama_swiglu(m, xe, w1, w3, w2);
         y = sl_moe_combine(ctx, ye, w, y, e, 1); /* (N, C) */
     }
+    if (etp) y = sl_llama_tp_g(m, y); /* the partial sums of the TP ranks' expert slices */
     if (c->shared_intermediate > 0) {
         sl_tensor *s = sl_llama_swiglu(m, h2, moe_W(m, sl_llama_W(m, nm.shared, l, "gate_proj")),
                                        moe_W(m, sl_llama_W(m, nm.shared, l, "up_proj")),

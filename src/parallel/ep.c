@@ -123,7 +123,8 @@ sl_status sl_ep_gather_whole(const sl_mesh *mesh, const sl_model *mine, sl_model
                                 mine->pp_first_layers,
                                 mine->pp_last_layers,
                                 P,
-                                p};
+                                p,
+                                mine->etp};
         st = sl_model_new_split(mine, sl_backend_cpu(), &split, &peer);
         if (st == SL_OK && expert_elems(peer, NULL) != n)
             st = sl_fail(SL_ERR_INTERNAL, "gather: EP rank %d holds another expert layout", p);

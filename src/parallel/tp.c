@@ -386,8 +386,9 @@ sl_status sl_par_gather_whole(sl_tp *t, const sl_mesh *mesh, const sl_model *sta
         sl_model *peer = NULL;
         float *buf = NULL;
         st = sl_comm_recv(mesh->pp_comm, &cnt, 1, SL_COMM_I64, s);
-        sl_model_split split = {stage->tp > 1 ? stage->tp : 1, stage->tp_rank,        mesh->pp, s, stage->vpp,
-                                stage->pp_first_layers,        stage->pp_last_layers, 1,        0};
+        sl_model_split split = {
+            stage->tp > 1 ? stage->tp : 1, stage->tp_rank,        mesh->pp, s, stage->vpp,
+            stage->pp_first_layers,        stage->pp_last_layers, 1,        0, stage->etp};
         if (st == SL_OK) st = sl_model_new_split(stage, sl_backend_cpu(), &split, &peer);
         if (st == SL_OK && sl_tp_full_numel(peer) != cnt)
             st = sl_fail(SL_ERR_INTERNAL, "gather: stage %d sent %lld parameters, expected %lld", s,
@@ -405,14 +406,33 @@ sl_status sl_par_gather_whole(sl_tp *t, const sl_mesh *mesh, const sl_model *sta
 double sl_tp_comm_theory(const sl_model *m, int B, int T, int micro_batches) {
     int n = m->tp > 1 ? m->tp : 1, first = m->pp_rank == 0, last = m->pp_rank == (m->pp > 1 ? m->pp : 1) - 1;
     if (n == 1) return 0;
-    double f = (double)(n - 1) / n, S = (double)B * T * m->cfg.n_embd * sizeof(float), C = m->cfg.n_embd;
+    double f = (double)(n - 1) / n, S = (double)B * T * m->cfg.n_embd * sizeof(float);
     int L = m->n_layers;
     /* per layer: forward g after attention and MLP, backward f before them: 4 all-reduces (or 8 all-gathers /
      * reduce-scatters under SP); the embedding's g and the final norm's f; the loss's stats all-gather */
     double per = L * 8 * f * S + (first ? 2 * f * S : 0) + (last ? 2 * f * S : 0);
     if (last) per += f * n * (double)B * T * 2 * sizeof(float);
-    if (m->sp) /* the sequence-shard parameters' gradient all-reduces */
-        per +=
-            2 * f * sizeof(float) * (L * 6 * C + (first ? m->cfg.max_seq_len * C : 0) + (last ? 2 * C : 0));
+    /* under SP the replicated parameters (GPT-2: 6 C per layer, wpe, ln_f; Llama: the norms; MoE: the
+     * router and the experts when whole) take partial gradients, all-reduced (the selection bias has none) */
+    /* MoE layers (a router per sparse layer): no f / g around the experts when they are whole on each rank
+     * (Note [MoE under TP]; under SP their replicated weights' gradients are all-reduced instead); with
+     * expert tensor parallelism g after the experts, f before them and f of the (N, E) logits (Note [Expert
+     * tensor parallelism]) */
+    int sparse = 0;
+    double rep = 0, E = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        const sl_param_info *p = &m->params[i];
+        const char *nm = p->t->name;
+        size_t len = strlen(nm), g = strlen(".mlp.gate.weight"), bg = strlen(".block_sparse_moe.gate.weight");
+        if ((len > g && !strcmp(nm + len - g, ".mlp.gate.weight")) ||
+            (len > bg && !strcmp(nm + len - bg, ".block_sparse_moe.gate.weight"))) {
+            sparse++;
+            E = (double)p->t->ne[0];
+        }
+        if (m->sp && p->tp_split == 0 && !strstr(nm, "e_score_correction_bias")) rep += (double)p->numel;
+    }
+    per -= sparse * 4 * f * S;
+    if (m->etp) per += sparse * (4 * f * S + 2 * f * (double)B * T * E * sizeof(float));
+    per += 2 * f * sizeof(float) * rep;
     return per * micro_batches;
 }

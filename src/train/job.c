@@ -53,7 +53,7 @@ void sl_train_opts_default(sl_train_opts *o) {
                   .hysteresis = 2},
         .eval = {.interval = 100, .iters = 20},
         .ckpt = {.keep = 2},
-        .parallel = {.tp = 1, .pp = 1, .ep = 1, .bucket_elems = 1 << 20},
+        .parallel = {.tp = 1, .pp = 1, .ep = 1, .etp = 1, .bucket_elems = 1 << 20},
         .log = {.interval = 1, .out = stdout, .err = stderr},
         .sample = {.prompt = "\n", .temperature = 0.8},
         .moe = {.capacity_factor = NAN},
@@ -540,7 +540,8 @@ static sl_status make_model(sl_train_job *j) {
                                 (int)o->parallel.first_stage_layers,
                                 (int)o->parallel.last_stage_layers,
                                 j->mesh.ep,
-                                j->mesh.ep_rank};
+                                j->mesh.ep_rank,
+                                o->parallel.etp > 1};
         sl_status st = sl_model_new_split(whole, j->be, &split, &shard);
         if (st == SL_OK) st = sl_tp_load_full(shard, whole);
         if (st == SL_OK) shard->autocast_bf16 = whole->autocast_bf16;

@@ -550,13 +550,14 @@ static sl_status finish(sl_train_job *j, const sl_train_callbacks *cb, const sl_
                              m->pp_first_layers,
                              m->pp_last_layers,
                              1,
+                             0,
                              0};
         st = j->dp ? sl_dp_sync_params(j->dp) : SL_OK;
         if (st == SL_OK) st = sl_model_new_split(m, j->be, &sp, &stage);
         if (st == SL_OK) st = sl_ep_gather_whole(&j->mesh, m, stage);
         if (st == SL_OK && (m->tp > 1 || m->pp > 1)) {
             if (j->mesh.pp_rank == 0)
-                st = sl_model_new_split(m, j->be, &(sl_model_split){1, 0, 1, 0, 1, 0, 0, 1, 0}, &whole);
+                st = sl_model_new_split(m, j->be, &(sl_model_split){1, 0, 1, 0, 1, 0, 0, 1, 0, 0}, &whole);
             if (st == SL_OK) st = sl_par_gather_whole(j->tp, &j->mesh, stage, whole);
         } else if (st == SL_OK) {
             whole = stage; /* the whole model already */

@@ -75,6 +75,31 @@ sl_status sl_train_moe_check(sl_train_job *j) {
                 "a Qwen2-MoE or DeepSeek-V3-style directory",
                 ep);
     }
+    if (o->parallel.etp > 1) { /* Note [Expert tensor parallelism] */
+        long long etp = (long long)o->parallel.etp, tp = (long long)o->parallel.tp;
+        int routed = 0;
+        if (o->model.init_from) {
+            sl_llama_config c;
+            routed = sl_hf_load_config(o->model.init_from, &c, NULL) == SL_OK &&
+                     (c.arch == SL_ARCH_QWEN2_MOE || c.arch == SL_ARCH_DEEPSEEK_V3);
+        }
+        if (etp != tp)
+            return sl_train_bad(
+                "--expert-tensor-parallel-size %lld: must be 1 or the tensor-parallel size (%lld)", etp, tp);
+        if (!routed)
+            return sl_train_bad(
+                "--expert-tensor-parallel-size %lld needs a model with routed experts: --init-from a "
+                "Qwen2-MoE or DeepSeek-V3-style directory",
+                etp);
+        if (o->parallel.ep > 1)
+            return sl_train_bad(
+                "--expert-tensor-parallel-size %lld with --expert-model-parallel-size %lld is not "
+                "supported yet",
+                etp, (long long)o->parallel.ep);
+        if (o->parallel.sequence_parallel)
+            return sl_train_bad(
+                "--expert-tensor-parallel-size %lld with --sequence-parallel is not supported yet", etp);
+    }
     if (!is_moe && moe_flags_given(mo))
         return sl_train_bad(
             "--moe-* and --num-experts need a mixture-of-experts model: --init-from a Mixtral, "

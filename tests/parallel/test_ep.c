@@ -146,7 +146,7 @@ static void *run_rank(void *arg) {
     if ((j->st = sl_llama_new(&MCFG, &full)) != SL_OK) goto out;
     sl_model_init_weights(full, 11);
     if (j->ep > 1 || tpn > 1 || ppn > 1) {
-        sl_model_split sp = {tpn, mesh.tp_rank, ppn, mesh.pp_rank, 1, 0, 0, j->ep, mesh.ep_rank};
+        sl_model_split sp = {tpn, mesh.tp_rank, ppn, mesh.pp_rank, 1, 0, 0, j->ep, mesh.ep_rank, 0};
         if ((j->st = sl_llama_new_par(&MCFG, sl_backend_cpu(), &sp, &m)) != SL_OK) goto out;
         if ((j->st = sl_tp_load_full(m, full)) != SL_OK) goto out;
         if ((j->st = sl_tp_new(&tp, &mesh)) != SL_OK) goto out;
@@ -307,16 +307,16 @@ static void bf16_layout(const rank_job *f32, int ep) {
 static void bad_splits(void) {
     sl_model *m = NULL;
     sl_llama_config c = MCFG;
-    TU_CHECK(sl_llama_new_par(&c, sl_backend_cpu(), &(sl_model_split){1, 0, 1, 0, 1, 0, 0, 3, 0}, &m) ==
+    TU_CHECK(sl_llama_new_par(&c, sl_backend_cpu(), &(sl_model_split){1, 0, 1, 0, 1, 0, 0, 3, 0, 0}, &m) ==
                      SL_ERR_INVALID &&
                  strstr(sl_errmsg(), "--expert-model-parallel-size 3 does not divide the 8 experts"),
              "ep 3: %s", sl_errmsg());
-    TU_CHECK(sl_llama_new_par(&c, sl_backend_cpu(), &(sl_model_split){1, 0, 1, 0, 1, 0, 0, 2, 2}, &m) ==
+    TU_CHECK(sl_llama_new_par(&c, sl_backend_cpu(), &(sl_model_split){1, 0, 1, 0, 1, 0, 0, 2, 2, 0}, &m) ==
                      SL_ERR_INVALID &&
                  strstr(sl_errmsg(), "--expert-model-parallel-size 2: rank 2 out of range"),
              "ep rank: %s", sl_errmsg());
     c.arch = SL_ARCH_QWEN2;
-    TU_CHECK(sl_llama_new_par(&c, sl_backend_cpu(), &(sl_model_split){1, 0, 1, 0, 1, 0, 0, 2, 0}, &m) ==
+    TU_CHECK(sl_llama_new_par(&c, sl_backend_cpu(), &(sl_model_split){1, 0, 1, 0, 1, 0, 0, 2, 0, 0}, &m) ==
                      SL_ERR_UNSUPPORTED &&
                  strstr(sl_errmsg(), "--expert-model-parallel-size 2: expert parallelism is built for"),
              "dense: %s", sl_errmsg());

@@ -1,6 +1,7 @@
 /* Expert parallelism through the CLI and the launcher (issue 17, items 2-5 and 7): `suanli run -n 2 --
  * suanli train --ep 2`, `run -n 4 ... --ep 4 --zero-stage 1`, `run -n 2 ... --ep 2 --zero-stage 3` and, on 4
- * ranks, ep 2 with tp 2 and with pp 2, on the Qwen2-MoE fixture, reproduce the single
+ * ranks, ep 2 with tp 2 and with pp 2, and expert tensor parallelism (tp 2 with the experts split, also
+ * with dp 2, pp 2 and DeepSeek-V3's bias balancing), on the Qwen2-MoE fixture, reproduce the single
  * process that runs the same micro-batches (losses within 1e-6 relative per step, saved weights within
  * 1e-5 normwise and 1e-4 elementwise, as test_hf_par_cli: the bars and why are in tests/parallel/test_ep.c
  * and weight_diff below); metrics.jsonl carries the all-to-all time and
@@ -179,6 +180,59 @@ int main(void) {
     printf("resumed at ep 2 from the ep 4 checkpoint: saved weights rel diff %.2e\n", d);
     TU_CHECK(d <= 1e-4, "resumed: final weights elementwise %.3g (bar 1e-4)", d);
 
+    /* Expert tensor parallelism (Note [Expert tensor parallelism]): --expert-tensor-parallel-size 2 splits
+     * every routed expert's I over tp 2. tp 2 (experts whole), tp 2 split, split x dp 2 (ZeRO-1) and split x
+     * pp 2 reproduce the single process; the split halves the experts' share of each rank's parameters, and
+     * the TP bytes the graph moves are the formula's (one more (N, C) all-reduce each way and the (N, E)
+     * logits' gradient per sparse layer). A checkpoint of the split layout loads whole at tp 1, bitwise. */
+    double mib[2] = {0, 0};
+    const char *etl[][3] = {{"tp2", "2", "--tp 2"},
+                            {"etp2", "2", "--tp 2 --expert-tensor-parallel-size 2 --save-interval 3"},
+                            {"etp2dp2", "4", "--tp 2 --expert-tensor-parallel-size 2 --zero-stage 1"},
+                            {"etp2pp2", "4", "--tp 2 --expert-tensor-parallel-size 2 --pp 2"}};
+    snprintf(a, sizeof a, "%s/single", tmp);
+    for (int k = 0; k < 4; k++) {
+        TU_CHECK(run("%s run -n %s -- %s %s --train-iters 6 %s --save %s/%s", tu_cli(), etl[k][1], tu_cli(),
+                     base, etl[k][2], tmp, etl[k][0]) == 0,
+                 "%s: %s", etl[k][2], out);
+        const char *pr = strstr(out, "per rank: params ");
+        if (k < 2) mib[k] = pr ? atof(pr + strlen("per rank: params ")) : 0;
+        snprintf(b, sizeof b, "%s/%s", tmp, etl[k][0]);
+        same_losses(a, b, 1, 6);
+        char mp[1000];
+        snprintf(mp, sizeof mp, "%s/metrics.jsonl", b);
+        for (int s = 1; s <= 6; s++) {
+            double got = tu_metric_at(mp, s, "tp_comm_mib"), want = tu_metric_at(mp, s, "tp_comm_theory_mib");
+            TU_CHECK(fabs(got - want) <= 1e-3 * want, "%s step %d: TP communication %.4f MiB, theory %.4f",
+                     etl[k][0], s, got, want);
+        }
+        double dd = weight_diff(a, b);
+        printf("%s: losses match the single process; saved weights rel diff %.2e\n", etl[k][2], dd);
+        TU_CHECK(dd <= 1e-4, "%s: final weights elementwise %.3g (bar 1e-4)", etl[k][2], dd);
+    }
+    /* per rank, whole experts: 2 layers x 8 experts x 3 x 32 x 64 floats = 0.375 MiB of the 0.58; split: half
+     */
+    printf("params per TP rank: experts whole %.2f MiB, split %.2f MiB\n", mib[0], mib[1]);
+    TU_CHECK(mib[0] > 0 && fabs((mib[0] - mib[1]) - 0.1875) < 0.011,
+             "expert tensor parallelism saves half the experts' 0.375 MiB per rank: %.2f -> %.2f MiB", mib[0],
+             mib[1]);
+    TU_CHECK(run("%s %s --train-iters 6 --load %s/etp2 --save %s/etpload1", tu_cli(), base, tmp, tmp) == 0,
+             "load the split checkpoint at tp 1: %s", out);
+    TU_CHECK(tu_runf(out, sizeof out, "", "cmp %s/etp2/model.safetensors %s/etpload1/model.safetensors", tmp,
+                     tmp) == 0,
+             "tp 2 split -> tp 1: the loaded weights differ: %s", out);
+    TU_CHECK(
+        tu_runf(out, sizeof out, "",
+                "rm -rf %s/etpres && mkdir -p %s/etpres && cp -r %s/etp2/step-0000003 %s/etpres/ && echo "
+                "step-0000003 > %s/etpres/latest",
+                tmp, tmp, tmp, tmp, tmp) == 0,
+        "copy checkpoint: %s", out);
+    TU_CHECK(run("%s %s --train-iters 6 --load %s/etpres --save %s/etpres", tu_cli(), base, tmp, tmp) == 0,
+             "resume the split layout's step 3 at tp 1: %s", out);
+    snprintf(b, sizeof b, "%s/etpres", tmp);
+    same_losses(a, b, 4, 6);
+    TU_CHECK(weight_diff(a, b) <= 1e-4, "resumed at tp 1 from the split layout: final weights");
+
     /* DeepSeek-V3's bias balancing under DP and EP: the loads of the whole step (every micro-batch, every
      * rank) move the bias, so ep 2 x dp 2 runs as the single process with 2 micro-batches per step (Note
      * [Bias balancing over micro-batches and ranks]) */
@@ -209,8 +263,9 @@ int main(void) {
                             {"dsz3", "2", "--zero-stage 3"},
                             {"dsep2z3", "2", "--ep 2 --zero-stage 3"},
                             {"dsp3", "3", "--pp 3"},
-                            {"dsp2d2", "4", "--pp 2 --decoder-first-pipeline-num-layers 1 --zero-stage 1"}};
-    for (int k = 0; k < 5; k++) {
+                            {"dsp2d2", "4", "--pp 2 --decoder-first-pipeline-num-layers 1 --zero-stage 1"},
+                            {"dsetp2", "2", "--tp 2 --expert-tensor-parallel-size 2"}};
+    for (int k = 0; k < 6; k++) {
         TU_CHECK(run("%s run -n %s -- %s %s %s --save %s/%s", tu_cli(), dsl[k][1], tu_cli(), dbase, dsl[k][2],
                      tmp, dsl[k][0]) == 0,
                  "deepseek %s: %s", dsl[k][2], out);
@@ -268,6 +323,12 @@ int main(void) {
     } cases[] = {
         {"ep not dividing dp", "", "--ep 2", "--expert-model-parallel-size 2"},
         {"experts not divisible", "run -n 3 --", "--ep 3", "--expert-model-parallel-size"},
+        {"etp without tp", "", "--expert-tensor-parallel-size 2",
+         "--expert-tensor-parallel-size 2: must be 1 or the tensor-parallel size (1)"},
+        {"etp with sp", "run -n 2 --", "--tp 2 --expert-tensor-parallel-size 2 --sequence-parallel",
+         "--expert-tensor-parallel-size 2 with --sequence-parallel is not supported yet"},
+        {"etp with ep", "run -n 4 --", "--tp 2 --ep 2 --expert-tensor-parallel-size 2",
+         "--expert-tensor-parallel-size 2 with --expert-model-parallel-size 2 is not supported yet"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         snprintf(b, sizeof b, "%s/bad%zu", tmp, i);
@@ -289,6 +350,12 @@ int main(void) {
                  strstr(out, "--expert-model-parallel-size 2 needs a mixture-of-experts model"),
              "ep on a dense model: %s", out);
     TU_CHECK(!exists(b), "ep on a dense model: %s was written", b);
+    TU_CHECK(run("%s run -n 2 -- %s train --data-path %s --seq-length 16 --micro-batch-size 2 --train-iters "
+                 "2 --tp 2 --expert-tensor-parallel-size 2 --save %s",
+                 tu_cli(), tu_cli(), data, b) != 0 &&
+                 strstr(out, "--expert-tensor-parallel-size 2 needs a model with routed experts"),
+             "etp on a dense model: %s", out);
+    TU_CHECK(!exists(b), "etp on a dense model: %s was written", b);
     printf("expert parallelism through the CLI: ok\n");
     return tu_finish("test_ep_cli");
 }

@@ -81,7 +81,7 @@ static void *run_rank(void *arg) {
     if ((j->st = sl_mesh_init(&mesh, j->world, (sl_mesh_dims){j->tp, j->pp, 1})) != SL_OK) return NULL;
     if ((j->st = new_whole(&whole)) != SL_OK) goto out;
     sl_model_init_weights(whole, 11);
-    sl_model_split split = {j->tp, mesh.tp_rank, j->pp, mesh.pp_rank, j->vpp, j->first, j->last, 1, 0};
+    sl_model_split split = {j->tp, mesh.tp_rank, j->pp, mesh.pp_rank, j->vpp, j->first, j->last, 1, 0, 0};
     if ((j->st = new_split(whole, &split, &m)) != SL_OK) goto out;
     if ((j->st = sl_tp_load_full(m, whole)) != SL_OK) goto out;
     if (j->tp > 1 && (j->st = sl_tp_new(&tp, &mesh)) != SL_OK) goto out;
@@ -301,7 +301,7 @@ int main(void) {
     sl_threads_set(1);
     /* bad splits are refused with the flag named */
     sl_model *bad = NULL;
-    TU_CHECK(sl_gpt2_new_par(&CFG, sl_backend_cpu(), &(sl_model_split){1, 0, 3, 0, 1, 0, 0, 1, 0}, &bad) ==
+    TU_CHECK(sl_gpt2_new_par(&CFG, sl_backend_cpu(), &(sl_model_split){1, 0, 3, 0, 1, 0, 0, 1, 0, 0}, &bad) ==
                      SL_ERR_INVALID &&
                  !bad && strstr(sl_errmsg(), "--pipeline-model-parallel-size 3 does not divide num-layers 4"),
              "layers not divisible by pp: %s", sl_errmsg());
@@ -323,7 +323,7 @@ int main(void) {
     check_layout_v(&ref4, 2, 1, 2, 0, 0, 4, 2);
     check_layout_v(&ref8, 2, 1, 2, 0, 0, 8, 2);
     check_layout_v(&ref4, 8, 2, 2, 1, 1, 2, 2); /* with tp 2 + SP and dp 2 */
-    TU_CHECK(sl_gpt2_new_par(&CFG, sl_backend_cpu(), &(sl_model_split){1, 0, 2, 0, 3, 0, 0, 1, 0}, &bad) ==
+    TU_CHECK(sl_gpt2_new_par(&CFG, sl_backend_cpu(), &(sl_model_split){1, 0, 2, 0, 3, 0, 0, 1, 0, 0}, &bad) ==
                      SL_ERR_INVALID &&
                  strstr(sl_errmsg(), "--num-layers-per-virtual-pipeline-stage"),
              "chunks not dividing the layers: %s", sl_errmsg());
@@ -347,7 +347,7 @@ int main(void) {
         {2, 1, 0, 5, "--decoder-last-pipeline-num-layers 5: must be in [1, num-layers 4]"},
     };
     for (size_t i = 0; i < sizeof bads / sizeof bads[0]; i++) {
-        sl_model_split bs = {1, 0, bads[i].pp, 0, bads[i].vpp, bads[i].first, bads[i].last, 1, 0};
+        sl_model_split bs = {1, 0, bads[i].pp, 0, bads[i].vpp, bads[i].first, bads[i].last, 1, 0, 0};
         TU_CHECK(sl_gpt2_new_par(&CFG, sl_backend_cpu(), &bs, &bad) == SL_ERR_INVALID && !bad &&
                      strstr(sl_errmsg(), bads[i].msg),
                  "bad split %zu: %s", i, sl_errmsg());

@@ -125,7 +125,7 @@ static void *run_split_rank(void *arg) {
     sl_trainer tr;
     if ((j->st = sl_mesh_init(&mesh, j->world, (sl_mesh_dims){j->tp, j->pp, 1})) != SL_OK) return NULL;
     j->st = j->llama ? sl_llama_new(&LCFG, &whole) : sl_gpt2_new(&GCFG, &whole);
-    sl_model_split sp = {j->tp, mesh.tp_rank, j->pp, mesh.pp_rank, 1, 0, 0, 1, 0};
+    sl_model_split sp = {j->tp, mesh.tp_rank, j->pp, mesh.pp_rank, 1, 0, 0, 1, 0, 0};
     if (j->st == SL_OK) j->st = sl_model_new_split(whole, sl_backend_cpu(), &sp, &m);
     if (j->st == SL_OK && j->tp > 1) j->st = sl_tp_new(&tp, &mesh);
     if (j->st == SL_OK) {

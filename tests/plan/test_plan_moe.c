@@ -87,7 +87,7 @@ static void *run_rank(void *arg) {
     sl_trainer tr;
     sl_dp *dp = NULL;
     if ((j->st = sl_mesh_init(&mesh, j->world, (sl_mesh_dims){1, 1, j->ep})) != SL_OK) return NULL;
-    sl_model_split sp = {1, 0, 1, 0, 1, 0, 0, j->ep, mesh.ep_rank};
+    sl_model_split sp = {1, 0, 1, 0, 1, 0, 0, j->ep, mesh.ep_rank, 0};
     if ((j->st = sl_llama_new_par(j->cfg, sl_backend_cpu(), &sp, &m)) != SL_OK) goto out_mesh;
     j->numel = m->numel;
     sl_trainer_config tc = {.B = j->B,
