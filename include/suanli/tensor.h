@@ -22,7 +22,7 @@ extern "C" {
 #endif
 #define SL_MAX_DIMS 5
 #define SL_MAX_SRC 5
-#define SL_MAX_IPARAMS 8
+#define SL_MAX_IPARAMS 10
 #define SL_MAX_FPARAMS 4
 
 /* SL_F16: IEEE binary16 (issue 19), appended so the stored values of the others do not change */
@@ -162,9 +162,18 @@ const char *sl_op_name(sl_op op);
  * training (set per execution by sl_graph_set_dropout; 0 = identity, the state a graph is built in),
  * [SITE] = where in the model (layer, kind), [SEED_LO/HI] = the run's seed, [STREAM_LO/HI] = the global
  * micro-batch counter. Note [Dropout from counters] in src/ops/build.c. */
+/* Tensor and sequence parallelism (Note [Dropout from counters]): an ATTENTION node of TP rank r holds
+ * query heads [iparams[SL_DROPOUT_IP_HEAD0], + NH) of iparams[SL_DROPOUT_IP_HEADS] (0: all NH heads are its
+ * own); a DROPOUT node on a sequence shard holds positions [iparams[SL_DROPOUT_IP_T0], + Tl) of a sequence of
+ * iparams[SL_DROPOUT_IP_SEQ] (0: not a shard), its tensor viewed as (B, Tl, rest). Masks are drawn at the
+ * elements' indices in the full tensor, so every layout draws the single process's mask. */
 enum {
     SL_DROPOUT_IP_ON = 0,
+    SL_DROPOUT_IP_T0 = 1,
+    SL_DROPOUT_IP_SEQ = 2,
     SL_DROPOUT_IP_SITE = 3,
+    SL_DROPOUT_IP_HEAD0 = 8,
+    SL_DROPOUT_IP_HEADS = 9,
     SL_DROPOUT_IP_SEED_LO = 4,
     SL_DROPOUT_IP_SEED_HI = 5,
     SL_DROPOUT_IP_STREAM_LO = 6,

@@ -178,13 +178,28 @@ sl_status sl_gpt2_new_par(const sl_gpt2_config *cfg, sl_backend *be, const sl_mo
     return SL_OK;
 }
 
+/* Under TP the residual stream is replicated (the full tensor: the single process's mask as it is) or, with
+ * SP, this rank's sequence shard (B, T / tp, C): the node draws at the shard's full-tensor indices. */
 sl_tensor *sl_model_hidden_dropout(sl_model *m, sl_tensor *x, int site) {
-    return m->hidden_dropout > 0 ? sl_dropout(m->ctx, x, m->hidden_dropout, site) : x;
+    if (!(m->hidden_dropout > 0)) return x;
+    sl_tensor *d = sl_dropout(m->ctx, x, m->hidden_dropout, site);
+    if (m->tp > 1 && m->sp) {
+        SL_ASSERT(d->ndim == 3);
+        d->iparams[SL_DROPOUT_IP_T0] = (int32_t)(d->ne[1] * m->tp_rank);
+        d->iparams[SL_DROPOUT_IP_SEQ] = (int32_t)(d->ne[1] * m->tp);
+    }
+    return d;
 }
 
+/* Under TP the node holds query heads [tp_rank NH/tp, + NH/tp): their probabilities are the full tensor's */
 sl_tensor *sl_model_attention_dropout(sl_model *m, sl_tensor *a, int layer) {
-    if (m->attention_dropout > 0)
-        sl_attention_dropout(a, m->attention_dropout, sl_model_dropout_site(layer, SL_DROP_ATTN_PROBS));
+    if (!(m->attention_dropout > 0)) return a;
+    sl_attention_dropout(a, m->attention_dropout, sl_model_dropout_site(layer, SL_DROP_ATTN_PROBS));
+    if (m->tp > 1) {
+        int64_t nhl = a->src[0]->ne[2];
+        a->iparams[SL_DROPOUT_IP_HEAD0] = (int32_t)(nhl * m->tp_rank);
+        a->iparams[SL_DROPOUT_IP_HEADS] = (int32_t)(nhl * m->tp);
+    }
     return a;
 }
 
@@ -353,7 +368,7 @@ static sl_tensor *gpt2_par_body(sl_model *m, int chunk, sl_tensor *ids, sl_tenso
         sl_tensor *pos = sl_view(ctx, wpe, 2, (int64_t[]){Tl, C}, (int64_t[]){C, 1}, t0 * C);
         sl_tensor *e = tp > 1 ? tp_g(m, sl_embedding_shard(ctx, wte, ids, vlo)) : sl_embedding(ctx, wte, ids);
         x = sl_add(ctx, e, pos);
-        if (tp == 1) x = sl_model_hidden_dropout(m, x, sl_model_dropout_site(-1, 0)); /* transformer.drop */
+        x = sl_model_hidden_dropout(m, x, sl_model_dropout_site(-1, 0)); /* transformer.drop */
     }
     SL_ASSERT(x && x->ne[1] == Tl);
 #define R(i) tp_rep(m, P(m, i))
@@ -370,16 +385,16 @@ static sl_tensor *gpt2_par_body(sl_model *m, int chunk, sl_tensor *ids, sl_tenso
         if (m->compute_dtype != SL_F32) /* as the single process: Note [Eager half attention numerics] */
             a->iparams[2] = m->compute_dtype == SL_F16 ? 2 : 1;
         /* dropout as the single process, same sites and counters (Note [Dropout from counters]): under PP
-         * a stage's tensors are the full micro-batch's; TP refuses dropout (its attention probabilities
-         * would need the heads' global index) */
-        if (tp == 1) sl_model_attention_dropout(m, a, l);
+         * a stage's tensors are the full micro-batch's; under TP the heads and the sequence shards draw at
+         * their places in the full tensors */
+        sl_model_attention_dropout(m, a, l);
         sl_tensor *ao = row_linear(m, a, P(m, o + 4), P(m, o + 5));
-        if (tp == 1) ao = sl_model_hidden_dropout(m, ao, sl_model_dropout_site(l, SL_DROP_ATTN_OUT));
+        ao = sl_model_hidden_dropout(m, ao, sl_model_dropout_site(l, SL_DROP_ATTN_OUT));
         x = sl_add(ctx, x, ao);
         h = col_input(m, sl_layernorm(ctx, x, R(o + 6), R(o + 7), 1e-5f));
         sl_tensor *f = sl_gelu(ctx, mm(m, h, P(m, o + 8), P(m, o + 9))); /* (B, T, 4C/tp) */
         f = row_linear(m, f, P(m, o + 10), P(m, o + 11));
-        if (tp == 1) f = sl_model_hidden_dropout(m, f, sl_model_dropout_site(l, SL_DROP_MLP_OUT));
+        f = sl_model_hidden_dropout(m, f, sl_model_dropout_site(l, SL_DROP_MLP_OUT));
         x = sl_add(ctx, x, f);
     }
     if (!last) return sl_set_name(x, "stage_out");

@@ -289,9 +289,11 @@ sl_tensor *sl_attention_window(sl_ctx *ctx, sl_tensor *q, sl_tensor *k, sl_tenso
  * forward node. For attention the dropped elements are the probabilities P (B, NH, T, T), e = ((b NH + h) T
  * + i) T + j; the softmax denominator is the undropped one, as in torch's softmax followed by dropout.
  * A graph is built with dropout off (SL_DROPOUT_IP_ON = 0: the identity), so evaluation and generation
- * run without it; the trainer turns it on for each training micro-batch (sl_graph_set_dropout). Not yet:
- * a head / sequence offset for tensor and sequence parallelism (the trainer refuses dropout with tp or pp).
- */
+ * run without it; the trainer turns it on for each training micro-batch (sl_graph_set_dropout). Tensor and
+ * sequence parallelism keep "the index in the full logical tensor": a TP rank's attention node holds query
+ * heads [HEAD0, + NH) of HEADS, so its element (b, h, i, j) is number ((b HEADS + HEAD0 + h) T + i) T + j,
+ * and a dropout node on an SP sequence shard (B, Tl, R) holds positions [T0, + Tl) of SEQ, its row (b, t)
+ * starting at (b SEQ + T0 + t) R (SL_DROPOUT_IP_* in tensor.h; set by sl_model_*_dropout). */
 static void set_dropout(sl_tensor *t, float p, int site) {
     SL_ASSERT(p >= 0.0f && p < 1.0f && site >= 0 && site < 65536);
     t->fparams[0] = p;

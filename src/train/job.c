@@ -251,8 +251,6 @@ static sl_status check_opts(sl_train_job *j) {
         return sl_train_bad("--attention-dropout %g is not in [0, 1)", o->model.attention_dropout);
     if (!(o->model.hidden_dropout >= 0 && o->model.hidden_dropout < 1))
         return sl_train_bad("--hidden-dropout %g is not in [0, 1)", o->model.hidden_dropout);
-    if ((o->model.attention_dropout > 0 || o->model.hidden_dropout > 0) && o->parallel.tp > 1)
-        return sl_train_bad("--attention-dropout/--hidden-dropout with --tp is not supported yet");
     if (o->model.fp16) { /* the loss scaler's own checks, messages naming the flag */
         sl_loss_scaler probe;
         if (sl_loss_scaler_init(

@@ -25,11 +25,6 @@ sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *
         goto done;
     }
     int dpn = cfg->dp_size > 1 ? cfg->dp_size : 1;
-    if ((m->attention_dropout > 0 || m->hidden_dropout > 0) && m->tp > 1) {
-        st = sl_fail(SL_ERR_UNSUPPORTED,
-                     "--attention-dropout/--hidden-dropout with tensor parallelism is not supported yet");
-        goto done;
-    }
     if (cfg->loss_scale.initial > 0) {
         st = sl_loss_scaler_init(&tr->scaler, &cfg->loss_scale);
         if (st != SL_OK) goto done;

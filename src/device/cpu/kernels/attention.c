@@ -30,6 +30,13 @@ static float hround(float x, int mode) {
 }
 static int p32(int mode) { return mode == 3 || mode == 4; } /* softmax P kept in fp32 */
 
+/* the (batch, head) plane of the full probability tensor that local head h of batch b is (Note [Dropout from
+ * counters]: under TP the node holds heads [HEAD0, + NH) of HEADS) */
+static int64_t drop_plane(const sl_tensor *f, int64_t b, int64_t h, int64_t NH) {
+    int64_t heads = f->iparams[SL_DROPOUT_IP_HEADS] > 0 ? f->iparams[SL_DROPOUT_IP_HEADS] : NH;
+    return b * heads + f->iparams[SL_DROPOUT_IP_HEAD0] + h;
+}
+
 sl_status sl_k_attention_ref(sl_tensor *n) {
     sl_tensor *q = n->src[0], *k = n->src[1], *v = n->src[2];
     int hm = n->iparams[2]; /* Note [Eager half attention numerics] */
@@ -69,7 +76,8 @@ sl_status sl_k_attention_ref(sl_tensor *n) {
         for (int64_t j = j0; j <= t; j++) p[j] = hround(p[j] * inv, hm);
         lse[(b * NH + h) * T + t] = mx + logf(sum);
         float *mk = Mk + idx * T; /* element (b, h, t, j) of P is number idx * T + j */
-        if (dp > 0) sl_rng_dropout(dseed, dhi, (uint64_t)(idx * T), t + 1, dp, mk);
+        if (dp > 0)
+            sl_rng_dropout(dseed, dhi, (uint64_t)((drop_plane(n, b, h, NH) * T + t) * T), t + 1, dp, mk);
         float *o = out + (b * T + t) * NH * hs + h * hs;
         for (int64_t d = 0; d < hs; d++) o[d] = 0;
         for (int64_t j = j0; j <= t; j++) {
@@ -120,7 +128,8 @@ sl_status sl_k_attention_back_ref(sl_tensor *n) {
                 float l = lse[(b * NH + h) * T + t], dot = 0;
                 int64_t j0 = win > 0 && t - win + 1 > 0 ? t - win + 1 : 0;
                 if (dpr > 0)
-                    sl_rng_dropout(dseed, dhi, (uint64_t)(((b * NH + h) * T + t) * T), t + 1, dpr, mk);
+                    sl_rng_dropout(dseed, dhi, (uint64_t)((drop_plane(f, b, h, NH) * T + t) * T), t + 1, dpr,
+                                   mk);
                 for (int64_t j = j0; j <= t; j++) {
                     const float *kr = pk + b * k->nb[0] + j * k->nb[1] + kh * k->nb[2];
                     const float *vr = pv + b * v->nb[0] + j * v->nb[1] + kh * v->nb[2];
@@ -285,7 +294,8 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half(sl_tensor *n) {
         for (int64_t j = j0; j <= t; j++) p[j] = hround(p[j] * inv, hm);
         lse[(b * NH + h) * T + t] = mx + logf(sum);
         float *mk = Mk + idx * T;
-        if (dp > 0) sl_rng_dropout(dseed, dhi, (uint64_t)(idx * T), t + 1, dp, mk);
+        if (dp > 0)
+            sl_rng_dropout(dseed, dhi, (uint64_t)((drop_plane(n, b, h, NH) * T + t) * T), t + 1, dp, mk);
         float *o = out + (b * T + t) * NH * hs + h * hs;
         for (int64_t d = 0; d < hs; d++) o[d] = 0;
         for (int64_t j = j0; j <= t; j++) {
@@ -345,7 +355,8 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half_back(sl_tensor *n) {
                 float l = lse[(b * NH + h) * T + t], dot = 0;
                 int64_t j0 = win > 0 && t - win + 1 > 0 ? t - win + 1 : 0;
                 if (dpr > 0)
-                    sl_rng_dropout(dseed, dhi, (uint64_t)(((b * NH + h) * T + t) * T), t + 1, dpr, mk);
+                    sl_rng_dropout(dseed, dhi, (uint64_t)((drop_plane(f, b, h, NH) * T + t) * T), t + 1, dpr,
+                                   mk);
                 dots_t(qr, ktb, T, hs, j0, t, ss);
                 dots_t(go, vtb, T, hs, j0, t, sd);
                 for (int64_t j = j0; j <= t; j++) {
@@ -404,6 +415,8 @@ static sl_attn_args attn_args(sl_tensor *q, sl_tensor *k, sl_tensor *v, int64_t 
 
 static void attn_dropout_args(sl_attn_args *a, const sl_tensor *fwd) {
     a->drop_p = sl_dropout_params(fwd, &a->drop_seed, &a->drop_hi);
+    a->drop_heads = fwd->iparams[SL_DROPOUT_IP_HEADS] > 0 ? fwd->iparams[SL_DROPOUT_IP_HEADS] : a->NH;
+    a->drop_h0 = fwd->iparams[SL_DROPOUT_IP_HEAD0];
 }
 
 sl_status sl_k_attention(sl_tensor *n) {

@@ -299,7 +299,9 @@ float sl_dropout_params(const sl_tensor *n, uint64_t *seed, uint64_t *ctr_hi) {
 }
 
 /* Contiguous in and out (the builder makes them so). Chunks of 1024 elements: each draws its own mask from
- * the counters, so the partition over threads changes nothing. */
+ * the counters, so the partition over threads changes nothing. A sequence shard (iparams SEQ > 0) is
+ * (B, Tl, R) of a (B, SEQ, R) tensor at positions T0..: batch row b's block starts at full index
+ * (b SEQ + T0) R. */
 sl_status sl_k_dropout(sl_tensor *n) {
     const float *x = n->src[0]->data;
     float *o = n->data;
@@ -311,15 +313,21 @@ sl_status sl_k_dropout(sl_tensor *n) {
         return SL_OK;
     }
     const sl_vec_ops *v = sl_vec();
+    int64_t seq = n->iparams[SL_DROPOUT_IP_SEQ], t0 = n->iparams[SL_DROPOUT_IP_T0];
+    int64_t nb = seq > 0 && n->ndim >= 2 ? n->ne[0] : 1, blk = N / (nb ? nb : 1);
+    int64_t R = seq > 0 && n->ndim >= 2 && n->ne[1] > 0 ? blk / n->ne[1] : 0;
+    int64_t per = (blk + 1023) / 1024, chunks = nb * per;
 #pragma omp parallel for schedule(static) if (N > 16384)
-    for (int64_t c0 = 0; c0 < N; c0 += 1024) {
+    for (int64_t k = 0; k < chunks; k++) {
         float m[1024];
-        int64_t c = N - c0 < 1024 ? N - c0 : 1024;
+        int64_t b = k / per, c0 = (k % per) * 1024, at = b * blk + c0;
+        int64_t c = blk - c0 < 1024 ? blk - c0 : 1024;
+        uint64_t e = seq > 0 && n->ndim >= 2 ? (uint64_t)((b * seq + t0) * R + c0) : (uint64_t)at;
         if (v)
-            v->dropout_mask(seed, hi, (uint64_t)c0, c, p, m);
+            v->dropout_mask(seed, hi, e, c, p, m);
         else
-            sl_rng_dropout(seed, hi, (uint64_t)c0, c, p, m);
-        for (int64_t i = 0; i < c; i++) o[c0 + i] = x[c0 + i] * m[i];
+            sl_rng_dropout(seed, hi, e, c, p, m);
+        for (int64_t i = 0; i < c; i++) o[at + i] = x[at + i] * m[i];
     }
     return SL_OK;
 }

@@ -30,9 +30,11 @@ typedef struct sl_attn_args {
     int64_t dys[2];
     float *dqkv; /* backward: (B,T,NH+2*NKV,hs) packed dq|dk|dv */
     /* dropout of the probabilities (drop_p > 0): mask of element (b, h, i, j) from sl_rng_dropout(drop_seed,
-     * drop_hi, ((b NH + h) T + i) T + j); Note [Dropout from counters] in src/ops/build.c */
+     * drop_hi, ((b drop_heads + drop_h0 + h) T + i) T + j), the heads' place in the full tensor under TP;
+     * Note [Dropout from counters] in src/ops/build.c */
     float drop_p;
     uint64_t drop_seed, drop_hi;
+    int64_t drop_heads, drop_h0;
 } sl_attn_args;
 #define SL_ATTN_MAX_HS 256 /* larger head sizes use the reference kernel */
 
