@@ -24,7 +24,8 @@
  * through the experts, which halves nothing in memory but splits the expert FLOPs; the weights then take
  * partial gradients on each rank and enter the graph through sl_tp_rep (COPY forward, ALL-REDUCE of the
  * gradient), as the other replicated parameters SP applies to sequence shards. Capacity under SP counts each
- * rank's own tokens. With expert tensor parallelism (below) the experts are split instead.
+ * rank's own tokens, and DeepSeek-V3's bias update sums the loads over the TP group too (train_moe.c).
+ * With expert tensor parallelism (below) the experts are split instead.
  *
  * Note [Expert tensor parallelism]
  * Megatron's --expert-tensor-parallel-size = tp: each routed expert's intermediate dimension I is split over
@@ -40,8 +41,13 @@
  * is summed over TP and the router, the router losses (which read the logits directly, whole on each rank)
  * and h's router path see the single process's values. The experts' gradient to h is partial too and
  * arrives through f(h). Cost per layer: one all-reduce of (N, C) forward, and of (N, C) + (N, E) backward;
- * the expert FLOPs and expert memory per rank fall by tp. Refused with SP (the tokens would first be
- * all-gathered, and the router would have to run on the shards) and with EP (the dispatch groups). */
+ * the expert FLOPs and expert memory per rank fall by tp. With SP (Megatron's layout for MoE under TP) the
+ * layer input is this rank's sequence shard: the router runs on the shard (its weight through sl_tp_rep),
+ * the logits and the tokens are all-gathered along the sequence (backward: reduce-scatter, which sums the
+ * partial gradients and keeps this rank's tokens), every rank routes all B T tokens as the single process
+ * does (capacity included), and the experts' partial sums are reduce-scattered back to the shards; the
+ * shared experts run on the shard. The router losses under SP stay refused (their value would need the
+ * shards' partial sums). Refused with EP (the dispatch groups). */
 static sl_tensor *moe_W(sl_model *m, sl_tensor *w) { return sl_tp_rep(m->ctx, w, m->tp, m->sp); }
 
 int sl_arch_is_moe(sl_arch a) {
@@ -233,15 +239,22 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
     sl_tensor *bias = c->arch == SL_ARCH_DEEPSEEK_V3
                           ? sl_llama_W(m, "model.layers.%d.mlp.gate.e_score_correction_bias", l)
                           : NULL;
-    sl_moe_route_opts o = route_opts(m, N);
-    int64_t R = o.capacity > 0 ? o.capacity : N;
-    int etp = m->etp && m->tp > 1 && m->ep <= 1 && !m->sp; /* Note [Expert tensor parallelism] */
-    /* f without a half rounding: the route reads f32 logits */
-    sl_tensor *w =
-        sl_moe_route(ctx, etp ? sl_tp_enter(ctx, logits, m->tp, 0) : logits, bias, &o); /* (N, E) */
+    int etp = m->etp && m->tp > 1 && m->ep <= 1; /* Note [Expert tensor parallelism] */
+    int esp = etp && m->sp;                      /* ... with the tokens gathered over TP */
+    int64_t Nr = esp ? N * m->tp : N;            /* the tokens routed */
+    sl_moe_route_opts o = route_opts(m, Nr);
+    int64_t R = o.capacity > 0 ? o.capacity : Nr;
+    /* f without a half rounding: the route reads f32 logits; under SP the shards' logits gathered */
+    sl_tensor *lr = logits;
+    if (esp)
+        lr = sl_reshape_2d(ctx, sl_tp_enter(ctx, sl_reshape(ctx, logits, 3, (int64_t[]){B, T, E}), m->tp, 1),
+                           Nr, E);
+    else if (etp)
+        lr = sl_tp_enter(ctx, logits, m->tp, 0);
+    sl_tensor *w = sl_moe_route(ctx, lr, bias, &o); /* (Nr, E) */
     sl_set_name(w, "moe_route.%d", l);
     sl_set_output(w); /* read back after the step (sl_moe_graph_stats) */
-    sl_tensor *rl = sl_moe_router_loss(ctx, logits, w, m->moe.aux_coeff, m->moe.z_coeff);
+    sl_tensor *rl = sl_moe_router_loss(ctx, esp ? lr : logits, w, m->moe.aux_coeff, m->moe.z_coeff);
     sl_set_name(rl, "moe_router_loss.%d", l);
     sl_set_output(rl);
     sl_tensor *y = NULL;
@@ -249,7 +262,11 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
      * autocast numerics: matmul nodes on all R rows, rounded as transformers rounds */
     int routed = m->wdtype == SL_F32 && sl_llama_autocast(m) == SL_F32;
     if (m->ep > 1) y = ep_experts(m, h2, w, l, &o, routed);
-    sl_tensor *hx = etp ? sl_llama_tp_f(m, h2) : h2; /* the experts' input */
+    sl_tensor *hx = h2; /* the experts' input: f(h), under SP the gathered tokens */
+    if (esp)
+        hx = sl_reshape_2d(ctx, sl_llama_tp_f(m, sl_reshape(ctx, h2, 3, (int64_t[]){B, T, C})), Nr, C);
+    else if (etp)
+        hx = sl_llama_tp_f(m, h2);
     for (int e = 0; e < E && m->ep <= 1; e++) {
         sl_tensor *xe = sl_moe_gather(ctx, hx, w, e, R, 0); /* (R, C) */
         xe->iparams[2] = routed; /* MOE_EXPERT_FFN reads the kept rows only: no zero fill */
@@ -259,9 +276,13 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
         if (!etp) w1 = moe_W(m, w1), w3 = moe_W(m, w3), w2 = moe_W(m, w2);
         sl_tensor *ye =
             routed ? sl_moe_expert_ffn(ctx, xe, w1, w3, w2, w, e) : sl_llama_swiglu(m, xe, w1, w3, w2);
-        y = sl_moe_combine(ctx, ye, w, y, e, 1); /* (N, C) */
+        y = sl_moe_combine(ctx, ye, w, y, e, 1); /* (Nr, C) */
     }
-    if (etp) y = sl_llama_tp_g(m, y); /* the partial sums of the TP ranks' expert slices */
+    /* the partial sums of the TP ranks' expert slices (under SP reduce-scattered to this rank's tokens) */
+    if (esp)
+        y = sl_reshape_2d(ctx, sl_llama_tp_g(m, sl_reshape(ctx, y, 3, (int64_t[]){B, T * m->tp, C})), N, C);
+    else if (etp)
+        y = sl_llama_tp_g(m, y);
     if (c->shared_intermediate > 0) {
         sl_tensor *s = sl_llama_swiglu(m, h2, moe_W(m, sl_llama_W(m, nm.shared, l, "gate_proj")),
                                        moe_W(m, sl_llama_W(m, nm.shared, l, "up_proj")),

@@ -96,9 +96,6 @@ sl_status sl_train_moe_check(sl_train_job *j) {
                 "--expert-tensor-parallel-size %lld with --expert-model-parallel-size %lld is not "
                 "supported yet",
                 etp, (long long)o->parallel.ep);
-        if (o->parallel.sequence_parallel)
-            return sl_train_bad(
-                "--expert-tensor-parallel-size %lld with --sequence-parallel is not supported yet", etp);
     }
     if (!is_moe && moe_flags_given(mo))
         return sl_train_bad(
@@ -132,15 +129,29 @@ sl_status sl_train_moe_apply(sl_train_job *j) {
     return SL_OK;
 }
 
-/* the statistics of every data-parallel rank's last micro-batch: loads and dropped assignments summed,
- * the router losses averaged */
+/* Under SP with the experts whole, each TP rank routes its own sequence shard: its loads are a part of the
+ * step's (with expert tensor parallelism every TP rank routes all the tokens) */
+static int tp_shards_route(const sl_train_job *j) {
+    return j->m->sp && j->m->tp > 1 && !j->m->etp && j->mesh.tp_comm;
+}
+
+/* the statistics of every data-parallel rank's last micro-batch (and under SP every TP rank's shard):
+ * loads and dropped assignments summed, the router losses averaged */
 static sl_status reduce_stats(sl_train_job *j, sl_moe_stats *s) {
     sl_comm *c = j->mesh.dp_comm;
-    if (!c || s->n_experts <= 0) return SL_OK;
+    if (s->n_experts <= 0) return SL_OK;
     int E = s->n_experts;
     double v[SL_MOE_MAX_EXPERTS + 3], all[SL_MOE_MAX_EXPERTS + 3], routed = 0;
     for (int e = 0; e < E; e++) routed += (v[e] = s->load[e]);
     v[E] = s->dropped_frac * routed, v[E + 1] = s->aux, v[E + 2] = s->z;
+    if (tp_shards_route(j)) { /* the router losses are refused under SP: only the counts are summed */
+        SL_TRY(sl_comm_all_reduce(j->mesh.tp_comm, v, all, (size_t)E + 1, SL_COMM_F64, SL_COMM_SUM));
+        memcpy(v, all, sizeof(double) * (size_t)(E + 1));
+        routed = 0;
+        for (int e = 0; e < E; e++) routed += (s->load[e] = v[e]);
+        s->dropped_frac = routed > 0 ? v[E] / routed : 0;
+    }
+    if (!c) return SL_OK;
     SL_TRY(sl_comm_all_reduce(c, v, all, (size_t)E + 3, SL_COMM_F64, SL_COMM_SUM));
     routed = 0;
     for (int e = 0; e < E; e++) routed += (s->load[e] = all[e]);
@@ -176,6 +187,8 @@ static sl_status update_bias(sl_train_job *j) {
     size_t n = (size_t)j->moe_nl * (size_t)j->moe_E;
     if (j->mesh.dp_comm)
         SL_TRY(sl_comm_all_reduce(j->mesh.dp_comm, j->moe_loads, j->moe_loads, n, SL_COMM_F32, SL_COMM_SUM));
+    if (tp_shards_route(j)) /* each TP rank routed its own sequence shard (Note [MoE under TP]) */
+        SL_TRY(sl_comm_all_reduce(j->mesh.tp_comm, j->moe_loads, j->moe_loads, n, SL_COMM_F32, SL_COMM_SUM));
     if (j->dp) SL_TRY(sl_dp_sync_params(j->dp));
     /* ZeRO-3 (or any DP): each rank adds the same update to the parameters it keeps */
     if (!j->tr.pipe) return sl_moe_update_bias(j->m, j->tr.graph, j->moe_loads, j->dp ? dp_add : NULL, j->dp);

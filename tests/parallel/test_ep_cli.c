@@ -181,17 +181,19 @@ int main(void) {
     TU_CHECK(d <= 1e-4, "resumed: final weights elementwise %.3g (bar 1e-4)", d);
 
     /* Expert tensor parallelism (Note [Expert tensor parallelism]): --expert-tensor-parallel-size 2 splits
-     * every routed expert's I over tp 2. tp 2 (experts whole), tp 2 split, split x dp 2 (ZeRO-1) and split x
-     * pp 2 reproduce the single process; the split halves the experts' share of each rank's parameters, and
-     * the TP bytes the graph moves are the formula's (one more (N, C) all-reduce each way and the (N, E)
-     * logits' gradient per sparse layer). A checkpoint of the split layout loads whole at tp 1, bitwise. */
+     * every routed expert's I over tp 2. tp 2 (experts whole), tp 2 split, split x dp 2 (ZeRO-1), split x
+     * pp 2 and split with SP (the shards' tokens gathered and routed together) reproduce the single process;
+     * the split halves the experts' share of each rank's parameters, and the TP bytes the graph moves are the
+     * formula's (one more (N, C) all-reduce each way and the (N, E) logits' gradient per sparse layer). A
+     * checkpoint of the split layout loads whole at tp 1, bitwise. */
     double mib[2] = {0, 0};
     const char *etl[][3] = {{"tp2", "2", "--tp 2"},
                             {"etp2", "2", "--tp 2 --expert-tensor-parallel-size 2 --save-interval 3"},
                             {"etp2dp2", "4", "--tp 2 --expert-tensor-parallel-size 2 --zero-stage 1"},
-                            {"etp2pp2", "4", "--tp 2 --expert-tensor-parallel-size 2 --pp 2"}};
+                            {"etp2pp2", "4", "--tp 2 --expert-tensor-parallel-size 2 --pp 2"},
+                            {"etp2sp", "2", "--tp 2 --expert-tensor-parallel-size 2 --sequence-parallel"}};
     snprintf(a, sizeof a, "%s/single", tmp);
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 5; k++) {
         TU_CHECK(run("%s run -n %s -- %s %s --train-iters 6 %s --save %s/%s", tu_cli(), etl[k][1], tu_cli(),
                      base, etl[k][2], tmp, etl[k][0]) == 0,
                  "%s: %s", etl[k][2], out);
@@ -264,8 +266,11 @@ int main(void) {
                             {"dsep2z3", "2", "--ep 2 --zero-stage 3"},
                             {"dsp3", "3", "--pp 3"},
                             {"dsp2d2", "4", "--pp 2 --decoder-first-pipeline-num-layers 1 --zero-stage 1"},
-                            {"dsetp2", "2", "--tp 2 --expert-tensor-parallel-size 2"}};
-    for (int k = 0; k < 6; k++) {
+                            {"dsetp2", "2", "--tp 2 --expert-tensor-parallel-size 2"},
+                            {"dssp", "2", "--tp 2 --sequence-parallel"},
+                            {"dsetp2sp", "2", "--tp 2 --sequence-parallel --expert-tensor-parallel-size 2"}};
+    /* under SP with whole experts each TP rank routes its own shard, so the loads are summed over TP too */
+    for (int k = 0; k < 8; k++) {
         TU_CHECK(run("%s run -n %s -- %s %s %s --save %s/%s", tu_cli(), dsl[k][1], tu_cli(), dbase, dsl[k][2],
                      tmp, dsl[k][0]) == 0,
                  "deepseek %s: %s", dsl[k][2], out);
@@ -325,8 +330,6 @@ int main(void) {
         {"experts not divisible", "run -n 3 --", "--ep 3", "--expert-model-parallel-size"},
         {"etp without tp", "", "--expert-tensor-parallel-size 2",
          "--expert-tensor-parallel-size 2: must be 1 or the tensor-parallel size (1)"},
-        {"etp with sp", "run -n 2 --", "--tp 2 --expert-tensor-parallel-size 2 --sequence-parallel",
-         "--expert-tensor-parallel-size 2 with --sequence-parallel is not supported yet"},
         {"etp with ep", "run -n 4 --", "--tp 2 --ep 2 --expert-tensor-parallel-size 2",
          "--expert-tensor-parallel-size 2 with --expert-model-parallel-size 2 is not supported yet"},
     };
