@@ -46,8 +46,9 @@
  * the logits and the tokens are all-gathered along the sequence (backward: reduce-scatter, which sums the
  * partial gradients and keeps this rank's tokens), every rank routes all B T tokens as the single process
  * does (capacity included), and the experts' partial sums are reduce-scattered back to the shards; the
- * shared experts run on the shard. The router losses under SP stay refused (their value would need the
- * shards' partial sums). Refused with EP (the dispatch groups). */
+ * shared experts run on the shard. The router losses are computed on the gathered logits, the whole value
+ * on every rank; the reduce-scatter of their gradient would count it tp times, so each rank's router-loss
+ * node passes on 1 / tp of it (fparams[2]). Refused with EP (the dispatch groups). */
 static sl_tensor *moe_W(sl_model *m, sl_tensor *w) { return sl_tp_rep(m->ctx, w, m->tp, m->sp); }
 
 int sl_arch_is_moe(sl_arch a) {
@@ -255,6 +256,9 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
     sl_set_name(w, "moe_route.%d", l);
     sl_set_output(w); /* read back after the step (sl_moe_graph_stats) */
     sl_tensor *rl = sl_moe_router_loss(ctx, esp ? lr : logits, w, m->moe.aux_coeff, m->moe.z_coeff);
+    /* under SP every TP rank holds the whole loss over all tokens, and the gathered logits' backward sums
+     * the ranks' gradients: each rank contributes 1 / tp of it */
+    if (esp) rl->fparams[2] = 1.0f / (float)m->tp;
     sl_set_name(rl, "moe_router_loss.%d", l);
     sl_set_output(rl);
     sl_tensor *y = NULL;

@@ -137,7 +137,8 @@ int sl_moe_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, s
             t->src[0] = n;
             t->src[1] = a;
             t->src[2] = route;
-            t->src[3] = g;
+            /* fparams[2] (0: 1): this node's share of the gradient, when several ranks hold the same loss */
+            t->src[3] = n->fparams[2] > 0 && n->fparams[2] != 1 ? sl_scale(ctx, g, n->fparams[2]) : g;
             emit(st, a, t);
         }
         return 1;

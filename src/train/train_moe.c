@@ -101,10 +101,13 @@ sl_status sl_train_moe_check(sl_train_job *j) {
         return sl_train_bad(
             "--moe-* and --num-experts need a mixture-of-experts model: --init-from a Mixtral, "
             "Qwen2-MoE or DeepSeek-V3 directory (fresh models are dense GPT-2)");
-    if (o->parallel.sequence_parallel && (mo->aux_loss_coeff > 0 || mo->z_loss_coeff > 0))
-        return sl_train_bad("--%s with --sequence-parallel is not supported yet (each TP rank's router loss "
-                            "would cover only its sequence shard)",
-                            mo->aux_loss_coeff > 0 ? "moe-aux-loss-coeff" : "moe-z-loss-coeff");
+    if (o->parallel.sequence_parallel && o->parallel.etp <= 1 &&
+        (mo->aux_loss_coeff > 0 || mo->z_loss_coeff > 0))
+        return sl_train_bad(
+            "--%s with --sequence-parallel is not supported yet (each TP rank's router loss "
+            "would cover only its sequence shard; --expert-tensor-parallel-size = tp routes all "
+            "tokens on every rank)",
+            mo->aux_loss_coeff > 0 ? "moe-aux-loss-coeff" : "moe-z-loss-coeff");
     if (mo->bias_update_rate > 0 && o->model.init_from) {
         sl_llama_config c;
         if (sl_hf_load_config(o->model.init_from, &c, NULL) == SL_OK && c.arch != SL_ARCH_DEEPSEEK_V3)

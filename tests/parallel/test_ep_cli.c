@@ -218,6 +218,38 @@ int main(void) {
     TU_CHECK(mib[0] > 0 && fabs((mib[0] - mib[1]) - 0.1875) < 0.011,
              "expert tensor parallelism saves half the experts' 0.375 MiB per rank: %.2f -> %.2f MiB", mib[0],
              mib[1]);
+    /* the router losses with SP: every TP rank computes them on the gathered logits (the whole value), and
+     * each passes 1 / tp of their gradient into the reduce-scatter; with whole experts under SP they stay
+     * refused (each rank routes only its shard) */
+    const char *aux = "--moe-aux-loss-coeff 0.01 --moe-z-loss-coeff 0.001";
+    TU_CHECK(run("%s %s --train-iters 6 %s --save %s/aux1", tu_cli(), base, aux, tmp) == 0, "aux single: %s",
+             out);
+    TU_CHECK(run("%s run -n 2 -- %s %s --train-iters 6 %s --tp 2 --sequence-parallel "
+                 "--expert-tensor-parallel-size 2 --save %s/auxetpsp",
+                 tu_cli(), tu_cli(), base, aux, tmp) == 0,
+             "aux + z, tp 2 + SP split: %s", out);
+    {
+        char m1[1000], m2[1000];
+        snprintf(a, sizeof a, "%s/aux1", tmp);
+        snprintf(b, sizeof b, "%s/auxetpsp", tmp);
+        same_losses(a, b, 1, 6);
+        snprintf(m1, sizeof m1, "%s/metrics.jsonl", a);
+        snprintf(m2, sizeof m2, "%s/metrics.jsonl", b);
+        for (int st = 1; st <= 6; st++)
+            TU_CHECK(fabs(tu_metric_at(m1, st, "moe_aux_loss") - tu_metric_at(m2, st, "moe_aux_loss")) <=
+                         1e-6 * tu_metric_at(m1, st, "moe_aux_loss"),
+                     "aux loss at step %d: %g vs single %g", st, tu_metric_at(m2, st, "moe_aux_loss"),
+                     tu_metric_at(m1, st, "moe_aux_loss"));
+        double dd = weight_diff(a, b);
+        printf("aux + z losses, tp 2 + SP split: losses match the single process; weights rel diff %.2e\n",
+               dd);
+        TU_CHECK(dd <= 1e-4, "aux + z, tp 2 + SP split: final weights elementwise %.3g (bar 1e-4)", dd);
+        snprintf(a, sizeof a, "%s/single", tmp);
+    }
+    TU_CHECK(run("%s run -n 2 -- %s %s --train-iters 2 %s --tp 2 --sequence-parallel --save %s/never",
+                 tu_cli(), tu_cli(), base, aux, tmp) != 0 &&
+                 strstr(out, "--moe-aux-loss-coeff with --sequence-parallel is not supported yet"),
+             "aux with SP and whole experts is refused: %s", out);
     TU_CHECK(run("%s %s --train-iters 6 --load %s/etp2 --save %s/etpload1", tu_cli(), base, tmp, tmp) == 0,
              "load the split checkpoint at tp 1: %s", out);
     TU_CHECK(tu_runf(out, sizeof out, "", "cmp %s/etp2/model.safetensors %s/etpload1/model.safetensors", tmp,
