@@ -547,7 +547,10 @@ static int read_host(ctx *c, int h, const char *name, size_t want, char **buf, s
         snprintf(why, wcap, "%s", m.why);
         return 0;
     }
-    if (h != c->me) b = malloc(m.n ? (size_t)m.n : 1);
+    if (h != c->me) { /* NUL-terminated like sl_file_read_all's: manifests are parsed and written as text */
+        b = malloc((size_t)m.n + 1);
+        if (b) b[m.n] = 0;
+    }
     int32_t lack = b == NULL, any = 0; /* a leader without the memory: nobody sends, all report it */
     if (sl_comm_all_reduce(c->lc, &lack, &any, 1, SL_COMM_I32, SL_COMM_MAX) != SL_OK || any) {
         snprintf(why, wcap, "host %d: %s: %s", h, name,
