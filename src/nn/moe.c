@@ -48,7 +48,10 @@
  * does (capacity included), and the experts' partial sums are reduce-scattered back to the shards; the
  * shared experts run on the shard. The router losses are computed on the gathered logits, the whole value
  * on every rank; the reduce-scatter of their gradient would count it tp times, so each rank's router-loss
- * node passes on 1 / tp of it (fparams[2]). Refused with EP (the dispatch groups). */
+ * node passes on 1 / tp of it (fparams[2]). With EP the EP group is the ranks of one TP index (the mesh's
+ * ep_color): the TP ranks of a group route the same tokens, so the peers of each TP index dispatch the same
+ * rows and counts and each runs its I / tp slice of its own experts on them; the combined rows come back
+ * partial and g (or the reduce-scatter) sums them as above. */
 static sl_tensor *moe_W(sl_model *m, sl_tensor *w) { return sl_tp_rep(m->ctx, w, m->tp, m->sp); }
 
 int sl_arch_is_moe(sl_arch a) {
@@ -199,7 +202,7 @@ static sl_moe_route_opts route_opts(const sl_model *m, int64_t N) {
 /* Note [Expert-parallel dispatch] (src/ops/moe_ep_ops.c): h2 (N, C) -> the routed experts' sum (N, C), the
  * experts living on the ranks of the EP group */
 static sl_tensor *ep_experts(sl_model *m, sl_tensor *h2, sl_tensor *w, int l, const sl_moe_route_opts *o,
-                             int routed) {
+                             int routed, int etp) {
     sl_ctx *ctx = m->ctx;
     const sl_llama_config *c = &m->lcfg;
     int P = m->ep, E = c->n_experts, El = E / P;
@@ -216,9 +219,10 @@ static sl_tensor *ep_experts(sl_model *m, sl_tensor *h2, sl_tensor *w, int l, co
         int e = m->ep_rank * El + j;
         sl_tensor *xl = sl_moe_ep_gather(ctx, xr, rcnt, j, El, Rl);
         xl->iparams[2] = routed; /* the routed expert reads its received rows only; else zero-filled */
-        sl_tensor *w1 = moe_W(m, sl_llama_W(m, nm.expert, l, e, nm.proj[0])),
-                  *w3 = moe_W(m, sl_llama_W(m, nm.expert, l, e, nm.proj[1])),
-                  *w2 = moe_W(m, sl_llama_W(m, nm.expert, l, e, nm.proj[2]));
+        sl_tensor *w1 = sl_llama_W(m, nm.expert, l, e, nm.proj[0]),
+                  *w3 = sl_llama_W(m, nm.expert, l, e, nm.proj[1]),
+                  *w2 = sl_llama_W(m, nm.expert, l, e, nm.proj[2]);
+        if (!etp) w1 = moe_W(m, w1), w3 = moe_W(m, w3), w2 = moe_W(m, w2); /* ETP: this rank's I slices */
         /* autocast numerics: matmul nodes over all Rl rows, as the single process runs its R rows */
         sl_tensor *yl = routed ? sl_moe_expert_ffn_ep(ctx, xl, w1, w3, w2, rcnt, j, El)
                                : sl_llama_swiglu(m, xl, w1, w3, w2);
@@ -240,9 +244,9 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
     sl_tensor *bias = c->arch == SL_ARCH_DEEPSEEK_V3
                           ? sl_llama_W(m, "model.layers.%d.mlp.gate.e_score_correction_bias", l)
                           : NULL;
-    int etp = m->etp && m->tp > 1 && m->ep <= 1; /* Note [Expert tensor parallelism] */
-    int esp = etp && m->sp;                      /* ... with the tokens gathered over TP */
-    int64_t Nr = esp ? N * m->tp : N;            /* the tokens routed */
+    int etp = m->etp && m->tp > 1;    /* Note [Expert tensor parallelism] */
+    int esp = etp && m->sp;           /* ... with the tokens gathered over TP */
+    int64_t Nr = esp ? N * m->tp : N; /* the tokens routed */
     sl_moe_route_opts o = route_opts(m, Nr);
     int64_t R = o.capacity > 0 ? o.capacity : Nr;
     /* f without a half rounding: the route reads f32 logits; under SP the shards' logits gathered */
@@ -265,12 +269,12 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
     /* f32: the expert's GEMMs run on its kept rows only (Note [Routed expert rows]); bf16 weights or
      * autocast numerics: matmul nodes on all R rows, rounded as transformers rounds */
     int routed = m->wdtype == SL_F32 && sl_llama_autocast(m) == SL_F32;
-    if (m->ep > 1) y = ep_experts(m, h2, w, l, &o, routed);
     sl_tensor *hx = h2; /* the experts' input: f(h), under SP the gathered tokens */
     if (esp)
         hx = sl_reshape_2d(ctx, sl_llama_tp_f(m, sl_reshape(ctx, h2, 3, (int64_t[]){B, T, C})), Nr, C);
     else if (etp)
         hx = sl_llama_tp_f(m, h2);
+    if (m->ep > 1) y = ep_experts(m, hx, w, l, &o, routed, etp);
     for (int e = 0; e < E && m->ep <= 1; e++) {
         sl_tensor *xe = sl_moe_gather(ctx, hx, w, e, R, 0); /* (R, C) */
         xe->iparams[2] = routed; /* MOE_EXPERT_FFN reads the kept rows only: no zero fill */

@@ -76,9 +76,9 @@ static void print_banner(const sl_train_job *j) {
         fprintf(
             f,
             "expert parallel: %d ranks, %d of %d experts per rank, expert-data-parallel groups of %d | per "
-            "rank: params %.2f MiB, of which experts %.2f MiB (every expert: %.2f MiB)\n",
+            "rank: params %.2f MiB, of which experts %.2f MiB%s (every expert: %.2f MiB)\n",
             m->ep, m->lcfg.n_experts / m->ep, m->lcfg.n_experts, j->mesh.dp / m->ep, m->numel * mib, ex * mib,
-            (double)ex * m->ep * mib);
+            m->etp && m->tp > 1 ? " as I / tp slices" : "", (double)ex * m->ep * (m->etp ? m->tp : 1) * mib);
     }
     if (j->tp && m->tp > 1) {
         /* per rank: this rank's shards; the formula beside it: split weights / tp + replicated ones */
@@ -551,7 +551,7 @@ static sl_status finish(sl_train_job *j, const sl_train_callbacks *cb, const sl_
                              m->pp_last_layers,
                              1,
                              0,
-                             0};
+                             m->etp};
         st = j->dp ? sl_dp_sync_params(j->dp) : SL_OK;
         if (st == SL_OK) st = sl_model_new_split(m, j->be, &sp, &stage);
         if (st == SL_OK) st = sl_ep_gather_whole(&j->mesh, m, stage);

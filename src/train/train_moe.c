@@ -91,11 +91,6 @@ sl_status sl_train_moe_check(sl_train_job *j) {
                 "--expert-tensor-parallel-size %lld needs a model with routed experts: --init-from a "
                 "Qwen2-MoE or DeepSeek-V3-style directory",
                 etp);
-        if (o->parallel.ep > 1)
-            return sl_train_bad(
-                "--expert-tensor-parallel-size %lld with --expert-model-parallel-size %lld is not "
-                "supported yet",
-                etp, (long long)o->parallel.ep);
     }
     if (!is_moe && moe_flags_given(mo))
         return sl_train_bad(

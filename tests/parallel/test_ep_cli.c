@@ -1,7 +1,7 @@
 /* Expert parallelism through the CLI and the launcher (issue 17, items 2-5 and 7): `suanli run -n 2 --
  * suanli train --ep 2`, `run -n 4 ... --ep 4 --zero-stage 1`, `run -n 2 ... --ep 2 --zero-stage 3` and, on 4
  * ranks, ep 2 with tp 2 and with pp 2, and expert tensor parallelism (tp 2 with the experts split, also
- * with dp 2, pp 2 and DeepSeek-V3's bias balancing), on the Qwen2-MoE fixture, reproduce the single
+ * with dp 2, pp 2, ep 2 and DeepSeek-V3's bias balancing), on the Qwen2-MoE fixture, reproduce the single
  * process that runs the same micro-batches (losses within 1e-6 relative per step, saved weights within
  * 1e-5 normwise and 1e-4 elementwise, as test_hf_par_cli: the bars and why are in tests/parallel/test_ep.c
  * and weight_diff below); metrics.jsonl carries the all-to-all time and
@@ -187,13 +187,17 @@ int main(void) {
      * formula's (one more (N, C) all-reduce each way and the (N, E) logits' gradient per sparse layer). A
      * checkpoint of the split layout loads whole at tp 1, bitwise. */
     double mib[2] = {0, 0};
-    const char *etl[][3] = {{"tp2", "2", "--tp 2"},
-                            {"etp2", "2", "--tp 2 --expert-tensor-parallel-size 2 --save-interval 3"},
-                            {"etp2dp2", "4", "--tp 2 --expert-tensor-parallel-size 2 --zero-stage 1"},
-                            {"etp2pp2", "4", "--tp 2 --expert-tensor-parallel-size 2 --pp 2"},
-                            {"etp2sp", "2", "--tp 2 --expert-tensor-parallel-size 2 --sequence-parallel"}};
+    const char *etl[][3] = {
+        {"tp2", "2", "--tp 2"},
+        {"etp2", "2", "--tp 2 --expert-tensor-parallel-size 2 --save-interval 3"},
+        {"etp2dp2", "4", "--tp 2 --expert-tensor-parallel-size 2 --zero-stage 1"},
+        {"etp2pp2", "4", "--tp 2 --expert-tensor-parallel-size 2 --pp 2"},
+        {"etp2sp", "2", "--tp 2 --expert-tensor-parallel-size 2 --sequence-parallel"},
+        {"etp2ep2", "4", "--tp 2 --ep 2 --expert-tensor-parallel-size 2 --save-interval 3"},
+        {"etp2ep2sp", "4", "--tp 2 --ep 2 --expert-tensor-parallel-size 2 --sequence-parallel"},
+        {"etp2ep2z1", "8", "--tp 2 --ep 2 --expert-tensor-parallel-size 2 --zero-stage 1"}};
     snprintf(a, sizeof a, "%s/single", tmp);
-    for (int k = 0; k < 5; k++) {
+    for (int k = 0; k < 8; k++) {
         TU_CHECK(run("%s run -n %s -- %s %s --train-iters 6 %s --save %s/%s", tu_cli(), etl[k][1], tu_cli(),
                      base, etl[k][2], tmp, etl[k][0]) == 0,
                  "%s: %s", etl[k][2], out);
@@ -255,6 +259,19 @@ int main(void) {
     TU_CHECK(tu_runf(out, sizeof out, "", "cmp %s/etp2/model.safetensors %s/etpload1/model.safetensors", tmp,
                      tmp) == 0,
              "tp 2 split -> tp 1: the loaded weights differ: %s", out);
+    /* the ep 2 x split-expert checkpoint (each rank 4 experts' I / 2 slices) loads whole at ep 1, tp 1 and at
+     * ep 2 with the experts whole: bitwise */
+    TU_CHECK(run("%s %s --train-iters 6 --load %s/etp2ep2 --save %s/etpepload1", tu_cli(), base, tmp, tmp) ==
+                 0,
+             "load the ep 2 x split checkpoint at tp 1: %s", out);
+    TU_CHECK(run("%s run -n 2 -- %s %s --train-iters 6 --ep 2 --load %s/etp2ep2 --save %s/etpepload2",
+                 tu_cli(), tu_cli(), base, tmp, tmp) == 0,
+             "load the ep 2 x split checkpoint at ep 2: %s", out);
+    for (int k = 1; k <= 2; k++)
+        TU_CHECK(tu_runf(out, sizeof out, "",
+                         "cmp %s/etp2ep2/model.safetensors %s/etpepload%d/model.safetensors", tmp, tmp,
+                         k) == 0,
+                 "ep 2 x tp 2 split -> %s: the loaded weights differ: %s", k == 1 ? "tp 1" : "ep 2", out);
     TU_CHECK(
         tu_runf(out, sizeof out, "",
                 "rm -rf %s/etpres && mkdir -p %s/etpres && cp -r %s/etp2/step-0000003 %s/etpres/ && echo "
@@ -300,9 +317,10 @@ int main(void) {
                             {"dsp2d2", "4", "--pp 2 --decoder-first-pipeline-num-layers 1 --zero-stage 1"},
                             {"dsetp2", "2", "--tp 2 --expert-tensor-parallel-size 2"},
                             {"dssp", "2", "--tp 2 --sequence-parallel"},
-                            {"dsetp2sp", "2", "--tp 2 --sequence-parallel --expert-tensor-parallel-size 2"}};
+                            {"dsetp2sp", "2", "--tp 2 --sequence-parallel --expert-tensor-parallel-size 2"},
+                            {"dsetp2ep2", "4", "--tp 2 --ep 2 --expert-tensor-parallel-size 2"}};
     /* under SP with whole experts each TP rank routes its own shard, so the loads are summed over TP too */
-    for (int k = 0; k < 8; k++) {
+    for (int k = 0; k < 9; k++) {
         TU_CHECK(run("%s run -n %s -- %s %s %s --save %s/%s", tu_cli(), dsl[k][1], tu_cli(), dbase, dsl[k][2],
                      tmp, dsl[k][0]) == 0,
                  "deepseek %s: %s", dsl[k][2], out);
@@ -362,8 +380,6 @@ int main(void) {
         {"experts not divisible", "run -n 3 --", "--ep 3", "--expert-model-parallel-size"},
         {"etp without tp", "", "--expert-tensor-parallel-size 2",
          "--expert-tensor-parallel-size 2: must be 1 or the tensor-parallel size (1)"},
-        {"etp with ep", "run -n 4 --", "--tp 2 --ep 2 --expert-tensor-parallel-size 2",
-         "--expert-tensor-parallel-size 2 with --expert-model-parallel-size 2 is not supported yet"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         snprintf(b, sizeof b, "%s/bad%zu", tmp, i);
