@@ -93,93 +93,10 @@ static int bias_moved(const char *a, const char *b, float rate) {
     return moved;
 }
 
-int main(void) {
-    const char *tmp = tu_tmpdir("epcli");
-    char q[700], data[700], base[2048], flags[4096], a[900], b[900];
-    snprintf(q, sizeof q, "%s/qwen2_moe", tmp);
-    TU_CHECK(tu_runf(out, sizeof out, "",
-                     "mkdir -p %s && cp %s/tests/fixtures/hf/qwen2_moe/config.json "
-                     "%s/tests/fixtures/hf/qwen2_moe/model.safetensors %s/ && cp "
-                     "%s/tests/fixtures/hf/llama/tokenizer.json %s/",
-                     q, SL_SOURCE_DIR, SL_SOURCE_DIR, q, SL_SOURCE_DIR, q) == 0,
-             "model dir: %s", out);
-    TU_CHECK(tu_runf(out, sizeof out, "",
-                     "for i in $(seq 200); do printf 'the quick brown fox %%d jumps over the lazy dog. ' $i; "
-                     "done > %s/corpus.txt",
-                     tmp) == 0,
-             "corpus");
-    snprintf(data, sizeof data, "%s/tok", tmp);
-    TU_CHECK(
-        run("%s data prepare --input %s/corpus.txt --output-prefix %s --tokenizer-file %s/tokenizer.json",
-            tu_cli(), tmp, data, q) == 0,
-        "data prepare: %s", out);
-    snprintf(base, sizeof base,
-             "train --data-path %s --init-from %s --seq-length 16 --micro-batch-size 2 --global-batch-size 8 "
-             "--eval-interval 0 --eval-iters 1 --threads 1",
-             data, q);
-
-    /* the single process (4 micro-batches per step) and ep 2 x dp 2, ep 4 x dp 4 (ZeRO-1) */
-    TU_CHECK(run("%s %s --train-iters 6 --save %s/single", tu_cli(), base, tmp) == 0, "single: %s", out);
-    TU_CHECK(
-        run("%s run -n 2 -- %s %s --train-iters 6 --ep 2 --save %s/ep2", tu_cli(), tu_cli(), base, tmp) == 0,
-        "ep 2: %s", out);
-    TU_CHECK(strstr(out, "a2a"), "the step line shows the all-to-all time: %s", out);
-    TU_CHECK(run("%s run -n 4 -- %s %s --train-iters 6 --expert-model-parallel-size 4 --zero-stage 1 --save "
-                 "%s/ep4 --save-interval 3",
-                 tu_cli(), tu_cli(), base, tmp) == 0,
-             "ep 4: %s", out);
-    TU_CHECK(run("%s run -n 2 -- %s %s --train-iters 6 --ep 2 --zero-stage 3 --save %s/ep2z3", tu_cli(),
-                 tu_cli(), base, tmp) == 0,
-             "ep 2 ZeRO-3: %s", out);
-    /* ep 2 x tp 2 x dp 2 and ep 2 x pp 2 x dp 2 (the experts whole on each TP rank: Note [MoE under TP]) */
-    TU_CHECK(run("%s run -n 4 -- %s %s --train-iters 6 --ep 2 --tp 2 --save %s/ep2tp2", tu_cli(), tu_cli(),
-                 base, tmp) == 0,
-             "ep 2 x tp 2: %s", out);
-    TU_CHECK(run("%s run -n 4 -- %s %s --train-iters 6 --ep 2 --pp 2 --save %s/ep2pp2", tu_cli(), tu_cli(),
-                 base, tmp) == 0,
-             "ep 2 x pp 2: %s", out);
-    snprintf(a, sizeof a, "%s/single", tmp);
-    const char *runs[] = {"ep2", "ep4", "ep2z3", "ep2tp2", "ep2pp2"};
-    for (int k = 0; k < 5; k++) {
-        snprintf(b, sizeof b, "%s/%s", tmp, runs[k]);
-        same_losses(a, b, 1, 6);
-        char mp[1000];
-        snprintf(mp, sizeof mp, "%s/metrics.jsonl", b);
-        for (int s = 1; s <= 6; s++)
-            TU_CHECK(tu_metric_at(mp, s, "moe_a2a_ms") >= 0 && tu_metric_at(mp, s, "moe_a2a_mib") > 0,
-                     "%s step %d: moe_a2a_ms / moe_a2a_mib logged", b, s);
-        double d = weight_diff(a, b);
-        printf("%s: losses match the single process; saved weights rel diff %.2e\n", b, d);
-        TU_CHECK(d <= 1e-4, "%s: final weights elementwise %.3g (bar 1e-4)", b, d);
-    }
-
-    /* the ep 4 checkpoint of step 6 loaded at ep 2 and ep 1: bitwise the weights it saved */
-    TU_CHECK(run("%s run -n 2 -- %s %s --train-iters 6 --ep 2 --load %s/ep4 --save %s/load2", tu_cli(),
-                 tu_cli(), base, tmp, tmp) == 0,
-             "load at ep 2: %s", out);
-    TU_CHECK(run("%s %s --train-iters 6 --load %s/ep4 --save %s/load1", tu_cli(), base, tmp, tmp) == 0,
-             "load at ep 1: %s", out);
-    for (int k = 1; k <= 2; k++) {
-        snprintf(b, sizeof b, "%s/load%d", tmp, k);
-        TU_CHECK(tu_runf(out, sizeof out, "", "cmp %s/ep4/model.safetensors %s/model.safetensors", tmp, b) ==
-                     0,
-                 "ep 4 -> ep %d: the loaded weights differ: %s", k, out);
-    }
-    /* resumed from the ep 4 checkpoint of step 3 at ep 2: the rest of the uninterrupted run */
-    TU_CHECK(tu_runf(out, sizeof out, "",
-                     "rm -rf %s/res && mkdir -p %s/res && cp -r %s/ep4/step-0000003 %s/res/ && echo "
-                     "step-0000003 > %s/res/latest",
-                     tmp, tmp, tmp, tmp, tmp) == 0,
-             "copy checkpoint: %s", out);
-    TU_CHECK(run("%s run -n 2 -- %s %s --train-iters 6 --ep 2 --load %s/res --save %s/res", tu_cli(),
-                 tu_cli(), base, tmp, tmp) == 0,
-             "resume at ep 2: %s", out);
-    snprintf(b, sizeof b, "%s/res", tmp);
-    same_losses(a, b, 4, 6);
-    double d = weight_diff(a, b);
-    printf("resumed at ep 2 from the ep 4 checkpoint: saved weights rel diff %.2e\n", d);
-    TU_CHECK(d <= 1e-4, "resumed: final weights elementwise %.3g (bar 1e-4)", d);
-
+/* expert tensor parallelism (Note [Expert tensor parallelism]) on the Qwen2-MoE fixture against the
+ * single process in tmp/single */
+static void expert_tensor_parallel(const char *tmp, const char *base) {
+    char a[900], b[900];
     /* Expert tensor parallelism (Note [Expert tensor parallelism]): --expert-tensor-parallel-size 2 splits
      * every routed expert's I over tp 2. tp 2 (experts whole), tp 2 split, split x dp 2 (ZeRO-1), split x
      * pp 2 and split with SP (the shards' tokens gathered and routed together) reproduce the single process;
@@ -283,7 +200,11 @@ int main(void) {
     snprintf(b, sizeof b, "%s/etpres", tmp);
     same_losses(a, b, 4, 6);
     TU_CHECK(weight_diff(a, b) <= 1e-4, "resumed at tp 1 from the split layout: final weights");
+}
 
+/* DeepSeek-V3's bias balancing on every layout against its single process */
+static void deepseek_bias(const char *tmp, const char *data) {
+    char a[900], b[900];
     /* DeepSeek-V3's bias balancing under DP and EP: the loads of the whole step (every micro-batch, every
      * rank) move the bias, so ep 2 x dp 2 runs as the single process with 2 micro-batches per step (Note
      * [Bias balancing over micro-batches and ranks]) */
@@ -333,6 +254,97 @@ int main(void) {
         TU_CHECK(bias_moved(dsd, b, 0.01f) == moved, "deepseek %s: %d bias entries moved, single %d",
                  dsl[k][2], bias_moved(dsd, b, 0.01f), moved);
     }
+}
+
+int main(void) {
+    const char *tmp = tu_tmpdir("epcli");
+    char q[700], data[700], base[2048], flags[4096], a[900], b[900];
+    snprintf(q, sizeof q, "%s/qwen2_moe", tmp);
+    TU_CHECK(tu_runf(out, sizeof out, "",
+                     "mkdir -p %s && cp %s/tests/fixtures/hf/qwen2_moe/config.json "
+                     "%s/tests/fixtures/hf/qwen2_moe/model.safetensors %s/ && cp "
+                     "%s/tests/fixtures/hf/llama/tokenizer.json %s/",
+                     q, SL_SOURCE_DIR, SL_SOURCE_DIR, q, SL_SOURCE_DIR, q) == 0,
+             "model dir: %s", out);
+    TU_CHECK(tu_runf(out, sizeof out, "",
+                     "for i in $(seq 200); do printf 'the quick brown fox %%d jumps over the lazy dog. ' $i; "
+                     "done > %s/corpus.txt",
+                     tmp) == 0,
+             "corpus");
+    snprintf(data, sizeof data, "%s/tok", tmp);
+    TU_CHECK(
+        run("%s data prepare --input %s/corpus.txt --output-prefix %s --tokenizer-file %s/tokenizer.json",
+            tu_cli(), tmp, data, q) == 0,
+        "data prepare: %s", out);
+    snprintf(base, sizeof base,
+             "train --data-path %s --init-from %s --seq-length 16 --micro-batch-size 2 --global-batch-size 8 "
+             "--eval-interval 0 --eval-iters 1 --threads 1",
+             data, q);
+
+    /* the single process (4 micro-batches per step) and ep 2 x dp 2, ep 4 x dp 4 (ZeRO-1) */
+    TU_CHECK(run("%s %s --train-iters 6 --save %s/single", tu_cli(), base, tmp) == 0, "single: %s", out);
+    TU_CHECK(
+        run("%s run -n 2 -- %s %s --train-iters 6 --ep 2 --save %s/ep2", tu_cli(), tu_cli(), base, tmp) == 0,
+        "ep 2: %s", out);
+    TU_CHECK(strstr(out, "a2a"), "the step line shows the all-to-all time: %s", out);
+    TU_CHECK(run("%s run -n 4 -- %s %s --train-iters 6 --expert-model-parallel-size 4 --zero-stage 1 --save "
+                 "%s/ep4 --save-interval 3",
+                 tu_cli(), tu_cli(), base, tmp) == 0,
+             "ep 4: %s", out);
+    TU_CHECK(run("%s run -n 2 -- %s %s --train-iters 6 --ep 2 --zero-stage 3 --save %s/ep2z3", tu_cli(),
+                 tu_cli(), base, tmp) == 0,
+             "ep 2 ZeRO-3: %s", out);
+    /* ep 2 x tp 2 x dp 2 and ep 2 x pp 2 x dp 2 (the experts whole on each TP rank: Note [MoE under TP]) */
+    TU_CHECK(run("%s run -n 4 -- %s %s --train-iters 6 --ep 2 --tp 2 --save %s/ep2tp2", tu_cli(), tu_cli(),
+                 base, tmp) == 0,
+             "ep 2 x tp 2: %s", out);
+    TU_CHECK(run("%s run -n 4 -- %s %s --train-iters 6 --ep 2 --pp 2 --save %s/ep2pp2", tu_cli(), tu_cli(),
+                 base, tmp) == 0,
+             "ep 2 x pp 2: %s", out);
+    snprintf(a, sizeof a, "%s/single", tmp);
+    const char *runs[] = {"ep2", "ep4", "ep2z3", "ep2tp2", "ep2pp2"};
+    for (int k = 0; k < 5; k++) {
+        snprintf(b, sizeof b, "%s/%s", tmp, runs[k]);
+        same_losses(a, b, 1, 6);
+        char mp[1000];
+        snprintf(mp, sizeof mp, "%s/metrics.jsonl", b);
+        for (int s = 1; s <= 6; s++)
+            TU_CHECK(tu_metric_at(mp, s, "moe_a2a_ms") >= 0 && tu_metric_at(mp, s, "moe_a2a_mib") > 0,
+                     "%s step %d: moe_a2a_ms / moe_a2a_mib logged", b, s);
+        double d = weight_diff(a, b);
+        printf("%s: losses match the single process; saved weights rel diff %.2e\n", b, d);
+        TU_CHECK(d <= 1e-4, "%s: final weights elementwise %.3g (bar 1e-4)", b, d);
+    }
+
+    /* the ep 4 checkpoint of step 6 loaded at ep 2 and ep 1: bitwise the weights it saved */
+    TU_CHECK(run("%s run -n 2 -- %s %s --train-iters 6 --ep 2 --load %s/ep4 --save %s/load2", tu_cli(),
+                 tu_cli(), base, tmp, tmp) == 0,
+             "load at ep 2: %s", out);
+    TU_CHECK(run("%s %s --train-iters 6 --load %s/ep4 --save %s/load1", tu_cli(), base, tmp, tmp) == 0,
+             "load at ep 1: %s", out);
+    for (int k = 1; k <= 2; k++) {
+        snprintf(b, sizeof b, "%s/load%d", tmp, k);
+        TU_CHECK(tu_runf(out, sizeof out, "", "cmp %s/ep4/model.safetensors %s/model.safetensors", tmp, b) ==
+                     0,
+                 "ep 4 -> ep %d: the loaded weights differ: %s", k, out);
+    }
+    /* resumed from the ep 4 checkpoint of step 3 at ep 2: the rest of the uninterrupted run */
+    TU_CHECK(tu_runf(out, sizeof out, "",
+                     "rm -rf %s/res && mkdir -p %s/res && cp -r %s/ep4/step-0000003 %s/res/ && echo "
+                     "step-0000003 > %s/res/latest",
+                     tmp, tmp, tmp, tmp, tmp) == 0,
+             "copy checkpoint: %s", out);
+    TU_CHECK(run("%s run -n 2 -- %s %s --train-iters 6 --ep 2 --load %s/res --save %s/res", tu_cli(),
+                 tu_cli(), base, tmp, tmp) == 0,
+             "resume at ep 2: %s", out);
+    snprintf(b, sizeof b, "%s/res", tmp);
+    same_losses(a, b, 4, 6);
+    double d = weight_diff(a, b);
+    printf("resumed at ep 2 from the ep 4 checkpoint: saved weights rel diff %.2e\n", d);
+    TU_CHECK(d <= 1e-4, "resumed: final weights elementwise %.3g (bar 1e-4)", d);
+
+    expert_tensor_parallel(tmp, base);
+    deepseek_bias(tmp, data);
 
     /* fp16 with dynamic loss scaling under EP: a start scale of 2^20 overflows, so steps are skipped; the
      * found-inf test is the norm summed over every rank's experts, so ep 2 (and ZeRO-3 over the expert
