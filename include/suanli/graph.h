@@ -48,6 +48,12 @@ sl_tensor *sl_graph_node(sl_graph *g, int i);
 sl_tensor *sl_graph_grad_of(sl_graph *g, const sl_tensor *t);
 /* Index of the last node that writes into param p's gradient (-1 if none): DP bucket readiness. */
 int sl_graph_last_grad_write(sl_graph *g, const sl_tensor *p);
+/* Note [Splitting the backward] (src/graph/graph.c): reorders the backward nodes [start, n) into B, the
+ * nodes the gradient leaf `leaf` depends on (a pipeline stage's input gradient), then W, the rest (the
+ * parameters' gradients), each in its old order, and returns the index of W's first node (start when leaf
+ * is NULL: everything is W). Before sl_graph_plan. -1 (nothing changed) when an in-place write would move
+ * across a read of the same storage. */
+int sl_graph_split_backward(sl_graph *g, int start, const sl_tensor *leaf);
 /* Note [Overwriting first gradient writes]
  * Gradient nodes accumulate into the parameters' gradient leaves (ACC, an accumulating dW MATMUL,
  * EMBEDDING_BACK), so a training step normally zeroes the gradients first: a full pass over the gradient

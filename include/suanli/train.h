@@ -48,6 +48,7 @@ typedef struct sl_trainer_config {
     /* dropout (the model's attention_dropout / hidden_dropout): the masks' Philox key; micro-batch j of step
      * s draws stream s * (dp * accum) + j (Note [Dropout from counters], src/ops/build.c) */
     uint64_t dropout_seed;
+    int pipe_schedule; /* a pipeline stage's schedule (sl_pipe_schedule; 0: 1F1B) */
 } sl_trainer_config;
 
 typedef struct sl_step_stats {
@@ -134,8 +135,10 @@ sl_status sl_trainer_eval(sl_trainer *tr, sl_batch_fn fn, void *user, int iters,
 
 /* ---- pipeline parallelism (src/train/pipeline.c; Note [Pipeline stages and 1F1B]) ---- */
 enum { SL_PIPE_MAX_CHUNKS = 16 }; /* model chunks per stage (interleaved schedule) */
+/* the schedules: 1F1B (interleaved with m->vpp > 1 chunks), or ZB-H1 (Note [Zero-bubble schedule]) */
+typedef enum { SL_PIPE_1F1B = 0, SL_PIPE_ZB_H1 = 1 } sl_pipe_schedule;
 sl_status sl_pipeline_new(sl_pipeline **out, sl_model *m, const struct sl_mesh *mesh, int B, int T,
-                          int n_micro, float loss_scale);
+                          int n_micro, float loss_scale, sl_pipe_schedule sched);
 void sl_pipeline_free(sl_pipeline *P);
 /* The loss's gradient seed in every last-virtual-stage slot (the base 1/(accum x dp) times the fp16 loss
  * scale, Note [Dynamic loss scaling]); stages without the loss ignore it. */
@@ -153,6 +156,9 @@ void sl_pipeline_set_dropout(sl_pipeline *P, int on, uint64_t seed, uint64_t mic
 sl_graph *sl_pipeline_graph(sl_pipeline *P, int k); /* slot k's graph, chunk by chunk (NULL past the last) */
 int sl_pipeline_slots(const sl_pipeline *P);        /* over every chunk */
 sl_plan_stats sl_pipeline_plan(const sl_pipeline *P); /* activations of every slot, summed */
+/* The first slot's backward: *n_b nodes of B (the input's gradient) and *n_w of W run later (zero bubble);
+ * 1F1B: n_w = 0 */
+void sl_pipeline_backward_split(const sl_pipeline *P, int *n_b, int *n_w);
 /* One step's forward and backward of n_micro micro-batches (global indices micro0..) in 1F1B order;
  * *loss: the last stage's mean loss (undefined on the other stages). */
 sl_status sl_pipeline_step(sl_pipeline *P, int64_t step, int n_micro, int micro0, sl_batch_fn fn, void *user,
@@ -241,6 +247,8 @@ typedef struct sl_train_parallel_opts {
     int64_t first_stage_layers;       /* > 0: layers of the first pipeline stage, the others share the rest
                                          (--decoder-first-pipeline-num-layers; Note [Uneven pipeline stages]) */
     int64_t last_stage_layers;        /* > 0: layers of the last stage (--decoder-last-pipeline-num-layers) */
+    int64_t zero_bubble;              /* 1: the ZB-H1 schedule (--enable-zero-bubble; Note [Zero-bubble
+                                         schedule]) */
     int64_t zero_stage;               /* 0..3 */
     int64_t bucket_elems;             /* gradient bucket size in elements */
 } sl_train_parallel_opts;

@@ -100,6 +100,10 @@ static int train_flags(sl_train_opts *o, const char **config, sl_flag *flags, in
         {"pp", SL_FLAG_INT, &o->parallel.pp, 1, 4096, "short for --pipeline-model-parallel-size", 0},
         {"num-layers-per-virtual-pipeline-stage", SL_FLAG_INT, &o->parallel.layers_per_virtual_stage, 1, 4096,
          "interleaved 1F1B: layers per model chunk (num-layers / (pp x this) chunks per stage)", 0},
+        {"enable-zero-bubble", SL_FLAG_BOOL, &o->parallel.zero_bubble, 0, 1,
+         "pipeline: the ZB-H1 schedule (each backward split into input- and weight-gradient passes, the "
+         "latter filling 1F1B's bubble; not with --num-layers-per-virtual-pipeline-stage)",
+         0},
         {"decoder-first-pipeline-num-layers", SL_FLAG_INT, &o->parallel.first_stage_layers, 1, 4096,
          "layers on the first pipeline stage (uneven split; the stages between share the rest evenly)", 0},
         {"decoder-last-pipeline-num-layers", SL_FLAG_INT, &o->parallel.last_stage_layers, 1, 4096,

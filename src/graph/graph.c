@@ -130,6 +130,92 @@ static sl_tensor *storage_root(sl_tensor *t) {
 
 sl_tensor *sl_storage_root(sl_tensor *t) { return t ? storage_root(t) : NULL; }
 
+/* Note [Splitting the backward]
+ * A zero-bubble pipeline (Qi et al. 2023, ZB-H1; src/train/pipeline.c) runs a stage's backward in two
+ * passes: B, what the gradient of the stage's input needs (sent upstream at once), and W, the parameters'
+ * gradients, deferred into what would be the bubble. B is the closure of the nodes that write the input's
+ * gradient leaf under "is a source of" (srcs and the storage an in-place node writes); W is every other
+ * backward node. Moving B ahead of W keeps a topological order (a W node feeds no B node, else it would be
+ * in B) and each class keeps its old order, so every gradient is computed by the same nodes from the same
+ * values: the results are bitwise those of the unsplit backward, and the parameters' gradient writers (all
+ * in W) keep their first-write order (Note [Overwriting first gradient writes]). What could differ is an
+ * in-place node (ACC, SCATTER_ADD, an accumulating dW) writing storage that a node of the other class reads:
+ * a W reader before a B writer, or a W writer before a B reader, would then see another value. Autodiff's
+ * accumulators are read only once complete, so this does not happen; the split checks it and refuses
+ * (-1) rather than reorder such a graph. The planner then sees the new order: what W reads lives until W. */
+int sl_graph_split_backward(sl_graph *g, int start, const sl_tensor *leaf) {
+    int n = g->n_nodes, ids = sl_ctx_count(g->ctx);
+    if (start < 0 || start > n) return -1;
+    uint8_t *inB = calloc((size_t)(n ? n : 1), 1);
+    int *lastBw = malloc(sizeof(int) * (size_t)(ids ? ids : 1)),
+        *firstWw = malloc(sizeof(int) * (size_t)(ids ? ids : 1));
+    int *lastBr = malloc(sizeof(int) * (size_t)(ids ? ids : 1)),
+        *firstWr = malloc(sizeof(int) * (size_t)(ids ? ids : 1));
+    sl_tensor **nodes = malloc(sizeof(sl_tensor *) * (size_t)(n ? n : 1));
+    int *map = malloc(sizeof(int) * (size_t)(n ? n : 1));
+    int ret = -1;
+    if (!inB || !lastBw || !firstWw || !lastBr || !firstWr || !nodes || !map) goto done;
+    for (int i = start; leaf && i < n; i++)
+        if (storage_root(g->nodes[i]) == leaf) inB[i] = 1;
+    for (int i = n - 1; i >= start; i--) { /* sources come first: one reverse pass closes the set */
+        if (!inB[i]) continue;
+        sl_tensor *t = g->nodes[i];
+        for (int s = 0; s <= SL_MAX_SRC; s++) {
+            sl_tensor *x = s < SL_MAX_SRC ? t->src[s] : t->view_src;
+            if (x && x->op != SL_OP_NONE && x->order >= start && x->order < i && g->nodes[x->order] == x)
+                inB[x->order] = 1;
+        }
+    }
+    /* the check: per storage (by root id), the B writers / readers against the W writers / readers */
+    for (int k = 0; k < ids; k++) lastBw[k] = lastBr[k] = -1, firstWw[k] = firstWr[k] = n;
+    for (int i = start; i < n; i++) {
+        sl_tensor *t = g->nodes[i];
+        if (t->op != SL_OP_VIEW && is_inplace(t)) {
+            int r = storage_root(t)->id;
+            if (inB[i])
+                lastBw[r] = i;
+            else if (firstWw[r] == n)
+                firstWw[r] = i;
+        }
+        for (int s = 0; s < SL_MAX_SRC; s++) {
+            if (!t->src[s]) continue;
+            int r = storage_root(t->src[s])->id;
+            if (inB[i])
+                lastBr[r] = i;
+            else if (firstWr[r] == n)
+                firstWr[r] = i;
+        }
+    }
+    for (int k = 0; k < ids; k++)
+        if ((lastBw[k] >= 0 && firstWr[k] < lastBw[k]) || (lastBr[k] >= 0 && firstWw[k] < lastBr[k]))
+            goto done;
+    int m = start;
+    for (int pass = 1; pass >= 0; pass--)
+        for (int i = start; i < n; i++)
+            if (inB[i] == pass) map[i] = m, nodes[m++] = g->nodes[i];
+    for (int i = 0; i < start; i++) map[i] = i;
+    int w = start;
+    for (int i = start; i < n; i++) w += inB[i];
+    for (int i = start; i < n; i++) {
+        g->nodes[i] = nodes[i];
+        g->nodes[i]->order = i;
+    }
+    for (int k = 0; k < g->grads_cap; k++)
+        if (g->last_grad_write[k] >= start && g->last_grad_write[k] < n)
+            g->last_grad_write[k] = map[g->last_grad_write[k]];
+    g->planned = 0;
+    ret = w;
+done:
+    free(inB);
+    free(lastBw);
+    free(firstWw);
+    free(lastBr);
+    free(firstWr);
+    free(nodes);
+    free(map);
+    return ret;
+}
+
 static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
 
 typedef struct {

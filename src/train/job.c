@@ -103,6 +103,7 @@ static uint64_t opts_hash(const sl_train_opts *o) {
                     o->parallel.layers_per_virtual_stage,
                     o->parallel.first_stage_layers,
                     o->parallel.last_stage_layers,
+                    o->parallel.zero_bubble,
                     o->parallel.zero_stage,
                     o->parallel.bucket_elems,
                     o->log.interval,
@@ -147,6 +148,9 @@ static sl_status setup_comm(sl_train_job *j) {
     const sl_mesh *mesh = &j->mesh;
     if (o->parallel.sequence_parallel && mesh->tp < 2)
         return sl_train_bad("--sequence-parallel needs --tensor-model-parallel-size > 1 (got %d)", mesh->tp);
+    if (o->parallel.zero_bubble && mesh->pp < 2)
+        return sl_train_bad("--enable-zero-bubble needs --pipeline-model-parallel-size > 1 (got %d)",
+                            mesh->pp);
     if ((o->parallel.first_stage_layers || o->parallel.last_stage_layers) && mesh->pp < 2)
         return sl_train_bad("--decoder-%s-pipeline-num-layers: needs --pipeline-model-parallel-size > 1",
                             o->parallel.first_stage_layers ? "first" : "last");
@@ -178,6 +182,9 @@ static sl_status setup_comm(sl_train_job *j) {
         if (lv > 0 && mesh->pp < 2)
             return sl_train_bad(
                 "--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1");
+        if (o->parallel.zero_bubble && lv > 0)
+            return sl_train_bad("--enable-zero-bubble with --num-layers-per-virtual-pipeline-stage is not "
+                                "supported (ZB-H1 is a 1F1B schedule; use one or the other)");
         if (mesh->pp > 1 && o->parallel.zero_stage == 3)
             return sl_train_bad(
                 "--zero-stage 3 with --pipeline-model-parallel-size %d is not supported (use 0, "
@@ -605,6 +612,7 @@ static sl_status make_trainer(sl_train_job *j) {
                             .hp = {(float)o->optim.beta1, (float)o->optim.beta2, (float)o->optim.eps,
                                    (float)o->optim.weight_decay},
                             .mesh = &j->mesh,
+                            .pipe_schedule = o->parallel.zero_bubble ? SL_PIPE_ZB_H1 : SL_PIPE_1F1B,
                             /* the masks' Philox key: the run's seed, moved off the data loader's key */
                             .dropout_seed = (uint64_t)o->seed ^ 0x64726f706f757421ull};
     if (o->model.fp16)

@@ -42,10 +42,12 @@ typedef struct {
     sl_buffer *io;            /* ids, targets, x_in, dx_in, seed */
     sl_comm_req *send_fwd, *send_bwd;
     int n_forward;
+    int n_b; /* the backward's B nodes are [n_forward, n_b), W [n_b, n); unsplit: n_b = n */
 } pipe_slot;
 
+enum { U_B, U_F, U_W }; /* backward (B, or B and W unsplit), forward, weight gradients (zero bubble) */
 typedef struct {
-    int fwd, chunk, micro;
+    int fwd, chunk, micro; /* fwd: U_* */
 } pipe_unit;
 
 enum { CH_UP, CH_DOWN, CH_WRAP_UP, CH_WRAP_DOWN, N_CH };
@@ -53,6 +55,7 @@ enum { CH_UP, CH_DOWN, CH_WRAP_UP, CH_WRAP_DOWN, N_CH };
 struct sl_pipeline {
     sl_model *m;
     int p, s, v, m_micro, B, T;
+    sl_pipe_schedule sched;
     int drop_on;                       /* training dropout (sl_pipeline_set_dropout) */
     uint64_t drop_seed, drop_per_step; /* stream = step x drop_per_step + global micro-batch index */
     int in_step;                       /* inside sl_pipeline_step (not evaluation) */
@@ -80,8 +83,73 @@ static sl_status wait_req(sl_comm_req **r) {
     return st;
 }
 
+/* Note [Zero-bubble schedule]
+ * ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", 2023): each backward is split into B, the gradient
+ * of the stage's input, sent upstream as soon as it is computed, and W, the parameters' gradients (Note
+ * [Splitting the backward], src/graph/graph.c); W units fill the slots where 1F1B waits. The unit order is
+ * the greedy list schedule of the paper's heuristic run on a model of the whole pipeline with unit costs
+ * (F = B = W = 1; the first stage has no input gradient, so its B is empty and its W the whole backward,
+ * cost 2): whenever a stage is idle it runs, by priority, the next B whose gradient has arrived, else the
+ * next F whose activations have arrived if fewer than K = min(m, p) micro-batches hold activations (a
+ * micro-batch holds them until its W), else its oldest pending W. Every rank computes the same model, so
+ * the TP / EP peers of a stage run the same order. The model also has the channels' FIFO coupling (a
+ * stage's next receive on a channel completes after its previous send there, which completes when the
+ * peer receives it), so the order it yields runs without deadlock whatever the real costs are. With equal
+ * costs the bubble is (p - 1) / (3 m + p - 1) of the step, a third of 1F1B's (p - 1) / (m + p - 1) x ...
+ * in time, (p - 1)(F + B - W) against (p - 1)(F + B + W); the price is activation memory: every stage holds
+ * up to p micro-batches (1F1B: p - s), the peak of the first stage, which 1F1B has too. W units run in
+ * micro-batch order per stage, so the gradients accumulate as in 1F1B: the weights are bitwise 1F1B's. */
+static void zb_schedule(sl_pipeline *P) {
+    int p = P->p, m = P->m_micro, K = m < p ? m : p, me = P->s, n = 0;
+    size_t pm = (size_t)p * (size_t)m;
+    /* per stage: next F / B / W micro-batch, busy-until; per (stage, micro): F and B start / end times */
+    int *nf = calloc((size_t)p * 4, sizeof(int)), *nb = nf + p, *nw = nb + p, *busy = nw + p;
+    int *fs = malloc(sizeof(int) * pm * 4), *fe = fs + pm, *bs = fe + pm, *be = bs + pm;
+    SL_ASSERT(nf && fs);
+    for (size_t i = 0; i < pm * 4; i++) fs[i] = -1;
+#define AT(a, q, i) (a)[(size_t)(q) * (size_t)m + (size_t)(i)]
+#define DONE(a, q, i) (AT(a, q, i) >= 0 && AT(a, q, i) <= t)
+    int left = 3 * m * p;
+    for (int t = 0; left > 0; t++) {
+        SL_ASSERT(t < 64 * (m + p) * 3 && "zero-bubble schedule: no progress");
+        for (int changed = 1; changed;) {
+            changed = 0;
+            for (int q = 0; q < p; q++) {
+                if (busy[q] > t) continue;
+                int i = nb[q], f = nf[q], kind = -1, micro = -1, cost = 1;
+                if (i < m && DONE(fe, q, i) && (q == p - 1 || DONE(be, q + 1, i)) &&
+                    (q == 0 || i == 0 || DONE(bs, q - 1, i - 1))) {
+                    kind = U_B, micro = i, cost = q == 0 ? 0 : 1;
+                    AT(bs, q, i) = t, AT(be, q, i) = t + cost, nb[q]++;
+                } else if (f < m && f - nw[q] < K && (q == 0 || DONE(fe, q - 1, f)) &&
+                           (q == p - 1 || f == 0 || DONE(fs, q + 1, f - 1))) {
+                    kind = U_F, micro = f;
+                    AT(fs, q, f) = t, AT(fe, q, f) = t + 1, nf[q]++;
+                } else if (nw[q] < nb[q]) {
+                    kind = U_W, micro = nw[q]++, cost = q == 0 ? 2 : 1;
+                }
+                if (kind < 0) continue;
+                busy[q] = t + cost;
+                left--;
+                changed = 1;
+                if (q == me) P->units[n++] = (pipe_unit){kind, 0, micro};
+            }
+        }
+    }
+#undef DONE
+#undef AT
+    free(nf);
+    free(fs);
+    P->n_units = n;
+    P->K[0] = K;
+}
+
 /* The unit list of one step (Note [Pipeline stages and 1F1B]) */
 static void make_schedule(sl_pipeline *P) {
+    if (P->sched == SL_PIPE_ZB_H1) {
+        zb_schedule(P);
+        return;
+    }
     int p = P->p, s = P->s, v = P->v, m = P->m_micro, total = m * v, n = 0;
     int w = v == 1 ? p - s - 1 : (p - s - 1) * 2 + (v - 1) * p;
     if (w > total) w = total;
@@ -89,7 +157,7 @@ static void make_schedule(sl_pipeline *P) {
     do {                                                                                                     \
         int c_ = ((k) / p) % v, mi_ = ((k) / (p * v)) * p + (k) % p;                                         \
         if (v == 1) mi_ = (k);                                                                               \
-        P->units[n++] = (pipe_unit){(f), (f) ? c_ : v - 1 - c_, mi_};                                        \
+        P->units[n++] = (pipe_unit){(f) ? U_F : U_B, (f) ? c_ : v - 1 - c_, mi_};                            \
     } while (0)
     for (int k = 0; k < w; k++) UNIT(k, 1);
     for (int k = 0; k < total - w; k++) {
@@ -104,7 +172,7 @@ static void make_schedule(sl_pipeline *P) {
     for (int c = 0; c < v; c++) P->K[c] = 1;
     for (int i = 0; i < n; i++) {
         int c = P->units[i].chunk;
-        live[c] += P->units[i].fwd ? 1 : -1;
+        live[c] += P->units[i].fwd == U_F ? 1 : -1;
         if (live[c] > P->K[c]) P->K[c] = live[c];
     }
 }
@@ -151,6 +219,13 @@ static sl_status build_slot(sl_pipeline *P, int c, pipe_slot *sl, float loss_sca
         sl_tensor_bind_buffer(sl->seed, sl->io, at);
         sl_graph_build_backward_seeded(sl->g, sl->out, sl->seed);
     }
+    sl->n_b = sl_graph_n_nodes(sl->g);
+    if (P->sched == SL_PIPE_ZB_H1) { /* Note [Splitting the backward] */
+        sl->n_b = sl_graph_split_backward(sl->g, sl->n_forward, first_virtual(P, c) ? NULL : sl->dx_in);
+        if (sl->n_b < 0)
+            return sl_fail(SL_ERR_INTERNAL, "pipeline: the zero-bubble schedule cannot split this backward "
+                                            "into input and weight gradients");
+    }
     sl_plan_stats ps;
     SL_TRY(sl_graph_plan(sl->g, m->backend, &ps));
     P->plan.planned_bytes += ps.planned_bytes;
@@ -178,7 +253,7 @@ void sl_pipeline_free(sl_pipeline *P) {
 }
 
 sl_status sl_pipeline_new(sl_pipeline **out, sl_model *m, const sl_mesh *mesh, int B, int T, int n_micro,
-                          float loss_scale) {
+                          float loss_scale, sl_pipe_schedule sched) {
     *out = NULL;
     int v = m->vpp > 1 ? m->vpp : 1;
     if (m->pp != mesh->pp || m->pp_rank != mesh->pp_rank || !mesh->pp_comm)
@@ -196,9 +271,14 @@ sl_status sl_pipeline_new(sl_pipeline **out, sl_model *m, const sl_mesh *mesh, i
             "--num-layers-per-virtual-pipeline-stage: the interleaved schedule needs micro-batches per "
             "step (%d) to be a multiple of --pipeline-model-parallel-size %d",
             n_micro, mesh->pp);
+    if (sched == SL_PIPE_ZB_H1 && v > 1)
+        return sl_fail(SL_ERR_UNSUPPORTED,
+                       "--enable-zero-bubble: not implemented with "
+                       "--num-layers-per-virtual-pipeline-stage (ZB-H1 is a 1F1B schedule)");
     sl_pipeline *P = calloc(1, sizeof *P);
     if (!P) return sl_fail(SL_ERR_NOMEM, "pipeline: out of memory");
     P->m = m;
+    P->sched = sched;
     P->p = mesh->pp;
     P->s = mesh->pp_rank;
     P->v = v;
@@ -207,7 +287,7 @@ sl_status sl_pipeline_new(sl_pipeline **out, sl_model *m, const sl_mesh *mesh, i
     P->T = T;
     P->act = (int64_t)B * (m->sp ? T / m->tp : T) * m->cfg.n_embd;
     sl_status st = SL_OK;
-    P->units = calloc((size_t)(2 * n_micro * v), sizeof *P->units);
+    P->units = calloc((size_t)(3 * n_micro * v), sizeof *P->units);
     P->ids_buf = calloc((size_t)B * (size_t)T, sizeof(int32_t));
     P->tg_buf = calloc((size_t)B * (size_t)T, sizeof(int32_t));
     if (!P->units || !P->ids_buf || !P->tg_buf) {
@@ -271,6 +351,12 @@ sl_graph *sl_pipeline_graph(sl_pipeline *P, int k) {
     return NULL;
 }
 sl_plan_stats sl_pipeline_plan(const sl_pipeline *P) { return P->plan; }
+
+void sl_pipeline_backward_split(const sl_pipeline *P, int *n_b, int *n_w) {
+    const pipe_slot *sl = &P->slot[0][0];
+    *n_b = sl->n_b - sl->n_forward;
+    *n_w = sl_graph_n_nodes(sl->g) - sl->n_b;
+}
 
 double sl_pipeline_take_wait(sl_pipeline *P) {
     double w = P->wait_sec;
@@ -366,9 +452,11 @@ static sl_status forward(sl_pipeline *P, int c, int k, int64_t step, int micro, 
     return SL_OK;
 }
 
+/* B (or the whole backward, unsplit) of slot k: from the received gradient to the input's, sent upstream;
+ * overwrite applies when the parameters' gradients are written here (unsplit) */
 static sl_status backward(sl_pipeline *P, int c, int k, int overwrite) {
     pipe_slot *sl = &P->slot[c][k];
-    int peer;
+    int peer, n = sl_graph_n_nodes(sl->g);
     if (!last_virtual(P, c)) {
         sl_comm *ch = grad_in(P, &peer);
         SL_TRY(recv_timed(P, ch, sl->seed->data, peer));
@@ -377,8 +465,8 @@ static sl_status backward(sl_pipeline *P, int c, int k, int overwrite) {
         SL_TRY(wait_req(&sl->send_bwd));
         memset(sl->dx_in->data, 0, sizeof(float) * (size_t)P->act);
     }
-    sl_graph_set_grad_overwrite(sl->g, overwrite);
-    sl_status st = sl_graph_compute_range(sl->g, sl->n_forward, sl_graph_n_nodes(sl->g), NULL, NULL);
+    sl_graph_set_grad_overwrite(sl->g, overwrite && sl->n_b == n);
+    sl_status st = sl_graph_compute_range(sl->g, sl->n_forward, sl->n_b, NULL, NULL);
     sl_graph_set_grad_overwrite(sl->g, 0);
     SL_TRY(st);
     if (!first_virtual(P, c)) {
@@ -387,6 +475,15 @@ static sl_status backward(sl_pipeline *P, int c, int k, int overwrite) {
         P->sent_bytes += (double)P->act * sizeof(float);
     }
     return SL_OK;
+}
+
+/* W of slot k (zero bubble): the parameters' gradients of the micro-batch whose B ran last on it */
+static sl_status weights(sl_pipeline *P, int c, int k, int overwrite) {
+    pipe_slot *sl = &P->slot[c][k];
+    sl_graph_set_grad_overwrite(sl->g, overwrite);
+    sl_status st = sl_graph_compute_range(sl->g, sl->n_b, sl_graph_n_nodes(sl->g), NULL, NULL);
+    sl_graph_set_grad_overwrite(sl->g, 0);
+    return st;
 }
 
 static sl_status drain(sl_pipeline *P) {
@@ -405,16 +502,18 @@ sl_status sl_pipeline_step(sl_pipeline *P, int64_t step, int n_micro, int micro0
         return sl_fail(SL_ERR_INVALID, "pipeline: built for %d micro-batches, asked for %d", P->m_micro,
                        n_micro);
     double sum = 0;
-    int seen_bwd[SL_PIPE_MAX_CHUNKS] = {0};
+    int seen_bwd[SL_PIPE_MAX_CHUNKS] = {0}, seen_w[SL_PIPE_MAX_CHUNKS] = {0};
     sl_status st = SL_OK;
     P->in_step = 1;
     for (int i = 0; i < P->n_units && st == SL_OK; i++) {
         const pipe_unit *u = &P->units[i];
         int k = u->micro % P->K[u->chunk];
-        if (u->fwd)
+        if (u->fwd == U_F)
             st = forward(P, u->chunk, k, step, micro0 + u->micro, fn, user, &sum);
-        else /* each chunk's first backward of the step overwrites its gradients */
+        else if (u->fwd == U_B) /* each chunk's first backward of the step overwrites its gradients */
             st = backward(P, u->chunk, k, overwrite && !seen_bwd[u->chunk]++);
+        else /* ... the first W, when the backward is split */
+            st = weights(P, u->chunk, k, overwrite && !seen_w[u->chunk]++);
     }
     P->in_step = 0;
     SL_TRY(st);

@@ -100,6 +100,14 @@ static void print_banner(const sl_train_job *j) {
                 "%.3f\n",
                 p, v, m->n_layers / v, mb, sl_pipeline_slots(j->tr.pipe), m->numel * 4.0 / 1048576.0,
                 (double)(p - 1) / (v * mb + p - 1));
+        else if (j->o.parallel.zero_bubble) /* Note [Zero-bubble schedule] */
+            fprintf(f,
+                    "pipeline parallel: %d stages, ZB-H1 (zero bubble: backward split into input- and "
+                    "weight-gradient passes), %d micro-batches per step | stage 0: layers %d-%d, %d graph "
+                    "slots, params %.2f MiB | bubble (p-1)/(3m+p-1) = %.3f at F = B = W (1F1B %.3f)\n",
+                    p, mb, m->layer0, m->layer0 + m->n_layers - 1, sl_pipeline_slots(j->tr.pipe),
+                    m->numel * 4.0 / 1048576.0, (double)(p - 1) / (3 * mb + p - 1),
+                    (double)(p - 1) / (mb + p - 1));
         else
             fprintf(
                 f,

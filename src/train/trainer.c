@@ -36,7 +36,8 @@ sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *
             st = sl_fail(SL_ERR_INVALID, "trainer: a pipeline stage needs the mesh (sl_trainer_config.mesh)");
             goto done;
         }
-        st = sl_pipeline_new(&tr->pipe, m, cfg->mesh, cfg->B, cfg->T, cfg->accum, tr->seed_base);
+        st = sl_pipeline_new(&tr->pipe, m, cfg->mesh, cfg->B, cfg->T, cfg->accum, tr->seed_base,
+                             (sl_pipe_schedule)cfg->pipe_schedule);
         if (st != SL_OK) goto done;
         tr->graph = sl_pipeline_graph(tr->pipe, 0);
         tr->plan = sl_pipeline_plan(tr->pipe);

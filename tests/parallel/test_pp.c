@@ -66,6 +66,8 @@ typedef struct {
     sl_model *stage;           /* for the names and shapes of the gathered parameters (kept) */
     float *full;               /* this stage's parameters in full (TP-gathered) layout, stage order */
     int slots, stage_dp_rank0; /* this rank is dp rank 0 of its (tp, pp) position */
+    int zb;                    /* the ZB-H1 schedule */
+    int n_b, n_w, grads_in_w;  /* its backward split; every parameter's last gradient write is in W */
     double wait;
     sl_status st;
 } rank_job;
@@ -96,9 +98,17 @@ static void *run_rank(void *arg) {
                             .warmup = 3,
                             .decay_iters = STEPS,
                             .hp = {0.9f, 0.95f, 1e-8f, 0.1f},
-                            .mesh = &mesh};
+                            .mesh = &mesh,
+                            .pipe_schedule = j->zb ? SL_PIPE_ZB_H1 : SL_PIPE_1F1B};
     if ((j->st = sl_trainer_init(&tr, m, &tc)) != SL_OK) goto out;
     have_tr = 1;
+    if (tr.pipe) {
+        sl_pipeline_backward_split(tr.pipe, &j->n_b, &j->n_w);
+        j->grads_in_w = 1;
+        for (int i = 0; i < m->n_params; i++)
+            if (sl_graph_last_grad_write(tr.graph, m->params[i].t) < sl_graph_n_nodes(tr.graph) - j->n_w)
+                j->grads_in_w = 0;
+    }
     if (tp && (j->st = sl_trainer_set_tp(&tr, tp)) != SL_OK) goto out;
     if (mesh.dp > 1) {
         sl_dp_opts o = {j->zero, 3000, j->accum};
@@ -162,6 +172,15 @@ typedef struct {
 /* layers per stage of an uneven split (check_layout_u), NULL: even */
 static const int *g_stage_layers;
 static int g_first, g_last;
+/* the zero-bubble schedule (check_layout_z): g_zb runs it; g_keep keeps the 1F1B run's losses and
+ * parameters per rank in g_kept for the bitwise comparison */
+static int g_zb, g_keep;
+static struct {
+    float losses[STEPS];
+    float *full;
+    int64_t n;
+    double wait;
+} g_kept[MAXR];
 
 static void check_layout_v(const ref_run *ref, int world, int tp, int pp, int sp, int zero, int accum,
                            int vpp) {
@@ -184,7 +203,8 @@ static void check_layout_v(const ref_run *ref, int world, int tp, int pp, int sp
                              .accum = accum,
                              .vpp = vpp,
                              .first = g_first,
-                             .last = g_last};
+                             .last = g_last,
+                             .zb = g_zb};
         pthread_create(&th[r], NULL, run_rank, &jobs[r]);
     }
     for (int r = 0; r < world; r++) pthread_join(th[r], NULL);
@@ -198,9 +218,18 @@ static void check_layout_v(const ref_run *ref, int world, int tp, int pp, int sp
     for (int r = 0; ok && r < world; r++) {
         const rank_job *j = &jobs[r];
         int stage = j->stage->pp_rank;
-        if (vpp <= 1) /* 1F1B keeps p - s micro-batches in flight on stage s */
+        if (vpp <= 1 && !g_zb) /* 1F1B keeps p - s micro-batches in flight on stage s */
             TU_CHECK(j->slots == (accum < pp - stage ? accum : pp - stage), "%s stage %d: %d slots", what,
                      stage, j->slots);
+        if (g_zb) { /* ZB-H1: min(m, p) on every stage; B empty on the first stage (no input gradient) */
+            TU_CHECK(j->slots == (accum < pp ? accum : pp), "%s zb stage %d: %d slots", what, stage,
+                     j->slots);
+            TU_CHECK((stage == 0 ? j->n_b == 0 : j->n_b > 0) && j->n_w > 0 && j->grads_in_w,
+                     "%s zb stage %d: backward split B %d / W %d nodes, parameters' gradients in W: %d", what,
+                     stage, j->n_b, j->n_w, j->grads_in_w);
+        } else {
+            TU_CHECK(j->n_w == 0, "%s: 1F1B runs its backward whole", what);
+        }
         for (int s = 0; s < STEPS; s++) {
             double e = fabs(j->losses[s] - ref->losses[s]) / fabs(ref->losses[s]);
             if (e > worst) worst = e;
@@ -228,6 +257,30 @@ static void check_layout_v(const ref_run *ref, int world, int tp, int pp, int sp
         (void)pf;
     }
     double wd = mr > 0 ? md / mr : md, wn = ss[1] > 0 ? sqrt(ss[0] / ss[1]) : 1;
+    /* ZB-H1 runs 1F1B's nodes on the same values, W in micro-batch order: bitwise its losses and weights */
+    for (int r = 0; ok && r < world; r++) {
+        int64_t n = sl_tp_full_numel(jobs[r].stage);
+        if (g_keep) {
+            memcpy(g_kept[r].losses, jobs[r].losses, sizeof jobs[r].losses);
+            g_kept[r].full = malloc(sizeof(float) * (size_t)n);
+            memcpy(g_kept[r].full, jobs[r].full, sizeof(float) * (size_t)n);
+            g_kept[r].n = n;
+            g_kept[r].wait = jobs[r].wait;
+        } else if (g_zb) {
+            TU_CHECK(g_kept[r].n == n && !memcmp(g_kept[r].losses, jobs[r].losses, sizeof jobs[r].losses) &&
+                         !memcmp(g_kept[r].full, jobs[r].full, sizeof(float) * (size_t)n),
+                     "%s rank %d: zero bubble is bitwise 1F1B (losses and weights)", what, r);
+            if (r == 0) {
+                double w0 = 0, w1 = 0;
+                for (int q = 0; q < world; q++) w0 += g_kept[q].wait, w1 += jobs[q].wait;
+                printf("%s: zero bubble bitwise 1F1B; blocked in receives %.1f ms/rank (1F1B %.1f), stage 1 "
+                       "backward B %d + W %d nodes\n",
+                       what, 1e3 * w1 / world, 1e3 * w0 / world, jobs[world - 1].n_b, jobs[world - 1].n_w);
+            }
+            free(g_kept[r].full);
+            g_kept[r].full = NULL;
+        }
+    }
     if (ok)
         printf("%s: worst loss rel err %.2e, final weights %.2e normwise (%.2e max elementwise); time "
                "blocked in "
@@ -269,6 +322,17 @@ static void check_layout_u(const ref_run *ref, int world, int tp, int pp, int fi
     check_layout_v(ref, world, tp, pp, 0, 0, accum, 1);
     g_first = g_last = 0;
     g_stage_layers = NULL;
+}
+
+/* ZB-H1 (Note [Zero-bubble schedule]): the layout under 1F1B, then under ZB-H1, which must be bitwise it
+ * and (so) within the bars of the single process */
+static void check_layout_z(const ref_run *ref, int world, int tp, int pp, int sp, int zero, int accum) {
+    g_keep = 1;
+    check_layout_v(ref, world, tp, pp, sp, zero, accum, 1);
+    g_keep = 0;
+    g_zb = 1;
+    check_layout_v(ref, world, tp, pp, sp, zero, accum, 1);
+    g_zb = 0;
 }
 
 static void single(int accum, ref_run *ref) {
@@ -323,6 +387,12 @@ int main(void) {
     check_layout_v(&ref4, 2, 1, 2, 0, 0, 4, 2);
     check_layout_v(&ref8, 2, 1, 2, 0, 0, 8, 2);
     check_layout_v(&ref4, 8, 2, 2, 1, 1, 2, 2); /* with tp 2 + SP and dp 2 */
+    /* ZB-H1: pp 2 and pp 4 (m = p and 2p), with TP + SP (collectives in B and W), with DP under ZeRO-1 */
+    check_layout_z(&ref4, 2, 1, 2, 0, 0, 4);
+    check_layout_z(&ref4, 4, 1, 4, 0, 0, 4);
+    check_layout_z(&ref8, 4, 1, 4, 0, 0, 8);
+    check_layout_z(&ref4, 4, 2, 2, 1, 0, 4);
+    check_layout_z(&ref4, 4, 1, 2, 0, 1, 2);
     TU_CHECK(sl_gpt2_new_par(&CFG, sl_backend_cpu(), &(sl_model_split){1, 0, 2, 0, 3, 0, 0, 1, 0, 0}, &bad) ==
                      SL_ERR_INVALID &&
                  strstr(sl_errmsg(), "--num-layers-per-virtual-pipeline-stage"),
@@ -374,6 +444,7 @@ int main(void) {
         check_layout(&lr, 4, 2, 2, 1, 0, 4); /* tp 2 (kv heads split) + SP */
         check_layout(&lr, 8, 2, 2, 0, 1, 2); /* tp 2 x pp 2 x dp 2 */
         check_layout_v(&lr, 2, 1, 2, 0, 0, 4, 2);
+        check_layout_z(&lr, 4, 2, 2, 1, 0, 4); /* ZB-H1 with tp 2 + SP: kv heads split */
         check_layout_u(&lr, 2, 1, 2, 3, 1, (const int[]){3, 1}, 4);
         check_layout_u(&lr, 6, 2, 3, 1, 1, (const int[]){1, 2, 1}, 4); /* tp 2 x pp 3 */
         sl_model_free(lr.m);

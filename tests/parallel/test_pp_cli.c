@@ -97,8 +97,9 @@ int main(void) {
     }
     const char *dl[][3] = {{"d_pp2", "-n 2", "--pp 2"},
                            {"d_vpp", "-n 2", "--pp 2 --num-layers-per-virtual-pipeline-stage 1"},
-                           {"d_pp2dp2", "-n 4", "--pp 2 --zero-stage 1"}};
-    for (int i = 0; i < 3; i++) {
+                           {"d_pp2dp2", "-n 4", "--pp 2 --zero-stage 1"},
+                           {"d_zb", "-n 2", "--pp 2 --enable-zero-bubble"}};
+    for (int i = 0; i < 4; i++) {
         rc = run("%s run %s -- %s train --data-path %s " TINY DROP " --train-iters 6 %s --save %s/%s", cli,
                  dl[i][1], cli, data, dl[i][2], dir, dl[i][0]);
         TU_CHECK(rc == 0, "%s: %s", dl[i][0], out);
@@ -130,6 +131,22 @@ int main(void) {
              cli, cli, data, dir);
     TU_CHECK(rc == 0 && strstr(out, "stage 0: layers 0-2"), "pp 2, 3 + 1 layers: rc %d %s", rc, out);
     same_as_single(dir, "pp2-3-1", 1, 16, 1, 0);
+    /* ZB-H1 (Note [Zero-bubble schedule]) on the same split: 1F1B's nodes on the same values, the weight
+     * gradients deferred but accumulated in micro-batch order, so the saved weights are bitwise 1F1B's */
+    rc = run("%s run -n 2 -- %s train --data-path %s " TINY
+             " --train-iters 16 --pp 2 --decoder-first-pipeline-num-layers 3 --enable-zero-bubble --save "
+             "%s/zb2-3-1",
+             cli, cli, data, dir);
+    TU_CHECK(rc == 0 && strstr(out, "ZB-H1") && strstr(out, "2 graph slots"), "zb pp 2, 3 + 1: rc %d %s", rc,
+             out);
+    same_as_single(dir, "zb2-3-1", 1, 16, 1, 0);
+    {
+        char a[700], b[700];
+        snprintf(a, sizeof a, "%s/pp2-3-1", dir);
+        snprintf(b, sizeof b, "%s/zb2-3-1", dir);
+        TU_CHECK(weights_diff(a, b) == 0, "zb pp 2: weights bitwise 1F1B's (rel diff %.3g)",
+                 weights_diff(a, b));
+    }
     rc = run("%s run -n 3 -- %s train --data-path %s " TINY
              " --train-iters 16 --pp 3 --decoder-first-pipeline-num-layers 1 "
              "--decoder-last-pipeline-num-layers 1 --save %s/pp3-1-2-1",
@@ -176,8 +193,11 @@ int main(void) {
          "--decoder-first-pipeline-num-layers: needs --pipeline-model-parallel-size > 1"},
         {2, "--pp 2 --decoder-first-pipeline-num-layers 1 --num-layers-per-virtual-pipeline-stage 1",
          "--decoder-first-pipeline-num-layers with --num-layers-per-virtual-pipeline-stage is not supported"},
+        {2, "--pp 2 --num-layers-per-virtual-pipeline-stage 1 --enable-zero-bubble",
+         "--enable-zero-bubble with --num-layers-per-virtual-pipeline-stage is not supported"},
+        {1, "--enable-zero-bubble", "--enable-zero-bubble needs --pipeline-model-parallel-size > 1 (got 1)"},
     };
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 6; i++) {
         if (bad[i].n > 1)
             rc = run("%s run -n %d -- %s train --data-path %s " TINY " --train-iters 2 %s --save %s/bad", cli,
                      bad[i].n, cli, data, bad[i].flags, dir);
