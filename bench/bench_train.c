@@ -134,7 +134,7 @@ static void print_plan(const sl_gpt2_config *c, int64_t B, const sl_mesh *mesh, 
 int sl_bench_train(int argc, char **argv) {
     int64_t L = 12, NH = 12, C = 768, V = 50257, B = 4, T = 64, steps = 5, warm = 1, threads = 2, accum = 1,
             zero = 0, bucket = 1 << 20, tpn = 1, ppn = 1, pfirst = 0, plast = 0;
-    int json = 0, bf16 = 0, sp = 0, plan_only = 0, busy = 0, fixed = 0;
+    int json = 0, bf16 = 0, sp = 0, plan_only = 0, busy = 0, fixed = 0, zb = 0;
     double pa = 0, ph = 0;
     const char *device = "cpu";
     sl_flag flags[] = {
@@ -157,6 +157,8 @@ int sl_bench_train(int argc, char **argv) {
         {"decoder-first-pipeline-num-layers", SL_FLAG_INT, &pfirst, 1, 1024,
          "layers on the first stage (uneven split; Note [Uneven pipeline stages])", 0},
         {"decoder-last-pipeline-num-layers", SL_FLAG_INT, &plast, 1, 1024, "layers on the last stage", 0},
+        {"enable-zero-bubble", SL_FLAG_BOOL, &zb, 0, 1,
+         "the ZB-H1 pipeline schedule instead of 1F1B (Note [Zero-bubble schedule])", 0},
         {"ddp-bucket-size", SL_FLAG_INT, &bucket, 1, 1ll << 40, "gradient bucket size in elements (1Mi)", 0},
         {"json", SL_FLAG_BOOL, &json, 0, 1, "machine-readable output", 0},
         {"sequence-parallel", SL_FLAG_BOOL, &sp, 0, 1, "sequence parallelism (with TP)", 0},
@@ -221,7 +223,8 @@ int sl_bench_train(int argc, char **argv) {
                             .decay_iters = 1000,
                             .hp = {0.9f, 0.95f, 1e-8f, 0.1f},
                             .mesh = &mesh,
-                            .dropout_seed = 1};
+                            .dropout_seed = 1,
+                            .pipe_schedule = zb ? SL_PIPE_ZB_H1 : SL_PIPE_1F1B};
     if (sl_trainer_init(&tr, m, &tc) != SL_OK) {
         fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
         sl_model_free(m);
@@ -293,15 +296,15 @@ int sl_bench_train(int argc, char **argv) {
             "\"adaptive_threads\": %d, \"mean_threads\": %.2f, \"thread_switches\": %lld, \"probes\": "
             "%lld, \"cpu_ms_per_step\": %.2f, \"wall_ms_per_step_mean\": %.2f, "
             "\"tokens_per_s_mean\": %.2f, \"attention_dropout\": %g, \"hidden_dropout\": %g, "
-            "\"mfu_f32_peak\": %.4f, \"peak_rss_mib\": %.1f}\n",
+            "\"mfu_f32_peak\": %.4f, \"peak_rss_mib\": %.1f, \"zero_bubble\": %d}\n",
             device, (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T,
             (long long)threads, bf16 ? "bf16-mixed" : "f32", med * 1e3, tps, flops / 1e9, peak / 1e9, mfu,
             tr.plan.planned_bytes / 1048576.0, loss, mesh.dp, (long long)accum, (long long)zero, wait_frac,
             mesh.tp, tp_frac, tp_bytes / 1048576.0, m->numel * 4.0 / 1048576.0, mesh.pp, pipe_frac,
-            (double)(mesh.pp - 1) / (double)(accum + mesh.pp - 1), (int)pfirst, (int)plast, bal[0], bal[1],
-            busy, tr.gov.on, thr_mean, (long long)tr.gov.switches, (long long)tr.gov.probes, cpu_step * 1e3,
-            wall_mean * 1e3, (double)(B * T) * (double)accum * mesh.dp / wall_mean, pa, ph,
-            peak32 > 0 ? flops / peak32 : 0, rss_mib);
+            (double)(mesh.pp - 1) / (double)((zb ? 3 : 1) * accum + mesh.pp - 1), (int)pfirst, (int)plast,
+            bal[0], bal[1], busy, tr.gov.on, thr_mean, (long long)tr.gov.switches, (long long)tr.gov.probes,
+            cpu_step * 1e3, wall_mean * 1e3, (double)(B * T) * (double)accum * mesh.dp / wall_mean, pa, ph,
+            peak32 > 0 ? flops / peak32 : 0, rss_mib, zb);
     else
         printf("GPT-2 on %s, L%lld NH%lld C%lld V%lld B%lld T%lld %s, %lld threads: %.1f ms/step (median of "
                "%lld), "

@@ -6,7 +6,8 @@
 # (the measured bubble + transfer) beside (p-1)/(m+p-1), DP's comm wait, parameters per rank.
 # (1,2,1) also runs with the uneven split the even run's record suggests (balanced_first_layers /
 # balanced_last_layers: the LM head weighs V / (12 C + T) layers on the last stage; Note [Uneven pipeline
-# stages]), as --decoder-first/last-pipeline-num-layers.
+# stages]), as --decoder-first/last-pipeline-num-layers, and on that split with the ZB-H1 schedule
+# (--enable-zero-bubble, Note [Zero-bubble schedule]; its bubble formula is (p-1)/(3m+p-1)).
 # Usage: bench/parallel.sh [--steps N] [--repeat R] [--small] [--pp-only]   (--small: 4 layers, C=256;
 # --pp-only: 1 process and the two (1,2,1) splits only)
 # With --repeat R the set runs R times, interleaved, and the summary uses medians. (2,2,2) runs 8 ranks on
@@ -36,6 +37,7 @@ for _ in $(seq "$repeat"); do
     bal=$(echo "$rec" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); f,l=r["balanced_first_layers"],r["balanced_last_layers"]
 print("--decoder-first-pipeline-num-layers %d --decoder-last-pipeline-num-layers %d" % (f, l) if f or l else "")')
     [ -n "$bal" ] && run $S run -n 2 -- $S bench train $model --threads 1 --accum 4 --pipeline-model-parallel-size 2 $bal
+    run $S run -n 2 -- $S bench train $model --threads 1 --accum 4 --pipeline-model-parallel-size 2 $bal --enable-zero-bubble
     if [ "$pponly" = 0 ]; then
         run $S run -n 2 -- $S bench train $model --threads 1 --accum 2
         run $S run -n 8 -- $S bench train $model --threads 1 --accum 2 --tensor-model-parallel-size 2 \
@@ -51,14 +53,16 @@ def med(sel, key="tokens_per_s"):
     return (statistics.median(v), len(v)) if v else (float("nan"), 0)
 one, n = med(lambda r: r["dp"] == 1 and r["tp"] == 1 and r["pp"] == 1)
 print("# medians of %d run(s); global batch 4 x B4 x T64 per step; 1 process x 2 threads: %.1f tokens/s" % (n, one))
-for (tp, pp, dp, split) in [(2, 1, 1, 0), (1, 2, 1, 0), (1, 2, 1, 1), (1, 1, 2, 0), (2, 2, 2, 0)]:
-    sel = lambda r, a=(tp, pp, dp), u=split: (r["tp"], r["pp"], r["dp"]) == a and bool(r.get("first_layers") or r.get("last_layers")) == bool(u)
+for (tp, pp, dp, split, zb) in [(2, 1, 1, 0, 0), (1, 2, 1, 0, 0), (1, 2, 1, 1, 0), (1, 2, 1, 1, 1), (1, 2, 1, 0, 1),
+                               (1, 1, 2, 0, 0), (2, 2, 2, 0, 0)]:
+    sel = lambda r, a=(tp, pp, dp), u=split, z=zb: (r["tp"], r["pp"], r["dp"]) == a and bool(r.get("first_layers") or r.get("last_layers")) == bool(u) and r.get("zero_bubble", 0) == z
     t, k = med(sel)
     if not k: continue
     fl = [(r["first_layers"], r["last_layers"]) for r in rs if sel(r)][0] if split else None
     f, _ = med(sel, "tp_comm_fraction"); w, _ = med(sel, "comm_wait_fraction")
     b, _ = med(sel, "pipe_wait_fraction"); bt, _ = med(sel, "bubble_theory"); p, _ = med(sel, "param_mib_per_rank")
-    print("# (tp,pp,dp)=(%d,%d,%d)%s x 1 thread: %.1f tokens/s = %.2fx; TP collectives %.1f%% of step; pipeline wait "
+    print("# (tp,pp,dp)=(%d,%d,%d)%s%s x 1 thread: %.1f tokens/s = %.2fx; TP collectives %.1f%% of step; pipeline wait "
           "%.1f%% (bubble formula %.1f%%); DP comm wait %.1f%%; %.1f MiB parameters on rank 0"
-          % (tp, pp, dp, " layers %d/%d" % fl if fl else "", t, t / one, 100 * f, 100 * b, 100 * bt, 100 * w, p))
+          % (tp, pp, dp, " layers %d/%d" % fl if fl else "", " ZB-H1" if zb else "", t, t / one, 100 * f, 100 * b,
+             100 * bt, 100 * w, p))
 PY

@@ -95,10 +95,11 @@ static sl_status wait_req(sl_comm_req **r) {
  * the TP / EP peers of a stage run the same order. The model also has the channels' FIFO coupling (a
  * stage's next receive on a channel completes after its previous send there, which completes when the
  * peer receives it), so the order it yields runs without deadlock whatever the real costs are. With equal
- * costs the bubble is (p - 1) / (3 m + p - 1) of the step, a third of 1F1B's (p - 1) / (m + p - 1) x ...
- * in time, (p - 1)(F + B - W) against (p - 1)(F + B + W); the price is activation memory: every stage holds
- * up to p micro-batches (1F1B: p - s), the peak of the first stage, which 1F1B has too. W units run in
- * micro-batch order per stage, so the gradients accumulate as in 1F1B: the weights are bitwise 1F1B's. */
+ * costs the idle time is (p - 1)(F + B - W) against 1F1B's (p - 1)(F + B + W), a bubble of
+ * (p - 1) / (3 m + p - 1) of the step against (p - 1) / (m + p - 1). The price is activation memory: every
+ * stage holds up to min(m, p) micro-batches (1F1B: p - s on stage s), the first stage's peak, which 1F1B
+ * has too, and what W reads lives until W. W units run in micro-batch order on each stage, so the gradients
+ * accumulate as in 1F1B: the losses and weights are bitwise 1F1B's. */
 static void zb_schedule(sl_pipeline *P) {
     int p = P->p, m = P->m_micro, K = m < p ? m : p, me = P->s, n = 0;
     size_t pm = (size_t)p * (size_t)m;

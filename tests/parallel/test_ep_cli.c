@@ -1,13 +1,13 @@
 /* Expert parallelism through the CLI and the launcher (issue 17, items 2-5 and 7): `suanli run -n 2 --
  * suanli train --ep 2`, `run -n 4 ... --ep 4 --zero-stage 1`, `run -n 2 ... --ep 2 --zero-stage 3` and, on 4
- * ranks, ep 2 with tp 2 and with pp 2, and expert tensor parallelism (tp 2 with the experts split, also
- * with dp 2, pp 2, ep 2 and DeepSeek-V3's bias balancing), on the Qwen2-MoE fixture, reproduce the single
- * process that runs the same micro-batches (losses within 1e-6 relative per step, saved weights within
- * 1e-5 normwise and 1e-4 elementwise, as test_hf_par_cli: the bars and why are in tests/parallel/test_ep.c
- * and weight_diff below); metrics.jsonl carries the all-to-all time and
- * bytes; a checkpoint saved at ep = 4 loads at ep = 2 and ep = 1 with bitwise the same weights, and a run
- * resumed from it at ep = 2 continues as the uninterrupted one; bad EP layouts exit 2 with one line naming
- * the flag, before anything is written. */
+ * ranks, ep 2 with tp 2 and with pp 2 (1F1B and ZB-H1), and expert tensor parallelism (tp 2 with the experts
+ * split, also with dp 2, pp 2, ep 2 and DeepSeek-V3's bias balancing), on the Qwen2-MoE fixture, reproduce
+ * the single process that runs the same micro-batches (losses within 1e-6 relative per step, saved weights
+ * within 1e-5 normwise and 1e-4 elementwise, as test_hf_par_cli: the bars and why are in
+ * tests/parallel/test_ep.c and weight_diff below); metrics.jsonl carries the all-to-all time and bytes; a
+ * checkpoint saved at ep = 4 loads at ep = 2 and ep = 1 with bitwise the same weights, and a run resumed from
+ * it at ep = 2 continues as the uninterrupted one; bad EP layouts exit 2 with one line naming the flag,
+ * before anything is written. */
 #include <string.h>
 #include <sys/stat.h>
 
@@ -235,13 +235,14 @@ static void deepseek_bias(const char *tmp, const char *data) {
                             {"dsz3", "2", "--zero-stage 3"},
                             {"dsep2z3", "2", "--ep 2 --zero-stage 3"},
                             {"dsp3", "3", "--pp 3"},
+                            {"dsp3zb", "3", "--pp 3 --enable-zero-bubble"}, /* loads after each F unit */
                             {"dsp2d2", "4", "--pp 2 --decoder-first-pipeline-num-layers 1 --zero-stage 1"},
                             {"dsetp2", "2", "--tp 2 --expert-tensor-parallel-size 2"},
                             {"dssp", "2", "--tp 2 --sequence-parallel"},
                             {"dsetp2sp", "2", "--tp 2 --sequence-parallel --expert-tensor-parallel-size 2"},
                             {"dsetp2ep2", "4", "--tp 2 --ep 2 --expert-tensor-parallel-size 2"}};
     /* under SP with whole experts each TP rank routes its own shard, so the loads are summed over TP too */
-    for (int k = 0; k < 9; k++) {
+    for (int k = 0; k < (int)(sizeof dsl / sizeof dsl[0]); k++) {
         TU_CHECK(run("%s run -n %s -- %s %s %s --save %s/%s", tu_cli(), dsl[k][1], tu_cli(), dbase, dsl[k][2],
                      tmp, dsl[k][0]) == 0,
                  "deepseek %s: %s", dsl[k][2], out);
@@ -301,9 +302,14 @@ int main(void) {
     TU_CHECK(run("%s run -n 4 -- %s %s --train-iters 6 --ep 2 --pp 2 --save %s/ep2pp2", tu_cli(), tu_cli(),
                  base, tmp) == 0,
              "ep 2 x pp 2: %s", out);
+    /* ... and with the ZB-H1 schedule: the dispatch / combine all-to-alls run in B (they carry activation
+     * gradients), the experts' weight gradients in W */
+    TU_CHECK(run("%s run -n 4 -- %s %s --train-iters 6 --ep 2 --pp 2 --enable-zero-bubble --save %s/ep2pp2zb",
+                 tu_cli(), tu_cli(), base, tmp) == 0,
+             "ep 2 x pp 2, zero bubble: %s", out);
     snprintf(a, sizeof a, "%s/single", tmp);
-    const char *runs[] = {"ep2", "ep4", "ep2z3", "ep2tp2", "ep2pp2"};
-    for (int k = 0; k < 5; k++) {
+    const char *runs[] = {"ep2", "ep4", "ep2z3", "ep2tp2", "ep2pp2", "ep2pp2zb"};
+    for (int k = 0; k < 6; k++) {
         snprintf(b, sizeof b, "%s/%s", tmp, runs[k]);
         same_losses(a, b, 1, 6);
         char mp[1000];

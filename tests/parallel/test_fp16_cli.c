@@ -2,10 +2,10 @@
  * scale of 2^20 and a window of 3), the skipped steps and the scale in metrics.jsonl and the progress line;
  * data parallelism (suanli run -n 2, plain DP and ZeRO-2, where the found-inf test is the all-reduced norm)
  * skips the same steps with the same scales and reproduces the single-process losses; so do pipeline
- * parallelism (pp 2, pp 2 x dp 2 with ZeRO-1, the interleaved schedule: the loss scale is every last-stage
- * slot's seed and the found-inf test the norm summed over the stages) on a 4-layer GPT-2; bad flags exit 2
- * with one line naming the flag; `suanli generate --dtype f16`. (fp16 with expert parallelism:
- * tests/parallel/test_ep_cli.c.) */
+ * parallelism (pp 2, pp 2 x dp 2 with ZeRO-1, the interleaved and the ZB-H1 schedules: the loss scale is
+ * every last-stage slot's seed and the found-inf test the norm summed over the stages) on a 4-layer GPT-2;
+ * bad flags exit 2 with one line naming the flag; `suanli generate --dtype f16`. (fp16 with expert
+ * parallelism: tests/parallel/test_ep_cli.c.) */
 #include <string.h>
 #include <unistd.h>
 
@@ -184,11 +184,13 @@ int main(void) {
     read_metrics(p, &ms);
     TU_CHECK(ms.n == STEPS && ms.nskip >= 2 && ms.nskip < STEPS, "pp single: %d lines, %d skipped", ms.n,
              ms.nskip);
-    const char *layouts[][3] = {{"pp2", "-n 2", "--pp 2"},
-                                {"pp2dp2", "-n 4", "--pp 2 --zero-stage 1"},
-                                {"vpp", "-n 2", "--pp 2 --num-layers-per-virtual-pipeline-stage 1"},
-                                {"tp2", "-n 2", "--tp 2"},
-                                {"tp2sp", "-n 2", "--tp 2 --sequence-parallel"}};
+    const char *layouts[][3] = {
+        {"pp2", "-n 2", "--pp 2"},
+        {"pp2dp2", "-n 4", "--pp 2 --zero-stage 1"},
+        {"vpp", "-n 2", "--pp 2 --num-layers-per-virtual-pipeline-stage 1"},
+        {"zb", "-n 2", "--pp 2 --enable-zero-bubble"}, /* W carries the seed's scale */
+        {"tp2", "-n 2", "--tp 2"},
+        {"tp2sp", "-n 2", "--tp 2 --sequence-parallel"}};
     for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
         rc = run("%s run %s -- %s train --data-path %s " PP_TINY " %s --save %s/%s", cli, layouts[i][1], cli,
                  data, layouts[i][2], dir, layouts[i][0]);
