@@ -125,10 +125,12 @@ static void print_plan(const sl_gpt2_config *c, int64_t B, const sl_mesh *mesh, 
                        const sl_trainer *tr) {
     printf("{\"bench\": \"train_plan\", \"L\": %d, \"NH\": %d, \"C\": %d, \"V\": %d, \"B\": %lld, \"T\": %d, "
            "\"tp\": %d, \"pp\": %d, \"dp\": %d, \"sp\": %d, \"activation_mib\": %.2f, \"naive_mib\": %.2f, "
-           "\"param_mib_per_rank\": %.2f}\n",
+           "\"param_mib_per_rank\": %.2f, \"rank\": %d, \"pp_rank\": %d, \"graph_slots\": %d, "
+           "\"zero_bubble\": %d}\n",
            c->n_layer, c->n_head, c->n_embd, c->vocab_size, (long long)B, c->max_seq_len, mesh->tp, mesh->pp,
            mesh->dp, m->sp, tr->plan.planned_bytes / 1048576.0, tr->plan.naive_bytes / 1048576.0,
-           m->numel * 4.0 / 1048576.0);
+           m->numel * 4.0 / 1048576.0, mesh->rank, mesh->pp_rank, tr->pipe ? sl_pipeline_slots(tr->pipe) : 1,
+           tr->cfg.pipe_schedule == SL_PIPE_ZB_H1);
 }
 
 int sl_bench_train(int argc, char **argv) {
@@ -191,7 +193,8 @@ int sl_bench_train(int argc, char **argv) {
         fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
         return 2;
     }
-    if (mesh.rank != 0 && !freopen("/dev/null", "w", stdout)) return 1;
+    /* --plan-only: every rank prints its record (the stages differ); else rank 0 reports */
+    if (mesh.rank != 0 && !plan_only && !freopen("/dev/null", "w", stdout)) return 1;
     sl_gpt2_config cfg = {(int)L, (int)NH, (int)C, (int)V, (int)T};
     sl_model *m;
     sl_backend *be = sl_backend_get(device);
