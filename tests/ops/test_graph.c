@@ -1,5 +1,5 @@
 /* Graph machinery: planner reuse and safety, completion hooks, leaf binding errors, the null backend,
- * overwriting first gradient writes. */
+ * overwriting first gradient writes, splitting a backward into input- and weight-gradient passes. */
 #include <string.h>
 
 #include "suanli/device.h"
@@ -87,8 +87,97 @@ static void test_grad_overwrite(void) {
     free(ref);
 }
 
+/* Note [Splitting the backward]: a two-layer MLP stage whose input takes a gradient (a pipeline stage's
+ * x_in / dx_in), backward seeded from outside. Split, the B range alone gives the input's gradient bitwise
+ * the unsplit backward's and writes no parameter gradient; the W range then gives every parameter
+ * gradient bitwise. A graph where an in-place write would move across a read of its storage is refused. */
+enum { SN = 6, SC = 8, SNP = 2 * SC * SC + 2 * SC };
+typedef struct {
+    sl_ctx *ctx;
+    sl_graph *g;
+    sl_tensor *x, *dx;
+    int n_fwd;
+    float pm[SNP], gm[SNP], xd[SN * SC], dxd[SN * SC], sd[SN * SC];
+} split_net;
+
+static void split_net_build(split_net *n) {
+    n->ctx = sl_ctx_new(1024);
+    sl_ctx *ctx = n->ctx;
+    for (int i = 0; i < SNP; i++) n->pm[i] = 0.05f * (float)((i * 29 % 19) - 9), n->gm[i] = 0;
+    for (int i = 0; i < SN * SC; i++)
+        n->xd[i] = 0.1f * (float)((i * 13 % 11) - 5), n->sd[i] = 0.01f * (float)((i * 7 % 17) - 8),
+        n->dxd[i] = 0;
+    sl_tensor *w1 = sl_new_tensor_2d(ctx, SL_F32, SC, SC), *b1 = sl_new_tensor_1d(ctx, SL_F32, SC),
+              *w2 = sl_new_tensor_2d(ctx, SL_F32, SC, SC), *b2 = sl_new_tensor_1d(ctx, SL_F32, SC);
+    sl_tensor *ps[4] = {w1, b1, w2, b2};
+    int64_t off = 0;
+    for (int i = 0; i < 4; i++) {
+        sl_tensor_bind(ps[i], n->pm + off);
+        sl_set_param(ps[i]);
+        ps[i]->grad = sl_new_tensor(ctx, SL_F32, ps[i]->ndim, ps[i]->ne);
+        sl_tensor_bind(ps[i]->grad, n->gm + off);
+        off += sl_nelements(ps[i]);
+    }
+    n->x = sl_new_tensor_2d(ctx, SL_F32, SN, SC);
+    n->dx = sl_new_tensor_2d(ctx, SL_F32, SN, SC);
+    sl_tensor_bind(n->x, n->xd);
+    sl_tensor_bind(n->dx, n->dxd);
+    sl_set_param(n->x);
+    n->x->grad = n->dx;
+    sl_tensor *out = sl_add(ctx, sl_linear(ctx, sl_gelu(ctx, sl_linear(ctx, n->x, w1, b1)), w2, b2), n->x);
+    sl_tensor *seed = sl_new_tensor_2d(ctx, SL_F32, SN, SC);
+    sl_set_input(seed);
+    sl_tensor_bind(seed, n->sd);
+    n->g = sl_graph_new(ctx);
+    sl_graph_build_forward(n->g, out);
+    n->n_fwd = sl_graph_n_nodes(n->g);
+    sl_graph_build_backward_seeded(n->g, out, seed);
+}
+
+static void test_split_backward(void) {
+    split_net a, b;
+    split_net_build(&a);
+    split_net_build(&b);
+    TU_CHECK(sl_graph_plan(a.g, sl_backend_cpu(), NULL) == SL_OK &&
+                 sl_graph_compute(a.g, NULL, NULL) == SL_OK,
+             "unsplit backward");
+    int n = sl_graph_n_nodes(b.g), w = sl_graph_split_backward(b.g, b.n_fwd, b.dx);
+    TU_CHECK(w > b.n_fwd && w < n && sl_graph_n_nodes(b.g) == n, "split: B [%d, %d), W [%d, %d)", b.n_fwd, w,
+             w, n);
+    for (int i = 0; i < n; i++)
+        TU_CHECK(sl_graph_node(b.g, i)->order == i, "node %d keeps its order field", i);
+    TU_CHECK(sl_graph_plan(b.g, sl_backend_cpu(), NULL) == SL_OK, "plan the split graph");
+    TU_CHECK(sl_graph_compute_range(b.g, 0, w, NULL, NULL) == SL_OK, "forward + B");
+    TU_CHECK(memcmp(a.dxd, b.dxd, sizeof a.dxd) == 0, "B: the input's gradient, bitwise the unsplit one");
+    float zeros[SNP] = {0};
+    TU_CHECK(memcmp(b.gm, zeros, sizeof zeros) == 0, "B writes no parameter gradient");
+    TU_CHECK(sl_graph_compute_range(b.g, w, n, NULL, NULL) == SL_OK, "W");
+    TU_CHECK(memcmp(a.gm, b.gm, sizeof a.gm) == 0, "W: the parameters' gradients, bitwise the unsplit ones");
+    TU_CHECK(sl_graph_split_backward(a.g, a.n_fwd, NULL) == a.n_fwd, "no input gradient: everything is W");
+    for (split_net *q = &a; q; q = q == &a ? &b : NULL) {
+        sl_graph_free(q->g);
+        sl_ctx_free(q->ctx);
+    }
+    /* the refusal: W reads t before B's in-place ACC into t (t, r = 3 t, t += x, dx += t) */
+    sl_ctx *ctx = sl_ctx_new(64);
+    sl_tensor *x = sl_new_tensor_1d(ctx, SL_F32, 4), *dx = sl_new_tensor_1d(ctx, SL_F32, 4);
+    sl_tensor *t = sl_scale(ctx, x, 2.0f), *r = sl_scale(ctx, t, 3.0f);
+    sl_tensor *wr = sl_acc(ctx, dx, sl_acc(ctx, t, x));
+    sl_graph *g = sl_graph_new(ctx);
+    sl_graph_build_forward(g, r);
+    sl_graph_build_forward(g, wr);
+    int before[8], m = sl_graph_n_nodes(g);
+    for (int i = 0; i < m; i++) before[i] = sl_graph_node(g, i)->id;
+    TU_CHECK(m == 4 && sl_graph_split_backward(g, 0, dx) == -1, "an in-place write across a read is refused");
+    for (int i = 0; i < m; i++)
+        TU_CHECK(sl_graph_node(g, i)->id == before[i], "refused: node %d unchanged", i);
+    sl_graph_free(g);
+    sl_ctx_free(ctx);
+}
+
 int main(void) {
     test_grad_overwrite();
+    test_split_backward();
     sl_ctx *ctx = sl_ctx_new(1024);
     /* a chain of 20 elementwise ops: a planner must reuse memory (only ~2 live at a time) */
     enum { N = 4096 };
