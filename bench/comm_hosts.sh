@@ -28,6 +28,6 @@ hosts=""; for h in $(seq 0 $((H - 1))); do hosts="$hosts${hosts:+,}h$h:$L"; done
 echo "# job: mpirun -np $((H * L)) --host $hosts, suanli (hybrid transport) and OpenMPI in the same processes"
 nc_exec 0 mpirun --allow-run-as-root -np $((H * L)) --host $hosts --mca plm_rsh_agent "$HERE/../tests/comm/netns_rsh.sh" \
   --mca btl self,vader,tcp --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 \
-  -x MASTER_ADDR=$M -x MASTER_PORT=29600 -x NC -x NC_DIR \
-  --mca mpi_yield_when_idle 1 "$CLI" bench comm --colls all_reduce --algos ring,hier --json --reps 3 --max-bytes $MAX 2>&1 | grep -v "suanli info"
+  -x MASTER_ADDR=$M -x MASTER_PORT=29600 -x NC -x NC_DIR ${SUANLI_COMM_SPIN:+-x SUANLI_COMM_SPIN} \
+  --mca mpi_yield_when_idle 1 "$CLI" bench comm --colls all_reduce --algos ${ALGOS:-ring,hier} --json --reps 3 --max-bytes $MAX 2>&1 | grep -v "suanli info"
 echo "# end $(date -u +%FT%TZ) load=\"$(cut -d' ' -f1-3 /proc/loadavg)\""

@@ -139,6 +139,9 @@ sl_status sl_net_first_ip(char *buf, size_t cap);
 /* spin `spin` times, then yield, then short sleeps; see Note [Waiting] in transport/fifo.c */
 void sl_comm_backoff(unsigned *iter, unsigned spin);
 unsigned sl_comm_spin_budget(int local_ranks); /* long spins only when every rank has a core */
+/* Note [Ranks sharing a machine]: the most ranks of one job seen on this machine's kernel (pretend hosts:
+ * network namespaces, SUANLI_COMM_HOSTNAME); sl_comm_spin_budget counts them as sharing the CPUs */
+void sl_comm_note_machine_ranks(int n);
 double sl_comm_env_timeout(void);
 
 /* ---- algorithms (algo/) ---- */

@@ -41,6 +41,15 @@ static void host_id(char *host, size_t cap) {
         gethostname(host, cap - 1);
 }
 
+/* This machine's kernel: the boot id (one per booted kernel, shared by its network namespaces and
+ * containers, which share its CPUs), else the host id (Note [Ranks sharing a machine], fifo.c) */
+static void machine_id(char *id, size_t cap) {
+    memset(id, 0, cap);
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (!f || !fgets(id, (int)cap, f)) host_id(id, cap);
+    if (f) fclose(f);
+}
+
 /* host_of[r] = index of rank r's host (numbered by first appearance); returns the host count and the
  * most ranks on one host (*maxlocal) */
 static int host_index(const char *hosts, size_t hl, int n, int *host_of, int *maxlocal) {
@@ -123,6 +132,21 @@ static sl_status comm_create(sl_oob *oob, const sl_comm_opts *opts, sl_comm_tran
     if (kind != SL_COMM_TRANSPORT_LOOPBACK && oob->size > 1) {
         SL_CHECK(oob->allgather(oob, host, all, sizeof host));
         nh = host_index(all, sizeof host, oob->size, host_of, &maxlocal);
+        if (nh > 1) { /* every rank computes the same nh: they all take part */
+            char mid[64], *mall = calloc((size_t)oob->size, sizeof mid);
+            if (!mall) {
+                st = sl_fail(SL_ERR_NOMEM, "communicator: out of memory");
+                goto done;
+            }
+            machine_id(mid, sizeof mid);
+            st = oob->allgather(oob, mid, mall, sizeof mid);
+            int same = 0;
+            for (int r = 0; st == SL_OK && r < oob->size; r++)
+                same += !memcmp(mall + (size_t)r * sizeof mid, mid, sizeof mid);
+            free(mall);
+            if (st != SL_OK) goto done;
+            sl_comm_note_machine_ranks(same);
+        }
     }
     if (auto_kind) {
         kind = nh == 1        ? SL_COMM_TRANSPORT_SHM

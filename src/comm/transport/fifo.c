@@ -201,8 +201,23 @@ static size_t env_size(const char *name, size_t dflt, size_t lo, size_t hi) {
  * cores with each other or with other jobs), and only then sleep, so a rank waiting seconds for a
  * slow peer costs almost no CPU. Never a pure spin: more ranks than cores cannot livelock. */
 #define YIELD_ITERS 20000u
+/* Note [Ranks sharing a machine]
+ * A host's ranks spin long only when each has a core. "Host" is the communicator's topology (hostname or
+ * SUANLI_COMM_HOSTNAME), but hosts simulated on one machine (network namespaces, tests) share its CPUs
+ * with the other hosts' ranks: 2 pretend hosts x 2 ranks on 2 cores spun 4096 pauses per wait while the
+ * peer it waited for could not run, and an 8-byte hierarchical all-reduce took 96-165 us against 35-59 us
+ * with short spins (docs/BENCHMARKS-comm.md). Communicator creation counts the ranks on this kernel (same
+ * boot id) and notes the largest count here; the budget uses it when it exceeds the host's. */
+static _Atomic int g_machine_ranks;
+void sl_comm_note_machine_ranks(int n) {
+    int cur = atomic_load(&g_machine_ranks);
+    while (n > cur && !atomic_compare_exchange_weak(&g_machine_ranks, &cur, n)) {
+    }
+}
 unsigned sl_comm_spin_budget(int local_ranks) {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int m = atomic_load(&g_machine_ranks);
+    if (m > local_ranks) local_ranks = m;
     return local_ranks <= cpus ? 4096u : 16u;
 }
 void sl_comm_backoff(unsigned *iter, unsigned spin) {
@@ -595,7 +610,7 @@ static fifo_tp *fifo_alloc(int rank, int size, int loopback) {
     t->base.beta = 1.0 / 8e9;
     t->base.win = loopback ? &lb_win_vt : &shm_win_vt;
     t->loopback = loopback;
-    t->spin = sl_comm_spin_budget(size);
+    t->spin = (unsigned)env_size("SUANLI_COMM_SPIN", sl_comm_spin_budget(size), 0, YIELD_ITERS);
     /* loopback never pulls: a thread that aborts may free the buffer a peer is reading */
     /* pulls only when ranks outnumber CPUs (a descheduled sender does not stall the copy): with a
      * core each, two ranks streaming through cache-resident slots measured as fast or faster at
