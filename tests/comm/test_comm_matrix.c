@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "comm/comm_internal.h"
 #include "comm_check.h"
 
 static cc_cfg g_cfg;
@@ -88,6 +89,14 @@ static int run_forked(sl_comm_transport_kind kind, int n, const int *host_of) {
             if (sl_comm_transport(c) != kind) {
                 fprintf(stderr, "FAIL rank %d: transport %s\n", r,
                         sl_comm_transport_name(sl_comm_transport(c)));
+                _exit(1);
+            }
+            /* Note [Ranks sharing a machine]: pretend hosts on this kernel share its CPUs, so the shm wait
+             * spins long only when all n ranks have one */
+            long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+            if (host_of && sl_comm_spin_budget(1) != (n <= cpus ? 4096u : 16u)) {
+                fprintf(stderr, "FAIL rank %d: spin budget %u with %d ranks on %ld CPUs\n", r,
+                        sl_comm_spin_budget(1), n, cpus);
                 _exit(1);
             }
             int f = rank_main(c);
