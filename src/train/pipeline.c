@@ -100,19 +100,27 @@ static sl_status wait_req(sl_comm_req **r) {
  * stage holds up to min(m, p) micro-batches (1F1B: p - s on stage s), the first stage's peak, which 1F1B
  * has too, and what W reads lives until W. W units run in micro-batch order on each stage, so the gradients
  * accumulate as in 1F1B: the losses and weights are bitwise 1F1B's. */
-static void zb_schedule(sl_pipeline *P) {
+static sl_status zb_schedule(sl_pipeline *P) {
     int p = P->p, m = P->m_micro, K = m < p ? m : p, me = P->s, n = 0;
     size_t pm = (size_t)p * (size_t)m;
     /* per stage: next F / B / W micro-batch, busy-until; per (stage, micro): F and B start / end times */
     int *nf = calloc((size_t)p * 4, sizeof(int)), *nb = nf + p, *nw = nb + p, *busy = nw + p;
     int *fs = malloc(sizeof(int) * pm * 4), *fe = fs + pm, *bs = fe + pm, *be = bs + pm;
-    SL_ASSERT(nf && fs);
+    if (!nf || !fs) {
+        free(nf);
+        free(fs);
+        return sl_fail(SL_ERR_NOMEM, "pipeline: out of memory");
+    }
     for (size_t i = 0; i < pm * 4; i++) fs[i] = -1;
 #define AT(a, q, i) (a)[(size_t)(q) * (size_t)m + (size_t)(i)]
 #define DONE(a, q, i) (AT(a, q, i) >= 0 && AT(a, q, i) <= t)
     int left = 3 * m * p;
     for (int t = 0; left > 0; t++) {
-        SL_ASSERT(t < 64 * (m + p) * 3 && "zero-bubble schedule: no progress");
+        if (t > 64 * (m + p) * 3) { /* cannot happen: the last stage can always run F then B */
+            free(nf);
+            free(fs);
+            return sl_fail(SL_ERR_INTERNAL, "pipeline: the zero-bubble schedule made no progress");
+        }
         for (int changed = 1; changed;) {
             changed = 0;
             for (int q = 0; q < p; q++) {
@@ -143,14 +151,12 @@ static void zb_schedule(sl_pipeline *P) {
     free(fs);
     P->n_units = n;
     P->K[0] = K;
+    return SL_OK;
 }
 
 /* The unit list of one step (Note [Pipeline stages and 1F1B]) */
-static void make_schedule(sl_pipeline *P) {
-    if (P->sched == SL_PIPE_ZB_H1) {
-        zb_schedule(P);
-        return;
-    }
+static sl_status make_schedule(sl_pipeline *P) {
+    if (P->sched == SL_PIPE_ZB_H1) return zb_schedule(P);
     int p = P->p, s = P->s, v = P->v, m = P->m_micro, total = m * v, n = 0;
     int w = v == 1 ? p - s - 1 : (p - s - 1) * 2 + (v - 1) * p;
     if (w > total) w = total;
@@ -176,6 +182,7 @@ static void make_schedule(sl_pipeline *P) {
         live[c] += P->units[i].fwd == U_F ? 1 : -1;
         if (live[c] > P->K[c]) P->K[c] = live[c];
     }
+    return SL_OK;
 }
 
 static sl_status build_slot(sl_pipeline *P, int c, pipe_slot *sl, float loss_scale) {
@@ -295,7 +302,7 @@ sl_status sl_pipeline_new(sl_pipeline **out, sl_model *m, const sl_mesh *mesh, i
         st = sl_fail(SL_ERR_NOMEM, "pipeline: out of memory");
         goto done;
     }
-    make_schedule(P);
+    st = make_schedule(P);
     /* the channels (collective over the pipeline group: every stage splits all of them) */
     int r = sl_comm_rank(mesh->pp_comm);
     for (int i = 0; i < N_CH && st == SL_OK; i++)
