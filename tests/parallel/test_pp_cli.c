@@ -7,7 +7,7 @@
  *    reassociated);
  *  - the stage line reports each split's layers;
  *  - a checkpoint saved on the uneven split at step 8 resumes on the even split and on the mirror split
- *    (1 + 3) and on one process, and steps 9..16 match the uninterrupted single process within the same
+ *    (1 + 3), under the ZB-H1 schedule and on one process, and steps 9..16 match the uninterrupted single process within the same
  *    bars (checkpoints name full tensors, so a split is just another layout);
  *  - pp_comm_mib / dp_comm_mib in metrics.jsonl equal their theory at every step (pp alone, with tp, with dp
  *    under ZeRO-1, dp alone under ZeRO-2);
@@ -164,8 +164,9 @@ int main(void) {
                            {"4", "--pp 2 --decoder-last-pipeline-num-layers 3 --tp 2"},
                            {"4", "--pp 2 --decoder-last-pipeline-num-layers 3 --zero-stage 1"},
                            {"2", "--zero-stage 2"},
+                           {"2", "--pp 2 --enable-zero-bubble"},
                            {"1", ""}};
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 7; i++) {
         char name[32];
         snprintf(name, sizeof name, "resume%d", i);
         if (to[i][0][0] == '1')
