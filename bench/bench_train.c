@@ -133,6 +133,17 @@ static void print_plan(const sl_gpt2_config *c, int64_t B, const sl_mesh *mesh, 
            tr->cfg.pipe_schedule == SL_PIPE_ZB_H1);
 }
 
+/* the run's objects, freed; 0 */
+static int free_run(sl_dp *dp, sl_tp *tp, sl_trainer *tr, sl_model *m, sl_mesh *mesh, sl_comm *world) {
+    sl_dp_free(dp);
+    sl_tp_free(tp);
+    sl_trainer_free(tr);
+    sl_model_free(m);
+    sl_mesh_free(mesh);
+    sl_comm_free(world);
+    return 0;
+}
+
 int sl_bench_train(int argc, char **argv) {
     int64_t L = 12, NH = 12, C = 768, V = 50257, B = 4, T = 64, steps = 5, warm = 1, threads = 2, accum = 1,
             zero = 0, bucket = 1 << 20, tpn = 1, ppn = 1, pfirst = 0, plast = 0;
@@ -247,13 +258,7 @@ int sl_bench_train(int argc, char **argv) {
     }
     if (plan_only) { /* what the planner reserved for one step's activations on this rank, and stop */
         print_plan(&cfg, B, &mesh, m, &tr);
-        sl_dp_free(dp);
-        sl_tp_free(tp);
-        sl_trainer_free(&tr);
-        sl_model_free(m);
-        sl_mesh_free(&mesh);
-        sl_comm_free(world);
-        return 0;
+        return free_run(dp, tp, &tr, m, &mesh, world);
     }
     for (int64_t i = 0; i < B * T; i++) {
         tr.ids_buf[i] = (int32_t)(sl_rng_u64(7, 0, (uint64_t)i) % (uint64_t)V);
@@ -328,11 +333,5 @@ int sl_bench_train(int argc, char **argv) {
                cpu_step * 1e3, wall_mean * 1e3);
     if (dp) print_dp_memory(dp, json, zero);
     free(ts);
-    sl_dp_free(dp);
-    sl_tp_free(tp);
-    sl_trainer_free(&tr);
-    sl_model_free(m);
-    sl_mesh_free(&mesh);
-    sl_comm_free(world);
-    return 0;
+    return free_run(dp, tp, &tr, m, &mesh, world);
 }

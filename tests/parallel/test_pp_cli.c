@@ -7,8 +7,8 @@
  *    reassociated);
  *  - the stage line reports each split's layers;
  *  - a checkpoint saved on the uneven split at step 8 resumes on the even split and on the mirror split
- *    (1 + 3), under the ZB-H1 schedule and on one process, and steps 9..16 match the uninterrupted single process within the same
- *    bars (checkpoints name full tensors, so a split is just another layout);
+ *    (1 + 3), under the ZB-H1 schedule and on one process, and steps 9..16 match the uninterrupted single
+ * process within the same bars (checkpoints name full tensors, so a split is just another layout);
  *  - pp_comm_mib / dp_comm_mib in metrics.jsonl equal their theory at every step (pp alone, with tp, with dp
  *    under ZeRO-1, dp alone under ZeRO-2);
  *  - bad splits exit 2 with one line naming the flag and the numbers, before anything is written. */
