@@ -44,6 +44,29 @@ static sl_status copy_file(const char *src, const char *dst) {
     return st;
 }
 
+/* Under PP, one line per stage (collective: every rank calls it; rank 0 prints): its layers, graph slots,
+ * parameters and planned activations, from the stage's first rank (TP / DP peers hold the same counts) */
+static sl_status print_stages(const sl_train_job *j) {
+    if (!j->tr.pipe || !j->world) return SL_OK;
+    const sl_model *m = j->m;
+    int world = j->mesh.world;
+    int64_t me[5] = {m->layer0, m->n_layers, sl_pipeline_slots(j->tr.pipe), m->numel,
+                     (int64_t)j->tr.plan.planned_bytes},
+            *all = malloc(sizeof(int64_t) * 5 * (size_t)world);
+    if (!all) return sl_fail(SL_ERR_NOMEM, "train: out of memory");
+    sl_status st = sl_comm_all_gather(j->world, me, all, 5, SL_COMM_I64);
+    for (int s = 0; st == SL_OK && j->out && s < j->mesh.pp; s++) {
+        const int64_t *r = all + 5 * (size_t)s * (size_t)(j->mesh.dp * j->mesh.tp); /* rank (s x dp) x tp */
+        fprintf(j->out,
+                "  stage %d: layers %lld-%lld, %lld graph slot%s, params %.2f MiB, planned activations %.1f "
+                "MiB\n",
+                s, (long long)r[0], (long long)(r[0] + r[1] - 1), (long long)r[2], r[2] == 1 ? "" : "s",
+                (double)r[3] * 4.0 / 1048576.0, (double)r[4] / 1048576.0);
+    }
+    free(all);
+    return st;
+}
+
 static void print_banner(const sl_train_job *j) {
     FILE *f = j->out;
     if (!f) return;
@@ -627,8 +650,9 @@ sl_status sl_train_run(const sl_train_opts *opts, const sl_train_callbacks *cb, 
     if (st == SL_OK) {
         if (j->resume) r.resumed_step = j->start_step;
         print_banner(j);
+        st = print_stages(j);
         t_start = sl_time_sec();
-        st = step_loop(j, cb, &r);
+        if (st == SL_OK) st = step_loop(j, cb, &r);
     }
     sigaction(SIGUSR1, &old_usr1, NULL);
     if (st == SL_OK && !r.requeue) st = finish(j, cb, &r, t_start);

@@ -130,6 +130,10 @@ int main(void) {
              " --train-iters 16 --pp 2 --decoder-first-pipeline-num-layers 3 --save %s/pp2-3-1",
              cli, cli, data, dir);
     TU_CHECK(rc == 0 && strstr(out, "stage 0: layers 0-2"), "pp 2, 3 + 1 layers: rc %d %s", rc, out);
+    /* one line per stage: 1F1B keeps p - s slots (1 on the last stage) */
+    TU_CHECK(strstr(out, "  stage 0: layers 0-2, 2 graph slots") &&
+                 strstr(out, "  stage 1: layers 3-3, 1 graph slot,"),
+             "pp 2, 3 + 1: the per-stage lines: %s", out);
     same_as_single(dir, "pp2-3-1", 1, 16, 1, 0);
     /* ZB-H1 (Note [Zero-bubble schedule]) on the same split: 1F1B's nodes on the same values, the weight
      * gradients deferred but accumulated in micro-batch order, so the saved weights are bitwise 1F1B's */
@@ -139,6 +143,8 @@ int main(void) {
              cli, cli, data, dir);
     TU_CHECK(rc == 0 && strstr(out, "ZB-H1") && strstr(out, "2 graph slots"), "zb pp 2, 3 + 1: rc %d %s", rc,
              out);
+    TU_CHECK(strstr(out, "  stage 1: layers 3-3, 2 graph slots"),
+             "zb: min(m, p) slots on the last stage too: %s", out);
     same_as_single(dir, "zb2-3-1", 1, 16, 1, 0);
     {
         char a[700], b[700];
