@@ -75,6 +75,7 @@ typedef struct sl_plan_job {
     /* restrictions (0: enumerate) */
     int64_t tp, pp, ep, dp, micro_batch, zero; /* zero: stage + 1 to fix it (0: enumerate 0..3) */
     int recompute;                             /* 0 enumerate, 1 none only, 2 full only */
+    int etp; /* expert tensor parallelism: 0 enumerate, 1 experts whole on every TP rank only, 2 split only */
 } sl_plan_job;
 
 /* Per-device bytes, the largest pipeline stage. */
@@ -84,6 +85,9 @@ typedef struct sl_plan_mem {
 
 typedef struct sl_plan_layout {
     int64_t dp, tp, pp, ep, vpp; /* vpp: virtual stages per device (interleaved 1F1B when > 1) */
+    /* 1: the routed experts' intermediate dimension split over the TP group (--expert-tensor-parallel-size
+     * = tp; Qwen2-MoE / DeepSeek-V3 experts, tp > 1); 0: every TP rank holds and runs the experts whole */
+    int etp;
     int64_t micro_batch, accum;  /* accum = micro-batches per step per data-parallel rank */
     int zero, recompute;         /* recompute: 0 none, 1 full (layer inputs kept) */
     /* pp > 1 without interleaving: the layers of the first / last stage the planner chose so that the
@@ -123,7 +127,7 @@ sl_status sl_plan_enumerate(const sl_plan_model *md, const sl_plan_cluster *cl, 
 
 /* Activation bytes of one micro-batch as suanli's planner (sl_graph_plan) lays them out, per device. */
 double sl_plan_activation_bytes(const sl_plan_model *md, int64_t B, int64_t T, int64_t tp, int64_t ep,
-                                int recompute);
+                                int etp, int recompute);
 
 /* Calibration: GEMM FLOP/s and copy bandwidth of the CPU backend with `threads` threads (a short probe,
  * ~1 s). */

@@ -12,7 +12,7 @@
 
 typedef struct {
     const char *model, *cluster, *recompute, *data, *ckpt_bench;
-    int64_t global_batch, seq_len, devices, tp, pp, ep, dp, mb, zero, bucket, top, threads, spares, seed;
+    int64_t global_batch, seq_len, devices, tp, pp, ep, etp, dp, mb, zero, bucket, top, threads, spares, seed;
     double mtbf_hours, save_sec, restore_sec, interval_sec, work_hours, repair_hours;
     int probe, json, simulate;
 } plan_args;
@@ -31,6 +31,8 @@ static int plan_flags(plan_args *a, sl_flag *f) {
         {"tp", SL_FLAG_INT, &a->tp, 1, 4096, "fix tensor parallelism", 0},
         {"pp", SL_FLAG_INT, &a->pp, 1, 4096, "fix pipeline parallelism", 0},
         {"ep", SL_FLAG_INT, &a->ep, 1, 4096, "fix expert parallelism", 0},
+        {"expert-tensor-parallel-size", SL_FLAG_INT, &a->etp, 1, 4096,
+         "1: routed experts whole on every TP rank; = tp: split over TP (default: both)", 0},
         {"dp", SL_FLAG_INT, &a->dp, 1, 1ll << 32, "fix data parallelism", 0},
         {"micro-batch", SL_FLAG_INT, &a->mb, 1, 1 << 20, "fix the micro-batch size", 0},
         {"zero", SL_FLAG_INT, &a->zero, 0, 3, "fix the ZeRO stage", 0},
@@ -63,19 +65,22 @@ static int plan_flags(plan_args *a, sl_flag *f) {
 
 static void layout_line(const sl_plan_layout *l, int rank) {
     const double G = 1073741824.0;
-    printf("%4d  %5lld %3lld %3lld %3lld %3lld %4lld %5lld %4d %-4s | %9.4f %11.1f %5.1f%% | %8.2f = %6.2f "
+    printf("%4d  %5lld %3lld %3lld %3lld %3lld %3lld %4lld %5lld %4d %-4s | %9.4f %11.1f %5.1f%% | %8.2f = "
+           "%6.2f "
            "%6.2f "
            "%6.2f %6.2f %6.2f | %-4s %s\n",
-           rank, (long long)l->dp, (long long)l->tp, (long long)l->pp, (long long)l->ep, (long long)l->vpp,
-           (long long)l->micro_batch, (long long)l->accum, l->zero, l->recompute ? "full" : "none",
-           l->step_sec, l->tokens_per_s, 100.0 * l->mfu, l->mem.total / G, l->mem.params / G,
-           l->mem.grads / G, (l->mem.grad_shard + l->mem.optim) / G, l->mem.slots / G, l->mem.activations / G,
-           l->fits ? "yes" : "NO", l->runnable ? "runs today" : "model-only");
+           rank, (long long)l->dp, (long long)l->tp, (long long)l->pp, (long long)l->ep,
+           (long long)(l->etp ? l->tp : 1), (long long)l->vpp, (long long)l->micro_batch, (long long)l->accum,
+           l->zero, l->recompute ? "full" : "none", l->step_sec, l->tokens_per_s, 100.0 * l->mfu,
+           l->mem.total / G, l->mem.params / G, l->mem.grads / G, (l->mem.grad_shard + l->mem.optim) / G,
+           l->mem.slots / G, l->mem.activations / G, l->fits ? "yes" : "NO",
+           l->runnable ? "runs today" : "model-only");
 }
 
 static void layout_json(const sl_plan_layout *l, int rank) {
     printf(
-        "{\"rank\": %d, \"dp\": %lld, \"tp\": %lld, \"pp\": %lld, \"ep\": %lld, \"vpp\": %lld, "
+        "{\"rank\": %d, \"dp\": %lld, \"tp\": %lld, \"pp\": %lld, \"ep\": %lld, \"etp\": %lld, \"vpp\": "
+        "%lld, "
         "\"micro_batch\": "
         "%lld, \"accum\": %lld, \"zero\": %d, \"recompute\": %d, \"step_sec\": %.6f, \"tokens_per_s\": %.3f, "
         "\"mfu\": %.5f, \"bubble\": %.5f, \"t_compute\": %.6f, \"t_dp_comm\": %.6f, \"t_tp_comm\": %.6f, "
@@ -84,11 +89,12 @@ static void layout_json(const sl_plan_layout *l, int rank) {
         "\"mem_grads\": %.0f, \"mem_grad_shard\": %.0f, \"mem_optim\": %.0f, \"mem_slots\": %.0f, "
         "\"mem_activations\": %.0f, \"fits\": %d, \"runnable\": %d, \"first_layers\": %lld, "
         "\"last_layers\": %lld}\n",
-        rank, (long long)l->dp, (long long)l->tp, (long long)l->pp, (long long)l->ep, (long long)l->vpp,
-        (long long)l->micro_batch, (long long)l->accum, l->zero, l->recompute, l->step_sec, l->tokens_per_s,
-        l->mfu, l->bubble, l->t_compute, l->t_dp_comm, l->t_tp_comm, l->t_pp_comm, l->t_ep_comm, l->t_optim,
-        l->mem.total, l->mem.params, l->mem.grads, l->mem.grad_shard, l->mem.optim, l->mem.slots,
-        l->mem.activations, l->fits, l->runnable, (long long)l->first_layers, (long long)l->last_layers);
+        rank, (long long)l->dp, (long long)l->tp, (long long)l->pp, (long long)l->ep,
+        (long long)(l->etp ? l->tp : 1), (long long)l->vpp, (long long)l->micro_batch, (long long)l->accum,
+        l->zero, l->recompute, l->step_sec, l->tokens_per_s, l->mfu, l->bubble, l->t_compute, l->t_dp_comm,
+        l->t_tp_comm, l->t_pp_comm, l->t_ep_comm, l->t_optim, l->mem.total, l->mem.params, l->mem.grads,
+        l->mem.grad_shard, l->mem.optim, l->mem.slots, l->mem.activations, l->fits, l->runnable,
+        (long long)l->first_layers, (long long)l->last_layers);
 }
 
 static void launch_command(const plan_args *a, const sl_plan_model *md, const sl_plan_cluster *cl,
@@ -121,6 +127,9 @@ static void launch_command(const plan_args *a, const sl_plan_model *md, const sl
     if (l->ep > 1)
         k +=
             snprintf(par + k, sizeof par - (size_t)k, " --expert-model-parallel-size %lld", (long long)l->ep);
+    if (l->etp)
+        k += snprintf(par + k, sizeof par - (size_t)k, " --expert-tensor-parallel-size %lld",
+                      (long long)l->tp);
     if (l->zero) snprintf(par + k, sizeof par - (size_t)k, " --zero-stage %d", l->zero);
     char train[1024];
     snprintf(
@@ -308,14 +317,27 @@ int sl_cmd_plan(int argc, char **argv) {
     }
     if (a.probe && calibrate(&a, &cl)) return 1;
     int64_t W = a.devices > 0 ? a.devices : cl.hosts * cl.devices_per_host;
+    if (a.etp > 1 && a.tp > 0 && a.etp != a.tp) {
+        fprintf(
+            stderr,
+            "suanli plan: --expert-tensor-parallel-size %lld: must be 1 or the tensor-parallel size (--tp "
+            "%lld)\n",
+            (long long)a.etp, (long long)a.tp);
+        return 2;
+    }
     int64_t T = a.seq_len > 0 ? a.seq_len : (md.max_seq < 2048 ? md.max_seq : 2048);
     sl_plan_job job = {.global_batch = a.global_batch > 0 ? a.global_batch : W,
                        .seq_len = T,
                        .bucket_elems = a.bucket,
                        .devices = a.devices,
-                       .tp = a.tp,
+                       .tp = a.tp > 0    ? a.tp
+                             : a.etp > 1 ? a.etp
+                                         : 0,
                        .pp = a.pp,
                        .ep = a.ep,
+                       .etp = a.etp == 1  ? 1
+                              : a.etp > 1 ? 2
+                                          : 0,
                        .dp = a.dp,
                        .micro_batch = a.mb,
                        .zero = a.zero >= 0 ? a.zero + 1 : 0,
@@ -348,7 +370,7 @@ int sl_cmd_plan(int argc, char **argv) {
            md.name, (double)sl_plan_model_params(&md) / 1e9, cl.name, (long long)cl.hosts,
            (long long)cl.devices_per_host, cl.peak_flops / 1e12, 100.0 * cl.gemm_efficiency,
            cl.mem_bytes / 1073741824.0, (long long)job.global_batch, (long long)T, n);
-    printf("rank     dp  tp  pp  ep vpp   mb accum zero rc   |    step s    tokens/s   MFU | GiB/dev = "
+    printf("rank     dp  tp  pp  ep etp vpp   mb accum zero rc   |    step s    tokens/s   MFU | GiB/dev = "
            "params grads "
            "shard+opt slots act | fits\n");
     for (int i = 0; i < n && i < a.top; i++) layout_line(&v[i], i + 1);
@@ -361,13 +383,13 @@ int sl_cmd_plan(int argc, char **argv) {
             "(no layout that suanli train runs today -- data parallelism and ZeRO only, no recomputation -- "
             "fits)\n");
     const sl_plan_layout *b = &v[0];
-    printf("best: dp %lld tp %lld pp %lld ep %lld%s, micro-batch %lld x %lld, ZeRO-%d, recompute %s: %.4f "
+    printf("best: dp %lld tp %lld pp %lld ep %lld%s%s, micro-batch %lld x %lld, ZeRO-%d, recompute %s: %.4f "
            "s/step, "
            "%.0f tokens/s, MFU %.1f%%, bubble %.1f%%, %.2f GiB per device\n",
            (long long)b->dp, (long long)b->tp, (long long)b->pp, (long long)b->ep,
-           b->vpp > 1 ? " (interleaved)" : "", (long long)b->micro_batch, (long long)b->accum, b->zero,
-           b->recompute ? "full" : "none", b->step_sec, b->tokens_per_s, 100.0 * b->mfu, 100.0 * b->bubble,
-           b->mem.total / 1073741824.0);
+           b->etp ? " (experts split over tp)" : "", b->vpp > 1 ? " (interleaved)" : "",
+           (long long)b->micro_batch, (long long)b->accum, b->zero, b->recompute ? "full" : "none",
+           b->step_sec, b->tokens_per_s, 100.0 * b->mfu, 100.0 * b->bubble, b->mem.total / 1073741824.0);
     ckpt_advice ad;
     advise(&a, &md, &cl, b, &ad);
     launch_command(&a, &md, &cl, b, T, job.global_batch,

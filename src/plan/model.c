@@ -21,7 +21,8 @@
  * collectives; a pipeline device is the fuller of the first stage (embedding, its layers, min(m, p) 1F1B
  * slots) and the last (its layers, final norm, LM head, one slot)), checked against real TP/PP allocations
  * by tests/plan/test_plan.c within 5 % too. MoE layers hold the router, E / ep routed experts of width
- * moe_ffn, the shared experts and the flavour's gate or bias, none split by TP; under EP the routed
+ * moe_ffn (moe_ffn / tp with expert tensor parallelism, l->etp), the shared experts and the flavour's gate
+ * or bias, which TP does not split; under EP the routed
  * experts' gradients and moments are reduced and sharded over the dp / ep expert-data-parallel ranks in
  * buckets of their own (src/parallel/dp.c), checked byte-exact by tests/plan/test_plan_moe.c, which also
  * checks the fitted MoE activations. Recomputation is model-only (full recomputation keeping each layer's
@@ -31,7 +32,9 @@
  * step = pipeline(compute per micro-batch x (m + (p-1)/v)) + exposed DP communication + optimizer; under pp
  * the compute per micro-batch is the slowest stage's, the last: L/p layers plus the LM head (even split).
  * Compute per micro-batch = matmul FLOPs / (peak x gemm_efficiency) + elementwise traffic / memory
- * bandwidth + TP all-reduces (4 per layer, 6 with recomputation) + EP all-to-alls (4 per MoE layer).
+ * bandwidth + TP all-reduces (4 per layer, 6 with recomputation; a MoE layer 2 / 3 unless its experts are
+ * split, l->etp) + EP all-to-alls (4 per MoE layer). TP divides the matmul FLOPs except a MoE layer's
+ * router and shared experts, and its routed experts unless they are split (they run whole on every rank).
  * Communication is alpha-beta per link class: a collective of n bytes over g ranks costs
  * k(g) alpha + c(g) n / beta with ring factors (all-reduce 2(g-1)/g, all-gather/reduce-scatter
  * (g-1)/g); an axis uses the intra-host link when its ranks lie in one host (tp innermost, then dp,
@@ -145,8 +148,11 @@ static int64_t stage_first_layer(const sl_plan_model *m, const sl_plan_layout *l
     return stage_layers(m, l, STAGE_FIRST);
 }
 
-static int stage_param_list(const sl_plan_model *m, int64_t tp, int64_t l0, int64_t Ls, int64_t ep, int which,
-                            plan_param *out, int cap) {
+/* etp: the routed experts' intermediate dimension split over tp (Note [Expert tensor parallelism] in
+ * src/nn/moe.c) */
+static int stage_param_list(const sl_plan_model *m, int64_t tp, int64_t l0, int64_t Ls, int64_t ep, int etp,
+                            int which, plan_param *out, int cap) {
+    const int64_t ediv = etp && tp > 1 ? tp : 1;
     int n = 0;
     int64_t C = m->hidden;
     int ex = 0; /* the expert flag of what PUSH adds; set only under EP, as src/nn/moe.c does */
@@ -180,7 +186,7 @@ static int stage_param_list(const sl_plan_model *m, int64_t tp, int64_t l0, int6
         if (m->moe_kind == SL_PLAN_MOE_DEEPSEEK) PUSH(m->n_experts);
         ex = ep > 1 && m->moe_kind != SL_PLAN_MOE_MIXTRAL;
         for (int64_t e = 0; e < local_experts(m, ep); e++)
-            for (int k = 0; k < 3; k++) PUSH(m->moe_ffn * C);
+            for (int k = 0; k < 3; k++) PUSH(m->moe_ffn / ediv * C);
         ex = 0;
         if (m->shared_ffn > 0) {
             for (int k = 0; k < 3; k++) PUSH(m->shared_ffn * C);
@@ -232,7 +238,7 @@ static void buckets(const plan_param *p, int n, int64_t bucket_elems, int64_t dp
 
 /* ---- activations ---- */
 
-double sl_plan_activation_bytes(const sl_plan_model *m, int64_t B, int64_t T, int64_t tp, int64_t ep,
+double sl_plan_activation_bytes(const sl_plan_model *m, int64_t B, int64_t T, int64_t tp, int64_t ep, int etp,
                                 int recompute) {
     double N = (double)(B * T), C = (double)m->hidden, NH = (double)m->n_head / (double)tp;
     double L = (double)m->n_layer;
@@ -249,12 +255,15 @@ double sl_plan_activation_bytes(const sl_plan_model *m, int64_t B, int64_t T, in
              * expert's gathered rows and output (2 C) and its two hidden buffers (2 moe_ffn) are sized for
              * every token the device may receive (N; under EP each of the E / ep local experts for ep x N),
              * the router's scores and route (3 E), the shared experts as a dense MLP (4 shared_ffn, their
-             * output C, the gate), the combined output (C), and under EP the received rows (ep C). Not split
-             * by TP. */
+             * output C, the gate), the combined output (C), and under EP the received rows (ep C). TP does
+             * not split them, except the hidden buffers under expert tensor parallelism (moe_ffn / tp), and
+             * under TP without EP the layer keeps one replicated (N, C) buffer fewer than a dense one (fitted
+             * on tp 2 with and without etp, tests/plan/test_plan_moe.c: within 2.9 %). */
             double E = (double)m->n_experts, e = (double)(ep > 1 ? ep : 1);
-            double S = (double)m->shared_ffn;
-            moe = E * (2.0 * C + 2.0 * (double)m->moe_ffn) + 3.0 * E + (S > 0 ? 4.0 * S + C + 1.0 : 0.0) + C +
-                  (ep > 1 ? e * C : 0.0) - 4.0 * (double)m->ffn / (double)tp;
+            double S = (double)m->shared_ffn, ediv = etp && tp > 1 ? (double)tp : 1.0;
+            moe = E * (2.0 * C + 2.0 * (double)m->moe_ffn / ediv) + 3.0 * E +
+                  (S > 0 ? 4.0 * S + C + 1.0 : 0.0) + C + (ep > 1 ? e * C : 0.0) -
+                  4.0 * (double)m->ffn / (double)tp - (tp > 1 && ep <= 1 ? C : 0.0);
         }
     }
     /* under TP the f / g collectives keep two more replicated (B, T, C) buffers per layer and the
@@ -305,6 +314,14 @@ static sl_status check_layout(const sl_plan_model *m, const sl_plan_cluster *cl,
     if (l->dp % l->ep || (l->ep > 1 && (m->n_experts == 0 || m->n_experts % l->ep)))
         return sl_fail(SL_ERR_INVALID, "--ep: %lld must divide dp (%lld) and the experts (%lld)",
                        (long long)l->ep, (long long)l->dp, (long long)m->n_experts);
+    if (l->etp &&
+        (l->tp <= 1 || m->n_experts == 0 || m->moe_kind == SL_PLAN_MOE_MIXTRAL || m->moe_ffn % l->tp))
+        return sl_fail(
+            SL_ERR_INVALID,
+            "--expert-tensor-parallel-size: splits the routed experts of a Qwen2-MoE or DeepSeek-V3 "
+            "model over tp > 1 dividing their width (tp %lld, expert width %lld, %lld experts%s)",
+            (long long)l->tp, (long long)m->moe_ffn, (long long)m->n_experts,
+            m->moe_kind == SL_PLAN_MOE_MIXTRAL && m->n_experts ? ", Mixtral" : "");
     if (l->micro_batch < 1 || job->global_batch % (l->micro_batch * l->dp))
         return sl_fail(SL_ERR_INVALID, "--micro-batch: %lld x dp %lld does not divide --global-batch %lld",
                        (long long)l->micro_batch, (long long)l->dp, (long long)job->global_batch);
@@ -325,7 +342,8 @@ static sl_status stage_buckets(const sl_plan_model *m, const sl_plan_job *job, c
     if (cap > (1 << 26)) return sl_fail(SL_ERR_INVALID, "plan: %lld parameters per stage", (long long)cap);
     plan_param *plist = malloc(sizeof *plist * (size_t)cap);
     if (!plist) return sl_fail(SL_ERR_NOMEM, "plan: out of memory");
-    int n = stage_param_list(m, l->tp, stage_first_layer(m, l, which), Ls, l->ep, which, plist, (int)cap);
+    int n =
+        stage_param_list(m, l->tp, stage_first_layer(m, l, which), Ls, l->ep, l->etp, which, plist, (int)cap);
     buckets(plist, n, job->bucket_elems > 0 ? job->bucket_elems : (1 << 20), l->dp, l->ep, b);
     free(plist);
     return SL_OK;
@@ -350,7 +368,8 @@ static sl_status stage_memory(const sl_plan_model *m, const sl_plan_job *job, co
         int k = b.n_buckets - 3 < 3 ? b.n_buckets - 3 : 3;
         mm->slots += 4.0 * (double)(k < 1 ? 1 : k) * b.max_bucket;
     }
-    double act = sl_plan_activation_bytes(m, l->micro_batch, job->seq_len, l->tp, l->ep, l->recompute);
+    double act =
+        sl_plan_activation_bytes(m, l->micro_batch, job->seq_len, l->tp, l->ep, l->etp, l->recompute);
     if (which != STAGE_ALL) {
         /* a stage's graph slot: its share of the layers plus its ends, fitted on sl_graph_plan (Llama L2
          * C64, pp 2 and tp 2 x pp 2, tests/plan/test_plan.c): the first stage ~4 C floats per token (the
@@ -403,24 +422,34 @@ static sl_status timing(const sl_plan_model *m, const sl_plan_cluster *cl, const
         Ls = (double)(nf > nl ? nf : nl); /* TP all-reduces: the longest stage's layers */
         if (l->pp > 2 && nm > Ls) Ls = (double)nm;
     }
-    /* the experts are not split by TP (Note [MoE under TP]): their share of the FLOPs runs whole on every
-     * TP rank (suanli without sequence parallelism) */
-    double moe_share = 0;
+    /* MoE layers under TP (Note [MoE under TP], src/nn/moe.c): the router and the shared experts run whole
+     * on every TP rank, and so do the routed experts unless expert tensor parallelism splits their
+     * intermediate dimension (l->etp); that share of the FLOPs is not divided by tp */
+    double rep_share = 0, moe_frac = 0;
     if (m->n_experts > 0 && m->arch != SL_PLAN_GPT2) {
-        double C = (double)m->hidden, moe = 0;
+        double C = (double)m->hidden, routed = 0, rest = 0, nl = 0;
         for (int64_t k = 0; k < m->n_layer; k++)
-            if (moe_layer(m, k))
-                moe += 6.0 * (3.0 * C * ((double)m->top_k * (double)m->moe_ffn + (double)m->shared_ffn) +
-                              C * (double)m->n_experts);
-        moe_share = moe / sl_plan_flops_per_token(m, job->seq_len);
+            if (moe_layer(m, k)) {
+                routed += 6.0 * 3.0 * C * (double)m->top_k * (double)m->moe_ffn;
+                rest += 6.0 * (3.0 * C * (double)m->shared_ffn + C * (double)m->n_experts);
+                nl += 1.0;
+            }
+        double f = sl_plan_flops_per_token(m, job->seq_len);
+        rep_share = (rest + (l->etp ? 0.0 : routed)) / f;
+        moe_frac = nl / (double)m->n_layer;
     }
-    double t_mm = fstage * tokens_mb * ((1.0 - moe_share) / (double)l->tp + moe_share) / rate;
-    double act = sl_plan_activation_bytes(m, l->micro_batch, job->seq_len, l->tp, l->ep, 0) / (double)l->pp;
+    double t_mm = fstage * tokens_mb * ((1.0 - rep_share) / (double)l->tp + rep_share) / rate;
+    double act =
+        sl_plan_activation_bytes(m, l->micro_batch, job->seq_len, l->tp, l->ep, l->etp, 0) / (double)l->pp;
     double t_elem = act * (ELEM_TRAFFIC_X10 / 10.0) / cl->mem_bw_Bps;
     double x_bytes = 4.0 * tokens_mb * (double)m->hidden; /* fp32 activations, one micro-batch */
     const sl_plan_link *tpl = axis_link(cl, 1, l->tp), *dpl = axis_link(cl, l->tp, l->dp),
                        *ppl = axis_link(cl, l->tp * l->dp, l->pp);
-    double t_tp = Ls * (l->recompute ? 6.0 : 4.0) * t_all_reduce(tpl, l->tp, x_bytes);
+    /* TP all-reduces per layer: f's backward and g's forward around attention and around the MLP (2 more
+     * with recomputation); a MoE layer's MLP has them only when its experts are split (l->etp) */
+    double ar_layer = (1.0 - moe_frac) * 4.0 + moe_frac * (l->etp ? 4.0 : 2.0);
+    if (l->recompute) ar_layer *= 1.5;
+    double t_tp = Ls * ar_layer * t_all_reduce(tpl, l->tp, x_bytes);
     double t_ep = 0;
     if (l->ep > 1) {
         const sl_plan_link *epl = axis_link(cl, l->tp, l->ep);
@@ -544,34 +573,38 @@ sl_status sl_plan_enumerate(const sl_plan_model *m, const sl_plan_cluster *cl, c
             if ((W / tp) % pp || m->n_layer % pp || !want(job->pp, pp)) continue;
             int64_t dp = W / tp / pp;
             if (!want(job->dp, dp)) continue;
-            for (int64_t ep = 1; ep <= dp; ep *= 2) {
-                if (!want(job->ep, ep) || (ep > 1 && m->n_experts == 0)) continue;
-                for (int64_t b = 1; b <= job->global_batch; b *= 2) {
-                    if (!want(job->micro_batch, b)) continue;
-                    for (int z = 0; z <= 3; z++) {
-                        if (job->zero > 0 && job->zero - 1 != z) continue;
-                        for (int rc = 0; rc <= 1; rc++) {
-                            if ((job->recompute == 1 && rc) || (job->recompute == 2 && !rc)) continue;
-                            for (int64_t vpp = 1; vpp <= (pp > 1 ? 2 : 1); vpp++) {
-                                sl_plan_layout l = {.dp = dp,
-                                                    .tp = tp,
-                                                    .pp = pp,
-                                                    .ep = ep,
-                                                    .vpp = vpp,
-                                                    .micro_batch = b,
-                                                    .zero = z,
-                                                    .recompute = rc};
-                                if (sl_plan_evaluate(m, cl, job, &l) != SL_OK) continue;
-                                sl_status st = push(&v, &l);
-                                if (st != SL_OK) {
-                                    free(v.v);
-                                    return st;
+            for (int64_t ep = 1; ep <= dp; ep *= 2)
+                for (int etp = 0; etp <= (tp > 1 && m->n_experts > 0 && m->moe_kind != SL_PLAN_MOE_MIXTRAL);
+                     etp++) {
+                    if (!want(job->ep, ep) || (ep > 1 && m->n_experts == 0)) continue;
+                    if ((job->etp == 1 && etp) || (job->etp == 2 && !etp)) continue;
+                    for (int64_t b = 1; b <= job->global_batch; b *= 2) {
+                        if (!want(job->micro_batch, b)) continue;
+                        for (int z = 0; z <= 3; z++) {
+                            if (job->zero > 0 && job->zero - 1 != z) continue;
+                            for (int rc = 0; rc <= 1; rc++) {
+                                if ((job->recompute == 1 && rc) || (job->recompute == 2 && !rc)) continue;
+                                for (int64_t vpp = 1; vpp <= (pp > 1 ? 2 : 1); vpp++) {
+                                    sl_plan_layout l = {.dp = dp,
+                                                        .tp = tp,
+                                                        .pp = pp,
+                                                        .ep = ep,
+                                                        .etp = etp,
+                                                        .vpp = vpp,
+                                                        .micro_batch = b,
+                                                        .zero = z,
+                                                        .recompute = rc};
+                                    if (sl_plan_evaluate(m, cl, job, &l) != SL_OK) continue;
+                                    sl_status st = push(&v, &l);
+                                    if (st != SL_OK) {
+                                        free(v.v);
+                                        return st;
+                                    }
                                 }
                             }
                         }
                     }
                 }
-            }
         }
     }
     if (v.n == 0) {
@@ -581,6 +614,7 @@ sl_status sl_plan_enumerate(const sl_plan_model *m, const sl_plan_cluster *cl, c
             .tp = job->tp > 0 ? job->tp : 1,
             .pp = job->pp > 0 ? job->pp : 1,
             .ep = job->ep > 0 ? job->ep : 1,
+            .etp = job->etp == 2,
             .micro_batch = job->micro_batch > 0 ? job->micro_batch : 1,
             .zero = job->zero > 0 ? job->zero - 1 : 0};
         sl_status st = sl_plan_evaluate(m, cl, job, &l);

@@ -85,6 +85,13 @@ static void test_plan_bad(const char *d) {
     bad(NULL, args, "--recompute");
     snprintf(args, sizeof args, "plan --model gpt2-124m --cluster %s --zero 7", cl);
     bad(NULL, args, "--zero");
+    snprintf(args, sizeof args, "plan --model gpt2-124m --cluster %s --expert-tensor-parallel-size 2", cl);
+    bad(NULL, args, "--expert-tensor-parallel-size"); /* a dense model has no experts to split */
+    snprintf(
+        args, sizeof args,
+        "plan --model %s/tests/fixtures/hf/qwen2_moe --cluster %s --tp 2 --expert-tensor-parallel-size 4",
+        SL_SOURCE_DIR, cl);
+    bad(NULL, args, "--expert-tensor-parallel-size 4: must be 1 or the tensor-parallel size");
     snprintf(args, sizeof args, "plan --model gpt2-124m --cluster %s --nonsense 1", cl);
     bad(NULL, args, "--nonsense");
     snprintf(args, sizeof args, "plan --model gpt2-124m --cluster %s --ckpt-bench %s/nonexistent.json", cl,
@@ -123,6 +130,15 @@ static void test_plan_good(void) {
                     SL_SOURCE_DIR);
     TU_CHECK(rc == 0 && strstr(out, "launch: suanli submit --nodes ") && strstr(out, "model-only"),
              "70b on 10k accelerators: %d: %s", rc, out);
+    /* expert tensor parallelism: a split-expert layout is enumerated and launched with the flag */
+    rc = tu_cli_run(out, sizeof out,
+                    "plan --model %s/tests/fixtures/hf/qwen2_moe --cluster %s/configs/cluster/cpu-512.json "
+                    "--devices 4 --tp 2 --expert-tensor-parallel-size 2 --seq-len 64 --global-batch 8",
+                    SL_SOURCE_DIR, SL_SOURCE_DIR);
+    TU_CHECK(rc == 0 && strstr(out, "(experts split over tp)") &&
+                 strstr(out, "--tensor-model-parallel-size 2") &&
+                 strstr(out, "--expert-tensor-parallel-size 2"),
+             "plan with --expert-tensor-parallel-size 2: %d: %s", rc, out);
 }
 
 static void test_submit(const char *d) {

@@ -1,6 +1,7 @@
 /* The planner's MoE model (src/plan/model.c, Note [Planner memory model]) against suanli's real MoE models:
  * Qwen2-MoE (shared expert and its gate) and DeepSeek-V3 (router bias, a leading dense layer), single
- * process and dp 2 / 4 with expert parallelism 2 / 4 and ZeRO 0-3 (threads as ranks on loopback).
+ * process and dp 2 / 4 with expert parallelism 2 / 4 and ZeRO 0-3, and tp 2 with the experts whole or split
+ * over TP (expert tensor parallelism), with ep 1 and 2 (threads as ranks on loopback).
  * - parameters: sl_plan_model_params against the whole model's numel (exact), and each device's
  *   parameter bytes against sl_dp_memory_report (exact: the planner walks the same buckets);
  * - gradients, their shards and the optimizer state exactly too (expert buckets sharded over dp / ep);
@@ -22,7 +23,7 @@
 typedef struct {
     sl_comm *world;
     const sl_llama_config *cfg;
-    int dp, ep, zero, B, T;
+    int dp, ep, zero, B, T, tp, etp;
     double act;
     int64_t numel;
     sl_dp_memory mem;
@@ -86,9 +87,11 @@ static void *run_rank(void *arg) {
     sl_model *m = NULL;
     sl_trainer tr;
     sl_dp *dp = NULL;
-    if ((j->st = sl_mesh_init(&mesh, j->world, (sl_mesh_dims){1, 1, j->ep})) != SL_OK) return NULL;
-    sl_model_split sp = {1, 0, 1, 0, 1, 0, 0, j->ep, mesh.ep_rank, 0};
+    sl_tp *tp = NULL;
+    if ((j->st = sl_mesh_init(&mesh, j->world, (sl_mesh_dims){j->tp, 1, j->ep})) != SL_OK) return NULL;
+    sl_model_split sp = {j->tp, mesh.tp_rank, 1, 0, 1, 0, 0, j->ep, mesh.ep_rank, j->etp};
     if ((j->st = sl_llama_new_par(j->cfg, sl_backend_cpu(), &sp, &m)) != SL_OK) goto out_mesh;
+    if (j->tp > 1 && (j->st = sl_tp_new(&tp, &mesh)) != SL_OK) goto out_model;
     j->numel = m->numel;
     sl_trainer_config tc = {.B = j->B,
                             .T = j->T,
@@ -110,6 +113,7 @@ static void *run_rank(void *arg) {
     }
     sl_trainer_free(&tr);
 out_model:
+    sl_tp_free(tp);
     sl_model_free(m);
 out_mesh:
     sl_mesh_free(&mesh);
@@ -117,7 +121,7 @@ out_mesh:
 }
 
 /* wide: another shape for the fit (4 experts of width 64, top-1, no shared expert) */
-static void check(int deepseek, int wide, int dp, int ep, int zero, int B, int T) {
+static void check_tp(int deepseek, int wide, int dp, int tp, int etp, int ep, int zero, int B, int T) {
     sl_llama_config c = moe_cfg(deepseek);
     if (wide) {
         c.n_experts = 4;
@@ -125,25 +129,34 @@ static void check(int deepseek, int wide, int dp, int ep, int zero, int B, int T
         c.n_experts_per_tok = 1;
         c.shared_intermediate = 0;
     }
+    int world = dp * tp;
     rank_job jobs[4];
     sl_comm *comms[4] = {0};
     pthread_t th[4];
-    if (dp > 1) TU_CHECK(sl_comm_init_loopback(dp, comms, NULL) == SL_OK, "loopback: %s", sl_errmsg());
-    for (int r = 0; r < dp; r++) {
-        jobs[r] = (rank_job){.world = comms[r], .cfg = &c, .dp = dp, .ep = ep, .zero = zero, .B = B, .T = T};
+    if (world > 1) TU_CHECK(sl_comm_init_loopback(world, comms, NULL) == SL_OK, "loopback: %s", sl_errmsg());
+    for (int r = 0; r < world; r++) {
+        jobs[r] = (rank_job){.world = comms[r],
+                             .cfg = &c,
+                             .dp = dp,
+                             .ep = ep,
+                             .zero = zero,
+                             .B = B,
+                             .T = T,
+                             .tp = tp,
+                             .etp = etp};
         pthread_create(&th[r], NULL, run_rank, &jobs[r]);
     }
-    for (int r = 0; r < dp; r++) pthread_join(th[r], NULL);
-    for (int r = 0; r < dp; r++) sl_comm_free(comms[r]);
+    for (int r = 0; r < world; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < world; r++) sl_comm_free(comms[r]);
     rank_job *j = &jobs[0];
     TU_CHECK(j->st == SL_OK, "run: %s", sl_status_name(j->st));
     if (j->st != SL_OK) return;
     sl_plan_model md = plan_of(&c);
-    sl_plan_cluster cl = local_cluster(dp);
+    sl_plan_cluster cl = local_cluster(world);
     sl_plan_job job = {.global_batch = (int64_t)B * dp, .seq_len = T, .bucket_elems = 5000};
-    sl_plan_layout l = {.dp = dp, .tp = 1, .pp = 1, .ep = ep, .micro_batch = B, .zero = zero};
+    sl_plan_layout l = {.dp = dp, .tp = tp, .pp = 1, .ep = ep, .etp = etp, .micro_batch = B, .zero = zero};
     TU_CHECK(sl_plan_evaluate(&md, &cl, &job, &l) == SL_OK, "evaluate: %s", sl_errmsg());
-    if (ep == 1)
+    if (ep == 1 && tp == 1)
         TU_CHECK(sl_plan_model_params(&md) == j->numel, "%s params: plan %lld, model %lld", md.name,
                  (long long)sl_plan_model_params(&md), (long long)j->numel);
     const sl_dp_memory *r = &j->mem;
@@ -151,13 +164,14 @@ static void check(int deepseek, int wide, int dp, int ep, int zero, int B, int T
         (double)(r->param_bytes + r->slot_bytes + r->grad_bytes + r->grad_shard_bytes + r->optim_bytes) +
         j->act;
     double et = l.mem.total / real - 1.0, ea = l.mem.activations / j->act - 1.0;
-    printf("memory %-8s E%d I%d k%d dp %d ep %d zero %d B %d T %d: plan %9.0f real %9.0f B (%+.2f%%) | "
+    printf("memory %-8s E%d I%d k%d dp %d tp %d etp %d ep %d zero %d B %d T %d: plan %9.0f real %9.0f B "
+           "(%+.2f%%) | "
            "activations %8.0f vs "
            "%8.0f (%+.2f%%) | params %.0f/%zu grads %.0f/%zu shard %.0f/%zu optim %.0f/%zu slots %.0f/%zu\n",
-           md.name, c.n_experts, c.moe_intermediate, c.n_experts_per_tok, dp, ep, zero, B, T, l.mem.total,
-           real, 100 * et, l.mem.activations, j->act, 100 * ea, l.mem.params, r->param_bytes, l.mem.grads,
-           r->grad_bytes, l.mem.grad_shard, r->grad_shard_bytes, l.mem.optim, r->optim_bytes, l.mem.slots,
-           r->slot_bytes);
+           md.name, c.n_experts, c.moe_intermediate, c.n_experts_per_tok, dp, tp, etp, ep, zero, B, T,
+           l.mem.total, real, 100 * et, l.mem.activations, j->act, 100 * ea, l.mem.params, r->param_bytes,
+           l.mem.grads, r->grad_bytes, l.mem.grad_shard, r->grad_shard_bytes, l.mem.optim, r->optim_bytes,
+           l.mem.slots, r->slot_bytes);
     TU_CHECK(l.mem.params == (double)r->param_bytes, "%s dp %d ep %d zero %d: parameter bytes %.0f vs %zu",
              md.name, dp, ep, zero, l.mem.params, r->param_bytes);
     TU_CHECK(l.mem.optim == (double)r->optim_bytes, "%s dp %d ep %d zero %d: optimizer bytes %.0f vs %zu",
@@ -169,6 +183,58 @@ static void check(int deepseek, int wide, int dp, int ep, int zero, int B, int T
              100 * et);
     TU_CHECK(fabs(ea) <= 0.05, "%s dp %d ep %d: activations off by %.2f%%", md.name, dp, ep, 100 * ea);
     TU_CHECK(l.runnable, "%s dp %d ep %d zero %d: marked not runnable", md.name, dp, ep, zero);
+}
+
+/* Expert tensor parallelism in the ranking: with tp 2 the planner offers the routed experts whole and split;
+ * split, the experts' FLOPs and parameters per device fall (by tp, for the routed part) and the MLP's two TP
+ * all-reduces per layer come back; Mixtral's experts and tp 1 refuse it, naming the flag. */
+static void check_etp_ranking(void) {
+    sl_llama_config c = moe_cfg(0);
+    sl_plan_model md = plan_of(&c);
+    sl_plan_cluster cl = local_cluster(2);
+    sl_plan_job job = {
+        .global_batch = 8, .seq_len = 32, .tp = 2, .micro_batch = 4, .zero = 1, .recompute = 1};
+    sl_plan_layout *v = NULL;
+    int n = 0;
+    TU_CHECK(sl_plan_enumerate(&md, &cl, &job, &v, &n) == SL_OK && n == 2, "enumerate tp 2: %d layouts (%s)",
+             n, sl_errmsg());
+    const sl_plan_layout *whole = NULL, *split = NULL;
+    for (int i = 0; i < n; i++) {
+        if (v[i].etp)
+            split = &v[i];
+        else
+            whole = &v[i];
+    }
+    TU_CHECK(whole && split, "tp 2: both the whole and the split experts are enumerated");
+    if (whole && split) {
+        /* routed experts: 8 x 3 x 64 x 32 per layer, 3 layers; split over tp 2, each device holds half */
+        double expert = 4.0 * 3 * 8 * 3 * 64 * 32;
+        TU_CHECK(fabs((whole->mem.params - split->mem.params) - expert / 2) < 1,
+                 "etp: parameter bytes %.0f -> %.0f, expected a drop of %.0f", whole->mem.params,
+                 split->mem.params, expert / 2);
+        TU_CHECK(split->t_compute < whole->t_compute && split->t_tp_comm > whole->t_tp_comm,
+                 "etp: compute %.3g -> %.3g s (must fall), TP comm %.3g -> %.3g s (must grow)",
+                 whole->t_compute, split->t_compute, whole->t_tp_comm, split->t_tp_comm);
+        TU_CHECK(split->runnable && whole->runnable, "etp layouts are runnable");
+    }
+    free(v);
+    job.etp = 1; /* the whole experts only */
+    TU_CHECK(sl_plan_enumerate(&md, &cl, &job, &v, &n) == SL_OK && n == 1 && !v[0].etp, "job.etp = 1");
+    free(v);
+    sl_plan_layout l = {.dp = 2, .tp = 1, .pp = 1, .ep = 1, .etp = 1, .micro_batch = 4};
+    sl_plan_job j1 = {.global_batch = 8, .seq_len = 32};
+    TU_CHECK(sl_plan_evaluate(&md, &cl, &j1, &l) == SL_ERR_INVALID &&
+                 strstr(sl_errmsg(), "--expert-tensor-parallel-size"),
+             "etp with tp 1: %s", sl_errmsg());
+    md.moe_kind = SL_PLAN_MOE_MIXTRAL;
+    l = (sl_plan_layout){.dp = 1, .tp = 2, .pp = 1, .ep = 1, .etp = 1, .micro_batch = 4};
+    TU_CHECK(sl_plan_evaluate(&md, &cl, &j1, &l) == SL_ERR_INVALID &&
+                 strstr(sl_errmsg(), "--expert-tensor-parallel-size"),
+             "etp on Mixtral: %s", sl_errmsg());
+}
+
+static void check(int deepseek, int wide, int dp, int ep, int zero, int B, int T) {
+    check_tp(deepseek, wide, dp, 1, 0, ep, zero, B, T);
 }
 
 int main(void) {
@@ -184,6 +250,14 @@ int main(void) {
         check(ds, 0, 4, 2, 3, 4, 32);
         check(ds, 1, 1, 1, 0, 4, 32);
         check(ds, 1, 4, 4, 1, 4, 32);
+        /* tensor parallelism: the experts whole on every TP rank, or split (expert tensor parallelism) */
+        check_tp(ds, 0, 1, 2, 0, 1, 0, 4, 32);
+        check_tp(ds, 0, 1, 2, 1, 1, 0, 4, 32);
+        check_tp(ds, 0, 1, 2, 1, 1, 0, 8, 32);
+        check_tp(ds, 1, 1, 2, 1, 1, 0, 4, 32);
+        check_tp(ds, 0, 2, 2, 1, 2, 1, 4, 32);
+        check_tp(ds, 0, 2, 2, 0, 2, 0, 4, 32);
     }
+    check_etp_ranking();
     return tu_finish("test_plan_moe");
 }
