@@ -86,7 +86,18 @@ typedef struct sl_thread_gov {
     double probe[4];
     int nprobe;
     int64_t switches, probes; /* for reports */
+    /* the machine's load (Note [Threads on a shared machine]): runnable tasks that are not this process's,
+     * the minimum of the last 3 samples (-1: unknown); the value at which the last probe of more threads
+     * lost (-1: none); online CPUs (0: no signal, e.g. a CPU mask narrower than the machine) */
+    int (*sample)(void); /* returns the other runnable tasks now, or -1; sl_thread_gov_init sets it */
+    int ext, ext_hi, ext_lost, ncpu; /* ext_hi: the maximum of the last 3 samples */
+    int ext_ring[3], ext_n;
+    int ext_at_probe; /* the load when the running probe started */
+    int64_t gated,
+        up_at; /* steps a probe of more threads was held back by the load; last such probe's step */
 } sl_thread_gov;
+/* the runnable tasks of this machine that are not this process's threads (Linux /proc), or -1 */
+int sl_thread_gov_sample_machine(void);
 void sl_thread_gov_init(sl_thread_gov *g, int n_max);
 int sl_thread_gov_begin(sl_thread_gov *g);                /* sets and returns this step's thread count */
 void sl_thread_gov_end(sl_thread_gov *g, double seconds); /* the step's wall time */

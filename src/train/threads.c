@@ -1,6 +1,13 @@
 /* The trainer's thread governor: Note [Threads on a shared machine]. */
+#define _GNU_SOURCE /* CPU_COUNT */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __linux__
+#include <dirent.h>
+#include <sched.h>
+#include <unistd.h>
+#endif
 
 #include "suanli/train.h"
 
@@ -22,8 +29,64 @@
  * to 4, and a step slower than 1.3x the current median (a neighbour arrived, or left while we were at
  * n - 1) brings the next probe forward. An idle OpenMP thread of a smaller team sleeps in the kernel
  * (futex) after libgomp's spin, so at n - 1 the spare thread leaves its core to the neighbour.
- * SUANLI_ADAPTIVE_THREADS=0 keeps the configured count. */
-enum { GOV_FIRST = 4, GOV_MAX_INTERVAL = 128, GOV_PROBE = 2 };
+ * The probes of more threads are what a long busy spell still costs (each is a step at the losing count:
+ * 0.95-0.97x of one thread over 60 steps, issue 20). The machine's load tells when one is worth running: at
+ * each step the governor samples the runnable tasks that are not its own threads (procs_running of
+ * /proc/stat minus this process's threads in state R; the minimum of the last 3 samples, so a short-lived
+ * task does not count). A probe of more threads that lost is not repeated while that load stays at least
+ * as high as it was then (the result would be the same), nor after fewer threads won at that load (the same
+ * finding); once it falls (all of the last 3 samples below it), the probe runs at once. A probe
+ * that wins clears the mark, so a neighbour that does not take our cores (a niced one) costs one probe, and
+ * every 4 x 128 steps a held-back probe runs anyway. At the full count on an oversubscribed machine (load +
+ * threads > CPUs, at a load no probe has seen yet) the probe of fewer threads comes as soon as one step is
+ * timed. The load is only read
+ * when this process may run on every online CPU (else it says nothing about our cores); without it the
+ * governor probes as above. */
+enum { GOV_FIRST = 4, GOV_MAX_INTERVAL = 128, GOV_PROBE = 2, GOV_GATE_MAX = 4 * GOV_MAX_INTERVAL };
+
+int sl_thread_gov_sample_machine(void) {
+#ifdef __linux__
+    FILE *f = fopen("/proc/stat", "r");
+    if (!f) return -1;
+    char line[256];
+    long running = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "procs_running %ld", &running) == 1) break;
+    fclose(f);
+    DIR *d = running >= 0 ? opendir("/proc/self/task") : NULL;
+    if (!d) return -1;
+    long mine = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char path[300], buf[512];
+        snprintf(path, sizeof path, "/proc/self/task/%s/stat", e->d_name);
+        FILE *t = fopen(path, "r");
+        if (!t) continue;
+        size_t n = fread(buf, 1, sizeof buf - 1, t);
+        fclose(t);
+        buf[n] = 0;
+        const char *rp = strrchr(buf, ')'); /* "tid (comm) S ...": comm may hold spaces */
+        mine += rp && rp[1] == ' ' && rp[2] == 'R';
+    }
+    closedir(d);
+    return running > mine ? (int)(running - mine) : 0;
+#else
+    return -1;
+#endif
+}
+
+/* online CPUs when this process may run on all of them, else 0 (the machine's load says nothing then) */
+static int machine_cpus(void) {
+#ifdef __linux__
+    long on = sysconf(_SC_NPROCESSORS_ONLN);
+    cpu_set_t set;
+    if (on < 1 || sched_getaffinity(0, sizeof set, &set) != 0 || CPU_COUNT(&set) != on) return 0;
+    return (int)on;
+#else
+    return 0;
+#endif
+}
 
 void sl_thread_gov_init(sl_thread_gov *g, int n_max) {
     memset(g, 0, sizeof *g);
@@ -32,6 +95,26 @@ void sl_thread_gov_init(sl_thread_gov *g, int n_max) {
     g->on = g->n_max > 1 && !(e && !strcmp(e, "0"));
     g->interval = GOV_FIRST;
     g->next = 3; /* step 0 warms caches and allocations (not timed); two timed steps, then the first probe */
+    g->sample = sl_thread_gov_sample_machine;
+    g->ncpu = g->on ? machine_cpus() : 0;
+    g->ext = g->ext_lost = g->ext_at_probe = -1;
+}
+
+static void sample_load(sl_thread_gov *g) {
+    int x = g->ncpu > 0 && g->sample ? g->sample() : -1;
+    if (x < 0) {
+        g->ext = -1;
+        g->ext_n = 0;
+        return;
+    }
+    g->ext_ring[g->ext_n++ % 3] = x;
+    int n = g->ext_n < 3 ? g->ext_n : 3, lo = g->ext_ring[0], hi = lo;
+    for (int i = 1; i < n; i++) {
+        if (g->ext_ring[i] < lo) lo = g->ext_ring[i];
+        if (g->ext_ring[i] > hi) hi = g->ext_ring[i];
+    }
+    g->ext = lo;
+    g->ext_hi = hi;
 }
 
 static double median(const double *x, int n) {
@@ -48,11 +131,31 @@ static double median(const double *x, int n) {
 
 int sl_thread_gov_begin(sl_thread_gov *g) {
     if (!g->on) return g->cur;
-    if (!g->probe_left && g->steps >= g->next && g->nhist >= 2) { /* start a probe */
-        g->alt = g->cur == g->n_max ? g->n_max - 1 : g->n_max;
-        g->probe_left = GOV_PROBE;
-        g->nprobe = 0;
-        g->probes++;
+    sample_load(g);
+    int known = g->ext >= 0;
+    if (!g->probe_left && known) {
+        if (g->cur == g->n_max && g->ext + g->cur > g->ncpu && g->ext != g->ext_at_probe &&
+            g->next > g->steps && g->nhist >= 1)
+            g->next = g->steps; /* newly oversubscribed at the full count: probe fewer threads now */
+        if (g->cur < g->n_max && g->ext_lost >= 0 && g->ext_hi < g->ext_lost) {
+            g->ext_lost = -1; /* the load fell below where more threads lost: try them now */
+            if (g->next > g->steps) g->next = g->steps;
+        }
+    }
+    if (!g->probe_left && g->steps >= g->next && g->nhist >= (known && g->ext + g->cur > g->ncpu ? 1 : 2)) {
+        int alt = g->cur == g->n_max ? g->n_max - 1 : g->n_max;
+        if (alt > g->cur && known && g->ext_lost >= 0 && g->ext_hi >= g->ext_lost &&
+            g->steps - g->up_at < GOV_GATE_MAX) {
+            g->gated++; /* more threads lost at this load: the same probe would lose again */
+            g->next = g->steps + 1;
+        } else { /* start a probe */
+            g->alt = alt;
+            g->probe_left = GOV_PROBE;
+            g->nprobe = 0;
+            g->probes++;
+            g->ext_at_probe = g->ext;
+            if (alt > g->cur) g->up_at = g->steps;
+        }
     }
     int n = g->probe_left ? g->alt : g->cur;
     sl_threads_set(n);
@@ -69,6 +172,12 @@ void sl_thread_gov_end(sl_thread_gov *g, double sec) {
         if (sec > 1.5 * mc) g->probe_left = 1; /* clearly losing: one probe step is enough */
         if (--g->probe_left) return;
         double mp = median(g->probe, g->nprobe);
+        /* more threads lost at this load, or fewer won (the same finding): mark it; more threads won: clear
+         */
+        if (g->alt > g->cur)
+            g->ext_lost = mp < 0.97 * mc ? -1 : g->ext_at_probe;
+        else if (mp < 0.97 * mc)
+            g->ext_lost = g->ext_at_probe;
         if (mp < 0.97 * mc) { /* switch: the history restarts at the new count */
             g->cur = g->alt;
             g->switches++;
