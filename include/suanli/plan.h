@@ -88,8 +88,8 @@ typedef struct sl_plan_layout {
     /* 1: the routed experts' intermediate dimension split over the TP group (--expert-tensor-parallel-size
      * = tp; Qwen2-MoE / DeepSeek-V3 experts, tp > 1); 0: every TP rank holds and runs the experts whole */
     int etp;
-    int64_t micro_batch, accum;  /* accum = micro-batches per step per data-parallel rank */
-    int zero, recompute;         /* recompute: 0 none, 1 full (layer inputs kept) */
+    int64_t micro_batch, accum; /* accum = micro-batches per step per data-parallel rank */
+    int zero, recompute;        /* recompute: 0 none, 1 full (layer inputs kept) */
     /* pp > 1 without interleaving: the layers of the first / last stage the planner chose so that the
      * slowest stage (the last holds the LM head) is fastest, 0 / 0 for the even split (sl_pp_balanced_split;
      * suanli train's --decoder-first/last-pipeline-num-layers) */
