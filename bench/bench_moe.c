@@ -2,9 +2,12 @@
  * expert, random weights and tokens, under `suanli run -n N` data parallel with the experts spread over
  * --expert-model-parallel-size ranks. Reports tokens/s (median step), the fraction of the step inside the
  * expert all-to-alls (dispatch, combine and the count exchanges, forward and backward) and inside the
- * gradient reduction waits, and the bytes each rank sent through the all-to-alls per step. */
+ * gradient reduction waits, the bytes each rank sent through the all-to-alls per step, the step graph's
+ * planned activation arena and the peak RSS (SUANLI_MOE_PACKED=0: the per-expert buffers instead of the
+ * packed experts of Note [Packed experts], for an A/B). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 
 #include "cli/flags.h"
 #include "suanli/parallel.h"
@@ -139,6 +142,12 @@ int sl_bench_moe(int argc, char **argv) {
         step_tot += ss.seconds;
     }
     qsort(ts, (size_t)steps, sizeof(double), cmp_d);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    const char *pk = getenv("SUANLI_MOE_PACKED");
+    int packed = !(pk && pk[0] == '0' && !pk[1]);
+    double act_mib = (double)sl_graph_arena_bytes(tr.graph) / 1048576.0,
+           rss_mib = (double)ru.ru_maxrss / 1024.0;
     double med = ts[steps / 2], tps = (double)(B * T) * mesh.dp / med;
     double a2a_frac = step_tot > 0 ? a2a_tot / step_tot : 0,
            wait_frac = step_tot > 0 ? wait_tot / step_tot : 0;
@@ -147,19 +156,23 @@ int sl_bench_moe(int argc, char **argv) {
                "\"topk\": %lld, \"moe_ffn\": %lld, \"shared\": %lld, \"V\": %lld, \"B\": %lld, \"T\": %lld, "
                "\"threads\": %lld, \"world\": %d, \"dp\": %d, \"ep\": %lld, \"zero_stage\": %lld, "
                "\"capacity_factor\": %g, \"params_per_rank\": %lld, \"ms_per_step\": %.2f, \"tokens_per_s\": "
-               "%.1f, \"a2a_fraction\": %.4f, \"a2a_mib_per_step\": %.3f, \"comm_wait_fraction\": %.4f}\n",
+               "%.1f, \"a2a_fraction\": %.4f, \"a2a_mib_per_step\": %.3f, \"comm_wait_fraction\": %.4f, "
+               "\"packed_experts\": %d, \"activation_mib\": %.1f, \"peak_rss_mib\": %.1f}\n",
                (long long)L, (long long)C, (long long)E, (long long)K, (long long)I, (long long)S,
                (long long)V, (long long)B, (long long)T, (long long)threads, mesh.world, mesh.dp,
                (long long)ep, (long long)zero, cf, (long long)m->numel, med * 1e3, tps, a2a_frac,
-               a2a_bytes / steps / 1048576.0, wait_frac);
+               a2a_bytes / steps / 1048576.0, wait_frac, packed, act_mib, rss_mib);
     else
         printf(
             "Qwen2-MoE L%lld C%lld, %lld experts top-%lld, B%lld T%lld, %lld threads x %d ranks (dp %d, ep "
             "%lld): %.1f ms/step, %.1f tokens/s; all-to-all %.1f%% of the step (%.2f MiB sent per rank), "
-            "gradient waits %.1f%%; %lld parameters per rank\n",
+            "gradient waits %.1f%%; %lld parameters per rank; activations %.1f MiB (%s experts), peak RSS "
+            "%.1f "
+            "MiB\n",
             (long long)L, (long long)C, (long long)E, (long long)K, (long long)B, (long long)T,
             (long long)threads, mesh.world, mesh.dp, (long long)ep, med * 1e3, tps, 100 * a2a_frac,
-            a2a_bytes / steps / 1048576.0, 100 * wait_frac, (long long)m->numel);
+            a2a_bytes / steps / 1048576.0, 100 * wait_frac, (long long)m->numel, act_mib,
+            packed ? "packed" : "per-expert", rss_mib);
     free(ts);
     sl_dp_free(dp);
     sl_tp_free(tp);

@@ -176,6 +176,12 @@ sl_tensor *sl_moe_combine(sl_ctx *ctx, sl_tensor *y, sl_tensor *route, sl_tensor
  * makes dropless dispatch cost FLOPs in proportion to the routed tokens (see SL_OP_MOE_EXPERT_FFN). */
 sl_tensor *sl_moe_expert_ffn(sl_ctx *ctx, sl_tensor *x, sl_tensor *w1, sl_tensor *w3, sl_tensor *w2,
                              sl_tensor *route, int e);
+/* Note [Packed experts]: expert e's SwiGLU (f32 weights) on its rows of the packed pairs xp (S, C) from
+ * sl_moe_ep_pack (El = 0), or of the regrouped received rows from sl_moe_ep_regroup (local expert e of El),
+ * chained in place on the previous expert's node (NULL for the first); the last node of the chain holds
+ * every expert's rows. rmax: the most rows one expert can receive (N; under EP ep x N). */
+sl_tensor *sl_moe_packed_ffn(sl_ctx *ctx, sl_tensor *xp, sl_tensor *w1, sl_tensor *w3, sl_tensor *w2,
+                             sl_tensor *prev, int e, int El, int64_t rmax);
 /* ---- expert parallelism (Note [Expert-parallel dispatch]): E experts over P ranks of SL_GROUP_EP ---- */
 /* cnt (E): this rank's kept tokens per global expert */
 sl_tensor *sl_moe_ep_counts(sl_ctx *ctx, sl_tensor *route);
@@ -192,6 +198,8 @@ sl_tensor *sl_moe_ep_alltoallv(sl_ctx *ctx, sl_tensor *x, sl_tensor *cnt, sl_ten
 sl_tensor *sl_moe_ep_gather(sl_ctx *ctx, sl_tensor *recv, sl_tensor *rcnt, int l, int El, int64_t Rl);
 sl_tensor *sl_moe_ep_scatter(sl_ctx *ctx, sl_tensor *y, sl_tensor *rcnt, sl_tensor *acc, int l, int El,
                              int64_t Rx);
+/* the received rows (Rx, C), source-rank major, regrouped local-expert major (back = 0) or back (1) */
+sl_tensor *sl_moe_ep_regroup(sl_ctx *ctx, sl_tensor *x, sl_tensor *rcnt, int El, int back);
 /* the SwiGLU expert of local expert l (of El) on its received rows (sl_moe_ep_gather) */
 sl_tensor *sl_moe_expert_ffn_ep(sl_ctx *ctx, sl_tensor *x, sl_tensor *w1, sl_tensor *w3, sl_tensor *w2,
                                 sl_tensor *rcnt, int l, int El);

@@ -152,6 +152,21 @@ typedef enum sl_op {
     /* Dropout (issue 20; Note [Dropout from counters], src/ops/build.c) */
     SL_OP_DROPOUT, /* src0 * keep / (1 - p): p = fparams[0], the keep mask a pure function of the counters in
                       iparams (SL_DROPOUT_IP_*); its backward is the same node applied to the gradient */
+    /* Packed routed experts (src/ops/moe_ops.c, Note [Packed experts]): the experts of a layer as one chain
+     * over the packed (S, C) rows of MOE_EP_PACK (or MOE_EP_REGROUP under EP), each expert its own rows */
+    SL_OP_MOE_PACKED_FFN, /* src0 = packed x (S, C), src1..3 = w1 (I, C), w3 (I, C), w2 (C, I), src4 = the
+                             previous expert's node or NULL -> (S, C): expert iparams[0]'s rows (of
+                             iparams[1] = El local experts; 0: a single process) = SwiGLU of its rows; in
+                             place on src4; the chain's first node holds aux [w1 x (S, I) | w3 x (S, I)] */
+    SL_OP_MOE_PACKED_FFN_BACK,   /* src0 = fwd, src1 = dy (S, C), src2 = w2 -> dw2 (C, I); aux [d(w1 x) |
+                                    d(w3 x)], iparams[2] rows each */
+    SL_OP_MOE_PACKED_FFN_BACK_W, /* src0 = FFN_BACK, src1 = packed x -> packed 1-D [dw1 (I, C) | dw3 (I, C)]
+                                  */
+    SL_OP_MOE_PACKED_FFN_DX,     /* src0 = FFN_BACK, src1 = w1, src2 = w3, src3 = the later expert's DX or
+                                    NULL -> (S, C): the expert's rows of dx; in place on src3 */
+    SL_OP_MOE_EP_REGROUP, /* src0 = rows (Rx, C), src1 = rcnt -> (Rx, C): the received rows (source rank
+                             major) regrouped local-expert major (iparams[0] = 0) or back (1); iparams[1] = El
+                           */
     SL_OP_COUNT
 } sl_op;
 

@@ -73,6 +73,11 @@ static const char *const k_op_names[] = {
     "moe_ep_gather",
     "moe_ep_scatter",
     "dropout",
+    "moe_packed_ffn",
+    "moe_packed_ffn_back",
+    "moe_packed_ffn_back_w",
+    "moe_packed_ffn_dx",
+    "moe_ep_regroup",
 };
 _Static_assert(sizeof(k_op_names) / sizeof(k_op_names[0]) == SL_OP_COUNT, "op name table out of sync");
 

@@ -118,9 +118,12 @@ void sl_graph_set_grad_overwrite(sl_graph *g, int on) {
 /* ---------------- planner ---------------- */
 
 static int is_inplace(const sl_tensor *t) {
+    /* MATMUL with view_src: an accumulating dW (Note [Accumulating gradient writes]); the packed experts'
+     * chains (Note [Packed experts]) */
     return t->op == SL_OP_VIEW || t->op == SL_OP_ACC || t->op == SL_OP_SCATTER_ADD ||
            t->op == SL_OP_EMBEDDING_BACK || t->op == SL_OP_KV_STORE ||
-           (t->op == SL_OP_MATMUL && t->view_src); /* accumulating dW (Note [Accumulating gradient writes]) */
+           ((t->op == SL_OP_MATMUL || t->op == SL_OP_MOE_PACKED_FFN || t->op == SL_OP_MOE_PACKED_FFN_DX) &&
+            t->view_src);
 }
 
 static sl_tensor *storage_root(sl_tensor *t) {

@@ -12,6 +12,7 @@
  * score + bias, renormalised, times routed_scaling_factor. DeepSeek-V3's attention here is Llama's (GQA
  * with rotate-half RoPE), not multi-head latent attention: configs with kv_lora_rank are refused. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "nn/llama_internal.h"
@@ -167,6 +168,13 @@ void sl_moe_add_params(sl_llama_builder *b, int l) {
     }
 }
 
+/* SUANLI_MOE_PACKED=0: the per-expert buffers of Note [MoE dispatch in a static graph] instead of the
+ * packed chain (A/B of Note [Packed experts]) */
+static int packed_experts(void) {
+    const char *s = getenv("SUANLI_MOE_PACKED");
+    return !(s && !strcmp(s, "0"));
+}
+
 static sl_moe_route_opts route_opts(const sl_model *m, int64_t N) {
     const sl_llama_config *c = &m->lcfg;
     sl_moe_route_opts o = {.k = c->n_experts_per_tok, .scale = 1.0f};
@@ -215,7 +223,20 @@ static sl_tensor *ep_experts(sl_model *m, sl_tensor *h2, sl_tensor *w, int l, co
     sl_tensor *xr = sl_moe_ep_alltoallv(ctx, xs, cnt, rcnt, Rx, 0, P);
     sl_set_name(xr, "moe_ep_dispatch.%d", l);
     sl_tensor *yr = NULL;
-    for (int j = 0; j < El; j++) {
+    int packed = routed && packed_experts();
+    if (packed) { /* Note [Packed experts]: one chain over the regrouped rows */
+        sl_tensor *xg = sl_moe_ep_regroup(ctx, xr, rcnt, El, 0), *yg = NULL;
+        for (int j = 0; j < El; j++) {
+            int e = m->ep_rank * El + j;
+            sl_tensor *w1 = sl_llama_W(m, nm.expert, l, e, nm.proj[0]),
+                      *w3 = sl_llama_W(m, nm.expert, l, e, nm.proj[1]),
+                      *w2 = sl_llama_W(m, nm.expert, l, e, nm.proj[2]);
+            if (!etp) w1 = moe_W(m, w1), w3 = moe_W(m, w3), w2 = moe_W(m, w2);
+            yg = sl_moe_packed_ffn(ctx, xg, w1, w3, w2, yg, j, El, Rl);
+        }
+        yr = sl_moe_ep_regroup(ctx, yg, rcnt, El, 1);
+    }
+    for (int j = 0; j < El && !packed; j++) {
         int e = m->ep_rank * El + j;
         sl_tensor *xl = sl_moe_ep_gather(ctx, xr, rcnt, j, El, Rl);
         xl->iparams[2] = routed; /* the routed expert reads its received rows only; else zero-filled */
@@ -274,8 +295,24 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
         hx = sl_reshape_2d(ctx, sl_llama_tp_f(m, sl_reshape(ctx, h2, 3, (int64_t[]){B, T, C})), Nr, C);
     else if (etp)
         hx = sl_llama_tp_f(m, h2);
-    if (m->ep > 1) y = ep_experts(m, hx, w, l, &o, routed, etp);
-    for (int e = 0; e < E && m->ep <= 1; e++) {
+    /* packed where it holds fewer rows: dropless (N k pairs against E x N rows), or a capacity factor
+     * above 1 (E x capacity > N k); at or below 1 both hold E x capacity rows and the packed chain adds
+     * its whole-layer gradient buffers */
+    int packed = m->ep <= 1 && routed && packed_experts() && Nr * o.k < E * R;
+    if (m->ep > 1) {
+        y = ep_experts(m, hx, w, l, &o, routed, etp);
+    } else if (packed) {                                                     /* Note [Packed experts] */
+        sl_tensor *xp = sl_moe_ep_pack(ctx, hx, w, Nr * o.k, 0), *yp = NULL; /* the kept pairs */
+        for (int e = 0; e < E; e++) {
+            sl_tensor *w1 = sl_llama_W(m, nm.expert, l, e, nm.proj[0]),
+                      *w3 = sl_llama_W(m, nm.expert, l, e, nm.proj[1]),
+                      *w2 = sl_llama_W(m, nm.expert, l, e, nm.proj[2]);
+            if (!etp) w1 = moe_W(m, w1), w3 = moe_W(m, w3), w2 = moe_W(m, w2);
+            yp = sl_moe_packed_ffn(ctx, xp, w1, w3, w2, yp, e, 0, R);
+        }
+        y = sl_moe_ep_unpack(ctx, yp, w, 1);
+    }
+    for (int e = 0; e < E && m->ep <= 1 && !packed; e++) {
         sl_tensor *xe = sl_moe_gather(ctx, hx, w, e, R, 0); /* (R, C) */
         xe->iparams[2] = routed; /* MOE_EXPERT_FFN reads the kept rows only: no zero fill */
         sl_tensor *w1 = sl_llama_W(m, nm.expert, l, e, nm.proj[0]),

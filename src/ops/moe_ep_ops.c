@@ -110,6 +110,17 @@ sl_tensor *sl_moe_expert_ffn_ep(sl_ctx *ctx, sl_tensor *x, sl_tensor *w1, sl_ten
     return sl_moe_expert_ffn_node(ctx, x, w1, w3, w2, rcnt, l, El);
 }
 
+sl_tensor *sl_moe_ep_regroup(sl_ctx *ctx, sl_tensor *x, sl_tensor *rcnt, int El, int back) {
+    SL_ASSERT(rows2d(x) && sl_is_contiguous(x) && is_counts(rcnt, rcnt->ne[0]) && El >= 1 &&
+              rcnt->ne[0] % El == 0);
+    sl_tensor *t = sl_new_op(ctx, SL_OP_MOE_EP_REGROUP, SL_F32, 2, x->ne);
+    t->src[0] = x;
+    t->src[1] = rcnt;
+    t->iparams[0] = back != 0;
+    t->iparams[1] = El;
+    return t;
+}
+
 /* Backward rules of the expert-parallel ops; returns 0 for other ops. */
 int sl_moe_ep_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_grad_emit emit,
                           void *st) {
@@ -146,6 +157,9 @@ int sl_moe_ep_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng
         }
         /* the rows of expert l in g belong to y; the earlier experts' scatters read only their own rows */
         if (n->src[2] && ng[2]) emit(st, n->src[2], g);
+        return 1;
+    case SL_OP_MOE_EP_REGROUP: /* a permutation of the counted rows: its adjoint is the way back */
+        if (ng[0]) emit(st, a, sl_moe_ep_regroup(ctx, rows(ctx, g), b, n->iparams[1], !n->iparams[0]));
         return 1;
     default:
         return 0;

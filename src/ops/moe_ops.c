@@ -117,7 +117,95 @@ sl_tensor *sl_moe_expert_ffn(sl_ctx *ctx, sl_tensor *x, sl_tensor *w1, sl_tensor
     return sl_moe_expert_ffn_node(ctx, x, w1, w3, w2, route, e, 0);
 }
 
+/* Note [Packed experts]
+ * The per-expert layer above sizes every expert's tensors for every token it may receive: dropless, E
+ * buffers of N rows for the gathered input, the output and the two hidden activations, all kept for
+ * backward, so a layer holds E * N * (2 C + 2 I) floats where the routed tokens need N * k * (2 C + 2 I).
+ * For the f32 routed experts the layer is instead one chain over the packed pairs:
+ *   xp  = MOE_EP_PACK(h, w)                          (S = N k, C) kept pairs, expert-major, token order
+ * within y_0 = MOE_PACKED_FFN(xp, W_0, NULL, e = 0)       rows [off_0, off_0 + n_0) = SwiGLU_0 of xp's rows
+ *   y_e = MOE_PACKED_FFN(xp, W_e, y_{e-1}, e)        in place: writes only its own rows
+ *   y   = MOE_EP_UNPACK(y_{E-1}, w)                  (N, C) weighted sum of each token's rows
+ * with off_e, n_e from the route's kept counts at run time. The chain's first node owns the (S, C) storage
+ * and, as aux, the w1 x and w3 x rows of every expert (S, I each) that backward reads; the later nodes alias
+ * it (in-place ops, src/graph/graph.c), so the layer keeps S (2 C + 2 I) floats. Under EP the same chain runs
+ * over the received rows, regrouped local-expert major (MOE_EP_REGROUP; Note [Expert-parallel dispatch]).
+ * Backward per expert: FFN_BACK (dw2 and the pre-activation gradients, as scratch aux for one expert),
+ * FFN_BACK_W (dw1, dw3) and FFN_DX, the expert's rows of dx, again a chain in place on the later expert's DX
+ * node (backward visits the experts last to first). The chain is threaded through autodiff by handing expert
+ * e - 1 the DX node of expert e as "its gradient": the gradient of y_{e-1} is dy itself (its rows pass
+ * through y_e untouched), which that DX node carries as FFN_BACK's src1; the first expert emits the finished
+ * chain as the gradient of xp. Every GEMM is the one the per-expert path runs on the same rows, and UNPACK
+ * sums a token's rows in expert order as the combine chain did, so the values are the same. */
 static sl_tensor *rows(sl_ctx *ctx, sl_tensor *g) { return row_major_2d(g) ? g : sl_cont(ctx, g); }
+
+sl_tensor *sl_moe_packed_ffn(sl_ctx *ctx, sl_tensor *xp, sl_tensor *w1, sl_tensor *w3, sl_tensor *w2,
+                             sl_tensor *prev, int e, int El, int64_t rmax) {
+    SL_ASSERT(row_major_2d(xp) && sl_is_contiguous(xp) && e >= 0 && El >= 0 && rmax >= 1);
+    SL_ASSERT((El == 0 && xp->op == SL_OP_MOE_EP_PACK) || (El > 0 && xp->op == SL_OP_MOE_EP_REGROUP));
+    int64_t S = xp->ne[0], C = xp->ne[1], I = w1->ne[0];
+    SL_ASSERT(w1->dtype == SL_F32 && w3->dtype == SL_F32 && w2->dtype == SL_F32);
+    SL_ASSERT(w1->ndim == 2 && w1->ne[1] == C && w3->ndim == 2 && w3->ne[0] == I && w3->ne[1] == C);
+    SL_ASSERT(w2->ndim == 2 && w2->ne[0] == C && w2->ne[1] == I);
+    SL_ASSERT(sl_is_contiguous(w1) && sl_is_contiguous(w3) && sl_is_contiguous(w2));
+    SL_ASSERT(!prev || (prev->op == SL_OP_MOE_PACKED_FFN && prev->src[0] == xp && prev->src[1]->ne[0] == I));
+    sl_tensor *t = sl_new_op(ctx, SL_OP_MOE_PACKED_FFN, SL_F32, 2, xp->ne);
+    t->src[0] = xp;
+    t->src[1] = w1;
+    t->src[2] = w3;
+    t->src[3] = w2;
+    t->src[4] = prev;
+    t->iparams[0] = e;
+    t->iparams[1] = El;
+    t->iparams[2] = (int)(rmax < S ? rmax : S); /* rows one expert may hold: its backward's scratch */
+    if (prev)
+        t->view_src = prev; /* in place: the chain's storage (and aux) is its first node's */
+    else
+        t->aux_bytes = sizeof(float) * (size_t)(2 * S * I);
+    return t;
+}
+
+/* Backward of one link of the packed chain (Note [Packed experts]). */
+static void packed_ffn_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_grad_emit emit,
+                                void *st) {
+    sl_tensor *xp = n->src[0], *w1 = n->src[1], *w3 = n->src[2], *w2 = n->src[3], *prev = n->src[4];
+    sl_tensor *dy = g, *later = NULL; /* the later expert's DX node, which carries dy */
+    if (g->op == SL_OP_MOE_PACKED_FFN_DX) {
+        later = g;
+        dy = g->src[0]->src[1];
+    } else {
+        dy = rows(ctx, g);
+    }
+    int64_t S = xp->ne[0], C = xp->ne[1], I = w1->ne[0], Rb = n->iparams[2];
+    sl_tensor *b = sl_new_op(ctx, SL_OP_MOE_PACKED_FFN_BACK, SL_F32, 2, (int64_t[]){C, I});
+    b->src[0] = n;
+    b->src[1] = dy;
+    b->src[2] = w2;
+    b->iparams[2] = (int)Rb;
+    b->aux_bytes = sizeof(float) * (size_t)(2 * Rb * I);
+    if (ng[3]) emit(st, w2, b);
+    if (ng[1] || ng[2]) {
+        sl_tensor *w = sl_new_op(ctx, SL_OP_MOE_PACKED_FFN_BACK_W, SL_F32, 1, (int64_t[]){2 * I * C});
+        w->src[0] = b;
+        w->src[1] = xp;
+        if (ng[1]) emit(st, w1, sl_view(ctx, w, 2, (int64_t[]){I, C}, (int64_t[]){C, 1}, 0));
+        if (ng[2]) emit(st, w3, sl_view(ctx, w, 2, (int64_t[]){I, C}, (int64_t[]){C, 1}, I * C));
+    }
+    if (!ng[0]) { /* no input gradient: pass dy on for the earlier experts' weights */
+        if (prev && ng[4]) emit(st, prev, dy);
+        return;
+    }
+    sl_tensor *dx = sl_new_op(ctx, SL_OP_MOE_PACKED_FFN_DX, SL_F32, 2, (int64_t[]){S, C});
+    dx->src[0] = b;
+    dx->src[1] = w1;
+    dx->src[2] = w3;
+    dx->src[3] = later;
+    dx->view_src = later; /* NULL for the last expert's, which owns the chain's storage */
+    if (prev)
+        emit(st, prev, dx);
+    else
+        emit(st, xp, dx);
+}
 
 /* Backward rules of the MoE ops; returns 0 for other ops. */
 int sl_moe_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_grad_emit emit, void *st) {
@@ -186,6 +274,9 @@ int sl_moe_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, s
         if (ng[2]) emit(st, w3, sl_view(ctx, u, 2, (int64_t[]){I, C}, (int64_t[]){C, 1}, R * C + I * C));
         return 1;
     }
+    case SL_OP_MOE_PACKED_FFN:
+        packed_ffn_backward(ctx, n, g, ng, emit, st);
+        return 1;
     default:
         return sl_moe_ep_op_backward(ctx, n, g, ng, emit, st);
     }

@@ -243,27 +243,35 @@ double sl_plan_activation_bytes(const sl_plan_model *m, int64_t B, int64_t T, in
     double N = (double)(B * T), C = (double)m->hidden, NH = (double)m->n_head / (double)tp;
     double L = (double)m->n_layer;
     /* floats per token and layer: replicated across tp, split by tp */
-    double rep = 4.0 * C, split, moe = 0;
+    double rep = 4.0 * C, split, moe = 0, moe_bwd = 0;
     if (m->arch == SL_PLAN_GPT2) {
         split = 8.0 * C + NH * (double)tp; /* the GELU output is recomputed (Note [Recomputed GELU]) */
     } else {
         double kvd = (double)(m->n_kv_head * m->head_dim);
         split = 2.0 * C + 4.0 * (double)m->ffn + 2.0 * kvd + NH * (double)tp;
         if (m->n_experts > 0) {
-            /* a dispatched MoE layer instead of the dense MLP (src/nn/moe.c; fitted on sl_graph_plan,
-             * Qwen2-MoE and DeepSeek-V3 L3 C64 E8 top-2, tests/plan/test_plan_moe.c): dropless, every
-             * expert's gathered rows and output (2 C) and its two hidden buffers (2 moe_ffn) are sized for
-             * every token the device may receive (N; under EP each of the E / ep local experts for ep x N),
-             * the router's scores and route (3 E), the shared experts as a dense MLP (4 shared_ffn, their
-             * output C, the gate), the combined output (C), and under EP the received rows (ep C). TP does
-             * not split them, except the hidden buffers under expert tensor parallelism (moe_ffn / tp), and
-             * under TP without EP the layer keeps one replicated (N, C) buffer fewer than a dense one (fitted
-             * on tp 2 with and without etp, tests/plan/test_plan_moe.c: within 2.9 %). */
-            double E = (double)m->n_experts, e = (double)(ep > 1 ? ep : 1);
+            /* a dispatched MoE layer instead of the dense MLP (src/nn/moe.c, Note [Packed experts]; fitted
+             * on sl_graph_plan, Qwen2-MoE and DeepSeek-V3 L3 C64 E8 top-2, tests/plan/test_plan_moe.c):
+             * dropless, the packed (token, expert) pairs (k per token) as the experts' input, and the
+             * chain's output and two hidden buffers over the same rows (2 C + 2 moe_ffn per pair); under
+             * EP the rows a device may receive instead: ep x min(k, E / ep) per token, and the pairs come
+             * back (k C); the router's scores and route (3 E), the shared experts as a dense MLP
+             * (4 shared_ffn, their output C, the gate), the combined output (C). TP does not split them,
+             * except the hidden buffers under expert tensor parallelism (moe_ffn / tp), and under TP
+             * without EP the layer keeps one replicated (N, C) buffer fewer than a dense one. */
+            double E = (double)m->n_experts, e = (double)(ep > 1 ? ep : 1), k = (double)m->top_k;
             double S = (double)m->shared_ffn, ediv = etp && tp > 1 ? (double)tp : 1.0;
-            moe = E * (2.0 * C + 2.0 * (double)m->moe_ffn / ediv) + 3.0 * E +
-                  (S > 0 ? 4.0 * S + C + 1.0 : 0.0) + C + (ep > 1 ? e * C : 0.0) -
-                  4.0 * (double)m->ffn / (double)tp - (tp > 1 && ep <= 1 ? C : 0.0);
+            double rows = ep > 1 ? e * (k < E / e ? k : E / e) : k; /* expert rows per token */
+            double shared = S > 0 ? 4.0 * S + C + 1.0 : 0.0, El = ep > 1 ? E / e : E;
+            moe = rows * (2.0 * C + 2.0 * (double)m->moe_ffn / ediv) + (ep > 1 ? k * C : 0.0) + 3.0 * E +
+                  shared - 4.0 * (double)m->ffn / (double)tp - (tp > 1 && ep <= 1 ? C : 0.0);
+            /* the last MoE layer's backward, once the shared experts' buffers are gone: the gradient of the
+             * expert rows, the chain's dx (while another expert's runs: more than one local expert), one
+             * expert's pre-activation gradients for the most rows it can hold (N; under EP ep N), and the
+             * norm's (N, C) gradient; under TP the layer's two replicated f / g buffers are gone too (the
+             * peak under EP: fitted as above, within 1.3 %) */
+            moe_bwd = rows * C * (El > 1 ? 2.0 : 1.0) + 2.0 * e * (double)m->moe_ffn / ediv + C - shared -
+                      (tp > 1 ? 2.0 * C : 0.0);
         }
     }
     /* under TP the f / g collectives keep two more replicated (B, T, C) buffers per layer and the
@@ -274,6 +282,7 @@ double sl_plan_activation_bytes(const sl_plan_model *m, int64_t B, int64_t T, in
     double moe_layers = m->n_experts > 0 ? L - (double)m->first_dense : 0.0;
     /* the logits' gradient overwrites them (Note [Donated storage]) */
     double outside = 3.0 * C + (double)m->vocab / (double)tp + (tp > 1 ? C : 0.0);
+    if (moe_layers > 0 && moe_bwd > outside) outside = moe_bwd; /* which peak is higher */
     double floats = recompute ? L * C + per_layer + (moe_layers > 0 ? moe : 0.0) + outside
                               : L * per_layer + moe_layers * moe + outside;
     return 4.0 * N * floats;

@@ -45,7 +45,7 @@ typedef struct {
 static const shape_tier k_tiers[] = {{"tiny", 2, 8, 32, 4, 2, 8, 48, 4},
                                      {"demo", 4, 64, 192, 6, 2, 32, 256, 8}};
 static int B, T, C, NH, NKV, HS, V, E;
-enum { MAXP = 6, N_CASES = 16 };
+enum { MAXP = 6, N_CASES = 17 };
 
 typedef struct {
     const char *name;
@@ -177,6 +177,16 @@ static sl_tensor *b_moe_routed(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
     return y;
 }
 
+/* the same layer with the packed experts (Note [Packed experts]): pack -> chain in place -> unpack */
+static sl_tensor *b_moe_packed(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
+    (void)ids;
+    sl_moe_route_opts o = {.k = 2, .score = SL_MOE_SCORE_SOFTMAX, .norm_topk = 0, .scale = 1};
+    sl_tensor *lg = sl_linear(c, p[0], p[1], NULL), *rt = sl_moe_route(c, lg, NULL, &o), *y = NULL;
+    sl_tensor *xp = sl_moe_ep_pack(c, p[0], rt, B * T * 2, 0);
+    for (int e = 0; e < E; e++) y = sl_moe_packed_ffn(c, xp, p[2], p[3], p[4], y, e, 0, B * T);
+    return sl_moe_ep_unpack(c, y, rt, 1);
+}
+
 static op_case k_cases[N_CASES];
 /* the cases at the current tier's sizes */
 static void make_cases(void) {
@@ -209,6 +219,11 @@ static void make_cases(void) {
          {2, 2, 2, 2, 2},
          {{B * T, C}, {E, C}, {2 * C, C}, {2 * C, C}, {C, 2 * C}},
          b_moe_routed},
+        {"moe-packed-ffn",
+         5,
+         {2, 2, 2, 2, 2},
+         {{B * T, C}, {E, C}, {2 * C, C}, {2 * C, C}, {C, 2 * C}},
+         b_moe_packed},
     };
     memcpy(k_cases, v, sizeof v);
 }

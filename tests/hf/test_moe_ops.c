@@ -260,6 +260,122 @@ static sl_tensor *g_expert_ffn(tc *t) {
     return y;
 }
 
+/* Note [Packed experts]: the packed chain (MOE_EP_PACK -> MOE_PACKED_FFN per expert -> MOE_EP_UNPACK)
+ * against the per-expert path (gather -> MOE_EXPERT_FFN -> combine) on the same parameters: the layer's
+ * output bitwise (the same GEMMs on the same rows, the same expert-order sum per token), every gradient
+ * within 1e-6 abs + 1e-5 rel (the input's gradient sums a token's rows in another order: fp32 reordering),
+ * and a smaller activation plan (E * N rows per buffer against N * k). */
+typedef struct {
+    sl_tensor *y, *loss;
+} layer_out;
+
+static layer_out moe_layer(tc *t, sl_tensor *x, sl_tensor *lg, sl_tensor *const *W, int64_t E, int k, int cap,
+                           int packed, const float *rd) {
+    int64_t N = x->ne[0], C = x->ne[1];
+    sl_moe_route_opts o = opts(k, SL_MOE_SCORE_SOFTMAX, 1);
+    o.capacity = cap;
+    sl_tensor *rt = sl_moe_route(t->ctx, lg, NULL, &o), *y = NULL;
+    int64_t R = cap > 0 ? cap : N;
+    if (packed) {
+        int64_t S = cap > 0 && E * cap < N * k ? E * cap : N * k; /* as src/nn/moe.c sizes it */
+        sl_tensor *xp = sl_moe_ep_pack(t->ctx, x, rt, S, 0), *yp = NULL;
+        for (int e = 0; e < E; e++)
+            yp = sl_moe_packed_ffn(t->ctx, xp, W[3 * e], W[3 * e + 1], W[3 * e + 2], yp, e, 0, R);
+        y = sl_moe_ep_unpack(t->ctx, yp, rt, 1);
+    } else {
+        for (int e = 0; e < E; e++) {
+            sl_tensor *xe = sl_moe_gather(t->ctx, x, rt, e, R, 0);
+            xe->iparams[2] = 1;
+            y = sl_moe_combine(t->ctx,
+                               sl_moe_expert_ffn(t->ctx, xe, W[3 * e], W[3 * e + 1], W[3 * e + 2], rt, e), rt,
+                               y, e, 1);
+        }
+    }
+    sl_tensor *Rt = sl_new_tensor_2d(t->ctx, SL_F32, N, C);
+    sl_tensor_bind(Rt, (void *)rd);
+    return (layer_out){y, sl_sum_to(t->ctx, sl_mul(t->ctx, y, Rt), sl_new_tensor_1d(t->ctx, SL_F32, 1))};
+}
+
+static void test_packed_equals_per_expert(int cap) {
+    enum { E = 4, NP = 2 + 3 * E };
+    int64_t N = 29, C = 16, I = 12;
+    int k = 2;
+    /* the harness holds MAXP parameters; the experts' weights are leaves of their own here */
+    sl_ctx *ctx = sl_ctx_new(8192);
+    tc t = {.ctx = ctx};
+    float *pd[NP], *gd[2][NP];
+    sl_tensor *P[NP];
+    for (int i = 0; i < NP; i++) {
+        int64_t ne[2] = {i == 0             ? N
+                         : i == 1           ? N
+                         : (i - 2) % 3 == 2 ? C
+                                            : I,
+                         i == 1             ? E
+                         : (i - 2) % 3 == 2 ? I
+                                            : C};
+        P[i] = sl_new_tensor(ctx, SL_F32, 2, ne);
+        sl_set_param(P[i]);
+        int64_t n = ne[0] * ne[1];
+        pd[i] = malloc(sizeof(float) * (size_t)n);
+        sl_rng_fill_normal(pd[i], n, 31, (uint64_t)i + 1, 0.0f, i == 1 ? 2.0f : 0.5f);
+        sl_tensor_bind(P[i], pd[i]);
+        P[i]->grad = sl_new_tensor(ctx, SL_F32, 2, ne);
+        P[i]->grad->flags |= SL_FLAG_GRAD;
+        for (int v = 0; v < 2; v++) gd[v][i] = calloc((size_t)n, sizeof(float));
+    }
+    float *rd = malloc(sizeof(float) * (size_t)(N * C)), *ys[2];
+    sl_rng_fill_normal(rd, N * C, 9, 99, 0.0f, 1.0f);
+    size_t planned[2];
+    for (int v = 0; v < 2; v++) {
+        for (int i = 0; i < NP; i++) sl_tensor_bind(P[i]->grad, gd[v][i]);
+        layer_out lo = moe_layer(&t, P[0], P[1], P + 2, E, k, cap, v, rd);
+        sl_set_output(lo.y); /* read after the backward, which would reuse its storage */
+        sl_graph *g = sl_graph_new(ctx);
+        sl_graph_build_forward(g, lo.loss);
+        sl_graph_build_backward(g, lo.loss, 1.0f);
+        sl_plan_stats ps;
+        TU_CHECK(sl_graph_plan(g, sl_backend_cpu(), &ps) == SL_OK, "plan: %s", sl_errmsg());
+        TU_CHECK(sl_graph_compute(g, NULL, NULL) == SL_OK, "compute: %s", sl_errmsg());
+        planned[v] = ps.planned_bytes;
+        ys[v] = malloc(sizeof(float) * (size_t)(N * C));
+        memcpy(ys[v], lo.y->data, sizeof(float) * (size_t)(N * C));
+        sl_graph_free(g);
+    }
+    TU_CHECK(!memcmp(ys[0], ys[1], sizeof(float) * (size_t)(N * C)), "cap %d: packed output bitwise", cap);
+    for (int i = 0; i < NP; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "cap %d: gradient of parameter %d, packed == per expert", cap, i);
+        tu_allclose(what, gd[1][i], gd[0][i], sl_nelements(P[i]), 1e-6f, 1e-5f);
+    }
+    printf("packed experts (N %lld, E %d, k %d, capacity %d): planned %zu bytes vs %zu per expert\n",
+           (long long)N, E, k, cap, planned[1], planned[0]);
+    if (!cap)
+        TU_CHECK(planned[1] < planned[0], "dropless: the packed plan is smaller (%zu vs %zu)", planned[1],
+                 planned[0]);
+    for (int i = 0; i < NP; i++) free(pd[i]), free(gd[0][i]), free(gd[1][i]);
+    free(ys[0]), free(ys[1]), free(rd);
+    sl_ctx_free(ctx);
+}
+
+/* the packed chain with shared weight leaves (their gradients accumulate over the experts), dropless and
+ * with capacity dropping */
+static sl_tensor *packed_case(tc *t, int cap) {
+    int64_t N = 9, C = 4, E = 4, I = 3; /* E = 4: sep_logits' offsets are distinct within a row */
+    sl_tensor *x = param(t, 2, (int64_t[]){N, C}, 1.0f);
+    sl_tensor *W1 = param(t, 2, (int64_t[]){I, C}, 0.7f), *W3 = param(t, 2, (int64_t[]){I, C}, 0.7f);
+    sl_tensor *W2 = param(t, 2, (int64_t[]){C, I}, 0.7f);
+    /* unnormalised top-k weights: with shared experts, normalised weights sum to 1 and the layer would not
+     * depend on the router at all */
+    sl_moe_route_opts o = opts(2, SL_MOE_SCORE_SOFTMAX, 0);
+    o.capacity = cap;
+    sl_tensor *rt = sl_moe_route(t->ctx, sep_logits(t, N, E), NULL, &o), *yp = NULL;
+    sl_tensor *xp = sl_moe_ep_pack(t->ctx, x, rt, N * 2, 0);
+    for (int e = 0; e < E; e++) yp = sl_moe_packed_ffn(t->ctx, xp, W1, W3, W2, yp, e, 0, cap ? cap : N);
+    return sl_moe_ep_unpack(t->ctx, yp, rt, 1);
+}
+static sl_tensor *g_packed(tc *t) { return packed_case(t, 0); }
+static sl_tensor *g_packed_capacity(tc *t) { return packed_case(t, 5); }
+
 int main(void) {
     test_route_softmax();
     test_route_deepseek();
@@ -276,5 +392,10 @@ int main(void) {
     grad_check("moe_router_loss sigmoid", g_router_loss_sigmoid);
     grad_check("moe dispatch", g_dispatch);
     grad_check("moe routed expert ffn", g_expert_ffn);
+    test_packed_equals_per_expert(0);
+    test_packed_equals_per_expert(11);
+    test_packed_equals_per_expert(20);
+    grad_check("moe packed experts", g_packed);
+    grad_check("moe packed experts, capacity", g_packed_capacity);
     return tu_finish("test_moe_ops");
 }

@@ -67,6 +67,11 @@ static const kernel_fn k_kernels[SL_OP_COUNT] = {
     [SL_OP_MOE_EP_GATHER] = sl_k_moe_ep_gather,
     [SL_OP_MOE_EP_SCATTER] = sl_k_moe_ep_scatter,
     [SL_OP_DROPOUT] = sl_k_dropout,
+    [SL_OP_MOE_PACKED_FFN] = sl_k_moe_packed_ffn,
+    [SL_OP_MOE_PACKED_FFN_BACK] = sl_k_moe_packed_ffn_back,
+    [SL_OP_MOE_PACKED_FFN_BACK_W] = sl_k_moe_packed_ffn_back_w,
+    [SL_OP_MOE_PACKED_FFN_DX] = sl_k_moe_packed_ffn_dx,
+    [SL_OP_MOE_EP_REGROUP] = sl_k_moe_ep_regroup,
 };
 
 /* Note [First touch]

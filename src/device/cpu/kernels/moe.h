@@ -20,6 +20,12 @@ sl_status sl_k_moe_ep_unpack(sl_tensor *n);
 sl_status sl_k_moe_ep_unpack_back_gate(sl_tensor *n);
 sl_status sl_k_moe_ep_gather(sl_tensor *n);
 sl_status sl_k_moe_ep_scatter(sl_tensor *n);
+/* packed experts (moe_packed.c, Note [Packed experts]) */
+sl_status sl_k_moe_packed_ffn(sl_tensor *n);
+sl_status sl_k_moe_packed_ffn_back(sl_tensor *n);
+sl_status sl_k_moe_packed_ffn_back_w(sl_tensor *n);
+sl_status sl_k_moe_packed_ffn_dx(sl_tensor *n);
+sl_status sl_k_moe_ep_regroup(sl_tensor *n);
 /* rows received for local expert l of El (the sum of its rcnt blocks); -1 when a count is not a whole number
  * in [0, rows] */
 int64_t sl_k_moe_ep_expert_count(const sl_tensor *rcnt, int El, int l, int64_t rows);
