@@ -41,7 +41,7 @@ static int fail(const char *what) {
 int sl_bench_moe(int argc, char **argv) {
     int64_t L = 4, NH = 8, NKV = 4, C = 256, E = 8, K = 2, I = 256, S = 512, V = 4096, B = 4, T = 64,
             steps = 8, warm = 2, threads = 1, ep = 1, zero = 0;
-    int json = 0;
+    int json = 0, bf16 = 0;
     double cf = 0;
     sl_flag flags[] = {
         {"num-layers", SL_FLAG_INT, &L, 1, 1024, "(4)", 0},
@@ -62,6 +62,8 @@ int sl_bench_moe(int argc, char **argv) {
         {"expert-model-parallel-size", SL_FLAG_INT, &ep, 1, 4096, "EP ranks (1); must divide the world", 0},
         {"ep", SL_FLAG_INT, &ep, 1, 4096, "short for --expert-model-parallel-size", 0},
         {"zero-stage", SL_FLAG_INT, &zero, 0, 2, "ZeRO stage under DP (0)", 0},
+        {"bf16", SL_FLAG_BOOL, &bf16, 0, 1, "bf16 mixed precision (autocast numerics; fp32 master weights)",
+         0},
         {"json", SL_FLAG_BOOL, &json, 0, 1, "machine-readable output", 0},
     };
     if (sl_flags_parse(flags, (int)(sizeof flags / sizeof flags[0]), argc, argv, 1) != SL_OK) {
@@ -104,6 +106,7 @@ int sl_bench_moe(int argc, char **argv) {
     }
     sl_model_init_weights(m, 1);
     m->moe.capacity_factor = (float)cf;
+    m->compute_dtype = bf16 ? SL_BF16 : SL_F32;
     if (ep > 1 && sl_tp_new(&tp, &mesh) != SL_OK) return fail("");
     sl_trainer tr;
     sl_trainer_config tc = {.B = (int)B,
@@ -157,11 +160,11 @@ int sl_bench_moe(int argc, char **argv) {
                "\"threads\": %lld, \"world\": %d, \"dp\": %d, \"ep\": %lld, \"zero_stage\": %lld, "
                "\"capacity_factor\": %g, \"params_per_rank\": %lld, \"ms_per_step\": %.2f, \"tokens_per_s\": "
                "%.1f, \"a2a_fraction\": %.4f, \"a2a_mib_per_step\": %.3f, \"comm_wait_fraction\": %.4f, "
-               "\"packed_experts\": %d, \"activation_mib\": %.1f, \"peak_rss_mib\": %.1f}\n",
+               "\"packed_experts\": %d, \"bf16\": %d, \"activation_mib\": %.1f, \"peak_rss_mib\": %.1f}\n",
                (long long)L, (long long)C, (long long)E, (long long)K, (long long)I, (long long)S,
                (long long)V, (long long)B, (long long)T, (long long)threads, mesh.world, mesh.dp,
                (long long)ep, (long long)zero, cf, (long long)m->numel, med * 1e3, tps, a2a_frac,
-               a2a_bytes / steps / 1048576.0, wait_frac, packed, act_mib, rss_mib);
+               a2a_bytes / steps / 1048576.0, wait_frac, packed, bf16, act_mib, rss_mib);
     else
         printf(
             "Qwen2-MoE L%lld C%lld, %lld experts top-%lld, B%lld T%lld, %lld threads x %d ranks (dp %d, ep "

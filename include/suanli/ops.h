@@ -179,9 +179,10 @@ sl_tensor *sl_moe_expert_ffn(sl_ctx *ctx, sl_tensor *x, sl_tensor *w1, sl_tensor
 /* Note [Packed experts]: expert e's SwiGLU (f32 weights) on its rows of the packed pairs xp (S, C) from
  * sl_moe_ep_pack (El = 0), or of the regrouped received rows from sl_moe_ep_regroup (local expert e of El),
  * chained in place on the previous expert's node (NULL for the first); the last node of the chain holds
- * every expert's rows. rmax: the most rows one expert can receive (N; under EP ep x N). */
+ * every expert's rows. rmax: the most rows one expert can receive (N; under EP ep x N). half: SL_BF16 or
+ * SL_F16 to round as autocast does (Note [Packed experts under autocast]), SL_F32 for none. */
 sl_tensor *sl_moe_packed_ffn(sl_ctx *ctx, sl_tensor *xp, sl_tensor *w1, sl_tensor *w3, sl_tensor *w2,
-                             sl_tensor *prev, int e, int El, int64_t rmax);
+                             sl_tensor *prev, int e, int El, int64_t rmax, sl_dtype half);
 /* ---- expert parallelism (Note [Expert-parallel dispatch]): E experts over P ranks of SL_GROUP_EP ---- */
 /* cnt (E): this rank's kept tokens per global expert */
 sl_tensor *sl_moe_ep_counts(sl_ctx *ctx, sl_tensor *route);

@@ -157,7 +157,8 @@ typedef enum sl_op {
     SL_OP_MOE_PACKED_FFN, /* src0 = packed x (S, C), src1..3 = w1 (I, C), w3 (I, C), w2 (C, I), src4 = the
                              previous expert's node or NULL -> (S, C): expert iparams[0]'s rows (of
                              iparams[1] = El local experts; 0: a single process) = SwiGLU of its rows; in
-                             place on src4; the chain's first node holds aux [w1 x (S, I) | w3 x (S, I)] */
+                             place on src4; the chain's first node holds aux [w1 x (S, I) | w3 x (S, I)];
+                             iparams[3]: the autocast half type (0: none) */
     SL_OP_MOE_PACKED_FFN_BACK,   /* src0 = fwd, src1 = dy (S, C), src2 = w2 -> dw2 (C, I); aux [d(w1 x) |
                                     d(w3 x)], iparams[2] rows each */
     SL_OP_MOE_PACKED_FFN_BACK_W, /* src0 = FFN_BACK, src1 = packed x -> packed 1-D [dw1 (I, C) | dw3 (I, C)]

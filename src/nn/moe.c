@@ -210,7 +210,7 @@ static sl_moe_route_opts route_opts(const sl_model *m, int64_t N) {
 /* Note [Expert-parallel dispatch] (src/ops/moe_ep_ops.c): h2 (N, C) -> the routed experts' sum (N, C), the
  * experts living on the ranks of the EP group */
 static sl_tensor *ep_experts(sl_model *m, sl_tensor *h2, sl_tensor *w, int l, const sl_moe_route_opts *o,
-                             int routed, int etp) {
+                             int routed, int etp, sl_dtype half) {
     sl_ctx *ctx = m->ctx;
     const sl_llama_config *c = &m->lcfg;
     int P = m->ep, E = c->n_experts, El = E / P;
@@ -223,7 +223,7 @@ static sl_tensor *ep_experts(sl_model *m, sl_tensor *h2, sl_tensor *w, int l, co
     sl_tensor *xr = sl_moe_ep_alltoallv(ctx, xs, cnt, rcnt, Rx, 0, P);
     sl_set_name(xr, "moe_ep_dispatch.%d", l);
     sl_tensor *yr = NULL;
-    int packed = routed && packed_experts();
+    int packed = m->wdtype == SL_F32 && packed_experts();
     if (packed) { /* Note [Packed experts]: one chain over the regrouped rows */
         sl_tensor *xg = sl_moe_ep_regroup(ctx, xr, rcnt, El, 0), *yg = NULL;
         for (int j = 0; j < El; j++) {
@@ -232,7 +232,7 @@ static sl_tensor *ep_experts(sl_model *m, sl_tensor *h2, sl_tensor *w, int l, co
                       *w3 = sl_llama_W(m, nm.expert, l, e, nm.proj[1]),
                       *w2 = sl_llama_W(m, nm.expert, l, e, nm.proj[2]);
             if (!etp) w1 = moe_W(m, w1), w3 = moe_W(m, w3), w2 = moe_W(m, w2);
-            yg = sl_moe_packed_ffn(ctx, xg, w1, w3, w2, yg, j, El, Rl);
+            yg = sl_moe_packed_ffn(ctx, xg, w1, w3, w2, yg, j, El, Rl, half);
         }
         yr = sl_moe_ep_regroup(ctx, yg, rcnt, El, 1);
     }
@@ -288,8 +288,11 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
     sl_set_output(rl);
     sl_tensor *y = NULL;
     /* f32: the expert's GEMMs run on its kept rows only (Note [Routed expert rows]); bf16 weights or
-     * autocast numerics: matmul nodes on all R rows, rounded as transformers rounds */
+     * autocast numerics: matmul nodes on all R rows, rounded as transformers rounds. The packed experts
+     * (f32 weights) run on the kept rows in both, rounding as those nodes do under autocast (Note [Packed
+     * experts under autocast]) */
     int routed = m->wdtype == SL_F32 && sl_llama_autocast(m) == SL_F32;
+    sl_dtype half = m->wdtype == SL_F32 ? sl_llama_autocast(m) : SL_F32;
     sl_tensor *hx = h2; /* the experts' input: f(h), under SP the gathered tokens */
     if (esp)
         hx = sl_reshape_2d(ctx, sl_llama_tp_f(m, sl_reshape(ctx, h2, 3, (int64_t[]){B, T, C})), Nr, C);
@@ -298,9 +301,9 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
     /* packed where it holds fewer rows: dropless (N k pairs against E x N rows), or a capacity factor
      * above 1 (E x capacity > N k); at or below 1 both hold E x capacity rows and the packed chain adds
      * its whole-layer gradient buffers */
-    int packed = m->ep <= 1 && routed && packed_experts() && Nr * o.k < E * R;
+    int packed = m->ep <= 1 && m->wdtype == SL_F32 && packed_experts() && Nr * o.k < E * R;
     if (m->ep > 1) {
-        y = ep_experts(m, hx, w, l, &o, routed, etp);
+        y = ep_experts(m, hx, w, l, &o, routed, etp, half);
     } else if (packed) {                                                     /* Note [Packed experts] */
         sl_tensor *xp = sl_moe_ep_pack(ctx, hx, w, Nr * o.k, 0), *yp = NULL; /* the kept pairs */
         for (int e = 0; e < E; e++) {
@@ -308,7 +311,7 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
                       *w3 = sl_llama_W(m, nm.expert, l, e, nm.proj[1]),
                       *w2 = sl_llama_W(m, nm.expert, l, e, nm.proj[2]);
             if (!etp) w1 = moe_W(m, w1), w3 = moe_W(m, w3), w2 = moe_W(m, w2);
-            yp = sl_moe_packed_ffn(ctx, xp, w1, w3, w2, yp, e, 0, R);
+            yp = sl_moe_packed_ffn(ctx, xp, w1, w3, w2, yp, e, 0, R, half);
         }
         y = sl_moe_ep_unpack(ctx, yp, w, 1);
     }

@@ -140,7 +140,7 @@ sl_tensor *sl_moe_expert_ffn(sl_ctx *ctx, sl_tensor *x, sl_tensor *w1, sl_tensor
 static sl_tensor *rows(sl_ctx *ctx, sl_tensor *g) { return row_major_2d(g) ? g : sl_cont(ctx, g); }
 
 sl_tensor *sl_moe_packed_ffn(sl_ctx *ctx, sl_tensor *xp, sl_tensor *w1, sl_tensor *w3, sl_tensor *w2,
-                             sl_tensor *prev, int e, int El, int64_t rmax) {
+                             sl_tensor *prev, int e, int El, int64_t rmax, sl_dtype half) {
     SL_ASSERT(row_major_2d(xp) && sl_is_contiguous(xp) && e >= 0 && El >= 0 && rmax >= 1);
     SL_ASSERT((El == 0 && xp->op == SL_OP_MOE_EP_PACK) || (El > 0 && xp->op == SL_OP_MOE_EP_REGROUP));
     int64_t S = xp->ne[0], C = xp->ne[1], I = w1->ne[0];
@@ -148,7 +148,9 @@ sl_tensor *sl_moe_packed_ffn(sl_ctx *ctx, sl_tensor *xp, sl_tensor *w1, sl_tenso
     SL_ASSERT(w1->ndim == 2 && w1->ne[1] == C && w3->ndim == 2 && w3->ne[0] == I && w3->ne[1] == C);
     SL_ASSERT(w2->ndim == 2 && w2->ne[0] == C && w2->ne[1] == I);
     SL_ASSERT(sl_is_contiguous(w1) && sl_is_contiguous(w3) && sl_is_contiguous(w2));
-    SL_ASSERT(!prev || (prev->op == SL_OP_MOE_PACKED_FFN && prev->src[0] == xp && prev->src[1]->ne[0] == I));
+    SL_ASSERT(half == SL_F32 || half == SL_BF16 || half == SL_F16);
+    SL_ASSERT(!prev || (prev->op == SL_OP_MOE_PACKED_FFN && prev->src[0] == xp && prev->src[1]->ne[0] == I &&
+                        prev->iparams[3] == (half == SL_F32 ? 0 : (int)half)));
     sl_tensor *t = sl_new_op(ctx, SL_OP_MOE_PACKED_FFN, SL_F32, 2, xp->ne);
     t->src[0] = xp;
     t->src[1] = w1;
@@ -158,6 +160,7 @@ sl_tensor *sl_moe_packed_ffn(sl_ctx *ctx, sl_tensor *xp, sl_tensor *w1, sl_tenso
     t->iparams[0] = e;
     t->iparams[1] = El;
     t->iparams[2] = (int)(rmax < S ? rmax : S); /* rows one expert may hold: its backward's scratch */
+    t->iparams[3] = half == SL_F32 ? 0 : (int)half;
     if (prev)
         t->view_src = prev; /* in place: the chain's storage (and aux) is its first node's */
     else

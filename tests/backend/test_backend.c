@@ -183,7 +183,7 @@ static sl_tensor *b_moe_packed(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
     sl_moe_route_opts o = {.k = 2, .score = SL_MOE_SCORE_SOFTMAX, .norm_topk = 0, .scale = 1};
     sl_tensor *lg = sl_linear(c, p[0], p[1], NULL), *rt = sl_moe_route(c, lg, NULL, &o), *y = NULL;
     sl_tensor *xp = sl_moe_ep_pack(c, p[0], rt, B * T * 2, 0);
-    for (int e = 0; e < E; e++) y = sl_moe_packed_ffn(c, xp, p[2], p[3], p[4], y, e, 0, B * T);
+    for (int e = 0; e < E; e++) y = sl_moe_packed_ffn(c, xp, p[2], p[3], p[4], y, e, 0, B * T, SL_F32);
     return sl_moe_ep_unpack(c, y, rt, 1);
 }
 

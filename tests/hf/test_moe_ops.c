@@ -261,42 +261,61 @@ static sl_tensor *g_expert_ffn(tc *t) {
 }
 
 /* Note [Packed experts]: the packed chain (MOE_EP_PACK -> MOE_PACKED_FFN per expert -> MOE_EP_UNPACK)
- * against the per-expert path (gather -> MOE_EXPERT_FFN -> combine) on the same parameters: the layer's
- * output bitwise (the same GEMMs on the same rows, the same expert-order sum per token), every gradient
- * within 1e-6 abs + 1e-5 rel (the input's gradient sums a token's rows in another order: fp32 reordering),
- * and a smaller activation plan (E * N rows per buffer against N * k). */
+ * against the per-expert path on the same parameters. fp32 (against gather -> MOE_EXPERT_FFN -> combine): the
+ * layer's output bitwise (the same GEMMs on the same rows, the same expert-order sum per token), every
+ * gradient within 1e-6 abs + 1e-5 rel (the input's gradient sums a token's rows in another order: fp32
+ * reordering; at k = 2 the two terms commute and it is bitwise too), and a smaller activation plan (E * N
+ * rows per buffer against N * k). Under bf16 / fp16
+ * autocast (against the per-expert nodes of sl_llama_swiglu: rounded linears, silu and product on all R rows,
+ * Note [Packed experts under autocast]): the output bitwise, and the gradients within 1e-6 abs + 2 ulps of
+ * the half type: the per-expert weight gradients also sum the zero rows past the count, in other fp32
+ * groupings, which can move a value across a half rounding boundary (one ulp) before it is summed again. */
 typedef struct {
     sl_tensor *y, *loss;
 } layer_out;
 
+/* autocast's linear: half inputs and weight, fp32 accumulation, half output (sl_llama_lin) */
+static sl_tensor *rnd_h(sl_ctx *c, sl_tensor *x, sl_dtype h) {
+    return h == SL_F32 ? x : sl_round_half(c, x, h);
+}
+static sl_tensor *lin_h(sl_ctx *c, sl_tensor *x, sl_tensor *w, sl_dtype h) {
+    return rnd_h(c, sl_linear(c, rnd_h(c, x, h), rnd_h(c, w, h), NULL), h);
+}
+
 static layer_out moe_layer(tc *t, sl_tensor *x, sl_tensor *lg, sl_tensor *const *W, int64_t E, int k, int cap,
-                           int packed, const float *rd) {
+                           int packed, const float *rd, sl_dtype half) {
+    sl_ctx *c = t->ctx;
     int64_t N = x->ne[0], C = x->ne[1];
     sl_moe_route_opts o = opts(k, SL_MOE_SCORE_SOFTMAX, 1);
     o.capacity = cap;
-    sl_tensor *rt = sl_moe_route(t->ctx, lg, NULL, &o), *y = NULL;
+    sl_tensor *rt = sl_moe_route(c, lg, NULL, &o), *y = NULL;
     int64_t R = cap > 0 ? cap : N;
     if (packed) {
         int64_t S = cap > 0 && E * cap < N * k ? E * cap : N * k; /* as src/nn/moe.c sizes it */
-        sl_tensor *xp = sl_moe_ep_pack(t->ctx, x, rt, S, 0), *yp = NULL;
+        sl_tensor *xp = sl_moe_ep_pack(c, x, rt, S, 0), *yp = NULL;
         for (int e = 0; e < E; e++)
-            yp = sl_moe_packed_ffn(t->ctx, xp, W[3 * e], W[3 * e + 1], W[3 * e + 2], yp, e, 0, R);
-        y = sl_moe_ep_unpack(t->ctx, yp, rt, 1);
+            yp = sl_moe_packed_ffn(c, xp, W[3 * e], W[3 * e + 1], W[3 * e + 2], yp, e, 0, R, half);
+        y = sl_moe_ep_unpack(c, yp, rt, 1);
     } else {
         for (int e = 0; e < E; e++) {
-            sl_tensor *xe = sl_moe_gather(t->ctx, x, rt, e, R, 0);
-            xe->iparams[2] = 1;
-            y = sl_moe_combine(t->ctx,
-                               sl_moe_expert_ffn(t->ctx, xe, W[3 * e], W[3 * e + 1], W[3 * e + 2], rt, e), rt,
-                               y, e, 1);
+            sl_tensor *xe = sl_moe_gather(c, x, rt, e, R, 0), *ye;
+            if (half == SL_F32) {
+                xe->iparams[2] = 1;
+                ye = sl_moe_expert_ffn(c, xe, W[3 * e], W[3 * e + 1], W[3 * e + 2], rt, e);
+            } else { /* sl_llama_swiglu under autocast */
+                sl_tensor *g = rnd_h(c, sl_silu(c, lin_h(c, xe, W[3 * e], half)), half);
+                sl_tensor *u = lin_h(c, xe, W[3 * e + 1], half);
+                ye = lin_h(c, rnd_h(c, sl_mul(c, g, u), half), W[3 * e + 2], half);
+            }
+            y = sl_moe_combine(c, ye, rt, y, e, 1);
         }
     }
-    sl_tensor *Rt = sl_new_tensor_2d(t->ctx, SL_F32, N, C);
+    sl_tensor *Rt = sl_new_tensor_2d(c, SL_F32, N, C);
     sl_tensor_bind(Rt, (void *)rd);
-    return (layer_out){y, sl_sum_to(t->ctx, sl_mul(t->ctx, y, Rt), sl_new_tensor_1d(t->ctx, SL_F32, 1))};
+    return (layer_out){y, sl_sum_to(c, sl_mul(c, y, Rt), sl_new_tensor_1d(c, SL_F32, 1))};
 }
 
-static void test_packed_equals_per_expert(int cap) {
+static void test_packed_equals_per_expert(int cap, sl_dtype half) {
     enum { E = 4, NP = 2 + 3 * E };
     int64_t N = 29, C = 16, I = 12;
     int k = 2;
@@ -328,7 +347,7 @@ static void test_packed_equals_per_expert(int cap) {
     size_t planned[2];
     for (int v = 0; v < 2; v++) {
         for (int i = 0; i < NP; i++) sl_tensor_bind(P[i]->grad, gd[v][i]);
-        layer_out lo = moe_layer(&t, P[0], P[1], P + 2, E, k, cap, v, rd);
+        layer_out lo = moe_layer(&t, P[0], P[1], P + 2, E, k, cap, v, rd, half);
         sl_set_output(lo.y); /* read after the backward, which would reuse its storage */
         sl_graph *g = sl_graph_new(ctx);
         sl_graph_build_forward(g, lo.loss);
@@ -341,17 +360,26 @@ static void test_packed_equals_per_expert(int cap) {
         memcpy(ys[v], lo.y->data, sizeof(float) * (size_t)(N * C));
         sl_graph_free(g);
     }
-    TU_CHECK(!memcmp(ys[0], ys[1], sizeof(float) * (size_t)(N * C)), "cap %d: packed output bitwise", cap);
+    const char *hn = half == SL_BF16 ? "bf16" : half == SL_F16 ? "fp16" : "fp32";
+    TU_CHECK(!memcmp(ys[0], ys[1], sizeof(float) * (size_t)(N * C)), "%s cap %d: packed output bitwise", hn,
+             cap);
+    /* one ulp of the half type, relative: 2^-8 (bf16), 2^-11 (fp16) */
+    float ulp = half == SL_BF16 ? 1.0f / 256 : half == SL_F16 ? 1.0f / 2048 : 0.0f;
+    double worst = 0;
     for (int i = 0; i < NP; i++) {
-        char what[64];
-        snprintf(what, sizeof what, "cap %d: gradient of parameter %d, packed == per expert", cap, i);
-        tu_allclose(what, gd[1][i], gd[0][i], sl_nelements(P[i]), 1e-6f, 1e-5f);
+        char what[96];
+        snprintf(what, sizeof what, "%s cap %d: gradient of parameter %d, packed == per expert", hn, cap, i);
+        tu_allclose(what, gd[1][i], gd[0][i], sl_nelements(P[i]), 1e-6f, half == SL_F32 ? 1e-5f : 2 * ulp);
+        double r = tu_rel_maxdiff(gd[1][i], gd[0][i], sl_nelements(P[i]));
+        if (r > worst) worst = r;
     }
-    printf("packed experts (N %lld, E %d, k %d, capacity %d): planned %zu bytes vs %zu per expert\n",
-           (long long)N, E, k, cap, planned[1], planned[0]);
-    if (!cap)
-        TU_CHECK(planned[1] < planned[0], "dropless: the packed plan is smaller (%zu vs %zu)", planned[1],
-                 planned[0]);
+    printf("packed experts %s (N %lld, E %d, k %d, capacity %d): planned %zu bytes vs %zu per expert; "
+           "gradients max|d|/max|ref| %.2e\n",
+           hn, (long long)N, E, k, cap, planned[1], planned[0], worst);
+    /* smaller where the packed rows (N k) are fewer than the per-expert ones (E x capacity, or E x N) */
+    if (!cap || E * cap > N * k)
+        TU_CHECK(planned[1] < planned[0], "%s capacity %d: the packed plan is smaller (%zu vs %zu)", hn, cap,
+                 planned[1], planned[0]);
     for (int i = 0; i < NP; i++) free(pd[i]), free(gd[0][i]), free(gd[1][i]);
     free(ys[0]), free(ys[1]), free(rd);
     sl_ctx_free(ctx);
@@ -370,7 +398,8 @@ static sl_tensor *packed_case(tc *t, int cap) {
     o.capacity = cap;
     sl_tensor *rt = sl_moe_route(t->ctx, sep_logits(t, N, E), NULL, &o), *yp = NULL;
     sl_tensor *xp = sl_moe_ep_pack(t->ctx, x, rt, N * 2, 0);
-    for (int e = 0; e < E; e++) yp = sl_moe_packed_ffn(t->ctx, xp, W1, W3, W2, yp, e, 0, cap ? cap : N);
+    for (int e = 0; e < E; e++)
+        yp = sl_moe_packed_ffn(t->ctx, xp, W1, W3, W2, yp, e, 0, cap ? cap : N, SL_F32);
     return sl_moe_ep_unpack(t->ctx, yp, rt, 1);
 }
 static sl_tensor *g_packed(tc *t) { return packed_case(t, 0); }
@@ -392,9 +421,12 @@ int main(void) {
     grad_check("moe_router_loss sigmoid", g_router_loss_sigmoid);
     grad_check("moe dispatch", g_dispatch);
     grad_check("moe routed expert ffn", g_expert_ffn);
-    test_packed_equals_per_expert(0);
-    test_packed_equals_per_expert(11);
-    test_packed_equals_per_expert(20);
+    for (int h = 0; h < 3; h++) {
+        sl_dtype half = h == 0 ? SL_F32 : h == 1 ? SL_BF16 : SL_F16;
+        test_packed_equals_per_expert(0, half);
+        test_packed_equals_per_expert(11, half);
+        test_packed_equals_per_expert(20, half);
+    }
     grad_check("moe packed experts", g_packed);
     grad_check("moe packed experts, capacity", g_packed_capacity);
     return tu_finish("test_moe_ops");

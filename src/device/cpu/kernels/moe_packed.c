@@ -10,6 +10,41 @@
 
 static float silu_f(float x) { return x / (1.0f + expf(-x)); }
 
+/* Note [Packed experts under autocast]: iparams[3] of the chain node is the autocast half type (0: none).
+ * The kernels then round where the per-expert path's nodes do (sl_llama_lin and sl_llama_swiglu under
+ * autocast, whose casts round values forward and gradients backward, as torch.autocast's half tensors do):
+ * inputs and weights of every GEMM, each GEMM's output, silu's output and the product; backward every
+ * incoming gradient, every GEMM's output and each elementwise step's. Products of two half values are exact
+ * in fp32 and every GEMM accumulates in fp32, so the values are those of the per-expert path's nodes. */
+static float rnd_to(float v, int half) {
+    return half == SL_BF16  ? sl_bf16_to_f32(sl_f32_to_bf16(v))
+           : half == SL_F16 ? sl_f16_to_f32(sl_f32_to_f16(v))
+                            : v;
+}
+static void rnd_n(float *dst, const float *src, int64_t n, int half) {
+    if (!half) {
+        if (dst != src) memcpy(dst, src, sizeof(float) * (size_t)n);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) dst[i] = rnd_to(src[i], half);
+}
+/* a rounded copy of n floats under autocast (*own: to free), else src itself */
+static const float *rounded(const float *src, int64_t n, int half, float **own) {
+    *own = NULL;
+    if (!half) return src;
+    if (!(*own = malloc(sizeof(float) * (size_t)(n ? n : 1)))) return NULL;
+    rnd_n(*own, src, n, half);
+    return *own;
+}
+/* h = silu(a1) * a3, and under autocast R(R(silu(a1)) * a3) */
+static void hidden(float *h, const float *a1, const float *a3, int64_t n, int half) {
+    if (!half) {
+        for (int64_t i = 0; i < n; i++) h[i] = silu_f(a1[i]) * a3[i];
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) h[i] = rnd_to(rnd_to(silu_f(a1[i]), half) * a3[i], half);
+}
+
 /* a whole count in [0, hi], else -1 */
 static int64_t whole(float v, int64_t hi) {
     return v >= 0 && v <= (float)hi && v == (float)(int64_t)v ? (int64_t)v : -1;
@@ -59,25 +94,38 @@ static sl_status packed_rows(const sl_tensor *f, const char *op, int64_t *off, i
 sl_status sl_k_moe_packed_ffn(sl_tensor *n) {
     sl_tensor *xp = n->src[0], *w1 = n->src[1], *w3 = n->src[2], *w2 = n->src[3];
     int64_t S = n->ne[0], C = n->ne[1], I = w1->ne[0], off, cnt;
+    int half = n->iparams[3];
     SL_TRY(packed_rows(n, "moe_packed_ffn", &off, &cnt));
     /* in place: n->data is the chain's first node's, whose aux follows its (S, C) rows */
     float *y = (float *)n->data + off * C, *a1 = (float *)n->data + S * C + off * I, *a3 = a1 + S * I;
     if (!cnt) return SL_OK;
-    float *h = malloc(sizeof(float) * (size_t)(cnt * I));
-    if (!h) return sl_fail(SL_ERR_NOMEM, "moe_packed_ffn: out of memory");
-    const float *x = (const float *)xp->data + off * C;
-    sl_sgemm(0, 1, cnt, I, C, 1.0f, x, C, w1->data, C, 0.0f, a1, I);
-    sl_sgemm(0, 1, cnt, I, C, 1.0f, x, C, w3->data, C, 0.0f, a3, I);
-    for (int64_t i = 0; i < cnt * I; i++) h[i] = silu_f(a1[i]) * a3[i];
-    sl_sgemm(0, 1, cnt, C, I, 1.0f, h, I, w2->data, I, 0.0f, y, C);
+    float *h = malloc(sizeof(float) * (size_t)(cnt * I)), *o[4];
+    const float *x = rounded((const float *)xp->data + off * C, cnt * C, half, &o[0]),
+                *W1 = rounded(w1->data, I * C, half, &o[1]), *W3 = rounded(w3->data, I * C, half, &o[2]),
+                *W2 = rounded(w2->data, I * C, half, &o[3]);
+    sl_status st = SL_OK;
+    if (!h || !x || !W1 || !W3 || !W2) {
+        st = sl_fail(SL_ERR_NOMEM, "moe_packed_ffn: out of memory");
+        goto done;
+    }
+    sl_sgemm(0, 1, cnt, I, C, 1.0f, x, C, W1, C, 0.0f, a1, I);
+    sl_sgemm(0, 1, cnt, I, C, 1.0f, x, C, W3, C, 0.0f, a3, I);
+    rnd_n(a1, a1, cnt * I, half);
+    rnd_n(a3, a3, cnt * I, half);
+    hidden(h, a1, a3, cnt * I, half);
+    sl_sgemm(0, 1, cnt, C, I, 1.0f, h, I, W2, I, 0.0f, y, C);
+    rnd_n(y, y, cnt * C, half);
+done:
     free(h);
-    return SL_OK;
+    for (int i = 0; i < 4; i++) free(o[i]);
+    return st;
 }
 
 /* dw2 and, into aux, d(w1 x) and d(w3 x) of the expert's rows */
 sl_status sl_k_moe_packed_ffn_back(sl_tensor *n) {
     sl_tensor *f = n->src[0], *dy = n->src[1], *w2 = n->src[2];
     int64_t S = f->ne[0], C = f->ne[1], I = w2->ne[1], Rb = n->iparams[2], ds = dy->nb[0], off, cnt;
+    int half = f->iparams[3];
     SL_TRY(packed_rows(f, "moe_packed_ffn_back", &off, &cnt));
     if (cnt > Rb)
         return sl_fail(SL_ERR_INVALID, "moe_packed_ffn_back: expert %d holds %lld rows, more than %lld",
@@ -88,46 +136,87 @@ sl_status sl_k_moe_packed_ffn_back(sl_tensor *n) {
         memset(dw2, 0, sizeof(float) * (size_t)(C * I));
         return SL_OK;
     }
-    const float *g = (const float *)dy->data + off * ds;
-    float *h = d1; /* silu(w1 x) * w3 x, then dh, in the d1 rows before they are written */
-    for (int64_t i = 0; i < cnt * I; i++) h[i] = silu_f(a1[i]) * a3[i];
-    sl_sgemm(1, 0, C, I, cnt, 1.0f, g, ds, h, I, 0.0f, dw2, I);      /* dw2 = dy^T h */
-    sl_sgemm(0, 0, cnt, I, C, 1.0f, g, ds, w2->data, I, 0.0f, h, I); /* dh = dy w2 */
-    for (int64_t i = 0; i < cnt * I; i++) {
-        float sg = 1.0f / (1.0f + expf(-a1[i])), d = h[i];
-        d3[i] = d * a1[i] * sg;                                /* dh * silu(w1 x) */
-        d1[i] = d * a3[i] * sg * (1.0f + a1[i] * (1.0f - sg)); /* dh * w3 x * silu'(w1 x) */
+    float *og = NULL, *ow = NULL, *gr = NULL;
+    const float *g = (const float *)dy->data + off * ds, *W2 = rounded(w2->data, C * I, half, &ow);
+    int64_t gs = ds;
+    if (half) { /* the rounded incoming gradient, rows packed */
+        gr = og = malloc(sizeof(float) * (size_t)(cnt * C));
+        for (int64_t r = 0; og && r < cnt; r++) rnd_n(og + r * C, g + r * ds, C, half);
+        g = og, gs = C;
     }
+    if (!W2 || (half && !gr)) {
+        free(og), free(ow);
+        return sl_fail(SL_ERR_NOMEM, "moe_packed_ffn_back: out of memory");
+    }
+    float *h = d1; /* the hidden activation, then dh, in the d1 rows before they are written */
+    hidden(h, a1, a3, cnt * I, half);
+    sl_sgemm(1, 0, C, I, cnt, 1.0f, g, gs, h, I, 0.0f, dw2, I); /* dw2 = dy^T h */
+    rnd_n(dw2, dw2, C * I, half);
+    sl_sgemm(0, 0, cnt, I, C, 1.0f, g, gs, W2, I, 0.0f, h, I); /* dh = dy w2 */
+    if (!half) {
+        for (int64_t i = 0; i < cnt * I; i++) {
+            float sg = 1.0f / (1.0f + expf(-a1[i])), d = h[i];
+            d3[i] = d * a1[i] * sg;                                /* dh * silu(w1 x) */
+            d1[i] = d * a3[i] * sg * (1.0f + a1[i] * (1.0f - sg)); /* dh * w3 x * silu'(w1 x) */
+        }
+    } else {
+        for (int64_t i = 0; i < cnt * I; i++) {
+            float sg = 1.0f / (1.0f + expf(-a1[i])), d = rnd_to(h[i], half);
+            d3[i] = rnd_to(d * rnd_to(silu_f(a1[i]), half), half);         /* d(w3 x) = R(dh R(silu)) */
+            float ds_ = rnd_to(d * a3[i], half);                           /* d silu = R(dh w3 x) */
+            d1[i] = rnd_to(ds_ * sg * (1.0f + a1[i] * (1.0f - sg)), half); /* R(d silu silu') */
+        }
+    }
+    free(og), free(ow);
     return SL_OK;
 }
 
 sl_status sl_k_moe_packed_ffn_back_w(sl_tensor *n) {
     sl_tensor *b = n->src[0], *xp = n->src[1], *f = b->src[0];
     int64_t C = f->ne[1], I = b->ne[1], Rb = b->iparams[2], off, cnt;
+    int half = f->iparams[3];
     SL_TRY(packed_rows(f, "moe_packed_ffn_back_w", &off, &cnt));
-    const float *d1 = (const float *)b->data + C * I, *d3 = d1 + Rb * I,
-                *x = (const float *)xp->data + off * C;
-    float *dw1 = n->data, *dw3 = dw1 + I * C;
+    float *dw1 = n->data, *dw3 = dw1 + I * C, *ox;
     if (!cnt) {
         memset(dw1, 0, sizeof(float) * (size_t)(2 * I * C));
         return SL_OK;
     }
+    const float *d1 = (const float *)b->data + C * I, *d3 = d1 + Rb * I,
+                *x = rounded((const float *)xp->data + off * C, cnt * C, half, &ox);
+    if (!x) return sl_fail(SL_ERR_NOMEM, "moe_packed_ffn_back_w: out of memory");
     sl_sgemm(1, 0, I, C, cnt, 1.0f, d1, I, x, C, 0.0f, dw1, C);
     sl_sgemm(1, 0, I, C, cnt, 1.0f, d3, I, x, C, 0.0f, dw3, C);
+    rnd_n(dw1, dw1, 2 * I * C, half);
+    free(ox);
     return SL_OK;
 }
 
 /* the expert's rows of dx (in place on the later expert's DX node; rows of no expert stay unwritten: the
- * only reader, MOE_EP_UNPACK or MOE_EP_REGROUP, reads the counted rows) */
+ * only reader, MOE_EP_UNPACK or MOE_EP_REGROUP, reads the counted rows); under autocast R(d1 w1) + R(d3 w3),
+ * the two linears' rounded input gradients summed */
 sl_status sl_k_moe_packed_ffn_dx(sl_tensor *n) {
     sl_tensor *b = n->src[0], *w1 = n->src[1], *w3 = n->src[2], *f = b->src[0];
     int64_t C = f->ne[1], I = w1->ne[0], Rb = b->iparams[2], off, cnt;
+    int half = f->iparams[3];
     SL_TRY(packed_rows(f, "moe_packed_ffn_dx", &off, &cnt));
     if (!cnt) return SL_OK;
     const float *d1 = (const float *)b->data + C * I, *d3 = d1 + Rb * I;
     float *dx = (float *)n->data + off * C;
-    sl_sgemm(0, 0, cnt, C, I, 1.0f, d1, I, w1->data, C, 0.0f, dx, C);
-    sl_sgemm(0, 0, cnt, C, I, 1.0f, d3, I, w3->data, C, 1.0f, dx, C);
+    if (!half) {
+        sl_sgemm(0, 0, cnt, C, I, 1.0f, d1, I, w1->data, C, 0.0f, dx, C);
+        sl_sgemm(0, 0, cnt, C, I, 1.0f, d3, I, w3->data, C, 1.0f, dx, C);
+        return SL_OK;
+    }
+    float *o1, *o3, *t = malloc(sizeof(float) * (size_t)(cnt * C));
+    const float *W1 = rounded(w1->data, I * C, half, &o1), *W3 = rounded(w3->data, I * C, half, &o3);
+    if (!t || !W1 || !W3) {
+        free(t), free(o1), free(o3);
+        return sl_fail(SL_ERR_NOMEM, "moe_packed_ffn_dx: out of memory");
+    }
+    sl_sgemm(0, 0, cnt, C, I, 1.0f, d1, I, W1, C, 0.0f, dx, C);
+    sl_sgemm(0, 0, cnt, C, I, 1.0f, d3, I, W3, C, 0.0f, t, C);
+    for (int64_t i = 0; i < cnt * C; i++) dx[i] = rnd_to(dx[i], half) + rnd_to(t[i], half);
+    free(t), free(o1), free(o3);
     return SL_OK;
 }
 
