@@ -3,7 +3,8 @@
 # Qwen2-MoE training step (`suanli bench moe`) with SUANLI_MOE_PACKED=1 (the default) and =0 (every expert's
 # buffers sized for every token), interleaved, on two shapes: the default 8 experts top-2 (width 256) and a
 # fine-grained 32 experts top-4 (width 128, T = 256), one process x 2 threads; and the 8-expert shape under
-# expert parallelism (2 ranks x 1 thread, ep 2). Prints one JSON line per run and, per configuration, the
+# expert parallelism (2 ranks x 1 thread, ep 2), and the 32-expert shape in bf16 mixed precision (--bf16:
+# autocast numerics). Prints one JSON line per run and, per configuration, the
 # medians: ms per step, tokens/s, the planned activation arena (MiB) and the peak RSS (MiB).
 # Usage: bench/moe_packed.sh [--steps N] [--repeat R]
 set -euo pipefail
@@ -33,19 +34,21 @@ for _ in $(seq "$repeat"); do
         # shellcheck disable=SC2086
         run e32k4 "$p" $S bench moe --threads 2 $fine
         run e8k2-ep2 "$p" $S run -n 2 -- $S bench moe --threads 1 --ep 2
+        # shellcheck disable=SC2086
+        run e32k4-bf16 "$p" $S bench moe --threads 2 $fine --bf16
     done
 done
 echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 python3 - "$out" <<'PY' >&2
 import json, statistics, sys
 rs = [json.loads(l) for l in open(sys.argv[1])]
-print("config    experts     ms/step  tokens/s  activations MiB  peak RSS MiB")
-for c in ("e8k2", "e32k4", "e8k2-ep2"):
+print("config      experts     ms/step  tokens/s  activations MiB  peak RSS MiB")
+for c in ("e8k2", "e32k4", "e8k2-ep2", "e32k4-bf16"):
     for p in (1, 0):
         sel = [r for r in rs if r["config"] == c and r["packed_experts"] == p]
         if not sel:
             continue
         m = lambda k: statistics.median(r[k] for r in sel)
-        print(f"{c:9} {'packed' if p else 'per-expert':10} {m('ms_per_step'):8.1f} {m('tokens_per_s'):9.1f} "
+        print(f"{c:11} {'packed' if p else 'per-expert':10} {m('ms_per_step'):8.1f} {m('tokens_per_s'):9.1f} "
               f"{m('activation_mib'):16.1f} {m('peak_rss_mib'):13.1f}")
 PY

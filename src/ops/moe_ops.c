@@ -136,7 +136,9 @@ sl_tensor *sl_moe_expert_ffn(sl_ctx *ctx, sl_tensor *x, sl_tensor *w1, sl_tensor
  * e - 1 the DX node of expert e as "its gradient": the gradient of y_{e-1} is dy itself (its rows pass
  * through y_e untouched), which that DX node carries as FFN_BACK's src1; the first expert emits the finished
  * chain as the gradient of xp. Every GEMM is the one the per-expert path runs on the same rows, and UNPACK
- * sums a token's rows in expert order as the combine chain did, so the values are the same. */
+ * sums a token's rows in expert order as the combine chain did, so the values are the same. Under autocast
+ * the kernels round as the per-expert autocast nodes do (Note [Packed experts under autocast],
+ * src/device/cpu/kernels/moe_packed.c). */
 static sl_tensor *rows(sl_ctx *ctx, sl_tensor *g) { return row_major_2d(g) ? g : sl_cont(ctx, g); }
 
 sl_tensor *sl_moe_packed_ffn(sl_ctx *ctx, sl_tensor *xp, sl_tensor *w1, sl_tensor *w3, sl_tensor *w2,

@@ -265,11 +265,11 @@ static sl_tensor *g_expert_ffn(tc *t) {
  * layer's output bitwise (the same GEMMs on the same rows, the same expert-order sum per token), every
  * gradient within 1e-6 abs + 1e-5 rel (the input's gradient sums a token's rows in another order: fp32
  * reordering; at k = 2 the two terms commute and it is bitwise too), and a smaller activation plan (E * N
- * rows per buffer against N * k). Under bf16 / fp16
- * autocast (against the per-expert nodes of sl_llama_swiglu: rounded linears, silu and product on all R rows,
- * Note [Packed experts under autocast]): the output bitwise, and the gradients within 1e-6 abs + 2 ulps of
- * the half type: the per-expert weight gradients also sum the zero rows past the count, in other fp32
- * groupings, which can move a value across a half rounding boundary (one ulp) before it is summed again. */
+ * rows per buffer against N * k). Under bf16 / fp16 autocast (against the per-expert nodes of
+ * sl_llama_swiglu: rounded linears, silu and product on all R rows, Note [Packed experts under autocast]):
+ * the output bitwise, and the gradients within 1e-6 abs + 2 ulps of the half type: the per-expert weight
+ * gradients also sum the zero rows past the count, in other fp32 groupings, which can move a value across a
+ * half rounding boundary (one ulp) before it is summed again (measured here: bitwise). */
 typedef struct {
     sl_tensor *y, *loss;
 } layer_out;
