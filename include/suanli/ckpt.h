@@ -173,6 +173,13 @@ sl_status sl_ckpt_pool_gather(const char *root, int hosts, int64_t step, const c
 sl_status sl_ckpt_pool_restore(const sl_ckpt_pool *p, sl_comm *leaders, const char *dest, int64_t *got);
 /* Placement and redundancy of the newest step (every copy and block: ok, missing, damaged) to f. */
 sl_status sl_ckpt_pool_inspect(const char *root, int hosts, FILE *f);
+/* The offline tools on a cluster without a shared file system (Note [Pool transfers over comm]): collective
+ * over `hosts` (one rank per host, rank = host), each rank reading only ROOT/host-<rank> (its node-local
+ * disk) and the other hosts' files arriving over the communicator. gather: dest (NULL: verify only) is
+ * written by rank 0 alone; inspect: the report goes to f on rank 0. */
+sl_status sl_ckpt_pool_gather_comm(const char *root, sl_comm *hosts, int64_t step, const char *dest,
+                                   int64_t *got);
+sl_status sl_ckpt_pool_inspect_comm(const char *root, sl_comm *hosts, FILE *f);
 
 #ifdef __cplusplus
 }

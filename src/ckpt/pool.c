@@ -468,6 +468,7 @@ typedef struct {
     /* lock step over comm (sl_ckpt_pool_restore): the hosts' first ranks, rank = host; me: this host */
     sl_comm *lc;
     int me;
+    int nowrite; /* lock step, but dest lives on another host: take part in every agreement, write nothing */
 } ctx;
 
 /* Lock step: every host's leader learns whether any of them failed at a local step (writing its restore
@@ -778,8 +779,8 @@ static sl_status assemble_step(ctx *c, int scan, const char *dest) {
     sl_status st = SL_OK;
     char path[4600];
     if (dest) {
-        if (access(dest, F_OK) == 0) st = sl_ckpt_rm_rf(dest);
-        if (st == SL_OK) st = sl_mkdirs(dest);
+        if (!c->nowrite && access(dest, F_OK) == 0) st = sl_ckpt_rm_rf(dest);
+        if (st == SL_OK && !c->nowrite) st = sl_mkdirs(dest);
         SL_CHECK(agree(c, st));
     }
     cJSON *f, *files = cJSON_GetObjectItem(cJSON_GetObjectItem(man, "pool"), "files"),
@@ -816,7 +817,9 @@ static sl_status assemble_step(ctx *c, int scan, const char *dest) {
             char from[4600];
             snprintf(path, sizeof path, "%s/%s", dest, f->string);
             snprintf(from, sizeof from, "%s/host-%d/%s/%s", c->root, src, c->step_name, f->string);
-            if (src < 0 || (c->lc && src != c->me) || link(from, path) != 0)
+            if (c->nowrite)
+                ;
+            else if (src < 0 || (c->lc && src != c->me) || link(from, path) != 0)
                 st = write_parts(path, NULL, 0, buf, size, 0);
             st = agree(c, st); /* a local failure: every leader leaves here (reads were the same for all) */
         }
@@ -825,8 +828,8 @@ static sl_status assemble_step(ctx *c, int scan, const char *dest) {
     }
     if (dest) {
         snprintf(path, sizeof path, "%s/manifest.json", dest);
-        st = write_parts(path, NULL, 0, text, strlen(text), 0);
-        if (st == SL_OK && config) {
+        if (!c->nowrite) st = write_parts(path, NULL, 0, text, strlen(text), 0);
+        if (st == SL_OK && config && !c->nowrite) {
             snprintf(path, sizeof path, "%s/config.json", dest);
             st = write_parts(path, NULL, 0, config, clen, 0);
         }
@@ -877,8 +880,9 @@ static int pool_steps_comm(const char *root, sl_comm *lc, int me, int64_t **out)
     return v ? n : -1;
 }
 
+/* nowrite: under lock step, this host only reads and sends (dest is written by another host) */
 static sl_status gather(const char *root, int hosts, int64_t step, const char *dest, int64_t *got,
-                        sl_comm *lc, int me) {
+                        sl_comm *lc, int me, int nowrite) {
     int scan = lc ? hosts : hosts_present(root);
     if (hosts > scan) scan = hosts;
     int64_t *steps = NULL;
@@ -890,19 +894,20 @@ static sl_status gather(const char *root, int hosts, int64_t step, const char *d
     int tried = 0;
     if (dest && n > 0) {
         ctx c0 = {.lc = lc};
-        if ((st = agree(&c0, sl_mkdirs(dest))) != SL_OK) n = 0;
+        if ((st = agree(&c0, nowrite ? SL_OK : sl_mkdirs(dest))) != SL_OK) n = 0;
     }
     for (int i = 0; i < n; i++) {
         if (step >= 0 && steps[i] != step) continue;
         tried++;
-        ctx c = {.root = root, .hosts = hosts, .lc = lc, .me = me};
+        ctx c = {.root = root, .hosts = hosts, .lc = lc, .me = me, .nowrite = nowrite};
         snprintf(c.step_name, sizeof c.step_name, "step-%07lld", (long long)steps[i]);
         if (dest) {
             snprintf(tmp, sizeof tmp, "%s/%s.tmp", dest, c.step_name);
             snprintf(fin, sizeof fin, "%s/%s", dest, c.step_name);
         }
         st = assemble_step(&c, scan, dest ? tmp : NULL);
-        if (st == SL_OK && dest) {
+        int commit = st == SL_OK && dest; /* the same on every host: the assembly agreed */
+        if (commit && !nowrite) {
             if (access(fin, F_OK) == 0) st = sl_ckpt_rm_rf(fin);
             if (st == SL_OK && rename(tmp, fin) != 0)
                 st = sl_fail(SL_ERR_IO, "%s: cannot rename to %s: %s", tmp, fin, strerror(errno));
@@ -921,13 +926,13 @@ static sl_status gather(const char *root, int hosts, int64_t step, const char *d
                 }
                 free(v);
             }
-            st = agree(&c, st);
         }
+        if (commit) st = agree(&c, st);
         if (st == SL_OK) {
             if (got) *got = steps[i];
             break;
         }
-        if (dest) sl_ckpt_rm_rf(tmp);
+        if (dest && !nowrite) sl_ckpt_rm_rf(tmp);
         if (!first[0]) snprintf(first, sizeof first, "%s", sl_errmsg());
         if (step < 0)
             SL_LOGW("pooled checkpoint %s/%s is not usable (%s); trying an older one", root, c.step_name,
@@ -942,54 +947,94 @@ static sl_status gather(const char *root, int hosts, int64_t step, const char *d
 }
 
 sl_status sl_ckpt_pool_gather(const char *root, int hosts, int64_t step, const char *dest, int64_t *got) {
-    return gather(root, hosts, step, dest, got, NULL, 0);
+    return gather(root, hosts, step, dest, got, NULL, 0, 0);
+}
+
+sl_status sl_ckpt_pool_gather_comm(const char *root, sl_comm *hosts, int64_t step, const char *dest,
+                                   int64_t *got) {
+    int me = sl_comm_rank(hosts);
+    return gather(root, sl_comm_size(hosts), step, dest, got, hosts, me, me != 0);
 }
 
 sl_status sl_ckpt_pool_restore(const sl_ckpt_pool *p, sl_comm *leaders, const char *dest, int64_t *got) {
     if (!leaders || sl_comm_size(leaders) != p->hosts || sl_comm_rank(leaders) != p->host)
         return sl_fail(SL_ERR_INVALID,
                        "pooled restore: the leaders' communicator must have one rank per host");
-    return gather(p->local_root, p->hosts, -1, dest, got, leaders, p->host);
+    return gather(p->local_root, p->hosts, -1, dest, got, leaders, p->host, 0);
 }
 
-sl_status sl_ckpt_pool_inspect(const char *root, int hosts, FILE *f) {
-    int scan = hosts_present(root);
+/* lc: lock step over the hosts' communicator (rank = host, each reading only its own directory); the
+ * report is printed by host 0 */
+static sl_status inspect(const char *root, int hosts, FILE *f, sl_comm *lc) {
+    int me = lc ? sl_comm_rank(lc) : 0, scan = lc ? sl_comm_size(lc) : hosts_present(root);
     if (hosts > scan) scan = hosts;
+    if (me != 0) f = NULL;
     int64_t *steps = NULL;
-    int n = pool_steps(root, scan, &steps);
-    if (n == 0) {
+    int n = lc ? pool_steps_comm(root, lc, me, &steps) : pool_steps(root, scan, &steps);
+    if (n <= 0) {
         free(steps);
-        return sl_fail(SL_ERR_IO, "%s: no pooled checkpoint (no host-*/step-* directories)", root);
+        return n < 0 ? sl_fail(SL_ERR_PEER, "%s: listing the hosts' steps: %s", root, sl_errmsg())
+                     : sl_fail(SL_ERR_IO, "%s: no pooled checkpoint (no host-*/step-* directories)", root);
     }
-    char report[1 << 16] = "";
-    ctx c = {.root = root, .hosts = hosts, .report = report, .rcap = sizeof report};
+    char *report = calloc(1, 1 << 16);
+    if (!report) {
+        free(steps);
+        return sl_fail(SL_ERR_NOMEM, "%s: out of memory", root);
+    }
+    ctx c = {.root = root, .hosts = hosts, .report = report, .rcap = 1 << 16, .lc = lc, .me = me};
     snprintf(c.step_name, sizeof c.step_name, "step-%07lld", (long long)steps[0]);
     free(steps);
     cJSON *man;
     char *text, *config;
     size_t clen;
-    SL_TRY(step_manifest(&c, scan, &man, &text, &config, &clen));
+    sl_status st = step_manifest(&c, scan, &man, &text, &config, &clen);
+    if (st != SL_OK) {
+        free(report);
+        return st;
+    }
     cJSON *pool = cJSON_GetObjectItem(man, "pool");
     const char *red = cJSON_GetStringValue(cJSON_GetObjectItem(pool, "redundancy"));
-    fprintf(f, "pooled checkpoint %s, newest %s: %d hosts, redundancy %s, %d shard files\n", root,
-            c.step_name, c.hosts, red ? red : "?", cJSON_GetArraySize(cJSON_GetObjectItem(pool, "files")));
+    if (f)
+        fprintf(f, "pooled checkpoint %s, newest %s: %d hosts, redundancy %s, %d shard files\n", root,
+                c.step_name, c.hosts, red ? red : "?",
+                cJSON_GetArraySize(cJSON_GetObjectItem(pool, "files")));
     cJSON *rh = cJSON_GetObjectItem(pool, "rank_host"), *e;
-    if (cJSON_IsArray(rh)) {
+    if (cJSON_IsArray(rh) && f) {
         fprintf(f, "  rank -> host:");
         int r = 0;
         cJSON_ArrayForEach(e, rh) fprintf(f, " %d->%d", r++, e->valueint);
         fprintf(f, "\n");
     }
-    for (int h = 0; h < c.hosts; h++) {
-        char p[4400];
-        snprintf(p, sizeof p, "%s/host-%d", root, h);
-        if (access(p, F_OK) != 0) fprintf(f, "  host %d: directory missing (lost host?)\n", h);
+    /* which host directories exist: each host looks at its own under lock step */
+    int32_t *present = calloc((size_t)(c.hosts > scan ? c.hosts : scan) + 1, sizeof(int32_t));
+    char p[4400];
+    if (present && lc) {
+        snprintf(p, sizeof p, "%s/host-%d", root, me);
+        int32_t mine = access(p, F_OK) == 0;
+        if (sl_comm_all_gather(lc, &mine, present, 1, SL_COMM_I32) != SL_OK) st = SL_ERR_PEER;
     }
+    for (int h = 0; present && st == SL_OK && h < c.hosts; h++) {
+        snprintf(p, sizeof p, "%s/host-%d", root, h);
+        int here = lc ? (h < scan && present[h]) : access(p, F_OK) == 0;
+        if (!here && f) fprintf(f, "  host %d: directory missing (lost host?)\n", h);
+    }
+    free(present);
     cJSON_Delete(man);
     free(text);
     free(config);
-    sl_status st = assemble_step(&c, scan, NULL);
-    fputs(report, f);
-    if (st == SL_OK) fprintf(f, "  every shard file of %s can be rebuilt\n", c.step_name);
+    if (st != SL_OK) {
+        free(report);
+        return sl_fail(SL_ERR_PEER, "%s: inspect: %s", root, sl_errmsg());
+    }
+    st = assemble_step(&c, scan, NULL);
+    if (f) fputs(report, f);
+    if (st == SL_OK && f) fprintf(f, "  every shard file of %s can be rebuilt\n", c.step_name);
+    free(report);
     return st;
+}
+
+sl_status sl_ckpt_pool_inspect(const char *root, int hosts, FILE *f) { return inspect(root, hosts, f, NULL); }
+
+sl_status sl_ckpt_pool_inspect_comm(const char *root, sl_comm *hosts, FILE *f) {
+    return inspect(root, sl_comm_size(hosts), f, hosts);
 }

@@ -1,13 +1,51 @@
 /* suanli ckpt inspect|verify DIR — DIR is a step dir or a checkpoint root (its newest valid step), or a
  * pooled store (--ckpt-local-dir: host-<h>/ subdirectories): placement and redundancy of its newest step.
  * suanli ckpt gather POOL OUT [--step N] — assemble a pooled checkpoint into the plain checkpoint root OUT.
- */
+ * Under `suanli run -n H` (one rank per host) the pooled forms run on a cluster without a shared file
+ * system: rank h reads only POOL/host-<h>, its node-local disk, and the other hosts' files come over the
+ * comm library (sl_ckpt_pool_*_comm); rank 0 prints and writes OUT. */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "cli/commands.h"
 #include "suanli/ckpt.h"
+#include "suanli/comm.h"
+
+/* the job's communicator when run as `suanli run -n H` (one rank per host), else NULL; *bad: exit code */
+static sl_comm *hosts_comm(const char *cmd, int *bad) {
+    sl_comm_env env = {0};
+    sl_comm *w = NULL;
+    *bad = 0;
+    if (sl_comm_env_detect(&env) != SL_OK || env.size <= 1) return NULL;
+    const char *hs = getenv("SUANLI_HOSTS");
+    if (hs && *hs && atoi(hs) != env.size) {
+        fprintf(stderr, "suanli ckpt %s: run one rank per host (SUANLI_HOSTS=%s, %d ranks)\n", cmd, hs,
+                env.size);
+        *bad = 2;
+        return NULL;
+    }
+    if (sl_comm_init_env(&w, NULL) != SL_OK) {
+        fprintf(stderr, "suanli ckpt %s: %s\n", cmd, sl_errmsg());
+        *bad = 1;
+        return NULL;
+    }
+    return w;
+}
+
+/* 1 on every rank when ok holds on every rank (w NULL: ok itself) */
+static int all_ok(sl_comm *w, int ok) {
+    int32_t v = ok != 0, r = 0;
+    if (!w) return ok;
+    if (sl_comm_all_reduce(w, &v, &r, 1, SL_COMM_I32, SL_COMM_MIN) != SL_OK) return 0;
+    return r;
+}
+static int any_ok(sl_comm *w, int ok) {
+    int32_t v = ok != 0, r = 0;
+    if (!w) return ok;
+    if (sl_comm_all_reduce(w, &v, &r, 1, SL_COMM_I32, SL_COMM_MAX) != SL_OK) return 0;
+    return r;
+}
 
 static int usage(void) {
     fprintf(
@@ -21,8 +59,9 @@ static int usage(void) {
     return 2;
 }
 
-static int gather(int argc, char **argv) {
+static int gather(int argc, char **argv, sl_comm *w) {
     long long step = -1;
+    int me = w ? sl_comm_rank(w) : 0;
     if (argc == 6 && !strcmp(argv[4], "--step")) {
         char *end;
         step = strtoll(argv[5], &end, 10);
@@ -34,43 +73,74 @@ static int gather(int argc, char **argv) {
         return usage();
     }
     const char *pool = argv[2], *out = argv[3];
-    if (!sl_ckpt_is_pool(pool)) {
-        fprintf(stderr, "suanli ckpt gather: %s: not a pooled store (no host-<h> directories)\n", pool);
+    if (!any_ok(w, sl_ckpt_is_pool(pool))) { /* under comm: some host holds its part of the pool */
+        if (me == 0)
+            fprintf(stderr, "suanli ckpt gather: %s: not a pooled store (no host-<h> directories)\n", pool);
         return 2;
     }
-    if (access(out, F_OK) == 0 && rmdir(out) != 0) { /* an empty dir is fine; anything else is kept */
-        fprintf(stderr, "suanli ckpt gather: %s: exists and is not empty; give a new directory\n", out);
+    /* an empty dir is fine; anything else is kept (OUT is rank 0's) */
+    int free_out = me != 0 || access(out, F_OK) != 0 || rmdir(out) == 0;
+    if (!all_ok(w, free_out)) {
+        if (me == 0)
+            fprintf(stderr, "suanli ckpt gather: %s: exists and is not empty; give a new directory\n", out);
         return 2;
     }
     int64_t got;
-    if (sl_ckpt_pool_gather(pool, 0, step, out, &got) != SL_OK) {
-        fprintf(stderr, "suanli ckpt gather: %s\n", sl_errmsg());
+    sl_status st = w ? sl_ckpt_pool_gather_comm(pool, w, step, out, &got)
+                     : sl_ckpt_pool_gather(pool, 0, step, out, &got);
+    if (st != SL_OK) {
+        if (me == 0) fprintf(stderr, "suanli ckpt gather: %s\n", sl_errmsg());
         return 2;
     }
-    printf("gathered step %lld of %s into %s/step-%07lld\n", (long long)got, pool, out, (long long)got);
+    if (me == 0)
+        printf("gathered step %lld of %s into %s/step-%07lld%s\n", (long long)got, pool, out, (long long)got,
+               w ? " (each host read its own directory; the rest came over the network)" : "");
+    return 0;
+}
+
+static int pooled(const char *what, const char *dir, sl_comm *w) {
+    int me = w ? sl_comm_rank(w) : 0;
+    if (!strcmp(what, "inspect")) {
+        sl_status st = w ? sl_ckpt_pool_inspect_comm(dir, w, stdout) : sl_ckpt_pool_inspect(dir, 0, stdout);
+        if (st != SL_OK) {
+            if (me == 0) fprintf(stderr, "suanli ckpt: %s\n", sl_errmsg());
+            return 2;
+        }
+        return 0;
+    }
+    int64_t got;
+    sl_status st =
+        w ? sl_ckpt_pool_gather_comm(dir, w, -1, NULL, &got) : sl_ckpt_pool_gather(dir, 0, -1, NULL, &got);
+    if (st != SL_OK) {
+        if (me == 0) fprintf(stderr, "suanli ckpt: %s\n", sl_errmsg());
+        return 2;
+    }
+    if (me == 0)
+        printf("%s: step-%07lld can be rebuilt; all checksums of the copies and blocks used match\n", dir,
+               (long long)got);
     return 0;
 }
 
 int sl_cmd_ckpt(int argc, char **argv) {
-    if (argc >= 2 && !strcmp(argv[1], "gather")) return gather(argc, argv);
-    if (argc != 3 || (strcmp(argv[1], "inspect") != 0 && strcmp(argv[1], "verify") != 0)) return usage();
-    if (sl_ckpt_is_pool(argv[2]) && !sl_ckpt_is_checkpoint(argv[2])) {
-        if (!strcmp(argv[1], "inspect")) {
-            if (sl_ckpt_pool_inspect(argv[2], 0, stdout) != SL_OK) {
-                fprintf(stderr, "suanli ckpt: %s\n", sl_errmsg());
-                return 2;
-            }
-            return 0;
-        }
-        int64_t got;
-        if (sl_ckpt_pool_gather(argv[2], 0, -1, NULL, &got) != SL_OK) {
-            fprintf(stderr, "suanli ckpt: %s\n", sl_errmsg());
-            return 2;
-        }
-        printf("%s: step-%07lld can be rebuilt; all checksums of the copies and blocks used match\n", argv[2],
-               (long long)got);
-        return 0;
+    int gathering = argc >= 2 && !strcmp(argv[1], "gather");
+    if (!gathering && (argc != 3 || (strcmp(argv[1], "inspect") != 0 && strcmp(argv[1], "verify") != 0)))
+        return usage();
+    int bad;
+    sl_comm *w = hosts_comm(argv[1], &bad);
+    if (bad) return bad;
+    int rc = -1;
+    if (gathering)
+        rc = gather(argc, argv, w);
+    else if (any_ok(w, sl_ckpt_is_pool(argv[2]) && !sl_ckpt_is_checkpoint(argv[2])))
+        rc = pooled(argv[1], argv[2], w);
+    else if (w) {
+        if (sl_comm_rank(w) == 0)
+            fprintf(stderr, "suanli ckpt %s: %s: under suanli run, a pooled store (--ckpt-local-dir) only\n",
+                    argv[1], argv[2]);
+        rc = 2;
     }
+    sl_comm_free(w);
+    if (rc >= 0) return rc;
     char dir[4096];
     if (sl_ckpt_find_latest(argv[2], dir, sizeof dir) != SL_OK) {
         fprintf(stderr, "suanli ckpt: %s\n", sl_errmsg());

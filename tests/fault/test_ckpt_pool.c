@@ -9,7 +9,8 @@
  *   restart fails with a message naming the missing shard file and hosts;
  * - a manifest that places blocks on hosts not in the job (restart with fewer --hosts): named;
  * - tiers: --ckpt-shared drains every pooled save into --save; --save-keep / --ckpt-local-keep per tier;
- * - suanli ckpt inspect / verify / gather; bad flags: one line naming the flag, exit 2, nothing written. */
+ * - suanli ckpt inspect / verify / gather, also under `suanli run` from isolated hosts (each rank seeing only
+ *   its own host directory); bad flags: one line naming the flag, exit 2, nothing written. */
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -252,6 +253,45 @@ int main(void) {
         TU_CHECK(rc == 0 && strstr(out, "step-0000012") && oks == 8 && !strstr(out, "missing"),
                  "isolated hosts: all 8 copies (4 shards x 2 hosts) reached their hosts (%d ok): rc %d %s",
                  oks, rc, out);
+        /* the offline tools from the isolated hosts themselves (one rank per host, each seeing only its own
+         * disk; the other hosts' files over the comm library): the same report, the same verdict, and a
+         * gather byte-identical to the one read from outside; with host 1's disk gone, its copies come from
+         * host 0; with a shard lost on both, the previous step (written by rank 0 alone) */
+        rc = run("%s run -n 2 -- unshare -m sh iso.sh I 2 %s ckpt inspect I", cli, cli);
+        oks = 0;
+        for (const char *q = out; (q = strstr(q, "safetensors copy on host ")); q++)
+            oks += !strncmp(q + 26, ": ok", 4);
+        TU_CHECK(rc == 0 && oks == 8 && strstr(out, "every shard file of step-0000012 can be rebuilt") &&
+                     !strstr(out, "[1] "),
+                 "isolated hosts: ckpt inspect over comm, 8 copies ok, printed by rank 0 only: rc %d %s", rc,
+                 out);
+        rc = run("%s run -n 2 -- unshare -m sh iso.sh I 2 %s ckpt verify I", cli, cli);
+        TU_CHECK(rc == 0 && strstr(out, "step-0000012 can be rebuilt"),
+                 "isolated hosts: ckpt verify: rc %d %s", rc, out);
+        rc = run(
+            "sh -c '%s run -n 2 -- unshare -m sh iso.sh I 2 %s ckpt gather I GI && %s ckpt gather I GO && "
+            "diff -r GI GO && %s ckpt verify GI'",
+            cli, cli, cli, cli);
+        TU_CHECK(rc == 0 && strstr(out, "came over the network") && strstr(out, "all checksums match"),
+                 "isolated hosts: ckpt gather over comm == gather from outside: rc %d %s", rc, out);
+        rc = run(
+            "sh -c 'cp -a I J && rm -rf J/host-1 && %s run -n 2 -- unshare -m sh iso.sh J 2 %s ckpt gather J "
+            "GJ && diff -r GJ GO'",
+            cli, cli);
+        TU_CHECK(rc == 0 && strstr(out, "using the copy on host 0"),
+                 "isolated hosts, host 1's disk gone: gather from host 0's copies: rc %d %s", rc, out);
+        rc = run("sh -c 'rm -rf J/host-1 J/host-0/step-0000012/shard-r00000.safetensors && %s run -n 2 -- "
+                 "unshare -m sh iso.sh J 2 %s ckpt gather J GK && test -d GK/step-0000008 && "
+                 "! test -e GK/step-0000012'",
+                 cli, cli);
+        TU_CHECK(rc == 0 && strstr(out, "gathered step 8") && strstr(out, "no intact copy of shard-r00000"),
+                 "isolated hosts, a shard lost everywhere: the previous step: rc %d %s", rc, out);
+        rc = run("env SUANLI_HOSTS=1 %s run -n 2 -- %s ckpt verify I", cli, cli);
+        TU_CHECK(rc != 0 && strstr(out, "run one rank per host"), "ckpt tools: ranks != hosts refused: %s",
+                 out);
+        rc = run("%s run -n 2 -- %s ckpt verify base", cli, cli);
+        TU_CHECK(rc != 0 && strstr(out, "a pooled store (--ckpt-local-dir) only"),
+                 "ckpt tools under run: a plain checkpoint refused: %s", out);
         if (sl_ckpt_ec_available()) {
             rc = run(
                 "sh -c '%s run -n 3 -- %s train " TINY3 " --save b3i && env SUANLI_FAULT_KILL_AT_STEP=9 "
