@@ -16,7 +16,9 @@ static float silu_f(float x) { return x / (1.0f + expf(-x)); }
  * inputs and weights of every GEMM, each GEMM's output, silu's output and the product; backward every
  * incoming gradient, every GEMM's output and each elementwise step's. Products of two half values are exact
  * in fp32 and every GEMM accumulates in fp32, so the values are those of the per-expert path's nodes. */
-static float rnd_to(float v, int half) {
+#define PAR(work) ((int64_t)(work) >= 16384) /* elementwise loops: threads from this many elements */
+
+static inline float rnd_to(float v, int half) {
     return half == SL_BF16  ? sl_bf16_to_f32(sl_f32_to_bf16(v))
            : half == SL_F16 ? sl_f16_to_f32(sl_f32_to_f16(v))
                             : v;
@@ -26,7 +28,13 @@ static void rnd_n(float *dst, const float *src, int64_t n, int half) {
         if (dst != src) memcpy(dst, src, sizeof(float) * (size_t)n);
         return;
     }
-    for (int64_t i = 0; i < n; i++) dst[i] = rnd_to(src[i], half);
+    if (half == SL_BF16) {
+#pragma omp parallel for schedule(static) if (PAR(n))
+        for (int64_t i = 0; i < n; i++) dst[i] = sl_bf16_to_f32(sl_f32_to_bf16(src[i]));
+    } else {
+#pragma omp parallel for schedule(static) if (PAR(n))
+        for (int64_t i = 0; i < n; i++) dst[i] = sl_f16_to_f32(sl_f32_to_f16(src[i]));
+    }
 }
 /* a rounded copy of n floats under autocast (*own: to free), else src itself */
 static const float *rounded(const float *src, int64_t n, int half, float **own) {
@@ -39,9 +47,11 @@ static const float *rounded(const float *src, int64_t n, int half, float **own) 
 /* h = silu(a1) * a3, and under autocast R(R(silu(a1)) * a3) */
 static void hidden(float *h, const float *a1, const float *a3, int64_t n, int half) {
     if (!half) {
+#pragma omp parallel for schedule(static) if (PAR(n))
         for (int64_t i = 0; i < n; i++) h[i] = silu_f(a1[i]) * a3[i];
         return;
     }
+#pragma omp parallel for schedule(static) if (PAR(n))
     for (int64_t i = 0; i < n; i++) h[i] = rnd_to(rnd_to(silu_f(a1[i]), half) * a3[i], half);
 }
 
@@ -154,12 +164,14 @@ sl_status sl_k_moe_packed_ffn_back(sl_tensor *n) {
     rnd_n(dw2, dw2, C * I, half);
     sl_sgemm(0, 0, cnt, I, C, 1.0f, g, gs, W2, I, 0.0f, h, I); /* dh = dy w2 */
     if (!half) {
+#pragma omp parallel for schedule(static) if (PAR(cnt * I))
         for (int64_t i = 0; i < cnt * I; i++) {
             float sg = 1.0f / (1.0f + expf(-a1[i])), d = h[i];
             d3[i] = d * a1[i] * sg;                                /* dh * silu(w1 x) */
             d1[i] = d * a3[i] * sg * (1.0f + a1[i] * (1.0f - sg)); /* dh * w3 x * silu'(w1 x) */
         }
     } else {
+#pragma omp parallel for schedule(static) if (PAR(cnt * I))
         for (int64_t i = 0; i < cnt * I; i++) {
             float sg = 1.0f / (1.0f + expf(-a1[i])), d = rnd_to(h[i], half);
             d3[i] = rnd_to(d * rnd_to(silu_f(a1[i]), half), half);         /* d(w3 x) = R(dh R(silu)) */
@@ -215,6 +227,7 @@ sl_status sl_k_moe_packed_ffn_dx(sl_tensor *n) {
     }
     sl_sgemm(0, 0, cnt, C, I, 1.0f, d1, I, W1, C, 0.0f, dx, C);
     sl_sgemm(0, 0, cnt, C, I, 1.0f, d3, I, W3, C, 0.0f, t, C);
+#pragma omp parallel for schedule(static) if (PAR(cnt * C))
     for (int64_t i = 0; i < cnt * C; i++) dx[i] = rnd_to(dx[i], half) + rnd_to(t[i], half);
     free(t), free(o1), free(o3);
     return SL_OK;
