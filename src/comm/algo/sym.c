@@ -41,8 +41,9 @@
 
 enum { W_ARRIVE = 0, W_KIND, W_COUNT, W_SBWIN, W_SBOFF, W_RBWIN, W_RBOFF, W_DONE, W_X };
 enum { K_ALLREDUCE = 1, K_REDSCAT, K_ALLGATHER, K_STAGED, K_ALLTOALL };
-#define SYM_TMP (8u << 10)          /* reduce a block of this size at a time (L1-resident) */
-#define SYM_NT_DEFAULT_KB 8192      /* copies of transfers this large bypass the cache (0: never) */
+#define SYM_TMP (8u << 10) /* reduce a block of this size at a time (L1-resident) */
+#define SYM_NT_DEFAULT_KB                                                                                    \
+    8192 /* at most: transfers this large bypass the cache (Note [Streaming threshold from the L3]) */
 #define SYM_AG_PUSH_DEFAULT_KB 8192 /* all-gathers this large push when they can (0: never) */
 #define SYM_PUSH_CHUNK (64u << 10)
 #define NO_WIN UINT64_MAX
@@ -72,9 +73,33 @@ static size_t env_kb(const char *name, size_t dflt_kb, size_t lo_kb, _Atomic siz
     atomic_store_explicit(cached, v + 1, memory_order_relaxed);
     return v;
 }
+/* Note [Streaming threshold from the L3]
+ * Streaming stores pay once a transfer's buffers no longer fit the last-level cache: below that the
+ * destination lines are in the cache anyway and streaming them out costs a later re-read. Measured at 2
+ * ranks on windows (docs/BENCHMARKS-comm.md): on a Zen 4 guest (32 MiB L3 per CCD) the best threshold is
+ * 8 MiB (4 MiB loses: both ranks' buffers still fit); on a Zen 1 guest (8 MiB L3 per CCX) 4 MiB (at 8 MiB,
+ * the 4 MiB transfers ran at 1.2-1.3x OpenMPI against 2.1-4.6x streamed). The default is therefore half the
+ * L3 that cpu0 shares (sysfs: the per-CCX size, not glibc's whole-socket figure), at most 8 MiB. */
+static size_t nt_default_kb(void) {
+    size_t kb = SYM_NT_DEFAULT_KB;
+    FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r");
+    if (f) {
+        unsigned long v = 0;
+        char unit = 0;
+        if (fscanf(f, "%lu%c", &v, &unit) >= 1) {
+            size_t l3 = unit == 'M' ? (size_t)v << 10 : unit == 'G' ? (size_t)v << 20 : (size_t)v;
+            if (l3 >= 1024 && l3 / 2 < kb) kb = l3 / 2;
+        }
+        fclose(f);
+    }
+    return kb;
+}
+
 /* SUANLI_COMM_WIN_NT_KB: a local choice (it changes no result) */
 static size_t sym_nt_min(void) {
     static _Atomic size_t cached;
+    if (!atomic_load_explicit(&cached, memory_order_relaxed))
+        return env_kb("SUANLI_COMM_WIN_NT_KB", nt_default_kb(), 0, &cached);
     return env_kb("SUANLI_COMM_WIN_NT_KB", SYM_NT_DEFAULT_KB, 0, &cached);
 }
 
