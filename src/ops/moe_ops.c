@@ -91,14 +91,20 @@ sl_tensor *sl_moe_combine(sl_ctx *ctx, sl_tensor *y, sl_tensor *route, sl_tensor
     return t;
 }
 
+/* f32 SwiGLU weights w1, w3 (I, C), w2 (C, I), contiguous */
+static int swiglu_weights(const sl_tensor *w1, const sl_tensor *w3, const sl_tensor *w2, int64_t C) {
+    int64_t I = w1->ne[0];
+    return w1->dtype == SL_F32 && w3->dtype == SL_F32 && w2->dtype == SL_F32 && w1->ndim == 2 &&
+           w1->ne[1] == C && w3->ndim == 2 && w3->ne[0] == I && w3->ne[1] == C && w2->ndim == 2 &&
+           w2->ne[0] == C && w2->ne[1] == I && sl_is_contiguous(w1) && sl_is_contiguous(w3) &&
+           sl_is_contiguous(w2);
+}
+
 sl_tensor *sl_moe_expert_ffn_node(sl_ctx *ctx, sl_tensor *x, sl_tensor *w1, sl_tensor *w3, sl_tensor *w2,
                                   sl_tensor *count_src, int e, int El) {
     SL_ASSERT(row_major_2d(x) && sl_is_contiguous(x) && e >= 0);
     int64_t R = x->ne[0], C = x->ne[1], I = w1->ne[0];
-    SL_ASSERT(w1->dtype == SL_F32 && w3->dtype == SL_F32 && w2->dtype == SL_F32);
-    SL_ASSERT(w1->ndim == 2 && w1->ne[1] == C && w3->ndim == 2 && w3->ne[0] == I && w3->ne[1] == C);
-    SL_ASSERT(w2->ndim == 2 && w2->ne[0] == C && w2->ne[1] == I);
-    SL_ASSERT(sl_is_contiguous(w1) && sl_is_contiguous(w3) && sl_is_contiguous(w2));
+    SL_ASSERT(swiglu_weights(w1, w3, w2, C));
     sl_tensor *t = sl_new_op(ctx, SL_OP_MOE_EXPERT_FFN, SL_F32, 2, x->ne);
     t->src[0] = x;
     t->src[1] = w1;
@@ -146,10 +152,7 @@ sl_tensor *sl_moe_packed_ffn(sl_ctx *ctx, sl_tensor *xp, sl_tensor *w1, sl_tenso
     SL_ASSERT(row_major_2d(xp) && sl_is_contiguous(xp) && e >= 0 && El >= 0 && rmax >= 1);
     SL_ASSERT((El == 0 && xp->op == SL_OP_MOE_EP_PACK) || (El > 0 && xp->op == SL_OP_MOE_EP_REGROUP));
     int64_t S = xp->ne[0], C = xp->ne[1], I = w1->ne[0];
-    SL_ASSERT(w1->dtype == SL_F32 && w3->dtype == SL_F32 && w2->dtype == SL_F32);
-    SL_ASSERT(w1->ndim == 2 && w1->ne[1] == C && w3->ndim == 2 && w3->ne[0] == I && w3->ne[1] == C);
-    SL_ASSERT(w2->ndim == 2 && w2->ne[0] == C && w2->ne[1] == I);
-    SL_ASSERT(sl_is_contiguous(w1) && sl_is_contiguous(w3) && sl_is_contiguous(w2));
+    SL_ASSERT(swiglu_weights(w1, w3, w2, C));
     SL_ASSERT(half == SL_F32 || half == SL_BF16 || half == SL_F16);
     SL_ASSERT(!prev || (prev->op == SL_OP_MOE_PACKED_FFN && prev->src[0] == xp && prev->src[1]->ne[0] == I &&
                         prev->iparams[3] == (half == SL_F32 ? 0 : (int)half)));
