@@ -57,6 +57,104 @@ static int exists(const char *rel) {
     "--micro-batch-size 1 --global-batch-size 3 --zero-stage 1 --train-iters 12 --lr-decay-iters 12 "        \
     "--eval-interval 0 --eval-iters 1 --threads 1"
 
+static void isolated_hosts(void) {
+    int rc;
+    /* ---- hosts that cannot see each other's disks (Note [Pool transfers over comm]): every rank runs in its
+     * own mount namespace in which every other host's directory is covered by an empty private tmpfs, so a
+     * copy written into a peer's directory, or a read from it, would go nowhere. Replicas and blocks must
+     * travel over the comm library, the commit must reach every host, and a restart after a lost host must
+     * rebuild the newest step from the survivors' own disks: bitwise the uninterrupted run. ---- */
+    rc = run("sh -c 'mkdir -p nsprobe && unshare -m sh -c \"mount -t tmpfs none nsprobe\" && rmdir nsprobe'");
+    if (rc != 0) {
+        printf("SKIP isolated hosts: no mount namespaces here (unshare -m needs root): %s\n", out);
+    } else {
+        FILE *f;
+        char iso[700];
+        snprintf(iso, sizeof iso, "%s/iso.sh", dir);
+        f = fopen(iso, "w");
+        TU_CHECK(f != NULL, "write iso.sh");
+        if (f) {
+            fputs("# iso.sh ROOT HOSTS CMD...: run CMD seeing only this rank's own ROOT/host-<h>\n"
+                  "root=$1; hosts=$2; shift 2\n"
+                  "h=$((RANK * hosts / WORLD_SIZE)); i=0\n"
+                  "while [ $i -lt $hosts ]; do\n"
+                  "  mkdir -p $root/host-$i\n"
+                  "  [ $i = $h ] || mount -t tmpfs none $root/host-$i || exit 3\n"
+                  "  i=$((i + 1))\n"
+                  "done\n"
+                  "exec \"$@\"\n",
+                  f);
+            fclose(f);
+        }
+        rc = run("env SUANLI_FAULT_KILL_AT_STEP=10 SUANLI_FAULT_RANK=2 SUANLI_FAULT_LOSE_HOSTS=1 %s run -n 4 "
+                 "--hosts 2 --max-restarts 1 -- unshare -m sh iso.sh I 2 %s train " TINY
+                 " --save iso --load iso --save-interval 4 --ckpt-local-dir I --ckpt-replicas 2",
+                 cli, cli);
+        TU_CHECK(rc == 0 && strstr(out, "removing I/host-1") && strstr(out, "reassembled from I (2 hosts)") &&
+                     strstr(out, "missing; using the copy on host 0"),
+                 "isolated hosts, replicas: lost host -> restart from the survivor: rc %d %s", rc, out);
+        TU_CHECK(same("base", "iso"), "isolated hosts, replicas 2, host 1 lost: final weights bitwise equal");
+        /* seen from outside: every host holds both copies of every shard of the last step */
+        rc = run("%s ckpt inspect I", cli);
+        int oks = 0;
+        for (const char *q = out; (q = strstr(q, "safetensors copy on host ")); q++)
+            oks += !strncmp(q + 26, ": ok", 4);
+        TU_CHECK(rc == 0 && strstr(out, "step-0000012") && oks == 8 && !strstr(out, "missing"),
+                 "isolated hosts: all 8 copies (4 shards x 2 hosts) reached their hosts (%d ok): rc %d %s",
+                 oks, rc, out);
+        /* the offline tools from the isolated hosts themselves (one rank per host, each seeing only its own
+         * disk; the other hosts' files over the comm library): the same report, the same verdict, and a
+         * gather byte-identical to the one read from outside; with host 1's disk gone, its copies come from
+         * host 0; with a shard lost on both, the previous step (written by rank 0 alone) */
+        rc = run("%s run -n 2 -- unshare -m sh iso.sh I 2 %s ckpt inspect I", cli, cli);
+        oks = 0;
+        for (const char *q = out; (q = strstr(q, "safetensors copy on host ")); q++)
+            oks += !strncmp(q + 26, ": ok", 4);
+        TU_CHECK(rc == 0 && oks == 8 && strstr(out, "every shard file of step-0000012 can be rebuilt") &&
+                     !strstr(out, "[1] "),
+                 "isolated hosts: ckpt inspect over comm, 8 copies ok, printed by rank 0 only: rc %d %s", rc,
+                 out);
+        rc = run("%s run -n 2 -- unshare -m sh iso.sh I 2 %s ckpt verify I", cli, cli);
+        TU_CHECK(rc == 0 && strstr(out, "step-0000012 can be rebuilt"),
+                 "isolated hosts: ckpt verify: rc %d %s", rc, out);
+        rc = run(
+            "sh -c '%s run -n 2 -- unshare -m sh iso.sh I 2 %s ckpt gather I GI && %s ckpt gather I GO && "
+            "diff -r GI GO && %s ckpt verify GI'",
+            cli, cli, cli, cli);
+        TU_CHECK(rc == 0 && strstr(out, "came over the network") && strstr(out, "all checksums match"),
+                 "isolated hosts: ckpt gather over comm == gather from outside: rc %d %s", rc, out);
+        rc = run(
+            "sh -c 'cp -a I J && rm -rf J/host-1 && %s run -n 2 -- unshare -m sh iso.sh J 2 %s ckpt gather J "
+            "GJ && diff -r GJ GO'",
+            cli, cli);
+        TU_CHECK(rc == 0 && strstr(out, "using the copy on host 0"),
+                 "isolated hosts, host 1's disk gone: gather from host 0's copies: rc %d %s", rc, out);
+        rc = run("sh -c 'rm -rf J/host-1 J/host-0/step-0000012/shard-r00000.safetensors && %s run -n 2 -- "
+                 "unshare -m sh iso.sh J 2 %s ckpt gather J GK && test -d GK/step-0000008 && "
+                 "! test -e GK/step-0000012'",
+                 cli, cli);
+        TU_CHECK(rc == 0 && strstr(out, "gathered step 8") && strstr(out, "no intact copy of shard-r00000"),
+                 "isolated hosts, a shard lost everywhere: the previous step: rc %d %s", rc, out);
+        rc = run("env SUANLI_HOSTS=1 %s run -n 2 -- %s ckpt verify I", cli, cli);
+        TU_CHECK(rc != 0 && strstr(out, "run one rank per host"), "ckpt tools: ranks != hosts refused: %s",
+                 out);
+        rc = run("%s run -n 2 -- %s ckpt verify base", cli, cli);
+        TU_CHECK(rc != 0 && strstr(out, "a pooled store (--ckpt-local-dir) only"),
+                 "ckpt tools under run: a plain checkpoint refused: %s", out);
+        if (sl_ckpt_ec_available()) {
+            rc = run(
+                "sh -c '%s run -n 3 -- %s train " TINY3 " --save b3i && env SUANLI_FAULT_KILL_AT_STEP=9 "
+                "SUANLI_FAULT_RANK=2 SUANLI_FAULT_LOSE_HOSTS=2 %s run -n 3 --max-restarts 1 -- unshare -m "
+                "sh iso.sh I3 3 %s train " TINY3
+                " --save e3i --load e3i --save-interval 3 --ckpt-local-dir I3 --ckpt-ec 2+1'",
+                cli, cli, cli, cli);
+            TU_CHECK(rc == 0 && strstr(out, "reassembled from I3 (3 hosts)") && strstr(out, "rebuilding it"),
+                     "isolated hosts, ec 2+1 over 3: rc %d %s", rc, out);
+            TU_CHECK(same("b3i", "e3i"), "isolated hosts, ec 2+1, host 2 lost: final weights bitwise equal");
+        }
+    }
+}
+
 int main(void) {
     cli = tu_cli();
     snprintf(dir, sizeof dir, "%s", tu_tmpdir("ckpt_pool"));
@@ -210,100 +308,7 @@ int main(void) {
                              "missing; host 2: shard-r00001.safetensors missing)"),
              "replicas: too many lost hosts named: rc %d %s", rc, out);
 
-    /* ---- hosts that cannot see each other's disks (Note [Pool transfers over comm]): every rank runs in its
-     * own mount namespace in which every other host's directory is covered by an empty private tmpfs, so a
-     * copy written into a peer's directory, or a read from it, would go nowhere. Replicas and blocks must
-     * travel over the comm library, the commit must reach every host, and a restart after a lost host must
-     * rebuild the newest step from the survivors' own disks: bitwise the uninterrupted run. ---- */
-    rc = run("sh -c 'mkdir -p nsprobe && unshare -m sh -c \"mount -t tmpfs none nsprobe\" && rmdir nsprobe'");
-    if (rc != 0) {
-        printf("SKIP isolated hosts: no mount namespaces here (unshare -m needs root): %s\n", out);
-    } else {
-        FILE *f;
-        char iso[700];
-        snprintf(iso, sizeof iso, "%s/iso.sh", dir);
-        f = fopen(iso, "w");
-        TU_CHECK(f != NULL, "write iso.sh");
-        if (f) {
-            fputs("# iso.sh ROOT HOSTS CMD...: run CMD seeing only this rank's own ROOT/host-<h>\n"
-                  "root=$1; hosts=$2; shift 2\n"
-                  "h=$((RANK * hosts / WORLD_SIZE)); i=0\n"
-                  "while [ $i -lt $hosts ]; do\n"
-                  "  mkdir -p $root/host-$i\n"
-                  "  [ $i = $h ] || mount -t tmpfs none $root/host-$i || exit 3\n"
-                  "  i=$((i + 1))\n"
-                  "done\n"
-                  "exec \"$@\"\n",
-                  f);
-            fclose(f);
-        }
-        rc = run("env SUANLI_FAULT_KILL_AT_STEP=10 SUANLI_FAULT_RANK=2 SUANLI_FAULT_LOSE_HOSTS=1 %s run -n 4 "
-                 "--hosts 2 --max-restarts 1 -- unshare -m sh iso.sh I 2 %s train " TINY
-                 " --save iso --load iso --save-interval 4 --ckpt-local-dir I --ckpt-replicas 2",
-                 cli, cli);
-        TU_CHECK(rc == 0 && strstr(out, "removing I/host-1") && strstr(out, "reassembled from I (2 hosts)") &&
-                     strstr(out, "missing; using the copy on host 0"),
-                 "isolated hosts, replicas: lost host -> restart from the survivor: rc %d %s", rc, out);
-        TU_CHECK(same("base", "iso"), "isolated hosts, replicas 2, host 1 lost: final weights bitwise equal");
-        /* seen from outside: every host holds both copies of every shard of the last step */
-        rc = run("%s ckpt inspect I", cli);
-        int oks = 0;
-        for (const char *q = out; (q = strstr(q, "safetensors copy on host ")); q++)
-            oks += !strncmp(q + 26, ": ok", 4);
-        TU_CHECK(rc == 0 && strstr(out, "step-0000012") && oks == 8 && !strstr(out, "missing"),
-                 "isolated hosts: all 8 copies (4 shards x 2 hosts) reached their hosts (%d ok): rc %d %s",
-                 oks, rc, out);
-        /* the offline tools from the isolated hosts themselves (one rank per host, each seeing only its own
-         * disk; the other hosts' files over the comm library): the same report, the same verdict, and a
-         * gather byte-identical to the one read from outside; with host 1's disk gone, its copies come from
-         * host 0; with a shard lost on both, the previous step (written by rank 0 alone) */
-        rc = run("%s run -n 2 -- unshare -m sh iso.sh I 2 %s ckpt inspect I", cli, cli);
-        oks = 0;
-        for (const char *q = out; (q = strstr(q, "safetensors copy on host ")); q++)
-            oks += !strncmp(q + 26, ": ok", 4);
-        TU_CHECK(rc == 0 && oks == 8 && strstr(out, "every shard file of step-0000012 can be rebuilt") &&
-                     !strstr(out, "[1] "),
-                 "isolated hosts: ckpt inspect over comm, 8 copies ok, printed by rank 0 only: rc %d %s", rc,
-                 out);
-        rc = run("%s run -n 2 -- unshare -m sh iso.sh I 2 %s ckpt verify I", cli, cli);
-        TU_CHECK(rc == 0 && strstr(out, "step-0000012 can be rebuilt"),
-                 "isolated hosts: ckpt verify: rc %d %s", rc, out);
-        rc = run(
-            "sh -c '%s run -n 2 -- unshare -m sh iso.sh I 2 %s ckpt gather I GI && %s ckpt gather I GO && "
-            "diff -r GI GO && %s ckpt verify GI'",
-            cli, cli, cli, cli);
-        TU_CHECK(rc == 0 && strstr(out, "came over the network") && strstr(out, "all checksums match"),
-                 "isolated hosts: ckpt gather over comm == gather from outside: rc %d %s", rc, out);
-        rc = run(
-            "sh -c 'cp -a I J && rm -rf J/host-1 && %s run -n 2 -- unshare -m sh iso.sh J 2 %s ckpt gather J "
-            "GJ && diff -r GJ GO'",
-            cli, cli);
-        TU_CHECK(rc == 0 && strstr(out, "using the copy on host 0"),
-                 "isolated hosts, host 1's disk gone: gather from host 0's copies: rc %d %s", rc, out);
-        rc = run("sh -c 'rm -rf J/host-1 J/host-0/step-0000012/shard-r00000.safetensors && %s run -n 2 -- "
-                 "unshare -m sh iso.sh J 2 %s ckpt gather J GK && test -d GK/step-0000008 && "
-                 "! test -e GK/step-0000012'",
-                 cli, cli);
-        TU_CHECK(rc == 0 && strstr(out, "gathered step 8") && strstr(out, "no intact copy of shard-r00000"),
-                 "isolated hosts, a shard lost everywhere: the previous step: rc %d %s", rc, out);
-        rc = run("env SUANLI_HOSTS=1 %s run -n 2 -- %s ckpt verify I", cli, cli);
-        TU_CHECK(rc != 0 && strstr(out, "run one rank per host"), "ckpt tools: ranks != hosts refused: %s",
-                 out);
-        rc = run("%s run -n 2 -- %s ckpt verify base", cli, cli);
-        TU_CHECK(rc != 0 && strstr(out, "a pooled store (--ckpt-local-dir) only"),
-                 "ckpt tools under run: a plain checkpoint refused: %s", out);
-        if (sl_ckpt_ec_available()) {
-            rc = run(
-                "sh -c '%s run -n 3 -- %s train " TINY3 " --save b3i && env SUANLI_FAULT_KILL_AT_STEP=9 "
-                "SUANLI_FAULT_RANK=2 SUANLI_FAULT_LOSE_HOSTS=2 %s run -n 3 --max-restarts 1 -- unshare -m "
-                "sh iso.sh I3 3 %s train " TINY3
-                " --save e3i --load e3i --save-interval 3 --ckpt-local-dir I3 --ckpt-ec 2+1'",
-                cli, cli, cli, cli);
-            TU_CHECK(rc == 0 && strstr(out, "reassembled from I3 (3 hosts)") && strstr(out, "rebuilding it"),
-                     "isolated hosts, ec 2+1 over 3: rc %d %s", rc, out);
-            TU_CHECK(same("b3i", "e3i"), "isolated hosts, ec 2+1, host 2 lost: final weights bitwise equal");
-        }
-    }
+    isolated_hosts();
 
     /* ---- bad flags: one line naming the flag, exit 2 (the launcher: 1 with the rank's 2), nothing written
      * ---- */
