@@ -18,7 +18,17 @@
  * then resumes with a smaller DP size, resharding the checkpoint (any saved layout loads into any
  * other). The script exports SUANLI_RESTART_COUNT=SLURM_RESTART_COUNT, so ranks know the attempt
  * (test hooks fire on the first attempt only, as under suanli run --max-restarts). Any other exit
- * status is the job's. Tested end to end on a namespace Slurm cluster (tests/fault/slurm_requeue.sh). */
+ * status is the job's. Tested end to end on a namespace Slurm cluster (tests/fault/slurm_requeue.sh).
+ *
+ * Note [MPI under srun]
+ * --mpi TYPE has srun start the ranks through Slurm's PMI plugin (pmix for OpenMPI, pmi2 for MPICH), so
+ * MPI_Init in each rank finds its MPI_COMM_WORLD without mpirun. The ranks still take rank, size and the
+ * rendezvous from Slurm's environment (src/comm/init.c), and the script sets SUANLI_COMM_TRANSPORT=mpi
+ * (unless the caller set another), so the collectives' messages go through that MPI library: its
+ * fabric support (verbs, UCX, libfabric) instead of suanli's TCP between hosts. The MPI transport maps
+ * each rank to its MPI_COMM_WORLD rank and refuses ranks MPI started as singletons (src/comm/transport/
+ * mpi.c). A killed host ends the step as under TCP (the MPI
+ * library or the communicator deadline fails the peers) and the job requeues as above. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,13 +44,16 @@ static void usage(FILE *f) {
         f,
         "usage: suanli submit --nodes N|MIN-MAX --ntasks-per-node K --time D-HH:MM:SS|HH:MM:SS [--job-name "
         "NAME]\n"
-        "                     [--partition P] [--signal-sec SEC] [--max-requeues R] [--script FILE] [--go]\n"
+        "                     [--partition P] [--signal-sec SEC] [--max-requeues R] [--mpi pmix|pmi2]\n"
+        "                     [--script FILE] [--go]\n"
         "                     -- PROGRAM ARGS...\n"
         "  writes FILE (default suanli-job.sbatch): #SBATCH --nodes, --ntasks-per-node, --time, --requeue,\n"
         "  --signal=B:USR1@SEC (default 120); the step runs under srun; on USR1 the ranks checkpoint and "
         "exit 75,\n"
         "  and the job requeues itself; a step that fails otherwise (a dead host) requeues it up to R times\n"
         "  (default 3), on MIN-MAX nodes possibly fewer (the job resumes with a smaller DP size).\n"
+        "  --mpi TYPE launches the ranks with srun --mpi=TYPE (PMIx for OpenMPI, PMI-2 for MPICH) and runs\n"
+        "  them over the MPI transport (SUANLI_COMM_TRANSPORT=mpi unless set).\n"
         "  --go submits it with sbatch (exit 2 when sbatch is not installed).\n");
 }
 
@@ -76,7 +89,7 @@ static void shell_word(FILE *f, const char *s) {
 }
 
 typedef struct {
-    const char *nodes, *tasks, *time, *name, *partition, *script, *signal_sec, *max_requeues;
+    const char *nodes, *tasks, *time, *name, *partition, *script, *signal_sec, *max_requeues, *mpi;
     int go;
 } submit_args;
 
@@ -103,12 +116,16 @@ static int write_script(const submit_args *a, char **prog) {
             "--open-mode=append\n",
             a->signal_sec, a->name);
     fprintf(f, "export SUANLI_RESTART_COUNT=${SLURM_RESTART_COUNT:-0}\n");
+    /* Note [MPI under srun]: the ranks bootstrap from Slurm's environment as always, and the transport is
+     * the MPI library the PMI plugin wired up (the same MPI_COMM_WORLD ranks) */
+    if (a->mpi) fprintf(f, "export SUANLI_COMM_TRANSPORT=${SUANLI_COMM_TRANSPORT:-mpi}\n");
     fprintf(f,
             "requeue=0\n"
             "trap 'requeue=1; echo \"suanli submit: time limit in %s s: checkpoint and requeue\"; "
             "kill -USR1 \"$child\" 2>/dev/null' USR1\n",
             a->signal_sec);
     fprintf(f, "srun --kill-on-bad-exit=1");
+    if (a->mpi) fprintf(f, " --mpi=%s", a->mpi);
     if (range) fprintf(f, " --ntasks-per-node=%s", a->tasks);
     for (char **p = prog; *p; p++) {
         fputc(' ', f);
@@ -168,6 +185,8 @@ int sl_cmd_submit(int argc, char **argv) {
             dst = &a.signal_sec;
         else if (!strcmp(s, "--max-requeues"))
             dst = &a.max_requeues;
+        else if (!strcmp(s, "--mpi"))
+            dst = &a.mpi;
         if (!dst) {
             fprintf(stderr, "suanli submit: unknown flag '%s' (see suanli submit --help)\n", s);
             return 2;
@@ -206,6 +225,11 @@ int sl_cmd_submit(int argc, char **argv) {
     if (*end || sig < 1 || sig > 65535) {
         fprintf(stderr, "suanli submit: --signal-sec: expected seconds in 1..65535, got '%s'\n",
                 a.signal_sec);
+        return 2;
+    }
+    if (a.mpi && strcmp(a.mpi, "pmix") && strncmp(a.mpi, "pmix_v", 6) && strcmp(a.mpi, "pmi2")) {
+        fprintf(stderr, "suanli submit: --mpi: expected pmix, pmix_vN or pmi2 (srun --mpi=list), got '%s'\n",
+                a.mpi);
         return 2;
     }
     if (!is_time(a.time)) {

@@ -81,6 +81,9 @@ static void print_banner(const sl_train_job *j) {
             : j->o.model.fp16 ? "fp16 mixed precision"
                               : "fp32",
             sl_threads_get(), sl_cpu_isa_name());
+    if (j->world && sl_comm_size(j->world) > 1)
+        fprintf(f, "communication: %d ranks, %s transport\n", sl_comm_size(j->world),
+                sl_comm_transport_name(sl_comm_transport(j->world)));
     if (j->dp) {
         sl_dp_memory mem;
         sl_dp_memory_report(j->dp, &mem);

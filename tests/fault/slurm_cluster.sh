@@ -92,9 +92,16 @@ sc_wait_idle() {
 # only place its address is reachable from
 sc() { nc_exec 0 "$@"; }
 
+# Each slurmd reads its own copy of slurm.conf, beside an mpi.conf of its own: the pretend hosts share one
+# /tmp, where Slurm's PMIx plugin makes the same per-step client directory on every node (the second
+# node's slurmstepd fails with "File exists" and srun --mpi=pmix never starts), so each host's goes to
+# a directory of its own (PMIxCliTmpDirBase), as a real node's /tmp would be.
 sc_slurmd_start() {
-  mkdir -p "$SC/spool-h$1"
-  nc_exec "$1" slurmd -D -N "h$1" -f "$SLURM_CONF" >"$SC/slurmd-h$1.out" 2>&1 &
+  local c=$SC/conf-h$1
+  mkdir -p "$SC/spool-h$1" "$c" "$SC/tmp-h$1"
+  cp "$SLURM_CONF" "$c/slurm.conf"
+  echo "PMIxCliTmpDirBase=$SC/tmp-h$1" > "$c/mpi.conf"
+  nc_exec "$1" env SLURM_CONF="$c/slurm.conf" slurmd -D -N "h$1" -f "$c/slurm.conf" >"$SC/slurmd-h$1.out" 2>&1 &
 }
 
 # every process in host H's namespace (its slurmd and the job's ranks there): SIGKILL

@@ -10,7 +10,9 @@
 #     resumes from the newest committed checkpoint (step 12, or 8 when 12's background write had not
 #     committed when the rank stopped). Its
 #     final weights must equal, bitwise, those of the same training uninterrupted (suanli run -n 2).
-#  2. elastic: the same with --nodes 1-2 when no spare is left: the requeued job gets one node and resumes
+#  2. pmix: the same job written by `suanli submit --mpi pmix`: OpenMPI ranks started by srun --mpi=pmix
+#     (Slurm's PMIx plugin, no mpirun), the MPI transport between the hosts; bitwise as in 1.
+#  3. elastic: the same with --nodes 1-2 when no spare is left: the requeued job gets one node and resumes
 #     the DP=2 checkpoint with DP=1 (resharding). Oracle: the same checkpoint resumed with DP=1 without
 #     Slurm (suanli run -n 1), bitwise. (Against uninterrupted DP=2 it is not bitwise: DP=1 accumulates
 #     the two micro-batches' gradients where DP=2 all-reduces them; the script says which it saw.)
@@ -40,13 +42,15 @@ export SUANLI_COMM_ALGO=direct SUANLI_COMM_TIMEOUT=20
 # reference, without Slurm: uninterrupted DP=2
 timeout 120 "$cli" run -n 2 -- "$cli" "${targs[@]}" --save "$d/ref" > "$d/ref.log" 2>&1 || fail "reference run"
 
-# job NAME NODES IDLE: once IDLE nodes are idle, submit from $d/NAME (rank 1 stops after step 12 on the first attempt), wait for the
-# stop, kill every process on rank 1's host, wait for the job to finish; sets $jid and $victim
+# job NAME NODES IDLE [SUBMIT-FLAGS...]: once IDLE nodes are idle, submit from $d/NAME (rank 1 stops after
+# step 12 on the first attempt), wait for the stop, kill every process on rank 1's host, wait for the job
+# to finish; sets $jid and $victim
 job() {
   local name=$1 nodes=$2 idle=$3 out state nl
+  shift 3
   sc_wait_idle "$idle" || fail "$name: $idle nodes not idle"
   mkdir -p "$d/$name"; cd "$d/$name" || fail "cd"
-  "$cli" submit --nodes "$nodes" --ntasks-per-node 1 --time 10:00 --max-requeues 2 --script job.sbatch -- \
+  "$cli" submit --nodes "$nodes" --ntasks-per-node 1 --time 10:00 --max-requeues 2 --script job.sbatch "$@" -- \
     "$cli" "${targs[@]}" --save "$d/$name/out" --load "$d/$name/out" > /dev/null || fail "$name: suanli submit"
   jid=$(sc env SUANLI_FAULT_HANG_AT_STEP=12 SUANLI_FAULT_RANK=1 sbatch --parsable job.sbatch) || fail "$name: sbatch"
   out=$d/$name/suanli-$jid.out
@@ -75,6 +79,23 @@ cmp -s "$d/ref/model.safetensors" "$d/requeue/out/model.safetensors" ||
   fail "requeue: final weights differ from the uninterrupted run"
 grep -q "resum" "$d/requeue/suanli-$jid.out" || fail "requeue: the requeued run did not resume"
 echo "ok   requeue: host $victim killed at step 12, job requeued, resumed on 2 nodes ($(grep -o "resumed from .* at step [0-9]*" "$d/requeue/suanli-$jid.out" | sed "s/.* at //")); final weights bitwise equal to the uninterrupted run"
+
+# 2. pmix: the same under OpenMPI launched by Slurm's PMIx plugin (suanli submit --mpi pmix: srun --mpi=pmix,
+#    the MPI transport between the hosts, Note [MPI under srun]); the killed host of step 1 rejoins first
+#    (its slurmd restarted, ReturnToService=2), so a spare is free again
+sc_slurmd_start "${victim#h}"
+if sc srun --mpi=list 2>&1 | grep -q pmix; then
+  job pmix 2 3 --mpi pmix
+  grep -q "srun --kill-on-bad-exit=1 --mpi=pmix" "$d/pmix/job.sbatch" || fail "pmix: the script does not use srun --mpi=pmix"
+  grep -q "communication: 2 ranks, mpi transport" "$d/pmix/suanli-$jid.out" ||
+    fail "pmix: the ranks did not run over the MPI transport"
+  cmp -s "$d/ref/model.safetensors" "$d/pmix/out/model.safetensors" ||
+    fail "pmix: final weights differ from the uninterrupted run"
+  grep -q "resum" "$d/pmix/suanli-$jid.out" || fail "pmix: the requeued run did not resume"
+  echo "ok   pmix: OpenMPI ranks launched by srun --mpi=pmix on 2 hosts, MPI transport; host $victim killed at step 12, job requeued, resumed ($(grep -o "resumed from .* at step [0-9]*" "$d/pmix/suanli-$jid.out" | sed "s/.* at //")); final weights bitwise equal to the uninterrupted run"
+else
+  echo "skip pmix: this Slurm has no mpi/pmix plugin"
+fi
 
 job elastic 1-2 2
 grep -q "micro-batch 2 x accum 2 x dp 1" "$d/elastic/suanli-$jid.out" || fail "elastic: the requeued run was not DP=1"

@@ -181,6 +181,7 @@ static void test_submit(const char *d) {
     bad(NULL, "submit --nodes 1-x --ntasks-per-node 2 --time 1:00:00 -- suanli train", "--nodes");
     bad(NULL, "submit --nodes 2 --ntasks-per-node 2 --time 1:00:00 --max-requeues -1 -- suanli train",
         "--max-requeues");
+    bad(NULL, "submit --nodes 2 --ntasks-per-node 2 --time 1:00:00 --mpi openmpi -- suanli train", "--mpi");
     snprintf(cmd, sizeof cmd,
              "%s submit --script %s --nodes 1-4 --ntasks-per-node 2 --time 1:00:00 --max-requeues 5 "
              "-- suanli train",
@@ -193,8 +194,23 @@ static void test_submit(const char *d) {
                      !strstr(s, "#SBATCH --ntasks-per-node") &&
                      strstr(s, "srun --kill-on-bad-exit=1 --ntasks-per-node=2 suanli train") &&
                      strstr(s, "-lt 5 ]") && strstr(s, "SUANLI_RESTART_COUNT=${SLURM_RESTART_COUNT:-0}") &&
-                     strstr(s, "#SBATCH --open-mode=append"),
+                     strstr(s, "#SBATCH --open-mode=append") && !strstr(s, "--mpi=") &&
+                     !strstr(s, "SUANLI_COMM_TRANSPORT"),
                  "range script: %s", s);
+        free(s);
+    }
+    /* --mpi: srun starts the ranks through the PMI plugin, and they talk over MPI (the run itself:
+     * tests/fault/slurm_requeue.sh, phase pmix) */
+    snprintf(cmd, sizeof cmd,
+             "%s submit --script %s --nodes 2 --ntasks-per-node 1 --time 1:00:00 --mpi pmix -- suanli train",
+             tu_cli(), script);
+    rc = tu_run(cmd, out, sizeof out);
+    s = NULL;
+    TU_CHECK(rc == 0 && sl_file_read_all(script, &s, &n) == SL_OK, "--mpi script: %d %s", rc, out);
+    if (s) {
+        TU_CHECK(strstr(s, "srun --kill-on-bad-exit=1 --mpi=pmix suanli train") &&
+                     strstr(s, "export SUANLI_COMM_TRANSPORT=${SUANLI_COMM_TRANSPORT:-mpi}\n"),
+                 "--mpi script: %s", s);
         free(s);
     }
 }
