@@ -154,13 +154,46 @@ __attribute__((target("avx512f,avx512bf16"))) static double dpbf16_loop(int64_t 
 }
 #undef SL_DP
 
-double sl_bench_bf16_peak(int nthr) {
-    if (!sl_cpu_features_get()->avx512_bf16) return sl_bench_fma_peak(nthr); /* emulated: f32 FMAs */
-    return best_of_3(dpbf16_loop, 12.0 * 64.0, nthr);
+/* 4 independent tdpbf16ps chains on tiles loaded once (the AMX GEMM kernel's 2 x 2 block without its
+ * loads): 16 x 16 x 32 x 2 = 16384 FLOP each; iters / 16 iterations, so a call takes about as long as the
+ * vector loops */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} bench_tilecfg;
+__attribute__((target("amx-tile,amx-bf16"))) static double amx_loop(int64_t iters) {
+    static const bench_tilecfg cfg = {
+        .palette = 1, .colsb = {64, 64, 64, 64, 64, 64, 64, 64}, .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
+    uint16_t src[16 * 32] __attribute__((aligned(64)));
+    float out[16 * 16] __attribute__((aligned(64)));
+    for (int i = 0; i < 16 * 32; i++) src[i] = (uint16_t)(i % 3 ? 0x3c00 : 0xbc00); /* +-2^-7 */
+    _tile_loadconfig(&cfg);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_loadd(4, src, 64);
+    _tile_loadd(5, src, 64);
+    _tile_loadd(6, src, 64);
+    _tile_loadd(7, src, 64);
+    for (int64_t n = 0; n < iters / 16; n++) {
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, out, 64);
+    _tile_release();
+    return (double)out[0];
 }
 
-/* bf16 rows run at twice the fp32 peak with vdpbf16ps; the emulated path widens to fp32. */
-static double bf16_peak_factor(void) { return sl_cpu_features_get()->avx512_bf16 ? 2.0 : 1.0; }
+double sl_bench_bf16_peak(int nthr) {
+    const sl_cpu_features *f = sl_cpu_features_get();
+    if (f->amx_bf16) return best_of_3(amx_loop, 4.0 * 16384.0 / 16.0, nthr); /* the AMX kernel runs */
+    if (!f->avx512_bf16) return sl_bench_fma_peak(nthr);                     /* emulated: f32 FMAs */
+    return best_of_3(dpbf16_loop, 12.0 * 64.0, nthr);
+}
 
 /* 1-minute load average (-1 if unknown): how busy the shared machine was. */
 static double loadavg(void) {
@@ -403,7 +436,7 @@ static int bench_ops_device(const char *dev, gcase *cases, int nc, const float *
 }
 
 /* The GEMMs of GPT-2 124M's Linear layers (forward, dX, dW) at B*T = 256 (and 1024 unless quick), plus the
- * bf16 forward GEMMs at 1024; returns the count (<= 35). */
+ * bf16 GEMMs (forward, dX, dW) at 1024; returns the count (<= 45). */
 static int gpt2_cases(int quick, gcase *cases) {
     static const int64_t lin[5][2] = {{2304, 768}, {768, 768}, {3072, 768}, {768, 3072}, {50304, 768}};
     const int64_t bts[2] = {256, 1024};
@@ -418,7 +451,12 @@ static int gpt2_cases(int quick, gcase *cases) {
         }
     }
     if (!quick)
-        for (int l = 0; l < 5; l++) cases[nc++] = (gcase){"fwd", "NT", 0, 1, 1, 1024, lin[l][0], lin[l][1]};
+        for (int l = 0; l < 5; l++) {
+            int64_t out = lin[l][0], in = lin[l][1];
+            cases[nc++] = (gcase){"fwd", "NT", 0, 1, 1, 1024, out, in};
+            cases[nc++] = (gcase){"dX", "NN", 0, 0, 1, 1024, in, out};
+            cases[nc++] = (gcase){"dW", "TN", 1, 0, 1, out, in, 1024};
+        }
     return nc;
 }
 
@@ -459,8 +497,12 @@ int sl_bench_ops(int argc, char **argv) {
     int thr_list[2] = {1, maxthr}, nthr_list = maxthr > 1 ? 2 : 1;
     /* The peak is measured before and after the GEMMs and the larger kept: on a shared machine either
      * measurement alone may land in a busy moment. */
-    double peak[2] = {0, 0};
-    for (int t = 0; !on_device && t < nthr_list; t++) peak[t] = sl_bench_fma_peak(thr_list[t]);
+    double peak[2] = {0, 0}, peak_bf16[2] = {0, 0}; /* bf16 rows: the peak of the kernel that runs them */
+    int any_bf16 = !quick;
+    for (int t = 0; !on_device && t < nthr_list; t++) {
+        peak[t] = sl_bench_fma_peak(thr_list[t]);
+        if (any_bf16) peak_bf16[t] = sl_bench_bf16_peak(thr_list[t]);
+    }
     double load0 = loadavg();
 
     gcase cases[64];
@@ -494,8 +536,8 @@ int sl_bench_ops(int argc, char **argv) {
 
     const char *coretype = getenv("OPENBLAS_CORETYPE");
     if (!json) {
-        printf("suanli bench ops: gemm kernel %s, cpu isa %s, reps %d (median), GFLOP/s\n",
-               sl_gemm_kernel_name(), sl_cpu_isa_name(), reps);
+        printf("suanli bench ops: gemm kernel %s (bf16: %s), cpu isa %s, reps %d (median), GFLOP/s\n",
+               sl_gemm_kernel_name(), sl_gemm_bf16_kernel_name(), sl_cpu_isa_name(), reps);
         printf("anchors: openblas %s (core %s, OPENBLAS_CORETYPE=%s), onednn %s\n",
                anc.ob_sgemm ? "yes" : "n/a", anc.ob_core ? anc.ob_core : "-", coretype ? coretype : "unset",
                anc.dn_sgemm ? "yes" : "n/a");
@@ -503,6 +545,9 @@ int sl_bench_ops(int argc, char **argv) {
             printf("fp32 FMA peak, %d thread(s): %.1f GFLOP/s (measured again at the end; %%peak uses the "
                    "larger)\n",
                    thr_list[t], peak[t]);
+        for (int t = 0; any_bf16 && t < nthr_list; t++)
+            printf("bf16 peak (%s), %d thread(s): %.1f GFLOP/s\n", sl_gemm_bf16_kernel_name(), thr_list[t],
+                   peak_bf16[t]);
         printf("load average at start: %.2f\n", load0);
         printf("%-4s %-5s %-5s %6s %6s %6s %3s %8s %6s %8s %8s %7s %7s\n", "dt", "pass", "trans", "M", "N",
                "K", "thr", "suanli", "%peak", "openblas", "onednn", "vs_ob", "vs_dnnl");
@@ -529,7 +574,7 @@ int sl_bench_ops(int argc, char **argv) {
             brow *row = &rows[nrows++];
             row->c = *c;
             row->threads = thr_list[t];
-            row->peak = peak[t] * (c->bf16 ? bf16_peak_factor() : 1.0);
+            row->peak = c->bf16 ? peak_bf16[t] : peak[t];
             for (int lib = 0; lib < LIB_COUNT; lib++)
                 row->gflops[lib] = ok[lib] ? flop / median(dt[lib], reps) * 1e-9 : -1.0;
             if (!json) {
@@ -558,10 +603,12 @@ int sl_bench_ops(int argc, char **argv) {
     for (int t = 0; t < nthr_list; t++) {
         double p2 = sl_bench_fma_peak(thr_list[t]);
         if (p2 > peak[t]) peak[t] = p2;
+        p2 = any_bf16 ? sl_bench_bf16_peak(thr_list[t]) : 0.0;
+        if (p2 > peak_bf16[t]) peak_bf16[t] = p2;
     }
     for (int i = 0; i < nrows; i++) {
         int t = rows[i].threads == thr_list[0] ? 0 : 1;
-        rows[i].peak = peak[t] * (rows[i].c.bf16 ? bf16_peak_factor() : 1.0);
+        rows[i].peak = rows[i].c.bf16 ? peak_bf16[t] : peak[t];
     }
     if (!json) {
         for (int t = 0; t < nthr_list; t++)
@@ -580,12 +627,14 @@ int sl_bench_ops(int argc, char **argv) {
     }
     if (json) {
         printf("{\"bench\":\"ops\",\"device\":\"cpu\",\"load_avg_start\":%.2f,\"load_avg_end\":%.2f,"
-               "\"kernel\":\"%s\",\"isa\":"
+               "\"kernel\":\"%s\",\"kernel_bf16\":\"%s\",\"isa\":"
                "\"%s\",\"reps\":%d,\"openblas_coretype\":\"%s\","
                "\"openblas_core\":\"%s\",\"peak_gflops\":{",
-               load0, load1, sl_gemm_kernel_name(), sl_cpu_isa_name(), reps, coretype ? coretype : "",
-               anc.ob_core ? anc.ob_core : "");
+               load0, load1, sl_gemm_kernel_name(), sl_gemm_bf16_kernel_name(), sl_cpu_isa_name(), reps,
+               coretype ? coretype : "", anc.ob_core ? anc.ob_core : "");
         for (int t = 0; t < nthr_list; t++) printf("%s\"%d\":%.2f", t ? "," : "", thr_list[t], peak[t]);
+        printf("},\"peak_bf16_gflops\":{");
+        for (int t = 0; t < nthr_list; t++) printf("%s\"%d\":%.2f", t ? "," : "", thr_list[t], peak_bf16[t]);
         printf("},\"rows\":[");
         for (int i = 0; i < nrows; i++) {
             const brow *r = &rows[i];

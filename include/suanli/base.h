@@ -80,9 +80,11 @@ void sl_log(sl_log_level lvl, const char *fmt, ...) __attribute__((format(printf
 #define SL_LOGI(...) sl_log(SL_LOG_INFO, __VA_ARGS__)
 #define SL_LOGD(...) sl_log(SL_LOG_DEBUG, __VA_ARGS__)
 
-/* ---- CPU features (CPUID), overridable with SUANLI_ISA=scalar|avx2|avx512 ---- */
+/* ---- CPU features (CPUID), overridable with SUANLI_ISA=scalar|avx2|avx512|amx (each narrows what CPUID
+ * found: avx512 leaves AMX out; amx or unset keeps everything) ---- */
 typedef struct sl_cpu_features {
     int avx2, fma, avx512f, avx512bw, avx512vl, avx512_bf16, avx512_vnni, f16c;
+    int amx_bf16; /* AMX-TILE + AMX-BF16, enabled by the OS, and this process allowed to use them */
 } sl_cpu_features;
 const sl_cpu_features *sl_cpu_features_get(void); /* detected & cached; respects SUANLI_ISA */
 const char *sl_cpu_isa_name(void);                /* "avx512", "avx2" or "scalar" */

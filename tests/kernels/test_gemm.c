@@ -181,8 +181,11 @@ static void test_batched(void) {
 }
 
 static void test_bf16(void) {
-    const shape bs[] = {{1, 1, 1}, {17, 63, 65}, {65, 17, 3}, {63, 255, 255}, {100, 97, 1000}, {8, 48, 769}};
-    for (int si = 0; si < 6; si++) {
+    /* the last two: full 32 x 32 AMX tiles (C stored from the tiles directly at alpha 1, beta 0) and K past
+     * the AMX kernel's K block of 1024 (later blocks accumulate onto C in the tiles) */
+    const shape bs[] = {{1, 1, 1},       {17, 63, 65}, {65, 17, 3},    {63, 255, 255},
+                        {100, 97, 1000}, {8, 48, 769}, {64, 96, 2100}, {96, 64, 1100}};
+    for (int si = 0; si < 8; si++) {
         for (int t = 0; t < 4; t++) {
             int tA = t >> 1, tB = t & 1;
             int64_t M = bs[si].M, N = bs[si].N, K = bs[si].K;
@@ -236,6 +239,21 @@ static void test_determinism(void) {
             TU_CHECK(!memcmp(C1, C3, (size_t)(M * N) * sizeof(float)),
                      "1 vs 2 threads differ %lld %lld %lld t=%d", (long long)M, (long long)N, (long long)K,
                      t);
+            /* the bf16 kernel (AMX tiles, vdpbf16ps or widened) likewise */
+            uint16_t *Ah = (uint16_t *)malloc((size_t)(M * K) * 2),
+                     *Bh = (uint16_t *)malloc((size_t)(K * N) * 2);
+            if (!Ah || !Bh) abort();
+            for (int64_t i = 0; i < M * K; i++) Ah[i] = sl_f32_to_bf16(A[i]);
+            for (int64_t i = 0; i < K * N; i++) Bh[i] = sl_f32_to_bf16(B[i]);
+            sl_threads_set(2);
+            sl_gemm_bf16(tA, tB, M, N, K, 1.0f, Ah, lda, Bh, ldb, 0.0f, C1, N);
+            sl_threads_set(1);
+            sl_gemm_bf16(tA, tB, M, N, K, 1.0f, Ah, lda, Bh, ldb, 0.0f, C3, N);
+            sl_threads_set(saved);
+            TU_CHECK(!memcmp(C1, C3, (size_t)(M * N) * sizeof(float)),
+                     "bf16: 1 vs 2 threads differ %lld %lld %lld t=%d", (long long)M, (long long)N,
+                     (long long)K, t);
+            free(Ah), free(Bh);
             free(A), free(B), free(C1), free(C2), free(C3);
         }
     }
@@ -243,8 +261,12 @@ static void test_determinism(void) {
 
 int main(void) {
     const char *isa = getenv("SUANLI_ISA");
-    printf("gemm kernel: %s (SUANLI_ISA=%s, cpu isa %s)\n", sl_gemm_kernel_name(), isa ? isa : "unset",
-           sl_cpu_isa_name());
+    printf("gemm kernel: %s, bf16 %s (SUANLI_ISA=%s, cpu isa %s)\n", sl_gemm_kernel_name(),
+           sl_gemm_bf16_kernel_name(), isa ? isa : "unset", sl_cpu_isa_name());
+    if (isa && !strcmp(isa, "avx512"))
+        TU_CHECK(strcmp(sl_gemm_bf16_kernel_name(), "amx") != 0, "SUANLI_ISA=avx512 must leave AMX out");
+    if (sl_cpu_features_get()->amx_bf16)
+        TU_CHECK(!strcmp(sl_gemm_bf16_kernel_name(), "amx"), "AMX found, not used");
     TU_CHECK(!strcmp(sl_gemm_kernel_name(), sl_cpu_isa_name()), "kernel %s vs isa %s", sl_gemm_kernel_name(),
              sl_cpu_isa_name());
     test_sgemm_all();

@@ -263,6 +263,7 @@ static void gemm_thread(const gemm_plan *p, int tid) {
     }
     if (m1 <= m0 || n1 <= n0) return;
     const int64_t mc = m1 - m0 <= imax64(im->mc, im->mc_max) ? m1 - m0 : im->mc;
+    if (im->thread_begin) im->thread_begin();
     for (int64_t ic = m0; ic < m1; ic += mc) {
         int64_t mcur = imin64(mc, m1 - ic);
         for (int64_t k0 = 0; k0 < g->K; k0 += im->kc) {
@@ -271,6 +272,7 @@ static void gemm_thread(const gemm_plan *p, int tid) {
             block_times_b(p, apack, ic, mcur, k0, kc, n0, n1, bpack);
         }
     }
+    if (im->thread_end) im->thread_end();
 }
 
 /* Load balance of splitting `panels` micro-panels over nthr threads (1 = perfect). */
@@ -369,7 +371,9 @@ static const gemm_dispatch *dispatch_get(void) {
         gemm_dispatch t = {&impl_scalar_f32, &impl_scalar_bf16, &sl_gemv_scalar, "scalar"};
         if (f->avx512f && f->avx512bw && f->avx512vl && f->avx2 && f->fma) {
             t.f32 = &sl_gemm_impl_avx512_f32;
-            t.bf16 = f->avx512_bf16 ? &sl_gemm_impl_avx512_bf16 : &sl_gemm_impl_avx512_bf16emu;
+            t.bf16 = f->amx_bf16      ? &sl_gemm_impl_amx_bf16
+                     : f->avx512_bf16 ? &sl_gemm_impl_avx512_bf16
+                                      : &sl_gemm_impl_avx512_bf16emu;
             t.gemv = f->avx512_bf16 ? &sl_gemv_avx512_bf16 : &sl_gemv_avx512;
             t.name = "avx512";
         } else if (f->avx2 && f->fma) {
@@ -385,6 +389,12 @@ static const gemm_dispatch *dispatch_get(void) {
 }
 
 const char *sl_gemm_kernel_name(void) { return dispatch_get()->name; }
+const char *sl_gemm_bf16_kernel_name(void) {
+    const sl_gemm_impl *im = dispatch_get()->bf16;
+    return im == &sl_gemm_impl_amx_bf16      ? "amx"
+           : im == &sl_gemm_impl_avx512_bf16 ? "avx512_bf16"
+                                             : im->name; /* fp32 kernels on widened bf16 */
+}
 
 static int threads_for_call(void) {
 #ifdef _OPENMP

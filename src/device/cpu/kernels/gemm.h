@@ -35,8 +35,8 @@ void sl_sgemm_ref(int transA, int transB, int64_t M, int64_t N, int64_t K, float
 void sl_sgemm_batched(int transA, int transB, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
                       const float *A, int64_t lda, int64_t strideA, const float *B, int64_t ldb,
                       int64_t strideB, float beta, float *C, int64_t ldc, int64_t strideC);
-/* bf16 inputs (uint16_t storage, RNE-rounded bf16), fp32 accumulate and fp32 output C. Uses vdpbf16ps
- * (AVX512_BF16) when present, an exact emulated path otherwise. */
+/* bf16 inputs (uint16_t storage, RNE-rounded bf16), fp32 accumulate and fp32 output C. Uses AMX tiles
+ * (AMX-BF16) when present and permitted, else vdpbf16ps (AVX512_BF16), else an exact emulated path. */
 void sl_gemm_bf16(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *A,
                   int64_t lda, const uint16_t *B, int64_t ldb, float beta, float *C, int64_t ldc);
 /* bf16 inputs with a bias (see sl_sgemm_bias). */
@@ -44,6 +44,9 @@ void sl_gemm_bf16_bias(int transA, int transB, int64_t M, int64_t N, int64_t K, 
                        const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, const float *bias,
                        float *C, int64_t ldc);
 const char *sl_gemm_kernel_name(void); /* which variant runs: "avx512", "avx2", "scalar" */
+/* which variant runs the bf16 entry points: "amx" (tiles), "avx512_bf16" (vdpbf16ps), or the fp32 kernel's
+ * name (inputs widened to fp32 when packed) */
+const char *sl_gemm_bf16_kernel_name(void);
 
 #ifdef __cplusplus
 }

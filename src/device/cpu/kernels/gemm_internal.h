@@ -64,6 +64,10 @@ typedef struct sl_gemm_impl {
     sl_gemm_pack_a_fn pack_a;
     sl_gemm_pack_b_fn pack_b;
     sl_gemm_kernel_fn kernel;
+    /* NULL, or run on each thread before its first kernel call and after its last one in a GEMM call
+     * (the AMX tile configuration, Note [AMX GEMM] in gemm_amx.c) */
+    void (*thread_begin)(void);
+    void (*thread_end)(void);
 } sl_gemm_impl;
 
 /* Run the blocked GEMM with `nthr` threads (1: on the calling thread, no OpenMP region). */
@@ -83,6 +87,7 @@ void sl_gemm_pack_b_bf16_f32(const sl_gemm_args *g, int64_t j0, int64_t nj, int6
 extern const sl_gemm_impl sl_gemm_impl_avx512_f32;
 extern const sl_gemm_impl sl_gemm_impl_avx512_bf16emu; /* bf16 widened to fp32 by packing, fp32 kernel */
 extern const sl_gemm_impl sl_gemm_impl_avx512_bf16;    /* vdpbf16ps */
+extern const sl_gemm_impl sl_gemm_impl_amx_bf16;       /* AMX tiles (tdpbf16ps) */
 extern const sl_gemm_impl sl_gemm_impl_avx2_f32;
 extern const sl_gemm_impl sl_gemm_impl_avx2_bf16emu;
 

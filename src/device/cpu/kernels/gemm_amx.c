@@ -1,0 +1,251 @@
+/* gemm_amx.c — the AMX-BF16 micro-kernel and its packers for the blocked GEMM (Note [GEMM structure],
+ * gemm_internal.h; Note [AMX GEMM] below). Compiled with target attributes; only called when
+ * sl_cpu_features_get() reports amx_bf16 (CPUID, XCR0 and the process's permission: Note [AMX permission]
+ * in src/base/cpu.c). tests/kernels/test_gemm_amx_emu.c includes this file with SL_GEMM_AMX_EMULATED to run
+ * the packers and the kernel's tile program on CPUs without AMX. */
+#include <string.h>
+
+#include "device/cpu/kernels/gemm_internal.h"
+#include "suanli/base.h"
+
+#ifdef SL_GEMM_AMX_EMULATED
+/* the includer defines the intrinsics (SIMDe for AVX-512, C for the tiles) */
+#define SL_TARGET_AMX
+#else
+#include <immintrin.h>
+#define SL_TARGET_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
+#endif
+
+/* Note [AMX GEMM]
+ * An AMX tile register holds up to 16 rows of 64 bytes; tdpbf16ps C, A, B adds to the 16 x 16 fp32 tile C
+ * the product of A (16 rows x 32 bf16: row i, k ascending) and B (16 rows of 16 bf16 pairs: row p, column j
+ * holds B(2p, j), B(2p+1, j)), summing each element's 32 products in k order. The kernel keeps a 32 x 32
+ * block of C in four tiles (0-3), and per step of 32 k loads two A tiles (4, 5: rows 0-15, 16-31) and two B
+ * tiles (6, 7: columns 0-15, 16-31), so 4 KiB of loads feed 4 tile products (16 cycles each on Sapphire
+ * Rapids, against about 8 per tile load from L1).
+ * Packed layouts (kgran 32, esz 2), one 2 KiB block per step of 32 k, k past kc zero:
+ *   A: [i 0..31][k 0..31], so each A tile is 1 KiB contiguous (stride 64 bytes);
+ *   B: [half 0..1][p 0..15][j 0..15][t 0..1] = B(32s + 2p + t, 16 half + j): each B tile 1 KiB contiguous.
+ * The transposed layouts go through a 16 x 16 transpose of 32-bit words in registers: a bf16 pair is one
+ * 32-bit word, so B^T (N x K, pairs along rows) transposes straight into the pair layout, and A^T (K x M)
+ * first interleaves two k rows into pairs, then transposes those into rows of i.
+ * C: a full 32 x 32 tile with alpha 1 and beta 0 or 1 is loaded into (beta 1) and stored from the tiles
+ * directly, so the sum runs C + products in k order; an edge tile, or another alpha or beta, goes through a
+ * buffer: alpha * sum + beta * C, as in the other kernels. Each element of C always lands in the same kind
+ * of tile (the driver's partitions start at multiples of 32), so results do not depend on the thread count.
+ * The tile configuration is loaded once per thread and GEMM call (thread_begin) and released after it
+ * (thread_end): a library that shares our threads (oneDNN, under the same OpenMP runtime) loads its own. */
+enum { AMR = 32, ANR = 32, AKS = 32 };
+
+typedef struct amx_tilecfg {
+    uint8_t palette, start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_tilecfg;
+
+SL_TARGET_AMX static void amx_begin(void) {
+    static const amx_tilecfg cfg = {
+        .palette = 1, .colsb = {64, 64, 64, 64, 64, 64, 64, 64}, .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
+    _tile_loadconfig(&cfg);
+}
+
+SL_TARGET_AMX static void amx_end(void) { _tile_release(); }
+
+static inline __mmask32 mask32(int64_t n) {
+    return n >= 32 ? (__mmask32)0xffffffffu : n <= 0 ? (__mmask32)0 : (__mmask32)((1u << n) - 1u);
+}
+
+SL_TARGET_AMX static void kernel_amx_32x32(int64_t ksteps, const void *a_, const void *b_, float *c,
+                                           int64_t ldc, float alpha, float beta, int mr, int nr) {
+    const char *a = (const char *)a_, *b = (const char *)b_;
+    const int direct = mr == AMR && nr == ANR && alpha == 1.0f && (beta == 0.0f || beta == 1.0f);
+    const size_t ldcb = (size_t)ldc * sizeof(float);
+    if (direct && beta == 1.0f) {
+        _tile_loadd(0, c, ldcb);
+        _tile_loadd(1, c + 16, ldcb);
+        _tile_loadd(2, c + 16 * ldc, ldcb);
+        _tile_loadd(3, c + 16 * ldc + 16, ldcb);
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+    for (int64_t s = 0; s < ksteps; s++) {
+        _tile_loadd(4, a, 64);
+        _tile_loadd(6, b, 64);
+        _tile_loadd(5, a + 1024, 64);
+        _tile_loadd(7, b + 1024, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+        a += 2048;
+        b += 2048;
+    }
+    if (direct) {
+        _tile_stored(0, c, ldcb);
+        _tile_stored(1, c + 16, ldcb);
+        _tile_stored(2, c + 16 * ldc, ldcb);
+        _tile_stored(3, c + 16 * ldc + 16, ldcb);
+        return;
+    }
+    float buf[AMR * ANR] __attribute__((aligned(64)));
+    _tile_stored(0, buf, ANR * sizeof(float));
+    _tile_stored(1, buf + 16, ANR * sizeof(float));
+    _tile_stored(2, buf + 16 * ANR, ANR * sizeof(float));
+    _tile_stored(3, buf + 16 * ANR + 16, ANR * sizeof(float));
+    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    const __mmask16 m0 = (__mmask16)(mask32(nr) & 0xffff), m1 = (__mmask16)(mask32(nr - 16) & 0xffff);
+    for (int i = 0; i < mr; i++) {
+        float *cr = c + i * ldc;
+        __m512 t0 = _mm512_load_ps(buf + i * ANR), t1 = _mm512_load_ps(buf + i * ANR + 16);
+        if (alpha != 1.0f) {
+            t0 = _mm512_mul_ps(va, t0);
+            t1 = _mm512_mul_ps(va, t1);
+        }
+        if (beta == 1.0f) {
+            t0 = _mm512_add_ps(t0, _mm512_maskz_loadu_ps(m0, cr));
+            t1 = _mm512_add_ps(t1, _mm512_maskz_loadu_ps(m1, cr + 16));
+        } else if (beta != 0.0f) {
+            t0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, cr), t0);
+            t1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, cr + 16), t1);
+        }
+        _mm512_mask_storeu_ps(cr, m0, t0);
+        _mm512_mask_storeu_ps(cr + 16, m1, t1);
+    }
+}
+
+/* r[c] = column c of the 16 x 16 matrix of 32-bit words whose rows are r[0..15] */
+SL_TARGET_AMX static void transpose16x16_u32(__m512i r[16]) {
+    __m512i t[16];
+    for (int k = 0; k < 8; k++) {
+        t[2 * k] = _mm512_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm512_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
+    }
+    /* u[4k + c], 128-bit lane L: column 4L + c, rows 4k .. 4k+3 */
+    for (int k = 0; k < 4; k++) {
+        r[4 * k] = _mm512_unpacklo_epi64(t[4 * k], t[4 * k + 2]);
+        r[4 * k + 1] = _mm512_unpackhi_epi64(t[4 * k], t[4 * k + 2]);
+        r[4 * k + 2] = _mm512_unpacklo_epi64(t[4 * k + 1], t[4 * k + 3]);
+        r[4 * k + 3] = _mm512_unpackhi_epi64(t[4 * k + 1], t[4 * k + 3]);
+    }
+    for (int c = 0; c < 4; c++) {
+        __m512i v = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x88),
+                w = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xdd);
+        __m512i v2 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x88),
+                w2 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xdd);
+        t[c] = _mm512_shuffle_i32x4(v, v2, 0x88);
+        t[8 + c] = _mm512_shuffle_i32x4(v, v2, 0xdd);
+        t[4 + c] = _mm512_shuffle_i32x4(w, w2, 0x88);
+        t[12 + c] = _mm512_shuffle_i32x4(w, w2, 0xdd);
+    }
+    for (int c = 0; c < 16; c++) r[c] = t[c];
+}
+
+/* One A panel: rows [i0, i0+ni) (ni <= 32) of op(A), k in [k0, k0+kc) */
+SL_TARGET_AMX static void pack_a_amx_panel(const sl_gemm_args *g, int64_t i0, int ni, int64_t k0, int64_t kc,
+                                           uint16_t *dst) {
+    const uint16_t *A = (const uint16_t *)g->A;
+    const int64_t lda = g->lda, steps = (kc + AKS - 1) / AKS;
+    for (int64_t s = 0; s < steps; s++, dst += AMR * AKS) {
+        const int64_t kb = k0 + s * AKS, kv = kc - s * AKS;
+        if (!g->transA) { /* rows of A are rows of the panel */
+            const __mmask32 km = mask32(kv);
+            for (int i = 0; i < AMR; i++)
+                _mm512_storeu_si512((void *)(dst + i * AKS),
+                                    i < ni ? _mm512_maskz_loadu_epi16(km, A + (i0 + i) * lda + kb)
+                                           : _mm512_setzero_si512());
+            continue;
+        }
+        /* A is K x M: two k rows interleaved give a row of pairs per i, 16 x 16 transposes give rows of i */
+        const __mmask32 im = mask32(ni);
+        __m512i lo[16], hi[16];
+        for (int p = 0; p < 16; p++) {
+            __m512i r0 = 2 * p < kv ? _mm512_maskz_loadu_epi16(im, A + (kb + 2 * p) * lda + i0)
+                                    : _mm512_setzero_si512(),
+                    r1 = 2 * p + 1 < kv ? _mm512_maskz_loadu_epi16(im, A + (kb + 2 * p + 1) * lda + i0)
+                                        : _mm512_setzero_si512();
+            /* 128-bit lane L: lo holds the pairs of i = 8L .. 8L+3, hi those of 8L+4 .. 8L+7 */
+            lo[p] = _mm512_unpacklo_epi16(r0, r1);
+            hi[p] = _mm512_unpackhi_epi16(r0, r1);
+        }
+        transpose16x16_u32(lo);
+        transpose16x16_u32(hi);
+        for (int c = 0; c < 16; c++) {
+            int i = 8 * (c / 4) + c % 4;
+            _mm512_storeu_si512((void *)(dst + i * AKS), lo[c]);
+            _mm512_storeu_si512((void *)(dst + (i + 4) * AKS), hi[c]);
+        }
+    }
+}
+
+/* One B panel: columns [j0, j0+nj) (nj <= 32) of op(B), k in [k0, k0+kc) */
+SL_TARGET_AMX static void pack_b_amx_panel(const sl_gemm_args *g, int64_t j0, int nj, int64_t k0, int64_t kc,
+                                           uint16_t *dst) {
+    const uint16_t *B = (const uint16_t *)g->B;
+    const int64_t ldb = g->ldb, steps = (kc + AKS - 1) / AKS;
+    /* interleave two k rows' columns 16h .. 16h+15: word j = B(k, 16h+j) | B(k+1, 16h+j) << 16 */
+    const __m512i ix0 = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7,
+                                         38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0),
+                  ix1 = _mm512_add_epi16(ix0, _mm512_set1_epi16(16));
+    for (int64_t s = 0; s < steps; s++, dst += ANR * AKS) {
+        const int64_t kb = k0 + s * AKS, kv = kc - s * AKS;
+        if (g->transB) { /* B is N x K: a row of B is a row of pairs; transpose 16 rows at a time */
+            const __mmask32 km = mask32(kv);
+            for (int h = 0; h < 2; h++) {
+                __m512i r[16];
+                for (int j = 0; j < 16; j++)
+                    r[j] = 16 * h + j < nj ? _mm512_maskz_loadu_epi16(km, B + (j0 + 16 * h + j) * ldb + kb)
+                                           : _mm512_setzero_si512();
+                transpose16x16_u32(r);
+                for (int p = 0; p < 16; p++) _mm512_storeu_si512((void *)(dst + (h * 16 + p) * 32), r[p]);
+            }
+            continue;
+        }
+        const __mmask32 jm = mask32(nj);
+        for (int p = 0; p < 16; p++) {
+            __m512i r0 = 2 * p < kv ? _mm512_maskz_loadu_epi16(jm, B + (kb + 2 * p) * ldb + j0)
+                                    : _mm512_setzero_si512(),
+                    r1 = 2 * p + 1 < kv ? _mm512_maskz_loadu_epi16(jm, B + (kb + 2 * p + 1) * ldb + j0)
+                                        : _mm512_setzero_si512();
+            _mm512_storeu_si512((void *)(dst + p * 32), _mm512_permutex2var_epi16(r0, ix0, r1));
+            _mm512_storeu_si512((void *)(dst + (16 + p) * 32), _mm512_permutex2var_epi16(r0, ix1, r1));
+        }
+    }
+}
+
+SL_TARGET_AMX static void pack_a_amx(const sl_gemm_args *g, int64_t i0, int64_t ni, int64_t k0, int64_t kc,
+                                     int mr, void *dst) {
+    (void)mr;
+    const int64_t panel = (kc + AKS - 1) / AKS * AKS * AMR;
+    for (int64_t p = 0; p * AMR < ni; p++)
+        pack_a_amx_panel(g, i0 + p * AMR, ni - p * AMR < AMR ? (int)(ni - p * AMR) : AMR, k0, kc,
+                         (uint16_t *)dst + p * panel);
+}
+
+SL_TARGET_AMX static void pack_b_amx(const sl_gemm_args *g, int64_t j0, int64_t nj, int64_t k0, int64_t kc,
+                                     int nr, void *dst) {
+    (void)nr;
+    const int64_t panel = (kc + AKS - 1) / AKS * AKS * ANR;
+    for (int64_t p = 0; p * ANR < nj; p++)
+        pack_b_amx_panel(g, j0 + p * ANR, nj - p * ANR < ANR ? (int)(nj - p * ANR) : ANR, k0, kc,
+                         (uint16_t *)dst + p * panel);
+}
+
+const sl_gemm_impl sl_gemm_impl_amx_bf16 = {.name = "amx",
+                                            .mr = AMR,
+                                            .nr = ANR,
+                                            .kgran = AKS,
+                                            .esz = 2,
+                                            .in_bf16 = 1,
+                                            .kc = 1024,
+                                            .mc = 4096,
+                                            .mc_max = 4096,
+                                            .nc = 512,
+                                            .pack_a = pack_a_amx,
+                                            .pack_b = pack_b_amx,
+                                            .kernel = kernel_amx_32x32,
+                                            .thread_begin = amx_begin,
+                                            .thread_end = amx_end};
