@@ -3,10 +3,13 @@
  * --expert-model-parallel-size ranks. Reports tokens/s (median step), the fraction of the step inside the
  * expert all-to-alls (dispatch, combine and the count exchanges, forward and backward) and inside the
  * gradient reduction waits, the bytes each rank sent through the all-to-alls per step, the step graph's
- * planned activation arena and the peak RSS (SUANLI_MOE_PACKED=0: the per-expert buffers instead of the
- * packed experts of Note [Packed experts], for an A/B). */
+ * planned activations (the arena and the received rows' reserved region, with how much of that region is
+ * resident: Note [Reserved rows]), the peak RSS and the RSS after the steps (SUANLI_MOE_PACKED=0: the
+ * per-expert buffers instead of the packed experts of Note [Packed experts], for an A/B;
+ * SUANLI_PLAN_RESERVE=0: everything in one arena). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/resource.h>
 
 #include "cli/flags.h"
@@ -31,6 +34,17 @@ static sl_status synth_batch(void *u, int64_t step, int micro, int32_t *ids, int
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
+}
+
+/* resident memory now (VmRSS, MiB; -1 where /proc is not there): after the timed steps, beside the peak */
+static double rss_now_mib(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    double kib = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmRSS:", 6)) kib = atof(line + 6);
+    if (f) fclose(f);
+    return kib < 0 ? -1 : kib / 1024.0;
 }
 
 static int fail(const char *what) {
@@ -149,8 +163,12 @@ int sl_bench_moe(int argc, char **argv) {
     getrusage(RUSAGE_SELF, &ru);
     const char *pk = getenv("SUANLI_MOE_PACKED");
     int packed = !(pk && pk[0] == '0' && !pk[1]);
-    double act_mib = (double)sl_graph_arena_bytes(tr.graph) / 1048576.0,
-           rss_mib = (double)ru.ru_maxrss / 1024.0;
+    /* planned activations: the arena plus the reserved rows' region (Note [Reserved rows]), of which
+     * only the pages the received rows touched are resident */
+    double act_mib = (double)(sl_graph_arena_bytes(tr.graph) + sl_graph_cap_bytes(tr.graph)) / 1048576.0,
+           rsv_mib = (double)sl_graph_cap_bytes(tr.graph) / 1048576.0,
+           rsv_res_mib = (double)sl_graph_cap_resident(tr.graph) / 1048576.0,
+           rss_mib = (double)ru.ru_maxrss / 1024.0, rss_end_mib = rss_now_mib();
     double med = ts[steps / 2], tps = (double)(B * T) * mesh.dp / med;
     double a2a_frac = step_tot > 0 ? a2a_tot / step_tot : 0,
            wait_frac = step_tot > 0 ? wait_tot / step_tot : 0;
@@ -160,22 +178,23 @@ int sl_bench_moe(int argc, char **argv) {
                "\"threads\": %lld, \"world\": %d, \"dp\": %d, \"ep\": %lld, \"zero_stage\": %lld, "
                "\"capacity_factor\": %g, \"params_per_rank\": %lld, \"ms_per_step\": %.2f, \"tokens_per_s\": "
                "%.1f, \"a2a_fraction\": %.4f, \"a2a_mib_per_step\": %.3f, \"comm_wait_fraction\": %.4f, "
-               "\"packed_experts\": %d, \"bf16\": %d, \"activation_mib\": %.1f, \"peak_rss_mib\": %.1f}\n",
+               "\"packed_experts\": %d, \"bf16\": %d, \"activation_mib\": %.1f, \"reserved_rows_mib\": %.2f, "
+               "\"reserved_resident_mib\": %.2f, \"peak_rss_mib\": %.1f, \"rss_mib\": %.1f}\n",
                (long long)L, (long long)C, (long long)E, (long long)K, (long long)I, (long long)S,
                (long long)V, (long long)B, (long long)T, (long long)threads, mesh.world, mesh.dp,
                (long long)ep, (long long)zero, cf, (long long)m->numel, med * 1e3, tps, a2a_frac,
-               a2a_bytes / steps / 1048576.0, wait_frac, packed, bf16, act_mib, rss_mib);
+               a2a_bytes / steps / 1048576.0, wait_frac, packed, bf16, act_mib, rsv_mib, rsv_res_mib, rss_mib,
+               rss_end_mib);
     else
         printf(
             "Qwen2-MoE L%lld C%lld, %lld experts top-%lld, B%lld T%lld, %lld threads x %d ranks (dp %d, ep "
             "%lld): %.1f ms/step, %.1f tokens/s; all-to-all %.1f%% of the step (%.2f MiB sent per rank), "
-            "gradient waits %.1f%%; %lld parameters per rank; activations %.1f MiB (%s experts), peak RSS "
-            "%.1f "
-            "MiB\n",
+            "gradient waits %.1f%%; %lld parameters per rank; activations %.1f MiB (%s experts; received "
+            "rows: %.2f MiB reserved, %.2f resident), peak RSS %.1f MiB (%.1f MiB after the steps)\n",
             (long long)L, (long long)C, (long long)E, (long long)K, (long long)B, (long long)T,
             (long long)threads, mesh.world, mesh.dp, (long long)ep, med * 1e3, tps, 100 * a2a_frac,
             a2a_bytes / steps / 1048576.0, 100 * wait_frac, (long long)m->numel, act_mib,
-            packed ? "packed" : "per-expert", rss_mib);
+            packed ? "packed" : "per-expert", rsv_mib, rsv_res_mib, rss_mib, rss_end_mib);
     free(ts);
     sl_dp_free(dp);
     sl_tp_free(tp);

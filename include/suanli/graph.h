@@ -70,7 +70,8 @@ void sl_graph_set_grad_overwrite(sl_graph *g, int on);
 int sl_graph_set_dropout(sl_graph *g, int on, uint64_t seed, uint64_t stream);
 
 typedef struct sl_plan_stats {
-    size_t planned_bytes; /* arena size after liveness reuse */
+    size_t planned_bytes; /* arena size after liveness reuse (the reserved rows' region included) */
+    size_t cap_bytes;     /* of which the reserved rows' region (Note [Reserved rows], src/graph/graph.c) */
     size_t naive_bytes;   /* sum of all intermediate allocations */
     int n_allocs;
 } sl_plan_stats;
@@ -81,6 +82,10 @@ sl_status sl_graph_plan(sl_graph *g, sl_backend *be, sl_plan_stats *stats);
  * the graph's use; the graph frees only its own wrapper. Before the next sl_graph_compute from node 0. */
 size_t sl_graph_arena_bytes(const sl_graph *g);
 sl_status sl_graph_move_arena(sl_graph *g, void *host, size_t bytes);
+/* The reserved rows' region (Note [Reserved rows]): its planned bytes, and how many of them are resident
+ * (pages touched so far; the planned size where the region is not reserved address space) */
+size_t sl_graph_cap_bytes(const sl_graph *g);
+size_t sl_graph_cap_resident(const sl_graph *g);
 /* The collective provider runs COLLECTIVE nodes (Note [Tensor-parallel graphs], src/ops/build_tp.c) in
  * place of the backend: it reads node->src[0] and writes node (both host-visible memory) by the kinds in
  * node->iparams. A graph with COLLECTIVE nodes and no provider fails to compute with a clear error. */

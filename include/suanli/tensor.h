@@ -203,6 +203,12 @@ enum {
     SL_FLAG_LOSS = 1 << 3,
     SL_FLAG_GRAD = 1 << 4,       /* a gradient leaf (external buffer) */
     SL_FLAG_GRAD_FIRST = 1 << 5, /* the graph's first node writing into a parameter's gradient leaf */
+    /* storage sized for a worst case of which each step uses a data-dependent prefix of rows (expert-
+     * parallel receive buffers): planned in the graph's reserved region (Note [Reserved rows]) */
+    SL_FLAG_ROWS_CAP = 1 << 6,
+    /* ... and so is its gradient, which the backward rules flag SL_FLAG_ROWS_CAP (not on a tensor whose
+     * gradient a collective sends: that one stays in the arena, which may be a communicator window) */
+    SL_FLAG_ROWS_CAP_GRAD = 1 << 7,
 };
 
 typedef struct sl_tensor {

@@ -1,5 +1,7 @@
 /* Graph: node ordering, liveness-based memory planning, and the executor. */
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "graph/graph_internal.h"
 
@@ -10,9 +12,13 @@ sl_graph *sl_graph_new(sl_ctx *ctx) {
     return g;
 }
 
+static void cap_release(sl_graph *g);
+
 void sl_graph_free(sl_graph *g) {
     if (!g) return;
     if (g->arena) sl_backend_free(g->backend, g->arena);
+    cap_release(g);
+    free(g->in_cap);
     free(g->nodes);
     free(g->visited);
     free(g->grads);
@@ -254,7 +260,7 @@ static int may_overwrite(const sl_tensor *t, int s) {
 
 /* donor[i]: the node whose storage node i writes over (-1: its own). `last` is extended so the donor's
  * storage lives as long as the output. Runs in node order, so chains resolve to their first owner. */
-static void plan_donations(sl_graph *g, const sl_backend *be, int *last, int *donor) {
+static void plan_donations(sl_graph *g, const sl_backend *be, int *last, int *donor, int reserve) {
     int n = g->n_nodes;
     for (int i = 0; i < n; i++) donor[i] = -1;
     const char *e = getenv("SUANLI_PLAN_DONATE");
@@ -265,6 +271,7 @@ static void plan_donations(sl_graph *g, const sl_backend *be, int *last, int *do
         for (int s = 0; s < SL_MAX_SRC && donor[i] < 0; s++) {
             sl_tensor *x = t->src[s];
             if (!x || !may_overwrite(t, s) || x->op == SL_OP_NONE || is_inplace(x) || x->order < 0 ||
+                (reserve && ((x->flags ^ t->flags) & SL_FLAG_ROWS_CAP)) || /* Note [Reserved rows] */
                 last[x->order] != i || (x->flags & SL_FLAG_OUTPUT) || !sl_is_contiguous(x) ||
                 sl_nbytes(x) + x->aux_bytes != sl_nbytes(t) ||
                 sl_dtype_size(x->dtype) != sl_dtype_size(t->dtype))
@@ -274,6 +281,103 @@ static void plan_donations(sl_graph *g, const sl_backend *be, int *last, int *do
             last[root] = last[i];
         }
     }
+}
+
+/* Greedy-by-size placement of items (sorted here): each at the lowest gap among the already-placed items
+ * whose lifetimes intersect its own. Returns the region's size. */
+static size_t place(plan_item *items, int m, plan_item **ov) {
+    qsort(items, (size_t)m, sizeof *items, cmp_size_desc);
+    size_t total = 0;
+    for (int k = 0; k < m; k++) {
+        int nov = 0;
+        for (int j = 0; j < k; j++)
+            if (items[j].start <= items[k].end && items[k].start <= items[j].end) ov[nov++] = &items[j];
+        /* sort overlapping by offset (insertion sort; nov is small) */
+        for (int a = 1; a < nov; a++)
+            for (int b = a; b > 0 && ov[b - 1]->offset > ov[b]->offset; b--) {
+                plan_item *tmp = ov[b];
+                ov[b] = ov[b - 1];
+                ov[b - 1] = tmp;
+            }
+        size_t off = 0;
+        for (int a = 0; a < nov; a++) {
+            if (ov[a]->offset >= off + items[k].size) break;
+            size_t e = ov[a]->offset + ov[a]->size;
+            if (e > off) off = e;
+        }
+        items[k].offset = off;
+        if (off + items[k].size > total) total = off + items[k].size;
+    }
+    return total;
+}
+
+/* Note [Reserved rows]
+ * Some storages are sized for a worst case of which a step uses a data-dependent prefix of rows: the
+ * expert-parallel receive side (Note [Expert-parallel dispatch]) holds up to ep x min(k, E / ep) rows per
+ * token for the experts of this rank, ep times the k of a balanced router (32x for DeepSeek-V3's 256 experts
+ * top-8 at ep 64), and which rows arrive is known only when the counts are exchanged. Such nodes carry
+ * SL_FLAG_ROWS_CAP (src/nn/moe.c flags the received rows, their regrouping, the experts' chain and the
+ * gradients received or computed on those rows). The planner packs them on their own, in a second region
+ * that is address space reserved with mmap (MAP_NORESERVE) and never zeroed, so the kernel commits the
+ * pages that a step's rows touch: resident memory follows the rows that arrive (the largest step so far),
+ * not the worst case. The flagged kernels write and read only the counted rows (MOE_EP_REGROUP leaves the
+ * rows past the counts untouched in such storage); the rows past them stay undefined, and
+ * tests/parallel/test_ep_rows.c fills the region with NaN before every step to prove that nothing reads
+ * them. The price: the two regions cannot share storage across the flag boundary (nor donate across it),
+ * so the reservation exceeds the one-arena plan, by 7-11 C floats per token on test_plan_moe's EP layouts
+ * (src/plan/model.c). As with a dynamic allocator, an overload the machine cannot hold ends in the kernel's
+ * OOM handling at that step instead of a refusal at start-up. Where the region cannot be reserved address
+ * space (a backend whose memory is not host-visible or cannot wrap host memory) it would only cost memory,
+ * so the flag is ignored and everything is planned in the one arena, as with SUANLI_PLAN_RESERVE=0 (the
+ * A/B, and the refusal at start-up). */
+static int reserve_rows(const sl_backend *be) {
+    const char *e = getenv("SUANLI_PLAN_RESERVE");
+    return be->caps.host_visible && be->buffer_from_host && !(e && !strcmp(e, "0"));
+}
+
+static size_t page_size(void) {
+    long ps = sysconf(_SC_PAGESIZE);
+    return ps > 0 ? (size_t)ps : 4096;
+}
+
+static void cap_release(sl_graph *g) {
+    if (g->cap_arena) sl_backend_free(g->backend, g->cap_arena);
+    if (g->cap_map) munmap(g->cap_map, g->cap_map_len);
+    g->cap_arena = NULL;
+    g->cap_map = NULL;
+    g->cap_map_len = 0;
+}
+
+static sl_status cap_alloc(sl_graph *g, sl_backend *be) {
+    size_t page = page_size(), len = (g->cap_bytes + page - 1) / page * page;
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p != MAP_FAILED) {
+        if (sl_backend_wrap_host(be, p, len, &g->cap_arena) == SL_OK) {
+            g->cap_map = p;
+            g->cap_map_len = len;
+            return SL_OK;
+        }
+        munmap(p, len);
+        sl_clear_error();
+    }
+    return sl_backend_alloc(be, g->cap_bytes, &g->cap_arena); /* committed: only where mmap failed */
+}
+
+size_t sl_graph_cap_bytes(const sl_graph *g) { return g->planned ? g->cap_bytes : 0; }
+
+size_t sl_graph_cap_resident(const sl_graph *g) {
+    if (!g->planned || !g->cap_bytes) return 0;
+    if (!g->cap_map) return g->cap_bytes;
+    size_t page = page_size(), np = g->cap_map_len / page;
+    unsigned char *v = malloc(np);
+    if (!v) return g->cap_bytes;
+    size_t res = 0;
+    if (mincore(g->cap_map, g->cap_map_len, v) == 0)
+        for (size_t i = 0; i < np; i++) res += v[i] & 1;
+    else
+        res = np;
+    free(v);
+    return res * page;
 }
 
 /* Note [Activation planning]
@@ -313,7 +417,8 @@ sl_status sl_graph_plan(sl_graph *g, sl_backend *be, sl_plan_stats *stats) {
         sl_tensor *r = storage_root(g->nodes[i]);
         if ((g->nodes[i]->flags & SL_FLAG_OUTPUT) && r->op != SL_OP_NONE) last[r->order] = n - 1;
     }
-    plan_donations(g, be, last, donor);
+    int reserve = reserve_rows(be);
+    plan_donations(g, be, last, donor, reserve);
     int m = 0;
     size_t naive = 0;
     for (int i = 0; i < n; i++) {
@@ -323,51 +428,50 @@ sl_status sl_graph_plan(sl_graph *g, sl_backend *be, sl_plan_stats *stats) {
         naive += sz; /* every storage on its own: the sum without any reuse, donation included */
         if (donor[i] < 0) items[m++] = (plan_item){i, i, last[i], sz, 0};
     }
-    qsort(items, (size_t)m, sizeof *items, cmp_size_desc);
-    size_t total = 0;
-    /* place each item at the lowest gap among overlapping, already-placed items */
+    /* the reserved rows' storages first, the others after them: each class packed on its own */
+    int mc = 0;
+    for (int k = 0; k < m && reserve; k++)
+        if (g->nodes[items[k].node]->flags & SL_FLAG_ROWS_CAP) {
+            plan_item t = items[k];
+            items[k] = items[mc];
+            items[mc++] = t;
+        }
+    uint8_t *in_cap = calloc(n > 0 ? (size_t)n : 1, 1);
     plan_item **ov = malloc(sizeof(plan_item *) * (size_t)(m ? m : 1));
-    if (!ov) {
+    if (!ov || !in_cap) {
+        free(ov);
+        free(in_cap);
         free(last);
         free(donor);
         free(items);
         return sl_fail(SL_ERR_NOMEM, "graph plan: out of memory");
     }
+    size_t cap_total = place(items, mc, ov), total = place(items + mc, m - mc, ov);
     for (int k = 0; k < m; k++) {
-        int nov = 0;
-        for (int j = 0; j < k; j++)
-            if (items[j].start <= items[k].end && items[k].start <= items[j].end) ov[nov++] = &items[j];
-        /* sort overlapping by offset (insertion sort; nov is small) */
-        for (int a = 1; a < nov; a++)
-            for (int b = a; b > 0 && ov[b - 1]->offset > ov[b]->offset; b--) {
-                plan_item *tmp = ov[b];
-                ov[b] = ov[b - 1];
-                ov[b - 1] = tmp;
-            }
-        size_t off = 0;
-        for (int a = 0; a < nov; a++) {
-            if (ov[a]->offset >= off + items[k].size) break;
-            size_t e = ov[a]->offset + ov[a]->size;
-            if (e > off) off = e;
-        }
-        items[k].offset = off;
-        if (off + items[k].size > total) total = off + items[k].size;
+        g->offsets[items[k].node] = items[k].offset;
+        in_cap[items[k].node] = k < mc;
     }
-    for (int k = 0; k < m; k++) g->offsets[items[k].node] = items[k].offset;
     for (int i = 0; i < n; i++)
-        if (donor[i] >= 0) g->offsets[i] = g->offsets[donor[i]];
+        if (donor[i] >= 0) g->offsets[i] = g->offsets[donor[i]], in_cap[i] = in_cap[donor[i]];
     free(ov);
     free(last);
     free(donor);
     free(items);
+    free(g->in_cap);
+    g->in_cap = in_cap;
     if (g->arena) sl_backend_free(g->backend, g->arena);
     g->arena = NULL;
+    cap_release(g);
+    g->planned = 0; /* until both regions are allocated */
     g->backend = be;
     g->arena_bytes = total ? total : 64;
     sl_status st = sl_backend_alloc(be, g->arena_bytes, &g->arena);
     if (st != SL_OK) return st;
+    g->cap_bytes = cap_total;
+    if (cap_total) SL_TRY(cap_alloc(g, be));
     if (stats) {
-        stats->planned_bytes = total;
+        stats->planned_bytes = total + cap_total;
+        stats->cap_bytes = cap_total;
         stats->naive_bytes = naive;
         stats->n_allocs = m;
     }
@@ -407,6 +511,10 @@ static sl_status resolve(sl_graph *g) {
             alias_of(t, t->view_src, t->view_offs);
         } else if (is_inplace(t)) {
             alias_of(t, t->view_src, 0);
+        } else if (g->in_cap && g->in_cap[i]) { /* Note [Reserved rows] */
+            t->data = (char *)sl_buffer_base(g->cap_arena) + g->offsets[i];
+            t->buffer = g->cap_arena;
+            t->buffer_offs = g->offsets[i];
         } else {
             t->data = base + g->offsets[i];
             t->buffer = g->arena;

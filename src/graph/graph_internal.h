@@ -17,6 +17,12 @@ struct sl_graph {
     sl_buffer *arena;
     size_t arena_bytes; /* planned size */
     size_t *offsets;    /* by node index; SIZE_MAX if not owning storage */
+    /* Note [Reserved rows]: the SL_FLAG_ROWS_CAP storages, planned apart in their own buffer */
+    sl_buffer *cap_arena;
+    size_t cap_bytes;   /* planned size of that region */
+    void *cap_map;      /* its address space when reserved with mmap (NULL: allocated on the backend) */
+    size_t cap_map_len; /* ... and that mapping's length (whole pages) */
+    uint8_t *in_cap;    /* by node index: the node's storage lies in cap_arena */
     int planned;
     sl_collective_fn coll_fn; /* runs COLLECTIVE nodes (borrowed user pointer) */
     void *coll_user;

@@ -207,6 +207,16 @@ static sl_moe_route_opts route_opts(const sl_model *m, int64_t N) {
     return o;
 }
 
+/* The rows a step receives are a data-dependent prefix of the worst case (Note [Reserved rows]): the
+ * received rows, their regrouping and the experts' chain are reserved, and so are their gradients, except
+ * the received rows' (sent back by the backward all-to-all: it stays in the arena, which is the EP window,
+ * for the peers to read in place). The combine's input is sent for the same reason: in the arena, but
+ * its gradient, received, is reserved. */
+static sl_tensor *reserved(sl_tensor *t, int self, int grad) {
+    t->flags |= (self ? SL_FLAG_ROWS_CAP : 0) | (grad ? SL_FLAG_ROWS_CAP_GRAD : 0);
+    return t;
+}
+
 /* Note [Expert-parallel dispatch] (src/ops/moe_ep_ops.c): h2 (N, C) -> the routed experts' sum (N, C), the
  * experts living on the ranks of the EP group */
 static sl_tensor *ep_experts(sl_model *m, sl_tensor *h2, sl_tensor *w, int l, const sl_moe_route_opts *o,
@@ -225,16 +235,17 @@ static sl_tensor *ep_experts(sl_model *m, sl_tensor *h2, sl_tensor *w, int l, co
     sl_tensor *yr = NULL;
     int packed = m->wdtype == SL_F32 && packed_experts();
     if (packed) { /* Note [Packed experts]: one chain over the regrouped rows */
-        sl_tensor *xg = sl_moe_ep_regroup(ctx, xr, rcnt, El, 0), *yg = NULL;
+        reserved(xr, 1, 0);
+        sl_tensor *xg = reserved(sl_moe_ep_regroup(ctx, xr, rcnt, El, 0), 1, 1), *yg = NULL;
         for (int j = 0; j < El; j++) {
             int e = m->ep_rank * El + j;
             sl_tensor *w1 = sl_llama_W(m, nm.expert, l, e, nm.proj[0]),
                       *w3 = sl_llama_W(m, nm.expert, l, e, nm.proj[1]),
                       *w2 = sl_llama_W(m, nm.expert, l, e, nm.proj[2]);
             if (!etp) w1 = moe_W(m, w1), w3 = moe_W(m, w3), w2 = moe_W(m, w2);
-            yg = sl_moe_packed_ffn(ctx, xg, w1, w3, w2, yg, j, El, Rl, half);
+            yg = reserved(sl_moe_packed_ffn(ctx, xg, w1, w3, w2, yg, j, El, Rl, half), 1, 1);
         }
-        yr = sl_moe_ep_regroup(ctx, yg, rcnt, El, 1);
+        yr = reserved(sl_moe_ep_regroup(ctx, yg, rcnt, El, 1), 0, 1);
     }
     for (int j = 0; j < El && !packed; j++) {
         int e = m->ep_rank * El + j;

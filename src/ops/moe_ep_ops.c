@@ -159,7 +159,11 @@ int sl_moe_ep_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng
         if (n->src[2] && ng[2]) emit(st, n->src[2], g);
         return 1;
     case SL_OP_MOE_EP_REGROUP: /* a permutation of the counted rows: its adjoint is the way back */
-        if (ng[0]) emit(st, a, sl_moe_ep_regroup(ctx, rows(ctx, g), b, n->iparams[1], !n->iparams[0]));
+        if (ng[0]) {
+            sl_tensor *d = sl_moe_ep_regroup(ctx, rows(ctx, g), b, n->iparams[1], !n->iparams[0]);
+            if (a->flags & SL_FLAG_ROWS_CAP_GRAD) d->flags |= SL_FLAG_ROWS_CAP; /* Note [Reserved rows] */
+            emit(st, a, d);
+        }
         return 1;
     default:
         return 0;
@@ -169,6 +173,8 @@ int sl_moe_ep_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng
 /* the gradient of an expert-parallel all-to-all(v): the way back with the same counts */
 sl_tensor *sl_moe_ep_alltoallv_back(sl_ctx *ctx, sl_tensor *n, sl_tensor *g) {
     sl_tensor *gc = sl_is_contiguous(g) ? g : sl_cont(ctx, g);
-    return sl_moe_ep_alltoallv(ctx, gc, n->src[1], n->src[2], n->src[0]->ne[0],
-                               n->iparams[0] == SL_COLL_ALLTOALLV, n->iparams[3]);
+    sl_tensor *t = sl_moe_ep_alltoallv(ctx, gc, n->src[1], n->src[2], n->src[0]->ne[0],
+                                       n->iparams[0] == SL_COLL_ALLTOALLV, n->iparams[3]);
+    if (n->src[0]->flags & SL_FLAG_ROWS_CAP_GRAD) t->flags |= SL_FLAG_ROWS_CAP; /* Note [Reserved rows] */
+    return t;
 }

@@ -191,6 +191,7 @@ static void packed_ffn_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const i
     b->src[2] = w2;
     b->iparams[2] = (int)Rb;
     b->aux_bytes = sizeof(float) * (size_t)(2 * Rb * I);
+    if (xp->flags & SL_FLAG_ROWS_CAP_GRAD) b->flags |= SL_FLAG_ROWS_CAP; /* scratch: the expert's rows */
     if (ng[3]) emit(st, w2, b);
     if (ng[1] || ng[2]) {
         sl_tensor *w = sl_new_op(ctx, SL_OP_MOE_PACKED_FFN_BACK_W, SL_F32, 1, (int64_t[]){2 * I * C});
@@ -209,6 +210,7 @@ static void packed_ffn_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const i
     dx->src[2] = w3;
     dx->src[3] = later;
     dx->view_src = later; /* NULL for the last expert's, which owns the chain's storage */
+    if (xp->flags & SL_FLAG_ROWS_CAP_GRAD) dx->flags |= SL_FLAG_ROWS_CAP; /* Note [Reserved rows] */
     if (prev)
         emit(st, prev, dx);
     else

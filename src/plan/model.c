@@ -243,7 +243,7 @@ double sl_plan_activation_bytes(const sl_plan_model *m, int64_t B, int64_t T, in
     double N = (double)(B * T), C = (double)m->hidden, NH = (double)m->n_head / (double)tp;
     double L = (double)m->n_layer;
     /* floats per token and layer: replicated across tp, split by tp */
-    double rep = 4.0 * C, split, moe = 0, moe_bwd = 0;
+    double rep = 4.0 * C, split, moe = 0, moe_bwd = 0, reserved = 0;
     if (m->arch == SL_PLAN_GPT2) {
         split = 8.0 * C + NH * (double)tp; /* the GELU output is recomputed (Note [Recomputed GELU]) */
     } else {
@@ -272,6 +272,14 @@ double sl_plan_activation_bytes(const sl_plan_model *m, int64_t B, int64_t T, in
              * peak under EP: fitted as above, within 1.3 %) */
             moe_bwd = rows * C * (El > 1 ? 2.0 : 1.0) + 2.0 * e * (double)m->moe_ffn / ediv + C - shared -
                       (tp > 1 ? 2.0 * C : 0.0);
+            /* under EP the received rows live in a region of their own, reserved for the worst case (Note
+             * [Reserved rows], src/graph/graph.c), packed apart from the others: what one arena had
+             * overlapped (the transient row gradients with the main region's freed (N, C) buffers) now
+             * needs both, fitted as 8 C per token (on sl_graph_plan, 14 EP layouts of test_plan_moe
+             * needing 6.9-10.6 C; C 64, 3 layers; their activations are then within 2.3 %). This is the
+             * reservation: the resident memory follows the rows that arrive (k per token when the router is
+             * balanced); under SUANLI_PLAN_RESERVE=0 (one arena) the term is not needed. */
+            if (ep > 1) reserved = 8.0 * C;
         }
     }
     /* under TP the f / g collectives keep two more replicated (B, T, C) buffers per layer and the
@@ -285,6 +293,7 @@ double sl_plan_activation_bytes(const sl_plan_model *m, int64_t B, int64_t T, in
     if (moe_layers > 0 && moe_bwd > outside) outside = moe_bwd; /* which peak is higher */
     double floats = recompute ? L * C + per_layer + (moe_layers > 0 ? moe : 0.0) + outside
                               : L * per_layer + moe_layers * moe + outside;
+    if (moe_layers > 0) floats += reserved;
     return 4.0 * N * floats;
 }
 

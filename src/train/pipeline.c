@@ -237,6 +237,7 @@ static sl_status build_slot(sl_pipeline *P, int c, pipe_slot *sl, float loss_sca
     sl_plan_stats ps;
     SL_TRY(sl_graph_plan(sl->g, m->backend, &ps));
     P->plan.planned_bytes += ps.planned_bytes;
+    P->plan.cap_bytes += ps.cap_bytes;
     P->plan.naive_bytes += ps.naive_bytes;
     P->plan.n_allocs += ps.n_allocs;
     return SL_OK;

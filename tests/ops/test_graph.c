@@ -1,5 +1,6 @@
 /* Graph machinery: planner reuse and safety, completion hooks, leaf binding errors, the null backend,
- * overwriting first gradient writes, splitting a backward into input- and weight-gradient passes. */
+ * overwriting first gradient writes, splitting a backward into input- and weight-gradient passes, the
+ * reserved rows' region. */
 #include <string.h>
 
 #include "suanli/device.h"
@@ -175,9 +176,72 @@ static void test_split_backward(void) {
     sl_ctx_free(ctx);
 }
 
+/* Note [Reserved rows]: SL_FLAG_ROWS_CAP storages planned in their own region of reserved address space
+ * (a chain of elementwise ops, every third flagged; one live at a time): right values, the flagged storages
+ * outside the arena, pages resident once written; again after a re-plan (the region released and reserved
+ * anew), after the arena moves into caller memory (as into an EP window: the region stays), and in one arena
+ * under SUANLI_PLAN_RESERVE=0 and on the null backend (not host-visible). */
+static void test_reserved_region(void) {
+    enum { N = 8192, K = 12 };
+    sl_ctx *ctx = sl_ctx_new(256);
+    float *xd = malloc(sizeof(float) * N), *ref = malloc(sizeof(float) * N);
+    for (int i = 0; i < N; i++) xd[i] = (float)(i % 97) / 97.0f;
+    sl_tensor *x = sl_new_tensor_1d(ctx, SL_F32, N), *y = x, *flagged[K];
+    sl_tensor_bind(x, xd);
+    int nf = 0;
+    for (int k = 0; k < K; k++) {
+        y = (k % 2) ? sl_scale(ctx, y, 0.75f) : sl_add(ctx, y, x);
+        if (k % 3 == 1) (flagged[nf++] = y)->flags |= SL_FLAG_ROWS_CAP;
+    }
+    for (int i = 0; i < N; i++) {
+        float v = xd[i];
+        for (int k = 0; k < K; k++) v = (k % 2) ? v * 0.75f : v + xd[i];
+        ref[i] = v;
+    }
+    sl_graph *g = sl_graph_new(ctx);
+    sl_graph_build_forward(g, y);
+    void *moved = NULL;
+    for (int round = 0; round < 4; round++) { /* plan, re-plan, move the arena, one arena */
+        if (round == 3) setenv("SUANLI_PLAN_RESERVE", "0", 1);
+        if (round != 2) {
+            sl_plan_stats ps;
+            TU_CHECK(sl_graph_plan(g, sl_backend_cpu(), &ps) == SL_OK, "reserved: plan %d", round);
+            TU_CHECK(ps.cap_bytes == sl_graph_cap_bytes(g) &&
+                         ps.planned_bytes == sl_graph_arena_bytes(g) + ps.cap_bytes,
+                     "reserved: plan stats %zu = %zu + %zu", ps.planned_bytes, sl_graph_arena_bytes(g),
+                     ps.cap_bytes);
+        } else {
+            moved = malloc(sl_graph_arena_bytes(g));
+            TU_CHECK(sl_graph_move_arena(g, moved, sl_graph_arena_bytes(g)) == SL_OK, "reserved: move arena");
+        }
+        size_t cap = sl_graph_cap_bytes(g);
+        TU_CHECK(round == 3 ? cap == 0 : cap >= N * sizeof(float), "reserved: round %d region %zu bytes",
+                 round, cap);
+        TU_CHECK(round > 1 || sl_graph_cap_resident(g) == 0, "reserved: resident before any write");
+        TU_CHECK(sl_graph_compute(g, NULL, NULL) == SL_OK, "reserved: compute %d", round);
+        TU_CHECK(!memcmp(y->data, ref, sizeof(float) * N), "reserved: round %d values", round);
+        sl_buffer *main_buf = y->buffer;
+        for (int f = 0; f < nf; f++)
+            TU_CHECK(round == 3 ? flagged[f]->buffer == main_buf : flagged[f]->buffer != main_buf,
+                     "reserved: round %d node %d in the %s", round, f, round == 3 ? "arena" : "region");
+        size_t res = sl_graph_cap_resident(g);
+        TU_CHECK(round == 3 ? res == 0 : res >= N * sizeof(float) && res <= cap + 4096,
+                 "reserved: round %d resident %zu of %zu", round, res, cap);
+    }
+    unsetenv("SUANLI_PLAN_RESERVE");
+    TU_CHECK(sl_graph_plan(g, sl_backend_null(), NULL) == SL_OK && sl_graph_cap_bytes(g) == 0,
+             "reserved: the null backend plans one arena (%zu reserved)", sl_graph_cap_bytes(g));
+    sl_graph_free(g);
+    free(moved);
+    free(xd);
+    free(ref);
+    sl_ctx_free(ctx);
+}
+
 int main(void) {
     test_grad_overwrite();
     test_split_backward();
+    test_reserved_region();
     sl_ctx *ctx = sl_ctx_new(1024);
     /* a chain of 20 elementwise ops: a planner must reuse memory (only ~2 live at a time) */
     enum { N = 4096 };

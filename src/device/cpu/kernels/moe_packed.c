@@ -264,7 +264,9 @@ sl_status sl_k_moe_ep_regroup(sl_tensor *n) {
             memcpy(to, from, sizeof(float) * (size_t)(v * C));
             dst += v;
         }
-    memset(out + tot * C, 0, sizeof(float) * (size_t)((R - tot) * C)); /* rows past the counts */
+    /* rows past the counts: zero, except in reserved storage, whose tail stays untouched (uncommitted)
+     * and is read by nobody (Note [Reserved rows], src/graph/graph.c) */
+    if (!(n->flags & SL_FLAG_ROWS_CAP)) memset(out + tot * C, 0, sizeof(float) * (size_t)((R - tot) * C));
     free(src);
     return SL_OK;
 }
