@@ -414,11 +414,11 @@ static void test_cast_bf16(void) {
 }
 
 /* MATMUL with iparams[SL_MATMUL_IP_ROUND] = SL_BF16 (Note [Rounded weight gradients]): the product in row
- * blocks of the kernel's scratch (M = 1500 rows of N = 768: three blocks), each element rounded to bf16,
- * then stored (iparams[2] = 2) or added (iparams[2] = 1) — bitwise the plain product rounded by
- * sl_f32_to_bf16 and added in f32; for both operand layouts of a weight gradient (tA = 1 and 0) */
+ * blocks of the kernel's scratch (M = 1500 rows of N = 769: three blocks, a partial vector per row), each
+ * element rounded to bf16, then stored (iparams[2] = 2) or added (iparams[2] = 1) — bitwise the plain product
+ * rounded by sl_f32_to_bf16 and added in f32; for both operand layouts of a weight gradient (tA = 1 and 0) */
 static void test_matmul_rounded(void) {
-    int64_t M = 1500, N = 768, K = 40;
+    int64_t M = 1500, N = 769, K = 40;
     for (int tA = 0; tA <= 1; tA++) {
         sl_ctx *ctx = sl_ctx_new(64);
         sl_tensor *a32 = leaf(ctx, 2, tA ? (int64_t[]){K, M} : (int64_t[]){M, K}, 1.0f);
