@@ -215,6 +215,40 @@ static void test_bf16(void) {
     }
 }
 
+/* fp32 B rounded as it enters the product (sl_gemm_bf16_f32b: packed from fp32 by the AMX kernel, a rounded
+ * copy in chunks of 4800 columns for the others) is bitwise sl_gemm_bf16 on B rounded by sl_f32_to_bf16:
+ * all four layouts, a bias, M = 1 (the GEMV), N past one chunk, padded leading dimensions */
+static void test_bf16_f32b(void) {
+    const shape fs[] = {{1, 77, 65}, {37, 70, 129}, {64, 96, 1100}, {9, 5000, 40}};
+    for (int si = 0; si < 4; si++)
+        for (int t = 0; t < 8; t++) {
+            int tA = (t >> 1) & 1, tB = t & 1, with_bias = t >> 2;
+            int64_t M = fs[si].M, N = fs[si].N, K = fs[si].K;
+            int64_t lda = (tA ? M : K) + 1, ldb = (tB ? K : N) + 2, ldc = N;
+            int64_t na = (tA ? K : M) * lda, nb = (tB ? N : K) * ldb;
+            float *Af = falloc(na), *Bf = falloc(nb), *bias = falloc(N), *C1 = falloc(M * ldc),
+                  *C2 = falloc(M * ldc);
+            uint16_t *A = (uint16_t *)malloc((size_t)na * 2), *Bh = (uint16_t *)malloc((size_t)nb * 2);
+            if (!A || !Bh) abort();
+            fill(Af, na), fill(Bf, nb), fill(bias, N);
+            for (int64_t i = 0; i < na; i++) A[i] = sl_f32_to_bf16(Af[i]);
+            for (int64_t i = 0; i < nb; i++) Bh[i] = sl_f32_to_bf16(Bf[i]);
+            for (int64_t i = 0; i < M * ldc; i++) C1[i] = C2[i] = NAN;
+            if (with_bias) {
+                sl_gemm_bf16_bias(tA, tB, M, N, K, 1.0f, A, lda, Bh, ldb, bias, C1, ldc);
+                sl_gemm_bf16_f32b(tA, tB, M, N, K, 1.0f, A, lda, Bf, ldb, 0.0f, bias, C2, ldc);
+            } else {
+                sl_gemm_bf16(tA, tB, M, N, K, 0.5f, A, lda, Bh, ldb, 0.0f, C1, ldc);
+                sl_gemm_bf16_f32b(tA, tB, M, N, K, 0.5f, A, lda, Bf, ldb, 0.0f, NULL, C2, ldc);
+            }
+            TU_CHECK(!memcmp(C1, C2, (size_t)(M * ldc) * sizeof(float)),
+                     "bf16 x rounded f32 B %s%s%s M=%lld N=%lld K=%lld: not bitwise the bf16 GEMM",
+                     tA ? "T" : "N", tB ? "T" : "N", with_bias ? " bias" : "", (long long)M, (long long)N,
+                     (long long)K);
+            free(Af), free(Bf), free(bias), free(C1), free(C2), free(A), free(Bh);
+        }
+}
+
 /* Same inputs -> bitwise-identical outputs: twice with the same thread count, and with 1 vs 2 threads. */
 static void test_determinism(void) {
     /* {2000, 40, 70}: 1 thread packs A in row blocks, 2 threads (split M) in one block each */
@@ -273,6 +307,7 @@ int main(void) {
     test_bias();
     test_batched();
     test_bf16();
+    test_bf16_f32b();
     test_determinism();
     return tu_finish("test_gemm");
 }

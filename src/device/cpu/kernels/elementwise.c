@@ -139,6 +139,8 @@ static void cast_bf16_f32_flat(const uint16_t *src, float *dst, int64_t m) {
     }
 }
 
+void sl_k_cast_f32_bf16(const float *src, uint16_t *dst, int64_t n) { cast_f32_bf16_flat(src, dst, n); }
+
 sl_status sl_k_cast(sl_tensor *n) {
     sl_tensor *a = n->src[0];
     sl_it5 ia = sl_it5_of(a), io = sl_it5_of(n);

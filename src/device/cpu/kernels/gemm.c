@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "device/cpu/kernels/gemm_internal.h"
+#include "device/cpu/kernels/kernels.h"
 #include "suanli/base.h"
 
 #ifdef _OPENMP
@@ -290,7 +291,9 @@ static void gemm_unpacked(const sl_gemm_args *g, const sl_gemm_impl *im) {
                 int64_t ia = g->transA ? k * g->lda + i : i * g->lda + k;
                 int64_t ib = g->transB ? j * g->ldb + k : k * g->ldb + j;
                 float a = bf16 ? sl_bf16_to_f32(((const uint16_t *)g->A)[ia]) : ((const float *)g->A)[ia];
-                float b = bf16 ? sl_bf16_to_f32(((const uint16_t *)g->B)[ib]) : ((const float *)g->B)[ib];
+                float b = g->b_f32 ? sl_bf16_to_f32(sl_f32_to_bf16(((const float *)g->B)[ib]))
+                          : bf16   ? sl_bf16_to_f32(((const uint16_t *)g->B)[ib])
+                                   : ((const float *)g->B)[ib];
                 s += a * b;
             }
             float *c = g->C + i * g->ldc + j;
@@ -411,34 +414,103 @@ static void run_f32(const sl_gemm_args *g) {
     int nthr = threads_for_call();
     if (!sl_gemv_run(g, d->gemv, 0, nthr)) sl_gemm_run(g, d->f32, nthr);
 }
+/* fp32 B for a kernel that packs bf16 only (or the GEMV): B rounded (the CAST kernel's conversion: the same
+ * bits as a CAST node's) into a per-thread buffer, BROUND_COLS columns of op(B) at a time. The chunks start
+ * at multiples of every kernel's nr (48, 32, 16), so each element of C lands in the same kind of tile and
+ * is summed in the same order as in one call: bitwise sl_gemm_bf16 on a rounded copy of B (Note [Fused
+ * weight casts], matmul.c), with a buffer of at most BROUND_COLS x K instead of all of B. */
+enum { BROUND_COLS = 4800 };
+static _Thread_local uint16_t *tl_bround;
+static _Thread_local size_t tl_bround_cap;
+static pthread_key_t bround_key;
+static pthread_once_t bround_once = PTHREAD_ONCE_INIT;
+static void bround_key_init(void) { (void)pthread_key_create(&bround_key, ws_free); }
+
+static uint16_t *bround_get(size_t bytes) {
+    if (bytes > tl_bround_cap) {
+        pthread_once(&bround_once, bround_key_init);
+        sl_free_aligned(tl_bround);
+        tl_bround = sl_malloc_aligned(bytes);
+        tl_bround_cap = tl_bround ? bytes : 0;
+        (void)pthread_setspecific(bround_key, tl_bround);
+    }
+    return tl_bround;
+}
+
+static void run_bf16_rounded_b(const sl_gemm_args *g, const gemm_dispatch *d, int nthr) {
+    const float *B = (const float *)g->B;
+    const int64_t chunk = g->N < BROUND_COLS ? g->N : BROUND_COLS;
+    uint16_t *buf = bround_get((size_t)(chunk * (g->K > 0 ? g->K : 1)) * sizeof(uint16_t));
+    if (!buf) {
+        SL_LOGW("sl_gemm: cannot allocate the rounded copy of B; using the slow unpacked loop");
+        gemm_unpacked(g, d->bf16);
+        return;
+    }
+    for (int64_t j0 = 0; j0 < g->N; j0 += chunk) {
+        const int64_t nj = g->N - j0 < chunk ? g->N - j0 : chunk;
+        sl_gemm_args r = *g;
+        if (g->transB) { /* rows j0 .. j0+nj of the N x K matrix */
+            if (g->ldb == g->K)
+                sl_k_cast_f32_bf16(B + j0 * g->ldb, buf, nj * g->K);
+            else
+                for (int64_t j = 0; j < nj; j++)
+                    sl_k_cast_f32_bf16(B + (j0 + j) * g->ldb, buf + j * g->K, g->K);
+            r.ldb = g->K;
+        } else { /* columns j0 .. j0+nj of the K x N matrix */
+            if (g->ldb == nj && j0 == 0)
+                sl_k_cast_f32_bf16(B, buf, g->K * nj);
+            else
+                for (int64_t k = 0; k < g->K; k++) sl_k_cast_f32_bf16(B + k * g->ldb + j0, buf + k * nj, nj);
+            r.ldb = nj;
+        }
+        r.B = buf;
+        r.N = nj;
+        r.C = g->C + j0;
+        r.bias = g->bias ? g->bias + j0 : NULL;
+        r.b_f32 = 0;
+        if (!sl_gemv_run(&r, d->gemv, 1, nthr)) sl_gemm_run(&r, d->bf16, nthr);
+    }
+}
+
 static void run_bf16(const sl_gemm_args *g) {
     const gemm_dispatch *d = dispatch_get();
     int nthr = threads_for_call();
+    if (g->b_f32 && (g->M == 1 || !d->bf16->b_f32)) {
+        run_bf16_rounded_b(g, d, nthr);
+        return;
+    }
     if (!sl_gemv_run(g, d->gemv, 1, nthr)) sl_gemm_run(g, d->bf16, nthr);
 }
 
 void sl_sgemm(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
               int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-    sl_gemm_args g = {transA, transB, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc, NULL};
+    sl_gemm_args g = {transA, transB, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc, NULL, 0};
     run_f32(&g);
 }
 
 void sl_gemm_bf16(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *A,
                   int64_t lda, const uint16_t *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-    sl_gemm_args g = {transA, transB, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc, NULL};
+    sl_gemm_args g = {transA, transB, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc, NULL, 0};
     run_bf16(&g);
 }
 
 void sl_sgemm_bias(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                    int64_t lda, const float *B, int64_t ldb, const float *bias, float *C, int64_t ldc) {
-    sl_gemm_args g = {transA, transB, M, N, K, alpha, 0.0f, A, lda, B, ldb, C, ldc, bias};
+    sl_gemm_args g = {transA, transB, M, N, K, alpha, 0.0f, A, lda, B, ldb, C, ldc, bias, 0};
     run_f32(&g);
 }
 
 void sl_gemm_bf16_bias(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
                        const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, const float *bias,
                        float *C, int64_t ldc) {
-    sl_gemm_args g = {transA, transB, M, N, K, alpha, 0.0f, A, lda, B, ldb, C, ldc, bias};
+    sl_gemm_args g = {transA, transB, M, N, K, alpha, 0.0f, A, lda, B, ldb, C, ldc, bias, 0};
+    run_bf16(&g);
+}
+
+void sl_gemm_bf16_f32b(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
+                       const uint16_t *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                       const float *bias, float *C, int64_t ldc) {
+    sl_gemm_args g = {transA, transB, M, N, K, alpha, bias ? 0.0f : beta, A, lda, B, ldb, C, ldc, bias, 1};
     run_bf16(&g);
 }
 
@@ -456,15 +528,15 @@ void sl_sgemm_batched(int transA, int transB, int64_t batch, int64_t M, int64_t 
 #endif
         for (int64_t b = 0; b < batch; b++) {
             sl_gemm_args g = {
-                transA, transB,          M,   N,   K, alpha, beta, A + b * strideA, lda, B + b * strideB,
-                ldb,    C + b * strideC, ldc, NULL};
+                transA, transB,          M,   N,    K, alpha, beta, A + b * strideA, lda, B + b * strideB,
+                ldb,    C + b * strideC, ldc, NULL, 0};
             sl_gemm_run(&g, im, 1);
         }
     } else {
         for (int64_t b = 0; b < batch; b++) {
             sl_gemm_args g = {
-                transA, transB,          M,   N,   K, alpha, beta, A + b * strideA, lda, B + b * strideB,
-                ldb,    C + b * strideC, ldc, NULL};
+                transA, transB,          M,   N,    K, alpha, beta, A + b * strideA, lda, B + b * strideB,
+                ldb,    C + b * strideC, ldc, NULL, 0};
             sl_gemm_run(&g, im, nthr);
         }
     }

@@ -19,7 +19,9 @@
 /* Note [AMX GEMM]
  * An AMX tile register holds up to 16 rows of 64 bytes; tdpbf16ps C, A, B adds to the 16 x 16 fp32 tile C
  * the product of A (16 rows x 32 bf16: row i, k ascending) and B (16 rows of 16 bf16 pairs: row p, column j
- * holds B(2p, j), B(2p+1, j)), summing each element's 32 products in k order. The kernel keeps a 32 x 32
+ * holds B(2p, j), B(2p+1, j)): per element, the 16 even and the 16 odd products are summed apart (fp32, in
+ * k order) and their sum added to C (the SDM's pseudocode; bitwise the hardware's, test_gemm_amx_emu). The
+ * kernel keeps a 32 x 32
  * block of C in four tiles (0-3), and per step of 32 k loads two A tiles (4, 5: rows 0-15, 16-31) and two B
  * tiles (6, 7: columns 0-15, 16-31), so 4 KiB of loads feed 4 tile products (16 cycles each on Sapphire
  * Rapids, against about 8 per tile load from L1).
@@ -30,7 +32,8 @@
  * 32-bit word, so B^T (N x K, pairs along rows) transposes straight into the pair layout, and A^T (K x M)
  * first interleaves two k rows into pairs, then transposes those into rows of i.
  * C: a full 32 x 32 tile with alpha 1 and beta 0 or 1 is loaded into (beta 1) and stored from the tiles
- * directly, so the sum runs C + products in k order; an edge tile, or another alpha or beta, goes through a
+ * directly, so the sum runs C + (the products of each step of 32 k); an edge tile, or another alpha or
+ * beta, goes through a
  * buffer: alpha * sum + beta * C, as in the other kernels. Each element of C always lands in the same kind
  * of tile (the driver's partitions start at multiples of 32), so results do not depend on the thread count.
  * The tile configuration is loaded once per thread and GEMM call (thread_begin) and released after it
@@ -181,10 +184,33 @@ SL_TARGET_AMX static void pack_a_amx_panel(const sl_gemm_args *g, int64_t i0, in
     }
 }
 
+/* 16 fp32 words to bf16 in their low halves, rounded as sl_f32_to_bf16 (nearest even; NaN kept quiet) */
+SL_TARGET_AMX static inline __m512i round_bf16_lo(__m512i u) {
+    __m512i r =
+        _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+                                           _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))),
+                          16);
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                            _mm512_set1_epi32(0x7f800000));
+    return _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+}
+
+/* 32 consecutive bf16 of B from element offset `off` (elements past the mask zero): bf16 storage, or fp32
+ * rounded here (sl_gemm_args.b_f32: Note [Fused weight casts] in matmul.c), the same bits as a load of the
+ * rounded copy */
+SL_TARGET_AMX static inline __m512i load_b32(const sl_gemm_args *g, int64_t off, __mmask32 m) {
+    if (!g->b_f32) return _mm512_maskz_loadu_epi16(m, (const uint16_t *)g->B + off);
+    const float *p = (const float *)g->B + off;
+    const __m512i even = _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32, 30,
+                                          28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    __m512i u0 = _mm512_maskz_loadu_epi32((__mmask16)(m & 0xffffu), p),
+            u1 = _mm512_maskz_loadu_epi32((__mmask16)(m >> 16), p + 16);
+    return _mm512_permutex2var_epi16(round_bf16_lo(u0), even, round_bf16_lo(u1));
+}
+
 /* One B panel: columns [j0, j0+nj) (nj <= 32) of op(B), k in [k0, k0+kc) */
 SL_TARGET_AMX static void pack_b_amx_panel(const sl_gemm_args *g, int64_t j0, int nj, int64_t k0, int64_t kc,
                                            uint16_t *dst) {
-    const uint16_t *B = (const uint16_t *)g->B;
     const int64_t ldb = g->ldb, steps = (kc + AKS - 1) / AKS;
     /* interleave two k rows' columns 16h .. 16h+15: word j = B(k, 16h+j) | B(k+1, 16h+j) << 16 */
     const __m512i ix0 = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7,
@@ -197,7 +223,7 @@ SL_TARGET_AMX static void pack_b_amx_panel(const sl_gemm_args *g, int64_t j0, in
             for (int h = 0; h < 2; h++) {
                 __m512i r[16];
                 for (int j = 0; j < 16; j++)
-                    r[j] = 16 * h + j < nj ? _mm512_maskz_loadu_epi16(km, B + (j0 + 16 * h + j) * ldb + kb)
+                    r[j] = 16 * h + j < nj ? load_b32(g, (j0 + 16 * h + j) * ldb + kb, km)
                                            : _mm512_setzero_si512();
                 transpose16x16_u32(r);
                 for (int p = 0; p < 16; p++) _mm512_storeu_si512((void *)(dst + (h * 16 + p) * 32), r[p]);
@@ -206,9 +232,8 @@ SL_TARGET_AMX static void pack_b_amx_panel(const sl_gemm_args *g, int64_t j0, in
         }
         const __mmask32 jm = mask32(nj);
         for (int p = 0; p < 16; p++) {
-            __m512i r0 = 2 * p < kv ? _mm512_maskz_loadu_epi16(jm, B + (kb + 2 * p) * ldb + j0)
-                                    : _mm512_setzero_si512(),
-                    r1 = 2 * p + 1 < kv ? _mm512_maskz_loadu_epi16(jm, B + (kb + 2 * p + 1) * ldb + j0)
+            __m512i r0 = 2 * p < kv ? load_b32(g, (kb + 2 * p) * ldb + j0, jm) : _mm512_setzero_si512(),
+                    r1 = 2 * p + 1 < kv ? load_b32(g, (kb + 2 * p + 1) * ldb + j0, jm)
                                         : _mm512_setzero_si512();
             _mm512_storeu_si512((void *)(dst + p * 32), _mm512_permutex2var_epi16(r0, ix0, r1));
             _mm512_storeu_si512((void *)(dst + (16 + p) * 32), _mm512_permutex2var_epi16(r0, ix1, r1));
@@ -248,4 +273,5 @@ const sl_gemm_impl sl_gemm_impl_amx_bf16 = {.name = "amx",
                                             .pack_b = pack_b_amx,
                                             .kernel = kernel_amx_32x32,
                                             .thread_begin = amx_begin,
-                                            .thread_end = amx_end};
+                                            .thread_end = amx_end,
+                                            .b_f32 = 1};

@@ -36,6 +36,9 @@ typedef struct sl_gemm_args {
     float *C;
     int64_t ldc;
     const float *bias; /* NULL, or N floats added to every row of C (then beta is 0) */
+    /* 1: B is fp32 that enters the product rounded to bf16 (sl_f32_to_bf16), A bf16 (Note [Fused weight
+     * casts], matmul.c); only impls with b_f32 set see it, the others get a rounded copy of B */
+    int b_f32;
 } sl_gemm_args;
 
 /* Pack rows [i0, i0+ni) of op(A), k in [k0, k0+kc), into ceil(ni/mr) consecutive micro-panels of
@@ -68,6 +71,7 @@ typedef struct sl_gemm_impl {
      * (the AMX tile configuration, Note [AMX GEMM] in gemm_amx.c) */
     void (*thread_begin)(void);
     void (*thread_end)(void);
+    int b_f32; /* pack_b also takes fp32 B with sl_gemm_args.b_f32 (rounding it to bf16 as it packs) */
 } sl_gemm_impl;
 
 /* Run the blocked GEMM with `nthr` threads (1: on the calling thread, no OpenMP region). */

@@ -14,6 +14,8 @@ sl_it5 sl_it5_broadcast(const sl_tensor *b, const sl_tensor *out);
 
 sl_status sl_k_cont(sl_tensor *n);
 sl_status sl_k_cast(sl_tensor *n);
+/* n contiguous floats to bf16 with the CAST kernel's rounding and threads (the same bits) */
+void sl_k_cast_f32_bf16(const float *src, uint16_t *dst, int64_t n);
 sl_status sl_k_add(sl_tensor *n);
 sl_status sl_k_mul(sl_tensor *n);
 sl_status sl_k_scale(sl_tensor *n);
