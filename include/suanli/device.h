@@ -59,6 +59,9 @@ typedef struct sl_backend_caps {
      * output element at the same index, so the planner may give an output the storage of an input that
      * dies there (Note [Donated storage]) */
     int donate_inputs;
+    /* 1: MATMUL runs a bf16 A with an f32 B rounded to bf16 (iparams[SL_MATMUL_IP_HALF_B]), so models build
+     * autocast Linears without weight casts (Note [Fused weight casts], src/ops/backward.c) */
+    int matmul_half_b;
 } sl_backend_caps;
 
 /* Counters a backend keeps (for tests and diagnostics). */

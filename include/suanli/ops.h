@@ -67,6 +67,12 @@ sl_tensor *sl_scatter_add(sl_ctx *ctx, sl_tensor *dst, sl_tensor *src, const sl_
 sl_tensor *sl_matmul(sl_ctx *ctx, sl_tensor *a, sl_tensor *b, int transA, int transB);
 /* y = x @ w^T + b, PyTorch nn.Linear layout: w (OC, IC), b (OC) or NULL. */
 sl_tensor *sl_linear(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, sl_tensor *b);
+/* Note [Fused weight casts] (src/ops/backward.c): a bf16 a times an f32 2-D b that enters the product rounded
+ * to bf16, the same values as sl_matmul(a, sl_cast(b, SL_BF16)) without the cast node (!transA); its
+ * backward gives b the bf16-rounded gradient of that cast. sl_linear_half_w: the Linear layer of it (x
+ * bf16, w f32, b f32 or NULL). Backends that run it say so in caps.matmul_half_b. */
+sl_tensor *sl_matmul_half_b(sl_ctx *ctx, sl_tensor *a, sl_tensor *b, int transA, int transB);
+sl_tensor *sl_linear_half_w(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, sl_tensor *b);
 sl_tensor *sl_gelu(sl_ctx *ctx, sl_tensor *a);
 sl_tensor *sl_layernorm(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, sl_tensor *b, float eps);
 sl_tensor *sl_softmax(sl_ctx *ctx, sl_tensor *a);

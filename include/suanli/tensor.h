@@ -30,6 +30,9 @@ typedef enum sl_dtype { SL_F32 = 0, SL_BF16, SL_I32, SL_F16, SL_DTYPE_COUNT } sl
 /* MATMUL iparams[3]: SL_BF16 = round the f32 product to bf16 before it is stored or accumulated (Note
  * [Rounded weight gradients], src/ops/ops_internal.h); 0 = none */
 #define SL_MATMUL_IP_ROUND 3
+/* MATMUL iparams[4]: SL_BF16 = src[1] is an f32 tensor that enters the product rounded to bf16 (a weight's
+ * autocast copy cast(w) fused into the GEMM: Note [Fused weight casts], src/ops/backward.c); 0 = none */
+#define SL_MATMUL_IP_HALF_B 4
 size_t sl_dtype_size(sl_dtype t);
 const char *sl_dtype_name(sl_dtype t);
 

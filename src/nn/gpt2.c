@@ -2,6 +2,7 @@
  * Parameter names and layouts follow PyTorch nn.Linear (weight is (out, in)); see scripts/gen_gpt2_parity.py.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "suanli/nn.h"
@@ -231,13 +232,24 @@ static sl_tensor *P(sl_model *m, int idx) { return m->params[idx].t; }
  * tests/e2e/test_bf16_train.c.) The Llama family follows the same rules in llama.c (autocast()), with
  * transformers' eager attention (softmax in fp32, Note [Eager half attention numerics] modes 3/4) and RoPE in
  * fp32 with half gradients (Note [RoPE numerics]). */
+/* Note [Fused weight casts] (src/ops/backward.c): a bf16 Linear reads its f32 weight leaf directly where the
+ * backend rounds it in the GEMM (SUANLI_FUSED_WEIGHT_CAST=0: the cast nodes, for A/B) */
+static int fused_weight_cast(const sl_model *m, const sl_tensor *w) {
+    const char *e = getenv("SUANLI_FUSED_WEIGHT_CAST");
+    return m->compute_dtype == SL_BF16 && m->backend && m->backend->caps.matmul_half_b &&
+           !(e && !strcmp(e, "0")) && w->op == SL_OP_NONE && (w->flags & SL_FLAG_PARAM) &&
+           w->dtype == SL_F32 && w->ndim == 2 && sl_is_contiguous(w);
+}
+
 static sl_tensor *mm(sl_model *m, sl_tensor *x, sl_tensor *w, sl_tensor *b) {
     sl_ctx *ctx = m->ctx;
     sl_dtype cd = m->compute_dtype;
     if (cd == SL_F32) return sl_linear(ctx, x, w, b); /* the bias is added by the GEMM */
     x = sl_cast(ctx, x->nb[x->ndim - 1] == 1 ? x : sl_cont(ctx, x), cd);
+    sl_tensor *bh = b ? sl_round_half(ctx, b, cd) : NULL;
+    if (fused_weight_cast(m, w)) return sl_round_half(ctx, sl_linear_half_w(ctx, x, w, bh), cd);
     w = sl_cast(ctx, w, cd);
-    return sl_round_half(ctx, sl_linear(ctx, x, w, b ? sl_round_half(ctx, b, cd) : NULL), cd);
+    return sl_round_half(ctx, sl_linear(ctx, x, w, bh), cd);
 }
 
 /* The GPT-2 forward pass to logits (B, T, V). Training/evaluation: positions 0..T-1 from a view of wpe and

@@ -54,18 +54,33 @@ static sl_tensor *recompute_cast(sl_ctx *ctx, sl_tensor *x) {
     return sl_set_name(sl_cast(ctx, x->src[0], x->dtype), "%s_recast", x->src[0]->name);
 }
 
+/* Note [Fused weight casts]
+ * Under bf16 autocast each Linear reads cast(w): forward casts the f32 weight into a bf16 copy and backward
+ * casts it again (Note [Recomputed weight casts]), two passes that read 4 and write 2 bytes per parameter
+ * for GEMMs that then read the copy. On GPT-2 124M at B4 T64 with AMX GEMMs those casts were 16 % of the
+ * step. Where the backend says it can (caps.matmul_half_b: the CPU), the model builds the Linear as one
+ * MATMUL of the bf16 input and the f32 weight marked iparams[SL_MATMUL_IP_HALF_B] = SL_BF16
+ * (sl_linear_half_w): the GEMM rounds the weight as it packs it (sl_gemm_bf16_f32b; the AMX packer reads
+ * fp32, the other kernels round a chunk into a buffer), so neither copy exists. The backward rule gives
+ * dA = G @ w through the same fused product and dW the cast's gradient: the f32 product rounded to bf16 as
+ * it accumulates (Note [Rounded weight gradients]). Each cast(w) fed one GEMM, so the values are bitwise
+ * those of the cast nodes (test_fused_cast). SUANLI_FUSED_WEIGHT_CAST=0 builds the casts (A/B). */
+
 /* the matmul rule: dA, dB (A folded to rows for a 2-D B), the fused bias */
 static void matmul_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_grad_emit emit,
                             void *st) {
     sl_tensor *a = n->src[0], *b = n->src[1];
     int tA = n->iparams[0], tB = n->iparams[1];
+    int half_b = n->iparams[SL_MATMUL_IP_HALF_B] == SL_BF16; /* Note [Fused weight casts] */
     int folded = (b->ndim == 2 && a->ndim > 2);
     sl_tensor *A = folded ? as_2d_rows(ctx, a) : a;
     sl_tensor *G = folded ? as_2d_rows(ctx, g) : g;
     /* half (bf16/f16) operands: the gradient enters the GEMMs rounded to that dtype (products stay f32)
      */
     if ((a->dtype == SL_BF16 || a->dtype == SL_F16) && G->dtype != a->dtype) G = sl_cast(ctx, G, a->dtype);
-    if (ng[0]) {
+    if (ng[0] && half_b) {
+        emit(st, a, reshape_like(ctx, sl_matmul_half_b(ctx, G, b, 0, tB ? 0 : 1), a));
+    } else if (ng[0]) {
         sl_tensor *dA;
         sl_tensor *bw = recompute_cast(ctx, b); /* Note [Recomputed weight casts] */
         if (!tA)
@@ -82,6 +97,12 @@ static void matmul_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *
             dB = tB ? sl_matmul(ctx, G, A, 1, 0) : sl_matmul(ctx, A, G, 1, 0);
         else
             dB = tB ? sl_matmul(ctx, G, A, 1, 1) : sl_matmul(ctx, A, G, 0, 0);
+        if (half_b) { /* the gradient of the fused cast(w): bf16, rounded as it accumulates */
+            if (dB->ndim == 2 && dB->src[0]->ndim == 2 && dB->src[1]->ndim == 2)
+                dB->iparams[SL_MATMUL_IP_ROUND] = SL_BF16;
+            else
+                dB = sl_cast(ctx, sl_cast(ctx, dB, SL_BF16), SL_F32);
+        }
         emit(st, b, dB);
     }
     if (n->src[2] && ng[2]) emit(st, n->src[2], sl_sum_to(ctx, g, n->src[2])); /* fused bias */

@@ -187,10 +187,32 @@ sl_tensor *sl_scatter_add(sl_ctx *ctx, sl_tensor *dst, sl_tensor *src, const sl_
 
 /* ---------------- matmul ---------------- */
 
+static sl_tensor *matmul_node(sl_ctx *ctx, sl_tensor *a, sl_tensor *b, int transA, int transB);
+
 sl_tensor *sl_matmul(sl_ctx *ctx, sl_tensor *a, sl_tensor *b, int transA, int transB) {
     /* operands both f32, both bf16 or both f16 (fp32 accumulation); the product is f32 */
     SL_ASSERT(a->ndim >= 2 && b->ndim >= 2 && a->dtype == b->dtype &&
               (a->dtype == SL_F32 || a->dtype == SL_BF16 || a->dtype == SL_F16));
+    return matmul_node(ctx, a, b, transA, transB);
+}
+
+sl_tensor *sl_matmul_half_b(sl_ctx *ctx, sl_tensor *a, sl_tensor *b, int transA, int transB) {
+    SL_ASSERT(a->ndim >= 2 && b->ndim == 2 && a->dtype == SL_BF16 && b->dtype == SL_F32 && !transA);
+    sl_tensor *t = matmul_node(ctx, a, b, transA, transB);
+    t->iparams[SL_MATMUL_IP_HALF_B] = SL_BF16;
+    return t;
+}
+
+sl_tensor *sl_linear_half_w(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, sl_tensor *b) {
+    sl_tensor *y = sl_matmul_half_b(ctx, x, w, 0, 1);
+    if (b && b->dtype == SL_F32 && b->ndim == 1 && b->ne[0] == y->ne[y->ndim - 1]) {
+        y->src[2] = b; /* bias added by the GEMM */
+        return y;
+    }
+    return b ? sl_bias(ctx, y, b) : y;
+}
+
+static sl_tensor *matmul_node(sl_ctx *ctx, sl_tensor *a, sl_tensor *b, int transA, int transB) {
     SL_ASSERT(a->nb[a->ndim - 1] == 1 && b->nb[b->ndim - 1] == 1); /* rows contiguous */
     int64_t aM = transA ? a->ne[a->ndim - 1] : a->ne[a->ndim - 2];
     int64_t aK = transA ? a->ne[a->ndim - 2] : a->ne[a->ndim - 1];

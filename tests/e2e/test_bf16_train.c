@@ -205,6 +205,54 @@ static void check_model(const char *name, int llama) {
     sl_model_free(m);
 }
 
+/* Note [Fused weight casts] (src/ops/backward.c): 20 training steps of the GPT-2 with its Linear layers
+ * reading the f32 weights through the fused GEMM, and with the cast nodes (SUANLI_FUSED_WEIGHT_CAST=0): every
+ * loss and every final weight bitwise equal; the fused graph holds no cast of a parameter and reads the
+ * weights through HALF_B products, the other holds the casts (so neither run is vacuous) */
+static void check_fused_cast(void) {
+    int B = meta_i("batch"), T = meta_i("seq_len"), steps = 20;
+    float losses[2][20];
+    float *w[2] = {NULL, NULL};
+    int64_t numel = 0;
+    for (int fused = 0; fused < 2; fused++) {
+        if (!fused) setenv("SUANLI_FUSED_WEIGHT_CAST", "0", 1);
+        sl_model *m = make_model(0);
+        set_dtype(m, 1);
+        sl_trainer tr;
+        sl_trainer_config tc = train_config();
+        TU_CHECK(sl_trainer_init(&tr, m, &tc) == SL_OK, "trainer: %s", sl_errmsg());
+        unsetenv("SUANLI_FUSED_WEIGHT_CAST");
+        int casts = 0, half_b = 0;
+        for (int i = 0; i < sl_graph_n_nodes(tr.graph); i++) {
+            const sl_tensor *n = sl_graph_node(tr.graph, i);
+            casts += n->op == SL_OP_CAST && n->src[0]->op == SL_OP_NONE &&
+                     (n->src[0]->flags & SL_FLAG_PARAM) &&
+                     n->src[0]->ndim == 2; /* the weights' casts (the biases are still rounded by casts) */
+            half_b += n->op == SL_OP_MATMUL && n->iparams[SL_MATMUL_IP_HALF_B] == SL_BF16;
+        }
+        TU_CHECK(fused ? casts == 0 && half_b > 0 : casts > 0 && half_b == 0,
+                 "fused %d: %d casts of parameters, %d fused products", fused, casts, half_b);
+        feed f = {need("train_tokens")->data, B, T, tc.accum};
+        for (int s = 0; s < steps; s++) {
+            sl_step_stats ss;
+            TU_CHECK(sl_trainer_step(&tr, s, feed_fn, &f, &ss) == SL_OK, "step: %s", sl_errmsg());
+            losses[fused][s] = ss.loss;
+        }
+        numel = m->numel;
+        w[fused] = malloc(sizeof(float) * (size_t)numel);
+        if (w[fused]) memcpy(w[fused], m->params_mem, sizeof(float) * (size_t)numel);
+        sl_trainer_free(&tr);
+        sl_model_free(m);
+    }
+    TU_CHECK(!memcmp(losses[0], losses[1], sizeof losses[0]), "fused weight casts: losses differ");
+    TU_CHECK(w[0] && w[1] && !memcmp(w[0], w[1], sizeof(float) * (size_t)numel),
+             "fused weight casts: final weights differ");
+    printf("gpt2 fused weight casts: %d steps, losses and weights bitwise the cast nodes' (loss %.6f)\n",
+           steps, losses[1][steps - 1]);
+    free(w[0]);
+    free(w[1]);
+}
+
 int main(int argc, char **argv) {
     sl_threads_set(2);
     const char *only = argc > 1 ? argv[1] : NULL;
@@ -221,6 +269,7 @@ int main(int argc, char **argv) {
         }
         g_st = st;
         check_model(names[llama], llama);
+        if (!llama) check_fused_cast();
         sl_safetensors_close(st);
     }
     return tu_finish("test_bf16_train");

@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+static int emu_bconv_fail; /* 1: gemm_amx.c's rounding buffer for fp32 B "cannot be allocated" */
+
 /* ---- AVX-512 types and intrinsics, lane by lane (Intel's semantics) ---- */
 typedef struct {
     float f[16];
@@ -48,6 +50,13 @@ static inline __m512i _mm512_maskz_loadu_epi16(__mmask32 k, const void *p) {
     return r;
 }
 static inline void _mm512_storeu_si512(void *p, __m512i a) { memcpy(p, &a, 64); }
+#define _MM_HINT_T0 3
+static inline void _mm_prefetch(const char *p, int hint) { (void)p, (void)hint; } /* a hint: never faults */
+/* masked-out elements are neither written nor read */
+static inline void _mm512_mask_storeu_epi16(void *p, __mmask32 k, __m512i a) {
+    for (int i = 0; i < 32; i++)
+        if ((k >> i) & 1) memcpy((char *)p + 2 * i, &a.h[i], 2);
+}
 static inline __m512i _mm512_set1_epi16(short x) {
     __m512i r;
     for (int i = 0; i < 32; i++) r.h[i] = (uint16_t)x;
@@ -392,10 +401,16 @@ static void check_packing_f32(int tB, int64_t N, int64_t K, int64_t pad) {
     im->pack_b(&g, 0, N, k0, kc, 32, p16);
     g.B = Bf;
     g.b_f32 = 1;
-    im->pack_b(&g, 0, N, k0, kc, 32, p32);
-    TU_CHECK(!memcmp(p16, p32, (size_t)(np_b * steps * 1024) * 2),
-             "packing fp32 B (%s) N=%lld K=%lld pad=%lld: not the panels of its bf16 rounding",
-             tB ? "T" : "N", (long long)N, (long long)K, (long long)pad);
+    for (int fail = 0; fail < 2; fail++) { /* through the rounding buffer, and block by block without it */
+        memset(p32, 0xa5, (size_t)(np_b * steps * 1024) * 2);
+        emu_bconv_fail = fail;
+        im->pack_b(&g, 0, N, k0, kc, 32, p32);
+        emu_bconv_fail = 0;
+        TU_CHECK(!memcmp(p16, p32, (size_t)(np_b * steps * 1024) * 2),
+                 "packing fp32 B (%s) N=%lld K=%lld pad=%lld%s: not the panels of its bf16 rounding",
+                 tB ? "T" : "N", (long long)N, (long long)K, (long long)pad,
+                 fail ? " without the buffer" : "");
+    }
     free(Bf), free(Bh), free(p16), free(p32);
 }
 

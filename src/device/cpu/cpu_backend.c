@@ -192,7 +192,12 @@ static int cpu_supports(sl_backend *be, const sl_tensor *n) {
     case SL_OP_CAST: /* f32 <-> bf16, f32 <-> f16 */
         return n->dtype != SL_I32 && n->src[0]->dtype != SL_I32 &&
                (n->dtype == SL_F32 || n->src[0]->dtype == SL_F32 || n->dtype == n->src[0]->dtype);
-    case SL_OP_MATMUL: /* f32 x f32, bf16 x bf16 (sl_gemm_bf16) or f16 x f16 (widened), f32 out */
+    case SL_OP_MATMUL: /* f32 x f32, bf16 x bf16 (sl_gemm_bf16) or f16 x f16 (widened), f32 out; bf16 x f32
+                        * rounded to bf16 (Note [Fused weight casts]) */
+        if (n->iparams[SL_MATMUL_IP_HALF_B])
+            return n->dtype == SL_F32 && n->iparams[SL_MATMUL_IP_HALF_B] == SL_BF16 &&
+                   n->src[0]->dtype == SL_BF16 && n->src[1]->dtype == SL_F32 &&
+                   (!n->src[2] || n->src[2]->dtype == SL_F32);
         return n->dtype == SL_F32 && n->src[0]->dtype == n->src[1]->dtype &&
                (n->src[0]->dtype == SL_F32 || n->src[0]->dtype == SL_BF16 || n->src[0]->dtype == SL_F16) &&
                (!n->src[2] || n->src[2]->dtype == SL_F32);
@@ -216,7 +221,7 @@ static sl_status cpu_compute(sl_backend *be, sl_tensor *n) {
 
 static sl_backend g_cpu = {
     .name = "cpu",
-    .caps = {.alignment = 64, .host_visible = 1, .async_copies = 0, .donate_inputs = 1},
+    .caps = {.alignment = 64, .host_visible = 1, .async_copies = 0, .donate_inputs = 1, .matmul_half_b = 1},
     .buffer_alloc = cpu_alloc,
     .buffer_free = cpu_free,
     .buffer_from_host = cpu_from_host,

@@ -3,6 +3,7 @@
  * sl_cpu_features_get() reports amx_bf16 (CPUID, XCR0 and the process's permission: Note [AMX permission]
  * in src/base/cpu.c). tests/kernels/test_gemm_amx_emu.c includes this file with SL_GEMM_AMX_EMULATED to run
  * the packers and the kernel's tile program on CPUs without AMX. */
+#include <pthread.h>
 #include <string.h>
 
 #include "device/cpu/kernels/gemm_internal.h"
@@ -195,22 +196,29 @@ SL_TARGET_AMX static inline __m512i round_bf16_lo(__m512i u) {
     return _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
 }
 
-/* 32 consecutive bf16 of B from element offset `off` (elements past the mask zero): bf16 storage, or fp32
- * rounded here (sl_gemm_args.b_f32: Note [Fused weight casts] in matmul.c), the same bits as a load of the
- * rounded copy */
-SL_TARGET_AMX static inline __m512i load_b32(const sl_gemm_args *g, int64_t off, __mmask32 m) {
-    if (!g->b_f32) return _mm512_maskz_loadu_epi16(m, (const uint16_t *)g->B + off);
-    const float *p = (const float *)g->B + off;
+/* n floats to bf16 with sl_f32_to_bf16's rounding (the same bits as a CAST node's); `next` (or NULL): the
+ * row read after this one, whose lines are prefetched meanwhile (rows of a chunk are strided, and the
+ * hardware prefetcher starts cold on each) */
+SL_TARGET_AMX static void round_row_bf16(const float *src, uint16_t *dst, int64_t n, const float *next) {
     const __m512i even = _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32, 30,
                                           28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-    __m512i u0 = _mm512_maskz_loadu_epi32((__mmask16)(m & 0xffffu), p),
-            u1 = _mm512_maskz_loadu_epi32((__mmask16)(m >> 16), p + 16);
-    return _mm512_permutex2var_epi16(round_bf16_lo(u0), even, round_bf16_lo(u1));
+    for (int64_t i = 0; i < n; i += 32) {
+        const __mmask32 m = mask32(n - i);
+        if (next) {
+            _mm_prefetch((const char *)(next + i), _MM_HINT_T0);
+            _mm_prefetch((const char *)(next + i + 16), _MM_HINT_T0);
+        }
+        __m512i u0 = _mm512_maskz_loadu_epi32((__mmask16)(m & 0xffffu), src + i),
+                u1 = _mm512_maskz_loadu_epi32((__mmask16)(m >> 16), src + i + 16);
+        _mm512_mask_storeu_epi16(dst + i, m,
+                                 _mm512_permutex2var_epi16(round_bf16_lo(u0), even, round_bf16_lo(u1)));
+    }
 }
 
 /* One B panel: columns [j0, j0+nj) (nj <= 32) of op(B), k in [k0, k0+kc) */
 SL_TARGET_AMX static void pack_b_amx_panel(const sl_gemm_args *g, int64_t j0, int nj, int64_t k0, int64_t kc,
                                            uint16_t *dst) {
+    const uint16_t *B = (const uint16_t *)g->B;
     const int64_t ldb = g->ldb, steps = (kc + AKS - 1) / AKS;
     /* interleave two k rows' columns 16h .. 16h+15: word j = B(k, 16h+j) | B(k+1, 16h+j) << 16 */
     const __m512i ix0 = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7,
@@ -223,7 +231,7 @@ SL_TARGET_AMX static void pack_b_amx_panel(const sl_gemm_args *g, int64_t j0, in
             for (int h = 0; h < 2; h++) {
                 __m512i r[16];
                 for (int j = 0; j < 16; j++)
-                    r[j] = 16 * h + j < nj ? load_b32(g, (j0 + 16 * h + j) * ldb + kb, km)
+                    r[j] = 16 * h + j < nj ? _mm512_maskz_loadu_epi16(km, B + (j0 + 16 * h + j) * ldb + kb)
                                            : _mm512_setzero_si512();
                 transpose16x16_u32(r);
                 for (int p = 0; p < 16; p++) _mm512_storeu_si512((void *)(dst + (h * 16 + p) * 32), r[p]);
@@ -232,8 +240,9 @@ SL_TARGET_AMX static void pack_b_amx_panel(const sl_gemm_args *g, int64_t j0, in
         }
         const __mmask32 jm = mask32(nj);
         for (int p = 0; p < 16; p++) {
-            __m512i r0 = 2 * p < kv ? load_b32(g, (kb + 2 * p) * ldb + j0, jm) : _mm512_setzero_si512(),
-                    r1 = 2 * p + 1 < kv ? load_b32(g, (kb + 2 * p + 1) * ldb + j0, jm)
+            __m512i r0 = 2 * p < kv ? _mm512_maskz_loadu_epi16(jm, B + (kb + 2 * p) * ldb + j0)
+                                    : _mm512_setzero_si512(),
+                    r1 = 2 * p + 1 < kv ? _mm512_maskz_loadu_epi16(jm, B + (kb + 2 * p + 1) * ldb + j0)
                                         : _mm512_setzero_si512();
             _mm512_storeu_si512((void *)(dst + p * 32), _mm512_permutex2var_epi16(r0, ix0, r1));
             _mm512_storeu_si512((void *)(dst + (16 + p) * 32), _mm512_permutex2var_epi16(r0, ix1, r1));
@@ -250,10 +259,73 @@ SL_TARGET_AMX static void pack_a_amx(const sl_gemm_args *g, int64_t i0, int64_t 
                          (uint16_t *)dst + p * panel);
 }
 
+/* fp32 B (sl_gemm_args.b_f32: Note [Fused weight casts] in matmul.c) is first rounded into a per-thread
+ * buffer, the chunk's kc x nj block read row by row (contiguous runs that the prefetchers follow: packing
+ * straight from fp32 read 16-32 strided rows per tile and made the packing 2.7x slower), then packed from
+ * there as bf16 (kc x nc x 2 bytes = 1 MiB: it stays in L2). Without the buffer, one 32 x 32 block at a
+ * time through the stack (slower, the same bits). */
+static _Thread_local uint16_t *tl_bconv;
+static _Thread_local size_t tl_bconv_cap;
+static pthread_key_t bconv_key;
+static pthread_once_t bconv_once = PTHREAD_ONCE_INIT;
+static void bconv_free(void *p) { sl_free_aligned(p); }
+static void bconv_key_init(void) { (void)pthread_key_create(&bconv_key, bconv_free); }
+
+static uint16_t *bconv_get(size_t bytes) {
+#ifdef SL_GEMM_AMX_EMULATED
+    if (emu_bconv_fail) return NULL; /* the test's way into the fallback */
+#endif
+    if (bytes > tl_bconv_cap) {
+        pthread_once(&bconv_once, bconv_key_init);
+        sl_free_aligned(tl_bconv);
+        tl_bconv = sl_malloc_aligned(bytes);
+        tl_bconv_cap = tl_bconv ? bytes : 0;
+        (void)pthread_setspecific(bconv_key, tl_bconv);
+    }
+    return tl_bconv;
+}
+
 SL_TARGET_AMX static void pack_b_amx(const sl_gemm_args *g, int64_t j0, int64_t nj, int64_t k0, int64_t kc,
                                      int nr, void *dst) {
     (void)nr;
     const int64_t panel = (kc + AKS - 1) / AKS * AKS * ANR;
+    if (g->b_f32) {
+        const float *B = (const float *)g->B;
+        sl_gemm_args r = *g;
+        r.b_f32 = 0;
+        uint16_t *t = bconv_get((size_t)(nj * kc) * sizeof(uint16_t));
+        if (t) {
+            if (g->transB)
+                for (int64_t j = 0; j < nj; j++)
+                    round_row_bf16(B + (j0 + j) * g->ldb + k0, t + j * kc, kc,
+                                   j + 1 < nj ? B + (j0 + j + 1) * g->ldb + k0 : NULL);
+            else
+                for (int64_t k = 0; k < kc; k++)
+                    round_row_bf16(B + (k0 + k) * g->ldb + j0, t + k * nj, nj,
+                                   k + 1 < kc ? B + (k0 + k + 1) * g->ldb + j0 : NULL);
+            r.B = t;
+            r.ldb = g->transB ? kc : nj;
+            pack_b_amx(&r, 0, nj, 0, kc, nr, dst);
+            return;
+        }
+        uint16_t blk[ANR * AKS] __attribute__((aligned(64)));
+        r.B = blk;
+        r.ldb = AKS;
+        for (int64_t p = 0; p * ANR < nj; p++)
+            for (int64_t s = 0; s * AKS < kc; s++) {
+                const int64_t jn = nj - p * ANR < ANR ? nj - p * ANR : ANR,
+                              kn = kc - s * AKS < AKS ? kc - s * AKS : AKS, jb = j0 + p * ANR,
+                              kb = k0 + s * AKS;
+                if (g->transB)
+                    for (int64_t j = 0; j < jn; j++)
+                        round_row_bf16(B + (jb + j) * g->ldb + kb, blk + j * AKS, kn, NULL);
+                else
+                    for (int64_t k = 0; k < kn; k++)
+                        round_row_bf16(B + (kb + k) * g->ldb + jb, blk + k * AKS, jn, NULL);
+                pack_b_amx_panel(&r, 0, (int)jn, 0, kn, (uint16_t *)dst + p * panel + s * ANR * AKS);
+            }
+        return;
+    }
     for (int64_t p = 0; p * ANR < nj; p++)
         pack_b_amx_panel(g, j0 + p * ANR, nj - p * ANR < ANR ? (int)(nj - p * ANR) : ANR, k0, kc,
                          (uint16_t *)dst + p * panel);

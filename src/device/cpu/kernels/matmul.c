@@ -15,9 +15,12 @@
 #include <immintrin.h>
 #endif
 
+/* bf: bf16 operands; 2: bf16 A and f32 B rounded to bf16 (Note [Fused weight casts], src/ops/backward.c) */
 static void gemm_call(int bf, int tA, int tB, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
                       const void *B, int64_t ldb, float beta, const float *bias, float *C, int64_t ldc) {
-    if (bf && bias)
+    if (bf == 2)
+        sl_gemm_bf16_f32b(tA, tB, M, N, K, 1.0f, A, lda, B, ldb, beta, bias, C, ldc);
+    else if (bf && bias)
         sl_gemm_bf16_bias(tA, tB, M, N, K, 1.0f, A, lda, B, ldb, bias, C, ldc);
     else if (bf)
         sl_gemm_bf16(tA, tB, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
@@ -127,7 +130,10 @@ sl_status sl_k_matmul(sl_tensor *n) {
     float *pc = n->data;
     if (a->dtype == SL_F16) return sl_k_matmul_f16(n); /* widened to f32: Note [f16 GEMM] */
     int bf = a->dtype == SL_BF16;
-    if (bf && b->dtype != SL_BF16) return sl_fail(SL_ERR_UNSUPPORTED, "matmul: mixed operand dtypes");
+    if (bf && b->dtype == SL_F32 && n->iparams[SL_MATMUL_IP_HALF_B] == SL_BF16)
+        bf = 2; /* Note [Fused weight casts] */
+    else if (bf && b->dtype != SL_BF16)
+        return sl_fail(SL_ERR_UNSUPPORTED, "matmul: mixed operand dtypes");
     const float *bias = n->src[2] ? (const float *)n->src[2]->data : NULL;
     /* iparams[2]: accumulate into the output (in place on view_src; see ops_internal.h) */
     float beta = n->iparams[2] == 1 ? 1.0f : 0.0f;
@@ -147,9 +153,9 @@ sl_status sl_k_matmul(sl_tensor *n) {
                 int64_t oa = i0 * ia.nb[0] + i1 * ia.nb[1] + i2 * ia.nb[2];
                 int64_t ob = i0 * ib.nb[0] + i1 * ib.nb[1] + i2 * ib.nb[2];
                 float *C = pc + i0 * ic.nb[0] + i1 * ic.nb[1] + i2 * ic.nb[2];
-                size_t es = bf ? 2 : 4;
-                gemm_call(bf, tA, tB, M, N, K, (const char *)a->data + oa * (int64_t)es, lda,
-                          (const char *)b->data + ob * (int64_t)es, ldb, beta, bias, C, ldc);
+                int64_t esa = bf ? 2 : 4, esb = bf == 1 ? 2 : 4;
+                gemm_call(bf, tA, tB, M, N, K, (const char *)a->data + oa * esa, lda,
+                          (const char *)b->data + ob * esb, ldb, beta, bias, C, ldc);
             }
     return SL_OK;
 }
