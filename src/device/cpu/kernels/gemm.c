@@ -155,25 +155,36 @@ static const sl_gemm_impl impl_scalar_bf16 = {.name = "scalar",
                                               .kernel = kernel_scalar_4x16};
 
 /* ------------------------------------------------------------------------------------------------ */
-/* Workspace: one buffer per calling thread, grown on demand, reused across calls                   */
+/* Per-thread buffers (sl_gemm_tlbuf): grown on demand, reused across calls                        */
 
-static _Thread_local void *tl_ws;
-static _Thread_local size_t tl_ws_cap;
-/* a thread-exit destructor frees the buffer of threads that end (e.g. ranks run as threads) */
-static pthread_key_t ws_key;
-static pthread_once_t ws_once = PTHREAD_ONCE_INIT;
-static void ws_free(void *p) { sl_free_aligned(p); }
-static void ws_key_init(void) { (void)pthread_key_create(&ws_key, ws_free); }
-
-static void *workspace_get(size_t bytes) {
-    if (bytes > tl_ws_cap) {
-        pthread_once(&ws_once, ws_key_init);
-        sl_free_aligned(tl_ws);
-        tl_ws = sl_malloc_aligned(bytes);
-        tl_ws_cap = tl_ws ? bytes : 0;
-        (void)pthread_setspecific(ws_key, tl_ws);
+typedef struct gemm_tlbufs {
+    void *p[SL_GEMM_TLB_COUNT];
+    size_t cap[SL_GEMM_TLB_COUNT];
+} gemm_tlbufs;
+static _Thread_local gemm_tlbufs tl_bufs;
+/* a thread-exit destructor frees the buffers of threads that end (e.g. ranks run as threads); it gets the
+ * exiting thread's own gemm_tlbufs */
+static pthread_key_t tlb_key;
+static pthread_once_t tlb_once = PTHREAD_ONCE_INIT;
+static void tlb_free(void *arg) {
+    gemm_tlbufs *t = (gemm_tlbufs *)arg;
+    for (int i = 0; i < SL_GEMM_TLB_COUNT; i++) {
+        sl_free_aligned(t->p[i]);
+        t->p[i] = NULL;
+        t->cap[i] = 0;
     }
-    return tl_ws;
+}
+static void tlb_key_init(void) { (void)pthread_key_create(&tlb_key, tlb_free); }
+
+void *sl_gemm_tlbuf(int slot, size_t bytes) {
+    if (bytes > tl_bufs.cap[slot]) {
+        pthread_once(&tlb_once, tlb_key_init);
+        sl_free_aligned(tl_bufs.p[slot]);
+        tl_bufs.p[slot] = sl_malloc_aligned(bytes ? bytes : 64);
+        tl_bufs.cap[slot] = tl_bufs.p[slot] ? bytes : 0;
+        (void)pthread_setspecific(tlb_key, &tl_bufs); /* non-NULL: the destructor runs at thread exit */
+    }
+    return tl_bufs.p[slot];
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -328,7 +339,7 @@ void sl_gemm_run(const sl_gemm_args *g, const sl_gemm_impl *im, int nthr) {
            bal_m = split_balance(ceil_div(g->M, im->mr), nthr);
     p.split_n = bal_n > bal_m + 0.05 ? 1 : bal_m > bal_n + 0.05 ? 0 : g->M <= g->N;
     size_t total = (size_t)nthr * (p.a_bytes + p.b_bytes);
-    p.ws = (char *)workspace_get(total);
+    p.ws = (char *)sl_gemm_tlbuf(SL_GEMM_TLB_PACK, total);
     if (!p.ws) {
         SL_LOGW("sl_gemm: cannot allocate %zu bytes of packing workspace; using the slow unpacked loop",
                 total);
@@ -420,27 +431,12 @@ static void run_f32(const sl_gemm_args *g) {
  * is summed in the same order as in one call: bitwise sl_gemm_bf16 on a rounded copy of B (Note [Fused
  * weight casts], matmul.c), with a buffer of at most BROUND_COLS x K instead of all of B. */
 enum { BROUND_COLS = 4800 };
-static _Thread_local uint16_t *tl_bround;
-static _Thread_local size_t tl_bround_cap;
-static pthread_key_t bround_key;
-static pthread_once_t bround_once = PTHREAD_ONCE_INIT;
-static void bround_key_init(void) { (void)pthread_key_create(&bround_key, ws_free); }
-
-static uint16_t *bround_get(size_t bytes) {
-    if (bytes > tl_bround_cap) {
-        pthread_once(&bround_once, bround_key_init);
-        sl_free_aligned(tl_bround);
-        tl_bround = sl_malloc_aligned(bytes);
-        tl_bround_cap = tl_bround ? bytes : 0;
-        (void)pthread_setspecific(bround_key, tl_bround);
-    }
-    return tl_bround;
-}
 
 static void run_bf16_rounded_b(const sl_gemm_args *g, const gemm_dispatch *d, int nthr) {
     const float *B = (const float *)g->B;
     const int64_t chunk = g->N < BROUND_COLS ? g->N : BROUND_COLS;
-    uint16_t *buf = bround_get((size_t)(chunk * (g->K > 0 ? g->K : 1)) * sizeof(uint16_t));
+    uint16_t *buf =
+        sl_gemm_tlbuf(SL_GEMM_TLB_BROUND, (size_t)(chunk * (g->K > 0 ? g->K : 1)) * sizeof(uint16_t));
     if (!buf) {
         SL_LOGW("sl_gemm: cannot allocate the rounded copy of B; using the slow unpacked loop");
         gemm_unpacked(g, d->bf16);

@@ -3,7 +3,6 @@
  * sl_cpu_features_get() reports amx_bf16 (CPUID, XCR0 and the process's permission: Note [AMX permission]
  * in src/base/cpu.c). tests/kernels/test_gemm_amx_emu.c includes this file with SL_GEMM_AMX_EMULATED to run
  * the packers and the kernel's tile program on CPUs without AMX. */
-#include <pthread.h>
 #include <string.h>
 
 #include "device/cpu/kernels/gemm_internal.h"
@@ -264,25 +263,11 @@ SL_TARGET_AMX static void pack_a_amx(const sl_gemm_args *g, int64_t i0, int64_t 
  * straight from fp32 read 16-32 strided rows per tile and made the packing 2.7x slower), then packed from
  * there as bf16 (kc x nc x 2 bytes = 1 MiB: it stays in L2). Without the buffer, one 32 x 32 block at a
  * time through the stack (slower, the same bits). */
-static _Thread_local uint16_t *tl_bconv;
-static _Thread_local size_t tl_bconv_cap;
-static pthread_key_t bconv_key;
-static pthread_once_t bconv_once = PTHREAD_ONCE_INIT;
-static void bconv_free(void *p) { sl_free_aligned(p); }
-static void bconv_key_init(void) { (void)pthread_key_create(&bconv_key, bconv_free); }
-
 static uint16_t *bconv_get(size_t bytes) {
 #ifdef SL_GEMM_AMX_EMULATED
     if (emu_bconv_fail) return NULL; /* the test's way into the fallback */
 #endif
-    if (bytes > tl_bconv_cap) {
-        pthread_once(&bconv_once, bconv_key_init);
-        sl_free_aligned(tl_bconv);
-        tl_bconv = sl_malloc_aligned(bytes);
-        tl_bconv_cap = tl_bconv ? bytes : 0;
-        (void)pthread_setspecific(bconv_key, tl_bconv);
-    }
-    return tl_bconv;
+    return (uint16_t *)sl_gemm_tlbuf(SL_GEMM_TLB_BCONV, bytes);
 }
 
 SL_TARGET_AMX static void pack_b_amx(const sl_gemm_args *g, int64_t j0, int64_t nj, int64_t k0, int64_t kc,

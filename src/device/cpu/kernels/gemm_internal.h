@@ -74,6 +74,12 @@ typedef struct sl_gemm_impl {
     int b_f32; /* pack_b also takes fp32 B with sl_gemm_args.b_f32 (rounding it to bf16 as it packs) */
 } sl_gemm_impl;
 
+/* Per-thread buffers, grown on demand and reused (no allocation in steady state), freed when the thread
+ * exits: the packing workspace, the rounded copy of an fp32 B (gemm.c), the AMX packer's rounding buffer
+ * (gemm_amx.c). NULL if the allocation fails (the caller falls back). */
+enum { SL_GEMM_TLB_PACK, SL_GEMM_TLB_BROUND, SL_GEMM_TLB_BCONV, SL_GEMM_TLB_COUNT };
+void *sl_gemm_tlbuf(int slot, size_t bytes);
+
 /* Run the blocked GEMM with `nthr` threads (1: on the calling thread, no OpenMP region). */
 void sl_gemm_run(const sl_gemm_args *g, const sl_gemm_impl *im, int nthr);
 
