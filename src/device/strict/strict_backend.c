@@ -227,7 +227,10 @@ static sl_status strict_fill(sl_backend *be, sl_buffer *b, int64_t off, int64_t 
 
 static sl_backend g_strict = {
     .name = "strict",
-    .caps = {.alignment = 4096, .host_visible = 0, .async_copies = 1},
+    .caps = {.alignment = 4096,
+             .host_visible = 0,
+             .async_copies = 1,
+             .matmul_half_b = 1}, /* the CPU's kernels */
     .buffer_alloc = strict_alloc,
     .buffer_free = strict_free,
     .copy_in = strict_copy_in,
