@@ -18,7 +18,12 @@ autocast rounds but sums in another fp32 order: GPT-2 with fp32 kernels and expl
 (EmuGPT: suanli's rounding model in PyTorch), and autocast's own run with its master weights moved by one
 fp32 ulp after the first step (both models). See the header of tests/e2e/test_bf16_train.c.
 Requires torch, transformers, safetensors.
+The bf16 GEMM's order of summation depends on oneDNN's kernel, so the fixtures are made twice: on a host
+whose oneDNN runs bf16 matmuls with vdpbf16ps (AVX512_BF16, Zen 4: bf16_<model>.safetensors) and on an AMX
+host (`--suffix _amx`: bf16_<model>_amx.safetensors, made on an Intel Xeon whose oneDNN reported
+brg_matmul:avx10_1_512_amx). The test compares each suanli kernel with the fixture of the same kind.
 Usage: python3 scripts/gen_bf16_parity.py [--outdir tests/fixtures/bf16] [--only gpt2|llama] [--floor]
+       [--suffix _amx]
 """
 import argparse
 import os
@@ -204,17 +209,18 @@ def main():
     ap.add_argument("--outdir", default="tests/fixtures/bf16")
     ap.add_argument("--only", choices=["gpt2", "llama"])
     ap.add_argument("--floor", action="store_true", help="measure the floor (fixtures must exist; no write)")
+    ap.add_argument("--suffix", default="", help="appended to the fixture names (_amx on an AMX host)")
     args = ap.parse_args()
     torch.use_deterministic_algorithms(True)
     if args.floor:
         for name, make in (("gpt2", g16.GPT), ("llama", g16.llama)):
             if args.only in (None, name):
-                floor(name, make, os.path.join(args.outdir, f"bf16_{name}.safetensors"))
+                floor(name, make, os.path.join(args.outdir, f"bf16_{name}{args.suffix}.safetensors"))
         return
     if args.only != "llama":
-        fixture("gpt2", g16.GPT, os.path.join(args.outdir, "bf16_gpt2.safetensors"))
+        fixture("gpt2", g16.GPT, os.path.join(args.outdir, f"bf16_gpt2{args.suffix}.safetensors"))
     if args.only != "gpt2":
-        fixture("llama", g16.llama, os.path.join(args.outdir, "bf16_llama.safetensors"))
+        fixture("llama", g16.llama, os.path.join(args.outdir, f"bf16_llama{args.suffix}.safetensors"))
 
 
 if __name__ == "__main__":

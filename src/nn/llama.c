@@ -8,6 +8,7 @@
  *   h = rmsnorm(x) ; x += (silu(h Wg^T) * (h Wu^T)) Wd^T               (Mixtral: top-k mixture of such MLPs)
  * then rmsnorm and the LM head (untied, tied to the embedding, or Baichuan's row-normalised NormHead). */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "nn/llama_internal.h"
@@ -342,7 +343,26 @@ static sl_tensor *norm(sl_model *m, sl_tensor *x, sl_tensor *w, float eps) {
     return rnd_model(m, sl_mul(m->ctx, rnd(m, sl_rmsnorm(m->ctx, x, NULL, eps)), w));
 }
 
+/* Note [bf16 GEMMs under autocast]
+ * Under bf16 autocast a Linear's operands are bf16 values. On a backend that runs the fused weight product
+ * (caps.matmul_half_b: Note [Fused weight casts] in src/ops/backward.c) the input is cast to a bf16 tensor
+ * and the product runs on the bf16 GEMM (AMX tiles, vdpbf16ps, or widened) with the f32 weight rounded as
+ * it is packed; elsewhere the operands are rounded in f32 (cast(cast(.))) and the fp32 GEMM multiplies
+ * them. Both sum exact bf16 products in fp32 and round the gradients at the same points; the bf16 kernels
+ * sum as oneDNN's do, so against torch.autocast fixtures made with the same kind of kernel the tiny Llama's
+ * step-0 logits land at 0.001 (vdpbf16ps) of the fp32-autocast distance, against 0.059 with the fp32 GEMM
+ * (tests/e2e/test_bf16_train.c). SUANLI_FUSED_WEIGHT_CAST=0 keeps the fp32 GEMM on rounded operands. */
+static int bf16_gemm(const sl_model *m, const sl_tensor *w) {
+    const char *e = getenv("SUANLI_FUSED_WEIGHT_CAST");
+    return autocast(m) == SL_BF16 && m->backend && m->backend->caps.matmul_half_b &&
+           !(e && !strcmp(e, "0")) && w->dtype == SL_F32 && w->ndim == 2 && sl_is_contiguous(w);
+}
+
 sl_tensor *sl_llama_lin(sl_model *m, sl_tensor *x, sl_tensor *w, sl_tensor *b) {
+    if (bf16_gemm(m, w)) { /* Note [bf16 GEMMs under autocast] */
+        sl_tensor *xh = sl_cast(m->ctx, x->nb[x->ndim - 1] == 1 ? x : sl_cont(m->ctx, x), SL_BF16);
+        return rnd(m, sl_linear_half_w(m->ctx, xh, w, b ? rnd(m, b) : NULL));
+    }
     if (autocast(m) != SL_F32) { /* autocast: half inputs, weight and bias; fp32 accumulation; half output.
                                The casts' backward rounds the gradients as autocast's half tensors do. */
         sl_tensor *y = sl_linear(m->ctx, rnd(m, x), rnd(m, w), b ? rnd(m, b) : NULL);

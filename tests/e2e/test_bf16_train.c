@@ -2,8 +2,16 @@
  * weights on a tiny GPT-2 and a tiny Llama (scripts/gen_bf16_parity.py, tests/fixtures/bf16/). suanli runs
  * m->compute_dtype = SL_BF16 (`suanli train --bf16`), the rounding points of Note [Half autocast] in gpt2.c.
  * Every bar is a ratio to how far the PyTorch reference itself moves between fp32 and autocast-bf16 (d_ref,
- * from the same fixture). Measured on this machine, GPT-2 / Llama (before this rounding model: the old bf16
- * path, operands rounded only, in parentheses):
+ * from the same fixture). The bf16 GEMM's order of summation is oneDNN's kernel's, so there are two fixtures
+ * of each model: one from a vdpbf16ps host (Zen 4) and one from an AMX host (*_amx); the run compares with
+ * the one of its own kernel kind (the widened fp32 path of AVX2 / scalar hosts with the vdpbf16ps one).
+ * Since the Llama's Linears run on the bf16 GEMM (Note [bf16 GEMMs under autocast], src/nn/llama.c),
+ * measured on an AMX host (2026-12-04): AMX against the AMX fixture, GPT-2 and Llama step-0 losses, logits
+ * and gradients 0.000 (bitwise torch's), losses over 100 batches 0.050 / 0.013, 100 steps 0.97 / 1.05;
+ * the vdpbf16ps kernel (SUANLI_ISA=avx512) against the Zen 4 fixture: 0.000 / 0.001 logits, 0.000 /
+ * 0.001 gradients (the Llama was 0.059 / 0.010 on the fp32 GEMM), 100 steps 0.88 / 0.96; SUANLI_ISA=avx2
+ * (fp32 sums) as below. Earlier measurements (Zen 4, Llama on the fp32 GEMM; before this rounding model:
+ * the old bf16 path, operands rounded only, in parentheses):
  *   step 0 (same weights, forward only), issue 19's bar 0.25 x d_ref:
  *     - loss, mean over 100 batches: 0.044 / 0.018 (0.82 / 1.29); ASan build 0.044 / 0.219; bar 0.25;
  *     - mean absolute logit difference: 0.000 / 0.059 (0.93 / 1.20); ASan build 0.000 / 0.365. The rest is
@@ -27,6 +35,7 @@
  *   the bf16 runs differ from fp32 (forward and training). */
 #include <string.h>
 
+#include "device/cpu/kernels/gemm.h"
 #include "suanli/safetensors.h"
 #include "suanli/train.h"
 #include "parity_fixture.h"
@@ -260,8 +269,12 @@ int main(int argc, char **argv) {
     for (int llama = 0; llama < 2; llama++) {
         if (only && strcmp(only, names[llama])) continue;
         char path[512];
-        snprintf(path, sizeof path, "%s/tests/fixtures/bf16/bf16_%s.safetensors", SL_SOURCE_DIR,
-                 names[llama]);
+        /* the reference made with the same kind of bf16 GEMM (scripts/gen_bf16_parity.py: oneDNN's AMX
+         * kernels sum a tile's even and odd products apart, its vdpbf16ps kernels pair by pair) */
+        const char *suffix = !strcmp(sl_gemm_bf16_kernel_name(), "amx") ? "_amx" : "";
+        snprintf(path, sizeof path, "%s/tests/fixtures/bf16/bf16_%s%s.safetensors", SL_SOURCE_DIR,
+                 names[llama], suffix);
+        printf("fixture %s (bf16 GEMM: %s)\n", path + strlen(SL_SOURCE_DIR) + 1, sl_gemm_bf16_kernel_name());
         sl_safetensors *st;
         if (sl_safetensors_open(path, &st) != SL_OK) {
             fprintf(stderr, "%s\n", sl_errmsg());
