@@ -460,6 +460,17 @@ static int gpt2_cases(int quick, gcase *cases) {
     return nc;
 }
 
+/* the fp32 FMA peak (and the bf16 one) at each thread count, kept where larger than the values given: the
+ * peaks are measured before and after the GEMMs, and on a shared machine either may land in a busy moment */
+static void measure_peaks(const int *thr_list, int n, int bf16, double *peak, double *peak_bf16) {
+    for (int t = 0; t < n; t++) {
+        double p = sl_bench_fma_peak(thr_list[t]);
+        if (p > peak[t]) peak[t] = p;
+        p = bf16 ? sl_bench_bf16_peak(thr_list[t]) : 0.0;
+        if (p > peak_bf16[t]) peak_bf16[t] = p;
+    }
+}
+
 int sl_bench_ops(int argc, char **argv) {
     int json = 0, quick = 0, maxthr = 2, reps = 3, reps_set = 0;
     const char *device = "cpu";
@@ -495,14 +506,9 @@ int sl_bench_ops(int argc, char **argv) {
     int on_device = strcmp(device, "cpu") != 0;
     if (!on_device) anchors_load();
     int thr_list[2] = {1, maxthr}, nthr_list = maxthr > 1 ? 2 : 1;
-    /* The peak is measured before and after the GEMMs and the larger kept: on a shared machine either
-     * measurement alone may land in a busy moment. */
     double peak[2] = {0, 0}, peak_bf16[2] = {0, 0}; /* bf16 rows: the peak of the kernel that runs them */
     int any_bf16 = !quick;
-    for (int t = 0; !on_device && t < nthr_list; t++) {
-        peak[t] = sl_bench_fma_peak(thr_list[t]);
-        if (any_bf16) peak_bf16[t] = sl_bench_bf16_peak(thr_list[t]);
-    }
+    if (!on_device) measure_peaks(thr_list, nthr_list, any_bf16, peak, peak_bf16);
     double load0 = loadavg();
 
     gcase cases[64];
@@ -600,12 +606,7 @@ int sl_bench_ops(int argc, char **argv) {
         }
     }
     double load1 = loadavg();
-    for (int t = 0; t < nthr_list; t++) {
-        double p2 = sl_bench_fma_peak(thr_list[t]);
-        if (p2 > peak[t]) peak[t] = p2;
-        p2 = any_bf16 ? sl_bench_bf16_peak(thr_list[t]) : 0.0;
-        if (p2 > peak_bf16[t]) peak_bf16[t] = p2;
-    }
+    measure_peaks(thr_list, nthr_list, any_bf16, peak, peak_bf16);
     for (int i = 0; i < nrows; i++) {
         int t = rows[i].threads == thr_list[0] ? 0 : 1;
         rows[i].peak = rows[i].c.bf16 ? peak_bf16[t] : peak[t];

@@ -112,7 +112,8 @@ int main(int argc, char **argv) {
                    names[mode], med[mode][rounds / 2] * 1e3, tps[mode], rounds, a[8], loss[mode]);
     }
     if (json)
-        printf("{\"bench\": \"llama_train_ab\", \"L\": %d, \"C\": %d, \"I\": %d, \"NH\": %d, \"KV\": %d, \"V\": %d, "
+        printf("{\"bench\": \"llama_train_ab\", \"L\": %d, \"C\": %d, \"I\": %d, \"NH\": %d, \"KV\": %d, "
+               "\"V\": %d, "
                "\"B\": %d, \"T\": %d, \"tokens_per_s_fp32\": %.2f, \"tokens_per_s_bf16\": %.2f, "
                "\"tokens_per_s_bf16_fp32_gemm\": %.2f, \"bf16_over_fp32\": %.3f}\n",
                a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], tps[0], tps[1], tps[2], tps[1] / tps[0]);

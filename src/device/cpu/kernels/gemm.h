@@ -46,9 +46,9 @@ void sl_gemm_bf16_bias(int transA, int transB, int64_t M, int64_t N, int64_t K, 
 /* bf16 A times fp32 B rounded to bf16 (sl_f32_to_bf16) as it is packed: bitwise sl_gemm_bf16 on a rounded
  * copy of B, without that copy where the kernel packs fp32 itself (AMX). bias: NULL or N floats (then beta
  * is ignored: C = alpha op(A) op(B) + bias). */
-void sl_gemm_bf16_f32b(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *A,
-                       int64_t lda, const float *B, int64_t ldb, float beta, const float *bias, float *C,
-                       int64_t ldc);
+void sl_gemm_bf16_f32b(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
+                       const uint16_t *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                       const float *bias, float *C, int64_t ldc);
 const char *sl_gemm_kernel_name(void); /* which variant runs: "avx512", "avx2", "scalar" */
 /* which variant runs the bf16 entry points: "amx" (tiles), "avx512_bf16" (vdpbf16ps), or the fp32 kernel's
  * name (inputs widened to fp32 when packed) */
