@@ -429,7 +429,7 @@ static void run_f32(const sl_gemm_args *g) {
  * bits as a CAST node's) into a per-thread buffer, BROUND_COLS columns of op(B) at a time. The chunks start
  * at multiples of every kernel's nr (48, 32, 16), so each element of C lands in the same kind of tile and
  * is summed in the same order as in one call: bitwise sl_gemm_bf16 on a rounded copy of B (Note [Fused
- * weight casts], matmul.c), with a buffer of at most BROUND_COLS x K instead of all of B. */
+ * weight casts], src/ops/backward.c), with a buffer of at most BROUND_COLS x K instead of all of B. */
 enum { BROUND_COLS = 4800 };
 
 static void run_bf16_rounded_b(const sl_gemm_args *g, const gemm_dispatch *d, int nthr) {

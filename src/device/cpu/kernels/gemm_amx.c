@@ -258,10 +258,10 @@ SL_TARGET_AMX static void pack_a_amx(const sl_gemm_args *g, int64_t i0, int64_t 
                          (uint16_t *)dst + p * panel);
 }
 
-/* fp32 B (sl_gemm_args.b_f32: Note [Fused weight casts] in matmul.c) is first rounded into a per-thread
- * buffer, the chunk's kc x nj block read row by row (contiguous runs that the prefetchers follow: packing
- * straight from fp32 read 16-32 strided rows per tile and made the packing 2.7x slower), then packed from
- * there as bf16 (kc x nc x 2 bytes = 1 MiB: it stays in L2). Without the buffer, one 32 x 32 block at a
+/* fp32 B (sl_gemm_args.b_f32: Note [Fused weight casts] in src/ops/backward.c) is first rounded into a
+ * per-thread buffer, the chunk's kc x nj block read row by row (contiguous runs that the prefetchers follow:
+ * packing straight from fp32 read 16-32 strided rows per tile and made the packing 2.7x slower), then packed
+ * from there as bf16 (kc x nc x 2 bytes = 1 MiB: it stays in L2). Without the buffer, one 32 x 32 block at a
  * time through the stack (slower, the same bits). */
 static uint16_t *bconv_get(size_t bytes) {
 #ifdef SL_GEMM_AMX_EMULATED

@@ -37,7 +37,7 @@ typedef struct sl_gemm_args {
     int64_t ldc;
     const float *bias; /* NULL, or N floats added to every row of C (then beta is 0) */
     /* 1: B is fp32 that enters the product rounded to bf16 (sl_f32_to_bf16), A bf16 (Note [Fused weight
-     * casts], matmul.c); only impls with b_f32 set see it, the others get a rounded copy of B */
+     * casts], src/ops/backward.c); only impls with b_f32 set see it, the others get a rounded copy of B */
     int b_f32;
 } sl_gemm_args;
 
