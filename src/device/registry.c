@@ -213,10 +213,16 @@ void sl_device_inventory_get(sl_device_inventory *inv) {
         snprintf(r->name, sizeof r->name, "%s", nm);
         r->built = r->registered = 1;
         r->n_devices = -1;
-        if (!strcmp(nm, "cpu"))
-            snprintf(r->note, sizeof r->note, "host CPU, ISA %s, %d thread%s (OMP_NUM_THREADS / --threads)",
-                     sl_cpu_isa_name(), sl_threads_get(), sl_threads_get() == 1 ? "" : "s");
-        else if (!strcmp(nm, "strict"))
+        if (!strcmp(nm, "cpu")) {
+            const sl_cpu_features *f = sl_cpu_features_get();
+            snprintf(r->note, sizeof r->note,
+                     "host CPU, ISA %s, bf16 GEMM on %s, %d thread%s (OMP_NUM_THREADS / --threads)",
+                     sl_cpu_isa_name(),
+                     f->amx_bf16      ? "AMX tiles"
+                     : f->avx512_bf16 ? "vdpbf16ps"
+                                      : "fp32 (widened)",
+                     sl_threads_get(), sl_threads_get() == 1 ? "" : "s");
+        } else if (!strcmp(nm, "strict"))
             snprintf(r->note, sizeof r->note,
                      "test backend: the CPU kernels behind memory the host cannot touch (PROT_NONE)");
         else if (!strcmp(nm, "null"))

@@ -109,6 +109,11 @@ int main(void) {
     TU_CHECK(rc == 0 && strstr(out, "cpu ") && strstr(out, "ISA ") && strstr(out, "strict") &&
                  strstr(out, "cuda "),
              "devices: %s", out);
+    /* which kernel the bf16 GEMM runs on this host (AMX tiles, vdpbf16ps or widened to fp32) */
+    TU_CHECK(strstr(out, sl_cpu_features_get()->amx_bf16      ? "bf16 GEMM on AMX tiles"
+                         : sl_cpu_features_get()->avx512_bf16 ? "bf16 GEMM on vdpbf16ps"
+                                                              : "bf16 GEMM on fp32 (widened)"),
+             "devices names the bf16 GEMM: %s", out);
     /* cuda: the devices, or plainly why there are none (not built / no device / driver too old) */
     TU_CHECK(strstr(out, "cuda:0") || strstr(out, "cuda    not built") || strstr(out, "no device"),
              "devices says what cuda has: %s", out);
