@@ -26,15 +26,7 @@
  * These run in the scalar reference kernels (the flash kernel has no rounding points). */
 static inline float hround(float x, int mode) {
     if (mode == 2 || mode == 3) return sl_f16_to_f32(sl_f32_to_f16(x));
-    if (!mode) return x;
-    /* sl_bf16_to_f32(sl_f32_to_bf16(x)) without branches, so the loops around it vectorize: nearest even,
-     * a NaN kept quiet (the same bits) */
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u, q = (u & 0xffff0000u) | 0x400000u;
-    u = (u & 0x7fffffffu) > 0x7f800000u ? q : r;
-    memcpy(&x, &u, 4);
-    return x;
+    return mode ? sl_round_bf16_f32(x) : x; /* sl_bf16_to_f32(sl_f32_to_bf16(x)), branch-free */
 }
 static int p32(int mode) { return mode == 3 || mode == 4; } /* softmax P kept in fp32 */
 

@@ -46,19 +46,8 @@ static float *round_scratch(void) {
     return p;
 }
 
-/* f32 -> bf16 -> f32 as sl_f32_to_bf16 rounds (nearest even; NaN kept quiet), branch-free so the loops
- * below vectorize */
-static inline float round_bf16(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u, q = (u & 0xffff0000u) | 0x400000u;
-    u = (u & 0x7fffffffu) > 0x7f800000u ? q : r;
-    memcpy(&x, &u, 4);
-    return x;
-}
-
-/* c[j] (=|+=) round_bf16(t[j]) for j < n: the same integer rounding in AVX-512 lanes (bitwise the scalar
- * loop's; the rounding loop ran scalar and took 9 % of GPT-2 124M's bf16 step on an AMX host) */
+/* c[j] (=|+=) sl_round_bf16_f32(t[j]) for j < n: the same integer rounding in AVX-512 lanes (bitwise the
+ * scalar loop's; the rounding loop ran scalar and took 9 % of GPT-2 124M's bf16 step on an AMX host) */
 #if SL_HAVE_X86
 __attribute__((target("avx512f,avx512bw"))) static void round_row_avx512(float *c, const float *t, int64_t n,
                                                                          int add) {
@@ -87,9 +76,9 @@ static void round_row(float *c, const float *t, int64_t n, int add) {
     }
 #endif
     if (add)
-        for (int64_t j = 0; j < n; j++) c[j] += round_bf16(t[j]);
+        for (int64_t j = 0; j < n; j++) c[j] += sl_round_bf16_f32(t[j]);
     else
-        for (int64_t j = 0; j < n; j++) c[j] = round_bf16(t[j]);
+        for (int64_t j = 0; j < n; j++) c[j] = sl_round_bf16_f32(t[j]);
 }
 
 /* C (=|+=) bf16(op(A) op(B)) for 2-D operands: the product in blocks of rows through the scratch, each

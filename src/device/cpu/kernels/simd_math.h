@@ -20,6 +20,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -27,6 +28,18 @@
 #else
 #define SL_HAVE_X86 0
 #endif
+
+/* f32 -> bf16 -> f32 as sl_f32_to_bf16 rounds (nearest even; a NaN kept quiet: the same bits), without
+ * branches, so the loops around it vectorize (the bf16-rounded weight gradients in matmul.c, the eager half
+ * attention's rounding points in attention.c) */
+static inline float sl_round_bf16_f32(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u, q = (u & 0xffff0000u) | 0x400000u;
+    u = (u & 0x7fffffffu) > 0x7f800000u ? q : r;
+    memcpy(&x, &u, 4);
+    return x;
+}
 
 /* Which variant the non-GEMM kernels run. Chosen once from CPUID (respecting SUANLI_ISA); tests may
  * force a narrower one with sl_kern_isa_force (-1 restores the detected one). Not thread-safe: call it
