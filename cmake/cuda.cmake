@@ -88,7 +88,12 @@ if(SL_CUDA_ENABLED)
     target_sources(suanli_shared PRIVATE ${SL_CUDA_OBJS})
     add_dependencies(suanli_shared suanli_cuda_kernels)
   endif()
-  set(SL_CUDA_LIBS ${SL_CUBLAS_LIB} ${SL_CUBLASLT_LIB} ${SL_CUDART_LIB} stdc++)
+  # cuBLAS is not linked: cuda_blas.c opens it on first use (Note [cuBLAS loaded on first use]); the toolkit's
+  # library directory is compiled in as the first place to look.
+  get_filename_component(SL_CUDA_LIBDIR ${SL_CUDART_LIB} DIRECTORY)
+  get_filename_component(_blasdir ${SL_CUBLAS_LIB} DIRECTORY)
+  set_source_files_properties(${SL_CUDA_DIR}/cuda_blas.c PROPERTIES COMPILE_DEFINITIONS SL_CUDA_LIBDIR="${_blasdir}")
+  set(SL_CUDA_LIBS ${SL_CUDART_LIB} stdc++ ${CMAKE_DL_LIBS})
   # NCCL transport sketch (src/comm/transport/nccl.c, Note [NCCL transport sketch]): compile-only
   find_path(SL_NCCL_INCLUDE nccl.h HINTS ${_hints} PATH_SUFFIXES include NO_DEFAULT_PATH)
   find_library(SL_NCCL_LIB nccl HINTS ${_hints} PATH_SUFFIXES lib64 lib NO_DEFAULT_PATH)
@@ -109,7 +114,6 @@ if(SL_CUDA_ENABLED)
       string(APPEND SL_PC_LIBS " -l${l}")  # a bare library name (stdc++) is a -l flag in suanli.pc
     endif()
   endforeach()
-  get_filename_component(SL_CUDA_LIBDIR ${SL_CUDART_LIB} DIRECTORY)
   message(STATUS "suanli: CUDA backend enabled (nvcc ${SL_CUDA_VERSION}: ${SL_NVCC}; archs ${SL_CUDA_ARCHS} + PTX; ${SL_CUDA_LIBDIR})")
 else()
   target_sources(suanli_objects PRIVATE ${SL_CUDA_DIR}/cuda_stub.c)

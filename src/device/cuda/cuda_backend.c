@@ -82,9 +82,10 @@ static sl_status init_device(void) {
     g_cu.total_mem = prop.totalGlobalMem;
     if ((err = cudaStreamCreateWithFlags(&g_cu.stream, cudaStreamNonBlocking)) != cudaSuccess)
         return cu_fail(err, "cudaStreamCreate");
-    cublasStatus_t bs = cublasCreate(&g_cu.blas);
+    if (cu_blas_load(msg, sizeof msg) != SL_OK) return init_fail(msg);
+    cublasStatus_t bs = g_blas.create(&g_cu.blas);
     if (bs != CUBLAS_STATUS_SUCCESS) return cu_blas_fail(bs, "cublasCreate");
-    if ((bs = cublasSetStream(g_cu.blas, g_cu.stream)) != CUBLAS_STATUS_SUCCESS)
+    if ((bs = g_blas.set_stream(g_cu.blas, g_cu.stream)) != CUBLAS_STATUS_SUCCESS)
         return cu_blas_fail(bs, "cublasSetStream");
     g_cu.tf32 = env_on("SUANLI_CUDA_TF32");
     g_cu.deterministic = env_on("SUANLI_CUDA_DETERMINISTIC");

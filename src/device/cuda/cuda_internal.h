@@ -29,6 +29,18 @@ typedef struct cu_state {
 
 extern cu_state g_cu;
 
+/* cuBLAS entry points, resolved by cu_blas_load (cuda_blas.c, Note [cuBLAS loaded on first use]) */
+typedef struct cu_blas_api {
+    void *handle; /* dlopen handle; NULL until loaded */
+    __typeof__(&cublasCreate_v2) create;
+    __typeof__(&cublasSetStream_v2) set_stream;
+    __typeof__(&cublasGemmEx) gemm_ex;
+    __typeof__(&cublasGemmStridedBatchedEx) gemm_strided_batched_ex;
+} cu_blas_api;
+extern cu_blas_api g_blas;
+/* load cuBLAS once; on failure a message naming the library goes to err */
+sl_status cu_blas_load(char *err, size_t cap);
+
 sl_status cu_fail(cudaError_t err, const char *what);
 sl_status cu_blas_fail(cublasStatus_t st, const char *what);
 /* a launcher's result -> sl_status naming the kernel */

@@ -229,14 +229,14 @@ static sl_status gemm(const gemm_args *g0) {
     }
     cublasStatus_t st;
     if (g->batch == 1)
-        st = cublasGemmEx(g_cu.blas, ob, oa, (int)g->N, (int)g->M, (int)g->K, &alpha, g->B, ab, (int)g->ldb,
-                          g->A, ab, (int)g->lda, &beta, g->C, CUDA_R_32F, (int)g->ldc, ct,
-                          CUBLAS_GEMM_DEFAULT);
+        st = g_blas.gemm_ex(g_cu.blas, ob, oa, (int)g->N, (int)g->M, (int)g->K, &alpha, g->B, ab, (int)g->ldb,
+                            g->A, ab, (int)g->lda, &beta, g->C, CUDA_R_32F, (int)g->ldc, ct,
+                            CUBLAS_GEMM_DEFAULT);
     else
-        st = cublasGemmStridedBatchedEx(g_cu.blas, ob, oa, (int)g->N, (int)g->M, (int)g->K, &alpha, g->B, ab,
-                                        (int)g->ldb, g->sB, g->A, ab, (int)g->lda, g->sA, &beta, g->C,
-                                        CUDA_R_32F, (int)g->ldc, g->sC, (int)g->batch, ct,
-                                        CUBLAS_GEMM_DEFAULT);
+        st = g_blas.gemm_strided_batched_ex(g_cu.blas, ob, oa, (int)g->N, (int)g->M, (int)g->K, &alpha, g->B,
+                                            ab, (int)g->ldb, g->sB, g->A, ab, (int)g->lda, g->sA, &beta, g->C,
+                                            CUDA_R_32F, (int)g->ldc, g->sC, (int)g->batch, ct,
+                                            CUBLAS_GEMM_DEFAULT);
     return st == CUBLAS_STATUS_SUCCESS ? SL_OK : cu_blas_fail(st, "cublasGemmEx");
 }
 
