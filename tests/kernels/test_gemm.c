@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "device/cpu/kernels/gemm.h"
+#include "device/cpu/kernels/simd_math.h"
 #include "suanli/base.h"
 #include "testutil.h"
 
@@ -249,6 +250,52 @@ static void test_bf16_f32b(void) {
         }
 }
 
+/* sl_gemm_rounded (Note [Rounded products in the GEMM]): C (= | +=) bf16(product) rounded tile by tile
+ * inside the GEMM is bitwise the product written out and rounded by the scalar sl_round_bf16_f32, for fp32
+ * and bf16 operands, all four layouts, padded leading dimensions, edge tiles, store and add. K above the
+ * kernel's K block is refused (0) with C untouched, M = 1 too (the GEMV). */
+static void test_rounded(void) {
+    const shape rs[] = {{37, 70, 64}, {100, 130, 33}, {2, 5, 256}, {65, 97, 1100}, {1, 40, 16}};
+    for (int si = 0; si < 5; si++)
+        for (int t = 0; t < 16; t++) {
+            int tA = (t >> 1) & 1, tB = t & 1, add = (t >> 2) & 1, bf = t >> 3;
+            int64_t M = rs[si].M, N = rs[si].N, K = rs[si].K;
+            int64_t lda = (tA ? M : K) + 3, ldb = (tB ? K : N) + 1, ldc = N + 5;
+            int64_t na = (tA ? K : M) * lda, nb = (tB ? N : K) * ldb;
+            float *Af = falloc(na), *Bf = falloc(nb), *P = falloc(M * N), *C1 = falloc(M * ldc),
+                  *C2 = falloc(M * ldc);
+            uint16_t *Ah = (uint16_t *)malloc((size_t)na * 2), *Bh = (uint16_t *)malloc((size_t)nb * 2);
+            if (!Ah || !Bh) abort();
+            fill(Af, na), fill(Bf, nb), fill(C1, M * ldc);
+            memcpy(C2, C1, (size_t)(M * ldc) * sizeof(float));
+            for (int64_t i = 0; i < na; i++) Ah[i] = sl_f32_to_bf16(Af[i]);
+            for (int64_t i = 0; i < nb; i++) Bh[i] = sl_f32_to_bf16(Bf[i]);
+            if (bf)
+                sl_gemm_bf16(tA, tB, M, N, K, 1.0f, Ah, lda, Bh, ldb, 0.0f, P, N);
+            else
+                sl_sgemm(tA, tB, M, N, K, 1.0f, Af, lda, Bf, ldb, 0.0f, P, N);
+            for (int64_t i = 0; i < M; i++)
+                for (int64_t j = 0; j < N; j++) {
+                    float r = sl_round_bf16_f32(P[i * N + j]);
+                    C1[i * ldc + j] = add ? C1[i * ldc + j] + r : r;
+                }
+            int done = sl_gemm_rounded(bf, tA, tB, M, N, K, bf ? (const void *)Ah : Af, lda,
+                                       bf ? (const void *)Bh : Bf, ldb, C2, ldc, add);
+            char what[128];
+            snprintf(what, sizeof what, "rounded %s %s%s%s M=%lld N=%lld K=%lld", bf ? "bf16" : "f32",
+                     tA ? "T" : "N", tB ? "T" : "N", add ? " add" : "", (long long)M, (long long)N,
+                     (long long)K);
+            if (K > 1024 || M == 1) {
+                TU_CHECK(!done, "%s: must be refused (K above every kernel's K block, or one row)", what);
+            } else {
+                TU_CHECK(done, "%s: refused", what);
+                TU_CHECK(!memcmp(C1, C2, (size_t)(M * ldc) * sizeof(float)), "%s: not bitwise the two passes",
+                         what);
+            }
+            free(Af), free(Bf), free(P), free(C1), free(C2), free(Ah), free(Bh);
+        }
+}
+
 /* Same inputs -> bitwise-identical outputs: twice with the same thread count, and with 1 vs 2 threads. */
 static void test_determinism(void) {
     /* {2000, 40, 70}: 1 thread packs A in row blocks, 2 threads (split M) in one block each */
@@ -308,6 +355,7 @@ int main(void) {
     test_batched();
     test_bf16();
     test_bf16_f32b();
+    test_rounded();
     test_determinism();
     return tu_finish("test_gemm");
 }

@@ -9,10 +9,14 @@
 
 #include "device/cpu/kernels/gemm_internal.h"
 #include "device/cpu/kernels/kernels.h"
+#include "device/cpu/kernels/simd_math.h"
 #include "suanli/base.h"
 
 #ifdef _OPENMP
 #include <omp.h>
+#endif
+#if SL_HAVE_X86
+#include <immintrin.h>
 #endif
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -220,7 +224,7 @@ typedef struct gemm_plan {
 
 /* Multiply the packed A block (npa micro-panels) by op(B) columns [n0, n1), K block (k0, kc). */
 static void block_times_b(const gemm_plan *p, const char *apack, int64_t ic, int64_t mcur, int64_t k0,
-                          int64_t kc, int64_t n0, int64_t n1, char *bpack) {
+                          int64_t kc, int64_t n0, int64_t n1, char *bpack, float *tile) {
     const sl_gemm_args *g = p->g;
     const sl_gemm_impl *im = p->im;
     const int mr = im->mr, nr = im->nr;
@@ -246,6 +250,12 @@ static void block_times_b(const gemm_plan *p, const char *apack, int64_t ic, int
             float *crow = g->C + (ic + pa * mr) * g->ldc + jc;
             for (int64_t q = 0; q < npb; q++) {
                 int nj = (int)imin64(nr, ncur - q * nr);
+                if (tile) { /* Note [Rounded products in the GEMM] */
+                    im->kernel(ksteps, a, bpack + q * bpanel, tile, nr, 1.0f, 0.0f, mi, nj);
+                    sl_round_bf16_rows(crow + q * nr, g->ldc, tile, nr, mi, nj,
+                                       g->c_round == SL_GEMM_ROUND_ADD);
+                    continue;
+                }
                 im->kernel(ksteps, a, bpack + q * bpanel, crow + q * nr, g->ldc, g->alpha, beta, mi, nj);
             }
         }
@@ -275,13 +285,15 @@ static void gemm_thread(const gemm_plan *p, int tid) {
     }
     if (m1 <= m0 || n1 <= n0) return;
     const int64_t mc = m1 - m0 <= imax64(im->mc, im->mc_max) ? m1 - m0 : im->mc;
+    float tile_buf[SL_GEMM_TILE_MAX] __attribute__((aligned(64))); /* sl_gemm_rounded checks mr x nr fits */
+    float *tile = g->c_round ? tile_buf : NULL;
     if (im->thread_begin) im->thread_begin();
     for (int64_t ic = m0; ic < m1; ic += mc) {
         int64_t mcur = imin64(mc, m1 - ic);
         for (int64_t k0 = 0; k0 < g->K; k0 += im->kc) {
             int64_t kc = imin64(im->kc, g->K - k0);
             im->pack_a(g, ic, mcur, k0, kc, im->mr, apack);
-            block_times_b(p, apack, ic, mcur, k0, kc, n0, n1, bpack);
+            block_times_b(p, apack, ic, mcur, k0, kc, n0, n1, bpack, tile);
         }
     }
     if (im->thread_end) im->thread_end();
@@ -308,7 +320,9 @@ static void gemm_unpacked(const sl_gemm_args *g, const sl_gemm_impl *im) {
                 s += a * b;
             }
             float *c = g->C + i * g->ldc + j;
-            if (g->bias)
+            if (g->c_round)
+                *c = g->c_round == SL_GEMM_ROUND_ADD ? *c + sl_round_bf16_f32(s) : sl_round_bf16_f32(s);
+            else if (g->bias)
                 *c = g->bias[j] + g->alpha * s;
             else
                 *c = g->beta == 0.0f ? g->alpha * s : g->alpha * s + g->beta * *c;
@@ -480,34 +494,94 @@ static void run_bf16(const sl_gemm_args *g) {
 
 void sl_sgemm(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
               int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-    sl_gemm_args g = {transA, transB, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc, NULL, 0};
+    sl_gemm_args g = {transA, transB, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc, NULL, 0, 0};
     run_f32(&g);
 }
 
 void sl_gemm_bf16(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *A,
                   int64_t lda, const uint16_t *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-    sl_gemm_args g = {transA, transB, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc, NULL, 0};
+    sl_gemm_args g = {transA, transB, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc, NULL, 0, 0};
     run_bf16(&g);
 }
 
 void sl_sgemm_bias(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                    int64_t lda, const float *B, int64_t ldb, const float *bias, float *C, int64_t ldc) {
-    sl_gemm_args g = {transA, transB, M, N, K, alpha, 0.0f, A, lda, B, ldb, C, ldc, bias, 0};
+    sl_gemm_args g = {transA, transB, M, N, K, alpha, 0.0f, A, lda, B, ldb, C, ldc, bias, 0, 0};
     run_f32(&g);
 }
 
 void sl_gemm_bf16_bias(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
                        const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, const float *bias,
                        float *C, int64_t ldc) {
-    sl_gemm_args g = {transA, transB, M, N, K, alpha, 0.0f, A, lda, B, ldb, C, ldc, bias, 0};
+    sl_gemm_args g = {transA, transB, M, N, K, alpha, 0.0f, A, lda, B, ldb, C, ldc, bias, 0, 0};
     run_bf16(&g);
 }
 
 void sl_gemm_bf16_f32b(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
                        const uint16_t *A, int64_t lda, const float *B, int64_t ldb, float beta,
                        const float *bias, float *C, int64_t ldc) {
-    sl_gemm_args g = {transA, transB, M, N, K, alpha, bias ? 0.0f : beta, A, lda, B, ldb, C, ldc, bias, 1};
+    sl_gemm_args g = {transA, transB, M, N, K, alpha, bias ? 0.0f : beta, A, lda, B, ldb, C, ldc, bias, 1, 0};
     run_bf16(&g);
+}
+
+/* Note [Rounded products in the GEMM]
+ * Under autocast a weight's gradient is the bf16 GEMM's output rounded to bf16 and added to the fp32 .grad
+ * (Note [Rounded weight gradients], src/ops/ops_internal.h). Done as two passes, the GEMM wrote the fp32
+ * product to a scratch and a loop read it back, read the gradient and wrote it: 1.5 GB of memory traffic
+ * per GPT-2 124M step beside the GEMM's own 0.5 GB, 6 % of the bf16 step on an AMX host. When K fits in
+ * one K block of the kernel (K <= kc: the token count of a micro-batch, up to 1,024 on AMX and 384-768 on
+ * the others), each micro-tile's sum is complete when the kernel returns; the driver then has the kernel
+ * write the tile to a stack buffer (beta 0, ldc = nr: in L1) and rounds it into C (store or add), so C is
+ * read and written once and the product never reaches memory. The same values are rounded with the same
+ * function as in the two passes, so the result is bitwise theirs (test_gemm checks it for every kernel);
+ * K above kc keeps the two passes (a tile's sum is spread over K blocks). */
+#if SL_HAVE_X86
+__attribute__((target("avx512f,avx512bw"))) static void round_row_avx512(float *c, const float *t, int64_t n,
+                                                                         int add) {
+    const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1),
+                  hi = _mm512_set1_epi32((int)0xffff0000u), quiet = _mm512_set1_epi32(0x400000),
+                  absm = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    for (int64_t j = 0; j < n; j += 16) {
+        __mmask16 m = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1u);
+        __m512i u = _mm512_maskz_loadu_epi32(m, t + j);
+        __m512i r = _mm512_and_si512(
+            _mm512_add_epi32(_mm512_add_epi32(u, bias), _mm512_and_si512(_mm512_srli_epi32(u, 16), one)), hi);
+        __m512i q = _mm512_or_si512(_mm512_and_si512(u, hi), quiet);
+        __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, absm), inf);
+        __m512 v = _mm512_castsi512_ps(_mm512_mask_blend_epi32(nan, r, q));
+        if (add) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, c + j), v);
+        _mm512_mask_storeu_ps(c + j, m, v);
+    }
+}
+#endif
+
+void sl_round_bf16_rows(float *c, int64_t ldc, const float *t, int64_t ldt, int64_t rows, int64_t n,
+                        int add) {
+#if SL_HAVE_X86
+    if (sl_kern_isa() >= SL_KISA_AVX512 && sl_cpu_features_get()->avx512bw) {
+        for (int64_t i = 0; i < rows; i++) round_row_avx512(c + i * ldc, t + i * ldt, n, add);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < rows; i++) {
+        float *ci = c + i * ldc;
+        const float *ti = t + i * ldt;
+        if (add)
+            for (int64_t j = 0; j < n; j++) ci[j] += sl_round_bf16_f32(ti[j]);
+        else
+            for (int64_t j = 0; j < n; j++) ci[j] = sl_round_bf16_f32(ti[j]);
+    }
+}
+
+int sl_gemm_rounded(int in_bf16, int transA, int transB, int64_t M, int64_t N, int64_t K, const void *A,
+                    int64_t lda, const void *B, int64_t ldb, float *C, int64_t ldc, int add) {
+    const gemm_dispatch *d = dispatch_get();
+    const sl_gemm_impl *im = in_bf16 ? d->bf16 : d->f32;
+    if (M <= 1 || N <= 0 || K <= 0 || K > im->kc || im->mr * im->nr > SL_GEMM_TILE_MAX) return 0;
+    sl_gemm_args g = {transA, transB, M,   N, K,   1.0f, 0.0f, A,
+                      lda,    B,      ldb, C, ldc, NULL, 0,    add ? SL_GEMM_ROUND_ADD : SL_GEMM_ROUND_STORE};
+    sl_gemm_run(&g, im, threads_for_call());
+    return 1;
 }
 
 void sl_sgemm_batched(int transA, int transB, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
@@ -525,14 +599,14 @@ void sl_sgemm_batched(int transA, int transB, int64_t batch, int64_t M, int64_t 
         for (int64_t b = 0; b < batch; b++) {
             sl_gemm_args g = {
                 transA, transB,          M,   N,    K, alpha, beta, A + b * strideA, lda, B + b * strideB,
-                ldb,    C + b * strideC, ldc, NULL, 0};
+                ldb,    C + b * strideC, ldc, NULL, 0, 0};
             sl_gemm_run(&g, im, 1);
         }
     } else {
         for (int64_t b = 0; b < batch; b++) {
             sl_gemm_args g = {
                 transA, transB,          M,   N,    K, alpha, beta, A + b * strideA, lda, B + b * strideB,
-                ldb,    C + b * strideC, ldc, NULL, 0};
+                ldb,    C + b * strideC, ldc, NULL, 0, 0};
             sl_gemm_run(&g, im, nthr);
         }
     }

@@ -49,6 +49,16 @@ void sl_gemm_bf16_bias(int transA, int transB, int64_t M, int64_t N, int64_t K, 
 void sl_gemm_bf16_f32b(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
                        const uint16_t *A, int64_t lda, const float *B, int64_t ldb, float beta,
                        const float *bias, float *C, int64_t ldc);
+/* C (= | += when add) bf16(op(A) op(B)): each element of the product rounded to bf16 (sl_round_bf16_f32)
+ * before it is stored or added, inside the GEMM (Note [Rounded products in the GEMM], gemm.c). A and B are
+ * both bf16 (in_bf16) or both fp32. Bitwise the product written to a buffer and rounded in a second pass.
+ * Returns 0 without touching C when it cannot (K above the kernel's K block, M == 1): the caller then does
+ * the two passes. */
+int sl_gemm_rounded(int in_bf16, int transA, int transB, int64_t M, int64_t N, int64_t K, const void *A,
+                    int64_t lda, const void *B, int64_t ldb, float *C, int64_t ldc, int add);
+/* c[i*ldc + j] (= | +=) sl_round_bf16_f32(t[i*ldt + j]) for i < rows, j < n (AVX-512 lanes where present,
+ * the same bits as the scalar loop) */
+void sl_round_bf16_rows(float *c, int64_t ldc, const float *t, int64_t ldt, int64_t rows, int64_t n, int add);
 const char *sl_gemm_kernel_name(void); /* which variant runs: "avx512", "avx2", "scalar" */
 /* which variant runs the bf16 entry points: "amx" (tiles), "avx512_bf16" (vdpbf16ps), or the fp32 kernel's
  * name (inputs widened to fp32 when packed) */

@@ -39,7 +39,15 @@ typedef struct sl_gemm_args {
     /* 1: B is fp32 that enters the product rounded to bf16 (sl_f32_to_bf16), A bf16 (Note [Fused weight
      * casts], src/ops/backward.c); only impls with b_f32 set see it, the others get a rounded copy of B */
     int b_f32;
+    /* SL_GEMM_ROUND_STORE / _ADD: C (= | +=) the product rounded to bf16 (sl_round_bf16_f32), applied to
+     * each micro-tile as the kernel finishes it (Note [Rounded products in the GEMM], gemm.c); only with
+     * K <= the impl's kc, alpha 1, no bias. 0: plain alpha / beta / bias. */
+    int c_round;
 } sl_gemm_args;
+enum { SL_GEMM_ROUND_NONE, SL_GEMM_ROUND_STORE, SL_GEMM_ROUND_ADD };
+enum {
+    SL_GEMM_TILE_MAX = 32 * 48
+}; /* the largest mr x nr (a rounded product's micro-tile is on the stack) */
 
 /* Pack rows [i0, i0+ni) of op(A), k in [k0, k0+kc), into ceil(ni/mr) consecutive micro-panels of
  * ceil(kc/kgran)*kgran*mr elements each, zero-padding rows past ni and k past kc. */

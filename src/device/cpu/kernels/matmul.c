@@ -46,41 +46,6 @@ static float *round_scratch(void) {
     return p;
 }
 
-/* c[j] (=|+=) sl_round_bf16_f32(t[j]) for j < n: the same integer rounding in AVX-512 lanes (bitwise the
- * scalar loop's; the rounding loop ran scalar and took 9 % of GPT-2 124M's bf16 step on an AMX host) */
-#if SL_HAVE_X86
-__attribute__((target("avx512f,avx512bw"))) static void round_row_avx512(float *c, const float *t, int64_t n,
-                                                                         int add) {
-    const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1),
-                  hi = _mm512_set1_epi32((int)0xffff0000u), quiet = _mm512_set1_epi32(0x400000),
-                  absm = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
-    for (int64_t j = 0; j < n; j += 16) {
-        __mmask16 m = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1u);
-        __m512i u = _mm512_maskz_loadu_epi32(m, t + j);
-        __m512i r = _mm512_and_si512(
-            _mm512_add_epi32(_mm512_add_epi32(u, bias), _mm512_and_si512(_mm512_srli_epi32(u, 16), one)), hi);
-        __m512i q = _mm512_or_si512(_mm512_and_si512(u, hi), quiet);
-        __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, absm), inf);
-        __m512 v = _mm512_castsi512_ps(_mm512_mask_blend_epi32(nan, r, q));
-        if (add) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, c + j), v);
-        _mm512_mask_storeu_ps(c + j, m, v);
-    }
-}
-#endif
-
-static void round_row(float *c, const float *t, int64_t n, int add) {
-#if SL_HAVE_X86
-    if (sl_kern_isa() >= SL_KISA_AVX512 && sl_cpu_features_get()->avx512bw) {
-        round_row_avx512(c, t, n, add);
-        return;
-    }
-#endif
-    if (add)
-        for (int64_t j = 0; j < n; j++) c[j] += sl_round_bf16_f32(t[j]);
-    else
-        for (int64_t j = 0; j < n; j++) c[j] = sl_round_bf16_f32(t[j]);
-}
-
 /* C (=|+=) bf16(op(A) op(B)) for 2-D operands: the product in blocks of rows through the scratch, each
  * element rounded to bf16 (as sl_f32_to_bf16, the CAST kernel's rounding) before it is stored or added.
  * A block's elements are the same sums as the whole GEMM's (row blocks do not change an element's
@@ -90,9 +55,14 @@ static sl_status matmul_rounded(sl_tensor *n, int bf, int tA, int tB, int64_t K,
     if (a->ndim != 2 || b->ndim != 2 || n->ndim != 2 || n->src[2] ||
         n->iparams[SL_MATMUL_IP_ROUND] != SL_BF16)
         return sl_fail(SL_ERR_UNSUPPORTED, "matmul '%s': bf16-rounded product needs 2-D operands", n->name);
+    int64_t M = n->ne[0], ldc = n->nb[0], lda = a->nb[0], ldb = b->nb[0];
+    const int add = beta != 0.0f;
+    /* rounded as each micro-tile is finished (Note [Rounded products in the GEMM], gemm.c); the scratch
+     * below where the GEMM cannot (K above its K block) */
+    if (bf != 2 && sl_gemm_rounded(bf, tA, tB, M, N, K, a->data, lda, b->data, ldb, n->data, ldc, add))
+        return SL_OK;
     float *tmp = round_scratch();
     if (!tmp) return sl_fail(SL_ERR_NOMEM, "matmul '%s': out of memory for the rounding scratch", n->name);
-    int64_t M = n->ne[0], ldc = n->nb[0], lda = a->nb[0], ldb = b->nb[0];
     int64_t R = ROUND_SCRATCH_FLOATS / (N > 0 ? N : 1);
     if (R < 1)
         return sl_fail(SL_ERR_UNSUPPORTED, "matmul '%s': %lld columns exceed the rounding scratch", n->name,
@@ -104,7 +74,8 @@ static sl_status matmul_rounded(sl_tensor *n, int bf, int tA, int tB, int64_t K,
         const char *pa = (const char *)a->data + (size_t)(tA ? r0 : r0 * lda) * es;
         gemm_call(bf, tA, tB, r, N, K, pa, lda, b->data, ldb, 0.0f, NULL, tmp, N);
 #pragma omp parallel for schedule(static) if (r * N > 65536)
-        for (int64_t i = 0; i < r; i++) round_row(pc + (r0 + i) * ldc, tmp + i * N, N, beta != 0.0f);
+        for (int64_t i = 0; i < r; i++)
+            sl_round_bf16_rows(pc + (r0 + i) * ldc, ldc, tmp + i * N, N, 1, N, add);
     }
     return SL_OK;
 }
