@@ -650,6 +650,42 @@ static void test_adamw(void) {
 /* Gradient clipping: the norm matches a plain double sum (different order: relative 1e-12), is bitwise the
  * same for 1 and 2 threads, and clipping scales every gradient by max_norm / (norm + 1e-6). Sizes cover
  * several 65536-element chunks, a tail chunk and a tail inside the 8 lanes. */
+/* sl_k_sumsq (Note [Gradient sum of squares], optim.c): 65,536-element chunks in order, each over 32 double
+ * lanes combined by halving, the tail last. Every ISA's version must give exactly the bits of that order
+ * written out here, and be within 1e-12 relative of a long double sum (doubles summing 2e5 non-negative
+ * terms: ~2e5 * 2^-53 ~ 2e-11 worst case, ~1e-14 typical) */
+static double sumsq_spec(const float *g, int64_t n) {
+    double total = 0;
+    for (int64_t c0 = 0; c0 < n; c0 += 65536) {
+        int64_t e = c0 + 65536 < n ? c0 + 65536 : n, k = c0;
+        double acc[32] = {0};
+        for (; k + 32 <= e; k += 32)
+            for (int j = 0; j < 32; j++) acc[j] += (double)g[k + j] * g[k + j];
+        for (int w = 16; w >= 1; w /= 2)
+            for (int j = 0; j < w; j++) acc[j] += acc[j + w];
+        double s = acc[0];
+        for (; k < e; k++) s += (double)g[k] * g[k];
+        total += s;
+    }
+    return total;
+}
+
+static void test_sumsq(void) {
+    const int64_t sizes[] = {5, 31, 32, 33, 1000, 65536 + 13, 3 * 65536 + 1001};
+    for (int si = 0; si < 7; si++) {
+        int64_t n = sizes[si];
+        float *g = rnd(n, 0.5f);
+        long double exact = 0;
+        for (int64_t k = 0; k < n; k++) exact += (long double)g[k] * g[k];
+        double want = sumsq_spec(g, n), got = sl_k_sumsq(g, n);
+        TU_CHECK(memcmp(&got, &want, sizeof got) == 0,
+                 "[%s] sumsq n=%lld: %.17g, not the specified order's %.17g", g_isa, (long long)n, got, want);
+        TU_CHECK(fabsl((long double)got - exact) <= 1e-12L * exact,
+                 "[%s] sumsq n=%lld: %.17g vs exact %.17Lg", g_isa, (long long)n, got, exact);
+        free(g);
+    }
+}
+
 static void test_clip_grad_norm(void) {
     const int64_t sizes[] = {5, 65536 + 13, 3 * 65536 + 1001};
     for (int si = 0; si < 3; si++) {
@@ -688,6 +724,7 @@ int main(void) {
         g_isa = sl_kern_isa_name(isa);
         test_math(isa);
         test_cast_bf16();
+        test_sumsq();
         test_attention_half();
         if (isa == SL_KISA_SCALAR) continue; /* fast == ref there */
         test_elementwise();
