@@ -686,6 +686,28 @@ static void test_sumsq(void) {
     }
 }
 
+/* dropout masks (Note [Dropout from counters]): the ISA's vector Philox (the AVX-512 one with vpmuludq) gives
+ * exactly sl_rng_dropout's multipliers (the oracle, src/base/rng.c), at element offsets that are not a
+ * multiple of 4 or of the 16-counter block, for several lengths, seeds, counters and p */
+static void test_dropout_mask(void) {
+    const sl_vec_ops *v = sl_vec();
+    if (!v || !v->dropout_mask) return;
+    const uint64_t e0s[] = {0, 1, 3, 63, 64 + 5, (1ull << 32) * 4 - 7};
+    const int64_t ns[] = {1, 4, 63, 64, 65, 1000};
+    const float ps[] = {0.1f, 0.2f, 0.5f, 0.9f};
+    float want[1000], got[1000];
+    for (int a = 0; a < 6; a++)
+        for (int b = 0; b < 6; b++) {
+            uint64_t seed = 0x9E3779B97F4A7C15ull * (uint64_t)(a + 1), hi = ((uint64_t)b << 16) | 7u;
+            float p = ps[(a + b) % 4];
+            sl_rng_dropout(seed, hi, e0s[a], ns[b], p, want);
+            v->dropout_mask(seed, hi, e0s[a], ns[b], p, got);
+            TU_CHECK(!memcmp(want, got, sizeof(float) * (size_t)ns[b]),
+                     "[%s] dropout mask e0=%llu n=%lld p=%g: not sl_rng_dropout's", g_isa,
+                     (unsigned long long)e0s[a], (long long)ns[b], p);
+        }
+}
+
 static void test_clip_grad_norm(void) {
     const int64_t sizes[] = {5, 65536 + 13, 3 * 65536 + 1001};
     for (int si = 0; si < 3; si++) {
@@ -725,6 +747,7 @@ int main(void) {
         test_math(isa);
         test_cast_bf16();
         test_sumsq();
+        test_dropout_mask();
         test_attention_half();
         if (isa == SL_KISA_SCALAR) continue; /* fast == ref there */
         test_elementwise();
@@ -743,6 +766,7 @@ int main(void) {
         test_norm_softmax();
         test_embed_ce();
         test_attention();
+        test_dropout_mask();
         sl_vec_set_for_test(NULL);
     }
 #endif
