@@ -189,6 +189,11 @@ sl_tensor *sl_moe_expert_ffn(sl_ctx *ctx, sl_tensor *x, sl_tensor *w1, sl_tensor
  * SL_F16 to round as autocast does (Note [Packed experts under autocast]), SL_F32 for none. */
 sl_tensor *sl_moe_packed_ffn(sl_ctx *ctx, sl_tensor *xp, sl_tensor *w1, sl_tensor *w3, sl_tensor *w2,
                              sl_tensor *prev, int e, int El, int64_t rmax, sl_dtype half);
+/* Under bf16 autocast: chain node t (from sl_moe_packed_ffn with half SL_BF16) multiplies on the bf16 GEMM
+ * with fused weight casts, as sl_llama_lin does where the backend has caps.matmul_half_b (Note [Packed
+ * experts under autocast]); without it, on rounded f32 operands (the other path of sl_llama_lin). Set it on
+ * every node of a chain or on none. */
+void sl_moe_packed_ffn_half_gemm(sl_tensor *t);
 /* ---- expert parallelism (Note [Expert-parallel dispatch]): E experts over P ranks of SL_GROUP_EP ---- */
 /* cnt (E): this rank's kept tokens per global expert */
 sl_tensor *sl_moe_ep_counts(sl_ctx *ctx, sl_tensor *route);

@@ -352,14 +352,14 @@ static sl_tensor *norm(sl_model *m, sl_tensor *x, sl_tensor *w, float eps) {
  * sum as oneDNN's do, so against torch.autocast fixtures made with the same kind of kernel the tiny Llama's
  * step-0 logits land at 0.001 (vdpbf16ps) of the fp32-autocast distance, against 0.059 with the fp32 GEMM
  * (tests/e2e/test_bf16_train.c). SUANLI_FUSED_WEIGHT_CAST=0 keeps the fp32 GEMM on rounded operands. */
-static int bf16_gemm(const sl_model *m, const sl_tensor *w) {
+int sl_llama_bf16_gemm(const sl_model *m, const sl_tensor *w) {
     const char *e = getenv("SUANLI_FUSED_WEIGHT_CAST");
     return autocast(m) == SL_BF16 && m->backend && m->backend->caps.matmul_half_b &&
            !(e && !strcmp(e, "0")) && w->dtype == SL_F32 && w->ndim == 2 && sl_is_contiguous(w);
 }
 
 sl_tensor *sl_llama_lin(sl_model *m, sl_tensor *x, sl_tensor *w, sl_tensor *b) {
-    if (bf16_gemm(m, w)) { /* Note [bf16 GEMMs under autocast] */
+    if (sl_llama_bf16_gemm(m, w)) { /* Note [bf16 GEMMs under autocast] */
         sl_tensor *xh = sl_cast(m->ctx, x->nb[x->ndim - 1] == 1 ? x : sl_cont(m->ctx, x), SL_BF16);
         return rnd(m, sl_linear_half_w(m->ctx, xh, w, b ? rnd(m, b) : NULL));
     }

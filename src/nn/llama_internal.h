@@ -20,6 +20,9 @@ sl_tensor *sl_llama_W(sl_model *m, const char *fmt, ...) __attribute__((format(p
 sl_dtype sl_llama_autocast(const sl_model *m);
 sl_tensor *sl_llama_rnd(sl_model *m, sl_tensor *x); /* bf16 rounding where the model's numerics round */
 sl_tensor *sl_llama_lin(sl_model *m, sl_tensor *x, sl_tensor *w, sl_tensor *b);
+/* 1 when sl_llama_lin runs x w^T on the bf16 GEMM with the fused weight cast (Note [bf16 GEMMs under
+ * autocast]): bf16 autocast, a backend with caps.matmul_half_b, a contiguous 2-D f32 weight */
+int sl_llama_bf16_gemm(const sl_model *m, const sl_tensor *w);
 /* Megatron's f (identity forward, all-reduce of the gradient) and g (all-reduce forward) over the TP group,
  * with the fp16 roundings of Note [Half sums across TP ranks] (src/nn/gpt2.c) */
 sl_tensor *sl_llama_tp_f(sl_model *m, sl_tensor *x);

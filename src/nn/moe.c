@@ -244,6 +244,8 @@ static sl_tensor *ep_experts(sl_model *m, sl_tensor *h2, sl_tensor *w, int l, co
                       *w2 = sl_llama_W(m, nm.expert, l, e, nm.proj[2]);
             if (!etp) w1 = moe_W(m, w1), w3 = moe_W(m, w3), w2 = moe_W(m, w2);
             yg = reserved(sl_moe_packed_ffn(ctx, xg, w1, w3, w2, yg, j, El, Rl, half), 1, 1);
+            if (half == SL_BF16 && sl_llama_bf16_gemm(m, w1)) /* as sl_llama_lin multiplies */
+                sl_moe_packed_ffn_half_gemm(yg);
         }
         yr = reserved(sl_moe_ep_regroup(ctx, yg, rcnt, El, 1), 0, 1);
     }
@@ -323,6 +325,8 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
                       *w2 = sl_llama_W(m, nm.expert, l, e, nm.proj[2]);
             if (!etp) w1 = moe_W(m, w1), w3 = moe_W(m, w3), w2 = moe_W(m, w2);
             yp = sl_moe_packed_ffn(ctx, xp, w1, w3, w2, yp, e, 0, R, half);
+            if (half == SL_BF16 && sl_llama_bf16_gemm(m, w1)) /* as sl_llama_lin multiplies */
+                sl_moe_packed_ffn_half_gemm(yp);
         }
         y = sl_moe_ep_unpack(ctx, yp, w, 1);
     }

@@ -173,6 +173,12 @@ sl_tensor *sl_moe_packed_ffn(sl_ctx *ctx, sl_tensor *xp, sl_tensor *w1, sl_tenso
     return t;
 }
 
+void sl_moe_packed_ffn_half_gemm(sl_tensor *t) {
+    SL_ASSERT(t->op == SL_OP_MOE_PACKED_FFN && t->iparams[3] == SL_BF16);
+    SL_ASSERT(!t->src[4] || t->src[4]->iparams[4] == 1); /* the whole chain or none of it */
+    t->iparams[4] = 1;
+}
+
 /* Backward of one link of the packed chain (Note [Packed experts]). */
 static void packed_ffn_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_grad_emit emit,
                                 void *st) {

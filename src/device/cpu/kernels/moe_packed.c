@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "device/cpu/kernels/gemm.h"
+#include "device/cpu/kernels/kernels.h"
 #include "device/cpu/kernels/moe.h"
 
 static float silu_f(float x) { return x / (1.0f + expf(-x)); }
@@ -15,7 +16,14 @@ static float silu_f(float x) { return x / (1.0f + expf(-x)); }
  * autocast, whose casts round values forward and gradients backward, as torch.autocast's half tensors do):
  * inputs and weights of every GEMM, each GEMM's output, silu's output and the product; backward every
  * incoming gradient, every GEMM's output and each elementwise step's. Products of two half values are exact
- * in fp32 and every GEMM accumulates in fp32, so the values are those of the per-expert path's nodes. */
+ * in fp32 and every GEMM accumulates in fp32, so the values are those of the per-expert path's nodes.
+ * Under bf16 with iparams[4] set (sl_moe_packed_ffn_half_gemm: where sl_llama_lin runs the bf16 GEMM with
+ * fused weight casts, Note [bf16 GEMMs under autocast] in src/nn/llama.c) the products are the calls that
+ * path's MATMUL nodes make: activations as bf16 rows, weights through sl_gemm_bf16_f32b, weight gradients
+ * rounded in the GEMM (sl_gemm_rounded) and input gradients through the fused product, each on the expert's
+ * rows (a GEMM's row results do not depend on the other rows, and the per-expert path's extra rows are zero:
+ * they add +0 to the weight gradients' sums). Without it, fp32 GEMMs on rounded copies (the unfused path);
+ * on an AMX or AVX512_BF16 host the two differ in the accumulation inside the bf16 kernels. */
 #define PAR(work) ((int64_t)(work) >= 16384) /* elementwise loops: threads from this many elements */
 
 static inline float rnd_to(float v, int half) {
@@ -53,6 +61,27 @@ static void hidden(float *h, const float *a1, const float *a3, int64_t n, int ha
     }
 #pragma omp parallel for schedule(static) if (PAR(n))
     for (int64_t i = 0; i < n; i++) h[i] = rnd_to(rnd_to(silu_f(a1[i]), half) * a3[i], half);
+}
+
+/* rows x cols of src (rows ld apart) as packed bf16 (sl_f32_to_bf16: the CAST kernel's bits); NULL when out
+ * of memory */
+static uint16_t *as_bf16(const float *src, int64_t rows, int64_t cols, int64_t ld) {
+    uint16_t *d = malloc(sizeof(uint16_t) * (size_t)(rows * cols > 0 ? rows * cols : 1));
+    if (!d) return NULL;
+    if (ld == cols)
+        sl_k_cast_f32_bf16(src, d, rows * cols);
+    else
+        for (int64_t r = 0; r < rows; r++) sl_k_cast_f32_bf16(src + r * ld, d + r * cols, cols);
+    return d;
+}
+/* C (M x N) = bf16(A^T B) for bf16 A (K x M) and B (K x N): a weight gradient as the MATMUL node marked
+ * SL_MATMUL_IP_ROUND computes it (src/device/cpu/kernels/matmul.c) */
+static void dw_bf16(const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, int64_t M, int64_t N,
+                    int64_t K, float *C) {
+    if (!sl_gemm_rounded(1, 1, 0, M, N, K, A, lda, B, ldb, C, N, 0)) {
+        sl_gemm_bf16(1, 0, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
+        rnd_n(C, C, M * N, SL_BF16);
+    }
 }
 
 /* a whole count in [0, hi], else -1 */
@@ -109,6 +138,24 @@ sl_status sl_k_moe_packed_ffn(sl_tensor *n) {
     /* in place: n->data is the chain's first node's, whose aux follows its (S, C) rows */
     float *y = (float *)n->data + off * C, *a1 = (float *)n->data + S * C + off * I, *a3 = a1 + S * I;
     if (!cnt) return SL_OK;
+    if (half == SL_BF16 && n->iparams[4]) { /* the bf16 GEMM (Note [Packed experts under autocast]) */
+        uint16_t *xh = as_bf16((const float *)xp->data + off * C, cnt, C, C), *hh = NULL;
+        float *h = malloc(sizeof(float) * (size_t)(cnt * I));
+        if (xh && h) {
+            sl_gemm_bf16_f32b(0, 1, cnt, I, C, 1.0f, xh, C, w1->data, C, 0.0f, NULL, a1, I);
+            sl_gemm_bf16_f32b(0, 1, cnt, I, C, 1.0f, xh, C, w3->data, C, 0.0f, NULL, a3, I);
+            rnd_n(a1, a1, cnt * I, half);
+            rnd_n(a3, a3, cnt * I, half);
+            hidden(h, a1, a3, cnt * I, half);
+            if ((hh = as_bf16(h, cnt, I, I))) {
+                sl_gemm_bf16_f32b(0, 1, cnt, C, I, 1.0f, hh, I, w2->data, I, 0.0f, NULL, y, C);
+                rnd_n(y, y, cnt * C, half);
+            }
+        }
+        sl_status st = hh ? SL_OK : sl_fail(SL_ERR_NOMEM, "moe_packed_ffn: out of memory");
+        free(xh), free(hh), free(h);
+        return st;
+    }
     float *h = malloc(sizeof(float) * (size_t)(cnt * I)), *o[4];
     const float *x = rounded((const float *)xp->data + off * C, cnt * C, half, &o[0]),
                 *W1 = rounded(w1->data, I * C, half, &o[1]), *W3 = rounded(w3->data, I * C, half, &o[2]),
@@ -131,6 +178,27 @@ done:
     return st;
 }
 
+/* from dh (in d1's rows: h == d1) the pre-activation gradients d(w3 x) into d3 and d(w1 x) into d1 */
+static void back_pointwise(const float *h, const float *a1, const float *a3, float *d1, float *d3, int64_t n,
+                           int half) {
+    if (!half) {
+#pragma omp parallel for schedule(static) if (PAR(n))
+        for (int64_t i = 0; i < n; i++) {
+            float sg = 1.0f / (1.0f + expf(-a1[i])), d = h[i];
+            d3[i] = d * a1[i] * sg;                                /* dh * silu(w1 x) */
+            d1[i] = d * a3[i] * sg * (1.0f + a1[i] * (1.0f - sg)); /* dh * w3 x * silu'(w1 x) */
+        }
+    } else {
+#pragma omp parallel for schedule(static) if (PAR(n))
+        for (int64_t i = 0; i < n; i++) {
+            float sg = 1.0f / (1.0f + expf(-a1[i])), d = rnd_to(h[i], half);
+            d3[i] = rnd_to(d * rnd_to(silu_f(a1[i]), half), half);         /* d(w3 x) = R(dh R(silu)) */
+            float ds_ = rnd_to(d * a3[i], half);                           /* d silu = R(dh w3 x) */
+            d1[i] = rnd_to(ds_ * sg * (1.0f + a1[i] * (1.0f - sg)), half); /* R(d silu silu') */
+        }
+    }
+}
+
 /* dw2 and, into aux, d(w1 x) and d(w3 x) of the expert's rows */
 sl_status sl_k_moe_packed_ffn_back(sl_tensor *n) {
     sl_tensor *f = n->src[0], *dy = n->src[1], *w2 = n->src[2];
@@ -146,6 +214,23 @@ sl_status sl_k_moe_packed_ffn_back(sl_tensor *n) {
         memset(dw2, 0, sizeof(float) * (size_t)(C * I));
         return SL_OK;
     }
+    float *h = d1; /* the hidden activation, then dh, in the d1 rows before they are written */
+    if (half == SL_BF16 && f->iparams[4]) { /* the bf16 GEMM (Note [Packed experts under autocast]) */
+        uint16_t *gh = as_bf16((const float *)dy->data + off * ds, cnt, C, ds), *hh = NULL;
+        if (gh) {
+            hidden(h, a1, a3, cnt * I, half);
+            hh = as_bf16(h, cnt, I, I);
+        }
+        if (!hh) {
+            free(gh);
+            return sl_fail(SL_ERR_NOMEM, "moe_packed_ffn_back: out of memory");
+        }
+        dw_bf16(gh, C, hh, I, C, I, cnt, dw2); /* dw2 = bf16(dy^T h) */
+        sl_gemm_bf16_f32b(0, 0, cnt, I, C, 1.0f, gh, C, w2->data, I, 0.0f, NULL, h, I); /* dh = dy w2 */
+        free(gh), free(hh);
+        back_pointwise(h, a1, a3, d1, d3, cnt * I, half);
+        return SL_OK;
+    }
     float *og = NULL, *ow = NULL, *gr = NULL;
     const float *g = (const float *)dy->data + off * ds, *W2 = rounded(w2->data, C * I, half, &ow);
     int64_t gs = ds;
@@ -158,27 +243,11 @@ sl_status sl_k_moe_packed_ffn_back(sl_tensor *n) {
         free(og), free(ow);
         return sl_fail(SL_ERR_NOMEM, "moe_packed_ffn_back: out of memory");
     }
-    float *h = d1; /* the hidden activation, then dh, in the d1 rows before they are written */
     hidden(h, a1, a3, cnt * I, half);
     sl_sgemm(1, 0, C, I, cnt, 1.0f, g, gs, h, I, 0.0f, dw2, I); /* dw2 = dy^T h */
     rnd_n(dw2, dw2, C * I, half);
     sl_sgemm(0, 0, cnt, I, C, 1.0f, g, gs, W2, I, 0.0f, h, I); /* dh = dy w2 */
-    if (!half) {
-#pragma omp parallel for schedule(static) if (PAR(cnt * I))
-        for (int64_t i = 0; i < cnt * I; i++) {
-            float sg = 1.0f / (1.0f + expf(-a1[i])), d = h[i];
-            d3[i] = d * a1[i] * sg;                                /* dh * silu(w1 x) */
-            d1[i] = d * a3[i] * sg * (1.0f + a1[i] * (1.0f - sg)); /* dh * w3 x * silu'(w1 x) */
-        }
-    } else {
-#pragma omp parallel for schedule(static) if (PAR(cnt * I))
-        for (int64_t i = 0; i < cnt * I; i++) {
-            float sg = 1.0f / (1.0f + expf(-a1[i])), d = rnd_to(h[i], half);
-            d3[i] = rnd_to(d * rnd_to(silu_f(a1[i]), half), half);         /* d(w3 x) = R(dh R(silu)) */
-            float ds_ = rnd_to(d * a3[i], half);                           /* d silu = R(dh w3 x) */
-            d1[i] = rnd_to(ds_ * sg * (1.0f + a1[i] * (1.0f - sg)), half); /* R(d silu silu') */
-        }
-    }
+    back_pointwise(h, a1, a3, d1, d3, cnt * I, half);
     free(og), free(ow);
     return SL_OK;
 }
@@ -193,8 +262,20 @@ sl_status sl_k_moe_packed_ffn_back_w(sl_tensor *n) {
         memset(dw1, 0, sizeof(float) * (size_t)(2 * I * C));
         return SL_OK;
     }
-    const float *d1 = (const float *)b->data + C * I, *d3 = d1 + Rb * I,
-                *x = rounded((const float *)xp->data + off * C, cnt * C, half, &ox);
+    const float *d1 = (const float *)b->data + C * I, *d3 = d1 + Rb * I;
+    if (half == SL_BF16 && f->iparams[4]) { /* the bf16 GEMM (Note [Packed experts under autocast]) */
+        uint16_t *xh = as_bf16((const float *)xp->data + off * C, cnt, C, C), *dh1 = as_bf16(d1, cnt, I, I),
+                 *dh3 = as_bf16(d3, cnt, I, I);
+        if (xh && dh1 && dh3) {
+            dw_bf16(dh1, I, xh, C, I, C, cnt, dw1);
+            dw_bf16(dh3, I, xh, C, I, C, cnt, dw3);
+        }
+        sl_status st =
+            xh && dh1 && dh3 ? SL_OK : sl_fail(SL_ERR_NOMEM, "moe_packed_ffn_back_w: out of memory");
+        free(xh), free(dh1), free(dh3);
+        return st;
+    }
+    const float *x = rounded((const float *)xp->data + off * C, cnt * C, half, &ox);
     if (!x) return sl_fail(SL_ERR_NOMEM, "moe_packed_ffn_back_w: out of memory");
     sl_sgemm(1, 0, I, C, cnt, 1.0f, d1, I, x, C, 0.0f, dw1, C);
     sl_sgemm(1, 0, I, C, cnt, 1.0f, d3, I, x, C, 0.0f, dw3, C);
@@ -218,6 +299,19 @@ sl_status sl_k_moe_packed_ffn_dx(sl_tensor *n) {
         sl_sgemm(0, 0, cnt, C, I, 1.0f, d1, I, w1->data, C, 0.0f, dx, C);
         sl_sgemm(0, 0, cnt, C, I, 1.0f, d3, I, w3->data, C, 1.0f, dx, C);
         return SL_OK;
+    }
+    if (half == SL_BF16 && f->iparams[4]) { /* the bf16 GEMM (Note [Packed experts under autocast]) */
+        uint16_t *dh1 = as_bf16(d1, cnt, I, I), *dh3 = as_bf16(d3, cnt, I, I);
+        float *t = malloc(sizeof(float) * (size_t)(cnt * C));
+        if (dh1 && dh3 && t) {
+            sl_gemm_bf16_f32b(0, 0, cnt, C, I, 1.0f, dh1, I, w1->data, C, 0.0f, NULL, dx, C);
+            sl_gemm_bf16_f32b(0, 0, cnt, C, I, 1.0f, dh3, I, w3->data, C, 0.0f, NULL, t, C);
+#pragma omp parallel for schedule(static) if (PAR(cnt * C))
+            for (int64_t i = 0; i < cnt * C; i++) dx[i] = rnd_to(dx[i], half) + rnd_to(t[i], half);
+        }
+        sl_status st = dh1 && dh3 && t ? SL_OK : sl_fail(SL_ERR_NOMEM, "moe_packed_ffn_dx: out of memory");
+        free(dh1), free(dh3), free(t);
+        return st;
     }
     float *o1, *o3, *t = malloc(sizeof(float) * (size_t)(cnt * C));
     const float *W1 = rounded(w1->data, I * C, half, &o1), *W3 = rounded(w3->data, I * C, half, &o3);
