@@ -15,7 +15,12 @@
  * fixed by K and the kernel variant only (four accumulators over k, the leftover vectors into the first,
  * a masked or scalar tail, a fixed horizontal reduction), never by a thread's range: the result is bitwise
  * the same for any thread count, as for the blocked GEMM, but its rounding differs from the GEMM's (other
- * summation order, within the bound of test_gemv / test_gemm). */
+ * summation order, within the bound of test_gemv / test_gemm).
+ * The AVX-512 kernels also prefetch the row 1 KiB ahead of the loads (GEMV_PF_BYTES; past a row's end that
+ * is the next row, past B's end a prefetch, which never faults). On an Intel AMX host the hardware
+ * prefetcher alone kept a bf16 GEMV at 0.75x of a read-only pass over the same bytes (20 of 26.7 GB/s on 2
+ * threads, 90 MB matrices); with the prefetch 0.92x (24 GB/s); 512 B ahead 0.94x of a slower probe pass,
+ * 4 KiB ahead 0.74x. */
 #include <immintrin.h>
 #include <string.h>
 
@@ -28,6 +33,13 @@
 #define T_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
 #define T_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
 #define T_AVX2 __attribute__((target("avx2,fma")))
+#define GEMV_PF_BYTES 1024
+/* prefetch the `bytes` (a multiple of 64) that follow p + GEMV_PF_BYTES */
+#define GEMV_PF(p, bytes)                                                                                    \
+    do {                                                                                                     \
+        for (int pf_ = 0; pf_ < (bytes); pf_ += 64)                                                          \
+            _mm_prefetch((const char *)(p) + GEMV_PF_BYTES + pf_, _MM_HINT_T0);                              \
+    } while (0)
 
 static float bf(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
@@ -102,6 +114,7 @@ T_AVX512 static __m512 ld16_bf16(const uint16_t *p, __mmask16 m) {
             __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                      \
             int64_t k = 0;                                                                                   \
             for (; k + 64 <= K; k += 64) {                                                                   \
+                GEMV_PF(r + k, 64 * (int)sizeof(T));                                                         \
                 a0 = _mm512_fmadd_ps(LOAD(x + k, all), LOAD(r + k, all), a0);                                \
                 a1 = _mm512_fmadd_ps(LOAD(x + k + 16, all), LOAD(r + k + 16, all), a1);                      \
                 a2 = _mm512_fmadd_ps(LOAD(x + k + 32, all), LOAD(r + k + 32, all), a2);                      \
@@ -128,6 +141,7 @@ T_AVX512BF16 static void rows_bf16_dp(const void *x_, const void *b_, int64_t ld
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         int64_t k = 0;
         for (; k + 128 <= K; k += 128) {
+            GEMV_PF(r + k, 256);
             a0 = _mm512_dpbf16_ps(a0, ld32_bf16(x + k, all), ld32_bf16(r + k, all));
             a1 = _mm512_dpbf16_ps(a1, ld32_bf16(x + k + 32, all), ld32_bf16(r + k + 32, all));
             a2 = _mm512_dpbf16_ps(a2, ld32_bf16(x + k + 64, all), ld32_bf16(r + k + 64, all));
