@@ -99,7 +99,7 @@ static void run_case(const sl_gemm_impl *im, int bf16, int tA, int tB, int64_t M
     sl_sgemm_ref(tA, tB, M, N, K, alpha, Af, lda, Bf, ldb, beta, R, ldc);
     sl_gemm_args g = {
         tA,  tB, M,   N,    K, alpha, beta, bf16 ? (const void *)Ah : Af, lda, bf16 ? (const void *)Bh : Bf,
-        ldb, C,  ldc, NULL, 0,    0};
+        ldb, C,  ldc, NULL, 0, 0};
     sl_gemm_run(&g, im, nthr);
     for (int64_t i = 0; i < nc; i++)
         if (isnan(R[i]) && isnan(C[i])) R[i] = C[i] = 0.0f; /* untouched padding of a NaN-filled C */
