@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "device/cpu/kernels/gemm.h"
+#include "device/cpu/kernels/gemm_internal.h"
 #include "device/cpu/kernels/simd_math.h"
 #include "suanli/base.h"
 #include "testutil.h"
@@ -296,6 +297,45 @@ static void test_rounded(void) {
         }
 }
 
+/* AMX with a few rows (Note [AMX GEMM for a few rows], gemm_amx.c): a prompt's M <= 64 rows times a bf16
+ * weight, the weight's rows loaded as A tiles, is bitwise the blocked driver's result (the path switched off)
+ * for full and edge row blocks, K over one and several K blocks (kc 1024), alpha, beta 0 / 1 / 0.5, a bias,
+ * padded leading dimensions. Only where the bf16 kernel is AMX (elsewhere the path is never taken). */
+static void test_amx_few_rows(void) {
+    if (strcmp(sl_gemm_bf16_kernel_name(), "amx") != 0) return;
+    const int Ms[] = {2, 8, 31, 32, 33, 64};
+    const int64_t Ks[] = {64, 2080}, N = 96;
+    for (int mi = 0; mi < 6; mi++)
+        for (int ki = 0; ki < 2; ki++)
+            for (int v = 0; v < 4; v++) {
+                int64_t M = Ms[mi], K = Ks[ki], lda = K + 32, ldb = K + 64, ldc = N + 3;
+                float alpha = v == 3 ? 0.5f : 1.0f, beta = v == 1 ? 1.0f : v == 3 ? 0.5f : 0.0f;
+                int with_bias = v == 2;
+                float *Af = falloc(M * lda), *Bf = falloc(N * ldb), *bias = falloc(N), *C1 = falloc(M * ldc),
+                      *C2 = falloc(M * ldc);
+                uint16_t *A = (uint16_t *)malloc((size_t)(M * lda) * 2),
+                         *B = (uint16_t *)malloc((size_t)(N * ldb) * 2);
+                if (!A || !B) abort();
+                fill(Af, M * lda), fill(Bf, N * ldb), fill(bias, N), fill(C1, M * ldc);
+                memcpy(C2, C1, (size_t)(M * ldc) * sizeof(float));
+                for (int64_t i = 0; i < M * lda; i++) A[i] = sl_f32_to_bf16(Af[i]);
+                for (int64_t i = 0; i < N * ldb; i++) B[i] = sl_f32_to_bf16(Bf[i]);
+                for (int path = 0; path < 2; path++) {
+                    float *C = path ? C2 : C1;
+                    sl_gemm_amx_few_rows_set(path);
+                    if (with_bias)
+                        sl_gemm_bf16_bias(0, 1, M, N, K, alpha, A, lda, B, ldb, bias, C, ldc);
+                    else
+                        sl_gemm_bf16(0, 1, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+                }
+                sl_gemm_amx_few_rows_set(1);
+                TU_CHECK(!memcmp(C1, C2, (size_t)(M * ldc) * sizeof(float)),
+                         "AMX few rows M=%lld K=%lld alpha %g beta %g%s: not bitwise the blocked driver's",
+                         (long long)M, (long long)K, alpha, beta, with_bias ? " bias" : "");
+                free(Af), free(Bf), free(bias), free(C1), free(C2), free(A), free(B);
+            }
+}
+
 /* Same inputs -> bitwise-identical outputs: twice with the same thread count, and with 1 vs 2 threads. */
 static void test_determinism(void) {
     /* {2000, 40, 70}: 1 thread packs A in row blocks, 2 threads (split M) in one block each */
@@ -356,6 +396,7 @@ int main(void) {
     test_bf16();
     test_bf16_f32b();
     test_rounded();
+    test_amx_few_rows();
     test_determinism();
     return tu_finish("test_gemm");
 }

@@ -314,7 +314,11 @@ static void emu_tile_dpbf16ps(int d, int a, int b) {
 /* ---- the code under test, under a private name (the library has its own copy) ---- */
 #define SL_GEMM_AMX_EMULATED 1
 #define sl_gemm_impl_amx_bf16 emu_gemm_impl_amx_bf16
+#define sl_gemm_amx_few_rows emu_gemm_amx_few_rows
+#define sl_gemm_amx_few_rows_set emu_gemm_amx_few_rows_set
 #include "device/cpu/kernels/gemm_amx.c"
+#undef sl_gemm_amx_few_rows
+#undef sl_gemm_amx_few_rows_set
 /* the library's own, on the real tiles (the cross-check on CPUs with AMX) */
 #undef sl_gemm_impl_amx_bf16
 extern const sl_gemm_impl sl_gemm_impl_amx_bf16;

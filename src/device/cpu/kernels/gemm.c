@@ -489,7 +489,9 @@ static void run_bf16(const sl_gemm_args *g) {
         run_bf16_rounded_b(g, d, nthr);
         return;
     }
-    if (!sl_gemv_run(g, d->gemv, 1, nthr)) sl_gemm_run(g, d->bf16, nthr);
+    if (sl_gemv_run(g, d->gemv, 1, nthr)) return;
+    if (d->bf16 == &sl_gemm_impl_amx_bf16 && sl_gemm_amx_few_rows(g, nthr)) return; /* a prompt's rows */
+    sl_gemm_run(g, d->bf16, nthr);
 }
 
 void sl_sgemm(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha, const float *A,

@@ -3,10 +3,15 @@
  * sl_cpu_features_get() reports amx_bf16 (CPUID, XCR0 and the process's permission: Note [AMX permission]
  * in src/base/cpu.c). tests/kernels/test_gemm_amx_emu.c includes this file with SL_GEMM_AMX_EMULATED to run
  * the packers and the kernel's tile program on CPUs without AMX. */
+#include <math.h>
 #include <string.h>
 
 #include "device/cpu/kernels/gemm_internal.h"
 #include "suanli/base.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #ifdef SL_GEMM_AMX_EMULATED
 /* the includer defines the intrinsics (SIMDe for AVX-512, C for the tiles) */
@@ -332,3 +337,111 @@ const sl_gemm_impl sl_gemm_impl_amx_bf16 = {.name = "amx",
                                             .thread_begin = amx_begin,
                                             .thread_end = amx_end,
                                             .b_f32 = 1};
+
+/* Note [AMX GEMM for a few rows]
+ * A prompt of M <= 64 tokens times a bf16 weight W (N x K, the Linear layout: transB) would pack all of W
+ * into B tiles for a few rows of output: on an AMX host the packing took 5x the tile products' time in a
+ * 32-token Llama prefill. A tile's A operand is row-major (16 rows of 32 bf16), which is what W's rows
+ * already are, so C^T = W x^T is computed instead: A tiles loaded straight from W (stride ldb), B tiles from
+ * x packed once per call (pack_b_amx_panel on x as a transposed B), and each 32 x 32 block of C^T transposed
+ * into C. tdpbf16ps sums the same even and odd products of each element whichever operand is A, and the
+ * blocks replay the blocked driver's epilogue (Note [AMX GEMM]) in a C^T staging buffer: the same K blocks of
+ * kc, the tile loaded from C (or the bias) where the driver's tile is full with alpha 1 and beta 0 or 1, else
+ * the block's sum from zero, times alpha, plus (beta times) the staged C. So C is bitwise the blocked
+ * driver's (test_gemm compares the two on AMX hosts; tests switch this path off with
+ * sl_gemm_amx_few_rows_set). Taken for M <= 64, K and N multiples of 32, bf16 B. */
+static int g_few_rows = 1;
+void sl_gemm_amx_few_rows_set(int on) { g_few_rows = on; }
+
+/* C^T block of W rows [n0, n0 + 32) and x rows [m0, m0 + mr) (mr <= 32) over all of K, into C */
+SL_TARGET_AMX static void few_rows_block(const sl_gemm_args *g, const uint16_t *xp, int64_t n0, int64_t m0,
+                                         int mr) {
+    float ct[32 * 32] __attribute__((aligned(64))), tmp[32 * 32] __attribute__((aligned(64)));
+    const uint16_t *W = (const uint16_t *)g->B;
+    const size_t ldw = (size_t)g->ldb * sizeof(uint16_t);
+    const int64_t kc = sl_gemm_impl_amx_bf16.kc;
+    for (int n = 0; n < 32; n++) /* the driver's C before its first K block: the bias, or C for beta */
+        for (int m = 0; m < 32; m++)
+            ct[n * 32 + m] = m >= mr           ? 0.0f
+                             : g->bias         ? g->bias[n0 + n]
+                             : g->beta != 0.0f ? g->C[(m0 + m) * g->ldc + n0 + n]
+                                               : 0.0f;
+    for (int64_t k0 = 0; k0 < g->K; k0 += kc) {
+        const int64_t steps = (g->K - k0 < kc ? g->K - k0 : kc) / AKS;
+        const float beta = k0 == 0 && !g->bias ? g->beta : 1.0f;
+        const int direct = mr == AMR && g->alpha == 1.0f && (beta == 0.0f || beta == 1.0f);
+        if (direct && beta == 1.0f) {
+            _tile_loadd(0, ct, 128);
+            _tile_loadd(1, ct + 16, 128);
+            _tile_loadd(2, ct + 16 * 32, 128);
+            _tile_loadd(3, ct + 16 * 32 + 16, 128);
+        } else {
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+        }
+        const uint16_t *w = W + (size_t)n0 * (size_t)g->ldb + k0, *b = xp + k0 / AKS * (ANR * AKS);
+        for (int64_t s = 0; s < steps; s++, w += AKS, b += ANR * AKS) {
+            _tile_loadd(4, w, ldw);
+            _tile_loadd(6, b, 64);
+            _tile_loadd(5, w + 16 * (size_t)g->ldb, ldw);
+            _tile_loadd(7, b + 512, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+        float *dst = direct ? ct : tmp;
+        _tile_stored(0, dst, 128);
+        _tile_stored(1, dst + 16, 128);
+        _tile_stored(2, dst + 16 * 32, 128);
+        _tile_stored(3, dst + 16 * 32 + 16, 128);
+        if (direct) continue;
+        for (int n = 0; n < 32; n++) /* kernel_amx_32x32's buffered epilogue, element by element */
+            for (int m = 0; m < mr; m++) {
+                float t = tmp[n * 32 + m], *c = &ct[n * 32 + m];
+                if (g->alpha != 1.0f) t = g->alpha * t;
+                *c = beta == 1.0f ? t + *c : beta != 0.0f ? fmaf(beta, *c, t) : t;
+            }
+    }
+    for (int m = 0; m < mr; m++)
+        for (int n = 0; n < 32; n++) g->C[(m0 + m) * g->ldc + n0 + n] = ct[n * 32 + m];
+}
+
+int sl_gemm_amx_few_rows(const sl_gemm_args *g, int nthr) {
+    if (!g_few_rows || g->M > 64 || g->M < 1 || g->transA || !g->transB || g->b_f32 || g->c_round ||
+        g->K % AKS || g->N % ANR || g->K <= 0 || g->N <= 0)
+        return 0;
+    const int64_t mblocks = (g->M + AMR - 1) / AMR, steps = g->K / AKS, nblocks = g->N / ANR;
+    const size_t per = (size_t)steps * ANR * AKS; /* packed x^T of one block of 32 rows */
+    uint16_t *xp = (uint16_t *)sl_gemm_tlbuf(SL_GEMM_TLB_BCONV, per * (size_t)mblocks * sizeof(uint16_t));
+    if (!xp) return 0;
+    sl_gemm_args xa = *g; /* x as a transposed B: B(k, j) = x[j][k] */
+    xa.B = g->A;
+    xa.ldb = g->lda;
+    xa.transB = 1;
+    for (int64_t mb = 0; mb < mblocks; mb++) {
+        const int64_t m0 = mb * AMR;
+        pack_b_amx_panel(&xa, m0, g->M - m0 < AMR ? (int)(g->M - m0) : AMR, 0, g->K, xp + mb * per);
+    }
+    if (nthr > nblocks) nthr = (int)nblocks;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nthr) if (nthr > 1)
+#endif
+    {
+        int t = 0, nt = 1;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+        nt = omp_get_num_threads();
+#endif
+        amx_begin();
+        for (int64_t nb = nblocks * t / nt; nb < nblocks * (t + 1) / nt; nb++)
+            for (int64_t mb = 0; mb < mblocks; mb++) {
+                const int64_t m0 = mb * AMR;
+                few_rows_block(g, xp + mb * per, nb * ANR, m0, g->M - m0 < AMR ? (int)(g->M - m0) : AMR);
+            }
+        amx_end();
+    }
+    return 1;
+}

@@ -106,6 +106,11 @@ extern const sl_gemm_impl sl_gemm_impl_avx512_f32;
 extern const sl_gemm_impl sl_gemm_impl_avx512_bf16emu; /* bf16 widened to fp32 by packing, fp32 kernel */
 extern const sl_gemm_impl sl_gemm_impl_avx512_bf16;    /* vdpbf16ps */
 extern const sl_gemm_impl sl_gemm_impl_amx_bf16;       /* AMX tiles (tdpbf16ps) */
+/* A few rows times a bf16 weight on AMX without packing the weight (Note [AMX GEMM for a few rows] in
+ * gemm_amx.c): 1 if it computed g (bitwise sl_gemm_run with the AMX impl), 0 if g is not such a product.
+ * _set(0) switches it off (tests compare the two). */
+int sl_gemm_amx_few_rows(const sl_gemm_args *g, int nthr);
+void sl_gemm_amx_few_rows_set(int on);
 extern const sl_gemm_impl sl_gemm_impl_avx2_f32;
 extern const sl_gemm_impl sl_gemm_impl_avx2_bf16emu;
 
