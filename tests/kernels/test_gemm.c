@@ -297,15 +297,15 @@ static void test_rounded(void) {
         }
 }
 
-/* AMX with a few rows (Note [AMX GEMM for a few rows], gemm_amx.c): a prompt's M <= 64 rows times a bf16
+/* AMX with a few rows (Note [AMX GEMM for a few rows], gemm_amx.c): a prompt's M <= 256 rows times a bf16
  * weight, the weight's rows loaded as A tiles, is bitwise the blocked driver's result (the path switched off)
  * for full and edge row blocks, K over one and several K blocks (kc 1024), alpha, beta 0 / 1 / 0.5, a bias,
  * padded leading dimensions. Only where the bf16 kernel is AMX (elsewhere the path is never taken). */
 static void test_amx_few_rows(void) {
     if (strcmp(sl_gemm_bf16_kernel_name(), "amx") != 0) return;
-    const int Ms[] = {2, 8, 31, 32, 33, 64};
+    const int Ms[] = {2, 8, 31, 32, 33, 64, 100, 256};
     const int64_t Ks[] = {64, 2080}, N = 96;
-    for (int mi = 0; mi < 6; mi++)
+    for (int mi = 0; mi < 8; mi++)
         for (int ki = 0; ki < 2; ki++)
             for (int v = 0; v < 4; v++) {
                 int64_t M = Ms[mi], K = Ks[ki], lda = K + 32, ldb = K + 64, ldc = N + 3;
