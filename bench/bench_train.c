@@ -306,7 +306,7 @@ int sl_bench_train(int argc, char **argv) {
             "\"tokens_per_s_mean\": %.2f, \"attention_dropout\": %g, \"hidden_dropout\": %g, "
             "\"mfu_f32_peak\": %.4f, \"peak_rss_mib\": %.1f, \"zero_bubble\": %d, \"probes_held_back\": "
             "%lld, "
-            "\"load_signal\": %d}\n",
+            "\"load_signal\": %d, \"shared_mode_steps\": %lld}\n",
             device, (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T,
             (long long)threads, bf16 ? "bf16-mixed" : "f32", med * 1e3, tps, flops / 1e9, peak / 1e9, mfu,
             tr.plan.planned_bytes / 1048576.0, loss, mesh.dp, (long long)accum, (long long)zero, wait_frac,
@@ -314,7 +314,8 @@ int sl_bench_train(int argc, char **argv) {
             (double)(mesh.pp - 1) / (double)((zb ? 3 : 1) * accum + mesh.pp - 1), (int)pfirst, (int)plast,
             bal[0], bal[1], busy, tr.gov.on, thr_mean, (long long)tr.gov.switches, (long long)tr.gov.probes,
             cpu_step * 1e3, wall_mean * 1e3, (double)(B * T) * (double)accum * mesh.dp / wall_mean, pa, ph,
-            peak32 > 0 ? flops / peak32 : 0, rss_mib, zb, (long long)tr.gov.gated, tr.gov.ncpu > 0);
+            peak32 > 0 ? flops / peak32 : 0, rss_mib, zb, (long long)tr.gov.gated, tr.gov.ncpu > 0,
+            (long long)tr.gov.shared_steps);
     else
         printf("GPT-2 on %s, L%lld NH%lld C%lld V%lld B%lld T%lld %s, %lld threads: %.1f ms/step (median of "
                "%lld), "
@@ -327,10 +328,10 @@ int sl_bench_train(int argc, char **argv) {
                flops / 1e9, 100 * mfu, peak / 1e9, bf16 ? "bf16" : "fp32", tr.plan.planned_bytes / 1048576.0,
                rss_mib, mesh.dp, (long long)accum, (long long)zero, 100 * wait_frac, mesh.tp, 100 * tp_frac);
     if (!json)
-        printf("threads: mean %.2f per step (%s, %lld switches, %lld probes, %lld held back by the load)%s; "
-               "CPU %.1f ms/step; mean wall %.1f ms/step\n",
+        printf("threads: mean %.2f per step (%s, %lld switches, %lld probes, %lld held back by the load, "
+               "%lld steps bound in the shared mode)%s; CPU %.1f ms/step; mean wall %.1f ms/step\n",
                thr_mean, tr.gov.on ? "adaptive" : "fixed", (long long)tr.gov.switches,
-               (long long)tr.gov.probes, (long long)tr.gov.gated,
+               (long long)tr.gov.probes, (long long)tr.gov.gated, (long long)tr.gov.shared_steps,
                busy ? "; a spinning neighbour process ran throughout" : "", cpu_step * 1e3, wall_mean * 1e3);
     if (dp) print_dp_memory(dp, json, zero);
     free(ts);

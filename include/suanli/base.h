@@ -14,6 +14,7 @@
 #ifndef SUANLI_BASE_H
 #define SUANLI_BASE_H
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -110,6 +111,14 @@ double sl_time_sec(void); /* monotonic */
 /* ---- threads (OpenMP-backed) ---- */
 void sl_threads_set(int n); /* n <= 0: leave default */
 int sl_threads_get(void);
+/* Shared-machine mode (Note [Binding on a shared machine], src/base/threads.c): on = 1 with n > 1 binds the
+ * OpenMP team of n threads one CPU each (unless the user binds via OMP_PROC_BIND / OMP_PLACES /
+ * GOMP_CPU_AFFINITY) and lets the GEMM deal work in units; on = 0 or n = 1 restores the original mask.
+ * Returns 1 when the team is bound. Call between parallel regions. */
+int sl_threads_shared_mode(int n, int on);
+int sl_threads_shared(void); /* the mode's flag, for kernels */
+/* pthread_create with the process's original CPU mask (not a bound master's single CPU) */
+int sl_thread_spawn(pthread_t *th, void *(*fn)(void *), void *arg);
 
 /* ---- small helpers ---- */
 void *sl_malloc_aligned(size_t bytes); /* 64-byte aligned, NULL on failure; free with sl_free_aligned */

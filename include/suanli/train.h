@@ -95,6 +95,9 @@ typedef struct sl_thread_gov {
     int ext_at_probe; /* the load when the running probe started */
     int64_t gated,
         up_at; /* steps a probe of more threads was held back by the load; last such probe's step */
+    int shared,
+        shared_n; /* the shared mode last applied, and at which count (Note [Binding on a shared machine]) */
+    int64_t shared_steps; /* steps run in the shared mode (for reports) */
 } sl_thread_gov;
 /* the runnable tasks of this machine that are not this process's threads (Linux /proc), or -1 */
 int sl_thread_gov_sample_machine(void);

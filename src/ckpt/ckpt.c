@@ -290,7 +290,7 @@ static void *writer_main(void *arg) {
     if (w->mem_dir[0]) { /* the in-memory copy (tmpfs held by the launcher), beside the disk write */
         snprintf(mp, sizeof mp, "%s/%s", w->mem_dir, w->file);
         mc = (mem_copy){.path = mp, .hdr = hdr, .hlen = hlen, .data = w->buf, .dlen = w->bytes};
-        if (sl_mkdirs(w->mem_dir) != SL_OK || pthread_create(&mc.th, NULL, mem_copy_main, &mc) != 0) {
+        if (sl_mkdirs(w->mem_dir) != SL_OK || sl_thread_spawn(&mc.th, mem_copy_main, &mc) != 0) {
             SL_LOGW("in-memory checkpoint copy skipped: %s", sl_errmsg());
             w->mem_dir[0] = 0;
         } else {
@@ -383,7 +383,7 @@ sl_status sl_ckpt_writer_commit_pool(sl_ckpt_writer *w, int64_t step, int world,
     w->status = SL_OK;
     w->done = 0;
     w->joined = 0;
-    if (pthread_create(&w->th, NULL, commit_main, w) != 0) {
+    if (sl_thread_spawn(&w->th, commit_main, w) != 0) {
         w->done = 1;
         return sl_fail(SL_ERR_INTERNAL, "checkpoint: cannot start the commit thread");
     }
@@ -512,7 +512,7 @@ sl_status sl_ckpt_save_begin(sl_ckpt_writer *w, const char *root, const sl_ckpt_
     w->joined = 0;
     w->snap_done = 0;
     w->snap_wait = 0;
-    if (pthread_create(&w->th, NULL, writer_main, w) != 0) {
+    if (sl_thread_spawn(&w->th, writer_main, w) != 0) {
         w->done = 1;
         w->snap_done = 1;
         return sl_fail(SL_ERR_INTERNAL, "checkpoint: cannot start the writer thread");

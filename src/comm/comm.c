@@ -669,7 +669,7 @@ sl_status sl_comm_from_transport(sl_transport *tp, const sl_comm_opts *opts, con
     pthread_mutex_init(&c->errmu, NULL);
     pthread_cond_init(&c->cv_work, NULL);
     pthread_cond_init(&c->cv_done, NULL);
-    if (pthread_create(&c->thread, NULL, progress_main, c) != 0) {
+    if (sl_thread_spawn(&c->thread, progress_main, c) != 0) {
         tp->vt->destroy(tp);
         free(c->world_ranks);
         free(c);

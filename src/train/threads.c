@@ -96,7 +96,7 @@ void sl_thread_gov_init(sl_thread_gov *g, int n_max) {
     g->interval = GOV_FIRST;
     g->next = 3; /* step 0 warms caches and allocations (not timed); two timed steps, then the first probe */
     g->sample = sl_thread_gov_sample_machine;
-    g->ncpu = g->on ? machine_cpus() : 0;
+    g->ncpu = g->n_max > 1 ? machine_cpus() : 0;
     g->ext = g->ext_lost = g->ext_at_probe = -1;
 }
 
@@ -129,8 +129,24 @@ static double median(const double *x, int n) {
     return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
 }
 
+/* Bind the team and deal GEMM work in units while the machine is oversubscribed at this count, and undo
+ * both when it is not (Note [Binding on a shared machine]). */
+static void apply_shared(sl_thread_gov *g, int n) {
+    int on = g->ext >= 0 && g->ext + n > g->ncpu;
+    if (on != g->shared || n != g->shared_n) sl_threads_shared_mode(n, on);
+    g->shared = on;
+    g->shared_n = n;
+    g->shared_steps += on && n > 1;
+}
+
 int sl_thread_gov_begin(sl_thread_gov *g) {
-    if (!g->on) return g->cur;
+    if (!g->on) { /* a fixed count still binds on a shared machine */
+        if (g->ncpu > 0) {
+            sample_load(g);
+            apply_shared(g, g->cur);
+        }
+        return g->cur;
+    }
     sample_load(g);
     int known = g->ext >= 0;
     if (!g->probe_left && known) {
@@ -159,6 +175,7 @@ int sl_thread_gov_begin(sl_thread_gov *g) {
     }
     int n = g->probe_left ? g->alt : g->cur;
     sl_threads_set(n);
+    apply_shared(g, n);
     return n;
 }
 

@@ -380,6 +380,52 @@ static void test_determinism(void) {
     }
 }
 
+/* The shared mode (Note [GEMM units]: several units per thread, claimed by whichever thread is free, with
+ * the team bound one CPU each) gives bitwise the 1-thread result: fp32 with beta and with a bias, bf16, and
+ * the rounded products, on shapes split along M and along N into 8 units. */
+static void test_shared_units(void) {
+    const shape ds[] = {{200, 300, 1000}, {1000, 96, 130}, {64, 2000, 64}, {2000, 40, 70}, {37, 515, 400}};
+    int saved = sl_threads_get();
+    for (int si = 0; si < 5; si++) {
+        int64_t M = ds[si].M, N = ds[si].N, K = ds[si].K;
+        for (int t = 0; t < 4; t++) {
+            int tA = t >> 1, tB = t & 1;
+            int64_t lda = tA ? M : K, ldb = tB ? K : N;
+            float *A = falloc(M * K), *B = falloc(K * N), *bias = falloc(N), *C[2], *D[2], *H[2], *R[2];
+            float *C0 = falloc(M * N), *R0 = falloc(M * N); /* the initial C of the beta and rounded runs */
+            uint16_t *Ah = (uint16_t *)malloc((size_t)(M * K) * 2),
+                     *Bh = (uint16_t *)malloc((size_t)(K * N) * 2);
+            if (!Ah || !Bh) abort();
+            fill(A, M * K), fill(B, K * N), fill(bias, N), fill(C0, M * N), fill(R0, M * N);
+            for (int64_t i = 0; i < M * K; i++) Ah[i] = sl_f32_to_bf16(A[i]);
+            for (int64_t i = 0; i < K * N; i++) Bh[i] = sl_f32_to_bf16(B[i]);
+            for (int r = 0; r < 2; r++) { /* r 0: one thread; r 1: two threads in the shared mode */
+                C[r] = falloc(M * N), D[r] = falloc(M * N), H[r] = falloc(M * N), R[r] = falloc(M * N);
+                memcpy(C[r], C0, (size_t)(M * N) * sizeof(float));
+                memcpy(R[r], R0, (size_t)(M * N) * sizeof(float));
+                sl_threads_set(r ? 2 : 1);
+                sl_threads_shared_mode(r ? 2 : 1, r);
+                TU_CHECK(sl_threads_shared() == r, "shared flag %d, want %d", sl_threads_shared(), r);
+                sl_sgemm(tA, tB, M, N, K, 0.75f, A, lda, B, ldb, 0.5f, C[r], N);
+                sl_sgemm_bias(tA, tB, M, N, K, 1.0f, A, lda, B, ldb, bias, D[r], N);
+                sl_gemm_bf16(tA, tB, M, N, K, 1.0f, Ah, lda, Bh, ldb, 0.0f, H[r], N);
+                sl_gemm_rounded(1, tA, tB, M, N, K, Ah, lda, Bh, ldb, R[r], N, 1);
+                sl_threads_shared_mode(r ? 2 : 1, 0);
+            }
+            size_t bytes = (size_t)(M * N) * sizeof(float);
+            TU_CHECK(
+                !memcmp(C[0], C[1], bytes) && !memcmp(D[0], D[1], bytes) && !memcmp(H[0], H[1], bytes) &&
+                    !memcmp(R[0], R[1], bytes),
+                "shared units differ from 1 thread: %lld %lld %lld t=%d (beta %d bias %d bf16 %d round %d)",
+                (long long)M, (long long)N, (long long)K, t, !!memcmp(C[0], C[1], bytes),
+                !!memcmp(D[0], D[1], bytes), !!memcmp(H[0], H[1], bytes), !!memcmp(R[0], R[1], bytes));
+            for (int r = 0; r < 2; r++) free(C[r]), free(D[r]), free(H[r]), free(R[r]);
+            free(A), free(B), free(bias), free(Ah), free(Bh), free(C0), free(R0);
+        }
+    }
+    sl_threads_set(saved);
+}
+
 int main(void) {
     const char *isa = getenv("SUANLI_ISA");
     printf("gemm kernel: %s, bf16 %s (SUANLI_ISA=%s, cpu isa %s)\n", sl_gemm_kernel_name(),
@@ -398,5 +444,6 @@ int main(void) {
     test_rounded();
     test_amx_few_rows();
     test_determinism();
+    test_shared_units();
     return tu_finish("test_gemm");
 }

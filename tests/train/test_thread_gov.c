@@ -140,9 +140,42 @@ static float *train(int alternate) {
     return r;
 }
 
+/* The shared mode (Note [Binding on a shared machine]) follows the load: on while a neighbour oversubscribes
+ * the machine at the step's count, off once the load is gone (all of the last 3 samples) or at 1 thread;
+ * a fixed count (on = 0) still gets it. */
+static void test_shared_mode(void) {
+    sl_thread_gov g;
+    const double t[3] = {0, 0.060, 0.050};
+    sl_thread_gov_init(&g, 2);
+    fake_signal(&g);
+    fake_ext = 1;
+    int n = sl_thread_gov_begin(&g);
+    TU_CHECK(n == 2 && g.shared == 1 && sl_threads_shared() == 1, "busy at %d threads: shared %d, flag %d", n,
+             g.shared, sl_threads_shared());
+    sl_thread_gov_end(&g, t[n]);
+    fake_ext = 0;
+    for (int i = 0; i < 3; i++) sl_thread_gov_end(&g, t[sl_thread_gov_begin(&g)]);
+    TU_CHECK(g.shared == 0 && sl_threads_shared() == 0, "quiet again: shared %d, flag %d", g.shared,
+             sl_threads_shared());
+    sl_thread_gov_init(&g, 2);
+    fake_signal(&g);
+    g.on = 0;
+    fake_ext = 1;
+    n = sl_thread_gov_begin(&g);
+    TU_CHECK(n == 2 && g.shared == 1 && g.shared_steps == 1, "fixed count, busy: shared %d after %lld steps",
+             g.shared, (long long)g.shared_steps);
+    fake_ext = 5; /* at 1 thread the mode is off whatever the load */
+    g.cur = 1;
+    sl_thread_gov_begin(&g);
+    TU_CHECK(g.shared == 0 && sl_threads_shared() == 0, "1 thread: shared %d", g.shared);
+    sl_threads_shared_mode(2, 0);
+    sl_threads_set(2);
+}
+
 int main(void) {
     test_decisions();
     test_load_signal();
+    test_shared_mode();
     float *a = train(0), *b = train(1);
     TU_CHECK(a[0] == b[0] && !memcmp(a, b, sizeof(float) * (size_t)(a[0] + 1)),
              "weights after steps on 1/2 alternating threads differ from 2 threads");

@@ -212,6 +212,8 @@ static void scale_c(const sl_gemm_args *g) {
     }
 }
 
+enum { GEMM_UNITS_MAX = 64 };
+
 typedef struct gemm_plan {
     const sl_gemm_args *g;
     const sl_gemm_impl *im;
@@ -220,6 +222,9 @@ typedef struct gemm_plan {
     size_t a_bytes; /* one packed A block (mc x kc) */
     size_t b_bytes; /* one packed B chunk (kc x nc) */
     char *ws;       /* [A t0][B t0][A t1][B t1]... */
+    int units;      /* work units along the split dimension, claimed in order by whichever thread is free */
+    int64_t ubound[GEMM_UNITS_MAX + 1]; /* unit u covers micro-panels [ubound[u], ubound[u+1]) */
+    int next;                           /* the next unclaimed unit (atomic) */
 } gemm_plan;
 
 /* Multiply the packed A block (npa micro-panels) by op(B) columns [n0, n1), K block (k0, kc). */
@@ -262,32 +267,24 @@ static void block_times_b(const gemm_plan *p, const char *apack, int64_t ic, int
     }
 }
 
-/* Thread `tid` of the plan computes its own block of C, C[m0:m1, n0:n1], packing its own A blocks and B
- * chunks. Threads never wait for each other: on a shared machine a descheduled thread delays only its own
- * share (sharing one packed A block would need a barrier per K block, and every barrier would wait for the
- * slowest thread). The price is packing the other operand once per thread, which the split choice in
- * sl_gemm_run keeps to the smaller of A and B. */
-static void gemm_thread(const gemm_plan *p, int tid) {
+/* Unit `u` of the plan (Note [GEMM units]) is a block of C, C[m0:m1, n0:n1]; the thread that claims it packs
+ * its own A blocks and B chunks into its own workspace. Threads never wait for each other: on a shared
+ * machine a descheduled thread delays only the unit it holds (sharing one packed A block would need a
+ * barrier per K block, and every barrier would wait for the slowest thread). The price is packing the
+ * other operand once per unit, which the split choice in sl_gemm_run keeps to the smaller of A and B. */
+static void gemm_unit(const gemm_plan *p, int u, char *apack, char *bpack, float *tile) {
     const sl_gemm_args *g = p->g;
     const sl_gemm_impl *im = p->im;
-    const int nthr = p->nthr;
-    char *apack = p->ws + (size_t)tid * (p->a_bytes + p->b_bytes);
-    char *bpack = apack + p->a_bytes;
     int64_t m0 = 0, m1 = g->M, n0 = 0, n1 = g->N;
     if (p->split_n) {
-        int64_t npb = ceil_div(g->N, im->nr);
-        n0 = imin64(g->N, npb * tid / nthr * im->nr);
-        n1 = imin64(g->N, npb * (tid + 1) / nthr * im->nr);
+        n0 = imin64(g->N, p->ubound[u] * im->nr);
+        n1 = imin64(g->N, p->ubound[u + 1] * im->nr);
     } else {
-        int64_t npa = ceil_div(g->M, im->mr);
-        m0 = imin64(g->M, npa * tid / nthr * im->mr);
-        m1 = imin64(g->M, npa * (tid + 1) / nthr * im->mr);
+        m0 = imin64(g->M, p->ubound[u] * im->mr);
+        m1 = imin64(g->M, p->ubound[u + 1] * im->mr);
     }
     if (m1 <= m0 || n1 <= n0) return;
     const int64_t mc = m1 - m0 <= imax64(im->mc, im->mc_max) ? m1 - m0 : im->mc;
-    float tile_buf[SL_GEMM_TILE_MAX] __attribute__((aligned(64))); /* sl_gemm_rounded checks mr x nr fits */
-    float *tile = g->c_round ? tile_buf : NULL;
-    if (im->thread_begin) im->thread_begin();
     for (int64_t ic = m0; ic < m1; ic += mc) {
         int64_t mcur = imin64(mc, m1 - ic);
         for (int64_t k0 = 0; k0 < g->K; k0 += im->kc) {
@@ -296,7 +293,42 @@ static void gemm_thread(const gemm_plan *p, int tid) {
             block_times_b(p, apack, ic, mcur, k0, kc, n0, n1, bpack, tile);
         }
     }
+}
+
+/* Thread `tid` claims units until none is left. */
+static void gemm_thread(gemm_plan *p, int tid) {
+    const sl_gemm_args *g = p->g;
+    const sl_gemm_impl *im = p->im;
+    char *apack = p->ws + (size_t)tid * (p->a_bytes + p->b_bytes);
+    char *bpack = apack + p->a_bytes;
+    float tile_buf[SL_GEMM_TILE_MAX] __attribute__((aligned(64))); /* sl_gemm_rounded checks mr x nr fits */
+    float *tile = g->c_round ? tile_buf : NULL;
+    if (im->thread_begin) im->thread_begin();
+    for (;;) {
+        int u = __atomic_fetch_add(&p->next, 1, __ATOMIC_RELAXED);
+        if (u >= p->units) break;
+        gemm_unit(p, u, apack, bpack, tile);
+    }
     if (im->thread_end) im->thread_end();
+}
+
+/* Note [GEMM units]
+ * The split dimension's micro-panels are dealt in units, and each thread claims the next unit from a shared
+ * counter until none is left. On a quiet machine there is one unit per thread, of equal size (the static
+ * split: a thread that is late to wake leaves its unit to whichever thread is free). In the shared mode
+ * (Note [Binding on a shared machine]) there are GEMM_UNITS_SHARED per thread, so a thread that shares its
+ * CPU with a neighbour takes fewer of them. A unit packs the other operand for itself, so units cost packing:
+ * 3-7 % on GPT-2 shapes with 2 units per thread on a quiet machine, 10-20 % with guided sizes; hence one
+ * unit per thread unless the machine is shared. No result depends on the units: each C element is computed
+ * whole by one thread, in the same K order. */
+enum { GEMM_UNITS_SHARED = 4 };
+
+static void plan_units(gemm_plan *p, int64_t panels) {
+    int64_t n = p->nthr > 1 && sl_threads_shared() ? (int64_t)GEMM_UNITS_SHARED * p->nthr : p->nthr;
+    n = imin64(imin64(n, panels), GEMM_UNITS_MAX);
+    if (n < 1) n = 1;
+    for (int64_t i = 0; i <= n; i++) p->ubound[i] = panels * i / n;
+    p->units = (int)n;
 }
 
 /* Load balance of splitting `panels` micro-panels over nthr threads (1 = perfect). */
@@ -352,6 +384,7 @@ void sl_gemm_run(const sl_gemm_args *g, const sl_gemm_impl *im, int nthr) {
     double bal_n = split_balance(ceil_div(g->N, im->nr), nthr),
            bal_m = split_balance(ceil_div(g->M, im->mr), nthr);
     p.split_n = bal_n > bal_m + 0.05 ? 1 : bal_m > bal_n + 0.05 ? 0 : g->M <= g->N;
+    plan_units(&p, p.split_n ? ceil_div(g->N, im->nr) : ceil_div(g->M, im->mr)); /* Note [GEMM units] */
     size_t total = (size_t)nthr * (p.a_bytes + p.b_bytes);
     p.ws = (char *)sl_gemm_tlbuf(SL_GEMM_TLB_PACK, total);
     if (!p.ws) {
@@ -367,17 +400,10 @@ void sl_gemm_run(const sl_gemm_args *g, const sl_gemm_impl *im, int nthr) {
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nthr)
     {
-        /* The runtime may give fewer threads than asked; the partition must be the planned one. */
-        if (omp_get_num_threads() == nthr)
-            gemm_thread(&p, omp_get_thread_num());
-        else if (omp_get_thread_num() == 0) {
-            gemm_plan q = p;
-            q.nthr = 1;
-            gemm_thread(&q, 0);
-        }
+        /* The runtime may give fewer threads than asked: the units are claimed by whoever runs. */
+        if (omp_get_thread_num() < nthr) gemm_thread(&p, omp_get_thread_num());
     }
 #else
-    p.nthr = 1;
     gemm_thread(&p, 0);
 #endif
 }
