@@ -60,37 +60,55 @@ static inline __mmask16 mask_n(int n) {
         }                                                                                                    \
     } while (0)
 
+/* The 8 x 48 micro-kernel on NC of its three 16-column vectors: a panel at the right edge of C with nr <= 32
+ * (N = 128: panels of 48, 48, 32) or nr <= 16 skips the FMAs of columns it does not store. Each stored
+ * element gets the same FMAs in the same order as in the full kernel, so the result is the same bits. */
+#define SL_KERNEL_8x48_BODY(NC)                                                                              \
+    do {                                                                                                     \
+        const float *a = (const float *)a_, *b = (const float *)b_;                                          \
+        __m512 acc[MR][3];                                                                                   \
+        _Pragma("GCC unroll 8") for (int i = 0; i < MR; i++) {                                               \
+            acc[i][0] = acc[i][1] = acc[i][2] = _mm512_setzero_ps();                                         \
+            if (i < mr)                                                                                      \
+                for (int v = 0; v < NC; v++)                                                                 \
+                    _mm_prefetch((const char *)(c + i * ldc + 16 * v), _MM_HINT_T0);                         \
+            if (i < mr && NC == 3) _mm_prefetch((const char *)(c + i * ldc + 47), _MM_HINT_T0);              \
+        }                                                                                                    \
+        _Pragma("GCC unroll 4") for (int64_t k = 0; k < ksteps; k++) {                                       \
+            __m512 bv[3];                                                                                    \
+            for (int v = 0; v < NC; v++) {                                                                   \
+                bv[v] = _mm512_load_ps(b + 16 * v);                                                          \
+                _mm_prefetch((const char *)(b + 48 * 8 + 16 * v), _MM_HINT_T0);                              \
+            }                                                                                                \
+            _Pragma("GCC unroll 8") for (int i = 0; i < MR; i++) {                                           \
+                __m512 av = _mm512_set1_ps(a[i]);                                                            \
+                for (int v = 0; v < NC; v++) acc[i][v] = _mm512_fmadd_ps(av, bv[v], acc[i][v]);              \
+            }                                                                                                \
+            a += MR;                                                                                         \
+            b += NR;                                                                                         \
+        }                                                                                                    \
+        SL_WRITEBACK_8x48(acc);                                                                              \
+    } while (0)
+
+SL_TARGET_AVX512 static void kernel_avx512_8x16(int64_t ksteps, const void *a_, const void *b_, float *c,
+                                                int64_t ldc, float alpha, float beta, int mr, int nr) {
+    SL_KERNEL_8x48_BODY(1);
+}
+SL_TARGET_AVX512 static void kernel_avx512_8x32(int64_t ksteps, const void *a_, const void *b_, float *c,
+                                                int64_t ldc, float alpha, float beta, int mr, int nr) {
+    SL_KERNEL_8x48_BODY(2);
+}
 SL_TARGET_AVX512 static void kernel_avx512_8x48(int64_t ksteps, const void *a_, const void *b_, float *c,
                                                 int64_t ldc, float alpha, float beta, int mr, int nr) {
-    const float *a = (const float *)a_, *b = (const float *)b_;
-    __m512 acc[MR][3];
-#pragma GCC unroll 8
-    for (int i = 0; i < MR; i++) {
-        acc[i][0] = acc[i][1] = acc[i][2] = _mm512_setzero_ps();
-        if (i < mr) {
-            _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);
-            _mm_prefetch((const char *)(c + i * ldc + 16), _MM_HINT_T0);
-            _mm_prefetch((const char *)(c + i * ldc + 32), _MM_HINT_T0);
-            _mm_prefetch((const char *)(c + i * ldc + 47), _MM_HINT_T0);
-        }
+    if (nr <= 16) {
+        kernel_avx512_8x16(ksteps, a_, b_, c, ldc, alpha, beta, mr, nr);
+        return;
     }
-#pragma GCC unroll 4
-    for (int64_t k = 0; k < ksteps; k++) {
-        __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16), b2 = _mm512_load_ps(b + 32);
-        _mm_prefetch((const char *)(b + 48 * 8), _MM_HINT_T0);
-        _mm_prefetch((const char *)(b + 48 * 8 + 16), _MM_HINT_T0);
-        _mm_prefetch((const char *)(b + 48 * 8 + 32), _MM_HINT_T0);
-#pragma GCC unroll 8
-        for (int i = 0; i < MR; i++) {
-            __m512 av = _mm512_set1_ps(a[i]);
-            acc[i][0] = _mm512_fmadd_ps(av, b0, acc[i][0]);
-            acc[i][1] = _mm512_fmadd_ps(av, b1, acc[i][1]);
-            acc[i][2] = _mm512_fmadd_ps(av, b2, acc[i][2]);
-        }
-        a += MR;
-        b += NR;
+    if (nr <= 32) {
+        kernel_avx512_8x32(ksteps, a_, b_, c, ldc, alpha, beta, mr, nr);
+        return;
     }
-    SL_WRITEBACK_8x48(acc);
+    SL_KERNEL_8x48_BODY(3);
 }
 
 /* ---- in-register transposes ---- */
