@@ -426,6 +426,44 @@ static void test_shared_units(void) {
     sl_threads_set(saved);
 }
 
+/* Note [Unpacked A]: a row-major fp32 A read in place gives bitwise the packed path's C, with partial
+ * panels at the bottom (M = 37, 63, 255), right-edge panels of 16, 32 and 48 columns, K above the K block,
+ * alpha / beta and a bias, at 1 and 2 threads. */
+static void test_unpacked_a(void) {
+    const shape ds[] = {{37, 128, 200}, {63, 65, 1000}, {255, 512, 130}, {768, 128, 512}, {96, 17, 64}};
+    int saved = sl_threads_get();
+    for (int si = 0; si < 5; si++)
+        for (int tB = 0; tB < 2; tB++)
+            for (int thr = 1; thr <= 2; thr++) {
+                int64_t M = ds[si].M, N = ds[si].N, K = ds[si].K, ldb = tB ? K : N;
+                float *A = falloc(M * K), *B = falloc(K * N), *bias = falloc(N), *C0 = falloc(M * N), *C[2],
+                      *D[2];
+                fill(A, M * K), fill(B, K * N), fill(bias, N), fill(C0, M * N);
+                sl_threads_set(thr);
+                for (int r = 0; r < 2; r++) { /* r 0: packed; r 1: in place */
+                    C[r] = falloc(M * N), D[r] = falloc(M * N);
+                    memcpy(C[r], C0, (size_t)(M * N) * sizeof(float));
+                    sl_gemm_unpacked_a_set(r);
+                    sl_sgemm(0, tB, M, N, K, -1.25f, A, K, B, ldb, 0.5f, C[r], N);
+                    sl_sgemm_bias(0, tB, M, N, K, 1.0f, A, K, B, ldb, bias, D[r], N);
+                }
+                sl_gemm_unpacked_a_set(1);
+                size_t bytes = (size_t)(M * N) * sizeof(float);
+                TU_CHECK(!memcmp(C[0], C[1], bytes) && !memcmp(D[0], D[1], bytes),
+                         "unpacked A differs from packed: %lld %lld %lld tB=%d threads %d (beta %d bias %d)",
+                         (long long)M, (long long)N, (long long)K, tB, thr, !!memcmp(C[0], C[1], bytes),
+                         !!memcmp(D[0], D[1], bytes));
+                float *R = falloc(M * N); /* and it is right: the double-accumulating reference */
+                memcpy(R, C0, bytes);
+                sl_sgemm_ref(0, tB, M, N, K, -1.25f, A, K, B, ldb, 0.5f, R, N);
+                TU_CHECK(check_c("unpacked A vs reference", C[1], R, M, N, K), "unpacked A vs reference");
+                free(R);
+                for (int r = 0; r < 2; r++) free(C[r]), free(D[r]);
+                free(A), free(B), free(bias), free(C0);
+            }
+    sl_threads_set(saved);
+}
+
 int main(void) {
     const char *isa = getenv("SUANLI_ISA");
     printf("gemm kernel: %s, bf16 %s (SUANLI_ISA=%s, cpu isa %s)\n", sl_gemm_kernel_name(),
@@ -445,5 +483,6 @@ int main(void) {
     test_amx_few_rows();
     test_determinism();
     test_shared_units();
+    test_unpacked_a();
     return tu_finish("test_gemm");
 }

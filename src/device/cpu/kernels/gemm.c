@@ -213,6 +213,16 @@ static void scale_c(const sl_gemm_args *g) {
 }
 
 enum { GEMM_UNITS_MAX = 64 };
+/* Note [Unpacked A]
+ * Packing A costs a read and a write per element against 2 N FMAs' worth of work per element: little for
+ * GPT-2 124M's wide products, but for N = 128 (the small model's attention and MLP projections and their
+ * dX) it was 7 % of the step's samples, as much as 1/5 of the kernel's time. A row-major fp32 A is
+ * therefore read in place when a unit spans at most GEMM_UA_MAX_N columns of C: the micro-kernel
+ * broadcasts A[i][k] from its 8 rows (8 streams, 8 x kc floats = 12 KiB of L1) instead of the packed panel,
+ * with the same FMAs in the same order (the same bits); a partial panel at the bottom is still packed. */
+enum { GEMM_UA_MAX_N = 512 };
+static int g_ua_off; /* tests: 1 packs every A (sl_gemm_unpacked_a_set) */
+void sl_gemm_unpacked_a_set(int on) { __atomic_store_n(&g_ua_off, !on, __ATOMIC_RELAXED); }
 
 typedef struct gemm_plan {
     const sl_gemm_args *g;
@@ -228,8 +238,8 @@ typedef struct gemm_plan {
 } gemm_plan;
 
 /* Multiply the packed A block (npa micro-panels) by op(B) columns [n0, n1), K block (k0, kc). */
-static void block_times_b(const gemm_plan *p, const char *apack, int64_t ic, int64_t mcur, int64_t k0,
-                          int64_t kc, int64_t n0, int64_t n1, char *bpack, float *tile) {
+static void block_times_b(const gemm_plan *p, const char *apack, const float *ua, int64_t ic, int64_t mcur,
+                          int64_t k0, int64_t kc, int64_t n0, int64_t n1, char *bpack, float *tile) {
     const sl_gemm_args *g = p->g;
     const sl_gemm_impl *im = p->im;
     const int mr = im->mr, nr = im->nr;
@@ -250,9 +260,16 @@ static void block_times_b(const gemm_plan *p, const char *apack, int64_t ic, int
             for (int64_t i = 0; i < mcur; i++)
                 memcpy(g->C + (ic + i) * g->ldc + jc, g->bias + jc, (size_t)ncur * sizeof(float));
         for (int64_t pa = 0; pa < npa; pa++) {
-            const char *a = apack + pa * apanel;
             int mi = (int)imin64(mr, mcur - pa * mr);
+            /* unpacked A: full panels read in place, the partial one packed alone (Note [Unpacked A]) */
+            const char *a = ua ? apack : apack + pa * apanel;
             float *crow = g->C + (ic + pa * mr) * g->ldc + jc;
+            if (ua && mi == mr) {
+                for (int64_t q = 0; q < npb; q++)
+                    im->kernel_ua(ksteps, ua + pa * mr * g->lda, g->lda, bpack + q * bpanel, crow + q * nr,
+                                  g->ldc, g->alpha, beta, mi, (int)imin64(nr, ncur - q * nr));
+                continue;
+            }
             for (int64_t q = 0; q < npb; q++) {
                 int nj = (int)imin64(nr, ncur - q * nr);
                 if (tile) { /* Note [Rounded products in the GEMM] */
@@ -285,12 +302,21 @@ static void gemm_unit(const gemm_plan *p, int u, char *apack, char *bpack, float
     }
     if (m1 <= m0 || n1 <= n0) return;
     const int64_t mc = m1 - m0 <= imax64(im->mc, im->mc_max) ? m1 - m0 : im->mc;
+    const int ua = !__atomic_load_n(&g_ua_off, __ATOMIC_RELAXED) && im->kernel_ua && !g->transA &&
+                   !g->c_round && !g->b_f32 && n1 - n0 <= GEMM_UA_MAX_N;
     for (int64_t ic = m0; ic < m1; ic += mc) {
         int64_t mcur = imin64(mc, m1 - ic);
         for (int64_t k0 = 0; k0 < g->K; k0 += im->kc) {
             int64_t kc = imin64(im->kc, g->K - k0);
-            im->pack_a(g, ic, mcur, k0, kc, im->mr, apack);
-            block_times_b(p, apack, ic, mcur, k0, kc, n0, n1, bpack, tile);
+            if (!ua) {
+                im->pack_a(g, ic, mcur, k0, kc, im->mr, apack);
+                block_times_b(p, apack, NULL, ic, mcur, k0, kc, n0, n1, bpack, tile);
+                continue;
+            }
+            int64_t full = mcur / im->mr * im->mr; /* only the partial panel is packed */
+            if (full < mcur) im->pack_a(g, ic + full, mcur - full, k0, kc, im->mr, apack);
+            block_times_b(p, apack, (const float *)g->A + ic * g->lda + k0, ic, mcur, k0, kc, n0, n1, bpack,
+                          tile);
         }
     }
 }

@@ -62,10 +62,12 @@ static inline __mmask16 mask_n(int n) {
 
 /* The 8 x 48 micro-kernel on NC of its three 16-column vectors: a panel at the right edge of C with nr <= 32
  * (N = 128: panels of 48, 48, 32) or nr <= 16 skips the FMAs of columns it does not store. Each stored
- * element gets the same FMAs in the same order as in the full kernel, so the result is the same bits. */
-#define SL_KERNEL_8x48_BODY(NC)                                                                              \
+ * element gets the same FMAs in the same order as in the full kernel, so the result is the same bits.
+ * A_AT(i) is row i's element at the current k, A_NEXT steps k: the packed panel, or the rows of A in place
+ * (Note [Unpacked A]). */
+#define SL_KERNEL_8x48_BODY(NC, A_AT, A_NEXT)                                                                \
     do {                                                                                                     \
-        const float *a = (const float *)a_, *b = (const float *)b_;                                          \
+        const float *b = (const float *)b_;                                                                  \
         __m512 acc[MR][3];                                                                                   \
         _Pragma("GCC unroll 8") for (int i = 0; i < MR; i++) {                                               \
             acc[i][0] = acc[i][1] = acc[i][2] = _mm512_setzero_ps();                                         \
@@ -81,34 +83,53 @@ static inline __mmask16 mask_n(int n) {
                 _mm_prefetch((const char *)(b + 48 * 8 + 16 * v), _MM_HINT_T0);                              \
             }                                                                                                \
             _Pragma("GCC unroll 8") for (int i = 0; i < MR; i++) {                                           \
-                __m512 av = _mm512_set1_ps(a[i]);                                                            \
+                __m512 av = _mm512_set1_ps(A_AT(i));                                                         \
                 for (int v = 0; v < NC; v++) acc[i][v] = _mm512_fmadd_ps(av, bv[v], acc[i][v]);              \
             }                                                                                                \
-            a += MR;                                                                                         \
+            A_NEXT;                                                                                          \
             b += NR;                                                                                         \
         }                                                                                                    \
         SL_WRITEBACK_8x48(acc);                                                                              \
     } while (0)
+#define SL_A_PACKED(i) a[i]
+#define SL_A_ROWS(i) a[(i)*lda]
 
-SL_TARGET_AVX512 static void kernel_avx512_8x16(int64_t ksteps, const void *a_, const void *b_, float *c,
-                                                int64_t ldc, float alpha, float beta, int mr, int nr) {
-    SL_KERNEL_8x48_BODY(1);
+#define SL_KERNEL_8x48_VARIANTS(NAME, ARGS, A_AT, A_NEXT)                                                    \
+    SL_TARGET_AVX512 static void NAME##_nc1 ARGS { SL_KERNEL_8x48_BODY(1, A_AT, A_NEXT); }                   \
+    SL_TARGET_AVX512 static void NAME##_nc2 ARGS { SL_KERNEL_8x48_BODY(2, A_AT, A_NEXT); }                   \
+    SL_TARGET_AVX512 static void NAME##_nc3 ARGS { SL_KERNEL_8x48_BODY(3, A_AT, A_NEXT); }
+
+SL_KERNEL_8x48_VARIANTS(k8x48_packed,
+                        (int64_t ksteps, const float *a, const void *b_, float *c, int64_t ldc, float alpha,
+                         float beta, int mr, int nr),
+                        SL_A_PACKED, a += MR)
+    SL_KERNEL_8x48_VARIANTS(k8x48_rows,
+                            (int64_t ksteps, const float *a, int64_t lda, const void *b_, float *c,
+                             int64_t ldc, float alpha, float beta, int mr, int nr),
+                            SL_A_ROWS, a++)
+
+        SL_TARGET_AVX512
+    static void kernel_avx512_8x48(int64_t ksteps, const void *a_, const void *b_, float *c, int64_t ldc,
+                                   float alpha, float beta, int mr, int nr) {
+    const float *a = (const float *)a_;
+    if (nr <= 16)
+        k8x48_packed_nc1(ksteps, a, b_, c, ldc, alpha, beta, mr, nr);
+    else if (nr <= 32)
+        k8x48_packed_nc2(ksteps, a, b_, c, ldc, alpha, beta, mr, nr);
+    else
+        k8x48_packed_nc3(ksteps, a, b_, c, ldc, alpha, beta, mr, nr);
 }
-SL_TARGET_AVX512 static void kernel_avx512_8x32(int64_t ksteps, const void *a_, const void *b_, float *c,
-                                                int64_t ldc, float alpha, float beta, int mr, int nr) {
-    SL_KERNEL_8x48_BODY(2);
-}
-SL_TARGET_AVX512 static void kernel_avx512_8x48(int64_t ksteps, const void *a_, const void *b_, float *c,
-                                                int64_t ldc, float alpha, float beta, int mr, int nr) {
-    if (nr <= 16) {
-        kernel_avx512_8x16(ksteps, a_, b_, c, ldc, alpha, beta, mr, nr);
-        return;
-    }
-    if (nr <= 32) {
-        kernel_avx512_8x32(ksteps, a_, b_, c, ldc, alpha, beta, mr, nr);
-        return;
-    }
-    SL_KERNEL_8x48_BODY(3);
+
+/* mr must be MR: the caller packs a partial panel */
+SL_TARGET_AVX512 static void kernel_avx512_8x48_rows(int64_t ksteps, const float *a, int64_t lda,
+                                                     const void *b_, float *c, int64_t ldc, float alpha,
+                                                     float beta, int mr, int nr) {
+    if (nr <= 16)
+        k8x48_rows_nc1(ksteps, a, lda, b_, c, ldc, alpha, beta, mr, nr);
+    else if (nr <= 32)
+        k8x48_rows_nc2(ksteps, a, lda, b_, c, ldc, alpha, beta, mr, nr);
+    else
+        k8x48_rows_nc3(ksteps, a, lda, b_, c, ldc, alpha, beta, mr, nr);
 }
 
 /* ---- in-register transposes ---- */
@@ -278,7 +299,8 @@ const sl_gemm_impl sl_gemm_impl_avx512_f32 = {.name = "avx512",
                                               .nc = 336,
                                               .pack_a = pack_a_f32_avx512,
                                               .pack_b = pack_b_f32_avx512,
-                                              .kernel = kernel_avx512_8x48};
+                                              .kernel = kernel_avx512_8x48,
+                                              .kernel_ua = kernel_avx512_8x48_rows};
 const sl_gemm_impl sl_gemm_impl_avx512_bf16emu = {.name = "avx512",
                                                   .mr = MR,
                                                   .nr = NR,

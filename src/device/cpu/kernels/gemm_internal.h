@@ -80,6 +80,10 @@ typedef struct sl_gemm_impl {
     void (*thread_begin)(void);
     void (*thread_end)(void);
     int b_f32; /* pack_b also takes fp32 B with sl_gemm_args.b_f32 (rounding it to bf16 as it packs) */
+    /* NULL, or the kernel on mr full rows of a row-major fp32 A read in place (rows lda apart), for
+     * products whose packing of A costs as much as a good part of their FMAs (Note [Unpacked A]) */
+    void (*kernel_ua)(int64_t ksteps, const float *a, int64_t lda, const void *b, float *c, int64_t ldc,
+                      float alpha, float beta, int mr, int nr);
 } sl_gemm_impl;
 
 /* Per-thread buffers, grown on demand and reused (no allocation in steady state), freed when the thread
@@ -87,6 +91,9 @@ typedef struct sl_gemm_impl {
  * (gemm_amx.c). NULL if the allocation fails (the caller falls back). */
 enum { SL_GEMM_TLB_PACK, SL_GEMM_TLB_BROUND, SL_GEMM_TLB_BCONV, SL_GEMM_TLB_COUNT };
 void *sl_gemm_tlbuf(int slot, size_t bytes);
+
+/* Tests: 0 packs every A, 1 (the default) reads a row-major fp32 A in place where Note [Unpacked A] says */
+void sl_gemm_unpacked_a_set(int on);
 
 /* Run the blocked GEMM with `nthr` threads (1: on the calling thread, no OpenMP region). */
 void sl_gemm_run(const sl_gemm_args *g, const sl_gemm_impl *im, int nthr);
