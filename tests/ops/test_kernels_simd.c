@@ -251,7 +251,7 @@ static void test_attention_cases(int half) {
         {2, 40, 2, 2, 255, 0, 0},  {2, 17, 4, 2, 5, 4, 0},   {1, 100, 2, 1, 16, 7, 0},
         {1, 130, 2, 2, 32, 40, 0}, {2, 70, 4, 2, 8, 33, 0},  {1, 65, 2, 1, 64, 64, 0},
         {2, 17, 4, 2, 5, 0, 25},   {1, 65, 2, 1, 64, 0, 20}, {2, 70, 4, 2, 8, 33, 30},
-        {1, 100, 2, 2, 80, 0, 50}};
+        {1, 100, 2, 2, 80, 0, 50}, {3, 64, 4, 4, 32, 0, 20}, {1, 96, 2, 1, 16, 20, 20}};
     for (int ci = 0; ci < (int)(sizeof cases / sizeof cases[0]); ci++) {
         int64_t B = cases[ci][0], T = cases[ci][1], NH = cases[ci][2], NKV = cases[ci][3], hs = cases[ci][4];
         int win = (int)cases[ci][5];
@@ -362,6 +362,20 @@ static void test_math(int isa) {
         if (e > we) we = e, ie = i;
         if (t > wt) wt = t, it = i;
     }
+    /* below SL_EXP_LO (a masked score is -inf): exactly 0 on every ISA, not a subnormal */
+    static const float under[16] = {-INFINITY, -1e30f, -104.0f, -103.5f, -100.0f, -95.0f, -90.0f, -88.0f,
+                                    -87.5f,    -87.34f, -200.0f, -1e5f,  -1e10f,  -3e38f, -87.35f, -150.0f};
+    float uy[16];
+#if SL_HAVE_X86
+    if (isa == SL_KISA_AVX512)
+        exp16(under, uy);
+    else if (isa == SL_KISA_AVX2)
+        exp8(under, uy), exp8(under + 8, uy + 8);
+    else
+#endif
+        for (int j = 0; j < 16; j++) uy[j] = sl_exp_poly(under[j]);
+    for (int j = 0; j < 16; j++)
+        TU_CHECK(uy[j] == 0.0f, "[%s] exp(%g) = %g, not 0", sl_kern_isa_name(isa), under[j], uy[j]);
     printf("[%s] exp max %.2f ulp (x=%g), tanh max %.2f ulp (x=%g)\n", sl_kern_isa_name(isa), we, x[ie], wt,
            xt[it]);
     TU_CHECK(we <= 2.0, "[%s] exp error %.2f ulp at x=%g", sl_kern_isa_name(isa), we, x[ie]);

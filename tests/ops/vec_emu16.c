@@ -77,6 +77,14 @@ static inline void e_storen(float *p, vf v, int64_t n) {
 #define VLOADN e_loadn
 #define VSTOREN e_storen
 #define FN(name) emu16_##name
+static inline __m256 e_sel8(__m256 v, __m256 x, __m256 lo, __m256 hi, __m256 other) {
+    __m256 in = _mm256_and_ps(_mm256_cmp_ps(x, lo, _CMP_GE_OQ), _mm256_cmp_ps(x, hi, _CMP_LE_OQ));
+    return _mm256_blendv_ps(other, v, in);
+}
+static inline vf e_sel_range(vf v, vf x, vf lo, vf hi, vf other) {
+    return (vf){e_sel8(v.lo, x.lo, lo.lo, hi.lo, other.lo), e_sel8(v.hi, x.hi, lo.hi, hi.hi, other.hi)};
+}
+#define VSEL_RANGE e_sel_range
 #define VEC_TABLE sl_vec_ops_emu16
 #define VEC_NAME "emu16"
 

@@ -51,6 +51,12 @@ static inline __m256 loadn8(const float *p, int64_t n, float fill) {
 #define VLOADN(p, n, fill) loadn8((p), (n), (fill))
 #define VSTOREN(p, v, n) _mm256_maskstore_ps((p), lanes_below(n), (v))
 #define FN(name) v256_##name
+/* lanes with lo <= x <= hi take v, the others `other` */
+static inline __m256 sel_range8(__m256 v, __m256 x, __m256 lo, __m256 hi, __m256 other) {
+    __m256 in = _mm256_and_ps(_mm256_cmp_ps(x, lo, _CMP_GE_OQ), _mm256_cmp_ps(x, hi, _CMP_LE_OQ));
+    return _mm256_blendv_ps(other, v, in);
+}
+#define VSEL_RANGE sel_range8
 #define VEC_TABLE sl_vec_ops_avx2
 #define VEC_NAME "avx2"
 

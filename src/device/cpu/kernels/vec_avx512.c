@@ -32,6 +32,10 @@ typedef __m512 vf;
 #define VLOADN(p, n, fill) _mm512_mask_loadu_ps(_mm512_set1_ps(fill), (__mmask16)((1u << (n)) - 1u), (p))
 #define VSTOREN(p, v, n) _mm512_mask_storeu_ps((p), (__mmask16)((1u << (n)) - 1u), (v))
 #define FN(name) v512_##name
+/* lanes with lo <= x <= hi take v, the others `other` */
+#define VSEL_RANGE(v, x, lo, hi, other)                                                                      \
+    _mm512_mask_blend_ps(_mm512_cmp_ps_mask((x), (lo), _CMP_GE_OQ) & _mm512_cmp_ps_mask((x), (hi), _CMP_LE_OQ), \
+                         (other), (v))
 /* Philox-4x32-10 on 16 counters (dropout masks, Note [Dropout from counters]). GCC vectorised the lane
  * loop with 64 x 64-bit vpmullq on zero-extended words (3 uops, 15 cycles of latency on Intel: 9 % of a
  * small model's step); vpmuludq multiplies the even 32-bit lanes into 64-bit products in one uop, so each
@@ -66,6 +70,36 @@ static inline void v512_philox16(uint32_t *c0, uint32_t *c1, uint32_t *c2, uint3
     _mm512_storeu_si512(c3, x3);
 }
 #define VEC_PHILOX16 v512_philox16
+
+/* dst[d ldd + r] = src[r lds + d] for r, d < 16, zero for rows r >= nr and columns d >= nd (the attention's
+ * transposed tiles: 64 shuffles where the scalar copy took 256 loads and 256 strided stores). Stage 1
+ * interleaves row pairs, stage 2 builds 4-row columns in each 128-bit lane, stage 3 transposes the 4 x 4
+ * grid of lanes. */
+static inline void v512_tr16(const float *src, int64_t lds, int64_t nr, int64_t nd, float *dst, int64_t ldd) {
+    __m512 r[16], a[16], b[16];
+    const __mmask16 km = nd >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nd > 0 ? nd : 0)) - 1u);
+    for (int i = 0; i < 16; i++) r[i] = i < nr ? _mm512_maskz_loadu_ps(km, src + i * lds) : _mm512_setzero_ps();
+    for (int i = 0; i < 16; i += 2) {
+        a[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        a[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int j = 0; j < 16; j += 4) { /* b[j + m], lane k: column 4k + m of rows j .. j + 3 */
+        b[j] = _mm512_shuffle_ps(a[j], a[j + 2], 0x44);
+        b[j + 1] = _mm512_shuffle_ps(a[j], a[j + 2], 0xEE);
+        b[j + 2] = _mm512_shuffle_ps(a[j + 1], a[j + 3], 0x44);
+        b[j + 3] = _mm512_shuffle_ps(a[j + 1], a[j + 3], 0xEE);
+    }
+    for (int m = 0; m < 4; m++) {
+        __m512 c0 = _mm512_shuffle_f32x4(b[m], b[4 + m], 0x44), c1 = _mm512_shuffle_f32x4(b[m], b[4 + m], 0xEE);
+        __m512 c2 = _mm512_shuffle_f32x4(b[8 + m], b[12 + m], 0x44),
+               c3 = _mm512_shuffle_f32x4(b[8 + m], b[12 + m], 0xEE);
+        _mm512_storeu_ps(dst + m * ldd, _mm512_shuffle_f32x4(c0, c2, 0x88));
+        _mm512_storeu_ps(dst + (4 + m) * ldd, _mm512_shuffle_f32x4(c0, c2, 0xDD));
+        _mm512_storeu_ps(dst + (8 + m) * ldd, _mm512_shuffle_f32x4(c1, c3, 0x88));
+        _mm512_storeu_ps(dst + (12 + m) * ldd, _mm512_shuffle_f32x4(c1, c3, 0xDD));
+    }
+}
+#define VTRANSPOSE16 v512_tr16
 #define VEC_TABLE sl_vec_ops_avx512
 #define VEC_NAME "avx512"
 
