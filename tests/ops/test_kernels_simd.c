@@ -81,10 +81,16 @@ static float *check_pair(const char *what, sl_tensor *n, kfn fast, kfn ref, floa
 static const int64_t k_sizes[] = {1, 3, 17, 63, 65, 255, 1000};
 #define NSIZES ((int)(sizeof k_sizes / sizeof k_sizes[0]))
 
+/* rows x columns beyond the k_sizes grid: above PAR_QUIET elements (the streaming kernels fork on a quiet
+ * machine, Note [When to fork]) with fewer than 256 columns per thread, where sum_rows narrows its column
+ * blocks to give every thread one */
+static const int64_t k_wide[][2] = {{300, 128}, {257, 200}, {129, 1000}, {40, 1100}};
+#define NWIDE ((int)(sizeof k_wide / sizeof k_wide[0]))
+
 static void test_elementwise(void) {
-    for (int ri = 0; ri < 3; ri++)
-        for (int ci = 0; ci < NSIZES; ci++) {
-            int64_t R = k_sizes[ri * 2], C = k_sizes[ci];
+    for (int ri = 0; ri < 3 + NWIDE; ri++)
+        for (int ci = 0; ci < (ri < 3 ? NSIZES : 1); ci++) {
+            int64_t R = ri < 3 ? k_sizes[ri * 2] : k_wide[ri - 3][0], C = ri < 3 ? k_sizes[ci] : k_wide[ri - 3][1];
             char what[96];
             sl_ctx *ctx = sl_ctx_new(64);
             sl_tensor *x = leaf(ctx, 2, (int64_t[]){R, C}, 2.0f), *y = leaf(ctx, 2, (int64_t[]){R, C}, 1.0f);
