@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """The PyTorch anchor of bench/time_to_loss.sh: nanoGPT's CPU "baby GPT" recipe (model.py's GPT with its
 dropout places, train.py's AdamW / cosine schedule / clipping, shakespeare_char's settings as in nanoGPT's
-README CPU command, dropout 0.2) on tinyshakespeare bytes with the same 90/10 split as `suanli data prepare`.
+README CPU command, dropout 0.2 unless --dropout; that README command itself sets --dropout=0.0, and its
+val 1.88 is with no dropout) on tinyshakespeare bytes with the same 90/10 split as `suanli data prepare`.
 Prints "final val loss X" (mean over 20 random val batches, as nanoGPT's --eval_iters=20).
-Usage: python bench/tools/nanogpt_baby.py --data data/tinyshakespeare.txt [--iters 2000] [--threads 2]
+Usage: python bench/tools/nanogpt_baby.py --data data/tinyshakespeare.txt [--iters 2000] [--threads 2] [--dropout P]
 """
 import argparse
 import math
@@ -64,7 +65,10 @@ def main():
     ap.add_argument("--data", required=True)
     ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dropout", type=float, default=0.2)
     a = ap.parse_args()
+    global P
+    P = a.dropout
     torch.set_num_threads(a.threads)
     torch.manual_seed(1337)
     data = np.frombuffer(open(a.data, "rb").read(), dtype=np.uint8)
