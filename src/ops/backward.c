@@ -126,8 +126,9 @@ static int qkv_slices_of(const sl_tensor *q, const sl_tensor *k, const sl_tensor
     const int64_t offs[3] = {0, NH * hs, (NH + NKV) * hs}, heads[3] = {NH, NKV, NKV};
     for (int i = 0; i < 3; i++) {
         const sl_tensor *t = s[i];
-        if (t->ne[0] != B || t->ne[1] != T || t->ne[2] != heads[i] || t->ne[3] != hs || t->view_offs != offs[i] ||
-            t->nb[0] != T * W * hs || t->nb[1] != W * hs || t->nb[2] != hs || t->nb[3] != 1)
+        if (t->ne[0] != B || t->ne[1] != T || t->ne[2] != heads[i] || t->ne[3] != hs ||
+            t->view_offs != offs[i] || t->nb[0] != T * W * hs || t->nb[1] != W * hs || t->nb[2] != hs ||
+            t->nb[3] != 1)
             return 0;
     }
     return 1;
@@ -227,7 +228,7 @@ void sl_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_g
         p->src[2] = k;
         p->src[3] = v;
         p->src[4] = g;
-        p->iparams[1] = n->iparams[1]; /* sliding window */
+        p->iparams[1] = n->iparams[1];                           /* sliding window */
         if (ng[0] && ng[1] && ng[2] && qkv_slices_of(q, k, v)) { /* Note [Packed QKV gradient] */
             emit(st, q->view_src, p);
             break;

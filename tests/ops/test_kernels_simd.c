@@ -90,7 +90,8 @@ static const int64_t k_wide[][2] = {{300, 128}, {257, 200}, {129, 1000}, {40, 11
 static void test_elementwise(void) {
     for (int ri = 0; ri < 3 + NWIDE; ri++)
         for (int ci = 0; ci < (ri < 3 ? NSIZES : 1); ci++) {
-            int64_t R = ri < 3 ? k_sizes[ri * 2] : k_wide[ri - 3][0], C = ri < 3 ? k_sizes[ci] : k_wide[ri - 3][1];
+            int64_t R = ri < 3 ? k_sizes[ri * 2] : k_wide[ri - 3][0],
+                    C = ri < 3 ? k_sizes[ci] : k_wide[ri - 3][1];
             char what[96];
             sl_ctx *ctx = sl_ctx_new(64);
             sl_tensor *x = leaf(ctx, 2, (int64_t[]){R, C}, 2.0f), *y = leaf(ctx, 2, (int64_t[]){R, C}, 1.0f);
@@ -374,8 +375,8 @@ static void test_math(int isa) {
         if (t > wt) wt = t, it = i;
     }
     /* below SL_EXP_LO (a masked score is -inf): exactly 0 on every ISA, not a subnormal */
-    static const float under[16] = {-INFINITY, -1e30f, -104.0f, -103.5f, -100.0f, -95.0f, -90.0f, -88.0f,
-                                    -87.5f,    -87.34f, -200.0f, -1e5f,  -1e10f,  -3e38f, -87.35f, -150.0f};
+    static const float under[16] = {-INFINITY, -1e30f,  -104.0f, -103.5f, -100.0f, -95.0f, -90.0f,  -88.0f,
+                                    -87.5f,    -87.34f, -200.0f, -1e5f,   -1e10f,  -3e38f, -87.35f, -150.0f};
     float uy[16];
 #if SL_HAVE_X86
     if (isa == SL_KISA_AVX512)

@@ -91,7 +91,8 @@ int main(void) {
     TU_CHECK(rc == 0, "single: %s", out);
     double spread = 0;
     for (int mb = 1; mb <= 8; mb += 7) {
-        rc = run("%s train --data-path %s " TINY " --micro-batch-size %d --train-iters 16 --save %s/single-mb%d",
+        rc = run("%s train --data-path %s " TINY
+                 " --micro-batch-size %d --train-iters 16 --save %s/single-mb%d",
                  cli, data, mb, dir, mb);
         TU_CHECK(rc == 0, "single, micro-batch %d: %s", mb, out);
         snprintf(a, sizeof a, "%s/single", dir);

@@ -34,8 +34,8 @@ typedef __m512 vf;
 #define FN(name) v512_##name
 /* lanes with lo <= x <= hi take v, the others `other` */
 #define VSEL_RANGE(v, x, lo, hi, other)                                                                      \
-    _mm512_mask_blend_ps(_mm512_cmp_ps_mask((x), (lo), _CMP_GE_OQ) & _mm512_cmp_ps_mask((x), (hi), _CMP_LE_OQ), \
-                         (other), (v))
+    _mm512_mask_blend_ps(                                                                                    \
+        _mm512_cmp_ps_mask((x), (lo), _CMP_GE_OQ) & _mm512_cmp_ps_mask((x), (hi), _CMP_LE_OQ), (other), (v))
 /* Philox-4x32-10 on 16 counters (dropout masks, Note [Dropout from counters]). GCC vectorised the lane
  * loop with 64 x 64-bit vpmullq on zero-extended words (3 uops, 15 cycles of latency on Intel: 9 % of a
  * small model's step); vpmuludq multiplies the even 32-bit lanes into 64-bit products in one uop, so each
@@ -78,7 +78,8 @@ static inline void v512_philox16(uint32_t *c0, uint32_t *c1, uint32_t *c2, uint3
 static inline void v512_tr16(const float *src, int64_t lds, int64_t nr, int64_t nd, float *dst, int64_t ldd) {
     __m512 r[16], a[16], b[16];
     const __mmask16 km = nd >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nd > 0 ? nd : 0)) - 1u);
-    for (int i = 0; i < 16; i++) r[i] = i < nr ? _mm512_maskz_loadu_ps(km, src + i * lds) : _mm512_setzero_ps();
+    for (int i = 0; i < 16; i++)
+        r[i] = i < nr ? _mm512_maskz_loadu_ps(km, src + i * lds) : _mm512_setzero_ps();
     for (int i = 0; i < 16; i += 2) {
         a[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
         a[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
@@ -90,7 +91,8 @@ static inline void v512_tr16(const float *src, int64_t lds, int64_t nr, int64_t 
         b[j + 3] = _mm512_shuffle_ps(a[j + 1], a[j + 3], 0xEE);
     }
     for (int m = 0; m < 4; m++) {
-        __m512 c0 = _mm512_shuffle_f32x4(b[m], b[4 + m], 0x44), c1 = _mm512_shuffle_f32x4(b[m], b[4 + m], 0xEE);
+        __m512 c0 = _mm512_shuffle_f32x4(b[m], b[4 + m], 0x44),
+               c1 = _mm512_shuffle_f32x4(b[m], b[4 + m], 0xEE);
         __m512 c2 = _mm512_shuffle_f32x4(b[8 + m], b[12 + m], 0x44),
                c3 = _mm512_shuffle_f32x4(b[8 + m], b[12 + m], 0xEE);
         _mm512_storeu_ps(dst + m * ldd, _mm512_shuffle_f32x4(c0, c2, 0x88));
