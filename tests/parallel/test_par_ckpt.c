@@ -1,8 +1,7 @@
 /* Checkpoints across (tp, pp, dp, zero) layouts (issue 16, item 6), through the CLI and the launcher:
  *  - saved on one layout at step 8 and resumed on another to step 16, the run matches the uninterrupted
  *    single process: losses within 1e-6 relative at steps 9..16, final weights within 1e-5 (the bars of
- *    test_tp.c / test_pp.c; a resumed run does the same arithmetic as that layout uninterrupted), or
- *    within 3x the single process's own spread when that is larger (see g_wbar);
+ *    test_tp.c / test_pp.c; a resumed run does the same arithmetic as that layout uninterrupted);
  *  - reloaded weights are bitwise the saved ones (a resume that trains no step saves them again);
  *  - kill -9 of one rank of a tp 2 x pp 2 x dp 2 layout under --max-restarts resumes, and the final
  *    weights are bitwise those of the uninterrupted run of the same layout. */
@@ -44,17 +43,6 @@ static void prefix(char *buf, size_t cap, const char *cli, int n) {
         snprintf(buf, cap, "%s", cli);
 }
 
-/* The final-weight bar: 1e-5, or 3x the spread of the single process itself under a change of summation
- * order only (micro-batch 1 x 8 and 8 x 1 instead of 2 x 4: the same samples, gradients accumulated in
- * another order), when that is larger. After 16 steps the worst element is h.0.attn.c_attn.weight[2916],
- * a key-projection weight whose gradient is nearly zero in exact arithmetic (softmax rows are invariant to
- * a shift of the scores, so sum_t dK = 0): AdamW divides that rounding noise by sqrt(v) + eps and turns it
- * into steps of ~0.1 lr, so its final value depends on rounding. Measured: the single process moves it
- * 2.1e-6 (micro-batch 1) and 6.8e-6 (micro-batch 8); tp 2 x pp 2 moved it 6.0e-6 with one attention
- * kernel and 1.37e-5 with its successor (Note [Attention tiles transposed]), with losses equal to 1e-7 and
- * every other weight within 2.3e-6. */
-static double g_wbar = 1e-5;
-
 static void across(const char *cli, const char *data, const char *dir, const char *name, layout from,
                    layout to) {
     char a[700], b[700], pf[1200], pt[1200];
@@ -78,7 +66,7 @@ static void across(const char *cli, const char *data, const char *dir, const cha
     double wd = weights_diff(a, b);
     printf("%s: steps 9-16 worst loss rel err %.2e, final weights %.2e\n", name, worst, wd);
     TU_CHECK(worst <= 1e-6, "%s: loss rel err %.3g (bar 1e-6)", name, worst);
-    TU_CHECK(wd <= g_wbar, "%s: final weights rel err %.3g (bar %.3g)", name, wd, g_wbar);
+    TU_CHECK(wd <= 1e-5, "%s: final weights rel err %.3g (bar 1e-5)", name, wd);
 }
 
 int main(void) {
@@ -89,20 +77,6 @@ int main(void) {
     TU_CHECK(rc == 0, "prepare: %s", out);
     rc = run("%s train --data-path %s " TINY " --train-iters 16 --save %s/single", cli, data, dir);
     TU_CHECK(rc == 0, "single: %s", out);
-    double spread = 0;
-    for (int mb = 1; mb <= 8; mb += 7) {
-        rc = run("%s train --data-path %s " TINY
-                 " --micro-batch-size %d --train-iters 16 --save %s/single-mb%d",
-                 cli, data, mb, dir, mb);
-        TU_CHECK(rc == 0, "single, micro-batch %d: %s", mb, out);
-        snprintf(a, sizeof a, "%s/single", dir);
-        snprintf(b, sizeof b, "%s/single-mb%d", dir, mb);
-        double d = weights_diff(a, b);
-        printf("single process, micro-batch %d instead of 2: final weights %.2e\n", mb, d);
-        TU_CHECK(d < 1e-4, "micro-batch %d: final weights rel err %.3g", mb, d);
-        if (d > spread) spread = d;
-    }
-    if (3 * spread > g_wbar) g_wbar = 3 * spread;
     const layout single = {1, ""}, tp2pp2 = {4, "--tp 2 --pp 2"}, pp2dp2 = {4, "--pp 2 --zero-stage 1"},
                  tp2dp2 = {4, "--tp 2 --zero-stage 2"},
                  three_d = {8, "--tp 2 --pp 2 --sequence-parallel --zero-stage 1"}, tp4 = {4, "--tp 4"};
