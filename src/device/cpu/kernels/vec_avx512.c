@@ -41,78 +41,64 @@ typedef __m512 vf;
  * small model's step); vpmuludq multiplies the even 32-bit lanes into 64-bit products in one uop, so each
  * 32 x 32 -> 64 product of the round is two of those (even and odd lanes) and blends. Exact integer
  * arithmetic: the same words as sl_rng_dropout's (test_kernels_simd checks every ISA's masks against it). */
-static inline void v512_philox16(uint32_t *c0, uint32_t *c1, uint32_t *c2, uint32_t *c3, uint32_t k0,
-                                 uint32_t k1) {
-    __m512i x0 = _mm512_loadu_si512(c0), x1 = _mm512_loadu_si512(c1), x2 = _mm512_loadu_si512(c2),
-            x3 = _mm512_loadu_si512(c3);
+/* One Philox round on 16 lanes, x[0..3] the four words: 64-bit products of the even lanes, and of the odd
+ * lanes moved down, blended back into high and low words */
+static inline __attribute__((always_inline)) void v512_philox_round(__m512i x[4], __m512i vk0, __m512i vk1) {
     const __m512i m0 = _mm512_set1_epi64(0xD2511F53u), m1 = _mm512_set1_epi64(0xCD9E8D57u);
     const __mmask16 odd = 0xAAAA;
-    for (int r = 0; r < 10; r++) {
-        /* 64-bit products of the even lanes, and of the odd lanes moved down */
-        __m512i e0 = _mm512_mul_epu32(x0, m0), o0 = _mm512_mul_epu32(_mm512_srli_epi64(x0, 32), m0);
-        __m512i e2 = _mm512_mul_epu32(x2, m1), o2 = _mm512_mul_epu32(_mm512_srli_epi64(x2, 32), m1);
-        __m512i hi0 = _mm512_mask_blend_epi32(odd, _mm512_srli_epi64(e0, 32), o0),
-                lo0 = _mm512_mask_blend_epi32(odd, e0, _mm512_slli_epi64(o0, 32));
-        __m512i hi2 = _mm512_mask_blend_epi32(odd, _mm512_srli_epi64(e2, 32), o2),
-                lo2 = _mm512_mask_blend_epi32(odd, e2, _mm512_slli_epi64(o2, 32));
-        __m512i n0 = _mm512_xor_si512(_mm512_xor_si512(hi2, x1), _mm512_set1_epi32((int)k0)),
-                n2 = _mm512_xor_si512(_mm512_xor_si512(hi0, x3), _mm512_set1_epi32((int)k1));
-        x1 = lo2;
-        x3 = lo0;
-        x0 = n0;
-        x2 = n2;
-        k0 += 0x9E3779B9u;
-        k1 += 0xBB67AE85u;
-    }
-    _mm512_storeu_si512(c0, x0);
-    _mm512_storeu_si512(c1, x1);
-    _mm512_storeu_si512(c2, x2);
-    _mm512_storeu_si512(c3, x3);
+    __m512i e0 = _mm512_mul_epu32(x[0], m0), o0 = _mm512_mul_epu32(_mm512_srli_epi64(x[0], 32), m0);
+    __m512i e2 = _mm512_mul_epu32(x[2], m1), o2 = _mm512_mul_epu32(_mm512_srli_epi64(x[2], 32), m1);
+    __m512i hi0 = _mm512_mask_blend_epi32(odd, _mm512_srli_epi64(e0, 32), o0),
+            lo0 = _mm512_mask_blend_epi32(odd, e0, _mm512_slli_epi64(o0, 32));
+    __m512i hi2 = _mm512_mask_blend_epi32(odd, _mm512_srli_epi64(e2, 32), o2),
+            lo2 = _mm512_mask_blend_epi32(odd, e2, _mm512_slli_epi64(o2, 32));
+    __m512i n0 = _mm512_xor_si512(_mm512_xor_si512(hi2, x[1]), vk0),
+            n2 = _mm512_xor_si512(_mm512_xor_si512(hi0, x[3]), vk1);
+    x[1] = lo2;
+    x[3] = lo0;
+    x[0] = n0;
+    x[2] = n2;
 }
-#define VEC_PHILOX16 v512_philox16
-/* The same on 32 lanes (c0 .. c3 hold 32 words each): two independent 16-lane sets whose rounds interleave,
- * so one set's multiplies (5 cycles) and shifts run while the other waits on its own; a single set's
- * 10-round chain left the core idle between dependent steps (~2 cycles per mask element, against ~1). */
-static inline void v512_philox32(uint32_t *c0, uint32_t *c1, uint32_t *c2, uint32_t *c3, uint32_t k0,
-                                 uint32_t k1) {
+
+/* 10 rounds on NS sets of 16 lanes (c0 .. c3 hold 16 NS words each); with NS = 2 the sets' rounds interleave,
+ * so one set's multiplies (5 cycles) run while the other waits on its own: a single set's 10-round chain left
+ * the core idle between dependent steps (~2 cycles per mask element, against ~1) */
+static inline __attribute__((always_inline)) void v512_philox_sets(uint32_t *c0, uint32_t *c1, uint32_t *c2,
+                                                                   uint32_t *c3, uint32_t k0, uint32_t k1,
+                                                                   const int NS) {
     __m512i x[2][4];
-    for (int h = 0; h < 2; h++) {
+#pragma GCC unroll 2
+    for (int h = 0; h < NS; h++) {
         x[h][0] = _mm512_loadu_si512(c0 + 16 * h);
         x[h][1] = _mm512_loadu_si512(c1 + 16 * h);
         x[h][2] = _mm512_loadu_si512(c2 + 16 * h);
         x[h][3] = _mm512_loadu_si512(c3 + 16 * h);
     }
-    const __m512i m0 = _mm512_set1_epi64(0xD2511F53u), m1 = _mm512_set1_epi64(0xCD9E8D57u);
-    const __mmask16 odd = 0xAAAA;
+#pragma GCC unroll 10
     for (int r = 0; r < 10; r++) {
         const __m512i vk0 = _mm512_set1_epi32((int)k0), vk1 = _mm512_set1_epi32((int)k1);
 #pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            __m512i e0 = _mm512_mul_epu32(x[h][0], m0),
-                    o0 = _mm512_mul_epu32(_mm512_srli_epi64(x[h][0], 32), m0);
-            __m512i e2 = _mm512_mul_epu32(x[h][2], m1),
-                    o2 = _mm512_mul_epu32(_mm512_srli_epi64(x[h][2], 32), m1);
-            __m512i hi0 = _mm512_mask_blend_epi32(odd, _mm512_srli_epi64(e0, 32), o0),
-                    lo0 = _mm512_mask_blend_epi32(odd, e0, _mm512_slli_epi64(o0, 32));
-            __m512i hi2 = _mm512_mask_blend_epi32(odd, _mm512_srli_epi64(e2, 32), o2),
-                    lo2 = _mm512_mask_blend_epi32(odd, e2, _mm512_slli_epi64(o2, 32));
-            __m512i n0 = _mm512_xor_si512(_mm512_xor_si512(hi2, x[h][1]), vk0),
-                    n2 = _mm512_xor_si512(_mm512_xor_si512(hi0, x[h][3]), vk1);
-            x[h][1] = lo2;
-            x[h][3] = lo0;
-            x[h][0] = n0;
-            x[h][2] = n2;
-        }
+        for (int h = 0; h < NS; h++) v512_philox_round(x[h], vk0, vk1);
         k0 += 0x9E3779B9u;
         k1 += 0xBB67AE85u;
     }
-    for (int h = 0; h < 2; h++) {
+#pragma GCC unroll 2
+    for (int h = 0; h < NS; h++) {
         _mm512_storeu_si512(c0 + 16 * h, x[h][0]);
         _mm512_storeu_si512(c1 + 16 * h, x[h][1]);
         _mm512_storeu_si512(c2 + 16 * h, x[h][2]);
         _mm512_storeu_si512(c3 + 16 * h, x[h][3]);
     }
 }
+static inline void v512_philox16(uint32_t *c0, uint32_t *c1, uint32_t *c2, uint32_t *c3, uint32_t k0,
+                                 uint32_t k1) {
+    v512_philox_sets(c0, c1, c2, c3, k0, k1, 1);
+}
+static inline void v512_philox32(uint32_t *c0, uint32_t *c1, uint32_t *c2, uint32_t *c3, uint32_t k0,
+                                 uint32_t k1) {
+    v512_philox_sets(c0, c1, c2, c3, k0, k1, 2);
+}
+#define VEC_PHILOX16 v512_philox16
 #define VEC_PHILOX32 v512_philox32
 
 /* dst[d ldd + r] = src[r lds + d] for r, d < 16, zero for rows r >= nr and columns d >= nd (the attention's
