@@ -427,12 +427,14 @@ static void test_shared_units(void) {
 }
 
 /* Note [Unpacked A]: a row-major fp32 A read in place gives bitwise the packed path's C, with partial
- * panels at the bottom (M = 37, 63, 255), right-edge panels of 16, 32 and 48 columns, K above the K block,
+ * panels at the bottom (M = 37, 63, 255), right-edge panels of 16, 32 and 48 columns, N wider than one B
+ * chunk (1000), K above the K block,
  * alpha / beta and a bias, at 1 and 2 threads. */
 static void test_unpacked_a(void) {
-    const shape ds[] = {{37, 128, 200}, {63, 65, 1000}, {255, 512, 130}, {768, 128, 512}, {96, 17, 64}};
+    const shape ds[] = {{37, 128, 200}, {63, 65, 1000}, {255, 512, 130}, {768, 128, 512}, {96, 17, 64},
+                        {41, 1000, 100}};
     int saved = sl_threads_get();
-    for (int si = 0; si < 5; si++)
+    for (int si = 0; si < (int)(sizeof ds / sizeof ds[0]); si++)
         for (int tB = 0; tB < 2; tB++)
             for (int thr = 1; thr <= 2; thr++) {
                 int64_t M = ds[si].M, N = ds[si].N, K = ds[si].K, ldb = tB ? K : N;

@@ -214,13 +214,14 @@ static void scale_c(const sl_gemm_args *g) {
 
 enum { GEMM_UNITS_MAX = 64 };
 /* Note [Unpacked A]
- * Packing A costs a read and a write per element against 2 N FMAs' worth of work per element: little for
- * GPT-2 124M's wide products, but for N = 128 (the small model's attention and MLP projections and their
- * dX) it was 7 % of the step's samples, as much as 1/5 of the kernel's time. A row-major fp32 A is
- * therefore read in place when a unit spans at most GEMM_UA_MAX_N columns of C: the micro-kernel
- * broadcasts A[i][k] from its 8 rows (8 streams, 8 x kc floats = 12 KiB of L1) instead of the packed panel,
- * with the same FMAs in the same order (the same bits); a partial panel at the bottom is still packed. */
-enum { GEMM_UA_MAX_N = 512 };
+ * Packing A costs a read and a write per element against 2 N FMAs' worth of work per element: for N = 128
+ * (the small model's attention and MLP projections and their dX) it was 7 % of the step's samples, as much
+ * as 1/5 of the kernel's time; for GPT-2 124M's 768-wide products 5-6 % of the call. A row-major fp32 A is
+ * therefore read in place whenever the impl has such a kernel (kernel_ua): the micro-kernel broadcasts
+ * A[i][k] from its 8 rows (8 streams, 8 x kc floats = 24 KiB of L1 at kc 768) instead of the packed panel,
+ * with the same FMAs in the same order (the same bits); a partial panel at the bottom is still packed.
+ * Until 2026-12-05 this was done only for units of at most 512 columns; on the Intel AMX host the wide
+ * products gained as well (N 768: +2-4 %, N 2304-50304: +-1 %, `suanli bench ops`). */
 static int g_ua_off; /* tests: 1 packs every A (sl_gemm_unpacked_a_set) */
 void sl_gemm_unpacked_a_set(int on) { __atomic_store_n(&g_ua_off, !on, __ATOMIC_RELAXED); }
 
@@ -229,6 +230,7 @@ typedef struct gemm_plan {
     const sl_gemm_impl *im;
     int nthr;
     int split_n;    /* 1: threads split N; 0: threads split M */
+    int64_t kc;     /* the K block of this call (Note [Even K blocks]) */
     size_t a_bytes; /* one packed A block (mc x kc) */
     size_t b_bytes; /* one packed B chunk (kc x nc) */
     char *ws;       /* [A t0][B t0][A t1][B t1]... */
@@ -284,6 +286,13 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
     }
 }
 
+/* Note [Even K blocks]
+ * C is read and written once per K block. Blocks of exactly kc leave a short last block when K is not a
+ * multiple of kc: K = 1024 at kc 768 ran a full block and a 256-deep one, which writes C a second time for a
+ * third of the work. An impl with kc_even cuts K into ceil(K / kc) equal blocks instead (1024: two of 512).
+ * The blocks depend only on K, so every partition still sums each element of C in the same order
+ * (Note [GEMM structure]). dW shapes with K = 1024, 1 thread: +1-2 %. */
+
 /* Unit `u` of the plan (Note [GEMM units]) is a block of C, C[m0:m1, n0:n1]; the thread that claims it packs
  * its own A blocks and B chunks into its own workspace. Threads never wait for each other: on a shared
  * machine a descheduled thread delays only the unit it holds (sharing one packed A block would need a
@@ -303,11 +312,11 @@ static void gemm_unit(const gemm_plan *p, int u, char *apack, char *bpack, float
     if (m1 <= m0 || n1 <= n0) return;
     const int64_t mc = m1 - m0 <= imax64(im->mc, im->mc_max) ? m1 - m0 : im->mc;
     const int ua = !__atomic_load_n(&g_ua_off, __ATOMIC_RELAXED) && im->kernel_ua && !g->transA &&
-                   !g->c_round && !g->b_f32 && n1 - n0 <= GEMM_UA_MAX_N;
+                   !g->c_round && !g->b_f32;
     for (int64_t ic = m0; ic < m1; ic += mc) {
         int64_t mcur = imin64(mc, m1 - ic);
-        for (int64_t k0 = 0; k0 < g->K; k0 += im->kc) {
-            int64_t kc = imin64(im->kc, g->K - k0);
+        for (int64_t k0 = 0; k0 < g->K; k0 += p->kc) {
+            int64_t kc = imin64(p->kc, g->K - k0);
             if (!ua) {
                 im->pack_a(g, ic, mcur, k0, kc, im->mr, apack);
                 block_times_b(p, apack, NULL, ic, mcur, k0, kc, n0, n1, bpack, tile);
@@ -401,6 +410,9 @@ void sl_gemm_run(const sl_gemm_args *g, const sl_gemm_impl *im, int nthr) {
 
     gemm_plan p = {.g = g, .im = im, .nthr = nthr};
     int64_t kc = imin64(im->kc, ceil_div(g->K, im->kgran) * im->kgran);
+    if (im->kc_even) /* Note [Even K blocks] */
+        kc = ceil_div(ceil_div(g->K, ceil_div(g->K, kc)), im->kgran) * im->kgran;
+    p.kc = kc;
     int64_t mc = imin64(imax64(im->mc, im->mc_max), ceil_div(g->M, im->mr) * im->mr);
     int64_t nc = imin64(im->nc, ceil_div(g->N, im->nr) * im->nr);
     p.a_bytes = round_up_sz((size_t)mc * (size_t)kc * (size_t)im->esz, 4096);
