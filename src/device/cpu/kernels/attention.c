@@ -186,7 +186,8 @@ sl_status sl_k_attention_back_ref(sl_tensor *n) {
  * (the output, dq, dk, dv) were already lane-wise. Floating-point contraction is off for these functions
  * (an FMA would round differently from the reference's multiply-then-add). tests/ops/test_kernels_simd.c
  * checks them bit for bit against the reference kernels. They took the eager-half attention of GPT-2 124M
- * bf16 (B4 T64) from 19 % of the step to 11 % (forward 2.2x, backward 1.7x faster; docs/BENCHMARKS.md). */
+ * bf16 (B4 T64) from 19 % of the step to 11 % (forward 2.2x, backward 1.7x faster; docs/BENCHMARKS.md), and
+ * to 7.5 % once the rounding points also ran in vector lanes (half_fwd_row, half_back_plane). */
 #ifdef __clang__
 #define SL_NO_CONTRACT _Pragma("clang fp contract(off)")
 #define SL_NO_CONTRACT_ATTR
@@ -370,7 +371,8 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half(sl_tensor *n) {
 /* One (batch, kv head) plane of sl_k_attention_half_back, built for AVX-512, AVX2 and the baseline like
  * dots_t (the same per-lane operations in the same order; contraction off): the dq / dk / dv updates and
  * the rounding of dq and of the group's dk / dv sums run in vector lanes (sl_round_bf16_f32 is branch-free;
- * the f16 modes stay scalar). GPT-2 124M bf16, B4 T64, 2 threads: attention backward 3.9 -> X ms per call. */
+ * the f16 modes stay scalar). GPT-2 124M bf16, B4 T64, 2 threads: 3.9 -> 2.8-3.0 ms per call, the forward
+ * rows 1.7 -> 1.4 ms (docs/BENCHMARKS.md). */
 typedef struct half_back_ctx {
     const float *pq, *pg, *lse, *kt, *vt;
     float *out, *buf;
