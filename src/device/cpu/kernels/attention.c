@@ -186,8 +186,8 @@ sl_status sl_k_attention_back_ref(sl_tensor *n) {
  * (the output, dq, dk, dv) were already lane-wise. Floating-point contraction is off for these functions
  * (an FMA would round differently from the reference's multiply-then-add). tests/ops/test_kernels_simd.c
  * checks them bit for bit against the reference kernels. They took the eager-half attention of GPT-2 124M
- * bf16 (B4 T64) from 19 % of the step to 11 % (forward 2.2x, backward 1.7x faster; docs/BENCHMARKS.md), and
- * to 7.5 % once the rounding points also ran in vector lanes (half_fwd_row, half_back_plane). */
+ * bf16 (B4 T64) from 19 % of the step to 11 % (forward 2.2x, backward 1.7x faster; docs/BENCHMARKS.md); it was
+ * 14 % -> 11.5 % on 2026-12-05, once the rounding points also ran in vector lanes (half_fwd_row, half_back_plane). */
 #ifdef __clang__
 #define SL_NO_CONTRACT _Pragma("clang fp contract(off)")
 #define SL_NO_CONTRACT_ATTR
