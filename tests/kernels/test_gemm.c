@@ -431,8 +431,8 @@ static void test_shared_units(void) {
  * chunk (1000), K above the K block,
  * alpha / beta and a bias, at 1 and 2 threads. */
 static void test_unpacked_a(void) {
-    const shape ds[] = {{37, 128, 200}, {63, 65, 1000}, {255, 512, 130}, {768, 128, 512}, {96, 17, 64},
-                        {41, 1000, 100}};
+    const shape ds[] = {{37, 128, 200},  {63, 65, 1000}, {255, 512, 130},
+                        {768, 128, 512}, {96, 17, 64},   {41, 1000, 100}};
     int saved = sl_threads_get();
     for (int si = 0; si < (int)(sizeof ds / sizeof ds[0]); si++)
         for (int tB = 0; tB < 2; tB++)

@@ -186,14 +186,32 @@ sl_status sl_k_attention_back_ref(sl_tensor *n) {
  * (the output, dq, dk, dv) were already lane-wise. Floating-point contraction is off for these functions
  * (an FMA would round differently from the reference's multiply-then-add). tests/ops/test_kernels_simd.c
  * checks them bit for bit against the reference kernels. They took the eager-half attention of GPT-2 124M
- * bf16 (B4 T64) from 19 % of the step to 11 % (forward 2.2x, backward 1.7x faster; docs/BENCHMARKS.md); it was
- * 14 % -> 11.5 % on 2026-12-05, once the rounding points also ran in vector lanes (half_fwd_row, half_back_plane). */
+ * bf16 (B4 T64) from 19 % of the step to 11 % (forward 2.2x, backward 1.7x faster; docs/BENCHMARKS.md); it
+ * was 14 % -> 11.5 % on 2026-12-05, once the rounding points also ran in vector lanes (half_fwd_row,
+ * half_back_plane). */
 #ifdef __clang__
 #define SL_NO_CONTRACT _Pragma("clang fp contract(off)")
 #define SL_NO_CONTRACT_ATTR
 #else
 #define SL_NO_CONTRACT
 #define SL_NO_CONTRACT_ATTR __attribute__((optimize("fp-contract=off")))
+#endif
+
+/* PER_ISA(MAKE, NAME) builds a function body for the baseline and, on x86, for AVX-512 and AVX2 (wider lanes,
+ * the same per-lane operations) as NAME_base, NAME_avx512, NAME_avx2; ISA_CALL(NAME, isa, args...) calls the
+ * one the kernel ISA (sl_kern_isa) picks. */
+#if SL_HAVE_X86
+#define PER_ISA(MAKE, NAME)                                                                                  \
+    MAKE(NAME##_base, )                                                                                      \
+    MAKE(NAME##_avx512, __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma"))))              \
+    MAKE(NAME##_avx2, __attribute__((target("avx2,fma"))))
+#define ISA_CALL(NAME, ISA, ...)                                                                             \
+    ((ISA) >= SL_KISA_AVX512 ? NAME##_avx512(__VA_ARGS__)                                                    \
+     : (ISA) >= SL_KISA_AVX2 ? NAME##_avx2(__VA_ARGS__)                                                      \
+                             : NAME##_base(__VA_ARGS__))
+#else
+#define PER_ISA(MAKE, NAME) MAKE(NAME##_base, )
+#define ISA_CALL(NAME, ISA, ...) ((void)(ISA), NAME##_base(__VA_ARGS__))
 #endif
 
 /* (B, NKV, hs, T) copies: kt[d][j] = k[j][d] (rounded to the half type when `round`), and vt likewise */
@@ -223,35 +241,18 @@ SL_NO_CONTRACT_ATTR static float *transposed(const sl_tensor *x, int hm, int rou
         const float ad = a[d], *xd = xt + d * T;                                                             \
         _Pragma("omp simd") for (int64_t j = j0; j <= j1; j++) acc[j] += ad * xd[j];                         \
     }
-SL_NO_CONTRACT_ATTR static void dots_t_base(const float *a, const float *xt, int64_t T, int64_t hs,
-                                            int64_t j0, int64_t j1, float *acc){DOTS_T_BODY}
-#if SL_HAVE_X86
-SL_NO_CONTRACT_ATTR
-    __attribute__((target("avx512f"))) static void dots_t_avx512(const float *a, const float *xt, int64_t T,
-                                                                 int64_t hs, int64_t j0, int64_t j1,
-                                                                 float *acc){DOTS_T_BODY} SL_NO_CONTRACT_ATTR
-    __attribute__((target("avx2"))) static void dots_t_avx2(const float *a, const float *xt, int64_t T,
-                                                            int64_t hs, int64_t j0, int64_t j1, float *acc) {
-    DOTS_T_BODY
-}
-#endif
+#define DOTS_T_FN(NAME, ATTR)                                                                                \
+    SL_NO_CONTRACT_ATTR ATTR static void NAME(const float *a, const float *xt, int64_t T, int64_t hs,        \
+                                              int64_t j0, int64_t j1, float *acc) {                          \
+        DOTS_T_BODY                                                                                          \
+    }
+PER_ISA(DOTS_T_FN, dots_t)
 static void dots_t(const float *a, const float *xt, int64_t T, int64_t hs, int64_t j0, int64_t j1,
                    float *acc) {
-#if SL_HAVE_X86
-    int isa = sl_kern_isa();
-    if (isa >= SL_KISA_AVX512) {
-        dots_t_avx512(a, xt, T, hs, j0, j1, acc);
-        return;
-    }
-    if (isa >= SL_KISA_AVX2) {
-        dots_t_avx2(a, xt, T, hs, j0, j1, acc);
-        return;
-    }
-#endif
-    dots_t_base(a, xt, T, hs, j0, j1, acc);
+    ISA_CALL(dots_t, sl_kern_isa(), a, xt, T, hs, j0, j1, acc);
 }
 
-/* One query row (b, h, t) of sl_k_attention_half, built per ISA like half_back_plane below; the max over
+/* One query row (b, h, t) of sl_k_attention_half, built per ISA (PER_ISA); the max over
  * the row is taken after the scores are rounded (the same comparisons in the same order). */
 typedef struct half_fwd_ctx {
     const float *pq, *pv, *kt;
@@ -271,7 +272,8 @@ typedef struct half_fwd_ctx {
     int64_t j0 = win > 0 && t - win + 1 > 0 ? t - win + 1 : 0;                                               \
     dots_t(qr, kt + (b * NKV + kh) * hs * T, T, hs, j0, t, p);                                               \
     if (hm == 1 || hm == 4) /* bf16: the branch-free rounding vectorizes */                                  \
-        _Pragma("omp simd") for (int64_t j = j0; j <= t; j++) p[j] = sl_round_bf16_f32(sl_round_bf16_f32(p[j]) * scale); \
+        _Pragma("omp simd") for (int64_t j = j0; j <= t; j++) p[j] =                                         \
+            sl_round_bf16_f32(sl_round_bf16_f32(p[j]) * scale);                                              \
     else                                                                                                     \
         for (int64_t j = j0; j <= t; j++) p[j] = hm ? hround(hround(p[j], hm) * scale, hm) : p[j] * scale;   \
     for (int64_t j = j0; j <= t; j++)                                                                        \
@@ -295,8 +297,7 @@ typedef struct half_fwd_ctx {
     for (int64_t j = j0; j <= t; j++) {                                                                      \
         const float *vr = pv + b * v->nb[0] + j * v->nb[1] + kh * v->nb[2];                                  \
         float pj = dp > 0 ? p[j] * mk[j] : p[j];                                                             \
-_Pragma("omp simd")                                                                                          \
-        for (int64_t d = 0; d < hs; d++) o[d] += pj * vr[d];                                                 \
+        _Pragma("omp simd") for (int64_t d = 0; d < hs; d++) o[d] += pj * vr[d];                             \
     }                                                                                                        \
     if (hm == 1 || hm == 4)                                                                                  \
         _Pragma("omp simd") for (int64_t d = 0; d < hs; d++) o[d] = sl_round_bf16_f32(o[d]);                 \
@@ -304,7 +305,7 @@ _Pragma("omp simd")                                                             
         for (int64_t d = 0; d < hs; d++) o[d] = hround(o[d], hm);
 
 #define HALF_FWD_ROW_FN(NAME, ATTR)                                                                          \
-    SL_NO_CONTRACT_ATTR ATTR static void NAME(const half_fwd_ctx *x, int64_t idx) {                         \
+    SL_NO_CONTRACT_ATTR ATTR static void NAME(const half_fwd_ctx *x, int64_t idx) {                          \
         SL_NO_CONTRACT                                                                                       \
         const float *pq = x->pq, *pv = x->pv, *kt = x->kt;                                                   \
         float *out = x->out, *lse = x->lse, *P = x->P, *Mk = x->Mk;                                          \
@@ -315,26 +316,7 @@ _Pragma("omp simd")                                                             
         const int hm = x->hm;                                                                                \
         HALF_FWD_ROW_BODY                                                                                    \
     }
-HALF_FWD_ROW_FN(half_fwd_row_base, )
-#if SL_HAVE_X86
-HALF_FWD_ROW_FN(half_fwd_row_avx512, __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma"))))
-HALF_FWD_ROW_FN(half_fwd_row_avx2, __attribute__((target("avx2,fma"))))
-#endif
-
-static void half_fwd_row(const half_fwd_ctx *x, int64_t idx, int isa) {
-#if SL_HAVE_X86
-    if (isa >= SL_KISA_AVX512) {
-        half_fwd_row_avx512(x, idx);
-        return;
-    }
-    if (isa >= SL_KISA_AVX2) {
-        half_fwd_row_avx2(x, idx);
-        return;
-    }
-#endif
-    (void)isa;
-    half_fwd_row_base(x, idx);
-}
+PER_ISA(HALF_FWD_ROW_FN, half_fwd_row)
 
 SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half(sl_tensor *n) {
     SL_NO_CONTRACT
@@ -357,19 +339,37 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half(sl_tensor *n) {
         return sl_fail(SL_ERR_NOMEM, "attention: out of memory");
     }
     float *Mk = P + (size_t)(B * NH * T) * (size_t)T;
-    half_fwd_ctx x = {.pq = pq, .pv = pv, .kt = kt, .out = out, .lse = lse, .P = P, .Mk = Mk, .n = n, .q = q, .v = v,
-                      .T = T, .NH = NH, .hs = hs, .NKV = NKV, .grp = grp, .win = win, .scale = scale, .dp = dp,
-                      .dseed = dseed, .dhi = dhi, .hm = hm};
+    half_fwd_ctx x = {.pq = pq,
+                      .pv = pv,
+                      .kt = kt,
+                      .out = out,
+                      .lse = lse,
+                      .P = P,
+                      .Mk = Mk,
+                      .n = n,
+                      .q = q,
+                      .v = v,
+                      .T = T,
+                      .NH = NH,
+                      .hs = hs,
+                      .NKV = NKV,
+                      .grp = grp,
+                      .win = win,
+                      .scale = scale,
+                      .dp = dp,
+                      .dseed = dseed,
+                      .dhi = dhi,
+                      .hm = hm};
     int isa = sl_kern_isa();
 #pragma omp parallel for schedule(dynamic, 4)
-    for (int64_t idx = 0; idx < B * NH * T; idx++) half_fwd_row(&x, idx, isa);
+    for (int64_t idx = 0; idx < B * NH * T; idx++) ISA_CALL(half_fwd_row, isa, &x, idx);
     free(P);
     free(kt);
     return SL_OK;
 }
 
-/* One (batch, kv head) plane of sl_k_attention_half_back, built for AVX-512, AVX2 and the baseline like
- * dots_t (the same per-lane operations in the same order; contraction off): the dq / dk / dv updates and
+/* One (batch, kv head) plane of sl_k_attention_half_back, built per ISA (PER_ISA: the same per-lane
+ * operations in the same order; contraction off): the dq / dk / dv updates and
  * the rounding of dq and of the group's dk / dv sums run in vector lanes (sl_round_bf16_f32 is branch-free;
  * the f16 modes stay scalar). GPT-2 124M bf16, B4 T64, 2 threads: 3.9 -> 2.8-3.0 ms per call, the forward
  * rows 1.7 -> 1.4 ms (docs/BENCHMARKS.md). */
@@ -386,8 +386,8 @@ typedef struct half_back_ctx {
 
 #define HALF_BACK_PLANE_BODY                                                                                 \
     int64_t b = bk / NKV, kh = bk % NKV;                                                                     \
-    float *p = buf + per * (size_t)bk, *dp = p + T, *mk = dp + T, *ss = mk + T, *sd = ss + T,                \
-          *hk = sd + T, *hv = hk + T * hs, *kr = hv + T * hs;                                                \
+    float *p = buf + per * (size_t)bk, *dp = p + T, *mk = dp + T, *ss = mk + T, *sd = ss + T, *hk = sd + T,  \
+          *hv = hk + T * hs, *kr = hv + T * hs;                                                              \
     const float *ktb = kt + bk * hs * T, *vtb = vt + bk * hs * T;                                            \
     for (int64_t j = 0; j < T; j++) {                                                                        \
         for (int64_t d = 0; d < hs; d++) kr[j * hs + d] = ktb[d * T + j];                                    \
@@ -421,8 +421,7 @@ typedef struct half_back_ctx {
                 float *dk = hk + j * hs, *dv = hv + j * hs;                                                  \
                 float pj = p32(hm) ? hround(p[j], hm) : p[j];                                                \
                 if (dpr > 0) pj *= mk[j];                                                                    \
-_Pragma("omp simd")                                                                                          \
-                for (int64_t d = 0; d < hs; d++) {                                                           \
+                _Pragma("omp simd") for (int64_t d = 0; d < hs; d++) {                                       \
                     dq[d] += ds * krj[d];                                                                    \
                     dk[d] += ds * qr[d];                                                                     \
                     dv[d] += pj * go[d];                                                                     \
@@ -436,8 +435,7 @@ _Pragma("omp simd")                                                             
         for (int64_t j = 0; j < T; j++) {                                                                    \
             float *dk = out + (b * T + j) * W * hs + (NH + kh) * hs, *dv = dk + NKV * hs;                    \
             const float *hkj = hk + j * hs, *hvj = hv + j * hs;                                              \
-            if (hm == 1)                                                                                     \
-                _Pragma("omp simd") for (int64_t d = 0; d < hs; d++) {                                       \
+            if (hm == 1) _Pragma("omp simd") for (int64_t d = 0; d < hs; d++) {                              \
                     dk[d] = sl_round_bf16_f32(dk[d] + sl_round_bf16_f32(hkj[d]));                            \
                     dv[d] = sl_round_bf16_f32(dv[d] + sl_round_bf16_f32(hvj[d]));                            \
                 }                                                                                            \
@@ -455,7 +453,7 @@ _Pragma("omp simd")                                                             
     }
 
 #define HALF_BACK_PLANE_FN(NAME, ATTR)                                                                       \
-    SL_NO_CONTRACT_ATTR ATTR static void NAME(const half_back_ctx *x, int64_t bk) {                         \
+    SL_NO_CONTRACT_ATTR ATTR static void NAME(const half_back_ctx *x, int64_t bk) {                          \
         SL_NO_CONTRACT                                                                                       \
         const float *pq = x->pq, *pg = x->pg, *lse = x->lse, *kt = x->kt, *vt = x->vt;                       \
         float *out = x->out, *buf = x->buf;                                                                  \
@@ -468,26 +466,7 @@ _Pragma("omp simd")                                                             
         const int hm = x->hm;                                                                                \
         HALF_BACK_PLANE_BODY                                                                                 \
     }
-HALF_BACK_PLANE_FN(half_back_plane_base, )
-#if SL_HAVE_X86
-HALF_BACK_PLANE_FN(half_back_plane_avx512, __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma"))))
-HALF_BACK_PLANE_FN(half_back_plane_avx2, __attribute__((target("avx2,fma"))))
-#endif
-
-static void half_back_plane(const half_back_ctx *x, int64_t bk, int isa) {
-#if SL_HAVE_X86
-    if (isa >= SL_KISA_AVX512) {
-        half_back_plane_avx512(x, bk);
-        return;
-    }
-    if (isa >= SL_KISA_AVX2) {
-        half_back_plane_avx2(x, bk);
-        return;
-    }
-#endif
-    (void)isa;
-    half_back_plane_base(x, bk);
-}
+PER_ISA(HALF_BACK_PLANE_FN, half_back_plane)
 
 SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half_back(sl_tensor *n) {
     SL_NO_CONTRACT
@@ -513,12 +492,34 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half_back(sl_tensor *n) {
         free(vt);
         return sl_fail(SL_ERR_NOMEM, "attention_back: out of memory");
     }
-    half_back_ctx x = {.pq = pq, .pg = pg, .lse = lse, .kt = kt, .vt = vt, .out = out, .buf = buf, .f = f, .q = q,
-                       .B = B, .T = T, .NH = NH, .hs = hs, .NKV = NKV, .grp = grp, .W = W, .win = win, .gb = gb,
-                       .gt = gt, .per = per, .scale = scale, .dpr = dpr, .dseed = dseed, .dhi = dhi, .hm = hm};
+    half_back_ctx x = {.pq = pq,
+                       .pg = pg,
+                       .lse = lse,
+                       .kt = kt,
+                       .vt = vt,
+                       .out = out,
+                       .buf = buf,
+                       .f = f,
+                       .q = q,
+                       .B = B,
+                       .T = T,
+                       .NH = NH,
+                       .hs = hs,
+                       .NKV = NKV,
+                       .grp = grp,
+                       .W = W,
+                       .win = win,
+                       .gb = gb,
+                       .gt = gt,
+                       .per = per,
+                       .scale = scale,
+                       .dpr = dpr,
+                       .dseed = dseed,
+                       .dhi = dhi,
+                       .hm = hm};
     int isa = sl_kern_isa();
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t bk = 0; bk < B * NKV; bk++) half_back_plane(&x, bk, isa);
+    for (int64_t bk = 0; bk < B * NKV; bk++) ISA_CALL(half_back_plane, isa, &x, bk);
     free(buf);
     free(kt);
     free(vt);

@@ -285,7 +285,8 @@ SL_TARGET_AVX512 static void pack_a_t_group(const float *A, int64_t lda, int64_t
     const float *s = A + k0 * lda + i0;
     for (int64_t k = 0; k < kc; k++, s += lda) {
 #pragma GCC unroll 8
-        for (int q = 0; q < PACK_AT_GROUP; q++) _mm256_store_ps(dst + q * kc * MR + k * MR, _mm256_loadu_ps(s + q * MR));
+        for (int q = 0; q < PACK_AT_GROUP; q++)
+            _mm256_store_ps(dst + q * kc * MR + k * MR, _mm256_loadu_ps(s + q * MR));
     }
 }
 

@@ -72,8 +72,8 @@ typedef struct sl_gemm_impl {
     int64_t mc_max; /* a thread with at most this many rows packs them as one block (B is packed once);
                      * with more, blocks of mc rows (an A block that stays in L2). 0: same as mc */
     int64_t nc;     /* columns of op(B) packed at once per thread (multiple of nr) */
-    int kc_even;    /* 1: K is cut into equal blocks of at most kc (Note [Even K blocks], gemm.c); 0: blocks of
-                     * exactly kc and a remainder */
+    int kc_even; /* 1: K is cut into equal blocks of at most kc (Note [Even K blocks], gemm.c); 0: blocks of
+                  * exactly kc and a remainder */
     sl_gemm_pack_a_fn pack_a;
     sl_gemm_pack_b_fn pack_b;
     sl_gemm_kernel_fn kernel;
