@@ -129,37 +129,43 @@ static inline __m512i _mm512_unpackhi_epi16(__m512i a, __m512i b) {
             r.h[8 * L + 2 * i] = a.h[8 * L + 4 + i], r.h[8 * L + 2 * i + 1] = b.h[8 * L + 4 + i];
     return r;
 }
-static inline __m512i _mm512_unpacklo_epi32(__m512i a, __m512i b) {
+/* the float shuffles of the 16 x 16 transpose (transpose_avx512.h); casts keep the bits */
+static inline __m512 _mm512_castsi512_ps(__m512i a) {
+    __m512 r;
+    memcpy(&r, &a, 64);
+    return r;
+}
+static inline __m512i _mm512_castps_si512(__m512 a) {
     __m512i r;
+    memcpy(&r, &a, 64);
+    return r;
+}
+static inline __m512 _mm512_unpacklo_ps(__m512 a, __m512 b) {
+    __m512 r;
     for (int L = 0; L < 4; L++)
         for (int i = 0; i < 2; i++)
-            r.w[4 * L + 2 * i] = a.w[4 * L + i], r.w[4 * L + 2 * i + 1] = b.w[4 * L + i];
+            r.f[4 * L + 2 * i] = a.f[4 * L + i], r.f[4 * L + 2 * i + 1] = b.f[4 * L + i];
     return r;
 }
-static inline __m512i _mm512_unpackhi_epi32(__m512i a, __m512i b) {
-    __m512i r;
+static inline __m512 _mm512_unpackhi_ps(__m512 a, __m512 b) {
+    __m512 r;
     for (int L = 0; L < 4; L++)
         for (int i = 0; i < 2; i++)
-            r.w[4 * L + 2 * i] = a.w[4 * L + 2 + i], r.w[4 * L + 2 * i + 1] = b.w[4 * L + 2 + i];
+            r.f[4 * L + 2 * i] = a.f[4 * L + 2 + i], r.f[4 * L + 2 * i + 1] = b.f[4 * L + 2 + i];
     return r;
 }
-static inline __m512i _mm512_unpacklo_epi64(__m512i a, __m512i b) {
-    __m512i r;
-    for (int L = 0; L < 4; L++) r.q[2 * L] = a.q[2 * L], r.q[2 * L + 1] = b.q[2 * L];
-    return r;
-}
-static inline __m512i _mm512_unpackhi_epi64(__m512i a, __m512i b) {
-    __m512i r;
-    for (int L = 0; L < 4; L++) r.q[2 * L] = a.q[2 * L + 1], r.q[2 * L + 1] = b.q[2 * L + 1];
+#define _MM_SHUFFLE(z, y, x, w) (((z) << 6) | ((y) << 4) | ((x) << 2) | (w))
+/* in each 128-bit lane: two elements of a, then two of b, each picked by two bits of imm */
+static inline __m512 _mm512_shuffle_ps(__m512 a, __m512 b, int imm) {
+    __m512 r;
+    for (int L = 0; L < 4; L++)
+        for (int i = 0; i < 4; i++) r.f[4 * L + i] = (i < 2 ? a : b).f[4 * L + ((imm >> (2 * i)) & 3)];
     return r;
 }
 /* 128-bit lanes 0, 1 of the result come from a, lanes 2, 3 from b, each picked by two bits of imm */
-static inline __m512i _mm512_shuffle_i32x4(__m512i a, __m512i b, int imm) {
-    __m512i r;
-    for (int L = 0; L < 4; L++) {
-        int sel = (imm >> (2 * L)) & 3;
-        memcpy(&r.w[4 * L], &(L < 2 ? a : b).w[4 * sel], 16);
-    }
+static inline __m512 _mm512_shuffle_f32x4(__m512 a, __m512 b, int imm) {
+    __m512 r;
+    for (int L = 0; L < 4; L++) memcpy(&r.f[4 * L], &(L < 2 ? a : b).f[4 * ((imm >> (2 * L)) & 3)], 16);
     return r;
 }
 /* element i: idx bits 0-4 pick the element, bit 5 the source (0: a, 1: b); higher bits are ignored */

@@ -20,6 +20,8 @@
 #include <immintrin.h>
 #define SL_TARGET_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
 #endif
+#define SL_TR16_ATTR SL_TARGET_AMX
+#include "device/cpu/kernels/transpose_avx512.h"
 
 /* Note [AMX GEMM]
  * An AMX tile register holds up to 16 rows of 64 bytes; tdpbf16ps C, A, B adds to the 16 x 16 fp32 tile C
@@ -125,33 +127,6 @@ SL_TARGET_AMX static void kernel_amx_32x32(int64_t ksteps, const void *a_, const
     }
 }
 
-/* r[c] = column c of the 16 x 16 matrix of 32-bit words whose rows are r[0..15] */
-SL_TARGET_AMX static void transpose16x16_u32(__m512i r[16]) {
-    __m512i t[16];
-    for (int k = 0; k < 8; k++) {
-        t[2 * k] = _mm512_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
-        t[2 * k + 1] = _mm512_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
-    }
-    /* u[4k + c], 128-bit lane L: column 4L + c, rows 4k .. 4k+3 */
-    for (int k = 0; k < 4; k++) {
-        r[4 * k] = _mm512_unpacklo_epi64(t[4 * k], t[4 * k + 2]);
-        r[4 * k + 1] = _mm512_unpackhi_epi64(t[4 * k], t[4 * k + 2]);
-        r[4 * k + 2] = _mm512_unpacklo_epi64(t[4 * k + 1], t[4 * k + 3]);
-        r[4 * k + 3] = _mm512_unpackhi_epi64(t[4 * k + 1], t[4 * k + 3]);
-    }
-    for (int c = 0; c < 4; c++) {
-        __m512i v = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x88),
-                w = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xdd);
-        __m512i v2 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x88),
-                w2 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xdd);
-        t[c] = _mm512_shuffle_i32x4(v, v2, 0x88);
-        t[8 + c] = _mm512_shuffle_i32x4(v, v2, 0xdd);
-        t[4 + c] = _mm512_shuffle_i32x4(w, w2, 0x88);
-        t[12 + c] = _mm512_shuffle_i32x4(w, w2, 0xdd);
-    }
-    for (int c = 0; c < 16; c++) r[c] = t[c];
-}
-
 /* One A panel: rows [i0, i0+ni) (ni <= 32) of op(A), k in [k0, k0+kc) */
 SL_TARGET_AMX static void pack_a_amx_panel(const sl_gemm_args *g, int64_t i0, int ni, int64_t k0, int64_t kc,
                                            uint16_t *dst) {
@@ -179,8 +154,8 @@ SL_TARGET_AMX static void pack_a_amx_panel(const sl_gemm_args *g, int64_t i0, in
             lo[p] = _mm512_unpacklo_epi16(r0, r1);
             hi[p] = _mm512_unpackhi_epi16(r0, r1);
         }
-        transpose16x16_u32(lo);
-        transpose16x16_u32(hi);
+        sl_tr16_epi32(lo);
+        sl_tr16_epi32(hi);
         for (int c = 0; c < 16; c++) {
             int i = 8 * (c / 4) + c % 4;
             _mm512_storeu_si512((void *)(dst + i * AKS), lo[c]);
@@ -237,7 +212,7 @@ SL_TARGET_AMX static void pack_b_amx_panel(const sl_gemm_args *g, int64_t j0, in
                 for (int j = 0; j < 16; j++)
                     r[j] = 16 * h + j < nj ? _mm512_maskz_loadu_epi16(km, B + (j0 + 16 * h + j) * ldb + kb)
                                            : _mm512_setzero_si512();
-                transpose16x16_u32(r);
+                sl_tr16_epi32(r);
                 for (int p = 0; p < 16; p++) _mm512_storeu_si512((void *)(dst + (h * 16 + p) * 32), r[p]);
             }
             continue;

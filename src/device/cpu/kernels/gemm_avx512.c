@@ -24,6 +24,9 @@
 #define SL_TARGET_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")))
 #endif
 
+#define SL_TR16_ATTR SL_TARGET_AVX512
+#include "device/cpu/kernels/transpose_avx512.h"
+
 enum { MR = 8, NR = 48 };
 
 static inline __mmask16 mask_n(int n) {
@@ -158,32 +161,6 @@ SL_TARGET_AVX512 static inline void transpose8x8(__m256 r[8]) {
     }
 }
 
-/* r[0..16) rows of 16 -> r[j] = column j. */
-SL_TARGET_AVX512 static inline void transpose16x16(__m512 r[16]) {
-    __m512 t[16];
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    for (int g = 0; g < 4; g++) {
-        __m512 *tt = t + 4 * g;
-        r[4 * g + 0] = _mm512_shuffle_ps(tt[0], tt[2], _MM_SHUFFLE(1, 0, 1, 0));
-        r[4 * g + 1] = _mm512_shuffle_ps(tt[0], tt[2], _MM_SHUFFLE(3, 2, 3, 2));
-        r[4 * g + 2] = _mm512_shuffle_ps(tt[1], tt[3], _MM_SHUFFLE(1, 0, 1, 0));
-        r[4 * g + 3] = _mm512_shuffle_ps(tt[1], tt[3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    for (int c = 0; c < 4; c++) {
-        t[c] = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);
-        t[4 + c] = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xdd);
-        t[8 + c] = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
-        t[12 + c] = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xdd);
-    }
-    for (int c = 0; c < 8; c++) {
-        r[c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0x88);
-        r[8 + c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0xdd);
-    }
-}
-
 /* ---- fp32 packers (32-bit elements; reused for bf16 pairs) ---- */
 
 /* dst[k*8 + i] = src[i*ld + k] for i < ni (else 0), k < kc: 8 rows, contiguous in k. The rows are ld_bytes
@@ -238,7 +215,7 @@ SL_TARGET_AVX512 static void pack_rows48_t32(const uint32_t *src, int64_t ld, in
                 r[i] = j < nj ? _mm512_maskz_loadu_ps(m, (const float *)(src + j * ld + k))
                               : _mm512_setzero_ps();
             }
-            transpose16x16(r);
+            sl_tr16_ps(r);
             for (int kk = 0; kk < rem; kk++) _mm512_store_ps((float *)(dst + (k + kk) * 48 + g * 16), r[kk]);
         }
     }

@@ -4,6 +4,8 @@
 
 #include "device/cpu/kernels/simd_math.h"
 #include "device/cpu/kernels/vec_kernels.h"
+#define SL_TR16_ATTR /* the whole file is built for AVX-512 (CMakeLists.txt) */
+#include "device/cpu/kernels/transpose_avx512.h"
 
 #if SL_HAVE_X86
 #pragma GCC push_options
@@ -102,34 +104,14 @@ static inline void v512_philox32(uint32_t *c0, uint32_t *c1, uint32_t *c2, uint3
 #define VEC_PHILOX32 v512_philox32
 
 /* dst[d ldd + r] = src[r lds + d] for r, d < 16, zero for rows r >= nr and columns d >= nd (the attention's
- * transposed tiles: 64 shuffles where the scalar copy took 256 loads and 256 strided stores). Stage 1
- * interleaves row pairs, stage 2 builds 4-row columns in each 128-bit lane, stage 3 transposes the 4 x 4
- * grid of lanes. */
+ * transposed tiles: 64 shuffles where the scalar copy took 256 loads and 256 strided stores) */
 static inline void v512_tr16(const float *src, int64_t lds, int64_t nr, int64_t nd, float *dst, int64_t ldd) {
-    __m512 r[16], a[16], b[16];
+    __m512 r[16];
     const __mmask16 km = nd >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nd > 0 ? nd : 0)) - 1u);
     for (int i = 0; i < 16; i++)
         r[i] = i < nr ? _mm512_maskz_loadu_ps(km, src + i * lds) : _mm512_setzero_ps();
-    for (int i = 0; i < 16; i += 2) {
-        a[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-        a[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int j = 0; j < 16; j += 4) { /* b[j + m], lane k: column 4k + m of rows j .. j + 3 */
-        b[j] = _mm512_shuffle_ps(a[j], a[j + 2], 0x44);
-        b[j + 1] = _mm512_shuffle_ps(a[j], a[j + 2], 0xEE);
-        b[j + 2] = _mm512_shuffle_ps(a[j + 1], a[j + 3], 0x44);
-        b[j + 3] = _mm512_shuffle_ps(a[j + 1], a[j + 3], 0xEE);
-    }
-    for (int m = 0; m < 4; m++) {
-        __m512 c0 = _mm512_shuffle_f32x4(b[m], b[4 + m], 0x44),
-               c1 = _mm512_shuffle_f32x4(b[m], b[4 + m], 0xEE);
-        __m512 c2 = _mm512_shuffle_f32x4(b[8 + m], b[12 + m], 0x44),
-               c3 = _mm512_shuffle_f32x4(b[8 + m], b[12 + m], 0xEE);
-        _mm512_storeu_ps(dst + m * ldd, _mm512_shuffle_f32x4(c0, c2, 0x88));
-        _mm512_storeu_ps(dst + (4 + m) * ldd, _mm512_shuffle_f32x4(c0, c2, 0xDD));
-        _mm512_storeu_ps(dst + (8 + m) * ldd, _mm512_shuffle_f32x4(c1, c3, 0x88));
-        _mm512_storeu_ps(dst + (12 + m) * ldd, _mm512_shuffle_f32x4(c1, c3, 0xDD));
-    }
+    sl_tr16_ps(r);
+    for (int c = 0; c < 16; c++) _mm512_storeu_ps(dst + c * ldd, r[c]);
 }
 #define VTRANSPOSE16 v512_tr16
 #define VEC_TABLE sl_vec_ops_avx512
