@@ -23,8 +23,7 @@ SL_TARGET_AVX2 static void kernel_avx2_6x16(int64_t ksteps, const void *a_, cons
         _mm_prefetch((const char *)(c + i * ldc + NR - 1), _MM_HINT_T0);
     }
 #pragma GCC unroll 4
-    for (int64_t k = 0; k < ksteps; k++) {
-        _mm_prefetch((const char *)(b + 8 * NR), _MM_HINT_T0);
+    for (int64_t k = 0; k < ksteps; k++) { /* B: no software prefetch (Note [GEMM kernel without prefetch]) */
         __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
 #pragma GCC unroll 6
         for (int i = 0; i < MR; i++) {
@@ -147,6 +146,7 @@ const sl_gemm_impl sl_gemm_impl_avx2_f32 = {.name = "avx2",
                                             .esz = 4,
                                             .in_bf16 = 0,
                                             .kc = 768,
+                                            .kc_even = 1,
                                             .mc = 384,
                                             .mc_max = 1536,
                                             .nc = 96,
@@ -160,6 +160,7 @@ const sl_gemm_impl sl_gemm_impl_avx2_bf16emu = {.name = "avx2",
                                                 .esz = 4,
                                                 .in_bf16 = 1,
                                                 .kc = 768,
+                                                .kc_even = 1,
                                                 .mc = 384,
                                                 .mc_max = 1536,
                                                 .nc = 96,

@@ -68,7 +68,10 @@ static inline __mmask16 mask_n(int n) {
  * contiguous stream from L2, which the hardware prefetchers follow; the extra load-port uops only cost:
  * without them the stand-alone kernel (A in L1, a 7-panel B chunk in L2, Intel AMX host) went from 86-87 %
  * to 91-92 % of the FMA peak, and bench ops' 30 shapes gained 1.5-2.5 % at 1 thread (same-process A/B,
- * both orders). The C prefetches at the start stay: C is written kc steps later. */
+ * both orders). The C prefetches at the start stay: C is written kc steps later. The AVX2 kernel had one
+ * prefetcht0 per k step (one B line) since 89ee6a6 (added with the C prefetch, not measured alone); run as
+ * SUANLI_ISA=avx2 on the same Intel host against oneDNN limited to AVX2, dropping it gained 4-5 % on the 30
+ * shapes (both orders). Not measured on Zen 3, where the AVX2 kernel was tuned. */
 
 /* The 8 x 48 micro-kernel on NC of its three 16-column vectors: a panel at the right edge of C with nr <= 32
  * (N = 128: panels of 48, 48, 32) or nr <= 16 skips the FMAs of columns it does not store. Each stored
