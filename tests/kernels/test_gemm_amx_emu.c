@@ -129,7 +129,7 @@ static inline __m512i _mm512_unpackhi_epi16(__m512i a, __m512i b) {
             r.h[8 * L + 2 * i] = a.h[8 * L + 4 + i], r.h[8 * L + 2 * i + 1] = b.h[8 * L + 4 + i];
     return r;
 }
-/* the float shuffles of the 16 x 16 transpose (transpose_avx512.h); casts keep the bits */
+/* the float shuffles of the 16 x 16 transpose (transpose_simd.h); casts keep the bits */
 static inline __m512 _mm512_castsi512_ps(__m512i a) {
     __m512 r;
     memcpy(&r, &a, 64);

@@ -21,7 +21,7 @@
 #define SL_TARGET_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
 #endif
 #define SL_TR16_ATTR SL_TARGET_AMX
-#include "device/cpu/kernels/transpose_avx512.h"
+#include "device/cpu/kernels/transpose_simd.h"
 
 /* Note [AMX GEMM]
  * An AMX tile register holds up to 16 rows of 64 bytes; tdpbf16ps C, A, B adds to the 16 x 16 fp32 tile C

@@ -8,6 +8,8 @@
 #include "device/cpu/kernels/gemm_internal.h"
 
 #define SL_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#define SL_TR8_ATTR SL_TARGET_AVX2
+#include "device/cpu/kernels/transpose_simd.h"
 
 enum { MR = 6, NR = 16 };
 
@@ -78,26 +80,6 @@ SL_TARGET_AVX2 static void kernel_avx2_6x16(int64_t ksteps, const void *a_, cons
  * of one block of up to 3072 rows that streamed from L3: LM-head dW +5-10 %. */
 
 /* ---- packers ---- */
-
-/* r[0..8) rows of 8 -> r[j] = column j. */
-SL_TARGET_AVX2 static inline void transpose8x8(__m256 r[8]) {
-    __m256 t[8], u[8];
-    for (int i = 0; i < 4; i++) {
-        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    for (int h = 0; h < 2; h++) {
-        __m256 *tt = t + 4 * h, *uu = u + 4 * h;
-        uu[0] = _mm256_shuffle_ps(tt[0], tt[2], _MM_SHUFFLE(1, 0, 1, 0));
-        uu[1] = _mm256_shuffle_ps(tt[0], tt[2], _MM_SHUFFLE(3, 2, 3, 2));
-        uu[2] = _mm256_shuffle_ps(tt[1], tt[3], _MM_SHUFFLE(1, 0, 1, 0));
-        uu[3] = _mm256_shuffle_ps(tt[1], tt[3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    for (int j = 0; j < 4; j++) {
-        r[j] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x20);
-        r[4 + j] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x31);
-    }
-}
 
 /* Store 6 floats of v at d (no write past d[5]). */
 SL_TARGET_AVX2 static inline void store6(float *d, __m256 v) {

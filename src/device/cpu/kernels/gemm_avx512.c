@@ -25,7 +25,8 @@
 #endif
 
 #define SL_TR16_ATTR SL_TARGET_AVX512
-#include "device/cpu/kernels/transpose_avx512.h"
+#define SL_TR8_ATTR SL_TARGET_AVX512
+#include "device/cpu/kernels/transpose_simd.h"
 
 enum { MR = 8, NR = 48 };
 
@@ -144,26 +145,6 @@ SL_TARGET_AVX512 static void kernel_avx512_8x48_rows(int64_t ksteps, const float
 
 /* ---- in-register transposes ---- */
 
-/* r[0..8) rows of 8 -> r[j] = column j. */
-SL_TARGET_AVX512 static inline void transpose8x8(__m256 r[8]) {
-    __m256 t[8], u[8];
-    for (int i = 0; i < 4; i++) {
-        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    for (int h = 0; h < 2; h++) {
-        __m256 *tt = t + 4 * h, *uu = u + 4 * h;
-        uu[0] = _mm256_shuffle_ps(tt[0], tt[2], _MM_SHUFFLE(1, 0, 1, 0));
-        uu[1] = _mm256_shuffle_ps(tt[0], tt[2], _MM_SHUFFLE(3, 2, 3, 2));
-        uu[2] = _mm256_shuffle_ps(tt[1], tt[3], _MM_SHUFFLE(1, 0, 1, 0));
-        uu[3] = _mm256_shuffle_ps(tt[1], tt[3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    for (int j = 0; j < 4; j++) {
-        r[j] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x20);
-        r[4 + j] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x31);
-    }
-}
-
 /* ---- fp32 packers (32-bit elements; reused for bf16 pairs) ---- */
 
 /* dst[k*8 + i] = src[i*ld + k] for i < ni (else 0), k < kc: 8 rows, contiguous in k. The rows are ld_bytes
@@ -178,7 +159,7 @@ SL_TARGET_AVX512 static void pack_rows8_t32b(const void *base, int64_t ld_bytes,
 #pragma GCC unroll 8
         for (int i = 0; i < 8; i++)
             r[i] = i < ni ? _mm256_loadu_ps((const float *)(src + i * ld_bytes) + k) : _mm256_setzero_ps();
-        transpose8x8(r);
+        sl_tr8_ps(r);
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) _mm256_storeu_ps((float *)(dst + (k + j) * 8), r[j]);
     }
@@ -189,7 +170,7 @@ SL_TARGET_AVX512 static void pack_rows8_t32b(const void *base, int64_t ld_bytes,
         for (int i = 0; i < 8; i++)
             r[i] = i < ni ? _mm256_maskz_loadu_ps(m, (const float *)(src + i * ld_bytes) + k)
                           : _mm256_setzero_ps();
-        transpose8x8(r);
+        sl_tr8_ps(r);
         for (int j = 0; j < rem; j++) _mm256_storeu_ps((float *)(dst + (k + j) * 8), r[j]);
     }
 }

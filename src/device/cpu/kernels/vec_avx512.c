@@ -5,7 +5,7 @@
 #include "device/cpu/kernels/simd_math.h"
 #include "device/cpu/kernels/vec_kernels.h"
 #define SL_TR16_ATTR /* the whole file is built for AVX-512 (CMakeLists.txt) */
-#include "device/cpu/kernels/transpose_avx512.h"
+#include "device/cpu/kernels/transpose_simd.h"
 
 #if SL_HAVE_X86
 #pragma GCC push_options

@@ -1,10 +1,35 @@
-/* transpose_avx512.h — the 16 x 16 transpose of 32-bit words in AVX-512 registers, shared by the GEMM packers
- * (gemm_avx512.c: fp32 panels; gemm_amx.c: bf16 pairs) and the attention's transposed tiles (vec_avx512.c).
- * The includer provides the intrinsics (<immintrin.h>, or SIMDe in the emulation tests) and defines
- * SL_TR16_ATTR, the target attribute of its AVX-512 functions (empty where the whole file is built for
- * AVX-512 or emulated). Not a public header. */
-#ifndef SL_DEVICE_CPU_KERNELS_TRANSPOSE_AVX512_H
-#define SL_DEVICE_CPU_KERNELS_TRANSPOSE_AVX512_H
+/* transpose_simd.h — in-register transposes shared by the kernels: 16 x 16 of 32-bit words in AVX-512
+ * registers (the AVX-512 and AMX GEMM packers, the attention's transposed tiles in vec_avx512.c) and 8 x 8
+ * floats in AVX registers (the AVX2 and AVX-512 GEMM packers). The includer provides the intrinsics
+ * (<immintrin.h>, or their emulation in tests) and defines SL_TR16_ATTR and / or SL_TR8_ATTR, the target
+ * attribute of the functions that call them (empty where the whole file is built for the ISA, or emulated);
+ * only the sizes whose attribute is defined are compiled. Not a public header. */
+#ifndef SL_DEVICE_CPU_KERNELS_TRANSPOSE_SIMD_H
+#define SL_DEVICE_CPU_KERNELS_TRANSPOSE_SIMD_H
+
+#ifdef SL_TR8_ATTR
+/* r[0..8) rows of 8 -> r[j] = column j */
+SL_TR8_ATTR static inline void sl_tr8_ps(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int h = 0; h < 2; h++) {
+        __m256 *tt = t + 4 * h, *uu = u + 4 * h;
+        uu[0] = _mm256_shuffle_ps(tt[0], tt[2], _MM_SHUFFLE(1, 0, 1, 0));
+        uu[1] = _mm256_shuffle_ps(tt[0], tt[2], _MM_SHUFFLE(3, 2, 3, 2));
+        uu[2] = _mm256_shuffle_ps(tt[1], tt[3], _MM_SHUFFLE(1, 0, 1, 0));
+        uu[3] = _mm256_shuffle_ps(tt[1], tt[3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int j = 0; j < 4; j++) {
+        r[j] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x20);
+        r[4 + j] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x31);
+    }
+}
+#endif
+
+#ifdef SL_TR16_ATTR
 
 /* r[c] = column c of the 16 x 16 matrix whose rows are r[0..15]. Stage 1 interleaves row pairs, stage 2
  * builds 4-row columns in each 128-bit lane, stage 3 transposes the 4 x 4 grid of lanes (64 shuffles). */
@@ -40,5 +65,6 @@ SL_TR16_ATTR static inline void sl_tr16_epi32(__m512i r[16]) {
     sl_tr16_ps(f);
     for (int i = 0; i < 16; i++) r[i] = _mm512_castps_si512(f[i]);
 }
+#endif /* SL_TR16_ATTR */
 
 #endif
