@@ -221,7 +221,9 @@ enum { GEMM_UNITS_MAX = 64 };
  * A[i][k] from its 8 rows (8 streams, 8 x kc floats = 24 KiB of L1 at kc 768) instead of the packed panel,
  * with the same FMAs in the same order (the same bits); a partial panel at the bottom is still packed.
  * Until 2026-12-05 this was done only for units of at most 512 columns; on the Intel AMX host the wide
- * products gained as well (N 768: +2-4 %, N 2304-50304: +-1 %, `suanli bench ops`). */
+ * products gained as well (N 768: +2-4 %, N 2304-50304: +-1 %, `suanli bench ops`). The AVX2 impl has the
+ * kernel too since then (6 rows in place; SUANLI_ISA=avx2 on that host, both orders: fwd and dX +2-4 %; on
+ * Zen 1 in an earlier session such a kernel measured within noise). */
 static int g_ua_off; /* tests: 1 packs every A (sl_gemm_unpacked_a_set) */
 void sl_gemm_unpacked_a_set(int on) { __atomic_store_n(&g_ua_off, !on, __ATOMIC_RELAXED); }
 

@@ -13,61 +13,72 @@
 
 enum { MR = 6, NR = 16 };
 
+#define SL_A6_PACKED(i) (a + (i))
+#define SL_A6_ROWS(i) (a + (i)*lda)
+/* The 6 x 16 kernel on a packed A panel (A_AT(i): a[i], A_NEXT: a += MR) or on MR rows of a row-major A read
+ * in place (a[i * lda], a++: Note [Unpacked A] in gemm.c): the same FMAs in the same order, the same bits. */
+#define SL_KERNEL_6x16_BODY(A_AT, A_NEXT)                                                                    \
+    __m256 acc[MR][2];                                                                                       \
+    _Pragma("GCC unroll 6") for (int i = 0; i < MR; i++) {                                                   \
+        acc[i][0] = acc[i][1] = _mm256_setzero_ps();                                                         \
+        /* C is read (beta != 0) or written after ~ksteps*6 cycles: start fetching it now */                 \
+        _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);                                              \
+        _mm_prefetch((const char *)(c + i * ldc + NR - 1), _MM_HINT_T0);                                     \
+    }                                                                                                        \
+    _Pragma("GCC unroll 4") for (int64_t k = 0; k < ksteps;                                                  \
+                                 k++) { /* B: no software prefetch (Note [GEMM kernel without prefetch]) */  \
+        __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);                                         \
+        _Pragma("GCC unroll 6") for (int i = 0; i < MR; i++) {                                               \
+            __m256 av = _mm256_broadcast_ss(A_AT(i));                                                        \
+            acc[i][0] = _mm256_fmadd_ps(av, b0, acc[i][0]);                                                  \
+            acc[i][1] = _mm256_fmadd_ps(av, b1, acc[i][1]);                                                  \
+        }                                                                                                    \
+        A_NEXT;                                                                                              \
+        b += NR;                                                                                             \
+    }                                                                                                        \
+    const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);                                      \
+    if (mr == MR && nr == NR) {                                                                              \
+        _Pragma("GCC unroll 6") for (int i = 0; i < MR; i++) {                                               \
+            float *cr = c + i * ldc;                                                                         \
+            __m256 t0 = acc[i][0], t1 = acc[i][1];                                                           \
+            if (alpha != 1.0f) t0 = _mm256_mul_ps(va, t0), t1 = _mm256_mul_ps(va, t1);                       \
+            if (beta == 1.0f) {                                                                              \
+                t0 = _mm256_add_ps(_mm256_loadu_ps(cr), t0);                                                 \
+                t1 = _mm256_add_ps(_mm256_loadu_ps(cr + 8), t1);                                             \
+            } else if (beta != 0.0f) {                                                                       \
+                t0 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(cr), t0);                                           \
+                t1 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(cr + 8), t1);                                       \
+            }                                                                                                \
+            _mm256_storeu_ps(cr, t0);                                                                        \
+            _mm256_storeu_ps(cr + 8, t1);                                                                    \
+        }                                                                                                    \
+        return;                                                                                              \
+    }                                                                                                        \
+    float tile[MR][NR];                                                                                      \
+    _Pragma("GCC unroll 6") for (int i = 0; i < MR; i++) {                                                   \
+        _mm256_storeu_ps(tile[i], _mm256_mul_ps(va, acc[i][0]));                                             \
+        _mm256_storeu_ps(tile[i] + 8, _mm256_mul_ps(va, acc[i][1]));                                         \
+    }                                                                                                        \
+    for (int i = 0; i < mr; i++) {                                                                           \
+        float *cr = c + i * ldc;                                                                             \
+        if (beta == 0.0f)                                                                                    \
+            for (int j = 0; j < nr; j++) cr[j] = tile[i][j];                                                 \
+        else                                                                                                 \
+            for (int j = 0; j < nr; j++) cr[j] = beta * cr[j] + tile[i][j];                                  \
+    }
+
 SL_TARGET_AVX2 static void kernel_avx2_6x16(int64_t ksteps, const void *a_, const void *b_, float *c,
                                             int64_t ldc, float alpha, float beta, int mr, int nr) {
     const float *a = (const float *)a_, *b = (const float *)b_;
-    __m256 acc[MR][2];
-#pragma GCC unroll 6
-    for (int i = 0; i < MR; i++) {
-        acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-        /* C is read (beta != 0) or written after ~ksteps*6 cycles: start fetching it now */
-        _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);
-        _mm_prefetch((const char *)(c + i * ldc + NR - 1), _MM_HINT_T0);
-    }
-#pragma GCC unroll 4
-    for (int64_t k = 0; k < ksteps; k++) { /* B: no software prefetch (Note [GEMM kernel without prefetch]) */
-        __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
-#pragma GCC unroll 6
-        for (int i = 0; i < MR; i++) {
-            __m256 av = _mm256_broadcast_ss(a + i);
-            acc[i][0] = _mm256_fmadd_ps(av, b0, acc[i][0]);
-            acc[i][1] = _mm256_fmadd_ps(av, b1, acc[i][1]);
-        }
-        a += MR;
-        b += NR;
-    }
-    const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
-    if (mr == MR && nr == NR) {
-#pragma GCC unroll 6
-        for (int i = 0; i < MR; i++) {
-            float *cr = c + i * ldc;
-            __m256 t0 = acc[i][0], t1 = acc[i][1];
-            if (alpha != 1.0f) t0 = _mm256_mul_ps(va, t0), t1 = _mm256_mul_ps(va, t1);
-            if (beta == 1.0f) {
-                t0 = _mm256_add_ps(_mm256_loadu_ps(cr), t0);
-                t1 = _mm256_add_ps(_mm256_loadu_ps(cr + 8), t1);
-            } else if (beta != 0.0f) {
-                t0 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(cr), t0);
-                t1 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(cr + 8), t1);
-            }
-            _mm256_storeu_ps(cr, t0);
-            _mm256_storeu_ps(cr + 8, t1);
-        }
-        return;
-    }
-    float tile[MR][NR];
-#pragma GCC unroll 6
-    for (int i = 0; i < MR; i++) {
-        _mm256_storeu_ps(tile[i], _mm256_mul_ps(va, acc[i][0]));
-        _mm256_storeu_ps(tile[i] + 8, _mm256_mul_ps(va, acc[i][1]));
-    }
-    for (int i = 0; i < mr; i++) {
-        float *cr = c + i * ldc;
-        if (beta == 0.0f)
-            for (int j = 0; j < nr; j++) cr[j] = tile[i][j];
-        else
-            for (int j = 0; j < nr; j++) cr[j] = beta * cr[j] + tile[i][j];
-    }
+    SL_KERNEL_6x16_BODY(SL_A6_PACKED, a += MR);
+}
+
+/* mr must be MR (the driver packs a partial panel) */
+SL_TARGET_AVX2 static void kernel_avx2_6x16_rows(int64_t ksteps, const float *a, int64_t lda, const void *b_,
+                                                 float *c, int64_t ldc, float alpha, float beta, int mr,
+                                                 int nr) {
+    const float *b = (const float *)b_;
+    SL_KERNEL_6x16_BODY(SL_A6_ROWS, a++);
 }
 
 /* Note [GEMM blocking on Zen 3]
@@ -134,7 +145,8 @@ const sl_gemm_impl sl_gemm_impl_avx2_f32 = {.name = "avx2",
                                             .nc = 96,
                                             .pack_a = pack_a_avx2_f32,
                                             .pack_b = pack_b_avx2_f32,
-                                            .kernel = kernel_avx2_6x16};
+                                            .kernel = kernel_avx2_6x16,
+                                            .kernel_ua = kernel_avx2_6x16_rows};
 const sl_gemm_impl sl_gemm_impl_avx2_bf16emu = {.name = "avx2",
                                                 .mr = MR,
                                                 .nr = NR,
