@@ -46,10 +46,10 @@ static struct {
 } anc;
 
 static void anchors_load(void) {
-    /* OpenBLAS's pthread workers spin for 2^28 cycles (~70 ms) after each call before they sleep, on the cores
-     * the next library's timed call then runs on: at 2 threads single rows of suanli (the library timed after
-     * oneDNN, which is timed after OpenBLAS) read 0.5-0.8x in about half of the runs. 2^4 cycles puts them to
-     * sleep at once (the user's own setting wins). */
+    /* OpenBLAS's pthread workers spin for 2^28 cycles (~70 ms) after each call before they sleep, on the
+     * cores the next library's timed call then runs on: at 2 threads single rows of suanli (the library timed
+     * after oneDNN, which is timed after OpenBLAS) read 0.5-0.8x in about half of the runs. 2^4 cycles puts
+     * them to sleep at once (the user's own setting wins). */
     setenv("OPENBLAS_THREAD_TIMEOUT", "4", 0);
     void *h = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
     if (!h) h = dlopen("libopenblas.so", RTLD_NOW | RTLD_LOCAL);
