@@ -193,18 +193,21 @@ static void snapshot(sl_ckpt_writer *w) {
     }
 }
 
-typedef struct { /* the in-memory copy, written by a helper thread while the disk write runs */
+typedef struct { /* a file written by a helper thread: the in-memory copy while the disk write runs, and
+                  * under replicas the local shard file while the copies travel to the peer hosts */
     pthread_t th;
     const char *path;
     const void *hdr, *data;
     size_t hlen, dlen;
+    int flags;
+    sl_ckpt_io io;
     sl_status st;
     char err[512];
-} mem_copy;
+} file_job;
 
-static void *mem_copy_main(void *arg) {
-    mem_copy *c = arg;
-    c->st = sl_ckpt_write_file(c->path, c->hdr, c->hlen, c->data, c->dlen, 0, NULL); /* tmpfs: no fsync */
+static void *file_job_main(void *arg) {
+    file_job *c = arg;
+    c->st = sl_ckpt_write_file(c->path, c->hdr, c->hlen, c->data, c->dlen, c->flags, &c->io);
     if (c->st != SL_OK) snprintf(c->err, sizeof c->err, "%s", sl_errmsg());
     return NULL;
 }
@@ -278,7 +281,8 @@ static void *writer_main(void *arg) {
     cJSON *side = cJSON_CreateObject(), *arr = cJSON_CreateArray();
     char *text = NULL, *hdr = NULL, path[4200], mp[4200];
     size_t hlen = 0;
-    mem_copy mc = {0};
+    file_job mc = {0}, lf = {0};
+    int lf_running = 0;
     int mc_running = 0;
     if (!ts || !keys || !side || !arr) {
         st = sl_fail(SL_ERR_NOMEM, "checkpoint writer: out of memory");
@@ -289,27 +293,45 @@ static void *writer_main(void *arg) {
     SL_CHECK(sl_safetensors_header(path, ts, w->ne, NULL, 4096, &hdr, &hlen));
     if (w->mem_dir[0]) { /* the in-memory copy (tmpfs held by the launcher), beside the disk write */
         snprintf(mp, sizeof mp, "%s/%s", w->mem_dir, w->file);
-        mc = (mem_copy){.path = mp, .hdr = hdr, .hlen = hlen, .data = w->buf, .dlen = w->bytes};
-        if (sl_mkdirs(w->mem_dir) != SL_OK || sl_thread_spawn(&mc.th, mem_copy_main, &mc) != 0) {
+        /* tmpfs: no fsync */
+        mc = (file_job){.path = mp, .hdr = hdr, .hlen = hlen, .data = w->buf, .dlen = w->bytes};
+        if (sl_mkdirs(w->mem_dir) != SL_OK || sl_thread_spawn(&mc.th, file_job_main, &mc) != 0) {
             SL_LOGW("in-memory checkpoint copy skipped: %s", sl_errmsg());
             w->mem_dir[0] = 0;
         } else {
             mc_running = 1;
         }
     }
-    if (!(w->pooled && w->pool.ec_k > 0)) { /* under erasure coding only the blocks are written */
-        sl_ckpt_io io;
-        SL_CHECK(
-            sl_ckpt_write_file(path, hdr, hlen, w->buf, w->bytes, SL_CKPT_IO_DIRECT | SL_CKPT_IO_SYNC, &io));
-        w->disk_sec = io.seconds;
-        w->direct = io.direct;
-    }
+    /* the local shard file (under erasure coding only the blocks are written); with replicas, written by a
+     * helper thread while the copies go to the peer hosts: the disk and the transfer overlap */
+    lf = (file_job){.path = path,
+                    .hdr = hdr,
+                    .hlen = hlen,
+                    .data = w->buf,
+                    .dlen = w->bytes,
+                    .flags = SL_CKPT_IO_DIRECT | SL_CKPT_IO_SYNC};
+    int local_file = !(w->pooled && w->pool.ec_k > 0);
+    if (local_file && w->pooled && w->pool.replicas > 1 && sl_thread_spawn(&lf.th, file_job_main, &lf) == 0)
+        lf_running = 1;
+    else if (local_file)
+        file_job_main(&lf);
+    if (!w->pooled) SL_CHECK(lf.st);
     if (w->pooled) { /* replicas or erasure-coded blocks on the peer hosts (src/ckpt/pool.c) */
         cJSON *placement = NULL;
-        SL_CHECK(sl_ckpt_pool_spread(&w->pool, w->stepbase, w->step, w->file, hdr, hlen, w->buf, w->bytes,
-                                     &placement));
+        /* a collective over the pool communicator: taken part in even when the local file failed */
+        st = sl_ckpt_pool_spread(&w->pool, w->stepbase, w->step, w->file, hdr, hlen, w->buf, w->bytes,
+                                 &placement);
+        if (lf_running) pthread_join(lf.th, NULL);
+        lf_running = 0;
+        if (lf.st != SL_OK) { /* the local file's failure is the one to report */
+            cJSON_Delete(placement);
+            st = sl_fail(lf.st, "%s", lf.err);
+        }
+        SL_CHECK(st);
         cJSON_AddItemToObject(side, "pool", placement);
     }
+    w->disk_sec = lf.io.seconds;
+    w->direct = lf.io.direct;
     fault_point(0);
     cJSON_AddNumberToObject(side, "rank", w->rank);
     cJSON_AddStringToObject(side, "file", w->file);
@@ -336,6 +358,7 @@ static void *writer_main(void *arg) {
     }
     if (w->drain_dir[0]) drain_copy(w, side, hdr, hlen);
 done:
+    if (lf_running) pthread_join(lf.th, NULL);
     if (mc_running) pthread_join(mc.th, NULL);
     if (st != SL_OK) snprintf(w->errmsg, sizeof w->errmsg, "%s", sl_errmsg());
     w->status = st;

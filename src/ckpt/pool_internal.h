@@ -45,11 +45,26 @@ int sl_ckpt_direct_enabled(void);
  * path nor the temp file exists and the message names path and the failed call. io may be NULL. */
 sl_status sl_ckpt_write_file(const char *path, const void *hdr, size_t hlen, const void *data, size_t dlen,
                              int flags, sl_ckpt_io *io);
+/* The same write in pieces, for files that arrive in parts (pool_comm.c): open path.tmp.PID (O_DIRECT when
+ * direct is set, enabled and accepted), write pieces at any 4096-aligned offsets, then close: keep = 1
+ * truncates the last block's zero padding, fsyncs when sync, and renames over path; keep = 0 (or an earlier
+ * failure) removes the temp file. Under O_DIRECT, p must be 4096-aligned; a piece whose length is not a
+ * multiple of 4096 must be the file's last: it is written zero-padded, in place when p has room up to cap
+ * bytes (the padding overwrites p[n, cap)), else from an aligned copy. Failures name path and the call. */
+typedef struct {
+    int fd, direct, padded, failed, err;
+    double t0, seconds; /* open time; open to close, set by a successful close */
+    char path[4400], tmp[4420];
+} sl_ckpt_out;
+sl_status sl_ckpt_out_open(sl_ckpt_out *o, const char *path, int direct);
+sl_status sl_ckpt_out_write(sl_ckpt_out *o, const void *p, size_t n, size_t off, size_t cap);
+sl_status sl_ckpt_out_close(sl_ckpt_out *o, size_t size, int sync, int keep);
 
 /* ---- pool.c ---- */
 /* Writer thread: the shard file's bytes are hdr[0, hlen) + data[0, dlen) (the snapshot, nothing read
- * back). With replicas, ROOT/host-<p->host>/stepbase/file was written already and the other replica
- * hosts get copies; with erasure coding the file was not written, and its k+m blocks go to k+m hosts.
+ * back). With replicas, ROOT/host-<p->host>/stepbase/file is written by the caller (before, or at the same
+ * time on another thread: ckpt.c) and the other replica hosts get copies; with erasure coding the file is
+ * not written, and its k+m blocks go to k+m hosts.
  * *placement (owned) describes where everything went, with sizes and checksums, for pool.files. */
 /* ---- pool_comm.c (Note [Pool transfers over comm]) ---- */
 #define SL_CKPT_POOL_MAX_STREAMS (SL_EC_MAX_K + SL_EC_MAX_M)

@@ -62,63 +62,100 @@ static int pwrite_all(int fd, const char *p, size_t n, off_t off, int *direct, c
     return 0;
 }
 
-sl_status sl_ckpt_write_file(const char *path, const void *hdr, size_t hlen, const void *data, size_t dlen,
-                             int flags, sl_ckpt_io *io) {
-    double t0 = sl_time_sec();
-    char tmp[4400];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    int direct = (flags & SL_CKPT_IO_DIRECT) && sl_ckpt_direct_enabled() &&
-                 ((uintptr_t)hdr % SL_DIRECT_ALIGN) == 0 && hlen % SL_DIRECT_ALIGN == 0;
-    int fd = direct ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644) : -1;
-    if (direct && fd < 0 && errno == EINVAL) {
-        direct = 0;
+sl_status sl_ckpt_out_open(sl_ckpt_out *o, const char *path, int direct) {
+    memset(o, 0, sizeof *o);
+    o->t0 = sl_time_sec();
+    o->fd = -1;
+    snprintf(o->path, sizeof o->path, "%s", path);
+    snprintf(o->tmp, sizeof o->tmp, "%s.tmp.%d", path, (int)getpid());
+    o->direct = direct && sl_ckpt_direct_enabled();
+    if (o->direct) o->fd = open(o->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644);
+    if (o->direct && o->fd < 0 && errno == EINVAL) {
+        o->direct = 0;
         direct_refused(path, "open");
     }
-    if (!direct) fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return sl_fail(SL_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-    const char *what = "write";
-    char *tail = NULL;
-    int rc = pwrite_all(fd, hdr, hlen, 0, &direct, path);
-    size_t body = direct ? dlen / SL_DIRECT_ALIGN * SL_DIRECT_ALIGN : dlen; /* whole blocks under O_DIRECT */
-    if (rc == 0) rc = pwrite_all(fd, data, body, (off_t)hlen, &direct, path);
-    if (rc == 0 && body < dlen) { /* O_DIRECT: the last partial block from a zero-padded copy */
-        size_t rest = dlen - body;
-        if (direct) {
-            tail = sl_malloc_aligned_to(SL_DIRECT_ALIGN, SL_DIRECT_ALIGN);
+    if (!o->direct) o->fd = open(o->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (o->fd < 0) return sl_fail(SL_ERR_IO, "%s: cannot create: %s", o->tmp, strerror(errno));
+    return SL_OK;
+}
+
+sl_status sl_ckpt_out_write(sl_ckpt_out *o, const void *p, size_t n, size_t off, size_t cap) {
+    if (o->failed) return sl_fail(SL_ERR_IO, "%s: write failed: %s", o->path, strerror(o->err));
+    size_t whole = o->direct ? n / SL_DIRECT_ALIGN * SL_DIRECT_ALIGN : n;
+    int rc = pwrite_all(o->fd, p, whole, (off_t)off, &o->direct, o->path);
+    if (rc == 0 && whole < n) { /* O_DIRECT was refused during the write, or a partial last block */
+        size_t rest = n - whole, padded = (rest + SL_DIRECT_ALIGN - 1) / SL_DIRECT_ALIGN * SL_DIRECT_ALIGN;
+        const char *q = (const char *)p + whole;
+        if (!o->direct) {
+            rc = pwrite_all(o->fd, q, rest, (off_t)(off + whole), &o->direct, o->path);
+        } else if (whole + padded <= cap) { /* the caller's buffer has room for the zero padding */
+            memset((char *)p + n, 0, padded - rest);
+            rc = pwrite_all(o->fd, q, padded, (off_t)(off + whole), &o->direct, o->path);
+        } else { /* from a zero-padded aligned copy */
+            char *tail = sl_malloc_aligned_to(padded, SL_DIRECT_ALIGN);
             if (!tail) {
                 errno = ENOMEM;
                 rc = -1;
             } else {
-                memset(tail, 0, SL_DIRECT_ALIGN);
-                memcpy(tail, (const char *)data + body, rest);
-                rc = pwrite_all(fd, tail, SL_DIRECT_ALIGN, (off_t)(hlen + body), &direct, path);
-                what = "truncate";
-                if (rc == 0) rc = ftruncate(fd, (off_t)(hlen + dlen));
+                memset(tail, 0, padded);
+                memcpy(tail, q, rest);
+                rc = pwrite_all(o->fd, tail, padded, (off_t)(off + whole), &o->direct, o->path);
+                sl_free_aligned(tail);
             }
-        } else { /* O_DIRECT was refused during the body: the rest through the page cache */
-            rc = pwrite_all(fd, (const char *)data + body, rest, (off_t)(hlen + body), &direct, path);
         }
+        o->padded = 1;
     }
-    if (rc == 0 && (flags & SL_CKPT_IO_SYNC)) {
+    if (rc != 0) {
+        o->failed = 1;
+        o->err = errno;
+        return sl_fail(SL_ERR_IO, "%s: write failed: %s", o->path, strerror(o->err));
+    }
+    return SL_OK;
+}
+
+sl_status sl_ckpt_out_close(sl_ckpt_out *o, size_t size, int sync, int keep) {
+    if (o->fd < 0) return SL_OK;
+    const char *what = "write";
+    int rc = o->failed ? -1 : 0, e = o->err;
+    if (rc == 0 && keep && o->padded) { /* the zero padding of the last block goes */
+        what = "truncate";
+        rc = ftruncate(o->fd, (off_t)size);
+        e = errno;
+    }
+    if (rc == 0 && keep && sync) {
         what = "fsync";
-        rc = fsync(fd);
+        rc = fsync(o->fd);
+        e = errno;
     }
-    int e = errno;
-    sl_free_aligned(tail);
-    if (close(fd) != 0 && rc == 0) {
+    if (close(o->fd) != 0 && rc == 0 && keep) {
         what = "close";
         rc = -1;
         e = errno;
     }
-    if (rc == 0 && rename(tmp, path) != 0) {
+    o->fd = -1;
+    if (rc == 0 && keep && rename(o->tmp, o->path) != 0) {
         what = "rename";
         rc = -1;
         e = errno;
     }
-    if (rc != 0) {
-        unlink(tmp);
-        return sl_fail(SL_ERR_IO, "%s: %s failed: %s", path, what, strerror(e));
-    }
+    if (rc != 0 || !keep) unlink(o->tmp);
+    if (!keep) return SL_OK;
+    if (rc != 0) return sl_fail(SL_ERR_IO, "%s: %s failed: %s", o->path, what, strerror(e));
+    o->seconds = sl_time_sec() - o->t0;
+    return SL_OK;
+}
+
+sl_status sl_ckpt_write_file(const char *path, const void *hdr, size_t hlen, const void *data, size_t dlen,
+                             int flags, sl_ckpt_io *io) {
+    sl_ckpt_out o;
+    int direct =
+        (flags & SL_CKPT_IO_DIRECT) && ((uintptr_t)hdr % SL_DIRECT_ALIGN) == 0 && hlen % SL_DIRECT_ALIGN == 0;
+    SL_TRY(sl_ckpt_out_open(&o, path, direct));
+    sl_status st = sl_ckpt_out_write(&o, hdr, hlen, 0, hlen);
+    if (st == SL_OK) st = sl_ckpt_out_write(&o, data, dlen, hlen, dlen); /* data is not padded in place */
+    sl_status cs = sl_ckpt_out_close(&o, hlen + dlen, (flags & SL_CKPT_IO_SYNC) != 0, st == SL_OK);
+    if (st != SL_OK) return st;
+    SL_TRY(cs);
     if (flags & SL_CKPT_IO_SYNC) {
         char dir[4400];
         snprintf(dir, sizeof dir, "%s", path);
@@ -127,8 +164,8 @@ sl_status sl_ckpt_write_file(const char *path, const void *hdr, size_t hlen, con
         sl_fsync_dir(slash ? (dir[0] ? dir : "/") : ".");
     }
     if (io) {
-        io->direct = direct;
-        io->seconds = sl_time_sec() - t0;
+        io->direct = o.direct;
+        io->seconds = sl_time_sec() - o.t0;
         io->bytes = hlen + dlen;
     }
     return SL_OK;

@@ -6,6 +6,13 @@
  * - a write that fails part-way (RLIMIT_FSIZE below the file size: EFBIG after some bytes went out), with
  *   and without O_DIRECT: an error naming the file and the call, the previous file at that path untouched,
  *   no temp file left;
+ * - the same file written in pieces (sl_ckpt_out: a received replica): exact bytes with the last piece padded
+ *   in the caller's buffer or from a copy, nothing left by a discarded file, and a failure part-way that
+ *   names the file and leaves no temp;
+ * - the pooled exchange over 2 thread ranks (sl_ckpt_pool_exchange: double-buffered pieces, a disk thread):
+ *   each receiver's file is bitwise the sender's bytes; a receiver whose step directory cannot be made, and
+ *   receivers whose writes fail part-way, report it naming the file once the exchange is over, the sender
+ *   side completes (nothing hangs), and no temp file is left;
  * - end to end through the writer (sl_ckpt_save_begin + commit) for a 1-layer GPT-2: the shard's data
  *   starts 4096-aligned, the disk and in-memory copies verify and load back bitwise (params and both
  *   moments, the oracle being the state that was saved), and one flipped data byte is a checksum mismatch
@@ -18,6 +25,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +35,7 @@
 
 #include "ckpt/pool_internal.h"
 #include "suanli/ckpt.h"
+#include "suanli/comm.h"
 #include "suanli/safetensors.h"
 #include "testutil.h"
 
@@ -107,6 +116,164 @@ static void test_direct_and_fallback(void) {
     unlink(path);
     sl_free_aligned(hdr);
     sl_free_aligned(data);
+}
+
+/* sl_ckpt_out: a 4096-byte head and a body in 1 MiB pieces with a partial last one */
+static void test_pieces(void) {
+    const size_t hlen = 4096, piece = (size_t)1 << 20, blen = 2 * piece + 1000;
+    char *hdr = sl_malloc_aligned_to(hlen, 4096), *body = sl_malloc_aligned_to(blen, 4096),
+         *buf = sl_malloc_aligned_to(piece, 4096), path[600];
+    for (size_t i = 0; i < hlen; i++) hdr[i] = (char)(i * 5 + 3);
+    for (size_t i = 0; i < blen; i++) body[i] = (char)(i * 97 + (i >> 13));
+    snprintf(path, sizeof path, "%s/pieces.bin", dir);
+    for (int room = 0; room < 2; room++) { /* the last piece padded in buf (room) or from a copy */
+        sl_ckpt_out o;
+        sl_status st = sl_ckpt_out_open(&o, path, 1);
+        if (st == SL_OK) st = sl_ckpt_out_write(&o, hdr, hlen, 0, hlen);
+        for (size_t off = 0; off < blen && st == SL_OK; off += piece) {
+            size_t n = blen - off < piece ? blen - off : piece;
+            memcpy(buf, body + off, n);
+            st = sl_ckpt_out_write(&o, buf, n, hlen + off, room ? piece : n);
+        }
+        sl_status cs = sl_ckpt_out_close(&o, hlen + blen, 1, st == SL_OK);
+        TU_CHECK(st == SL_OK && cs == SL_OK && file_is(path, hdr, hlen, body, blen) && count_tmp() == 0,
+                 "file in pieces (%s): exact bytes (%s)", room ? "padded in place" : "padded copy",
+                 sl_errmsg());
+    }
+    /* a discarded file leaves nothing; the previous file at the path is untouched */
+    sl_ckpt_out o;
+    TU_CHECK(sl_ckpt_out_open(&o, path, 1) == SL_OK && sl_ckpt_out_write(&o, hdr, hlen, 0, hlen) == SL_OK &&
+                 sl_ckpt_out_close(&o, hlen, 1, 0) == SL_OK && count_tmp() == 0 &&
+                 file_is(path, hdr, hlen, body, blen),
+             "discarded file in pieces: no temp, previous file untouched");
+    /* the file size limit stops the second piece: the error names the file, the close discards */
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit old, lim;
+    getrlimit(RLIMIT_FSIZE, &old);
+    lim = old;
+    lim.rlim_cur = piece;
+    sl_status st = sl_ckpt_out_open(&o, path, 1);
+    setrlimit(RLIMIT_FSIZE, &lim);
+    if (st == SL_OK) st = sl_ckpt_out_write(&o, hdr, hlen, 0, hlen);
+    for (size_t off = 0; off < blen && st == SL_OK; off += piece)
+        st = sl_ckpt_out_write(&o, body + off, blen - off < piece ? blen - off : piece, hlen + off, piece);
+    setrlimit(RLIMIT_FSIZE, &old);
+    TU_CHECK(st == SL_ERR_IO && strstr(sl_errmsg(), "pieces.bin: write failed"),
+             "a piece past the size limit fails naming the file: %s", sl_errmsg());
+    TU_CHECK(sl_ckpt_out_write(&o, hdr, hlen, 0, hlen) == SL_ERR_IO, "a failed file refuses later pieces");
+    TU_CHECK(sl_ckpt_out_close(&o, hlen + blen, 1, 0) == SL_OK && count_tmp() == 0 &&
+                 file_is(path, hdr, hlen, body, blen),
+             "failed file in pieces: no temp, previous file untouched");
+    unlink(path);
+    sl_free_aligned(hdr);
+    sl_free_aligned(body);
+    sl_free_aligned(buf);
+}
+
+typedef struct {
+    sl_comm *comm;
+    const char *root;
+    const char *head, *body;
+    size_t hlen, blen;
+    sl_status st;
+    char err[512];
+} xchg_rank;
+
+static void *xchg_main(void *arg) {
+    xchg_rank *r = arg;
+    int me = sl_comm_rank(r->comm);
+    sl_ckpt_pool p = {.local_root = r->root, .hosts = 2, .host = me, .replicas = 2, .comm = r->comm};
+    char name[64];
+    snprintf(name, sizeof name, "shard-r%05d.safetensors", me);
+    sl_ckpt_pool_stream s = {
+        .dst = 1 - me, .name = name, .head = r->head, .hlen = r->hlen, .body = r->body, .blen = r->blen};
+    r->st = sl_ckpt_pool_exchange(&p, "step-0000001", &s, 1);
+    if (r->st != SL_OK) snprintf(r->err, sizeof r->err, "%s", sl_errmsg());
+    return NULL;
+}
+
+/* count temp files under root/host-h/step-0000001 */
+static int count_tmp_in(const char *root, int h) {
+    char d[700];
+    snprintf(d, sizeof d, "%s/host-%d/step-0000001", root, h);
+    DIR *dd = opendir(d);
+    int n = 0;
+    struct dirent *de;
+    while (dd && (de = readdir(dd)))
+        if (strstr(de->d_name, ".tmp.")) n++;
+    if (dd) closedir(dd);
+    return n;
+}
+
+/* the pooled exchange between 2 thread ranks, each its own host: a 4096-byte head (O_DIRECT) or a 128-byte
+ * one (buffered, as an erasure-code block's), and a body of 2 pieces and a partial one */
+static void test_exchange(void) {
+    const size_t blen = ((size_t)16 << 20) + 1000;
+    char *heads[2], *bodies[2], root[600], cmd[1400];
+    for (int r = 0; r < 2; r++) {
+        heads[r] = sl_malloc_aligned_to(4096, 4096);
+        bodies[r] = sl_malloc_aligned_to(blen, 4096);
+        for (size_t i = 0; i < 4096; i++) heads[r][i] = (char)(i * 3 + r + 1);
+        for (size_t i = 0; i < blen; i++) bodies[r][i] = (char)(i * 151 + (i >> 12) + 7 * r);
+    }
+    snprintf(root, sizeof root, "%s/pool", dir);
+    /* case 0: 4096-byte heads; 1: 128-byte heads; 2: host 1's step dir cannot be made (host-1 is a file);
+     * 3: both receivers' writes fail part-way (the size limit) */
+    for (int c = 0; c < 4; c++) {
+        snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", root, root);
+        TU_CHECK(system(cmd) == 0, "fresh pool root");
+        if (c == 2) {
+            snprintf(cmd, sizeof cmd, "%s/host-1", root);
+            FILE *f = fopen(cmd, "w");
+            if (f) fclose(f);
+        }
+        sl_comm *comms[2];
+        TU_CHECK(sl_comm_init_loopback(2, comms, NULL) == SL_OK, "loopback comms: %s", sl_errmsg());
+        xchg_rank rk[2];
+        pthread_t th[2];
+        struct rlimit old, lim;
+        getrlimit(RLIMIT_FSIZE, &old);
+        if (c == 3) {
+            signal(SIGXFSZ, SIG_IGN);
+            lim = old;
+            lim.rlim_cur = (rlim_t)8 << 20;
+            setrlimit(RLIMIT_FSIZE, &lim);
+        }
+        for (int r = 0; r < 2; r++) {
+            rk[r] = (xchg_rank){.comm = comms[r],
+                                .root = root,
+                                .head = heads[r],
+                                .hlen = c == 1 ? 128 : 4096,
+                                .body = bodies[r],
+                                .blen = blen};
+            pthread_create(&th[r], NULL, xchg_main, &rk[r]);
+        }
+        for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+        setrlimit(RLIMIT_FSIZE, &old);
+        for (int r = 0; r < 2; r++) sl_comm_free(comms[r]);
+        for (int h = 0; h < 2; h++) { /* host h received rank 1-h's stream */
+            char path[800];
+            snprintf(path, sizeof path, "%s/host-%d/step-0000001/shard-r%05d.safetensors", root, h, 1 - h);
+            int s = 1 - h;
+            if (c < 2 || (c == 2 && h == 0)) {
+                TU_CHECK(rk[h].st == SL_OK && file_is(path, heads[s], rk[s].hlen, bodies[s], blen),
+                         "exchange case %d: host %d holds rank %d's bytes (%s)", c, h, s, rk[h].err);
+            } else {
+                TU_CHECK(rk[h].st == SL_ERR_IO || rk[h].st == SL_ERR_INVALID,
+                         "exchange case %d: host %d reports its failed disk (status %d)", c, h, rk[h].st);
+                TU_CHECK(strstr(rk[h].err, c == 2 ? "host-1" : "write failed") != NULL,
+                         "exchange case %d: host %d's message names what failed: %s", c, h, rk[h].err);
+                TU_CHECK(access(path, F_OK) != 0, "exchange case %d: no file at %s", c, path);
+            }
+            TU_CHECK(count_tmp_in(root, h) == 0, "exchange case %d: no temp file on host %d", c, h);
+        }
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    TU_CHECK(system(cmd) == 0, "cleanup pool root");
+    for (int r = 0; r < 2; r++) {
+        sl_free_aligned(heads[r]);
+        sl_free_aligned(bodies[r]);
+    }
 }
 
 static sl_model *tiny_model(uint64_t seed) {
@@ -257,6 +424,8 @@ static void test_restart_choice(void) {
 int main(void) {
     dir = tu_tmpdir("ckpt_io");
     test_direct_and_fallback();
+    test_pieces();
+    test_exchange();
     test_writer();
     test_restart_choice();
     return tu_finish("test_ckpt_io");
