@@ -193,25 +193,6 @@ static void snapshot(sl_ckpt_writer *w) {
     }
 }
 
-typedef struct { /* a file written by a helper thread: the in-memory copy while the disk write runs, and
-                  * under replicas the local shard file while the copies travel to the peer hosts */
-    pthread_t th;
-    const char *path;
-    const void *hdr, *data;
-    size_t hlen, dlen;
-    int flags;
-    sl_ckpt_io io;
-    sl_status st;
-    char err[512];
-} file_job;
-
-static void *file_job_main(void *arg) {
-    file_job *c = arg;
-    c->st = sl_ckpt_write_file(c->path, c->hdr, c->hlen, c->data, c->dlen, c->flags, &c->io);
-    if (c->st != SL_OK) snprintf(c->err, sizeof c->err, "%s", sl_errmsg());
-    return NULL;
-}
-
 /* the sidecar's entries; ts[i] describes entry i, keys[i] its name in the shard file */
 static sl_status describe(sl_ckpt_writer *w, sl_st_tensor *ts, char (*keys)[128], cJSON *arr) {
     float *next = w->buf;
@@ -281,9 +262,8 @@ static void *writer_main(void *arg) {
     cJSON *side = cJSON_CreateObject(), *arr = cJSON_CreateArray();
     char *text = NULL, *hdr = NULL, path[4200], mp[4200];
     size_t hlen = 0;
-    file_job mc = {0}, lf = {0};
-    int lf_running = 0;
-    int mc_running = 0;
+    sl_ckpt_file_job mc = {0}, lf = {0};
+    int mc_started = 0;
     if (!ts || !keys || !side || !arr) {
         st = sl_fail(SL_ERR_NOMEM, "checkpoint writer: out of memory");
         goto done;
@@ -294,39 +274,34 @@ static void *writer_main(void *arg) {
     if (w->mem_dir[0]) { /* the in-memory copy (tmpfs held by the launcher), beside the disk write */
         snprintf(mp, sizeof mp, "%s/%s", w->mem_dir, w->file);
         /* tmpfs: no fsync */
-        mc = (file_job){.path = mp, .hdr = hdr, .hlen = hlen, .data = w->buf, .dlen = w->bytes};
-        if (sl_mkdirs(w->mem_dir) != SL_OK || sl_thread_spawn(&mc.th, file_job_main, &mc) != 0) {
+        mc = (sl_ckpt_file_job){.path = mp, .hdr = hdr, .hlen = hlen, .data = w->buf, .dlen = w->bytes};
+        if (sl_mkdirs(w->mem_dir) != SL_OK) {
             SL_LOGW("in-memory checkpoint copy skipped: %s", sl_errmsg());
             w->mem_dir[0] = 0;
         } else {
-            mc_running = 1;
+            sl_ckpt_file_job_start(&mc);
+            mc_started = 1;
         }
     }
     /* the local shard file (under erasure coding only the blocks are written); with replicas, written by a
      * helper thread while the copies go to the peer hosts: the disk and the transfer overlap */
-    lf = (file_job){.path = path,
-                    .hdr = hdr,
-                    .hlen = hlen,
-                    .data = w->buf,
-                    .dlen = w->bytes,
-                    .flags = SL_CKPT_IO_DIRECT | SL_CKPT_IO_SYNC};
-    int local_file = !(w->pooled && w->pool.ec_k > 0);
-    if (local_file && w->pooled && w->pool.replicas > 1 && sl_thread_spawn(&lf.th, file_job_main, &lf) == 0)
-        lf_running = 1;
-    else if (local_file)
-        file_job_main(&lf);
-    if (!w->pooled) SL_CHECK(lf.st);
-    if (w->pooled) { /* replicas or erasure-coded blocks on the peer hosts (src/ckpt/pool.c) */
+    lf = (sl_ckpt_file_job){.path = path,
+                            .hdr = hdr,
+                            .hlen = hlen,
+                            .data = w->buf,
+                            .dlen = w->bytes,
+                            .flags = SL_CKPT_IO_DIRECT | SL_CKPT_IO_SYNC};
+    if (!w->pooled) {
+        SL_CHECK(sl_ckpt_write_file(path, hdr, hlen, w->buf, w->bytes, lf.flags, &lf.io));
+    } else { /* replicas or erasure-coded blocks on the peer hosts (src/ckpt/pool.c) */
         cJSON *placement = NULL;
+        if (w->pool.ec_k == 0) sl_ckpt_file_job_start(&lf);
         /* a collective over the pool communicator: taken part in even when the local file failed */
         st = sl_ckpt_pool_spread(&w->pool, w->stepbase, w->step, w->file, hdr, hlen, w->buf, w->bytes,
                                  &placement);
-        if (lf_running) pthread_join(lf.th, NULL);
-        lf_running = 0;
-        if (lf.st != SL_OK) { /* the local file's failure is the one to report */
-            cJSON_Delete(placement);
-            st = sl_fail(lf.st, "%s", lf.err);
-        }
+        sl_status ls = sl_ckpt_file_job_join(&lf); /* the local file's failure is the one to report */
+        if (ls != SL_OK) st = ls;
+        if (st != SL_OK) cJSON_Delete(placement);
         SL_CHECK(st);
         cJSON_AddItemToObject(side, "pool", placement);
     }
@@ -346,20 +321,20 @@ static void *writer_main(void *arg) {
     SL_CHECK(sl_file_write_atomic(path, text, strlen(text)));
     free(w->side_text);
     w->side_text = strdup(text);
-    if (mc_running) { /* failing the in-memory copy only costs recovery speed */
-        pthread_join(mc.th, NULL);
-        mc_running = 0;
+    if (mc_started) { /* failing the in-memory copy only costs recovery speed */
+        mc_started = 0;
+        sl_status ms = sl_ckpt_file_job_join(&mc);
         snprintf(mp, sizeof mp, "%s/shard-r%05d.json", w->mem_dir, w->rank);
-        sl_status ms = mc.st == SL_OK ? sl_file_write_atomic(mp, text, strlen(text)) : mc.st;
+        if (ms == SL_OK) ms = sl_file_write_atomic(mp, text, strlen(text));
         if (ms != SL_OK) {
-            SL_LOGW("in-memory checkpoint copy skipped: %s", mc.st != SL_OK ? mc.err : sl_errmsg());
+            SL_LOGW("in-memory checkpoint copy skipped: %s", sl_errmsg());
             w->mem_dir[0] = 0;
         }
     }
     if (w->drain_dir[0]) drain_copy(w, side, hdr, hlen);
 done:
-    if (lf_running) pthread_join(lf.th, NULL);
-    if (mc_running) pthread_join(mc.th, NULL);
+    sl_ckpt_file_job_join(&lf); /* no-ops where already joined or never started */
+    if (mc_started) sl_ckpt_file_job_join(&mc);
     if (st != SL_OK) snprintf(w->errmsg, sizeof w->errmsg, "%s", sl_errmsg());
     w->status = st;
     w->write_sec = sl_time_sec() - t0;

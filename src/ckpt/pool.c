@@ -11,6 +11,9 @@
  *    m parity blocks (ec.c) and writes block j as shard-rR.safetensors.ec<j> on host h+j; the full file is
  *    never written. Each block starts with a 128-byte header naming its stripe (step and shard file),
  *    k, m and its index, so a block of another stripe is recognised as such, not as a checksum mismatch.
+ *    The header is zero-padded to 4096 bytes and blocks are 4096-byte multiples, so block files go out
+ *    with O_DIRECT like shard files (Note [Shard write path]); the manifest records the padded length as
+ *    "block_header" (checkpoints written before it have none: 128, unpadded).
  * The placement (hosts, sizes, XXH3 of every copy and block) goes into the rank's sidecar; rank 0's commit
  * puts it under the manifest's "pool" and writes the same manifest and config.json into every host's
  * step-N.tmp dir before renaming it to step-N (per host: manifest, fsync, rename, `latest`, prune). A restore
@@ -40,6 +43,7 @@ typedef struct {
     char stripe[80]; /* "step-NNNNNNN/shard-rRRRRR.safetensors" */
 } ec_header;
 _Static_assert(sizeof(ec_header) == 128, "erasure-code block header is 128 bytes");
+enum { EC_ALIGN = 4096 }; /* a block file's padded header and its block size are multiples of this */
 
 int sl_ckpt_pool_host_of(int rank, int world, int hosts) {
     if (world <= 0 || hosts <= 1) return 0;
@@ -125,11 +129,16 @@ static sl_status spread_ec(const sl_ckpt_pool *p, const char *stepbase, int64_t 
                            const void *hdr, size_t hlen, const void *data, size_t dlen, cJSON *o) {
     size_t n = hlen + dlen;
     int k = p->ec_k, m = p->ec_m;
-    size_t bs = ((n + (size_t)k - 1) / (size_t)k + 63) / 64 * 64;
-    if (bs == 0) bs = 64;
-    uint8_t *blk = sl_malloc_aligned(bs * (size_t)(k + m));
-    if (!blk)
+    size_t bs = ((n + (size_t)k - 1) / (size_t)k + EC_ALIGN - 1) / EC_ALIGN * EC_ALIGN;
+    if (bs == 0) bs = EC_ALIGN;
+    uint8_t *blk = sl_malloc_aligned_to(bs * (size_t)(k + m), EC_ALIGN),
+            *heads = sl_malloc_aligned_to((size_t)(k + m) * EC_ALIGN, EC_ALIGN);
+    if (!blk || !heads) {
+        sl_free_aligned(blk);
+        sl_free_aligned(heads);
         return sl_fail(SL_ERR_NOMEM, "checkpoint: erasure coding: cannot allocate %zu bytes", bs * (k + m));
+    }
+    memset(heads, 0, (size_t)(k + m) * EC_ALIGN);
     uint8_t *ptr[SL_EC_MAX_K + SL_EC_MAX_M];
     for (int i = 0; i < k + m; i++) ptr[i] = blk + bs * (size_t)i;
     memset(blk + n, 0, bs * (size_t)k - n);
@@ -139,17 +148,18 @@ static sl_status spread_ec(const sl_ckpt_pool *p, const char *stepbase, int64_t 
     cJSON_AddNumberToObject(o, "ec_k", k);
     cJSON_AddNumberToObject(o, "ec_m", m);
     cJSON_AddNumberToObject(o, "block_size", (double)bs);
+    cJSON_AddNumberToObject(o, "block_header", EC_ALIGN);
     cJSON *arr = cJSON_AddArrayToObject(o, "blocks");
     char stepname[32];
     snprintf(stepname, sizeof stepname, "step-%07lld", (long long)step);
-    ec_header hds[SL_EC_MAX_K + SL_EC_MAX_M];
-    char bnames[SL_EC_MAX_K + SL_EC_MAX_M][96];
+    sl_ckpt_file_job own = {0}; /* block 0, on this host: written beside the exchange */
+    char bnames[SL_EC_MAX_K + SL_EC_MAX_M][96], own_path[4500];
     sl_ckpt_pool_stream out[SL_CKPT_POOL_MAX_STREAMS];
     int nout = 0, world = p->comm ? sl_comm_size(p->comm) : 0, me = p->comm ? sl_comm_rank(p->comm) : 0;
     for (int j = 0; j < k + m; j++) {
         int h = (p->host + j) % p->hosts;
         char dir[4300], path[4500], sum[32];
-        ec_header *hd = &hds[j];
+        ec_header *hd = (ec_header *)(heads + (size_t)j * EC_ALIGN);
         *hd = (ec_header){.magic = "SLECBLK1",
                           .k = (uint32_t)k,
                           .m = (uint32_t)m,
@@ -163,14 +173,24 @@ static sl_status spread_ec(const sl_ckpt_pool *p, const char *stepbase, int64_t 
             out[nout++] = (sl_ckpt_pool_stream){.dst = sl_ckpt_pool_receiver(me, h, world, p->hosts),
                                                 .name = bnames[j],
                                                 .head = hd,
-                                                .hlen = sizeof *hd,
+                                                .hlen = EC_ALIGN,
                                                 .body = ptr[j],
                                                 .blen = bs};
         } else if (st == SL_OK) {
             peer_dir(dir, sizeof dir, p, h, stepbase);
             snprintf(path, sizeof path, "%s/%s", dir, bnames[j]);
             st = sl_mkdirs(dir);
-            if (st == SL_OK) st = write_parts(path, hd, sizeof *hd, ptr[j], bs, 1);
+            snprintf(own_path, sizeof own_path, "%s", path);
+            own = (sl_ckpt_file_job){.path = own_path,
+                                     .hdr = hd,
+                                     .hlen = EC_ALIGN,
+                                     .data = ptr[j],
+                                     .dlen = bs,
+                                     .flags = SL_CKPT_IO_DIRECT | SL_CKPT_IO_SYNC};
+            if (st == SL_OK && p->comm)
+                sl_ckpt_file_job_start(&own);
+            else if (st == SL_OK)
+                st = sl_ckpt_write_file(path, hd, EC_ALIGN, ptr[j], bs, own.flags, NULL);
         }
         sum_str(sum, sizeof sum, ptr[j], bs);
         cJSON *b = cJSON_CreateObject();
@@ -182,9 +202,11 @@ static sl_status spread_ec(const sl_ckpt_pool *p, const char *stepbase, int64_t 
     }
     if (p->comm) { /* collective: taken part in even after a local failure */
         sl_status xs = sl_ckpt_pool_exchange(p, stepbase, out, nout);
-        if (st == SL_OK) st = xs;
+        sl_status os = sl_ckpt_file_job_join(&own);
+        if (st == SL_OK) st = os != SL_OK ? os : xs;
     }
     sl_free_aligned(blk);
+    sl_free_aligned(heads);
     return st;
 }
 
@@ -627,14 +649,14 @@ static sl_status fetch_replica(ctx *c, const char *file, cJSON *o, size_t size, 
 }
 
 /* one block of an erasure-coded file into dst (block_size bytes); 0 with a reason when unusable */
-static int fetch_block(ctx *c, cJSON *b, const char *file, int k, int m, size_t bs, size_t size, uint8_t *dst,
-                       int *index, char *why, size_t wcap) {
+static int fetch_block(ctx *c, cJSON *b, const char *file, int k, int m, size_t bs, size_t hb, size_t size,
+                       uint8_t *dst, int *index, char *why, size_t wcap) {
     cJSON *ix = cJSON_GetObjectItem(b, "index"), *hh = cJSON_GetObjectItem(b, "host"),
           *fn = cJSON_GetObjectItem(b, "file"), *cs = cJSON_GetObjectItem(b, "checksum");
     *index = cJSON_IsNumber(ix) ? ix->valueint : -1;
     int h = hh->valueint;
     char *buf;
-    if (!read_checked(c, h, fn->valuestring, sizeof(ec_header) + bs, &buf, why, wcap)) return 0;
+    if (!read_checked(c, h, fn->valuestring, hb + bs, &buf, why, wcap)) return 0;
     ec_header hd;
     memcpy(&hd, buf, sizeof hd);
     char want[80];
@@ -649,12 +671,12 @@ static int fetch_block(ctx *c, cJSON *b, const char *file, int k, int m, size_t 
                  fn->valuestring, hd.index, hd.stripe, hd.k, hd.m, *index, want, k, m);
     else {
         char got[32];
-        sum_str(got, sizeof got, buf + sizeof hd, bs);
+        sum_str(got, sizeof got, buf + hb, bs);
         if (strcmp(got, cs->valuestring) != 0)
             snprintf(why, wcap, "host %d: %s checksum mismatch (%s, manifest %s)", h, fn->valuestring, got,
                      cs->valuestring);
         else {
-            memcpy(dst, buf + sizeof hd, bs);
+            memcpy(dst, buf + hb, bs);
             ok = 1;
         }
     }
@@ -664,10 +686,14 @@ static int fetch_block(ctx *c, cJSON *b, const char *file, int k, int m, size_t 
 
 static sl_status fetch_ec(ctx *c, const char *file, cJSON *o, size_t size, const char *sum, char **out) {
     cJSON *jk = cJSON_GetObjectItem(o, "ec_k"), *jm = cJSON_GetObjectItem(o, "ec_m"),
-          *jb = cJSON_GetObjectItem(o, "block_size"), *blocks = cJSON_GetObjectItem(o, "blocks"), *b;
+          *jb = cJSON_GetObjectItem(o, "block_size"), *blocks = cJSON_GetObjectItem(o, "blocks"), *b,
+          *jh = cJSON_GetObjectItem(o, "block_header");
     int k = cJSON_IsNumber(jk) ? jk->valueint : 0, m = cJSON_IsNumber(jm) ? jm->valueint : 0;
     size_t bs = sl_json_is_count(jb) ? (size_t)jb->valuedouble : 0;
+    /* the block files' header length: padded to EC_ALIGN, or 128 (checkpoints from before the padding) */
+    size_t hb = !jh ? sizeof(ec_header) : sl_json_is_count(jh) ? (size_t)jh->valuedouble : 0;
     if (k < 1 || k > SL_EC_MAX_K || m < 1 || m > SL_EC_MAX_M || bs * (size_t)k < size ||
+        (hb != sizeof(ec_header) && hb != EC_ALIGN) ||
         !cJSON_IsArray(blocks) || cJSON_GetArraySize(blocks) != k + m)
         return sl_fail(SL_ERR_FORMAT, "%s: manifest: erasure-code entry of %s is malformed", c->step_name,
                        file);
@@ -694,7 +720,7 @@ static sl_status fetch_ec(ctx *c, const char *file, cJSON *o, size_t size, const
         if (idx < 0 || idx >= k + m || present[idx]) {
             snprintf(one, sizeof one, "block index %d out of place", idx);
         } else {
-            ok = fetch_block(c, b, file, k, m, bs, size, ptr[idx], &idx, one, sizeof one);
+            ok = fetch_block(c, b, file, k, m, bs, hb, size, ptr[idx], &idx, one, sizeof one);
         }
         int h = cJSON_GetObjectItem(b, "host")->valueint;
         if (ok) {

@@ -2,6 +2,7 @@
  * storage) share, and the erasure code (ec.c). Not installed. */
 #ifndef SL_CKPT_POOL_INTERNAL_H
 #define SL_CKPT_POOL_INTERNAL_H
+#include <pthread.h>
 #include <cjson/cJSON.h>
 #include <stdint.h>
 
@@ -56,6 +57,21 @@ typedef struct {
     double t0, seconds; /* open time; open to close, set by a successful close */
     char path[4400], tmp[4420];
 } sl_ckpt_out;
+/* sl_ckpt_write_file on a helper thread (where one cannot start, on the caller's, before start returns):
+ * the disk write of one file beside other work. join returns its status, with its message set again. */
+typedef struct {
+    const char *path;
+    const void *hdr, *data;
+    size_t hlen, dlen;
+    int flags;
+    sl_ckpt_io io;
+    sl_status st;
+    char err[512];
+    int running;
+    pthread_t th;
+} sl_ckpt_file_job;
+void sl_ckpt_file_job_start(sl_ckpt_file_job *j);
+sl_status sl_ckpt_file_job_join(sl_ckpt_file_job *j);
 sl_status sl_ckpt_out_open(sl_ckpt_out *o, const char *path, int direct);
 sl_status sl_ckpt_out_write(sl_ckpt_out *o, const void *p, size_t n, size_t off, size_t cap);
 sl_status sl_ckpt_out_close(sl_ckpt_out *o, size_t size, int sync, int keep);

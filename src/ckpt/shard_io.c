@@ -170,3 +170,21 @@ sl_status sl_ckpt_write_file(const char *path, const void *hdr, size_t hlen, con
     }
     return SL_OK;
 }
+
+static void *file_job_main(void *arg) {
+    sl_ckpt_file_job *j = arg;
+    j->st = sl_ckpt_write_file(j->path, j->hdr, j->hlen, j->data, j->dlen, j->flags, &j->io);
+    if (j->st != SL_OK) snprintf(j->err, sizeof j->err, "%s", sl_errmsg());
+    return NULL;
+}
+
+void sl_ckpt_file_job_start(sl_ckpt_file_job *j) {
+    j->running = sl_thread_spawn(&j->th, file_job_main, j) == 0;
+    if (!j->running) file_job_main(j);
+}
+
+sl_status sl_ckpt_file_job_join(sl_ckpt_file_job *j) {
+    if (j->running) pthread_join(j->th, NULL);
+    j->running = 0;
+    return j->st == SL_OK ? SL_OK : sl_fail(j->st, "%s", j->err);
+}

@@ -262,6 +262,24 @@ int main(void) {
         TU_CHECK(same("ec", "fromg"), "gathered checkpoint loads bitwise");
         rc = run("%s ckpt gather E G", cli);
         TU_CHECK(rc == 2 && strstr(out, "not empty"), "gather refuses a non-empty OUT: rc %d %s", rc, out);
+        /* a pool written before block headers were padded to 4096 bytes (128-byte headers, no
+         * "block_header" in the manifest) still restores: the same blocks cut back to that layout */
+        char script[700];
+        snprintf(script, sizeof script, "%s/old.sh", dir);
+        FILE *f = fopen(script, "w");
+        if (f) {
+            fputs("set -e\ncp -r E Eold\nfor b in Eold/host-*/step-*/*.ec[0-9]*; do\n"
+                  "  { head -c 128 \"$b\"; tail -c +4097 \"$b\"; } > \"$b.x\"; mv \"$b.x\" \"$b\"\ndone\n"
+                  "sed -i 's/\"block_header\":[[:space:]]*4096,//' Eold/host-*/step-*/manifest.json\n"
+                  "! grep -q block_header Eold/host-*/step-*/manifest.json\n",
+                  f);
+            fclose(f);
+        }
+        rc = run("sh -c 'sh old.sh && %s ckpt gather Eold Gold && %s train " TINY " --save fromold --load Gold'",
+                 cli, cli);
+        TU_CHECK(rc == 0 && strstr(out, "gathered step 12") && strstr(out, "resumed from Gold/step-0000012"),
+                 "a pool with 128-byte block headers restores: rc %d %s", rc, out);
+        TU_CHECK(same("ec", "fromold"), "the 128-byte-header pool loads bitwise");
         /* a manifest placing blocks on hosts not in the job: restart with 2 hosts */
         rc = run("%s run -n 4 --hosts 2 -- %s train " TINY
                  " --save ec2 --load ec2 --ckpt-local-dir E --ckpt-ec 1+1",
