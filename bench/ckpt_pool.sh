@@ -5,6 +5,8 @@
 # replicas or blocks) over the background write time vs `dd conv=fsync`, and the time from a kill -9 of a
 # rank whose host directory is deleted to the next trained step (restart reassembles from the surviving
 # hosts; the in-memory copy is off), plus `suanli ckpt gather` read time vs dd read (page cache hot).
+# The hosts share one disk here, so the host write is also set against n dd streams run at once
+# (dd_shared_write_mb_s: one stream's share), n being the mode's host count.
 # Usage: bench/ckpt_pool.sh [--json] [--small]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +21,16 @@ med() { sort -n | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]; else prin
 dd_w=$(dd if=/dev/zero of="$work/dd.bin" bs=1M count=512 conv=fsync 2>&1 | tail -1 | awk '{for(i=1;i<=NF;i++) if ($i ~ /^(MB|GB)\/s$/) {v=$(i-1); if ($i=="GB/s") v*=1000; print v}}')
 dd_r=$(dd if="$work/dd.bin" of=/dev/null bs=1M 2>&1 | tail -1 | awk '{for(i=1;i<=NF;i++) if ($i ~ /^(MB|GB)\/s$/) {v=$(i-1); if ($i=="GB/s") v*=1000; print v}}')
 rm -f "$work/dd.bin"
+# The pretend hosts share this machine's one disk: beside the single-stream dd, each host's fair share is
+# what one of n dd streams writing at the same time gets (the median stream, MB/s), for n = the mode's hosts.
+dd_par() {
+  local n=$1 i
+  for i in $(seq 1 "$n"); do
+    (dd if=/dev/zero of="$work/ddp$i.bin" bs=1M count=512 conv=fsync 2>&1 | tail -1 | awk '{for(i=1;i<=NF;i++) if ($i ~ /^(MB|GB)\/s$/) {v=$(i-1); if ($i=="GB/s") v*=1000; print v}}') &
+  done | med
+  wait
+  rm -f "$work"/ddp*.bin
+}
 load=$(cut -d' ' -f1-3 /proc/loadavg)
 for mode in "replicas 2:2:--ckpt-replicas 2" "ec 2+1:3:--ckpt-ec 2+1"; do
   name=${mode%%:*}; rest=${mode#*:}; n=${rest%%:*}; flags=${rest#*:}
@@ -29,6 +41,7 @@ for mode in "replicas 2:2:--ckpt-replicas 2" "ec 2+1:3:--ckpt-ec 2+1"; do
   stall_ms=$(grep -o 'stall [0-9.]* ms' "$log" | awk '{print $2}' | med)
   commit_ms=$(grep -o 'commit [0-9.]* ms' "$log" | awk '{print $2}' | med)
   wsec=$(grep -o 'background write [0-9.]* s' "$log" | awk '{print $3}' | med)
+  dd_h=$(dd_par "$n")
   step=$(cat "$L/host-0/latest")
   host_bytes=$(du -sb "$L/host-0/$step" | awk '{print $1}')
   host_mbs=$(awk -v b="$host_bytes" -v s="$wsec" 'BEGIN {printf "%.0f", b / 1e6 / (s > 0 ? s : 1)}')
@@ -47,11 +60,11 @@ for mode in "replicas 2:2:--ckpt-replicas 2" "ec 2+1:3:--ckpt-ec 2+1"; do
   stall_pct=$(awk -v s="$stall_ms" -v t="$step_ms" 'BEGIN {printf "%.2f", 100 * s / t}')
   commit_pct=$(awk -v s="$commit_ms" -v t="$step_ms" 'BEGIN {printf "%.2f", 100 * s / t}')
   if [ "$json" = 1 ]; then
-    printf '{"bench": "ckpt_pool", "mode": "%s", "ranks_hosts": %s, "step_ms": %s, "stall_ms": %s, "stall_pct": %s, "commit_ms": %s, "commit_pct": %s, "host_bytes_per_save": %s, "host_write_mb_s": %s, "dd_write_mb_s": %s, "gather_s": %s, "gather_read_mb_s": %s, "dd_read_mb_s": %s, "lost_host_kill_to_training_s": %s, "load": "%s"}\n' \
-      "$name" "$n" "$step_ms" "$stall_ms" "$stall_pct" "$commit_ms" "$commit_pct" "$host_bytes" "$host_mbs" "${dd_w:-0}" "$gather_s" "$read_mbs" "${dd_r:-0}" "$recover_s" "$load"
+    printf '{"bench": "ckpt_pool", "mode": "%s", "ranks_hosts": %s, "step_ms": %s, "stall_ms": %s, "stall_pct": %s, "commit_ms": %s, "commit_pct": %s, "host_bytes_per_save": %s, "host_write_mb_s": %s, "dd_write_mb_s": %s, "dd_shared_write_mb_s": %s, "host_vs_dd_shared": %s, "gather_s": %s, "gather_read_mb_s": %s, "dd_read_mb_s": %s, "lost_host_kill_to_training_s": %s, "load": "%s"}\n' \
+      "$name" "$n" "$step_ms" "$stall_ms" "$stall_pct" "$commit_ms" "$commit_pct" "$host_bytes" "$host_mbs" "${dd_w:-0}" "${dd_h:-0}" "$(awk -v a="$host_mbs" -v b="${dd_h:-0}" 'BEGIN {printf "%.2f", (b > 0 ? a / b : 0)}')" "$gather_s" "$read_mbs" "${dd_r:-0}" "$recover_s" "$load"
   else
     echo "$name over $n hosts: step ${step_ms} ms; stall ${stall_ms} ms (${stall_pct}%); background commit ${commit_ms} ms"
-    echo "  per host per save ${host_bytes} B in ${wsec} s = ${host_mbs} MB/s vs dd ${dd_w} MB/s; gather ${gather_s} s (${read_mbs} MB/s vs dd read ${dd_r} MB/s)"
+    echo "  per host per save ${host_bytes} B in ${wsec} s = ${host_mbs} MB/s vs dd ${dd_w} MB/s (${n} dd streams at once: ${dd_h} MB/s each); gather ${gather_s} s (${read_mbs} MB/s vs dd read ${dd_r} MB/s)"
     echo "  kill -9 + host dir lost -> next trained step: ${recover_s} s (load ${load})"
   fi
 done
