@@ -45,11 +45,14 @@ sl_status sl_mesh_check_hosts(int n, int tp, const int *host_of);
 void sl_mesh_free(sl_mesh *mesh);
 
 typedef struct sl_dp_opts {
-    int zero_stage;       /* 0: all-reduce; 1: + sharded optimizer state; 2: + reduce-scattered grads;
-                             3: + sharded parameters, gathered bucket by bucket just before use */
-    int64_t bucket_elems; /* gradient bucket size in elements (0: 1 Mi) */
-    int accum;            /* micro-batches per step; 1 lets stages 2 and 3 free the full-size gradient buffer
-                             (gradient slots, see src/parallel/zero_slots.c); 0 = unknown: keep it */
+    int zero_stage;        /* 0: all-reduce; 1: + sharded optimizer state; 2: + reduce-scattered grads;
+                              3: + sharded parameters, gathered bucket by bucket just before use */
+    int64_t bucket_elems;  /* gradient bucket size in elements (0: 1 Mi) */
+    int accum;             /* micro-batches per step; 1 lets stages 2 and 3 free the full-size gradient buffer
+                              (gradient slots, see src/parallel/zero_slots.c); 0 = unknown: keep it */
+    const sl_tensor *late; /* a parameter whose gradient changes after the backward (a pipeline's tied
+                              embedding, summed over the first and last stages: sl_trainer_late_param); its
+                              bucket is reduced only by sl_dp_finish_grads, never by the hook. NULL: none */
 } sl_dp_opts;
 
 typedef struct sl_dp sl_dp;
@@ -62,6 +65,11 @@ void sl_dp_free(sl_dp *dp);
  * Active only while armed (the last micro-batch of a step). */
 sl_status sl_dp_hook(sl_graph *g, int i, sl_tensor *n, void *user);
 void sl_dp_arm(sl_dp *dp, int armed);
+/* 1 when t (a parameter) is sl_dp_opts.late of this dp: its bucket waits for sl_dp_finish_grads */
+int sl_dp_holds(const sl_dp *dp, const sl_tensor *t);
+/* Buckets the hook launched since the last call (during the armed backward), then reset: a test's evidence
+ * that the reductions overlapped the backward. */
+int sl_dp_take_early_launches(sl_dp *dp);
 /* Bracket every execution of the graph (or of its forward range [0, end)) that runs with sl_dp_hook:
  * under ZeRO-3 begin launches the first parameter gathers and end waits for any still in flight. No-ops
  * for stages 0-2. */

@@ -138,6 +138,9 @@ void sl_trainer_free(sl_trainer *tr);
 /* A model split by tensor parallelism (m->tp > 1): runs the graph's collectives over tp's group and
  * takes the gradient norm over the whole model. */
 sl_status sl_trainer_set_tp(sl_trainer *tr, sl_tp *tp);
+/* Under pipeline parallelism, on the first and last stages of a model with tied embeddings: the embedding,
+ * whose gradient the trainer sums over the two stages after the backward (sl_dp_opts.late); else NULL. */
+const sl_tensor *sl_trainer_late_param(const sl_trainer *tr);
 /* Forward+backward over cfg.accum micro-batches (gradients accumulate with loss scale 1/accum),
  * clip, schedule, AdamW. stats->loss is the mean micro-batch loss before the update. */
 sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *user, sl_step_stats *stats);
@@ -161,6 +164,12 @@ void sl_pipeline_set_loss_seed(sl_pipeline *P, float v);
  * slot graph, before the slot's outputs can be overwritten (the MoE bias loads are read there). */
 typedef sl_status (*sl_pipeline_fwd_fn)(void *user, int chunk, sl_graph *g);
 void sl_pipeline_set_after_forward(sl_pipeline *P, sl_pipeline_fwd_fn fn, void *user);
+/* The last unit of sl_pipeline_step that writes chunk c's parameter gradients (its last backward, or its
+ * last W under zero bubble) is run as fn(user, c, g, lo, hi) instead of computing nodes [lo, hi) of slot
+ * graph g itself, so that data parallelism can launch its bucket reductions from that run (Note [DP
+ * overlap under PP]). NULL: none. */
+typedef sl_status (*sl_pipeline_last_fn)(void *user, int chunk, sl_graph *g, int lo, int hi);
+void sl_pipeline_set_last_grads(sl_pipeline *P, sl_pipeline_last_fn fn, void *user);
 int sl_pipeline_chunks(const sl_pipeline *P);             /* model chunks of this stage (virtual stages) */
 sl_graph *sl_pipeline_chunk_graph(sl_pipeline *P, int c); /* chunk c's first slot graph (same nodes as all) */
 /* Training dropout for the next steps: micro-batch i of step s (i counted over the whole data-parallel

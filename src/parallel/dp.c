@@ -14,13 +14,14 @@
  * rank part then over ranks, so stages 0-3 produce bitwise-identical parameters. ZeRO-3 and gradient slots:
  * see zero_slots.c.
  */
+#include <limits.h>
 #include <math.h>
 
 #include "parallel/dp_internal.h"
 
 static int cmp_ready(const void *a, const void *b) {
     const dp_bucket *x = a, *y = b;
-    if (x->ready != y->ready) return x->ready - y->ready;
+    if (x->ready != y->ready) return x->ready < y->ready ? -1 : 1;
     return x->lo < y->lo ? 1 : -1;
 }
 
@@ -100,7 +101,7 @@ static sl_status host_buf(sl_dp *dp, int64_t n, sl_buffer **buf, float **map) {
 
 /* the bucket plan: buckets walked from the end of the flat buffer, sorted by ready, with their part lengths
  * and (ZeRO) the shard offsets of their parts and tails, in for_each_segment order */
-static sl_status build_buckets(sl_dp *dp, sl_graph *g, int64_t bucket_elems) {
+static sl_status build_buckets(sl_dp *dp, sl_graph *g, int64_t bucket_elems, const sl_tensor *late) {
     const sl_model *m = dp->m;
     dp_buckets *bs = &dp->buckets;
     bs->v = calloc((size_t)m->n_params + 1, sizeof(dp_bucket));
@@ -109,7 +110,7 @@ static sl_status build_buckets(sl_dp *dp, sl_graph *g, int64_t bucket_elems) {
     int ready = -1;
     for (int i = m->n_params - 1; i >= 0; i--) {
         const sl_param_info *p = &m->params[i];
-        int w = sl_graph_last_grad_write(g, p->t);
+        int w = late && p->t == late ? INT_MAX : sl_graph_last_grad_write(g, p->t); /* late: finish_grads */
         if (w > ready) ready = w;
         /* a bucket holds expert parameters only or none (their groups differ) */
         int close = i == 0 || m->params[i - 1].expert != p->expert;
@@ -192,7 +193,8 @@ sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, 
     dp->m = m;
     dp->g = g;
     dp->shard.gscale = 1.0f;
-    sl_status st = build_buckets(dp, g, o->bucket_elems > 0 ? o->bucket_elems : (1 << 20));
+    dp->late = o->late;
+    sl_status st = build_buckets(dp, g, o->bucket_elems > 0 ? o->bucket_elems : (1 << 20), o->late);
     if (st == SL_OK) {
         dp->reduce.reqs = calloc((size_t)dp->buckets.count + 1, sizeof(dp_bucket_reqs));
         if (!dp->reduce.reqs) st = sl_fail(SL_ERR_NOMEM, "dp: out of memory");
@@ -272,9 +274,19 @@ static sl_status launch_bucket(sl_dp *dp, int k) {
 sl_status sl_dp_reduce_ready(sl_dp *dp, int i) {
     dp_reduce *r = &dp->reduce;
     if (!r->armed && !dp->grad_slots) return SL_OK;
-    while (r->next_launch < dp->buckets.count && dp->buckets.v[r->next_launch].ready <= i)
+    while (r->next_launch < dp->buckets.count && dp->buckets.v[r->next_launch].ready <= i) {
         SL_TRY(launch_bucket(dp, r->next_launch++));
+        r->early++;
+    }
     return SL_OK;
+}
+
+int sl_dp_holds(const sl_dp *dp, const sl_tensor *t) { return dp->late && dp->late == t; }
+
+int sl_dp_take_early_launches(sl_dp *dp) {
+    int n = dp->reduce.early;
+    dp->reduce.early = 0;
+    return n;
 }
 
 sl_status sl_dp_reduce_wait(sl_dp *dp, int k) {

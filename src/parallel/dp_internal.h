@@ -50,6 +50,7 @@ typedef struct dp_reduce {
     dp_bucket_reqs *reqs; /* per bucket, in flight until waited for */
     double wait_sec;      /* time blocked inside the pass (reductions due, parameter gathers), reported and
                              reset by sl_dp_finish_grads */
+    int early;            /* buckets launched by the hook (sl_dp_take_early_launches) */
 } dp_reduce;
 
 /* ---- the sharded optimizer state (backend buffers on m->backend; m1, m2, param: host mappings) ---- */
@@ -141,7 +142,8 @@ struct sl_dp {
     int zero;       /* ZeRO stage */
     int grad_slots; /* gradients live in slots (Note [Gradient slots]); m->grads_buf is freed */
     sl_model *m;
-    sl_graph *g; /* the training graph */
+    sl_graph *g;           /* the training graph */
+    const sl_tensor *late; /* sl_dp_opts.late */
     dp_buckets buckets;
     dp_reduce reduce;
     dp_shard shard;

@@ -628,7 +628,9 @@ static sl_status make_trainer(sl_train_job *j) {
             return sl_train_bad("%s", sl_errmsg());
     }
     if (j->mesh.dp > 1) {
-        sl_dp_opts dpo = {(int)o->parallel.zero_stage, o->parallel.bucket_elems, j->accum};
+        /* under PP the tied embedding's bucket waits for the first + last stage sum */
+        sl_dp_opts dpo = {(int)o->parallel.zero_stage, o->parallel.bucket_elems, j->accum,
+                          sl_trainer_late_param(&j->tr)};
         if (sl_dp_new(&j->dp, &j->mesh, m, j->tr.graph, &dpo) != SL_OK)
             return sl_train_bad("%s", sl_errmsg());
         j->tr.dp = j->dp;

@@ -61,6 +61,9 @@ struct sl_pipeline {
     int in_step;                       /* inside sl_pipeline_step (not evaluation) */
     sl_pipeline_fwd_fn after_fwd;      /* after each training forward unit: fn(user, chunk, slot graph) */
     void *after_fwd_user;
+    sl_pipeline_last_fn
+        last_fn; /* runs each chunk's last gradient-writing unit (sl_pipeline_set_last_grads) */
+    void *last_user;
     int64_t act; /* elements of the activations crossing a stage boundary */
     sl_comm *ch[N_CH];
     int K[SL_PIPE_MAX_CHUNKS];
@@ -327,6 +330,17 @@ void sl_pipeline_set_after_forward(sl_pipeline *P, sl_pipeline_fwd_fn fn, void *
     P->after_fwd_user = user;
 }
 
+void sl_pipeline_set_last_grads(sl_pipeline *P, sl_pipeline_last_fn fn, void *user) {
+    P->last_fn = fn;
+    P->last_user = user;
+}
+
+/* nodes [lo, hi) of chunk c's slot graph g; through last_fn when they are the chunk's last gradient writes */
+static sl_status run_range(sl_pipeline *P, int c, sl_graph *g, int lo, int hi, int last) {
+    if (last && P->last_fn) return P->last_fn(P->last_user, c, g, lo, hi);
+    return sl_graph_compute_range(g, lo, hi, NULL, NULL);
+}
+
 int sl_pipeline_chunks(const sl_pipeline *P) { return P->v; }
 sl_graph *sl_pipeline_chunk_graph(sl_pipeline *P, int c) {
     return c >= 0 && c < P->v ? P->slot[c][0].g : NULL;
@@ -463,7 +477,7 @@ static sl_status forward(sl_pipeline *P, int c, int k, int64_t step, int micro, 
 
 /* B (or the whole backward, unsplit) of slot k: from the received gradient to the input's, sent upstream;
  * overwrite applies when the parameters' gradients are written here (unsplit) */
-static sl_status backward(sl_pipeline *P, int c, int k, int overwrite) {
+static sl_status backward(sl_pipeline *P, int c, int k, int overwrite, int last) {
     pipe_slot *sl = &P->slot[c][k];
     int peer, n = sl_graph_n_nodes(sl->g);
     if (!last_virtual(P, c)) {
@@ -475,7 +489,7 @@ static sl_status backward(sl_pipeline *P, int c, int k, int overwrite) {
         memset(sl->dx_in->data, 0, sizeof(float) * (size_t)P->act);
     }
     sl_graph_set_grad_overwrite(sl->g, overwrite && sl->n_b == n);
-    sl_status st = sl_graph_compute_range(sl->g, sl->n_forward, sl->n_b, NULL, NULL);
+    sl_status st = run_range(P, c, sl->g, sl->n_forward, sl->n_b, last && sl->n_b == n);
     sl_graph_set_grad_overwrite(sl->g, 0);
     SL_TRY(st);
     if (!first_virtual(P, c)) {
@@ -487,10 +501,10 @@ static sl_status backward(sl_pipeline *P, int c, int k, int overwrite) {
 }
 
 /* W of slot k (zero bubble): the parameters' gradients of the micro-batch whose B ran last on it */
-static sl_status weights(sl_pipeline *P, int c, int k, int overwrite) {
+static sl_status weights(sl_pipeline *P, int c, int k, int overwrite, int last) {
     pipe_slot *sl = &P->slot[c][k];
     sl_graph_set_grad_overwrite(sl->g, overwrite);
-    sl_status st = sl_graph_compute_range(sl->g, sl->n_b, sl_graph_n_nodes(sl->g), NULL, NULL);
+    sl_status st = run_range(P, c, sl->g, sl->n_b, sl_graph_n_nodes(sl->g), last);
     sl_graph_set_grad_overwrite(sl->g, 0);
     return st;
 }
@@ -511,7 +525,10 @@ sl_status sl_pipeline_step(sl_pipeline *P, int64_t step, int n_micro, int micro0
         return sl_fail(SL_ERR_INVALID, "pipeline: built for %d micro-batches, asked for %d", P->m_micro,
                        n_micro);
     double sum = 0;
-    int seen_bwd[SL_PIPE_MAX_CHUNKS] = {0}, seen_w[SL_PIPE_MAX_CHUNKS] = {0};
+    int seen_bwd[SL_PIPE_MAX_CHUNKS] = {0}, seen_w[SL_PIPE_MAX_CHUNKS] = {0}, last[SL_PIPE_MAX_CHUNKS];
+    for (int c = 0; c < P->v; c++) last[c] = -1; /* each chunk's last unit that writes parameter gradients */
+    for (int i = 0; i < P->n_units; i++)
+        if (P->units[i].fwd != U_F) last[P->units[i].chunk] = i; /* a W after its B, when split */
     sl_status st = SL_OK;
     P->in_step = 1;
     for (int i = 0; i < P->n_units && st == SL_OK; i++) {
@@ -520,9 +537,9 @@ sl_status sl_pipeline_step(sl_pipeline *P, int64_t step, int n_micro, int micro0
         if (u->fwd == U_F)
             st = forward(P, u->chunk, k, step, micro0 + u->micro, fn, user, &sum);
         else if (u->fwd == U_B) /* each chunk's first backward of the step overwrites its gradients */
-            st = backward(P, u->chunk, k, overwrite && !seen_bwd[u->chunk]++);
+            st = backward(P, u->chunk, k, overwrite && !seen_bwd[u->chunk]++, i == last[u->chunk]);
         else /* ... the first W, when the backward is split */
-            st = weights(P, u->chunk, k, overwrite && !seen_w[u->chunk]++);
+            st = weights(P, u->chunk, k, overwrite && !seen_w[u->chunk]++, i == last[u->chunk]);
     }
     P->in_step = 0;
     SL_TRY(st);

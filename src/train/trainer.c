@@ -1,5 +1,6 @@
 /* The training step: builds the forward+backward graph once, plans it, and re-executes it. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "suanli/parallel.h"
@@ -68,16 +69,62 @@ done:
     return st;
 }
 
+/* The tied embedding of a pipeline's first or last stage (the lookup's and the LM head's copies) */
+static int pipe_tied(const sl_trainer *tr, const char **name) {
+    const sl_mesh *mesh = tr->cfg.mesh;
+    const sl_model *m = tr->model;
+    *name = m->arch == SL_ARCH_GPT2 ? "wte" : "model.embed_tokens.weight";
+    if (!tr->pipe || !mesh) return 0;
+    int tied = m->arch == SL_ARCH_GPT2 || m->lcfg.tie_embeddings;
+    return tied && (mesh->pp_rank == 0 || mesh->pp_rank == mesh->pp - 1);
+}
+
+const sl_tensor *sl_trainer_late_param(const sl_trainer *tr) {
+    const char *name;
+    if (!pipe_tied(tr, &name)) return NULL;
+    const sl_param_info *w = sl_model_find(tr->model, name);
+    return w ? w->t : NULL;
+}
+
+/* Note [DP overlap under PP]
+ * Without a pipeline, data parallelism launches each gradient bucket's reduction from the executor hook as
+ * soon as the last micro-batch's backward has written it. Under a pipeline the last micro-batch's backward
+ * of a chunk is one unit of the schedule (or its W under zero bubble), run on one of the chunk's slot
+ * graphs; every slot graph of a chunk has the nodes of the first, from which the buckets' ready points were
+ * taken, so that unit runs with the hook (sl_pipeline_set_last_grads) and the reductions overlap its
+ * remaining nodes and what the schedule still does after it (the other stages' sends and receives, the
+ * tied-embedding exchange). sl_dp_finish_grads then launches what is left and waits. Two exceptions:
+ *  - the tied embedding's bucket waits for the first + last stage sum (pipe_after_backward): it is the
+ *    dp's late parameter (sl_dp_opts.late = sl_trainer_late_param), and without it held the overlap is off;
+ *  - interleaved schedules (several chunks per stage) keep the reduction at the end of the step: the
+ *    buckets' ready points are those of chunk 0's graph only.
+ * The reductions are the same collectives over the same buffers in the same order, so the weights are
+ * bitwise those of the end-of-step reduction (test_pp). SUANLI_PP_DP_OVERLAP=0 turns it off. */
+static sl_status pipe_last_grads(void *user, int chunk, sl_graph *g, int lo, int hi) {
+    (void)chunk;
+    sl_trainer *tr = user;
+    sl_dp_arm(tr->dp, 1);
+    SL_TRY(sl_dp_begin_pass(tr->dp, sl_graph_n_nodes(g)));
+    sl_status st = sl_graph_compute_range(g, lo, hi, sl_dp_hook, tr->dp);
+    sl_status es = sl_dp_end_pass(tr->dp); /* stays armed: finish_grads launches the rest, then disarms */
+    return st != SL_OK ? st : es;
+}
+
+static int pipe_overlap(const sl_trainer *tr) {
+    const char *e = getenv("SUANLI_PP_DP_OVERLAP"), *name;
+    if (!tr->pipe || !tr->dp || (e && !strcmp(e, "0")) || sl_pipeline_chunks(tr->pipe) != 1) return 0;
+    return !pipe_tied(tr, &name) || sl_dp_holds(tr->dp, sl_trainer_late_param(tr));
+}
+
 /* After a pipeline step's backward: the tied embedding's two gradients (first stage's lookup, last
  * stage's LM head) summed on both, in the same order (first + last) so the copies stay bitwise equal,
- * before data parallelism reduces the buckets; the loss from the last stage to every stage. */
+ * before data parallelism reduces their bucket; the loss from the last stage to every stage. */
 static sl_status pipe_after_backward(sl_trainer *tr, float *loss) {
     const sl_mesh *mesh = tr->cfg.mesh;
     sl_model *m = tr->model;
     int p = mesh->pp, s = mesh->pp_rank;
-    int tied = m->arch == SL_ARCH_GPT2 || m->lcfg.tie_embeddings;
-    const char *name = m->arch == SL_ARCH_GPT2 ? "wte" : "model.embed_tokens.weight";
-    if (tied && (s == 0 || s == p - 1)) {
+    const char *name;
+    if (pipe_tied(tr, &name)) {
         const sl_param_info *w = sl_model_find(m, name);
         if (!w || !m->grads_mem)
             return sl_fail(SL_ERR_INVALID, "pipeline: no %s gradient on stage %d", name, s);
@@ -189,9 +236,10 @@ static sl_status trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void
     sl_status st = SL_OK;
     if (tr->pipe) { /* the schedule runs every micro-batch; the last stage has the loss */
         float l = 0;
-        if (tr->dp) { /* the buckets go after the tied-embedding sum (below); the forward runs unhooked */
+        if (tr->dp) { /* the forward runs unhooked; the last backward unit launches the buckets */
             sl_dp_arm(tr->dp, 0);
             st = sl_dp_sync_params(tr->dp);
+            sl_pipeline_set_last_grads(tr->pipe, pipe_overlap(tr) ? pipe_last_grads : NULL, tr);
         }
         sl_pipeline_set_dropout(tr->pipe, 1, tr->cfg.dropout_seed,
                                 (uint64_t)(tr->cfg.accum * (tr->cfg.dp_size > 1 ? tr->cfg.dp_size : 1)));

@@ -69,6 +69,7 @@ typedef struct {
     int zb;                    /* the ZB-H1 schedule */
     int n_b, n_w, grads_in_w;  /* its backward split; every parameter's last gradient write is in W */
     double wait;
+    int early; /* DP bucket reductions launched during the last backward unit (Note [DP overlap under PP]) */
     sl_status st;
 } rank_job;
 
@@ -111,7 +112,7 @@ static void *run_rank(void *arg) {
     }
     if (tp && (j->st = sl_trainer_set_tp(&tr, tp)) != SL_OK) goto out;
     if (mesh.dp > 1) {
-        sl_dp_opts o = {j->zero, 3000, j->accum};
+        sl_dp_opts o = {j->zero, 3000, j->accum, sl_trainer_late_param(&tr)};
         if ((j->st = sl_dp_new(&dp, &mesh, m, tr.graph, &o)) != SL_OK) goto out;
         tr.dp = dp;
     }
@@ -122,6 +123,7 @@ static void *run_rank(void *arg) {
         if ((j->st = sl_trainer_step(&tr, s, synth, NULL, &ss)) != SL_OK) goto out;
         j->losses[s] = ss.loss;
         j->wait += ss.pipe_wait_sec;
+        if (dp) j->early += sl_dp_take_early_launches(dp);
     }
     if (dp && (j->st = sl_dp_gather_params(dp)) != SL_OK) goto out; /* the last update's gathers */
     j->full = malloc(sizeof(float) * (size_t)sl_tp_full_numel(m));
@@ -174,7 +176,11 @@ static const int *g_stage_layers;
 static int g_first, g_last;
 /* the zero-bubble schedule (check_layout_z): g_zb runs it; g_keep keeps the 1F1B run's losses and
  * parameters per rank in g_kept for the bitwise comparison */
-static int g_zb, g_keep;
+static int g_zb, g_keep, g_olap; /* g_olap: compare the DP overlap run with the kept run without it */
+static int g_keep_off(void) {    /* SUANLI_PP_DP_OVERLAP=0: the reductions wait for the end of the step */
+    const char *e = getenv("SUANLI_PP_DP_OVERLAP");
+    return e && !strcmp(e, "0");
+}
 static struct {
     float losses[STEPS];
     float *full;
@@ -230,6 +236,12 @@ static void check_layout_v(const ref_run *ref, int world, int tp, int pp, int sp
         } else {
             TU_CHECK(j->n_w == 0, "%s: 1F1B runs its backward whole", what);
         }
+        /* Note [DP overlap under PP]: with dp > 1 and one chunk per stage, buckets are reduced from the last
+         * backward unit (every step launches some there); interleaved, and with the overlap off, none */
+        int dp = world / (tp * pp), on = dp > 1 && vpp <= 1 && !g_keep_off();
+        TU_CHECK(on ? j->early >= STEPS : j->early == 0,
+                 "%s rank %d: %d bucket reductions launched during the last backward units of %d steps%s",
+                 what, r, j->early, STEPS, on ? "" : " (expected none)");
         for (int s = 0; s < STEPS; s++) {
             double e = fabs(j->losses[s] - ref->losses[s]) / fabs(ref->losses[s]);
             if (e > worst) worst = e;
@@ -266,11 +278,13 @@ static void check_layout_v(const ref_run *ref, int world, int tp, int pp, int sp
             memcpy(g_kept[r].full, jobs[r].full, sizeof(float) * (size_t)n);
             g_kept[r].n = n;
             g_kept[r].wait = jobs[r].wait;
-        } else if (g_zb) {
+        } else if (g_zb || g_olap) {
             TU_CHECK(g_kept[r].n == n && !memcmp(g_kept[r].losses, jobs[r].losses, sizeof jobs[r].losses) &&
                          !memcmp(g_kept[r].full, jobs[r].full, sizeof(float) * (size_t)n),
-                     "%s rank %d: zero bubble is bitwise 1F1B (losses and weights)", what, r);
-            if (r == 0) {
+                     "%s rank %d: %s (losses and weights)", what, r,
+                     g_zb ? "zero bubble is bitwise 1F1B"
+                          : "DP reductions overlapped with the last backward are bitwise those at the end");
+            if (r == 0 && g_zb) {
                 double w0 = 0, w1 = 0;
                 for (int q = 0; q < world; q++) w0 += g_kept[q].wait, w1 += jobs[q].wait;
                 printf("%s: zero bubble bitwise 1F1B; blocked in receives %.1f ms/rank (1F1B %.1f), stage 1 "
@@ -335,6 +349,18 @@ static void check_layout_z(const ref_run *ref, int world, int tp, int pp, int sp
     g_zb = 0;
 }
 
+/* the same layout with the DP reductions at the end of the step (kept) and overlapped: bitwise equal */
+static void check_layout_o(const ref_run *ref, int world, int tp, int pp, int sp, int zero, int accum) {
+    setenv("SUANLI_PP_DP_OVERLAP", "0", 1);
+    g_keep = 1;
+    check_layout_v(ref, world, tp, pp, sp, zero, accum, 1);
+    g_keep = 0;
+    unsetenv("SUANLI_PP_DP_OVERLAP");
+    g_olap = 1;
+    check_layout_v(ref, world, tp, pp, sp, zero, accum, 1);
+    g_olap = 0;
+}
+
 static void single(int accum, ref_run *ref) {
     sl_model *m;
     TU_CHECK(new_whole(&m) == SL_OK, "model");
@@ -381,6 +407,9 @@ int main(void) {
     check_layout(&ref4, 4, 2, 2, 0, 0, 4);
     check_layout(&ref4, 4, 2, 2, 1, 0, 4);
     check_layout(&ref4, 4, 1, 2, 0, 1, 2); /* dp 2 */
+    /* DP reductions from the last backward unit: bitwise those at the end of the step (ZeRO-1, ZeRO-2) */
+    check_layout_o(&ref4, 4, 1, 2, 0, 1, 2);
+    check_layout_o(&ref4, 4, 1, 2, 0, 2, 2);
     check_layout(&ref4, 8, 2, 2, 1, 1, 2); /* tp 2 x pp 2 x dp 2 with SP and ZeRO-1 */
     check_layout(&ref8, 8, 2, 4, 0, 2, 8); /* tp 2 x pp 4, ZeRO-2 (dp 1: no effect) */
     /* interleaved 1F1B: 2 model chunks of 1 layer per stage */
@@ -441,8 +470,9 @@ int main(void) {
         single(4, &lr);
         check_layout(&lr, 2, 1, 2, 0, 0, 4);
         check_layout(&lr, 4, 1, 4, 0, 0, 4);
-        check_layout(&lr, 4, 2, 2, 1, 0, 4); /* tp 2 (kv heads split) + SP */
-        check_layout(&lr, 8, 2, 2, 0, 1, 2); /* tp 2 x pp 2 x dp 2 */
+        check_layout(&lr, 4, 2, 2, 1, 0, 4);   /* tp 2 (kv heads split) + SP */
+        check_layout(&lr, 8, 2, 2, 0, 1, 2);   /* tp 2 x pp 2 x dp 2 */
+        check_layout_o(&lr, 4, 1, 2, 0, 1, 2); /* tied and untied heads, DP overlap on and off */
         check_layout_v(&lr, 2, 1, 2, 0, 0, 4, 2);
         check_layout_z(&lr, 4, 2, 2, 1, 0, 4); /* ZB-H1 with tp 2 + SP: kv heads split */
         check_layout_u(&lr, 2, 1, 2, 3, 1, (const int[]){3, 1}, 4);
