@@ -43,7 +43,8 @@ typedef struct {
     char stripe[80]; /* "step-NNNNNNN/shard-rRRRRR.safetensors" */
 } ec_header;
 _Static_assert(sizeof(ec_header) == 128, "erasure-code block header is 128 bytes");
-enum { EC_ALIGN = 4096 }; /* a block file's padded header and its block size are multiples of this */
+enum { EC_ALIGN = 4096 };      /* a block file's padded header and its block size are multiples of this */
+enum { RESTORE_ALIGN = 4096 }; /* received and rebuilt files: O_DIRECT into .restore */
 
 int sl_ckpt_pool_host_of(int rank, int world, int hosts) {
     if (world <= 0 || hosts <= 1) return 0;
@@ -571,7 +572,7 @@ static int read_host(ctx *c, int h, const char *name, size_t want, char **buf, s
         return 0;
     }
     if (h != c->me) { /* NUL-terminated like sl_file_read_all's: manifests are parsed and written as text */
-        b = malloc((size_t)m.n + 1);
+        b = sl_malloc_aligned_to((size_t)m.n + 1, RESTORE_ALIGN); /* aligned for the O_DIRECT restore write */
         if (b) b[m.n] = 0;
     }
     int32_t lack = b == NULL, any = 0; /* a leader without the memory: nobody sends, all report it */
@@ -693,8 +694,8 @@ static sl_status fetch_ec(ctx *c, const char *file, cJSON *o, size_t size, const
     /* the block files' header length: padded to EC_ALIGN, or 128 (checkpoints from before the padding) */
     size_t hb = !jh ? sizeof(ec_header) : sl_json_is_count(jh) ? (size_t)jh->valuedouble : 0;
     if (k < 1 || k > SL_EC_MAX_K || m < 1 || m > SL_EC_MAX_M || bs * (size_t)k < size ||
-        (hb != sizeof(ec_header) && hb != EC_ALIGN) ||
-        !cJSON_IsArray(blocks) || cJSON_GetArraySize(blocks) != k + m)
+        (hb != sizeof(ec_header) && hb != EC_ALIGN) || !cJSON_IsArray(blocks) ||
+        cJSON_GetArraySize(blocks) != k + m)
         return sl_fail(SL_ERR_FORMAT, "%s: manifest: erasure-code entry of %s is malformed", c->step_name,
                        file);
     char one[700];
@@ -753,7 +754,7 @@ static sl_status fetch_ec(ctx *c, const char *file, cJSON *o, size_t size, const
                          c->step_name, file, got, sum);
     }
     if (st == SL_OK) {
-        *out = malloc(size ? size : 1);
+        *out = sl_malloc_aligned_to(size ? size : 1, RESTORE_ALIGN);
         if (!*out)
             st = sl_fail(SL_ERR_NOMEM, "checkpoint: out of memory");
         else
@@ -839,14 +840,20 @@ static sl_status assemble_step(ctx *c, int scan, const char *dest) {
             /* Note [Restore copies]: a verified copy is hard-linked when it lives on this file system (the
              * hosts of one machine; a copy that came from a peer would be written), rebuilt files are
              * written; neither is fsynced: .restore is a cache that the loader verifies again (XXH3 of
-             * every tensor) and that the next restart rebuilds */
+             * every tensor) and that the next restart rebuilds. Written files go out with O_DIRECT from
+             * the aligned receive buffer: through the page cache, a 512 MiB replica met the kernel's dirty
+             * page throttling and took 2.6 s (the load then reads it cold, 0.4 s); a lost-host restart of
+             * GPT-2 124M on 2 hosts went from 10.0-11.2 s to 5.2-5.3 s (docs/BENCHMARKS.md) */
             char from[4600];
             snprintf(path, sizeof path, "%s/%s", dest, f->string);
             snprintf(from, sizeof from, "%s/host-%d/%s/%s", c->root, src, c->step_name, f->string);
             if (c->nowrite)
                 ;
             else if (src < 0 || (c->lc && src != c->me) || link(from, path) != 0)
-                st = write_parts(path, NULL, 0, buf, size, 0);
+                st = (uintptr_t)buf % RESTORE_ALIGN ==
+                             0 /* received or rebuilt: O_DIRECT, no page-cache copy */
+                         ? sl_ckpt_write_file(path, NULL, 0, buf, size, SL_CKPT_IO_DIRECT, NULL)
+                         : write_parts(path, NULL, 0, buf, size, 0);
             st = agree(c, st); /* a local failure: every leader leaves here (reads were the same for all) */
         }
         free(buf);
