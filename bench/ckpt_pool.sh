@@ -6,7 +6,7 @@
 # rank whose host directory is deleted to the next trained step (restart reassembles from the surviving
 # hosts; the in-memory copy is off), plus `suanli ckpt gather` read time vs dd read (page cache hot).
 # The hosts share one disk here, so the host write is also set against n dd streams run at once
-# (dd_shared_write_mb_s: one stream's share), n being the mode's host count.
+# (dd_shared_write_mb_s: one stream's share, the median over three rounds), n being the mode's host count.
 # Usage: bench/ckpt_pool.sh [--json] [--small]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,13 +23,15 @@ dd_r=$(dd if="$work/dd.bin" of=/dev/null bs=1M 2>&1 | tail -1 | awk '{for(i=1;i<
 rm -f "$work/dd.bin"
 # The pretend hosts share this machine's one disk: beside the single-stream dd, each host's fair share is
 # what one of n dd streams writing at the same time gets (the median stream, MB/s), for n = the mode's hosts.
-dd_par() {
-  local n=$1 i
-  for i in $(seq 1 "$n"); do
-    (dd if=/dev/zero of="$work/ddp$i.bin" bs=1M count=512 conv=fsync 2>&1 | tail -1 | awk '{for(i=1;i<=NF;i++) if ($i ~ /^(MB|GB)\/s$/) {v=$(i-1); if ($i=="GB/s") v*=1000; print v}}') &
+dd_par() { # three rounds of n streams at once: the median stream
+  local n=$1 i r
+  for r in 1 2 3; do
+    for i in $(seq 1 "$n"); do
+      (dd if=/dev/zero of="$work/ddp$i.bin" bs=1M count=512 conv=fsync 2>&1 | tail -1 | awk '{for(i=1;i<=NF;i++) if ($i ~ /^(MB|GB)\/s$/) {v=$(i-1); if ($i=="GB/s") v*=1000; print v}}') &
+    done
+    wait
+    rm -f "$work"/ddp*.bin
   done | med
-  wait
-  rm -f "$work"/ddp*.bin
 }
 load=$(cut -d' ' -f1-3 /proc/loadavg)
 for mode in "replicas 2:2:--ckpt-replicas 2" "ec 2+1:3:--ckpt-ec 2+1"; do
