@@ -51,15 +51,17 @@ static int file_is(const char *path, const void *a, size_t an, const void *b, si
     return ok;
 }
 
-static int count_tmp(void) {
-    DIR *d = opendir(dir);
+/* temp files in directory d (default: the test's directory) */
+static int count_tmp_at(const char *d) {
+    DIR *dd = opendir(d);
     int n = 0;
     struct dirent *de;
-    while (d && (de = readdir(d)))
+    while (dd && (de = readdir(dd)))
         if (strstr(de->d_name, ".tmp.")) n++;
-    if (d) closedir(d);
+    if (dd) closedir(dd);
     return n;
 }
+static int count_tmp(void) { return count_tmp_at(dir); }
 
 static void test_direct_and_fallback(void) {
     const size_t hlen = 4096, dlen = ((size_t)3 << 20) + 1000; /* 3 MiB + a partial block */
@@ -196,13 +198,7 @@ static void *xchg_main(void *arg) {
 static int count_tmp_in(const char *root, int h) {
     char d[700];
     snprintf(d, sizeof d, "%s/host-%d/step-0000001", root, h);
-    DIR *dd = opendir(d);
-    int n = 0;
-    struct dirent *de;
-    while (dd && (de = readdir(dd)))
-        if (strstr(de->d_name, ".tmp.")) n++;
-    if (dd) closedir(dd);
-    return n;
+    return count_tmp_at(d);
 }
 
 /* the pooled exchange between 2 thread ranks, each its own host: a 4096-byte head (O_DIRECT) or a 128-byte

@@ -275,7 +275,8 @@ int main(void) {
                   f);
             fclose(f);
         }
-        rc = run("sh -c 'sh old.sh && %s ckpt gather Eold Gold && %s train " TINY " --save fromold --load Gold'",
+        rc = run("sh -c 'sh old.sh && %s ckpt gather Eold Gold && %s train " TINY
+                 " --save fromold --load Gold'",
                  cli, cli);
         TU_CHECK(rc == 0 && strstr(out, "gathered step 12") && strstr(out, "resumed from Gold/step-0000012"),
                  "a pool with 128-byte block headers restores: rc %d %s", rc, out);
