@@ -204,8 +204,8 @@ sl_status sl_ckpt_pool_exchange(const sl_ckpt_pool *p, const char *stepbase, con
         snprintf(path, sizeof path, "%.4300s/%.*s", dir, (int)sizeof d->name, d->name);
         if (local == SL_OK && strchr(d->name, '/'))
             local = sl_fail(SL_ERR_INTERNAL, "checkpoint transfer: bad file name '%s'", d->name);
-        if (local ==
-            SL_OK) { /* O_DIRECT where the pieces fall on 4096-byte offsets (Note [Shard write path]) */
+        /* O_DIRECT where the pieces fall on 4096-byte offsets (Note [Shard write path]) */
+        if (local == SL_OK) {
             local = sl_ckpt_out_open(&x->out, path, d->hlen % 4096 == 0);
             x->open = local == SL_OK;
         }
@@ -218,6 +218,11 @@ sl_status sl_ckpt_pool_exchange(const sl_ckpt_pool *p, const char *stepbase, con
     if (nout + nin > cap_req) {
         reqs = calloc((size_t)(nout + nin), sizeof *reqs);
         if (!reqs) {
+            for (int k = 0; k < nin; k++) {
+                if (in[k].open) sl_ckpt_out_close(&in[k].out, 0, 0, 0); /* removes the temp file */
+                for (int b = 0; b < 2; b++) sl_free_aligned(in[k].buf[b]);
+            }
+            sl_free_aligned(sink);
             free(in);
             free(all);
             return sl_fail(SL_ERR_NOMEM, "checkpoint transfer: out of memory");
