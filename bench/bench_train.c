@@ -249,7 +249,7 @@ int sl_bench_train(int argc, char **argv) {
         return 1;
     }
     if (mesh.dp > 1) {
-        sl_dp_opts o = {(int)zero, bucket, (int)accum, NULL};
+        sl_dp_opts o = {.zero_stage = (int)zero, .bucket_elems = bucket, .accum = (int)accum};
         if (sl_dp_new(&dp, &mesh, m, tr.graph, &o) != SL_OK) {
             fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
             return 1;

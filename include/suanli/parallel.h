@@ -45,15 +45,19 @@ sl_status sl_mesh_check_hosts(int n, int tp, const int *host_of);
 void sl_mesh_free(sl_mesh *mesh);
 
 typedef struct sl_dp_opts {
-    int zero_stage;        /* 0: all-reduce; 1: + sharded optimizer state; 2: + reduce-scattered grads;
-                              3: + sharded parameters, gathered bucket by bucket just before use */
-    int64_t bucket_elems;  /* gradient bucket size in elements (0: 1 Mi) */
-    int accum;             /* micro-batches per step; 1 lets stages 2 and 3 free the full-size gradient buffer
-                              (gradient slots, see src/parallel/zero_slots.c); 0 = unknown: keep it */
-    const sl_tensor *late; /* a parameter whose gradient changes after the backward (a pipeline's tied
-                              embedding, summed over the first and last stages: sl_trainer_late_param); its
-                              bucket is reduced only by sl_dp_finish_grads, never by the hook. NULL: none */
+    int zero_stage;       /* 0: all-reduce; 1: + sharded optimizer state; 2: + reduce-scattered grads;
+                             3: + sharded parameters, gathered bucket by bucket just before use */
+    int64_t bucket_elems; /* gradient bucket size in elements (0: 1 Mi) */
+    int accum;            /* micro-batches per step; 1 lets stages 2 and 3 free the full-size gradient buffer
+                             (gradient slots, see src/parallel/zero_slots.c); 0 = unknown: keep it */
+    /* When a parameter's gradient is final, in the numbering of the hook calls (sl_dp_hook's i): NULL for
+     * the last node of g that writes it. A pipeline stage numbers its chunks' last backward units
+     * (sl_trainer_dp_ready); SL_DP_READY_LATE holds a bucket for sl_dp_finish_grads (a gradient changed
+     * after the backward, as a pipeline's tied embedding); -1: no node writes it. */
+    int (*ready)(void *user, const sl_tensor *param);
+    void *ready_user;
 } sl_dp_opts;
+enum { SL_DP_READY_LATE = 0x7fffffff };
 
 typedef struct sl_dp sl_dp;
 
@@ -65,8 +69,8 @@ void sl_dp_free(sl_dp *dp);
  * Active only while armed (the last micro-batch of a step). */
 sl_status sl_dp_hook(sl_graph *g, int i, sl_tensor *n, void *user);
 void sl_dp_arm(sl_dp *dp, int armed);
-/* 1 when t (a parameter) is sl_dp_opts.late of this dp: its bucket waits for sl_dp_finish_grads */
-int sl_dp_holds(const sl_dp *dp, const sl_tensor *t);
+/* 1 when this dp's bucket plan came from the ready function fn with user (sl_dp_opts.ready) */
+int sl_dp_ready_from(const sl_dp *dp, int (*fn)(void *, const sl_tensor *), const void *user);
 /* Buckets the hook launched since the last call (during the armed backward), then reset: a test's evidence
  * that the reductions overlapped the backward. */
 int sl_dp_take_early_launches(sl_dp *dp);

@@ -131,6 +131,8 @@ typedef struct sl_trainer {
     float seed_base; /* 1 / (accum * dp) */
     int scaling;     /* dynamic loss scaling on (cfg.loss_scale.initial > 0) */
     sl_loss_scaler scaler;
+    int dp_pass; /* this step's DP pass began in a pipeline's last backward unit (Note [DP overlap under PP])
+                  */
 } sl_trainer;
 
 sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *cfg);
@@ -138,9 +140,12 @@ void sl_trainer_free(sl_trainer *tr);
 /* A model split by tensor parallelism (m->tp > 1): runs the graph's collectives over tp's group and
  * takes the gradient norm over the whole model. */
 sl_status sl_trainer_set_tp(sl_trainer *tr, sl_tp *tp);
-/* Under pipeline parallelism, on the first and last stages of a model with tied embeddings: the embedding,
- * whose gradient the trainer sums over the two stages after the backward (sl_dp_opts.late); else NULL. */
-const sl_tensor *sl_trainer_late_param(const sl_trainer *tr);
+/* sl_dp_opts.ready for this trainer (user: the sl_trainer): where a parameter's gradient is final. Under
+ * pipeline parallelism it numbers the chunks' last backward units in schedule order, and holds the tied
+ * embedding of the first and last stages (summed over the two after the backward) for the end of the step;
+ * without a pipeline it is the graph's last write. Give it to the sl_dp of a pipeline stage so that its
+ * reductions overlap the last backward units (Note [DP overlap under PP]). */
+int sl_trainer_dp_ready(void *tr, const sl_tensor *param);
 /* Forward+backward over cfg.accum micro-batches (gradients accumulate with loss scale 1/accum),
  * clip, schedule, AdamW. stats->loss is the mean micro-batch loss before the update. */
 sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *user, sl_step_stats *stats);
@@ -170,7 +175,10 @@ void sl_pipeline_set_after_forward(sl_pipeline *P, sl_pipeline_fwd_fn fn, void *
  * overlap under PP]). NULL: none. */
 typedef sl_status (*sl_pipeline_last_fn)(void *user, int chunk, sl_graph *g, int lo, int hi);
 void sl_pipeline_set_last_grads(sl_pipeline *P, sl_pipeline_last_fn fn, void *user);
-int sl_pipeline_chunks(const sl_pipeline *P);             /* model chunks of this stage (virtual stages) */
+int sl_pipeline_chunks(const sl_pipeline *P); /* model chunks of this stage (virtual stages) */
+/* Where chunk c's last gradient-writing unit falls among the chunks' last such units in the schedule
+ * (0: first); -1 when c has none. */
+int sl_pipeline_last_order(const sl_pipeline *P, int c);
 sl_graph *sl_pipeline_chunk_graph(sl_pipeline *P, int c); /* chunk c's first slot graph (same nodes as all) */
 /* Training dropout for the next steps: micro-batch i of step s (i counted over the whole data-parallel
  * group, as sl_pipeline_step's micro0 + i) draws the masks of stream s x micro_per_step + i, those the

@@ -14,7 +14,6 @@
  * rank part then over ranks, so stages 0-3 produce bitwise-identical parameters. ZeRO-3 and gradient slots:
  * see zero_slots.c.
  */
-#include <limits.h>
 #include <math.h>
 
 #include "parallel/dp_internal.h"
@@ -101,7 +100,7 @@ static sl_status host_buf(sl_dp *dp, int64_t n, sl_buffer **buf, float **map) {
 
 /* the bucket plan: buckets walked from the end of the flat buffer, sorted by ready, with their part lengths
  * and (ZeRO) the shard offsets of their parts and tails, in for_each_segment order */
-static sl_status build_buckets(sl_dp *dp, sl_graph *g, int64_t bucket_elems, const sl_tensor *late) {
+static sl_status build_buckets(sl_dp *dp, sl_graph *g, int64_t bucket_elems) {
     const sl_model *m = dp->m;
     dp_buckets *bs = &dp->buckets;
     bs->v = calloc((size_t)m->n_params + 1, sizeof(dp_bucket));
@@ -110,7 +109,7 @@ static sl_status build_buckets(sl_dp *dp, sl_graph *g, int64_t bucket_elems, con
     int ready = -1;
     for (int i = m->n_params - 1; i >= 0; i--) {
         const sl_param_info *p = &m->params[i];
-        int w = late && p->t == late ? INT_MAX : sl_graph_last_grad_write(g, p->t); /* late: finish_grads */
+        int w = dp->ready ? dp->ready(dp->ready_user, p->t) : sl_graph_last_grad_write(g, p->t);
         if (w > ready) ready = w;
         /* a bucket holds expert parameters only or none (their groups differ) */
         int close = i == 0 || m->params[i - 1].expert != p->expert;
@@ -193,8 +192,9 @@ sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, 
     dp->m = m;
     dp->g = g;
     dp->shard.gscale = 1.0f;
-    dp->late = o->late;
-    sl_status st = build_buckets(dp, g, o->bucket_elems > 0 ? o->bucket_elems : (1 << 20), o->late);
+    dp->ready = o->ready;
+    dp->ready_user = o->ready_user;
+    sl_status st = build_buckets(dp, g, o->bucket_elems > 0 ? o->bucket_elems : (1 << 20));
     if (st == SL_OK) {
         dp->reduce.reqs = calloc((size_t)dp->buckets.count + 1, sizeof(dp_bucket_reqs));
         if (!dp->reduce.reqs) st = sl_fail(SL_ERR_NOMEM, "dp: out of memory");
@@ -281,7 +281,9 @@ sl_status sl_dp_reduce_ready(sl_dp *dp, int i) {
     return SL_OK;
 }
 
-int sl_dp_holds(const sl_dp *dp, const sl_tensor *t) { return dp->late && dp->late == t; }
+int sl_dp_ready_from(const sl_dp *dp, int (*fn)(void *, const sl_tensor *), const void *user) {
+    return dp->ready == fn && dp->ready_user == user;
+}
 
 int sl_dp_take_early_launches(sl_dp *dp) {
     int n = dp->reduce.early;

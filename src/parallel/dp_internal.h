@@ -142,8 +142,9 @@ struct sl_dp {
     int zero;       /* ZeRO stage */
     int grad_slots; /* gradients live in slots (Note [Gradient slots]); m->grads_buf is freed */
     sl_model *m;
-    sl_graph *g;           /* the training graph */
-    const sl_tensor *late; /* sl_dp_opts.late */
+    sl_graph *g;                             /* the training graph */
+    int (*ready)(void *, const sl_tensor *); /* sl_dp_opts.ready, ready_user */
+    void *ready_user;
     dp_buckets buckets;
     dp_reduce reduce;
     dp_shard shard;

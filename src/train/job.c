@@ -628,9 +628,13 @@ static sl_status make_trainer(sl_train_job *j) {
             return sl_train_bad("%s", sl_errmsg());
     }
     if (j->mesh.dp > 1) {
-        /* under PP the tied embedding's bucket waits for the first + last stage sum */
-        sl_dp_opts dpo = {(int)o->parallel.zero_stage, o->parallel.bucket_elems, j->accum,
-                          sl_trainer_late_param(&j->tr)};
+        /* the buckets' ready points from the trainer: under PP, the chunks' last backward units and the tied
+         * embedding held for the first + last stage sum (Note [DP overlap under PP]) */
+        sl_dp_opts dpo = {.zero_stage = (int)o->parallel.zero_stage,
+                          .bucket_elems = o->parallel.bucket_elems,
+                          .accum = j->accum,
+                          .ready = sl_trainer_dp_ready,
+                          .ready_user = &j->tr};
         if (sl_dp_new(&j->dp, &j->mesh, m, j->tr.graph, &dpo) != SL_OK)
             return sl_train_bad("%s", sl_errmsg());
         j->tr.dp = j->dp;

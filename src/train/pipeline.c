@@ -335,6 +335,22 @@ void sl_pipeline_set_last_grads(sl_pipeline *P, sl_pipeline_last_fn fn, void *us
     P->last_user = user;
 }
 
+/* each chunk's last unit that writes parameter gradients (a W after its B, when split); -1: none */
+static void last_units(const sl_pipeline *P, int *last) {
+    for (int c = 0; c < P->v; c++) last[c] = -1;
+    for (int i = 0; i < P->n_units; i++)
+        if (P->units[i].fwd != U_F) last[P->units[i].chunk] = i;
+}
+
+int sl_pipeline_last_order(const sl_pipeline *P, int c) {
+    int last[SL_PIPE_MAX_CHUNKS], n = 0;
+    if (c < 0 || c >= P->v) return -1;
+    last_units(P, last);
+    if (last[c] < 0) return -1;
+    for (int d = 0; d < P->v; d++) n += last[d] >= 0 && last[d] < last[c];
+    return n;
+}
+
 /* nodes [lo, hi) of chunk c's slot graph g; through last_fn when they are the chunk's last gradient writes */
 static sl_status run_range(sl_pipeline *P, int c, sl_graph *g, int lo, int hi, int last) {
     if (last && P->last_fn) return P->last_fn(P->last_user, c, g, lo, hi);
@@ -526,9 +542,7 @@ sl_status sl_pipeline_step(sl_pipeline *P, int64_t step, int n_micro, int micro0
                        n_micro);
     double sum = 0;
     int seen_bwd[SL_PIPE_MAX_CHUNKS] = {0}, seen_w[SL_PIPE_MAX_CHUNKS] = {0}, last[SL_PIPE_MAX_CHUNKS];
-    for (int c = 0; c < P->v; c++) last[c] = -1; /* each chunk's last unit that writes parameter gradients */
-    for (int i = 0; i < P->n_units; i++)
-        if (P->units[i].fwd != U_F) last[P->units[i].chunk] = i; /* a W after its B, when split */
+    last_units(P, last);
     sl_status st = SL_OK;
     P->in_step = 1;
     for (int i = 0; i < P->n_units && st == SL_OK; i++) {

@@ -79,41 +79,69 @@ static int pipe_tied(const sl_trainer *tr, const char **name) {
     return tied && (mesh->pp_rank == 0 || mesh->pp_rank == mesh->pp - 1);
 }
 
-const sl_tensor *sl_trainer_late_param(const sl_trainer *tr) {
-    const char *name;
-    if (!pipe_tied(tr, &name)) return NULL;
-    const sl_param_info *w = sl_model_find(tr->model, name);
-    return w ? w->t : NULL;
-}
-
 /* Note [DP overlap under PP]
  * Without a pipeline, data parallelism launches each gradient bucket's reduction from the executor hook as
  * soon as the last micro-batch's backward has written it. Under a pipeline the last micro-batch's backward
  * of a chunk is one unit of the schedule (or its W under zero bubble), run on one of the chunk's slot
- * graphs; every slot graph of a chunk has the nodes of the first, from which the buckets' ready points were
- * taken, so that unit runs with the hook (sl_pipeline_set_last_grads) and the reductions overlap its
- * remaining nodes and what the schedule still does after it (the other stages' sends and receives, the
- * tied-embedding exchange). sl_dp_finish_grads then launches what is left and waits. Two exceptions:
- *  - the tied embedding's bucket waits for the first + last stage sum (pipe_after_backward): it is the
- *    dp's late parameter (sl_dp_opts.late = sl_trainer_late_param), and without it held the overlap is off;
- *  - interleaved schedules (several chunks per stage) keep the reduction at the end of the step: the
- *    buckets' ready points are those of chunk 0's graph only.
- * The reductions are the same collectives over the same buffers in the same order, so the weights are
- * bitwise those of the end-of-step reduction (test_pp). SUANLI_PP_DP_OVERLAP=0 turns it off. */
-static sl_status pipe_last_grads(void *user, int chunk, sl_graph *g, int lo, int hi) {
-    (void)chunk;
+ * graphs, which all have the nodes of the chunk's first. That unit runs with the hook
+ * (sl_pipeline_set_last_grads), so the reductions overlap its remaining nodes and what the schedule still
+ * does after it (the other chunks' units, the sends and receives, the tied-embedding exchange);
+ * sl_dp_finish_grads then launches what is left and waits. The buckets' ready points come from
+ * sl_trainer_dp_ready: node w of the chunk whose last gradient unit is the k-th of the stage's chunks (in
+ * schedule order) is k * READY_SPAN + w, and the hook of that unit counts the same way, so with interleaved
+ * chunks a bucket goes once the last of its chunks is done. The tied embedding of the first and last
+ * stages waits for the first + last sum (pipe_after_backward): SL_DP_READY_LATE. A dp built without this
+ * function (a caller's own sl_dp_opts) gets the overlap only where its default is right: one chunk and no
+ * tied copy on the stage. The reductions are the same collectives over the same buffers in the same order,
+ * so the weights are bitwise those of the end-of-step reduction (test_pp). SUANLI_PP_DP_OVERLAP=0 turns it
+ * off. */
+enum { READY_SPAN = 1 << 22 }; /* nodes per chunk in that numbering (16 chunks fit an int) */
+
+int sl_trainer_dp_ready(void *user, const sl_tensor *param) {
     sl_trainer *tr = user;
-    sl_dp_arm(tr->dp, 1);
-    SL_TRY(sl_dp_begin_pass(tr->dp, sl_graph_n_nodes(g)));
-    sl_status st = sl_graph_compute_range(g, lo, hi, sl_dp_hook, tr->dp);
+    const char *name;
+    if (!tr->pipe) return sl_graph_last_grad_write(tr->graph, param);
+    if (pipe_tied(tr, &name)) {
+        const sl_param_info *w = sl_model_find(tr->model, name);
+        if (w && w->t == param) return SL_DP_READY_LATE;
+    }
+    for (int c = 0; c < sl_pipeline_chunks(tr->pipe); c++) {
+        int w = sl_graph_last_grad_write(sl_pipeline_chunk_graph(tr->pipe, c), param);
+        int k = sl_pipeline_last_order(tr->pipe, c);
+        if (w >= 0 && k >= 0) return w < READY_SPAN ? k * READY_SPAN + w : SL_DP_READY_LATE;
+    }
+    return -1;
+}
+
+typedef struct {
+    sl_dp *dp;
+    int base; /* the chunk's first number in the dp's ready numbering */
+} ready_map;
+
+static sl_status mapped_hook(sl_graph *g, int i, sl_tensor *n, void *user) {
+    ready_map *r = user;
+    return sl_dp_hook(g, r->base + i, n, r->dp);
+}
+
+static sl_status pipe_last_grads(void *user, int chunk, sl_graph *g, int lo, int hi) {
+    sl_trainer *tr = user;
+    int own = sl_dp_ready_from(tr->dp, sl_trainer_dp_ready, tr);
+    ready_map r = {tr->dp, own ? sl_pipeline_last_order(tr->pipe, chunk) * READY_SPAN : 0};
+    if (!tr->dp_pass) { /* the step's first last-unit: arm and start the pass */
+        sl_dp_arm(tr->dp, 1);
+        SL_TRY(sl_dp_begin_pass(tr->dp, sl_graph_n_nodes(g)));
+        tr->dp_pass = 1;
+    }
+    sl_status st = sl_graph_compute_range(g, lo, hi, mapped_hook, &r);
     sl_status es = sl_dp_end_pass(tr->dp); /* stays armed: finish_grads launches the rest, then disarms */
     return st != SL_OK ? st : es;
 }
 
 static int pipe_overlap(const sl_trainer *tr) {
     const char *e = getenv("SUANLI_PP_DP_OVERLAP"), *name;
-    if (!tr->pipe || !tr->dp || (e && !strcmp(e, "0")) || sl_pipeline_chunks(tr->pipe) != 1) return 0;
-    return !pipe_tied(tr, &name) || sl_dp_holds(tr->dp, sl_trainer_late_param(tr));
+    if (!tr->pipe || !tr->dp || (e && !strcmp(e, "0"))) return 0;
+    if (sl_dp_ready_from(tr->dp, sl_trainer_dp_ready, (void *)tr)) return 1;
+    return sl_pipeline_chunks(tr->pipe) == 1 && !pipe_tied(tr, &name);
 }
 
 /* After a pipeline step's backward: the tied embedding's two gradients (first stage's lookup, last
@@ -240,6 +268,7 @@ static sl_status trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void
             sl_dp_arm(tr->dp, 0);
             st = sl_dp_sync_params(tr->dp);
             sl_pipeline_set_last_grads(tr->pipe, pipe_overlap(tr) ? pipe_last_grads : NULL, tr);
+            tr->dp_pass = 0;
         }
         sl_pipeline_set_dropout(tr->pipe, 1, tr->cfg.dropout_seed,
                                 (uint64_t)(tr->cfg.accum * (tr->cfg.dp_size > 1 ? tr->cfg.dp_size : 1)));

@@ -73,7 +73,9 @@ static void *run_rank(void *arg) {
     if ((j->st = sl_trainer_init(&tr, m, &tc)) != SL_OK) goto out_model;
     if ((j->st = sl_mesh_init(&mesh, j->world, (sl_mesh_dims){1, 1, 1})) != SL_OK) goto out_tr;
     if (j->world) {
-        sl_dp_opts o = {j->zero, 3000, j->accum, NULL}; /* small buckets: many launches overlap backward */
+        sl_dp_opts o = {.zero_stage = j->zero,
+                        .bucket_elems = 3000,
+                        .accum = j->accum}; /* small buckets: many launches overlap backward */
         if ((j->st = sl_dp_new(&dp, &mesh, m, tr.graph, &o)) != SL_OK) goto out_mesh;
         tr.dp = dp;
         sl_dp_memory_report(dp, &j->mem);

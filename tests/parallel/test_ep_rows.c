@@ -83,7 +83,7 @@ static sl_status train(rank_job *j, sl_model *m, const sl_mesh *mesh, sl_tp *tp)
     SL_TRY(sl_trainer_init(&tr, m, &tc));
     sl_status st = tp ? sl_trainer_set_tp(&tr, tp) : SL_OK;
     if (st == SL_OK && mesh->dp > 1) {
-        sl_dp_opts o = {0, 3000, 1, NULL};
+        sl_dp_opts o = {.zero_stage = 0, .bucket_elems = 3000, .accum = 1};
         st = sl_dp_new(&dp, mesh, m, tr.graph, &o);
         tr.dp = dp;
     }

@@ -112,7 +112,11 @@ static void *run_rank(void *arg) {
     }
     if (tp && (j->st = sl_trainer_set_tp(&tr, tp)) != SL_OK) goto out;
     if (mesh.dp > 1) {
-        sl_dp_opts o = {j->zero, 3000, j->accum, sl_trainer_late_param(&tr)};
+        sl_dp_opts o = {.zero_stage = j->zero,
+                        .bucket_elems = 3000,
+                        .accum = j->accum,
+                        .ready = sl_trainer_dp_ready,
+                        .ready_user = &tr};
         if ((j->st = sl_dp_new(&dp, &mesh, m, tr.graph, &o)) != SL_OK) goto out;
         tr.dp = dp;
     }
@@ -236,9 +240,9 @@ static void check_layout_v(const ref_run *ref, int world, int tp, int pp, int sp
         } else {
             TU_CHECK(j->n_w == 0, "%s: 1F1B runs its backward whole", what);
         }
-        /* Note [DP overlap under PP]: with dp > 1 and one chunk per stage, buckets are reduced from the last
-         * backward unit (every step launches some there); interleaved, and with the overlap off, none */
-        int dp = world / (tp * pp), on = dp > 1 && vpp <= 1 && !g_keep_off();
+        /* Note [DP overlap under PP]: with dp > 1, buckets are reduced from the chunks' last backward units
+         * (every step launches some there, interleaved too); with the overlap off, none */
+        int dp = world / (tp * pp), on = dp > 1 && !g_keep_off();
         TU_CHECK(on ? j->early >= STEPS : j->early == 0,
                  "%s rank %d: %d bucket reductions launched during the last backward units of %d steps%s",
                  what, r, j->early, STEPS, on ? "" : " (expected none)");
@@ -350,14 +354,15 @@ static void check_layout_z(const ref_run *ref, int world, int tp, int pp, int sp
 }
 
 /* the same layout with the DP reductions at the end of the step (kept) and overlapped: bitwise equal */
-static void check_layout_o(const ref_run *ref, int world, int tp, int pp, int sp, int zero, int accum) {
+static void check_layout_o(const ref_run *ref, int world, int tp, int pp, int sp, int zero, int accum,
+                           int vpp) {
     setenv("SUANLI_PP_DP_OVERLAP", "0", 1);
     g_keep = 1;
-    check_layout_v(ref, world, tp, pp, sp, zero, accum, 1);
+    check_layout_v(ref, world, tp, pp, sp, zero, accum, vpp);
     g_keep = 0;
     unsetenv("SUANLI_PP_DP_OVERLAP");
     g_olap = 1;
-    check_layout_v(ref, world, tp, pp, sp, zero, accum, 1);
+    check_layout_v(ref, world, tp, pp, sp, zero, accum, vpp);
     g_olap = 0;
 }
 
@@ -408,10 +413,11 @@ int main(void) {
     check_layout(&ref4, 4, 2, 2, 1, 0, 4);
     check_layout(&ref4, 4, 1, 2, 0, 1, 2); /* dp 2 */
     /* DP reductions from the last backward unit: bitwise those at the end of the step (ZeRO-1, ZeRO-2) */
-    check_layout_o(&ref4, 4, 1, 2, 0, 1, 2);
-    check_layout_o(&ref4, 4, 1, 2, 0, 2, 2);
-    check_layout(&ref4, 8, 2, 2, 1, 1, 2); /* tp 2 x pp 2 x dp 2 with SP and ZeRO-1 */
-    check_layout(&ref8, 8, 2, 4, 0, 2, 8); /* tp 2 x pp 4, ZeRO-2 (dp 1: no effect) */
+    check_layout_o(&ref4, 4, 1, 2, 0, 1, 2, 1);
+    check_layout_o(&ref4, 4, 1, 2, 0, 2, 2, 1);
+    check_layout_o(&ref4, 4, 1, 2, 0, 1, 2, 2); /* interleaved: buckets of chunk 1, then of chunk 0 */
+    check_layout(&ref4, 8, 2, 2, 1, 1, 2);      /* tp 2 x pp 2 x dp 2 with SP and ZeRO-1 */
+    check_layout(&ref8, 8, 2, 4, 0, 2, 8);      /* tp 2 x pp 4, ZeRO-2 (dp 1: no effect) */
     /* interleaved 1F1B: 2 model chunks of 1 layer per stage */
     check_layout_v(&ref4, 2, 1, 2, 0, 0, 4, 2);
     check_layout_v(&ref8, 2, 1, 2, 0, 0, 8, 2);
@@ -470,9 +476,9 @@ int main(void) {
         single(4, &lr);
         check_layout(&lr, 2, 1, 2, 0, 0, 4);
         check_layout(&lr, 4, 1, 4, 0, 0, 4);
-        check_layout(&lr, 4, 2, 2, 1, 0, 4);   /* tp 2 (kv heads split) + SP */
-        check_layout(&lr, 8, 2, 2, 0, 1, 2);   /* tp 2 x pp 2 x dp 2 */
-        check_layout_o(&lr, 4, 1, 2, 0, 1, 2); /* tied and untied heads, DP overlap on and off */
+        check_layout(&lr, 4, 2, 2, 1, 0, 4);      /* tp 2 (kv heads split) + SP */
+        check_layout(&lr, 8, 2, 2, 0, 1, 2);      /* tp 2 x pp 2 x dp 2 */
+        check_layout_o(&lr, 4, 1, 2, 0, 1, 2, 1); /* tied and untied heads, DP overlap on and off */
         check_layout_v(&lr, 2, 1, 2, 0, 0, 4, 2);
         check_layout_z(&lr, 4, 2, 2, 1, 0, 4); /* ZB-H1 with tp 2 + SP: kv heads split */
         check_layout_u(&lr, 2, 1, 2, 3, 1, (const int[]){3, 1}, 4);

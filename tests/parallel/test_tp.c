@@ -88,7 +88,7 @@ static void *run_rank(void *arg) {
     have_tr = 1;
     if (tp && (j->st = sl_trainer_set_tp(&tr, tp)) != SL_OK) goto out;
     if (mesh.dp > 1) {
-        sl_dp_opts o = {j->zero, 3000, j->accum, NULL};
+        sl_dp_opts o = {.zero_stage = j->zero, .bucket_elems = 3000, .accum = j->accum};
         if ((j->st = sl_dp_new(&dp, &mesh, m, tr.graph, &o)) != SL_OK) goto out;
         tr.dp = dp;
     }

@@ -99,7 +99,7 @@ static void *run_rank(void *arg) {
         goto out_tr;
     }
     if ((j->st = sl_mesh_init(&mesh, j->world, (sl_mesh_dims){1, 1, 1})) != SL_OK) goto out_tr;
-    sl_dp_opts o = {j->zero, j->bucket, j->accum, NULL};
+    sl_dp_opts o = {.zero_stage = j->zero, .bucket_elems = j->bucket, .accum = j->accum};
     if ((j->st = sl_dp_new(&dp, &mesh, m, tr.graph, &o)) == SL_OK) {
         sl_dp_memory_report(dp, &j->mem);
         j->real_total = (double)(j->mem.param_bytes + j->mem.slot_bytes + j->mem.grad_bytes +

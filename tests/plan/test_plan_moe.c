@@ -103,7 +103,7 @@ static void *run_rank(void *arg) {
     if ((j->st = sl_trainer_init(&tr, m, &tc)) != SL_OK) goto out_model;
     j->act = (double)tr.plan.planned_bytes;
     if (mesh.dp > 1) {
-        sl_dp_opts o = {j->zero, 5000, 1, NULL};
+        sl_dp_opts o = {.zero_stage = j->zero, .bucket_elems = 5000, .accum = 1};
         if ((j->st = sl_dp_new(&dp, &mesh, m, tr.graph, &o)) == SL_OK) sl_dp_memory_report(dp, &j->mem);
         sl_dp_free(dp);
     } else { /* one process: parameters, gradients and two moments, all f32 */
