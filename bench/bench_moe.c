@@ -138,7 +138,11 @@ int sl_bench_moe(int argc, char **argv) {
     if (tp && sl_trainer_set_tp(&tr, tp) != SL_OK) return fail("");
     sl_dp *dp = NULL;
     if (mesh.dp > 1) {
-        sl_dp_opts o = {.zero_stage = (int)zero, .bucket_elems = 1 << 20, .accum = 1};
+        sl_dp_opts o = {.zero_stage = (int)zero,
+                        .bucket_elems = 1 << 20,
+                        .accum = 1,
+                        .ready = sl_trainer_dp_ready,
+                        .ready_user = &tr};
         if (sl_dp_new(&dp, &mesh, m, tr.graph, &o) != SL_OK) return fail("");
         tr.dp = dp;
     }

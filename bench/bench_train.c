@@ -249,7 +249,11 @@ int sl_bench_train(int argc, char **argv) {
         return 1;
     }
     if (mesh.dp > 1) {
-        sl_dp_opts o = {.zero_stage = (int)zero, .bucket_elems = bucket, .accum = (int)accum};
+        sl_dp_opts o = {.zero_stage = (int)zero,
+                        .bucket_elems = bucket,
+                        .accum = (int)accum,
+                        .ready = sl_trainer_dp_ready, /* as suanli train: overlap under PP */
+                        .ready_user = &tr};
         if (sl_dp_new(&dp, &mesh, m, tr.graph, &o) != SL_OK) {
             fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
             return 1;
@@ -272,6 +276,7 @@ int sl_bench_train(int argc, char **argv) {
            tp_bytes = r.tp_bytes, cpu_step = r.cpu_step, wall_mean = r.wall_mean;
     float loss = r.loss;
     double thr_mean = (double)r.thr_sum / (double)steps;
+    int early = dp ? sl_dp_take_early_launches(dp) : 0; /* buckets launched during backward, all steps */
     qsort(ts, (size_t)steps, sizeof(double), cmp_d);
     double med = ts[steps / 2];
     double tps = (double)(B * T) * (double)accum * mesh.dp / med;
@@ -306,7 +311,7 @@ int sl_bench_train(int argc, char **argv) {
             "\"tokens_per_s_mean\": %.2f, \"attention_dropout\": %g, \"hidden_dropout\": %g, "
             "\"mfu_f32_peak\": %.4f, \"peak_rss_mib\": %.1f, \"zero_bubble\": %d, \"probes_held_back\": "
             "%lld, "
-            "\"load_signal\": %d, \"shared_mode_steps\": %lld}\n",
+            "\"load_signal\": %d, \"shared_mode_steps\": %lld, \"dp_early_launches\": %d}\n",
             device, (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T,
             (long long)threads, bf16 ? "bf16-mixed" : "f32", med * 1e3, tps, flops / 1e9, peak / 1e9, mfu,
             tr.plan.planned_bytes / 1048576.0, loss, mesh.dp, (long long)accum, (long long)zero, wait_frac,
@@ -315,7 +320,7 @@ int sl_bench_train(int argc, char **argv) {
             bal[0], bal[1], busy, tr.gov.on, thr_mean, (long long)tr.gov.switches, (long long)tr.gov.probes,
             cpu_step * 1e3, wall_mean * 1e3, (double)(B * T) * (double)accum * mesh.dp / wall_mean, pa, ph,
             peak32 > 0 ? flops / peak32 : 0, rss_mib, zb, (long long)tr.gov.gated, tr.gov.ncpu > 0,
-            (long long)tr.gov.shared_steps);
+            (long long)tr.gov.shared_steps, early);
     else
         printf("GPT-2 on %s, L%lld NH%lld C%lld V%lld B%lld T%lld %s, %lld threads: %.1f ms/step (median of "
                "%lld), "
