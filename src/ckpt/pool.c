@@ -90,38 +90,6 @@ static void sum_str(char *out, size_t cap, const void *p, size_t n) {
     snprintf(out, cap, "xxh3:%016llx", (unsigned long long)XXH3_64bits(p, n));
 }
 
-/* write head (may be NULL) + body to path atomically: tmp name, fsync, rename */
-static sl_status write_parts(const char *path, const void *head, size_t hn, const void *body, size_t bn,
-                             int sync) {
-    char tmp[4400];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return sl_fail(SL_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-    const void *pp[2] = {head, body};
-    size_t nn[2] = {head ? hn : 0, bn};
-    for (int i = 0; i < 2; i++) {
-        const char *b = pp[i];
-        size_t off = 0;
-        while (off < nn[i]) {
-            ssize_t k = write(fd, b + off, nn[i] - off);
-            if (k < 0 && errno == EINTR) continue;
-            if (k <= 0) {
-                int e = errno;
-                close(fd);
-                unlink(tmp);
-                return sl_fail(SL_ERR_IO, "%s: write failed: %s", tmp, strerror(e));
-            }
-            off += (size_t)k;
-        }
-    }
-    if ((sync && fsync(fd) != 0) || close(fd) != 0 || rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return sl_fail(SL_ERR_IO, "%s: cannot write: %s", path, strerror(e));
-    }
-    return SL_OK;
-}
-
 static void peer_dir(char *out, size_t cap, const sl_ckpt_pool *p, int host, const char *stepbase) {
     snprintf(out, cap, "%s/host-%d/%s", p->local_root, host, stepbase);
 }
@@ -850,10 +818,9 @@ static sl_status assemble_step(ctx *c, int scan, const char *dest) {
             if (c->nowrite)
                 ;
             else if (src < 0 || (c->lc && src != c->me) || link(from, path) != 0)
-                st = (uintptr_t)buf % RESTORE_ALIGN ==
-                             0 /* received or rebuilt: O_DIRECT, no page-cache copy */
-                         ? sl_ckpt_write_file(path, NULL, 0, buf, size, SL_CKPT_IO_DIRECT, NULL)
-                         : write_parts(path, NULL, 0, buf, size, 0);
+                /* received or rebuilt: O_DIRECT from an aligned buffer, no page-cache copy */
+                st = sl_ckpt_write_file(path, NULL, 0, buf, size,
+                                        (uintptr_t)buf % RESTORE_ALIGN == 0 ? SL_CKPT_IO_DIRECT : 0, NULL);
             st = agree(c, st); /* a local failure: every leader leaves here (reads were the same for all) */
         }
         free(buf);
@@ -861,10 +828,10 @@ static sl_status assemble_step(ctx *c, int scan, const char *dest) {
     }
     if (dest) {
         snprintf(path, sizeof path, "%s/manifest.json", dest);
-        if (!c->nowrite) st = write_parts(path, NULL, 0, text, strlen(text), 0);
+        if (!c->nowrite) st = sl_ckpt_write_file(path, NULL, 0, text, strlen(text), 0, NULL);
         if (st == SL_OK && config && !c->nowrite) {
             snprintf(path, sizeof path, "%s/config.json", dest);
-            st = write_parts(path, NULL, 0, config, clen, 0);
+            st = sl_ckpt_write_file(path, NULL, 0, config, clen, 0, NULL);
         }
         st = agree(c, st);
     }
