@@ -8,16 +8,20 @@
 #      with suanli's communicator bootstrapped over TCP (MASTER_ADDR: the hybrid transport) and
 #      OpenMPI's MPI_Allreduce in the same processes, blocks interleaved: columns auto (= hier),
 #      ring (flat, same hybrid transport), hier, mpi.
-# usage: bench/comm_hosts.sh SUANLI_CLI [HOSTS [RANKS_PER_HOST [RATE [MAX]]]]   (root)
-CLI=$(readlink -f "$1"); H=${2:-2}; L=${3:-2}; RATE=${4:-2gbit}; MAX=${5:-16M}
+# DELAY=US (environment) adds that one-way latency between hosts with the user-space delay line
+# (tests/comm/delayline.c, NC_DELAYLINE, by default the build's tests/comm/sl_delayline beside the CLI);
+# its counts and the lateness of its wake-ups are printed at the end.
+# usage: [DELAY=US] bench/comm_hosts.sh SUANLI_CLI [HOSTS [RANKS_PER_HOST [RATE [MAX]]]]   (root)
+CLI=$(readlink -f "$1"); H=${2:-2}; L=${3:-2}; RATE=${4:-2gbit}; MAX=${5:-16M}; DELAY=${DELAY:-}
+export NC_DELAYLINE=${NC_DELAYLINE:-$(dirname "$CLI")/tests/comm/sl_delayline}
 HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/../tests/comm/netns_cluster.sh"
 export NC NC_DIR
 trap nc_cleanup EXIT
 trap 'exit 1' INT TERM
-nc_setup $H $RATE || exit $?
+nc_setup $H $RATE $DELAY || exit $?
 M=$(nc_addr 0)
-echo "# $(date -u +%FT%TZ) hosts=$H ranks/host=$L rate=$RATE cpu=\"$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')\" load=\"$(cut -d' ' -f1-3 /proc/loadavg)\""
+echo "# $(date -u +%FT%TZ) hosts=$H ranks/host=$L rate=$RATE delay_us=${DELAY:-0} cpu=\"$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')\" load=\"$(cut -d' ' -f1-3 /proc/loadavg)\""
 echo "# link: shm, 2 ranks on host h0"
 nc_exec 0 "$CLI" run -n 2 -- "$CLI" bench comm --colls all_reduce --json --reps 3 --max-bytes $MAX 2>&1 | grep -v "suanli info"
 echo "# link: tcp, 1 rank on each of h0 and h1 (one shaped link per direction)"
@@ -30,4 +34,5 @@ nc_exec 0 mpirun --allow-run-as-root -np $((H * L)) --host $hosts --mca plm_rsh_
   --mca btl self,vader,tcp --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 \
   -x MASTER_ADDR=$M -x MASTER_PORT=29600 -x NC -x NC_DIR ${SUANLI_COMM_SPIN:+-x SUANLI_COMM_SPIN} \
   --mca mpi_yield_when_idle 1 "$CLI" bench comm --colls all_reduce --algos ${ALGOS:-ring,hier} --json --reps 3 --max-bytes $MAX 2>&1 | grep -v "suanli info"
+[ -n "$DELAY" ] && echo "# $(nc_delayline_stats)"
 echo "# end $(date -u +%FT%TZ) load=\"$(cut -d' ' -f1-3 /proc/loadavg)\""
