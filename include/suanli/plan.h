@@ -41,6 +41,9 @@ typedef struct sl_plan_cluster {
     double mem_reserve;     /* fraction of mem_bytes kept free (allocator, runtime, fragmentation) */
     double overlap;         /* fraction of data-parallel communication hidden behind backward, 0..1 */
     sl_plan_link intra, inter;
+    /* network interfaces per host (links.inter_host.nics_per_host, default devices_per_host): inter.beta_Bps
+     * is per NIC, and the flows that leave a host at once share its NICs (Note [Planner DP across hosts]) */
+    int64_t nics_per_host;
     double mtbf_hours;                            /* per host (a host failure stops the job) */
     double ckpt_write_Bps;                        /* per host, to the checkpoint store */
     double ckpt_read_Bps;                         /* per host, restore */
@@ -98,6 +101,10 @@ typedef struct sl_plan_layout {
     int fits;
     double t_compute, t_dp_comm, t_tp_comm, t_pp_comm, t_ep_comm, t_optim; /* seconds per step */
     double bubble;                                                         /* fraction of the pipeline */
+    /* the DP all-reduce: 1 when suanli runs it hierarchically (the DP group spans hosts with dp_per_host > 1
+     * of its ranks on each; Note [Hierarchical sub-communicators] in src/comm/init.c), else a flat ring */
+    int dp_hier;
+    int64_t dp_per_host;
     double step_sec, tokens_per_s, mfu;
     int runnable; /* suanli can train this layout today (ep = 1, no recomputation, no ZeRO-3 with pp > 1) */
 } sl_plan_layout;

@@ -88,13 +88,14 @@ static void layout_json(const sl_plan_layout *l, int rank) {
         "%.0f, "
         "\"mem_grads\": %.0f, \"mem_grad_shard\": %.0f, \"mem_optim\": %.0f, \"mem_slots\": %.0f, "
         "\"mem_activations\": %.0f, \"fits\": %d, \"runnable\": %d, \"first_layers\": %lld, "
-        "\"last_layers\": %lld}\n",
+        "\"last_layers\": %lld, \"dp_allreduce\": \"%s\", \"dp_per_host\": %lld}\n",
         rank, (long long)l->dp, (long long)l->tp, (long long)l->pp, (long long)l->ep,
         (long long)(l->etp ? l->tp : 1), (long long)l->vpp, (long long)l->micro_batch, (long long)l->accum,
         l->zero, l->recompute, l->step_sec, l->tokens_per_s, l->mfu, l->bubble, l->t_compute, l->t_dp_comm,
         l->t_tp_comm, l->t_pp_comm, l->t_ep_comm, l->t_optim, l->mem.total, l->mem.params, l->mem.grads,
         l->mem.grad_shard, l->mem.optim, l->mem.slots, l->mem.activations, l->fits, l->runnable,
-        (long long)l->first_layers, (long long)l->last_layers);
+        (long long)l->first_layers, (long long)l->last_layers, l->dp_hier ? "hier" : "ring",
+        (long long)l->dp_per_host);
 }
 
 static void launch_command(const plan_args *a, const sl_plan_model *md, const sl_plan_cluster *cl,

@@ -74,10 +74,21 @@ static sl_status cluster_fields(const cJSON *root, const char *path, sl_plan_clu
     if (!cJSON_IsObject(links))
         return sl_fail(SL_ERR_INVALID, "%s: missing field 'links' (intra_host, inter_host)", path);
     SL_TRY(link_of(links, path, "intra_host", &cl->intra));
-    if (cl->hosts > 1 || cJSON_GetObjectItemCaseSensitive(links, "inter_host"))
+    const cJSON *inter = cJSON_GetObjectItemCaseSensitive(links, "inter_host");
+    if (cl->hosts > 1 || inter)
         SL_TRY(link_of(links, path, "inter_host", &cl->inter));
     else
         cl->inter = cl->intra;
+    cl->nics_per_host = cl->devices_per_host;
+    if (cJSON_IsObject(inter)) {
+        double nics = 0;
+        SL_TRY(num(inter, path, "links.inter_host.", "nics_per_host", 1, 1 << 16,
+                   (double)cl->devices_per_host, &nics));
+        if (nics != floor(nics))
+            return sl_fail(SL_ERR_INVALID, "%s: field 'links.inter_host.nics_per_host' must be an integer",
+                           path);
+        cl->nics_per_host = (int64_t)nics;
+    }
     SL_TRY(num(links, path, "links.", "dp_overlap", 0, 1, 0.0, &cl->overlap));
     if (cl->hosts > 1 && cl->inter.beta_Bps > cl->intra.beta_Bps * 1.0001)
         return sl_fail(

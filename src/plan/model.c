@@ -313,6 +313,52 @@ static double t_gather(const sl_plan_link *l, int64_t g, double bytes) { /* all-
     return (double)(g - 1) * l->alpha_s + (double)(g - 1) / (double)g * bytes / l->beta_Bps;
 }
 
+/* Note [Planner DP across hosts]
+ * suanli's all-reduce over a communicator that spans hosts with r > 1 of its ranks on every host is
+ * hierarchical (Note [Hierarchical sub-communicators], src/comm/init.c): reduce-scatter among the r ranks
+ * of a host, all-reduce of each 1/r shard among the h hosts, all-gather inside the host. The DP group of a
+ * layout (stride tp, rank order tp fastest) has r = devices_per_host / tp ranks on a host when tp divides
+ * devices_per_host and the group spans hosts; with h = dp / r hosts (dp a multiple of r):
+ *   AR_hier(n) = 2 (r-1)/r n / beta_intra + 2 (h-1)/h (n / r) / beta_flow + per bucket 2 (r-1) alpha_intra
+ *                + 2 (h-1) alpha_inter
+ * Uneven hosts (dp not a multiple of r), reduce-scatter and all-gather stay flat rings over the inter link.
+ * beta_flow: the flows that leave a host at once share its NICs (links.inter_host.nics_per_host, default one
+ * per device, so beta is then per device as before). The tp DP groups of a host all reduce at once, each with
+ * r flows leaving the host (hierarchical) or one (a flat ring crosses each host boundary once), so
+ * beta_flow = beta_nic x min(1, nics / (tp r)) or beta_nic x min(1, nics / tp). Checked on 2 namespace
+ * hosts x 2 ranks, one 1 Gbit/s link each (0.1194 GB/s of TCP payload): a 4 MiB all-reduce measured 35.1 ms
+ * hierarchical and 52.7 ms as a flat ring (BENCHMARKS-comm.md, "Latency between hosts"), the formulas give
+ * 35.7 and 52.9 ms; DP = 4 training steps waited 106.7 ms against 110.4 predicted (bench/plan_hosts.sh). */
+static double flow_beta(const sl_plan_cluster *cl, int64_t flows) {
+    int64_t nics = cl->nics_per_host > 0 ? cl->nics_per_host : cl->devices_per_host; /* 0: one per device */
+    double share = flows > nics ? (double)nics / (double)flows : 1.0;
+    return cl->inter.beta_Bps * share;
+}
+
+/* the DP group's all-reduce of `bytes` in `buckets` buckets, as suanli runs it (Note [Planner DP across
+ * hosts]); sets l->dp_hier and l->dp_per_host */
+static double t_dp_all_reduce(const sl_plan_cluster *cl, sl_plan_layout *l, double bytes, double buckets) {
+    int64_t D = cl->devices_per_host, r = l->tp <= D && D % l->tp == 0 ? D / l->tp : 1;
+    l->dp_hier = 0;
+    l->dp_per_host = l->tp * l->dp <= D ? l->dp : r;
+    if (l->dp <= 1) return 0;
+    if (l->tp * l->dp <= D) { /* inside a host */
+        const sl_plan_link *in = &cl->intra;
+        return t_all_reduce(in, l->dp, bytes) + buckets * in->alpha_s * 2.0 * (double)(l->dp - 1);
+    }
+    if (r >= 2 && l->dp % r == 0) {
+        int64_t h = l->dp / r;
+        l->dp_hier = 1;
+        double bf = flow_beta(cl, l->tp * r);
+        return 2.0 * (double)(r - 1) / (double)r * bytes / cl->intra.beta_Bps +
+               2.0 * (double)(h - 1) / (double)h * (bytes / (double)r) / bf +
+               buckets *
+                   (2.0 * (double)(r - 1) * cl->intra.alpha_s + 2.0 * (double)(h - 1) * cl->inter.alpha_s);
+    }
+    sl_plan_link ring = {cl->inter.alpha_s, flow_beta(cl, l->tp)};
+    return t_all_reduce(&ring, l->dp, bytes) + buckets * ring.alpha_s * 2.0 * (double)(l->dp - 1);
+}
+
 static int64_t world_of(const sl_plan_cluster *cl, const sl_plan_job *job) {
     return job->devices > 0 ? job->devices : cl->hosts * cl->devices_per_host;
 }
@@ -485,12 +531,15 @@ static sl_status timing(const sl_plan_model *m, const sl_plan_cluster *cl, const
     SL_TRY(stage_buckets(m, job, l, l->pp > 1 ? STAGE_FIRST : STAGE_ALL, &bs));
     double gbytes = 4.0 * bs.total, t_dp = 0;
     double lat = (double)bs.n_buckets * dpl->alpha_s * 2.0 * (double)(l->dp - 1);
+    /* reduce-scatter and all-gather: flat rings; across hosts each host's tp groups send one flow each */
+    sl_plan_link gl = *dpl;
+    if (dpl == &cl->inter) gl.beta_Bps = flow_beta(cl, l->tp);
+    double t_ar = t_dp_all_reduce(cl, l, gbytes, (double)bs.n_buckets);
     if (l->dp > 1) {
-        if (l->zero == 0) t_dp = t_all_reduce(dpl, l->dp, gbytes);
-        if (l->zero == 1) t_dp = t_all_reduce(dpl, l->dp, gbytes) + t_gather(dpl, l->dp, gbytes);
-        if (l->zero == 2) t_dp = 2.0 * t_gather(dpl, l->dp, gbytes);
-        if (l->zero == 3) t_dp = 3.0 * t_gather(dpl, l->dp, gbytes);
-        t_dp += lat;
+        if (l->zero == 0) t_dp = t_ar;
+        if (l->zero == 1) t_dp = t_ar + t_gather(&gl, l->dp, gbytes);
+        if (l->zero == 2) t_dp = 2.0 * t_gather(&gl, l->dp, gbytes) + lat;
+        if (l->zero == 3) t_dp = 3.0 * t_gather(&gl, l->dp, gbytes) + lat;
     }
     double owned = l->zero ? bs.shard : bs.total;
     double t_opt = 32.0 * owned / cl->mem_bw_Bps;

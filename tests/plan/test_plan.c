@@ -348,6 +348,10 @@ static void test_cluster_files(void) {
     cluster_case(d, "\"beta_GBps\": 25", "\"beta_GBps\": 400", "links.inter_host.beta_GBps");
     cluster_case(d, "\"alpha_us\": 2", "\"alpha_us\": -1", "links.intra_host.alpha_us");
     cluster_case(d, "\"host_mtbf_hours\": 1000", "\"host_mtbf_hours\": 0", "reliability.host_mtbf_hours");
+    cluster_case(d, "\"beta_GBps\": 25}", "\"beta_GBps\": 25, \"nics_per_host\": 0}",
+                 "links.inter_host.nics_per_host");
+    cluster_case(d, "\"beta_GBps\": 25}", "\"beta_GBps\": 25, \"nics_per_host\": 1.5}",
+                 "links.inter_host.nics_per_host");
     cluster_case(d, "{\"hosts\"", "[{\"hosts\"", "not a JSON object");
     sl_plan_cluster cl;
     TU_CHECK(sl_plan_cluster_load("/nonexistent/c.json", &cl) == SL_ERR_INVALID &&
@@ -362,6 +366,57 @@ static void test_cluster_files(void) {
              "llama-70b has ~70.6B parameters: %lld", (long long)sl_plan_model_params(&md));
     TU_CHECK(sl_plan_model_load("gpt2-124m", &md) == SL_OK && sl_plan_model_params(&md) == 124439808,
              "gpt2-124m: %lld", (long long)sl_plan_model_params(&md));
+}
+
+/* DP across hosts (Note [Planner DP across hosts]): the planner charges the hierarchical all-reduce suanli
+ * runs when the DP group has r > 1 ranks on each of its hosts, a flat ring otherwise, and the flows leaving
+ * a host share its NICs. Oracle: the formulas written out here from the algorithm (intra reduce-scatter,
+ * inter all-reduce of an N/r shard, intra all-gather), on the links of BENCHMARKS-comm.md's namespace
+ * cluster (shm 0.5 us / 7.85 GB/s, 1 Gbit/s TCP 14 us / 0.1194 GB/s, one NIC per host). One bucket, so the
+ * latency terms count once; ZeRO-0, no overlap. */
+static void test_dp_across_hosts(void) {
+    sl_plan_model g;
+    sl_plan_model_load("gpt2-124m", &g);
+    double N = 4.0 * (double)sl_plan_model_params(&g), ai = 0.5e-6, bi = 7.85e9, ax = 14e-6, bx = 0.1194e9;
+    sl_plan_cluster cl = local_cluster(2);
+    cl.hosts = 2;
+    cl.intra = (sl_plan_link){ai, bi};
+    cl.inter = (sl_plan_link){ax, bx};
+    cl.nics_per_host = 1;
+    cl.mem_bytes = 1e11;
+    sl_plan_job job = {.global_batch = 24, .seq_len = 64, .bucket_elems = 1LL << 30};
+    sl_plan_layout a = {.dp = 4, .tp = 1, .pp = 1, .micro_batch = 2};
+    TU_CHECK(sl_plan_evaluate(&g, &cl, &job, &a) == SL_OK, "dp 4 on 2 x 2: %s", sl_errmsg());
+    /* two ranks of a host send their N/2 shards at once through its one NIC: bx / 2 each */
+    double hier = 2.0 * 0.5 * N / bi + 2.0 * 0.5 * (N / 2) / (bx / 2) + 2.0 * ai + 2.0 * ax;
+    TU_CHECK(a.dp_hier == 1 && a.dp_per_host == 2 && fabs(a.t_dp_comm / hier - 1) < 1e-9,
+             "hierarchical all-reduce over 2 hosts x 2: %.6f s, formula %.6f s (hier %d, %lld per host)",
+             a.t_dp_comm, hier, a.dp_hier, (long long)a.dp_per_host);
+    /* a NIC per device: the shards no longer share one */
+    cl.nics_per_host = 2;
+    sl_plan_layout b = {.dp = 4, .tp = 1, .pp = 1, .micro_batch = 2};
+    double hier2 = 2.0 * 0.5 * N / bi + 2.0 * 0.5 * (N / 2) / bx + 2.0 * ai + 2.0 * ax;
+    TU_CHECK(sl_plan_evaluate(&g, &cl, &job, &b) == SL_OK && fabs(b.t_dp_comm / hier2 - 1) < 1e-9,
+             "two NICs per host: %.6f s, formula %.6f s", b.t_dp_comm, hier2);
+    /* the flat ring that 2 x 2 would take without it: 1.5 N over one crossing per host, 6 latency steps per
+     * call (t_all_reduce) and per bucket; measured 52.7 ms against hier's 35.1 ms at 4 MiB (1.50x) */
+    cl.nics_per_host = 1;
+    double ring = 2.0 * 3.0 / 4.0 * N / bx + 2 * 6.0 * ax;
+    TU_CHECK(hier / ring > 0.6 && hier / ring < 0.7, "hier / ring on 2 x 2 with one NIC: %.3f (1/1.5)",
+             hier / ring);
+    /* uneven hosts (3 ranks, 2 per host): suanli's leaders form; the planner keeps the flat ring */
+    sl_plan_job job3 = job;
+    job3.devices = 3;
+    sl_plan_layout c = {.dp = 3, .tp = 1, .pp = 1, .micro_batch = 2};
+    double ring3 = 2.0 * 2.0 / 3.0 * N / bx + 2 * 4.0 * ax;
+    TU_CHECK(sl_plan_evaluate(&g, &cl, &job3, &c) == SL_OK && c.dp_hier == 0 &&
+                 fabs(c.t_dp_comm / ring3 - 1) < 1e-9,
+             "dp 3 over 2 + 1: flat ring %.6f s, formula %.6f s (hier %d): %s", c.t_dp_comm, ring3, c.dp_hier,
+             sl_errmsg());
+    /* one DP rank per host (tp fills the host): a ring over the hosts */
+    sl_plan_layout e = {.dp = 2, .tp = 2, .pp = 1, .micro_batch = 2};
+    TU_CHECK(sl_plan_evaluate(&g, &cl, &job, &e) == SL_OK && e.dp_hier == 0 && e.dp_per_host == 1,
+             "tp 2 fills the host: no hierarchy (%d, %lld)", e.dp_hier, (long long)e.dp_per_host);
 }
 
 /* model-only parts: the pipeline bubble formulas and TP/PP memory splits */
@@ -424,6 +479,7 @@ int main(void) {
     test_failures();
     test_cluster_files();
     test_model_only();
+    test_dp_across_hosts();
     test_probe();
     return tu_finish("test_plan");
 }

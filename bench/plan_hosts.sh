@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The planner's DP all-reduce across hosts (Note [Planner DP across hosts], src/plan/model.c) against real
+# `suanli train` runs on the namespace cluster (tests/comm/netns_cluster.sh): 2 hosts x 2 ranks, DP = 4,
+# ZeRO-0, each host's link shaped to RATE (tc tbf), DELAY us one way added by the delay line if set.
+# GPT-2 L4 C256 T64 (3.2M parameters, 12.97 MB of gradients) in ONE bucket (--ddp-bucket-size 2^30), so
+# the all-reduce starts when the backward ends and the step waits for all of it: metrics.jsonl's
+# comm_wait_ms is the whole all-reduce. Two runs: suanli's default (hierarchical across hosts) and the flat
+# algorithm (SUANLI_COMM_HIER=0). Predicted: `suanli plan --json`'s t_dp_comm on a cluster file made from
+# the links measured first in the same run (bench/comm_hosts.sh's link rows: the 2-rank shm all-reduce at
+# 16 MiB and the 1-rank-per-host tcp one at 16 MiB and 8 B), and for the flat run the ring formula
+# 2(g-1)/g N / beta_inter + 2 x 2(g-1) alpha_inter (a flat ring crosses each host boundary with one flow).
+# usage: [DELAY=US] bench/plan_hosts.sh SUANLI_CLI [RATE [STEPS]]   (root)
+set -u
+CLI=$(readlink -f "$1"); RATE=${2:-1gbit}; STEPS=${3:-8}; DELAY=${DELAY:-}
+HERE=$(cd "$(dirname "$0")" && pwd)
+export NC_DELAYLINE=${NC_DELAYLINE:-$(dirname "$CLI")/tests/comm/sl_delayline}
+. "$HERE/../tests/comm/netns_cluster.sh"
+T=$(mktemp -d /tmp/sl-planhosts.XXXXXX)
+trap 'nc_cleanup; rm -rf "$T"' EXIT
+trap 'exit 1' INT TERM
+nc_setup 2 "$RATE" $DELAY || exit $?
+M=$(nc_addr 0)
+"$CLI" data prepare --input "$HERE/../data/tinyshakespeare.txt" --output-prefix "$T/tok" > /dev/null || exit 1
+echo "# $(date -u +%FT%TZ) rate=$RATE delay_us=${DELAY:-0} cpu=\"$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')\" load=\"$(cut -d' ' -f1-3 /proc/loadavg)\""
+# the links, as in bench/comm_hosts.sh
+nc_exec 0 "$CLI" run -n 2 -- "$CLI" bench comm --colls all_reduce --json --reps 3 --max-bytes 16M 2>/dev/null |
+  grep '"bytes":16777216' > "$T/shm" || exit 1
+nc_exec 1 "$CLI" run -n 1 --nnodes 2 --node-rank 1 --master $M:29500 -- "$CLI" bench comm --colls all_reduce --json --reps 3 --max-bytes 16M > /dev/null 2>&1 &
+nc_exec 0 "$CLI" run -n 1 --nnodes 2 --node-rank 0 --master $M:29500 -- "$CLI" bench comm --colls all_reduce --json --reps 3 --max-bytes 16M 2>/dev/null |
+  grep -E '"bytes":(8|16777216),' > "$T/tcp" || exit 1
+wait
+train=(train --data-path "$T/tok" --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 64
+       --micro-batch-size 4 --global-batch-size 16 --threads 1 --eval-iters 1 --eval-interval 0 --log-interval 1
+       --ddp-bucket-size 1073741824 --train-iters $((STEPS + 1)))
+run_job() { # NAME [ENV=VALUE...]
+  local name=$1; shift
+  nc_exec 1 env "$@" timeout 300 "$CLI" run -n 2 --nnodes 2 --node-rank 1 --master $M:29510 -- "$CLI" "${train[@]}" --save "$T/$name" > "$T/$name.h1.log" 2>&1 &
+  local p=$!
+  nc_exec 0 env "$@" timeout 300 "$CLI" run -n 2 --nnodes 2 --node-rank 0 --master $M:29510 -- "$CLI" "${train[@]}" --save "$T/$name" > "$T/$name.log" 2>&1 ||
+    { tail -n 20 "$T/$name.log"; echo "FAIL: $name"; exit 1; }
+  wait $p || { tail -n 20 "$T/$name.h1.log"; echo "FAIL: $name on h1"; exit 1; }
+}
+run_job hier SUANLI_COMM_HIER=1
+run_job flat SUANLI_COMM_HIER=0
+python3 - "$T" "$CLI" <<'PY'
+import json, re, statistics, subprocess, sys
+T, cli = sys.argv[1:]
+shm = json.loads(re.search(r'\{"coll".*\}', open(T + "/shm").read()).group(0))
+tcp = {}
+for l in open(T + "/tcp"):
+    d = json.loads(re.search(r'\{"coll".*\}', l).group(0)); tcp[d["bytes"]] = d
+n16 = 16777216
+beta_intra = n16 / (shm["time_us"] * 1e-6)               # 2 ranks: busbw = algbw = N / t
+alpha_inter = tcp[8]["time_us"] * 1e-6                  # one exchange of 8 B
+beta_inter = n16 / (tcp[n16]["time_us"] * 1e-6 - alpha_inter)
+cluster = {"name": "namespace 2 x 2", "hosts": 2, "devices_per_host": 2,
+           "device": {"peak_TFLOPs": 0.1148, "memory_GiB": 12, "mem_bw_GBps": 15.5, "gemm_efficiency": 0.78},
+           "links": {"intra_host": {"alpha_us": 0.5, "beta_GBps": beta_intra / 1e9},
+                     "inter_host": {"alpha_us": alpha_inter * 1e6, "beta_GBps": beta_inter / 1e9, "nics_per_host": 1}},
+           "reliability": {"host_mtbf_hours": 8760, "ckpt_write_GBps": 0.25, "ckpt_read_GBps": 0.4}, "launcher": "run"}
+json.dump(cluster, open(T + "/ns.json", "w"))
+open(T + "/m.json", "w").write('{"num_layers": 4, "hidden_size": 256, "num_attention_heads": 4, "vocab_size": 256, "seq_length": 64}')
+out = subprocess.run([cli, "plan", "--model", T + "/m.json", "--cluster", T + "/ns.json", "--dp", "4", "--micro-batch", "4",
+                      "--global-batch", "16", "--seq-len", "64", "--recompute", "none", "--zero", "0",
+                      "--bucket-elems", "1073741824", "--json", "--top", "1"], capture_output=True, text=True, check=True).stdout
+p = json.loads(out.splitlines()[0])
+N = p["mem_grads"]
+ring = 2 * 3 / 4 * N / beta_inter + 2 * 6 * alpha_inter
+def meas(name):
+    rows = [json.loads(l) for l in open(f"{T}/{name}/metrics.jsonl")][1:]
+    return statistics.median(r["comm_wait_ms"] for r in rows), statistics.median(r["ms_per_step"] for r in rows), len(rows)
+print(f"# links: shm {beta_intra/1e9:.2f} GB/s (16 MiB); tcp {alpha_inter*1e6:.1f} us (8 B), {beta_inter/1e9:.4f} GB/s (16 MiB); gradients {N/1e6:.2f} MB in one bucket")
+print("| run | measured DP wait ms (median) | step ms | predicted ms | error |")
+print("|---|---:|---:|---:|---:|")
+for name, pred, what in (("hier", p["t_dp_comm"] * 1e3, f"planner ({p['dp_allreduce']}, {p['dp_per_host']} per host)"),
+                         ("flat", ring * 1e3, "ring formula")):
+    w, s, k = meas(name)
+    print(f"| {name} (SUANLI_COMM_HIER={'1' if name == 'hier' else '0'}), {k} steps | {w:.1f} | {s:.1f} | {pred:.1f} ({what}) | {100 * (pred / w - 1):+.1f}% |")
+PY
+[ -n "$DELAY" ] && echo "# $(nc_delayline_stats)"
+echo "# end $(date -u +%FT%TZ) load=\"$(cut -d' ' -f1-3 /proc/loadavg)\""
