@@ -9,6 +9,8 @@
 # the links measured first in the same run (bench/comm_hosts.sh's link rows: the 2-rank shm all-reduce at
 # 16 MiB and the 1-rank-per-host tcp one at 16 MiB and 8 B), and for the flat run the ring formula
 # 2(g-1)/g N / beta_inter + 2 x 2(g-1) alpha_inter (a flat ring crosses each host boundary with one flow).
+# The whole step is predicted too (the planner's compute + optimizer, a device being half a core: 4 ranks on
+# 2 cores; for the flat run with the ring formula in place of the planner's DP term).
 # usage: [DELAY=US] bench/plan_hosts.sh SUANLI_CLI [RATE [STEPS]]   (root)
 set -u
 CLI=$(readlink -f "$1"); RATE=${2:-1gbit}; STEPS=${3:-8}; DELAY=${DELAY:-}
@@ -54,7 +56,9 @@ beta_intra = n16 / (shm["time_us"] * 1e-6)               # 2 ranks: busbw = algb
 alpha_inter = tcp[8]["time_us"] * 1e-6                  # one exchange of 8 B
 beta_inter = n16 / (tcp[n16]["time_us"] * 1e-6 - alpha_inter)
 cluster = {"name": "namespace 2 x 2", "hosts": 2, "devices_per_host": 2,
-           "device": {"peak_TFLOPs": 0.1148, "memory_GiB": 12, "mem_bw_GBps": 15.5, "gemm_efficiency": 0.78},
+           # 4 ranks on this machine's 2 cores: a device is half a core (this-host.json's core: 114.8 GFLOP/s
+           # peak, 0.78 reached by the GEMM at 1 thread, 15.5 GB/s)
+           "device": {"peak_TFLOPs": 0.1148 / 2, "memory_GiB": 12, "mem_bw_GBps": 15.5 / 2, "gemm_efficiency": 0.78},
            "links": {"intra_host": {"alpha_us": 0.5, "beta_GBps": beta_intra / 1e9},
                      "inter_host": {"alpha_us": alpha_inter * 1e6, "beta_GBps": beta_inter / 1e9, "nics_per_host": 1}},
            "reliability": {"host_mtbf_hours": 8760, "ckpt_write_GBps": 0.25, "ckpt_read_GBps": 0.4}, "launcher": "run"}
@@ -70,12 +74,13 @@ def meas(name):
     rows = [json.loads(l) for l in open(f"{T}/{name}/metrics.jsonl")][1:]
     return statistics.median(r["comm_wait_ms"] for r in rows), statistics.median(r["ms_per_step"] for r in rows), len(rows)
 print(f"# links: shm {beta_intra/1e9:.2f} GB/s (16 MiB); tcp {alpha_inter*1e6:.1f} us (8 B), {beta_inter/1e9:.4f} GB/s (16 MiB); gradients {N/1e6:.2f} MB in one bucket")
-print("| run | measured DP wait ms (median) | step ms | predicted ms | error |")
-print("|---|---:|---:|---:|---:|")
+print("| run | measured DP wait ms (median) | step ms | predicted DP ms | error | predicted step ms (planner) | error |")
+print("|---|---:|---:|---:|---:|---:|---:|")
 for name, pred, what in (("hier", p["t_dp_comm"] * 1e3, f"planner ({p['dp_allreduce']}, {p['dp_per_host']} per host)"),
                          ("flat", ring * 1e3, "ring formula")):
     w, s, k = meas(name)
-    print(f"| {name} (SUANLI_COMM_HIER={'1' if name == 'hier' else '0'}), {k} steps | {w:.1f} | {s:.1f} | {pred:.1f} ({what}) | {100 * (pred / w - 1):+.1f}% |")
+    step = (p["step_sec"] - p["t_dp_comm"]) * 1e3 + pred
+    print(f"| {name} (SUANLI_COMM_HIER={'1' if name == 'hier' else '0'}), {k} steps | {w:.1f} | {s:.1f} | {pred:.1f} ({what}) | {100 * (pred / w - 1):+.1f}% | {step:.1f} | {100 * (step / s - 1):+.1f}% |")
 PY
 [ -n "$DELAY" ] && echo "# $(nc_delayline_stats)"
 echo "# end $(date -u +%FT%TZ) load=\"$(cut -d' ' -f1-3 /proc/loadavg)\""
