@@ -8,9 +8,10 @@
 # algorithm (SUANLI_COMM_HIER=0). Predicted: `suanli plan --json`'s t_dp_comm on a cluster file made from
 # the links measured first in the same run (bench/comm_hosts.sh's link rows: the 2-rank shm all-reduce at
 # 16 MiB and the 1-rank-per-host tcp one at 16 MiB and 8 B), and for the flat run the ring formula
-# 2(g-1)/g N / beta_inter + 2 x 2(g-1) alpha_inter (a flat ring crosses each host boundary with one flow).
-# The whole step is predicted too (the planner's compute + optimizer, a device being half a core: 4 ranks on
-# 2 cores; for the flat run with the ring formula in place of the planner's DP term).
+# 2(g-1)/g N / beta_inter + 2(g-1) alpha_inter (one bucket; a flat ring crosses each host boundary with one flow).
+# The whole step is predicted too (the planner's compute + optimizer, a device being half of a core as
+# `suanli plan --probe --threads 1` measures it: 4 ranks on 2 cores; for the flat run with the ring formula
+# in place of the planner's DP term).
 # usage: [DELAY=US] bench/plan_hosts.sh SUANLI_CLI [RATE [STEPS]]   (root)
 set -u
 CLI=$(readlink -f "$1"); RATE=${2:-1gbit}; STEPS=${3:-8}; DELAY=${DELAY:-}
@@ -44,9 +45,9 @@ run_job() { # NAME [ENV=VALUE...]
 }
 run_job hier SUANLI_COMM_HIER=1
 run_job flat SUANLI_COMM_HIER=0
-python3 - "$T" "$CLI" <<'PY'
+python3 - "$T" "$CLI" "$HERE/../configs/cluster/this-host.json" <<'PY'
 import json, re, statistics, subprocess, sys
-T, cli = sys.argv[1:]
+T, cli, thishost = sys.argv[1:]
 shm = json.loads(re.search(r'\{"coll".*\}', open(T + "/shm").read()).group(0))
 tcp = {}
 for l in open(T + "/tcp"):
@@ -55,10 +56,15 @@ n16 = 16777216
 beta_intra = n16 / (shm["time_us"] * 1e-6)               # 2 ranks: busbw = algbw = N / t
 alpha_inter = tcp[8]["time_us"] * 1e-6                  # one exchange of 8 B
 beta_inter = n16 / (tcp[n16]["time_us"] * 1e-6 - alpha_inter)
+probe = subprocess.run([cli, "plan", "--model", "gpt2-124m", "--cluster", thishost, "--devices", "1",
+                        "--global-batch", "1", "--seq-len", "64", "--probe", "--threads", "1", "--top", "1"],
+                       capture_output=True, text=True, check=True).stdout
+m = re.search(r"probe: GEMM ([0-9.]+) GFLOP/s.*copy ([0-9.]+) GB/s", probe)
+gf, bw = float(m.group(1)), float(m.group(2))
 cluster = {"name": "namespace 2 x 2", "hosts": 2, "devices_per_host": 2,
-           # 4 ranks on this machine's 2 cores: a device is half a core (this-host.json's core: 114.8 GFLOP/s
-           # peak, 0.78 reached by the GEMM at 1 thread, 15.5 GB/s)
-           "device": {"peak_TFLOPs": 0.1148 / 2, "memory_GiB": 12, "mem_bw_GBps": 15.5 / 2, "gemm_efficiency": 0.78},
+           # 4 ranks on this machine's 2 cores: a device is half a core, as `suanli plan --probe --threads 1`
+           # measures one (GEMM rate, copy bandwidth)
+           "device": {"peak_TFLOPs": gf / 2 / 1e3, "memory_GiB": 12, "mem_bw_GBps": bw / 2, "gemm_efficiency": 1.0},
            "links": {"intra_host": {"alpha_us": 0.5, "beta_GBps": beta_intra / 1e9},
                      "inter_host": {"alpha_us": alpha_inter * 1e6, "beta_GBps": beta_inter / 1e9, "nics_per_host": 1}},
            "reliability": {"host_mtbf_hours": 8760, "ckpt_write_GBps": 0.25, "ckpt_read_GBps": 0.4}, "launcher": "run"}
@@ -69,18 +75,24 @@ out = subprocess.run([cli, "plan", "--model", T + "/m.json", "--cluster", T + "/
                       "--bucket-elems", "1073741824", "--json", "--top", "1"], capture_output=True, text=True, check=True).stdout
 p = json.loads(out.splitlines()[0])
 N = p["mem_grads"]
-ring = 2 * 3 / 4 * N / beta_inter + 2 * 6 * alpha_inter
+ring = 2 * 3 / 4 * N / beta_inter + 6 * alpha_inter
+def mem(name): # rank 0's allocation sizes from the banner, as bench/plan_validate.sh reads them
+    log = open(f"{T}/{name}.log").read()
+    act = float(re.search(r"activation memory: planned ([0-9.]+) MiB", log).group(1))
+    m = re.search(r"per rank: params ([0-9.]+) MiB, grads ([0-9.]+) MiB \(\+ ([0-9.]+) MiB reduced shard\), optimizer state ([0-9.]+) MiB(?:, slots ([0-9.]+) MiB)?", log)
+    return sum(float(x) for x in m.groups() if x) + act
 def meas(name):
     rows = [json.loads(l) for l in open(f"{T}/{name}/metrics.jsonl")][1:]
     return statistics.median(r["comm_wait_ms"] for r in rows), statistics.median(r["ms_per_step"] for r in rows), len(rows)
+print(f"# probe (1 thread): GEMM {gf:.1f} GFLOP/s, copy {bw:.1f} GB/s; a device is half of it")
 print(f"# links: shm {beta_intra/1e9:.2f} GB/s (16 MiB); tcp {alpha_inter*1e6:.1f} us (8 B), {beta_inter/1e9:.4f} GB/s (16 MiB); gradients {N/1e6:.2f} MB in one bucket")
-print("| run | measured DP wait ms (median) | step ms | predicted DP ms | error | predicted step ms (planner) | error |")
-print("|---|---:|---:|---:|---:|---:|---:|")
+print("| run | measured DP wait ms (median) | step ms | predicted DP ms | error | predicted step ms (planner) | error | MiB per rank | predicted | error |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for name, pred, what in (("hier", p["t_dp_comm"] * 1e3, f"planner ({p['dp_allreduce']}, {p['dp_per_host']} per host)"),
                          ("flat", ring * 1e3, "ring formula")):
     w, s, k = meas(name)
     step = (p["step_sec"] - p["t_dp_comm"]) * 1e3 + pred
-    print(f"| {name} (SUANLI_COMM_HIER={'1' if name == 'hier' else '0'}), {k} steps | {w:.1f} | {s:.1f} | {pred:.1f} ({what}) | {100 * (pred / w - 1):+.1f}% | {step:.1f} | {100 * (step / s - 1):+.1f}% |")
+    print(f"| {name} (SUANLI_COMM_HIER={'1' if name == 'hier' else '0'}), {k} steps | {w:.1f} | {s:.1f} | {pred:.1f} ({what}) | {100 * (pred / w - 1):+.1f}% | {step:.1f} | {100 * (step / s - 1):+.1f}% | {mem(name):.1f} | {p['mem_total'] / 1048576:.1f} | {100 * (p['mem_total'] / 1048576 / mem(name) - 1):+.2f}% |")
 PY
 [ -n "$DELAY" ] && echo "# $(nc_delayline_stats)"
 echo "# end $(date -u +%FT%TZ) load=\"$(cut -d' ' -f1-3 /proc/loadavg)\""

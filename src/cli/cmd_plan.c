@@ -258,8 +258,16 @@ static int calibrate(const plan_args *a, sl_plan_cluster *cl) {
         fprintf(stderr, "suanli plan: --probe: %s\n", sl_errmsg());
         return 1;
     }
-    cl->gemm_efficiency = fmin(1.0, gf / cl->peak_flops);
     cl->mem_bw_Bps = bw;
+    if (gf > cl->peak_flops) { /* the file's peak is not this host's (another CPU): the measured rate is */
+        printf("probe: GEMM %.1f GFLOP/s, above the file's %.1f GFLOP/s peak: the peak is taken as %.1f "
+               "(efficiency 1), copy %.1f GB/s (read + written)\n",
+               gf / 1e9, cl->peak_flops / 1e9, gf / 1e9, bw / 1e9);
+        cl->peak_flops = gf;
+        cl->gemm_efficiency = 1.0;
+        return 0;
+    }
+    cl->gemm_efficiency = gf / cl->peak_flops;
     printf("probe: GEMM %.1f GFLOP/s (%.0f%% of the file's %.1f GFLOP/s peak), copy %.1f GB/s (read + "
            "written)\n",
            gf / 1e9, 100.0 * cl->gemm_efficiency, cl->peak_flops / 1e9, bw / 1e9);

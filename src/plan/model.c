@@ -322,6 +322,8 @@ static double t_gather(const sl_plan_link *l, int64_t g, double bytes) { /* all-
  *   AR_hier(n) = 2 (r-1)/r n / beta_intra + 2 (h-1)/h (n / r) / beta_flow + per bucket 2 (r-1) alpha_intra
  *                + 2 (h-1) alpha_inter
  * Uneven hosts (dp not a multiple of r), reduce-scatter and all-gather stay flat rings over the inter link.
+ * Every DP collective pays its latency once per bucket (buckets x 2 (dp-1) alpha for the flat rings); until
+ * 2026-12-05 the whole-gradient terms added one call's latency on top of that.
  * beta_flow: the flows that leave a host at once share its NICs (links.inter_host.nics_per_host, default one
  * per device, so beta is then per device as before). The tp DP groups of a host all reduce at once, each with
  * r flows leaving the host (hierarchical) or one (a flat ring crosses each host boundary once), so
@@ -344,7 +346,8 @@ static double t_dp_all_reduce(const sl_plan_cluster *cl, sl_plan_layout *l, doub
     if (l->dp <= 1) return 0;
     if (l->tp * l->dp <= D) { /* inside a host */
         const sl_plan_link *in = &cl->intra;
-        return t_all_reduce(in, l->dp, bytes) + buckets * in->alpha_s * 2.0 * (double)(l->dp - 1);
+        sl_plan_link bw = {0, in->beta_Bps}; /* latency once per bucket, below */
+        return t_all_reduce(&bw, l->dp, bytes) + buckets * in->alpha_s * 2.0 * (double)(l->dp - 1);
     }
     if (r >= 2 && l->dp % r == 0) {
         int64_t h = l->dp / r;
@@ -355,8 +358,8 @@ static double t_dp_all_reduce(const sl_plan_cluster *cl, sl_plan_layout *l, doub
                buckets *
                    (2.0 * (double)(r - 1) * cl->intra.alpha_s + 2.0 * (double)(h - 1) * cl->inter.alpha_s);
     }
-    sl_plan_link ring = {cl->inter.alpha_s, flow_beta(cl, l->tp)};
-    return t_all_reduce(&ring, l->dp, bytes) + buckets * ring.alpha_s * 2.0 * (double)(l->dp - 1);
+    sl_plan_link ring = {0, flow_beta(cl, l->tp)};
+    return t_all_reduce(&ring, l->dp, bytes) + buckets * cl->inter.alpha_s * 2.0 * (double)(l->dp - 1);
 }
 
 static int64_t world_of(const sl_plan_cluster *cl, const sl_plan_job *job) {
@@ -532,8 +535,7 @@ static sl_status timing(const sl_plan_model *m, const sl_plan_cluster *cl, const
     double gbytes = 4.0 * bs.total, t_dp = 0;
     double lat = (double)bs.n_buckets * dpl->alpha_s * 2.0 * (double)(l->dp - 1);
     /* reduce-scatter and all-gather: flat rings; across hosts each host's tp groups send one flow each */
-    sl_plan_link gl = *dpl;
-    if (dpl == &cl->inter) gl.beta_Bps = flow_beta(cl, l->tp);
+    sl_plan_link gl = {0, dpl == &cl->inter ? flow_beta(cl, l->tp) : dpl->beta_Bps}; /* latency: `lat` */
     double t_ar = t_dp_all_reduce(cl, l, gbytes, (double)bs.n_buckets);
     if (l->dp > 1) {
         if (l->zero == 0) t_dp = t_ar;

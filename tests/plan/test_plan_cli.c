@@ -139,6 +139,32 @@ static void test_plan_good(void) {
                  strstr(out, "--tensor-model-parallel-size 2") &&
                  strstr(out, "--expert-tensor-parallel-size 2"),
              "plan with --expert-tensor-parallel-size 2: %d: %s", rc, out);
+    /* --probe: a core measured faster than the file's peak raises the peak (efficiency 1) instead of capping
+     * the efficiency at 1; one slower keeps the peak and sets the efficiency */
+    const char *pd = tu_tmpdir("plan-probe");
+    char slow[600], fast[600];
+    snprintf(slow, sizeof slow, "%s/slow.json", pd);
+    snprintf(fast, sizeof fast, "%s/fast.json", pd);
+    const char *fmt =
+        "{\"hosts\": 1, \"devices_per_host\": 1, \"device\": {\"peak_TFLOPs\": %s, \"memory_GiB\": 12, "
+        "\"mem_bw_GBps\": 15}, \"links\": {\"intra_host\": {\"alpha_us\": 1, \"beta_GBps\": 5}}, "
+        "\"reliability\": {\"host_mtbf_hours\": 1000, \"ckpt_write_GBps\": 1, \"ckpt_read_GBps\": 1}}";
+    char text[1024];
+    snprintf(text, sizeof text, fmt, "0.001");
+    write_file(slow, text, 0);
+    snprintf(text, sizeof text, fmt, "1000");
+    write_file(fast, text, 0);
+    rc = tu_cli_run(out, sizeof out,
+                    "plan --model gpt2-124m --cluster %s --global-batch 4 --seq-len 64 --probe --threads 1",
+                    slow);
+    TU_CHECK(rc == 0 && strstr(out, "above the file's 1.0 GFLOP/s peak") && strstr(out, "(efficiency 1)"),
+             "--probe on a file whose peak is below the core's: %d: %s", rc, out);
+    rc = tu_cli_run(out, sizeof out,
+                    "plan --model gpt2-124m --cluster %s --global-batch 4 --seq-len 64 --probe --threads 1",
+                    fast);
+    TU_CHECK(rc == 0 && strstr(out, "of the file's 1000000.0 GFLOP/s peak") &&
+                 !strstr(out, "above the file's"),
+             "--probe on a file whose peak is above the core's: %d: %s", rc, out);
 }
 
 static void test_submit(const char *d) {
