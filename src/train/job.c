@@ -357,6 +357,7 @@ static sl_status pool_restore(sl_train_job *j, char *dir, size_t cap, int *found
     char restore[3900], msg[1500] = "";
     snprintf(restore, sizeof restore, "%s/host-%d/.restore", p->local_root, p->host);
     int64_t got = -1, v[3] = {0, INT64_MAX, INT64_MIN}, agg[3];
+    double t0 = sl_time_sec();
     *found = 0;
     sl_comm *lc = NULL; /* the hosts' first ranks: reads of another host's files come over it */
     if (j->world && world > 1 && sl_comm_split(j->world, leader ? 0 : 1, p->host, &lc) != SL_OK)
@@ -392,8 +393,9 @@ static sl_status pool_restore(sl_train_job *j, char *dir, size_t cap, int *found
     snprintf(dir, cap, "%s/step-%07lld", restore, (long long)agg[1]);
     *found = 1;
     if (j->out && rank == 0)
-        fprintf(j->out, "pooled checkpoint step %lld reassembled from %s (%d hosts)\n", (long long)agg[1],
-                p->local_root, p->hosts);
+        fprintf(j->out, "pooled checkpoint step %lld reassembled from %s (%d hosts, %.2f s)\n",
+                (long long)agg[1], p->local_root, p->hosts,
+                sl_time_sec() - t0); /* bench/ckpt_pool_net.sh reads the time */
     return SL_OK;
 }
 
