@@ -327,14 +327,21 @@ static double t_gather(const sl_plan_link *l, int64_t g, double bytes) { /* all-
  * beta_flow: the flows that leave a host at once share its NICs (links.inter_host.nics_per_host, default one
  * per device, so beta is then per device as before). The tp DP groups of a host all reduce at once, each with
  * r flows leaving the host (hierarchical) or one (a flat ring crosses each host boundary once), so
- * beta_flow = beta_nic x min(1, nics / (tp r)) or beta_nic x min(1, nics / tp). Checked on 2 namespace
+ * beta_flow = beta_nic x min(1, nics / (tp r)) or beta_nic x min(1, nics / min(tp, devices_per_host)) (with
+ * tp above devices_per_host, each of the host's devices is in a different DP group). Checked on 2 namespace
  * hosts x 2 ranks, one 1 Gbit/s link each (0.1194 GB/s of TCP payload): a 4 MiB all-reduce measured 35.1 ms
  * hierarchical and 52.7 ms as a flat ring (BENCHMARKS-comm.md, "Latency between hosts"), the formulas give
- * 35.7 and 52.9 ms; DP = 4 training steps waited 106.7 ms against 110.4 predicted (bench/plan_hosts.sh). */
+ * 35.7 and 52.9 ms; DP = 4 training steps waited 105.0-109.5 ms against 110.8-111.6 predicted
+ * (bench/plan_hosts.sh, BENCHMARKS.md). */
 static double flow_beta(const sl_plan_cluster *cl, int64_t flows) {
     int64_t nics = cl->nics_per_host > 0 ? cl->nics_per_host : cl->devices_per_host; /* 0: one per device */
     double share = flows > nics ? (double)nics / (double)flows : 1.0;
     return cl->inter.beta_Bps * share;
+}
+
+/* flat DP rings leaving a host at once: one per DP group with ranks on it, min(tp, devices_per_host) */
+static int64_t ring_flows(const sl_plan_cluster *cl, const sl_plan_layout *l) {
+    return l->tp < cl->devices_per_host ? l->tp : cl->devices_per_host;
 }
 
 /* the DP group's all-reduce of `bytes` in `buckets` buckets, as suanli runs it (Note [Planner DP across
@@ -358,7 +365,7 @@ static double t_dp_all_reduce(const sl_plan_cluster *cl, sl_plan_layout *l, doub
                buckets *
                    (2.0 * (double)(r - 1) * cl->intra.alpha_s + 2.0 * (double)(h - 1) * cl->inter.alpha_s);
     }
-    sl_plan_link ring = {0, flow_beta(cl, l->tp)};
+    sl_plan_link ring = {0, flow_beta(cl, ring_flows(cl, l))};
     return t_all_reduce(&ring, l->dp, bytes) + buckets * cl->inter.alpha_s * 2.0 * (double)(l->dp - 1);
 }
 
@@ -535,7 +542,7 @@ static sl_status timing(const sl_plan_model *m, const sl_plan_cluster *cl, const
     double gbytes = 4.0 * bs.total, t_dp = 0;
     double lat = (double)bs.n_buckets * dpl->alpha_s * 2.0 * (double)(l->dp - 1);
     /* reduce-scatter and all-gather: flat rings; across hosts each host's tp groups send one flow each */
-    sl_plan_link gl = {0, dpl == &cl->inter ? flow_beta(cl, l->tp) : dpl->beta_Bps}; /* latency: `lat` */
+    sl_plan_link gl = {0, dpl == &cl->inter ? flow_beta(cl, ring_flows(cl, l)) : dpl->beta_Bps}; /* `lat` */
     double t_ar = t_dp_all_reduce(cl, l, gbytes, (double)bs.n_buckets);
     if (l->dp > 1) {
         if (l->zero == 0) t_dp = t_ar;
