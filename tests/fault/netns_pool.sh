@@ -51,18 +51,26 @@ tiny=(--data-path "$W/data" --num-layers 1 --hidden-size 32 --num-attention-head
       --micro-batch-size 1 --zero-stage 1 --train-iters 12 --lr-decay-iters 12 --eval-interval 0 --eval-iters 1
       --threads 1 --save-interval 2)
 
+# lost_host N TAG SEEN -- ARGS...: an uninterrupted run (the oracle), a run whose rank 1 SIGKILLs itself after
+# step 7 with host 1's directory deleted, and a restart on all N hosts that must log SEEN (how host 1's
+# files came back), resume from a pooled step and end with bitwise the oracle's weights; sets $at
+lost_host() {
+  local n=$1 tag=$2 seen=$3; shift 4
+  hosts_run $n ref$tag ok -- "$@" --save "$W/ref$tag" --ckpt-local-dir "$W/R$tag"
+  hosts_run $n cut$tag fail SUANLI_FAULT_KILL_AT_STEP=7 SUANLI_FAULT_RANK=1 SUANLI_FAULT_LOSE_HOSTS=1 -- \
+    "$@" --save "$W/cut$tag" --ckpt-local-dir "$W/L$tag"
+  grep -q "removing $W/L$tag/host-1" "$W/cut$tag.h1" || fail "$tag: host 1's directory was not deleted"
+  hosts_run $n resume$tag ok -- "$@" --save "$W/cut$tag" --load "$W/cut$tag" --ckpt-local-dir "$W/L$tag"
+  grep -q "reassembled from $W/L$tag ($n hosts, " "$W/resume$tag.h0" || fail "$tag: no pooled reassembly"
+  grep -q "$seen" "$W/resume$tag.h0" || fail "$tag: the restart did not log '$seen'"
+  at=$(grep -o "resumed from .* at step [0-9]*" "$W/resume$tag.h0" | sed 's/.* at step //')
+  [ -n "$at" ] && [ "$at" -ge 2 ] || fail "$tag: did not resume from a pooled step (step '$at')"
+  same ref$tag cut$tag || fail "$tag: final weights differ from the uninterrupted run"
+}
+
 # 1. replicas 2, host 1 killed after step 7 and its disk lost
 rep=("${tiny[@]}" --global-batch-size 2 --ckpt-replicas 2)
-hosts_run 2 ref ok -- "${rep[@]}" --save "$W/ref" --ckpt-local-dir "$W/Lref"
-hosts_run 2 cut fail SUANLI_FAULT_KILL_AT_STEP=7 SUANLI_FAULT_RANK=1 SUANLI_FAULT_LOSE_HOSTS=1 -- \
-  "${rep[@]}" --save "$W/cut" --ckpt-local-dir "$W/L"
-grep -q "removing $W/L/host-1" "$W/cut.h1" || fail "host 1's directory was not deleted"
-hosts_run 2 resume ok -- "${rep[@]}" --save "$W/cut" --load "$W/cut" --ckpt-local-dir "$W/L"
-grep -q "reassembled from $W/L (2 hosts, " "$W/resume.h0" || fail "resume: no pooled reassembly"
-grep -q "host 1: .* missing; using the copy on host 0" "$W/resume.h0" || fail "resume: host 1's loss was not seen"
-at=$(grep -o "resumed from .* at step [0-9]*" "$W/resume.h0" | sed 's/.* at step //')
-[ -n "$at" ] && [ "$at" -ge 2 ] || fail "resume: did not resume from a pooled step (step '$at')"
-same ref cut || fail "replicas: final weights differ from the uninterrupted run"
+lost_host 2 rep "host 1: .* missing; using the copy on host 0" -- "${rep[@]}"
 echo "ok   replicas 2 over 2 namespace hosts: host 1 killed after step 7 and its disk lost; resumed at step $at from host 0's replicas over the network; final weights bitwise equal"
 
 # 2. a corrupted copy: a run stopped after step 9 (rank 1 killed, no disk lost), then host 1's own file of
@@ -78,17 +86,10 @@ grep -q "using the copy on host 0" "$W/corrupt.h0" || fail "corrupt: host 0's re
 grep -qi "checksum" "$W/corrupt.h0" || fail "corrupt: the bad copy was not named as a checksum mismatch"
 at=$(grep -o "resumed from .* at step [0-9]*" "$W/corrupt.h0" | sed 's/.* at step //')
 [ -n "$at" ] && [ "$at" -lt 12 ] || fail "corrupt: nothing left to train after the resume (step '$at')"
-same ref cut2 || fail "corrupt: final weights differ from the uninterrupted run"
+same refrep cut2 || fail "corrupt: final weights differ from the uninterrupted run"
 echo "ok   a corrupted copy on host 1 ($step, shard-r00001): detected by checksum, host 0's replica read over the network, trained on from step $at; bitwise"
 
 # 3. erasure code 2+1 over 3 hosts, host 1 killed and lost after step 7
 ec=("${tiny[@]}" --global-batch-size 3 --ckpt-ec 2+1)
-hosts_run 3 ref3 ok -- "${ec[@]}" --save "$W/ref3" --ckpt-local-dir "$W/Eref"
-hosts_run 3 cut3 fail SUANLI_FAULT_KILL_AT_STEP=7 SUANLI_FAULT_RANK=1 SUANLI_FAULT_LOSE_HOSTS=1 -- \
-  "${ec[@]}" --save "$W/cut3" --ckpt-local-dir "$W/E"
-hosts_run 3 resume3 ok -- "${ec[@]}" --save "$W/cut3" --load "$W/cut3" --ckpt-local-dir "$W/E"
-grep -q "reassembled from $W/E (3 hosts, " "$W/resume3.h0" || fail "ec: no pooled reassembly"
-grep -q "host 1: .* missing; rebuilding it from 2 intact blocks" "$W/resume3.h0" || fail "ec: no block rebuilt"
-at=$(grep -o "resumed from .* at step [0-9]*" "$W/resume3.h0" | sed 's/.* at step //')
-same ref3 cut3 || fail "ec 2+1: final weights differ from the uninterrupted run"
+lost_host 3 ec "host 1: .* missing; rebuilding it from 2 intact blocks" -- "${ec[@]}"
 echo "ok   ec 2+1 over 3 namespace hosts: host 1 killed after step 7 and its disk lost; its blocks rebuilt from the other two over the network; resumed at step $at; bitwise"
