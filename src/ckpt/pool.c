@@ -765,15 +765,6 @@ static sl_status step_manifest(ctx *c, int scan, cJSON **man, char **text, char 
                    c->step_name, first[0] ? "; " : "", first);
 }
 
-/* the restore's write behind (Note [Restore write behind]): wait for it and free its buffer */
-enum { WRITE_BEHIND_MAX = 1 << 30 }; /* bytes of the two files' buffers alive at once, at most */
-static sl_status write_behind_join(sl_ckpt_file_job *wj, char **wbuf) {
-    sl_status st = sl_ckpt_file_job_join(wj);
-    free(*wbuf);
-    *wbuf = NULL;
-    return st;
-}
-
 /* assemble one step into dest (NULL: verify only) */
 static sl_status assemble_step(ctx *c, int scan, const char *dest) {
     cJSON *man;
@@ -782,9 +773,6 @@ static sl_status assemble_step(ctx *c, int scan, const char *dest) {
     SL_TRY(step_manifest(c, scan, &man, &text, &config, &clen));
     sl_status st = SL_OK;
     char path[4600];
-    sl_ckpt_file_job wj = {0}; /* the write behind (Note [Restore write behind]) */
-    char *wbuf = NULL, wpath[4600];
-    size_t wsize = 0;
     if (dest) {
         if (!c->nowrite && access(dest, F_OK) == 0) st = sl_ckpt_rm_rf(dest);
         if (st == SL_OK && !c->nowrite) st = sl_mkdirs(dest);
@@ -802,12 +790,6 @@ static sl_status assemble_step(ctx *c, int scan, const char *dest) {
             goto done;
         }
     }
-    /* Note [Restore write behind]: a file received or rebuilt for .restore is written on a helper thread
-     * (sl_ckpt_file_job) while the next file is fetched, so the network (or the decode) and the disk work at
-     * once; before, each file was fetched, then written, in lock step (a 6 Gbit/s link was used at 0.37 of
-     * its rate, docs/BENCHMARKS.md). Two files' buffers are alive then: the write behind is skipped when the
-     * two would pass WRITE_BEHIND_MAX, and the caller waits for the previous write first. Every leader still
-     * agrees on each file's status, one file late. */
     cJSON_ArrayForEach(f, files) {
         cJSON *js = cJSON_GetObjectItem(f, "size"), *jc = cJSON_GetObjectItem(f, "checksum");
         if (!sl_json_is_count(js) || !cJSON_IsString(jc) || strchr(f->string, '/')) {
@@ -818,9 +800,6 @@ static sl_status assemble_step(ctx *c, int scan, const char *dest) {
         char *buf = NULL;
         size_t size = (size_t)js->valuedouble;
         int src = -1;
-        /* the previous file's write, waited for now when the two buffers would be too many bytes; its status
-         * is agreed on with this file's below */
-        sl_status ws = wbuf && wsize + size > WRITE_BEHIND_MAX ? write_behind_join(&wj, &wbuf) : SL_OK;
         if (cJSON_GetObjectItem(f, "blocks"))
             st = fetch_ec(c, f->string, f, size, jc->valuestring, &buf);
         else
@@ -836,34 +815,18 @@ static sl_status assemble_step(ctx *c, int scan, const char *dest) {
             char from[4600];
             snprintf(path, sizeof path, "%s/%s", dest, f->string);
             snprintf(from, sizeof from, "%s/host-%d/%s/%s", c->root, src, c->step_name, f->string);
-            if (wbuf) {
-                sl_status w2 = write_behind_join(&wj, &wbuf);
-                if (ws == SL_OK) ws = w2;
-            }
             if (c->nowrite)
                 ;
-            else if (src < 0 || (c->lc && src != c->me) || link(from, path) != 0) {
-                /* received or rebuilt: O_DIRECT from an aligned buffer, no page-cache copy, behind the
-                 * next fetch (Note [Restore write behind]) */
-                snprintf(wpath, sizeof wpath, "%s", path);
-                wj = (sl_ckpt_file_job){.path = wpath,
-                                        .data = buf,
-                                        .dlen = size,
-                                        .flags = (uintptr_t)buf % RESTORE_ALIGN == 0 ? SL_CKPT_IO_DIRECT : 0};
-                sl_ckpt_file_job_start(&wj);
-                wbuf = buf;
-                wsize = size;
-                buf = NULL;
-            }
-            /* a local failure: every leader leaves here (reads were the same for all) */
-            st = agree(c, ws != SL_OK ? ws : st);
+            else if (src < 0 || (c->lc && src != c->me) || link(from, path) != 0)
+                /* received or rebuilt: O_DIRECT from an aligned buffer, no page-cache copy */
+                st = sl_ckpt_write_file(path, NULL, 0, buf, size,
+                                        (uintptr_t)buf % RESTORE_ALIGN == 0 ? SL_CKPT_IO_DIRECT : 0, NULL);
+            st = agree(c, st); /* a local failure: every leader leaves here (reads were the same for all) */
         }
         free(buf);
         if (st != SL_OK) goto done;
     }
-    if (dest) { /* the last file's write (every leader agrees, whether its last file was written or linked) */
-        st = agree(c, wbuf ? write_behind_join(&wj, &wbuf) : SL_OK);
-        if (st != SL_OK) goto done;
+    if (dest) {
         snprintf(path, sizeof path, "%s/manifest.json", dest);
         if (!c->nowrite) st = sl_ckpt_write_file(path, NULL, 0, text, strlen(text), 0, NULL);
         if (st == SL_OK && config && !c->nowrite) {
@@ -873,10 +836,6 @@ static sl_status assemble_step(ctx *c, int scan, const char *dest) {
         st = agree(c, st);
     }
 done:
-    if (wbuf) { /* a failure while a write was behind: wait for it, keep the first error */
-        sl_status ws = write_behind_join(&wj, &wbuf);
-        if (st == SL_OK) st = ws;
-    }
     cJSON_Delete(man);
     free(text);
     free(config);
