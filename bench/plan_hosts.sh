@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The planner's DP all-reduce across hosts (Note [Planner DP across hosts], src/plan/model.c) against real
 # `suanli train` runs on the namespace cluster (tests/comm/netns_cluster.sh): 2 hosts x 2 ranks, DP = 4,
-# ZeRO-0, each host's link shaped to RATE (tc tbf), DELAY us one way added by the delay line if set.
+# ZeRO-0 (ZERO=1..3 for another stage: then only suanli's default run, against the planner), each host's
+# link shaped to RATE (tc tbf), DELAY us one way added by the delay line if set.
 # GPT-2 L4 C256 T64 (3.2M parameters, 12.97 MB of gradients) in ONE bucket (--ddp-bucket-size 2^30), so
 # the all-reduce starts when the backward ends and the step waits for all of it: metrics.jsonl's
 # comm_wait_ms is the whole all-reduce. Two runs: suanli's default (hierarchical across hosts) and the flat
@@ -14,7 +15,7 @@
 # in place of the planner's DP term).
 # usage: [DELAY=US] bench/plan_hosts.sh SUANLI_CLI [RATE [STEPS]]   (root)
 set -u
-CLI=$(readlink -f "$1"); RATE=${2:-1gbit}; STEPS=${3:-8}; DELAY=${DELAY:-}
+CLI=$(readlink -f "$1"); RATE=${2:-1gbit}; STEPS=${3:-8}; DELAY=${DELAY:-}; ZERO=${ZERO:-0}
 HERE=$(cd "$(dirname "$0")" && pwd)
 export NC_DELAYLINE=${NC_DELAYLINE:-$(dirname "$CLI")/tests/comm/sl_delayline}
 . "$HERE/../tests/comm/netns_cluster.sh"
@@ -34,7 +35,7 @@ nc_exec 0 "$CLI" run -n 1 --nnodes 2 --node-rank 0 --master $M:29500 -- "$CLI" b
 wait
 train=(train --data-path "$T/tok" --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 64
        --micro-batch-size 4 --global-batch-size 16 --threads 1 --eval-iters 1 --eval-interval 0 --log-interval 1
-       --ddp-bucket-size 1073741824 --train-iters $((STEPS + 1)))
+       --ddp-bucket-size 1073741824 --train-iters $((STEPS + 1)) --zero-stage $ZERO)
 run_job() { # NAME [ENV=VALUE...]
   local name=$1; shift
   nc_exec 1 env "$@" timeout 300 "$CLI" run -n 2 --nnodes 2 --node-rank 1 --master $M:29510 -- "$CLI" "${train[@]}" --save "$T/$name" > "$T/$name.h1.log" 2>&1 &
@@ -44,10 +45,10 @@ run_job() { # NAME [ENV=VALUE...]
   wait $p || { tail -n 20 "$T/$name.h1.log"; echo "FAIL: $name on h1"; exit 1; }
 }
 run_job hier SUANLI_COMM_HIER=1
-run_job flat SUANLI_COMM_HIER=0
-python3 - "$T" "$CLI" "$HERE/../configs/cluster/this-host.json" <<'PY'
+[ "$ZERO" = 0 ] && run_job flat SUANLI_COMM_HIER=0
+python3 - "$T" "$CLI" "$HERE/../configs/cluster/this-host.json" "$ZERO" <<'PY'
 import json, re, statistics, subprocess, sys
-T, cli, thishost = sys.argv[1:]
+T, cli, thishost, zero = sys.argv[1:]
 shm = json.loads(re.search(r'\{"coll".*\}', open(T + "/shm").read()).group(0))
 tcp = {}
 for l in open(T + "/tcp"):
@@ -71,7 +72,7 @@ cluster = {"name": "namespace 2 x 2", "hosts": 2, "devices_per_host": 2,
 json.dump(cluster, open(T + "/ns.json", "w"))
 open(T + "/m.json", "w").write('{"num_layers": 4, "hidden_size": 256, "num_attention_heads": 4, "vocab_size": 256, "seq_length": 64}')
 out = subprocess.run([cli, "plan", "--model", T + "/m.json", "--cluster", T + "/ns.json", "--dp", "4", "--micro-batch", "4",
-                      "--global-batch", "16", "--seq-len", "64", "--recompute", "none", "--zero", "0",
+                      "--global-batch", "16", "--seq-len", "64", "--recompute", "none", "--zero", zero,
                       "--bucket-elems", "1073741824", "--json", "--top", "1"], capture_output=True, text=True, check=True).stdout
 p = json.loads(out.splitlines()[0])
 N = p["mem_grads"]
@@ -88,8 +89,9 @@ print(f"# probe (1 thread): GEMM {gf:.1f} GFLOP/s, copy {bw:.1f} GB/s; a device 
 print(f"# links: shm {beta_intra/1e9:.2f} GB/s (16 MiB); tcp {alpha_inter*1e6:.1f} us (8 B), {beta_inter/1e9:.4f} GB/s (16 MiB); gradients {N/1e6:.2f} MB in one bucket")
 print("| run | measured DP wait ms (median) | step ms | predicted DP ms | error | predicted step ms (planner) | error | MiB per rank | predicted | error |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-for name, pred, what in (("hier", p["t_dp_comm"] * 1e3, f"planner ({p['dp_allreduce']}, {p['dp_per_host']} per host)"),
-                         ("flat", ring * 1e3, "ring formula")):
+runs = [("hier", p["t_dp_comm"] * 1e3, f"planner ({p['dp_allreduce']}, {p['dp_per_host']} per host, ZeRO-{zero})")]
+if zero == "0": runs.append(("flat", ring * 1e3, "ring formula"))
+for name, pred, what in runs:
     w, s, k = meas(name)
     step = (p["step_sec"] - p["t_dp_comm"]) * 1e3 + pred
     print(f"| {name} (SUANLI_COMM_HIER={'1' if name == 'hier' else '0'}), {k} steps | {w:.1f} | {s:.1f} | {pred:.1f} ({what}) | {100 * (pred / w - 1):+.1f}% | {step:.1f} | {100 * (step / s - 1):+.1f}% | {mem(name):.1f} | {p['mem_total'] / 1048576:.1f} | {100 * (p['mem_total'] / 1048576 / mem(name) - 1):+.2f}% |")
