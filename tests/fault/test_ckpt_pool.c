@@ -90,7 +90,8 @@ static void isolated_hosts(void) {
                  "--hosts 2 --max-restarts 1 -- unshare -m sh iso.sh I 2 %s train " TINY
                  " --save iso --load iso --save-interval 4 --ckpt-local-dir I --ckpt-replicas 2",
                  cli, cli);
-        TU_CHECK(rc == 0 && strstr(out, "removing I/host-1") && strstr(out, "reassembled from I (2 hosts, ") &&
+        TU_CHECK(rc == 0 && strstr(out, "removing I/host-1") &&
+                     strstr(out, "reassembled from I (2 hosts, ") &&
                      strstr(out, "missing; using the copy on host 0"),
                  "isolated hosts, replicas: lost host -> restart from the survivor: rc %d %s", rc, out);
         TU_CHECK(same("base", "iso"), "isolated hosts, replicas 2, host 1 lost: final weights bitwise equal");
@@ -304,8 +305,8 @@ int main(void) {
             "SUANLI_FAULT_RANK=2 SUANLI_FAULT_LOSE_HOSTS=2 %s run -n 3 --max-restarts 1 -- %s train " TINY3
             " --save e3 --load e3 --save-interval 3 --ckpt-local-dir E3 --ckpt-ec 2+1'",
             cli, cli, cli, cli);
-        TU_CHECK(rc == 0 && strstr(out, "reassembled from E3 (3 hosts, "), "ec 2+1 over 3 ranks: rc %d %s", rc,
-                 out);
+        TU_CHECK(rc == 0 && strstr(out, "reassembled from E3 (3 hosts, "), "ec 2+1 over 3 ranks: rc %d %s",
+                 rc, out);
         TU_CHECK(same("b3", "e3"), "ec 2+1, 3 ranks, host 2 lost: final weights bitwise equal");
     } else {
         rc = run("%s run -n 4 -- %s train " TINY
