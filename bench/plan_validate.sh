@@ -12,17 +12,21 @@
 # TP and PP (--par, or --par-only): tp 2 (1 and 4 micro-batches per step) and pp 2 (1F1B over 4) on 2
 # processes (the planner models even stages only; tp 2 x pp 2 needs 4 cores, this host has 2); memory is rank 0's (TP: params + grads + optimizer from the banner;
 # PP: 16 B x the stage's parameters) + its planned arena, against the planner's fullest device.
-# Usage: bench/plan_validate.sh [--steps N] [--big] [--par | --par-only]   (--big adds GPT-2 L12 C768, 85M)
+# --probe: the planner calibrates the device on this host (`suanli plan --probe --threads 1`: GEMM rate and
+# copy bandwidth) instead of taking this-host.json's Zen 4 figures (hosts differ: an Intel core with AMX
+# measures 1.4-1.8x that GEMM rate).
+# Usage: bench/plan_validate.sh [--steps N] [--big] [--par | --par-only] [--probe]   (--big adds GPT-2 L12 C768, 85M)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-steps=10; big=0; par=0; dpruns=1
+steps=10; big=0; par=0; dpruns=1; probe=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --steps) steps="$2"; shift 2;;
         --big) big=1; shift;;
         --par) par=1; shift;;
         --par-only) par=1; dpruns=0; shift;;
-        *) echo "usage: $0 [--steps N] [--big] [--par | --par-only]" >&2; exit 2;;
+        --probe) probe=(--probe --threads 1); shift;;
+        *) echo "usage: $0 [--steps N] [--big] [--par | --par-only] [--probe]" >&2; exit 2;;
     esac
 done
 S=$PWD/build/suanli
@@ -55,7 +59,7 @@ one() { # L C H B n zero
     cN=$(run_cpu $((steps + 1)) "$run.log" "${pre[@]}" "${train[@]}" "${post[@]}" --save "$run")
     echo "{\"num_layers\": $L, \"hidden_size\": $C, \"num_attention_heads\": $H, \"vocab_size\": 256, \"seq_length\": 64}" > "$tmp/m.json"
     $S plan --model "$tmp/m.json" --cluster configs/cluster/this-host.json --devices "$n" --dp "$n" --micro-batch "$B" \
-        --global-batch $((B * n)) --seq-len 64 --recompute none $zf --json --top 1 > "$tmp/plan.json"
+        --global-batch $((B * n)) --seq-len 64 --recompute none $zf --json --top 1 "${probe[@]}" | grep -v '^probe:' > "$tmp/plan.json"
     python3 - "$run" "$tmp/plan.json" "$L" "$C" "$B" "$n" "$z" "$load" "$c1" "$cN" "$steps" <<'PY'
 import json, re, statistics, sys
 run, planf, L, C, B, n, z, load, c1, cN, steps = sys.argv[1:]
@@ -91,7 +95,7 @@ par() {
     cN=$(SUANLI_COMM_ALGO=direct run_cpu $((steps + 1)) "$run.log" "${pre[@]}" "${train[@]}" --save "$run")
     echo "{\"num_layers\": $L, \"hidden_size\": $C, \"num_attention_heads\": $H, \"vocab_size\": 256, \"seq_length\": 64}" > "$tmp/m.json"
     $S plan --model "$tmp/m.json" --cluster configs/cluster/this-host.json --devices "$n" --dp 1 --tp "$tp" --pp "$pp" \
-        --micro-batch "$B" --global-batch $((B * acc)) --seq-len 64 --recompute none --zero 0 --json --top 1 > "$tmp/plan.json"
+        --micro-batch "$B" --global-batch $((B * acc)) --seq-len 64 --recompute none --zero 0 --json --top 1 "${probe[@]}" | grep -v '^probe:' > "$tmp/plan.json"
     python3 - "$run" "$tmp/plan.json" "$L" "$C" "$B" "$n" "$tp" "$pp" "$acc" "$load" "$c1" "$cN" "$steps" "${extra[*]}" <<'PY'
 import json, re, statistics, sys
 run, planf, L, C, B, n, tp, pp, acc, load, c1, cN, steps, extra = sys.argv[1:]
