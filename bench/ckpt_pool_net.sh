@@ -13,7 +13,8 @@
 #    from the others over the network (the "reassembled from ... (H hosts, S s)" line) and the bytes it
 #    holds then (its .restore step dir).
 # The in-memory copy is off (SUANLI_MEM_CKPT_DIR=). `dd conv=fsync` of 512 MiB is run beside.
-# usage: [DELAY=US] bench/ckpt_pool_net.sh SUANLI_CLI [RATE [small|124m [STEPS [SAVE_EVERY]]]]   (root)
+# MODES="replicas ec" (the default) picks the modes.
+# usage: [DELAY=US] [MODES=replicas|ec] bench/ckpt_pool_net.sh SUANLI_CLI [RATE [small|124m [STEPS [SAVE_EVERY]]]]   (root)
 set -u
 CLI=$(readlink -f "$1"); RATE=${2:-1gbit}; SIZE=${3:-small}; STEPS=${4:-8}; EVERY=${5:-2}; DELAY=${DELAY:-}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -44,6 +45,7 @@ hosts_run() {
 }
 for mode in "replicas 2:2:--ckpt-replicas 2" "ec 2+1:3:--ckpt-ec 2+1"; do
   name=${mode%%:*}; rest=${mode#*:}; n=${rest%%:*}; flags=${rest#*:}
+  case " ${MODES:-replicas ec} " in *" ${name%% *} "*) ;; *) continue ;; esac
   nc_setup $n "$RATE" $DELAY || exit 1
   M=$(nc_addr 0)
   nc_exec 1 "$CLI" run -n 1 --nnodes 2 --node-rank 1 --master $M:29500 -- "$CLI" bench comm --colls all_reduce --json --reps 3 --min-bytes 16M --max-bytes 16M > /dev/null 2>&1 &

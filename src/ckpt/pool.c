@@ -467,10 +467,12 @@ typedef struct {
 static sl_status agree(ctx *c, sl_status st) {
     if (!c->lc) return st;
     int32_t bad = st != SL_OK, any = 0;
+    char msg[1024]; /* the collective clears the thread's message: a local failure keeps its own */
+    snprintf(msg, sizeof msg, "%s", st != SL_OK ? sl_errmsg() : "");
     if (sl_comm_all_reduce(c->lc, &bad, &any, 1, SL_COMM_I32, SL_COMM_MAX) != SL_OK)
-        return st != SL_OK ? st : sl_fail(SL_ERR_PEER, "pooled restore: %s", sl_errmsg());
+        return st != SL_OK ? sl_fail(st, "%s", msg) : sl_fail(SL_ERR_PEER, "pooled restore: %s", sl_errmsg());
     if (any && st == SL_OK) return sl_fail(SL_ERR_IO, "pooled restore: failed on another host");
-    return st;
+    return st != SL_OK ? sl_fail(st, "%s", msg) : st;
 }
 
 static void note(ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -572,9 +574,56 @@ static int host_ok(ctx *c, int h, const char *file, char *err, size_t cap) {
     return 0;
 }
 
-/* one replicated file: the first intact copy (*src_host: its host) */
-static sl_status fetch_replica(ctx *c, const char *file, cJSON *o, size_t size, const char *sum, char **out,
-                               int *src_host) {
+/* one replicated file, over the leaders' communicator (Note [Pooled restore stream]): the copies streamed in
+ * turn until one is intact; with dest, every leader but nowrite ones ends with it there: the holder of the
+ * intact copy as a hard link to its own file (made before the stream, removed if the copy is not intact),
+ * the others as the received bytes; *wst: this leader's write status (the caller agrees on it). */
+static sl_status stream_replica(ctx *c, const char *file, cJSON *copies, size_t size, const char *sum,
+                                const char *dest, sl_status *wst) {
+    char why[1024] = "", one[700], got[32], from[4600];
+    int used = -1;
+    cJSON *h;
+    cJSON_ArrayForEach(h, copies) {
+        if (used >= 0 && !c->report)
+            break; /* inspect looks at every copy; a restore stops at the first intact */
+        int hh = h->valueint, linked = 0;
+        const char *to = NULL;
+        snprintf(from, sizeof from, "%s/host-%d/%s/%s", c->root, hh, c->step_name, file);
+        if (dest && !c->nowrite && used < 0) {
+            if (hh == c->me && link(from, dest) == 0)
+                linked = 1;
+            else
+                to = dest;
+        }
+        sl_status ws;
+        int ok = sl_ckpt_pool_restore_stream(c->lc, hh, from, file, size, to, sum, got, sizeof got, &ws, one,
+                                             sizeof one);
+        if (ok && strcmp(got, sum) != 0) {
+            ok = 0;
+            snprintf(one, sizeof one, "host %d: %s checksum mismatch (%s, manifest %s)", hh, file, got, sum);
+        }
+        if (!ok) {
+            if (linked) unlink(dest);
+            note(c, "    %s copy on host %d: %s\n", file, hh,
+                 strstr(one, "checksum mismatch") ? "checksum mismatch" : strchr(one, ':') + 2);
+            snprintf(why + strlen(why), sizeof why - strlen(why), "%s%s", why[0] ? "; " : "", one);
+            continue;
+        }
+        note(c, "    %s copy on host %d: ok\n", file, hh);
+        if (used < 0) {
+            used = hh;
+            *wst = ws;
+        }
+    }
+    if (used < 0) return sl_fail(SL_ERR_FORMAT, "%s: no intact copy of %s (%s)", c->step_name, file, why);
+    if (why[0] && !c->report) SL_LOGW("%s: %s; using the copy on host %d", c->step_name, why, used);
+    return SL_OK;
+}
+
+/* one replicated file: the first intact copy (*src_host: its host); over the leaders' communicator, the
+ * copy goes straight to dest instead (stream_replica; *out NULL, *wst its write) */
+static sl_status fetch_replica(ctx *c, const char *file, cJSON *o, size_t size, const char *sum,
+                               const char *dest, char **out, int *src_host, sl_status *wst) {
     cJSON *copies = cJSON_GetObjectItem(o, "copies"), *h;
     char why[1024] = "", one[700], got[32];
     if (!cJSON_IsArray(copies))
@@ -583,6 +632,9 @@ static sl_status fetch_replica(ctx *c, const char *file, cJSON *o, size_t size, 
         if (!cJSON_IsNumber(h) || !host_ok(c, h->valueint, file, one, sizeof one))
             return sl_fail(SL_ERR_FORMAT, "%s: %s", c->step_name, cJSON_IsNumber(h) ? one : "bad host entry");
     }
+    *out = NULL;
+    *wst = SL_OK;
+    if (c->lc) return stream_replica(c, file, copies, size, sum, dest, wst);
     char *keep = NULL;
     int used = -1;
     cJSON_ArrayForEach(h, copies) {
@@ -799,25 +851,28 @@ static sl_status assemble_step(ctx *c, int scan, const char *dest) {
         }
         char *buf = NULL;
         size_t size = (size_t)js->valuedouble;
-        int src = -1;
-        if (cJSON_GetObjectItem(f, "blocks"))
+        int src = -1, ec = cJSON_GetObjectItem(f, "blocks") != NULL;
+        sl_status wst = SL_OK;
+        if (dest) snprintf(path, sizeof path, "%s/%s", dest, f->string);
+        if (ec)
             st = fetch_ec(c, f->string, f, size, jc->valuestring, &buf);
         else
-            st = fetch_replica(c, f->string, f, size, jc->valuestring, &buf, &src);
-        if (st == SL_OK && dest) {
+            st = fetch_replica(c, f->string, f, size, jc->valuestring, dest ? path : NULL, &buf, &src, &wst);
+        if (st == SL_OK && !ec && c->lc && dest) { /* streamed into place: agree on the writes */
+            st = agree(c, wst);
+        } else if (st == SL_OK && dest) {
             /* Note [Restore copies]: a verified copy is hard-linked when it lives on this file system (the
-             * hosts of one machine; a copy that came from a peer would be written), rebuilt files are
-             * written; neither is fsynced: .restore is a cache that the loader verifies again (XXH3 of
-             * every tensor) and that the next restart rebuilds. Written files go out with O_DIRECT from
-             * the aligned receive buffer: through the page cache, a 512 MiB replica met the kernel's dirty
-             * page throttling and took 2.6 s (the load then reads it cold, 0.4 s); a lost-host restart of
-             * GPT-2 124M on 2 hosts went from 10.0-11.2 s to 5.2-5.3 s (docs/BENCHMARKS.md) */
+             * hosts of one machine, or the holder's own copy in a stream: stream_replica), rebuilt and
+             * received files are written; neither is fsynced: .restore is a cache that the loader verifies
+             * again (XXH3 of every tensor) and that the next restart rebuilds. Written files go out with
+             * O_DIRECT from aligned buffers: through the page cache, a 512 MiB replica met the kernel's
+             * dirty page throttling and took 2.6 s (the load then reads it cold, 0.4 s); a lost-host restart
+             * of GPT-2 124M on 2 hosts went from 10.0-11.2 s to 5.2-5.3 s (docs/BENCHMARKS.md) */
             char from[4600];
-            snprintf(path, sizeof path, "%s/%s", dest, f->string);
             snprintf(from, sizeof from, "%s/host-%d/%s/%s", c->root, src, c->step_name, f->string);
             if (c->nowrite)
                 ;
-            else if (src < 0 || (c->lc && src != c->me) || link(from, path) != 0)
+            else if (src < 0 || link(from, path) != 0)
                 /* received or rebuilt: O_DIRECT from an aligned buffer, no page-cache copy */
                 st = sl_ckpt_write_file(path, NULL, 0, buf, size,
                                         (uintptr_t)buf % RESTORE_ALIGN == 0 ? SL_CKPT_IO_DIRECT : 0, NULL);

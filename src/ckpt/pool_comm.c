@@ -24,13 +24,19 @@
  *    manifest from them, the first rank of each host commits its own host's step dir, and the ranks agree on
  *    the result by all-reduce.
  *  - Restore (pool.c, training thread): the first ranks of the hosts run the same assembly in lock step;
- *    a read of host h's file is done by h's first rank and broadcast to the others (Note [Pooled restore]).
+ *    a read of host h's file is done by h's first rank and broadcast to the others (Note [Pooled restore]),
+ *    a replicated file in pieces (Note [Pooled restore stream], below).
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "ckpt/pool_internal.h"
 
@@ -84,27 +90,94 @@ typedef struct {
     int open; /* out holds a temp file */
 } incoming;
 
-/* The disk side of an exchange: a thread that writes round t's received pieces while round t+1's travel.
- * The exchange thread posts round t after its receives completed, and reuses buffer t % 2 for round t+2
- * only once the disk thread has written round t. A failed write is kept (local) and later rounds are not
- * written, but the exchange goes on: the peers never wait on a rank whose disk failed. */
+/* A thread that runs fn(arg, t) for t = 0, 1, ... in order, as the caller posts them: the disk side of an
+ * exchange (round t's pieces written while round t+1's travel), and the holder's reads and the receivers'
+ * writes of a restore stream (Note [Pooled restore stream]). Where no thread can start, post runs fn on the
+ * caller's. */
 typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
+    void (*fn)(void *arg, int64_t t);
+    void *arg;
+    int64_t posted, done; /* rounds handed over, and finished */
+    int quit, threaded;
+    pthread_t th;
+} piece_worker;
+
+static void *worker_main(void *arg) {
+    piece_worker *w = arg;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (w->done == w->posted && !w->quit) pthread_cond_wait(&w->cv, &w->mu);
+        if (w->done == w->posted) break; /* quit, everything done */
+        int64_t t = w->done;
+        pthread_mutex_unlock(&w->mu);
+        w->fn(w->arg, t);
+        pthread_mutex_lock(&w->mu);
+        w->done = t + 1;
+        pthread_cond_broadcast(&w->cv);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+static void worker_start(piece_worker *w, void (*fn)(void *, int64_t), void *arg) {
+    memset(w, 0, sizeof *w);
+    w->fn = fn;
+    w->arg = arg;
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    w->threaded = sl_thread_spawn(&w->th, worker_main, w) == 0;
+}
+
+/* hand round t (the next one) over */
+static void worker_post(piece_worker *w, int64_t t) {
+    if (!w->threaded) {
+        w->fn(w->arg, t);
+        w->posted = w->done = t + 1;
+        return;
+    }
+    pthread_mutex_lock(&w->mu);
+    w->posted = t + 1;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* wait until rounds < t are done (t <= 0: no wait) */
+static void worker_wait(piece_worker *w, int64_t t) {
+    pthread_mutex_lock(&w->mu);
+    while (w->done < t) pthread_cond_wait(&w->cv, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* every posted round done, the thread gone */
+static void worker_stop(piece_worker *w) {
+    if (w->threaded) {
+        pthread_mutex_lock(&w->mu);
+        w->quit = 1;
+        pthread_cond_broadcast(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+        pthread_join(w->th, NULL);
+    }
+    pthread_cond_destroy(&w->cv);
+    pthread_mutex_destroy(&w->mu);
+}
+
+/* The disk side of an exchange, run by a piece_worker: buffer t % 2 is reused for round t + 2 only once
+ * round t is written. A failed write is kept (local) and later rounds are not written, but the exchange
+ * goes on: the peers never wait on a rank whose disk failed. local and err belong to the worker until it
+ * stops. */
+typedef struct {
     incoming *in;
-    int nin, quit;
-    int64_t posted, written; /* rounds handed to the disk thread, and written by it */
+    int nin;
     sl_status local;
     char err[512];
 } disk_side;
 
-/* write round t's pieces (the disk thread, or the exchange thread when no disk thread could start) */
-static void disk_round(disk_side *ds, int64_t t) {
-    pthread_mutex_lock(&ds->mu);
-    int ok = ds->local == SL_OK;
-    pthread_mutex_unlock(&ds->mu);
+static void disk_round(void *arg, int64_t t) {
+    disk_side *ds = arg;
     sl_status st = SL_OK;
-    for (int k = 0; k < ds->nin && ok && st == SL_OK; k++) {
+    for (int k = 0; k < ds->nin && ds->local == SL_OK && st == SL_OK; k++) {
         incoming *x = &ds->in[k];
         int part;
         int64_t off, len;
@@ -112,43 +185,10 @@ static void disk_round(disk_side *ds, int64_t t) {
         st = sl_ckpt_out_write(&x->out, x->buf[t % 2], (size_t)len, (size_t)(part ? x->d->hlen + off : off),
                                PIECE);
     }
-    pthread_mutex_lock(&ds->mu);
     if (st != SL_OK && ds->local == SL_OK) {
         ds->local = st;
         snprintf(ds->err, sizeof ds->err, "%s", sl_errmsg());
     }
-    ds->written = t + 1;
-    pthread_cond_broadcast(&ds->cv);
-    pthread_mutex_unlock(&ds->mu);
-}
-
-static void *disk_main(void *arg) {
-    disk_side *ds = arg;
-    pthread_mutex_lock(&ds->mu);
-    for (;;) {
-        while (ds->written == ds->posted && !ds->quit) pthread_cond_wait(&ds->cv, &ds->mu);
-        if (ds->written == ds->posted) break; /* quit, everything written */
-        int64_t t = ds->written;
-        pthread_mutex_unlock(&ds->mu);
-        disk_round(ds, t);
-        pthread_mutex_lock(&ds->mu);
-    }
-    pthread_mutex_unlock(&ds->mu);
-    return NULL;
-}
-
-/* wait until the disk thread has written rounds < t (t <= 0: no wait) */
-static void disk_wait(disk_side *ds, int64_t t) {
-    pthread_mutex_lock(&ds->mu);
-    while (ds->written < t) pthread_cond_wait(&ds->cv, &ds->mu);
-    pthread_mutex_unlock(&ds->mu);
-}
-
-static void disk_post(disk_side *ds, int64_t t) {
-    pthread_mutex_lock(&ds->mu);
-    ds->posted = t + 1;
-    pthread_cond_broadcast(&ds->cv);
-    pthread_mutex_unlock(&ds->mu);
 }
 
 sl_status sl_ckpt_pool_exchange(const sl_ckpt_pool *p, const char *stepbase, const sl_ckpt_pool_stream *out,
@@ -229,14 +269,13 @@ sl_status sl_ckpt_pool_exchange(const sl_ckpt_pool *p, const char *stepbase, con
         }
     }
     disk_side ds = {.in = in, .nin = nin, .local = local};
-    pthread_mutex_init(&ds.mu, NULL);
-    pthread_cond_init(&ds.cv, NULL);
-    pthread_t disk_th;
-    int threaded = nin > 0 && local == SL_OK && sl_thread_spawn(&disk_th, disk_main, &ds) == 0;
+    piece_worker disk;
+    int writing = nin > 0 && local == SL_OK; /* else nothing is written: the pieces are only received */
+    if (writing) worker_start(&disk, disk_round, &ds);
     for (int64_t t = 0; t < rounds && st == SL_OK; t++) {
         int nreq = 0;
         sl_status ps = SL_OK;
-        if (threaded) disk_wait(&ds, t - 1); /* buffers t % 2 are free once round t - 2 is written */
+        if (writing) worker_wait(&disk, t - 1); /* buffers t % 2 are free once round t - 2 is written */
         sl_comm_group_start(); /* submitted together at group_end, completed by the waits below */
         for (int i = 0; i < nout; i++) {
             int part;
@@ -273,21 +312,10 @@ sl_status sl_ckpt_pool_exchange(const sl_ckpt_pool *p, const char *stepbase, con
         if (st == SL_OK && ps != SL_OK)
             st = sl_fail(ps, "checkpoint transfer, piece %lld of %lld: %s", (long long)t, (long long)rounds,
                          sl_errmsg());
-        if (st == SL_OK && threaded)
-            disk_post(&ds, t);
-        else if (st == SL_OK && nin > 0)
-            disk_round(&ds, t);
+        if (st == SL_OK && writing) worker_post(&disk, t);
     }
-    if (threaded) {
-        pthread_mutex_lock(&ds.mu);
-        ds.quit = 1;
-        pthread_cond_broadcast(&ds.cv);
-        pthread_mutex_unlock(&ds.mu);
-        pthread_join(disk_th, NULL);
-    }
+    if (writing) worker_stop(&disk);
     if (local == SL_OK && ds.local != SL_OK) local = sl_fail(ds.local, "%s", ds.err);
-    pthread_cond_destroy(&ds.cv);
-    pthread_mutex_destroy(&ds.mu);
     for (int k = 0; k < nin; k++) { /* finish: truncate, fsync, rename; or remove the temp file */
         incoming *x = &in[k];
         int keep = st == SL_OK && local == SL_OK;
@@ -303,4 +331,167 @@ sl_status sl_ckpt_pool_exchange(const sl_ckpt_pool *p, const char *stepbase, con
     free(all);
     if (st == SL_OK && local != SL_OK) st = local;
     return st;
+}
+
+/* Note [Pooled restore stream]
+ * A restore moves each replicated file from one holder host to the other hosts' leaders (Note [Pooled
+ * restore]). It used to move whole files: the holder read the file into memory, broadcast it, and every
+ * leader hashed it and then wrote it, one stage after the other, with the file's size in memory on every
+ * host. Now the file travels in PIECE-sized pieces through two buffers per leader: the holder's worker
+ * reads piece t+1 from its disk while piece t is broadcast, every leader hashes each piece as it arrives
+ * (XXH3 streaming: the same value as over the whole file), and a receiver's worker writes piece t into its
+ * temp file (O_DIRECT) while piece t+1 travels. The file is renamed into place only when the hash matches
+ * the manifest's, so a copy that turns out corrupt leaves nothing behind and the next copy is streamed the
+ * same way. A read error on the holder part-way does not stop the rounds (the peers would wait): it goes
+ * out in the status broadcast after the last piece. Memory per leader: two pieces, whatever the file size.
+ * The header broadcast carries the holder's size check, so a missing or wrong-sized copy costs one small
+ * broadcast. Measured in docs/BENCHMARKS.md ("Pooled restore in pieces"). */
+typedef struct {
+    int64_t ok, n;
+    char why[496];
+} stream_head;
+
+typedef struct {
+    int fd; /* holder: the file */
+    char *buf[2];
+    int64_t size;
+    int rerr; /* holder: a read failed (errno), or the file ended early (-1) */
+    sl_ckpt_out out;
+    int writing; /* out holds a temp file */
+    sl_status wst;
+    char werr[512];
+} rstream;
+
+static int64_t piece_len(const rstream *r, int64_t t) {
+    int64_t off = t * PIECE;
+    return r->size - off < PIECE ? r->size - off : PIECE;
+}
+
+/* holder's worker: piece t from the disk into buf[t % 2] (after a failure: zeros, the rounds go on) */
+static void rs_read(void *arg, int64_t t) {
+    rstream *r = arg;
+    char *b = r->buf[t % 2];
+    int64_t len = piece_len(r, t), got = 0;
+    while (!r->rerr && got < len) {
+        ssize_t k = pread(r->fd, b + got, (size_t)(len - got), (off_t)(t * PIECE + got));
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0)
+            r->rerr = k < 0 ? errno : -1;
+        else
+            got += k;
+    }
+    if (got < len) memset(b + got, 0, (size_t)(len - got));
+}
+
+/* a receiver's worker: piece t into its temp file (after a failure: nothing more) */
+static void rs_write(void *arg, int64_t t) {
+    rstream *r = arg;
+    if (r->wst != SL_OK) return;
+    r->wst = sl_ckpt_out_write(&r->out, r->buf[t % 2], (size_t)piece_len(r, t), (size_t)(t * PIECE), PIECE);
+    if (r->wst != SL_OK) snprintf(r->werr, sizeof r->werr, "%s", sl_errmsg());
+}
+
+int sl_ckpt_pool_restore_stream(sl_comm *lc, int holder, const char *path, const char *name, size_t want,
+                                const char *dest, const char *want_sum, char *got, size_t gcap,
+                                sl_status *wst, char *why, size_t wcap) {
+    int me = sl_comm_rank(lc);
+    rstream r = {.fd = -1};
+    stream_head m;
+    memset(&m, 0, sizeof m);
+    *wst = SL_OK;
+    if (me == holder) {
+        struct stat sb;
+        r.fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (r.fd < 0 && errno == ENOENT)
+            snprintf(m.why, sizeof m.why, "host %d: %s missing", holder, name);
+        else if (r.fd < 0 || fstat(r.fd, &sb) != 0)
+            snprintf(m.why, sizeof m.why, "host %d: %s unreadable", holder, name);
+        else if (want != SIZE_MAX && (size_t)sb.st_size != want)
+            snprintf(m.why, sizeof m.why, "host %d: %s is %lld bytes, %s than the recorded %zu", holder, name,
+                     (long long)sb.st_size, (size_t)sb.st_size < want ? "smaller" : "larger", want);
+        else {
+            m.ok = 1;
+            m.n = (int64_t)sb.st_size;
+            posix_fadvise(r.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+        }
+    }
+    int ok = 0;
+    if (sl_comm_broadcast(lc, &m, &m, sizeof m, SL_COMM_U8, holder) != SL_OK)
+        snprintf(why, wcap, "host %d: %s: transfer failed: %s", holder, name, sl_errmsg());
+    else if (!m.ok)
+        snprintf(why, wcap, "%s", m.why);
+    else
+        ok = 1;
+    if (!ok) {
+        if (r.fd >= 0) close(r.fd);
+        return 0;
+    }
+    r.size = m.n;
+    for (int b = 0; b < 2; b++) r.buf[b] = sl_malloc_aligned_to(PIECE, 4096);
+    int32_t lack = !r.buf[0] || !r.buf[1], any = 0; /* a leader without the memory: all report it */
+    if (sl_comm_all_reduce(lc, &lack, &any, 1, SL_COMM_I32, SL_COMM_MAX) != SL_OK || any) {
+        snprintf(why, wcap, "host %d: %s: %s", holder, name,
+                 any ? "a host has no memory to receive it" : "transfer failed");
+        ok = 0;
+    }
+    if (ok && dest) {
+        *wst = sl_ckpt_out_open(&r.out, dest, 1);
+        r.writing = *wst == SL_OK;
+        r.wst = *wst;
+        if (*wst != SL_OK) snprintf(r.werr, sizeof r.werr, "%s", sl_errmsg());
+    }
+    XXH3_state_t hs;
+    XXH3_64bits_reset(&hs);
+    int64_t np = ok ? (r.size + PIECE - 1) / PIECE : 0;
+    piece_worker w;
+    int reader = me == holder && np > 0, writer = me != holder && r.writing;
+    if (reader || writer) worker_start(&w, reader ? rs_read : rs_write, &r);
+    if (reader) worker_post(&w, 0);
+    for (int64_t t = 0; ok && t < np; t++) {
+        char *b = r.buf[t % 2];
+        size_t len = (size_t)piece_len(&r, t);
+        if (reader) {
+            worker_wait(&w, t + 1);                 /* piece t read */
+            if (t + 1 < np) worker_post(&w, t + 1); /* into the other buffer, broadcast last round */
+        }
+        if (writer) worker_wait(&w, t - 1); /* buffer t % 2 written out (piece t - 2) */
+        if (sl_comm_broadcast(lc, b, b, len, SL_COMM_U8, holder) != SL_OK) {
+            snprintf(why, wcap, "host %d: %s: transfer failed: %s", holder, name, sl_errmsg());
+            ok = 0;
+            break;
+        }
+        XXH3_64bits_update(&hs, b, len);
+        if (writer)
+            worker_post(&w, t);
+        else if (r.writing && r.wst == SL_OK)
+            rs_write(&r, t); /* the holder writes too: no link possible */
+    }
+    if (reader || writer) worker_stop(&w);
+    if (ok) { /* the holder's reads, told after the last piece */
+        memset(&m, 0, sizeof m);
+        m.ok = !r.rerr;
+        if (r.rerr)
+            snprintf(m.why, sizeof m.why, "host %d: %s %s", holder, name,
+                     r.rerr < 0 ? "changed size while read" : "unreadable");
+        if (sl_comm_broadcast(lc, &m, &m, sizeof m, SL_COMM_U8, holder) != SL_OK) {
+            snprintf(why, wcap, "host %d: %s: transfer failed: %s", holder, name, sl_errmsg());
+            ok = 0;
+        } else if (!m.ok) {
+            snprintf(why, wcap, "%s", m.why);
+            ok = 0;
+        }
+    }
+    if (ok) snprintf(got, gcap, "xxh3:%016llx", (unsigned long long)XXH3_64bits_digest(&hs));
+    if (r.writing) {
+        int keep = ok && r.wst == SL_OK && strcmp(got, want_sum) == 0;
+        sl_status cs = sl_ckpt_out_close(&r.out, (size_t)r.size, 0, keep);
+        if (r.wst == SL_OK && keep && cs != SL_OK) {
+            r.wst = cs;
+            snprintf(r.werr, sizeof r.werr, "%s", sl_errmsg());
+        }
+    }
+    if (r.wst != SL_OK) *wst = sl_fail(r.wst, "%s", r.werr);
+    if (r.fd >= 0) close(r.fd);
+    for (int b = 0; b < 2; b++) sl_free_aligned(r.buf[b]);
+    return ok;
 }

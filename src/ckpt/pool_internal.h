@@ -98,6 +98,15 @@ int sl_ckpt_pool_receiver(int src, int host, int world, int hosts);
  * Every rank returns only once the exchange is over; a local write failure is reported after it. */
 sl_status sl_ckpt_pool_exchange(const sl_ckpt_pool *p, const char *stepbase, const sl_ckpt_pool_stream *out,
                                 int nout);
+/* Collective over lc, the hosts' leaders (rank = host), in lock step: the restore stream of Note [Pooled
+ * restore stream]. Host `holder` reads path (its own disk; name and holder go into messages) in pieces and
+ * every leader receives them and hashes them ("xxh3:%016llx" into got); a leader with dest set writes them to
+ * dest (temp name, O_DIRECT, no fsync), renamed into place only when got equals want_sum. Returns 1 when the
+ * holder read the whole file, of size want (SIZE_MAX: any), and every piece arrived; else 0 with the reason
+ * in why, the same on every leader. *wst: this leader's own write status (not agreed). */
+int sl_ckpt_pool_restore_stream(sl_comm *lc, int holder, const char *path, const char *name, size_t want,
+                                const char *dest, const char *want_sum, char *got, size_t gcap,
+                                sl_status *wst, char *why, size_t wcap);
 /* Collective over p->comm (writer threads): the pooled commit of Note [Pool transfers over comm]; side is
  * this rank's sidecar text. */
 sl_status sl_ckpt_pool_commit_comm(const sl_ckpt_pool *p, int64_t step, int keep, const char *model_json,

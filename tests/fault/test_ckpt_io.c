@@ -13,6 +13,12 @@
  *   each receiver's file is bitwise the sender's bytes; a receiver whose step directory cannot be made, and
  *   receivers whose writes fail part-way, report it naming the file once the exchange is over, the sender
  *   side completes (nothing hangs), and no temp file is left;
+ * - the pooled restore stream over 3 thread ranks (sl_ckpt_pool_restore_stream, Note [Pooled restore
+ *   stream]: a file of 2 pieces and a partial one read by its holder and received by the others): each
+ *   receiver's file is bitwise the holder's and the hash the file's XXH3; with the wrong checksum nothing
+ *   is kept; a missing or wrong-sized copy is reported the same on every rank, naming host and file; the
+ *   holder writes too when asked; an empty file; a receiver whose directory is missing, and receivers whose
+ *   writes fail part-way, report it naming the file while the others keep theirs; no temp file is left;
  * - end to end through the writer (sl_ckpt_save_begin + commit) for a 1-layer GPT-2: the shard's data
  *   starts 4096-aligned, the disk and in-memory copies verify and load back bitwise (params and both
  *   moments, the oracle being the state that was saved), and one flipped data byte is a checksum mismatch
@@ -32,6 +38,9 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "ckpt/pool_internal.h"
 #include "suanli/ckpt.h"
@@ -210,7 +219,9 @@ static void test_exchange(void) {
         heads[r] = sl_malloc_aligned_to(4096, 4096);
         bodies[r] = sl_malloc_aligned_to(blen, 4096);
         for (size_t i = 0; i < 4096; i++) heads[r][i] = (char)(i * 3 + r + 1);
-        for (size_t i = 0; i < blen; i++) bodies[r][i] = (char)(i * 151 + (i >> 12) + 7 * r);
+        for (size_t i = 0; i < blen; i++)
+            bodies[r][i] =
+                (char)(i * 151 + (i >> 12) + (i >> 23) * 37 + 7 * r); /* each 8 MiB piece differs */
     }
     snprintf(root, sizeof root, "%s/pool", dir);
     /* case 0: 4096-byte heads; 1: 128-byte heads; 2: host 1's step dir cannot be made (host-1 is a file);
@@ -270,6 +281,95 @@ static void test_exchange(void) {
         sl_free_aligned(heads[r]);
         sl_free_aligned(bodies[r]);
     }
+}
+
+typedef struct {
+    sl_comm *comm;
+    const char *path, *dest, *sum;
+    size_t want;
+    int ok;
+    sl_status wst;
+    char got[32], why[600], err[512];
+} stream_rank;
+
+static void *stream_main(void *arg) {
+    stream_rank *r = arg;
+    r->ok = sl_ckpt_pool_restore_stream(r->comm, 1, r->path, "f.bin", r->want, r->dest, r->sum, r->got,
+                                        sizeof r->got, &r->wst, r->why, sizeof r->why);
+    if (r->wst != SL_OK) snprintf(r->err, sizeof r->err, "%s", sl_errmsg());
+    return NULL;
+}
+
+/* the restore stream between 3 thread ranks, rank 1 holding the file */
+static void test_restore_stream(void) {
+    const size_t n = ((size_t)16 << 20) + 1000;
+    char *bytes = malloc(n), src[700], sum[32], bad[] = "xxh3:0000000000000000", cmd[1400], d[600];
+    for (size_t i = 0; i < n; i++)
+        bytes[i] = (char)(i * 131 + (i >> 13) + (i >> 23) * 37 + 5); /* each 8 MiB piece differs */
+    snprintf(d, sizeof d, "%s/rs", dir);
+    snprintf(src, sizeof src, "%s/src.bin", d);
+    /* cases: 0 all receive; 1 a wrong checksum; 2 the file missing; 3 the file larger than recorded; 4 the
+     * holder writes too; 5 rank 2's directory missing; 6 an empty file; 7 the size limit stops the writes */
+    for (int c = 0; c < 8; c++) {
+        snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", d, d);
+        TU_CHECK(system(cmd) == 0, "fresh directory");
+        size_t len = c == 6 ? 0 : n;
+        if (c != 2) TU_CHECK(sl_file_write_atomic(src, bytes, len) == SL_OK, "source file: %s", sl_errmsg());
+        snprintf(sum, sizeof sum, "xxh3:%016llx", (unsigned long long)XXH3_64bits(bytes, len));
+        sl_comm *comms[3];
+        TU_CHECK(sl_comm_init_loopback(3, comms, NULL) == SL_OK, "loopback comms: %s", sl_errmsg());
+        stream_rank rk[3];
+        char dests[3][700];
+        pthread_t th[3];
+        struct rlimit old, lim;
+        getrlimit(RLIMIT_FSIZE, &old);
+        if (c == 7) {
+            signal(SIGXFSZ, SIG_IGN);
+            lim = old;
+            lim.rlim_cur = (rlim_t)8 << 20;
+            setrlimit(RLIMIT_FSIZE, &lim);
+        }
+        for (int r = 0; r < 3; r++) {
+            snprintf(dests[r], sizeof dests[r], c == 5 && r == 2 ? "%s/gone/r%d.bin" : "%s/r%d.bin", d, r);
+            rk[r] = (stream_rank){.comm = comms[r],
+                                  .path = src,
+                                  .dest = r != 1 || c == 4 ? dests[r] : NULL,
+                                  .sum = c == 1 ? bad : sum,
+                                  .want = c == 3 ? n - 1 : SIZE_MAX};
+            pthread_create(&th[r], NULL, stream_main, &rk[r]);
+        }
+        for (int r = 0; r < 3; r++) pthread_join(th[r], NULL);
+        setrlimit(RLIMIT_FSIZE, &old);
+        for (int r = 0; r < 3; r++) sl_comm_free(comms[r]);
+        for (int r = 0; r < 3; r++) {
+            stream_rank *x = &rk[r];
+            if (c == 2 || c == 3) {
+                TU_CHECK(!x->ok && strstr(x->why, c == 2 ? "host 1: f.bin missing"
+                                                         : "host 1: f.bin is 16778216 bytes, larger than the "
+                                                           "recorded 16778215"),
+                         "stream case %d: rank %d told why: %s", c, r, x->why);
+                TU_CHECK(access(dests[r], F_OK) != 0, "stream case %d: nothing at %s", c, dests[r]);
+                continue;
+            }
+            TU_CHECK(x->ok && strcmp(x->got, sum) == 0,
+                     "stream case %d: rank %d: ok %d, hash %s (file %s): %s", c, r, x->ok, x->got, sum,
+                     x->why);
+            int writes = x->dest != NULL, fails = (c == 5 && r == 2) || (c == 7 && writes);
+            if (fails) {
+                TU_CHECK(x->wst == SL_ERR_IO && strstr(x->err, c == 5 ? "gone/r2.bin" : "write failed"),
+                         "stream case %d: rank %d's failed write named: %s", c, r, x->err);
+            } else {
+                TU_CHECK(x->wst == SL_OK, "stream case %d: rank %d wrote: %s", c, r, x->err);
+            }
+            int kept = writes && !fails && c != 1;
+            TU_CHECK(kept ? file_is(dests[r], bytes, len, "", 0) : access(dests[r], F_OK) != 0,
+                     "stream case %d: rank %d %s", c, r, kept ? "holds the bytes" : "kept nothing");
+        }
+        TU_CHECK(count_tmp_at(d) == 0, "stream case %d: no temp file", c);
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", d);
+    TU_CHECK(system(cmd) == 0, "cleanup");
+    free(bytes);
 }
 
 static sl_model *tiny_model(uint64_t seed) {
@@ -422,6 +522,7 @@ int main(void) {
     test_direct_and_fallback();
     test_pieces();
     test_exchange();
+    test_restore_stream();
     test_writer();
     test_restart_choice();
     return tu_finish("test_ckpt_io");
