@@ -10,9 +10,10 @@
  * slots] in src/parallel/zero_slots.c): GSLOT_LAG + 1 = 3 of the largest buckets in flight plus the
  * embedding's bucket (the last to finish; a tied embedding's gradient is written at both ends of backward);
  * ZeRO-3 adds gathered parameter buckets, modelled as 3 of the largest (min(3, buckets - 3), at least 1,
- * when there are few buckets: fitted on suanli's schedule, see BENCHMARKS.md). The slot arena's packing is
- * not modelled exactly (it is a greedy placement over the schedule): slots alone are within ~20 %, totals
- * within 5 % (tests/plan/test_plan.c prints every component). Activations are
+ * when there are few buckets: fitted on suanli's schedule, see BENCHMARKS.md); a single bucket is one use
+ * interval (Note [ZeRO-3 gather schedule]): the whole parameter set, gathered once and held all step. The
+ * slot arena's packing is not modelled exactly (it is a greedy placement over the schedule): slots alone are
+ * within ~20 %, totals within 5 % (tests/plan/test_plan.c prints every component). Activations are
  * sl_graph_plan's liveness-packed arena for one micro-batch, which for suanli's graphs is (fp32 floats per
  * token) 12 C + NH per GPT-2 layer, 6 C + 4 F + 2 KV + NH per Llama layer, and 3 C + V outside the
  * layers (embedding output, final norm, logits overwritten by their gradient); fitted on sl_graph_plan and
@@ -40,7 +41,8 @@
  * (g-1)/g); an axis uses the intra-host link when its ranks lie in one host (tp innermost, then dp,
  * then pp: rank = (pp_rank dp + dp_rank) tp + tp_rank) and the inter-host link otherwise. DP volume per
  * step: ZeRO-0 all-reduce; ZeRO-1 all-reduce + parameter all-gather; ZeRO-2 reduce-scatter + all-gather;
- * ZeRO-3 reduce-scatter + two all-gathers; (1 - overlap) of it is exposed. Optimizer: AdamW reads p, g,
+ * ZeRO-3 reduce-scatter + two all-gathers (one when a stage's parameters are one bucket: gathered once,
+ * held); (1 - overlap) of it is exposed. Optimizer: AdamW reads p, g,
  * m, v and writes p, m, v (28 B) plus the norm's read (4 B) per owned parameter, at memory bandwidth. */
 #include <math.h>
 #include <stdlib.h>
@@ -438,7 +440,10 @@ static sl_status stage_memory(const sl_plan_model *m, const sl_plan_job *job, co
     mm->optim = 8.0 * shard;
     mm->slots = 0;
     if (slots) mm->slots = 4.0 * (b.first_bucket + 3.0 * b.max_bucket);
-    if (l->zero == 3) { /* gathered parameters: 3 of the largest, fewer when there are few buckets (fitted) */
+    if (l->zero == 3 && b.n_buckets == 1) /* one use interval: gathered once and held all step */
+        mm->slots += 4.0 * b.total;
+    else if (l->zero ==
+             3) { /* gathered parameters: 3 of the largest, fewer when there are few buckets (fitted) */
         int k = b.n_buckets - 3 < 3 ? b.n_buckets - 3 : 3;
         mm->slots += 4.0 * (double)(k < 1 ? 1 : k) * b.max_bucket;
     }
@@ -548,7 +553,7 @@ static sl_status timing(const sl_plan_model *m, const sl_plan_cluster *cl, const
         if (l->zero == 0) t_dp = t_ar;
         if (l->zero == 1) t_dp = t_ar + t_gather(&gl, l->dp, gbytes);
         if (l->zero == 2) t_dp = 2.0 * t_gather(&gl, l->dp, gbytes) + lat;
-        if (l->zero == 3) t_dp = 3.0 * t_gather(&gl, l->dp, gbytes) + lat;
+        if (l->zero == 3) t_dp = (bs.n_buckets == 1 ? 2.0 : 3.0) * t_gather(&gl, l->dp, gbytes) + lat;
     }
     double owned = l->zero ? bs.shard : bs.total;
     double t_opt = 32.0 * owned / cl->mem_bw_Bps;
