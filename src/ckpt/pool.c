@@ -669,6 +669,26 @@ static sl_status fetch_replica(ctx *c, const char *file, cJSON *o, size_t size, 
     return SL_OK;
 }
 
+/* a block file's header against the manifest's entry: 1, or 0 with a reason */
+static int ec_header_ok(ctx *c, const ec_header *h0, int h, const char *fname, const char *file, int index,
+                        int k, int m, size_t bs, size_t size, char *why, size_t wcap) {
+    ec_header hd = *h0;
+    char want[80];
+    snprintf(want, sizeof want, "%s/%s", c->step_name, file);
+    hd.stripe[sizeof hd.stripe - 1] = 0;
+    if (memcmp(hd.magic, "SLECBLK1", 8) != 0) {
+        snprintf(why, wcap, "host %d: %s is not an erasure-code block", h, fname);
+        return 0;
+    }
+    if (strcmp(hd.stripe, want) != 0 || hd.index != (uint32_t)index || hd.k != (uint32_t)k ||
+        hd.m != (uint32_t)m || hd.block_size != bs || hd.file_size != size) {
+        snprintf(why, wcap, "host %d: %s is block %u of stripe '%s' (%u+%u), not block %d of '%s' (%d+%d)", h,
+                 fname, hd.index, hd.stripe, hd.k, hd.m, index, want, k, m);
+        return 0;
+    }
+    return 1;
+}
+
 /* one block of an erasure-coded file into dst (block_size bytes); 0 with a reason when unusable */
 static int fetch_block(ctx *c, cJSON *b, const char *file, int k, int m, size_t bs, size_t hb, size_t size,
                        uint8_t *dst, int *index, char *why, size_t wcap) {
@@ -680,17 +700,8 @@ static int fetch_block(ctx *c, cJSON *b, const char *file, int k, int m, size_t 
     if (!read_checked(c, h, fn->valuestring, hb + bs, &buf, why, wcap)) return 0;
     ec_header hd;
     memcpy(&hd, buf, sizeof hd);
-    char want[80];
-    snprintf(want, sizeof want, "%s/%s", c->step_name, file);
-    hd.stripe[sizeof hd.stripe - 1] = 0;
     int ok = 0;
-    if (memcmp(hd.magic, "SLECBLK1", 8) != 0)
-        snprintf(why, wcap, "host %d: %s is not an erasure-code block", h, fn->valuestring);
-    else if (strcmp(hd.stripe, want) != 0 || hd.index != (uint32_t)*index || hd.k != (uint32_t)k ||
-             hd.m != (uint32_t)m || hd.block_size != bs || hd.file_size != size)
-        snprintf(why, wcap, "host %d: %s is block %u of stripe '%s' (%u+%u), not block %d of '%s' (%d+%d)", h,
-                 fn->valuestring, hd.index, hd.stripe, hd.k, hd.m, *index, want, k, m);
-    else {
+    if (ec_header_ok(c, &hd, h, fn->valuestring, file, *index, k, m, bs, size, why, wcap)) {
         char got[32];
         sum_str(got, sizeof got, buf + hb, bs);
         if (strcmp(got, cs->valuestring) != 0)
@@ -705,7 +716,9 @@ static int fetch_block(ctx *c, cJSON *b, const char *file, int k, int m, size_t 
     return ok;
 }
 
-static sl_status fetch_ec(ctx *c, const char *file, cJSON *o, size_t size, const char *sum, char **out) {
+/* an erasure-coded file's manifest entry: k, m, block size, header length, the blocks (checked) */
+static sl_status ec_entry(ctx *c, const char *file, cJSON *o, size_t size, int *k_, int *m_, size_t *bs_,
+                          size_t *hb_, cJSON **blocks_) {
     cJSON *jk = cJSON_GetObjectItem(o, "ec_k"), *jm = cJSON_GetObjectItem(o, "ec_m"),
           *jb = cJSON_GetObjectItem(o, "block_size"), *blocks = cJSON_GetObjectItem(o, "blocks"), *b,
           *jh = cJSON_GetObjectItem(o, "block_header");
@@ -728,6 +741,20 @@ static sl_status fetch_ec(ctx *c, const char *file, cJSON *o, size_t size, const
         if (!host_ok(c, hh->valueint, file, one, sizeof one))
             return sl_fail(SL_ERR_FORMAT, "%s: %s", c->step_name, one);
     }
+    *k_ = k;
+    *m_ = m;
+    *bs_ = bs;
+    *hb_ = hb;
+    *blocks_ = blocks;
+    return SL_OK;
+}
+
+static sl_status fetch_ec(ctx *c, const char *file, cJSON *o, size_t size, const char *sum, char **out) {
+    int k = 0, m = 0;
+    size_t bs = 0, hb = 0;
+    cJSON *blocks = NULL, *b;
+    SL_TRY(ec_entry(c, file, o, size, &k, &m, &bs, &hb, &blocks));
+    char one[700];
     uint8_t *blk = sl_malloc_aligned(bs * (size_t)(k + m)), *ptr[SL_EC_MAX_K + SL_EC_MAX_M];
     if (!blk) return sl_fail(SL_ERR_NOMEM, "checkpoint: cannot allocate %zu bytes", bs * (size_t)(k + m));
     int present[SL_EC_MAX_K + SL_EC_MAX_M] = {0}, have = 0, lost_data = 0;
@@ -781,6 +808,226 @@ static sl_status fetch_ec(ctx *c, const char *file, cJSON *o, size_t size, const
             memcpy(*out, blk, size);
     }
     sl_free_aligned(blk);
+    return st;
+}
+
+/* Note [Pooled restore stream], erasure-coded files (a restore over the leaders' communicator): each block's
+ * holder first checks its file (size, header) and says so; then k of the blocks that passed, data blocks
+ * first, travel in pieces, round t carrying piece t of each (one piece per block in memory, at most 64 MiB
+ * in all), and the lost data blocks' piece t is decoded from them. Every block's pieces are hashed as they
+ * come or are rebuilt and checked, at the end, against the block's checksum in the manifest; the file's
+ * data blocks are the file, so the file is verified block by block (its own checksum would need its bytes
+ * in order, which decoding round by round does not give). A block that turns out corrupt is dropped and the
+ * file streamed again from the remaining ones. dest (with !nowrite) gets the file's bytes, renamed into
+ * place when every block checked out; *wst is this leader's write status. */
+typedef struct {
+    int host, ok;
+    const char *fname, *cs;
+} ec_blk;
+
+static size_t ec_piece(int n, size_t bs) {
+    size_t p = ((size_t)64 << 20) / (size_t)n / EC_ALIGN * EC_ALIGN;
+    if (p > ((size_t)8 << 20)) p = (size_t)8 << 20;
+    return p < bs ? p : bs;
+}
+
+static sl_status stream_ec(ctx *c, const char *file, cJSON *o, size_t size, const char *dest,
+                           sl_status *wst) {
+    int k = 0, m = 0;
+    size_t bs = 0, hb = 0;
+    cJSON *blocks = NULL, *b;
+    SL_TRY(ec_entry(c, file, o, size, &k, &m, &bs, &hb, &blocks));
+    int n = k + m, fd[SL_EC_MAX_K + SL_EC_MAX_M];
+    ec_blk B[SL_EC_MAX_K + SL_EC_MAX_M];
+    memset(B, 0, sizeof B);
+    for (int i = 0; i < n; i++) fd[i] = -1;
+    char why[2048] = "", one[700];
+    struct {
+        int64_t ok;
+        char why[496];
+    } msg;
+    sl_status st = SL_OK;
+    /* the holders check their block files */
+    cJSON_ArrayForEach(b, blocks) {
+        cJSON *ix = cJSON_GetObjectItem(b, "index");
+        int idx = cJSON_IsNumber(ix) ? ix->valueint : -1, h = cJSON_GetObjectItem(b, "host")->valueint;
+        const char *fname = cJSON_GetObjectItem(b, "file")->valuestring;
+        if (idx < 0 || idx >= n || B[idx].fname) {
+            snprintf(why + strlen(why), sizeof why - strlen(why), "%sblock index %d out of place",
+                     why[0] ? "; " : "", idx);
+            continue;
+        }
+        B[idx] = (ec_blk){h, 0, fname, cJSON_GetObjectItem(b, "checksum")->valuestring};
+        memset(&msg, 0, sizeof msg);
+        if (h == c->me) {
+            char path[4600];
+            struct stat sb;
+            ec_header hd;
+            snprintf(path, sizeof path, "%s/host-%d/%s/%s", c->root, h, c->step_name, fname);
+            int f = open(path, O_RDONLY | O_CLOEXEC);
+            if (f < 0)
+                snprintf(msg.why, sizeof msg.why, "host %d: %s %s", h, fname,
+                         errno == ENOENT ? "missing" : "unreadable");
+            else if (fstat(f, &sb) != 0 || pread(f, &hd, sizeof hd, 0) != (ssize_t)sizeof hd)
+                snprintf(msg.why, sizeof msg.why, "host %d: %s unreadable", h, fname);
+            else if ((size_t)sb.st_size != hb + bs)
+                snprintf(msg.why, sizeof msg.why, "host %d: %s is %lld bytes, %s than the recorded %zu", h,
+                         fname, (long long)sb.st_size, (size_t)sb.st_size < hb + bs ? "smaller" : "larger",
+                         hb + bs);
+            else
+                msg.ok = ec_header_ok(c, &hd, h, fname, file, idx, k, m, bs, size, msg.why, sizeof msg.why);
+            if (msg.ok) {
+                fd[idx] = f;
+                posix_fadvise(f, 0, 0, POSIX_FADV_SEQUENTIAL);
+            } else if (f >= 0)
+                close(f);
+        }
+        if (sl_comm_broadcast(c->lc, &msg, &msg, sizeof msg, SL_COMM_U8, h) != SL_OK) {
+            st = sl_fail(SL_ERR_PEER, "%s: %s: block %d: transfer failed: %s", c->step_name, file, idx,
+                         sl_errmsg());
+            goto out;
+        }
+        B[idx].ok = (int)msg.ok;
+        if (!msg.ok)
+            snprintf(why + strlen(why), sizeof why - strlen(why), "%s%s", why[0] ? "; " : "", msg.why);
+    }
+    size_t piece = ec_piece(n, bs);
+    int64_t np = (int64_t)((bs + piece - 1) / piece);
+    uint8_t *pb[SL_EC_MAX_K + SL_EC_MAX_M] = {0};
+    int32_t lack = 0, any = 0;
+    for (int i = 0; i < n; i++) lack |= !(pb[i] = sl_malloc_aligned_to(piece, EC_ALIGN));
+    if (sl_comm_all_reduce(c->lc, &lack, &any, 1, SL_COMM_I32, SL_COMM_MAX) != SL_OK || any) {
+        st = sl_fail(any ? SL_ERR_NOMEM : SL_ERR_PEER, "%s: %s: %s", c->step_name, file,
+                     any ? "a host has no memory for the restore's pieces" : "transfer failed");
+        goto free_pieces;
+    }
+    int writing = dest && !c->nowrite;
+    *wst = SL_OK;
+    for (;;) { /* an attempt with k of the blocks that are still good */
+        int S[SL_EC_MAX_K + SL_EC_MAX_M], present[SL_EC_MAX_K + SL_EC_MAX_M] = {0}, ns = 0, have = 0,
+                                                                lost_data = 0;
+        for (int i = 0; i < n; i++) {
+            have += B[i].ok;
+            if (B[i].ok && ns < k) {
+                S[ns++] = i;
+                present[i] = 1;
+            }
+        }
+        for (int i = 0; i < k; i++) lost_data += !present[i];
+        if (ns < k) {
+            st = sl_fail(SL_ERR_FORMAT,
+                         "%s: %s cannot be rebuilt: %d of its %d+%d blocks are intact, %d needed (%s)",
+                         c->step_name, file, have, k, m, k, why);
+            break;
+        }
+        for (int i = 0; i < k; i++) /* a data block without an entry (an index out of place) */
+            if (!B[i].cs) {
+                st = sl_fail(SL_ERR_FORMAT,
+                             "%s: manifest: block %d of %s has no entry, its bytes cannot be "
+                             "checked",
+                             c->step_name, i, file);
+                break;
+            }
+        if (st != SL_OK) break;
+        sl_ckpt_out out;
+        sl_status ws = SL_OK;
+        int open_ = 0;
+        if (writing) {
+            ws = sl_ckpt_out_open(&out, dest, 1);
+            open_ = ws == SL_OK;
+        }
+        char werr[512] = "";
+        if (ws != SL_OK) snprintf(werr, sizeof werr, "%s", sl_errmsg());
+        XXH3_state_t hs[SL_EC_MAX_K + SL_EC_MAX_M];
+        int rerr[SL_EC_MAX_K + SL_EC_MAX_M] = {0};
+        for (int i = 0; i < n; i++) XXH3_64bits_reset(&hs[i]);
+        for (int64_t t = 0; t < np && st == SL_OK; t++) {
+            size_t len = bs - (size_t)t * piece < piece ? bs - (size_t)t * piece : piece;
+            for (int q = 0; q < ns && st == SL_OK; q++) {
+                int j = S[q];
+                if (B[j].host == c->me) { /* a failed read sends zeros and is told after the rounds */
+                    size_t got = 0;
+                    while (!rerr[j] && got < len) {
+                        ssize_t r =
+                            pread(fd[j], pb[j] + got, len - got, (off_t)(hb + (size_t)t * piece + got));
+                        if (r < 0 && errno == EINTR) continue;
+                        if (r <= 0)
+                            rerr[j] = 1;
+                        else
+                            got += (size_t)r;
+                    }
+                    if (got < len) memset(pb[j] + got, 0, len - got);
+                }
+                if (sl_comm_broadcast(c->lc, pb[j], pb[j], len, SL_COMM_U8, B[j].host) != SL_OK)
+                    st = sl_fail(SL_ERR_PEER, "%s: %s: block %d: transfer failed: %s", c->step_name, file, j,
+                                 sl_errmsg());
+                else
+                    XXH3_64bits_update(&hs[j], pb[j], len);
+            }
+            if (st == SL_OK && lost_data) {
+                st = sl_ckpt_ec_decode(k, m, len, pb, present);
+                for (int i = 0; i < k && st == SL_OK; i++)
+                    if (!present[i]) XXH3_64bits_update(&hs[i], pb[i], len);
+            }
+            for (int i = 0; i < k && st == SL_OK && open_ && ws == SL_OK; i++) {
+                size_t off = (size_t)i * bs + (size_t)t * piece;
+                if (off >= size) continue;
+                ws = sl_ckpt_out_write(&out, pb[i], size - off < len ? size - off : len, off, piece);
+                if (ws != SL_OK) snprintf(werr, sizeof werr, "%s", sl_errmsg());
+            }
+        }
+        int redo = 0;
+        for (int q = 0; q < ns && st == SL_OK; q++) { /* the holders' reads, then every block's checksum */
+            int j = S[q];
+            memset(&msg, 0, sizeof msg);
+            msg.ok = !rerr[j];
+            if (rerr[j]) snprintf(msg.why, sizeof msg.why, "host %d: %s unreadable", B[j].host, B[j].fname);
+            if (sl_comm_broadcast(c->lc, &msg, &msg, sizeof msg, SL_COMM_U8, B[j].host) != SL_OK) {
+                st = sl_fail(SL_ERR_PEER, "%s: %s: transfer failed: %s", c->step_name, file, sl_errmsg());
+                break;
+            }
+            char got[32];
+            snprintf(got, sizeof got, "xxh3:%016llx", (unsigned long long)XXH3_64bits_digest(&hs[j]));
+            if (!msg.ok)
+                snprintf(one, sizeof one, "%s", msg.why);
+            else if (strcmp(got, B[j].cs) != 0)
+                snprintf(one, sizeof one, "host %d: %s checksum mismatch (%s, manifest %s)", B[j].host,
+                         B[j].fname, got, B[j].cs);
+            else
+                continue;
+            B[j].ok = 0; /* dropped: the next attempt takes another block */
+            redo = 1;
+            snprintf(why + strlen(why), sizeof why - strlen(why), "%s%s", why[0] ? "; " : "", one);
+        }
+        for (int i = 0; i < k && st == SL_OK && !redo; i++) {
+            char got[32];
+            snprintf(got, sizeof got, "xxh3:%016llx", (unsigned long long)XXH3_64bits_digest(&hs[i]));
+            if (!present[i] && strcmp(got, B[i].cs) != 0)
+                st = sl_fail(SL_ERR_FORMAT,
+                             "%s: %s: data block %d rebuilt from its blocks has checksum %s, manifest %s",
+                             c->step_name, file, i, got, B[i].cs);
+        }
+        int keep = st == SL_OK && !redo;
+        if (open_) {
+            sl_status cs = sl_ckpt_out_close(&out, size, 0, keep && ws == SL_OK);
+            if (keep && ws == SL_OK && cs != SL_OK) {
+                ws = cs;
+                snprintf(werr, sizeof werr, "%s", sl_errmsg());
+            }
+        }
+        if (st != SL_OK) break;
+        if (redo) continue;
+        if (why[0])
+            SL_LOGW("%s: %s: %s; %s from %d intact blocks", c->step_name, file, why,
+                    lost_data ? "rebuilding it" : "reading it", have);
+        if (ws != SL_OK) *wst = sl_fail(ws, "%s", werr);
+        break;
+    }
+free_pieces:
+    for (int i = 0; i < n; i++) sl_free_aligned(pb[i]);
+out:
+    for (int i = 0; i < n; i++)
+        if (fd[i] >= 0) close(fd[i]);
     return st;
 }
 
@@ -854,11 +1101,13 @@ static sl_status assemble_step(ctx *c, int scan, const char *dest) {
         int src = -1, ec = cJSON_GetObjectItem(f, "blocks") != NULL;
         sl_status wst = SL_OK;
         if (dest) snprintf(path, sizeof path, "%s/%s", dest, f->string);
-        if (ec)
+        if (ec && c->lc && !c->report) /* streamed into dest (Note [Pooled restore stream]) */
+            st = stream_ec(c, f->string, f, size, dest ? path : NULL, &wst);
+        else if (ec)
             st = fetch_ec(c, f->string, f, size, jc->valuestring, &buf);
         else
             st = fetch_replica(c, f->string, f, size, jc->valuestring, dest ? path : NULL, &buf, &src, &wst);
-        if (st == SL_OK && !ec && c->lc && dest) { /* streamed into place: agree on the writes */
+        if (st == SL_OK && c->lc && dest) { /* streamed into place: agree on the writes */
             st = agree(c, wst);
         } else if (st == SL_OK && dest) {
             /* Note [Restore copies]: a verified copy is hard-linked when it lives on this file system (the

@@ -25,7 +25,7 @@
  *    the result by all-reduce.
  *  - Restore (pool.c, training thread): the first ranks of the hosts run the same assembly in lock step;
  *    a read of host h's file is done by h's first rank and broadcast to the others (Note [Pooled restore]),
- *    a replicated file in pieces (Note [Pooled restore stream], below).
+ *    in pieces (Note [Pooled restore stream]: below for replicated files, pool.c for erasure-coded ones).
  */
 #define _GNU_SOURCE
 #include <errno.h>
