@@ -424,7 +424,8 @@ static void test_plot(void) {
     snprintf(o, sizeof o, "%s/loss.svg", bd);
     bad("no steps", rc, "no steps", o);
     rc = run("plot %s --output %s/no/such/dir/x.svg", run1, dir);
-    bad("unwritable output", rc, "--output", NULL);
+    snprintf(p, sizeof p, "--output: %s/no/such/dir/x.svg: %s/no/such/dir/x.svg.tmp.", dir, dir);
+    bad("unwritable output", rc, p, NULL);
     rc = run("plot %s --colour red", run1);
     bad("unknown flag", rc, "unknown flag --colour", NULL);
     rc = run("plot %s --output", run1);

@@ -10,6 +10,11 @@ static void test_status(void) {
     TU_CHECK(st == SL_ERR_IO, "status passthrough");
     TU_CHECK(strcmp(sl_errmsg(), "file x.bin bad") == 0, "one-line message, got '%s'", sl_errmsg());
     TU_CHECK(strcmp(sl_status_name(SL_ERR_TIMEOUT), "timeout") == 0, "name");
+    /* the previous message as an argument: wrapped, not garbled (they share one buffer) */
+    sl_fail(SL_ERR_IO, "x.bin.tmp: cannot create");
+    sl_fail(SL_ERR_IO, "%s: %s", "x.bin", sl_errmsg());
+    TU_CHECK(strcmp(sl_errmsg(), "x.bin: x.bin.tmp: cannot create") == 0, "wrapped message, got '%s'",
+             sl_errmsg());
 }
 
 static void test_rng(void) {
