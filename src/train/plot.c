@@ -374,6 +374,15 @@ sl_status sl_plot_runs(const char *const *run_dirs, int n_runs, const sl_plot_op
         snprintf(out, sizeof out, "%s/loss.svg", run_dirs[0]);
     else
         snprintf(out, sizeof out, "loss.svg");
+    struct stat osb, isb; /* --output naming an input would replace it */
+    for (int r = 0; r < n_runs && stat(out, &osb) == 0; r++) {
+        char in[4200];
+        snprintf(in, sizeof in, "%s/metrics.jsonl", run_dirs[r]);
+        if (stat(in, &isb) == 0 && isb.st_dev == osb.st_dev && isb.st_ino == osb.st_ino) {
+            st = sl_fail(SL_ERR_INVALID, "--output: %s is the input %s", out, in);
+            goto done;
+        }
+    }
     if (!o.title) {
         size_t k = (size_t)snprintf(title, sizeof title, "suanli:");
         for (int r = 0; r < n_runs && k < sizeof title; r++)

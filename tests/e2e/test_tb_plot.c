@@ -426,6 +426,9 @@ static void test_plot(void) {
     rc = run("plot %s --output %s/no/such/dir/x.svg", run1, dir);
     snprintf(p, sizeof p, "--output: %s/no/such/dir/x.svg: %s/no/such/dir/x.svg.tmp.", dir, dir);
     bad("unwritable output", rc, p, NULL);
+    snprintf(p, sizeof p, "%s/metrics.jsonl", run1);
+    rc = run("plot %s --output %s", run1, p);
+    bad("output is an input", rc, "is the input", NULL);
     rc = run("plot %s --colour red", run1);
     bad("unknown flag", rc, "unknown flag --colour", NULL);
     rc = run("plot %s --output", run1);
