@@ -208,6 +208,15 @@ static void test_submit(const char *d) {
     bad(NULL, "submit --nodes 2 --ntasks-per-node 2 --time 1:00:00 --max-requeues -1 -- suanli train",
         "--max-requeues");
     bad(NULL, "submit --nodes 2 --ntasks-per-node 2 --time 1:00:00 --mpi openmpi -- suanli train", "--mpi");
+    /* values written into the script unquoted: nothing that could end a line or add a command */
+    const char *unsafe[] = {"--mpi 'pmix_v3;reboot'", "--job-name 'a\nreboot'", "--partition 'p q'"};
+    for (int k = 0; k < 3; k++) {
+        snprintf(cmd, sizeof cmd, "submit --script %s --nodes 2 --ntasks-per-node 2 --time 1:00:00 %s -- x",
+                 script, unsafe[k]);
+        char flag[16];
+        snprintf(flag, sizeof flag, "%.*s", (int)strcspn(unsafe[k], " "), unsafe[k]);
+        bad(NULL, cmd, flag);
+    }
     snprintf(cmd, sizeof cmd,
              "%s submit --script %s --nodes 1-4 --ntasks-per-node 2 --time 1:00:00 --max-requeues 5 "
              "-- suanli train",
