@@ -65,6 +65,8 @@ static void test_files(void) {
     snprintf(p, sizeof p, "%s/missing/a.txt", d);
     TU_CHECK(sl_file_write_atomic(p, "x", 1) == SL_ERR_IO, "missing dir fails");
     TU_CHECK(strstr(sl_errmsg(), "missing/a.txt") != NULL, "message names the file: %s", sl_errmsg());
+    TU_CHECK(sl_file_read_all(d, &buf, &n) == SL_ERR_IO && strstr(sl_errmsg(), "is a directory"),
+             "reading a directory: %s", sl_errmsg());
     snprintf(p, sizeof p, "%s/x/y/z", d);
     TU_CHECK(sl_mkdirs(p) == SL_OK, "mkdirs");
     snprintf(p, sizeof p, "%s/a.txt/sub", d);
