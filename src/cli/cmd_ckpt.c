@@ -47,16 +47,16 @@ static int any_ok(sl_comm *w, int ok) {
     return r;
 }
 
-static int usage(void) {
+static int usage(FILE *f) {
     fprintf(
-        stderr,
+        f,
         "usage: suanli ckpt inspect|verify DIR\n"
         "       suanli ckpt gather POOL OUT [--step N]\n"
         "  DIR   a step dir, a checkpoint root (--save), or a pooled store (--ckpt-local-dir)\n"
         "  POOL  a pooled store; OUT (new or empty) receives OUT/step-N and OUT/latest, a checkpoint that\n"
         "        `suanli train --load OUT` resumes (newest step the surviving hosts can rebuild, or --step "
         "N)\n");
-    return 2;
+    return f == stdout ? 0 : 2;
 }
 
 static int gather(int argc, char **argv, sl_comm *w) {
@@ -70,7 +70,7 @@ static int gather(int argc, char **argv, sl_comm *w) {
             return 2;
         }
     } else if (argc != 4) {
-        return usage();
+        return usage(stderr);
     }
     const char *pool = argv[2], *out = argv[3];
     if (!any_ok(w, sl_ckpt_is_pool(pool))) { /* under comm: some host holds its part of the pool */
@@ -122,9 +122,10 @@ static int pooled(const char *what, const char *dir, sl_comm *w) {
 }
 
 int sl_cmd_ckpt(int argc, char **argv) {
+    if (argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) return usage(stdout);
     int gathering = argc >= 2 && !strcmp(argv[1], "gather");
     if (!gathering && (argc != 3 || (strcmp(argv[1], "inspect") != 0 && strcmp(argv[1], "verify") != 0)))
-        return usage();
+        return usage(stderr);
     int bad;
     sl_comm *w = hosts_comm(argv[1], &bad);
     if (bad) return bad;

@@ -229,6 +229,8 @@ int main(void) {
     bad("truncated shard payload", "train_000.bin",
         run("train --save %s/never --data-path %s/short " TINY, dir, dir));
     bad("generate without weights", "config.json", run("generate --load %s/nothing", dir));
+    rc = run("ckpt --help");
+    TU_CHECK(rc == 0 && strstr(out, "usage: suanli ckpt"), "ckpt --help: exit %d: %s", rc, out);
     /* --load of a model with another shape: flags conflict */
     bad("load conflict", "--hidden-size",
         run("train --save %s/never --data-path %s --load %s/run1 --hidden-size 64", dir, data, dir));
