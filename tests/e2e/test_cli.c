@@ -231,6 +231,8 @@ int main(void) {
     bad("generate without weights", "config.json", run("generate --load %s/nothing", dir));
     rc = run("ckpt --help");
     TU_CHECK(rc == 0 && strstr(out, "usage: suanli ckpt"), "ckpt --help: exit %d: %s", rc, out);
+    /* 2^44 MiB wrapped to 0 bytes and "measured" 0 GB/s, exit 0 */
+    bad("bench ec --mib", "bad flag '17592186044416'", run("bench ec --mib 17592186044416 --reps 1"));
     /* --load of a model with another shape: flags conflict */
     bad("load conflict", "--hidden-size",
         run("train --save %s/never --data-path %s --load %s/run1 --hidden-size 64", dir, data, dir));
