@@ -51,6 +51,15 @@ static void test_plan_bad(const char *d) {
     bad(NULL, "plan --model gpt2-124m --cluster /nonexistent/c.json", "/nonexistent/c.json");
     snprintf(args, sizeof args, "plan --model gpt3-175b --cluster %s", cl);
     bad(NULL, args, "gpt3-175b");
+    /* a JSON file that is neither a train config nor named config.json: not its directory's config.json */
+    snprintf(p, sizeof p, "%s/hfcfg", d);
+    mkdir(p, 0755);
+    snprintf(args, sizeof args, "cp %s/tests/fixtures/hf/llama/config.json %s/hfcfg/", SL_SOURCE_DIR, d);
+    TU_CHECK(system(args) == 0, "copy config.json");
+    snprintf(p, sizeof p, "%s/hfcfg/other.json", d);
+    write_file(p, "{\"hidden_size\": 64}", 0);
+    snprintf(args, sizeof args, "plan --model %s --cluster %s", p, cl);
+    bad(NULL, args, "other.json: no 'num_layers'");
     snprintf(p, sizeof p, "%s/incons.json", d);
     write_file(
         p,
