@@ -231,6 +231,12 @@ int main(void) {
     bad("generate without weights", "config.json", run("generate --load %s/nothing", dir));
     rc = run("ckpt --help");
     TU_CHECK(rc == 0 && strstr(out, "usage: suanli ckpt"), "ckpt --help: exit %d: %s", rc, out);
+    const char *suites[] = {"train", "moe", "generate", "kernels"};
+    for (int k = 0; k < 4; k++) {
+        rc = run("bench %s --help", suites[k]);
+        TU_CHECK(rc == 0 && strstr(out, "usage: suanli bench") && strstr(out, "--json"),
+                 "bench %s --help: %d %s", suites[k], rc, out);
+    }
     /* 2^44 MiB wrapped to 0 bytes and "measured" 0 GB/s, exit 0 */
     bad("bench ec --mib", "bad flag '17592186044416'", run("bench ec --mib 17592186044416 --reps 1"));
     /* --load of a model with another shape: flags conflict */
