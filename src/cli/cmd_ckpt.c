@@ -4,6 +4,7 @@
  * Under `suanli run -n H` (one rank per host) the pooled forms run on a cluster without a shared file
  * system: rank h reads only POOL/host-<h>, its node-local disk, and the other hosts' files come over the
  * comm library (sl_ckpt_pool_*_comm); rank 0 prints and writes OUT. */
+#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -59,6 +60,15 @@ static int usage(FILE *f) {
     return f == stdout ? 0 : 2;
 }
 
+static int dir_is_empty(const char *path) {
+    DIR *d = opendir(path);
+    int n = 0;
+    if (!d) return 0;
+    for (struct dirent *e; (e = readdir(d));) n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n == 0;
+}
+
 static int gather(int argc, char **argv, sl_comm *w) {
     long long step = -1;
     int me = w ? sl_comm_rank(w) : 0;
@@ -78,8 +88,8 @@ static int gather(int argc, char **argv, sl_comm *w) {
             fprintf(stderr, "suanli ckpt gather: %s: not a pooled store (no host-<h> directories)\n", pool);
         return 2;
     }
-    /* an empty dir is fine; anything else is kept (OUT is rank 0's) */
-    int free_out = me != 0 || access(out, F_OK) != 0 || rmdir(out) == 0;
+    /* an empty dir is fine (and kept, whatever happens next); anything else is refused (OUT is rank 0's) */
+    int free_out = me != 0 || access(out, F_OK) != 0 || dir_is_empty(out);
     if (!all_ok(w, free_out)) {
         if (me == 0)
             fprintf(stderr, "suanli ckpt gather: %s: exists and is not empty; give a new directory\n", out);

@@ -231,6 +231,12 @@ int main(void) {
     bad("generate without weights", "config.json", run("generate --load %s/nothing", dir));
     rc = run("ckpt --help");
     TU_CHECK(rc == 0 && strstr(out, "usage: suanli ckpt"), "ckpt --help: exit %d: %s", rc, out);
+    /* a refused gather keeps the empty OUT it was given (it removed it; bad() checks nothing changed) */
+    snprintf(cmd, sizeof cmd, "%s/pool/host-0", dir);
+    TU_CHECK(sl_mkdirs(cmd) == SL_OK, "mkdir %s", cmd);
+    snprintf(cmd, sizeof cmd, "%s/gout", dir);
+    TU_CHECK(sl_mkdirs(cmd) == SL_OK, "mkdir %s", cmd);
+    bad("gather from an empty pool", "no pooled checkpoint", run("ckpt gather %s/pool %s", dir, cmd));
     const char *suites[] = {"train", "moe", "generate", "kernels"};
     for (int k = 0; k < 4; k++) {
         rc = run("bench %s --help", suites[k]);
