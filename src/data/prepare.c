@@ -142,8 +142,17 @@ sl_status sl_data_prepare(const sl_prepare_opts *o) {
     else
         SL_CHECK(sl_tokenizer_new_byte(&tok));
     double t2 = sl_time_sec();
-    SL_CHECK(sl_tokenizer_encode(tok, text, ntrain, &tr, &ntr));
-    SL_CHECK(sl_tokenizer_encode(tok, text + ntrain, nval, &va, &nva));
+    size_t from = 0; /* the split being encoded starts at this byte of the input */
+    st = sl_tokenizer_encode(tok, text, ntrain, &tr, &ntr);
+    if (st == SL_OK) {
+        from = ntrain;
+        st = sl_tokenizer_encode(tok, text + ntrain, nval, &va, &nva);
+    }
+    if (st != SL_OK) {
+        st = sl_fail(st, "prepare: input %s (%s split, from byte %zu): %s", o->input, from ? "val" : "train",
+                     from, sl_errmsg());
+        goto done;
+    }
     double t3 = sl_time_sec();
     int V = sl_tokenizer_vocab_size(tok);
     SL_CHECK(write_split(sg, o->output_dir, "train", tr, ntr, V, per_shard, &S.train_shards));

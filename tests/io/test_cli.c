@@ -146,6 +146,14 @@ int main(void) {
     iot_write(dd, "", 0);
     snprintf(args, sizeof args, "prepare --input %s --output-prefix %s/o", dd, d);
     bad("empty input", args, NULL, "empty");
+    /* text the tokenizer cannot encode: the message names the input and where its split starts */
+    snprintf(dd, sizeof dd, "%s/latin1.txt", d);
+    const char *latin1 = "caf\xe9 au lait, th\xe9 vert, cr\xe8me br\xfbl\xe9";
+    iot_write(dd, latin1, strlen(latin1));
+    snprintf(args, sizeof args,
+             "prepare --input %s --output-prefix %s --tokenizer-file %s/hf/llama/tokenizer.json", dd, d,
+             SL_SOURCE_DIR "/tests/fixtures");
+    bad("not UTF-8", args, d, "latin1.txt (train split, from byte 0): ");
     /* output dir not writable: a path below a regular file (works as root too) */
     snprintf(args, sizeof args, "prepare --input %s --output-prefix %s/sub", IOT_CORPUS, IOT_CORPUS);
     bad("output under a regular file", args, NULL, "not writable");
