@@ -107,6 +107,19 @@ sl_status sl_data_prepare(const sl_prepare_opts *o) {
     if (!S_ISREG(sb.st_mode))
         return sl_fail(SL_ERR_INVALID, "prepare: input %s is not a regular file", o->input);
     if (sb.st_size == 0) return sl_fail(SL_ERR_INVALID, "prepare: input file %s is empty", o->input);
+    /* the highest directory of output_dir that is missing: a failure removes what this call made */
+    char made[4096];
+    snprintf(made, sizeof made, "%s", o->output_dir);
+    if (access(made, F_OK) == 0)
+        made[0] = 0;
+    else
+        for (char *s; (s = strrchr(made, '/')) && s != made;) {
+            *s = 0;
+            if (access(made, F_OK) == 0) {
+                *s = '/';
+                break;
+            }
+        }
     if (sl_mkdirs(o->output_dir) != SL_OK) {
         char why[512];
         snprintf(why, sizeof why, "%s", sl_errmsg());
@@ -190,6 +203,11 @@ sl_status sl_data_prepare(const sl_prepare_opts *o) {
 done:
     unstage_all(sg);
     free(sg);
+    if (st != SL_OK && made[0]) { /* rmdir: only what is still empty */
+        char p[4096];
+        snprintf(p, sizeof p, "%s", o->output_dir);
+        for (char *s; rmdir(p) == 0 && strlen(p) > strlen(made) && (s = strrchr(p, '/'));) *s = 0;
+    }
     free(text);
     free(tr);
     free(va);
