@@ -43,7 +43,7 @@ static void write_file(const char *path, const char *text, int exec) {
 }
 
 static void test_plan_bad(const char *d) {
-    char p[600], args[2048];
+    char p[600], args[2048], cmd[4096];
     const char *cl = SL_SOURCE_DIR "/configs/cluster/this-host.json";
     bad(NULL, "plan --cluster x.json", "--model");
     snprintf(args, sizeof args, "plan --model gpt2-124m");
@@ -123,6 +123,14 @@ static void test_plan_bad(const char *d) {
                  strstr(out, "simulated optimum") && strstr(out, "runs today") &&
                  !strstr(out, "best layout suanli runs today"), /* TP and PP run: the best layout does */
              "--ckpt-bench: %d: %s", rc, out);
+    /* a job MTBF far below the 300 s restore: restores that never succeed are bad input, not a hang */
+    snprintf(cmd, sizeof cmd,
+             "timeout 60 %s plan --model gpt2-124m --cluster %s/configs/cluster/accel-10k.json "
+             "--simulate-failures --mtbf-hours 10",
+             tu_cli(), SL_SOURCE_DIR);
+    rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 2 && strstr(out, "--simulate-failures: the run never finishes"),
+             "MTBF 10 h on 1250 hosts: %d: %s", rc, out);
 }
 
 static void test_plan_good(void) {
