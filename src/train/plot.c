@@ -241,7 +241,8 @@ static void draw_panel(sbuf *s, const series *const *ser, int n, const char *tit
     char lb[64];
 #define SX(v) (x0 + ((v)-ax->lo) / (ax->hi - ax->lo) * pw)
 #define SY(v) (y0 + ph - ((v)-ay.lo) / (ay.hi - ay.lo) * ph)
-    for (int k = 0;; k++) { /* y grid, ticks and labels */
+    /* at most 100 ticks: a range that overflows (or a step that underflows) gives no finite step */
+    for (int k = 0; k <= 100; k++) { /* y grid, ticks and labels */
         double v = ay.lo + k * ay.step;
         if (v > ay.hi + ay.step * 1e-6) break;
         double y = SY(v);
@@ -253,7 +254,7 @@ static void draw_panel(sbuf *s, const series *const *ser, int n, const char *tit
         sb_printf(s, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"end\">%s</text>\n", x0 - 8,
                   y + 4, lb);
     }
-    for (int k = 0;; k++) { /* x grid, ticks and labels */
+    for (int k = 0; k <= 100; k++) { /* x grid, ticks and labels */
         double v = ax->lo + k * ax->step;
         if (v > ax->hi + ax->step * 1e-6) break;
         double x = SX(v);
