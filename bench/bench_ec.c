@@ -25,7 +25,7 @@ int sl_bench_ec(int argc, char **argv) {
         if (!strcmp(argv[i], "--json")) {
             json = 1;
         } else if (!strcmp(argv[i], "--mib") && i + 1 < argc && (mib = strtol(argv[++i], &end, 10)) > 0 &&
-                   !*end) {
+                   mib <= 65536 && !*end) { /* (size_t)mib << 20 must not wrap */
         } else if (!strcmp(argv[i], "--reps") && i + 1 < argc &&
                    (reps = (int)strtol(argv[++i], &end, 10)) > 0 && reps <= 100 && !*end) {
         } else {

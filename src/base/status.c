@@ -18,10 +18,12 @@ const char *sl_status_name(sl_status st) {
 }
 
 sl_status sl_fail(sl_status st, const char *fmt, ...) {
+    char buf[sizeof t_errmsg]; /* formatted here first: the arguments may point into t_errmsg */
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(t_errmsg, sizeof t_errmsg, fmt, ap);
+    vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
+    memcpy(t_errmsg, buf, strlen(buf) + 1);
     /* keep it one line */
     for (char *p = t_errmsg; *p; p++)
         if (*p == '\n' || *p == '\r') *p = ' ';

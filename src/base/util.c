@@ -55,6 +55,11 @@ sl_status sl_file_read_all(const char *path, char **out, size_t *len) {
     *len = 0;
     FILE *f = fopen(path, "rb");
     if (!f) return sl_fail(SL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb; /* a directory opens, and its size reads as LONG_MAX */
+    if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        fclose(f);
+        return sl_fail(SL_ERR_IO, "%s: is a directory", path);
+    }
     if (fseek(f, 0, SEEK_END) != 0) {
         fclose(f);
         return sl_fail(SL_ERR_IO, "%s: cannot seek", path);

@@ -4,6 +4,7 @@
  * Under `suanli run -n H` (one rank per host) the pooled forms run on a cluster without a shared file
  * system: rank h reads only POOL/host-<h>, its node-local disk, and the other hosts' files come over the
  * comm library (sl_ckpt_pool_*_comm); rank 0 prints and writes OUT. */
+#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -47,16 +48,25 @@ static int any_ok(sl_comm *w, int ok) {
     return r;
 }
 
-static int usage(void) {
+static int usage(FILE *f) {
     fprintf(
-        stderr,
+        f,
         "usage: suanli ckpt inspect|verify DIR\n"
         "       suanli ckpt gather POOL OUT [--step N]\n"
         "  DIR   a step dir, a checkpoint root (--save), or a pooled store (--ckpt-local-dir)\n"
         "  POOL  a pooled store; OUT (new or empty) receives OUT/step-N and OUT/latest, a checkpoint that\n"
         "        `suanli train --load OUT` resumes (newest step the surviving hosts can rebuild, or --step "
         "N)\n");
-    return 2;
+    return f == stdout ? 0 : 2;
+}
+
+static int dir_is_empty(const char *path) {
+    DIR *d = opendir(path);
+    int n = 0;
+    if (!d) return 0;
+    for (struct dirent *e; (e = readdir(d));) n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n == 0;
 }
 
 static int gather(int argc, char **argv, sl_comm *w) {
@@ -70,7 +80,7 @@ static int gather(int argc, char **argv, sl_comm *w) {
             return 2;
         }
     } else if (argc != 4) {
-        return usage();
+        return usage(stderr);
     }
     const char *pool = argv[2], *out = argv[3];
     if (!any_ok(w, sl_ckpt_is_pool(pool))) { /* under comm: some host holds its part of the pool */
@@ -78,8 +88,8 @@ static int gather(int argc, char **argv, sl_comm *w) {
             fprintf(stderr, "suanli ckpt gather: %s: not a pooled store (no host-<h> directories)\n", pool);
         return 2;
     }
-    /* an empty dir is fine; anything else is kept (OUT is rank 0's) */
-    int free_out = me != 0 || access(out, F_OK) != 0 || rmdir(out) == 0;
+    /* an empty dir is fine (and kept, whatever happens next); anything else is refused (OUT is rank 0's) */
+    int free_out = me != 0 || access(out, F_OK) != 0 || dir_is_empty(out);
     if (!all_ok(w, free_out)) {
         if (me == 0)
             fprintf(stderr, "suanli ckpt gather: %s: exists and is not empty; give a new directory\n", out);
@@ -122,9 +132,10 @@ static int pooled(const char *what, const char *dir, sl_comm *w) {
 }
 
 int sl_cmd_ckpt(int argc, char **argv) {
+    if (argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) return usage(stdout);
     int gathering = argc >= 2 && !strcmp(argv[1], "gather");
     if (!gathering && (argc != 3 || (strcmp(argv[1], "inspect") != 0 && strcmp(argv[1], "verify") != 0)))
-        return usage();
+        return usage(stderr);
     int bad;
     sl_comm *w = hosts_comm(argv[1], &bad);
     if (bad) return bad;

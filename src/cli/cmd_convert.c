@@ -3,6 +3,7 @@
  * f16), tokenizer.json and generation_config.json copied when present. (2) --from hf-gpt2|suanli --to
  * suanli|hf-gpt2: GPT-2 weights between HF and suanli's own layout. */
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli/commands.h"
 #include "cli/flags.h"
@@ -22,6 +23,12 @@ static int copy_if_present(const char *src_dir, const char *dst_dir, const char 
     sl_status st = sl_file_write_atomic(dst, buf, n);
     free(buf);
     return st == SL_OK;
+}
+
+/* 1 when both name one existing directory: converting into the input would replace its files */
+static int same_dir(const char *a, const char *b) {
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 static int convert_hf(int argc, char **argv) {
@@ -52,6 +59,10 @@ static int convert_hf(int argc, char **argv) {
                                            : SL_DTYPE_COUNT;
     if (dt == SL_DTYPE_COUNT) {
         fprintf(stderr, "suanli convert: --dtype must be f32, bf16 or f16, got '%s'\n", dtype);
+        return 2;
+    }
+    if (same_dir(in, outd)) {
+        fprintf(stderr, "suanli convert: --output %s is the --model directory; give a new one\n", outd);
         return 2;
     }
     sl_model *m = NULL;
@@ -98,6 +109,10 @@ static int convert_gpt2(int argc, char **argv) {
     }
     if (!from || !to || !in || !out) {
         fprintf(stderr, "suanli convert: --from, --to, --input and --output are required\n");
+        return 2;
+    }
+    if (same_dir(in, out)) {
+        fprintf(stderr, "suanli convert: --output %s is the --input directory; give a new one\n", out);
         return 2;
     }
     sl_model *m = NULL;

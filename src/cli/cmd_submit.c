@@ -68,6 +68,12 @@ static int is_time(const char *s) { /* [D-]HH:MM:SS or MM:SS or minutes */
     return *s && colons <= 2;
 }
 
+static int plain_word(const char *s) { /* NULL (not given) or no whitespace, control characters */
+    for (; s && *s; s++)
+        if ((unsigned char)*s <= ' ' || *s == 0x7f) return 0;
+    return 1;
+}
+
 /* a shell word for the script (single-quoted unless plain) */
 static void shell_word(FILE *f, const char *s) {
     int plain = *s != 0;
@@ -227,9 +233,16 @@ int sl_cmd_submit(int argc, char **argv) {
                 a.signal_sec);
         return 2;
     }
-    if (a.mpi && strcmp(a.mpi, "pmix") && strncmp(a.mpi, "pmix_v", 6) && strcmp(a.mpi, "pmi2")) {
+    if (a.mpi && strcmp(a.mpi, "pmix") && strcmp(a.mpi, "pmi2") &&
+        (strncmp(a.mpi, "pmix_v", 6) || !a.mpi[6] || strspn(a.mpi + 6, "0123456789") != strlen(a.mpi + 6))) {
         fprintf(stderr, "suanli submit: --mpi: expected pmix, pmix_vN or pmi2 (srun --mpi=list), got '%s'\n",
                 a.mpi);
+        return 2;
+    }
+    /* written into #SBATCH lines as they are: a newline would end the directives and run the rest */
+    const char *word = !plain_word(a.name) ? "--job-name" : !plain_word(a.partition) ? "--partition" : NULL;
+    if (word) {
+        fprintf(stderr, "suanli submit: %s: must not contain whitespace or control characters\n", word);
         return 2;
     }
     if (!is_time(a.time)) {

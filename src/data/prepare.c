@@ -107,6 +107,19 @@ sl_status sl_data_prepare(const sl_prepare_opts *o) {
     if (!S_ISREG(sb.st_mode))
         return sl_fail(SL_ERR_INVALID, "prepare: input %s is not a regular file", o->input);
     if (sb.st_size == 0) return sl_fail(SL_ERR_INVALID, "prepare: input file %s is empty", o->input);
+    /* the highest directory of output_dir that is missing: a failure removes what this call made */
+    char made[4096];
+    snprintf(made, sizeof made, "%s", o->output_dir);
+    if (access(made, F_OK) == 0)
+        made[0] = 0;
+    else
+        for (char *s; (s = strrchr(made, '/')) && s != made;) {
+            *s = 0;
+            if (access(made, F_OK) == 0) {
+                *s = '/';
+                break;
+            }
+        }
     if (sl_mkdirs(o->output_dir) != SL_OK) {
         char why[512];
         snprintf(why, sizeof why, "%s", sl_errmsg());
@@ -142,8 +155,17 @@ sl_status sl_data_prepare(const sl_prepare_opts *o) {
     else
         SL_CHECK(sl_tokenizer_new_byte(&tok));
     double t2 = sl_time_sec();
-    SL_CHECK(sl_tokenizer_encode(tok, text, ntrain, &tr, &ntr));
-    SL_CHECK(sl_tokenizer_encode(tok, text + ntrain, nval, &va, &nva));
+    size_t from = 0; /* the split being encoded starts at this byte of the input */
+    st = sl_tokenizer_encode(tok, text, ntrain, &tr, &ntr);
+    if (st == SL_OK) {
+        from = ntrain;
+        st = sl_tokenizer_encode(tok, text + ntrain, nval, &va, &nva);
+    }
+    if (st != SL_OK) {
+        st = sl_fail(st, "prepare: input %s (%s split, from byte %zu): %s", o->input, from ? "val" : "train",
+                     from, sl_errmsg());
+        goto done;
+    }
     double t3 = sl_time_sec();
     int V = sl_tokenizer_vocab_size(tok);
     SL_CHECK(write_split(sg, o->output_dir, "train", tr, ntr, V, per_shard, &S.train_shards));
@@ -181,6 +203,11 @@ sl_status sl_data_prepare(const sl_prepare_opts *o) {
 done:
     unstage_all(sg);
     free(sg);
+    if (st != SL_OK && made[0]) { /* rmdir: only what is still empty */
+        char p[4096];
+        snprintf(p, sizeof p, "%s", o->output_dir);
+        for (char *s; rmdir(p) == 0 && strlen(p) > strlen(made) && (s = strrchr(p, '/'));) *s = 0;
+    }
     free(text);
     free(tr);
     free(va);

@@ -2,7 +2,9 @@
  * safetensors files): sl_hf_config -> sl_llama_config / sl_gpt2_config, tensors by name -> the flat
  * parameter buffer (or, in bf16 mode, leaves bound into the mapped files), and the reverse (sl_hf_save)
  * for `suanli convert`. */
+#include <errno.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "suanli/hf.h"
 #include "suanli/hf_gpt2.h"
@@ -302,6 +304,10 @@ sl_status sl_hf_save(const sl_model *m, const char *dir, sl_dtype dtype, const s
                                 dtype == SL_F32   ? "float32"
                                 : dtype == SL_F16 ? "float16"
                                                   : "bfloat16"));
+    /* an index of a sharded model saved here before would be read instead of this file (and its shards) */
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    if (unlink(path) != 0 && errno != ENOENT)
+        st = sl_fail(SL_ERR_IO, "%s: cannot remove the stale index: %s", path, strerror(errno));
 done:
     free(ts);
     free(half);

@@ -79,9 +79,20 @@ static sl_status replace_host(sim *s) {
     return SL_OK;
 }
 
+/* failures drawn (in a segment or cutting a restore short) before a run counts as never finishing */
+enum { SIM_MAX_DRAWS = 20000000 };
+
+static sl_status never_finishes(void) {
+    return sl_fail(SL_ERR_INVALID,
+                   "--simulate-failures: the run never finishes (over %d failures: host MTBF "
+                   "far below the interval or the restore time)",
+                   SIM_MAX_DRAWS);
+}
+
 /* a failure at s->t (already advanced): repair/replace, then restore until one succeeds */
 static sl_status recover(sim *s) {
     for (;;) {
+        if (s->draws > SIM_MAX_DRAWS) return never_finishes();
         s->r->failures++;
         SL_TRY(replace_host(s));
         double f = next_gap(s);
@@ -102,7 +113,6 @@ sl_status sl_plan_simulate(const sl_plan_sim_opts *o, sl_plan_sim_result *r) {
     sim s = {.o = o, .rate = (double)o->hosts / o->host_mtbf_sec, .spares = o->spares, .r = r};
     double done = 0;
     sl_status st = SL_OK;
-    int64_t guard = 0;
     while (done < o->work_sec && st == SL_OK) {
         double seg = fmin(o->interval_sec, o->work_sec - done);
         double need = seg + (done + seg < o->work_sec ? o->save_sec : 0);
@@ -115,9 +125,7 @@ sl_status sl_plan_simulate(const sl_plan_sim_opts *o, sl_plan_sim_result *r) {
             s.t += f;
             st = recover(&s);
         }
-        if (++guard > (int64_t)50000000)
-            st = sl_fail(SL_ERR_INVALID, "--simulate-failures: the run never finishes "
-                                         "(MTBF far below the interval)");
+        if (st == SL_OK && s.draws > SIM_MAX_DRAWS) st = never_finishes();
     }
     free(s.back);
     r->wall_sec = s.t;

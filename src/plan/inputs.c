@@ -284,13 +284,18 @@ sl_status sl_plan_model_load(const char *spec, sl_plan_model *md) {
         if (st == SL_OK) {
             if (cJSON_GetObjectItemCaseSensitive(root, "num_layers")) {
                 st = from_train_config(spec, root, md);
-            } else { /* an HF config.json: its directory */
+            } else { /* an HF config.json: its directory (which is read as DIR/config.json) */
                 char *slash = strrchr(dir, '/');
-                if (slash)
+                if (strcmp(slash ? slash + 1 : dir, "config.json") != 0)
+                    st = sl_fail(SL_ERR_INVALID,
+                                 "%s: no 'num_layers' (not a train config) and not named config.json (an HF "
+                                 "config: give its directory)",
+                                 spec);
+                else if (slash)
                     *slash = 0;
                 else
                     snprintf(dir, sizeof dir, ".");
-                st = from_hf(dir, md);
+                if (st == SL_OK) st = from_hf(dir, md);
             }
             cJSON_Delete(root);
         }

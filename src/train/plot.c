@@ -241,7 +241,8 @@ static void draw_panel(sbuf *s, const series *const *ser, int n, const char *tit
     char lb[64];
 #define SX(v) (x0 + ((v)-ax->lo) / (ax->hi - ax->lo) * pw)
 #define SY(v) (y0 + ph - ((v)-ay.lo) / (ay.hi - ay.lo) * ph)
-    for (int k = 0;; k++) { /* y grid, ticks and labels */
+    /* at most 100 ticks: a range that overflows (or a step that underflows) gives no finite step */
+    for (int k = 0; k <= 100; k++) { /* y grid, ticks and labels */
         double v = ay.lo + k * ay.step;
         if (v > ay.hi + ay.step * 1e-6) break;
         double y = SY(v);
@@ -253,7 +254,7 @@ static void draw_panel(sbuf *s, const series *const *ser, int n, const char *tit
         sb_printf(s, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"end\">%s</text>\n", x0 - 8,
                   y + 4, lb);
     }
-    for (int k = 0;; k++) { /* x grid, ticks and labels */
+    for (int k = 0; k <= 100; k++) { /* x grid, ticks and labels */
         double v = ax->lo + k * ax->step;
         if (v > ax->hi + ax->step * 1e-6) break;
         double x = SX(v);
@@ -374,6 +375,15 @@ sl_status sl_plot_runs(const char *const *run_dirs, int n_runs, const sl_plot_op
         snprintf(out, sizeof out, "%s/loss.svg", run_dirs[0]);
     else
         snprintf(out, sizeof out, "loss.svg");
+    struct stat osb, isb; /* --output naming an input would replace it */
+    for (int r = 0; r < n_runs && stat(out, &osb) == 0; r++) {
+        char in[4200];
+        snprintf(in, sizeof in, "%s/metrics.jsonl", run_dirs[r]);
+        if (stat(in, &isb) == 0 && isb.st_dev == osb.st_dev && isb.st_ino == osb.st_ino) {
+            st = sl_fail(SL_ERR_INVALID, "--output: %s is the input %s", out, in);
+            goto done;
+        }
+    }
     if (!o.title) {
         size_t k = (size_t)snprintf(title, sizeof title, "suanli:");
         for (int r = 0; r < n_runs && k < sizeof title; r++)

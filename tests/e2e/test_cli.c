@@ -209,6 +209,8 @@ int main(void) {
     fclose(f);
     bad("malformed config", "cfg.json",
         run("train --save %s/never --config %s --data-path %s", dir, cfgp, data));
+    bad("config is a directory", "is a directory",
+        run("train --save %s/never --config %s --data-path %s", dir, data, data));
     /* output dir under a regular file cannot be created (we run as root, so permissions would not stop us) */
     bad("unwritable save dir", "run1/metrics.jsonl/x",
         run("train --data-path %s " TINY " --train-iters 1 --save %s/run1/metrics.jsonl/x", data, dir));
@@ -227,6 +229,22 @@ int main(void) {
     bad("truncated shard payload", "train_000.bin",
         run("train --save %s/never --data-path %s/short " TINY, dir, dir));
     bad("generate without weights", "config.json", run("generate --load %s/nothing", dir));
+    rc = run("ckpt --help");
+    TU_CHECK(rc == 0 && strstr(out, "usage: suanli ckpt"), "ckpt --help: exit %d: %s", rc, out);
+    /* a refused gather keeps the empty OUT it was given (it removed it; bad() checks nothing changed) */
+    snprintf(cmd, sizeof cmd, "%s/pool/host-0", dir);
+    TU_CHECK(sl_mkdirs(cmd) == SL_OK, "mkdir %s", cmd);
+    snprintf(cmd, sizeof cmd, "%s/gout", dir);
+    TU_CHECK(sl_mkdirs(cmd) == SL_OK, "mkdir %s", cmd);
+    bad("gather from an empty pool", "no pooled checkpoint", run("ckpt gather %s/pool %s", dir, cmd));
+    const char *suites[] = {"train", "moe", "generate", "kernels"};
+    for (int k = 0; k < 4; k++) {
+        rc = run("bench %s --help", suites[k]);
+        TU_CHECK(rc == 0 && strstr(out, "usage: suanli bench") && strstr(out, "--json"),
+                 "bench %s --help: %d %s", suites[k], rc, out);
+    }
+    /* 2^44 MiB wrapped to 0 bytes and "measured" 0 GB/s, exit 0 */
+    bad("bench ec --mib", "bad flag '17592186044416'", run("bench ec --mib 17592186044416 --reps 1"));
     /* --load of a model with another shape: flags conflict */
     bad("load conflict", "--hidden-size",
         run("train --save %s/never --data-path %s --load %s/run1 --hidden-size 64", dir, data, dir));

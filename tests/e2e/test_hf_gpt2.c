@@ -84,6 +84,21 @@ int main(void) {
              tu_cli(), FIX, dir, tu_cli(), dir, dir, dir, exp);
     TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "convert CLI round trip: %s", out);
 
+    /* the output is the input (another spelling of it): refused, nothing replaced */
+    {
+        char cp[800], *before = NULL, *after = NULL;
+        size_t nb = 0, na = 0;
+        snprintf(cp, sizeof cp, "%s/s/config.json", dir);
+        TU_CHECK(sl_file_read_all(cp, &before, &nb) == SL_OK, "read %s", cp);
+        snprintf(cmd, sizeof cmd, "%s convert --from suanli --to hf-gpt2 --input %s/s --output %s/s/.",
+                 tu_cli(), dir, dir);
+        TU_CHECK(tu_run(cmd, out, sizeof out) == 2 && strstr(out, "--input directory"),
+                 "output is the input: %s", out);
+        TU_CHECK(sl_file_read_all(cp, &after, &na) == SL_OK && na == nb && !memcmp(before, after, nb),
+                 "output is the input: %s was replaced", cp);
+        free(before), free(after);
+    }
+
     /* bad input */
     char bad[700];
     snprintf(bad, sizeof bad, "%s/bad", dir);

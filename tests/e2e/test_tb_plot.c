@@ -399,6 +399,18 @@ static void test_plot(void) {
     TU_CHECK(rc == 0, "plot run3: %s", out);
     check_svg(p, 3, "no data");
 
+    /* extreme values (all finite): the axes' range overflows or their step underflows; an SVG, no hang */
+    const char *extreme[] = {"{\"step\": 1, \"loss\": 1e308}\n{\"step\": 2, \"loss\": -1e308}\n",
+                             "{\"step\": 1, \"loss\": 0}\n{\"step\": 2, \"loss\": 5e-324}\n",
+                             "{\"step\": -1e308, \"loss\": 1}\n{\"step\": 1e308, \"loss\": 2}\n"};
+    for (int k = 0; k < 3; k++) {
+        snprintf(p, sizeof p, "%s/run3/metrics.jsonl", dir);
+        write_text(p, extreme[k]);
+        snprintf(cmd, sizeof cmd, "timeout 20 %s plot %s/run3 --output %s/run3/x.svg", tu_cli(), dir, dir);
+        rc = tu_run(cmd, out, sizeof out);
+        TU_CHECK(rc == 0, "extreme values %d: exit %d: %s", k, rc, out);
+    }
+
     /* bad input: one line, exit 2, nothing written (no entry under dir created, removed or modified) */
     tu_watch(dir);
     char o[700], bd[600];
@@ -424,7 +436,11 @@ static void test_plot(void) {
     snprintf(o, sizeof o, "%s/loss.svg", bd);
     bad("no steps", rc, "no steps", o);
     rc = run("plot %s --output %s/no/such/dir/x.svg", run1, dir);
-    bad("unwritable output", rc, "--output", NULL);
+    snprintf(p, sizeof p, "--output: %s/no/such/dir/x.svg: %s/no/such/dir/x.svg.tmp.", dir, dir);
+    bad("unwritable output", rc, p, NULL);
+    snprintf(p, sizeof p, "%s/metrics.jsonl", run1);
+    rc = run("plot %s --output %s", run1, p);
+    bad("output is an input", rc, "is the input", NULL);
     rc = run("plot %s --colour red", run1);
     bad("unknown flag", rc, "unknown flag --colour", NULL);
     rc = run("plot %s --output", run1);

@@ -171,6 +171,19 @@ static void test_round_trip(void) {
     TU_CHECK(strcmp(b, "none") != 0, "f16 copy generates");
     snprintf(cmd, sizeof cmd, "%s convert --model %s --output %s --dtype f8", tu_cli(), src, d2);
     TU_CHECK(tu_run(cmd, out, sizeof out) == 2 && one_line() && strstr(out, "--dtype"), "bad dtype: %s", out);
+    /* into a directory holding a sharded model: the file written is what loads, not the old shards */
+    snprintf(
+        cmd, sizeof cmd,
+        "cp -r %s %s/resave && %s convert --model %s --output %s/resave --dtype f16 && %s generate --model "
+        "%s/resave --prompt-ids 0 --max-new-tokens 1 --temperature 0 2>&1",
+        src, tmp, tu_cli(), d1, tmp, tu_cli(), tmp);
+    TU_CHECK(tu_run(cmd, out, sizeof out) == 0 && strstr(out, "weights F16 on disk in 1 file(s)"),
+             "convert over a sharded model: %s", out);
+    snprintf(cmd, sizeof cmd, "%s convert --model %s --output %s/ --dtype bf16", tu_cli(), d1, d1);
+    TU_CHECK(tu_run(cmd, out, sizeof out) == 2 && one_line() && strstr(out, "--model directory"),
+             "output is the input: %s", out);
+    greedy_ids(d1, b, sizeof b);
+    TU_CHECK(!strcmp(a, b), "a refused convert into its input changed it: %s vs %s", a, b);
     /* train --init-from */
     snprintf(txt, sizeof txt, "%s/corpus.txt", tmp);
     FILE *f = fopen(txt, "w");

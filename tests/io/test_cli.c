@@ -146,6 +146,23 @@ int main(void) {
     iot_write(dd, "", 0);
     snprintf(args, sizeof args, "prepare --input %s --output-prefix %s/o", dd, d);
     bad("empty input", args, NULL, "empty");
+    /* refused after the output directory was made: the directories made go again */
+    snprintf(dd, sizeof dd, "%s/one.txt", d);
+    iot_write(dd, "x", 1);
+    snprintf(args, sizeof args, "prepare --input %s --output-prefix %s/new/sub", dd, d);
+    rc = run("%s", args, NULL);
+    TU_CHECK(rc == 2 && iot_count_lines(out) == 1 && iot_contains(out, "too small"), "input too small: %d %s",
+             rc, out);
+    snprintf(dd, sizeof dd, "%s/new", d);
+    TU_CHECK(!iot_exists(dd), "input too small: %s was left behind", dd);
+    /* text the tokenizer cannot encode: the message names the input and where its split starts */
+    snprintf(dd, sizeof dd, "%s/latin1.txt", d);
+    const char *latin1 = "caf\xe9 au lait, th\xe9 vert, cr\xe8me br\xfbl\xe9";
+    iot_write(dd, latin1, strlen(latin1));
+    snprintf(args, sizeof args,
+             "prepare --input %s --output-prefix %s --tokenizer-file %s/hf/llama/tokenizer.json", dd, d,
+             SL_SOURCE_DIR "/tests/fixtures");
+    bad("not UTF-8", args, d, "latin1.txt (train split, from byte 0): ");
     /* output dir not writable: a path below a regular file (works as root too) */
     snprintf(args, sizeof args, "prepare --input %s --output-prefix %s/sub", IOT_CORPUS, IOT_CORPUS);
     bad("output under a regular file", args, NULL, "not writable");

@@ -43,7 +43,7 @@ static void write_file(const char *path, const char *text, int exec) {
 }
 
 static void test_plan_bad(const char *d) {
-    char p[600], args[2048];
+    char p[600], args[2048], cmd[4096];
     const char *cl = SL_SOURCE_DIR "/configs/cluster/this-host.json";
     bad(NULL, "plan --cluster x.json", "--model");
     snprintf(args, sizeof args, "plan --model gpt2-124m");
@@ -51,6 +51,15 @@ static void test_plan_bad(const char *d) {
     bad(NULL, "plan --model gpt2-124m --cluster /nonexistent/c.json", "/nonexistent/c.json");
     snprintf(args, sizeof args, "plan --model gpt3-175b --cluster %s", cl);
     bad(NULL, args, "gpt3-175b");
+    /* a JSON file that is neither a train config nor named config.json: not its directory's config.json */
+    snprintf(p, sizeof p, "%s/hfcfg", d);
+    mkdir(p, 0755);
+    snprintf(args, sizeof args, "cp %s/tests/fixtures/hf/llama/config.json %s/hfcfg/", SL_SOURCE_DIR, d);
+    TU_CHECK(system(args) == 0, "copy config.json");
+    snprintf(p, sizeof p, "%s/hfcfg/other.json", d);
+    write_file(p, "{\"hidden_size\": 64}", 0);
+    snprintf(args, sizeof args, "plan --model %s --cluster %s", p, cl);
+    bad(NULL, args, "other.json: no 'num_layers'");
     snprintf(p, sizeof p, "%s/incons.json", d);
     write_file(
         p,
@@ -114,6 +123,14 @@ static void test_plan_bad(const char *d) {
                  strstr(out, "simulated optimum") && strstr(out, "runs today") &&
                  !strstr(out, "best layout suanli runs today"), /* TP and PP run: the best layout does */
              "--ckpt-bench: %d: %s", rc, out);
+    /* a job MTBF far below the 300 s restore: restores that never succeed are bad input, not a hang */
+    snprintf(cmd, sizeof cmd,
+             "timeout 60 %s plan --model gpt2-124m --cluster %s/configs/cluster/accel-10k.json "
+             "--simulate-failures --mtbf-hours 10",
+             tu_cli(), SL_SOURCE_DIR);
+    rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 2 && strstr(out, "--simulate-failures: the run never finishes"),
+             "MTBF 10 h on 1250 hosts: %d: %s", rc, out);
 }
 
 static void test_plan_good(void) {
@@ -208,6 +225,15 @@ static void test_submit(const char *d) {
     bad(NULL, "submit --nodes 2 --ntasks-per-node 2 --time 1:00:00 --max-requeues -1 -- suanli train",
         "--max-requeues");
     bad(NULL, "submit --nodes 2 --ntasks-per-node 2 --time 1:00:00 --mpi openmpi -- suanli train", "--mpi");
+    /* values written into the script unquoted: nothing that could end a line or add a command */
+    const char *unsafe[] = {"--mpi 'pmix_v3;reboot'", "--job-name 'a\nreboot'", "--partition 'p q'"};
+    for (int k = 0; k < 3; k++) {
+        snprintf(cmd, sizeof cmd, "submit --script %s --nodes 2 --ntasks-per-node 2 --time 1:00:00 %s -- x",
+                 script, unsafe[k]);
+        char flag[16];
+        snprintf(flag, sizeof flag, "%.*s", (int)strcspn(unsafe[k], " "), unsafe[k]);
+        bad(NULL, cmd, flag);
+    }
     snprintf(cmd, sizeof cmd,
              "%s submit --script %s --nodes 1-4 --ntasks-per-node 2 --time 1:00:00 --max-requeues 5 "
              "-- suanli train",

@@ -10,6 +10,11 @@ static void test_status(void) {
     TU_CHECK(st == SL_ERR_IO, "status passthrough");
     TU_CHECK(strcmp(sl_errmsg(), "file x.bin bad") == 0, "one-line message, got '%s'", sl_errmsg());
     TU_CHECK(strcmp(sl_status_name(SL_ERR_TIMEOUT), "timeout") == 0, "name");
+    /* the previous message as an argument: wrapped, not garbled (they share one buffer) */
+    sl_fail(SL_ERR_IO, "x.bin.tmp: cannot create");
+    sl_fail(SL_ERR_IO, "%s: %s", "x.bin", sl_errmsg());
+    TU_CHECK(strcmp(sl_errmsg(), "x.bin: x.bin.tmp: cannot create") == 0, "wrapped message, got '%s'",
+             sl_errmsg());
 }
 
 static void test_rng(void) {
@@ -60,6 +65,8 @@ static void test_files(void) {
     snprintf(p, sizeof p, "%s/missing/a.txt", d);
     TU_CHECK(sl_file_write_atomic(p, "x", 1) == SL_ERR_IO, "missing dir fails");
     TU_CHECK(strstr(sl_errmsg(), "missing/a.txt") != NULL, "message names the file: %s", sl_errmsg());
+    TU_CHECK(sl_file_read_all(d, &buf, &n) == SL_ERR_IO && strstr(sl_errmsg(), "is a directory"),
+             "reading a directory: %s", sl_errmsg());
     snprintf(p, sizeof p, "%s/x/y/z", d);
     TU_CHECK(sl_mkdirs(p) == SL_OK, "mkdirs");
     snprintf(p, sizeof p, "%s/a.txt/sub", d);
