@@ -819,7 +819,8 @@ static sl_status fetch_ec(ctx *c, const char *file, cJSON *o, size_t size, const
  * data blocks are the file, so the file is verified block by block (its own checksum would need its bytes
  * in order, which decoding round by round does not give). A block that turns out corrupt is dropped and the
  * file streamed again from the remaining ones. dest (with !nowrite) gets the file's bytes, renamed into
- * place when every block checked out; *wst is this leader's write status. */
+ * place when every block checked out; *wst is this leader's write status. Inspect (c->report) first
+ * streams every block that passed its header check and reports each, then rebuilds as a restore would. */
 typedef struct {
     int host, ok;
     const char *fname, *cs;
@@ -853,6 +854,7 @@ static sl_status stream_ec(ctx *c, const char *file, cJSON *o, size_t size, cons
         int idx = cJSON_IsNumber(ix) ? ix->valueint : -1, h = cJSON_GetObjectItem(b, "host")->valueint;
         const char *fname = cJSON_GetObjectItem(b, "file")->valuestring;
         if (idx < 0 || idx >= n || B[idx].fname) {
+            note(c, "    %s block %d on host %d: block index out of place\n", file, idx, h);
             snprintf(why + strlen(why), sizeof why - strlen(why), "%sblock index %d out of place",
                      why[0] ? "; " : "", idx);
             continue;
@@ -888,8 +890,11 @@ static sl_status stream_ec(ctx *c, const char *file, cJSON *o, size_t size, cons
             goto out;
         }
         B[idx].ok = (int)msg.ok;
-        if (!msg.ok)
+        if (!msg.ok) {
+            note(c, "    %s block %d on host %d: %s\n", file, idx, h,
+                 strchr(msg.why, ':') ? strchr(msg.why, ':') + 2 : msg.why);
             snprintf(why + strlen(why), sizeof why - strlen(why), "%s%s", why[0] ? "; " : "", msg.why);
+        }
     }
     size_t piece = ec_piece(n, bs);
     int64_t np = (int64_t)((bs + piece - 1) / piece);
@@ -901,20 +906,22 @@ static sl_status stream_ec(ctx *c, const char *file, cJSON *o, size_t size, cons
                      any ? "a host has no memory for the restore's pieces" : "transfer failed");
         goto free_pieces;
     }
-    int writing = dest && !c->nowrite;
+    int writing = dest && !c->nowrite, survey = c->report != NULL;
     *wst = SL_OK;
-    for (;;) { /* an attempt with k of the blocks that are still good */
+    /* an attempt with k of the blocks that are still good; inspect first surveys every block (streamed and
+     * checked, each one reported), then rebuilds as a restore would */
+    for (;;) {
         int S[SL_EC_MAX_K + SL_EC_MAX_M], present[SL_EC_MAX_K + SL_EC_MAX_M] = {0}, ns = 0, have = 0,
                                                                 lost_data = 0;
         for (int i = 0; i < n; i++) {
             have += B[i].ok;
-            if (B[i].ok && ns < k) {
+            if (B[i].ok && (ns < k || survey)) {
                 S[ns++] = i;
                 present[i] = 1;
             }
         }
-        for (int i = 0; i < k; i++) lost_data += !present[i];
-        if (ns < k) {
+        for (int i = 0; i < k && !survey; i++) lost_data += !present[i];
+        if (ns < k && !survey) {
             st = sl_fail(SL_ERR_FORMAT,
                          "%s: %s cannot be rebuilt: %d of its %d+%d blocks are intact, %d needed (%s)",
                          c->step_name, file, have, k, m, k, why);
@@ -932,7 +939,7 @@ static sl_status stream_ec(ctx *c, const char *file, cJSON *o, size_t size, cons
         sl_ckpt_out out;
         sl_status ws = SL_OK;
         int open_ = 0;
-        if (writing) {
+        if (writing && !survey) {
             ws = sl_ckpt_out_open(&out, dest, 1);
             open_ = ws == SL_OK;
         }
@@ -993,13 +1000,20 @@ static sl_status stream_ec(ctx *c, const char *file, cJSON *o, size_t size, cons
             else if (strcmp(got, B[j].cs) != 0)
                 snprintf(one, sizeof one, "host %d: %s checksum mismatch (%s, manifest %s)", B[j].host,
                          B[j].fname, got, B[j].cs);
-            else
+            else {
+                if (survey)
+                    note(c, "    %s block %d (%s) on host %d: ok\n", file, j, j < k ? "data" : "parity",
+                         B[j].host);
                 continue;
+            }
+            if (survey)
+                note(c, "    %s block %d on host %d: %s\n", file, j, B[j].host,
+                     strstr(one, "checksum mismatch") ? "checksum mismatch" : strchr(one, ':') + 2);
             B[j].ok = 0; /* dropped: the next attempt takes another block */
-            redo = 1;
+            redo = !survey;
             snprintf(why + strlen(why), sizeof why - strlen(why), "%s%s", why[0] ? "; " : "", one);
         }
-        for (int i = 0; i < k && st == SL_OK && !redo; i++) {
+        for (int i = 0; i < k && st == SL_OK && !redo && !survey; i++) {
             char got[32];
             snprintf(got, sizeof got, "xxh3:%016llx", (unsigned long long)XXH3_64bits_digest(&hs[i]));
             if (!present[i] && strcmp(got, B[i].cs) != 0)
@@ -1016,8 +1030,11 @@ static sl_status stream_ec(ctx *c, const char *file, cJSON *o, size_t size, cons
             }
         }
         if (st != SL_OK) break;
-        if (redo) continue;
-        if (why[0])
+        if (redo || survey) {
+            survey = 0;
+            continue;
+        }
+        if (why[0] && !c->report)
             SL_LOGW("%s: %s: %s; %s from %d intact blocks", c->step_name, file, why,
                     lost_data ? "rebuilding it" : "reading it", have);
         if (ws != SL_OK) *wst = sl_fail(ws, "%s", werr);
@@ -1101,7 +1118,7 @@ static sl_status assemble_step(ctx *c, int scan, const char *dest) {
         int src = -1, ec = cJSON_GetObjectItem(f, "blocks") != NULL;
         sl_status wst = SL_OK;
         if (dest) snprintf(path, sizeof path, "%s/%s", dest, f->string);
-        if (ec && c->lc && !c->report) /* streamed into dest (Note [Pooled restore stream]) */
+        if (ec && c->lc) /* streamed (into dest) (Note [Pooled restore stream]) */
             st = stream_ec(c, f->string, f, size, dest ? path : NULL, &wst);
         else if (ec)
             st = fetch_ec(c, f->string, f, size, jc->valuestring, &buf);

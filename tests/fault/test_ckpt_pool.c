@@ -165,6 +165,14 @@ static void isolated_hosts(void) {
                          strstr(out, "rebuilding it from 2 intact blocks"),
                      "isolated hosts, ec: a corrupt data block streamed, dropped, rebuilt: rc %d %s", rc,
                      out);
+            /* inspect over comm surveys every block, streamed and checked on its own host */
+            rc = run("%s run -n 3 -- unshare -m sh iso.sh K3 3 %s ckpt inspect K3", cli, cli);
+            TU_CHECK(rc == 0 &&
+                         strstr(out, "shard-r00000.safetensors block 0 on host 0: checksum mismatch") &&
+                         strstr(out, "shard-r00000.safetensors block 2 (parity) on host 2: ok") &&
+                         strstr(out, "shard-r00002.safetensors block 0 (data) on host 2: ok") &&
+                         strstr(out, "can be rebuilt"),
+                     "isolated hosts, ec: ckpt inspect over comm reports each block: rc %d %s", rc, out);
         }
     }
 }
