@@ -114,12 +114,9 @@ int sl_bench_generate(int argc, char **argv) {
         {"reps", SL_FLAG_INT, &reps, 1, 100, "runs; medians are reported (3)", 0},
         {"json", SL_FLAG_BOOL, &json, 0, 1, "machine-readable output", 0},
     };
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: suanli bench generate [flags]\n");
-            sl_flags_usage(flags, (int)(sizeof flags / sizeof flags[0]), stdout);
-            return 0;
-        }
+    if (sl_flags_help(flags, (int)(sizeof flags / sizeof flags[0]), argc, argv,
+                      "usage: suanli bench generate [flags]"))
+        return 0;
     if (sl_flags_parse(flags, (int)(sizeof flags / sizeof flags[0]), argc, argv, 1) != SL_OK) {
         fprintf(stderr, "suanli bench generate: %s\n", sl_errmsg());
         return 2;

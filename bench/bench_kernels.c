@@ -155,12 +155,7 @@ int sl_bench_kernels(int argc, char **argv) {
         {"json", SL_FLAG_BOOL, &json, 0, 1, "machine-readable output", 0},
     };
     int nf = (int)(sizeof flags / sizeof flags[0]);
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: suanli bench kernels [flags]\n");
-            sl_flags_usage(flags, nf, stdout);
-            return 0;
-        }
+    if (sl_flags_help(flags, nf, argc, argv, "usage: suanli bench kernels [flags]")) return 0;
     if (sl_flags_parse(flags, nf, argc, argv, 1) != SL_OK) {
         fprintf(stderr, "suanli bench kernels: %s\n", sl_errmsg());
         return 2;

@@ -80,12 +80,9 @@ int sl_bench_moe(int argc, char **argv) {
          0},
         {"json", SL_FLAG_BOOL, &json, 0, 1, "machine-readable output", 0},
     };
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: suanli bench moe [flags]\n");
-            sl_flags_usage(flags, (int)(sizeof flags / sizeof flags[0]), stdout);
-            return 0;
-        }
+    if (sl_flags_help(flags, (int)(sizeof flags / sizeof flags[0]), argc, argv,
+                      "usage: suanli bench moe [flags]"))
+        return 0;
     if (sl_flags_parse(flags, (int)(sizeof flags / sizeof flags[0]), argc, argv, 1) != SL_OK) {
         fprintf(stderr, "suanli bench moe: %s\n", sl_errmsg());
         return 2;

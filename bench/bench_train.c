@@ -186,12 +186,7 @@ int sl_bench_train(int argc, char **argv) {
         {"hidden-dropout", SL_FLAG_FLOAT, &ph, 0, 0.99, "dropout of the hidden states (0)", 0},
     };
     int nf = (int)(sizeof flags / sizeof flags[0]);
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: suanli bench train [flags]\n");
-            sl_flags_usage(flags, nf, stdout);
-            return 0;
-        }
+    if (sl_flags_help(flags, nf, argc, argv, "usage: suanli bench train [flags]")) return 0;
     if (sl_flags_parse(flags, nf, argc, argv, 1) != SL_OK) {
         fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
         return 2;

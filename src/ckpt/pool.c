@@ -826,45 +826,62 @@ typedef struct {
     const char *fname, *cs;
 } ec_blk;
 
+enum { EC_N = SL_EC_MAX_K + SL_EC_MAX_M };
+
+/* the piece size: 8 MiB, less when the blocks' pieces would take over 64 MiB */
 static size_t ec_piece(int n, size_t bs) {
     size_t p = ((size_t)64 << 20) / (size_t)n / EC_ALIGN * EC_ALIGN;
     if (p > ((size_t)8 << 20)) p = (size_t)8 << 20;
-    return p < bs ? p : bs;
+    return p < bs ? p : bs ? bs : EC_ALIGN; /* an empty file's blocks: no rounds */
 }
 
-static sl_status stream_ec(ctx *c, const char *file, cJSON *o, size_t size, const char *dest,
-                           sl_status *wst) {
-    int k = 0, m = 0;
-    size_t bs = 0, hb = 0;
-    cJSON *blocks = NULL, *b;
-    SL_TRY(ec_entry(c, file, o, size, &k, &m, &bs, &hb, &blocks));
-    int n = k + m, fd[SL_EC_MAX_K + SL_EC_MAX_M];
-    ec_blk B[SL_EC_MAX_K + SL_EC_MAX_M];
-    memset(B, 0, sizeof B);
-    for (int i = 0; i < n; i++) fd[i] = -1;
-    char why[2048] = "", one[700];
+/* one erasure-coded file's stream: the blocks, and the state of the current attempt */
+typedef struct {
+    ctx *c;
+    const char *file;
+    int k, m, n;
+    size_t bs, hb, size, piece;
+    int64_t np;
+    ec_blk B[EC_N];
+    int fd[EC_N]; /* the holder's open block files */
+    uint8_t *pb[EC_N];
+    char why[2048];
+    /* an attempt: the blocks streamed (S[0..ns)), the lost data blocks, the holders' read failures */
+    int S[EC_N], ns, present[EC_N], lost_data, rerr[EC_N];
+    XXH3_state_t hs[EC_N];
+} ec_stream;
+
+static void ecs_why(ec_stream *e, const char *one) {
+    size_t len = strlen(e->why);
+    snprintf(e->why + len, sizeof e->why - len, "%s%s", len ? "; " : "", one);
+}
+
+/* each block's holder checks its file (size, header) and says so; the good ones stay open */
+static sl_status ecs_headers(ec_stream *e, cJSON *blocks) {
+    ctx *c = e->c;
     struct {
         int64_t ok;
         char why[496];
     } msg;
-    sl_status st = SL_OK;
-    /* the holders check their block files */
+    cJSON *b;
     cJSON_ArrayForEach(b, blocks) {
         cJSON *ix = cJSON_GetObjectItem(b, "index");
         int idx = cJSON_IsNumber(ix) ? ix->valueint : -1, h = cJSON_GetObjectItem(b, "host")->valueint;
         const char *fname = cJSON_GetObjectItem(b, "file")->valuestring;
-        if (idx < 0 || idx >= n || B[idx].fname) {
-            note(c, "    %s block %d on host %d: block index out of place\n", file, idx, h);
-            snprintf(why + strlen(why), sizeof why - strlen(why), "%sblock index %d out of place",
-                     why[0] ? "; " : "", idx);
+        if (idx < 0 || idx >= e->n || e->B[idx].fname) {
+            char one[64];
+            snprintf(one, sizeof one, "block index %d out of place", idx);
+            note(c, "    %s block %d on host %d: %s\n", e->file, idx, h, one);
+            ecs_why(e, one);
             continue;
         }
-        B[idx] = (ec_blk){h, 0, fname, cJSON_GetObjectItem(b, "checksum")->valuestring};
+        e->B[idx] = (ec_blk){h, 0, fname, cJSON_GetObjectItem(b, "checksum")->valuestring};
         memset(&msg, 0, sizeof msg);
         if (h == c->me) {
             char path[4600];
             struct stat sb;
             ec_header hd;
+            size_t want = e->hb + e->bs;
             snprintf(path, sizeof path, "%s/host-%d/%s/%s", c->root, h, c->step_name, fname);
             int f = open(path, O_RDONLY | O_CLOEXEC);
             if (f < 0)
@@ -872,155 +889,180 @@ static sl_status stream_ec(ctx *c, const char *file, cJSON *o, size_t size, cons
                          errno == ENOENT ? "missing" : "unreadable");
             else if (fstat(f, &sb) != 0 || pread(f, &hd, sizeof hd, 0) != (ssize_t)sizeof hd)
                 snprintf(msg.why, sizeof msg.why, "host %d: %s unreadable", h, fname);
-            else if ((size_t)sb.st_size != hb + bs)
+            else if ((size_t)sb.st_size != want)
                 snprintf(msg.why, sizeof msg.why, "host %d: %s is %lld bytes, %s than the recorded %zu", h,
-                         fname, (long long)sb.st_size, (size_t)sb.st_size < hb + bs ? "smaller" : "larger",
-                         hb + bs);
+                         fname, (long long)sb.st_size, (size_t)sb.st_size < want ? "smaller" : "larger",
+                         want);
             else
-                msg.ok = ec_header_ok(c, &hd, h, fname, file, idx, k, m, bs, size, msg.why, sizeof msg.why);
+                msg.ok = ec_header_ok(c, &hd, h, fname, e->file, idx, e->k, e->m, e->bs, e->size, msg.why,
+                                      sizeof msg.why);
             if (msg.ok) {
-                fd[idx] = f;
+                e->fd[idx] = f;
                 posix_fadvise(f, 0, 0, POSIX_FADV_SEQUENTIAL);
             } else if (f >= 0)
                 close(f);
         }
-        if (sl_comm_broadcast(c->lc, &msg, &msg, sizeof msg, SL_COMM_U8, h) != SL_OK) {
-            st = sl_fail(SL_ERR_PEER, "%s: %s: block %d: transfer failed: %s", c->step_name, file, idx,
-                         sl_errmsg());
-            goto out;
-        }
-        B[idx].ok = (int)msg.ok;
+        if (sl_comm_broadcast(c->lc, &msg, &msg, sizeof msg, SL_COMM_U8, h) != SL_OK)
+            return sl_fail(SL_ERR_PEER, "%s: %s: block %d: transfer failed: %s", c->step_name, e->file, idx,
+                           sl_errmsg());
+        e->B[idx].ok = (int)msg.ok;
         if (!msg.ok) {
-            note(c, "    %s block %d on host %d: %s\n", file, idx, h,
+            note(c, "    %s block %d on host %d: %s\n", e->file, idx, h,
                  strchr(msg.why, ':') ? strchr(msg.why, ':') + 2 : msg.why);
-            snprintf(why + strlen(why), sizeof why - strlen(why), "%s%s", why[0] ? "; " : "", msg.why);
+            ecs_why(e, msg.why);
         }
     }
-    size_t piece = ec_piece(n, bs);
-    int64_t np = (int64_t)((bs + piece - 1) / piece);
-    uint8_t *pb[SL_EC_MAX_K + SL_EC_MAX_M] = {0};
-    int32_t lack = 0, any = 0;
-    for (int i = 0; i < n; i++) lack |= !(pb[i] = sl_malloc_aligned_to(piece, EC_ALIGN));
-    if (sl_comm_all_reduce(c->lc, &lack, &any, 1, SL_COMM_I32, SL_COMM_MAX) != SL_OK || any) {
-        st = sl_fail(any ? SL_ERR_NOMEM : SL_ERR_PEER, "%s: %s: %s", c->step_name, file,
-                     any ? "a host has no memory for the restore's pieces" : "transfer failed");
-        goto free_pieces;
+    return SL_OK;
+}
+
+/* the rounds of an attempt: piece t of every block in S, the lost data blocks' piece t decoded, every
+ * block hashed, and the file's bytes written to out (open_) */
+static sl_status ecs_rounds(ec_stream *e, sl_ckpt_out *out, int open_, sl_status *ws, char *werr,
+                            size_t wcap) {
+    ctx *c = e->c;
+    sl_status st = SL_OK;
+    for (int i = 0; i < e->n; i++) {
+        XXH3_64bits_reset(&e->hs[i]);
+        e->rerr[i] = 0;
     }
-    int writing = dest && !c->nowrite, survey = c->report != NULL;
+    for (int64_t t = 0; t < e->np && st == SL_OK; t++) {
+        size_t at = (size_t)t * e->piece, len = e->bs - at < e->piece ? e->bs - at : e->piece;
+        for (int q = 0; q < e->ns && st == SL_OK; q++) {
+            int j = e->S[q];
+            if (e->B[j].host == c->me) { /* a failed read sends zeros and is told after the rounds */
+                size_t got = 0;
+                while (!e->rerr[j] && got < len) {
+                    ssize_t r = pread(e->fd[j], e->pb[j] + got, len - got, (off_t)(e->hb + at + got));
+                    if (r < 0 && errno == EINTR) continue;
+                    if (r <= 0)
+                        e->rerr[j] = 1;
+                    else
+                        got += (size_t)r;
+                }
+                if (got < len) memset(e->pb[j] + got, 0, len - got);
+            }
+            if (sl_comm_broadcast(c->lc, e->pb[j], e->pb[j], len, SL_COMM_U8, e->B[j].host) != SL_OK)
+                st = sl_fail(SL_ERR_PEER, "%s: %s: block %d: transfer failed: %s", c->step_name, e->file, j,
+                             sl_errmsg());
+            else
+                XXH3_64bits_update(&e->hs[j], e->pb[j], len);
+        }
+        if (st == SL_OK && e->lost_data) {
+            st = sl_ckpt_ec_decode(e->k, e->m, len, e->pb, e->present);
+            for (int i = 0; i < e->k && st == SL_OK; i++)
+                if (!e->present[i]) XXH3_64bits_update(&e->hs[i], e->pb[i], len);
+        }
+        for (int i = 0; i < e->k && st == SL_OK && open_ && *ws == SL_OK; i++) {
+            size_t off = (size_t)i * e->bs + at;
+            if (off >= e->size) continue;
+            *ws = sl_ckpt_out_write(out, e->pb[i], e->size - off < len ? e->size - off : len, off, e->piece);
+            if (*ws != SL_OK) snprintf(werr, wcap, "%s", sl_errmsg());
+        }
+    }
+    return st;
+}
+
+/* after the rounds: the holders' reads, then every streamed block's checksum (survey: each reported; a
+ * bad one dropped, *redo outside a survey) and the rebuilt blocks' */
+static sl_status ecs_check(ec_stream *e, int survey, int *redo) {
+    ctx *c = e->c;
+    struct {
+        int64_t ok;
+        char why[496];
+    } msg;
+    char one[700], got[32];
+    *redo = 0;
+    for (int q = 0; q < e->ns; q++) {
+        int j = e->S[q];
+        memset(&msg, 0, sizeof msg);
+        msg.ok = !e->rerr[j];
+        if (e->rerr[j])
+            snprintf(msg.why, sizeof msg.why, "host %d: %s unreadable", e->B[j].host, e->B[j].fname);
+        if (sl_comm_broadcast(c->lc, &msg, &msg, sizeof msg, SL_COMM_U8, e->B[j].host) != SL_OK)
+            return sl_fail(SL_ERR_PEER, "%s: %s: transfer failed: %s", c->step_name, e->file, sl_errmsg());
+        snprintf(got, sizeof got, "xxh3:%016llx", (unsigned long long)XXH3_64bits_digest(&e->hs[j]));
+        if (!msg.ok)
+            snprintf(one, sizeof one, "%s", msg.why);
+        else if (strcmp(got, e->B[j].cs) != 0)
+            snprintf(one, sizeof one, "host %d: %s checksum mismatch (%s, manifest %s)", e->B[j].host,
+                     e->B[j].fname, got, e->B[j].cs);
+        else {
+            if (survey)
+                note(c, "    %s block %d (%s) on host %d: ok\n", e->file, j, j < e->k ? "data" : "parity",
+                     e->B[j].host);
+            continue;
+        }
+        if (survey)
+            note(c, "    %s block %d on host %d: %s\n", e->file, j, e->B[j].host,
+                 strstr(one, "checksum mismatch") ? "checksum mismatch" : strchr(one, ':') + 2);
+        e->B[j].ok = 0; /* dropped: the next attempt takes another block */
+        *redo = !survey;
+        ecs_why(e, one);
+    }
+    for (int i = 0; i < e->k && !*redo && !survey; i++) {
+        snprintf(got, sizeof got, "xxh3:%016llx", (unsigned long long)XXH3_64bits_digest(&e->hs[i]));
+        if (!e->present[i] && strcmp(got, e->B[i].cs) != 0)
+            return sl_fail(SL_ERR_FORMAT,
+                           "%s: %s: data block %d rebuilt from its blocks has checksum %s, manifest %s",
+                           c->step_name, e->file, i, got, e->B[i].cs);
+    }
+    return SL_OK;
+}
+
+/* choose the attempt's blocks: k of the good ones (data first), or every good one in a survey */
+static sl_status ecs_choose(ec_stream *e, int survey, int *have) {
+    e->ns = e->lost_data = *have = 0;
+    for (int i = 0; i < e->n; i++) {
+        *have += e->B[i].ok;
+        e->present[i] = e->B[i].ok && (e->ns < e->k || survey);
+        if (e->present[i]) e->S[e->ns++] = i;
+    }
+    for (int i = 0; i < e->k && !survey; i++) e->lost_data += !e->present[i];
+    if (e->ns < e->k && !survey)
+        return sl_fail(SL_ERR_FORMAT,
+                       "%s: %s cannot be rebuilt: %d of its %d+%d blocks are intact, %d needed (%s)",
+                       e->c->step_name, e->file, *have, e->k, e->m, e->k, e->why);
+    for (int i = 0; i < e->k; i++) /* a data block without an entry (an index out of place) */
+        if (!e->B[i].cs)
+            return sl_fail(SL_ERR_FORMAT,
+                           "%s: manifest: block %d of %s has no entry, its bytes cannot be checked",
+                           e->c->step_name, i, e->file);
+    return SL_OK;
+}
+
+static sl_status stream_ec(ctx *c, const char *file, cJSON *o, size_t size, const char *dest,
+                           sl_status *wst) {
+    ec_stream *e = calloc(1, sizeof *e);
+    if (!e) return sl_fail(SL_ERR_NOMEM, "checkpoint: out of memory");
+    cJSON *blocks = NULL;
+    sl_status st = ec_entry(c, file, o, size, &e->k, &e->m, &e->bs, &e->hb, &blocks);
+    e->c = c;
+    e->file = file;
+    e->size = size;
+    e->n = e->k + e->m;
+    for (int i = 0; i < EC_N; i++) e->fd[i] = -1;
+    if (st == SL_OK) st = ecs_headers(e, blocks);
+    if (st == SL_OK) {
+        e->piece = ec_piece(e->n, e->bs);
+        e->np = (int64_t)((e->bs + e->piece - 1) / e->piece);
+        int32_t lack = 0, any = 0;
+        for (int i = 0; i < e->n; i++) lack |= !(e->pb[i] = sl_malloc_aligned_to(e->piece, EC_ALIGN));
+        if (sl_comm_all_reduce(c->lc, &lack, &any, 1, SL_COMM_I32, SL_COMM_MAX) != SL_OK || any)
+            st = sl_fail(any ? SL_ERR_NOMEM : SL_ERR_PEER, "%s: %s: %s", c->step_name, file,
+                         any ? "a host has no memory for the restore's pieces" : "transfer failed");
+    }
+    int writing = dest && !c->nowrite, survey = c->report != NULL, have = 0, redo = 0;
     *wst = SL_OK;
-    /* an attempt with k of the blocks that are still good; inspect first surveys every block (streamed and
+    /* attempts with k of the blocks that are still good; inspect first surveys every block (streamed and
      * checked, each one reported), then rebuilds as a restore would */
-    for (;;) {
-        int S[SL_EC_MAX_K + SL_EC_MAX_M], present[SL_EC_MAX_K + SL_EC_MAX_M] = {0}, ns = 0, have = 0,
-                                                                lost_data = 0;
-        for (int i = 0; i < n; i++) {
-            have += B[i].ok;
-            if (B[i].ok && (ns < k || survey)) {
-                S[ns++] = i;
-                present[i] = 1;
-            }
-        }
-        for (int i = 0; i < k && !survey; i++) lost_data += !present[i];
-        if (ns < k && !survey) {
-            st = sl_fail(SL_ERR_FORMAT,
-                         "%s: %s cannot be rebuilt: %d of its %d+%d blocks are intact, %d needed (%s)",
-                         c->step_name, file, have, k, m, k, why);
-            break;
-        }
-        for (int i = 0; i < k; i++) /* a data block without an entry (an index out of place) */
-            if (!B[i].cs) {
-                st = sl_fail(SL_ERR_FORMAT,
-                             "%s: manifest: block %d of %s has no entry, its bytes cannot be "
-                             "checked",
-                             c->step_name, i, file);
-                break;
-            }
-        if (st != SL_OK) break;
+    while (st == SL_OK && (st = ecs_choose(e, survey, &have)) == SL_OK) {
         sl_ckpt_out out;
         sl_status ws = SL_OK;
-        int open_ = 0;
-        if (writing && !survey) {
-            ws = sl_ckpt_out_open(&out, dest, 1);
-            open_ = ws == SL_OK;
-        }
         char werr[512] = "";
+        int open_ = writing && !survey && (ws = sl_ckpt_out_open(&out, dest, 1)) == SL_OK;
         if (ws != SL_OK) snprintf(werr, sizeof werr, "%s", sl_errmsg());
-        XXH3_state_t hs[SL_EC_MAX_K + SL_EC_MAX_M];
-        int rerr[SL_EC_MAX_K + SL_EC_MAX_M] = {0};
-        for (int i = 0; i < n; i++) XXH3_64bits_reset(&hs[i]);
-        for (int64_t t = 0; t < np && st == SL_OK; t++) {
-            size_t len = bs - (size_t)t * piece < piece ? bs - (size_t)t * piece : piece;
-            for (int q = 0; q < ns && st == SL_OK; q++) {
-                int j = S[q];
-                if (B[j].host == c->me) { /* a failed read sends zeros and is told after the rounds */
-                    size_t got = 0;
-                    while (!rerr[j] && got < len) {
-                        ssize_t r =
-                            pread(fd[j], pb[j] + got, len - got, (off_t)(hb + (size_t)t * piece + got));
-                        if (r < 0 && errno == EINTR) continue;
-                        if (r <= 0)
-                            rerr[j] = 1;
-                        else
-                            got += (size_t)r;
-                    }
-                    if (got < len) memset(pb[j] + got, 0, len - got);
-                }
-                if (sl_comm_broadcast(c->lc, pb[j], pb[j], len, SL_COMM_U8, B[j].host) != SL_OK)
-                    st = sl_fail(SL_ERR_PEER, "%s: %s: block %d: transfer failed: %s", c->step_name, file, j,
-                                 sl_errmsg());
-                else
-                    XXH3_64bits_update(&hs[j], pb[j], len);
-            }
-            if (st == SL_OK && lost_data) {
-                st = sl_ckpt_ec_decode(k, m, len, pb, present);
-                for (int i = 0; i < k && st == SL_OK; i++)
-                    if (!present[i]) XXH3_64bits_update(&hs[i], pb[i], len);
-            }
-            for (int i = 0; i < k && st == SL_OK && open_ && ws == SL_OK; i++) {
-                size_t off = (size_t)i * bs + (size_t)t * piece;
-                if (off >= size) continue;
-                ws = sl_ckpt_out_write(&out, pb[i], size - off < len ? size - off : len, off, piece);
-                if (ws != SL_OK) snprintf(werr, sizeof werr, "%s", sl_errmsg());
-            }
-        }
-        int redo = 0;
-        for (int q = 0; q < ns && st == SL_OK; q++) { /* the holders' reads, then every block's checksum */
-            int j = S[q];
-            memset(&msg, 0, sizeof msg);
-            msg.ok = !rerr[j];
-            if (rerr[j]) snprintf(msg.why, sizeof msg.why, "host %d: %s unreadable", B[j].host, B[j].fname);
-            if (sl_comm_broadcast(c->lc, &msg, &msg, sizeof msg, SL_COMM_U8, B[j].host) != SL_OK) {
-                st = sl_fail(SL_ERR_PEER, "%s: %s: transfer failed: %s", c->step_name, file, sl_errmsg());
-                break;
-            }
-            char got[32];
-            snprintf(got, sizeof got, "xxh3:%016llx", (unsigned long long)XXH3_64bits_digest(&hs[j]));
-            if (!msg.ok)
-                snprintf(one, sizeof one, "%s", msg.why);
-            else if (strcmp(got, B[j].cs) != 0)
-                snprintf(one, sizeof one, "host %d: %s checksum mismatch (%s, manifest %s)", B[j].host,
-                         B[j].fname, got, B[j].cs);
-            else {
-                if (survey)
-                    note(c, "    %s block %d (%s) on host %d: ok\n", file, j, j < k ? "data" : "parity",
-                         B[j].host);
-                continue;
-            }
-            if (survey)
-                note(c, "    %s block %d on host %d: %s\n", file, j, B[j].host,
-                     strstr(one, "checksum mismatch") ? "checksum mismatch" : strchr(one, ':') + 2);
-            B[j].ok = 0; /* dropped: the next attempt takes another block */
-            redo = !survey;
-            snprintf(why + strlen(why), sizeof why - strlen(why), "%s%s", why[0] ? "; " : "", one);
-        }
-        for (int i = 0; i < k && st == SL_OK && !redo && !survey; i++) {
-            char got[32];
-            snprintf(got, sizeof got, "xxh3:%016llx", (unsigned long long)XXH3_64bits_digest(&hs[i]));
-            if (!present[i] && strcmp(got, B[i].cs) != 0)
-                st = sl_fail(SL_ERR_FORMAT,
-                             "%s: %s: data block %d rebuilt from its blocks has checksum %s, manifest %s",
-                             c->step_name, file, i, got, B[i].cs);
-        }
+        st = ecs_rounds(e, &out, open_, &ws, werr, sizeof werr);
+        if (st == SL_OK) st = ecs_check(e, survey, &redo);
         int keep = st == SL_OK && !redo;
         if (open_) {
             sl_status cs = sl_ckpt_out_close(&out, size, 0, keep && ws == SL_OK);
@@ -1034,17 +1076,17 @@ static sl_status stream_ec(ctx *c, const char *file, cJSON *o, size_t size, cons
             survey = 0;
             continue;
         }
-        if (why[0] && !c->report)
-            SL_LOGW("%s: %s: %s; %s from %d intact blocks", c->step_name, file, why,
-                    lost_data ? "rebuilding it" : "reading it", have);
+        if (e->why[0] && !c->report)
+            SL_LOGW("%s: %s: %s; %s from %d intact blocks", c->step_name, file, e->why,
+                    e->lost_data ? "rebuilding it" : "reading it", have);
         if (ws != SL_OK) *wst = sl_fail(ws, "%s", werr);
         break;
     }
-free_pieces:
-    for (int i = 0; i < n; i++) sl_free_aligned(pb[i]);
-out:
-    for (int i = 0; i < n; i++)
-        if (fd[i] >= 0) close(fd[i]);
+    for (int i = 0; i < EC_N; i++) {
+        sl_free_aligned(e->pb[i]);
+        if (e->fd[i] >= 0) close(e->fd[i]);
+    }
+    free(e);
     return st;
 }
 

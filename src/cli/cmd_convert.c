@@ -39,12 +39,9 @@ static int convert_hf(int argc, char **argv) {
         {"dtype", SL_FLAG_STR, &dtype, 0, 0, "f32 | bf16 | f16 (f32)", 0},
     };
     int nf = (int)(sizeof flags / sizeof flags[0]);
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: suanli convert --model HF_DIR --output DIR [--dtype f32|bf16|f16]\n");
-            sl_flags_usage(flags, nf, stdout);
-            return 0;
-        }
+    if (sl_flags_help(flags, nf, argc, argv,
+                      "usage: suanli convert --model HF_DIR --output DIR [--dtype f32|bf16|f16]"))
+        return 0;
     if (sl_flags_parse(flags, nf, argc, argv, 1) != SL_OK) {
         fprintf(stderr, "suanli convert: %s\n", sl_errmsg());
         return 2;
@@ -96,13 +93,10 @@ static int convert_gpt2(int argc, char **argv) {
         {"output", SL_FLAG_STR, &out, 0, 0, "destination directory (created)", 0},
     };
     int nf = (int)(sizeof flags / sizeof flags[0]);
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: suanli convert --from hf-gpt2 --to suanli --input HF_DIR --output DIR\n"
-                   "       suanli convert --from suanli --to hf-gpt2 --input DIR --output HF_DIR\n");
-            sl_flags_usage(flags, nf, stdout);
-            return 0;
-        }
+    if (sl_flags_help(flags, nf, argc, argv,
+                      "usage: suanli convert --from hf-gpt2 --to suanli --input HF_DIR --output DIR\n"
+                      "       suanli convert --from suanli --to hf-gpt2 --input DIR --output HF_DIR"))
+        return 0;
     if (sl_flags_parse(flags, nf, argc, argv, 1) != SL_OK) {
         fprintf(stderr, "suanli convert: %s\n", sl_errmsg());
         return 2;

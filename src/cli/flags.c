@@ -194,3 +194,13 @@ int sl_cli_find_in_path(const char *prog, char *out, size_t cap) {
     }
     return 0;
 }
+
+int sl_flags_help(const sl_flag *flags, int n, int argc, char **argv, const char *usage) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("%s\n", usage);
+            sl_flags_usage(flags, n, stdout);
+            return 1;
+        }
+    return 0;
+}

@@ -25,6 +25,8 @@ sl_status sl_flags_parse(sl_flag *flags, int n, int argc, char **argv, int first
 /* Free the strings that config files gave to string flags (their dst pointers dangle afterwards). */
 void sl_flags_config_release(void);
 void sl_flags_usage(const sl_flag *flags, int n, FILE *f);
+/* -h or --help among argv[1..argc): the usage line and the flags on stdout, and 1 (the command exits 0) */
+int sl_flags_help(const sl_flag *flags, int n, int argc, char **argv, const char *usage);
 const sl_flag *sl_flags_find(const sl_flag *flags, int n, const char *name);
 /* The first executable PROG in $PATH into out; 0 when there is none. */
 int sl_cli_find_in_path(const char *prog, char *out, size_t cap);

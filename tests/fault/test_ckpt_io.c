@@ -210,6 +210,17 @@ static int count_tmp_in(const char *root, int h) {
     return count_tmp_at(d);
 }
 
+/* writes past `bytes` fail with EFBIG (SIGXFSZ ignored) until the returned limit is restored */
+static struct rlimit limit_file_size(rlim_t bytes) {
+    struct rlimit old, lim;
+    getrlimit(RLIMIT_FSIZE, &old);
+    signal(SIGXFSZ, SIG_IGN);
+    lim = old;
+    lim.rlim_cur = bytes;
+    setrlimit(RLIMIT_FSIZE, &lim);
+    return old;
+}
+
 /* the pooled exchange between 2 thread ranks, each its own host: a 4096-byte head (O_DIRECT) or a 128-byte
  * one (buffered, as an erasure-code block's), and a body of 2 pieces and a partial one */
 static void test_exchange(void) {
@@ -238,14 +249,8 @@ static void test_exchange(void) {
         TU_CHECK(sl_comm_init_loopback(2, comms, NULL) == SL_OK, "loopback comms: %s", sl_errmsg());
         xchg_rank rk[2];
         pthread_t th[2];
-        struct rlimit old, lim;
-        getrlimit(RLIMIT_FSIZE, &old);
-        if (c == 3) {
-            signal(SIGXFSZ, SIG_IGN);
-            lim = old;
-            lim.rlim_cur = (rlim_t)8 << 20;
-            setrlimit(RLIMIT_FSIZE, &lim);
-        }
+        struct rlimit old = {0, 0};
+        if (c == 3) old = limit_file_size((rlim_t)8 << 20);
         for (int r = 0; r < 2; r++) {
             rk[r] = (xchg_rank){.comm = comms[r],
                                 .root = root,
@@ -256,7 +261,7 @@ static void test_exchange(void) {
             pthread_create(&th[r], NULL, xchg_main, &rk[r]);
         }
         for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
-        setrlimit(RLIMIT_FSIZE, &old);
+        if (c == 3) setrlimit(RLIMIT_FSIZE, &old);
         for (int r = 0; r < 2; r++) sl_comm_free(comms[r]);
         for (int h = 0; h < 2; h++) { /* host h received rank 1-h's stream */
             char path[800];
@@ -321,14 +326,8 @@ static void test_restore_stream(void) {
         stream_rank rk[3];
         char dests[3][700];
         pthread_t th[3];
-        struct rlimit old, lim;
-        getrlimit(RLIMIT_FSIZE, &old);
-        if (c == 7) {
-            signal(SIGXFSZ, SIG_IGN);
-            lim = old;
-            lim.rlim_cur = (rlim_t)8 << 20;
-            setrlimit(RLIMIT_FSIZE, &lim);
-        }
+        struct rlimit old = {0, 0};
+        if (c == 7) old = limit_file_size((rlim_t)8 << 20);
         for (int r = 0; r < 3; r++) {
             snprintf(dests[r], sizeof dests[r], c == 5 && r == 2 ? "%s/gone/r%d.bin" : "%s/r%d.bin", d, r);
             rk[r] = (stream_rank){.comm = comms[r],
@@ -339,7 +338,7 @@ static void test_restore_stream(void) {
             pthread_create(&th[r], NULL, stream_main, &rk[r]);
         }
         for (int r = 0; r < 3; r++) pthread_join(th[r], NULL);
-        setrlimit(RLIMIT_FSIZE, &old);
+        if (c == 7) setrlimit(RLIMIT_FSIZE, &old);
         for (int r = 0; r < 3; r++) sl_comm_free(comms[r]);
         for (int r = 0; r < 3; r++) {
             stream_rank *x = &rk[r];
