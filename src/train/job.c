@@ -154,6 +154,9 @@ static sl_status setup_comm(sl_train_job *j) {
     if ((o->parallel.first_stage_layers || o->parallel.last_stage_layers) && mesh->pp < 2)
         return sl_train_bad("--decoder-%s-pipeline-num-layers: needs --pipeline-model-parallel-size > 1",
                             o->parallel.first_stage_layers ? "first" : "last");
+    if (o->parallel.layers_per_virtual_stage > 0 && mesh->pp < 2)
+        return sl_train_bad(
+            "--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1");
     if (mesh->tp > 1 || mesh->pp > 1) {
         /* Tensor and pipeline parallelism (src/parallel/tp.c, src/train/pipeline.c): GPT-2 models and
          * --init-from Llama-family models, split in make_model; host-visible memory */
@@ -179,9 +182,6 @@ static sl_status setup_comm(sl_train_job *j) {
                 "--decoder-%s-pipeline-num-layers with --num-layers-per-virtual-pipeline-stage "
                 "is not supported (uneven stages without interleaving)",
                 o->parallel.first_stage_layers ? "first" : "last");
-        if (lv > 0 && mesh->pp < 2)
-            return sl_train_bad(
-                "--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1");
         if (o->parallel.zero_bubble && lv > 0)
             return sl_train_bad("--enable-zero-bubble with --num-layers-per-virtual-pipeline-stage is not "
                                 "supported (ZB-H1 is a 1F1B schedule; use one or the other)");

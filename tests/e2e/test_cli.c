@@ -187,6 +187,11 @@ int main(void) {
     bad("missing value", "--seed", run("train --save %s/never --data-path %s --seed", dir, data));
     bad("batch multiple", "--global-batch-size",
         run("train --save %s/never --data-path %s --micro-batch-size 3 --global-batch-size 8", dir, data));
+    /* interleaving without a pipeline was accepted (the check sat under tp > 1 || pp > 1) */
+    bad("virtual stages without pp", "--num-layers-per-virtual-pipeline-stage needs",
+        run("train --save %s/never --data-path %s " TINY " --num-layers 2 "
+            "--num-layers-per-virtual-pipeline-stage 1",
+            dir, data));
     bad("heads divide", "divisible",
         run("train --save %s/never --data-path %s --hidden-size 30 --num-attention-heads 4", dir, data));
     bad("vocab mismatch", "vocab",
