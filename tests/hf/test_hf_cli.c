@@ -304,6 +304,9 @@ int main(void) {
     bad("no model flag", "--load or --model", tu_run("$SUANLI_CLI generate --prompt x", out, sizeof out));
     copy_fixture("qwen2", d);
     bad("prompt id out of range", "--prompt-ids", gen(d, "--prompt-ids 99999"));
+    /* strtok skipped empty entries: "1,,2" ran as 1,2 */
+    bad("empty prompt id", "--prompt-ids: '5,,6' has an empty entry", gen(d, "--prompt-ids 5,,6"));
+    bad("trailing comma in --stop", "--stop: '7,' has an empty entry", gen(d, "--stop 7,"));
     set_cfg(d, "hidden_size", NULL);
     bad("missing hidden_size", "missing field 'hidden_size'", gen(d, ""));
     set_cfg(d, "hidden_size", "\"64\"");
