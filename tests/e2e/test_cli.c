@@ -249,7 +249,13 @@ int main(void) {
                  "bench %s --help: %d %s", suites[k], rc, out);
     }
     /* 2^44 MiB wrapped to 0 bytes and "measured" 0 GB/s, exit 0 */
-    bad("bench ec --mib", "bad flag '17592186044416'", run("bench ec --mib 17592186044416 --reps 1"));
+    bad("bench ec --mib", "--mib: expected an integer in 1..65536, got '17592186044416'",
+        run("bench ec --mib 17592186044416 --reps 1"));
+    /* the messages named the value ("bad flag '0'"), not the flag */
+    bad("bench ec --reps", "--reps: expected an integer in 1..100, got '0'", run("bench ec --reps 0"));
+    bad("bench ckpt-io --mib", "--mib: expected an integer in 1..65536, got '12abc'",
+        run("bench ckpt-io --mib 12abc --dir %s", dir));
+    bad("bench ckpt-io --dir", "--dir: missing value", run("bench ckpt-io --dir"));
     /* --load of a model with another shape: flags conflict */
     bad("load conflict", "--hidden-size",
         run("train --save %s/never --data-path %s --load %s/run1 --hidden-size 64", dir, data, dir));
