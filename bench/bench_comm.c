@@ -70,7 +70,7 @@ typedef struct bopts {
 static int parse_size(const char *s, size_t *out) {
     char *end;
     double v = strtod(s, &end);
-    if (end == s || v < 0) return 0;
+    if (end == s) return 0;
     double m = 1;
     if (*end == 'K' || *end == 'k')
         m = 1024, end++;
@@ -78,7 +78,7 @@ static int parse_size(const char *s, size_t *out) {
         m = 1024 * 1024, end++;
     else if (*end == 'G' || *end == 'g')
         m = 1024.0 * 1024 * 1024, end++;
-    if (*end) return 0;
+    if (*end || !(v * m >= 0 && v * m <= 0x1p50)) return 0; /* NaN, inf, 1e30: no size_t */
     *out = (size_t)(v * m);
     return 1;
 }
@@ -325,6 +325,10 @@ static int parse_flags(int argc, char **argv, bopts *o, int *nlaunch) {
     if (!any)
         for (int c = 0; c < C_COUNT; c++) o->colls[c] = 1;
     if (o->minb < 4) o->minb = 4;
+    if (o->maxb < o->minb) { /* no size to run: it printed empty tables, exit 0 */
+        fprintf(stderr, "suanli bench comm: --max-bytes %zu is below --min-bytes %zu\n", o->maxb, o->minb);
+        return 2;
+    }
     return -1;
 }
 

@@ -256,6 +256,11 @@ int main(void) {
     bad("bench ckpt-io --mib", "--mib: expected an integer in 1..65536, got '12abc'",
         run("bench ckpt-io --mib 12abc --dir %s", dir));
     bad("bench ckpt-io --dir", "--dir: missing value", run("bench ckpt-io --dir"));
+    /* no size between them: empty tables, exit 0; inf and 1e30 became size 0 (an undefined conversion) */
+    bad("bench comm min > max", "--max-bytes 10 is below --min-bytes 100",
+        run("bench comm --min-bytes 100 --max-bytes 10"));
+    bad("bench comm inf", "--max-bytes: expected a size", run("bench comm --max-bytes inf"));
+    bad("bench comm 1e30", "--min-bytes: expected a size", run("bench comm --min-bytes 1e30"));
     /* --load of a model with another shape: flags conflict */
     bad("load conflict", "--hidden-size",
         run("train --save %s/never --data-path %s --load %s/run1 --hidden-size 64", dir, data, dir));
