@@ -1,6 +1,7 @@
 #include "cli/flags.h"
 
 #include <cjson/cJSON.h>
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <string.h>
@@ -84,11 +85,15 @@ static sl_status apply_config(sl_flag *flags, int n, const char *path) {
     char *text;
     size_t len;
     SL_TRY(sl_file_read_all(path, &text, &len));
-    cJSON *root = cJSON_ParseWithLength(text, len);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    int trailing = 0; /* text after the object ('{..}{..}': its keys were silently ignored) */
+    for (const char *p = root ? end : text + len; p < text + len; p++)
+        trailing |= !isspace((unsigned char)*p);
     free(text);
-    if (!root || !cJSON_IsObject(root)) {
+    if (!root || !cJSON_IsObject(root) || trailing) {
         cJSON_Delete(root);
-        return sl_fail(SL_ERR_FORMAT, "%s: not a JSON object", path);
+        return sl_fail(SL_ERR_FORMAT, "%s: not a JSON object%s", path, trailing ? " (text after it)" : "");
     }
     char where[600];
     snprintf(where, sizeof where, "%s: ", path);

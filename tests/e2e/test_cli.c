@@ -214,6 +214,11 @@ int main(void) {
     fclose(f);
     bad("malformed config", "cfg.json",
         run("train --save %s/never --config %s --data-path %s", dir, cfgp, data));
+    f = fopen(cfgp, "w"); /* the second object's keys were silently ignored */
+    fprintf(f, "{\"num_layers\": 1}\n{\"train_iters\": 5}\n");
+    fclose(f);
+    bad("text after the config object", "cfg.json: not a JSON object (text after it)",
+        run("train --save %s/never --config %s --data-path %s " TINY, dir, cfgp, data));
     bad("config is a directory", "is a directory",
         run("train --save %s/never --config %s --data-path %s", dir, data, data));
     /* output dir under a regular file cannot be created (we run as root, so permissions would not stop us) */
