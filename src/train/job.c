@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "suanli/model_io.h"
@@ -501,6 +502,13 @@ static sl_status make_model(sl_train_job *j) {
     int data_vocab = sl_dataset_vocab_size(j->train);
     j->be = sl_backend_get(mo->device ? mo->device : "cpu");
     if (!j->be) return sl_train_bad("--device: %s", sl_errmsg());
+    struct stat isb, ssb; /* the final save would replace the model's config.json and weights */
+    if (mo->init_from && o->ckpt.save_dir && stat(mo->init_from, &isb) == 0 &&
+        stat(o->ckpt.save_dir, &ssb) == 0 && isb.st_dev == ssb.st_dev && isb.st_ino == ssb.st_ino)
+        return sl_train_bad(
+            "--save %s is the --init-from directory (the final save would replace its weights); "
+            "give another one",
+            o->ckpt.save_dir);
     if (mo->init_from) SL_TRY(load_init_from(j, data_vocab));
     if (!mo->init_from)
         j->cfg = (sl_gpt2_config){
