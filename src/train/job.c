@@ -531,6 +531,16 @@ static sl_status make_model(sl_train_job *j) {
                             "--pipeline-model-parallel-size %d x %lld x (2 or more model chunks)",
                             (long long)lv, j->cfg.n_layer, j->mesh.pp, (long long)lv);
     j->vpp = lv > 0 ? (int)(per_stage / lv) : 1;
+    int64_t n_micro = o->data.global_batch_size / (o->data.micro_batch_size * j->mesh.dp);
+    if (j->vpp > SL_PIPE_MAX_CHUNKS) /* sl_pipeline_new's checks, here as bad input (they exited 1) */
+        return sl_train_bad(
+            "--num-layers-per-virtual-pipeline-stage %lld: %d model chunks per stage, at most %d",
+            (long long)lv, j->vpp, SL_PIPE_MAX_CHUNKS);
+    if (j->vpp > 1 && n_micro % j->mesh.pp)
+        return sl_train_bad("--num-layers-per-virtual-pipeline-stage: the interleaved schedule needs "
+                            "micro-batches per step (%lld: --global-batch-size / (--micro-batch-size x "
+                            "data-parallel size)) to be a multiple of --pipeline-model-parallel-size %d",
+                            (long long)n_micro, j->mesh.pp);
     if (!mo->init_from) { /* --init-from: the whole model and its weights loaded above */
         if (sl_gpt2_new_on(&j->cfg, j->be, &j->m) != SL_OK) return sl_train_bad("%s", sl_errmsg());
         if (j->init_from_weights) {
