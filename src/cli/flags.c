@@ -113,6 +113,11 @@ static sl_status apply_config(sl_flag *flags, int n, const char *path) {
         if (cJSON_IsString(it)) {
             v = keep(it->valuestring);
         } else if (cJSON_IsBool(it)) {
+            if (f->type != SL_FLAG_BOOL) { /* true read as 1: {"lr": true} trained at lr 1 */
+                st = sl_fail(SL_ERR_INVALID, "%s: key '%s' is a boolean, expected a %s", path, it->string,
+                             f->type == SL_FLAG_STR ? "string" : "number");
+                break;
+            }
             v = cJSON_IsTrue(it) ? "1" : "0";
         } else if (cJSON_IsNumber(it)) {
             if (f->type == SL_FLAG_INT && it->valuedouble != floor(it->valuedouble)) {

@@ -219,6 +219,11 @@ int main(void) {
     fclose(f);
     bad("text after the config object", "cfg.json: not a JSON object (text after it)",
         run("train --save %s/never --config %s --data-path %s " TINY, dir, cfgp, data));
+    f = fopen(cfgp, "w"); /* true was read as 1: a run at lr 1 */
+    fprintf(f, "{\"lr\": true}\n");
+    fclose(f);
+    bad("boolean for a number key", "cfg.json: key 'lr' is a boolean, expected a number",
+        run("train --save %s/never --config %s --data-path %s " TINY, dir, cfgp, data));
     bad("config is a directory", "is a directory",
         run("train --save %s/never --config %s --data-path %s", dir, data, data));
     /* output dir under a regular file cannot be created (we run as root, so permissions would not stop us) */
