@@ -124,6 +124,12 @@ static sl_status apply_config(sl_flag *flags, int n, const char *path) {
                 st = sl_fail(SL_ERR_INVALID, "%s: key '%s' must be an integer", path, it->string);
                 break;
             }
+            if (f->type == SL_FLAG_INT && fabs(it->valuedouble) >= 9e18) {
+                /* past long long: 1e300 printed to 64 bytes gave "'1000...5411' is not an integer" */
+                st = sl_fail(SL_ERR_INVALID, "%s--%s: %g out of range [%.0f, %.0f]", where, f->name,
+                             it->valuedouble, f->lo, f->hi);
+                break;
+            }
             if (f->type == SL_FLAG_INT)
                 snprintf(buf, sizeof buf, "%.0f", it->valuedouble);
             else

@@ -224,6 +224,11 @@ int main(void) {
     fclose(f);
     bad("boolean for a number key", "cfg.json: key 'lr' is a boolean, expected a number",
         run("train --save %s/never --config %s --data-path %s " TINY, dir, cfgp, data));
+    f = fopen(cfgp, "w"); /* was "'1000...5411' is not an integer" (the digits cut at 64 bytes) */
+    fprintf(f, "{\"train_iters\": 1e300}\n");
+    fclose(f);
+    bad("huge integer in a config", "cfg.json: --train-iters: 1e+300 out of range [0, 1000000000000]",
+        run("train --save %s/never --config %s --data-path %s " TINY, dir, cfgp, data));
     bad("config is a directory", "is a directory",
         run("train --save %s/never --config %s --data-path %s", dir, data, data));
     /* output dir under a regular file cannot be created (we run as root, so permissions would not stop us) */
