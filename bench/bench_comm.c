@@ -240,6 +240,13 @@ static int relaunch(int n, int argc, char **argv) {
     return st == SL_OK ? 0 : 1;
 }
 
+/* v as an int in [lo, hi], else -1 (atoi read '5abc' as 5 and overflowed on 99999999999) */
+static int parse_count(const char *v, int lo, int hi) {
+    char *end;
+    long x = strtol(v, &end, 10);
+    return *v && !*end && x >= lo && x <= hi ? (int)x : -1;
+}
+
 /* the flags into *o and *nlaunch; returns -1 to go on, else the exit status (0: --help, 2: bad flag) */
 static int parse_flags(int argc, char **argv, bopts *o, int *nlaunch) {
     int any = 0;
@@ -265,14 +272,15 @@ static int parse_flags(int argc, char **argv, bopts *o, int *nlaunch) {
             }
             i++;
         } else if (!strcmp(a, "--iters") && v) {
-            o->iters = atoi(v);
+            o->iters = parse_count(v, 1, 1 << 30);
             if (o->iters < 1) {
-                fprintf(stderr, "suanli bench comm: --iters: expected a positive integer, got '%s'\n", v);
+                fprintf(stderr, "suanli bench comm: --iters: expected an integer in 1..%d, got '%s'\n",
+                        1 << 30, v);
                 return 2;
             }
             i++;
         } else if (!strcmp(a, "--reps") && v) {
-            o->reps = atoi(v);
+            o->reps = parse_count(v, 1, MAX_REPS);
             if (o->reps < 1 || o->reps > MAX_REPS) {
                 fprintf(stderr, "suanli bench comm: --reps: expected an integer in 1..%d, got '%s'\n",
                         MAX_REPS, v);
@@ -280,9 +288,9 @@ static int parse_flags(int argc, char **argv, bopts *o, int *nlaunch) {
             }
             i++;
         } else if (!strcmp(a, "-n") && v) {
-            *nlaunch = atoi(v);
+            *nlaunch = parse_count(v, 1, 4096);
             if (*nlaunch < 1) {
-                fprintf(stderr, "suanli bench comm: -n: expected a positive integer, got '%s'\n", v);
+                fprintf(stderr, "suanli bench comm: -n: expected an integer in 1..4096, got '%s'\n", v);
                 return 2;
             }
             i++;

@@ -276,6 +276,10 @@ int main(void) {
         run("bench comm --min-bytes 100 --max-bytes 10"));
     bad("bench comm inf", "--max-bytes: expected a size", run("bench comm --max-bytes inf"));
     bad("bench comm 1e30", "--min-bytes: expected a size", run("bench comm --min-bytes 1e30"));
+    bad("bench comm --iters", "--iters: expected an integer in 1..1073741824, got '5abc'",
+        run("bench comm --iters 5abc")); /* atoi: 5 */
+    bad("bench comm -n", "-n: expected an integer in 1..4096, got '99999999999'",
+        run("bench comm -n 99999999999"));
     /* --load of a model with another shape: flags conflict */
     bad("load conflict", "--hidden-size",
         run("train --save %s/never --data-path %s --load %s/run1 --hidden-size 64", dir, data, dir));
