@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "suanli/metrics.h"
 #include "suanli/model_io.h"
 #include "train/train_internal.h"
 
@@ -698,16 +699,28 @@ double sl_train_cpu_seconds(void) {
            (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
 }
 
-/* The only writes of setup, after every check (Note [Bad input before any write]). */
+/* The only writes of setup, after every check (Note [Bad input before any write]): the TensorBoard file
+ * first (a refused --tensorboard-dir had already made --save and truncated its metrics.jsonl), then --save;
+ * a refused --save removes the event file and the TensorBoard dir if this call made it. */
 static sl_status open_outputs(sl_train_job *j) {
-    const char *save = j->o.ckpt.save_dir;
-    if (!save || !j->rank0) return SL_OK;
-    if (sl_mkdirs(save) != SL_OK) return sl_train_bad("--save: %s", sl_errmsg());
+    const char *save = j->o.ckpt.save_dir, *tbdir = j->o.log.tensorboard_dir;
+    if (!j->rank0) return SL_OK;
+    int tb_made = tbdir && access(tbdir, F_OK) != 0;
+    if (tbdir && sl_tb_writer_open(tbdir, &j->tb) != SL_OK)
+        return sl_train_bad("--tensorboard-dir: %s", sl_errmsg());
+    if (!save) return SL_OK;
     char mp[4096];
     snprintf(mp, sizeof mp, "%s/metrics.jsonl", save);
-    j->metrics = fopen(mp, j->resume ? "a" : "w");
-    if (!j->metrics) return sl_train_bad("--save: cannot write %s", mp);
-    return SL_OK;
+    sl_status st = sl_mkdirs(save) != SL_OK ? sl_train_bad("--save: %s", sl_errmsg()) : SL_OK;
+    if (st == SL_OK && !(j->metrics = fopen(mp, j->resume ? "a" : "w")))
+        st = sl_train_bad("--save: cannot write %s", mp);
+    if (st != SL_OK && j->tb) {
+        remove(sl_tb_writer_path(j->tb));
+        sl_tb_writer_close(j->tb);
+        j->tb = NULL;
+        if (tb_made) rmdir(tbdir);
+    }
+    return st;
 }
 
 sl_status sl_train_job_setup(sl_train_job *j, const sl_train_opts *opts) {

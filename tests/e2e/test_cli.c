@@ -234,6 +234,18 @@ int main(void) {
     /* output dir under a regular file cannot be created (we run as root, so permissions would not stop us) */
     bad("unwritable save dir", "run1/metrics.jsonl/x",
         run("train --data-path %s " TINY " --train-iters 1 --save %s/run1/metrics.jsonl/x", data, dir));
+    /* a refused --tensorboard-dir had already made --save and its metrics.jsonl */
+    bad("tensorboard dir under a file", "--tensorboard-dir",
+        run("train --data-path %s " TINY
+            " --train-iters 1 --save %s/never --tensorboard-dir %s/run1/metrics.jsonl/tb",
+            data, dir, dir));
+    /* and a refused --save leaves no TensorBoard file (made then removed: the test dir's mtime changes) */
+    rc = run("train --data-path %s " TINY
+             " --train-iters 1 --save %s/run1/metrics.jsonl/x --tensorboard-dir %s/tbnever",
+             data, dir, dir);
+    snprintf(cmd, sizeof cmd, "%s/tbnever", dir);
+    TU_CHECK(rc == 2 && one_line() && strstr(out, "--save") && !exists(cmd),
+             "refused --save with --tensorboard-dir: rc %d, %s left: %d: %s", rc, cmd, exists(cmd), out);
     /* corrupt shards: truncated, foreign */
     char cp[2048];
     snprintf(cp, sizeof cp, "cp -r %s %s/trunc && truncate -s 20 %s/trunc/train_000.bin", data, dir, dir);
