@@ -32,18 +32,32 @@ int sl_bench_ckpt_io(int argc, char **argv) {
     long mib = 512;
     const char *dir = "/tmp";
     for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         char *end = NULL;
-        if (!strcmp(argv[i], "--json")) {
+        long x = v ? strtol(v, &end, 10) : 0;
+        if (!strcmp(a, "--json")) {
             json = 1;
-        } else if (!strcmp(argv[i], "--mib") && i + 1 < argc && (mib = strtol(argv[++i], &end, 10)) > 0 &&
-                   mib <= 65536 && !*end) {
-        } else if (!strcmp(argv[i], "--reps") && i + 1 < argc &&
-                   (reps = (int)strtol(argv[++i], &end, 10)) > 0 && reps <= 100 && !*end) {
-        } else if (!strcmp(argv[i], "--dir") && i + 1 < argc) {
+        } else if (!strcmp(a, "--mib") || !strcmp(a, "--reps")) {
+            long hi = a[2] == 'm' ? 65536 : 100; /* (size_t)mib << 20 must not wrap */
+            if (!v || !*v || *end || x < 1 || x > hi) {
+                fprintf(stderr, "suanli bench ckpt-io: %s: expected an integer in 1..%ld, got '%s'\n", a, hi,
+                        v ? v : "");
+                return 2;
+            }
+            if (a[2] == 'm')
+                mib = x;
+            else
+                reps = (int)x;
+            i++;
+        } else if (!strcmp(a, "--dir")) {
+            if (!v || !*v) {
+                fprintf(stderr, "suanli bench ckpt-io: --dir: missing value\n");
+                return 2;
+            }
             dir = argv[++i];
         } else {
-            fprintf(stderr, "suanli bench ckpt-io: bad flag '%s' (--json, --mib N, --reps R, --dir D)\n",
-                    argv[i]);
+            fprintf(stderr, "suanli bench ckpt-io: unknown flag '%s' (--json, --mib N, --reps R, --dir D)\n",
+                    a);
             return 2;
         }
     }

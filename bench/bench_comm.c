@@ -70,7 +70,7 @@ typedef struct bopts {
 static int parse_size(const char *s, size_t *out) {
     char *end;
     double v = strtod(s, &end);
-    if (end == s || v < 0) return 0;
+    if (end == s) return 0;
     double m = 1;
     if (*end == 'K' || *end == 'k')
         m = 1024, end++;
@@ -78,7 +78,7 @@ static int parse_size(const char *s, size_t *out) {
         m = 1024 * 1024, end++;
     else if (*end == 'G' || *end == 'g')
         m = 1024.0 * 1024 * 1024, end++;
-    if (*end) return 0;
+    if (*end || !(v * m >= 0 && v * m <= 0x1p50)) return 0; /* NaN, inf, 1e30: no size_t */
     *out = (size_t)(v * m);
     return 1;
 }
@@ -240,6 +240,13 @@ static int relaunch(int n, int argc, char **argv) {
     return st == SL_OK ? 0 : 1;
 }
 
+/* v as an int in [lo, hi], else -1 (atoi read '5abc' as 5 and overflowed on 99999999999) */
+static int parse_count(const char *v, int lo, int hi) {
+    char *end;
+    long x = strtol(v, &end, 10);
+    return *v && !*end && x >= lo && x <= hi ? (int)x : -1;
+}
+
 /* the flags into *o and *nlaunch; returns -1 to go on, else the exit status (0: --help, 2: bad flag) */
 static int parse_flags(int argc, char **argv, bopts *o, int *nlaunch) {
     int any = 0;
@@ -265,14 +272,15 @@ static int parse_flags(int argc, char **argv, bopts *o, int *nlaunch) {
             }
             i++;
         } else if (!strcmp(a, "--iters") && v) {
-            o->iters = atoi(v);
+            o->iters = parse_count(v, 1, 1 << 30);
             if (o->iters < 1) {
-                fprintf(stderr, "suanli bench comm: --iters: expected a positive integer, got '%s'\n", v);
+                fprintf(stderr, "suanli bench comm: --iters: expected an integer in 1..%d, got '%s'\n",
+                        1 << 30, v);
                 return 2;
             }
             i++;
         } else if (!strcmp(a, "--reps") && v) {
-            o->reps = atoi(v);
+            o->reps = parse_count(v, 1, MAX_REPS);
             if (o->reps < 1 || o->reps > MAX_REPS) {
                 fprintf(stderr, "suanli bench comm: --reps: expected an integer in 1..%d, got '%s'\n",
                         MAX_REPS, v);
@@ -280,9 +288,9 @@ static int parse_flags(int argc, char **argv, bopts *o, int *nlaunch) {
             }
             i++;
         } else if (!strcmp(a, "-n") && v) {
-            *nlaunch = atoi(v);
+            *nlaunch = parse_count(v, 1, 4096);
             if (*nlaunch < 1) {
-                fprintf(stderr, "suanli bench comm: -n: expected a positive integer, got '%s'\n", v);
+                fprintf(stderr, "suanli bench comm: -n: expected an integer in 1..4096, got '%s'\n", v);
                 return 2;
             }
             i++;
@@ -325,6 +333,10 @@ static int parse_flags(int argc, char **argv, bopts *o, int *nlaunch) {
     if (!any)
         for (int c = 0; c < C_COUNT; c++) o->colls[c] = 1;
     if (o->minb < 4) o->minb = 4;
+    if (o->maxb < o->minb) { /* no size to run: it printed empty tables, exit 0 */
+        fprintf(stderr, "suanli bench comm: --max-bytes %zu is below --min-bytes %zu\n", o->maxb, o->minb);
+        return 2;
+    }
     return -1;
 }
 

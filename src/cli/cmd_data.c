@@ -94,6 +94,10 @@ static int cmd_prepare(int argc, char **argv) {
         }
         if (f == 2) type_given = 1;
     }
+    if (o.tokenizer_file && !*o.tokenizer_file) { /* the library reads "" as not given: the byte tokenizer */
+        fprintf(stderr, "suanli data prepare: --tokenizer-file: empty value\n");
+        return 2;
+    }
     if (o.tokenizer_file && (type_given || vs)) {
         fprintf(stderr, "suanli data prepare: --tokenizer-file conflicts with --%s\n",
                 type_given ? "tokenizer-type" : "vocab-size");

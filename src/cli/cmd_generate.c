@@ -29,6 +29,12 @@ static int parse_id_list(const char *s, const sl_hf_tokenizer *tok, int V, int32
                          const char *flag) {
     int cap = 16;
     *n = 0;
+    size_t len = strlen(s);
+    if (len && (s[0] == ',' || s[len - 1] == ',' || strstr(s, ",,"))) { /* strtok_r would skip it */
+        fprintf(stderr, "suanli generate: --%s: '%s' has an empty entry\n", flag, s);
+        *out = NULL;
+        return 0;
+    }
     *out = malloc(sizeof(int32_t) * (size_t)cap);
     char *copy = strdup(s), *save = NULL;
     if (!*out || !copy) {

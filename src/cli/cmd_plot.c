@@ -46,6 +46,11 @@ int sl_cmd_plot(int argc, char **argv) {
             runs[n++] = a;
         }
     }
+    if (o.output && !*o.output) {
+        fprintf(stderr, "suanli plot: --output: empty value\n");
+        free(runs);
+        return 2;
+    }
     if (n == 0) {
         usage(stderr);
         free(runs);

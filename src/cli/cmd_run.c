@@ -109,7 +109,7 @@ int sl_cmd_run(int argc, char **argv) {
         } else if (!strcmp(a, "--grace")) {
             char *end;
             o.grace_sec = v ? strtod(v, &end) : -1;
-            if (!v || *end || o.grace_sec < 0 || o.grace_sec > 3600) {
+            if (!v || !*v || *end || !(o.grace_sec >= 0 && o.grace_sec <= 3600)) { /* NaN too */
                 fprintf(stderr, "suanli run: --grace: expected seconds in 0..3600, got '%s'\n", v ? v : "");
                 return 2;
             }

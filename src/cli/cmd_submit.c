@@ -57,15 +57,28 @@ static void usage(FILE *f) {
         "  --go submits it with sbatch (exit 2 when sbatch is not installed).\n");
 }
 
-static int is_time(const char *s) { /* [D-]HH:MM:SS or MM:SS or minutes */
-    int colons = 0;
-    for (const char *p = s; *p; p++) {
-        if (*p == ':')
-            colons++;
-        else if (*p != '-' && (*p < '0' || *p > '9'))
-            return 0;
+/* Slurm's forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S; each field after the first below 60, hours after D-
+ * below 24 */
+static int is_time(const char *s) {
+    const char *p = s, *dash = strchr(s, '-');
+    long f[3];
+    int n = 0;
+    if (dash) {
+        size_t k = strspn(s, "0123456789");
+        if (k == 0 || k > 6 || s + k != dash) return 0;
+        p = dash + 1;
     }
-    return *s && colons <= 2;
+    for (;;) {
+        size_t k = strspn(p, "0123456789");
+        if (k == 0 || k > 6 || n == 3) return 0;
+        f[n++] = strtol(p, NULL, 10);
+        p += k;
+        if (!*p) break;
+        if (*p++ != ':') return 0;
+    }
+    for (int i = 0; i < n; i++)
+        if ((i > 0 || dash) && f[i] >= (dash && i == 0 ? 24 : 60)) return 0;
+    return 1;
 }
 
 static int plain_word(const char *s) { /* NULL (not given) or no whitespace, control characters */

@@ -1,6 +1,7 @@
 #include "cli/flags.h"
 
 #include <cjson/cJSON.h>
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <string.h>
@@ -84,11 +85,15 @@ static sl_status apply_config(sl_flag *flags, int n, const char *path) {
     char *text;
     size_t len;
     SL_TRY(sl_file_read_all(path, &text, &len));
-    cJSON *root = cJSON_ParseWithLength(text, len);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    int trailing = 0; /* text after the object ('{..}{..}': its keys were silently ignored) */
+    for (const char *p = root ? end : text + len; p < text + len; p++)
+        trailing |= !isspace((unsigned char)*p);
     free(text);
-    if (!root || !cJSON_IsObject(root)) {
+    if (!root || !cJSON_IsObject(root) || trailing) {
         cJSON_Delete(root);
-        return sl_fail(SL_ERR_FORMAT, "%s: not a JSON object", path);
+        return sl_fail(SL_ERR_FORMAT, "%s: not a JSON object%s", path, trailing ? " (text after it)" : "");
     }
     char where[600];
     snprintf(where, sizeof where, "%s: ", path);
@@ -108,10 +113,21 @@ static sl_status apply_config(sl_flag *flags, int n, const char *path) {
         if (cJSON_IsString(it)) {
             v = keep(it->valuestring);
         } else if (cJSON_IsBool(it)) {
+            if (f->type != SL_FLAG_BOOL) { /* true read as 1: {"lr": true} trained at lr 1 */
+                st = sl_fail(SL_ERR_INVALID, "%s: key '%s' is a boolean, expected a %s", path, it->string,
+                             f->type == SL_FLAG_STR ? "string" : "number");
+                break;
+            }
             v = cJSON_IsTrue(it) ? "1" : "0";
         } else if (cJSON_IsNumber(it)) {
             if (f->type == SL_FLAG_INT && it->valuedouble != floor(it->valuedouble)) {
                 st = sl_fail(SL_ERR_INVALID, "%s: key '%s' must be an integer", path, it->string);
+                break;
+            }
+            if (f->type == SL_FLAG_INT && fabs(it->valuedouble) >= 9e18) {
+                /* past long long: 1e300 printed to 64 bytes gave "'1000...5411' is not an integer" */
+                st = sl_fail(SL_ERR_INVALID, "%s--%s: %g out of range [%.0f, %.0f]", where, f->name,
+                             it->valuedouble, f->lo, f->hi);
                 break;
             }
             if (f->type == SL_FLAG_INT)

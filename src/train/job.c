@@ -5,8 +5,10 @@
 #include <stdarg.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "suanli/metrics.h"
 #include "suanli/model_io.h"
 #include "train/train_internal.h"
 
@@ -154,6 +156,9 @@ static sl_status setup_comm(sl_train_job *j) {
     if ((o->parallel.first_stage_layers || o->parallel.last_stage_layers) && mesh->pp < 2)
         return sl_train_bad("--decoder-%s-pipeline-num-layers: needs --pipeline-model-parallel-size > 1",
                             o->parallel.first_stage_layers ? "first" : "last");
+    if (o->parallel.layers_per_virtual_stage > 0 && mesh->pp < 2)
+        return sl_train_bad(
+            "--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1");
     if (mesh->tp > 1 || mesh->pp > 1) {
         /* Tensor and pipeline parallelism (src/parallel/tp.c, src/train/pipeline.c): GPT-2 models and
          * --init-from Llama-family models, split in make_model; host-visible memory */
@@ -179,9 +184,6 @@ static sl_status setup_comm(sl_train_job *j) {
                 "--decoder-%s-pipeline-num-layers with --num-layers-per-virtual-pipeline-stage "
                 "is not supported (uneven stages without interleaving)",
                 o->parallel.first_stage_layers ? "first" : "last");
-        if (lv > 0 && mesh->pp < 2)
-            return sl_train_bad(
-                "--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1");
         if (o->parallel.zero_bubble && lv > 0)
             return sl_train_bad("--enable-zero-bubble with --num-layers-per-virtual-pipeline-stage is not "
                                 "supported (ZB-H1 is a 1F1B schedule; use one or the other)");
@@ -501,6 +503,13 @@ static sl_status make_model(sl_train_job *j) {
     int data_vocab = sl_dataset_vocab_size(j->train);
     j->be = sl_backend_get(mo->device ? mo->device : "cpu");
     if (!j->be) return sl_train_bad("--device: %s", sl_errmsg());
+    struct stat isb, ssb; /* the final save would replace the model's config.json and weights */
+    if (mo->init_from && o->ckpt.save_dir && stat(mo->init_from, &isb) == 0 &&
+        stat(o->ckpt.save_dir, &ssb) == 0 && isb.st_dev == ssb.st_dev && isb.st_ino == ssb.st_ino)
+        return sl_train_bad(
+            "--save %s is the --init-from directory (the final save would replace its weights); "
+            "give another one",
+            o->ckpt.save_dir);
     if (mo->init_from) SL_TRY(load_init_from(j, data_vocab));
     if (!mo->init_from)
         j->cfg = (sl_gpt2_config){
@@ -523,6 +532,16 @@ static sl_status make_model(sl_train_job *j) {
                             "--pipeline-model-parallel-size %d x %lld x (2 or more model chunks)",
                             (long long)lv, j->cfg.n_layer, j->mesh.pp, (long long)lv);
     j->vpp = lv > 0 ? (int)(per_stage / lv) : 1;
+    int64_t n_micro = o->data.global_batch_size / (o->data.micro_batch_size * j->mesh.dp);
+    if (j->vpp > SL_PIPE_MAX_CHUNKS) /* sl_pipeline_new's checks, here as bad input (they exited 1) */
+        return sl_train_bad(
+            "--num-layers-per-virtual-pipeline-stage %lld: %d model chunks per stage, at most %d",
+            (long long)lv, j->vpp, SL_PIPE_MAX_CHUNKS);
+    if (j->vpp > 1 && n_micro % j->mesh.pp)
+        return sl_train_bad("--num-layers-per-virtual-pipeline-stage: the interleaved schedule needs "
+                            "micro-batches per step (%lld: --global-batch-size / (--micro-batch-size x "
+                            "data-parallel size)) to be a multiple of --pipeline-model-parallel-size %d",
+                            (long long)n_micro, j->mesh.pp);
     if (!mo->init_from) { /* --init-from: the whole model and its weights loaded above */
         if (sl_gpt2_new_on(&j->cfg, j->be, &j->m) != SL_OK) return sl_train_bad("%s", sl_errmsg());
         if (j->init_from_weights) {
@@ -680,16 +699,28 @@ double sl_train_cpu_seconds(void) {
            (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
 }
 
-/* The only writes of setup, after every check (Note [Bad input before any write]). */
+/* The only writes of setup, after every check (Note [Bad input before any write]): the TensorBoard file
+ * first (a refused --tensorboard-dir had already made --save and truncated its metrics.jsonl), then --save;
+ * a refused --save removes the event file and the TensorBoard dir if this call made it. */
 static sl_status open_outputs(sl_train_job *j) {
-    const char *save = j->o.ckpt.save_dir;
-    if (!save || !j->rank0) return SL_OK;
-    if (sl_mkdirs(save) != SL_OK) return sl_train_bad("--save: %s", sl_errmsg());
+    const char *save = j->o.ckpt.save_dir, *tbdir = j->o.log.tensorboard_dir;
+    if (!j->rank0) return SL_OK;
+    int tb_made = tbdir && access(tbdir, F_OK) != 0;
+    if (tbdir && sl_tb_writer_open(tbdir, &j->tb) != SL_OK)
+        return sl_train_bad("--tensorboard-dir: %s", sl_errmsg());
+    if (!save) return SL_OK;
     char mp[4096];
     snprintf(mp, sizeof mp, "%s/metrics.jsonl", save);
-    j->metrics = fopen(mp, j->resume ? "a" : "w");
-    if (!j->metrics) return sl_train_bad("--save: cannot write %s", mp);
-    return SL_OK;
+    sl_status st = sl_mkdirs(save) != SL_OK ? sl_train_bad("--save: %s", sl_errmsg()) : SL_OK;
+    if (st == SL_OK && !(j->metrics = fopen(mp, j->resume ? "a" : "w")))
+        st = sl_train_bad("--save: cannot write %s", mp);
+    if (st != SL_OK && j->tb) {
+        remove(sl_tb_writer_path(j->tb));
+        sl_tb_writer_close(j->tb);
+        j->tb = NULL;
+        if (tb_made) rmdir(tbdir);
+    }
+    return st;
 }
 
 sl_status sl_train_job_setup(sl_train_job *j, const sl_train_opts *opts) {

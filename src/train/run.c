@@ -647,9 +647,6 @@ sl_status sl_train_run(const sl_train_opts *opts, const sl_train_callbacks *cb, 
     g_usr1 = 0;
     sigaction(SIGUSR1, &sa, &old_usr1); /* Note [SIGUSR1: checkpoint and exit for requeue] */
     sl_status st = sl_train_job_setup(j, opts);
-    const char *tbdir = opts->log.tensorboard_dir;
-    if (st == SL_OK && tbdir && j->rank0 && sl_tb_writer_open(tbdir, &j->tb) != SL_OK)
-        st = sl_train_bad("--tensorboard-dir: %s", sl_errmsg());
     if (st == SL_OK) {
         if (j->resume) r.resumed_step = j->start_step;
         print_banner(j);

@@ -49,7 +49,7 @@ typedef struct sl_train_job {
 
     /* outputs and checkpoint orchestration */
     FILE *metrics;
-    struct sl_tb_writer *tb; /* --tensorboard-dir (rank 0), opened by run.c after setup */
+    struct sl_tb_writer *tb; /* --tensorboard-dir (rank 0), opened by open_outputs (job.c) */
     sl_ckpt_writer *ckw;
     int64_t pending_step; /* step of a checkpoint being written; -1: none */
     char model_json[512], layout_json[1024];

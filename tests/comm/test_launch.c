@@ -119,6 +119,8 @@ int main(void) {
         {"-n 2 --master nohost -- true", "--master"},
         {"-n 2 --nnodes 2 --node-rank 5 --master h:1 -- true", "--node-rank"},
         {"-n 2 --master h:99999 -- true", "--master"},
+        {"-n 2 --grace nan -- true", "--grace"}, /* NaN: the SIGKILL deadline never came */
+        {"-n 2 --grace '' -- true", "--grace"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         rc = run("%s run %s", bad[i].args);

@@ -187,6 +187,11 @@ int main(void) {
     bad("missing value", "--seed", run("train --save %s/never --data-path %s --seed", dir, data));
     bad("batch multiple", "--global-batch-size",
         run("train --save %s/never --data-path %s --micro-batch-size 3 --global-batch-size 8", dir, data));
+    /* interleaving without a pipeline was accepted (the check sat under tp > 1 || pp > 1) */
+    bad("virtual stages without pp", "--num-layers-per-virtual-pipeline-stage needs",
+        run("train --save %s/never --data-path %s " TINY " --num-layers 2 "
+            "--num-layers-per-virtual-pipeline-stage 1",
+            dir, data));
     bad("heads divide", "divisible",
         run("train --save %s/never --data-path %s --hidden-size 30 --num-attention-heads 4", dir, data));
     bad("vocab mismatch", "vocab",
@@ -209,11 +214,38 @@ int main(void) {
     fclose(f);
     bad("malformed config", "cfg.json",
         run("train --save %s/never --config %s --data-path %s", dir, cfgp, data));
+    f = fopen(cfgp, "w"); /* the second object's keys were silently ignored */
+    fprintf(f, "{\"num_layers\": 1}\n{\"train_iters\": 5}\n");
+    fclose(f);
+    bad("text after the config object", "cfg.json: not a JSON object (text after it)",
+        run("train --save %s/never --config %s --data-path %s " TINY, dir, cfgp, data));
+    f = fopen(cfgp, "w"); /* true was read as 1: a run at lr 1 */
+    fprintf(f, "{\"lr\": true}\n");
+    fclose(f);
+    bad("boolean for a number key", "cfg.json: key 'lr' is a boolean, expected a number",
+        run("train --save %s/never --config %s --data-path %s " TINY, dir, cfgp, data));
+    f = fopen(cfgp, "w"); /* was "'1000...5411' is not an integer" (the digits cut at 64 bytes) */
+    fprintf(f, "{\"train_iters\": 1e300}\n");
+    fclose(f);
+    bad("huge integer in a config", "cfg.json: --train-iters: 1e+300 out of range [0, 1000000000000]",
+        run("train --save %s/never --config %s --data-path %s " TINY, dir, cfgp, data));
     bad("config is a directory", "is a directory",
         run("train --save %s/never --config %s --data-path %s", dir, data, data));
     /* output dir under a regular file cannot be created (we run as root, so permissions would not stop us) */
     bad("unwritable save dir", "run1/metrics.jsonl/x",
         run("train --data-path %s " TINY " --train-iters 1 --save %s/run1/metrics.jsonl/x", data, dir));
+    /* a refused --tensorboard-dir had already made --save and its metrics.jsonl */
+    bad("tensorboard dir under a file", "--tensorboard-dir",
+        run("train --data-path %s " TINY
+            " --train-iters 1 --save %s/never --tensorboard-dir %s/run1/metrics.jsonl/tb",
+            data, dir, dir));
+    /* and a refused --save leaves no TensorBoard file (made then removed: the test dir's mtime changes) */
+    rc = run("train --data-path %s " TINY
+             " --train-iters 1 --save %s/run1/metrics.jsonl/x --tensorboard-dir %s/tbnever",
+             data, dir, dir);
+    snprintf(cmd, sizeof cmd, "%s/tbnever", dir);
+    TU_CHECK(rc == 2 && one_line() && strstr(out, "--save") && !exists(cmd),
+             "refused --save with --tensorboard-dir: rc %d, %s left: %d: %s", rc, cmd, exists(cmd), out);
     /* corrupt shards: truncated, foreign */
     char cp[2048];
     snprintf(cp, sizeof cp, "cp -r %s %s/trunc && truncate -s 20 %s/trunc/train_000.bin", data, dir, dir);
@@ -244,7 +276,22 @@ int main(void) {
                  "bench %s --help: %d %s", suites[k], rc, out);
     }
     /* 2^44 MiB wrapped to 0 bytes and "measured" 0 GB/s, exit 0 */
-    bad("bench ec --mib", "bad flag '17592186044416'", run("bench ec --mib 17592186044416 --reps 1"));
+    bad("bench ec --mib", "--mib: expected an integer in 1..65536, got '17592186044416'",
+        run("bench ec --mib 17592186044416 --reps 1"));
+    /* the messages named the value ("bad flag '0'"), not the flag */
+    bad("bench ec --reps", "--reps: expected an integer in 1..100, got '0'", run("bench ec --reps 0"));
+    bad("bench ckpt-io --mib", "--mib: expected an integer in 1..65536, got '12abc'",
+        run("bench ckpt-io --mib 12abc --dir %s", dir));
+    bad("bench ckpt-io --dir", "--dir: missing value", run("bench ckpt-io --dir"));
+    /* no size between them: empty tables, exit 0; inf and 1e30 became size 0 (an undefined conversion) */
+    bad("bench comm min > max", "--max-bytes 10 is below --min-bytes 100",
+        run("bench comm --min-bytes 100 --max-bytes 10"));
+    bad("bench comm inf", "--max-bytes: expected a size", run("bench comm --max-bytes inf"));
+    bad("bench comm 1e30", "--min-bytes: expected a size", run("bench comm --min-bytes 1e30"));
+    bad("bench comm --iters", "--iters: expected an integer in 1..1073741824, got '5abc'",
+        run("bench comm --iters 5abc")); /* atoi: 5 */
+    bad("bench comm -n", "-n: expected an integer in 1..4096, got '99999999999'",
+        run("bench comm -n 99999999999"));
     /* --load of a model with another shape: flags conflict */
     bad("load conflict", "--hidden-size",
         run("train --save %s/never --data-path %s --load %s/run1 --hidden-size 64", dir, data, dir));

@@ -445,6 +445,8 @@ static void test_plot(void) {
     bad("unknown flag", rc, "unknown flag --colour", NULL);
     rc = run("plot %s --output", run1);
     bad("missing value", rc, "--output: missing value", NULL);
+    rc = run("plot %s --output ''", run1); /* was "--output: : rename failed" */
+    bad("empty output", rc, "--output: empty value", NULL);
     rc = run("plot");
     TU_CHECK(rc == 2 && strstr(out, "usage"), "no args: %d %s", rc, out);
     DIR *d = opendir(bd); /* no temp files left behind */

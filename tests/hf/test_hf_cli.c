@@ -218,6 +218,16 @@ static void test_round_trip(void) {
     int rc = tu_run(cmd, out, sizeof out);
     TU_CHECK(rc == 0 && strstr(out, "llama L=2") && strstr(out, "step 3/3"), "train 3 steps: exit %d: %s", rc,
              out);
+    /* --save into the --init-from dir replaced its config.json and weights (and dropped its shard index) */
+    snprintf(cmd, sizeof cmd,
+             "%s train --data-path %s --init-from %s --seq-length 16 --micro-batch-size 2 --train-iters 1 "
+             "--eval-iters 1 --save %s/",
+             tu_cli(), data, d1, d1);
+    rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 2 && one_line() && strstr(out, "is the --init-from directory"),
+             "save into init-from: %d %s", rc, out);
+    greedy_ids(d1, b, sizeof b);
+    TU_CHECK(!strcmp(a, b), "a refused train --save into its --init-from changed it: %s vs %s", a, b);
     /* checkpoints of an HF-family model: killed at step 4 of 6 and resumed (the architecture comes from
      * --init-from, the state from the checkpoint) -> the same final weights as the uninterrupted run;
      * also DP=2 ZeRO-3 with a rank killed under `suanli run --max-restarts` */
@@ -304,6 +314,9 @@ int main(void) {
     bad("no model flag", "--load or --model", tu_run("$SUANLI_CLI generate --prompt x", out, sizeof out));
     copy_fixture("qwen2", d);
     bad("prompt id out of range", "--prompt-ids", gen(d, "--prompt-ids 99999"));
+    /* strtok skipped empty entries: "1,,2" ran as 1,2 */
+    bad("empty prompt id", "--prompt-ids: '5,,6' has an empty entry", gen(d, "--prompt-ids 5,,6"));
+    bad("trailing comma in --stop", "--stop: '7,' has an empty entry", gen(d, "--stop 7,"));
     set_cfg(d, "hidden_size", NULL);
     bad("missing hidden_size", "missing field 'hidden_size'", gen(d, ""));
     set_cfg(d, "hidden_size", "\"64\"");

@@ -132,6 +132,10 @@ int main(void) {
     bad("unknown flag", args, d, "--frobnicate");
     snprintf(args, sizeof args, "prepare --input %s --output-prefix %s --vocab-size", IOT_CORPUS, d);
     bad("flag without value", args, d, "needs a value");
+    /* an empty --tokenizer-file silently fell back to the byte tokenizer ("byte from , vocab 256") */
+    snprintf(args, sizeof args, "prepare --input %s --output-prefix %s/tfempty --tokenizer-file ''",
+             IOT_CORPUS, base);
+    bad("empty tokenizer file", args, d, "--tokenizer-file: empty value");
     snprintf(args, sizeof args, "prepare --output-prefix %s", d);
     bad("no input", args, d, "--input");
     bad("unknown subcommand", "shuffle", NULL, "shuffle");

@@ -203,8 +203,11 @@ int main(void) {
         {2, "--pp 2 --num-layers-per-virtual-pipeline-stage 1 --enable-zero-bubble",
          "--enable-zero-bubble with --num-layers-per-virtual-pipeline-stage is not supported"},
         {1, "--enable-zero-bubble", "--enable-zero-bubble needs --pipeline-model-parallel-size > 1 (got 1)"},
+        /* found in sl_trainer_init: the ranks exited 1 (a runtime failure), not 2 */
+        {2, "--pp 2 --num-layers-per-virtual-pipeline-stage 1 --global-batch-size 2",
+         "micro-batches per step (1: --global-batch-size"},
     };
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 7; i++) {
         if (bad[i].n > 1)
             rc = run("%s run -n %d -- %s train --data-path %s " TINY " --train-iters 2 %s --save %s/bad", cli,
                      bad[i].n, cli, data, bad[i].flags, dir);
@@ -213,6 +216,7 @@ int main(void) {
                      bad[i].flags, dir);
         TU_CHECK(rc != 0 && strstr(out, bad[i].msg), "bad split '%s': rc %d %s", bad[i].flags, rc, out);
         if (bad[i].n == 1) TU_CHECK(rc == 2, "bad split on one process: exit 2, got %d", rc);
+        if (bad[i].n > 1) TU_CHECK(strstr(out, "exited with status 2"), "bad split: ranks exit 2: %s", out);
         snprintf(p, sizeof p, "%s/bad", dir);
         TU_CHECK(stat(p, &sb) != 0, "nothing written for '%s'", bad[i].flags);
     }

@@ -189,6 +189,13 @@ static void test_submit(const char *d) {
     snprintf(script, sizeof script, "%s/job.sbatch", d);
     bad(NULL, "submit --ntasks-per-node 2 --time 1:00:00 -- suanli train", "--nodes");
     bad(NULL, "submit --nodes 2 --ntasks-per-node 2 --time soon -- suanli train", "--time");
+    /* out-of-range fields were accepted (any digits, '-' and at most two ':') */
+    const char *bad_times[] = {"99:99:99", "1:60", "1-24:00:00", "1-2-3", "1:2:3:4", "::", "1-", ":5", "-1"};
+    for (int k = 0; k < 9; k++) {
+        snprintf(cmd, sizeof cmd, "submit --nodes 2 --ntasks-per-node 2 --time %s -- suanli train",
+                 bad_times[k]);
+        bad(NULL, cmd, "--time");
+    }
     bad(NULL, "submit --nodes 2 --ntasks-per-node 2 --time 1:00:00", "no training command");
     snprintf(cmd, sizeof cmd,
              "submit --go --script %s --nodes 2 --ntasks-per-node 2 --time 1:00:00 -- suanli train", script);
