@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "ckpt/pool_internal.h"
+#include "cli/flags.h"
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -28,39 +29,23 @@ static double thread_cpu(void) {
 }
 
 int sl_bench_ckpt_io(int argc, char **argv) {
-    int json = 0, reps = 5;
-    long mib = 512;
+    int json = 0;
+    int64_t reps64 = 5, mib64 = 512;
     const char *dir = "/tmp";
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        char *end = NULL;
-        long x = v ? strtol(v, &end, 10) : 0;
-        if (!strcmp(a, "--json")) {
-            json = 1;
-        } else if (!strcmp(a, "--mib") || !strcmp(a, "--reps")) {
-            long hi = a[2] == 'm' ? 65536 : 100; /* (size_t)mib << 20 must not wrap */
-            if (!v || !*v || *end || x < 1 || x > hi) {
-                fprintf(stderr, "suanli bench ckpt-io: %s: expected an integer in 1..%ld, got '%s'\n", a, hi,
-                        v ? v : "");
-                return 2;
-            }
-            if (a[2] == 'm')
-                mib = x;
-            else
-                reps = (int)x;
-            i++;
-        } else if (!strcmp(a, "--dir")) {
-            if (!v || !*v) {
-                fprintf(stderr, "suanli bench ckpt-io: --dir: missing value\n");
-                return 2;
-            }
-            dir = argv[++i];
-        } else {
-            fprintf(stderr, "suanli bench ckpt-io: unknown flag '%s' (--json, --mib N, --reps R, --dir D)\n",
-                    a);
-            return 2;
-        }
+    sl_flag flags[] = {
+        {"json", SL_FLAG_BOOL, &json, 0, 1, "machine-readable output", 0},
+        {"mib", SL_FLAG_INT, &mib64, 1, 65536, "MiB per file (512)", 0}, /* (size_t)mib << 20 must not wrap */
+        {"reps", SL_FLAG_INT, &reps64, 1, 100, "repetitions; the median is reported (5)", 0},
+        {"dir", SL_FLAG_STR, &dir, 0, 0, "directory the files are written in (/tmp)", 0},
+    };
+    int nf = (int)(sizeof flags / sizeof flags[0]);
+    if (sl_flags_help(flags, nf, argc, argv, "usage: suanli bench ckpt-io [flags]")) return 0;
+    if (sl_flags_parse(flags, nf, argc, argv, 1) != SL_OK) {
+        fprintf(stderr, "suanli bench ckpt-io: %s\n", sl_errmsg());
+        return 2;
     }
+    int reps = (int)reps64;
+    long mib = (long)mib64;
     struct stat sb;
     if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
         fprintf(stderr, "suanli bench ckpt-io: --dir %s: not a directory\n", dir);

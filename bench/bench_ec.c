@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/flags.h"
 #include "suanli/ckpt.h"
 
 static int cmp_d(const void *a, const void *b) {
@@ -18,31 +19,21 @@ static double median(double *v, int n) {
 }
 
 int sl_bench_ec(int argc, char **argv) {
-    int json = 0, reps = 5;
-    long mib = 256;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        char *end = NULL;
-        long x = v ? strtol(v, &end, 10) : 0;
-        if (!strcmp(a, "--json")) {
-            json = 1;
-        } else if (!strcmp(a, "--mib") || !strcmp(a, "--reps")) {
-            long hi = a[2] == 'm' ? 65536 : 100; /* (size_t)mib << 20 must not wrap */
-            if (!v || !*v || *end || x < 1 || x > hi) {
-                fprintf(stderr, "suanli bench ec: %s: expected an integer in 1..%ld, got '%s'\n", a, hi,
-                        v ? v : "");
-                return 2;
-            }
-            if (a[2] == 'm')
-                mib = x;
-            else
-                reps = (int)x;
-            i++;
-        } else {
-            fprintf(stderr, "suanli bench ec: unknown flag '%s' (--json, --mib N, --reps R)\n", a);
-            return 2;
-        }
+    int json = 0;
+    int64_t reps64 = 5, mib64 = 256;
+    sl_flag flags[] = {
+        {"json", SL_FLAG_BOOL, &json, 0, 1, "machine-readable output", 0},
+        {"mib", SL_FLAG_INT, &mib64, 1, 65536, "MiB of data to encode (256)", 0}, /* (size_t)mib << 20 */
+        {"reps", SL_FLAG_INT, &reps64, 1, 100, "repetitions; the median is reported (5)", 0},
+    };
+    int nf = (int)(sizeof flags / sizeof flags[0]);
+    if (sl_flags_help(flags, nf, argc, argv, "usage: suanli bench ec [flags]")) return 0;
+    if (sl_flags_parse(flags, nf, argc, argv, 1) != SL_OK) {
+        fprintf(stderr, "suanli bench ec: %s\n", sl_errmsg());
+        return 2;
     }
+    int reps = (int)reps64;
+    long mib = (long)mib64;
     if (!sl_ckpt_ec_available()) {
         fprintf(stderr,
                 "suanli bench ec: this build has no erasure coding (install libisal-dev and rebuild)\n");
