@@ -769,6 +769,19 @@ static sl_status reader_open(reader *r, const char *dir) {
     cJSON *step = cJSON_GetObjectItem(r->man, "step");
     if (!sl_json_is_count(step)) /* a range test before any conversion (1e300 was undefined behaviour) */
         return sl_fail(SL_ERR_FORMAT, "%s: field 'step' must be a non-negative integer", path);
+    /* a step dir's name and its manifest agree: a copied or renamed step dir would resume at its manifest's
+     * step while later saves sort below its name, so every later resume would pick it again */
+    char base[256];
+    size_t dl = strlen(dir);
+    while (dl > 1 && dir[dl - 1] == '/') dl--;
+    size_t b0 = dl;
+    while (b0 > 0 && dir[b0 - 1] != '/') b0--;
+    snprintf(base, sizeof base, "%.*s", (int)(dl - b0 < 255 ? dl - b0 : 255), dir + b0);
+    if (!strncmp(base, "step-", 5) && base[5] && strspn(base + 5, "0123456789") == strlen(base + 5) &&
+        strtoll(base + 5, NULL, 10) != (long long)step->valuedouble)
+        return sl_fail(SL_ERR_FORMAT,
+                       "%s: field 'step' is %lld, but the directory is %s (copied or renamed?)", path,
+                       (long long)step->valuedouble, base);
     if (!cJSON_IsObject(cJSON_GetObjectItem(r->man, "tensors")))
         return sl_fail(SL_ERR_FORMAT, "%s: field 'tensors' must be an object", path);
     return SL_OK;

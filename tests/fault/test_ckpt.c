@@ -56,6 +56,19 @@ static void damaged_checkpoints(void) {
         TU_CHECK(tu_same_file(a, b), "stage %d: final weights bitwise equal to the uninterrupted run", stage);
     }
 
+    /* ---- a step dir copied under a newer name: its manifest's step disagrees, so it is not used (it
+     * resumed "at step 4" and every later resume would have picked it again) ---- */
+    rc = run("sh -c 'rm -rf cp && %s train " TINY
+             " --save cp --save-interval 4 --train-iters 8 >/dev/null 2>&1 && cp -r cp/step-0000004 "
+             "cp/step-0000009 && %s train " TINY " --save cp --load cp --save-interval 4'",
+             cli, cli);
+    TU_CHECK(rc == 0 && strstr(out, "field 'step' is 4, but the directory is step-0000009") &&
+                 strstr(out, "resumed from cp/step-0000008"),
+             "copied step dir refused, the real newest used: rc %d %s", rc, out);
+    snprintf(b, sizeof b, "%s/cp/model.safetensors", dir);
+    TU_CHECK(tu_same_file(a, b),
+             "after the copied step dir, final weights bitwise equal to the uninterrupted run");
+
     /* ---- corrupt newest checkpoint: fall back to the previous one ---- */
     rc = run("sh -c 'rm -rf cor && %s train " TINY
              " --save cor --save-interval 4 --train-iters 8 --save-keep 0'",
