@@ -388,9 +388,8 @@ int sl_cmd_plan(int argc, char **argv) {
         if (v[i].fits && v[i].runnable) best_run = i;
     if (best_run >= a.top) layout_line(&v[best_run], best_run + 1);
     if (best_run < 0)
-        printf(
-            "(no layout that suanli train runs today -- data parallelism and ZeRO only, no recomputation -- "
-            "fits)\n");
+        printf("(no layout that suanli train runs today fits: it runs dp x tp x pp (+ ep for Qwen2-MoE / "
+               "DeepSeek-V3), but no recomputation and no ZeRO-3 with pp)\n");
     const sl_plan_layout *b = &v[0];
     printf("best: dp %lld tp %lld pp %lld ep %lld%s%s, micro-batch %lld x %lld, ZeRO-%d, recompute %s: %.4f "
            "s/step, "

@@ -115,7 +115,7 @@ static int train_flags(sl_train_opts *o, const char **config, sl_flag *flags, in
         {"ep", SL_FLAG_INT, &o->parallel.ep, 1, 4096, "short for --expert-model-parallel-size", 0},
         {"expert-tensor-parallel-size", SL_FLAG_INT, &o->parallel.etp, 1, 4096,
          "1 (default): every TP rank holds the routed experts whole; = tp: each expert's intermediate "
-         "dimension split over the TP group (Megatron's flag; Qwen2-MoE / DeepSeek-V3, no --ep yet)",
+         "dimension split over the TP group (Megatron's flag; Qwen2-MoE / DeepSeek-V3; with --ep too)",
          0},
         {"num-experts", SL_FLAG_INT, &o->moe.num_experts, -1e9, 1e9,
          "MoE: experts per layer; checked against the --init-from model's (0 = the model's)", 0},

@@ -175,6 +175,11 @@ static void test_bad_input(void) {
     bad("generate without weights", "config.json", run("generate --load %s/nothing", dir));
     rc = run("ckpt --help");
     TU_CHECK(rc == 0 && strstr(out, "usage: suanli ckpt"), "ckpt --help: exit %d: %s", rc, out);
+    /* the help says what runs: --expert-tensor-parallel-size combines with --ep (test_ep_cli's etp2ep2
+     * cases), so the help must not call it missing */
+    rc = run("train --help");
+    TU_CHECK(rc == 0 && strstr(out, "--expert-tensor-parallel-size") && !strstr(out, "no --ep yet"),
+             "train --help on --expert-tensor-parallel-size: %d %s", rc, out);
     /* a refused gather keeps the empty OUT it was given (it removed it; bad() checks nothing changed) */
     snprintf(cmd, sizeof cmd, "%s/pool/host-0", dir);
     TU_CHECK(sl_mkdirs(cmd) == SL_OK, "mkdir %s", cmd);
