@@ -90,13 +90,13 @@ static sl_status pick_device(void) {
  *   micro-kernel. A work-group is a single work-item (PoCL then runs it as plain vector code: no
  *   work-item loop, no barriers). It computes MR x 32 tiles with 2*MR float16 accumulators (16 zmm
  *   registers at MR 8: one vector load of B and MR broadcasts of A per 2*MR FMAs); operands are read as
- *   panels ([panels][K][width], vector loads along the panel), packed first by k_gemm_pack_* unless already
- *   in that layout (A^T with M % MR == 0, B with N % 32 == 0). K runs in blocks of KC, and each work-item
+ *   panels ([panels][K][width], vector loads along the panel), always packed first by k_gemm_pack_*
+ *   (Note [OpenCL GEMM packing]). K runs in blocks of KC, and each work-item
  *   takes MG consecutive m-tiles against one 32-wide B panel, so the 32 x KC slice of B (32 KiB at KC 256)
- *   stays in L1 across the MG tiles; partial sums between k-blocks go through a scratch Cp (M x N floats),
- *   in the same k order (Cp is allocated only when K > KC). KC and MG are kernel arguments, MR a build
- *   option (it sizes the accumulator arrays). Defaults MR 8, KC 256, MG 8.
- *   Measured (2026-12-01, PoCL 3.1, 2 Zen 4 cores, docs/BENCHMARKS.md "OpenCL backend on PoCL (issue
+ *   stays in L1 across the MG tiles; partial sums between k-blocks go through a scratch Cp (M x N floats,
+ *   each work-item's MG*MR x 32 block contiguous), in the same k order (Cp is allocated only when K > KC). KC
+ * and MG are kernel arguments, MR a build option (it sizes the accumulator arrays). Defaults MR 8, KC 256,
+ * MG 8. Measured (2026-12-01, PoCL 3.1, 2 Zen 4 cores, docs/BENCHMARKS.md "OpenCL backend on PoCL (issue
  *   14)"): the tiled kernel reaches 4-8 GFLOP/s there (~4% of the CPU backend); k_gemm_reg 50-210 GFLOP/s
  *   (roughly 50-100% of the CPU backend in the same run); MG 8-32 and KC 128-512 within the noise of a
  *   shared machine, MG 1 without k-blocks ~10% slower per CPU-second.
@@ -109,6 +109,17 @@ static sl_status pick_device(void) {
  * Partial sums between k-blocks (Cp) were Mp x Np floats per GEMM (206 MB for the GPT-2 LM head at B*T =
  * 1024); now N is split into launches of as many 32-column panels as fit OCL_GEMM_CP_MAX (32 MiB;
  * SUANLI_OPENCL_GEMM_CP bytes overrides, which the tests use to force many launches). */
+/* Note [OpenCL GEMM packing]
+ * k_gemm_reg reads both operands from packed panels, also an A^T or B whose layout is already a panel
+ * (until 2026-12-05 those were read in place). In place, consecutive k of a panel are ld floats apart: at
+ * GPT-2's widths (768, 2304, 3072, 50304 floats) that stride maps the 2 cache lines of each k of B's
+ * 32-wide panel into 4-16 of the 64 sets of a 48 KiB L1, so the KC x 32 slice that should stay in L1
+ * across the MG m-tiles (256 k = 512 lines) kept evicting itself; perf put a third of k_gemm_reg's samples
+ * on its B loads. The k-major pack (k_gemm_pack_n) moves 16 k per work-item with one vector per row; a
+ * work-item per k cost more in PoCL's per-work-item overhead than the copy. Measured on PoCL 3.1, Intel
+ * Xeon (AVX-512), bench ops --device opencl:0 --quick: docs/BENCHMARKS.md "OpenCL GEMM: packed panels".
+ * The cost is scratch memory: op(A) and op(B) packed (the LM head's dX at B*T 256: 51 + 154 MB, where
+ * 51 MB were packed before). */
 static void choose_tiles(void) {
     const int cand[3] = {64, 32, 16};
     g_ocl.gemm_tk = 16;

@@ -302,7 +302,7 @@ static sl_status gemm_pack(ocl_ref r, int64_t ld, int kmajor, int rows, int K, i
     ocl_long(&c, pz);
     ocl_arg(&c, sizeof bne, &bne);
     ocl_arg(&c, sizeof bs, &bs);
-    size_t g[3] = {panels, kmajor ? (size_t)K : ((size_t)K + 15) / 16, (size_t)nz};
+    size_t g[3] = {panels, ((size_t)K + 15) / 16, (size_t)nz};
     return ocl_run(&c, 3, g, NULL);
 }
 
@@ -312,38 +312,31 @@ static cl_long4 flat_bs(cl_long4 bne, int64_t per) {
     return r;
 }
 
-/* The register-blocked GEMM (kernels/gemm_reg.cl) for CPU-type devices: an operand already laid out as
- * panels (op(A) = A^T with M a multiple of MR; op(B) = B with N a multiple of 32) is read in place, the
- * others are packed into scratch memory first (A's panels, then B's). */
+/* The register-blocked GEMM (kernels/gemm_reg.cl) for CPU-type devices. Both operands are packed into
+ * contiguous panels in scratch memory first (A's panels, then B's), also those whose layout is already a
+ * panel (op(A) = A^T, op(B) = B with N % 32 == 0): read in place, their rows are ld floats apart, and at
+ * GPT-2's widths (multiples of 768 floats, 3 KiB) the 32 x KC slice of B that should stay in L1 across the
+ * MG m-tiles fell into 4-8 of the 64 L1 sets (Note [OpenCL GEMM packing]). */
 static sl_status gemm_reg(int M, int N, int K, ocl_ref ra, int64_t lda, int tA, ocl_ref rb, int64_t ldb,
                           int tB, ocl_ref rc, int64_t ldc, int beta1, const ocl_ref *rbias, cl_long4 bne,
                           cl_long4 bsa, cl_long4 bsb, cl_long4 bsc, int half) {
     const int MR = g_ocl.gemm_mr;
     int64_t nz = bne.s[0] * bne.s[1] * bne.s[2];
     int64_t Mp = ((int64_t)M + MR - 1) / MR * MR, Np = ((int64_t)N + 31) / 32 * 32;
-    int packA = half || !tA || M % MR != 0, packB = half || tB || N % 32 != 0; /* f16: always widened */
-    int64_t pa = packA ? Mp * K : 0, pb = packB ? Np * K : 0; /* packed floats per batch element */
-    /* element (i, k) of A's panel p at A + p*a_pan + k*a_k + i; (k, j) of B's panel q at B + q*b_pan + k*b_k
-     * + j */
-    int64_t a_pan = MR, a_k = lda, b_pan = 32, b_k = ldb;
+    int64_t pa = Mp * K, pb = Np * K; /* packed floats per batch element */
     /* Cp: partial sums between k-blocks, for chunks of cpp column panels at a time (bounded) */
     int64_t npan = Np / 32, cpp = npan;
     while (cpp > 1 && nz * Mp * cpp * 32 * (int64_t)sizeof(float) > g_ocl.gemm_cp_max) cpp = (cpp + 1) / 2;
     int64_t cpn = K > g_ocl.gemm_kc ? nz * Mp * cpp * 32 : 0;
-    cl_mem P = g_ocl.flag; /* Cp is not touched with one k-block */
-    if (packA || packB || cpn) SL_TRY(ocl_scratch(sizeof(float) * (size_t)(nz * (pa + pb) + cpn), &P));
-    if (packA || packB) {
-        if (packA) {
-            SL_TRY(gemm_pack(ra, lda, tA, M, K, MR, P, 0, pa, bne, bsa, nz, half));
-            ra = (ocl_ref){P, 0};
-            a_pan = (int64_t)MR * K, a_k = MR, bsa = flat_bs(bne, pa);
-        }
-        if (packB) {
-            SL_TRY(gemm_pack(rb, ldb, !tB, N, K, 32, P, nz * pa, pb, bne, bsb, nz, half));
-            rb = (ocl_ref){P, nz * pa};
-            b_pan = 32 * (int64_t)K, b_k = 32, bsb = flat_bs(bne, pb);
-        }
-    }
+    cl_mem P;
+    SL_TRY(ocl_scratch(sizeof(float) * (size_t)(nz * (pa + pb) + cpn + 1), &P)); /* + 1: never empty (K 0) */
+    SL_TRY(gemm_pack(ra, lda, tA, M, K, MR, P, 0, pa, bne, bsa, nz, half));
+    SL_TRY(gemm_pack(rb, ldb, !tB, N, K, 32, P, nz * pa, pb, bne, bsb, nz, half));
+    /* element (i, k) of A's panel p at A + p*a_pan + k*a_k + i; (k, j) of B's panel q at B + q*b_pan + k*b_k
+     * + j */
+    ra = (ocl_ref){P, 0}, rb = (ocl_ref){P, nz * pa};
+    const int64_t a_pan = (int64_t)MR * K, a_k = MR, b_pan = 32 * (int64_t)K, b_k = 32;
+    bsa = flat_bs(bne, pa), bsb = flat_bs(bne, pb);
     ocl_call c = ocl_begin(OK_GEMM_REG);
     ocl_int(&c, M);
     ocl_int(&c, N);

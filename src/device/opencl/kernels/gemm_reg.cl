@@ -53,21 +53,32 @@ GEMM_PACK_T(k_gemm_pack_ta_h, MR, half, vload_half16, vload_half)
 GEMM_PACK_T(k_gemm_pack_tb_h, 32, half, vload_half16, vload_half)
 
 /* Pack a k-major matrix S (K x cols, leading dim ld) into panels of W columns:
- * P[(p*K + k)*W + r] = S[k*ld + p*W + r] (0 beyond cols). One work-item per (panel, k). */
-#define GEMM_PACK_N(NAME, ST, LOAD1)                                                                         \
+ * P[(p*K + k)*W + r] = S[k*ld + p*W + r] (0 beyond cols). One work-item per (panel, 16 rows of k): a
+ * work-item per (panel, k) moved 32 or 128 bytes and cost more in PoCL's work-item overhead than the copy
+ * (Note [OpenCL GEMM packing]); full panels of the two widths the GEMM uses move as one vector per row. */
+#define GEMM_PACK_N(NAME, ST, LOAD1, LOAD8, LOAD16)                                                          \
     kernel void NAME(int cols, int K, int W, global const ST *S, long so, long ld, global float *P, long po,  \
                      long pz, long4 bne, long4 bss) {                                                        \
-        const int p = get_global_id(0), k = get_global_id(1);                                                \
+        const int p = get_global_id(0), k0 = get_global_id(1) * 16, k1 = min(K, k0 + 16);                    \
         const long z = get_global_id(2);                                                                     \
-        S += so + gemm_boff(z, bne, bss) + (long)k * ld;                                                     \
-        P += po + z * pz + ((long)p * K + k) * W;                                                            \
-        for (int r = 0; r < W; r++) {                                                                        \
-            int col = p * W + r;                                                                             \
-            P[r] = col < cols ? LOAD1(col, S) : 0.0f;                                                        \
+        const int c0 = p * W, full = c0 + W <= cols;                                                         \
+        S += so + gemm_boff(z, bne, bss) + c0;                                                               \
+        P += po + z * pz + (long)p * W * K;                                                                  \
+        for (int k = k0; k < k1; k++) {                                                                      \
+            global const ST *s = S + (long)k * ld;                                                           \
+            global float *d = P + (long)k * W;                                                               \
+            if (full && W == 32) {                                                                           \
+                vstore16(LOAD16(0, s), 0, d);                                                                \
+                vstore16(LOAD16(1, s), 1, d);                                                                \
+            } else if (full && W == 8) {                                                                     \
+                vstore8(LOAD8(0, s), 0, d);                                                                  \
+            } else {                                                                                         \
+                for (int r = 0; r < W; r++) d[r] = c0 + r < cols ? LOAD1(r, s) : 0.0f;                      \
+            }                                                                                                \
         }                                                                                                    \
     }
-GEMM_PACK_N(k_gemm_pack_n, float, LOAD_F32)
-GEMM_PACK_N(k_gemm_pack_n_h, half, vload_half)
+GEMM_PACK_N(k_gemm_pack_n, float, LOAD_F32, vload8, vload16)
+GEMM_PACK_N(k_gemm_pack_n_h, half, vload_half, vload_half8, vload_half16)
 
 /* One work-item: B's panel nb against MG consecutive A panels (m-blocks g*MG ...), K in blocks of
  * KC: within a k-block the 32 x KC slice of B's panel (32 KiB at KC 256) stays in L1 across the MG
@@ -84,7 +95,7 @@ kernel void k_gemm_reg(int M, int N, int K, global const float *A, long ao, long
     A += ao + gemm_boff(z, bne, bsa);
     B += bo + gemm_boff(z, bne, bsb) + (long)nb * b_pan;
     C += co + gemm_boff(z, bne, bsc);
-    Cp += cpo + z * (long)nmb * MR * Np + (long)(nb - nb0) * 32;
+    Cp += cpo + z * (long)nmb * MR * Np + (long)(nb - nb0) * nmb * MR * 32;
     const int n0 = nb * 32, full = n0 + 32 <= N;
     float16 bb0 = (float16)(0.0f), bb1 = (float16)(0.0f);
     if (has_bias && full) {
@@ -98,13 +109,13 @@ kernel void k_gemm_reg(int M, int N, int K, global const float *A, long ao, long
         const int k0 = kb * KC, k1 = min(K, k0 + KC), last = kb == nkb - 1;
         for (int mb = mb0; mb < mb1; mb++) {
             const int m0 = mb * MR;
-            global float *cp = Cp + (long)m0 * Np;
+            global float *cp = Cp + (long)m0 * 32;
             float16 c0[MR], c1[MR];
             _Pragma("unroll") for (int i = 0; i < MR; i++) c0[i] = c1[i] = (float16)(0.0f);
             if (kb > 0) {
                 _Pragma("unroll") for (int i = 0; i < MR; i++) {
-                    c0[i] = vload16(0, cp + (long)i * Np);
-                    c1[i] = vload16(1, cp + (long)i * Np);
+                    c0[i] = vload16(0, cp + i * 32);
+                    c1[i] = vload16(1, cp + i * 32);
                 }
             }
             global const float *ap = A + (long)mb * a_pan;
@@ -119,8 +130,8 @@ kernel void k_gemm_reg(int M, int N, int K, global const float *A, long ao, long
             }
             if (!last) {
                 _Pragma("unroll") for (int i = 0; i < MR; i++) {
-                    vstore16(c0[i], 0, cp + (long)i * Np);
-                    vstore16(c1[i], 1, cp + (long)i * Np);
+                    vstore16(c0[i], 0, cp + i * 32);
+                    vstore16(c1[i], 1, cp + i * 32);
                 }
             } else {
                 _Pragma("unroll") for (int i = 0; i < MR; i++) {
