@@ -250,6 +250,33 @@ static sl_status check_pool(sl_train_job *j) {
     return SL_OK;
 }
 
+/* Note [--save is a run directory]
+ * --save names a run directory: checkpoints go under it as step-NNNNNNN, the final weights and
+ * metrics.jsonl beside them (Megatron-LM's --save: iter_NNNNNNN under it). A step directory (one holding
+ * manifest.json) as --save, as in `--load run/step-0000010 --save run/step-0000010`, would nest new step
+ * directories inside that checkpoint and write the final weights into it; it is refused, naming the run
+ * directory to give instead (resuming from that one step stays `--load run/step-0000010 --save run`). */
+static sl_status check_save_not_step(const char *save) {
+    if (!save) return SL_OK;
+    char mp[4200];
+    snprintf(mp, sizeof mp, "%s/manifest.json", save);
+    if (access(mp, F_OK) != 0) return SL_OK;
+    char parent[4096];
+    snprintf(parent, sizeof parent, "%s", save);
+    size_t n = strlen(parent);
+    while (n > 1 && parent[n - 1] == '/') parent[--n] = 0; /* "run/step-0000010/" */
+    char *slash = strrchr(parent, '/');
+    if (!slash)
+        snprintf(parent, sizeof parent, ".");
+    else if (slash == parent)
+        parent[1] = 0; /* "/step-0000010": the root */
+    else
+        *slash = 0;
+    return sl_train_bad("--save %s is a checkpoint step directory (it holds manifest.json): new checkpoints "
+                        "would nest inside it; give the run directory that holds it (--save %s)",
+                        save, parent);
+}
+
 static sl_status check_opts(sl_train_job *j) {
     sl_train_opts *o = &j->o;
     sl_train_data_opts *d = &o->data;
@@ -280,6 +307,7 @@ static sl_status check_opts(sl_train_job *j) {
         return sl_train_bad("--lr-warmup-iters %lld exceeds the decay length %lld",
                             (long long)op->warmup_iters, (long long)op->decay_iters);
     if (o->threads > 0) sl_threads_set((int)o->threads);
+    SL_TRY(check_save_not_step(o->ckpt.save_dir));
     return check_pool(j);
 }
 

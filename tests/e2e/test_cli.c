@@ -158,6 +158,17 @@ static void test_bad_input(void) {
     snprintf(cmd, sizeof cmd, "%s/tbnever", dir);
     TU_CHECK(rc == 2 && one_line() && strstr(out, "--save") && !exists(cmd),
              "refused --save with --tensorboard-dir: rc %d, %s left: %d: %s", rc, cmd, exists(cmd), out);
+    /* --save naming a checkpoint step dir nested step-0000004 inside step-0000002 and wrote the final
+     * weights and metrics.jsonl into it (Note [--save is a run directory]); refused, naming the run dir */
+    rc = run("train --data-path %s " TINY " --train-iters 2 --save-interval 2 --eval-iters 1 --save %s/ck",
+             data, dir);
+    TU_CHECK(rc == 0, "checkpointed run: %s", out);
+    snprintf(cmd, sizeof cmd, "--save %s/ck)", dir);
+    bad("--save is a step dir", cmd,
+        run("train --data-path %s " TINY " --train-iters 4 --save-interval 2 --eval-iters 1 "
+            "--load %s/ck/step-0000002 --save %s/ck/step-0000002",
+            data, dir, dir));
+    TU_CHECK(strstr(out, "is a checkpoint step directory"), "--save is a step dir: %s", out);
     /* corrupt shards: truncated, foreign */
     char cp[2048];
     snprintf(cp, sizeof cp, "cp -r %s %s/trunc && truncate -s 20 %s/trunc/train_000.bin", data, dir, dir);
