@@ -44,6 +44,7 @@ typedef struct sl_train_job {
     int ckpt_verified; /* find_start verified ckdir's checksums (the load skips them) */
     char ckdir[4096], wpath[4200];
     int64_t start_step;
+    int no_steps; /* the step loop ran no step (start_step >= train_iters): val loss of the start weights */
     double resume_seconds;
     double setup_t0, setup_cpu0; /* sl_time_sec() and process CPU seconds when setup began */
 

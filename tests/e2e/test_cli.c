@@ -1,6 +1,8 @@
 /* The CLI end to end: a tiny training run (files, metrics, generate) and every bad-input path of
  * `suanli train`: one line naming the problem, exit status 2, no crash, nothing half-written. */
 #include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -264,6 +266,41 @@ int main(void) {
     }
     free(mtext);
     TU_CHECK(nlines == 6 && nval == 2, "metrics: %d lines, %d with val_loss", nlines, nval);
+    /* --train-iters 0 printed "final val loss nan" (Note [No steps to run]): now the val loss of the initial
+     * weights, the same number in metrics.jsonl (an eval-only line) and config.json; suanli plot takes it */
+    rc = run("train --data-path %s " TINY " --train-iters 0 --eval-iters 2 --save %s/run0 --threads 2", data,
+             dir);
+    double v0 = -1;
+    const char *nl = strstr(out, "no steps to train (--train-iters 0); val loss ");
+    TU_CHECK(rc == 0 && nl && sscanf(nl, "no steps to train (--train-iters 0); val loss %lf", &v0) == 1 &&
+                 v0 > 1 && v0 < 10 && !strstr(out, "nan"),
+             "--train-iters 0: rc %d: %s", rc, out);
+    snprintf(mp, sizeof mp, "%s/run0/metrics.jsonl", dir);
+    TU_CHECK(sl_file_read_all(mp, &mtext, &mlen) == SL_OK, "read %s", mp);
+    {
+        cJSON *o = mtext ? cJSON_Parse(mtext) : NULL;
+        const cJSON *st = cJSON_GetObjectItem(o, "step"), *vl = cJSON_GetObjectItem(o, "val_loss");
+        TU_CHECK(o && cJSON_IsNumber(st) && st->valuedouble == 0 && cJSON_IsNumber(vl) &&
+                     fabs(vl->valuedouble - v0) < 1e-4 && !cJSON_GetObjectItem(o, "loss") &&
+                     strchr(mtext, '\n') == mtext + mlen - 1,
+                 "--train-iters 0: metrics.jsonl: %s", mtext ? mtext : "(none)");
+        cJSON_Delete(o);
+        free(mtext);
+        mtext = NULL;
+    }
+    snprintf(mp, sizeof mp, "%s/run0/config.json", dir);
+    TU_CHECK(sl_file_read_all(mp, &mtext, &mlen) == SL_OK, "read %s", mp);
+    {
+        cJSON *o = mtext ? cJSON_Parse(mtext) : NULL;
+        const cJSON *vl = cJSON_GetObjectItem(cJSON_GetObjectItem(o, "train"), "val_loss");
+        TU_CHECK(cJSON_IsNumber(vl) && fabs(vl->valuedouble - v0) < 1e-4, "--train-iters 0: config.json: %s",
+                 mtext ? mtext : "(none)");
+        cJSON_Delete(o);
+        free(mtext);
+        mtext = NULL;
+    }
+    rc = run("plot %s/run0", dir);
+    TU_CHECK(rc == 0, "plot of a --train-iters 0 run: %s", out);
     rc = run("generate --load %s/run1 --prompt ROMEO --max-new-tokens 12 --temperature 0", dir);
     TU_CHECK(rc == 0 && strncmp(out, "ROMEO", 5) == 0, "generate: %s", out);
     /* dropout (issue 20): trains with both flags; out-of-range probabilities are bad input, before any write
