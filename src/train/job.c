@@ -323,6 +323,20 @@ static sl_status open_data(sl_train_job *j) {
     return SL_OK;
 }
 
+/* Note [Evaluation is at most one pass over the val split]
+ * An evaluation runs --eval-iters micro-batches of B x T tokens (eval step i draws val batch i). More than
+ * one pass' worth of the val split's tokens, ceil((N - 1) / (B x T)) micro-batches, re-reads windows it
+ * already scored: `--eval-iters 1000000` over a 2000-token split ran 1e6 forwards at every evaluation. The
+ * count is capped at one pass, and the banner says so in one line (eval_iters_asked). */
+static void cap_eval_iters(sl_train_job *j) {
+    sl_train_opts *o = &j->o;
+    int64_t n = sl_dataset_num_tokens(j->val), bt = o->data.micro_batch_size * o->data.seq_length;
+    int64_t pass = n > 1 && bt > 0 ? (n - 1 + bt - 1) / bt : 1;
+    if (o->eval.iters <= pass) return;
+    j->eval_iters_asked = o->eval.iters;
+    o->eval.iters = pass;
+}
+
 static int short_split(const sl_train_job *j) {
     int64_t need = j->o.data.seq_length + 1;
     return sl_dataset_num_tokens(j->train) < need || sl_dataset_num_tokens(j->val) < need;
@@ -763,6 +777,7 @@ sl_status sl_train_job_setup(sl_train_job *j, const sl_train_opts *opts) {
     SL_TRY(setup_comm(j));
     SL_TRY(check_opts(j));
     SL_TRY(open_data(j));
+    cap_eval_iters(j);
     SL_TRY(make_model(j));
     SL_TRY(make_trainer(j));
     SL_TRY(open_outputs(j));

@@ -146,6 +146,12 @@ static void print_banner(const sl_train_job *j) {
             "activation memory: planned %.1f MiB (naive sum %.1f MiB) | data: %lld train / %lld val tokens\n",
             j->tr.plan.planned_bytes / 1048576.0, j->tr.plan.naive_bytes / 1048576.0,
             (long long)sl_dataset_num_tokens(j->train), (long long)sl_dataset_num_tokens(j->val));
+    if (j->eval_iters_asked) /* Note [Evaluation is at most one pass over the val split] */
+        fprintf(f,
+                "note: --eval-iters %lld is more than one pass over the %lld val tokens; evaluating %lld "
+                "micro-batches of %d x %d (one pass)\n",
+                (long long)j->eval_iters_asked, (long long)sl_dataset_num_tokens(j->val),
+                (long long)j->o.eval.iters, j->B, j->T);
     fflush(f);
     if (j->resume) {
         /* setup: comm, data, model build, the checkpoint's choice, verification and load (bench/ckpt.sh) */

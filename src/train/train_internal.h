@@ -38,6 +38,7 @@ typedef struct sl_train_job {
     int64_t moe_E;
     int moe_chunk_nl[SL_PIPE_MAX_CHUNKS]; /* under PP: the biased layers of each model chunk of this stage */
     int B, T, accum;
+    int64_t eval_iters_asked; /* --eval-iters when capped to one pass over the val split, else 0 */
 
     /* where the run starts: a checkpoint (resume) or the weights in load_dir/model.safetensors */
     int resume, init_from_weights;

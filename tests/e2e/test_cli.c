@@ -340,6 +340,26 @@ int main(void) {
     *strstr(first, " | lr") = 0;
     run("train --data-path %s " TINY " --train-iters 3 --eval-interval 0 --eval-iters 1 --threads 2", data);
     TU_CHECK(strstr(out, first) != NULL, "same seed, same loss: '%s' vs %s", first, out);
+    /* --eval-iters 1000000 over the 2000-token val split ran 1e6 forwards per evaluation; capped at one pass,
+     * ceil(1999 / (2 x 16)) = 63 micro-batches, with a one-line note; the same val loss as --eval-iters 63
+     * (Note [Evaluation is at most one pass over the val split]) */
+    {
+        char capped[256] = "", pass[256] = "";
+        rc = tu_runf(out, sizeof out, "timeout 60",
+                     "%s train --data-path %s " TINY " --train-iters 1 --eval-iters 1000000 --threads 2",
+                     tu_cli(), data);
+        const char *v = strstr(out, "final val loss");
+        if (v) snprintf(capped, sizeof capped, "%.*s", (int)strcspn(v, "\n"), v);
+        TU_CHECK(rc == 0 && v &&
+                     strstr(out, "note: --eval-iters 1000000 is more than one pass over the 2000 "
+                                 "val tokens; evaluating 63 micro-batches of 2 x 16 (one pass)"),
+                 "--eval-iters 1000000: rc %d: %s", rc, out);
+        rc = run("train --data-path %s " TINY " --train-iters 1 --eval-iters 63 --threads 2", data);
+        v = strstr(out, "final val loss");
+        if (v) snprintf(pass, sizeof pass, "%.*s", (int)strcspn(v, "\n"), v);
+        TU_CHECK(rc == 0 && v && !strcmp(capped, pass) && !strstr(out, "note: --eval-iters"),
+                 "--eval-iters 63: rc %d, '%s' vs capped '%s': %s", rc, pass, capped, out);
+    }
     /* a config file gives the same run */
     char cfgp[700];
     snprintf(cfgp, sizeof cfgp, "%s/cfg.json", dir);
