@@ -1,6 +1,7 @@
 /* A training job's checks and setup: communicator and mesh, the options every rank must share, data,
  * the model (fresh, --init-from, --load weights or a checkpoint), the trainer with DP/ZeRO, the resumed
  * state and the checkpoint writer; the output directory last (Note [Bad input before any write]). */
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <string.h>
@@ -741,26 +742,78 @@ double sl_train_cpu_seconds(void) {
            (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
 }
 
+/* Note [A refused output removes what it made]
+ * open_outputs creates directories (mkdir -p) for --tensorboard-dir and --save. Before each it records the
+ * first component of the path that does not exist yet; when a later output is refused, or the open of this
+ * one fails after its directories were made, it removes the event file it created and rmdirs the
+ * directories from the leaf up to that component: exactly what this call made (rmdir never removes a
+ * directory that is not empty, and no pre-existing one is touched). `--tensorboard-dir new/a/tb` with a
+ * refused --save had left new/a behind (only tb was removed). */
+static void first_missing(const char *path, char *top, size_t cap) {
+    char buf[4096];
+    size_t n = strlen(path);
+    top[0] = 0;
+    if (n == 0 || n >= sizeof buf) return;
+    memcpy(buf, path, n + 1);
+    for (size_t i = 1; i <= n; i++) /* the prefixes sl_mkdirs creates, in its order */
+        if (buf[i] == '/' || buf[i] == 0) {
+            char c = buf[i];
+            buf[i] = 0;
+            if (access(buf, F_OK) != 0) {
+                snprintf(top, cap, "%s", buf);
+                return;
+            }
+            buf[i] = c;
+        }
+}
+
+/* rmdir path, then each parent up to and including top (a prefix of path; "" : none was made) */
+static void unmake_dirs(const char *path, const char *top) {
+    size_t lt = strlen(top);
+    if (!lt) return;
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    while (strlen(buf) >= lt) {
+        rmdir(buf); /* fails on a non-empty one (not only ours) and on a leaf never made */
+        char *slash = strrchr(buf, '/');
+        while (slash && slash > buf && slash[1] == 0) { /* "a/b/": strip the trailing '/' first */
+            *slash = 0;
+            slash = strrchr(buf, '/');
+        }
+        if (!slash || slash == buf) return;
+        *slash = 0;
+    }
+}
+
 /* The only writes of setup, after every check (Note [Bad input before any write]): the TensorBoard file
  * first (a refused --tensorboard-dir had already made --save and truncated its metrics.jsonl), then --save;
- * a refused --save removes the event file and the TensorBoard dir if this call made it. */
+ * a refused output removes what this call made (Note [A refused output removes what it made]). */
 static sl_status open_outputs(sl_train_job *j) {
     const char *save = j->o.ckpt.save_dir, *tbdir = j->o.log.tensorboard_dir;
     if (!j->rank0) return SL_OK;
-    int tb_made = tbdir && access(tbdir, F_OK) != 0;
-    if (tbdir && sl_tb_writer_open(tbdir, &j->tb) != SL_OK)
-        return sl_train_bad("--tensorboard-dir: %s", sl_errmsg());
+    char tb_top[4096] = "", save_top[4096] = "", mp[4200];
+    if (tbdir) {
+        first_missing(tbdir, tb_top, sizeof tb_top);
+        if (sl_tb_writer_open(tbdir, &j->tb) != SL_OK) {
+            sl_status st = sl_train_bad("--tensorboard-dir: %s", sl_errmsg());
+            unmake_dirs(tbdir, tb_top);
+            return st;
+        }
+    }
     if (!save) return SL_OK;
-    char mp[4096];
     snprintf(mp, sizeof mp, "%s/metrics.jsonl", save);
+    first_missing(save, save_top, sizeof save_top);
     sl_status st = sl_mkdirs(save) != SL_OK ? sl_train_bad("--save: %s", sl_errmsg()) : SL_OK;
     if (st == SL_OK && !(j->metrics = fopen(mp, j->resume ? "a" : "w")))
-        st = sl_train_bad("--save: cannot write %s", mp);
-    if (st != SL_OK && j->tb) {
-        remove(sl_tb_writer_path(j->tb));
-        sl_tb_writer_close(j->tb);
-        j->tb = NULL;
-        if (tb_made) rmdir(tbdir);
+        st = sl_train_bad("--save: cannot write %s: %s", mp, strerror(errno));
+    if (st != SL_OK) {
+        unmake_dirs(save, save_top);
+        if (j->tb) {
+            remove(sl_tb_writer_path(j->tb));
+            sl_tb_writer_close(j->tb);
+            j->tb = NULL;
+            unmake_dirs(tbdir, tb_top);
+        }
     }
     return st;
 }

@@ -160,6 +160,37 @@ static void test_bad_input(void) {
     snprintf(cmd, sizeof cmd, "%s/tbnever", dir);
     TU_CHECK(rc == 2 && one_line() && strstr(out, "--save") && !exists(cmd),
              "refused --save with --tensorboard-dir: rc %d, %s left: %d: %s", rc, cmd, exists(cmd), out);
+    /* Note [A refused output removes what it made]: the directories a refused run had made (mkdir -p)
+     * stayed: tbnew/a of a --tensorboard-dir before a refused --save (only its leaf was removed), and the
+     * parents made before a component too long to create (ENAMETOOLONG) of --save or --tensorboard-dir;
+     * now none is left (made then removed: the test dir's mtime changes, so not bad()) */
+    {
+        char longc[300];
+        memset(longc, 'a', 299);
+        longc[299] = 0;
+        const char *what[] = {"--tensorboard-dir tbnew/a/b before a refused --save",
+                              "--save savenew/<299 chars>", "--tensorboard-dir tbnew2/<299 chars>"};
+        const char *left[] = {"tbnew", "savenew", "tbnew2"};
+        for (int k = 0; k < 3; k++) {
+            if (k == 0)
+                rc = run("train --data-path %s " TINY " --train-iters 1 --tensorboard-dir %s/tbnew/a/b "
+                         "--save %s/run1/metrics.jsonl/x",
+                         data, dir, dir);
+            else if (k == 1)
+                rc = run("train --data-path %s " TINY " --train-iters 1 --save %s/savenew/%s", data, dir,
+                         longc);
+            else
+                rc = run("train --data-path %s " TINY
+                         " --train-iters 1 --save %s/never --tensorboard-dir %s/tbnew2/%s",
+                         data, dir, dir, longc);
+            snprintf(cmd, sizeof cmd, "%s/%s", dir, left[k]);
+            TU_CHECK(rc == 2 && one_line() && strstr(out, k == 2 ? "--tensorboard-dir" : "--save") &&
+                         !exists(cmd),
+                     "%s: rc %d, %s left: %d: %s", what[k], rc, cmd, exists(cmd), out);
+        }
+        snprintf(cmd, sizeof cmd, "%s/never", dir);
+        TU_CHECK(!exists(cmd), "refused --tensorboard-dir left --save %s", cmd);
+    }
     /* --save naming a checkpoint step dir nested step-0000004 inside step-0000002 and wrote the final
      * weights and metrics.jsonl into it (Note [--save is a run directory]); refused, naming the run dir */
     rc = run("train --data-path %s " TINY " --train-iters 2 --save-interval 2 --eval-iters 1 --save %s/ck",
