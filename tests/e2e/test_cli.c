@@ -190,6 +190,14 @@ static void test_bad_input(void) {
         }
         snprintf(cmd, sizeof cmd, "%s/never", dir);
         TU_CHECK(!exists(cmd), "refused --tensorboard-dir left --save %s", cmd);
+        /* an event file whose first record cannot be written (a file size limit of 0: EFBIG, SIGXFSZ
+         * ignored) stayed, empty, and so did its directory */
+        rc = tu_runf(out, sizeof out, "trap '' XFSZ; ulimit -f 0;",
+                     "%s train --data-path %s " TINY " --train-iters 1 --tensorboard-dir %s/tbfull", tu_cli(),
+                     data, dir);
+        snprintf(cmd, sizeof cmd, "%s/tbfull", dir);
+        TU_CHECK(rc == 2 && one_line() && strstr(out, "--tensorboard-dir") && !exists(cmd),
+                 "event file not writable: rc %d, %s left: %d: %s", rc, cmd, exists(cmd), out);
     }
     /* --save naming a checkpoint step dir nested step-0000004 inside step-0000002 and wrote the final
      * weights and metrics.jsonl into it (Note [--save is a run directory]); refused, naming the run dir */
