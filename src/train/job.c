@@ -510,10 +510,7 @@ static sl_status find_start(sl_train_job *j) {
     } else if (!init_from && access(j->wpath, F_OK) == 0) {
         j->init_from_weights = 1;
     } else if (same) {
-        if (j->out) {
-            fprintf(j->out, "note: no checkpoint in %s yet; starting from scratch\n", load);
-            fflush(j->out); /* every rank says it; a killed rank must not lose it */
-        }
+        j->note_fresh = 1; /* printed once setup succeeded (Note [Notes after the checks]) */
     } else {
         return sl_train_bad("--load %s: no checkpoint (step-*/manifest.json) and no model.safetensors there",
                             load);
@@ -702,9 +699,6 @@ static sl_status make_trainer(sl_train_job *j) {
         if (sl_dp_new(&j->dp, &j->mesh, m, j->tr.graph, &dpo) != SL_OK)
             return sl_train_bad("%s", sl_errmsg());
         j->tr.dp = j->dp;
-    } else if (o->parallel.zero_stage > 0 && j->rank0 && j->out) {
-        fprintf(j->out, "note: --zero-stage %lld has no effect with one data-parallel rank\n",
-                (long long)o->parallel.zero_stage);
     }
     if (j->resume) {
         sl_ckpt_state cst;
@@ -834,6 +828,16 @@ sl_status sl_train_job_setup(sl_train_job *j, const sl_train_opts *opts) {
     SL_TRY(make_model(j));
     SL_TRY(make_trainer(j));
     SL_TRY(open_outputs(j));
+    /* Note [Notes after the checks]: a run refused in setup prints its one error line only, so the notes
+     * that setup finds wait until every check passed ("note: no checkpoint ..." had preceded the error of
+     * a refused `--load new --save new`) */
+    if (j->out && j->note_fresh) {
+        fprintf(j->out, "note: no checkpoint in %s yet; starting from scratch\n", j->o.ckpt.load_dir);
+        fflush(j->out); /* every rank says it; a killed rank must not lose it */
+    }
+    if (j->out && j->rank0 && j->mesh.dp == 1 && j->o.parallel.zero_stage > 0)
+        fprintf(j->out, "note: --zero-stage %lld has no effect with one data-parallel rank\n",
+                (long long)j->o.parallel.zero_stage);
     if (!j->rank0) j->out = NULL; /* only rank 0 talks */
     const sl_gpt2_config *c = &j->cfg;
     snprintf(

@@ -42,6 +42,7 @@ typedef struct sl_train_job {
 
     /* where the run starts: a checkpoint (resume) or the weights in load_dir/model.safetensors */
     int resume, init_from_weights;
+    int note_fresh;    /* --load == --save without a checkpoint yet: a fresh start, noted after setup */
     int ckpt_verified; /* find_start verified ckdir's checksums (the load skips them) */
     char ckdir[4096], wpath[4200];
     int64_t start_step;

@@ -199,6 +199,19 @@ static void test_bad_input(void) {
         TU_CHECK(rc == 2 && one_line() && strstr(out, "--tensorboard-dir") && !exists(cmd),
                  "event file not writable: rc %d, %s left: %d: %s", rc, cmd, exists(cmd), out);
     }
+    /* Note [Notes after the checks]: the notes setup finds ("no checkpoint in X yet", "--zero-stage has no
+     * effect") came before the error line of a run refused later in setup: two lines */
+    bad("fresh --load = --save, then a vocab mismatch", "vocab",
+        run("train --data-path %s " TINY " --vocab-size 300 --load %s/never --save %s/never", data, dir,
+            dir));
+    bad("--zero-stage note, then a refused --save", "--save",
+        run("train --data-path %s " TINY " --zero-stage 1 --save %s/run1/metrics.jsonl/x", data, dir));
+    rc = run("train --data-path %s " TINY " --train-iters 1 --eval-iters 1 --zero-stage 1 --load %s/fresh "
+             "--save %s/fresh",
+             data, dir, dir);
+    TU_CHECK(rc == 0 && strstr(out, "note: no checkpoint in") &&
+                 strstr(out, "note: --zero-stage 1 has no effect"),
+             "the notes of an accepted run: rc %d: %s", rc, out);
     /* --save naming a checkpoint step dir nested step-0000004 inside step-0000002 and wrote the final
      * weights and metrics.jsonl into it (Note [--save is a run directory]); refused, naming the run dir */
     rc = run("train --data-path %s " TINY " --train-iters 2 --save-interval 2 --eval-iters 1 --save %s/ck",
