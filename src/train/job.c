@@ -1,6 +1,7 @@
 /* A training job's checks and setup: communicator and mesh, the options every rank must share, data,
  * the model (fresh, --init-from, --load weights or a checkpoint), the trainer with DP/ZeRO, the resumed
  * state and the checkpoint writer; the output directory last (Note [Bad input before any write]). */
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <string.h>
@@ -250,6 +251,33 @@ static sl_status check_pool(sl_train_job *j) {
     return SL_OK;
 }
 
+/* Note [--save is a run directory]
+ * --save names a run directory: checkpoints go under it as step-NNNNNNN, the final weights and
+ * metrics.jsonl beside them (Megatron-LM's --save: iter_NNNNNNN under it). A step directory (one holding
+ * manifest.json) as --save, as in `--load run/step-0000010 --save run/step-0000010`, would nest new step
+ * directories inside that checkpoint and write the final weights into it; it is refused, naming the run
+ * directory to give instead (resuming from that one step stays `--load run/step-0000010 --save run`). */
+static sl_status check_save_not_step(const char *save) {
+    if (!save) return SL_OK;
+    char mp[4200];
+    snprintf(mp, sizeof mp, "%s/manifest.json", save);
+    if (access(mp, F_OK) != 0) return SL_OK;
+    char parent[4096];
+    snprintf(parent, sizeof parent, "%s", save);
+    size_t n = strlen(parent);
+    while (n > 1 && parent[n - 1] == '/') parent[--n] = 0; /* "run/step-0000010/" */
+    char *slash = strrchr(parent, '/');
+    if (!slash)
+        snprintf(parent, sizeof parent, ".");
+    else if (slash == parent)
+        parent[1] = 0; /* "/step-0000010": the root */
+    else
+        *slash = 0;
+    return sl_train_bad("--save %s is a checkpoint step directory (it holds manifest.json): new checkpoints "
+                        "would nest inside it; give the run directory that holds it (--save %s)",
+                        save, parent);
+}
+
 static sl_status check_opts(sl_train_job *j) {
     sl_train_opts *o = &j->o;
     sl_train_data_opts *d = &o->data;
@@ -280,6 +308,7 @@ static sl_status check_opts(sl_train_job *j) {
         return sl_train_bad("--lr-warmup-iters %lld exceeds the decay length %lld",
                             (long long)op->warmup_iters, (long long)op->decay_iters);
     if (o->threads > 0) sl_threads_set((int)o->threads);
+    SL_TRY(check_save_not_step(o->ckpt.save_dir));
     return check_pool(j);
 }
 
@@ -293,6 +322,20 @@ static sl_status open_data(sl_train_job *j) {
     if (sl_dataset_vocab_size(j->val) != sl_dataset_vocab_size(j->train))
         return sl_train_bad("%s: train and val shards disagree on vocab size", path);
     return SL_OK;
+}
+
+/* Note [Evaluation is at most one pass over the val split]
+ * An evaluation runs --eval-iters micro-batches of B x T tokens (eval step i draws val batch i). More than
+ * one pass' worth of the val split's tokens, ceil((N - 1) / (B x T)) micro-batches, re-reads windows it
+ * already scored: `--eval-iters 1000000` over a 2000-token split ran 1e6 forwards at every evaluation. The
+ * count is capped at one pass, and the banner says so in one line (eval_iters_asked). */
+static void cap_eval_iters(sl_train_job *j) {
+    sl_train_opts *o = &j->o;
+    int64_t n = sl_dataset_num_tokens(j->val), bt = o->data.micro_batch_size * o->data.seq_length;
+    int64_t pass = n > 1 && bt > 0 ? (n - 1 + bt - 1) / bt : 1;
+    if (o->eval.iters <= pass) return;
+    j->eval_iters_asked = o->eval.iters;
+    o->eval.iters = pass;
 }
 
 static int short_split(const sl_train_job *j) {
@@ -467,10 +510,7 @@ static sl_status find_start(sl_train_job *j) {
     } else if (!init_from && access(j->wpath, F_OK) == 0) {
         j->init_from_weights = 1;
     } else if (same) {
-        if (j->out) {
-            fprintf(j->out, "note: no checkpoint in %s yet; starting from scratch\n", load);
-            fflush(j->out); /* every rank says it; a killed rank must not lose it */
-        }
+        j->note_fresh = 1; /* printed once setup succeeded (Note [Notes after the checks]) */
     } else {
         return sl_train_bad("--load %s: no checkpoint (step-*/manifest.json) and no model.safetensors there",
                             load);
@@ -659,9 +699,6 @@ static sl_status make_trainer(sl_train_job *j) {
         if (sl_dp_new(&j->dp, &j->mesh, m, j->tr.graph, &dpo) != SL_OK)
             return sl_train_bad("%s", sl_errmsg());
         j->tr.dp = j->dp;
-    } else if (o->parallel.zero_stage > 0 && j->rank0 && j->out) {
-        fprintf(j->out, "note: --zero-stage %lld has no effect with one data-parallel rank\n",
-                (long long)o->parallel.zero_stage);
     }
     if (j->resume) {
         sl_ckpt_state cst;
@@ -699,26 +736,78 @@ double sl_train_cpu_seconds(void) {
            (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
 }
 
+/* Note [A refused output removes what it made]
+ * open_outputs creates directories (mkdir -p) for --tensorboard-dir and --save. Before each it records the
+ * first component of the path that does not exist yet; when a later output is refused, or the open of this
+ * one fails after its directories were made, it removes the event file it created and rmdirs the
+ * directories from the leaf up to that component: exactly what this call made (rmdir never removes a
+ * directory that is not empty, and no pre-existing one is touched). `--tensorboard-dir new/a/tb` with a
+ * refused --save had left new/a behind (only tb was removed). */
+static void first_missing(const char *path, char *top, size_t cap) {
+    char buf[4096];
+    size_t n = strlen(path);
+    top[0] = 0;
+    if (n == 0 || n >= sizeof buf) return;
+    memcpy(buf, path, n + 1);
+    for (size_t i = 1; i <= n; i++) /* the prefixes sl_mkdirs creates, in its order */
+        if (buf[i] == '/' || buf[i] == 0) {
+            char c = buf[i];
+            buf[i] = 0;
+            if (access(buf, F_OK) != 0) {
+                snprintf(top, cap, "%s", buf);
+                return;
+            }
+            buf[i] = c;
+        }
+}
+
+/* rmdir path, then each parent up to and including top (a prefix of path; "" : none was made) */
+static void unmake_dirs(const char *path, const char *top) {
+    size_t lt = strlen(top);
+    if (!lt) return;
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    while (strlen(buf) >= lt) {
+        rmdir(buf); /* fails on a non-empty one (not only ours) and on a leaf never made */
+        char *slash = strrchr(buf, '/');
+        while (slash && slash > buf && slash[1] == 0) { /* "a/b/": strip the trailing '/' first */
+            *slash = 0;
+            slash = strrchr(buf, '/');
+        }
+        if (!slash || slash == buf) return;
+        *slash = 0;
+    }
+}
+
 /* The only writes of setup, after every check (Note [Bad input before any write]): the TensorBoard file
  * first (a refused --tensorboard-dir had already made --save and truncated its metrics.jsonl), then --save;
- * a refused --save removes the event file and the TensorBoard dir if this call made it. */
+ * a refused output removes what this call made (Note [A refused output removes what it made]). */
 static sl_status open_outputs(sl_train_job *j) {
     const char *save = j->o.ckpt.save_dir, *tbdir = j->o.log.tensorboard_dir;
     if (!j->rank0) return SL_OK;
-    int tb_made = tbdir && access(tbdir, F_OK) != 0;
-    if (tbdir && sl_tb_writer_open(tbdir, &j->tb) != SL_OK)
-        return sl_train_bad("--tensorboard-dir: %s", sl_errmsg());
+    char tb_top[4096] = "", save_top[4096] = "", mp[4200];
+    if (tbdir) {
+        first_missing(tbdir, tb_top, sizeof tb_top);
+        if (sl_tb_writer_open(tbdir, &j->tb) != SL_OK) {
+            sl_status st = sl_train_bad("--tensorboard-dir: %s", sl_errmsg());
+            unmake_dirs(tbdir, tb_top);
+            return st;
+        }
+    }
     if (!save) return SL_OK;
-    char mp[4096];
     snprintf(mp, sizeof mp, "%s/metrics.jsonl", save);
+    first_missing(save, save_top, sizeof save_top);
     sl_status st = sl_mkdirs(save) != SL_OK ? sl_train_bad("--save: %s", sl_errmsg()) : SL_OK;
     if (st == SL_OK && !(j->metrics = fopen(mp, j->resume ? "a" : "w")))
-        st = sl_train_bad("--save: cannot write %s", mp);
-    if (st != SL_OK && j->tb) {
-        remove(sl_tb_writer_path(j->tb));
-        sl_tb_writer_close(j->tb);
-        j->tb = NULL;
-        if (tb_made) rmdir(tbdir);
+        st = sl_train_bad("--save: cannot write %s: %s", mp, strerror(errno));
+    if (st != SL_OK) {
+        unmake_dirs(save, save_top);
+        if (j->tb) {
+            remove(sl_tb_writer_path(j->tb));
+            sl_tb_writer_close(j->tb);
+            j->tb = NULL;
+            unmake_dirs(tbdir, tb_top);
+        }
     }
     return st;
 }
@@ -735,9 +824,20 @@ sl_status sl_train_job_setup(sl_train_job *j, const sl_train_opts *opts) {
     SL_TRY(setup_comm(j));
     SL_TRY(check_opts(j));
     SL_TRY(open_data(j));
+    cap_eval_iters(j);
     SL_TRY(make_model(j));
     SL_TRY(make_trainer(j));
     SL_TRY(open_outputs(j));
+    /* Note [Notes after the checks]: a run refused in setup prints its one error line only, so the notes
+     * that setup finds wait until every check passed ("note: no checkpoint ..." had preceded the error of
+     * a refused `--load new --save new`) */
+    if (j->out && j->note_fresh) {
+        fprintf(j->out, "note: no checkpoint in %s yet; starting from scratch\n", j->o.ckpt.load_dir);
+        fflush(j->out); /* every rank says it; a killed rank must not lose it */
+    }
+    if (j->out && j->rank0 && j->mesh.dp == 1 && j->o.parallel.zero_stage > 0)
+        fprintf(j->out, "note: --zero-stage %lld has no effect with one data-parallel rank\n",
+                (long long)j->o.parallel.zero_stage);
     if (!j->rank0) j->out = NULL; /* only rank 0 talks */
     const sl_gpt2_config *c = &j->cfg;
     snprintf(

@@ -100,7 +100,9 @@ static sl_status run_read(run *r, const char *dir) {
         } else {
             const cJSON *loss = cJSON_GetObjectItemCaseSensitive(o, "loss");
             const cJSON *step = cJSON_GetObjectItemCaseSensitive(o, "step");
-            if (!cJSON_IsNumber(loss)) {
+            /* an evaluation without a step (Note [No steps to run]): val_loss alone */
+            const cJSON *val = cJSON_GetObjectItemCaseSensitive(o, "val_loss");
+            if (!cJSON_IsNumber(loss) && !(!loss && cJSON_IsNumber(val))) {
                 st = sl_fail(SL_ERR_INVALID, "%s:%d: no numeric \"loss\"", path, lineno);
             } else {
                 double x = cJSON_IsNumber(step) ? step->valuedouble : steps + 1;

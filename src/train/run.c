@@ -146,6 +146,12 @@ static void print_banner(const sl_train_job *j) {
             "activation memory: planned %.1f MiB (naive sum %.1f MiB) | data: %lld train / %lld val tokens\n",
             j->tr.plan.planned_bytes / 1048576.0, j->tr.plan.naive_bytes / 1048576.0,
             (long long)sl_dataset_num_tokens(j->train), (long long)sl_dataset_num_tokens(j->val));
+    if (j->eval_iters_asked) /* Note [Evaluation is at most one pass over the val split] */
+        fprintf(f,
+                "note: --eval-iters %lld is more than one pass over the %lld val tokens; evaluating %lld "
+                "micro-batches of %d x %d (one pass)\n",
+                (long long)j->eval_iters_asked, (long long)sl_dataset_num_tokens(j->val),
+                (long long)j->o.eval.iters, j->B, j->T);
     fflush(f);
     if (j->resume) {
         /* setup: comm, data, model build, the checkpoint's choice, verification and load (bench/ckpt.sh) */
@@ -474,6 +480,33 @@ static sl_status check_time(const sl_train_job *j, double t_start, int *timed_ou
     return SL_OK;
 }
 
+/* Note [No steps to run]
+ * --train-iters 0, or a resume at or past --train-iters, runs no step. The run then reports the val loss
+ * of the weights it started from (fresh, --init-from, --load weights or the checkpoint), as Megatron-LM
+ * still validates at the end: printed in the summary, recorded in metrics.jsonl as {"step": S, "val_loss":
+ * X} with S the start step (no "loss": nothing was trained; suanli plot takes such a line), as TensorBoard's
+ * "lm loss validation" at S, and in the saved config.json's val_loss. "final val loss nan" was printed. */
+static sl_status eval_start_weights(sl_train_job *j, batch_src *vsrc, sl_train_result *r) {
+    float vl;
+    sl_status st = sl_trainer_eval(&j->tr, batch_fn, vsrc, (int)j->o.eval.iters, &vl);
+    if (st != SL_OK) return sl_train_fail(st, "eval: %s", sl_errmsg());
+    double es, eb;
+    sl_tp_take_stats(j->tp, &es, &eb);
+    sl_ep_take_stats(j->tp, &es, &eb);
+    j->no_steps = 1;
+    r->val_loss = vl;
+    if (j->metrics) {
+        fprintf(j->metrics, "{\"step\": %lld, \"val_loss\": %.9g}\n", (long long)j->start_step, vl);
+        fflush(j->metrics);
+    }
+    if (j->tb &&
+        (sl_tb_writer_scalar(j->tb, j->start_step, 0, "lm loss validation", vl) != SL_OK ||
+         sl_tb_writer_flush(j->tb) != SL_OK) &&
+        j->err)
+        fprintf(j->err, "suanli train: tensorboard: %s\n", sl_errmsg());
+    return SL_OK;
+}
+
 static sl_status step_loop(sl_train_job *j, const sl_train_callbacks *cb, sl_train_result *r) {
     const sl_train_opts *o = &j->o;
     batch_src tsrc = {j->train, j->B, j->T, (uint64_t)o->seed},
@@ -529,6 +562,7 @@ static sl_status step_loop(sl_train_job *j, const sl_train_callbacks *cb, sl_tra
     }
     r->steps = step;
     r->seconds = sl_time_sec() - t_start;
+    if (step == j->start_step) SL_TRY(eval_start_weights(j, &vsrc, r));
     return SL_OK;
 }
 
@@ -570,9 +604,23 @@ static sl_status finish(sl_train_job *j, const sl_train_callbacks *cb, const sl_
     if (j->dp &&
         (st = sl_dp_gather_params(j->dp)) != SL_OK) /* ZeRO-3: whole weights for saving and sampling */
         return sl_train_fail(st, "rank %d: gathering parameters: %s", j->mesh.rank, sl_errmsg());
-    if (j->out)
+    if (j->out && j->no_steps) { /* Note [No steps to run] */
+        char why[128];
+        if (j->start_step > 0)
+            snprintf(why, sizeof why, "resumed at step %lld, --train-iters %lld", (long long)j->start_step,
+                     (long long)o->train_iters);
+        else
+            snprintf(why, sizeof why, "--train-iters %lld", (long long)o->train_iters);
+        fprintf(j->out, "no steps to train (%s); val loss %.4f of the %s weights (%lld val micro-batches)\n",
+                why, r->val_loss,
+                j->resume || j->init_from_weights ? "loaded"
+                : o->model.init_from              ? "--init-from"
+                                                  : "initial",
+                (long long)o->eval.iters);
+    } else if (j->out) {
         fprintf(j->out, "trained %lld steps in %.1f s; final val loss %.4f\n", (long long)r->steps,
                 sl_time_sec() - t_start, r->val_loss);
+    }
     sl_model *m = j->m, *whole = NULL;
     if (m->ep > 1) { /* every EP rank's experts (collective over the EP group), then TP shards and stages */
         sl_model *stage = NULL;

@@ -128,8 +128,10 @@ sl_status sl_tb_writer_open(const char *dir, sl_tb_writer **out) {
     pb_len(&ev, 3, "brain.Event:2", 13);
     sl_status st = write_record(w, &ev);
     if (st == SL_OK) st = sl_tb_writer_flush(w);
-    if (st != SL_OK) {
-        sl_tb_writer_close(w);
+    if (st != SL_OK) { /* no half-written event file left behind */
+        fclose(w->f);
+        remove(w->path);
+        free(w);
         return st;
     }
     *out = w;

@@ -38,12 +38,15 @@ typedef struct sl_train_job {
     int64_t moe_E;
     int moe_chunk_nl[SL_PIPE_MAX_CHUNKS]; /* under PP: the biased layers of each model chunk of this stage */
     int B, T, accum;
+    int64_t eval_iters_asked; /* --eval-iters when capped to one pass over the val split, else 0 */
 
     /* where the run starts: a checkpoint (resume) or the weights in load_dir/model.safetensors */
     int resume, init_from_weights;
+    int note_fresh;    /* --load == --save without a checkpoint yet: a fresh start, noted after setup */
     int ckpt_verified; /* find_start verified ckdir's checksums (the load skips them) */
     char ckdir[4096], wpath[4200];
     int64_t start_step;
+    int no_steps; /* the step loop ran no step (start_step >= train_iters): val loss of the start weights */
     double resume_seconds;
     double setup_t0, setup_cpu0; /* sl_time_sec() and process CPU seconds when setup began */
 

@@ -1,6 +1,8 @@
 /* The CLI end to end: a tiny training run (files, metrics, generate) and every bad-input path of
  * `suanli train`: one line naming the problem, exit status 2, no crash, nothing half-written. */
 #include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -158,6 +160,69 @@ static void test_bad_input(void) {
     snprintf(cmd, sizeof cmd, "%s/tbnever", dir);
     TU_CHECK(rc == 2 && one_line() && strstr(out, "--save") && !exists(cmd),
              "refused --save with --tensorboard-dir: rc %d, %s left: %d: %s", rc, cmd, exists(cmd), out);
+    /* Note [A refused output removes what it made]: the directories a refused run had made (mkdir -p)
+     * stayed: tbnew/a of a --tensorboard-dir before a refused --save (only its leaf was removed), and the
+     * parents made before a component too long to create (ENAMETOOLONG) of --save or --tensorboard-dir;
+     * now none is left (made then removed: the test dir's mtime changes, so not bad()) */
+    {
+        char longc[300];
+        memset(longc, 'a', 299);
+        longc[299] = 0;
+        const char *what[] = {"--tensorboard-dir tbnew/a/b before a refused --save",
+                              "--save savenew/<299 chars>", "--tensorboard-dir tbnew2/<299 chars>"};
+        const char *left[] = {"tbnew", "savenew", "tbnew2"};
+        for (int k = 0; k < 3; k++) {
+            if (k == 0)
+                rc = run("train --data-path %s " TINY " --train-iters 1 --tensorboard-dir %s/tbnew/a/b "
+                         "--save %s/run1/metrics.jsonl/x",
+                         data, dir, dir);
+            else if (k == 1)
+                rc = run("train --data-path %s " TINY " --train-iters 1 --save %s/savenew/%s", data, dir,
+                         longc);
+            else
+                rc = run("train --data-path %s " TINY
+                         " --train-iters 1 --save %s/never --tensorboard-dir %s/tbnew2/%s",
+                         data, dir, dir, longc);
+            snprintf(cmd, sizeof cmd, "%s/%s", dir, left[k]);
+            TU_CHECK(rc == 2 && one_line() && strstr(out, k == 2 ? "--tensorboard-dir" : "--save") &&
+                         !exists(cmd),
+                     "%s: rc %d, %s left: %d: %s", what[k], rc, cmd, exists(cmd), out);
+        }
+        snprintf(cmd, sizeof cmd, "%s/never", dir);
+        TU_CHECK(!exists(cmd), "refused --tensorboard-dir left --save %s", cmd);
+        /* an event file whose first record cannot be written (a file size limit of 0: EFBIG, SIGXFSZ
+         * ignored) stayed, empty, and so did its directory */
+        rc = tu_runf(out, sizeof out, "trap '' XFSZ; ulimit -f 0;",
+                     "%s train --data-path %s " TINY " --train-iters 1 --tensorboard-dir %s/tbfull", tu_cli(),
+                     data, dir);
+        snprintf(cmd, sizeof cmd, "%s/tbfull", dir);
+        TU_CHECK(rc == 2 && one_line() && strstr(out, "--tensorboard-dir") && !exists(cmd),
+                 "event file not writable: rc %d, %s left: %d: %s", rc, cmd, exists(cmd), out);
+    }
+    /* Note [Notes after the checks]: the notes setup finds ("no checkpoint in X yet", "--zero-stage has no
+     * effect") came before the error line of a run refused later in setup: two lines */
+    bad("fresh --load = --save, then a vocab mismatch", "vocab",
+        run("train --data-path %s " TINY " --vocab-size 300 --load %s/never --save %s/never", data, dir,
+            dir));
+    bad("--zero-stage note, then a refused --save", "--save",
+        run("train --data-path %s " TINY " --zero-stage 1 --save %s/run1/metrics.jsonl/x", data, dir));
+    rc = run("train --data-path %s " TINY " --train-iters 1 --eval-iters 1 --zero-stage 1 --load %s/fresh "
+             "--save %s/fresh",
+             data, dir, dir);
+    TU_CHECK(rc == 0 && strstr(out, "note: no checkpoint in") &&
+                 strstr(out, "note: --zero-stage 1 has no effect"),
+             "the notes of an accepted run: rc %d: %s", rc, out);
+    /* --save naming a checkpoint step dir nested step-0000004 inside step-0000002 and wrote the final
+     * weights and metrics.jsonl into it (Note [--save is a run directory]); refused, naming the run dir */
+    rc = run("train --data-path %s " TINY " --train-iters 2 --save-interval 2 --eval-iters 1 --save %s/ck",
+             data, dir);
+    TU_CHECK(rc == 0, "checkpointed run: %s", out);
+    snprintf(cmd, sizeof cmd, "--save %s/ck)", dir);
+    bad("--save is a step dir", cmd,
+        run("train --data-path %s " TINY " --train-iters 4 --save-interval 2 --eval-iters 1 "
+            "--load %s/ck/step-0000002 --save %s/ck/step-0000002",
+            data, dir, dir));
+    TU_CHECK(strstr(out, "is a checkpoint step directory"), "--save is a step dir: %s", out);
     /* corrupt shards: truncated, foreign */
     char cp[2048];
     snprintf(cp, sizeof cp, "cp -r %s %s/trunc && truncate -s 20 %s/trunc/train_000.bin", data, dir, dir);
@@ -258,6 +323,41 @@ int main(void) {
     }
     free(mtext);
     TU_CHECK(nlines == 6 && nval == 2, "metrics: %d lines, %d with val_loss", nlines, nval);
+    /* --train-iters 0 printed "final val loss nan" (Note [No steps to run]): now the val loss of the initial
+     * weights, the same number in metrics.jsonl (an eval-only line) and config.json; suanli plot takes it */
+    rc = run("train --data-path %s " TINY " --train-iters 0 --eval-iters 2 --save %s/run0 --threads 2", data,
+             dir);
+    double v0 = -1;
+    const char *nl = strstr(out, "no steps to train (--train-iters 0); val loss ");
+    TU_CHECK(rc == 0 && nl && sscanf(nl, "no steps to train (--train-iters 0); val loss %lf", &v0) == 1 &&
+                 v0 > 1 && v0 < 10 && !strstr(out, "nan"),
+             "--train-iters 0: rc %d: %s", rc, out);
+    snprintf(mp, sizeof mp, "%s/run0/metrics.jsonl", dir);
+    TU_CHECK(sl_file_read_all(mp, &mtext, &mlen) == SL_OK, "read %s", mp);
+    {
+        cJSON *o = mtext ? cJSON_Parse(mtext) : NULL;
+        const cJSON *st = cJSON_GetObjectItem(o, "step"), *vl = cJSON_GetObjectItem(o, "val_loss");
+        TU_CHECK(o && cJSON_IsNumber(st) && st->valuedouble == 0 && cJSON_IsNumber(vl) &&
+                     fabs(vl->valuedouble - v0) < 1e-4 && !cJSON_GetObjectItem(o, "loss") &&
+                     strchr(mtext, '\n') == mtext + mlen - 1,
+                 "--train-iters 0: metrics.jsonl: %s", mtext ? mtext : "(none)");
+        cJSON_Delete(o);
+        free(mtext);
+        mtext = NULL;
+    }
+    snprintf(mp, sizeof mp, "%s/run0/config.json", dir);
+    TU_CHECK(sl_file_read_all(mp, &mtext, &mlen) == SL_OK, "read %s", mp);
+    {
+        cJSON *o = mtext ? cJSON_Parse(mtext) : NULL;
+        const cJSON *vl = cJSON_GetObjectItem(cJSON_GetObjectItem(o, "train"), "val_loss");
+        TU_CHECK(cJSON_IsNumber(vl) && fabs(vl->valuedouble - v0) < 1e-4, "--train-iters 0: config.json: %s",
+                 mtext ? mtext : "(none)");
+        cJSON_Delete(o);
+        free(mtext);
+        mtext = NULL;
+    }
+    rc = run("plot %s/run0", dir);
+    TU_CHECK(rc == 0, "plot of a --train-iters 0 run: %s", out);
     rc = run("generate --load %s/run1 --prompt ROMEO --max-new-tokens 12 --temperature 0", dir);
     TU_CHECK(rc == 0 && strncmp(out, "ROMEO", 5) == 0, "generate: %s", out);
     /* dropout (issue 20): trains with both flags; out-of-range probabilities are bad input, before any write
@@ -297,6 +397,26 @@ int main(void) {
     *strstr(first, " | lr") = 0;
     run("train --data-path %s " TINY " --train-iters 3 --eval-interval 0 --eval-iters 1 --threads 2", data);
     TU_CHECK(strstr(out, first) != NULL, "same seed, same loss: '%s' vs %s", first, out);
+    /* --eval-iters 1000000 over the 2000-token val split ran 1e6 forwards per evaluation; capped at one pass,
+     * ceil(1999 / (2 x 16)) = 63 micro-batches, with a one-line note; the same val loss as --eval-iters 63
+     * (Note [Evaluation is at most one pass over the val split]) */
+    {
+        char capped[256] = "", pass[256] = "";
+        rc = tu_runf(out, sizeof out, "timeout 60",
+                     "%s train --data-path %s " TINY " --train-iters 1 --eval-iters 1000000 --threads 2",
+                     tu_cli(), data);
+        const char *v = strstr(out, "final val loss");
+        if (v) snprintf(capped, sizeof capped, "%.*s", (int)strcspn(v, "\n"), v);
+        TU_CHECK(rc == 0 && v &&
+                     strstr(out, "note: --eval-iters 1000000 is more than one pass over the 2000 "
+                                 "val tokens; evaluating 63 micro-batches of 2 x 16 (one pass)"),
+                 "--eval-iters 1000000: rc %d: %s", rc, out);
+        rc = run("train --data-path %s " TINY " --train-iters 1 --eval-iters 63 --threads 2", data);
+        v = strstr(out, "final val loss");
+        if (v) snprintf(pass, sizeof pass, "%.*s", (int)strcspn(v, "\n"), v);
+        TU_CHECK(rc == 0 && v && !strcmp(capped, pass) && !strstr(out, "note: --eval-iters"),
+                 "--eval-iters 63: rc %d, '%s' vs capped '%s': %s", rc, pass, capped, out);
+    }
     /* a config file gives the same run */
     char cfgp[700];
     snprintf(cfgp, sizeof cfgp, "%s/cfg.json", dir);

@@ -129,6 +129,17 @@ int main(void) {
     TU_CHECK(same_weights(full, part),
              "final weights of the resumed run equal the uninterrupted run's bitwise");
 
+    /* resumed at step 6 of --train-iters 6: no step to run; the result's val loss was NaN, now the loaded
+     * weights' (Note [No steps to run]): eval step i draws val batch i, so bitwise the step-6 evaluation's */
+    ob = (observer){0};
+    sl_train_result rd;
+    st = sl_train_run(&o, &cb, &rd);
+    TU_CHECK(st == SL_OK && rd.resumed_step == 6 && rd.steps == 6 && ob.steps_seen == 0,
+             "no-step resume: %s, resumed at %lld, steps %lld, seen %d", st == SL_OK ? "ok" : sl_errmsg(),
+             (long long)rd.resumed_step, (long long)rd.steps, ob.steps_seen);
+    TU_CHECK(memcmp(&rd.val_loss, &ra.val_loss, sizeof ra.val_loss) == 0,
+             "no-step resume: val loss %.9g, the step-6 evaluation's %.9g", rd.val_loss, ra.val_loss);
+
     /* bad input: a missing data path is SL_ERR_INVALID, names the path, and nothing is written */
     char missing[700], never[700];
     snprintf(missing, sizeof missing, "%s/no-such-data", dir);
