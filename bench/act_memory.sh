@@ -9,13 +9,17 @@
 # Usage: bench/act_memory.sh [T]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+me=act_memory.sh; . bench/lib.sh
+[ $# -le 1 ] || { echo "usage: $0 [T]" >&2; exit 2; }
 T=${1:-1024}
+posint T "$T"
 S=./build/suanli
+need_bin "$S"
 args="--plan-only --micro-batch-size 1 --seq-length $T --threads 1"
 out=$(mktemp /tmp/suanli-actmem-XXXXXX)
-trap 'rm -f "$out"' EXIT
+trap 'rm -f "$out" "$out.err"' EXIT
 echo "# load before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-plan() { "$@" 2>/dev/null | sed 's/^\[0\] //' | grep '"train_plan"' | head -1 >>"$out"; }
+plan() { "$@" 2>"$out.err" | sed 's/^\[0\] //' | grep '^{"bench": "train_plan"' | head -1 >>"$out" || fail_log "$out.err" "$@"; }
 plan $S bench train $args
 plan $S run -n 2 -- $S bench train $args --tensor-model-parallel-size 2
 plan $S run -n 2 -- $S bench train $args --tensor-model-parallel-size 2 --sequence-parallel

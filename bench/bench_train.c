@@ -38,9 +38,11 @@ static sl_status synth_batch(void *u, int64_t step, int micro, int32_t *ids, int
 /* --busy: a neighbour process that spins on one core until killed (and dies with us) */
 static pid_t start_neighbour(void) {
     fflush(NULL);
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(0); /* the parent died before prctl: no one would kill us */
         volatile unsigned long x = 0;
         for (;;) x++;
     }

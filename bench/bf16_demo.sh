@@ -6,18 +6,20 @@
 # Usage: bench/bf16_demo.sh [--json] [--steps N] [--threads T]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+me=bf16_demo.sh; . bench/lib.sh
 json=0; steps=200; threads=2
 while [ $# -gt 0 ]; do
   case "$1" in
     --json) json=1;;
-    --steps) steps=$2; shift;;
-    --threads) threads=$2; shift;;
+    --steps) need "$@"; steps=$2; shift;;
+    --threads) need "$@"; threads=$2; shift;;
     *) echo "usage: $0 [--json] [--steps N] [--threads T]" >&2; exit 2;;
   esac
   shift
 done
+posint --steps "$steps"; posint --threads "$threads"
 S=./build/suanli
-[ -x "$S" ] || { echo "bf16_demo.sh: build first (cmake -S . -B build && cmake --build build)" >&2; exit 2; }
+need_bin "$S"
 work=$(mktemp -d /tmp/suanli-bench-bf16-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 $S data prepare --input data/tinyshakespeare.txt --output-prefix "$work/data" --tokenizer-type byte >/dev/null

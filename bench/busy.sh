@@ -7,12 +7,14 @@
 # tokens/s and its ratio to 1 thread.
 # Usage: bench/busy.sh [--small] [--steps N] [--repeat R] [--quiet]   (--quiet: also the runs without --busy)
 set -euo pipefail
+S=$(realpath -m -- "${SUANLI_BIN:-$(dirname "$0")/../build/suanli}") # SUANLI_BIN: another build to compare
 cd "$(dirname "$0")/.."
+me=busy.sh; . bench/lib.sh
 steps=""; model=""; repeat=3; quiet=0; small=0
 while [ $# -gt 0 ]; do
     case "$1" in
-        --steps) steps="$2"; shift 2;;
-        --repeat) repeat="$2"; shift 2;;
+        --steps) need "$@"; steps="$2"; shift 2;;
+        --repeat) need "$@"; repeat="$2"; shift 2;;
         --small) small=1; shift;;
         --quiet) quiet=1; shift;;
         *) echo "usage: $0 [--small] [--steps N] [--repeat R] [--quiet]" >&2; exit 2;;
@@ -25,13 +27,15 @@ else
     model="--warmup 1"
     steps=${steps:-8}
 fi
-S=${SUANLI_BIN:-./build/suanli} # SUANLI_BIN: another build to compare
+posint --steps "$steps"; posint --repeat "$repeat"
+need_bin "$S"
 out=$(mktemp /tmp/suanli-bench-busy-XXXXXX)
-trap 'rm -f "$out"' EXIT
+trap 'rm -f "$out" "$out.err"' EXIT
 echo "# $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), load before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 run() {
     local tag="$1"; shift
-    $S bench train $model --steps "$steps" --json "$@" 2>/dev/null | grep '^{' | sed "s/^{/{\"config\": \"$tag\", /" | tee -a "$out"
+    "$S" bench train $model --steps "$steps" --json "$@" 2>"$out.err" | grep '^{' | sed "s/^{/{\"config\": \"$tag\", /" |
+        tee -a "$out" || fail_log "$out.err" "$S" bench train $model --steps "$steps" --json "$@"
 }
 for _ in $(seq "$repeat"); do
     run 1-busy --threads 1 --busy

@@ -4,11 +4,14 @@
 # Usage: bench/ckpt.sh [--json] [--small]   (--small: a 4-layer model instead of GPT-2 124M)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+me=ckpt.sh; . bench/lib.sh
 json=0; small=0
 for a in "$@"; do case "$a" in --json) json=1;; --small) small=1;; *) echo "usage: $0 [--json] [--small]" >&2; exit 2;; esac; done
 S=./build/suanli
+need_bin "$S"
 work=$(mktemp -d /tmp/suanli-bench-ckpt-XXXXXX)
-trap 'rm -rf "$work"' EXIT
+# a failed step shows the runs' logs before the work dir goes
+trap 'rc=$?; [ $rc = 0 ] || { echo "ckpt.sh: failed (exit $rc)" >&2; for f in "$work"/*.log; do [ -f "$f" ] && tail -n 10 "$f" >&2; done; }; rm -rf "$work"' EXIT
 # synthetic-vocab data: GPT-2 124M needs V=50257, so use a BPE corpus is not enough; use byte data with a
 # 50257-entry model would mismatch. We benchmark with the byte corpus and the 124M body (V=256) unless --small.
 $S data prepare --input data/tinyshakespeare.txt --output-prefix "$work/data" --tokenizer-type byte >/dev/null
@@ -42,6 +45,8 @@ t_kill=$(grep -m1 'killing myself' "$rlog" | awk '{print $1}')
 t_detect=$(grep -m1 'restarting (1 of 1)' "$rlog" | awk '{print $1}')
 t_resumed=$(grep -m1 'resumed from' "$rlog" | awk '{print $1}')
 t_back=$(awk '/resumed from/ {r=1} r && / step [0-9]+\/7 / {print $1; exit}' "$rlog")
+[ -n "$t_kill" ] && [ -n "$t_detect" ] && [ -n "$t_resumed" ] && [ -n "$t_back" ] ||
+  { echo "ckpt.sh: the kill -9 run has no kill, restart, resume or resumed step line" >&2; exit 1; }
 # "resumed from DIR at step N (LOAD s; setup WALL s, CPU CPU s)": the restarted rank's own view
 res=$(grep -m1 -o 'resumed from .*' "$rlog" | grep -o '([0-9.]* s; setup [0-9.]* s, [0-9.]* CPU s)' | tr -d '(),;')
 load_s=$(echo "$res" | awk '{print $1}'); setup_s=$(echo "$res" | awk '{print $4}'); setup_cpu_s=$(echo "$res" | awk '{print $6}')

@@ -13,6 +13,8 @@ cd "$(dirname "$0")/.."
 json=0; small=0
 for a in "$@"; do case "$a" in --json) json=1;; --small) small=1;; *) echo "usage: $0 [--json] [--small]" >&2; exit 2;; esac; done
 S=./build/suanli
+me=ckpt_pool.sh; . bench/lib.sh
+need_bin "$S"
 work=$(mktemp -d /tmp/suanli-bench-pool-XXXXXX)
 trap 'rc=$?; [ $rc = 0 ] || { echo "ckpt_pool.sh: failed (rc $rc); logs:" >&2; tail -n 5 "$work"/*.log >&2; }; rm -rf "$work"' EXIT
 $S data prepare --input data/tinyshakespeare.txt --output-prefix "$work/data" --tokenizer-type byte >/dev/null
@@ -58,6 +60,7 @@ for mode in "replicas 2:2:--ckpt-replicas 2" "ec 2+1:3:--ckpt-ec 2+1"; do
     | while IFS= read -r line; do printf '%s %s\n' "$(date +%s.%N)" "$line"; done >"$rlog"
   t_kill=$(grep -m1 'killing myself' "$rlog" | awk '{print $1}')
   t_back=$(awk '/resumed from/ {r=1} r && / step [0-9]+\/7 / {print $1; exit}' "$rlog")
+  [ -n "$t_kill" ] && [ -n "$t_back" ] || { echo "ckpt_pool.sh: $name: the kill -9 run has no kill or resumed step line" >&2; exit 1; }
   recover_s=$(awk -v a="$t_kill" -v b="$t_back" 'BEGIN {printf "%.2f", b - a}')
   stall_pct=$(awk -v s="$stall_ms" -v t="$step_ms" 'BEGIN {printf "%.2f", 100 * s / t}')
   commit_pct=$(awk -v s="$commit_ms" -v t="$step_ms" 'BEGIN {printf "%.2f", 100 * s / t}')

@@ -16,7 +16,14 @@
 # MODES="replicas ec" (the default) picks the modes.
 # usage: [DELAY=US] [MODES=replicas|ec] bench/ckpt_pool_net.sh SUANLI_CLI [RATE [small|124m [STEPS [SAVE_EVERY]]]]   (root)
 set -u
+usage() { echo "ckpt_pool_net.sh: $*; usage: [DELAY=US] [MODES=replicas|ec] bash bench/ckpt_pool_net.sh SUANLI_CLI [RATE [small|124m [STEPS [SAVE_EVERY]]]]" >&2; exit 2; }
+[ $# -ge 1 ] && [ $# -le 5 ] || usage "wrong number of arguments"
+[ -f "$1" ] && [ -x "$1" ] || usage "SUANLI_CLI '$1' is not an executable"
 CLI=$(readlink -f "$1"); RATE=${2:-1gbit}; SIZE=${3:-small}; STEPS=${4:-8}; EVERY=${5:-2}; DELAY=${DELAY:-}
+[ "$SIZE" = small ] || [ "$SIZE" = 124m ] || usage "the size '$SIZE' is not small or 124m"
+[[ $STEPS =~ ^[1-9][0-9]*$ ]] || usage "STEPS '$STEPS' is not a positive integer"
+[[ $EVERY =~ ^[1-9][0-9]*$ ]] && [ "$EVERY" -le "$STEPS" ] || usage "SAVE_EVERY '$EVERY' is not a positive integer <= STEPS"
+for m in ${MODES:-replicas ec}; do [ "$m" = replicas ] || [ "$m" = ec ] || usage "MODES: '$m' is not replicas or ec"; done
 HERE=$(cd "$(dirname "$0")" && pwd)
 export NC_DELAYLINE=${NC_DELAYLINE:-$(dirname "$CLI")/tests/comm/sl_delayline}
 . "$HERE/../tests/comm/netns_cluster.sh"
@@ -40,18 +47,19 @@ hosts_run() {
     pids="$pids $!"
   done
   nc_exec 0 env SUANLI_MEM_CKPT_DIR= timeout 600 "$CLI" run -n 1 --nnodes $n --node-rank 0 --master $(nc_addr 0):$port -- \
-    "$CLI" train "$@" > "$W/$name.h0" 2>&1 || { tail -n 15 "$W/$name".h*; echo "FAIL: $name"; exit 1; }
-  for p in $pids; do wait $p || { tail -n 15 "$W/$name".h*; echo "FAIL: $name (a host)"; exit 1; }; done
+    "$CLI" train "$@" > "$W/$name.h0" 2>&1 || { tail -n 15 "$W/$name".h* >&2; echo "FAIL: $name" >&2; exit 1; }
+  for p in $pids; do wait $p || { tail -n 15 "$W/$name".h* >&2; echo "FAIL: $name (a host)" >&2; exit 1; }; done
 }
 for mode in "replicas 2:2:--ckpt-replicas 2" "ec 2+1:3:--ckpt-ec 2+1"; do
   name=${mode%%:*}; rest=${mode#*:}; n=${rest%%:*}; flags=${rest#*:}
   case " ${MODES:-replicas ec} " in *" ${name%% *} "*) ;; *) continue ;; esac
   nc_setup $n "$RATE" $DELAY || exit 1
   M=$(nc_addr 0)
-  nc_exec 1 "$CLI" run -n 1 --nnodes 2 --node-rank 1 --master $M:29500 -- "$CLI" bench comm --colls all_reduce --json --reps 3 --min-bytes 16M --max-bytes 16M > /dev/null 2>&1 &
-  link=$(nc_exec 0 "$CLI" run -n 1 --nnodes 2 --node-rank 0 --master $M:29500 -- "$CLI" bench comm --colls all_reduce --json --reps 3 --min-bytes 16M --max-bytes 16M 2>/dev/null |
+  nc_exec 1 "$CLI" run -n 1 --nnodes 2 --node-rank 1 --master $M:29500 -- "$CLI" bench comm --colls all_reduce --json --reps 3 --min-bytes 16M --max-bytes 16M > "$W/link.h1" 2>&1 &
+  p1=$!
+  link=$(nc_exec 0 "$CLI" run -n 1 --nnodes 2 --node-rank 0 --master $M:29500 -- "$CLI" bench comm --colls all_reduce --json --reps 3 --min-bytes 16M --max-bytes 16M 2>"$W/link.h0" |
     grep -o '"bytes":16777216,"time_us":[0-9.]*' | awk -F: '{printf "%.1f", 16777216 / $3}')
-  wait
+  wait $p1 && [ -n "$link" ] || { tail -n 10 "$W"/link.h* >&2; echo "FAIL: the link measurement" >&2; exit 1; }
   common=(--data-path "$W/data" $model --seq-length 64 --micro-batch-size 4 --global-batch-size $((4 * n)) --zero-stage 1
           --eval-interval 0 --eval-iters 1 --threads 1 --save-interval $EVERY $flags)
   tag=$(echo "$name" | tr -cd 'a-z0-9')

@@ -7,8 +7,8 @@ A/B (before/after) shares the machine's slow and fast spells.
   python3 bench/comm_ratio.py -n 2 --launches 5 [--bench before=OLD/sl_bench_comm --bench after=build/...] \\
       -- --colls all_gather,all_to_allv --window --min-bytes 64K --max-bytes 64M
 
-Everything after `--` goes to the benchmark (default binary: build/tests/comm/sl_bench_comm)."""
-import argparse, json, os, statistics, subprocess, time
+Everything after `--` goes to the benchmark (default binary: build/tests/comm/sl_bench_comm of this tree)."""
+import argparse, json, os, shutil, statistics, subprocess, time
 
 ap = argparse.ArgumentParser()
 ap.add_argument("-n", type=int, default=2)
@@ -19,8 +19,17 @@ ap.add_argument("--colls-for", action="append", default=[],
                 help="label=LIST: --colls for that binary (e.g. an older one without all_to_allv)")
 ap.add_argument("rest", nargs=argparse.REMAINDER)
 a = ap.parse_args()
+if a.n < 1 or a.launches < 1:
+    ap.error("-n and --launches must be at least 1")
+if not shutil.which("mpirun"):
+    ap.error("no mpirun on PATH (OpenMPI)")
 rest = [x for x in a.rest if x != "--"]
-benches = [b.split("=", 1) if "=" in b else [b, b] for b in (a.bench or ["build/tests/comm/sl_bench_comm"])]
+default = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build/tests/comm/sl_bench_comm"))
+benches = ([b.split("=", 1) if "=" in b else [b, b] for b in a.bench] if a.bench
+           else [["build/tests/comm/sl_bench_comm", default]])
+for lab, path in benches:
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        ap.error(f"--bench {lab}: {path}: no such executable")
 env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 rows = {lab: {} for lab, _ in benches}
 used = {}

@@ -8,20 +8,28 @@
 # configuration alike), and the summary uses each configuration's median.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+me=dp.sh; . bench/lib.sh
 steps=5; model=""; repeat=1
 while [ $# -gt 0 ]; do
     case "$1" in
-        --steps) steps="$2"; shift 2;;
-        --repeat) repeat="$2"; shift 2;;
+        --steps) need "$@"; steps="$2"; shift 2;;
+        --repeat) need "$@"; repeat="$2"; shift 2;;
         --small) model="--num-layers 4 --hidden-size 256 --num-attention-heads 4"; shift;;
         *) echo "usage: $0 [--steps N] [--repeat R] [--small]" >&2; exit 2;;
     esac
 done
+posint --steps "$steps"; posint --repeat "$repeat"
 S=./build/suanli
+need_bin "$S"
 out=$(mktemp /tmp/suanli-bench-dp-XXXXXX)
-trap 'rm -f "$out"' EXIT
+trap 'rm -f "$out" "$out.err"' EXIT
 echo "# load before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-run() { "$@" --steps "$steps" --json 2>/dev/null | sed 's/^\[0\] //' | grep '^{' | tee -a "$out"; }
+# run CMD...: its JSON records (rank 0's) to stdout and $out; a run that fails or prints none stops the script
+# with its stderr
+run() {
+    "$@" --steps "$steps" --json 2>"$out.err" | sed 's/^\[0\] //' | grep '^{' | tee -a "$out" ||
+        fail_log "$out.err" "$@" --steps "$steps" --json
+}
 for _ in $(seq "$repeat"); do
     run $S bench train $model --threads 2
     run $S bench train $model --threads 2 --accum 2

@@ -6,8 +6,10 @@
 # Decode against the memory bandwidth without files: `suanli bench generate --size 7b|1b|small --json`
 # (bench/bench_generate.c; 1b when memory is short).
 set -euo pipefail
+[ $# -le 1 ] || { echo "usage: $0 [DIR]" >&2; exit 2; }
+dir=$(realpath -m -- "${1:-/tmp/suanli-llama7b}")  # before the cd: DIR may be relative to the caller's cwd
 cd "$(dirname "$0")/.."
-dir=${1:-/tmp/suanli-llama7b}
+[ -x build/suanli ] || { echo "llama7b_bf16.sh: build/suanli: no such executable (build first)" >&2; exit 2; }
 if [ ! -f "$dir/model.safetensors.index.json" ]; then
 python3 - "$dir" <<'PY'
 import json, os, sys
@@ -41,9 +43,16 @@ for k, grp in enumerate(groups):
     save_file(t, os.path.join(d, f), metadata={"format": "pt"})
     for key in t: wm[key] = f
     print("wrote", f, flush=True)
-json.dump({"metadata": {}, "weight_map": wm}, open(os.path.join(d, "model.safetensors.index.json"), "w"))
+# the index last and whole (written aside, then renamed): the script's check for a finished model
+json.dump({"metadata": {}, "weight_map": wm}, open(os.path.join(d, "index.tmp"), "w"))
+os.replace(os.path.join(d, "index.tmp"), os.path.join(d, "model.safetensors.index.json"))
 PY
 fi
 du -sh "$dir"
+log=$(mktemp /tmp/suanli-llama7b-log-XXXXXX)
+trap 'rm -f "$log"' EXIT
+rc=0
 /usr/bin/time -v ./build/suanli generate --model "$dir" --dtype bf16 --prompt-ids 1,450,4996,17354 --max-new-tokens 3 \
-  --temperature 0 --threads 2 2>&1 | grep -E "tokens/s|Maximum resident|Elapsed|error|suanli" || true
+  --temperature 0 --threads 2 >"$log" 2>&1 || rc=$?
+grep -E "tokens/s|Maximum resident|Elapsed|error|suanli" "$log" || true
+[ $rc = 0 ] || { echo "llama7b_bf16.sh: suanli generate failed (exit $rc)" >&2; exit 1; }

@@ -8,20 +8,26 @@
 # Usage: bench/moe_ep.sh [--steps N] [--repeat R] [--capacity CF]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+me=moe_ep.sh; . bench/lib.sh
 steps=6; repeat=1; cap=0
 while [ $# -gt 0 ]; do
     case "$1" in
-        --steps) steps="$2"; shift 2;;
-        --repeat) repeat="$2"; shift 2;;
-        --capacity) cap="$2"; shift 2;;
+        --steps) need "$@"; steps="$2"; shift 2;;
+        --repeat) need "$@"; repeat="$2"; shift 2;;
+        --capacity) need "$@"; cap="$2"; shift 2;;
         *) echo "usage: $0 [--steps N] [--repeat R] [--capacity CF]" >&2; exit 2;;
     esac
 done
+posint --steps "$steps"; posint --repeat "$repeat"
 S=./build/suanli
+need_bin "$S"
 out=$(mktemp /tmp/suanli-bench-moe-XXXXXX)
-trap 'rm -f "$out"' EXIT
+trap 'rm -f "$out" "$out.err"' EXIT
 echo "# load before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-run() { "$@" --steps "$steps" --moe-capacity-factor "$cap" --json 2>/dev/null | sed 's/^\[0\] //' | grep '^{' | tee -a "$out"; }
+run() {
+    "$@" --steps "$steps" --moe-capacity-factor "$cap" --json 2>"$out.err" | sed 's/^\[0\] //' | grep '^{' | tee -a "$out" ||
+        fail_log "$out.err" "$@" --steps "$steps" --moe-capacity-factor "$cap" --json
+}
 for _ in $(seq "$repeat"); do
     run $S bench moe --threads 2 --micro-batch-size 8
     run $S run -n 2 -- $S bench moe --threads 1 --ep 1

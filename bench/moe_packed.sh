@@ -9,24 +9,28 @@
 # Usage: bench/moe_packed.sh [--steps N] [--repeat R]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+me=moe_packed.sh; . bench/lib.sh
 steps=4; repeat=2
 while [ $# -gt 0 ]; do
     case "$1" in
-        --steps) steps="$2"; shift 2;;
-        --repeat) repeat="$2"; shift 2;;
+        --steps) need "$@"; steps="$2"; shift 2;;
+        --repeat) need "$@"; repeat="$2"; shift 2;;
         *) echo "usage: $0 [--steps N] [--repeat R]" >&2; exit 2;;
     esac
 done
+posint --steps "$steps"; posint --repeat "$repeat"
 S=./build/suanli
+need_bin "$S"
 out=$(mktemp /tmp/suanli-bench-moe-packed-XXXXXX)
-trap 'rm -f "$out"' EXIT
+trap 'rm -f "$out" "$out.err"' EXIT
 echo "# load before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 fine="--num-experts 32 --moe-router-topk 4 --moe-ffn-hidden-size 128 --seq-length 256"
 run() { # name packed cmd...
     local name="$1" p="$2"
     shift 2
-    SUANLI_MOE_PACKED="$p" "$@" --steps "$steps" --warmup 1 --json 2>/dev/null | sed 's/^\[0\] //' |
-        grep '^{' | sed "s/^{/{\"config\": \"$name\", /" | tee -a "$out"
+    SUANLI_MOE_PACKED="$p" "$@" --steps "$steps" --warmup 1 --json 2>"$out.err" | sed 's/^\[0\] //' |
+        grep '^{' | sed "s/^{/{\"config\": \"$name\", /" | tee -a "$out" ||
+        fail_log "$out.err" SUANLI_MOE_PACKED="$p" "$@" --steps "$steps" --warmup 1 --json
 }
 for _ in $(seq "$repeat"); do
     for p in 1 0; do

@@ -14,21 +14,27 @@
 # however many cores the host has: on 2 cores it measures oversubscription as much as the layout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+me=parallel.sh; . bench/lib.sh
 steps=5; model=""; repeat=1; pponly=0
 while [ $# -gt 0 ]; do
     case "$1" in
-        --steps) steps="$2"; shift 2;;
-        --repeat) repeat="$2"; shift 2;;
+        --steps) need "$@"; steps="$2"; shift 2;;
+        --repeat) need "$@"; repeat="$2"; shift 2;;
         --small) model="--num-layers 4 --hidden-size 256 --num-attention-heads 4"; shift;;
         --pp-only) pponly=1; shift;;
         *) echo "usage: $0 [--steps N] [--repeat R] [--small] [--pp-only]" >&2; exit 2;;
     esac
 done
+posint --steps "$steps"; posint --repeat "$repeat"
 S=./build/suanli
+need_bin "$S"
 out=$(mktemp /tmp/suanli-bench-par-XXXXXX)
-trap 'rm -f "$out"' EXIT
+trap 'rm -f "$out" "$out.err"' EXIT
 echo "# load before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-run() { "$@" --steps "$steps" --json 2>/dev/null | sed 's/^\[0\] //' | grep '"bench": "train"' | head -1 | tee -a "$out"; }
+run() {
+    "$@" --steps "$steps" --json 2>"$out.err" | sed 's/^\[0\] //' | grep '^{"bench": "train"' | head -1 | tee -a "$out" ||
+        fail_log "$out.err" "$@" --steps "$steps" --json
+}
 for _ in $(seq "$repeat"); do
     run $S bench train $model --threads 2 --accum 4
     [ "$pponly" = 1 ] || run $S run -n 2 -- $S bench train $model --threads 1 --accum 4 --tensor-model-parallel-size 2

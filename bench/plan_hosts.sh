@@ -15,7 +15,12 @@
 # in place of the planner's DP term).
 # usage: [DELAY=US] bench/plan_hosts.sh SUANLI_CLI [RATE [STEPS]]   (root)
 set -u
+usage() { echo "plan_hosts.sh: $*; usage: [DELAY=US] [ZERO=0..3] bash bench/plan_hosts.sh SUANLI_CLI [RATE [STEPS]]" >&2; exit 2; }
+[ $# -ge 1 ] && [ $# -le 3 ] || usage "wrong number of arguments"
+[ -f "$1" ] && [ -x "$1" ] || usage "SUANLI_CLI '$1' is not an executable"
 CLI=$(readlink -f "$1"); RATE=${2:-1gbit}; STEPS=${3:-8}; DELAY=${DELAY:-}; ZERO=${ZERO:-0}
+[[ $STEPS =~ ^[1-9][0-9]*$ ]] || usage "STEPS '$STEPS' is not a positive integer"
+[[ $ZERO =~ ^[0-3]$ ]] || usage "ZERO '$ZERO' is not 0, 1, 2 or 3"
 HERE=$(cd "$(dirname "$0")" && pwd)
 export NC_DELAYLINE=${NC_DELAYLINE:-$(dirname "$CLI")/tests/comm/sl_delayline}
 . "$HERE/../tests/comm/netns_cluster.sh"
@@ -27,12 +32,13 @@ M=$(nc_addr 0)
 "$CLI" data prepare --input "$HERE/../data/tinyshakespeare.txt" --output-prefix "$T/tok" > /dev/null || exit 1
 echo "# $(date -u +%FT%TZ) rate=$RATE delay_us=${DELAY:-0} cpu=\"$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')\" load=\"$(cut -d' ' -f1-3 /proc/loadavg)\""
 # the links, as in bench/comm_hosts.sh
-nc_exec 0 "$CLI" run -n 2 -- "$CLI" bench comm --colls all_reduce --json --reps 3 --max-bytes 16M 2>/dev/null |
-  grep '"bytes":16777216' > "$T/shm" || exit 1
-nc_exec 1 "$CLI" run -n 1 --nnodes 2 --node-rank 1 --master $M:29500 -- "$CLI" bench comm --colls all_reduce --json --reps 3 --max-bytes 16M > /dev/null 2>&1 &
-nc_exec 0 "$CLI" run -n 1 --nnodes 2 --node-rank 0 --master $M:29500 -- "$CLI" bench comm --colls all_reduce --json --reps 3 --max-bytes 16M 2>/dev/null |
-  grep -E '"bytes":(8|16777216),' > "$T/tcp" || exit 1
-wait
+nc_exec 0 "$CLI" run -n 2 -- "$CLI" bench comm --colls all_reduce --json --reps 3 --max-bytes 16M 2>"$T/shm.err" |
+  grep '"bytes":16777216' > "$T/shm" || { tail -n 10 "$T/shm.err" >&2; echo "plan_hosts.sh: FAIL: the shm link run" >&2; exit 1; }
+nc_exec 1 "$CLI" run -n 1 --nnodes 2 --node-rank 1 --master $M:29500 -- "$CLI" bench comm --colls all_reduce --json --reps 3 --max-bytes 16M > "$T/tcp1.log" 2>&1 &
+p1=$!
+nc_exec 0 "$CLI" run -n 1 --nnodes 2 --node-rank 0 --master $M:29500 -- "$CLI" bench comm --colls all_reduce --json --reps 3 --max-bytes 16M 2>"$T/tcp.err" |
+  grep -E '"bytes":(8|16777216),' > "$T/tcp" || { tail -n 10 "$T/tcp.err" >&2; echo "plan_hosts.sh: FAIL: the tcp link run" >&2; exit 1; }
+wait $p1 || { tail -n 10 "$T/tcp1.log" >&2; echo "plan_hosts.sh: FAIL: the tcp link run on h1" >&2; exit 1; }
 train=(train --data-path "$T/tok" --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 64
        --micro-batch-size 4 --global-batch-size 16 --threads 1 --eval-iters 1 --eval-interval 0 --log-interval 1
        --ddp-bucket-size 1073741824 --train-iters $((STEPS + 1)) --zero-stage $ZERO)
@@ -49,6 +55,11 @@ run_job hier SUANLI_COMM_HIER=1
 python3 - "$T" "$CLI" "$HERE/../configs/cluster/this-host.json" "$ZERO" <<'PY'
 import json, re, statistics, subprocess, sys
 T, cli, thishost, zero = sys.argv[1:]
+def run(args): # the CLI's stdout; a failure exits with its stderr
+    r = subprocess.run(args, capture_output=True, text=True)
+    if r.returncode:
+        sys.exit(f"plan_hosts.sh: FAIL (exit {r.returncode}): {' '.join(args)}\n{r.stderr.strip()}")
+    return r.stdout
 shm = json.loads(re.search(r'\{"coll".*\}', open(T + "/shm").read()).group(0))
 tcp = {}
 for l in open(T + "/tcp"):
@@ -57,9 +68,8 @@ n16 = 16777216
 beta_intra = n16 / (shm["time_us"] * 1e-6)               # 2 ranks: busbw = algbw = N / t
 alpha_inter = tcp[8]["time_us"] * 1e-6                  # one exchange of 8 B
 beta_inter = n16 / (tcp[n16]["time_us"] * 1e-6 - alpha_inter)
-probe = subprocess.run([cli, "plan", "--model", "gpt2-124m", "--cluster", thishost, "--devices", "1",
-                        "--global-batch", "1", "--seq-len", "64", "--probe", "--threads", "1", "--top", "1"],
-                       capture_output=True, text=True, check=True).stdout
+probe = run([cli, "plan", "--model", "gpt2-124m", "--cluster", thishost, "--devices", "1",
+             "--global-batch", "1", "--seq-len", "64", "--probe", "--threads", "1", "--top", "1"])
 m = re.search(r"probe: GEMM ([0-9.]+) GFLOP/s.*copy ([0-9.]+) GB/s", probe)
 gf, bw = float(m.group(1)), float(m.group(2))
 cluster = {"name": "namespace 2 x 2", "hosts": 2, "devices_per_host": 2,
@@ -71,9 +81,9 @@ cluster = {"name": "namespace 2 x 2", "hosts": 2, "devices_per_host": 2,
            "reliability": {"host_mtbf_hours": 8760, "ckpt_write_GBps": 0.25, "ckpt_read_GBps": 0.4}, "launcher": "run"}
 json.dump(cluster, open(T + "/ns.json", "w"))
 open(T + "/m.json", "w").write('{"num_layers": 4, "hidden_size": 256, "num_attention_heads": 4, "vocab_size": 256, "seq_length": 64}')
-out = subprocess.run([cli, "plan", "--model", T + "/m.json", "--cluster", T + "/ns.json", "--dp", "4", "--micro-batch", "4",
-                      "--global-batch", "16", "--seq-len", "64", "--recompute", "none", "--zero", zero,
-                      "--bucket-elems", "1073741824", "--json", "--top", "1"], capture_output=True, text=True, check=True).stdout
+out = run([cli, "plan", "--model", T + "/m.json", "--cluster", T + "/ns.json", "--dp", "4", "--micro-batch", "4",
+           "--global-batch", "16", "--seq-len", "64", "--recompute", "none", "--zero", zero,
+           "--bucket-elems", "1073741824", "--json", "--top", "1"])
 p = json.loads(out.splitlines()[0])
 N = p["mem_grads"]
 ring = 2 * 3 / 4 * N / beta_inter + 6 * alpha_inter

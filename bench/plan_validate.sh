@@ -18,10 +18,11 @@
 # Usage: bench/plan_validate.sh [--steps N] [--big] [--par | --par-only] [--probe]   (--big adds GPT-2 L12 C768, 85M)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+me=plan_validate.sh; . bench/lib.sh
 steps=10; big=0; par=0; dpruns=1; probe=()
 while [ $# -gt 0 ]; do
     case "$1" in
-        --steps) steps="$2"; shift 2;;
+        --steps) need "$@"; steps="$2"; shift 2;;
         --big) big=1; shift;;
         --par) par=1; shift;;
         --par-only) par=1; dpruns=0; shift;;
@@ -29,7 +30,9 @@ while [ $# -gt 0 ]; do
         *) echo "usage: $0 [--steps N] [--big] [--par | --par-only] [--probe]" >&2; exit 2;;
     esac
 done
+posint --steps "$steps"
 S=$PWD/build/suanli
+need_bin "$S"
 tmp=$(mktemp -d /tmp/suanli-plan-val-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 $S data prepare --input data/tinyshakespeare.txt --output-prefix "$tmp/tok" > /dev/null
@@ -37,11 +40,12 @@ echo "# host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) (fami
 echo "| model | layout | load | wall ms/step (median) | CPU ms/step | predicted | error vs CPU | error vs wall | MiB/rank | predicted | error |"
 echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 TIMEFORMAT='%U %S'
-# run_cpu STEPS LOG CMD...: runs CMD with --train-iters STEPS, prints user+sys seconds of it and its children
+# run_cpu STEPS LOG CMD...: runs CMD with --train-iters STEPS, prints user+sys seconds of it and its children;
+# a failed run stops the script with its log (the callers' c1=$(...) fails: errexit is off inside $(...))
 run_cpu() {
     local n=$1 log=$2; shift 2
     local t
-    t=$( { time "$@" --train-iters "$n" > "$log" 2>&1; } 2>&1 )
+    t=$( { time "$@" --train-iters "$n" > "$log" 2>&1; } 2>&1 ) || fail_log "$log" "$@" --train-iters "$n"
     awk '{print $1 + $2}' <<<"$t"
 }
 one() { # L C H B n zero

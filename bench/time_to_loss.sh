@@ -10,34 +10,58 @@
 # Targets: val <= 1.89 in <= 50 s wall at 2 threads; 2 threads >= 1.7x 1 thread.
 # --dropout P: both dropouts at P instead of the config's 0.2 (nanoGPT's README CPU command, whose val 1.88 is
 # the issue's anchor, passes --dropout=0.0).
+# --iters N below the config's 100 warmup steps (a smoke run) keeps the schedule's shape: the decay length
+# stays at least the warmup (--lr-decay-iters max(N, 100)), so the run is all warmup, as in nanogpt_baby.py.
 # Usage: bench/time_to_loss.sh [--json] [--threads "2 1"] [--iters N] [--torch PY] [--dropout P]
+#   SUANLI=PATH: the suanli binary (default build/suanli)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+root=$(cd "$(dirname "$0")/.." && pwd)
+usage() { echo "usage: $0 [--json] [--threads \"2 1\"] [--iters N] [--torch PY] [--dropout P]" >&2; exit 2; }
+die() { echo "time_to_loss.sh: $*" >&2; exit 2; }
 json=0; threads="2 1"; iters=2000; torch_py=""; drop=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --json) json=1;;
-    --threads) threads="$2"; shift;;
-    --iters) iters="$2"; shift;;
-    --torch) torch_py="$2"; shift;;
-    --dropout) drop="$2"; shift;;
-    *) echo "usage: $0 [--json] [--threads \"2 1\"] [--iters N] [--torch PY] [--dropout P]" >&2; exit 2;;
+    --threads|--iters|--torch|--dropout) [ $# -ge 2 ] || die "$1 needs a value"
+      case "$1" in --threads) threads="$2";; --iters) iters="$2";; --torch) torch_py="$2";; --dropout) drop="$2";; esac
+      shift;;
+    *) echo "time_to_loss.sh: unknown argument '$1'" >&2; usage;;
   esac
   shift
 done
-S=${SUANLI:-./build/suanli}
+[[ $iters =~ ^[1-9][0-9]*$ ]] || die "--iters '$iters' is not a positive integer"
+[[ $threads =~ ^\ *[1-9][0-9]*(\ +[1-9][0-9]*)*\ *$ ]] || die "--threads '$threads' is not a list of positive integers"
+[ -z "$drop" ] || [[ $drop =~ ^(0|1|0?\.[0-9]+|1\.0*)$ ]] || die "--dropout '$drop' is not a probability in [0, 1]"
+if [ -n "$torch_py" ]; then py=$(command -v "$torch_py") || die "--torch '$torch_py': no such interpreter"; torch_py=$py; fi
+S=$(realpath -m -- "${SUANLI:-$root/build/suanli}")  # before the cd: SUANLI may be relative to the caller's cwd
+cd "$root"
+[ -x "$S" ] || die "$S: not an executable (build first: cmake -S . -B build && cmake --build build; or set SUANLI)"
+[ -x /usr/bin/time ] || die "/usr/bin/time is missing (Debian: apt-get install time)"
+warm=$(grep -o '"lr_warmup_iters": *[0-9]*' configs/baby.json | grep -o '[0-9]*$') || die "configs/baby.json: no lr_warmup_iters"
+decay=$(( iters > warm ? iters : warm ))
 work=$(mktemp -d /tmp/suanli-bench-ttl-XXXXXX)
 trap 'rm -rf "$work"' EXIT
-$S data prepare --input data/tinyshakespeare.txt --output-prefix "$work/data" --tokenizer-type byte >/dev/null
+# run LOG CMD...: CMD under /usr/bin/time (into $work/time), its output into LOG; on failure the log's tail
+# goes to stderr before the work dir is removed
+run() {
+  local log=$1; shift
+  /usr/bin/time -f "%e %U %S" -o "$work/time" "$@" >"$log" 2>&1 && return
+  local rc=$?
+  echo "time_to_loss.sh: failed (exit $rc): $*" >&2
+  tail -n 20 "$log" >&2
+  exit 1
+}
+"$S" data prepare --input data/tinyshakespeare.txt --output-prefix "$work/data" --tokenizer-type byte >"$work/prep.log" 2>&1 ||
+  { cat "$work/prep.log" >&2; die "suanli data prepare failed"; }
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
 load() { cut -d' ' -f1 /proc/loadavg; }
 out="$work/results"
 : >"$out"
 for n in $threads; do
   l0=$(load)
-  /usr/bin/time -f "%e %U %S" -o "$work/time" $S train --config configs/baby.json --data-path "$work/data" \
-    --threads "$n" --train-iters "$iters" --lr-decay-iters "$iters" \
-    ${drop:+--attention-dropout "$drop" --hidden-dropout "$drop"} >"$work/log" 2>&1
+  run "$work/log" "$S" train --config configs/baby.json --data-path "$work/data" \
+    --threads "$n" --train-iters "$iters" --lr-decay-iters "$decay" \
+    ${drop:+--attention-dropout "$drop" --hidden-dropout "$drop"}
   l1=$(load)
   read -r wall usr sys <"$work/time"
   val=$(grep -o 'final val loss [0-9.]*' "$work/log" | awk '{print $4}')
@@ -47,8 +71,8 @@ for n in $threads; do
 done
 if [ -n "$torch_py" ]; then
   l0=$(load)
-  /usr/bin/time -f "%e %U %S" -o "$work/time" "$torch_py" bench/tools/nanogpt_baby.py --data data/tinyshakespeare.txt \
-    --iters "$iters" --threads 2 ${drop:+--dropout "$drop"} >"$work/tlog" 2>&1
+  run "$work/tlog" "$torch_py" bench/tools/nanogpt_baby.py --data data/tinyshakespeare.txt \
+    --iters "$iters" --threads 2 ${drop:+--dropout "$drop"}
   l1=$(load)
   read -r wall usr sys <"$work/time"
   val=$(grep -o 'final val loss [0-9.]*' "$work/tlog" | awk '{print $4}')

@@ -15,20 +15,20 @@ set -uo pipefail
   echo "usage: $0 OLD_SUANLI NEW_SUANLI" >&2
   exit 2
 }
-old=$(realpath "$1") new=$(realpath "$2")
-for b in "$old" "$new"; do [[ -x $b ]] || {
+for b in "$1" "$2"; do [[ -f $b && -x $b ]] || {
   echo "$0: $b: not an executable" >&2
   exit 2
 }; done
+old=$(realpath "$1") new=$(realpath "$2")
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d /tmp/suanli-bitwise-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 cd "$work" || exit 2
 head -c 200000 "$root/data/tinyshakespeare.txt" >s.txt
-"$new" data prepare --input s.txt --output-prefix bytes >/dev/null 2>&1 || exit 2
-"$new" data prepare --input s.txt --output-prefix llama \
-  --tokenizer-file "$root/tests/fixtures/hf/llama/tokenizer.json" >/dev/null 2>&1 || exit 2
-cp -r "$root/tests/fixtures/hf/qwen2_moe" qmoe && cp "$root/tests/fixtures/hf/llama/tokenizer.json" qmoe/
+prep() { "$new" data prepare --input s.txt "$@" >prep.log 2>&1 || { cat prep.log >&2; echo "$0: $new data prepare $* failed" >&2; exit 2; }; }
+prep --output-prefix bytes
+prep --output-prefix llama --tokenizer-file "$root/tests/fixtures/hf/llama/tokenizer.json"
+cp -r "$root/tests/fixtures/hf/qwen2_moe" qmoe && cp "$root/tests/fixtures/hf/llama/tokenizer.json" qmoe/ || exit 2
 bad=0
 # case NAME LAUNCH DATA ARGS...: LAUNCH is "" or "run -n 2"
 case_() {
@@ -38,7 +38,8 @@ case_() {
     local b=$old
     [[ $v == new ]] && b=$new
     local pre=()
-    [[ -n $launch ]] && pre=($b $launch --)
+    # shellcheck disable=SC2206 # LAUNCH splits into words
+    [[ -n $launch ]] && pre=("$b" $launch --)
     if ! env SUANLI_COMM_ALGO=direct "${pre[@]}" "$b" train --data-path "$data" "$@" --save "$name-$v" \
       >"$name-$v.log" 2>&1; then
       echo "$name: $v run failed: $(tail -n 1 "$name-$v.log")"

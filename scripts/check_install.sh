@@ -36,8 +36,9 @@ cmake_ex() { # name, extra cmake args...
 }
 cmake_ex ex-shared
 cmake_ex ex-static -DSUANLI_STATIC=ON
-ldd "$tmp/ex-shared/generate_hf/generate_hf" | grep -q "libsuanli.so.*$libdir" || fail "generate_hf does not use $libdir/libsuanli.so"
-ldd "$tmp/ex-static/generate_hf/generate_hf" | grep -q libsuanli && fail "the static build links libsuanli.so"
+# grep without -q: under pipefail, grep -q quitting at the first match can SIGPIPE ldd and fail the pipeline
+ldd "$tmp/ex-shared/generate_hf/generate_hf" | grep "libsuanli.so.*$libdir" >/dev/null || fail "generate_hf does not use $libdir/libsuanli.so"
+ldd "$tmp/ex-static/generate_hf/generate_hf" | grep libsuanli >/dev/null && fail "the static build links libsuanli.so"
 say "examples built with find_package(suanli) (shared and static)"
 
 # pkg-config: an example's Makefile (shared), and one static one-liner

@@ -18,6 +18,7 @@
 # The layout made under $SL_CUDA_PREFIX/cuda is CUDA_HOME-like: bin/ include/ lib64/ nvvm/, with the
 # unversioned .so links (libcudart.so etc.) the wheels lack and NCCL's header and library linked in.
 set -euo pipefail
+[ $# = 0 ] || [ "$*" = --print ] || { echo "usage: $0 [--print]" >&2; exit 2; }
 PREFIX=${SL_CUDA_PREFIX:-/opt/suanli-cuda}
 WHEELS=(nvidia-cuda-nvcc==13.0.88 nvidia-cuda-crt==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-runtime==13.0.96
         nvidia-cublas==13.1.0.3 nvidia-nccl-cu13==2.28.9)

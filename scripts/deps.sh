@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the Debian 12 packages suanli needs (only those missing). Run as root.
 set -euo pipefail
+[ $# = 0 ] || [ "$*" = demo ] || { echo "usage: $0 [demo]" >&2; exit 2; }
 # demo: only what building and training needs; tests: also a CUDA toolkit (below) and MPI (OpenMPI, and MPICH beside it), Slurm + munge (tests/comm/slurm_local.sh), netns tools, clang/libFuzzer, SIMDe, OpenCL (ICD loader + headers, PoCL's CPU device)
 core=(build-essential cmake ninja-build pkg-config libcjson-dev libxxhash-dev libpcre2-dev libutf8proc-dev libisal-dev libhwloc-dev)
 pkgs=(build-essential cmake ninja-build pkg-config libcjson-dev libxxhash-dev libpcre2-dev libutf8proc-dev libisal-dev libhwloc-dev openmpi-bin libopenmpi-dev mpich libmpich-dev slurm-wlm munge iproute2 libsimde-dev clang libclang-rt-14-dev libomp-14-dev ocl-icd-opencl-dev pocl-opencl-icd)

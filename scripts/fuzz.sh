@@ -18,6 +18,9 @@ if [[ ${1:-} == --long ]]; then
   shift
   if [[ ${1:-} =~ ^[0-9]+$ ]]; then runs=$1; shift; fi
   if [[ $# -gt 0 ]]; then targets=("$@"); fi
+elif [[ $# -gt 0 ]]; then
+  echo "usage: $0 [--long [N] [TARGET...]]" >&2
+  exit 2
 fi
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSL_BUILD_TESTS=OFF \
   -DSL_BUILD_BENCH=OFF -DSL_FUZZ=ON -DSL_WERROR=OFF ${CMAKE_C_COMPILER_LAUNCHER:+-DCMAKE_C_COMPILER_LAUNCHER=$CMAKE_C_COMPILER_LAUNCHER} >/dev/null

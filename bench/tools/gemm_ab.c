@@ -30,6 +30,10 @@ int main(int argc, char **argv) {
     }
     int reps = atoi(argv[1]);
     int64_t BT = atoll(argv[2]);
+    if (reps < 1 || BT < 1) {
+        fprintf(stderr, "gemm_ab: REPS '%s' and BT '%s' must be positive integers\n", argv[1], argv[2]);
+        return 2;
+    }
     use_wall = getenv("WALL") != NULL;
     double lr = 0;
     int n = 0;

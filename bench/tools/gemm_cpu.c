@@ -17,6 +17,10 @@
 int main(int argc, char **argv) {
     int reps = argc > 1 ? atoi(argv[1]) : 9;
     int64_t BT = argc > 2 ? atoll(argv[2]) : 256;
+    if (reps < 1 || BT < 1 || argc > 3) {
+        fprintf(stderr, "usage: gemm_cpu [reps] [BT]   (positive integers)\n");
+        return 2;
+    }
     double lsum_med = 0, lsum_best = 0;
     int nrows = 0;
     for (int l = 0; l < 5; l++) {

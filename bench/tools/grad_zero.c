@@ -17,6 +17,10 @@
 int main(int argc, char **argv) {
     int reps = argc > 1 ? atoi(argv[1]) : 7;
     int64_t BT = argc > 2 ? atoll(argv[2]) : 256, C = 768, V = 50257, numel = 124475904;
+    if (reps < 1 || BT < 1 || argc > 3) {
+        fprintf(stderr, "usage: grad_zero [reps] [BT]   (positive integers)\n");
+        return 2;
+    }
     float *grads = aligned_alloc(64, sizeof(float) * (size_t)numel);
     float *dy = aligned_alloc(64, sizeof(float) * (size_t)(BT * V)),
           *x = aligned_alloc(64, sizeof(float) * (size_t)(BT * 3072));

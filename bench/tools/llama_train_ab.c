@@ -82,8 +82,15 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json"))
             json = 1;
-        else if (na < 10)
+        else if (na < 10 && atoi(argv[i]) > 0)
             a[na++] = atoi(argv[i]);
+        else {
+            fprintf(stderr,
+                    "usage: llama_train_ab [L C I NH KV V B T STEPS ROUNDS] [--json]   (positive integers; "
+                    "'%s')\n",
+                    argv[i]);
+            return 2;
+        }
     }
     if (a[8] < 1 || a[8] > 64) a[8] = 4;
     sl_llama_config cfg = {.arch = SL_ARCH_LLAMA,

@@ -42,7 +42,12 @@ int main(int argc, char **argv) {
     int np = atoi(argv[2]);
     const char *k = argv[3];
     double *res = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (res == MAP_FAILED || np < 1 || np > 64 || bytes == 0) return 2;
+    if (np < 1 || np > 64 || bytes == 0 ||
+        (strcmp(k, "memcpy") && strcmp(k, "ntcopy") && strcmp(k, "ntadd"))) {
+        fprintf(stderr, "usage: mem_ceiling MiB PROCS memcpy|ntcopy|ntadd   (MiB > 0, 1 <= PROCS <= 64)\n");
+        return 2;
+    }
+    if (res == MAP_FAILED) return perror("mem_ceiling: mmap"), 2;
     double start = now() + 0.3; /* everyone starts together */
     for (int p = 0; p < np; p++) {
         if (fork() != 0) continue;

@@ -8,6 +8,7 @@ Usage: python bench/tools/nanogpt_baby.py --data data/tinyshakespeare.txt [--ite
 """
 import argparse
 import math
+import os
 import time
 
 import numpy as np
@@ -67,6 +68,10 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dropout", type=float, default=0.2)
     a = ap.parse_args()
+    if a.iters < 1 or a.threads < 1 or not 0 <= a.dropout < 1:
+        ap.error("--iters and --threads must be at least 1 and --dropout in [0, 1)")
+    if not os.path.isfile(a.data):
+        ap.error(f"--data {a.data}: no such file")
     global P
     P = a.dropout
     torch.set_num_threads(a.threads)

@@ -35,6 +35,7 @@ static double block(sl_comm *c, float *sb, float *rb, size_t n, int iters) {
 
 int main(int argc, char **argv) {
     int ring = argc > 1 && !strcmp(argv[1], "--forced-ring");
+    if (argc > 2 || (argc == 2 && !ring)) return fprintf(stderr, "usage: staged_ab [--forced-ring]\n"), 2;
     sl_comm *a, *b;
     if (sl_comm_init_env(&a, NULL) != SL_OK) return fprintf(stderr, "init: %s\n", sl_errmsg()), 1;
     const char *var = ring ? "SUANLI_COMM_ALGO" : "SUANLI_COMM_WINDOWS";
