@@ -15,6 +15,7 @@ typedef enum ocl_kernel_id {
     OK_EW16,           /* elementwise.cl: 16-bit copies and f32 <-> bf16 casts */
     OK_SUM_TO,         /* elementwise.cl */
     OK_EWC,            /* elementwise.cl: contiguous k_ew (Note [OpenCL contiguous elementwise]) */
+    OK_EWV,            /* elementwise.cl: contiguous, 16 per work-item (Note [OpenCL vector elementwise]) */
     OK_SUM_ROWS,       /* elementwise.cl: sum over leading rows of a contiguous tensor */
     OK_GEMM,           /* gemm.cl: tiled in local memory (GPU-type devices) */
     OK_GEMM_REG,       /* gemm_reg.cl: register-blocked, panels (CPU-type devices) */

@@ -73,7 +73,18 @@ sl_status ocl_ew(int op, float f, ocl_ref o, cl_long8 nbo, ocl_ref a, cl_long8 n
                  cl_long8 ne) {
     cl_long8 cnb = ocl_contig_nb(ne);
     int64_t per = -1;
-    if (same_nb(nbo, cnb, ne) && same_nb(nba, cnb, ne) && (per = bcast_period(nbb, ne, cnb)) >= 0) {
+    if (same_nb(nbo, cnb, ne) && same_nb(nba, cnb, ne) && (per = bcast_period(nbb, ne, cnb)) == 0) {
+        int64_t n = count5(ne);
+        ocl_call c = ocl_begin(OK_EWV); /* Note [OpenCL vector elementwise] */
+        ocl_ref_arg(&c, o);
+        ocl_ref_arg(&c, a);
+        ocl_ref_arg(&c, b);
+        ocl_long(&c, n);
+        ocl_int(&c, op);
+        ocl_float(&c, f);
+        return ocl_run1(&c, (size_t)((n + 15) / 16));
+    }
+    if (per > 0) {
         ocl_call c = ocl_begin(OK_EWC); /* Note [OpenCL contiguous elementwise] */
         ocl_ref_arg(&c, o);
         ocl_ref_arg(&c, a);

@@ -26,6 +26,7 @@ static const char *const k_names[OK_COUNT] = {
     [OK_EW16] = "k_ew16",
     [OK_SUM_TO] = "k_sum_to",
     [OK_EWC] = "k_ewc",
+    [OK_EWV] = "k_ewv",
     [OK_SUM_ROWS] = "k_sum_rows",
     [OK_GEMM] = "k_gemm",
     [OK_GEMM_REG] = "k_gemm_reg",
