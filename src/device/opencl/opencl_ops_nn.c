@@ -362,7 +362,8 @@ static sl_status op_cross_entropy_back(sl_tensor *n) {
     ocl_ref_arg(&c, rt);
     ocl_mem(&c, sc);
     ocl_long(&c, V);
-    return ocl_run1(&c, (size_t)(N * V));
+    size_t global[2] = {(size_t)((V + 15) / 16), (size_t)N}; /* Note [OpenCL vector cross-entropy] */
+    return ocl_run(&c, 2, global, NULL);
 }
 
 /* ---------------- llama family ---------------- */
