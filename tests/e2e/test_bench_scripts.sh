@@ -41,6 +41,9 @@ expect 2 "the size 'big' is not" bash "$b/ckpt_pool_net.sh" "$cli" 1gbit big
 expect 2 "usage:" bash "$b/llama7b_bf16.sh" a b
 expect 2 "--launches must be at least 1" python3 "$b/comm_ratio.py" --launches 0
 expect 2 "/nonexistent: not an executable" bash "$src/scripts/bitwise_ab.sh" /nonexistent "$cli"
+expect 2 "--rounds 'x' is not a positive integer" bash "$b/ops_ab.sh" --rounds x "$cli" "$cli"
+expect 2 "give two suanli binaries" bash "$b/ops_ab.sh" "$cli"
+expect 2 "/nonexistent: no such executable" bash "$b/ops_ab.sh" "$cli" /nonexistent
 expect 2 "usage:" bash "$src/scripts/fuzz.sh" --bogus
 expect 2 "usage:" bash "$src/scripts/cuda_toolkit.sh" --bogus
 expect 2 "usage:" bash "$src/scripts/deps.sh" --bogus
