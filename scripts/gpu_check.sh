@@ -8,6 +8,12 @@
 # Usage: scripts/gpu_check.sh [BUILD_DIR]   (default build-gpu)
 #   SL_GPU_STEPS   timed steps per bench run (default 10), SL_GPU_SKIP_BENCH=1 only runs the suite,
 #   SL_GPU_FP32=1  also a run with exact fp32 GEMMs (MFU against the FP32 peak, SL_PEAK_FP32_TFLOPS)
+#   SL_GPU_SUITE_TIMEOUT, SL_GPU_BENCH_TIMEOUT  seconds per suite / bench run (default 180 each), so the
+#                  whole check (build included) stays near 10 minutes even when a kernel is pathologically slow
+# GPU machines have no network: the toolkit already there is used (nvcc, the runtime, cuBLAS; NCCL is not
+# needed), scripts/cuda_toolkit.sh (which wants NCCL and otherwise downloads wheels) only as a last resort.
+# A failing or timed-out suite does not stop the benches (each device minute is scarce); every step is
+# reported and the exit status is 1 if any failed.
 # Depends on `bench train --device` (bench/bench_train.c); without it the bench step fails with the
 # flag parser's message.
 set -euo pipefail
@@ -27,32 +33,61 @@ gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,nohea
 echo "gpu_check: $gpu"
 
 # 2. toolkit + build (library, CLI, tests)
-cuda_home=$(bash scripts/cuda_toolkit.sh | sed -n 's/^CUDA_HOME=//p')
-[ -n "$cuda_home" ] || fail "scripts/cuda_toolkit.sh found or installed no toolkit"
+has_toolkit() { # what cmake/cuda.cmake needs (no NCCL)
+  local h=$1 l
+  [ -n "$h" ] && [ -x "$h/bin/nvcc" ] && [ -f "$h/include/cuda_runtime_api.h" ] && [ -f "$h/include/cublasLt.h" ] || return 1
+  for l in libcudart.so libcublas.so libcublasLt.so; do
+    [ -e "$h/lib64/$l" ] || [ -e "$h/lib/$l" ] || return 1
+  done
+}
+nvcc_home=
+command -v nvcc >/dev/null 2>&1 && nvcc_home=$(dirname "$(dirname "$(command -v nvcc)")")
+cuda_home=
+for h in "${SL_CUDA_HOME:-}" "${CUDA_HOME:-}" /usr/local/cuda "$nvcc_home" /opt/suanli-cuda/cuda; do
+  if has_toolkit "$h"; then cuda_home=$h; break; fi
+done
+if [ -z "$cuda_home" ]; then
+  echo "gpu_check: no toolkit with nvcc + cuBLAS in \$SL_CUDA_HOME, \$CUDA_HOME, /usr/local/cuda or nvcc's; trying scripts/cuda_toolkit.sh (needs network)" >&2
+  cuda_home=$(bash scripts/cuda_toolkit.sh | sed -n 's/^CUDA_HOME=//p') || cuda_home=
+fi
+[ -n "$cuda_home" ] || fail "no CUDA toolkit (nvcc, cuda_runtime_api.h, cublasLt.h, libcudart/libcublas/libcublasLt.so) found"
+echo "gpu_check: toolkit $cuda_home ($("$cuda_home/bin/nvcc" --version | grep -o 'release [0-9.]*'))"
 t0=$(date +%s)
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSL_WERROR=ON -DSL_CUDA=ON \
-  -DSL_CUDA_HOME="$cuda_home" >/dev/null
-cmake --build "$build" -j "$(nproc)" --target suanli_cli test_backend_cpu
+# SL_WERROR=OFF: this machine's compilers may warn where CI's do not; that must not cost the GPU run
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSL_WERROR=OFF -DSL_CUDA=ON \
+  -DSL_CUDA_HOME="$cuda_home" >/dev/null || fail "cmake configure with SL_CUDA=ON failed"
+cmake --build "$build" -j "$(nproc)" --target suanli_cli test_backend_cpu || fail "build failed"
 echo "gpu_check: built in $(( $(date +%s) - t0 )) s"
 
-# 3. conformance suite on cuda: 77 (skipped: "no device") is a failure here
+failed=()
+# 3. conformance suite on cuda: 77 (skipped: "no device") is a failure here, and the benches cannot run
 set +e
-"$build/tests/backend/test_backend_cpu" cuda
+timeout "${SL_GPU_SUITE_TIMEOUT:-180}" "$build/tests/backend/test_backend_cpu" cuda
 rc=$?
 set -e
 [ $rc -eq 77 ] && fail "the conformance suite skipped: the CUDA backend found no device although nvidia-smi lists '$gpu' (driver too old for CUDA $("$cuda_home/bin/nvcc" --version | grep -o 'release [0-9.]*')?)"
-[ $rc -eq 0 ] || fail "conformance suite on cuda failed (exit $rc)"
-echo "gpu_check: conformance suite on cuda passed"
-[ "${SL_GPU_SKIP_BENCH:-0}" = 1 ] && exit 0
+if [ $rc -eq 0 ]; then
+  echo "gpu_check: conformance suite on cuda passed"
+else
+  [ $rc -eq 124 ] && why="timed out after ${SL_GPU_SUITE_TIMEOUT:-180} s" || why="exit $rc"
+  echo "gpu_check: FAIL: conformance suite on cuda ($why); running the benches anyway" >&2
+  failed+=("suite ($why)")
+fi
+[ "${SL_GPU_SKIP_BENCH:-0}" = 1 ] && { [ ${#failed[@]} -eq 0 ] || fail "${failed[*]}"; exit 0; }
 
 # 4. bench train: GPT-2 124M, B=16, T=1024, one JSON line per precision
 cli=$build/suanli
 bench() { # $1: precision label, $2: peak TFLOP/s, $3: SUANLI_CUDA_TF32, rest: extra bench flags
-  local label=$1 peak=$2 tf32=$3 out
+  local label=$1 peak=$2 tf32=$3 out rc=0
   shift 3
-  out=$(SUANLI_CUDA_TF32=$tf32 "$cli" bench train --device cuda --micro-batch-size 16 --seq-length 1024 \
-        --steps "$steps" --warmup 2 --json "$@") ||
-    fail "bench train --device cuda ($label) failed (it needs bench train --device, bench/bench_train.c)"
+  out=$(SUANLI_CUDA_TF32=$tf32 timeout "${SL_GPU_BENCH_TIMEOUT:-180}" "$cli" bench train --device cuda \
+        --micro-batch-size 16 --seq-length 1024 --steps "$steps" --warmup 2 --json "$@") || rc=$?
+  if [ $rc -ne 0 ]; then
+    [ $rc -eq 124 ] && rc="timed out after ${SL_GPU_BENCH_TIMEOUT:-180} s" || rc="exit $rc"
+    echo "gpu_check: FAIL: bench train --device cuda ($label): $rc" >&2
+    failed+=("bench $label ($rc)")
+    return 0
+  fi
   echo "$out" | python3 -c '
 import json, sys
 label, peak, gpu = sys.argv[1], float(sys.argv[2]), sys.argv[3]
@@ -60,9 +95,12 @@ r = [json.loads(l) for l in sys.stdin if l.startswith("{") and "\"train\"" in l]
 print(json.dumps({"check": "gpu_bench_train", "gpu": gpu, "precision": label, "B": r["B"], "T": r["T"],
                   "ms_per_step": r["ms_per_step"], "tokens_per_s": r["tokens_per_s"],
                   "achieved_tflops": round(r["gflops"] / 1e3, 2), "peak_tflops": peak,
-                  "mfu": round(r["gflops"] / (peak * 1e3), 4), "loss": r["loss"]}))' "$label" "$peak" "$gpu"
+                  "mfu": round(r["gflops"] / (peak * 1e3), 4), "loss": r["loss"]}))' "$label" "$peak" "$gpu" ||
+    { echo "gpu_check: bench $label output not understood:"; echo "$out"; failed+=("bench $label (output)"); }
 }
 bench bf16 "${SL_PEAK_BF16_TFLOPS:-989}" 0 --bf16
 bench tf32 "${SL_PEAK_TF32_TFLOPS:-494}" 1
 [ "${SL_GPU_FP32:-0}" = 1 ] && bench fp32 "${SL_PEAK_FP32_TFLOPS:-67}" 0
+[ ${#failed[@]} -eq 0 ] || fail "${failed[*]}"
+echo "gpu_check: all steps passed"
 exit 0

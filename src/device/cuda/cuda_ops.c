@@ -62,6 +62,8 @@ int cu_supports(const sl_tensor *n) {
     case SL_OP_MATMUL: {
         int bf = n->dtype == SL_F32 && a->dtype == SL_BF16 && b->dtype == SL_BF16 &&
                  (!n->src[2] || n->src[2]->dtype == SL_F32);
+        int rnd = n->iparams[SL_MATMUL_IP_ROUND]; /* Note [Rounded weight gradients]: 2-D, no bias (CPU) */
+        if (rnd && (rnd != SL_BF16 || a->ndim != 2 || b->ndim != 2 || n->ndim != 2 || n->src[2])) return 0;
         return (sl_accel_all_f32(n) || bf) && a->ndim >= 2 && b->ndim >= 2 && n->ndim >= 2 &&
                sl_accel_last_unit(a) && sl_accel_last_unit(b) && sl_accel_last_unit(n) &&
                (!n->src[2] || sl_is_contiguous(n->src[2]));
@@ -246,6 +248,24 @@ static sl_status bias_rows(float *C, cu_v5 ne, cu_v5 nbc, const float *bias) {
     return cu_ok(cu_ew(g_cu.stream, CU_EW_COPY_A, 0, C, nbc, bias, nbb, bias, nbb, ne), "matmul bias");
 }
 
+/* Note [Rounded weight gradients] (src/ops/ops_internal.h): iparams[SL_MATMUL_IP_ROUND] = SL_BF16 rounds each
+ * element of the product to bf16 before it is stored or added to the output, as the CPU's matmul_rounded
+ * (2-D operands, no bias: supports_op). The product goes to scratch, then is rounded into C. */
+static sl_status matmul_rounded(gemm_args *g) {
+    float *C = g->C;
+    int64_t ldc = g->ldc, M = g->M, N = g->N;
+    int add = g->beta != 0.0f;
+    void *tmp;
+    SL_TRY(cu_scratch(sizeof(float) * (size_t)(M * N > 0 ? M * N : 1), &tmp));
+    g->C = tmp, g->ldc = N, g->beta = 0.0f;
+    SL_TRY(gemm(g));
+    cu_v5 ne = {{1, 1, 1, M, N}}, nbt = {{0, 0, 0, N, 1}}, nbc = {{0, 0, 0, ldc, 1}};
+    if (!add)
+        return cu_ok(cu_ew16(g_cu.stream, CU_EW16_ROUND_BF16, C, nbc, tmp, nbt, ne), "matmul (rounded)");
+    SL_TRY(cu_ok(cu_ew16(g_cu.stream, CU_EW16_ROUND_BF16, tmp, nbt, tmp, nbt, ne), "matmul (rounded)"));
+    return cu_ok(cu_ew(g_cu.stream, CU_EW_ADD, 0, C, nbc, C, nbc, tmp, nbt, ne), "matmul (rounded)");
+}
+
 static sl_status op_matmul(sl_tensor *n) {
     const sl_tensor *a = n->src[0], *b = n->src[1], *bias = n->src[2];
     int na = a->ndim, nbd = b->ndim, no = n->ndim;
@@ -265,6 +285,11 @@ static sl_status op_matmul(sl_tensor *n) {
     /* iparams[2]: 1 accumulates into the output (in place on view_src), 2 overwrites it; a bias overwrites
      * (as the CPU's sl_sgemm_bias) */
     g.beta = n->iparams[2] == 1 ? 1.0f : 0.0f;
+    if (n->iparams[SL_MATMUL_IP_ROUND]) { /* 2-D, no bias (supports_op) */
+        g.M = n->ne[0];
+        g.A = pa, g.B = pb, g.C = pc, g.batch = 1;
+        return matmul_rounded(&g);
+    }
     if (nbd == 2 && na > 2) { /* folded: a's leading dims are rows */
         g.M = 1;
         for (int d = 0; d < na - 1; d++) g.M *= a->ne[d];
