@@ -397,6 +397,11 @@ sl_status sl_launch_run(const sl_launch_opts *o, sl_launch_result *res) {
     sigaction(SIGHUP, &sa, &old[2]);
     g_sig = 0;
     sl_status st;
+    /* Note [No restart after bad input]
+     * torchrun restarts after any failure, but a rank that exits 2 (suanli's code for bad input or usage:
+     * an unknown flag, a malformed config or environment variable) fails the same way on every attempt,
+     * so --max-restarts would only repeat the error K times. The first failed rank's exit status decides:
+     * 2 ends the job at once; a signal or any other status restarts as before. */
     for (int attempt = 0;; attempt++) {
         sl_launch_result r1;
         memset(&r1, 0, sizeof r1);
@@ -410,6 +415,11 @@ sl_status sl_launch_run(const sl_launch_opts *o, sl_launch_result *res) {
         r1.restarts = attempt;
         *res = r1;
         if (st == SL_OK || st == SL_ERR_ABORTED || attempt >= o->max_restarts || g_sig) break;
+        if (st == SL_ERR_PEER && !r1.signal && r1.exit_code == 2) { /* Note [No restart after bad input] */
+            st = sl_fail(SL_ERR_PEER, "%s (bad input or usage: not restarting, it would fail the same way)",
+                         sl_errmsg());
+            break;
+        }
         SL_LOGW("suanli run: %s; restarting (%d of %d)", sl_errmsg(), attempt + 1, o->max_restarts);
         if (o->nnodes == 1 && !o->master_port) port = free_port();
     }

