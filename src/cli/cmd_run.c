@@ -190,7 +190,12 @@ int sl_cmd_run(int argc, char **argv) {
     sl_status st = sl_launch_run(&o, &res);
     free(place);
     free(lists);
-    if (st == SL_OK) return 0;
+    if (st == SL_OK) {
+        if (res.restarts > 0)
+            fprintf(stderr, "suanli run: every rank finished after %d restart%s\n", res.restarts,
+                    res.restarts > 1 ? "s" : "");
+        return 0;
+    }
     fprintf(stderr, "suanli run: %s%s\n", sl_errmsg(),
             res.failed_rank >= 0 ? "; stopped the other ranks" : "");
     if (st == SL_ERR_INVALID) return 2;

@@ -414,7 +414,12 @@ sl_status sl_launch_run(const sl_launch_opts *o, sl_launch_result *res) {
         if (swept) SL_LOGI("suanli run: removed %d shared-memory segment(s) left by dead ranks", swept);
         r1.restarts = attempt;
         *res = r1;
-        if (st == SL_OK || st == SL_ERR_ABORTED || attempt >= o->max_restarts || g_sig) break;
+        if (st == SL_OK || st == SL_ERR_ABORTED || g_sig) break;
+        if (attempt >= o->max_restarts) {
+            if (o->max_restarts > 0)
+                st = sl_fail(st, "%s (gave up: --max-restarts %d used up)", sl_errmsg(), o->max_restarts);
+            break;
+        }
         if (st == SL_ERR_PEER && !r1.signal && r1.exit_code == 2) { /* Note [No restart after bad input] */
             st = sl_fail(SL_ERR_PEER, "%s (bad input or usage: not restarting, it would fail the same way)",
                          sl_errmsg());

@@ -39,5 +39,12 @@ int main(void) {
     rc = run("run -n 2 --max-restarts 2 -- sh -c 'echo attempt $SUANLI_RESTART_COUNT; exit 3'");
     TU_CHECK(rc == 1 && count(out, "attempt") == 6 && count(out, "restarting (") == 2, "exit 3: rc=%d out=%s",
              rc, out);
+    /* restarts are reported: each one, giving up, and success after restarts */
+    TU_CHECK(strstr(out, "rank ") && strstr(out, "exited with status 3 (gave up: --max-restarts 2 used up)"),
+             "exhausted restarts: out=%s", out);
+    rc = run("run -n 2 --max-restarts 3 -- sh -c 'test $SUANLI_RESTART_COUNT -ge 2'");
+    TU_CHECK(rc == 0 && count(out, "restarting (") == 2 &&
+                 strstr(out, "every rank finished after 2 restarts"),
+             "success after restarts: rc=%d out=%s", rc, out);
     return tu_finish("test_run_faults");
 }
