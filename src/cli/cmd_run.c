@@ -29,7 +29,8 @@ static void usage(FILE *f) {
         "  --hosts H               pooled checkpoints: consecutive groups of ranks act as H hosts\n"
         "                          (SUANLI_HOSTS; default: each rank is its own host)\n"
         "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,\n"
-        "SUANLI_JOB_TOKEN (torchrun-compatible). Exit: 0 all ranks ok, 1 a rank failed, 2 bad usage.\n"
+        "SUANLI_JOB_TOKEN (torchrun-compatible). Exit: 0 all ranks ok, 1 a rank failed, 2 bad usage,\n"
+        "127 / 126 PROGRAM not found / not executable (no rank started), 128+S the launcher got signal S.\n"
         "Inside a Slurm allocation (SLURM_JOB_ID set, not already in a step) it execs\n"
         "  srun --nodes=M --ntasks-per-node=N --kill-on-bad-exit=1 PROGRAM ARGS   (SUANLI_RUN_NO_SRUN=1: "
         "don't)\n"
@@ -168,6 +169,11 @@ int sl_cmd_run(int argc, char **argv) {
     int srun_rc = defer_to_srun(&o, argv + i);
     if (srun_rc) return srun_rc;
     o.argv = argv + i;
+    int exec_rc;
+    if (sl_launch_check_program(o.argv[0], &exec_rc) != SL_OK) { /* before any rank starts */
+        fprintf(stderr, "suanli run: %s\n", sl_errmsg());
+        return exec_rc;
+    }
     sl_rank_place *place = NULL;
     const char **lists = NULL;
     if (!strcmp(bind_mode, "numa") || !strcmp(bind_mode, "auto")) {

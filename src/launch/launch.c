@@ -313,6 +313,47 @@ static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, c
     return st;
 }
 
+sl_status sl_launch_check_program(const char *prog, int *shell_code) {
+    struct stat sb;
+    *shell_code = 127;
+    if (!prog || !*prog) return sl_fail(SL_ERR_INVALID, "cannot execute '': empty program name");
+    if (strchr(prog, '/')) {
+        if (stat(prog, &sb) != 0) {
+            if (errno != ENOENT && errno != ENOTDIR) *shell_code = 126;
+            return sl_fail(SL_ERR_INVALID, "cannot execute %s: %s", prog, strerror(errno));
+        }
+        *shell_code = 126;
+        if (S_ISDIR(sb.st_mode)) return sl_fail(SL_ERR_INVALID, "cannot execute %s: is a directory", prog);
+        if (access(prog, X_OK) != 0)
+            return sl_fail(SL_ERR_INVALID, "cannot execute %s: %s", prog, strerror(errno));
+        *shell_code = 0;
+        return SL_OK;
+    }
+    const char *path = getenv("PATH");
+    if (!path || !*path) path = "/bin:/usr/bin"; /* execvp's default */
+    int denied = 0;
+    while (1) {
+        const char *e = strchr(path, ':');
+        size_t n = e ? (size_t)(e - path) : strlen(path);
+        char cand[4096];
+        if (snprintf(cand, sizeof cand, "%.*s/%s", (int)n, n ? path : ".", prog) < (int)sizeof cand &&
+            stat(cand, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
+            if (access(cand, X_OK) == 0) {
+                *shell_code = 0;
+                return SL_OK;
+            }
+            denied = 1;
+        }
+        if (!e) break;
+        path = e + 1;
+    }
+    if (denied) {
+        *shell_code = 126;
+        return sl_fail(SL_ERR_INVALID, "cannot execute %s: found in PATH but not executable", prog);
+    }
+    return sl_fail(SL_ERR_INVALID, "cannot execute %s: not found in PATH", prog);
+}
+
 /* Remove the in-memory checkpoint directories of launchers that died without cleaning up (SIGKILL).
  * A live launcher holds an flock on <dir>/.owner (released by the kernel when it dies, and valid across
  * pid namespaces sharing /dev/shm); a directory without that file is judged by its pid. */
@@ -401,7 +442,9 @@ sl_status sl_launch_run(const sl_launch_opts *o, sl_launch_result *res) {
      * torchrun restarts after any failure, but a rank that exits 2 (suanli's code for bad input or usage:
      * an unknown flag, a malformed config or environment variable) fails the same way on every attempt,
      * so --max-restarts would only repeat the error K times. The first failed rank's exit status decides:
-     * 2 ends the job at once; a signal or any other status restarts as before. */
+     * 2 ends the job at once, and so do 126 and 127 (the shell's "cannot execute" / "not found": the program,
+     * or one a wrapper script runs, is missing; `suanli run` checks the program itself before starting any
+     * rank, sl_launch_check_program); a signal or any other status restarts as before. */
     for (int attempt = 0;; attempt++) {
         sl_launch_result r1;
         memset(&r1, 0, sizeof r1);
@@ -422,6 +465,12 @@ sl_status sl_launch_run(const sl_launch_opts *o, sl_launch_result *res) {
         }
         if (st == SL_ERR_PEER && !r1.signal && r1.exit_code == 2) { /* Note [No restart after bad input] */
             st = sl_fail(SL_ERR_PEER, "%s (bad input or usage: not restarting, it would fail the same way)",
+                         sl_errmsg());
+            break;
+        }
+        if (st == SL_ERR_PEER && !r1.signal && (r1.exit_code == 126 || r1.exit_code == 127)) {
+            st = sl_fail(SL_ERR_PEER,
+                         "%s (a program could not be run: not restarting, it would fail the same way)",
                          sl_errmsg());
             break;
         }

@@ -3,6 +3,7 @@
  * status and messages, signals to the launcher, and no rank left running afterwards. Trivial programs
  * (sh -c) under the CLI (SUANLI_CLI). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -46,5 +47,35 @@ int main(void) {
     TU_CHECK(rc == 0 && count(out, "restarting (") == 2 &&
                  strstr(out, "every rank finished after 2 restarts"),
              "success after restarts: rc=%d out=%s", rc, out);
+    /* a program that cannot be run: one line, the shell's 127 / 126, no rank started (no "[r]" line) */
+    char noexe[600];
+    snprintf(noexe, sizeof noexe, "%s/not_executable", tu_tmpdir("run_faults"));
+    FILE *f = fopen(noexe, "w");
+    TU_CHECK(f != NULL, "cannot create %s", noexe);
+    if (f) fclose(f);
+    const struct {
+        const char *prog, *want;
+        int rc;
+    } noexec[] = {
+        {"/nonexistent/program", "cannot execute /nonexistent/program: No such file or directory", 127},
+        {"no_such_program_sl", "cannot execute no_such_program_sl: not found in PATH", 127},
+        {"''", "cannot execute '': empty program name", 127},
+        {"/tmp", "cannot execute /tmp: is a directory", 126},
+        {noexe, "Permission denied", 126},
+    };
+    for (size_t i = 0; i < sizeof noexec / sizeof noexec[0]; i++) {
+        rc = run("run -n 2 --max-restarts 2 -- %s", noexec[i].prog);
+        TU_CHECK(rc == noexec[i].rc && strstr(out, noexec[i].want) && count(out, "\n") == 1 &&
+                     !strstr(out, "["),
+                 "program %s: rc=%d out=%s", noexec[i].prog, rc, out);
+    }
+    unlink(noexe);
+    *strrchr(noexe, '/') = 0;
+    rmdir(noexe);
+    /* 127 from inside a rank (a wrapper that runs a missing command) is not restarted either */
+    rc = run("run -n 2 --max-restarts 2 -- sh -c 'echo attempt; no_such_program_sl'");
+    TU_CHECK(rc == 1 && count(out, "attempt") == 2 && strstr(out, "status 127") &&
+                 strstr(out, "not restarting"),
+             "rank exit 127: rc=%d out=%s", rc, out);
     return tu_finish("test_run_faults");
 }
