@@ -26,8 +26,11 @@
 #include <time.h>
 #include <unistd.h>
 
-static volatile sig_atomic_t g_sig;
-static void on_signal(int s) { g_sig = s; }
+static volatile sig_atomic_t g_sig, g_nsig; /* the last signal, how many arrived */
+static void on_signal(int s) {
+    g_sig = s;
+    g_nsig++;
+}
 
 /* "0-3,8,10-11" -> set; 0 when malformed or empty */
 static int parse_cpu_list(const char *s, cpu_set_t *set) {
@@ -207,7 +210,7 @@ static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, c
     if (st != SL_OK) kill_all(cs, n, SIGKILL);
     struct pollfd *pf = calloc(2 * (size_t)n, sizeof *pf);
     int *owner = calloc(2 * (size_t)n, sizeof(int));
-    int running = started, teardown = st != SL_OK, fwd = 0;
+    int running = started, teardown = st != SL_OK, fwd = 0, fwd_n = 0;
     double kill_at = teardown ? sl_time_sec() : 0, term_at = 0; /* term_at: pending SIGTERM (0: none) */
     while (pf && owner && (running > 0 || 1)) {
         int np = 0;
@@ -258,12 +261,17 @@ static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, c
         }
         if (g_sig && !fwd) {
             fwd = g_sig;
+            fwd_n = g_nsig;
             res->interrupted = fwd;
             kill_all(cs, n, fwd);
             if (!teardown) {
                 teardown = 1;
                 kill_at = sl_time_sec() + o->grace_sec;
             }
+        } else if (fwd && g_nsig != fwd_n && running > 0) { /* a second Ctrl-C: no more grace */
+            fwd_n = g_nsig;
+            kill_all(cs, n, SIGKILL);
+            kill_at = sl_time_sec() + 1e9;
         }
         if (term_at > 0 && !fwd && sl_time_sec() >= term_at) {
             kill_all(cs, n, SIGTERM);
@@ -436,7 +444,7 @@ sl_status sl_launch_run(const sl_launch_opts *o, sl_launch_result *res) {
     sigaction(SIGINT, &sa, &old[0]);
     sigaction(SIGTERM, &sa, &old[1]);
     sigaction(SIGHUP, &sa, &old[2]);
-    g_sig = 0;
+    g_sig = g_nsig = 0;
     sl_status st;
     /* Note [No restart after bad input]
      * torchrun restarts after any failure, but a rank that exits 2 (suanli's code for bad input or usage:
@@ -456,6 +464,7 @@ sl_status sl_launch_run(const sl_launch_opts *o, sl_launch_result *res) {
         int swept = sl_shm_sweep_job(token);
         if (swept) SL_LOGI("suanli run: removed %d shared-memory segment(s) left by dead ranks", swept);
         r1.restarts = attempt;
+        if (g_sig && !r1.interrupted) r1.interrupted = g_sig; /* came after the attempt ended */
         *res = r1;
         if (st == SL_OK || st == SL_ERR_ABORTED || g_sig) break;
         if (attempt >= o->max_restarts) {

@@ -23,6 +23,14 @@ static int run(const char *fmt, ...) {
     return tu_run(cmd, out, sizeof out);
 }
 
+/* processes (not zombies: PID 1 of a container may not reap) whose command line holds `marker` */
+static int leftovers(const char *marker) {
+    char cmd[256], buf[4096];
+    snprintf(cmd, sizeof cmd, "ps -eo stat=,args= | grep -v grep | grep -v '^Z' | grep -c -- '%s'", marker);
+    tu_run(cmd, buf, sizeof buf);
+    return atoi(buf);
+}
+
 static int count(const char *hay, const char *needle) {
     int n = 0;
     for (const char *p = hay; (p = strstr(p, needle)) != NULL; p++) n++;
@@ -77,5 +85,25 @@ int main(void) {
     TU_CHECK(rc == 1 && count(out, "attempt") == 2 && strstr(out, "status 127") &&
                  strstr(out, "not restarting"),
              "rank exit 127: rc=%d out=%s", rc, out);
+    /* signals to the launcher: forwarded, no restart, 128+sig; ranks that ignore them get SIGKILL after
+     * --grace, or at once on a second signal (a second Ctrl-C) */
+    static const char *sh =
+        "(%s run -n 2 --max-restarts 3 --grace 30 -- sh -c 'trap \"\" INT TERM; sleep 31.%d' & "
+        "p=$!; sleep 1; kill -%s $p; %s wait $p; echo rc=$?)";
+    const char *sigs[] = {"INT", "TERM"};
+    for (int k = 0; k < 2; k++) {
+        char cmd[1024], want[32], marker[32];
+        snprintf(cmd, sizeof cmd, sh, tu_cli(), k + 1, sigs[k],
+                 k ? "sleep 0.5; kill -TERM $p;" : "sleep 0.5; kill -INT $p;");
+        snprintf(want, sizeof want, "rc=%d", k ? 143 : 130);
+        snprintf(marker, sizeof marker, "sleep 31.%d", k + 1);
+        double t0 = sl_time_sec();
+        rc = tu_run(cmd, out, sizeof out);
+        double dt = sl_time_sec() - t0;
+        TU_CHECK(strstr(out, want) && strstr(out, "interrupted by signal") && !strstr(out, "restarting ("),
+                 "second SIG%s: out=%s", sigs[k], out);
+        TU_CHECK(dt < 10, "second SIG%s: the launcher took %.1f s (--grace 30)", sigs[k], dt);
+        TU_CHECK(leftovers(marker) == 0, "second SIG%s: ranks left running", sigs[k]);
+    }
     return tu_finish("test_run_faults");
 }
