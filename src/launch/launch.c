@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/file.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -150,7 +151,7 @@ static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, c
             st = sl_fail(SL_ERR_IO, "launcher: cannot create pipes: %s", strerror(errno));
             break;
         }
-        pid_t pid = fork();
+        pid_t launcher = getpid(), pid = fork();
         if (pid < 0) {
             st = sl_fail(SL_ERR_IO, "launcher: fork failed: %s", strerror(errno));
             close(po[0]), close(po[1]), close(pe[0]), close(pe[1]);
@@ -158,6 +159,10 @@ static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, c
         }
         if (pid == 0) {
             setpgid(0, 0);
+            /* a launcher killed with SIGKILL (or OOM) cannot stop its ranks: the kernel does. Only the rank
+             * process itself: children of a wrapper (sh -c '...') outlive it */
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            if (getppid() != launcher) _exit(128 + SIGKILL); /* it died before the prctl */
             /* Pin local rank i to its own block of CPUs (allowed / n each, so OpenMP threads of a
              * rank stay usable): shared-memory waits spin briefly, and two spinning ranks that the
              * kernel happens to put on one core cost ~100x in latency. n == 1: no pinning. */

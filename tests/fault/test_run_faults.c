@@ -105,5 +105,16 @@ int main(void) {
         TU_CHECK(dt < 10, "second SIG%s: the launcher took %.1f s (--grace 30)", sigs[k], dt);
         TU_CHECK(leftovers(marker) == 0, "second SIG%s: ranks left running", sigs[k]);
     }
+    /* the launcher killed with SIGKILL (or by the OOM killer): its ranks die with it */
+    {
+        char cmd[1024];
+        snprintf(cmd, sizeof cmd,
+                 "(%s run -n 2 -- sleep 32.5 & p=$!; sleep 1; kill -KILL $p; wait $p; echo rc=$?)", tu_cli());
+        tu_run(cmd, out, sizeof out);
+        int left = 0;
+        for (int k = 0; k < 20 && (left = leftovers("sleep 32.5")) > 0; k++) usleep(50000);
+        TU_CHECK(strstr(out, "rc=137") && left == 0, "launcher SIGKILLed: %d rank(s) left running; out=%s",
+                 left, out);
+    }
     return tu_finish("test_run_faults");
 }
