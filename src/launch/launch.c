@@ -22,6 +22,7 @@
 #include <sys/stat.h>
 #include <sys/file.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -400,6 +401,23 @@ sl_status sl_launch_run(const sl_launch_opts *o, sl_launch_result *res) {
     if (o->nproc < 1 || o->nnodes < 1 || o->node_rank < 0 || o->node_rank >= o->nnodes || !o->argv ||
         !o->argv[0] || o->hosts < 0 || o->hosts > o->nproc * o->nnodes)
         return sl_fail(SL_ERR_INVALID, "launcher: bad options");
+    /* Before anything starts: the launcher holds two pipes per local rank (and a few files of its own);
+     * past RLIMIT_NOFILE pipe2 fails halfway through the spawn. Raise the soft limit when the hard one
+     * allows it, else refuse. */
+    struct rlimit nofile;
+    rlim_t need = 2 * (rlim_t)o->nproc + 64;
+    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY &&
+        nofile.rlim_cur < need) {
+        struct rlimit up = nofile;
+        up.rlim_cur = nofile.rlim_max == RLIM_INFINITY || nofile.rlim_max >= need ? need : nofile.rlim_max;
+        if (up.rlim_cur < need || setrlimit(RLIMIT_NOFILE, &up) != 0)
+            return sl_fail(
+                SL_ERR_INVALID,
+                "-n %d: the launcher needs %llu open files, the limit is %llu (ulimit -n; hard limit "
+                "%llu)",
+                o->nproc, (unsigned long long)need, (unsigned long long)nofile.rlim_cur,
+                (unsigned long long)nofile.rlim_max);
+    }
     char addr[256], token[80];
     int port = o->master_port;
     snprintf(addr, sizeof addr, "%s", o->master_addr[0] ? o->master_addr : "127.0.0.1");

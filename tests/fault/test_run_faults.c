@@ -116,5 +116,18 @@ int main(void) {
         TU_CHECK(strstr(out, "rc=137") && left == 0, "launcher SIGKILLed: %d rank(s) left running; out=%s",
                  left, out);
     }
+    /* more ranks than open files allow (two pipes each): refused before any rank starts, naming -n; a soft
+     * limit below the hard one is raised */
+    {
+        char cmd[1024];
+        snprintf(cmd, sizeof cmd, "ulimit -n 100 && %s run -n 60 -- sh -c 'echo started'", tu_cli());
+        rc = tu_run(cmd, out, sizeof out);
+        TU_CHECK(rc == 2 && strstr(out, "-n 60: the launcher needs") && strstr(out, "ulimit -n") &&
+                     count(out, "\n") == 1 && !strstr(out, "started"),
+                 "-n 60 under ulimit -n 100: rc=%d out=%.500s", rc, out);
+        snprintf(cmd, sizeof cmd, "ulimit -Sn 100 && %s run -n 60 -- true", tu_cli());
+        rc = tu_run(cmd, out, sizeof out);
+        TU_CHECK(rc == 0, "-n 60 under a soft ulimit -n 100: rc=%d out=%.500s", rc, out);
+    }
     return tu_finish("test_run_faults");
 }
