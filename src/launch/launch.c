@@ -104,6 +104,22 @@ static void drain(child *c, int which, int prefix, int eof) {
     c->len[which] -= start;
 }
 
+/* "SIGKILL" for 9: the name users grep logs and man pages for (strsignal gives "Killed"); strsignal's text
+ * for the rest */
+static const char *sig_name(int s) {
+    static const struct {
+        int sig;
+        const char *name;
+    } names[] = {{SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},   {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
+                 {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},
+                 {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"}, {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
+                 {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"}, {SIGXCPU, "SIGXCPU"},
+                 {SIGXFSZ, "SIGXFSZ"}, {SIGSYS, "SIGSYS"}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (names[i].sig == s) return names[i].name;
+    return strsignal(s);
+}
+
 static int free_port(void) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0) return 0;
@@ -304,8 +320,9 @@ static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, c
     }
     if (st == SL_OK && res->failed_rank >= 0) {
         if (res->signal)
-            st = sl_fail(SL_ERR_PEER, "rank %d was killed by signal %d (%s)", res->failed_rank, res->signal,
-                         strsignal(res->signal));
+            st = sl_fail(SL_ERR_PEER, "rank %d was killed by signal %d (%s%s)", res->failed_rank, res->signal,
+                         sig_name(res->signal),
+                         res->signal == SIGKILL ? ": kill -9 or the out-of-memory killer, see dmesg" : "");
         else if (res->exit_code == 127)
             st = sl_fail(SL_ERR_PEER, "rank %d exited with status 127 (could not execute %s?)",
                          res->failed_rank, o->argv[0]);
@@ -313,7 +330,7 @@ static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, c
             st = sl_fail(SL_ERR_PEER, "rank %d exited with status %d", res->failed_rank, res->exit_code);
     } else if (st == SL_OK && res->interrupted) {
         st = sl_fail(SL_ERR_ABORTED, "interrupted by signal %d (%s); forwarded to all ranks",
-                     res->interrupted, strsignal(res->interrupted));
+                     res->interrupted, sig_name(res->interrupted));
     }
     for (int i = 0; i < n; i++) {
         for (int w = 0; w < 2; w++)

@@ -100,8 +100,11 @@ int main(void) {
         double t0 = sl_time_sec();
         rc = tu_run(cmd, out, sizeof out);
         double dt = sl_time_sec() - t0;
-        TU_CHECK(strstr(out, want) && strstr(out, "interrupted by signal") && !strstr(out, "restarting ("),
-                 "second SIG%s: out=%s", sigs[k], out);
+        TU_CHECK(
+            strstr(out, want) &&
+                strstr(out, k ? "interrupted by signal 15 (SIGTERM)" : "interrupted by signal 2 (SIGINT)") &&
+                !strstr(out, "restarting ("),
+            "second SIG%s: out=%s", sigs[k], out);
         TU_CHECK(dt < 10, "second SIG%s: the launcher took %.1f s (--grace 30)", sigs[k], dt);
         TU_CHECK(leftovers(marker) == 0, "second SIG%s: ranks left running", sigs[k]);
     }
@@ -129,5 +132,16 @@ int main(void) {
         rc = tu_run(cmd, out, sizeof out);
         TU_CHECK(rc == 0, "-n 60 under a soft ulimit -n 100: rc=%d out=%.500s", rc, out);
     }
+    /* a rank killed by a signal: named as SIGSEGV / SIGKILL, the first failed rank, the others stopped */
+    rc = run("run -n 3 -- sh -c 'if [ $RANK = 1 ]; then kill -SEGV $$; fi; exec sleep 33.5'");
+    TU_CHECK(rc == 1 && strstr(out, "rank 1 was killed by signal 11 (SIGSEGV)") &&
+                 strstr(out, "stopped the other"),
+             "SIGSEGV: rc=%d out=%s", rc, out);
+    TU_CHECK(leftovers("sleep 33.5") == 0, "SIGSEGV: ranks left running");
+    rc = run("run -n 2 -- sh -c 'if [ $RANK = 0 ]; then kill -KILL $$; fi; exec sleep 33.5'");
+    TU_CHECK(rc == 1 &&
+                 strstr(out, "rank 0 was killed by signal 9 (SIGKILL: kill -9 or the out-of-memory killer"),
+             "SIGKILL: rc=%d out=%s", rc, out);
+    TU_CHECK(leftovers("sleep 33.5") == 0, "SIGKILL: ranks left running");
     return tu_finish("test_run_faults");
 }
