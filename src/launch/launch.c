@@ -367,7 +367,7 @@ sl_status sl_launch_check_program(const char *prog, int *shell_code) {
         const char *e = strchr(path, ':');
         size_t n = e ? (size_t)(e - path) : strlen(path);
         char cand[4096];
-        if (snprintf(cand, sizeof cand, "%.*s/%s", (int)n, n ? path : ".", prog) < (int)sizeof cand &&
+        if (snprintf(cand, sizeof cand, "%.*s/%s", n ? (int)n : 1, n ? path : ".", prog) < (int)sizeof cand &&
             stat(cand, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
             if (access(cand, X_OK) == 0) {
                 *shell_code = 0;

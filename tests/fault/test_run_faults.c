@@ -80,6 +80,15 @@ int main(void) {
     unlink(noexe);
     *strrchr(noexe, '/') = 0;
     rmdir(noexe);
+    /* an empty PATH component is the current directory, as for execvp */
+    {
+        char cmd[1024];
+        snprintf(cmd, sizeof cmd, "cd %s && PATH=/usr/bin:/bin: %s run -n 1 -- %s", SL_BINARY_DIR, tu_cli(),
+                 "suanli --help");
+        rc = tu_run(cmd, out, sizeof out);
+        TU_CHECK(rc == 0, "program in the current directory through an empty PATH entry: rc=%d out=%.300s",
+                 rc, out);
+    }
     /* 127 from inside a rank (a wrapper that runs a missing command) is not restarted either */
     rc = run("run -n 2 --max-restarts 2 -- sh -c 'echo attempt; no_such_program_sl'");
     TU_CHECK(rc == 1 && count(out, "attempt") == 2 && strstr(out, "status 127") &&
