@@ -19,7 +19,8 @@ static void usage(FILE *f) {
         "  --nnodes M              nodes in the job (default 1); run once per node\n"
         "  --node-rank R           this node's index 0..M-1 (default 0)\n"
         "  --master HOST:PORT      rendezvous of rank 0 (required with --nnodes > 1)\n"
-        "  --max-restarts K        restart the ranks of this node up to K times after a failure\n"
+        "  --max-restarts K        restart the ranks of this node up to K times after a failure (not\n"
+        "                          when the first failed rank exited 2, bad input: it would fail again)\n"
         "  --grace SEC             SIGTERM -> SIGKILL delay when stopping ranks (default 3)\n"
         "  --no-prefix             do not prefix output lines with [rank]\n"
         "  --bind MODE             numa: ranks in blocks over the NUMA nodes (hwloc), each on its node's\n"
@@ -28,7 +29,8 @@ static void usage(FILE *f) {
         "  --hosts H               pooled checkpoints: consecutive groups of ranks act as H hosts\n"
         "                          (SUANLI_HOSTS; default: each rank is its own host)\n"
         "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,\n"
-        "SUANLI_JOB_TOKEN (torchrun-compatible). Exit: 0 all ranks ok, 1 a rank failed, 2 bad usage.\n"
+        "SUANLI_JOB_TOKEN (torchrun-compatible). Exit: 0 all ranks ok, 1 a rank failed, 2 bad usage,\n"
+        "127 / 126 PROGRAM not found / not executable (no rank started), 128+S the launcher got signal S.\n"
         "Inside a Slurm allocation (SLURM_JOB_ID set, not already in a step) it execs\n"
         "  srun --nodes=M --ntasks-per-node=N --kill-on-bad-exit=1 PROGRAM ARGS   (SUANLI_RUN_NO_SRUN=1: "
         "don't)\n"
@@ -167,6 +169,11 @@ int sl_cmd_run(int argc, char **argv) {
     int srun_rc = defer_to_srun(&o, argv + i);
     if (srun_rc) return srun_rc;
     o.argv = argv + i;
+    int exec_rc;
+    if (sl_launch_check_program(o.argv[0], &exec_rc) != SL_OK) { /* before any rank starts */
+        fprintf(stderr, "suanli run: %s\n", sl_errmsg());
+        return exec_rc;
+    }
     sl_rank_place *place = NULL;
     const char **lists = NULL;
     if (!strcmp(bind_mode, "numa") || !strcmp(bind_mode, "auto")) {
@@ -189,7 +196,12 @@ int sl_cmd_run(int argc, char **argv) {
     sl_status st = sl_launch_run(&o, &res);
     free(place);
     free(lists);
-    if (st == SL_OK) return 0;
+    if (st == SL_OK) {
+        if (res.restarts > 0)
+            fprintf(stderr, "suanli run: every rank finished after %d restart%s\n", res.restarts,
+                    res.restarts > 1 ? "s" : "");
+        return 0;
+    }
     fprintf(stderr, "suanli run: %s%s\n", sl_errmsg(),
             res.failed_rank >= 0 ? "; stopped the other ranks" : "");
     if (st == SL_ERR_INVALID) return 2;

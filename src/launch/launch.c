@@ -21,13 +21,18 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/file.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-static volatile sig_atomic_t g_sig;
-static void on_signal(int s) { g_sig = s; }
+static volatile sig_atomic_t g_sig, g_nsig; /* the last signal, how many arrived */
+static void on_signal(int s) {
+    g_sig = s;
+    g_nsig++;
+}
 
 /* "0-3,8,10-11" -> set; 0 when malformed or empty */
 static int parse_cpu_list(const char *s, cpu_set_t *set) {
@@ -99,6 +104,22 @@ static void drain(child *c, int which, int prefix, int eof) {
     c->len[which] -= start;
 }
 
+/* "SIGKILL" for 9: the name users grep logs and man pages for (strsignal gives "Killed"); strsignal's text
+ * for the rest */
+static const char *sig_name(int s) {
+    static const struct {
+        int sig;
+        const char *name;
+    } names[] = {{SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},   {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
+                 {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},
+                 {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"}, {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
+                 {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"}, {SIGXCPU, "SIGXCPU"},
+                 {SIGXFSZ, "SIGXFSZ"}, {SIGSYS, "SIGSYS"}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (names[i].sig == s) return names[i].name;
+    return strsignal(s);
+}
+
 static int free_port(void) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0) return 0;
@@ -147,7 +168,7 @@ static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, c
             st = sl_fail(SL_ERR_IO, "launcher: cannot create pipes: %s", strerror(errno));
             break;
         }
-        pid_t pid = fork();
+        pid_t launcher = getpid(), pid = fork();
         if (pid < 0) {
             st = sl_fail(SL_ERR_IO, "launcher: fork failed: %s", strerror(errno));
             close(po[0]), close(po[1]), close(pe[0]), close(pe[1]);
@@ -155,6 +176,10 @@ static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, c
         }
         if (pid == 0) {
             setpgid(0, 0);
+            /* a launcher killed with SIGKILL (or OOM) cannot stop its ranks: the kernel does. Only the rank
+             * process itself: children of a wrapper (sh -c '...') outlive it */
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            if (getppid() != launcher) _exit(128 + SIGKILL); /* it died before the prctl */
             /* Pin local rank i to its own block of CPUs (allowed / n each, so OpenMP threads of a
              * rank stay usable): shared-memory waits spin briefly, and two spinning ranks that the
              * kernel happens to put on one core cost ~100x in latency. n == 1: no pinning. */
@@ -207,7 +232,7 @@ static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, c
     if (st != SL_OK) kill_all(cs, n, SIGKILL);
     struct pollfd *pf = calloc(2 * (size_t)n, sizeof *pf);
     int *owner = calloc(2 * (size_t)n, sizeof(int));
-    int running = started, teardown = st != SL_OK, fwd = 0;
+    int running = started, teardown = st != SL_OK, fwd = 0, fwd_n = 0;
     double kill_at = teardown ? sl_time_sec() : 0, term_at = 0; /* term_at: pending SIGTERM (0: none) */
     while (pf && owner && (running > 0 || 1)) {
         int np = 0;
@@ -258,12 +283,17 @@ static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, c
         }
         if (g_sig && !fwd) {
             fwd = g_sig;
+            fwd_n = g_nsig;
             res->interrupted = fwd;
             kill_all(cs, n, fwd);
             if (!teardown) {
                 teardown = 1;
                 kill_at = sl_time_sec() + o->grace_sec;
             }
+        } else if (fwd && g_nsig != fwd_n && running > 0) { /* a second Ctrl-C: no more grace */
+            fwd_n = g_nsig;
+            kill_all(cs, n, SIGKILL);
+            kill_at = sl_time_sec() + 1e9;
         }
         if (term_at > 0 && !fwd && sl_time_sec() >= term_at) {
             kill_all(cs, n, SIGTERM);
@@ -290,8 +320,9 @@ static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, c
     }
     if (st == SL_OK && res->failed_rank >= 0) {
         if (res->signal)
-            st = sl_fail(SL_ERR_PEER, "rank %d was killed by signal %d (%s)", res->failed_rank, res->signal,
-                         strsignal(res->signal));
+            st = sl_fail(SL_ERR_PEER, "rank %d was killed by signal %d (%s%s)", res->failed_rank, res->signal,
+                         sig_name(res->signal),
+                         res->signal == SIGKILL ? ": kill -9 or the out-of-memory killer, see dmesg" : "");
         else if (res->exit_code == 127)
             st = sl_fail(SL_ERR_PEER, "rank %d exited with status 127 (could not execute %s?)",
                          res->failed_rank, o->argv[0]);
@@ -299,7 +330,7 @@ static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, c
             st = sl_fail(SL_ERR_PEER, "rank %d exited with status %d", res->failed_rank, res->exit_code);
     } else if (st == SL_OK && res->interrupted) {
         st = sl_fail(SL_ERR_ABORTED, "interrupted by signal %d (%s); forwarded to all ranks",
-                     res->interrupted, strsignal(res->interrupted));
+                     res->interrupted, sig_name(res->interrupted));
     }
     for (int i = 0; i < n; i++) {
         for (int w = 0; w < 2; w++)
@@ -311,6 +342,47 @@ static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, c
     free(owner);
     free(cs);
     return st;
+}
+
+sl_status sl_launch_check_program(const char *prog, int *shell_code) {
+    struct stat sb;
+    *shell_code = 127;
+    if (!prog || !*prog) return sl_fail(SL_ERR_INVALID, "cannot execute '': empty program name");
+    if (strchr(prog, '/')) {
+        if (stat(prog, &sb) != 0) {
+            if (errno != ENOENT && errno != ENOTDIR) *shell_code = 126;
+            return sl_fail(SL_ERR_INVALID, "cannot execute %s: %s", prog, strerror(errno));
+        }
+        *shell_code = 126;
+        if (S_ISDIR(sb.st_mode)) return sl_fail(SL_ERR_INVALID, "cannot execute %s: is a directory", prog);
+        if (access(prog, X_OK) != 0)
+            return sl_fail(SL_ERR_INVALID, "cannot execute %s: %s", prog, strerror(errno));
+        *shell_code = 0;
+        return SL_OK;
+    }
+    const char *path = getenv("PATH");
+    if (!path || !*path) path = "/bin:/usr/bin"; /* execvp's default */
+    int denied = 0;
+    while (1) {
+        const char *e = strchr(path, ':');
+        size_t n = e ? (size_t)(e - path) : strlen(path);
+        char cand[4096];
+        if (snprintf(cand, sizeof cand, "%.*s/%s", n ? (int)n : 1, n ? path : ".", prog) < (int)sizeof cand &&
+            stat(cand, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
+            if (access(cand, X_OK) == 0) {
+                *shell_code = 0;
+                return SL_OK;
+            }
+            denied = 1;
+        }
+        if (!e) break;
+        path = e + 1;
+    }
+    if (denied) {
+        *shell_code = 126;
+        return sl_fail(SL_ERR_INVALID, "cannot execute %s: found in PATH but not executable", prog);
+    }
+    return sl_fail(SL_ERR_INVALID, "cannot execute %s: not found in PATH", prog);
 }
 
 /* Remove the in-memory checkpoint directories of launchers that died without cleaning up (SIGKILL).
@@ -346,6 +418,23 @@ sl_status sl_launch_run(const sl_launch_opts *o, sl_launch_result *res) {
     if (o->nproc < 1 || o->nnodes < 1 || o->node_rank < 0 || o->node_rank >= o->nnodes || !o->argv ||
         !o->argv[0] || o->hosts < 0 || o->hosts > o->nproc * o->nnodes)
         return sl_fail(SL_ERR_INVALID, "launcher: bad options");
+    /* Before anything starts: the launcher holds two pipes per local rank (and a few files of its own);
+     * past RLIMIT_NOFILE pipe2 fails halfway through the spawn. Raise the soft limit when the hard one
+     * allows it, else refuse. */
+    struct rlimit nofile;
+    rlim_t need = 2 * (rlim_t)o->nproc + 64;
+    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY &&
+        nofile.rlim_cur < need) {
+        struct rlimit up = nofile;
+        up.rlim_cur = nofile.rlim_max == RLIM_INFINITY || nofile.rlim_max >= need ? need : nofile.rlim_max;
+        if (up.rlim_cur < need || setrlimit(RLIMIT_NOFILE, &up) != 0)
+            return sl_fail(
+                SL_ERR_INVALID,
+                "-n %d: the launcher needs %llu open files, the limit is %llu (ulimit -n; hard limit "
+                "%llu)",
+                o->nproc, (unsigned long long)need, (unsigned long long)nofile.rlim_cur,
+                (unsigned long long)nofile.rlim_max);
+    }
     char addr[256], token[80];
     int port = o->master_port;
     snprintf(addr, sizeof addr, "%s", o->master_addr[0] ? o->master_addr : "127.0.0.1");
@@ -395,8 +484,15 @@ sl_status sl_launch_run(const sl_launch_opts *o, sl_launch_result *res) {
     sigaction(SIGINT, &sa, &old[0]);
     sigaction(SIGTERM, &sa, &old[1]);
     sigaction(SIGHUP, &sa, &old[2]);
-    g_sig = 0;
+    g_sig = g_nsig = 0;
     sl_status st;
+    /* Note [No restart after bad input]
+     * torchrun restarts after any failure, but a rank that exits 2 (suanli's code for bad input or usage:
+     * an unknown flag, a malformed config or environment variable) fails the same way on every attempt,
+     * so --max-restarts would only repeat the error K times. The first failed rank's exit status decides:
+     * 2 ends the job at once, and so do 126 and 127 (the shell's "cannot execute" / "not found": the program,
+     * or one a wrapper script runs, is missing; `suanli run` checks the program itself before starting any
+     * rank, sl_launch_check_program); a signal or any other status restarts as before. */
     for (int attempt = 0;; attempt++) {
         sl_launch_result r1;
         memset(&r1, 0, sizeof r1);
@@ -408,8 +504,25 @@ sl_status sl_launch_run(const sl_launch_opts *o, sl_launch_result *res) {
         int swept = sl_shm_sweep_job(token);
         if (swept) SL_LOGI("suanli run: removed %d shared-memory segment(s) left by dead ranks", swept);
         r1.restarts = attempt;
+        if (g_sig && !r1.interrupted) r1.interrupted = g_sig; /* came after the attempt ended */
         *res = r1;
-        if (st == SL_OK || st == SL_ERR_ABORTED || attempt >= o->max_restarts || g_sig) break;
+        if (st == SL_OK || st == SL_ERR_ABORTED || g_sig) break;
+        if (attempt >= o->max_restarts) {
+            if (o->max_restarts > 0)
+                st = sl_fail(st, "%s (gave up: --max-restarts %d used up)", sl_errmsg(), o->max_restarts);
+            break;
+        }
+        if (st == SL_ERR_PEER && !r1.signal && r1.exit_code == 2) { /* Note [No restart after bad input] */
+            st = sl_fail(SL_ERR_PEER, "%s (bad input or usage: not restarting, it would fail the same way)",
+                         sl_errmsg());
+            break;
+        }
+        if (st == SL_ERR_PEER && !r1.signal && (r1.exit_code == 126 || r1.exit_code == 127)) {
+            st = sl_fail(SL_ERR_PEER,
+                         "%s (a program could not be run: not restarting, it would fail the same way)",
+                         sl_errmsg());
+            break;
+        }
         SL_LOGW("suanli run: %s; restarting (%d of %d)", sl_errmsg(), attempt + 1, o->max_restarts);
         if (o->nnodes == 1 && !o->master_port) port = free_port();
     }

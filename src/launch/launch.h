@@ -36,6 +36,11 @@ typedef struct sl_launch_result {
     int interrupted; /* the launcher received this signal (0: none) */
 } sl_launch_result;
 
+/* SL_OK when the ranks can exec `prog` (as execvp will: a path when it holds '/', else searched in PATH);
+ * else SL_ERR_INVALID with a one-line message and *shell_code 127 (not found) or 126 (found, not
+ * executable: a directory, no execute permission), the shell's exit codes. Called before any rank starts. */
+sl_status sl_launch_check_program(const char *prog, int *shell_code);
+
 /* Run the job to completion. SL_OK: every rank exited 0. SL_ERR_PEER: a rank failed (message
  * names rank and cause). SL_ERR_INVALID: bad options. SL_ERR_IO: could not spawn. */
 sl_status sl_launch_run(const sl_launch_opts *o, sl_launch_result *res);
