@@ -17,8 +17,11 @@
  * valid checkpoint. With --nodes MIN-MAX the requeued job may get fewer nodes: the training command
  * then resumes with a smaller DP size, resharding the checkpoint (any saved layout loads into any
  * other). The script exports SUANLI_RESTART_COUNT=SLURM_RESTART_COUNT, so ranks know the attempt
- * (test hooks fire on the first attempt only, as under suanli run --max-restarts). Any other exit
- * status is the job's. Tested end to end on a namespace Slurm cluster (tests/fault/slurm_requeue.sh).
+ * (test hooks fire on the first attempt only, as under suanli run --max-restarts). A step that ends
+ * with 2 (bad input or usage), 126 or 127 (the program cannot run) is not requeued: it would fail the same
+ * way on every attempt (as suanli run, Note [No restart after bad input]); the job ends with that status.
+ * Any other exit status is the job's. Tested end to end on a namespace Slurm cluster
+ * (tests/fault/slurm_requeue.sh).
  *
  * Note [MPI under srun]
  * --mpi TYPE has srun start the ranks through Slurm's PMI plugin (pmix for OpenMPI, pmi2 for MPICH), so
@@ -51,6 +54,7 @@ static void usage(FILE *f) {
         "  --signal=B:USR1@SEC (default 120); the step runs under srun; on USR1 the ranks checkpoint and "
         "exit 75,\n"
         "  and the job requeues itself; a step that fails otherwise (a dead host) requeues it up to R times\n"
+        "  (never after exit 2, 126 or 127: bad input, or a program that cannot run)\n"
         "  (default 3), on MIN-MAX nodes possibly fewer (the job resumes with a smaller DP size).\n"
         "  --mpi TYPE launches the ranks with srun --mpi=TYPE (PMIx for OpenMPI, PMI-2 for MPICH) and runs\n"
         "  them over the MPI transport (SUANLI_COMM_TRANSPORT=mpi unless set).\n"
@@ -155,6 +159,12 @@ static int write_script(const submit_args *a, char **prog) {
                "if [ \"$rc\" -eq 75 ]; then\n"
                "  echo \"suanli submit: checkpoint saved; requeueing job $SLURM_JOB_ID\"\n"
                "  scontrol requeue \"$SLURM_JOB_ID\"\n  exit 0\nfi\n");
+    /* Note [No restart after bad input] (src/launch): 2 (bad input or usage), 126 / 127 (the program cannot
+     * run) fail the same way on every attempt, so they end the job instead of requeueing it */
+    fprintf(f, "case \"$rc\" in 2|126|127)\n"
+               "  echo \"suanli submit: step failed (status $rc: bad input, usage or a program that cannot "
+               "run); not requeueing job $SLURM_JOB_ID, it would fail the same way\"\n"
+               "  exit \"$rc\" ;;\nesac\n");
     fprintf(
         f,
         "if [ \"$rc\" -ne 0 ] && [ \"$SUANLI_RESTART_COUNT\" -lt %s ]; then\n"

@@ -2,6 +2,7 @@
 # Slurm on a namespace cluster (slurm_cluster.sh: slurmctld on h0, slurmd on h1, h2, h3, each its own
 # network namespace and address, one file system) running `suanli submit` jobs of `suanli train`, DP
 # over hosts (1 rank per node, tcp between them):
+#  0. bad input: a step whose ranks exit 2 (an unknown flag) ends the job with status 2, not requeued.
 #  1. requeue: a 2-node job; after step 12 (checkpoint at 12) its rank 1 stops (SUANLI_FAULT_HANG_AT_STEP:
 #     alive but silent, first attempt only), then the test SIGKILLs every process of that rank's host
 #     (its slurmd, slurmstepd and the rank). Rank 0 fails on the dead peer, the step fails, the batch
@@ -73,6 +74,22 @@ job() {
     echo "$name: Slurm requeued the job (node failure)"
   echo "$name: $(sc scontrol show job "$jid" | grep -o "Restarts=[0-9]*\| NodeList=[^ ]*" | tr '\n' ' ')"
 }
+
+# 0. bad input: a step whose ranks exit 2 ends the job with that status, and the batch script does not
+#    requeue it (it would fail the same way on every attempt; Note [Requeue after a failure])
+sc_wait_idle 3 || fail "bad: 3 nodes not idle"
+mkdir -p "$d/bad" && cd "$d/bad" || fail "cd"
+"$cli" submit --nodes 2 --ntasks-per-node 1 --time 10:00 --max-requeues 2 --script job.sbatch -- \
+  "$cli" "${targs[@]}" --save "$d/bad/out" --no-such-flag > /dev/null || fail "bad: suanli submit"
+jid=$(sc sbatch --parsable job.sbatch) || fail "bad: sbatch"
+for _ in $(seq 300); do [ -z "$(sc squeue -h -j "$jid" -o %T 2>/dev/null)" ] && break; sleep 0.2; done
+[ -z "$(sc squeue -h -j "$jid" -o %T 2>/dev/null)" ] || fail "bad: job $jid still queued or running after 60 s"
+# (Slurm itself may requeue the first job after the cluster starts, on a batch launch failure: the
+# script's own decision is what is checked, on the attempt that ran; the output file is per attempt)
+sc scontrol show job "$jid" | grep -q "ExitCode=2:0" || fail "bad: job $jid did not end with status 2"
+grep -q "not requeueing job $jid" "$d/bad/suanli-$jid.out" || fail "bad: no 'not requeueing' line"
+grep -q "requeueing job $jid (at most" "$d/bad/suanli-$jid.out" && fail "bad: the batch script requeued job $jid: $(cat "$d/bad/suanli-$jid.out")"
+echo "ok   bad input: the step exited 2, job $jid ended with status 2, the batch script did not requeue it ($(sc scontrol show job "$jid" | grep -o "Restarts=[0-9]*"))"
 
 job requeue 2 3
 cmp -s "$d/ref/model.safetensors" "$d/requeue/out/model.safetensors" ||
