@@ -101,6 +101,13 @@ int main(void) {
              "bad root: %s", sl_errmsg());
     TU_CHECK(sl_comm_send(cs[0], &x, 1, SL_COMM_F32, 0) == SL_ERR_INVALID, "send to self");
     TU_CHECK(sl_comm_async_error(cs[0]) == SL_OK, "argument errors do not poison the communicator");
+    /* all-to-all(v) whose own block's send and receive counts differ: refused, not half-copied */
+    float a2a_s[4] = {1, 2, 3, 4}, a2a_r[4] = {0};
+    size_t sc = 2, rc = 3, zero = 0;
+    TU_CHECK(sl_comm_all_to_allv(cs[0], a2a_s, &sc, &zero, a2a_r, &rc, &zero, SL_COMM_F32) ==
+                     SL_ERR_INVALID &&
+                 strstr(sl_errmsg(), "sends itself 2 elements but expects 3"),
+             "all-to-allv with unequal self counts: %s", sl_errmsg());
     sl_comm_free(cs[0]);
     return tu_finish("test_comm_env");
 }

@@ -28,6 +28,7 @@
  *   corrupt in-memory copy is detected and the disk copy used; both resumes reproduce the uninterrupted
  *   run's final weights bitwise. */
 #define _GNU_SOURCE
+#include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -397,6 +398,40 @@ static void flip_in(const char *d, const char *rel) {
     flip(p);
 }
 
+/* path's contents replaced by text; returns text, or NULL when the file cannot be written */
+static char *put_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (!f) return NULL;
+    fputs(text, f);
+    fclose(f);
+    return (char *)text;
+}
+/* step's manifest with the shard list of its first tensor replaced by `shards` (JSON text); returns the
+ * original manifest text (to put back with put_text) or NULL */
+static char *manifest_shards(const char *step, const char *shards) {
+    char path[800], *text;
+    size_t len;
+    snprintf(path, sizeof path, "%s/manifest.json", step);
+    if (sl_file_read_all(path, &text, &len) != SL_OK) return NULL;
+    cJSON *man = cJSON_Parse(text), *t = cJSON_GetObjectItem(man, "tensors");
+    t = t ? t->child : NULL;
+    cJSON *sh = cJSON_Parse(shards);
+    char *edited = NULL;
+    if (t && sh && cJSON_ReplaceItemInObject(t, "shards", sh)) {
+        sh = NULL;
+        edited = cJSON_Print(man);
+    }
+    cJSON_Delete(sh);
+    cJSON_Delete(man);
+    if (!edited || !put_text(path, edited)) {
+        free(edited);
+        free(text);
+        return NULL;
+    }
+    free(edited);
+    return text;
+}
+
 static void test_writer(void) {
     char root[600], mem[600], p[800];
     snprintf(root, sizeof root, "%s/ck", dir);
@@ -460,6 +495,19 @@ static void test_writer(void) {
         TU_CHECK(!memcmp(m2->params_mem, m->params_mem, sizeof(float) * (size_t)n) &&
                      !memcmp(c1, a1, sizeof(float) * (size_t)n) && !memcmp(c2, a2, sizeof(float) * (size_t)n),
                  "%s: params and moments bitwise equal to the saved state", step);
+        /* a tensor whose shards do not cover it (its shard list emptied: that verifies, every listed shard
+         * being intact) is refused by the load, not loaded with a hole */
+        char man[800];
+        snprintf(man, sizeof man, "%s/manifest.json", step);
+        char *orig = manifest_shards(step, "[]");
+        TU_CHECK(orig && sl_ckpt_verify(step) == SL_OK, "%s: empty shard list verifies", step);
+        l.verified = 0;
+        TU_CHECK(sl_ckpt_load(step, &l) == SL_ERR_FORMAT && strstr(sl_errmsg(), "not fully covered"),
+                 "%s: a tensor with no shards is refused: %s", step, sl_errmsg());
+        if (orig) put_text(man, orig);
+        free(orig);
+        TU_CHECK(sl_ckpt_load(step, &l) == SL_OK, "%s: loads again with its manifest back: %s", step,
+                 sl_errmsg());
         flip(p);
         sl_status vs = sl_ckpt_verify(step);
         TU_CHECK(vs == SL_ERR_FORMAT && strstr(sl_errmsg(), "checksum mismatch for 'exp_avg_sq/"),

@@ -284,6 +284,18 @@ int main(void) {
         TU_CHECK(same("ec", "fromg"), "gathered checkpoint loads bitwise");
         rc = run("%s ckpt gather E G", cli);
         TU_CHECK(rc == 2 && strstr(out, "not empty"), "gather refuses a non-empty OUT: rc %d %s", rc, out);
+        /* a corrupted data block read from the pool's directories (no comm: the blocks are fetched, not
+         * streamed): it fails its checksum, is dropped, and the file is rebuilt from the other two blocks,
+         * byte-identical to the gather of the intact pool (rank 1's shard: rank 0's has the wrong parity
+         * block put in above) */
+        rc = run(
+            "sh -c 'cp -r E Ec && for b in Ec/host-*/step-0000012/shard-r00001.safetensors.ec0; do printf x "
+            "| "
+            "dd of=$b bs=1 seek=5000 conv=notrunc 2>/dev/null; done && %s ckpt gather Ec Gc && diff -r Gc G'",
+            cli);
+        TU_CHECK(rc == 0 && strstr(out, "shard-r00001.safetensors.ec0 checksum mismatch") &&
+                     strstr(out, "rebuilding it from 2 intact blocks"),
+                 "ec: a corrupt data block fetched from disk, dropped, rebuilt: rc %d %s", rc, out);
         /* a pool written before block headers were padded to 4096 bytes (128-byte headers, no
          * "block_header" in the manifest) still restores: the same blocks cut back to that layout */
         char script[700];

@@ -85,6 +85,12 @@ int main(void) {
     int rows_differ = 0;
     for (int b = 1; b < B; b++) rows_differ += memcmp(x, x + b * T, T * sizeof *x) != 0;
     TU_CHECK(rows_differ == B - 1, "rows of one batch repeat");
+    /* window b of step s is counter s*B + b of its stream (Note [Deterministic batches]): consecutive steps
+     * take fresh counters, so step 1 at B/2 rows is the second half of step 0 at B rows */
+    TU_CHECK(sl_dataset_batch(ds, B, T, 1234, 0, 0, 0, x, y) == SL_OK &&
+                 sl_dataset_batch(ds, B / 2, T, 1234, 1, 0, 0, x2, y2) == SL_OK &&
+                 !memcmp(x2, x + (B / 2) * T, (B / 2) * T * sizeof *x),
+             "step 1 of B/2 rows is not counters B/2..B-1 of the stream");
 
     /* coverage: over many draws, starts land in every shard and near both ends (uniform in [0, N-T-1]) */
     int64_t N = sl_dataset_num_tokens(ds), lo = N, hi = 0, hits_mid = 0;
@@ -109,7 +115,48 @@ int main(void) {
                  sl_errmsg());
         TU_CHECK(sl_dataset_batch(dv, 1, 40, 1, 0, 0, 0, a, c) == SL_ERR_INVALID, "T+1 > N accepted");
         TU_CHECK(iot_contains(sl_errmsg(), "fewer than"), "message: %s", sl_errmsg());
+        /* T = N - 2: exactly two valid starts, 0 and 1 (a window's first token is its start); 64 draws of
+         * each sampler must use both, and never a third */
+        enum { R = 64, T2 = 38 };
+        int32_t *bx = malloc(sizeof(int32_t) * R * T2), *by = malloc(sizeof(int32_t) * R * T2);
+        for (int fn = 0; fn < 2; fn++) {
+            sl_status st = fn ? sl_dataset_samples(dv, T2, 5, 3, 0, R, bx, by)
+                              : sl_dataset_batch(dv, R, T2, 5, 3, 0, 0, bx, by);
+            int seen[3] = {0, 0, 0};
+            for (int r = 0; r < R; r++) seen[bx[(size_t)r * T2] <= 1 ? bx[(size_t)r * T2] : 2]++;
+            TU_CHECK(st == SL_OK && seen[0] > 0 && seen[1] > 0 && seen[2] == 0,
+                     "%s with two valid starts: start 0 %d times, start 1 %d, others %d",
+                     fn ? "sl_dataset_samples" : "sl_dataset_batch", seen[0], seen[1], seen[2]);
+        }
+        free(bx);
+        free(by);
         sl_dataset_close(dv);
+    }
+    /* the split is part of the stream: train and val holding the same tokens draw different windows for the
+     * same (seed, step, sample) (Note [Deterministic batches]) */
+    {
+        char twin[600];
+        snprintf(twin, sizeof twin, "%s", tu_tmpdir("loader-twin"));
+        int64_t ts[1] = {400};
+        write_split(twin, "train", ts, 1, V);
+        write_split(twin, "val", ts, 1, V);
+        sl_dataset *tt = NULL, *tw = NULL;
+        TU_CHECK(sl_dataset_open(twin, "train", &tt) == SL_OK && sl_dataset_open(twin, "val", &tw) == SL_OK,
+                 "twin splits: %s", sl_errmsg());
+        if (tt && tw) {
+            int32_t ax[16 * 8], ay[16 * 8], vx[16 * 8], vy[16 * 8];
+            TU_CHECK(sl_dataset_samples(tt, 8, 11, 2, 0, 16, ax, ay) == SL_OK &&
+                         sl_dataset_samples(tw, 8, 11, 2, 0, 16, vx, vy) == SL_OK &&
+                         memcmp(ax, vx, sizeof ax),
+                     "sl_dataset_samples: train and val draw the same windows");
+            TU_CHECK(sl_dataset_batch(tt, 16, 8, 11, 2, 0, 0, ax, ay) == SL_OK &&
+                         sl_dataset_batch(tw, 16, 8, 11, 2, 0, 0, vx, vy) == SL_OK &&
+                         memcmp(ax, vx, sizeof ax),
+                     "sl_dataset_batch: train and val draw the same windows");
+        }
+        sl_dataset_close(tt);
+        sl_dataset_close(tw);
+        iot_cleanup(twin);
     }
     /* sl_dataset_samples: sample g of a step is a pure function of (seed, split, step, g), so any split of
      * a global batch into micro-batches draws the same windows (Note [Deterministic batches]) */

@@ -603,7 +603,8 @@ static void fake_state_free(sl_model *m) {
 }
 
 /* AdamW over a fake flat model (odd tensor sizes, decay on some): bitwise equal to the plain scalar
- * formula of Note [AdamW order of operations], for 1 and 2 threads, over 3 steps. */
+ * formula of Note [AdamW order of operations], for 1 and 2 threads, over 3 steps, each with its own gradient
+ * scale (the clip coefficient / loss scale folded into the update: sl_adamw_step_scaled). */
 static void test_adamw(void) {
     const int64_t sizes[] = {1, 3, 17, 63, 65, 1000, 40000};
     enum { NP = 7 };
@@ -632,7 +633,8 @@ static void test_adamw(void) {
             memcpy(m.grads_mem, g, sizeof(float) * (size_t)off);
             free(g);
             float lr = 1e-3f * (float)step;
-            TU_CHECK(sl_adamw_step(&opt, &m, lr) == SL_OK, "adamw step");
+            float gs = 1.0f / (float)(step + 1);
+            TU_CHECK(sl_adamw_step_scaled(&opt, &m, lr, gs) == SL_OK, "adamw step");
             double bc1 = 1.0 - pow(0.9, step), bc2 = 1.0 - pow((double)0.95f, step);
             float b1 = 0.9f, b2 = 0.95f, ss = (float)(lr / (1.0 - pow((double)b1, step))),
                   bs = (float)sqrt(bc2);
@@ -640,7 +642,7 @@ static void test_adamw(void) {
             for (int i = 0; i < NP; i++) {
                 float decay = pi[i].decay ? 1.0f - lr * hp.weight_decay : 1.0f;
                 for (int64_t k = pi[i].offset; k < pi[i].offset + pi[i].numel; k++) {
-                    volatile float gk = m.grads_mem[k], t1, t2;
+                    volatile float gk = m.grads_mem[k] * gs, t1, t2;
                     p_ref[k] *= decay;
                     t1 = gk - m_ref[k];
                     t1 = (1.0f - b1) * t1;
@@ -659,11 +661,11 @@ static void test_adamw(void) {
             }
         }
         TU_CHECK(memcmp(p_ref, m.params_mem, sizeof(float) * (size_t)off) == 0,
-                 "adamw params bitwise (%d threads)", threads);
+                 "adamw params bitwise (%s, %d threads)", g_isa, threads);
         TU_CHECK(memcmp(m_ref, sl_buffer_map(opt.m), sizeof(float) * (size_t)off) == 0,
-                 "adamw m bitwise (%d threads)", threads);
+                 "adamw m bitwise (%s, %d threads)", g_isa, threads);
         TU_CHECK(memcmp(v_ref, sl_buffer_map(opt.v), sizeof(float) * (size_t)off) == 0,
-                 "adamw v bitwise (%d threads)", threads);
+                 "adamw v bitwise (%s, %d threads)", g_isa, threads);
         sl_adamw_free(&opt);
         fake_state_free(&m);
         free(p_ref);
@@ -757,12 +759,49 @@ static void test_clip_grad_norm(void) {
             int bad = 0;
             for (int64_t k = 0; k < n; k++) bad += m.grads_mem[k] != g0[k] * coef;
             TU_CHECK(bad == 0, "clipped grads scaled by coef (n=%lld, %d wrong)", (long long)n, bad);
+            /* a norm under max_norm: the gradients are left as they are (never scaled up) */
+            memcpy(m.grads_mem, g0, sizeof(float) * (size_t)n);
+            TU_CHECK(sl_clip_grad_norm(&m, 4.0f * refn, &nn) == SL_OK, "clip");
+            TU_CHECK(memcmp(m.grads_mem, g0, sizeof(float) * (size_t)n) == 0,
+                     "a norm below max_norm leaves the grads alone (n=%lld)", (long long)n);
             fake_state_free(&m);
         }
         TU_CHECK(memcmp(&norms[0], &norms[1], sizeof(float)) == 0, "clip norm bitwise 1 vs 2 threads");
         free(g0);
     }
     sl_threads_set(2);
+}
+
+/* sl_clip_coef and the LR schedule (warmup, then cosine to min_lr at decay_iters, min_lr after) at points
+ * whose values are known exactly: cos 0 = 1, cos(pi/2) = 0, cos(pi) = -1 */
+static void test_clip_coef_lr_schedule(void) {
+    TU_CHECK(sl_clip_coef(0.5f, 1.0f) == 1.0f && sl_clip_coef(1.0f - 1e-3f, 1.0f) == 1.0f,
+             "clip coef of a norm under max_norm is 1: %g", (double)sl_clip_coef(0.5f, 1.0f));
+    TU_CHECK(fabsf(sl_clip_coef(4.0f, 1.0f) - 0.25f) < 1e-6f, "clip coef 1/4: %g",
+             (double)sl_clip_coef(4.0f, 1.0f));
+    TU_CHECK(sl_clip_coef(4.0f, 0.0f) == 1.0f, "max_norm 0: no clipping");
+    const float lr = 1e-3f, mn = 1e-4f;
+    struct {
+        int64_t it, warmup, decay;
+        float want;
+    } c[] = {
+        {0, 4, 14, lr * 0.25f},
+        {1, 4, 14, lr * 0.5f},
+        {3, 4, 14, lr},                    /* linear warmup to lr at it warmup-1 */
+        {4, 4, 14, lr},                    /* cosine from lr */
+        {9, 4, 14, mn + 0.5f * (lr - mn)}, /* halfway: cos(pi/2) = 0 */
+        {14, 4, 14, mn},
+        {15, 4, 14, mn},
+        {1000, 4, 14, mn}, /* at and after decay_iters: min_lr */
+        {0, 0, 10, lr},
+        {5, 0, 10, mn + 0.5f * (lr - mn)}, /* no warmup */
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        float got = sl_lr_schedule(c[i].it, lr, mn, c[i].warmup, c[i].decay);
+        TU_CHECK(fabsf(got - c[i].want) <= 1e-6f * c[i].want,
+                 "lr schedule it %lld (warmup %lld, decay %lld): %g, want %g", (long long)c[i].it,
+                 (long long)c[i].warmup, (long long)c[i].decay, (double)got, (double)c[i].want);
+    }
 }
 
 int main(void) {
@@ -802,5 +841,10 @@ int main(void) {
     test_matmul_bf16_grad();
     test_adamw();
     test_clip_grad_norm();
+    test_clip_coef_lr_schedule();
+    sl_kern_isa_force(SL_KISA_SCALAR); /* AdamW's scalar body (elsewhere only the tails of the SIMD one) */
+    g_isa = sl_kern_isa_name(SL_KISA_SCALAR);
+    test_adamw();
+    sl_kern_isa_force(-1);
     return tu_finish("test_kernels_simd");
 }

@@ -174,6 +174,26 @@ int main(void) {
              "damaged loss_scaler: rc %d, want 2 and one line naming the file and field: %s", rc, out);
     snprintf(p, sizeof p, "%s/bad/model.safetensors", dir);
     TU_CHECK(access(p, F_OK) != 0, "the refused run wrote %s", p);
+    /* resumed from step 7, two good steps into a growth window (step 5 overflowed, so its checkpoint has a
+     * growth tracker of 0 and would not notice one lost): the scale still doubles on schedule at step 9 */
+    TU_CHECK(mf.skipped[5] == 1 && mf.skipped[6] == 0 && mf.skipped[7] == 0 && mf.skipped[8] == 0 &&
+                 mf.scale[9] == 2 * mf.scale[8],
+             "the uninterrupted run: overflow at 5, growth at 9 (scales %g %g)", mf.scale[8], mf.scale[9]);
+    rc = run("%s train --data-path %s " TINY " --save %s/full7 --save-interval 7", cli, data, dir);
+    TU_CHECK(rc == 0, "fp16 with a checkpoint at step 7: %s", out);
+    rc = tu_runf(
+        out, sizeof out, "",
+        "mkdir -p %s/res7 && cp -r %s/full7/step-0000007 %s/res7/ && echo step-0000007 > %s/res7/latest", dir,
+        dir, dir, dir);
+    TU_CHECK(rc == 0, "copy the step-7 checkpoint: %s", out);
+    rc = run("%s train --data-path %s " TINY " --load %s/res7 --save %s/res7", cli, data, dir, dir);
+    TU_CHECK(rc == 0 && strstr(out, "resumed from"), "fp16 resume from step 7: %s", out);
+    snprintf(p, sizeof p, "%s/res7/metrics.jsonl", dir);
+    read_metrics(p, &mr);
+    for (int s = 8; s <= STEPS; s++)
+        TU_CHECK(mr.loss[s] == mf.loss[s] && mr.scale[s] == mf.scale[s] && mr.skipped[s] == mf.skipped[s],
+                 "resumed from 7, step %d: loss %.8f scale %g skipped %d, uninterrupted %.8f %g %d", s,
+                 mr.loss[s], mr.scale[s], mr.skipped[s], mf.loss[s], mf.scale[s], mf.skipped[s]);
 
     /* pipeline parallelism, 4 layers: the schedule's slots carry the scale; every stage skips together;
      * and tensor parallelism, with and without sequence parallelism (under SP the row-parallel bias's
