@@ -64,5 +64,11 @@ int main(void) {
     TU_CHECK(sl_wire_tcp_addr_check(&a, sizeof a, 3) == SL_ERR_PEER, "empty ip refused");
     strcpy(a.ip, "10.0.0.1\n");
     TU_CHECK(sl_wire_tcp_addr_check(&a, sizeof a, 3) == SL_ERR_PEER, "control byte refused");
+    strcpy(a.ip, "10.0.0.1 ");
+    TU_CHECK(sl_wire_tcp_addr_check(&a, sizeof a, 3) == SL_ERR_PEER && strstr(sl_errmsg(), "0x20"),
+             "a space (0x20, the first printable byte) refused: %s", sl_errmsg());
+    strcpy(a.ip, "10.0.0.1~");
+    TU_CHECK(sl_wire_tcp_addr_check(&a, sizeof a, 3) == SL_OK, "'~' (the last printable byte) accepted: %s",
+             sl_errmsg());
     return tu_finish("test_comm_wire");
 }

@@ -306,6 +306,127 @@ static void test_failures(void) {
     TU_CHECK(sl_plan_simulate(&o, &r) == SL_ERR_INVALID, "interval 0 is bad input");
 }
 
+/* Daly's interval against the optimum of the analytic expectation it approximates (golden-section search on
+ * sl_plan_expected_goodput: within 0.2 %; the higher-order terms matter at delta / M = 1/6), its cap at M
+ * once delta >= 2 M, and the simulation's edge cases against exact answers */
+static double argmax_goodput(const sl_plan_ckpt *c) {
+    double a = 1, b = 20 * c->mtbf_sec, r = (sqrt(5.0) - 1) / 2;
+    while (b - a > 1e-3) {
+        double x1 = b - r * (b - a), x2 = a + r * (b - a);
+        if (sl_plan_expected_goodput(c, x1) > sl_plan_expected_goodput(c, x2))
+            b = x2;
+        else
+            a = x1;
+    }
+    return (a + b) / 2;
+}
+
+static void test_failures_exact(void) {
+    const double deltas[] = {60, 600};
+    for (int i = 0; i < 2; i++) {
+        sl_plan_ckpt ck = {.save_sec = deltas[i], .restore_sec = 0, .mtbf_sec = 3600};
+        double td = sl_plan_daly_interval(deltas[i], 3600), opt = argmax_goodput(&ck);
+        TU_CHECK(fabs(td / opt - 1) < 0.002, "Daly's interval at delta %.0f, M 3600: %.2f s, optimum %.2f s",
+                 deltas[i], td, opt);
+    }
+    TU_CHECK(sl_plan_daly_interval(8000, 3600) == 3600, "delta >= 2 M: tau = M, got %g",
+             sl_plan_daly_interval(8000, 3600));
+    /* no failures: 3 full segments and a last of 100 s without a save, exactly */
+    sl_plan_sim_opts o = {.work_sec = 1000,
+                          .interval_sec = 300,
+                          .hosts = 4,
+                          .host_mtbf_sec = 1e300,
+                          .save_sec = 60,
+                          .restore_sec = 120,
+                          .spares = 0,
+                          .seed = 3};
+    sl_plan_sim_result r;
+    TU_CHECK(sl_plan_simulate(&o, &r) == SL_OK && r.failures == 0 && r.wall_sec == 3 * 360.0 + 100 &&
+                 r.checkpoints == 4,
+             "no failures: wall %.3f s (want 1180), %lld checkpoints", r.wall_sec, (long long)r.checkpoints);
+    /* no spares: every failure (in a segment or a restore) waits for its own host's repair, and the waits are
+     * part of the wall time */
+    o.host_mtbf_sec = 4 * 3600.0;
+    o.work_sec = 100 * 3600.0;
+    o.repair_sec = 1800;
+    TU_CHECK(sl_plan_simulate(&o, &r) == SL_OK && r.failures > 50 && r.waits_for_spare == r.failures &&
+                 fabs(r.wait_sec - 1800.0 * (double)r.failures) < 1e-6 &&
+                 r.wall_sec >= o.work_sec + r.wait_sec,
+             "no spares: %lld failures, %lld waits, %.0f s waited, wall %.0f s", (long long)r.failures,
+             (long long)r.waits_for_spare, r.wait_sec, r.wall_sec);
+    /* a restore as long as the job MTBF: failures during restores (restarting it) dominate; Daly's e^{R/M} */
+    sl_plan_ckpt ck = {.save_sec = 60, .restore_sec = 3600, .mtbf_sec = 3600};
+    o = (sl_plan_sim_opts){.work_sec = 5000 * 3600.0,
+                           .interval_sec = 600,
+                           .hosts = 10,
+                           .host_mtbf_sec = 36000,
+                           .save_sec = 60,
+                           .restore_sec = 3600,
+                           .spares = 1 << 30,
+                           .seed = 11};
+    double g = sl_plan_expected_goodput(&ck, 600);
+    TU_CHECK(sl_plan_simulate(&o, &r) == SL_OK && fabs(r.goodput / g - 1) < 0.02,
+             "restore = MTBF: simulated goodput %.4f, analytic %.4f (%lld failures)", r.goodput, g,
+             (long long)r.failures);
+}
+
+/* the time model's terms against their formulas (Note [Planner time model]) on one host of 4 devices with
+ * distinct intra / inter links: FLOPs per token (Kaplan et al. 2020: 6 N + 6 L T C, N the matmul weights
+ * with the LM head), the DP all-reduce and ZeRO-1's all-gather, the optimizer's 32 B per parameter, the TP
+ * all-reduces (4 per layer, 6 with recomputation) on the intra link when tp fills the host, the pipeline's
+ * 2 m sends; and a ZeRO shard's < dp tail (one bucket of P: P / dp + P % dp) */
+static void test_time_terms(void) {
+    sl_plan_model g;
+    TU_CHECK(sl_plan_model_load("gpt2-124m", &g) == SL_OK, "gpt2-124m: %s", sl_errmsg());
+    double L = (double)g.n_layer, C = (double)g.hidden, V = (double)g.vocab, T = 64;
+    double f = 6.0 * (12.0 * L * C * C + V * C) + 6.0 * L * T * C;
+    TU_CHECK(fabs(sl_plan_flops_per_token(&g, 64) / f - 1) < 1e-12, "FLOPs per token %.6g, want %.6g",
+             sl_plan_flops_per_token(&g, 64), f);
+    double ai = 2e-6, bi = 4e9, ax = 50e-6, bx = 1e8, bw = 1.5e10;
+    sl_plan_cluster cl = local_cluster(4);
+    cl.hosts = 2;
+    cl.intra = (sl_plan_link){ai, bi};
+    cl.inter = (sl_plan_link){ax, bx};
+    cl.mem_bytes = 1e12;
+    cl.overlap = 0;
+    cl.mem_bw_Bps = bw;
+    sl_plan_job job = {.global_batch = 16, .seq_len = 64, .bucket_elems = 1LL << 40, .devices = 4};
+    double P = (double)sl_plan_model_params(&g), N = 4.0 * P;
+    sl_plan_layout z0 = {.dp = 4, .tp = 1, .pp = 1, .micro_batch = 2}, z1 = z0;
+    z1.zero = 1;
+    TU_CHECK(sl_plan_evaluate(&g, &cl, &job, &z0) == SL_OK && sl_plan_evaluate(&g, &cl, &job, &z1) == SL_OK,
+             "dp 4: %s", sl_errmsg());
+    double ar = 2.0 * 3.0 / 4.0 * N / bi + 6.0 * ai, ag = 3.0 / 4.0 * N / bi;
+    TU_CHECK(fabs(z0.t_dp_comm / ar - 1) < 1e-9, "ZeRO-0 all-reduce %.6f s, formula %.6f s", z0.t_dp_comm,
+             ar);
+    TU_CHECK(fabs(z1.t_dp_comm / (ar + ag) - 1) < 1e-9,
+             "ZeRO-1 all-reduce + all-gather %.6f s, formula %.6f s", z1.t_dp_comm, ar + ag);
+    TU_CHECK(fabs(z0.t_optim / (32.0 * P / bw) - 1) < 1e-9, "optimizer %.6f s, formula %.6f s", z0.t_optim,
+             32.0 * P / bw);
+    double x = 4.0 * 2.0 * T * C, tp_ar = 2.0 * 3.0 * ai + 2.0 * 3.0 / 4.0 * x / bi;
+    sl_plan_layout t4 = {.dp = 1, .tp = 4, .pp = 1, .micro_batch = 2}, t4r = t4;
+    t4r.recompute = 1;
+    TU_CHECK(sl_plan_evaluate(&g, &cl, &job, &t4) == SL_OK && sl_plan_evaluate(&g, &cl, &job, &t4r) == SL_OK,
+             "tp 4: %s", sl_errmsg());
+    TU_CHECK(fabs(t4.t_tp_comm / (8.0 * L * 4.0 * tp_ar) - 1) < 1e-9, "TP all-reduces %.6f s, formula %.6f s",
+             t4.t_tp_comm, 8.0 * L * 4.0 * tp_ar);
+    TU_CHECK(fabs(t4r.t_tp_comm / (8.0 * L * 6.0 * tp_ar) - 1) < 1e-9,
+             "TP all-reduces with recomputation %.6f s, formula %.6f s", t4r.t_tp_comm,
+             8.0 * L * 6.0 * tp_ar);
+    sl_plan_layout p2 = {.dp = 2, .tp = 1, .pp = 2, .micro_batch = 2};
+    TU_CHECK(sl_plan_evaluate(&g, &cl, &job, &p2) == SL_OK, "pp 2: %s", sl_errmsg());
+    TU_CHECK(fabs(p2.t_pp_comm / (2.0 * 4.0 * (ai + x / bi)) - 1) < 1e-9, "PP sends %.6g s, formula %.6g s",
+             p2.t_pp_comm, 2.0 * 4.0 * (ai + x / bi));
+    int64_t Pi = sl_plan_model_params(&g);
+    TU_CHECK(Pi % 7 != 0, "test bug: P %% 7 must leave a tail");
+    sl_plan_job job7 = {.global_batch = 14, .seq_len = 64, .bucket_elems = 1LL << 40, .devices = 7};
+    sl_plan_layout d7 = {.dp = 7, .tp = 1, .pp = 1, .micro_batch = 2, .zero = 1};
+    TU_CHECK(sl_plan_evaluate(&g, &cl, &job7, &d7) == SL_OK, "dp 7: %s", sl_errmsg());
+    TU_CHECK(d7.mem.optim == 8.0 * (double)(Pi / 7 + Pi % 7),
+             "ZeRO-1 moments %.0f B, want 8 (P/7 + P%%7) = %.0f B", d7.mem.optim,
+             8.0 * (double)(Pi / 7 + Pi % 7));
+}
+
 static const char *GOOD =
     "{\"hosts\": 2, \"devices_per_host\": 4, \"device\": {\"peak_TFLOPs\": 100, \"memory_GiB\": 40, "
     "\"mem_bw_GBps\": 1000}, \"links\": {\"intra_host\": {\"alpha_us\": 2, \"beta_GBps\": 100}, "
@@ -496,6 +617,8 @@ int main(void) {
     sl_threads_set(1);
     test_memory();
     test_failures();
+    test_failures_exact();
+    test_time_terms();
     test_cluster_files();
     test_model_only();
     test_dp_across_hosts();
