@@ -23,21 +23,10 @@ static void write_split(const char *dir, const char *split, const int64_t *sizes
     }
 }
 
-int main(void) {
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s", tu_tmpdir("loader"));
-    int64_t sizes[3] = {3000, 17, 5000}; /* a tiny middle shard: windows must straddle it */
-    write_split(dir, "train", sizes, 3, V);
-    int64_t vs[1] = {40};
-    write_split(dir, "val", vs, 1, V);
+enum { B = 8, T = 64 };
 
-    sl_dataset *ds = NULL;
-    TU_CHECK(sl_dataset_open(dir, "train", &ds) == SL_OK, "%s", sl_errmsg());
-    if (!ds) return tu_finish("test_io_loader");
-    TU_CHECK(sl_dataset_vocab_size(ds) == V, "vocab %d", sl_dataset_vocab_size(ds));
-    TU_CHECK(sl_dataset_num_tokens(ds) == 8017, "num tokens %lld", (long long)sl_dataset_num_tokens(ds));
-    TU_CHECK(sl_dataset_num_shards(ds) == 3, "shards %d", sl_dataset_num_shards(ds));
-
+/* reads across shard boundaries, the batch sampler's windows, determinism and coverage */
+static void test_reads(sl_dataset *ds, const char *dir) {
     /* sequential read across boundaries */
     int32_t seq[100];
     TU_CHECK(sl_dataset_read(ds, 2980, 100, seq) == SL_OK, "%s", sl_errmsg());
@@ -47,7 +36,6 @@ int main(void) {
     TU_CHECK(sl_dataset_read(ds, 8000, 18, seq) == SL_ERR_INVALID, "read past the end accepted");
     TU_CHECK(sl_dataset_read(ds, -1, 2, seq) == SL_ERR_INVALID, "negative start accepted");
 
-    enum { B = 8, T = 64 };
     int32_t x[B * T], y[B * T], x2[B * T], y2[B * T];
     TU_CHECK(sl_dataset_batch(ds, B, T, 1234, 7, 0, 0, x, y) == SL_OK, "%s", sl_errmsg());
     /* every row is T+1 consecutive tokens: inputs consecutive, targets = inputs shifted by one */
@@ -106,6 +94,12 @@ int main(void) {
              (long long)lo, (long long)hi);
     TU_CHECK(hits_mid > 0, "no window touched the middle shard in 4000 draws");
 
+    TU_CHECK(sl_dataset_batch(ds, 0, 4, 1, 0, 0, 0, x, y) == SL_ERR_INVALID, "B=0 accepted");
+    TU_CHECK(sl_dataset_batch(ds, 1, 4, 1, 0, -1, 0, x, y) == SL_ERR_INVALID, "rank -1 accepted");
+}
+
+/* a split only just long enough: T+1 == N works, T+1 > N is refused; two valid starts are both drawn */
+static void test_short_split(const char *dir) {
     /* too short: T+1 > tokens */
     sl_dataset *dv = NULL;
     TU_CHECK(sl_dataset_open(dir, "val", &dv) == SL_OK, "%s", sl_errmsg());
@@ -132,72 +126,70 @@ int main(void) {
         free(by);
         sl_dataset_close(dv);
     }
+}
+
+static void test_twin_splits(void) {
     /* the split is part of the stream: train and val holding the same tokens draw different windows for the
      * same (seed, step, sample) (Note [Deterministic batches]) */
-    {
-        char twin[600];
-        snprintf(twin, sizeof twin, "%s", tu_tmpdir("loader-twin"));
-        int64_t ts[1] = {400};
-        write_split(twin, "train", ts, 1, V);
-        write_split(twin, "val", ts, 1, V);
-        sl_dataset *tt = NULL, *tw = NULL;
-        TU_CHECK(sl_dataset_open(twin, "train", &tt) == SL_OK && sl_dataset_open(twin, "val", &tw) == SL_OK,
-                 "twin splits: %s", sl_errmsg());
-        if (tt && tw) {
-            int32_t ax[16 * 8], ay[16 * 8], vx[16 * 8], vy[16 * 8];
-            TU_CHECK(sl_dataset_samples(tt, 8, 11, 2, 0, 16, ax, ay) == SL_OK &&
-                         sl_dataset_samples(tw, 8, 11, 2, 0, 16, vx, vy) == SL_OK &&
-                         memcmp(ax, vx, sizeof ax),
-                     "sl_dataset_samples: train and val draw the same windows");
-            TU_CHECK(sl_dataset_batch(tt, 16, 8, 11, 2, 0, 0, ax, ay) == SL_OK &&
-                         sl_dataset_batch(tw, 16, 8, 11, 2, 0, 0, vx, vy) == SL_OK &&
-                         memcmp(ax, vx, sizeof ax),
-                     "sl_dataset_batch: train and val draw the same windows");
-        }
-        sl_dataset_close(tt);
-        sl_dataset_close(tw);
-        iot_cleanup(twin);
+    char twin[600];
+    snprintf(twin, sizeof twin, "%s", tu_tmpdir("loader-twin"));
+    int64_t ts[1] = {400};
+    write_split(twin, "train", ts, 1, V);
+    write_split(twin, "val", ts, 1, V);
+    sl_dataset *tt = NULL, *tw = NULL;
+    TU_CHECK(sl_dataset_open(twin, "train", &tt) == SL_OK && sl_dataset_open(twin, "val", &tw) == SL_OK,
+             "twin splits: %s", sl_errmsg());
+    if (tt && tw) {
+        int32_t ax[16 * 8], ay[16 * 8], vx[16 * 8], vy[16 * 8];
+        TU_CHECK(sl_dataset_samples(tt, 8, 11, 2, 0, 16, ax, ay) == SL_OK &&
+                     sl_dataset_samples(tw, 8, 11, 2, 0, 16, vx, vy) == SL_OK && memcmp(ax, vx, sizeof ax),
+                 "sl_dataset_samples: train and val draw the same windows");
+        TU_CHECK(sl_dataset_batch(tt, 16, 8, 11, 2, 0, 0, ax, ay) == SL_OK &&
+                     sl_dataset_batch(tw, 16, 8, 11, 2, 0, 0, vx, vy) == SL_OK && memcmp(ax, vx, sizeof ax),
+                 "sl_dataset_batch: train and val draw the same windows");
     }
+    sl_dataset_close(tt);
+    sl_dataset_close(tw);
+    iot_cleanup(twin);
+}
+
+static void test_samples(sl_dataset *ds, const char *dir) {
     /* sl_dataset_samples: sample g of a step is a pure function of (seed, split, step, g), so any split of
      * a global batch into micro-batches draws the same windows (Note [Deterministic batches]) */
-    {
-        int32_t gx[B * T], gy[B * T], px[B * T], py[B * T];
-        TU_CHECK(sl_dataset_samples(ds, T, 1234, 7, 0, B, gx, gy) == SL_OK, "%s", sl_errmsg());
-        int same = 1, cons = 1;
-        for (int parts = 2; parts <= B; parts *= 2) { /* micro-batches of B/parts rows */
-            int mb = B / parts;
-            for (int m = 0; m < parts; m++)
-                TU_CHECK(sl_dataset_samples(ds, T, 1234, 7, (int64_t)m * mb, mb, px + m * mb * T,
-                                            py + m * mb * T) == SL_OK,
-                         "%s", sl_errmsg());
-            same &= !memcmp(gx, px, sizeof gx) && !memcmp(gy, py, sizeof gy);
-        }
-        TU_CHECK(same, "splitting a global batch into micro-batches changed its samples");
-        for (int b = 0; b < B; b++)
-            for (int t = 0; t < T; t++) cons &= gy[b * T + t] == (gx[b * T + t] + 1) % V;
-        TU_CHECK(cons, "sl_dataset_samples windows are not consecutive stream tokens");
-        sl_dataset *ds3 = NULL;
-        TU_CHECK(sl_dataset_open(dir, "train", &ds3) == SL_OK, "%s", sl_errmsg());
-        TU_CHECK(ds3 && sl_dataset_samples(ds3, T, 1234, 7, 0, B, px, py) == SL_OK &&
-                     !memcmp(gx, px, sizeof gx),
-                 "same (seed, step, samples) from a second open gave other windows");
-        sl_dataset_close(ds3);
-        TU_CHECK(sl_dataset_samples(ds, T, 1234, 8, 0, B, px, py) == SL_OK && memcmp(gx, px, sizeof gx),
-                 "changing the step did not change the samples");
-        TU_CHECK(sl_dataset_samples(ds, T, 99, 7, 0, B, px, py) == SL_OK && memcmp(gx, px, sizeof gx),
-                 "changing the seed did not change the samples");
-        TU_CHECK(sl_dataset_samples(ds, T, 1234, 7, B, B, px, py) == SL_OK && memcmp(gx, px, sizeof gx),
-                 "samples B..2B-1 repeat samples 0..B-1");
-        TU_CHECK(sl_dataset_samples(ds, T, 1234, 7, -1, 1, px, py) == SL_ERR_INVALID, "first -1 accepted");
-        TU_CHECK(sl_dataset_samples(ds, T, 1234, 7, 0, 0, px, py) == SL_ERR_INVALID, "n=0 accepted");
-        TU_CHECK(sl_dataset_samples(ds, T, 1234, 1ull << 61, 0, 1, px, py) == SL_ERR_INVALID,
-                 "step 2^61 accepted");
+    int32_t gx[B * T], gy[B * T], px[B * T], py[B * T];
+    TU_CHECK(sl_dataset_samples(ds, T, 1234, 7, 0, B, gx, gy) == SL_OK, "%s", sl_errmsg());
+    int same = 1, cons = 1;
+    for (int parts = 2; parts <= B; parts *= 2) { /* micro-batches of B/parts rows */
+        int mb = B / parts;
+        for (int m = 0; m < parts; m++)
+            TU_CHECK(sl_dataset_samples(ds, T, 1234, 7, (int64_t)m * mb, mb, px + m * mb * T,
+                                        py + m * mb * T) == SL_OK,
+                     "%s", sl_errmsg());
+        same &= !memcmp(gx, px, sizeof gx) && !memcmp(gy, py, sizeof gy);
     }
-    TU_CHECK(sl_dataset_batch(ds, 0, 4, 1, 0, 0, 0, x, y) == SL_ERR_INVALID, "B=0 accepted");
-    TU_CHECK(sl_dataset_batch(ds, 1, 4, 1, 0, -1, 0, x, y) == SL_ERR_INVALID, "rank -1 accepted");
-    sl_dataset_close(ds);
+    TU_CHECK(same, "splitting a global batch into micro-batches changed its samples");
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) cons &= gy[b * T + t] == (gx[b * T + t] + 1) % V;
+    TU_CHECK(cons, "sl_dataset_samples windows are not consecutive stream tokens");
+    sl_dataset *ds3 = NULL;
+    TU_CHECK(sl_dataset_open(dir, "train", &ds3) == SL_OK, "%s", sl_errmsg());
+    TU_CHECK(ds3 && sl_dataset_samples(ds3, T, 1234, 7, 0, B, px, py) == SL_OK && !memcmp(gx, px, sizeof gx),
+             "same (seed, step, samples) from a second open gave other windows");
+    sl_dataset_close(ds3);
+    TU_CHECK(sl_dataset_samples(ds, T, 1234, 8, 0, B, px, py) == SL_OK && memcmp(gx, px, sizeof gx),
+             "changing the step did not change the samples");
+    TU_CHECK(sl_dataset_samples(ds, T, 99, 7, 0, B, px, py) == SL_OK && memcmp(gx, px, sizeof gx),
+             "changing the seed did not change the samples");
+    TU_CHECK(sl_dataset_samples(ds, T, 1234, 7, B, B, px, py) == SL_OK && memcmp(gx, px, sizeof gx),
+             "samples B..2B-1 repeat samples 0..B-1");
+    TU_CHECK(sl_dataset_samples(ds, T, 1234, 7, -1, 1, px, py) == SL_ERR_INVALID, "first -1 accepted");
+    TU_CHECK(sl_dataset_samples(ds, T, 1234, 7, 0, 0, px, py) == SL_ERR_INVALID, "n=0 accepted");
+    TU_CHECK(sl_dataset_samples(ds, T, 1234, 1ull << 61, 0, 1, px, py) == SL_ERR_INVALID,
+             "step 2^61 accepted");
+}
 
-    /* errors at open */
+/* errors at open: an unknown split, a missing shard, vocab mismatches, a corrupted shard */
+static void test_open_errors(const char *dir) {
     sl_dataset *bad = NULL;
     TU_CHECK(sl_dataset_open(dir, "test", &bad) == SL_ERR_INVALID && !bad, "unknown split accepted");
     char empty[512];
@@ -247,6 +239,30 @@ int main(void) {
     TU_CHECK(sl_dataset_open(dir, "train", &bad) == SL_ERR_FORMAT && !bad, "corrupt shard accepted");
     TU_CHECK(iot_contains(sl_errmsg(), "train_001.bin") && iot_contains(sl_errmsg(), "magic"), "message: %s",
              sl_errmsg());
-    iot_cleanup(dir), iot_cleanup(empty), iot_cleanup(mix), iot_cleanup(tv);
+    iot_cleanup(empty), iot_cleanup(mix), iot_cleanup(tv);
+}
+
+int main(void) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir("loader"));
+    int64_t sizes[3] = {3000, 17, 5000}; /* a tiny middle shard: windows must straddle it */
+    write_split(dir, "train", sizes, 3, V);
+    int64_t vs[1] = {40};
+    write_split(dir, "val", vs, 1, V);
+
+    sl_dataset *ds = NULL;
+    TU_CHECK(sl_dataset_open(dir, "train", &ds) == SL_OK, "%s", sl_errmsg());
+    if (!ds) return tu_finish("test_io_loader");
+    TU_CHECK(sl_dataset_vocab_size(ds) == V, "vocab %d", sl_dataset_vocab_size(ds));
+    TU_CHECK(sl_dataset_num_tokens(ds) == 8017, "num tokens %lld", (long long)sl_dataset_num_tokens(ds));
+    TU_CHECK(sl_dataset_num_shards(ds) == 3, "shards %d", sl_dataset_num_shards(ds));
+
+    test_reads(ds, dir);
+    test_short_split(dir);
+    test_twin_splits();
+    test_samples(ds, dir);
+    sl_dataset_close(ds);
+    test_open_errors(dir);
+    iot_cleanup(dir);
     return tu_finish("test_io_loader");
 }
