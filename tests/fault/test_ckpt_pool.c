@@ -177,16 +177,9 @@ static void isolated_hosts(void) {
     }
 }
 
-int main(void) {
-    cli = tu_cli();
-    snprintf(dir, sizeof dir, "%s", tu_tmpdir("ckpt_pool"));
-    int rc = run("sh -c 'head -c 20000 %s/data/tinyshakespeare.txt > s.txt && %s data prepare --input s.txt "
-                 "--output-prefix data'",
-                 SL_SOURCE_DIR, cli);
-    TU_CHECK(rc == 0, "prepare: %s", out);
-    rc = run("%s run -n 4 -- %s train " TINY " --save base", cli, cli);
-    TU_CHECK(rc == 0, "baseline: %s", out);
-
+/* replicas 2 over 2 hosts: a lost host, a corrupt replica, a short shard, both copies damaged */
+static void test_replicas(void) {
+    int rc;
     /* ---- replicas 2 over 2 hosts (ranks 0,1 on host 0; 2,3 on host 1): rank 2 dies with its disk ---- */
     rc = run("env SUANLI_FAULT_KILL_AT_STEP=10 SUANLI_FAULT_RANK=2 SUANLI_FAULT_LOSE_HOSTS=1 %s run -n 4 "
              "--hosts 2 "
@@ -235,7 +228,11 @@ int main(void) {
     TU_CHECK(rc == 0 && strstr(out, "resumed from L/host-0/.restore/step-0000008"),
              "resume from step 8: rc %d %s", rc, out);
     TU_CHECK(same("base", "rep3"), "fallback to step 8: final weights bitwise equal");
+}
 
+/* the pool drained to --save in the background; retention per tier; the shared tier alone */
+static void test_tiers(void) {
+    int rc;
     /* ---- tiers: pooled + drained to --save in the background; retention per tier ---- */
     rc =
         run("%s run -n 4 --hosts 2 -- %s train " TINY
@@ -251,7 +248,11 @@ int main(void) {
     TU_CHECK(rc == 0 && strstr(out, "resumed from tier/step-0000012"), "resume from the shared tier: %s",
              out);
     TU_CHECK(same("base", "tier2"), "shared tier: resumed weights bitwise equal");
+}
 
+/* erasure code: a lost host, inspect, gather, corrupt and foreign blocks, old headers, too many lost */
+static void test_ec(void) {
+    int rc;
     /* ---- erasure code 2+1 over 4 hosts (each rank its own host): rank 1 dies with its disk ---- */
     if (sl_ckpt_ec_available()) {
         rc = run("env SUANLI_FAULT_KILL_AT_STEP=10 SUANLI_FAULT_RANK=1 SUANLI_FAULT_LOSE_HOSTS=1 %s run -n 4 "
@@ -349,7 +350,11 @@ int main(void) {
                  "ec without ISA-L: rc %d %s", rc, out);
         printf("note: no ISA-L in this build; erasure-coding cases skipped\n");
     }
+}
 
+/* replicas over 4 hosts, 2 hosts lost: the shard without a copy is named */
+static void test_replicas_lost_two(void) {
+    int rc;
     /* ---- replicas over 4 hosts, 2 hosts lost: shard-r00001 (hosts 1, 2) is gone -> named ---- */
     rc = run(
         "sh -c '%s run -n 4 -- %s train " TINY
@@ -360,9 +365,11 @@ int main(void) {
                  strstr(out, "no intact copy of shard-r00001.safetensors (host 1: shard-r00001.safetensors "
                              "missing; host 2: shard-r00001.safetensors missing)"),
              "replicas: too many lost hosts named: rc %d %s", rc, out);
+}
 
-    isolated_hosts();
-
+/* bad flags: one line naming the flag, exit 2, nothing written */
+static void test_bad_flags(void) {
+    int rc;
     /* ---- bad flags: one line naming the flag, exit 2 (the launcher: 1 with the rank's 2), nothing written
      * ---- */
     rc = run("%s train " TINY " --save bad1 --save-interval 4 --ckpt-local-dir B --ckpt-ec 3", cli);
@@ -381,6 +388,24 @@ int main(void) {
     rc = run("%s run -n 2 --hosts 3 -- true", cli);
     TU_CHECK(rc == 2 && strstr(out, "--hosts: 3 exceeds the job's 2 ranks"), "run --hosts too many: %s", out);
     TU_CHECK(!exists("bad1") && !exists("B"), "no output written after bad flags");
+}
+
+int main(void) {
+    cli = tu_cli();
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir("ckpt_pool"));
+    int rc = run("sh -c 'head -c 20000 %s/data/tinyshakespeare.txt > s.txt && %s data prepare --input s.txt "
+                 "--output-prefix data'",
+                 SL_SOURCE_DIR, cli);
+    TU_CHECK(rc == 0, "prepare: %s", out);
+    rc = run("%s run -n 4 -- %s train " TINY " --save base", cli, cli);
+    TU_CHECK(rc == 0, "baseline: %s", out);
+
+    test_replicas();
+    test_tiers();
+    test_ec();
+    test_replicas_lost_two();
+    isolated_hosts();
+    test_bad_flags();
 
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
