@@ -19,7 +19,7 @@
  * other). The script exports SUANLI_RESTART_COUNT=SLURM_RESTART_COUNT, so ranks know the attempt
  * (test hooks fire on the first attempt only, as under suanli run --max-restarts). A step that ends
  * with 2 (bad input or usage), 126 or 127 (the program cannot run) is not requeued: it would fail the same
- * way on every attempt (as suanli run, Note [No restart after bad input]); the job ends with that status.
+ * way on every attempt (as suanli run; Note [Bad input under srun]); the job ends with that status.
  * Any other exit status is the job's. Tested end to end on a namespace Slurm cluster
  * (tests/fault/slurm_requeue.sh).
  *
@@ -147,6 +147,10 @@ static int write_script(const submit_args *a, char **prog) {
             "trap 'requeue=1; echo \"suanli submit: time limit in %s s: checkpoint and requeue\"; "
             "kill -USR1 \"$child\" 2>/dev/null' USR1\n",
             a->signal_sec);
+    /* srun's stderr also goes to a log (Note [Bad input under srun]) */
+    fprintf(f, "srunlog=$(mktemp \"${TMPDIR:-/tmp}/suanli-srun.XXXXXX\") && mkfifo \"$srunlog.fifo\" || "
+               "{ echo \"suanli submit: cannot create a temp file in ${TMPDIR:-/tmp}\" >&2; exit 1; }\n"
+               "tee \"$srunlog\" < \"$srunlog.fifo\" >&2 &\nteepid=$!\n");
     fprintf(f, "srun --kill-on-bad-exit=1");
     if (a->mpi) fprintf(f, " --mpi=%s", a->mpi);
     if (range) fprintf(f, " --ntasks-per-node=%s", a->tasks);
@@ -154,17 +158,27 @@ static int write_script(const submit_args *a, char **prog) {
         fputc(' ', f);
         shell_word(f, *p);
     }
-    fprintf(f, " &\nchild=$!\nwait \"$child\"; rc=$?\n"
-               "while kill -0 \"$child\" 2>/dev/null; do wait \"$child\"; rc=$?; done\n"
-               "if [ \"$rc\" -eq 75 ]; then\n"
-               "  echo \"suanli submit: checkpoint saved; requeueing job $SLURM_JOB_ID\"\n"
-               "  scontrol requeue \"$SLURM_JOB_ID\"\n  exit 0\nfi\n");
-    /* Note [No restart after bad input] (src/launch): 2 (bad input or usage), 126 / 127 (the program cannot
-     * run) fail the same way on every attempt, so they end the job instead of requeueing it */
-    fprintf(f, "case \"$rc\" in 2|126|127)\n"
-               "  echo \"suanli submit: step failed (status $rc: bad input, usage or a program that cannot "
-               "run); not requeueing job $SLURM_JOB_ID, it would fail the same way\"\n"
-               "  exit \"$rc\" ;;\nesac\n");
+    fprintf(f,
+            " 2> \"$srunlog.fifo\" &\nchild=$!\nwait \"$child\"; rc=$?\n"
+            "while kill -0 \"$child\" 2>/dev/null; do wait \"$child\"; rc=$?; done\n"
+            "wait \"$teepid\" 2>/dev/null\n"
+            "bad=$(grep -Eo 'tasks? [0-9,-]+: Exited with exit code (2|126|127)$' \"$srunlog\" | head -n 1)\n"
+            "rm -f \"$srunlog\" \"$srunlog.fifo\"\n"
+            "if [ \"$rc\" -eq 75 ]; then\n"
+            "  echo \"suanli submit: checkpoint saved; requeueing job $SLURM_JOB_ID\"\n"
+            "  scontrol requeue \"$SLURM_JOB_ID\"\n  exit 0\nfi\n");
+    /* Note [Bad input under srun]
+     * A task that exits 2 (bad input or usage; Note [No restart after bad input] in src/launch) or 126 / 127
+     * (the program cannot run) fails the same way on every attempt, so the job ends with that status
+     * instead of being requeued. srun's own status cannot tell: with --kill-on-bad-exit the other tasks
+     * are terminated and srun returns the highest status, 143 when one of them was still running. So the
+     * script reads srun's per-task report ("task 0: Exited with exit code 2") from its stderr, which it
+     * copies to a log (tee through a FIFO: the job's output still shows it as it comes). */
+    fprintf(f, "case \"$rc\" in 2|126|127) bad=\"exit code $rc\" ;; esac\n"
+               "if [ -n \"$bad\" ]; then\n"
+               "  echo \"suanli submit: step failed (status $rc; $bad: bad input, usage or a program that "
+               "cannot run); not requeueing job $SLURM_JOB_ID, it would fail the same way\"\n"
+               "  exit \"${bad##* }\"\nfi\n");
     fprintf(
         f,
         "if [ \"$rc\" -ne 0 ] && [ \"$SUANLI_RESTART_COUNT\" -lt %s ]; then\n"

@@ -89,7 +89,7 @@ for _ in $(seq 300); do [ -z "$(sc squeue -h -j "$jid" -o %T 2>/dev/null)" ] && 
 sc scontrol show job "$jid" | grep -q "ExitCode=2:0" || fail "bad: job $jid did not end with status 2"
 grep -q "not requeueing job $jid" "$d/bad/suanli-$jid.out" || fail "bad: no 'not requeueing' line"
 grep -q "requeueing job $jid (at most" "$d/bad/suanli-$jid.out" && fail "bad: the batch script requeued job $jid: $(cat "$d/bad/suanli-$jid.out")"
-echo "ok   bad input: the step exited 2, job $jid ended with status 2, the batch script did not requeue it ($(sc scontrol show job "$jid" | grep -o "Restarts=[0-9]*"))"
+echo "ok   bad input: job $jid ended with status 2, the batch script did not requeue it ($(sc scontrol show job "$jid" | grep -o "Restarts=[0-9]*"); $(grep -o "step failed (status [0-9]*" "$d/bad/suanli-$jid.out" | head -n 1))"
 
 job requeue 2 3
 cmp -s "$d/ref/model.safetensors" "$d/requeue/out/model.safetensors" ||
