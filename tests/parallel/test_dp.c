@@ -101,6 +101,29 @@ out_model:
     return NULL;
 }
 
+/* sl_dp_new refuses a ZeRO stage outside 0..3 (the CLI's flag range is not the library's only caller) */
+static void bad_stage(void) {
+    sl_model *m = NULL;
+    sl_trainer tr;
+    sl_mesh mesh;
+    TU_CHECK(sl_gpt2_new(&CFG, &m) == SL_OK, "model: %s", sl_errmsg());
+    sl_trainer_config tc = tcfg(1, 1);
+    TU_CHECK(sl_trainer_init(&tr, m, &tc) == SL_OK, "trainer: %s", sl_errmsg());
+    TU_CHECK(sl_mesh_init(&mesh, NULL, (sl_mesh_dims){1, 1, 1}) == SL_OK, "mesh: %s", sl_errmsg());
+    const int stages[] = {-1, 4};
+    for (int i = 0; i < 2; i++) {
+        sl_dp *dp = (sl_dp *)&mesh; /* set to NULL on refusal */
+        sl_dp_opts o = {.zero_stage = stages[i], .accum = 1};
+        sl_status st = sl_dp_new(&dp, &mesh, m, tr.graph, &o);
+        TU_CHECK(st == SL_ERR_INVALID && !dp && strstr(sl_errmsg(), "must be 0, 1, 2 or 3"),
+                 "--zero-stage %d refused (got %s: %s)", stages[i], sl_status_name(st), sl_errmsg());
+        if (st == SL_OK) sl_dp_free(dp);
+    }
+    sl_mesh_free(&mesh);
+    sl_trainer_free(&tr);
+    sl_model_free(m);
+}
+
 /* run n ranks on loopback; returns rank 0's job (others checked for agreement) */
 static rank_job run_dp(int n, int accum, int zero, int llama) {
     sl_comm *comms[8];
@@ -129,6 +152,7 @@ static rank_job run_dp(int n, int accum, int zero, int llama) {
 int main(void) {
     setenv("SUANLI_COMM_ALGO", "direct", 1);
     sl_threads_set(1);
+    bad_stage();
     /* single process: 4 micro-batches per step = the global batch of every layout below */
     rank_job ref = {.world = NULL, .n = 1, .accum = 4, .zero = 0};
     run_rank(&ref);
