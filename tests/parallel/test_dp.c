@@ -1,5 +1,6 @@
-/* Data parallelism with threads as ranks (loopback transport): DP=2 and DP=4 with ZeRO-0/1/2/3 against the
+/* Data parallelism with threads as ranks (loopback transport): DP=2, 3 and 4 with ZeRO-0/1/2/3 against the
  * single-process run with the same global batch (20 steps, fp32), and per-rank memory of each stage.
+ * DP=3 gives every bucket a tail (the elements past 3 equal parts); the gradient norm is the single's.
  * Bars: loss relative error <= 1e-6 at every step; with rank-ordered reduction (SUANLI_COMM_ALGO=direct)
  * accumulation order equals the single process's, so weights also match; ZeRO-1 equals plain DP bitwise,
  * ZeRO-2 (direct reduce-scatter) and ZeRO-3 (parameters gathered bucket by bucket) too; sharded optimizer
@@ -40,7 +41,7 @@ static const sl_llama_config LCFG = {.arch = SL_ARCH_MIXTRAL,
 typedef struct {
     sl_comm *world;
     int n, accum, zero, llama;
-    float losses[STEPS];
+    float losses[STEPS], norms[STEPS];
     float *final_params;
     int64_t numel;
     sl_dp_memory mem;
@@ -84,6 +85,7 @@ static void *run_rank(void *arg) {
         sl_step_stats ss;
         if ((j->st = sl_trainer_step(&tr, s, synth, NULL, &ss)) != SL_OK) break;
         j->losses[s] = ss.loss;
+        j->norms[s] = ss.grad_norm;
     }
     if (j->st == SL_OK && dp) j->st = sl_dp_gather_params(dp); /* ZeRO-3: whole weights again */
     j->numel = m->numel;
@@ -97,6 +99,29 @@ out_tr:
 out_model:
     sl_model_free(m);
     return NULL;
+}
+
+/* sl_dp_new refuses a ZeRO stage outside 0..3 (the CLI's flag range is not the library's only caller) */
+static void bad_stage(void) {
+    sl_model *m = NULL;
+    sl_trainer tr;
+    sl_mesh mesh;
+    TU_CHECK(sl_gpt2_new(&CFG, &m) == SL_OK, "model: %s", sl_errmsg());
+    sl_trainer_config tc = tcfg(1, 1);
+    TU_CHECK(sl_trainer_init(&tr, m, &tc) == SL_OK, "trainer: %s", sl_errmsg());
+    TU_CHECK(sl_mesh_init(&mesh, NULL, (sl_mesh_dims){1, 1, 1}) == SL_OK, "mesh: %s", sl_errmsg());
+    const int stages[] = {-1, 4};
+    for (int i = 0; i < 2; i++) {
+        sl_dp *dp = (sl_dp *)&mesh; /* set to NULL on refusal */
+        sl_dp_opts o = {.zero_stage = stages[i], .accum = 1};
+        sl_status st = sl_dp_new(&dp, &mesh, m, tr.graph, &o);
+        TU_CHECK(st == SL_ERR_INVALID && !dp && strstr(sl_errmsg(), "must be 0, 1, 2 or 3"),
+                 "--zero-stage %d refused (got %s: %s)", stages[i], sl_status_name(st), sl_errmsg());
+        if (st == SL_OK) sl_dp_free(dp);
+    }
+    sl_mesh_free(&mesh);
+    sl_trainer_free(&tr);
+    sl_model_free(m);
 }
 
 /* run n ranks on loopback; returns rank 0's job (others checked for agreement) */
@@ -127,27 +152,44 @@ static rank_job run_dp(int n, int accum, int zero, int llama) {
 int main(void) {
     setenv("SUANLI_COMM_ALGO", "direct", 1);
     sl_threads_set(1);
+    bad_stage();
     /* single process: 4 micro-batches per step = the global batch of every layout below */
     rank_job ref = {.world = NULL, .n = 1, .accum = 4, .zero = 0};
     run_rank(&ref);
     TU_CHECK(ref.st == SL_OK, "single: %s", sl_status_name(ref.st));
     TU_CHECK(ref.losses[STEPS - 1] < ref.losses[0] - 0.1f, "the model learns: %g -> %g", ref.losses[0],
              ref.losses[STEPS - 1]);
-    const int layouts[][2] = {{2, 2}, {4, 1}}; /* (dp, accum per rank) */
-    for (int li = 0; li < 2; li++) {
+    /* 3 micro-batches per step: the global batch of dp=3. Every parameter of CFG has a multiple of 4
+     * elements, so with 2 or 4 ranks no bucket has a tail; with 3 every bucket does (Note [DP buckets and
+     * shards]: the tail is all-reduced and updated by every rank) */
+    rank_job ref3 = {.world = NULL, .n = 1, .accum = 3, .zero = 0};
+    run_rank(&ref3);
+    TU_CHECK(ref3.st == SL_OK, "single (accum 3): %s", sl_status_name(ref3.st));
+    const int layouts[][2] = {{2, 2}, {4, 1}, {3, 1}}; /* (dp, accum per rank) */
+    for (int li = 0; li < 3; li++) {
         int n = layouts[li][0], accum = layouts[li][1];
+        const rank_job *rf = n * accum == 4 ? &ref : &ref3;
         rank_job z[4];
         for (int zero = 0; zero < 4; zero++) {
             z[zero] = run_dp(n, accum, zero, 0);
             double worst = 0;
             for (int s = 0; s < STEPS; s++) {
-                double r = fabs(z[zero].losses[s] - ref.losses[s]) / fabs(ref.losses[s]);
+                double r = fabs(z[zero].losses[s] - rf->losses[s]) / fabs(rf->losses[s]);
                 if (r > worst) worst = r;
             }
             printf(
                 "dp=%d accum=%d zero=%d: worst loss rel err vs single %.2e; final loss %.6f (single %.6f)\n",
-                n, accum, zero, worst, z[zero].losses[STEPS - 1], ref.losses[STEPS - 1]);
+                n, accum, zero, worst, z[zero].losses[STEPS - 1], rf->losses[STEPS - 1]);
             TU_CHECK(worst <= 1e-6, "dp=%d zero=%d loss rel err %.3g", n, zero, worst);
+            /* the gradient norm is the single process's (the mean over the global batch: each rank's
+             * gradients carry 1/(accum x dp)), whatever clipping then does to the update */
+            double wn = 0;
+            for (int s = 0; s < STEPS; s++) {
+                double r = fabs(z[zero].norms[s] - rf->norms[s]) / rf->norms[s];
+                if (r > wn) wn = r;
+            }
+            TU_CHECK(wn <= 1e-5, "dp=%d zero=%d gradient norm rel err %.3g (step 0: %g vs single %g)", n,
+                     zero, wn, z[zero].norms[0], rf->norms[0]);
             printf("  per-rank bytes: params %zu (+ slots %zu) grads %zu grad shard %zu optimizer %zu\n",
                    z[zero].mem.param_bytes, z[zero].mem.slot_bytes, z[zero].mem.grad_bytes,
                    z[zero].mem.grad_shard_bytes, z[zero].mem.optim_bytes);
@@ -165,9 +207,9 @@ int main(void) {
                      s, z[3].losses[s], z[0].losses[s]);
         /* losses are the bar; weights also track the single process (AdamW turns the zero-gradient key bias's
          * rounding noise into O(lr) updates, hence 1e-4 as in the PyTorch parity test) */
-        TU_CHECK(tu_rel_maxdiff(z[0].final_params, ref.final_params, ref.numel) < 1e-4,
+        TU_CHECK(tu_rel_maxdiff(z[0].final_params, rf->final_params, ref.numel) < 1e-4,
                  "dp=%d weights vs single %.3g", n,
-                 tu_rel_maxdiff(z[0].final_params, ref.final_params, ref.numel));
+                 tu_rel_maxdiff(z[0].final_params, rf->final_params, ref.numel));
         /* memory: sharded state shrinks as 1/N (tails of < N elements per bucket are replicated) */
         size_t full = z[0].mem.optim_bytes, sh = z[1].mem.optim_bytes;
         TU_CHECK(full == 2 * sizeof(float) * (size_t)ref.numel, "stage 0 optimizer state is full: %zu", full);
@@ -205,6 +247,7 @@ int main(void) {
         for (int k = 0; k < 4; k++) free(z[k].final_params);
     }
     free(ref.final_params);
+    free(ref3.final_params);
     /* the Llama family (tied embedding, GQA, biases, MoE experts) under ZeRO-3 + gradient slots: bitwise
      * plain DP */
     {

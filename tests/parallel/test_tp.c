@@ -261,16 +261,21 @@ static void llama_layouts(void) {
     TU_CHECK(ref.losses[STEPS - 1] < ref.losses[0] - 0.1f, "the GQA model learns: %g -> %g", ref.losses[0],
              ref.losses[STEPS - 1]);
     /* world, tp, accum per rank: kv heads split (tp 2), tp 2 x dp 2, and tp 4 > 2 kv heads: each kv head
-     * replicated on 2 ranks, its gradient summed over them */
-    const int lay[3][3] = {{2, 2, 2}, {4, 2, 1}, {4, 4, 2}};
-    for (int li = 0; li < 3; li++) {
+     * replicated on 2 ranks, its gradient summed over them; alone (the TP norm) and x dp 2 (the DP norm,
+     * which counts a replicated kv head's sum of squares once: x 2/4 on each of its 4 TP ranks) */
+    const int lay[4][3] = {{2, 2, 2}, {4, 2, 1}, {4, 4, 2}, {8, 4, 1}};
+    for (int li = 0; li < 4; li++) {
         rank_job z = run_layout(lay[li][0], lay[li][1], lay[li][2], lay[li][0] > lay[li][1], 1);
         if (!z.full) continue;
-        double worst = 0;
+        double worst = 0, worst_norm = 0;
         for (int s = 0; s < STEPS; s++) {
             double r = fabs(z.losses[s] - ref.losses[s]) / fabs(ref.losses[s]);
+            double rn = fabs(z.norms[s] - ref.norms[s]) / fabs(ref.norms[s]);
             if (r > worst) worst = r;
+            if (rn > worst_norm) worst_norm = rn;
         }
+        TU_CHECK(worst_norm <= 1e-5, "qwen2 world %d tp %d gradient norm rel err %.3g (bar 1e-5)", lay[li][0],
+                 lay[li][1], worst_norm);
         double wd = tu_rel_maxdiff(z.full, ref.full, ref.numel);
         printf("qwen2 GQA tp=%d dp=%d: worst loss rel err %.2e, final weights %.2e; %lld of %lld per rank\n",
                lay[li][1], lay[li][0] / lay[li][1], worst, wd, (long long)z.local_numel,
@@ -313,6 +318,8 @@ int main(void) {
             TU_CHECK(z.numel == ref.numel, "tp=%d: gathered %lld parameters, want %lld", tp,
                      (long long)z.numel, (long long)ref.numel);
             TU_CHECK(worst <= 1e-6, "tp=%d accum=%d loss rel err %.3g (bar 1e-6)", tp, accum, worst);
+            TU_CHECK(worst_norm <= 1e-5, "tp=%d accum=%d gradient norm rel err %.3g (bar 1e-5)", tp, accum,
+                     worst_norm);
             TU_CHECK(wd <= 1e-5, "tp=%d accum=%d final weights rel err %.3g (bar 1e-5)", tp, accum, wd);
             /* memory: the split weights are 1/tp (uneven vocab shards: within one row of wte), the
              * replicated ones (norms, wpe, row-parallel biases) are whole on every rank */
