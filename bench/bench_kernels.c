@@ -17,6 +17,7 @@ typedef sl_status (*kfn)(sl_tensor *);
 typedef struct {
     int json, first;
     int64_t reps;
+    const char *only; /* --only: rows whose name starts with it (NULL: all) */
 } bk_ctx;
 
 static int cmp_d(const void *a, const void *b) {
@@ -60,7 +61,12 @@ static void bench_pair(bk_ctx *c, const char *name, const char *shape, sl_tensor
     size_t sz = sl_nbytes(n) + n->aux_bytes;
     void *buf = sl_malloc_aligned(sz + 64);
     n->data = buf;
-    if (n->view_src) n->view_src->data = buf; /* in-place ops (acc) */
+    if (n->view_src) n->view_src->data = buf;                 /* in-place ops (acc) */
+    if (c->only && strncmp(name, c->only, strlen(c->only))) { /* not timed: run once for the nodes after it */
+        if (init) memcpy(buf, init, sizeof(float) * (size_t)init_n);
+        if (fast(n) != SL_OK) fprintf(stderr, "bench kernels: %s: %s\n", name, sl_errmsg());
+        return;
+    }
     double *tr = malloc(sizeof(double) * (size_t)c->reps), *tf = malloc(sizeof(double) * (size_t)c->reps);
     for (int64_t r = -1; r < c->reps; r++)
         for (int k = 0; k < 2; k++) {
@@ -144,6 +150,7 @@ static void bench_adamw(bk_ctx *c, int64_t numel) {
 int sl_bench_kernels(int argc, char **argv) {
     int64_t threads = 2, reps = 5, B = 4, T = 64, C = 768, NH = 12, V = 50257;
     int json = 0;
+    const char *only = NULL;
     sl_flag flags[] = {
         {"threads", SL_FLAG_INT, &threads, 1, 1024, "(2)", 0},
         {"reps", SL_FLAG_INT, &reps, 1, 1000, "median of R timed runs (5)", 0},
@@ -153,6 +160,7 @@ int sl_bench_kernels(int argc, char **argv) {
         {"num-attention-heads", SL_FLAG_INT, &NH, 1, 1024, "(12)", 0},
         {"vocab-size", SL_FLAG_INT, &V, 2, 1 << 24, "(50257)", 0},
         {"json", SL_FLAG_BOOL, &json, 0, 1, "machine-readable output", 0},
+        {"only", SL_FLAG_STR, &only, 0, 0, "only the kernels whose name starts with S (e.g. attention)", 0},
     };
     int nf = (int)(sizeof flags / sizeof flags[0]);
     if (sl_flags_help(flags, nf, argc, argv, "usage: suanli bench kernels [flags]")) return 0;
@@ -165,7 +173,7 @@ int sl_bench_kernels(int argc, char **argv) {
         return 2;
     }
     sl_threads_set((int)threads);
-    bk_ctx c = {json, 1, reps};
+    bk_ctx c = {json, 1, reps, only};
     int64_t BT = B * T, hs = C / NH;
     const char *isa = sl_kern_isa_name(sl_kern_isa());
     if (json)
@@ -262,7 +270,16 @@ int sl_bench_kernels(int argc, char **argv) {
     ab->src[0] = at, ab->src[1] = qv, ab->src[2] = kv, ab->src[3] = vv, ab->src[4] = ag;
     bench_pair(&c, "attention_back", shape, ab, sl_k_attention_back, sl_k_attention_back_ref, 0, 8.0 * causal,
                NULL, 0);
-    bench_adamw(&c, 16 << 20);
+    /* GPT-2 under --bf16: the eager-half numerics (Note [Eager half attention numerics]); same inputs */
+    sl_tensor *ah = sl_attention(ctx, qv, kv, vv);
+    ah->iparams[2] = 1;
+    bench_pair(&c, "attention bf16 eager", shape, ah, sl_k_attention, sl_k_attention_ref, 0, 4.0 * causal,
+               NULL, 0);
+    sl_tensor *abh = sl_new_op(ctx, SL_OP_ATTENTION_BACK, SL_F32, 4, (int64_t[]){B, T, 3 * NH, hs});
+    abh->src[0] = ah, abh->src[1] = qv, abh->src[2] = kv, abh->src[3] = vv, abh->src[4] = ag;
+    bench_pair(&c, "attention_back bf16", shape, abh, sl_k_attention_back, sl_k_attention_back_ref, 0,
+               8.0 * causal, NULL, 0);
+    if (!only || !strncmp("adamw", only, strlen(only))) bench_adamw(&c, 16 << 20);
     if (json) printf("\n]}\n");
     /* free every buffer allocated above: leaves' random data (not views, not the acc alias, not dl) and
      * the outputs allocated by bench_pair */

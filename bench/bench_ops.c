@@ -441,7 +441,8 @@ static int bench_ops_device(const char *dev, gcase *cases, int nc, const float *
 }
 
 /* The GEMMs of GPT-2 124M's Linear layers (forward, dX, dW) at B*T = 256 (and 1024 unless quick), plus the
- * bf16 GEMMs (forward, dX, dW) at 1024; returns the count (<= 45). */
+ * bf16 GEMMs (forward, dX, dW) at 256 (bench train's B4 T64) and 1024 unless quick; returns the count (<=
+ * 60). */
 static int gpt2_cases(int quick, gcase *cases) {
     static const int64_t lin[5][2] = {{2304, 768}, {768, 768}, {3072, 768}, {768, 3072}, {50304, 768}};
     const int64_t bts[2] = {256, 1024};
@@ -455,13 +456,15 @@ static int gpt2_cases(int quick, gcase *cases) {
             cases[nc++] = (gcase){"dW", "TN", 1, 0, 0, out, in, BT};
         }
     }
-    if (!quick)
+    for (int bi = 0; bi < (quick ? 0 : 2); bi++) {
+        int64_t BT = bts[bi];
         for (int l = 0; l < 5; l++) {
             int64_t out = lin[l][0], in = lin[l][1];
-            cases[nc++] = (gcase){"fwd", "NT", 0, 1, 1, 1024, out, in};
-            cases[nc++] = (gcase){"dX", "NN", 0, 0, 1, 1024, in, out};
-            cases[nc++] = (gcase){"dW", "TN", 1, 0, 1, out, in, 1024};
+            cases[nc++] = (gcase){"fwd", "NT", 0, 1, 1, BT, out, in};
+            cases[nc++] = (gcase){"dX", "NN", 0, 0, 1, BT, in, out};
+            cases[nc++] = (gcase){"dW", "TN", 1, 0, 1, out, in, BT};
         }
+    }
     return nc;
 }
 

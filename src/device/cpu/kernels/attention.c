@@ -214,42 +214,148 @@ sl_status sl_k_attention_back_ref(sl_tensor *n) {
 #define ISA_CALL(NAME, ISA, ...) ((void)(ISA), NAME##_base(__VA_ARGS__))
 #endif
 
-/* (B, NKV, hs, T) copies: kt[d][j] = k[j][d] (rounded to the half type when `round`), and vt likewise */
+/* (B, NKV, hs, Tp) copies, Tp = T rounded up to 16 (tpad): kt[d][j] = k[j][d] (rounded to the half type when
+ * `round`), and vt likewise; the padding is zero, so that the register dots (dots_t) read whole vectors */
+static int64_t tpad(int64_t T) { return (T + 15) & ~(int64_t)15; }
 SL_NO_CONTRACT_ATTR static float *transposed(const sl_tensor *x, int hm, int round) {
-    int64_t B = x->ne[0], T = x->ne[1], NKV = x->ne[2], hs = x->ne[3];
-    float *r = malloc(sizeof(float) * (size_t)(B * NKV * hs * T > 0 ? B * NKV * hs * T : 1));
+    int64_t B = x->ne[0], T = x->ne[1], NKV = x->ne[2], hs = x->ne[3], Tp = tpad(T);
+    float *r = malloc(sizeof(float) * (size_t)(B * NKV * hs * Tp > 0 ? B * NKV * hs * Tp : 1));
     if (!r) return NULL;
     const float *px = x->data;
 #pragma omp parallel for schedule(static)
     for (int64_t bk = 0; bk < B * NKV; bk++) {
         int64_t b = bk / NKV, h = bk % NKV;
-        float *dst = r + bk * hs * T;
+        float *dst = r + bk * hs * Tp;
         for (int64_t j = 0; j < T; j++) {
             const float *src = px + b * x->nb[0] + j * x->nb[1] + h * x->nb[2];
-            for (int64_t d = 0; d < hs; d++) dst[d * T + j] = round ? hround(src[d], hm) : src[d];
+            for (int64_t d = 0; d < hs; d++) dst[d * Tp + j] = round ? hround(src[d], hm) : src[d];
         }
+        for (int64_t d = 0; d < hs; d++)
+            for (int64_t j = T; j < Tp; j++) dst[d * Tp + j] = 0;
     }
     return r;
 }
 
-/* acc[j] = sum over d (in order) of a[d] * xt[d][j] for j in [j0, j1]; built for AVX-512, AVX2 and the
- * baseline (wider lanes, the same per-lane operations) and chosen by the kernel ISA (sl_kern_isa) */
+/* Sums in vector registers: 16 lanes of GCC's generic vectors (one zmm, two ymm or four xmm, per the
+ * function's target), loaded and stored through memcpy (unaligned). `acc += a * x` with contraction off is
+ * the reference's multiply then add in each lane; up to four accumulators are independent chains, so the
+ * sums run at the adder's throughput instead of a store-to-load round trip per step (Note [Eager half
+ * attention, vectorized]). */
+typedef float sl_vf16 __attribute__((vector_size(64)));
+#define VLD(v, p) memcpy(&(v), (p), sizeof(sl_vf16))
+#define VST(p, v) memcpy((p), &(v), sizeof(sl_vf16))
+/* NV (1..4) accumulators s0..s3 over the 16-lane columns [c, c + 16 NV) of rows xr(i), i = 0 .. n-1, scaled
+ * by the scalar ai(i): s_v = sum over i in order of ai(i) * xr(i)[c + 16 v] */
+#define VSUM_NV(NV, n, ai, xr, c)                                                                            \
+    for (int64_t i_ = 0; i_ < (n); i_++) {                                                                   \
+        const float av_ = (ai), *xv_ = (xr) + (c);                                                           \
+        sl_vf16 x_;                                                                                          \
+        VLD(x_, xv_);                                                                                        \
+        s0 += av_ * x_;                                                                                      \
+        if ((NV) > 1) {                                                                                      \
+            VLD(x_, xv_ + 16);                                                                               \
+            s1 += av_ * x_;                                                                                  \
+        }                                                                                                    \
+        if ((NV) > 2) {                                                                                      \
+            VLD(x_, xv_ + 32);                                                                               \
+            s2 += av_ * x_;                                                                                  \
+        }                                                                                                    \
+        if ((NV) > 3) {                                                                                      \
+            VLD(x_, xv_ + 48);                                                                               \
+            s3 += av_ * x_;                                                                                  \
+        }                                                                                                    \
+    }
+/* the sums of VSUM_NV for nv = 1..4 (a runtime value), started from init[0 .. 16 nv) (NULL: zero) and
+ * stored to tmp[0 .. 16 nv) */
+#define VSUM_FROM(nv, n, ai, xr, c, init, tmp)                                                               \
+    do {                                                                                                     \
+        sl_vf16 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};                                                      \
+        const float *in_ = (init);                                                                           \
+        if (in_) {                                                                                           \
+            VLD(s0, in_);                                                                                    \
+            if ((nv) > 1) VLD(s1, in_ + 16);                                                                 \
+            if ((nv) > 2) VLD(s2, in_ + 32);                                                                 \
+            if ((nv) > 3) VLD(s3, in_ + 48);                                                                 \
+        }                                                                                                    \
+        switch (nv) {                                                                                        \
+        case 1:                                                                                              \
+            VSUM_NV(1, n, ai, xr, c) break;                                                                  \
+        case 2:                                                                                              \
+            VSUM_NV(2, n, ai, xr, c) break;                                                                  \
+        case 3:                                                                                              \
+            VSUM_NV(3, n, ai, xr, c) break;                                                                  \
+        default:                                                                                             \
+            VSUM_NV(4, n, ai, xr, c) break;                                                                  \
+        }                                                                                                    \
+        VST(tmp, s0);                                                                                        \
+        VST(tmp + 16, s1);                                                                                   \
+        VST(tmp + 32, s2);                                                                                   \
+        VST(tmp + 48, s3);                                                                                   \
+    } while (0)
+#define VSUM(nv, n, ai, xr, c, tmp) VSUM_FROM(nv, n, ai, xr, c, (const float *)NULL, tmp)
+
+/* acc[j] = sum over d (in order) of a[d] * xt[d][j] for j in [j0, j1]; xt's rows are ldx apart and readable
+ * to the next multiple of 16 past j1 (transposed()'s padding). Built for AVX-512, AVX2 and the baseline
+ * (the same per-lane operations) and chosen by the kernel ISA (sl_kern_isa). */
 #define DOTS_T_BODY                                                                                          \
     SL_NO_CONTRACT                                                                                           \
-    for (int64_t j = j0; j <= j1; j++) acc[j] = 0;                                                           \
-    for (int64_t d = 0; d < hs; d++) {                                                                       \
-        const float ad = a[d], *xd = xt + d * T;                                                             \
-        _Pragma("omp simd") for (int64_t j = j0; j <= j1; j++) acc[j] += ad * xd[j];                         \
+    float tmp[64];                                                                                           \
+    for (int64_t jb = j0 & ~(int64_t)15; jb <= j1; jb += 64) {                                               \
+        int64_t nv = (j1 - jb) / 16 + 1, lo = jb > j0 ? jb : j0, hi = j1 < jb + 63 ? j1 : jb + 63;           \
+        VSUM(nv, hs, a[i_], xt + i_ * ldx, jb, tmp);                                                         \
+        for (int64_t j = lo; j <= hi; j++) acc[j] = tmp[j - jb];                                             \
     }
 #define DOTS_T_FN(NAME, ATTR)                                                                                \
-    SL_NO_CONTRACT_ATTR ATTR static void NAME(const float *a, const float *xt, int64_t T, int64_t hs,        \
+    SL_NO_CONTRACT_ATTR ATTR static void NAME(const float *a, const float *xt, int64_t ldx, int64_t hs,      \
                                               int64_t j0, int64_t j1, float *acc) {                          \
         DOTS_T_BODY                                                                                          \
     }
 PER_ISA(DOTS_T_FN, dots_t)
-static void dots_t(const float *a, const float *xt, int64_t T, int64_t hs, int64_t j0, int64_t j1,
+static void dots_t(const float *a, const float *xt, int64_t ldx, int64_t hs, int64_t j0, int64_t j1,
                    float *acc) {
-    ISA_CALL(dots_t, sl_kern_isa(), a, xt, T, hs, j0, j1, acc);
+    ISA_CALL(dots_t, sl_kern_isa(), a, xt, ldx, hs, j0, j1, acc);
+}
+
+/* out[d] += w[i ldw] * x_i[d] for i = i0 .. i1 in order, x_i = x + i * ldx, d < hs (a multiple of 16, the
+ * caller checks): the sums held in registers, out read and written once. Per ISA like dots_t. */
+#define ROWS_ACC_BODY                                                                                        \
+    SL_NO_CONTRACT                                                                                           \
+    float tmp[64];                                                                                           \
+    for (int64_t c = 0; c < hs; c += 64) {                                                                   \
+        int64_t nv = (hs - c) / 16 < 4 ? (hs - c) / 16 : 4;                                                  \
+        VSUM_FROM(nv, i1 - i0 + 1, w[(i0 + i_) * ldw], x + (i0 + i_) * ldx, c, out + c, tmp);                \
+        memcpy(out + c, tmp, sizeof(float) * (size_t)(16 * nv));                                             \
+    }
+#define ROWS_ACC_FN(NAME, ATTR)                                                                              \
+    SL_NO_CONTRACT_ATTR ATTR static void NAME(const float *w, int64_t ldw, const float *x, int64_t ldx,      \
+                                              int64_t hs, int64_t i0, int64_t i1, float *out) {              \
+        ROWS_ACC_BODY                                                                                        \
+    }
+PER_ISA(ROWS_ACC_FN, rows_acc)
+static void rows_acc(const float *w, int64_t ldw, const float *x, int64_t ldx, int64_t hs, int64_t i0,
+                     int64_t i1, float *out) {
+    ISA_CALL(rows_acc, sl_kern_isa(), w, ldw, x, ldx, hs, i0, i1, out);
+}
+
+/* out[d] = sum over j in [j0, j1] (in order) of w[j] * x_j[d], x_j = x + j * ldx, for d < hs; hs a multiple
+ * of 16 (the caller checks). Per ISA like dots_t. */
+#define ROWS_SUM_BODY                                                                                        \
+    SL_NO_CONTRACT                                                                                           \
+    float tmp[64];                                                                                           \
+    for (int64_t c = 0; c < hs; c += 64) {                                                                   \
+        int64_t nv = (hs - c) / 16 < 4 ? (hs - c) / 16 : 4;                                                  \
+        VSUM(nv, j1 - j0 + 1, w[j0 + i_], x + (j0 + i_) * ldx, c, tmp);                                      \
+        memcpy(out + c, tmp, sizeof(float) * (size_t)(16 * nv));                                             \
+    }
+#define ROWS_SUM_FN(NAME, ATTR)                                                                              \
+    SL_NO_CONTRACT_ATTR ATTR static void NAME(const float *w, const float *x, int64_t ldx, int64_t hs,       \
+                                              int64_t j0, int64_t j1, float *out) {                          \
+        ROWS_SUM_BODY                                                                                        \
+    }
+PER_ISA(ROWS_SUM_FN, rows_sum)
+static void rows_sum(const float *w, const float *x, int64_t ldx, int64_t hs, int64_t j0, int64_t j1,
+                     float *out) {
+    ISA_CALL(rows_sum, sl_kern_isa(), w, x, ldx, hs, j0, j1, out);
 }
 
 /* One query row (b, h, t) of sl_k_attention_half, built per ISA (PER_ISA); the max over
@@ -270,7 +376,7 @@ typedef struct half_fwd_ctx {
     float *p = P + idx * T;                                                                                  \
     float mx = -INFINITY;                                                                                    \
     int64_t j0 = win > 0 && t - win + 1 > 0 ? t - win + 1 : 0;                                               \
-    dots_t(qr, kt + (b * NKV + kh) * hs * T, T, hs, j0, t, p);                                               \
+    dots_t(qr, kt + (b * NKV + kh) * hs * tpad(T), tpad(T), hs, j0, t, p);                                   \
     if (hm == 1 || hm == 4) /* bf16: the branch-free rounding vectorizes */                                  \
         _Pragma("omp simd") for (int64_t j = j0; j <= t; j++) p[j] =                                         \
             sl_round_bf16_f32(sl_round_bf16_f32(p[j]) * scale);                                              \
@@ -293,11 +399,18 @@ typedef struct half_fwd_ctx {
     if (dp > 0)                                                                                              \
         sl_rng_dropout(dseed, dhi, (uint64_t)((drop_plane(n, b, h, NH) * T + t) * T), t + 1, dp, mk);        \
     float *o = out + (b * T + t) * NH * hs + h * hs;                                                         \
-    for (int64_t d = 0; d < hs; d++) o[d] = 0;                                                               \
-    for (int64_t j = j0; j <= t; j++) {                                                                      \
-        const float *vr = pv + b * v->nb[0] + j * v->nb[1] + kh * v->nb[2];                                  \
-        float pj = dp > 0 ? p[j] * mk[j] : p[j];                                                             \
-        _Pragma("omp simd") for (int64_t d = 0; d < hs; d++) o[d] += pj * vr[d];                             \
+    const float *vb = pv + b * v->nb[0] + kh * v->nb[2];                                                     \
+    if (hs % 16 == 0) { /* in registers (rows_sum); the weights with the dropout mask applied first */       \
+        if (dp > 0)                                                                                          \
+            for (int64_t j = j0; j <= t; j++) mk[j] *= p[j];                                                 \
+        rows_sum(dp > 0 ? mk : p, vb, v->nb[1], hs, j0, t, o);                                               \
+    } else {                                                                                                 \
+        for (int64_t d = 0; d < hs; d++) o[d] = 0;                                                           \
+        for (int64_t j = j0; j <= t; j++) {                                                                  \
+            const float *vr = vb + j * v->nb[1];                                                             \
+            float pj = dp > 0 ? p[j] * mk[j] : p[j];                                                         \
+            _Pragma("omp simd") for (int64_t d = 0; d < hs; d++) o[d] += pj * vr[d];                         \
+        }                                                                                                    \
     }                                                                                                        \
     if (hm == 1 || hm == 4)                                                                                  \
         _Pragma("omp simd") for (int64_t d = 0; d < hs; d++) o[d] = sl_round_bf16_f32(o[d]);                 \
@@ -384,53 +497,81 @@ typedef struct half_back_ctx {
     int hm;
 } half_back_ctx;
 
+enum { HB_ROWS = 16 }; /* query rows per block of the dk / dv sums */
 #define HALF_BACK_PLANE_BODY                                                                                 \
     int64_t b = bk / NKV, kh = bk % NKV;                                                                     \
     float *p = buf + per * (size_t)bk, *dp = p + T, *mk = dp + T, *ss = mk + T, *sd = ss + T, *hk = sd + T,  \
-          *hv = hk + T * hs, *kr = hv + T * hs;                                                              \
-    const float *ktb = kt + bk * hs * T, *vtb = vt + bk * hs * T;                                            \
+          *hv = hk + T * hs, *kr = hv + T * hs, *DS = kr + T * hs, *PJ = DS + HB_ROWS * T;                   \
+    const int64_t Tp = tpad(T);                                                                              \
+    const float *ktb = kt + bk * hs * Tp, *vtb = vt + bk * hs * Tp;                                          \
     for (int64_t j = 0; j < T; j++) {                                                                        \
-        for (int64_t d = 0; d < hs; d++) kr[j * hs + d] = ktb[d * T + j];                                    \
+        for (int64_t d = 0; d < hs; d++) kr[j * hs + d] = ktb[d * Tp + j];                                   \
         memset(out + (b * T + j) * W * hs + (NH + kh) * hs, 0, sizeof(float) * (size_t)hs);                  \
         memset(out + (b * T + j) * W * hs + (NH + NKV + kh) * hs, 0, sizeof(float) * (size_t)hs);            \
     }                                                                                                        \
     for (int64_t h = kh * grp; h < (kh + 1) * grp; h++) {                                                    \
         memset(hk, 0, sizeof(float) * 2 * (size_t)(T * hs));                                                 \
-        for (int64_t t = 0; t < T; t++) {                                                                    \
-            const float *go = pg + b * gb + t * gt + h * hs;                                                 \
-            const float *qr = pq + b * q->nb[0] + t * q->nb[1] + h * q->nb[2];                               \
-            float *dq = out + (b * T + t) * W * hs + h * hs;                                                 \
-            float l = lse[(b * NH + h) * T + t], dot = 0;                                                    \
-            int64_t j0 = win > 0 && t - win + 1 > 0 ? t - win + 1 : 0;                                       \
-            if (dpr > 0)                                                                                     \
-                sl_rng_dropout(dseed, dhi, (uint64_t)((drop_plane(f, b, h, NH) * T + t) * T), t + 1, dpr,    \
-                               mk);                                                                          \
-            dots_t(qr, ktb, T, hs, j0, t, ss);                                                               \
-            dots_t(go, vtb, T, hs, j0, t, sd);                                                               \
-            for (int64_t j = j0; j <= t; j++) {                                                              \
-                float sc = hround(hround(ss[j], hm) * scale, hm);                                            \
-                p[j] = p32(hm) ? expf(sc - l) : hround(expf(sc - l), hm);                                    \
-                dp[j] = hround(sd[j], hm);                                                                   \
-                if (dpr > 0) dp[j] *= mk[j];                                                                 \
-                dot += p[j] * dp[j];                                                                         \
-            }                                                                                                \
-            for (int64_t d = 0; d < hs; d++) dq[d] = 0;                                                      \
-            for (int64_t j = j0; j <= t; j++) {                                                              \
-                float ds = hround(hround(p[j] * (dp[j] - dot), hm) * scale, hm);                             \
-                const float *krj = kr + j * hs;                                                              \
-                float *dk = hk + j * hs, *dv = hv + j * hs;                                                  \
-                float pj = p32(hm) ? hround(p[j], hm) : p[j];                                                \
-                if (dpr > 0) pj *= mk[j];                                                                    \
-                _Pragma("omp simd") for (int64_t d = 0; d < hs; d++) {                                       \
-                    dq[d] += ds * krj[d];                                                                    \
-                    dk[d] += ds * qr[d];                                                                     \
-                    dv[d] += pj * go[d];                                                                     \
+        const float *qh = pq + b * q->nb[0] + h * q->nb[2], *gh = pg + b * gb + h * hs;                      \
+        for (int64_t t0 = 0; t0 < T; t0 += HB_ROWS) {                                                        \
+            int64_t t1 = t0 + HB_ROWS < T ? t0 + HB_ROWS : T;                                                \
+            for (int64_t t = t0; t < t1; t++) {                                                              \
+                const float *go = gh + t * gt, *qr = qh + t * q->nb[1];                                      \
+                float *dq = out + (b * T + t) * W * hs + h * hs;                                             \
+                float *dsr = DS + (t - t0) * T, *pjr = PJ + (t - t0) * T;                                    \
+                float l = lse[(b * NH + h) * T + t], dot = 0;                                                \
+                int64_t j0 = win > 0 && t - win + 1 > 0 ? t - win + 1 : 0;                                   \
+                if (dpr > 0)                                                                                 \
+                    sl_rng_dropout(dseed, dhi, (uint64_t)((drop_plane(f, b, h, NH) * T + t) * T), t + 1,     \
+                                   dpr, mk);                                                                 \
+                dots_t(qr, ktb, Tp, hs, j0, t, ss);                                                          \
+                dots_t(go, vtb, Tp, hs, j0, t, sd);                                                          \
+                for (int64_t j = j0; j <= t; j++) {                                                          \
+                    float sc = hround(hround(ss[j], hm) * scale, hm);                                        \
+                    p[j] = p32(hm) ? expf(sc - l) : hround(expf(sc - l), hm);                                \
+                    dp[j] = hround(sd[j], hm);                                                               \
+                    if (dpr > 0) dp[j] *= mk[j];                                                             \
+                    dot += p[j] * dp[j];                                                                     \
                 }                                                                                            \
+                /* the row's dS and dv weights, kept for the block's dk / dv sums below */                   \
+                for (int64_t j = j0; j <= t; j++) {                                                          \
+                    dsr[j] = hround(hround(p[j] * (dp[j] - dot), hm) * scale, hm);                           \
+                    pjr[j] = p32(hm) ? hround(p[j], hm) : p[j];                                              \
+                    if (dpr > 0) pjr[j] *= mk[j];                                                            \
+                }                                                                                            \
+                if (hs % 16 == 0)                                                                            \
+                    rows_sum(dsr, kr, hs, hs, j0, t, dq);                                                    \
+                else {                                                                                       \
+                    for (int64_t d = 0; d < hs; d++) dq[d] = 0;                                              \
+                    for (int64_t j = j0; j <= t; j++) {                                                      \
+                        const float ds = dsr[j], *krj = kr + j * hs;                                         \
+                        _Pragma("omp simd") for (int64_t d = 0; d < hs; d++) dq[d] += ds * krj[d];           \
+                    }                                                                                        \
+                }                                                                                            \
+                if (hm == 1 || hm == 4) /* bf16: the branch-free rounding vectorizes */                      \
+                    _Pragma("omp simd") for (int64_t d = 0; d < hs; d++) dq[d] = sl_round_bf16_f32(dq[d]);   \
+                else                                                                                         \
+                    for (int64_t d = 0; d < hs; d++) dq[d] = hround(dq[d], hm);                              \
             }                                                                                                \
-            if (hm == 1 || hm == 4) /* bf16: the branch-free rounding vectorizes */                          \
-                _Pragma("omp simd") for (int64_t d = 0; d < hs; d++) dq[d] = sl_round_bf16_f32(dq[d]);       \
-            else                                                                                             \
-                for (int64_t d = 0; d < hs; d++) dq[d] = hround(dq[d], hm);                                  \
+            /* dk[j] += dS[t][j] q_t and dv[j] += P[t][j] dO_t over the block's rows t in order (each        \
+             * element of dk / dv is summed over t ascending, block after block, as in the reference) */     \
+            int64_t jlo = win > 0 && t0 - win + 1 > 0 ? t0 - win + 1 : 0;                                    \
+            for (int64_t j = jlo; j < t1; j++) {                                                             \
+                int64_t ta = j > t0 ? j : t0, tb = win > 0 && j + win - 1 < t1 - 1 ? j + win - 1 : t1 - 1;   \
+                if (ta > tb) continue;                                                                       \
+                float *dk = hk + j * hs, *dv = hv + j * hs;                                                  \
+                if (hs % 16 == 0) {                                                                          \
+                    rows_acc(DS + j, T, qh + t0 * q->nb[1], q->nb[1], hs, ta - t0, tb - t0, dk);             \
+                    rows_acc(PJ + j, T, gh + t0 * gt, gt, hs, ta - t0, tb - t0, dv);                         \
+                } else                                                                                       \
+                    for (int64_t t = ta; t <= tb; t++) {                                                     \
+                        const float ds = DS[(t - t0) * T + j], pj = PJ[(t - t0) * T + j];                    \
+                        const float *qr = qh + t * q->nb[1], *go = gh + t * gt;                              \
+                        _Pragma("omp simd") for (int64_t d = 0; d < hs; d++) {                               \
+                            dk[d] += ds * qr[d];                                                             \
+                            dv[d] += pj * go[d];                                                             \
+                        }                                                                                    \
+                    }                                                                                        \
+            }                                                                                                \
         }                                                                                                    \
         for (int64_t j = 0; j < T; j++) {                                                                    \
             float *dk = out + (b * T + j) * W * hs + (NH + kh) * hs, *dv = dk + NKV * hs;                    \
@@ -483,7 +624,7 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half_back(sl_tensor *n) {
     float dpr = sl_dropout_params(f, &dseed, &dhi);
     /* per (b, kv head): p, dp, mask, the scores, dO . v (T each), one query head's h(dk) | h(dv) (2 T hs) and
      * the keys as the products read them (T hs, rounded in modes 3/4) */
-    size_t per = 5 * (size_t)(T ? T : 1) + 3 * (size_t)T * (size_t)hs;
+    size_t per = 5 * (size_t)(T ? T : 1) + 3 * (size_t)T * (size_t)hs + 2 * (size_t)HB_ROWS * (size_t)T;
     float *buf = malloc(sizeof(float) * per * (size_t)(B * NKV > 0 ? B * NKV : 1));
     float *kt = transposed(k, hm, p32(hm)), *vt = transposed(v, hm, 0);
     if (!buf || !kt || !vt) {
