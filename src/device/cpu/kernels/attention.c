@@ -384,11 +384,9 @@ typedef struct half_fwd_ctx {
         for (int64_t j = j0; j <= t; j++) p[j] = hm ? hround(hround(p[j], hm) * scale, hm) : p[j] * scale;   \
     for (int64_t j = j0; j <= t; j++)                                                                        \
         if (p[j] > mx) mx = p[j];                                                                            \
-    float sum = 0;                                                                                           \
-    for (int64_t j = j0; j <= t; j++) {                                                                      \
-        p[j] = expf(p[j] - mx);                                                                              \
-        sum += p[j];                                                                                         \
-    }                                                                                                        \
+    float sum = 0; /* expf alone, then the sum without a call in its loop (sum stays in a register) */       \
+    for (int64_t j = j0; j <= t; j++) p[j] = expf(p[j] - mx);                                                \
+    for (int64_t j = j0; j <= t; j++) sum += p[j];                                                           \
     float inv = 1.0f / sum;                                                                                  \
     if (hm == 1 || hm == 4)                                                                                  \
         _Pragma("omp simd") for (int64_t j = j0; j <= t; j++) p[j] = sl_round_bf16_f32(p[j] * inv);          \
@@ -487,9 +485,9 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half(sl_tensor *n) {
  * the f16 modes stay scalar). GPT-2 124M bf16, B4 T64, 2 threads: 3.9 -> 2.8-3.0 ms per call, the forward
  * rows 1.7 -> 1.4 ms (docs/BENCHMARKS.md). */
 typedef struct half_back_ctx {
-    const float *pq, *pg, *lse, *kt, *vt;
+    const float *pq, *pk, *pg, *lse, *kt, *vt;
     float *out, *buf;
-    const sl_tensor *f, *q;
+    const sl_tensor *f, *q, *k;
     int64_t B, T, NH, hs, NKV, grp, W, win, gb, gt;
     size_t per;
     float scale, dpr;
@@ -504,8 +502,12 @@ enum { HB_ROWS = 16 }; /* query rows per block of the dk / dv sums */
           *hv = hk + T * hs, *kr = hv + T * hs, *DS = kr + T * hs, *PJ = DS + HB_ROWS * T;                   \
     const int64_t Tp = tpad(T);                                                                              \
     const float *ktb = kt + bk * hs * Tp, *vtb = vt + bk * hs * Tp;                                          \
-    for (int64_t j = 0; j < T; j++) {                                                                        \
-        for (int64_t d = 0; d < hs; d++) kr[j * hs + d] = ktb[d * Tp + j];                                   \
+    for (int64_t j = 0; j < T; j++) { /* the keys by rows (rounded as kt is: transposed()) */               \
+        const float *kj = pk + b * k->nb[0] + j * k->nb[1] + kh * k->nb[2];                                  \
+        if (p32(hm))                                                                                         \
+            for (int64_t d = 0; d < hs; d++) kr[j * hs + d] = hround(kj[d], hm);                             \
+        else                                                                                                 \
+            memcpy(kr + j * hs, kj, sizeof(float) * (size_t)hs);                                             \
         memset(out + (b * T + j) * W * hs + (NH + kh) * hs, 0, sizeof(float) * (size_t)hs);                  \
         memset(out + (b * T + j) * W * hs + (NH + NKV + kh) * hs, 0, sizeof(float) * (size_t)hs);            \
     }                                                                                                        \
@@ -525,13 +527,26 @@ enum { HB_ROWS = 16 }; /* query rows per block of the dk / dv sums */
                                    dpr, mk);                                                                 \
                 dots_t(qr, ktb, Tp, hs, j0, t, ss);                                                          \
                 dots_t(go, vtb, Tp, hs, j0, t, sd);                                                          \
-                for (int64_t j = j0; j <= t; j++) {                                                          \
-                    float sc = hround(hround(ss[j], hm) * scale, hm);                                        \
-                    p[j] = p32(hm) ? expf(sc - l) : hround(expf(sc - l), hm);                                \
-                    dp[j] = hround(sd[j], hm);                                                               \
-                    if (dpr > 0) dp[j] *= mk[j];                                                             \
-                    dot += p[j] * dp[j];                                                                     \
-                }                                                                                            \
+                /* the reference's per-j statements split into loops: the roundings in vector lanes (bf16), \
+                 * expf alone, and the sum of P dP without a call in its loop (dot stays in a register) */   \
+                if (hm == 1 || hm == 4)                                                                      \
+                    _Pragma("omp simd") for (int64_t j = j0; j <= t; j++) {                                  \
+                        ss[j] = sl_round_bf16_f32(sl_round_bf16_f32(ss[j]) * scale);                         \
+                        dp[j] = sl_round_bf16_f32(sd[j]);                                                    \
+                    }                                                                                        \
+                else                                                                                         \
+                    for (int64_t j = j0; j <= t; j++) {                                                      \
+                        ss[j] = hround(hround(ss[j], hm) * scale, hm);                                       \
+                        dp[j] = hround(sd[j], hm);                                                           \
+                    }                                                                                        \
+                if (dpr > 0)                                                                                 \
+                    for (int64_t j = j0; j <= t; j++) dp[j] *= mk[j];                                        \
+                for (int64_t j = j0; j <= t; j++) p[j] = expf(ss[j] - l);                                    \
+                if (hm == 1)                                                                                 \
+                    _Pragma("omp simd") for (int64_t j = j0; j <= t; j++) p[j] = sl_round_bf16_f32(p[j]);    \
+                else if (!p32(hm))                                                                           \
+                    for (int64_t j = j0; j <= t; j++) p[j] = hround(p[j], hm);                               \
+                for (int64_t j = j0; j <= t; j++) dot += p[j] * dp[j];                                       \
                 /* the row's dS and dv weights, kept for the block's dk / dv sums below */                   \
                 for (int64_t j = j0; j <= t; j++) {                                                          \
                     dsr[j] = hround(hround(p[j] * (dp[j] - dot), hm) * scale, hm);                           \
@@ -596,9 +611,9 @@ enum { HB_ROWS = 16 }; /* query rows per block of the dk / dv sums */
 #define HALF_BACK_PLANE_FN(NAME, ATTR)                                                                       \
     SL_NO_CONTRACT_ATTR ATTR static void NAME(const half_back_ctx *x, int64_t bk) {                          \
         SL_NO_CONTRACT                                                                                       \
-        const float *pq = x->pq, *pg = x->pg, *lse = x->lse, *kt = x->kt, *vt = x->vt;                       \
+        const float *pq = x->pq, *pk = x->pk, *pg = x->pg, *lse = x->lse, *kt = x->kt, *vt = x->vt;          \
         float *out = x->out, *buf = x->buf;                                                                  \
-        const sl_tensor *f = x->f, *q = x->q;                                                                \
+        const sl_tensor *f = x->f, *q = x->q, *k = x->k;                                                     \
         const int64_t T = x->T, NH = x->NH, hs = x->hs, NKV = x->NKV, grp = x->grp, W = x->W, win = x->win;  \
         const int64_t gb = x->gb, gt = x->gt;                                                                \
         const size_t per = x->per;                                                                           \
@@ -634,6 +649,8 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half_back(sl_tensor *n) {
         return sl_fail(SL_ERR_NOMEM, "attention_back: out of memory");
     }
     half_back_ctx x = {.pq = pq,
+                       .pk = k->data,
+                       .k = k,
                        .pg = pg,
                        .lse = lse,
                        .kt = kt,
