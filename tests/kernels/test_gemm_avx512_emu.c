@@ -56,7 +56,22 @@ static inline __m128i sh_mm_maskz_loadu_epi16(__mmask8 k, const void *p) {
     for (int i = 0; i < 8; i++) t[i] = (k >> i) & 1 ? ((const uint16_t *)p)[i] : 0;
     return _mm_loadu_si128((const __m128i *)t);
 }
+static inline __m256i sh_mm512_cvtepi32_epi16(__m512i a) {
+    uint32_t x[16];
+    uint16_t r[16];
+    _mm512_storeu_si512(x, a);
+    for (int i = 0; i < 16; i++) r[i] = (uint16_t)x[i];
+    return _mm256_loadu_si256((const __m256i *)r);
+}
+static inline void sh_mm256_mask_storeu_epi16(void *p, __mmask16 k, __m256i v) {
+    uint16_t t[16];
+    _mm256_storeu_si256((__m256i *)t, v);
+    for (int i = 0; i < 16; i++)
+        if ((k >> i) & 1) memcpy((char *)p + 2 * i, t + i, 2);
+}
 #define _mm512_maskz_loadu_ps sh_mm512_maskz_loadu_ps
+#define _mm512_cvtepi32_epi16 sh_mm512_cvtepi32_epi16
+#define _mm256_mask_storeu_epi16 sh_mm256_mask_storeu_epi16
 #define _mm512_mask_storeu_ps sh_mm512_mask_storeu_ps
 #define _mm256_maskz_loadu_ps sh_mm256_maskz_loadu_ps
 #define _mm512_shuffle_f32x4 sh_mm512_shuffle_f32x4
@@ -111,6 +126,39 @@ static void run_case(const sl_gemm_impl *im, int bf16, int tA, int tB, int64_t M
     free(Af), free(Bf), free(C), free(R), free(Ah), free(Bh);
 }
 
+/* fp32 B with b_f32 (Note [Fused weight casts on AVX512_BF16]): rounded as it is packed, through the
+ * per-thread buffer or (bconv_fail) the stack blocks, bitwise the GEMM on a rounded bf16 copy of B */
+static void run_f32b(int tA, int tB, int64_t M, int64_t N, int64_t K, int pad, int bconv_fail, int nthr) {
+    int64_t lda = (tA ? M : K) + pad, ldb = (tB ? K : N) + pad, ldc = N;
+    int64_t na = (tA ? K : M) * lda, nb = (tB ? N : K) * ldb, nc = M * ldc;
+    float *Bf = malloc((size_t)nb * 4), *C1 = malloc((size_t)nc * 4), *C2 = malloc((size_t)nc * 4);
+    uint16_t *Ah = malloc((size_t)na * 2), *Bh = malloc((size_t)nb * 2);
+    if (!Bf || !C1 || !C2 || !Ah || !Bh) abort();
+    for (int64_t i = 0; i < na; i++) Ah[i] = sl_f32_to_bf16(frand());
+    for (int64_t i = 0; i < nb; i++) {
+        Bf[i] = frand() * 3.0f;
+        if (i % 7 == 3) { /* an exact tie between two bf16 values: rounded to the even one */
+            uint32_t u;
+            memcpy(&u, Bf + i, 4);
+            u = (u & 0xffff0000u) | 0x8000u;
+            memcpy(Bf + i, &u, 4);
+        }
+    }
+    const uint32_t nan_bits = 0x7fffffffu; /* a NaN whose rounding would carry into the sign: kept quiet */
+    memcpy(Bf + nb / 2, &nan_bits, 4);
+    for (int64_t i = 0; i < nb; i++) Bh[i] = sl_f32_to_bf16(Bf[i]);
+    sl_gemm_args g = {tA, tB, M, N, K, 1.0f, 0.0f, Ah, lda, Bh, ldb, C1, ldc, NULL, 0, 0};
+    sl_gemm_run(&g, &emu_impl_bf16, nthr);
+    g.B = Bf, g.b_f32 = 1, g.C = C2;
+    emu_bconv_fail = bconv_fail;
+    sl_gemm_run(&g, &emu_impl_bf16, nthr);
+    emu_bconv_fail = 0;
+    TU_CHECK(!memcmp(C1, C2, (size_t)nc * 4), "bf16 x fp32 B %s%s M=%lld N=%lld K=%lld pad=%d%s: not bitwise",
+             tA ? "T" : "N", tB ? "T" : "N", (long long)M, (long long)N, (long long)K, pad,
+             bconv_fail ? " (stack blocks)" : "");
+    free(Bf), free(C1), free(C2), free(Ah), free(Bh);
+}
+
 int main(void) {
     /* shapes exercise full tiles, row/column edges, k tails of the 8x8/16x16 transposes, odd K for
      * bf16 pairs, and more than one K block (kc 384 fp32 / 512 bf16). */
@@ -129,5 +177,10 @@ int main(void) {
                     run_case(impls[ii], ii > 0, t >> 1, t & 1, shapes[s][0], shapes[s][1], shapes[s][2], pad,
                              2.0f, 0.25f, 2);
             }
+    static const int64_t fb[][3] = {{9, 49, 17}, {24, 96, 385}, {7, 47, 1031}, {3, 400, 130}};
+    for (int s = 0; s < 4; s++)
+        for (int t = 0; t < 4; t++)
+            for (int fail = 0; fail < 2; fail++)
+                run_f32b(t >> 1, t & 1, fb[s][0], fb[s][1], fb[s][2], (s + t) % 2 ? 3 : 0, fail, 1 + s % 2);
     return tu_finish("test_gemm_avx512_emu");
 }
