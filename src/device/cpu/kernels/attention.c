@@ -4,6 +4,7 @@
  * scalar reference (row by row, the tests' oracle) with the same aux contract. Both take a sliding window
  * (iparams[1] > 0: query t sees keys max(0, t - window + 1) .. t). */
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
 #include "device/cpu/kernels/kernels.h"
@@ -362,7 +363,7 @@ static void rows_sum(const float *w, const float *x, int64_t ldx, int64_t hs, in
  * the row is taken after the scores are rounded (the same comparisons in the same order). */
 typedef struct half_fwd_ctx {
     const float *pq, *pv, *kt;
-    float *out, *lse, *P, *Mk;
+    float *out, *lse;
     const sl_tensor *n, *q, *v;
     int64_t T, NH, hs, NKV, grp, win;
     float scale, dp;
@@ -373,7 +374,7 @@ typedef struct half_fwd_ctx {
 #define HALF_FWD_ROW_BODY                                                                                    \
     int64_t t = idx % T, h = (idx / T) % NH, b = idx / (T * NH), kh = h / grp;                               \
     const float *qr = pq + b * q->nb[0] + t * q->nb[1] + h * q->nb[2];                                       \
-    float *p = P + idx * T;                                                                                  \
+    float *p = row;                                                                                          \
     float mx = -INFINITY;                                                                                    \
     int64_t j0 = win > 0 && t - win + 1 > 0 ? t - win + 1 : 0;                                               \
     dots_t(qr, kt + (b * NKV + kh) * hs * tpad(T), tpad(T), hs, j0, t, p);                                   \
@@ -393,7 +394,7 @@ typedef struct half_fwd_ctx {
     else                                                                                                     \
         for (int64_t j = j0; j <= t; j++) p[j] = hround(p[j] * inv, hm);                                     \
     lse[(b * NH + h) * T + t] = mx + logf(sum);                                                              \
-    float *mk = Mk + idx * T;                                                                                \
+    float *mk = row + T;                                                                                     \
     if (dp > 0)                                                                                              \
         sl_rng_dropout(dseed, dhi, (uint64_t)((drop_plane(n, b, h, NH) * T + t) * T), t + 1, dp, mk);        \
     float *o = out + (b * T + t) * NH * hs + h * hs;                                                         \
@@ -416,10 +417,10 @@ typedef struct half_fwd_ctx {
         for (int64_t d = 0; d < hs; d++) o[d] = hround(o[d], hm);
 
 #define HALF_FWD_ROW_FN(NAME, ATTR)                                                                          \
-    SL_NO_CONTRACT_ATTR ATTR static void NAME(const half_fwd_ctx *x, int64_t idx) {                          \
+    SL_NO_CONTRACT_ATTR ATTR static void NAME(const half_fwd_ctx *x, int64_t idx, float *row) {              \
         SL_NO_CONTRACT                                                                                       \
         const float *pq = x->pq, *pv = x->pv, *kt = x->kt;                                                   \
-        float *out = x->out, *lse = x->lse, *P = x->P, *Mk = x->Mk;                                          \
+        float *out = x->out, *lse = x->lse;                                                                  \
         const sl_tensor *n = x->n, *q = x->q, *v = x->v;                                                     \
         const int64_t T = x->T, NH = x->NH, hs = x->hs, NKV = x->NKV, grp = x->grp, win = x->win;            \
         const float scale = x->scale, dp = x->dp;                                                            \
@@ -442,21 +443,21 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half(sl_tensor *n) {
     int64_t win = n->iparams[1];
     uint64_t dseed = 0, dhi = 0;
     float dp = sl_dropout_params(n, &dseed, &dhi);
-    float *P = malloc(sizeof(float) * (size_t)(B * NH * T > 0 ? B * NH * T : 1) * (size_t)(T ? T : 1) * 2);
+    /* a row's probabilities and dropout mask (2 T floats) per thread: the rows are independent */
+    const int nt = omp_get_max_threads();
+    const size_t rstride = 2 * (size_t)tpad(T ? T : 1) + 16; /* threads' rows on separate cache lines */
+    float *rows = malloc(sizeof(float) * rstride * (size_t)nt);
     float *kt = transposed(k, hm, p32(hm));
-    if (!P || !kt) {
-        free(P);
+    if (!rows || !kt) {
+        free(rows);
         free(kt);
         return sl_fail(SL_ERR_NOMEM, "attention: out of memory");
     }
-    float *Mk = P + (size_t)(B * NH * T) * (size_t)T;
     half_fwd_ctx x = {.pq = pq,
                       .pv = pv,
                       .kt = kt,
                       .out = out,
                       .lse = lse,
-                      .P = P,
-                      .Mk = Mk,
                       .n = n,
                       .q = q,
                       .v = v,
@@ -472,9 +473,13 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half(sl_tensor *n) {
                       .dhi = dhi,
                       .hm = hm};
     int isa = sl_kern_isa();
-#pragma omp parallel for schedule(dynamic, 4)
-    for (int64_t idx = 0; idx < B * NH * T; idx++) ISA_CALL(half_fwd_row, isa, &x, idx);
-    free(P);
+#pragma omp parallel num_threads(nt)
+    {
+        float *row = rows + rstride * (size_t)omp_get_thread_num();
+#pragma omp for schedule(dynamic, 4)
+        for (int64_t idx = 0; idx < B * NH * T; idx++) ISA_CALL(half_fwd_row, isa, &x, idx, row);
+    }
+    free(rows);
     free(kt);
     return SL_OK;
 }
@@ -502,7 +507,7 @@ enum { HB_ROWS = 16 }; /* query rows per block of the dk / dv sums */
           *hv = hk + T * hs, *kr = hv + T * hs, *DS = kr + T * hs, *PJ = DS + HB_ROWS * T;                   \
     const int64_t Tp = tpad(T);                                                                              \
     const float *ktb = kt + bk * hs * Tp, *vtb = vt + bk * hs * Tp;                                          \
-    for (int64_t j = 0; j < T; j++) { /* the keys by rows (rounded as kt is: transposed()) */               \
+    for (int64_t j = 0; j < T; j++) { /* the keys by rows (rounded as kt is: transposed()) */                \
         const float *kj = pk + b * k->nb[0] + j * k->nb[1] + kh * k->nb[2];                                  \
         if (p32(hm))                                                                                         \
             for (int64_t d = 0; d < hs; d++) kr[j * hs + d] = hround(kj[d], hm);                             \
@@ -527,10 +532,9 @@ enum { HB_ROWS = 16 }; /* query rows per block of the dk / dv sums */
                                    dpr, mk);                                                                 \
                 dots_t(qr, ktb, Tp, hs, j0, t, ss);                                                          \
                 dots_t(go, vtb, Tp, hs, j0, t, sd);                                                          \
-                /* the reference's per-j statements split into loops: the roundings in vector lanes (bf16), \
+                /* the reference's per-j statements split into loops: the roundings in vector lanes (bf16),  \
                  * expf alone, and the sum of P dP without a call in its loop (dot stays in a register) */   \
-                if (hm == 1 || hm == 4)                                                                      \
-                    _Pragma("omp simd") for (int64_t j = j0; j <= t; j++) {                                  \
+                if (hm == 1 || hm == 4) _Pragma("omp simd") for (int64_t j = j0; j <= t; j++) {              \
                         ss[j] = sl_round_bf16_f32(sl_round_bf16_f32(ss[j]) * scale);                         \
                         dp[j] = sl_round_bf16_f32(sd[j]);                                                    \
                     }                                                                                        \
