@@ -60,8 +60,9 @@ static sl_tensor *recompute_cast(sl_ctx *ctx, sl_tensor *x) {
  * for GEMMs that then read the copy. On GPT-2 124M at B4 T64 with AMX GEMMs those casts were 16 % of the
  * step. Where the backend says it can (caps.matmul_half_b: the CPU), the model builds the Linear as one
  * MATMUL of the bf16 input and the f32 weight marked iparams[SL_MATMUL_IP_HALF_B] = SL_BF16
- * (sl_linear_half_w): the GEMM rounds the weight as it packs it (sl_gemm_bf16_f32b; the AMX packer reads
- * fp32, the other kernels round a chunk into a buffer), so neither copy exists. The backward rule gives
+ * (sl_linear_half_w): the GEMM rounds the weight as it packs it (sl_gemm_bf16_f32b; the AMX and AVX512_BF16
+ * packers read fp32 (Note [Fused weight casts on AVX512_BF16], gemm_avx512_bf16.inc), the other kernels
+ * round a chunk into a buffer), so neither copy exists. The backward rule gives
  * dA = G @ w through the same fused product and dW the cast's gradient: the f32 product rounded to bf16 as
  * it accumulates (Note [Rounded weight gradients]). Each cast(w) fed one GEMM, so the values are bitwise
  * those of the cast nodes (test_fused_cast). SUANLI_FUSED_WEIGHT_CAST=0 builds the casts (A/B). */
