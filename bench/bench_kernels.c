@@ -172,6 +172,31 @@ int sl_bench_kernels(int argc, char **argv) {
         fprintf(stderr, "suanli bench kernels: --hidden-size must be a multiple of --num-attention-heads\n");
         return 2;
     }
+    static const char *const names[] = {"add (residual)",
+                                        "acc",
+                                        "add (bias)",
+                                        "sum_to (bias grad)",
+                                        "gelu",
+                                        "gelu_back",
+                                        "layernorm",
+                                        "layernorm_back_x",
+                                        "layernorm_back_wb",
+                                        "cross_entropy",
+                                        "cross_entropy_back",
+                                        "embedding_back",
+                                        "attention",
+                                        "attention_back",
+                                        "attention bf16 eager",
+                                        "attention_back bf16",
+                                        "adamw"};
+    int matched = !only;
+    for (size_t i = 0; i < sizeof names / sizeof names[0] && !matched; i++)
+        matched = !strncmp(names[i], only, strlen(only));
+    if (!matched) {
+        fprintf(stderr, "suanli bench kernels: --only '%s' matches no kernel (e.g. gelu, attention, adamw)\n",
+                only);
+        return 2;
+    }
     sl_threads_set((int)threads);
     bk_ctx c = {json, 1, reps, only};
     int64_t BT = B * T, hs = C / NH;

@@ -257,6 +257,7 @@ static void test_bad_input(void) {
         TU_CHECK(rc == 0 && strstr(out, "usage: suanli bench") && strstr(out, "--json"),
                  "bench %s --help: %d %s", suites[k], rc, out);
     }
+    bad("bench kernels --only", "--only 'nosuch' matches no kernel", run("bench kernels --only nosuch"));
     /* 2^44 MiB wrapped to 0 bytes and "measured" 0 GB/s, exit 0 */
     bad("bench ec --mib", "--mib: 17592186044416 out of range [1, 65536]",
         run("bench ec --mib 17592186044416 --reps 1"));
