@@ -321,46 +321,26 @@ static void dots_t(const float *a, const float *xt, int64_t ldx, int64_t hs, int
     ISA_CALL(dots_t, sl_kern_isa(), a, xt, ldx, hs, j0, j1, acc);
 }
 
-/* out[d] += w[i ldw] * x_i[d] for i = i0 .. i1 in order, x_i = x + i * ldx, d < hs (a multiple of 16, the
- * caller checks): the sums held in registers, out read and written once. Per ISA like dots_t. */
-#define ROWS_ACC_BODY                                                                                        \
-    SL_NO_CONTRACT                                                                                           \
-    float tmp[64];                                                                                           \
-    for (int64_t c = 0; c < hs; c += 64) {                                                                   \
-        int64_t nv = (hs - c) / 16 < 4 ? (hs - c) / 16 : 4;                                                  \
-        VSUM_FROM(nv, i1 - i0 + 1, w[(i0 + i_) * ldw], x + (i0 + i_) * ldx, c, out + c, tmp);                \
-        memcpy(out + c, tmp, sizeof(float) * (size_t)(16 * nv));                                             \
-    }
-#define ROWS_ACC_FN(NAME, ATTR)                                                                              \
-    SL_NO_CONTRACT_ATTR ATTR static void NAME(const float *w, int64_t ldw, const float *x, int64_t ldx,      \
-                                              int64_t hs, int64_t i0, int64_t i1, float *out) {              \
-        ROWS_ACC_BODY                                                                                        \
-    }
-PER_ISA(ROWS_ACC_FN, rows_acc)
-static void rows_acc(const float *w, int64_t ldw, const float *x, int64_t ldx, int64_t hs, int64_t i0,
-                     int64_t i1, float *out) {
-    ISA_CALL(rows_acc, sl_kern_isa(), w, ldw, x, ldx, hs, i0, i1, out);
-}
-
-/* out[d] = sum over j in [j0, j1] (in order) of w[j] * x_j[d], x_j = x + j * ldx, for d < hs; hs a multiple
- * of 16 (the caller checks). Per ISA like dots_t. */
+/* out[d] (+)= sum over i = i0 .. i1 (in order) of w[i ldw] * x_i[d], x_i = x + i * ldx, for d < hs (a
+ * multiple of 16: the caller checks); with `add` the sums start from out's values, else from zero. The sums
+ * are held in registers: out is read (add) and written once. Per ISA like dots_t. */
 #define ROWS_SUM_BODY                                                                                        \
     SL_NO_CONTRACT                                                                                           \
     float tmp[64];                                                                                           \
     for (int64_t c = 0; c < hs; c += 64) {                                                                   \
         int64_t nv = (hs - c) / 16 < 4 ? (hs - c) / 16 : 4;                                                  \
-        VSUM(nv, j1 - j0 + 1, w[j0 + i_], x + (j0 + i_) * ldx, c, tmp);                                      \
+        VSUM_FROM(nv, i1 - i0 + 1, w[(i0 + i_) * ldw], x + (i0 + i_) * ldx, c, add ? out + c : NULL, tmp);   \
         memcpy(out + c, tmp, sizeof(float) * (size_t)(16 * nv));                                             \
     }
 #define ROWS_SUM_FN(NAME, ATTR)                                                                              \
-    SL_NO_CONTRACT_ATTR ATTR static void NAME(const float *w, const float *x, int64_t ldx, int64_t hs,       \
-                                              int64_t j0, int64_t j1, float *out) {                          \
+    SL_NO_CONTRACT_ATTR ATTR static void NAME(const float *w, int64_t ldw, const float *x, int64_t ldx,      \
+                                              int64_t hs, int64_t i0, int64_t i1, float *out, int add) {     \
         ROWS_SUM_BODY                                                                                        \
     }
 PER_ISA(ROWS_SUM_FN, rows_sum)
-static void rows_sum(const float *w, const float *x, int64_t ldx, int64_t hs, int64_t j0, int64_t j1,
-                     float *out) {
-    ISA_CALL(rows_sum, sl_kern_isa(), w, x, ldx, hs, j0, j1, out);
+static void rows_sum(const float *w, int64_t ldw, const float *x, int64_t ldx, int64_t hs, int64_t i0,
+                     int64_t i1, float *out, int add) {
+    ISA_CALL(rows_sum, sl_kern_isa(), w, ldw, x, ldx, hs, i0, i1, out, add);
 }
 
 /* One query row (b, h, t) of sl_k_attention_half, built per ISA (PER_ISA); the max over
@@ -406,7 +386,7 @@ typedef struct half_fwd_ctx {
     if (hs % 16 == 0) { /* in registers (rows_sum); the weights with the dropout mask applied first */       \
         if (dp > 0)                                                                                          \
             for (int64_t j = j0; j <= t; j++) mk[j] *= p[j];                                                 \
-        rows_sum(dp > 0 ? mk : p, vb, v->nb[1], hs, j0, t, o);                                               \
+        rows_sum(dp > 0 ? mk : p, 1, vb, v->nb[1], hs, j0, t, o, 0);                                         \
     } else {                                                                                                 \
         for (int64_t d = 0; d < hs; d++) o[d] = 0;                                                           \
         for (int64_t j = j0; j <= t; j++) {                                                                  \
@@ -562,7 +542,7 @@ enum { HB_ROWS = 16 }; /* query rows per block of the dk / dv sums */
                     if (dpr > 0) pjr[j] *= mk[j];                                                            \
                 }                                                                                            \
                 if (hs % 16 == 0)                                                                            \
-                    rows_sum(dsr, kr, hs, hs, j0, t, dq);                                                    \
+                    rows_sum(dsr, 1, kr, hs, hs, j0, t, dq, 0);                                              \
                 else {                                                                                       \
                     for (int64_t d = 0; d < hs; d++) dq[d] = 0;                                              \
                     for (int64_t j = j0; j <= t; j++) {                                                      \
@@ -583,8 +563,8 @@ enum { HB_ROWS = 16 }; /* query rows per block of the dk / dv sums */
                 if (ta > tb) continue;                                                                       \
                 float *dk = hk + j * hs, *dv = hv + j * hs;                                                  \
                 if (hs % 16 == 0) {                                                                          \
-                    rows_acc(DS + j, T, qh + t0 * q->nb[1], q->nb[1], hs, ta - t0, tb - t0, dk);             \
-                    rows_acc(PJ + j, T, gh + t0 * gt, gt, hs, ta - t0, tb - t0, dv);                         \
+                    rows_sum(DS + j, T, qh + t0 * q->nb[1], q->nb[1], hs, ta - t0, tb - t0, dk, 1);          \
+                    rows_sum(PJ + j, T, gh + t0 * gt, gt, hs, ta - t0, tb - t0, dv, 1);                      \
                 } else                                                                                       \
                     for (int64_t t = ta; t <= tb; t++) {                                                     \
                         const float ds = DS[(t - t0) * T + j], pj = PJ[(t - t0) * T + j];                    \
