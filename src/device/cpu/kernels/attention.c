@@ -475,10 +475,9 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half(sl_tensor *n) {
  * rows 1.7 -> 1.4 ms (docs/BENCHMARKS.md). */
 typedef struct half_back_ctx {
     const float *pq, *pk, *pg, *lse, *kt, *vt;
-    float *out, *buf;
+    float *out;
     const sl_tensor *f, *q, *k;
     int64_t B, T, NH, hs, NKV, grp, W, win, gb, gt;
-    size_t per;
     float scale, dpr;
     uint64_t dseed, dhi;
     int hm;
@@ -487,8 +486,8 @@ typedef struct half_back_ctx {
 enum { HB_ROWS = 16 }; /* query rows per block of the dk / dv sums */
 #define HALF_BACK_PLANE_BODY                                                                                 \
     int64_t b = bk / NKV, kh = bk % NKV;                                                                     \
-    float *p = buf + per * (size_t)bk, *dp = p + T, *mk = dp + T, *ss = mk + T, *sd = ss + T, *hk = sd + T,  \
-          *hv = hk + T * hs, *kr = hv + T * hs, *DS = kr + T * hs, *PJ = DS + HB_ROWS * T;                   \
+    float *p = buf, *dp = p + T, *mk = dp + T, *ss = mk + T, *sd = ss + T, *hk = sd + T, *hv = hk + T * hs,  \
+          *kr = hv + T * hs, *DS = kr + T * hs, *PJ = DS + HB_ROWS * T;                                      \
     const int64_t Tp = tpad(T);                                                                              \
     const float *ktb = kt + bk * hs * Tp, *vtb = vt + bk * hs * Tp;                                          \
     for (int64_t j = 0; j < T; j++) { /* the keys by rows (rounded as kt is: transposed()) */                \
@@ -597,14 +596,13 @@ enum { HB_ROWS = 16 }; /* query rows per block of the dk / dv sums */
     }
 
 #define HALF_BACK_PLANE_FN(NAME, ATTR)                                                                       \
-    SL_NO_CONTRACT_ATTR ATTR static void NAME(const half_back_ctx *x, int64_t bk) {                          \
+    SL_NO_CONTRACT_ATTR ATTR static void NAME(const half_back_ctx *x, int64_t bk, float *buf) {              \
         SL_NO_CONTRACT                                                                                       \
         const float *pq = x->pq, *pk = x->pk, *pg = x->pg, *lse = x->lse, *kt = x->kt, *vt = x->vt;          \
-        float *out = x->out, *buf = x->buf;                                                                  \
+        float *out = x->out;                                                                                 \
         const sl_tensor *f = x->f, *q = x->q, *k = x->k;                                                     \
         const int64_t T = x->T, NH = x->NH, hs = x->hs, NKV = x->NKV, grp = x->grp, W = x->W, win = x->win;  \
         const int64_t gb = x->gb, gt = x->gt;                                                                \
-        const size_t per = x->per;                                                                           \
         const float scale = x->scale, dpr = x->dpr;                                                          \
         const uint64_t dseed = x->dseed, dhi = x->dhi;                                                       \
         const int hm = x->hm;                                                                                \
@@ -625,10 +623,12 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half_back(sl_tensor *n) {
     int64_t gb = g->nb[0], gt = g->nb[1];
     uint64_t dseed = 0, dhi = 0;
     float dpr = sl_dropout_params(f, &dseed, &dhi);
-    /* per (b, kv head): p, dp, mask, the scores, dO . v (T each), one query head's h(dk) | h(dv) (2 T hs) and
-     * the keys as the products read them (T hs, rounded in modes 3/4) */
-    size_t per = 5 * (size_t)(T ? T : 1) + 3 * (size_t)T * (size_t)hs + 2 * (size_t)HB_ROWS * (size_t)T;
-    float *buf = malloc(sizeof(float) * per * (size_t)(B * NKV > 0 ? B * NKV : 1));
+    /* per thread, for the (b, kv head) plane it works on: p, dp, mask, the scores, dO . v (T each), one query
+     * head's h(dk) | h(dv) (2 T hs), the keys as the products read them (T hs, rounded in modes 3/4), and a
+     * block's dS and P (2 HB_ROWS T); 16 floats apart so that threads do not share a cache line */
+    const int nt = omp_get_max_threads();
+    size_t per = 5 * (size_t)(T ? T : 1) + 3 * (size_t)T * (size_t)hs + 2 * (size_t)HB_ROWS * (size_t)T + 16;
+    float *buf = malloc(sizeof(float) * per * (size_t)nt);
     float *kt = transposed(k, hm, p32(hm)), *vt = transposed(v, hm, 0);
     if (!buf || !kt || !vt) {
         free(buf);
@@ -644,7 +644,6 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half_back(sl_tensor *n) {
                        .kt = kt,
                        .vt = vt,
                        .out = out,
-                       .buf = buf,
                        .f = f,
                        .q = q,
                        .B = B,
@@ -657,15 +656,18 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half_back(sl_tensor *n) {
                        .win = win,
                        .gb = gb,
                        .gt = gt,
-                       .per = per,
                        .scale = scale,
                        .dpr = dpr,
                        .dseed = dseed,
                        .dhi = dhi,
                        .hm = hm};
     int isa = sl_kern_isa();
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t bk = 0; bk < B * NKV; bk++) ISA_CALL(half_back_plane, isa, &x, bk);
+#pragma omp parallel num_threads(nt)
+    {
+        float *mine = buf + per * (size_t)omp_get_thread_num();
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t bk = 0; bk < B * NKV; bk++) ISA_CALL(half_back_plane, isa, &x, bk, mine);
+    }
     free(buf);
     free(kt);
     free(vt);
