@@ -353,6 +353,11 @@ int main(void) {
     snprintf(mp, sizeof mp, "%s/lrmin/metrics.jsonl", dir);
     TU_CHECK(fabs(tu_metric_at(mp, 3, "lr") - 2e-4) <= 1e-9, "lr after the decay: %g, expected min-lr 2e-4",
              tu_metric_at(mp, 3, "lr"));
+    /* the last step is evaluated whatever the interval (here none): val_loss on step 3 only */
+    TU_CHECK(isnan(tu_metric_at(mp, 1, "val_loss")) && isnan(tu_metric_at(mp, 2, "val_loss")) &&
+                 isfinite(tu_metric_at(mp, 3, "val_loss")),
+             "--eval-interval 0: val_loss at steps 1-3: %g %g %g", tu_metric_at(mp, 1, "val_loss"),
+             tu_metric_at(mp, 2, "val_loss"), tu_metric_at(mp, 3, "val_loss"));
     /* --train-iters 0 printed "final val loss nan" (Note [No steps to run]): now the val loss of the initial
      * weights, the same number in metrics.jsonl (an eval-only line) and config.json; suanli plot takes it */
     rc = run("train --data-path %s " TINY " --train-iters 0 --eval-iters 2 --save %s/run0 --threads 2", data,
