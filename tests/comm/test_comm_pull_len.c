@@ -22,7 +22,11 @@ static int run_case(size_t send_bytes, size_t recv_bytes) {
     if (sl_comm_get_unique_id(&id) != SL_OK) return fprintf(stderr, "FAIL id: %s\n", sl_errmsg()), 1;
     pid_t pids[2];
     for (int r = 0; r < 2; r++) {
-        if ((pids[r] = fork()) != 0) continue;
+        if ((pids[r] = fork()) < 0) {
+            perror("FAIL fork");
+            return 1;
+        }
+        if (pids[r] != 0) continue;
         sl_comm_opts o = {.transport = SL_COMM_TRANSPORT_SHM, .timeout_sec = 3.0};
         sl_comm *c;
         if (sl_comm_init_rank(&c, 2, &id, r, &o) != SL_OK) {
@@ -60,9 +64,17 @@ static int run_case(size_t send_bytes, size_t recv_bytes) {
     }
     int fails = 0;
     for (int r = 0; r < 2; r++) {
-        int status;
-        waitpid(pids[r], &status, 0);
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) fails++;
+        int status = 0;
+        if (waitpid(pids[r], &status, 0) != pids[r]) {
+            perror("FAIL waitpid");
+            fails++;
+            continue;
+        }
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            fprintf(stderr, "FAIL rank %d: %s %d\n", r, WIFEXITED(status) ? "exit" : "signal",
+                    WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+            fails++;
+        }
     }
     printf("send %zu, receive %zu: %s\n", send_bytes, recv_bytes, fails ? "FAILED" : "ok");
     return fails ? 1 : 0;
