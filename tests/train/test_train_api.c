@@ -186,6 +186,24 @@ int main(void) {
         "--exit-duration-in-mins 0.01: %s, %lld steps (seen %d), stopped %.3f s after the call, val loss %g",
         st == SL_OK ? "ok" : sl_errmsg(), (long long)re.steps, ob.steps_seen, ob.last_t - t0, re.val_loss);
 
+    /* a checkpoint whose background write fails (a directory where its shard file goes) is not committed:
+     * the run fails at the next poll, with no step-0000002 and no `latest` published (committing it anyway
+     * survived a mutation audit: no test made the writer fail) */
+    char obst[700];
+    snprintf(obst, sizeof obst, "%s/obst", dir);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/step-0000002.tmp/shard-r00000.safetensors", obst);
+    TU_CHECK(system(cmd) == 0, "obstacle");
+    tiny_opts(&o, obst, NULL);
+    ob = (observer){0};
+    st = sl_train_run(&o, &cb, &re);
+    TU_CHECK(st != SL_OK && st != SL_ERR_INVALID && ob.last_ckpt == 0,
+             "failed checkpoint write: status %s, last checkpoint %lld (%s)", sl_status_name(st),
+             (long long)ob.last_ckpt, sl_errmsg());
+    snprintf(ck, sizeof ck, "%s/step-0000002", obst);
+    TU_CHECK(!exists(ck), "the failed checkpoint step 2 was committed");
+    snprintf(ck, sizeof ck, "%s/latest", obst);
+    TU_CHECK(!exists(ck), "`latest` written for a failed checkpoint");
+
     /* bad input: a missing data path is SL_ERR_INVALID, names the path, and nothing is written */
     char missing[700], never[700];
     snprintf(missing, sizeof missing, "%s/no-such-data", dir);
