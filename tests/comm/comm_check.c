@@ -443,6 +443,51 @@ static int staged_check(sl_comm *c) {
     return fails;
 }
 
+/* Two communicators over the same ranks with all-reduces in flight on both at once, submitted in opposite
+ * orders by even and odd ranks (odd ranks finish B before they start A): each must see only its own
+ * messages (the MPI transport keeps them apart by a tag per communicator; one tag for all survived a
+ * mutation audit) */
+static int concurrent_comms(sl_comm *c) {
+    int n = sl_comm_size(c), r = sl_comm_rank(c), fails = 0;
+    if (n < 2) return 0;
+    enum { N = 4099 };
+    sl_comm *ca = NULL, *cb = NULL;
+    if (sl_comm_split(c, 0, r, &ca) != SL_OK || sl_comm_split(c, 0, r, &cb) != SL_OK || !ca || !cb) {
+        fprintf(stderr, "FAIL rank %d: split for concurrent communicators: %s\n", r, sl_errmsg());
+        sl_comm_free(ca);
+        sl_comm_free(cb);
+        return 1;
+    }
+    float *a = malloc(sizeof(float) * N), *b = malloc(sizeof(float) * N);
+    for (int i = 0; i < N; i++) a[i] = (float)(r + 1), b[i] = (float)(1000 * (r + 1) + i % 7);
+    sl_comm_req *ra = NULL, *rb = NULL;
+    sl_status sa, sb;
+    if (r % 2 == 0) {
+        sa = sl_comm_all_reduce_async(ca, a, a, N, SL_COMM_F32, SL_COMM_SUM, &ra);
+        sb = sl_comm_all_reduce_async(cb, b, b, N, SL_COMM_F32, SL_COMM_SUM, &rb);
+        if (sa == SL_OK) sa = sl_comm_wait(ra);
+        if (sb == SL_OK) sb = sl_comm_wait(rb);
+    } else {
+        sb = sl_comm_all_reduce_async(cb, b, b, N, SL_COMM_F32, SL_COMM_SUM, &rb);
+        if (sb == SL_OK) sb = sl_comm_wait(rb);
+        sa = sl_comm_all_reduce_async(ca, a, a, N, SL_COMM_F32, SL_COMM_SUM, &ra);
+        if (sa == SL_OK) sa = sl_comm_wait(ra);
+    }
+    float wa = (float)n * (float)(n + 1) / 2;
+    int bad = sa != SL_OK || sb != SL_OK;
+    for (int i = 0; i < N && !bad; i++) bad = a[i] != wa || b[i] != 1000.0f * wa + (float)(n * (i % 7));
+    if (bad)
+        fprintf(stderr,
+                "FAIL rank %d: concurrent all-reduces on two communicators: %s / %s, a[0] %g b[0] %g\n", r,
+                sl_status_name(sa), sl_status_name(sb), a[0], b[0]),
+            fails++;
+    free(a);
+    free(b);
+    sl_comm_free(ca);
+    sl_comm_free(cb);
+    return fails;
+}
+
 int cc_run_extras(sl_comm *c) {
     int n = sl_comm_size(c), r = sl_comm_rank(c), fails = 0;
     /* split: two colors, reversed key order; the last rank opts out when n > 2 */
@@ -486,6 +531,7 @@ int cc_run_extras(sl_comm *c) {
         }
         sl_comm_free(sub);
     }
+    fails += concurrent_comms(c);
     /* async overlap: several all-reduces in flight, waited out of order; test() polling */
     enum { K = 4, N = 100003 };
     float *bufs[K];

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "suanli/base.h"
+#include "suanli/data.h"
 #include "testutil.h"
 
 static char out[1 << 16];
@@ -101,6 +102,27 @@ static void test_bad_input(void) {
     bad("missing value", "--seed", run("train --save %s/never --data-path %s --seed", dir, data));
     bad("batch multiple", "--global-batch-size",
         run("train --save %s/never --data-path %s --micro-batch-size 3 --global-batch-size 8", dir, data));
+    /* the LR schedule's checks (both survived a mutation audit: no test gave such flags) */
+    bad("min lr above lr", "--min-lr 0.01 exceeds --lr 0.001",
+        run("train --save %s/never --data-path %s " TINY " --lr 0.001 --min-lr 0.01", dir, data));
+    bad("warmup past decay", "--lr-warmup-iters 10 exceeds the decay length 5",
+        run("train --save %s/never --data-path %s " TINY " --lr-warmup-iters 10 --lr-decay-iters 5", dir,
+            data));
+    {
+        /* a window of seq-length tokens needs seq-length + 1 (its targets): a split of exactly N tokens
+         * refuses --seq-length N (the bound checked as seq-length survived) */
+        sl_dataset *ds = NULL;
+        TU_CHECK(sl_dataset_open(data, "val", &ds) == SL_OK, "open val: %s", sl_errmsg());
+        long long n = ds ? (long long)sl_dataset_num_tokens(ds) : 0;
+        sl_dataset_close(ds);
+        char msg[96];
+        snprintf(msg, sizeof msg, "a split has fewer than seq-length+1 = %lld tokens", n + 1);
+        bad("split of seq-length tokens", msg,
+            run("train --save %s/never --data-path %s --num-layers 1 --hidden-size 32 --num-attention-heads "
+                "2 "
+                "--micro-batch-size 1 --seq-length %lld",
+                dir, data, n));
+    }
     /* interleaving without a pipeline was accepted (the check sat under tp > 1 || pp > 1) */
     bad("virtual stages without pp", "--num-layers-per-virtual-pipeline-stage needs",
         run("train --save %s/never --data-path %s " TINY " --num-layers 2 "
@@ -324,6 +346,19 @@ int main(void) {
     }
     free(mtext);
     TU_CHECK(nlines == 6 && nval == 2, "metrics: %d lines, %d with val_loss", nlines, nval);
+    /* --min-lr defaults to --lr / 10 (Megatron's 0.1 x): past --lr-decay-iters the schedule holds it */
+    rc = run("train --data-path %s " TINY " --train-iters 3 --lr-decay-iters 1 --lr 0.002 --eval-interval 0 "
+             "--save %s/lrmin --threads 1",
+             data, dir);
+    TU_CHECK(rc == 0, "train lrmin: %s", out);
+    snprintf(mp, sizeof mp, "%s/lrmin/metrics.jsonl", dir);
+    TU_CHECK(fabs(tu_metric_at(mp, 3, "lr") - 2e-4) <= 1e-9, "lr after the decay: %g, expected min-lr 2e-4",
+             tu_metric_at(mp, 3, "lr"));
+    /* the last step is evaluated whatever the interval (here none): val_loss on step 3 only */
+    TU_CHECK(isnan(tu_metric_at(mp, 1, "val_loss")) && isnan(tu_metric_at(mp, 2, "val_loss")) &&
+                 isfinite(tu_metric_at(mp, 3, "val_loss")),
+             "--eval-interval 0: val_loss at steps 1-3: %g %g %g", tu_metric_at(mp, 1, "val_loss"),
+             tu_metric_at(mp, 2, "val_loss"), tu_metric_at(mp, 3, "val_loss"));
     /* --train-iters 0 printed "final val loss nan" (Note [No steps to run]): now the val loss of the initial
      * weights, the same number in metrics.jsonl (an eval-only line) and config.json; suanli plot takes it */
     rc = run("train --data-path %s " TINY " --train-iters 0 --eval-iters 2 --save %s/run0 --threads 2", data,

@@ -385,6 +385,10 @@ static void test_bad_flags(void) {
     TU_CHECK(rc == 2 && strstr(out, "not both"), "replicas and ec: %s", out);
     rc = run("env SUANLI_HOSTS=x %s train " TINY " --save bad1 --ckpt-local-dir B", cli);
     TU_CHECK(rc == 2 && strstr(out, "SUANLI_HOSTS=x"), "bad SUANLI_HOSTS: %s", out);
+    /* more hosts than ranks (one process here): the bound survived a mutation audit */
+    rc = run("env SUANLI_HOSTS=2 %s train " TINY " --save bad1 --ckpt-local-dir B", cli);
+    TU_CHECK(rc == 2 && strstr(out, "SUANLI_HOSTS=2: expected a host count in 1..1"),
+             "SUANLI_HOSTS above the ranks: %s", out);
     rc = run("%s run -n 2 --hosts 3 -- true", cli);
     TU_CHECK(rc == 2 && strstr(out, "--hosts: 3 exceeds the job's 2 ranks"), "run --hosts too many: %s", out);
     TU_CHECK(!exists("bad1") && !exists("B"), "no output written after bad flags");

@@ -12,8 +12,9 @@
  * graph order, and the gradient norm is summed per stage: reassociations of fp32 sums (measured: 6.4e-8
  * relative in the loss for pp alone); TP and SP add theirs (test_tp.c). An untied model on pp alone must
  * therefore match bitwise, and does.
- * Also: every rank of a stage agrees, the tied copies stay bitwise equal, the schedule runs m >= p
- * micro-batches with p - s slots on stage s, and the stage's parameters are 1/pp of the layers. */
+ * Also: every rank of a stage agrees, the tied copies stay bitwise equal, the schedule runs m micro-batches
+ * (m < p too) with min(m, p - s) slots on stage s, the evaluation after training is the single process's,
+ * the bytes each stage sends are the schedule's, and the stage's parameters are 1/pp of the layers. */
 #include <pthread.h>
 #include <string.h>
 
@@ -21,7 +22,7 @@
 #include "suanli/train.h"
 #include "testutil.h"
 
-enum { STEPS = 20, B = 2, T = 16, V = 66, MAXR = 8 };
+enum { STEPS = 20, B = 2, T = 16, V = 66, MAXR = 8, EVAL_ITERS = 2 };
 static const sl_gpt2_config CFG = {
     .n_layer = 4, .n_head = 4, .n_embd = 32, .vocab_size = V, .max_seq_len = T};
 
@@ -70,6 +71,9 @@ typedef struct {
     int n_b, n_w, grads_in_w;  /* its backward split; every parameter's last gradient write is in W */
     double wait;
     int early; /* DP bucket reductions launched during the last backward unit (Note [DP overlap under PP]) */
+    double bytes_err; /* max over steps |pp_comm_bytes - sl_pipeline_comm_theory| (this rank) */
+    double bytes;     /* pp_comm_bytes of the last step */
+    float val_loss;   /* sl_trainer_eval after the last step (EVAL_ITERS batches) */
     sl_status st;
 } rank_job;
 
@@ -128,7 +132,15 @@ static void *run_rank(void *arg) {
         j->losses[s] = ss.loss;
         j->wait += ss.pipe_wait_sec;
         if (dp) j->early += sl_dp_take_early_launches(dp);
+        if (tr.pipe) { /* Note [Pipeline communication volume], on every stage (metrics.jsonl shows rank 0's)
+                        */
+            double e = fabs(ss.pp_comm_bytes - sl_pipeline_comm_theory(tr.pipe));
+            if (!(e <= j->bytes_err)) j->bytes_err = e;
+            j->bytes = ss.pp_comm_bytes;
+        }
     }
+    /* evaluation through the pipeline (sl_pipeline_eval; the loss broadcast from the last stage) */
+    if ((j->st = sl_trainer_eval(&tr, synth, NULL, EVAL_ITERS, &j->val_loss)) != SL_OK) goto out;
     if (dp && (j->st = sl_dp_gather_params(dp)) != SL_OK) goto out; /* the last update's gathers */
     j->full = malloc(sizeof(float) * (size_t)sl_tp_full_numel(m));
     j->st = sl_tp_gather_full(tp, m, j->full);
@@ -172,6 +184,7 @@ static double stage_diff(const rank_job *j, const sl_model *ref, const float *re
 
 typedef struct {
     float losses[STEPS];
+    float val_loss; /* sl_trainer_eval after the last step */
     sl_model *m;
 } ref_run;
 
@@ -249,6 +262,22 @@ static void check_layout_v(const ref_run *ref, int world, int tp, int pp, int sp
         for (int s = 0; s < STEPS; s++) {
             double e = fabs(j->losses[s] - ref->losses[s]) / fabs(ref->losses[s]);
             if (e > worst) worst = e;
+        }
+        /* the evaluation after the last step: the single process's, on every rank */
+        double ve = fabs(j->val_loss - ref->val_loss) / fabs(ref->val_loss);
+        TU_CHECK(ve <= 1e-6, "%s rank %d: val loss %.8g, single process %.8g (rel err %.3g, bar 1e-6)", what,
+                 r, j->val_loss, ref->val_loss, ve);
+        /* the bytes this stage sent are the schedule's count at every step; without TP, SP and the
+         * interleaved schedule, also counted here: a B x T x C f32 activation forward out of every stage but
+         * the last, its gradient back out of every stage but the first, per micro-batch, and the tied
+         * embedding's gradient (V x C) between the first and the last stage */
+        TU_CHECK(j->bytes_err == 0, "%s rank %d: pp bytes sent differ from sl_pipeline_comm_theory by %.0f",
+                 what, r, j->bytes_err);
+        if (tp == 1 && vpp <= 1) {
+            double a = 4.0 * B * T * 32, want = accum * a * ((stage < pp - 1) + (stage > 0));
+            if (g_llama != 2 && (stage == 0 || stage == pp - 1)) want += 4.0 * V * 32;
+            TU_CHECK(j->bytes == want, "%s stage %d: %.0f pp bytes sent per step, expected %.0f", what, stage,
+                     j->bytes, want);
         }
         double d = stage_diff(j, ref->m, ref->m->params_mem, &mr, j->stage_dp_rank0 ? ss : (double[2]){0, 0});
         if (d > md) md = d;
@@ -387,6 +416,7 @@ static void single(int accum, ref_run *ref) {
         TU_CHECK(sl_trainer_step(&tr, s, synth, NULL, &ss) == SL_OK, "step: %s", sl_errmsg());
         ref->losses[s] = ss.loss;
     }
+    TU_CHECK(sl_trainer_eval(&tr, synth, NULL, EVAL_ITERS, &ref->val_loss) == SL_OK, "eval: %s", sl_errmsg());
     sl_trainer_free(&tr);
     ref->m = m;
 }
@@ -400,7 +430,9 @@ int main(void) {
                      SL_ERR_INVALID &&
                  !bad && strstr(sl_errmsg(), "--pipeline-model-parallel-size 3 does not divide num-layers 4"),
              "layers not divisible by pp: %s", sl_errmsg());
-    ref_run ref4, ref8;
+    ref_run ref1, ref2, ref4, ref8;
+    single(1, &ref1);
+    single(2, &ref2);
     single(4, &ref4);
     single(8, &ref8);
     TU_CHECK(ref4.losses[STEPS - 1] < ref4.losses[0] - 0.1f, "the model learns: %g -> %g", ref4.losses[0],
@@ -409,6 +441,9 @@ int main(void) {
     check_layout(&ref4, 2, 1, 2, 0, 0, 4);
     check_layout(&ref4, 4, 1, 4, 0, 0, 4);
     check_layout(&ref8, 4, 1, 4, 0, 0, 8);
+    /* fewer micro-batches than stages: the warm-up is cut to m (m < p - s - 1 on the first stages) */
+    check_layout(&ref2, 4, 1, 4, 0, 0, 2);
+    check_layout(&ref1, 4, 1, 4, 0, 0, 1);
     check_layout(&ref4, 4, 2, 2, 0, 0, 4);
     check_layout(&ref4, 4, 2, 2, 1, 0, 4);
     check_layout(&ref4, 4, 1, 2, 0, 1, 2); /* dp 2 */
@@ -426,6 +461,7 @@ int main(void) {
     check_layout_z(&ref4, 2, 1, 2, 0, 0, 4);
     check_layout_z(&ref4, 4, 1, 4, 0, 0, 4);
     check_layout_z(&ref8, 4, 1, 4, 0, 0, 8);
+    check_layout_z(&ref2, 4, 1, 4, 0, 0, 2);
     check_layout_z(&ref4, 4, 2, 2, 1, 0, 4);
     check_layout_z(&ref4, 4, 1, 2, 0, 1, 2);
     TU_CHECK(sl_gpt2_new_par(&CFG, sl_backend_cpu(), &(sl_model_split){1, 0, 2, 0, 3, 0, 0, 1, 0, 0}, &bad) ==
@@ -468,6 +504,8 @@ int main(void) {
     TU_CHECK(bf == 3 && bl == 1, "balanced 124M pp 4 (3, 4, 4, 1 + head): first %d last %d", bf, bl);
     sl_pp_balanced_split(12, 2, 0.4, &bf, &bl);
     TU_CHECK(bf == 0 && bl == 0, "a light head keeps the even split: %d %d", bf, bl);
+    sl_model_free(ref1.m);
+    sl_model_free(ref2.m);
     sl_model_free(ref4.m);
     sl_model_free(ref8.m);
     /* the Llama family: a GQA Qwen2 with a tied head (its embedding copied to the last stage) and untied */

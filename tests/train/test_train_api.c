@@ -3,6 +3,7 @@
  * and the same weights (bitwise) as an uninterrupted run; and a missing data path is bad input that writes
  * nothing. */
 #include <math.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -43,15 +44,19 @@ static void tiny_opts(sl_train_opts *o, const char *save, const char *load) {
 
 typedef struct {
     int64_t stop_after; /* 0: run to the end */
+    int64_t usr1_at;    /* raise SIGUSR1 in this step's callback (0: never) */
     int steps_seen;
     int64_t last_ckpt;
     float last_loss;
+    double last_t; /* sl_time_sec() at the last callback */
 } observer;
 
 static int on_step(void *user, const sl_train_progress *p) {
     observer *ob = user;
     ob->steps_seen++;
     ob->last_loss = p->stats.loss;
+    ob->last_t = sl_time_sec();
+    if (ob->usr1_at && p->step == ob->usr1_at) raise(SIGUSR1);
     return ob->stop_after && p->step >= ob->stop_after;
 }
 
@@ -139,6 +144,65 @@ int main(void) {
              (long long)rd.resumed_step, (long long)rd.steps, ob.steps_seen);
     TU_CHECK(memcmp(&rd.val_loss, &ra.val_loss, sizeof ra.val_loss) == 0,
              "no-step resume: val loss %.9g, the step-6 evaluation's %.9g", rd.val_loss, ra.val_loss);
+
+    /* SIGUSR1 during step 3 (Note [SIGUSR1: checkpoint and exit for requeue]): checkpoint 3 committed off the
+     * --save-interval 2 grid, result->requeue set, result->steps 3 (not 2: the step loop counts the step it
+     * stopped after); the next run resumes there and ends bitwise the uninterrupted run */
+    char usr[700];
+    snprintf(usr, sizeof usr, "%s/usr1", dir);
+    tiny_opts(&o, usr, usr);
+    ob = (observer){.usr1_at = 3};
+    sl_train_result re;
+    st = sl_train_run(&o, &cb, &re);
+    TU_CHECK(st == SL_OK && re.requeue == 1 && re.steps == 3 && ob.steps_seen == 3 && ob.last_ckpt == 3,
+             "SIGUSR1 at step 3: %s, requeue %d, steps %lld, seen %d, last checkpoint %lld",
+             st == SL_OK ? "ok" : sl_errmsg(), re.requeue, (long long)re.steps, ob.steps_seen,
+             (long long)ob.last_ckpt);
+    snprintf(ck, sizeof ck, "%s/model.safetensors", usr);
+    TU_CHECK(!exists(ck), "no final save before a requeue");
+    ob = (observer){0};
+    st = sl_train_run(&o, &cb, &re);
+    TU_CHECK(st == SL_OK && re.requeue == 0 && re.resumed_step == 3 && re.steps == 6 && ob.steps_seen == 3,
+             "after SIGUSR1: %s, resumed at %lld, steps %lld, seen %d", st == SL_OK ? "ok" : sl_errmsg(),
+             (long long)re.resumed_step, (long long)re.steps, ob.steps_seen);
+    TU_CHECK(
+        memcmp(&re.loss, &ra.loss, sizeof ra.loss) == 0 && same_weights(full, usr),
+        "after SIGUSR1: final loss %.9g (uninterrupted %.9g) and weights bitwise the uninterrupted run's",
+        re.loss, ra.loss);
+
+    /* --exit-duration-in-mins 0.01: the run stops after the first step that ends 0.6 s after the loop
+     * started (so no earlier than 0.6 s after sl_train_run was called), evaluated there */
+    tiny_opts(&o, NULL, NULL);
+    o.train_iters = 1000000;
+    o.ckpt.save_interval = 0;
+    o.exit_duration_mins = 0.01;
+    o.eval.interval = 0; /* the val loss comes from the evaluation at the stop */
+    ob = (observer){0};
+    double t0 = sl_time_sec();
+    st = sl_train_run(&o, &cb, &re);
+    TU_CHECK(
+        st == SL_OK && re.steps > 0 && re.steps < o.train_iters && re.steps == ob.steps_seen &&
+            ob.last_t - t0 >= 0.6 && isfinite(re.val_loss),
+        "--exit-duration-in-mins 0.01: %s, %lld steps (seen %d), stopped %.3f s after the call, val loss %g",
+        st == SL_OK ? "ok" : sl_errmsg(), (long long)re.steps, ob.steps_seen, ob.last_t - t0, re.val_loss);
+
+    /* a checkpoint whose background write fails (a directory where its shard file goes) is not committed:
+     * the run fails at the next poll, with no step-0000002 and no `latest` published (committing it anyway
+     * survived a mutation audit: no test made the writer fail) */
+    char obst[700];
+    snprintf(obst, sizeof obst, "%s/obst", dir);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/step-0000002.tmp/shard-r00000.safetensors", obst);
+    TU_CHECK(system(cmd) == 0, "obstacle");
+    tiny_opts(&o, obst, NULL);
+    ob = (observer){0};
+    st = sl_train_run(&o, &cb, &re);
+    TU_CHECK(st != SL_OK && st != SL_ERR_INVALID && ob.last_ckpt == 0,
+             "failed checkpoint write: status %s, last checkpoint %lld (%s)", sl_status_name(st),
+             (long long)ob.last_ckpt, sl_errmsg());
+    snprintf(ck, sizeof ck, "%s/step-0000002", obst);
+    TU_CHECK(!exists(ck), "the failed checkpoint step 2 was committed");
+    snprintf(ck, sizeof ck, "%s/latest", obst);
+    TU_CHECK(!exists(ck), "`latest` written for a failed checkpoint");
 
     /* bad input: a missing data path is SL_ERR_INVALID, names the path, and nothing is written */
     char missing[700], never[700];
