@@ -86,6 +86,35 @@ static void test_bench_train(void) {
 }
 
 /* every bad-input path: exit 2, one line naming the problem, nothing written (bad()) */
+/* the bench subcommands' help and their refused flags (exit 2, one line naming the flag) */
+static void test_bench_flags(void) {
+    int rc;
+    const char *suites[] = {"train", "moe", "generate", "kernels"};
+    for (int k = 0; k < 4; k++) {
+        rc = run("bench %s --help", suites[k]);
+        TU_CHECK(rc == 0 && strstr(out, "usage: suanli bench") && strstr(out, "--json"),
+                 "bench %s --help: %d %s", suites[k], rc, out);
+    }
+    bad("bench kernels --only", "--only 'nosuch' matches no kernel", run("bench kernels --only nosuch"));
+    /* 2^44 MiB wrapped to 0 bytes and "measured" 0 GB/s, exit 0 */
+    bad("bench ec --mib", "--mib: 17592186044416 out of range [1, 65536]",
+        run("bench ec --mib 17592186044416 --reps 1"));
+    /* the messages named the value ("bad flag '0'"), not the flag */
+    bad("bench ec --reps", "--reps: 0 out of range [1, 100]", run("bench ec --reps 0"));
+    bad("bench ckpt-io --mib", "--mib: '12abc' is not an integer",
+        run("bench ckpt-io --mib 12abc --dir %s", dir));
+    bad("bench ckpt-io --dir", "--dir: missing value", run("bench ckpt-io --dir"));
+    /* no size between them: empty tables, exit 0; inf and 1e30 became size 0 (an undefined conversion) */
+    bad("bench comm min > max", "--max-bytes 10 is below --min-bytes 100",
+        run("bench comm --min-bytes 100 --max-bytes 10"));
+    bad("bench comm inf", "--max-bytes: expected a size", run("bench comm --max-bytes inf"));
+    bad("bench comm 1e30", "--min-bytes: expected a size", run("bench comm --min-bytes 1e30"));
+    bad("bench comm --iters", "--iters: expected an integer in 1..1073741824, got '5abc'",
+        run("bench comm --iters 5abc")); /* atoi: 5 */
+    bad("bench comm -n", "-n: expected an integer in 1..4096, got '99999999999'",
+        run("bench comm -n 99999999999"));
+}
+
 static void test_bad_input(void) {
     int rc;
     char cmd[2048], cfgp[700];
@@ -273,30 +302,6 @@ static void test_bad_input(void) {
     snprintf(cmd, sizeof cmd, "%s/gout", dir);
     TU_CHECK(sl_mkdirs(cmd) == SL_OK, "mkdir %s", cmd);
     bad("gather from an empty pool", "no pooled checkpoint", run("ckpt gather %s/pool %s", dir, cmd));
-    const char *suites[] = {"train", "moe", "generate", "kernels"};
-    for (int k = 0; k < 4; k++) {
-        rc = run("bench %s --help", suites[k]);
-        TU_CHECK(rc == 0 && strstr(out, "usage: suanli bench") && strstr(out, "--json"),
-                 "bench %s --help: %d %s", suites[k], rc, out);
-    }
-    bad("bench kernels --only", "--only 'nosuch' matches no kernel", run("bench kernels --only nosuch"));
-    /* 2^44 MiB wrapped to 0 bytes and "measured" 0 GB/s, exit 0 */
-    bad("bench ec --mib", "--mib: 17592186044416 out of range [1, 65536]",
-        run("bench ec --mib 17592186044416 --reps 1"));
-    /* the messages named the value ("bad flag '0'"), not the flag */
-    bad("bench ec --reps", "--reps: 0 out of range [1, 100]", run("bench ec --reps 0"));
-    bad("bench ckpt-io --mib", "--mib: '12abc' is not an integer",
-        run("bench ckpt-io --mib 12abc --dir %s", dir));
-    bad("bench ckpt-io --dir", "--dir: missing value", run("bench ckpt-io --dir"));
-    /* no size between them: empty tables, exit 0; inf and 1e30 became size 0 (an undefined conversion) */
-    bad("bench comm min > max", "--max-bytes 10 is below --min-bytes 100",
-        run("bench comm --min-bytes 100 --max-bytes 10"));
-    bad("bench comm inf", "--max-bytes: expected a size", run("bench comm --max-bytes inf"));
-    bad("bench comm 1e30", "--min-bytes: expected a size", run("bench comm --min-bytes 1e30"));
-    bad("bench comm --iters", "--iters: expected an integer in 1..1073741824, got '5abc'",
-        run("bench comm --iters 5abc")); /* atoi: 5 */
-    bad("bench comm -n", "-n: expected an integer in 1..4096, got '99999999999'",
-        run("bench comm -n 99999999999"));
     /* --load of a model with another shape: flags conflict */
     bad("load conflict", "--hidden-size",
         run("train --save %s/never --data-path %s --load %s/run1 --hidden-size 64", dir, data, dir));
@@ -464,6 +469,7 @@ int main(void) {
     TU_CHECK(rc == 0 && strstr(out, first) != NULL, "config run matches flags run: %s", out);
 
     test_bad_input();
+    test_bench_flags();
     test_bench_train();
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     TU_CHECK(system(cmd) == 0, "cleanup");
