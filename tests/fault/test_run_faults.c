@@ -12,16 +12,8 @@
 
 static char out[1 << 16];
 
-static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int run(const char *fmt, ...) {
-    char args[3000], cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "timeout 60 %s %s", tu_cli(), args);
-    return tu_run(cmd, out, sizeof out);
-}
+/* the CLI under a 60 s timeout, its output in `out` (FMT a string literal) */
+#define run(FMT, ...) tu_runf(out, sizeof out, "timeout 60", "%s " FMT, tu_cli(), ##__VA_ARGS__)
 
 /* processes (not zombies: PID 1 of a container may not reap) whose command line holds `marker` */
 static int leftovers(const char *marker) {
