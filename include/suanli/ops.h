@@ -73,6 +73,10 @@ sl_tensor *sl_linear(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, sl_tensor *b);
  * bf16, w f32, b f32 or NULL). Backends that run it say so in caps.matmul_half_b. */
 sl_tensor *sl_matmul_half_b(sl_ctx *ctx, sl_tensor *a, sl_tensor *b, int transA, int transB);
 sl_tensor *sl_linear_half_w(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, sl_tensor *b);
+/* sl_round_half(sl_linear_half_w(x, w, b), SL_BF16) as one node: the MATMUL rounds its output to bf16
+ * (iparams[SL_MATMUL_IP_ROUND], Note [Rounded Linear outputs] in src/device/cpu/kernels/gemm.c), bitwise
+ * the two casts, and its backward rounds the gradient as their backward did (caps.matmul_half_b). */
+sl_tensor *sl_linear_half_w_rounded(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, sl_tensor *b);
 sl_tensor *sl_gelu(sl_ctx *ctx, sl_tensor *a);
 sl_tensor *sl_layernorm(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, sl_tensor *b, float eps);
 sl_tensor *sl_softmax(sl_ctx *ctx, sl_tensor *a);

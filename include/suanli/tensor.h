@@ -27,8 +27,9 @@ extern "C" {
 
 /* SL_F16: IEEE binary16 (issue 19), appended so the stored values of the others do not change */
 typedef enum sl_dtype { SL_F32 = 0, SL_BF16, SL_I32, SL_F16, SL_DTYPE_COUNT } sl_dtype;
-/* MATMUL iparams[3]: SL_BF16 = round the f32 product to bf16 before it is stored or accumulated (Note
- * [Rounded weight gradients], src/ops/ops_internal.h); 0 = none */
+/* MATMUL iparams[3]: SL_BF16 = round the f32 product (with its bias) to bf16 before it is stored or
+ * accumulated (Note [Rounded weight gradients], src/ops/ops_internal.h; in forward, a rounded Linear output:
+ * Note [Rounded Linear outputs], src/device/cpu/kernels/gemm.c); 0 = none */
 #define SL_MATMUL_IP_ROUND 3
 /* MATMUL iparams[4]: SL_BF16 = src[1] is an f32 tensor that enters the product rounded to bf16 (a weight's
  * autocast copy cast(w) fused into the GEMM: Note [Fused weight casts], src/ops/backward.c); 0 = none */

@@ -247,7 +247,7 @@ static sl_tensor *mm(sl_model *m, sl_tensor *x, sl_tensor *w, sl_tensor *b) {
     if (cd == SL_F32) return sl_linear(ctx, x, w, b); /* the bias is added by the GEMM */
     x = sl_cast(ctx, x->nb[x->ndim - 1] == 1 ? x : sl_cont(ctx, x), cd);
     sl_tensor *bh = b ? sl_round_half(ctx, b, cd) : NULL;
-    if (fused_weight_cast(m, w)) return sl_round_half(ctx, sl_linear_half_w(ctx, x, w, bh), cd);
+    if (fused_weight_cast(m, w)) return sl_linear_half_w_rounded(ctx, x, w, bh);
     w = sl_cast(ctx, w, cd);
     return sl_round_half(ctx, sl_linear(ctx, x, w, bh), cd);
 }

@@ -361,7 +361,7 @@ int sl_llama_bf16_gemm(const sl_model *m, const sl_tensor *w) {
 sl_tensor *sl_llama_lin(sl_model *m, sl_tensor *x, sl_tensor *w, sl_tensor *b) {
     if (sl_llama_bf16_gemm(m, w)) { /* Note [bf16 GEMMs under autocast] */
         sl_tensor *xh = sl_cast(m->ctx, x->nb[x->ndim - 1] == 1 ? x : sl_cont(m->ctx, x), SL_BF16);
-        return rnd(m, sl_linear_half_w(m->ctx, xh, w, b ? rnd(m, b) : NULL));
+        return sl_linear_half_w_rounded(m->ctx, xh, w, b ? rnd(m, b) : NULL); /* rnd(m, .) is bf16 here */
     }
     if (autocast(m) != SL_F32) { /* autocast: half inputs, weight and bias; fp32 accumulation; half output.
                                The casts' backward rounds the gradients as autocast's half tensors do. */

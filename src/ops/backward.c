@@ -73,9 +73,22 @@ static void matmul_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *
     sl_tensor *a = n->src[0], *b = n->src[1];
     int tA = n->iparams[0], tB = n->iparams[1];
     int half_b = n->iparams[SL_MATMUL_IP_HALF_B] == SL_BF16; /* Note [Fused weight casts] */
+    sl_tensor *G;
     int folded = (b->ndim == 2 && a->ndim > 2);
+    /* Note [Rounded Linear outputs] (gemm.c): a product rounded to bf16 stands for autocast's bf16 output,
+     * whose gradient is bf16: g rounded once, widened again only for the bias (the two casts the round
+     * trip's own backward made, without the third the GEMMs then made of the same values) */
+    if (n->iparams[SL_MATMUL_IP_ROUND] == SL_BF16 && !n->iparams[2] && g->dtype == SL_F32) {
+        int bias = n->src[2] && ng[2];
+        sl_tensor *gb = sl_cast(ctx, g, SL_BF16);
+        sl_tensor *gr = bias || a->dtype != SL_BF16 ? sl_cast(ctx, gb, SL_F32) : NULL; /* widened */
+        if (bias) g = gr;
+        G = a->dtype == SL_BF16 ? gb : gr;
+        if (folded) G = as_2d_rows(ctx, G);
+    } else {
+        G = folded ? as_2d_rows(ctx, g) : g;
+    }
     sl_tensor *A = folded ? as_2d_rows(ctx, a) : a;
-    sl_tensor *G = folded ? as_2d_rows(ctx, g) : g;
     /* half (bf16/f16) operands: the gradient enters the GEMMs rounded to that dtype (products stay f32)
      */
     if ((a->dtype == SL_BF16 || a->dtype == SL_F16) && G->dtype != a->dtype) G = sl_cast(ctx, G, a->dtype);
@@ -150,6 +163,21 @@ void sl_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_g
             g->iparams[SL_MATMUL_IP_ROUND] = SL_BF16;
             emit(st, a, g);
             break;
+        }
+        /* a bf16 copy of an f32 activation whose gradient is one fresh fused-weight product (dA of a Linear):
+         * that product rounds its output in the GEMM instead of the two casts below (Note [Rounded Linear
+         * outputs], gemm.c); a second gradient would have made g an ADD, so none is lost */
+        if (ng[0] && n->dtype == SL_BF16 && a->dtype == SL_F32) {
+            sl_tensor *p = g;
+            if (p->op == SL_OP_VIEW && p->view_offs == 0 && sl_is_contiguous(p) && p->view_src &&
+                sl_nelements(p->view_src) == sl_nelements(p))
+                p = p->view_src;
+            if (p->op == SL_OP_MATMUL && p->dtype == SL_F32 && p->iparams[SL_MATMUL_IP_HALF_B] == SL_BF16 &&
+                !p->iparams[SL_MATMUL_IP_ROUND] && !p->iparams[2] && !p->view_src && sl_is_contiguous(p)) {
+                p->iparams[SL_MATMUL_IP_ROUND] = SL_BF16;
+                emit(st, a, g);
+                break;
+            }
         }
         /* a half tensor's gradient is half (as in autocast): an f32 gradient arriving at an f16/bf16 node (a
          * GEMM's operand or product) is rounded to that type first (f16: overflowing to inf, which dynamic

@@ -212,6 +212,13 @@ sl_tensor *sl_linear_half_w(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, sl_tensor *
     return b ? sl_bias(ctx, y, b) : y;
 }
 
+sl_tensor *sl_linear_half_w_rounded(sl_ctx *ctx, sl_tensor *x, sl_tensor *w, sl_tensor *b) {
+    sl_tensor *y = sl_linear_half_w(ctx, x, w, b);
+    if (y->op != SL_OP_MATMUL) return sl_round_half(ctx, y, SL_BF16); /* a bias the GEMM could not take */
+    y->iparams[SL_MATMUL_IP_ROUND] = SL_BF16; /* Note [Rounded Linear outputs] (gemm.c) */
+    return y;
+}
+
 static sl_tensor *matmul_node(sl_ctx *ctx, sl_tensor *a, sl_tensor *b, int transA, int transB) {
     SL_ASSERT(a->nb[a->ndim - 1] == 1 && b->nb[b->ndim - 1] == 1); /* rows contiguous */
     int64_t aM = transA ? a->ne[a->ndim - 1] : a->ne[a->ndim - 2];

@@ -231,16 +231,27 @@ static void check_fused_cast(void) {
         sl_trainer_config tc = train_config();
         TU_CHECK(sl_trainer_init(&tr, m, &tc) == SL_OK, "trainer: %s", sl_errmsg());
         unsetenv("SUANLI_FUSED_WEIGHT_CAST");
-        int casts = 0, half_b = 0;
+        int casts = 0, half_b = 0, rounded = 0, trips = 0;
         for (int i = 0; i < sl_graph_n_nodes(tr.graph); i++) {
             const sl_tensor *n = sl_graph_node(tr.graph, i);
             casts += n->op == SL_OP_CAST && n->src[0]->op == SL_OP_NONE &&
                      (n->src[0]->flags & SL_FLAG_PARAM) &&
                      n->src[0]->ndim == 2; /* the weights' casts (the biases are still rounded by casts) */
             half_b += n->op == SL_OP_MATMUL && n->iparams[SL_MATMUL_IP_HALF_B] == SL_BF16;
+            /* Note [Rounded Linear outputs]: Linear outputs and input gradients rounded in their GEMMs */
+            rounded += n->op == SL_OP_MATMUL && n->iparams[SL_MATMUL_IP_HALF_B] == SL_BF16 &&
+                       n->iparams[SL_MATMUL_IP_ROUND] == SL_BF16;
+            /* a product's round trip through two casts */
+            const sl_tensor *c = n->op == SL_OP_CAST && n->dtype == SL_F32 ? n->src[0] : NULL;
+            trips += c && c->op == SL_OP_CAST && c->dtype == SL_BF16 && c->src[0]->op == SL_OP_MATMUL;
         }
         TU_CHECK(fused ? casts == 0 && half_b > 0 : casts > 0 && half_b == 0,
                  "fused %d: %d casts of parameters, %d fused products", fused, casts, half_b);
+        /* each Linear's output and its input's gradient: 2 x (4 per layer + the head) */
+        int want = 2 * (4 * meta_i("n_layer") + 1);
+        TU_CHECK(fused ? rounded == want && trips == 0 : rounded == 0 && trips > 0,
+                 "fused %d: %d rounded products (want %d), %d round trips of a product through casts", fused,
+                 rounded, fused ? want : 0, trips);
         feed f = {need("train_tokens")->data, B, T, tc.accum};
         for (int s = 0; s < steps; s++) {
             sl_step_stats ss;

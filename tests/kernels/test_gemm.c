@@ -247,6 +247,24 @@ static void test_bf16_f32b(void) {
                      "bf16 x rounded f32 B %s%s%s M=%lld N=%lld K=%lld: not bitwise the bf16 GEMM",
                      tA ? "T" : "N", tB ? "T" : "N", with_bias ? " bias" : "", (long long)M, (long long)N,
                      (long long)K);
+            /* the rounded output (Note [Rounded Linear outputs]): bitwise C2 cast to bf16 and back, for any
+             * K (1100 spans several K blocks of every kernel) and through the GEMV at M = 1 */
+            for (int64_t i = 0; i < M * ldc; i++) C1[i] = NAN;
+            sl_gemm_bf16_f32b_round(tA, tB, M, N, K, with_bias ? 1.0f : 0.5f, A, lda, Bf, ldb, 0.0f,
+                                    with_bias ? bias : NULL, C1, ldc);
+            int64_t bad = -1, moved = 0;
+            for (int64_t i = 0; i < M * ldc; i++) {
+                float r = sl_bf16_to_f32(sl_f32_to_bf16(C2[i]));
+                if (memcmp(&r, &C1[i], sizeof r) && bad < 0) bad = i;
+                moved += r != C2[i];
+            }
+            TU_CHECK(bad < 0, "rounded output %s%s%s M=%lld N=%lld K=%lld: element %lld is %g, want %g",
+                     tA ? "T" : "N", tB ? "T" : "N", with_bias ? " bias" : "", (long long)M, (long long)N,
+                     (long long)K, (long long)bad, bad < 0 ? 0.0 : (double)C1[bad],
+                     bad < 0 ? 0.0 : (double)sl_bf16_to_f32(sl_f32_to_bf16(C2[bad])));
+            TU_CHECK(moved > M * N / 2,
+                     "rounded output M=%lld N=%lld K=%lld: only %lld of the products moved", (long long)M,
+                     (long long)N, (long long)K, (long long)moved);
             free(Af), free(Bf), free(bias), free(C1), free(C2), free(A), free(Bh);
         }
 }

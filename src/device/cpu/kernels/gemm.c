@@ -252,6 +252,8 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
     const size_t bpanel = (size_t)ksteps * im->kgran * nr * im->esz;
     const float beta = k0 == 0 && !g->bias ? g->beta : 1.0f;
     const int64_t npa = ceil_div(mcur, mr);
+    /* Note [Rounded Linear outputs]: after the last K block each finished micro-tile is rounded in place */
+    const int round_out = g->c_round == SL_GEMM_ROUND_OUT && k0 + kc >= g->K;
     if (n1 <= n0) return;
     /* split [n0,n1) into equal chunks of at most nc columns (multiples of nr) */
     int64_t len = n1 - n0, nchunks = ceil_div(len, im->nc);
@@ -269,9 +271,13 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
             const char *a = ua ? apack : apack + pa * apanel;
             float *crow = g->C + (ic + pa * mr) * g->ldc + jc;
             if (ua && mi == mr) {
-                for (int64_t q = 0; q < npb; q++)
+                for (int64_t q = 0; q < npb; q++) {
+                    int nj = (int)imin64(nr, ncur - q * nr);
                     im->kernel_ua(ksteps, ua + pa * mr * g->lda, g->lda, bpack + q * bpanel, crow + q * nr,
-                                  g->ldc, g->alpha, beta, mi, (int)imin64(nr, ncur - q * nr));
+                                  g->ldc, g->alpha, beta, mi, nj);
+                    if (round_out)
+                        sl_round_bf16_rows(crow + q * nr, g->ldc, crow + q * nr, g->ldc, mi, nj, 0);
+                }
                 continue;
             }
             for (int64_t q = 0; q < npb; q++) {
@@ -283,6 +289,7 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
                     continue;
                 }
                 im->kernel(ksteps, a, bpack + q * bpanel, crow + q * nr, g->ldc, g->alpha, beta, mi, nj);
+                if (round_out) sl_round_bf16_rows(crow + q * nr, g->ldc, crow + q * nr, g->ldc, mi, nj, 0);
             }
         }
     }
@@ -314,7 +321,7 @@ static void gemm_unit(const gemm_plan *p, int u, char *apack, char *bpack, float
     if (m1 <= m0 || n1 <= n0) return;
     const int64_t mc = m1 - m0 <= imax64(im->mc, im->mc_max) ? m1 - m0 : im->mc;
     const int ua = !__atomic_load_n(&g_ua_off, __ATOMIC_RELAXED) && im->kernel_ua && !g->transA &&
-                   !g->c_round && !g->b_f32;
+                   (!g->c_round || g->c_round == SL_GEMM_ROUND_OUT) && !g->b_f32;
     for (int64_t ic = m0; ic < m1; ic += mc) {
         int64_t mcur = imin64(mc, m1 - ic);
         for (int64_t k0 = 0; k0 < g->K; k0 += p->kc) {
@@ -339,7 +346,7 @@ static void gemm_thread(gemm_plan *p, int tid) {
     char *apack = p->ws + (size_t)tid * (p->a_bytes + p->b_bytes);
     char *bpack = apack + p->a_bytes;
     float tile_buf[SL_GEMM_TILE_MAX] __attribute__((aligned(64))); /* sl_gemm_rounded checks mr x nr fits */
-    float *tile = g->c_round ? tile_buf : NULL;
+    float *tile = g->c_round == SL_GEMM_ROUND_STORE || g->c_round == SL_GEMM_ROUND_ADD ? tile_buf : NULL;
     if (im->thread_begin) im->thread_begin();
     for (;;) {
         int u = __atomic_fetch_add(&p->next, 1, __ATOMIC_RELAXED);
@@ -389,12 +396,13 @@ static void gemm_unpacked(const sl_gemm_args *g, const sl_gemm_impl *im) {
                 s += a * b;
             }
             float *c = g->C + i * g->ldc + j;
-            if (g->c_round)
+            if (g->c_round == SL_GEMM_ROUND_STORE || g->c_round == SL_GEMM_ROUND_ADD)
                 *c = g->c_round == SL_GEMM_ROUND_ADD ? *c + sl_round_bf16_f32(s) : sl_round_bf16_f32(s);
             else if (g->bias)
                 *c = g->bias[j] + g->alpha * s;
             else
                 *c = g->beta == 0.0f ? g->alpha * s : g->alpha * s + g->beta * *c;
+            if (g->c_round == SL_GEMM_ROUND_OUT) *c = sl_round_bf16_f32(*c);
         }
     }
 }
@@ -403,6 +411,7 @@ void sl_gemm_run(const sl_gemm_args *g, const sl_gemm_impl *im, int nthr) {
     if (g->M <= 0 || g->N <= 0) return;
     if (g->K <= 0 || g->alpha == 0.0f) {
         scale_c(g);
+        if (g->c_round == SL_GEMM_ROUND_OUT) sl_round_bf16_rows(g->C, g->ldc, g->C, g->ldc, g->M, g->N, 0);
         return;
     }
     /* Threads only pay off with enough work: ~4 MFLOP per thread. */
@@ -589,6 +598,23 @@ void sl_gemm_bf16_f32b(int transA, int transB, int64_t M, int64_t N, int64_t K, 
                        const uint16_t *A, int64_t lda, const float *B, int64_t ldb, float beta,
                        const float *bias, float *C, int64_t ldc) {
     sl_gemm_args g = {transA, transB, M, N, K, alpha, bias ? 0.0f : beta, A, lda, B, ldb, C, ldc, bias, 1, 0};
+    run_bf16(&g);
+}
+
+/* Note [Rounded Linear outputs]
+ * Under bf16 autocast a Linear's output is a bf16 tensor that the fp32 ops after it read widened: built as
+ * cast(cast(y, bf16), f32) after the GEMM, two passes that read 4 + 2 and write 2 + 4 bytes per element
+ * (GPT-2 124M at B4 T64: about 380 MB per step in forward alone, with the logits). SL_GEMM_ROUND_OUT rounds
+ * each element of C (sl_round_bf16_f32: the CAST kernel's rounding, exact on the way back) once its value
+ * is final: in the blocked driver each micro-tile right after the kernel call of the last K block, while
+ * it is in L1, and in the GEMV and the fallback loop each element after its epilogue. The rounded values
+ * are those of the two casts applied to the unrounded product, bit for bit, for any K (unlike the tile
+ * path of Note [Rounded products in the GEMM], which must see a tile's whole sum in one K block). */
+void sl_gemm_bf16_f32b_round(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
+                             const uint16_t *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                             const float *bias, float *C, int64_t ldc) {
+    sl_gemm_args g = {transA, transB, M, N,   K,    alpha, bias ? 0.0f : beta, A, lda,
+                      B,      ldb,    C, ldc, bias, 1,     SL_GEMM_ROUND_OUT};
     run_bf16(&g);
 }
 

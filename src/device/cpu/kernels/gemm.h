@@ -49,6 +49,11 @@ void sl_gemm_bf16_bias(int transA, int transB, int64_t M, int64_t N, int64_t K, 
 void sl_gemm_bf16_f32b(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
                        const uint16_t *A, int64_t lda, const float *B, int64_t ldb, float beta,
                        const float *bias, float *C, int64_t ldc);
+/* sl_gemm_bf16_f32b with each finished element of C (alpha, beta and bias applied) rounded to bf16, bitwise
+ * the plain call followed by a cast to bf16 and back (Note [Rounded Linear outputs], gemm.c); any K. */
+void sl_gemm_bf16_f32b_round(int transA, int transB, int64_t M, int64_t N, int64_t K, float alpha,
+                             const uint16_t *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                             const float *bias, float *C, int64_t ldc);
 /* C (= | += when add) bf16(op(A) op(B)): each element of the product rounded to bf16 (sl_round_bf16_f32)
  * before it is stored or added, inside the GEMM (Note [Rounded products in the GEMM], gemm.c). A and B are
  * both bf16 (in_bf16) or both fp32. Bitwise the product written to a buffer and rounded in a second pass.

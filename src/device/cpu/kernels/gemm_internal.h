@@ -41,10 +41,12 @@ typedef struct sl_gemm_args {
     int b_f32;
     /* SL_GEMM_ROUND_STORE / _ADD: C (= | +=) the product rounded to bf16 (sl_round_bf16_f32), applied to
      * each micro-tile as the kernel finishes it (Note [Rounded products in the GEMM], gemm.c); only with
-     * K <= the impl's kc, alpha 1, no bias. 0: plain alpha / beta / bias. */
+     * K <= the impl's kc, alpha 1, no bias. SL_GEMM_ROUND_OUT: the finished value of each element of C
+     * (alpha, beta and bias applied) rounded to bf16 in place, any K (Note [Rounded Linear outputs],
+     * gemm.c). 0: plain alpha / beta / bias. */
     int c_round;
 } sl_gemm_args;
-enum { SL_GEMM_ROUND_NONE, SL_GEMM_ROUND_STORE, SL_GEMM_ROUND_ADD };
+enum { SL_GEMM_ROUND_NONE, SL_GEMM_ROUND_STORE, SL_GEMM_ROUND_ADD, SL_GEMM_ROUND_OUT };
 enum {
     SL_GEMM_TILE_MAX = 32 * 48
 }; /* the largest mr x nr (a rounded product's micro-tile is on the stack) */

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "device/cpu/kernels/gemm_internal.h"
+#include "device/cpu/kernels/simd_math.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -168,6 +169,7 @@ static void gemv_range(const sl_gemm_args *g, sl_gemv_rows_fn fn, size_t esz, in
         for (int64_t i = 0; i < n; i++) {
             float v = g->alpha * d[i];
             c[i] = g->bias ? g->bias[j + i] + v : g->beta == 0.0f ? v : v + g->beta * c[i];
+            if (g->c_round == SL_GEMM_ROUND_OUT) c[i] = sl_round_bf16_f32(c[i]); /* gemm.c */
         }
     }
 }

@@ -15,10 +15,13 @@
 #include <immintrin.h>
 #endif
 
-/* bf: bf16 operands; 2: bf16 A and f32 B rounded to bf16 (Note [Fused weight casts], src/ops/backward.c) */
+/* bf: bf16 operands; 2: bf16 A and f32 B rounded to bf16 (Note [Fused weight casts], src/ops/backward.c);
+ * 3: as 2, each element of C rounded to bf16 once final (Note [Rounded Linear outputs], gemm.c) */
 static void gemm_call(int bf, int tA, int tB, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
                       const void *B, int64_t ldb, float beta, const float *bias, float *C, int64_t ldc) {
-    if (bf == 2)
+    if (bf == 3)
+        sl_gemm_bf16_f32b_round(tA, tB, M, N, K, 1.0f, A, lda, B, ldb, beta, bias, C, ldc);
+    else if (bf == 2)
         sl_gemm_bf16_f32b(tA, tB, M, N, K, 1.0f, A, lda, B, ldb, beta, bias, C, ldc);
     else if (bf && bias)
         sl_gemm_bf16_bias(tA, tB, M, N, K, 1.0f, A, lda, B, ldb, bias, C, ldc);
@@ -97,7 +100,11 @@ sl_status sl_k_matmul(sl_tensor *n) {
     const float *bias = n->src[2] ? (const float *)n->src[2]->data : NULL;
     /* iparams[2]: accumulate into the output (in place on view_src; see ops_internal.h) */
     float beta = n->iparams[2] == 1 ? 1.0f : 0.0f;
-    if (n->iparams[SL_MATMUL_IP_ROUND]) return matmul_rounded(n, bf, tA, tB, K, N, beta);
+    if (n->iparams[SL_MATMUL_IP_ROUND]) {
+        /* a rounded Linear output (no accumulation): rounded in the GEMM for any K, folded or batched */
+        if (bf != 2 || beta != 0.0f) return matmul_rounded(n, bf, tA, tB, K, N, beta);
+        bf = 3;
+    }
     if (nbd == 2 && na > 2) { /* folded: a's leading dims are rows */
         int64_t M = 1;
         for (int d = 0; d < na - 1; d++) M *= a->ne[d];
