@@ -29,14 +29,16 @@ static sl_tensor *new_backward_op(sl_ctx *ctx, sl_op op, const sl_tensor *like) 
  * per layer; as llm.c does, backward recomputes h from x right before the dW GEMM instead, so forward's h
  * dies after forward's GEMM. The recomputed node runs the same kernel on the same input: the same bits.
  * It costs one GELU per layer and step (under 1 % of GPT-2 124M's step) and saves L * B * T * 4C floats
- * (36 MiB at B4 T64; bench/act_memory.sh). */
+ * (36 MiB at B4 T64; bench/act_memory.sh). Under autocast the dW GEMM's operand is forward's bf16 copy
+ * cast(gelu(x)), which fc2's forward GEMM made anyway: keeping it costs half as much (L * B * T * 4C bf16
+ * values, 18 MiB at B4 T64), and recomputing it two passes (the GELU and the cast, 1.5 % of the bf16
+ * step on Zen 4), so a half-type h is kept. */
 static sl_tensor *recompute_gelu(sl_ctx *ctx, sl_tensor *a) {
     sl_tensor *c = a->op == SL_OP_CAST ? a->src[0] : a;
-    if (c->op != SL_OP_GELU || c->src[0]->op == SL_OP_NONE) return a;
+    if (c->op != SL_OP_GELU || c->src[0]->op == SL_OP_NONE || a != c) return a;
     sl_tensor *r = sl_gelu(ctx, c->src[0]);
     memcpy(r->iparams, c->iparams, sizeof r->iparams);
     memcpy(r->fparams, c->fparams, sizeof r->fparams);
-    if (a != c) r = sl_cast(ctx, r, a->dtype);
     sl_set_name(r, "gelu_recomputed");
     return r;
 }
