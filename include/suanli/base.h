@@ -86,6 +86,7 @@ void sl_log(sl_log_level lvl, const char *fmt, ...) __attribute__((format(printf
 typedef struct sl_cpu_features {
     int avx2, fma, avx512f, avx512bw, avx512vl, avx512_bf16, avx512_vnni, f16c;
     int amx_bf16; /* AMX-TILE + AMX-BF16, enabled by the OS, and this process allowed to use them */
+    int zen;      /* vendor AuthenticAMD or HygonGenuine (Zen cores): memory-stream tuning, not ISA */
 } sl_cpu_features;
 const sl_cpu_features *sl_cpu_features_get(void); /* detected & cached; respects SUANLI_ISA */
 const char *sl_cpu_isa_name(void);                /* "avx512", "avx2" or "scalar" */

@@ -44,6 +44,11 @@ static void detect(sl_cpu_features *f) {
     memset(f, 0, sizeof *f);
 #if defined(__x86_64__) || defined(__i386__)
     unsigned a, b, c, d;
+    if (__get_cpuid(0, &a, &b, &c, &d)) { /* vendor: EBX, EDX, ECX */
+        char v[13];
+        memcpy(v, &b, 4), memcpy(v + 4, &d, 4), memcpy(v + 8, &c, 4), v[12] = 0;
+        f->zen = !strcmp(v, "AuthenticAMD") || !strcmp(v, "HygonGenuine");
+    }
     if (!__get_cpuid(1, &a, &b, &c, &d)) return;
     int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1;
     if (!osxsave || !avx) return;

@@ -119,8 +119,24 @@ static void test_case(int bf, int mode, int64_t N, int64_t K, int64_t pad) {
     free(xf), free(Bf), free(bias), free(C0), free(C), free(C2), free(x), free(B);
 }
 
+/* sl_cpu_features.zen (the GEMV's prefetch choice, Note [GEMV prefetch on Zen]) is the kernel's vendor_id */
+static void test_vendor(void) {
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return; /* not Linux: nothing to compare with */
+    char line[256];
+    int want = -1;
+    while (want < 0 && fgets(line, sizeof line, f))
+        if (!strncmp(line, "vendor_id", 9))
+            want = strstr(line, "AuthenticAMD") != NULL || strstr(line, "HygonGenuine") != NULL;
+    fclose(f);
+    if (want >= 0)
+        TU_CHECK(sl_cpu_features_get()->zen == want, "cpu features: zen %d, /proc/cpuinfo says %d",
+                 sl_cpu_features_get()->zen, want);
+}
+
 int main(void) {
     printf("gemm kernel: %s\n", sl_gemm_kernel_name());
+    test_vendor();
     const int64_t shapes[][2] = {{1, 1},   {3, 7},    {5, 15},   {4, 16},   {9, 31},     {13, 32},
                                  {37, 33}, {64, 100}, {65, 257}, {7, 1000}, {700, 2048}, {129, 4109}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)

@@ -20,12 +20,24 @@
  * is the next row, past B's end a prefetch, which never faults). On an Intel AMX host the hardware
  * prefetcher alone kept a bf16 GEMV at 0.75x of a read-only pass over the same bytes (20 of 26.7 GB/s on 2
  * threads, 90 MB matrices); with the prefetch 0.92x (24 GB/s); 512 B ahead 0.94x of a slower probe pass,
- * 4 KiB ahead 0.74x. */
+ * 4 KiB ahead 0.74x. Zen cores want the opposite (Note [GEMV prefetch on Zen]). */
+/* Note [GEMV prefetch on Zen]
+ * On Zen 4 (AMD EPYC, family 25 model 17) the Intel host's prefetch into L1 1 KiB ahead made the vdpbf16ps
+ * GEMV slower than no prefetch at all: 16.9 against 20.8 GB/s on one core, 28.5 against 31.4 on two, with
+ * the read probe at 22.2 / 32.3 (six 90 MB matrices, best of 6; docs/BENCHMARKS.md "Zen 4, third visit").
+ * Prefetching into L2 (_MM_HINT_T1) 4 KiB ahead read at the probe's speed: 22.1 and 31.8 GB/s (2 KiB: 20.5
+ * / 31.2, 6 KiB: 21.4 / 31.3, T2 4 KiB: 21.9 / 31.4). So on Zen cores (CPUID vendor AMD or Hygon,
+ * sl_cpu_features.zen) the kernels prefetch GEMV_PF_FAR bytes ahead into L2; elsewhere as measured on
+ * Intel. Only the prefetch differs: the sums are the same. The loop must not test `far` per iteration (that
+ * alone held one core at 0.81x the probe): each kernel has a copy per value. In `bench generate` on that
+ * host: TinyLlama-1.1B 12.5-13.0 -> 14.4-14.7 tokens/s (0.84-0.87 -> 0.93-0.96 of the probe's limit),
+ * Llama-2-7B 2.98 -> 3.38 tokens/s when the probe read 59-61 GB/s. */
 #include <immintrin.h>
 #include <string.h>
 
 #include "device/cpu/kernels/gemm_internal.h"
 #include "device/cpu/kernels/simd_math.h"
+#include "suanli/base.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -35,11 +47,17 @@
 #define T_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
 #define T_AVX2 __attribute__((target("avx2,fma")))
 #define GEMV_PF_BYTES 1024
-/* prefetch the `bytes` (a multiple of 64) that follow p + GEMV_PF_BYTES */
-#define GEMV_PF(p, bytes)                                                                                    \
+#define GEMV_PF_FAR 4096
+/* prefetch the `bytes` (a multiple of 64) that follow p + GEMV_PF_BYTES into L1, or with far (Zen: Note
+ * [GEMV prefetch on Zen]) those that follow p + GEMV_PF_FAR into L2 */
+#define GEMV_PF(p, bytes, far)                                                                               \
     do {                                                                                                     \
-        for (int pf_ = 0; pf_ < (bytes); pf_ += 64)                                                          \
-            _mm_prefetch((const char *)(p) + GEMV_PF_BYTES + pf_, _MM_HINT_T0);                              \
+        if (far)                                                                                             \
+            for (int pf_ = 0; pf_ < (bytes); pf_ += 64)                                                      \
+                _mm_prefetch((const char *)(p) + GEMV_PF_FAR + pf_, _MM_HINT_T1);                            \
+        else                                                                                                 \
+            for (int pf_ = 0; pf_ < (bytes); pf_ += 64)                                                      \
+                _mm_prefetch((const char *)(p) + GEMV_PF_BYTES + pf_, _MM_HINT_T0);                          \
     } while (0)
 
 static float bf(uint16_t h) {
@@ -107,7 +125,8 @@ T_AVX512 static __m512 ld16_bf16(const uint16_t *p, __mmask16 m) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
 }
 #define ROWS_AVX512(NAME, T, LOAD)                                                                           \
-    T_AVX512 static void NAME(const void *x_, const void *b_, int64_t ldb, int64_t K, int64_t n, float *y) { \
+    T_AVX512 static inline __attribute__((always_inline)) void NAME##_body(                                  \
+        const void *x_, const void *b_, int64_t ldb, int64_t K, int64_t n, float *y, const int far) {        \
         const T *x = x_, *b = b_;                                                                            \
         __mmask16 all = 0xffff, mt = (__mmask16)((1u << (K & 15)) - 1);                                      \
         for (int64_t j = 0; j < n; j++) {                                                                    \
@@ -115,7 +134,7 @@ T_AVX512 static __m512 ld16_bf16(const uint16_t *p, __mmask16 m) {
             __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                      \
             int64_t k = 0;                                                                                   \
             for (; k + 64 <= K; k += 64) {                                                                   \
-                GEMV_PF(r + k, 64 * (int)sizeof(T));                                                         \
+                GEMV_PF(r + k, 64 * (int)sizeof(T), far);                                                    \
                 a0 = _mm512_fmadd_ps(LOAD(x + k, all), LOAD(r + k, all), a0);                                \
                 a1 = _mm512_fmadd_ps(LOAD(x + k + 16, all), LOAD(r + k + 16, all), a1);                      \
                 a2 = _mm512_fmadd_ps(LOAD(x + k + 32, all), LOAD(r + k + 32, all), a2);                      \
@@ -125,6 +144,12 @@ T_AVX512 static __m512 ld16_bf16(const uint16_t *p, __mmask16 m) {
             if (mt) a1 = _mm512_fmadd_ps(LOAD(x + k, mt), LOAD(r + k, mt), a1);                              \
             y[j] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));        \
         }                                                                                                    \
+    }                                                                                                        \
+    T_AVX512 static void NAME(const void *x_, const void *b_, int64_t ldb, int64_t K, int64_t n, float *y) { \
+        if (sl_cpu_features_get()->zen)                                                                      \
+            NAME##_body(x_, b_, ldb, K, n, y, 1);                                                            \
+        else                                                                                                 \
+            NAME##_body(x_, b_, ldb, K, n, y, 0);                                                            \
     }
 ROWS_AVX512(rows_f32_avx512, float, ld16_f32)
 ROWS_AVX512(rows_bf16_avx512, uint16_t, ld16_bf16)
@@ -133,8 +158,11 @@ ROWS_AVX512(rows_bf16_avx512, uint16_t, ld16_bf16)
 T_AVX512BF16 static __m512bh ld32_bf16(const uint16_t *p, __mmask32 m) {
     return (__m512bh)_mm512_maskz_loadu_epi16(m, p);
 }
-T_AVX512BF16 static void rows_bf16_dp(const void *x_, const void *b_, int64_t ldb, int64_t K, int64_t n,
-                                      float *y) {
+/* far: a constant in each of the two copies below (the loop is not branching on it) */
+T_AVX512BF16 static inline __attribute__((always_inline)) void rows_bf16_dp_body(const void *x_,
+                                                                                 const void *b_, int64_t ldb,
+                                                                                 int64_t K, int64_t n,
+                                                                                 float *y, const int far) {
     const uint16_t *x = x_, *b = b_;
     __mmask32 all = 0xffffffffu, mt = (__mmask32)((1ull << (K & 31)) - 1);
     for (int64_t j = 0; j < n; j++) {
@@ -142,7 +170,7 @@ T_AVX512BF16 static void rows_bf16_dp(const void *x_, const void *b_, int64_t ld
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         int64_t k = 0;
         for (; k + 128 <= K; k += 128) {
-            GEMV_PF(r + k, 256);
+            GEMV_PF(r + k, 256, far);
             a0 = _mm512_dpbf16_ps(a0, ld32_bf16(x + k, all), ld32_bf16(r + k, all));
             a1 = _mm512_dpbf16_ps(a1, ld32_bf16(x + k + 32, all), ld32_bf16(r + k + 32, all));
             a2 = _mm512_dpbf16_ps(a2, ld32_bf16(x + k + 64, all), ld32_bf16(r + k + 64, all));
@@ -152,6 +180,13 @@ T_AVX512BF16 static void rows_bf16_dp(const void *x_, const void *b_, int64_t ld
         if (mt) a1 = _mm512_dpbf16_ps(a1, ld32_bf16(x + k, mt), ld32_bf16(r + k, mt));
         y[j] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
     }
+}
+T_AVX512BF16 static void rows_bf16_dp(const void *x_, const void *b_, int64_t ldb, int64_t K, int64_t n,
+                                      float *y) {
+    if (sl_cpu_features_get()->zen)
+        rows_bf16_dp_body(x_, b_, ldb, K, n, y, 1);
+    else
+        rows_bf16_dp_body(x_, b_, ldb, K, n, y, 0);
 }
 
 const sl_gemv_impl sl_gemv_scalar = {"scalar", rows_f32_scalar, rows_bf16_scalar};
