@@ -77,7 +77,9 @@ const sl_cpu_features *sl_cpu_features_get(void) {
         detect(&f);
         const char *isa = getenv("SUANLI_ISA");
         if (isa && !strcmp(isa, "scalar")) {
+            int zen = f.zen;         /* the vendor is not an ISA */
             memset(&f, 0, sizeof f); /* f16c too: the scalar f16 conversions run */
+            f.zen = zen;
         } else if (isa && !strcmp(isa, "avx2")) {
             f.avx512f = f.avx512bw = f.avx512vl = f.avx512_bf16 = f.avx512_vnni = f.amx_bf16 = 0;
         } else if (isa && !strcmp(isa, "avx512")) {
