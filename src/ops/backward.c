@@ -150,6 +150,42 @@ static int qkv_slices_of(const sl_tensor *q, const sl_tensor *k, const sl_tensor
     return 1;
 }
 
+/* the cast rule: a half tensor's gradient is half; two fused cases (Note [Rounded weight gradients], Note
+ * [Rounded Linear outputs]) mark a fresh product rounded instead of casting it */
+static void cast_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_grad_emit emit,
+                          void *st) {
+    sl_tensor *a = n->src[0];
+    /* a bf16 copy of a parameter whose gradient is one fresh product: rounded as it accumulates (Note
+     * [Rounded weight gradients]) */
+    if (ng[0] && n->dtype == SL_BF16 && a->dtype == SL_F32 && (a->flags & SL_FLAG_PARAM) &&
+        g->op == SL_OP_MATMUL && g->dtype == SL_F32 && g->order < 0 && !g->iparams[2] && !g->view_src &&
+        !g->src[2] && g->ndim == 2 && g->src[0]->ndim == 2 && g->src[1]->ndim == 2) {
+        g->iparams[SL_MATMUL_IP_ROUND] = SL_BF16;
+        emit(st, a, g);
+        return;
+    }
+    /* a bf16 copy of an f32 activation whose gradient is one fresh fused-weight product (dA of a Linear):
+     * that product rounds its output in the GEMM instead of the two casts below (Note [Rounded Linear
+     * outputs], gemm.c); a second gradient would have made g an ADD, so none is lost */
+    if (ng[0] && n->dtype == SL_BF16 && a->dtype == SL_F32) {
+        sl_tensor *p = g;
+        if (p->op == SL_OP_VIEW && p->view_offs == 0 && sl_is_contiguous(p) && p->view_src &&
+            sl_nelements(p->view_src) == sl_nelements(p))
+            p = p->view_src;
+        if (p->op == SL_OP_MATMUL && p->dtype == SL_F32 && p->iparams[SL_MATMUL_IP_HALF_B] == SL_BF16 &&
+            !p->iparams[SL_MATMUL_IP_ROUND] && !p->iparams[2] && !p->view_src && sl_is_contiguous(p)) {
+            p->iparams[SL_MATMUL_IP_ROUND] = SL_BF16;
+            emit(st, a, g);
+            return;
+        }
+    }
+    /* a half tensor's gradient is half (as in autocast): an f32 gradient arriving at an f16/bf16 node (a
+     * GEMM's operand or product) is rounded to that type first (f16: overflowing to inf, which dynamic
+     * loss scaling detects) */
+    if ((n->dtype == SL_F16 || n->dtype == SL_BF16) && g->dtype == SL_F32) g = sl_cast(ctx, g, n->dtype);
+    if (ng[0]) emit(st, a, g->dtype == a->dtype ? g : sl_cast(ctx, g, a->dtype));
+}
+
 void sl_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_grad_emit emit, void *st) {
     sl_tensor *a = n->src[0], *b = n->src[1];
     switch (n->op) {
@@ -157,35 +193,7 @@ void sl_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_g
         if (ng[0]) emit(st, a, g);
         break;
     case SL_OP_CAST:
-        /* a bf16 copy of a parameter whose gradient is one fresh product: rounded as it accumulates (Note
-         * [Rounded weight gradients]) */
-        if (ng[0] && n->dtype == SL_BF16 && a->dtype == SL_F32 && (a->flags & SL_FLAG_PARAM) &&
-            g->op == SL_OP_MATMUL && g->dtype == SL_F32 && g->order < 0 && !g->iparams[2] && !g->view_src &&
-            !g->src[2] && g->ndim == 2 && g->src[0]->ndim == 2 && g->src[1]->ndim == 2) {
-            g->iparams[SL_MATMUL_IP_ROUND] = SL_BF16;
-            emit(st, a, g);
-            break;
-        }
-        /* a bf16 copy of an f32 activation whose gradient is one fresh fused-weight product (dA of a Linear):
-         * that product rounds its output in the GEMM instead of the two casts below (Note [Rounded Linear
-         * outputs], gemm.c); a second gradient would have made g an ADD, so none is lost */
-        if (ng[0] && n->dtype == SL_BF16 && a->dtype == SL_F32) {
-            sl_tensor *p = g;
-            if (p->op == SL_OP_VIEW && p->view_offs == 0 && sl_is_contiguous(p) && p->view_src &&
-                sl_nelements(p->view_src) == sl_nelements(p))
-                p = p->view_src;
-            if (p->op == SL_OP_MATMUL && p->dtype == SL_F32 && p->iparams[SL_MATMUL_IP_HALF_B] == SL_BF16 &&
-                !p->iparams[SL_MATMUL_IP_ROUND] && !p->iparams[2] && !p->view_src && sl_is_contiguous(p)) {
-                p->iparams[SL_MATMUL_IP_ROUND] = SL_BF16;
-                emit(st, a, g);
-                break;
-            }
-        }
-        /* a half tensor's gradient is half (as in autocast): an f32 gradient arriving at an f16/bf16 node (a
-         * GEMM's operand or product) is rounded to that type first (f16: overflowing to inf, which dynamic
-         * loss scaling detects) */
-        if ((n->dtype == SL_F16 || n->dtype == SL_BF16) && g->dtype == SL_F32) g = sl_cast(ctx, g, n->dtype);
-        if (ng[0]) emit(st, a, g->dtype == a->dtype ? g : sl_cast(ctx, g, a->dtype));
+        cast_backward(ctx, n, g, ng, emit, st);
         break;
     case SL_OP_ADD:
         if (ng[0]) emit(st, a, g);
