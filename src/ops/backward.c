@@ -34,11 +34,10 @@ static sl_tensor *new_backward_op(sl_ctx *ctx, sl_op op, const sl_tensor *like) 
  * values, 18 MiB at B4 T64), and recomputing it two passes (the GELU and the cast, 1.5 % of the bf16
  * step on Zen 4), so a half-type h is kept. */
 static sl_tensor *recompute_gelu(sl_ctx *ctx, sl_tensor *a) {
-    sl_tensor *c = a->op == SL_OP_CAST ? a->src[0] : a;
-    if (c->op != SL_OP_GELU || c->src[0]->op == SL_OP_NONE || a != c) return a;
-    sl_tensor *r = sl_gelu(ctx, c->src[0]);
-    memcpy(r->iparams, c->iparams, sizeof r->iparams);
-    memcpy(r->fparams, c->fparams, sizeof r->fparams);
+    if (a->op != SL_OP_GELU || a->src[0]->op == SL_OP_NONE) return a; /* a cast(gelu) is kept */
+    sl_tensor *r = sl_gelu(ctx, a->src[0]);
+    memcpy(r->iparams, a->iparams, sizeof r->iparams);
+    memcpy(r->fparams, a->fparams, sizeof r->fparams);
     sl_set_name(r, "gelu_recomputed");
     return r;
 }
@@ -80,13 +79,10 @@ static void matmul_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *
     /* Note [Rounded Linear outputs] (gemm.c): a product rounded to bf16 stands for autocast's bf16 output,
      * whose gradient is bf16: g rounded once, widened again only for the bias (the two casts the round
      * trip's own backward made, without the third the GEMMs then made of the same values) */
-    if (n->iparams[SL_MATMUL_IP_ROUND] == SL_BF16 && !n->iparams[2] && g->dtype == SL_F32) {
-        int bias = n->src[2] && ng[2];
-        sl_tensor *gb = sl_cast(ctx, g, SL_BF16);
-        sl_tensor *gr = bias || a->dtype != SL_BF16 ? sl_cast(ctx, gb, SL_F32) : NULL; /* widened */
-        if (bias) g = gr;
-        G = a->dtype == SL_BF16 ? gb : gr;
-        if (folded) G = as_2d_rows(ctx, G);
+    if (half_b && n->iparams[SL_MATMUL_IP_ROUND] == SL_BF16 && !n->iparams[2] && g->dtype == SL_F32) {
+        sl_tensor *gb = sl_cast(ctx, g, SL_BF16); /* a is bf16 (half_b): what the GEMMs take */
+        if (n->src[2] && ng[2]) g = sl_cast(ctx, gb, SL_F32);
+        G = folded ? as_2d_rows(ctx, gb) : gb;
     } else {
         G = folded ? as_2d_rows(ctx, g) : g;
     }
