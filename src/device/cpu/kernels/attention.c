@@ -222,15 +222,58 @@ sl_status sl_k_attention_back_ref(sl_tensor *n) {
 /* (B, NKV, hs, Tp) copies, Tp = T rounded up to 16 (tpad): kt[d][j] = k[j][d] (rounded to the half type when
  * `round`), and vt likewise; the padding is zero, so that the register dots (dots_t) read whole vectors */
 static int64_t tpad(int64_t T) { return (T + 15) & ~(int64_t)15; }
+#if SL_HAVE_X86
+#define SL_TR16_ATTR __attribute__((target("avx512f")))
+#include "device/cpu/kernels/transpose_simd.h"
+/* One (b, kv head) plane of transposed() in 16 x 16 tiles transposed in registers, for hs a multiple of 16
+ * and no rounding or the bf16 one (sl_round_bf16_f32 in integer lanes: the same bits). The scalar loop
+ * below stored one float per instruction with a 4 Tp-byte stride: 4.9 % of the baby model's bf16 step. */
+SL_TR16_ATTR static void transposed_plane_avx512(const float *src, int64_t ld, int64_t T, int64_t hs,
+                                                 int64_t Tp, int round_bf16, float *dst) {
+    const __m512i lsb = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff),
+                  hi = _mm512_set1_epi32((int)0xffff0000u), qnan = _mm512_set1_epi32(0x400000),
+                  absm = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    for (int64_t j0 = 0; j0 < Tp; j0 += 16)
+        for (int64_t d0 = 0; d0 < hs; d0 += 16) {
+            __m512 r[16];
+            for (int i = 0; i < 16; i++) {
+                r[i] = j0 + i < T ? _mm512_loadu_ps(src + (j0 + i) * ld + d0) : _mm512_setzero_ps();
+                if (round_bf16) {
+                    __m512i u = _mm512_castps_si512(r[i]);
+                    __m512i rn =
+                        _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, bias),
+                                                          _mm512_and_si512(_mm512_srli_epi32(u, 16), lsb)),
+                                         hi);
+                    __m512i qn = _mm512_or_si512(_mm512_and_si512(u, hi), qnan);
+                    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, absm), inf);
+                    r[i] = _mm512_castsi512_ps(_mm512_mask_blend_epi32(nan, rn, qn));
+                }
+            }
+            sl_tr16_ps(r);
+            for (int i = 0; i < 16; i++) _mm512_storeu_ps(dst + (d0 + i) * Tp + j0, r[i]);
+        }
+}
+#endif
 SL_NO_CONTRACT_ATTR static float *transposed(const sl_tensor *x, int hm, int round) {
     int64_t B = x->ne[0], T = x->ne[1], NKV = x->ne[2], hs = x->ne[3], Tp = tpad(T);
-    float *r = malloc(sizeof(float) * (size_t)(B * NKV * hs * Tp > 0 ? B * NKV * hs * Tp : 1));
+    /* 32 zero floats past the end: dots4 reads runs of 32 keys from a multiple of 16 */
+    float *r = malloc(sizeof(float) * (size_t)(B * NKV * hs * Tp + 32));
     if (!r) return NULL;
+    memset(r + B * NKV * hs * Tp, 0, sizeof(float) * 32);
     const float *px = x->data;
+#if SL_HAVE_X86
+    const int fast = sl_kern_isa() >= SL_KISA_AVX512 && hs % 16 == 0 && (!round || hm == 1 || hm == 4);
+#endif
 #pragma omp parallel for schedule(static)
     for (int64_t bk = 0; bk < B * NKV; bk++) {
         int64_t b = bk / NKV, h = bk % NKV;
         float *dst = r + bk * hs * Tp;
+#if SL_HAVE_X86
+        if (fast) {
+            transposed_plane_avx512(px + b * x->nb[0] + h * x->nb[2], x->nb[1], T, hs, Tp, round, dst);
+            continue;
+        }
+#endif
         for (int64_t j = 0; j < T; j++) {
             const float *src = px + b * x->nb[0] + j * x->nb[1] + h * x->nb[2];
             for (int64_t d = 0; d < hs; d++) dst[d * Tp + j] = round ? hround(src[d], hm) : src[d];
@@ -343,9 +386,132 @@ static void rows_sum(const float *w, int64_t ldw, const float *x, int64_t ldx, i
     ISA_CALL(rows_sum, sl_kern_isa(), w, ldw, x, ldx, hs, i0, i1, out, add);
 }
 
-/* One query row (b, h, t) of sl_k_attention_half, built per ISA (PER_ISA); the max over
- * the row is taken after the scores are rounded (the same comparisons in the same order). */
+/* Four rows at once. Each lane's sum over d (dots4) or over i (rows_sum4) is a chain of dependent adds, so
+ * one row's 32-long dot with two vectors of keys ran at the adder's latency, not its throughput; four rows
+ * that share the loads make eight independent chains (and keep every lane's order: the same bits). */
+
+/* acc[r lacc + j] = sum over d (in order) of a[r la + d] * xt[d][j] for r < 4 and j in [j0, j1], as dots_t;
+ * xt is read in runs of 32 from j0 rounded down to 16: readable to 32 past that (transposed()'s tail) */
+#define DOTS4_ACC(R)                                                                                         \
+    {                                                                                                        \
+        const float a_ = a[(R)*la + d];                                                                      \
+        s##R##0 += a_ * x0;                                                                                  \
+        s##R##1 += a_ * x1;                                                                                  \
+    }
+#define DOTS4_BODY                                                                                           \
+    SL_NO_CONTRACT                                                                                           \
+    float tmp[4][32];                                                                                        \
+    for (int64_t jb = j0 & ~(int64_t)15; jb <= j1; jb += 32) {                                               \
+        sl_vf16 s00 = {0}, s01 = {0}, s10 = {0}, s11 = {0}, s20 = {0}, s21 = {0}, s30 = {0}, s31 = {0};      \
+        const float *xp = xt + jb;                                                                           \
+        for (int64_t d = 0; d < hs; d++, xp += ldx) {                                                        \
+            sl_vf16 x0, x1;                                                                                  \
+            VLD(x0, xp);                                                                                     \
+            VLD(x1, xp + 16);                                                                                \
+            DOTS4_ACC(0) DOTS4_ACC(1) DOTS4_ACC(2) DOTS4_ACC(3)                                              \
+        }                                                                                                    \
+        VST(tmp[0], s00);                                                                                    \
+        VST(tmp[0] + 16, s01);                                                                               \
+        VST(tmp[1], s10);                                                                                    \
+        VST(tmp[1] + 16, s11);                                                                               \
+        VST(tmp[2], s20);                                                                                    \
+        VST(tmp[2] + 16, s21);                                                                               \
+        VST(tmp[3], s30);                                                                                    \
+        VST(tmp[3] + 16, s31);                                                                               \
+        int64_t lo = jb > j0 ? jb : j0, hi = j1 < jb + 31 ? j1 : jb + 31;                                    \
+        for (int r = 0; r < 4; r++)                                                                          \
+            memcpy(acc + r * lacc + lo, tmp[r] + (lo - jb), sizeof(float) * (size_t)(hi - lo + 1));          \
+    }
+#define DOTS4_FN(NAME, ATTR)                                                                                 \
+    SL_NO_CONTRACT_ATTR ATTR static void NAME(const float *a, int64_t la, const float *xt, int64_t ldx,      \
+                                              int64_t hs, int64_t j0, int64_t j1, float *acc,                \
+                                              int64_t lacc) {                                                \
+        DOTS4_BODY                                                                                           \
+    }
+PER_ISA(DOTS4_FN, dots4)
+static void dots4(const float *a, int64_t la, const float *xt, int64_t ldx, int64_t hs, int64_t j0,
+                  int64_t j1, float *acc, int64_t lacc) {
+    ISA_CALL(dots4, sl_kern_isa(), a, la, xt, ldx, hs, j0, j1, acc, lacc);
+}
+
+/* out[r lout + d] (+)= sum over i = lo[r] .. hi[r] (in order) of w[r lwr + i lwi] * x[i ldx + d], for r < 4
+ * and d < hs (a multiple of 16), as rows_sum on each row; lo and hi non-decreasing in r and lo[3] <= hi[0]
+ * (the caller checks): the rows' own heads (i < lo[3]) and tails (i > hi[0]) alone, the common range with
+ * the four rows' sums side by side */
+#define RS4_ONE(R, i)                                                                                        \
+    {                                                                                                        \
+        const float w_ = w[(R)*lwr + (i)*lwi], *xv_ = x + (i)*ldx + c;                                       \
+        sl_vf16 x_;                                                                                          \
+        VLD(x_, xv_);                                                                                        \
+        s##R##0 += w_ * x_;                                                                                  \
+        if (nv > 1) {                                                                                        \
+            VLD(x_, xv_ + 16);                                                                               \
+            s##R##1 += w_ * x_;                                                                              \
+        }                                                                                                    \
+    }
+#define RS4_INIT(R)                                                                                          \
+    sl_vf16 s##R##0 = {0}, s##R##1 = {0};                                                                    \
+    if (add) {                                                                                               \
+        VLD(s##R##0, out + (R)*lout + c);                                                                    \
+        if (nv > 1) VLD(s##R##1, out + (R)*lout + c + 16);                                                   \
+    }
+#define RS4_STORE(R)                                                                                         \
+    VST(tmp, s##R##0);                                                                                       \
+    VST(tmp + 16, s##R##1);                                                                                  \
+    memcpy(out + (R)*lout + c, tmp, sizeof(float) * (size_t)(16 * nv));
+#define RS4_COMMON(R)                                                                                        \
+    {                                                                                                        \
+        const float w_ = w[(R)*lwr + i * lwi];                                                               \
+        s##R##0 += w_ * x0;                                                                                  \
+        if (nv > 1) s##R##1 += w_ * x1;                                                                      \
+    }
+#define ROWS_SUM4_BODY                                                                                       \
+    SL_NO_CONTRACT                                                                                           \
+    float tmp[32];                                                                                           \
+    for (int64_t c = 0; c < hs; c += 32) {                                                                   \
+        const int nv = hs - c >= 32 ? 2 : 1;                                                                 \
+        RS4_INIT(0)                                                                                          \
+        RS4_INIT(1) RS4_INIT(2) RS4_INIT(3) for (int64_t i = lo[0]; i < lo[3]; i++)                          \
+            RS4_ONE(0, i) for (int64_t i = lo[1]; i < lo[3]; i++)                                            \
+                RS4_ONE(1, i) for (int64_t i = lo[2]; i < lo[3]; i++)                                        \
+                    RS4_ONE(2, i) for (int64_t i = lo[3]; i <= hi[0]; i++) {                                 \
+            sl_vf16 x0, x1 = {0};                                                                            \
+            VLD(x0, x + i * ldx + c);                                                                        \
+            if (nv > 1) VLD(x1, x + i * ldx + c + 16);                                                       \
+            RS4_COMMON(0) RS4_COMMON(1) RS4_COMMON(2) RS4_COMMON(3)                                          \
+        }                                                                                                    \
+        for (int64_t i = hi[0] + 1; i <= hi[1]; i++) RS4_ONE(1, i)                                           \
+        for (int64_t i = hi[0] + 1; i <= hi[2]; i++) RS4_ONE(2, i)                                           \
+        for (int64_t i = hi[0] + 1; i <= hi[3]; i++) RS4_ONE(3, i)                                           \
+        RS4_STORE(0) RS4_STORE(1) RS4_STORE(2) RS4_STORE(3)                                                  \
+    }
+#define ROWS_SUM4_FN(NAME, ATTR)                                                                             \
+    SL_NO_CONTRACT_ATTR ATTR static void NAME(const float *w, int64_t lwr, int64_t lwi, const float *x,      \
+                                              int64_t ldx, int64_t hs, const int64_t lo[4],                  \
+                                              const int64_t hi[4], float *out, int64_t lout, int add) {      \
+        ROWS_SUM4_BODY                                                                                       \
+    }
+PER_ISA(ROWS_SUM4_FN, rows_sum4)
+static void rows_sum4(const float *w, int64_t lwr, int64_t lwi, const float *x, int64_t ldx, int64_t hs,
+                      const int64_t lo[4], const int64_t hi[4], float *out, int64_t lout, int add) {
+    ISA_CALL(rows_sum4, sl_kern_isa(), w, lwr, lwi, x, ldx, hs, lo, hi, out, lout, add);
+}
+
+/* The dropout multipliers of the half kernels: this ISA's vector Philox (bitwise sl_rng_dropout, the
+ * reference kernels' generator; tests/ops/test_kernels_simd.c test_dropout_mask) or sl_rng_dropout itself.
+ * The scalar generator took 8.7 % of the baby model's bf16 step (dropout 0.2). */
+typedef void (*drop_mask_fn)(uint64_t seed, uint64_t hi, uint64_t e0, int64_t n, float p, float *out);
+static drop_mask_fn drop_mask(void) {
+    const sl_vec_ops *v = sl_vec();
+    return v ? v->dropout_mask : sl_rng_dropout;
+}
+
+/* Query rows (b, h, t0 .. t0 + 3) of sl_k_attention_half (fewer at the end of T), built per ISA (PER_ISA):
+ * the scores of four rows at once (dots4) and their outputs (rows_sum4) where hs is a multiple of 16, row by
+ * row otherwise; the max over a row is taken after the scores are rounded (the same comparisons in the same
+ * order). */
 typedef struct half_fwd_ctx {
+    drop_mask_fn mask;
     const float *pq, *pv, *kt;
     float *out, *lse;
     const sl_tensor *n, *q, *v;
@@ -354,55 +520,88 @@ typedef struct half_fwd_ctx {
     uint64_t dseed, dhi;
     int hm;
 } half_fwd_ctx;
+enum { HF_ROWS = 4 }; /* query rows per block of the forward */
 
-#define HALF_FWD_ROW_BODY                                                                                    \
-    int64_t t = idx % T, h = (idx / T) % NH, b = idx / (T * NH), kh = h / grp;                               \
-    const float *qr = pq + b * q->nb[0] + t * q->nb[1] + h * q->nb[2];                                       \
-    float *p = row;                                                                                          \
-    float mx = -INFINITY;                                                                                    \
-    int64_t j0 = win > 0 && t - win + 1 > 0 ? t - win + 1 : 0;                                               \
-    dots_t(qr, kt + (b * NKV + kh) * hs * tpad(T), tpad(T), hs, j0, t, p);                                   \
-    if (hm == 1 || hm == 4) /* bf16: the branch-free rounding vectorizes */                                  \
-        _Pragma("omp simd") for (int64_t j = j0; j <= t; j++) p[j] =                                         \
-            sl_round_bf16_f32(sl_round_bf16_f32(p[j]) * scale);                                              \
-    else                                                                                                     \
-        for (int64_t j = j0; j <= t; j++) p[j] = hm ? hround(hround(p[j], hm) * scale, hm) : p[j] * scale;   \
-    for (int64_t j = j0; j <= t; j++)                                                                        \
-        if (p[j] > mx) mx = p[j];                                                                            \
-    float sum = 0; /* expf alone, then the sum without a call in its loop (sum stays in a register) */       \
-    for (int64_t j = j0; j <= t; j++) p[j] = expf(p[j] - mx);                                                \
-    for (int64_t j = j0; j <= t; j++) sum += p[j];                                                           \
-    float inv = 1.0f / sum;                                                                                  \
-    if (hm == 1 || hm == 4)                                                                                  \
-        _Pragma("omp simd") for (int64_t j = j0; j <= t; j++) p[j] = sl_round_bf16_f32(p[j] * inv);          \
-    else                                                                                                     \
-        for (int64_t j = j0; j <= t; j++) p[j] = hround(p[j] * inv, hm);                                     \
-    lse[(b * NH + h) * T + t] = mx + logf(sum);                                                              \
-    float *mk = row + T;                                                                                     \
-    if (dp > 0)                                                                                              \
-        sl_rng_dropout(dseed, dhi, (uint64_t)((drop_plane(n, b, h, NH) * T + t) * T), t + 1, dp, mk);        \
-    float *o = out + (b * T + t) * NH * hs + h * hs;                                                         \
-    const float *vb = pv + b * v->nb[0] + kh * v->nb[2];                                                     \
-    if (hs % 16 == 0) { /* in registers (rows_sum); the weights with the dropout mask applied first */       \
-        if (dp > 0)                                                                                          \
-            for (int64_t j = j0; j <= t; j++) mk[j] *= p[j];                                                 \
-        rows_sum(dp > 0 ? mk : p, 1, vb, v->nb[1], hs, j0, t, o, 0);                                         \
-    } else {                                                                                                 \
-        for (int64_t d = 0; d < hs; d++) o[d] = 0;                                                           \
-        for (int64_t j = j0; j <= t; j++) {                                                                  \
-            const float *vr = vb + j * v->nb[1];                                                             \
-            float pj = dp > 0 ? p[j] * mk[j] : p[j];                                                         \
-            _Pragma("omp simd") for (int64_t d = 0; d < hs; d++) o[d] += pj * vr[d];                         \
+/* row t's probabilities p[j0 .. t] from its scores, its logsumexp, and its dropout multipliers mk */
+#define HALF_FWD_SOFTMAX(p, mk, t, j0)                                                                       \
+    {                                                                                                        \
+        float mx = -INFINITY;                                                                                \
+        if (hm == 1 || hm == 4) /* bf16: the branch-free rounding vectorizes */                              \
+            _Pragma("omp simd") for (int64_t j = j0; j <= t; j++) p[j] =                                     \
+                sl_round_bf16_f32(sl_round_bf16_f32(p[j]) * scale);                                          \
+        else                                                                                                 \
+            for (int64_t j = j0; j <= t; j++)                                                                \
+                p[j] = hm ? hround(hround(p[j], hm) * scale, hm) : p[j] * scale;                             \
+        for (int64_t j = j0; j <= t; j++)                                                                    \
+            if (p[j] > mx) mx = p[j];                                                                        \
+        float sum = 0; /* expf alone, then the sum without a call in its loop (sum stays in a register) */   \
+        for (int64_t j = j0; j <= t; j++) p[j] = expf(p[j] - mx);                                            \
+        for (int64_t j = j0; j <= t; j++) sum += p[j];                                                       \
+        float inv = 1.0f / sum;                                                                              \
+        if (hm == 1 || hm == 4)                                                                              \
+            _Pragma("omp simd") for (int64_t j = j0; j <= t; j++) p[j] = sl_round_bf16_f32(p[j] * inv);      \
+        else                                                                                                 \
+            for (int64_t j = j0; j <= t; j++) p[j] = hround(p[j] * inv, hm);                                 \
+        lse[(b * NH + h) * T + t] = mx + logf(sum);                                                          \
+        if (dp > 0) {                                                                                        \
+            mask(dseed, dhi, (uint64_t)((drop_plane(n, b, h, NH) * T + t) * T), t + 1, dp, mk);              \
+            for (int64_t j = j0; j <= t; j++) mk[j] *= p[j]; /* the weights: the mask applied first */       \
         }                                                                                                    \
+    }
+/* row t's output rounded, from its weights w[j0 .. t] (p, or the masked p) */
+#define HALF_FWD_OUT(w, t, j0)                                                                               \
+    {                                                                                                        \
+        float *o = out + (b * T + t) * NH * hs + h * hs;                                                     \
+        const float *w_ = (w);                                                                               \
+        if (hs % 16 == 0) /* in registers (rows_sum) */                                                      \
+            rows_sum(w_, 1, vb, v->nb[1], hs, j0, t, o, 0);                                                  \
+        else {                                                                                               \
+            for (int64_t d = 0; d < hs; d++) o[d] = 0;                                                       \
+            for (int64_t j = j0; j <= t; j++) {                                                              \
+                const float *vr = vb + j * v->nb[1], pj = w_[j];                                             \
+                _Pragma("omp simd") for (int64_t d = 0; d < hs; d++) o[d] += pj * vr[d];                     \
+            }                                                                                                \
+        }                                                                                                    \
+    }
+#define HALF_FWD_ROUND_OUT(t)                                                                                \
+    {                                                                                                        \
+        float *o = out + (b * T + t) * NH * hs + h * hs;                                                     \
+        if (hm == 1 || hm == 4)                                                                              \
+            _Pragma("omp simd") for (int64_t d = 0; d < hs; d++) o[d] = sl_round_bf16_f32(o[d]);             \
+        else                                                                                                 \
+            for (int64_t d = 0; d < hs; d++) o[d] = hround(o[d], hm);                                        \
+    }
+#define HALF_FWD_BLOCK_BODY                                                                                  \
+    const int64_t nTb = (T + HF_ROWS - 1) / HF_ROWS, Tp = tpad(T);                                           \
+    int64_t t0 = (blk % nTb) * HF_ROWS, h = (blk / nTb) % NH, b = blk / (nTb * NH), kh = h / grp;            \
+    int64_t nr = T - t0 < HF_ROWS ? T - t0 : HF_ROWS, j0[HF_ROWS], tt[HF_ROWS];                              \
+    for (int64_t r = 0; r < nr; r++) {                                                                       \
+        tt[r] = t0 + r;                                                                                      \
+        j0[r] = win > 0 && tt[r] - win + 1 > 0 ? tt[r] - win + 1 : 0;                                        \
     }                                                                                                        \
-    if (hm == 1 || hm == 4)                                                                                  \
-        _Pragma("omp simd") for (int64_t d = 0; d < hs; d++) o[d] = sl_round_bf16_f32(o[d]);                 \
+    const float *qr = pq + b * q->nb[0] + t0 * q->nb[1] + h * q->nb[2];                                      \
+    const float *ktb = kt + (b * NKV + kh) * hs * Tp;                                                        \
+    const float *vb = pv + b * v->nb[0] + kh * v->nb[2];                                                     \
+    /* per row r: probabilities at rows + 2 r Tp, weights (p times the mask) Tp after them */                \
+    const int four = nr == HF_ROWS && hs % 16 == 0;                                                          \
+    if (four) dots4(qr, q->nb[1], ktb, Tp, hs, j0[0], tt[HF_ROWS - 1], rows, 2 * Tp);                        \
+    for (int64_t r = 0; r < nr; r++) {                                                                       \
+        float *p = rows + 2 * r * Tp, *mk = p + Tp;                                                          \
+        if (!four) dots_t(qr + r * q->nb[1], ktb, Tp, hs, j0[r], tt[r], p);                                  \
+        HALF_FWD_SOFTMAX(p, mk, tt[r], j0[r])                                                                \
+    }                                                                                                        \
+    const int64_t wo = dp > 0 ? Tp : 0; /* the weights: p, or the masked p */                                \
+    if (four && j0[HF_ROWS - 1] <= tt[0])                                                                    \
+        rows_sum4(rows + wo, 2 * Tp, 1, vb, v->nb[1], hs, j0, tt, out + (b * T + t0) * NH * hs + h * hs,     \
+                  NH * hs, 0);                                                                               \
     else                                                                                                     \
-        for (int64_t d = 0; d < hs; d++) o[d] = hround(o[d], hm);
+        for (int64_t r = 0; r < nr; r++) HALF_FWD_OUT(rows + 2 * r * Tp + wo, tt[r], j0[r])                  \
+    for (int64_t r = 0; r < nr; r++) HALF_FWD_ROUND_OUT(tt[r])
 
-#define HALF_FWD_ROW_FN(NAME, ATTR)                                                                          \
-    SL_NO_CONTRACT_ATTR ATTR static void NAME(const half_fwd_ctx *x, int64_t idx, float *row) {              \
+#define HALF_FWD_BLOCK_FN(NAME, ATTR)                                                                        \
+    SL_NO_CONTRACT_ATTR ATTR static void NAME(const half_fwd_ctx *x, int64_t blk, float *rows) {             \
         SL_NO_CONTRACT                                                                                       \
+        const drop_mask_fn mask = x->mask;                                                                   \
         const float *pq = x->pq, *pv = x->pv, *kt = x->kt;                                                   \
         float *out = x->out, *lse = x->lse;                                                                  \
         const sl_tensor *n = x->n, *q = x->q, *v = x->v;                                                     \
@@ -410,9 +609,9 @@ typedef struct half_fwd_ctx {
         const float scale = x->scale, dp = x->dp;                                                            \
         const uint64_t dseed = x->dseed, dhi = x->dhi;                                                       \
         const int hm = x->hm;                                                                                \
-        HALF_FWD_ROW_BODY                                                                                    \
+        HALF_FWD_BLOCK_BODY                                                                                  \
     }
-PER_ISA(HALF_FWD_ROW_FN, half_fwd_row)
+PER_ISA(HALF_FWD_BLOCK_FN, half_fwd_block)
 
 SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half(sl_tensor *n) {
     SL_NO_CONTRACT
@@ -427,9 +626,9 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half(sl_tensor *n) {
     int64_t win = n->iparams[1];
     uint64_t dseed = 0, dhi = 0;
     float dp = sl_dropout_params(n, &dseed, &dhi);
-    /* a row's probabilities and dropout mask (2 T floats) per thread: the rows are independent */
+    /* a block's probabilities and weights (2 Tp floats per row) per thread: the blocks are independent */
     const int nt = omp_get_max_threads();
-    const size_t rstride = 2 * (size_t)tpad(T ? T : 1) + 16; /* threads' rows on separate cache lines */
+    const size_t rstride = 2 * HF_ROWS * (size_t)tpad(T ? T : 1) + 16; /* threads' rows on separate lines */
     float *rows = malloc(sizeof(float) * rstride * (size_t)nt);
     float *kt = transposed(k, hm, p32(hm));
     if (!rows || !kt) {
@@ -437,7 +636,8 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half(sl_tensor *n) {
         free(kt);
         return sl_fail(SL_ERR_NOMEM, "attention: out of memory");
     }
-    half_fwd_ctx x = {.pq = pq,
+    half_fwd_ctx x = {.mask = drop_mask(),
+                      .pq = pq,
                       .pv = pv,
                       .kt = kt,
                       .out = out,
@@ -459,9 +659,10 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half(sl_tensor *n) {
     int isa = sl_kern_isa();
 #pragma omp parallel num_threads(nt)
     {
-        float *row = rows + rstride * (size_t)omp_get_thread_num();
-#pragma omp for schedule(dynamic, 4)
-        for (int64_t idx = 0; idx < B * NH * T; idx++) ISA_CALL(half_fwd_row, isa, &x, idx, row);
+        float *mine = rows + rstride * (size_t)omp_get_thread_num();
+        const int64_t nblk = B * NH * ((T + HF_ROWS - 1) / HF_ROWS);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t blk = 0; blk < nblk; blk++) ISA_CALL(half_fwd_block, isa, &x, blk, mine);
     }
     free(rows);
     free(kt);
@@ -474,6 +675,7 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half(sl_tensor *n) {
  * the f16 modes stay scalar). GPT-2 124M bf16, B4 T64, 2 threads: 3.9 -> 2.8-3.0 ms per call, the forward
  * rows 1.7 -> 1.4 ms (docs/BENCHMARKS.md). */
 typedef struct half_back_ctx {
+    drop_mask_fn mask;
     const float *pq, *pk, *pg, *lse, *kt, *vt;
     float *out;
     const sl_tensor *f, *q, *k;
@@ -483,12 +685,83 @@ typedef struct half_back_ctx {
     int hm;
 } half_back_ctx;
 
-enum { HB_ROWS = 16 }; /* query rows per block of the dk / dv sums */
+enum { HB_ROWS = 16 }; /* query rows per block of the dk / dv sums (a multiple of HF_ROWS) */
+/* row t (index r of its group of HF_ROWS): its probabilities, dS and P rows into the block's DS / PJ, from
+ * its scores ss and dO . v sums sd (j0 .. t) */
+#define HALF_BACK_ROW(r, t, j0)                                                                              \
+    {                                                                                                        \
+        float *p = P4 + (r)*Tp, *dp = DP4 + (r)*Tp, *mk = MK4 + (r)*Tp, *ss = SS4 + (r)*Tp,                  \
+              *sd = SD4 + (r)*Tp;                                                                            \
+        float *dsr = DS + ((t)-t0) * T, *pjr = PJ + ((t)-t0) * T;                                            \
+        float l = lse[(b * NH + h) * T + (t)], dot = 0;                                                      \
+        if (dpr > 0)                                                                                         \
+            mask(dseed, dhi, (uint64_t)((drop_plane(f, b, h, NH) * T + (t)) * T), (t) + 1, dpr, mk);         \
+        /* the reference's per-j statements split into loops: the roundings in vector lanes (bf16), expf     \
+         * alone, and the sum of P dP without a call in its loop (dot stays in a register) */                \
+        if (hm == 1 || hm == 4) _Pragma("omp simd") for (int64_t j = j0; j <= (t); j++) {                    \
+                ss[j] = sl_round_bf16_f32(sl_round_bf16_f32(ss[j]) * scale);                                 \
+                dp[j] = sl_round_bf16_f32(sd[j]);                                                            \
+            }                                                                                                \
+        else                                                                                                 \
+            for (int64_t j = j0; j <= (t); j++) {                                                            \
+                ss[j] = hround(hround(ss[j], hm) * scale, hm);                                               \
+                dp[j] = hround(sd[j], hm);                                                                   \
+            }                                                                                                \
+        if (dpr > 0)                                                                                         \
+            for (int64_t j = j0; j <= (t); j++) dp[j] *= mk[j];                                              \
+        for (int64_t j = j0; j <= (t); j++) p[j] = expf(ss[j] - l);                                          \
+        if (hm == 1)                                                                                         \
+            _Pragma("omp simd") for (int64_t j = j0; j <= (t); j++) p[j] = sl_round_bf16_f32(p[j]);          \
+        else if (!p32(hm))                                                                                   \
+            for (int64_t j = j0; j <= (t); j++) p[j] = hround(p[j], hm);                                     \
+        for (int64_t j = j0; j <= (t); j++) dot += p[j] * dp[j];                                             \
+        /* the row's dS and dv weights, kept for the block's dk / dv sums below */                           \
+        if (hm == 1 || hm == 4) {                                                                            \
+            _Pragma("omp simd") for (int64_t j = j0; j <= (t); j++) dsr[j] =                                 \
+                sl_round_bf16_f32(sl_round_bf16_f32(p[j] * (dp[j] - dot)) * scale);                          \
+            if (hm == 4)                                                                                     \
+                _Pragma("omp simd") for (int64_t j = j0; j <= (t); j++) pjr[j] = sl_round_bf16_f32(p[j]);    \
+            else                                                                                             \
+                memcpy(pjr + j0, p + j0, sizeof(float) * (size_t)((t)-j0 + 1));                              \
+        } else                                                                                               \
+            for (int64_t j = j0; j <= (t); j++) {                                                            \
+                dsr[j] = hround(hround(p[j] * (dp[j] - dot), hm) * scale, hm);                               \
+                pjr[j] = p32(hm) ? hround(p[j], hm) : p[j];                                                  \
+            }                                                                                                \
+        if (dpr > 0)                                                                                         \
+            for (int64_t j = j0; j <= (t); j++) pjr[j] *= mk[j];                                             \
+    }
+/* row t's dq from its dS row, rounded */
+#define HALF_BACK_DQ(t, j0)                                                                                  \
+    {                                                                                                        \
+        float *dq = out + (b * T + (t)) * W * hs + h * hs;                                                   \
+        const float *dsr = DS + ((t)-t0) * T;                                                                \
+        if (hs % 16 == 0)                                                                                    \
+            rows_sum(dsr, 1, kr, hs, hs, j0, (t), dq, 0);                                                    \
+        else {                                                                                               \
+            for (int64_t d = 0; d < hs; d++) dq[d] = 0;                                                      \
+            for (int64_t j = j0; j <= (t); j++) {                                                            \
+                const float ds = dsr[j], *krj = kr + j * hs;                                                 \
+                _Pragma("omp simd") for (int64_t d = 0; d < hs; d++) dq[d] += ds * krj[d];                   \
+            }                                                                                                \
+        }                                                                                                    \
+    }
+#define HALF_BACK_ROUND_DQ(t)                                                                                \
+    {                                                                                                        \
+        float *dq = out + (b * T + (t)) * W * hs + h * hs;                                                   \
+        if (hm == 1 || hm == 4) /* bf16: the branch-free rounding vectorizes */                              \
+            _Pragma("omp simd") for (int64_t d = 0; d < hs; d++) dq[d] = sl_round_bf16_f32(dq[d]);           \
+        else                                                                                                 \
+            for (int64_t d = 0; d < hs; d++) dq[d] = hround(dq[d], hm);                                      \
+    }
+/* the window's first key of query row t */
+#define HB_J0(t) (win > 0 && (t)-win + 1 > 0 ? (t)-win + 1 : 0)
 #define HALF_BACK_PLANE_BODY                                                                                 \
     int64_t b = bk / NKV, kh = bk % NKV;                                                                     \
-    float *p = buf, *dp = p + T, *mk = dp + T, *ss = mk + T, *sd = ss + T, *hk = sd + T, *hv = hk + T * hs,  \
-          *kr = hv + T * hs, *DS = kr + T * hs, *PJ = DS + HB_ROWS * T;                                      \
     const int64_t Tp = tpad(T);                                                                              \
+    float *P4 = buf, *DP4 = P4 + HF_ROWS * Tp, *MK4 = DP4 + HF_ROWS * Tp, *SS4 = MK4 + HF_ROWS * Tp,         \
+          *SD4 = SS4 + HF_ROWS * Tp, *hk = SD4 + HF_ROWS * Tp, *hv = hk + T * hs, *kr = hv + T * hs,         \
+          *DS = kr + T * hs, *PJ = DS + HB_ROWS * T;                                                         \
     const float *ktb = kt + bk * hs * Tp, *vtb = vt + bk * hs * Tp;                                          \
     for (int64_t j = 0; j < T; j++) { /* the keys by rows (rounded as kt is: transposed()) */                \
         const float *kj = pk + b * k->nb[0] + j * k->nb[1] + kh * k->nb[2];                                  \
@@ -504,75 +777,64 @@ enum { HB_ROWS = 16 }; /* query rows per block of the dk / dv sums */
         const float *qh = pq + b * q->nb[0] + h * q->nb[2], *gh = pg + b * gb + h * hs;                      \
         for (int64_t t0 = 0; t0 < T; t0 += HB_ROWS) {                                                        \
             int64_t t1 = t0 + HB_ROWS < T ? t0 + HB_ROWS : T;                                                \
-            for (int64_t t = t0; t < t1; t++) {                                                              \
-                const float *go = gh + t * gt, *qr = qh + t * q->nb[1];                                      \
-                float *dq = out + (b * T + t) * W * hs + h * hs;                                             \
-                float *dsr = DS + (t - t0) * T, *pjr = PJ + (t - t0) * T;                                    \
-                float l = lse[(b * NH + h) * T + t], dot = 0;                                                \
-                int64_t j0 = win > 0 && t - win + 1 > 0 ? t - win + 1 : 0;                                   \
-                if (dpr > 0)                                                                                 \
-                    sl_rng_dropout(dseed, dhi, (uint64_t)((drop_plane(f, b, h, NH) * T + t) * T), t + 1,     \
-                                   dpr, mk);                                                                 \
-                dots_t(qr, ktb, Tp, hs, j0, t, ss);                                                          \
-                dots_t(go, vtb, Tp, hs, j0, t, sd);                                                          \
-                /* the reference's per-j statements split into loops: the roundings in vector lanes (bf16),  \
-                 * expf alone, and the sum of P dP without a call in its loop (dot stays in a register) */   \
-                if (hm == 1 || hm == 4) _Pragma("omp simd") for (int64_t j = j0; j <= t; j++) {              \
-                        ss[j] = sl_round_bf16_f32(sl_round_bf16_f32(ss[j]) * scale);                         \
-                        dp[j] = sl_round_bf16_f32(sd[j]);                                                    \
-                    }                                                                                        \
-                else                                                                                         \
-                    for (int64_t j = j0; j <= t; j++) {                                                      \
-                        ss[j] = hround(hround(ss[j], hm) * scale, hm);                                       \
-                        dp[j] = hround(sd[j], hm);                                                           \
-                    }                                                                                        \
-                if (dpr > 0)                                                                                 \
-                    for (int64_t j = j0; j <= t; j++) dp[j] *= mk[j];                                        \
-                for (int64_t j = j0; j <= t; j++) p[j] = expf(ss[j] - l);                                    \
-                if (hm == 1)                                                                                 \
-                    _Pragma("omp simd") for (int64_t j = j0; j <= t; j++) p[j] = sl_round_bf16_f32(p[j]);    \
-                else if (!p32(hm))                                                                           \
-                    for (int64_t j = j0; j <= t; j++) p[j] = hround(p[j], hm);                               \
-                for (int64_t j = j0; j <= t; j++) dot += p[j] * dp[j];                                       \
-                /* the row's dS and dv weights, kept for the block's dk / dv sums below */                   \
-                for (int64_t j = j0; j <= t; j++) {                                                          \
-                    dsr[j] = hround(hround(p[j] * (dp[j] - dot), hm) * scale, hm);                           \
-                    pjr[j] = p32(hm) ? hround(p[j], hm) : p[j];                                              \
-                    if (dpr > 0) pjr[j] *= mk[j];                                                            \
+            for (int64_t g0 = t0; g0 < t1; g0 += HF_ROWS) { /* groups of HF_ROWS query rows */               \
+                const int64_t nr = t1 - g0 < HF_ROWS ? t1 - g0 : HF_ROWS;                                    \
+                const int four = nr == HF_ROWS && hs % 16 == 0;                                              \
+                int64_t j0[HF_ROWS], tt[HF_ROWS];                                                            \
+                for (int64_t r = 0; r < nr; r++) {                                                           \
+                    tt[r] = g0 + r;                                                                          \
+                    j0[r] = HB_J0(tt[r]);                                                                    \
                 }                                                                                            \
-                if (hs % 16 == 0)                                                                            \
-                    rows_sum(dsr, 1, kr, hs, hs, j0, t, dq, 0);                                              \
-                else {                                                                                       \
-                    for (int64_t d = 0; d < hs; d++) dq[d] = 0;                                              \
-                    for (int64_t j = j0; j <= t; j++) {                                                      \
-                        const float ds = dsr[j], *krj = kr + j * hs;                                         \
-                        _Pragma("omp simd") for (int64_t d = 0; d < hs; d++) dq[d] += ds * krj[d];           \
-                    }                                                                                        \
+                if (four) {                                                                                  \
+                    dots4(qh + g0 * q->nb[1], q->nb[1], ktb, Tp, hs, j0[0], tt[HF_ROWS - 1], SS4, Tp);       \
+                    dots4(gh + g0 * gt, gt, vtb, Tp, hs, j0[0], tt[HF_ROWS - 1], SD4, Tp);                   \
                 }                                                                                            \
-                if (hm == 1 || hm == 4) /* bf16: the branch-free rounding vectorizes */                      \
-                    _Pragma("omp simd") for (int64_t d = 0; d < hs; d++) dq[d] = sl_round_bf16_f32(dq[d]);   \
+                for (int64_t r = 0; r < nr; r++) {                                                           \
+                    if (!four) {                                                                             \
+                        dots_t(qh + tt[r] * q->nb[1], ktb, Tp, hs, j0[r], tt[r], SS4 + r * Tp);              \
+                        dots_t(gh + tt[r] * gt, vtb, Tp, hs, j0[r], tt[r], SD4 + r * Tp);                    \
+                    }                                                                                        \
+                    HALF_BACK_ROW(r, tt[r], j0[r])                                                           \
+                }                                                                                            \
+                if (four && j0[HF_ROWS - 1] <= tt[0])                                                        \
+                    rows_sum4(DS + (g0 - t0) * T, T, 1, kr, hs, hs, j0, tt,                                  \
+                              out + (b * T + g0) * W * hs + h * hs, W * hs, 0);                              \
                 else                                                                                         \
-                    for (int64_t d = 0; d < hs; d++) dq[d] = hround(dq[d], hm);                              \
+                    for (int64_t r = 0; r < nr; r++) HALF_BACK_DQ(tt[r], j0[r])                              \
+                for (int64_t r = 0; r < nr; r++) HALF_BACK_ROUND_DQ(tt[r])                                   \
             }                                                                                                \
             /* dk[j] += dS[t][j] q_t and dv[j] += P[t][j] dO_t over the block's rows t in order (each        \
-             * element of dk / dv is summed over t ascending, block after block, as in the reference) */     \
+             * element of dk / dv is summed over t ascending, block after block, as in the reference); four  \
+             * keys at once where hs allows it */                                                            \
             int64_t jlo = win > 0 && t0 - win + 1 > 0 ? t0 - win + 1 : 0;                                    \
-            for (int64_t j = jlo; j < t1; j++) {                                                             \
-                int64_t ta = j > t0 ? j : t0, tb = win > 0 && j + win - 1 < t1 - 1 ? j + win - 1 : t1 - 1;   \
-                if (ta > tb) continue;                                                                       \
-                float *dk = hk + j * hs, *dv = hv + j * hs;                                                  \
-                if (hs % 16 == 0) {                                                                          \
-                    rows_sum(DS + j, T, qh + t0 * q->nb[1], q->nb[1], hs, ta - t0, tb - t0, dk, 1);          \
-                    rows_sum(PJ + j, T, gh + t0 * gt, gt, hs, ta - t0, tb - t0, dv, 1);                      \
-                } else                                                                                       \
-                    for (int64_t t = ta; t <= tb; t++) {                                                     \
-                        const float ds = DS[(t - t0) * T + j], pj = PJ[(t - t0) * T + j];                    \
-                        const float *qr = qh + t * q->nb[1], *go = gh + t * gt;                              \
-                        _Pragma("omp simd") for (int64_t d = 0; d < hs; d++) {                               \
-                            dk[d] += ds * qr[d];                                                             \
-                            dv[d] += pj * go[d];                                                             \
+            for (int64_t j = jlo; j < t1;) {                                                                 \
+                int64_t ta[HF_ROWS], tb[HF_ROWS];                                                            \
+                for (int r = 0; r < HF_ROWS; r++) {                                                          \
+                    ta[r] = (j + r > t0 ? j + r : t0) - t0;                                                  \
+                    tb[r] = (win > 0 && j + r + win - 1 < t1 - 1 ? j + r + win - 1 : t1 - 1) - t0;           \
+                }                                                                                            \
+                if (hs % 16 == 0 && j + HF_ROWS <= t1 && ta[HF_ROWS - 1] <= tb[0]) {                         \
+                    rows_sum4(DS + j, 1, T, qh + t0 * q->nb[1], q->nb[1], hs, ta, tb, hk + j * hs, hs, 1);   \
+                    rows_sum4(PJ + j, 1, T, gh + t0 * gt, gt, hs, ta, tb, hv + j * hs, hs, 1);               \
+                    j += HF_ROWS;                                                                            \
+                    continue;                                                                                \
+                }                                                                                            \
+                if (ta[0] <= tb[0]) {                                                                        \
+                    float *dk = hk + j * hs, *dv = hv + j * hs;                                              \
+                    if (hs % 16 == 0) {                                                                      \
+                        rows_sum(DS + j, T, qh + t0 * q->nb[1], q->nb[1], hs, ta[0], tb[0], dk, 1);          \
+                        rows_sum(PJ + j, T, gh + t0 * gt, gt, hs, ta[0], tb[0], dv, 1);                      \
+                    } else                                                                                   \
+                        for (int64_t t = ta[0] + t0; t <= tb[0] + t0; t++) {                                 \
+                            const float ds = DS[(t - t0) * T + j], pj = PJ[(t - t0) * T + j];                \
+                            const float *qr = qh + t * q->nb[1], *go = gh + t * gt;                          \
+                            _Pragma("omp simd") for (int64_t d = 0; d < hs; d++) {                           \
+                                dk[d] += ds * qr[d];                                                         \
+                                dv[d] += pj * go[d];                                                         \
+                            }                                                                                \
                         }                                                                                    \
-                    }                                                                                        \
+                }                                                                                            \
+                j++;                                                                                         \
             }                                                                                                \
         }                                                                                                    \
         for (int64_t j = 0; j < T; j++) {                                                                    \
@@ -598,6 +860,7 @@ enum { HB_ROWS = 16 }; /* query rows per block of the dk / dv sums */
 #define HALF_BACK_PLANE_FN(NAME, ATTR)                                                                       \
     SL_NO_CONTRACT_ATTR ATTR static void NAME(const half_back_ctx *x, int64_t bk, float *buf) {              \
         SL_NO_CONTRACT                                                                                       \
+        const drop_mask_fn mask = x->mask;                                                                   \
         const float *pq = x->pq, *pk = x->pk, *pg = x->pg, *lse = x->lse, *kt = x->kt, *vt = x->vt;          \
         float *out = x->out;                                                                                 \
         const sl_tensor *f = x->f, *q = x->q, *k = x->k;                                                     \
@@ -623,11 +886,13 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half_back(sl_tensor *n) {
     int64_t gb = g->nb[0], gt = g->nb[1];
     uint64_t dseed = 0, dhi = 0;
     float dpr = sl_dropout_params(f, &dseed, &dhi);
-    /* per thread, for the (b, kv head) plane it works on: p, dp, mask, the scores, dO . v (T each), one query
-     * head's h(dk) | h(dv) (2 T hs), the keys as the products read them (T hs, rounded in modes 3/4), and a
-     * block's dS and P (2 HB_ROWS T); 16 floats apart so that threads do not share a cache line */
+    /* per thread, for the (b, kv head) plane it works on: p, dp, mask, the scores, dO . v (Tp each for each
+     * of a group's HF_ROWS rows), one query head's h(dk) | h(dv) (2 T hs), the keys as the products read them
+     * (T hs, rounded in modes 3/4), and a block's dS and P (2 HB_ROWS T); 16 floats apart so that threads do
+     * not share a cache line */
     const int nt = omp_get_max_threads();
-    size_t per = 5 * (size_t)(T ? T : 1) + 3 * (size_t)T * (size_t)hs + 2 * (size_t)HB_ROWS * (size_t)T + 16;
+    size_t per = 5 * HF_ROWS * (size_t)tpad(T ? T : 1) + 3 * (size_t)T * (size_t)hs +
+                 2 * (size_t)HB_ROWS * (size_t)T + 16;
     float *buf = malloc(sizeof(float) * per * (size_t)nt);
     float *kt = transposed(k, hm, p32(hm)), *vt = transposed(v, hm, 0);
     if (!buf || !kt || !vt) {
@@ -636,7 +901,8 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half_back(sl_tensor *n) {
         free(vt);
         return sl_fail(SL_ERR_NOMEM, "attention_back: out of memory");
     }
-    half_back_ctx x = {.pq = pq,
+    half_back_ctx x = {.mask = drop_mask(),
+                       .pq = pq,
                        .pk = k->data,
                        .k = k,
                        .pg = pg,
