@@ -12,16 +12,19 @@
 # the issue's anchor, passes --dropout=0.0).
 # --iters N below the config's 100 warmup steps (a smoke run) keeps the schedule's shape: the decay length
 # stays at least the warmup (--lr-decay-iters max(N, 100)), so the run is all warmup, as in nanogpt_baby.py.
-# Usage: bench/time_to_loss.sh [--json] [--threads "2 1"] [--iters N] [--torch PY] [--dropout P]
+# --bf16: suanli trains in bf16 mixed precision (`suanli train --bf16`: autocast's rounding points, fp32 master
+# weights); the PyTorch anchor stays fp32 (nanoGPT's CPU recipe runs without autocast).
+# Usage: bench/time_to_loss.sh [--json] [--threads "2 1"] [--iters N] [--torch PY] [--dropout P] [--bf16]
 #   SUANLI=PATH: the suanli binary (default build/suanli)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-usage() { echo "usage: $0 [--json] [--threads \"2 1\"] [--iters N] [--torch PY] [--dropout P]" >&2; exit 2; }
+usage() { echo "usage: $0 [--json] [--threads \"2 1\"] [--iters N] [--torch PY] [--dropout P] [--bf16]" >&2; exit 2; }
 die() { echo "time_to_loss.sh: $*" >&2; exit 2; }
-json=0; threads="2 1"; iters=2000; torch_py=""; drop=""
+json=0; threads="2 1"; iters=2000; torch_py=""; drop=""; prec=fp32
 while [ $# -gt 0 ]; do
   case "$1" in
     --json) json=1;;
+    --bf16) prec=bf16;;
     --threads|--iters|--torch|--dropout) [ $# -ge 2 ] || die "$1 needs a value"
       case "$1" in --threads) threads="$2";; --iters) iters="$2";; --torch) torch_py="$2";; --dropout) drop="$2";; esac
       shift;;
@@ -61,13 +64,13 @@ for n in $threads; do
   l0=$(load)
   run "$work/log" "$S" train --config configs/baby.json --data-path "$work/data" \
     --threads "$n" --train-iters "$iters" --lr-decay-iters "$decay" \
-    ${drop:+--attention-dropout "$drop" --hidden-dropout "$drop"}
+    ${drop:+--attention-dropout "$drop" --hidden-dropout "$drop"} $([ "$prec" = bf16 ] && echo --bf16)
   l1=$(load)
   read -r wall usr sys <"$work/time"
   val=$(grep -o 'final val loss [0-9.]*' "$work/log" | awk '{print $4}')
   cpu_s=$(awk -v u="$usr" -v s="$sys" 'BEGIN {printf "%.2f", u + s}')
   tps=$(awk -v w="$wall" -v i="$iters" 'BEGIN {printf "%.0f", i * 12 * 64 / w}')
-  echo "suanli $n $wall $cpu_s $val $tps $l0 $l1" >>"$out"
+  echo "suanli $n $wall $cpu_s $val $tps $l0 $l1 $prec" >>"$out"
 done
 if [ -n "$torch_py" ]; then
   l0=$(load)
@@ -78,20 +81,20 @@ if [ -n "$torch_py" ]; then
   val=$(grep -o 'final val loss [0-9.]*' "$work/tlog" | awk '{print $4}')
   cpu_s=$(awk -v u="$usr" -v s="$sys" 'BEGIN {printf "%.2f", u + s}')
   tps=$(awk -v w="$wall" -v i="$iters" 'BEGIN {printf "%.0f", i * 12 * 64 / w}')
-  echo "pytorch 2 $wall $cpu_s $val $tps $l0 $l1" >>"$out"
+  echo "pytorch 2 $wall $cpu_s $val $tps $l0 $l1 fp32" >>"$out"
 fi
 w2=$(awk '$1 == "suanli" && $2 == 2 {print $3}' "$out"); w1=$(awk '$1 == "suanli" && $2 == 1 {print $3}' "$out")
 speedup=$(awk -v a="${w1:-0}" -v b="${w2:-0}" 'BEGIN {printf "%.3f", (a > 0 && b > 0) ? a / b : 0}')
 if [ "$json" = 1 ]; then
-  while read -r who n wall cpu_s val tps l0 l1; do
-    printf '{"bench": "time_to_loss", "impl": "%s", "recipe": "nanogpt-baby", "dropout": %s, "iters": %s, "threads": %s, "wall_s": %s, "cpu_s": %s, "val_loss": %s, "tokens_per_s": %s, "load_before": %s, "load_after": %s, "cpu": "%s", "target_val": 1.89, "target_wall_s": 50, "anchor": "nanoGPT PyTorch, issue 20", "anchor_val": 1.886, "anchor_wall_s": 152}\n' \
-      "$who" "${drop:-0.2}" "$iters" "$n" "$wall" "$cpu_s" "${val:-null}" "$tps" "$l0" "$l1" "$cpu"
+  while read -r who n wall cpu_s val tps l0 l1 pr; do
+    printf '{"bench": "time_to_loss", "impl": "%s", "precision": "%s", "recipe": "nanogpt-baby", "dropout": %s, "iters": %s, "threads": %s, "wall_s": %s, "cpu_s": %s, "val_loss": %s, "tokens_per_s": %s, "load_before": %s, "load_after": %s, "cpu": "%s", "target_val": 1.89, "target_wall_s": 50, "anchor": "nanoGPT PyTorch, issue 20", "anchor_val": 1.886, "anchor_wall_s": 152}\n' \
+      "$who" "$pr" "${drop:-0.2}" "$iters" "$n" "$wall" "$cpu_s" "${val:-null}" "$tps" "$l0" "$l1" "$cpu"
   done <"$out"
   printf '{"bench": "time_to_loss_scaling", "wall_1_thread_over_2_threads": %s, "target": 1.7}\n' "$speedup"
 else
   echo "time to loss, nanoGPT baby recipe ($iters iterations), $cpu"
-  while read -r who n wall cpu_s val tps l0 l1; do
-    echo "  $who, $n threads: val $val in $wall s wall ($cpu_s s CPU, $tps tokens/s), load $l0 -> $l1"
+  while read -r who n wall cpu_s val tps l0 l1 pr; do
+    echo "  $who ($pr), $n threads: val $val in $wall s wall ($cpu_s s CPU, $tps tokens/s), load $l0 -> $l1"
   done <"$out"
   echo "  1-thread wall / 2-thread wall: $speedup (target >= 1.7); anchor: nanoGPT/PyTorch val 1.886 in 152 s (issue 20)"
 fi

@@ -56,5 +56,9 @@ expect 1 "injected failure" env SUANLI="$tmp/suanli" bash "$b/time_to_loss.sh" -
 expect 0 "" env SUANLI="$cli" bash "$b/time_to_loss.sh" --iters 5 --threads 1 --json
 grep -Eq '"impl": "suanli".*"iters": 5, "threads": 1,.*"val_loss": [0-9.]+,' "$tmp/out" ||
   { echo "FAIL: time_to_loss.sh --iters 5: $(cat "$tmp/out" "$tmp/err")"; bad=1; }
+# --bf16 runs (suanli train --bf16) and its record says so
+expect 0 "" env SUANLI="$cli" bash "$b/time_to_loss.sh" --iters 5 --threads 1 --json --bf16
+grep -Eq '"impl": "suanli", "precision": "bf16".*"iters": 5, "threads": 1,.*"val_loss": [0-9.]+,' "$tmp/out" ||
+  { echo "FAIL: time_to_loss.sh --bf16: $(cat "$tmp/out" "$tmp/err")"; bad=1; }
 [ $bad = 0 ] && echo "bench/scripts entry points: OK"
 exit $bad
