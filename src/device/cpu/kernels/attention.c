@@ -193,7 +193,15 @@ sl_status sl_k_attention_back_ref(sl_tensor *n) {
  * each sum); the sums now live in vector registers (VSUM: dots over keys, P V, dq, and dk / dv summed over
  * blocks of HB_ROWS query rows, each element still in the reference's order over t), expf runs in a loop of
  * its own, and a row's scratch is per thread: 10.6 % -> 3.5 % of the Zen 4 bf16 step (bench kernels
- * --only attention: forward 1.13 -> 0.65 ms, backward 2.41 -> 1.56 ms per layer call). */
+ * --only attention: forward 1.13 -> 0.65 ms, backward 2.41 -> 1.56 ms per layer call). One row's sum over
+ * d is a chain of dependent adds, so the rows now go four at a time (dots4, rows_sum4: eight independent
+ * chains that share their loads; the dk / dv sums take four keys at once), the dropout multipliers come
+ * from the vector Philox (drop_mask), and the transposed copies are 16 x 16 register transposes. Zen 4,
+ * 1 thread (docs/BENCHMARKS.md "Zen 4, fourth visit"): GPT-2 124M shape forward 1.43 -> 1.16 ms, backward
+ * 3.55 -> 2.63 ms; the baby model's bf16 step with dropout 0.2 spent 6.7 s of 16.5 s per 300 steps in
+ * attention, now 4.1 s of 13.7 s. What is left is mostly libm's expf and the per-row serial sums. Tried: the
+ * dot products as FMAs (exact where both operands are half values, which the model guarantees for some
+ * operands only): within 5-10 % of this, noise on this host, not kept. */
 #ifdef __clang__
 #define SL_NO_CONTRACT _Pragma("clang fp contract(off)")
 #define SL_NO_CONTRACT_ATTR
@@ -471,7 +479,8 @@ static void dots4(const float *a, int64_t la, const float *xt, int64_t ldx, int6
     for (int64_t c = 0; c < hs; c += 32) {                                                                   \
         const int nv = hs - c >= 32 ? 2 : 1;                                                                 \
         RS4_INIT(0)                                                                                          \
-        RS4_INIT(1) RS4_INIT(2) RS4_INIT(3) for (int64_t i = lo[0]; i < lo[3]; i++)                          \
+        RS4_INIT(1)                                                                                          \
+        RS4_INIT(2) RS4_INIT(3) for (int64_t i = lo[0]; i < lo[3]; i++)                                      \
             RS4_ONE(0, i) for (int64_t i = lo[1]; i < lo[3]; i++)                                            \
                 RS4_ONE(1, i) for (int64_t i = lo[2]; i < lo[3]; i++)                                        \
                     RS4_ONE(2, i) for (int64_t i = lo[3]; i <= hi[0]; i++) {                                 \
