@@ -478,21 +478,41 @@ static void dots4(const float *a, int64_t la, const float *xt, int64_t ldx, int6
     float tmp[32];                                                                                           \
     for (int64_t c = 0; c < hs; c += 32) {                                                                   \
         const int nv = hs - c >= 32 ? 2 : 1;                                                                 \
-        RS4_INIT(0)                                                                                          \
-        RS4_INIT(1)                                                                                          \
-        RS4_INIT(2) RS4_INIT(3) for (int64_t i = lo[0]; i < lo[3]; i++)                                      \
-            RS4_ONE(0, i) for (int64_t i = lo[1]; i < lo[3]; i++)                                            \
-                RS4_ONE(1, i) for (int64_t i = lo[2]; i < lo[3]; i++)                                        \
-                    RS4_ONE(2, i) for (int64_t i = lo[3]; i <= hi[0]; i++) {                                 \
+        RS4_INIT(0);                                                                                         \
+        RS4_INIT(1);                                                                                         \
+        RS4_INIT(2);                                                                                         \
+        RS4_INIT(3);                                                                                         \
+        for (int64_t i = lo[0]; i < lo[3]; i++) {                                                            \
+            RS4_ONE(0, i);                                                                                   \
+        }                                                                                                    \
+        for (int64_t i = lo[1]; i < lo[3]; i++) {                                                            \
+            RS4_ONE(1, i);                                                                                   \
+        }                                                                                                    \
+        for (int64_t i = lo[2]; i < lo[3]; i++) {                                                            \
+            RS4_ONE(2, i);                                                                                   \
+        }                                                                                                    \
+        for (int64_t i = lo[3]; i <= hi[0]; i++) {                                                           \
             sl_vf16 x0, x1 = {0};                                                                            \
             VLD(x0, x + i * ldx + c);                                                                        \
             if (nv > 1) VLD(x1, x + i * ldx + c + 16);                                                       \
-            RS4_COMMON(0) RS4_COMMON(1) RS4_COMMON(2) RS4_COMMON(3)                                          \
+            RS4_COMMON(0);                                                                                   \
+            RS4_COMMON(1);                                                                                   \
+            RS4_COMMON(2);                                                                                   \
+            RS4_COMMON(3);                                                                                   \
         }                                                                                                    \
-        for (int64_t i = hi[0] + 1; i <= hi[1]; i++) RS4_ONE(1, i)                                           \
-        for (int64_t i = hi[0] + 1; i <= hi[2]; i++) RS4_ONE(2, i)                                           \
-        for (int64_t i = hi[0] + 1; i <= hi[3]; i++) RS4_ONE(3, i)                                           \
-        RS4_STORE(0) RS4_STORE(1) RS4_STORE(2) RS4_STORE(3)                                                  \
+        for (int64_t i = hi[0] + 1; i <= hi[1]; i++) {                                                       \
+            RS4_ONE(1, i);                                                                                   \
+        }                                                                                                    \
+        for (int64_t i = hi[0] + 1; i <= hi[2]; i++) {                                                       \
+            RS4_ONE(2, i);                                                                                   \
+        }                                                                                                    \
+        for (int64_t i = hi[0] + 1; i <= hi[3]; i++) {                                                       \
+            RS4_ONE(3, i);                                                                                   \
+        }                                                                                                    \
+        RS4_STORE(0);                                                                                        \
+        RS4_STORE(1);                                                                                        \
+        RS4_STORE(2);                                                                                        \
+        RS4_STORE(3);                                                                                        \
     }
 #define ROWS_SUM4_FN(NAME, ATTR)                                                                             \
     SL_NO_CONTRACT_ATTR ATTR static void NAME(const float *w, int64_t lwr, int64_t lwi, const float *x,      \
