@@ -238,24 +238,12 @@ static int64_t tpad(int64_t T) { return (T + 15) & ~(int64_t)15; }
  * below stored one float per instruction with a 4 Tp-byte stride: 4.9 % of the baby model's bf16 step. */
 SL_TR16_ATTR static void transposed_plane_avx512(const float *src, int64_t ld, int64_t T, int64_t hs,
                                                  int64_t Tp, int round_bf16, float *dst) {
-    const __m512i lsb = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff),
-                  hi = _mm512_set1_epi32((int)0xffff0000u), qnan = _mm512_set1_epi32(0x400000),
-                  absm = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
     for (int64_t j0 = 0; j0 < Tp; j0 += 16)
         for (int64_t d0 = 0; d0 < hs; d0 += 16) {
             __m512 r[16];
             for (int i = 0; i < 16; i++) {
                 r[i] = j0 + i < T ? _mm512_loadu_ps(src + (j0 + i) * ld + d0) : _mm512_setzero_ps();
-                if (round_bf16) {
-                    __m512i u = _mm512_castps_si512(r[i]);
-                    __m512i rn =
-                        _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, bias),
-                                                          _mm512_and_si512(_mm512_srli_epi32(u, 16), lsb)),
-                                         hi);
-                    __m512i qn = _mm512_or_si512(_mm512_and_si512(u, hi), qnan);
-                    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, absm), inf);
-                    r[i] = _mm512_castsi512_ps(_mm512_mask_blend_epi32(nan, rn, qn));
-                }
+                if (round_bf16) r[i] = sl_round_bf16_avx512(r[i]);
             }
             sl_tr16_ps(r);
             for (int i = 0; i < 16; i++) _mm512_storeu_ps(dst + (d0 + i) * Tp + j0, r[i]);

@@ -632,17 +632,9 @@ void sl_gemm_bf16_f32b_round(int transA, int transB, int64_t M, int64_t N, int64
 #if SL_HAVE_X86
 __attribute__((target("avx512f,avx512bw"))) static void round_row_avx512(float *c, const float *t, int64_t n,
                                                                          int add) {
-    const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1),
-                  hi = _mm512_set1_epi32((int)0xffff0000u), quiet = _mm512_set1_epi32(0x400000),
-                  absm = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
     for (int64_t j = 0; j < n; j += 16) {
         __mmask16 m = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1u);
-        __m512i u = _mm512_maskz_loadu_epi32(m, t + j);
-        __m512i r = _mm512_and_si512(
-            _mm512_add_epi32(_mm512_add_epi32(u, bias), _mm512_and_si512(_mm512_srli_epi32(u, 16), one)), hi);
-        __m512i q = _mm512_or_si512(_mm512_and_si512(u, hi), quiet);
-        __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, absm), inf);
-        __m512 v = _mm512_castsi512_ps(_mm512_mask_blend_epi32(nan, r, q));
+        __m512 v = sl_round_bf16_avx512(_mm512_maskz_loadu_ps(m, t + j));
         if (add) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, c + j), v);
         _mm512_mask_storeu_ps(c + j, m, v);
     }

@@ -108,6 +108,18 @@ static inline float sl_tanh_poly(float u) {
 }
 
 #if SL_HAVE_X86
+/* sl_round_bf16_f32 on 16 lanes (the same bits: nearest even, a NaN kept quiet); AVX-512F alone, so that
+ * any AVX-512 function may inline it (gemm.c's rounded outputs, attention.c's rounded transposed keys) */
+static inline __attribute__((target("avx512f"), always_inline)) __m512 sl_round_bf16_avx512(__m512 x) {
+    const __m512i u = _mm512_castps_si512(x), hi = _mm512_set1_epi32((int)0xffff0000u);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r =
+        _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), hi);
+    const __m512i q = _mm512_or_si512(_mm512_and_si512(u, hi), _mm512_set1_epi32(0x400000));
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(nan, r, q));
+}
 #define SL_TGT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"), always_inline))
 #define SL_TGT_AVX2 __attribute__((target("avx2,fma"), always_inline))
 
