@@ -406,17 +406,22 @@ static void rows_sum(const float *w, int64_t ldw, const float *x, int64_t ldx, i
             VLD(x1, xp + 16);                                                                                \
             DOTS4_ACC(0) DOTS4_ACC(1) DOTS4_ACC(2) DOTS4_ACC(3)                                              \
         }                                                                                                    \
-        VST(tmp[0], s00);                                                                                    \
-        VST(tmp[0] + 16, s01);                                                                               \
-        VST(tmp[1], s10);                                                                                    \
-        VST(tmp[1] + 16, s11);                                                                               \
-        VST(tmp[2], s20);                                                                                    \
-        VST(tmp[2] + 16, s21);                                                                               \
-        VST(tmp[3], s30);                                                                                    \
-        VST(tmp[3] + 16, s31);                                                                               \
         int64_t lo = jb > j0 ? jb : j0, hi = j1 < jb + 31 ? j1 : jb + 31;                                    \
-        for (int r = 0; r < 4; r++)                                                                          \
-            memcpy(acc + r * lacc + lo, tmp[r] + (lo - jb), sizeof(float) * (size_t)(hi - lo + 1));          \
+        /* a whole run of 32 straight to acc; a partial one through tmp (acc may hold nothing past j1) */    \
+        const int whole = lo == jb && hi == jb + 31;                                                         \
+        float *d0 = whole ? acc + jb : tmp[0], *d1 = whole ? acc + lacc + jb : tmp[1],                       \
+              *d2 = whole ? acc + 2 * lacc + jb : tmp[2], *d3 = whole ? acc + 3 * lacc + jb : tmp[3];        \
+        VST(d0, s00);                                                                                        \
+        VST(d0 + 16, s01);                                                                                   \
+        VST(d1, s10);                                                                                        \
+        VST(d1 + 16, s11);                                                                                   \
+        VST(d2, s20);                                                                                        \
+        VST(d2 + 16, s21);                                                                                   \
+        VST(d3, s30);                                                                                        \
+        VST(d3 + 16, s31);                                                                                   \
+        if (!whole)                                                                                          \
+            for (int r = 0; r < 4; r++)                                                                      \
+                for (int64_t j = lo; j <= hi; j++) acc[r * lacc + j] = tmp[r][j - jb];                       \
     }
 #define DOTS4_FN(NAME, ATTR)                                                                                 \
     SL_NO_CONTRACT_ATTR ATTR static void NAME(const float *a, int64_t la, const float *xt, int64_t ldx,      \
@@ -452,9 +457,8 @@ static void dots4(const float *a, int64_t la, const float *xt, int64_t ldx, int6
         if (nv > 1) VLD(s##R##1, out + (R)*lout + c + 16);                                                   \
     }
 #define RS4_STORE(R)                                                                                         \
-    VST(tmp, s##R##0);                                                                                       \
-    VST(tmp + 16, s##R##1);                                                                                  \
-    memcpy(out + (R)*lout + c, tmp, sizeof(float) * (size_t)(16 * nv));
+    VST(out + (R)*lout + c, s##R##0);                                                                        \
+    if (nv > 1) VST(out + (R)*lout + c + 16, s##R##1);
 #define RS4_COMMON(R)                                                                                        \
     {                                                                                                        \
         const float w_ = w[(R)*lwr + i * lwi];                                                               \
@@ -463,7 +467,6 @@ static void dots4(const float *a, int64_t la, const float *xt, int64_t ldx, int6
     }
 #define ROWS_SUM4_BODY                                                                                       \
     SL_NO_CONTRACT                                                                                           \
-    float tmp[32];                                                                                           \
     for (int64_t c = 0; c < hs; c += 32) {                                                                   \
         const int nv = hs - c >= 32 ? 2 : 1;                                                                 \
         RS4_INIT(0);                                                                                         \
