@@ -113,6 +113,32 @@ const char *tu_cli(void) {
     return c ? c : "suanli";
 }
 
+/* Scratch directories are removed when the test process exits with no failed check; a failing run keeps
+ * them as evidence and names them on stderr. Only the process that made a directory removes it, so forked
+ * children that exit() leave it alone. */
+enum { TMPDIR_MAX = 64 };
+static char *g_tmpdirs[TMPDIR_MAX];
+static int g_ntmpdirs;
+static pid_t g_tmpdir_owner;
+
+static int rm_entry(const char *p, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st, (void)flag, (void)ftw;
+    remove(p);
+    return 0;
+}
+
+static void tmpdirs_cleanup(void) {
+    if (getpid() != g_tmpdir_owner) return;
+    for (int i = 0; i < g_ntmpdirs; i++) {
+        if (tu_failures)
+            fprintf(stderr, "kept %s (a check failed)\n", g_tmpdirs[i]);
+        else
+            nftw(g_tmpdirs[i], rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        free(g_tmpdirs[i]);
+    }
+    g_ntmpdirs = 0;
+}
+
 const char *tu_tmpdir(const char *tag) {
     static char path[512];
     snprintf(path, sizeof path, "/tmp/suanli-test-%s-XXXXXX", tag);
@@ -120,6 +146,11 @@ const char *tu_tmpdir(const char *tag) {
         perror("mkdtemp");
         exit(2);
     }
+    if (g_ntmpdirs == 0 && g_tmpdir_owner != getpid()) {
+        g_tmpdir_owner = getpid();
+        atexit(tmpdirs_cleanup);
+    }
+    if (g_ntmpdirs < TMPDIR_MAX) g_tmpdirs[g_ntmpdirs++] = strdup(path);
     return path;
 }
 

@@ -147,9 +147,11 @@ static int write_script(const submit_args *a, char **prog) {
             "trap 'requeue=1; echo \"suanli submit: time limit in %s s: checkpoint and requeue\"; "
             "kill -USR1 \"$child\" 2>/dev/null' USR1\n",
             a->signal_sec);
-    /* srun's stderr also goes to a log (Note [Bad input under srun]) */
+    /* srun's stderr also goes to a log (Note [Bad input under srun]), removed however the script ends
+     * (scancel's SIGTERM included: the TERM trap turns it into an exit that runs the EXIT trap) */
     fprintf(f, "srunlog=$(mktemp \"${TMPDIR:-/tmp}/suanli-srun.XXXXXX\") && mkfifo \"$srunlog.fifo\" || "
                "{ echo \"suanli submit: cannot create a temp file in ${TMPDIR:-/tmp}\" >&2; exit 1; }\n"
+               "trap 'rm -f \"$srunlog\" \"$srunlog.fifo\"' EXIT\ntrap 'exit 143' TERM INT\n"
                "tee \"$srunlog\" < \"$srunlog.fifo\" >&2 &\nteepid=$!\n");
     fprintf(f, "srun --kill-on-bad-exit=1");
     if (a->mpi) fprintf(f, " --mpi=%s", a->mpi);
