@@ -30,6 +30,9 @@ static inline float hround(float x, int mode) {
     return mode ? sl_round_bf16_f32(x) : x; /* sl_bf16_to_f32(sl_f32_to_bf16(x)), branch-free */
 }
 static int p32(int mode) { return mode == 3 || mode == 4; } /* softmax P kept in fp32 */
+/* the softmax's exp: libm's in fp32, simd_math.h's sl_exp_acc in the half modes (rounded once from double,
+ * like libm's; its vector twins give the same bits: Note [Rounded exp]) */
+static inline float aexp(float x, int mode) { return mode ? sl_exp_acc(x) : expf(x); }
 
 /* the (batch, head) plane of the full probability tensor that local head h of batch b is (Note [Dropout from
  * counters]: under TP the node holds heads [HEAD0, + NH) of HEADS) */
@@ -70,7 +73,7 @@ sl_status sl_k_attention_ref(sl_tensor *n) {
         }
         float sum = 0;
         for (int64_t j = j0; j <= t; j++) {
-            p[j] = expf(p[j] - mx);
+            p[j] = aexp(p[j] - mx, hm);
             sum += p[j];
         }
         float inv = 1.0f / sum;
@@ -140,7 +143,7 @@ sl_status sl_k_attention_back_ref(sl_tensor *n) {
                         sd += go[d] * vr[d];
                     }
                     float sc = hm ? hround(hround(s, hm) * scale, hm) : s * scale; /* the forward's scores */
-                    p[j] = p32(hm) ? expf(sc - l) : hround(expf(sc - l), hm);      /* fp32 P in softmax' */
+                    p[j] = p32(hm) ? aexp(sc - l, hm) : hround(aexp(sc - l, hm), hm); /* fp32 P: softmax' */
                     dp[j] = hround(sd, hm);
                     if (dpr > 0) dp[j] *= mk[j]; /* d(P m) / dP: the kept scale; dot = rowsum(dO * O) */
                     dot += p[j] * dp[j];
@@ -180,7 +183,8 @@ sl_status sl_k_attention_back_ref(sl_tensor *n) {
 
 /* Note [Eager half attention, vectorized]
  * sl_k_attention_half[_back] compute exactly what the reference kernels above compute, element for element:
- * the same fp32 operations in the same order, the same rounding points, the same libm expf/logf. Only the
+ * the same fp32 operations in the same order, the same rounding points, the same exp (sl_exp_acc, Note
+ * [Rounded exp]) and libm logf. Only the
  * loops are turned so that they vectorize: a score s(t, j) = sum_d q[t][d] k[j][d] is accumulated for a
  * run of keys j at once from a transposed copy of k (kt[d][j], rounded to the half type once where the
  * mode reads rounded keys), so each lane keeps the reference's order over d; the accumulations over d
@@ -199,9 +203,14 @@ sl_status sl_k_attention_back_ref(sl_tensor *n) {
  * from the vector Philox (drop_mask), and the transposed copies are 16 x 16 register transposes. Zen 4,
  * 1 thread (docs/BENCHMARKS.md "Zen 4, fourth visit"): GPT-2 124M shape forward 1.43 -> 1.16 ms, backward
  * 3.55 -> 2.63 ms; the baby model's bf16 step with dropout 0.2 spent 6.7 s of 16.5 s per 300 steps in
- * attention, now 4.1 s of 13.7 s. What is left is mostly libm's expf and the per-row serial sums. Tried: the
- * dot products as FMAs (exact where both operands are half values, which the model guarantees for some
- * operands only): within 5-10 % of this, noise on this host, not kept. */
+ * attention, now 4.1 s of 13.7 s. libm's expf (one call per element, ~20 % of what was left) then gave way
+ * to sl_exp_acc in vector lanes (exp_row; the reference kernels call its scalar twin): rounded once from
+ * double like libm's, so the alignment with autocast stays where it was (the bf16 Llama's step-0
+ * gradients: 0.001 of d_ref, against 0.025 with the fast 1.24-ulp sl_exp_poly); the baby bf16 step 4 %
+ * faster at 1 thread (side by side), GPT-2 124M shape forward 1.26-1.39 -> 1.11-1.33 ms, backward 2.54-2.59
+ * -> 2.29-2.34 ms. What is left is mostly the per-row serial sums. Tried: the dot products as FMAs (exact
+ * where both operands are half values, which the model guarantees for some operands only): within 5-10 %
+ * of this, noise on this host, not kept. */
 #ifdef __clang__
 #define SL_NO_CONTRACT _Pragma("clang fp contract(off)")
 #define SL_NO_CONTRACT_ATTR
@@ -526,12 +535,49 @@ static drop_mask_fn drop_mask(void) {
     return v ? v->dropout_mask : sl_rng_dropout;
 }
 
+/* y[j] = e^(x[j] - m) for j in j0 .. j1 (y may be x): sl_exp_acc's bits in every ISA (its vector twins give
+ * them for every float: checked exhaustively, and on a sample in tests/ops/test_kernels_simd.c). libm's
+ * expf, called per element, was ~20 % of the half attention. */
+typedef void (*exp_row_fn)(const float *x, float m, float *y, int64_t j0, int64_t j1);
+static void exp_row_base(const float *x, float m, float *y, int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j <= j1; j++) y[j] = sl_exp_acc(x[j] - m);
+}
+#if SL_HAVE_X86
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) static void
+exp_row_avx512(const float *x, float m, float *y, int64_t j0, int64_t j1) {
+    const __m512 vm = _mm512_set1_ps(m);
+    for (int64_t j = j0; j <= j1; j += 16) {
+        const int64_t left = j1 - j + 1;
+        const __mmask16 k = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        _mm512_mask_storeu_ps(y + j, k,
+                              sl_exp_acc_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + j), vm)));
+    }
+}
+__attribute__((target("avx2,fma"))) static void exp_row_avx2(const float *x, float m, float *y, int64_t j0,
+                                                             int64_t j1) {
+    const __m256 vm = _mm256_set1_ps(m);
+    int64_t j = j0;
+    for (; j + 7 <= j1; j += 8)
+        _mm256_storeu_ps(y + j, sl_exp_acc_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + j), vm)));
+    for (; j <= j1; j++) y[j] = sl_exp_acc(x[j] - m);
+}
+#endif
+static exp_row_fn exp_row(int isa) {
+#if SL_HAVE_X86
+    if (isa >= SL_KISA_AVX512) return exp_row_avx512;
+    if (isa >= SL_KISA_AVX2) return exp_row_avx2;
+#endif
+    (void)isa;
+    return exp_row_base;
+}
+
 /* Query rows (b, h, t0 .. t0 + 3) of sl_k_attention_half (fewer at the end of T), built per ISA (PER_ISA):
  * the scores of four rows at once (dots4) and their outputs (rows_sum4) where hs is a multiple of 16, row by
  * row otherwise; the max over a row is taken after the scores are rounded (the same comparisons in the same
  * order). */
 typedef struct half_fwd_ctx {
     drop_mask_fn mask;
+    exp_row_fn ex;
     const float *pq, *pv, *kt;
     float *out, *lse;
     const sl_tensor *n, *q, *v;
@@ -554,8 +600,8 @@ enum { HF_ROWS = 4 }; /* query rows per block of the forward */
                 p[j] = hm ? hround(hround(p[j], hm) * scale, hm) : p[j] * scale;                             \
         for (int64_t j = j0; j <= t; j++)                                                                    \
             if (p[j] > mx) mx = p[j];                                                                        \
-        float sum = 0; /* expf alone, then the sum without a call in its loop (sum stays in a register) */   \
-        for (int64_t j = j0; j <= t; j++) p[j] = expf(p[j] - mx);                                            \
+        float sum = 0; /* the exps (vector), then the sum (in a register) */                                 \
+        ex(p, mx, p, j0, t);                                                                                 \
         for (int64_t j = j0; j <= t; j++) sum += p[j];                                                       \
         float inv = 1.0f / sum;                                                                              \
         if (hm == 1 || hm == 4)                                                                              \
@@ -622,6 +668,7 @@ enum { HF_ROWS = 4 }; /* query rows per block of the forward */
     SL_NO_CONTRACT_ATTR ATTR static void NAME(const half_fwd_ctx *x, int64_t blk, float *rows) {             \
         SL_NO_CONTRACT                                                                                       \
         const drop_mask_fn mask = x->mask;                                                                   \
+        const exp_row_fn ex = x->ex;                                                                         \
         const float *pq = x->pq, *pv = x->pv, *kt = x->kt;                                                   \
         float *out = x->out, *lse = x->lse;                                                                  \
         const sl_tensor *n = x->n, *q = x->q, *v = x->v;                                                     \
@@ -656,7 +703,9 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half(sl_tensor *n) {
         free(kt);
         return sl_fail(SL_ERR_NOMEM, "attention: out of memory");
     }
+    int isa = sl_kern_isa();
     half_fwd_ctx x = {.mask = drop_mask(),
+                      .ex = exp_row(isa),
                       .pq = pq,
                       .pv = pv,
                       .kt = kt,
@@ -676,7 +725,6 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half(sl_tensor *n) {
                       .dseed = dseed,
                       .dhi = dhi,
                       .hm = hm};
-    int isa = sl_kern_isa();
 #pragma omp parallel num_threads(nt)
     {
         float *mine = rows + rstride * (size_t)omp_get_thread_num();
@@ -696,6 +744,7 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half(sl_tensor *n) {
  * rows 1.7 -> 1.4 ms (docs/BENCHMARKS.md). */
 typedef struct half_back_ctx {
     drop_mask_fn mask;
+    exp_row_fn ex;
     const float *pq, *pk, *pg, *lse, *kt, *vt;
     float *out;
     const sl_tensor *f, *q, *k;
@@ -729,7 +778,7 @@ enum { HB_ROWS = 16 }; /* query rows per block of the dk / dv sums (a multiple o
             }                                                                                                \
         if (dpr > 0)                                                                                         \
             for (int64_t j = j0; j <= (t); j++) dp[j] *= mk[j];                                              \
-        for (int64_t j = j0; j <= (t); j++) p[j] = expf(ss[j] - l);                                          \
+        ex(ss, l, p, j0, (t));                                                                               \
         if (hm == 1)                                                                                         \
             _Pragma("omp simd") for (int64_t j = j0; j <= (t); j++) p[j] = sl_round_bf16_f32(p[j]);          \
         else if (!p32(hm))                                                                                   \
@@ -881,6 +930,7 @@ enum { HB_ROWS = 16 }; /* query rows per block of the dk / dv sums (a multiple o
     SL_NO_CONTRACT_ATTR ATTR static void NAME(const half_back_ctx *x, int64_t bk, float *buf) {              \
         SL_NO_CONTRACT                                                                                       \
         const drop_mask_fn mask = x->mask;                                                                   \
+        const exp_row_fn ex = x->ex;                                                                         \
         const float *pq = x->pq, *pk = x->pk, *pg = x->pg, *lse = x->lse, *kt = x->kt, *vt = x->vt;          \
         float *out = x->out;                                                                                 \
         const sl_tensor *f = x->f, *q = x->q, *k = x->k;                                                     \
@@ -921,7 +971,9 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half_back(sl_tensor *n) {
         free(vt);
         return sl_fail(SL_ERR_NOMEM, "attention_back: out of memory");
     }
+    int isa = sl_kern_isa();
     half_back_ctx x = {.mask = drop_mask(),
+                       .ex = exp_row(isa),
                        .pq = pq,
                        .pk = k->data,
                        .k = k,
@@ -947,7 +999,6 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half_back(sl_tensor *n) {
                        .dseed = dseed,
                        .dhi = dhi,
                        .hm = hm};
-    int isa = sl_kern_isa();
 #pragma omp parallel num_threads(nt)
     {
         float *mine = buf + per * (size_t)omp_get_thread_num();
