@@ -241,6 +241,32 @@ typedef struct gemm_plan {
     int next;                           /* the next unclaimed unit (atomic) */
 } gemm_plan;
 
+/* c[i][j] = round_bf16(c[i][j] + bias[j]) for a finished micro-tile (block_times_b's late bias) */
+#if SL_HAVE_X86
+__attribute__((target("avx512f,avx512bw"))) static void
+round_rows_bias_avx512(float *c, int64_t ldc, const float *bias, int64_t rows, int64_t n) {
+    for (int64_t j = 0; j < n; j += 16) {
+        __mmask16 m = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1u);
+        const __m512 b = _mm512_maskz_loadu_ps(m, bias + j);
+        for (int64_t i = 0; i < rows; i++) {
+            float *ci = c + i * ldc + j;
+            _mm512_mask_storeu_ps(ci, m,
+                                  sl_round_bf16_avx512(_mm512_add_ps(_mm512_maskz_loadu_ps(m, ci), b)));
+        }
+    }
+}
+#endif
+static void round_rows_bias(float *c, int64_t ldc, const float *bias, int64_t rows, int64_t n) {
+#if SL_HAVE_X86
+    if (sl_kern_isa() >= SL_KISA_AVX512 && sl_cpu_features_get()->avx512bw) {
+        round_rows_bias_avx512(c, ldc, bias, rows, n);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < n; j++) c[i * ldc + j] = sl_round_bf16_f32(c[i * ldc + j] + bias[j]);
+}
+
 /* Multiply the packed A block (npa micro-panels) by op(B) columns [n0, n1), K block (k0, kc). */
 static void block_times_b(const gemm_plan *p, const char *apack, const float *ua, int64_t ic, int64_t mcur,
                           int64_t k0, int64_t kc, int64_t n0, int64_t n1, char *bpack, float *tile) {
@@ -250,10 +276,13 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
     const int64_t ksteps = ceil_div(kc, im->kgran);
     const size_t apanel = (size_t)ksteps * im->kgran * mr * im->esz;
     const size_t bpanel = (size_t)ksteps * im->kgran * nr * im->esz;
-    const float beta = k0 == 0 && !g->bias ? g->beta : 1.0f;
     const int64_t npa = ceil_div(mcur, mr);
     /* Note [Rounded Linear outputs]: after the last K block each finished micro-tile is rounded in place */
     const int round_out = g->c_round == SL_GEMM_ROUND_OUT && k0 + kc >= g->K;
+    /* ... and with one K block the bias joins there too (c = round(sum + bias): the sum the kernel would
+     * have added to the bias copied into C, the same add), instead of being copied into C first */
+    const int bias_late = g->bias && round_out && k0 == 0 && !ua;
+    const float beta = bias_late ? 0.0f : k0 == 0 && !g->bias ? g->beta : 1.0f;
     if (n1 <= n0) return;
     /* split [n0,n1) into equal chunks of at most nc columns (multiples of nr) */
     int64_t len = n1 - n0, nchunks = ceil_div(len, im->nc);
@@ -262,7 +291,8 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
         int64_t ncur = imin64(chunk, n1 - jc);
         int64_t npb = ceil_div(ncur, nr);
         im->pack_b(g, jc, ncur, k0, kc, nr, bpack);
-        if (k0 == 0 && g->bias) /* Note [GEMM structure]: the bias goes in first, the kernels add to it */
+        if (k0 == 0 && g->bias &&
+            !bias_late) /* Note [GEMM structure]: the bias first, the kernels add to it */
             for (int64_t i = 0; i < mcur; i++)
                 memcpy(g->C + (ic + i) * g->ldc + jc, g->bias + jc, (size_t)ncur * sizeof(float));
         for (int64_t pa = 0; pa < npa; pa++) {
@@ -289,7 +319,10 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
                     continue;
                 }
                 im->kernel(ksteps, a, bpack + q * bpanel, crow + q * nr, g->ldc, g->alpha, beta, mi, nj);
-                if (round_out) sl_round_bf16_rows(crow + q * nr, g->ldc, crow + q * nr, g->ldc, mi, nj, 0);
+                if (bias_late)
+                    round_rows_bias(crow + q * nr, g->ldc, g->bias + jc + q * nr, mi, nj);
+                else if (round_out)
+                    sl_round_bf16_rows(crow + q * nr, g->ldc, crow + q * nr, g->ldc, mi, nj, 0);
             }
         }
     }
