@@ -46,6 +46,20 @@ double tu_rel_maxdiff(const float *got, const float *ref, int64_t n) {
     return mr > 0 ? md / mr : md;
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+#define TU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TU_ASAN 1
+#endif
+#endif
+#ifdef TU_ASAN
+#include <sanitizer/lsan_interface.h>
+void tu_leak_check_now(void) { __lsan_do_leak_check(); }
+#else
+void tu_leak_check_now(void) {}
+#endif
+
 int tu_finish(const char *name) {
     printf("%s: %d checks, %d failures\n", name, tu_checks, tu_failures);
     return tu_failures ? 1 : 0;

@@ -624,5 +624,6 @@ int main(int argc, char **argv) {
             (long long)g_be->stats.bytes_out);
     char tname[64];
     snprintf(tname, sizeof tname, "test_backend_%s", name);
+    tu_leak_check_now(); /* while PoCL's threads are idle, not exiting (testutil.h) */
     return tu_finish(tname);
 }
