@@ -187,6 +187,18 @@ const char *sl_op_name(sl_op op);
  * own); a DROPOUT node on a sequence shard holds positions [iparams[SL_DROPOUT_IP_T0], + Tl) of a sequence of
  * iparams[SL_DROPOUT_IP_SEQ] (0: not a shard), its tensor viewed as (B, Tl, rest). Masks are drawn at the
  * elements' indices in the full tensor, so every layout draws the single process's mask. */
+/* Note [Attention dropout bits]
+ * An ATTENTION node with dropout (fparams[0] > 0, set by sl_attention_dropout) has, after its lse in the aux
+ * area, room for its dropout mask as bits: a 32-byte header, then row (b, h, t) of the mask at uint16 index
+ * ((b NH + h) T + t) * 4 ceil(T / 64), bit j (j <= t) set where element (b, h, t, j) is kept. A kernel that
+ * draws the mask in forward may store it there and write the header last (the mask's seed, stream and p:
+ * the mask is a function of those); ATTENTION_BACK then reads the bits when the header names its own mask,
+ * instead of drawing it again (the CPU half kernels: the Philox draws of the backward were ~2 % of the baby
+ * bf16 step), and draws it otherwise. */
+static inline size_t sl_attn_dropout_bits_bytes(int64_t B, int64_t NH, int64_t T) {
+    return 32 + (size_t)(B * NH * T) * (size_t)((T + 63) / 64) * 8;
+}
+
 enum {
     SL_DROPOUT_IP_ON = 0,
     SL_DROPOUT_IP_T0 = 1,

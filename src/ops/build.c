@@ -315,7 +315,9 @@ sl_tensor *sl_attention_window(sl_ctx *ctx, sl_tensor *q, sl_tensor *k, sl_tenso
  * or partition, not on the data-parallel split (a DP rank draws the masks of the micro-batches it runs),
  * and the backward regenerates the forward's mask from the same counters instead of storing it:
  * DROPOUT's gradient is a DROPOUT node with the same parameters, and ATTENTION_BACK reads them from its
- * forward node. For attention the dropped elements are the probabilities P (B, NH, T, T), e = ((b NH + h) T
+ * forward node (or, on the CPU, the forward's mask kept as bits in the node's aux area: Note [Attention
+ * dropout bits] in suanli/tensor.h; the same mask, drawn once). For attention the dropped elements are the
+ * probabilities P (B, NH, T, T), e = ((b NH + h) T
  * + i) T + j; the softmax denominator is the undropped one, as in torch's softmax followed by dropout.
  * A graph is built with dropout off (SL_DROPOUT_IP_ON = 0: the identity), so evaluation and generation
  * run without it; the trainer turns it on for each training micro-batch (sl_graph_set_dropout). Tensor and
@@ -341,6 +343,10 @@ sl_tensor *sl_dropout(sl_ctx *ctx, sl_tensor *x, float p, int site) {
 sl_tensor *sl_attention_dropout(sl_tensor *attn, float p, int site) {
     SL_ASSERT(attn->op == SL_OP_ATTENTION);
     set_dropout(attn, p, site);
+    int64_t B = attn->src[0]->ne[0], T = attn->src[0]->ne[1], NH = attn->src[0]->ne[2];
+    attn->aux_bytes =
+        sizeof(float) * (size_t)(B * NH * T); /* lse, then the mask (Note [Attention dropout bits]) */
+    if (p > 0.0f) attn->aux_bytes += sl_attn_dropout_bits_bytes(B, NH, T);
     return attn;
 }
 

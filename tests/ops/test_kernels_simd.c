@@ -42,10 +42,12 @@ static sl_tensor *leaf(sl_ctx *ctx, int ndim, const int64_t *ne, float scale) {
 /* Run ref once and fast three times (2 threads, 1 thread, 2 threads again); compare. `init` (if not
  * NULL) is copied into the output before each run (in-place kernels). Leaves n->data = the ref result
  * so that backward nodes built on n read the same forward data for both variants. Returns the ref buffer. */
+/* bytes compared as floats (0: all); the rest bit for bit (an attention node's dropout bits) */
+static size_t g_float_bytes;
 static float *check_pair(const char *what, sl_tensor *n, kfn fast, kfn ref, float atol, float rtol,
                          const void *init, sl_tensor *alias) {
-    size_t bytes = sl_nbytes(n) + n->aux_bytes;
-    int64_t cnt = (int64_t)(bytes / sizeof(float));
+    size_t bytes = sl_nbytes(n) + n->aux_bytes, fbytes = g_float_bytes ? g_float_bytes : bytes;
+    int64_t cnt = (int64_t)(fbytes / sizeof(float));
     float *r = calloc(1, bytes + 64), *f1 = calloc(1, bytes + 64), *f2 = calloc(1, bytes + 64);
     float *bufs[4] = {r, f1, f2, f2};
     int threads[4] = {2, 2, 1, 2};
@@ -71,6 +73,8 @@ static float *check_pair(const char *what, sl_tensor *n, kfn fast, kfn ref, floa
     sl_threads_set(2);
     snprintf(buf, sizeof buf, "[%s] %s", g_isa, what);
     tu_allclose(buf, f1, r, cnt, atol, rtol);
+    TU_CHECK(memcmp((char *)f1 + fbytes, (char *)r + fbytes, bytes - fbytes) == 0,
+             "%s: the bytes after %zu differ", buf, fbytes);
     n->data = r;
     if (alias) alias->data = r;
     free(f1);
@@ -290,8 +294,25 @@ static void test_attention_cases(int half) {
                  (long long)B, (long long)T, (long long)NH, (long long)NKV, (long long)hs, win,
                  (long long)cases[ci][6], half);
         float tol = half ? 0.0f : 1.0f; /* the half kernels: bit for bit */
+        /* out and lse as floats; the dropout bits and their header (Note [Attention dropout bits]) bit for
+         * bit where the kernel stores them (the half kernels and the reference; the fp32 flash kernel
+         * stores none and clears the header: compared as far as the lse) */
+        const size_t lse_end = sl_nbytes(at) + sizeof(float) * (size_t)(B * NH * T);
+        const int has_bits = at->aux_bytes > sizeof(float) * (size_t)(B * NH * T);
+        TU_CHECK(has_bits == (cases[ci][6] > 0), "%s: room for the dropout bits iff dropout", what);
+        g_float_bytes = lse_end;
+        if (!half && has_bits) at->aux_bytes = sizeof(float) * (size_t)(B * NH * T);
         float *o1 = check_pair(what, at, half ? sl_k_attention_half : sl_k_attention, sl_k_attention_ref,
                                2e-5f * tol, 2e-4f * tol, NULL, NULL);
+        g_float_bytes = 0;
+        if (!half && has_bits) { /* the reference's bits, for the backward below */
+            at->aux_bytes = sizeof(float) * (size_t)(B * NH * T) + sl_attn_dropout_bits_bytes(B, NH, T);
+            float *o1b = calloc(1, sl_nbytes(at) + at->aux_bytes);
+            at->data = o1b;
+            TU_CHECK(sl_k_attention_ref(at) == SL_OK, "%s", sl_errmsg());
+            free(o1);
+            o1 = o1b;
+        }
         sl_tensor *g = leaf(ctx, 3, at->ne, 1.0f);
         sl_tensor *ab = sl_new_op(ctx, SL_OP_ATTENTION_BACK, SL_F32, 4, (int64_t[]){B, T, W, hs});
         ab->src[0] = at;
@@ -304,6 +325,29 @@ static void test_attention_cases(int half) {
                  (long long)B, (long long)T, (long long)NH, (long long)NKV, (long long)hs, win, half);
         float *o2 = check_pair(what, ab, half ? sl_k_attention_half_back : sl_k_attention_back,
                                sl_k_attention_back_ref, 2e-5f * tol, 2e-4f * tol, NULL, NULL);
+        if (half && has_bits) {
+            /* the backward above read the forward's stored bits (its header names this mask); with the
+             * header cleared, or naming another stream, it draws the mask itself: the same result */
+            unsigned char *hdr = (unsigned char *)o1 + lse_end;
+            static const unsigned char zero[32];
+            TU_CHECK(memcmp(hdr, zero, 32) != 0, "%s: the forward wrote the bits' header", what);
+            unsigned char saved[32];
+            memcpy(saved, hdr, 32);
+            for (int v2 = 0; v2 < 2; v2++) {
+                if (v2 == 0)
+                    memset(hdr, 0, 32);
+                else
+                    memcpy(hdr, saved, 32), at->iparams[SL_DROPOUT_IP_STREAM_LO] += 1000;
+                snprintf(what, sizeof what, "attention_back drawn mask (%s) B%lld T%lld hs%lld drop%lld%%",
+                         v2 ? "another stream" : "no header", (long long)B, (long long)T, (long long)hs,
+                         (long long)cases[ci][6]);
+                float *o3 = check_pair(what, ab, sl_k_attention_half_back, sl_k_attention_back_ref, 0.0f,
+                                       0.0f, NULL, NULL);
+                free(o3);
+            }
+            at->iparams[SL_DROPOUT_IP_STREAM_LO] -= 1000;
+            memcpy(hdr, saved, 32);
+        }
         free(o1);
         free(o2);
         free(g->data);

@@ -41,6 +41,88 @@ static int64_t drop_plane(const sl_tensor *f, int64_t b, int64_t h, int64_t NH) 
     return b * heads + f->iparams[SL_DROPOUT_IP_HEAD0] + h;
 }
 
+/* Note [Attention dropout bits] (suanli/tensor.h): a forward node's mask area */
+typedef struct drop_bits {
+    unsigned char *hdr; /* NULL: no room for the bits (no dropout, or a node built without it) */
+    uint16_t *bits;     /* row (b, h, t) at ((b NH + h) T + t) rw */
+    int64_t rw;
+} drop_bits;
+static drop_bits drop_bits_of(const sl_tensor *f) {
+    drop_bits d = {NULL, NULL, 0};
+    int64_t B = f->src[0]->ne[0], T = f->src[0]->ne[1], NH = f->src[0]->ne[2];
+    size_t lse = sizeof(float) * (size_t)(B * NH * T);
+    if (!(f->fparams[0] > 0.0f) || f->aux_bytes < lse + sl_attn_dropout_bits_bytes(B, NH, T)) return d;
+    d.hdr = (unsigned char *)f->data + sl_nbytes(f) + lse;
+    d.bits = (uint16_t *)(void *)(d.hdr + 32);
+    d.rw = 4 * ((T + 63) / 64);
+    return d;
+}
+/* the header naming a mask: seed, stream and site (hi), p and T */
+static void drop_bits_header(uint64_t seed, uint64_t hi, float p, int64_t T, uint64_t h[4]) {
+    uint32_t pb;
+    memcpy(&pb, &p, 4);
+    h[0] = seed ^ 0x9E3779B97F4A7C15ull;
+    h[1] = hi;
+    h[2] = (uint64_t)pb | (uint64_t)T << 32;
+    h[3] = 0x6B73616D74706F72ull; /* nonzero: a zeroed header names no mask */
+}
+static void drop_bits_set(const drop_bits *d, uint64_t seed, uint64_t hi, float p, int64_t T, int valid) {
+    uint64_t h[4] = {0, 0, 0, 0};
+    if (valid) drop_bits_header(seed, hi, p, T, h);
+    if (d->hdr) memcpy(d->hdr, h, sizeof h);
+}
+static int drop_bits_valid(const drop_bits *d, uint64_t seed, uint64_t hi, float p, int64_t T) {
+    uint64_t h[4], w[4];
+    if (!d->hdr) return 0;
+    drop_bits_header(seed, hi, p, T, w);
+    memcpy(h, d->hdr, sizeof h);
+    return memcmp(h, w, sizeof h) == 0;
+}
+/* the multipliers mk[0 .. n) (keep or 0) as bits, and back; keep is the drawing's 1 / (1 - p) */
+static void bits_pack_base(const float *mk, int64_t n, uint16_t *bits) {
+    for (int64_t j = 0; j < n; j += 16) {
+        unsigned w = 0;
+        for (int64_t k = 0; k < 16 && j + k < n; k++) w |= (unsigned)(mk[j + k] != 0.0f) << k;
+        bits[j / 16] = (uint16_t)w;
+    }
+}
+static void bits_unpack_base(const uint16_t *bits, int64_t n, float keep, float *mk) {
+    for (int64_t j = 0; j < n; j++) mk[j] = (bits[j >> 4] >> (j & 15)) & 1u ? keep : 0.0f;
+}
+#if SL_HAVE_X86
+__attribute__((target("avx512f"))) static void bits_pack_avx512(const float *mk, int64_t n, uint16_t *bits) {
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 k = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1u);
+        bits[j / 16] = (uint16_t)_mm512_mask_cmp_ps_mask(k, _mm512_maskz_loadu_ps(k, mk + j),
+                                                         _mm512_setzero_ps(), _CMP_NEQ_OQ);
+    }
+}
+__attribute__((target("avx512f"))) static void bits_unpack_avx512(const uint16_t *bits, int64_t n, float keep,
+                                                                  float *mk) {
+    const __m512 vk = _mm512_set1_ps(keep);
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 k = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1u);
+        _mm512_mask_storeu_ps(mk + j, k, _mm512_maskz_mov_ps((__mmask16)bits[j / 16], vk));
+    }
+}
+#endif
+typedef void (*bits_pack_fn)(const float *mk, int64_t n, uint16_t *bits);
+typedef void (*bits_unpack_fn)(const uint16_t *bits, int64_t n, float keep, float *mk);
+static bits_pack_fn bits_pack(int isa) {
+#if SL_HAVE_X86
+    if (isa >= SL_KISA_AVX512) return bits_pack_avx512;
+#endif
+    (void)isa;
+    return bits_pack_base;
+}
+static bits_unpack_fn bits_unpack(int isa) {
+#if SL_HAVE_X86
+    if (isa >= SL_KISA_AVX512) return bits_unpack_avx512;
+#endif
+    (void)isa;
+    return bits_unpack_base;
+}
+
 sl_status sl_k_attention_ref(sl_tensor *n) {
     sl_tensor *q = n->src[0], *k = n->src[1], *v = n->src[2];
     int hm = n->iparams[2]; /* Note [Eager half attention numerics] */
@@ -56,6 +138,8 @@ sl_status sl_k_attention_ref(sl_tensor *n) {
     float *P = malloc(sizeof(float) * (size_t)(B * NH * T > 0 ? B * NH * T : 1) * (size_t)(T ? T : 1) * 2);
     if (!P) return sl_fail(SL_ERR_NOMEM, "attention_ref: out of memory");
     float *Mk = P + (size_t)(B * NH * T) * (size_t)T;
+    const drop_bits db = drop_bits_of(n); /* Note [Attention dropout bits]: stored for the backward */
+    drop_bits_set(&db, dseed, dhi, dp, T, 0);
 #pragma omp parallel for schedule(dynamic, 4)
     for (int64_t idx = 0; idx < B * NH * T; idx++) {
         int64_t t = idx % T, h = (idx / T) % NH, b = idx / (T * NH), kh = h / grp;
@@ -80,8 +164,10 @@ sl_status sl_k_attention_ref(sl_tensor *n) {
         for (int64_t j = j0; j <= t; j++) p[j] = hround(p[j] * inv, hm);
         lse[(b * NH + h) * T + t] = mx + logf(sum);
         float *mk = Mk + idx * T; /* element (b, h, t, j) of P is number idx * T + j */
-        if (dp > 0)
+        if (dp > 0) {
             sl_rng_dropout(dseed, dhi, (uint64_t)((drop_plane(n, b, h, NH) * T + t) * T), t + 1, dp, mk);
+            if (db.hdr) bits_pack_base(mk, t + 1, db.bits + ((b * NH + h) * T + t) * db.rw);
+        }
         float *o = out + (b * T + t) * NH * hs + h * hs;
         for (int64_t d = 0; d < hs; d++) o[d] = 0;
         for (int64_t j = j0; j <= t; j++) {
@@ -93,6 +179,7 @@ sl_status sl_k_attention_ref(sl_tensor *n) {
             for (int64_t d = 0; d < hs; d++) o[d] = hround(o[d], hm);
     }
     free(P);
+    if (dp > 0) drop_bits_set(&db, dseed, dhi, dp, T, 1);
     return SL_OK;
 }
 
@@ -578,6 +665,9 @@ static exp_row_fn exp_row(int isa) {
 typedef struct half_fwd_ctx {
     drop_mask_fn mask;
     exp_row_fn ex;
+    bits_pack_fn pack; /* Note [Attention dropout bits]: the mask stored (NULL: not) */
+    uint16_t *mbits;
+    int64_t mrw;
     const float *pq, *pv, *kt;
     float *out, *lse;
     const sl_tensor *n, *q, *v;
@@ -611,6 +701,7 @@ enum { HF_ROWS = 4 }; /* query rows per block of the forward */
         lse[(b * NH + h) * T + t] = mx + logf(sum);                                                          \
         if (dp > 0) {                                                                                        \
             mask(dseed, dhi, (uint64_t)((drop_plane(n, b, h, NH) * T + t) * T), t + 1, dp, mk);              \
+            if (x->mbits) x->pack(mk, t + 1, x->mbits + ((b * NH + h) * T + t) * x->mrw);                    \
             for (int64_t j = j0; j <= t; j++) mk[j] *= p[j]; /* the weights: the mask applied first */       \
         }                                                                                                    \
     }
@@ -704,8 +795,13 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half(sl_tensor *n) {
         return sl_fail(SL_ERR_NOMEM, "attention: out of memory");
     }
     int isa = sl_kern_isa();
+    const drop_bits db = drop_bits_of(n);
+    drop_bits_set(&db, dseed, dhi, dp, T, 0);
     half_fwd_ctx x = {.mask = drop_mask(),
                       .ex = exp_row(isa),
+                      .pack = bits_pack(isa),
+                      .mbits = dp > 0 ? db.bits : NULL,
+                      .mrw = db.rw,
                       .pq = pq,
                       .pv = pv,
                       .kt = kt,
@@ -734,6 +830,7 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half(sl_tensor *n) {
     }
     free(rows);
     free(kt);
+    if (dp > 0) drop_bits_set(&db, dseed, dhi, dp, T, 1);
     return SL_OK;
 }
 
@@ -745,6 +842,10 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half(sl_tensor *n) {
 typedef struct half_back_ctx {
     drop_mask_fn mask;
     exp_row_fn ex;
+    bits_unpack_fn unpack; /* Note [Attention dropout bits]: the forward's mask read back (NULL: drawn) */
+    const uint16_t *mbits;
+    int64_t mrw;
+    float keep;
     const float *pq, *pk, *pg, *lse, *kt, *vt;
     float *out;
     const sl_tensor *f, *q, *k;
@@ -763,7 +864,9 @@ enum { HB_ROWS = 16 }; /* query rows per block of the dk / dv sums (a multiple o
               *sd = SD4 + (r)*Tp;                                                                            \
         float *dsr = DS + ((t)-t0) * T, *pjr = PJ + ((t)-t0) * T;                                            \
         float l = lse[(b * NH + h) * T + (t)], dot = 0;                                                      \
-        if (dpr > 0)                                                                                         \
+        if (dpr > 0 && x->mbits)                                                                             \
+            x->unpack(x->mbits + ((b * NH + h) * T + (t)) * x->mrw, (t) + 1, x->keep, mk);                   \
+        else if (dpr > 0)                                                                                    \
             mask(dseed, dhi, (uint64_t)((drop_plane(f, b, h, NH) * T + (t)) * T), (t) + 1, dpr, mk);         \
         /* the reference's per-j statements split into loops: the roundings in vector lanes (bf16), expf     \
          * alone, and the sum of P dP without a call in its loop (dot stays in a register) */                \
@@ -972,8 +1075,13 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half_back(sl_tensor *n) {
         return sl_fail(SL_ERR_NOMEM, "attention_back: out of memory");
     }
     int isa = sl_kern_isa();
+    const drop_bits db = drop_bits_of(f);
     half_back_ctx x = {.mask = drop_mask(),
                        .ex = exp_row(isa),
+                       .unpack = bits_unpack(isa),
+                       .mbits = dpr > 0 && drop_bits_valid(&db, dseed, dhi, dpr, T) ? db.bits : NULL,
+                       .mrw = db.rw,
+                       .keep = (float)(1.0 / (1.0 - (double)dpr)), /* the drawing's multiplier (rng.c) */
                        .pq = pq,
                        .pk = k->data,
                        .k = k,
@@ -1040,6 +1148,8 @@ sl_status sl_k_attention(sl_tensor *n) {
     attn_dropout_args(&a, n);
     a.out = n->data;
     a.lse = (float *)((char *)n->data + sl_nbytes(n));
+    const drop_bits db = drop_bits_of(n); /* this kernel stores no mask: the header names none */
+    drop_bits_set(&db, 0, 0, 0.0f, 0, 0);
     v->attn_fwd(&a);
     return SL_OK;
 }
