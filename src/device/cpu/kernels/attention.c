@@ -271,19 +271,19 @@ sl_status sl_k_attention_back_ref(sl_tensor *n) {
 /* Note [Eager half attention, vectorized]
  * sl_k_attention_half[_back] compute exactly what the reference kernels above compute, element for element:
  * the same fp32 operations in the same order, the same rounding points, the same exp (sl_exp_acc, Note
- * [Rounded exp]) and libm logf. Only the
- * loops are turned so that they vectorize: a score s(t, j) = sum_d q[t][d] k[j][d] is accumulated for a
- * run of keys j at once from a transposed copy of k (kt[d][j], rounded to the half type once where the
- * mode reads rounded keys), so each lane keeps the reference's order over d; the accumulations over d
- * (the output, dq, dk, dv) were already lane-wise. Floating-point contraction is off for these functions
- * (an FMA would round differently from the reference's multiply-then-add). tests/ops/test_kernels_simd.c
- * checks them bit for bit against the reference kernels. They took the eager-half attention of GPT-2 124M
- * bf16 (B4 T64) from 19 % of the step to 11 % (forward 2.2x, backward 1.7x faster; docs/BENCHMARKS.md); it
- * was 14 % -> 11.5 % on 2026-12-05, once the rounding points also ran in vector lanes (half_fwd_row,
- * half_back_plane). Those loops still kept their sums in memory (a store-to-load round trip per step of
- * each sum); the sums now live in vector registers (VSUM: dots over keys, P V, dq, and dk / dv summed over
- * blocks of HB_ROWS query rows, each element still in the reference's order over t), expf runs in a loop of
- * its own, and a row's scratch is per thread: 10.6 % -> 3.5 % of the Zen 4 bf16 step (bench kernels
+ * [Rounded exp]) and libm logf. Only the loops are turned so that they vectorize: a score s(t, j) = sum_d
+ * q[t][d] k[j][d] is accumulated for a run of keys j at once from a transposed copy of k (kt[d][j], rounded
+ * to the half type once where the mode reads rounded keys), so each lane keeps the reference's order over d;
+ * the accumulations over d (the output, dq, dk, dv) were already lane-wise. Floating-point contraction is off
+ * for these functions (an FMA would round differently from the reference's multiply-then-add).
+ * tests/ops/test_kernels_simd.c checks them bit for bit against the reference kernels. They took the
+ * eager-half attention of GPT-2 124M bf16 (B4 T64) from 19 % of the step to 11 % (forward 2.2x, backward 1.7x
+ * faster; docs/BENCHMARKS.md); it was 14 % -> 11.5 % on 2026-12-05, once the rounding points also ran in
+ * vector lanes (half_fwd_row, half_back_plane). Those loops still kept their sums in memory (a store-to-load
+ * round trip per step of each sum); the sums now live in vector registers (VSUM: dots over keys, P V, dq, and
+ * dk / dv summed over blocks of HB_ROWS query rows, each element still in the reference's order over t), expf
+ * runs in a loop of its own, and a row's scratch is per thread: 10.6 % -> 3.5 % of the Zen 4 bf16 step (bench
+ * kernels
  * --only attention: forward 1.13 -> 0.65 ms, backward 2.41 -> 1.56 ms per layer call). One row's sum over
  * d is a chain of dependent adds, so the rows now go four at a time (dots4, rows_sum4: eight independent
  * chains that share their loads; the dk / dv sums take four keys at once), the dropout multipliers come
@@ -868,8 +868,8 @@ enum { HB_ROWS = 16 }; /* query rows per block of the dk / dv sums (a multiple o
             x->unpack(x->mbits + ((b * NH + h) * T + (t)) * x->mrw, (t) + 1, x->keep, mk);                   \
         else if (dpr > 0)                                                                                    \
             mask(dseed, dhi, (uint64_t)((drop_plane(f, b, h, NH) * T + (t)) * T), (t) + 1, dpr, mk);         \
-        /* the reference's per-j statements split into loops: the roundings in vector lanes (bf16), expf     \
-         * alone, and the sum of P dP without a call in its loop (dot stays in a register) */                \
+        /* the reference's per-j statements split into loops: the roundings in vector lanes (bf16), the exps \
+         * (vector), and the sum of P dP (dot stays in a register) */                                        \
         if (hm == 1 || hm == 4) _Pragma("omp simd") for (int64_t j = j0; j <= (t); j++) {                    \
                 ss[j] = sl_round_bf16_f32(sl_round_bf16_f32(ss[j]) * scale);                                 \
                 dp[j] = sl_round_bf16_f32(sd[j]);                                                            \
