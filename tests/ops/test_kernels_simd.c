@@ -440,19 +440,22 @@ static void test_math(int isa) {
     for (int j = 0; j < 16; j++)
         TU_CHECK(uy[j] == 0.0f, "[%s] exp(%g) = %g, not 0", sl_kern_isa_name(isa), under[j], uy[j]);
     /* the vector exps give their scalar twins' bits for every input: sl_exp_poly's (fast) and sl_exp_acc's
-     * (Note [Rounded exp]; the eager half attention's softmax relies on it). Checked over all 2^32 floats
-     * once (2026-12-06); here every 4099th bit pattern (a prime stride: every exponent, mantissas spread)
-     * and the special values. sl_exp_acc is also the correctly rounded e^x there, but where e^x is within
-     * ~2^-45 of a rounding midpoint: (float)exp((double)x) differed at 2 of the 2^32 floats */
+     * (Note [Rounded exp]; the eager half attention's softmax relies on it): every 4099th bit pattern (a
+     * prime stride: every exponent, mantissas spread) and the special values, or all 2^32 floats with
+     * SUANLI_TEST_EXHAUSTIVE=1 (~4 minutes per ISA; run 2026-12-06: no difference). sl_exp_acc is also the
+     * correctly rounded e^x, but where e^x is within ~2^-45 of a rounding midpoint: (float)exp((double)x),
+     * itself rounded twice, differed from it at 2 of the 2^32 floats, so the exhaustive run allows 4 */
+    const int exhaustive = getenv("SUANLI_TEST_EXHAUSTIVE") && isa != SL_KISA_SCALAR;
+    const uint64_t stride = exhaustive ? 1 : 4099;
     long twin_bad[2] = {0, 0}, acc_off = 0;
     uint32_t first_bad[2] = {0, 0};
     static const float special[16] = {0.0f,        -0.0f,     INFINITY, -INFINITY, NAN,          -NAN,
                                       88.7228317f, 88.72284f, 89.0f,    1e30f,     -87.3365479f, -87.33656f,
                                       1e-45f,      -1e-45f,   -103.97f, -104.5f};
-    for (uint64_t u = 0; u <= 0xffffffffull + 16 * 4099ull; u += 16 * 4099ull) {
+    for (uint64_t u = 0; u <= 0xffffffffull + 16 * stride; u += 16 * stride) {
         float in[16], out[2][16];
         for (int j = 0; j < 16; j++) {
-            uint32_t b = (uint32_t)(u + (uint64_t)j * 4099u);
+            uint32_t b = (uint32_t)(u + (uint64_t)j * stride);
             memcpy(in + j, &b, 4);
         }
         if (u == 0) memcpy(in, special, sizeof in);
@@ -474,8 +477,11 @@ static void test_math(int isa) {
              sl_kern_isa_name(isa), twin_bad[0], first_bad[0]);
     TU_CHECK(twin_bad[1] == 0, "[%s] vector exp_acc differs from sl_exp_acc at %ld inputs (first 0x%08x)",
              sl_kern_isa_name(isa), twin_bad[1], first_bad[1]);
-    TU_CHECK(acc_off == 0, "[%s] exp_acc is not (float)exp(double) at %ld sampled inputs",
+    TU_CHECK(acc_off <= (exhaustive ? 4 : 0), "[%s] exp_acc is not (float)exp(double) at %ld inputs",
              sl_kern_isa_name(isa), acc_off);
+    if (exhaustive)
+        printf("[%s] all 2^32 floats: twins differ at %ld / %ld, (float)exp(double) at %ld\n",
+               sl_kern_isa_name(isa), twin_bad[0], twin_bad[1], acc_off);
     printf("[%s] exp max %.2f ulp (x=%g), tanh max %.2f ulp (x=%g)\n", sl_kern_isa_name(isa), we, x[ie], wt,
            xt[it]);
     TU_CHECK(we <= 2.0, "[%s] exp error %.2f ulp at x=%g", sl_kern_isa_name(isa), we, x[ie]);
