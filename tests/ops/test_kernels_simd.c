@@ -442,7 +442,7 @@ static void test_math(int isa) {
     /* the vector exps give their scalar twins' bits for every input: sl_exp_poly's (fast) and sl_exp_acc's
      * (Note [Rounded exp]; the eager half attention's softmax relies on it): every 4099th bit pattern (a
      * prime stride: every exponent, mantissas spread) and the special values, or all 2^32 floats with
-     * SUANLI_TEST_EXHAUSTIVE=1 (~4 minutes per ISA; run 2026-12-06: no difference). sl_exp_acc is also the
+     * SUANLI_TEST_EXHAUSTIVE=1 (~10 minutes per ISA; run 2026-12-06: no difference). sl_exp_acc is also the
      * correctly rounded e^x, but where e^x is within ~2^-45 of a rounding midpoint: (float)exp((double)x),
      * itself rounded twice, differed from it at 2 of the 2^32 floats, so the exhaustive run allows 4 */
     const int exhaustive = getenv("SUANLI_TEST_EXHAUSTIVE") && isa != SL_KISA_SCALAR;
