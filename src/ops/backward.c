@@ -77,11 +77,14 @@ static void matmul_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *
     sl_tensor *G;
     int folded = (b->ndim == 2 && a->ndim > 2);
     /* Note [Rounded Linear outputs] (gemm.c): a product rounded to bf16 stands for autocast's bf16 output,
-     * whose gradient is bf16: g rounded once, widened again only for the bias (the two casts the round
-     * trip's own backward made, without the third the GEMMs then made of the same values) */
+     * whose gradient is bf16: g rounded once (the two casts the round trip's own backward made, without the
+     * third the GEMMs then made of the same values); the bias sums that bf16 gradient, widening each value
+     * as it adds (sl_sum_to of a bf16 tensor: the widened copy it once read cost a pass, 1-2 % of the small
+     * model's bf16 step) */
     if (half_b && n->iparams[SL_MATMUL_IP_ROUND] == SL_BF16 && !n->iparams[2] && g->dtype == SL_F32) {
         sl_tensor *gb = sl_cast(ctx, g, SL_BF16); /* a is bf16 (half_b): what the GEMMs take */
-        if (n->src[2] && ng[2]) g = sl_cast(ctx, gb, SL_F32);
+        if (n->src[2] && ng[2])
+            g = sl_is_contiguous(gb) && n->src[2]->ndim == 1 ? gb : sl_cast(ctx, gb, SL_F32);
         G = folded ? as_2d_rows(ctx, gb) : gb;
     } else {
         G = folded ? as_2d_rows(ctx, g) : g;

@@ -132,9 +132,13 @@ sl_tensor *sl_scale(sl_ctx *ctx, sl_tensor *a, float s) {
     return t;
 }
 
+/* a bf16 `a` sums into f32 (each value widened exactly: a bf16 Linear gradient's bias sum, Note [Rounded
+ * Linear outputs]); the CPU backend takes it as a contiguous (rows, C) -> (C) sum, the accelerators refuse it
+ */
 sl_tensor *sl_sum_to(sl_ctx *ctx, sl_tensor *a, const sl_tensor *like) {
     SL_ASSERT(sl_can_broadcast(like, a));
-    sl_tensor *t = sl_new_op(ctx, SL_OP_SUM_TO, a->dtype, like->ndim, like->ne);
+    sl_tensor *t =
+        sl_new_op(ctx, SL_OP_SUM_TO, a->dtype == SL_BF16 ? SL_F32 : a->dtype, like->ndim, like->ne);
     t->src[0] = a;
     return t;
 }

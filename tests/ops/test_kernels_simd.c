@@ -489,6 +489,56 @@ static void test_math(int isa) {
 }
 
 /* MATMUL with bf16 operands: against the f32 kernel on bf16-rounded copies of the inputs */
+/* sum_to of a bf16 source (a Linear's bias gradient under autocast): f32 output, bit for bit the sum of the
+ * widened copy, fast and reference kernels, 1 and 2 threads; a strided bf16 source is refused by status */
+static void test_sum_to_bf16(void) {
+    static const int64_t shapes[][2] = {{1, 1}, {3, 17}, {65, 63}, {768, 128}, {300, 384}, {129, 1000}};
+    for (int si = 0; si < (int)(sizeof shapes / sizeof shapes[0]); si++) {
+        int64_t R = shapes[si][0], C = shapes[si][1], n = R * C;
+        sl_ctx *ctx = sl_ctx_new(16);
+        float *x = rnd(n, 3.0f), *w = malloc(sizeof(float) * (size_t)n);
+        uint16_t *h = malloc(sizeof(uint16_t) * (size_t)n);
+        for (int64_t i = 0; i < n; i++) w[i] = sl_bf16_to_f32(h[i] = sl_f32_to_bf16(x[i]));
+        sl_tensor *th = sl_new_tensor(ctx, SL_BF16, 2, (int64_t[]){R, C}),
+                  *tw = sl_new_tensor(ctx, SL_F32, 2, (int64_t[]){R, C}),
+                  *like = sl_new_tensor(ctx, SL_F32, 1, (int64_t[]){C});
+        sl_tensor_bind(th, h);
+        sl_tensor_bind(tw, w);
+        sl_tensor *sh = sl_sum_to(ctx, th, like), *sw = sl_sum_to(ctx, tw, like);
+        TU_CHECK(sh->dtype == SL_F32, "[%s] sum_to of bf16: f32 output", g_isa);
+        float *want = malloc(sizeof(float) * (size_t)C), *got = malloc(sizeof(float) * (size_t)C);
+        sw->data = want;
+        sh->data = got;
+        TU_CHECK(sl_k_sum_to(sw) == SL_OK, "[%s] sum_to f32: %s", g_isa, sl_errmsg());
+        for (int k = 0; k < 3; k++) {
+            sl_threads_set(k == 1 ? 1 : 2);
+            memset(got, 0xff, sizeof(float) * (size_t)C);
+            sl_status st = k == 2 ? sl_k_sum_to_ref(sh) : sl_k_sum_to(sh);
+            TU_CHECK(st == SL_OK && memcmp(got, want, sizeof(float) * (size_t)C) == 0,
+                     "[%s] sum_to of bf16 %lldx%lld (%s) is the widened sum bit for bit", g_isa, (long long)R,
+                     (long long)C,
+                     k == 2 ? "ref"
+                     : k    ? "1 thread"
+                            : "2 threads");
+        }
+        sl_threads_set(2);
+        if (C > 2) {
+            sl_tensor *hs = sl_slice(ctx, th, 1, 1, C - 2), *ls = sl_slice(ctx, like, 0, 0, C - 2);
+            hs->data = h + 1;
+            sl_tensor *ss = sl_sum_to(ctx, hs, ls);
+            ss->data = got;
+            TU_CHECK(sl_k_sum_to(ss) == SL_ERR_UNSUPPORTED && strstr(sl_errmsg(), "bf16"),
+                     "[%s] a strided bf16 sum_to is refused by status: %s", g_isa, sl_errmsg());
+        }
+        free(x);
+        free(w);
+        free(h);
+        free(want);
+        free(got);
+        sl_ctx_free(ctx);
+    }
+}
+
 /* CAST f32 <-> bf16 on contiguous tensors (the flat vectorized loop) against sl_f32_to_bf16 /
  * sl_bf16_to_f32, bit for bit: signed zeros, denormals, infinities, NaNs with payloads, rounding ties
  * (even and odd), values that round up to infinity, random values; lengths across the vector and
@@ -905,6 +955,7 @@ int main(void) {
         g_isa = sl_kern_isa_name(isa);
         test_math(isa);
         test_cast_bf16();
+        test_sum_to_bf16();
         test_sumsq();
         test_dropout_mask();
         test_attention_half();

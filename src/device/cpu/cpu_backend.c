@@ -204,6 +204,11 @@ static int cpu_supports(sl_backend *be, const sl_tensor *n) {
     case SL_OP_LINEAR_BF16:
     case SL_OP_MOE_EXPERT:
         return 1;
+    case SL_OP_SUM_TO: /* f32, or a contiguous bf16 (rows, C) summed into f32 C (a bias gradient) */
+        if (n->src[0]->dtype == SL_BF16)
+            return n->dtype == SL_F32 && n->ndim == 1 && sl_is_contiguous(n->src[0]) &&
+                   n->src[0]->ne[n->src[0]->ndim - 1] == n->ne[0];
+        return n->dtype == SL_F32 && n->src[0]->dtype == SL_F32;
     default:
         for (int i = 0; i < SL_MAX_SRC; i++) {
             const sl_tensor *s = n->src[i];

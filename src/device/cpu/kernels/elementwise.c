@@ -334,27 +334,34 @@ sl_status sl_k_dropout(sl_tensor *n) {
     return SL_OK;
 }
 
+/* a bf16 source (the bias gradient of a Linear under autocast) is summed in f32 into an f32 output, each
+ * value widened exactly: the sums of the widened tensor (sl_sum_to in build.c) */
 sl_status sl_k_sum_to_ref(sl_tensor *n) {
     sl_tensor *a = n->src[0];
     float *po = n->data;
     const float *pa = a->data;
     int64_t no = sl_nelements(n);
     int64_t C = n->ndim ? n->ne[n->ndim - 1] : 1;
+    const int bf = a->dtype == SL_BF16;
     /* fast path: contiguous (R, C) -> (C): parallel over columns, rows summed in order */
     if (sl_is_contiguous(a) && n->ndim == 1 && a->ne[a->ndim - 1] == C) {
         int64_t R = sl_nelements(a) / (C ? C : 1);
+        const uint16_t *ph = a->data;
 #pragma omp parallel for schedule(static)
         for (int64_t c0 = 0; c0 < C; c0 += 64) {
             int64_t c1 = c0 + 64 < C ? c0 + 64 : C;
             float acc[64] = {0};
-            for (int64_t r = 0; r < R; r++) {
-                const float *x = pa + r * C;
-                for (int64_t c = c0; c < c1; c++) acc[c - c0] += x[c];
-            }
+            for (int64_t r = 0; r < R; r++)
+                for (int64_t c = c0; c < c1; c++)
+                    acc[c - c0] += bf ? sl_bf16_to_f32(ph[r * C + c]) : pa[r * C + c];
             for (int64_t c = c0; c < c1; c++) po[c] = acc[c - c0];
         }
         return SL_OK;
     }
+    if (bf)
+        return sl_fail(SL_ERR_UNSUPPORTED,
+                       "sum_to '%s': a bf16 source must be a contiguous (rows, %lld) tensor", n->name,
+                       (long long)C);
     memset(po, 0, sizeof(float) * (size_t)no);
     sl_it5 ia = sl_it5_of(a), io = sl_it5_broadcast(n, a);
     /* io: output strides with 0 on reduced dims; io.nb assumes contiguous output */
@@ -495,7 +502,7 @@ sl_status sl_k_sum_to(sl_tensor *n) {
     sl_tensor *a = n->src[0];
     int64_t C = n->ndim ? n->ne[n->ndim - 1] : 1;
     if (v && sl_is_contiguous(a) && n->ndim == 1 && a->ne[a->ndim - 1] == C && C > 0) {
-        v->sum_rows(a->data, C, sl_nelements(a) / C, C, n->data);
+        v->sum_rows(a->data, C, sl_nelements(a) / C, C, n->data, a->dtype == SL_BF16);
         return SL_OK;
     }
     return sl_k_sum_to_ref(n);

@@ -17,6 +17,8 @@ typedef __m256 vf;
 #define VZERO _mm256_setzero_ps()
 #define VSET1 _mm256_set1_ps
 #define VLOAD _mm256_loadu_ps
+#define VLOAD_BF16(p) /* 8 bf16 values widened (exact) */                                                    \
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
 #define VSTORE _mm256_storeu_ps
 #define VADD _mm256_add_ps
 #define VSUB _mm256_sub_ps

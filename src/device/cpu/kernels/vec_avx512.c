@@ -19,6 +19,9 @@ typedef __m512 vf;
 #define VZERO _mm512_setzero_ps()
 #define VSET1 _mm512_set1_ps
 #define VLOAD _mm512_loadu_ps
+#define VLOAD_BF16(p) /* 16 bf16 values widened (exact) */                                                   \
+    _mm512_castsi512_ps(                                                                                     \
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
 #define VSTORE _mm512_storeu_ps
 #define VADD _mm512_add_ps
 #define VSUB _mm512_sub_ps

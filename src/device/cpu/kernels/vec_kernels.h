@@ -46,7 +46,8 @@ typedef struct sl_vec_ops {
     void (*binary_rows)(const float *a, int64_t lda, const float *b, int64_t ldb, float *o, int64_t ldo,
                         int64_t R, int64_t C, int op);
     void (*binary_flat)(const float *a, const float *b, float *o, int64_t n, int op);
-    void (*sum_rows)(const float *a, int64_t lda, int64_t R, int64_t C, float *o); /* o[c] = sum_r a[r, c] */
+    /* o[c] = sum_r a[r, c]; a is f32, or bf16 when bf16 != 0 (widened) */
+    void (*sum_rows)(const void *a, int64_t lda, int64_t R, int64_t C, float *o, int bf16);
     void (*layernorm_fwd)(const float *x, int64_t xs, const float *w, const float *b, float *y, float *mean,
                           float *rstd, int64_t R, int64_t C, float eps);
     void (*layernorm_bwd_x)(const float *x, int64_t xs, const float *g, int64_t gs, const float *w,
