@@ -186,6 +186,9 @@ enum { SL_DROP_ATTN_PROBS = 0, SL_DROP_ATTN_OUT = 1, SL_DROP_MLP_OUT = 2 };
 static inline int sl_model_dropout_site(int layer, int kind) { return layer < 0 ? 0 : 1 + 3 * layer + kind; }
 /* x with the model's hidden dropout at `site` (x itself when hidden_dropout is 0) */
 sl_tensor *sl_model_hidden_dropout(sl_model *m, sl_tensor *x, int site);
+/* res + dropout(x) as one node (res NULL: dropout(x); no hidden dropout: the plain add), Note [Hidden dropout
+ * bits] in src/ops/build.c */
+sl_tensor *sl_model_hidden_dropout_add(sl_model *m, sl_tensor *res, sl_tensor *x, int site);
 /* attention node a with the model's attention dropout (a itself when attention_dropout is 0) */
 sl_tensor *sl_model_attention_dropout(sl_model *m, sl_tensor *a, int layer);
 

@@ -91,6 +91,9 @@ sl_tensor *sl_embedding(sl_ctx *ctx, sl_tensor *table, sl_tensor *ids);
 /* Dropout with probability p in [0, 1) at model place `site` (Note [Dropout from counters], build.c): the
  * identity until sl_graph_set_dropout turns it on; x * keep / (1 - p) then. */
 sl_tensor *sl_dropout(sl_ctx *ctx, sl_tensor *x, float p, int site);
+/* res + dropout(x) as one node (res NULL: dropout(x)), the mask kept as bits for the backward (Note [Hidden
+ * dropout bits], src/ops/build.c) */
+sl_tensor *sl_dropout_add(sl_ctx *ctx, sl_tensor *x, sl_tensor *res, float p, int site);
 /* Dropout of an ATTENTION node's probabilities (same counters; returns attn). */
 sl_tensor *sl_attention_dropout(sl_tensor *attn, float p, int site);
 sl_tensor *sl_cross_entropy(sl_ctx *ctx, sl_tensor *logits, sl_tensor *targets);

@@ -154,8 +154,10 @@ typedef enum sl_op {
     SL_OP_MOE_EP_SCATTER, /* src0 = y (Rl, C), src1 = rcnt, src2 = acc (Rx, C) or NULL -> (Rx, C): acc (or
                              zeros) with local expert iparams[0]'s rows put back where EP_GATHER read them */
     /* Dropout (issue 20; Note [Dropout from counters], src/ops/build.c) */
-    SL_OP_DROPOUT, /* src0 * keep / (1 - p): p = fparams[0], the keep mask a pure function of the counters in
-                      iparams (SL_DROPOUT_IP_*); its backward is the same node applied to the gradient */
+    SL_OP_DROPOUT, /* src0 * keep / (1 - p) (+ src1, a residual, when set): p = fparams[0], the keep mask a
+                      pure function of the counters in iparams (SL_DROPOUT_IP_*); its backward is the same
+                      node applied to the gradient, src2 = the forward node whose aux may hold the mask as
+                      bits (Note [Hidden dropout bits], src/ops/build.c) */
     /* Packed routed experts (src/ops/moe_ops.c, Note [Packed experts]): the experts of a layer as one chain
      * over the packed (S, C) rows of MOE_EP_PACK (or MOE_EP_REGROUP under EP), each expert its own rows */
     SL_OP_MOE_PACKED_FFN, /* src0 = packed x (S, C), src1..3 = w1 (I, C), w3 (I, C), w2 (C, I), src4 = the
@@ -251,6 +253,12 @@ typedef struct sl_tensor {
 
 /* ---- metadata ---- */
 int64_t sl_nelements(const sl_tensor *t);
+/* A DROPOUT node's room for its mask as bits (Note [Hidden dropout bits], src/ops/build.c): the header, then
+ * 128 bytes per 1,024-element chunk of its kernel's walk (a sequence shard walks ne[0] rows of chunks) */
+static inline size_t sl_dropout_bits_bytes(const sl_tensor *t) {
+    int64_t n = sl_nelements(t), rows = t->ndim >= 2 ? t->ne[0] : 1;
+    return 32 + (size_t)((n + 1023) / 1024 + rows) * 128;
+}
 size_t sl_nbytes(const sl_tensor *t); /* of the logical elements if contiguous */
 int sl_is_contiguous(const sl_tensor *t);
 int sl_same_shape(const sl_tensor *a, const sl_tensor *b);

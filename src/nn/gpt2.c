@@ -182,8 +182,13 @@ sl_status sl_gpt2_new_par(const sl_gpt2_config *cfg, sl_backend *be, const sl_mo
 /* Under TP the residual stream is replicated (the full tensor: the single process's mask as it is) or, with
  * SP, this rank's sequence shard (B, T / tp, C): the node draws at the shard's full-tensor indices. */
 sl_tensor *sl_model_hidden_dropout(sl_model *m, sl_tensor *x, int site) {
-    if (!(m->hidden_dropout > 0)) return x;
-    sl_tensor *d = sl_dropout(m->ctx, x, m->hidden_dropout, site);
+    return sl_model_hidden_dropout_add(m, NULL, x, site);
+}
+/* res + dropout(x) as one node that keeps its mask as bits (Note [Hidden dropout bits], src/ops/build.c);
+ * res NULL: dropout(x); without dropout the plain add */
+sl_tensor *sl_model_hidden_dropout_add(sl_model *m, sl_tensor *res, sl_tensor *x, int site) {
+    if (!(m->hidden_dropout > 0)) return res ? sl_add(m->ctx, res, x) : x;
+    sl_tensor *d = sl_dropout_add(m->ctx, x, res, m->hidden_dropout, site);
     if (m->tp > 1 && m->sp) {
         SL_ASSERT(d->ndim == 3);
         d->iparams[SL_DROPOUT_IP_T0] = (int32_t)(d->ne[1] * m->tp_rank);
@@ -288,17 +293,16 @@ static sl_tensor *gpt2_body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int po
             sl_model_attention_dropout(m, a, l); /* attn.attn_dropout */
         }
         sl_tensor *ao = mm(m, a, P(m, o + 4), P(m, o + 5));
-        if (!kv)
-            ao = sl_model_hidden_dropout(m, ao,
-                                         sl_model_dropout_site(l, SL_DROP_ATTN_OUT)); /* resid_dropout */
-        x = sl_add(ctx, x, ao);
+        x = kv ? sl_add(ctx, x, ao)
+               : sl_model_hidden_dropout_add(m, x, ao,
+                                             sl_model_dropout_site(l, SL_DROP_ATTN_OUT)); /* resid_dropout */
         /* MLP block */
         h = sl_layernorm(ctx, x, P(m, o + 6), P(m, o + 7), 1e-5f);
         sl_tensor *f = sl_gelu(ctx, mm(m, h, P(m, o + 8), P(m, o + 9))); /* (B, T, 4C) */
         f = mm(m, f, P(m, o + 10), P(m, o + 11));
-        if (!kv)
-            f = sl_model_hidden_dropout(m, f, sl_model_dropout_site(l, SL_DROP_MLP_OUT)); /* mlp.dropout */
-        x = sl_add(ctx, x, f);
+        x = kv ? sl_add(ctx, x, f)
+               : sl_model_hidden_dropout_add(m, x, f,
+                                             sl_model_dropout_site(l, SL_DROP_MLP_OUT)); /* mlp.dropout */
     }
     int of = 2 + 12 * c->n_layer;
     if (kv && kv->last_only && T > 1) x = sl_cont(ctx, sl_slice(ctx, x, 1, T - 1, 1)); /* (B, 1, C) */
@@ -401,13 +405,11 @@ static sl_tensor *gpt2_par_body(sl_model *m, int chunk, sl_tensor *ids, sl_tenso
          * their places in the full tensors */
         sl_model_attention_dropout(m, a, l);
         sl_tensor *ao = row_linear(m, a, P(m, o + 4), P(m, o + 5));
-        ao = sl_model_hidden_dropout(m, ao, sl_model_dropout_site(l, SL_DROP_ATTN_OUT));
-        x = sl_add(ctx, x, ao);
+        x = sl_model_hidden_dropout_add(m, x, ao, sl_model_dropout_site(l, SL_DROP_ATTN_OUT));
         h = col_input(m, sl_layernorm(ctx, x, R(o + 6), R(o + 7), 1e-5f));
         sl_tensor *f = sl_gelu(ctx, mm(m, h, P(m, o + 8), P(m, o + 9))); /* (B, T, 4C/tp) */
         f = row_linear(m, f, P(m, o + 10), P(m, o + 11));
-        f = sl_model_hidden_dropout(m, f, sl_model_dropout_site(l, SL_DROP_MLP_OUT));
-        x = sl_add(ctx, x, f);
+        x = sl_model_hidden_dropout_add(m, x, f, sl_model_dropout_site(l, SL_DROP_MLP_OUT));
     }
     if (!last) return sl_set_name(x, "stage_out");
     int of = idx_lnf(m);

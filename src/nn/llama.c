@@ -550,8 +550,9 @@ static sl_tensor *body_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *
             sl_model_attention_dropout(m, a, l); /* HF's attention_dropout */
         }
         sl_tensor *ao = tp_g(m, lin(m, rnd(m, a), W(m, "%s.%d.self_attn.o_proj.weight", pre, l), NULL));
-        if (!kv) ao = sl_model_hidden_dropout(m, ao, sl_model_dropout_site(l, SL_DROP_ATTN_OUT));
-        x = rnd_model(m, sl_add(ctx, x, ao));
+        x = rnd_model(m,
+                      kv ? sl_add(ctx, x, ao)
+                         : sl_model_hidden_dropout_add(m, x, ao, sl_model_dropout_site(l, SL_DROP_ATTN_OUT)));
         h = norm(m, x, tp_rep(m, W(m, "%s.%d.post_attention_layernorm.weight", pre, l)), c->rms_eps);
         sl_tensor *f;
         if (c->arch == SL_ARCH_MIXTRAL &&
@@ -566,8 +567,9 @@ static sl_tensor *body_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *
             f = tp_g(m, swiglu_mlp(m, tp_f(m, h), W(m, "%s.%d.mlp.gate_proj.weight", pre, l),
                                    W(m, "%s.%d.mlp.up_proj.weight", pre, l),
                                    W(m, "%s.%d.mlp.down_proj.weight", pre, l)));
-        if (!kv) f = sl_model_hidden_dropout(m, f, sl_model_dropout_site(l, SL_DROP_MLP_OUT));
-        x = rnd_model(m, sl_add(ctx, x, f));
+        x = rnd_model(m,
+                      kv ? sl_add(ctx, x, f)
+                         : sl_model_hidden_dropout_add(m, x, f, sl_model_dropout_site(l, SL_DROP_MLP_OUT)));
     }
     if (!last) return sl_set_name(x, "stage_out");
     if (kv && kv->last_only && T > 1) x = sl_cont(ctx, sl_slice(ctx, x, 1, T - 1, 1)); /* (B, 1, C) */

@@ -277,12 +277,15 @@ void sl_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_g
         break;
     }
     case SL_OP_DROPOUT:
-        /* the same mask from the same counters (Note [Dropout from counters], build.c) */
+        /* the same mask from the same counters (Note [Dropout from counters], build.c), read from the forward
+         * node's bits where it keeps them (Note [Hidden dropout bits]); a residual's gradient passes */
         if (ng[0]) {
             sl_tensor *t = sl_dropout(ctx, g, n->fparams[0], n->iparams[SL_DROPOUT_IP_SITE]);
             memcpy(t->iparams, n->iparams, sizeof t->iparams); /* on/off, seed and stream too */
+            if (n->aux_bytes) t->src[2] = n;
             emit(st, a, t);
         }
+        if (b && ng[1]) emit(st, b, g);
         break;
     case SL_OP_EMBEDDING:
         /* the table gradient is produced by an accumulating EMBEDDING_BACK; the driver supplies

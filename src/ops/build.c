@@ -344,6 +344,27 @@ sl_tensor *sl_dropout(sl_ctx *ctx, sl_tensor *x, float p, int site) {
     return t;
 }
 
+/* Note [Hidden dropout bits]
+ * The model's hidden dropouts sit before a residual add (nanoGPT's resid_dropout and mlp.dropout, Megatron's
+ * bias-dropout-add) or alone (the embedding's). sl_dropout_add builds them as one DROPOUT node: src1 = the
+ * residual, out = res + x * m (the product rounded, then the add: the bits of add(res, dropout(x)); the
+ * kernels keep contraction off), one pass instead of two. Its aux area keeps the mask as bits (Note
+ * [Dropout bits], src/device/cpu/kernels/kernels.h): 128 bytes per 1,024-element chunk of the kernel's
+ * walk (a sequence shard walks B rows of chunks, hence the B spare chunks), after the 32-byte header. The
+ * backward DROPOUT links the forward node as src2 and reads the bits instead of drawing the Philox mask a
+ * second time. The link keeps the forward node's buffer until then; it holds the residual stream, which the
+ * next norm's backward (just before) reads anyway, so the planned memory hardly moves. The Philox draws of
+ * the backward were ~2 % of the baby model's bf16 step; the separate residual add another ~2 %. */
+sl_tensor *sl_dropout_add(sl_ctx *ctx, sl_tensor *x, sl_tensor *res, float p, int site) {
+    sl_tensor *t = sl_dropout(ctx, x, p, site);
+    if (res) {
+        SL_ASSERT(res->dtype == SL_F32 && sl_same_shape(res, t));
+        t->src[1] = sl_is_contiguous(res) ? res : sl_cont(ctx, res);
+    }
+    if (p > 0.0f) t->aux_bytes = sl_dropout_bits_bytes(t);
+    return t;
+}
+
 sl_tensor *sl_attention_dropout(sl_tensor *attn, float p, int site) {
     SL_ASSERT(attn->op == SL_OP_ATTENTION);
     set_dropout(attn, p, site);

@@ -6,6 +6,10 @@
  *   standard deviations (a false alarm has probability ~2e-9 per check); E[dropout(x)] = x: attention
  *   outputs averaged over 400 streams lie within 6 standard errors of the dropout-free output;
  * - the same values on 1 and 2 threads (bitwise), forward and backward;
+ * - res + dropout(x) as one node (sl_dropout_add, Note [Hidden dropout bits]): bitwise add(res, dropout(x)),
+ *   whole tensors and a sequence shard; its backward reads the forward's mask bits (complemented bits give
+ *   the complement mask), draws the mask again when the header names another mask or was cleared by a run
+ *   with dropout off, and both give the drawn backward bit for bit; finite differences through it;
  * - p = 0, or dropout off (the state evaluation and generation run in): bitwise the dropout-free values,
  *   also for a whole GPT-2 through the trainer's evaluation (a model with p = 0.5 evaluates exactly like the
  *   same weights without dropout, while its gradients differ; the same for a GQA Llama); the generation
@@ -13,6 +17,7 @@
 #include <omp.h>
 #include <string.h>
 
+#include "device/cpu/kernels/kernels.h"
 #include "gradcheck.h"
 #include "suanli/nn.h"
 #include "suanli/train.h"
@@ -62,6 +67,96 @@ static sl_tensor *b_attention_window_dropout(tc *t) {
     sl_tensor *q = param(t, 4, (int64_t[]){1, 7, 2, 4}, 1), *k = param(t, 4, (int64_t[]){1, 7, 2, 4}, 1),
               *v = param(t, 4, (int64_t[]){1, 7, 2, 4}, 1);
     return on(sl_attention_dropout(sl_attention_window(t->ctx, q, k, v, 3), 0.5f, 4), 5, 8);
+}
+
+static sl_tensor *b_dropout_add(tc *t) {
+    sl_tensor *x = param(t, 3, (int64_t[]){2, 5, 7}, 1.0f), *r = param(t, 3, (int64_t[]){2, 5, 7}, 1.0f);
+    return on(sl_dropout_add(t->ctx, sl_gelu(t->ctx, x), sl_gelu(t->ctx, r), 0.4f, 3), 77, 2);
+}
+
+static float *node_buf(sl_tensor *n) {
+    n->data = calloc(1, sl_nbytes(n) + n->aux_bytes);
+    return n->data;
+}
+static void set_shard(sl_tensor *n, int64_t t0, int64_t seq) {
+    n->iparams[SL_DROPOUT_IP_T0] = (int32_t)t0;
+    n->iparams[SL_DROPOUT_IP_SEQ] = (int32_t)seq;
+}
+
+/* Note [Hidden dropout bits]: the fused forward, and the backward from the forward's bits */
+static void test_dropout_add_bits(void) {
+    const int64_t B = 3, T = 37, C = 29, N = B * T * C; /* chunks of 1,024 that straddle rows */
+    const float p = 0.3f, keep = (float)(1.0 / (1.0 - (double)p));
+    const uint64_t seed = 0xfeedull, stream = 12;
+    for (int shard = 0; shard < 2; shard++) {
+        sl_ctx *ctx = sl_ctx_new(64);
+        const int64_t ne[3] = {B, T, C};
+        sl_tensor *x = sl_new_tensor(ctx, SL_F32, 3, ne), *res = sl_new_tensor(ctx, SL_F32, 3, ne),
+                  *g = sl_new_tensor(ctx, SL_F32, 3, ne);
+        float *px = malloc(sizeof(float) * (size_t)N), *pr = malloc(sizeof(float) * (size_t)N),
+              *pg = malloc(sizeof(float) * (size_t)N);
+        sl_rng_fill_normal(px, N, 1, 1, 0.0f, 1.0f);
+        sl_rng_fill_normal(pr, N, 1, 2, 0.0f, 1.0f);
+        sl_rng_fill_normal(pg, N, 1, 3, 0.0f, 1.0f);
+        sl_tensor_bind(x, px);
+        sl_tensor_bind(res, pr);
+        sl_tensor_bind(g, pg);
+        sl_tensor *y = on(sl_dropout_add(ctx, x, res, p, 5), seed, stream);
+        sl_tensor *d = on(sl_dropout(ctx, x, p, 5), seed, stream), *s = sl_add(ctx, res, d);
+        /* the backward, as the rule builds it (linked to y), and the same node drawing its mask (unlinked) */
+        sl_tensor *bl = sl_dropout(ctx, g, p, 5), *bd = sl_dropout(ctx, g, p, 5);
+        memcpy(bl->iparams, y->iparams, sizeof bl->iparams);
+        memcpy(bd->iparams, y->iparams, sizeof bd->iparams);
+        bl->src[2] = y;
+        if (shard) /* positions [T, 2 T) of a 4 T sequence: the third rank of a sequence-parallel 4 */
+            for (sl_tensor **n = (sl_tensor *[]){y, d, bl, bd, NULL}; *n; n++) set_shard(*n, 2 * T, 4 * T);
+        TU_CHECK(y->aux_bytes == sl_dropout_bits_bytes(y) && !bd->aux_bytes, "aux: room for the bits (%zu)",
+                 y->aux_bytes);
+        float *py = node_buf(y), *pd = node_buf(d), *ps = node_buf(s), *pbl = node_buf(bl),
+              *pbd = node_buf(bd);
+        const char *what = shard ? "a sequence shard" : "whole";
+        for (int th = 1; th <= 2; th++) {
+            omp_set_num_threads(th);
+            TU_CHECK(sl_k_dropout(y) == SL_OK && sl_k_dropout(d) == SL_OK && sl_k_add(s) == SL_OK, "forward");
+            TU_CHECK(!memcmp(py, ps, sizeof(float) * (size_t)N),
+                     "%s, %d thread(s): dropout_add is not add(res, dropout(x)) bit for bit", what, th);
+            TU_CHECK(sl_k_dropout(bd) == SL_OK && sl_k_dropout(bl) == SL_OK, "backward");
+            TU_CHECK(!memcmp(pbl, pbd, sizeof(float) * (size_t)N),
+                     "%s, %d thread(s): the backward from the bits differs from the drawn one", what, th);
+        }
+        /* the bits are what the backward reads: complemented, they give the complement mask */
+        unsigned char *aux = (unsigned char *)py + sl_nbytes(y);
+        uint16_t *bits = (uint16_t *)(void *)(aux + 32);
+        size_t nw = (y->aux_bytes - 32) / 2;
+        for (size_t i = 0; i < nw; i++) bits[i] = (uint16_t)~bits[i];
+        TU_CHECK(sl_k_dropout(bl) == SL_OK, "backward");
+        int64_t bad = 0;
+        for (int64_t i = 0; i < N; i++) {
+            float want = pg[i] * (pbd[i] == 0.0f && pg[i] != 0.0f ? keep : 0.0f);
+            bad += memcmp(&want, &pbl[i], 4) != 0;
+        }
+        TU_CHECK(bad == 0, "%s: %lld elements ignore the complemented bits", what, (long long)bad);
+        /* another micro-batch's mask named in the header: drawn again */
+        bl->iparams[SL_DROPOUT_IP_STREAM_LO]++;
+        bd->iparams[SL_DROPOUT_IP_STREAM_LO]++;
+        TU_CHECK(sl_k_dropout(bl) == SL_OK && sl_k_dropout(bd) == SL_OK &&
+                     !memcmp(pbl, pbd, sizeof(float) * (size_t)N),
+                 "%s: a stale header's bits were read", what);
+        /* dropout off (evaluation): res + x, and the header cleared, so the backward draws */
+        bl->iparams[SL_DROPOUT_IP_STREAM_LO]--;
+        bd->iparams[SL_DROPOUT_IP_STREAM_LO]--;
+        y->iparams[SL_DROPOUT_IP_ON] = 0;
+        TU_CHECK(sl_k_dropout(y) == SL_OK, "off");
+        bad = 0;
+        for (int64_t i = 0; i < N; i++) bad += py[i] != pr[i] + px[i];
+        TU_CHECK(bad == 0, "%s, off: %lld elements are not res + x", what, (long long)bad);
+        TU_CHECK(sl_k_dropout(bl) == SL_OK && sl_k_dropout(bd) == SL_OK &&
+                     !memcmp(pbl, pbd, sizeof(float) * (size_t)N),
+                 "%s: the bits of a run with dropout off were read", what);
+        free(py), free(pd), free(ps), free(pbl), free(pbd), free(px), free(pr), free(pg);
+        sl_ctx_free(ctx);
+    }
+    omp_set_num_threads(2);
 }
 
 /* keep fraction of n = 2^20 ones: 6 sigma of Binomial(n, 1 - p) / n; per lane (e % 4) with n / 4 */
@@ -288,6 +383,8 @@ int main(void) {
     omp_set_num_threads(2);
     test_rule();
     grad_check("dropout", b_dropout);
+    grad_check("dropout_add", b_dropout_add);
+    test_dropout_add_bits();
     grad_check("attention_dropout", b_attention_dropout);
     grad_check("attention_window_dropout", b_attention_window_dropout);
     test_statistics();

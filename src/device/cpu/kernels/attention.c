@@ -57,72 +57,13 @@ static drop_bits drop_bits_of(const sl_tensor *f) {
     d.rw = 4 * ((T + 63) / 64);
     return d;
 }
-/* the header naming a mask: seed, stream and site (hi), p and T */
-static void drop_bits_header(uint64_t seed, uint64_t hi, float p, int64_t T, uint64_t h[4]) {
-    uint32_t pb;
-    memcpy(&pb, &p, 4);
-    h[0] = seed ^ 0x9E3779B97F4A7C15ull;
-    h[1] = hi;
-    h[2] = (uint64_t)pb | (uint64_t)T << 32;
-    h[3] = 0x6B73616D74706F72ull; /* nonzero: a zeroed header names no mask */
-}
+/* the mask's header (Note [Dropout bits], kernels.h), naming seed, stream and site (hi), p and T */
 static void drop_bits_set(const drop_bits *d, uint64_t seed, uint64_t hi, float p, int64_t T, int valid) {
-    uint64_t h[4] = {0, 0, 0, 0};
-    if (valid) drop_bits_header(seed, hi, p, T, h);
-    if (d->hdr) memcpy(d->hdr, h, sizeof h);
+    if (d->hdr) sl_k_drop_header_set(d->hdr, seed, hi, p, T, valid);
 }
 static int drop_bits_valid(const drop_bits *d, uint64_t seed, uint64_t hi, float p, int64_t T) {
-    uint64_t h[4], w[4];
-    if (!d->hdr) return 0;
-    drop_bits_header(seed, hi, p, T, w);
-    memcpy(h, d->hdr, sizeof h);
-    return memcmp(h, w, sizeof h) == 0;
+    return d->hdr && sl_k_drop_header_valid(d->hdr, seed, hi, p, T);
 }
-/* the multipliers mk[0 .. n) (keep or 0) as bits, and back; keep is the drawing's 1 / (1 - p) */
-static void bits_pack_base(const float *mk, int64_t n, uint16_t *bits) {
-    for (int64_t j = 0; j < n; j += 16) {
-        unsigned w = 0;
-        for (int64_t k = 0; k < 16 && j + k < n; k++) w |= (unsigned)(mk[j + k] != 0.0f) << k;
-        bits[j / 16] = (uint16_t)w;
-    }
-}
-static void bits_unpack_base(const uint16_t *bits, int64_t n, float keep, float *mk) {
-    for (int64_t j = 0; j < n; j++) mk[j] = (bits[j >> 4] >> (j & 15)) & 1u ? keep : 0.0f;
-}
-#if SL_HAVE_X86
-__attribute__((target("avx512f"))) static void bits_pack_avx512(const float *mk, int64_t n, uint16_t *bits) {
-    for (int64_t j = 0; j < n; j += 16) {
-        const __mmask16 k = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1u);
-        bits[j / 16] = (uint16_t)_mm512_mask_cmp_ps_mask(k, _mm512_maskz_loadu_ps(k, mk + j),
-                                                         _mm512_setzero_ps(), _CMP_NEQ_OQ);
-    }
-}
-__attribute__((target("avx512f"))) static void bits_unpack_avx512(const uint16_t *bits, int64_t n, float keep,
-                                                                  float *mk) {
-    const __m512 vk = _mm512_set1_ps(keep);
-    for (int64_t j = 0; j < n; j += 16) {
-        const __mmask16 k = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1u);
-        _mm512_mask_storeu_ps(mk + j, k, _mm512_maskz_mov_ps((__mmask16)bits[j / 16], vk));
-    }
-}
-#endif
-typedef void (*bits_pack_fn)(const float *mk, int64_t n, uint16_t *bits);
-typedef void (*bits_unpack_fn)(const uint16_t *bits, int64_t n, float keep, float *mk);
-static bits_pack_fn bits_pack(int isa) {
-#if SL_HAVE_X86
-    if (isa >= SL_KISA_AVX512) return bits_pack_avx512;
-#endif
-    (void)isa;
-    return bits_pack_base;
-}
-static bits_unpack_fn bits_unpack(int isa) {
-#if SL_HAVE_X86
-    if (isa >= SL_KISA_AVX512) return bits_unpack_avx512;
-#endif
-    (void)isa;
-    return bits_unpack_base;
-}
-
 sl_status sl_k_attention_ref(sl_tensor *n) {
     sl_tensor *q = n->src[0], *k = n->src[1], *v = n->src[2];
     int hm = n->iparams[2]; /* Note [Eager half attention numerics] */
@@ -166,7 +107,7 @@ sl_status sl_k_attention_ref(sl_tensor *n) {
         float *mk = Mk + idx * T; /* element (b, h, t, j) of P is number idx * T + j */
         if (dp > 0) {
             sl_rng_dropout(dseed, dhi, (uint64_t)((drop_plane(n, b, h, NH) * T + t) * T), t + 1, dp, mk);
-            if (db.hdr) bits_pack_base(mk, t + 1, db.bits + ((b * NH + h) * T + t) * db.rw);
+            if (db.hdr) sl_k_bits_pack(SL_KISA_SCALAR)(mk, t + 1, db.bits + ((b * NH + h) * T + t) * db.rw);
         }
         float *o = out + (b * T + t) * NH * hs + h * hs;
         for (int64_t d = 0; d < hs; d++) o[d] = 0;
@@ -665,7 +606,7 @@ static exp_row_fn exp_row(int isa) {
 typedef struct half_fwd_ctx {
     drop_mask_fn mask;
     exp_row_fn ex;
-    bits_pack_fn pack; /* Note [Attention dropout bits]: the mask stored (NULL: not) */
+    sl_bits_pack_fn pack; /* Note [Attention dropout bits]: the mask stored (NULL: not) */
     uint16_t *mbits;
     int64_t mrw;
     const float *pq, *pv, *kt;
@@ -799,7 +740,7 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half(sl_tensor *n) {
     drop_bits_set(&db, dseed, dhi, dp, T, 0);
     half_fwd_ctx x = {.mask = drop_mask(),
                       .ex = exp_row(isa),
-                      .pack = bits_pack(isa),
+                      .pack = sl_k_bits_pack(isa),
                       .mbits = dp > 0 ? db.bits : NULL,
                       .mrw = db.rw,
                       .pq = pq,
@@ -842,7 +783,7 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half(sl_tensor *n) {
 typedef struct half_back_ctx {
     drop_mask_fn mask;
     exp_row_fn ex;
-    bits_unpack_fn unpack; /* Note [Attention dropout bits]: the forward's mask read back (NULL: drawn) */
+    sl_bits_unpack_fn unpack; /* Note [Attention dropout bits]: the forward's mask read back (NULL: drawn) */
     const uint16_t *mbits;
     int64_t mrw;
     float keep;
@@ -1078,7 +1019,7 @@ SL_NO_CONTRACT_ATTR sl_status sl_k_attention_half_back(sl_tensor *n) {
     const drop_bits db = drop_bits_of(f);
     half_back_ctx x = {.mask = drop_mask(),
                        .ex = exp_row(isa),
-                       .unpack = bits_unpack(isa),
+                       .unpack = sl_k_bits_unpack(isa),
                        .mbits = dpr > 0 && drop_bits_valid(&db, dseed, dhi, dpr, T) ? db.bits : NULL,
                        .mrw = db.rw,
                        .keep = (float)(1.0 / (1.0 - (double)dpr)), /* the drawing's multiplier (rng.c) */

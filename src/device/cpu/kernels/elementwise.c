@@ -300,21 +300,54 @@ float sl_dropout_params(const sl_tensor *n, uint64_t *seed, uint64_t *ctr_hi) {
     return n->fparams[0];
 }
 
+/* o = x * m (+ r): the product rounded, then the add, as add(r, dropout(x)) computes it (Note [Hidden dropout
+ * bits]; contraction off, so no FMA joins them on any target) */
+__attribute__((optimize("fp-contract=off"))) static void drop_apply(const float *x, const float *r,
+                                                                    const float *m, float *o, int64_t c) {
+    if (r)
+        for (int64_t i = 0; i < c; i++) o[i] = r[i] + x[i] * m[i];
+    else
+        for (int64_t i = 0; i < c; i++) o[i] = x[i] * m[i];
+}
+
 /* Contiguous in and out (the builder makes them so). Chunks of 1024 elements: each draws its own mask from
  * the counters, so the partition over threads changes nothing. A sequence shard (iparams SEQ > 0) is
  * (B, Tl, R) of a (B, SEQ, R) tensor at positions T0..: batch row b's block starts at full index
- * (b SEQ + T0) R. */
+ * (b SEQ + T0) R. src1: a residual added (sl_dropout_add). Chunk k's mask is kept as bits at words
+ * [64 k, 64 k + 64) of a forward node's aux area, or read from its forward node's (src2) there (Note
+ * [Hidden dropout bits], src/ops/build.c). */
 sl_status sl_k_dropout(sl_tensor *n) {
-    const float *x = n->src[0]->data;
+    const float *x = n->src[0]->data, *res = n->src[1] ? (const float *)n->src[1]->data : NULL;
     float *o = n->data;
     int64_t N = sl_nelements(n);
     uint64_t seed = 0, hi = 0;
     float p = sl_dropout_params(n, &seed, &hi);
+    const size_t need = sl_dropout_bits_bytes(n);
+    unsigned char *own = n->aux_bytes >= need ? (unsigned char *)n->data + sl_nbytes(n) : NULL;
+    const sl_tensor *f = n->src[2];
+    const unsigned char *fwd =
+        f && f->aux_bytes >= need ? (const unsigned char *)f->data + sl_nbytes(f) : NULL;
+    if (own) sl_k_drop_header_set(own, 0, 0, 0.0f, 0, 0); /* valid only once the bits are all written */
     if (p == 0.0f) {
-        if (o != x) memcpy(o, x, sizeof(float) * (size_t)N);
+        if (res) {
+            const sl_vec_ops *v = sl_vec();
+            if (v)
+                v->binary_flat(res, x, o, N, 0);
+            else
+                for (int64_t i = 0; i < N; i++) o[i] = res[i] + x[i];
+        } else if (o != x) {
+            memcpy(o, x, sizeof(float) * (size_t)N);
+        }
         return SL_OK;
     }
     const sl_vec_ops *v = sl_vec();
+    const int isa = sl_kern_isa();
+    const uint16_t *rbits =
+        fwd && sl_k_drop_header_valid(fwd, seed, hi, p, N) ? (const uint16_t *)(fwd + 32) : NULL;
+    uint16_t *wbits = own ? (uint16_t *)(void *)(own + 32) : NULL;
+    const sl_bits_pack_fn pack = sl_k_bits_pack(isa);
+    const sl_bits_unpack_fn unpack = sl_k_bits_unpack(isa);
+    const float keep = (float)(1.0 / (1.0 - (double)p));
     int64_t seq = n->iparams[SL_DROPOUT_IP_SEQ], t0 = n->iparams[SL_DROPOUT_IP_T0];
     int64_t nb = seq > 0 && n->ndim >= 2 ? n->ne[0] : 1, blk = N / (nb ? nb : 1);
     int64_t R = seq > 0 && n->ndim >= 2 && n->ne[1] > 0 ? blk / n->ne[1] : 0;
@@ -325,12 +358,16 @@ sl_status sl_k_dropout(sl_tensor *n) {
         int64_t b = k / per, c0 = (k % per) * 1024, at = b * blk + c0;
         int64_t c = blk - c0 < 1024 ? blk - c0 : 1024;
         uint64_t e = seq > 0 && n->ndim >= 2 ? (uint64_t)((b * seq + t0) * R + c0) : (uint64_t)at;
-        if (v)
+        if (rbits)
+            unpack(rbits + 64 * k, c, keep, m);
+        else if (v)
             v->dropout_mask(seed, hi, e, c, p, m);
         else
             sl_rng_dropout(seed, hi, e, c, p, m);
-        for (int64_t i = 0; i < c; i++) o[at + i] = x[at + i] * m[i];
+        if (wbits) pack(m, c, wbits + 64 * k);
+        drop_apply(x + at, res ? res + at : NULL, m, o + at, c);
     }
+    if (own) sl_k_drop_header_set(own, seed, hi, p, N, 1);
     return SL_OK;
 }
 

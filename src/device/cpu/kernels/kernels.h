@@ -23,6 +23,21 @@ sl_status sl_k_dropout(sl_tensor *n);
 /* A dropout-carrying node's (DROPOUT, or the forward ATTENTION) p when it is on, else 0; with its Philox
  * key and high counter word (Note [Dropout from counters], src/ops/build.c). */
 float sl_dropout_params(const sl_tensor *n, uint64_t *seed, uint64_t *ctr_hi);
+/* Note [Dropout bits]
+ * A forward node that draws a dropout mask may keep it as bits in its aux area for its backward: a 32-byte
+ * header naming the mask (seed, stream and site, p, extent), written after the bits, then the bits (16
+ * multipliers per uint16, bit k of word j for element 16 j + k). The backward reads them when the header
+ * names its own mask and draws the mask again otherwise (another micro-batch's forward ran in between, or
+ * the node ran with dropout off, which clears the header). The ATTENTION node (Note [Attention dropout
+ * bits], suanli/tensor.h) and the DROPOUT node (Note [Hidden dropout bits], src/ops/build.c) use them. */
+void sl_k_drop_header_set(void *hdr, uint64_t seed, uint64_t hi, float p, int64_t n, int valid);
+int sl_k_drop_header_valid(const void *hdr, uint64_t seed, uint64_t hi, float p, int64_t n);
+/* the multipliers mk[0 .. n) (keep or 0) as bits, and back (keep: the drawing's 1 / (1 - p)); per kernel ISA
+ */
+typedef void (*sl_bits_pack_fn)(const float *mk, int64_t n, uint16_t *bits);
+typedef void (*sl_bits_unpack_fn)(const uint16_t *bits, int64_t n, float keep, float *mk);
+sl_bits_pack_fn sl_k_bits_pack(int isa);
+sl_bits_unpack_fn sl_k_bits_unpack(int isa);
 sl_status sl_k_sum_to(sl_tensor *n);
 sl_status sl_k_acc(sl_tensor *n);
 sl_status sl_k_zeros(sl_tensor *n);
