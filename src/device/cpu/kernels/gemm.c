@@ -239,6 +239,7 @@ typedef struct gemm_plan {
     int units;      /* work units along the split dimension, claimed in order by whichever thread is free */
     int64_t ubound[GEMM_UNITS_MAX + 1]; /* unit u covers micro-panels [ubound[u], ubound[u+1]) */
     int next;                           /* the next unclaimed unit (atomic) */
+    char *bshared; /* all of op(B) packed once by the team (Note [Shared B panels]); NULL: each unit packs */
 } gemm_plan;
 
 /* c[i][j] = round_bf16(c[i][j] + bias[j]) for a finished micro-tile (block_times_b's late bias) */
@@ -290,7 +291,10 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
     for (int64_t jc = n0; jc < n1; jc += chunk) {
         int64_t ncur = imin64(chunk, n1 - jc);
         int64_t npb = ceil_div(ncur, nr);
-        im->pack_b(g, jc, ncur, k0, kc, nr, bpack);
+        if (p->bshared) /* the team packed every panel (Note [Shared B panels]) */
+            bpack = p->bshared + (size_t)(jc / nr) * bpanel;
+        else
+            im->pack_b(g, jc, ncur, k0, kc, nr, bpack);
         if (k0 == 0 && g->bias &&
             !bias_late) /* Note [GEMM structure]: the bias first, the kernels add to it */
             for (int64_t i = 0; i < mcur; i++)
@@ -413,6 +417,28 @@ static double split_balance(int64_t panels, int nthr) {
     return (double)panels / ((double)nthr * (double)ceil_div(panels, nthr));
 }
 
+/* Note [Shared B panels]
+ * With the M dimension split, every unit multiplies its rows by all of op(B), and a unit packs each B chunk
+ * it needs for itself (Note [GEMM units]): on the small model's products (K <= 768, N <= 512) each of two
+ * threads packed all of B, the f32 weights rounded to bf16 as they are packed (Note [Fused weight casts]),
+ * ~5 % of the bf16 step, half of it the same work done twice. When the call has one K block, one unit
+ * per thread (a quiet machine) and all of packed B fits SHARED_B_MAX, the team packs B once instead: each
+ * thread packs its share of the panels into one buffer, one barrier, and every unit reads the panels it
+ * needs from there. The panels are those a unit would have packed (packing is per panel: a chunk is whole
+ * panels), so every product is unchanged to the bit. A shared machine keeps the per-unit packing: there a
+ * barrier would wait for the thread that shares its CPU. */
+enum { SHARED_B_MAX = 1 << 20 };
+static size_t shared_panel_bytes(const gemm_plan *p) {
+    const sl_gemm_impl *im = p->im;
+    return (size_t)ceil_div(p->g->K, im->kgran) * (size_t)im->kgran * (size_t)im->nr * (size_t)im->esz;
+}
+static size_t shared_b_bytes(const gemm_plan *p) {
+    const sl_gemm_args *g = p->g;
+    if (p->nthr < 2 || p->split_n || p->units != p->nthr || g->K > p->kc || sl_threads_shared()) return 0;
+    size_t bytes = (size_t)ceil_div(g->N, p->im->nr) * shared_panel_bytes(p);
+    return bytes <= SHARED_B_MAX ? round_up_sz(bytes, 4096) : 0;
+}
+
 /* Last resort when the workspace cannot be allocated: correct, unblocked, slow. */
 static void gemm_unpacked(const sl_gemm_args *g, const sl_gemm_impl *im) {
     int bf16 = im->in_bf16;
@@ -467,8 +493,8 @@ void sl_gemm_run(const sl_gemm_args *g, const sl_gemm_impl *im, int nthr) {
            bal_m = split_balance(ceil_div(g->M, im->mr), nthr);
     p.split_n = bal_n > bal_m + 0.05 ? 1 : bal_m > bal_n + 0.05 ? 0 : g->M <= g->N;
     plan_units(&p, p.split_n ? ceil_div(g->N, im->nr) : ceil_div(g->M, im->mr)); /* Note [GEMM units] */
-    size_t total = (size_t)nthr * (p.a_bytes + p.b_bytes);
-    p.ws = (char *)sl_gemm_tlbuf(SL_GEMM_TLB_PACK, total);
+    size_t total = (size_t)nthr * (p.a_bytes + p.b_bytes), shared = shared_b_bytes(&p);
+    p.ws = (char *)sl_gemm_tlbuf(SL_GEMM_TLB_PACK, total + shared);
     if (!p.ws) {
         SL_LOGW("sl_gemm: cannot allocate %zu bytes of packing workspace; using the slow unpacked loop",
                 total);
@@ -480,9 +506,19 @@ void sl_gemm_run(const sl_gemm_args *g, const sl_gemm_impl *im, int nthr) {
         return;
     }
 #ifdef _OPENMP
+    if (shared) p.bshared = p.ws + total;
 #pragma omp parallel num_threads(nthr)
     {
-        /* The runtime may give fewer threads than asked: the units are claimed by whoever runs. */
+        /* The runtime may give fewer threads than asked: the units are claimed by whoever runs, and the
+         * shared panels are split among the threads there are. */
+        if (p.bshared) {
+            int nt = omp_get_num_threads(), t = omp_get_thread_num();
+            int64_t np = ceil_div(g->N, im->nr), p0 = np * t / nt, p1 = np * (t + 1) / nt;
+            if (p1 > p0)
+                im->pack_b(g, p0 * im->nr, imin64(g->N, p1 * im->nr) - p0 * im->nr, 0, g->K, im->nr,
+                           p.bshared + (size_t)p0 * shared_panel_bytes(&p));
+#pragma omp barrier
+        }
         if (omp_get_thread_num() < nthr) gemm_thread(&p, omp_get_thread_num());
     }
 #else
