@@ -877,6 +877,20 @@ static void test_dropout_mask(void) {
             TU_CHECK(!memcmp(want, got, sizeof(float) * (size_t)ns[b]),
                      "[%s] dropout mask e0=%llu n=%lld p=%g: not sl_rng_dropout's", g_isa,
                      (unsigned long long)e0s[a], (long long)ns[b], p);
+            /* the mask applied, with and without a residual: x * m, then + r (two roundings, no FMA) */
+            float *x = rnd(ns[b], 3.0f), *r = rnd(ns[b], 1.0f), o[1000], o2[1000];
+            v->dropout_apply(x, r, want, o, ns[b]);
+            v->dropout_apply(x, NULL, want, o2, ns[b]);
+            int64_t bad = 0;
+            for (int64_t i = 0; i < ns[b]; i++) {
+                volatile float prod = x[i] * want[i];
+                float sum = r[i] + prod, pv = prod;
+                bad += memcmp(&sum, &o[i], 4) != 0 || memcmp(&pv, &o2[i], 4) != 0;
+            }
+            TU_CHECK(bad == 0, "[%s] dropout apply n=%lld: %lld elements differ from x * m (+ r)", g_isa,
+                     (long long)ns[b], (long long)bad);
+            free(x);
+            free(r);
         }
 }
 

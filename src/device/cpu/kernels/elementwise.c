@@ -365,7 +365,10 @@ sl_status sl_k_dropout(sl_tensor *n) {
         else
             sl_rng_dropout(seed, hi, e, c, p, m);
         if (wbits) pack(m, c, wbits + 64 * k);
-        drop_apply(x + at, res ? res + at : NULL, m, o + at, c);
+        if (v)
+            v->dropout_apply(x + at, res ? res + at : NULL, m, o + at, c);
+        else
+            drop_apply(x + at, res ? res + at : NULL, m, o + at, c);
     }
     if (own) sl_k_drop_header_set(own, seed, hi, p, N, 1);
     return SL_OK;
