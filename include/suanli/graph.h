@@ -77,6 +77,10 @@ typedef struct sl_plan_stats {
 } sl_plan_stats;
 /* Assign activation memory by liveness and allocate one arena on `be`. */
 sl_status sl_graph_plan(sl_graph *g, sl_backend *be, sl_plan_stats *stats);
+/* The pass sl_graph_plan runs first: CAST(f32 -> bf16) nodes whose source (GELU, GELU_BACK, LAYERNORM) only
+ * they read become views of that source, which writes bf16 itself where the backend supports it (Note [Half
+ * outputs], src/graph/fuse.c). Returns the number of casts removed; SUANLI_FUSE=0: none. */
+int sl_graph_fuse_half_outputs(sl_graph *g, sl_backend *be);
 /* The planned arena's size, and moving it into caller memory (host-visible backends; e.g. a communicator
  * window, so collectives on activations read peers' memory in place): `host` (>= that size) must outlive
  * the graph's use; the graph frees only its own wrapper. Before the next sl_graph_compute from node 0. */

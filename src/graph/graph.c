@@ -388,6 +388,7 @@ size_t sl_graph_cap_resident(const sl_graph *g) {
  * with an intersecting lifetime (greedy-by-size, as in TFLite's arena planner). The arena is
  * allocated once; no allocation happens in the step loop. */
 sl_status sl_graph_plan(sl_graph *g, sl_backend *be, sl_plan_stats *stats) {
+    sl_graph_fuse_half_outputs(g, be); /* Note [Half outputs] (fuse.c) */
     int n = g->n_nodes;
     int *last = malloc(sizeof(int) * (size_t)(n ? n : 1)), *donor = malloc(sizeof(int) * (size_t)(n ? n : 1));
     plan_item *items = malloc(sizeof(plan_item) * (size_t)(n ? n : 1));

@@ -1,6 +1,7 @@
 /* Graph machinery: planner reuse and safety, completion hooks, leaf binding errors, the null backend,
  * overwriting first gradient writes, splitting a backward into input- and weight-gradient passes, the
- * reserved rows' region. */
+ * reserved rows' region, the half-output pass (Note [Half outputs], src/graph/fuse.c). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "suanli/device.h"
@@ -238,7 +239,84 @@ static void test_reserved_region(void) {
     sl_ctx_free(ctx);
 }
 
+/* Note [Half outputs]: a bf16 MLP block as the GPT-2 builder makes it (LayerNorm, cast, rounded Linear,
+ * GELU, cast, rounded Linear; backward: GELU_BACK then the cast to the first Linear's bf16 gradient). The
+ * pass turns those three casts into views (and no others: a LayerNorm output read twice keeps its cast),
+ * and the loss and every gradient are bitwise those of the unfused graph (SUANLI_FUSE=0). */
+enum { HR = 37, HC = 32, HF = 4 * HC, HV = 11 };
+typedef struct {
+    sl_ctx *ctx;
+    sl_graph *g;
+    sl_tensor *loss, *p[6];
+    float *mem, *grad;
+} half_net;
+static int half_net_build(half_net *n, int reread, int fuse) {
+    static const int64_t shapes[6][2] = {{HC, 0}, {HC, 0}, {HF, HC}, {HF, 0}, {HV, HF}, {HV, 0}};
+    n->ctx = sl_ctx_new(1024);
+    size_t tot = 0;
+    for (int i = 0; i < 6; i++) tot += (size_t)(shapes[i][0] * (shapes[i][1] ? shapes[i][1] : 1));
+    n->mem = malloc(sizeof(float) * (tot + HR * HC));
+    n->grad = calloc(tot, sizeof(float));
+    sl_rng_fill_normal(n->mem, (int64_t)(tot + HR * HC), 5, 6, 0.0f, 0.5f);
+    size_t off = 0;
+    for (int i = 0; i < 6; i++) {
+        n->p[i] = shapes[i][1] ? sl_new_tensor_2d(n->ctx, SL_F32, shapes[i][0], shapes[i][1])
+                               : sl_new_tensor_1d(n->ctx, SL_F32, shapes[i][0]);
+        sl_tensor_bind(n->p[i], n->mem + off);
+        sl_set_param(n->p[i]);
+        n->p[i]->grad = sl_new_tensor(n->ctx, SL_F32, n->p[i]->ndim, n->p[i]->ne);
+        sl_tensor_bind(n->p[i]->grad, n->grad + off);
+        off += (size_t)sl_nelements(n->p[i]);
+    }
+    sl_tensor *x = sl_new_tensor_2d(n->ctx, SL_F32, HR, HC), *tg = sl_new_tensor_1d(n->ctx, SL_I32, HR);
+    sl_tensor_bind(x, n->mem + off);
+    static int32_t tgd[HR];
+    for (int i = 0; i < HR; i++) tgd[i] = (i * 7) % HV;
+    sl_set_input(tg);
+    sl_tensor_bind(tg, tgd);
+    sl_tensor *ln = sl_layernorm(n->ctx, x, n->p[0], n->p[1], 1e-5f);
+    sl_tensor *h = sl_linear_half_w_rounded(n->ctx, sl_cast(n->ctx, ln, SL_BF16), n->p[2],
+                                            sl_round_half(n->ctx, n->p[3], SL_BF16));
+    sl_tensor *f = sl_cast(n->ctx, sl_gelu(n->ctx, h), SL_BF16);
+    sl_tensor *logits = sl_linear_half_w_rounded(n->ctx, f, n->p[4], sl_round_half(n->ctx, n->p[5], SL_BF16));
+    if (reread) logits = sl_add(n->ctx, logits, sl_sum_to(n->ctx, ln, sl_new_tensor_1d(n->ctx, SL_F32, 1)));
+    n->loss = sl_cross_entropy(n->ctx, logits, tg);
+    n->g = sl_graph_new(n->ctx);
+    sl_graph_build_forward(n->g, n->loss);
+    sl_graph_build_backward(n->g, n->loss, 1.0f);
+    if (!fuse) setenv("SUANLI_FUSE", "0", 1);
+    int fused = sl_graph_fuse_half_outputs(n->g, sl_backend_cpu());
+    TU_CHECK(sl_graph_plan(n->g, sl_backend_cpu(), NULL) == SL_OK &&
+                 sl_graph_compute(n->g, NULL, NULL) == SL_OK,
+             "half outputs: run (fuse %d): %s", fuse, sl_errmsg());
+    unsetenv("SUANLI_FUSE");
+    return fused;
+}
+static void half_net_free(half_net *n) {
+    sl_graph_free(n->g);
+    free(n->mem);
+    free(n->grad);
+    sl_ctx_free(n->ctx);
+}
+static void test_half_outputs(void) {
+    for (int reread = 0; reread < 2; reread++) {
+        half_net a, b;
+        int fa = half_net_build(&a, reread, 0), fb = half_net_build(&b, reread, 1);
+        TU_CHECK(fa == 0 && fb == (reread ? 2 : 3), "half outputs (reread %d): %d and %d casts fused", reread,
+                 fa, fb);
+        size_t tot = (size_t)(HC + HC + HF * HC + HF + HV * HF + HV);
+        TU_CHECK(!memcmp(a.loss->data, b.loss->data, sizeof(float)),
+                 "half outputs (reread %d): loss %.9g vs %.9g", reread, *(float *)a.loss->data,
+                 *(float *)b.loss->data);
+        TU_CHECK(!memcmp(a.grad, b.grad, sizeof(float) * tot),
+                 "half outputs (reread %d): the gradients differ from the unfused graph's", reread);
+        half_net_free(&a);
+        half_net_free(&b);
+    }
+}
+
 int main(void) {
+    test_half_outputs();
     test_grad_overwrite();
     test_split_backward();
     test_reserved_region();

@@ -489,6 +489,70 @@ static void test_math(int isa) {
 }
 
 /* MATMUL with bf16 operands: against the f32 kernel on bf16-rounded copies of the inputs */
+/* Note [Half outputs] (src/graph/fuse.c): GELU, GELU_BACK and LAYERNORM nodes given the bf16 dtype store
+ * sl_f32_to_bf16 of what the same kernel stores in f32, bit for bit (and the LayerNorm's statistics after
+ * the smaller output are the same), fast and reference kernels, 1 and 2 threads */
+static void test_half_outputs(void) {
+    static const int64_t shapes[][2] = {{1, 5}, {7, 33}, {300, 128}, {129, 1000}};
+    for (int si = 0; si < 4; si++) {
+        int64_t R = shapes[si][0], C = shapes[si][1], n = R * C;
+        sl_ctx *ctx = sl_ctx_new(64);
+        sl_tensor *x = leaf(ctx, 2, (int64_t[]){R, C}, 2.0f), *g = leaf(ctx, 2, (int64_t[]){R, C}, 1.0f);
+        sl_tensor *w = leaf(ctx, 1, (int64_t[]){C}, 1.0f), *b = leaf(ctx, 1, (int64_t[]){C}, 1.0f);
+        for (int op = 0; op < 3; op++) {
+            sl_tensor *nf, *nh;
+            if (op == 0) {
+                nf = sl_gelu(ctx, x);
+                nh = sl_gelu(ctx, x);
+            } else if (op == 1) {
+                nf = sl_new_op(ctx, SL_OP_GELU_BACK, SL_F32, 2, x->ne);
+                nh = sl_new_op(ctx, SL_OP_GELU_BACK, SL_F32, 2, x->ne);
+                nf->src[0] = nh->src[0] = x;
+                nf->src[1] = nh->src[1] = g;
+            } else {
+                nf = sl_layernorm(ctx, x, w, b, 1e-5f);
+                nh = sl_layernorm(ctx, x, w, b, 1e-5f);
+            }
+            nh->dtype = SL_BF16;
+            kfn ks[2] = {op == 0   ? sl_k_gelu
+                         : op == 1 ? sl_k_gelu_back
+                                   : sl_k_layernorm,
+                         op == 0   ? sl_k_gelu_ref
+                         : op == 1 ? sl_k_gelu_back_ref
+                                   : sl_k_layernorm_ref};
+            const char *name = op == 0 ? "gelu" : op == 1 ? "gelu_back" : "layernorm";
+            size_t fb = sl_nbytes(nf) + nf->aux_bytes, hb = sl_nbytes(nh) + nh->aux_bytes;
+            nf->data = malloc(fb);
+            nh->data = malloc(hb);
+            for (int k = 0; k < 4; k++) {
+                sl_threads_set(k & 1 ? 1 : 2);
+                TU_CHECK(ks[k >> 1](nf) == SL_OK && ks[k >> 1](nh) == SL_OK, "%s: %s", name, sl_errmsg());
+                const float *pf = nf->data;
+                const uint16_t *ph = nh->data;
+                int64_t bad = 0;
+                for (int64_t i = 0; i < n; i++) bad += ph[i] != sl_f32_to_bf16(pf[i]);
+                TU_CHECK(bad == 0,
+                         "[%s] %s %lldx%lld bf16 output (%s, %d thread(s)): %lld values not the rounded f32",
+                         g_isa, name, (long long)R, (long long)C, k >> 1 ? "ref" : "fast", k & 1 ? 1 : 2,
+                         (long long)bad);
+                if (op == 2)
+                    TU_CHECK(!memcmp((char *)nf->data + sl_nbytes(nf), (char *)nh->data + sl_nbytes(nh),
+                                     nf->aux_bytes),
+                             "[%s] layernorm %lldx%lld bf16 output: the statistics differ", g_isa,
+                             (long long)R, (long long)C);
+            }
+            sl_threads_set(2);
+            free(nf->data);
+            free(nh->data);
+        }
+        free(x->data);
+        free(g->data);
+        free(w->data);
+        free(b->data);
+        sl_ctx_free(ctx);
+    }
+}
+
 /* sum_to of a bf16 source (a Linear's bias gradient under autocast): f32 output, bit for bit the sum of the
  * widened copy, fast and reference kernels, 1 and 2 threads; a strided bf16 source is refused by status */
 static void test_sum_to_bf16(void) {
@@ -970,6 +1034,7 @@ int main(void) {
         test_math(isa);
         test_cast_bf16();
         test_sum_to_bf16();
+        test_half_outputs();
         test_sumsq();
         test_dropout_mask();
         test_attention_half();
@@ -991,6 +1056,7 @@ int main(void) {
         test_embed_ce();
         test_attention();
         test_dropout_mask();
+        test_half_outputs();
         sl_vec_set_for_test(NULL);
     }
 #endif

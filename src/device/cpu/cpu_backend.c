@@ -204,6 +204,17 @@ static int cpu_supports(sl_backend *be, const sl_tensor *n) {
     case SL_OP_LINEAR_BF16:
     case SL_OP_MOE_EXPERT:
         return 1;
+    case SL_OP_GELU: /* f32 in; f32 out, or bf16 (Note [Half outputs], src/graph/fuse.c) */
+    case SL_OP_GELU_BACK:
+    case SL_OP_LAYERNORM:
+        for (int i = 0; i < SL_MAX_SRC; i++)
+            if (n->src[i] && n->src[i]->dtype != SL_F32) return 0;
+        return n->dtype == SL_F32 || (n->dtype == SL_BF16 && sl_is_contiguous(n));
+    case SL_OP_LAYERNORM_BACK_X: /* f32; src0, the forward node, only for its statistics (any output dtype) */
+    case SL_OP_LAYERNORM_BACK_WB:
+        for (int i = 1; i < SL_MAX_SRC; i++)
+            if (n->src[i] && n->src[i]->dtype != SL_F32) return 0;
+        return n->dtype == SL_F32;
     case SL_OP_SUM_TO: /* f32, or a contiguous bf16 (rows, C) summed into f32 C (a bias gradient) */
         if (n->src[0]->dtype == SL_BF16)
             return n->dtype == SL_F32 && n->ndim == 1 && sl_is_contiguous(n->src[0]) &&

@@ -504,16 +504,23 @@ sl_status sl_k_concat(sl_tensor *n) {
 
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 
+/* GELU, GELU_BACK and LAYERNORM write f32, or bf16 where a graph pass gave them the dtype of the cast that
+ * followed (Note [Half outputs], src/graph/fuse.c): the f32 value rounded as the CAST kernel rounds */
 sl_status sl_k_gelu_ref(sl_tensor *n) {
     sl_tensor *a = n->src[0];
     if (!sl_is_contiguous(a)) return sl_fail(SL_ERR_UNSUPPORTED, "gelu: non-contiguous input");
     const float *x = a->data;
     float *y = n->data;
+    uint16_t *yh = n->dtype == SL_BF16 ? n->data : NULL;
     int64_t m = sl_nelements(n);
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < m; i++) {
         float v = x[i];
-        y[i] = 0.5f * v * (1.0f + tanhf(GELU_K * (v + 0.044715f * v * v * v)));
+        float r = 0.5f * v * (1.0f + tanhf(GELU_K * (v + 0.044715f * v * v * v)));
+        if (yh)
+            yh[i] = sl_f32_to_bf16(r);
+        else
+            y[i] = r;
     }
     return SL_OK;
 }
@@ -524,15 +531,20 @@ sl_status sl_k_gelu_back_ref(sl_tensor *n) {
         return sl_fail(SL_ERR_UNSUPPORTED, "gelu_back: non-contiguous input");
     const float *x = a->data, *dy = g->data;
     float *dx = n->data;
+    uint16_t *dxh = n->dtype == SL_BF16 ? n->data : NULL;
     int64_t m = sl_nelements(n);
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < m; i++) {
         float v = x[i];
         float u = GELU_K * (v + 0.044715f * v * v * v);
         float t = tanhf(u);
         float sech2 = 1.0f - t * t;
         float du = GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
-        dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * sech2 * du);
+        float r = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * sech2 * du);
+        if (dxh)
+            dxh[i] = sl_f32_to_bf16(r);
+        else
+            dx[i] = r;
     }
     return SL_OK;
 }
@@ -563,7 +575,7 @@ sl_status sl_k_gelu(sl_tensor *n) {
     const sl_vec_ops *v = sl_vec();
     sl_tensor *a = n->src[0];
     if (!v || !sl_is_contiguous(a)) return sl_k_gelu_ref(n);
-    v->gelu_fwd(a->data, n->data, sl_nelements(n));
+    v->gelu_fwd(a->data, n->data, n->dtype == SL_BF16 ? n->data : NULL, sl_nelements(n));
     return SL_OK;
 }
 
@@ -571,6 +583,6 @@ sl_status sl_k_gelu_back(sl_tensor *n) {
     const sl_vec_ops *v = sl_vec();
     sl_tensor *a = n->src[0], *g = n->src[1];
     if (!v || !sl_is_contiguous(a) || !sl_is_contiguous(g)) return sl_k_gelu_back_ref(n);
-    v->gelu_bwd(a->data, g->data, n->data, sl_nelements(n));
+    v->gelu_bwd(a->data, g->data, n->data, n->dtype == SL_BF16 ? n->data : NULL, sl_nelements(n));
     return SL_OK;
 }

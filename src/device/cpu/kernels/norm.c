@@ -16,11 +16,13 @@ sl_status sl_k_layernorm_ref(sl_tensor *n) {
     float eps = n->fparams[0];
     const float *px = x->data, *pw = w->data, *pb = b->data;
     float *py = n->data;
+    uint16_t *pyh = n->dtype == SL_BF16 ? n->data : NULL; /* Note [Half outputs] (src/graph/fuse.c) */
     float *mean = (float *)((char *)n->data + sl_nbytes(n)), *rstd = mean + R;
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < R; r++) {
         const float *xr = px + r * xs;
         float *yr = py + r * C;
+        uint16_t *yh = pyh ? pyh + r * C : NULL;
         float m = 0;
 #pragma omp simd reduction(+ : m)
         for (int64_t c = 0; c < C; c++) m += xr[c];
@@ -30,8 +32,11 @@ sl_status sl_k_layernorm_ref(sl_tensor *n) {
         for (int64_t c = 0; c < C; c++) v += (xr[c] - m) * (xr[c] - m);
         v /= (float)C;
         float rs = 1.0f / sqrtf(v + eps);
+        if (yh)
+            for (int64_t c = 0; c < C; c++) yh[c] = sl_f32_to_bf16((xr[c] - m) * rs * pw[c] + pb[c]);
+        else
 #pragma omp simd
-        for (int64_t c = 0; c < C; c++) yr[c] = (xr[c] - m) * rs * pw[c] + pb[c];
+            for (int64_t c = 0; c < C; c++) yr[c] = (xr[c] - m) * rs * pw[c] + pb[c];
         mean[r] = m;
         rstd[r] = rs;
     }
@@ -139,7 +144,8 @@ sl_status sl_k_layernorm(sl_tensor *n) {
     sl_tensor *x = n->src[0], *w = n->src[1], *b = n->src[2];
     int64_t C = x->ne[x->ndim - 1], R = rows_of(x);
     float *mean = (float *)((char *)n->data + sl_nbytes(n));
-    v->layernorm_fwd(x->data, row_stride(x), w->data, b->data, n->data, mean, mean + R, R, C, n->fparams[0]);
+    v->layernorm_fwd(x->data, row_stride(x), w->data, b->data, n->data, n->dtype == SL_BF16 ? n->data : NULL,
+                     mean, mean + R, R, C, n->fparams[0]);
     return SL_OK;
 }
 

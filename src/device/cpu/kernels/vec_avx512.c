@@ -19,6 +19,9 @@ typedef __m512 vf;
 #define VZERO _mm512_setzero_ps()
 #define VSET1 _mm512_set1_ps
 #define VLOAD _mm512_loadu_ps
+#define VSTOREN_BF16(p, v, k) /* k lanes rounded as sl_f32_to_bf16 (sl_round_bf16_avx512) and stored */      \
+    _mm512_mask_cvtepi32_storeu_epi16((p), (__mmask16)((k) >= 16 ? 0xFFFFu : (1u << (k)) - 1u),              \
+                                      _mm512_srli_epi32(_mm512_castps_si512(sl_round_bf16_avx512(v)), 16))
 #define VLOAD_BF16(p) /* 16 bf16 values widened (exact) */                                                   \
     _mm512_castsi512_ps(                                                                                     \
         _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))

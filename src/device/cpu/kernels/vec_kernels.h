@@ -40,16 +40,18 @@ typedef struct sl_attn_args {
 
 typedef struct sl_vec_ops {
     const char *name;
-    void (*gelu_fwd)(const float *x, float *y, int64_t n);
-    void (*gelu_bwd)(const float *x, const float *dy, float *dx, int64_t n);
+    /* outputs f32, or rounded to bf16 into the *h array when it is not NULL (Note [Half outputs],
+     * src/graph/fuse.c) */
+    void (*gelu_fwd)(const float *x, float *y, uint16_t *yh, int64_t n);
+    void (*gelu_bwd)(const float *x, const float *dy, float *dx, uint16_t *dxh, int64_t n);
     /* o[r, :] = a[r, :] (+|*) b[r, :]; ldb == 0 broadcasts b's single row; op 0 add, 1 mul */
     void (*binary_rows)(const float *a, int64_t lda, const float *b, int64_t ldb, float *o, int64_t ldo,
                         int64_t R, int64_t C, int op);
     void (*binary_flat)(const float *a, const float *b, float *o, int64_t n, int op);
     /* o[c] = sum_r a[r, c]; a is f32, or bf16 when bf16 != 0 (widened) */
     void (*sum_rows)(const void *a, int64_t lda, int64_t R, int64_t C, float *o, int bf16);
-    void (*layernorm_fwd)(const float *x, int64_t xs, const float *w, const float *b, float *y, float *mean,
-                          float *rstd, int64_t R, int64_t C, float eps);
+    void (*layernorm_fwd)(const float *x, int64_t xs, const float *w, const float *b, float *y, uint16_t *yh,
+                          float *mean, float *rstd, int64_t R, int64_t C, float eps);
     void (*layernorm_bwd_x)(const float *x, int64_t xs, const float *g, int64_t gs, const float *w,
                             const float *mean, const float *rstd, float *dx, int64_t R, int64_t C);
     void (*layernorm_bwd_wb)(const float *x, int64_t xs, const float *g, int64_t gs, const float *mean,
