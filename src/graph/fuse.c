@@ -7,18 +7,20 @@
 /* Note [Half outputs]
  * Under bf16 autocast a Linear's input is cast(y, bf16) of an f32 tensor y that nothing else reads: the
  * LayerNorm before the attention and the MLP, the GELU before the second MLP projection, and, backward,
- * the GELU's gradient before the first projection's GEMMs. Each is a pass that writes y in f32 and a
+ * the GELU's gradient before the first projection's GEMMs and the hidden dropouts' gradients before the
+ * output projections'. Each is a pass that writes y in f32 and a
  * second that reads it back and writes the copy. sl_graph_fuse_half_outputs finds CAST(f32 -> bf16)
- * nodes whose source is a GELU, GELU_BACK or LAYERNORM node read by that cast alone (not a graph output,
- * contiguous; a LayerNorm's backward nodes name it only for the statistics), gives the source the cast's
- * dtype and turns the cast into a view of it. The producer then rounds each value as the CAST kernel would
- * (sl_f32_to_bf16, round to nearest even) and stores it, so every consumer reads the same bits; the f32 copy
- * never exists. A LAYERNORM keeps its mean and rstd after its (now smaller) output, where its backward looks
- * (sl_nbytes of the node). A node is rewritten only where the backend supports the half-output form (the CPU;
- * the accelerators keep the cast). Run by sl_graph_plan; SUANLI_FUSE=0 skips it (A/B). Baby GPT bf16 step: 17
- * casts fewer of the 101 per step. */
+ * nodes whose source is a GELU, GELU_BACK, LAYERNORM or DROPOUT (no residual) node read by that cast alone
+ * (not a graph output, contiguous; a LayerNorm's backward nodes name it only for the statistics), gives the
+ * source the cast's dtype and turns the cast into a view of it. The producer then rounds each value as the
+ * CAST kernel would (sl_f32_to_bf16, round to nearest even) and stores it, so every consumer reads the same
+ * bits; the f32 copy never exists. A LAYERNORM keeps its mean and rstd after its (now smaller) output, where
+ * its backward looks (sl_nbytes of the node). A node is rewritten only where the backend supports the
+ * half-output form (the CPU; the accelerators keep the cast). Run by sl_graph_plan; SUANLI_FUSE=0 skips it
+ * (A/B). Baby GPT bf16 step: 25 casts fewer of the 101 per step. */
 static int fusable_producer(const sl_tensor *s) {
-    return (s->op == SL_OP_GELU || s->op == SL_OP_GELU_BACK || s->op == SL_OP_LAYERNORM) &&
+    return (s->op == SL_OP_GELU || s->op == SL_OP_GELU_BACK || s->op == SL_OP_LAYERNORM ||
+            (s->op == SL_OP_DROPOUT && !s->src[1])) &&
            s->dtype == SL_F32 && !s->view_src && sl_is_contiguous(s) &&
            !(s->flags & (SL_FLAG_OUTPUT | SL_FLAG_PARAM | SL_FLAG_LOSS));
 }

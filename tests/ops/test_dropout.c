@@ -124,6 +124,22 @@ static void test_dropout_add_bits(void) {
             TU_CHECK(!memcmp(pbl, pbd, sizeof(float) * (size_t)N),
                      "%s, %d thread(s): the backward from the bits differs from the drawn one", what, th);
         }
+        /* the backward writing bf16 itself (Note [Half outputs], src/graph/fuse.c): the drawn values rounded
+         */
+        sl_tensor *bh = sl_dropout(ctx, g, p, 5);
+        memcpy(bh->iparams, bl->iparams, sizeof bh->iparams);
+        bh->src[2] = y;
+        bh->dtype = SL_BF16;
+        uint16_t *pbh = (uint16_t *)(void *)node_buf(bh);
+        for (int off = 0; off < 2; off++) {
+            bh->iparams[SL_DROPOUT_IP_ON] = !off;
+            TU_CHECK(sl_k_dropout(bh) == SL_OK, "bf16 backward");
+            int64_t nbad = 0;
+            for (int64_t i = 0; i < N; i++) nbad += pbh[i] != sl_f32_to_bf16(off ? pg[i] : pbd[i]);
+            TU_CHECK(nbad == 0, "%s: %lld bf16 backward values (dropout %s) are not the rounded f32 ones",
+                     what, (long long)nbad, off ? "off" : "on");
+        }
+        free(pbh);
         /* the bits are what the backward reads: complemented, they give the complement mask */
         unsigned char *aux = (unsigned char *)py + sl_nbytes(y);
         uint16_t *bits = (uint16_t *)(void *)(aux + 32);

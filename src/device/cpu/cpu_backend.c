@@ -207,9 +207,11 @@ static int cpu_supports(sl_backend *be, const sl_tensor *n) {
     case SL_OP_GELU: /* f32 in; f32 out, or bf16 (Note [Half outputs], src/graph/fuse.c) */
     case SL_OP_GELU_BACK:
     case SL_OP_LAYERNORM:
+    case SL_OP_DROPOUT: /* bf16 out without a residual */
         for (int i = 0; i < SL_MAX_SRC; i++)
             if (n->src[i] && n->src[i]->dtype != SL_F32) return 0;
-        return n->dtype == SL_F32 || (n->dtype == SL_BF16 && sl_is_contiguous(n));
+        return n->dtype == SL_F32 ||
+               (n->dtype == SL_BF16 && sl_is_contiguous(n) && !(n->op == SL_OP_DROPOUT && n->src[1]));
     case SL_OP_LAYERNORM_BACK_X: /* f32; src0, the forward node, only for its statistics (any output dtype) */
     case SL_OP_LAYERNORM_BACK_WB:
         for (int i = 1; i < SL_MAX_SRC; i++)

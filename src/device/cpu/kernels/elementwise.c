@@ -302,9 +302,11 @@ float sl_dropout_params(const sl_tensor *n, uint64_t *seed, uint64_t *ctr_hi) {
 
 /* o = x * m (+ r): the product rounded, then the add, as add(r, dropout(x)) computes it (Note [Hidden dropout
  * bits]; contraction off, so no FMA joins them on any target) */
-__attribute__((optimize("fp-contract=off"))) static void drop_apply(const float *x, const float *r,
-                                                                    const float *m, float *o, int64_t c) {
-    if (r)
+__attribute__((optimize("fp-contract=off"))) static void
+drop_apply(const float *x, const float *r, const float *m, float *o, uint16_t *oh, int64_t c) {
+    if (oh)
+        for (int64_t i = 0; i < c; i++) oh[i] = sl_f32_to_bf16(x[i] * m[i]);
+    else if (r)
         for (int64_t i = 0; i < c; i++) o[i] = r[i] + x[i] * m[i];
     else
         for (int64_t i = 0; i < c; i++) o[i] = x[i] * m[i];
@@ -328,8 +330,11 @@ sl_status sl_k_dropout(sl_tensor *n) {
     const unsigned char *fwd =
         f && f->aux_bytes >= need ? (const unsigned char *)f->data + sl_nbytes(f) : NULL;
     if (own) sl_k_drop_header_set(own, 0, 0, 0.0f, 0, 0); /* valid only once the bits are all written */
+    uint16_t *oh = n->dtype == SL_BF16 ? n->data : NULL;  /* Note [Half outputs] (src/graph/fuse.c) */
     if (p == 0.0f) {
-        if (res) {
+        if (oh) {
+            sl_k_cast_f32_bf16(x, oh, N);
+        } else if (res) {
             const sl_vec_ops *v = sl_vec();
             if (v)
                 v->binary_flat(res, x, o, N, 0);
@@ -366,9 +371,9 @@ sl_status sl_k_dropout(sl_tensor *n) {
             sl_rng_dropout(seed, hi, e, c, p, m);
         if (wbits) pack(m, c, wbits + 64 * k);
         if (v)
-            v->dropout_apply(x + at, res ? res + at : NULL, m, o + at, c);
+            v->dropout_apply(x + at, res ? res + at : NULL, m, o + at, oh ? oh + at : NULL, c);
         else
-            drop_apply(x + at, res ? res + at : NULL, m, o + at, c);
+            drop_apply(x + at, res ? res + at : NULL, m, o + at, oh ? oh + at : NULL, c);
     }
     if (own) sl_k_drop_header_set(own, seed, hi, p, N, 1);
     return SL_OK;
