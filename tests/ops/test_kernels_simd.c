@@ -489,6 +489,44 @@ static void test_math(int isa) {
 }
 
 /* MATMUL with bf16 operands: against the f32 kernel on bf16-rounded copies of the inputs */
+/* the vector kernels' bf16 stores (VSTOREN_BF16: vcvtneps2bf16 with a subnormal fallback where AVX512_BF16
+ * exists, integer rounding elsewhere) on special values: through dropout_apply with keep multipliers 1,
+ * zeros, infinities, NaNs (quiet and signalling, either sign), subnormals, ties to even, values that round
+ * up to infinity and any bit pattern, at every length modulo the vector width: sl_f32_to_bf16's bits */
+static void test_bf16_store_specials(void) {
+    const sl_vec_ops *v = sl_vec();
+    if (!v) return;
+    static const uint32_t special[] = {0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x00408000u,
+                                       0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffbfffffu,
+                                       0x7f7fffffu, 0x7f7f8000u, 0x3f808000u, 0x3f818000u, 0x3f80ffffu,
+                                       0x3f807fffu, 0x477fe000u, 0xc77fe000u, 0x00018000u, 0x80008000u};
+    const int ns = (int)(sizeof special / sizeof special[0]);
+    enum { N = 4099 };
+    float *x = malloc(sizeof(float) * N), *m = malloc(sizeof(float) * N);
+    uint16_t *oh = malloc(sizeof(uint16_t) * N);
+    for (int i = 0; i < N; i++) {
+        uint32_t u = i % 3 == 0   ? special[(i / 3) % ns]
+                     : i % 3 == 1 ? (uint32_t)sl_rng_u64(9, 4, (uint64_t)i)
+                                  : (uint32_t)sl_rng_u64(9, 5, (uint64_t)i) & 0x807fffffu; /* subnormal */
+        memcpy(&x[i], &u, 4);
+        m[i] = i % 17 == 5 ? 0.0f : 1.0f;
+    }
+    for (int n = 1; n <= N; n += n < 40 ? 1 : 1021) {
+        memset(oh, 0xAB, sizeof(uint16_t) * N);
+        v->dropout_apply(x, NULL, m, NULL, oh, n);
+        int bad = 0;
+        for (int i = 0; i < n; i++) {
+            volatile float p = x[i] * m[i];
+            bad += oh[i] != sl_f32_to_bf16(p);
+        }
+        for (int i = n; i < N && i < n + 40; i++) bad += oh[i] != 0xABAB; /* nothing past n */
+        TU_CHECK(bad == 0, "[%s] bf16 stores of special values, n=%d: %d wrong", g_isa, n, bad);
+    }
+    free(x);
+    free(m);
+    free(oh);
+}
+
 /* Note [Half outputs] (src/graph/fuse.c): GELU, GELU_BACK and LAYERNORM nodes given the bf16 dtype store
  * sl_f32_to_bf16 of what the same kernel stores in f32, bit for bit (and the LayerNorm's statistics after
  * the smaller output are the same), fast and reference kernels, 1 and 2 threads */
@@ -1039,6 +1077,7 @@ int main(void) {
         test_cast_bf16();
         test_sum_to_bf16();
         test_half_outputs();
+        test_bf16_store_specials();
         test_sumsq();
         test_dropout_mask();
         test_attention_half();
@@ -1061,6 +1100,7 @@ int main(void) {
         test_attention();
         test_dropout_mask();
         test_half_outputs();
+        test_bf16_store_specials();
         sl_vec_set_for_test(NULL);
     }
 #endif
