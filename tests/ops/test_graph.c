@@ -299,6 +299,17 @@ static void half_net_free(half_net *n) {
     sl_ctx_free(n->ctx);
 }
 static void test_half_outputs(void) {
+    /* a bf16 LayerNorm only with an even element count (its f32 statistics follow the output, aligned) */
+    sl_ctx *c = sl_ctx_new(16);
+    for (int64_t cols = 5; cols <= 6; cols++) {
+        sl_tensor *x = sl_new_tensor_2d(c, SL_F32, 3, cols), *w = sl_new_tensor_1d(c, SL_F32, cols),
+                  *b = sl_new_tensor_1d(c, SL_F32, cols);
+        sl_tensor *ln = sl_layernorm(c, x, w, b, 1e-5f);
+        ln->dtype = SL_BF16;
+        TU_CHECK(sl_backend_cpu()->supports_op(sl_backend_cpu(), ln) == (cols % 2 == 0),
+                 "a bf16 LayerNorm of 3 x %lld is %s", (long long)cols, cols % 2 ? "refused" : "run");
+    }
+    sl_ctx_free(c);
     for (int reread = 0; reread < 2; reread++) {
         half_net a, b;
         int fa = half_net_build(&a, reread, 0), fb = half_net_build(&b, reread, 1);

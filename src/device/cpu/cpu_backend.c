@@ -210,8 +210,11 @@ static int cpu_supports(sl_backend *be, const sl_tensor *n) {
     case SL_OP_DROPOUT: /* bf16 out without a residual */
         for (int i = 0; i < SL_MAX_SRC; i++)
             if (n->src[i] && n->src[i]->dtype != SL_F32) return 0;
+        /* a bf16 LAYERNORM keeps its f32 statistics right after its output: an even count keeps them aligned
+         */
         return n->dtype == SL_F32 ||
-               (n->dtype == SL_BF16 && sl_is_contiguous(n) && !(n->op == SL_OP_DROPOUT && n->src[1]));
+               (n->dtype == SL_BF16 && sl_is_contiguous(n) && !(n->op == SL_OP_DROPOUT && n->src[1]) &&
+                !(n->op == SL_OP_LAYERNORM && sl_nelements(n) % 2));
     case SL_OP_LAYERNORM_BACK_X: /* f32; src0, the forward node, only for its statistics (any output dtype) */
     case SL_OP_LAYERNORM_BACK_WB:
         for (int i = 1; i < SL_MAX_SRC; i++)
