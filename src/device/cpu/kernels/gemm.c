@@ -400,8 +400,9 @@ static void gemm_thread(gemm_plan *p, int tid) {
  * (Note [Binding on a shared machine]) there are GEMM_UNITS_SHARED per thread, so a thread that shares its
  * CPU with a neighbour takes fewer of them. A unit packs the other operand for itself, so units cost packing:
  * 3-7 % on GPT-2 shapes with 2 units per thread on a quiet machine, 10-20 % with guided sizes; hence one
- * unit per thread unless the machine is shared. No result depends on the units: each C element is computed
- * whole by one thread, in the same K order. */
+ * unit per thread unless the machine is shared, or B is packed once for the team (Note [Shared B panels]:
+ * then a unit packs only its own rows of A, and the rows go in GEMM_UNITS_SHARED_B units per thread). No
+ * result depends on the units: each C element is computed whole by one thread, in the same K order. */
 enum { GEMM_UNITS_SHARED = 4 };
 
 static void plan_units(gemm_plan *p, int64_t panels, int per_thread) {
