@@ -66,8 +66,8 @@ typedef struct sl_vec_ops {
     void (*attn_bwd)(const sl_attn_args *a);
     /* out[i] = dropout multiplier of element e0 + i (0 or 1/(1-p)): exactly sl_rng_dropout */
     void (*dropout_mask)(uint64_t seed, uint64_t hi, uint64_t e0, int64_t n, float p, float *out);
-    /* o = x * m (+ r when r is not NULL), the product rounded before the add (Note [Hidden dropout bits]); with
-     * oh set (and no r), x * m rounded to bf16 into oh instead */
+    /* o = x * m (+ r when r is not NULL), the product rounded before the add (Note [Hidden dropout bits]);
+     * with oh set (and no r), x * m rounded to bf16 into oh instead */
     void (*dropout_apply)(const float *x, const float *r, const float *m, float *o, uint16_t *oh, int64_t n);
 } sl_vec_ops;
 
