@@ -423,8 +423,8 @@ static double split_balance(int64_t panels, int nthr) {
  * With the M dimension split, every unit multiplies its rows by all of op(B), and a unit packs each B chunk
  * it needs for itself (Note [GEMM units]): on the small model's products (K <= 768, N <= 512) each of two
  * threads packed all of B, the f32 weights rounded to bf16 as they are packed (Note [Fused weight casts]),
- * ~5 % of the bf16 step, half of it the same work done twice. When the call has one K block, one unit
- * per thread (a quiet machine) and all of packed B fits SHARED_B_MAX, the team packs B once instead: each
+ * ~5 % of the bf16 step, half of it the same work done twice. When the call has one K block, the machine
+ * is quiet and all of packed B fits SHARED_B_MAX, the team packs B once instead: each
  * thread packs its share of the panels into one buffer, one barrier, and every unit reads the panels it
  * needs from there. The panels are those a unit would have packed (packing is per panel: a chunk is whole
  * panels), so every product is unchanged to the bit. A shared machine keeps the per-unit packing: there a
