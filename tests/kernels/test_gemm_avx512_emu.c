@@ -159,6 +159,51 @@ static void run_f32b(int tA, int tB, int64_t M, int64_t N, int64_t K, int pad, i
     free(Bf), free(C1), free(C2), free(Ah), free(Bh);
 }
 
+/* Note [Rounding in the writeback] (gemm.c): the vdpbf16ps kernel that rounds its tile in registers is
+ * bitwise the kernel followed by the driver's rounding passes (the impl without kernel_round), for a rounded
+ * product stored or added, a rounded output with alpha / beta and with a late bias, over one K block and
+ * several, full and edge tiles; and what it stores is a bf16 value (or C plus one). */
+static void run_round(int c_round, int tA, int tB, int64_t M, int64_t N, int64_t K, float alpha, float beta,
+                      int with_bias, int nthr) {
+    int64_t lda = (tA ? M : K) + 1, ldb = (tB ? K : N) + 2, ldc = N + 3;
+    int64_t na = (tA ? K : M) * lda, nb = (tB ? N : K) * ldb, nc = M * ldc;
+    uint16_t *Ah = malloc((size_t)na * 2), *Bh = malloc((size_t)nb * 2);
+    float *C0 = malloc((size_t)nc * 4), *C1 = malloc((size_t)nc * 4), *C2 = malloc((size_t)nc * 4),
+          *bias = malloc((size_t)N * 4);
+    if (!Ah || !Bh || !C0 || !C1 || !C2 || !bias) abort();
+    for (int64_t i = 0; i < na; i++) Ah[i] = sl_f32_to_bf16(frand());
+    for (int64_t i = 0; i < nb; i++) Bh[i] = sl_f32_to_bf16(frand());
+    for (int64_t i = 0; i < nc; i++)
+        C0[i] = sl_bf16_to_f32(sl_f32_to_bf16(frand())); /* ROUND_ADD's C: gradients so far */
+    for (int64_t i = 0; i < N; i++) bias[i] = frand();
+    memcpy(C1, C0, (size_t)nc * 4);
+    memcpy(C2, C0, (size_t)nc * 4);
+    sl_gemm_impl two_pass = emu_impl_bf16;
+    two_pass.kernel_round = NULL;
+    sl_gemm_args g = {tA, tB,     M, N, K, alpha, beta, Ah, lda, Bh, ldb, C1, ldc, with_bias ? bias : NULL,
+                      0,  c_round};
+    sl_gemm_run(&g, &emu_impl_bf16, nthr);
+    g.C = C2;
+    sl_gemm_run(&g, &two_pass, nthr);
+    int64_t not_half = 0;
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            float x = C1[i * ldc + j] - (c_round == SL_GEMM_ROUND_ADD ? C0[i * ldc + j] : 0.0f);
+            not_half += sl_bf16_to_f32(sl_f32_to_bf16(x)) != x;
+        }
+    const char *mode = c_round == SL_GEMM_ROUND_STORE ? "store"
+                       : c_round == SL_GEMM_ROUND_ADD ? "add"
+                                                      : "out";
+    TU_CHECK(!memcmp(C1, C2, (size_t)nc * 4),
+             "rounding in the writeback (%s) %s%s M=%lld N=%lld K=%lld alpha=%g beta=%g bias=%d thr=%d: not "
+             "bitwise the two passes",
+             mode, tA ? "T" : "N", tB ? "T" : "N", (long long)M, (long long)N, (long long)K, alpha, beta,
+             with_bias, nthr);
+    TU_CHECK(c_round == SL_GEMM_ROUND_ADD || not_half == 0,
+             "rounding in the writeback (%s): %lld values not bf16", mode, (long long)not_half);
+    free(Ah), free(Bh), free(C0), free(C1), free(C2), free(bias);
+}
+
 int main(void) {
     /* shapes exercise full tiles, row/column edges, k tails of the 8x8/16x16 transposes, odd K for
      * bf16 pairs, and more than one K block (kc 384 fp32 / 512 bf16). */
@@ -182,5 +227,18 @@ int main(void) {
         for (int t = 0; t < 4; t++)
             for (int fail = 0; fail < 2; fail++)
                 run_f32b(t >> 1, t & 1, fb[s][0], fb[s][1], fb[s][2], (s + t) % 2 ? 3 : 0, fail, 1 + s % 2);
+    static const int64_t rs[][3] = {{8, 48, 16}, {9, 49, 17}, {63, 100, 130}, {17, 70, 1031}};
+    for (int s = 0; s < 4; s++)
+        for (int t = 0; t < 4; t++) {
+            int tA = t >> 1, tB = t & 1, nthr = 1 + t % 2;
+            if (rs[s][2] <= emu_impl_bf16.kc) { /* a rounded product: its sum in one K block */
+                run_round(SL_GEMM_ROUND_STORE, tA, tB, rs[s][0], rs[s][1], rs[s][2], 1.0f, 0.0f, 0, nthr);
+                run_round(SL_GEMM_ROUND_ADD, tA, tB, rs[s][0], rs[s][1], rs[s][2], 1.0f, 0.0f, 0, nthr);
+            }
+            run_round(SL_GEMM_ROUND_OUT, tA, tB, rs[s][0], rs[s][1], rs[s][2], 1.0f, 0.0f, 1, nthr);
+            run_round(SL_GEMM_ROUND_OUT, tA, tB, rs[s][0], rs[s][1], rs[s][2], 0.5f, 0.0f, 0, nthr);
+            run_round(SL_GEMM_ROUND_OUT, tA, tB, rs[s][0], rs[s][1], rs[s][2], -2.0f, 1.0f, 0, nthr);
+            run_round(SL_GEMM_ROUND_OUT, tA, tB, rs[s][0], rs[s][1], rs[s][2], 1.0f, 0.25f, 0, nthr);
+        }
     return tu_finish("test_gemm_avx512_emu");
 }

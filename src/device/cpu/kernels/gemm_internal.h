@@ -88,6 +88,12 @@ typedef struct sl_gemm_impl {
      * products whose packing of A costs as much as a good part of their FMAs (Note [Unpacked A]) */
     void (*kernel_ua)(int64_t ksteps, const float *a, int64_t lda, const void *b, float *c, int64_t ldc,
                       float alpha, float beta, int mr, int nr);
+    /* NULL, or the kernel with the bf16 rounding of its tile done in registers before the tile is stored
+     * (Note [Rounding in the writeback], gemm.c): t = alpha * acc, then beta * C as the plain writeback does,
+     * then + bias[j] (bias non-NULL), and C = sl_round_bf16_f32(t); with add (alpha 1, beta 0, no bias)
+     * C = C + sl_round_bf16_f32(acc) */
+    void (*kernel_round)(int64_t ksteps, const void *a, const void *b, float *c, int64_t ldc, float alpha,
+                         float beta, const float *bias, int add, int mr, int nr);
 } sl_gemm_impl;
 
 /* Per-thread buffers, grown on demand and reused (no allocation in steady state), freed when the thread
