@@ -269,6 +269,41 @@ static void test_bf16_f32b(void) {
         }
 }
 
+/* Subnormal values reach the rounding of a Linear's output where the sum is (near) zero and the bias is
+ * tiny. The rounding in the kernel's writeback (Note [Rounding in the writeback], gemm.c) uses vcvtneps2bf16
+ * where it can, which flushes subnormals; a vector holding one must take the exact rounding. Rows of zeros
+ * in A, a bias of subnormals (every third column, with low bits that the rounding changes) among normal
+ * values: each output is sl_f32_to_bf16's rounding of bias + sum, bit for bit. */
+static void test_rounded_subnormal(void) {
+    const int64_t M = 16, N = 101, K = 32;
+    float *Bf = falloc(N * K), *bias = falloc(N), *C1 = falloc(M * N), *C2 = falloc(M * N);
+    uint16_t *A = (uint16_t *)calloc((size_t)(M * K), 2);
+    if (!A) abort();
+    fill(Bf, N * K);
+    fill(bias, N);
+    for (int64_t i = 0; i < M; i += 2)
+        for (int64_t k = 0; k < K; k++) A[i * K + k] = sl_f32_to_bf16(0.25f * (float)((i + k) % 7) - 0.75f);
+    int64_t changed = 0;
+    for (int64_t j = 0; j < N; j += 3) {
+        uint32_t u = 0x00012345u * (uint32_t)(j + 1) & 0x007fffffu; /* exponent 0: subnormal */
+        if (j % 2) u |= 0x80000000u;
+        memcpy(&bias[j], &u, 4);
+        changed += sl_bf16_to_f32(sl_f32_to_bf16(bias[j])) != bias[j];
+    }
+    sl_gemm_bf16_f32b(0, 1, M, N, K, 1.0f, A, K, Bf, K, 0.0f, bias, C2, N);
+    sl_gemm_bf16_f32b_round(0, 1, M, N, K, 1.0f, A, K, Bf, K, 0.0f, bias, C1, N);
+    int64_t bad = -1;
+    for (int64_t i = 0; i < M * N && bad < 0; i++) {
+        float r = sl_bf16_to_f32(sl_f32_to_bf16(C2[i]));
+        if (memcmp(&r, &C1[i], 4)) bad = i;
+    }
+    TU_CHECK(changed > 10, "subnormal bias: only %lld values change when rounded", (long long)changed);
+    TU_CHECK(bad < 0, "rounded output with subnormal values: element %lld is %a, want %a", (long long)bad,
+             bad < 0 ? 0.0 : (double)C1[bad],
+             bad < 0 ? 0.0 : (double)sl_bf16_to_f32(sl_f32_to_bf16(C2[bad])));
+    free(Bf), free(bias), free(C1), free(C2), free(A);
+}
+
 /* sl_gemm_rounded (Note [Rounded products in the GEMM]): C (= | +=) bf16(product) rounded tile by tile
  * inside the GEMM is bitwise the product written out and rounded by the scalar sl_round_bf16_f32, for fp32
  * and bf16 operands, all four layouts, padded leading dimensions, edge tiles, store and add. K above the
@@ -500,6 +535,7 @@ int main(void) {
     test_bf16();
     test_bf16_f32b();
     test_rounded();
+    test_rounded_subnormal();
     test_amx_few_rows();
     test_determinism();
     test_shared_units();
