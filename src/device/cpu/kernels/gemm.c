@@ -711,11 +711,12 @@ void sl_gemm_bf16_f32b_round(int transA, int transB, int64_t M, int64_t N, int64
  * it again. An impl with kernel_round does it in the kernel's writeback, on the sums still in registers: the
  * same operations on the same values in the same order (alpha, then beta as the plain writeback, then the
  * bias, then sl_round_bf16_f32; or C plus the rounded sum), so the same bits (test_gemm against the two
- * passes; test_gemm_avx512_emu runs both on every host through SIMDe). The kernel also prefetches the
- * tile of C it will add to, where the rounded-product pass found the gradient's lines cold. GPT-2 124M's
- * forward and weight-gradient GEMMs (B4 T64, Zen 4): 3-5 % faster in a loop at 1 and 2 threads; the whole
- * bf16 step at 1 thread, two builds side by side: 1238 -> 1206 ms (mean of 6). The small model's K = 128
- * products measure the same either way (their C stays in cache). */
+ * passes; test_gemm_avx512_emu runs both on every host through SIMDe, with the integer rounding, since
+ * SIMDe has no vcvtneps2bf16; test_gemm's subnormal case covers that instruction's fallback where the CPU
+ * has it). The kernel also prefetches the tile of C it will add to, where the rounded-product pass found the
+ * gradient's lines cold. GPT-2 124M's forward and weight-gradient GEMMs (B4 T64, Zen 4): 3-5 % faster in a
+ * loop at 1 and 2 threads; the whole bf16 step at 1 thread, two builds side by side: 1238 -> 1206 ms (mean
+ * of 6). The small model's K = 128 products measure the same either way (their C stays in cache). */
 
 /* Note [Rounded products in the GEMM]
  * Under autocast a weight's gradient is the bf16 GEMM's output rounded to bf16 and added to the fp32 .grad
