@@ -519,6 +519,50 @@ static void test_unpacked_a(void) {
     sl_threads_set(saved);
 }
 
+/* Note [Packing B in the first tile]: a K x N B whose full panels are packed by the first row panel's kernel
+ * gives bitwise the C of packing every panel first: partial row panels (M = 37, 63), a partial right-edge
+ * panel (N = 128, 1000), several B chunks (N = 1000), two K blocks (K = 1000), rows of B 4 floats off the
+ * cache line (ldb = N + 1), A transposed or not, packed or read in place, alpha / beta and a bias, 1 and 2
+ * threads; and it is right against the double-accumulating reference. */
+static void test_fused_b_pack(void) {
+    const shape ds[] = {{37, 128, 200}, {63, 1000, 1000}, {256, 768, 300}, {8, 48, 16}, {41, 96, 100}};
+    int saved = sl_threads_get();
+    for (int si = 0; si < (int)(sizeof ds / sizeof ds[0]); si++)
+        for (int v = 0; v < 8; v++) {
+            const int tA = v & 1, pad = (v >> 1) & 1, thr = 1 + (v >> 2);
+            int64_t M = ds[si].M, N = ds[si].N, K = ds[si].K, lda = tA ? M : K, ldb = N + pad;
+            float *A = falloc(M * K), *B = falloc(K * ldb), *bias = falloc(N), *C0 = falloc(M * N), *C[2],
+                  *D[2];
+            fill(A, M * K), fill(B, K * ldb), fill(bias, N), fill(C0, M * N);
+            sl_threads_set(thr);
+            for (int r = 0; r < 2; r++) { /* r 0: every panel packed first; r 1: packed by the first tile */
+                C[r] = falloc(M * N), D[r] = falloc(M * N);
+                memcpy(C[r], C0, (size_t)(M * N) * sizeof(float));
+                sl_gemm_fused_b_pack_set(r);
+                sl_gemm_unpacked_a_set(si % 2); /* A read in place (!tA) on odd shapes */
+                sl_sgemm(tA, 0, M, N, K, -1.25f, A, lda, B, ldb, 0.5f, C[r], N);
+                sl_sgemm_bias(tA, 0, M, N, K, 1.0f, A, lda, B, ldb, bias, D[r], N);
+            }
+            sl_gemm_fused_b_pack_set(1);
+            sl_gemm_unpacked_a_set(1);
+            size_t bytes = (size_t)(M * N) * sizeof(float);
+            TU_CHECK(!memcmp(C[0], C[1], bytes) && !memcmp(D[0], D[1], bytes),
+                     "B packed in the first tile differs from packed first: %lld %lld %lld tA=%d ldb+%d "
+                     "threads %d (beta %d bias %d)",
+                     (long long)M, (long long)N, (long long)K, tA, pad, thr, !!memcmp(C[0], C[1], bytes),
+                     !!memcmp(D[0], D[1], bytes));
+            float *R = falloc(M * N);
+            memcpy(R, C0, bytes);
+            sl_sgemm_ref(tA, 0, M, N, K, -1.25f, A, lda, B, ldb, 0.5f, R, N);
+            TU_CHECK(check_c("B packed in the first tile vs reference", C[1], R, M, N, K),
+                     "B packed in the first tile vs reference");
+            free(R);
+            for (int r = 0; r < 2; r++) free(C[r]), free(D[r]);
+            free(A), free(B), free(bias), free(C0);
+        }
+    sl_threads_set(saved);
+}
+
 int main(void) {
     const char *isa = getenv("SUANLI_ISA");
     printf("gemm kernel: %s, bf16 %s (SUANLI_ISA=%s, cpu isa %s)\n", sl_gemm_kernel_name(),
@@ -540,5 +584,6 @@ int main(void) {
     test_determinism();
     test_shared_units();
     test_unpacked_a();
+    test_fused_b_pack();
     return tu_finish("test_gemm");
 }

@@ -226,6 +226,8 @@ enum { GEMM_UNITS_MAX = 64 };
  * Zen 1 in an earlier session such a kernel measured within noise). */
 static int g_ua_off; /* tests: 1 packs every A (sl_gemm_unpacked_a_set) */
 void sl_gemm_unpacked_a_set(int on) { __atomic_store_n(&g_ua_off, !on, __ATOMIC_RELAXED); }
+static int g_pb_off; /* tests: 1 packs every B panel before its kernels (sl_gemm_fused_b_pack_set) */
+void sl_gemm_fused_b_pack_set(int on) { __atomic_store_n(&g_pb_off, !on, __ATOMIC_RELAXED); }
 
 typedef struct gemm_plan {
     const sl_gemm_args *g;
@@ -268,6 +270,23 @@ static void round_rows_bias(float *c, int64_t ldc, const float *bias, int64_t ro
         for (int64_t j = 0; j < n; j++) c[i * ldc + j] = sl_round_bf16_f32(c[i * ldc + j] + bias[j]);
 }
 
+/* Note [Packing B in the first tile]
+ * A dX product (NN: dY times the weight, 256 x 768 x 2304 for GPT-2 at B4 T64) reads its B panels from
+ * DRAM, and packing them was 9 % of the call at 1 thread on Zen 4 (pack_b_f32_avx512 in perf), where
+ * oneDNN's sgemm finished the same shapes 7-9 % sooner. oneDNN's JIT code for these shapes loads B in place
+ * in the first tile of a strip and copies it as it goes; an earlier attempt here that read B in place in
+ * every tile lost 4-20 % (B's rows ldb apart fall into a few L1 sets and evict each other). So for a K x N
+ * fp32 op(B) (transB 0: the dX and dW products) the impl's kernel_pb computes the first row panel's tile
+ * straight from B's rows, storing each row's 48 values into the packed panel as it loads them, and the
+ * other row panels use that packed panel as before: the packing loads are the ones the kernel makes anyway,
+ * and the FMAs run while they arrive. The chunk is then walked panel by panel (every row panel on one B
+ * panel, then the next) with each panel packed into the chunk's first slot, so the packed B that the
+ * kernels read is one 147 KiB panel (kc 768) instead of a 1 MiB chunk, beside the 1 MiB L2 of a Zen 4 core.
+ * A partial panel at the right edge is packed first, as before. The FMAs and their order are the packed
+ * kernel's, so C is the same bits (test_gemm compares the two paths). Measured on Zen 4 at 1 thread,
+ * in-process alternation (docs/BENCHMARKS.md "Zen 4, eighth visit"): NN 256-row shapes +3.5-7 %, dW +1-2 %,
+ * 1024-row NN within noise. B's rows must be 64-byte aligned for the gain: a malloc'ed B 16 bytes off the
+ * line gains 1-2 % (a 48-float row then spans four lines). */
 /* Multiply the packed A block (npa micro-panels) by op(B) columns [n0, n1), K block (k0, kc). */
 static void block_times_b(const gemm_plan *p, const char *apack, const float *ua, int64_t ic, int64_t mcur,
                           int64_t k0, int64_t kc, int64_t n0, int64_t n1, char *bpack, float *tile) {
@@ -285,27 +304,58 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
     const int bias_late = g->bias && round_out && k0 == 0 && !ua;
     const float beta = bias_late ? 0.0f : k0 == 0 && !g->bias ? g->beta : 1.0f;
     if (n1 <= n0) return;
+    const int fuse_b = im->kernel_pb && !p->bshared && !g->transB && !g->b_f32 && !tile &&
+                       !(im->kernel_round && (bias_late || round_out)) &&
+                       !__atomic_load_n(&g_pb_off, __ATOMIC_RELAXED);
     /* split [n0,n1) into equal chunks of at most nc columns (multiples of nr) */
     int64_t len = n1 - n0, nchunks = ceil_div(len, im->nc);
     int64_t chunk = ceil_div(ceil_div(len, nchunks), nr) * nr;
     for (int64_t jc = n0; jc < n1; jc += chunk) {
         int64_t ncur = imin64(chunk, n1 - jc);
         int64_t npb = ceil_div(ncur, nr);
+        /* Note [Packing B in the first tile]: full panels are packed by their first row panel's kernel */
+        const int64_t nfull = fuse_b ? ncur / nr : 0;
         if (p->bshared) /* the team packed every panel (Note [Shared B panels]) */
             bpack = p->bshared + (size_t)(jc / nr) * bpanel;
-        else
-            im->pack_b(g, jc, ncur, k0, kc, nr, bpack);
+        else if (nfull < npb)
+            im->pack_b(g, jc + nfull * nr, ncur - nfull * nr, k0, kc, nr, bpack + (size_t)nfull * bpanel);
         if (k0 == 0 && g->bias &&
             !bias_late) /* Note [GEMM structure]: the bias first, the kernels add to it */
             for (int64_t i = 0; i < mcur; i++)
                 memcpy(g->C + (ic + i) * g->ldc + jc, g->bias + jc, (size_t)ncur * sizeof(float));
-        for (int64_t pa = 0; pa < npa; pa++) {
+        if (nfull) { /* panel by panel, each into the chunk's first slot (Note [Packing B in the first tile]) */
+            const float *B = (const float *)g->B + k0 * g->ldb + jc;
+            for (int64_t q = 0; q < nfull; q++) {
+                for (int64_t pa = 0; pa < npa; pa++) {
+                    int mi = (int)imin64(mr, mcur - pa * mr);
+                    const char *a = ua ? apack : apack + pa * apanel;
+                    const int rows = ua && mi == mr;
+                    const float *ar = rows ? ua + pa * mr * g->lda : (const float *)a;
+                    float *c = g->C + (ic + pa * mr) * g->ldc + jc + q * nr;
+                    if (pa == 0) {
+                        im->kernel_pb(ksteps, ar, rows ? g->lda : 0, B + q * nr, g->ldb, bpack, c,
+                                      g->ldc, g->alpha, beta, mi);
+                    } else {
+                        if (rows)
+                            im->kernel_ua(ksteps, ar, g->lda, bpack, c, g->ldc, g->alpha, beta, mi,
+                                          nr);
+                        else
+                            im->kernel(ksteps, a, bpack, c, g->ldc, g->alpha, beta, mi, nr);
+                    }
+                    if (bias_late)
+                        round_rows_bias(c, g->ldc, g->bias + jc + q * nr, mi, nr);
+                    else if (round_out)
+                        sl_round_bf16_rows(c, g->ldc, c, g->ldc, mi, nr, 0);
+                }
+            }
+        }
+        for (int64_t pa = 0; pa < npa && nfull < npb; pa++) {
             int mi = (int)imin64(mr, mcur - pa * mr);
             /* unpacked A: full panels read in place, the partial one packed alone (Note [Unpacked A]) */
             const char *a = ua ? apack : apack + pa * apanel;
             float *crow = g->C + (ic + pa * mr) * g->ldc + jc;
             if (ua && mi == mr) {
-                for (int64_t q = 0; q < npb; q++) {
+                for (int64_t q = nfull; q < npb; q++) {
                     int nj = (int)imin64(nr, ncur - q * nr);
                     im->kernel_ua(ksteps, ua + pa * mr * g->lda, g->lda, bpack + q * bpanel, crow + q * nr,
                                   g->ldc, g->alpha, beta, mi, nj);
@@ -314,7 +364,7 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
                 }
                 continue;
             }
-            for (int64_t q = 0; q < npb; q++) {
+            for (int64_t q = nfull; q < npb; q++) {
                 int nj = (int)imin64(nr, ncur - q * nr);
                 if (im->kernel_round &&
                     (tile || bias_late || round_out)) { /* Note [Rounding in the writeback] */

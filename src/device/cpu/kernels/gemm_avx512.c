@@ -131,6 +131,63 @@ SL_KERNEL_8x48_VARIANTS(k8x48_packed,
         k8x48_packed_nc3(ksteps, a, b_, c, ldc, alpha, beta, mr, nr);
 }
 
+/* Note [Packing B in the first tile]: the 8 x 48 kernel on a full panel of a K x N fp32 B read in place
+ * (rows ldb apart), storing each row's 48 values into the packed panel as it loads them; the FMAs and their
+ * order are the packed kernel's. A is a packed panel (lda 0, any mr) or MR rows in place (lda apart). */
+enum { PB_PF_ROWS = 8 }; /* B's rows are prefetched this far ahead */
+#define SL_KERNEL_8x48_PB_BODY(A_AT, A_NEXT)                                                                 \
+    do {                                                                                                     \
+        __m512 acc[MR][3];                                                                                   \
+        _Pragma("GCC unroll 8") for (int i = 0; i < MR; i++) {                                               \
+            acc[i][0] = acc[i][1] = acc[i][2] = _mm512_setzero_ps();                                         \
+            if (i < mr) {                                                                                    \
+                for (int v = 0; v < 3; v++) _mm_prefetch((const char *)(c + i * ldc + 16 * v), _MM_HINT_T0); \
+                _mm_prefetch((const char *)(c + i * ldc + 47), _MM_HINT_T0);                                 \
+            }                                                                                                \
+        }                                                                                                    \
+        const int64_t pf = PB_PF_ROWS * ldb;                                                                 \
+        float *d = (float *)bpack;                                                                           \
+        _Pragma("GCC unroll 4") for (int64_t k = 0; k < ksteps; k++) {                                       \
+            __m512 bv[3];                                                                                    \
+            _mm_prefetch((const char *)(b + pf), _MM_HINT_T0);                                               \
+            _mm_prefetch((const char *)(b + pf + 16), _MM_HINT_T0);                                          \
+            _mm_prefetch((const char *)(b + pf + 32), _MM_HINT_T0);                                          \
+            _mm_prefetch((const char *)(b + pf + 47), _MM_HINT_T0); /* a fourth line if not 64-aligned */    \
+            for (int v = 0; v < 3; v++) {                                                                    \
+                bv[v] = _mm512_loadu_ps(b + 16 * v);                                                         \
+                _mm512_store_ps(d + 16 * v, bv[v]);                                                          \
+            }                                                                                                \
+            _Pragma("GCC unroll 8") for (int i = 0; i < MR; i++) {                                           \
+                __m512 av = _mm512_set1_ps(A_AT(i));                                                         \
+                for (int v = 0; v < 3; v++) acc[i][v] = _mm512_fmadd_ps(av, bv[v], acc[i][v]);               \
+            }                                                                                                \
+            A_NEXT;                                                                                          \
+            b += ldb;                                                                                        \
+            d += NR;                                                                                         \
+        }                                                                                                    \
+        const int nr = NR;                                                                                   \
+        SL_WRITEBACK_8x48(acc);                                                                              \
+    } while (0)
+SL_TARGET_AVX512 static void k8x48_pb_packed(int64_t ksteps, const float *a, const float *b, int64_t ldb,
+                                             void *bpack, float *c, int64_t ldc, float alpha, float beta,
+                                             int mr) {
+    SL_KERNEL_8x48_PB_BODY(SL_A_PACKED, a += MR);
+}
+SL_TARGET_AVX512 static void k8x48_pb_rows(int64_t ksteps, const float *a, int64_t lda, const float *b,
+                                           int64_t ldb, void *bpack, float *c, int64_t ldc, float alpha,
+                                           float beta) {
+    const int mr = MR;
+    SL_KERNEL_8x48_PB_BODY(SL_A_ROWS, a++);
+}
+SL_TARGET_AVX512 static void kernel_avx512_8x48_pb(int64_t ksteps, const float *a, int64_t lda, const float *b,
+                                                   int64_t ldb, void *bpack, float *c, int64_t ldc, float alpha,
+                                                   float beta, int mr) {
+    if (lda)
+        k8x48_pb_rows(ksteps, a, lda, b, ldb, bpack, c, ldc, alpha, beta);
+    else
+        k8x48_pb_packed(ksteps, a, b, ldb, bpack, c, ldc, alpha, beta, mr);
+}
+
 /* mr must be MR: the caller packs a partial panel */
 SL_TARGET_AVX512 static void kernel_avx512_8x48_rows(int64_t ksteps, const float *a, int64_t lda,
                                                      const void *b_, float *c, int64_t ldc, float alpha,
@@ -288,7 +345,8 @@ const sl_gemm_impl sl_gemm_impl_avx512_f32 = {.name = "avx512",
                                               .pack_a = pack_a_f32_avx512,
                                               .pack_b = pack_b_f32_avx512,
                                               .kernel = kernel_avx512_8x48,
-                                              .kernel_ua = kernel_avx512_8x48_rows};
+                                              .kernel_ua = kernel_avx512_8x48_rows,
+                                              .kernel_pb = kernel_avx512_8x48_pb};
 const sl_gemm_impl sl_gemm_impl_avx512_bf16emu = {.name = "avx512",
                                                   .mr = MR,
                                                   .nr = NR,

@@ -88,6 +88,11 @@ typedef struct sl_gemm_impl {
      * products whose packing of A costs as much as a good part of their FMAs (Note [Unpacked A]) */
     void (*kernel_ua)(int64_t ksteps, const float *a, int64_t lda, const void *b, float *c, int64_t ldc,
                       float alpha, float beta, int mr, int nr);
+    /* NULL, or the kernel on a full nr-wide panel of a K x N fp32 op(B) (transB 0) read in place, rows ldb
+     * apart, that stores the packed panel into bpack as it reads it (Note [Packing B in the first tile],
+     * gemm.c); A is a packed panel (lda 0) or mr = MR rows in place, lda apart */
+    void (*kernel_pb)(int64_t ksteps, const float *a, int64_t lda, const float *b, int64_t ldb, void *bpack,
+                      float *c, int64_t ldc, float alpha, float beta, int mr);
     /* NULL, or the kernel with the bf16 rounding of its tile done in registers before the tile is stored
      * (Note [Rounding in the writeback], gemm.c): t = alpha * acc, then beta * C as the plain writeback does,
      * then + bias[j] (bias non-NULL), and C = sl_round_bf16_f32(t); with add (alpha 1, beta 0, no bias)
@@ -104,6 +109,9 @@ void *sl_gemm_tlbuf(int slot, size_t bytes);
 
 /* Tests: 0 packs every A, 1 (the default) reads a row-major fp32 A in place where Note [Unpacked A] says */
 void sl_gemm_unpacked_a_set(int on);
+/* Tests: 0 packs every B panel first, 1 (the default) lets the first row panel's kernels pack the full panels
+ * of a K x N fp32 B where the impl can (Note [Packing B in the first tile]) */
+void sl_gemm_fused_b_pack_set(int on);
 
 /* Run the blocked GEMM with `nthr` threads (1: on the calling thread, no OpenMP region). */
 void sl_gemm_run(const sl_gemm_args *g, const sl_gemm_impl *im, int nthr);
