@@ -521,11 +521,12 @@ static void test_unpacked_a(void) {
 
 /* Note [Packing B in the first tile]: a K x N B whose full panels are packed by the first row panel's kernel
  * gives bitwise the C of packing every panel first: partial row panels (M = 37, 63), a partial right-edge
- * panel (N = 128, 1000), several B chunks (N = 1000), two K blocks (K = 1000), rows of B 4 floats off the
- * cache line (ldb = N + 1), A transposed or not, packed or read in place, alpha / beta and a bias, 1 and 2
- * threads; and it is right against the double-accumulating reference. */
+ * panel (N = 128, 1000), several B chunks (N = 1000), two K blocks (K = 1001), K steps that are not a
+ * multiple of 4 (the prefetching kernel's tail: K = 301, 1001), rows of B 4 floats off the cache line
+ * (ldb = N + 1), A transposed or not, packed or read in place, alpha / beta and a bias, 1 and 2 threads; and
+ * it is right against the double-accumulating reference. */
 static void test_fused_b_pack(void) {
-    const shape ds[] = {{37, 128, 200}, {63, 1000, 1000}, {256, 768, 300}, {8, 48, 16}, {41, 96, 100}};
+    const shape ds[] = {{37, 128, 200}, {63, 1000, 1001}, {256, 768, 301}, {8, 48, 16}, {41, 96, 100}};
     int saved = sl_threads_get();
     for (int si = 0; si < (int)(sizeof ds / sizeof ds[0]); si++)
         for (int v = 0; v < 8; v++) {

@@ -226,6 +226,7 @@ enum { GEMM_UNITS_MAX = 64 };
  * Zen 1 in an earlier session such a kernel measured within noise). */
 static int g_ua_off; /* tests: 1 packs every A (sl_gemm_unpacked_a_set) */
 void sl_gemm_unpacked_a_set(int on) { __atomic_store_n(&g_ua_off, !on, __ATOMIC_RELAXED); }
+enum { PB_PF_TILES = 4 }; /* Note [Packing B in the first tile] */
 static int g_pb_off; /* tests: 1 packs every B panel before its kernels (sl_gemm_fused_b_pack_set) */
 void sl_gemm_fused_b_pack_set(int on) { __atomic_store_n(&g_pb_off, !on, __ATOMIC_RELAXED); }
 
@@ -282,11 +283,17 @@ static void round_rows_bias(float *c, int64_t ldc, const float *bias, int64_t ro
  * and the FMAs run while they arrive. The chunk is then walked panel by panel (every row panel on one B
  * panel, then the next) with each panel packed into the chunk's first slot, so the packed B that the
  * kernels read is one 147 KiB panel (kc 768) instead of a 1 MiB chunk, beside the 1 MiB L2 of a Zen 4 core.
- * A partial panel at the right edge is packed first, as before. The FMAs and their order are the packed
- * kernel's, so C is the same bits (test_gemm compares the two paths). Measured on Zen 4 at 1 thread,
- * in-process alternation (docs/BENCHMARKS.md "Zen 4, eighth visit"): NN 256-row shapes +3.5-7 %, dW +1-2 %,
- * 1024-row NN within noise. B's rows must be 64-byte aligned for the gain: a malloc'ed B 16 bytes off the
- * line gains 1-2 % (a 48-float row then spans four lines). */
+ * A partial panel at the right edge is packed first, as before. Reading B from DRAM, the first tile still
+ * took about 2.5 tiles' time (1.3 with B in L2), so the last PB_PF_TILES tiles of a panel (kernel_pf)
+ * prefetch the next full panel's rows into L1, a quarter each, three prefetches every 4 k steps. Bursts
+ * of prefetches issued between tiles, into L2 over the whole panel or into L1 over its last 2-8 tiles,
+ * gained nothing measurable (presumably the bursts stall the kernel, and A's rows, streamed past once per
+ * panel, evict the early lines from L2). The FMAs and their
+ * order are the packed kernel's, so C is the same bits (test_gemm compares the two paths, and
+ * test_gemm_avx512_emu runs both kernels under SIMDe). Measured on Zen 4 at 1 thread, in-process
+ * alternation (docs/BENCHMARKS.md "Zen 4, eighth visit"): NN 256 x 768 x 2304 102 -> 111 GFLOP/s (oneDNN
+ * 111.5), dW +1-2 %. B's rows should be 64-byte aligned: a malloc'ed B 16 bytes off the line gains less
+ * (a 48-float row then spans four lines). */
 /* Multiply the packed A block (npa micro-panels) by op(B) columns [n0, n1), K block (k0, kc). */
 static void block_times_b(const gemm_plan *p, const char *apack, const float *ua, int64_t ic, int64_t mcur,
                           int64_t k0, int64_t kc, int64_t n0, int64_t n1, char *bpack, float *tile) {
@@ -325,6 +332,7 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
                 memcpy(g->C + (ic + i) * g->ldc + jc, g->bias + jc, (size_t)ncur * sizeof(float));
         if (nfull) { /* panel by panel, each into the chunk's first slot (Note [Packing B in the first tile]) */
             const float *B = (const float *)g->B + k0 * g->ldb + jc;
+            const int64_t pf_from = imax64(1, npa - PB_PF_TILES);
             for (int64_t q = 0; q < nfull; q++) {
                 for (int64_t pa = 0; pa < npa; pa++) {
                     int mi = (int)imin64(mr, mcur - pa * mr);
@@ -335,6 +343,12 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
                     if (pa == 0) {
                         im->kernel_pb(ksteps, ar, rows ? g->lda : 0, B + q * nr, g->ldb, bpack, c,
                                       g->ldc, g->alpha, beta, mi);
+                    } else if (pa >= pf_from && jc + (q + 2) * nr <= n1) {
+                        /* the last PB_PF_TILES tiles bring the next full panel's rows of B into L1, a
+                         * quarter of them each (a prefetch past B's end is dropped, never a fault) */
+                        const int64_t r0 = (pa - pf_from) * (ksteps / 4);
+                        im->kernel_pf(ksteps, ar, rows ? g->lda : 0, bpack, c, g->ldc, g->alpha, beta, mi,
+                                      B + (q + 1) * nr + r0 * g->ldb, g->ldb);
                     } else {
                         if (rows)
                             im->kernel_ua(ksteps, ar, g->lda, bpack, c, g->ldc, g->alpha, beta, mi,

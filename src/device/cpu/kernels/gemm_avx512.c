@@ -179,6 +179,63 @@ SL_TARGET_AVX512 static void k8x48_pb_rows(int64_t ksteps, const float *a, int64
     const int mr = MR;
     SL_KERNEL_8x48_PB_BODY(SL_A_ROWS, a++);
 }
+/* The 8 x 48 kernel on a full packed panel that also prefetches one row (48 floats) of `pf` into L1 every
+ * 4 k steps, pf_ld floats apart: the source rows of the next B panel, which the next kernel_pb reads
+ * (Note [Packing B in the first tile]). Same FMAs in the same order as k8x48_*_nc3. */
+#define SL_KERNEL_8x48_PF_STEP(A_AT, A_NEXT)                                                                 \
+    do {                                                                                                     \
+        __m512 bv[3];                                                                                        \
+        for (int v = 0; v < 3; v++) bv[v] = _mm512_load_ps(b + 16 * v);                                      \
+        _Pragma("GCC unroll 8") for (int i = 0; i < MR; i++) {                                               \
+            __m512 av = _mm512_set1_ps(A_AT(i));                                                             \
+            for (int v = 0; v < 3; v++) acc[i][v] = _mm512_fmadd_ps(av, bv[v], acc[i][v]);                   \
+        }                                                                                                    \
+        A_NEXT;                                                                                              \
+        b += NR;                                                                                             \
+    } while (0)
+#define SL_KERNEL_8x48_PF_BODY(A_AT, A_NEXT)                                                                 \
+    do {                                                                                                     \
+        const float *b = (const float *)b_;                                                                  \
+        __m512 acc[MR][3];                                                                                   \
+        _Pragma("GCC unroll 8") for (int i = 0; i < MR; i++) {                                               \
+            acc[i][0] = acc[i][1] = acc[i][2] = _mm512_setzero_ps();                                         \
+            if (i < mr) {                                                                                    \
+                for (int v = 0; v < 3; v++) _mm_prefetch((const char *)(c + i * ldc + 16 * v), _MM_HINT_T0); \
+                _mm_prefetch((const char *)(c + i * ldc + 47), _MM_HINT_T0);                                 \
+            }                                                                                                \
+        }                                                                                                    \
+        int64_t k = 0;                                                                                       \
+        for (; k + 4 <= ksteps; k += 4) {                                                                    \
+            _mm_prefetch((const char *)pf, _MM_HINT_T0);                                                     \
+            _mm_prefetch((const char *)(pf + 16), _MM_HINT_T0);                                              \
+            _mm_prefetch((const char *)(pf + 47), _MM_HINT_T0); /* a fourth line if not 64-aligned */        \
+            pf += pf_ld;                                                                                     \
+            _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) SL_KERNEL_8x48_PF_STEP(A_AT, A_NEXT);        \
+        }                                                                                                    \
+        for (; k < ksteps; k++) SL_KERNEL_8x48_PF_STEP(A_AT, A_NEXT);                                        \
+        const int nr = NR;                                                                                   \
+        SL_WRITEBACK_8x48(acc);                                                                              \
+    } while (0)
+SL_TARGET_AVX512 static void k8x48_pf_packed(int64_t ksteps, const float *a, const void *b_, float *c,
+                                             int64_t ldc, float alpha, float beta, int mr, const float *pf,
+                                             int64_t pf_ld) {
+    SL_KERNEL_8x48_PF_BODY(SL_A_PACKED, a += MR);
+}
+SL_TARGET_AVX512 static void k8x48_pf_rows(int64_t ksteps, const float *a, int64_t lda, const void *b_,
+                                           float *c, int64_t ldc, float alpha, float beta, const float *pf,
+                                           int64_t pf_ld) {
+    const int mr = MR;
+    SL_KERNEL_8x48_PF_BODY(SL_A_ROWS, a++);
+}
+SL_TARGET_AVX512 static void kernel_avx512_8x48_pf(int64_t ksteps, const float *a, int64_t lda, const void *b,
+                                                   float *c, int64_t ldc, float alpha, float beta, int mr,
+                                                   const float *pf, int64_t pf_ld) {
+    if (lda)
+        k8x48_pf_rows(ksteps, a, lda, b, c, ldc, alpha, beta, pf, pf_ld);
+    else
+        k8x48_pf_packed(ksteps, a, b, c, ldc, alpha, beta, mr, pf, pf_ld);
+}
+
 SL_TARGET_AVX512 static void kernel_avx512_8x48_pb(int64_t ksteps, const float *a, int64_t lda, const float *b,
                                                    int64_t ldb, void *bpack, float *c, int64_t ldc, float alpha,
                                                    float beta, int mr) {
@@ -346,7 +403,8 @@ const sl_gemm_impl sl_gemm_impl_avx512_f32 = {.name = "avx512",
                                               .pack_b = pack_b_f32_avx512,
                                               .kernel = kernel_avx512_8x48,
                                               .kernel_ua = kernel_avx512_8x48_rows,
-                                              .kernel_pb = kernel_avx512_8x48_pb};
+                                              .kernel_pb = kernel_avx512_8x48_pb,
+                                              .kernel_pf = kernel_avx512_8x48_pf};
 const sl_gemm_impl sl_gemm_impl_avx512_bf16emu = {.name = "avx512",
                                                   .mr = MR,
                                                   .nr = NR,
