@@ -227,7 +227,7 @@ enum { GEMM_UNITS_MAX = 64 };
 static int g_ua_off; /* tests: 1 packs every A (sl_gemm_unpacked_a_set) */
 void sl_gemm_unpacked_a_set(int on) { __atomic_store_n(&g_ua_off, !on, __ATOMIC_RELAXED); }
 enum { PB_PF_TILES = 4 }; /* Note [Packing B in the first tile] */
-static int g_pb_off; /* tests: 1 packs every B panel before its kernels (sl_gemm_fused_b_pack_set) */
+static int g_pb_off;      /* tests: 1 packs every B panel before its kernels (sl_gemm_fused_b_pack_set) */
 void sl_gemm_fused_b_pack_set(int on) { __atomic_store_n(&g_pb_off, !on, __ATOMIC_RELAXED); }
 
 typedef struct gemm_plan {
@@ -311,8 +311,7 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
     const int bias_late = g->bias && round_out && k0 == 0 && !ua;
     const float beta = bias_late ? 0.0f : k0 == 0 && !g->bias ? g->beta : 1.0f;
     if (n1 <= n0) return;
-    const int fuse_b = im->kernel_pb && !p->bshared && !g->transB && !g->b_f32 && !tile &&
-                       !(im->kernel_round && (bias_late || round_out)) &&
+    const int fuse_b = im->kernel_pb && !p->bshared && !g->transB && !tile && kc % im->kgran == 0 &&
                        !__atomic_load_n(&g_pb_off, __ATOMIC_RELAXED);
     /* split [n0,n1) into equal chunks of at most nc columns (multiples of nr) */
     int64_t len = n1 - n0, nchunks = ceil_div(len, im->nc);
@@ -330,10 +329,15 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
             !bias_late) /* Note [GEMM structure]: the bias first, the kernels add to it */
             for (int64_t i = 0; i < mcur; i++)
                 memcpy(g->C + (ic + i) * g->ldc + jc, g->bias + jc, (size_t)ncur * sizeof(float));
-        if (nfull) { /* panel by panel, each into the chunk's first slot (Note [Packing B in the first tile]) */
-            const float *B = (const float *)g->B + k0 * g->ldb + jc;
-            const int64_t pf_from = imax64(1, npa - PB_PF_TILES);
+        if (nfull) { /* panel by panel, each into the chunk's first slot (Note [Packing B in the first tile])
+                      */
+            const size_t bsz = g->b_f32 || !im->in_bf16 ? sizeof(float) : sizeof(uint16_t);
+            const char *B = (const char *)g->B + (size_t)(k0 * g->ldb + jc) * bsz;
+            const int64_t pf_from = im->kernel_pf ? imax64(1, npa - PB_PF_TILES) : npa;
+            /* with kernel_round the tiles are rounded in its writeback (Note [Rounding in the writeback]) */
+            const int rnd = im->kernel_round && (bias_late || round_out);
             for (int64_t q = 0; q < nfull; q++) {
+                const float *lb = bias_late ? g->bias + jc + q * nr : NULL;
                 for (int64_t pa = 0; pa < npa; pa++) {
                     int mi = (int)imin64(mr, mcur - pa * mr);
                     const char *a = ua ? apack : apack + pa * apanel;
@@ -341,21 +345,24 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
                     const float *ar = rows ? ua + pa * mr * g->lda : (const float *)a;
                     float *c = g->C + (ic + pa * mr) * g->ldc + jc + q * nr;
                     if (pa == 0) {
-                        im->kernel_pb(ksteps, ar, rows ? g->lda : 0, B + q * nr, g->ldb, bpack, c,
-                                      g->ldc, g->alpha, beta, mi);
+                        im->kernel_pb(ksteps, rows ? (const void *)ar : a, rows ? g->lda : 0,
+                                      B + (size_t)(q * nr) * bsz, g->ldb, g->b_f32, bpack, c, g->ldc,
+                                      g->alpha, beta, rnd ? lb : NULL, rnd, mi);
+                    } else if (rnd) {
+                        im->kernel_round(ksteps, a, bpack, c, g->ldc, g->alpha, beta, lb, 0, mi, nr);
                     } else if (pa >= pf_from && jc + (q + 2) * nr <= n1) {
                         /* the last PB_PF_TILES tiles bring the next full panel's rows of B into L1, a
                          * quarter of them each (a prefetch past B's end is dropped, never a fault) */
                         const int64_t r0 = (pa - pf_from) * (ksteps / 4);
                         im->kernel_pf(ksteps, ar, rows ? g->lda : 0, bpack, c, g->ldc, g->alpha, beta, mi,
-                                      B + (q + 1) * nr + r0 * g->ldb, g->ldb);
+                                      (const float *)B + (q + 1) * nr + r0 * g->ldb, g->ldb);
                     } else {
                         if (rows)
-                            im->kernel_ua(ksteps, ar, g->lda, bpack, c, g->ldc, g->alpha, beta, mi,
-                                          nr);
+                            im->kernel_ua(ksteps, ar, g->lda, bpack, c, g->ldc, g->alpha, beta, mi, nr);
                         else
                             im->kernel(ksteps, a, bpack, c, g->ldc, g->alpha, beta, mi, nr);
                     }
+                    if (rnd) continue;
                     if (bias_late)
                         round_rows_bias(c, g->ldc, g->bias + jc + q * nr, mi, nr);
                     else if (round_out)

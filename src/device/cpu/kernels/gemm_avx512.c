@@ -236,9 +236,11 @@ SL_TARGET_AVX512 static void kernel_avx512_8x48_pf(int64_t ksteps, const float *
         k8x48_pf_packed(ksteps, a, b, c, ldc, alpha, beta, mr, pf, pf_ld);
 }
 
-SL_TARGET_AVX512 static void kernel_avx512_8x48_pb(int64_t ksteps, const float *a, int64_t lda, const float *b,
-                                                   int64_t ldb, void *bpack, float *c, int64_t ldc, float alpha,
-                                                   float beta, int mr) {
+SL_TARGET_AVX512 static void kernel_avx512_8x48_pb(int64_t ksteps, const void *a, int64_t lda, const void *b,
+                                                   int64_t ldb, int b_f32, void *bpack, float *c, int64_t ldc,
+                                                   float alpha, float beta, const float *bias, int rnd,
+                                                   int mr) {
+    (void)b_f32, (void)bias, (void)rnd; /* fp32 B; this impl has no kernel_round */
     if (lda)
         k8x48_pb_rows(ksteps, a, lda, b, ldb, bpack, c, ldc, alpha, beta);
     else

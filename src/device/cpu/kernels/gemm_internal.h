@@ -88,13 +88,16 @@ typedef struct sl_gemm_impl {
      * products whose packing of A costs as much as a good part of their FMAs (Note [Unpacked A]) */
     void (*kernel_ua)(int64_t ksteps, const float *a, int64_t lda, const void *b, float *c, int64_t ldc,
                       float alpha, float beta, int mr, int nr);
-    /* NULL, or the kernel on a full nr-wide panel of a K x N fp32 op(B) (transB 0) read in place, rows ldb
-     * apart, that stores the packed panel into bpack as it reads it (Note [Packing B in the first tile],
-     * gemm.c); A is a packed panel (lda 0) or mr = MR rows in place, lda apart */
-    void (*kernel_pb)(int64_t ksteps, const float *a, int64_t lda, const float *b, int64_t ldb, void *bpack,
-                      float *c, int64_t ldc, float alpha, float beta, int mr);
-    /* with kernel_pb: the kernel on a full packed panel (A as for kernel_pb) that also prefetches one row of
-     * pf (a full panel's width) every 4 k steps, pf_ld floats apart */
+    /* NULL, or the kernel on a full nr-wide panel of a K x N op(B) (transB 0) read in place, rows ldb
+     * elements apart (fp32, or with in_bf16 bf16 unless b_f32), that stores the packed panel into bpack as it
+     * reads it (Note [Packing B in the first tile], gemm.c). A is a packed panel (lda 0) or mr = MR rows in
+     * place, lda apart. rnd (only impls with kernel_round): the tile is written as kernel_round does with
+     * bias and add 0; else as kernel does. With kgran 2, ksteps k pairs: kc is even. */
+    void (*kernel_pb)(int64_t ksteps, const void *a, int64_t lda, const void *b, int64_t ldb, int b_f32,
+                      void *bpack, float *c, int64_t ldc, float alpha, float beta, const float *bias, int rnd,
+                      int mr);
+    /* NULL, or with kernel_pb (fp32): the kernel on a full packed panel (A as for kernel_pb) that also
+     * prefetches one row of pf (a full panel's width) every 4 k steps, pf_ld floats apart */
     void (*kernel_pf)(int64_t ksteps, const float *a, int64_t lda, const void *b, float *c, int64_t ldc,
                       float alpha, float beta, int mr, const float *pf, int64_t pf_ld);
     /* NULL, or the kernel with the bf16 rounding of its tile done in registers before the tile is stored
