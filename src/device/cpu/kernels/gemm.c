@@ -348,14 +348,16 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
                         im->kernel_pb(ksteps, rows ? (const void *)ar : a, rows ? g->lda : 0,
                                       B + (size_t)(q * nr) * bsz, g->ldb, g->b_f32, bpack, c, g->ldc,
                                       g->alpha, beta, rnd ? lb : NULL, rnd, mi);
-                    } else if (rnd) {
-                        im->kernel_round(ksteps, a, bpack, c, g->ldc, g->alpha, beta, lb, 0, mi, nr);
                     } else if (pa >= pf_from && jc + (q + 2) * nr <= n1) {
                         /* the last PB_PF_TILES tiles bring the next full panel's rows of B into L1, a
                          * quarter of them each (a prefetch past B's end is dropped, never a fault) */
-                        const int64_t r0 = (pa - pf_from) * (ksteps / 4);
-                        im->kernel_pf(ksteps, ar, rows ? g->lda : 0, bpack, c, g->ldc, g->alpha, beta, mi,
-                                      (const float *)B + (q + 1) * nr + r0 * g->ldb, g->ldb);
+                        const int64_t r0 = (pa - pf_from) * (kc / 4);
+                        im->kernel_pf(ksteps, rows ? (const void *)ar : a, rows ? g->lda : 0, bpack, c,
+                                      g->ldc, g->alpha, beta, rnd ? lb : NULL, rnd, mi,
+                                      B + (size_t)((q + 1) * nr + r0 * g->ldb) * bsz, g->ldb * (int64_t)bsz,
+                                      (int)(nr * bsz));
+                    } else if (rnd) {
+                        im->kernel_round(ksteps, a, bpack, c, g->ldc, g->alpha, beta, lb, 0, mi, nr);
                     } else {
                         if (rows)
                             im->kernel_ua(ksteps, ar, g->lda, bpack, c, g->ldc, g->alpha, beta, mi, nr);

@@ -179,9 +179,16 @@ SL_TARGET_AVX512 static void k8x48_pb_rows(int64_t ksteps, const float *a, int64
     const int mr = MR;
     SL_KERNEL_8x48_PB_BODY(SL_A_ROWS, a++);
 }
-/* The 8 x 48 kernel on a full packed panel that also prefetches one row (48 floats) of `pf` into L1 every
- * 4 k steps, pf_ld floats apart: the source rows of the next B panel, which the next kernel_pb reads
- * (Note [Packing B in the first tile]). Same FMAs in the same order as k8x48_*_nc3. */
+/* The 8 x 48 kernel on a full packed panel that also prefetches one row (pf_bytes, up to four lines) of `pf`
+ * into L1 every 4 k steps, pf_ld bytes apart: the source rows of the next B panel, which the next kernel_pb
+ * reads (Note [Packing B in the first tile]). Same FMAs in the same order as k8x48_*_nc3. */
+#define SL_PF_ROW(pf, o2, last)                                                                              \
+    do {                                                                                                     \
+        _mm_prefetch((pf), _MM_HINT_T0);                                                                     \
+        _mm_prefetch((pf) + 64, _MM_HINT_T0);                                                                \
+        _mm_prefetch((pf) + (o2), _MM_HINT_T0);                                                              \
+        _mm_prefetch((pf) + (last), _MM_HINT_T0); /* a further line if the row is not 64-aligned */          \
+    } while (0)
 #define SL_KERNEL_8x48_PF_STEP(A_AT, A_NEXT)                                                                 \
     do {                                                                                                     \
         __m512 bv[3];                                                                                        \
@@ -196,6 +203,7 @@ SL_TARGET_AVX512 static void k8x48_pb_rows(int64_t ksteps, const float *a, int64
 #define SL_KERNEL_8x48_PF_BODY(A_AT, A_NEXT)                                                                 \
     do {                                                                                                     \
         const float *b = (const float *)b_;                                                                  \
+        const int o2 = pf_bytes > 128 ? 128 : pf_bytes - 1, last = pf_bytes - 1;                             \
         __m512 acc[MR][3];                                                                                   \
         _Pragma("GCC unroll 8") for (int i = 0; i < MR; i++) {                                               \
             acc[i][0] = acc[i][1] = acc[i][2] = _mm512_setzero_ps();                                         \
@@ -206,9 +214,7 @@ SL_TARGET_AVX512 static void k8x48_pb_rows(int64_t ksteps, const float *a, int64
         }                                                                                                    \
         int64_t k = 0;                                                                                       \
         for (; k + 4 <= ksteps; k += 4) {                                                                    \
-            _mm_prefetch((const char *)pf, _MM_HINT_T0);                                                     \
-            _mm_prefetch((const char *)(pf + 16), _MM_HINT_T0);                                              \
-            _mm_prefetch((const char *)(pf + 47), _MM_HINT_T0); /* a fourth line if not 64-aligned */        \
+            SL_PF_ROW(pf, o2, last);                                                                         \
             pf += pf_ld;                                                                                     \
             _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) SL_KERNEL_8x48_PF_STEP(A_AT, A_NEXT);        \
         }                                                                                                    \
@@ -217,23 +223,25 @@ SL_TARGET_AVX512 static void k8x48_pb_rows(int64_t ksteps, const float *a, int64
         SL_WRITEBACK_8x48(acc);                                                                              \
     } while (0)
 SL_TARGET_AVX512 static void k8x48_pf_packed(int64_t ksteps, const float *a, const void *b_, float *c,
-                                             int64_t ldc, float alpha, float beta, int mr, const float *pf,
-                                             int64_t pf_ld) {
+                                             int64_t ldc, float alpha, float beta, int mr, const char *pf,
+                                             int64_t pf_ld, int pf_bytes) {
     SL_KERNEL_8x48_PF_BODY(SL_A_PACKED, a += MR);
 }
 SL_TARGET_AVX512 static void k8x48_pf_rows(int64_t ksteps, const float *a, int64_t lda, const void *b_,
-                                           float *c, int64_t ldc, float alpha, float beta, const float *pf,
-                                           int64_t pf_ld) {
+                                           float *c, int64_t ldc, float alpha, float beta, const char *pf,
+                                           int64_t pf_ld, int pf_bytes) {
     const int mr = MR;
     SL_KERNEL_8x48_PF_BODY(SL_A_ROWS, a++);
 }
-SL_TARGET_AVX512 static void kernel_avx512_8x48_pf(int64_t ksteps, const float *a, int64_t lda, const void *b,
-                                                   float *c, int64_t ldc, float alpha, float beta, int mr,
-                                                   const float *pf, int64_t pf_ld) {
+SL_TARGET_AVX512 static void kernel_avx512_8x48_pf(int64_t ksteps, const void *a, int64_t lda, const void *b,
+                                                   float *c, int64_t ldc, float alpha, float beta,
+                                                   const float *bias, int rnd, int mr, const char *pf,
+                                                   int64_t pf_ld, int pf_bytes) {
+    (void)bias, (void)rnd; /* this impl has no kernel_round */
     if (lda)
-        k8x48_pf_rows(ksteps, a, lda, b, c, ldc, alpha, beta, pf, pf_ld);
+        k8x48_pf_rows(ksteps, a, lda, b, c, ldc, alpha, beta, pf, pf_ld, pf_bytes);
     else
-        k8x48_pf_packed(ksteps, a, b, c, ldc, alpha, beta, mr, pf, pf_ld);
+        k8x48_pf_packed(ksteps, a, b, c, ldc, alpha, beta, mr, pf, pf_ld, pf_bytes);
 }
 
 SL_TARGET_AVX512 static void kernel_avx512_8x48_pb(int64_t ksteps, const void *a, int64_t lda, const void *b,

@@ -96,10 +96,12 @@ typedef struct sl_gemm_impl {
     void (*kernel_pb)(int64_t ksteps, const void *a, int64_t lda, const void *b, int64_t ldb, int b_f32,
                       void *bpack, float *c, int64_t ldc, float alpha, float beta, const float *bias, int rnd,
                       int mr);
-    /* NULL, or with kernel_pb (fp32): the kernel on a full packed panel (A as for kernel_pb) that also
-     * prefetches one row of pf (a full panel's width) every 4 k steps, pf_ld floats apart */
-    void (*kernel_pf)(int64_t ksteps, const float *a, int64_t lda, const void *b, float *c, int64_t ldc,
-                      float alpha, float beta, int mr, const float *pf, int64_t pf_ld);
+    /* NULL, or with kernel_pb: the kernel on a full packed panel (A, bias and rnd as for kernel_pb) that also
+     * prefetches one row of B's next panel (pf_bytes from pf) per kc / 4 of its k, rows pf_ld bytes apart
+     * (Note [Packing B in the first tile], gemm.c) */
+    void (*kernel_pf)(int64_t ksteps, const void *a, int64_t lda, const void *b, float *c, int64_t ldc,
+                      float alpha, float beta, const float *bias, int rnd, int mr, const char *pf,
+                      int64_t pf_ld, int pf_bytes);
     /* NULL, or the kernel with the bf16 rounding of its tile done in registers before the tile is stored
      * (Note [Rounding in the writeback], gemm.c): t = alpha * acc, then beta * C as the plain writeback does,
      * then + bias[j] (bias non-NULL), and C = sl_round_bf16_f32(t); with add (alpha 1, beta 0, no bias)
