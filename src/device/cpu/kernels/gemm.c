@@ -277,23 +277,25 @@ static void round_rows_bias(float *c, int64_t ldc, const float *bias, int64_t ro
  * oneDNN's sgemm finished the same shapes 7-9 % sooner. oneDNN's JIT code for these shapes loads B in place
  * in the first tile of a strip and copies it as it goes; an earlier attempt here that read B in place in
  * every tile lost 4-20 % (B's rows ldb apart fall into a few L1 sets and evict each other). So for a K x N
- * fp32 op(B) (transB 0: the dX and dW products) the impl's kernel_pb computes the first row panel's tile
- * straight from B's rows, storing each row's 48 values into the packed panel as it loads them, and the
- * other row panels use that packed panel as before: the packing loads are the ones the kernel makes anyway,
- * and the FMAs run while they arrive. The chunk is then walked panel by panel (every row panel on one B
- * panel, then the next) with each panel packed into the chunk's first slot, so the packed B that the
- * kernels read is one 147 KiB panel (kc 768) instead of a 1 MiB chunk, beside the 1 MiB L2 of a Zen 4 core.
- * A partial panel at the right edge is packed first, as before. Reading B from DRAM, the first tile still
- * took about 2.5 tiles' time (1.3 with B in L2), so the last PB_PF_TILES tiles of a panel (kernel_pf)
- * prefetch the next full panel's rows into L1, a quarter each, three prefetches every 4 k steps. Bursts
- * of prefetches issued between tiles, into L2 over the whole panel or into L1 over its last 2-8 tiles,
- * gained nothing measurable (presumably the bursts stall the kernel, and A's rows, streamed past once per
- * panel, evict the early lines from L2). The FMAs and their
- * order are the packed kernel's, so C is the same bits (test_gemm compares the two paths, and
- * test_gemm_avx512_emu runs both kernels under SIMDe). Measured on Zen 4 at 1 thread, in-process
- * alternation (docs/BENCHMARKS.md "Zen 4, eighth visit"): NN 256 x 768 x 2304 102 -> 111 GFLOP/s (oneDNN
- * 111.5), dW +1-2 %. B's rows should be 64-byte aligned: a malloc'ed B 16 bytes off the line gains less
- * (a 48-float row then spans four lines). */
+ * op(B) (transB 0: the dX and dW products) an impl with kernel_pb computes the first row panel's tile
+ * straight from B's rows, storing each row's values into the packed panel as it loads them, and the other
+ * row panels use that packed panel as before: the packing loads are the ones the kernel makes anyway, and
+ * the FMAs run while they arrive. The vdpbf16ps impl does the same on k pairs: two rows per step, bf16, or
+ * fp32 rounded as its packer rounds them (b_f32, the bf16 step's weights), merged into pair lanes; a K block
+ * of odd length keeps the packer. The chunk is walked panel by panel (every row panel on one B panel, then
+ * the next), each panel packed into the chunk's first slot, so the packed B that the kernels read is one
+ * panel (147 KiB fp32 at kc 768) instead of a 1 MiB chunk, beside the 1 MiB L2 of a Zen 4 core. A partial
+ * panel at the right edge is packed first, as before. Reading B from DRAM, the first tile still took about
+ * 2.5 tiles' time (1.3 with B in L2), so the last PB_PF_TILES tiles of a panel (kernel_pf) prefetch the next
+ * full panel's rows into L1, a quarter each. Bursts of prefetches issued between tiles, into L2 over the
+ * whole panel or into L1 over its last 2-8 tiles, gained nothing measurable (presumably the bursts stall
+ * the kernel, and A's rows, streamed past once per panel, evict the early lines from L2). With kernel_round
+ * the tiles keep their rounding writeback. The products and their order are the packed kernels', so C is
+ * the same bits (test_gemm compares the two paths for the fp32, bf16, fp32-rounded and rounded-output
+ * calls; test_gemm_avx512_emu runs the kernels under SIMDe). Zen 4, 1 thread, in-process alternation
+ * (docs/BENCHMARKS.md "Zen 4, eighth visit"): fp32 NN 256 x 768 x 2304 102 -> 111 GFLOP/s (oneDNN 111.5),
+ * dW +1-2 %; bf16 A x fp32 B, the same shape, 184 -> 211. B's rows should be 64-byte aligned: a malloc'ed
+ * B 16 bytes off the line gains less (a 48-float row then spans four lines). */
 /* Multiply the packed A block (npa micro-panels) by op(B) columns [n0, n1), K block (k0, kc). */
 static void block_times_b(const gemm_plan *p, const char *apack, const float *ua, int64_t ic, int64_t mcur,
                           int64_t k0, int64_t kc, int64_t n0, int64_t n1, char *bpack, float *tile) {
