@@ -525,21 +525,23 @@ static void test_unpacked_a(void) {
  * multiple of 4 (the prefetching kernel's tail: K = 301, 1001), rows of B 4 floats off the cache line
  * (ldb = N + 1), A transposed or not, packed or read in place, alpha / beta and a bias, 1 and 2 threads; the
  * same for the bf16 GEMM's pair kernel (bf16 B, fp32 B rounded as it is packed, and C rounded in the
- * writeback; odd K blocks keep the packer); and the fp32 product is right against the double-accumulating
- * reference. */
+ * writeback; odd K blocks keep the packer); a transposed B walked panel by panel with the next panel's run
+ * prefetched (one K block, ldb = K) or not (ldb = K + 1, two K blocks); and the fp32 product is right
+ * against the double-accumulating reference. */
 static void test_fused_b_pack(void) {
     const shape ds[] = {{37, 128, 200}, {63, 1000, 1001}, {256, 768, 301}, {8, 48, 16}, {41, 96, 100}};
     int saved = sl_threads_get();
     for (int si = 0; si < (int)(sizeof ds / sizeof ds[0]); si++)
-        for (int v = 0; v < 8; v++) {
-            const int tA = v & 1, pad = (v >> 1) & 1, thr = 1 + (v >> 2);
-            int64_t M = ds[si].M, N = ds[si].N, K = ds[si].K, lda = tA ? M : K, ldb = N + pad;
-            float *A = falloc(M * K), *B = falloc(K * ldb), *bias = falloc(N), *C0 = falloc(M * N), *C[2],
-                  *D[2], *H[2], *F[2], *R2[2];
-            uint16_t *Ah = malloc((size_t)(M * K) * 2), *Bh = malloc((size_t)(K * ldb) * 2);
-            fill(A, M * K), fill(B, K * ldb), fill(bias, N), fill(C0, M * N);
+        for (int v = 0; v < 16; v++) {
+            const int tA = v & 1, pad = (v >> 1) & 1, thr = 1 + ((v >> 2) & 1), tB = v >> 3;
+            int64_t M = ds[si].M, N = ds[si].N, K = ds[si].K, lda = tA ? M : K, ldb = (tB ? K : N) + pad,
+                    nb = (tB ? N : K) * ldb;
+            float *A = falloc(M * K), *B = falloc(nb), *bias = falloc(N), *C0 = falloc(M * N), *C[2], *D[2],
+                  *H[2], *F[2], *R2[2];
+            uint16_t *Ah = malloc((size_t)(M * K) * 2), *Bh = malloc((size_t)nb * 2);
+            fill(A, M * K), fill(B, nb), fill(bias, N), fill(C0, M * N);
             for (int64_t i = 0; i < M * K; i++) Ah[i] = sl_f32_to_bf16(A[i]);
-            for (int64_t i = 0; i < K * ldb; i++) Bh[i] = sl_f32_to_bf16(B[i]);
+            for (int64_t i = 0; i < nb; i++) Bh[i] = sl_f32_to_bf16(B[i]);
             sl_threads_set(thr);
             for (int r = 0; r < 2; r++) { /* r 0: every panel packed first; r 1: packed by the first tile */
                 C[r] = falloc(M * N), D[r] = falloc(M * N), H[r] = falloc(M * N), F[r] = falloc(M * N),
@@ -548,26 +550,27 @@ static void test_fused_b_pack(void) {
                 memcpy(H[r], C0, (size_t)(M * N) * sizeof(float));
                 sl_gemm_fused_b_pack_set(r);
                 sl_gemm_unpacked_a_set(si % 2); /* A read in place (!tA) on odd shapes */
-                sl_sgemm(tA, 0, M, N, K, -1.25f, A, lda, B, ldb, 0.5f, C[r], N);
-                sl_sgemm_bias(tA, 0, M, N, K, 1.0f, A, lda, B, ldb, bias, D[r], N);
+                sl_sgemm(tA, tB, M, N, K, -1.25f, A, lda, B, ldb, 0.5f, C[r], N);
+                sl_sgemm_bias(tA, tB, M, N, K, 1.0f, A, lda, B, ldb, bias, D[r], N);
                 /* the bf16 GEMM's pair kernel: bf16 B, fp32 B rounded (b_f32), and its rounded writeback */
-                sl_gemm_bf16(tA, 0, M, N, K, -1.25f, Ah, lda, Bh, ldb, 0.5f, H[r], N);
-                sl_gemm_bf16_f32b(tA, 0, M, N, K, 1.0f, Ah, lda, B, ldb, 0.0f, bias, F[r], N);
-                sl_gemm_bf16_f32b_round(tA, 0, M, N, K, 1.0f, Ah, lda, B, ldb, 0.0f, bias, R2[r], N);
+                sl_gemm_bf16(tA, tB, M, N, K, -1.25f, Ah, lda, Bh, ldb, 0.5f, H[r], N);
+                sl_gemm_bf16_f32b(tA, tB, M, N, K, 1.0f, Ah, lda, B, ldb, 0.0f, bias, F[r], N);
+                sl_gemm_bf16_f32b_round(tA, tB, M, N, K, 1.0f, Ah, lda, B, ldb, 0.0f, bias, R2[r], N);
             }
             sl_gemm_fused_b_pack_set(1);
             sl_gemm_unpacked_a_set(1);
             size_t bytes = (size_t)(M * N) * sizeof(float);
-            TU_CHECK(!memcmp(C[0], C[1], bytes) && !memcmp(D[0], D[1], bytes) && !memcmp(H[0], H[1], bytes) &&
-                         !memcmp(F[0], F[1], bytes) && !memcmp(R2[0], R2[1], bytes),
-                     "B packed in the first tile differs from packed first: %lld %lld %lld tA=%d ldb+%d "
-                     "threads %d (beta %d bias %d bf16 %d f32b %d round %d)",
-                     (long long)M, (long long)N, (long long)K, tA, pad, thr, !!memcmp(C[0], C[1], bytes),
-                     !!memcmp(D[0], D[1], bytes), !!memcmp(H[0], H[1], bytes), !!memcmp(F[0], F[1], bytes),
-                     !!memcmp(R2[0], R2[1], bytes));
+            TU_CHECK(
+                !memcmp(C[0], C[1], bytes) && !memcmp(D[0], D[1], bytes) && !memcmp(H[0], H[1], bytes) &&
+                    !memcmp(F[0], F[1], bytes) && !memcmp(R2[0], R2[1], bytes),
+                "B packed in the first tile differs from packed first: %lld %lld %lld tA=%d tB=%d ldb+%d "
+                "threads %d (beta %d bias %d bf16 %d f32b %d round %d)",
+                (long long)M, (long long)N, (long long)K, tA, tB, pad, thr, !!memcmp(C[0], C[1], bytes),
+                !!memcmp(D[0], D[1], bytes), !!memcmp(H[0], H[1], bytes), !!memcmp(F[0], F[1], bytes),
+                !!memcmp(R2[0], R2[1], bytes));
             float *R = falloc(M * N);
             memcpy(R, C0, bytes);
-            sl_sgemm_ref(tA, 0, M, N, K, -1.25f, A, lda, B, ldb, 0.5f, R, N);
+            sl_sgemm_ref(tA, tB, M, N, K, -1.25f, A, lda, B, ldb, 0.5f, R, N);
             TU_CHECK(check_c("B packed in the first tile vs reference", C[1], R, M, N, K),
                      "B packed in the first tile vs reference");
             free(R);

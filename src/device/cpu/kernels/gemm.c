@@ -290,12 +290,16 @@ static void round_rows_bias(float *c, int64_t ldc, const float *bias, int64_t ro
  * full panel's rows into L1, a quarter each. Bursts of prefetches issued between tiles, into L2 over the
  * whole panel or into L1 over its last 2-8 tiles, gained nothing measurable (presumably the bursts stall
  * the kernel, and A's rows, streamed past once per panel, evict the early lines from L2). With kernel_round
- * the tiles keep their rounding writeback. The products and their order are the packed kernels', so C is
- * the same bits (test_gemm compares the two paths for the fp32, bf16, fp32-rounded and rounded-output
- * calls; test_gemm_avx512_emu runs the kernels under SIMDe). Zen 4, 1 thread, in-process alternation
- * (docs/BENCHMARKS.md "Zen 4, eighth visit"): fp32 NN 256 x 768 x 2304 102 -> 111 GFLOP/s (oneDNN 111.5),
- * dW +1-2 %; bf16 A x fp32 B, the same shape, 184 -> 211. B's rows should be 64-byte aligned: a malloc'ed
- * B 16 bytes off the line gains less (a 48-float row then spans four lines). */
+ * the tiles keep their rounding writeback. A transposed fp32 B (the forward, NT) cannot be packed inside
+ * the FMA loop (its panel is a transpose of 48 rows), but when its K block is all of K (ldb = K) a panel's
+ * source is one contiguous run of 48 rows: the chunk is walked panel by panel as above, each panel packed
+ * by pack_b just before its tiles, and the last tiles prefetch the next panel's run (nt_walk): NT 256 x
+ * {2304, 3072, 50304} x 768 at 1 thread 99-101 -> 109-110 GFLOP/s (oneDNN 103-104). The products and their
+ * order are the packed kernels', so C is the same bits (test_gemm compares the two paths for the fp32, bf16,
+ * fp32-rounded and rounded-output calls; test_gemm_avx512_emu runs the kernels under SIMDe). Zen 4, 1 thread,
+ * in-process alternation (docs/BENCHMARKS.md "Zen 4, eighth visit"): fp32 NN 256 x 768 x 2304 102 -> 111
+ * GFLOP/s (oneDNN 111.5), dW +1-2 %; bf16 A x fp32 B, the same shape, 184 -> 211. B's rows should be 64-byte
+ * aligned: a malloc'ed B 16 bytes off the line gains less (a 48-float row then spans four lines). */
 /* Multiply the packed A block (npa micro-panels) by op(B) columns [n0, n1), K block (k0, kc). */
 static void block_times_b(const gemm_plan *p, const char *apack, const float *ua, int64_t ic, int64_t mcur,
                           int64_t k0, int64_t kc, int64_t n0, int64_t n1, char *bpack, float *tile) {
@@ -313,8 +317,10 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
     const int bias_late = g->bias && round_out && k0 == 0 && !ua;
     const float beta = bias_late ? 0.0f : k0 == 0 && !g->bias ? g->beta : 1.0f;
     if (n1 <= n0) return;
-    const int fuse_b = im->kernel_pb && !p->bshared && !g->transB && !tile && kc % im->kgran == 0 &&
-                       !__atomic_load_n(&g_pb_off, __ATOMIC_RELAXED);
+    const int pb_on = !p->bshared && !tile && !__atomic_load_n(&g_pb_off, __ATOMIC_RELAXED);
+    const int fuse_b = pb_on && im->kernel_pb && !g->transB && kc % im->kgran == 0;
+    /* a transposed fp32 B in one K block: each panel's source is one run of 48 whole rows */
+    const int nt_walk = pb_on && im->kernel_pf && g->transB && !im->in_bf16 && kc == g->K && g->ldb == g->K;
     /* split [n0,n1) into equal chunks of at most nc columns (multiples of nr) */
     int64_t len = n1 - n0, nchunks = ceil_div(len, im->nc);
     int64_t chunk = ceil_div(ceil_div(len, nchunks), nr) * nr;
@@ -322,7 +328,7 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
         int64_t ncur = imin64(chunk, n1 - jc);
         int64_t npb = ceil_div(ncur, nr);
         /* Note [Packing B in the first tile]: full panels are packed by their first row panel's kernel */
-        const int64_t nfull = fuse_b ? ncur / nr : 0;
+        const int64_t nfull = fuse_b || nt_walk ? ncur / nr : 0;
         if (p->bshared) /* the team packed every panel (Note [Shared B panels]) */
             bpack = p->bshared + (size_t)(jc / nr) * bpanel;
         else if (nfull < npb)
@@ -331,8 +337,7 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
             !bias_late) /* Note [GEMM structure]: the bias first, the kernels add to it */
             for (int64_t i = 0; i < mcur; i++)
                 memcpy(g->C + (ic + i) * g->ldc + jc, g->bias + jc, (size_t)ncur * sizeof(float));
-        if (nfull) { /* panel by panel, each into the chunk's first slot (Note [Packing B in the first tile])
-                      */
+        if (nfull) { /* panel by panel into the chunk's first slot (Note [Packing B in the first tile]) */
             const size_t bsz = g->b_f32 || !im->in_bf16 ? sizeof(float) : sizeof(uint16_t);
             const char *B = (const char *)g->B + (size_t)(k0 * g->ldb + jc) * bsz;
             const int64_t pf_from = im->kernel_pf ? imax64(1, npa - PB_PF_TILES) : npa;
@@ -340,13 +345,14 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
             const int rnd = im->kernel_round && (bias_late || round_out);
             for (int64_t q = 0; q < nfull; q++) {
                 const float *lb = bias_late ? g->bias + jc + q * nr : NULL;
+                if (nt_walk) im->pack_b(g, jc + q * nr, nr, k0, kc, nr, bpack);
                 for (int64_t pa = 0; pa < npa; pa++) {
                     int mi = (int)imin64(mr, mcur - pa * mr);
                     const char *a = ua ? apack : apack + pa * apanel;
                     const int rows = ua && mi == mr;
                     const float *ar = rows ? ua + pa * mr * g->lda : (const float *)a;
                     float *c = g->C + (ic + pa * mr) * g->ldc + jc + q * nr;
-                    if (pa == 0) {
+                    if (pa == 0 && !nt_walk) {
                         im->kernel_pb(ksteps, rows ? (const void *)ar : a, rows ? g->lda : 0,
                                       B + (size_t)(q * nr) * bsz, g->ldb, g->b_f32, bpack, c, g->ldc,
                                       g->alpha, beta, rnd ? lb : NULL, rnd, mi);
@@ -354,10 +360,18 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
                         /* the last PB_PF_TILES tiles bring the next full panel's rows of B into L1, a
                          * quarter of them each (a prefetch past B's end is dropped, never a fault) */
                         const int64_t r0 = (pa - pf_from) * (kc / 4);
-                        im->kernel_pf(ksteps, rows ? (const void *)ar : a, rows ? g->lda : 0, bpack, c,
-                                      g->ldc, g->alpha, beta, rnd ? lb : NULL, rnd, mi,
-                                      B + (size_t)((q + 1) * nr + r0 * g->ldb) * bsz, g->ldb * (int64_t)bsz,
-                                      (int)(nr * bsz));
+                        if (nt_walk) /* the next panel's run, kc x 64 bytes per tile in 256-byte rows */
+                            im->kernel_pf(ksteps, rows ? (const void *)ar : a, rows ? g->lda : 0, bpack, c,
+                                          g->ldc, g->alpha, beta, NULL, 0, mi,
+                                          (const char *)g->B +
+                                              (size_t)((jc + (q + 1) * nr) * g->ldb) * sizeof(float) +
+                                              (size_t)(r0 * 256),
+                                          256, 256);
+                        else
+                            im->kernel_pf(ksteps, rows ? (const void *)ar : a, rows ? g->lda : 0, bpack, c,
+                                          g->ldc, g->alpha, beta, rnd ? lb : NULL, rnd, mi,
+                                          B + (size_t)((q + 1) * nr + r0 * g->ldb) * bsz,
+                                          g->ldb * (int64_t)bsz, (int)(nr * bsz));
                     } else if (rnd) {
                         im->kernel_round(ksteps, a, bpack, c, g->ldc, g->alpha, beta, lb, 0, mi, nr);
                     } else {
