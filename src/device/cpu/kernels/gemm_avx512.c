@@ -131,6 +131,17 @@ SL_KERNEL_8x48_VARIANTS(k8x48_packed,
         k8x48_packed_nc3(ksteps, a, b_, c, ldc, alpha, beta, mr, nr);
 }
 
+/* zero the 8 x 48 accumulators and prefetch the C rows the writeback will touch (rows < mr, 48 columns) */
+#define SL_ACC_INIT_8x48(acc)                                                                                \
+    _Pragma("GCC unroll 8") for (int i_ = 0; i_ < MR; i_++) {                                                \
+        acc[i_][0] = acc[i_][1] = acc[i_][2] = _mm512_setzero_ps();                                          \
+        if (i_ < mr) {                                                                                       \
+            for (int v_ = 0; v_ < 3; v_++)                                                                   \
+                _mm_prefetch((const char *)(c + i_ * ldc + 16 * v_), _MM_HINT_T0);                           \
+            _mm_prefetch((const char *)(c + i_ * ldc + 47), _MM_HINT_T0);                                    \
+        }                                                                                                    \
+    }
+
 /* Note [Packing B in the first tile]: the 8 x 48 kernel on a full panel of a K x N fp32 B read in place
  * (rows ldb apart), storing each row's 48 values into the packed panel as it loads them; the FMAs and their
  * order are the packed kernel's. A is a packed panel (lda 0, any mr) or MR rows in place (lda apart). */
@@ -138,13 +149,7 @@ enum { PB_PF_ROWS = 8 }; /* B's rows are prefetched this far ahead */
 #define SL_KERNEL_8x48_PB_BODY(A_AT, A_NEXT)                                                                 \
     do {                                                                                                     \
         __m512 acc[MR][3];                                                                                   \
-        _Pragma("GCC unroll 8") for (int i = 0; i < MR; i++) {                                               \
-            acc[i][0] = acc[i][1] = acc[i][2] = _mm512_setzero_ps();                                         \
-            if (i < mr) {                                                                                    \
-                for (int v = 0; v < 3; v++) _mm_prefetch((const char *)(c + i * ldc + 16 * v), _MM_HINT_T0); \
-                _mm_prefetch((const char *)(c + i * ldc + 47), _MM_HINT_T0);                                 \
-            }                                                                                                \
-        }                                                                                                    \
+        SL_ACC_INIT_8x48(acc);                                                                               \
         const int64_t pf = PB_PF_ROWS * ldb;                                                                 \
         float *d = (float *)bpack;                                                                           \
         _Pragma("GCC unroll 4") for (int64_t k = 0; k < ksteps; k++) {                                       \
@@ -205,13 +210,7 @@ SL_TARGET_AVX512 static void k8x48_pb_rows(int64_t ksteps, const float *a, int64
         const float *b = (const float *)b_;                                                                  \
         const int o2 = pf_bytes > 128 ? 128 : pf_bytes - 1, last = pf_bytes - 1;                             \
         __m512 acc[MR][3];                                                                                   \
-        _Pragma("GCC unroll 8") for (int i = 0; i < MR; i++) {                                               \
-            acc[i][0] = acc[i][1] = acc[i][2] = _mm512_setzero_ps();                                         \
-            if (i < mr) {                                                                                    \
-                for (int v = 0; v < 3; v++) _mm_prefetch((const char *)(c + i * ldc + 16 * v), _MM_HINT_T0); \
-                _mm_prefetch((const char *)(c + i * ldc + 47), _MM_HINT_T0);                                 \
-            }                                                                                                \
-        }                                                                                                    \
+        SL_ACC_INIT_8x48(acc);                                                                               \
         int64_t k = 0;                                                                                       \
         for (; k + 4 <= ksteps; k += 4) {                                                                    \
             SL_PF_ROW(pf, o2, last);                                                                         \
