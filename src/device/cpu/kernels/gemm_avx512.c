@@ -142,6 +142,13 @@ SL_KERNEL_8x48_VARIANTS(k8x48_packed,
         }                                                                                                    \
     }
 
+/* acc[i][v] += A(i) * bv[v] for the 8 rows and 3 column vectors of a full tile */
+#define SL_FMA_ROWS_8x48(acc, A_AT, bv)                                                                      \
+    _Pragma("GCC unroll 8") for (int i_ = 0; i_ < MR; i_++) {                                                \
+        __m512 av_ = _mm512_set1_ps(A_AT(i_));                                                               \
+        for (int v_ = 0; v_ < 3; v_++) acc[i_][v_] = _mm512_fmadd_ps(av_, bv[v_], acc[i_][v_]);              \
+    }
+
 /* Note [Packing B in the first tile]: the 8 x 48 kernel on a full panel of a K x N fp32 B read in place
  * (rows ldb apart), storing each row's 48 values into the packed panel as it loads them; the FMAs and their
  * order are the packed kernel's. A is a packed panel (lda 0, any mr) or MR rows in place (lda apart). */
@@ -162,10 +169,7 @@ enum { PB_PF_ROWS = 8 }; /* B's rows are prefetched this far ahead */
                 bv[v] = _mm512_loadu_ps(b + 16 * v);                                                         \
                 _mm512_store_ps(d + 16 * v, bv[v]);                                                          \
             }                                                                                                \
-            _Pragma("GCC unroll 8") for (int i = 0; i < MR; i++) {                                           \
-                __m512 av = _mm512_set1_ps(A_AT(i));                                                         \
-                for (int v = 0; v < 3; v++) acc[i][v] = _mm512_fmadd_ps(av, bv[v], acc[i][v]);               \
-            }                                                                                                \
+            SL_FMA_ROWS_8x48(acc, A_AT, bv);                                                                 \
             A_NEXT;                                                                                          \
             b += ldb;                                                                                        \
             d += NR;                                                                                         \
@@ -198,10 +202,7 @@ SL_TARGET_AVX512 static void k8x48_pb_rows(int64_t ksteps, const float *a, int64
     do {                                                                                                     \
         __m512 bv[3];                                                                                        \
         for (int v = 0; v < 3; v++) bv[v] = _mm512_load_ps(b + 16 * v);                                      \
-        _Pragma("GCC unroll 8") for (int i = 0; i < MR; i++) {                                               \
-            __m512 av = _mm512_set1_ps(A_AT(i));                                                             \
-            for (int v = 0; v < 3; v++) acc[i][v] = _mm512_fmadd_ps(av, bv[v], acc[i][v]);                   \
-        }                                                                                                    \
+        SL_FMA_ROWS_8x48(acc, A_AT, bv);                                                                     \
         A_NEXT;                                                                                              \
         b += NR;                                                                                             \
     } while (0)
