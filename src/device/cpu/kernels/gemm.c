@@ -327,7 +327,7 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
     for (int64_t jc = n0; jc < n1; jc += chunk) {
         int64_t ncur = imin64(chunk, n1 - jc);
         int64_t npb = ceil_div(ncur, nr);
-        /* Note [Packing B in the first tile]: full panels are packed by their first row panel's kernel */
+        /* Note [Packing B in the first tile]: full panels are packed one at a time in the panel walk */
         const int64_t nfull = fuse_b || nt_walk ? ncur / nr : 0;
         if (p->bshared) /* the team packed every panel (Note [Shared B panels]) */
             bpack = p->bshared + (size_t)(jc / nr) * bpanel;

@@ -149,6 +149,15 @@ SL_KERNEL_8x48_VARIANTS(k8x48_packed,
         for (int v_ = 0; v_ < 3; v_++) acc[i_][v_] = _mm512_fmadd_ps(av_, bv[v_], acc[i_][v_]);              \
     }
 
+/* prefetch into L1 a row of B that starts at pf: its first lines (0, 64, o2) and its last byte (last) */
+#define SL_PF_ROW(pf, o2, last)                                                                              \
+    do {                                                                                                     \
+        _mm_prefetch((pf), _MM_HINT_T0);                                                                     \
+        _mm_prefetch((pf) + 64, _MM_HINT_T0);                                                                \
+        _mm_prefetch((pf) + (o2), _MM_HINT_T0);                                                              \
+        _mm_prefetch((pf) + (last), _MM_HINT_T0); /* a further line if the row is not 64-aligned */          \
+    } while (0)
+
 /* Note [Packing B in the first tile]: the 8 x 48 kernel on a full panel of a K x N fp32 B read in place
  * (rows ldb apart), storing each row's 48 values into the packed panel as it loads them; the FMAs and their
  * order are the packed kernel's. A is a packed panel (lda 0, any mr) or MR rows in place (lda apart). */
@@ -161,10 +170,7 @@ enum { PB_PF_ROWS = 8 }; /* B's rows are prefetched this far ahead */
         float *d = (float *)bpack;                                                                           \
         _Pragma("GCC unroll 4") for (int64_t k = 0; k < ksteps; k++) {                                       \
             __m512 bv[3];                                                                                    \
-            _mm_prefetch((const char *)(b + pf), _MM_HINT_T0);                                               \
-            _mm_prefetch((const char *)(b + pf + 16), _MM_HINT_T0);                                          \
-            _mm_prefetch((const char *)(b + pf + 32), _MM_HINT_T0);                                          \
-            _mm_prefetch((const char *)(b + pf + 47), _MM_HINT_T0); /* a fourth line if not 64-aligned */    \
+            SL_PF_ROW((const char *)(b + pf), 128, 191); /* 48 floats: four lines if not 64-aligned */       \
             for (int v = 0; v < 3; v++) {                                                                    \
                 bv[v] = _mm512_loadu_ps(b + 16 * v);                                                         \
                 _mm512_store_ps(d + 16 * v, bv[v]);                                                          \
@@ -191,13 +197,6 @@ SL_TARGET_AVX512 static void k8x48_pb_rows(int64_t ksteps, const float *a, int64
 /* The 8 x 48 kernel on a full packed panel that also prefetches one row (pf_bytes, up to four lines) of `pf`
  * into L1 every 4 k steps, pf_ld bytes apart: the source rows of the next B panel, which the next kernel_pb
  * reads (Note [Packing B in the first tile]). Same FMAs in the same order as k8x48_*_nc3. */
-#define SL_PF_ROW(pf, o2, last)                                                                              \
-    do {                                                                                                     \
-        _mm_prefetch((pf), _MM_HINT_T0);                                                                     \
-        _mm_prefetch((pf) + 64, _MM_HINT_T0);                                                                \
-        _mm_prefetch((pf) + (o2), _MM_HINT_T0);                                                              \
-        _mm_prefetch((pf) + (last), _MM_HINT_T0); /* a further line if the row is not 64-aligned */          \
-    } while (0)
 #define SL_KERNEL_8x48_PF_STEP(A_AT, A_NEXT)                                                                 \
     do {                                                                                                     \
         __m512 bv[3];                                                                                        \

@@ -118,8 +118,9 @@ void *sl_gemm_tlbuf(int slot, size_t bytes);
 
 /* Tests: 0 packs every A, 1 (the default) reads a row-major fp32 A in place where Note [Unpacked A] says */
 void sl_gemm_unpacked_a_set(int on);
-/* Tests: 0 packs every B panel first, 1 (the default) lets the first row panel's kernels pack the full panels
- * of a K x N fp32 B where the impl can (Note [Packing B in the first tile]) */
+/* Tests: 0 packs every B chunk before its kernels; 1 (the default) walks full B panels one at a time where
+ * the impl can, packed by the first row panel's kernel or just before it (Note [Packing B in the first
+ * tile]) */
 void sl_gemm_fused_b_pack_set(int on);
 
 /* Run the blocked GEMM with `nthr` threads (1: on the calling thread, no OpenMP region). */
