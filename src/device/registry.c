@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "device/cpu/kernels/gemm.h"
 #include "suanli/device.h"
 
 /* The registry: one line per backend, X(name), where the backend's folder defines
@@ -214,13 +215,13 @@ void sl_device_inventory_get(sl_device_inventory *inv) {
         r->built = r->registered = 1;
         r->n_devices = -1;
         if (!strcmp(nm, "cpu")) {
-            const sl_cpu_features *f = sl_cpu_features_get();
+            const char *k = sl_gemm_bf16_kernel_name(); /* Note [Widened bf16 GEMM] */
             snprintf(r->note, sizeof r->note,
                      "host CPU, ISA %s, bf16 GEMM on %s, %d thread%s (OMP_NUM_THREADS / --threads)",
                      sl_cpu_isa_name(),
-                     f->amx_bf16      ? "AMX tiles"
-                     : f->avx512_bf16 ? "vdpbf16ps"
-                                      : "fp32 (widened)",
+                     !strcmp(k, "amx")           ? "AMX tiles"
+                     : !strcmp(k, "avx512_bf16") ? "vdpbf16ps"
+                                                 : "fp32 (widened)",
                      sl_threads_get(), sl_threads_get() == 1 ? "" : "s");
         } else if (!strcmp(nm, "strict"))
             snprintf(r->note, sizeof r->note,

@@ -548,8 +548,8 @@ static void test_fused_b_pack(void) {
                 R2[r] = falloc(M * N);
                 memcpy(C[r], C0, (size_t)(M * N) * sizeof(float));
                 memcpy(H[r], C0, (size_t)(M * N) * sizeof(float));
-                sl_gemm_fused_b_pack_set(r);
-                sl_gemm_unpacked_a_set(si % 2); /* A read in place (!tA) on odd shapes */
+                sl_gemm_fused_b_pack_set(r ? 2 : 0); /* 2: walked on every host (Note [Walk or chunk]) */
+                sl_gemm_unpacked_a_set(si % 2);      /* A read in place (!tA) on odd shapes */
                 sl_sgemm(tA, tB, M, N, K, -1.25f, A, lda, B, ldb, 0.5f, C[r], N);
                 sl_sgemm_bias(tA, tB, M, N, K, 1.0f, A, lda, B, ldb, bias, D[r], N);
                 /* the bf16 GEMM's pair kernel: bf16 B, fp32 B rounded (b_f32), and its rounded writeback */
@@ -590,6 +590,14 @@ int main(void) {
         TU_CHECK(!strcmp(sl_gemm_bf16_kernel_name(), "amx"), "AMX found, not used");
     TU_CHECK(!strcmp(sl_gemm_kernel_name(), sl_cpu_isa_name()), "kernel %s vs isa %s", sl_gemm_kernel_name(),
              sl_cpu_isa_name());
+    /* SUANLI_BF16_GEMM picks the AVX-512 bf16 kernel without the probe (Note [Widened bf16 GEMM]) */
+    const char *bp = getenv("SUANLI_BF16_GEMM");
+    if (bp && isa && !strcmp(isa, "avx512") && !strcmp(sl_cpu_isa_name(), "avx512")) {
+        const char *want =
+            !strcmp(bp, "dp") && sl_cpu_features_get()->avx512_bf16 ? "avx512_bf16" : "avx512_widened";
+        TU_CHECK(!strcmp(sl_gemm_bf16_kernel_name(), want), "SUANLI_BF16_GEMM=%s ran %s, not %s", bp,
+                 sl_gemm_bf16_kernel_name(), want);
+    }
     test_sgemm_all();
     test_bias();
     test_batched();

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "device/cpu/kernels/gemm_internal.h"
 #include "device/cpu/kernels/kernels.h"
@@ -227,8 +228,28 @@ enum { GEMM_UNITS_MAX = 64 };
 static int g_ua_off; /* tests: 1 packs every A (sl_gemm_unpacked_a_set) */
 void sl_gemm_unpacked_a_set(int on) { __atomic_store_n(&g_ua_off, !on, __ATOMIC_RELAXED); }
 enum { PB_PF_TILES = 4 }; /* Note [Packing B in the first tile] */
-static int g_pb_off;      /* tests: 1 packs every B panel before its kernels (sl_gemm_fused_b_pack_set) */
-void sl_gemm_fused_b_pack_set(int on) { __atomic_store_n(&g_pb_off, !on, __ATOMIC_RELAXED); }
+static int g_pb_mode = 1; /* tests: sl_gemm_fused_b_pack_set */
+void sl_gemm_fused_b_pack_set(int mode) { __atomic_store_n(&g_pb_mode, mode, __ATOMIC_RELAXED); }
+
+/* Note [Walk or chunk]
+ * The panel walk (Note [Packing B in the first tile]) was made on Zen 4, whose 1 MiB L2 cannot hold a packed
+ * B chunk (336 x 768 fp32, 1 MiB) beside A's rows. An Intel Xeon core (Emerald Rapids, 2 MiB L2) holds it,
+ * and there the chunk order (each row panel across the whole chunk, its A panel in L1) is the faster one
+ * once a block has more than PB_WALK_PANELS row panels: 1 thread, in-process alternation with oneDNN, fp32
+ * NN / TN 768 x 3072 x 256 0.92-0.95 of oneDNN walked, 0.97-1.00 in chunks; NN 1024 x 768 x 3072 0.90-0.93
+ * and 0.96-1.00; NT 1024 x 3072 x 768 0.945 and 0.989. With 32 row panels (M = 256) the walk still wins
+ * there: NN 256 x 768 x {2304, 3072} 0.96 against 0.91-0.92, NT 256 x 2304 x 768 1.00 against 0.97, as
+ * B's panels come from DRAM for fewer tiles each. Packing B inside the first tile of a chunk instead (each
+ * panel's first tile packs it into its slot, then the chunk order) measured as the chunk order, and below
+ * it on the 50304-deep products, so the chunk order packs as before. A core whose L2 (sysconf) holds less
+ * than two of the impl's chunks keeps the walk everywhere, as measured on Zen 4. */
+enum { PB_WALK_PANELS = 32 };
+static int l2_holds_two_chunks(const sl_gemm_impl *im) {
+    static long l2 = -2; /* racing first calls read the same value */
+    long v = __atomic_load_n(&l2, __ATOMIC_RELAXED);
+    if (v == -2) __atomic_store_n(&l2, v = sysconf(_SC_LEVEL2_CACHE_SIZE), __ATOMIC_RELAXED);
+    return v > 0 && (double)v >= 2.0 * (double)im->nc * (double)im->kc * (double)im->esz;
+}
 
 typedef struct gemm_plan {
     const sl_gemm_args *g;
@@ -317,7 +338,10 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
     const int bias_late = g->bias && round_out && k0 == 0 && !ua;
     const float beta = bias_late ? 0.0f : k0 == 0 && !g->bias ? g->beta : 1.0f;
     if (n1 <= n0) return;
-    const int pb_on = !p->bshared && !tile && !__atomic_load_n(&g_pb_off, __ATOMIC_RELAXED);
+    const int pb_mode = __atomic_load_n(&g_pb_mode, __ATOMIC_RELAXED);
+    const int pb_on =
+        !p->bshared && !tile && pb_mode &&
+        (pb_mode == 2 || npa <= PB_WALK_PANELS || !l2_holds_two_chunks(im)); /* Note [Walk or chunk] */
     const int fuse_b = pb_on && im->kernel_pb && !g->transB && kc % im->kgran == 0;
     /* a transposed fp32 B in one K block: each panel's source is one run of 48 whole rows */
     const int nt_walk = pb_on && im->kernel_pf && g->transB && !im->in_bf16 && kc == g->K && g->ldb == g->K;
@@ -641,17 +665,43 @@ typedef struct gemm_dispatch {
     const char *name;
 } gemm_dispatch;
 
-static const gemm_dispatch *dispatch_get(void) {
-    static gemm_dispatch d;
-    static int init; /* racing first calls compute the same table; the flag publishes it */
-    if (!__atomic_load_n(&init, __ATOMIC_ACQUIRE)) {
+/* Note [Widened bf16 GEMM]
+ * vdpbf16ps does 64 FLOP an instruction where a zmm FMA does 32, but not every core issues it as often: on
+ * Zen 4 it runs at the FMA's rate, two a cycle, twice the FLOP; on the Intel Xeon (Sapphire / Emerald
+ * Rapids) of a VM that hides AMX, at one every two cycles (probe: 86 GFLOP/s against the FMAs' 165 on one
+ * core), half the FMAs' FLOP. oneDNN's gemm_bf16bf16f32 runs its vdpbf16ps kernels there and reaches 72-85
+ * GFLOP/s, and so did suanli's. Widening bf16 to fp32 is exact, and so is the product of two widened
+ * values, so the fp32 kernel on operands widened while they are packed (gemm_avx512_widen.inc) computes the
+ * same products in fp32 sums, at the FMAs' rate: 1.6-1.8x oneDNN's bf16 GEMM there (docs/BENCHMARKS.md).
+ * The first bf16 call times both instructions (24 chains each, the best of 4 runs, under 1 ms) and keeps
+ * vdpbf16ps where its FLOP/s reach 0.75 of the FMAs' (at equal rates it still wins: half the bytes packed
+ * and loaded per FLOP). SUANLI_BF16_GEMM=dp or =widened chooses without the probe (tests, A/B runs). The
+ * two paths differ only in how the exact products are summed (pairwise in vdpbf16ps, one by one here);
+ * the widened path is the one AVX-512 hosts without AVX512_BF16 run. */
+static int bf16_dp_fast(void) {
+    const char *e = getenv("SUANLI_BF16_GEMM");
+    if (e && !strcmp(e, "dp")) return 1;
+    if (e && !strcmp(e, "widened")) return 0;
+    if (e && *e) SL_LOGW("SUANLI_BF16_GEMM=%s: not dp or widened; ignored", e);
+#if SL_HAVE_X86
+    return sl_gemm_avx512_dp_ratio() >= 0.75;
+#else
+    return 1;
+#endif
+}
+
+static gemm_dispatch g_dispatch;
+static pthread_once_t dispatch_once = PTHREAD_ONCE_INIT;
+/* once per process: the bf16 probe must not give racing first calls two answers */
+static void dispatch_init(void) {
+    {
         const sl_cpu_features *f = sl_cpu_features_get();
         gemm_dispatch t = {&impl_scalar_f32, &impl_scalar_bf16, &sl_gemv_scalar, "scalar"};
         if (f->avx512f && f->avx512bw && f->avx512vl && f->avx2 && f->fma) {
             t.f32 = &sl_gemm_impl_avx512_f32;
-            t.bf16 = f->amx_bf16      ? &sl_gemm_impl_amx_bf16
-                     : f->avx512_bf16 ? &sl_gemm_impl_avx512_bf16
-                                      : &sl_gemm_impl_avx512_bf16emu;
+            t.bf16 = f->amx_bf16                        ? &sl_gemm_impl_amx_bf16
+                     : f->avx512_bf16 && bf16_dp_fast() ? &sl_gemm_impl_avx512_bf16
+                                                        : &sl_gemm_impl_avx512_bf16emu;
             t.gemv = f->avx512_bf16 ? &sl_gemv_avx512_bf16 : &sl_gemv_avx512;
             t.name = "avx512";
         } else if (f->avx2 && f->fma) {
@@ -660,18 +710,22 @@ static const gemm_dispatch *dispatch_get(void) {
             t.gemv = &sl_gemv_avx2;
             t.name = "avx2";
         }
-        d = t;
-        __atomic_store_n(&init, 1, __ATOMIC_RELEASE);
+        g_dispatch = t;
     }
-    return &d;
+}
+
+static const gemm_dispatch *dispatch_get(void) {
+    pthread_once(&dispatch_once, dispatch_init);
+    return &g_dispatch;
 }
 
 const char *sl_gemm_kernel_name(void) { return dispatch_get()->name; }
 const char *sl_gemm_bf16_kernel_name(void) {
     const sl_gemm_impl *im = dispatch_get()->bf16;
-    return im == &sl_gemm_impl_amx_bf16      ? "amx"
-           : im == &sl_gemm_impl_avx512_bf16 ? "avx512_bf16"
-                                             : im->name; /* fp32 kernels on widened bf16 */
+    return im == &sl_gemm_impl_amx_bf16         ? "amx"
+           : im == &sl_gemm_impl_avx512_bf16    ? "avx512_bf16"
+           : im == &sl_gemm_impl_avx512_bf16emu ? "avx512_widened" /* Note [Widened bf16 GEMM] */
+                                                : im->name;        /* fp32 kernels on widened bf16 */
 }
 
 static int threads_for_call(void) {

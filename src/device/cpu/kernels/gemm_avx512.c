@@ -394,7 +394,6 @@ SL_TARGET_AVX512 static void pack_b_f32_avx512(const sl_gemm_args *g, int64_t j0
                          (float *)dst + p * kc * NR);
 }
 
-/* bf16 -> fp32 widening packers for the emulated bf16 path on AVX-512 CPUs without AVX512_BF16. */
 /* kc 768: GPT-2's K = 768 products run as one K block, so C is written once instead of written, then read
  * and written again (bench ops at 1 thread: the 768-deep forward shapes +3-6 %, the rest +-1 %; 512 and 1024
  * measured the same as 768). The packed B chunk is then 336 x 768 x 4 = 1 MiB of the 2 MiB L2. */
@@ -414,18 +413,8 @@ const sl_gemm_impl sl_gemm_impl_avx512_f32 = {.name = "avx512",
                                               .kernel_ua = kernel_avx512_8x48_rows,
                                               .kernel_pb = kernel_avx512_8x48_pb,
                                               .kernel_pf = kernel_avx512_8x48_pf};
-const sl_gemm_impl sl_gemm_impl_avx512_bf16emu = {.name = "avx512",
-                                                  .mr = MR,
-                                                  .nr = NR,
-                                                  .kgran = 1,
-                                                  .esz = 4,
-                                                  .in_bf16 = 1,
-                                                  .kc = 384,
-                                                  .mc = 1536,
-                                                  .nc = 336,
-                                                  .pack_a = sl_gemm_pack_a_bf16_f32,
-                                                  .pack_b = sl_gemm_pack_b_bf16_f32,
-                                                  .kernel = kernel_avx512_8x48};
-
 /* ---- bf16 (vdpbf16ps) ---- */
 #include "device/cpu/kernels/gemm_avx512_bf16.inc"
+
+/* ---- bf16 on the fp32 kernel (widened) ---- */
+#include "device/cpu/kernels/gemm_avx512_widen.inc"

@@ -120,8 +120,8 @@ void *sl_gemm_tlbuf(int slot, size_t bytes);
 void sl_gemm_unpacked_a_set(int on);
 /* Tests: 0 packs every B chunk before its kernels; 1 (the default) walks full B panels one at a time where
  * the impl can, packed by the first row panel's kernel or just before it (Note [Packing B in the first
- * tile]) */
-void sl_gemm_fused_b_pack_set(int on);
+ * tile]), on the blocks Note [Walk or chunk] gives it; 2 walks every block the impl can */
+void sl_gemm_fused_b_pack_set(int mode);
 
 /* Run the blocked GEMM with `nthr` threads (1: on the calling thread, no OpenMP region). */
 void sl_gemm_run(const sl_gemm_args *g, const sl_gemm_impl *im, int nthr);
@@ -139,8 +139,10 @@ void sl_gemm_pack_b_bf16_f32(const sl_gemm_args *g, int64_t j0, int64_t nj, int6
 /* ISA variants; each file defines its impls (the kernel functions are compiled for that ISA). */
 extern const sl_gemm_impl sl_gemm_impl_avx512_f32;
 extern const sl_gemm_impl sl_gemm_impl_avx512_bf16emu; /* bf16 widened to fp32 by packing, fp32 kernel */
-extern const sl_gemm_impl sl_gemm_impl_avx512_bf16;    /* vdpbf16ps */
-extern const sl_gemm_impl sl_gemm_impl_amx_bf16;       /* AMX tiles (tdpbf16ps) */
+/* FLOP/s of vdpbf16ps over that of fp32 FMAs on this core (Note [Widened bf16 GEMM], gemm.c); AVX512_BF16 */
+double sl_gemm_avx512_dp_ratio(void);
+extern const sl_gemm_impl sl_gemm_impl_avx512_bf16; /* vdpbf16ps */
+extern const sl_gemm_impl sl_gemm_impl_amx_bf16;    /* AMX tiles (tdpbf16ps) */
 /* A few rows times a bf16 weight on AMX without packing the weight (Note [AMX GEMM for a few rows] in
  * gemm_amx.c): 1 if it computed g (bitwise sl_gemm_run with the AMX impl), 0 if g is not such a product.
  * _set(0) switches it off (tests compare the two). */
