@@ -343,8 +343,10 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
         !p->bshared && !tile && pb_mode &&
         (pb_mode == 2 || npa <= PB_WALK_PANELS || !l2_holds_two_chunks(im)); /* Note [Walk or chunk] */
     const int fuse_b = pb_on && im->kernel_pb && !g->transB && kc % im->kgran == 0;
-    /* a transposed fp32 B in one K block: each panel's source is one run of 48 whole rows */
-    const int nt_walk = pb_on && im->kernel_pf && g->transB && !im->in_bf16 && kc == g->K && g->ldb == g->K;
+    /* a transposed fp32 B in one K block: each panel's source is one run of 48 whole rows (fp32 B with
+     * b_f32 in an impl that packs fp32: the widened one, Note [Widened bf16 GEMM]) */
+    const int nt_walk = pb_on && im->kernel_pf && g->transB && (!im->in_bf16 || (g->b_f32 && im->esz == 4)) &&
+                        kc == g->K && g->ldb == g->K;
     /* split [n0,n1) into equal chunks of at most nc columns (multiples of nr) */
     int64_t len = n1 - n0, nchunks = ceil_div(len, im->nc);
     int64_t chunk = ceil_div(ceil_div(len, nchunks), nr) * nr;

@@ -162,7 +162,10 @@ SL_KERNEL_8x48_VARIANTS(k8x48_packed,
  * (rows ldb apart), storing each row's 48 values into the packed panel as it loads them; the FMAs and their
  * order are the packed kernel's. A is a packed panel (lda 0, any mr) or MR rows in place (lda apart). */
 enum { PB_PF_ROWS = 8 }; /* B's rows are prefetched this far ahead */
-#define SL_KERNEL_8x48_PB_BODY(A_AT, A_NEXT)                                                                 \
+#define SL_KERNEL_8x48_PB_BODY(A_AT, A_NEXT) SL_KERNEL_8x48_PB_BODY_B(A_AT, A_NEXT, _mm512_loadu_ps, 128, 191)
+/* B_LOAD(p): 16 values of B's row from p as fp32 (the widened impl rounds or widens them); the row's 48
+ * values span bytes [0, PF_LAST] (PF_O2: its third line's offset for the prefetch) */
+#define SL_KERNEL_8x48_PB_BODY_B(A_AT, A_NEXT, B_LOAD, PF_O2, PF_LAST)                                       \
     do {                                                                                                     \
         __m512 acc[MR][3];                                                                                   \
         SL_ACC_INIT_8x48(acc);                                                                               \
@@ -170,9 +173,9 @@ enum { PB_PF_ROWS = 8 }; /* B's rows are prefetched this far ahead */
         float *d = (float *)bpack;                                                                           \
         _Pragma("GCC unroll 4") for (int64_t k = 0; k < ksteps; k++) {                                       \
             __m512 bv[3];                                                                                    \
-            SL_PF_ROW((const char *)(b + pf), 128, 191); /* 48 floats: four lines if not 64-aligned */       \
+            SL_PF_ROW((const char *)(b + pf), PF_O2, PF_LAST); /* four lines if not 64-aligned */            \
             for (int v = 0; v < 3; v++) {                                                                    \
-                bv[v] = _mm512_loadu_ps(b + 16 * v);                                                         \
+                bv[v] = B_LOAD(b + 16 * v);                                                                  \
                 _mm512_store_ps(d + 16 * v, bv[v]);                                                          \
             }                                                                                                \
             SL_FMA_ROWS_8x48(acc, A_AT, bv);                                                                 \
