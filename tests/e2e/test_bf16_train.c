@@ -4,7 +4,7 @@
  * Every bar is a ratio to how far the PyTorch reference itself moves between fp32 and autocast-bf16 (d_ref,
  * from the same fixture). The bf16 GEMM's order of summation is oneDNN's kernel's, so there are two fixtures
  * of each model: one from a vdpbf16ps host (Zen 4) and one from an AMX host (*_amx); the run compares with
- * the one of its own kernel kind (the widened fp32 path of AVX2 / scalar hosts with the vdpbf16ps one).
+ * the one of its own kernel kind (the widened fp32 path, Note [Widened bf16 GEMM], with the vdpbf16ps one).
  * Since the Llama's Linears run on the bf16 GEMM (Note [bf16 GEMMs under autocast], src/nn/llama.c),
  * measured on an AMX host (2026-12-04): AMX against the AMX fixture, GPT-2 and Llama step-0 losses, logits
  * and gradients 0.000 (bitwise torch's), losses over 100 batches 0.050 / 0.013, 100 steps 0.97 / 1.05;
