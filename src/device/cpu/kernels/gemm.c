@@ -388,7 +388,7 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
                         const int64_t r0 = (pa - pf_from) * (kc / 4);
                         if (nt_walk) /* the next panel's run, kc x 64 bytes per tile in 256-byte rows */
                             im->kernel_pf(ksteps, rows ? (const void *)ar : a, rows ? g->lda : 0, bpack, c,
-                                          g->ldc, g->alpha, beta, NULL, 0, mi,
+                                          g->ldc, g->alpha, beta, rnd ? lb : NULL, rnd, mi,
                                           (const char *)g->B +
                                               (size_t)((jc + (q + 1) * nr) * g->ldb) * sizeof(float) +
                                               (size_t)(r0 * 256),
