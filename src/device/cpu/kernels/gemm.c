@@ -696,24 +696,22 @@ static gemm_dispatch g_dispatch;
 static pthread_once_t dispatch_once = PTHREAD_ONCE_INIT;
 /* once per process: the bf16 probe must not give racing first calls two answers */
 static void dispatch_init(void) {
-    {
-        const sl_cpu_features *f = sl_cpu_features_get();
-        gemm_dispatch t = {&impl_scalar_f32, &impl_scalar_bf16, &sl_gemv_scalar, "scalar"};
-        if (f->avx512f && f->avx512bw && f->avx512vl && f->avx2 && f->fma) {
-            t.f32 = &sl_gemm_impl_avx512_f32;
-            t.bf16 = f->amx_bf16                        ? &sl_gemm_impl_amx_bf16
-                     : f->avx512_bf16 && bf16_dp_fast() ? &sl_gemm_impl_avx512_bf16
-                                                        : &sl_gemm_impl_avx512_bf16emu;
-            t.gemv = f->avx512_bf16 ? &sl_gemv_avx512_bf16 : &sl_gemv_avx512;
-            t.name = "avx512";
-        } else if (f->avx2 && f->fma) {
-            t.f32 = &sl_gemm_impl_avx2_f32;
-            t.bf16 = &sl_gemm_impl_avx2_bf16emu;
-            t.gemv = &sl_gemv_avx2;
-            t.name = "avx2";
-        }
-        g_dispatch = t;
+    const sl_cpu_features *f = sl_cpu_features_get();
+    gemm_dispatch t = {&impl_scalar_f32, &impl_scalar_bf16, &sl_gemv_scalar, "scalar"};
+    if (f->avx512f && f->avx512bw && f->avx512vl && f->avx2 && f->fma) {
+        t.f32 = &sl_gemm_impl_avx512_f32;
+        t.bf16 = f->amx_bf16                        ? &sl_gemm_impl_amx_bf16
+                 : f->avx512_bf16 && bf16_dp_fast() ? &sl_gemm_impl_avx512_bf16
+                                                    : &sl_gemm_impl_avx512_bf16emu;
+        t.gemv = f->avx512_bf16 ? &sl_gemv_avx512_bf16 : &sl_gemv_avx512;
+        t.name = "avx512";
+    } else if (f->avx2 && f->fma) {
+        t.f32 = &sl_gemm_impl_avx2_f32;
+        t.bf16 = &sl_gemm_impl_avx2_bf16emu;
+        t.gemv = &sl_gemv_avx2;
+        t.name = "avx2";
     }
+    g_dispatch = t;
 }
 
 static const gemm_dispatch *dispatch_get(void) {
