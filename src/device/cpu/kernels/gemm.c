@@ -227,8 +227,8 @@ enum { GEMM_UNITS_MAX = 64 };
  * Zen 1 in an earlier session such a kernel measured within noise). */
 static int g_ua_off; /* tests: 1 packs every A (sl_gemm_unpacked_a_set) */
 void sl_gemm_unpacked_a_set(int on) { __atomic_store_n(&g_ua_off, !on, __ATOMIC_RELAXED); }
-enum { PB_PF_TILES = 4 }; /* Note [Packing B in the first tile] */
-static int g_pb_mode = 1; /* tests: sl_gemm_fused_b_pack_set */
+enum { PB_PF_TILES = 4, PB_PF_TILES_L2 = 16 }; /* Note [Packing B in the first tile] */
+static int g_pb_mode = 1;                      /* tests: sl_gemm_fused_b_pack_set */
 void sl_gemm_fused_b_pack_set(int mode) { __atomic_store_n(&g_pb_mode, mode, __ATOMIC_RELAXED); }
 
 /* Note [Walk or chunk]
@@ -310,7 +310,14 @@ static void round_rows_bias(float *c, int64_t ldc, const float *bias, int64_t ro
  * 2.5 tiles' time (1.3 with B in L2), so the last PB_PF_TILES tiles of a panel (kernel_pf) prefetch the next
  * full panel's rows into L1, a quarter each. Bursts of prefetches issued between tiles, into L2 over the
  * whole panel or into L1 over its last 2-8 tiles, gained nothing measurable (presumably the bursts stall
- * the kernel, and A's rows, streamed past once per panel, evict the early lines from L2). With kernel_round
+ * the kernel, and A's rows, streamed past once per panel, evict the early lines from L2). On a core whose L2
+ * holds two chunks (Note [Walk or chunk]; Intel Xeon, 2 MiB), four tiles asked for B faster than DRAM gives
+ * it: each of them streams 37 KiB in the time of a tile (about 10 GB/s, this VM's single-core bandwidth), and
+ * perf put them at 1.65x a plain tile's time on NN 256 x 768 x 50304. There a block of more than
+ * PB_PF_TILES_L2 row panels spreads the prefetches over its last PB_PF_TILES_L2 tiles (one row every 16 k),
+ * in-process alternation with oneDNN at 1 thread: NN 256 x 768 x 50304 0.90-0.91 -> 0.96-0.97 of oneDNN, NT
+ * 256 x 50304 x 768 1.06-1.07 -> 1.13, the 768- to 3072-deep NN shapes +0.5-2 %; 2 threads NN 50304-deep
+ * 0.966 -> 0.997, NT 1.096 -> 1.140. With kernel_round
  * the tiles keep their rounding writeback. A transposed fp32 B (the forward, NT) cannot be packed inside
  * the FMA loop (its panel is a transpose of 48 rows), but when its K block is all of K (ldb = K) a panel's
  * source is one contiguous run of 48 rows: the chunk is walked panel by panel as above, each panel packed
@@ -366,7 +373,9 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
         if (nfull) { /* panel by panel into the chunk's first slot (Note [Packing B in the first tile]) */
             const size_t bsz = g->b_f32 || !im->in_bf16 ? sizeof(float) : sizeof(uint16_t);
             const char *B = (const char *)g->B + (size_t)(k0 * g->ldb + jc) * bsz;
-            const int64_t pf_from = im->kernel_pf ? imax64(1, npa - PB_PF_TILES) : npa;
+            const int pf_tiles =
+                npa > PB_PF_TILES_L2 && l2_holds_two_chunks(im) ? PB_PF_TILES_L2 : PB_PF_TILES;
+            const int64_t pf_from = im->kernel_pf ? imax64(1, npa - pf_tiles) : npa;
             /* with kernel_round the tiles are rounded in its writeback (Note [Rounding in the writeback]) */
             const int rnd = im->kernel_round && (bias_late || round_out);
             for (int64_t q = 0; q < nfull; q++) {
@@ -383,21 +392,21 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
                                       B + (size_t)(q * nr) * bsz, g->ldb, g->b_f32, bpack, c, g->ldc,
                                       g->alpha, beta, rnd ? lb : NULL, rnd, mi);
                     } else if (pa >= pf_from && jc + (q + 2) * nr <= n1) {
-                        /* the last PB_PF_TILES tiles bring the next full panel's rows of B into L1, a
-                         * quarter of them each (a prefetch past B's end is dropped, never a fault) */
-                        const int64_t r0 = (pa - pf_from) * (kc / 4);
+                        /* the last pf_tiles tiles bring the next full panel's rows of B into L1, a
+                         * 1 / pf_tiles of them each (a prefetch past B's end is dropped, never a fault) */
+                        const int64_t r0 = (pa - pf_from) * (kc / pf_tiles);
                         if (nt_walk) /* the next panel's run, kc x 64 bytes per tile in 256-byte rows */
                             im->kernel_pf(ksteps, rows ? (const void *)ar : a, rows ? g->lda : 0, bpack, c,
                                           g->ldc, g->alpha, beta, rnd ? lb : NULL, rnd, mi,
                                           (const char *)g->B +
                                               (size_t)((jc + (q + 1) * nr) * g->ldb) * sizeof(float) +
                                               (size_t)(r0 * 256),
-                                          256, 256);
+                                          256, 256, pf_tiles);
                         else
                             im->kernel_pf(ksteps, rows ? (const void *)ar : a, rows ? g->lda : 0, bpack, c,
                                           g->ldc, g->alpha, beta, rnd ? lb : NULL, rnd, mi,
                                           B + (size_t)((q + 1) * nr + r0 * g->ldb) * bsz,
-                                          g->ldb * (int64_t)bsz, (int)(nr * bsz));
+                                          g->ldb * (int64_t)bsz, (int)(nr * bsz), pf_tiles);
                     } else if (rnd) {
                         im->kernel_round(ksteps, a, bpack, c, g->ldc, g->alpha, beta, lb, 0, mi, nr);
                     } else {

@@ -198,8 +198,8 @@ SL_TARGET_AVX512 static void k8x48_pb_rows(int64_t ksteps, const float *a, int64
     SL_KERNEL_8x48_PB_BODY(SL_A_ROWS, a++);
 }
 /* The 8 x 48 kernel on a full packed panel that also prefetches one row (pf_bytes, up to four lines) of `pf`
- * into L1 every 4 k steps, pf_ld bytes apart: the source rows of the next B panel, which the next kernel_pb
- * reads (Note [Packing B in the first tile]). Same FMAs in the same order as k8x48_*_nc3. */
+ * into L1 every pf_every k steps, pf_ld bytes apart: the source rows of the next B panel, which the next
+ * kernel_pb reads (Note [Packing B in the first tile]). Same FMAs in the same order as k8x48_*_nc3. */
 #define SL_KERNEL_8x48_PF_STEP(A_AT, A_NEXT)                                                                 \
     do {                                                                                                     \
         __m512 bv[3];                                                                                        \
@@ -215,10 +215,10 @@ SL_TARGET_AVX512 static void k8x48_pb_rows(int64_t ksteps, const float *a, int64
         __m512 acc[MR][3];                                                                                   \
         SL_ACC_INIT_8x48(acc);                                                                               \
         int64_t k = 0;                                                                                       \
-        for (; k + 4 <= ksteps; k += 4) {                                                                    \
+        for (; k + pf_every <= ksteps; k += pf_every) {                                                      \
             SL_PF_ROW(pf, o2, last);                                                                         \
             pf += pf_ld;                                                                                     \
-            _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) SL_KERNEL_8x48_PF_STEP(A_AT, A_NEXT);        \
+            _Pragma("GCC unroll 4") for (int u = 0; u < pf_every; u++) SL_KERNEL_8x48_PF_STEP(A_AT, A_NEXT); \
         }                                                                                                    \
         for (; k < ksteps; k++) SL_KERNEL_8x48_PF_STEP(A_AT, A_NEXT);                                        \
         const int nr = NR;                                                                                   \
@@ -226,24 +226,24 @@ SL_TARGET_AVX512 static void k8x48_pb_rows(int64_t ksteps, const float *a, int64
     } while (0)
 SL_TARGET_AVX512 static void k8x48_pf_packed(int64_t ksteps, const float *a, const void *b_, float *c,
                                              int64_t ldc, float alpha, float beta, int mr, const char *pf,
-                                             int64_t pf_ld, int pf_bytes) {
+                                             int64_t pf_ld, int pf_bytes, int pf_every) {
     SL_KERNEL_8x48_PF_BODY(SL_A_PACKED, a += MR);
 }
 SL_TARGET_AVX512 static void k8x48_pf_rows(int64_t ksteps, const float *a, int64_t lda, const void *b_,
                                            float *c, int64_t ldc, float alpha, float beta, const char *pf,
-                                           int64_t pf_ld, int pf_bytes) {
+                                           int64_t pf_ld, int pf_bytes, int pf_every) {
     const int mr = MR;
     SL_KERNEL_8x48_PF_BODY(SL_A_ROWS, a++);
 }
 SL_TARGET_AVX512 static void kernel_avx512_8x48_pf(int64_t ksteps, const void *a, int64_t lda, const void *b,
                                                    float *c, int64_t ldc, float alpha, float beta,
                                                    const float *bias, int rnd, int mr, const char *pf,
-                                                   int64_t pf_ld, int pf_bytes) {
+                                                   int64_t pf_ld, int pf_bytes, int pf_every) {
     (void)bias, (void)rnd; /* this impl has no kernel_round */
     if (lda)
-        k8x48_pf_rows(ksteps, a, lda, b, c, ldc, alpha, beta, pf, pf_ld, pf_bytes);
+        k8x48_pf_rows(ksteps, a, lda, b, c, ldc, alpha, beta, pf, pf_ld, pf_bytes, pf_every);
     else
-        k8x48_pf_packed(ksteps, a, b, c, ldc, alpha, beta, mr, pf, pf_ld, pf_bytes);
+        k8x48_pf_packed(ksteps, a, b, c, ldc, alpha, beta, mr, pf, pf_ld, pf_bytes, pf_every);
 }
 
 SL_TARGET_AVX512 static void kernel_avx512_8x48_pb(int64_t ksteps, const void *a, int64_t lda, const void *b,

@@ -97,11 +97,12 @@ typedef struct sl_gemm_impl {
                       void *bpack, float *c, int64_t ldc, float alpha, float beta, const float *bias, int rnd,
                       int mr);
     /* NULL, or with kernel_pb: the kernel on a full packed panel (A, bias and rnd as for kernel_pb) that also
-     * prefetches one row of B's next panel (pf_bytes from pf) per kc / 4 of its k, rows pf_ld bytes apart
-     * (Note [Packing B in the first tile], gemm.c) */
+     * prefetches rows of B's next panel (pf_bytes each from pf, pf_ld bytes apart) into L1, one row for every
+     * pf_every of its k (an even number: with kgran 2, one per pf_every / 2 k pairs), so that pf_every calls
+     * bring in the next panel (Note [Packing B in the first tile], gemm.c) */
     void (*kernel_pf)(int64_t ksteps, const void *a, int64_t lda, const void *b, float *c, int64_t ldc,
                       float alpha, float beta, const float *bias, int rnd, int mr, const char *pf,
-                      int64_t pf_ld, int pf_bytes);
+                      int64_t pf_ld, int pf_bytes, int pf_every);
     /* NULL, or the kernel with the bf16 rounding of its tile done in registers before the tile is stored
      * (Note [Rounding in the writeback], gemm.c): t = alpha * acc, then beta * C as the plain writeback does,
      * then + bias[j] (bias non-NULL), and C = sl_round_bf16_f32(t); with add (alpha 1, beta 0, no bias)
