@@ -38,6 +38,14 @@ static inline vf e_fnma(vf a, vf b, vf c) {
 }
 static inline vf e_exp(vf a) { return (vf){sl_exp_avx2(a.lo), sl_exp_avx2(a.hi)}; }
 static inline vf e_tanh(vf a) { return (vf){sl_tanh_avx2(a.lo), sl_tanh_avx2(a.hi)}; }
+static inline vf e_gelu_exp(vf a) { /* Note [GELU as x sigmoid(2u)]: as vec_avx2.c */
+    const __m256 c = _mm256_set1_ps(80.0f);
+    return (vf){sl_exp_avx2(_mm256_min_ps(a.lo, c)), sl_exp_avx2(_mm256_min_ps(a.hi, c))};
+}
+static inline vf e_recip(vf d) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    return (vf){_mm256_div_ps(one, d.lo), _mm256_div_ps(one, d.hi)};
+}
 static inline float e_hsum(vf v) {
     float t[16], s = 0;
     e_store(t, v);
@@ -72,6 +80,8 @@ static inline void e_storen(float *p, vf v, int64_t n) {
 #define VFNMA e_fnma
 #define VEXP e_exp
 #define VTANH e_tanh
+#define VGELU_EXP e_gelu_exp
+#define VRECIP e_recip
 #define VHSUM e_hsum
 #define VHMAX e_hmax
 #define VLOADN e_loadn

@@ -52,6 +52,13 @@ static inline __attribute__((always_inline)) __m256i round_bf16_pack(__m512 v) {
 #define VFNMA _mm512_fnmadd_ps /* c - a*b */
 #define VEXP sl_exp_avx512
 #define VTANH sl_tanh_avx512
+/* Note [GELU as x sigmoid(2u)] (vec_kernels.inc): exp of -2u clamped at 80, and 1 / d for d >= 1 */
+#define VGELU_EXP(z) sl_exp_avx512_in(_mm512_min_ps((z), _mm512_set1_ps(80.0f)), (__mmask16)0xFFFF)
+static inline __attribute__((always_inline)) __m512 recip_nr(__m512 d) {
+    const __m512 r = _mm512_rcp14_ps(d);
+    return _mm512_fmadd_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(1.0f)), r);
+}
+#define VRECIP recip_nr
 #define VHSUM _mm512_reduce_add_ps
 #define VHMAX _mm512_reduce_max_ps
 /* n in [0, VL]: lanes >= n read as `fill` / are not written */
