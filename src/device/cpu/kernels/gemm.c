@@ -328,6 +328,11 @@ static void round_rows_bias(float *c, int64_t ldc, const float *bias, int64_t ro
  * in-process alternation (docs/BENCHMARKS.md "Zen 4, eighth visit"): fp32 NN 256 x 768 x 2304 102 -> 111
  * GFLOP/s (oneDNN 111.5), dW +1-2 %; bf16 A x fp32 B, the same shape, 184 -> 211. B's rows should be 64-byte
  * aligned: a malloc'ed B 16 bytes off the line gains less (a 48-float row then spans four lines). */
+/* the bias into a tile's rows of C, which its kernel then adds to (beta 1) */
+static inline void tile_bias(float *c, int64_t ldc, const float *bias, int64_t rows, int64_t n) {
+    for (int64_t i = 0; i < rows; i++) memcpy(c + i * ldc, bias, (size_t)n * sizeof(float));
+}
+
 /* Multiply the packed A block (npa micro-panels) by op(B) columns [n0, n1), K block (k0, kc). */
 static void block_times_b(const gemm_plan *p, const char *apack, const float *ua, int64_t ic, int64_t mcur,
                           int64_t k0, int64_t kc, int64_t n0, int64_t n1, char *bpack, float *tile) {
@@ -344,6 +349,8 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
      * have added to the bias copied into C, the same add), instead of being copied into C first */
     const int bias_late = g->bias && round_out && k0 == 0 && !ua;
     const float beta = bias_late ? 0.0f : k0 == 0 && !g->bias ? g->beta : 1.0f;
+    /* Note [GEMM structure]: the bias first, each tile's just before its kernel adds to it */
+    const float *bias_first = k0 == 0 && g->bias && !bias_late ? g->bias : NULL;
     if (n1 <= n0) return;
     const int pb_mode = __atomic_load_n(&g_pb_mode, __ATOMIC_RELAXED);
     const int pb_on =
@@ -366,10 +373,6 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
             bpack = p->bshared + (size_t)(jc / nr) * bpanel;
         else if (nfull < npb)
             im->pack_b(g, jc + nfull * nr, ncur - nfull * nr, k0, kc, nr, bpack + (size_t)nfull * bpanel);
-        if (k0 == 0 && g->bias &&
-            !bias_late) /* Note [GEMM structure]: the bias first, the kernels add to it */
-            for (int64_t i = 0; i < mcur; i++)
-                memcpy(g->C + (ic + i) * g->ldc + jc, g->bias + jc, (size_t)ncur * sizeof(float));
         if (nfull) { /* panel by panel into the chunk's first slot (Note [Packing B in the first tile]) */
             const size_t bsz = g->b_f32 || !im->in_bf16 ? sizeof(float) : sizeof(uint16_t);
             const char *B = (const char *)g->B + (size_t)(k0 * g->ldb + jc) * bsz;
@@ -387,6 +390,7 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
                     const int rows = ua && mi == mr;
                     const float *ar = rows ? ua + pa * mr * g->lda : (const float *)a;
                     float *c = g->C + (ic + pa * mr) * g->ldc + jc + q * nr;
+                    if (bias_first) tile_bias(c, g->ldc, bias_first + jc + q * nr, mi, nr);
                     if (pa == 0 && !nt_walk) {
                         im->kernel_pb(ksteps, rows ? (const void *)ar : a, rows ? g->lda : 0,
                                       B + (size_t)(q * nr) * bsz, g->ldb, g->b_f32, bpack, c, g->ldc,
@@ -431,6 +435,7 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
             if (ua && mi == mr) {
                 for (int64_t q = nfull; q < npb; q++) {
                     int nj = (int)imin64(nr, ncur - q * nr);
+                    if (bias_first) tile_bias(crow + q * nr, g->ldc, bias_first + jc + q * nr, mi, nj);
                     im->kernel_ua(ksteps, ua + pa * mr * g->lda, g->lda, bpack + q * bpanel, crow + q * nr,
                                   g->ldc, g->alpha, beta, mi, nj);
                     if (round_out)
@@ -440,6 +445,7 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
             }
             for (int64_t q = nfull; q < npb; q++) {
                 int nj = (int)imin64(nr, ncur - q * nr);
+                if (bias_first) tile_bias(crow + q * nr, g->ldc, bias_first + jc + q * nr, mi, nj);
                 if (im->kernel_round &&
                     (tile || bias_late || round_out)) { /* Note [Rounding in the writeback] */
                     const int add = tile && g->c_round == SL_GEMM_ROUND_ADD;
