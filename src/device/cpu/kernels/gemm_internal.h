@@ -19,7 +19,7 @@
  * before the tile's kernel (in L1 when the kernel reads it) and runs the kernels with beta = 1, so C =
  * ((bias + sum over K block 0) + sum over K block 1) + ...: a fixed order, whatever the partition. (It used
  * to write the whole chunk's rows first, mc x nc, up to 2 MiB, read back from L2 or beyond: the baby GPT's
- * step, 128-deep products with a bias, 2-4 % shorter per tile at 1 thread, two builds side by side; GPT-2
+ * step, 128-deep products with a bias, 2-4 % shorter at 1 thread, two builds side by side; GPT-2
  * 124M the same.)
  */
 #ifndef SL_DEVICE_CPU_KERNELS_GEMM_INTERNAL_H
