@@ -399,7 +399,7 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
                         /* the last pf_tiles tiles bring the next full panel's rows of B into L1, a
                          * 1 / pf_tiles of them each (a prefetch past B's end is dropped, never a fault) */
                         const int64_t r0 = (pa - pf_from) * (kc / pf_tiles);
-                        if (nt_walk) /* the next panel's run, kc 256 / pf_tiles bytes a tile */
+                        if (nt_walk) /* the next panel's run, kc x 256 / pf_tiles bytes per tile */
                             im->kernel_pf(ksteps, rows ? (const void *)ar : a, rows ? g->lda : 0, bpack, c,
                                           g->ldc, g->alpha, beta, rnd ? lb : NULL, rnd, mi,
                                           (const char *)g->B +
