@@ -265,8 +265,38 @@ typedef struct brow {
     gcase c;
     int threads;
     double gflops[LIB_COUNT]; /* median; < 0: n/a */
+    double paired[LIB_COUNT]; /* Note [Paired ratios]: median over reps of t_lib / t_suanli; < 0: n/a */
     double peak;
 } brow;
+
+/* Note [Paired ratios]
+ * vs_<lib> is the ratio of the two medians of --reps single calls. Each rep also runs suanli and the anchor
+ * back to back (in alternating order), so the ratio of their two times within a rep compares them in the
+ * same seconds of a VM whose speed drifts by the minute; vs_<lib>_paired is the median of those per-rep
+ * ratios. The summary gives, per dtype and thread count, the median and the worst row of both. */
+static double paired_median(const double *num, const double *den, int n) {
+    double r[64];
+    for (int i = 0; i < n; i++) r[i] = num[i] / den[i];
+    return median(r, n);
+}
+/* median and minimum of the rows' vs_onednn (paired: of vs_onednn_paired) for one dtype and thread count;
+ * returns the number of rows with a value */
+static int summary_of(const brow *rows, int nrows, int bf16, int threads, int paired, double *med,
+                      double *worst) {
+    double v[256];
+    int n = 0;
+    for (int i = 0; i < nrows && n < 256; i++) {
+        const brow *r = &rows[i];
+        if (r->c.bf16 != bf16 || r->threads != threads) continue;
+        double x = paired ? r->paired[LIB_ONEDNN]
+                          : (r->gflops[LIB_ONEDNN] > 0 ? r->gflops[0] / r->gflops[LIB_ONEDNN] : -1.0);
+        if (x > 0) v[n++] = x;
+    }
+    if (!n) return 0;
+    *med = median(v, n); /* sorts v */
+    *worst = v[0];
+    return n;
+}
 
 static void print_num(FILE *f, double v, const char *fmt) {
     if (v < 0)
@@ -591,6 +621,8 @@ int sl_bench_ops(int argc, char **argv) {
             row->threads = thr_list[t];
             row->peak = c->bf16 ? peak_bf16[t] : peak[t];
             for (int lib = 0; lib < LIB_COUNT; lib++)
+                row->paired[lib] = lib && ok[lib] && ok[0] ? paired_median(dt[lib], dt[0], reps) : -1.0;
+            for (int lib = 0; lib < LIB_COUNT; lib++)
                 row->gflops[lib] = ok[lib] ? flop / median(dt[lib], reps) * 1e-9 : -1.0;
             if (!json) {
                 double *g = row->gflops;
@@ -634,6 +666,16 @@ int sl_bench_ops(int argc, char **argv) {
             if (r->gflops[1] > 0) printf(", %.2fx openblas", r->gflops[0] / r->gflops[1]);
             printf("\n");
         }
+        printf(
+            "against oneDNN, median (worst) of the rows; paired: per-rep ratios (Note [Paired ratios]):\n");
+        for (int bf = 0; bf < 2; bf++)
+            for (int t = 0; t < nthr_list; t++) {
+                double m, w, pm, pw;
+                if (summary_of(rows, nrows, bf, thr_list[t], 0, &m, &w) &&
+                    summary_of(rows, nrows, bf, thr_list[t], 1, &pm, &pw))
+                    printf("  %s, %d thread(s): %.3fx (%.3fx), paired %.3fx (%.3fx)\n", bf ? "bf16" : "fp32",
+                           thr_list[t], m, w, pm, pw);
+            }
     }
     if (json) {
         printf("{\"bench\":\"ops\",\"device\":\"cpu\",\"load_avg_start\":%.2f,\"load_avg_end\":%.2f,"
@@ -664,9 +706,26 @@ int sl_bench_ops(int argc, char **argv) {
                     printf(",\"vs_%s\":%.3f", lib_names[lib], r->gflops[0] / r->gflops[lib]);
                 else
                     printf(",\"vs_%s\":null", lib_names[lib]);
+                if (r->paired[lib] > 0)
+                    printf(",\"vs_%s_paired\":%.3f", lib_names[lib], r->paired[lib]);
+                else
+                    printf(",\"vs_%s_paired\":null", lib_names[lib]);
             }
             printf("}");
         }
+        printf("],\"summary\":[");
+        int ns = 0;
+        for (int bf = 0; bf < 2; bf++)
+            for (int t = 0; t < nthr_list; t++) {
+                double m, w, pm, pw;
+                if (!summary_of(rows, nrows, bf, thr_list[t], 0, &m, &w) ||
+                    !summary_of(rows, nrows, bf, thr_list[t], 1, &pm, &pw))
+                    continue;
+                printf(
+                    "%s{\"dtype\":\"%s\",\"threads\":%d,\"median_vs_onednn\":%.3f,\"worst_vs_onednn\":%.3f,"
+                    "\"median_vs_onednn_paired\":%.3f,\"worst_vs_onednn_paired\":%.3f}",
+                    ns++ ? "," : "", bf ? "bf16" : "fp32", thr_list[t], m, w, pm, pw);
+            }
         printf("]}\n");
     }
     sl_free_aligned(A), sl_free_aligned(B), sl_free_aligned(C), sl_free_aligned(Ah), sl_free_aligned(Bh);
