@@ -298,6 +298,55 @@ static int summary_of(const brow *rows, int nrows, int bf16, int threads, int pa
     return n;
 }
 
+/* the summary of summary_of per dtype and thread count: text lines, or JSON objects (comma-separated) */
+static void print_summary(const brow *rows, int nrows, const int *thr_list, int nthr, int json) {
+    if (!json)
+        printf(
+            "against oneDNN, median (worst) of the rows; paired: per-rep ratios (Note [Paired ratios]):\n");
+    int ns = 0;
+    for (int bf = 0; bf < 2; bf++)
+        for (int t = 0; t < nthr; t++) {
+            double m, w, pm, pw;
+            if (!summary_of(rows, nrows, bf, thr_list[t], 0, &m, &w) ||
+                !summary_of(rows, nrows, bf, thr_list[t], 1, &pm, &pw))
+                continue;
+            if (json)
+                printf(
+                    "%s{\"dtype\":\"%s\",\"threads\":%d,\"median_vs_onednn\":%.3f,\"worst_vs_onednn\":%.3f,"
+                    "\"median_vs_onednn_paired\":%.3f,\"worst_vs_onednn_paired\":%.3f}",
+                    ns++ ? "," : "", bf ? "bf16" : "fp32", thr_list[t], m, w, pm, pw);
+            else
+                printf("  %s, %d thread(s): %.3fx (%.3fx), paired %.3fx (%.3fx)\n", bf ? "bf16" : "fp32",
+                       thr_list[t], m, w, pm, pw);
+        }
+}
+
+/* one row of the JSON "rows" array */
+static void print_row_json(const brow *r, int first) {
+    printf("%s{\"dtype\":\"%s\",\"pass\":\"%s\",\"trans\":\"%s\",\"M\":%lld,\"N\":%lld,\"K\":%lld,"
+           "\"threads\":%d,\"peak_gflops\":%.2f",
+           first ? "" : ",", r->c.bf16 ? "bf16" : "fp32", r->c.pass, r->c.trans, (long long)r->c.M,
+           (long long)r->c.N, (long long)r->c.K, r->threads, r->peak);
+    for (int lib = 0; lib < LIB_COUNT; lib++) {
+        if (r->gflops[lib] < 0)
+            printf(",\"%s_gflops\":null", lib_names[lib]);
+        else
+            printf(",\"%s_gflops\":%.2f", lib_names[lib], r->gflops[lib]);
+    }
+    printf(",\"pct_peak\":%.2f", r->peak > 0 ? 100.0 * r->gflops[0] / r->peak : 0.0);
+    for (int lib = 1; lib < LIB_COUNT; lib++) {
+        if (r->gflops[lib] > 0)
+            printf(",\"vs_%s\":%.3f", lib_names[lib], r->gflops[0] / r->gflops[lib]);
+        else
+            printf(",\"vs_%s\":null", lib_names[lib]);
+        if (r->paired[lib] > 0)
+            printf(",\"vs_%s_paired\":%.3f", lib_names[lib], r->paired[lib]);
+        else
+            printf(",\"vs_%s_paired\":null", lib_names[lib]);
+    }
+    printf("}");
+}
+
 static void print_num(FILE *f, double v, const char *fmt) {
     if (v < 0)
         fprintf(f, "%8s", "n/a");
@@ -666,16 +715,7 @@ int sl_bench_ops(int argc, char **argv) {
             if (r->gflops[1] > 0) printf(", %.2fx openblas", r->gflops[0] / r->gflops[1]);
             printf("\n");
         }
-        printf(
-            "against oneDNN, median (worst) of the rows; paired: per-rep ratios (Note [Paired ratios]):\n");
-        for (int bf = 0; bf < 2; bf++)
-            for (int t = 0; t < nthr_list; t++) {
-                double m, w, pm, pw;
-                if (summary_of(rows, nrows, bf, thr_list[t], 0, &m, &w) &&
-                    summary_of(rows, nrows, bf, thr_list[t], 1, &pm, &pw))
-                    printf("  %s, %d thread(s): %.3fx (%.3fx), paired %.3fx (%.3fx)\n", bf ? "bf16" : "fp32",
-                           thr_list[t], m, w, pm, pw);
-            }
+        print_summary(rows, nrows, thr_list, nthr_list, 0);
     }
     if (json) {
         printf("{\"bench\":\"ops\",\"device\":\"cpu\",\"load_avg_start\":%.2f,\"load_avg_end\":%.2f,"
@@ -688,44 +728,9 @@ int sl_bench_ops(int argc, char **argv) {
         printf("},\"peak_bf16_gflops\":{");
         for (int t = 0; t < nthr_list; t++) printf("%s\"%d\":%.2f", t ? "," : "", thr_list[t], peak_bf16[t]);
         printf("},\"rows\":[");
-        for (int i = 0; i < nrows; i++) {
-            const brow *r = &rows[i];
-            printf("%s{\"dtype\":\"%s\",\"pass\":\"%s\",\"trans\":\"%s\",\"M\":%lld,\"N\":%lld,\"K\":%lld,"
-                   "\"threads\":%d,\"peak_gflops\":%.2f",
-                   i ? "," : "", r->c.bf16 ? "bf16" : "fp32", r->c.pass, r->c.trans, (long long)r->c.M,
-                   (long long)r->c.N, (long long)r->c.K, r->threads, r->peak);
-            for (int lib = 0; lib < LIB_COUNT; lib++) {
-                if (r->gflops[lib] < 0)
-                    printf(",\"%s_gflops\":null", lib_names[lib]);
-                else
-                    printf(",\"%s_gflops\":%.2f", lib_names[lib], r->gflops[lib]);
-            }
-            printf(",\"pct_peak\":%.2f", r->peak > 0 ? 100.0 * r->gflops[0] / r->peak : 0.0);
-            for (int lib = 1; lib < LIB_COUNT; lib++) {
-                if (r->gflops[lib] > 0)
-                    printf(",\"vs_%s\":%.3f", lib_names[lib], r->gflops[0] / r->gflops[lib]);
-                else
-                    printf(",\"vs_%s\":null", lib_names[lib]);
-                if (r->paired[lib] > 0)
-                    printf(",\"vs_%s_paired\":%.3f", lib_names[lib], r->paired[lib]);
-                else
-                    printf(",\"vs_%s_paired\":null", lib_names[lib]);
-            }
-            printf("}");
-        }
+        for (int i = 0; i < nrows; i++) print_row_json(&rows[i], i == 0);
         printf("],\"summary\":[");
-        int ns = 0;
-        for (int bf = 0; bf < 2; bf++)
-            for (int t = 0; t < nthr_list; t++) {
-                double m, w, pm, pw;
-                if (!summary_of(rows, nrows, bf, thr_list[t], 0, &m, &w) ||
-                    !summary_of(rows, nrows, bf, thr_list[t], 1, &pm, &pw))
-                    continue;
-                printf(
-                    "%s{\"dtype\":\"%s\",\"threads\":%d,\"median_vs_onednn\":%.3f,\"worst_vs_onednn\":%.3f,"
-                    "\"median_vs_onednn_paired\":%.3f,\"worst_vs_onednn_paired\":%.3f}",
-                    ns++ ? "," : "", bf ? "bf16" : "fp32", thr_list[t], m, w, pm, pw);
-            }
+        print_summary(rows, nrows, thr_list, nthr_list, 1);
         printf("]}\n");
     }
     sl_free_aligned(A), sl_free_aligned(B), sl_free_aligned(C), sl_free_aligned(Ah), sl_free_aligned(Bh);
