@@ -37,9 +37,8 @@ static inline vf e_fnma(vf a, vf b, vf c) {
     return (vf){_mm256_fnmadd_ps(a.lo, b.lo, c.lo), _mm256_fnmadd_ps(a.hi, b.hi, c.hi)};
 }
 static inline vf e_exp(vf a) { return (vf){sl_exp_avx2(a.lo), sl_exp_avx2(a.hi)}; }
-static inline vf e_tanh(vf a) { return (vf){sl_tanh_avx2(a.lo), sl_tanh_avx2(a.hi)}; }
 static inline vf e_gelu_exp(vf a) { /* Note [GELU as x sigmoid(2u)]: as vec_avx2.c */
-    const __m256 c = _mm256_set1_ps(80.0f);
+    const __m256 c = _mm256_set1_ps(SL_GELU_ZMAX);
     return (vf){sl_exp_avx2(_mm256_min_ps(a.lo, c)), sl_exp_avx2(_mm256_min_ps(a.hi, c))};
 }
 static inline vf e_recip(vf d) {
@@ -79,7 +78,6 @@ static inline void e_storen(float *p, vf v, int64_t n) {
 #define VFMA e_fma
 #define VFNMA e_fnma
 #define VEXP e_exp
-#define VTANH e_tanh
 #define VGELU_EXP e_gelu_exp
 #define VRECIP e_recip
 #define VHSUM e_hsum

@@ -1,21 +1,19 @@
-/* simd_math.h — vector exp/tanh for the CPU kernels (internal header), and the ISA choice of the
+/* simd_math.h — vector exp for the CPU kernels (internal header), and the ISA choice of the
  * non-GEMM kernels.
  *
  * Usage (inside a function compiled for AVX-512, e.g. in vec_avx512.c):
  *   __m512 y = sl_exp_avx512(x);            // e^x, <= 2 ulp on [-87.3, 88.7]; 0 below (and -inf), +inf
  * above;
  *                                           // the bits of the scalar twin sl_exp_poly for every input
- *   __m512 t = sl_tanh_avx512(x);           // tanh, <= 2 ulp
- * Scalar twins (sl_exp_poly, sl_tanh_poly) evaluate the same polynomials; the tests measure their ulp
+ * Scalar twins (sl_exp_poly) evaluate the same polynomials; the tests measure their ulp
  * error against libm in double.
  *
- * Note [Vector exp and tanh]
+ * Note [Vector exp]
  * exp: x = n ln2 + r with n = round(x log2 e) and a two-constant Cody-Waite ln2 (Cephes' split), then
  * e^r = 1 + r + r^2 P(r) with Cephes' degree-5 P on |r| <= ln2/2, then 2^n by scalef (AVX-512) or by
  * multiplying by two exponent-built powers (AVX2; inputs below -87.34 return 0).
- * tanh: odd Taylor series through u^17 for |u| < 0.55 (truncation < 1 ulp there), otherwise
- * sign(u) (1 - 2 / (e^{2|u|} + 1)) with |u| clamped to 9.1 (tanh(u) rounds to 1 in fp32 from u = 9.02 on).
- * Both branches are computed and blended per lane, so results do not depend on the position of an element.
+ * (A vector tanh lived here for GELU until GELU became x sigmoid(2u), Note [GELU as x sigmoid(2u)] in
+ * vec_kernels.inc.)
  */
 #ifndef SL_DEVICE_CPU_KERNELS_SIMD_MATH_H
 #define SL_DEVICE_CPU_KERNELS_SIMD_MATH_H
@@ -52,6 +50,7 @@ void sl_kern_isa_force(int isa);
 const char *sl_kern_isa_name(int isa);
 
 #define SL_EXP_HI 88.7228317f
+#define SL_GELU_ZMAX 80.0f /* GELU's exp argument -2u is clamped here (Note [GELU as x sigmoid(2u)]) */
 #define SL_EXP_LO (-87.3365479f)
 #define SL_LOG2E 1.44269504088896341f
 #define SL_EXP_C1 0.693359375f
@@ -62,17 +61,6 @@ const char *sl_kern_isa_name(int isa);
 #define SL_EXP_P3 4.1665795894e-2f
 #define SL_EXP_P4 1.6666665459e-1f
 #define SL_EXP_P5 5.0000001201e-1f
-/* tanh(u) = u * (1 + u^2 T(u^2)) near 0: Taylor coefficients of u^3 .. u^17 */
-#define SL_TANH_T1 (-3.33333333333e-1f)
-#define SL_TANH_T2 1.33333333333e-1f
-#define SL_TANH_T3 (-5.39682539683e-2f)
-#define SL_TANH_T4 2.18694885362e-2f
-#define SL_TANH_T5 (-8.86323552990e-3f)
-#define SL_TANH_T6 3.59212803657e-3f
-#define SL_TANH_T7 (-1.45583438705e-3f)
-#define SL_TANH_T8 5.90027440946e-4f
-#define SL_TANH_SMALL 0.55f
-#define SL_TANH_CLAMP 9.1f
 
 /* ---- scalar twins (same formulas; for tests and scalar tails) ---- */
 static inline float sl_exp_poly(float x) {
@@ -89,24 +77,6 @@ static inline float sl_exp_poly(float x) {
     p = fmaf(p, r, SL_EXP_P5);
     p = fmaf(p, r * r, r + 1.0f);
     return ldexpf(p, (int)n);
-}
-
-static inline float sl_tanh_poly(float u) {
-    float a = fabsf(u);
-    if (a < SL_TANH_SMALL) {
-        float z = u * u, p = SL_TANH_T8;
-        p = fmaf(p, z, SL_TANH_T7);
-        p = fmaf(p, z, SL_TANH_T6);
-        p = fmaf(p, z, SL_TANH_T5);
-        p = fmaf(p, z, SL_TANH_T4);
-        p = fmaf(p, z, SL_TANH_T3);
-        p = fmaf(p, z, SL_TANH_T2);
-        p = fmaf(p, z, SL_TANH_T1);
-        return fmaf(u * z, p, u);
-    }
-    if (a > SL_TANH_CLAMP) a = SL_TANH_CLAMP;
-    float t = 1.0f - 2.0f / (sl_exp_poly(2.0f * a) + 1.0f);
-    return copysignf(t, u);
 }
 
 /* Note [Rounded exp]
@@ -177,7 +147,8 @@ static inline __attribute__((target("avx512f"), always_inline)) __m512 sl_round_
  * product that scalef takes into the subnormal range costs a microcode assist (~150 cycles on Intel,
  * unless FTZ is set), and a causal softmax feeds it -inf for every masked score; that assist was 40 % of
  * the baby model's attention forward. sl_exp_avx512_in is the body for inputs known to be in range (lanes
- * off in `keep` give 0): tanh calls it on 2|u| >= 0, where the range test cost GELU ~10 %. */
+ * off in `keep` give 0): GELU calls it on a clamped -2u (Note [GELU as x sigmoid(2u)]), where the range test
+ * cost GELU ~10 %. */
 static inline SL_TGT_AVX512 __m512 sl_exp_avx512_in(__m512 x, __mmask16 keep) {
     x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(SL_EXP_LO)), _mm512_set1_ps(SL_EXP_HI));
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(SL_LOG2E)),
@@ -230,27 +201,6 @@ static inline SL_TGT_AVX512 __m512 sl_exp_acc_avx512(__m512 x) {
     __m256 hi = _mm512_cvtpd_ps(sl_exp_acc_pd_avx512(_mm512_cvtps_pd(_mm512_extractf32x8_ps(xc, 1))));
     __m512 y = _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
     return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
-}
-
-static inline SL_TGT_AVX512 __m512 sl_tanh_avx512(__m512 u) {
-    __m512 a = _mm512_abs_ps(u);
-    __m512 z = _mm512_mul_ps(u, u), p = _mm512_set1_ps(SL_TANH_T8);
-    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(SL_TANH_T7));
-    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(SL_TANH_T6));
-    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(SL_TANH_T5));
-    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(SL_TANH_T4));
-    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(SL_TANH_T3));
-    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(SL_TANH_T2));
-    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(SL_TANH_T1));
-    __m512 small = _mm512_fmadd_ps(_mm512_mul_ps(u, z), p, u);
-    __m512 ac = _mm512_min_ps(a, _mm512_set1_ps(SL_TANH_CLAMP));
-    __m512 e = sl_exp_avx512_in(_mm512_add_ps(ac, ac), (__mmask16)0xFFFF); /* 2|u| >= 0: no underflow */
-    __m512 big = _mm512_sub_ps(_mm512_set1_ps(1.0f),
-                               _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, _mm512_set1_ps(1.0f))));
-    /* copy u's sign onto big */
-    big = _mm512_or_ps(big, _mm512_and_ps(u, _mm512_set1_ps(-0.0f)));
-    __mmask16 m = _mm512_cmp_ps_mask(a, _mm512_set1_ps(SL_TANH_SMALL), _CMP_LT_OQ);
-    return _mm512_mask_blend_ps(m, big, small);
 }
 
 /* ---- AVX2 + FMA ---- */
@@ -313,26 +263,6 @@ static inline SL_TGT_AVX2 __m256 sl_exp_acc_avx2(__m256 x) {
     return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
-static inline SL_TGT_AVX2 __m256 sl_tanh_avx2(__m256 u) {
-    __m256 sign = _mm256_and_ps(u, _mm256_set1_ps(-0.0f));
-    __m256 a = _mm256_xor_ps(u, sign);
-    __m256 z = _mm256_mul_ps(u, u), p = _mm256_set1_ps(SL_TANH_T8);
-    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(SL_TANH_T7));
-    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(SL_TANH_T6));
-    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(SL_TANH_T5));
-    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(SL_TANH_T4));
-    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(SL_TANH_T3));
-    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(SL_TANH_T2));
-    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(SL_TANH_T1));
-    __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(u, z), p, u);
-    __m256 ac = _mm256_min_ps(a, _mm256_set1_ps(SL_TANH_CLAMP));
-    __m256 e = sl_exp_avx2(_mm256_add_ps(ac, ac));
-    __m256 big = _mm256_sub_ps(_mm256_set1_ps(1.0f),
-                               _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
-    big = _mm256_or_ps(big, sign);
-    __m256 m = _mm256_cmp_ps(a, _mm256_set1_ps(SL_TANH_SMALL), _CMP_LT_OQ);
-    return _mm256_blendv_ps(big, small, m);
-}
 #endif /* SL_HAVE_X86 */
 
 #endif

@@ -27,9 +27,8 @@ typedef __m256 vf;
 #define VFMA _mm256_fmadd_ps   /* a*b + c */
 #define VFNMA _mm256_fnmadd_ps /* c - a*b */
 #define VEXP sl_exp_avx2
-#define VTANH sl_tanh_avx2
-/* Note [GELU as x sigmoid(2u)] (vec_kernels.inc): exp of -2u clamped at 80, and 1 / d */
-#define VGELU_EXP(z) sl_exp_avx2(_mm256_min_ps((z), _mm256_set1_ps(80.0f)))
+/* Note [GELU as x sigmoid(2u)] (vec_kernels.inc): exp of -2u clamped at SL_GELU_ZMAX, and 1 / d */
+#define VGELU_EXP(z) sl_exp_avx2(_mm256_min_ps((z), _mm256_set1_ps(SL_GELU_ZMAX)))
 #define VRECIP(d) _mm256_div_ps(_mm256_set1_ps(1.0f), (d))
 
 static inline float hsum8(__m256 v) {

@@ -51,9 +51,8 @@ static inline __attribute__((always_inline)) __m256i round_bf16_pack(__m512 v) {
 #define VFMA _mm512_fmadd_ps   /* a*b + c */
 #define VFNMA _mm512_fnmadd_ps /* c - a*b */
 #define VEXP sl_exp_avx512
-#define VTANH sl_tanh_avx512
-/* Note [GELU as x sigmoid(2u)] (vec_kernels.inc): exp of -2u clamped at 80, and 1 / d for d >= 1 */
-#define VGELU_EXP(z) sl_exp_avx512_in(_mm512_min_ps((z), _mm512_set1_ps(80.0f)), (__mmask16)0xFFFF)
+/* Note [GELU as x sigmoid(2u)] (vec_kernels.inc): exp of -2u clamped at SL_GELU_ZMAX, and 1 / d for d >= 1 */
+#define VGELU_EXP(z) sl_exp_avx512_in(_mm512_min_ps((z), _mm512_set1_ps(SL_GELU_ZMAX)), (__mmask16)0xFFFF)
 static inline __attribute__((always_inline)) __m512 recip_nr(__m512 d) {
     const __m512 r = _mm512_rcp14_ps(d);
     return _mm512_fmadd_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(1.0f)), r);
