@@ -151,7 +151,7 @@ int sl_bench_train(int argc, char **argv) {
             zero = 0, bucket = 1 << 20, tpn = 1, ppn = 1, pfirst = 0, plast = 0;
     int json = 0, bf16 = 0, sp = 0, plan_only = 0, busy = 0, fixed = 0, zb = 0;
     double pa = 0, ph = 0;
-    const char *device = "cpu";
+    const char *device = "cpu", *recompute = NULL;
     sl_flag flags[] = {
         {"device", SL_FLAG_STR, &device, 0, 0, "backend the model runs on: cpu (default), opencl[:N], strict",
          0},
@@ -186,11 +186,19 @@ int sl_bench_train(int argc, char **argv) {
          "keep --threads for every step (no adaptation: Note [Threads on a shared machine])", 0},
         {"attention-dropout", SL_FLAG_FLOAT, &pa, 0, 0.99, "dropout of the attention probabilities (0)", 0},
         {"hidden-dropout", SL_FLAG_FLOAT, &ph, 0, 0.99, "dropout of the hidden states (0)", 0},
+        {"recompute-granularity", SL_FLAG_STR, &recompute, 0, 0,
+         "full: every layer computed again in the backward (Note [Full recomputation]); MFU stays the "
+         "model's 6 N FLOPs per token, as Megatron's",
+         0},
     };
     int nf = (int)(sizeof flags / sizeof flags[0]);
     if (sl_flags_help(flags, nf, argc, argv, "usage: suanli bench train [flags]")) return 0;
     if (sl_flags_parse(flags, nf, argc, argv, 1) != SL_OK) {
         fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
+        return 2;
+    }
+    if (recompute && strcmp(recompute, "full")) {
+        fprintf(stderr, "suanli bench train: --recompute-granularity: expected full, got '%s'\n", recompute);
         return 2;
     }
     sl_threads_set((int)threads);
@@ -241,7 +249,8 @@ int sl_bench_train(int argc, char **argv) {
                             .hp = {0.9f, 0.95f, 1e-8f, 0.1f},
                             .mesh = &mesh,
                             .dropout_seed = 1,
-                            .pipe_schedule = zb ? SL_PIPE_ZB_H1 : SL_PIPE_1F1B};
+                            .pipe_schedule = zb ? SL_PIPE_ZB_H1 : SL_PIPE_1F1B,
+                            .recompute = recompute != NULL};
     if (sl_trainer_init(&tr, m, &tc) != SL_OK) {
         fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
         sl_model_free(m);
@@ -314,7 +323,8 @@ int sl_bench_train(int argc, char **argv) {
             "\"tokens_per_s_mean\": %.2f, \"attention_dropout\": %g, \"hidden_dropout\": %g, "
             "\"mfu_f32_peak\": %.4f, \"peak_rss_mib\": %.1f, \"zero_bubble\": %d, \"probes_held_back\": "
             "%lld, "
-            "\"load_signal\": %d, \"shared_mode_steps\": %lld, \"dp_early_launches\": %d}\n",
+            "\"load_signal\": %d, \"shared_mode_steps\": %lld, \"dp_early_launches\": %d, \"recompute\": "
+            "%d}\n",
             device, (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T,
             (long long)threads, bf16 ? "bf16-mixed" : "f32", med * 1e3, tps, flops / 1e9, peak / 1e9, mfu,
             tr.plan.planned_bytes / 1048576.0, loss, mesh.dp, (long long)accum, (long long)zero, wait_frac,
@@ -323,7 +333,7 @@ int sl_bench_train(int argc, char **argv) {
             bal[0], bal[1], busy, tr.gov.on, thr_mean, (long long)tr.gov.switches, (long long)tr.gov.probes,
             cpu_step * 1e3, wall_mean * 1e3, (double)(B * T) * (double)accum * mesh.dp / wall_mean, pa, ph,
             peak32 > 0 ? flops / peak32 : 0, rss_mib, zb, (long long)tr.gov.gated, tr.gov.ncpu > 0,
-            (long long)tr.gov.shared_steps, early);
+            (long long)tr.gov.shared_steps, early, recompute != NULL);
     else
         printf("GPT-2 on %s, L%lld NH%lld C%lld V%lld B%lld T%lld %s, %lld threads: %.1f ms/step (median of "
                "%lld), "

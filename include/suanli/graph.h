@@ -39,6 +39,11 @@ void sl_graph_build_forward(sl_graph *g, sl_tensor *out);
 /* Append gradient nodes: seeds d(loss) = `loss_scale` and accumulates each parameter's gradient
  * into p->grad (which must be set: a leaf bound to the flat gradient buffer). */
 void sl_graph_build_backward(sl_graph *g, sl_tensor *loss, float loss_scale);
+/* Full activation recomputation for the backward built next (Megatron's --recompute-granularity full,
+ * one layer at a time): the forward nodes between two SL_FLAG_LAYER_IO tensors are computed again, from the
+ * kept layer input, right before the backward needs them, and the forward's copies die in the forward
+ * (Note [Full recomputation], src/graph/autodiff.c). Off by default. */
+void sl_graph_set_recompute(sl_graph *g, int on);
 /* The same from an arbitrary output seeded by the caller's leaf `seed` (shape of out): a pipeline
  * stage's backward from the gradient of its output activations. */
 void sl_graph_build_backward_seeded(sl_graph *g, sl_tensor *out, sl_tensor *seed);

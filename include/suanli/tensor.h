@@ -227,6 +227,11 @@ enum {
     /* ... and so is its gradient, which the backward rules flag SL_FLAG_ROWS_CAP (not on a tensor whose
      * gradient a collective sends: that one stays in the arena, which may be a communicator window) */
     SL_FLAG_ROWS_CAP_GRAD = 1 << 7,
+    /* the residual stream at a transformer layer's boundary (the embedding's output, each layer's output):
+     * under full recomputation (Note [Full recomputation], src/graph/autodiff.c) the tensors kept */
+    SL_FLAG_LAYER_IO = 1 << 8,
+    /* a forward node's copy made by full recomputation for the backward */
+    SL_FLAG_RECOMPUTED = 1 << 9,
 };
 
 typedef struct sl_tensor {

@@ -49,6 +49,7 @@ typedef struct sl_trainer_config {
      * s draws stream s * (dp * accum) + j (Note [Dropout from counters], src/ops/build.c) */
     uint64_t dropout_seed;
     int pipe_schedule; /* a pipeline stage's schedule (sl_pipe_schedule; 0: 1F1B) */
+    int recompute;     /* 1: full recomputation (sl_graph_set_recompute); single-stage dense models only */
 } sl_trainer_config;
 
 typedef struct sl_step_stats {
@@ -282,6 +283,9 @@ typedef struct sl_train_parallel_opts {
                                          schedule]) */
     int64_t zero_stage;               /* 0..3 */
     int64_t bucket_elems;             /* gradient bucket size in elements */
+    /* --recompute-granularity (Megatron's): NULL (nothing recomputed) or "full", every transformer layer
+     * computed again in the backward from its kept input (Note [Full recomputation], src/graph/autodiff.c) */
+    const char *recompute_granularity;
 } sl_train_parallel_opts;
 
 /* Mixture of experts (MoE models from --init-from; src/train/train_moe.c). Megatron-LM's flag names. */

@@ -98,6 +98,10 @@ static int train_flags(sl_train_opts *o, const char **config, sl_flag *flags, in
         {"pipeline-model-parallel-size", SL_FLAG_INT, &o->parallel.pp, 1, 4096,
          "pipeline stages (GPT-2, --init-from Llama family; 1F1B schedule; world = dp x pp x tp)", 0},
         {"pp", SL_FLAG_INT, &o->parallel.pp, 1, 4096, "short for --pipeline-model-parallel-size", 0},
+        {"recompute-granularity", SL_FLAG_STR, &o->parallel.recompute_granularity, 0, 0,
+         "full: recompute each transformer layer in the backward from its input, keeping only the layer "
+         "boundaries' activations (one more forward per step); not with --tp, --pp or MoE models",
+         0},
         {"num-layers-per-virtual-pipeline-stage", SL_FLAG_INT, &o->parallel.layers_per_virtual_stage, 1, 4096,
          "interleaved 1F1B: layers per model chunk (num-layers / (pp x this) chunks per stage)", 0},
         {"enable-zero-bubble", SL_FLAG_BOOL, &o->parallel.zero_bubble, 0, 1,

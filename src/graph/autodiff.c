@@ -9,7 +9,80 @@ typedef struct {
     sl_graph *g;
     uint8_t *needs; /* by id: depends on a parameter */
     uint8_t *owned; /* by id: grads[id] is a private accumulator that may be updated in place */
+    /* Note [Full recomputation] (NULL when off): by id, a forward node's layer segment (-1: kept), its
+     * copy for the backward, and a copy's original */
+    int *seg;
+    sl_tensor **copy, **orig;
+    int cap; /* of those arrays */
 } ad_state;
+
+void sl_graph_set_recompute(sl_graph *g, int on) { g->recompute = on; }
+
+/* Note [Full recomputation]
+ * Megatron's --recompute-granularity full (method uniform, one layer per checkpoint): the backward does
+ * not read what the forward computed inside a transformer layer. The model builders flag the residual
+ * stream at each layer boundary SL_FLAG_LAYER_IO (the embedding's output and every layer's output); the
+ * forward nodes between two such tensors in execution order form a layer's segment. When the backward
+ * rule of a segment node runs, it is handed a copy of the node instead: the same op and parameters, its
+ * sources copied the same way where they lie in the segment, else the originals (the kept layer input,
+ * parameters, inputs, tensors that later layers read as well). Copies are pushed lazily, just before the
+ * first backward node that reads them, so each layer is computed again right before its own backward,
+ * and the forward's intermediates, read by nothing after the forward, die there: the planner keeps one
+ * layer's worth instead of all of them. Gradients stay keyed by the originals (emit maps a copy back).
+ * A copy runs the same kernel on the same bits in the same order: the same values (the dropout masks
+ * come from the same counters: sl_graph_set_dropout sets the copies too); test_recompute checks losses
+ * and weights bitwise equal to the run that keeps everything. Nodes that write into storage outside their
+ * segment, collectives and KV-cache stores are never copied (the trainer refuses recomputation where
+ * those occur: TP, PP, MoE). Costs one more forward per step, as Megatron's. */
+static int copyable(const sl_tensor *t) {
+    return t->op != SL_OP_COLLECTIVE && t->op != SL_OP_KV_STORE &&
+           !(t->flags & (SL_FLAG_OUTPUT | SL_FLAG_LOSS | SL_FLAG_LAYER_IO | SL_FLAG_PARAM | SL_FLAG_INPUT));
+}
+
+/* the copy of forward node t for the backward (t itself outside a segment) */
+static sl_tensor *rc_copy(ad_state *s, sl_tensor *t) {
+    if (!t || !s->seg || t->op == SL_OP_NONE || t->id >= s->cap || s->seg[t->id] < 0) return t;
+    if (s->copy[t->id]) return s->copy[t->id];
+    sl_tensor *c = sl_new_op(s->g->ctx, t->op, t->dtype, t->ndim, t->ne), *src[SL_MAX_SRC], *vs;
+    for (int k = 0; k < SL_MAX_SRC; k++) src[k] = rc_copy(s, t->src[k]);
+    vs = rc_copy(s, t->view_src);
+    int id = c->id;
+    *c = *t;
+    c->id = id;
+    c->order = -1;
+    c->data = NULL;
+    c->buffer = NULL;
+    c->buffer_offs = 0;
+    c->grad = NULL;
+    c->flags |= SL_FLAG_RECOMPUTED;
+    for (int k = 0; k < SL_MAX_SRC; k++) c->src[k] = src[k];
+    c->view_src = vs;
+    sl_set_name(c, "%.56s.rc", t->name);
+    s->copy[t->id] = c;
+    s->orig[id] = t;
+    return c;
+}
+
+/* Mark the segments: forward nodes strictly between two SL_FLAG_LAYER_IO nodes, copyable, and whose
+ * storage is their own or a segment node's. */
+static void rc_segments(ad_state *s, int n_fwd) {
+    sl_graph *g = s->g;
+    int lo = -1, k = 0;
+    for (int i = 0; i < n_fwd; i++) {
+        sl_tensor *t = g->nodes[i];
+        s->seg[t->id] = -1;
+        if (!(t->flags & SL_FLAG_LAYER_IO)) continue;
+        for (int j = lo + 1; lo >= 0 && j < i; j++) {
+            sl_tensor *x = g->nodes[j];
+            if (!copyable(x)) continue;
+            if (x->view_src && x->view_src->op != SL_OP_NONE && s->seg[x->view_src->id] != k) continue;
+            if (x->view_src && x->view_src->op == SL_OP_NONE && x->op != SL_OP_VIEW) continue;
+            s->seg[x->id] = k;
+        }
+        lo = i;
+        k++;
+    }
+}
 
 static void push_new(sl_graph *g, sl_tensor *t);
 
@@ -33,6 +106,8 @@ static void emit(void *vs, sl_tensor *src, sl_tensor *c) {
     sl_graph *g = s->g;
     sl_ctx *ctx = g->ctx;
     sl_graph_ensure_id_capacity(g);
+    if (s->orig && src->id < s->cap && s->orig[src->id])
+        src = s->orig[src->id]; /* Note [Full recomputation] */
     if (!sl_same_shape(c, src)) {
         /* same number of elements, different shape (e.g. folded matmul): reshape */
         if (!sl_is_contiguous(c)) c = sl_cont(ctx, c);
@@ -125,11 +200,20 @@ static void build_backward(sl_graph *g, sl_tensor *loss, float loss_scale, sl_te
     int n_fwd = g->n_nodes;
     SL_ASSERT(loss->order >= 0 && "loss must be in the forward graph");
     sl_graph_ensure_id_capacity(g);
-    ad_state s = {g, NULL, NULL};
+    ad_state s = {g, NULL, NULL, NULL, NULL, NULL, 0};
     int cap = sl_ctx_count(ctx) * 4 + 1024; /* backward creates new tensors */
     s.needs = calloc((size_t)cap, 1);
     s.owned = calloc((size_t)cap, 1);
     SL_ASSERT(s.needs && s.owned);
+    if (g->recompute) { /* Note [Full recomputation] */
+        s.seg = malloc((size_t)cap * sizeof *s.seg);
+        s.copy = calloc((size_t)cap, sizeof *s.copy);
+        s.orig = calloc((size_t)cap, sizeof *s.orig);
+        SL_ASSERT(s.seg && s.copy && s.orig);
+        s.cap = cap;
+        for (int i = 0; i < cap; i++) s.seg[i] = -1;
+        rc_segments(&s, n_fwd);
+    }
     /* which forward nodes depend on a parameter */
     for (int i = 0; i < n_fwd; i++) {
         sl_tensor *t = g->nodes[i];
@@ -182,7 +266,7 @@ static void build_backward(sl_graph *g, sl_tensor *loss, float loss_scale, sl_te
                     emit(&s, table, eb);
             }
         } else {
-            sl_op_backward(ctx, t, gt, ng, emit, &s);
+            sl_op_backward(ctx, rc_copy(&s, t), gt, ng, emit, &s); /* Note [Full recomputation] */
         }
         /* push everything created so far so the order stays topological; the gradient of a bf16 copy of a
          * parameter waits for the CAST rule (Note [Rounded weight gradients]) */
@@ -197,4 +281,7 @@ static void build_backward(sl_graph *g, sl_tensor *loss, float loss_scale, sl_te
     /* gradients that were never consumed (e.g. of inputs) are still pushed so they are computable */
     free(s.needs);
     free(s.owned);
+    free(s.seg);
+    free(s.copy);
+    free(s.orig);
 }

@@ -272,6 +272,7 @@ static sl_tensor *gpt2_body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int po
                         : sl_view(ctx, wpe, 2, (int64_t[]){T, C}, (int64_t[]){C, 1}, 0);
     sl_tensor *x = sl_add(ctx, sl_embedding(ctx, wte, ids), pos);
     if (!kv) x = sl_model_hidden_dropout(m, x, sl_model_dropout_site(-1, 0)); /* nanoGPT's transformer.drop */
+    if (!kv) x->flags |= SL_FLAG_LAYER_IO; /* Note [Full recomputation] (src/graph/autodiff.c) */
     for (int l = 0; l < c->n_layer; l++) {
         int o = 2 + 12 * l;
         /* attention block */
@@ -303,6 +304,7 @@ static sl_tensor *gpt2_body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int po
         x = kv ? sl_add(ctx, x, f)
                : sl_model_hidden_dropout_add(m, x, f,
                                              sl_model_dropout_site(l, SL_DROP_MLP_OUT)); /* mlp.dropout */
+        if (!kv) x->flags |= SL_FLAG_LAYER_IO;
     }
     int of = 2 + 12 * c->n_layer;
     if (kv && kv->last_only && T > 1) x = sl_cont(ctx, sl_slice(ctx, x, 1, T - 1, 1)); /* (B, 1, C) */

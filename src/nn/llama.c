@@ -483,6 +483,7 @@ static sl_tensor *body_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *
         x = sl_embedding(ctx, W(m, "model.embed_tokens.weight"), ids); /* (B, T, C) */
     }
     if (first && !kv) x = sl_model_hidden_dropout(m, x, sl_model_dropout_site(-1, 0)); /* Megatron's */
+    if (!kv) x->flags |= SL_FLAG_LAYER_IO; /* Note [Full recomputation] (src/graph/autodiff.c) */
     for (int l = l0; l < l0 + Lc; l++) {
         sl_tensor *h =
             tp_f(m, norm(m, x, tp_rep(m, W(m, "%s.%d.input_layernorm.weight", pre, l)), c->rms_eps));
@@ -570,6 +571,7 @@ static sl_tensor *body_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *
         x = rnd_model(m,
                       kv ? sl_add(ctx, x, f)
                          : sl_model_hidden_dropout_add(m, x, f, sl_model_dropout_site(l, SL_DROP_MLP_OUT)));
+        if (!kv) x->flags |= SL_FLAG_LAYER_IO;
     }
     if (!last) return sl_set_name(x, "stage_out");
     if (kv && kv->last_only && T > 1) x = sl_cont(ctx, sl_slice(ctx, x, 1, T - 1, 1)); /* (B, 1, C) */

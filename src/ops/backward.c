@@ -35,6 +35,7 @@ static sl_tensor *new_backward_op(sl_ctx *ctx, sl_op op, const sl_tensor *like) 
  * step on Zen 4), so a half-type h is kept. */
 static sl_tensor *recompute_gelu(sl_ctx *ctx, sl_tensor *a) {
     if (a->op != SL_OP_GELU || a->src[0]->op == SL_OP_NONE) return a; /* a cast(gelu) is kept */
+    if (a->flags & SL_FLAG_RECOMPUTED) return a; /* computed for the backward already (full recomputation) */
     sl_tensor *r = sl_gelu(ctx, a->src[0]);
     memcpy(r->iparams, a->iparams, sizeof r->iparams);
     memcpy(r->fparams, a->fparams, sizeof r->fparams);
@@ -50,7 +51,8 @@ static sl_tensor *recompute_gelu(sl_ctx *ctx, sl_tensor *a) {
  * costs one more pass over the weights per step. */
 static sl_tensor *recompute_cast(sl_ctx *ctx, sl_tensor *x) {
     if (x->op != SL_OP_CAST || x->dtype != SL_BF16 || x->src[0]->op != SL_OP_NONE ||
-        !(x->src[0]->flags & SL_FLAG_PARAM) || !sl_is_contiguous(x) || !sl_is_contiguous(x->src[0]))
+        !(x->src[0]->flags & SL_FLAG_PARAM) || !sl_is_contiguous(x) || !sl_is_contiguous(x->src[0]) ||
+        (x->flags & SL_FLAG_RECOMPUTED))
         return x;
     return sl_set_name(sl_cast(ctx, x->src[0], x->dtype), "%s_recast", x->src[0]->name);
 }

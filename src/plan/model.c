@@ -293,7 +293,12 @@ double sl_plan_activation_bytes(const sl_plan_model *m, int64_t B, int64_t T, in
     /* the logits' gradient overwrites them (Note [Donated storage]) */
     double outside = 3.0 * C + (double)m->vocab / (double)tp + (tp > 1 ? C : 0.0);
     if (moe_layers > 0 && moe_bwd > outside) outside = moe_bwd; /* which peak is higher */
-    double floats = recompute ? L * C + per_layer + (moe_layers > 0 ? moe : 0.0) + outside
+    /* full recomputation (Note [Full recomputation], src/graph/autodiff.c): the L layer inputs, and one
+     * layer computed again at a time; the Llama family's peak, inside that layer's backward, holds one
+     * ffn-wide buffer fewer than a forward layer keeps (fitted on sl_graph_plan, tests/plan/test_plan.c:
+     * GPT-2 +2.2 %, the Llama -0.2 % with it, +11 % without) */
+    double rc_layer = per_layer - (m->arch == SL_PLAN_GPT2 ? 0.0 : (double)m->ffn / (double)tp);
+    double floats = recompute ? L * C + rc_layer + (moe_layers > 0 ? moe : 0.0) + outside
                               : L * per_layer + moe_layers * moe + outside;
     if (moe_layers > 0) floats += reserved;
     return 4.0 * N * floats;
@@ -486,11 +491,13 @@ static sl_status timing(const sl_plan_model *m, const sl_plan_cluster *cl, const
     double T = (double)job->seq_len, b = (double)l->micro_batch, mb = (double)l->accum;
     double tokens_mb = b * T;
     double fpt = sl_plan_flops_per_token(m, job->seq_len);
-    if (l->recompute) fpt *= 4.0 / 3.0;
-    double rate = cl->peak_flops * cl->gemm_efficiency;
     /* under pp the slowest stage sets the pace: the last one, with its share of the layers plus the LM head
      * (6 V C FLOPs per token; 5.4 layers' worth for GPT-2 124M at T 64): Note [Uneven pipeline stages] */
-    double head = 6.0 * (double)m->vocab * (double)m->hidden * (l->recompute ? 4.0 / 3.0 : 1.0);
+    double head = 6.0 * (double)m->vocab * (double)m->hidden;
+    /* full recomputation runs every layer's forward again, not the LM head (it lies past the last layer
+     * boundary: Note [Full recomputation], src/graph/autodiff.c) */
+    if (l->recompute) fpt += (fpt - head) / 3.0;
+    double rate = cl->peak_flops * cl->gemm_efficiency;
     double per_layer = (fpt - head) / (double)m->n_layer;
     double fstage = fpt, Ls = (double)m->n_layer;
     if (l->pp > 1) {
@@ -597,7 +604,8 @@ sl_status sl_plan_evaluate(const sl_plan_model *m, const sl_plan_cluster *cl, co
     SL_TRY(timing(m, cl, job, l));
     /* what `suanli train` runs: dp x tp x pp (1F1B or interleaved), ZeRO 0-3 but not ZeRO-3 with pp; expert
      * parallelism for Qwen2-MoE / DeepSeek-V3 (not Mixtral) */
-    l->runnable = !l->recompute && !(l->pp > 1 && l->zero == 3) &&
+    l->runnable = (!l->recompute || (l->tp == 1 && l->pp == 1 && l->ep == 1 && m->n_experts == 0)) &&
+                  !(l->pp > 1 && l->zero == 3) &&
                   (l->ep == 1 || (m->n_experts > 0 && m->moe_kind != SL_PLAN_MOE_MIXTRAL));
     return SL_OK;
 }

@@ -295,6 +295,16 @@ static sl_status check_opts(sl_train_job *j) {
                                                 (int)op->loss_scale_window, (int)op->hysteresis}) != SL_OK)
             return sl_train_bad("%s", sl_errmsg());
     }
+    const char *rg = o->parallel.recompute_granularity;
+    if (rg && strcmp(rg, "full"))
+        return sl_train_bad("--recompute-granularity: expected full, got '%s'%s", rg,
+                            strcmp(rg, "selective") ? ""
+                                                    : " (selective is what always happens here: attention "
+                                                      "never stores its T x T scores)");
+    if (rg && (j->mesh.tp > 1 || j->mesh.pp > 1))
+        return sl_train_bad(
+            "--recompute-granularity full: not with --tp %d / --pp %d (only data parallelism)", j->mesh.tp,
+            j->mesh.pp);
     if (!d->path) return sl_train_bad("--data-path is required");
     if (d->global_batch_size == 0) d->global_batch_size = d->micro_batch_size * dp;
     if (d->global_batch_size % (d->micro_batch_size * dp) != 0)
@@ -674,6 +684,7 @@ static sl_status make_trainer(sl_train_job *j) {
                                    (float)o->optim.weight_decay},
                             .mesh = &j->mesh,
                             .pipe_schedule = o->parallel.zero_bubble ? SL_PIPE_ZB_H1 : SL_PIPE_1F1B,
+                            .recompute = o->parallel.recompute_granularity != NULL,
                             /* the masks' Philox key: the run's seed, moved off the data loader's key */
                             .dropout_seed = (uint64_t)o->seed ^ 0x64726f706f757421ull};
     if (o->model.fp16)

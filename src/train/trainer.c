@@ -17,6 +17,10 @@ sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *
     if (cfg->T > m->cfg.max_seq_len)
         return sl_fail(SL_ERR_INVALID, "seq-length %d exceeds the model's max positions %d", cfg->T,
                        m->cfg.max_seq_len);
+    /* Note [Full recomputation]: no collectives, pipeline slots or expert routing inside a layer */
+    if (cfg->recompute && (m->pp > 1 || m->tp > 1 || (m->arch != SL_ARCH_GPT2 && m->lcfg.n_experts > 0)))
+        return sl_fail(SL_ERR_INVALID, "--recompute-granularity full: not with tensor or pipeline parallelism "
+                                       "or MoE models");
     sl_status st = SL_OK;
     size_t n = (size_t)cfg->B * (size_t)cfg->T;
     tr->ids_buf = calloc(n, sizeof(int32_t));
@@ -61,6 +65,7 @@ sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *
     }
     sl_graph_build_forward(tr->graph, tr->loss);
     tr->n_forward = sl_graph_n_nodes(tr->graph);
+    sl_graph_set_recompute(tr->graph, cfg->recompute); /* Note [Full recomputation] */
     sl_graph_build_backward(tr->graph, tr->loss, tr->seed_base);
     tr->seed = sl_graph_grad_of(tr->graph, tr->loss);
     SL_CHECK(sl_graph_plan(tr->graph, m->backend, &tr->plan));

@@ -152,6 +152,11 @@ static void test_bad_input(void) {
                 "--micro-batch-size 1 --seq-length %lld",
                 dir, data, n));
     }
+    /* full recomputation takes Megatron's value full; selective is refused with the reason */
+    bad("recompute selective", "--recompute-granularity: expected full, got 'selective' (selective is what",
+        run("train --save %s/never --data-path %s " TINY " --recompute-granularity selective", dir, data));
+    bad("recompute bogus", "--recompute-granularity: expected full, got 'layer'",
+        run("train --save %s/never --data-path %s " TINY " --recompute-granularity layer", dir, data));
     /* interleaving without a pipeline was accepted (the check sat under tp > 1 || pp > 1) */
     bad("virtual stages without pp", "--num-layers-per-virtual-pipeline-stage needs",
         run("train --save %s/never --data-path %s " TINY " --num-layers 2 "

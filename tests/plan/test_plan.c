@@ -21,7 +21,8 @@
 typedef struct {
     sl_comm *world;
     int llama, zero, accum, B, T;
-    int tp, pp; /* > 1: the rank's part of a tp x pp split (dp 1) */
+    int tp, pp;    /* > 1: the rank's part of a tp x pp split (dp 1) */
+    int recompute; /* full recomputation (Note [Full recomputation]) */
     int64_t bucket;
     double real_total, real_act;
     sl_dp_memory mem;
@@ -89,8 +90,13 @@ static void *run_rank(void *arg) {
     j->st = j->llama ? sl_llama_new(&LCFG, &m) : sl_gpt2_new(&GCFG, &m);
     if (j->st != SL_OK) return NULL;
     int n = j->world ? sl_comm_size(j->world) : 1;
-    sl_trainer_config tc = {
-        .B = j->B, .T = j->T, .accum = j->accum, .dp_size = n, .lr = 1e-3f, .hp = {0.9f, 0.95f, 1e-8f, 0.1f}};
+    sl_trainer_config tc = {.B = j->B,
+                            .T = j->T,
+                            .accum = j->accum,
+                            .dp_size = n,
+                            .lr = 1e-3f,
+                            .hp = {0.9f, 0.95f, 1e-8f, 0.1f},
+                            .recompute = j->recompute};
     if ((j->st = sl_trainer_init(&tr, m, &tc)) != SL_OK) goto out_model;
     j->numel = m->numel;
     j->real_act = (double)tr.plan.planned_bytes;
@@ -186,7 +192,7 @@ static void check_split_memory(int llama, int tp, int pp, int accum, int B, int 
     TU_CHECK(fabs(ea) <= 0.05, "%s tp %d pp %d: activations off by %.2f%%", md.name, tp, pp, 100 * ea);
 }
 
-static void check_memory(int llama, int n, int zero, int accum, int B, int T, int64_t bucket) {
+static void check_memory_rc(int llama, int n, int zero, int accum, int B, int T, int64_t bucket, int rc) {
     rank_job jobs[4];
     sl_comm *comms[4] = {0};
     pthread_t th[4];
@@ -198,7 +204,8 @@ static void check_memory(int llama, int n, int zero, int accum, int B, int T, in
                              .accum = accum,
                              .B = B,
                              .T = T,
-                             .bucket = bucket};
+                             .bucket = bucket,
+                             .recompute = rc};
         pthread_create(&th[r], NULL, run_rank, &jobs[r]);
     }
     for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
@@ -209,15 +216,16 @@ static void check_memory(int llama, int n, int zero, int accum, int B, int T, in
     sl_plan_model md = plan_model(llama);
     sl_plan_cluster cl = local_cluster(n);
     sl_plan_job job = {.global_batch = (int64_t)B * accum * n, .seq_len = T, .bucket_elems = bucket};
-    sl_plan_layout l = {.dp = n, .tp = 1, .pp = 1, .ep = 1, .micro_batch = B, .zero = zero};
+    sl_plan_layout l = {.dp = n, .tp = 1, .pp = 1, .ep = 1, .micro_batch = B, .zero = zero, .recompute = rc};
     TU_CHECK(sl_plan_evaluate(&md, &cl, &job, &l) == SL_OK, "evaluate: %s", sl_errmsg());
+    TU_CHECK(!rc || l.runnable, "%s dp %d: a recomputing layout is runnable", md.name, n);
     TU_CHECK(sl_plan_model_params(&md) == j->numel, "%s params: plan %lld, model %lld", md.name,
              (long long)sl_plan_model_params(&md), (long long)j->numel);
     double et = l.mem.total / j->real_total - 1.0, ea = l.mem.activations / j->real_act - 1.0;
-    printf("memory %-5s dp %d zero %d accum %d B %d T %2d: plan %9.0f real %9.0f B (%+.2f%%) | activations "
+    printf("memory %-5s dp %d zero %d accum %d B %d T %2d%s: plan %9.0f real %9.0f B (%+.2f%%) | activations "
            "%8.0f vs %8.0f (%+.2f%%)",
-           md.name, n, zero, accum, B, T, l.mem.total, j->real_total, 100 * et, l.mem.activations,
-           j->real_act, 100 * ea);
+           md.name, n, zero, accum, B, T, rc ? " recompute" : "", l.mem.total, j->real_total, 100 * et,
+           l.mem.activations, j->real_act, 100 * ea);
     if (n > 1)
         printf(" | params %.0f/%zu slots %.0f/%zu grads %.0f/%zu shard %.0f/%zu optim %.0f/%zu", l.mem.params,
                j->mem.param_bytes, l.mem.slots, j->mem.slot_bytes, l.mem.grads, j->mem.grad_bytes,
@@ -225,6 +233,10 @@ static void check_memory(int llama, int n, int zero, int accum, int B, int T, in
     printf("\n");
     TU_CHECK(fabs(et) <= 0.05, "%s dp %d zero %d: total memory off by %.2f%%", md.name, n, zero, 100 * et);
     TU_CHECK(fabs(ea) <= 0.05, "%s dp %d: activations off by %.2f%%", md.name, n, 100 * ea);
+}
+
+static void check_memory(int llama, int n, int zero, int accum, int B, int T, int64_t bucket) {
+    check_memory_rc(llama, n, zero, accum, B, T, bucket, 0);
 }
 
 static void test_memory(void) {
@@ -239,6 +251,9 @@ static void test_memory(void) {
     for (int llama = 0; llama <= 1; llama++) {
         check_memory(llama, 1, 0, 1, 4, 32, 0);
         check_memory(llama, 1, 0, 1, 16, 32, 0);
+        check_memory_rc(llama, 1, 0, 1, 4, 32, 0, 1); /* Note [Full recomputation] */
+        check_memory_rc(llama, 1, 0, 1, 16, 32, 0, 1);
+        check_memory_rc(llama, 2, 1, 1, 16, 32, 0, 1);
         for (int z = 0; z <= 3; z++) {
             check_memory(llama, 2, z, 1, 4, 32, 5000);
             check_memory(llama, 2, z, 2, 4, 32, 5000);
