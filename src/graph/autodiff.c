@@ -31,9 +31,13 @@ void sl_graph_set_recompute(sl_graph *g, int on) { g->recompute = on; }
  * layer's worth instead of all of them. Gradients stay keyed by the originals (emit maps a copy back).
  * A copy runs the same kernel on the same bits in the same order: the same values (the dropout masks
  * come from the same counters: sl_graph_set_dropout sets the copies too); test_recompute checks losses
- * and weights bitwise equal to the run that keeps everything. Nodes that write into storage outside their
- * segment, collectives and KV-cache stores are never copied (the trainer refuses recomputation where
- * those occur: TP, PP, MoE). Costs one more forward per step, as Megatron's. */
+ * and weights bitwise equal to the run that keeps everything, also under TP, SP, PP and DP. Nodes that
+ * write into storage outside their segment, collectives and KV-cache stores are never copied: a TP
+ * layer's collectives run once, in the forward, and their outputs are kept for the copies downstream
+ * (so every rank still issues the same collectives in the same order; Megatron recomputes them, and keeps
+ * less). A pipeline stage's slot graphs recompute each the same way (sl_model.recompute), so the
+ * micro-batches in flight hold their layer inputs only. MoE models are refused: routing counts and
+ * capacity would be computed twice. Costs one more forward per step, as Megatron's. */
 static int copyable(const sl_tensor *t) {
     return t->op != SL_OP_COLLECTIVE && t->op != SL_OP_KV_STORE &&
            !(t->flags & (SL_FLAG_OUTPUT | SL_FLAG_LOSS | SL_FLAG_LAYER_IO | SL_FLAG_PARAM | SL_FLAG_INPUT));
@@ -63,8 +67,9 @@ static sl_tensor *rc_copy(ad_state *s, sl_tensor *t) {
     return c;
 }
 
-/* Mark the segments: forward nodes strictly between two SL_FLAG_LAYER_IO nodes, copyable, and whose
- * storage is their own or a segment node's. */
+/* Mark the segments: forward nodes before a SL_FLAG_LAYER_IO node and after the one before it (or from the
+ * graph's start: a pipeline stage's first layer reads its input leaf), copyable, and whose storage is
+ * their own or a segment node's. Nodes after the last such node (the final norm, head, loss) are kept. */
 static void rc_segments(ad_state *s, int n_fwd) {
     sl_graph *g = s->g;
     int lo = -1, k = 0;
@@ -72,7 +77,7 @@ static void rc_segments(ad_state *s, int n_fwd) {
         sl_tensor *t = g->nodes[i];
         s->seg[t->id] = -1;
         if (!(t->flags & SL_FLAG_LAYER_IO)) continue;
-        for (int j = lo + 1; lo >= 0 && j < i; j++) {
+        for (int j = lo + 1; j < i; j++) {
             sl_tensor *x = g->nodes[j];
             if (!copyable(x)) continue;
             if (x->view_src && x->view_src->op != SL_OP_NONE && s->seg[x->view_src->id] != k) continue;

@@ -389,6 +389,7 @@ static sl_tensor *gpt2_par_body(sl_model *m, int chunk, sl_tensor *ids, sl_tenso
         x = sl_model_hidden_dropout(m, x, sl_model_dropout_site(-1, 0)); /* transformer.drop */
     }
     SL_ASSERT(x && x->ne[1] == Tl);
+    x->flags |= SL_FLAG_LAYER_IO; /* Note [Full recomputation] (src/graph/autodiff.c); a stage's input too */
 #define R(i) tp_rep(m, P(m, i))
     for (int l = chunk_first(m, chunk); l < chunk_first(m, chunk) + chunk_layers(m); l++) {
         int o = idx_layer(m, l);
@@ -412,6 +413,7 @@ static sl_tensor *gpt2_par_body(sl_model *m, int chunk, sl_tensor *ids, sl_tenso
         sl_tensor *f = sl_gelu(ctx, mm(m, h, P(m, o + 8), P(m, o + 9))); /* (B, T, 4C/tp) */
         f = row_linear(m, f, P(m, o + 10), P(m, o + 11));
         x = sl_model_hidden_dropout_add(m, x, f, sl_model_dropout_site(l, SL_DROP_MLP_OUT));
+        x->flags |= SL_FLAG_LAYER_IO;
     }
     if (!last) return sl_set_name(x, "stage_out");
     int of = idx_lnf(m);

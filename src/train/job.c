@@ -301,10 +301,6 @@ static sl_status check_opts(sl_train_job *j) {
                             strcmp(rg, "selective") ? ""
                                                     : " (selective is what always happens here: attention "
                                                       "never stores its T x T scores)");
-    if (rg && (j->mesh.tp > 1 || j->mesh.pp > 1))
-        return sl_train_bad(
-            "--recompute-granularity full: not with --tp %d / --pp %d (only data parallelism)", j->mesh.tp,
-            j->mesh.pp);
     if (!d->path) return sl_train_bad("--data-path is required");
     if (d->global_batch_size == 0) d->global_batch_size = d->micro_batch_size * dp;
     if (d->global_batch_size % (d->micro_batch_size * dp) != 0)

@@ -17,10 +17,10 @@ sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *
     if (cfg->T > m->cfg.max_seq_len)
         return sl_fail(SL_ERR_INVALID, "seq-length %d exceeds the model's max positions %d", cfg->T,
                        m->cfg.max_seq_len);
-    /* Note [Full recomputation]: no collectives, pipeline slots or expert routing inside a layer */
-    if (cfg->recompute && (m->pp > 1 || m->tp > 1 || (m->arch != SL_ARCH_GPT2 && m->lcfg.n_experts > 0)))
-        return sl_fail(SL_ERR_INVALID, "--recompute-granularity full: not with tensor or pipeline parallelism "
-                                       "or MoE models");
+    /* Note [Full recomputation]: not with expert routing inside a layer (its counts and capacity) */
+    if (cfg->recompute && m->arch != SL_ARCH_GPT2 && m->lcfg.n_experts > 0)
+        return sl_fail(SL_ERR_INVALID, "--recompute-granularity full: not with MoE models");
+    m->recompute = cfg->recompute; /* read by the graphs built below and by a pipeline's slots */
     sl_status st = SL_OK;
     size_t n = (size_t)cfg->B * (size_t)cfg->T;
     tr->ids_buf = calloc(n, sizeof(int32_t));
@@ -65,7 +65,7 @@ sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *
     }
     sl_graph_build_forward(tr->graph, tr->loss);
     tr->n_forward = sl_graph_n_nodes(tr->graph);
-    sl_graph_set_recompute(tr->graph, cfg->recompute); /* Note [Full recomputation] */
+    sl_graph_set_recompute(tr->graph, m->recompute); /* Note [Full recomputation] */
     sl_graph_build_backward(tr->graph, tr->loss, tr->seed_base);
     tr->seed = sl_graph_grad_of(tr->graph, tr->loss);
     SL_CHECK(sl_graph_plan(tr->graph, m->backend, &tr->plan));
