@@ -100,7 +100,7 @@ static int train_flags(sl_train_opts *o, const char **config, sl_flag *flags, in
         {"pp", SL_FLAG_INT, &o->parallel.pp, 1, 4096, "short for --pipeline-model-parallel-size", 0},
         {"recompute-granularity", SL_FLAG_STR, &o->parallel.recompute_granularity, 0, 0,
          "full: recompute each transformer layer in the backward from its input, keeping only the layer "
-         "boundaries' activations (one more forward per step); not with MoE models",
+         "boundaries' activations (one more forward per step)",
          0},
         {"num-layers-per-virtual-pipeline-stage", SL_FLAG_INT, &o->parallel.layers_per_virtual_stage, 1, 4096,
          "interleaved 1F1B: layers per model chunk (num-layers / (pp x this) chunks per stage)", 0},

@@ -36,10 +36,13 @@ void sl_graph_set_recompute(sl_graph *g, int on) { g->recompute = on; }
  * layer's collectives run once, in the forward, and their outputs are kept for the copies downstream
  * (so every rank still issues the same collectives in the same order; Megatron recomputes them, and keeps
  * less). A pipeline stage's slot graphs recompute each the same way (sl_model.recompute), so the
- * micro-batches in flight hold their layer inputs only. MoE models are refused: routing counts and
- * capacity would be computed twice. Costs one more forward per step, as Megatron's. */
+ * micro-batches in flight hold their layer inputs only. A MoE layer's routing (MOE_ROUTE, its losses) is
+ * not copied either: the route, its token counts (read after the step by sl_moe_graph_stats and the
+ * DeepSeek-V3 bias update) and its capacity drops exist once and are kept; the dispatch, the experts and
+ * the combine are computed again from it. Costs one more forward per step, as Megatron's. */
 static int copyable(const sl_tensor *t) {
-    return t->op != SL_OP_COLLECTIVE && t->op != SL_OP_KV_STORE &&
+    return t->op != SL_OP_COLLECTIVE && t->op != SL_OP_KV_STORE && t->op != SL_OP_MOE_ROUTE &&
+           t->op != SL_OP_MOE_ROUTER_LOSS &&
            !(t->flags & (SL_FLAG_OUTPUT | SL_FLAG_LOSS | SL_FLAG_LAYER_IO | SL_FLAG_PARAM | SL_FLAG_INPUT));
 }
 

@@ -17,9 +17,6 @@ sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *
     if (cfg->T > m->cfg.max_seq_len)
         return sl_fail(SL_ERR_INVALID, "seq-length %d exceeds the model's max positions %d", cfg->T,
                        m->cfg.max_seq_len);
-    /* Note [Full recomputation]: not with expert routing inside a layer (its counts and capacity) */
-    if (cfg->recompute && m->arch != SL_ARCH_GPT2 && m->lcfg.n_experts > 0)
-        return sl_fail(SL_ERR_INVALID, "--recompute-granularity full: not with MoE models");
     m->recompute = cfg->recompute; /* read by the graphs built below and by a pipeline's slots */
     sl_status st = SL_OK;
     size_t n = (size_t)cfg->B * (size_t)cfg->T;

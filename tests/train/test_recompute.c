@@ -5,9 +5,11 @@
  * value), for GPT-2 with attention and hidden dropout (the masks drawn again from the same counters) and a
  * GQA Llama with q/k/v biases, in fp32 and bf16 autocast, with two micro-batches per step; and on every
  * rank of tp 2 (with and without sequence parallelism), pp 2 (1F1B and ZB-H1, two micro-batches), and
- * tp 2 x pp 2 x dp 2 with ZeRO-1 (threads as ranks on loopback). The planned activation memory must shrink
- * (printed: the forward's intermediates die in the forward), the graph must hold recomputed nodes, and a
- * MoE model is refused. */
+ * tp 2 x pp 2 x dp 2 with ZeRO-1 (threads as ranks on loopback); and a Qwen2-MoE (shared expert, top-2 of
+ * 8) dropless and with capacity dropping, whose per-step expert loads and dropped fraction must also be
+ * the same (the routing runs once: no double counts), in one process and with ep 2. The planned activation
+ * memory must shrink (printed: the forward's intermediates die in the forward) and the graph must hold
+ * recomputed nodes. */
 #include <pthread.h>
 #include <string.h>
 
@@ -27,6 +29,23 @@ static const sl_llama_config LCFG = {.arch = SL_ARCH_LLAMA,
                                      .vocab_size = V,
                                      .max_seq_len = T,
                                      .rms_eps = 1e-5f,
+                                     .rope_theta = 10000.0f,
+                                     .qkv_bias = 1};
+
+static const sl_llama_config MCFG = {.arch = SL_ARCH_QWEN2_MOE,
+                                     .n_layer = 2,
+                                     .n_head = 4,
+                                     .n_kv_head = 2,
+                                     .head_dim = 8,
+                                     .hidden = 32,
+                                     .intermediate = 48,
+                                     .moe_intermediate = 16,
+                                     .shared_intermediate = 24,
+                                     .n_experts = 8,
+                                     .n_experts_per_tok = 2,
+                                     .vocab_size = V,
+                                     .max_seq_len = T,
+                                     .rms_eps = 1e-6f,
                                      .rope_theta = 10000.0f,
                                      .qkv_bias = 1};
 
@@ -102,13 +121,15 @@ static void compare(int llama, sl_dtype dt) {
     free(b.params);
 }
 
-/* one rank of a tp x pp x dp layout (dp = world / (tp pp)) */
+/* one rank of a tp x pp x dp layout (dp = world / (tp pp); ep inside dp) */
 typedef struct {
     sl_comm *world;
-    int tp, pp, sp, llama, recompute, zb;
+    int tp, pp, ep, sp, llama, recompute, zb; /* llama 2: the MoE model */
+    float capacity;                           /* MoE capacity factor (0: dropless) */
     float loss[STEPS];
-    float *full; /* this rank's stage, TP-gathered */
-    int64_t full_numel;
+    double load[STEPS][8], dropped[STEPS]; /* MoE: per-step expert loads and dropped fraction */
+    float *params;                         /* this rank's parameters */
+    int64_t numel;
     size_t planned;
     sl_status st;
 } rank_job;
@@ -120,15 +141,19 @@ static void *run_rank(void *arg) {
     sl_tp *tp = NULL;
     sl_dp *dp = NULL;
     sl_trainer tr;
-    int have_tr = 0;
-    if ((j->st = sl_mesh_init(&mesh, j->world, (sl_mesh_dims){j->tp, j->pp, 1})) != SL_OK) return NULL;
-    if ((j->st = j->llama ? sl_llama_new(&LCFG, &whole) : sl_gpt2_new(&CFG, &whole)) != SL_OK) goto out;
+    int have_tr = 0, ep = j->ep > 1 ? j->ep : 1;
+    if ((j->st = sl_mesh_init(&mesh, j->world, (sl_mesh_dims){j->tp, j->pp, ep})) != SL_OK) return NULL;
+    j->st = j->llama == 2 ? sl_llama_new(&MCFG, &whole)
+            : j->llama    ? sl_llama_new(&LCFG, &whole)
+                          : sl_gpt2_new(&CFG, &whole);
+    if (j->st != SL_OK) goto out;
     sl_model_init_weights(whole, 5);
-    sl_model_split split = {j->tp, mesh.tp_rank, j->pp, mesh.pp_rank, 1, 0, 0, 1, 0, 0};
+    sl_model_split split = {j->tp, mesh.tp_rank, j->pp, mesh.pp_rank, 1, 0, 0, ep, mesh.ep_rank, 0};
     if ((j->st = sl_model_new_split(whole, sl_backend_cpu(), &split, &m)) != SL_OK) goto out;
     if ((j->st = sl_tp_load_full(m, whole)) != SL_OK) goto out;
-    if (j->tp > 1 && (j->st = sl_tp_new(&tp, &mesh)) != SL_OK) goto out;
+    if ((j->tp > 1 || ep > 1) && (j->st = sl_tp_new(&tp, &mesh)) != SL_OK) goto out;
     m->sp = j->sp;
+    m->moe.capacity_factor = j->capacity;
     if (!j->llama) m->attention_dropout = m->hidden_dropout = 0.2f;
     sl_trainer_config tc = {.B = B,
                             .T = T,
@@ -161,11 +186,21 @@ static void *run_rank(void *arg) {
         sl_step_stats ss;
         if ((j->st = sl_trainer_step(&tr, s, synth, NULL, &ss)) != SL_OK) goto out;
         j->loss[s] = ss.loss;
+        if (j->llama == 2) { /* read after the step from the routing nodes, as metrics.jsonl's */
+            sl_moe_stats ms;
+            if ((j->st = sl_moe_graph_stats(tr.graph, &ms)) != SL_OK) goto out;
+            for (int e = 0; e < 8; e++) j->load[s][e] = ms.load[e];
+            j->dropped[s] = ms.dropped_frac;
+        }
     }
     if (dp && (j->st = sl_dp_gather_params(dp)) != SL_OK) goto out;
-    j->full_numel = sl_tp_full_numel(m);
-    j->full = malloc(sizeof(float) * (size_t)j->full_numel);
-    j->st = j->full ? sl_tp_gather_full(tp, m, j->full) : SL_ERR_NOMEM;
+    j->numel = m->numel;
+    j->params = malloc(sizeof(float) * (size_t)m->numel);
+    if (!j->params) {
+        j->st = SL_ERR_NOMEM;
+        goto out;
+    }
+    memcpy(j->params, m->params_mem, sizeof(float) * (size_t)m->numel);
 out:
     sl_dp_free(dp);
     if (have_tr) sl_trainer_free(&tr);
@@ -176,69 +211,80 @@ out:
     return NULL;
 }
 
-static void run_layout(int world, int tp, int pp, int sp, int llama, int zb, int recompute, rank_job *jobs) {
-    sl_comm *comms[8];
+typedef struct {
+    int world, tp, pp, ep, sp, llama, zb;
+    float capacity;
+} layout;
+
+static void run_layout(layout L, int recompute, rank_job *jobs) {
+    sl_comm *comms[8] = {0};
     pthread_t th[8];
-    TU_CHECK(sl_comm_init_loopback(world, comms, NULL) == SL_OK, "loopback: %s", sl_errmsg());
-    for (int r = 0; r < world; r++) {
+    if (L.world > 1)
+        TU_CHECK(sl_comm_init_loopback(L.world, comms, NULL) == SL_OK, "loopback: %s", sl_errmsg());
+    for (int r = 0; r < L.world; r++) {
         jobs[r] = (rank_job){.world = comms[r],
-                             .tp = tp,
-                             .pp = pp,
-                             .sp = sp,
-                             .llama = llama,
-                             .zb = zb,
+                             .tp = L.tp,
+                             .pp = L.pp,
+                             .ep = L.ep,
+                             .sp = L.sp,
+                             .llama = L.llama,
+                             .zb = L.zb,
+                             .capacity = L.capacity,
                              .recompute = recompute};
         pthread_create(&th[r], NULL, run_rank, &jobs[r]);
     }
-    for (int r = 0; r < world; r++) pthread_join(th[r], NULL);
-    for (int r = 0; r < world; r++) sl_comm_free(comms[r]);
+    for (int r = 0; r < L.world; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < L.world; r++) sl_comm_free(comms[r]);
 }
 
-/* every rank of the layout with recomputation: its losses, its stage's weights bitwise the run without */
-static void compare_layout(int world, int tp, int pp, int sp, int llama, int zb) {
+/* every rank of the layout with recomputation: its losses, its parameters (and MoE statistics) bitwise the
+ * run without */
+static void compare_layout(layout L) {
     rank_job a[8], b[8];
-    run_layout(world, tp, pp, sp, llama, zb, 0, a);
-    run_layout(world, tp, pp, sp, llama, zb, 1, b);
-    char what[96];
-    snprintf(what, sizeof what, "%s tp %d%s pp %d%s dp %d", llama ? "llama" : "gpt2", tp, sp ? " (sp)" : "",
-             pp, zb ? " (ZB-H1)" : "", world / (tp * pp));
-    for (int r = 0; r < world; r++) {
+    run_layout(L, 0, a);
+    run_layout(L, 1, b);
+    char what[128];
+    snprintf(what, sizeof what, "%s tp %d%s pp %d%s dp %d ep %d%s",
+             L.llama == 2 ? "qwen2-moe"
+             : L.llama    ? "llama"
+                          : "gpt2",
+             L.tp, L.sp ? " (sp)" : "", L.pp, L.zb ? " (ZB-H1)" : "", L.world / (L.tp * L.pp),
+             L.ep > 1 ? L.ep : 1,
+             L.llama != 2     ? ""
+             : L.capacity > 0 ? ", capacity 1.0"
+                              : ", dropless");
+    for (int r = 0; r < L.world; r++) {
         TU_CHECK(a[r].st == SL_OK && b[r].st == SL_OK, "%s rank %d: %s / %s (%s)", what, r,
                  sl_status_name(a[r].st), sl_status_name(b[r].st), sl_errmsg());
         if (a[r].st != SL_OK || b[r].st != SL_OK) continue;
         TU_CHECK(memcmp(a[r].loss, b[r].loss, sizeof a[r].loss) == 0, "%s rank %d: losses differ", what, r);
-        TU_CHECK(a[r].full_numel == b[r].full_numel &&
-                     memcmp(a[r].full, b[r].full, sizeof(float) * (size_t)a[r].full_numel) == 0,
+        TU_CHECK(a[r].numel == b[r].numel &&
+                     memcmp(a[r].params, b[r].params, sizeof(float) * (size_t)a[r].numel) == 0,
                  "%s rank %d: final weights differ", what, r);
+        TU_CHECK(memcmp(a[r].load, b[r].load, sizeof a[r].load) == 0 &&
+                     memcmp(a[r].dropped, b[r].dropped, sizeof a[r].dropped) == 0,
+                 "%s rank %d: MoE loads or dropped fractions differ", what, r);
         /* ZB-H1 defers the weight gradients (Note [Splitting the backward]): the copies they read live
          * until then, so the last stage (one micro-batch in flight) saves nothing; the first still does */
-        TU_CHECK(b[r].planned < a[r].planned || (zb && r > 0 && b[r].planned == a[r].planned),
+        TU_CHECK(b[r].planned < a[r].planned || (L.zb && r > 0 && b[r].planned == a[r].planned),
                  "%s rank %d: planned %zu with recomputation, %zu without", what, r, b[r].planned,
                  a[r].planned);
         if (r == 0)
             printf("%s: rank 0 planned activations %.1f -> %.1f KiB (%.2fx); every rank bitwise\n", what,
                    a[r].planned / 1024.0, b[r].planned / 1024.0, (double)b[r].planned / (double)a[r].planned);
     }
-    for (int r = 0; r < world; r++) {
-        free(a[r].full);
-        free(b[r].full);
+    if (L.llama == 2 && a[0].st == SL_OK) { /* the statistics compared are real: tokens routed, and dropped
+                                               exactly when a capacity is set */
+        double routed = 0, dropped = 0;
+        for (int s = 0; s < STEPS; s++) dropped += a[0].dropped[s];
+        for (int e = 0; e < 8; e++) routed += a[0].load[STEPS - 1][e];
+        TU_CHECK(routed > 0 && (L.capacity > 0) == (dropped > 0), "%s: loads %g, dropped %g", what, routed,
+                 dropped);
     }
-}
-
-/* a layer with routed experts (counts, capacity, all-to-all under EP) is not recomputed: refused */
-static void moe_refused(void) {
-    sl_llama_config c = LCFG;
-    c.arch = SL_ARCH_MIXTRAL;
-    c.n_experts = 2;
-    c.n_experts_per_tok = 1;
-    sl_model *m = NULL;
-    TU_CHECK(sl_llama_new(&c, &m) == SL_OK, "mixtral: %s", sl_errmsg());
-    sl_trainer_config tc = {.B = B, .T = T, .accum = 1, .lr = 1e-3f, .decay_iters = 1, .recompute = 1};
-    sl_trainer tr;
-    sl_status st = sl_trainer_init(&tr, m, &tc);
-    TU_CHECK(st == SL_ERR_INVALID && strstr(sl_errmsg(), "--recompute-granularity"), "MoE: %s (%s)",
-             sl_status_name(st), sl_errmsg());
-    sl_model_free(m);
+    for (int r = 0; r < L.world; r++) {
+        free(a[r].params);
+        free(b[r].params);
+    }
 }
 
 int main(void) {
@@ -246,13 +292,16 @@ int main(void) {
     compare(1, SL_F32);
     compare(0, SL_BF16);
     compare(1, SL_BF16);
-    compare_layout(2, 2, 1, 0, 0, 0);
-    compare_layout(2, 2, 1, 1, 0, 0);
-    compare_layout(2, 1, 2, 0, 0, 0);
-    compare_layout(2, 1, 2, 0, 0, 1);
-    compare_layout(2, 2, 1, 0, 1, 0);
-    compare_layout(2, 1, 2, 0, 1, 0);
-    compare_layout(8, 2, 2, 0, 0, 0);
-    moe_refused();
+    compare_layout((layout){.world = 2, .tp = 2, .pp = 1});
+    compare_layout((layout){.world = 2, .tp = 2, .pp = 1, .sp = 1});
+    compare_layout((layout){.world = 2, .tp = 1, .pp = 2});
+    compare_layout((layout){.world = 2, .tp = 1, .pp = 2, .zb = 1});
+    compare_layout((layout){.world = 2, .tp = 2, .pp = 1, .llama = 1});
+    compare_layout((layout){.world = 2, .tp = 1, .pp = 2, .llama = 1});
+    compare_layout((layout){.world = 8, .tp = 2, .pp = 2});
+    compare_layout((layout){.world = 1, .tp = 1, .pp = 1, .llama = 2});
+    compare_layout((layout){.world = 1, .tp = 1, .pp = 1, .llama = 2, .capacity = 1.0f});
+    compare_layout((layout){.world = 2, .tp = 1, .pp = 1, .ep = 2, .llama = 2});
+    compare_layout((layout){.world = 2, .tp = 1, .pp = 1, .ep = 2, .llama = 2, .capacity = 1.0f});
     return tu_finish("test_recompute");
 }
