@@ -39,11 +39,14 @@ void sl_graph_build_forward(sl_graph *g, sl_tensor *out);
 /* Append gradient nodes: seeds d(loss) = `loss_scale` and accumulates each parameter's gradient
  * into p->grad (which must be set: a leaf bound to the flat gradient buffer). */
 void sl_graph_build_backward(sl_graph *g, sl_tensor *loss, float loss_scale);
-/* Full activation recomputation for the backward built next (Megatron's --recompute-granularity full,
- * one layer at a time): the forward nodes between two SL_FLAG_LAYER_IO tensors are computed again, from the
- * kept layer input, right before the backward needs them, and the forward's copies die in the forward
- * (Note [Full recomputation], src/graph/autodiff.c). Off by default. */
-void sl_graph_set_recompute(sl_graph *g, int on);
+/* Full activation recomputation for the backward built next (Megatron's --recompute-granularity full):
+ * the forward nodes between two SL_FLAG_LAYER_IO tensors are computed again, from the kept layer input,
+ * right before the backward needs them, and the forward's copies die in the forward (Note [Full
+ * recomputation], src/graph/autodiff.c). Megatron's --recompute-method: UNIFORM checkpoints every
+ * num_layers layers (the group recomputed as one), BLOCK recomputes the first num_layers layers (of a
+ * pipeline stage) and keeps the rest. SL_RECOMPUTE_NONE (the default): nothing. num_layers < 1: 1. */
+enum { SL_RECOMPUTE_NONE, SL_RECOMPUTE_UNIFORM, SL_RECOMPUTE_BLOCK };
+void sl_graph_set_recompute(sl_graph *g, int method, int num_layers);
 /* The same from an arbitrary output seeded by the caller's leaf `seed` (shape of out): a pipeline
  * stage's backward from the gradient of its output activations. */
 void sl_graph_build_backward_seeded(sl_graph *g, sl_tensor *out, sl_tensor *seed);

@@ -178,9 +178,9 @@ typedef struct sl_model {
      * (hidden_dropout) -- nanoGPT's and HF GPT-2's places, and Megatron-LM's for every family (HF Llama has
      * attention_dropout only). Off until the trainer turns them on (Note [Dropout from counters]). */
     float attention_dropout, hidden_dropout;
-    /* 1: the training graphs recompute each layer in the backward (Note [Full recomputation] in
-     * src/graph/autodiff.c; set by sl_trainer_init from sl_trainer_config.recompute) */
-    int recompute;
+    /* the training graphs' recomputation (sl_graph_set_recompute: SL_RECOMPUTE_*, layers; Note [Full
+     * recomputation] in src/graph/autodiff.c; set by sl_trainer_init from sl_trainer_config) */
+    int recompute, recompute_layers;
 } sl_model;
 
 /* Where a dropout sits: 0 the embedding, 1 + 3 l + {0 attention probabilities, 1 attention output, 2 MLP

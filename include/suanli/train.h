@@ -49,7 +49,9 @@ typedef struct sl_trainer_config {
      * s draws stream s * (dp * accum) + j (Note [Dropout from counters], src/ops/build.c) */
     uint64_t dropout_seed;
     int pipe_schedule; /* a pipeline stage's schedule (sl_pipe_schedule; 0: 1F1B) */
-    int recompute;     /* 1: full recomputation (sl_graph_set_recompute); single-stage dense models only */
+    /* full recomputation (sl_graph_set_recompute): SL_RECOMPUTE_NONE (0), _UNIFORM (1: every
+     * recompute_layers layers a checkpoint) or _BLOCK (the first recompute_layers layers); layers 0: 1 */
+    int recompute, recompute_layers;
 } sl_trainer_config;
 
 typedef struct sl_step_stats {
@@ -283,9 +285,11 @@ typedef struct sl_train_parallel_opts {
                                          schedule]) */
     int64_t zero_stage;               /* 0..3 */
     int64_t bucket_elems;             /* gradient bucket size in elements */
-    /* --recompute-granularity (Megatron's): NULL (nothing recomputed) or "full", every transformer layer
-     * computed again in the backward from its kept input (Note [Full recomputation], src/graph/autodiff.c) */
-    const char *recompute_granularity;
+    /* --recompute-granularity (Megatron's): NULL (nothing recomputed) or "full", transformer layers computed
+     * again in the backward from their kept inputs (Note [Full recomputation], src/graph/autodiff.c);
+     * --recompute-method "uniform" (default) or "block", --recompute-num-layers (1) */
+    const char *recompute_granularity, *recompute_method;
+    int64_t recompute_num_layers;
 } sl_train_parallel_opts;
 
 /* Mixture of experts (MoE models from --init-from; src/train/train_moe.c). Megatron-LM's flag names. */

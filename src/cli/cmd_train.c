@@ -102,6 +102,15 @@ static int train_flags(sl_train_opts *o, const char **config, sl_flag *flags, in
          "full: recompute each transformer layer in the backward from its input, keeping only the layer "
          "boundaries' activations (one more forward per step)",
          0},
+        {"recompute-method", SL_FLAG_STR, &o->parallel.recompute_method, 0, 0,
+         "with --recompute-granularity full: uniform (default: a checkpoint every --recompute-num-layers "
+         "layers, each group recomputed as one) or block (only the first --recompute-num-layers layers of "
+         "each pipeline stage recomputed, the rest kept)",
+         0},
+        {"recompute-num-layers", SL_FLAG_INT, &o->parallel.recompute_num_layers, 1, 1 << 20,
+         "with --recompute-granularity full: layers per checkpoint (uniform) or layers recomputed (block) "
+         "(1)",
+         0},
         {"num-layers-per-virtual-pipeline-stage", SL_FLAG_INT, &o->parallel.layers_per_virtual_stage, 1, 4096,
          "interleaved 1F1B: layers per model chunk (num-layers / (pp x this) chunks per stage)", 0},
         {"enable-zero-bubble", SL_FLAG_BOOL, &o->parallel.zero_bubble, 0, 1,

@@ -16,7 +16,10 @@ typedef struct {
     int cap; /* of those arrays */
 } ad_state;
 
-void sl_graph_set_recompute(sl_graph *g, int on) { g->recompute = on; }
+void sl_graph_set_recompute(sl_graph *g, int method, int num_layers) {
+    g->recompute = method;
+    g->recompute_layers = num_layers;
+}
 
 /* Note [Full recomputation]
  * Megatron's --recompute-granularity full (method uniform, one layer per checkpoint): the backward does
@@ -43,7 +46,7 @@ void sl_graph_set_recompute(sl_graph *g, int on) { g->recompute = on; }
 static int copyable(const sl_tensor *t) {
     return t->op != SL_OP_COLLECTIVE && t->op != SL_OP_KV_STORE && t->op != SL_OP_MOE_ROUTE &&
            t->op != SL_OP_MOE_ROUTER_LOSS &&
-           !(t->flags & (SL_FLAG_OUTPUT | SL_FLAG_LOSS | SL_FLAG_LAYER_IO | SL_FLAG_PARAM | SL_FLAG_INPUT));
+           !(t->flags & (SL_FLAG_OUTPUT | SL_FLAG_LOSS | SL_FLAG_PARAM | SL_FLAG_INPUT));
 }
 
 /* the copy of forward node t for the backward (t itself outside a segment) */
@@ -70,26 +73,48 @@ static sl_tensor *rc_copy(ad_state *s, sl_tensor *t) {
     return c;
 }
 
-/* Mark the segments: forward nodes before a SL_FLAG_LAYER_IO node and after the one before it (or from the
- * graph's start: a pipeline stage's first layer reads its input leaf), copyable, and whose storage is
- * their own or a segment node's. Nodes after the last such node (the final norm, head, loss) are kept. */
+/* Mark the segments. The SL_FLAG_LAYER_IO nodes end the layers in execution order: layer k is what lies
+ * after the (k-1)-th and before the k-th (from the graph's start for the first). On the first pipeline
+ * stage (or in one process) the first such piece is the embedding, not a layer, and is kept; a later
+ * stage's first layer reads its input leaf. Uniform: layers in groups of n, each group one segment (the
+ * boundaries inside a group recomputed too, kept at its end); block: the first n layers each their own
+ * segment, the rest kept. Segment members are copyable nodes whose storage is their own or a member's of
+ * the same segment. Nodes after the last boundary (the final norm, head, loss) are kept. */
 static void rc_segments(ad_state *s, int n_fwd) {
     sl_graph *g = s->g;
-    int lo = -1, k = 0;
+    int n = g->recompute_layers > 0 ? g->recompute_layers : 1, first = -1, pre = 1;
+    for (int i = 0; i < n_fwd; i++) s->seg[g->nodes[i]->id] = -1;
+    for (int i = 0; i < n_fwd && first < 0; i++)
+        if (g->nodes[i]->flags & SL_FLAG_LAYER_IO) first = i;
+    for (int i = 0; i < first && pre; i++) /* a stage's input leaf read before its first boundary */
+        for (int k = 0; k < SL_MAX_SRC; k++) {
+            const sl_tensor *x = g->nodes[i]->src[k];
+            if (x && x->op == SL_OP_NONE && (x->flags & SL_FLAG_LAYER_IO)) pre = 0;
+        }
+    int lo = -1, piece = 0;
     for (int i = 0; i < n_fwd; i++) {
-        sl_tensor *t = g->nodes[i];
-        s->seg[t->id] = -1;
-        if (!(t->flags & SL_FLAG_LAYER_IO)) continue;
-        for (int j = lo + 1; j < i; j++) {
+        if (!(g->nodes[i]->flags & SL_FLAG_LAYER_IO)) continue;
+        int layer = piece - pre, grp = -1; /* this piece's layer (-1: the embedding) and segment */
+        if (layer >= 0) grp = g->recompute == SL_RECOMPUTE_BLOCK ? (layer < n ? layer : -1) : layer / n;
+        for (int j = lo + 1; grp >= 0 && j < i; j++) {
             sl_tensor *x = g->nodes[j];
             if (!copyable(x)) continue;
-            if (x->view_src && x->view_src->op != SL_OP_NONE && s->seg[x->view_src->id] != k) continue;
+            if (x->view_src && x->view_src->op != SL_OP_NONE && s->seg[x->view_src->id] != grp) continue;
             if (x->view_src && x->view_src->op == SL_OP_NONE && x->op != SL_OP_VIEW) continue;
-            s->seg[x->id] = k;
+            s->seg[x->id] = grp;
         }
+        /* a boundary inside a uniform group is recomputed with it: the group's next layer reads it */
+        if (grp >= 0 && g->recompute == SL_RECOMPUTE_UNIFORM && (layer + 1) % n != 0 && copyable(g->nodes[i]))
+            s->seg[g->nodes[i]->id] = grp;
         lo = i;
-        k++;
+        piece++;
     }
+    /* the last layer's end is kept whatever the group: nothing after it is recomputed */
+    for (int i = n_fwd - 1; i >= 0; i--)
+        if (g->nodes[i]->flags & SL_FLAG_LAYER_IO) {
+            s->seg[g->nodes[i]->id] = -1;
+            break;
+        }
 }
 
 static void push_new(sl_graph *g, sl_tensor *t);

@@ -26,7 +26,7 @@ struct sl_graph {
     int planned;
     sl_collective_fn coll_fn; /* runs COLLECTIVE nodes (borrowed user pointer) */
     void *coll_user;
-    int recompute; /* sl_graph_set_recompute */
+    int recompute, recompute_layers; /* sl_graph_set_recompute */
 };
 
 int sl_profile_enabled(void);

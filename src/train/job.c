@@ -301,6 +301,12 @@ static sl_status check_opts(sl_train_job *j) {
                             strcmp(rg, "selective") ? ""
                                                     : " (selective is what always happens here: attention "
                                                       "never stores its T x T scores)");
+    const char *rm = o->parallel.recompute_method;
+    if (!rg && (rm || o->parallel.recompute_num_layers))
+        return sl_train_bad("%s needs --recompute-granularity full",
+                            rm ? "--recompute-method" : "--recompute-num-layers");
+    if (rm && strcmp(rm, "uniform") && strcmp(rm, "block"))
+        return sl_train_bad("--recompute-method: expected uniform or block, got '%s'", rm);
     if (!d->path) return sl_train_bad("--data-path is required");
     if (d->global_batch_size == 0) d->global_batch_size = d->micro_batch_size * dp;
     if (d->global_batch_size % (d->micro_batch_size * dp) != 0)
@@ -680,7 +686,12 @@ static sl_status make_trainer(sl_train_job *j) {
                                    (float)o->optim.weight_decay},
                             .mesh = &j->mesh,
                             .pipe_schedule = o->parallel.zero_bubble ? SL_PIPE_ZB_H1 : SL_PIPE_1F1B,
-                            .recompute = o->parallel.recompute_granularity != NULL,
+                            .recompute = !o->parallel.recompute_granularity ? SL_RECOMPUTE_NONE
+                                         : o->parallel.recompute_method &&
+                                                 !strcmp(o->parallel.recompute_method, "block")
+                                             ? SL_RECOMPUTE_BLOCK
+                                             : SL_RECOMPUTE_UNIFORM,
+                            .recompute_layers = (int)o->parallel.recompute_num_layers,
                             /* the masks' Philox key: the run's seed, moved off the data loader's key */
                             .dropout_seed = (uint64_t)o->seed ^ 0x64726f706f757421ull};
     if (o->model.fp16)

@@ -220,7 +220,7 @@ static sl_status build_slot(sl_pipeline *P, int c, pipe_slot *sl, float loss_sca
     if (!sl->g) return sl_fail(SL_ERR_NOMEM, "pipeline: out of memory");
     sl_graph_build_forward(sl->g, sl->out);
     sl->n_forward = sl_graph_n_nodes(sl->g);
-    sl_graph_set_recompute(sl->g, m->recompute); /* Note [Full recomputation] */
+    sl_graph_set_recompute(sl->g, m->recompute, m->recompute_layers); /* Note [Full recomputation] */
     if (last_virtual(P, c)) {
         sl_graph_build_backward(sl->g, sl->out, loss_scale);
         sl->loss_seed = sl_graph_grad_of(sl->g, sl->out);

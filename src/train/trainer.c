@@ -17,7 +17,12 @@ sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *
     if (cfg->T > m->cfg.max_seq_len)
         return sl_fail(SL_ERR_INVALID, "seq-length %d exceeds the model's max positions %d", cfg->T,
                        m->cfg.max_seq_len);
+    if (cfg->recompute < SL_RECOMPUTE_NONE || cfg->recompute > SL_RECOMPUTE_BLOCK ||
+        cfg->recompute_layers < 0)
+        return sl_fail(SL_ERR_INVALID, "trainer: recompute method %d / layers %d", cfg->recompute,
+                       cfg->recompute_layers);
     m->recompute = cfg->recompute; /* read by the graphs built below and by a pipeline's slots */
+    m->recompute_layers = cfg->recompute_layers;
     sl_status st = SL_OK;
     size_t n = (size_t)cfg->B * (size_t)cfg->T;
     tr->ids_buf = calloc(n, sizeof(int32_t));
@@ -62,7 +67,7 @@ sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *
     }
     sl_graph_build_forward(tr->graph, tr->loss);
     tr->n_forward = sl_graph_n_nodes(tr->graph);
-    sl_graph_set_recompute(tr->graph, m->recompute); /* Note [Full recomputation] */
+    sl_graph_set_recompute(tr->graph, m->recompute, m->recompute_layers); /* Note [Full recomputation] */
     sl_graph_build_backward(tr->graph, tr->loss, tr->seed_base);
     tr->seed = sl_graph_grad_of(tr->graph, tr->loss);
     SL_CHECK(sl_graph_plan(tr->graph, m->backend, &tr->plan));

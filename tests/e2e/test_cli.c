@@ -157,6 +157,14 @@ static void test_bad_input(void) {
         run("train --save %s/never --data-path %s " TINY " --recompute-granularity selective", dir, data));
     bad("recompute bogus", "--recompute-granularity: expected full, got 'layer'",
         run("train --save %s/never --data-path %s " TINY " --recompute-granularity layer", dir, data));
+    bad("recompute method alone", "--recompute-method needs --recompute-granularity full",
+        run("train --save %s/never --data-path %s " TINY " --recompute-method block", dir, data));
+    bad("recompute layers alone", "--recompute-num-layers needs --recompute-granularity full",
+        run("train --save %s/never --data-path %s " TINY " --recompute-num-layers 2", dir, data));
+    bad("recompute method bogus", "--recompute-method: expected uniform or block, got 'all'",
+        run("train --save %s/never --data-path %s " TINY
+            " --recompute-granularity full --recompute-method all",
+            dir, data));
     /* interleaving without a pipeline was accepted (the check sat under tp > 1 || pp > 1) */
     bad("virtual stages without pp", "--num-layers-per-virtual-pipeline-stage needs",
         run("train --save %s/never --data-path %s " TINY " --num-layers 2 "

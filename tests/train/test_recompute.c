@@ -63,7 +63,7 @@ typedef struct {
     int recomputed; /* nodes flagged SL_FLAG_RECOMPUTED */
 } run_out;
 
-static void run(int llama, sl_dtype dt, int recompute, run_out *r) {
+static void run(int llama, sl_dtype dt, int recompute, int layers, run_out *r) {
     sl_model *m = NULL;
     TU_CHECK((llama ? sl_llama_new(&LCFG, &m) : sl_gpt2_new(&CFG, &m)) == SL_OK, "model: %s", sl_errmsg());
     sl_model_init_weights(m, 5);
@@ -79,7 +79,8 @@ static void run(int llama, sl_dtype dt, int recompute, run_out *r) {
                             .decay_iters = STEPS,
                             .hp = {0.9f, 0.95f, 1e-8f, 0.1f},
                             .dropout_seed = 42,
-                            .recompute = recompute};
+                            .recompute = recompute,
+                            .recompute_layers = layers};
     sl_trainer tr;
     TU_CHECK(sl_trainer_init(&tr, m, &tc) == SL_OK, "trainer: %s", sl_errmsg());
     r->planned = tr.plan.planned_bytes;
@@ -99,12 +100,14 @@ static void run(int llama, sl_dtype dt, int recompute, run_out *r) {
     sl_model_free(m);
 }
 
-static void compare(int llama, sl_dtype dt) {
-    const char *what =
-        llama ? (dt == SL_F32 ? "llama fp32" : "llama bf16") : (dt == SL_F32 ? "gpt2 fp32" : "gpt2 bf16");
+/* method / layers: sl_graph_set_recompute's; *planned: the recomputing run's planned bytes */
+static void compare_m(int llama, sl_dtype dt, int method, int layers, size_t *planned) {
+    char what[96];
+    snprintf(what, sizeof what, "%s %s, %s %d", llama ? "llama" : "gpt2", dt == SL_F32 ? "fp32" : "bf16",
+             method == SL_RECOMPUTE_BLOCK ? "block" : "uniform", layers);
     run_out a, b;
-    run(llama, dt, 0, &a);
-    run(llama, dt, 1, &b);
+    run(llama, dt, SL_RECOMPUTE_NONE, 0, &a);
+    run(llama, dt, method, layers, &b);
     TU_CHECK(a.recomputed == 0 && b.recomputed > 0, "%s: recomputed nodes %d / %d", what, a.recomputed,
              b.recomputed);
     for (int s = 0; s < STEPS; s++)
@@ -117,15 +120,32 @@ static void compare(int llama, sl_dtype dt) {
     printf(
         "%s: %d nodes recomputed; planned activations %.1f -> %.1f KiB (%.2fx); losses and weights bitwise\n",
         what, b.recomputed, a.planned / 1024.0, b.planned / 1024.0, (double)b.planned / (double)a.planned);
+    if (planned) *planned = b.planned;
     free(a.params);
     free(b.params);
+}
+
+static void compare(int llama, sl_dtype dt) { compare_m(llama, dt, SL_RECOMPUTE_UNIFORM, 1, NULL); }
+
+/* Megatron's methods on the 4-layer GPT-2: uniform groups of 2 (two checkpoints, two layers recomputed at
+ * once) and block 1 / 3 (only the first layers recomputed) are bitwise too; block keeps more the fewer
+ * layers it recomputes, and recomputing every layer keeps the least */
+static void methods(void) {
+    size_t u1, u2, b1, b3, b4;
+    compare_m(0, SL_F32, SL_RECOMPUTE_UNIFORM, 1, &u1);
+    compare_m(0, SL_F32, SL_RECOMPUTE_UNIFORM, 2, &u2);
+    compare_m(0, SL_F32, SL_RECOMPUTE_BLOCK, 1, &b1);
+    compare_m(0, SL_F32, SL_RECOMPUTE_BLOCK, 3, &b3);
+    compare_m(0, SL_F32, SL_RECOMPUTE_BLOCK, 4, &b4);
+    TU_CHECK(b1 > b3 && b3 > b4 && b4 == u1 && u2 > u1,
+             "planned bytes: uniform 1 %zu, 2 %zu; block 1 %zu, 3 %zu, 4 %zu", u1, u2, b1, b3, b4);
 }
 
 /* one rank of a tp x pp x dp layout (dp = world / (tp pp); ep inside dp) */
 typedef struct {
     sl_comm *world;
-    int tp, pp, ep, sp, llama, recompute, zb; /* llama 2: the MoE model */
-    float capacity;                           /* MoE capacity factor (0: dropless) */
+    int tp, pp, ep, sp, llama, recompute, rc_layers, zb; /* llama 2: the MoE model */
+    float capacity;                                      /* MoE capacity factor (0: dropless) */
     float loss[STEPS];
     double load[STEPS][8], dropped[STEPS]; /* MoE: per-step expert loads and dropped fraction */
     float *params;                         /* this rank's parameters */
@@ -168,7 +188,8 @@ static void *run_rank(void *arg) {
                             .mesh = &mesh,
                             .dropout_seed = 42,
                             .pipe_schedule = j->zb ? SL_PIPE_ZB_H1 : SL_PIPE_1F1B,
-                            .recompute = j->recompute};
+                            .recompute = j->recompute,
+                            .recompute_layers = j->rc_layers};
     if ((j->st = sl_trainer_init(&tr, m, &tc)) != SL_OK) goto out;
     have_tr = 1;
     j->planned = tr.plan.planned_bytes;
@@ -214,6 +235,7 @@ out:
 typedef struct {
     int world, tp, pp, ep, sp, llama, zb;
     float capacity;
+    int block; /* > 0: the block method on this many layers per stage (else uniform, 1) */
 } layout;
 
 static void run_layout(layout L, int recompute, rank_job *jobs) {
@@ -230,7 +252,10 @@ static void run_layout(layout L, int recompute, rank_job *jobs) {
                              .llama = L.llama,
                              .zb = L.zb,
                              .capacity = L.capacity,
-                             .recompute = recompute};
+                             .recompute = !recompute ? SL_RECOMPUTE_NONE
+                                          : L.block  ? SL_RECOMPUTE_BLOCK
+                                                     : SL_RECOMPUTE_UNIFORM,
+                             .rc_layers = L.block};
         pthread_create(&th[r], NULL, run_rank, &jobs[r]);
     }
     for (int r = 0; r < L.world; r++) pthread_join(th[r], NULL);
@@ -244,12 +269,12 @@ static void compare_layout(layout L) {
     run_layout(L, 0, a);
     run_layout(L, 1, b);
     char what[128];
-    snprintf(what, sizeof what, "%s tp %d%s pp %d%s dp %d ep %d%s",
+    snprintf(what, sizeof what, "%s tp %d%s pp %d%s%s dp %d ep %d%s",
              L.llama == 2 ? "qwen2-moe"
              : L.llama    ? "llama"
                           : "gpt2",
-             L.tp, L.sp ? " (sp)" : "", L.pp, L.zb ? " (ZB-H1)" : "", L.world / (L.tp * L.pp),
-             L.ep > 1 ? L.ep : 1,
+             L.tp, L.sp ? " (sp)" : "", L.pp, L.zb ? " (ZB-H1)" : "", L.block ? " (block 1)" : "",
+             L.world / (L.tp * L.pp), L.ep > 1 ? L.ep : 1,
              L.llama != 2     ? ""
              : L.capacity > 0 ? ", capacity 1.0"
                               : ", dropless");
@@ -292,10 +317,12 @@ int main(void) {
     compare(1, SL_F32);
     compare(0, SL_BF16);
     compare(1, SL_BF16);
+    methods();
     compare_layout((layout){.world = 2, .tp = 2, .pp = 1});
     compare_layout((layout){.world = 2, .tp = 2, .pp = 1, .sp = 1});
     compare_layout((layout){.world = 2, .tp = 1, .pp = 2});
     compare_layout((layout){.world = 2, .tp = 1, .pp = 2, .zb = 1});
+    compare_layout((layout){.world = 2, .tp = 1, .pp = 2, .block = 1});
     compare_layout((layout){.world = 2, .tp = 2, .pp = 1, .llama = 1});
     compare_layout((layout){.world = 2, .tp = 1, .pp = 2, .llama = 1});
     compare_layout((layout){.world = 8, .tp = 2, .pp = 2});
