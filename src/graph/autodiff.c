@@ -64,7 +64,7 @@ static sl_tensor *rc_copy(ad_state *s, sl_tensor *t) {
     c->buffer = NULL;
     c->buffer_offs = 0;
     c->grad = NULL;
-    c->flags |= SL_FLAG_RECOMPUTED;
+    c->flags = (t->flags & ~(uint32_t)SL_FLAG_LAYER_IO) | SL_FLAG_RECOMPUTED; /* a group's inner boundary */
     for (int k = 0; k < SL_MAX_SRC; k++) c->src[k] = src[k];
     c->view_src = vs;
     sl_set_name(c, "%.56s.rc", t->name);
