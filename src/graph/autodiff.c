@@ -22,10 +22,11 @@ void sl_graph_set_recompute(sl_graph *g, int method, int num_layers) {
 }
 
 /* Note [Full recomputation]
- * Megatron's --recompute-granularity full (method uniform, one layer per checkpoint): the backward does
- * not read what the forward computed inside a transformer layer. The model builders flag the residual
- * stream at each layer boundary SL_FLAG_LAYER_IO (the embedding's output and every layer's output); the
- * forward nodes between two such tensors in execution order form a layer's segment. When the backward
+ * Megatron's --recompute-granularity full: the backward does not read what the forward computed inside a
+ * transformer layer. The model builders flag the residual stream at each layer boundary SL_FLAG_LAYER_IO
+ * (the embedding's output and every layer's output); the forward nodes between two such tensors in
+ * execution order form a layer's segment (rc_segments: with --recompute-method uniform and N layers, N
+ * layers form one; with block, only the first N layers of a stage have one). When the backward
  * rule of a segment node runs, it is handed a copy of the node instead: the same op and parameters, its
  * sources copied the same way where they lie in the segment, else the originals (the kept layer input,
  * parameters, inputs, tensors that later layers read as well). Copies are pushed lazily, just before the
@@ -38,7 +39,9 @@ void sl_graph_set_recompute(sl_graph *g, int method, int num_layers) {
  * write into storage outside their segment, collectives and KV-cache stores are never copied: a TP
  * layer's collectives run once, in the forward, and their outputs are kept for the copies downstream
  * (so every rank still issues the same collectives in the same order; Megatron recomputes them, and keeps
- * less). A pipeline stage's slot graphs recompute each the same way (sl_model.recompute), so the
+ * less). ZB-H1 (Note [Splitting the backward]) defers the weight gradients and with them the copies they
+ * read, so its last stage keeps as much as without recomputation. A pipeline stage's slot graphs
+ * recompute each the same way (sl_model.recompute), so the
  * micro-batches in flight hold their layer inputs only. A MoE layer's routing (MOE_ROUTE, its losses) is
  * not copied either: the route, its token counts (read after the step by sl_moe_graph_stats and the
  * DeepSeek-V3 bias update) and its capacity drops exist once and are kept; the dispatch, the experts and
