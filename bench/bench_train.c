@@ -151,7 +151,8 @@ int sl_bench_train(int argc, char **argv) {
             zero = 0, bucket = 1 << 20, tpn = 1, ppn = 1, pfirst = 0, plast = 0;
     int json = 0, bf16 = 0, sp = 0, plan_only = 0, busy = 0, fixed = 0, zb = 0;
     double pa = 0, ph = 0;
-    const char *device = "cpu", *recompute = NULL;
+    const char *device = "cpu", *recompute = NULL, *rc_method = NULL;
+    int64_t rc_layers = 0;
     sl_flag flags[] = {
         {"device", SL_FLAG_STR, &device, 0, 0, "backend the model runs on: cpu (default), opencl[:N], strict",
          0},
@@ -190,6 +191,10 @@ int sl_bench_train(int argc, char **argv) {
          "full: every layer computed again in the backward (Note [Full recomputation]); MFU stays the "
          "model's 6 N FLOPs per token, as Megatron's",
          0},
+        {"recompute-method", SL_FLAG_STR, &rc_method, 0, 0,
+         "with --recompute-granularity full: uniform (default) or block (Megatron's)", 0},
+        {"recompute-num-layers", SL_FLAG_INT, &rc_layers, 1, 1 << 20,
+         "with --recompute-granularity full: layers per checkpoint (uniform) or recomputed (block) (1)", 0},
     };
     int nf = (int)(sizeof flags / sizeof flags[0]);
     if (sl_flags_help(flags, nf, argc, argv, "usage: suanli bench train [flags]")) return 0;
@@ -199,6 +204,11 @@ int sl_bench_train(int argc, char **argv) {
     }
     if (recompute && strcmp(recompute, "full")) {
         fprintf(stderr, "suanli bench train: --recompute-granularity: expected full, got '%s'\n", recompute);
+        return 2;
+    }
+    if (rc_method && strcmp(rc_method, "uniform") && strcmp(rc_method, "block")) {
+        fprintf(stderr, "suanli bench train: --recompute-method: expected uniform or block, got '%s'\n",
+                rc_method);
         return 2;
     }
     sl_threads_set((int)threads);
@@ -250,7 +260,10 @@ int sl_bench_train(int argc, char **argv) {
                             .mesh = &mesh,
                             .dropout_seed = 1,
                             .pipe_schedule = zb ? SL_PIPE_ZB_H1 : SL_PIPE_1F1B,
-                            .recompute = recompute != NULL};
+                            .recompute = !recompute                                 ? SL_RECOMPUTE_NONE
+                                         : rc_method && !strcmp(rc_method, "block") ? SL_RECOMPUTE_BLOCK
+                                                                                    : SL_RECOMPUTE_UNIFORM,
+                            .recompute_layers = (int)rc_layers};
     if (sl_trainer_init(&tr, m, &tc) != SL_OK) {
         fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
         sl_model_free(m);
