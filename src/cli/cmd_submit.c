@@ -85,6 +85,23 @@ static int is_time(const char *s) {
     return 1;
 }
 
+/* The leading digits of s as a number (*end after them); -1 when there are none or more than 9. strtol
+ * also took leading blanks (a newline too, which ended the #SBATCH line), a sign and overflow. */
+static long count_of(const char *s, const char **end) {
+    size_t k = strspn(s, "0123456789");
+    *end = s + k;
+    return k == 0 || k > 9 ? -1 : strtol(s, NULL, 10);
+}
+
+/* s for an error message: control characters (a newline made it two lines) shown as spaces */
+static const char *one_line(const char *s) {
+    static char b[256];
+    snprintf(b, sizeof b, "%s", s);
+    for (char *p = b; *p; p++)
+        if ((unsigned char)*p < ' ') *p = ' ';
+    return b;
+}
+
 static int plain_word(const char *s) { /* NULL (not given) or no whitespace, control characters */
     for (; s && *s; s++)
         if ((unsigned char)*s <= ' ' || *s == 0x7f) return 0;
@@ -116,11 +133,15 @@ typedef struct {
     int go;
 } submit_args;
 
+/* The script is composed in memory and written atomically: a failed write (a full disk) left an empty or
+ * cut script, and truncated the one there before. */
 static int write_script(const submit_args *a, char **prog) {
-    FILE *f = fopen(a->script, "w");
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
     if (!f) {
-        fprintf(stderr, "suanli submit: --script: cannot write '%s'\n", a->script);
-        return 2;
+        fprintf(stderr, "suanli submit: --script: out of memory\n");
+        return 1;
     }
     fprintf(f, "#!/bin/bash\n# written by suanli submit (Note [Requeue on the time limit] in "
                "src/cli/cmd_submit.c)\n");
@@ -189,7 +210,14 @@ static int write_script(const submit_args *a, char **prog) {
         "  scontrol requeue \"$SLURM_JOB_ID\"\n  exit 0\nfi\nexit \"$rc\"\n",
         a->max_requeues, a->max_requeues);
     if (fclose(f) != 0) {
-        fprintf(stderr, "suanli submit: --script: cannot write '%s'\n", a->script);
+        free(text);
+        fprintf(stderr, "suanli submit: --script: out of memory\n");
+        return 1;
+    }
+    sl_status st = sl_file_write_atomic(a->script, text, len);
+    free(text);
+    if (st != SL_OK) {
+        fprintf(stderr, "suanli submit: --script: %s\n", sl_errmsg());
         return 2;
     }
     return 0;
@@ -233,7 +261,7 @@ int sl_cmd_submit(int argc, char **argv) {
         else if (!strcmp(s, "--mpi"))
             dst = &a.mpi;
         if (!dst) {
-            fprintf(stderr, "suanli submit: unknown flag '%s' (see suanli submit --help)\n", s);
+            fprintf(stderr, "suanli submit: unknown flag '%s' (see suanli submit --help)\n", one_line(s));
             return 2;
         }
         if (!v || !*v) {
@@ -248,34 +276,36 @@ int sl_cmd_submit(int argc, char **argv) {
         fprintf(stderr, "suanli submit: %s: required (see suanli submit --help)\n", need);
         return 2;
     }
-    char *end;
-    long nn = strtol(a.nodes, &end, 10), nt, nmax = nn;
-    if (*end == '-') nmax = strtol(end + 1, &end, 10);
+    const char *end;
+    long nn = count_of(a.nodes, &end), nt, nmax = nn;
+    if (*end == '-') nmax = count_of(end + 1, &end);
     if (*end || nn < 1 || nmax < nn) {
-        fprintf(stderr, "suanli submit: --nodes: expected an integer >= 1 or MIN-MAX, got '%s'\n", a.nodes);
+        fprintf(stderr, "suanli submit: --nodes: expected an integer >= 1 or MIN-MAX, got '%s'\n",
+                one_line(a.nodes));
         return 2;
     }
-    long mr = strtol(a.max_requeues, &end, 10);
+    long mr = count_of(a.max_requeues, &end);
     if (*end || mr < 0 || mr > 1000) {
         fprintf(stderr, "suanli submit: --max-requeues: expected an integer in 0..1000, got '%s'\n",
-                a.max_requeues);
+                one_line(a.max_requeues));
         return 2;
     }
-    nt = strtol(a.tasks, &end, 10);
+    nt = count_of(a.tasks, &end);
     if (*end || nt < 1) {
-        fprintf(stderr, "suanli submit: --ntasks-per-node: expected an integer >= 1, got '%s'\n", a.tasks);
+        fprintf(stderr, "suanli submit: --ntasks-per-node: expected an integer >= 1, got '%s'\n",
+                one_line(a.tasks));
         return 2;
     }
-    long sig = strtol(a.signal_sec, &end, 10);
+    long sig = count_of(a.signal_sec, &end);
     if (*end || sig < 1 || sig > 65535) {
         fprintf(stderr, "suanli submit: --signal-sec: expected seconds in 1..65535, got '%s'\n",
-                a.signal_sec);
+                one_line(a.signal_sec));
         return 2;
     }
     if (a.mpi && strcmp(a.mpi, "pmix") && strcmp(a.mpi, "pmi2") &&
         (strncmp(a.mpi, "pmix_v", 6) || !a.mpi[6] || strspn(a.mpi + 6, "0123456789") != strlen(a.mpi + 6))) {
         fprintf(stderr, "suanli submit: --mpi: expected pmix, pmix_vN or pmi2 (srun --mpi=list), got '%s'\n",
-                a.mpi);
+                one_line(a.mpi));
         return 2;
     }
     /* written into #SBATCH lines as they are: a newline would end the directives and run the rest */
@@ -285,7 +315,7 @@ int sl_cmd_submit(int argc, char **argv) {
         return 2;
     }
     if (!is_time(a.time)) {
-        fprintf(stderr, "suanli submit: --time: expected [D-]HH:MM:SS, got '%s'\n", a.time);
+        fprintf(stderr, "suanli submit: --time: expected [D-]HH:MM:SS, got '%s'\n", one_line(a.time));
         return 2;
     }
     if (i >= argc) {

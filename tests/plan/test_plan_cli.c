@@ -237,6 +237,18 @@ static void test_submit(const char *d) {
     bad(NULL, "submit --nodes 2 --ntasks-per-node 2 --time 1:00:00 --max-requeues -1 -- suanli train",
         "--max-requeues");
     bad(NULL, "submit --nodes 2 --ntasks-per-node 2 --time 1:00:00 --mpi openmpi -- suanli train", "--mpi");
+    /* numbers are digits only: strtol took a leading newline (it ended the #SBATCH line, and Slurm read
+     * no directive after it), a sign, and overflow */
+    const char *bad_nums[] = {"--nodes '\n 3'",     "--nodes 99999999999999999999",
+                              "--nodes +2",         "--ntasks-per-node ' 2'",
+                              "--signal-sec ' 60'", "--max-requeues '\n3'"};
+    for (int k = 0; k < 6; k++) {
+        snprintf(cmd, sizeof cmd, "submit --script %s --nodes 2 --ntasks-per-node 2 --time 1:00:00 %s -- x",
+                 script, bad_nums[k]);
+        char flag[24];
+        snprintf(flag, sizeof flag, "%.*s", (int)strcspn(bad_nums[k], " "), bad_nums[k]);
+        bad(NULL, cmd, flag);
+    }
     /* values written into the script unquoted: nothing that could end a line or add a command */
     const char *unsafe[] = {"--mpi 'pmix_v3;reboot'", "--job-name 'a\nreboot'", "--partition 'p q'"};
     for (int k = 0; k < 3; k++) {
@@ -277,6 +289,24 @@ static void test_submit(const char *d) {
                  "--mpi script: %s", s);
         free(s);
     }
+    /* a write that fails (here past the file size limit, as on a full disk) keeps the script there and
+     * leaves no part of the new one: it truncated the old script and left the cut new one */
+    char *before = NULL, *after = NULL;
+    size_t nb = 0, na = 0;
+    TU_CHECK(sl_file_read_all(script, &before, &nb) == SL_OK, "script there");
+    snprintf(cmd, sizeof cmd,
+             "trap '' XFSZ; ulimit -f 1; %s submit --script %s --nodes 3 --ntasks-per-node 1 --time 1:00:00 "
+             "-- suanli train",
+             tu_cli(), script);
+    rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 2 && lines(out) == 1 && strstr(out, "--script"), "failed script write: %d: %s", rc, out);
+    TU_CHECK(before && sl_file_read_all(script, &after, &na) == SL_OK && na == nb &&
+                 !memcmp(before, after, nb),
+             "a failed write keeps the script there whole");
+    free(before);
+    free(after);
+    snprintf(cmd, sizeof cmd, "ls -a %s | grep -q tmp", d);
+    TU_CHECK(tu_run(cmd, out, sizeof out) == 1, "a failed write leaves no temp file");
 }
 
 static void test_srun(const char *d) {
