@@ -118,12 +118,16 @@ int sl_cmd_run(int argc, char **argv) {
             i++;
         } else if (!strcmp(a, "--master")) {
             const char *colon = v ? strrchr(v, ':') : NULL;
-            if (!colon || colon == v || (size_t)(colon - v) >= sizeof o.master_addr ||
-                !parse_int("--master port", colon + 1, 1, 65535, &o.master_port)) {
-                if (!colon || colon == v)
-                    fprintf(stderr, "suanli run: --master: expected HOST:PORT, got '%s'\n", v ? v : "");
+            if (!colon || colon == v) {
+                fprintf(stderr, "suanli run: --master: expected HOST:PORT, got '%s'\n", v ? v : "");
                 return 2;
             }
+            if ((size_t)(colon - v) >= sizeof o.master_addr) { /* it exited 2 without a word */
+                fprintf(stderr, "suanli run: --master: host name longer than %zu characters\n",
+                        sizeof o.master_addr - 1);
+                return 2;
+            }
+            if (!parse_int("--master port", colon + 1, 1, 65535, &o.master_port)) return 2;
             memcpy(o.master_addr, v, (size_t)(colon - v));
             o.master_addr[colon - v] = 0;
             i++;

@@ -129,6 +129,12 @@ int main(void) {
         TU_CHECK(rc == 2 && strstr(out, bad[i].want) && lines == 1, "args '%s': rc=%d out=%s", bad[i].args,
                  rc, out);
     }
+    char longhost[400]; /* a host name longer than the launcher keeps: it exited 2 without a message */
+    memset(longhost, 'h', 300);
+    snprintf(longhost + 300, sizeof longhost - 300, ":29500");
+    rc = run("%s run -n 2 --master %s -- true", longhost);
+    TU_CHECK(rc == 2 && strstr(out, "--master") && strchr(out, '\n') == out + strlen(out) - 1,
+             "--master with a 300-character host: rc=%d out=%s", rc, out);
     /* a real communicator job: ranks killed mid-collective under the launcher */
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "%s/tests/comm/test_comm_loopback", SL_BINARY_DIR);
