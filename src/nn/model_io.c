@@ -133,6 +133,18 @@ sl_status sl_model_load_weights(sl_model *m, const char *path) {
         s = sl_model_params_write(m, p->offset, p->numel, t->data); /* the file's mapping is host memory */
         if (s != SL_OK) break;
     }
+    /* every parameter was found; a tensor more is one the model lacks (config.json with fewer layers than
+     * the weights loaded the first ones and dropped the rest without a word) */
+    for (int i = 0; s == SL_OK && sl_safetensors_count(st) > m->n_params && i < sl_safetensors_count(st);
+         i++) {
+        const char *name = sl_safetensors_get(st, i)->name;
+        int k = 0;
+        while (k < m->n_params && strcmp(m->params[k].t->name, name) != 0) k++;
+        if (k == m->n_params)
+            s = sl_fail(SL_ERR_FORMAT,
+                        "%s: tensor '%s' is not a parameter of the model (%d tensors, the model has %d)",
+                        path, name, sl_safetensors_count(st), m->n_params);
+    }
     sl_safetensors_close(st);
     return s;
 }
@@ -146,10 +158,13 @@ sl_status sl_model_load_on(const char *dir, sl_backend *be, sl_model **out) {
     sl_gpt2_config cfg;
     SL_TRY(sl_model_load_config(dir, &cfg));
     sl_model *m;
-    SL_TRY(sl_gpt2_new_on(&cfg, be, &m));
+    sl_status st = sl_gpt2_new_on(&cfg, be, &m);
+    if (st == SL_ERR_INVALID) /* "hidden-size 128 is not divisible by ...": say which file */
+        return sl_fail(st, "%s/config.json: %s", dir, sl_errmsg());
+    if (st != SL_OK) return st;
     char path[4096];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    sl_status st = sl_model_load_weights(m, path);
+    st = sl_model_load_weights(m, path);
     if (st != SL_OK) {
         sl_model_free(m);
         return st;

@@ -443,6 +443,36 @@ int main(void) {
             TU_CHECK(strstr(out, "--model only"), "%s: %s", what, out);
         }
     }
+    /* config.json that disagrees with the weights: fewer layers loaded the first ones and dropped the rest
+     * without a word; a config the model refuses did not name the file */
+    {
+        rc =
+            run("train --data-path %s " TINY " --num-layers 2 --train-iters 1 --eval-iters 1 --save %s/run2l",
+                data, dir);
+        TU_CHECK(rc == 0, "train a 2-layer model: %s", out);
+        const char *edits[][2] = {{"n_layer", "1"}, {"n_head", "3"}};
+        const char *want[] = {"'h.1.", "run2l/config.json: hidden-size 32 is not divisible"};
+        for (int k = 0; k < 2; k++) {
+            char cp[700], *text = NULL;
+            size_t n;
+            snprintf(cp, sizeof cp, "%s/run2l/config.json", dir);
+            cJSON *o = sl_file_read_all(cp, &text, &n) == SL_OK ? cJSON_Parse(text) : NULL;
+            free(text);
+            cJSON_SetNumberValue(cJSON_GetObjectItem(o, edits[k][0]), atoi(edits[k][1]));
+            text = cJSON_Print(o);
+            TU_CHECK(text && sl_file_write_atomic(cp, text, strlen(text)) == SL_OK, "edit %s", cp);
+            free(text);
+            cJSON_Delete(o);
+            char what[64];
+            snprintf(what, sizeof what, "generate, config.json %s %s", edits[k][0], edits[k][1]);
+            bad(what, want[k], run("generate --load %s/run2l --max-new-tokens 2", dir));
+            snprintf(what, sizeof what, "train --load, config.json %s %s", edits[k][0], edits[k][1]);
+            if (k == 0)
+                bad(what, want[k],
+                    run("train --data-path %s " TINY " --num-layers 1 --train-iters 1 --load %s/run2l", data,
+                        dir));
+        }
+    }
     /* determinism: the same seed gives the same loss trajectory */
     rc = run("train --data-path %s " TINY " --train-iters 3 --eval-interval 0 --eval-iters 1 --threads 2",
              data);
