@@ -158,8 +158,8 @@ sl_status sl_flags_parse(sl_flag *flags, int n, int argc, char **argv, int first
             const char *v = a[8] == '=' ? a + 9 : (i + 1 < argc ? argv[i + 1] : NULL);
             if (!cfg) return sl_fail(SL_ERR_INVALID, "unknown flag --config");
             if (!v) return sl_fail(SL_ERR_INVALID, "--config: missing value");
+            SL_TRY(set_value(cfg, v, "")); /* first: "--config=" gave ": cannot open" */
             SL_TRY(apply_config(flags, n, v));
-            SL_TRY(set_value(cfg, v, ""));
         }
     }
     for (int i = first; i < argc; i++) {

@@ -209,6 +209,8 @@ static void test_bad_input(void) {
         run("train --save %s/never --config %s --data-path %s " TINY, dir, cfgp, data));
     bad("config is a directory", "is a directory",
         run("train --save %s/never --config %s --data-path %s", dir, data, data));
+    bad("empty --config=", "--config: empty value",
+        run("train --save %s/never --config= --data-path %s", dir, data));
     /* output dir under a regular file cannot be created (we run as root, so permissions would not stop us) */
     bad("unwritable save dir", "run1/metrics.jsonl/x",
         run("train --data-path %s " TINY " --train-iters 1 --save %s/run1/metrics.jsonl/x", data, dir));
