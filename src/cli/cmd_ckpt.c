@@ -132,7 +132,8 @@ static int pooled(const char *what, const char *dir, sl_comm *w) {
 }
 
 int sl_cmd_ckpt(int argc, char **argv) {
-    if (argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) return usage(stdout);
+    for (int i = 1; i < argc; i++) /* 'ckpt inspect --help' was read as the directory "--help" */
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return usage(stdout);
     int gathering = argc >= 2 && !strcmp(argv[1], "gather");
     if (!gathering && (argc != 3 || (strcmp(argv[1], "inspect") != 0 && strcmp(argv[1], "verify") != 0)))
         return usage(stderr);

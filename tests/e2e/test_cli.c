@@ -306,6 +306,10 @@ static void test_bad_input(void) {
     bad("generate without weights", "config.json", run("generate --load %s/nothing", dir));
     rc = run("ckpt --help");
     TU_CHECK(rc == 0 && strstr(out, "usage: suanli ckpt"), "ckpt --help: exit %d: %s", rc, out);
+    rc = run("ckpt inspect --help");
+    TU_CHECK(rc == 0 && strstr(out, "usage: suanli ckpt"), "ckpt inspect --help: exit %d: %s", rc, out);
+    rc = run("ckpt verify -h");
+    TU_CHECK(rc == 0 && strstr(out, "usage: suanli ckpt"), "ckpt verify -h: exit %d: %s", rc, out);
     /* the help says what runs: --expert-tensor-parallel-size combines with --ep (test_ep_cli's etp2ep2
      * cases), so the help must not call it missing */
     rc = run("train --help");
