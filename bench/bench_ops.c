@@ -567,11 +567,21 @@ int sl_bench_ops(int argc, char **argv) {
             json = 1;
         else if (!strcmp(argv[i], "--quick"))
             quick = 1;
-        else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
-            maxthr = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps = atoi(argv[++i]), reps_set = 1;
-        else if (!strcmp(argv[i], "--device") && i + 1 < argc)
+        else if (!strcmp(argv[i], "--threads") || !strcmp(argv[i], "--reps")) {
+            /* atoi read '3x' as 3, overflowed on 99999999999; a missing value was an "unknown flag" */
+            const char *v = i + 1 < argc ? argv[i + 1] : "";
+            char *end;
+            long x = strtol(v, &end, 10);
+            if (!*v || *end || x < 1 || x > 1024) {
+                fprintf(stderr, "bench ops: %s: expected an integer in 1..1024, got '%s'\n", argv[i], v);
+                return 2;
+            }
+            if (argv[i][2] == 't')
+                maxthr = (int)x;
+            else
+                reps = (int)x, reps_set = 1;
+            i++;
+        } else if (!strcmp(argv[i], "--device") && i + 1 < argc)
             device = argv[++i];
         else if (!strncmp(argv[i], "--device=", 9))
             device = argv[i] + 9;
@@ -584,10 +594,6 @@ int sl_bench_ops(int argc, char **argv) {
             fprintf(stderr, "bench ops: unknown flag '%s'\n", argv[i]);
             return 2;
         }
-    }
-    if (maxthr < 1 || reps < 1) {
-        fprintf(stderr, "bench ops: --threads and --reps must be >= 1\n");
-        return 2;
     }
     if (quick && !reps_set) reps = 1;
     if (reps > 64) reps = 64;
