@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/topo.h"
+#include "suanli/base.h"
 
 static void usage(FILE *f) {
     fprintf(f, "usage: suanli topo [--synthetic DESC] [--ranks N] [--export-xml FILE]\n"
@@ -86,10 +87,22 @@ int sl_cmd_topo(int argc, char **argv) {
         hwloc_topology_destroy(t);
         return 2;
     }
-    if (xml_out && hwloc_topology_export_xml(t, xml_out, 0) != 0) {
-        fprintf(stderr, "suanli topo: --export-xml: cannot write '%s'\n", xml_out);
-        hwloc_topology_destroy(t);
-        return 2;
+    if (xml_out) { /* through memory, then atomically: hwloc's own writer left an empty file on a full disk */
+        char *xml = NULL;
+        int len = 0;
+        if (hwloc_topology_export_xmlbuffer(t, &xml, &len, 0) != 0) {
+            fprintf(stderr, "suanli topo: --export-xml: hwloc could not export the topology\n");
+            hwloc_topology_destroy(t);
+            return 1;
+        }
+        sl_status st =
+            sl_file_write_atomic(xml_out, xml, len > 0 ? (size_t)len - 1 : 0); /* len counts the NUL */
+        hwloc_free_xmlbuffer(t, xml);
+        if (st != SL_OK) {
+            fprintf(stderr, "suanli topo: --export-xml: %s\n", sl_errmsg());
+            hwloc_topology_destroy(t);
+            return 2;
+        }
     }
     char host[256] = "?";
     gethostname(host, sizeof host - 1);

@@ -355,6 +355,26 @@ static void test_topo(const char *d) {
     TU_CHECK(rc == 0 && strstr(out, "2 package(s), 2 NUMA node(s), 8 core(s), 16 PU(s)") &&
                  strstr(out, "rank 2: NUMA node 1, cores 4 5 (CPUs 8-11)"),
              "HWLOC_XMLFILE: %d: %s", rc, out);
+    { /* a write that fails (past the file size limit, as on a full disk) keeps t.xml: hwloc's writer
+       * emptied it, and then the loader saw no topology */
+        char xp[600], *before = NULL, *after = NULL;
+        size_t nb = 0, na = 0;
+        snprintf(xp, sizeof xp, "%s/t.xml", d);
+        TU_CHECK(sl_file_read_all(xp, &before, &nb) == SL_OK, "t.xml there");
+        snprintf(cmd, sizeof cmd,
+                 "trap '' XFSZ; ulimit -f 1; %s topo --synthetic 'numa:2 core:1 pu:1' --export-xml %s",
+                 tu_cli(), xp);
+        rc = tu_run(cmd, out, sizeof out);
+        TU_CHECK(rc == 2 && lines(out) == 1 && strstr(out, "--export-xml") && strstr(out, "t.xml"),
+                 "failed --export-xml: %d: %s", rc, out);
+        TU_CHECK(before && sl_file_read_all(xp, &after, &na) == SL_OK && na == nb &&
+                     !memcmp(before, after, nb),
+                 "a failed --export-xml keeps t.xml whole");
+        free(before);
+        free(after);
+        snprintf(cmd, sizeof cmd, "ls -a %s | grep -q tmp", d);
+        TU_CHECK(tu_run(cmd, out, sizeof out) == 1, "a failed --export-xml leaves no temp file");
+    }
     rc = tu_cli_run(out, sizeof out, "topo");
     TU_CHECK(rc == 0 && strstr(out, "NUMA node"), "this host: %d: %s", rc, out);
     /* the launcher binds ranks NUMA-aware on a fake two-node machine (1 core per node: CPUs 0 and 1) */
