@@ -114,6 +114,8 @@ static sl_status cluster_fields(const cJSON *root, const char *path, sl_plan_clu
     cl->ckpt_write_Bps = w * 1e9;
     cl->ckpt_read_Bps = r * 1e9;
     const cJSON *la = cJSON_GetObjectItemCaseSensitive(root, "launcher");
+    if (la && !cJSON_IsString(la)) /* "launcher": 1 or ["slurm"] planned for suanli run without a word */
+        return sl_fail(SL_ERR_INVALID, "%s: field 'launcher' must be the string \"run\" or \"slurm\"", path);
     snprintf(cl->launcher, sizeof cl->launcher, "%s", cJSON_IsString(la) ? la->valuestring : "run");
     if (strcmp(cl->launcher, "run") && strcmp(cl->launcher, "slurm"))
         return sl_fail(SL_ERR_INVALID, "%s: field 'launcher' must be \"run\" or \"slurm\", got \"%s\"", path,

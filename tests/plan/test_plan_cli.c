@@ -80,6 +80,11 @@ static void test_plan_bad(const char *d) {
         0);
     snprintf(args, sizeof args, "plan --model gpt2-124m --cluster %s", p);
     bad(NULL, args, "links");
+    snprintf(p, sizeof p, "%s/launcher.json", d); /* a launcher that is not a string was taken as "run" */
+    snprintf(args, sizeof args, "sed 's/\"launcher\": \"run\"/\"launcher\": [\"slurm\"]/' %s > %s", cl, p);
+    TU_CHECK(system(args) == 0, "write launcher.json");
+    snprintf(args, sizeof args, "plan --model gpt2-124m --cluster %s", p);
+    bad(NULL, args, "launcher.json: field 'launcher' must be the string");
     snprintf(args, sizeof args, "plan --model llama-70b --cluster %s --seq-len 4096", cl);
     bad(NULL, args, "no layout fits");
     snprintf(args, sizeof args, "plan --model gpt2-124m --cluster %s --tp 3", cl);
