@@ -111,13 +111,15 @@ static int convert_gpt2(int argc, char **argv) {
     }
     sl_model *m = NULL;
     sl_status st;
+    int loaded =
+        0; /* an input that cannot be read is bad input (exit 2, as --model's), a failed write is not */
     if (!strcmp(from, "hf-gpt2") && !strcmp(to, "suanli")) {
         st = sl_hf_gpt2_import(in, &m);
-        if (st == SL_OK) st = sl_mkdirs(out);
+        if (st == SL_OK) loaded = 1, st = sl_mkdirs(out);
         if (st == SL_OK) st = sl_model_save(m, out, NULL);
     } else if (!strcmp(from, "suanli") && !strcmp(to, "hf-gpt2")) {
         st = sl_model_load(in, &m);
-        if (st == SL_OK) st = sl_hf_gpt2_export(m, out);
+        if (st == SL_OK) loaded = 1, st = sl_hf_gpt2_export(m, out);
     } else {
         fprintf(stderr, "suanli convert: unsupported conversion --from %s --to %s (hf-gpt2 <-> suanli)\n",
                 from, to);
@@ -126,7 +128,7 @@ static int convert_gpt2(int argc, char **argv) {
     sl_model_free(m);
     if (st != SL_OK) {
         fprintf(stderr, "suanli convert: %s\n", sl_errmsg());
-        return st == SL_ERR_NOMEM || st == SL_ERR_IO ? 1 : 2;
+        return st == SL_ERR_NOMEM || (st == SL_ERR_IO && loaded) ? 1 : 2;
     }
     printf("converted %s (%s) -> %s (%s)\n", in, from, out, to);
     return 0;

@@ -129,6 +129,14 @@ int main(void) {
     snprintf(cmd, sizeof cmd, "%s convert --from hf-gpt2 --to suanli --input %s --output %s/never", tu_cli(),
              bad, dir);
     TU_CHECK(tu_run(cmd, out, sizeof out) == 2 && strstr(out, "h.2."), "CLI error: %s", out);
+    /* a missing input dir exited 1 (an I/O error, as a failed write), where --model's exits 2 */
+    for (int k = 0; k < 2; k++) {
+        snprintf(cmd, sizeof cmd, "%s convert --from %s --input %s/nothing --output %s/never", tu_cli(),
+                 k ? "suanli --to hf-gpt2" : "hf-gpt2 --to suanli", dir, dir);
+        int rc = tu_run(cmd, out, sizeof out);
+        TU_CHECK(rc == 2 && strstr(out, "nothing/config.json") && strchr(out, '\n') == out + strlen(out) - 1,
+                 "missing --input: %d: %s", rc, out);
+    }
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     TU_CHECK(system(cmd) == 0, "cleanup");
     free(idv);
