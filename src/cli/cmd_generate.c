@@ -262,12 +262,14 @@ int sl_cmd_generate(int argc, char **argv) {
     sl_model *m = NULL;
     sl_tokenizer *tok = NULL;
     char tp[4096];
-    snprintf(tp, sizeof tp, "%s/tokenizer.json", load);
-    if (sl_model_load_on(load, be, &m) != SL_OK || sl_tokenizer_load(tp, &tok) != SL_OK) {
+    /* the dir's tokenizer.json, else tokenizer.model: train --save copies the data's (SentencePiece data has
+     * the latter, which a fixed "tokenizer.json" did not find) */
+    if (sl_model_load_on(load, be, &m) != SL_OK || sl_tokenizer_load(load, &tok) != SL_OK) {
         fprintf(stderr, "suanli generate: %s\n", sl_errmsg());
         sl_model_free(m);
         return 2;
     }
+    snprintf(tp, sizeof tp, "%s/%s", load, sl_tokenizer_file_name(tok));
     if (sl_tokenizer_vocab_size(tok) != m->cfg.vocab_size) {
         fprintf(stderr, "suanli generate: %s vocab %d does not match the model's %d\n", tp,
                 sl_tokenizer_vocab_size(tok), m->cfg.vocab_size);

@@ -465,6 +465,18 @@ static void prepare(const docs *d) {
     TU_CHECK(rc != 0 && strstr(buf, "corpus.txt") && !strstr(buf, "\n\n"), "bad tokenizer file: rc %d: %s",
              rc, buf);
     printf("CLI with a text file as tokenizer: %s", buf);
+    /* train --save on SentencePiece data copies tokenizer.model, and generate --load samples with it (it
+     * looked for tokenizer.json only: "tokenizer not found", exit 2) */
+    snprintf(
+        cmd, sizeof cmd,
+        "%s data prepare --input %s --output-prefix %s/spdata --tokenizer-file %s && %s train --data-path "
+        "%s/spdata --num-layers 1 --hidden-size 16 --num-attention-heads 2 --seq-length 8 "
+        "--micro-batch-size 1 --train-iters 1 --eval-iters 1 --threads 1 --save %s/sprun && %s generate "
+        "--load %s/sprun --prompt hello --max-new-tokens 3 --threads 1",
+        tu_cli(), in, dir, model, tu_cli(), dir, dir, tu_cli(), dir);
+    rc = tu_run(cmd, buf, sizeof buf);
+    TU_CHECK(rc == 0 && strstr(buf, "[generated 3 tokens"),
+             "generate --load of a SentencePiece run: rc %d: %s", rc, buf);
 }
 
 int main(void) {
