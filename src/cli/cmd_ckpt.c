@@ -96,10 +96,12 @@ static int gather(int argc, char **argv, sl_comm *w) {
         return 2;
     }
     int64_t got;
+    int made = access(out, F_OK) != 0;
     sl_status st = w ? sl_ckpt_pool_gather_comm(pool, w, step, out, &got)
                      : sl_ckpt_pool_gather(pool, 0, step, out, &got);
     if (st != SL_OK) {
         if (me == 0) fprintf(stderr, "suanli ckpt gather: %s\n", sl_errmsg());
+        if (me == 0 && made) rmdir(out); /* OUT made for a gather that failed (--step N absent): left empty */
         return 2;
     }
     if (me == 0)

@@ -195,6 +195,10 @@ static void test_replicas(void) {
     TU_CHECK(rc == 0 && strstr(out, "redundancy replicas 2") &&
                  strstr(out, "shard-r00003.safetensors copy on host 0: ok") && strstr(out, "can be rebuilt"),
              "inspect shows placement: %s", out);
+    /* a gather that fails (no such step) made OUT and left it behind, empty */
+    rc = run("sh -c '%s ckpt gather L Gnone --step 999; echo rc=$?; test -e Gnone && echo LEFT'", cli);
+    TU_CHECK(strstr(out, "no host holds step-0000999") && strstr(out, "rc=2") && !strstr(out, "LEFT"),
+             "gather --step 999: %s", out);
 
     /* a corrupted replica (the primary copy of rank 0's shard on host 0, newest step): detected, the copy on
      * host 1 is used; resuming with zero further steps reproduces the final weights */
