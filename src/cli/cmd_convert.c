@@ -4,6 +4,7 @@
  * suanli|hf-gpt2: GPT-2 weights between HF and suanli's own layout. */
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli/commands.h"
 #include "cli/flags.h"
@@ -68,9 +69,10 @@ static int convert_hf(int argc, char **argv) {
         fprintf(stderr, "suanli convert: %s\n", sl_errmsg());
         return 2;
     }
-    int rc = 0;
+    int rc = 0, made = access(outd, F_OK) != 0;
     if (sl_mkdirs(outd) != SL_OK || sl_hf_save(m, outd, dt, &info) != SL_OK) {
         fprintf(stderr, "suanli convert: %s\n", sl_errmsg());
+        if (made) rmdir(outd); /* made for a write that failed (a full disk): left empty */
         rc = 1;
     } else if (!copy_if_present(in, outd, "tokenizer.json") ||
                !copy_if_present(in, outd, "generation_config.json")) {
@@ -111,8 +113,8 @@ static int convert_gpt2(int argc, char **argv) {
     }
     sl_model *m = NULL;
     sl_status st;
-    int loaded =
-        0; /* an input that cannot be read is bad input (exit 2, as --model's), a failed write is not */
+    /* an input that cannot be read is bad input (exit 2, as --model's), a failed write is not */
+    int loaded = 0, made = access(out, F_OK) != 0;
     if (!strcmp(from, "hf-gpt2") && !strcmp(to, "suanli")) {
         st = sl_hf_gpt2_import(in, &m);
         if (st == SL_OK) loaded = 1, st = sl_mkdirs(out);
@@ -128,6 +130,7 @@ static int convert_gpt2(int argc, char **argv) {
     sl_model_free(m);
     if (st != SL_OK) {
         fprintf(stderr, "suanli convert: %s\n", sl_errmsg());
+        if (made) rmdir(out); /* made for a write that failed: left empty */
         return st == SL_ERR_NOMEM || (st == SL_ERR_IO && loaded) ? 1 : 2;
     }
     printf("converted %s (%s) -> %s (%s)\n", in, from, out, to);

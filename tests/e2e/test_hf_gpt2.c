@@ -129,6 +129,15 @@ int main(void) {
     snprintf(cmd, sizeof cmd, "%s convert --from hf-gpt2 --to suanli --input %s --output %s/never", tu_cli(),
              bad, dir);
     TU_CHECK(tu_run(cmd, out, sizeof out) == 2 && strstr(out, "h.2."), "CLI error: %s", out);
+    /* a write that fails (past the file size limit, as on a full disk) left the new --output dir behind */
+    snprintf(cmd, sizeof cmd,
+             "trap '' XFSZ; ulimit -f 1; %s convert --from hf-gpt2 --to suanli --input %s --output "
+             "%s/nospace 2>&1; "
+             "test -e %s/nospace && echo LEFT",
+             tu_cli(), FIX, dir, dir);
+    TU_CHECK(tu_run(cmd, out, sizeof out) != 0 && strstr(out, "nospace/model.safetensors") &&
+                 !strstr(out, "LEFT"),
+             "failed convert: %s", out);
     /* a missing input dir exited 1 (an I/O error, as a failed write), where --model's exits 2 */
     for (int k = 0; k < 2; k++) {
         snprintf(cmd, sizeof cmd, "%s convert --from %s --input %s/nothing --output %s/never", tu_cli(),

@@ -171,6 +171,15 @@ static void test_round_trip(void) {
     TU_CHECK(strcmp(b, "none") != 0, "f16 copy generates");
     snprintf(cmd, sizeof cmd, "%s convert --model %s --output %s --dtype f8", tu_cli(), src, d2);
     TU_CHECK(tu_run(cmd, out, sizeof out) == 2 && one_line() && strstr(out, "--dtype"), "bad dtype: %s", out);
+    /* a write that fails (past the file size limit, as on a full disk) left the new --output dir behind */
+    snprintf(
+        cmd, sizeof cmd,
+        "trap '' XFSZ; ulimit -f 1; %s convert --model %s --output %s/nospace 2>&1; test -e %s/nospace && "
+        "echo LEFT",
+        tu_cli(), src, tmp, tmp);
+    TU_CHECK(tu_run(cmd, out, sizeof out) != 0 && strstr(out, "nospace/model.safetensors") &&
+                 !strstr(out, "LEFT"),
+             "failed convert: %s", out);
     /* into a directory holding a sharded model: the file written is what loads, not the old shards */
     snprintf(
         cmd, sizeof cmd,
