@@ -325,8 +325,15 @@ static int parse_flags(int argc, char **argv, bopts *o, int *nlaunch) {
                 o->colls[f] = any = 1;
             }
             i++;
-        } else {
-            fprintf(stderr, "suanli bench comm: unknown flag '%s'\n", a);
+        } else { /* a value flag last on the line fell through to here: "unknown flag '--reps'" */
+            static const char *const valued[] = {"--min-bytes", "--max-bytes", "--iters", "--reps",
+                                                 "-n",          "--algos",     "--colls"};
+            int known = 0;
+            for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(a, valued[k]);
+            if (known)
+                fprintf(stderr, "suanli bench comm: %s: missing value\n", a);
+            else
+                fprintf(stderr, "suanli bench comm: unknown flag '%s'\n", a);
             return 2;
         }
     }
