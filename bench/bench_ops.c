@@ -590,6 +590,9 @@ int sl_bench_ops(int argc, char **argv) {
                    "  --device NAME: MATMUL nodes on backend NAME (e.g. opencl, opencl:1) beside the cpu "
                    "backend at N threads, same run\n");
             return 0;
+        } else if (!strcmp(argv[i], "--device")) { /* last on the line: it was an "unknown flag" */
+            fprintf(stderr, "bench ops: --device: missing value\n");
+            return 2;
         } else {
             fprintf(stderr, "bench ops: unknown flag '%s'\n", argv[i]);
             return 2;

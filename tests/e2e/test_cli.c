@@ -114,6 +114,7 @@ static void test_bench_flags(void) {
     bad("bench comm -n", "-n: expected an integer in 1..4096, got '99999999999'",
         run("bench comm -n 99999999999"));
     bad("bench comm --reps", "--reps: missing value", run("bench comm --reps"));
+    bad("bench ops --device", "--device: missing value", run("bench ops --quick --device"));
     /* atoi: '1x' ran the whole suite on 1 thread, and a missing value was an "unknown flag" */
     bad("bench ops --threads", "--threads: expected an integer in 1..1024, got '1x'",
         run("bench ops --quick --threads 1x"));
