@@ -278,6 +278,32 @@ static sl_status check_save_not_step(const char *save) {
                         save, parent);
 }
 
+/* A fresh run (no --load) writes its checkpoints, `latest` and model.safetensors into --save: an earlier
+ * run's there would be overwritten step by step, and its newer step dirs would outlive the new run's
+ * (pruning keeps the newest by step; a later --load resumes the newest). So a fresh run refuses a --save
+ * that holds an earlier run's checkpoints or final model (found by the command-line audit of 2026-12-06:
+ * the new run's just-committed checkpoint was pruned and `latest` named a deleted directory). */
+static sl_status check_save_fresh(const sl_train_opts *o) {
+    const char *save = o->ckpt.save_dir;
+    if (!save || o->ckpt.load_dir) return SL_OK;
+    struct stat isb, ssb; /* --save is the --init-from dir: refused later, naming that (make_model) */
+    if (o->model.init_from && stat(o->model.init_from, &isb) == 0 && stat(save, &ssb) == 0 &&
+        isb.st_dev == ssb.st_dev && isb.st_ino == ssb.st_ino)
+        return SL_OK;
+    char mp[4200];
+    snprintf(mp, sizeof mp, "%s/model.safetensors", save);
+    int64_t newest = sl_ckpt_is_checkpoint(save) ? sl_ckpt_newest_step(save) : -1;
+    if (newest < 0 && access(mp, F_OK) != 0) return SL_OK;
+    char what[64];
+    if (newest >= 0)
+        snprintf(what, sizeof what, "checkpoints (newest step-%07lld)", (long long)newest);
+    else
+        snprintf(what, sizeof what, "model.safetensors");
+    return sl_train_bad("--save %s already holds an earlier run's %s: pass --load %s to resume it, or choose "
+                        "another --save",
+                        save, what, save);
+}
+
 static sl_status check_opts(sl_train_job *j) {
     sl_train_opts *o = &j->o;
     sl_train_data_opts *d = &o->data;
@@ -321,6 +347,7 @@ static sl_status check_opts(sl_train_job *j) {
                             (long long)op->warmup_iters, (long long)op->decay_iters);
     if (o->threads > 0) sl_threads_set((int)o->threads);
     SL_TRY(check_save_not_step(o->ckpt.save_dir));
+    SL_TRY(check_save_fresh(o));
     return check_pool(j);
 }
 

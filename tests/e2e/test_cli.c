@@ -322,6 +322,18 @@ static void test_bad_input(void) {
     rc = run("train --help");
     TU_CHECK(rc == 0 && strstr(out, "--expert-tensor-parallel-size") && !strstr(out, "no --ep yet"),
              "train --help on --expert-tensor-parallel-size: %d %s", rc, out);
+    /* a fresh run (no --load) into an earlier run's --save is refused and leaves it as it was: it used to
+     * overwrite its model and prune its own first checkpoint below the earlier run's newer ones */
+    snprintf(cmd, sizeof cmd, "%s/prev/step-0000005", dir);
+    TU_CHECK(sl_mkdirs(cmd) == SL_OK, "mkdir %s", cmd);
+    bad("fresh run over checkpoints", "already holds an earlier run's checkpoints (newest step-0000005)",
+        run("train --save %s/prev --data-path %s " TINY, dir, data));
+    snprintf(cmd, sizeof cmd, "%s/prevm", dir);
+    TU_CHECK(sl_mkdirs(cmd) == SL_OK, "mkdir %s", cmd);
+    snprintf(cmd, sizeof cmd, "%s/prevm/model.safetensors", dir);
+    TU_CHECK((f = fopen(cmd, "w")) && fputs("x", f) >= 0 && fclose(f) == 0, "write %s", cmd);
+    bad("fresh run over a model", "already holds an earlier run's model.safetensors: pass --load",
+        run("train --save %s/prevm --data-path %s " TINY, dir, data));
     /* a refused gather keeps the empty OUT it was given (it removed it; bad() checks nothing changed) */
     snprintf(cmd, sizeof cmd, "%s/pool/host-0", dir);
     TU_CHECK(sl_mkdirs(cmd) == SL_OK, "mkdir %s", cmd);
