@@ -983,9 +983,13 @@ sl_status sl_ckpt_load(const char *dir, sl_ckpt_state *st) {
         st->step = (int64_t)cJSON_GetObjectItem(r.man, "step")->valuedouble;
         cJSON *tr = cJSON_GetObjectItem(r.man, "train");
         cJSON *at = cJSON_GetObjectItem(tr, "adam_t"), *sd = cJSON_GetObjectItem(tr, "seed");
+        /* absent (older checkpoints): the step and the caller's seed; present, they must be valid */
+        int sd_ok = cJSON_IsNumber(sd) && sd->valuedouble >= 0 && sd->valuedouble < 18446744073709551616.0;
+        if ((at && !sl_json_is_count(at)) || (sd && !sd_ok))
+            s = sl_fail(SL_ERR_FORMAT, "%s/manifest.json: field 'train.%s' must be a non-negative integer",
+                        dir, at && !sl_json_is_count(at) ? "adam_t" : "seed");
         st->adam_t = sl_json_is_count(at) ? (int64_t)at->valuedouble : st->step;
-        if (cJSON_IsNumber(sd) && sd->valuedouble >= 0 && sd->valuedouble < 18446744073709551616.0)
-            st->seed = (uint64_t)sd->valuedouble;
+        if (sd_ok) st->seed = (uint64_t)sd->valuedouble;
         const cJSON *ls = cJSON_GetObjectItem(tr, "loss_scaler"), *sc = cJSON_GetObjectItem(ls, "scale"),
                     *gt = cJSON_GetObjectItem(ls, "growth_tracker"),
                     *ht = cJSON_GetObjectItem(ls, "hysteresis_tracker"),

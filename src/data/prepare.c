@@ -90,7 +90,7 @@ sl_status sl_data_prepare(const sl_prepare_opts *o) {
     if (tf && o->vocab_size != 0)
         return sl_fail(SL_ERR_INVALID, "prepare: --vocab-size does not apply to --tokenizer-file %s", tf);
     if (is_bpe && (o->vocab_size < 257 || o->vocab_size > SL_BPE_MAX_VOCAB))
-        return sl_fail(SL_ERR_INVALID, "prepare: vocab size %d out of range for bpe: [257, %d]",
+        return sl_fail(SL_ERR_INVALID, "prepare: --vocab-size %d out of range for bpe: [257, %d]",
                        o->vocab_size, SL_BPE_MAX_VOCAB);
     if (!tf && !is_bpe && o->vocab_size != 0 && o->vocab_size != 256)
         return sl_fail(SL_ERR_INVALID, "prepare: the byte tokenizer has vocab size 256, not %d",

@@ -174,6 +174,18 @@ int main(void) {
              "damaged loss_scaler: rc %d, want 2 and one line naming the file and field: %s", rc, out);
     snprintf(p, sizeof p, "%s/bad/model.safetensors", dir);
     TU_CHECK(access(p, F_OK) != 0, "the refused run wrote %s", p);
+    /* so is a damaged optimizer step count (it fell back to the step, a silently different bias correction)
+     */
+    rc = tu_runf(
+        out, sizeof out, "",
+        "mkdir -p %s/bad2 && cp -r %s/full/step-0000005 %s/bad2/ && echo step-0000005 > %s/bad2/latest "
+        "&& sed -i 's/\"adam_t\":[[:space:]]*[0-9]*/\"adam_t\": -3/' "
+        "%s/bad2/step-0000005/manifest.json && grep -q '\"adam_t\": -3' %s/bad2/step-0000005/manifest.json",
+        dir, dir, dir, dir, dir, dir);
+    TU_CHECK(rc == 0, "copy and damage the step-5 checkpoint's adam_t: %s", out);
+    rc = run("%s train --data-path %s " TINY " --load %s/bad2 --save %s/bad2", cli, data, dir, dir);
+    TU_CHECK(rc == 2 && one_line() && strstr(out, "manifest.json") && strstr(out, "train.adam_t"),
+             "damaged adam_t: rc %d, want 2 and one line naming the file and field: %s", rc, out);
     /* resumed from step 7, two good steps into a growth window (step 5 overflowed, so its checkpoint has a
      * growth tracker of 0 and would not notice one lost): the scale still doubles on schedule at step 9 */
     TU_CHECK(mf.skipped[5] == 1 && mf.skipped[6] == 0 && mf.skipped[7] == 0 && mf.skipped[8] == 0 &&
