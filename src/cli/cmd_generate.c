@@ -113,10 +113,13 @@ static int run_hf(const char *dir, sl_backend *be, sl_dtype wdtype, const char *
     }
     if (prompt_ids) {
         if (!parse_id_list(prompt_ids, tok, V, &ids, &n, "prompt-ids")) goto done;
-    } else if (sl_hf_tokenizer_encode(tok, prompt ? prompt : "", 1, &ids, &n) != SL_OK || n == 0) {
-        fprintf(stderr, "suanli generate: cannot encode the prompt: %s\n",
-                n == 0 ? "it is empty" : sl_errmsg());
-        goto done;
+    } else {
+        sl_status est = sl_hf_tokenizer_encode(tok, prompt ? prompt : "", 1, &ids, &n);
+        if (est != SL_OK || n == 0) { /* the encoder's reason first (invalid UTF-8 read as "empty") */
+            fprintf(stderr, "suanli generate: cannot encode the --prompt: %s\n",
+                    est != SL_OK ? sl_errmsg() : "it is empty");
+            goto done;
+        }
     }
     if (stop && !parse_id_list(stop, tok, V, &stops, &n_stop, "stop")) goto done;
     if (!ignore_eos && !stop) {

@@ -323,6 +323,14 @@ int main(void) {
     bad("no model flag", "--load or --model", tu_run("$SUANLI_CLI generate --prompt x", out, sizeof out));
     copy_fixture("qwen2", d);
     bad("prompt id out of range", "--prompt-ids", gen(d, "--prompt-ids 99999"));
+    /* a prompt that is not UTF-8 was reported as empty */
+    char dl[600];
+    snprintf(dl, sizeof dl, "%s/ml", td);
+    copy_fixture("llama", dl); /* a tokenizer.json (the qwen2 fixture has none) */
+    snprintf(p, sizeof p,
+             "$SUANLI_CLI generate --model %s --prompt \"$(printf '\\377\\376')\" --max-new-tokens 2", dl);
+    bad("prompt not UTF-8", "cannot encode the --prompt: tokenizer: text is not valid UTF-8",
+        tu_run(p, out, sizeof out));
     /* strtok skipped empty entries: "1,,2" ran as 1,2 */
     bad("empty prompt id", "--prompt-ids: '5,,6' has an empty entry", gen(d, "--prompt-ids 5,,6"));
     bad("trailing comma in --stop", "--stop: '7,' has an empty entry", gen(d, "--stop 7,"));
