@@ -146,6 +146,47 @@ static int free_run(sl_dp *dp, sl_tp *tp, sl_trainer *tr, sl_model *m, sl_mesh *
     return 0;
 }
 
+/* the trainer's host batch: n random ids and targets below V (the same every run) */
+static void fill_batch(sl_trainer *tr, int64_t n, int64_t V) {
+    for (int64_t i = 0; i < n; i++) {
+        tr->ids_buf[i] = (int32_t)(sl_rng_u64(7, 0, (uint64_t)i) % (uint64_t)V);
+        tr->tg_buf[i] = (int32_t)(sl_rng_u64(7, 1, (uint64_t)i) % (uint64_t)V);
+    }
+}
+
+/* --recompute-granularity / --recompute-method as sl_trainer_config.recompute, or -1 (said why) */
+static int recompute_choice(const char *gran, const char *method) {
+    if (gran && strcmp(gran, "full")) {
+        fprintf(stderr, "suanli bench train: --recompute-granularity: expected full, got '%s'\n", gran);
+        return -1;
+    }
+    if (method && strcmp(method, "uniform") && strcmp(method, "block")) {
+        fprintf(stderr, "suanli bench train: --recompute-method: expected uniform or block, got '%s'\n",
+                method);
+        return -1;
+    }
+    return !gran                                ? SL_RECOMPUTE_NONE
+           : method && !strcmp(method, "block") ? SL_RECOMPUTE_BLOCK
+                                                : SL_RECOMPUTE_UNIFORM;
+}
+
+/* data parallelism over the mesh's DP group (none with one rank), as suanli train sets it up */
+static int make_dp(sl_dp **dp, sl_mesh *mesh, sl_model *m, sl_trainer *tr, int64_t zero, int64_t bucket,
+                   int64_t accum) {
+    if (mesh->dp <= 1) return 0;
+    sl_dp_opts o = {.zero_stage = (int)zero,
+                    .bucket_elems = bucket,
+                    .accum = (int)accum,
+                    .ready = sl_trainer_dp_ready, /* as suanli train: overlap under PP */
+                    .ready_user = tr};
+    if (sl_dp_new(dp, mesh, m, tr->graph, &o) != SL_OK) {
+        fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
+        return 1;
+    }
+    tr->dp = *dp;
+    return 0;
+}
+
 int sl_bench_train(int argc, char **argv) {
     int64_t L = 12, NH = 12, C = 768, V = 50257, B = 4, T = 64, steps = 5, warm = 1, threads = 2, accum = 1,
             zero = 0, bucket = 1 << 20, tpn = 1, ppn = 1, pfirst = 0, plast = 0;
@@ -202,15 +243,8 @@ int sl_bench_train(int argc, char **argv) {
         fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
         return 2;
     }
-    if (recompute && strcmp(recompute, "full")) {
-        fprintf(stderr, "suanli bench train: --recompute-granularity: expected full, got '%s'\n", recompute);
-        return 2;
-    }
-    if (rc_method && strcmp(rc_method, "uniform") && strcmp(rc_method, "block")) {
-        fprintf(stderr, "suanli bench train: --recompute-method: expected uniform or block, got '%s'\n",
-                rc_method);
-        return 2;
-    }
+    int rc_kind = recompute_choice(recompute, rc_method);
+    if (rc_kind < 0) return 2;
     sl_threads_set((int)threads);
     /* under `suanli run -n N` (or mpirun/srun): data parallel, `accum` micro-batches per rank per step */
     sl_comm_env env = {0};
@@ -260,9 +294,7 @@ int sl_bench_train(int argc, char **argv) {
                             .mesh = &mesh,
                             .dropout_seed = 1,
                             .pipe_schedule = zb ? SL_PIPE_ZB_H1 : SL_PIPE_1F1B,
-                            .recompute = !recompute                                 ? SL_RECOMPUTE_NONE
-                                         : rc_method && !strcmp(rc_method, "block") ? SL_RECOMPUTE_BLOCK
-                                                                                    : SL_RECOMPUTE_UNIFORM,
+                            .recompute = rc_kind,
                             .recompute_layers = (int)rc_layers};
     if (sl_trainer_init(&tr, m, &tc) != SL_OK) {
         fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
@@ -273,26 +305,12 @@ int sl_bench_train(int argc, char **argv) {
         fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
         return 1;
     }
-    if (mesh.dp > 1) {
-        sl_dp_opts o = {.zero_stage = (int)zero,
-                        .bucket_elems = bucket,
-                        .accum = (int)accum,
-                        .ready = sl_trainer_dp_ready, /* as suanli train: overlap under PP */
-                        .ready_user = &tr};
-        if (sl_dp_new(&dp, &mesh, m, tr.graph, &o) != SL_OK) {
-            fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
-            return 1;
-        }
-        tr.dp = dp;
-    }
+    if (make_dp(&dp, &mesh, m, &tr, zero, bucket, accum) != 0) return 1;
     if (plan_only) { /* what the planner reserved for one step's activations on this rank, and stop */
         print_plan(&cfg, B, &mesh, m, &tr);
         return free_run(dp, tp, &tr, m, &mesh, world);
     }
-    for (int64_t i = 0; i < B * T; i++) {
-        tr.ids_buf[i] = (int32_t)(sl_rng_u64(7, 0, (uint64_t)i) % (uint64_t)V);
-        tr.tg_buf[i] = (int32_t)(sl_rng_u64(7, 1, (uint64_t)i) % (uint64_t)V);
-    }
+    fill_batch(&tr, B * T, V);
     if (fixed) tr.gov.on = 0;
     timed r = {.ts = malloc(sizeof(double) * (size_t)steps)};
     synth s = {(int)V, B * T};

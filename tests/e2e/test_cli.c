@@ -85,6 +85,47 @@ static void test_bench_train(void) {
              mib[0], mib[1]);
 }
 
+/* --config files: unknown keys, wrong types, malformed or trailing JSON, a directory, an empty value */
+static void test_bad_config(void) {
+    char cfgp[700];
+    snprintf(cfgp, sizeof cfgp, "%s/cfg.json", dir);
+    FILE *f;
+    f = fopen(cfgp, "w");
+    fprintf(f, "{\"num_layers\": 1, \"learning_rate\": 0.1}\n");
+    fclose(f);
+    bad("unknown config key", "learning_rate",
+        run("train --save %s/never --config %s --data-path %s", dir, cfgp, data));
+    f = fopen(cfgp, "w");
+    fprintf(f, "{\"num_layers\": 1.5}\n");
+    fclose(f);
+    bad("non-integer config value", "num_layers",
+        run("train --save %s/never --config %s --data-path %s", dir, cfgp, data));
+    f = fopen(cfgp, "w");
+    fprintf(f, "{not json\n");
+    fclose(f);
+    bad("malformed config", "cfg.json",
+        run("train --save %s/never --config %s --data-path %s", dir, cfgp, data));
+    f = fopen(cfgp, "w"); /* the second object's keys were silently ignored */
+    fprintf(f, "{\"num_layers\": 1}\n{\"train_iters\": 5}\n");
+    fclose(f);
+    bad("text after the config object", "cfg.json: not a JSON object (text after it)",
+        run("train --save %s/never --config %s --data-path %s " TINY, dir, cfgp, data));
+    f = fopen(cfgp, "w"); /* true was read as 1: a run at lr 1 */
+    fprintf(f, "{\"lr\": true}\n");
+    fclose(f);
+    bad("boolean for a number key", "cfg.json: key 'lr' is a boolean, expected a number",
+        run("train --save %s/never --config %s --data-path %s " TINY, dir, cfgp, data));
+    f = fopen(cfgp, "w"); /* was "'1000...5411' is not an integer" (the digits cut at 64 bytes) */
+    fprintf(f, "{\"train_iters\": 1e300}\n");
+    fclose(f);
+    bad("huge integer in a config", "cfg.json: --train-iters: 1e+300 out of range [0, 1000000000000]",
+        run("train --save %s/never --config %s --data-path %s " TINY, dir, cfgp, data));
+    bad("config is a directory", "is a directory",
+        run("train --save %s/never --config %s --data-path %s", dir, data, data));
+    bad("empty --config=", "--config: empty value",
+        run("train --save %s/never --config= --data-path %s", dir, data));
+}
+
 /* every bad-input path: exit 2, one line naming the problem, nothing written (bad()) */
 /* the bench subcommands' help and their refused flags (exit 2, one line naming the flag) */
 static void test_bench_flags(void) {
@@ -184,40 +225,7 @@ static void test_bad_input(void) {
     char never[700];
     snprintf(never, sizeof never, "%s/never", dir);
     TU_CHECK(!exists(never), "nothing written on a rejected run");
-    f = fopen(cfgp, "w");
-    fprintf(f, "{\"num_layers\": 1, \"learning_rate\": 0.1}\n");
-    fclose(f);
-    bad("unknown config key", "learning_rate",
-        run("train --save %s/never --config %s --data-path %s", dir, cfgp, data));
-    f = fopen(cfgp, "w");
-    fprintf(f, "{\"num_layers\": 1.5}\n");
-    fclose(f);
-    bad("non-integer config value", "num_layers",
-        run("train --save %s/never --config %s --data-path %s", dir, cfgp, data));
-    f = fopen(cfgp, "w");
-    fprintf(f, "{not json\n");
-    fclose(f);
-    bad("malformed config", "cfg.json",
-        run("train --save %s/never --config %s --data-path %s", dir, cfgp, data));
-    f = fopen(cfgp, "w"); /* the second object's keys were silently ignored */
-    fprintf(f, "{\"num_layers\": 1}\n{\"train_iters\": 5}\n");
-    fclose(f);
-    bad("text after the config object", "cfg.json: not a JSON object (text after it)",
-        run("train --save %s/never --config %s --data-path %s " TINY, dir, cfgp, data));
-    f = fopen(cfgp, "w"); /* true was read as 1: a run at lr 1 */
-    fprintf(f, "{\"lr\": true}\n");
-    fclose(f);
-    bad("boolean for a number key", "cfg.json: key 'lr' is a boolean, expected a number",
-        run("train --save %s/never --config %s --data-path %s " TINY, dir, cfgp, data));
-    f = fopen(cfgp, "w"); /* was "'1000...5411' is not an integer" (the digits cut at 64 bytes) */
-    fprintf(f, "{\"train_iters\": 1e300}\n");
-    fclose(f);
-    bad("huge integer in a config", "cfg.json: --train-iters: 1e+300 out of range [0, 1000000000000]",
-        run("train --save %s/never --config %s --data-path %s " TINY, dir, cfgp, data));
-    bad("config is a directory", "is a directory",
-        run("train --save %s/never --config %s --data-path %s", dir, data, data));
-    bad("empty --config=", "--config: empty value",
-        run("train --save %s/never --config= --data-path %s", dir, data));
+    test_bad_config();
     /* output dir under a regular file cannot be created (we run as root, so permissions would not stop us) */
     bad("unwritable save dir", "run1/metrics.jsonl/x",
         run("train --data-path %s " TINY " --train-iters 1 --save %s/run1/metrics.jsonl/x", data, dir));
