@@ -41,8 +41,8 @@ void sl_graph_set_recompute(sl_graph *g, int method, int num_layers) {
  * (so every rank still issues the same collectives in the same order; Megatron recomputes them, and keeps
  * less). ZB-H1 (Note [Splitting the backward]) defers the weight gradients and with them the copies they
  * read, so its last stage keeps as much as without recomputation. A pipeline stage's slot graphs
- * recompute each the same way (sl_model.recompute), so the
- * micro-batches in flight hold their layer inputs only. A MoE layer's routing (MOE_ROUTE, its losses) is
+ * recompute each the same way (sl_model.recompute), so the micro-batches in flight hold their layer
+ * inputs only. A MoE layer's routing (MOE_ROUTE, its losses) is
  * not copied either: the route, its token counts (read after the step by sl_moe_graph_stats and the
  * DeepSeek-V3 bias update) and its capacity drops exist once and are kept; the dispatch, the experts and
  * the combine are computed again from it. Costs one more forward per step, as Megatron's. */
