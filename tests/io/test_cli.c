@@ -113,7 +113,7 @@ int main(void) {
     bad("unknown tokenizer", args, d, "wordpiece");
     snprintf(args, sizeof args, "prepare --input %s --output-prefix %s --tokenizer-type bpe --vocab-size 100",
              IOT_CORPUS, d);
-    bad("vocab too small", args, d, "vocab size 100");
+    bad("vocab too small", args, d, "--vocab-size 100");
     snprintf(args, sizeof args,
              "prepare --input %s --output-prefix %s --tokenizer-type bpe --vocab-size 99999999999",
              IOT_CORPUS, d);
