@@ -234,11 +234,12 @@ static sl_status llama_new(const sl_llama_config *cfg, sl_dtype wdtype, sl_backe
                 b.tparts = j ? kvp : 0;
                 add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){od[j], C}, "%s.%d.self_attn.%s.weight", pre,
                           l, nm[j]);
-                b.tdim = 0;
-                b.tparts = j ? kvp : 0;
-                if (c->qkv_bias)
+                if (c->qkv_bias) { /* (set only here: a pending tparts would split o_proj as a kv head) */
+                    b.tdim = 0;
+                    b.tparts = j ? kvp : 0;
                     add_param(&b, 0, SL_INIT_ZERO, 1, (int64_t[]){od[j]}, "%s.%d.self_attn.%s.bias", pre, l,
                               nm[j]);
+                }
             }
         }
         b.tdim = 1; /* row-parallel */

@@ -2,7 +2,8 @@
  * the CLI and the launcher, fp32 and bf16 (issue 16, items 3 and 5):
  *  - the Llama fixture (GQA: 4 heads, 2 kv heads, untied head) and the tied Qwen2 fixture (q/k/v biases,
  *    the embedding shared with the head), 2 layers each, trained 8 steps from their HF weights on tp 2,
- *    pp 2 and tp 2 x pp 2, against the single-process CLI run of the same command;
+ *    pp 2, tp 2 x pp 2 and tp 4 (more ranks than kv heads: each kv head on 2 ranks), against the
+ * single-process CLI run of the same command;
  *  - fp32: the losses of metrics.jsonl (printed to 6 decimals: ~3e-7 relative resolution at loss ~3)
  *    within 1e-6 relative at every step; final weights (saved whole in transformers' layout, read back
  *    with sl_hf_load) within test_pp.c's bars (the same reassociations: TP's partial sums, the tied
@@ -69,7 +70,10 @@ static void layouts(const char *cli, const char *data, const char *dir, const ch
     static const struct {
         int n;
         const char *name, *flags;
-    } L[] = {{2, "tp2", "--tp 2"}, {2, "pp2", "--pp 2"}, {4, "tp2pp2", "--tp 2 --pp 2"}};
+    } L[] = {{2, "tp2", "--tp 2"},
+             {2, "pp2", "--pp 2"},
+             {4, "tp2pp2", "--tp 2 --pp 2"},
+             {4, "tp4", "--tp 4"}}; /* tp 4 > 2 kv heads: each kv head on 2 ranks */
     for (int bf = 0; bf <= 1; bf++) {
         const char *dt = bf ? "--bf16" : "";
         char ref[64], fref[64];
@@ -78,7 +82,7 @@ static void layouts(const char *cli, const char *data, const char *dir, const ch
         int rc = run("%s train --data-path %s --init-from %s " COMMON " %s --save %s/%s", cli, data, model,
                      dt, dir, ref);
         TU_CHECK(rc == 0, "%s: rc %d %s", ref, rc, out);
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < 4; i++) {
             char name[64];
             snprintf(name, sizeof name, "%s-%s%s", tag, L[i].name, bf ? "-bf16" : "");
             rc = run("%s run -n %d -- %s train --data-path %s --init-from %s " COMMON " %s %s --save %s/%s",
