@@ -3,7 +3,7 @@
  *  - the Llama fixture (GQA: 4 heads, 2 kv heads, untied head) and the tied Qwen2 fixture (q/k/v biases,
  *    the embedding shared with the head), 2 layers each, trained 8 steps from their HF weights on tp 2,
  *    pp 2, tp 2 x pp 2 and tp 4 (more ranks than kv heads: each kv head on 2 ranks), against the
- * single-process CLI run of the same command;
+ *    single-process CLI run of the same command;
  *  - fp32: the losses of metrics.jsonl (printed to 6 decimals: ~3e-7 relative resolution at loss ~3)
  *    within 1e-6 relative at every step; final weights (saved whole in transformers' layout, read back
  *    with sl_hf_load) within test_pp.c's bars (the same reassociations: TP's partial sums, the tied
