@@ -108,7 +108,7 @@ static void launch_command(const plan_args *a, const sl_plan_model *md, const sl
                  (long long)md->n_layer, (long long)md->hidden, (long long)md->n_head);
     else
         snprintf(model, sizeof model, "--init-from HF_DIR_OF_%s", md->name);
-    char par[256] = "";
+    char par[512] = "";
     int k = 0;
     if (l->tp > 1)
         k +=
@@ -131,7 +131,8 @@ static void launch_command(const plan_args *a, const sl_plan_model *md, const sl
     if (l->etp)
         k += snprintf(par + k, sizeof par - (size_t)k, " --expert-tensor-parallel-size %lld",
                       (long long)l->tp);
-    if (l->zero) snprintf(par + k, sizeof par - (size_t)k, " --zero-stage %d", l->zero);
+    if (l->zero) k += snprintf(par + k, sizeof par - (size_t)k, " --zero-stage %d", l->zero);
+    if (l->recompute) snprintf(par + k, sizeof par - (size_t)k, " --recompute-granularity full");
     char train[1024];
     snprintf(
         train, sizeof train,
@@ -150,9 +151,9 @@ static void launch_command(const plan_args *a, const sl_plan_model *md, const sl
         printf("launch: suanli run -n %lld --max-restarts 3 -- %s\n", (long long)per, train);
     if (!l->runnable)
         printf("note: this layout uses %s, which suanli train does not run yet (model-only)\n",
-               l->recompute ? "recomputation"
-               : l->ep > 1  ? "expert parallelism on Mixtral (its experts are not split by EP)"
-                            : "ZeRO-3 with pipeline stages");
+               l->ep > 1 && md->moe_kind == SL_PLAN_MOE_MIXTRAL
+                   ? "expert parallelism on Mixtral (its experts are not split by EP)"
+                   : "ZeRO-3 with pipeline stages");
 }
 
 typedef struct {
@@ -389,7 +390,7 @@ int sl_cmd_plan(int argc, char **argv) {
     if (best_run >= a.top) layout_line(&v[best_run], best_run + 1);
     if (best_run < 0)
         printf("(no layout that suanli train runs today fits: it runs dp x tp x pp (+ ep for Qwen2-MoE / "
-               "DeepSeek-V3), but no recomputation and no ZeRO-3 with pp)\n");
+               "DeepSeek-V3), with or without recomputation, but no ZeRO-3 with pp)\n");
     const sl_plan_layout *b = &v[0];
     printf("best: dp %lld tp %lld pp %lld ep %lld%s%s, micro-batch %lld x %lld, ZeRO-%d, recompute %s: %.4f "
            "s/step, "

@@ -36,17 +36,24 @@ void sl_graph_set_recompute(sl_graph *g, int method, int num_layers) {
  * A copy runs the same kernel on the same bits in the same order: the same values (the dropout masks
  * come from the same counters: sl_graph_set_dropout sets the copies too); test_recompute checks losses
  * and weights bitwise equal to the run that keeps everything, also under TP, SP, PP and DP. Nodes that
- * write into storage outside their segment, collectives and KV-cache stores are never copied: a TP
- * layer's collectives run once, in the forward, and their outputs are kept for the copies downstream
- * (so every rank still issues the same collectives in the same order; Megatron recomputes them, and keeps
- * less). ZB-H1 (Note [Splitting the backward]) defers the weight gradients and with them the copies they
- * read, so its last stage keeps as much as without recomputation. A pipeline stage's slot graphs
- * recompute each the same way (sl_model.recompute), so the micro-batches in flight hold their layer
- * inputs only. A MoE layer's routing (MOE_ROUTE, its losses) is
- * not copied either: the route, its token counts (read after the step by sl_moe_graph_stats and the
- * DeepSeek-V3 bias update) and its capacity drops exist once and are kept; the dispatch, the experts and
- * the combine are computed again from it. Costs one more forward per step, as Megatron's. */
+ * write into storage outside their segment, collectives that communicate in the forward and KV-cache
+ * stores are never copied: such a TP layer's collective runs once, in the forward, and its output is kept
+ * for the copies downstream (so every rank still issues the same collectives in the same order; Megatron
+ * runs g's all-reduce again, and keeps one (N, C) buffer less per layer). TP's f, whose forward is the
+ * identity, is copied like any op: it communicates in its backward only, which runs once either way (a
+ * TP layer then keeps 2 C floats per token instead of 4 C: Note [Recomputation memory], src/plan). ZB-H1
+ * (Note [Splitting the backward]) defers the weight gradients and with them the copies they read, so its last
+ * stage keeps as much as without recomputation. A pipeline stage's slot graphs recompute each the same way
+ * (sl_model.recompute), so the micro-batches in flight hold their layer inputs only. A MoE layer's routing
+ * (MOE_ROUTE, its losses) is not copied either: the route, its token counts (read after the step by
+ * sl_moe_graph_stats and the DeepSeek-V3 bias update) and its capacity drops exist once and are kept; the
+ * dispatch, the experts and the combine are computed again from it. Costs one more forward per step, as
+ * Megatron's. */
 static int copyable(const sl_tensor *t) {
+    /* a collective whose forward is the identity (TP's f: it communicates in its backward only) is copied:
+     * the copy moves no data between ranks, and its backward runs once either way */
+    if (t->op == SL_OP_COLLECTIVE && t->iparams[0] == SL_COLL_COPY)
+        return !(t->flags & (SL_FLAG_OUTPUT | SL_FLAG_LOSS | SL_FLAG_PARAM | SL_FLAG_INPUT));
     return t->op != SL_OP_COLLECTIVE && t->op != SL_OP_KV_STORE && t->op != SL_OP_MOE_ROUTE &&
            t->op != SL_OP_MOE_ROUTER_LOSS &&
            !(t->flags & (SL_FLAG_OUTPUT | SL_FLAG_LOSS | SL_FLAG_PARAM | SL_FLAG_INPUT));

@@ -26,24 +26,24 @@
  * or bias, which TP does not split; under EP the routed
  * experts' gradients and moments are reduced and sharded over the dp / ep expert-data-parallel ranks in
  * buckets of their own (src/parallel/dp.c), checked byte-exact by tests/plan/test_plan_moe.c, which also
- * checks the fitted MoE activations. Recomputation is model-only (full recomputation keeping each layer's
- * input).
+ * checks the fitted MoE activations. Full recomputation: Note [Recomputation memory], fitted for dense
+ * models on every layout kind; with MoE layers the dispatched layer's term is added unfitted.
  *
  * Note [Planner time model]
  * step = pipeline(compute per micro-batch x (m + (p-1)/v)) + exposed DP communication + optimizer; under pp
  * the compute per micro-batch is the slowest stage's, the last: L/p layers plus the LM head (even split).
  * Compute per micro-batch = matmul FLOPs / (peak x gemm_efficiency) + elementwise traffic / memory
- * bandwidth + TP all-reduces (4 per layer, 6 with recomputation; a MoE layer 2 / 3 unless its experts are
- * split, l->etp) + EP all-to-alls (4 per MoE layer). TP divides the matmul FLOPs except a MoE layer's
- * router and shared experts, and its routed experts unless they are split (they run whole on every rank).
- * Communication is alpha-beta per link class: a collective of n bytes over g ranks costs
- * k(g) alpha + c(g) n / beta with ring factors (all-reduce 2(g-1)/g, all-gather/reduce-scatter
- * (g-1)/g); an axis uses the intra-host link when its ranks lie in one host (tp innermost, then dp,
- * then pp: rank = (pp_rank dp + dp_rank) tp + tp_rank) and the inter-host link otherwise. DP volume per
- * step: ZeRO-0 all-reduce; ZeRO-1 all-reduce + parameter all-gather; ZeRO-2 reduce-scatter + all-gather;
- * ZeRO-3 reduce-scatter + two all-gathers (one when a stage's parameters are one bucket: gathered once,
- * held); (1 - overlap) of it is exposed. Optimizer: AdamW reads p, g,
- * m, v and writes p, m, v (28 B) plus the norm's read (4 B) per owned parameter, at memory bandwidth. */
+ * bandwidth + TP all-reduces (4 per layer, with or without recomputation, which keeps the collectives'
+ * outputs; a MoE layer 2 unless its experts are split, l->etp) + EP all-to-alls (4 per MoE layer). TP divides
+ * the matmul FLOPs except a MoE layer's router and shared experts, and its routed experts unless they are
+ * split (they run whole on every rank). Communication is alpha-beta per link class: a collective of n bytes
+ * over g ranks costs k(g) alpha + c(g) n / beta with ring factors (all-reduce 2(g-1)/g,
+ * all-gather/reduce-scatter (g-1)/g); an axis uses the intra-host link when its ranks lie in one host (tp
+ * innermost, then dp, then pp: rank = (pp_rank dp + dp_rank) tp + tp_rank) and the inter-host link otherwise.
+ * DP volume per step: ZeRO-0 all-reduce; ZeRO-1 all-reduce + parameter all-gather; ZeRO-2 reduce-scatter +
+ * all-gather; ZeRO-3 reduce-scatter + two all-gathers (one when a stage's parameters are one bucket: gathered
+ * once, held); (1 - overlap) of it is exposed. Optimizer: AdamW reads p, g, m, v and writes p, m, v (28 B)
+ * plus the norm's read (4 B) per owned parameter, at memory bandwidth. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,11 +75,17 @@ static int64_t moe_mlp_params(const sl_plan_model *m, int64_t ep) {
     return n;
 }
 
+/* a TP rank's k (or v) width: its kv heads, or one kv head shared by tp / kv ranks when tp > kv heads (as
+ * src/nn/llama.c splits them) */
+static int64_t kv_rank(const sl_plan_model *m, int64_t tp) {
+    return tp > m->n_kv_head ? m->head_dim : m->n_kv_head * m->head_dim / tp;
+}
+
 static int64_t layer_params(const sl_plan_model *m, int64_t tp, int64_t ep, int64_t l) {
     int64_t C = m->hidden;
     if (m->arch == SL_PLAN_GPT2) return (12 * C * C + 9 * C) / tp + 4 * C; /* LNs + row biases replicated */
-    int64_t qd = m->n_head * m->head_dim, kvd = m->n_kv_head * m->head_dim;
-    int64_t attn = (C * qd * 2 + C * kvd * 2) / tp;
+    int64_t qd = m->n_head * m->head_dim;
+    int64_t attn = C * qd * 2 / tp + C * kv_rank(m, tp) * 2;
     int64_t mlp = moe_layer(m, l) ? moe_mlp_params(m, ep) : 3 * C * m->ffn / tp;
     return attn + mlp + 2 * C;
 }
@@ -173,11 +179,11 @@ static int stage_param_list(const sl_plan_model *m, int64_t tp, int64_t l0, int6
             for (int i = 0; i < 12; i++) PUSH(v[i]);
             continue;
         }
-        int64_t qd = m->n_head * m->head_dim, kvd = m->n_kv_head * m->head_dim;
+        int64_t qd = m->n_head * m->head_dim;
         PUSH(C);
         PUSH(qd * C / tp);
-        PUSH(kvd * C / tp);
-        PUSH(kvd * C / tp);
+        PUSH(kv_rank(m, tp) * C);
+        PUSH(kv_rank(m, tp) * C);
         PUSH(C * qd / tp);
         PUSH(C);
         if (!moe_layer(m, l)) {
@@ -240,6 +246,43 @@ static void buckets(const plan_param *p, int n, int64_t bucket_elems, int64_t dp
 
 /* ---- activations ---- */
 
+/* Note [Recomputation memory]: with full recomputation (Note [Full recomputation], src/graph/autodiff.c)
+ * a graph of Ls dense layers keeps, per token,
+ *   k = C per layer (its input); under TP 2 C (the input and the kept output of g's forward all-reduce,
+ *       which is never run again; f, the identity forward, is recomputed);
+ * and peaks in the backward of the LM head, Ls k + 3 C + V / tp (a last pipeline stage: Ls k + 2 C + V / tp),
+ * or in the backward of one recomputed layer, (Ls - 1) k + W + ends:
+ *   W = 2 C + S + 2 kv_dim without TP;
+ *   W = max(S / tp (+ 2 x a rank's k width when tp > kv heads), 4.65 C) under TP: the layer's split
+ *       buffers, or at high tp its replicated ones (f's recomputed outputs, the norms, the residual
+ *       gradient), fitted as one constant;
+ *   S = 10.5 C + NH (GPT-2), 5 F + NH (the Llama family: the SwiGLU backward's buffers);
+ * ends: the whole model 3 C + (1.5 C for GPT-2, 2 C for the Llama family) / tp (+ C under TP), a first
+ * pipeline stage 4.75 C, a later stage 3.75 C (the logits are gone by then). Fitted on sl_graph_plan's
+ * arenas (tests/plan/test_plan.c: GPT-2 C64 and two Llamas of C64, F 160 / 2 kv heads and F 256 / 1 kv
+ * head, vocabularies of 1.5 C to 32 C, 2 to 8 layers, tp 1 / 2 / 4, pp 1 / 2 / 3, 1F1B); within 3.5 %
+ * there, and GPT-2 124M's real plans (bench train --plan-only) within 2 %. MoE layers keep the formula of the
+ * dispatched layer below, unfitted under recomputation. */
+typedef struct {
+    double keep, work; /* floats per token: k and W */
+} rc_terms;
+
+static int64_t kv_rank(const sl_plan_model *m, int64_t tp);
+
+static rc_terms recompute_terms(const sl_plan_model *m, int64_t tp) {
+    double C = (double)m->hidden, NH = (double)m->n_head, t = (double)tp;
+    double kv = m->arch == SL_PLAN_GPT2 ? 0.0 : (double)kv_rank(m, tp);
+    double S = m->arch == SL_PLAN_GPT2 ? 10.5 * C + NH : 5.0 * (double)m->ffn + NH;
+    rc_terms r;
+    r.keep = tp > 1 ? 2.0 * C : C;
+    if (tp > 1) {
+        double split = S / t + (tp > m->n_kv_head ? 2.0 * kv : 0.0);
+        r.work = split > 4.65 * C ? split : 4.65 * C;
+    } else
+        r.work = 2.0 * C + S + 2.0 * kv;
+    return r;
+}
+
 double sl_plan_activation_bytes(const sl_plan_model *m, int64_t B, int64_t T, int64_t tp, int64_t ep, int etp,
                                 int recompute) {
     double N = (double)(B * T), C = (double)m->hidden, NH = (double)m->n_head / (double)tp;
@@ -249,7 +292,7 @@ double sl_plan_activation_bytes(const sl_plan_model *m, int64_t B, int64_t T, in
     if (m->arch == SL_PLAN_GPT2) {
         split = 8.0 * C + NH * (double)tp; /* the GELU output is recomputed (Note [Recomputed GELU]) */
     } else {
-        double kvd = (double)(m->n_kv_head * m->head_dim);
+        double kvd = (double)(kv_rank(m, tp) * tp); /* / tp below: a rank's k or v width */
         split = 2.0 * C + 4.0 * (double)m->ffn + 2.0 * kvd + NH * (double)tp;
         if (m->n_experts > 0) {
             /* a dispatched MoE layer instead of the dense MLP (src/nn/moe.c, Note [Packed experts]; fitted
@@ -293,13 +336,14 @@ double sl_plan_activation_bytes(const sl_plan_model *m, int64_t B, int64_t T, in
     /* the logits' gradient overwrites them (Note [Donated storage]) */
     double outside = 3.0 * C + (double)m->vocab / (double)tp + (tp > 1 ? C : 0.0);
     if (moe_layers > 0 && moe_bwd > outside) outside = moe_bwd; /* which peak is higher */
-    /* full recomputation (Note [Full recomputation], src/graph/autodiff.c): the L layer inputs, and one
-     * layer computed again at a time; the Llama family's peak, inside that layer's backward, holds one
-     * ffn-wide buffer fewer than a forward layer keeps (fitted on sl_graph_plan, tests/plan/test_plan.c:
-     * GPT-2 +2.2 %, the Llama -0.2 % with it, +11 % without) */
-    double rc_layer = per_layer - (m->arch == SL_PLAN_GPT2 ? 0.0 : (double)m->ffn / (double)tp);
-    double floats = recompute ? L * C + rc_layer + (moe_layers > 0 ? moe : 0.0) + outside
-                              : L * per_layer + moe_layers * moe + outside;
+    double floats = L * per_layer + moe_layers * moe + outside;
+    if (recompute) { /* Note [Recomputation memory] */
+        rc_terms r = recompute_terms(m, tp);
+        double ends = 3.0 * C + (m->arch == SL_PLAN_GPT2 ? 1.5 : 2.0) * C / (double)tp + (tp > 1 ? C : 0.0);
+        double layer = (L - 1.0) * r.keep + r.work + ends,
+               head = L * r.keep + 3.0 * C + (double)m->vocab / (double)tp;
+        floats = (layer > head ? layer : head) + (moe_layers > 0 ? moe : 0.0);
+    }
     if (moe_layers > 0) floats += reserved;
     return 4.0 * N * floats;
 }
@@ -386,9 +430,12 @@ static sl_status check_layout(const sl_plan_model *m, const sl_plan_cluster *cl,
     if (l->dp * l->tp * l->pp != W)
         return sl_fail(SL_ERR_INVALID, "layout: dp %lld x tp %lld x pp %lld is not the %lld devices",
                        (long long)l->dp, (long long)l->tp, (long long)l->pp, (long long)W);
-    if (m->n_head % l->tp || m->n_kv_head % l->tp || m->ffn % l->tp)
-        return sl_fail(SL_ERR_INVALID, "--tp: %lld does not divide the heads (%lld), kv heads (%lld) and ffn",
-                       (long long)l->tp, (long long)m->n_head, (long long)m->n_kv_head);
+    if (m->n_head % l->tp || (m->n_kv_head % l->tp && l->tp % m->n_kv_head) || m->ffn % l->tp)
+        return sl_fail(
+            SL_ERR_INVALID,
+            "--tp: %lld does not divide the heads (%lld) and ffn, or the kv heads (%lld) and it do not "
+            "divide each other",
+            (long long)l->tp, (long long)m->n_head, (long long)m->n_kv_head);
     if (m->n_layer % (l->pp * l->vpp))
         return sl_fail(SL_ERR_INVALID, "--pp: %lld x %lld virtual stages does not divide the %lld layers",
                        (long long)l->pp, (long long)l->vpp, (long long)m->n_layer);
@@ -466,6 +513,13 @@ static sl_status stage_memory(const sl_plan_model *m, const sl_plan_job *job, co
         double inflight = (double)(l->accum < k ? l->accum : k);
         act = which == STAGE_LAST ? layers + 4.0 * N * (2.0 * (double)m->vocab / (double)l->tp + 2.0 * C)
                                   : inflight * (layers + 4.0 * N * 4.0 * C);
+        if (l->recompute) { /* Note [Recomputation memory]: each slot recomputes its own layers */
+            rc_terms r = recompute_terms(m, l->tp);
+            double slot = ((double)Ls - 1.0) * r.keep + r.work + (which == STAGE_FIRST ? 4.75 : 3.75) * C;
+            double head = (double)Ls * r.keep + 2.0 * C + (double)m->vocab / (double)l->tp;
+            if (which == STAGE_LAST && head > slot) slot = head;
+            act = 4.0 * N * slot * (which == STAGE_LAST ? 1.0 : inflight);
+        }
     }
     mm->activations = act;
     mm->total = mm->params + mm->grads + mm->grad_shard + mm->optim + mm->slots + mm->activations;
@@ -531,10 +585,11 @@ static sl_status timing(const sl_plan_model *m, const sl_plan_cluster *cl, const
     double x_bytes = 4.0 * tokens_mb * (double)m->hidden; /* fp32 activations, one micro-batch */
     const sl_plan_link *tpl = axis_link(cl, 1, l->tp), *dpl = axis_link(cl, l->tp, l->dp),
                        *ppl = axis_link(cl, l->tp * l->dp, l->pp);
-    /* TP all-reduces per layer: f's backward and g's forward around attention and around the MLP (2 more
-     * with recomputation); a MoE layer's MLP has them only when its experts are split (l->etp) */
+    /* TP all-reduces per layer: f's backward and g's forward around attention and around the MLP; a MoE
+     * layer's MLP has them only when its experts are split (l->etp). Recomputation adds none: suanli keeps
+     * the collectives' outputs instead of running them again (Megatron's full recomputation runs g's two
+     * all-reduces again: 6 per layer) */
     double ar_layer = (1.0 - moe_frac) * 4.0 + moe_frac * (l->etp ? 4.0 : 2.0);
-    if (l->recompute) ar_layer *= 1.5;
     double t_tp = Ls * ar_layer * t_all_reduce(tpl, l->tp, x_bytes);
     double t_ep = 0;
     if (l->ep > 1) {
@@ -604,8 +659,7 @@ sl_status sl_plan_evaluate(const sl_plan_model *m, const sl_plan_cluster *cl, co
     SL_TRY(timing(m, cl, job, l));
     /* what `suanli train` runs: dp x tp x pp (1F1B or interleaved), ZeRO 0-3 but not ZeRO-3 with pp; expert
      * parallelism for Qwen2-MoE / DeepSeek-V3 (not Mixtral) */
-    l->runnable = (!l->recompute || (l->tp == 1 && l->pp == 1 && l->ep == 1 && m->n_experts == 0)) &&
-                  !(l->pp > 1 && l->zero == 3) &&
+    l->runnable = !(l->pp > 1 && l->zero == 3) &&
                   (l->ep == 1 || (m->n_experts > 0 && m->moe_kind != SL_PLAN_MOE_MIXTRAL));
     return SL_OK;
 }

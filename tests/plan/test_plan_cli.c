@@ -150,13 +150,27 @@ static void test_plan_good(void) {
                     "plan --model llama-70b --cluster %s/configs/cluster/accel-10k.json --seq-len 4096 "
                     "--global-batch 4000 --top 3",
                     SL_SOURCE_DIR);
-    TU_CHECK(rc == 0 && strstr(out, "launch: suanli submit --nodes ") && strstr(out, "model-only"),
-             "70b on 10k accelerators: %d: %s", rc, out);
-    /* no runnable layout fits: the note names what suanli train lacks (recomputation; ZeRO-3 with pp), not
-     * the old "data parallelism and ZeRO only" (TP and PP run since issue 16) */
-    TU_CHECK(strstr(out, "no layout that suanli train runs today fits") && strstr(out, "no recomputation") &&
-                 !strstr(out, "data parallelism and ZeRO only"),
-             "70b on 10k accelerators, the note on runnable layouts: %s", out);
+    TU_CHECK(rc == 0 && strstr(out, "launch: suanli submit --nodes "), "70b on 10k accelerators: %d: %s", rc,
+             out);
+    /* the best layout recomputes (tp x pp with recomputation runs since Note [Recomputation memory]), and
+     * its launch line says so */
+    const char *row1 = strstr(out, "\n   1 "), *end1 = row1 ? strchr(row1 + 1, '\n') : NULL;
+    const char *rc1 = row1 ? strstr(row1, " full |") : NULL,
+               *run1 = row1 ? strstr(row1, "| yes  runs today") : NULL;
+    TU_CHECK(end1 && rc1 && rc1 < end1 && run1 && run1 < end1 &&
+                 strstr(out, " --recompute-granularity full --save run") &&
+                 !strstr(out, "note: this layout uses"),
+             "70b on 10k accelerators, the best layout recomputes and runs: %s", out);
+    /* no runnable layout fits: the note names what suanli train lacks (ZeRO-3 with pp), not the old "data
+     * parallelism and ZeRO only" (TP and PP run since issue 16) nor recomputation (runs since stop 47) */
+    rc = tu_cli_run(out, sizeof out,
+                    "plan --model llama-405b --cluster %s/configs/cluster/accel-10k.json --seq-len 4096 "
+                    "--global-batch 2048 --devices 4096 --top 1",
+                    SL_SOURCE_DIR);
+    TU_CHECK(rc == 0 && strstr(out, "no layout that suanli train runs today fits") &&
+                 strstr(out, "with or without recomputation, but no ZeRO-3 with pp") &&
+                 strstr(out, "note: this layout uses ZeRO-3 with pipeline stages"),
+             "405b on 4096 accelerators, the note on runnable layouts: %d: %s", rc, out);
     /* expert tensor parallelism: a split-expert layout is enumerated and launched with the flag */
     rc = tu_cli_run(out, sizeof out,
                     "plan --model %s/tests/fixtures/hf/qwen2_moe --cluster %s/configs/cluster/cpu-512.json "
