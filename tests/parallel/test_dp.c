@@ -5,11 +5,9 @@
  * accumulation order equals the single process's, so weights also match; ZeRO-1 equals plain DP bitwise,
  * ZeRO-2 (direct reduce-scatter) and ZeRO-3 (parameters gathered bucket by bucket) too; sharded optimizer
  * state and ZeRO-3 parameters shrink as 1/N (from the allocation sizes). */
-#include <pthread.h>
 #include <string.h>
 
-#include "suanli/parallel.h"
-#include "suanli/train.h"
+#include "layout_harness.h"
 #include "testutil.h"
 
 enum { STEPS = 20, B = 2, T = 16, V = 64 };
@@ -61,43 +59,30 @@ static sl_trainer_config tcfg(int accum, int dp) {
                                .hp = {0.9f, 0.95f, 1e-8f, 0.1f}};
 }
 
+/* the per-rank bytes of each ZeRO stage, from the allocation sizes (before the first step) */
+static sl_status dp_memory(tu_layout_rank *R, void *u) {
+    if (R->dp) sl_dp_memory_report(R->dp, &((rank_job *)u)->mem);
+    return SL_OK;
+}
+
 static void *run_rank(void *arg) {
     rank_job *j = arg;
-    sl_model *m = NULL;
-    sl_trainer tr;
-    sl_mesh mesh;
-    sl_dp *dp = NULL;
-    j->st = j->llama ? sl_llama_new(&LCFG, &m) : sl_gpt2_new(&CFG, &m);
-    if (j->st != SL_OK) return NULL;
-    sl_model_init_weights(m, 11);
-    sl_trainer_config tc = tcfg(j->accum, j->n);
-    if ((j->st = sl_trainer_init(&tr, m, &tc)) != SL_OK) goto out_model;
-    if ((j->st = sl_mesh_init(&mesh, j->world, (sl_mesh_dims){1, 1, 1})) != SL_OK) goto out_tr;
-    if (j->world) {
-        sl_dp_opts o = {.zero_stage = j->zero,
-                        .bucket_elems = 3000,
-                        .accum = j->accum}; /* small buckets: many launches overlap backward */
-        if ((j->st = sl_dp_new(&dp, &mesh, m, tr.graph, &o)) != SL_OK) goto out_mesh;
-        tr.dp = dp;
-        sl_dp_memory_report(dp, &j->mem);
-    }
-    for (int s = 0; s < STEPS; s++) {
-        sl_step_stats ss;
-        if ((j->st = sl_trainer_step(&tr, s, synth, NULL, &ss)) != SL_OK) break;
-        j->losses[s] = ss.loss;
-        j->norms[s] = ss.grad_norm;
-    }
-    if (j->st == SL_OK && dp) j->st = sl_dp_gather_params(dp); /* ZeRO-3: whole weights again */
-    j->numel = m->numel;
-    j->final_params = malloc(sizeof(float) * (size_t)m->numel);
-    memcpy(j->final_params, m->params_mem, sizeof(float) * (size_t)m->numel);
-    sl_dp_free(dp);
-out_mesh:
-    sl_mesh_free(&mesh);
-out_tr:
-    sl_trainer_free(&tr);
-out_model:
-    sl_model_free(m);
+    tu_layout_spec s = {.world = j->world,
+                        .gpt2 = j->llama ? NULL : &CFG,
+                        .llama = &LCFG,
+                        .seed = 11,
+                        .tc = tcfg(j->accum, j->n),
+                        /* small buckets: many launches overlap backward */
+                        .dp = {.zero_stage = j->zero, .bucket_elems = 3000, .accum = j->accum},
+                        .steps = STEPS,
+                        .data = synth,
+                        .losses = j->losses,
+                        .grad_norms = j->norms,
+                        .params = &j->final_params,
+                        .numel = &j->numel,
+                        .user = j,
+                        .ready = dp_memory};
+    j->st = tu_layout_run_rank(&s);
     return NULL;
 }
 
@@ -126,25 +111,18 @@ static void bad_stage(void) {
 
 /* run n ranks on loopback; returns rank 0's job (others checked for agreement) */
 static rank_job run_dp(int n, int accum, int zero, int llama) {
-    sl_comm *comms[8];
     rank_job jobs[8];
-    pthread_t th[8];
-    TU_CHECK(sl_comm_init_loopback(n, comms, NULL) == SL_OK, "loopback: %s", sl_errmsg());
-    for (int r = 0; r < n; r++) {
-        memset(&jobs[r], 0, sizeof jobs[r]);
-        jobs[r] = (rank_job){.world = comms[r], .n = n, .accum = accum, .zero = zero, .llama = llama};
-        pthread_create(&th[r], NULL, run_rank, &jobs[r]);
-    }
-    for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < n; r++) jobs[r] = (rank_job){.n = n, .accum = accum, .zero = zero, .llama = llama};
+    TU_LAYOUT_THREADS(n, run_rank, jobs);
     for (int r = 0; r < n; r++) {
         TU_CHECK(jobs[r].st == SL_OK, "dp%d zero%d rank %d: %s", n, zero, r, sl_status_name(jobs[r].st));
         if (r > 0) {
-            TU_CHECK(memcmp(jobs[r].final_params, jobs[0].final_params,
-                            sizeof(float) * (size_t)jobs[0].numel) == 0,
+            TU_CHECK(jobs[r].final_params && jobs[0].final_params &&
+                         memcmp(jobs[r].final_params, jobs[0].final_params,
+                                sizeof(float) * (size_t)jobs[0].numel) == 0,
                      "dp%d zero%d: rank %d's parameters differ from rank 0's", n, zero, r);
             free(jobs[r].final_params);
         }
-        sl_comm_free(comms[r]);
     }
     return jobs[0];
 }
