@@ -9,11 +9,9 @@
  * so tp = 4 also checks uneven vocab shards.
  * Also: replicated parameters stay bitwise identical on every TP rank; the per-rank parameter count is the
  * 1/tp formula; the model learns; bad splits are refused with the flag named. */
-#include <pthread.h>
 #include <string.h>
 
-#include "suanli/parallel.h"
-#include "suanli/train.h"
+#include "layout_harness.h"
 #include "testutil.h"
 
 enum { STEPS = 20, B = 2, T = 16, V = 66 };
@@ -51,80 +49,56 @@ typedef struct {
     sl_status st;
 } rank_job;
 
+static sl_status prepare(tu_layout_rank *R, void *u) {
+    const rank_job *j = u;
+    R->m->sp = j->sp;
+    R->m->compute_dtype = j->bf16 ? SL_BF16 : SL_F32;
+    return SL_OK;
+}
+
+/* the final weights in the full layout (every rank gathers them) */
+static sl_status gather_full(tu_layout_rank *R, void *u) {
+    rank_job *j = u;
+    j->local_numel = R->m->numel;
+    j->numel = sl_tp_full_numel(R->m);
+    j->full = malloc(sizeof(float) * (size_t)j->numel);
+    return sl_tp_gather_full(R->tp, R->m, j->full);
+}
+
 static void *run_rank(void *arg) {
     rank_job *j = arg;
-    sl_mesh mesh;
-    sl_model *m = NULL, *full = NULL;
-    sl_tp *tp = NULL;
-    sl_dp *dp = NULL;
-    sl_trainer tr;
-    int have_tr = 0;
-    if ((j->st = sl_mesh_init(&mesh, j->world, (sl_mesh_dims){j->tp, 1, 1})) != SL_OK) return NULL;
-    if ((j->st = j->llama ? sl_llama_new(&LCFG, &full) : sl_gpt2_new(&CFG, &full)) != SL_OK) goto out;
-    sl_model_init_weights(full, 11);
-    if (j->tp > 1) {
-        j->st = j->llama ? sl_llama_new_tp(&LCFG, sl_backend_cpu(), j->tp, mesh.tp_rank, &m)
-                         : sl_gpt2_new_tp(&CFG, sl_backend_cpu(), j->tp, mesh.tp_rank, &m);
-        if (j->st != SL_OK) goto out;
-        if ((j->st = sl_tp_load_full(m, full)) != SL_OK) goto out;
-        if ((j->st = sl_tp_new(&tp, &mesh)) != SL_OK) goto out;
-    } else {
-        m = full;
-        full = NULL;
-    }
-    m->sp = j->sp;
-    m->compute_dtype = j->bf16 ? SL_BF16 : SL_F32;
-    sl_trainer_config tc = {.B = B,
-                            .T = T,
-                            .accum = j->accum,
-                            .dp_size = mesh.dp,
-                            .lr = 3e-3f,
-                            .min_lr = 3e-4f,
-                            .clip = 0.5f,
-                            .warmup = 3,
-                            .decay_iters = STEPS,
-                            .hp = {0.9f, 0.95f, 1e-8f, 0.1f}};
-    if ((j->st = sl_trainer_init(&tr, m, &tc)) != SL_OK) goto out;
-    have_tr = 1;
-    if (tp && (j->st = sl_trainer_set_tp(&tr, tp)) != SL_OK) goto out;
-    if (mesh.dp > 1) {
-        sl_dp_opts o = {.zero_stage = j->zero, .bucket_elems = 3000, .accum = j->accum};
-        if ((j->st = sl_dp_new(&dp, &mesh, m, tr.graph, &o)) != SL_OK) goto out;
-        tr.dp = dp;
-    }
-    for (int s = 0; s < STEPS; s++) {
-        sl_step_stats ss;
-        if ((j->st = sl_trainer_step(&tr, s, synth, NULL, &ss)) != SL_OK) goto out;
-        j->losses[s] = ss.loss;
-        j->norms[s] = ss.grad_norm;
-    }
-    if (dp && (j->st = sl_dp_gather_params(dp)) != SL_OK) goto out;
-    j->act_bytes = tr.plan.planned_bytes;
-    j->local_numel = m->numel;
-    j->numel = sl_tp_full_numel(m);
-    j->full = malloc(sizeof(float) * (size_t)j->numel);
-    j->st = sl_tp_gather_full(tp, m, j->full);
-out:
-    sl_dp_free(dp);
-    if (have_tr) sl_trainer_free(&tr);
-    sl_tp_free(tp);
-    sl_model_free(m);
-    sl_model_free(full);
-    sl_mesh_free(&mesh);
+    tu_layout_spec s = {.world = j->world,
+                        .tp = j->tp,
+                        .gpt2 = j->llama ? NULL : &CFG,
+                        .llama = &LCFG,
+                        .seed = 11,
+                        .tc = {.B = B,
+                               .T = T,
+                               .accum = j->accum,
+                               .lr = 3e-3f,
+                               .min_lr = 3e-4f,
+                               .clip = 0.5f,
+                               .warmup = 3,
+                               .decay_iters = STEPS,
+                               .hp = {0.9f, 0.95f, 1e-8f, 0.1f}},
+                        .dp = {.zero_stage = j->zero, .bucket_elems = 3000, .accum = j->accum},
+                        .steps = STEPS,
+                        .data = synth,
+                        .losses = j->losses,
+                        .grad_norms = j->norms,
+                        .planned = &j->act_bytes,
+                        .user = j,
+                        .prepare = prepare,
+                        .finish = gather_full};
+    j->st = tu_layout_run_rank(&s);
     return NULL;
 }
 
 static rank_job run_layout_sp(int n, int tp, int accum, int zero, int llama, int sp) {
-    sl_comm *comms[8];
     rank_job jobs[8];
-    pthread_t th[8];
-    TU_CHECK(sl_comm_init_loopback(n, comms, NULL) == SL_OK, "loopback: %s", sl_errmsg());
-    for (int r = 0; r < n; r++) {
-        jobs[r] =
-            (rank_job){.world = comms[r], .tp = tp, .accum = accum, .zero = zero, .llama = llama, .sp = sp};
-        pthread_create(&th[r], NULL, run_rank, &jobs[r]);
-    }
-    for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < n; r++)
+        jobs[r] = (rank_job){.tp = tp, .accum = accum, .zero = zero, .llama = llama, .sp = sp};
+    TU_LAYOUT_THREADS(n, run_rank, jobs);
     for (int r = 0; r < n; r++) {
         TU_CHECK(jobs[r].st == SL_OK, "tp=%d rank %d: %s (%s)", tp, r, sl_status_name(jobs[r].st),
                  sl_errmsg());
@@ -139,7 +113,6 @@ static rank_job run_layout_sp(int n, int tp, int accum, int zero, int llama, int
                          s, r);
             free(jobs[r].full);
         }
-        sl_comm_free(comms[r]);
     }
     return jobs[0];
 }
@@ -207,15 +180,9 @@ static void bf16_layout(void) {
     run_rank(&f32);
     run_rank(&b16);
     TU_CHECK(f32.st == SL_OK && b16.st == SL_OK, "single bf16: %s", sl_errmsg());
-    sl_comm *comms[2];
     rank_job jobs[2];
-    pthread_t th[2];
-    TU_CHECK(sl_comm_init_loopback(2, comms, NULL) == SL_OK, "loopback");
-    for (int r = 0; r < 2; r++) {
-        jobs[r] = (rank_job){.world = comms[r], .tp = 2, .accum = 2, .bf16 = 1};
-        pthread_create(&th[r], NULL, run_rank, &jobs[r]);
-    }
-    for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < 2; r++) jobs[r] = (rank_job){.tp = 2, .accum = 2, .bf16 = 1};
+    TU_LAYOUT_THREADS(2, run_rank, jobs);
     TU_CHECK(jobs[0].st == SL_OK && jobs[1].st == SL_OK, "tp2 bf16: %s", sl_errmsg());
     double gap = 0, dev = 0;
     for (int s = 0; s < STEPS; s++) {
@@ -226,10 +193,7 @@ static void bf16_layout(void) {
            gap, dev / gap);
     TU_CHECK(gap > 0, "bf16 differs from fp32");
     TU_CHECK(dev < 1.25 * gap, "bf16 tp=2 deviation %.3g >= 1.25 x bf16 gap %.3g", dev, gap);
-    for (int r = 0; r < 2; r++) {
-        free(jobs[r].full);
-        sl_comm_free(comms[r]);
-    }
+    for (int r = 0; r < 2; r++) free(jobs[r].full);
     free(f32.full);
     free(b16.full);
 }
