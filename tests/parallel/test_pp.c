@@ -15,11 +15,9 @@
  * Also: every rank of a stage agrees, the tied copies stay bitwise equal, the schedule runs m micro-batches
  * (m < p too) with min(m, p - s) slots on stage s, the evaluation after training is the single process's,
  * the bytes each stage sends are the schedule's, and the stage's parameters are 1/pp of the layers. */
-#include <pthread.h>
 #include <string.h>
 
-#include "suanli/parallel.h"
-#include "suanli/train.h"
+#include "layout_harness.h"
 #include "testutil.h"
 
 enum { STEPS = 20, B = 2, T = 16, V = 66, MAXR = 8, EVAL_ITERS = 2 };
@@ -42,14 +40,14 @@ static const sl_llama_config LCFG = {.arch = SL_ARCH_QWEN2,
                                      .qkv_bias = 1};
 static int g_llama; /* 0: GPT-2, 1: the tied Qwen2, 2: untied */
 
-static sl_status new_whole(sl_model **m) {
-    if (!g_llama) return sl_gpt2_new(&CFG, m);
+static sl_llama_config llama_cfg(void) {
     sl_llama_config c = LCFG;
     c.tie_embeddings = g_llama == 1;
-    return sl_llama_new(&c, m);
+    return c;
 }
-static sl_status new_split(const sl_model *whole, const sl_model_split *sp, sl_model **m) {
-    return sl_model_new_split(whole, sl_backend_cpu(), sp, m);
+static sl_status new_whole(sl_model **m) {
+    sl_llama_config c = llama_cfg();
+    return g_llama ? sl_llama_new(&c, m) : sl_gpt2_new(&CFG, m);
 }
 static const char *tied_name(void) { return g_llama ? "model.embed_tokens.weight" : "wte"; }
 
@@ -77,83 +75,85 @@ typedef struct {
     sl_status st;
 } rank_job;
 
-static void *run_rank(void *arg) {
-    rank_job *j = arg;
-    sl_mesh mesh;
-    sl_model *m = NULL, *whole = NULL;
-    sl_tp *tp = NULL;
-    sl_dp *dp = NULL;
-    sl_trainer tr;
-    int have_tr = 0;
-    if ((j->st = sl_mesh_init(&mesh, j->world, (sl_mesh_dims){j->tp, j->pp, 1})) != SL_OK) return NULL;
-    if ((j->st = new_whole(&whole)) != SL_OK) goto out;
-    sl_model_init_weights(whole, 11);
-    sl_model_split split = {j->tp, mesh.tp_rank, j->pp, mesh.pp_rank, j->vpp, j->first, j->last, 1, 0, 0};
-    if ((j->st = new_split(whole, &split, &m)) != SL_OK) goto out;
-    if ((j->st = sl_tp_load_full(m, whole)) != SL_OK) goto out;
-    if (j->tp > 1 && (j->st = sl_tp_new(&tp, &mesh)) != SL_OK) goto out;
-    m->sp = j->sp;
-    sl_trainer_config tc = {.B = B,
-                            .T = T,
-                            .accum = j->accum,
-                            .dp_size = mesh.dp,
-                            .lr = 3e-3f,
-                            .min_lr = 3e-4f,
-                            .clip = 0.5f,
-                            .warmup = 3,
-                            .decay_iters = STEPS,
-                            .hp = {0.9f, 0.95f, 1e-8f, 0.1f},
-                            .mesh = &mesh,
-                            .pipe_schedule = j->zb ? SL_PIPE_ZB_H1 : SL_PIPE_1F1B};
-    if ((j->st = sl_trainer_init(&tr, m, &tc)) != SL_OK) goto out;
-    have_tr = 1;
-    if (tr.pipe) {
-        sl_pipeline_backward_split(tr.pipe, &j->n_b, &j->n_w);
+/* the stage's backward split (before step 0), its slots and place in the mesh */
+static sl_status ready(tu_layout_rank *R, void *u) {
+    rank_job *j = u;
+    sl_trainer *tr = &R->tr;
+    if (tr->pipe) {
+        sl_pipeline_backward_split(tr->pipe, &j->n_b, &j->n_w);
         j->grads_in_w = 1;
-        for (int i = 0; i < m->n_params; i++)
-            if (sl_graph_last_grad_write(tr.graph, m->params[i].t) < sl_graph_n_nodes(tr.graph) - j->n_w)
+        for (int i = 0; i < R->m->n_params; i++)
+            if (sl_graph_last_grad_write(tr->graph, R->m->params[i].t) < sl_graph_n_nodes(tr->graph) - j->n_w)
                 j->grads_in_w = 0;
     }
-    if (tp && (j->st = sl_trainer_set_tp(&tr, tp)) != SL_OK) goto out;
-    if (mesh.dp > 1) {
-        sl_dp_opts o = {.zero_stage = j->zero,
-                        .bucket_elems = 3000,
-                        .accum = j->accum,
-                        .ready = sl_trainer_dp_ready,
-                        .ready_user = &tr};
-        if ((j->st = sl_dp_new(&dp, &mesh, m, tr.graph, &o)) != SL_OK) goto out;
-        tr.dp = dp;
+    j->slots = tr->pipe ? sl_pipeline_slots(tr->pipe) : 1;
+    j->stage_dp_rank0 = R->mesh.dp_rank == 0;
+    return SL_OK;
+}
+
+static sl_status after_step(tu_layout_rank *R, int s, const sl_step_stats *ss, void *u) {
+    rank_job *j = u;
+    j->wait += ss->pipe_wait_sec;
+    if (R->dp) j->early += sl_dp_take_early_launches(R->dp);
+    if (R->tr
+            .pipe) { /* Note [Pipeline communication volume], on every stage (metrics.jsonl shows rank 0's) */
+        double e = fabs(ss->pp_comm_bytes - sl_pipeline_comm_theory(R->tr.pipe));
+        if (!(e <= j->bytes_err)) j->bytes_err = e;
+        j->bytes = ss->pp_comm_bytes;
     }
-    j->slots = tr.pipe ? sl_pipeline_slots(tr.pipe) : 1;
-    j->stage_dp_rank0 = mesh.dp_rank == 0;
-    for (int s = 0; s < STEPS; s++) {
-        sl_step_stats ss;
-        if ((j->st = sl_trainer_step(&tr, s, synth, NULL, &ss)) != SL_OK) goto out;
-        j->losses[s] = ss.loss;
-        j->wait += ss.pipe_wait_sec;
-        if (dp) j->early += sl_dp_take_early_launches(dp);
-        if (tr.pipe) { /* Note [Pipeline communication volume], on every stage (metrics.jsonl shows rank 0's)
-                        */
-            double e = fabs(ss.pp_comm_bytes - sl_pipeline_comm_theory(tr.pipe));
-            if (!(e <= j->bytes_err)) j->bytes_err = e;
-            j->bytes = ss.pp_comm_bytes;
-        }
-    }
-    /* evaluation through the pipeline (sl_pipeline_eval; the loss broadcast from the last stage) */
-    if ((j->st = sl_trainer_eval(&tr, synth, NULL, EVAL_ITERS, &j->val_loss)) != SL_OK) goto out;
-    if (dp && (j->st = sl_dp_gather_params(dp)) != SL_OK) goto out; /* the last update's gathers */
-    j->full = malloc(sizeof(float) * (size_t)sl_tp_full_numel(m));
-    j->st = sl_tp_gather_full(tp, m, j->full);
-out:
-    sl_dp_free(dp);
-    if (have_tr) sl_trainer_free(&tr);
-    sl_tp_free(tp);
-    sl_model_free(whole);
-    if (j->st == SL_OK)
-        j->stage = m;
-    else
-        sl_model_free(m);
-    sl_mesh_free(&mesh);
+    /* after the last step: the evaluation through the pipeline (sl_pipeline_eval; the loss broadcast from
+     * the last stage), before the last update's gathers */
+    return s == STEPS - 1 ? sl_trainer_eval(&R->tr, synth, NULL, EVAL_ITERS, &j->val_loss) : SL_OK;
+}
+
+/* the stage's parameters in the full (TP-gathered) layout; the stage model is kept */
+static sl_status finish(tu_layout_rank *R, void *u) {
+    rank_job *j = u;
+    j->full = malloc(sizeof(float) * (size_t)sl_tp_full_numel(R->m));
+    SL_TRY(sl_tp_gather_full(R->tp, R->m, j->full));
+    j->stage = R->m;
+    R->m = NULL;
+    return SL_OK;
+}
+
+static sl_status prepare(tu_layout_rank *R, void *u) {
+    R->m->sp = ((rank_job *)u)->sp;
+    return SL_OK;
+}
+
+static void *run_rank(void *arg) {
+    rank_job *j = arg;
+    sl_llama_config lc = llama_cfg();
+    tu_layout_spec s = {
+        .world = j->world,
+        .tp = j->tp,
+        .pp = j->pp,
+        .vpp = j->vpp,
+        .first_layers = j->first,
+        .last_layers = j->last,
+        .gpt2 = g_llama ? NULL : &CFG,
+        .llama = &lc,
+        .seed = 11,
+        .tc = {.B = B,
+               .T = T,
+               .accum = j->accum,
+               .lr = 3e-3f,
+               .min_lr = 3e-4f,
+               .clip = 0.5f,
+               .warmup = 3,
+               .decay_iters = STEPS,
+               .hp = {0.9f, 0.95f, 1e-8f, 0.1f},
+               .pipe_schedule = j->zb ? SL_PIPE_ZB_H1 : SL_PIPE_1F1B},
+        .dp = {.zero_stage = j->zero, .bucket_elems = 3000, .accum = j->accum, .ready = sl_trainer_dp_ready},
+        .steps = STEPS,
+        .data = synth,
+        .losses = j->losses,
+        .user = j,
+        .prepare = prepare,
+        .ready = ready,
+        .after_step = after_step,
+        .finish = finish};
+    j->st = tu_layout_run_rank(&s);
     return NULL;
 }
 
@@ -207,19 +207,15 @@ static struct {
 
 static void check_layout_v(const ref_run *ref, int world, int tp, int pp, int sp, int zero, int accum,
                            int vpp) {
-    sl_comm *comms[MAXR];
     rank_job jobs[MAXR];
-    pthread_t th[MAXR];
     char what[128];
     char uneven[48] = "";
     if (g_first || g_last) snprintf(uneven, sizeof uneven, " (first %d, last %d layers)", g_first, g_last);
     snprintf(what, sizeof what, "%s tp=%d pp=%d%s%s dp=%d%s zero=%d m=%d",
              g_llama ? (g_llama == 1 ? "qwen2-tied" : "qwen2-untied") : "gpt2", tp, pp, uneven,
              vpp > 1 ? " interleaved v=2" : "", world / (tp * pp), sp ? " sp" : "", zero, accum);
-    TU_CHECK(sl_comm_init_loopback(world, comms, NULL) == SL_OK, "loopback: %s", sl_errmsg());
-    for (int r = 0; r < world; r++) {
-        jobs[r] = (rank_job){.world = comms[r],
-                             .tp = tp,
+    for (int r = 0; r < world; r++)
+        jobs[r] = (rank_job){.tp = tp,
                              .pp = pp,
                              .sp = sp,
                              .zero = zero,
@@ -228,9 +224,7 @@ static void check_layout_v(const ref_run *ref, int world, int tp, int pp, int sp
                              .first = g_first,
                              .last = g_last,
                              .zb = g_zb};
-        pthread_create(&th[r], NULL, run_rank, &jobs[r]);
-    }
-    for (int r = 0; r < world; r++) pthread_join(th[r], NULL);
+    TU_LAYOUT_THREADS(world, run_rank, jobs);
     double worst = 0, md = 0, mr = 0, wait = 0, ss[2] = {0, 0};
     int ok = 1;
     for (int r = 0; r < world; r++) {
@@ -350,7 +344,6 @@ static void check_layout_v(const ref_run *ref, int world, int tp, int pp, int sp
     for (int r = 0; r < world; r++) {
         free(jobs[r].full);
         sl_model_free(jobs[r].stage);
-        sl_comm_free(comms[r]);
     }
 }
 
