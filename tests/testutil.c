@@ -11,7 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-int tu_failures, tu_checks;
+_Atomic int tu_failures, tu_checks;
 
 int tu_allclose(const char *what, const float *got, const float *ref, int64_t n, float atol, float rtol) {
     int64_t worst = -1, bad = 0;

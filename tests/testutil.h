@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-extern int tu_failures, tu_checks;
+extern _Atomic int tu_failures, tu_checks; /* atomic: checks may run on threads as ranks */
 
 #define TU_CHECK(cond, ...)                                                                                  \
     do {                                                                                                     \
