@@ -16,11 +16,9 @@
  * single process's last micro-batch's at every step.
  * Also: replicated parameters stay bitwise identical on every rank, each rank holds E / ep experts, and the
  * bad splits are refused naming the flag. */
-#include <pthread.h>
 #include <string.h>
 
-#include "suanli/parallel.h"
-#include "suanli/train.h"
+#include "layout_harness.h"
 #include "testutil.h"
 
 enum { STEPS = 20, B = 2, T = 16, V = 66, E = 8 };
@@ -96,77 +94,55 @@ static void compare_params(rank_job *j, const sl_model *m) {
     }
 }
 
-static sl_status train(rank_job *j, sl_model *m, const sl_mesh *mesh, sl_tp *tp) {
-    sl_trainer tr;
-    sl_dp *dp = NULL;
-    m->moe.capacity_factor = j->capacity;
-    m->autocast_bf16 = j->bf16; /* torch.autocast bf16 numerics (Note [bf16 compute] in llama.c) */
-    m->compute_dtype = j->bf16 ? SL_BF16 : SL_F32;
-    sl_trainer_config tc = {.B = B,
-                            .T = T,
-                            .accum = j->accum,
-                            .dp_size = mesh->dp,
-                            .lr = 3e-3f,
-                            .min_lr = 3e-4f,
-                            .clip = 0.5f,
-                            .warmup = 3,
-                            .decay_iters = STEPS,
-                            .hp = {0.9f, 0.95f, 1e-8f, 0.1f},
-                            .mesh = mesh};
-    SL_TRY(sl_trainer_init(&tr, m, &tc));
-    sl_status st = tp ? sl_trainer_set_tp(&tr, tp) : SL_OK;
-    if (st == SL_OK && mesh->dp > 1) {
-        sl_dp_opts o = {.zero_stage = j->zero, .bucket_elems = 3000, .accum = j->accum};
-        st = sl_dp_new(&dp, mesh, m, tr.graph, &o);
-        tr.dp = dp;
+static sl_status prepare(tu_layout_rank *R, void *u) {
+    const rank_job *j = u;
+    R->m->sp = j->sp;
+    R->m->moe.capacity_factor = j->capacity;
+    R->m->autocast_bf16 = j->bf16; /* torch.autocast bf16 numerics (Note [bf16 compute] in llama.c) */
+    R->m->compute_dtype = j->bf16 ? SL_BF16 : SL_F32;
+    return SL_OK;
+}
+
+/* the final weights against the single process's, or (the single process) kept */
+static sl_status finish(tu_layout_rank *R, void *u) {
+    rank_job *j = u;
+    if (R->dp) SL_TRY(sl_dp_sync_params(R->dp));
+    if (j->ref)
+        compare_params(j, R->m);
+    else {
+        j->final = R->m;
+        R->m = NULL;
     }
-    for (int s = 0; s < STEPS && st == SL_OK; s++) {
-        sl_step_stats ss;
-        sl_moe_stats ms = {0};
-        st = sl_trainer_step(&tr, s, synth, NULL, &ss);
-        if (st == SL_OK && !tr.pipe) st = sl_moe_graph_stats(tr.graph, &ms);
-        j->losses[s] = ss.loss;
-        for (int e = 0; e < E; e++) j->load[s][e] = ms.load[e];
-        j->dropped[s] = ms.dropped_frac;
-    }
-    if (st == SL_OK && dp) st = sl_dp_gather_params(dp); /* ZeRO-3: the whole parameters again */
-    if (st == SL_OK && dp) st = sl_dp_sync_params(dp);
-    sl_dp_free(dp);
-    sl_trainer_free(&tr);
-    return st;
+    return SL_OK;
 }
 
 static void *run_rank(void *arg) {
     rank_job *j = arg;
-    sl_mesh mesh;
-    sl_model *m = NULL, *full = NULL;
-    sl_tp *tp = NULL;
-    int tpn = j->tp > 1 ? j->tp : 1, ppn = j->pp > 1 ? j->pp : 1;
-    if ((j->st = sl_mesh_init(&mesh, j->world, (sl_mesh_dims){tpn, ppn, j->ep})) != SL_OK) return NULL;
-    if ((j->st = sl_llama_new(&MCFG, &full)) != SL_OK) goto out;
-    sl_model_init_weights(full, 11);
-    if (j->ep > 1 || tpn > 1 || ppn > 1) {
-        sl_model_split sp = {tpn, mesh.tp_rank, ppn, mesh.pp_rank, 1, 0, 0, j->ep, mesh.ep_rank, 0};
-        if ((j->st = sl_llama_new_par(&MCFG, sl_backend_cpu(), &sp, &m)) != SL_OK) goto out;
-        if ((j->st = sl_tp_load_full(m, full)) != SL_OK) goto out;
-        if ((j->st = sl_tp_new(&tp, &mesh)) != SL_OK) goto out;
-        m->sp = j->sp;
-    } else {
-        m = full;
-        full = NULL;
-    }
-    if ((j->st = train(j, m, &mesh, tp)) != SL_OK) goto out;
-    if (j->ref)
-        compare_params(j, m);
-    else {
-        j->final = m;
-        m = NULL;
-    }
-out:
-    sl_tp_free(tp);
-    sl_model_free(m);
-    sl_model_free(full);
-    sl_mesh_free(&mesh);
+    tu_layout_spec s = {.world = j->world,
+                        .tp = j->tp,
+                        .pp = j->pp,
+                        .ep = j->ep,
+                        .llama = &MCFG,
+                        .seed = 11,
+                        .tc = {.B = B,
+                               .T = T,
+                               .accum = j->accum,
+                               .lr = 3e-3f,
+                               .min_lr = 3e-4f,
+                               .clip = 0.5f,
+                               .warmup = 3,
+                               .decay_iters = STEPS,
+                               .hp = {0.9f, 0.95f, 1e-8f, 0.1f}},
+                        .dp = {.zero_stage = j->zero, .bucket_elems = 3000, .accum = j->accum},
+                        .steps = STEPS,
+                        .data = synth,
+                        .losses = j->losses,
+                        .moe_load = &j->load[0][0],
+                        .moe_dropped = j->dropped,
+                        .user = j,
+                        .prepare = prepare,
+                        .finish = finish};
+    j->st = tu_layout_run_rank(&s);
     return NULL;
 }
 
@@ -184,14 +160,10 @@ typedef struct {
 } layout;
 
 static void check_layout(const rank_job *ref, layout L) {
-    sl_comm *comms[8];
     rank_job jobs[8];
-    pthread_t th[8];
     int n = L.n;
-    TU_CHECK(sl_comm_init_loopback(n, comms, NULL) == SL_OK, "loopback: %s", sl_errmsg());
-    for (int r = 0; r < n; r++) {
-        jobs[r] = (rank_job){.world = comms[r],
-                             .ep = L.ep,
+    for (int r = 0; r < n; r++)
+        jobs[r] = (rank_job){.ep = L.ep,
                              .tp = L.tp,
                              .pp = L.pp,
                              .sp = L.sp,
@@ -199,9 +171,7 @@ static void check_layout(const rank_job *ref, layout L) {
                              .zero = L.zero,
                              .capacity = L.capacity,
                              .ref = ref->final};
-        pthread_create(&th[r], NULL, run_rank, &jobs[r]);
-    }
-    for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
+    TU_LAYOUT_THREADS(n, run_rank, jobs);
     char what[128];
     int tpn = L.tp > 1 ? L.tp : 1, ppn = L.pp > 1 ? L.pp : 1, dpn = n / (tpn * ppn);
     snprintf(what, sizeof what, "ep=%d dp=%d tp=%d%s pp=%d zero=%d%s", L.ep, dpn, tpn, L.sp ? " (SP)" : "",
@@ -245,10 +215,7 @@ static void check_layout(const rank_job *ref, layout L) {
     TU_CHECK(wd / wmax <= 1e-5, "%s final weights rel err %.3g (bar 1e-5)", what, wd / wmax);
     TU_CHECK(same, "%s: per-expert loads or dropped fraction differ from the single process", what);
     if (L.capacity > 0) TU_CHECK(last->dropped[STEPS - 1] > 0, "%s: capacity dropped no token", what);
-    for (int r = 0; r < n; r++) {
-        free(jobs[r].replicated);
-        sl_comm_free(comms[r]);
-    }
+    for (int r = 0; r < n; r++) free(jobs[r].replicated);
 }
 
 /* bf16 autocast: ep x dp 2 against the single bf16 process that runs the same micro-batches. Autocast
@@ -267,15 +234,9 @@ static void bf16_layout(const rank_job *f32, int ep) {
     rank_job b16 = {.ep = 1, .accum = 2, .bf16 = 1};
     run_rank(&b16);
     TU_CHECK(b16.st == SL_OK, "single bf16: %s", sl_errmsg());
-    sl_comm *comms[2];
     rank_job jobs[2];
-    pthread_t th[2];
-    TU_CHECK(sl_comm_init_loopback(2, comms, NULL) == SL_OK, "loopback");
-    for (int r = 0; r < 2; r++) {
-        jobs[r] = (rank_job){.world = comms[r], .ep = ep, .accum = 1, .bf16 = 1, .ref = b16.final};
-        pthread_create(&th[r], NULL, run_rank, &jobs[r]);
-    }
-    for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < 2; r++) jobs[r] = (rank_job){.ep = ep, .accum = 1, .bf16 = 1, .ref = b16.final};
+    TU_LAYOUT_THREADS(2, run_rank, jobs);
     TU_CHECK(jobs[0].st == SL_OK && jobs[1].st == SL_OK, "ep 2 bf16: %s", sl_errmsg());
     double gap = 0, dev = 0;
     for (int s = 0; s < STEPS; s++) {
@@ -297,10 +258,7 @@ static void bf16_layout(const rank_job *f32, int ep) {
              dev / gap, wd / wgap);
     TU_CHECK(dev < gap, "bf16 ep=%d loss deviation %.3g >= the bf16 - fp32 gap %.3g", ep, dev, gap);
     TU_CHECK(wd < wgap, "bf16 ep=%d weight deviation %.3g >= the bf16 - fp32 gap %.3g", ep, wd, wgap);
-    for (int r = 0; r < 2; r++) {
-        free(jobs[r].replicated);
-        sl_comm_free(comms[r]);
-    }
+    for (int r = 0; r < 2; r++) free(jobs[r].replicated);
     sl_model_free(b16.final);
 }
 
