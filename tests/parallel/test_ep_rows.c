@@ -14,13 +14,11 @@
  *   under half of the reservation, and within 10 points of the largest received fraction.
  * A kernel made to read one row past an expert's counted rows (tried on MOE_PACKED_FFN_BACK_W) fails (a):
  * NaN losses from the second step on. */
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "graph/graph_internal.h"
-#include "suanli/parallel.h"
-#include "suanli/train.h"
+#include "layout_harness.h"
 #include "testutil.h"
 
 enum { STEPS = 4, B = 4, T = 32, V = 512, E = 32, MAXR = 4 };
@@ -66,92 +64,59 @@ typedef struct {
     sl_status st;
 } rank_job;
 
-static sl_status train(rank_job *j, sl_model *m, const sl_mesh *mesh, sl_tp *tp) {
-    sl_trainer tr;
-    sl_dp *dp = NULL;
-    sl_trainer_config tc = {.B = B,
-                            .T = T,
-                            .accum = 1,
-                            .dp_size = mesh->dp,
-                            .lr = 3e-3f,
-                            .min_lr = 3e-4f,
-                            .clip = 0.5f,
-                            .warmup = 1,
-                            .decay_iters = STEPS,
-                            .hp = {0.9f, 0.95f, 1e-8f, 0.1f},
-                            .mesh = mesh};
-    SL_TRY(sl_trainer_init(&tr, m, &tc));
-    sl_status st = tp ? sl_trainer_set_tp(&tr, tp) : SL_OK;
-    if (st == SL_OK && mesh->dp > 1) {
-        sl_dp_opts o = {.zero_stage = 0, .bucket_elems = 3000, .accum = 1};
-        st = sl_dp_new(&dp, mesh, m, tr.graph, &o);
-        tr.dp = dp;
-    }
-    sl_graph *g = tr.graph;
-    for (int s = 0; s < STEPS && st == SL_OK; s++) {
-        sl_step_stats ss;
-        /* NaN in every byte of the reserved region: a kernel reading a row it did not write this step
-         * (past the counts) carries NaN into the loss or the weights */
-        if (j->poison && g->cap_map) memset(g->cap_map, 0xff, g->cap_map_len);
-        st = sl_trainer_step(&tr, s, synth, NULL, &ss);
-        j->losses[s] = ss.loss;
-        sl_moe_stats ms = {0};
-        if (st == SL_OK) st = sl_moe_graph_stats(g, &ms);
-        for (int e = 0; e < E; e++) j->load[s][e] = ms.load[e];
-    }
-    j->cap_bytes = sl_graph_cap_bytes(g);
-    j->cap_resident = sl_graph_cap_resident(g);
-    j->arena_bytes = sl_graph_arena_bytes(g);
-    if (st == SL_OK && dp) st = sl_dp_sync_params(dp);
-    sl_dp_free(dp);
-    sl_trainer_free(&tr);
-    return st;
+/* NaN in every byte of the reserved region: a kernel reading a row it did not write this step (past the
+ * counts) carries NaN into the loss or the weights */
+static sl_status poison(tu_layout_rank *R, int step, void *u) {
+    sl_graph *g = R->tr.graph;
+    (void)step;
+    if (((rank_job *)u)->poison && g->cap_map) memset(g->cap_map, 0xff, g->cap_map_len);
+    return SL_OK;
+}
+
+static sl_status finish(tu_layout_rank *R, void *u) {
+    rank_job *j = u;
+    j->cap_bytes = sl_graph_cap_bytes(R->tr.graph);
+    j->cap_resident = sl_graph_cap_resident(R->tr.graph);
+    j->arena_bytes = sl_graph_arena_bytes(R->tr.graph);
+    return SL_OK;
 }
 
 static void *run_rank(void *arg) {
     rank_job *j = arg;
-    sl_mesh mesh;
-    sl_model *m = NULL, *full = NULL;
-    sl_tp *tp = NULL;
-    if ((j->st = sl_mesh_init(&mesh, j->world, (sl_mesh_dims){1, 1, j->ep})) != SL_OK) return NULL;
-    if ((j->st = sl_llama_new(&MCFG, &full)) != SL_OK) goto out;
-    sl_model_init_weights(full, 5);
-    if (j->ep > 1) {
-        sl_model_split sp = {1, 0, 1, 0, 1, 0, 0, j->ep, mesh.ep_rank, 0};
-        if ((j->st = sl_llama_new_par(&MCFG, sl_backend_cpu(), &sp, &m)) != SL_OK) goto out;
-        if ((j->st = sl_tp_load_full(m, full)) != SL_OK) goto out;
-        if ((j->st = sl_tp_new(&tp, &mesh)) != SL_OK) goto out;
-    } else {
-        m = full;
-        full = NULL;
-    }
-    if ((j->st = train(j, m, &mesh, tp)) != SL_OK) goto out;
-    j->numel = m->numel;
-    j->params = malloc(sizeof(float) * (size_t)m->numel);
-    if (j->params) memcpy(j->params, m->params_mem, sizeof(float) * (size_t)m->numel);
-out:
-    sl_tp_free(tp);
-    sl_model_free(m);
-    sl_model_free(full);
-    sl_mesh_free(&mesh);
+    tu_layout_spec s = {.world = j->world,
+                        .ep = j->ep,
+                        .llama = &MCFG,
+                        .seed = 5,
+                        .tc = {.B = B,
+                               .T = T,
+                               .accum = 1,
+                               .lr = 3e-3f,
+                               .min_lr = 3e-4f,
+                               .clip = 0.5f,
+                               .warmup = 1,
+                               .decay_iters = STEPS,
+                               .hp = {0.9f, 0.95f, 1e-8f, 0.1f}},
+                        .dp = {.zero_stage = 0, .bucket_elems = 3000, .accum = 1},
+                        .steps = STEPS,
+                        .data = synth,
+                        .losses = j->losses,
+                        .moe_load = &j->load[0][0],
+                        .params = &j->params,
+                        .numel = &j->numel,
+                        .user = j,
+                        .before_step = poison,
+                        .finish = finish};
+    j->st = tu_layout_run_rank(&s);
     return NULL;
 }
 
 /* n ranks (n = ep: the whole world is one EP group; 1: the single process) with the environment as set */
 static void run(int n, int ep, int poison, rank_job *jobs) {
-    sl_comm *comms[MAXR] = {0};
-    pthread_t th[MAXR];
-    if (n > 1) TU_CHECK(sl_comm_init_loopback(n, comms, NULL) == SL_OK, "loopback: %s", sl_errmsg());
-    for (int r = 0; r < n; r++) {
-        jobs[r] = (rank_job){.world = comms[r], .ep = ep, .poison = poison};
-        pthread_create(&th[r], NULL, run_rank, &jobs[r]);
-    }
-    for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
-    for (int r = 0; r < n; r++) {
+    for (int r = 0; r < n; r++) jobs[r] = (rank_job){.ep = ep, .poison = poison};
+    TU_LAYOUT_THREADS(n, run_rank, jobs);
+    for (int r = 0; r < n; r++)
         TU_CHECK(jobs[r].st == SL_OK && jobs[r].params, "ep %d rank %d: %s (%s)", ep, r,
                  sl_status_name(jobs[r].st), sl_errmsg());
-        sl_comm_free(comms[r]);
-    }
 }
 
 static void free_jobs(rank_job *jobs, int n) {
