@@ -10,11 +10,9 @@
  * the same (the routing runs once: no double counts), in one process and with ep 2. The planned activation
  * memory must shrink (printed: the forward's intermediates die in the forward) and the graph must hold
  * recomputed nodes. */
-#include <pthread.h>
 #include <string.h>
 
-#include "suanli/parallel.h"
-#include "suanli/train.h"
+#include "layout_harness.h"
 #include "testutil.h"
 
 enum { STEPS = 6, B = 2, T = 16, V = 64 };
@@ -154,81 +152,50 @@ typedef struct {
     sl_status st;
 } rank_job;
 
+static sl_status prepare(tu_layout_rank *R, void *u) {
+    const rank_job *j = u;
+    R->m->sp = j->sp;
+    R->m->moe.capacity_factor = j->capacity;
+    if (!j->llama) R->m->attention_dropout = R->m->hidden_dropout = 0.2f;
+    return SL_OK;
+}
+
 static void *run_rank(void *arg) {
     rank_job *j = arg;
-    sl_mesh mesh;
-    sl_model *whole = NULL, *m = NULL;
-    sl_tp *tp = NULL;
-    sl_dp *dp = NULL;
-    sl_trainer tr;
-    int have_tr = 0, ep = j->ep > 1 ? j->ep : 1;
-    if ((j->st = sl_mesh_init(&mesh, j->world, (sl_mesh_dims){j->tp, j->pp, ep})) != SL_OK) return NULL;
-    j->st = j->llama == 2 ? sl_llama_new(&MCFG, &whole)
-            : j->llama    ? sl_llama_new(&LCFG, &whole)
-                          : sl_gpt2_new(&CFG, &whole);
-    if (j->st != SL_OK) goto out;
-    sl_model_init_weights(whole, 5);
-    sl_model_split split = {j->tp, mesh.tp_rank, j->pp, mesh.pp_rank, 1, 0, 0, ep, mesh.ep_rank, 0};
-    if ((j->st = sl_model_new_split(whole, sl_backend_cpu(), &split, &m)) != SL_OK) goto out;
-    if ((j->st = sl_tp_load_full(m, whole)) != SL_OK) goto out;
-    if ((j->tp > 1 || ep > 1) && (j->st = sl_tp_new(&tp, &mesh)) != SL_OK) goto out;
-    m->sp = j->sp;
-    m->moe.capacity_factor = j->capacity;
-    if (!j->llama) m->attention_dropout = m->hidden_dropout = 0.2f;
-    sl_trainer_config tc = {.B = B,
-                            .T = T,
-                            .accum = 2,
-                            .dp_size = mesh.dp,
-                            .lr = 3e-3f,
-                            .min_lr = 3e-4f,
-                            .clip = 1.0f,
-                            .warmup = 2,
-                            .decay_iters = STEPS,
-                            .hp = {0.9f, 0.95f, 1e-8f, 0.1f},
-                            .mesh = &mesh,
-                            .dropout_seed = 42,
-                            .pipe_schedule = j->zb ? SL_PIPE_ZB_H1 : SL_PIPE_1F1B,
-                            .recompute = j->recompute,
-                            .recompute_layers = j->rc_layers};
-    if ((j->st = sl_trainer_init(&tr, m, &tc)) != SL_OK) goto out;
-    have_tr = 1;
-    j->planned = tr.plan.planned_bytes;
-    if (tp && (j->st = sl_trainer_set_tp(&tr, tp)) != SL_OK) goto out;
-    if (mesh.dp > 1) {
-        sl_dp_opts o = {.zero_stage = 1,
-                        .bucket_elems = 3000,
-                        .accum = 2,
-                        .ready = sl_trainer_dp_ready,
-                        .ready_user = &tr};
-        if ((j->st = sl_dp_new(&dp, &mesh, m, tr.graph, &o)) != SL_OK) goto out;
-        tr.dp = dp;
-    }
-    for (int s = 0; s < STEPS; s++) {
-        sl_step_stats ss;
-        if ((j->st = sl_trainer_step(&tr, s, synth, NULL, &ss)) != SL_OK) goto out;
-        j->loss[s] = ss.loss;
-        if (j->llama == 2) { /* read after the step from the routing nodes, as metrics.jsonl's */
-            sl_moe_stats ms;
-            if ((j->st = sl_moe_graph_stats(tr.graph, &ms)) != SL_OK) goto out;
-            for (int e = 0; e < 8; e++) j->load[s][e] = ms.load[e];
-            j->dropped[s] = ms.dropped_frac;
-        }
-    }
-    if (dp && (j->st = sl_dp_gather_params(dp)) != SL_OK) goto out;
-    j->numel = m->numel;
-    j->params = malloc(sizeof(float) * (size_t)m->numel);
-    if (!j->params) {
-        j->st = SL_ERR_NOMEM;
-        goto out;
-    }
-    memcpy(j->params, m->params_mem, sizeof(float) * (size_t)m->numel);
-out:
-    sl_dp_free(dp);
-    if (have_tr) sl_trainer_free(&tr);
-    sl_tp_free(tp);
-    sl_model_free(m);
-    sl_model_free(whole);
-    sl_mesh_free(&mesh);
+    tu_layout_spec s = {
+        .world = j->world,
+        .tp = j->tp,
+        .pp = j->pp,
+        .ep = j->ep,
+        .gpt2 = j->llama ? NULL : &CFG,
+        .llama = j->llama == 2 ? &MCFG : &LCFG,
+        .seed = 5,
+        .tc = {.B = B,
+               .T = T,
+               .accum = 2,
+               .lr = 3e-3f,
+               .min_lr = 3e-4f,
+               .clip = 1.0f,
+               .warmup = 2,
+               .decay_iters = STEPS,
+               .hp = {0.9f, 0.95f, 1e-8f, 0.1f},
+               .dropout_seed = 42,
+               .pipe_schedule = j->zb ? SL_PIPE_ZB_H1 : SL_PIPE_1F1B,
+               .recompute = j->recompute,
+               .recompute_layers = j->rc_layers},
+        .dp = {.zero_stage = 1, .bucket_elems = 3000, .accum = 2, .ready = sl_trainer_dp_ready},
+        .steps = STEPS,
+        .data = synth,
+        .losses = j->loss,
+        /* read after the step from the routing nodes, as metrics.jsonl's */
+        .moe_load = j->llama == 2 ? &j->load[0][0] : NULL,
+        .moe_dropped = j->llama == 2 ? j->dropped : NULL,
+        .planned = &j->planned,
+        .params = &j->params,
+        .numel = &j->numel,
+        .user = j,
+        .prepare = prepare};
+    j->st = tu_layout_run_rank(&s);
     return NULL;
 }
 
@@ -239,13 +206,8 @@ typedef struct {
 } layout;
 
 static void run_layout(layout L, int recompute, rank_job *jobs) {
-    sl_comm *comms[8] = {0};
-    pthread_t th[8];
-    if (L.world > 1)
-        TU_CHECK(sl_comm_init_loopback(L.world, comms, NULL) == SL_OK, "loopback: %s", sl_errmsg());
-    for (int r = 0; r < L.world; r++) {
-        jobs[r] = (rank_job){.world = comms[r],
-                             .tp = L.tp,
+    for (int r = 0; r < L.world; r++)
+        jobs[r] = (rank_job){.tp = L.tp,
                              .pp = L.pp,
                              .ep = L.ep,
                              .sp = L.sp,
@@ -256,10 +218,7 @@ static void run_layout(layout L, int recompute, rank_job *jobs) {
                                           : L.block  ? SL_RECOMPUTE_BLOCK
                                                      : SL_RECOMPUTE_UNIFORM,
                              .rc_layers = L.block};
-        pthread_create(&th[r], NULL, run_rank, &jobs[r]);
-    }
-    for (int r = 0; r < L.world; r++) pthread_join(th[r], NULL);
-    for (int r = 0; r < L.world; r++) sl_comm_free(comms[r]);
+    TU_LAYOUT_THREADS(L.world, run_rank, jobs);
 }
 
 /* every rank of the layout with recomputation: its losses, its parameters (and MoE statistics) bitwise the
