@@ -51,6 +51,20 @@ static sl_status new_whole(sl_model **m) {
 }
 static const char *tied_name(void) { return g_llama ? "model.embed_tokens.weight" : "wte"; }
 
+/* the training of every run (the pipeline's schedule aside): `accum` micro-batches per step */
+static sl_trainer_config tcfg(int accum) {
+    return (sl_trainer_config){.B = B,
+                               .T = T,
+                               .accum = accum,
+                               .dp_size = 1,
+                               .lr = 3e-3f,
+                               .min_lr = 3e-4f,
+                               .clip = 0.5f,
+                               .warmup = 3,
+                               .decay_iters = STEPS,
+                               .hp = {0.9f, 0.95f, 1e-8f, 0.1f}};
+}
+
 static sl_status synth(void *u, int64_t step, int micro, int32_t *ids, int32_t *tg) {
     (void)u;
     tu_synth_tokens(B, T, V, step, micro, ids, tg);
@@ -134,16 +148,7 @@ static void *run_rank(void *arg) {
         .gpt2 = g_llama ? NULL : &CFG,
         .llama = &lc,
         .seed = 11,
-        .tc = {.B = B,
-               .T = T,
-               .accum = j->accum,
-               .lr = 3e-3f,
-               .min_lr = 3e-4f,
-               .clip = 0.5f,
-               .warmup = 3,
-               .decay_iters = STEPS,
-               .hp = {0.9f, 0.95f, 1e-8f, 0.1f},
-               .pipe_schedule = j->zb ? SL_PIPE_ZB_H1 : SL_PIPE_1F1B},
+        .tc = tcfg(j->accum),
         .dp = {.zero_stage = j->zero, .bucket_elems = 3000, .accum = j->accum, .ready = sl_trainer_dp_ready},
         .steps = STEPS,
         .data = synth,
@@ -153,6 +158,7 @@ static void *run_rank(void *arg) {
         .ready = ready,
         .after_step = after_step,
         .finish = finish};
+    s.tc.pipe_schedule = j->zb ? SL_PIPE_ZB_H1 : SL_PIPE_1F1B;
     j->st = tu_layout_run_rank(&s);
     return NULL;
 }
@@ -393,16 +399,7 @@ static void single(int accum, ref_run *ref) {
     TU_CHECK(new_whole(&m) == SL_OK, "model");
     sl_model_init_weights(m, 11);
     sl_trainer tr;
-    sl_trainer_config tc = {.B = B,
-                            .T = T,
-                            .accum = accum,
-                            .dp_size = 1,
-                            .lr = 3e-3f,
-                            .min_lr = 3e-4f,
-                            .clip = 0.5f,
-                            .warmup = 3,
-                            .decay_iters = STEPS,
-                            .hp = {0.9f, 0.95f, 1e-8f, 0.1f}};
+    sl_trainer_config tc = tcfg(accum);
     TU_CHECK(sl_trainer_init(&tr, m, &tc) == SL_OK, "trainer: %s", sl_errmsg());
     for (int s = 0; s < STEPS; s++) {
         sl_step_stats ss;

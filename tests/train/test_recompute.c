@@ -61,24 +61,30 @@ typedef struct {
     int recomputed; /* nodes flagged SL_FLAG_RECOMPUTED */
 } run_out;
 
+/* the training of every run: two micro-batches per step, dropout drawn from seed 42; recompute / layers:
+ * sl_graph_set_recompute's */
+static sl_trainer_config tcfg(int recompute, int layers) {
+    return (sl_trainer_config){.B = B,
+                               .T = T,
+                               .accum = 2,
+                               .lr = 3e-3f,
+                               .min_lr = 3e-4f,
+                               .clip = 1.0f,
+                               .warmup = 2,
+                               .decay_iters = STEPS,
+                               .hp = {0.9f, 0.95f, 1e-8f, 0.1f},
+                               .dropout_seed = 42,
+                               .recompute = recompute,
+                               .recompute_layers = layers};
+}
+
 static void run(int llama, sl_dtype dt, int recompute, int layers, run_out *r) {
     sl_model *m = NULL;
     TU_CHECK((llama ? sl_llama_new(&LCFG, &m) : sl_gpt2_new(&CFG, &m)) == SL_OK, "model: %s", sl_errmsg());
     sl_model_init_weights(m, 5);
     m->compute_dtype = dt;
     if (!llama) m->attention_dropout = m->hidden_dropout = 0.2f;
-    sl_trainer_config tc = {.B = B,
-                            .T = T,
-                            .accum = 2,
-                            .lr = 3e-3f,
-                            .min_lr = 3e-4f,
-                            .clip = 1.0f,
-                            .warmup = 2,
-                            .decay_iters = STEPS,
-                            .hp = {0.9f, 0.95f, 1e-8f, 0.1f},
-                            .dropout_seed = 42,
-                            .recompute = recompute,
-                            .recompute_layers = layers};
+    sl_trainer_config tc = tcfg(recompute, layers);
     sl_trainer tr;
     TU_CHECK(sl_trainer_init(&tr, m, &tc) == SL_OK, "trainer: %s", sl_errmsg());
     r->planned = tr.plan.planned_bytes;
@@ -170,19 +176,7 @@ static void *run_rank(void *arg) {
         .gpt2 = j->llama ? NULL : &CFG,
         .llama = j->llama == 2 ? &MCFG : &LCFG,
         .seed = 5,
-        .tc = {.B = B,
-               .T = T,
-               .accum = 2,
-               .lr = 3e-3f,
-               .min_lr = 3e-4f,
-               .clip = 1.0f,
-               .warmup = 2,
-               .decay_iters = STEPS,
-               .hp = {0.9f, 0.95f, 1e-8f, 0.1f},
-               .dropout_seed = 42,
-               .pipe_schedule = j->zb ? SL_PIPE_ZB_H1 : SL_PIPE_1F1B,
-               .recompute = j->recompute,
-               .recompute_layers = j->rc_layers},
+        .tc = tcfg(j->recompute, j->rc_layers),
         .dp = {.zero_stage = 1, .bucket_elems = 3000, .accum = 2, .ready = sl_trainer_dp_ready},
         .steps = STEPS,
         .data = synth,
@@ -195,6 +189,7 @@ static void *run_rank(void *arg) {
         .numel = &j->numel,
         .user = j,
         .prepare = prepare};
+    s.tc.pipe_schedule = j->zb ? SL_PIPE_ZB_H1 : SL_PIPE_1F1B;
     j->st = tu_layout_run_rank(&s);
     return NULL;
 }
