@@ -42,6 +42,26 @@ static void write_file(const char *path, const char *text, int exec) {
     if (exec) chmod(path, 0755);
 }
 
+/* A write of `path` that fails (past the file size limit, as on a full disk): `suanli ARGS` exits 2 with
+ * one line naming `flag` (and `name`, where set), keeps the file there whole and leaves no temp file in
+ * dir. */
+static void failed_write(const char *dir, const char *path, const char *args, const char *flag,
+                         const char *name) {
+    char cmd[4096], *before = NULL, *after = NULL;
+    size_t nb = 0, na = 0;
+    TU_CHECK(sl_file_read_all(path, &before, &nb) == SL_OK, "%s there", path);
+    snprintf(cmd, sizeof cmd, "trap '' XFSZ; ulimit -f 1; %s %s", tu_cli(), args);
+    int rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 2 && lines(out) == 1 && strstr(out, flag) && (!name || strstr(out, name)),
+             "failed %s write: %d: %s", flag, rc, out);
+    TU_CHECK(before && sl_file_read_all(path, &after, &na) == SL_OK && na == nb && !memcmp(before, after, nb),
+             "a failed %s write keeps %s whole", flag, path);
+    free(before);
+    free(after);
+    snprintf(cmd, sizeof cmd, "ls -a %s | grep -q tmp", dir);
+    TU_CHECK(tu_run(cmd, out, sizeof out) == 1, "a failed %s write leaves no temp file in %s", flag, dir);
+}
+
 static void test_plan_bad(const char *d) {
     char p[600], args[2048], cmd[4096];
     const char *cl = SL_SOURCE_DIR "/configs/cluster/this-host.json";
@@ -308,24 +328,11 @@ static void test_submit(const char *d) {
                  "--mpi script: %s", s);
         free(s);
     }
-    /* a write that fails (here past the file size limit, as on a full disk) keeps the script there and
-     * leaves no part of the new one: it truncated the old script and left the cut new one */
-    char *before = NULL, *after = NULL;
-    size_t nb = 0, na = 0;
-    TU_CHECK(sl_file_read_all(script, &before, &nb) == SL_OK, "script there");
+    /* a write that fails keeps the script there and leaves no part of the new one: it truncated the old
+     * script and left the cut new one */
     snprintf(cmd, sizeof cmd,
-             "trap '' XFSZ; ulimit -f 1; %s submit --script %s --nodes 3 --ntasks-per-node 1 --time 1:00:00 "
-             "-- suanli train",
-             tu_cli(), script);
-    rc = tu_run(cmd, out, sizeof out);
-    TU_CHECK(rc == 2 && lines(out) == 1 && strstr(out, "--script"), "failed script write: %d: %s", rc, out);
-    TU_CHECK(before && sl_file_read_all(script, &after, &na) == SL_OK && na == nb &&
-                 !memcmp(before, after, nb),
-             "a failed write keeps the script there whole");
-    free(before);
-    free(after);
-    snprintf(cmd, sizeof cmd, "ls -a %s | grep -q tmp", d);
-    TU_CHECK(tu_run(cmd, out, sizeof out) == 1, "a failed write leaves no temp file");
+             "submit --script %s --nodes 3 --ntasks-per-node 1 --time 1:00:00 -- suanli train", script);
+    failed_write(d, script, cmd, "--script", NULL);
 }
 
 static void test_srun(const char *d) {
@@ -374,25 +381,11 @@ static void test_topo(const char *d) {
     TU_CHECK(rc == 0 && strstr(out, "2 package(s), 2 NUMA node(s), 8 core(s), 16 PU(s)") &&
                  strstr(out, "rank 2: NUMA node 1, cores 4 5 (CPUs 8-11)"),
              "HWLOC_XMLFILE: %d: %s", rc, out);
-    { /* a write that fails (past the file size limit, as on a full disk) keeps t.xml: hwloc's writer
-       * emptied it, and then the loader saw no topology */
-        char xp[600], *before = NULL, *after = NULL;
-        size_t nb = 0, na = 0;
+    { /* a write that fails keeps t.xml: hwloc's writer emptied it, and then the loader saw no topology */
+        char xp[600];
         snprintf(xp, sizeof xp, "%s/t.xml", d);
-        TU_CHECK(sl_file_read_all(xp, &before, &nb) == SL_OK, "t.xml there");
-        snprintf(cmd, sizeof cmd,
-                 "trap '' XFSZ; ulimit -f 1; %s topo --synthetic 'numa:2 core:1 pu:1' --export-xml %s",
-                 tu_cli(), xp);
-        rc = tu_run(cmd, out, sizeof out);
-        TU_CHECK(rc == 2 && lines(out) == 1 && strstr(out, "--export-xml") && strstr(out, "t.xml"),
-                 "failed --export-xml: %d: %s", rc, out);
-        TU_CHECK(before && sl_file_read_all(xp, &after, &na) == SL_OK && na == nb &&
-                     !memcmp(before, after, nb),
-                 "a failed --export-xml keeps t.xml whole");
-        free(before);
-        free(after);
-        snprintf(cmd, sizeof cmd, "ls -a %s | grep -q tmp", d);
-        TU_CHECK(tu_run(cmd, out, sizeof out) == 1, "a failed --export-xml leaves no temp file");
+        snprintf(cmd, sizeof cmd, "topo --synthetic 'numa:2 core:1 pu:1' --export-xml %s", xp);
+        failed_write(d, xp, cmd, "--export-xml", "t.xml");
     }
     rc = tu_cli_run(out, sizeof out, "topo");
     TU_CHECK(rc == 0 && strstr(out, "NUMA node"), "this host: %d: %s", rc, out);
