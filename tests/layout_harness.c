@@ -100,6 +100,12 @@ sl_status tu_layout_run_rank(const tu_layout_spec *spec) {
     return st;
 }
 
+sl_status tu_layout_synth(void *tokens, int64_t step, int micro, int32_t *ids, int32_t *tg) {
+    const tu_layout_tokens *k = tokens;
+    tu_synth_tokens(k->B, k->T, k->V, step, micro, ids, tg);
+    return SL_OK;
+}
+
 void tu_layout_threads(int n, void *(*fn)(void *), void *jobs, size_t stride, size_t world_off) {
     enum { MAXR = 16 };
     sl_comm *comms[MAXR] = {0};

@@ -65,6 +65,13 @@ struct tu_layout_rank {
     sl_trainer tr;
 };
 
+/* The batches of the layout tests: micro-batch `micro` of `step` from tu_synth_tokens, B rows of T ids over
+ * vocabulary V (an sl_batch_fn; tokens: a tu_layout_tokens). */
+typedef struct {
+    int B, T, V;
+} tu_layout_tokens;
+sl_status tu_layout_synth(void *tokens, int64_t step, int micro, int32_t *ids, int32_t *tg);
+
 /* Runs one rank as the spec says (the steps the hooks see); frees all it built but a kept R->m. */
 sl_status tu_layout_run_rank(const tu_layout_spec *spec);
 

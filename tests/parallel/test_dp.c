@@ -13,11 +13,7 @@
 enum { STEPS = 20, B = 2, T = 16, V = 64 };
 static const sl_gpt2_config CFG = {2, 2, 32, V, T};
 
-static sl_status synth(void *u, int64_t step, int micro, int32_t *ids, int32_t *tg) {
-    (void)u;
-    tu_synth_tokens(B, T, V, step, micro, ids, tg);
-    return SL_OK;
-}
+static tu_layout_tokens TOK = {B, T, V}; /* the batches (tu_layout_synth) */
 
 /* a tiny Mixtral-style Llama-family model: GQA, q/k/v biases, tied embeddings, 2 experts top-1 */
 static const sl_llama_config LCFG = {.arch = SL_ARCH_MIXTRAL,
@@ -75,7 +71,8 @@ static void *run_rank(void *arg) {
                         /* small buckets: many launches overlap backward */
                         .dp = {.zero_stage = j->zero, .bucket_elems = 3000, .accum = j->accum},
                         .steps = STEPS,
-                        .data = synth,
+                        .data = tu_layout_synth,
+                        .data_user = &TOK,
                         .losses = j->losses,
                         .grad_norms = j->norms,
                         .params = &j->final_params,

@@ -65,11 +65,7 @@ static sl_trainer_config tcfg(int accum) {
                                .hp = {0.9f, 0.95f, 1e-8f, 0.1f}};
 }
 
-static sl_status synth(void *u, int64_t step, int micro, int32_t *ids, int32_t *tg) {
-    (void)u;
-    tu_synth_tokens(B, T, V, step, micro, ids, tg);
-    return SL_OK;
-}
+static tu_layout_tokens TOK = {B, T, V}; /* the batches (tu_layout_synth) */
 
 typedef struct {
     sl_comm *world;
@@ -117,7 +113,7 @@ static sl_status after_step(tu_layout_rank *R, int s, const sl_step_stats *ss, v
     }
     /* after the last step: the evaluation through the pipeline (sl_pipeline_eval; the loss broadcast from
      * the last stage), before the last update's gathers */
-    return s == STEPS - 1 ? sl_trainer_eval(&R->tr, synth, NULL, EVAL_ITERS, &j->val_loss) : SL_OK;
+    return s == STEPS - 1 ? sl_trainer_eval(&R->tr, tu_layout_synth, &TOK, EVAL_ITERS, &j->val_loss) : SL_OK;
 }
 
 /* the stage's parameters in the full (TP-gathered) layout; the stage model is kept */
@@ -151,7 +147,8 @@ static void *run_rank(void *arg) {
         .tc = tcfg(j->accum),
         .dp = {.zero_stage = j->zero, .bucket_elems = 3000, .accum = j->accum, .ready = sl_trainer_dp_ready},
         .steps = STEPS,
-        .data = synth,
+        .data = tu_layout_synth,
+        .data_user = &TOK,
         .losses = j->losses,
         .user = j,
         .prepare = prepare,
@@ -403,10 +400,11 @@ static void single(int accum, ref_run *ref) {
     TU_CHECK(sl_trainer_init(&tr, m, &tc) == SL_OK, "trainer: %s", sl_errmsg());
     for (int s = 0; s < STEPS; s++) {
         sl_step_stats ss;
-        TU_CHECK(sl_trainer_step(&tr, s, synth, NULL, &ss) == SL_OK, "step: %s", sl_errmsg());
+        TU_CHECK(sl_trainer_step(&tr, s, tu_layout_synth, &TOK, &ss) == SL_OK, "step: %s", sl_errmsg());
         ref->losses[s] = ss.loss;
     }
-    TU_CHECK(sl_trainer_eval(&tr, synth, NULL, EVAL_ITERS, &ref->val_loss) == SL_OK, "eval: %s", sl_errmsg());
+    TU_CHECK(sl_trainer_eval(&tr, tu_layout_synth, &TOK, EVAL_ITERS, &ref->val_loss) == SL_OK, "eval: %s",
+             sl_errmsg());
     sl_trainer_free(&tr);
     ref->m = m;
 }

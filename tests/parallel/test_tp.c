@@ -33,11 +33,7 @@ static const sl_llama_config LCFG = {.arch = SL_ARCH_QWEN2,
                                      .tie_embeddings = 0,
                                      .qkv_bias = 1};
 
-static sl_status synth(void *u, int64_t step, int micro, int32_t *ids, int32_t *tg) {
-    (void)u;
-    tu_synth_tokens(B, T, V, step, micro, ids, tg);
-    return SL_OK;
-}
+static tu_layout_tokens TOK = {B, T, V}; /* the batches (tu_layout_synth) */
 
 typedef struct {
     sl_comm *world;
@@ -83,7 +79,8 @@ static void *run_rank(void *arg) {
                                .hp = {0.9f, 0.95f, 1e-8f, 0.1f}},
                         .dp = {.zero_stage = j->zero, .bucket_elems = 3000, .accum = j->accum},
                         .steps = STEPS,
-                        .data = synth,
+                        .data = tu_layout_synth,
+                        .data_user = &TOK,
                         .losses = j->losses,
                         .grad_norms = j->norms,
                         .planned = &j->act_bytes,

@@ -47,11 +47,7 @@ static const sl_llama_config MCFG = {.arch = SL_ARCH_QWEN2_MOE,
                                      .rope_theta = 10000.0f,
                                      .qkv_bias = 1};
 
-static sl_status synth(void *u, int64_t step, int micro, int32_t *ids, int32_t *tg) {
-    (void)u;
-    tu_synth_tokens(B, T, V, step, micro, ids, tg);
-    return SL_OK;
-}
+static tu_layout_tokens TOK = {B, T, V}; /* the batches (tu_layout_synth) */
 
 typedef struct {
     float loss[STEPS];
@@ -93,7 +89,7 @@ static void run(int llama, sl_dtype dt, int recompute, int layers, run_out *r) {
         r->recomputed += (sl_graph_node(tr.graph, i)->flags & SL_FLAG_RECOMPUTED) != 0;
     for (int s = 0; s < STEPS; s++) {
         sl_step_stats ss;
-        TU_CHECK(sl_trainer_step(&tr, s, synth, NULL, &ss) == SL_OK, "step %d: %s", s, sl_errmsg());
+        TU_CHECK(sl_trainer_step(&tr, s, tu_layout_synth, &TOK, &ss) == SL_OK, "step %d: %s", s, sl_errmsg());
         r->loss[s] = ss.loss;
     }
     r->numel = m->numel;
@@ -179,7 +175,8 @@ static void *run_rank(void *arg) {
         .tc = tcfg(j->recompute, j->rc_layers),
         .dp = {.zero_stage = 1, .bucket_elems = 3000, .accum = 2, .ready = sl_trainer_dp_ready},
         .steps = STEPS,
-        .data = synth,
+        .data = tu_layout_synth,
+        .data_user = &TOK,
         .losses = j->loss,
         /* read after the step from the routing nodes, as metrics.jsonl's */
         .moe_load = j->llama == 2 ? &j->load[0][0] : NULL,
