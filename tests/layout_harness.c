@@ -117,7 +117,7 @@ void tu_layout_threads(int n, void *(*fn)(void *), void *jobs, size_t stride, si
     if (n > 1) {
         sl_status st = sl_comm_init_loopback(n, comms, NULL);
         TU_CHECK(st == SL_OK, "loopback: %s", sl_errmsg());
-        if (st != SL_OK) memset(comms, 0, sizeof comms); /* the ranks run with no world: their meshes fail */
+        if (st != SL_OK) memset(comms, 0, sizeof comms); /* the ranks run with no world */
     }
     for (int r = 0; r < n; r++) {
         char *job = (char *)jobs + (size_t)r * stride;

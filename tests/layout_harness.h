@@ -2,14 +2,17 @@
  * (loopback transport) and compare it with the single process or with another run: build the mesh, the
  * whole model and this rank's split of it (sl_tp_load_full), the trainer, TP and (when the mesh has dp > 1)
  * DP, run the steps, gather the weights. The values (model, seed, trainer config, ZeRO stage, steps) stay
- * with each test; what it reads from the run it reads in the hooks.
+ * with each test; what it reads from the run it has recorded (losses, parameters, ...) or reads in the
+ * hooks.
  *
  * Usage:
- *   static void *run_rank(void *arg) {
+ *   static tu_layout_tokens TOK = {B, T, V};
+ *   static void *run_rank(void *arg) {  // arg: a rank_job with an sl_comm *world member
  *       rank_job *j = arg;
  *       tu_layout_spec sp = {.world = j->world, .tp = j->tp, .gpt2 = &CFG, .seed = 11, .tc = {...},
  *                            .dp = {.zero_stage = j->zero, .bucket_elems = 3000, .accum = j->accum},
- *                            .steps = STEPS, .data = synth, .losses = j->losses};
+ *                            .steps = STEPS, .data = tu_layout_synth, .data_user = &TOK,
+ *                            .losses = j->losses};
  *       j->st = tu_layout_run_rank(&sp);
  *       return NULL;
  *   }
@@ -72,7 +75,8 @@ typedef struct {
 } tu_layout_tokens;
 sl_status tu_layout_synth(void *tokens, int64_t step, int micro, int32_t *ids, int32_t *tg);
 
-/* Runs one rank as the spec says (the steps the hooks see); frees all it built but a kept R->m. */
+/* Runs one rank as the spec says; frees all it built but a model a hook kept. The first status other than
+ * SL_OK (the mesh, the model, the trainer, DP, a step, a hook) ends the run and is returned. */
 sl_status tu_layout_run_rank(const tu_layout_spec *spec);
 
 /* Runs fn(&jobs[r]) on n threads, r < n, each job's `world` member (at world_off) set to rank r of a loopback
