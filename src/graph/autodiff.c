@@ -36,12 +36,16 @@ void sl_graph_set_recompute(sl_graph *g, int method, int num_layers) {
  * A copy runs the same kernel on the same bits in the same order: the same values (the dropout masks
  * come from the same counters: sl_graph_set_dropout sets the copies too); test_recompute checks losses
  * and weights bitwise equal to the run that keeps everything, also under TP, SP, PP and DP. Nodes that
- * write into storage outside their segment, collectives that communicate in the forward and KV-cache
- * stores are never copied: such a TP layer's collective runs once, in the forward, and its output is kept
- * for the copies downstream (so every rank still issues the same collectives in the same order; Megatron
- * runs g's all-reduce again, and keeps one (N, C) buffer less per layer). TP's f, whose forward is the
- * identity, is copied like any op: it communicates in its backward only, which runs once either way (a
- * TP layer then keeps 2 C floats per token instead of 4 C: Note [Recomputation memory], src/plan). ZB-H1
+ * write into storage outside their segment, KV-cache stores and the collectives whose forward sums are
+ * never copied: TP's g (an all-reduce) and SP's reduce-scatter run once, in the forward, and their
+ * outputs are kept for the copies downstream (Megatron runs g's all-reduce again, and keeps one (N, C)
+ * buffer less per layer). TP's f, whose forward is the identity, and SP's all-gather along the sequence
+ * are copied like any op: f communicates in its backward only, which runs once either way (a TP layer
+ * then keeps 2 C floats per token instead of 4 C: Note [Recomputation memory], src/plan), and the
+ * all-gather, exact, is run again in the backward (as Megatron does), so an SP layer keeps its sequence
+ * shards only, not two gathered (N, C) buffers. The collective provider runs collectives in graph order
+ * and every rank of a TP group builds the same graph, so the copies' all-gathers meet in the same order
+ * on every rank; sl_tp_comm_theory counts them. ZB-H1
  * (Note [Splitting the backward]) defers the weight gradients and with them the copies they read, so its last
  * stage keeps as much as without recomputation. A pipeline stage's slot graphs recompute each the same way
  * (sl_model.recompute), so the micro-batches in flight hold their layer inputs only. A MoE layer's routing
@@ -50,9 +54,10 @@ void sl_graph_set_recompute(sl_graph *g, int method, int num_layers) {
  * dispatch, the experts and the combine are computed again from it. Costs one more forward per step, as
  * Megatron's. */
 static int copyable(const sl_tensor *t) {
-    /* a collective whose forward is the identity (TP's f: it communicates in its backward only) is copied:
-     * the copy moves no data between ranks, and its backward runs once either way */
-    if (t->op == SL_OP_COLLECTIVE && t->iparams[0] == SL_COLL_COPY)
+    /* collectives whose forward moves data without arithmetic are copied (below): TP's f (the identity)
+     * and SP's all-gather along the sequence */
+    if (t->op == SL_OP_COLLECTIVE &&
+        (t->iparams[0] == SL_COLL_COPY || t->iparams[0] == SL_COLL_ALLGATHER_SEQ))
         return !(t->flags & (SL_FLAG_OUTPUT | SL_FLAG_LOSS | SL_FLAG_PARAM | SL_FLAG_INPUT));
     return t->op != SL_OP_COLLECTIVE && t->op != SL_OP_KV_STORE && t->op != SL_OP_MOE_ROUTE &&
            t->op != SL_OP_MOE_ROUTER_LOSS &&

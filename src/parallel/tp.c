@@ -434,5 +434,15 @@ double sl_tp_comm_theory(const sl_model *m, int B, int T, int micro_batches) {
     per -= sparse * 4 * f * S;
     if (m->etp) per += sparse * (4 * f * S + 2 * f * (double)B * T * E * sizeof(float));
     per += 2 * f * sizeof(float) * rep;
+    /* full recomputation under SP gathers again: the all-gathers before attention and before the MLP (the
+     * experts only when split) of each recomputed layer (Note [Full recomputation], src/graph/autodiff.c):
+     * uniform recomputes every layer, block the first recompute_layers of each model chunk */
+    if (m->sp && m->recompute != SL_RECOMPUTE_NONE) {
+        int v = m->vpp > 1 ? m->vpp : 1, nb = m->recompute_layers > 0 ? m->recompute_layers : 1;
+        double layers =
+            m->recompute == SL_RECOMPUTE_BLOCK ? (double)v * (nb < L / v ? nb : L / v) : (double)L;
+        double sparse_share = L > 0 ? (double)sparse / L : 0; /* MoE layers' MLPs gather when split only */
+        per += layers * (2.0 - (m->etp ? 0.0 : sparse_share)) * f * S;
+    }
     return per * micro_batches;
 }

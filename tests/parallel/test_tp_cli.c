@@ -74,6 +74,19 @@ int main(void) {
              cli, cli, data, dir);
     TU_CHECK(rc == 0 && strstr(out, "tensor parallel: 2 ranks, sequence parallel"), "tp2 + SP: %s", out);
     same_run(dir, "tp2sp");
+    /* full recomputation under SP gathers the sequence again in the backward (Note [Full recomputation]):
+     * the same run, with the extra all-gathers counted in the theory (same_run checks the volume) */
+    rc = run("%s run -n 2 -- %s train --data-path %s " TINY
+             " --tp 2 --sequence-parallel --recompute-granularity full --save %s/tp2sprc",
+             cli, cli, data, dir);
+    TU_CHECK(rc == 0, "tp2 + SP + recomputation: %s", out);
+    same_run(dir, "tp2sprc");
+    rc = run("%s run -n 2 -- %s train --data-path %s " TINY
+             " --tp 2 --sequence-parallel --recompute-granularity full --recompute-method block "
+             "--recompute-num-layers 1 --save %s/tp2sprcb",
+             cli, cli, data, dir);
+    TU_CHECK(rc == 0, "tp2 + SP + block recomputation of 1 layer: %s", out);
+    same_run(dir, "tp2sprcb");
     /* dropout under TP (Note [Dropout from counters]): a rank's attention node draws its heads' masks at
      * their index in the full (B, NH, T, T) probabilities, and under SP a dropout node on a sequence shard
      * at the shard's positions in the full (B, T, C) stream; replicated streams draw the full mask as they
