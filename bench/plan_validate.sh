@@ -99,7 +99,9 @@ par() {
     cN=$(SUANLI_COMM_ALGO=direct run_cpu $((steps + 1)) "$run.log" "${pre[@]}" "${train[@]}" --save "$run")
     echo "{\"num_layers\": $L, \"hidden_size\": $C, \"num_attention_heads\": $H, \"vocab_size\": 256, \"seq_length\": 64}" > "$tmp/m.json"
     $S plan --model "$tmp/m.json" --cluster configs/cluster/this-host.json --devices "$n" --dp 1 --tp "$tp" --pp "$pp" \
-        --micro-batch "$B" --global-batch $((B * acc)) --seq-len 64 --recompute none --zero 0 --json --top 1 "${probe[@]}" | grep -v '^probe:' > "$tmp/plan.json"
+        --micro-batch "$B" --global-batch $((B * acc)) --seq-len 64 --recompute none --zero 0 --json --top 1 \
+        --sequence-parallel "$([[ " ${extra[*]} " == *" --sequence-parallel "* ]] && echo on || echo off)" \
+        "${probe[@]}" | grep -v '^probe:' > "$tmp/plan.json"
     python3 - "$run" "$tmp/plan.json" "$L" "$C" "$B" "$n" "$tp" "$pp" "$acc" "$load" "$c1" "$cN" "$steps" "${extra[*]}" <<'PY'
 import json, re, statistics, sys
 run, planf, L, C, B, n, tp, pp, acc, load, c1, cN, steps, extra = sys.argv[1:]

@@ -78,6 +78,7 @@ typedef struct sl_plan_job {
     /* restrictions (0: enumerate) */
     int64_t tp, pp, ep, dp, micro_batch, zero; /* zero: stage + 1 to fix it (0: enumerate 0..3) */
     int recompute;                             /* 0 enumerate, 1 none only, 2 full only */
+    int sp;                                    /* sequence parallelism: 0 enumerate, 1 off only, 2 on only */
     int etp; /* expert tensor parallelism: 0 enumerate, 1 experts whole on every TP rank only, 2 split only */
 } sl_plan_job;
 
@@ -93,6 +94,7 @@ typedef struct sl_plan_layout {
     int etp;
     int64_t micro_batch, accum; /* accum = micro-batches per step per data-parallel rank */
     int zero, recompute;        /* recompute: 0 none, 1 full (layer inputs kept) */
+    int sp;                     /* 1: sequence parallelism (tp > 1, dense models) */
     /* pp > 1 without interleaving: the layers of the first / last stage the planner chose so that the
      * slowest stage (the last holds the LM head) is fastest, 0 / 0 for the even split (sl_pp_balanced_split;
      * suanli train's --decoder-first/last-pipeline-num-layers) */
@@ -106,7 +108,7 @@ typedef struct sl_plan_layout {
     int dp_hier;
     int64_t dp_per_host;
     double step_sec, tokens_per_s, mfu;
-    int runnable; /* suanli can train this layout today (ep = 1, no recomputation, no ZeRO-3 with pp > 1) */
+    int runnable; /* suanli can train this layout today (no ZeRO-3 with pp > 1, no EP on Mixtral) */
 } sl_plan_layout;
 
 /* Cluster file (JSON; configs/cluster/). Every error names the file and the field. */
@@ -134,7 +136,7 @@ sl_status sl_plan_enumerate(const sl_plan_model *md, const sl_plan_cluster *cl, 
 
 /* Activation bytes of one micro-batch as suanli's planner (sl_graph_plan) lays them out, per device. */
 double sl_plan_activation_bytes(const sl_plan_model *md, int64_t B, int64_t T, int64_t tp, int64_t ep,
-                                int etp, int recompute);
+                                int etp, int recompute, int sp);
 
 /* Calibration: GEMM FLOP/s and copy bandwidth of the CPU backend with `threads` threads (a short probe,
  * ~1 s). */

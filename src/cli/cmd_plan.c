@@ -11,7 +11,7 @@
 #include "suanli/plan.h"
 
 typedef struct {
-    const char *model, *cluster, *recompute, *data, *ckpt_bench;
+    const char *model, *cluster, *recompute, *sp, *data, *ckpt_bench;
     int64_t global_batch, seq_len, devices, tp, pp, ep, etp, dp, mb, zero, bucket, top, threads, spares, seed;
     double mtbf_hours, save_sec, restore_sec, interval_sec, work_hours, repair_hours;
     int probe, json, simulate;
@@ -37,6 +37,7 @@ static int plan_flags(plan_args *a, sl_flag *f) {
         {"micro-batch", SL_FLAG_INT, &a->mb, 1, 1 << 20, "fix the micro-batch size", 0},
         {"zero", SL_FLAG_INT, &a->zero, 0, 3, "fix the ZeRO stage", 0},
         {"recompute", SL_FLAG_STR, &a->recompute, 0, 0, "none | full | any (default any)", 0},
+        {"sequence-parallel", SL_FLAG_STR, &a->sp, 0, 0, "off | on | any (default any; on needs tp > 1)", 0},
         {"bucket-elems", SL_FLAG_INT, &a->bucket, 1, 1ll << 40, "DP bucket size in elements (1Mi)", 0},
         {"top", SL_FLAG_INT, &a->top, 1, 100000, "layouts to print (10)", 0},
         {"probe", SL_FLAG_BOOL, &a->probe, 0, 0, "calibrate GEMM efficiency and bandwidth on this host", 0},
@@ -65,21 +66,23 @@ static int plan_flags(plan_args *a, sl_flag *f) {
 
 static void layout_line(const sl_plan_layout *l, int rank) {
     const double G = 1073741824.0;
-    printf("%4d  %5lld %3lld %3lld %3lld %3lld %3lld %4lld %5lld %4d %-4s | %9.4f %11.1f %5.1f%% | %8.2f = "
-           "%6.2f "
-           "%6.2f "
-           "%6.2f %6.2f %6.2f | %-4s %s\n",
-           rank, (long long)l->dp, (long long)l->tp, (long long)l->pp, (long long)l->ep,
-           (long long)(l->etp ? l->tp : 1), (long long)l->vpp, (long long)l->micro_batch, (long long)l->accum,
-           l->zero, l->recompute ? "full" : "none", l->step_sec, l->tokens_per_s, 100.0 * l->mfu,
-           l->mem.total / G, l->mem.params / G, l->mem.grads / G, (l->mem.grad_shard + l->mem.optim) / G,
-           l->mem.slots / G, l->mem.activations / G, l->fits ? "yes" : "NO",
-           l->runnable ? "runs today" : "model-only");
+    printf(
+        "%4d  %5lld %3lld %2s %3lld %3lld %3lld %3lld %4lld %5lld %4d %-4s | %9.4f %11.1f %5.1f%% | %8.2f = "
+        "%6.2f "
+        "%6.2f "
+        "%6.2f %6.2f %6.2f | %-4s %s\n",
+        rank, (long long)l->dp, (long long)l->tp, l->sp ? "sp" : "", (long long)l->pp, (long long)l->ep,
+        (long long)(l->etp ? l->tp : 1), (long long)l->vpp, (long long)l->micro_batch, (long long)l->accum,
+        l->zero, l->recompute ? "full" : "none", l->step_sec, l->tokens_per_s, 100.0 * l->mfu,
+        l->mem.total / G, l->mem.params / G, l->mem.grads / G, (l->mem.grad_shard + l->mem.optim) / G,
+        l->mem.slots / G, l->mem.activations / G, l->fits ? "yes" : "NO",
+        l->runnable ? "runs today" : "model-only");
 }
 
 static void layout_json(const sl_plan_layout *l, int rank) {
     printf(
-        "{\"rank\": %d, \"dp\": %lld, \"tp\": %lld, \"pp\": %lld, \"ep\": %lld, \"etp\": %lld, \"vpp\": "
+        "{\"rank\": %d, \"dp\": %lld, \"tp\": %lld, \"sp\": %d, \"pp\": %lld, \"ep\": %lld, \"etp\": %lld, "
+        "\"vpp\": "
         "%lld, "
         "\"micro_batch\": "
         "%lld, \"accum\": %lld, \"zero\": %d, \"recompute\": %d, \"step_sec\": %.6f, \"tokens_per_s\": %.3f, "
@@ -89,7 +92,7 @@ static void layout_json(const sl_plan_layout *l, int rank) {
         "\"mem_grads\": %.0f, \"mem_grad_shard\": %.0f, \"mem_optim\": %.0f, \"mem_slots\": %.0f, "
         "\"mem_activations\": %.0f, \"fits\": %d, \"runnable\": %d, \"first_layers\": %lld, "
         "\"last_layers\": %lld, \"dp_allreduce\": \"%s\", \"dp_per_host\": %lld}\n",
-        rank, (long long)l->dp, (long long)l->tp, (long long)l->pp, (long long)l->ep,
+        rank, (long long)l->dp, (long long)l->tp, l->sp, (long long)l->pp, (long long)l->ep,
         (long long)(l->etp ? l->tp : 1), (long long)l->vpp, (long long)l->micro_batch, (long long)l->accum,
         l->zero, l->recompute, l->step_sec, l->tokens_per_s, l->mfu, l->bubble, l->t_compute, l->t_dp_comm,
         l->t_tp_comm, l->t_pp_comm, l->t_ep_comm, l->t_optim, l->mem.total, l->mem.params, l->mem.grads,
@@ -113,6 +116,7 @@ static void launch_command(const plan_args *a, const sl_plan_model *md, const sl
     if (l->tp > 1)
         k +=
             snprintf(par + k, sizeof par - (size_t)k, " --tensor-model-parallel-size %lld", (long long)l->tp);
+    if (l->sp) k += snprintf(par + k, sizeof par - (size_t)k, " --sequence-parallel");
     if (l->pp > 1)
         k += snprintf(par + k, sizeof par - (size_t)k, " --pipeline-model-parallel-size %lld",
                       (long long)l->pp);
@@ -277,6 +281,7 @@ static int calibrate(const plan_args *a, sl_plan_cluster *cl) {
 
 int sl_cmd_plan(int argc, char **argv) {
     plan_args a = {.recompute = "any",
+                   .sp = "any",
                    .top = 10,
                    .zero = -1,
                    .mtbf_hours = -1,
@@ -315,6 +320,11 @@ int sl_cmd_plan(int argc, char **argv) {
         fprintf(stderr, "suanli plan: --recompute: expected none, full or any, got '%s'\n", a.recompute);
         return 2;
     }
+    int spf = !strcmp(a.sp, "any") ? 0 : !strcmp(a.sp, "off") ? 1 : !strcmp(a.sp, "on") ? 2 : -1;
+    if (spf < 0) {
+        fprintf(stderr, "suanli plan: --sequence-parallel: expected off, on or any, got '%s'\n", a.sp);
+        return 2;
+    }
     sl_plan_cluster cl;
     sl_plan_model md;
     if (sl_plan_cluster_load(a.cluster, &cl) != SL_OK || sl_plan_model_load(a.model, &md) != SL_OK) {
@@ -351,7 +361,8 @@ int sl_cmd_plan(int argc, char **argv) {
                        .dp = a.dp,
                        .micro_batch = a.mb,
                        .zero = a.zero >= 0 ? a.zero + 1 : 0,
-                       .recompute = rc};
+                       .recompute = rc,
+                       .sp = spf};
     sl_plan_layout *v;
     int n;
     if (sl_plan_enumerate(&md, &cl, &job, &v, &n) != SL_OK) {
@@ -380,9 +391,10 @@ int sl_cmd_plan(int argc, char **argv) {
            md.name, (double)sl_plan_model_params(&md) / 1e9, cl.name, (long long)cl.hosts,
            (long long)cl.devices_per_host, cl.peak_flops / 1e12, 100.0 * cl.gemm_efficiency,
            cl.mem_bytes / 1073741824.0, (long long)job.global_batch, (long long)T, n);
-    printf("rank     dp  tp  pp  ep etp vpp   mb accum zero rc   |    step s    tokens/s   MFU | GiB/dev = "
-           "params grads "
-           "shard+opt slots act | fits\n");
+    printf(
+        "rank     dp  tp sp  pp  ep etp vpp   mb accum zero rc   |    step s    tokens/s   MFU | GiB/dev = "
+        "params grads "
+        "shard+opt slots act | fits\n");
     for (int i = 0; i < n && i < a.top; i++) layout_line(&v[i], i + 1);
     int best_run = -1;
     for (int i = 0; i < n && best_run < 0; i++)
@@ -392,13 +404,14 @@ int sl_cmd_plan(int argc, char **argv) {
         printf("(no layout that suanli train runs today fits: it runs dp x tp x pp (+ ep for Qwen2-MoE / "
                "DeepSeek-V3), with or without recomputation, but no ZeRO-3 with pp)\n");
     const sl_plan_layout *b = &v[0];
-    printf("best: dp %lld tp %lld pp %lld ep %lld%s%s, micro-batch %lld x %lld, ZeRO-%d, recompute %s: %.4f "
-           "s/step, "
-           "%.0f tokens/s, MFU %.1f%%, bubble %.1f%%, %.2f GiB per device\n",
-           (long long)b->dp, (long long)b->tp, (long long)b->pp, (long long)b->ep,
-           b->etp ? " (experts split over tp)" : "", b->vpp > 1 ? " (interleaved)" : "",
-           (long long)b->micro_batch, (long long)b->accum, b->zero, b->recompute ? "full" : "none",
-           b->step_sec, b->tokens_per_s, 100.0 * b->mfu, 100.0 * b->bubble, b->mem.total / 1073741824.0);
+    printf(
+        "best: dp %lld tp %lld%s pp %lld ep %lld%s%s, micro-batch %lld x %lld, ZeRO-%d, recompute %s: %.4f "
+        "s/step, "
+        "%.0f tokens/s, MFU %.1f%%, bubble %.1f%%, %.2f GiB per device\n",
+        (long long)b->dp, (long long)b->tp, b->sp ? " (sequence parallel)" : "", (long long)b->pp,
+        (long long)b->ep, b->etp ? " (experts split over tp)" : "", b->vpp > 1 ? " (interleaved)" : "",
+        (long long)b->micro_batch, (long long)b->accum, b->zero, b->recompute ? "full" : "none", b->step_sec,
+        b->tokens_per_s, 100.0 * b->mfu, 100.0 * b->bubble, b->mem.total / 1073741824.0);
     ckpt_advice ad;
     advise(&a, &md, &cl, b, &ad);
     launch_command(&a, &md, &cl, b, T, job.global_batch,

@@ -263,19 +263,32 @@ static void buckets(const plan_param *p, int n, int64_t bucket_elems, int64_t dp
  * head, vocabularies of 1.5 C to 32 C, 2 to 8 layers, tp 1 / 2 / 4, pp 1 / 2 / 3, 1F1B); within 3.5 %
  * there, and GPT-2 124M's real plans (bench train --plan-only) within 2 %. MoE layers keep the formula of the
  * dispatched layer below, unfitted under recomputation. */
+/* Note [Sequence-parallel memory]: under SP (Korthikanti et al. 2022; --sequence-parallel) a layer keeps
+ * its two all-gathered (N, C) inputs of the column-parallel linears whole and everything else of the
+ * replicated regions as sequence shards: 2 C + (4 C + split) / tp floats per token, the whole model's ends
+ * C + (4 C + V) / tp; a first pipeline stage's ends 3.5 C (GPT-2: the position embedding) or 2.25 C, a
+ * last one's V / tp + 2 C. Recomputing (the all-gathers run again, Note [Full recomputation]): k = 2 C / tp
+ * (the sequence shards of the layer input and of g's reduce-scatter output), W = S / tp (+ 2 x a rank's k
+ * width when tp > kv heads), ends 2.75 C (a later stage 2.25 C), the LM head's branch Ls k + 1.2 C +
+ * (1.8 C + V) / tp (a last stage Ls k + 1.6 C + V / tp). Fitted on sl_graph_plan like the above (GPT-2
+ * and the Llama, V 2 C and 32 C, tp 2 / 4, pp 1 / 2, 2-8 layers); dense models only: the planner does not
+ * enumerate SP for MoE models. */
 typedef struct {
     double keep, work; /* floats per token: k and W */
 } rc_terms;
 
 static int64_t kv_rank(const sl_plan_model *m, int64_t tp);
 
-static rc_terms recompute_terms(const sl_plan_model *m, int64_t tp) {
+static rc_terms recompute_terms(const sl_plan_model *m, int64_t tp, int sp) {
     double C = (double)m->hidden, NH = (double)m->n_head, t = (double)tp;
     double kv = m->arch == SL_PLAN_GPT2 ? 0.0 : (double)kv_rank(m, tp);
     double S = m->arch == SL_PLAN_GPT2 ? 10.5 * C + NH : 5.0 * (double)m->ffn + NH;
     rc_terms r;
     r.keep = tp > 1 ? 2.0 * C : C;
-    if (tp > 1) {
+    if (sp) { /* Note [Sequence-parallel memory] */
+        r.keep = 2.0 * C / t;
+        r.work = S / t + (tp > m->n_kv_head ? 2.0 * kv : 0.0);
+    } else if (tp > 1) {
         double split = S / t + (tp > m->n_kv_head ? 2.0 * kv : 0.0);
         r.work = split > 4.65 * C ? split : 4.65 * C;
     } else
@@ -284,7 +297,7 @@ static rc_terms recompute_terms(const sl_plan_model *m, int64_t tp) {
 }
 
 double sl_plan_activation_bytes(const sl_plan_model *m, int64_t B, int64_t T, int64_t tp, int64_t ep, int etp,
-                                int recompute) {
+                                int recompute, int sp) {
     double N = (double)(B * T), C = (double)m->hidden, NH = (double)m->n_head / (double)tp;
     double L = (double)m->n_layer;
     /* floats per token and layer: replicated across tp, split by tp */
@@ -335,13 +348,21 @@ double sl_plan_activation_bytes(const sl_plan_model *m, int64_t B, int64_t T, in
     double moe_layers = m->n_experts > 0 ? L - (double)m->first_dense : 0.0;
     /* the logits' gradient overwrites them (Note [Donated storage]) */
     double outside = 3.0 * C + (double)m->vocab / (double)tp + (tp > 1 ? C : 0.0);
+    if (sp) { /* Note [Sequence-parallel memory] */
+        per_layer = 2.0 * C + (4.0 * C + split) / (double)tp;
+        outside = C + (4.0 * C + (double)m->vocab) / (double)tp;
+    }
     if (moe_layers > 0 && moe_bwd > outside) outside = moe_bwd; /* which peak is higher */
     double floats = L * per_layer + moe_layers * moe + outside;
     if (recompute) { /* Note [Recomputation memory] */
-        rc_terms r = recompute_terms(m, tp);
+        rc_terms r = recompute_terms(m, tp, sp);
         double ends = 3.0 * C + (m->arch == SL_PLAN_GPT2 ? 1.5 : 2.0) * C / (double)tp + (tp > 1 ? C : 0.0);
-        double layer = (L - 1.0) * r.keep + r.work + ends,
-               head = L * r.keep + 3.0 * C + (double)m->vocab / (double)tp;
+        double head = L * r.keep + 3.0 * C + (double)m->vocab / (double)tp;
+        if (sp) {
+            ends = 2.75 * C;
+            head = L * r.keep + 1.2 * C + (1.8 * C + (double)m->vocab) / (double)tp;
+        }
+        double layer = (L - 1.0) * r.keep + r.work + ends;
         floats = (layer > head ? layer : head) + (moe_layers > 0 ? moe : 0.0);
     }
     if (moe_layers > 0) floats += reserved;
@@ -436,6 +457,15 @@ static sl_status check_layout(const sl_plan_model *m, const sl_plan_cluster *cl,
             "--tp: %lld does not divide the heads (%lld) and ffn, or the kv heads (%lld) and it do not "
             "divide each other",
             (long long)l->tp, (long long)m->n_head, (long long)m->n_kv_head);
+    if (l->sp && l->tp < 2)
+        return sl_fail(SL_ERR_INVALID, "--sequence-parallel on: needs tp > 1 (tp %lld)", (long long)l->tp);
+    if (l->sp && job->seq_len % l->tp)
+        return sl_fail(SL_ERR_INVALID, "--sequence-parallel on: --seq-len %lld is not divisible by tp %lld",
+                       (long long)job->seq_len, (long long)l->tp);
+    if (l->sp && m->n_experts > 0)
+        return sl_fail(
+            SL_ERR_INVALID,
+            "--sequence-parallel on: the planner models sequence parallelism for dense models only");
     if (m->n_layer % (l->pp * l->vpp))
         return sl_fail(SL_ERR_INVALID, "--pp: %lld x %lld virtual stages does not divide the %lld layers",
                        (long long)l->pp, (long long)l->vpp, (long long)m->n_layer);
@@ -500,23 +530,28 @@ static sl_status stage_memory(const sl_plan_model *m, const sl_plan_job *job, co
         mm->slots += 4.0 * (double)(k < 1 ? 1 : k) * b.max_bucket;
     }
     double act =
-        sl_plan_activation_bytes(m, l->micro_batch, job->seq_len, l->tp, l->ep, l->etp, l->recompute);
+        sl_plan_activation_bytes(m, l->micro_batch, job->seq_len, l->tp, l->ep, l->etp, l->recompute, l->sp);
     if (which != STAGE_ALL) {
         /* a stage's graph slot: its share of the layers plus its ends, fitted on sl_graph_plan (Llama L2
          * C64, pp 2 and tp 2 x pp 2, tests/plan/test_plan.c): the first stage ~4 C floats per token (the
          * embedding output, the stage output and its received gradient), the last 2 V / tp + 2 C (final
          * norm, logits and their gradient); 1F1B keeps min(m, p) slots on the first stage, 1 on the last */
         double N = (double)(l->micro_batch * job->seq_len), C = (double)m->hidden;
-        double outside = 4.0 * N * (3.0 * C + (double)m->vocab / (double)l->tp + (l->tp > 1 ? C : 0.0));
+        double V = (double)m->vocab, t = (double)l->tp;
+        double outside = 4.0 * N * (l->sp ? C + (4.0 * C + V) / t : 3.0 * C + V / t + (l->tp > 1 ? C : 0.0));
         double layers = (act - outside) / (double)m->n_layer * (double)Ls;
         int64_t k = which == STAGE_FIRST ? l->pp : which == STAGE_MID ? l->pp - 1 : 1; /* 1F1B: p - s */
         double inflight = (double)(l->accum < k ? l->accum : k);
-        act = which == STAGE_LAST ? layers + 4.0 * N * (2.0 * (double)m->vocab / (double)l->tp + 2.0 * C)
-                                  : inflight * (layers + 4.0 * N * 4.0 * C);
+        /* under SP (Note [Sequence-parallel memory]) the first stage's ends are 3.5 C (GPT-2) or 2.25 C,
+         * the last stage's V / tp + 2 C */
+        double first = l->sp ? (m->arch == SL_PLAN_GPT2 ? 3.5 : 2.25) * C : 4.0 * C;
+        double last = l->sp ? V / t + 2.0 * C : 2.0 * V / t + 2.0 * C;
+        act = which == STAGE_LAST ? layers + 4.0 * N * last : inflight * (layers + 4.0 * N * first);
         if (l->recompute) { /* Note [Recomputation memory]: each slot recomputes its own layers */
-            rc_terms r = recompute_terms(m, l->tp);
-            double slot = ((double)Ls - 1.0) * r.keep + r.work + (which == STAGE_FIRST ? 4.75 : 3.75) * C;
-            double head = (double)Ls * r.keep + 2.0 * C + (double)m->vocab / (double)l->tp;
+            rc_terms r = recompute_terms(m, l->tp, l->sp);
+            double ends = l->sp ? (which == STAGE_FIRST ? 2.75 : 2.25) : (which == STAGE_FIRST ? 4.75 : 3.75);
+            double slot = ((double)Ls - 1.0) * r.keep + r.work + ends * C;
+            double head = (double)Ls * r.keep + (l->sp ? 1.6 : 2.0) * C + V / t;
             if (which == STAGE_LAST && head > slot) slot = head;
             act = 4.0 * N * slot * (which == STAGE_LAST ? 1.0 : inflight);
         }
@@ -579,8 +614,8 @@ static sl_status timing(const sl_plan_model *m, const sl_plan_cluster *cl, const
         moe_frac = nl / (double)m->n_layer;
     }
     double t_mm = fstage * tokens_mb * ((1.0 - rep_share) / (double)l->tp + rep_share) / rate;
-    double act =
-        sl_plan_activation_bytes(m, l->micro_batch, job->seq_len, l->tp, l->ep, l->etp, 0) / (double)l->pp;
+    double act = sl_plan_activation_bytes(m, l->micro_batch, job->seq_len, l->tp, l->ep, l->etp, 0, l->sp) /
+                 (double)l->pp;
     double t_elem = act * (ELEM_TRAFFIC_X10 / 10.0) / cl->mem_bw_Bps;
     double x_bytes = 4.0 * tokens_mb * (double)m->hidden; /* fp32 activations, one micro-batch */
     const sl_plan_link *tpl = axis_link(cl, 1, l->tp), *dpl = axis_link(cl, l->tp, l->dp),
@@ -591,6 +626,9 @@ static sl_status timing(const sl_plan_model *m, const sl_plan_cluster *cl, const
      * all-reduces again: 6 per layer) */
     double ar_layer = (1.0 - moe_frac) * 4.0 + moe_frac * (l->etp ? 4.0 : 2.0);
     double t_tp = Ls * ar_layer * t_all_reduce(tpl, l->tp, x_bytes);
+    /* SP: each all-reduce is an all-gather and a reduce-scatter, the same bytes and steps; recomputation
+     * gathers again before each layer's attention and MLP (Note [Full recomputation]) */
+    if (l->sp && l->recompute) t_tp += Ls * 2.0 * t_gather(tpl, l->tp, x_bytes);
     double t_ep = 0;
     if (l->ep > 1) {
         const sl_plan_link *epl = axis_link(cl, l->tp, l->ep);
@@ -725,8 +763,11 @@ sl_status sl_plan_enumerate(const sl_plan_model *m, const sl_plan_cluster *cl, c
                         if (!want(job->micro_batch, b)) continue;
                         for (int z = 0; z <= 3; z++) {
                             if (job->zero > 0 && job->zero - 1 != z) continue;
-                            for (int rc = 0; rc <= 1; rc++) {
+                            for (int rs = 0; rs < 4; rs++) {
+                                int rc = rs & 1, sp = rs >> 1;
                                 if ((job->recompute == 1 && rc) || (job->recompute == 2 && !rc)) continue;
+                                if ((job->sp == 1 && sp) || (job->sp == 2 && !sp)) continue;
+                                if (sp && (tp < 2 || m->n_experts > 0 || job->seq_len % tp)) continue;
                                 for (int64_t vpp = 1; vpp <= (pp > 1 ? 2 : 1); vpp++) {
                                     sl_plan_layout l = {.dp = dp,
                                                         .tp = tp,
@@ -736,7 +777,8 @@ sl_status sl_plan_enumerate(const sl_plan_model *m, const sl_plan_cluster *cl, c
                                                         .vpp = vpp,
                                                         .micro_batch = b,
                                                         .zero = z,
-                                                        .recompute = rc};
+                                                        .recompute = rc,
+                                                        .sp = sp};
                                     if (sl_plan_evaluate(m, cl, job, &l) != SL_OK) continue;
                                     sl_status st = push(&v, &l);
                                     if (st != SL_OK) {
@@ -759,7 +801,8 @@ sl_status sl_plan_enumerate(const sl_plan_model *m, const sl_plan_cluster *cl, c
             .ep = job->ep > 0 ? job->ep : 1,
             .etp = job->etp == 2,
             .micro_batch = job->micro_batch > 0 ? job->micro_batch : 1,
-            .zero = job->zero > 0 ? job->zero - 1 : 0};
+            .zero = job->zero > 0 ? job->zero - 1 : 0,
+            .sp = job->sp == 2};
         sl_status st = sl_plan_evaluate(m, cl, job, &l);
         if (st == SL_OK)
             st = sl_fail(SL_ERR_INVALID,

@@ -27,6 +27,7 @@ typedef struct {
     int wide;      /* the Llama with a wider MLP and one kv head (other ratios of F, kv_dim and C) */
     int vocab;     /* > 0: this vocabulary instead of the default config's */
     int first_layers, last_layers; /* the planner's uneven pipeline split (0: even) */
+    int sp;                        /* sequence parallelism (tp > 1) */
     int64_t bucket;
     double real_total, real_act;
     sl_dp_memory mem;
@@ -164,6 +165,7 @@ static void *run_split_rank(void *arg) {
                          0};
     if (j->st == SL_OK) j->st = sl_model_new_split(whole, sl_backend_cpu(), &sp, &m);
     if (j->st == SL_OK && j->tp > 1) j->st = sl_tp_new(&tp, &mesh);
+    if (j->st == SL_OK) m->sp = j->sp;
     if (j->st == SL_OK) {
         sl_trainer_config tc = {.B = j->B,
                                 .T = j->T,
@@ -191,7 +193,7 @@ typedef struct {
     int llama, layers, wide, vocab;
 } model_v;
 
-static void check_split_memory_rc(model_v v, int tp, int pp, int accum, int B, int T, int rc) {
+static void check_split_memory_sp(model_v v, int tp, int pp, int accum, int B, int T, int rc, int sp) {
     int llama = v.llama;
     int n = tp * pp;
     rank_job jobs[4];
@@ -202,7 +204,7 @@ static void check_split_memory_rc(model_v v, int tp, int pp, int accum, int B, i
     sl_plan_model md = plan_model_v(llama, v.layers, v.wide, v.vocab);
     sl_plan_cluster cl = local_cluster(n);
     sl_plan_job job = {.global_batch = (int64_t)B * accum, .seq_len = T};
-    sl_plan_layout l = {.dp = 1, .tp = tp, .pp = pp, .ep = 1, .micro_batch = B, .recompute = rc};
+    sl_plan_layout l = {.dp = 1, .tp = tp, .pp = pp, .ep = 1, .micro_batch = B, .recompute = rc, .sp = sp};
     TU_CHECK(sl_plan_evaluate(&md, &cl, &job, &l) == SL_OK, "evaluate: %s", sl_errmsg());
     TU_CHECK(sl_comm_init_loopback(n, comms, NULL) == SL_OK, "loopback: %s", sl_errmsg());
     for (int r = 0; r < n; r++) {
@@ -218,7 +220,8 @@ static void check_split_memory_rc(model_v v, int tp, int pp, int accum, int B, i
                              .wide = v.wide,
                              .vocab = v.vocab,
                              .first_layers = l.first_layers,
-                             .last_layers = l.last_layers};
+                             .last_layers = l.last_layers,
+                             .sp = sp};
         pthread_create(&th[r], NULL, run_split_rank, &jobs[r]);
     }
     for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
@@ -233,13 +236,17 @@ static void check_split_memory_rc(model_v v, int tp, int pp, int accum, int B, i
     }
     TU_CHECK(!rc || l.runnable, "%s tp %d pp %d: a recomputing layout is runnable", md.name, tp, pp);
     double et = l.mem.total / j->real_total - 1.0, ea = l.mem.activations / j->real_act - 1.0;
-    printf("memory %-5s L%d%s tp %d pp %d accum %d B %2d T %2d%s: plan %9.0f real %9.0f B (%+.2f%%) | "
-           "activations %8.0f "
-           "vs %8.0f (%+.2f%%)\n",
-           md.name, (int)md.n_layer, v.wide ? " wide" : "", tp, pp, accum, B, T, rc ? " recompute" : "",
-           l.mem.total, j->real_total, 100 * et, l.mem.activations, j->real_act, 100 * ea);
+    printf("memory %-5s L%d V%d%s tp %d%s pp %d accum %d B %2d T %2d%s: plan %9.0f real %9.0f B (%+.2f%%) | "
+           "activations %8.0f vs %8.0f (%+.2f%%)\n",
+           md.name, (int)md.n_layer, (int)md.vocab, v.wide ? " wide" : "", tp, sp ? " sp" : "", pp, accum, B,
+           T, rc ? " recompute" : "", l.mem.total, j->real_total, 100 * et, l.mem.activations, j->real_act,
+           100 * ea);
     TU_CHECK(fabs(et) <= 0.05, "%s tp %d pp %d: total memory off by %.2f%%", md.name, tp, pp, 100 * et);
     TU_CHECK(fabs(ea) <= 0.05, "%s tp %d pp %d: activations off by %.2f%%", md.name, tp, pp, 100 * ea);
+}
+
+static void check_split_memory_rc(model_v v, int tp, int pp, int accum, int B, int T, int rc) {
+    check_split_memory_sp(v, tp, pp, accum, B, T, rc, 0);
 }
 
 static void check_split_memory(int llama, int tp, int pp, int accum, int B, int T) {
@@ -319,6 +326,15 @@ static void test_memory(void) {
         check_split_memory_rc(vs[i], 2, 2, 2, 4, 32, 1);
     }
     check_split_memory_rc((model_v){0, 0, 0, 0}, 1, 3, 3, 4, 32, 1);
+    /* sequence parallelism (Note [Sequence-parallel memory]), with and without recomputation: GPT-2 and
+     * the Llama at 8 / 4 layers, vocabularies 2 C and 32 C, tp 2 / 4, tp 2 x pp 2 */
+    model_v ss[] = {{0, 8, 0, 128}, {1, 4, 0, 0}, {0, 8, 0, 2048}, {1, 4, 0, 2048}};
+    for (int i = 0; i < 4; i++)
+        for (int rc = 0; rc <= 1; rc++) {
+            check_split_memory_sp(ss[i], 2, 1, 1, 4, 32, rc, 1);
+            check_split_memory_sp(ss[i], 4, 1, 1, 4, 32, rc, 1);
+            check_split_memory_sp(ss[i], 2, 2, 2, 4, 32, rc, 1);
+        }
     check_split_memory_rc((model_v){1, 0, 0, 0}, 2, 1, 1, 16, 32, 1);
     for (int llama = 0; llama <= 1; llama++) {
         check_memory(llama, 1, 0, 1, 4, 32, 0);

@@ -117,6 +117,18 @@ static void test_plan_bad(const char *d) {
     bad(NULL, args, "--devices");
     snprintf(args, sizeof args, "plan --model gpt2-124m --cluster %s --recompute sometimes", cl);
     bad(NULL, args, "--recompute");
+    snprintf(args, sizeof args, "plan --model gpt2-124m --cluster %s --sequence-parallel maybe", cl);
+    bad(NULL, args, "--sequence-parallel: expected off, on or any, got 'maybe'");
+    snprintf(args, sizeof args, "plan --model gpt2-124m --cluster %s --tp 1 --sequence-parallel on", cl);
+    bad(NULL, args, "--sequence-parallel on: needs tp > 1 (tp 1)");
+    snprintf(args, sizeof args,
+             "plan --model gpt2-124m --cluster %s --tp 2 --seq-len 63 --sequence-parallel on", cl);
+    bad(NULL, args, "--sequence-parallel on: --seq-len 63 is not divisible by tp 2");
+    snprintf(
+        args, sizeof args,
+        "plan --model %s/tests/fixtures/hf/qwen2_moe --cluster %s --tp 2 --seq-len 64 --sequence-parallel on",
+        SL_SOURCE_DIR, cl);
+    bad(NULL, args, "models sequence parallelism for dense models only");
     snprintf(args, sizeof args, "plan --model gpt2-124m --cluster %s --zero 7", cl);
     bad(NULL, args, "--zero");
     snprintf(args, sizeof args, "plan --model gpt2-124m --cluster %s --expert-tensor-parallel-size 2", cl);
@@ -166,31 +178,54 @@ static void test_plan_good(void) {
     TU_CHECK(rc == 0 && strstr(out, "best: ") && strstr(out, "launch: suanli run -n ") &&
                  strstr(out, "Young") && strstr(out, "simulated optimum") && strstr(out, "runs today"),
              "plan on this host: %d: %s", rc, out);
-    rc = tu_cli_run(out, sizeof out,
-                    "plan --model llama-70b --cluster %s/configs/cluster/accel-10k.json --seq-len 4096 "
-                    "--global-batch 4000 --top 3",
-                    SL_SOURCE_DIR);
-    TU_CHECK(rc == 0 && strstr(out, "launch: suanli submit --nodes "), "70b on 10k accelerators: %d: %s", rc,
-             out);
-    /* the best layout recomputes (tp x pp with recomputation runs since Note [Recomputation memory]), and
-     * its launch line says so */
-    const char *row1 = strstr(out, "\n   1 "), *end1 = row1 ? strchr(row1 + 1, '\n') : NULL;
-    const char *rc1 = row1 ? strstr(row1, " full |") : NULL,
-               *run1 = row1 ? strstr(row1, "| yes  runs today") : NULL;
-    TU_CHECK(end1 && rc1 && rc1 < end1 && run1 && run1 < end1 &&
-                 strstr(out, " --recompute-granularity full --save run") &&
-                 !strstr(out, "note: this layout uses"),
-             "70b on 10k accelerators, the best layout recomputes and runs: %s", out);
-    /* no runnable layout fits: the note names what suanli train lacks (ZeRO-3 with pp), not the old "data
-     * parallelism and ZeRO only" (TP and PP run since issue 16) nor recomputation (runs since stop 47) */
+    /* 70B on 10k accelerators: the best layout is Megatron's tp 8 with sequence parallelism, without
+     * recomputation (Note [Sequence-parallel memory]); without SP every fitting layout recomputes (tp x pp
+     * with recomputation runs since Note [Recomputation memory]); each launch line says so */
+    for (int sp = 1; sp >= 0; sp--) {
+        rc = tu_cli_run(out, sizeof out,
+                        "plan --model llama-70b --cluster %s/configs/cluster/accel-10k.json --seq-len 4096 "
+                        "--global-batch 4000 --top 3 --sequence-parallel %s",
+                        SL_SOURCE_DIR, sp ? "any" : "off");
+        TU_CHECK(rc == 0 && strstr(out, "launch: suanli submit --nodes "), "70b on 10k accelerators: %d: %s",
+                 rc, out);
+        const char *row1 = strstr(out, "\n   1 "), *end1 = row1 ? strchr(row1 + 1, '\n') : NULL;
+        const char *key = row1 ? strstr(row1, sp ? "   8 sp " : " full |") : NULL,
+                   *run1 = row1 ? strstr(row1, "| yes  runs today") : NULL;
+        TU_CHECK(end1 && key && key < end1 && run1 && run1 < end1 &&
+                     strstr(out, sp ? " --tensor-model-parallel-size 8 --sequence-parallel "
+                                    : " --recompute-granularity full --save run") &&
+                     !strstr(out, "note: this layout uses"),
+                 "70b on 10k accelerators, the best layout %s and runs: %s",
+                 sp ? "is tp 8 with sequence parallelism" : "recomputes", out);
+    }
+    /* no runnable layout fits (without SP): the note names what suanli train lacks (ZeRO-3 with pp), not
+     * the old "data parallelism and ZeRO only" (TP and PP run since issue 16) nor recomputation (runs since
+     * stop 47); with SP, tp 8 x dp 512 with ZeRO-3 and recomputation fits and runs */
     rc = tu_cli_run(out, sizeof out,
                     "plan --model llama-405b --cluster %s/configs/cluster/accel-10k.json --seq-len 4096 "
-                    "--global-batch 2048 --devices 4096 --top 1",
+                    "--global-batch 2048 --devices 4096 --top 1 --sequence-parallel off",
                     SL_SOURCE_DIR);
     TU_CHECK(rc == 0 && strstr(out, "no layout that suanli train runs today fits") &&
                  strstr(out, "with or without recomputation, but no ZeRO-3 with pp") &&
                  strstr(out, "note: this layout uses ZeRO-3 with pipeline stages"),
              "405b on 4096 accelerators, the note on runnable layouts: %d: %s", rc, out);
+    rc = tu_cli_run(out, sizeof out,
+                    "plan --model llama-405b --cluster %s/configs/cluster/accel-10k.json --seq-len 4096 "
+                    "--global-batch 2048 --devices 4096 --top 1",
+                    SL_SOURCE_DIR);
+    TU_CHECK(rc == 0 && !strstr(out, "no layout that suanli train runs today fits") &&
+                 strstr(out, "   1    512   8 sp   1 ") &&
+                 strstr(out, "--zero-stage 3 --recompute-granularity full"),
+             "405b on 4096 accelerators with SP: %d: %s", rc, out);
+    /* sequence parallelism (Note [Sequence-parallel memory]): enumerated beside tp > 1, marked in the sp
+     * column and launched with the flag */
+    rc = tu_cli_run(out, sizeof out,
+                    "plan --model gpt2-124m --cluster %s/configs/cluster/this-host.json --global-batch 4 "
+                    "--seq-len 64 --tp 2 --sequence-parallel on --top 1",
+                    SL_SOURCE_DIR);
+    TU_CHECK(rc == 0 && strstr(out, "      1   2 sp   1 ") && strstr(out, "(sequence parallel)") &&
+                 strstr(out, "--tensor-model-parallel-size 2 --sequence-parallel --save run"),
+             "plan with --sequence-parallel on: %d: %s", rc, out);
     /* expert tensor parallelism: a split-expert layout is enumerated and launched with the flag */
     rc = tu_cli_run(out, sizeof out,
                     "plan --model %s/tests/fixtures/hf/qwen2_moe --cluster %s/configs/cluster/cpu-512.json "
