@@ -9,8 +9,8 @@
 # that spin-waits in a collective counts that too). Each row gives the 1-minute load average.
 # Memory per rank: the banner's allocation sizes (params, grads, shard, optimizer, slots; one process:
 # 16 B x parameters) + the planned activation arena.
-# TP and PP (--par, or --par-only): tp 2 (1 and 4 micro-batches per step) and pp 2 (1F1B over 4) on 2
-# processes (the planner models even stages only; tp 2 x pp 2 needs 4 cores, this host has 2); memory is rank 0's (TP: params + grads + optimizer from the banner;
+# TP and PP (--par, or --par-only): tp 2 (1 and 4 micro-batches per step; also with sequence parallelism
+# and full recomputation) and pp 2 (1F1B over 4; also recomputing) on 2 processes (the planner models even stages only; tp 2 x pp 2 needs 4 cores, this host has 2); memory is rank 0's (TP: params + grads + optimizer from the banner;
 # PP: 16 B x the stage's parameters) + its planned arena, against the planner's fullest device.
 # --probe: the planner calibrates the device on this host (`suanli plan --probe --threads 1`: GEMM rate and
 # copy bandwidth) instead of taking this-host.json's Zen 4 figures (hosts differ: an Intel core with AMX
@@ -99,7 +99,8 @@ par() {
     cN=$(SUANLI_COMM_ALGO=direct run_cpu $((steps + 1)) "$run.log" "${pre[@]}" "${train[@]}" --save "$run")
     echo "{\"num_layers\": $L, \"hidden_size\": $C, \"num_attention_heads\": $H, \"vocab_size\": 256, \"seq_length\": 64}" > "$tmp/m.json"
     $S plan --model "$tmp/m.json" --cluster configs/cluster/this-host.json --devices "$n" --dp 1 --tp "$tp" --pp "$pp" \
-        --micro-batch "$B" --global-batch $((B * acc)) --seq-len 64 --recompute none --zero 0 --json --top 1 \
+        --micro-batch "$B" --global-batch $((B * acc)) --seq-len 64 --zero 0 --json --top 1 \
+        --recompute "$([[ " ${extra[*]} " == *" --recompute-granularity full "* ]] && echo full || echo none)" \
         --sequence-parallel "$([[ " ${extra[*]} " == *" --sequence-parallel "* ]] && echo on || echo off)" \
         "${probe[@]}" | grep -v '^probe:' > "$tmp/plan.json"
     python3 - "$run" "$tmp/plan.json" "$L" "$C" "$B" "$n" "$tp" "$pp" "$acc" "$load" "$c1" "$cN" "$steps" "${extra[*]}" <<'PY'
@@ -133,6 +134,10 @@ if [ "$par" = 1 ]; then
     par 4 256 4 8 2 1 1
     par 4 256 4 8 2 1 4
     par 4 256 4 8 1 2 4
+    par 4 256 4 8 2 1 1 --sequence-parallel
+    par 4 256 4 8 2 1 1 --recompute-granularity full
+    par 4 256 4 8 2 1 1 --sequence-parallel --recompute-granularity full
+    par 4 256 4 8 1 2 4 --recompute-granularity full
 fi
 if [ "$big" = 1 ]; then
     one 12 768 12 4 1 0
