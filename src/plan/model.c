@@ -261,8 +261,13 @@ static void buckets(const plan_param *p, int n, int64_t bucket_elems, int64_t dp
  * pipeline stage 4.75 C, a later stage 3.75 C (the logits are gone by then). Fitted on sl_graph_plan's
  * arenas (tests/plan/test_plan.c: GPT-2 C64 and two Llamas of C64, F 160 / 2 kv heads and F 256 / 1 kv
  * head, vocabularies of 1.5 C to 32 C, 2 to 8 layers, tp 1 / 2 / 4, pp 1 / 2 / 3, 1F1B); within 3.5 %
- * there, and GPT-2 124M's real plans (bench train --plan-only) within 2 %. MoE layers keep the formula of the
- * dispatched layer below, unfitted under recomputation. */
+ * there, and GPT-2 124M's real plans (bench train --plan-only) within 2 %. A MoE layer keeps 4 E more (the
+ * router's outputs; Qwen2-MoE's shared-expert gate 3.4 floats) and under EP the all-to-alls' outputs,
+ * ep min(k, E / ep) + k rows of C: that per-layer
+ * term matches sl_graph_plan (tests/plan/test_plan_moe.c: 3 against 5 layers, Qwen2-MoE and DeepSeek-V3,
+ * ep 1 / 2 / 4, tp 2 with whole and split experts). The recomputed MoE layer's own working set is the
+ * dispatched layer's term below, not fitted under recomputation: a model's total is 5-30 % under its real
+ * plan at 3-5 layers, a fixed amount per model that deep models dilute. */
 /* Note [Sequence-parallel memory]: under SP (Korthikanti et al. 2022; --sequence-parallel) a layer keeps
  * its two all-gathered (N, C) inputs of the column-parallel linears whole and everything else of the
  * replicated regions as sequence shards: 2 C + (4 C + split) / tp floats per token, the whole model's ends
@@ -301,7 +306,7 @@ double sl_plan_activation_bytes(const sl_plan_model *m, int64_t B, int64_t T, in
     double N = (double)(B * T), C = (double)m->hidden, NH = (double)m->n_head / (double)tp;
     double L = (double)m->n_layer;
     /* floats per token and layer: replicated across tp, split by tp */
-    double rep = 4.0 * C, split, moe = 0, moe_bwd = 0, reserved = 0;
+    double rep = 4.0 * C, split, moe = 0, moe_bwd = 0, reserved = 0, moe_keep = 0;
     if (m->arch == SL_PLAN_GPT2) {
         split = 8.0 * C + NH * (double)tp; /* the GELU output is recomputed (Note [Recomputed GELU]) */
     } else {
@@ -338,6 +343,12 @@ double sl_plan_activation_bytes(const sl_plan_model *m, int64_t B, int64_t T, in
              * reservation: the resident memory follows the rows that arrive (k per token when the router is
              * balanced); under SUANLI_PLAN_RESERVE=0 (one arena) the term is not needed. */
             if (ep > 1) reserved = 8.0 * C;
+            /* recomputing, a MoE layer keeps more than its input: the router's outputs (4 E: MOE_ROUTE is
+             * never recomputed) and under EP the all-to-alls' outputs, the rows it received and the pairs
+             * that came back (Note [Recomputation memory]) */
+            moe_keep =
+                4.0 * E + (ep > 1 ? (rows + k) * C : 0.0) +
+                (m->moe_kind == SL_PLAN_MOE_QWEN2 && S > 0 ? 3.375 : 0.0); /* the shared expert's gate */
         }
     }
     /* under TP the f / g collectives keep two more replicated (B, T, C) buffers per layer and the
@@ -363,6 +374,10 @@ double sl_plan_activation_bytes(const sl_plan_model *m, int64_t B, int64_t T, in
             head = L * r.keep + 1.2 * C + (1.8 * C + (double)m->vocab) / (double)tp;
         }
         double layer = (L - 1.0) * r.keep + r.work + ends;
+        if (moe_layers > 0) { /* every MoE layer's extra kept buffers; the recomputed one's are in `moe` */
+            layer += (moe_layers - 1.0) * moe_keep;
+            head += moe_layers * moe_keep;
+        }
         floats = (layer > head ? layer : head) + (moe_layers > 0 ? moe : 0.0);
     }
     if (moe_layers > 0) floats += reserved;
