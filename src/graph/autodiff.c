@@ -43,7 +43,11 @@ void sl_graph_set_recompute(sl_graph *g, int method, int num_layers) {
  * are copied like any op: f communicates in its backward only, which runs once either way (a TP layer
  * then keeps 2 C floats per token instead of 4 C: Note [Recomputation memory], src/plan), and the
  * all-gather, exact, is run again in the backward (as Megatron does), so an SP layer keeps its sequence
- * shards only, not two gathered (N, C) buffers. The collective provider runs collectives in graph order
+ * shards only, not two gathered (N, C) buffers. The expert-parallel all-to-alls of the rows (ALLTOALLV,
+ * ALLTOALLV_REV) run again too, from the kept route and counts (the counts' all-to-all is not copied): a
+ * MoE layer under EP then keeps what it keeps without EP instead of ep min(k, E / ep) + k received and
+ * returned rows of C per token (test_recompute: Qwen2-MoE at ep 2, bitwise; rank 0 plans 172.7 KiB
+ * instead of 193.8). The collective provider runs collectives in graph order
  * and every rank of a TP group builds the same graph, so the copies' all-gathers meet in the same order
  * on every rank; sl_tp_comm_theory counts them. ZB-H1
  * (Note [Splitting the backward]) defers the weight gradients and with them the copies they read, so its last
@@ -51,13 +55,14 @@ void sl_graph_set_recompute(sl_graph *g, int method, int num_layers) {
  * (sl_model.recompute), so the micro-batches in flight hold their layer inputs only. A MoE layer's routing
  * (MOE_ROUTE, its losses) is not copied either: the route, its token counts (read after the step by
  * sl_moe_graph_stats and the DeepSeek-V3 bias update) and its capacity drops exist once and are kept; the
- * dispatch, the experts and the combine are computed again from it. Costs one more forward per step, as
- * Megatron's. */
+ * dispatch, the all-to-alls, the experts and the combine are computed again from it. Costs one more forward
+ * per step, as Megatron's. */
 static int copyable(const sl_tensor *t) {
-    /* collectives whose forward moves data without arithmetic are copied (below): TP's f (the identity)
-     * and SP's all-gather along the sequence */
+    /* collectives whose forward moves data without arithmetic are copied (below): TP's f (the identity),
+     * SP's all-gather along the sequence and the expert-parallel all-to-alls of the rows */
     if (t->op == SL_OP_COLLECTIVE &&
-        (t->iparams[0] == SL_COLL_COPY || t->iparams[0] == SL_COLL_ALLGATHER_SEQ))
+        (t->iparams[0] == SL_COLL_COPY || t->iparams[0] == SL_COLL_ALLGATHER_SEQ ||
+         t->iparams[0] == SL_COLL_ALLTOALLV || t->iparams[0] == SL_COLL_ALLTOALLV_REV))
         return !(t->flags & (SL_FLAG_OUTPUT | SL_FLAG_LOSS | SL_FLAG_PARAM | SL_FLAG_INPUT));
     return t->op != SL_OP_COLLECTIVE && t->op != SL_OP_KV_STORE && t->op != SL_OP_MOE_ROUTE &&
            t->op != SL_OP_MOE_ROUTER_LOSS &&

@@ -262,12 +262,13 @@ static void buckets(const plan_param *p, int n, int64_t bucket_elems, int64_t dp
  * arenas (tests/plan/test_plan.c: GPT-2 C64 and two Llamas of C64, F 160 / 2 kv heads and F 256 / 1 kv
  * head, vocabularies of 1.5 C to 32 C, 2 to 8 layers, tp 1 / 2 / 4, pp 1 / 2 / 3, 1F1B); within 3.5 %
  * there, and GPT-2 124M's real plans (bench train --plan-only) within 2 %. A MoE layer keeps 4 E more (the
- * router's outputs; Qwen2-MoE's shared-expert gate 3.4 floats) and under EP the all-to-alls' outputs,
- * ep min(k, E / ep) + k rows of C: that per-layer
- * term matches sl_graph_plan (tests/plan/test_plan_moe.c: 3 against 5 layers, Qwen2-MoE and DeepSeek-V3,
- * ep 1 / 2 / 4, tp 2 with whole and split experts). The recomputed MoE layer's own working set is the
- * dispatched layer's term below, not fitted under recomputation: a model's total is 5-30 % under its real
- * plan at 3-5 layers, a fixed amount per model that deep models dilute. */
+ * router's outputs, never recomputed; Qwen2-MoE's shared-expert gate 3.4 floats); the EP all-to-alls run
+ * again, so under EP it keeps the same (before they did, it kept their outputs, ep min(k, E / ep) + k rows
+ * of C, 6-10 C at ep 2-4): that per-layer term matches sl_graph_plan (tests/plan/test_plan_moe.c: 3
+ * against 5 layers, Qwen2-MoE and DeepSeek-V3, ep 1 / 2 / 4, tp 2 with whole and split experts). The
+ * recomputed MoE layer's own working set is the dispatched layer's term below, not fitted under
+ * recomputation: a model's total is 1-27 % under its real plan at 5-9 layers, a fixed amount per model that
+ * deep models dilute. */
 /* Note [Sequence-parallel memory]: under SP (Korthikanti et al. 2022; --sequence-parallel) a layer keeps
  * its two all-gathered (N, C) inputs of the column-parallel linears whole and everything else of the
  * replicated regions as sequence shards: 2 C + (4 C + split) / tp floats per token, the whole model's ends
@@ -344,11 +345,9 @@ double sl_plan_activation_bytes(const sl_plan_model *m, int64_t B, int64_t T, in
              * balanced); under SUANLI_PLAN_RESERVE=0 (one arena) the term is not needed. */
             if (ep > 1) reserved = 8.0 * C;
             /* recomputing, a MoE layer keeps more than its input: the router's outputs (4 E: MOE_ROUTE is
-             * never recomputed) and under EP the all-to-alls' outputs, the rows it received and the pairs
-             * that came back (Note [Recomputation memory]) */
-            moe_keep =
-                4.0 * E + (ep > 1 ? (rows + k) * C : 0.0) +
-                (m->moe_kind == SL_PLAN_MOE_QWEN2 && S > 0 ? 3.375 : 0.0); /* the shared expert's gate */
+             * never recomputed; the EP all-to-alls are) and Qwen2-MoE's shared-expert gate (Note
+             * [Recomputation memory]) */
+            moe_keep = 4.0 * E + (m->moe_kind == SL_PLAN_MOE_QWEN2 && S > 0 ? 3.375 : 0.0);
         }
     }
     /* under TP the f / g collectives keep two more replicated (B, T, C) buffers per layer and the
