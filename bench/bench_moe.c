@@ -57,6 +57,7 @@ int sl_bench_moe(int argc, char **argv) {
             steps = 8, warm = 2, threads = 1, ep = 1, zero = 0;
     int json = 0, bf16 = 0;
     double cf = 0;
+    const char *rcg = NULL;
     sl_flag flags[] = {
         {"num-layers", SL_FLAG_INT, &L, 1, 1024, "(4)", 0},
         {"num-attention-heads", SL_FLAG_INT, &NH, 1, 1024, "(8)", 0},
@@ -78,6 +79,8 @@ int sl_bench_moe(int argc, char **argv) {
         {"zero-stage", SL_FLAG_INT, &zero, 0, 2, "ZeRO stage under DP (0)", 0},
         {"bf16", SL_FLAG_BOOL, &bf16, 0, 1, "bf16 mixed precision (autocast numerics; fp32 master weights)",
          0},
+        {"recompute-granularity", SL_FLAG_STR, &rcg, 0, 0,
+         "full: every layer computed again in the backward (Note [Full recomputation])", 0},
         {"json", SL_FLAG_BOOL, &json, 0, 1, "machine-readable output", 0},
     };
     if (sl_flags_help(flags, (int)(sizeof flags / sizeof flags[0]), argc, argv,
@@ -85,6 +88,10 @@ int sl_bench_moe(int argc, char **argv) {
         return 0;
     if (sl_flags_parse(flags, (int)(sizeof flags / sizeof flags[0]), argc, argv, 1) != SL_OK) {
         fprintf(stderr, "suanli bench moe: %s\n", sl_errmsg());
+        return 2;
+    }
+    if (rcg && strcmp(rcg, "full")) {
+        fprintf(stderr, "suanli bench moe: --recompute-granularity: expected full, got '%s'\n", rcg);
         return 2;
     }
     sl_threads_set((int)threads);
@@ -136,7 +143,9 @@ int sl_bench_moe(int argc, char **argv) {
                             .warmup = 0,
                             .decay_iters = 1000,
                             .hp = {0.9f, 0.95f, 1e-8f, 0.1f},
-                            .mesh = &mesh};
+                            .mesh = &mesh,
+                            .recompute = rcg ? SL_RECOMPUTE_UNIFORM : SL_RECOMPUTE_NONE,
+                            .recompute_layers = 1};
     if (sl_trainer_init(&tr, m, &tc) != SL_OK) return fail("");
     if (tp && sl_trainer_set_tp(&tr, tp) != SL_OK) return fail("");
     sl_dp *dp = NULL;
@@ -185,13 +194,14 @@ int sl_bench_moe(int argc, char **argv) {
                "\"threads\": %lld, \"world\": %d, \"dp\": %d, \"ep\": %lld, \"zero_stage\": %lld, "
                "\"capacity_factor\": %g, \"params_per_rank\": %lld, \"ms_per_step\": %.2f, \"tokens_per_s\": "
                "%.1f, \"a2a_fraction\": %.4f, \"a2a_mib_per_step\": %.3f, \"comm_wait_fraction\": %.4f, "
-               "\"packed_experts\": %d, \"bf16\": %d, \"activation_mib\": %.1f, \"reserved_rows_mib\": %.2f, "
+               "\"packed_experts\": %d, \"bf16\": %d, \"recompute\": %d, \"activation_mib\": %.1f, "
+               "\"reserved_rows_mib\": %.2f, "
                "\"reserved_resident_mib\": %.2f, \"peak_rss_mib\": %.1f, \"rss_mib\": %.1f}\n",
                (long long)L, (long long)C, (long long)E, (long long)K, (long long)I, (long long)S,
                (long long)V, (long long)B, (long long)T, (long long)threads, mesh.world, mesh.dp,
                (long long)ep, (long long)zero, cf, (long long)m->numel, med * 1e3, tps, a2a_frac,
-               a2a_bytes / steps / 1048576.0, wait_frac, packed, bf16, act_mib, rsv_mib, rsv_res_mib, rss_mib,
-               rss_end_mib);
+               a2a_bytes / steps / 1048576.0, wait_frac, packed, bf16, rcg != NULL, act_mib, rsv_mib,
+               rsv_res_mib, rss_mib, rss_end_mib);
     else
         printf(
             "Qwen2-MoE L%lld C%lld, %lld experts top-%lld, B%lld T%lld, %lld threads x %d ranks (dp %d, ep "
