@@ -137,6 +137,8 @@ static void test_bench_flags(void) {
                  "bench %s --help: %d %s", suites[k], rc, out);
     }
     bad("bench kernels --only", "--only 'nosuch' matches no kernel", run("bench kernels --only nosuch"));
+    bad("bench moe --recompute-granularity", "--recompute-granularity: expected full, got 'selective'",
+        run("bench moe --recompute-granularity selective"));
     /* 2^44 MiB wrapped to 0 bytes and "measured" 0 GB/s, exit 0 */
     bad("bench ec --mib", "--mib: 17592186044416 out of range [1, 65536]",
         run("bench ec --mib 17592186044416 --reps 1"));
