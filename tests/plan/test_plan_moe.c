@@ -122,44 +122,47 @@ out_mesh:
     return NULL;
 }
 
-/* wide: another shape for the fit (4 experts of width 64, top-1, no shared expert) */
-static void check_tp_rc(int deepseek, int wide, int dp, int tp, int etp, int ep, int zero, int B, int T,
-                        int rc) {
+/* wide: another shape for the fit (4 experts of width 64, top-1, no shared expert); layers > 0: that many */
+static sl_llama_config shape(int deepseek, int wide, int layers) {
     sl_llama_config c = moe_cfg(deepseek);
+    if (layers > 0) c.n_layer = layers;
     if (wide) {
         c.n_experts = 4;
         c.moe_intermediate = 64;
         c.n_experts_per_tok = 1;
         c.shared_intermediate = 0;
     }
-    int world = dp * tp;
-    rank_job jobs[4];
+    return c;
+}
+
+/* every rank of job (dp x tp ranks on loopback threads), each from the template with its own world */
+static void run_ranks(const rank_job *job, rank_job *jobs) {
+    int world = job->dp * job->tp;
     sl_comm *comms[4] = {0};
     pthread_t th[4];
     if (world > 1) TU_CHECK(sl_comm_init_loopback(world, comms, NULL) == SL_OK, "loopback: %s", sl_errmsg());
     for (int r = 0; r < world; r++) {
-        jobs[r] = (rank_job){.world = comms[r],
-                             .cfg = &c,
-                             .dp = dp,
-                             .ep = ep,
-                             .zero = zero,
-                             .B = B,
-                             .T = T,
-                             .tp = tp,
-                             .etp = etp,
-                             .recompute = rc};
+        jobs[r] = *job;
+        jobs[r].world = comms[r];
         pthread_create(&th[r], NULL, run_rank, &jobs[r]);
     }
     for (int r = 0; r < world; r++) pthread_join(th[r], NULL);
     for (int r = 0; r < world; r++) sl_comm_free(comms[r]);
+}
+
+static void check_tp(int deepseek, int wide, int dp, int tp, int etp, int ep, int zero, int B, int T) {
+    sl_llama_config c = shape(deepseek, wide, 0);
+    int world = dp * tp;
+    rank_job jobs[4];
+    run_ranks(&(rank_job){.cfg = &c, .dp = dp, .ep = ep, .zero = zero, .B = B, .T = T, .tp = tp, .etp = etp},
+              jobs);
     rank_job *j = &jobs[0];
     TU_CHECK(j->st == SL_OK, "run: %s", sl_status_name(j->st));
     if (j->st != SL_OK) return;
     sl_plan_model md = plan_of(&c);
     sl_plan_cluster cl = local_cluster(world);
     sl_plan_job job = {.global_batch = (int64_t)B * dp, .seq_len = T, .bucket_elems = 5000};
-    sl_plan_layout l = {
-        .dp = dp, .tp = tp, .pp = 1, .ep = ep, .etp = etp, .micro_batch = B, .zero = zero, .recompute = rc};
+    sl_plan_layout l = {.dp = dp, .tp = tp, .pp = 1, .ep = ep, .etp = etp, .micro_batch = B, .zero = zero};
     TU_CHECK(sl_plan_evaluate(&md, &cl, &job, &l) == SL_OK, "evaluate: %s", sl_errmsg());
     if (ep == 1 && tp == 1)
         TU_CHECK(sl_plan_model_params(&md) == j->numel, "%s params: plan %lld, model %lld", md.name,
@@ -169,14 +172,14 @@ static void check_tp_rc(int deepseek, int wide, int dp, int tp, int etp, int ep,
         (double)(r->param_bytes + r->slot_bytes + r->grad_bytes + r->grad_shard_bytes + r->optim_bytes) +
         j->act;
     double et = l.mem.total / real - 1.0, ea = l.mem.activations / j->act - 1.0;
-    printf("memory %-8s E%d I%d k%d dp %d tp %d etp %d ep %d zero %d B %d T %d%s: plan %9.0f real %9.0f B "
+    printf("memory %-8s E%d I%d k%d dp %d tp %d etp %d ep %d zero %d B %d T %d: plan %9.0f real %9.0f B "
            "(%+.2f%%) | "
            "activations %8.0f vs "
            "%8.0f (%+.2f%%) | params %.0f/%zu grads %.0f/%zu shard %.0f/%zu optim %.0f/%zu slots %.0f/%zu\n",
            md.name, c.n_experts, c.moe_intermediate, c.n_experts_per_tok, dp, tp, etp, ep, zero, B, T,
-           rc ? " recompute" : "", l.mem.total, real, 100 * et, l.mem.activations, j->act, 100 * ea,
-           l.mem.params, r->param_bytes, l.mem.grads, r->grad_bytes, l.mem.grad_shard, r->grad_shard_bytes,
-           l.mem.optim, r->optim_bytes, l.mem.slots, r->slot_bytes);
+           l.mem.total, real, 100 * et, l.mem.activations, j->act, 100 * ea, l.mem.params, r->param_bytes,
+           l.mem.grads, r->grad_bytes, l.mem.grad_shard, r->grad_shard_bytes, l.mem.optim, r->optim_bytes,
+           l.mem.slots, r->slot_bytes);
     TU_CHECK(l.mem.params == (double)r->param_bytes, "%s dp %d ep %d zero %d: parameter bytes %.0f vs %zu",
              md.name, dp, ep, zero, l.mem.params, r->param_bytes);
     TU_CHECK(l.mem.optim == (double)r->optim_bytes, "%s dp %d ep %d zero %d: optimizer bytes %.0f vs %zu",
@@ -238,40 +241,15 @@ static void check_etp_ranking(void) {
              "etp on Mixtral: %s", sl_errmsg());
 }
 
-static void check_tp(int deepseek, int wide, int dp, int tp, int etp, int ep, int zero, int B, int T) {
-    check_tp_rc(deepseek, wide, dp, tp, etp, ep, zero, B, T, 0);
-}
-
 /* rank 0's planned activation bytes, real and predicted, for L layers */
 static void rc_acts(int deepseek, int wide, int L, int dp, int tp, int etp, int ep, double *real,
                     double *plan) {
-    sl_llama_config c = moe_cfg(deepseek);
-    c.n_layer = L;
-    if (wide) {
-        c.n_experts = 4;
-        c.moe_intermediate = 64;
-        c.n_experts_per_tok = 1;
-        c.shared_intermediate = 0;
-    }
+    sl_llama_config c = shape(deepseek, wide, L);
     int world = dp * tp;
     rank_job jobs[4];
-    sl_comm *comms[4] = {0};
-    pthread_t th[4];
-    if (world > 1) TU_CHECK(sl_comm_init_loopback(world, comms, NULL) == SL_OK, "loopback: %s", sl_errmsg());
-    for (int r = 0; r < world; r++) {
-        jobs[r] = (rank_job){.world = comms[r],
-                             .cfg = &c,
-                             .dp = dp,
-                             .ep = ep,
-                             .B = 4,
-                             .T = 32,
-                             .tp = tp,
-                             .etp = etp,
-                             .recompute = 1};
-        pthread_create(&th[r], NULL, run_rank, &jobs[r]);
-    }
-    for (int r = 0; r < world; r++) pthread_join(th[r], NULL);
-    for (int r = 0; r < world; r++) sl_comm_free(comms[r]);
+    run_ranks(
+        &(rank_job){.cfg = &c, .dp = dp, .ep = ep, .B = 4, .T = 32, .tp = tp, .etp = etp, .recompute = 1},
+        jobs);
     TU_CHECK(jobs[0].st == SL_OK, "recomputing run: %s", sl_status_name(jobs[0].st));
     sl_plan_model md = plan_of(&c);
     sl_plan_cluster cl = local_cluster(world);
