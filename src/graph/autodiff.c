@@ -39,24 +39,24 @@ void sl_graph_set_recompute(sl_graph *g, int method, int num_layers) {
  * write into storage outside their segment, KV-cache stores and the collectives whose forward sums are
  * never copied: TP's g (an all-reduce) and SP's reduce-scatter run once, in the forward, and their
  * outputs are kept for the copies downstream (Megatron runs g's all-reduce again, and keeps one (N, C)
- * buffer less per layer). TP's f, whose forward is the identity, and SP's all-gather along the sequence
- * are copied like any op: f communicates in its backward only, which runs once either way (a TP layer
- * then keeps 2 C floats per token instead of 4 C: Note [Recomputation memory], src/plan), and the
- * all-gather, exact, is run again in the backward (as Megatron does), so an SP layer keeps its sequence
- * shards only, not two gathered (N, C) buffers. The expert-parallel all-to-alls of the rows (ALLTOALLV,
- * ALLTOALLV_REV) run again too, from the kept route and counts (the counts' all-to-all is not copied): a
- * MoE layer under EP then keeps what it keeps without EP instead of ep min(k, E / ep) + k received and
- * returned rows of C per token (test_recompute: Qwen2-MoE at ep 2, bitwise; rank 0 plans 172.7 KiB
- * instead of 193.8). The collective provider runs collectives in graph order
- * and every rank of a TP group builds the same graph, so the copies' all-gathers meet in the same order
- * on every rank; sl_tp_comm_theory counts them. ZB-H1
- * (Note [Splitting the backward]) defers the weight gradients and with them the copies they read, so its last
- * stage keeps as much as without recomputation. A pipeline stage's slot graphs recompute each the same way
- * (sl_model.recompute), so the micro-batches in flight hold their layer inputs only. A MoE layer's routing
- * (MOE_ROUTE, its losses) is not copied either: the route, its token counts (read after the step by
- * sl_moe_graph_stats and the DeepSeek-V3 bias update) and its capacity drops exist once and are kept; the
- * dispatch, the all-to-alls, the experts and the combine are computed again from it. Costs one more forward
- * per step, as Megatron's. */
+ * buffer less per layer). The collectives that only move data are copied like any op: TP's f, whose
+ * forward is the identity and which communicates in its backward only (that runs once either way; a TP
+ * layer then keeps 2 C floats per token instead of 4 C: Note [Recomputation memory], src/plan); SP's
+ * all-gather along the sequence, run again in the backward as Megatron does, so an SP layer keeps its
+ * sequence shards only, not two gathered (N, C) buffers (sl_tp_comm_theory counts the extra all-gathers);
+ * and the expert-parallel all-to-alls of the rows (ALLTOALLV, ALLTOALLV_REV), run again from the kept
+ * route and counts (the counts' all-to-all is not copied), so a MoE layer under EP keeps what it keeps
+ * without EP instead of ep min(k, E / ep) + k received and returned rows of C per token (test_recompute:
+ * Qwen2-MoE at ep 2, bitwise; rank 0 plans 172.7 KiB instead of 193.8). The collective provider runs
+ * collectives in graph order and every rank of a TP or EP group builds the same graph, so the copies'
+ * collectives meet in the same order on every rank. ZB-H1 (Note [Splitting the backward]) defers the
+ * weight gradients and with them the copies they read, so its last stage keeps as much as without
+ * recomputation. A pipeline stage's slot graphs recompute each the same way (sl_model.recompute), so the
+ * micro-batches in flight hold their layer inputs only. A MoE layer's routing (MOE_ROUTE, its losses) is
+ * not copied either: the route, its token counts (read after the step by sl_moe_graph_stats and the
+ * DeepSeek-V3 bias update) and its capacity drops exist once and are kept; the dispatch, the all-to-alls,
+ * the experts and the combine are computed again from it. Costs one more forward per step, as
+ * Megatron's. */
 static int copyable(const sl_tensor *t) {
     /* collectives whose forward moves data without arithmetic are copied (below): TP's f (the identity),
      * SP's all-gather along the sequence and the expert-parallel all-to-alls of the rows */

@@ -26,8 +26,9 @@
  * or bias, which TP does not split; under EP the routed
  * experts' gradients and moments are reduced and sharded over the dp / ep expert-data-parallel ranks in
  * buckets of their own (src/parallel/dp.c), checked byte-exact by tests/plan/test_plan_moe.c, which also
- * checks the fitted MoE activations. Full recomputation: Note [Recomputation memory], fitted for dense
- * models on every layout kind; with MoE layers the dispatched layer's term is added unfitted.
+ * checks the fitted MoE activations. Full recomputation and sequence parallelism: Note [Recomputation
+ * memory] and Note [Sequence-parallel memory], fitted on every layout kind of dense models; a recomputing
+ * MoE layer's kept bytes are checked, its recomputed working set is not fitted.
  *
  * Note [Planner time model]
  * step = pipeline(compute per micro-batch x (m + (p-1)/v)) + exposed DP communication + optimizer; under pp
@@ -264,8 +265,8 @@ static void buckets(const plan_param *p, int n, int64_t bucket_elems, int64_t dp
  * there, and GPT-2 124M's real plans (bench train --plan-only) within 2 %. A MoE layer keeps 4 E more (the
  * router's outputs, never recomputed; Qwen2-MoE's shared-expert gate 3.4 floats); the EP all-to-alls run
  * again, so under EP it keeps the same (before they did, it kept their outputs, ep min(k, E / ep) + k rows
- * of C, 6-10 C at ep 2-4): that per-layer term matches sl_graph_plan (tests/plan/test_plan_moe.c: 3
- * against 5 layers, Qwen2-MoE and DeepSeek-V3, ep 1 / 2 / 4, tp 2 with whole and split experts). The
+ * of C, 6-10 C at ep 2-4): that per-layer term matches sl_graph_plan (tests/plan/test_plan_moe.c: 5
+ * against 9 layers, Qwen2-MoE and DeepSeek-V3, ep 1 / 2 / 4, tp 2 with whole and split experts). The
  * recomputed MoE layer's own working set is the dispatched layer's term below, not fitted under
  * recomputation: a model's total is 1-27 % under its real plan at 5-9 layers, a fixed amount per model that
  * deep models dilute. */
@@ -283,7 +284,13 @@ typedef struct {
     double keep, work; /* floats per token: k and W */
 } rc_terms;
 
-static int64_t kv_rank(const sl_plan_model *m, int64_t tp);
+/* floats per token outside the layers (the embedding's output, the final norm, the logits, which their
+ * gradient overwrites: Note [Donated storage]); under TP the embedding's g keeps one more (N, C); under SP
+ * (Note [Sequence-parallel memory]) all but C as sequence shards */
+static double outside_floats(const sl_plan_model *m, int64_t tp, int sp) {
+    double C = (double)m->hidden, V = (double)m->vocab, t = (double)tp;
+    return sp ? C + (4.0 * C + V) / t : 3.0 * C + V / t + (tp > 1 ? C : 0.0);
+}
 
 static rc_terms recompute_terms(const sl_plan_model *m, int64_t tp, int sp) {
     double C = (double)m->hidden, NH = (double)m->n_head, t = (double)tp;
@@ -356,13 +363,9 @@ double sl_plan_activation_bytes(const sl_plan_model *m, int64_t B, int64_t T, in
     if (tp > 1) rep += 2.0 * C;
     double per_layer = rep + split / (double)tp;
     double moe_layers = m->n_experts > 0 ? L - (double)m->first_dense : 0.0;
-    /* the logits' gradient overwrites them (Note [Donated storage]) */
-    double outside = 3.0 * C + (double)m->vocab / (double)tp + (tp > 1 ? C : 0.0);
-    if (sp) { /* Note [Sequence-parallel memory] */
-        per_layer = 2.0 * C + (4.0 * C + split) / (double)tp;
-        outside = C + (4.0 * C + (double)m->vocab) / (double)tp;
-    }
-    if (moe_layers > 0 && moe_bwd > outside) outside = moe_bwd; /* which peak is higher */
+    double outside = outside_floats(m, tp, sp);
+    if (sp) per_layer = 2.0 * C + (4.0 * C + split) / (double)tp; /* Note [Sequence-parallel memory] */
+    if (moe_layers > 0 && moe_bwd > outside) outside = moe_bwd;   /* which peak is higher */
     double floats = L * per_layer + moe_layers * moe + outside;
     if (recompute) { /* Note [Recomputation memory] */
         rc_terms r = recompute_terms(m, tp, sp);
@@ -552,7 +555,7 @@ static sl_status stage_memory(const sl_plan_model *m, const sl_plan_job *job, co
          * norm, logits and their gradient); 1F1B keeps min(m, p) slots on the first stage, 1 on the last */
         double N = (double)(l->micro_batch * job->seq_len), C = (double)m->hidden;
         double V = (double)m->vocab, t = (double)l->tp;
-        double outside = 4.0 * N * (l->sp ? C + (4.0 * C + V) / t : 3.0 * C + V / t + (l->tp > 1 ? C : 0.0));
+        double outside = 4.0 * N * outside_floats(m, l->tp, l->sp);
         double layers = (act - outside) / (double)m->n_layer * (double)Ls;
         int64_t k = which == STAGE_FIRST ? l->pp : which == STAGE_MID ? l->pp - 1 : 1; /* 1F1B: p - s */
         double inflight = (double)(l->accum < k ? l->accum : k);
