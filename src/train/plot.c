@@ -3,6 +3,7 @@
  * first MoE run; one line per expert) and the dropped-token fraction). No fonts or scripts are
  * referenced: text uses the generic sans-serif family. */
 #include <cjson/cJSON.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -187,8 +188,17 @@ typedef struct {
 
 static axis nice_axis(double mn, double mx, int want) {
     axis a;
-    if (!(mx > mn)) { /* one value (or none): a small range around it */
-        double d = fabs(mn) > 0 ? fabs(mn) * 0.1 : 1;
+    double big = fmax(fabs(mn), fabs(mx));
+    if (!isfinite(mx - mn)) { /* the range overflows: the same axis on values scaled into range */
+        a = nice_axis(mn / big, mx / big, want);
+        a.lo = fmax(a.lo * big, -DBL_MAX);
+        a.hi = fmin(a.hi * big, DBL_MAX);
+        a.step *= big;
+        a.decimals = -1;
+        return a;
+    }
+    if (!(mx > mn) || !((mx - mn) / want >= DBL_MIN)) { /* one value, or a range whose step underflows */
+        double d = big > 0 && big * 0.1 >= DBL_MIN * want ? big * 0.1 : 1;
         mn -= d;
         mx += d;
     }
@@ -213,6 +223,13 @@ static void tick_label(const axis *a, double v, char *buf, size_t n) {
 }
 
 enum { W = 1000, PANEL_W = 500, PANEL_H = 300, ML = 78, MR = 22, MT = 34, MB = 46 };
+
+/* where v lies on the axis, 0 at lo and 1 at hi; halved first, so that no difference of finite values
+ * overflows */
+static double frac(double v, const axis *a) { return (v / 2 - a->lo / 2) / (a->hi / 2 - a->lo / 2); }
+
+/* tick k: lo + k step, also where k step alone would overflow (the same value otherwise: halving is exact) */
+static double tick_at(const axis *a, int k) { return 2 * (a->lo / 2 + k * (a->step / 2)); }
 
 /* one panel: series ser[0..n) (colour i: run i, or expert i), on the shared step axis */
 static void draw_panel(sbuf *s, const series *const *ser, int n, const char *title, double ox, double oy,
@@ -241,11 +258,11 @@ static void draw_panel(sbuf *s, const series *const *ser, int n, const char *tit
     }
     axis ay = nice_axis(mn, mx, 5);
     char lb[64];
-#define SX(v) (x0 + ((v)-ax->lo) / (ax->hi - ax->lo) * pw)
-#define SY(v) (y0 + ph - ((v)-ay.lo) / (ay.hi - ay.lo) * ph)
+#define SX(v) (x0 + frac(v, ax) * pw)
+#define SY(v) (y0 + ph - frac(v, &ay) * ph)
     /* at most 100 ticks: a range that overflows (or a step that underflows) gives no finite step */
     for (int k = 0; k <= 100; k++) { /* y grid, ticks and labels */
-        double v = ay.lo + k * ay.step;
+        double v = tick_at(&ay, k);
         if (v > ay.hi + ay.step * 1e-6) break;
         double y = SY(v);
         tick_label(&ay, v, lb, sizeof lb);
@@ -257,7 +274,7 @@ static void draw_panel(sbuf *s, const series *const *ser, int n, const char *tit
                   y + 4, lb);
     }
     for (int k = 0; k <= 100; k++) { /* x grid, ticks and labels */
-        double v = ax->lo + k * ax->step;
+        double v = tick_at(ax, k);
         if (v > ax->hi + ax->step * 1e-6) break;
         double x = SX(v);
         tick_label(ax, v, lb, sizeof lb);

@@ -409,6 +409,15 @@ static void test_plot(void) {
         snprintf(cmd, sizeof cmd, "timeout 20 %s plot %s/run3 --output %s/run3/x.svg", tu_cli(), dir, dir);
         rc = tu_run(cmd, out, sizeof out);
         TU_CHECK(rc == 0, "extreme values %d: exit %d: %s", k, rc, out);
+        /* every coordinate a number (the range's overflow made them nan; the step's underflow too) */
+        char *svg = NULL;
+        size_t n;
+        snprintf(p, sizeof p, "%s/run3/x.svg", dir);
+        TU_CHECK(sl_file_read_all(p, &svg, &n) == SL_OK && svg, "extreme values %d: read %s", k, p);
+        if (svg)
+            TU_CHECK(!strstr(svg, "nan") && !strstr(svg, "inf") && count(svg, "<polyline") == 1,
+                     "extreme values %d: non-finite coordinates or no line in %s", k, p);
+        free(svg);
     }
 
     /* bad input: one line, exit 2, nothing written (no entry under dir created, removed or modified) */
