@@ -37,6 +37,7 @@ static sl_status build_trainer(tu_layout_rank *R, int *have_tr) {
     SL_TRY(sl_trainer_init(&R->tr, R->m, &tc));
     *have_tr = 1;
     if (s->planned) *s->planned = R->tr.plan.planned_bytes;
+    if (s->scratch) *s->scratch = R->tr.plan.scratch_bytes;
     if (R->tp) SL_TRY(sl_trainer_set_tp(&R->tr, R->tp));
     if (R->mesh.dp > 1) {
         sl_dp_opts o = s->dp;

@@ -45,6 +45,7 @@ typedef struct {
     float *losses, *grad_norms;
     double *moe_load, *moe_dropped;
     size_t *planned;
+    size_t *scratch; /* of which the pipeline slots' shared scratch region (tr.plan.scratch_bytes) */
     float **params;
     int64_t *numel;
     void *user; /* the hooks' */

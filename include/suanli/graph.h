@@ -78,8 +78,10 @@ void sl_graph_set_grad_overwrite(sl_graph *g, int on);
 int sl_graph_set_dropout(sl_graph *g, int on, uint64_t seed, uint64_t stream);
 
 typedef struct sl_plan_stats {
-    size_t planned_bytes; /* arena size after liveness reuse (the reserved rows' region included) */
-    size_t cap_bytes;     /* of which the reserved rows' region (Note [Reserved rows], src/graph/graph.c) */
+    size_t
+        planned_bytes; /* arena size after liveness reuse (the reserved rows' and scratch regions included) */
+    size_t cap_bytes;  /* of which the reserved rows' region (Note [Reserved rows], src/graph/graph.c) */
+    size_t scratch_bytes; /* of which the shared scratch region (Note [Shared scratch], src/graph/graph.c) */
     size_t naive_bytes;   /* sum of all intermediate allocations */
     int n_allocs;
 } sl_plan_stats;
@@ -94,6 +96,19 @@ int sl_graph_fuse_half_outputs(sl_graph *g, sl_backend *be);
  * the graph's use; the graph frees only its own wrapper. Before the next sl_graph_compute from node 0. */
 size_t sl_graph_arena_bytes(const sl_graph *g);
 sl_status sl_graph_move_arena(sl_graph *g, void *host, size_t bytes);
+/* Note [Shared scratch] (src/graph/graph.c): a graph run in phases (node ranges [0, ends[0]), [ends[0],
+ * ends[1]), ...; ends[n - 1] = the node count at plan time) between which other graphs run, as a pipeline
+ * slot's forward, backward and weight-gradient units. Set before sl_graph_plan: storages that live within
+ * one phase are planned in a scratch region the caller allocates once (sl_graph_scratch_bytes, the largest
+ * over its graphs) and binds to every graph that runs interleaved with this one; only storages that cross a
+ * phase boundary (and outputs) stay in the graph's own arena. n <= SL_GRAPH_MAX_PHASES; n = 0: one arena.
+ * SUANLI_PLAN_SCRATCH=0 ignores the phases (A/B). */
+#define SL_GRAPH_MAX_PHASES 4
+void sl_graph_set_phases(sl_graph *g, const int *ends, int n);
+size_t sl_graph_scratch_bytes(const sl_graph *g);
+/* Binds (borrows) a buffer of at least sl_graph_scratch_bytes on the graph's backend; before the next
+ * compute from node 0. A graph with a scratch region refuses to compute until one is bound. */
+sl_status sl_graph_bind_scratch(sl_graph *g, sl_buffer *buf);
 /* The reserved rows' region (Note [Reserved rows]): its planned bytes, and how many of them are resident
  * (pages touched so far; the planned size where the region is not reserved address space) */
 size_t sl_graph_cap_bytes(const sl_graph *g);

@@ -175,6 +175,9 @@ void sl_ep_take_stats(sl_tp *tp, double *sec, double *bytes);
  * same graphs in the same order; Note [EP activations in a window]); the windows live until sl_tp_free,
  * which must come after the graphs' last computation. No-op without EP. */
 sl_status sl_ep_window_arenas(sl_tp *tp, sl_graph **graphs, int n);
+/* One window of `bytes` of the EP communicator (collective over the EP group), freed by sl_tp_free; *out =
+ * NULL without EP. */
+sl_status sl_ep_window_alloc(sl_tp *tp, size_t bytes, void **out);
 /* `whole` (the same split without EP: every expert; TP shard and pipeline stage as `mine`) from every EP
  * rank's experts: collective over the EP group; every rank gets it. */
 sl_status sl_ep_gather_whole(const sl_mesh *mesh, const sl_model *mine, sl_model *whole);

@@ -190,6 +190,9 @@ void sl_pipeline_set_dropout(sl_pipeline *P, int on, uint64_t seed, uint64_t mic
 sl_graph *sl_pipeline_graph(sl_pipeline *P, int k); /* slot k's graph, chunk by chunk (NULL past the last) */
 int sl_pipeline_slots(const sl_pipeline *P);        /* over every chunk */
 sl_plan_stats sl_pipeline_plan(const sl_pipeline *P); /* activations of every slot, summed */
+/* Moves the slots' shared scratch region (Note [Shared scratch]) into caller memory of at least its size
+ * (e.g. a communicator window), which must outlive the pipeline's use; before the next step. */
+sl_status sl_pipeline_move_scratch(sl_pipeline *P, void *host, size_t bytes);
 /* The first slot's backward: *n_b nodes of B (the input's gradient) and *n_w of W run later (zero bubble);
  * 1F1B: n_w = 0 */
 void sl_pipeline_backward_split(const sl_pipeline *P, int *n_b, int *n_w);

@@ -14,11 +14,13 @@ sl_graph *sl_graph_new(sl_ctx *ctx) {
 
 static void cap_release(sl_graph *g);
 
+enum { REGION_ARENA, REGION_CAP, REGION_SCRATCH }; /* sl_graph.region */
+
 void sl_graph_free(sl_graph *g) {
     if (!g) return;
     if (g->arena) sl_backend_free(g->backend, g->arena);
     cap_release(g);
-    free(g->in_cap);
+    free(g->region);
     free(g->nodes);
     free(g->visited);
     free(g->grads);
@@ -365,6 +367,52 @@ static sl_status cap_alloc(sl_graph *g, sl_backend *be) {
 
 size_t sl_graph_cap_bytes(const sl_graph *g) { return g->planned ? g->cap_bytes : 0; }
 
+/* Note [Shared scratch]
+ * A pipeline stage holds one graph per micro-batch in flight (K slots per model chunk, Note [Pipeline
+ * stages and 1F1B]), and each graph's forward, backward and (zero bubble) weight-gradient nodes run as
+ * separate units of the schedule, with the other slots' units between them. Planned alone, every slot's
+ * arena holds its whole working set, so K slots cost K times the backward's peak although only one unit
+ * runs at a time. What a slot must keep between its units is only what crosses a phase boundary: the
+ * activations its backward reads, the weight-gradient phase's inputs, and its outputs (the loss, the stage
+ * output being sent). So with phases set, sl_graph_plan sorts each storage by its lifetime (after
+ * donations, in the extended lifetimes): one that starts and ends in the same phase, and is not an output
+ * or a reserved-rows storage, goes to the scratch region, planned on its own by the same greedy placement;
+ * the rest to the graph's arena. The owner allocates one scratch buffer of the largest scratch size of its
+ * graphs and binds it to all of them. The same nodes compute the same values in the same order, so the
+ * results are bitwise those of one arena per slot (test_pp, test_recompute, test_ep compare each layout
+ * with the single process bitwise or at 1e-6). The price is what the split forbids: a scratch storage and
+ * an arena storage never share bytes, so a slot's arena plus the scratch can exceed its one-arena plan,
+ * and the pipeline keeps the split only where the sum over its slots comes out smaller (src/train/
+ * pipeline.c, plan_stage). With full recomputation almost everything a slot computes is transient:
+ * GPT-2 124M at pp 4 with 8 micro-batches, stage 0 57.1 -> 24.0 MiB (docs/BENCHMARKS.md, "Shared
+ * scratch"); without it most of a slot is kept activations, and the gain is 3-9 %. */
+void sl_graph_set_phases(sl_graph *g, const int *ends, int n) {
+    g->n_phases = n < 0 ? 0 : n > SL_GRAPH_MAX_PHASES ? SL_GRAPH_MAX_PHASES : n;
+    for (int i = 0; i < g->n_phases; i++) g->phase_end[i] = ends[i];
+}
+
+size_t sl_graph_scratch_bytes(const sl_graph *g) { return g->planned ? g->scratch_bytes : 0; }
+
+sl_status sl_graph_bind_scratch(sl_graph *g, sl_buffer *buf) {
+    if (!g->planned || !buf || buf->size < g->scratch_bytes || buf->backend != g->backend)
+        return sl_fail(SL_ERR_INVALID, "graph: a scratch buffer of %zu bytes for a plan of %zu",
+                       buf ? buf->size : 0, g->scratch_bytes);
+    g->scratch = buf;
+    return SL_OK;
+}
+
+/* the phase node i runs in (the last one for nodes past the set ends) */
+static int phase_of(const sl_graph *g, int i) {
+    int p = 0;
+    while (p < g->n_phases - 1 && i >= g->phase_end[p]) p++;
+    return p;
+}
+
+static int scratch_on(const sl_graph *g) {
+    const char *e = getenv("SUANLI_PLAN_SCRATCH");
+    return g->n_phases > 1 && !(e && !strcmp(e, "0"));
+}
+
 size_t sl_graph_cap_resident(const sl_graph *g) {
     if (!g->planned || !g->cap_bytes) return 0;
     if (!g->cap_map) return g->cap_bytes;
@@ -429,37 +477,49 @@ sl_status sl_graph_plan(sl_graph *g, sl_backend *be, sl_plan_stats *stats) {
         naive += sz; /* every storage on its own: the sum without any reuse, donation included */
         if (donor[i] < 0) items[m++] = (plan_item){i, i, last[i], sz, 0};
     }
-    /* the reserved rows' storages first, the others after them: each class packed on its own */
-    int mc = 0;
+    /* each class packed on its own: the reserved rows' storages first, then the arena's, then the storages
+     * that live within one phase (Note [Shared scratch]) */
+    int mc = 0, ms = m, scr = scratch_on(g);
     for (int k = 0; k < m && reserve; k++)
         if (g->nodes[items[k].node]->flags & SL_FLAG_ROWS_CAP) {
             plan_item t = items[k];
             items[k] = items[mc];
             items[mc++] = t;
         }
-    uint8_t *in_cap = calloc(n > 0 ? (size_t)n : 1, 1);
+    for (int k = m - 1; k >= mc && scr; k--) {
+        const plan_item *it = &items[k];
+        if ((g->nodes[it->node]->flags & SL_FLAG_OUTPUT) || phase_of(g, it->start) != phase_of(g, it->end))
+            continue;
+        plan_item t = items[k];
+        items[k] = items[--ms];
+        items[ms] = t;
+    }
+    uint8_t *region = calloc(n > 0 ? (size_t)n : 1, 1);
     plan_item **ov = malloc(sizeof(plan_item *) * (size_t)(m ? m : 1));
-    if (!ov || !in_cap) {
+    if (!ov || !region) {
         free(ov);
-        free(in_cap);
+        free(region);
         free(last);
         free(donor);
         free(items);
         return sl_fail(SL_ERR_NOMEM, "graph plan: out of memory");
     }
-    size_t cap_total = place(items, mc, ov), total = place(items + mc, m - mc, ov);
+    size_t cap_total = place(items, mc, ov), total = place(items + mc, ms - mc, ov);
+    size_t scratch_total = place(items + ms, m - ms, ov);
     for (int k = 0; k < m; k++) {
         g->offsets[items[k].node] = items[k].offset;
-        in_cap[items[k].node] = k < mc;
+        region[items[k].node] = k < mc ? REGION_CAP : k < ms ? REGION_ARENA : REGION_SCRATCH;
     }
     for (int i = 0; i < n; i++)
-        if (donor[i] >= 0) g->offsets[i] = g->offsets[donor[i]], in_cap[i] = in_cap[donor[i]];
+        if (donor[i] >= 0) g->offsets[i] = g->offsets[donor[i]], region[i] = region[donor[i]];
     free(ov);
     free(last);
     free(donor);
     free(items);
-    free(g->in_cap);
-    g->in_cap = in_cap;
+    free(g->region);
+    g->region = region;
+    g->scratch = NULL; /* the caller binds one of the new size */
+    g->scratch_bytes = scratch_total;
     if (g->arena) sl_backend_free(g->backend, g->arena);
     g->arena = NULL;
     cap_release(g);
@@ -471,8 +531,9 @@ sl_status sl_graph_plan(sl_graph *g, sl_backend *be, sl_plan_stats *stats) {
     g->cap_bytes = cap_total;
     if (cap_total) SL_TRY(cap_alloc(g, be));
     if (stats) {
-        stats->planned_bytes = total + cap_total;
+        stats->planned_bytes = total + cap_total + scratch_total;
         stats->cap_bytes = cap_total;
+        stats->scratch_bytes = scratch_total;
         stats->naive_bytes = naive;
         stats->n_allocs = m;
     }
@@ -504,6 +565,9 @@ static void alias_of(sl_tensor *t, const sl_tensor *src, int64_t elem_offs) {
 
 static sl_status resolve(sl_graph *g) {
     char *base = sl_buffer_base(g->arena);
+    if (g->scratch_bytes && !g->scratch)
+        return sl_fail(SL_ERR_INVALID, "graph: planned a %zu-byte scratch region, none bound",
+                       g->scratch_bytes);
     for (int i = 0; i < g->n_nodes; i++) {
         sl_tensor *t = g->nodes[i];
         if (t->op == SL_OP_VIEW) {
@@ -512,9 +576,10 @@ static sl_status resolve(sl_graph *g) {
             alias_of(t, t->view_src, t->view_offs);
         } else if (is_inplace(t)) {
             alias_of(t, t->view_src, 0);
-        } else if (g->in_cap && g->in_cap[i]) { /* Note [Reserved rows] */
-            t->data = (char *)sl_buffer_base(g->cap_arena) + g->offsets[i];
-            t->buffer = g->cap_arena;
+        } else if (g->region && g->region[i] != REGION_ARENA) { /* Note [Reserved rows], [Shared scratch] */
+            sl_buffer *b = g->region[i] == REGION_CAP ? g->cap_arena : g->scratch;
+            t->data = (char *)sl_buffer_base(b) + g->offsets[i];
+            t->buffer = b;
             t->buffer_offs = g->offsets[i];
         } else {
             t->data = base + g->offsets[i];

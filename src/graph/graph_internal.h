@@ -22,7 +22,12 @@ struct sl_graph {
     size_t cap_bytes;   /* planned size of that region */
     void *cap_map;      /* its address space when reserved with mmap (NULL: allocated on the backend) */
     size_t cap_map_len; /* ... and that mapping's length (whole pages) */
-    uint8_t *in_cap;    /* by node index: the node's storage lies in cap_arena */
+    uint8_t *region;    /* by node index: where its storage lies (REGION_*, graph.c) */
+    /* Note [Shared scratch]: the phases whose transient storages go to a region the caller shares */
+    int n_phases;
+    int phase_end[SL_GRAPH_MAX_PHASES];
+    size_t scratch_bytes; /* planned size of the shared region (0: none) */
+    sl_buffer *scratch;   /* borrowed: bound by sl_graph_bind_scratch */
     int planned;
     sl_collective_fn coll_fn; /* runs COLLECTIVE nodes (borrowed user pointer) */
     void *coll_user;

@@ -111,15 +111,22 @@ int sl_tp_size(const sl_tp *t) { return t ? t->n : 1; }
  * straight from its memory (src/comm/algo/sym.c, Note [Window data movement]) instead of through
  * process_vm_readv or the transport's slots. On transports without windows the memory is private and
  * nothing changes (nor with SUANLI_COMM_WINDOWS=0, under which sl_comm_mem_alloc returns private memory). */
-sl_status sl_ep_window_arenas(sl_tp *t, sl_graph **graphs, int n) {
+sl_status sl_ep_window_alloc(sl_tp *t, size_t bytes, void **out) {
+    *out = NULL;
     if (!t || !t->ep_comm || t->ep <= 1) return SL_OK;
+    if (t->n_ep_win == (int)(sizeof t->ep_win / sizeof t->ep_win[0]))
+        return sl_fail(SL_ERR_INVALID, "ep: more than %d windows", t->n_ep_win);
+    SL_TRY(sl_comm_mem_alloc(t->ep_comm, bytes, out));
+    t->ep_win[t->n_ep_win++] = *out;
+    return SL_OK;
+}
+
+sl_status sl_ep_window_arenas(sl_tp *t, sl_graph **graphs, int n) {
     for (int i = 0; i < n; i++) {
-        if (t->n_ep_win == (int)(sizeof t->ep_win / sizeof t->ep_win[0]))
-            return sl_fail(SL_ERR_INVALID, "ep: more than %d graphs", t->n_ep_win);
         size_t bytes = sl_graph_arena_bytes(graphs[i]);
         void *p = NULL;
-        SL_TRY(sl_comm_mem_alloc(t->ep_comm, bytes, &p));
-        t->ep_win[t->n_ep_win++] = p;
+        SL_TRY(sl_ep_window_alloc(t, bytes, &p));
+        if (!p) return SL_OK; /* no EP */
         SL_TRY(sl_graph_move_arena(graphs[i], p, bytes));
     }
     return SL_OK;

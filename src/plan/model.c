@@ -262,8 +262,12 @@ static void buckets(const plan_param *p, int n, int64_t bucket_elems, int64_t dp
  * pipeline stage 4.75 C, a later stage 3.75 C (the logits are gone by then). Fitted on sl_graph_plan's
  * arenas (tests/plan/test_plan.c: GPT-2 C64 and two Llamas of C64, F 160 / 2 kv heads and F 256 / 1 kv
  * head, vocabularies of 1.5 C to 32 C, 2 to 8 layers, tp 1 / 2 / 4, pp 1 / 2 / 3, 1F1B); within 3.5 %
- * there, and GPT-2 124M's real plans (bench train --plan-only) within 2 %. A MoE layer keeps 4 E more (the
- * router's outputs, never recomputed; Qwen2-MoE's shared-expert gate 3.4 floats); the EP all-to-alls run
+ * there, and GPT-2 124M's real plans (bench train --plan-only) within 2 %. A pipeline stage with K > 1
+ * micro-batches in flight holds one such slot plus, per further slot, only what crosses from its forward
+ * to its backward, Ls k + C (C / tp under SP: the layer inputs and the stage output), since the slots share
+ * one scratch region for the rest (Note [Shared scratch], src/graph/graph.c); the split costs one more k
+ * where Ls > 1 (a storage of the one-arena plan that the scratch cannot reuse). A MoE layer keeps 4 E more
+ * (the router's outputs, never recomputed; Qwen2-MoE's shared-expert gate 3.4 floats); the EP all-to-alls run
  * again, so under EP it keeps the same (before they did, it kept their outputs, ep min(k, E / ep) + k rows
  * of C, 6-10 C at ep 2-4): that per-layer term matches sl_graph_plan (tests/plan/test_plan_moe.c: 5
  * against 9 layers, Qwen2-MoE and DeepSeek-V3, ep 1 / 2 / 4, tp 2 with whole and split experts). The
@@ -570,7 +574,13 @@ static sl_status stage_memory(const sl_plan_model *m, const sl_plan_job *job, co
             double slot = ((double)Ls - 1.0) * r.keep + r.work + ends * C;
             double head = (double)Ls * r.keep + (l->sp ? 1.6 : 2.0) * C + V / t;
             if (which == STAGE_LAST && head > slot) slot = head;
-            act = 4.0 * N * slot * (which == STAGE_LAST ? 1.0 : inflight);
+            /* the slots in flight share one scratch region (Note [Shared scratch], src/graph/graph.c):
+             * each further slot keeps only the layer inputs and the stage output; the split costs one
+             * layer's k more where the stage has two or more layers */
+            double own = (double)Ls * r.keep + (l->sp ? C / t : C);
+            double more = which == STAGE_LAST || inflight < 2 ? 0.0 : (inflight - 1.0) * own;
+            if (more > 0 && Ls > 1) more += r.keep;
+            act = 4.0 * N * (slot + more);
         }
     }
     mm->activations = act;

@@ -73,7 +73,8 @@ struct sl_pipeline {
     int32_t *ids_buf, *tg_buf;
     double wait_sec;
     double sent_bytes;  /* activations, their gradients and the tied embedding's gradient sent (this rank) */
-    sl_plan_stats plan; /* every slot's, summed */
+    sl_plan_stats plan; /* every slot's arenas summed, plus the shared scratch region once */
+    sl_buffer *scratch; /* Note [Shared scratch] (src/graph/graph.c): bound to every slot's graph */
 };
 
 static int first_virtual(const sl_pipeline *P, int c) { return P->s == 0 && c == 0; }
@@ -238,12 +239,45 @@ static sl_status build_slot(sl_pipeline *P, int c, pipe_slot *sl, float loss_sca
             return sl_fail(SL_ERR_INTERNAL, "pipeline: the zero-bubble schedule cannot split this backward "
                                             "into input and weight gradients");
     }
-    sl_plan_stats ps;
-    SL_TRY(sl_graph_plan(sl->g, m->backend, &ps));
-    P->plan.planned_bytes += ps.planned_bytes;
-    P->plan.cap_bytes += ps.cap_bytes;
-    P->plan.naive_bytes += ps.naive_bytes;
-    P->plan.n_allocs += ps.n_allocs;
+    return SL_OK;
+}
+
+/* Plans every slot's graph, with phases (Note [Shared scratch]: F, B and W run as separate units with
+ * other slots' units between them, so what lives within one unit can go to one region shared by all slots)
+ * or without (one arena per slot), and sums the plans: each slot's own bytes, the shared region once. */
+static sl_status plan_slots(sl_pipeline *P, int phases, sl_plan_stats *sum) {
+    memset(sum, 0, sizeof *sum);
+    for (int c = 0; c < P->v; c++)
+        for (int k = 0; k < P->K[c]; k++) {
+            pipe_slot *sl = &P->slot[c][k];
+            int n_all = sl_graph_n_nodes(sl->g), ends[3] = {sl->n_forward, sl->n_b, n_all};
+            sl_graph_set_phases(sl->g, ends, !phases ? 0 : sl->n_b < n_all ? 3 : 2);
+            sl_plan_stats ps;
+            SL_TRY(sl_graph_plan(sl->g, P->m->backend, &ps));
+            sum->planned_bytes += ps.planned_bytes - ps.scratch_bytes;
+            if (ps.scratch_bytes > sum->scratch_bytes) sum->scratch_bytes = ps.scratch_bytes;
+            sum->cap_bytes += ps.cap_bytes;
+            sum->naive_bytes += ps.naive_bytes;
+            sum->n_allocs += ps.n_allocs;
+        }
+    sum->planned_bytes += sum->scratch_bytes;
+    return SL_OK;
+}
+
+/* The smaller of the two plans (a stage with one slot gains nothing from the split, and where little of a
+ * slot's working set is transient the split's price can exceed the sharing), then the shared region. */
+static sl_status plan_stage(sl_pipeline *P) {
+    sl_plan_stats one, shared;
+    const char *e = getenv("SUANLI_PLAN_SCRATCH");
+    SL_TRY(plan_slots(P, 0, &one));
+    P->plan = one;
+    if (sl_pipeline_slots(P) < 2 || (e && !strcmp(e, "0"))) return SL_OK;
+    SL_TRY(plan_slots(P, 1, &shared));
+    if (shared.planned_bytes >= one.planned_bytes) return plan_slots(P, 0, &P->plan);
+    P->plan = shared;
+    SL_TRY(sl_backend_alloc(P->m->backend, shared.scratch_bytes, &P->scratch));
+    for (int c = 0; c < P->v; c++)
+        for (int k = 0; k < P->K[c]; k++) SL_TRY(sl_graph_bind_scratch(P->slot[c][k].g, P->scratch));
     return SL_OK;
 }
 
@@ -257,6 +291,7 @@ void sl_pipeline_free(sl_pipeline *P) {
             sl_graph_free(sl->g);
             if (sl->io) sl_backend_free(P->m->backend, sl->io);
         }
+    if (P->scratch) sl_backend_free(P->m->backend, P->scratch);
     for (int c = 0; c < P->v; c++) free(P->slot[c]);
     free(P->units);
     free(P->ids_buf);
@@ -317,6 +352,7 @@ sl_status sl_pipeline_new(sl_pipeline **out, sl_model *m, const sl_mesh *mesh, i
         if (!P->slot[c]) st = sl_fail(SL_ERR_NOMEM, "pipeline: out of memory");
         for (int k = 0; k < P->K[c] && st == SL_OK; k++) st = build_slot(P, c, &P->slot[c][k], loss_scale);
     }
+    if (st == SL_OK) st = plan_stage(P);
 done:
     if (st != SL_OK) {
         sl_pipeline_free(P);
@@ -391,6 +427,26 @@ sl_graph *sl_pipeline_graph(sl_pipeline *P, int k) {
     return NULL;
 }
 sl_plan_stats sl_pipeline_plan(const sl_pipeline *P) { return P->plan; }
+
+sl_status sl_pipeline_move_scratch(sl_pipeline *P, void *host, size_t bytes) {
+    sl_buffer *b = NULL;
+    if (bytes < P->plan.scratch_bytes)
+        return sl_fail(SL_ERR_INVALID, "pipeline: scratch of %zu bytes for a plan of %zu", bytes,
+                       P->plan.scratch_bytes);
+    SL_TRY(sl_backend_wrap_host(P->m->backend, host, bytes, &b));
+    sl_status st = SL_OK;
+    for (int c = 0; c < P->v; c++)
+        for (int k = 0; k < P->K[c] && st == SL_OK; k++) st = sl_graph_bind_scratch(P->slot[c][k].g, b);
+    if (st != SL_OK) { /* every slot back on the old buffer */
+        for (int c = 0; c < P->v; c++)
+            for (int k = 0; k < P->K[c]; k++) (void)sl_graph_bind_scratch(P->slot[c][k].g, P->scratch);
+        sl_backend_free(P->m->backend, b);
+        return st;
+    }
+    if (P->scratch) sl_backend_free(P->m->backend, P->scratch);
+    P->scratch = b;
+    return SL_OK;
+}
 
 void sl_pipeline_backward_split(const sl_pipeline *P, int *n_b, int *n_w) {
     const pipe_slot *sl = &P->slot[0][0];

@@ -198,7 +198,11 @@ sl_status sl_trainer_set_tp(sl_trainer *tr, sl_tp *tp) {
     else
         gs[ng++] = tr->graph;
     for (int k = 0; k < ng; k++) sl_graph_set_collective(gs[k], sl_tp_collective, tp);
-    return sl_ep_window_arenas(tp, gs, ng); /* the dispatch reads peers' rows in place */
+    SL_TRY(sl_ep_window_arenas(tp, gs, ng)); /* the dispatch reads peers' rows in place */
+    size_t sb = tr->pipe ? sl_pipeline_plan(tr->pipe).scratch_bytes : 0; /* and the slots' shared scratch */
+    void *w = NULL;
+    if (sb) SL_TRY(sl_ep_window_alloc(tp, sb, &w));
+    return w ? sl_pipeline_move_scratch(tr->pipe, w, sb) : SL_OK;
 }
 
 void sl_trainer_free(sl_trainer *tr) {

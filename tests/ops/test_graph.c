@@ -1,6 +1,7 @@
 /* Graph machinery: planner reuse and safety, completion hooks, leaf binding errors, the null backend,
  * overwriting first gradient writes, splitting a backward into input- and weight-gradient passes, the
- * reserved rows' region, the half-output pass (Note [Half outputs], src/graph/fuse.c). */
+ * reserved rows' region, the shared scratch region of phased graphs, the half-output pass (Note [Half
+ * outputs], src/graph/fuse.c). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -326,11 +327,100 @@ static void test_half_outputs(void) {
     }
 }
 
+/* Note [Shared scratch]: two graphs run in two phases each, interleaved (A's first, B's first, A's second,
+ * B's second), as two pipeline slots are. Each: a0 = x + x, a1 = 0.75 a0, s = a1 + x | b0 = 0.5 s, b1 = b0 +
+ * x, out = b1 + s. The storages that live within a phase (a0, a1, b0, b1) go to the one scratch buffer both
+ * graphs share; s, read across the boundary, and the output stay in each graph's arena. Were s put in the
+ * scratch, B's first phase would overwrite A's and A's output would be wrong. */
+typedef struct {
+    sl_tensor *x, *a0, *a1, *s, *b0, *b1, *out;
+    sl_graph *g;
+} phased_net;
+
+static void phased_build(sl_ctx *ctx, phased_net *n, float *xd, int N) {
+    n->x = sl_new_tensor_1d(ctx, SL_F32, N);
+    sl_tensor_bind(n->x, xd);
+    n->a0 = sl_add(ctx, n->x, n->x);
+    n->a1 = sl_scale(ctx, n->a0, 0.75f);
+    n->s = sl_add(ctx, n->a1, n->x);
+    n->b0 = sl_scale(ctx, n->s, 0.5f);
+    n->b1 = sl_add(ctx, n->b0, n->x);
+    n->out = sl_add(ctx, n->b1, n->s);
+    n->g = sl_graph_new(ctx);
+    sl_graph_build_forward(n->g, n->out);
+    int ends[2] = {3, sl_graph_n_nodes(n->g)};
+    sl_graph_set_phases(n->g, ends, 2);
+}
+
+static void test_shared_scratch(void) {
+    enum { N = 4096 };
+    sl_ctx *ctx = sl_ctx_new(64);
+    float *xa = malloc(sizeof(float) * N), *xb = malloc(sizeof(float) * N);
+    for (int i = 0; i < N; i++) xa[i] = (float)(i % 89) / 89.0f, xb[i] = (float)(i % 13) - 6.0f;
+    phased_net A, B;
+    phased_build(ctx, &A, xa, N);
+    phased_build(ctx, &B, xb, N);
+    TU_CHECK(sl_graph_n_nodes(A.g) == 6, "scratch: %d nodes", sl_graph_n_nodes(A.g));
+    sl_plan_stats pa, pb;
+    TU_CHECK(sl_graph_plan(A.g, sl_backend_cpu(), &pa) == SL_OK &&
+                 sl_graph_plan(B.g, sl_backend_cpu(), &pb) == SL_OK,
+             "scratch: plan: %s", sl_errmsg());
+    size_t sb = sl_graph_scratch_bytes(A.g);
+    TU_CHECK(sb >= 2 * N * sizeof(float) && pa.scratch_bytes == sb &&
+                 pa.planned_bytes == sl_graph_arena_bytes(A.g) + sb,
+             "scratch: %zu scratch bytes, stats %zu = %zu + %zu", sb, pa.planned_bytes,
+             sl_graph_arena_bytes(A.g), pa.scratch_bytes);
+    /* unbound: refused, with the reason */
+    TU_CHECK(sl_graph_compute(A.g, NULL, NULL) == SL_ERR_INVALID && strstr(sl_errmsg(), "scratch"),
+             "scratch: compute without a scratch buffer: %s", sl_errmsg());
+    sl_buffer *small = NULL, *buf = NULL;
+    TU_CHECK(sl_backend_alloc(sl_backend_cpu(), sb - 64, &small) == SL_OK, "scratch: alloc");
+    TU_CHECK(sl_graph_bind_scratch(A.g, small) == SL_ERR_INVALID, "scratch: a buffer too small is refused");
+    TU_CHECK(sl_backend_alloc(sl_backend_cpu(), sb, &buf) == SL_OK, "scratch: alloc");
+    TU_CHECK(sl_graph_bind_scratch(A.g, buf) == SL_OK && sl_graph_bind_scratch(B.g, buf) == SL_OK,
+             "scratch: bind: %s", sl_errmsg());
+    TU_CHECK(sl_graph_compute_range(A.g, 0, 3, NULL, NULL) == SL_OK &&
+                 sl_graph_compute_range(B.g, 0, 3, NULL, NULL) == SL_OK &&
+                 sl_graph_compute_range(A.g, 3, 6, NULL, NULL) == SL_OK &&
+                 sl_graph_compute_range(B.g, 3, 6, NULL, NULL) == SL_OK,
+             "scratch: compute: %s", sl_errmsg());
+    int bad = 0;
+    for (int k = 0; k < 2; k++) {
+        const float *x = k ? xb : xa, *got = (k ? B.out : A.out)->data;
+        for (int i = 0; i < N; i++) {
+            float s = (x[i] + x[i]) * 0.75f + x[i], want = (s * 0.5f + x[i]) + s;
+            bad += got[i] != want;
+        }
+    }
+    TU_CHECK(bad == 0, "scratch: %d wrong outputs", bad);
+    phased_net *nets[2] = {&A, &B};
+    for (int k = 0; k < 2; k++) {
+        phased_net *n = nets[k];
+        TU_CHECK(n->a0->buffer == buf && n->a1->buffer == buf && n->b0->buffer == buf && n->b1->buffer == buf,
+                 "scratch: graph %d: the storages within a phase are in the shared buffer", k);
+        TU_CHECK(n->s->buffer != buf && n->out->buffer != buf && n->s->buffer == n->out->buffer,
+                 "scratch: graph %d: the saved value and the output stay in the arena", k);
+    }
+    setenv("SUANLI_PLAN_SCRATCH", "0", 1); /* the A/B switch: one arena */
+    TU_CHECK(sl_graph_plan(A.g, sl_backend_cpu(), &pa) == SL_OK && sl_graph_scratch_bytes(A.g) == 0 &&
+                 pa.scratch_bytes == 0 && sl_graph_compute(A.g, NULL, NULL) == SL_OK && A.a0->buffer != buf,
+             "scratch: SUANLI_PLAN_SCRATCH=0 plans one arena");
+    unsetenv("SUANLI_PLAN_SCRATCH");
+    sl_graph_free(A.g);
+    sl_graph_free(B.g);
+    sl_backend_free(sl_backend_cpu(), small);
+    sl_backend_free(sl_backend_cpu(), buf);
+    free(xa);
+    free(xb);
+    sl_ctx_free(ctx);
+}
+
 int main(void) {
     test_half_outputs();
     test_grad_overwrite();
     test_split_backward();
     test_reserved_region();
+    test_shared_scratch();
     sl_ctx *ctx = sl_ctx_new(1024);
     /* a chain of 20 elementwise ops: a planner must reuse memory (only ~2 live at a time) */
     enum { N = 4096 };

@@ -315,16 +315,20 @@ static void test_memory(void) {
     check_split_memory_rc((model_v){1, 4, 1, 0}, 4, 1, 1, 4, 32, 0);
     /* full recomputation (Note [Recomputation memory] in src/plan/model.c): 4 layers (2 per stage), GPT-2
      * and two Llamas whose F, kv width and heads differ, tp 1 / 2 / 4 (the Llamas' kv heads split and
-     * shared), pp 2 with one and two micro-batches in flight, tp 2 x pp 2; GPT-2 on 3 stages of one layer
-     * (a middle stage); the per-token scaling at B 16; vocabularies of 32 C, where the LM head's backward
-     * is the peak */
+     * shared), pp 2 with one and two micro-batches in flight (four micro-batches: still two), tp 2 x pp 2;
+     * GPT-2 on 3 stages of one layer with two and three in flight (a middle stage); the per-token scaling
+     * at B 16; vocabularies of 32 C, where the LM head's backward is the peak. Two or more slots in flight
+     * share a scratch region (Note [Shared scratch], src/graph/graph.c): the planner's per-slot term is
+     * checked by the growth from one slot to two and three */
     model_v vs[] = {{0, 4, 0, 0}, {1, 4, 0, 0}, {1, 4, 1, 0}, {0, 8, 0, 2048}, {1, 4, 0, 2048}};
     for (int i = 0; i < 5; i++) {
         for (int tp = 1; tp <= 4; tp *= 2) check_split_memory_rc(vs[i], tp, 1, 1, 4, 32, 1);
         check_split_memory_rc(vs[i], 1, 2, 1, 4, 32, 1);
         check_split_memory_rc(vs[i], 1, 2, 2, 4, 32, 1);
         check_split_memory_rc(vs[i], 2, 2, 2, 4, 32, 1);
+        check_split_memory_rc(vs[i], 1, 2, 4, 4, 32, 1);
     }
+    check_split_memory_rc((model_v){0, 0, 0, 0}, 1, 3, 2, 4, 32, 1);
     check_split_memory_rc((model_v){0, 0, 0, 0}, 1, 3, 3, 4, 32, 1);
     /* sequence parallelism (Note [Sequence-parallel memory]), with and without recomputation: GPT-2 and
      * the Llama at 8 / 4 layers, vocabularies 2 C and 32 C, tp 2 / 4, tp 2 x pp 2 */

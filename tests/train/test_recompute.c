@@ -150,7 +150,7 @@ typedef struct {
     double load[STEPS][8], dropped[STEPS]; /* MoE: per-step expert loads and dropped fraction */
     float *params;                         /* this rank's parameters */
     int64_t numel;
-    size_t planned;
+    size_t planned, scratch;
     sl_status st;
 } rank_job;
 
@@ -182,6 +182,7 @@ static void *run_rank(void *arg) {
         .moe_load = j->llama == 2 ? &j->load[0][0] : NULL,
         .moe_dropped = j->llama == 2 ? j->dropped : NULL,
         .planned = &j->planned,
+        .scratch = &j->scratch,
         .params = &j->params,
         .numel = &j->numel,
         .user = j,
@@ -213,6 +214,42 @@ static void run_layout(layout L, int recompute, rank_job *jobs) {
     TU_LAYOUT_THREADS(L.world, run_rank, jobs);
 }
 
+/* two runs of a layout on every rank: losses, parameters and MoE statistics bitwise */
+static void check_bitwise(const char *what, const char *how, const rank_job *a, const rank_job *b,
+                          int world) {
+    for (int r = 0; r < world; r++) {
+        TU_CHECK(a[r].st == SL_OK && b[r].st == SL_OK, "%s rank %d: %s / %s (%s)", what, r,
+                 sl_status_name(a[r].st), sl_status_name(b[r].st), sl_errmsg());
+        if (a[r].st != SL_OK || b[r].st != SL_OK) continue;
+        TU_CHECK(memcmp(a[r].loss, b[r].loss, sizeof a[r].loss) == 0, "%s rank %d: losses differ %s", what, r,
+                 how);
+        TU_CHECK(a[r].numel == b[r].numel &&
+                     memcmp(a[r].params, b[r].params, sizeof(float) * (size_t)a[r].numel) == 0,
+                 "%s rank %d: final weights differ %s", what, r, how);
+        TU_CHECK(memcmp(a[r].load, b[r].load, sizeof a[r].load) == 0 &&
+                     memcmp(a[r].dropped, b[r].dropped, sizeof a[r].dropped) == 0,
+                 "%s rank %d: MoE loads or dropped fractions differ %s", what, r, how);
+    }
+}
+
+/* Note [Shared scratch] (src/graph/graph.c): a recomputing pipeline's first stage, two micro-batches in
+ * flight, plans its slots' transient storages in one shared region; the run is bitwise the one with a
+ * whole arena per slot (SUANLI_PLAN_SCRATCH=0), in less memory */
+static void check_scratch(const char *what, layout L, const rank_job *b) {
+    rank_job c[8];
+    setenv("SUANLI_PLAN_SCRATCH", "0", 1);
+    run_layout(L, 1, c);
+    unsetenv("SUANLI_PLAN_SCRATCH");
+    check_bitwise(what, "with and without the shared scratch", b, c, L.world);
+    TU_CHECK(b[0].scratch > 0 && c[0].scratch == 0 && b[0].planned < c[0].planned,
+             "%s: rank 0 scratch %zu of %zu planned, %zu without", what, b[0].scratch, b[0].planned,
+             c[0].planned);
+    printf("%s: rank 0 recomputing with a shared scratch %.1f KiB (of which %.1f scratch), %.1f KiB without; "
+           "bitwise\n",
+           what, b[0].planned / 1024.0, b[0].scratch / 1024.0, c[0].planned / 1024.0);
+    for (int r = 0; r < L.world; r++) free(c[r].params);
+}
+
 /* every rank of the layout with recomputation: its losses, its parameters (and MoE statistics) bitwise the
  * run without */
 static void compare_layout(layout L) {
@@ -229,34 +266,33 @@ static void compare_layout(layout L) {
              L.llama != 2     ? ""
              : L.capacity > 0 ? ", capacity 1.0"
                               : ", dropless");
+    check_bitwise(what, "with and without recomputation", a, b, L.world);
     for (int r = 0; r < L.world; r++) {
-        TU_CHECK(a[r].st == SL_OK && b[r].st == SL_OK, "%s rank %d: %s / %s (%s)", what, r,
-                 sl_status_name(a[r].st), sl_status_name(b[r].st), sl_errmsg());
         if (a[r].st != SL_OK || b[r].st != SL_OK) continue;
-        TU_CHECK(memcmp(a[r].loss, b[r].loss, sizeof a[r].loss) == 0, "%s rank %d: losses differ", what, r);
-        TU_CHECK(a[r].numel == b[r].numel &&
-                     memcmp(a[r].params, b[r].params, sizeof(float) * (size_t)a[r].numel) == 0,
-                 "%s rank %d: final weights differ", what, r);
-        TU_CHECK(memcmp(a[r].load, b[r].load, sizeof a[r].load) == 0 &&
-                     memcmp(a[r].dropped, b[r].dropped, sizeof a[r].dropped) == 0,
-                 "%s rank %d: MoE loads or dropped fractions differ", what, r);
         /* ZB-H1 defers the weight gradients (Note [Splitting the backward]): the copies they read live
-         * until then, so the last stage (one micro-batch in flight) saves nothing; the first still does */
-        TU_CHECK(b[r].planned < a[r].planned || (L.zb && r > 0 && b[r].planned == a[r].planned),
+         * until then, so the last stage saves nothing; the first still does. The last stage's two slots
+         * may or may not share a scratch region (Note [Shared scratch], src/graph/graph.c: whichever plan
+         * is smaller), so there the two plans may differ by that choice: 448 B of 398 KiB measured, 1 %
+         * allowed */
+        TU_CHECK(b[r].planned < a[r].planned ||
+                     (L.zb && r > 0 && (double)b[r].planned <= 1.01 * (double)a[r].planned),
                  "%s rank %d: planned %zu with recomputation, %zu without", what, r, b[r].planned,
                  a[r].planned);
         if (r == 0)
             printf("%s: rank 0 planned activations %.1f -> %.1f KiB (%.2fx); every rank bitwise\n", what,
                    a[r].planned / 1024.0, b[r].planned / 1024.0, (double)b[r].planned / (double)a[r].planned);
     }
-    if (L.llama == 2 && a[0].st == SL_OK) { /* the statistics compared are real: tokens routed, and dropped
-                                               exactly when a capacity is set */
+    /* the statistics compared are real: tokens routed, and dropped exactly when a capacity is set (not
+     * recorded under a pipeline: tu_layout_spec) */
+    if (L.llama == 2 && L.pp == 1 && a[0].st == SL_OK) {
         double routed = 0, dropped = 0;
         for (int s = 0; s < STEPS; s++) dropped += a[0].dropped[s];
         for (int e = 0; e < 8; e++) routed += a[0].load[STEPS - 1][e];
         TU_CHECK(routed > 0 && (L.capacity > 0) == (dropped > 0), "%s: loads %g, dropped %g", what, routed,
                  dropped);
     }
+    /* (block 1 recomputes one layer of two: most of a slot is kept, and the pipeline keeps one arena each) */
+    if (L.pp > 1 && !L.block && b[0].st == SL_OK) check_scratch(what, L, b);
     for (int r = 0; r < L.world; r++) {
         free(a[r].params);
         free(b[r].params);
@@ -281,5 +317,6 @@ int main(void) {
     compare_layout((layout){.world = 1, .tp = 1, .pp = 1, .llama = 2, .capacity = 1.0f});
     compare_layout((layout){.world = 2, .tp = 1, .pp = 1, .ep = 2, .llama = 2});
     compare_layout((layout){.world = 2, .tp = 1, .pp = 1, .ep = 2, .llama = 2, .capacity = 1.0f});
+    compare_layout((layout){.world = 4, .tp = 1, .pp = 2, .ep = 2, .llama = 2});
     return tu_finish("test_recompute");
 }
