@@ -413,7 +413,7 @@ static sl_status load_init_from(sl_train_job *j, int data_vocab) {
                             m->cfg.vocab_size, dir);
     /* a sequence longer than Mistral's sliding window trains through the windowed ATTENTION (CPU kernels;
      * the CUDA and OpenCL backends refuse windowed nodes when the graph is planned) */
-    int lim = m->lcfg.max_seq_len;
+    int lim = m->cfg.max_seq_len; /* cfg mirrors lcfg for the Llama family; HF GPT-2 has only cfg */
     if (o->data.seq_length > lim)
         return sl_train_bad("--seq-length %lld exceeds the model's %d positions",
                             (long long)o->data.seq_length, lim);

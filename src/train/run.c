@@ -566,8 +566,8 @@ static sl_status step_loop(sl_train_job *j, const sl_train_callbacks *cb, sl_tra
     return SL_OK;
 }
 
-/* model.safetensors + config.json (GPT-2: suanli's layout; --init-from models: transformers' layout) and
- * tokenizer.json (the HF model's own when it has one, else the data's). */
+/* model.safetensors + config.json (GPT-2: suanli's layout; --init-from models, HF GPT-2 too: transformers')
+ * and tokenizer.json (the HF model's own when it has one, else the data's). */
 static sl_status save_final(const sl_train_job *j, sl_model *m, const sl_train_result *r) {
     const sl_train_opts *o = &j->o;
     const char *save = o->ckpt.save_dir, *init_from = o->model.init_from;
@@ -578,8 +578,8 @@ static sl_status save_final(const sl_train_job *j, sl_model *m, const sl_train_r
              (long long)o->seed);
     const char *tname = sl_tokenizer_file_name(j->tok); /* the data's file name: .json or .model */
     snprintf(tp, sizeof tp, "%s/%s", save, tname);
-    sl_status sst =
-        m->arch == SL_ARCH_GPT2 ? sl_model_save(m, save, extra) : sl_hf_save(m, save, SL_F32, &j->hf_info);
+    sl_status sst = m->arch == SL_ARCH_GPT2 && !init_from ? sl_model_save(m, save, extra)
+                                                          : sl_hf_save(m, save, SL_F32, &j->hf_info);
     const char *tsrc = j->tokpath; /* an HF model keeps its own tokenizer.json */
     snprintf(hft, sizeof hft, "%s/tokenizer.json", init_from ? init_from : "");
     FILE *hf_tok = init_from ? fopen(hft, "r") : NULL;
