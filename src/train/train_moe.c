@@ -103,6 +103,13 @@ sl_status sl_train_moe_check(sl_train_job *j) {
             "would cover only its sequence shard; --expert-tensor-parallel-size = tp routes all "
             "tokens on every rank)",
             mo->aux_loss_coeff > 0 ? "moe-aux-loss-coeff" : "moe-z-loss-coeff");
+    /* the same for the capacity: each rank would keep ceil(f * shard tokens * k / E) per expert, in its
+     * shard's token order, not the whole sequence's first ones */
+    if (o->parallel.sequence_parallel && o->parallel.etp <= 1 && !isnan(mo->capacity_factor))
+        return sl_train_bad(
+            "--moe-capacity-factor with --sequence-parallel is not supported yet (each TP rank "
+            "would drop tokens by the capacity of its sequence shard alone; "
+            "--expert-tensor-parallel-size = tp routes all tokens on every rank)");
     if (mo->bias_update_rate > 0 && o->model.init_from) {
         sl_llama_config c;
         if (sl_hf_load_config(o->model.init_from, &c, NULL) == SL_OK && c.arch != SL_ARCH_DEEPSEEK_V3)
