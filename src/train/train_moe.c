@@ -103,6 +103,14 @@ sl_status sl_train_moe_check(sl_train_job *j) {
             "would cover only its sequence shard; --expert-tensor-parallel-size = tp routes all "
             "tokens on every rank)",
             mo->aux_loss_coeff > 0 ? "moe-aux-loss-coeff" : "moe-z-loss-coeff");
+    /* under PP a stage before the last builds its layers' router losses but its backward starts from the
+     * received activation gradient alone, and the reported loss is the last stage's: they would be dropped */
+    if (o->parallel.pp > 1 && (mo->aux_loss_coeff > 0 || mo->z_loss_coeff > 0))
+        return sl_train_bad("--%s with --pipeline-model-parallel-size %lld is not supported yet (the router "
+                            "losses of the stages before the last would be left out of the loss and the "
+                            "gradients)",
+                            mo->aux_loss_coeff > 0 ? "moe-aux-loss-coeff" : "moe-z-loss-coeff",
+                            (long long)o->parallel.pp);
     /* the same for the capacity: each rank would keep ceil(f * shard tokens * k / E) per expert, in its
      * shard's token order, not the whole sequence's first ones */
     if (o->parallel.sequence_parallel && o->parallel.etp <= 1 && !isnan(mo->capacity_factor))

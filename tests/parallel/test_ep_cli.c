@@ -403,6 +403,10 @@ int main(void) {
         {"capacity with SP, experts whole", "run -n 2 --",
          "--tp 2 --sequence-parallel --moe-capacity-factor 1",
          "--moe-capacity-factor with --sequence-parallel is not supported yet"},
+        /* a stage before the last left its router losses out (measured: loss 2.9e-3 relative off the single
+         * process with the aux loss, 1.6e-3 with the z loss, before this was refused) */
+        {"router loss with PP", "run -n 2 --", "--pp 2 --moe-aux-loss-coeff 0.01",
+         "--moe-aux-loss-coeff with --pipeline-model-parallel-size 2 is not supported yet"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         snprintf(b, sizeof b, "%s/bad%zu", tmp, i);
