@@ -6,7 +6,7 @@
 #include "suanli/nn.h"
 
 typedef struct {
-    float v;
+    double v; /* logit / temperature: a float overflowed to inf for a tiny temperature (inf - inf = nan) */
     int32_t i;
 } cand;
 
@@ -23,27 +23,27 @@ int32_t sl_sample_logits(const float *logits, int V, const sl_sample_opts *o, ui
     if (o->temperature <= 0) return best;
     cand *c = malloc(sizeof(cand) * (size_t)V);
     if (!c) return best;
-    for (int j = 0; j < V; j++) c[j] = (cand){logits[j] / o->temperature, j};
+    for (int j = 0; j < V; j++) c[j] = (cand){(double)logits[j] / o->temperature, j};
     qsort(c, (size_t)V, sizeof *c, cmp_desc);
     int k = (o->top_k > 0 && o->top_k < V) ? o->top_k : V;
     double z = 0;
-    for (int j = 0; j < k; j++) z += exp((double)c[j].v - c[0].v);
+    for (int j = 0; j < k; j++) z += exp(c[j].v - c[0].v);
     if (o->top_p > 0 && o->top_p < 1) {
         double cum = 0;
         for (int j = 0; j < k; j++) {
-            cum += exp((double)c[j].v - c[0].v) / z;
+            cum += exp(c[j].v - c[0].v) / z;
             if (cum >= o->top_p) {
                 k = j + 1;
                 break;
             }
         }
         z = 0;
-        for (int j = 0; j < k; j++) z += exp((double)c[j].v - c[0].v);
+        for (int j = 0; j < k; j++) z += exp(c[j].v - c[0].v);
     }
     double u = sl_rng_uniform(o->seed, 0x5a3f1e, counter) * z, acc = 0;
     int32_t pick = c[k - 1].i;
     for (int j = 0; j < k; j++) {
-        acc += exp((double)c[j].v - c[0].v);
+        acc += exp(c[j].v - c[0].v);
         if (u < acc) {
             pick = c[j].i;
             break;

@@ -106,6 +106,24 @@ static void test_greedy_text(void) {
         cJSON_Delete(got);
     }
     TU_CHECK(strstr(out, "tokens/s") != NULL, "tokens/s report");
+    /* a tiny temperature is greedy: logit / 1e-39 overflowed a float to inf, inf - inf = nan in the
+     * softmax, and the sampler fell back to the least likely of the candidates (ids near V) */
+    snprintf(cmd, sizeof cmd,
+             "%s generate --model %s/tests/fixtures/hf/llama --prompt '%s' --max-new-tokens 32 --temperature "
+             "1e-39 "
+             "--ignore-eos --print-ids",
+             tu_cli(), SL_SOURCE_DIR, cJSON_GetObjectItem(r, "prompt")->valuestring);
+    rc = tu_run(cmd, out, sizeof out);
+    js = strstr(out, "{\"prompt_ids\"");
+    got = js ? cJSON_Parse(js) : NULL;
+    TU_CHECK(rc == 0 && got != NULL, "generate --temperature 1e-39: exit %d: %s", rc, out);
+    if (got) {
+        char *c = cJSON_PrintUnformatted(cJSON_GetObjectItem(got, "ids")),
+             *d = cJSON_PrintUnformatted(cJSON_GetObjectItem(r, "greedy"));
+        TU_CHECK(!strcmp(c, d), "--temperature 1e-39: got %s want the greedy %s", c, d);
+        free(c), free(d);
+        cJSON_Delete(got);
+    }
     /* text mode, sampling, a stop token that is generated greedily at step 3 -> exactly 3 tokens */
     int third = cJSON_GetArrayItem(cJSON_GetObjectItem(r, "greedy"), 2)->valueint;
     snprintf(
