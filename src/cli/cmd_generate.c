@@ -2,6 +2,7 @@
  * Hugging Face model directory (--model: config.json, safetensors shards, tokenizer.json). */
 #include <ctype.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/commands.h"
 #include "cli/flags.h"
@@ -67,6 +68,18 @@ static int parse_id_list(const char *s, const sl_hf_tokenizer *tok, int V, int32
     return *n > 0;
 }
 
+/* 1 when a comma-separated list has an entry that is not an integer (a token name to look up) */
+static int has_names(const char *s) {
+    for (const char *e = s; *e;) {
+        size_t n = strcspn(e, ",");
+        char *end;
+        (void)strtol(e, &end, 10);
+        if (n && end != e + n) return 1; /* an empty entry is parse_id_list's error */
+        e += n + (e[n] == ',');
+    }
+    return 0;
+}
+
 typedef struct {
     const sl_hf_tokenizer *tok;
 } stream;
@@ -100,11 +113,23 @@ static int run_hf(const char *dir, sl_backend *be, sl_dtype wdtype, const char *
     double load_s = sl_time_sec() - t0;
     int V = m->cfg.vocab_size;
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    if (!prompt_ids || prompt) {
+    /* the tokenizer encodes --prompt, looks up token names in --prompt-ids / --stop and decodes the text
+     * printed without --print-ids; with --prompt-ids it was loaded for none of these (names refused, the
+     * generated text silently not printed). Needed: its errors stop; wanted only for the text: ids instead */
+    int need_tok = !prompt_ids || prompt || has_names(prompt_ids) || (stop && has_names(stop));
+    if (need_tok || (!print_ids && access(path, F_OK) == 0)) {
         if (sl_hf_tokenizer_load(path, &tok) != SL_OK) {
-            fprintf(stderr, "suanli generate: %s\n", sl_errmsg());
-            goto done;
+            if (need_tok) {
+                fprintf(stderr, "suanli generate: %s (needed to %s)\n", sl_errmsg(),
+                        !prompt_ids || prompt ? "encode the --prompt" : "look up token names");
+                goto done;
+            }
+            tok = NULL;
         }
+    }
+    int ids_only = !print_ids && !tok; /* said after the flags' checks, whose errors are one line */
+    if (ids_only) print_ids = 1;
+    if (tok) {
         if (sl_hf_tokenizer_vocab_size(tok) > V) {
             fprintf(stderr, "suanli generate: %s has %d tokens but the model's vocab_size is %d\n", path,
                     sl_hf_tokenizer_vocab_size(tok), V);
@@ -138,6 +163,7 @@ static int run_hf(const char *dir, sl_backend *be, sl_dtype wdtype, const char *
     }
     out = calloc((size_t)max_new + 1, sizeof(int32_t));
     if (!out) goto done;
+    if (ids_only) fprintf(stderr, "suanli generate: no usable %s to decode the tokens: printing ids\n", path);
     fprintf(stderr,
             "[%s: %s, %.2fM params, weights %s on disk in %d file(s)%s, %s compute, loaded in %.2f s; prompt "
             "%d tokens]\n",
@@ -199,7 +225,9 @@ int sl_cmd_generate(int argc, char **argv) {
          "--model: comma-separated stop token ids or tokens (default: the model's eos)", 0},
         {"ignore-eos", SL_FLAG_BOOL, &ignore_eos, 0, 1, "--model: do not stop at eos", 0},
         {"print-ids", SL_FLAG_BOOL, &print_ids, 0, 1,
-         "--model: print prompt and generated ids as JSON instead of text", 0},
+         "--model: print prompt and generated ids as JSON instead of text (the default without a "
+         "tokenizer.json)",
+         0},
         {"dtype", SL_FLAG_STR, &dtype, 0, 0,
          "--model: f32 (exact) | bf16 (bf16 weights, memory-mapped when stored bf16; bf16 compute) | f16 "
          "(f32 "

@@ -124,6 +124,42 @@ static void test_greedy_text(void) {
         free(c), free(d);
         cJSON_Delete(got);
     }
+    /* --prompt-ids loaded no tokenizer: the generated text was not printed at all (an empty line), and
+     * token names in --prompt-ids / --stop were refused. The text of the prompt's ids must be what --prompt
+     * prints after the prompt; a name is the tokenizer's id; without a tokenizer.json the ids are printed */
+    {
+        static char text[1 << 16];
+        const char *p = cJSON_GetObjectItem(r, "prompt")->valuestring;
+        char *idl = cJSON_PrintUnformatted(cJSON_GetObjectItem(r, "ids")); /* "[a,b,...]" */
+        idl[strlen(idl) - 1] = 0;
+        snprintf(cmd, sizeof cmd,
+                 "{ %s generate --model %s/tests/fixtures/hf/llama --prompt '%s' --max-new-tokens 32 "
+                 "--temperature 0 --ignore-eos 2>/dev/null; }",
+                 tu_cli(), SL_SOURCE_DIR, p);
+        rc = tu_run(cmd, text, sizeof text);
+        TU_CHECK(rc == 0 && !strncmp(text, p, strlen(p)), "--prompt text: %s", text);
+        snprintf(cmd, sizeof cmd,
+                 "{ %s generate --model %s/tests/fixtures/hf/llama --prompt-ids %s --max-new-tokens 32 "
+                 "--temperature 0 --ignore-eos 2>/dev/null; }",
+                 tu_cli(), SL_SOURCE_DIR, idl + 1);
+        rc = tu_run(cmd, out, sizeof out);
+        TU_CHECK(rc == 0 && strlen(out) > 1 && !strcmp(out, text + strlen(p)),
+                 "--prompt-ids text: got '%s' want '%s'", out, text + strlen(p));
+        free(idl);
+        snprintf(cmd, sizeof cmd,
+                 "%s generate --model %s/tests/fixtures/hf/llama --prompt-ids '<|begin_of_text|>,5,9' --stop "
+                 "'<|end_of_text|>' --max-new-tokens 2 --print-ids",
+                 tu_cli(), SL_SOURCE_DIR);
+        rc = tu_run(cmd, out, sizeof out);
+        TU_CHECK(rc == 0 && strstr(out, "\"prompt_ids\": [0, 5, 9]"), "token names in --prompt-ids: %s", out);
+        snprintf(cmd, sizeof cmd,
+                 "{ %s generate --model %s/tests/fixtures/hf/qwen2 --prompt-ids 5,9 --max-new-tokens 3 "
+                 "--temperature 0 2>/dev/null; }",
+                 tu_cli(), SL_SOURCE_DIR);
+        rc = tu_run(cmd, out, sizeof out);
+        TU_CHECK(rc == 0 && strstr(out, "\"prompt_ids\": [5, 9], \"ids\": ["),
+                 "--prompt-ids without a tokenizer prints ids: %s", out);
+    }
     /* text mode, sampling, a stop token that is generated greedily at step 3 -> exactly 3 tokens */
     int third = cJSON_GetArrayItem(cJSON_GetObjectItem(r, "greedy"), 2)->valueint;
     snprintf(
