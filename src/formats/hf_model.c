@@ -146,13 +146,21 @@ static sl_status parse_moe(const cJSON *r, const char *path, sl_hf_config *c) {
     return SL_OK;
 }
 
+/* one eos id; config.json's and generation_config.json's are merged without duplicates (the same integer
+ * in both was kept twice, and convert wrote "eos_token_id": [2, 2]) */
+static void add_eos_id(sl_hf_info *info, int id) {
+    for (int i = 0; i < info->n_eos; i++)
+        if (info->eos_ids[i] == id) return;
+    if (info->n_eos < SL_HF_MAX_EOS) info->eos_ids[info->n_eos++] = id;
+}
+
 /* eos_token_id: int or list of ints */
 static sl_status add_eos(const cJSON *o, const char *path, sl_hf_info *info) {
     const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, "eos_token_id");
     if (!it || cJSON_IsNull(it)) return SL_OK;
     const cJSON *e;
     if (cJSON_IsNumber(it)) {
-        if (info->n_eos < SL_HF_MAX_EOS) info->eos_ids[info->n_eos++] = it->valueint;
+        add_eos_id(info, it->valueint);
         return SL_OK;
     }
     if (!cJSON_IsArray(it))
@@ -160,9 +168,7 @@ static sl_status add_eos(const cJSON *o, const char *path, sl_hf_info *info) {
     cJSON_ArrayForEach(e, it) {
         if (!cJSON_IsNumber(e))
             return sl_fail(SL_ERR_FORMAT, "%s: field 'eos_token_id' must hold integers", path);
-        int dup = 0;
-        for (int i = 0; i < info->n_eos; i++) dup |= info->eos_ids[i] == e->valueint;
-        if (!dup && info->n_eos < SL_HF_MAX_EOS) info->eos_ids[info->n_eos++] = e->valueint;
+        add_eos_id(info, e->valueint);
     }
     return SL_OK;
 }

@@ -215,6 +215,16 @@ static void test_round_trip(void) {
     TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "convert f32: %s", out);
     greedy_ids(d1, b, sizeof b);
     TU_CHECK(!strcmp(a, b), "convert f32 round trip changes greedy ids: %s vs %s", a, b);
+    { /* eos 2 in config.json and in generation_config.json was written back as [2, 2] */
+        char cp[1200], *txt = NULL;
+        size_t len;
+        snprintf(cp, sizeof cp, "%s/config.json", d1);
+        cJSON *c = sl_file_read_all(cp, &txt, &len) == SL_OK ? cJSON_ParseWithLength(txt, len) : NULL;
+        const cJSON *e = cJSON_GetObjectItem(c, "eos_token_id");
+        TU_CHECK(cJSON_IsNumber(e) && e->valueint == 2, "converted config.json eos_token_id: want 2");
+        cJSON_Delete(c);
+        free(txt);
+    }
     snprintf(cmd, sizeof cmd, "%s convert --model %s --output %s --dtype bf16", tu_cli(), src, d2);
     TU_CHECK(tu_run(cmd, out, sizeof out) == 0 && strstr(out, "bf16"), "convert bf16: %s", out);
     greedy_ids(d2, b, sizeof b);
