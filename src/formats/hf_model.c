@@ -486,6 +486,17 @@ static sl_status write_gpt2(const char *dir, const sl_hf_config *c) {
     return write_json(dir, root);
 }
 
+/* A float config value as the shortest decimal that reads back as the same float: config.json held
+ * 1e-05, the float is 9.99999974737875e-06 as a double, and that is what convert wrote back */
+static double float_dec(float f) {
+    char b[32];
+    for (int p = 1; p <= 9; p++) {
+        snprintf(b, sizeof b, "%.*g", p, (double)f);
+        if ((float)strtod(b, NULL) == f) return strtod(b, NULL);
+    }
+    return f;
+}
+
 static void write_moe(cJSON *r, const sl_hf_config *c) {
     cJSON_AddNumberToObject(r, "num_experts_per_tok", c->n_experts_per_tok);
     cJSON_AddNumberToObject(r, "moe_intermediate_size", c->moe_intermediate);
@@ -502,7 +513,7 @@ static void write_moe(cJSON *r, const sl_hf_config *c) {
                             c->moe_intermediate ? c->shared_intermediate / c->moe_intermediate : 0);
     cJSON_AddNumberToObject(r, "n_group", c->n_group);
     cJSON_AddNumberToObject(r, "topk_group", c->topk_group);
-    cJSON_AddNumberToObject(r, "routed_scaling_factor", c->routed_scaling);
+    cJSON_AddNumberToObject(r, "routed_scaling_factor", float_dec(c->routed_scaling));
     cJSON_AddNumberToObject(r, "first_k_dense_replace", c->first_dense);
     cJSON_AddStringToObject(r, "scoring_func", "sigmoid");
     cJSON_AddStringToObject(r, "topk_method", "noaux_tc");
@@ -533,14 +544,14 @@ sl_status sl_hf_config_write(const char *dir, const sl_hf_config *c, const sl_hf
     cJSON_AddNumberToObject(r, "head_dim", c->head_dim);
     cJSON_AddNumberToObject(r, "vocab_size", c->vocab_size);
     cJSON_AddNumberToObject(r, "max_position_embeddings", c->max_seq_len);
-    cJSON_AddNumberToObject(r, "rms_norm_eps", c->rms_eps);
-    cJSON_AddNumberToObject(r, "rope_theta", c->rope_theta);
+    cJSON_AddNumberToObject(r, "rms_norm_eps", float_dec(c->rms_eps));
+    cJSON_AddNumberToObject(r, "rope_theta", float_dec(c->rope_theta));
     if (c->rope_factor > 0) {
         cJSON *sc = cJSON_CreateObject();
         cJSON_AddStringToObject(sc, "rope_type", "llama3");
-        cJSON_AddNumberToObject(sc, "factor", c->rope_factor);
-        cJSON_AddNumberToObject(sc, "low_freq_factor", c->rope_low_freq);
-        cJSON_AddNumberToObject(sc, "high_freq_factor", c->rope_high_freq);
+        cJSON_AddNumberToObject(sc, "factor", float_dec(c->rope_factor));
+        cJSON_AddNumberToObject(sc, "low_freq_factor", float_dec(c->rope_low_freq));
+        cJSON_AddNumberToObject(sc, "high_freq_factor", float_dec(c->rope_high_freq));
         cJSON_AddNumberToObject(sc, "original_max_position_embeddings", c->rope_orig_ctx);
         cJSON_AddItemToObject(r, "rope_scaling", sc);
     }

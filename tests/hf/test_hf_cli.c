@@ -222,6 +222,10 @@ static void test_round_trip(void) {
         cJSON *c = sl_file_read_all(cp, &txt, &len) == SL_OK ? cJSON_ParseWithLength(txt, len) : NULL;
         const cJSON *e = cJSON_GetObjectItem(c, "eos_token_id");
         TU_CHECK(cJSON_IsNumber(e) && e->valueint == 2, "converted config.json eos_token_id: want 2");
+        /* the float eps was written as the double 9.99999974737875e-06, not the fixture's 1e-05 */
+        e = cJSON_GetObjectItem(c, "rms_norm_eps");
+        TU_CHECK(cJSON_IsNumber(e) && e->valuedouble == 1e-5, "converted rms_norm_eps %.17g, want 1e-05",
+                 cJSON_IsNumber(e) ? e->valuedouble : -1.0);
         cJSON_Delete(c);
         free(txt);
     }
