@@ -4,6 +4,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "suanli/data.h"
@@ -94,6 +96,24 @@ static int stream_cb(void *user, int32_t t) {
     return 0;
 }
 
+/* A model dir given to the other flag: suanli's own config.json names "architecture", a Hugging Face
+ * one "architectures" / "model_type". The hint for the error, "" when the flag fits or the dir is neither */
+static const char *other_flag_hint(const char *dir, int is_model_flag) {
+    char p[4096], *t = NULL;
+    size_t n;
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    if (sl_file_read_all(p, &t, &n) != SL_OK) return "";
+    cJSON *r = cJSON_ParseWithLength(t, n);
+    free(t);
+    int own = cJSON_GetObjectItemCaseSensitive(r, "architecture") != NULL,
+        hf = cJSON_GetObjectItemCaseSensitive(r, "architectures") ||
+             cJSON_GetObjectItemCaseSensitive(r, "model_type");
+    cJSON_Delete(r);
+    if (is_model_flag && own && !hf) return " (this is a suanli model dir: use --load)";
+    if (!is_model_flag && hf && !own) return " (this is a Hugging Face model dir: use --model)";
+    return "";
+}
+
 static int run_hf(const char *dir, sl_backend *be, sl_dtype wdtype, const char *prompt,
                   const char *prompt_ids, const char *stop, int ignore_eos, int print_ids, int max_new,
                   const sl_sample_opts *so) {
@@ -106,7 +126,7 @@ static int run_hf(const char *dir, sl_backend *be, sl_dtype wdtype, const char *
     double t0 = sl_time_sec();
     /* f16: f32 weights, f16 compute (torch.autocast fp16 numerics: Note [Half autocast]) */
     if (sl_hf_load_on(dir, wdtype == SL_F16 ? SL_F32 : wdtype, be, &m, &info) != SL_OK) {
-        fprintf(stderr, "suanli generate: %s\n", sl_errmsg());
+        fprintf(stderr, "suanli generate: %s%s\n", sl_errmsg(), other_flag_hint(dir, 1));
         return 2;
     }
     if (wdtype == SL_F16) m->compute_dtype = SL_F16;
@@ -296,7 +316,7 @@ int sl_cmd_generate(int argc, char **argv) {
     /* the dir's tokenizer.json, else tokenizer.model: train --save copies the data's (SentencePiece data has
      * the latter, which a fixed "tokenizer.json" did not find) */
     if (sl_model_load_on(load, be, &m) != SL_OK || sl_tokenizer_load(load, &tok) != SL_OK) {
-        fprintf(stderr, "suanli generate: %s\n", sl_errmsg());
+        fprintf(stderr, "suanli generate: %s%s\n", sl_errmsg(), m ? "" : other_flag_hint(load, 0));
         sl_model_free(m);
         return 2;
     }

@@ -389,6 +389,13 @@ int main(void) {
 
     bad("missing dir", "config.json", gen("/nonexistent/model", ""));
     bad("no model flag", "--load or --model", tu_run("$SUANLI_CLI generate --prompt x", out, sizeof out));
+    /* a model dir given to the other flag: the error names the flag that reads it */
+    copy_fixture("qwen2", d);
+    snprintf(p, sizeof p, "$SUANLI_CLI generate --load %s --max-new-tokens 1", d);
+    bad("--load of a Hugging Face dir", "use --model", tu_run(p, out, sizeof out));
+    snprintf(p, sizeof p, "%s/config.json", d);
+    write_bytes(p, "{\"architecture\": \"gpt2\"}", 24);
+    bad("--model of a suanli dir", "use --load", gen(d, ""));
     copy_fixture("qwen2", d);
     bad("prompt id out of range", "--prompt-ids", gen(d, "--prompt-ids 99999"));
     /* a prompt that is not UTF-8 was reported as empty */
