@@ -48,8 +48,11 @@ void sl_graph_build_backward(sl_graph *g, sl_tensor *loss, float loss_scale);
 enum { SL_RECOMPUTE_NONE, SL_RECOMPUTE_UNIFORM, SL_RECOMPUTE_BLOCK };
 void sl_graph_set_recompute(sl_graph *g, int method, int num_layers);
 /* The same from an arbitrary output seeded by the caller's leaf `seed` (shape of out): a pipeline
- * stage's backward from the gradient of its output activations. */
-void sl_graph_build_backward_seeded(sl_graph *g, sl_tensor *out, sl_tensor *seed);
+ * stage's backward from the gradient of its output activations. `extra` (NULL: none), a scalar of the
+ * forward graph that enters the model's loss on another stage (its MoE router losses), is a second root
+ * seeded with d = extra_scale by a FILL node (sl_graph_grad_of(g, extra); its fparams[0] can change). */
+void sl_graph_build_backward_seeded(sl_graph *g, sl_tensor *out, sl_tensor *seed, sl_tensor *extra,
+                                    float extra_scale);
 int sl_graph_n_nodes(const sl_graph *g);
 sl_tensor *sl_graph_node(sl_graph *g, int i);
 /* The gradient node of t computed by backward (NULL if none). */

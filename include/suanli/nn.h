@@ -116,6 +116,7 @@ typedef struct sl_moe_train_opts {
 #define SL_MOE_MAX_EXPERTS 1024
 typedef struct sl_moe_stats {
     int n_layers, n_experts;
+    int n_loss;                      /* layers whose router losses aux and z average */
     double load[SL_MOE_MAX_EXPERTS]; /* tokens routed to each expert (assignments), summed over layers */
     double dropped_frac;             /* dropped assignments / routed assignments, all layers */
     double aux, z;                   /* raw load-balancing and z losses, mean over layers */
@@ -309,8 +310,11 @@ sl_status sl_llama_new_par(const sl_llama_config *cfg, sl_backend *be, const sl_
 sl_status sl_model_new_split(const sl_model *like, sl_backend *be, const sl_model_split *split,
                              sl_model **out);
 /* A pipeline stage's graph, any architecture (sl_gpt2_build_stage for GPT-2): the loss on the last
- * virtual stage, else the chunk's output activations. */
-sl_tensor *sl_model_build_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *x_in, sl_tensor *targets);
+ * virtual stage, else the chunk's output activations. *router_loss (when not NULL): on a stage whose
+ * output is not the loss, the sum of its MoE layers' router losses (--moe-aux-loss-coeff, --moe-z-loss-
+ * coeff), which the whole model's loss adds (NULL where there are none; the last stage adds its own). */
+sl_tensor *sl_model_build_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *x_in, sl_tensor *targets,
+                                sl_tensor **router_loss);
 /* Any architecture: ids (B, T) -> logits (B, T, V) [+ mean cross-entropy loss when targets]. */
 sl_tensor *sl_model_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_tensor **logits_out);
 

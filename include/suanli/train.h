@@ -187,8 +187,11 @@ sl_graph *sl_pipeline_chunk_graph(sl_pipeline *P, int c); /* chunk c's first slo
  * group, as sl_pipeline_step's micro0 + i) draws the masks of stream s x micro_per_step + i, those the
  * single process draws for it (Note [Dropout from counters]); on = 0 turns every slot's masks off. */
 void sl_pipeline_set_dropout(sl_pipeline *P, int on, uint64_t seed, uint64_t micro_per_step);
-sl_graph *sl_pipeline_graph(sl_pipeline *P, int k); /* slot k's graph, chunk by chunk (NULL past the last) */
-int sl_pipeline_slots(const sl_pipeline *P);        /* over every chunk */
+sl_graph *sl_pipeline_graph(sl_pipeline *P, int k);
+/* chunk c's slot graph that ran the step's last micro-batch (NULL for a chunk past the last) */
+sl_graph *sl_pipeline_last_graph(sl_pipeline *P,
+                                 int c);     /* slot k's graph, chunk by chunk (NULL past the last) */
+int sl_pipeline_slots(const sl_pipeline *P); /* over every chunk */
 sl_plan_stats sl_pipeline_plan(const sl_pipeline *P); /* activations of every slot, summed */
 /* Moves the slots' shared scratch region (Note [Shared scratch]) into caller memory of at least its size
  * (e.g. a communicator window), which must outlive the pipeline's use; before the next step. */

@@ -237,18 +237,22 @@ static void emit_view(ad_state *s, sl_tensor *view, sl_tensor *gv) {
     s->owned[a->id] = 1;
 }
 
-static void build_backward(sl_graph *g, sl_tensor *loss, float loss_scale, sl_tensor *seed_in);
+static void build_backward(sl_graph *g, sl_tensor *loss, float loss_scale, sl_tensor *seed_in,
+                           sl_tensor *extra, float extra_scale);
 
 void sl_graph_build_backward(sl_graph *g, sl_tensor *loss, float loss_scale) {
-    build_backward(g, loss, loss_scale, NULL);
+    build_backward(g, loss, loss_scale, NULL, NULL, 0);
 }
 
-void sl_graph_build_backward_seeded(sl_graph *g, sl_tensor *out, sl_tensor *seed) {
+void sl_graph_build_backward_seeded(sl_graph *g, sl_tensor *out, sl_tensor *seed, sl_tensor *extra,
+                                    float extra_scale) {
     SL_ASSERT(seed && sl_same_shape(seed, out) && seed->op == SL_OP_NONE);
-    build_backward(g, out, 1.0f, seed);
+    SL_ASSERT(!extra || (extra->order >= 0 && sl_nelements(extra) == 1));
+    build_backward(g, out, 1.0f, seed, extra, extra_scale);
 }
 
-static void build_backward(sl_graph *g, sl_tensor *loss, float loss_scale, sl_tensor *seed_in) {
+static void build_backward(sl_graph *g, sl_tensor *loss, float loss_scale, sl_tensor *seed_in,
+                           sl_tensor *extra, float extra_scale) {
     sl_ctx *ctx = g->ctx;
     int n_fwd = g->n_nodes;
     SL_ASSERT(loss->order >= 0 && "loss must be in the forward graph");
@@ -287,8 +291,17 @@ static void build_backward(sl_graph *g, sl_tensor *loss, float loss_scale, sl_te
     }
     sl_graph_ensure_id_capacity(g);
     g->grads[loss->id] = seed;
+    int top = loss->order;
+    if (extra) { /* a second root, seeded like a loss (a pipeline stage's router losses) */
+        sl_tensor *es = sl_fill(ctx, SL_F32, extra->ndim, extra->ne, extra_scale);
+        sl_set_name(es, "d_extra_loss");
+        sl_graph_push(g, es);
+        sl_graph_ensure_id_capacity(g);
+        g->grads[extra->id] = es;
+        if (extra->order > top) top = extra->order;
+    }
 
-    for (int i = loss->order; i >= 0; i--) {
+    for (int i = top; i >= 0; i--) {
         sl_tensor *t = g->nodes[i];
         sl_tensor *gt = g->grads[t->id];
         if (!gt || !s.needs[t->id]) continue;

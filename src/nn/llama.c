@@ -588,12 +588,17 @@ static sl_tensor *body(sl_model *m, sl_tensor *ids, sl_kv_cache *kv, int pos0) {
 
 static sl_tensor *llama_loss(sl_model *m, int mark, sl_tensor *logits, sl_tensor *targets);
 
-sl_tensor *sl_model_build_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *x_in, sl_tensor *targets) {
+sl_tensor *sl_model_build_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *x_in, sl_tensor *targets,
+                                sl_tensor **router_loss) {
+    if (router_loss) *router_loss = NULL;
     if (m->arch == SL_ARCH_GPT2) return sl_gpt2_build_stage(m, chunk, ids, x_in, targets, NULL);
     int mark = sl_ctx_mark(m->ctx);
     sl_tensor *out = body_stage(m, chunk, ids, x_in, NULL, 0);
     int last = m->pp_rank == (m->pp > 1 ? m->pp : 1) - 1 && chunk == (m->vpp > 1 ? m->vpp : 1) - 1;
-    return last && targets ? llama_loss(m, mark, sl_set_name(out, "logits"), targets) : out;
+    if (last && targets) return llama_loss(m, mark, sl_set_name(out, "logits"), targets);
+    if (router_loss && (m->moe.aux_coeff > 0 || m->moe.z_coeff > 0))
+        *router_loss = sl_moe_add_router_losses(m, mark, NULL);
+    return out;
 }
 
 sl_tensor *sl_model_build(sl_model *m, sl_tensor *ids, sl_tensor *targets, sl_tensor **logits_out) {

@@ -37,6 +37,6 @@ sl_status sl_moe_check_cfg(const sl_llama_config *c);
 void sl_moe_add_params(sl_llama_builder *b, int l); /* Qwen2-MoE / DeepSeek-V3 sparse layer l */
 /* h (B, T, C) -> (B, T, C): routed experts (+ shared experts) of layer l */
 sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l);
-/* loss + every router-loss node created on m->ctx since mark */
+/* loss + every router-loss node created on m->ctx since mark (loss NULL: their sum; NULL if none) */
 sl_tensor *sl_moe_add_router_losses(sl_model *m, int mark, sl_tensor *loss);
 #endif

@@ -368,7 +368,7 @@ sl_tensor *sl_moe_add_router_losses(sl_model *m, int mark, sl_tensor *loss) {
     int n = sl_ctx_count(m->ctx);
     for (int i = mark; i < n; i++) {
         sl_tensor *t = sl_ctx_tensor(m->ctx, i);
-        if (t->op == SL_OP_MOE_ROUTER_LOSS) loss = sl_add(m->ctx, loss, t);
+        if (t->op == SL_OP_MOE_ROUTER_LOSS) loss = loss ? sl_add(m->ctx, loss, t) : t;
     }
     return loss;
 }
@@ -409,6 +409,7 @@ sl_status sl_moe_graph_stats(sl_graph *g, sl_moe_stats *out) {
         }
     }
     if (n_loss) out->aux /= n_loss, out->z /= n_loss;
+    out->n_loss = n_loss;
     out->dropped_frac = routed > 0 ? (routed - kept) / routed : 0;
     return SL_OK;
 }

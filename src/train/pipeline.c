@@ -38,7 +38,9 @@ typedef struct {
     sl_tensor *x_in, *dx_in;  /* not on the first virtual stage: received activations and their gradient */
     sl_tensor *out;           /* the loss (last virtual stage) or the chunk's output activations */
     sl_tensor *seed;          /* not on the last virtual stage: the received gradient of out */
-    sl_tensor *loss_seed;     /* the last virtual stage: d(loss) = 1/(accum x dp), times the loss scale */
+    sl_tensor *loss_seed;     /* the last virtual stage: d(loss) = 1/(accum x dp), times the loss scale; the
+                               * others with router losses: the same for those (Note [Router losses ...]) */
+    sl_tensor *aux;           /* not the last virtual stage: the sum of its MoE router losses, or NULL */
     sl_buffer *io;            /* ids, targets, x_in, dx_in, seed */
     sl_comm_req *send_fwd, *send_bwd;
     int n_forward;
@@ -216,10 +218,12 @@ static sl_status build_slot(sl_pipeline *P, int c, pipe_slot *sl, float loss_sca
         sl_tensor_bind_buffer(sl->dx_in, sl->io, at + a * sizeof(float));
     }
     at += 2 * a * sizeof(float);
-    sl->out = sl_model_build_stage(m, c, sl->ids, sl->x_in, last_virtual(P, c) ? sl->targets : NULL);
+    sl->out =
+        sl_model_build_stage(m, c, sl->ids, sl->x_in, last_virtual(P, c) ? sl->targets : NULL, &sl->aux);
     sl->g = sl_graph_new(ctx);
     if (!sl->g) return sl_fail(SL_ERR_NOMEM, "pipeline: out of memory");
     sl_graph_build_forward(sl->g, sl->out);
+    if (sl->aux) sl_graph_build_forward(sl->g, sl->aux); /* Note [Router losses on every stage] */
     sl->n_forward = sl_graph_n_nodes(sl->g);
     sl_graph_set_recompute(sl->g, m->recompute, m->recompute_layers); /* Note [Full recomputation] */
     if (last_virtual(P, c)) {
@@ -230,7 +234,8 @@ static sl_status build_slot(sl_pipeline *P, int c, pipe_slot *sl, float loss_sca
         sl->seed = sl_set_name(sl_new_tensor(ctx, SL_F32, 3, ne), "grad.stage_out");
         sl_set_input(sl->seed);
         sl_tensor_bind_buffer(sl->seed, sl->io, at);
-        sl_graph_build_backward_seeded(sl->g, sl->out, sl->seed);
+        sl_graph_build_backward_seeded(sl->g, sl->out, sl->seed, sl->aux, loss_scale);
+        if (sl->aux) sl->loss_seed = sl_graph_grad_of(sl->g, sl->aux); /* scaled as the loss's seed */
     }
     sl->n_b = sl_graph_n_nodes(sl->g);
     if (P->sched == SL_PIPE_ZB_H1) { /* Note [Splitting the backward] */
@@ -426,6 +431,10 @@ sl_graph *sl_pipeline_graph(sl_pipeline *P, int k) {
     }
     return NULL;
 }
+sl_graph *sl_pipeline_last_graph(sl_pipeline *P, int c) {
+    return c >= 0 && c < P->v ? P->slot[c][(P->m_micro - 1) % P->K[c]].g : NULL;
+}
+
 sl_plan_stats sl_pipeline_plan(const sl_pipeline *P) { return P->plan; }
 
 sl_status sl_pipeline_move_scratch(sl_pipeline *P, void *host, size_t bytes) {
@@ -536,11 +545,12 @@ static sl_status forward(sl_pipeline *P, int c, int k, int64_t step, int micro, 
         sl_graph_set_dropout(sl->g, 1, P->drop_seed, (uint64_t)step * P->drop_per_step + (uint64_t)micro);
     SL_TRY(sl_graph_compute_range(sl->g, 0, sl->n_forward, NULL, NULL));
     if (P->in_step && P->after_fwd) SL_TRY(P->after_fwd(P->after_fwd_user, c, sl->g));
-    if (last_virtual(P, c)) {
+    if (last_virtual(P, c) || sl->aux) {
         float l;
-        SL_TRY(sl_tensor_copy_out(sl->out, &l));
+        SL_TRY(sl_tensor_copy_out(last_virtual(P, c) ? sl->out : sl->aux, &l));
         *loss_sum += l;
-    } else {
+    }
+    if (!last_virtual(P, c)) {
         sl_comm *ch = act_out(P, &peer);
         SL_TRY(sl_comm_send_async(ch, sl->out->data, (size_t)P->act, SL_COMM_F32, peer, &sl->send_fwd));
         P->sent_bytes += (double)P->act * sizeof(float);

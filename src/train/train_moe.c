@@ -103,14 +103,6 @@ sl_status sl_train_moe_check(sl_train_job *j) {
             "would cover only its sequence shard; --expert-tensor-parallel-size = tp routes all "
             "tokens on every rank)",
             mo->aux_loss_coeff > 0 ? "moe-aux-loss-coeff" : "moe-z-loss-coeff");
-    /* under PP a stage before the last builds its layers' router losses but its backward starts from the
-     * received activation gradient alone, and the reported loss is the last stage's: they would be dropped */
-    if (o->parallel.pp > 1 && (mo->aux_loss_coeff > 0 || mo->z_loss_coeff > 0))
-        return sl_train_bad("--%s with --pipeline-model-parallel-size %lld is not supported yet (the router "
-                            "losses of the stages before the last would be left out of the loss and the "
-                            "gradients)",
-                            mo->aux_loss_coeff > 0 ? "moe-aux-loss-coeff" : "moe-z-loss-coeff",
-                            (long long)o->parallel.pp);
     /* the same for the capacity: each rank would keep ceil(f * shard tokens * k / E) per expert, in its
      * shard's token order, not the whole sequence's first ones */
     if (o->parallel.sequence_parallel && o->parallel.etp <= 1 && !isnan(mo->capacity_factor))
@@ -255,11 +247,37 @@ sl_status sl_train_moe_bias_setup(sl_train_job *j) {
     return SL_OK;
 }
 
+/* Under pipeline parallelism the step's last micro-batch's statistics of every layer: each chunk's slot that
+ * ran it, then every stage's (an all-reduce over the pipeline group, which every stage joins, also one
+ * without MoE layers), as one process reports them: loads and dropped assignments summed over the layers,
+ * the router losses averaged over them */
+static sl_status pipe_stats(sl_train_job *j, sl_moe_stats *s) {
+    int E = j->m->lcfg.n_experts, nv = E + 5;
+    double v[SL_MOE_MAX_EXPERTS + 5] = {0}, all[SL_MOE_MAX_EXPERTS + 5];
+    if (E <= 0 || E > SL_MOE_MAX_EXPERTS) return sl_fail(SL_ERR_INVALID, "moe: %d experts", E);
+    for (int c = 0; c < sl_pipeline_chunks(j->tr.pipe); c++) {
+        sl_moe_stats cs;
+        SL_TRY(sl_moe_graph_stats(sl_pipeline_last_graph(j->tr.pipe, c), &cs));
+        double routed = 0;
+        for (int e = 0; e < cs.n_experts && e < E; e++) routed += cs.load[e], v[e] += cs.load[e];
+        v[E] += cs.dropped_frac * routed, v[E + 1] += cs.aux * cs.n_loss, v[E + 2] += cs.z * cs.n_loss;
+        v[E + 3] += cs.n_loss, v[E + 4] += cs.n_layers;
+    }
+    SL_TRY(sl_comm_all_reduce(j->mesh.pp_comm, v, all, (size_t)nv, SL_COMM_F64, SL_COMM_SUM));
+    memset(s, 0, sizeof *s);
+    double routed = 0;
+    for (int e = 0; e < E; e++) routed += (s->load[e] = all[e]);
+    s->n_experts = E;
+    s->n_layers = (int)all[E + 4];
+    s->n_loss = (int)all[E + 3];
+    s->dropped_frac = routed > 0 ? all[E] / routed : 0;
+    if (s->n_loss) s->aux = all[E + 1] / s->n_loss, s->z = all[E + 2] / s->n_loss;
+    return SL_OK;
+}
+
 sl_status sl_train_moe_after_step(sl_train_job *j) {
     if (!j->m || !sl_model_is_moe(j->m)) return SL_OK;
-    /* under pipeline parallelism: graph slot 0 (this stage's first chunk, its last micro-batch there) */
-    sl_graph *g = j->tr.pipe ? sl_pipeline_graph(j->tr.pipe, 0) : j->tr.graph;
-    sl_status st = sl_moe_graph_stats(g, &j->moe_stats);
+    sl_status st = j->tr.pipe ? pipe_stats(j, &j->moe_stats) : sl_moe_graph_stats(j->tr.graph, &j->moe_stats);
     if (st == SL_OK) st = reduce_stats(j, &j->moe_stats);
     if (st == SL_OK) st = update_bias(j);
     if (st != SL_OK) return sl_train_fail(st, "moe statistics: %s", sl_errmsg());

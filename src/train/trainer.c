@@ -151,6 +151,29 @@ static int pipe_overlap(const sl_trainer *tr) {
     return sl_pipeline_chunks(tr->pipe) == 1 && !pipe_tied(tr, &name);
 }
 
+/* Note [Router losses on every stage]
+ * The whole model's loss is the cross-entropy plus every MoE layer's router losses (Switch's auxiliary loss
+ * and the z-loss, sl_moe_add_router_losses). On one process they are added into the loss node. Under a
+ * pipeline a stage before the last has no loss node: its router losses are summed into a scalar that its
+ * slot graphs hold as a second root (sl_model_build_stage's router_loss), seeded in the backward with the
+ * loss's own seed (1 / (accum x dp), times the fp16 loss scale), as Megatron's MoEAuxLossAutoScaler does.
+ * So each router-loss node gets the gradient it gets in one process, bitwise. The loss a step reports is
+ * then each stage's part (the last: cross-entropy and its layers' router losses; the others: theirs),
+ * averaged over the micro-batches and summed over the stages (an all-reduce where the broadcast from the
+ * last stage was), which differs from one process only in the order of the float additions. */
+static int pipe_router_losses(const sl_model *m) {
+    return sl_model_is_moe(m) && (m->moe.aux_coeff > 0 || m->moe.z_coeff > 0);
+}
+
+/* the step's (or evaluation's) loss on every stage: the last stage's, or the stages' parts summed */
+static sl_status pipe_loss(const sl_trainer *tr, float *loss) {
+    const sl_mesh *mesh = tr->cfg.mesh;
+    if (!pipe_router_losses(tr->model))
+        return sl_comm_broadcast(mesh->pp_comm, loss, loss, 1, SL_COMM_F32, mesh->pp - 1);
+    float part = *loss;
+    return sl_comm_all_reduce(mesh->pp_comm, &part, loss, 1, SL_COMM_F32, SL_COMM_SUM);
+}
+
 /* After a pipeline step's backward: the tied embedding's two gradients (first stage's lookup, last
  * stage's LM head) summed on both, in the same order (first + last) so the copies stay bitwise equal,
  * before data parallelism reduces their bucket; the loss from the last stage to every stage. */
@@ -181,7 +204,7 @@ static sl_status pipe_after_backward(sl_trainer *tr, float *loss) {
         SL_TRY(st);
         sl_pipeline_add_bytes(tr->pipe, (double)w->numel * sizeof(float));
     }
-    return sl_comm_broadcast(mesh->pp_comm, loss, loss, 1, SL_COMM_F32, p - 1);
+    return pipe_loss(tr, loss);
 }
 
 sl_status sl_trainer_set_tp(sl_trainer *tr, sl_tp *tp) {
@@ -363,8 +386,7 @@ sl_status sl_trainer_eval(sl_trainer *tr, sl_batch_fn fn, void *user, int iters,
     if (tr->pipe) {
         if (tr->dp) SL_TRY(sl_dp_sync_params(tr->dp));
         SL_TRY(sl_pipeline_eval(tr->pipe, iters, fn, user, loss));
-        const sl_mesh *mesh = tr->cfg.mesh;
-        SL_TRY(sl_comm_broadcast(mesh->pp_comm, loss, loss, 1, SL_COMM_F32, mesh->pp - 1));
+        SL_TRY(pipe_loss(tr, loss));
         sl_pipeline_take_wait(tr->pipe); /* not the next step's */
         return SL_OK;
     }

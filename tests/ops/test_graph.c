@@ -134,7 +134,7 @@ static void split_net_build(split_net *n) {
     n->g = sl_graph_new(ctx);
     sl_graph_build_forward(n->g, out);
     n->n_fwd = sl_graph_n_nodes(n->g);
-    sl_graph_build_backward_seeded(n->g, out, seed);
+    sl_graph_build_backward_seeded(n->g, out, seed, NULL, 0);
 }
 
 static void test_split_backward(void) {
