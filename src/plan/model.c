@@ -528,6 +528,35 @@ static sl_status stage_buckets(const sl_plan_model *m, const sl_plan_job *job, c
     return SL_OK;
 }
 
+/* Note [Interleaved slots]: under interleaved 1F1B a stage holds K_c slots of each of its v model chunks
+ * (Lc = Ls / v layers each), K_c the most micro-batches in flight on chunk c in the unit order of
+ * src/train/pipeline.c (make_schedule: (p - s - 1) 2 + (v - 1) p warm-up forwards, then one forward and one
+ * backward, the forwards visiting the chunks p micro-batches at a time, the backwards in reverse). This
+ * replays that order and returns sum_c K_c (p 2, v 2, m 4: stage 0 holds 4 + 2 slots of half its layers,
+ * 3 stages' worth where 1F1B holds 2). */
+static double vpp_slots(int64_t p, int64_t s, int64_t v, int64_t m) {
+    int64_t total = m * v, w = (p - s - 1) * 2 + (v - 1) * p, live[64] = {0}, K[64] = {0};
+    if (v > 64) v = 64;
+    if (w > total) w = total;
+    for (int64_t i = 0; i < 2 * total; i++) {
+        /* unit i: the warm-up forwards, then forward w + j and backward j alternately, then the backwards */
+        int64_t k, fwd;
+        if (i < w)
+            k = i, fwd = 1;
+        else if (i < w + 2 * (total - w))
+            k = (i - w) / 2 + ((i - w) % 2 ? 0 : w), fwd = (i - w) % 2 == 0;
+        else
+            k = i - w - (total - w), fwd = 0;
+        int64_t c = (k / p) % v;
+        if (!fwd) c = v - 1 - c;
+        live[c] += fwd ? 1 : -1;
+        if (live[c] > K[c]) K[c] = live[c];
+    }
+    double n = 0;
+    for (int64_t c = 0; c < v; c++) n += (double)(K[c] > 0 ? K[c] : 1);
+    return n;
+}
+
 /* one stage's memory (Note [Planner memory model]) */
 static sl_status stage_memory(const sl_plan_model *m, const sl_plan_job *job, const sl_plan_layout *l,
                               int which, sl_plan_mem *mm) {
@@ -568,6 +597,15 @@ static sl_status stage_memory(const sl_plan_model *m, const sl_plan_job *job, co
         double first = l->sp ? (m->arch == SL_PLAN_GPT2 ? 3.5 : 2.25) * C : 4.0 * C;
         double last = l->sp ? V / t + 2.0 * C : 2.0 * V / t + 2.0 * C;
         act = which == STAGE_LAST ? layers + 4.0 * N * last : inflight * (layers + 4.0 * N * first);
+        /* interleaved (Note [Interleaved slots]): sum_c K_c chunk slots of Ls / v layers; the ends as 1F1B's
+         * first stage, or on the last stage the head once (its logits' gradient overwrites them) and one
+         * stage output per further slot (fitted on sl_graph_plan: GPT-2 and the Llama L8, pp 2, v 2 / 4,
+         * tp 1 / 2, V 1.5 C and 32 C, test_plan) */
+        int64_t s_idx = which == STAGE_FIRST ? 0 : which == STAGE_MID ? 1 : l->pp - 1;
+        double nslots = l->vpp > 1 ? vpp_slots(l->pp, s_idx, l->vpp, l->accum) : 0;
+        if (l->vpp > 1)
+            act = nslots / (double)l->vpp * layers +
+                  4.0 * N * (which == STAGE_LAST ? V / t + 2.0 * C + (nslots - 1.0) * C : inflight * first);
         if (l->recompute) { /* Note [Recomputation memory]: each slot recomputes its own layers */
             rc_terms r = recompute_terms(m, l->tp, l->sp);
             double ends = l->sp ? (which == STAGE_FIRST ? 2.75 : 2.25) : (which == STAGE_FIRST ? 4.75 : 3.75);
@@ -580,6 +618,16 @@ static sl_status stage_memory(const sl_plan_model *m, const sl_plan_job *job, co
             double own = (double)Ls * r.keep + (l->sp ? C / t : C);
             double more = which == STAGE_LAST || inflight < 2 ? 0.0 : (inflight - 1.0) * own;
             if (more > 0 && Ls > 1) more += r.keep;
+            if (l->vpp > 1) { /* one chunk's slot, then each further slot keeps its chunk's layer inputs */
+                double Lc = (double)Ls / (double)l->vpp;
+                slot = (Lc - 1.0) * r.keep + r.work + ends * C;
+                more = (nslots - 1.0) * Lc * r.keep + (Lc > 1 ? r.keep : 0.0) + 3.0 * C;
+                /* the last chunk's slot keeps its logits for the loss's backward in its own arena, beside
+                 * the scratch the recomputed layers need (fitted: W + 0.5 C) */
+                if (which == STAGE_LAST)
+                    slot = Lc * r.keep + (l->sp ? 1.6 : 2.0) * C + V / t + r.work + 0.5 * C,
+                    more = (nslots - 1.0) * Lc * r.keep;
+            }
             act = 4.0 * N * (slot + more);
         }
     }

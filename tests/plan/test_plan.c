@@ -28,6 +28,7 @@ typedef struct {
     int vocab;     /* > 0: this vocabulary instead of the default config's */
     int first_layers, last_layers; /* the planner's uneven pipeline split (0: even) */
     int sp;                        /* sequence parallelism (tp > 1) */
+    int vpp;                       /* > 1: interleaved 1F1B with this many model chunks per stage */
     int64_t bucket;
     double real_total, real_act;
     sl_dp_memory mem;
@@ -161,7 +162,15 @@ static void *run_split_rank(void *arg) {
     sl_trainer tr;
     if ((j->st = sl_mesh_init(&mesh, j->world, (sl_mesh_dims){j->tp, j->pp, 1})) != SL_OK) return NULL;
     j->st = new_model(j, &whole);
-    sl_model_split sp = {j->tp, mesh.tp_rank, j->pp, mesh.pp_rank, 1, j->first_layers, j->last_layers, 1, 0,
+    sl_model_split sp = {j->tp,
+                         mesh.tp_rank,
+                         j->pp,
+                         mesh.pp_rank,
+                         j->vpp > 1 ? j->vpp : 1,
+                         j->first_layers,
+                         j->last_layers,
+                         1,
+                         0,
                          0};
     if (j->st == SL_OK) j->st = sl_model_new_split(whole, sl_backend_cpu(), &sp, &m);
     if (j->st == SL_OK && j->tp > 1) j->st = sl_tp_new(&tp, &mesh);
@@ -193,7 +202,8 @@ typedef struct {
     int llama, layers, wide, vocab;
 } model_v;
 
-static void check_split_memory_sp(model_v v, int tp, int pp, int accum, int B, int T, int rc, int sp) {
+static void check_split_memory_v(model_v v, int tp, int pp, int vpp, int accum, int B, int T, int rc,
+                                 int sp) {
     int llama = v.llama;
     int n = tp * pp;
     rank_job jobs[4];
@@ -204,7 +214,8 @@ static void check_split_memory_sp(model_v v, int tp, int pp, int accum, int B, i
     sl_plan_model md = plan_model_v(llama, v.layers, v.wide, v.vocab);
     sl_plan_cluster cl = local_cluster(n);
     sl_plan_job job = {.global_batch = (int64_t)B * accum, .seq_len = T};
-    sl_plan_layout l = {.dp = 1, .tp = tp, .pp = pp, .ep = 1, .micro_batch = B, .recompute = rc, .sp = sp};
+    sl_plan_layout l = {
+        .dp = 1, .tp = tp, .pp = pp, .ep = 1, .vpp = vpp, .micro_batch = B, .recompute = rc, .sp = sp};
     TU_CHECK(sl_plan_evaluate(&md, &cl, &job, &l) == SL_OK, "evaluate: %s", sl_errmsg());
     TU_CHECK(sl_comm_init_loopback(n, comms, NULL) == SL_OK, "loopback: %s", sl_errmsg());
     for (int r = 0; r < n; r++) {
@@ -221,7 +232,8 @@ static void check_split_memory_sp(model_v v, int tp, int pp, int accum, int B, i
                              .vocab = v.vocab,
                              .first_layers = l.first_layers,
                              .last_layers = l.last_layers,
-                             .sp = sp};
+                             .sp = sp,
+                             .vpp = vpp};
         pthread_create(&th[r], NULL, run_split_rank, &jobs[r]);
     }
     for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
@@ -236,13 +248,22 @@ static void check_split_memory_sp(model_v v, int tp, int pp, int accum, int B, i
     }
     TU_CHECK(!rc || l.runnable, "%s tp %d pp %d: a recomputing layout is runnable", md.name, tp, pp);
     double et = l.mem.total / j->real_total - 1.0, ea = l.mem.activations / j->real_act - 1.0;
-    printf("memory %-5s L%d V%d%s tp %d%s pp %d accum %d B %2d T %2d%s: plan %9.0f real %9.0f B (%+.2f%%) | "
-           "activations %8.0f vs %8.0f (%+.2f%%)\n",
-           md.name, (int)md.n_layer, (int)md.vocab, v.wide ? " wide" : "", tp, sp ? " sp" : "", pp, accum, B,
-           T, rc ? " recompute" : "", l.mem.total, j->real_total, 100 * et, l.mem.activations, j->real_act,
-           100 * ea);
+    printf(
+        "memory %-5s L%d V%d%s tp %d%s pp %d%s accum %d B %2d T %2d%s: plan %9.0f real %9.0f B (%+.2f%%) | "
+        "activations %8.0f vs %8.0f (%+.2f%%)\n",
+        md.name, (int)md.n_layer, (int)md.vocab, v.wide ? " wide" : "", tp, sp ? " sp" : "", pp,
+        vpp > 1 ? (vpp == 2   ? " vpp 2"
+                   : vpp == 3 ? " vpp 3"
+                              : " vpp 4")
+                : "",
+        accum, B, T, rc ? " recompute" : "", l.mem.total, j->real_total, 100 * et, l.mem.activations,
+        j->real_act, 100 * ea);
     TU_CHECK(fabs(et) <= 0.05, "%s tp %d pp %d: total memory off by %.2f%%", md.name, tp, pp, 100 * et);
     TU_CHECK(fabs(ea) <= 0.05, "%s tp %d pp %d: activations off by %.2f%%", md.name, tp, pp, 100 * ea);
+}
+
+static void check_split_memory_sp(model_v v, int tp, int pp, int accum, int B, int T, int rc, int sp) {
+    check_split_memory_v(v, tp, pp, 1, accum, B, T, rc, sp);
 }
 
 static void check_split_memory_rc(model_v v, int tp, int pp, int accum, int B, int T, int rc) {
@@ -340,6 +361,16 @@ static void test_memory(void) {
             check_split_memory_sp(ss[i], 2, 2, 2, 4, 32, rc, 1);
         }
     check_split_memory_rc((model_v){1, 0, 0, 0}, 2, 1, 1, 16, 32, 1);
+    /* interleaved 1F1B */
+    for (int rc = 0; rc <= 1; rc++) {
+        model_v g8 = {0, 8, 0, 0}, l8 = {1, 8, 0, 0};
+        check_split_memory_v(g8, 1, 2, 2, 4, 4, 32, rc, 0);
+        check_split_memory_v(g8, 1, 2, 4, 4, 4, 32, rc, 0);
+        check_split_memory_v(g8, 1, 2, 2, 8, 4, 32, rc, 0);
+        check_split_memory_v(l8, 1, 2, 2, 4, 4, 32, rc, 0);
+        check_split_memory_v(g8, 2, 2, 2, 4, 4, 32, rc, 0);
+        check_split_memory_v((model_v){0, 8, 0, 2048}, 1, 2, 2, 4, 4, 32, rc, 0);
+    }
     for (int llama = 0; llama <= 1; llama++) {
         check_memory(llama, 1, 0, 1, 4, 32, 0);
         check_memory(llama, 1, 0, 1, 16, 32, 0);
