@@ -147,11 +147,12 @@ sl_status sl_llama_new_par(const sl_llama_config *cfg, sl_backend *be, const sl_
         return sl_fail(SL_ERR_INVALID, "%s %d: rank %d out of range", flag, tp, tp_rank);
     int ep = sp->ep > 1 ? sp->ep : 1;
     if (ep > 1) {
-        if (cfg->arch != SL_ARCH_QWEN2_MOE && cfg->arch != SL_ARCH_DEEPSEEK_V3)
-            return sl_fail(SL_ERR_UNSUPPORTED,
-                           "--expert-model-parallel-size %d: expert parallelism is built for Qwen2-MoE and "
-                           "DeepSeek-V3-style models, not %s",
-                           ep, sl_arch_name(cfg->arch));
+        if (!sl_arch_is_moe(cfg->arch))
+            return sl_fail(
+                SL_ERR_UNSUPPORTED,
+                "--expert-model-parallel-size %d: expert parallelism needs a Mixtral, Qwen2-MoE or "
+                "DeepSeek-V3-style model, not %s",
+                ep, sl_arch_name(cfg->arch));
         if (cfg->n_experts % ep)
             return sl_fail(SL_ERR_INVALID, "--expert-model-parallel-size %d does not divide the %d experts",
                            ep, cfg->n_experts);
@@ -159,11 +160,10 @@ sl_status sl_llama_new_par(const sl_llama_config *cfg, sl_backend *be, const sl_
             return sl_fail(SL_ERR_INVALID, "--expert-model-parallel-size %d: rank %d out of range", ep,
                            sp->ep_rank);
     }
-    if (cfg->arch == SL_ARCH_MIXTRAL || cfg->arch == SL_ARCH_BAICHUAN)
+    if (cfg->arch == SL_ARCH_BAICHUAN)
         return sl_fail(SL_ERR_UNSUPPORTED,
-                       "%s %d / --pipeline-model-parallel-size %d: not implemented for %s (MoE "
-                       "experts / W_pack)",
-                       flag, tp, pp, sl_arch_name(cfg->arch));
+                       "%s %d / --pipeline-model-parallel-size %d: not implemented for %s (W_pack)", flag, tp,
+                       pp, sl_arch_name(cfg->arch));
     if (cfg->n_head % tp)
         return sl_fail(SL_ERR_INVALID, "%s %d does not divide num-attention-heads %d", flag, tp, cfg->n_head);
     if (cfg->n_kv_head % tp && tp % cfg->n_kv_head) /* tp > kv heads: each kv head on tp / kv ranks */
@@ -245,19 +245,8 @@ static sl_status llama_new(const sl_llama_config *cfg, sl_dtype wdtype, sl_backe
         b.tdim = 1; /* row-parallel */
         add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){C, QD}, "%s.%d.self_attn.o_proj.weight", pre, l);
         add_param(&b, 0, SL_INIT_ONE, 1, (int64_t[]){C}, "%s.%d.post_attention_layernorm.weight", pre, l);
-        if (c->arch == SL_ARCH_QWEN2_MOE || (c->arch == SL_ARCH_DEEPSEEK_V3 && l >= c->first_dense)) {
+        if (sl_moe_layer_is_sparse(c, l)) { /* Mixtral, Qwen2-MoE, DeepSeek-V3 past its dense layers */
             sl_moe_add_params(&b, l);
-        } else if (c->arch == SL_ARCH_MIXTRAL) {
-            add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){E, C}, "%s.%d.block_sparse_moe.gate.weight", pre,
-                      l);
-            for (int e = 0; e < E; e++) {
-                add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){I, C},
-                          "%s.%d.block_sparse_moe.experts.%d.w1.weight", pre, l, e);
-                add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){C, I},
-                          "%s.%d.block_sparse_moe.experts.%d.w2.weight", pre, l, e);
-                add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){I, C},
-                          "%s.%d.block_sparse_moe.experts.%d.w3.weight", pre, l, e);
-            }
         } else {
             b.tdim = 0;
             add_param(&b, 1, SL_INIT_NORMAL, 2, (int64_t[]){I, C}, "%s.%d.mlp.gate_proj.weight", pre, l);
@@ -557,7 +546,10 @@ static sl_tensor *body_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *
                          : sl_model_hidden_dropout_add(m, x, ao, sl_model_dropout_site(l, SL_DROP_ATTN_OUT)));
         h = norm(m, x, tp_rep(m, W(m, "%s.%d.post_attention_layernorm.weight", pre, l)), c->rms_eps);
         sl_tensor *f;
-        if (c->arch == SL_ARCH_MIXTRAL &&
+        /* Mixtral's dense gate form (every expert on every token): inference, bf16 numerics, backends
+         * without the routing ops; a model split over TP or EP routes (the form needs every expert, and
+         * TP's g would sum tp copies of it) */
+        if (c->arch == SL_ARCH_MIXTRAL && m->tp <= 1 && m->ep <= 1 &&
             (kv || m->wdtype == SL_BF16 || autocast(m) != SL_F32 || !sl_moe_backend_ok(m)))
             f = tp_g(
                 m,

@@ -143,7 +143,9 @@ static moe_names names_of(sl_arch a) {
 
 void sl_moe_add_params(sl_llama_builder *b, int l) {
     const sl_llama_config *c = &b->m->lcfg;
-    int64_t C = c->hidden, E = c->n_experts, I = c->moe_intermediate, S = c->shared_intermediate;
+    int64_t C = c->hidden, E = c->n_experts, S = c->shared_intermediate;
+    int64_t I =
+        c->arch == SL_ARCH_MIXTRAL ? c->intermediate : c->moe_intermediate; /* Mixtral: no moe_ field */
     moe_names nm = names_of(c->arch);
     sl_llama_add_param(b, 1, SL_INIT_NORMAL, 2, (int64_t[]){E, C}, nm.router, l);
     if (c->arch == SL_ARCH_DEEPSEEK_V3) /* a buffer in transformers: no gradient, moved by the bias update */

@@ -165,15 +165,13 @@ static sl_status setup_comm(sl_train_job *j) {
          * --init-from Llama-family models, split in make_model; host-visible memory */
         const char *flag = mesh->tp > 1 ? "--tensor-model-parallel-size" : "--pipeline-model-parallel-size";
         int n = mesh->tp > 1 ? mesh->tp : mesh->pp;
-        if (o->model.init_from) { /* the Llama family (Qwen2-MoE / DeepSeek-V3 too: Note [MoE under TP]) and
-                                     HF GPT-2; not Mixtral's dense-gate experts, not Baichuan's W_pack */
+        if (o->model.init_from) { /* the Llama family (the MoE models too: Note [MoE under TP]) and HF GPT-2;
+                                     not Baichuan's W_pack */
             sl_llama_config hc;
-            if (sl_hf_load_config(o->model.init_from, &hc, NULL) == SL_OK &&
-                (hc.arch == SL_ARCH_MIXTRAL || hc.arch == SL_ARCH_BAICHUAN))
-                return sl_train_bad("%s %d: not implemented for --init-from %s models (%s)", flag, n,
-                                    sl_arch_name(hc.arch),
-                                    hc.arch == SL_ARCH_BAICHUAN ? "the packed W_pack projection"
-                                                                : "Mixtral's experts: use data parallelism");
+            if (sl_hf_load_config(o->model.init_from, &hc, NULL) == SL_OK && hc.arch == SL_ARCH_BAICHUAN)
+                return sl_train_bad("%s %d: not implemented for --init-from %s models (the packed W_pack "
+                                    "projection)",
+                                    flag, n, sl_arch_name(hc.arch));
         }
         if (o->parallel.sequence_parallel && o->data.seq_length % mesh->tp)
             return sl_train_bad("--sequence-parallel: --seq-length %lld is not divisible by "

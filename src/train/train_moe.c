@@ -72,7 +72,7 @@ sl_status sl_train_moe_check(sl_train_job *j) {
         if (!is_moe)
             return sl_train_bad(
                 "--expert-model-parallel-size %lld needs a mixture-of-experts model: --init-from "
-                "a Qwen2-MoE or DeepSeek-V3-style directory",
+                "a Mixtral, Qwen2-MoE or DeepSeek-V3-style directory",
                 ep);
     }
     if (o->parallel.etp > 1) { /* Note [Expert tensor parallelism] */
