@@ -31,7 +31,16 @@ typedef struct {
     sl_status st;
 } rank_job;
 
+/* deepseek: 0 Qwen2-MoE, 1 DeepSeek-V3, 2 Mixtral (its experts are intermediate_size wide, no shared
+ * expert) */
 static sl_llama_config moe_cfg(int deepseek) {
+    if (deepseek == 2) {
+        sl_llama_config c = moe_cfg(0);
+        c.arch = SL_ARCH_MIXTRAL;
+        c.intermediate = c.moe_intermediate;
+        c.shared_intermediate = 0;
+        return c;
+    }
     sl_llama_config c = {.arch = deepseek ? SL_ARCH_DEEPSEEK_V3 : SL_ARCH_QWEN2_MOE,
                          .n_layer = 3,
                          .n_head = 4,
@@ -60,7 +69,7 @@ static sl_llama_config moe_cfg(int deepseek) {
 }
 
 static sl_plan_model plan_of(const sl_llama_config *c) {
-    int ds = c->arch == SL_ARCH_DEEPSEEK_V3;
+    int ds = c->arch == SL_ARCH_DEEPSEEK_V3, mx = c->arch == SL_ARCH_MIXTRAL;
     sl_plan_model m = {"",
                        SL_PLAN_LLAMA,
                        c->n_layer,
@@ -77,8 +86,10 @@ static sl_plan_model plan_of(const sl_llama_config *c) {
                        c->moe_intermediate,
                        c->shared_intermediate,
                        ds ? c->first_dense : 0,
-                       ds ? SL_PLAN_MOE_DEEPSEEK : SL_PLAN_MOE_QWEN2};
-    snprintf(m.name, sizeof m.name, "%s", ds ? "deepseek" : "qwen2moe");
+                       ds   ? SL_PLAN_MOE_DEEPSEEK
+                       : mx ? SL_PLAN_MOE_MIXTRAL
+                            : SL_PLAN_MOE_QWEN2};
+    snprintf(m.name, sizeof m.name, "%s", ds ? "deepseek" : mx ? "mixtral" : "qwen2moe");
     return m;
 }
 
@@ -301,6 +312,14 @@ int main(void) {
         check_tp(ds, 0, 2, 2, 1, 2, 1, 4, 32);
         check_tp(ds, 0, 2, 2, 0, 2, 0, 4, 32);
     }
+    /* Mixtral: its experts split over EP and whole under TP, as the others' (no expert tensor parallelism) */
+    check(2, 0, 1, 1, 0, 4, 32);
+    check(2, 0, 2, 2, 0, 4, 32);
+    check(2, 0, 4, 4, 2, 4, 32);
+    check_tp(2, 0, 1, 2, 0, 1, 0, 4, 32);
+    check_tp(0, 1, 1, 2, 0, 1, 0, 4, 32);
+    check_tp(1, 1, 1, 2, 0, 1, 0, 4, 32);
+    check_tp(2, 0, 2, 2, 0, 2, 0, 4, 32);
     /* full recomputation (Note [Recomputation memory]): what each MoE layer keeps (the router's outputs;
      * the EP all-to-alls run again) is the difference between 9 and 5 layers, as sl_graph_plan lays it
      * out; the recomputed layer's working set is not fitted (the totals run under the real plans at these
