@@ -133,6 +133,12 @@ static int convert_gpt2(int argc, char **argv) {
         if (made) rmdir(out); /* made for a write that failed: left empty */
         return st == SL_ERR_NOMEM || (st == SL_ERR_IO && loaded) ? 1 : 2;
     }
+    /* the tokenizer goes along both ways: without it the converted dir could not encode a prompt */
+    if (!copy_if_present(in, out, "tokenizer.json") || !copy_if_present(in, out, "tokenizer.model") ||
+        !copy_if_present(in, out, "generation_config.json")) {
+        fprintf(stderr, "suanli convert: copying tokenizer/generation config: %s\n", sl_errmsg());
+        return 1;
+    }
     printf("converted %s (%s) -> %s (%s)\n", in, from, out, to);
     return 0;
 }

@@ -13,6 +13,45 @@
 
 static char out[1 << 15];
 
+/* the GPT-2 fixture with a tokenizer.json (dropouts 0.1, bos 1, eos 2): (1) convert --from/--to carried
+ * no tokenizer.json, so the converted dir could not encode a --prompt ("tokenizer.json: cannot open") */
+static void test_tokenizer_and_config(const char *dir) {
+    char g[700], h[700], cmd[4096], a[1024], b[1024];
+    snprintf(g, sizeof g, "%s/tk", dir);
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p %s && cp %s/tests/fixtures/hf/gpt2/* %s/tests/fixtures/hf/llama/tokenizer.json %s/", g,
+             SL_SOURCE_DIR, SL_SOURCE_DIR, g);
+    TU_CHECK(system(cmd) == 0, "gpt2 dir with a tokenizer");
+    snprintf(
+        cmd, sizeof cmd,
+        "%s convert --from hf-gpt2 --to suanli --input %s --output %s/tk_s && %s convert --from suanli --to "
+        "hf-gpt2 --input %s/tk_s --output %s/tk_h",
+        tu_cli(), g, dir, tu_cli(), dir, dir);
+    TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "convert with a tokenizer: %s", out);
+    snprintf(a, sizeof a, "%s/tokenizer.json", g);
+    snprintf(h, sizeof h, "%s/tk_h", dir);
+    snprintf(b, sizeof b, "%s/tokenizer.json", h);
+    TU_CHECK(tu_same_file(a, b), "convert --from/--to: tokenizer.json carried both ways");
+    snprintf(cmd, sizeof cmd,
+             "%s generate --load %s/tk_s --prompt 'the quick' --max-new-tokens 4 --temperature 0 2>&1",
+             tu_cli(), dir);
+    int rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 0 && !strncmp(out, "the quick", 9), "generate --load of the converted dir: rc %d %s", rc,
+             out);
+    char ids[2][4096];
+    for (int k = 0; k < 2; k++) {
+        snprintf(
+            cmd, sizeof cmd,
+            "%s generate --model %s --prompt 'the quick' --max-new-tokens 6 --temperature 0 --ignore-eos "
+            "--print-ids 2>/dev/null",
+            tu_cli(), k ? h : g);
+        rc = tu_run(cmd, ids[k], sizeof ids[k]);
+        TU_CHECK(rc == 0 && strstr(ids[k], "\"ids\""), "generate --model --prompt: rc %d %s", rc, ids[k]);
+    }
+    const char *i0 = strstr(ids[0], "{\"prompt_ids\""), *i1 = strstr(ids[1], "{\"prompt_ids\"");
+    TU_CHECK(i0 && i1 && !strcmp(i0, i1), "converted back: the same greedy ids: %s vs %s", ids[0], ids[1]);
+}
+
 static void write_file(const char *path, const char *text) {
     FILE *f = fopen(path, "w");
     fputs(text, f);
@@ -146,6 +185,7 @@ int main(void) {
         TU_CHECK(rc == 2 && strstr(out, "nothing/config.json") && strchr(out, '\n') == out + strlen(out) - 1,
                  "missing --input: %d: %s", rc, out);
     }
+    test_tokenizer_and_config(dir);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     TU_CHECK(system(cmd) == 0, "cleanup");
     free(idv);
