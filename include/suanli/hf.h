@@ -35,6 +35,8 @@ typedef struct sl_hf_info {
     char disk_dtype[8]; /* dtype of the first weight on disk: "F32", "BF16", "F16" */
     int n_files;        /* safetensors files read */
     int n_mapped;       /* bf16 mode: weights used in place from the memory-mapped files */
+    /* GPT-2's attn_pdrop, resid_pdrop, embd_pdrop as read (< 0: absent), written back by the config writer */
+    float attn_pdrop, resid_pdrop, embd_pdrop;
 } sl_hf_info;
 
 /* The config.json classes we read and write. */
@@ -83,8 +85,8 @@ typedef struct sl_hf_config {
 
 /* Parse DIR/config.json (and DIR/generation_config.json's eos ids into info) into cfg. info may be NULL. */
 sl_status sl_hf_config_read(const char *dir, sl_hf_config *cfg, sl_hf_info *info);
-/* Write DIR/config.json in transformers' layout. torch_dtype: "float32" | "bfloat16". The Llama family
- * records info's bos/eos ids (info may be NULL); GPT-2 is written as GPT2LMHeadModel (info unused). */
+/* Write DIR/config.json in transformers' layout. torch_dtype: "float32" | "bfloat16". info's bos/eos ids
+ * (and GPT-2's dropouts) are recorded (info may be NULL: GPT-2's dropouts are written as 0). */
 sl_status sl_hf_config_write(const char *dir, const sl_hf_config *cfg, const sl_hf_info *info,
                              const char *torch_dtype);
 

@@ -7,6 +7,7 @@
  */
 #ifndef SUANLI_HF_GPT2_H
 #define SUANLI_HF_GPT2_H
+#include "suanli/hf.h"
 #include "suanli/nn.h"
 
 #ifdef __cplusplus
@@ -15,6 +16,8 @@ extern "C" {
 
 sl_status sl_hf_gpt2_import(const char *dir, sl_model **out);
 sl_status sl_hf_gpt2_export(const sl_model *m, const char *dir);
+/* The same, config.json recording info's bos/eos ids and dropouts (info may be NULL) */
+sl_status sl_hf_gpt2_export_ex(const sl_model *m, const char *dir, const sl_hf_info *info);
 
 #ifdef __cplusplus
 }

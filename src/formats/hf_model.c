@@ -220,6 +220,9 @@ static sl_status parse_config(const cJSON *r, const char *path, sl_hf_config *c,
         if (info) {
             SL_TRY(jint(r, path, "bos_token_id", 1, -1, &info->bos_id));
             SL_TRY(add_eos(r, path, info));
+            SL_TRY(jfloat(r, path, "attn_pdrop", 1, -1, &info->attn_pdrop));
+            SL_TRY(jfloat(r, path, "resid_pdrop", 1, -1, &info->resid_pdrop));
+            SL_TRY(jfloat(r, path, "embd_pdrop", 1, -1, &info->embd_pdrop));
         }
         return SL_OK;
     }
@@ -272,6 +275,8 @@ static sl_status parse_config(const cJSON *r, const char *path, sl_hf_config *c,
         return sl_fail(SL_ERR_UNSUPPORTED, "%s: field '%s': biases in Llama projections are not supported",
                        path, ab ? "attention_bias" : "mlp_bias");
     c->qkv_bias = c->arch == SL_HF_QWEN2 || c->arch == SL_HF_QWEN2_MOE;
+    if (c->arch == SL_HF_QWEN2_MOE) /* Qwen2MoeConfig.qkv_bias, default true */
+        SL_TRY(jbool(r, path, "qkv_bias", 1, &c->qkv_bias));
     if (c->arch == SL_HF_MISTRAL || c->arch == SL_HF_MIXTRAL) {
         SL_TRY(jint(r, path, "sliding_window", 1, 0, &c->sliding_window));
     } else if (c->arch == SL_HF_QWEN2 || c->arch == SL_HF_QWEN2_MOE) {
@@ -304,6 +309,7 @@ sl_status sl_hf_config_read(const char *dir, sl_hf_config *cfg, sl_hf_info *info
     if (info) {
         memset(info, 0, sizeof *info);
         info->bos_id = -1;
+        info->attn_pdrop = info->resid_pdrop = info->embd_pdrop = -1;
     }
     snprintf(path, sizeof path, "%s/config.json", dir);
     cJSON *r;
@@ -462,8 +468,12 @@ static sl_status write_json(const char *dir, cJSON *r) {
     return st;
 }
 
-/* GPT2LMHeadModel's config.json (the fields transformers' GPT2Config reads; tied head, tanh GELU) */
-static sl_status write_gpt2(const char *dir, const sl_hf_config *c) {
+static double float_dec(float f);
+static void write_ids(cJSON *r, const sl_hf_info *info);
+
+/* GPT2LMHeadModel's config.json (the fields transformers' GPT2Config reads; tied head, tanh GELU); the
+ * dropouts and bos/eos ids as read into info (without info: no dropout) */
+static sl_status write_gpt2(const char *dir, const sl_hf_config *c, const sl_hf_info *info) {
     cJSON *root = cJSON_CreateObject();
     if (!root) return sl_fail(SL_ERR_NOMEM, "export: out of memory");
     cJSON *arch = cJSON_AddArrayToObject(root, "architectures");
@@ -477,13 +487,25 @@ static sl_status write_gpt2(const char *dir, const sl_hf_config *c) {
     cJSON_AddNumberToObject(root, "n_positions", c->max_seq_len);
     cJSON_AddNullToObject(root, "n_inner");
     cJSON_AddNumberToObject(root, "layer_norm_epsilon", 1e-5);
-    cJSON_AddNumberToObject(root, "resid_pdrop", 0);
-    cJSON_AddNumberToObject(root, "embd_pdrop", 0);
-    cJSON_AddNumberToObject(root, "attn_pdrop", 0);
+    const char *pk[] = {"resid_pdrop", "embd_pdrop", "attn_pdrop"};
+    const float pv[] = {info ? info->resid_pdrop : 0, info ? info->embd_pdrop : 0,
+                        info ? info->attn_pdrop : 0};
+    for (int i = 0; i < 3; i++) /* absent from the source: GPT2Config's default, as there */
+        if (pv[i] >= 0) cJSON_AddNumberToObject(root, pk[i], float_dec(pv[i]));
     cJSON_AddBoolToObject(root, "tie_word_embeddings", 1);
     cJSON_AddBoolToObject(root, "scale_attn_weights", 1);
+    write_ids(root, info);
     cJSON_AddStringToObject(root, "dtype", "float32");
     return write_json(dir, root);
+}
+
+/* bos/eos ids as read (config.json and generation_config.json) */
+static void write_ids(cJSON *r, const sl_hf_info *info) {
+    if (info && info->bos_id >= 0) cJSON_AddNumberToObject(r, "bos_token_id", info->bos_id);
+    if (info && info->n_eos == 1)
+        cJSON_AddNumberToObject(r, "eos_token_id", info->eos_ids[0]);
+    else if (info && info->n_eos > 1)
+        cJSON_AddItemToObject(r, "eos_token_id", cJSON_CreateIntArray(info->eos_ids, info->n_eos));
 }
 
 /* A float config value as the shortest decimal that reads back as the same float: config.json held
@@ -505,6 +527,7 @@ static void write_moe(cJSON *r, const sl_hf_config *c) {
         cJSON_AddNumberToObject(r, "num_experts", c->n_experts);
         cJSON_AddNumberToObject(r, "shared_expert_intermediate_size", c->shared_intermediate);
         cJSON_AddNumberToObject(r, "decoder_sparse_step", 1);
+        cJSON_AddBoolToObject(r, "qkv_bias", c->qkv_bias);
         cJSON_AddBoolToObject(r, "use_sliding_window", 0);
         return;
     }
@@ -526,7 +549,7 @@ sl_status sl_hf_config_write(const char *dir, const sl_hf_config *c, const sl_hf
                              const char *torch_dtype) {
     const arch_map *am = arch_find(c->arch);
     if (!am) return sl_fail(SL_ERR_INVALID, "%s/config.json: unknown architecture %d", dir, (int)c->arch);
-    if (c->arch == SL_HF_GPT2) return write_gpt2(dir, c);
+    if (c->arch == SL_HF_GPT2) return write_gpt2(dir, c, info);
     cJSON *r = cJSON_CreateObject(), *a = cJSON_CreateArray();
     if (!r || !a) {
         cJSON_Delete(r);
@@ -543,7 +566,9 @@ sl_status sl_hf_config_write(const char *dir, const sl_hf_config *c, const sl_hf
     cJSON_AddNumberToObject(r, "num_key_value_heads", c->n_kv_head);
     cJSON_AddNumberToObject(r, "head_dim", c->head_dim);
     cJSON_AddNumberToObject(r, "vocab_size", c->vocab_size);
-    cJSON_AddNumberToObject(r, "max_position_embeddings", c->max_seq_len);
+    /* BaichuanConfig (remote code) names it model_max_length */
+    cJSON_AddNumberToObject(r, c->arch == SL_HF_BAICHUAN ? "model_max_length" : "max_position_embeddings",
+                            c->max_seq_len);
     cJSON_AddNumberToObject(r, "rms_norm_eps", float_dec(c->rms_eps));
     cJSON_AddNumberToObject(r, "rope_theta", float_dec(c->rope_theta));
     if (c->rope_factor > 0) {
@@ -568,11 +593,7 @@ sl_status sl_hf_config_write(const char *dir, const sl_hf_config *c, const sl_hf
         cJSON_AddNumberToObject(r, "num_experts_per_tok", c->n_experts_per_tok);
     }
     if (c->arch == SL_HF_QWEN2_MOE || c->arch == SL_HF_DEEPSEEK_V3) write_moe(r, c);
-    if (info && info->bos_id >= 0) cJSON_AddNumberToObject(r, "bos_token_id", info->bos_id);
-    if (info && info->n_eos == 1)
-        cJSON_AddNumberToObject(r, "eos_token_id", info->eos_ids[0]);
-    else if (info && info->n_eos > 1)
-        cJSON_AddItemToObject(r, "eos_token_id", cJSON_CreateIntArray(info->eos_ids, info->n_eos));
+    write_ids(r, info);
     cJSON_AddStringToObject(r, "torch_dtype", torch_dtype);
     return write_json(dir, r);
 }

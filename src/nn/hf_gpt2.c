@@ -29,7 +29,9 @@ sl_status sl_hf_gpt2_import(const char *dir, sl_model **out) {
     return SL_OK;
 }
 
-sl_status sl_hf_gpt2_export(const sl_model *m, const char *dir) {
+sl_status sl_hf_gpt2_export(const sl_model *m, const char *dir) { return sl_hf_gpt2_export_ex(m, dir, NULL); }
+
+sl_status sl_hf_gpt2_export_ex(const sl_model *m, const char *dir, const sl_hf_info *info) {
     sl_status st = SL_OK;
     int n = m->n_params;
     sl_st_tensor *ts = calloc((size_t)n, sizeof *ts);
@@ -69,7 +71,7 @@ sl_status sl_hf_gpt2_export(const sl_model *m, const char *dir) {
                        .hidden = m->cfg.n_embd,
                        .vocab_size = m->cfg.vocab_size,
                        .max_seq_len = m->cfg.max_seq_len};
-    SL_CHECK(sl_hf_config_write(dir, &hc, NULL, "float32"));
+    SL_CHECK(sl_hf_config_write(dir, &hc, info, "float32"));
 done:
     free(ts);
     free(names);

@@ -260,7 +260,7 @@ sl_status sl_hf_load_on(const char *dir, sl_dtype wdtype, sl_backend *be, sl_mod
 sl_status sl_hf_save(const sl_model *m, const char *dir, sl_dtype dtype, const sl_hf_info *info) {
     if (m->arch == SL_ARCH_GPT2) {
         if (dtype != SL_F32) return sl_fail(SL_ERR_UNSUPPORTED, "convert: GPT-2 is exported in f32 only");
-        return sl_hf_gpt2_export(m, dir);
+        return sl_hf_gpt2_export_ex(m, dir, info);
     }
     if (m->wdtype != SL_F32)
         return sl_fail(SL_ERR_UNSUPPORTED, "convert: load the model with f32 weights to save it");

@@ -1,6 +1,7 @@
 /* GPT-2 from/to Hugging Face (fixture: scripts/gen_hf_gpt2.py, transformers GPT2LMHeadModel):
  * imported weights give transformers' logits (max|d| <= 1e-4); export writes the same tensors back
  * (byte-identical) and re-imports bitwise; `suanli convert` both ways; bad config/tensors -> clear errors. */
+#include <cjson/cJSON.h>
 #include <string.h>
 
 #include "suanli/device.h"
@@ -13,8 +14,24 @@
 
 static char out[1 << 15];
 
+/* config.json[key] of dir as a number (NAN when absent or not a number) */
+static double cfg_num(const char *dir, const char *key) {
+    char p[1024], *t = NULL;
+    size_t n;
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    if (sl_file_read_all(p, &t, &n) != SL_OK) return NAN;
+    cJSON *r = cJSON_ParseWithLength(t, n);
+    free(t);
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(r, key);
+    double v = cJSON_IsNumber(it) ? it->valuedouble : NAN;
+    cJSON_Delete(r);
+    return v;
+}
+
 /* the GPT-2 fixture with a tokenizer.json (dropouts 0.1, bos 1, eos 2): (1) convert --from/--to carried
- * no tokenizer.json, so the converted dir could not encode a --prompt ("tokenizer.json: cannot open") */
+ * no tokenizer.json, so the converted dir could not encode a --prompt ("tokenizer.json: cannot open");
+ * (2) its config.json, as convert --model and train --init-from --save write it, lost bos/eos and wrote
+ * the dropouts as 0 */
 static void test_tokenizer_and_config(const char *dir) {
     char g[700], h[700], cmd[4096], a[1024], b[1024];
     snprintf(g, sizeof g, "%s/tk", dir);
@@ -50,6 +67,29 @@ static void test_tokenizer_and_config(const char *dir) {
     }
     const char *i0 = strstr(ids[0], "{\"prompt_ids\""), *i1 = strstr(ids[1], "{\"prompt_ids\"");
     TU_CHECK(i0 && i1 && !strcmp(i0, i1), "converted back: the same greedy ids: %s vs %s", ids[0], ids[1]);
+    /* convert --model: config.json keeps bos/eos and the dropouts */
+    snprintf(cmd, sizeof cmd, "%s convert --model %s --output %s/tk_m", tu_cli(), g, dir);
+    TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "convert --model gpt2: %s", out);
+    /* train --init-from + --save writes the same config.json */
+    snprintf(
+        cmd, sizeof cmd,
+        "for i in $(seq 60); do echo \"the quick brown fox $i jumps over the lazy dog.\"; done > %s/c.txt && "
+        "%s data prepare --input %s/c.txt --output-prefix %s/data --tokenizer-file %s/tokenizer.json && "
+        "%s train --data-path %s/data --init-from %s --seq-length 16 --micro-batch-size 2 --train-iters 1 "
+        "--eval-iters 1 --threads 1 --save %s/tk_t",
+        dir, tu_cli(), dir, dir, g, tu_cli(), dir, g, dir);
+    rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 0, "train --init-from gpt2 --save: rc %d %s", rc, out);
+    const char *outs[] = {"tk_m", "tk_t"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(a, sizeof a, "%s/%s", dir, outs[k]);
+        TU_CHECK(cfg_num(a, "bos_token_id") == 1 && cfg_num(a, "eos_token_id") == 2, "%s: bos %g eos %g",
+                 outs[k], cfg_num(a, "bos_token_id"), cfg_num(a, "eos_token_id"));
+        TU_CHECK(cfg_num(a, "attn_pdrop") == 0.1 && cfg_num(a, "resid_pdrop") == 0.1 &&
+                     cfg_num(a, "embd_pdrop") == 0.1,
+                 "%s: dropouts %g %g %g, want 0.1", outs[k], cfg_num(a, "attn_pdrop"),
+                 cfg_num(a, "resid_pdrop"), cfg_num(a, "embd_pdrop"));
+    }
 }
 
 static void write_file(const char *path, const char *text) {

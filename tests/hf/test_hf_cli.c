@@ -378,7 +378,34 @@ static void test_round_trip(void) {
     printf("round trip (convert f32, train --init-from + save, convert bf16): checked\n");
 }
 
+/* a converted config.json keeps what was read: Qwen2-MoE's qkv_bias (dropped), Baichuan's model_max_length
+ * (written as max_position_embeddings, which BaichuanConfig does not read) */
+static void test_config_kept(void) {
+    const char *tmp = tu_tmpdir("hfcfg");
+    const char *names[] = {"qwen2_moe", "baichuan"};
+    for (int k = 0; k < 2; k++) {
+        char cmd[4096], p[1100], *txt = NULL;
+        size_t len;
+        snprintf(cmd, sizeof cmd, "%s convert --model %s/tests/fixtures/hf/%s --output %s/%s", tu_cli(),
+                 SL_SOURCE_DIR, names[k], tmp, names[k]);
+        TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "convert %s: %s", names[k], out);
+        snprintf(p, sizeof p, "%s/%s/config.json", tmp, names[k]);
+        cJSON *c = sl_file_read_all(p, &txt, &len) == SL_OK ? cJSON_ParseWithLength(txt, len) : NULL;
+        free(txt);
+        if (k == 0) {
+            TU_CHECK(cJSON_IsTrue(cJSON_GetObjectItem(c, "qkv_bias")), "qwen2_moe: qkv_bias true kept");
+        } else {
+            const cJSON *e = cJSON_GetObjectItem(c, "model_max_length");
+            TU_CHECK(cJSON_IsNumber(e) && e->valueint == 128 &&
+                         !cJSON_GetObjectItem(c, "max_position_embeddings"),
+                     "baichuan: model_max_length 128 kept");
+        }
+        cJSON_Delete(c);
+    }
+}
+
 int main(void) {
+    test_config_kept();
     test_greedy_text();
     test_round_trip();
     char d[600];
