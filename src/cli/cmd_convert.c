@@ -37,7 +37,7 @@ static int convert_hf(int argc, char **argv) {
     sl_flag flags[] = {
         {"model", SL_FLAG_STR, &in, 0, 0, "input: HF model dir (config.json, safetensors [+ index])", 0},
         {"output", SL_FLAG_STR, &outd, 0, 0, "output dir (created)", 0},
-        {"dtype", SL_FLAG_STR, &dtype, 0, 0, "f32 | bf16 | f16 (f32)", 0},
+        {"dtype", SL_FLAG_STR, &dtype, 0, 0, "f32 | bf16 | f16 (f32; GPT-2: f32 only)", 0},
     };
     int nf = (int)(sizeof flags / sizeof flags[0]);
     if (sl_flags_help(flags, nf, argc, argv,
@@ -67,6 +67,11 @@ static int convert_hf(int argc, char **argv) {
     sl_hf_info info;
     if (sl_hf_load(in, &m, &info) != SL_OK) {
         fprintf(stderr, "suanli convert: %s\n", sl_errmsg());
+        return 2;
+    }
+    if (m->arch == SL_ARCH_GPT2 && dt != SL_F32) { /* a bad request (exit 2), not a failed write */
+        fprintf(stderr, "suanli convert: --dtype %s: GPT-2 is converted in f32 only\n", dtype);
+        sl_model_free(m);
         return 2;
     }
     int rc = 0, made = access(outd, F_OK) != 0;

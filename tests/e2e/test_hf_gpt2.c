@@ -3,6 +3,7 @@
  * (byte-identical) and re-imports bitwise; `suanli convert` both ways; bad config/tensors -> clear errors. */
 #include <cjson/cJSON.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "suanli/device.h"
 #include "suanli/hf_gpt2.h"
@@ -217,6 +218,16 @@ int main(void) {
     TU_CHECK(tu_run(cmd, out, sizeof out) != 0 && strstr(out, "nospace/model.safetensors") &&
                  !strstr(out, "LEFT"),
              "failed convert: %s", out);
+    /* --dtype bf16 of a GPT-2 exited 1 (as a failed write) where other bad requests exit 2 */
+    {
+        char nv[800];
+        snprintf(nv, sizeof nv, "%s/never", dir);
+        snprintf(cmd, sizeof cmd, "%s convert --model %s --output %s --dtype bf16", tu_cli(), FIX, nv);
+        int rc = tu_run(cmd, out, sizeof out);
+        TU_CHECK(rc == 2 && strstr(out, "--dtype bf16") && strchr(out, '\n') == out + strlen(out) - 1 &&
+                     access(nv, F_OK) != 0,
+                 "convert --model gpt2 --dtype bf16: %d: %s", rc, out);
+    }
     /* a missing input dir exited 1 (an I/O error, as a failed write), where --model's exits 2 */
     for (int k = 0; k < 2; k++) {
         snprintf(cmd, sizeof cmd, "%s convert --from %s --input %s/nothing --output %s/never", tu_cli(),
