@@ -173,12 +173,12 @@ static int run_hf(const char *dir, sl_backend *be, sl_dtype wdtype, const char *
         for (int i = 0; i < info.n_eos; i++)
             if (info.eos_ids[i] >= 0 && info.eos_ids[i] < V) stops[n_stop++] = info.eos_ids[i];
     }
-    if (m->arch != SL_ARCH_GPT2 &&
-        n + max_new > m->lcfg.max_seq_len) { /* GPT-2 refills its cache in windows */
-        fprintf(
-            stderr,
-            "suanli generate: prompt (%d tokens) + --max-new-tokens (%d) exceeds the model's %d positions\n",
-            n, max_new, m->lcfg.max_seq_len);
+    /* the last generated token takes no position; GPT-2 refills its cache in windows */
+    if (m->arch != SL_ARCH_GPT2 && (int64_t)n + max_new - 1 > m->lcfg.max_seq_len) {
+        fprintf(stderr,
+                "suanli generate: prompt (%d tokens) + --max-new-tokens (%d) - 1 exceeds the model's %d "
+                "positions\n",
+                n, max_new, m->lcfg.max_seq_len);
         goto done;
     }
     out = calloc((size_t)max_new + 1, sizeof(int32_t));

@@ -125,18 +125,20 @@ sl_status sl_model_generate(sl_model *m, const int32_t *prompt, int n_prompt, in
             return sl_fail(SL_ERR_INVALID, "generate: prompt token %d out of vocab (%d)", prompt[i], V);
     if (max_new == 0) return SL_OK;
     int max_pos = m->arch == SL_ARCH_GPT2 ? m->cfg.max_seq_len : m->lcfg.max_seq_len;
-    if (m->arch == SL_ARCH_GPT2 && (int64_t)n_prompt + max_new > max_pos) {
+    /* the positions taken: the prompt's and every generated token's but the last, which is never fed back */
+    int64_t S = (int64_t)n_prompt + max_new - 1;
+    if (m->arch == SL_ARCH_GPT2 && S > max_pos) {
         /* beyond GPT-2's learned positions: windows through the cache */
         sl_status st = gpt2_windowed(m, prompt, n_prompt, max_new, o, &w, stats);
         stats->n_generated = w.count;
         stats->stopped_by_eos = w.hit;
         return st;
     }
-    int64_t S = (int64_t)n_prompt + max_new;
     if (S > max_pos)
-        return sl_fail(SL_ERR_INVALID,
-                       "generate: prompt (%d tokens) + max-new-tokens (%d) exceeds the model's %d positions",
-                       n_prompt, max_new, max_pos);
+        return sl_fail(
+            SL_ERR_INVALID,
+            "generate: prompt (%d tokens) + max-new-tokens (%d) - 1 exceeds the model's %d positions",
+            n_prompt, max_new, max_pos);
     /* Note [Generation graphs are temporary]
      * The cache leaves and both graphs' nodes are built in the model's ctx, after a mark; they are dropped
      * (sl_ctx_reset) when the call returns, together with the graphs, their arenas and the cache memory,
@@ -162,7 +164,8 @@ sl_status sl_model_generate(sl_model *m, const int32_t *prompt, int n_prompt, in
     sl_tensor_bind_buffer(ids_p, ids_buf, 0);
     sl_tensor_bind_buffer(ids_d, ids_buf, pbytes);
     sl_tensor *lp = sl_model_build_kv(m, ids_p, &kv, 0);
-    sl_tensor *ld = sl_model_build_kv(m, ids_d, &kv, n_prompt);
+    /* its position is set per step; built at one inside the cache (S == n_prompt: no decode step runs) */
+    sl_tensor *ld = sl_model_build_kv(m, ids_d, &kv, n_prompt < S ? n_prompt : (int)S - 1);
     sl_graph_build_forward(gp, lp);
     sl_graph_build_forward(gd, ld);
     SL_CHECK(sl_graph_plan(gp, m->backend, NULL));

@@ -404,7 +404,52 @@ static void test_config_kept(void) {
     }
 }
 
+/* the last generated token takes no position: prompt 120 + 9 new fits 128 positions (was refused); the
+ * boundary run extends the run one token shorter, and its last token is what a prefill of all 128 positions
+ * gives (the KV cache sized to the positions taken); one more is refused */
+static void test_position_limit(void) {
+    char cmd[8192], p[1024] = "", ids[3][4096];
+    for (int i = 1; i <= 120; i++) snprintf(p + strlen(p), sizeof p - strlen(p), "%s%d", i > 1 ? "," : "", i);
+    const int news[] = {8, 9};
+    for (int k = 0; k < 2; k++) {
+        snprintf(cmd, sizeof cmd,
+                 "%s generate --model %s/tests/fixtures/hf/qwen2 --prompt-ids %s --max-new-tokens %d "
+                 "--temperature 0 --ignore-eos --print-ids 2>&1",
+                 tu_cli(), SL_SOURCE_DIR, p, news[k]);
+        int rc = tu_run(cmd, out, sizeof out);
+        char *js = strstr(out, "\"ids\": [");
+        TU_CHECK(rc == 0 && js, "prompt 120 + %d new on 128 positions: rc %d %s", news[k], rc, out);
+        snprintf(ids[k], sizeof ids[k], "%s", js ? js + 7 : "");
+    }
+    /* "[a, ..., h]}" vs "[a, ..., h, i]}": the shorter run's ids are a prefix */
+    size_t n8 = strlen(ids[0]) > 3 ? strlen(ids[0]) - 3 : 0;
+    TU_CHECK(n8 > 0 && !strncmp(ids[0], ids[1], n8) && !strncmp(ids[1] + n8, ", ", 2),
+             "boundary run extends the shorter one: %s vs %s", ids[0], ids[1]);
+    /* the prompt + the 8 first generated tokens (128 positions), one new token: prefill only */
+    char q[2048], *last = strrchr(ids[1], ',');
+    snprintf(q, sizeof q, "%s,%.*s", p, (int)n8 - 1, ids[0] + 1);
+    for (char *c = q; *c; c++)
+        if (*c == ' ') memmove(c, c + 1, strlen(c));
+    snprintf(
+        cmd, sizeof cmd,
+        "%s generate --model %s/tests/fixtures/hf/qwen2 --prompt-ids %s --max-new-tokens 1 --temperature 0 "
+        "--ignore-eos --print-ids 2>&1",
+        tu_cli(), SL_SOURCE_DIR, q);
+    int rc = tu_run(cmd, out, sizeof out);
+    char *js = strstr(out, "\"ids\": [");
+    snprintf(ids[2], sizeof ids[2], "%s", js ? js + 8 : "");
+    TU_CHECK(rc == 0 && last && atoi(ids[2]) == atoi(last + 1),
+             "the boundary token (decoded at position 127) is the 128-token prefill's: %s vs %s", last, out);
+    snprintf(cmd, sizeof cmd,
+             "%s generate --model %s/tests/fixtures/hf/qwen2 --prompt-ids %s --max-new-tokens 10 2>&1",
+             tu_cli(), SL_SOURCE_DIR, p);
+    rc = tu_run(cmd, out, sizeof out);
+    TU_CHECK(rc == 2 && one_line() && strstr(out, "exceeds the model's 128 positions"),
+             "120 + 10 refused: %s", out);
+}
+
 int main(void) {
+    test_position_limit();
     test_config_kept();
     test_greedy_text();
     test_round_trip();
