@@ -382,6 +382,13 @@ typedef struct sl_gen_stats {
 sl_status sl_model_generate(sl_model *m, const int32_t *prompt, int n_prompt, int max_new,
                             const sl_sample_opts *o, const int32_t *stop, int n_stop, sl_token_cb cb,
                             void *user, int32_t *out_tokens, sl_gen_stats *stats);
+/* Whether backend be runs the generation graphs of a model of config c (c->arch SL_ARCH_GPT2: n_layer,
+ * n_head, hidden, vocab_size, max_seq_len read) with wdtype weights and compute dtype `compute`, without
+ * loading it: the graphs of a small model of the same family and head shapes are built on be and every node
+ * asked of be->supports_op. SL_ERR_UNSUPPORTED naming the first op be cannot run (Note [Generation probe]).
+ */
+sl_status sl_model_generate_probe(const sl_llama_config *c, sl_dtype wdtype, sl_dtype compute,
+                                  sl_backend *be);
 
 #ifdef __cplusplus
 }

@@ -124,6 +124,14 @@ static int run_hf(const char *dir, sl_backend *be, sl_dtype wdtype, const char *
     int n = 0, n_stop = 0, rc = 2;
     char path[4096];
     double t0 = sl_time_sec();
+    /* a --dtype the --device cannot run is refused before the weights load (Note [Generation probe]) */
+    sl_llama_config pc;
+    if (be != sl_backend_cpu() && sl_hf_load_config(dir, &pc, NULL) == SL_OK &&
+        sl_model_generate_probe(&pc, wdtype == SL_F16 ? SL_F32 : wdtype, wdtype, be) != SL_OK) {
+        fprintf(stderr, "suanli generate: --dtype %s --device %s: cannot run %s (%s); --device cpu can\n",
+                sl_dtype_name(wdtype), be->name, sl_arch_name(pc.arch), sl_errmsg());
+        return 2;
+    }
     /* f16: f32 weights, f16 compute (torch.autocast fp16 numerics: Note [Half autocast]) */
     if (sl_hf_load_on(dir, wdtype == SL_F16 ? SL_F32 : wdtype, be, &m, &info) != SL_OK) {
         fprintf(stderr, "suanli generate: %s%s\n", sl_errmsg(), other_flag_hint(dir, 1));

@@ -199,3 +199,60 @@ done:
     sl_ctx_reset(m->ctx, mark);
     return st;
 }
+
+/* Note [Generation probe]
+ * Whether a backend runs a model's generation depends on the ops its graphs hold, which the architecture,
+ * the head shapes and the compute dtype decide (an accelerator may run the f32 graphs but not the
+ * half-numerics RoPE of f16 compute), not on the model's width, depth or vocabulary. The probe builds the
+ * prefill and decode graphs of a model with the same family, head size, heads per kv head, experts and
+ * compute dtype but 16-wide layers, a 16-token vocabulary and the dense layers only as many as come
+ * before the first sparse one, on the backend, and asks supports_op of every node: generate refuses a
+ * pair that cannot run before it loads anything. */
+sl_status sl_model_generate_probe(const sl_llama_config *c, sl_dtype wdtype, sl_dtype compute,
+                                  sl_backend *be) {
+    sl_model *m = NULL;
+    sl_status st;
+    if (c->arch == SL_ARCH_GPT2) {
+        int hs = c->n_head > 0 ? c->hidden / c->n_head : 1;
+        sl_gpt2_config g = {1, 1, hs > 0 ? hs : 1, 16, 4};
+        st = sl_gpt2_new_on(&g, be, &m);
+    } else {
+        sl_llama_config t = *c;
+        t.n_layer = c->first_dense + 1 < c->n_layer ? c->first_dense + 1 : c->n_layer;
+        t.n_head = c->n_kv_head > 0 ? c->n_head / c->n_kv_head : 1;
+        t.n_kv_head = 1;
+        t.hidden = t.intermediate = t.vocab_size = 16;
+        t.max_seq_len = 4;
+        if (t.moe_intermediate) t.moe_intermediate = 16;
+        if (t.shared_intermediate) t.shared_intermediate = 16;
+        st = sl_llama_new_on(&t, wdtype, be, &m);
+    }
+    if (st != SL_OK) return st;
+    m->compute_dtype = compute;
+    int mark = sl_ctx_mark(m->ctx);
+    sl_kv_cache kv;
+    st = sl_kv_cache_new(m, 1, 4, &kv);
+    if (st != SL_OK) {
+        sl_model_free(m);
+        return st;
+    }
+    kv.last_only = 1;
+    sl_graph *g[2] = {sl_graph_new(m->ctx), sl_graph_new(m->ctx)};
+    if (!g[0] || !g[1]) st = sl_fail(SL_ERR_NOMEM, "generate: out of memory");
+    for (int k = 0; k < 2 && st == SL_OK; k++) {
+        sl_tensor *ids = sl_new_tensor_2d(m->ctx, SL_I32, 1, k ? 1 : 2);
+        sl_graph_build_forward(g[k], sl_model_build_kv(m, ids, &kv, k ? 2 : 0));
+        for (int i = 0; i < sl_graph_n_nodes(g[k]) && st == SL_OK; i++) {
+            sl_tensor *n = sl_graph_node(g[k], i);
+            if (n->op != SL_OP_VIEW && n->op != SL_OP_COLLECTIVE && !be->supports_op(be, n))
+                st = sl_fail(SL_ERR_UNSUPPORTED, "backend %s cannot run op %s (%s) of %s compute", be->name,
+                             sl_op_name(n->op), sl_dtype_name(n->dtype), sl_dtype_name(compute));
+        }
+    }
+    sl_graph_free(g[0]);
+    sl_graph_free(g[1]);
+    sl_kv_cache_free(&kv);
+    sl_ctx_reset(m->ctx, mark);
+    sl_model_free(m);
+    return st;
+}
