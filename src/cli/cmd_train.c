@@ -75,7 +75,7 @@ static int train_flags(sl_train_opts *o, const char **config, sl_flag *flags, in
          "with --ckpt-local-dir: Reed-Solomon K+M across hosts instead of replicas (needs ISA-L)", 0},
         {"init-from", SL_FLAG_STR, &o->model.init_from, 0, 0,
          "start from a Hugging Face model dir (Llama/Qwen2/Mistral/Mixtral/Baichuan2/Qwen2-MoE/DeepSeek-V3 "
-         "with Llama attention); --save writes HF "
+         "with Llama attention, GPT-2 (GPT2LMHeadModel)); --save writes HF "
          "layout; with --load, resume that model's checkpoints",
          0},
         {"threads", SL_FLAG_INT, &o->threads, 0, 1024, "compute threads (default: OpenMP's)", 0},
@@ -89,14 +89,15 @@ static int train_flags(sl_train_opts *o, const char **config, sl_flag *flags, in
         {"temperature", SL_FLAG_FLOAT, &o->sample.temperature, 0, 100, "sample temperature (0.8)", 0},
         {"top-k", SL_FLAG_INT, &o->sample.top_k, 0, 1 << 24, "sample top-k, 0 = off", 0},
         {"tensor-model-parallel-size", SL_FLAG_INT, &o->parallel.tp, 1, 4096,
-         "tensor-parallel ranks (GPT-2, --init-from Llama family; rank order tp fastest, world = dp x pp x "
-         "tp)",
+         "tensor-parallel ranks (GPT-2, --init-from Llama family or HF GPT-2; rank order tp fastest, world = "
+         "dp x pp x tp)",
          0},
         {"tp", SL_FLAG_INT, &o->parallel.tp, 1, 4096, "short for --tensor-model-parallel-size", 0},
         {"sequence-parallel", SL_FLAG_BOOL, &o->parallel.sequence_parallel, 0, 1,
          "split the norm/residual regions along the sequence across the TP group (needs --tp > 1)", 0},
         {"pipeline-model-parallel-size", SL_FLAG_INT, &o->parallel.pp, 1, 4096,
-         "pipeline stages (GPT-2, --init-from Llama family; 1F1B schedule; world = dp x pp x tp)", 0},
+         "pipeline stages (GPT-2, --init-from Llama family or HF GPT-2; 1F1B schedule; world = dp x pp x tp)",
+         0},
         {"pp", SL_FLAG_INT, &o->parallel.pp, 1, 4096, "short for --pipeline-model-parallel-size", 0},
         {"recompute-granularity", SL_FLAG_STR, &o->parallel.recompute_granularity, 0, 0,
          "full: recompute each transformer layer in the backward from its input, keeping only the layer "

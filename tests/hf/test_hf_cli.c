@@ -448,7 +448,26 @@ static void test_position_limit(void) {
              "120 + 10 refused: %s", out);
 }
 
+/* train --help: --init-from, --tp and --pp did not name GPT-2 though an HF GPT-2 trains from --init-from,
+ * under TP and PP too */
+static void test_train_help(void) {
+    static char h[1 << 16];
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s train --help", tu_cli());
+    TU_CHECK(tu_run(cmd, h, sizeof h) == 0, "train --help");
+    const char *flags[] = {"--init-from ", "--tensor-model-parallel-size ",
+                           "--pipeline-model-parallel-size "};
+    for (int k = 0; k < 3; k++) {
+        char *l = strstr(h, flags[k]), *e = l ? strchr(l, '\n') : NULL;
+        if (e) *e = 0;
+        TU_CHECK(l && strstr(l, "GPT-2") && (k == 0 || strstr(l, "HF GPT-2")), "train --help %s: %s",
+                 flags[k], l ? l : "missing");
+        if (e) *e = '\n';
+    }
+}
+
 int main(void) {
+    test_train_help();
     test_position_limit();
     test_config_kept();
     test_greedy_text();
