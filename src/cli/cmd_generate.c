@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "suanli/ckpt.h"
 #include "suanli/data.h"
 #include "suanli/hf.h"
 #include "suanli/model_io.h"
@@ -231,6 +232,64 @@ done:
     return rc;
 }
 
+/* --load of a checkpoint (a step dir that train --save-interval wrote, or the root holding `latest` and no
+ * model.safetensors): the step's parameters, resharded whole from any saved layout (sl_ckpt_load), into a
+ * GPT-2 built from its config.json; the tokenizer is the step dir's, else the run dir's (train --save writes
+ * it there). A checkpoint of an --init-from model is refused naming the command that makes a model of it.
+ * An exit code; 0 with *m and *tok set. */
+static int load_checkpoint(const char *load, sl_backend *be, sl_model **m, sl_tokenizer **tok) {
+    char step[4096], p[4200], run[4096], *t = NULL;
+    size_t n;
+    snprintf(p, sizeof p, "%s/manifest.json", load);
+    if (access(p, F_OK) == 0)
+        snprintf(step, sizeof step, "%s", load);
+    else if (sl_ckpt_find_latest(load, step, sizeof step) != SL_OK) {
+        fprintf(stderr, "suanli generate: --load %s: %s\n", load, sl_errmsg());
+        return 2;
+    }
+    snprintf(p, sizeof p, "%s/config.json", step);
+    cJSON *r = sl_file_read_all(p, &t, &n) == SL_OK ? cJSON_ParseWithLength(t, n) : NULL;
+    free(t);
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(r, "architecture");
+    if (cJSON_IsString(a) && strcmp(a->valuestring, "gpt2")) {
+        const char *sn = strstr(step, "step-");
+        fprintf(
+            stderr,
+            "suanli generate: --load %s: a checkpoint of an --init-from %s model; make a model dir of it "
+            "with "
+            "`suanli train --data-path DATA --init-from HF_DIR --load %s --train-iters %lld --save OUT` (no "
+            "more steps), then generate --model OUT\n",
+            step, a->valuestring, step, sn ? atoll(sn + 5) : 0LL);
+        cJSON_Delete(r);
+        return 2;
+    }
+    cJSON_Delete(r);
+    sl_gpt2_config cfg;
+    sl_ckpt_state st = {0};
+    if (sl_model_load_config(step, &cfg) != SL_OK || sl_gpt2_new_on(&cfg, be, m) != SL_OK ||
+        (st.m = *m, sl_ckpt_load(step, &st)) != SL_OK) {
+        fprintf(stderr, "suanli generate: --load %s: %s\n", step, sl_errmsg());
+        return 2;
+    }
+    snprintf(run, sizeof run, "%s", step);
+    char *sl = strrchr(run, '/');
+    if (sl && sl > run && !sl[1]) *sl = 0, sl = strrchr(run, '/'); /* "run/step-N/" */
+    if (sl)
+        *sl = 0;
+    else
+        snprintf(run, sizeof run, ".");
+    if (sl_tokenizer_load(step, tok) != SL_OK && sl_tokenizer_load(run, tok) != SL_OK) {
+        fprintf(
+            stderr,
+            "suanli generate: --load %s: no tokenizer.json or tokenizer.model there or in %s (train --save "
+            "writes it at the end of the run; copy the data's)\n",
+            step, run);
+        return 2;
+    }
+    fprintf(stderr, "[%s: checkpoint of step %lld]\n", step, (long long)st.step);
+    return 0;
+}
+
 int sl_cmd_generate(int argc, char **argv) {
     const char *load = NULL, *model = NULL, *prompt = NULL, *prompt_ids = NULL, *stop = NULL, *dtype = "f32",
                *device = "cpu";
@@ -239,7 +298,10 @@ int sl_cmd_generate(int argc, char **argv) {
     int ignore_eos = 0, print_ids = 0;
     sl_flag flags[] = {
         {"load", SL_FLAG_STR, &load, 0, 0,
-         "dir with model.safetensors, config.json, tokenizer.json from suanli train", 0},
+         "dir with model.safetensors, config.json, tokenizer.json from suanli train, or a GPT-2 checkpoint "
+         "(a "
+         "step-N dir of --save-interval, or its run dir's latest)",
+         0},
         {"model", SL_FLAG_STR, &model, 0, 0,
          "Hugging Face model dir (config.json, safetensors [+ index], tokenizer.json)", 0},
         {"prompt", SL_FLAG_STR, &prompt, 0, 0, "text to continue (newline)", 0},
@@ -323,7 +385,14 @@ int sl_cmd_generate(int argc, char **argv) {
     char tp[4096];
     /* the dir's tokenizer.json, else tokenizer.model: train --save copies the data's (SentencePiece data has
      * the latter, which a fixed "tokenizer.json" did not find) */
-    if (sl_model_load_on(load, be, &m) != SL_OK || sl_tokenizer_load(load, &tok) != SL_OK) {
+    snprintf(tp, sizeof tp, "%s/model.safetensors", load);
+    if (access(tp, F_OK) != 0 && sl_ckpt_is_checkpoint(load)) {
+        int lrc = load_checkpoint(load, be, &m, &tok);
+        if (lrc != 0) {
+            sl_model_free(m);
+            return lrc;
+        }
+    } else if (sl_model_load_on(load, be, &m) != SL_OK || sl_tokenizer_load(load, &tok) != SL_OK) {
         fprintf(stderr, "suanli generate: %s%s\n", sl_errmsg(), m ? "" : other_flag_hint(load, 0));
         sl_model_free(m);
         return 2;
