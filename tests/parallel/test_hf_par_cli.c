@@ -132,6 +132,33 @@ static void layouts(const char *cli, const char *data, const char *dir, const ch
     }
 }
 
+/* A tests/fixtures/hf model (with the Llama fixture's tokenizer, same vocabulary) trained in one process and
+ * on each of n 2-rank layouts ({name suffix, flags}); every layout against the single run: losses at the
+ * fp32 bar (1e-6), weights within wnorm normwise and wmax elementwise */
+static void split_runs(const char *cli, const char *data, const char *dir, const char *llama, const char *fix,
+                       const char *const lay[][2], int n, double wnorm, double wmax) {
+    char md[700], ref[128], nm[128];
+    snprintf(md, sizeof md, "%s/%s", dir, fix);
+    int rc = run("sh -c 'mkdir -p %s && cp %s/tests/fixtures/hf/%s/config.json "
+                 "%s/tests/fixtures/hf/%s/model.safetensors %s/tokenizer.json %s/'",
+                 md, SL_SOURCE_DIR, fix, SL_SOURCE_DIR, fix, llama, md);
+    TU_CHECK(rc == 0, "%s dir: %s", fix, out);
+    snprintf(ref, sizeof ref, "%s-single", fix);
+    if (rc == 0)
+        rc = run("%s train --data-path %s --init-from %s " COMMON " --save %s/%s", cli, data, md, dir, ref);
+    TU_CHECK(rc == 0, "%s single: rc %d %s", fix, rc, out);
+    for (int k = 0; k < n && rc == 0; k++) {
+        snprintf(nm, sizeof nm, "%s-%s", fix, lay[k][0]);
+        int r2 = run("%s run -n 2 -- %s train --data-path %s --init-from %s " COMMON " %s --save %s/%s", cli,
+                     cli, data, md, lay[k][1], dir, nm);
+        TU_CHECK(r2 == 0, "%s: rc %d %s", nm, r2, out);
+        if (r2 != 0) continue;
+        diff d = compare(dir, ref, nm);
+        TU_CHECK(d.loss <= 1e-6 && d.wnorm <= wnorm && d.wmax <= wmax, "%s: loss %.3g, weights %.3g / %.3g",
+                 nm, d.loss, d.wnorm, d.wmax);
+    }
+}
+
 int main(void) {
     const char *cli = tu_cli();
     char dir[512], data[700], txt[700], llama[700], qwen[700], cmd[3000];
@@ -174,50 +201,15 @@ int main(void) {
      * gradient in exact arithmetic (softmax ignores a constant per query), so its gradient is reassociation
      * noise that AdamW turns into full-size updates: measured 5.0e-5 normwise and 7.4e-4 elementwise (that
      * bias) under tp 2, 1.8e-5 / 2.5e-4 under pp 2; bars 2e-4 and 5e-3 */
-    char gpt2[700];
-    snprintf(gpt2, sizeof gpt2, "%s/gpt2", dir);
-    rc = run("sh -c 'mkdir -p %s && cp %s/tests/fixtures/hf/gpt2/config.json "
-             "%s/tests/fixtures/hf/gpt2/model.safetensors %s/tokenizer.json %s/'",
-             gpt2, SL_SOURCE_DIR, SL_SOURCE_DIR, llama, gpt2);
-    TU_CHECK(rc == 0, "gpt2 dir: %s", out);
-    rc = run("%s train --data-path %s --init-from %s " COMMON " --save %s/gpt2-single", cli, data, gpt2, dir);
-    TU_CHECK(rc == 0, "gpt2 single: rc %d %s", rc, out);
-    for (int k = 0; k < 2 && rc == 0; k++) {
-        const char *nm = k ? "gpt2-pp2" : "gpt2-tp2";
-        int r2 = run("%s run -n 2 -- %s train --data-path %s --init-from %s " COMMON " %s --save %s/%s", cli,
-                     cli, data, gpt2, k ? "--pp 2" : "--tp 2", dir, nm);
-        TU_CHECK(r2 == 0, "%s: rc %d %s", nm, r2, out);
-        if (r2 != 0) continue;
-        diff d = compare(dir, "gpt2-single", nm);
-        TU_CHECK(d.loss <= 1e-6 && d.wnorm <= 2e-4 && d.wmax <= 5e-3, "%s: loss %.3g, weights %.3g / %.3g",
-                 nm, d.loss, d.wnorm, d.wmax);
-    }
+    static const char *const g2l[][2] = {{"tp2", "--tp 2"}, {"pp2", "--pp 2"}};
+    split_runs(cli, data, dir, llama, "gpt2", g2l, 2, 2e-4, 5e-3);
     /* Mixtral (top-2 of softmax, 4 experts, no shared expert): its experts are the dispatched MoE layer's
      * (src/nn/moe.c), so ep 2, tp 2 (+ SP) and pp 2 reproduce the single run at the fp32 bars (once refused
      * for TP and PP, and EP was Qwen2-MoE / DeepSeek-V3 only). ep 2 runs inside dp 2. Measured: losses within
      * 1.2e-7, weights 3.7e-7 normwise and 7.0e-6 elementwise (tp 2), pp 2 bitwise; bars 1e-6, 1e-5, 1e-4 */
-    char mx[700];
-    snprintf(mx, sizeof mx, "%s/mixtral", dir);
-    rc = run("sh -c 'mkdir -p %s && cp %s/tests/fixtures/hf/mixtral/config.json "
-             "%s/tests/fixtures/hf/mixtral/model.safetensors %s/tokenizer.json %s/'",
-             mx, SL_SOURCE_DIR, SL_SOURCE_DIR, llama, mx);
-    TU_CHECK(rc == 0, "mixtral dir: %s", out);
-    rc =
-        run("%s train --data-path %s --init-from %s " COMMON " --save %s/mixtral-single", cli, data, mx, dir);
-    TU_CHECK(rc == 0, "mixtral single: rc %d %s", rc, out);
-    const char *mxl[][2] = {{"mixtral-ep2", "--ep 2"},
-                            {"mixtral-tp2", "--tp 2"},
-                            {"mixtral-sp", "--tp 2 --sequence-parallel"},
-                            {"mixtral-pp2", "--pp 2"}};
-    for (int k = 0; k < 4 && rc == 0; k++) {
-        int r2 = run("%s run -n 2 -- %s train --data-path %s --init-from %s " COMMON " %s --save %s/%s", cli,
-                     cli, data, mx, mxl[k][1], dir, mxl[k][0]);
-        TU_CHECK(r2 == 0, "%s: rc %d %s", mxl[k][0], r2, out);
-        if (r2 != 0) continue;
-        diff d = compare(dir, "mixtral-single", mxl[k][0]);
-        TU_CHECK(d.loss <= 1e-6 && d.wnorm <= 1e-5 && d.wmax <= 1e-4, "%s: loss %.3g, weights %.3g / %.3g",
-                 mxl[k][0], d.loss, d.wnorm, d.wmax);
-    }
+    static const char *const mxl[][2] = {
+        {"ep2", "--ep 2"}, {"tp2", "--tp 2"}, {"sp", "--tp 2 --sequence-parallel"}, {"pp2", "--pp 2"}};
+    split_runs(cli, data, dir, llama, "mixtral", mxl, 4, 1e-5, 1e-4);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     TU_CHECK(system(cmd) == 0, "cleanup");
     return tu_finish("test_hf_par_cli");
