@@ -97,7 +97,8 @@ int64_t sl_ckpt_newest_step(const char *root);
 /* Load params (all), optimizer state (the rank's segments), step, adam_t, seed. The model shape must
  * match the manifest's tensors. */
 sl_status sl_ckpt_load(const char *dir, sl_ckpt_state *st);
-/* Check every shard's checksum; print a summary with `inspect`. */
+/* Check every shard's checksum, and that config.json (when the manifest has a model) is the manifest's
+ * "model"; print a summary with `inspect`. */
 sl_status sl_ckpt_verify(const char *dir);
 sl_status sl_ckpt_inspect(const char *dir, FILE *f);
 /* 1 if dir looks like a checkpoint root (has `latest`) or a step dir (has manifest.json). */

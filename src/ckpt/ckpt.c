@@ -1015,6 +1015,24 @@ sl_status sl_ckpt_load(const char *dir, sl_ckpt_state *st) {
     return s;
 }
 
+/* A step dir's config.json is the manifest's "model" (the trainer writes both from one string); a resume
+ * reads the model from config.json, so a missing or damaged one makes the step unusable like a bad shard
+ * (the newest valid step is used instead). Checkpoints committed with an empty model ("{}") have none. */
+static sl_status check_config(const reader *r) {
+    cJSON *model = cJSON_GetObjectItem(r->man, "model");
+    if (!cJSON_IsObject(model) || !model->child) return SL_OK;
+    char path[4200], *text;
+    size_t len;
+    snprintf(path, sizeof path, "%s/config.json", r->dir);
+    SL_TRY(sl_file_read_all(path, &text, &len));
+    cJSON *cfg = cJSON_ParseWithLength(text, len);
+    free(text);
+    int same = cJSON_IsObject(cfg) && cJSON_Compare(model, cfg, 1);
+    cJSON_Delete(cfg);
+    return same ? SL_OK
+                : sl_fail(SL_ERR_FORMAT, "%s: not the model config of its manifest.json (damaged?)", path);
+}
+
 sl_status sl_ckpt_verify(const char *dir) {
     reader r;
     sl_status s = reader_open(&r, dir);
@@ -1028,6 +1046,7 @@ sl_status sl_ckpt_verify(const char *dir) {
             }
             if (s != SL_OK) break;
         }
+    if (s == SL_OK) s = check_config(&r);
     reader_close(&r);
     return s;
 }

@@ -1111,6 +1111,16 @@ static sl_status step_manifest(ctx *c, int scan, cJSON **man, char **text, char 
             continue;
         }
         if (!read_host(c, h, "config.json", SIZE_MAX, config, clen, why, sizeof why)) *config = NULL;
+        /* config.json is the manifest's "model" (one string, written on every host): a host whose copy is
+         * missing or damaged gets it from the manifest, as the restored step dir must hold it */
+        cJSON *model = cJSON_GetObjectItem(j, "model"),
+              *cj = *config ? cJSON_ParseWithLength(*config, *clen) : NULL;
+        if (cJSON_IsObject(model) && model->child && !(cJSON_IsObject(cj) && cJSON_Compare(model, cj, 1))) {
+            free(*config);
+            *config = cJSON_PrintUnformatted(model);
+            *clen = *config ? strlen(*config) : 0;
+        }
+        cJSON_Delete(cj);
         *man = j;
         *text = t;
         if (c->hosts <= 0) {

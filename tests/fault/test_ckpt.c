@@ -86,6 +86,26 @@ static void damaged_checkpoints(void) {
     TU_CHECK(rc == 0 && strstr(out, "resumed from cor/step-0000004"), "resume from the previous: %s", out);
     snprintf(b, sizeof b, "%s/cor/model.safetensors", dir);
     TU_CHECK(tu_same_file(a, b), "after fallback, final weights bitwise equal to the uninterrupted run");
+    /* ---- the newest step's config.json lost or damaged (it is not under a checksum; the resume reads the
+     * model from it): that step is not usable, the previous one is used (it was a hard "--load: ...
+     * config.json: cannot open" and, under --max-restarts, the end of the job) ---- */
+    rc = run("sh -c 'rm -rf cfg && %s train " TINY
+             " --save cfg --save-interval 4 --train-iters 8 --save-keep 0 >/dev/null 2>&1 && rm "
+             "cfg/step-0000008/config.json && %s ckpt verify cfg'",
+             cli, cli);
+    TU_CHECK(rc == 0 && strstr(out, "step-0000008/config.json: cannot open") && strstr(out, "step-0000004"),
+             "missing config.json reported, step 4 used: rc %d %s", rc, out);
+    rc = run("%s train " TINY " --save cfg --load cfg --save-interval 4 --save-keep 0", cli);
+    TU_CHECK(rc == 0 && strstr(out, "resumed from cfg/step-0000004"), "missing config.json: rc %d %s", rc,
+             out);
+    snprintf(b, sizeof b, "%s/cfg/model.safetensors", dir);
+    TU_CHECK(tu_same_file(a, b),
+             "after a lost config.json, final weights bitwise equal to the uninterrupted run");
+    rc = run("sh -c 'sed -i s/32/33/ cfg/step-0000012/config.json && %s ckpt verify cfg'", cli);
+    TU_CHECK(rc == 0 && strstr(out, "step-0000012/config.json: not the model config of its manifest.json") &&
+                 strstr(out, "step-0000008: all checksums match"),
+             "a config.json that disagrees with the manifest: rc %d %s", rc, out);
+
     rc = run("sh -c 'rm cor/step-0000012/shard-r00000.safetensors && %s ckpt verify cor'", cli);
     TU_CHECK(rc == 0 && strstr(out, "step-0000008") && strstr(out, "shard-r00000.safetensors"),
              "missing shard: %s", out);
@@ -104,8 +124,11 @@ static void damaged_checkpoints(void) {
     TU_CHECK(rc == 2 && strstr(out, "'step'"), "train refuses: rc %d %s", rc, out);
     rc = run("%s train " TINY " --hidden-size 64 --load s1", cli);
     TU_CHECK(rc == 2 && strstr(out, "--hidden-size 64 conflicts"), "other model shape: %s", out);
+    /* config.json and the manifest's model both say n_embd 16 (one alone is a damaged step), the tensors
+     * are of 32 */
     rc = run("sh -c 'sed -i \"s/\\\"n_embd\\\":[[:space:]]*32/\\\"n_embd\\\": 16/\" "
-             "s1/step-0000012/config.json && %s train " TINY " --hidden-size 16 --load s1'",
+             "s1/step-0000012/config.json s1/step-0000012/manifest.json && %s train " TINY
+             " --hidden-size 16 --load s1'",
              cli);
     TU_CHECK(rc == 2 && strstr(out, "param/"), "tensors of another shape: rc %d %s", rc, out);
 }

@@ -215,6 +215,14 @@ static void test_replicas(void) {
                  strstr(out, "checksum mismatch"),
              "resume past a corrupt replica: rc %d %s", rc, out);
     TU_CHECK(same("base", "rep2"), "corrupt replica: resumed weights bitwise equal");
+    /* host 0's config.json of the newest step lost: the restore takes the model config from the manifest
+     * (it was copied from host 0 alone, so the restored step had none and the resume failed) */
+    rc = run("sh -c 'rm L/host-0/step-0000012/config.json && %s run -n 4 --hosts 2 -- %s train " TINY
+             " --save rep2c --load rep --ckpt-local-dir L --ckpt-replicas 2'",
+             cli, cli);
+    TU_CHECK(rc == 0 && strstr(out, "resumed from L/host-0/.restore/step-0000012"),
+             "resume without host 0's config.json: rc %d %s", rc, out);
+    TU_CHECK(same("base", "rep2c"), "lost config.json: resumed weights bitwise equal");
     /* a shard smaller than recorded */
     rc = run("sh -c 'truncate -s 1000 L/host-1/step-0000012/shard-r00002.safetensors && %s ckpt inspect L'",
              cli);
