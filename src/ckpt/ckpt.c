@@ -710,7 +710,7 @@ static sl_status commit_dir(const char *root, int64_t step, int world, int keep,
     SL_CHECK(sl_file_write_atomic(latest, name, strlen(name)));
     SL_CHECK(fsync_path(root));
     fault_point(5);
-    if (keep > 0) sl_ckpt_prune(root, keep);
+    sl_ckpt_prune(root, step, keep);
 done:
     for (int r = 0; r < world; r++) free(side[r]);
     free(side);
@@ -719,13 +719,23 @@ done:
     return st;
 }
 
-void sl_ckpt_prune(const char *root, int keep) {
+/* Note [Pruning after a commit]
+ * Commits of one history come in step order, so a step dir newer than the one just committed is left from
+ * an abandoned history: the run resumed from an older step because the newer ones were damaged (or it
+ * was rewound with --load ROOT/step-N). Such a dir is removed: kept, it would count among the `keep`
+ * newest and push out the checkpoint just committed (with --save-keep 1 the only valid one, `latest`
+ * naming a deleted dir, so the next restart found "no valid checkpoint"), and a valid one would be
+ * resumed instead of this history's checkpoints. */
+void sl_ckpt_prune(const char *root, int64_t step, int keep) {
     char **v, path[4400];
-    int n = sl_ckpt_list_steps(root, &v);
+    int n = sl_ckpt_list_steps(root, &v), kept = 0;
     for (int i = 0; i < n; i++) {
-        if (i >= keep) {
+        int newer = strtoll(v[i] + 5, NULL, 10) > step;
+        if (newer || (keep > 0 && kept >= keep)) {
             snprintf(path, sizeof path, "%s/%s", root, v[i]);
             sl_ckpt_rm_rf(path);
+        } else {
+            kept++;
         }
         free(v[i]);
     }

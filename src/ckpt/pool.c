@@ -294,7 +294,7 @@ static sl_status commit_host(const sl_ckpt_pool *p, int h, const char *stepbase,
     snprintf(name, sizeof name, "%s\n", fin_base);
     SL_TRY(sl_file_write_atomic(path, name, strlen(name)));
     sl_fsync_dir(hroot);
-    if (keep > 0) sl_ckpt_prune(hroot, keep);
+    sl_ckpt_prune(hroot, strtoll(fin_base + 5, NULL, 10), keep);
     remove_stale_tmp(hroot, stepbase + strlen(fin_base));
     return SL_OK;
 }

@@ -106,6 +106,25 @@ static void damaged_checkpoints(void) {
                  strstr(out, "step-0000008: all checksums match"),
              "a config.json that disagrees with the manifest: rc %d %s", rc, out);
 
+    /* ---- a resume that fell back below a damaged newest step, with --save-keep 1: the new step-6
+     * checkpoint must survive its own commit (pruning kept the damaged step-10 dir, the newest by name, and
+     * deleted step 6; `latest` named a deleted dir and the next resume found "no valid checkpoint"). The
+     * kill after step 8 comes after the step-8 save began, which waited for step 6's commit. ---- */
+    rc = run("sh -c 'rm -rf pk && %s train " TINY
+             " --save pk --save-interval 2 --train-iters 10 --save-keep 0 >/dev/null 2>&1 && "
+             "f=pk/step-0000010/shard-r00000.safetensors && printf \"\\\\377\" | dd of=$f bs=1 "
+             "seek=$(($(stat -c %%s $f) - 64)) conv=notrunc 2>/dev/null && rm -r pk/step-0000008 "
+             "pk/step-0000006 && env SUANLI_FAULT_KILL_AT_STEP=8 %s train " TINY
+             " --save pk --load pk --save-interval 2 --save-keep 1'",
+             cli, cli);
+    TU_CHECK(rc != 0 && strstr(out, "resumed from pk/step-0000004") && strstr(out, "killing myself"),
+             "resume below a damaged step, killed after step 8: rc %d %s", rc, out);
+    rc = run("%s train " TINY " --save pk --load pk --save-interval 2 --save-keep 1", cli);
+    TU_CHECK(rc == 0 && strstr(out, "resumed from pk/step-0000006"),
+             "the step-6 checkpoint of the resumed run survived: rc %d %s", rc, out);
+    snprintf(b, sizeof b, "%s/pk/model.safetensors", dir);
+    TU_CHECK(tu_same_file(a, b), "after two resumes, final weights bitwise equal to the uninterrupted run");
+
     rc = run("sh -c 'rm cor/step-0000012/shard-r00000.safetensors && %s ckpt verify cor'", cli);
     TU_CHECK(rc == 0 && strstr(out, "step-0000008") && strstr(out, "shard-r00000.safetensors"),
              "missing shard: %s", out);
