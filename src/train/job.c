@@ -822,6 +822,34 @@ static void unmake_dirs(const char *path, const char *top) {
     }
 }
 
+/* Note [metrics.jsonl after a resume]
+ * A resumed run appends to metrics.jsonl, but the lines of steps after the checkpoint it resumed from were
+ * written by the attempt that died: they are dropped first (and a last line cut short), so the file holds
+ * each step once (the attempt's lines up to the checkpoint, then the resumed run's), as an uninterrupted
+ * run's does; `suanli plot` and readers that take a step's first line saw the dead attempt's values and a
+ * line going back. */
+static sl_status trim_metrics(const char *path, int64_t step) {
+    char *text;
+    size_t len;
+    if (access(path, F_OK) != 0) return SL_OK;
+    SL_TRY(sl_file_read_all(path, &text, &len));
+    size_t w = 0;
+    for (size_t i = 0; i < len;) {
+        const char *nl = memchr(text + i, '\n', len - i);
+        if (!nl) break; /* a line cut short by the death: the next line would be glued to it */
+        size_t n = (size_t)(nl - (text + i)) + 1;
+        long long s;
+        if (!(sscanf(text + i, "{\"step\": %lld", &s) == 1 && s > step)) {
+            memmove(text + w, text + i, n);
+            w += n;
+        }
+        i += n;
+    }
+    sl_status st = w == len ? SL_OK : sl_file_write_atomic(path, text, w);
+    free(text);
+    return st;
+}
+
 /* The only writes of setup, after every check (Note [Bad input before any write]): the TensorBoard file
  * first (a refused --tensorboard-dir had already made --save and truncated its metrics.jsonl), then --save;
  * a refused output removes what this call made (Note [A refused output removes what it made]). */
@@ -841,6 +869,8 @@ static sl_status open_outputs(sl_train_job *j) {
     snprintf(mp, sizeof mp, "%s/metrics.jsonl", save);
     first_missing(save, save_top, sizeof save_top);
     sl_status st = sl_mkdirs(save) != SL_OK ? sl_train_bad("--save: %s", sl_errmsg()) : SL_OK;
+    if (st == SL_OK && j->resume && trim_metrics(mp, j->start_step) != SL_OK)
+        st = sl_train_bad("--save: cannot rewrite %s: %s", mp, sl_errmsg());
     if (st == SL_OK && !(j->metrics = fopen(mp, j->resume ? "a" : "w")))
         st = sl_train_bad("--save: cannot write %s: %s", mp, strerror(errno));
     if (st != SL_OK) {

@@ -28,6 +28,30 @@ static int run(const char *fmt, ...) {
     return tu_run(cmd, out, sizeof out);
 }
 
+/* 1 when metrics.jsonl of `run` under dir has one "loss" line for each step 1..n, each with the loss of
+ * `ref` (the uninterrupted run), bitwise as printed */
+static int metrics_once(const char *run, const char *ref, int n) {
+    char p[700], q[700], line[4096];
+    snprintf(p, sizeof p, "%s/%s/metrics.jsonl", dir, run);
+    snprintf(q, sizeof q, "%s/%s/metrics.jsonl", dir, ref);
+    int count[64] = {0}, ok = 1;
+    FILE *f = fopen(p, "r");
+    if (!f) return 0;
+    while (fgets(line, sizeof line, f)) {
+        int s;
+        if (sscanf(line, "{\"step\": %d", &s) == 1 && s >= 1 && s < 64 && strstr(line, "\"loss\": "))
+            count[s]++;
+    }
+    fclose(f);
+    for (int s = 1; s <= n; s++)
+        if (count[s] != 1 || tu_metric_at(p, s, "loss") != tu_metric_at(q, s, "loss")) {
+            printf("%s step %d: %d lines, loss %.9g, uninterrupted %.9g\n", p, s, count[s],
+                   tu_metric_at(p, s, "loss"), tu_metric_at(q, s, "loss"));
+            ok = 0;
+        }
+    return ok;
+}
+
 #define TINY                                                                                                 \
     "--data-path data --num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 "              \
     "--micro-batch-size 2 --train-iters 12 --lr-decay-iters 12 --eval-interval 0 --eval-iters 1 --threads 1"
@@ -178,6 +202,9 @@ int main(void) {
     snprintf(b, sizeof b, "%s/s1/model.safetensors", dir);
     TU_CHECK(tu_same_file(a, b),
              "single: resumed final weights are bitwise identical to the uninterrupted run");
+    /* the killed attempt logged steps up to 10; the resumed run's lines replace those after its checkpoint */
+    TU_CHECK(metrics_once("s1", "base", 12), "single: metrics.jsonl holds steps 1..12 once each, the "
+                                             "uninterrupted run's losses");
 
     /* ---- DP=2, each ZeRO stage: a rank is killed, the launcher restarts, training resumes ---- */
     for (int z = 0; z < 4; z++) {
@@ -196,6 +223,10 @@ int main(void) {
         snprintf(b, sizeof b, "%s/dp%d/model.safetensors", dir, z);
         TU_CHECK(tu_same_file(a, b), "dp zero %d: final weights after kill + restart are bitwise identical",
                  z);
+        char rn[16], bn[16];
+        snprintf(rn, sizeof rn, "dp%d", z);
+        snprintf(bn, sizeof bn, "dpbase%d", z);
+        TU_CHECK(metrics_once(rn, bn, 12), "dp zero %d: metrics.jsonl holds steps 1..12 once each", z);
     }
     /* a ZeRO-3 checkpoint (parameters written by every rank from its shard) loads into one process */
     rc = run("%s train " TINY " --global-batch-size 4 --load dp3 --save dp3_single", cli);
