@@ -1057,6 +1057,17 @@ sl_status sl_ckpt_verify(const char *dir) {
             if (s != SL_OK) break;
         }
     if (s == SL_OK) s = check_config(&r);
+    if (s != SL_OK && cJSON_IsObject(cJSON_GetObjectItem(r.man, "pool")) &&
+        strstr(sl_errmsg(), "cannot open")) {
+        char msg[1024]; /* one host's copy of a pooled step: the other shard files are on other hosts */
+        snprintf(msg, sizeof msg, "%s", sl_errmsg());
+        s = sl_fail(
+            s,
+            "%s (a step dir of one host of a pooled store: its shard files are spread over the "
+            "store's host-<h> directories; give the store (--ckpt-local-dir, or suanli ckpt's DIR), or "
+            "export it with suanli ckpt gather)",
+            msg);
+    }
     reader_close(&r);
     return s;
 }

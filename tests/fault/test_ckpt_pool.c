@@ -279,6 +279,11 @@ static void test_ec(void) {
         rc = run("%s ckpt inspect E", cli);
         TU_CHECK(rc == 0 && strstr(out, "redundancy ec 2+1") && strstr(out, "block 2 (parity) on host 2: ok"),
                  "ec inspect: %s", out);
+        /* one host's directory given as a checkpoint: its step dirs hold blocks, not the shard files; the
+         * error says so (it was a bare "shard-r00000.safetensors: cannot open") */
+        rc = run("%s ckpt verify E/host-0/step-0000012", cli);
+        TU_CHECK(rc == 2 && strstr(out, "a step dir of one host of a pooled store"),
+                 "a host's step dir named as such: rc %d %s", rc, out);
         /* a parity block of another stripe (the same file of step 8) put in place of step 12's */
         rc = run("sh -c 'cp E/host-2/step-0000008/shard-r00000.safetensors.ec2 "
                  "E/host-2/step-0000012/shard-r00000.safetensors.ec2 && %s ckpt inspect E'",
