@@ -149,6 +149,20 @@ static void damaged_checkpoints(void) {
     snprintf(b, sizeof b, "%s/pk/model.safetensors", dir);
     TU_CHECK(tu_same_file(a, b), "after two resumes, final weights bitwise equal to the uninterrupted run");
 
+    /* ---- a rewind (--load ROOT/step-4 --save ROOT, another --lr) killed after step 8 and restarted with
+     * --load ROOT: it resumes the new history's step 6 (the old history's steps 10 and 12 had been kept as
+     * the 2 newest, step 6 pruned, and the restart silently resumed the old history at step 12) ---- */
+    rc = run(
+        "sh -c 'rm -rf rw && %s train " TINY
+        " --save rw --save-interval 2 --save-keep 0 >/dev/null 2>&1 && env SUANLI_FAULT_KILL_AT_STEP=8 %s "
+        "train " TINY " --load rw/step-0000004 --save rw --save-interval 2 --lr 5e-4'",
+        cli, cli);
+    TU_CHECK(rc != 0 && strstr(out, "resumed from rw/step-0000004") && strstr(out, "killing myself"),
+             "rewind to step 4, killed after step 8: rc %d %s", rc, out);
+    rc = run("%s train " TINY " --load rw --save rw --save-interval 2 --lr 5e-4", cli);
+    TU_CHECK(rc == 0 && strstr(out, "resumed from rw/step-0000006"), "restart after a rewind: rc %d %s", rc,
+             out);
+
     rc = run("sh -c 'rm cor/step-0000012/shard-r00000.safetensors && %s ckpt verify cor'", cli);
     TU_CHECK(rc == 0 && strstr(out, "step-0000008") && strstr(out, "shard-r00000.safetensors"),
              "missing shard: %s", out);
