@@ -725,12 +725,14 @@ done:
  * was rewound with --load ROOT/step-N). Such a dir is removed: kept, it would count among the `keep`
  * newest and push out the checkpoint just committed (with --save-keep 1 the only valid one, `latest`
  * naming a deleted dir, so the next restart found "no valid checkpoint"), and a valid one would be
- * resumed instead of this history's checkpoints. */
+ * resumed instead of this history's checkpoints. With keep 0 (--save-keep 0: keep every checkpoint)
+ * nothing is removed, the newer dirs included: `latest` names this history's commit, and only a resume
+ * that finds no valid `latest` scans the dirs by step. */
 void sl_ckpt_prune(const char *root, int64_t step, int keep) {
     char **v, path[4400];
     int n = sl_ckpt_list_steps(root, &v), kept = 0;
     for (int i = 0; i < n; i++) {
-        int newer = strtoll(v[i] + 5, NULL, 10) > step;
+        int newer = keep > 0 && strtoll(v[i] + 5, NULL, 10) > step;
         if (newer || (keep > 0 && kept >= keep)) {
             snprintf(path, sizeof path, "%s/%s", root, v[i]);
             sl_ckpt_rm_rf(path);

@@ -19,8 +19,8 @@ int sl_ec_available(void);
 /* step dir names (step-NNNNNNN, committed ones) under root, newest first; caller frees each and the array */
 int sl_ckpt_list_steps(const char *root, char ***out);
 sl_status sl_ckpt_rm_rf(const char *path);
-/* after the commit of `step` under root: remove the step dirs newer than it (Note [Pruning after a
- * commit]), then keep only the newest `keep` (keep <= 0: all) */
+/* after the commit of `step` under root, with keep > 0: remove the step dirs newer than it (Note [Pruning
+ * after a commit]), then keep only the newest `keep`; keep <= 0: nothing is removed */
 void sl_ckpt_prune(const char *root, int64_t step, int keep);
 /* manifest from the per-rank sidecars side[0..world) (paths; absent files are skipped, or, with require_all,
  * an error: every rank of a pooled job writes one, and a missing one means its host was lost after the write)
