@@ -355,6 +355,55 @@ static void test_bad_input(void) {
         run("train --save %s/never --data-path %s --load %s/run1 --hidden-size 64", dir, data, dir));
 }
 
+/* generate --load of a checkpoint step (train --save-interval) failed with only "model.safetensors:
+ * cannot open": the step's parameters (resharded whole) give the final model's sample, the run root
+ * without a model.safetensors loads its latest step, the tokenizer comes from the run dir (one line when
+ * absent), and an --init-from model's checkpoint is refused naming how to make a model of it */
+static void test_generate_checkpoint(const char *data, const char *dir) {
+    int rc;
+    static char gs[2][1 << 16];
+    char c[4096];
+    rc = run("train --data-path %s " TINY " --train-iters 4 --save-interval 2 --eval-iters 1 --save %s/gck "
+             "--threads 2",
+             data, dir);
+    TU_CHECK(rc == 0, "train --save-interval: %s", out);
+    for (int k = 0; k < 2; k++) {
+        snprintf(c, sizeof c,
+                 "{ %s generate --load %s/gck%s --prompt ROMEO --max-new-tokens 24 --temperature 1 --seed 5 "
+                 "2>/dev/null; }",
+                 tu_cli(), dir, k ? "/step-0000004" : "");
+        rc = tu_run(c, out, sizeof out);
+        TU_CHECK(rc == 0 && !strncmp(out, "ROMEO", 5), "generate --load gck%s: rc %d %s",
+                 k ? "/step-0000004" : "", rc, out);
+        memcpy(gs[k], out, sizeof out);
+    }
+    TU_CHECK(!strcmp(gs[0], gs[1]), "step-0000004 samples as the final model: '%s' vs '%s'", gs[1], gs[0]);
+    snprintf(c, sizeof c, "mkdir -p %s/gck2 && cp -r %s/gck/step-0000004 %s/gck/latest %s/gck2/", dir, dir,
+             dir, dir);
+    rc = tu_run(c, out, sizeof out);
+    TU_CHECK(rc == 0, "copy a checkpoint: %s", out);
+    tu_watch(dir);
+    bad("checkpoint without a tokenizer", "no tokenizer.json",
+        run("generate --load %s/gck2 --max-new-tokens 2", dir));
+    snprintf(c, sizeof c,
+             "cp %s/gck/tokenizer.json %s/gck2/ && { %s generate --load %s/gck2 --prompt ROMEO "
+             "--max-new-tokens 24 "
+             "--temperature 1 --seed 5 2>/dev/null; }",
+             dir, dir, tu_cli(), dir);
+    rc = tu_run(c, out, sizeof out);
+    TU_CHECK(rc == 0 && !strcmp(out, gs[0]), "the root's latest step: rc %d '%s'", rc, out);
+    { /* the step's config.json as an --init-from run writes it: another architecture */
+        char cp[700];
+        snprintf(cp, sizeof cp, "%s/gck2/step-0000004/config.json", dir);
+        FILE *f = fopen(cp, "w");
+        TU_CHECK(f && fputs("{\"architecture\": \"llama\"}", f) >= 0, "write %s", cp);
+        if (f) fclose(f);
+    }
+    tu_watch(dir);
+    bad("checkpoint of an --init-from model", "--init-from llama model; make a model dir of it with",
+        run("generate --load %s/gck2/step-0000004 --max-new-tokens 2", dir));
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "%s", tu_tmpdir("cli"));
     snprintf(data, sizeof data, "%s/data", dir);
@@ -449,56 +498,7 @@ int main(void) {
     TU_CHECK(rc == 0, "plot of a --train-iters 0 run: %s", out);
     rc = run("generate --load %s/run1 --prompt ROMEO --max-new-tokens 12 --temperature 0", dir);
     TU_CHECK(rc == 0 && strncmp(out, "ROMEO", 5) == 0, "generate: %s", out);
-    /* generate --load of a checkpoint step (train --save-interval) failed with only "model.safetensors:
-     * cannot open": the step's parameters (resharded whole) give the final model's sample, the run root
-     * without a model.safetensors loads its latest step, the tokenizer comes from the run dir (one line when
-     * absent), and an --init-from model's checkpoint is refused naming how to make a model of it */
-    {
-        static char gs[2][1 << 16];
-        char c[4096];
-        rc = run("train --data-path %s " TINY
-                 " --train-iters 4 --save-interval 2 --eval-iters 1 --save %s/gck "
-                 "--threads 2",
-                 data, dir);
-        TU_CHECK(rc == 0, "train --save-interval: %s", out);
-        for (int k = 0; k < 2; k++) {
-            snprintf(
-                c, sizeof c,
-                "{ %s generate --load %s/gck%s --prompt ROMEO --max-new-tokens 24 --temperature 1 --seed 5 "
-                "2>/dev/null; }",
-                tu_cli(), dir, k ? "/step-0000004" : "");
-            rc = tu_run(c, out, sizeof out);
-            TU_CHECK(rc == 0 && !strncmp(out, "ROMEO", 5), "generate --load gck%s: rc %d %s",
-                     k ? "/step-0000004" : "", rc, out);
-            memcpy(gs[k], out, sizeof out);
-        }
-        TU_CHECK(!strcmp(gs[0], gs[1]), "step-0000004 samples as the final model: '%s' vs '%s'", gs[1],
-                 gs[0]);
-        snprintf(c, sizeof c, "mkdir -p %s/gck2 && cp -r %s/gck/step-0000004 %s/gck/latest %s/gck2/", dir,
-                 dir, dir, dir);
-        rc = tu_run(c, out, sizeof out);
-        TU_CHECK(rc == 0, "copy a checkpoint: %s", out);
-        tu_watch(dir);
-        bad("checkpoint without a tokenizer", "no tokenizer.json",
-            run("generate --load %s/gck2 --max-new-tokens 2", dir));
-        snprintf(c, sizeof c,
-                 "cp %s/gck/tokenizer.json %s/gck2/ && { %s generate --load %s/gck2 --prompt ROMEO "
-                 "--max-new-tokens 24 "
-                 "--temperature 1 --seed 5 2>/dev/null; }",
-                 dir, dir, tu_cli(), dir);
-        rc = tu_run(c, out, sizeof out);
-        TU_CHECK(rc == 0 && !strcmp(out, gs[0]), "the root's latest step: rc %d '%s'", rc, out);
-        { /* the step's config.json as an --init-from run writes it: another architecture */
-            char cp[700];
-            snprintf(cp, sizeof cp, "%s/gck2/step-0000004/config.json", dir);
-            FILE *f = fopen(cp, "w");
-            TU_CHECK(f && fputs("{\"architecture\": \"llama\"}", f) >= 0, "write %s", cp);
-            if (f) fclose(f);
-        }
-        tu_watch(dir);
-        bad("checkpoint of an --init-from model", "--init-from llama model; make a model dir of it with",
-            run("generate --load %s/gck2/step-0000004 --max-new-tokens 2", dir));
-    }
+    test_generate_checkpoint(data, dir);
     /* dropout (issue 20): trains with both flags; out-of-range probabilities are bad input, before any write
      */
     rc = run("train --data-path %s " TINY " --train-iters 3 --eval-interval 3 --eval-iters 1 "
