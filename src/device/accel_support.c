@@ -2,6 +2,7 @@
 #include "device/accel_support.h"
 
 #include <math.h>
+#include <string.h>
 
 int sl_accel_last_unit(const sl_tensor *t) { return t && t->ndim >= 1 && t->nb[t->ndim - 1] == 1; }
 
@@ -33,8 +34,12 @@ static int movable(sl_dtype t) { return t == SL_F32 || t == SL_I32 || t == SL_BF
  * (elementwise conversions, used by the autocast rounding sl_round_bf16). Refused, so the executor names
  * the op and dtype: bf16 / f16 compute (a backend may add its own GEMMs: Note [CUDA supported ops]), the
  * half-numerics variants of ATTENTION / ROPE / ATTENTION_KV / MOE_EXPERT (iparams), vocab-sharded
- * embedding, MoE routing. Layout limits are those of the CPU kernels (rows with a unit last stride). */
-int sl_accel_supports(const sl_tensor *n) {
+ * embedding, MoE routing, and dropout unless the backend draws the masks (sl_accel_supports_ex with dropout
+ * = 1: the OpenCL backend, Note [OpenCL dropout]; CUDA refuses it). Layout limits are those of the CPU
+ * kernels (rows with a unit last stride). */
+int sl_accel_supports(const sl_tensor *n) { return sl_accel_supports_ex(n, 0); }
+
+int sl_accel_supports_ex(const sl_tensor *n, int dropout) {
     const sl_tensor *a = n->src[0], *b = n->src[1];
     switch (n->op) {
     case SL_OP_VIEW:
@@ -77,13 +82,17 @@ int sl_accel_supports(const sl_tensor *n) {
     case SL_OP_SOFTMAX_BACK:
     case SL_OP_TOPK_GATE_BACK:
         return all_f32(n) && sl_is_contiguous(a) && last_unit(b);
-    case SL_OP_ATTENTION: /* sliding window (iparams[1]) too; no eager half rounding (iparams[2]) nor dropout
-                             (fparams[0]) */
-        return all_f32(n) && !n->iparams[2] && !(n->fparams[0] > 0) && last_unit(a) && last_unit(b) &&
-               last_unit(n->src[2]);
+    case SL_OP_ATTENTION: /* sliding window (iparams[1]) too; no eager half rounding (iparams[2]); dropout
+                             (fparams[0]) where the backend asks for it */
+        return all_f32(n) && !n->iparams[2] && (dropout || !(n->fparams[0] > 0)) && last_unit(a) &&
+               last_unit(b) && last_unit(n->src[2]);
     case SL_OP_ATTENTION_BACK:
-        return all_f32(n) && !a->iparams[2] && !(a->fparams[0] > 0) && last_unit(b) && last_unit(n->src[2]) &&
-               last_unit(n->src[3]) && last_unit(n->src[4]) && n->src[4]->ndim >= 3;
+        return all_f32(n) && !a->iparams[2] && (dropout || !(a->fparams[0] > 0)) && last_unit(b) &&
+               last_unit(n->src[2]) && last_unit(n->src[3]) && last_unit(n->src[4]) && n->src[4]->ndim >= 3;
+    case SL_OP_DROPOUT: /* f32 (no half output), contiguous, a residual of the same size */
+        return dropout && all_f32(n) && sl_is_contiguous(n) && sl_is_contiguous(a) &&
+               sl_nelements(a) == sl_nelements(n) &&
+               (!b || (sl_is_contiguous(b) && sl_nelements(b) == sl_nelements(n)));
     case SL_OP_ATTENTION_KV:
         return all_f32(n) && !n->iparams[2] && last_unit(a) && sl_is_contiguous(b) &&
                sl_is_contiguous(n->src[2]);
@@ -106,6 +115,31 @@ int sl_accel_supports(const sl_tensor *n) {
     default:
         return 0;
     }
+}
+
+sl_accel_dropout sl_accel_dropout_of(const sl_tensor *n) {
+    sl_accel_dropout d;
+    memset(&d, 0, sizeof d);
+    const int32_t *ip = n->iparams;
+    d.keep = 1.0f;
+    if (!ip[SL_DROPOUT_IP_ON] || !(n->fparams[0] > 0)) return d;
+    float p = n->fparams[0];
+    uint64_t stream = (uint64_t)(uint32_t)ip[SL_DROPOUT_IP_STREAM_LO] |
+                      (uint64_t)(uint32_t)ip[SL_DROPOUT_IP_STREAM_HI] << 32;
+    d.on = 1;
+    d.seed = (uint64_t)(uint32_t)ip[SL_DROPOUT_IP_SEED_LO] | (uint64_t)(uint32_t)ip[SL_DROPOUT_IP_SEED_HI]
+                                                                 << 32;
+    d.hi = sl_dropout_ctr_hi(stream, ip[SL_DROPOUT_IP_SITE]);
+    d.thr = sl_dropout_threshold(p);
+    d.keep = (float)(1.0 / (1.0 - (double)p));
+    if (n->op == SL_OP_ATTENTION) {
+        d.heads = ip[SL_DROPOUT_IP_HEADS] > 0 ? ip[SL_DROPOUT_IP_HEADS] : n->src[0]->ne[2];
+        d.head0 = ip[SL_DROPOUT_IP_HEAD0];
+    } else {
+        d.seq = ip[SL_DROPOUT_IP_SEQ];
+        d.t0 = ip[SL_DROPOUT_IP_T0];
+    }
+    return d;
 }
 
 int sl_accel_span_ok(const sl_buffer *b, int64_t off, int64_t n) {

@@ -14,6 +14,21 @@ int sl_accel_last_unit(const sl_tensor *t);
 int sl_accel_all_f32(const sl_tensor *n);
 /* Note [Accelerator supported ops] (accel_support.c): the f32 op table; 1 when n can run */
 int sl_accel_supports(const sl_tensor *n);
+/* the same, with dropout = 1 also accepting the dropout ops (DROPOUT, ATTENTION / ATTENTION_BACK with
+ * dropout of the probabilities) for a backend that draws the masks (Note [OpenCL dropout]) */
+int sl_accel_supports_ex(const sl_tensor *n, int dropout);
+
+/* What a dropout node draws (Note [Dropout from counters], src/ops/build.c): DROPOUT, or an ATTENTION node
+ * (for ATTENTION_BACK, its forward node) */
+typedef struct sl_accel_dropout {
+    int on;               /* 0: the identity (turned off, or p = 0) */
+    uint64_t seed, hi;    /* the Philox key, and the counter's high words: stream * 2^16 + site */
+    uint32_t thr;         /* kept iff the word >= thr = sl_dropout_threshold(p) */
+    float keep;           /* the kept values' scale, (float)(1 / (1 - p)) computed in double */
+    int64_t heads, head0; /* ATTENTION: the model's query heads, this node's first (TP); heads 0 -> NH */
+    int64_t seq, t0;      /* DROPOUT on a sequence shard: the full length and the shard's first position */
+} sl_accel_dropout;
+sl_accel_dropout sl_accel_dropout_of(const sl_tensor *n);
 
 /* float span [off, off + n) inside buffer b */
 int sl_accel_span_ok(const sl_buffer *b, int64_t off, int64_t n);

@@ -45,7 +45,7 @@ typedef struct {
 static const shape_tier k_tiers[] = {{"tiny", 2, 8, 32, 4, 2, 8, 48, 4},
                                      {"demo", 4, 64, 192, 6, 2, 32, 256, 8}};
 static int B, T, C, NH, NKV, HS, V, E;
-enum { MAXP = 6, N_CASES = 17 };
+enum { MAXP = 6, N_CASES = 20 };
 
 typedef struct {
     const char *name;
@@ -60,7 +60,9 @@ typedef struct {
  * refused there -> skipped */
 static int case_optional(const op_case *k) {
     return !strncmp(k->name, "moe-", 4) || !strcmp(k->name, "attention-window") ||
-           !strcmp(k->name, "matmul-f16");
+           !strcmp(k->name, "matmul-f16") ||
+           ((!strncmp(k->name, "dropout", 7) || !strcmp(k->name, "attention-dropout")) &&
+            !strcmp(g_be->name, "cuda")); /* the CUDA backend does not draw dropout masks yet */
 }
 
 static sl_tensor *b_linear(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
@@ -101,6 +103,28 @@ static sl_tensor *b_attention_window(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
     return attention_case(c, p, T / 3 + 1); /* tiny: 3 of 8, demo: 22 of 64 */
 }
 /* SwiGLU MLP: down(silu(gate x) * up x) */
+/* Dropout cases (Note [Dropout from counters], src/ops/build.c): run_case turns dropout on, so the masks
+ * are drawn from the counters; a backend must draw the CPU's masks bit for bit to pass */
+static sl_tensor *b_attention_dropout(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
+    (void)ids;
+    sl_tensor *a = sl_attention_dropout(attention_case(c, p, 0), 0.25f, 7);
+    a->iparams[SL_DROPOUT_IP_HEADS] = NH + 3; /* a TP shard: heads [2, 2 + NH) of NH + 3 */
+    a->iparams[SL_DROPOUT_IP_HEAD0] = 2;
+    return a;
+}
+static sl_tensor *b_dropout(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
+    (void)ids;
+    return sl_dropout(c, sl_gelu(c, sl_linear(c, p[0], p[1], NULL)), 0.3f, 1);
+}
+/* a residual dropout on a sequence shard: (B, T, C) holding positions [3, 3 + T) of 2 T + 5 */
+static sl_tensor *b_dropout_add_sp(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
+    (void)ids;
+    sl_tensor *y = sl_reshape(c, sl_linear(c, p[0], p[1], NULL), 3, (int64_t[]){B, T, C});
+    sl_tensor *d = sl_dropout_add(c, y, sl_reshape(c, p[0], 3, (int64_t[]){B, T, C}), 0.2f, 4);
+    d->iparams[SL_DROPOUT_IP_SEQ] = 2 * T + 5;
+    d->iparams[SL_DROPOUT_IP_T0] = 3;
+    return d;
+}
 static sl_tensor *b_swiglu(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
     (void)ids;
     sl_tensor *g = sl_silu(c, sl_linear(c, p[0], p[1], NULL)), *u = sl_linear(c, p[0], p[2], NULL);
@@ -197,6 +221,9 @@ static void make_cases(void) {
         {"rmsnorm", 2, {3, 1}, {{B, T, C}, {C}}, b_rmsnorm},
         {"attention-gqa-rope", 2, {2, 2}, {{B * T, C}, {(NH + 2 * NKV) * HS, C}}, b_attention},
         {"attention-window", 2, {2, 2}, {{B * T, C}, {(NH + 2 * NKV) * HS, C}}, b_attention_window},
+        {"attention-dropout", 2, {2, 2}, {{B * T, C}, {(NH + 2 * NKV) * HS, C}}, b_attention_dropout},
+        {"dropout", 2, {2, 2}, {{B * T, C}, {2 * C, C}}, b_dropout},
+        {"dropout-add-sp", 2, {2, 2}, {{B * T, C}, {C, C}}, b_dropout_add_sp},
         {"swiglu", 4, {2, 2, 2, 2}, {{B * T, C}, {2 * C, C}, {2 * C, C}, {C, 2 * C}}, b_swiglu},
         {"topk-gate", 3, {2, 2, 2}, {{B * T, C}, {E, C}, {E, C}}, b_topk},
         {"softmax", 1, {2}, {{B * T, V}}, b_softmax},
@@ -275,6 +302,7 @@ static sl_status run_case(sl_backend *be, const op_case *k, op_result *out) {
     sl_graph *g = sl_graph_new(ctx);
     sl_graph_build_forward(g, loss);
     sl_graph_build_backward(g, loss, 1.0f);
+    sl_graph_set_dropout(g, 1, 0x5eed0000cafeull, 11); /* the dropout cases' masks (none elsewhere) */
     sl_status st = sl_graph_plan(g, be, NULL);
     float *host = malloc(sizeof(float) * (size_t)np);
     int32_t *idv = malloc(sizeof(int32_t) * (size_t)(B * T)), *tgv = malloc(sizeof(int32_t) * (size_t)rows);

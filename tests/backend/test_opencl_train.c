@@ -7,8 +7,9 @@
  * 1.1e-6, avx2 vs avx512 3.7e-7. So the CPU's spread is below the bar, and the bar stands as issued.
  * The learning rate is warmed up (10 steps) so the run has no loss spike: a spike amplifies any rounding
  * difference (an unwarmed lr 2e-3 run spikes at step 8 on every backend alike).
- * Also: `bench train --device opencl` reports its device; `opencl:N` names are parsed and bounds-checked.
- * Exit 77 (skipped) when the library has no OpenCL backend or no OpenCL device is present. */
+ * A second pair trains 30 steps with attention and hidden dropout 0.1 (Note [OpenCL dropout]) under the same
+ * bar. Also: `bench train --device opencl` reports its device; `opencl:N` names are parsed and
+ * bounds-checked. Exit 77 (skipped) when the library has no OpenCL backend or no OpenCL device is present. */
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,6 +90,40 @@ static void test_generate_dtype_device(void) {
              "qwen2_moe on opencl refused up front: rc %d %s", rc, out);
 }
 
+/* `train` on cpu and on opencl:0 with MODEL + extra (later flags win), saved under dir/cpu<tag> and
+ * dir/opencl<tag>; loss[0] / loss[1] get the per-step curves, which must agree within 1e-4 relative at every
+ * step (Note [OpenCL loss-curve bar]) */
+static void train_pair(const char *dir, const char *extra, const char *tag, int steps,
+                       double loss[2][STEPS + 8]) {
+    const char *dev[2] = {"cpu", "opencl:0"}, *sub[2] = {"cpu", "opencl"};
+    int n[2];
+    for (int i = 0; i < 2; i++) {
+        int rc = run("train --device %s --data-path %s/data " MODEL "%s --save %s/%s%s", dev[i], dir, extra,
+                     dir, sub[i], tag);
+        TU_CHECK(rc == 0, "train --device %s%s: %s", dev[i], extra, out);
+        char d[1024];
+        snprintf(d, sizeof d, "%s/%s%s", dir, sub[i], tag);
+        n[i] = read_losses(d, loss[i], STEPS + 8);
+        TU_CHECK(n[i] == steps, "--device %s%s: %d loss lines in metrics.jsonl, want %d", dev[i], extra, n[i],
+                 steps);
+    }
+    double worst = 0;
+    int worst_at = 0, bad = 0;
+    for (int s = 0; s < n[0] && s < n[1]; s++) {
+        double r = fabs(loss[1][s] - loss[0][s]) / fabs(loss[0][s]);
+        if (r > worst) worst = r, worst_at = s + 1;
+        if (r > 1e-4) { /* Note [OpenCL loss-curve bar] */
+            if (bad++ < 5)
+                fprintf(stderr, "step %d: cpu %.6f opencl %.6f (rel %.2e)\n", s + 1, loss[0][s], loss[1][s],
+                        r);
+        }
+    }
+    printf("loss curves%s, %d steps: opencl vs cpu worst relative difference %.3e at step %d; cpu first %.4f "
+           "last %.4f\n",
+           extra, steps, worst, worst_at, loss[0][0], loss[0][n[0] > 0 ? n[0] - 1 : 0]);
+    TU_CHECK(bad == 0, "%s: %d steps beyond 1e-4 relative", extra, bad);
+}
+
 int main(void) {
     static sl_device_inventory inv; /* no opencl device also when the backend is not built */
     sl_device_inventory_get(&inv);
@@ -107,36 +142,16 @@ int main(void) {
     TU_CHECK(
         run("data prepare --input %s/small.txt --output-prefix %s/data --tokenizer-type byte", dir, dir) == 0,
         "prepare: %s", out);
-    const char *dev[2] = {"cpu", "opencl:0"}, *sub[2] = {"cpu", "opencl"};
-    static double loss[2][STEPS + 8];
-    int n[2];
-    for (int i = 0; i < 2; i++) {
-        int rc =
-            run("train --device %s --data-path %s/data " MODEL " --save %s/%s", dev[i], dir, dir, sub[i]);
-        TU_CHECK(rc == 0, "train --device %s: %s", dev[i], out);
-        char d[1024];
-        snprintf(d, sizeof d, "%s/%s", dir, sub[i]);
-        n[i] = read_losses(d, loss[i], STEPS + 8);
-        TU_CHECK(n[i] == STEPS, "--device %s: %d loss lines in metrics.jsonl, want %d", dev[i], n[i], STEPS);
-    }
-    double worst = 0;
-    int worst_at = 0, bad = 0;
-    for (int s = 0; s < n[0] && s < n[1]; s++) {
-        double r = fabs(loss[1][s] - loss[0][s]) / fabs(loss[0][s]);
-        if (r > worst) worst = r, worst_at = s + 1;
-        if (r > 1e-4) { /* Note [OpenCL loss-curve bar] */
-            if (bad++ < 5)
-                fprintf(stderr, "step %d: cpu %.6f opencl %.6f (rel %.2e)\n", s + 1, loss[0][s], loss[1][s],
-                        r);
-        }
-    }
-    printf("loss curves, 100 steps: opencl vs cpu worst relative difference %.3e at step %d; cpu first %.4f "
-           "last "
-           "%.4f\n",
-           worst, worst_at, loss[0][0], loss[0][n[0] - 1]);
-    TU_CHECK(bad == 0, "%d steps beyond 1e-4 relative", bad);
-    TU_CHECK(loss[0][n[0] - 1] < loss[0][0] - 1.0, "the run learns (%.4f -> %.4f)", loss[0][0],
-             loss[0][n[0] - 1]);
+    static double loss[2][STEPS + 8], dloss[2][STEPS + 8];
+    train_pair(dir, "", "", STEPS, loss);
+    TU_CHECK(loss[0][STEPS - 1] < loss[0][0] - 1.0, "the run learns (%.4f -> %.4f)", loss[0][0],
+             loss[0][STEPS - 1]);
+    /* dropout (Note [OpenCL dropout]): the device draws the CPU's masks, so the curves agree as closely;
+     * 30 steps, and the masks must change the loss from the first step on */
+    train_pair(dir, " --attention-dropout 0.1 --hidden-dropout 0.1 --train-iters 30", "_drop", 30, dloss);
+    TU_CHECK(dloss[0][0] != loss[0][0] && dloss[1][0] != loss[1][0],
+             "dropout changes the first step's loss (cpu %.6f vs %.6f, opencl %.6f vs %.6f)", dloss[0][0],
+             loss[0][0], dloss[1][0], loss[1][0]);
     /* bench train on the device, and device names */
     int rc = run("bench train --device opencl --num-layers 1 --hidden-size 64 --num-attention-heads 2 "
                  "--vocab-size 256 --seq-length 32 --micro-batch-size 2 --steps 1 --warmup 0 --json");

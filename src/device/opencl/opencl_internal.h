@@ -48,6 +48,7 @@ typedef enum ocl_kernel_id {
     OK_MOE_DOWN,     /* llama.cl */
     OK_ADAMW,        /* optim.cl */
     OK_SUMSQ,        /* optim.cl (needs cl_khr_fp64) */
+    OK_DROPOUT,      /* dropout.cl (Note [OpenCL dropout], 0_philox.cl) */
     OK_COUNT
 } ocl_kernel_id;
 

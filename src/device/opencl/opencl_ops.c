@@ -161,10 +161,12 @@ int ocl_supports(const sl_tensor *n) {
                    sl_accel_last_unit(a) && sl_accel_last_unit(b) && sl_accel_last_unit(n) &&
                    (!n->src[2] || sl_is_contiguous(n->src[2]));
         return sl_accel_supports(n);
-    case SL_OP_ATTENTION:
-        return sl_accel_supports(n) && OCL_ATT_LOCAL(n->src[0]->ne[3]) <= g_ocl.local_mem;
+    case SL_OP_ATTENTION: /* with dropout of the probabilities too (Note [OpenCL dropout]) */
+        return sl_accel_supports_ex(n, 1) && OCL_ATT_LOCAL(n->src[0]->ne[3]) <= g_ocl.local_mem;
     case SL_OP_ATTENTION_BACK:
-        return sl_accel_supports(n) && OCL_ATT_LOCAL(n->src[1]->ne[3]) <= g_ocl.local_mem;
+        return sl_accel_supports_ex(n, 1) && OCL_ATT_LOCAL(n->src[1]->ne[3]) <= g_ocl.local_mem;
+    case SL_OP_DROPOUT:
+        return sl_accel_supports_ex(n, 1);
     default:
         return sl_accel_supports(n);
     }
@@ -210,6 +212,45 @@ static sl_status op_binary(sl_tensor *n, int op) {
         ib = ia;
     }
     return ocl_ew(op, n->fparams[0], o, io.nb, a, ia.nb, b, ib.nb, io.ne);
+}
+
+/* DROPOUT (Note [OpenCL dropout], kernels/0_philox.cl and dropout.cl): x * m (+ a residual); turned off,
+ * the copy or the add of the CPU's sl_k_dropout, the same bits */
+static sl_status op_dropout(sl_tensor *n) {
+    ocl_ref o, x, r;
+    REF(n, &o);
+    REF(n->src[0], &x);
+    const sl_tensor *res = n->src[1];
+    if (res) REF(res, &r);
+    int64_t N = sl_nelements(n);
+    sl_accel_dropout d = sl_accel_dropout_of(n);
+    if (!d.on) {
+        cl_long8 ne = flat_ne(N), nb = ocl_contig_nb(ne);
+        if (res) return ocl_ew(EW_ADD, 0, o, nb, r, nb, x, nb, ne);
+        if (o.mem == x.mem && o.off == x.off) return SL_OK;
+        return ocl_ew(EW_COPY_A, 0, o, nb, x, nb, x, nb, ne);
+    }
+    /* a sequence shard (B, Tl, R) of a (B, seq, R) tensor: one block per batch row */
+    int shard = d.seq > 0 && n->ndim >= 2;
+    int64_t nb = shard ? n->ne[0] : 1, blk = N / (nb ? nb : 1);
+    int64_t R = shard && n->ne[1] > 0 ? blk / n->ne[1] : 0, per = blk / 4 + 2;
+    cl_ulong seed = d.seed, hi = d.hi;
+    cl_uint thr = d.thr;
+    ocl_call c = ocl_begin(OK_DROPOUT);
+    ocl_ref_arg(&c, o);
+    ocl_ref_arg(&c, x);
+    ocl_ref_arg(&c, res ? r : x);
+    ocl_int(&c, res != NULL);
+    ocl_long(&c, blk);
+    ocl_long(&c, per);
+    ocl_long(&c, R);
+    ocl_long(&c, shard ? d.seq : 0);
+    ocl_long(&c, d.t0);
+    ocl_arg(&c, sizeof seed, &seed);
+    ocl_arg(&c, sizeof hi, &hi);
+    ocl_arg(&c, sizeof thr, &thr);
+    ocl_float(&c, d.keep);
+    return ocl_run1(&c, (size_t)(nb * per));
 }
 
 static sl_status op_sum_to(sl_tensor *n) {
@@ -481,6 +522,8 @@ sl_status ocl_compute(sl_tensor *n) {
         return op_acc(n);
     case SL_OP_SCATTER_ADD:
         return op_scatter_add(n);
+    case SL_OP_DROPOUT:
+        return op_dropout(n);
     case SL_OP_ZEROS:
         return op_zeros(n);
     case SL_OP_KV_STORE:

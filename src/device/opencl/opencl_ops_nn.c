@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "device/accel_support.h"
 #include "device/opencl/opencl_internal.h"
 
 #define REF(t, r) SL_TRY(ocl_ref_of(n, (t), (r)))
@@ -175,14 +176,24 @@ static void qkv_args(ocl_call *c, ocl_ref q, const sl_tensor *tq, ocl_ref k, con
 }
 
 /* Note [OpenCL flash attention] (kernels/attention.cl): blocks of OCL_ATT_B rows, one work-group each */
-static void att_tail(ocl_call *c, int64_t T, int64_t NH, int64_t NKV, int64_t hs, int64_t win, int n_tiles,
-                     int n_rows) {
+static void att_tail(ocl_call *c, int64_t T, int64_t NH, int64_t NKV, int64_t hs, int64_t win,
+                     const sl_tensor *fwd, int n_tiles, int n_rows) {
     ocl_long(c, T);
     ocl_long(c, NH);
     ocl_long(c, NKV);
     ocl_long(c, hs);
     ocl_long(c, win);
     ocl_float(c, 1.0f / sqrtf((float)hs));
+    sl_accel_dropout d = sl_accel_dropout_of(fwd); /* Note [OpenCL dropout] (kernels/0_philox.cl) */
+    cl_ulong seed = d.seed, hi = d.hi;
+    cl_uint thr = d.thr;
+    ocl_int(c, d.on);
+    ocl_arg(c, sizeof seed, &seed);
+    ocl_arg(c, sizeof hi, &hi);
+    ocl_arg(c, sizeof thr, &thr);
+    ocl_float(c, d.keep);
+    ocl_long(c, d.on ? d.heads : NH);
+    ocl_long(c, d.head0);
     for (int i = 0; i < n_tiles; i++) ocl_arg(c, sizeof(float) * OCL_ATT_B * (size_t)hs, NULL);
     for (int i = 0; i < n_rows; i++) ocl_arg(c, sizeof(float) * OCL_ATT_B, NULL);
 }
@@ -206,7 +217,7 @@ static sl_status op_attention(sl_tensor *n) {
     ocl_ref_arg(&c, o);
     ocl_ref_arg(&c, lse);
     qkv_args(&c, rq, q, rk, k, rv, v);
-    att_tail(&c, T, NH, NKV, hs, n->iparams[1], 4, 0);
+    att_tail(&c, T, NH, NKV, hs, n->iparams[1], n, 4, 0);
     return att_run(&c, T, NH, B);
 }
 
@@ -231,7 +242,7 @@ static sl_status op_attention_back(sl_tensor *n) {
         qkv_args(&c, rq, q, rk, k, rv, v);
         ocl_ref_arg(&c, rg);
         ocl_arg(&c, sizeof gs, &gs);
-        att_tail(&c, T, NH, NKV, hs, n->iparams[1], pass ? 8 : 6, pass ? 2 : 0);
+        att_tail(&c, T, NH, NKV, hs, n->iparams[1], f, pass ? 8 : 6, pass ? 2 : 0);
         SL_TRY(att_run(&c, T, pass ? NKV : NH, B));
     }
     return SL_OK;

@@ -20,6 +20,11 @@
  * accumulator (o += p v, dq += ds k, ...) run over d on row-major tiles ([row][d]).
  * The probabilities are exp(s - max) summed per tile rather than over the whole row as the CPU's scalar
  * reference does: the same values to a few ulps, within the conformance suite's attention tolerance.
+ * Dropout of the probabilities (drop = 1; Note [OpenCL dropout] in 0_philox.cl): element (t, j) of query
+ * head h has number ((b heads + head0 + h) T + t) T + j (heads, head0: the TP shard's place among the model's
+ * heads, Note [Dropout from counters]); the softmax sums the undropped p, o sums p m v, and the backward
+ * uses dp = (dy . v) m, D = sum p dp (= dy . o), ds = p (dp - D) scale, dv += p m dy, as the CPU's
+ * sl_k_attention_back_ref does.
  * Strides: q/k/v rows are (b, t, head) with strides qs/ks/vs (elements, head dim contiguous); dy rows are
  * (b, t) with strides gs, heads contiguous. */
 #pragma OPENCL FP_CONTRACT OFF
@@ -62,7 +67,8 @@ inline void scores(float *sc, local const float *x, local const float *tile_t, l
 /* global (nqb * ATT_B, NH, B), local (ATT_B, 1, 1); local arrays: Qs, Os, Vs [ATT_B][hs], Kt [hs][ATT_B] */
 kernel void k_attention(global float *out, long oo, global float *lse, long lo, global const float *q, long qo,
                         long4 qs, global const float *k, long ko, long4 ks, global const float *v, long vo, long4 vs,
-                        long T, long NH, long NKV, long hs, long win, float scale, local float *Qs, local float *Os,
+                        long T, long NH, long NKV, long hs, long win, float scale, int drop, ulong dseed, ulong dhi,
+                        uint thr, float keep, long heads, long head0, local float *Qs, local float *Os,
                         local float *Kt, local float *Vs) {
     int i = (int)get_local_id(0);
     long q0 = get_group_id(0) * ATT_B, h = get_global_id(1), b = get_global_id(2), kh = h / (NH / NKV);
@@ -72,6 +78,9 @@ kernel void k_attention(global float *out, long oo, global float *lse, long lo, 
     load_tile(Qs, q + qo + b * qs.s0 + h * qs.s2, qs.s1, q0, T, hs);
     for (long d = 0; d < hs; d++) orow[d] = 0.0f;
     float m = -INFINITY, l = 0.0f, sc[ATT_B];
+    ulong eb = (ulong)(((b * heads + head0 + h) * T + t) * T); /* Note [OpenCL dropout]: row t's numbers */
+    drop_cache dc;
+    dc.valid = 0;
     long jlo = first_key(q0, win), jhi = q0 + ATT_B - 1 < T - 1 ? q0 + ATT_B - 1 : T - 1;
     for (long j0 = jlo / ATT_B * ATT_B; j0 <= jhi; j0 += ATT_B) {
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -96,6 +105,7 @@ kernel void k_attention(global float *out, long oo, global float *lse, long lo, 
             if (sc[jj] == -INFINITY) continue;
             float p = exp(sc[jj] - m);
             l += p;
+            if (drop) p *= drop_at(&dc, dseed, dhi, eb + (ulong)(j0 + jj), thr, keep);
             local const float *vr = Vs + jj * hs;
             for (long d = 0; d < hs; d++) orow[d] += p * vr[d];
         }
@@ -112,7 +122,8 @@ kernel void k_attention(global float *out, long oo, global float *lse, long lo, 
 kernel void k_attention_back_dq(global float *out, long oo, global float *Dsum, global const float *lse, long lo,
                                 global const float *q, long qo, long4 qs, global const float *k, long ko, long4 ks,
                                 global const float *v, long vo, long4 vs, global const float *g, long go, long4 gs,
-                                long T, long NH, long NKV, long hs, long win, float scale, local float *Qs,
+                                long T, long NH, long NKV, long hs, long win, float scale, int drop, ulong dseed,
+                                ulong dhi, uint thr, float keep, long heads, long head0, local float *Qs,
                                 local float *Gs, local float *dQs, local float *Ks, local float *Kt,
                                 local float *Vt) {
     int i = (int)get_local_id(0);
@@ -126,6 +137,9 @@ kernel void k_attention_back_dq(global float *out, long oo, global float *Dsum, 
     float l = t < T ? lse[lo + (b * NH + h) * T + t] : 0.0f, dot = 0.0f, s[ATT_B], sd[ATT_B];
     long a = first_key(t, win);
     long jlo = first_key(q0, win), jhi = q0 + ATT_B - 1 < T - 1 ? q0 + ATT_B - 1 : T - 1;
+    ulong eb = (ulong)(((b * heads + head0 + h) * T + t) * T);
+    drop_cache dc;
+    dc.valid = 0;
     for (int pass = 0; pass < 2; pass++)
         for (long j0 = jlo / ATT_B * ATT_B; j0 <= jhi; j0 += ATT_B) {
             barrier(CLK_LOCAL_MEM_FENCE);
@@ -139,12 +153,13 @@ kernel void k_attention_back_dq(global float *out, long oo, global float *Dsum, 
             for (int jj = 0; jj < ATT_B; jj++) {
                 long j = j0 + jj;
                 if (j < a || j > t) continue;
-                float p = exp(s[jj] * scale - l);
+                float p = exp(s[jj] * scale - l), dp = sd[jj];
+                if (drop) dp *= drop_at(&dc, dseed, dhi, eb + (ulong)j, thr, keep);
                 if (pass == 0) {
-                    dot += p * sd[jj];
+                    dot += p * dp;
                     continue;
                 }
-                float ds = p * (sd[jj] - dot) * scale;
+                float ds = p * (dp - dot) * scale;
                 local const float *kr = Ks + jj * hs;
                 for (long d = 0; d < hs; d++) dqr[d] += ds * kr[d];
             }
@@ -160,7 +175,8 @@ kernel void k_attention_back_dq(global float *out, long oo, global float *Dsum, 
 kernel void k_attention_back_dkv(global float *out, long oo, global const float *Dsum, global const float *lse, long lo,
                                  global const float *q, long qo, long4 qs, global const float *k, long ko, long4 ks,
                                  global const float *v, long vo, long4 vs, global const float *g, long go, long4 gs,
-                                 long T, long NH, long NKV, long hs, long win, float scale, local float *Kr,
+                                 long T, long NH, long NKV, long hs, long win, float scale, int drop, ulong dseed,
+                                 ulong dhi, uint thr, float keep, long heads, long head0, local float *Kr,
                                  local float *Vr, local float *dKs, local float *dVs, local float *Qs,
                                  local float *Gs, local float *Qt, local float *Gt, local float *Ls,
                                  local float *Ds) {
@@ -172,6 +188,8 @@ kernel void k_attention_back_dkv(global float *out, long oo, global const float 
     load_tile(Vr, v + vo + b * vs.s0 + kh * vs.s2, vs.s1, k0, T, hs);
     for (long d = 0; d < hs; d++) dkr[d] = dvr[d] = 0.0f;
     float s[ATT_B], sd[ATT_B];
+    drop_cache dc;
+    dc.valid = 0;
     /* query rows that see a key of this block: [k0, last key + win - 1] (all later rows without a window) */
     long kl = k0 + ATT_B - 1 < T - 1 ? k0 + ATT_B - 1 : T - 1;
     long thi = win > 0 && kl + win - 1 < T - 1 ? kl + win - 1 : T - 1;
@@ -193,12 +211,17 @@ kernel void k_attention_back_dkv(global float *out, long oo, global const float 
             for (int tt = 0; tt < ATT_B; tt++) {
                 long t = t0 + tt;
                 if (t >= T || t < j || first_key(t, win) > j) continue;
-                float p = exp(s[tt] * scale - Ls[tt]);
-                float ds = p * (sd[tt] - Ds[tt]) * scale;
+                float p = exp(s[tt] * scale - Ls[tt]), dp = sd[tt], pm = p;
+                if (drop) {
+                    float mk = drop_at(&dc, dseed, dhi, (ulong)(((b * heads + head0 + h) * T + t) * T + j), thr, keep);
+                    dp *= mk;
+                    pm *= mk;
+                }
+                float ds = p * (dp - Ds[tt]) * scale;
                 local const float *qr = Qs + tt * hs, *gr = Gs + tt * hs;
                 for (long d = 0; d < hs; d++) {
                     dkr[d] += ds * qr[d];
-                    dvr[d] += p * gr[d];
+                    dvr[d] += pm * gr[d];
                 }
             }
         }
