@@ -687,6 +687,13 @@ static sl_status reserve_writer(sl_train_job *j) {
 
 static void wait_snapshot(void *w) { sl_ckpt_writer_wait_snapshot(w); }
 
+/* Note [A resume keeps the seed]
+ * The data order (Note [Deterministic batches]) and the dropout masks are functions of (seed, step): a
+ * resume with another --seed would continue the checkpoint's weights on a different sample sequence, and
+ * nothing would say so. The manifest records the seed (train.seed); a resume whose --seed differs is bad
+ * input, naming both values and the checkpoint. A manifest without the field (older checkpoints) takes the
+ * run's --seed. --init-from alone (weights only, a fresh run) reads no manifest and is not affected. */
+
 /* The trainer, DP/ZeRO, the resumed state and the checkpoint writer. */
 static sl_status make_trainer(sl_train_job *j) {
     const sl_train_opts *o = &j->o;
@@ -749,9 +756,15 @@ static sl_status make_trainer(sl_train_job *j) {
         double t0 = sl_time_sec();
         sl_status ls = sl_trainer_ckpt_state(&j->tr, j->mesh.rank, j->mesh.world, &cst, &segs);
         cst.verified = j->ckpt_verified; /* Note [One verification per restart] */
+        cst.seed = (uint64_t)o->seed;    /* kept when the manifest records none (older checkpoints) */
         if (ls == SL_OK) ls = sl_ckpt_load(j->ckdir, &cst);
         free(segs);
         if (ls != SL_OK) return sl_train_bad("--load: %s", sl_errmsg());
+        if (cst.seed != (uint64_t)o->seed) /* Note [A resume keeps the seed] */
+            return sl_train_bad("--seed %lld differs from the seed %llu that %s was trained with: the data "
+                                "order and dropout masks would change; pass --seed %llu to resume it",
+                                (long long)o->seed, (unsigned long long)cst.seed, j->ckdir,
+                                (unsigned long long)cst.seed);
         j->start_step = cst.step;
         sl_trainer_set_adam_t(&j->tr, cst.adam_t);
         if (cst.has_scaler &&

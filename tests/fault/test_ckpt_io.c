@@ -564,6 +564,59 @@ static void test_restart_choice(void) {
     TU_CHECK(tu_same_file(a, b), "resumed from disk: final weights bitwise equal to the uninterrupted run");
 }
 
+#define TINY4                                                                                                \
+    "--data-path data --num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 "              \
+    "--micro-batch-size 2 --train-iters 4 --lr-decay-iters 8 --eval-interval 0 --eval-iters 1 --threads 1"
+
+static int one_line(void) {
+    const char *nl = strchr(out, '\n');
+    return nl && nl[1] == 0;
+}
+
+/* a resume refuses another --seed (Note [A resume keeps the seed] in src/train/job.c): exit 2, one line
+ * naming --seed, both values and the checkpoint, nothing written; the same seed resumes; a manifest without
+ * train.seed (older checkpoints) takes the run's; --load of a final model (weights only) is not a resume */
+static void test_resume_seed(void) {
+    tu_watch(dir);
+    int rc = cli_run("mem3", "train " TINY4 " --save s1 --save-interval 4");
+    TU_CHECK(rc == 0, "s1: %s", out);
+    const char *loads[] = {"--save s1 --load s1", "--save s1b --load s1/step-0000004"};
+    for (int k = 0; k < 2; k++) {
+        char args[600];
+        snprintf(args, sizeof args, "train " TINY4 " --train-iters 8 %s --save-interval 4 --seed 7",
+                 loads[k]);
+        rc = cli_run("mem3", args);
+        TU_CHECK(rc == 2 && one_line() && strstr(out, "--seed 7 differs from the seed 1234") &&
+                     strstr(out, "step-0000004 was trained with") && strstr(out, "pass --seed 1234"),
+                 "%s --seed 7: rc %d: %s", loads[k], rc, out);
+        TU_CHECK(tu_unchanged(), "%s --seed 7: nothing written", loads[k]);
+    }
+    rc = cli_run("mem3", "train " TINY4 " --train-iters 8 --save s1 --load s1 --save-interval 4 --seed 1234");
+    TU_CHECK(rc == 0 && strstr(out, "resumed from"), "the same seed resumes: rc %d %s", rc, out);
+    /* a checkpoint written before the manifest recorded the seed: compatible with any --seed */
+    char man[800], *text = NULL;
+    size_t len;
+    snprintf(man, sizeof man, "%s/s1/step-0000008/manifest.json", dir);
+    cJSON *o = sl_file_read_all(man, &text, &len) == SL_OK ? cJSON_ParseWithLength(text, len) : NULL;
+    free(text);
+    TU_CHECK(o && cJSON_IsNumber(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "train"), "seed")) &&
+                 cJSON_GetObjectItem(cJSON_GetObjectItem(o, "train"), "seed")->valuedouble == 1234,
+             "the manifest records train.seed 1234");
+    cJSON_DeleteItemFromObject(cJSON_GetObjectItem(o, "train"), "seed");
+    text = o ? cJSON_Print(o) : NULL;
+    cJSON_Delete(o);
+    if (text) put_text(man, text);
+    free(text);
+    rc = cli_run("mem4", "train " TINY4 " --train-iters 9 --save s1 --load s1 --save-interval 4 --seed 7");
+    TU_CHECK(rc == 0 && strstr(out, "resumed from s1/step-0000008 at step 8"),
+             "a manifest without train.seed resumes with --seed 7: rc %d %s", rc, out);
+    /* weights only (a dir with model.safetensors and no checkpoint): a fresh run, any seed */
+    rc = tu_runf(out, sizeof out, "cd", "%s && mkdir -p w && cp s1/model.safetensors s1/config.json w/", dir);
+    TU_CHECK(rc == 0, "copy the final weights: %s", out);
+    rc = cli_run("mem5", "train " TINY4 " --load w --save s3 --seed 7");
+    TU_CHECK(rc == 0 && !strstr(out, "resumed from"), "--load weights with another seed: rc %d %s", rc, out);
+}
+
 int main(void) {
     dir = tu_tmpdir("ckpt_io");
     test_direct_and_fallback();
@@ -572,5 +625,6 @@ int main(void) {
     test_restore_stream();
     test_writer();
     test_restart_choice();
+    test_resume_seed();
     return tu_finish("test_ckpt_io");
 }
