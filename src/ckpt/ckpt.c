@@ -692,6 +692,19 @@ static sl_status commit_dir(const char *root, int64_t step, int world, int keep,
         st = sl_fail(SL_ERR_NOMEM, "checkpoint: out of memory");
         goto done;
     }
+    /* Note [config.json in the commit]: the step's config.json (the manifest's "model") is written here,
+     * before the manifest, and a failed write fails the commit: nothing is renamed and `latest` keeps
+     * naming the previous step (a step without it was only found unusable at the next resume). */
+    const cJSON *model = cJSON_GetObjectItem(man, "model");
+    if (cJSON_IsObject(model) && model->child) {
+        char cpath[4300], why[1024];
+        snprintf(cpath, sizeof cpath, "%s/config.json", tmp);
+        if ((st = sl_file_write_atomic(cpath, model_json, strlen(model_json))) != SL_OK) {
+            snprintf(why, sizeof why, "%s", sl_errmsg());
+            st = sl_fail(st, "%s (checkpoint step %lld not committed)", why, (long long)step);
+            goto done;
+        }
+    }
     fault_point(1);
     SL_CHECK(sl_file_write_atomic(path, text, strlen(text)));
     fault_point(2);

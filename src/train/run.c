@@ -255,7 +255,7 @@ static sl_status ckpt_poll(sl_train_job *j, int force, const sl_train_callbacks 
 static sl_status ckpt_begin(sl_train_job *j, int64_t step) {
     const sl_train_opts *o = &j->o;
     const sl_mesh *mesh = &j->mesh;
-    const char *save = o->ckpt.save_dir, *restart = getenv("SUANLI_RESTART_COUNT");
+    const char *save = o->ckpt.save_dir;
     sl_ckpt_state cst;
     sl_ckpt_seg *segs = NULL;
     sl_status cs = sl_trainer_ckpt_state(&j->tr, mesh->rank, mesh->world, &cst, &segs);
@@ -281,21 +281,8 @@ static sl_status ckpt_begin(sl_train_job *j, int64_t step) {
     if (cs == SL_OK) cs = sl_ckpt_save_begin(j->ckw, save, &cst);
     free(segs);
     if (cs != SL_OK) return sl_train_fail(cs, "rank %d: checkpoint: %s", mesh->rank, sl_errmsg());
-    if (j->rank0) {
-        /* the model config travels with the checkpoint (pooled: the commit writes it on every host) */
-        char cp[4300];
-        snprintf(cp, sizeof cp, "%s/step-%07lld.tmp%s/config.json", save, (long long)step,
-                 restart ? restart : "");
-        if (!j->pooled || j->o.ckpt.shared) sl_file_write_atomic(cp, j->model_json, strlen(j->model_json));
-        const char *mem = sl_ckpt_mem_root();
-        if (mem) {
-            snprintf(cp, sizeof cp, "%s/step-%07lld.tmp%s", mem, (long long)step, restart ? restart : "");
-            if (sl_mkdirs(cp) == SL_OK) {
-                strncat(cp, "/config.json", sizeof cp - strlen(cp) - 1);
-                sl_file_write_atomic(cp, j->model_json, strlen(j->model_json));
-            }
-        }
-    }
+    /* the model config travels with the checkpoint: the commit writes it (Note [config.json in the commit]
+     * in src/ckpt/ckpt.c; pooled: on every host) */
     j->pending_step = step;
     return SL_OK;
 }

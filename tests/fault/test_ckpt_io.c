@@ -525,6 +525,64 @@ static void test_writer(void) {
     sl_model_free(m2);
 }
 
+/* a commit whose config.json cannot be written (a non-empty directory in its place: the rename onto it
+ * fails) fails naming the file, and publishes nothing: no step dir, no `latest`; once the path is free the
+ * same step commits with its config.json (Note [config.json in the commit] in src/ckpt/ckpt.c) */
+static void test_commit_config(void) {
+    char root[600], p[900];
+    snprintf(root, sizeof root, "%s/cc", dir);
+    sl_model *m = tiny_model(9);
+    TU_CHECK(m != NULL, "model");
+    if (!m) return;
+    int64_t n = m->numel;
+    float *a1 = calloc((size_t)n, sizeof(float)), *a2 = calloc((size_t)n, sizeof(float));
+    sl_ckpt_seg seg = {0, n, 0};
+    sl_ckpt_state s = {.m = m,
+                       .seg = &seg,
+                       .nseg = 1,
+                       .exp_avg = a1,
+                       .exp_avg_sq = a2,
+                       .write_params = 1,
+                       .write_optim = 1,
+                       .step = 3,
+                       .adam_t = 3,
+                       .rank = 0,
+                       .world = 1};
+    const char *model_json = "{\"architecture\": \"gpt2\", \"n_layer\": 1}";
+    sl_ckpt_writer *w = sl_ckpt_writer_new();
+    TU_CHECK(sl_ckpt_save_begin(w, root, &s) == SL_OK, "save_begin: %s", sl_errmsg());
+    sl_ckpt_writer_wait_snapshot(w);
+    TU_CHECK(sl_ckpt_writer_wait(w) == SL_OK, "write: %s", sl_errmsg());
+    snprintf(p, sizeof p, "%s/step-0000003.tmp/config.json/blocker", root);
+    TU_CHECK(sl_mkdirs(p) == SL_OK, "plant %s", p);
+    sl_status st = sl_ckpt_commit(root, 3, 1, 0, model_json, "{}");
+    TU_CHECK(st == SL_ERR_IO && strstr(sl_errmsg(), "step-0000003.tmp/config.json") &&
+                 strstr(sl_errmsg(), "checkpoint step 3 not committed"),
+             "a failed config.json write fails the commit: %d %s", st, sl_errmsg());
+    snprintf(p, sizeof p, "%s/step-0000003", root);
+    TU_CHECK(access(p, F_OK) != 0, "no step dir published without its config.json");
+    snprintf(p, sizeof p, "%s/latest", root);
+    TU_CHECK(access(p, F_OK) != 0, "no latest written");
+    snprintf(p, sizeof p, "%s/step-0000003.tmp/config.json", root);
+    TU_CHECK(sl_ckpt_rm_rf(p) == SL_OK, "unblock");
+    TU_CHECK(sl_ckpt_commit(root, 3, 1, 0, model_json, "{}") == SL_OK, "commit once writable: %s",
+             sl_errmsg());
+    snprintf(p, sizeof p, "%s/step-0000003", root);
+    TU_CHECK(sl_ckpt_verify(p) == SL_OK, "the committed step verifies (config.json included): %s",
+             sl_errmsg());
+    snprintf(p, sizeof p, "%s/step-0000003/config.json", root);
+    char *text = NULL;
+    size_t len = 0;
+    TU_CHECK(sl_file_read_all(p, &text, &len) == SL_OK && len == strlen(model_json) &&
+                 !memcmp(text, model_json, len),
+             "config.json holds the model config");
+    free(text);
+    sl_ckpt_writer_free(w);
+    sl_model_free(m);
+    free(a1);
+    free(a2);
+}
+
 #define TINY                                                                                                 \
     "--data-path data --num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 "              \
     "--micro-batch-size 2 --train-iters 8 --lr-decay-iters 8 --eval-interval 0 --eval-iters 1 --threads 1"
@@ -624,6 +682,7 @@ int main(void) {
     test_exchange();
     test_restore_stream();
     test_writer();
+    test_commit_config();
     test_restart_choice();
     test_resume_seed();
     return tu_finish("test_ckpt_io");
