@@ -103,6 +103,11 @@ sl_status sl_ckpt_verify(const char *dir);
 sl_status sl_ckpt_inspect(const char *dir, FILE *f);
 /* 1 if dir looks like a checkpoint root (has `latest`) or a step dir (has manifest.json). */
 int sl_ckpt_is_checkpoint(const char *dir);
+/* Remove what interrupted saves of a job left under root (Note [Stale temp dirs]): directories named
+ * step-NNNNNNN.tmp or step-NNNNNNN.tmpK (K digits) and files latest.tmp.PID; nothing else (a symlink of
+ * such a name neither). Call it only while no writer of the job runs (a restart's setup). Returns how many
+ * were removed; names in `names` (may be NULL), ", "-separated, truncated to cap. */
+int sl_ckpt_remove_stale_tmp(const char *root, char *names, size_t cap);
 
 /* ---- pooled node-local storage (src/ckpt/pool.c; Note [Pooled checkpoint store]) ----
  * Each rank writes its shard into its host's local directory ROOT/host-<h>/step-N/ and makes it redundant

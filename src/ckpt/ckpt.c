@@ -567,6 +567,51 @@ sl_status sl_ckpt_rm_rf(const char *path) {
     return st;
 }
 
+/* Note [Stale temp dirs]
+ * A save writes ROOT/step-N.tmpK (K: SUANLI_RESTART_COUNT, "" outside the launcher) and commits it by a
+ * rename; `latest` and manifests are written as NAME.tmp.PID and renamed. A death or a failed write (a full
+ * disk) in between leaves them: loaders ignore them, but they hold a whole step's shards, and with a full
+ * disk they are what keeps the next save from fitting. A restart's setup (rank 0, before any writer of the
+ * new attempt runs) removes exactly those names: a directory step-<7 digits>.tmp<digits>, a regular file
+ * latest.tmp.<digits>; lstat, so a symlink of such a name is left alone (and never followed). */
+static int stale_name(const char *n, int *want_dir) {
+    long long v;
+    int used = 0;
+    if (!strncmp(n, "latest.tmp.", 11) && n[11]) {
+        *want_dir = 0;
+        return strspn(n + 11, "0123456789") == strlen(n + 11);
+    }
+    if (strlen(n) < 16 || sscanf(n, "step-%lld%n", &v, &used) != 1 || used != 12 ||
+        strspn(n + 5, "0123456789") != 7 || strncmp(n + 12, ".tmp", 4) != 0)
+        return 0;
+    *want_dir = 1;
+    return strspn(n + 16, "0123456789") == strlen(n + 16);
+}
+
+int sl_ckpt_remove_stale_tmp(const char *root, char *names, size_t cap) {
+    if (names && cap) names[0] = 0;
+    DIR *d = opendir(root);
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        int want_dir = 0;
+        if (!stale_name(de->d_name, &want_dir)) continue;
+        char p[4400];
+        struct stat sb;
+        snprintf(p, sizeof p, "%s/%s", root, de->d_name);
+        if (lstat(p, &sb) != 0 || (want_dir ? !S_ISDIR(sb.st_mode) : !S_ISREG(sb.st_mode))) continue;
+        if ((want_dir ? sl_ckpt_rm_rf(p) : (unlink(p) == 0 ? SL_OK : SL_ERR_IO)) != SL_OK) continue;
+        if (names && cap) {
+            size_t l = strlen(names);
+            snprintf(names + l, cap - l, "%s%s", n ? ", " : "", de->d_name);
+        }
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
 /* Merge the sidecars (side[r]: rank r's shard-rR.json, or NULL/absent for ranks with nothing to write) into
  * a manifest. A sidecar's "pool" object (its file's placement, src/ckpt/pool.c) goes to pool.files. */
 /* side: sidecar paths (texts NULL) or, with texts, names for messages (may be NULL) */

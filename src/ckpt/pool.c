@@ -1265,6 +1265,20 @@ static sl_status gather(const char *root, int hosts, int64_t step, const char *d
     char tmp[4200], fin[4200], first[1200] = "";
     sl_status st = sl_fail(SL_ERR_IO, "%s: no pooled checkpoint (no host-*/step-* directories)", root);
     int tried = 0;
+    if (dest && n > 0 && !nowrite) {
+        /* dest (a restart's .restore) holds only what an earlier restore assembled, never read again:
+         * removed first, partial step-N.tmp dirs of a killed restore included, so that a disk the old copy
+         * filled has room for the new one (Note [Stale temp dirs] in ckpt.c) */
+        sl_ckpt_remove_stale_tmp(dest, NULL, 0);
+        char **v, path[4400];
+        int nv = sl_ckpt_list_steps(dest, &v);
+        for (int k = 0; k < nv; k++) {
+            snprintf(path, sizeof path, "%s/%s", dest, v[k]);
+            sl_ckpt_rm_rf(path);
+            free(v[k]);
+        }
+        if (nv > 0) free(v);
+    }
     if (dest && n > 0) {
         ctx c0 = {.lc = lc};
         if ((st = agree(&c0, nowrite ? SL_OK : sl_mkdirs(dest))) != SL_OK) n = 0;

@@ -445,6 +445,11 @@ static sl_status pool_restore(sl_train_job *j, char *dir, size_t cap, int *found
     if (j->world && world > 1 && sl_comm_split(j->world, leader ? 0 : 1, p->host, &lc) != SL_OK)
         return sl_train_fail(SL_ERR_PEER, "rank %d: pooled restore: %s", rank, sl_errmsg());
     if (leader) {
+        /* what interrupted saves of this host left (Note [Stale temp dirs] in src/ckpt/ckpt.c; the restore
+         * clears .restore itself) */
+        char hroot[3900];
+        snprintf(hroot, sizeof hroot, "%s/host-%d", p->local_root, p->host);
+        sl_ckpt_remove_stale_tmp(hroot, NULL, 0);
         sl_status st = lc ? sl_ckpt_pool_restore(p, lc, restore, &got)
                           : sl_ckpt_pool_gather(p->local_root, p->hosts, -1, restore, &got);
         if (st == SL_ERR_IO &&
@@ -882,6 +887,16 @@ static sl_status open_outputs(sl_train_job *j) {
     snprintf(mp, sizeof mp, "%s/metrics.jsonl", save);
     first_missing(save, save_top, sizeof save_top);
     sl_status st = sl_mkdirs(save) != SL_OK ? sl_train_bad("--save: %s", sl_errmsg()) : SL_OK;
+    if (st == SL_OK) { /* Note [Stale temp dirs] in src/ckpt/ckpt.c: no writer of this attempt runs yet */
+        const char *roots[2] = {save, sl_ckpt_mem_root()};
+        for (int i = 0; i < 2; i++) {
+            char names[512];
+            int n = roots[i] ? sl_ckpt_remove_stale_tmp(roots[i], names, sizeof names) : 0;
+            if (n && j->out)
+                fprintf(j->out, "removed %d temp file(s) of interrupted saves from %s: %s\n", n, roots[i],
+                        names);
+        }
+    }
     if (st == SL_OK && j->resume && trim_metrics(mp, j->start_step) != SL_OK)
         st = sl_train_bad("--save: cannot rewrite %s: %s", mp, sl_errmsg());
     if (st == SL_OK && !(j->metrics = fopen(mp, j->resume ? "a" : "w")))

@@ -675,6 +675,45 @@ static void test_resume_seed(void) {
     TU_CHECK(rc == 0 && !strstr(out, "resumed from"), "--load weights with another seed: rc %d %s", rc, out);
 }
 
+/* a restart's setup removes what interrupted saves left under --save (and the in-memory root): step-N.tmpK
+ * dirs and latest.tmp.PID files (Note [Stale temp dirs] in src/ckpt/ckpt.c); a real checkpoint, user files
+ * with similar names and a symlink (and its target) are untouched */
+static void test_stale_tmp(void) {
+    int rc = cli_run("mem6", "train " TINY4 " --save st --save-interval 4");
+    TU_CHECK(rc == 0, "st: %s", out);
+    rc = tu_runf(out, sizeof out, "cd",
+                 "%s && mkdir -p st/step-0000002.tmp3 st/step-0000008.tmp st/step-0000002.tmp3.bak "
+                 "st/step-2.tmp mine mem6/step-0000006.tmp1 && echo x > "
+                 "st/step-0000002.tmp3/shard-r00000.safetensors && "
+                 "echo x > st/latest.tmp.4242 && echo keep > st/notes.tmp && echo keep > mine/data && "
+                 "ln -s ../mine st/step-0000009.tmp && cp -r st/step-0000004 st4",
+                 dir);
+    TU_CHECK(rc == 0, "plant: %s", out);
+    rc = cli_run("mem6", "train " TINY4 " --save st --load st --save-interval 4");
+    TU_CHECK(rc == 0 && strstr(out, "removed 3 temp file(s) of interrupted saves from st: ") &&
+                 strstr(out, "removed 1 temp file(s) of interrupted saves from mem6: step-0000006.tmp1"),
+             "stale temp files reported: rc %d %s", rc, out);
+    const char *gone[] = {"st/step-0000002.tmp3", "st/step-0000008.tmp", "st/latest.tmp.4242",
+                          "mem6/step-0000006.tmp1"};
+    const char *kept[] = {"st/step-0000002.tmp3.bak", "st/step-2.tmp", "st/notes.tmp",
+                          "st/step-0000009.tmp",      "mine/data",     "st/latest"};
+    char p[900], q[900];
+    for (int i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, gone[i]);
+        TU_CHECK(access(p, F_OK) != 0, "%s removed", gone[i]);
+    }
+    for (int i = 0; i < 6; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, kept[i]);
+        TU_CHECK(access(p, F_OK) == 0, "%s kept", kept[i]);
+    }
+    const char *files[] = {"manifest.json", "config.json", "shard-r00000.safetensors"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s/st/step-0000004/%s", dir, files[i]);
+        snprintf(q, sizeof q, "%s/st4/%s", dir, files[i]);
+        TU_CHECK(tu_same_file(p, q), "the checkpoint's %s untouched", files[i]);
+    }
+}
+
 int main(void) {
     dir = tu_tmpdir("ckpt_io");
     test_direct_and_fallback();
@@ -685,5 +724,6 @@ int main(void) {
     test_commit_config();
     test_restart_choice();
     test_resume_seed();
+    test_stale_tmp();
     return tu_finish("test_ckpt_io");
 }

@@ -234,11 +234,22 @@ static void test_replicas(void) {
     TU_CHECK(rc == 0 && strstr(out, "step-0000012 is not usable") &&
                  strstr(out, "no intact copy of shard-r00002") && strstr(out, "step-0000008 can be rebuilt"),
              "fallback to the previous complete checkpoint: rc %d %s", rc, out);
+    /* leftovers of interrupted restores and saves (Note [Stale temp dirs] in src/ckpt/ckpt.c): a partial
+     * .restore step, a host's step-N.tmpK; removed by the restart, a user's file beside them is not */
+    rc = run(
+        "sh -c 'mkdir -p L/host-0/.restore/step-0000099.tmp L/host-1/step-0000005.tmp2 && "
+        "echo x > L/host-0/.restore/step-0000099.tmp/shard-r00000.safetensors && "
+        "echo x > L/host-1/step-0000005.tmp2/shard-r00002.safetensors && echo keep > L/host-1/notes.tmp'");
+    TU_CHECK(rc == 0, "plant leftovers: %s", out);
     rc = run("%s run -n 4 --hosts 2 -- %s train " TINY
              " --save rep3 --load rep3 --ckpt-local-dir L --ckpt-replicas 2",
              cli, cli);
     TU_CHECK(rc == 0 && strstr(out, "resumed from L/host-0/.restore/step-0000008"),
              "resume from step 8: rc %d %s", rc, out);
+    TU_CHECK(!exists("L/host-0/.restore/step-0000099.tmp") && !exists("L/host-0/.restore/step-0000012") &&
+                 exists("L/host-0/.restore/step-0000008") && !exists("L/host-1/step-0000005.tmp2") &&
+                 exists("L/host-1/notes.tmp"),
+             "stale .restore and step temp dirs removed, the restored step and a user file kept");
     TU_CHECK(same("base", "rep3"), "fallback to step 8: final weights bitwise equal");
 }
 
