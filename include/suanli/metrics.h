@@ -46,7 +46,8 @@ sl_status sl_plot_runs(const char *const *run_dirs, int n_runs, const sl_plot_op
 /* ---- TensorBoard event files (src/train/tboard.c) ----
  * Note [TensorBoard events]: one file DIR/events.out.tfevents.<unix time>.<host>.<pid>.suanli of TFRecords
  * (uint64 length, masked CRC32C of the length, an Event protobuf, masked CRC32C of it); the first Event
- * carries file_version "brain.Event:2", the others a Summary of simple_value scalars. */
+ * carries file_version "brain.Event:2", the others a Summary of simple_value scalars, or (a resumed run,
+ * sl_tb_writer_session_start) a SessionLog with status START. */
 
 typedef struct sl_tb_writer sl_tb_writer;
 
@@ -54,6 +55,10 @@ typedef struct sl_tb_writer sl_tb_writer;
 sl_status sl_tb_writer_open(const char *dir, sl_tb_writer **out);
 /* One Event with one scalar. wall_time: seconds since the epoch; <= 0: now. */
 sl_status sl_tb_writer_scalar(sl_tb_writer *w, int64_t step, double wall_time, const char *tag, float value);
+/* An Event at `step` with session_log {status: START}: TensorBoard then drops the events of earlier files
+ * in the run directory whose step is >= `step` (its purge of orphaned data after a restart). A resumed
+ * run writes it at its first step, so the steps the dead attempt logged past the checkpoint vanish. */
+sl_status sl_tb_writer_session_start(sl_tb_writer *w, int64_t step, double wall_time);
 sl_status sl_tb_writer_flush(sl_tb_writer *w);
 /* The event file's path (borrowed). */
 const char *sl_tb_writer_path(const sl_tb_writer *w);

@@ -877,7 +877,19 @@ static sl_status open_outputs(sl_train_job *j) {
     char tb_top[4096] = "", save_top[4096] = "", mp[4200];
     if (tbdir) {
         first_missing(tbdir, tb_top, sizeof tb_top);
-        if (sl_tb_writer_open(tbdir, &j->tb) != SL_OK) {
+        /* a resume: a SessionLog START at its first step makes TensorBoard drop what the dead attempt
+         * logged from that step on (metrics.jsonl is trimmed the same way: Note [metrics.jsonl after a
+         * resume]) */
+        sl_status ts = sl_tb_writer_open(tbdir, &j->tb);
+        if (ts == SL_OK && j->resume &&
+            (sl_tb_writer_session_start(j->tb, j->start_step + 1, 0) != SL_OK ||
+             sl_tb_writer_flush(j->tb) != SL_OK)) {
+            ts = SL_ERR_IO;
+            remove(sl_tb_writer_path(j->tb));
+            sl_tb_writer_close(j->tb);
+            j->tb = NULL;
+        }
+        if (ts != SL_OK) {
             sl_status st = sl_train_bad("--tensorboard-dir: %s", sl_errmsg());
             unmake_dirs(tbdir, tb_top);
             return st;

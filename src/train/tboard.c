@@ -152,6 +152,18 @@ sl_status sl_tb_writer_scalar(sl_tb_writer *w, int64_t step, double wall_time, c
     return write_record(w, &ev);
 }
 
+/* Event.session_log = 6 (SessionLog: status = 1, enum SessionStatus {STATUS_UNSPECIFIED, START, STOP,
+ * CHECKPOINT}). tensorboard's event accumulator (_CheckForRestartAndMaybePurge) purges, on a START event,
+ * every event it holds with a step >= the START event's step. */
+sl_status sl_tb_writer_session_start(sl_tb_writer *w, int64_t step, double wall_time) {
+    pb sl = {.n = 0}, ev = {.n = 0};
+    pb_key(&sl, 1, 0);
+    pb_varint(&sl, 1); /* START */
+    event_head(&ev, wall_time > 0 ? wall_time : wall_now(), step);
+    pb_len(&ev, 6, sl.b, sl.n);
+    return write_record(w, &ev);
+}
+
 sl_status sl_tb_writer_flush(sl_tb_writer *w) {
     if (fflush(w->f) != 0) return sl_fail(SL_ERR_IO, "%s: write failed", w->path);
     return SL_OK;

@@ -28,6 +28,10 @@ static char dir[512];
 
 #define run(...) tu_cli_run(out, sizeof out, __VA_ARGS__)
 
+#define TINY_TB                                                                                              \
+    "--num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2 "          \
+    "--lr-decay-iters 8 --eval-interval 0 --eval-iters 1 --threads 1"
+
 static int exists(const char *p) {
     struct stat sb;
     return stat(p, &sb) == 0;
@@ -78,6 +82,8 @@ typedef struct {
     scalar *s;
     int n, cap, records, bad_crc, bad_pb;
     char first_version[64];
+    int starts, start_record; /* SessionLog START events (Event.session_log = 6, status = 1 START) */
+    int64_t start_step;       /* the last one's step, and its record index (1-based) */
 } events;
 
 /* One protobuf field: returns 0 on malformed input. For wire 2, *sub points at the payload of v bytes. */
@@ -122,7 +128,22 @@ static void parse_event(events *ev, const unsigned char *p, const unsigned char 
         if (f == 3 && w == 2 && ev->records == 1)
             snprintf(ev->first_version, sizeof ev->first_version, "%.*s", (int)v, sub);
         if (f == 5 && w == 2) sum = sub, sumend = sub + v;
+        if (f == 6 && w == 2) { /* SessionLog: status = 1 (varint) */
+            const unsigned char *q = sub, *qend = sub + v;
+            while (q < qend) {
+                int f2, w2;
+                uint64_t v2;
+                const unsigned char *t = NULL;
+                if (!pb_field(&q, qend, &f2, &w2, &v2, &t)) {
+                    ev->bad_pb++;
+                    return;
+                }
+                if (f2 == 1 && w2 == 0 && v2 == 1)
+                    ev->starts++, ev->start_record = ev->records, ev->start_step = -1;
+            }
+        }
     }
+    if (ev->start_record == ev->records && ev->start_step == -1) ev->start_step = step;
     while (sum && sum < sumend) { /* Summary.value (1) -> Value{tag 1, simple_value 2} */
         int f, w;
         uint64_t v;
@@ -195,6 +216,53 @@ static int tag_values(const events *ev, const char *tag, int64_t *steps, float *
     for (int i = 0; i < ev->n; i++)
         if (!strcmp(ev->s[i].tag, tag) && k < cap) steps[k] = ev->s[i].step, vals[k++] = ev->s[i].value;
     return k;
+}
+
+/* A resume writes a SessionLog START at its first step (TensorBoard then purges the dead attempt's events
+ * from that step on): an 8-step run with checkpoints at 4 and 8, rewound to step 4 (--load RUN/step-4
+ * --save RUN) for 2 more steps: its event file (CRCs valid) has START at step 5 right after the
+ * file_version record, then its own scalars of steps 5 and 6; the fresh run's file has no START. */
+static void test_tb_resume(const char *data) {
+    int rc = run("train --data-path %s " TINY_TB " --train-iters 8 --save %s/tbr --save-interval 4 "
+                 "--tensorboard-dir %s/tbr_tb",
+                 data, dir, dir);
+    TU_CHECK(rc == 0, "train: %s", out);
+    rc = run("train --data-path %s " TINY_TB " --train-iters 6 --save %s/tbr --load %s/tbr/step-0000004 "
+             "--save-interval 4 --tensorboard-dir %s/tbr_tb",
+             data, dir, dir, dir);
+    TU_CHECK(rc == 0 && strstr(out, "at step 4"), "resume: %s", out);
+    char tbdir[600];
+    snprintf(tbdir, sizeof tbdir, "%s/tbr_tb", dir);
+    DIR *d = opendir(tbdir);
+    int files = 0, fresh = 0, resumed = 0;
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (!strstr(e->d_name, "tfevents")) continue;
+        char path[1200];
+        snprintf(path, sizeof path, "%s/%s", tbdir, e->d_name);
+        events ev;
+        read_events(path, &ev);
+        files++;
+        int64_t st[64];
+        float va[64];
+        int n = tag_values(&ev, "lm loss", st, va, 64);
+        TU_CHECK(ev.bad_crc == 0 && ev.bad_pb == 0, "%s: bad crc %d, bad protobuf %d", path, ev.bad_crc,
+                 ev.bad_pb);
+        if (n == 8 && st[0] == 1) {
+            fresh++;
+            TU_CHECK(ev.starts == 0, "the fresh run wrote %d SessionLog START", ev.starts);
+        } else {
+            resumed++;
+            TU_CHECK(n == 2 && st[0] == 5 && st[1] == 6, "resumed run: %d 'lm loss' events from step %lld", n,
+                     (long long)(n ? st[0] : -1));
+            TU_CHECK(ev.starts == 1 && ev.start_step == 5 && ev.start_record == 2,
+                     "resumed run: %d START events, step %lld, record %d (want 1, 5, 2)", ev.starts,
+                     (long long)ev.start_step, ev.start_record);
+        }
+        free(ev.s);
+    }
+    if (d) closedir(d);
+    TU_CHECK(files == 2 && fresh == 1 && resumed == 1, "%d event files: %d fresh, %d resumed", files, fresh,
+             resumed);
 }
 
 static void test_tensorboard(const char *data, const cJSON *fx) {
@@ -481,6 +549,7 @@ int main(void) {
     int rc = run("data prepare --input %s/small.txt --output-prefix %s --tokenizer-type byte", dir, data);
     TU_CHECK(rc == 0, "prepare: %s", out);
     test_tensorboard(data, fx);
+    test_tb_resume(data);
     test_plot();
     cJSON_Delete(fx);
     return tu_finish("test_tb_plot");
