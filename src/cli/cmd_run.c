@@ -209,5 +209,6 @@ int sl_cmd_run(int argc, char **argv) {
     fprintf(stderr, "suanli run: %s%s\n", sl_errmsg(),
             res.failed_rank >= 0 ? "; stopped the other ranks" : "");
     if (st == SL_ERR_INVALID) return 2;
-    return res.interrupted ? 128 + res.interrupted : 1;
+    if (res.interrupted) return 128 + res.interrupted;
+    return res.requeue ? SL_LAUNCH_EXIT_RESTART : 1; /* Note [Exit 75 asks for a restart] */
 }

@@ -233,6 +233,7 @@ static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, c
     struct pollfd *pf = calloc(2 * (size_t)n, sizeof *pf);
     int *owner = calloc(2 * (size_t)n, sizeof(int));
     int running = started, teardown = st != SL_OK, fwd = 0, fwd_n = 0;
+    int signalled = 0, all_restart = 1;                         /* Note [Exit 75 asks for a restart] */
     double kill_at = teardown ? sl_time_sec() : 0, term_at = 0; /* term_at: pending SIGTERM (0: none) */
     while (pf && owner && (running > 0 || 1)) {
         int np = 0;
@@ -268,6 +269,9 @@ static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, c
                 cs[i].status = status;
                 running--;
                 int bad = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+                if (bad && !signalled &&
+                    !(WIFEXITED(status) && WEXITSTATUS(status) == SL_LAUNCH_EXIT_RESTART))
+                    all_restart = 0;
                 if (bad && res->failed_rank < 0 && !fwd) {
                     res->failed_rank = cs[i].rank;
                     res->exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -286,6 +290,7 @@ static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, c
             fwd_n = g_nsig;
             res->interrupted = fwd;
             kill_all(cs, n, fwd);
+            signalled = 1;
             if (!teardown) {
                 teardown = 1;
                 kill_at = sl_time_sec() + o->grace_sec;
@@ -297,9 +302,11 @@ static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, c
         }
         if (term_at > 0 && !fwd && sl_time_sec() >= term_at) {
             kill_all(cs, n, SIGTERM);
+            signalled = 1;
             term_at = 0;
         }
         if (teardown && running > 0 && sl_time_sec() > kill_at) {
+            signalled = 1;
             kill_all(cs, n, SIGKILL);
             kill_at = sl_time_sec() + 1e9;
         }
@@ -318,6 +325,7 @@ static sl_status run_once(const sl_launch_opts *o, const char *addr, int port, c
             }
         }
     }
+    res->requeue = st == SL_OK && res->failed_rank >= 0 && all_restart && !res->interrupted;
     if (st == SL_OK && res->failed_rank >= 0) {
         if (res->signal)
             st = sl_fail(SL_ERR_PEER, "rank %d was killed by signal %d (%s%s)", res->failed_rank, res->signal,
@@ -508,7 +516,18 @@ sl_status sl_launch_run(const sl_launch_opts *o, sl_launch_result *res) {
         *res = r1;
         if (st == SL_OK || st == SL_ERR_ABORTED || g_sig) break;
         if (attempt >= o->max_restarts) {
-            if (o->max_restarts > 0)
+            /* Note [Exit 75 asks for a restart]
+             * A rank exits 75 (EX_TEMPFAIL; suanli train after SIGUSR1: a checkpoint of this step is
+             * committed, Note [SIGUSR1: checkpoint and exit for requeue]) to be run again. --max-restarts
+             * does that here; once its budget is spent (0 by default), the launcher exits 75 itself when
+             * every rank that failed on its own (before the launcher signalled any) asked for it, so that an
+             * outer supervisor (Slurm's requeue, systemd, a wrapper loop) requeues the job. A rank that
+             * failed otherwise makes it exit 1 as before. */
+            if (r1.requeue)
+                st = sl_fail(st, "%s (a restart was asked for%s: exit %d for the supervisor to requeue)",
+                             sl_errmsg(), o->max_restarts > 0 ? " and --max-restarts is used up" : "",
+                             SL_LAUNCH_EXIT_RESTART);
+            else if (o->max_restarts > 0)
                 st = sl_fail(st, "%s (gave up: --max-restarts %d used up)", sl_errmsg(), o->max_restarts);
             break;
         }

@@ -34,7 +34,12 @@ typedef struct sl_launch_result {
     int signal;      /* that killed it, or 0 */
     int restarts;    /* restarts performed */
     int interrupted; /* the launcher received this signal (0: none) */
+    int requeue;     /* the attempt failed and every rank that failed before the launcher signalled any
+                        exited SL_LAUNCH_EXIT_RESTART (Note [Exit 75 asks for a restart]) */
 } sl_launch_result;
+
+/* EX_TEMPFAIL: a rank's "restart me" (suanli train after SIGUSR1 committed a checkpoint, SL_EXIT_REQUEUE) */
+#define SL_LAUNCH_EXIT_RESTART 75
 
 /* SL_OK when the ranks can exec `prog` (as execvp will: a path when it holds '/', else searched in PATH);
  * else SL_ERR_INVALID with a one-line message and *shell_code 127 (not found) or 126 (found, not

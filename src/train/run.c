@@ -448,6 +448,10 @@ static sl_status usr1_checkpoint(sl_train_job *j, int64_t done, const sl_train_c
     if (j->pending_step >= 0 && j->pending_step != done) SL_TRY(ckpt_poll(j, 1, cb));
     if (j->pending_step != done) SL_TRY(ckpt_begin(j, done));
     SL_TRY(ckpt_poll(j, 1, cb));
+    /* every rank waits for rank 0's commit: a launcher stops the others once one rank exited (75 too) */
+    int32_t one = 1, all = 1;
+    if (j->world && sl_comm_all_reduce(j->world, &one, &all, 1, SL_COMM_I32, SL_COMM_MAX) != SL_OK)
+        return sl_train_fail(SL_ERR_PEER, "rank %d: %s", j->mesh.rank, sl_errmsg());
     if (j->out)
         fprintf(j->out, "SIGUSR1 after step %lld: checkpoint step-%07lld committed; exiting for requeue\n",
                 (long long)done, (long long)done);

@@ -144,5 +144,25 @@ int main(void) {
                  strstr(out, "rank 0 was killed by signal 9 (SIGKILL: kill -9 or the out-of-memory killer"),
              "SIGKILL: rc=%d out=%s", rc, out);
     TU_CHECK(leftovers("sleep 33.5") == 0, "SIGKILL: ranks left running");
+    /* exit 75 (EX_TEMPFAIL, "restart me": Note [Exit 75 asks for a restart]): restarted while
+     * --max-restarts allows, then passed on as the launcher's own status when every rank that failed on its
+     * own asked for it (a rank the launcher stopped does not count); any other failure keeps exit 1 */
+    rc = run("run -n 2 -- sh -c 'exit 75'");
+    TU_CHECK(rc == 75 && strstr(out, "exited with status 75 (a restart was asked for: exit 75 for the "
+                                     "supervisor to requeue)"),
+             "exit 75 without restarts: rc=%d out=%s", rc, out);
+    rc = run("run -n 2 --max-restarts 1 -- sh -c 'echo attempt; exit 75'");
+    TU_CHECK(rc == 75 && count(out, "attempt") == 4 && count(out, "restarting (1 of 1)") == 1 &&
+                 strstr(out, "and --max-restarts is used up"),
+             "exit 75, budget used up: rc=%d out=%s", rc, out);
+    rc = run("run -n 2 --max-restarts 1 -- sh -c 'test $SUANLI_RESTART_COUNT -ge 1 || exit 75'");
+    TU_CHECK(rc == 0 && strstr(out, "every rank finished after 1 restart"), "exit 75 restarted: rc=%d out=%s",
+             rc, out);
+    rc = run("run -n 2 -- sh -c 'if [ $RANK = 0 ]; then exit 75; fi; exit 3'");
+    TU_CHECK(rc == 1, "one rank 75, the other 3: rc=%d out=%s", rc, out);
+    rc = run("run -n 2 -- sh -c 'if [ $RANK = 0 ]; then exit 75; fi; exec sleep 34.5'");
+    TU_CHECK(rc == 75 && strstr(out, "rank 0 exited with status 75"),
+             "rank 0 exits 75, rank 1 stopped by the launcher: rc=%d out=%s", rc, out);
+    TU_CHECK(leftovers("sleep 34.5") == 0, "exit 75: ranks left running");
     return tu_finish("test_run_faults");
 }
