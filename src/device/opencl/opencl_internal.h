@@ -25,6 +25,9 @@ typedef enum ocl_kernel_id {
     OK_GEMM_PACK_TA_H, /* gemm_reg.cl: the same three from f16 operands (Note [OpenCL f16 storage]) */
     OK_GEMM_PACK_TB_H,
     OK_GEMM_PACK_N_H,
+    OK_GEMM_PACK_TA_B, /* gemm_reg.cl: the same three from bf16 operands (Note [OpenCL bf16 GEMM]) */
+    OK_GEMM_PACK_TB_B,
+    OK_GEMM_PACK_N_B,
     OK_LAYERNORM,    /* norm.cl */
     OK_LN_BACK_X,    /* norm.cl */
     OK_LN_BACK_WB,   /* norm.cl */

@@ -132,8 +132,10 @@ static sl_status ew16(int op, ocl_ref o, cl_long8 nbo, ocl_ref a, cl_long8 nba, 
  * CONT / CONCAT / ZEROS move 16-bit elements; MATMUL with f16 x f16 operands (f32 out and bias, the fp16
  * autocast GEMM) packs both operands into f32 panels (k_gemm_pack_*_h widen as they pack) and runs the
  * register-blocked kernel with f32 accumulation, as the CPU widens f16 for its GEMM. The tiled GEMM (GPU-
- * type devices) has no f16 path yet: there f16 MATMUL is refused by name. Not done: the eager half
- * attention numerics (ATTENTION iparams[2], the --fp16 path), so fp16 training still stops there.
+ * type devices) has no f16 path yet: there f16 MATMUL is refused by name. bf16 x bf16 MATMUL takes the same
+ * path (k_gemm_pack_*_b), with the bf16 rounding of the product (Note [OpenCL bf16 GEMM], gemm_reg.cl). Not
+ * done: the eager half attention and RoPE numerics (ATTENTION / ROPE iparams[2], the --fp16 / --bf16
+ * paths), so half-precision training still stops there.
  *
  * Note [OpenCL supported ops]
  * The shared accelerator table (Note [Accelerator supported ops], src/device/accel_support.c: every f32 op of
@@ -154,9 +156,12 @@ int ocl_supports(const sl_tensor *n) {
         if ((n->dtype == SL_F16 && a->dtype == SL_F32) || (n->dtype == SL_F32 && a->dtype == SL_F16))
             return 1;
         return sl_accel_supports(n);
-    case SL_OP_MATMUL: /* f16 x f16 -> f32 on the register-blocked GEMM (Note [OpenCL f16 storage]) */
-        if (a->dtype == SL_F16 && b->dtype == SL_F16 && n->dtype == SL_F32 &&
-            (!n->src[2] || n->src[2]->dtype == SL_F32))
+    case SL_OP_MATMUL: /* f16 x f16 and bf16 x bf16 -> f32 on the register-blocked GEMM, bf16 rounding of
+                          the product there too (Note [OpenCL f16 storage], Note [OpenCL bf16 GEMM]) */
+        if (((a->dtype == SL_F16 && b->dtype == SL_F16) || (a->dtype == SL_BF16 && b->dtype == SL_BF16) ||
+             (a->dtype == SL_F32 && b->dtype == SL_F32 && n->iparams[SL_MATMUL_IP_ROUND] == SL_BF16)) &&
+            n->dtype == SL_F32 && (!n->src[2] || n->src[2]->dtype == SL_F32) &&
+            !n->iparams[SL_MATMUL_IP_HALF_B] && (a->dtype != SL_F16 || !n->iparams[SL_MATMUL_IP_ROUND]))
             return g_ocl.gemm_kind == OCL_GEMM_REG && a->ndim >= 2 && b->ndim >= 2 && n->ndim >= 2 &&
                    sl_accel_last_unit(a) && sl_accel_last_unit(b) && sl_accel_last_unit(n) &&
                    (!n->src[2] || sl_is_contiguous(n->src[2]));
@@ -340,10 +345,11 @@ static sl_status op_kv_store(sl_tensor *n) {
  * stored K-major (rows of X^T, k_gemm_pack_n), else row-major (k_gemm_pack_t*). Panels of batch element z
  * at P + po + z*pz. */
 static sl_status gemm_pack(ocl_ref r, int64_t ld, int kmajor, int rows, int K, int W, cl_mem P, int64_t po,
-                           int64_t pz, cl_long4 bne, cl_long4 bs, int64_t nz, int half) {
+                           int64_t pz, cl_long4 bne, cl_long4 bs, int64_t nz, sl_dtype dt) {
     size_t panels = ((size_t)rows + (size_t)W - 1) / (size_t)W;
     ocl_kernel_id id = kmajor ? OK_GEMM_PACK_N : W == 32 ? OK_GEMM_PACK_TB : OK_GEMM_PACK_TA;
-    if (half) id = kmajor ? OK_GEMM_PACK_N_H : W == 32 ? OK_GEMM_PACK_TB_H : OK_GEMM_PACK_TA_H;
+    if (dt == SL_F16) id = kmajor ? OK_GEMM_PACK_N_H : W == 32 ? OK_GEMM_PACK_TB_H : OK_GEMM_PACK_TA_H;
+    if (dt == SL_BF16) id = kmajor ? OK_GEMM_PACK_N_B : W == 32 ? OK_GEMM_PACK_TB_B : OK_GEMM_PACK_TA_B;
     ocl_call c = ocl_begin(id);
     ocl_int(&c, rows);
     ocl_int(&c, K);
@@ -371,7 +377,7 @@ static cl_long4 flat_bs(cl_long4 bne, int64_t per) {
  * MG m-tiles fell into 4-8 of the 64 L1 sets (Note [OpenCL GEMM packing]). */
 static sl_status gemm_reg(int M, int N, int K, ocl_ref ra, int64_t lda, int tA, ocl_ref rb, int64_t ldb,
                           int tB, ocl_ref rc, int64_t ldc, int beta1, const ocl_ref *rbias, cl_long4 bne,
-                          cl_long4 bsa, cl_long4 bsb, cl_long4 bsc, int half) {
+                          cl_long4 bsa, cl_long4 bsb, cl_long4 bsc, sl_dtype dt, int round) {
     const int MR = g_ocl.gemm_mr;
     int64_t nz = bne.s[0] * bne.s[1] * bne.s[2];
     int64_t Mp = ((int64_t)M + MR - 1) / MR * MR, Np = ((int64_t)N + 31) / 32 * 32;
@@ -382,8 +388,8 @@ static sl_status gemm_reg(int M, int N, int K, ocl_ref ra, int64_t lda, int tA, 
     int64_t cpn = K > g_ocl.gemm_kc ? nz * Mp * cpp * 32 : 0;
     cl_mem P;
     SL_TRY(ocl_scratch(sizeof(float) * (size_t)(nz * (pa + pb) + cpn + 1), &P)); /* + 1: never empty (K 0) */
-    SL_TRY(gemm_pack(ra, lda, tA, M, K, MR, P, 0, pa, bne, bsa, nz, half));
-    SL_TRY(gemm_pack(rb, ldb, !tB, N, K, 32, P, nz * pa, pb, bne, bsb, nz, half));
+    SL_TRY(gemm_pack(ra, lda, tA, M, K, MR, P, 0, pa, bne, bsa, nz, dt));
+    SL_TRY(gemm_pack(rb, ldb, !tB, N, K, 32, P, nz * pa, pb, bne, bsb, nz, dt));
     /* element (i, k) of A's panel p at A + p*a_pan + k*a_k + i; (k, j) of B's panel q at B + q*b_pan + k*b_k
      * + j */
     ra = (ocl_ref){P, 0}, rb = (ocl_ref){P, nz * pa};
@@ -411,6 +417,7 @@ static sl_status gemm_reg(int M, int N, int K, ocl_ref ra, int64_t lda, int tA, 
     ocl_ref_arg(&c, (ocl_ref){P, cpn ? nz * (pa + pb) : 0});
     ocl_int(&c, g_ocl.gemm_kc);
     ocl_int(&c, g_ocl.gemm_mg);
+    ocl_int(&c, round); /* Note [OpenCL bf16 GEMM] */
     int64_t nmb = Mp / MR, ng = (nmb + g_ocl.gemm_mg - 1) / g_ocl.gemm_mg;
     cl_int cpld = (cl_int)(cpp * 32);
     for (int64_t nb0 = 0; nb0 < npan; nb0 += cpp) { /* in-order queue: chunks reuse Cp one after another */
@@ -458,7 +465,8 @@ sl_status ocl_op_matmul(sl_tensor *n) {
         return sl_fail(SL_ERR_UNSUPPORTED, "opencl backend: matmul '%s' too large", n->name);
     if (g_ocl.gemm_kind == OCL_GEMM_REG)
         return gemm_reg((int)M, (int)N, (int)K, ra, lda, tA, rb, ldb, tB, rc, ldc, n->iparams[2] == 1,
-                        bias ? &rbias : NULL, bne, bsa, bsb, bsc, a->dtype == SL_F16);
+                        bias ? &rbias : NULL, bne, bsa, bsb, bsc, a->dtype,
+                        n->iparams[SL_MATMUL_IP_ROUND] == SL_BF16);
     ocl_call c = ocl_begin(OK_GEMM);
     ocl_int(&c, (int)M);
     ocl_int(&c, (int)N);

@@ -51,6 +51,14 @@ GEMM_PACK_T(k_gemm_pack_tb, 32, float, vload16, LOAD_F32)
 /* f16 operands (Note [OpenCL f16 storage]): widened to f32 panels as they are packed */
 GEMM_PACK_T(k_gemm_pack_ta_h, MR, half, vload_half16, vload_half)
 GEMM_PACK_T(k_gemm_pack_tb_h, 32, half, vload_half16, vload_half)
+/* bf16 operands (Note [OpenCL bf16 GEMM]): a bf16 is the high half of an f32, widened exactly by a shift */
+inline float bf16_1(long i, global const ushort *p) { return as_float((uint)p[i] << 16); }
+inline float8 bf16_8(long i, global const ushort *p) { return as_float8(convert_uint8(vload8(i, p)) << (uint8)(16)); }
+inline float16 bf16_16(long i, global const ushort *p) {
+    return as_float16(convert_uint16(vload16(i, p)) << (uint16)(16));
+}
+GEMM_PACK_T(k_gemm_pack_ta_b, MR, ushort, bf16_16, bf16_1)
+GEMM_PACK_T(k_gemm_pack_tb_b, 32, ushort, bf16_16, bf16_1)
 
 /* Pack a k-major matrix S (K x cols, leading dim ld) into panels of W columns:
  * P[(p*K + k)*W + r] = S[k*ld + p*W + r] (0 beyond cols). One work-item per (panel, 16 rows of k): a
@@ -79,6 +87,25 @@ GEMM_PACK_T(k_gemm_pack_tb_h, 32, half, vload_half16, vload_half)
     }
 GEMM_PACK_N(k_gemm_pack_n, float, LOAD_F32, vload8, vload16)
 GEMM_PACK_N(k_gemm_pack_n_h, half, vload_half, vload_half8, vload_half16)
+GEMM_PACK_N(k_gemm_pack_n_b, ushort, bf16_1, bf16_8, bf16_16)
+
+/* Note [OpenCL bf16 GEMM]
+ * bf16 x bf16 -> f32 (the bf16 autocast Linear) widens both operands exactly into the f32 panels as they are
+ * packed, as the f16 path does, and sums in f32. round = 1 (MATMUL iparams[SL_MATMUL_IP_ROUND] = bf16:
+ * rounded Linear outputs and weight gradients) rounds each element of the product, with its bias, to bf16
+ * before it is stored or accumulated, exactly as sl_f32_to_bf16 (round to nearest even; a NaN keeps its
+ * high half with the quiet bit set), the CPU's rounding. */
+inline float rbf16(float x) {
+    uint u = as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return as_float((u & 0xffff0000u) | 0x00400000u);
+    return as_float((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
+}
+inline float16 rbf16_16(float16 v) {
+    uint16 u = as_uint16(v);
+    uint16 r = (u + (uint16)(0x7fffu) + ((u >> (uint16)(16)) & (uint16)(1u))) & (uint16)(0xffff0000u);
+    uint16 q = (u & (uint16)(0xffff0000u)) | (uint16)(0x00400000u);
+    return as_float16(select(r, q, (u & (uint16)(0x7fffffffu)) > (uint16)(0x7f800000u)));
+}
 
 /* One work-item: B's panel nb against MG consecutive A panels (m-blocks g*MG ...), K in blocks of
  * KC: within a k-block the 32 x KC slice of B's panel (32 KiB at KC 256) stays in L1 across the MG
@@ -88,7 +115,7 @@ GEMM_PACK_N(k_gemm_pack_n_h, half, vload_half, vload_half8, vload_half16)
 kernel void k_gemm_reg(int M, int N, int K, global const float *A, long ao, long a_pan, long a_k, long4 bsa,
                        global const float *B, long bo, long b_pan, long b_k, long4 bsb, global float *C, long co,
                        long ldc, long4 bsc, int beta1, global const float *bias, long biaso, int has_bias,
-                       long4 bne, global float *Cp, long cpo, int KC, int MG, int nb0, int cpld) {
+                       long4 bne, global float *Cp, long cpo, int KC, int MG, int round, int nb0, int cpld) {
     const int nb = nb0 + (int)get_global_id(0), g = get_global_id(1);
     const long z = get_global_id(2);
     const int nmb = (M + MR - 1) / MR, Np = cpld;
@@ -140,6 +167,7 @@ kernel void k_gemm_reg(int M, int N, int K, global const float *A, long ao, long
                     if (m < M && full) {
                         float16 v0 = c0[i], v1 = c1[i];
                         if (has_bias) v0 += bb0, v1 += bb1;
+                        if (round) v0 = rbf16_16(v0), v1 = rbf16_16(v1);
                         if (beta1) v0 = vload16(0, c) + v0, v1 = vload16(1, c) + v1;
                         vstore16(v0, 0, c);
                         vstore16(v1, 1, c);
@@ -150,6 +178,7 @@ kernel void k_gemm_reg(int M, int N, int K, global const float *A, long ao, long
                         for (int j = 0; j < 32 && n0 + j < N; j++) {
                             float v = r[j];
                             if (has_bias) v += bias[biaso + n0 + j];
+                            if (round) v = rbf16(v);
                             if (beta1) v = c[j] + v;
                             c[j] = v;
                         }
