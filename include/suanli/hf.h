@@ -35,6 +35,7 @@ typedef struct sl_hf_info {
     char disk_dtype[8]; /* dtype of the first weight on disk: "F32", "BF16", "F16" */
     int n_files;        /* safetensors files read */
     int n_mapped;       /* bf16 mode: weights used in place from the memory-mapped files */
+    int n_unused;       /* tensors in the files that the model does not use (known buffers not counted) */
     /* GPT-2's attn_pdrop, resid_pdrop, embd_pdrop as read (< 0: absent), written back by the config writer */
     float attn_pdrop, resid_pdrop, embd_pdrop;
 } sl_hf_info;
@@ -98,6 +99,10 @@ sl_status sl_hf_weights_open(const char *dir, sl_hf_weights **out);
  * expected (for error messages). */
 const sl_st_tensor *sl_hf_weights_find(const sl_hf_weights *w, const char *name, const char **file);
 int sl_hf_weights_n_files(const sl_hf_weights *w);
+/* Every tensor of every file (an index's shards in weight_map order, each file in data order): the count,
+ * and the i-th (borrowed; NULL if i is out of range; *file, if file is not NULL, names its file). */
+int sl_hf_weights_count(const sl_hf_weights *w);
+const sl_st_tensor *sl_hf_weights_get(const sl_hf_weights *w, int i, const char **file);
 void sl_hf_weights_close(sl_hf_weights *w);
 
 /* Convert n elements of an F32/BF16/F16 tensor to f32; other dtypes fail naming `file` and the tensor. */

@@ -442,6 +442,24 @@ sl_status sl_hf_weights_open(const char *dir, sl_hf_weights **out) {
     return SL_OK;
 }
 
+int sl_hf_weights_count(const sl_hf_weights *s) {
+    int n = 0;
+    for (int i = 0; i < s->n; i++) n += sl_safetensors_count(s->st[i]);
+    return n;
+}
+
+const sl_st_tensor *sl_hf_weights_get(const sl_hf_weights *s, int i, const char **file) {
+    for (int f = 0; i >= 0 && f < s->n; f++) {
+        int n = sl_safetensors_count(s->st[f]);
+        if (i < n) {
+            if (file) *file = s->names[f];
+            return sl_safetensors_get(s->st[f], i);
+        }
+        i -= n;
+    }
+    return NULL;
+}
+
 const sl_st_tensor *sl_hf_weights_find(const sl_hf_weights *s, const char *name, const char **file) {
     int i = 0;
     if (s->map) {

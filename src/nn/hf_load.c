@@ -60,6 +60,50 @@ sl_status sl_hf_load_config(const char *dir, sl_llama_config *cfg, sl_hf_info *i
 
 static void weights_free(void *p) { sl_hf_weights_close(p); }
 
+/* Note [Unused checkpoint tensors]
+ * transformers warns "Some weights of the model checkpoint were not used" when a file holds tensors the
+ * model has no parameter for (a checkpoint of another variant, a renamed layer, a head we do not build).
+ * We warn too, in one line with the count and the first names, and load on: the model is complete (every
+ * parameter was found). Buffers that real checkpoints carry and that carry no weights are skipped
+ * silently: Llama-family rotary_emb.inv_freq (recomputed from rope_theta), GPT-2's causal-mask buffers
+ * attn.bias / attn.masked_bias, and lm_head.weight of a model whose head is tied to the embedding. */
+static int ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && !strcmp(s + n - k, suffix);
+}
+
+static int known_buffer(const sl_model *m, const char *name) {
+    int gpt2 = m->arch == SL_ARCH_GPT2;
+    if (ends_with(name, ".rotary_emb.inv_freq")) return 1;
+    if (gpt2 && (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias"))) return 1;
+    return !strcmp(name, "lm_head.weight") && (gpt2 || m->lcfg.tie_embeddings);
+}
+
+static int ptr_cmp(const void *a, const void *b) {
+    uintptr_t x = (uintptr_t) * (const void *const *)a, y = (uintptr_t) * (const void *const *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* used[0..n_used) are the tensors the model read (sorted here); the others are counted into
+ * info->n_unused and named in one warning line */
+static void report_unused(const char *dir, const sl_hf_weights *s, const sl_model *m,
+                          const sl_st_tensor **used, int n_used, sl_hf_info *info) {
+    qsort(used, (size_t)n_used, sizeof *used, ptr_cmp);
+    char names[512] = "";
+    int n = 0, total = sl_hf_weights_count(s);
+    for (int i = 0; i < total; i++) {
+        const sl_st_tensor *x = sl_hf_weights_get(s, i, NULL);
+        if (bsearch(&x, used, (size_t)n_used, sizeof *used, ptr_cmp) || known_buffer(m, x->name)) continue;
+        if (++n <= 3)
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s'%.100s'", n > 1 ? ", " : "",
+                     x->name);
+    }
+    if (info) info->n_unused = n;
+    if (n > 0)
+        SL_LOGW("%s: %d tensor%s in the checkpoint not used by the %s model: %s%s", dir, n, n > 1 ? "s" : "",
+                sl_arch_name(m->arch), names, n > 3 ? ", ..." : "");
+}
+
 /* Note [Memory-mapped bf16 weights]
  * In bf16 mode a BF16 tensor on disk whose data is 2-byte aligned is not copied: its leaf points into
  * the read-only mapping of the safetensors shard, which the model then owns (wsrc). A 7B model in bf16
@@ -71,6 +115,11 @@ sl_status sl_hf_load_weights(sl_model *m, const char *dir, sl_hf_info *info) {
     sl_status st = SL_OK;
     int mapped = 0;
     int64_t need = 0, woff = 0; /* bf16 elements that cannot be used in place (converted into wmem) */
+    const sl_st_tensor **used = calloc((size_t)m->n_params + 1, sizeof *used);
+    if (!used) {
+        sl_hf_weights_close(s);
+        return sl_fail(SL_ERR_NOMEM, "out of memory");
+    }
     for (int i = 0; m->wdtype == SL_BF16 && i < m->n_params; i++) {
         const char *file;
         const sl_st_tensor *x = sl_hf_weights_find(s, m->params[i].t->name, &file);
@@ -82,6 +131,7 @@ sl_status sl_hf_load_weights(sl_model *m, const char *dir, sl_hf_info *info) {
         m->wmem = sl_malloc_aligned(sizeof(uint16_t) * (size_t)need);
         if (!m->wmem) {
             sl_hf_weights_close(s);
+            free(used);
             return sl_fail(SL_ERR_NOMEM, "cannot allocate %lld bf16 weights", (long long)need);
         }
     }
@@ -93,6 +143,7 @@ sl_status sl_hf_load_weights(sl_model *m, const char *dir, sl_hf_info *info) {
             st = sl_fail(SL_ERR_FORMAT, "%s/%s: missing tensor '%s'", dir, file, p->t->name);
             break;
         }
+        used[i] = x;
         int ok = x->ndim == p->t->ndim;
         for (int d = 0; ok && d < x->ndim; d++) ok = x->shape[d] == p->t->ne[d];
         if (!ok) {
@@ -142,6 +193,8 @@ sl_status sl_hf_load_weights(sl_model *m, const char *dir, sl_hf_info *info) {
         info->n_files = sl_hf_weights_n_files(s);
         info->n_mapped = mapped;
     }
+    if (st == SL_OK) report_unused(dir, s, m, used, m->n_params, info);
+    free(used);
     if (st == SL_OK && mapped) { /* the model keeps the mappings its leaves point into */
         m->wsrc = s;
         m->wsrc_free = weights_free;
@@ -174,6 +227,8 @@ static sl_status load_gpt2(const char *dir, const sl_llama_config *c, sl_backend
         sl_model_free(m);
         return st;
     }
+    const sl_st_tensor **used = calloc((size_t)m->n_params + 1, sizeof *used);
+    if (!used) st = sl_fail(SL_ERR_NOMEM, "out of memory");
     for (int i = 0; i < m->n_params && st == SL_OK; i++) {
         const sl_param_info *p = &m->params[i];
         const char *ours = p->t->name, *file = NULL;
@@ -187,6 +242,7 @@ static sl_status load_gpt2(const char *dir, const sl_llama_config *c, sl_backend
             st = sl_fail(SL_ERR_FORMAT, "%s/%s: missing tensor '%s'", dir, file, name);
             break;
         }
+        used[i] = x;
         int conv = p->t->ndim == 2 && strchr(ours, '.'); /* c_attn, c_proj, c_fc weights */
         int64_t r0 = p->t->ne[0], r1 = p->t->ndim == 2 ? p->t->ne[1] : 0;
         int ok = x->ndim == p->t->ndim && (p->t->ndim == 1 ? x->shape[0] == r0
@@ -215,6 +271,8 @@ static sl_status load_gpt2(const char *dir, const sl_llama_config *c, sl_backend
         if (st == SL_OK && i == 0) snprintf(info->disk_dtype, sizeof info->disk_dtype, "%s", x->dtype);
     }
     info->n_files = sl_hf_weights_n_files(s);
+    if (st == SL_OK) report_unused(dir, s, m, used, m->n_params, info);
+    free(used);
     sl_hf_weights_close(s);
     if (st != SL_OK) {
         sl_model_free(m);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "suanli/base.h"
+#include "suanli/safetensors.h"
 #include "testutil.h"
 
 static char out[1 << 16];
@@ -74,6 +75,71 @@ static void write_st(const char *path, const char *header, uint64_t hlen_overrid
     fputs(header, f);
     for (size_t i = 0; i < data; i++) fputc(0, f);
     fclose(f);
+}
+
+/* rewrite the safetensors file `path` with its tensors and n extra F32 [2] tensors named extra[] */
+static void add_tensors(const char *path, const char *const *extra, int n) {
+    sl_safetensors *st;
+    TU_CHECK(sl_safetensors_open(path, &st) == SL_OK, "open %s: %s", path, sl_errmsg());
+    int k = sl_safetensors_count(st);
+    sl_st_tensor ts[256];
+    static const float two[2] = {1.5f, -2.5f};
+    TU_CHECK(k + n <= 256, "%s: %d tensors", path, k);
+    for (int i = 0; i < k && i < 256; i++) ts[i] = *sl_safetensors_get(st, i);
+    for (int i = 0; i < n && k + i < 256; i++)
+        ts[k + i] = (sl_st_tensor){
+            .name = extra[i], .dtype = "F32", .ndim = 1, .shape = {2}, .data = two, .nbytes = sizeof two};
+    char tmp[1100];
+    snprintf(tmp, sizeof tmp, "%s.new", path); /* the source stays mapped while it is written */
+    TU_CHECK(sl_safetensors_write(tmp, ts, k + n < 256 ? k + n : 256, NULL) == SL_OK, "write %s: %s", tmp,
+             sl_errmsg());
+    sl_safetensors_close(st);
+    TU_CHECK(rename(tmp, path) == 0, "rename %s", tmp);
+}
+
+/* tensors in the files that the model does not use were ignored in silence (transformers warns "Some weights
+ * of the model checkpoint were not used"): one warning line with the count and the first three names; known
+ * buffers (rotary inv_freq, GPT-2's attention masks, a tied lm_head) pass silently; the model still loads */
+static void test_unused_tensors(void) {
+    const char *tmp = tu_tmpdir("hfunused");
+    char d[600], f[700];
+    const char *harmless[] = {"model.layers.0.self_attn.rotary_emb.inv_freq",
+                              "model.layers.1.self_attn.rotary_emb.inv_freq"};
+    snprintf(d, sizeof d, "%s/qwen2", tmp);
+    copy_fixture("qwen2", d);
+    snprintf(f, sizeof f, "%s/model.safetensors", d);
+    add_tensors(f, harmless, 2);
+    TU_CHECK(gen(d, "") == 0 && !strstr(out, "warn"), "known buffers only: %s", out);
+    const char *extra[] = {"model.layers.0.mlp.extra_proj.weight", "score.weight", "model.pooler.weight",
+                           "model.pooler.bias"};
+    add_tensors(f, extra, 4);
+    TU_CHECK(gen(d, "") == 0, "qwen2 with 4 unused tensors loads: %s", out);
+    char *w = strstr(out, "[suanli warn]"), *e = w ? strchr(w, '\n') : NULL;
+    if (e) *e = 0;
+    TU_CHECK(
+        w &&
+            strstr(w, "/qwen2: 4 tensors in the checkpoint not used by the qwen2 model: "
+                      "'model.layers.0.mlp.extra_proj.weight', 'score.weight', 'model.pooler.weight', ...") &&
+            !strstr(w, "inv_freq"),
+        "unused warning: %s", w ? w : out);
+    /* a sharded checkpoint: a tensor in a shard that weight_map does not list is unused too */
+    snprintf(d, sizeof d, "%s/llama", tmp);
+    copy_fixture("llama", d);
+    snprintf(f, sizeof f, "%s/model-00002-of-00004.safetensors", d);
+    add_tensors(f, extra + 1, 1);
+    TU_CHECK(gen(d, "") == 0 &&
+                 strstr(out, "1 tensor in the checkpoint not used by the llama model: 'score.weight'\n"),
+             "sharded: %s", out);
+    /* GPT-2: the causal-mask buffers and the tied head are known; one extra tensor is named */
+    const char *g2[] = {"h.0.attn.bias", "h.0.attn.masked_bias", "lm_head.weight",
+                        "transformer.h.0.ln_3.weight"};
+    snprintf(d, sizeof d, "%s/gpt2", tmp);
+    copy_fixture("gpt2", d);
+    snprintf(f, sizeof f, "%s/model.safetensors", d);
+    add_tensors(f, g2, 4);
+    TU_CHECK(gen(d, "") == 0 && strstr(out, "1 tensor in the checkpoint not used by the gpt2 model: "
+                                            "'transformer.h.0.ln_3.weight'\n"),
+             "gpt2: %s", out);
 }
 
 static void test_greedy_text(void) {
@@ -467,6 +533,7 @@ static void test_train_help(void) {
 }
 
 int main(void) {
+    test_unused_tensors();
     test_train_help();
     test_position_limit();
     test_config_kept();
