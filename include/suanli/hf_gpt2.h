@@ -15,6 +15,8 @@ extern "C" {
 #endif
 
 sl_status sl_hf_gpt2_import(const char *dir, sl_model **out);
+/* The same, with the bos/eos ids and dropouts of its config.json into info (may be NULL). */
+sl_status sl_hf_gpt2_import_ex(const char *dir, sl_model **out, sl_hf_info *info);
 sl_status sl_hf_gpt2_export(const sl_model *m, const char *dir);
 /* The same, config.json recording info's bos/eos ids and dropouts (info may be NULL) */
 sl_status sl_hf_gpt2_export_ex(const sl_model *m, const char *dir, const sl_hf_info *info);

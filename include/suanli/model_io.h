@@ -24,6 +24,13 @@ extern "C" {
 /* Writes DIR/model.safetensors and DIR/config.json. extra_json: optional JSON object text whose keys
  * are added to config.json under "train" (e.g. the training arguments). */
 sl_status sl_model_save(const sl_model *m, const char *dir, const char *extra_json);
+/* The same, with GPT-2's bos/eos ids and dropouts of info (as sl_hf_load read them; info may be NULL)
+ * recorded in config.json under transformers' names (bos_token_id, eos_token_id, attn/resid/embd_pdrop). */
+sl_status sl_model_save_ex(const sl_model *m, const char *dir, const char *extra_json,
+                           const sl_hf_info *info);
+/* Reads those optional fields of DIR/config.json back into info (absent: bos_id -1, n_eos 0, dropouts -1);
+ * a present field of the wrong type or range fails naming it. */
+sl_status sl_model_load_info(const char *dir, sl_hf_info *info);
 /* Reads DIR/config.json, checks it, creates the model and loads every tensor (shape and dtype checked). */
 sl_status sl_model_load(const char *dir, sl_model **out);
 sl_status sl_model_load_on(const char *dir, sl_backend *be, sl_model **out); /* state on be */

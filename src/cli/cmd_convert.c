@@ -117,16 +117,18 @@ static int convert_gpt2(int argc, char **argv) {
         return 2;
     }
     sl_model *m = NULL;
+    sl_hf_info info; /* bos/eos ids and dropouts: config.json to config.json, both ways */
     sl_status st;
     /* an input that cannot be read is bad input (exit 2, as --model's), a failed write is not */
     int loaded = 0, made = access(out, F_OK) != 0;
     if (!strcmp(from, "hf-gpt2") && !strcmp(to, "suanli")) {
-        st = sl_hf_gpt2_import(in, &m);
+        st = sl_hf_gpt2_import_ex(in, &m, &info);
         if (st == SL_OK) loaded = 1, st = sl_mkdirs(out);
-        if (st == SL_OK) st = sl_model_save(m, out, NULL);
+        if (st == SL_OK) st = sl_model_save_ex(m, out, NULL, &info);
     } else if (!strcmp(from, "suanli") && !strcmp(to, "hf-gpt2")) {
         st = sl_model_load(in, &m);
-        if (st == SL_OK) loaded = 1, st = sl_hf_gpt2_export(m, out);
+        if (st == SL_OK) st = sl_model_load_info(in, &info);
+        if (st == SL_OK) loaded = 1, st = sl_hf_gpt2_export_ex(m, out, &info);
     } else {
         fprintf(stderr, "suanli convert: unsupported conversion --from %s --to %s (hf-gpt2 <-> suanli)\n",
                 from, to);

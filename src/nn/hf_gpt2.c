@@ -14,10 +14,12 @@ static int is_conv1d(const char *name) {
 /* Import goes through the general HF loader (src/nn/hf_load.c over src/formats/hf_model.c: config checks,
  * sharded files, F32/BF16/F16 conversion and the Conv1D transposes); this wrapper only insists that the
  * directory holds a GPT-2. */
-sl_status sl_hf_gpt2_import(const char *dir, sl_model **out) {
+sl_status sl_hf_gpt2_import(const char *dir, sl_model **out) { return sl_hf_gpt2_import_ex(dir, out, NULL); }
+
+sl_status sl_hf_gpt2_import_ex(const char *dir, sl_model **out, sl_hf_info *info) {
     *out = NULL;
     sl_model *m;
-    SL_TRY(sl_hf_load(dir, &m, NULL));
+    SL_TRY(sl_hf_load(dir, &m, info));
     if (m->arch != SL_ARCH_GPT2) {
         sl_status st =
             sl_fail(SL_ERR_UNSUPPORTED, "%s/config.json: a %s model, not GPT-2 (model_type must be gpt2)",

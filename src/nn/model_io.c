@@ -1,12 +1,47 @@
 /* Model weights <-> safetensors + config.json. */
 #include <cjson/cJSON.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/json_util.h"
 #include "suanli/model_io.h"
 #include "suanli/safetensors.h"
 
+/* Note [Run settings in suanli's config.json]
+ * A GPT-2 converted from Hugging Face's layout and back lost its bos/eos ids and dropouts: suanli's
+ * config.json had no fields for them. They are written under transformers' names (bos_token_id,
+ * eos_token_id: an integer or a list, attn_pdrop, resid_pdrop, embd_pdrop) when known, and read back as
+ * optional fields (a config.json without them, as written before, still loads). */
+/* the shortest decimal that reads back as f (0.1f, not 0.10000000149011612) */
+static double float_dec(float f) {
+    char b[32];
+    for (int p = 1; p <= 9; p++) {
+        snprintf(b, sizeof b, "%.*g", p, (double)f);
+        if ((float)strtod(b, NULL) == f) return strtod(b, NULL);
+    }
+    return f;
+}
+
+static void write_run_settings(cJSON *root, const sl_hf_info *info) {
+    if (!info) return;
+    if (info->bos_id >= 0) cJSON_AddNumberToObject(root, "bos_token_id", info->bos_id);
+    if (info->n_eos == 1)
+        cJSON_AddNumberToObject(root, "eos_token_id", info->eos_ids[0]);
+    else if (info->n_eos > 1)
+        cJSON_AddItemToObject(root, "eos_token_id", cJSON_CreateIntArray(info->eos_ids, info->n_eos));
+    const char *pk[] = {"attn_pdrop", "resid_pdrop", "embd_pdrop"};
+    const float pv[] = {info->attn_pdrop, info->resid_pdrop, info->embd_pdrop};
+    for (int i = 0; i < 3; i++)
+        if (pv[i] >= 0) cJSON_AddNumberToObject(root, pk[i], float_dec(pv[i]));
+}
+
 sl_status sl_model_save(const sl_model *m, const char *dir, const char *extra_json) {
+    return sl_model_save_ex(m, dir, extra_json, NULL);
+}
+
+sl_status sl_model_save_ex(const sl_model *m, const char *dir, const char *extra_json,
+                           const sl_hf_info *info) {
     sl_status st = SL_OK;
     char path[4096];
     sl_st_tensor *ts = calloc((size_t)m->n_params, sizeof *ts);
@@ -37,6 +72,7 @@ sl_status sl_model_save(const sl_model *m, const char *dir, const char *extra_js
     cJSON_AddNumberToObject(root, "n_embd", m->cfg.n_embd);
     cJSON_AddNumberToObject(root, "vocab_size", m->cfg.vocab_size);
     cJSON_AddNumberToObject(root, "max_seq_len", m->cfg.max_seq_len);
+    write_run_settings(root, info);
     if (extra_json) {
         cJSON *e = cJSON_Parse(extra_json);
         if (e) cJSON_AddItemToObject(root, "train", e);
@@ -81,6 +117,55 @@ sl_status sl_model_load_config(const char *dir, sl_gpt2_config *cfg) {
     SL_CHECK(sl_json_int(root, path, "vocab_size", 1, &cfg->vocab_size));
     SL_CHECK(sl_json_int(root, path, "max_seq_len", 1, &cfg->max_seq_len));
 done:
+    cJSON_Delete(root);
+    return st;
+}
+
+/* a token id: an integer in [0, INT_MAX] */
+static int token_id(const cJSON *v, int *out) {
+    if (!sl_json_is_count(v) || v->valuedouble > INT_MAX) return 0;
+    *out = (int)v->valuedouble;
+    return 1;
+}
+
+sl_status sl_model_load_info(const char *dir, sl_hf_info *info) {
+    memset(info, 0, sizeof *info);
+    info->bos_id = -1;
+    info->attn_pdrop = info->resid_pdrop = info->embd_pdrop = -1;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    cJSON *root;
+    SL_TRY(sl_json_read_object(path, &root));
+    sl_status st = SL_OK;
+    const cJSON *bos = cJSON_GetObjectItemCaseSensitive(root, "bos_token_id");
+    const cJSON *eos = cJSON_GetObjectItemCaseSensitive(root, "eos_token_id"), *e;
+    if (bos && !cJSON_IsNull(bos) && !token_id(bos, &info->bos_id))
+        st = sl_fail(SL_ERR_FORMAT, "%s: field 'bos_token_id' must be a token id (an integer >= 0)", path);
+    if (st == SL_OK && cJSON_IsArray(eos)) {
+        cJSON_ArrayForEach(e, eos) {
+            if (info->n_eos == SL_HF_MAX_EOS || !token_id(e, &info->eos_ids[info->n_eos++])) {
+                st = sl_fail(SL_ERR_FORMAT, "%s: field 'eos_token_id' must hold at most %d token ids", path,
+                             SL_HF_MAX_EOS);
+                break;
+            }
+        }
+    } else if (st == SL_OK && eos && !cJSON_IsNull(eos)) {
+        if (token_id(eos, &info->eos_ids[0]))
+            info->n_eos = 1;
+        else
+            st =
+                sl_fail(SL_ERR_FORMAT, "%s: field 'eos_token_id' must be a token id or a list of them", path);
+    }
+    const char *pk[] = {"attn_pdrop", "resid_pdrop", "embd_pdrop"};
+    float *pv[] = {&info->attn_pdrop, &info->resid_pdrop, &info->embd_pdrop};
+    for (int i = 0; i < 3 && st == SL_OK; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, pk[i]);
+        if (!v || cJSON_IsNull(v)) continue;
+        if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < 1))
+            st = sl_fail(SL_ERR_FORMAT, "%s: field '%s' must be a number in [0, 1)", path, pk[i]);
+        else
+            *pv[i] = (float)v->valuedouble;
+    }
     cJSON_Delete(root);
     return st;
 }

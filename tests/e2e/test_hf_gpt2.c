@@ -2,6 +2,7 @@
  * imported weights give transformers' logits (max|d| <= 1e-4); export writes the same tensors back
  * (byte-identical) and re-imports bitwise; `suanli convert` both ways; bad config/tensors -> clear errors. */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -27,6 +28,67 @@ static double cfg_num(const char *dir, const char *key) {
     double v = cJSON_IsNumber(it) ? it->valuedouble : NAN;
     cJSON_Delete(r);
     return v;
+}
+
+/* set config.json[key] of dir to the JSON text value, or delete it (value NULL) */
+static void set_cfg(const char *dir, const char *key, const char *value) {
+    char p[1024], *t = NULL;
+    size_t n;
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    TU_CHECK(sl_file_read_all(p, &t, &n) == SL_OK, "read %s", p);
+    cJSON *r = cJSON_ParseWithLength(t, n);
+    free(t);
+    cJSON_DeleteItemFromObjectCaseSensitive(r, key);
+    if (value) cJSON_AddItemToObject(r, key, cJSON_Parse(value));
+    char *text = cJSON_Print(r);
+    TU_CHECK(sl_file_write_atomic(p, text, strlen(text)) == SL_OK, "write %s", p);
+    free(text);
+    cJSON_Delete(r);
+}
+
+/* DIR/tk_s (convert --to suanli of the fixture: bos 1, eos 2, dropouts 0.1): a config.json without the
+ * fields (as written before) still converts, without them; an eos list goes through; a field of the wrong
+ * type or range is refused naming it, exit 2, nothing written */
+static void test_suanli_config_fields(const char *dir) {
+    char s[700], cmd[4096], o[800];
+    snprintf(s, sizeof s, "%s/tk_s", dir);
+    snprintf(o, sizeof o, "%s/tk_o", dir);
+    const char *keys[] = {"bos_token_id", "eos_token_id", "attn_pdrop", "resid_pdrop", "embd_pdrop"};
+    for (int i = 0; i < 5; i++) set_cfg(s, keys[i], NULL);
+    snprintf(cmd, sizeof cmd, "%s convert --from suanli --to hf-gpt2 --input %s --output %s", tu_cli(), s, o);
+    TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "older suanli config.json converts: %s", out);
+    TU_CHECK(isnan(cfg_num(o, "bos_token_id")) && isnan(cfg_num(o, "attn_pdrop")),
+             "without the fields: no bos, GPT2Config's default dropouts");
+    set_cfg(s, "eos_token_id", "[2, 7]");
+    set_cfg(s, "attn_pdrop", "0.25");
+    TU_CHECK(tu_run(cmd, out, sizeof out) == 0, "eos list: %s", out);
+    char p[900], *t = NULL;
+    size_t n;
+    snprintf(p, sizeof p, "%s/config.json", o);
+    cJSON *r = sl_file_read_all(p, &t, &n) == SL_OK ? cJSON_ParseWithLength(t, n) : NULL;
+    free(t);
+    const cJSON *e = cJSON_GetObjectItem(r, "eos_token_id");
+    TU_CHECK(cJSON_GetArraySize(e) == 2 && cJSON_GetArrayItem(e, 1)->valueint == 7 &&
+                 cfg_num(o, "attn_pdrop") == 0.25,
+             "eos [2, 7] and attn_pdrop 0.25 carried");
+    cJSON_Delete(r);
+    const char *bad[][3] = {{"attn_pdrop", "\"0.1\"", "'attn_pdrop' must be a number in [0, 1)"},
+                            {"embd_pdrop", "1.5", "'embd_pdrop' must be a number in [0, 1)"},
+                            {"bos_token_id", "-3", "'bos_token_id' must be a token id"},
+                            {"eos_token_id", "[2, 1e30]", "'eos_token_id' must hold at most 8 token ids"},
+                            {"eos_token_id", "\"2\"", "'eos_token_id' must be a token id or a list"}};
+    for (int i = 0; i < 5; i++) {
+        set_cfg(s, bad[i][0], bad[i][1]);
+        snprintf(cmd, sizeof cmd, "%s convert --from suanli --to hf-gpt2 --input %s --output %s/never",
+                 tu_cli(), s, dir);
+        int rc = tu_run(cmd, out, sizeof out);
+        TU_CHECK(rc == 2 && strstr(out, "tk_s/config.json: field ") && strstr(out, bad[i][2]) &&
+                     strchr(out, '\n') == out + strlen(out) - 1,
+                 "%s %s: rc %d %s", bad[i][0], bad[i][1], rc, out);
+        snprintf(p, sizeof p, "%s/never", dir);
+        TU_CHECK(access(p, F_OK) != 0, "%s %s: the output dir was made", bad[i][0], bad[i][1]);
+        set_cfg(s, bad[i][0], NULL);
+    }
 }
 
 /* the GPT-2 fixture with a tokenizer.json (dropouts 0.1, bos 1, eos 2): (1) convert --from/--to carried
@@ -81,8 +143,9 @@ static void test_tokenizer_and_config(const char *dir) {
         dir, tu_cli(), dir, dir, g, tu_cli(), dir, g, dir);
     rc = tu_run(cmd, out, sizeof out);
     TU_CHECK(rc == 0, "train --init-from gpt2 --save: rc %d %s", rc, out);
-    const char *outs[] = {"tk_m", "tk_t"};
-    for (int k = 0; k < 2; k++) {
+    /* convert --to suanli, then --to hf-gpt2: suanli's config.json had no fields for them (lost) */
+    const char *outs[] = {"tk_m", "tk_t", "tk_s", "tk_h"};
+    for (int k = 0; k < 4; k++) {
         snprintf(a, sizeof a, "%s/%s", dir, outs[k]);
         TU_CHECK(cfg_num(a, "bos_token_id") == 1 && cfg_num(a, "eos_token_id") == 2, "%s: bos %g eos %g",
                  outs[k], cfg_num(a, "bos_token_id"), cfg_num(a, "eos_token_id"));
@@ -91,6 +154,7 @@ static void test_tokenizer_and_config(const char *dir) {
                  "%s: dropouts %g %g %g, want 0.1", outs[k], cfg_num(a, "attn_pdrop"),
                  cfg_num(a, "resid_pdrop"), cfg_num(a, "embd_pdrop"));
     }
+    test_suanli_config_fields(dir);
 }
 
 static void write_file(const char *path, const char *text) {
