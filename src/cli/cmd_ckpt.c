@@ -5,6 +5,7 @@
  * system: rank h reads only POOL/host-<h>, its node-local disk, and the other hosts' files come over the
  * comm library (sl_ckpt_pool_*_comm); rank 0 prints and writes OUT. */
 #include <dirent.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -69,18 +70,50 @@ static int dir_is_empty(const char *path) {
     return n == 0;
 }
 
+/* The arguments' shape (sl_cmd_ckpt: argc >= 2): one line naming what is wrong and 2, else 0. A wrong
+ * subcommand, a missing or extra argument and `--step` without a value printed the whole usage text. */
+static int check_args(int argc, char **argv) {
+    const char *sub = argv[1];
+    int gathering = !strcmp(sub, "gather");
+    if (!gathering && strcmp(sub, "inspect") != 0 && strcmp(sub, "verify") != 0) {
+        fprintf(stderr, "suanli ckpt: unknown subcommand '%s' (expected inspect, verify or gather)\n", sub);
+        return 2;
+    }
+    int want = gathering ? 4 : 3;
+    if (argc < want) {
+        fprintf(stderr, "suanli ckpt %s: expected %s (see suanli ckpt --help)\n", sub,
+                gathering ? "POOL and OUT" : "one argument DIR");
+        return 2;
+    }
+    for (int i = 2; i < want; i++)
+        if (!argv[i][0]) {
+            fprintf(stderr, "suanli ckpt %s: %s: empty path\n", sub,
+                    i == 2 ? (gathering ? "POOL" : "DIR") : "OUT");
+            return 2;
+        }
+    if (argc > want && (!gathering || strcmp(argv[4], "--step") != 0 || argc > 6)) {
+        const char *a = gathering && !strcmp(argv[4], "--step") ? argv[6] : argv[want];
+        fprintf(stderr, "suanli ckpt %s: unexpected argument '%s'\n", sub, a);
+        return 2;
+    }
+    if (argc == 5) {
+        fprintf(stderr, "suanli ckpt gather: --step: missing value\n");
+        return 2;
+    }
+    return 0;
+}
+
 static int gather(int argc, char **argv, sl_comm *w) {
     long long step = -1;
     int me = w ? sl_comm_rank(w) : 0;
-    if (argc == 6 && !strcmp(argv[4], "--step")) {
+    if (argc == 6) { /* check_args: argv[4] is --step */
         char *end;
+        errno = 0;
         step = strtoll(argv[5], &end, 10);
-        if (!*argv[5] || *end || step < 0) {
+        if (!*argv[5] || *end || errno || step < 0) { /* 1e20 was read as LLONG_MAX */
             fprintf(stderr, "suanli ckpt gather: --step: expected a step number, got '%s'\n", argv[5]);
             return 2;
         }
-    } else if (argc != 4) {
-        return usage(stderr);
     }
     const char *pool = argv[2], *out = argv[3];
     if (!any_ok(w, sl_ckpt_is_pool(pool))) { /* under comm: some host holds its part of the pool */
@@ -136,9 +169,9 @@ static int pooled(const char *what, const char *dir, sl_comm *w) {
 int sl_cmd_ckpt(int argc, char **argv) {
     for (int i = 1; i < argc; i++) /* 'ckpt inspect --help' was read as the directory "--help" */
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return usage(stdout);
-    int gathering = argc >= 2 && !strcmp(argv[1], "gather");
-    if (!gathering && (argc != 3 || (strcmp(argv[1], "inspect") != 0 && strcmp(argv[1], "verify") != 0)))
-        return usage(stderr);
+    if (argc < 2) return usage(stderr);
+    int gathering = !strcmp(argv[1], "gather"), bad_args = check_args(argc, argv);
+    if (bad_args) return bad_args;
     int bad;
     sl_comm *w = hosts_comm(argv[1], &bad);
     if (bad) return bad;

@@ -2,6 +2,7 @@
  * ... --save` wrote) and write it back in transformers' layout: config.json, model.safetensors (f32, bf16 or
  * f16), tokenizer.json and generation_config.json copied when present. (2) --from hf-gpt2|suanli --to
  * suanli|hf-gpt2: GPT-2 weights between HF and suanli's own layout. */
+#include <errno.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -30,6 +31,15 @@ static int copy_if_present(const char *src_dir, const char *dst_dir, const char 
 static int same_dir(const char *a, const char *b) {
     struct stat sa, sb;
     return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+/* an --output that exists and is no directory (or under a file): bad input (exit 2), refused before the
+ * model is read; it exited 1 as a failed write */
+static int output_not_dir(const char *out) {
+    struct stat so;
+    if (stat(out, &so) == 0 ? S_ISDIR(so.st_mode) : errno != ENOTDIR) return 0;
+    fprintf(stderr, "suanli convert: --output %s: not a directory\n", out);
+    return 1;
 }
 
 static int convert_hf(int argc, char **argv) {
@@ -63,6 +73,7 @@ static int convert_hf(int argc, char **argv) {
         fprintf(stderr, "suanli convert: --output %s is the --model directory; give a new one\n", outd);
         return 2;
     }
+    if (output_not_dir(outd)) return 2;
     sl_model *m = NULL;
     sl_hf_info info;
     if (sl_hf_load(in, &m, &info) != SL_OK) {
@@ -116,6 +127,7 @@ static int convert_gpt2(int argc, char **argv) {
         fprintf(stderr, "suanli convert: --output %s is the --input directory; give a new one\n", out);
         return 2;
     }
+    if (output_not_dir(out)) return 2;
     sl_model *m = NULL;
     sl_hf_info info; /* bos/eos ids and dropouts: config.json to config.json, both ways */
     sl_status st;

@@ -186,18 +186,19 @@ static int cmd_info(int argc, char **argv) {
     }
     const char *dir = argv[1];
     sl_tokenizer *tok = NULL;
-    if (sl_tokenizer_load(dir, &tok) != SL_OK) {
+    sl_status st = sl_tokenizer_load(dir, &tok);
+    if (st != SL_OK) { /* DIR is the input: unreadable or malformed is bad input (it exited 1) */
         fprintf(stderr, "suanli data info: %s\n", sl_errmsg());
-        return 1;
+        return st == SL_ERR_NOMEM ? 1 : 2;
     }
     printf("tokenizer  %s, vocab %d\n", sl_tokenizer_type(tok), sl_tokenizer_vocab_size(tok));
     sl_tokenizer_free(tok);
     const char *splits[] = {"train", "val"};
     for (int i = 0; i < 2; i++) {
         sl_dataset *ds;
-        if (sl_dataset_open(dir, splits[i], &ds) != SL_OK) {
+        if ((st = sl_dataset_open(dir, splits[i], &ds)) != SL_OK) {
             fprintf(stderr, "suanli data info: %s\n", sl_errmsg());
-            return 1;
+            return st == SL_ERR_NOMEM ? 1 : 2;
         }
         printf("%-10s %lld tokens in %d shard(s), vocab %d, checksums ok\n", splits[i],
                (long long)sl_dataset_num_tokens(ds), sl_dataset_num_shards(ds), sl_dataset_vocab_size(ds));

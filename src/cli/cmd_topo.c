@@ -53,6 +53,10 @@ int sl_cmd_topo(int argc, char **argv) {
             usage(stdout);
             return 0;
         } else if (!strcmp(a, "--export-xml") && v) {
+            if (!*v) { /* was ": rename failed: No such file or directory" */
+                fprintf(stderr, "suanli topo: --export-xml: empty value\n");
+                return 2;
+            }
             xml_out = v;
             i++;
         } else if (!strcmp(a, "--synthetic") && v) {

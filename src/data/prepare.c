@@ -107,6 +107,16 @@ sl_status sl_data_prepare(const sl_prepare_opts *o) {
     if (!S_ISREG(sb.st_mode))
         return sl_fail(SL_ERR_INVALID, "prepare: input %s is not a regular file", o->input);
     if (sb.st_size == 0) return sl_fail(SL_ERR_INVALID, "prepare: input file %s is empty", o->input);
+    /* bad input as a bad --input is (it exited 1 as an I/O error), before anything is written */
+    sl_tokenizer *tok = NULL;
+    if (tf) {
+        sl_status ts = sl_tokenizer_load(tf, &tok);
+        if (ts != SL_OK) {
+            char why[1024];
+            snprintf(why, sizeof why, "%s", sl_errmsg()); /* sl_fail formats into the same buffer */
+            return ts == SL_ERR_NOMEM ? ts : sl_fail(SL_ERR_INVALID, "prepare: --tokenizer-file: %s", why);
+        }
+    }
     /* the highest directory of output_dir that is missing: a failure removes what this call made */
     char made[4096];
     snprintf(made, sizeof made, "%s", o->output_dir);
@@ -123,19 +133,22 @@ sl_status sl_data_prepare(const sl_prepare_opts *o) {
     if (sl_mkdirs(o->output_dir) != SL_OK) {
         char why[512];
         snprintf(why, sizeof why, "%s", sl_errmsg());
+        sl_tokenizer_free(tok);
         return sl_fail(SL_ERR_INVALID, "prepare: output directory not writable: %s", why);
     }
 
     sl_status st = SL_OK;
     char *text = NULL;
     size_t len = 0;
-    sl_tokenizer *tok = NULL;
     int32_t *tr = NULL, *va = NULL;
     int64_t ntr = 0, nva = 0;
     sl_prepare_stats S;
     memset(&S, 0, sizeof S);
     staging *sg = calloc(1, sizeof *sg);
-    if (!sg) return sl_fail(SL_ERR_NOMEM, "prepare: out of memory");
+    if (!sg) {
+        sl_tokenizer_free(tok);
+        return sl_fail(SL_ERR_NOMEM, "prepare: out of memory");
+    }
     SL_CHECK(sl_file_read_all(o->input, &text, &len));
     size_t nval = (size_t)floor((double)len * vf);
     size_t ntrain = len - nval;
@@ -145,8 +158,7 @@ sl_status sl_data_prepare(const sl_prepare_opts *o) {
         goto done;
     }
     double t1 = sl_time_sec();
-    if (tf) {
-        SL_CHECK(sl_tokenizer_load(tf, &tok));
+    if (tf) { /* loaded before the output directory was made */
         if (strcmp(sl_tokenizer_type(tok), "byte") && strcmp(sl_tokenizer_type(tok), "bpe"))
             while (ntrain > 1 && ((unsigned char)text[ntrain] & 0xC0) == 0x80) ntrain--; /* UTF-8 boundary */
         nval = len - ntrain;

@@ -223,6 +223,9 @@ static sl_status check_pool(sl_train_job *j) {
     }
     if (c->save_interval > 0 && !c->save_dir)
         return sl_train_bad("--ckpt-local-dir: --save-interval needs --save");
+    struct stat sb; /* a file there failed at the first checkpoint, after training (exit 1, --save written) */
+    if (stat(c->local_dir, &sb) == 0 ? !S_ISDIR(sb.st_mode) : errno == ENOTDIR)
+        return sl_train_bad("--ckpt-local-dir: %s: not a directory", c->local_dir);
     int world = j->mesh.world, hosts = 1;
     const char *eh = getenv("SUANLI_HOSTS");
     if (eh && *eh) {

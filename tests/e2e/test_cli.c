@@ -165,6 +165,37 @@ static void test_bench_flags(void) {
         run("bench ops --quick --reps"));
 }
 
+/* found by a bad-input audit of every subcommand (each: exit 2, one line naming the flag or file, nothing
+ * written under DIR): the ckpt usage text for a wrong subcommand, an extra argument or --step without a
+ * value; --step 1e20 taken as LLONG_MAX; a file as --output of convert and as --ckpt-local-dir (train ran,
+ * then exit 1 at the first checkpoint with --save written); a bad --tokenizer-file and data info of a
+ * missing DIR exited 1; topo --export-xml "" */
+static void test_input_audit(void) {
+    bad("ckpt unknown subcommand", "suanli ckpt: unknown subcommand 'bogus'", run("ckpt bogus %s", dir));
+    bad("ckpt extra argument", "suanli ckpt inspect: unexpected argument 'extra'",
+        run("ckpt inspect %s/run1 extra", dir));
+    bad("ckpt gather without OUT", "suanli ckpt gather: expected POOL and OUT",
+        run("ckpt gather %s/run1", dir));
+    bad("ckpt gather --step at the end", "suanli ckpt gather: --step: missing value",
+        run("ckpt gather %s/run1 %s/g --step", dir, dir));
+    bad("ckpt gather huge --step", "--step: expected a step number, got '99999999999999999999'",
+        run("ckpt gather %s/run1 %s/g --step 99999999999999999999", dir, dir));
+    bad("convert --output a file", "small.txt: not a directory",
+        run("convert --model %s/tests/fixtures/hf/gpt2 --output %s/small.txt", SL_SOURCE_DIR, dir));
+    bad("convert --to hf-gpt2 --output a file", "--output ",
+        run("convert --from suanli --to hf-gpt2 --input %s/run1 --output %s/small.txt/x", dir, dir));
+    bad("bad --tokenizer-file", "prepare: --tokenizer-file: ",
+        run("data prepare --input %s/small.txt --output-prefix %s/never --tokenizer-file %s/nothing", dir,
+            dir, dir));
+    bad("data info of a missing dir", "data info: ", run("data info %s/nothing", dir));
+    bad("empty --export-xml", "--export-xml: empty value", run("topo --export-xml ''"));
+    bad("--ckpt-local-dir a file", "--ckpt-local-dir: ",
+        run("train --save %s/never --data-path %s " TINY
+            " --train-iters 1 --save-interval 1 --ckpt-local-dir "
+            "%s/small.txt",
+            dir, data, dir));
+}
+
 static void test_bad_input(void) {
     int rc;
     char cmd[2048], cfgp[700];
@@ -597,6 +628,7 @@ int main(void) {
     TU_CHECK(rc == 0 && strstr(out, first) != NULL, "config run matches flags run: %s", out);
 
     test_bad_input();
+    test_input_audit();
     test_bench_flags();
     test_bench_train();
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
