@@ -187,7 +187,7 @@ static int cmd_info(int argc, char **argv) {
     const char *dir = argv[1];
     sl_tokenizer *tok = NULL;
     sl_status st = sl_tokenizer_load(dir, &tok);
-    if (st != SL_OK) { /* DIR is the input: unreadable or malformed is bad input (it exited 1) */
+    if (st != SL_OK) { /* no data dir there (no or a malformed tokenizer): bad input (it exited 1) */
         fprintf(stderr, "suanli data info: %s\n", sl_errmsg());
         return st == SL_ERR_NOMEM ? 1 : 2;
     }
@@ -196,9 +196,9 @@ static int cmd_info(int argc, char **argv) {
     const char *splits[] = {"train", "val"};
     for (int i = 0; i < 2; i++) {
         sl_dataset *ds;
-        if ((st = sl_dataset_open(dir, splits[i], &ds)) != SL_OK) {
+        if (sl_dataset_open(dir, splits[i], &ds) != SL_OK) { /* a shard that fails validation: 1 */
             fprintf(stderr, "suanli data info: %s\n", sl_errmsg());
-            return st == SL_ERR_NOMEM ? 1 : 2;
+            return 1;
         }
         printf("%-10s %lld tokens in %d shard(s), vocab %d, checksums ok\n", splits[i],
                (long long)sl_dataset_num_tokens(ds), sl_dataset_num_shards(ds), sl_dataset_vocab_size(ds));
