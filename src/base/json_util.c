@@ -2,6 +2,8 @@
 
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 sl_status sl_json_int(const cJSON *root, const char *path, const char *key, int min, int *out) {
     const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, key);
@@ -31,4 +33,13 @@ sl_status sl_json_read_object(const char *path, cJSON **out) {
 int sl_json_is_count(const cJSON *v) {
     return cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble <= 9007199254740992.0 &&
            v->valuedouble == floor(v->valuedouble);
+}
+
+double sl_json_float_dec(float f) {
+    char b[32];
+    for (int p = 1; p <= 9; p++) {
+        snprintf(b, sizeof b, "%.*g", p, (double)f);
+        if ((float)strtod(b, NULL) == f) return strtod(b, NULL);
+    }
+    return f;
 }

@@ -486,7 +486,6 @@ static sl_status write_json(const char *dir, cJSON *r) {
     return st;
 }
 
-static double float_dec(float f);
 static void write_ids(cJSON *r, const sl_hf_info *info);
 
 /* GPT2LMHeadModel's config.json (the fields transformers' GPT2Config reads; tied head, tanh GELU); the
@@ -509,7 +508,7 @@ static sl_status write_gpt2(const char *dir, const sl_hf_config *c, const sl_hf_
     const float pv[] = {info ? info->resid_pdrop : 0, info ? info->embd_pdrop : 0,
                         info ? info->attn_pdrop : 0};
     for (int i = 0; i < 3; i++) /* absent from the source: GPT2Config's default, as there */
-        if (pv[i] >= 0) cJSON_AddNumberToObject(root, pk[i], float_dec(pv[i]));
+        if (pv[i] >= 0) cJSON_AddNumberToObject(root, pk[i], sl_json_float_dec(pv[i]));
     cJSON_AddBoolToObject(root, "tie_word_embeddings", 1);
     cJSON_AddBoolToObject(root, "scale_attn_weights", 1);
     write_ids(root, info);
@@ -524,17 +523,6 @@ static void write_ids(cJSON *r, const sl_hf_info *info) {
         cJSON_AddNumberToObject(r, "eos_token_id", info->eos_ids[0]);
     else if (info && info->n_eos > 1)
         cJSON_AddItemToObject(r, "eos_token_id", cJSON_CreateIntArray(info->eos_ids, info->n_eos));
-}
-
-/* A float config value as the shortest decimal that reads back as the same float: config.json held
- * 1e-05, the float is 9.99999974737875e-06 as a double, and that is what convert wrote back */
-static double float_dec(float f) {
-    char b[32];
-    for (int p = 1; p <= 9; p++) {
-        snprintf(b, sizeof b, "%.*g", p, (double)f);
-        if ((float)strtod(b, NULL) == f) return strtod(b, NULL);
-    }
-    return f;
 }
 
 static void write_moe(cJSON *r, const sl_hf_config *c) {
@@ -554,7 +542,7 @@ static void write_moe(cJSON *r, const sl_hf_config *c) {
                             c->moe_intermediate ? c->shared_intermediate / c->moe_intermediate : 0);
     cJSON_AddNumberToObject(r, "n_group", c->n_group);
     cJSON_AddNumberToObject(r, "topk_group", c->topk_group);
-    cJSON_AddNumberToObject(r, "routed_scaling_factor", float_dec(c->routed_scaling));
+    cJSON_AddNumberToObject(r, "routed_scaling_factor", sl_json_float_dec(c->routed_scaling));
     cJSON_AddNumberToObject(r, "first_k_dense_replace", c->first_dense);
     cJSON_AddStringToObject(r, "scoring_func", "sigmoid");
     cJSON_AddStringToObject(r, "topk_method", "noaux_tc");
@@ -587,14 +575,14 @@ sl_status sl_hf_config_write(const char *dir, const sl_hf_config *c, const sl_hf
     /* BaichuanConfig (remote code) names it model_max_length */
     cJSON_AddNumberToObject(r, c->arch == SL_HF_BAICHUAN ? "model_max_length" : "max_position_embeddings",
                             c->max_seq_len);
-    cJSON_AddNumberToObject(r, "rms_norm_eps", float_dec(c->rms_eps));
-    cJSON_AddNumberToObject(r, "rope_theta", float_dec(c->rope_theta));
+    cJSON_AddNumberToObject(r, "rms_norm_eps", sl_json_float_dec(c->rms_eps));
+    cJSON_AddNumberToObject(r, "rope_theta", sl_json_float_dec(c->rope_theta));
     if (c->rope_factor > 0) {
         cJSON *sc = cJSON_CreateObject();
         cJSON_AddStringToObject(sc, "rope_type", "llama3");
-        cJSON_AddNumberToObject(sc, "factor", float_dec(c->rope_factor));
-        cJSON_AddNumberToObject(sc, "low_freq_factor", float_dec(c->rope_low_freq));
-        cJSON_AddNumberToObject(sc, "high_freq_factor", float_dec(c->rope_high_freq));
+        cJSON_AddNumberToObject(sc, "factor", sl_json_float_dec(c->rope_factor));
+        cJSON_AddNumberToObject(sc, "low_freq_factor", sl_json_float_dec(c->rope_low_freq));
+        cJSON_AddNumberToObject(sc, "high_freq_factor", sl_json_float_dec(c->rope_high_freq));
         cJSON_AddNumberToObject(sc, "original_max_position_embeddings", c->rope_orig_ctx);
         cJSON_AddItemToObject(r, "rope_scaling", sc);
     }

@@ -13,15 +13,6 @@
  * config.json had no fields for them. They are written under transformers' names (bos_token_id,
  * eos_token_id: an integer or a list, attn_pdrop, resid_pdrop, embd_pdrop) when known, and read back as
  * optional fields (a config.json without them, as written before, still loads). */
-/* the shortest decimal that reads back as f (0.1f, not 0.10000000149011612) */
-static double float_dec(float f) {
-    char b[32];
-    for (int p = 1; p <= 9; p++) {
-        snprintf(b, sizeof b, "%.*g", p, (double)f);
-        if ((float)strtod(b, NULL) == f) return strtod(b, NULL);
-    }
-    return f;
-}
 
 static void write_run_settings(cJSON *root, const sl_hf_info *info) {
     if (!info) return;
@@ -33,7 +24,7 @@ static void write_run_settings(cJSON *root, const sl_hf_info *info) {
     const char *pk[] = {"attn_pdrop", "resid_pdrop", "embd_pdrop"};
     const float pv[] = {info->attn_pdrop, info->resid_pdrop, info->embd_pdrop};
     for (int i = 0; i < 3; i++)
-        if (pv[i] >= 0) cJSON_AddNumberToObject(root, pk[i], float_dec(pv[i]));
+        if (pv[i] >= 0) cJSON_AddNumberToObject(root, pk[i], sl_json_float_dec(pv[i]));
 }
 
 sl_status sl_model_save(const sl_model *m, const char *dir, const char *extra_json) {

@@ -432,6 +432,22 @@ static char *manifest_shards(const char *step, const char *shards) {
     return text;
 }
 
+/* a single rank's full state of model m at step 3 (weights and the AdamW moments a1, a2 over seg) */
+static sl_ckpt_state step3_state(sl_model *m, sl_ckpt_seg *seg, float *a1, float *a2) {
+    sl_ckpt_state s = {.m = m,
+                       .seg = seg,
+                       .nseg = 1,
+                       .exp_avg = a1,
+                       .exp_avg_sq = a2,
+                       .write_params = 1,
+                       .write_optim = 1,
+                       .step = 3,
+                       .adam_t = 3,
+                       .rank = 0,
+                       .world = 1};
+    return s;
+}
+
 static void test_writer(void) {
     char root[600], mem[600], p[800];
     snprintf(root, sizeof root, "%s/ck", dir);
@@ -447,17 +463,7 @@ static void test_writer(void) {
         a2[i] = 1.0f / (float)(i + 1);
     }
     sl_ckpt_seg seg = {0, n, 0};
-    sl_ckpt_state s = {.m = m,
-                       .seg = &seg,
-                       .nseg = 1,
-                       .exp_avg = a1,
-                       .exp_avg_sq = a2,
-                       .write_params = 1,
-                       .write_optim = 1,
-                       .step = 3,
-                       .adam_t = 3,
-                       .rank = 0,
-                       .world = 1};
+    sl_ckpt_state s = step3_state(m, &seg, a1, a2);
     sl_ckpt_writer *w = sl_ckpt_writer_new();
     TU_CHECK(sl_ckpt_save_begin(w, root, &s) == SL_OK, "save_begin: %s", sl_errmsg());
     sl_ckpt_writer_wait_snapshot(w);
@@ -537,17 +543,7 @@ static void test_commit_config(void) {
     int64_t n = m->numel;
     float *a1 = calloc((size_t)n, sizeof(float)), *a2 = calloc((size_t)n, sizeof(float));
     sl_ckpt_seg seg = {0, n, 0};
-    sl_ckpt_state s = {.m = m,
-                       .seg = &seg,
-                       .nseg = 1,
-                       .exp_avg = a1,
-                       .exp_avg_sq = a2,
-                       .write_params = 1,
-                       .write_optim = 1,
-                       .step = 3,
-                       .adam_t = 3,
-                       .rank = 0,
-                       .world = 1};
+    sl_ckpt_state s = step3_state(m, &seg, a1, a2);
     const char *model_json = "{\"architecture\": \"gpt2\", \"n_layer\": 1}";
     sl_ckpt_writer *w = sl_ckpt_writer_new();
     TU_CHECK(sl_ckpt_save_begin(w, root, &s) == SL_OK, "save_begin: %s", sl_errmsg());
