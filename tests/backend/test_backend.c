@@ -45,7 +45,7 @@ typedef struct {
 static const shape_tier k_tiers[] = {{"tiny", 2, 8, 32, 4, 2, 8, 48, 4},
                                      {"demo", 4, 64, 192, 6, 2, 32, 256, 8}};
 static int B, T, C, NH, NKV, HS, V, E;
-enum { MAXP = 6, N_CASES = 21 };
+enum { MAXP = 6, N_CASES = 25 };
 
 typedef struct {
     const char *name;
@@ -111,6 +111,29 @@ static sl_tensor *b_attention_dropout(sl_ctx *c, sl_tensor **p, sl_tensor *ids) 
     a->iparams[SL_DROPOUT_IP_HEADS] = NH + 3; /* a TP shard: heads [2, 2 + NH) of NH + 3 */
     a->iparams[SL_DROPOUT_IP_HEAD0] = 2;
     return a;
+}
+/* the eager half numerics of autocast attention (Note [Eager half attention numerics], attention.c): 1 bf16
+ * and 2 f16 (GPT-2), 3 f16 and 4 bf16 (transformers' Llama family, P kept in fp32); with dropout */
+static sl_tensor *half_attention(sl_ctx *c, sl_tensor **p, int mode) {
+    sl_tensor *a = sl_attention_dropout(attention_case(c, p, 0), 0.1f, 9);
+    a->iparams[2] = mode;
+    return a;
+}
+static sl_tensor *b_att_h1(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
+    (void)ids;
+    return half_attention(c, p, 1);
+}
+static sl_tensor *b_att_h2(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
+    (void)ids;
+    return half_attention(c, p, 2);
+}
+static sl_tensor *b_att_h3(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
+    (void)ids;
+    return half_attention(c, p, 3);
+}
+static sl_tensor *b_att_h4(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
+    (void)ids;
+    return half_attention(c, p, 4);
 }
 static sl_tensor *b_dropout(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
     (void)ids;
@@ -229,6 +252,10 @@ static void make_cases(void) {
         {"attention-window", 2, {2, 2}, {{B * T, C}, {(NH + 2 * NKV) * HS, C}}, b_attention_window},
         {"attention-dropout", 2, {2, 2}, {{B * T, C}, {(NH + 2 * NKV) * HS, C}}, b_attention_dropout},
         {"dropout", 2, {2, 2}, {{B * T, C}, {2 * C, C}}, b_dropout},
+        {"attention-half-bf16", 2, {2, 2}, {{B * T, C}, {(NH + 2 * NKV) * HS, C}}, b_att_h1},
+        {"attention-half-f16", 2, {2, 2}, {{B * T, C}, {(NH + 2 * NKV) * HS, C}}, b_att_h2},
+        {"attention-eager-f16", 2, {2, 2}, {{B * T, C}, {(NH + 2 * NKV) * HS, C}}, b_att_h3},
+        {"attention-eager-bf16", 2, {2, 2}, {{B * T, C}, {(NH + 2 * NKV) * HS, C}}, b_att_h4},
         {"dropout-add-sp", 2, {2, 2}, {{B * T, C}, {C, C}}, b_dropout_add_sp},
         {"swiglu", 4, {2, 2, 2, 2}, {{B * T, C}, {2 * C, C}, {2 * C, C}, {C, 2 * C}}, b_swiglu},
         {"topk-gate", 3, {2, 2, 2}, {{B * T, C}, {E, C}, {E, C}}, b_topk},
@@ -353,6 +380,13 @@ static sl_status run_case(sl_backend *be, const op_case *k, op_result *out) {
  *   reference measured swiglu gradients 3.9e-4 relative on an element of 2.9e-2 (2223 of 270336 elements
  *   above 1e-4 relative) and attention 3.5e-2 relative on an element of 3.9e-6; normwise both are below
  *   1e-4 of the case's largest gradient.
+ * - fp16 training (gpt2-fp16) on OpenCL (2026-12-07): the fp16 roundings after each op turn the backends'
+ *   last-digit f32 differences (the norms' work-group sums, GELU's one-exp tanh, the GEMM's sum order) into
+ *   whole fp16 ulps at rounding boundaries. Losses agreed within 1e-4, the step-3 gradient norm by 1.9e-4
+ *   (tolerance 2^-11, one fp16 ulp), and 124 of 28544 weights (0.43 %) moved the other way by up to 0.0097:
+ *   gradient elements whose sign is below that noise, which AdamW's first steps turn into +-lr. Tolerance:
+ *   at most 1 % of the weights beyond the f32 bar, each within 2 lr per step (weights_half_ok). bf16 (same
+ *   run) stayed within the f32 bars.
  * - round-bf16: rounding to bf16 turns a last-digit f32 difference of an input into one bf16 ulp (2^-8
  *   relative) when the value sits at a rounding boundary; measured 5.6e-3 relative on 4 of 86016
  *   elements. Tolerance: 2^-7 relative for that case, and for matmul-bf16, whose weight gradient is rounded
@@ -485,6 +519,22 @@ static sl_status train3(sl_backend *be, int llama, int bf16, train_result *r) {
     return st;
 }
 
+/* fp16 training's final weights on a backend that is not bitwise the CPU (Note [Conformance tolerances
+ * measured]): every element within the f32 bar (atol 3e-4, g_rtol) but at most 1 % of them, and those
+ * within 2 lr per step (an AdamW update whose direction is the sign of a gradient element below the
+ * backends' fp16 rounding noise) */
+static int weights_half_ok(const float *got, const float *ref, int64_t n, float lr, int steps) {
+    int64_t off = 0;
+    double worst = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - (double)ref[i]);
+        if (!(d <= 3e-4 + g_rtol * fabs((double)ref[i]))) off++, worst = fmax(worst, isnan(d) ? INFINITY : d);
+    }
+    printf("train fp16 weights on %s: %lld of %lld elements beyond the f32 bar, at most %.3g apart\n",
+           g_be->name, (long long)off, (long long)n, worst);
+    return off <= n / 100 && worst <= 2.0 * lr * steps;
+}
+
 static void test_train(void) {
     float f32_loss[2] = {0, 0}; /* step-3 loss of the f32 runs: the bf16 runs must differ from it */
     for (int mode = 0; mode < 6; mode++) {
@@ -509,10 +559,18 @@ static void test_train(void) {
         if (s1 == SL_OK && s2 == SL_OK) {
             TU_CHECK(tu_allclose("loss", got.loss, ref.loss, 3, 0, g_rtol), "train %s losses on %s", what,
                      g_be->name);
-            TU_CHECK(tu_allclose("grad norm", got.norm, ref.norm, 3, 0, g_rtol), "train %s norms", what);
+            /* fp16 on a backend with its own reduction orders: Note [Conformance tolerances measured] */
+            int half_noise = bf16 == 2 && g_rtol > 0;
+            TU_CHECK(tu_allclose("grad norm", got.norm, ref.norm, 3, 0,
+                                 half_noise ? fmaxf(g_rtol, 0x1p-11f) : g_rtol),
+                     "train %s norms", what);
             /* atol 0.01 * lr * 3 steps: Note [Conformance tolerances measured] */
-            TU_CHECK(tu_allclose("weights", got.params, ref.params, ref.n, 3e-4f * (g_rtol > 0), g_rtol),
-                     "train %s final weights on %s", what, g_be->name);
+            if (half_noise)
+                TU_CHECK(weights_half_ok(got.params, ref.params, ref.n, 1e-2f, 3),
+                         "train %s final weights on %s", what, g_be->name);
+            else
+                TU_CHECK(tu_allclose("weights", got.params, ref.params, ref.n, 3e-4f * (g_rtol > 0), g_rtol),
+                         "train %s final weights on %s", what, g_be->name);
             TU_CHECK(ref.loss[2] < ref.loss[0], "train %s: loss falls (%g -> %g)", what, ref.loss[0],
                      ref.loss[2]);
             if (!bf16) f32_loss[llama] = ref.loss[2];

@@ -166,9 +166,16 @@ int ocl_supports(const sl_tensor *n) {
                    sl_accel_last_unit(a) && sl_accel_last_unit(b) && sl_accel_last_unit(n) &&
                    (!n->src[2] || sl_is_contiguous(n->src[2]));
         return sl_accel_supports(n);
-    case SL_OP_ATTENTION: /* with dropout of the probabilities too (Note [OpenCL dropout]) */
+    case SL_OP_ATTENTION: /* with dropout of the probabilities too (Note [OpenCL dropout]); the eager half
+                             numerics on their own kernels (Note [OpenCL half attention]) */
+        if (n->iparams[2] >= 1 && n->iparams[2] <= 4)
+            return sl_accel_all_f32(n) && sl_accel_last_unit(a) && sl_accel_last_unit(b) &&
+                   sl_accel_last_unit(n->src[2]);
         return sl_accel_supports_ex(n, 1) && OCL_ATT_LOCAL(n->src[0]->ne[3]) <= g_ocl.local_mem;
     case SL_OP_ATTENTION_BACK:
+        if (a->iparams[2] >= 1 && a->iparams[2] <= 4)
+            return sl_accel_all_f32(n) && sl_accel_last_unit(b) && sl_accel_last_unit(n->src[2]) &&
+                   sl_accel_last_unit(n->src[3]) && sl_accel_last_unit(n->src[4]) && n->src[4]->ndim >= 3;
         return sl_accel_supports_ex(n, 1) && OCL_ATT_LOCAL(n->src[1]->ne[3]) <= g_ocl.local_mem;
     case SL_OP_DROPOUT:
         return sl_accel_supports_ex(n, 1);
@@ -219,7 +226,7 @@ static sl_status op_binary(sl_tensor *n, int op) {
     return ocl_ew(op, n->fparams[0], o, io.nb, a, ia.nb, b, ib.nb, io.ne);
 }
 
-/* DROPOUT (Note [OpenCL dropout], kernels/0_philox.cl and dropout.cl): x * m (+ a residual); turned off,
+/* DROPOUT (Note [OpenCL dropout], kernels/0_common.cl and dropout.cl): x * m (+ a residual); turned off,
  * the copy or the add of the CPU's sl_k_dropout, the same bits */
 static sl_status op_dropout(sl_tensor *n) {
     ocl_ref o, x, r;

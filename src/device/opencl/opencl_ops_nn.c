@@ -175,16 +175,10 @@ static void qkv_args(ocl_call *c, ocl_ref q, const sl_tensor *tq, ocl_ref k, con
     ocl_arg(c, sizeof vs, &vs);
 }
 
-/* Note [OpenCL flash attention] (kernels/attention.cl): blocks of OCL_ATT_B rows, one work-group each */
-static void att_tail(ocl_call *c, int64_t T, int64_t NH, int64_t NKV, int64_t hs, int64_t win,
-                     const sl_tensor *fwd, int n_tiles, int n_rows) {
-    ocl_long(c, T);
-    ocl_long(c, NH);
-    ocl_long(c, NKV);
-    ocl_long(c, hs);
-    ocl_long(c, win);
-    ocl_float(c, 1.0f / sqrtf((float)hs));
-    sl_accel_dropout d = sl_accel_dropout_of(fwd); /* Note [OpenCL dropout] (kernels/0_philox.cl) */
+/* the dropout arguments of the attention kernels: on, seed, hi, thr, keep, heads, head0 (Note [OpenCL
+ * dropout] in kernels/0_common.cl) */
+static void att_dropout(ocl_call *c, const sl_tensor *fwd, int64_t NH) {
+    sl_accel_dropout d = sl_accel_dropout_of(fwd);
     cl_ulong seed = d.seed, hi = d.hi;
     cl_uint thr = d.thr;
     ocl_int(c, d.on);
@@ -194,6 +188,20 @@ static void att_tail(ocl_call *c, int64_t T, int64_t NH, int64_t NKV, int64_t hs
     ocl_float(c, d.keep);
     ocl_long(c, d.on ? d.heads : NH);
     ocl_long(c, d.head0);
+}
+
+/* Note [OpenCL flash attention] (kernels/attention.cl): blocks of OCL_ATT_B rows, one work-group each; the
+ * half kernels (fwd->iparams[2] != 0) take the mode and a scratch buffer instead of local tiles */
+static void att_tail(ocl_call *c, int64_t T, int64_t NH, int64_t NKV, int64_t hs, int64_t win,
+                     const sl_tensor *fwd, int n_tiles, int n_rows) {
+    ocl_long(c, T);
+    ocl_long(c, NH);
+    ocl_long(c, NKV);
+    ocl_long(c, hs);
+    ocl_long(c, win);
+    ocl_float(c, 1.0f / sqrtf((float)hs));
+    if (fwd->iparams[2]) ocl_int(c, fwd->iparams[2]); /* the half kernels: Note [OpenCL half attention] */
+    att_dropout(c, fwd, NH);
     for (int i = 0; i < n_tiles; i++) ocl_arg(c, sizeof(float) * OCL_ATT_B * (size_t)hs, NULL);
     for (int i = 0; i < n_rows; i++) ocl_arg(c, sizeof(float) * OCL_ATT_B, NULL);
 }
@@ -213,6 +221,17 @@ static sl_status op_attention(sl_tensor *n) {
     REF(q, &rq);
     REF(k, &rk);
     REF(v, &rv);
+    if (n->iparams[2]) { /* Note [OpenCL half attention]: a work-item per query row */
+        cl_mem P;
+        SL_TRY(ocl_scratch(sizeof(float) * (size_t)(B * NH * T) * (size_t)(2 * T) + 4, &P));
+        ocl_call c = ocl_begin(OK_ATTN_HALF);
+        ocl_ref_arg(&c, o);
+        ocl_ref_arg(&c, lse);
+        qkv_args(&c, rq, q, rk, k, rv, v);
+        att_tail(&c, T, NH, NKV, hs, n->iparams[1], n, 0, 0);
+        ocl_mem(&c, P);
+        return ocl_run1(&c, (size_t)(B * NH * T));
+    }
     ocl_call c = ocl_begin(OK_ATTN_FWD);
     ocl_ref_arg(&c, o);
     ocl_ref_arg(&c, lse);
@@ -231,9 +250,22 @@ static sl_status op_attention_back(sl_tensor *n) {
     REF(k, &rk);
     REF(v, &rv);
     REF(g, &rg);
+    cl_long4 gs = {{g->nb[0], g->nb[1], 0, 0}};
+    if (f->iparams[2]) { /* Note [OpenCL half attention]: a work-item per (b, kv head) */
+        cl_mem S;
+        SL_TRY(ocl_scratch(sizeof(float) * (size_t)(B * NKV) * (size_t)(3 * T + 2 * T * hs) + 4, &S));
+        ocl_call c = ocl_begin(OK_ATTN_HALF_BACK);
+        ocl_ref_arg(&c, o);
+        ocl_ref_arg(&c, lse);
+        qkv_args(&c, rq, q, rk, k, rv, v);
+        ocl_ref_arg(&c, rg);
+        ocl_arg(&c, sizeof gs, &gs);
+        att_tail(&c, T, NH, NKV, hs, n->iparams[1], f, 0, 0);
+        ocl_mem(&c, S);
+        return ocl_run1(&c, (size_t)(B * NKV));
+    }
     cl_mem dsum;
     SL_TRY(ocl_scratch(sizeof(float) * (size_t)(B * NH * T > 0 ? B * NH * T : 1), &dsum));
-    cl_long4 gs = {{g->nb[0], g->nb[1], 0, 0}};
     for (int pass = 0; pass < 2; pass++) {
         ocl_call c = ocl_begin(pass ? OK_ATTN_BWD_DKV : OK_ATTN_BWD_DQ);
         ocl_ref_arg(&c, o);

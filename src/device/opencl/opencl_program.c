@@ -62,6 +62,8 @@ static const char *const k_names[OK_COUNT] = {
     [OK_MOE_DOWN] = "k_moe_down",
     [OK_ADAMW] = "k_adamw",
     [OK_SUMSQ] = "k_sumsq",
+    [OK_ATTN_HALF] = "k_attention_half",
+    [OK_ATTN_HALF_BACK] = "k_attention_half_back",
     [OK_DROPOUT] = "k_dropout",
 };
 _Static_assert(sizeof k_names / sizeof k_names[0] == OK_COUNT, "one name per kernel");

@@ -20,7 +20,7 @@
  * accumulator (o += p v, dq += ds k, ...) run over d on row-major tiles ([row][d]).
  * The probabilities are exp(s - max) summed per tile rather than over the whole row as the CPU's scalar
  * reference does: the same values to a few ulps, within the conformance suite's attention tolerance.
- * Dropout of the probabilities (drop = 1; Note [OpenCL dropout] in 0_philox.cl): element (t, j) of query
+ * Dropout of the probabilities (drop = 1; Note [OpenCL dropout] in 0_common.cl): element (t, j) of query
  * head h has number ((b heads + head0 + h) T + t) T + j (heads, head0: the TP shard's place among the model's
  * heads, Note [Dropout from counters]); the softmax sums the undropped p, o sums p m v, and the backward
  * uses dp = (dy . v) m, D = sum p dp (= dy . o), ds = p (dp - D) scale, dv += p m dy, as the CPU's

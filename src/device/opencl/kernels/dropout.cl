@@ -1,6 +1,6 @@
 /* Hidden dropout (SL_OP_DROPOUT; semantics: sl_k_dropout in src/device/cpu/kernels/elementwise.c): o = x * m,
  * or r + x * m with a residual r (the product rounded, then the add: FP_CONTRACT is off), m the multipliers
- * of Note [OpenCL dropout] (0_philox.cl). The node is nb blocks of blk contiguous elements: one block (nb =
+ * of Note [OpenCL dropout] (0_common.cl). The node is nb blocks of blk contiguous elements: one block (nb =
  * 1) whose element i is number i of the site, or, for a sequence shard (seq > 0), batch row b of (B, Tl, R)
  * holding positions [t0, + Tl) of a sequence of seq, whose element i is number (b seq + t0) R + i. One
  * work-item per counter block of four numbers (per + 1 blocks a row cover any alignment), so each Philox

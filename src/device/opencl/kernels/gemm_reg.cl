@@ -94,18 +94,7 @@ GEMM_PACK_N(k_gemm_pack_n_b, ushort, bf16_1, bf16_8, bf16_16)
  * packed, as the f16 path does, and sums in f32. round = 1 (MATMUL iparams[SL_MATMUL_IP_ROUND] = bf16:
  * rounded Linear outputs and weight gradients) rounds each element of the product, with its bias, to bf16
  * before it is stored or accumulated, exactly as sl_f32_to_bf16 (round to nearest even; a NaN keeps its
- * high half with the quiet bit set), the CPU's rounding. */
-inline float rbf16(float x) {
-    uint u = as_uint(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return as_float((u & 0xffff0000u) | 0x00400000u);
-    return as_float((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
-}
-inline float16 rbf16_16(float16 v) {
-    uint16 u = as_uint16(v);
-    uint16 r = (u + (uint16)(0x7fffu) + ((u >> (uint16)(16)) & (uint16)(1u))) & (uint16)(0xffff0000u);
-    uint16 q = (u & (uint16)(0xffff0000u)) | (uint16)(0x00400000u);
-    return as_float16(select(r, q, (u & (uint16)(0x7fffffffu)) > (uint16)(0x7f800000u)));
-}
+ * high half with the quiet bit set), the CPU's rounding (rbf16 / rbf16_16 in 0_common.cl). */
 
 /* One work-item: B's panel nb against MG consecutive A panels (m-blocks g*MG ...), K in blocks of
  * KC: within a k-block the 32 x KC slice of B's panel (32 KiB at KC 256) stays in L1 across the MG

@@ -1,5 +1,7 @@
-/* Counter-based dropout masks (Note [Dropout from counters], src/ops/build.c). The sources are compiled as
- * one program in file-name order, so this file's name sorts first: attention.cl and dropout.cl use it.
+/* Helpers used by several kernel files. The sources are compiled as one program in file-name order, so
+ * this file's name sorts first: counter-based dropout masks (Note [Dropout from counters], src/ops/build.c;
+ * attention.cl, attention_half.cl, dropout.cl) and the roundings to bf16 / f16 (gemm_reg.cl,
+ * attention_half.cl).
  *
  * Note [OpenCL dropout]
  * philox4x32 is src/base/rng.c's sl_philox4x32 bit for bit (mul_hi gives the high words of the 32 x 32
@@ -45,4 +47,25 @@ inline float drop_at(drop_cache *dc, ulong seed, ulong hi, ulong e, uint thr, fl
         dc->valid = 1;
     }
     return word4(dc->w, (uint)(e & 3)) >= thr ? keep : 0.0f;
+}
+
+/* x rounded to bf16 and widened back, exactly as sl_f32_to_bf16 (round to nearest even; a NaN keeps its high
+ * half with the quiet bit set) */
+inline float rbf16(float x) {
+    uint u = as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return as_float((u & 0xffff0000u) | 0x00400000u);
+    return as_float((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
+}
+inline float16 rbf16_16(float16 v) {
+    uint16 u = as_uint16(v);
+    uint16 r = (u + (uint16)(0x7fffu) + ((u >> (uint16)(16)) & (uint16)(1u))) & (uint16)(0xffff0000u);
+    uint16 q = (u & (uint16)(0xffff0000u)) | (uint16)(0x00400000u);
+    return as_float16(select(r, q, (u & (uint16)(0x7fffffffu)) > (uint16)(0x7f800000u)));
+}
+/* x rounded to IEEE binary16 (nearest even, overflow to inf) and widened back: the CAST kernels' rounding,
+ * through the core vstore_half_rte / vload_half (no cl_khr_fp16 needed) */
+inline float rf16(float x) {
+    ushort h;
+    vstore_half_rte(x, 0, (private half *)&h);
+    return vload_half(0, (private const half *)&h);
 }
