@@ -211,9 +211,16 @@ static sl_status setup_comm(sl_train_job *j) {
 }
 
 /* Options that need no file: batch layout and the LR schedule; their defaults that depend on the mesh. */
-/* --ckpt-local-dir, --ckpt-replicas, --ckpt-ec and the job's hosts (SUANLI_HOSTS, set by suanli run). */
+/* --save-interval without --save; --ckpt-local-dir, --ckpt-replicas, --ckpt-ec and the job's hosts
+ * (SUANLI_HOSTS, set by suanli run). */
 static sl_status check_pool(sl_train_job *j) {
     const sl_train_ckpt_opts *c = &j->o.ckpt;
+    /* the checkpoint writer (and with it the in-memory copy, SUANLI_MEM_CKPT_DIR, and the pool's commit)
+     * exists only under --save: without it --save-interval saved nothing and the run exited 0 */
+    if (c->save_interval > 0 && !c->save_dir)
+        return sl_train_bad("--save-interval %lld needs --save (the run directory checkpoints are committed "
+                            "under%s); without it nothing would be saved",
+                            (long long)c->save_interval, c->local_dir ? ", also with --ckpt-local-dir" : "");
     if (!c->local_dir) {
         if (c->replicas > 0) return sl_train_bad("--ckpt-replicas needs --ckpt-local-dir");
         if (c->shared) return sl_train_bad("--ckpt-shared needs --ckpt-local-dir");
@@ -221,8 +228,6 @@ static sl_status check_pool(sl_train_job *j) {
         if (c->ec) return sl_train_bad("--ckpt-ec needs --ckpt-local-dir");
         return SL_OK;
     }
-    if (c->save_interval > 0 && !c->save_dir)
-        return sl_train_bad("--ckpt-local-dir: --save-interval needs --save");
     struct stat sb; /* a file there failed at the first checkpoint, after training (exit 1, --save written) */
     if (stat(c->local_dir, &sb) == 0 ? !S_ISDIR(sb.st_mode) : errno == ENOTDIR)
         return sl_train_bad("--ckpt-local-dir: %s: not a directory", c->local_dir);

@@ -212,6 +212,15 @@ static void test_bad_input(void) {
     bad("missing value", "--seed", run("train --save %s/never --data-path %s --seed", dir, data));
     bad("batch multiple", "--global-batch-size",
         run("train --save %s/never --data-path %s --micro-batch-size 3 --global-batch-size 8", dir, data));
+    /* --save-interval without --save saved nothing and exited 0; also with an in-memory checkpoint root
+     * (SUANLI_MEM_CKPT_DIR: the copy is written beside the --save commit, never alone) */
+    bad("--save-interval without --save", "--save-interval 2 needs --save (",
+        run("train --data-path %s " TINY " --train-iters 2 --save-interval 2", data));
+    char memenv[700];
+    snprintf(memenv, sizeof memenv, "env SUANLI_MEM_CKPT_DIR=%s/mem", dir);
+    bad("--save-interval without --save, in-memory root", "--save-interval 3 needs --save (",
+        tu_runf(out, sizeof out, memenv, "%s train --data-path %s " TINY " --train-iters 2 --save-interval 3",
+                tu_cli(), data));
     /* the LR schedule's checks (both survived a mutation audit: no test gave such flags) */
     bad("min lr above lr", "--min-lr 0.01 exceeds --lr 0.001",
         run("train --save %s/never --data-path %s " TINY " --lr 0.001 --min-lr 0.01", dir, data));

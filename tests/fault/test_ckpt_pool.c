@@ -409,6 +409,10 @@ static void test_bad_flags(void) {
              out);
     rc = run("%s train " TINY " --save bad1 --save-interval 4 --ckpt-shared", cli);
     TU_CHECK(rc == 2 && strstr(out, "--ckpt-shared needs --ckpt-local-dir"), "shared without dir: %s", out);
+    /* the pool commits only beside --save's writer: without --save nothing was saved */
+    rc = run("%s train " TINY " --save-interval 4 --ckpt-local-dir B --ckpt-replicas 1", cli);
+    TU_CHECK(rc == 2 && strstr(out, "--save-interval 4 needs --save (") && strstr(out, "--ckpt-local-dir"),
+             "pooled --save-interval without --save: rc %d %s", rc, out);
     rc = run("%s train " TINY " --save bad1 --ckpt-local-dir B --ckpt-replicas 1 --ckpt-ec 1+1", cli);
     TU_CHECK(rc == 2 && strstr(out, "not both"), "replicas and ec: %s", out);
     rc = run("env SUANLI_HOSTS=x %s train " TINY " --save bad1 --ckpt-local-dir B", cli);
