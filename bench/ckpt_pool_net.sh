@@ -11,7 +11,7 @@
 #    blocks it received; by symmetry what it sent) over the same time, against the link;
 #  - the restore after host 1's directory is lost: a restart on the same hosts reassembles host 1's step
 #    from the others over the network (the "reassembled from ... (H hosts, S s)" line) and the bytes it
-#    holds then (its .restore step dir).
+#    rebuilds (its .restore step dir: the manifest's files, manifest.json and config.json).
 # The in-memory copy is off (SUANLI_MEM_CKPT_DIR=). `dd conv=fsync` of 512 MiB is run beside.
 # MODES="replicas ec" (the default) picks the modes.
 # usage: [DELAY=US] [MODES=replicas|ec] bench/ckpt_pool_net.sh SUANLI_CLI [RATE [small|124m [STEPS [SAVE_EVERY]]]]   (root)
@@ -74,11 +74,16 @@ for mode in "replicas 2:2:--ckpt-replicas 2" "ec 2+1:3:--ckpt-ec 2+1"; do
   # bytes that crossed host 0's link per save, each way: the other hosts' replica or blocks it received (by
   # symmetry what it sent): its step dir's shard files that are not its own shard-r00000.*
   sent=$(ls -l "$L/host-0/$step" | awk '$NF ~ /^shard-r[0-9]+\.safetensors/ && $NF !~ /^shard-r00000\./ {s += $5} END {print s + 0}')
-  # restore: host 1's directory lost; the restart reassembles it from the others over the links
+  # restore: host 1's directory lost; the restart reassembles it from the others over the links into
+  # host-1/.restore/$step (removed once loaded): every file the manifest's pool lists, manifest.json and
+  # config.json, counted from host 0's copy of the manifest
+  got=$(python3 -c 'import json, os, sys
+d = sys.argv[1]
+m = json.load(open(os.path.join(d, "manifest.json")))
+print(sum(int(f["size"]) for f in m["pool"]["files"].values()) + sum(os.path.getsize(os.path.join(d, n)) for n in ("manifest.json", "config.json") if os.path.exists(os.path.join(d, n))))' "$L/host-0/$step")
   rm -rf "$L/host-1"
   hosts_run $n 29520 "restore$tag" "${common[@]}" --train-iters $((STEPS + 1)) --save "$W/o$tag" --load "$W/o$tag" --ckpt-local-dir "$L"
   rsec=$(grep -o 'reassembled from .* hosts, [0-9.]* s)' "$W/restore$tag.h0" | sed 's/.* hosts, \([0-9.]*\) s)/\1/')
-  got=$(du -sb "$L/host-1/.restore/$step" 2>/dev/null | awk '{print $1}')
   python3 - "$name" "$n" "$RATE" "$link" "$dd_w" "$step_ms" "$stall_ms" "$wsec" "$host_bytes" "$sent" "$rsec" "${got:-0}" <<'PY'
 import json, sys
 name, n, rate, link, dd, step, stall, wsec, hb, sent, rsec, got = sys.argv[1:]

@@ -177,6 +177,10 @@ sl_status sl_ckpt_pool_gather(const char *root, int hosts, int64_t step, const c
  * reads of another host's files arrive over `leaders` from that host's first rank (Note [Pool transfers
  * over comm]). Every caller assembles the same step into its dest (its own host's .restore) or fails. */
 sl_status sl_ckpt_pool_restore(const sl_ckpt_pool *p, sl_comm *leaders, const char *dest, int64_t *got);
+/* Remove what a restore assembled into dest (its step dirs, partial ones included, and `latest`) and dest
+ * itself when that leaves it empty: a restart's .restore once every rank of the host has loaded it. A file
+ * of someone else's in dest is kept (and so dest). */
+sl_status sl_ckpt_pool_restore_remove(const char *dest);
 /* Placement and redundancy of the newest step (every copy and block: ok, missing, damaged) to f. */
 sl_status sl_ckpt_pool_inspect(const char *root, int hosts, FILE *f);
 /* The offline tools on a cluster without a shared file system (Note [Pool transfers over comm]): collective

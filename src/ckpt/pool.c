@@ -1253,6 +1253,33 @@ static int pool_steps_comm(const char *root, sl_comm *lc, int me, int64_t **out)
     return v ? n : -1;
 }
 
+/* the step dirs under dest, step-N.tmp ones of a killed restore included */
+static sl_status empty_restore(const char *dest) {
+    sl_status st = SL_OK;
+    sl_ckpt_remove_stale_tmp(dest, NULL, 0);
+    char **v, path[4400];
+    int nv = sl_ckpt_list_steps(dest, &v);
+    for (int k = 0; k < nv; k++) {
+        snprintf(path, sizeof path, "%s/%s", dest, v[k]);
+        sl_status rs = sl_ckpt_rm_rf(path);
+        if (st == SL_OK) st = rs;
+        free(v[k]);
+    }
+    if (nv > 0) free(v);
+    return st;
+}
+
+sl_status sl_ckpt_pool_restore_remove(const char *dest) {
+    SL_TRY(empty_restore(dest));
+    char path[4400];
+    snprintf(path, sizeof path, "%s/latest", dest);
+    if (unlink(path) != 0 && errno != ENOENT)
+        return sl_fail(SL_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
+    if (rmdir(dest) != 0 && errno != ENOENT && errno != ENOTEMPTY && errno != EEXIST)
+        return sl_fail(SL_ERR_IO, "%s: cannot remove: %s", dest, strerror(errno));
+    return SL_OK;
+}
+
 /* nowrite: under lock step, this host only reads and sends (dest is written by another host) */
 static sl_status gather(const char *root, int hosts, int64_t step, const char *dest, int64_t *got,
                         sl_comm *lc, int me, int nowrite) {
@@ -1269,15 +1296,7 @@ static sl_status gather(const char *root, int hosts, int64_t step, const char *d
         /* dest (a restart's .restore) holds only what an earlier restore assembled, never read again:
          * removed first, partial step-N.tmp dirs of a killed restore included, so that a disk the old copy
          * filled has room for the new one (Note [Stale temp dirs] in ckpt.c) */
-        sl_ckpt_remove_stale_tmp(dest, NULL, 0);
-        char **v, path[4400];
-        int nv = sl_ckpt_list_steps(dest, &v);
-        for (int k = 0; k < nv; k++) {
-            snprintf(path, sizeof path, "%s/%s", dest, v[k]);
-            sl_ckpt_rm_rf(path);
-            free(v[k]);
-        }
-        if (nv > 0) free(v);
+        (void)empty_restore(dest);
     }
     if (dest && n > 0) {
         ctx c0 = {.lc = lc};

@@ -487,10 +487,37 @@ static sl_status pool_restore(sl_train_job *j, char *dir, size_t cap, int *found
     if (agg[1] < 0) return SL_OK;
     snprintf(dir, cap, "%s/step-%07lld", restore, (long long)agg[1]);
     *found = 1;
+    j->pool_restored = 1; /* the same on every rank (agreed above) */
     if (j->out && rank == 0)
         fprintf(j->out, "pooled checkpoint step %lld reassembled from %s (%d hosts, %.2f s)\n",
                 (long long)agg[1], p->local_root, p->hosts,
                 sl_time_sec() - t0); /* bench/ckpt_pool_net.sh reads the time */
+    return SL_OK;
+}
+
+/* Note [.restore is removed once loaded]
+ * The step a pooled restore rebuilt (LOCAL/host-<h>/.restore/step-N: a full copy of the step, every rank's
+ * shard) is read once, by the resume's load of each rank of the host, or not at all when the disk or
+ * in-memory copy was newer. It stayed until the next restore emptied it, a full step's bytes on every host's
+ * local disk for the rest of the run. Once every rank of the job has loaded (an all-reduce when a host has
+ * several ranks: they share the host's .restore), each host's first rank removes the step, `latest` and the
+ * then empty .restore (sl_ckpt_pool_restore_remove). A removal that fails only warns: the next restore
+ * empties .restore first. */
+static sl_status pool_restore_done(sl_train_job *j) {
+    if (!j->pool_restored) return SL_OK;
+    const sl_ckpt_pool *p = &j->pool;
+    int rank = j->mesh.rank, world = j->mesh.world;
+    if (j->world && world > p->hosts) { /* a host's ranks share its .restore: all of them have loaded */
+        int32_t one = 1, all = 1;
+        if (sl_comm_all_reduce(j->world, &one, &all, 1, SL_COMM_I32, SL_COMM_MAX) != SL_OK)
+            return sl_train_fail(SL_ERR_PEER, "rank %d: pooled restore: %s", rank, sl_errmsg());
+    }
+    j->pool_restored = 0;
+    if (!(rank == 0 || sl_ckpt_pool_host_of(rank - 1, world, p->hosts) != p->host)) return SL_OK;
+    char restore[3900];
+    snprintf(restore, sizeof restore, "%s/host-%d/.restore", p->local_root, p->host);
+    if (sl_ckpt_pool_restore_remove(restore) != SL_OK)
+        SL_LOGW("pooled restore: the loaded step stays: %s", sl_errmsg());
     return SL_OK;
 }
 
@@ -790,6 +817,7 @@ static sl_status make_trainer(sl_train_job *j) {
         }
         j->resume_seconds = sl_time_sec() - t0;
     }
+    SL_TRY(pool_restore_done(j)); /* Note [.restore is removed once loaded] */
     if (o->ckpt.save_dir && o->ckpt.save_interval > 0) {
         SL_TRY(reserve_writer(j));
         j->tr.pre_update = wait_snapshot;

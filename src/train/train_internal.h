@@ -61,6 +61,7 @@ typedef struct sl_train_job {
                               * with pool.comm); -1: none */
     double commit_t0;
     sl_ckpt_pool pool;  /* this rank's view of the pool */
+    int pool_restored;  /* pool_restore rebuilt a step into this host's .restore (removed once loaded) */
     sl_comm *ckpt_comm; /* pooled, several ranks: the writer threads' communicator (pool.comm) */
 } sl_train_job;
 

@@ -11,6 +11,7 @@
  * - tiers: --ckpt-shared drains every pooled save into --save; --save-keep / --ckpt-local-keep per tier;
  * - suanli ckpt inspect / verify / gather, also under `suanli run` from isolated hosts (each rank seeing only
  *   its own host directory); bad flags: one line naming the flag, exit 2, nothing written. */
+#include <glob.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -45,6 +46,21 @@ static int exists(const char *rel) {
     char p[700];
     snprintf(p, sizeof p, "%s/%s", dir, rel);
     return access(p, F_OK) == 0;
+}
+
+/* step dirs (also step-N.tmp) or `latest` left under ROOT/host-<h>/.restore for any host h: a pooled resume
+ * removes what it rebuilt there once every rank has loaded it (Note [.restore is removed once loaded]) */
+static int restore_left(const char *root) {
+    char pat[900];
+    int n = 0;
+    const char *what[2] = {"step-*", "latest"};
+    for (int k = 0; k < 2; k++) {
+        glob_t g;
+        snprintf(pat, sizeof pat, "%s/%s/host-*/.restore/%s", dir, root, what[k]);
+        if (glob(pat, 0, NULL, &g) == 0) n += (int)g.gl_pathc;
+        globfree(&g);
+    }
+    return n;
 }
 
 #define TINY                                                                                                 \
@@ -189,6 +205,8 @@ static void test_replicas(void) {
     TU_CHECK(rc == 0 && strstr(out, "removing L/host-1") && strstr(out, "reassembled from L (2 hosts, ") &&
                  strstr(out, "missing; using the copy on host 0"),
              "replicas: lost host -> restart from the pool: rc %d %s", rc, out);
+    TU_CHECK(!restore_left("L") && exists("L/host-0") && exists("L/host-1"),
+             "replicas: the rebuilt .restore step removed once loaded (every host's)");
     TU_CHECK(same("base", "rep"),
              "replicas 2, host 1 lost: final weights bitwise equal to the uninterrupted run");
     rc = run("%s ckpt inspect L", cli);
@@ -214,6 +232,8 @@ static void test_replicas(void) {
     TU_CHECK(rc == 0 && strstr(out, "resumed from L/host-0/.restore/step-0000012") &&
                  strstr(out, "checksum mismatch"),
              "resume past a corrupt replica: rc %d %s", rc, out);
+    TU_CHECK(!restore_left("L") && !exists("L/host-0/.restore"),
+             "corrupt replica: .restore removed once loaded");
     TU_CHECK(same("base", "rep2"), "corrupt replica: resumed weights bitwise equal");
     /* host 0's config.json of the newest step lost: the restore takes the model config from the manifest
      * (it was copied from host 0 alone, so the restored step had none and the resume failed) */
@@ -247,9 +267,9 @@ static void test_replicas(void) {
     TU_CHECK(rc == 0 && strstr(out, "resumed from L/host-0/.restore/step-0000008"),
              "resume from step 8: rc %d %s", rc, out);
     TU_CHECK(!exists("L/host-0/.restore/step-0000099.tmp") && !exists("L/host-0/.restore/step-0000012") &&
-                 exists("L/host-0/.restore/step-0000008") && !exists("L/host-1/step-0000005.tmp2") &&
-                 exists("L/host-1/notes.tmp"),
-             "stale .restore and step temp dirs removed, the restored step and a user file kept");
+                 !exists("L/host-0/.restore/step-0000008") && !restore_left("L") &&
+                 !exists("L/host-1/step-0000005.tmp2") && exists("L/host-1/notes.tmp"),
+             "stale .restore and step temp dirs removed, the restored step once loaded, a user file kept");
     TU_CHECK(same("base", "rep3"), "fallback to step 8: final weights bitwise equal");
 }
 
@@ -285,6 +305,7 @@ static void test_ec(void) {
         TU_CHECK(rc == 0 && strstr(out, "reassembled from E (4 hosts, ") &&
                      strstr(out, "rebuilding it from 2 intact"),
                  "ec: lost host -> rebuilt: rc %d %s", rc, out);
+        TU_CHECK(!restore_left("E"), "ec: the rebuilt .restore step removed once loaded");
         TU_CHECK(same("base", "ec"),
                  "ec 2+1, host 1 lost: final weights bitwise equal to the uninterrupted run");
         rc = run("%s ckpt inspect E", cli);
