@@ -97,6 +97,9 @@ int64_t sl_ckpt_newest_step(const char *root);
 /* Load params (all), optimizer state (the rank's segments), step, adam_t, seed. The model shape must
  * match the manifest's tensors. */
 sl_status sl_ckpt_load(const char *dir, sl_ckpt_state *st);
+/* Only the manifest's part of sl_ckpt_load: step, adam_t, seed (kept when the manifest records none) and the
+ * loss scaler into st; no tensor is read, st->m is not used. A resume checks them before the load. */
+sl_status sl_ckpt_load_train_state(const char *dir, sl_ckpt_state *st);
 /* Check every shard's checksum, and that config.json (when the manifest has a model) is the manifest's
  * "model"; print a summary with `inspect`. */
 sl_status sl_ckpt_verify(const char *dir);

@@ -1022,6 +1022,50 @@ static sl_status load_flat(reader *r, const sl_model *m, const char *kind, int64
     return SL_OK;
 }
 
+/* The manifest's step and train object (adam_t, seed, loss_scaler) into st: no tensor is read */
+static sl_status read_train_state(const reader *r, sl_ckpt_state *st) {
+    const char *dir = r->dir;
+    sl_status s = SL_OK;
+    st->step = (int64_t)cJSON_GetObjectItem(r->man, "step")->valuedouble;
+    cJSON *tr = cJSON_GetObjectItem(r->man, "train");
+    cJSON *at = cJSON_GetObjectItem(tr, "adam_t"), *sd = cJSON_GetObjectItem(tr, "seed");
+    /* absent (older checkpoints): the step and the caller's seed; present, they must be valid */
+    int sd_ok = cJSON_IsNumber(sd) && sd->valuedouble >= 0 && sd->valuedouble < 18446744073709551616.0;
+    if ((at && !sl_json_is_count(at)) || (sd && !sd_ok))
+        s = sl_fail(SL_ERR_FORMAT, "%s/manifest.json: field 'train.%s' must be a non-negative integer", dir,
+                    at && !sl_json_is_count(at) ? "adam_t" : "seed");
+    st->adam_t = sl_json_is_count(at) ? (int64_t)at->valuedouble : st->step;
+    if (sd_ok) st->seed = (uint64_t)sd->valuedouble;
+    const cJSON *ls = cJSON_GetObjectItem(tr, "loss_scaler"), *sc = cJSON_GetObjectItem(ls, "scale"),
+                *gt = cJSON_GetObjectItem(ls, "growth_tracker"),
+                *ht = cJSON_GetObjectItem(ls, "hysteresis_tracker"), *sk = cJSON_GetObjectItem(ls, "skipped");
+    st->has_scaler = 0;
+    if (ls) { /* present: it must be whole, or the resumed run would silently restart its scale */
+        if (!(cJSON_IsNumber(sc) && sc->valuedouble > 0 && sc->valuedouble <= 3.4e38) ||
+            !sl_json_is_count(gt) || gt->valuedouble > 2147483647.0 || !cJSON_IsNumber(ht) ||
+            ht->valuedouble != floor(ht->valuedouble) || fabs(ht->valuedouble) > 2147483647.0 ||
+            !sl_json_is_count(sk)) { /* the hysteresis tracker counts down past 0 */
+            s = sl_fail(SL_ERR_FORMAT, "%s/manifest.json: train.loss_scaler is not a valid loss-scaler state",
+                        dir);
+        } else {
+            st->has_scaler = 1;
+            st->loss_scale = sc->valuedouble;
+            st->growth_tracker = (int64_t)gt->valuedouble;
+            st->hysteresis_tracker = (int64_t)ht->valuedouble;
+            st->skipped = (int64_t)sk->valuedouble;
+        }
+    }
+    return s;
+}
+
+sl_status sl_ckpt_load_train_state(const char *dir, sl_ckpt_state *st) {
+    reader r;
+    sl_status s = reader_open(&r, dir);
+    if (s == SL_OK) s = read_train_state(&r, st);
+    reader_close(&r);
+    return s;
+}
+
 sl_status sl_ckpt_load(const char *dir, sl_ckpt_state *st) {
     reader r;
     sl_status s = reader_open(&r, dir);
@@ -1036,6 +1080,7 @@ sl_status sl_ckpt_load(const char *dir, sl_ckpt_state *st) {
                             dir, tn);
         }
     }
+    if (s == SL_OK) s = read_train_state(&r, st); /* before the tensors: a bad field costs no read */
     if (s == SL_OK && !st->param_shard)
         s = load_flat(&r, st->m, "param", 0, st->m->numel, st->m->params_mem, st->m->params_buf, 0);
     for (int k = 0; k < st->nseg && s == SL_OK; k++) {
@@ -1048,38 +1093,6 @@ sl_status sl_ckpt_load(const char *dir, sl_ckpt_state *st) {
         if (s == SL_OK)
             s = load_flat(&r, st->m, "exp_avg_sq", g->lo, g->len,
                           st->exp_avg_sq ? st->exp_avg_sq + g->off : NULL, st->exp_avg_sq_buf, g->off);
-    }
-    if (s == SL_OK) {
-        st->step = (int64_t)cJSON_GetObjectItem(r.man, "step")->valuedouble;
-        cJSON *tr = cJSON_GetObjectItem(r.man, "train");
-        cJSON *at = cJSON_GetObjectItem(tr, "adam_t"), *sd = cJSON_GetObjectItem(tr, "seed");
-        /* absent (older checkpoints): the step and the caller's seed; present, they must be valid */
-        int sd_ok = cJSON_IsNumber(sd) && sd->valuedouble >= 0 && sd->valuedouble < 18446744073709551616.0;
-        if ((at && !sl_json_is_count(at)) || (sd && !sd_ok))
-            s = sl_fail(SL_ERR_FORMAT, "%s/manifest.json: field 'train.%s' must be a non-negative integer",
-                        dir, at && !sl_json_is_count(at) ? "adam_t" : "seed");
-        st->adam_t = sl_json_is_count(at) ? (int64_t)at->valuedouble : st->step;
-        if (sd_ok) st->seed = (uint64_t)sd->valuedouble;
-        const cJSON *ls = cJSON_GetObjectItem(tr, "loss_scaler"), *sc = cJSON_GetObjectItem(ls, "scale"),
-                    *gt = cJSON_GetObjectItem(ls, "growth_tracker"),
-                    *ht = cJSON_GetObjectItem(ls, "hysteresis_tracker"),
-                    *sk = cJSON_GetObjectItem(ls, "skipped");
-        st->has_scaler = 0;
-        if (ls) { /* present: it must be whole, or the resumed run would silently restart its scale */
-            if (!(cJSON_IsNumber(sc) && sc->valuedouble > 0 && sc->valuedouble <= 3.4e38) ||
-                !sl_json_is_count(gt) || gt->valuedouble > 2147483647.0 || !cJSON_IsNumber(ht) ||
-                ht->valuedouble != floor(ht->valuedouble) || fabs(ht->valuedouble) > 2147483647.0 ||
-                !sl_json_is_count(sk)) { /* the hysteresis tracker counts down past 0 */
-                s = sl_fail(SL_ERR_FORMAT,
-                            "%s/manifest.json: train.loss_scaler is not a valid loss-scaler state", dir);
-            } else {
-                st->has_scaler = 1;
-                st->loss_scale = sc->valuedouble;
-                st->growth_tracker = (int64_t)gt->valuedouble;
-                st->hysteresis_tracker = (int64_t)ht->valuedouble;
-                st->skipped = (int64_t)sk->valuedouble;
-            }
-        }
     }
     reader_close(&r);
     return s;

@@ -613,6 +613,27 @@ static sl_status find_start(sl_train_job *j) {
     return SL_OK;
 }
 
+/* Note [A resume keeps the seed]
+ * The data order (Note [Deterministic batches]) and the dropout masks are functions of (seed, step): a
+ * resume with another --seed would continue the checkpoint's weights on a different sample sequence, and
+ * nothing would say so. The manifest records the seed (train.seed); a resume whose --seed differs is bad
+ * input, naming both values and the checkpoint. A manifest without the field (older checkpoints) takes the
+ * run's --seed. --init-from alone (weights only, a fresh run) reads no manifest and is not affected. The
+ * check reads the manifest alone (sl_ckpt_load_train_state) right after the checkpoint is chosen, before
+ * the model, the trainer and the load of the state (it had come after the whole load). */
+static sl_status check_resume_seed(const sl_train_job *j) {
+    if (!j->resume) return SL_OK;
+    uint64_t seed = (uint64_t)j->o.seed;
+    sl_ckpt_state meta = {.seed = seed}; /* kept when the manifest records none */
+    if (sl_ckpt_load_train_state(j->ckdir, &meta) != SL_OK) return sl_train_bad("--load: %s", sl_errmsg());
+    if (meta.seed != seed)
+        return sl_train_bad("--seed %llu differs from the seed %llu that %s was trained with: the data order "
+                            "and dropout masks would change; pass --seed %llu to resume it",
+                            (unsigned long long)seed, (unsigned long long)meta.seed, j->ckdir,
+                            (unsigned long long)meta.seed);
+    return SL_OK;
+}
+
 /* The model: its shape from the options, --init-from or --load; weights fresh, loaded or (resume) later. */
 static sl_status make_model(sl_train_job *j) {
     const sl_train_opts *o = &j->o;
@@ -634,6 +655,7 @@ static sl_status make_model(sl_train_job *j) {
             (int)(mo->hidden_size ? mo->hidden_size : 128), mo->vocab_size ? (int)mo->vocab_size : data_vocab,
             (int)(mo->max_positions ? mo->max_positions : o->data.seq_length)};
     if (o->ckpt.load_dir) SL_TRY(find_start(j));
+    SL_TRY(check_resume_seed(j)); /* Note [A resume keeps the seed] */
     if (j->cfg.vocab_size != data_vocab && !mo->init_from)
         return sl_train_bad("model vocab size %d does not match the data's vocab size %d (%s)",
                             j->cfg.vocab_size, data_vocab, o->data.path);
@@ -727,13 +749,6 @@ static sl_status reserve_writer(sl_train_job *j) {
 
 static void wait_snapshot(void *w) { sl_ckpt_writer_wait_snapshot(w); }
 
-/* Note [A resume keeps the seed]
- * The data order (Note [Deterministic batches]) and the dropout masks are functions of (seed, step): a
- * resume with another --seed would continue the checkpoint's weights on a different sample sequence, and
- * nothing would say so. The manifest records the seed (train.seed); a resume whose --seed differs is bad
- * input, naming both values and the checkpoint. A manifest without the field (older checkpoints) takes the
- * run's --seed. --init-from alone (weights only, a fresh run) reads no manifest and is not affected. */
-
 /* The trainer, DP/ZeRO, the resumed state and the checkpoint writer. */
 static sl_status make_trainer(sl_train_job *j) {
     const sl_train_opts *o = &j->o;
@@ -796,15 +811,10 @@ static sl_status make_trainer(sl_train_job *j) {
         double t0 = sl_time_sec();
         sl_status ls = sl_trainer_ckpt_state(&j->tr, j->mesh.rank, j->mesh.world, &cst, &segs);
         cst.verified = j->ckpt_verified; /* Note [One verification per restart] */
-        cst.seed = (uint64_t)o->seed;    /* kept when the manifest records none (older checkpoints) */
+        cst.seed = (uint64_t)o->seed;    /* checked before (Note [A resume keeps the seed]) */
         if (ls == SL_OK) ls = sl_ckpt_load(j->ckdir, &cst);
         free(segs);
         if (ls != SL_OK) return sl_train_bad("--load: %s", sl_errmsg());
-        if (cst.seed != (uint64_t)o->seed) /* Note [A resume keeps the seed] */
-            return sl_train_bad("--seed %lld differs from the seed %llu that %s was trained with: the data "
-                                "order and dropout masks would change; pass --seed %llu to resume it",
-                                (long long)o->seed, (unsigned long long)cst.seed, j->ckdir,
-                                (unsigned long long)cst.seed);
         j->start_step = cst.step;
         sl_trainer_set_adam_t(&j->tr, cst.adam_t);
         if (cst.has_scaler &&

@@ -645,6 +645,28 @@ static void test_resume_seed(void) {
                  "%s --seed 7: rc %d: %s", loads[k], rc, out);
         TU_CHECK(tu_unchanged(), "%s --seed 7: nothing written", loads[k]);
     }
+    /* the seed is checked from the manifest before the state is loaded: a copy of step 4 whose manifest
+     * names param/wte otherwise (checksums intact, so it verifies) fails the load with the seed it was
+     * trained with, and is refused for the seed, not the load, with another one */
+    rc =
+        tu_runf(out, sizeof out, "cd",
+                "%s && mkdir -p sx && cp -r s1/step-0000004 sx/ && sed -i 's|\"param/wte\"|\"param/wte_x\"|' "
+                "sx/step-0000004/manifest.json && grep -c param/wte_x sx/step-0000004/manifest.json",
+                dir);
+    TU_CHECK(rc == 0 && atoi(out) == 1, "rename param/wte in a copy of step 4: rc %d %s", rc, out);
+    tu_watch(dir);
+    rc = cli_run("mem3",
+                 "train " TINY4 " --train-iters 8 --save sx1 --load sx/step-0000004 --save-interval 4");
+    TU_CHECK(rc == 2 && strstr(out, "checkpoint has no tensor 'param/wte'"),
+             "the renamed tensor fails the load (seed 1234): rc %d %s", rc, out);
+    rc =
+        cli_run("mem3", "train " TINY4 " --train-iters 8 --save sx1 --load sx/step-0000004 --save-interval 4 "
+                        "--seed 7");
+    TU_CHECK(rc == 2 && one_line() &&
+                 strstr(out, "--seed 7 differs from the seed 1234 that sx/step-0000004") &&
+                 !strstr(out, "no tensor"),
+             "--seed 7: refused before the load: rc %d %s", rc, out);
+    TU_CHECK(tu_unchanged(), "--seed 7 before the load: nothing written");
     rc = cli_run("mem3", "train " TINY4 " --train-iters 8 --save s1 --load s1 --save-interval 4 --seed 1234");
     TU_CHECK(rc == 0 && strstr(out, "resumed from"), "the same seed resumes: rc %d %s", rc, out);
     /* a checkpoint written before the manifest recorded the seed: compatible with any --seed */
