@@ -154,21 +154,50 @@ static void add_eos_id(sl_hf_info *info, int id) {
     if (info->n_eos < SL_HF_MAX_EOS) info->eos_ids[info->n_eos++] = id;
 }
 
-/* eos_token_id: int or list of ints */
+/* Note [Token ids in config.json]
+ * bos_token_id and eos_token_id (an integer or a list) name tokens: integers in [0, INT_MAX]. transformers
+ * writes null for "none" (kept: -1 / no eos); a negative or fractional value (cJSON's valueint had
+ * truncated 2.5 to 2 and kept -5) is refused, naming the file and the field, with the words of
+ * sl_model_load_info for suanli's config.json. */
+static int is_token_id(const cJSON *it) { /* as sl_model_load_info reads suanli's config.json */
+    return sl_json_is_count(it) && it->valuedouble <= INT_MAX;
+}
+
+/* bos_token_id: absent or null -> -1 */
+static sl_status read_bos(const cJSON *o, const char *path, sl_hf_info *info) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, "bos_token_id");
+    if (!it || cJSON_IsNull(it)) {
+        info->bos_id = -1;
+        return SL_OK;
+    }
+    if (!is_token_id(it))
+        return sl_fail(SL_ERR_FORMAT, "%s: field 'bos_token_id' must be a token id (an integer >= 0) or null",
+                       path);
+    info->bos_id = (int)it->valuedouble;
+    return SL_OK;
+}
+
+/* eos_token_id: int or list of ints (Note [Token ids in config.json]) */
 static sl_status add_eos(const cJSON *o, const char *path, sl_hf_info *info) {
     const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, "eos_token_id");
     if (!it || cJSON_IsNull(it)) return SL_OK;
     const cJSON *e;
     if (cJSON_IsNumber(it)) {
-        add_eos_id(info, it->valueint);
+        if (!is_token_id(it))
+            return sl_fail(
+                SL_ERR_FORMAT,
+                "%s: field 'eos_token_id' must be a token id (an integer >= 0), a list of them or null",
+                path);
+        add_eos_id(info, (int)it->valuedouble);
         return SL_OK;
     }
     if (!cJSON_IsArray(it))
         return sl_fail(SL_ERR_FORMAT, "%s: field 'eos_token_id' must be an integer or a list", path);
     cJSON_ArrayForEach(e, it) {
-        if (!cJSON_IsNumber(e))
-            return sl_fail(SL_ERR_FORMAT, "%s: field 'eos_token_id' must hold integers", path);
-        add_eos_id(info, e->valueint);
+        if (!is_token_id(e))
+            return sl_fail(SL_ERR_FORMAT, "%s: field 'eos_token_id' must hold token ids (integers >= 0)",
+                           path);
+        add_eos_id(info, (int)e->valuedouble);
     }
     return SL_OK;
 }
@@ -218,7 +247,7 @@ static sl_status parse_config(const cJSON *r, const char *path, sl_hf_config *c,
             return sl_fail(SL_ERR_UNSUPPORTED, "%s: field 'scale_attn_by_inverse_layer_idx' is not supported",
                            path);
         if (info) {
-            SL_TRY(jint(r, path, "bos_token_id", 1, -1, &info->bos_id));
+            SL_TRY(read_bos(r, path, info));
             SL_TRY(add_eos(r, path, info));
             SL_TRY(jfloat(r, path, "attn_pdrop", 1, -1, &info->attn_pdrop));
             SL_TRY(jfloat(r, path, "resid_pdrop", 1, -1, &info->resid_pdrop));
@@ -298,7 +327,7 @@ static sl_status parse_config(const cJSON *r, const char *path, sl_hf_config *c,
     }
     if (c->arch == SL_HF_QWEN2_MOE || c->arch == SL_HF_DEEPSEEK_V3) SL_TRY(parse_moe(r, path, c));
     if (info) {
-        SL_TRY(jint(r, path, "bos_token_id", 1, -1, &info->bos_id));
+        SL_TRY(read_bos(r, path, info));
         SL_TRY(add_eos(r, path, info));
     }
     return SL_OK;

@@ -615,6 +615,38 @@ int main(void) {
     copy_fixture("qwen2_moe", d);
     set_cfg(d, "shared_expert_intermediate_size", "-8");
     bad("negative shared width", "field 'shared_expert_intermediate_size' must be in [0, ", gen(d, ""));
+    /* token ids (Note [Token ids in config.json]): cJSON's valueint kept -1 and truncated 2.5; null is
+     * transformers' "none" and stays accepted */
+    copy_fixture("qwen2", d);
+    set_cfg(d, "bos_token_id", "null");
+    set_cfg(d, "eos_token_id", "null");
+    TU_CHECK(gen(d, "") == 0, "bos/eos null: generates: %s", out);
+    const char *ids[][3] = {
+        {"bos_token_id", "-1",
+         "config.json: field 'bos_token_id' must be a token id (an integer >= 0) or null"},
+        {"bos_token_id", "1.5",
+         "config.json: field 'bos_token_id' must be a token id (an integer >= 0) or null"},
+        {"eos_token_id", "-2",
+         "config.json: field 'eos_token_id' must be a token id (an integer >= 0), a list"},
+        {"eos_token_id", "2.5",
+         "config.json: field 'eos_token_id' must be a token id (an integer >= 0), a list"},
+        {"eos_token_id", "[2, -7]", "config.json: field 'eos_token_id' must hold token ids (integers >= 0)"},
+        {"eos_token_id", "[2, null]",
+         "config.json: field 'eos_token_id' must hold token ids (integers >= 0)"},
+        {"eos_token_id", "3e9",
+         "config.json: field 'eos_token_id' must be a token id (an integer >= 0), a list"}};
+    for (int i = 0; i < 7; i++) {
+        copy_fixture("qwen2", d);
+        set_cfg(d, ids[i][0], ids[i][1]);
+        char what[96];
+        snprintf(what, sizeof what, "%s %s", ids[i][0], ids[i][1]);
+        bad(what, ids[i][2], gen(d, ""));
+    }
+    copy_fixture("qwen2", d);
+    snprintf(p, sizeof p, "%s/generation_config.json", d);
+    write_bytes(p, "{\"eos_token_id\": [-1]}", 22);
+    bad("generation_config.json eos -1",
+        "generation_config.json: field 'eos_token_id' must hold token ids (integers >= 0)", gen(d, ""));
 
     /* safetensors damage */
     copy_fixture("qwen2", d);
