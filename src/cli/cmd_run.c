@@ -82,6 +82,26 @@ static int parse_int(const char *flag, const char *v, int lo, int hi, int *out) 
     return 1;
 }
 
+/* the flags that take a value; given last, or followed by the "--" before the program, it is missing (the
+ * message had been "got ''" for `suanli run -n` and "got '--'" for `suanli run -n -- prog`) */
+static int value_ok(const char *flag, const char *v) {
+    static const char *const valued[] = {"-n",          "--nproc-per-node", "--nnodes",
+                                         "--node-rank", "--max-restarts",   "--grace",
+                                         "--master",    "--bind",           "--hosts"};
+    int takes = 0;
+    for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) takes |= !strcmp(flag, valued[k]);
+    if (!takes) return 1;
+    if (!v || !strcmp(v, "--")) {
+        fprintf(stderr, "suanli run: %s: missing value\n", flag);
+        return 0;
+    }
+    if (!*v) {
+        fprintf(stderr, "suanli run: %s: empty value\n", flag);
+        return 0;
+    }
+    return 1;
+}
+
 int sl_cmd_run(int argc, char **argv) {
     sl_launch_opts o = {.nproc = 0, .nnodes = 1, .grace_sec = 3.0, .prefix = 1, .bind = 1};
     const char *bind_mode = "auto";
@@ -93,6 +113,7 @@ int sl_cmd_run(int argc, char **argv) {
             break;
         }
         if (a[0] != '-') break;
+        if (!value_ok(a, v)) return 2;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;

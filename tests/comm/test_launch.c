@@ -109,9 +109,20 @@ int main(void) {
     static const struct {
         const char *args, *want;
     } bad[] = {
-        {"-n 0 -- true", "-n"},
+        {"-n 0 -- true", "-n: expected an integer in 1..4096, got '0'"},
         {"-n abc -- true", "-n"},
-        {"-n -- true", "-n"},
+        /* a flag without its value: "missing value", naming the flag (it said got '' or got '--') */
+        {"-n", "suanli run: -n: missing value"},
+        {"-n -- true", "suanli run: -n: missing value"},
+        {"-n '' -- true", "suanli run: -n: empty value"},
+        {"--nproc-per-node", "suanli run: --nproc-per-node: missing value"},
+        {"-n 2 --nnodes", "suanli run: --nnodes: missing value"},
+        {"-n 2 --node-rank -- true", "suanli run: --node-rank: missing value"},
+        {"-n 2 --max-restarts", "suanli run: --max-restarts: missing value"},
+        {"-n 2 --grace -- true", "suanli run: --grace: missing value"},
+        {"-n 2 --master", "suanli run: --master: missing value"},
+        {"-n 2 --bind -- true", "suanli run: --bind: missing value"},
+        {"-n 2 --hosts", "suanli run: --hosts: missing value"},
         {"-- true", "-n"},
         {"-n 2", "no program"},
         {"--bogus -n 2 -- true", "--bogus"},
@@ -120,7 +131,7 @@ int main(void) {
         {"-n 2 --nnodes 2 --node-rank 5 --master h:1 -- true", "--node-rank"},
         {"-n 2 --master h:99999 -- true", "--master"},
         {"-n 2 --grace nan -- true", "--grace"}, /* NaN: the SIGKILL deadline never came */
-        {"-n 2 --grace '' -- true", "--grace"},
+        {"-n 2 --grace '' -- true", "suanli run: --grace: empty value"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         rc = run("%s run %s", bad[i].args);
