@@ -45,7 +45,7 @@ typedef struct {
 static const shape_tier k_tiers[] = {{"tiny", 2, 8, 32, 4, 2, 8, 48, 4},
                                      {"demo", 4, 64, 192, 6, 2, 32, 256, 8}};
 static int B, T, C, NH, NKV, HS, V, E;
-enum { MAXP = 6, N_CASES = 25 };
+enum { MAXP = 6, N_CASES = 27 };
 
 typedef struct {
     const char *name;
@@ -134,6 +134,22 @@ static sl_tensor *b_att_h3(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
 static sl_tensor *b_att_h4(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
     (void)ids;
     return half_attention(c, p, 4);
+}
+/* RoPE with the numerics of a half model (Note [RoPE numerics]: 1 bf16, 2 f16: cos/sin, products and sums
+ * rounded); a linear in front so the gradient reaches a parameter */
+static sl_tensor *half_rope(sl_ctx *c, sl_tensor **p, int mode) {
+    sl_tensor *x = sl_reshape(c, sl_linear(c, p[0], p[1], NULL), 4, (int64_t[]){B, T, NH, HS});
+    sl_tensor *r = sl_rope(c, x, 3, 10000.0f);
+    r->iparams[2] = mode;
+    return r;
+}
+static sl_tensor *b_rope_h1(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
+    (void)ids;
+    return half_rope(c, p, 1);
+}
+static sl_tensor *b_rope_h2(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
+    (void)ids;
+    return half_rope(c, p, 2);
 }
 static sl_tensor *b_dropout(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
     (void)ids;
@@ -252,6 +268,8 @@ static void make_cases(void) {
         {"attention-window", 2, {2, 2}, {{B * T, C}, {(NH + 2 * NKV) * HS, C}}, b_attention_window},
         {"attention-dropout", 2, {2, 2}, {{B * T, C}, {(NH + 2 * NKV) * HS, C}}, b_attention_dropout},
         {"dropout", 2, {2, 2}, {{B * T, C}, {2 * C, C}}, b_dropout},
+        {"rope-bf16", 2, {2, 2}, {{B * T, C}, {NH * HS, C}}, b_rope_h1},
+        {"rope-f16", 2, {2, 2}, {{B * T, C}, {NH * HS, C}}, b_rope_h2},
         {"attention-half-bf16", 2, {2, 2}, {{B * T, C}, {(NH + 2 * NKV) * HS, C}}, b_att_h1},
         {"attention-half-f16", 2, {2, 2}, {{B * T, C}, {(NH + 2 * NKV) * HS, C}}, b_att_h2},
         {"attention-eager-f16", 2, {2, 2}, {{B * T, C}, {(NH + 2 * NKV) * HS, C}}, b_att_h3},

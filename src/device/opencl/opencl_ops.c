@@ -179,6 +179,9 @@ int ocl_supports(const sl_tensor *n) {
         return sl_accel_supports_ex(n, 1) && OCL_ATT_LOCAL(n->src[1]->ne[3]) <= g_ocl.local_mem;
     case SL_OP_DROPOUT:
         return sl_accel_supports_ex(n, 1);
+    case SL_OP_ROPE: /* the half numerics too (Note [RoPE numerics]; k_rope in kernels/llama.cl) */
+        return sl_accel_all_f32(n) && n->iparams[2] >= 0 && n->iparams[2] <= 6 && sl_accel_last_unit(a) &&
+               a->ndim == 4;
     default:
         return sl_accel_supports(n);
     }

@@ -457,6 +457,9 @@ static sl_status op_rope(sl_tensor *n) {
     ocl_long(&c, hs);
     ocl_long(&c, n->iparams[0]);
     ocl_float(&c, n->iparams[1] ? -1.0f : 1.0f);
+    int mode = n->iparams[2]; /* Note [RoPE numerics] (src/device/cpu/kernels/llama_ops.c) */
+    ocl_int(&c, mode == 1 || mode == 5 ? 1 : mode == 2 || mode == 6 ? 2 : 0);
+    ocl_int(&c, mode == 1 || mode == 2);
     sl_status st = ocl_run1(&c, (size_t)(B * T * NH * half));
     clReleaseMemObject(m);
     return st;

@@ -11,6 +11,9 @@
  * host passes seed, hi = stream * 2^16 + site, thr and keep (drop = 0: no dropout, the multiplier is 1 and
  * no word is drawn). */
 #pragma OPENCL FP_CONTRACT OFF
+#ifdef SL_FP64 /* the device has doubles: the files after this one use them where the CPU does */
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#endif
 
 inline uint4 philox4x32(ulong key, ulong hi, ulong lo) {
     uint c0 = (uint)lo, c1 = (uint)(lo >> 32), c2 = (uint)hi, c3 = (uint)(hi >> 32);

@@ -1,16 +1,17 @@
-/* Llama-family kernels: rotate-half RoPE, the top-k routing gate, and the sparse MoE expert of inference
- * (semantics: src/device/cpu/kernels/llama_ops.c; SiLU is in elementwise.cl). f32 numerics only: the
- * bf16-numerics variants (iparams[2] of ROPE, iparams[1] of MOE_EXPERT) are refused by supports_op. */
+/* Llama-family kernels: rotate-half RoPE (with its half-precision numerics), the top-k routing gate, and the
+ * sparse MoE expert of inference (semantics: src/device/cpu/kernels/llama_ops.c; SiLU is in elementwise.cl).
+ * The bf16-numerics variant of MOE_EXPERT (iparams[1]) is refused by supports_op. */
 #pragma OPENCL FP_CONTRACT OFF
-#ifdef SL_FP64
-#pragma OPENCL EXTENSION cl_khr_fp64 : enable
-#endif
 
 /* y (B,T,NH,hs) contiguous; inv (hs/2): inverse frequencies computed on the host exactly as the CPU does
  * (Note [RoPE numerics]); one work-item per (b, t, h, i < hs/2). cos/sin of the float angle are taken in
  * double when the device has it, as the CPU does. */
+/* Half numerics (Note [RoPE numerics]): bf = 1 (bf16) or 2 (f16) rounds every product and sum as the CPU
+ * does, round_cs also cos and sin first (ROPE iparams[2] 1 / 2 -> bf 1 / 2 with round_cs; 5 / 6, autocast's
+ * backward -> bf 1 / 2; 0, 3, 4 -> fp32). */
+inline float rope_round(float x, int bf) { return bf == 2 ? rf16(x) : rbf16(x); }
 kernel void k_rope(global float *y, long yo, global const float *x, long xo, long4 xs, global const float *inv, long T,
-                   long NH, long hs, long pos0, float sgn) {
+                   long NH, long hs, long pos0, float sgn, int bf, int round_cs) {
     long nh2 = hs / 2, idx = get_global_id(0);
     long i = idx % nh2, h = (idx / nh2) % NH, t = (idx / (nh2 * NH)) % T, b = idx / (nh2 * NH * T);
     float ang = (float)(pos0 + t) * inv[i];
@@ -22,6 +23,12 @@ kernel void k_rope(global float *y, long yo, global const float *x, long xo, lon
     global const float *xr = x + xo + b * xs.s0 + t * xs.s1 + h * xs.s2;
     global float *yr = y + yo + ((b * T + t) * NH + h) * hs;
     float x1 = xr[i], x2 = xr[i + nh2];
+    if (round_cs) cs = rope_round(cs, bf), sn = rope_round(sn, bf);
+    if (bf) {
+        yr[i] = rope_round(rope_round(x1 * cs, bf) + rope_round(-x2 * sn, bf), bf);
+        yr[i + nh2] = rope_round(rope_round(x2 * cs, bf) + rope_round(x1 * sn, bf), bf);
+        return;
+    }
     yr[i] = x1 * cs - x2 * sn;
     yr[i + nh2] = x2 * cs + x1 * sn;
 }
