@@ -155,7 +155,9 @@ sl_status sl_trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void *us
 /* Forward and backward of one micro-batch only (no update), gradients accumulate into the model. */
 sl_status sl_trainer_forward_backward(sl_trainer *tr, const int32_t *ids, const int32_t *targets,
                                       float *loss);
-/* Mean loss over `iters` micro-batches drawn with fn(user, i, 0, ...), forward only. */
+/* Mean loss over `iters` global batches, forward only: eval step i runs this rank's micro-batches of the
+ * step's global batch, fn(user, i, dp_rank x accum + m, ...) for m < accum, and the mean is taken over the
+ * DP group (Note [Evaluation over the global batch], trainer.c): every layout scores the same samples. */
 sl_status sl_trainer_eval(sl_trainer *tr, sl_batch_fn fn, void *user, int iters, float *loss);
 
 /* ---- pipeline parallelism (src/train/pipeline.c; Note [Pipeline stages and 1F1B]) ---- */
@@ -203,7 +205,10 @@ void sl_pipeline_backward_split(const sl_pipeline *P, int *n_b, int *n_w);
  * *loss: the last stage's mean loss (undefined on the other stages). */
 sl_status sl_pipeline_step(sl_pipeline *P, int64_t step, int n_micro, int micro0, sl_batch_fn fn, void *user,
                            int overwrite, float *loss);
-sl_status sl_pipeline_eval(sl_pipeline *P, int iters, sl_batch_fn fn, void *user, float *loss);
+/* Forward only: `iters` eval steps of n_micro micro-batches (global indices micro0..); *loss: the last
+ * stage's mean (undefined on the other stages) */
+sl_status sl_pipeline_eval(sl_pipeline *P, int iters, int n_micro, int micro0, sl_batch_fn fn, void *user,
+                           float *loss);
 double sl_pipeline_take_wait(sl_pipeline *P);         /* seconds blocked in receives since the last call */
 double sl_pipeline_take_bytes(sl_pipeline *P);        /* bytes sent since the last call */
 double sl_pipeline_comm_theory(const sl_pipeline *P); /* bytes this rank sends per step, by the schedule */

@@ -370,13 +370,15 @@ static sl_status open_data(sl_train_job *j) {
 }
 
 /* Note [Evaluation is at most one pass over the val split]
- * An evaluation runs --eval-iters micro-batches of B x T tokens (eval step i draws val batch i). More than
- * one pass' worth of the val split's tokens, ceil((N - 1) / (B x T)) micro-batches, re-reads windows it
- * already scored: `--eval-iters 1000000` over a 2000-token split ran 1e6 forwards at every evaluation. The
- * count is capped at one pass, and the banner says so in one line (eval_iters_asked). */
+ * An evaluation runs --eval-iters global batches of G x T tokens (eval step i draws val batch i; Note
+ * [Evaluation over the global batch] in trainer.c). More than one pass' worth of the val split's tokens,
+ * ceil((N - 1) / (G x T)) batches, re-reads windows it already scored: `--eval-iters 1000000` over a
+ * 2000-token split ran 1e6 forwards at every evaluation. The count is capped at one pass, and the banner
+ * says so in one line (eval_iters_asked). */
 static void cap_eval_iters(sl_train_job *j) {
     sl_train_opts *o = &j->o;
-    int64_t n = sl_dataset_num_tokens(j->val), bt = o->data.micro_batch_size * o->data.seq_length;
+    int64_t g = o->data.global_batch_size > 0 ? o->data.global_batch_size : o->data.micro_batch_size;
+    int64_t n = sl_dataset_num_tokens(j->val), bt = g * o->data.seq_length;
     int64_t pass = n > 1 && bt > 0 ? (n - 1 + bt - 1) / bt : 1;
     if (o->eval.iters <= pass) return;
     j->eval_iters_asked = o->eval.iters;

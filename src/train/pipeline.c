@@ -629,11 +629,13 @@ sl_status sl_pipeline_step(sl_pipeline *P, int64_t step, int n_micro, int micro0
     return SL_OK;
 }
 
-sl_status sl_pipeline_eval(sl_pipeline *P, int iters, sl_batch_fn fn, void *user, float *loss) {
+sl_status sl_pipeline_eval(sl_pipeline *P, int iters, int n_micro, int micro0, sl_batch_fn fn, void *user,
+                           float *loss) {
     double sum = 0;
     for (int i = 0; i < iters; i++)
-        for (int c = 0; c < P->v; c++) SL_TRY(forward(P, c, 0, i, 0, fn, user, &sum));
+        for (int m = 0; m < n_micro; m++)
+            for (int c = 0; c < P->v; c++) SL_TRY(forward(P, c, 0, i, micro0 + m, fn, user, &sum));
     SL_TRY(drain(P));
-    *loss = iters ? (float)(sum / iters) : 0.0f;
+    *loss = iters && n_micro ? (float)(sum / ((double)iters * n_micro)) : 0.0f;
     return SL_OK;
 }

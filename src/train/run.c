@@ -149,9 +149,9 @@ static void print_banner(const sl_train_job *j) {
     if (j->eval_iters_asked) /* Note [Evaluation is at most one pass over the val split] */
         fprintf(f,
                 "note: --eval-iters %lld is more than one pass over the %lld val tokens; evaluating %lld "
-                "micro-batches of %d x %d (one pass)\n",
+                "batches of %lld x %d (one pass)\n",
                 (long long)j->eval_iters_asked, (long long)sl_dataset_num_tokens(j->val),
-                (long long)j->o.eval.iters, j->B, j->T);
+                (long long)j->o.eval.iters, (long long)j->o.data.global_batch_size, j->T);
     fflush(f);
     if (j->resume) {
         /* setup: comm, data, model build, the checkpoint's choice, verification and load (bench/ckpt.sh) */

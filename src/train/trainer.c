@@ -382,18 +382,27 @@ static sl_status trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void
     return SL_OK;
 }
 
+/* Note [Evaluation over the global batch]
+ * Eval step i is a step's global batch of the val split: DP rank r runs its accum micro-batches r accum + m,
+ * exactly as training assigns them (Note [Deterministic batches]), and the loss is the mean over all of them
+ * (the micro-batches' means, averaged over the DP group), as Megatron evaluates eval_iters global batches.
+ * Every layout of one global batch therefore scores the same samples: the single process's val loss. (Each
+ * rank had scored micro-batch 0 alone: the DP ranks all the same samples, a val loss that moved with the
+ * micro-batch size, accum - 1 of every accum micro-batches never scored.) */
 sl_status sl_trainer_eval(sl_trainer *tr, sl_batch_fn fn, void *user, int iters, float *loss) {
+    int accum = tr->cfg.accum > 0 ? tr->cfg.accum : 1, micro0 = (tr->dp ? sl_dp_rank(tr->dp) : 0) * accum;
     if (tr->pipe) {
         if (tr->dp) SL_TRY(sl_dp_sync_params(tr->dp));
-        SL_TRY(sl_pipeline_eval(tr->pipe, iters, fn, user, loss));
+        SL_TRY(sl_pipeline_eval(tr->pipe, iters, accum, micro0, fn, user, loss));
         SL_TRY(pipe_loss(tr, loss));
         sl_pipeline_take_wait(tr->pipe); /* not the next step's */
-        return SL_OK;
+        return tr->dp ? sl_dp_mean(tr->dp, loss) : SL_OK;
     }
     double tot = 0;
     size_t n = (size_t)tr->cfg.B * (size_t)tr->cfg.T;
-    for (int i = 0; i < iters; i++) {
-        SL_TRY(fn(user, i, 0, tr->ids_buf, tr->tg_buf));
+    for (int it = 0; it < iters * accum; it++) {
+        int i = it / accum, micro = micro0 + it % accum;
+        SL_TRY(fn(user, i, micro, tr->ids_buf, tr->tg_buf));
         SL_TRY(sl_backend_copy_in(tr->input_buf, 0, tr->ids_buf, n * sizeof(int32_t)));
         SL_TRY(sl_backend_copy_in(tr->input_buf, n * sizeof(int32_t), tr->tg_buf, n * sizeof(int32_t)));
         if (tr->dp) SL_TRY(sl_dp_begin_pass(tr->dp, tr->n_forward));
@@ -408,6 +417,6 @@ sl_status sl_trainer_eval(sl_trainer *tr, sl_batch_fn fn, void *user, int iters,
         SL_TRY(sl_tensor_copy_out(tr->loss, &l));
         tot += l;
     }
-    *loss = iters ? (float)(tot / iters) : 0.0f;
-    return SL_OK;
+    *loss = iters ? (float)(tot / ((double)iters * accum)) : 0.0f;
+    return tr->dp ? sl_dp_mean(tr->dp, loss) : SL_OK;
 }

@@ -607,8 +607,8 @@ int main(void) {
     run("train --data-path %s " TINY " --train-iters 3 --eval-interval 0 --eval-iters 1 --threads 2", data);
     TU_CHECK(strstr(out, first) != NULL, "same seed, same loss: '%s' vs %s", first, out);
     /* --eval-iters 1000000 over the 2000-token val split ran 1e6 forwards per evaluation; capped at one pass,
-     * ceil(1999 / (2 x 16)) = 63 micro-batches, with a one-line note; the same val loss as --eval-iters 63
-     * (Note [Evaluation is at most one pass over the val split]) */
+     * ceil(1999 / (2 x 16)) = 63 global batches of 2, with a one-line note; the same val loss as --eval-iters
+     * 63 (Note [Evaluation is at most one pass over the val split]) */
     {
         char capped[256] = "", pass[256] = "";
         rc = tu_runf(out, sizeof out, "timeout 60",
@@ -618,7 +618,7 @@ int main(void) {
         if (v) snprintf(capped, sizeof capped, "%.*s", (int)strcspn(v, "\n"), v);
         TU_CHECK(rc == 0 && v &&
                      strstr(out, "note: --eval-iters 1000000 is more than one pass over the 2000 "
-                                 "val tokens; evaluating 63 micro-batches of 2 x 16 (one pass)"),
+                                 "val tokens; evaluating 63 batches of 2 x 16 (one pass)"),
                  "--eval-iters 1000000: rc %d: %s", rc, out);
         rc = run("train --data-path %s " TINY " --train-iters 1 --eval-iters 63 --threads 2", data);
         v = strstr(out, "final val loss");

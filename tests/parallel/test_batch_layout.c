@@ -13,7 +13,9 @@
  * 5e-6 (one h.1.mlp.c_fc element of magnitude 4.5e-3) for the single-process accumulation and mb4_dp2,
  * 1.1e-6 for mb2_dp2_accum2; the old per-micro-batch sampler fails both bars by 1e4 (1.2e-2 relative loss,
  * 1.7e-2 weights). DP runs use the default collective algorithm (no SUANLI_COMM_ALGO override).
- * metrics.jsonl prints the loss with 6 decimals (~1e-7 relative at loss ~4), below the bar. */
+ * metrics.jsonl prints the loss with 6 decimals (~1e-7 relative at loss ~4), below the bar. The final val
+ * loss is held to the same bar: every layout evaluates the same global batches (it was each rank's first
+ * micro-batch, so mb 4 and mb 8 scored different samples). */
 #include <math.h>
 #include <string.h>
 
@@ -27,8 +29,10 @@ static char out[1 << 17];
 
 #define STEPS 20
 
-/* losses[1..STEPS] from metrics.jsonl; returns the number of steps found */
-static int read_losses(const char *path, double *loss) {
+/* losses[1..STEPS] from metrics.jsonl, and the final evaluation's val loss (*val, NAN if none); returns the
+ * number of steps found */
+static int read_losses(const char *path, double *loss, double *val) {
+    *val = NAN;
     FILE *f = fopen(path, "r");
     if (!f) return 0;
     char line[1024];
@@ -39,6 +43,8 @@ static int read_losses(const char *path, double *loss) {
         if (sscanf(line, "{\"step\": %d, \"loss\": %lf", &s, &l) == 2 && s >= 1 && s <= STEPS) {
             loss[s] = l;
             n++;
+            const char *v = strstr(line, "\"val_loss\": ");
+            if (v && s == STEPS) *val = strtod(v + 12, NULL);
         }
     }
     fclose(f);
@@ -91,7 +97,7 @@ int main(void) {
                {"mb4_accum2", "", "--micro-batch-size 4"},
                {"mb2_dp2_accum2", "run -n 2 --", "--micro-batch-size 2"},
                {"mb4_dp2", "run -n 2 --", "--micro-batch-size 4"}};
-    double ref[STEPS + 1], loss[STEPS + 1];
+    double ref[STEPS + 1], loss[STEPS + 1], ref_val = NAN, val = NAN;
     for (int k = 0; k < 4; k++) {
         if (lay[k].launch[0])
             rc = run("%s %s %s train --data-path %s " TINY " %s --save %s/%s", cli, lay[k].launch, cli, data,
@@ -102,7 +108,7 @@ int main(void) {
         TU_CHECK(rc == 0, "%s: %s", lay[k].name, out);
         char mp[700], wa[700], wb[700];
         snprintf(mp, sizeof mp, "%s/%s/metrics.jsonl", dir, lay[k].name);
-        int n = read_losses(mp, k == 0 ? ref : loss);
+        int n = read_losses(mp, k == 0 ? ref : loss, k == 0 ? &ref_val : &val);
         TU_CHECK(n == STEPS, "%s: %d of %d steps in %s", lay[k].name, n, STEPS, mp);
         if (k == 0 || n != STEPS) continue;
         double worst = 0;
@@ -120,6 +126,10 @@ int main(void) {
                  loss[ws], ref[ws], worst);
         TU_CHECK(wd >= 0 && wd <= 1e-5, "%s: final weights differ from mb8's by %.3g (> 1e-5)", lay[k].name,
                  wd);
+        /* the final evaluation scores the same global batch in every layout (Note [Evaluation over the
+         * global batch], trainer.c): mb8's val loss within the loss bar */
+        TU_CHECK(fabs(val - ref_val) <= 1e-6 * fabs(ref_val), "%s: val loss %.9g vs mb8 %.9g", lay[k].name,
+                 val, ref_val);
     }
     /* the losses are not all equal to one another by accident: training moved */
     TU_CHECK(ref[STEPS] < ref[1] - 0.1, "loss decreases: step 1 %.4f step %d %.4f", ref[1], STEPS,
