@@ -133,6 +133,9 @@ typedef struct sl_dp_seg {
 /* This rank's optimizer-state segments of the flat buffer (owned array, free()) and moment arrays
  * (borrowed), for checkpointing. Stage 0: one segment covering everything. */
 sl_status sl_dp_state(sl_dp *dp, sl_dp_seg **segs, int *nseg, float **m1, float **m2);
+/* the moments' backend buffers (indexed like sl_dp_state's arrays): what a checkpoint copies through the
+ * contract when the backend's memory is not host-visible (the arrays are then NULL) */
+void sl_dp_state_bufs(sl_dp *dp, sl_buffer **m1, sl_buffer **m2);
 int sl_dp_size(const sl_dp *dp);
 
 /* ---- tensor parallelism (src/parallel/tp.c; Note [Tensor-parallel graphs]) ----

@@ -171,10 +171,11 @@ sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, 
         return sl_fail(
             SL_ERR_UNSUPPORTED,
             "--zero-stage 3 with --pipeline-model-parallel-size %d is not supported (use 0, 1 or 2)", m->pp);
-    if (!m->backend->caps.host_visible)
+    if (!m->backend->caps.host_visible && (o->zero_stage > 0 || m->ep > 1 || m->tp > 1 || m->pp > 1))
         return sl_fail(SL_ERR_UNSUPPORTED,
-                       "data parallelism needs host-visible device memory; the %s backend's is not (staging "
-                       "through host copies is not built yet)",
+                       "the %s backend's memory is not host-visible: data parallelism stages its gradients "
+                       "through host copies with --zero-stage 0 only (no ZeRO, expert, tensor or pipeline "
+                       "parallelism there yet)",
                        m->backend->name);
     sl_dp *dp = calloc(1, sizeof *dp);
     if (!dp) return sl_fail(SL_ERR_NOMEM, "dp: out of memory");
@@ -206,6 +207,9 @@ sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, 
         if (dp->zero == 3) sl_model_drop_params(m);
         if (dp->grad_slots)
             sl_model_drop_grads(m);
+        else if (dp->comm && m->grads_buf && !m->backend->caps.host_visible)
+            st = sl_comm_mem_alloc(dp->comm, f32_bytes(m->numel > 0 ? m->numel : 1),
+                                   (void **)&dp->window.stage); /* Note [Staged gradients] */
         else if (dp->comm && m->grads_buf)
             st = grads_to_window(dp, g);
     }
@@ -232,6 +236,7 @@ void sl_dp_free(sl_dp *dp) {
     sl_backend_free(be, dp->shard.grad_buf);
     sl_dp_slots_free(dp);
     grads_from_window(dp);
+    if (dp->window.stage) (void)sl_comm_mem_free(dp->comm, dp->window.stage);
     sl_backend_free(be, dp->shard.param_buf);
     free(dp->buckets.v);
     free(dp);
@@ -245,15 +250,31 @@ void sl_dp_arm(sl_dp *dp, int armed) {
     dp->reduce.next_launch = 0;
 }
 
+/* Note [Staged gradients]
+ * A backend whose memory the host cannot address (OpenCL, CUDA without a device transport) keeps the
+ * gradients in its own buffer. Data parallelism then stages them: when the executor hook says a bucket's
+ * gradients are final, its range is copied out (a blocking copy, so everything the device queued before it
+ * has run) into the same range of a host window of numel floats, all-reduced there in place like the window
+ * of Note [Gradients in a window] (on shm the peers read it directly), and copied back into the device's
+ * buffer before the gradient norm (sl_dp_finish_grads). Clipping and AdamW then run on the device as in one
+ * process. ZeRO-0 only: the sharded stages' optimizer shards and parameter gathers work on host mappings. */
+static int bucket_staged(const sl_dp *dp, const dp_bucket *b) {
+    return dp->window.stage && bk_comm(dp, b) && b->hi > b->lo;
+}
+
 /* launch bucket k's reduction (in place, on the host mappings the communicator needs) */
 static sl_status launch_bucket(sl_dp *dp, int k) {
     const dp_bucket *b = &dp->buckets.v[k];
     dp_bucket_reqs *rq = &dp->reduce.reqs[k];
-    /* the bucket's gradients: its slot, or its range of the full buffer */
-    float *g = dp->grad_slots ? sl_dp_grad_slot(dp, k) : dp->m->grads_mem + b->lo;
+    /* the bucket's gradients: its slot, its range of the full buffer, or its staged copy */
+    float *g = dp->grad_slots     ? sl_dp_grad_slot(dp, k)
+               : dp->window.stage ? dp->window.stage + b->lo
+                                  : dp->m->grads_mem + b->lo;
     int64_t len = b->hi - b->lo;
     sl_comm *c = bk_comm(dp, b);
     if (!c || len == 0) return SL_OK;
+    if (bucket_staged(dp, b)) /* Note [Staged gradients] */
+        SL_TRY(sl_backend_copy_out(dp->m->grads_buf, f32_bytes(b->lo), g, f32_bytes(len)));
     if (dp->zero < 2) {
         dp_count_bk(dp, b, 2, len);
         return sl_comm_all_reduce_async(c, g, g, (size_t)len, SL_COMM_F32, SL_COMM_SUM, &rq->part);
@@ -342,6 +363,12 @@ sl_status sl_dp_finish_grads(sl_dp *dp, double *wait_sec) {
         }
     }
     r->armed = 0;
+    for (int k = 0; k < dp->buckets.count && st == SL_OK; k++) { /* Note [Staged gradients] */
+        const dp_bucket *b = &dp->buckets.v[k];
+        if (bucket_staged(dp, b))
+            st = sl_backend_copy_in(dp->m->grads_buf, f32_bytes(b->lo), dp->window.stage + b->lo,
+                                    f32_bytes(b->hi - b->lo));
+    }
     if (st == SL_OK && dp->grad_slots) {
         st = sl_dp_slots_finish(dp);
     } else if (st == SL_OK && dp->zero >= 2) {
@@ -649,3 +676,8 @@ sl_status sl_dp_state(sl_dp *dp, sl_dp_seg **segs, int *nseg, float **m1, float 
 }
 
 int sl_dp_zero_stage(const sl_dp *dp) { return dp->zero; }
+
+void sl_dp_state_bufs(sl_dp *dp, sl_buffer **m1, sl_buffer **m2) {
+    *m1 = dp->shard.m1_buf;
+    *m2 = dp->shard.m2_buf;
+}

@@ -67,6 +67,9 @@ typedef struct dp_shard {
 /* ---- Note [Gradients in a window] ---- */
 typedef struct dp_window {
     float *grads; /* the symmetric window m->grads_buf wraps while DP lives (NULL: not moved) */
+    /* Note [Staged gradients]: a backend without host-visible memory keeps its gradients; this host window
+     * (numel floats) holds each bucket's copy while it is reduced (NULL: not staged) */
+    float *stage;
 } dp_window;
 
 /* ---- the slot schedule (zero_slots.c) ---- */

@@ -15,6 +15,9 @@ sl_status sl_trainer_ckpt_state(sl_trainer *tr, int rank, int world, sl_ckpt_sta
     st->world = world;
     if (tr->dp) {
         SL_TRY(sl_dp_state(tr->dp, segs, &st->nseg, &st->exp_avg, &st->exp_avg_sq));
+        /* not host-visible (Note [Staged gradients]): the moments are copied through the contract */
+        if (!tr->model->backend->caps.host_visible)
+            sl_dp_state_bufs(tr->dp, &st->exp_avg_buf, &st->exp_avg_sq_buf);
         int zero = sl_dp_zero_stage(tr->dp);
         /* replicas over DP hold the same state: the first writes it (TP shards and pipeline stages each
          * hold their own part, so every dp-rank-0 writes) */

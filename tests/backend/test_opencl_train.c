@@ -57,30 +57,32 @@ static int read_losses(const char *dir, double *loss, int cap) {
     "--log-interval 50"
 
 /* generate --dtype f16 --device opencl on a Llama-family model loaded it and then stopped with "op rope (f32)
- * not supported" (half-numerics RoPE has no OpenCL kernel): now refused before loading, one line naming
- * both flags; f32 on opencl runs and gives the CPU's greedy ids; f16 of GPT-2 (which opencl runs) is kept */
+ * not supported"; refused before loading since, and now run (RoPE's half numerics, Note [OpenCL half
+ * attention]): f32 and f16 give the CPU's greedy ids on opencl. bf16 weights (host-visible memory only) are
+ * refused before loading, one line naming both flags; f16 of GPT-2 runs too */
 static void test_generate_dtype_device(void) {
-    const char *llama = SL_SOURCE_DIR "/tests/fixtures/hf/llama";
+    const char *llama = SL_SOURCE_DIR "/tests/fixtures/hf/llama", *dt[2] = {"f32", "f16"};
     int rc =
-        run("generate --model %s --prompt-ids 1,2 --max-new-tokens 2 --dtype f16 --device opencl", llama);
+        run("generate --model %s --prompt-ids 1,2 --max-new-tokens 2 --dtype bf16 --device opencl", llama);
     size_t n = strlen(out);
-    TU_CHECK(rc == 2 && strstr(out, "--dtype f16 --device opencl") && strstr(out, "rope") &&
-                 !strstr(out, "loaded") && n && strchr(out, '\n') == out + n - 1,
-             "llama f16 on opencl refused up front: rc %d %s", rc, out);
-    char ids[2][512];
-    for (int k = 0; k < 2; k++) {
-        rc = run("generate --model %s --prompt-ids 1,2 --max-new-tokens 4 --temperature 0 --ignore-eos "
-                 "--print-ids "
-                 "--device %s 2>/dev/null",
-                 llama, k ? "opencl" : "cpu");
-        TU_CHECK(rc == 0, "llama f32 on %s: rc %d %s", k ? "opencl" : "cpu", rc, out);
-        /* the ids array alone: under the sanitizer build LeakSanitizer may report its suppressions (PoCL's
-         * allocations) after the JSON */
-        const char *a = strstr(out, "\"ids\""), *e = a ? strchr(a, ']') : NULL;
-        snprintf(ids[k], sizeof ids[k], "%.*s", e ? (int)(e - a + 1) : 4, e ? a : "none");
+    TU_CHECK(rc == 2 && strstr(out, "--dtype bf16 --device opencl") && !strstr(out, "loaded") && n &&
+                 strchr(out, '\n') == out + n - 1,
+             "llama bf16 weights on opencl refused up front: rc %d %s", rc, out);
+    for (int d = 0; d < 2; d++) {
+        char ids[2][512];
+        for (int k = 0; k < 2; k++) {
+            rc = run("generate --model %s --prompt-ids 1,2 --max-new-tokens 4 --temperature 0 --ignore-eos "
+                     "--print-ids --dtype %s --device %s 2>/dev/null",
+                     llama, dt[d], k ? "opencl" : "cpu");
+            TU_CHECK(rc == 0, "llama %s on %s: rc %d %s", dt[d], k ? "opencl" : "cpu", rc, out);
+            /* the ids array alone: under the sanitizer build LeakSanitizer may report its suppressions
+             * (PoCL's allocations) after the JSON */
+            const char *a = strstr(out, "\"ids\""), *e = a ? strchr(a, ']') : NULL;
+            snprintf(ids[k], sizeof ids[k], "%.*s", e ? (int)(e - a + 1) : 4, e ? a : "none");
+        }
+        TU_CHECK(!strcmp(ids[0], ids[1]) && strcmp(ids[0], "none"), "llama %s opencl ids %s, cpu %s", dt[d],
+                 ids[1], ids[0]);
     }
-    TU_CHECK(!strcmp(ids[0], ids[1]) && strcmp(ids[0], "none"), "llama f32 opencl ids %s, cpu %s", ids[1],
-             ids[0]);
     rc = run(
         "generate --model %s/tests/fixtures/hf_gpt2 --prompt-ids 1,2 --max-new-tokens 2 --dtype f16 --device "
         "opencl --print-ids",
@@ -128,6 +130,64 @@ static void train_pair(const char *dir, const char *extra, const char *tag, int 
     TU_CHECK(bad == 0, "%s: %d steps beyond %g relative", extra, bad, bar);
 }
 
+/* Data parallelism on a backend without host-visible memory (Note [Staged gradients], src/parallel/dp.c):
+ * `suanli run -n 2` with --device opencl, micro-batch 4 per rank, reproduces the single opencl process at
+ * micro-batch 8 (the same global batch, Note [Deterministic batches]): loss per step and the final val loss
+ * within 1e-6 relative (the batch-layout bar of test_batch_layout: only the summation order differs). A
+ * checkpoint of the DP run (its moments copied through the contract) resumes bitwise: a run of 3 steps on
+ * the 6-step schedule (--lr-decay-iters 6), resumed for steps 4-6, has the uninterrupted run's losses and
+ * ends in its weights. ZeRO is refused there in one line. */
+static void test_dp(const char *dir) {
+#define DPM                                                                                                  \
+    "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --global-batch-size 8 "         \
+    "--lr 1e-3 --lr-decay-iters 6 --threads 1 --eval-interval 0 --eval-iters 2 --log-interval 1"
+    static const char *names[3] = {"dp_single", "dp_two", "dp_resumed"};
+    for (int k = 0; k < 3; k++) {
+        int rc = run(
+            "%s train --device opencl --data-path %s/data " DPM " --micro-batch-size %d --train-iters %d "
+            "--save %s/%s --save-interval 3",
+            k ? "run -n 2 -- " SL_BINARY_DIR "/suanli" : "", dir, k ? 4 : 8, k == 2 ? 3 : 6, dir, names[k]);
+        TU_CHECK(rc == 0, "%s: %s", names[k], out);
+    }
+    int rc = run(
+        "run -n 2 -- " SL_BINARY_DIR "/suanli train --device opencl --data-path %s/data " DPM
+        " --micro-batch-size 4 --train-iters 6 --load %s/dp_resumed --save %s/dp_resumed --save-interval 3",
+        dir, dir, dir);
+    TU_CHECK(rc == 0 && strstr(out, "resumed from"), "dp resume: %s", out);
+    double loss[3][STEPS + 8];
+    double val[3] = {NAN, NAN, NAN};
+    for (int k = 0; k < 3; k++) {
+        char d[1024], line[4096];
+        snprintf(d, sizeof d, "%s/%s", dir, names[k]);
+        TU_CHECK(read_losses(d, loss[k], STEPS + 8) == 6, "%s: 6 steps in metrics.jsonl", names[k]);
+        snprintf(d, sizeof d, "%s/%s/metrics.jsonl", dir, names[k]);
+        FILE *f = fopen(d, "r");
+        while (f && fgets(line, sizeof line, f)) {
+            const char *v = strstr(line, "\"val_loss\": ");
+            if (v) val[k] = strtod(v + 12, NULL);
+        }
+        if (f) fclose(f);
+    }
+    double worst = 0;
+    for (int st = 0; st < 6; st++) worst = fmax(worst, fabs(loss[1][st] - loss[0][st]) / fabs(loss[0][st]));
+    printf("dp 2 x mb 4 vs 1 x mb 8 on opencl: loss worst relative difference %.3g, val %.9g vs %.9g\n",
+           worst, val[1], val[0]);
+    TU_CHECK(worst <= 1e-6, "dp on opencl: losses %.3g from the single process", worst);
+    TU_CHECK(fabs(val[1] - val[0]) <= 1e-6 * fabs(val[0]), "dp on opencl: val loss %.9g vs %.9g", val[1],
+             val[0]);
+    for (int st = 0; st < 6; st++)
+        TU_CHECK(loss[2][st] == loss[1][st], "resumed dp step %d: loss %.9g vs %.9g", st + 1, loss[2][st],
+                 loss[1][st]);
+    char cmd[2400];
+    snprintf(cmd, sizeof cmd, "cmp -s %s/dp_two/model.safetensors %s/dp_resumed/model.safetensors", dir, dir);
+    TU_CHECK(system(cmd) == 0, "the resumed dp run's final weights are the uninterrupted run's, bitwise");
+    rc = run("run -n 2 -- " SL_BINARY_DIR "/suanli train --device opencl --data-path %s/data " DPM
+             " --micro-batch-size 4 --train-iters 1 --zero-stage 1",
+             dir);
+    TU_CHECK(rc != 0 && strstr(out, "--zero-stage 0 only"), "zero 1 on opencl refused: %s", out);
+#undef DPM
+}
+
 int main(void) {
     static sl_device_inventory inv; /* no opencl device also when the backend is not built */
     sl_device_inventory_get(&inv);
@@ -169,6 +229,7 @@ int main(void) {
         for (int st = 0; st < 30; st++) differs |= hloss[0][st] != dloss[0][st];
         TU_CHECK(differs, "%s: the cpu run's losses equal fp32's", half[h]);
     }
+    test_dp(dir);
     /* bench train on the device, and device names */
     int rc = run("bench train --device opencl --num-layers 1 --hidden-size 64 --num-attention-heads 2 "
                  "--vocab-size 256 --seq-length 32 --micro-batch-size 2 --steps 1 --warmup 0 --json");
