@@ -462,15 +462,22 @@ typedef struct {
     int nowrite; /* lock step, but dest lives on another host: take part in every agreement, write nothing */
 } ctx;
 
+/* a failure of the hosts' communication (a lost peer, a passed deadline), which a restart can cure: Note
+ * [Peer failures in a pooled restore] */
+static int peer_failure(sl_status st) { return st == SL_ERR_PEER || st == SL_ERR_TIMEOUT; }
+
 /* Lock step: every host's leader learns whether any of them failed at a local step (writing its restore
- * copy), so that all leave the assembly together; the status to go on with */
+ * copy), so that all leave the assembly together; the status to go on with (a peer failure elsewhere stays
+ * one: SL_ERR_PEER) */
 static sl_status agree(ctx *c, sl_status st) {
     if (!c->lc) return st;
-    int32_t bad = st != SL_OK, any = 0;
+    int32_t bad = st == SL_OK ? 0 : peer_failure(st) ? 2 : 1, any = 0;
     char msg[1024]; /* the collective clears the thread's message: a local failure keeps its own */
     snprintf(msg, sizeof msg, "%s", st != SL_OK ? sl_errmsg() : "");
     if (sl_comm_all_reduce(c->lc, &bad, &any, 1, SL_COMM_I32, SL_COMM_MAX) != SL_OK)
         return st != SL_OK ? sl_fail(st, "%s", msg) : sl_fail(SL_ERR_PEER, "pooled restore: %s", sl_errmsg());
+    if (any == 2 && st == SL_OK)
+        return sl_fail(SL_ERR_PEER, "pooled restore: another host lost a peer host (communication failed)");
     if (any && st == SL_OK) return sl_fail(SL_ERR_IO, "pooled restore: failed on another host");
     return st != SL_OK ? sl_fail(st, "%s", msg) : st;
 }
@@ -1280,18 +1287,64 @@ sl_status sl_ckpt_pool_restore_remove(const char *dest) {
     return SL_OK;
 }
 
+/* Test hooks (docs/ENV.md), on the first attempt (SUANLI_RESTART_COUNT unset or 0), right after the
+ * lock-step listing of a pooled restore's steps: SUANLI_FAULT_RESTORE_EXIT=h makes host h's leader die
+ * (_exit 137, a lost host); SUANLI_FAULT_RESTORE_STALL=h:S makes it sleep S seconds and go on (alive but
+ * silent past the communicators' deadline, SUANLI_COMM_TIMEOUT). */
+static void restore_fault(int me) {
+    const char *rc = getenv("SUANLI_RESTART_COUNT"), *ex = getenv("SUANLI_FAULT_RESTORE_EXIT"),
+               *stall = getenv("SUANLI_FAULT_RESTORE_STALL");
+    char *end;
+    if (rc && strcmp(rc, "0") != 0) return;
+    if (ex && *ex && strtol(ex, &end, 10) == me && !*end) {
+        fprintf(stderr,
+                "suanli: SUANLI_FAULT_RESTORE_EXIT=%s: host %d's leader dying inside the pooled restore\n",
+                ex, me);
+        fflush(stderr);
+        _exit(137);
+    }
+    if (stall && *stall && strtol(stall, &end, 10) == me && *end == ':') {
+        unsigned sec = (unsigned)strtoul(end + 1, NULL, 10);
+        fprintf(
+            stderr,
+            "suanli: SUANLI_FAULT_RESTORE_STALL=%s: host %d's leader stalling %u s in the pooled restore\n",
+            stall, me, sec);
+        fflush(stderr);
+        while (sec > 0) sec = sleep(sec);
+    }
+}
+
+/* Note [Peer failures in a pooled restore]
+ * A step that cannot be assembled sends the restore on to an older step, and when none is left it ends as
+ * SL_ERR_FORMAT "no complete pooled checkpoint": the pool's data is missing or damaged, which a restart
+ * cannot cure (the job's exit status 2, not retried). A failure of the leaders' communication is not about
+ * the data: a lost host, or one silent past SUANLI_COMM_TIMEOUT (a stalled disk). Once a communicator fails
+ * every later operation on it fails too ("communicator already failed"), so the older steps would fail the
+ * same way and the run would end as "no complete pooled checkpoint", exit 2, never retried by `suanli run
+ * --max-restarts` or the Slurm script. So the step loop stops at the first peer failure and returns
+ * SL_ERR_PEER with its message. It is recognised by the status (the step listing, agree(), the streams'
+ * transfers) or, where a transfer failure was folded into a reason ("host 1: manifest.json: transfer failed"
+ * in read_host, a copy not received in stream_replica: they read as missing data), by the communicator's
+ * sticky error (sl_comm_async_error). Every leader sees it: the one whose collective failed first, and the
+ * others when their next collective with it fails; agree() carries the class too (2: a peer failure), for a
+ * leader whose own failure was one while the agreement itself still went through. src/train/job.c (Note
+ * [Pooled restore]) turns it into a runtime failure on every rank (exit 1, restartable); not exit 75, which
+ * the Slurm script requeues without counting, so a failure that recurs would loop forever. Tests:
+ * tests/fault/test_ckpt_pool.c (SUANLI_FAULT_RESTORE_EXIT, SUANLI_FAULT_RESTORE_STALL). */
+
 /* nowrite: under lock step, this host only reads and sends (dest is written by another host) */
 static sl_status gather(const char *root, int hosts, int64_t step, const char *dest, int64_t *got,
-                        sl_comm *lc, int me, int nowrite) {
+                        sl_comm *lc, int me, int nowrite, int restore) {
     int scan = lc ? hosts : hosts_present(root);
     if (hosts > scan) scan = hosts;
     int64_t *steps = NULL;
     int n = lc ? pool_steps_comm(root, lc, me, &steps) : pool_steps(root, scan, &steps);
     if (n < 0)
         return sl_fail(SL_ERR_PEER, "%s: pooled restore: listing the hosts' steps: %s", root, sl_errmsg());
+    if (lc && restore) restore_fault(me);
     char tmp[4200], fin[4200], first[1200] = "";
     sl_status st = sl_fail(SL_ERR_IO, "%s: no pooled checkpoint (no host-*/step-* directories)", root);
-    int tried = 0;
+    int tried = 0, lost = 0;
     if (dest && n > 0 && !nowrite) {
         /* dest (a restart's .restore) holds only what an earlier restore assembled, never read again:
          * removed first, partial step-N.tmp dirs of a killed restore included, so that a disk the old copy
@@ -1339,12 +1392,22 @@ static sl_status gather(const char *root, int hosts, int64_t step, const char *d
             break;
         }
         if (dest && !nowrite) sl_ckpt_rm_rf(tmp);
+        /* a peer failure: no older step is tried (Note [Peer failures in a pooled restore]) */
+        if (lc && (peer_failure(st) || sl_comm_async_error(lc) != SL_OK)) {
+            st = sl_fail(SL_ERR_PEER,
+                         "%s: pooled restore of %s: a peer host was lost or missed the deadline: %s", root,
+                         c.step_name, sl_errmsg());
+            lost = 1;
+            break;
+        }
         if (!first[0]) snprintf(first, sizeof first, "%s", sl_errmsg());
         if (step < 0)
             SL_LOGW("pooled checkpoint %s/%s is not usable (%s); trying an older one", root, c.step_name,
                     sl_errmsg());
     }
-    if (step >= 0 && !tried && n > 0)
+    if (lost)
+        ; /* SL_ERR_PEER, its message */
+    else if (step >= 0 && !tried && n > 0)
         st = sl_fail(SL_ERR_IO, "%s: no host holds step-%07lld", root, (long long)step);
     else if (st != SL_OK && first[0])
         st = sl_fail(SL_ERR_FORMAT, "%s: no complete pooled checkpoint (newest: %s)", root, first);
@@ -1353,20 +1416,20 @@ static sl_status gather(const char *root, int hosts, int64_t step, const char *d
 }
 
 sl_status sl_ckpt_pool_gather(const char *root, int hosts, int64_t step, const char *dest, int64_t *got) {
-    return gather(root, hosts, step, dest, got, NULL, 0, 0);
+    return gather(root, hosts, step, dest, got, NULL, 0, 0, 0);
 }
 
 sl_status sl_ckpt_pool_gather_comm(const char *root, sl_comm *hosts, int64_t step, const char *dest,
                                    int64_t *got) {
     int me = sl_comm_rank(hosts);
-    return gather(root, sl_comm_size(hosts), step, dest, got, hosts, me, me != 0);
+    return gather(root, sl_comm_size(hosts), step, dest, got, hosts, me, me != 0, 0);
 }
 
 sl_status sl_ckpt_pool_restore(const sl_ckpt_pool *p, sl_comm *leaders, const char *dest, int64_t *got) {
     if (!leaders || sl_comm_size(leaders) != p->hosts || sl_comm_rank(leaders) != p->host)
         return sl_fail(SL_ERR_INVALID,
                        "pooled restore: the leaders' communicator must have one rank per host");
-    return gather(p->local_root, p->hosts, -1, dest, got, leaders, p->host, 0);
+    return gather(p->local_root, p->hosts, -1, dest, got, leaders, p->host, 0, 1);
 }
 
 /* lc: lock step over the hosts' communicator (rank = host, each reading only its own directory); the

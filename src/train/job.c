@@ -440,7 +440,12 @@ static sl_status load_init_from(sl_train_job *j, int data_vocab) {
  * host's directory and receiving the other hosts' files over a communicator of the first ranks (Note [Pool
  * transfers over comm]); one process reads every host directory itself (sl_ckpt_pool_gather). The ranks agree
  * (all-reduce) that every host found the same step, and each rank then loads from its host's copy. A pool
- * with steps of which none can be rebuilt is an error naming what is missing; an empty pool is a fresh start.
+ * with steps of which none can be rebuilt is an error naming what is missing (bad input: exit 2, not
+ * restarted); an empty pool is a fresh start. A restore that failed because a host was lost or missed the
+ * communicators' deadline (SL_ERR_PEER, Note [Peer failures in a pooled restore] in src/ckpt/pool.c) is a
+ * runtime failure (exit 1, which `suanli run --max-restarts` and the Slurm script retry): a leader
+ * contributes 2 for it to the MAX all-reduce below and 1 for any other failure, so every rank reports the
+ * same class.
  */
 static sl_status pool_restore(sl_train_job *j, char *dir, size_t cap, int *found) {
     const sl_ckpt_pool *p = &j->pool;
@@ -467,7 +472,7 @@ static sl_status pool_restore(sl_train_job *j, char *dir, size_t cap, int *found
             got = -1;
         } else if (st != SL_OK) {
             snprintf(msg, sizeof msg, "%s", sl_errmsg());
-            v[0] = 1;
+            v[0] = st == SL_ERR_PEER || st == SL_ERR_TIMEOUT ? 2 : 1;
         }
         v[1] = v[2] = got;
     }
@@ -476,10 +481,18 @@ static sl_status pool_restore(sl_train_job *j, char *dir, size_t cap, int *found
         if (sl_comm_all_reduce(j->world, &v[0], &agg[0], 1, SL_COMM_I64, SL_COMM_MAX) != SL_OK ||
             sl_comm_all_reduce(j->world, &v[1], &agg[1], 1, SL_COMM_I64, SL_COMM_MIN) != SL_OK ||
             sl_comm_all_reduce(j->world, &v[2], &agg[2], 1, SL_COMM_I64, SL_COMM_MAX) != SL_OK)
-            return sl_train_fail(SL_ERR_PEER, "rank %d: pooled restore: %s", rank, sl_errmsg());
+            return sl_train_fail(SL_ERR_PEER, "rank %d: pooled restore: %s%s%s", rank, msg,
+                                 msg[0] && !strstr(msg, sl_errmsg()) ? "; then " : "",
+                                 msg[0] && strstr(msg, sl_errmsg()) ? "" : sl_errmsg());
     } else {
         memcpy(agg, v, sizeof agg);
     }
+    if (agg[0] == 2) /* a peer failure on some host: a runtime failure, restartable */
+        return sl_train_fail(SL_ERR_PEER, "rank %d: pooled restore from %s: %s%s", rank, p->local_root,
+                             v[0] == 2 || !msg[0] ? "" : msg,
+                             v[0] == 2 ? msg
+                             : msg[0]  ? "; a peer host was lost during the restore (on another host)"
+                                       : "a peer host was lost during the restore (on another host)");
     if (agg[0])
         return sl_train_bad("--ckpt-local-dir: %s",
                             msg[0] ? msg : "the pooled restore failed on another host");

@@ -10,7 +10,10 @@
  * - a manifest that places blocks on hosts not in the job (restart with fewer --hosts): named;
  * - tiers: --ckpt-shared drains every pooled save into --save; --save-keep / --ckpt-local-keep per tier;
  * - suanli ckpt inspect / verify / gather, also under `suanli run` from isolated hosts (each rank seeing only
- *   its own host directory); bad flags: one line naming the flag, exit 2, nothing written. */
+ *   its own host directory);
+ * - a restore that loses a host or passes the communicators' deadline (SUANLI_FAULT_RESTORE_STALL / _EXIT):
+ *   exit 1 and restarted; damaged copies in every step: exit 2, not restarted;
+ * - bad flags: one line naming the flag, exit 2, nothing written. */
 #include <glob.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -416,6 +419,58 @@ static void test_replicas_lost_two(void) {
              "replicas: too many lost hosts named: rc %d %s", rc, out);
 }
 
+/* a restore that fails because a host was lost or missed the communicators' deadline is a runtime failure
+ * (exit 1, restarted by --max-restarts), one that finds no intact data is bad input (exit 2, not restarted):
+ * Note [Peer failures in a pooled restore] in src/ckpt/pool.c. 2 ranks = 2 hosts, SUANLI_COMM_TIMEOUT=4. */
+static void test_restore_peer(void) {
+    int rc = run("%s run -n 2 --hosts 2 -- %s train " TINY
+                 " --save pb --save-interval 4 --ckpt-local-dir P --ckpt-replicas 2",
+                 cli, cli);
+    TU_CHECK(rc == 0 && exists("P/host-1/step-0000012"), "restore peer: pooled run: rc %d %s", rc, out);
+    /* host 1's leader silent for 6 s (> the 4 s deadline) right after the steps were listed: the deadline
+     * passes for host 0, host 1 then finds its peer gone. Both exit 1 naming it (it was "no complete pooled
+     * checkpoint", exit 2 on both, and the launcher refused to restart); the restart restores step 12 */
+    rc = run(
+        "env SUANLI_COMM_TIMEOUT=4 SUANLI_FAULT_RESTORE_STALL=1:6 %s run -n 2 --hosts 2 --max-restarts 1 -- "
+        "%s train " TINY " --save pr --load pr --ckpt-local-dir P --ckpt-replicas 2",
+        cli, cli);
+    TU_CHECK(rc == 0 && strstr(out, "host 1's leader stalling 6 s") && strstr(out, "before the deadline") &&
+                 strstr(out, "a peer host was lost or missed the deadline") &&
+                 strstr(out, "exited with status 1") && strstr(out, "restarting (1 of 1)") &&
+                 !strstr(out, "no complete pooled checkpoint") && !strstr(out, "status 2") &&
+                 strstr(out, "resumed from P/host-0/.restore/step-0000012"),
+             "restore peer: a stalled host -> exit 1, restarted, restored: rc %d %s", rc, out);
+    TU_CHECK(same("pb", "pr"), "restore peer: the restarted restore's weights bitwise equal");
+    /* host 1's leader dies there: the survivor exits 1 naming the dead peer (each rank's status printed by
+     * a wrapper; rank 1's wrapper exits 0 so that the launcher waits for rank 0's own status) */
+    char w[700];
+    snprintf(w, sizeof w, "%s/rc.sh", dir);
+    FILE *f = fopen(w, "w");
+    TU_CHECK(f != NULL, "write rc.sh");
+    if (f) {
+        fputs("\"$@\"; rc=$?; echo \"rank $RANK exit $rc\"; [ \"$RANK\" = 1 ] && exit 0; exit $rc\n", f);
+        fclose(f);
+    }
+    rc = run("env SUANLI_COMM_TIMEOUT=4 SUANLI_FAULT_RESTORE_EXIT=1 %s run -n 2 --hosts 2 -- sh rc.sh %s "
+             "train " TINY " --save px --load px --ckpt-local-dir P --ckpt-replicas 2",
+             cli, cli);
+    TU_CHECK(rc == 1 && strstr(out, "host 1's leader dying") && strstr(out, "rank 1 exit 137") &&
+                 strstr(out, "rank 0 exit 1") && strstr(out, "died") &&
+                 !strstr(out, "no complete pooled checkpoint") && !exists("px"),
+             "restore peer: a lost host -> the survivor exits 1: rc %d %s", rc, out);
+    /* the same pool with both copies of rank 0's shard damaged in every step: bad data, exit 2 on the
+     * ranks, not restarted */
+    rc = run(
+        "sh -c 'cp -r P Q && for f in Q/host-*/step-*/shard-r00000.safetensors; do printf x | dd of=$f bs=1 "
+        "seek=5000 conv=notrunc 2>/dev/null; done && %s run -n 2 --hosts 2 --max-restarts 1 -- %s train " TINY
+        " --save pq --load pq --ckpt-local-dir Q --ckpt-replicas 2'",
+        cli, cli);
+    TU_CHECK(rc == 1 && strstr(out, "no complete pooled checkpoint") && strstr(out, "checksum mismatch") &&
+                 strstr(out, "exited with status 2") && strstr(out, "not restarting") &&
+                 !strstr(out, "restarting (1 of 1)") && !exists("pq"),
+             "restore peer: damaged copies -> exit 2, not restarted: rc %d %s", rc, out);
+}
+
 /* bad flags: one line naming the flag, exit 2, nothing written */
 static void test_bad_flags(void) {
     int rc;
@@ -462,6 +517,7 @@ int main(void) {
     test_ec();
     test_replicas_lost_two();
     isolated_hosts();
+    test_restore_peer();
     test_bad_flags();
 
     char cmd[700];
