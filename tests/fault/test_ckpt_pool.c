@@ -434,8 +434,9 @@ static void test_restore_peer(void) {
         "env SUANLI_COMM_TIMEOUT=4 SUANLI_FAULT_RESTORE_STALL=1:6 %s run -n 2 --hosts 2 --max-restarts 1 -- "
         "%s train " TINY " --save pr --load pr --ckpt-local-dir P --ckpt-replicas 2",
         cli, cli);
+    /* (host 1's own line depends on whether it wakes before host 0's job-wide all-reduce gives up, ~8 s:
+     * either way exit 1, so only host 0's deadline message is required) */
     TU_CHECK(rc == 0 && strstr(out, "host 1's leader stalling 6 s") && strstr(out, "before the deadline") &&
-                 strstr(out, "a peer host was lost or missed the deadline") &&
                  strstr(out, "exited with status 1") && strstr(out, "restarting (1 of 1)") &&
                  !strstr(out, "no complete pooled checkpoint") && !strstr(out, "status 2") &&
                  strstr(out, "resumed from P/host-0/.restore/step-0000012"),
