@@ -171,12 +171,13 @@ sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, 
         return sl_fail(
             SL_ERR_UNSUPPORTED,
             "--zero-stage 3 with --pipeline-model-parallel-size %d is not supported (use 0, 1 or 2)", m->pp);
-    if (!m->backend->caps.host_visible && (o->zero_stage > 0 || m->ep > 1 || m->tp > 1 || m->pp > 1))
-        return sl_fail(SL_ERR_UNSUPPORTED,
-                       "the %s backend's memory is not host-visible: data parallelism stages its gradients "
-                       "through host copies with --zero-stage 0 only (no ZeRO, expert, tensor or pipeline "
-                       "parallelism there yet)",
-                       m->backend->name);
+    if (!m->backend->caps.host_visible && (o->zero_stage > 1 || m->ep > 1 || m->tp > 1 || m->pp > 1))
+        return sl_fail(
+            SL_ERR_UNSUPPORTED,
+            "the %s backend's memory is not host-visible: data parallelism stages its gradients and "
+            "parameters through host copies with --zero-stage 0 or 1 only (no ZeRO-2/3, expert, "
+            "tensor or pipeline parallelism there yet)",
+            m->backend->name);
     sl_dp *dp = calloc(1, sizeof *dp);
     if (!dp) return sl_fail(SL_ERR_NOMEM, "dp: out of memory");
     dp->comm = mesh->dp_comm;
@@ -257,7 +258,11 @@ void sl_dp_arm(sl_dp *dp, int armed) {
  * has run) into the same range of a host window of numel floats, all-reduced there in place like the window
  * of Note [Gradients in a window] (on shm the peers read it directly), and copied back into the device's
  * buffer before the gradient norm (sl_dp_finish_grads). Clipping and AdamW then run on the device as in one
- * process. ZeRO-0 only: the sharded stages' optimizer shards and parameter gathers work on host mappings. */
+ * process. Under ZeRO-1 each rank updates its parts of the parameters (moments on the device, sharded), and
+ * the parameters travel the same way: every rank's updated parts copied out into the window, all-gathered
+ * there in place, and the buckets copied back (staged_param_gather; synchronous, where the host-visible path
+ * overlaps the gathers with the next forward). ZeRO-2/3 keep gradient and parameter slots in host-mapped
+ * arenas: refused. */
 static int bucket_staged(const sl_dp *dp, const dp_bucket *b) {
     return dp->window.stage && bk_comm(dp, b) && b->hi > b->lo;
 }
@@ -623,12 +628,41 @@ sl_status sl_dp_add_params(sl_dp *dp, int64_t lo, int64_t n, const float *delta)
     return SL_OK;
 }
 
+/* ZeRO-1 on a backend without host-visible memory (Note [Staged gradients]): each bucket's parts gathered
+ * through the host window, then copied back whole */
+static sl_status staged_param_gather(sl_dp *dp) {
+    sl_model *m = dp->m;
+    float *w = dp->window.stage;
+    sl_status st = SL_OK;
+    for (int k = 0; k < dp->buckets.count && st == SL_OK; k++) {
+        const dp_bucket *b = &dp->buckets.v[k];
+        dp_bucket_reqs *rq = &dp->reduce.reqs[k];
+        int64_t own = b->lo + b->q * bk_r(dp, b);
+        if (b->q <= 0 || !bk_comm(dp, b)) continue;
+        dp_count_bk(dp, b, 1, b->q * bk_n(dp, b));
+        st = sl_backend_copy_out(m->params_buf, f32_bytes(own), w + own, f32_bytes(b->q));
+        if (st == SL_OK)
+            st = sl_comm_all_gather_async(bk_comm(dp, b), w + own, w + b->lo, (size_t)b->q, SL_COMM_F32,
+                                          &rq->part);
+    }
+    for (int k = 0; k < dp->buckets.count; k++) {
+        const dp_bucket *b = &dp->buckets.v[k];
+        sl_status s = dp_wait_req(&dp->reduce.reqs[k].part);
+        if (st == SL_OK) st = s;
+        if (st == SL_OK && b->q > 0 && bk_comm(dp, b))
+            st =
+                sl_backend_copy_in(m->params_buf, f32_bytes(b->lo), w + b->lo, f32_bytes(b->q * bk_n(dp, b)));
+    }
+    return st;
+}
+
 sl_status sl_dp_optimizer_step(sl_dp *dp, float lr, int64_t t, sl_adamw_hparams hp) {
     if (dp->zero == 3) sl_dp_reshard_params(dp); /* training goes on after a gather: back to the shard */
     sl_status st = update_shard(dp, lr, t, hp);
     dp->shard.gscale = 1.0f; /* the factor belongs to this step's gradients only */
     SL_TRY(st);
     if (!dp->zero || !dp->comm || dp->zero == 3) return SL_OK; /* stage 3 gathers lazily in the next pass */
+    if (dp->window.stage) return staged_param_gather(dp);      /* Note [Staged gradients] */
     /* all-gather the updated parts of every bucket in place, overlapped with the next forward pass (Note
      * [Overlapped parameter gather] in zero_slots.c) */
     return sl_dp_launch_param_gathers(dp);

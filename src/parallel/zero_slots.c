@@ -271,7 +271,8 @@ static sl_status alloc_arena(sl_dp *dp) {
         for (int i = 0; i < m->n_params; i++)
             if (m->params[i].numel > n) n = m->params[i].numel;
     size_t bytes = f32_bytes(n + 16);
-    if (dp->comm) {
+    if (dp->comm &&
+        m->backend->caps.host_visible) { /* (staged ZeRO-1 reads no slot: Note [Staged gradients]) */
         SL_TRY(sl_comm_mem_alloc(dp->comm, bytes, (void **)&a->map));
         sl_status st = sl_backend_wrap_host(m->backend, a->map, bytes, &a->buf);
         if (st != SL_OK) {

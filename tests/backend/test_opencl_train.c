@@ -133,30 +133,34 @@ static void train_pair(const char *dir, const char *extra, const char *tag, int 
 /* Data parallelism on a backend without host-visible memory (Note [Staged gradients], src/parallel/dp.c):
  * `suanli run -n 2` with --device opencl, micro-batch 4 per rank, reproduces the single opencl process at
  * micro-batch 8 (the same global batch, Note [Deterministic batches]): loss per step and the final val loss
- * within 1e-6 relative (the batch-layout bar of test_batch_layout: only the summation order differs). A
- * checkpoint of the DP run (its moments copied through the contract) resumes bitwise: a run of 3 steps on
+ * within 1e-6 relative (the batch-layout bar of test_batch_layout: only the summation order differs). ZeRO-1
+ * (moments sharded, parameters gathered through the host) ends in ZeRO-0's weights bitwise (AdamW is
+ * elementwise), and its checkpoint (moments copied through the contract) resumes bitwise: a run of 3 steps on
  * the 6-step schedule (--lr-decay-iters 6), resumed for steps 4-6, has the uninterrupted run's losses and
- * ends in its weights. ZeRO is refused there in one line. */
+ * weights. ZeRO-2 is refused there in one line. */
 static void test_dp(const char *dir) {
 #define DPM                                                                                                  \
     "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --global-batch-size 8 "         \
     "--lr 1e-3 --lr-decay-iters 6 --threads 1 --eval-interval 0 --eval-iters 2 --log-interval 1"
-    static const char *names[3] = {"dp_single", "dp_two", "dp_resumed"};
-    for (int k = 0; k < 3; k++) {
-        int rc = run(
-            "%s train --device opencl --data-path %s/data " DPM " --micro-batch-size %d --train-iters %d "
-            "--save %s/%s --save-interval 3",
-            k ? "run -n 2 -- " SL_BINARY_DIR "/suanli" : "", dir, k ? 4 : 8, k == 2 ? 3 : 6, dir, names[k]);
+#define RUN2 "run -n 2 -- " SL_BINARY_DIR "/suanli train --device opencl --micro-batch-size 4 "
+    static const char *names[4] = {"dp_single", "dp_z0", "dp_z1", "dp_z1_resumed"};
+    int rc = run("train --device opencl --data-path %s/data " DPM
+                 " --micro-batch-size 8 --train-iters 6 --save %s/%s",
+                 dir, dir, names[0]);
+    TU_CHECK(rc == 0, "%s: %s", names[0], out);
+    for (int k = 1; k < 4; k++) {
+        rc = run(RUN2 "--data-path %s/data " DPM
+                      " --zero-stage %d --train-iters %d --save %s/%s --save-interval 3",
+                 dir, k > 1, k == 3 ? 3 : 6, dir, names[k]);
         TU_CHECK(rc == 0, "%s: %s", names[k], out);
     }
-    int rc = run(
-        "run -n 2 -- " SL_BINARY_DIR "/suanli train --device opencl --data-path %s/data " DPM
-        " --micro-batch-size 4 --train-iters 6 --load %s/dp_resumed --save %s/dp_resumed --save-interval 3",
-        dir, dir, dir);
-    TU_CHECK(rc == 0 && strstr(out, "resumed from"), "dp resume: %s", out);
-    double loss[3][STEPS + 8];
-    double val[3] = {NAN, NAN, NAN};
-    for (int k = 0; k < 3; k++) {
+    rc = run(RUN2 "--data-path %s/data " DPM " --zero-stage 1 --train-iters 6 --load %s/%s --save %s/%s "
+                  "--save-interval 3",
+             dir, dir, names[3], dir, names[3]);
+    TU_CHECK(rc == 0 && strstr(out, "resumed from"), "dp zero 1 resume: %s", out);
+    double loss[4][STEPS + 8];
+    double val[4] = {NAN, NAN, NAN, NAN};
+    for (int k = 0; k < 4; k++) {
         char d[1024], line[4096];
         snprintf(d, sizeof d, "%s/%s", dir, names[k]);
         TU_CHECK(read_losses(d, loss[k], STEPS + 8) == 6, "%s: 6 steps in metrics.jsonl", names[k]);
@@ -176,15 +180,18 @@ static void test_dp(const char *dir) {
     TU_CHECK(fabs(val[1] - val[0]) <= 1e-6 * fabs(val[0]), "dp on opencl: val loss %.9g vs %.9g", val[1],
              val[0]);
     for (int st = 0; st < 6; st++)
-        TU_CHECK(loss[2][st] == loss[1][st], "resumed dp step %d: loss %.9g vs %.9g", st + 1, loss[2][st],
+        TU_CHECK(loss[3][st] == loss[2][st] && loss[2][st] == loss[1][st],
+                 "step %d: zero 1 resumed %.9g, zero 1 %.9g, zero 0 %.9g", st + 1, loss[3][st], loss[2][st],
                  loss[1][st]);
     char cmd[2400];
-    snprintf(cmd, sizeof cmd, "cmp -s %s/dp_two/model.safetensors %s/dp_resumed/model.safetensors", dir, dir);
-    TU_CHECK(system(cmd) == 0, "the resumed dp run's final weights are the uninterrupted run's, bitwise");
-    rc = run("run -n 2 -- " SL_BINARY_DIR "/suanli train --device opencl --data-path %s/data " DPM
-             " --micro-batch-size 4 --train-iters 1 --zero-stage 1",
-             dir);
-    TU_CHECK(rc != 0 && strstr(out, "--zero-stage 0 only"), "zero 1 on opencl refused: %s", out);
+    for (int k = 2; k < 4; k++) {
+        snprintf(cmd, sizeof cmd, "cmp -s %s/%s/model.safetensors %s/%s/model.safetensors", dir, names[1],
+                 dir, names[k]);
+        TU_CHECK(system(cmd) == 0, "%s: the final weights are zero 0's, bitwise", names[k]);
+    }
+    rc = run(RUN2 "--data-path %s/data " DPM " --train-iters 1 --zero-stage 2", dir);
+    TU_CHECK(rc != 0 && strstr(out, "--zero-stage 0 or 1 only"), "zero 2 on opencl refused: %s", out);
+#undef RUN2
 #undef DPM
 }
 
