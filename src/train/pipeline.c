@@ -42,6 +42,8 @@ typedef struct {
                                * others with router losses: the same for those (Note [Router losses ...]) */
     sl_tensor *aux;           /* not the last virtual stage: the sum of its MoE router losses, or NULL */
     sl_buffer *io;            /* ids, targets, x_in, dx_in, seed */
+    /* Note [Staged pipeline transfers]: host copies of what crosses the boundary (NULL: host-visible) */
+    float *h_in, *h_out, *h_dx; /* received x_in / seed; out and dx_in while their sends are in flight */
     sl_comm_req *send_fwd, *send_bwd;
     int n_forward;
     int n_b; /* the backward's B nodes are [n_forward, n_b), W [n_b, n); unsplit: n_b = n */
@@ -191,12 +193,25 @@ static sl_status make_schedule(sl_pipeline *P) {
     return SL_OK;
 }
 
+/* Note [Staged pipeline transfers]
+ * On a backend whose memory the host cannot address (OpenCL) the activations and gradients crossing a stage
+ * boundary go through host copies, as DP's gradients do (Note [Staged gradients], src/parallel/dp.c): a
+ * received tensor lands in the slot's h_in and is copied in; an output is copied out (a blocking copy: the
+ * device has finished the unit) into h_out / h_dx, which stay untouched until the send's request is waited
+ * for, before the slot's next unit writes them again. dx_in is zeroed on the device. The tied embedding's two
+ * gradients are summed the same way (pipe_after_backward, trainer.c). */
 static sl_status build_slot(sl_pipeline *P, int c, pipe_slot *sl, float loss_scale) {
     sl_model *m = P->m;
     sl_ctx *ctx = m->ctx;
     size_t n = (size_t)P->B * (size_t)P->T, a = (size_t)P->act;
     size_t bytes = 2 * n * sizeof(int32_t) + 3 * a * sizeof(float);
     SL_TRY(sl_backend_alloc(m->backend, bytes, &sl->io));
+    if (!m->backend->caps.host_visible) { /* Note [Staged pipeline transfers] */
+        sl->h_in = malloc(3 * (a ? a : 1) * sizeof(float));
+        if (!sl->h_in) return sl_fail(SL_ERR_NOMEM, "pipeline: out of memory");
+        sl->h_out = sl->h_in + a;
+        sl->h_dx = sl->h_out + a;
+    }
     size_t at = 0;
     sl->ids = sl_set_name(sl_new_tensor_2d(ctx, SL_I32, P->B, P->T), "ids");
     sl->targets = sl_set_name(sl_new_tensor_2d(ctx, SL_I32, P->B, P->T), "targets");
@@ -295,6 +310,7 @@ void sl_pipeline_free(sl_pipeline *P) {
             wait_req(&sl->send_bwd);
             sl_graph_free(sl->g);
             if (sl->io) sl_backend_free(P->m->backend, sl->io);
+            free(sl->h_in);
         }
     if (P->scratch) sl_backend_free(P->m->backend, P->scratch);
     for (int c = 0; c < P->v; c++) free(P->slot[c]);
@@ -312,8 +328,6 @@ sl_status sl_pipeline_new(sl_pipeline **out, sl_model *m, const sl_mesh *mesh, i
     if (m->pp != mesh->pp || m->pp_rank != mesh->pp_rank || !mesh->pp_comm)
         return sl_fail(SL_ERR_INVALID, "pipeline: the model is stage %d of %d, the mesh says %d of %d",
                        m->pp_rank, m->pp, mesh->pp_rank, mesh->pp);
-    if (!m->backend->caps.host_visible)
-        return sl_fail(SL_ERR_UNSUPPORTED, "--pipeline-model-parallel-size needs host-visible memory (cpu)");
     if (v > SL_PIPE_MAX_CHUNKS)
         return sl_fail(SL_ERR_INVALID,
                        "--num-layers-per-virtual-pipeline-stage: %d model chunks per stage, at most %d", v,
@@ -537,7 +551,8 @@ static sl_status forward(sl_pipeline *P, int c, int k, int64_t step, int micro, 
     }
     if (!first_virtual(P, c)) {
         sl_comm *ch = act_in(P, &peer);
-        SL_TRY(recv_timed(P, ch, sl->x_in->data, peer));
+        SL_TRY(recv_timed(P, ch, sl->h_in ? (void *)sl->h_in : sl->x_in->data, peer));
+        if (sl->h_in) SL_TRY(sl_tensor_copy_in(sl->x_in, sl->h_in)); /* Note [Staged pipeline transfers] */
     }
     /* the micro-batch's masks (Note [Dropout from counters]): set on the slot's graph, they stay there for
      * its backward, which runs before the slot takes another micro-batch */
@@ -552,7 +567,9 @@ static sl_status forward(sl_pipeline *P, int c, int k, int64_t step, int micro, 
     }
     if (!last_virtual(P, c)) {
         sl_comm *ch = act_out(P, &peer);
-        SL_TRY(sl_comm_send_async(ch, sl->out->data, (size_t)P->act, SL_COMM_F32, peer, &sl->send_fwd));
+        if (sl->h_out) SL_TRY(sl_tensor_copy_out(sl->out, sl->h_out)); /* the send_fwd before it is done */
+        SL_TRY(sl_comm_send_async(ch, sl->h_out ? (void *)sl->h_out : sl->out->data, (size_t)P->act,
+                                  SL_COMM_F32, peer, &sl->send_fwd));
         P->sent_bytes += (double)P->act * sizeof(float);
     }
     return SL_OK;
@@ -565,11 +582,16 @@ static sl_status backward(sl_pipeline *P, int c, int k, int overwrite, int last)
     int peer, n = sl_graph_n_nodes(sl->g);
     if (!last_virtual(P, c)) {
         sl_comm *ch = grad_in(P, &peer);
-        SL_TRY(recv_timed(P, ch, sl->seed->data, peer));
+        SL_TRY(recv_timed(P, ch, sl->h_in ? (void *)sl->h_in : sl->seed->data, peer));
+        if (sl->h_in) SL_TRY(sl_tensor_copy_in(sl->seed, sl->h_in));
     }
     if (!first_virtual(P, c)) {
         SL_TRY(wait_req(&sl->send_bwd));
-        memset(sl->dx_in->data, 0, sizeof(float) * (size_t)P->act);
+        if (sl->h_dx)
+            SL_TRY(sl_backend_memset_zero(sl->dx_in->buffer, sl->dx_in->buffer_offs,
+                                          sizeof(float) * (size_t)P->act));
+        else
+            memset(sl->dx_in->data, 0, sizeof(float) * (size_t)P->act);
     }
     sl_graph_set_grad_overwrite(sl->g, overwrite && sl->n_b == n);
     sl_status st = run_range(P, c, sl->g, sl->n_forward, sl->n_b, last && sl->n_b == n);
@@ -577,7 +599,9 @@ static sl_status backward(sl_pipeline *P, int c, int k, int overwrite, int last)
     SL_TRY(st);
     if (!first_virtual(P, c)) {
         sl_comm *ch = grad_out(P, &peer);
-        SL_TRY(sl_comm_send_async(ch, sl->dx_in->data, (size_t)P->act, SL_COMM_F32, peer, &sl->send_bwd));
+        if (sl->h_dx) SL_TRY(sl_tensor_copy_out(sl->dx_in, sl->h_dx));
+        SL_TRY(sl_comm_send_async(ch, sl->h_dx ? (void *)sl->h_dx : sl->dx_in->data, (size_t)P->act,
+                                  SL_COMM_F32, peer, &sl->send_bwd));
         P->sent_bytes += (double)P->act * sizeof(float);
     }
     return SL_OK;

@@ -74,12 +74,13 @@ static void print_banner(const sl_train_job *j) {
     const sl_gpt2_config *c = &j->cfg;
     fprintf(f,
             "suanli train: %s L=%d H=%d C=%d V=%d T=%d | %.2fM params | micro-batch %d x accum %d x dp %d | "
-            "%s | %d threads, %s\n",
+            "%s | %s%s%d threads, %s\n",
             m->arch == SL_ARCH_GPT2 ? "GPT-2" : sl_arch_name(m->arch), c->n_layer, c->n_head, c->n_embd,
             c->vocab_size, j->T, (double)m->numel / 1e6, j->B, j->accum, j->mesh.dp,
             j->o.model.bf16   ? "bf16 mixed precision"
             : j->o.model.fp16 ? "fp16 mixed precision"
                               : "fp32",
+            strcmp(j->be->name, "cpu") ? j->be->name : "", strcmp(j->be->name, "cpu") ? " device, host " : "",
             sl_threads_get(), sl_cpu_isa_name());
     if (j->world && sl_comm_size(j->world) > 1)
         fprintf(f, "communication: %d ranks, %s transport\n", sl_comm_size(j->world),

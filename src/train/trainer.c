@@ -184,11 +184,19 @@ static sl_status pipe_after_backward(sl_trainer *tr, float *loss) {
     const char *name;
     if (pipe_tied(tr, &name)) {
         const sl_param_info *w = sl_model_find(m, name);
-        if (!w || !m->grads_mem)
+        if (!w || !m->grads_buf)
             return sl_fail(SL_ERR_INVALID, "pipeline: no %s gradient on stage %d", name, s);
-        float *g = m->grads_mem + w->offset, *other = malloc(sizeof(float) * (size_t)w->numel);
-        if (!other) return sl_fail(SL_ERR_NOMEM, "pipeline: out of memory");
-        sl_status st;
+        /* not host-visible: a host copy (Note [Staged pipeline transfers]) */
+        float *staged = m->grads_mem ? NULL : malloc(sizeof(float) * (size_t)w->numel);
+        float *g = m->grads_mem ? m->grads_mem + w->offset : staged,
+              *other = malloc(sizeof(float) * (size_t)w->numel);
+        sl_status st = other && g ? SL_OK : sl_fail(SL_ERR_NOMEM, "pipeline: out of memory");
+        if (st == SL_OK && staged) st = sl_model_grads_read(m, w->offset, w->numel, staged);
+        if (st != SL_OK) {
+            free(staged);
+            free(other);
+            return st;
+        }
         if (s == 0) {
             st = sl_comm_send(mesh->pp_comm, g, (size_t)w->numel, SL_COMM_F32, p - 1);
             if (st == SL_OK) st = sl_comm_recv(mesh->pp_comm, other, (size_t)w->numel, SL_COMM_F32, p - 1);
@@ -200,6 +208,10 @@ static sl_status pipe_after_backward(sl_trainer *tr, float *loss) {
             if (st == SL_OK)
                 for (int64_t i = 0; i < w->numel; i++) g[i] = other[i] + g[i];
         }
+        if (st == SL_OK && staged)
+            st = sl_backend_copy_in(m->grads_buf, sizeof(float) * (size_t)w->offset, staged,
+                                    sizeof(float) * (size_t)w->numel);
+        free(staged);
         free(other);
         SL_TRY(st);
         sl_pipeline_add_bytes(tr->pipe, (double)w->numel * sizeof(float));

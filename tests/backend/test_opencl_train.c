@@ -130,68 +130,82 @@ static void train_pair(const char *dir, const char *extra, const char *tag, int 
     TU_CHECK(bad == 0, "%s: %d steps beyond %g relative", extra, bad, bar);
 }
 
-/* Data parallelism on a backend without host-visible memory (Note [Staged gradients], src/parallel/dp.c):
- * `suanli run -n 2` with --device opencl, micro-batch 4 per rank, reproduces the single opencl process at
- * micro-batch 8 (the same global batch, Note [Deterministic batches]): loss per step and the final val loss
- * within 1e-6 relative (the batch-layout bar of test_batch_layout: only the summation order differs). ZeRO-1
- * (moments sharded, parameters gathered through the host) ends in ZeRO-0's weights bitwise (AdamW is
- * elementwise), and its checkpoint (moments copied through the contract) resumes bitwise: a run of 3 steps on
- * the 6-step schedule (--lr-decay-iters 6), resumed for steps 4-6, has the uninterrupted run's losses and
- * weights. ZeRO-2 is refused there in one line. */
+/* Data and pipeline parallelism on a backend without host-visible memory (Note [Staged gradients] in
+ * src/parallel/dp.c, Note [Staged pipeline transfers] in src/train/pipeline.c): with --device opencl,
+ * `suanli run -n 2` at micro-batch 4 per rank (ZeRO-0), `--pp 2` (2 micro-batches of 4 per step) and dp 2 x
+ * pp 2 with ZeRO-1 (4 ranks, micro-batch 2) each reproduce the single opencl process at micro-batch 8 (the
+ * same global batch, Note [Deterministic batches]): loss per step and the final val loss within 1e-6 relative
+ * (the batch-layout bar of test_batch_layout: only the summation order differs). ZeRO-1 (moments sharded,
+ * parameters gathered through the host) ends in ZeRO-0's weights bitwise (AdamW is elementwise), and its
+ * checkpoint (moments copied through the contract) resumes bitwise: a run of 3 steps on the 6-step schedule
+ * (--lr-decay-iters 6), resumed for steps 4-6, has the uninterrupted run's losses and weights. ZeRO-2 is
+ * refused there in one line. */
 static void test_dp(const char *dir) {
 #define DPM                                                                                                  \
     "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --global-batch-size 8 "         \
     "--lr 1e-3 --lr-decay-iters 6 --threads 1 --eval-interval 0 --eval-iters 2 --log-interval 1"
-#define RUN2 "run -n 2 -- " SL_BINARY_DIR "/suanli train --device opencl --micro-batch-size 4 "
-    static const char *names[4] = {"dp_single", "dp_z0", "dp_z1", "dp_z1_resumed"};
-    int rc = run("train --device opencl --data-path %s/data " DPM
-                 " --micro-batch-size 8 --train-iters 6 --save %s/%s",
-                 dir, dir, names[0]);
-    TU_CHECK(rc == 0, "%s: %s", names[0], out);
-    for (int k = 1; k < 4; k++) {
-        rc = run(RUN2 "--data-path %s/data " DPM
-                      " --zero-stage %d --train-iters %d --save %s/%s --save-interval 3",
-                 dir, k > 1, k == 3 ? 3 : 6, dir, names[k]);
-        TU_CHECK(rc == 0, "%s: %s", names[k], out);
+#define RUN(n) "run -n " #n " -- " SL_BINARY_DIR "/suanli train --device opencl "
+    enum { L = 6 };
+    static const struct {
+        const char *name, *launch, *args;
+        int iters;
+    } lay[L] = {{"dp_single", "train --device opencl ", "--micro-batch-size 8", 6},
+                {"dp_z0", RUN(2), "--micro-batch-size 4", 6},
+                {"dp_z1", RUN(2), "--micro-batch-size 4 --zero-stage 1", 6},
+                {"dp_z1_resumed", RUN(2), "--micro-batch-size 4 --zero-stage 1", 3},
+                {"pp2", RUN(2), "--micro-batch-size 4 --pp 2", 6},
+                {"dp2_pp2_z1", RUN(4), "--micro-batch-size 2 --pp 2 --zero-stage 1", 6}};
+    int rc;
+    for (int k = 0; k < L; k++) {
+        rc = run("%s--data-path %s/data " DPM " %s --train-iters %d --save %s/%s --save-interval 3",
+                 lay[k].launch, dir, lay[k].args, lay[k].iters, dir, lay[k].name);
+        TU_CHECK(rc == 0, "%s: %s", lay[k].name, out);
     }
-    rc = run(RUN2 "--data-path %s/data " DPM " --zero-stage 1 --train-iters 6 --load %s/%s --save %s/%s "
-                  "--save-interval 3",
-             dir, dir, names[3], dir, names[3]);
+    rc = run(RUN(2) "--data-path %s/data " DPM
+                    " --micro-batch-size 4 --zero-stage 1 --train-iters 6 --load %s/%s "
+                    "--save %s/%s --save-interval 3",
+             dir, dir, lay[3].name, dir, lay[3].name);
     TU_CHECK(rc == 0 && strstr(out, "resumed from"), "dp zero 1 resume: %s", out);
-    double loss[4][STEPS + 8];
-    double val[4] = {NAN, NAN, NAN, NAN};
-    for (int k = 0; k < 4; k++) {
+    double loss[L][STEPS + 8];
+    double val[L];
+    for (int k = 0; k < L; k++) {
         char d[1024], line[4096];
-        snprintf(d, sizeof d, "%s/%s", dir, names[k]);
-        TU_CHECK(read_losses(d, loss[k], STEPS + 8) == 6, "%s: 6 steps in metrics.jsonl", names[k]);
-        snprintf(d, sizeof d, "%s/%s/metrics.jsonl", dir, names[k]);
+        val[k] = NAN;
+        snprintf(d, sizeof d, "%s/%s", dir, lay[k].name);
+        TU_CHECK(read_losses(d, loss[k], STEPS + 8) == 6, "%s: 6 steps in metrics.jsonl", lay[k].name);
+        snprintf(d, sizeof d, "%s/%s/metrics.jsonl", dir, lay[k].name);
         FILE *f = fopen(d, "r");
         while (f && fgets(line, sizeof line, f)) {
             const char *v = strstr(line, "\"val_loss\": ");
             if (v) val[k] = strtod(v + 12, NULL);
         }
         if (f) fclose(f);
+        if (k == 0 || k == 3) continue;
+        double worst = 0;
+        for (int st = 0; st < 6; st++)
+            worst = fmax(worst, fabs(loss[k][st] - loss[0][st]) / fabs(loss[0][st]));
+        printf("%s vs 1 x mb 8 on opencl: loss worst relative difference %.3g, val %.9g vs %.9g\n",
+               lay[k].name, worst, val[k], val[0]);
+        TU_CHECK(worst <= 1e-6, "%s on opencl: losses %.3g from the single process", lay[k].name, worst);
+        TU_CHECK(fabs(val[k] - val[0]) <= 1e-6 * fabs(val[0]), "%s on opencl: val loss %.9g vs %.9g",
+                 lay[k].name, val[k], val[0]);
     }
-    double worst = 0;
-    for (int st = 0; st < 6; st++) worst = fmax(worst, fabs(loss[1][st] - loss[0][st]) / fabs(loss[0][st]));
-    printf("dp 2 x mb 4 vs 1 x mb 8 on opencl: loss worst relative difference %.3g, val %.9g vs %.9g\n",
-           worst, val[1], val[0]);
-    TU_CHECK(worst <= 1e-6, "dp on opencl: losses %.3g from the single process", worst);
-    TU_CHECK(fabs(val[1] - val[0]) <= 1e-6 * fabs(val[0]), "dp on opencl: val loss %.9g vs %.9g", val[1],
-             val[0]);
     for (int st = 0; st < 6; st++)
         TU_CHECK(loss[3][st] == loss[2][st] && loss[2][st] == loss[1][st],
                  "step %d: zero 1 resumed %.9g, zero 1 %.9g, zero 0 %.9g", st + 1, loss[3][st], loss[2][st],
                  loss[1][st]);
     char cmd[2400];
     for (int k = 2; k < 4; k++) {
-        snprintf(cmd, sizeof cmd, "cmp -s %s/%s/model.safetensors %s/%s/model.safetensors", dir, names[1],
-                 dir, names[k]);
-        TU_CHECK(system(cmd) == 0, "%s: the final weights are zero 0's, bitwise", names[k]);
+        snprintf(cmd, sizeof cmd, "cmp -s %s/%s/model.safetensors %s/%s/model.safetensors", dir, lay[1].name,
+                 dir, lay[k].name);
+        TU_CHECK(system(cmd) == 0, "%s: the final weights are zero 0's, bitwise", lay[k].name);
     }
-    rc = run(RUN2 "--data-path %s/data " DPM " --train-iters 1 --zero-stage 2", dir);
+    rc = run(RUN(2) "--data-path %s/data " DPM " --micro-batch-size 4 --train-iters 1 --zero-stage 2", dir);
     TU_CHECK(rc != 0 && strstr(out, "--zero-stage 0 or 1 only"), "zero 2 on opencl refused: %s", out);
-#undef RUN2
+    rc = run(RUN(2) "--data-path %s/data " DPM " --micro-batch-size 4 --train-iters 1 --tp 2", dir);
+    TU_CHECK(rc != 0 && strstr(out, "tensor and expert parallelism need host-visible memory"),
+             "tp on opencl refused: %s", out);
+#undef RUN
 #undef DPM
 }
 
