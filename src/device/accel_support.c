@@ -39,8 +39,9 @@ static int movable(sl_dtype t) { return t == SL_F32 || t == SL_I32 || t == SL_BF
  * kernels (rows with a unit last stride). */
 int sl_accel_supports(const sl_tensor *n) { return sl_accel_supports_ex(n, 0); }
 
-int sl_accel_supports_ex(const sl_tensor *n, int dropout) {
+int sl_accel_supports_ex(const sl_tensor *n, int extra) {
     const sl_tensor *a = n->src[0], *b = n->src[1];
+    const int dropout = extra & SL_ACCEL_DROPOUT, vocab = (extra & SL_ACCEL_VOCAB_SHARD) != 0;
     switch (n->op) {
     case SL_OP_VIEW:
         return 1;
@@ -96,11 +97,17 @@ int sl_accel_supports_ex(const sl_tensor *n, int dropout) {
     case SL_OP_ATTENTION_KV:
         return all_f32(n) && !n->iparams[2] && last_unit(a) && sl_is_contiguous(b) &&
                sl_is_contiguous(n->src[2]);
-    case SL_OP_EMBEDDING: /* not a vocab shard (iparams[3]; CPU only) */
-        return f32_but_i32(n, 1) && !n->iparams[3] && sl_is_contiguous(a) && sl_is_contiguous(b);
+    case SL_OP_EMBEDDING: /* a vocab shard (iparams[3]) where the backend asks for it */
+        return f32_but_i32(n, 1) && (vocab || !n->iparams[3]) && sl_is_contiguous(a) && sl_is_contiguous(b);
     case SL_OP_EMBEDDING_BACK:
-        return f32_but_i32(n, 1) && !n->iparams[3] && sl_is_contiguous(a) && sl_is_contiguous(b) &&
+        return f32_but_i32(n, 1) && (vocab || !n->iparams[3]) && sl_is_contiguous(a) && sl_is_contiguous(b) &&
                sl_is_contiguous(n->src[2]);
+    case SL_OP_CE_VP_STATS:
+        return vocab && f32_but_i32(n, 1) && sl_is_contiguous(a) && sl_is_contiguous(b);
+    case SL_OP_CE_VP:
+        return vocab && f32_but_i32(n, 1) && sl_is_contiguous(b) && sl_is_contiguous(n->src[2]);
+    case SL_OP_CE_VP_BACK:
+        return vocab && f32_but_i32(n, 2) && sl_is_contiguous(b) && sl_is_contiguous(n->src[2]);
     case SL_OP_CROSS_ENTROPY:
         return f32_but_i32(n, 1) && sl_is_contiguous(a) && sl_is_contiguous(b);
     case SL_OP_CROSS_ENTROPY_BACK:

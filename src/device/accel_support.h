@@ -14,9 +14,12 @@ int sl_accel_last_unit(const sl_tensor *t);
 int sl_accel_all_f32(const sl_tensor *n);
 /* Note [Accelerator supported ops] (accel_support.c): the f32 op table; 1 when n can run */
 int sl_accel_supports(const sl_tensor *n);
-/* the same, with dropout = 1 also accepting the dropout ops (DROPOUT, ATTENTION / ATTENTION_BACK with
- * dropout of the probabilities) for a backend that draws the masks (Note [OpenCL dropout]) */
-int sl_accel_supports_ex(const sl_tensor *n, int dropout);
+/* the same, also accepting what `extra` names (SL_ACCEL_*): the dropout ops (DROPOUT, ATTENTION /
+ * ATTENTION_BACK with dropout of the probabilities) for a backend that draws the masks (Note [OpenCL
+ * dropout]); the vocabulary-parallel ops of tensor parallelism (EMBEDDING / EMBEDDING_BACK of a vocab shard,
+ * CE_VP_STATS, CE_VP, CE_VP_BACK: Note [OpenCL tensor parallelism]) */
+enum { SL_ACCEL_DROPOUT = 1, SL_ACCEL_VOCAB_SHARD = 2 };
+int sl_accel_supports_ex(const sl_tensor *n, int extra);
 
 /* What a dropout node draws (Note [Dropout from counters], src/ops/build.c): DROPOUT, or an ATTENTION node
  * (for ATTENTION_BACK, its forward node) */

@@ -94,7 +94,7 @@ static void grads_from_window(sl_dp *dp) {
 static sl_status host_buf(sl_dp *dp, int64_t n, sl_buffer **buf, float **map) {
     if (sl_backend_alloc(dp->m->backend, f32_bytes(n > 0 ? n : 1), buf) != SL_OK)
         return sl_fail(SL_ERR_NOMEM, "dp: out of memory");
-    if (map) *map = sl_buffer_map(*buf);
+    if (map) *map = dp->m->backend->caps.host_visible ? sl_buffer_map(*buf) : NULL; /* staged: copies */
     return SL_OK;
 }
 
@@ -171,12 +171,12 @@ sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, 
         return sl_fail(
             SL_ERR_UNSUPPORTED,
             "--zero-stage 3 with --pipeline-model-parallel-size %d is not supported (use 0, 1 or 2)", m->pp);
-    if (!m->backend->caps.host_visible && (o->zero_stage > 1 || m->ep > 1 || m->tp > 1))
+    if (!m->backend->caps.host_visible && (o->zero_stage > 1 || m->ep > 1))
         return sl_fail(
             SL_ERR_UNSUPPORTED,
             "the %s backend's memory is not host-visible: data parallelism stages its gradients and "
-            "parameters through host copies with --zero-stage 0 or 1 only (no ZeRO-2/3, expert or "
-            "tensor parallelism there yet)",
+            "parameters through host copies with --zero-stage 0 or 1 only (no ZeRO-2/3 or expert "
+            "parallelism there yet)",
             m->backend->name);
     sl_dp *dp = calloc(1, sizeof *dp);
     if (!dp) return sl_fail(SL_ERR_NOMEM, "dp: out of memory");

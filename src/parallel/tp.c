@@ -144,11 +144,44 @@ void sl_tp_take_stats(sl_tp *t, double *sec, double *bytes) {
     if (t) t->coll_sec = t->coll_bytes = 0;
 }
 
+static sl_status tp_collective_host(sl_tp *t, sl_tensor *n);
+
+/* Note [Staged TP collectives]
+ * On a backend whose memory the host cannot address (OpenCL) a collective node's input is copied out into a
+ * host buffer, the collective runs on host copies (its tensors' data pointers swapped to them for the call),
+ * and the result is copied back into the node, as data parallelism stages its buckets (Note [Staged
+ * gradients], dp.c). The graph executor calls the provider in node order, after the device has finished the
+ * input (the copy out is blocking). */
+static sl_status tp_collective_staged(sl_tp *t, sl_tensor *n) {
+    sl_tensor *x = n->src[0];
+    int64_t nx = sl_nelements(x), nn = sl_nelements(n);
+    float *hx = malloc(sizeof(float) * (size_t)(nx + nn + 2));
+    if (!hx) return sl_fail(SL_ERR_NOMEM, "tp: out of memory");
+    float *hn = hx + nx + 1;
+    sl_status st = sl_tensor_copy_out(x, hx);
+    if (st == SL_OK) {
+        void *dx = x->data, *dn = n->data;
+        x->data = hx;
+        n->data = hn;
+        st = tp_collective_host(t, n);
+        x->data = dx;
+        n->data = dn;
+    }
+    if (st == SL_OK) st = sl_tensor_copy_in(n, hn);
+    free(hx);
+    return st;
+}
+
 sl_status sl_tp_collective(void *user, sl_tensor *n) {
-    sl_tp *t = user;
+    sl_tensor *x = n->src[0];
+    if (x->buffer && !x->buffer->backend->caps.host_visible) return tp_collective_staged(user, n);
+    return tp_collective_host(user, n);
+}
+
+static sl_status tp_collective_host(sl_tp *t, sl_tensor *n) {
     sl_tensor *x = n->src[0];
     size_t cnt = (size_t)sl_nelements(x);
-    if (!x->data || !n->data || (x->buffer && !x->buffer->backend->caps.host_visible))
+    if (!x->data || !n->data)
         return sl_fail(SL_ERR_UNSUPPORTED, "tp: collective '%s' needs host-visible memory", n->name);
     if (n->iparams[2] == SL_GROUP_EP) {
         double t0 = sl_time_sec();

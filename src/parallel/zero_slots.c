@@ -283,7 +283,7 @@ static sl_status alloc_arena(sl_dp *dp) {
     }
     if (sl_backend_alloc(m->backend, bytes, &a->buf) != SL_OK)
         return sl_fail(SL_ERR_NOMEM, "dp: out of memory (slots)");
-    a->map = sl_buffer_map(a->buf);
+    a->map = m->backend->caps.host_visible ? sl_buffer_map(a->buf) : NULL; /* Note [Staged gradients] */
     return SL_OK;
 }
 

@@ -171,17 +171,25 @@ int ocl_supports(const sl_tensor *n) {
         if (n->iparams[2] >= 1 && n->iparams[2] <= 4)
             return sl_accel_all_f32(n) && sl_accel_last_unit(a) && sl_accel_last_unit(b) &&
                    sl_accel_last_unit(n->src[2]);
-        return sl_accel_supports_ex(n, 1) && OCL_ATT_LOCAL(n->src[0]->ne[3]) <= g_ocl.local_mem;
+        return sl_accel_supports_ex(n, SL_ACCEL_DROPOUT) &&
+               OCL_ATT_LOCAL(n->src[0]->ne[3]) <= g_ocl.local_mem;
     case SL_OP_ATTENTION_BACK:
         if (a->iparams[2] >= 1 && a->iparams[2] <= 4)
             return sl_accel_all_f32(n) && sl_accel_last_unit(b) && sl_accel_last_unit(n->src[2]) &&
                    sl_accel_last_unit(n->src[3]) && sl_accel_last_unit(n->src[4]) && n->src[4]->ndim >= 3;
-        return sl_accel_supports_ex(n, 1) && OCL_ATT_LOCAL(n->src[1]->ne[3]) <= g_ocl.local_mem;
+        return sl_accel_supports_ex(n, SL_ACCEL_DROPOUT) &&
+               OCL_ATT_LOCAL(n->src[1]->ne[3]) <= g_ocl.local_mem;
     case SL_OP_DROPOUT:
-        return sl_accel_supports_ex(n, 1);
+        return sl_accel_supports_ex(n, SL_ACCEL_DROPOUT);
     case SL_OP_ROPE: /* the half numerics too (Note [RoPE numerics]; k_rope in kernels/llama.cl) */
         return sl_accel_all_f32(n) && n->iparams[2] >= 0 && n->iparams[2] <= 6 && sl_accel_last_unit(a) &&
                a->ndim == 4;
+    case SL_OP_EMBEDDING: /* vocab shards too (Note [OpenCL tensor parallelism], kernels/loss.cl) */
+    case SL_OP_EMBEDDING_BACK:
+    case SL_OP_CE_VP_STATS:
+    case SL_OP_CE_VP:
+    case SL_OP_CE_VP_BACK:
+        return sl_accel_supports_ex(n, SL_ACCEL_VOCAB_SHARD);
     default:
         return sl_accel_supports(n);
     }

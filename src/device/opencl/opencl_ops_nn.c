@@ -319,12 +319,14 @@ static sl_status op_embedding(sl_tensor *n) {
     REF(n, &o);
     REF(tab, &rt);
     REF(ids, &ri);
-    ocl_call c = ocl_begin(OK_EMBED);
+    int shard = n->iparams[3] != 0; /* a vocab shard from iparams[2] (Note [OpenCL tensor parallelism]) */
+    ocl_call c = ocl_begin(shard ? OK_EMBED_SHARD : OK_EMBED);
     ocl_ref_arg(&c, o);
     ocl_ref_arg(&c, rt);
     ocl_ref_arg(&c, ri);
     ocl_long(&c, V);
     ocl_long(&c, C);
+    if (shard) ocl_long(&c, n->iparams[2]);
     ocl_mem(&c, g_ocl.flag);
     SL_TRY(ocl_run1(&c, (size_t)(N * C)));
     return ocl_check_flag("embedding: token", V);
@@ -339,6 +341,17 @@ static sl_status op_embedding_back(sl_tensor *n) {
     REF(g, &rg);
     if (n->iparams[1]) /* Note [Overwriting first gradient writes] */
         SL_TRY(ocl_ew_flat(EW_FILL, 0.0f, d.mem, d.off, V * C));
+    if (n->iparams[3]) { /* the rows of a vocab shard (Note [OpenCL tensor parallelism]) */
+        ocl_call c = ocl_begin(OK_EMBED_BACK_SHARD);
+        ocl_ref_arg(&c, d);
+        ocl_ref_arg(&c, ri);
+        ocl_ref_arg(&c, rg);
+        ocl_long(&c, N);
+        ocl_long(&c, V);
+        ocl_long(&c, C);
+        ocl_long(&c, n->iparams[2]);
+        return ocl_run1(&c, (size_t)C);
+    }
     ocl_call c = ocl_begin(OK_EMBED_BACK);
     ocl_ref_arg(&c, d);
     ocl_ref_arg(&c, ri);
@@ -366,6 +379,18 @@ static sl_status ce_mean(int mode, ocl_ref out, ocl_ref lse, ocl_ref lg, ocl_ref
     return ocl_run1(&c, 1);
 }
 
+/* k_ce_lse: the logsumexp of every row into lse; targets >= vcheck are flagged */
+static sl_status ce_lse(ocl_ref lse, ocl_ref rl, ocl_ref rt, int64_t N, int64_t V, int64_t vcheck) {
+    ocl_call c = ocl_begin(OK_CE_LSE);
+    ocl_ref_arg(&c, lse);
+    ocl_ref_arg(&c, rl);
+    ocl_ref_arg(&c, rt);
+    ocl_long(&c, V);
+    ocl_long(&c, vcheck);
+    ocl_mem(&c, g_ocl.flag);
+    return run_rows(&c, N, V);
+}
+
 static sl_status op_cross_entropy(sl_tensor *n) {
     const sl_tensor *lg = n->src[0], *tg = n->src[1];
     int64_t V = lg->ne[lg->ndim - 1], N = sl_nelements(tg);
@@ -374,13 +399,7 @@ static sl_status op_cross_entropy(sl_tensor *n) {
     AUX(n, &lse);
     REF(lg, &rl);
     REF(tg, &rt);
-    ocl_call c = ocl_begin(OK_CE_LSE);
-    ocl_ref_arg(&c, lse);
-    ocl_ref_arg(&c, rl);
-    ocl_ref_arg(&c, rt);
-    ocl_long(&c, V);
-    ocl_mem(&c, g_ocl.flag);
-    SL_TRY(run_rows(&c, N, V));
+    SL_TRY(ce_lse(lse, rl, rt, N, V, V));
     SL_TRY(ocl_check_flag("cross_entropy: target", V));
     return ce_mean(0, o, lse, rl, rt, rl, N, V);
 }
@@ -394,10 +413,11 @@ static sl_status op_cross_entropy_back(sl_tensor *n) {
     REF(lg, &rl);
     REF(tg, &rt);
     REF(dl, &rdl);
+    int vp = n->op == SL_OP_CE_VP_BACK; /* a vocab shard from iparams[0] (Note [OpenCL tensor parallelism]) */
     cl_mem sc;
     SL_TRY(ocl_scratch(sizeof(float), &sc));
     ocl_ref rsc = {sc, 0};
-    SL_TRY(ce_mean(1, rsc, lse, rl, rt, rdl, N, V));
+    SL_TRY(ce_mean(vp ? 2 : 1, rsc, lse, rl, rt, rdl, N, V));
     ocl_call c = ocl_begin(OK_CE_BACK);
     ocl_ref_arg(&c, d);
     ocl_ref_arg(&c, lse);
@@ -405,8 +425,50 @@ static sl_status op_cross_entropy_back(sl_tensor *n) {
     ocl_ref_arg(&c, rt);
     ocl_mem(&c, sc);
     ocl_long(&c, V);
+    ocl_long(&c, vp ? n->iparams[0] : 0);
     size_t global[2] = {(size_t)((V + 15) / 16), (size_t)N}; /* Note [OpenCL vector cross-entropy] */
     return ocl_run(&c, 2, global, NULL);
+}
+
+/* CE_VP_STATS: the shard's logsumexp per row (k_ce_lse, no target bound: they are global ids) and the
+ * target's logit where the shard holds it */
+static sl_status op_ce_vp_stats(sl_tensor *n) {
+    const sl_tensor *lg = n->src[0], *tg = n->src[1];
+    int64_t V = lg->ne[lg->ndim - 1], N = sl_nelements(tg);
+    ocl_ref o, rl, rt;
+    REF(n, &o);
+    REF(lg, &rl);
+    REF(tg, &rt);
+    cl_mem sc;
+    SL_TRY(ocl_scratch(sizeof(float) * (size_t)(N ? N : 1), &sc));
+    SL_TRY(ce_lse((ocl_ref){sc, 0}, rl, rt, N, V, INT64_MAX));
+    ocl_call c = ocl_begin(OK_CE_VP_STATS);
+    ocl_ref_arg(&c, o);
+    ocl_mem(&c, sc);
+    ocl_ref_arg(&c, rl);
+    ocl_ref_arg(&c, rt);
+    ocl_long(&c, V);
+    ocl_long(&c, n->iparams[0]);
+    return ocl_run1(&c, (size_t)N);
+}
+
+/* CE_VP: the group's stats -> the global logsumexp (aux) and the mean loss */
+static sl_status op_ce_vp(sl_tensor *n) {
+    const sl_tensor *tg = n->src[1], *st = n->src[2];
+    int64_t N = sl_nelements(tg), P = st->ne[0];
+    ocl_ref o, lse, rt, rs;
+    REF(n, &o);
+    AUX(n, &lse);
+    REF(tg, &rt);
+    REF(st, &rs);
+    ocl_call c = ocl_begin(OK_CE_VP);
+    ocl_ref_arg(&c, o);
+    ocl_ref_arg(&c, lse);
+    ocl_ref_arg(&c, rt);
+    ocl_ref_arg(&c, rs);
+    ocl_long(&c, N);
+    ocl_long(&c, P);
+    return ocl_run1(&c, 1);
 }
 
 /* ---------------- llama family ---------------- */
@@ -546,7 +608,12 @@ sl_status ocl_op_nn(sl_tensor *n) {
     case SL_OP_CROSS_ENTROPY:
         return op_cross_entropy(n);
     case SL_OP_CROSS_ENTROPY_BACK:
+    case SL_OP_CE_VP_BACK:
         return op_cross_entropy_back(n);
+    case SL_OP_CE_VP_STATS:
+        return op_ce_vp_stats(n);
+    case SL_OP_CE_VP:
+        return op_ce_vp(n);
     case SL_OP_ROPE:
         return op_rope(n);
     case SL_OP_TOPK_GATE:

@@ -64,6 +64,10 @@ static const char *const k_names[OK_COUNT] = {
     [OK_SUMSQ] = "k_sumsq",
     [OK_ATTN_HALF] = "k_attention_half",
     [OK_ATTN_HALF_BACK] = "k_attention_half_back",
+    [OK_EMBED_SHARD] = "k_embedding_shard",
+    [OK_EMBED_BACK_SHARD] = "k_embedding_back_shard",
+    [OK_CE_VP_STATS] = "k_ce_vp_stats",
+    [OK_CE_VP] = "k_ce_vp",
     [OK_DROPOUT] = "k_dropout",
 };
 _Static_assert(sizeof k_names / sizeof k_names[0] == OK_COUNT, "one name per kernel");
