@@ -171,11 +171,11 @@ sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, 
         return sl_fail(
             SL_ERR_UNSUPPORTED,
             "--zero-stage 3 with --pipeline-model-parallel-size %d is not supported (use 0, 1 or 2)", m->pp);
-    if (!m->backend->caps.host_visible && (o->zero_stage > 1 || m->ep > 1))
+    if (!m->backend->caps.host_visible && (o->zero_stage > 2 || m->ep > 1))
         return sl_fail(
             SL_ERR_UNSUPPORTED,
             "the %s backend's memory is not host-visible: data parallelism stages its gradients and "
-            "parameters through host copies with --zero-stage 0 or 1 only (no ZeRO-2/3 or expert "
+            "parameters through host copies with --zero-stage 0, 1 or 2 only (no ZeRO-3 or expert "
             "parallelism there yet)",
             m->backend->name);
     sl_dp *dp = calloc(1, sizeof *dp);
@@ -190,7 +190,9 @@ sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, 
     dp->edp_comm = m->ep > 1 ? mesh->edp_comm : mesh->dp_comm;
     dp->ep_comm = m->ep > 1 ? mesh->ep_comm : NULL;
     dp->zero = o->zero_stage;
-    dp->grad_slots = dp->zero >= 2 && o->accum == 1 && dp->comm;
+    /* gradient slots live in a host-mapped arena: a staged backend keeps the full gradient buffer (Note
+     * [Staged gradients]), as accumulation does */
+    dp->grad_slots = dp->zero >= 2 && o->accum == 1 && dp->comm && m->backend->caps.host_visible;
     dp->m = m;
     dp->g = g;
     dp->shard.gscale = 1.0f;
@@ -261,8 +263,9 @@ void sl_dp_arm(sl_dp *dp, int armed) {
  * process. Under ZeRO-1 each rank updates its parts of the parameters (moments on the device, sharded), and
  * the parameters travel the same way: every rank's updated parts copied out into the window, all-gathered
  * there in place, and the buckets copied back (staged_param_gather; synchronous, where the host-visible path
- * overlaps the gathers with the next forward). ZeRO-2/3 keep gradient and parameter slots in host-mapped
- * arenas: refused. */
+ * overlaps the gathers with the next forward). ZeRO-2 reduce-scatters the staged buckets in place and takes
+ * its parts from the device's copy into the gradient shard; it keeps the full gradient buffer (its gradient
+ * slots live in a host-mapped arena), as under accumulation. ZeRO-3's parameter slots do too: refused. */
 static int bucket_staged(const sl_dp *dp, const dp_bucket *b) {
     return dp->window.stage && bk_comm(dp, b) && b->hi > b->lo;
 }

@@ -701,7 +701,7 @@ static void test_strict(void) {
              "strict: host leaf refused: %s", sl_errmsg());
     sl_graph_free(g);
     sl_ctx_free(ctx);
-    /* ZeRO-2 keeps gradient slots in host-mapped memory: refused with the reason, not a crash; ZeRO-1 stages
+    /* ZeRO-3 keeps parameter slots in host-mapped memory: refused with the reason, not a crash; ZeRO-1 stages
      * through host copies (Note [Staged gradients], src/parallel/dp.c) and is built */
     sl_model *m = NULL;
     sl_gpt2_config c = {.n_layer = 1, .n_head = 2, .n_embd = 8, .vocab_size = 16, .max_seq_len = 8};
@@ -712,8 +712,8 @@ static void test_strict(void) {
     sl_mesh mesh;
     TU_CHECK(sl_mesh_init(&mesh, NULL, (sl_mesh_dims){1, 1, 1}) == SL_OK, "mesh");
     sl_dp *dp = NULL;
-    st = sl_dp_new(&dp, &mesh, m, tr.graph, &(sl_dp_opts){.zero_stage = 2});
-    TU_CHECK(st == SL_ERR_UNSUPPORTED && strstr(sl_errmsg(), "host-visible"), "strict: zero 2 refused: %s",
+    st = sl_dp_new(&dp, &mesh, m, tr.graph, &(sl_dp_opts){.zero_stage = 3});
+    TU_CHECK(st == SL_ERR_UNSUPPORTED && strstr(sl_errmsg(), "host-visible"), "strict: zero 3 refused: %s",
              sl_errmsg());
     st = sl_dp_new(&dp, &mesh, m, tr.graph, &(sl_dp_opts){.zero_stage = 1});
     TU_CHECK(st == SL_OK && dp, "strict: zero 1 staged: %s", sl_errmsg());
