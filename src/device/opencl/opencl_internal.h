@@ -13,6 +13,7 @@
 typedef enum ocl_kernel_id {
     OK_EW = 0,         /* elementwise.cl: strided 5-D elementwise ops on 32-bit elements */
     OK_EW16,           /* elementwise.cl: 16-bit copies and f32 <-> bf16 casts */
+    OK_EW16V,          /* elementwise.cl: the same over contiguous tensors, 16 per work-item */
     OK_SUM_TO,         /* elementwise.cl */
     OK_EWC,            /* elementwise.cl: contiguous k_ew (Note [OpenCL contiguous elementwise]) */
     OK_EWV,            /* elementwise.cl: contiguous, 16 per work-item (Note [OpenCL vector elementwise]) */

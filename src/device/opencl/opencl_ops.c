@@ -114,6 +114,16 @@ sl_status ocl_ew_flat(int op, float f, cl_mem m, int64_t off, int64_t n) {
 }
 
 static sl_status ew16(int op, ocl_ref o, cl_long8 nbo, ocl_ref a, cl_long8 nba, cl_long8 ne) {
+    cl_long8 cnb = ocl_contig_nb(ne);
+    if (same_nb(nbo, cnb, ne) && same_nb(nba, cnb, ne)) { /* contiguous: k_ew16v */
+        int64_t n = count5(ne);
+        ocl_call c = ocl_begin(OK_EW16V);
+        ocl_ref_arg(&c, o);
+        ocl_ref_arg(&c, a);
+        ocl_long(&c, n);
+        ocl_int(&c, op);
+        return ocl_run1(&c, (size_t)((n + 15) / 16));
+    }
     ocl_call c = ocl_begin(OK_EW16);
     ocl_ref_arg(&c, o);
     ocl_arg(&c, sizeof nbo, &nbo);

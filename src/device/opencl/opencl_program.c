@@ -24,6 +24,7 @@ extern const int sl_ocl_n_sources;
 static const char *const k_names[OK_COUNT] = {
     [OK_EW] = "k_ew",
     [OK_EW16] = "k_ew16",
+    [OK_EW16V] = "k_ew16v",
     [OK_SUM_TO] = "k_sum_to",
     [OK_EWC] = "k_ewc",
     [OK_EWV] = "k_ewv",
