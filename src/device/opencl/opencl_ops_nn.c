@@ -341,24 +341,18 @@ static sl_status op_embedding_back(sl_tensor *n) {
     REF(g, &rg);
     if (n->iparams[1]) /* Note [Overwriting first gradient writes] */
         SL_TRY(ocl_ew_flat(EW_FILL, 0.0f, d.mem, d.off, V * C));
-    if (n->iparams[3]) { /* the rows of a vocab shard (Note [OpenCL tensor parallelism]) */
-        ocl_call c = ocl_begin(OK_EMBED_BACK_SHARD);
-        ocl_ref_arg(&c, d);
-        ocl_ref_arg(&c, ri);
-        ocl_ref_arg(&c, rg);
-        ocl_long(&c, N);
-        ocl_long(&c, V);
-        ocl_long(&c, C);
-        ocl_long(&c, n->iparams[2]);
-        return ocl_run1(&c, (size_t)C);
-    }
-    ocl_call c = ocl_begin(OK_EMBED_BACK);
+    int shard = n->iparams[3] != 0; /* the rows of a vocab shard (Note [OpenCL tensor parallelism]) */
+    ocl_call c = ocl_begin(shard ? OK_EMBED_BACK_SHARD : OK_EMBED_BACK);
     ocl_ref_arg(&c, d);
     ocl_ref_arg(&c, ri);
     ocl_ref_arg(&c, rg);
     ocl_long(&c, N);
     ocl_long(&c, V);
     ocl_long(&c, C);
+    if (shard) {
+        ocl_long(&c, n->iparams[2]);
+        return ocl_run1(&c, (size_t)C);
+    }
     ocl_mem(&c, g_ocl.flag);
     SL_TRY(ocl_run1(&c, (size_t)C));
     return ocl_check_flag("embedding_back: token", V);
