@@ -403,8 +403,10 @@ static sl_status run_case(sl_backend *be, const op_case *k, op_result *out) {
  *   whole fp16 ulps at rounding boundaries. Losses agreed within 1e-4, the step-3 gradient norm by 1.9e-4
  *   (tolerance 2^-11, one fp16 ulp), and 124 of 28544 weights (0.43 %) moved the other way by up to 0.0097:
  *   gradient elements whose sign is below that noise, which AdamW's first steps turn into +-lr. Tolerance:
- *   at most 1 % of the weights beyond the f32 bar, each within 2 lr per step (weights_half_ok). bf16 (same
- *   run) stayed within the f32 bars.
+ *   at most 1 % of the weights beyond the f32 bar, each within 2 lr per step (weights_half_ok). bf16 (the
+ *   same run) stayed within the f32 bars in the Release build; in the sanitizer build (other CPU code, the
+ *   same OpenCL kernels) 32 of 28544 weights (0.11 %) moved the other way, by up to 0.0037: the same
+ *   noise, so bf16 training takes the same weight bar, and its gradient norm one bf16 ulp (2^-8).
  * - round-bf16: rounding to bf16 turns a last-digit f32 difference of an input into one bf16 ulp (2^-8
  *   relative) when the value sits at a rounding boundary; measured 5.6e-3 relative on 4 of 86016
  *   elements. Tolerance: 2^-7 relative for that case, and for matmul-bf16, whose weight gradient is rounded
@@ -537,9 +539,9 @@ static sl_status train3(sl_backend *be, int llama, int bf16, train_result *r) {
     return st;
 }
 
-/* fp16 training's final weights on a backend that is not bitwise the CPU (Note [Conformance tolerances
- * measured]): every element within the f32 bar (atol 3e-4, g_rtol) but at most 1 % of them, and those
- * within 2 lr per step (an AdamW update whose direction is the sign of a gradient element below the
+/* half-precision training's final weights on a backend that is not bitwise the CPU (Note [Conformance
+ * tolerances measured]): every element within the f32 bar (atol 3e-4, g_rtol) but at most 1 % of them, and
+ * those within 2 lr per step (an AdamW update whose direction is the sign of a gradient element below the
  * backends' fp16 rounding noise) */
 static int weights_half_ok(const float *got, const float *ref, int64_t n, float lr, int steps) {
     int64_t off = 0;
@@ -548,8 +550,9 @@ static int weights_half_ok(const float *got, const float *ref, int64_t n, float 
         double d = fabs((double)got[i] - (double)ref[i]);
         if (!(d <= 3e-4 + g_rtol * fabs((double)ref[i]))) off++, worst = fmax(worst, isnan(d) ? INFINITY : d);
     }
-    printf("train fp16 weights on %s: %lld of %lld elements beyond the f32 bar, at most %.3g apart\n",
-           g_be->name, (long long)off, (long long)n, worst);
+    printf(
+        "train half-precision weights on %s: %lld of %lld elements beyond the f32 bar, at most %.3g apart\n",
+        g_be->name, (long long)off, (long long)n, worst);
     return off <= n / 100 && worst <= 2.0 * lr * steps;
 }
 
@@ -577,10 +580,11 @@ static void test_train(void) {
         if (s1 == SL_OK && s2 == SL_OK) {
             TU_CHECK(tu_allclose("loss", got.loss, ref.loss, 3, 0, g_rtol), "train %s losses on %s", what,
                      g_be->name);
-            /* fp16 on a backend with its own reduction orders: Note [Conformance tolerances measured] */
-            int half_noise = bf16 == 2 && g_rtol > 0;
+            /* half precision on a backend with its own reduction orders: Note [Conformance tolerances
+             * measured] */
+            int half_noise = bf16 && g_rtol > 0;
             TU_CHECK(tu_allclose("grad norm", got.norm, ref.norm, 3, 0,
-                                 half_noise ? fmaxf(g_rtol, 0x1p-11f) : g_rtol),
+                                 half_noise ? fmaxf(g_rtol, bf16 == 2 ? 0x1p-11f : 0x1p-8f) : g_rtol),
                      "train %s norms", what);
             /* atol 0.01 * lr * 3 steps: Note [Conformance tolerances measured] */
             if (half_noise)
