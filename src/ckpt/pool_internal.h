@@ -115,4 +115,16 @@ sl_status sl_ckpt_pool_commit_comm(const sl_ckpt_pool *p, int64_t step, int keep
 
 sl_status sl_ckpt_pool_spread(const sl_ckpt_pool *p, const char *stepbase, int64_t step, const char *file,
                               const void *hdr, size_t hlen, const void *data, size_t dlen, cJSON **placement);
+/* ---- pool.c / pool_write.c: the pooled store's two sides (Note [Pooled checkpoint store]) ---- */
+/* an erasure-code block's header (Note [Pooled checkpoint store]) */
+typedef struct {
+    char magic[8]; /* "SLECBLK1" */
+    uint32_t k, m, index, reserved;
+    uint64_t step, file_size, block_size;
+    char stripe[80]; /* "step-NNNNNNN/shard-rRRRRR.safetensors" */
+} ec_header;
+_Static_assert(sizeof(ec_header) == 128, "erasure-code block header is 128 bytes");
+enum { EC_ALIGN = 4096 }; /* a block file's padded header and its block size are multiples of this */
+/* "xxh3:<16 hex digits>" of n bytes at p */
+void sl_pool_sum_str(char *out, size_t cap, const void *p, size_t n);
 #endif
