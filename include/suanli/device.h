@@ -22,8 +22,10 @@
  * Note [Unsupported ops]
  * A backend says which nodes it can run (supports_op: op, dtypes, layout). The executor refuses a graph
  * with a node the backend does not support, with one message naming the backend, the op and the dtype
- * (SL_ERR_UNSUPPORTED); there is no silent fallback. A backend that wants the CPU to run an op for it
- * does so inside its own compute_node (copy out, run, copy in) and counts it in stats.fallback_nodes.
+ * (SL_ERR_UNSUPPORTED); there is no silent fallback. The user may ask for one: with SUANLI_HOST_FALLBACK=1
+ * the executor runs such a node on the CPU backend on copies of its operands (Note [Host fallback],
+ * src/graph/host_fallback.c; a warning per op kind) and counts it in stats.fallback_nodes. A backend that
+ * wants the CPU to run an op for it may also do so inside its own compute_node and count it there.
  *
  * Adding a backend: copy src/device/null/, fill in the members, give an honest supports_op, add one line
  * to the registry in src/device/registry.c. docs/ADDING-A-BACKEND.md walks through it.
@@ -70,7 +72,7 @@ typedef struct sl_backend_stats {
     int64_t state_ops;      /* adamw / sumsq / scale / fill / copy calls */
     int64_t bytes_in;       /* host -> device */
     int64_t bytes_out;      /* device -> host */
-    int64_t fallback_nodes; /* nodes a backend ran on the CPU for itself (see Note [Unsupported ops]) */
+    int64_t fallback_nodes; /* nodes run on the CPU for this backend (see Note [Unsupported ops]) */
 } sl_backend_stats;
 
 /* AdamW hyper-parameters (PyTorch names) */

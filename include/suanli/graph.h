@@ -125,6 +125,9 @@ void sl_graph_set_collective(sl_graph *g, sl_collective_fn fn, void *user);
 sl_status sl_graph_compute(sl_graph *g, sl_node_hook hook, void *user);
 /* Run nodes [start, end). */
 sl_status sl_graph_compute_range(sl_graph *g, int start, int end, sl_node_hook hook, void *user);
+/* 1 when the executor can run node n on be: be supports it, or SUANLI_HOST_FALLBACK=1 lets the CPU run it
+ * on copies of its operands (Note [Host fallback], src/graph/host_fallback.c) */
+int sl_graph_can_run(sl_backend *be, const sl_tensor *n);
 /* The tensor whose memory t uses: follows views and in-place ops (ACC, SCATTER_ADD, ...) to a leaf or to
  * the node that owns storage. */
 sl_tensor *sl_storage_root(sl_tensor *t);

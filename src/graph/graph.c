@@ -625,11 +625,13 @@ sl_status sl_graph_compute_range(sl_graph *g, int start, int end, sl_node_hook h
             SL_TRY(g->coll_fn(g->coll_user, t));
             if (prof) sl_profile_add(t->op, sl_time_sec() - t0);
         } else if (t->op != SL_OP_VIEW) {
-            if (!be->supports_op(be, t))
-                return sl_fail(SL_ERR_UNSUPPORTED, "backend %s: op %s (%s) not supported", be->name,
-                               sl_op_name(t->op), sl_dtype_name(t->dtype));
+            int host = !be->supports_op(be, t); /* Note [Host fallback] (host_fallback.c) */
+            if (host && (be->caps.host_visible || !sl_host_fallback_enabled()))
+                return sl_fail(SL_ERR_UNSUPPORTED, "backend %s: op %s (%s) not supported%s", be->name,
+                               sl_op_name(t->op), sl_dtype_name(t->dtype),
+                               be->caps.host_visible ? "" : " (SUANLI_HOST_FALLBACK=1 runs it on the host)");
             double t0 = prof ? sl_time_sec() : 0;
-            SL_TRY(be->compute_node(be, t));
+            SL_TRY(host ? sl_host_fallback(be, t) : be->compute_node(be, t));
             if (prof) sl_profile_add(t->op, sl_time_sec() - t0);
         }
         if (hook) SL_TRY(hook(g, i, t, user));

@@ -38,4 +38,7 @@ int sl_profile_enabled(void);
 void sl_profile_add(sl_op op, double sec);
 void sl_graph_push(sl_graph *g, sl_tensor *t);
 void sl_graph_ensure_id_capacity(sl_graph *g);
+/* Note [Host fallback]: SUANLI_HOST_FALLBACK=1 set; run node t (an op be does not support) on the CPU */
+int sl_host_fallback_enabled(void);
+sl_status sl_host_fallback(sl_backend *be, sl_tensor *t);
 #endif

@@ -244,7 +244,7 @@ sl_status sl_model_generate_probe(const sl_llama_config *c, sl_dtype wdtype, sl_
         sl_graph_build_forward(g[k], sl_model_build_kv(m, ids, &kv, k ? 2 : 0));
         for (int i = 0; i < sl_graph_n_nodes(g[k]) && st == SL_OK; i++) {
             sl_tensor *n = sl_graph_node(g[k], i);
-            if (n->op != SL_OP_VIEW && n->op != SL_OP_COLLECTIVE && !be->supports_op(be, n))
+            if (n->op != SL_OP_VIEW && n->op != SL_OP_COLLECTIVE && !sl_graph_can_run(be, n))
                 st = sl_fail(SL_ERR_UNSUPPORTED, "backend %s cannot run op %s (%s) of %s compute", be->name,
                              sl_op_name(n->op), sl_dtype_name(n->dtype), sl_dtype_name(compute));
         }

@@ -11,6 +11,7 @@
  * are queued and performed at the next synchronize (or before the next call that could observe them), so
  * a caller that reads a copy_out_async destination before synchronizing sees stale bytes and fails its
  * test. Test-only: slow (two mprotect calls per buffer per node), single-threaded callers only. */
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -160,10 +161,28 @@ static size_t extent_bytes(const sl_tensor *t) {
     return (size_t)(hi + 1) * sl_dtype_size(t->dtype);
 }
 
+/* SUANLI_STRICT_REFUSE: a comma-separated list of op names (sl_op_name) this backend claims not to run, or
+ * "all", so that the executor's host fallback (Note [Host fallback], src/graph/host_fallback.c) runs them
+ * with device memory closed: a fallback that missed an operand faults */
+static int refused(const sl_tensor *n) {
+    const char *e = getenv("SUANLI_STRICT_REFUSE");
+    if (!e || !*e) return 0;
+    if (!strcmp(e, "all")) return 1;
+    const char *name = sl_op_name(n->op);
+    size_t len = strlen(name);
+    for (const char *p = e; *p;) {
+        const char *c = strchr(p, ',');
+        size_t l = c ? (size_t)(c - p) : strlen(p);
+        if (l == len && !strncmp(p, name, l)) return 1;
+        p += l + (c != NULL);
+    }
+    return 0;
+}
+
 static int strict_supports(sl_backend *be, const sl_tensor *n) {
     (void)be;
     sl_backend *cpu = sl_backend_cpu();
-    return cpu->supports_op(cpu, n);
+    return !refused(n) && cpu->supports_op(cpu, n);
 }
 
 static sl_status strict_compute(sl_backend *be, sl_tensor *n) {
