@@ -171,12 +171,11 @@ sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, 
         return sl_fail(
             SL_ERR_UNSUPPORTED,
             "--zero-stage 3 with --pipeline-model-parallel-size %d is not supported (use 0, 1 or 2)", m->pp);
-    if (!m->backend->caps.host_visible && (o->zero_stage > 2 || m->ep > 1))
+    if (!m->backend->caps.host_visible && o->zero_stage > 2)
         return sl_fail(
             SL_ERR_UNSUPPORTED,
             "the %s backend's memory is not host-visible: data parallelism stages its gradients and "
-            "parameters through host copies with --zero-stage 0, 1 or 2 only (no ZeRO-3 or expert "
-            "parallelism there yet)",
+            "parameters through host copies with --zero-stage 0, 1 or 2 only (no ZeRO-3 there yet)",
             m->backend->name);
     sl_dp *dp = calloc(1, sizeof *dp);
     if (!dp) return sl_fail(SL_ERR_NOMEM, "dp: out of memory");

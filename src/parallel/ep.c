@@ -67,13 +67,14 @@ sl_status sl_ep_collective(sl_comm *comm, int P, sl_tensor *n, double *bytes) {
     return st;
 }
 
-/* this rank's parameters that are experts (in model order), packed into buf, or their count */
-static int64_t expert_elems(const sl_model *m, float *buf) {
+/* this rank's parameters that are experts (in model order), packed into buf, or their count (read through
+ * the backend contract: the parameters may live in device memory) */
+static int64_t expert_elems(const sl_model *m, float *buf, sl_status *st) {
     int64_t n = 0;
     for (int i = 0; i < m->n_params; i++) {
         const sl_param_info *p = &m->params[i];
         if (!p->expert) continue;
-        if (buf) memcpy(buf + n, m->params_mem + p->offset, sizeof(float) * (size_t)p->numel);
+        if (buf && *st == SL_OK) *st = sl_model_params_read(m, p->offset, p->numel, buf + n);
         n += p->numel;
     }
     return n;
@@ -95,22 +96,38 @@ static sl_status write_experts(const sl_model *peer, const float *buf, sl_model 
 }
 
 sl_status sl_ep_gather_whole(const sl_mesh *mesh, const sl_model *mine, sl_model *whole) {
-    if (!mine->params_mem) return sl_fail(SL_ERR_UNSUPPORTED, "gather: the experts need host-visible memory");
+    float *tmp = NULL;
     for (int i = 0; i < mine->n_params; i++) { /* replicated parameters and this rank's experts */
         const sl_param_info *p = &mine->params[i], *q = sl_model_find(whole, p->t->name);
-        if (!q || q->numel != p->numel)
+        if (!q || q->numel != p->numel) {
+            free(tmp);
             return sl_fail(SL_ERR_INVALID, "gather: parameter '%s' does not fit the whole model", p->t->name);
-        SL_TRY(sl_model_params_write(whole, q->offset, p->numel, mine->params_mem + p->offset));
+        }
+        const float *src = mine->params_mem ? mine->params_mem + p->offset : NULL;
+        sl_status st = SL_OK;
+        if (!src) { /* device memory: through a host copy */
+            float *t = realloc(tmp, sizeof(float) * (size_t)(p->numel ? p->numel : 1));
+            st = t ? sl_model_params_read(mine, p->offset, p->numel, (tmp = t))
+                   : sl_fail(SL_ERR_NOMEM, "gather: out of memory");
+            src = tmp;
+        }
+        if (st == SL_OK) st = sl_model_params_write(whole, q->offset, p->numel, src);
+        if (st != SL_OK) {
+            free(tmp);
+            return st;
+        }
     }
+    free(tmp);
     int P = mine->ep > 1 ? mine->ep : 1;
     if (P == 1) return SL_OK;
-    int64_t n = expert_elems(mine, NULL); /* the same on every EP rank: El experts of the same shapes */
+    sl_status st = SL_OK;
+    int64_t n = expert_elems(mine, NULL, &st); /* the same on every EP rank: El experts of the same shapes */
     float *send = malloc(sizeof(float) * (size_t)(n ? n : 1)),
           *all = malloc(sizeof(float) * (size_t)(n * P + 1));
-    sl_status st = send && all ? SL_OK : sl_fail(SL_ERR_NOMEM, "gather: out of memory");
+    if (!send || !all) st = sl_fail(SL_ERR_NOMEM, "gather: out of memory");
     if (st == SL_OK) {
-        expert_elems(mine, send);
-        st = sl_comm_all_gather(mesh->ep_comm, send, all, (size_t)n, SL_COMM_F32);
+        expert_elems(mine, send, &st);
+        if (st == SL_OK) st = sl_comm_all_gather(mesh->ep_comm, send, all, (size_t)n, SL_COMM_F32);
     }
     for (int p = 0; p < P && st == SL_OK; p++) {
         if (p == mine->ep_rank) continue;
@@ -126,7 +143,7 @@ sl_status sl_ep_gather_whole(const sl_mesh *mesh, const sl_model *mine, sl_model
                                 p,
                                 mine->etp};
         st = sl_model_new_split(mine, sl_backend_cpu(), &split, &peer);
-        if (st == SL_OK && expert_elems(peer, NULL) != n)
+        if (st == SL_OK && expert_elems(peer, NULL, &st) != n)
             st = sl_fail(SL_ERR_INTERNAL, "gather: EP rank %d holds another expert layout", p);
         if (st == SL_OK) st = write_experts(peer, all + n * p, whole);
         sl_model_free(peer);

@@ -147,28 +147,38 @@ void sl_tp_take_stats(sl_tp *t, double *sec, double *bytes) {
 static sl_status tp_collective_host(sl_tp *t, sl_tensor *n);
 
 /* Note [Staged TP collectives]
- * On a backend whose memory the host cannot address (OpenCL) a collective node's input is copied out into a
- * host buffer, the collective runs on host copies (its tensors' data pointers swapped to them for the call),
- * and the result is copied back into the node, as data parallelism stages its buckets (Note [Staged
- * gradients], dp.c). The graph executor calls the provider in node order, after the device has finished the
- * input (the copy out is blocking). */
+ * On a backend whose memory the host cannot address (OpenCL) a collective node's inputs (the tensor, and an
+ * expert-parallel all-to-all(v)'s send and receive counts) are copied out into a host buffer, the
+ * collective runs on host copies (its tensors' data pointers swapped to them for the call), and the result
+ * is copied back into the node, as data parallelism stages its buckets (Note [Staged gradients], dp.c). The
+ * graph executor calls the provider in node order, after the device has finished the inputs (the copies out
+ * are blocking). The EP group's activations then travel between private host buffers, not through the
+ * window arenas of Note [EP activations in a window]. */
 static sl_status tp_collective_staged(sl_tp *t, sl_tensor *n) {
-    sl_tensor *x = n->src[0];
-    int64_t nx = sl_nelements(x), nn = sl_nelements(n);
-    float *hx = malloc(sizeof(float) * (size_t)(nx + nn + 2));
-    if (!hx) return sl_fail(SL_ERR_NOMEM, "tp: out of memory");
-    float *hn = hx + nx + 1;
-    sl_status st = sl_tensor_copy_out(x, hx);
-    if (st == SL_OK) {
-        void *dx = x->data, *dn = n->data;
-        x->data = hx;
-        n->data = hn;
-        st = tp_collective_host(t, n);
-        x->data = dx;
-        n->data = dn;
+    int64_t off[SL_MAX_SRC + 1], tot = 0;
+    for (int s = 0; s < SL_MAX_SRC; s++) {
+        off[s] = tot;
+        if (n->src[s]) tot += sl_nelements(n->src[s]) + 1;
     }
-    if (st == SL_OK) st = sl_tensor_copy_in(n, hn);
-    free(hx);
+    off[SL_MAX_SRC] = tot;
+    float *h = malloc(sizeof(float) * (size_t)(tot + sl_nelements(n) + 1));
+    if (!h) return sl_fail(SL_ERR_NOMEM, "tp: out of memory");
+    void *dev[SL_MAX_SRC + 1];
+    sl_status st = SL_OK;
+    for (int s = 0; s < SL_MAX_SRC && st == SL_OK; s++)
+        if (n->src[s]) st = sl_tensor_copy_out(n->src[s], h + off[s]);
+    if (st == SL_OK) {
+        for (int s = 0; s < SL_MAX_SRC; s++)
+            if (n->src[s]) dev[s] = n->src[s]->data, n->src[s]->data = h + off[s];
+        dev[SL_MAX_SRC] = n->data;
+        n->data = h + off[SL_MAX_SRC];
+        st = tp_collective_host(t, n);
+        for (int s = SL_MAX_SRC - 1; s >= 0; s--) /* (a source listed twice gets its address back last) */
+            if (n->src[s]) n->src[s]->data = dev[s];
+        n->data = dev[SL_MAX_SRC];
+    }
+    if (st == SL_OK) st = sl_tensor_copy_in(n, h + off[SL_MAX_SRC]);
+    free(h);
     return st;
 }
 

@@ -706,9 +706,6 @@ static sl_status make_model(sl_train_job *j) {
         }
     }
     if (j->mesh.tp > 1 || j->mesh.pp > 1 || j->mesh.ep > 1) { /* this rank's part of the whole model */
-        if (!j->be->caps.host_visible && j->mesh.ep > 1) /* TP, PP: staged (Note [Staged TP collectives]) */
-            return sl_train_bad("expert parallelism needs host-visible memory (--device cpu), not %s",
-                                j->be->name);
         sl_model *whole = j->m, *shard = NULL;
         j->m = NULL;
         sl_model_split split = {j->mesh.tp,

@@ -233,7 +233,8 @@ sl_status sl_trainer_set_tp(sl_trainer *tr, sl_tp *tp) {
     else
         gs[ng++] = tr->graph;
     for (int k = 0; k < ng; k++) sl_graph_set_collective(gs[k], sl_tp_collective, tp);
-    SL_TRY(sl_ep_window_arenas(tp, gs, ng)); /* the dispatch reads peers' rows in place */
+    if (!tr->model->backend->caps.host_visible) return SL_OK; /* Note [Staged TP collectives] */
+    SL_TRY(sl_ep_window_arenas(tp, gs, ng));                  /* the dispatch reads peers' rows in place */
     size_t sb = tr->pipe ? sl_pipeline_plan(tr->pipe).scratch_bytes : 0; /* and the slots' shared scratch */
     void *w = NULL;
     if (sb) SL_TRY(sl_ep_window_alloc(tp, sb, &w));
