@@ -23,6 +23,9 @@ extern "C" {
 #define SL_MAX_DIMS 5
 #define SL_MAX_SRC 5
 #define SL_MAX_IPARAMS 10
+/* MOE_ROUTE iparams[6]: a routing computed for the router losses only (Note [Router losses under sequence
+ * parallelism], src/nn/moe.c): no expert reads it; statistics and the bias update skip it */
+#define SL_MOE_ROUTE_IP_LOSS_ONLY 6
 #define SL_MAX_FPARAMS 4
 
 /* SL_F16: IEEE binary16 (issue 19), appended so the stored values of the others do not change */

@@ -295,10 +295,31 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
     sl_tensor *w = sl_moe_route(ctx, lr, bias, &o); /* (Nr, E) */
     sl_set_name(w, "moe_route.%d", l);
     sl_set_output(w); /* read back after the step (sl_moe_graph_stats) */
-    sl_tensor *rl = sl_moe_router_loss(ctx, esp ? lr : logits, w, m->moe.aux_coeff, m->moe.z_coeff);
+    /* Note [Router losses under sequence parallelism]
+     * With whole experts (etp = 1) under SP each TP rank routes only its sequence shard, but Switch's aux
+     * loss couples the tokens (per-expert counts times summed probabilities over the whole batch) and the
+     * z-loss is a mean over all of them. So the router losses read the shards' logits gathered over TP (the
+     * SP all-gather, whose backward reduce-scatters) and a second routing of all of them (MOE_ROUTE marked
+     * loss-only in iparams[6]: no experts read it, statistics and the bias update skip it; each token's
+     * choice is the one its own rank made, as routing is per token without a capacity, which SP refuses).
+     * Every rank then holds the whole loss, as under expert tensor parallelism, and passes 1 / tp of its
+     * gradient into the reduce-scatter, which sums the ranks' shares: the single process's gradient. Megatron
+     * all-reduces the counts over the TP group and lets each rank's partial loss carry its shard; the sum is
+     * the same loss. */
+    int lsp = !etp && m->sp && m->tp > 1 && (m->moe.aux_coeff > 0 || m->moe.z_coeff > 0);
+    sl_tensor *ll = esp ? lr : logits, *lw = w;
+    if (lsp) {
+        ll = sl_reshape_2d(ctx, sl_tp_enter(ctx, sl_reshape(ctx, logits, 3, (int64_t[]){B, T, E}), m->tp, 1),
+                           N * m->tp, E);
+        sl_moe_route_opts lo = route_opts(m, N * m->tp);
+        lw = sl_moe_route(ctx, ll, bias, &lo);
+        lw->iparams[SL_MOE_ROUTE_IP_LOSS_ONLY] = 1;
+        sl_set_name(lw, "moe_route_loss.%d", l);
+    }
+    sl_tensor *rl = sl_moe_router_loss(ctx, ll, lw, m->moe.aux_coeff, m->moe.z_coeff);
     /* under SP every TP rank holds the whole loss over all tokens, and the gathered logits' backward sums
      * the ranks' gradients: each rank contributes 1 / tp of it */
-    if (esp) rl->fparams[2] = 1.0f / (float)m->tp;
+    if (esp || lsp) rl->fparams[2] = 1.0f / (float)m->tp;
     sl_set_name(rl, "moe_router_loss.%d", l);
     sl_set_output(rl);
     sl_tensor *y = NULL;
@@ -378,7 +399,7 @@ sl_tensor *sl_moe_add_router_losses(sl_model *m, int mark, sl_tensor *loss) {
 /* ---------------- statistics and the bias update ---------------- */
 
 static int is_layer_route(const sl_tensor *t) {
-    return t->op == SL_OP_MOE_ROUTE && t->ne[1] > 1 && t->buffer;
+    return t->op == SL_OP_MOE_ROUTE && t->ne[1] > 1 && t->buffer && !t->iparams[SL_MOE_ROUTE_IP_LOSS_ONLY];
 }
 
 static sl_status read_counts(const sl_tensor *t, float *cnt) {
@@ -427,7 +448,8 @@ int sl_moe_bias_layers(sl_graph *g, int64_t *n_experts) {
     int n = 0;
     for (int i = 0; i < sl_graph_n_nodes(g); i++) { /* before the first run too: no buffer needed */
         sl_tensor *t = sl_graph_node(g, i);
-        if (t->op != SL_OP_MOE_ROUTE || t->ne[1] <= 1 || !t->src[1]) continue;
+        if (t->op != SL_OP_MOE_ROUTE || t->ne[1] <= 1 || !t->src[1] || t->iparams[SL_MOE_ROUTE_IP_LOSS_ONLY])
+            continue;
         *n_experts = t->ne[1];
         n++;
     }

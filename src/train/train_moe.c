@@ -96,13 +96,6 @@ sl_status sl_train_moe_check(sl_train_job *j) {
         return sl_train_bad(
             "--moe-* and --num-experts need a mixture-of-experts model: --init-from a Mixtral, "
             "Qwen2-MoE or DeepSeek-V3 directory (fresh models are dense GPT-2)");
-    if (o->parallel.sequence_parallel && o->parallel.etp <= 1 &&
-        (mo->aux_loss_coeff > 0 || mo->z_loss_coeff > 0))
-        return sl_train_bad(
-            "--%s with --sequence-parallel is not supported yet (each TP rank's router loss "
-            "would cover only its sequence shard; --expert-tensor-parallel-size = tp routes all "
-            "tokens on every rank)",
-            mo->aux_loss_coeff > 0 ? "moe-aux-loss-coeff" : "moe-z-loss-coeff");
     /* the same for the capacity: each rank would keep ceil(f * shard tokens * k / E) per expert, in its
      * shard's token order, not the whole sequence's first ones */
     if (o->parallel.sequence_parallel && o->parallel.etp <= 1 && !isnan(mo->capacity_factor))
