@@ -60,9 +60,7 @@ typedef struct {
  * refused there -> skipped */
 static int case_optional(const op_case *k) {
     return !strncmp(k->name, "moe-", 4) || !strcmp(k->name, "attention-window") ||
-           !strcmp(k->name, "matmul-f16") || !strcmp(k->name, "matmul-bf16") ||
-           ((!strncmp(k->name, "dropout", 7) || !strcmp(k->name, "attention-dropout")) &&
-            !strcmp(g_be->name, "cuda")); /* the CUDA backend does not draw dropout masks yet */
+           !strcmp(k->name, "matmul-f16") || !strcmp(k->name, "matmul-bf16");
 }
 
 static sl_tensor *b_linear(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {

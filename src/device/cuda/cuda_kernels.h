@@ -19,6 +19,16 @@ typedef struct cu_v5 {
     int64_t v[5];
 } cu_v5;
 
+/* what a dropout site draws (Note [CUDA dropout] in kernels/common.cuh, from sl_accel_dropout_of): on = 0 is
+ * no dropout; heads / head0: an ATTENTION node's place among the model's query heads (TP) */
+typedef struct cu_drop {
+    int on;
+    uint32_t thr;
+    uint64_t seed, hi;
+    float keep;
+    int64_t heads, head0;
+} cu_drop;
+
 /* elementwise op codes of cu_ew (kernels/elementwise.cu) */
 enum {
     CU_EW_ADD = 0,
@@ -45,6 +55,12 @@ cudaError_t cu_ew16(cudaStream_t s, int op, void *o, cu_v5 nbo, const void *a, c
 cudaError_t cu_sum_to(cudaStream_t s, float *o, const float *a, cu_v5 ne, cu_v5 nba, cu_v5 neo,
                       int64_t n_out);
 
+/* ---- dropout.cu ---- DROPOUT: o = x * m, or r + x * m (r non-NULL); nb blocks of blk contiguous
+ * elements: seq == 0: one block, element i is number i of the site; seq > 0: a sequence shard, batch row b of
+ * (B, Tl, R) holds positions [t0, + Tl) of seq, element i of it is number (b seq + t0) R + i */
+cudaError_t cu_dropout(cudaStream_t s, float *o, const float *x, const float *r, int64_t nb, int64_t blk,
+                       int64_t R, int64_t seq, int64_t t0, cu_drop d);
+
 /* ---- norm.cu ---- (row r of x starts at x + r * xs; outputs contiguous) */
 cudaError_t cu_layernorm(cudaStream_t s, float *y, float *stats, const float *x, int64_t xs, const float *w,
                          const float *b, int64_t R, int64_t C, float eps);
@@ -64,16 +80,18 @@ cudaError_t cu_softmax(cudaStream_t s, float *y, const float *x, int64_t xs, int
 cudaError_t cu_softmax_back(cudaStream_t s, float *dx, const float *y, const float *g, int64_t gs, int64_t R,
                             int64_t C);
 
-/* ---- attention.cu ---- win > 0: a sliding window (query t sees keys t - win + 1 .. t); q/k/v rows (b, t,
- * head) with strides qs/ks/vs (v[0..2]); dy rows (b, t) with strides gs (v[0..1]), heads contiguous */
+/* ---- attention.cu ---- d: dropout of the probabilities (element (t, j) of query head h of batch b is
+ * number ((b heads + head0 + h) T + t) T + j); win > 0: a sliding window (query t sees keys t - win + 1 ..
+ * t); q/k/v rows (b, t, head) with strides qs/ks/vs (v[0..2]); dy rows (b, t) with strides gs (v[0..1]),
+ * heads contiguous */
 cudaError_t cu_attention(cudaStream_t s, float *out, float *lse, const float *q, cu_v5 qs, const float *k,
                          cu_v5 ks, const float *v, cu_v5 vs, int64_t B, int64_t T, int64_t NH, int64_t NKV,
-                         int64_t hs, int64_t win, float scale);
+                         int64_t hs, int64_t win, float scale, cu_drop d);
 /* out (B, T, NH + 2 NKV, hs) packed dq | dk | dv; dsum: B * NH * T floats of scratch */
 cudaError_t cu_attention_back(cudaStream_t s, float *out, float *dsum, const float *lse, const float *q,
                               cu_v5 qs, const float *k, cu_v5 ks, const float *v, cu_v5 vs, const float *g,
                               cu_v5 gs, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hs,
-                              int64_t win, float scale);
+                              int64_t win, float scale, cu_drop d);
 cudaError_t cu_attention_kv(cudaStream_t s, float *out, const float *q, cu_v5 qs, const float *k,
                             const float *v, int64_t B, int64_t Tq, int64_t S, int64_t NH, int64_t NKV,
                             int64_t hs, int64_t pos0, int64_t win, float scale);

@@ -54,8 +54,10 @@ sl_status cu_ew_flat(int op, float f, float *p, int64_t n) {
  * of GPT-2 / Llama-family training and KV-cache generation, sliding-window attention included; CONT /
  * CONCAT / ZEROS in any dtype; CAST f32 <-> bf16) plus bf16 compute in the GEMMs: MATMUL with bf16 x bf16
  * operands (f32 out, f32 bias) and LINEAR_BF16, both cublasGemmEx with CUBLAS_COMPUTE_32F (fp32
- * accumulation, as the CPU's sl_gemm_bf16). The bf16-numerics variants of ROPE / ATTENTION_KV / MOE_EXPERT
- * (and MOE_EXPERT with bf16 weights) are refused, so the executor names the op and dtype. */
+ * accumulation, as the CPU's sl_gemm_bf16). Dropout (DROPOUT, and ATTENTION / ATTENTION_BACK with dropout of
+ * the probabilities) draws the CPU's masks (Note [CUDA dropout], kernels/common.cuh). The bf16-numerics
+ * variants of ROPE / ATTENTION_KV / MOE_EXPERT (and MOE_EXPERT with bf16 weights) are refused, so the
+ * executor names the op and dtype. */
 int cu_supports(const sl_tensor *n) {
     const sl_tensor *a = n->src[0], *b = n->src[1];
     switch (n->op) {
@@ -71,6 +73,10 @@ int cu_supports(const sl_tensor *n) {
     case SL_OP_LINEAR_BF16:
         return n->dtype == SL_F32 && a->dtype == SL_F32 && b->dtype == SL_BF16 && b->ndim == 2 &&
                sl_accel_last_unit(a) && sl_is_contiguous(b) && sl_is_contiguous(n);
+    case SL_OP_ATTENTION: /* with dropout of the probabilities (Note [CUDA dropout]) */
+    case SL_OP_ATTENTION_BACK:
+    case SL_OP_DROPOUT:
+        return sl_accel_supports_ex(n, SL_ACCEL_DROPOUT);
     default:
         return sl_accel_supports(n);
     }
@@ -119,6 +125,33 @@ static sl_status op_binary(sl_tensor *n, int op) {
         ib = ia;
     }
     EW(cu_ew(g_cu.stream, op, n->fparams[0], o, io.nb, a, ia.nb, b, ib.nb, io.ne));
+    return SL_OK;
+}
+
+/* DROPOUT (Note [CUDA dropout], kernels/common.cuh and dropout.cu; the port of the OpenCL backend's): x * m
+ * (+ a residual); turned off, the copy or the add of the CPU's sl_k_dropout, the same bits */
+static sl_status op_dropout(sl_tensor *n) {
+    float *o, *x, *r = NULL;
+    PTR(n, &o);
+    PTR(n->src[0], &x);
+    const sl_tensor *res = n->src[1];
+    if (res) PTR(res, &r);
+    int64_t N = sl_nelements(n);
+    sl_accel_dropout d = sl_accel_dropout_of(n);
+    if (!d.on) {
+        cu_v5 ne = cu_flat_ne(N), nb = cu_contig_nb(ne);
+        if (res)
+            EW(cu_ew(g_cu.stream, CU_EW_ADD, 0, o, nb, r, nb, x, nb, ne));
+        else if (o != x)
+            EW(cu_ew(g_cu.stream, CU_EW_COPY_A, 0, o, nb, x, nb, x, nb, ne));
+        return SL_OK;
+    }
+    /* a sequence shard (B, Tl, R) of a (B, seq, R) tensor: one block per batch row */
+    int shard = d.seq > 0 && n->ndim >= 2;
+    int64_t nb = shard ? n->ne[0] : 1, blk = N / (nb ? nb : 1);
+    int64_t R = shard && n->ne[1] > 0 ? blk / n->ne[1] : 0;
+    cu_drop cd = {.on = 1, .thr = d.thr, .seed = d.seed, .hi = d.hi, .keep = d.keep};
+    EW(cu_dropout(g_cu.stream, o, x, r, nb, blk, R, shard ? d.seq : 0, d.t0, cd));
     return SL_OK;
 }
 
@@ -396,6 +429,8 @@ sl_status cu_compute(sl_tensor *n) {
         return op_acc(n);
     case SL_OP_SCATTER_ADD:
         return op_scatter_add(n);
+    case SL_OP_DROPOUT:
+        return op_dropout(n);
     case SL_OP_ZEROS:
         return op_zeros(n);
     case SL_OP_KV_STORE:

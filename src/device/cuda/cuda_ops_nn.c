@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device/accel_support.h"
 #include "device/cuda/cuda_internal.h"
 
 #define PTR(t, p) SL_TRY(cu_ptr_of(n, (t), (void **)(p)))
@@ -97,6 +98,19 @@ static cu_v5 strides3(const sl_tensor *t) {
     return s;
 }
 
+/* the dropout of a forward ATTENTION node's probabilities (Note [CUDA dropout] in kernels/common.cuh) */
+static cu_drop att_drop(const sl_tensor *fwd, int64_t NH) {
+    sl_accel_dropout d = sl_accel_dropout_of(fwd);
+    cu_drop r = {.on = d.on,
+                 .thr = d.thr,
+                 .seed = d.seed,
+                 .hi = d.hi,
+                 .keep = d.keep,
+                 .heads = d.on ? d.heads : NH,
+                 .head0 = d.head0};
+    return r;
+}
+
 static sl_status op_attention(sl_tensor *n) {
     const sl_tensor *q = n->src[0], *k = n->src[1], *v = n->src[2];
     int64_t B = q->ne[0], T = q->ne[1], NH = q->ne[2], hs = q->ne[3], NKV = k->ne[2];
@@ -107,7 +121,7 @@ static sl_status op_attention(sl_tensor *n) {
     PTR(k, &pk);
     PTR(v, &pv);
     RUN(cu_attention(g_cu.stream, o, lse, pq, strides3(q), pk, strides3(k), pv, strides3(v), B, T, NH, NKV,
-                     hs, n->iparams[1], 1.0f / sqrtf((float)hs)));
+                     hs, n->iparams[1], 1.0f / sqrtf((float)hs), att_drop(n, NH)));
     return SL_OK;
 }
 
@@ -125,7 +139,7 @@ static sl_status op_attention_back(sl_tensor *n) {
     SL_TRY(cu_scratch(sizeof(float) * (size_t)(B * NH * T > 0 ? B * NH * T : 1), &dsum));
     cu_v5 gs = {{g->nb[0], g->nb[1], 0, 0, 0}};
     RUN(cu_attention_back(g_cu.stream, o, dsum, lse, pq, strides3(q), pk, strides3(k), pv, strides3(v), pg,
-                          gs, B, T, NH, NKV, hs, n->iparams[1], 1.0f / sqrtf((float)hs)));
+                          gs, B, T, NH, NKV, hs, n->iparams[1], 1.0f / sqrtf((float)hs), att_drop(f, NH)));
     return SL_OK;
 }
 
