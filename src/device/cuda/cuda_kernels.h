@@ -102,13 +102,26 @@ cudaError_t cu_embedding(cudaStream_t s, float *out, const float *tab, const int
 /* deterministic: 1 = one thread per column, positions in order (slow); 0 = atomics */
 cudaError_t cu_embedding_back(cudaStream_t s, float *d, const int32_t *ids, const float *g, int64_t N,
                               int64_t V, int64_t C, int *flag, int deterministic);
+/* targets >= vcheck are flagged (V; INT64_MAX for a vocab shard, whose targets are global ids) */
 cudaError_t cu_ce_lse(cudaStream_t s, float *lse, const float *x, const int32_t *tg, int64_t N, int64_t V,
-                      int *flag);
-/* mode 0: out[0] = mean over valid rows of lse - logit[target] (double); mode 1: out[0] = dl[0] / count */
+                      int64_t vcheck, int *flag);
+/* mode 0: out[0] = mean over valid rows of lse - logit[target] (double); mode 1: out[0] = dl[0] / count;
+ * mode 2: the same with every target >= 0 counted (a vocab shard) */
 cudaError_t cu_ce_mean(cudaStream_t s, int mode, float *out, const float *lse, const float *x,
                        const int32_t *tg, const float *dl, int64_t N, int64_t V);
+/* tlo: the first id of a vocab shard (0: the whole vocabulary) */
 cudaError_t cu_ce_back(cudaStream_t s, float *d, const float *lse, const float *x, const int32_t *tg,
-                       const float *scale, int64_t N, int64_t V);
+                       const float *scale, int64_t N, int64_t V, int64_t tlo);
+/* Note [CUDA tensor parallelism] (loss.cu): the vocab-shard embedding [lo, lo + V) and its backward,
+ * CE_VP_STATS (out (N, 2) from the shard's lse), CE_VP (stats (P, N, 2) -> lse and the mean loss) */
+cudaError_t cu_embedding_shard(cudaStream_t s, float *out, const float *tab, const int32_t *ids, int64_t N,
+                               int64_t V, int64_t C, int64_t lo, int *flag);
+cudaError_t cu_embedding_back_shard(cudaStream_t s, float *d, const int32_t *ids, const float *g, int64_t N,
+                                    int64_t V, int64_t C, int64_t lo, int deterministic);
+cudaError_t cu_ce_vp_stats(cudaStream_t s, float *out, const float *lse, const float *x, const int32_t *tg,
+                           int64_t N, int64_t V, int64_t lo);
+cudaError_t cu_ce_vp(cudaStream_t s, float *out, float *lse, const int32_t *tg, const float *st, int64_t N,
+                     int64_t P);
 
 /* ---- llama.cu ---- */
 cudaError_t cu_rope(cudaStream_t s, float *y, const float *x, cu_v5 xs, const float *inv, int64_t B,

@@ -55,9 +55,10 @@ sl_status cu_ew_flat(int op, float f, float *p, int64_t n) {
  * CONCAT / ZEROS in any dtype; CAST f32 <-> bf16) plus bf16 compute in the GEMMs: MATMUL with bf16 x bf16
  * operands (f32 out, f32 bias) and LINEAR_BF16, both cublasGemmEx with CUBLAS_COMPUTE_32F (fp32
  * accumulation, as the CPU's sl_gemm_bf16). Dropout (DROPOUT, and ATTENTION / ATTENTION_BACK with dropout of
- * the probabilities) draws the CPU's masks (Note [CUDA dropout], kernels/common.cuh). The bf16-numerics
- * variants of ROPE / ATTENTION_KV / MOE_EXPERT (and MOE_EXPERT with bf16 weights) are refused, so the
- * executor names the op and dtype. */
+ * the probabilities) draws the CPU's masks (Note [CUDA dropout], kernels/common.cuh); tensor parallelism's
+ * vocabulary-parallel ops run on their own kernels (Note [CUDA tensor parallelism], kernels/loss.cu). The
+ * bf16-numerics variants of ROPE / ATTENTION_KV / MOE_EXPERT (and MOE_EXPERT with bf16 weights) are refused,
+ * so the executor names the op and dtype. */
 int cu_supports(const sl_tensor *n) {
     const sl_tensor *a = n->src[0], *b = n->src[1];
     switch (n->op) {
@@ -77,6 +78,12 @@ int cu_supports(const sl_tensor *n) {
     case SL_OP_ATTENTION_BACK:
     case SL_OP_DROPOUT:
         return sl_accel_supports_ex(n, SL_ACCEL_DROPOUT);
+    case SL_OP_EMBEDDING: /* vocab shards too (Note [CUDA tensor parallelism], kernels/loss.cu) */
+    case SL_OP_EMBEDDING_BACK:
+    case SL_OP_CE_VP_STATS:
+    case SL_OP_CE_VP:
+    case SL_OP_CE_VP_BACK:
+        return sl_accel_supports_ex(n, SL_ACCEL_VOCAB_SHARD);
     default:
         return sl_accel_supports(n);
     }

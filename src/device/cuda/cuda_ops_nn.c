@@ -170,7 +170,10 @@ static sl_status op_embedding(sl_tensor *n) {
     PTR(n, &o);
     PTR(tab, &pt);
     PTR(ids, &pi);
-    RUN(cu_embedding(g_cu.stream, o, pt, pi, N, V, C, g_cu.flag));
+    if (n->iparams[3]) /* a vocab shard from iparams[2] (Note [CUDA tensor parallelism], kernels/loss.cu) */
+        RUN(cu_embedding_shard(g_cu.stream, o, pt, pi, N, V, C, n->iparams[2], g_cu.flag));
+    else
+        RUN(cu_embedding(g_cu.stream, o, pt, pi, N, V, C, g_cu.flag));
     return cu_check_flag("embedding: token", V);
 }
 
@@ -184,6 +187,11 @@ static sl_status op_embedding_back(sl_tensor *n) {
     PTR(g, &pg);
     if (n->iparams[1]) /* Note [Overwriting first gradient writes] */
         SL_TRY(cu_ok(cudaMemsetAsync(d, 0, sizeof(float) * (size_t)(V * C), g_cu.stream), "embedding_back"));
+    if (n->iparams[3]) { /* the rows of a vocab shard (Note [CUDA tensor parallelism]): other ids are skipped
+                          */
+        RUN(cu_embedding_back_shard(g_cu.stream, d, pi, pg, N, V, C, n->iparams[2], g_cu.deterministic));
+        return SL_OK;
+    }
     RUN(cu_embedding_back(g_cu.stream, d, pi, pg, N, V, C, g_cu.flag, g_cu.deterministic));
     return cu_check_flag("embedding_back: token", V);
 }
@@ -197,12 +205,13 @@ static sl_status op_cross_entropy(sl_tensor *n) {
     AUX(n, &lse);
     PTR(lg, &pl);
     PTR(tg, &pt);
-    RUN(cu_ce_lse(g_cu.stream, lse, pl, pt, N, V, g_cu.flag));
+    RUN(cu_ce_lse(g_cu.stream, lse, pl, pt, N, V, V, g_cu.flag));
     SL_TRY(cu_check_flag("cross_entropy: target", V));
     RUN(cu_ce_mean(g_cu.stream, 0, o, lse, pl, pt, pl, N, V));
     return SL_OK;
 }
 
+/* CROSS_ENTROPY_BACK, and CE_VP_BACK: a vocab shard from iparams[0] (Note [CUDA tensor parallelism]) */
 static sl_status op_cross_entropy_back(sl_tensor *n) {
     const sl_tensor *f = n->src[0], *lg = n->src[1], *tg = n->src[2], *dl = n->src[3];
     int64_t V = lg->ne[lg->ndim - 1], N = sl_nelements(tg);
@@ -215,8 +224,39 @@ static sl_status op_cross_entropy_back(sl_tensor *n) {
     PTR(dl, &pdl);
     void *sc;
     SL_TRY(cu_scratch(sizeof(float), &sc));
-    RUN(cu_ce_mean(g_cu.stream, 1, sc, lse, pl, pt, pdl, N, V));
-    RUN(cu_ce_back(g_cu.stream, d, lse, pl, pt, sc, N, V));
+    int vp = n->op == SL_OP_CE_VP_BACK;
+    RUN(cu_ce_mean(g_cu.stream, vp ? 2 : 1, sc, lse, pl, pt, pdl, N, V));
+    RUN(cu_ce_back(g_cu.stream, d, lse, pl, pt, sc, N, V, vp ? n->iparams[0] : 0));
+    return SL_OK;
+}
+
+/* CE_VP_STATS: the shard's logsumexp per row (no target bound: they are global ids) and the target's logit
+ * where the shard holds it */
+static sl_status op_ce_vp_stats(sl_tensor *n) {
+    const sl_tensor *lg = n->src[0], *tg = n->src[1];
+    int64_t V = lg->ne[lg->ndim - 1], N = sl_nelements(tg);
+    float *o, *pl;
+    int32_t *pt;
+    PTR(n, &o);
+    PTR(lg, &pl);
+    PTR(tg, &pt);
+    void *sc;
+    SL_TRY(cu_scratch(sizeof(float) * (size_t)(N ? N : 1), &sc));
+    RUN(cu_ce_lse(g_cu.stream, sc, pl, pt, N, V, INT64_MAX, g_cu.flag));
+    RUN(cu_ce_vp_stats(g_cu.stream, o, sc, pl, pt, N, V, n->iparams[0]));
+    return SL_OK;
+}
+
+/* CE_VP: the group's stats -> the global logsumexp (aux) and the mean loss */
+static sl_status op_ce_vp(sl_tensor *n) {
+    const sl_tensor *tg = n->src[1], *st = n->src[2];
+    float *o, *lse, *ps;
+    int32_t *pt;
+    PTR(n, &o);
+    AUX(n, &lse);
+    PTR(tg, &pt);
+    PTR(st, &ps);
+    RUN(cu_ce_vp(g_cu.stream, o, lse, pt, ps, sl_nelements(tg), st->ne[0]));
     return SL_OK;
 }
 
@@ -322,7 +362,12 @@ sl_status cu_op_nn(sl_tensor *n) {
     case SL_OP_CROSS_ENTROPY:
         return op_cross_entropy(n);
     case SL_OP_CROSS_ENTROPY_BACK:
+    case SL_OP_CE_VP_BACK:
         return op_cross_entropy_back(n);
+    case SL_OP_CE_VP_STATS:
+        return op_ce_vp_stats(n);
+    case SL_OP_CE_VP:
+        return op_ce_vp(n);
     case SL_OP_ROPE:
         return op_rope(n);
     case SL_OP_TOPK_GATE:
