@@ -96,6 +96,18 @@ cudaError_t cu_attention_kv(cudaStream_t s, float *out, const float *q, cu_v5 qs
                             const float *v, int64_t B, int64_t Tq, int64_t S, int64_t NH, int64_t NKV,
                             int64_t hs, int64_t pos0, int64_t win, float scale);
 
+/* ---- attention_half.cu ---- the eager half numerics (hm = ATTENTION iparams[2], 1..4; Note [CUDA half
+ * attention]): the CPU's scalar reference as threads. P: B NH T * 2 T floats of scratch; S: B NKV * (3 T + 2
+ * T hs) floats */
+cudaError_t cu_attention_half(cudaStream_t s, float *out, float *lse, const float *q, cu_v5 qs,
+                              const float *k, cu_v5 ks, const float *v, cu_v5 vs, int64_t B, int64_t T,
+                              int64_t NH, int64_t NKV, int64_t hs, int64_t win, float scale, int hm,
+                              cu_drop d, float *P);
+cudaError_t cu_attention_half_back(cudaStream_t s, float *out, const float *lse, const float *q, cu_v5 qs,
+                                   const float *k, cu_v5 ks, const float *v, cu_v5 vs, const float *g,
+                                   cu_v5 gs, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hs,
+                                   int64_t win, float scale, int hm, cu_drop d, float *S);
+
 /* ---- loss.cu ---- flag: 2 device ints {set, offending id} */
 cudaError_t cu_embedding(cudaStream_t s, float *out, const float *tab, const int32_t *ids, int64_t N,
                          int64_t V, int64_t C, int *flag);
@@ -124,8 +136,10 @@ cudaError_t cu_ce_vp(cudaStream_t s, float *out, float *lse, const int32_t *tg, 
                      int64_t P);
 
 /* ---- llama.cu ---- */
+/* bf: 0 fp32, 1 bf16, 2 f16 rounding of products and sums; round_cs: cos / sin rounded too (Note [RoPE
+ * numerics]) */
 cudaError_t cu_rope(cudaStream_t s, float *y, const float *x, cu_v5 xs, const float *inv, int64_t B,
-                    int64_t T, int64_t NH, int64_t hs, int64_t pos0, float sgn);
+                    int64_t T, int64_t NH, int64_t hs, int64_t pos0, float sgn, int bf, int round_cs);
 cudaError_t cu_topk_gate(cudaStream_t s, float *y, const float *x, int64_t xs, int64_t N, int64_t E, int k);
 cudaError_t cu_moe_up(cudaStream_t s, float *a, const float *h, const float *gate, int64_t gs, int64_t e,
                       const float *w1, const float *w3, int64_t N, int64_t C, int64_t I);

@@ -56,9 +56,10 @@ sl_status cu_ew_flat(int op, float f, float *p, int64_t n) {
  * operands (f32 out, f32 bias) and LINEAR_BF16, both cublasGemmEx with CUBLAS_COMPUTE_32F (fp32
  * accumulation, as the CPU's sl_gemm_bf16). Dropout (DROPOUT, and ATTENTION / ATTENTION_BACK with dropout of
  * the probabilities) draws the CPU's masks (Note [CUDA dropout], kernels/common.cuh); tensor parallelism's
- * vocabulary-parallel ops run on their own kernels (Note [CUDA tensor parallelism], kernels/loss.cu). The
- * bf16-numerics variants of ROPE / ATTENTION_KV / MOE_EXPERT (and MOE_EXPERT with bf16 weights) are refused,
- * so the executor names the op and dtype. */
+ * vocabulary-parallel ops run on their own kernels (Note [CUDA tensor parallelism], kernels/loss.cu); the
+ * half numerics of ROPE (Note [RoPE numerics], kernels/llama.cu) and the eager half attention (modes 1-4,
+ * Note [CUDA half attention], kernels/attention_half.cu) too. The bf16-numerics variants of ATTENTION_KV /
+ * MOE_EXPERT (and MOE_EXPERT with bf16 weights) are refused, so the executor names the op and dtype. */
 int cu_supports(const sl_tensor *n) {
     const sl_tensor *a = n->src[0], *b = n->src[1];
     switch (n->op) {
@@ -74,8 +75,17 @@ int cu_supports(const sl_tensor *n) {
     case SL_OP_LINEAR_BF16:
         return n->dtype == SL_F32 && a->dtype == SL_F32 && b->dtype == SL_BF16 && b->ndim == 2 &&
                sl_accel_last_unit(a) && sl_is_contiguous(b) && sl_is_contiguous(n);
-    case SL_OP_ATTENTION: /* with dropout of the probabilities (Note [CUDA dropout]) */
+    case SL_OP_ATTENTION: /* with dropout of the probabilities (Note [CUDA dropout]); the eager half numerics
+                             on their own kernels (Note [CUDA half attention], kernels/attention_half.cu) */
+        if (n->iparams[2] >= 1 && n->iparams[2] <= 4)
+            return sl_accel_all_f32(n) && sl_accel_last_unit(a) && sl_accel_last_unit(b) &&
+                   sl_accel_last_unit(n->src[2]);
+        return sl_accel_supports_ex(n, SL_ACCEL_DROPOUT);
     case SL_OP_ATTENTION_BACK:
+        if (a->iparams[2] >= 1 && a->iparams[2] <= 4)
+            return sl_accel_all_f32(n) && sl_accel_last_unit(b) && sl_accel_last_unit(n->src[2]) &&
+                   sl_accel_last_unit(n->src[3]) && sl_accel_last_unit(n->src[4]) && n->src[4]->ndim >= 3;
+        return sl_accel_supports_ex(n, SL_ACCEL_DROPOUT);
     case SL_OP_DROPOUT:
         return sl_accel_supports_ex(n, SL_ACCEL_DROPOUT);
     case SL_OP_EMBEDDING: /* vocab shards too (Note [CUDA tensor parallelism], kernels/loss.cu) */
@@ -84,6 +94,9 @@ int cu_supports(const sl_tensor *n) {
     case SL_OP_CE_VP:
     case SL_OP_CE_VP_BACK:
         return sl_accel_supports_ex(n, SL_ACCEL_VOCAB_SHARD);
+    case SL_OP_ROPE: /* the half numerics too (Note [RoPE numerics]; k_rope in kernels/llama.cu) */
+        return sl_accel_all_f32(n) && n->iparams[2] >= 0 && n->iparams[2] <= 6 && sl_accel_last_unit(a) &&
+               a->ndim == 4;
     default:
         return sl_accel_supports(n);
     }

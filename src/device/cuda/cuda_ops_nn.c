@@ -120,6 +120,14 @@ static sl_status op_attention(sl_tensor *n) {
     PTR(q, &pq);
     PTR(k, &pk);
     PTR(v, &pv);
+    if (n->iparams[2]) { /* Note [CUDA half attention] (kernels/attention_half.cu): a thread per query row */
+        void *P;
+        SL_TRY(cu_scratch(sizeof(float) * (size_t)(B * NH * T) * (size_t)(2 * T) + 16, &P));
+        RUN(cu_attention_half(g_cu.stream, o, lse, pq, strides3(q), pk, strides3(k), pv, strides3(v), B, T,
+                              NH, NKV, hs, n->iparams[1], 1.0f / sqrtf((float)hs), n->iparams[2],
+                              att_drop(n, NH), P));
+        return SL_OK;
+    }
     RUN(cu_attention(g_cu.stream, o, lse, pq, strides3(q), pk, strides3(k), pv, strides3(v), B, T, NH, NKV,
                      hs, n->iparams[1], 1.0f / sqrtf((float)hs), att_drop(n, NH)));
     return SL_OK;
@@ -135,9 +143,17 @@ static sl_status op_attention_back(sl_tensor *n) {
     PTR(k, &pk);
     PTR(v, &pv);
     PTR(g, &pg);
+    cu_v5 gs = {{g->nb[0], g->nb[1], 0, 0, 0}};
+    if (f->iparams[2]) { /* Note [CUDA half attention]: a thread per (b, kv head) */
+        void *S;
+        SL_TRY(cu_scratch(sizeof(float) * (size_t)(B * NKV) * (size_t)(3 * T + 2 * T * hs) + 16, &S));
+        RUN(cu_attention_half_back(g_cu.stream, o, lse, pq, strides3(q), pk, strides3(k), pv, strides3(v), pg,
+                                   gs, B, T, NH, NKV, hs, n->iparams[1], 1.0f / sqrtf((float)hs),
+                                   f->iparams[2], att_drop(f, NH), S));
+        return SL_OK;
+    }
     void *dsum;
     SL_TRY(cu_scratch(sizeof(float) * (size_t)(B * NH * T > 0 ? B * NH * T : 1), &dsum));
-    cu_v5 gs = {{g->nb[0], g->nb[1], 0, 0, 0}};
     RUN(cu_attention_back(g_cu.stream, o, dsum, lse, pq, strides3(q), pk, strides3(k), pv, strides3(v), pg,
                           gs, B, T, NH, NKV, hs, n->iparams[1], 1.0f / sqrtf((float)hs), att_drop(f, NH)));
     return SL_OK;
@@ -300,8 +316,10 @@ static sl_status op_rope(sl_tensor *n) {
             cu_ok(cudaMemcpyAsync(dinv, inv, bytes, cudaMemcpyHostToDevice, g_cu.stream), "rope frequencies");
     free(inv);
     SL_TRY(st);
+    /* Note [RoPE numerics]: modes 1 / 2 round to bf16 / f16 with cos and sin rounded, 5 / 6 without */
+    int mode = n->iparams[2], bf = mode == 1 || mode == 5 ? 1 : mode == 2 || mode == 6 ? 2 : 0;
     RUN(cu_rope(g_cu.stream, y, px, strides3(x), dinv, B, T, NH, hs, n->iparams[0],
-                n->iparams[1] ? -1.0f : 1.0f));
+                n->iparams[1] ? -1.0f : 1.0f, bf, mode == 1 || mode == 2));
     return SL_OK;
 }
 

@@ -1,12 +1,15 @@
 /* Llama-family kernels (port of src/device/opencl/kernels/llama.cl; semantics:
  * src/device/cpu/kernels/llama_ops.c): rotate-half RoPE, the top-k routing gate, the sparse MoE expert of
- * inference. f32 numerics only: the bf16-numerics variants are refused by supports_op. */
+ * inference. RoPE has its half-precision numerics too (bf: the port of k_rope in ../opencl/kernels/llama.cl,
+ * compiled by nvcc, not yet run on a GPU); the bf16-numerics MOE_EXPERT is refused by supports_op. */
 #include "common.cuh"
 
 /* y (B,T,NH,hs) contiguous; inv (hs/2): inverse frequencies computed on the host as the CPU does (Note [RoPE
- * numerics]); cos/sin of the float angle in double, as the CPU does */
+ * numerics]); cos/sin of the float angle in double, as the CPU does. Half numerics: bf = 1 (bf16) or 2 (f16)
+ * rounds every product and sum as the CPU does, round_cs also cos and sin first. */
+__device__ __forceinline__ float rope_round(float x, int bf) { return bf == 2 ? rf16(x) : rbf16(x); }
 __global__ void k_rope(float *y, const float *x, cu_v5 xs, const float *inv, int64_t B, int64_t T, int64_t NH,
-                       int64_t hs, int64_t pos0, float sgn) {
+                       int64_t hs, int64_t pos0, float sgn, int bf, int round_cs) {
     int64_t nh2 = hs / 2;
     CU_LOOP(idx, B * T * NH * nh2) {
         int64_t i = idx % nh2, h = (idx / nh2) % NH, t = (idx / (nh2 * NH)) % T, b = idx / (nh2 * NH * T);
@@ -15,16 +18,23 @@ __global__ void k_rope(float *y, const float *x, cu_v5 xs, const float *inv, int
         const float *xr = x + b * xs.v[0] + t * xs.v[1] + h * xs.v[2];
         float *yr = y + ((b * T + t) * NH + h) * hs;
         float x1 = xr[i], x2 = xr[i + nh2];
+        if (round_cs) cs = rope_round(cs, bf), sn = rope_round(sn, bf);
+        if (bf) {
+            yr[i] = rope_round(rope_round(x1 * cs, bf) + rope_round(-x2 * sn, bf), bf);
+            yr[i + nh2] = rope_round(rope_round(x2 * cs, bf) + rope_round(x1 * sn, bf), bf);
+            continue;
+        }
         yr[i] = x1 * cs - x2 * sn;
         yr[i + nh2] = x2 * cs + x1 * sn;
     }
 }
 
 extern "C" cudaError_t cu_rope(cudaStream_t s, float *y, const float *x, cu_v5 xs, const float *inv, int64_t B,
-                               int64_t T, int64_t NH, int64_t hs, int64_t pos0, float sgn) {
+                               int64_t T, int64_t NH, int64_t hs, int64_t pos0, float sgn, int bf,
+                               int round_cs) {
     int64_t n = B * T * NH * (hs / 2);
     if (n <= 0) return cudaSuccess;
-    k_rope<<<cu_blocks(n), CU_THREADS, 0, s>>>(y, x, xs, inv, B, T, NH, hs, pos0, sgn);
+    k_rope<<<cu_blocks(n), CU_THREADS, 0, s>>>(y, x, xs, inv, B, T, NH, hs, pos0, sgn, bf, round_cs);
     return CU_LAUNCHED();
 }
 
