@@ -56,7 +56,7 @@ typedef struct {
     sl_tensor *(*build)(sl_ctx *ctx, sl_tensor **p, sl_tensor *ids);
 } op_case;
 /* cases of ops only some backends implement (the MoE ops: cpu and strict; sliding-window attention: not
- * every accelerator; f16 GEMMs: cpu, strict, opencl):
+ * every accelerator; f16 GEMMs: cpu, strict, opencl, cuda):
  * refused there -> skipped */
 static int case_optional(const op_case *k) {
     return !strncmp(k->name, "moe-", 4) || !strcmp(k->name, "attention-window") ||

@@ -43,13 +43,21 @@ enum {
     CU_EW_COPY_B,    /* o = b (bit copy) */
 };
 /* op codes of cu_ew16 */
-enum { CU_EW16_COPY = 0, CU_EW16_F32_TO_BF16, CU_EW16_BF16_TO_F32, CU_EW16_ROUND_BF16 /* f32 -> f32 */ };
+enum {
+    CU_EW16_COPY = 0,
+    CU_EW16_F32_TO_BF16,
+    CU_EW16_BF16_TO_F32,
+    CU_EW16_ROUND_BF16, /* f32 -> f32 */
+    CU_EW16_F32_TO_F16, /* IEEE binary16, nearest even (Note [CUDA f16 storage]) */
+    CU_EW16_F16_TO_F32
+};
 
 /* ---- elementwise.cu ---- */
 /* o[it] = op(a[it], b[it]) over shape ne (32-bit elements), each operand with its own strides */
 cudaError_t cu_ew(cudaStream_t s, int op, float f, void *o, cu_v5 nbo, const void *a, cu_v5 nba,
                   const void *b, cu_v5 nbb, cu_v5 ne);
-/* 16-bit copies, f32 <-> bf16 casts (round to nearest even, quiet NaN) and rounding f32 to bf16 */
+/* 16-bit copies, f32 <-> bf16 and f32 <-> f16 casts (round to nearest even, quiet NaN; the CPU's bits) and
+ * rounding f32 to bf16 */
 cudaError_t cu_ew16(cudaStream_t s, int op, void *o, cu_v5 nbo, const void *a, cu_v5 nba, cu_v5 ne);
 /* o (contiguous, shape neo, n_out elements) = sum of a (shape ne, strides nba) over the broadcast dims */
 cudaError_t cu_sum_to(cudaStream_t s, float *o, const float *a, cu_v5 ne, cu_v5 nba, cu_v5 neo,

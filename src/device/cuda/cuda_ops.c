@@ -52,22 +52,46 @@ sl_status cu_ew_flat(int op, float f, float *p, int64_t n) {
 /* Note [CUDA supported ops]
  * The shared accelerator table (Note [Accelerator supported ops], src/device/accel_support.c: every f32 op
  * of GPT-2 / Llama-family training and KV-cache generation, sliding-window attention included; CONT /
- * CONCAT / ZEROS in any dtype; CAST f32 <-> bf16) plus bf16 compute in the GEMMs: MATMUL with bf16 x bf16
- * operands (f32 out, f32 bias) and LINEAR_BF16, both cublasGemmEx with CUBLAS_COMPUTE_32F (fp32
- * accumulation, as the CPU's sl_gemm_bf16). Dropout (DROPOUT, and ATTENTION / ATTENTION_BACK with dropout of
- * the probabilities) draws the CPU's masks (Note [CUDA dropout], kernels/common.cuh); tensor parallelism's
- * vocabulary-parallel ops run on their own kernels (Note [CUDA tensor parallelism], kernels/loss.cu); the
- * half numerics of ROPE (Note [RoPE numerics], kernels/llama.cu) and the eager half attention (modes 1-4,
- * Note [CUDA half attention], kernels/attention_half.cu) too. The bf16-numerics variants of ATTENTION_KV /
- * MOE_EXPERT (and MOE_EXPERT with bf16 weights) are refused, so the executor names the op and dtype. */
+ * CONCAT / ZEROS in f32 / i32 / bf16; CAST f32 <-> bf16) plus bf16 compute in the GEMMs: MATMUL with bf16 x
+ * bf16 operands (f32 out, f32 bias) and LINEAR_BF16, both cublasGemmEx with CUBLAS_COMPUTE_32F (fp32
+ * accumulation, as the CPU's sl_gemm_bf16), and f16 storage (Note [CUDA f16 storage]). Dropout (DROPOUT, and
+ * ATTENTION / ATTENTION_BACK with dropout of the probabilities) draws the CPU's masks (Note [CUDA dropout],
+ * kernels/common.cuh); tensor parallelism's vocabulary-parallel ops run on their own kernels (Note [CUDA
+ * tensor parallelism], kernels/loss.cu); the half numerics of ROPE (Note [RoPE numerics], kernels/llama.cu)
+ * and the eager half attention (modes 1-4, Note [CUDA half attention], kernels/attention_half.cu) too. The
+ * bf16-numerics variants of ATTENTION_KV / MOE_EXPERT (and MOE_EXPERT with bf16 weights) are refused, so the
+ * executor names the op and dtype.
+ *
+ * Note [CUDA f16 storage]
+ * The port of Note [OpenCL f16 storage]: f16 is a storage format with every operation in f32. CAST f32 <->
+ * f16 is the CPU's sl_f32_to_f16 / sl_f16_to_f32 bit for bit (kernels/common.cuh); CONT / CONCAT / ZEROS move
+ * 16-bit elements; MATMUL with f16 x f16 operands (f32 out and bias, the fp16 autocast GEMM) is cublasGemmEx
+ * with CUDA_R_16F operands and CUBLAS_COMPUTE_32F: each product of two f16 values is exact in f32 and the
+ * sums are fp32, as the CPU's widened f16 GEMM (the summation order is cuBLAS's). An f16 MATMUL rounded to
+ * bf16 (SL_MATMUL_IP_ROUND) is refused, as on OpenCL. Compiled and linked, not yet run on a GPU. */
 int cu_supports(const sl_tensor *n) {
     const sl_tensor *a = n->src[0], *b = n->src[1];
     switch (n->op) {
+    case SL_OP_CONT: /* f16 data movement: 16-bit copies (Note [CUDA f16 storage]) */
+    case SL_OP_ZEROS:
+        if (n->dtype == SL_F16) return !a || a->dtype == SL_F16 || n->op == SL_OP_ZEROS;
+        return sl_accel_supports(n);
+    case SL_OP_CONCAT:
+        if (n->dtype == SL_F16) return a->dtype == SL_F16 && b->dtype == SL_F16;
+        return sl_accel_supports(n);
+    case SL_OP_CAST: /* f32 <-> f16 besides the table's f32 <-> bf16 */
+        if ((n->dtype == SL_F16 && a->dtype == SL_F32) || (n->dtype == SL_F32 && a->dtype == SL_F16))
+            return 1;
+        return sl_accel_supports(n);
     case SL_OP_MATMUL: {
-        int bf = n->dtype == SL_F32 && a->dtype == SL_BF16 && b->dtype == SL_BF16 &&
-                 (!n->src[2] || n->src[2]->dtype == SL_F32);
+        /* bf16 x bf16 or f16 x f16 operands, f32 out and bias (cublasGemmEx, fp32 accumulation) */
+        int bf =
+            n->dtype == SL_F32 &&
+            ((a->dtype == SL_BF16 && b->dtype == SL_BF16) || (a->dtype == SL_F16 && b->dtype == SL_F16)) &&
+            (!n->src[2] || n->src[2]->dtype == SL_F32);
         int rnd = n->iparams[SL_MATMUL_IP_ROUND]; /* Note [Rounded weight gradients]: 2-D, no bias (CPU) */
         if (rnd && (rnd != SL_BF16 || a->ndim != 2 || b->ndim != 2 || n->ndim != 2 || n->src[2])) return 0;
+        if (rnd && a->dtype == SL_F16) return 0; /* as the OpenCL backend: no f16 GEMM rounded to bf16 */
         return (sl_accel_all_f32(n) || bf) && a->ndim >= 2 && b->ndim >= 2 && n->ndim >= 2 &&
                sl_accel_last_unit(a) && sl_accel_last_unit(b) && sl_accel_last_unit(n) &&
                (!n->src[2] || sl_is_contiguous(n->src[2]));
@@ -112,10 +136,12 @@ static sl_status op_copy(sl_tensor *n, const sl_tensor *a, char *o, cu_v5 nbo, i
     void *pa;
     PTR(a, &pa);
     cu_it5 ia = cu_it5_of(a);
-    if (cast)
-        EW(cu_ew16(g_cu.stream, a->dtype == SL_F32 ? CU_EW16_F32_TO_BF16 : CU_EW16_BF16_TO_F32, o, nbo, pa,
-                   ia.nb, ia.ne));
-    else if (sl_dtype_size(a->dtype) == 2)
+    if (cast) { /* f32 <-> bf16, f32 <-> f16 (Note [CUDA f16 storage]) */
+        int half = a->dtype == SL_F16 || n->dtype == SL_F16;
+        int op = a->dtype == SL_F32 ? (half ? CU_EW16_F32_TO_F16 : CU_EW16_F32_TO_BF16)
+                                    : (half ? CU_EW16_F16_TO_F32 : CU_EW16_BF16_TO_F32);
+        EW(cu_ew16(g_cu.stream, op, o, nbo, pa, ia.nb, ia.ne));
+    } else if (sl_dtype_size(a->dtype) == 2)
         EW(cu_ew16(g_cu.stream, CU_EW16_COPY, o, nbo, pa, ia.nb, ia.ne));
     else
         EW(cu_ew(g_cu.stream, CU_EW_COPY_A, 0, o, nbo, pa, ia.nb, pa, ia.nb, ia.ne));
@@ -245,10 +271,11 @@ static sl_status op_kv_store(sl_tensor *n) {
  * as C^T = op(B)^T op(A)^T: cublasGemmEx(opB, opA, N, M, K, B, ldb, A, lda, C, ldc), where op is T when the
  * operand is transposed in suanli's terms. Batches: the innermost batch dim is one strided-batched call,
  * the outer two are loops. fp32 operands use CUBLAS_COMPUTE_32F (exact fp32), or
- * CUBLAS_COMPUTE_32F_FAST_TF32 under SUANLI_CUDA_TF32=1; bf16 operands CUBLAS_COMPUTE_32F. A bias is
+ * CUBLAS_COMPUTE_32F_FAST_TF32 under SUANLI_CUDA_TF32=1; bf16 and f16 operands CUBLAS_COMPUTE_32F. A bias is
  * first broadcast into C, then the GEMM adds onto it (beta = 1). */
 typedef struct gemm_args {
-    int bf, tA, tB;
+    int bf, tA, tB; /* bf: 16-bit operands, bf16 or (f16 set) f16 */
+    int f16;
     int64_t M, N, K, lda, ldb, ldc;
     const void *A, *B;
     float *C;
@@ -272,7 +299,7 @@ static sl_status gemm(const gemm_args *g0) {
         return sl_fail(SL_ERR_UNSUPPORTED, "cuda backend: GEMM of %lld x %lld x %lld too large for cuBLAS",
                        (long long)g->M, (long long)g->N, (long long)g->K);
     float alpha = 1.0f, beta = g->beta;
-    cudaDataType_t ab = g->bf ? CUDA_R_16BF : CUDA_R_32F;
+    cudaDataType_t ab = g->bf ? (g->f16 ? CUDA_R_16F : CUDA_R_16BF) : CUDA_R_32F;
     cublasComputeType_t ct = !g->bf && g_cu.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     cublasOperation_t oa = g->tA ? CUBLAS_OP_T : CUBLAS_OP_N, ob = g->tB ? CUBLAS_OP_T : CUBLAS_OP_N;
     if (g->K == 0) { /* C = beta * C (cuBLAS needs k >= 1 only for some paths; do it ourselves) */
@@ -323,7 +350,10 @@ static sl_status op_matmul(sl_tensor *n) {
     const sl_tensor *a = n->src[0], *b = n->src[1], *bias = n->src[2];
     int na = a->ndim, nbd = b->ndim, no = n->ndim;
     size_t es = sl_dtype_size(a->dtype);
-    gemm_args g = {.bf = a->dtype == SL_BF16, .tA = n->iparams[0], .tB = n->iparams[1]};
+    gemm_args g = {.bf = a->dtype == SL_BF16 || a->dtype == SL_F16,
+                   .f16 = a->dtype == SL_F16,
+                   .tA = n->iparams[0],
+                   .tB = n->iparams[1]};
     g.K = g.tA ? a->ne[na - 2] : a->ne[na - 1];
     g.N = n->ne[no - 1];
     g.lda = a->nb[na - 2];

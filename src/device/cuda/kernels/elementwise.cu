@@ -1,6 +1,7 @@
 /* Elementwise and data-movement kernels (port of src/device/opencl/kernels/elementwise.cl; semantics:
  * src/device/cpu/kernels/elementwise.c and llama_ops.c): cu_ew (every 32-bit elementwise op over a strided
- * 5-D iteration space), cu_ew16 (16-bit copies, f32 <-> bf16 casts, bf16 rounding), cu_sum_to. */
+ * 5-D iteration space), cu_ew16 (16-bit copies, f32 <-> bf16 and f32 <-> f16 casts, bf16 rounding), cu_sum_to.
+ * The f16 conversions are the CPU's sl_f32_to_f16 / sl_f16_to_f32 (common.cuh): Note [CUDA f16 storage]. */
 #include "common.cuh"
 
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
@@ -83,6 +84,10 @@ __global__ void k_ew16(void *o_, cu_v5 nbo, const void *a_, cu_v5 nba, cu_v5 ne,
             ((uint16_t *)o_)[po] = f32_to_bf16(((const float *)a_)[pa]);
         else if (op == CU_EW16_BF16_TO_F32)
             ((float *)o_)[po] = bf16_to_f32(((const uint16_t *)a_)[pa]);
+        else if (op == CU_EW16_F32_TO_F16)
+            ((uint16_t *)o_)[po] = f32_to_f16(((const float *)a_)[pa]);
+        else if (op == CU_EW16_F16_TO_F32)
+            ((float *)o_)[po] = f16_to_f32(((const uint16_t *)a_)[pa]);
         else
             ((float *)o_)[po] = bf16_to_f32(f32_to_bf16(((const float *)a_)[pa]));
     }
