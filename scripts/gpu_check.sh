@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# The CUDA backend on a real GPU: build with SL_CUDA=ON, run the conformance suite on "cuda", then
-# `suanli bench train --device cuda` for GPT-2 124M at B=16 T=1024 in bf16 (mixed) and in fp32 with TF32
+# The CUDA backend on a real GPU: build with SL_CUDA=ON, run the conformance suite on "cuda" (its dropout,
+# vocab-parallel, half-numerics and f16 cases included), train a small GPT-2 on cuda and on the CPU and
+# compare the loss curves per step (scripts/device_train_check.sh: fp32 with dropout, --bf16, --fp16, TP 2 +
+# SP), then `suanli bench train --device cuda` for GPT-2 124M at B=16 T=1024 in bf16 (mixed) and in fp32 with TF32
 # GEMMs (SUANLI_CUDA_TF32=1), printing one JSON line per run with tokens/s and MFU against the datasheet
 # peaks of an H200 SXM (dense: bf16 989, TF32 494, FP32 67 TFLOP/s; override with SL_PEAK_BF16_TFLOPS,
 # SL_PEAK_TF32_TFLOPS for another GPU). Fails clearly (exit 1) when no NVIDIA GPU is usable.
 #
 # Usage: scripts/gpu_check.sh [BUILD_DIR]   (default build-gpu)
-#   SL_GPU_STEPS   timed steps per bench run (default 10), SL_GPU_SKIP_BENCH=1 only runs the suite,
+#   SL_GPU_STEPS   timed steps per bench run (default 10), SL_GPU_SKIP_BENCH=1 only runs the suite (and the
+#                  curves), SL_GPU_SKIP_CURVES=1 leaves out the loss-curve pairs (SL_DTC_TIMEOUT: per run),
 #   SL_GPU_FP32=1  also a run with exact fp32 GEMMs (MFU against the FP32 peak, SL_PEAK_FP32_TFLOPS)
 #   SL_GPU_SUITE_TIMEOUT, SL_GPU_BENCH_TIMEOUT  seconds per suite / bench run (default 180 each), so the
 #                  whole check (build included) stays near 10 minutes even when a kernel is pathologically slow
@@ -72,6 +75,17 @@ else
   [ $rc -eq 124 ] && why="timed out after ${SL_GPU_SUITE_TIMEOUT:-180} s" || why="exit $rc"
   echo "gpu_check: FAIL: conformance suite on cuda ($why); running the benches anyway" >&2
   failed+=("suite ($why)")
+fi
+# 3b. loss curves on cuda against the CPU (the ported paths: dropout masks, the eager half attention and RoPE
+#     numerics, f16 storage and GEMMs, TP's vocabulary-parallel ops); the bf16 bench below runs the same
+#     half attention at GPT-2 124M scale (Note [CUDA half attention]: a numerics path, slow)
+if [ "${SL_GPU_SKIP_CURVES:-0}" != 1 ]; then
+  if bash scripts/device_train_check.sh "$build/suanli" cuda "$build/device_train_check"; then
+    echo "gpu_check: loss curves on cuda match the CPU's"
+  else
+    echo "gpu_check: FAIL: loss curves on cuda (scripts/device_train_check.sh); running the benches anyway" >&2
+    failed+=("loss curves")
+  fi
 fi
 [ "${SL_GPU_SKIP_BENCH:-0}" = 1 ] && { [ ${#failed[@]} -eq 0 ] || fail "${failed[*]}"; exit 0; }
 
