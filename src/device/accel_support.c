@@ -32,11 +32,13 @@ static int movable(sl_dtype t) { return t == SL_F32 || t == SL_I32 || t == SL_BF
  * Every op of GPT-2 and Llama-family training (sliding-window attention included) and of KV-cache
  * generation in f32; data movement (CONT, CONCAT, ZEROS) in f32 / i32 / bf16 and CAST between f32 and bf16
  * (elementwise conversions, used by the autocast rounding sl_round_bf16). Refused, so the executor names
- * the op and dtype: bf16 / f16 compute (a backend may add its own GEMMs: Note [CUDA supported ops]), the
- * half-numerics variants of ATTENTION / ROPE / ATTENTION_KV / MOE_EXPERT (iparams), vocab-sharded
- * embedding, MoE routing, and dropout unless the backend draws the masks (sl_accel_supports_ex with dropout
- * = 1: the OpenCL backend, Note [OpenCL dropout]; CUDA refuses it). Layout limits are those of the CPU
- * kernels (rows with a unit last stride). */
+ * the op and dtype: bf16 / f16 compute (a backend may add its own GEMMs and f16 storage: Note [CUDA
+ * supported ops], Note [OpenCL f16 storage]), the half-numerics variants of ATTENTION / ROPE / ATTENTION_KV /
+ * MOE_EXPERT (iparams; a backend may add its own), MoE routing, and, unless the backend asks for them with
+ * sl_accel_supports_ex, dropout (SL_ACCEL_DROPOUT: the backend draws the masks, Note [OpenCL dropout], Note
+ * [CUDA dropout]) and the vocab-sharded ops of tensor parallelism (SL_ACCEL_VOCAB_SHARD). Both the OpenCL
+ * and the CUDA backend ask for both. Layout limits are those of the CPU kernels (rows with a unit last
+ * stride). */
 int sl_accel_supports(const sl_tensor *n) { return sl_accel_supports_ex(n, 0); }
 
 int sl_accel_supports_ex(const sl_tensor *n, int extra) {
