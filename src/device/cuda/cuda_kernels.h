@@ -105,8 +105,8 @@ cudaError_t cu_attention_kv(cudaStream_t s, float *out, const float *q, cu_v5 qs
                             int64_t hs, int64_t pos0, int64_t win, float scale);
 
 /* ---- attention_half.cu ---- the eager half numerics (hm = ATTENTION iparams[2], 1..4; Note [CUDA half
- * attention]): the CPU's scalar reference as threads. P: B NH T * 2 T floats of scratch; S: B NKV * (3 T + 2
- * T hs) floats */
+ * attention]): the CPU's scalar reference as threads. P: B NH T * 2 T floats of scratch; S: B NH T * (1 + 2
+ * hs) floats (D per row, the per-head dk / dv sums) */
 cudaError_t cu_attention_half(cudaStream_t s, float *out, float *lse, const float *q, cu_v5 qs,
                               const float *k, cu_v5 ks, const float *v, cu_v5 vs, int64_t B, int64_t T,
                               int64_t NH, int64_t NKV, int64_t hs, int64_t win, float scale, int hm,

@@ -144,9 +144,9 @@ static sl_status op_attention_back(sl_tensor *n) {
     PTR(v, &pv);
     PTR(g, &pg);
     cu_v5 gs = {{g->nb[0], g->nb[1], 0, 0, 0}};
-    if (f->iparams[2]) { /* Note [CUDA half attention]: a thread per (b, kv head) */
+    if (f->iparams[2]) { /* Note [CUDA half attention]: dq per query row, dk / dv per key row and head */
         void *S;
-        SL_TRY(cu_scratch(sizeof(float) * (size_t)(B * NKV) * (size_t)(3 * T + 2 * T * hs) + 16, &S));
+        SL_TRY(cu_scratch(sizeof(float) * (size_t)(B * NH * T) * (size_t)(1 + 2 * hs) + 16, &S));
         RUN(cu_attention_half_back(g_cu.stream, o, lse, pq, strides3(q), pk, strides3(k), pv, strides3(v), pg,
                                    gs, B, T, NH, NKV, hs, n->iparams[1], 1.0f / sqrtf((float)hs),
                                    f->iparams[2], att_drop(f, NH), S));
