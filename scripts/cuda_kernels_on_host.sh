@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Some of the CUDA backend's kernel bodies run on the CPU, without a GPU: src/device/cuda/kernels/*.cu (their
 # extern "C" launchers removed) are compiled as plain C++ with CU_LOOP as a sequential loop and host shims for
-# the few intrinsics they use (__float_as_uint, __uint_as_float, __umulhi), then checked against the CPU's
-# own definitions by tests/backend/test_cuda_kernels_host.cpp: Philox-4x32-10, the f16 / bf16 conversions,
-# DROPOUT, the f32 attention with dropout and TP head offsets, the eager half attention's parallel backward
-# against its serial reference. This checks the arithmetic and indexing of those bodies as written; it does
+# the intrinsics they use (__float_as_uint, __uint_as_float, __umulhi; inert ones for threadIdx, __shared__,
+# __syncthreads, atomics and the warp shuffles of kernels not checked here), then checked against the CPU's
+# own definitions by tests/backend/test_cuda_kernels_host.cpp: Philox-4x32-10, the f16 / bf16 conversions
+# (and cu_ew16's casts), DROPOUT, the f32 attention with dropout and TP head offsets, the eager half
+# attention's parallel backward against its serial reference, RoPE's half numerics, the vocabulary-parallel
+# ops. Kernels that need warps, shared memory or atomics compile against inert shims and are not checked. This checks the arithmetic and indexing of those bodies as written; it does
 # not check launches, memory, warps or nvcc's code generation (--fmad=false is mirrored by
 # -ffp-contract=off). Registered as test_cuda_kernels_host when the CUDA backend is built.
 #
@@ -35,7 +37,7 @@ c = c.replace('#include <cuda_runtime.h>\n', '')
 c = re.sub(r'#define CU_LOOP\(i, n\).*\n', '', c)
 c = re.sub(r'__device__ __forceinline__ float warp_(sum|max).*?\n}\n', '', c, flags=re.S)
 open(out + '/common_host.h', 'w').write(c)
-for name in ['attention', 'attention_half', 'dropout']:
+for name in ['attention', 'attention_half', 'dropout', 'elementwise', 'llama', 'loss']:
     s = open(kd + name + '.cu').read().replace('#include "common.cuh"', '')
     s = s.replace('#include "attention_half.cuh"', '#include "%sattention_half.cuh"' % kd)
     open(out + '/' + name + '.inc', 'w').write(strip_launchers(s))

@@ -32,12 +32,37 @@ static inline float __uint_as_float(uint32_t u) {
     return f;
 }
 static inline uint32_t __umulhi(uint32_t a, uint32_t b) { return (uint32_t)(((uint64_t)a * b) >> 32); }
+/* inert shims for the kernels that are compiled but not checked here (warp reductions, shared memory,
+ * atomics): a single "thread" */
+struct host_dim3 {
+    unsigned x, y, z;
+};
+static host_dim3 threadIdx, blockIdx, blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
+static inline void host_dims_used() { (void)blockDim, (void)gridDim; }
+#undef __shared__
+#define __shared__ static
+static inline void __syncthreads() {}
+static inline int atomicCAS(int *a, int cmp, int v) {
+    int o = *a;
+    if (o == cmp) *a = v;
+    return o;
+}
+static inline float atomicAdd(float *a, float v) {
+    float o = *a;
+    *a = o + v;
+    return o;
+}
+static inline float warp_sum(float v) { return v; }
+static inline float warp_max(float v) { return v; }
 using std::exp;
 using std::log;
 #include "common_host.h"
 #include "dropout.inc"
 #include "attention.inc"
 #include "attention_half.inc"
+#include "elementwise.inc"
+#include "llama.inc"
+#include "loss.inc"
 /* the serial reference: k_attention_half_back as first ported from attention_half.cl (one thread per
  * (b, kv head)) */
 __global__ void serial_back(float *out, const float *lse, const float *q, cu_v5 qs, const float *k, cu_v5 ks,
@@ -280,6 +305,134 @@ int main() {
             CHECK(!memcmp(o1.data(), o2.data(), o1.size() * 4),
                   "half backward mode %d win %d: parallel != serial", hm, win);
         }
+    }
+    /* cu_ew16's f16 casts (strided 5-D form) */
+    {
+        int64_t n = 4099;
+        std::vector<float> x(n), back(n);
+        std::vector<uint16_t> h(n);
+        uint64_t sd = 5;
+        for (int64_t i = 0; i < n; i++) x[i] = frand(&sd) * (i % 7 == 0 ? 2e5f : i % 5 == 0 ? 1e-6f : 30.0f);
+        cu_v5 ne = {{1, 1, 1, 1, n}}, nb = {{0, 0, 0, n, 1}};
+        k_ew16(h.data(), nb, x.data(), nb, ne, n, CU_EW16_F32_TO_F16);
+        k_ew16(back.data(), nb, h.data(), nb, ne, n, CU_EW16_F16_TO_F32);
+        int bad = 0;
+        for (int64_t i = 0; i < n; i++) {
+            float w = sl_f16_to_f32(sl_f32_to_f16(x[i]));
+            bad += h[i] != sl_f32_to_f16(x[i]) || memcmp(&w, &back[i], 4) != 0;
+        }
+        CHECK(!bad, "ew16 f16 casts: %d elements", bad);
+    }
+    /* RoPE's half numerics (Note [RoPE numerics]) against sl_k_rope's formulas */
+    for (int mode = 0; mode <= 6; mode++) {
+        int64_t B = 2, T = 5, NH = 3, hs = 8, half = hs / 2, pos0 = 7;
+        int bf = mode == 1 || mode == 5 ? 1 : mode == 2 || mode == 6 ? 2 : 0, rcs = mode == 1 || mode == 2;
+        std::vector<float> x(B * T * NH * hs), y(x.size()), inv(half);
+        uint64_t sd = 17 + mode;
+        for (auto &e : x) e = frand(&sd) * 4;
+        for (int64_t i = 0; i < half; i++) inv[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)hs);
+        cu_v5 xs = {{T * NH * hs, NH * hs, hs, 0, 0}};
+        float sgn = mode == 3 ? -1.0f : 1.0f;
+        k_rope(y.data(), x.data(), xs, inv.data(), B, T, NH, hs, pos0, sgn, bf, rcs);
+        auto rt = [&](float f) {
+            return bf == 2 ? sl_f16_to_f32(sl_f32_to_f16(f)) : sl_bf16_to_f32(sl_f32_to_bf16(f));
+        };
+        int bad = 0;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t h = 0; h < NH; h++)
+                    for (int64_t i = 0; i < half; i++) {
+                        float ang = (float)(pos0 + t) * inv[i];
+                        float cs = (float)cos((double)ang), sn = sgn * (float)sin((double)ang);
+                        if (rcs) cs = rt(cs), sn = rt(sn);
+                        const float *xr = &x[((b * T + t) * NH + h) * hs];
+                        float x1 = xr[i], x2 = xr[i + half], y1, y2;
+                        if (bf) {
+                            y1 = rt(rt(x1 * cs) + rt(-x2 * sn));
+                            y2 = rt(rt(x2 * cs) + rt(x1 * sn));
+                        } else {
+                            y1 = x1 * cs - x2 * sn;
+                            y2 = x2 * cs + x1 * sn;
+                        }
+                        const float *yr = &y[((b * T + t) * NH + h) * hs];
+                        bad += memcmp(&y1, &yr[i], 4) != 0 || memcmp(&y2, &yr[i + half], 4) != 0;
+                    }
+        CHECK(!bad, "rope mode %d: %d elements", mode, bad);
+    }
+    /* the vocabulary-parallel ops (sl_k_ce_vp_stats / sl_k_ce_vp / sl_k_ce_vp_back, the shard embedding) */
+    {
+        int64_t N = 6, V = 5, C = 3, lo = 5, P = 2;
+        int32_t ids[6] = {0, 5, 9, 7, -1, 12}, tg[6] = {3, 5, 9, -1, 6, 2};
+        std::vector<float> tab(V * C), emb(N * C), x(N * V), lse(N), st(N * 2), gst(P * N * 2), glse(N),
+            out(1);
+        uint64_t sd = 3;
+        for (auto &e : tab) e = frand(&sd);
+        for (auto &e : x) e = frand(&sd) * 5;
+        int flag[2] = {0, 0};
+        k_embedding_shard(emb.data(), tab.data(), ids, N, V, C, lo, flag);
+        int bad = flag[0] != 1 || flag[1] != -1;
+        for (int64_t r = 0; r < N; r++)
+            for (int64_t c = 0; c < C; c++) {
+                int64_t k = (int64_t)ids[r] - lo;
+                float want = ids[r] >= 0 && k >= 0 && k < V ? tab[k * C + c] : 0.0f;
+                bad += emb[r * C + c] != want;
+            }
+        std::vector<float> d(V * C, 0.0f), g(N * C);
+        for (auto &e : g) e = frand(&sd);
+        k_embedding_back_shard_ordered(d.data(), ids, g.data(), N, V, C, lo);
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t k = 0; k < V; k++) {
+                float want = 0;
+                for (int64_t i = 0; i < N; i++)
+                    if ((int64_t)ids[i] - lo == k) want += g[i * C + c];
+                bad += d[k * C + c] != want;
+            }
+        CHECK(!bad, "vocab-shard embedding and its backward");
+        for (int64_t i = 0; i < N; i++) { /* the shard's logsumexp, as the CPU's lse_rows computes it */
+            float mx = -INFINITY, sm = 0;
+            for (int64_t j = 0; j < V; j++) mx = fmaxf(mx, x[i * V + j]);
+            for (int64_t j = 0; j < V; j++) sm += expf(x[i * V + j] - mx);
+            lse[i] = mx + logf(sm);
+        }
+        k_ce_vp_stats(st.data(), lse.data(), x.data(), tg, N, V, lo);
+        bad = 0;
+        for (int64_t i = 0; i < N; i++) {
+            int64_t j = (int64_t)tg[i] - lo;
+            bad +=
+                st[2 * i] != lse[i] || st[2 * i + 1] != (tg[i] >= 0 && j >= 0 && j < V ? x[i * V + j] : 0.0f);
+        }
+        for (int64_t r = 0; r < P; r++) /* a group of two: this shard's stats and another's */
+            for (int64_t i = 0; i < N; i++) {
+                gst[(r * N + i) * 2] = r ? frand(&sd) + 2 : st[2 * i];
+                gst[(r * N + i) * 2 + 1] =
+                    r ? (tg[i] >= 0 && (tg[i] < lo || tg[i] >= lo + V) ? frand(&sd) : 0) : st[2 * i + 1];
+            }
+        k_ce_vp(out.data(), glse.data(), tg, gst.data(), N, P);
+        double total = 0;
+        int64_t cnt = 0;
+        for (int64_t i = 0; i < N; i++) { /* sl_k_ce_vp */
+            float M = -INFINITY, tl = 0, s = 0;
+            for (int64_t r = 0; r < P; r++)
+                M = fmaxf(M, gst[(r * N + i) * 2]), tl += gst[(r * N + i) * 2 + 1];
+            for (int64_t r = 0; r < P; r++) s += expf(gst[(r * N + i) * 2] - M);
+            float li = M + logf(s);
+            bad += glse[i] != li;
+            if (tg[i] >= 0) total += (double)li - (double)tl, cnt++;
+        }
+        bad += out[0] != (cnt ? (float)(total / (double)cnt) : 0.0f);
+        CHECK(!bad, "CE_VP_STATS / CE_VP");
+        /* the scale dloss / count of targets >= 0 (k_ce_mean mode 2 is a block reduction: not run here) */
+        float scale = 1.5f / (float)cnt;
+        bad = 0;
+        std::vector<float> dx(N * V);
+        k_ce_back(dx.data(), glse.data(), x.data(), tg, &scale, N, V, lo);
+        for (int64_t i = 0; i < N; i++) /* sl_k_ce_vp_back's scalar form */
+            for (int64_t j = 0; j < V; j++) {
+                float want = tg[i] < 0 ? 0.0f : expf(x[i * V + j] - glse[i]) * scale;
+                if (tg[i] >= 0 && (int64_t)tg[i] - lo == j) want -= scale;
+                bad += memcmp(&want, &dx[i * V + j], 4) != 0;
+            }
+        CHECK(!bad, "CE_VP_BACK (count of targets >= 0, the shard's tlo)");
     }
     printf("cuda kernels on the host: %d failures (%lld checks)\n", fails, checks);
     return fails != 0;
