@@ -239,7 +239,8 @@ static void test_dp(const char *dir) {
  *   - the saved weights (ep 2: gathered from both ranks through host copies) against the previous row's:
  *     measured 0 of 184,000 (Qwen2-MoE) and 2 of 214,480 (DeepSeek-V3, opencl vs cpu) beyond 1e-5, worst
  *     5.6e-5; a gather that skips the peer's experts leaves 49,000 beyond, worst 0.6.
- * Without the variable the first op without a kernel is named with the variable to set. */
+ * KV-cache generation of both families through the fallback gives the CPU's greedy ids. Without the
+ * variable the first op without a kernel is named with the variable to set. */
 /* every tensor of b in a; *beyond: elements apart by more than 1e-5, *worst: the largest difference */
 static int weights_close(const char *a, const char *b, int64_t *beyond, int64_t *total, double *worst) {
     sl_safetensors *x = NULL, *y = NULL;
@@ -334,6 +335,21 @@ static void test_moe(const char *dir) {
             TU_CHECK(system(cmd) == 0, "%s %s: the final weights are ZeRO-0's, bitwise", model[m],
                      lay[k].name);
         }
+    }
+    /* KV-cache generation of both families through the fallback: the CPU's greedy ids */
+    for (int m = 0; m < 2; m++) {
+        static char ids[2][1 << 14];
+        for (int d = 0; d < 2; d++) {
+            int rc =
+                tu_runf(ids[d], sizeof ids[d], "SUANLI_HOST_FALLBACK=1",
+                        "%s generate --model %s/tests/fixtures/hf/%s --prompt-ids 1,5,9 --max-new-tokens 8 "
+                        "--temperature 0 --print-ids --device %s 2>/dev/null",
+                        tu_cli(), SL_SOURCE_DIR, model[m], d ? "opencl" : "cpu");
+            TU_CHECK(rc == 0 && strstr(ids[d], "{\"prompt_ids\""), "%s generate: %s", model[m], ids[d]);
+        }
+        const char *j0 = strstr(ids[0], "{\"prompt_ids\""), *j1 = strstr(ids[1], "{\"prompt_ids\"");
+        TU_CHECK(j0 && j1 && !strcmp(j0, j1), "%s generate on opencl: %s, cpu %s", model[m], j1 ? j1 : "-",
+                 j0 ? j0 : "-");
     }
     int rc = run("train --device opencl --data-path %s/tok --init-from %s/qwen2_moe " MOE " --save %s/never",
                  dir, dir, dir);
