@@ -14,6 +14,8 @@ struct sl_tp {
     sl_comm *group[8];
     float *scratch; /* the rank-major staging of sequence collectives */
     size_t scratch_cap;
+    float *stage; /* host copies of a staged collective's tensors (Note [Staged TP collectives]) */
+    size_t stage_cap;
     double coll_sec; /* time inside TP collectives (reset by sl_tp_take_stats) */
     double coll_bytes;
     sl_comm *ep_comm; /* the mesh's expert-parallel communicator (borrowed; NULL: ep 1) */
@@ -52,6 +54,7 @@ void sl_tp_free(sl_tp *t) {
     for (int i = 0; i < t->n_ep_win; i++) (void)sl_comm_mem_free(t->ep_comm, t->ep_win[i]);
     for (int k = 0; k < 8; k++) sl_comm_free(t->group[k]);
     free(t->scratch);
+    free(t->stage);
     free(t);
 }
 
@@ -161,8 +164,14 @@ static sl_status tp_collective_staged(sl_tp *t, sl_tensor *n) {
         if (n->src[s]) tot += sl_nelements(n->src[s]) + 1;
     }
     off[SL_MAX_SRC] = tot;
-    float *h = malloc(sizeof(float) * (size_t)(tot + sl_nelements(n) + 1));
-    if (!h) return sl_fail(SL_ERR_NOMEM, "tp: out of memory");
+    size_t need = (size_t)(tot + sl_nelements(n) + 1);
+    if (need > t->stage_cap) { /* kept across calls: the same collectives run every step */
+        float *p = realloc(t->stage, sizeof(float) * need);
+        if (!p) return sl_fail(SL_ERR_NOMEM, "tp: out of memory");
+        t->stage = p;
+        t->stage_cap = need;
+    }
+    float *h = t->stage;
     void *dev[SL_MAX_SRC + 1];
     sl_status st = SL_OK;
     for (int s = 0; s < SL_MAX_SRC && st == SL_OK; s++)
@@ -178,7 +187,6 @@ static sl_status tp_collective_staged(sl_tp *t, sl_tensor *n) {
         n->data = dev[SL_MAX_SRC];
     }
     if (st == SL_OK) st = sl_tensor_copy_in(n, h + off[SL_MAX_SRC]);
-    free(h);
     return st;
 }
 
