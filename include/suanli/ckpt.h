@@ -37,9 +37,10 @@ typedef struct sl_ckpt_state {
     sl_buffer *exp_avg_buf, *exp_avg_sq_buf; /* the moments in device buffers (indexed by seg.off), copied */
     float *param_shard; /* ZeRO-3: parameters indexed by seg.off (NULL: m->params_mem indexed by lo, or
                            m->params_buf through copies when the backend is not host-visible) */
-    int write_params;   /* this rank writes params for its segments */
-    int write_optim;    /* this rank writes optimizer state for its segments */
-    int64_t step;       /* optimizer steps completed */
+    sl_buffer *param_shard_buf; /* ZeRO-3 on such a backend: the shard's device buffer (seg.off), copied */
+    int write_params;           /* this rank writes params for its segments */
+    int write_optim;            /* this rank writes optimizer state for its segments */
+    int64_t step;               /* optimizer steps completed */
     int64_t adam_t;
     uint64_t seed;
     /* fp16 dynamic loss scaling (Megatron keeps its grad scaler in the optimizer state): sl_ckpt_load sets

@@ -93,6 +93,9 @@ sl_status sl_dp_sync_params(sl_dp *dp);
 sl_status sl_dp_add_params(sl_dp *dp, int64_t lo, int64_t n, const float *delta);
 /* ZeRO-3: this rank's parameter shard, indexed like the optimizer state (sl_dp_state); else NULL. */
 float *sl_dp_param_shard(sl_dp *dp);
+/* ZeRO-3: the buffer holding that shard (on a backend without host-visible memory the pointer above is NULL
+ * and callers copy through the contract) */
+sl_buffer *sl_dp_param_shard_buf(sl_dp *dp);
 /* 1 when gradients live in slots (m->grads_mem is freed; the trainer must run one micro-batch per step). */
 int sl_dp_grad_slots(const sl_dp *dp);
 /* Wait for every bucket (after the graph ran); adds the wait time to *wait_sec. */

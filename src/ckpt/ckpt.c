@@ -487,7 +487,11 @@ sl_status sl_ckpt_save_begin(sl_ckpt_writer *w, const char *root, const sl_ckpt_
             const float *ps = st->param_shard     ? st->param_shard + g->off
                               : st->m->params_mem ? st->m->params_mem + g->lo
                                                   : NULL;
-            SL_TRY(add_entries(w, st->m, "param", ps, st->m->params_buf, g->lo, g->lo, g->len, &used));
+            if (!ps && st->param_shard_buf) /* ZeRO-3 on the device: the shard's buffer, at seg.off */
+                SL_TRY(
+                    add_entries(w, st->m, "param", NULL, st->param_shard_buf, g->off, g->lo, g->len, &used));
+            else
+                SL_TRY(add_entries(w, st->m, "param", ps, st->m->params_buf, g->lo, g->lo, g->len, &used));
         }
         if (st->write_optim) {
             SL_TRY(add_entries(w, st->m, "exp_avg", st->exp_avg ? st->exp_avg + g->off : NULL,
@@ -1081,12 +1085,14 @@ sl_status sl_ckpt_load(const char *dir, sl_ckpt_state *st) {
         }
     }
     if (s == SL_OK) s = read_train_state(&r, st); /* before the tensors: a bad field costs no read */
-    if (s == SL_OK && !st->param_shard)
+    if (s == SL_OK && !st->param_shard && !st->param_shard_buf)
         s = load_flat(&r, st->m, "param", 0, st->m->numel, st->m->params_mem, st->m->params_buf, 0);
     for (int k = 0; k < st->nseg && s == SL_OK; k++) {
         const sl_ckpt_seg *g = &st->seg[k];
-        if (st->param_shard)
-            s = load_flat(&r, st->m, "param", g->lo, g->len, st->param_shard + g->off, NULL, 0);
+        if (st->param_shard || st->param_shard_buf)
+            s = load_flat(&r, st->m, "param", g->lo, g->len,
+                          st->param_shard ? st->param_shard + g->off : NULL,
+                          st->param_shard ? NULL : st->param_shard_buf, g->off);
         if (s != SL_OK) break;
         s = load_flat(&r, st->m, "exp_avg", g->lo, g->len, st->exp_avg ? st->exp_avg + g->off : NULL,
                       st->exp_avg_buf, g->off);

@@ -171,12 +171,6 @@ sl_status sl_dp_new(sl_dp **out, const sl_mesh *mesh, sl_model *m, sl_graph *g, 
         return sl_fail(
             SL_ERR_UNSUPPORTED,
             "--zero-stage 3 with --pipeline-model-parallel-size %d is not supported (use 0, 1 or 2)", m->pp);
-    if (!m->backend->caps.host_visible && o->zero_stage > 2)
-        return sl_fail(
-            SL_ERR_UNSUPPORTED,
-            "the %s backend's memory is not host-visible: data parallelism stages its gradients and "
-            "parameters through host copies with --zero-stage 0, 1 or 2 only (no ZeRO-3 there yet)",
-            m->backend->name);
     sl_dp *dp = calloc(1, sizeof *dp);
     if (!dp) return sl_fail(SL_ERR_NOMEM, "dp: out of memory");
     dp->comm = mesh->dp_comm;
@@ -264,7 +258,13 @@ void sl_dp_arm(sl_dp *dp, int armed) {
  * there in place, and the buckets copied back (staged_param_gather; synchronous, where the host-visible path
  * overlaps the gathers with the next forward). ZeRO-2 reduce-scatters the staged buckets in place and takes
  * its parts from the device's copy into the gradient shard; it keeps the full gradient buffer (its gradient
- * slots live in a host-mapped arena), as under accumulation. ZeRO-3's parameter slots do too: refused. */
+ * slots live in a host-mapped arena), as under accumulation. ZeRO-3 keeps that buffer too, and its slot
+ * arena and parameter shard on the device: each interval's gather copies this rank's part out of the shard
+ * into the bucket's range of the same window, all-gathers there (launched ahead, as on host memory), and
+ * copies the bucket into its device slot when the interval is waited for (zero_slots.c). A bucket's
+ * parameters are gathered before its backward and its gradients reduced after it, so the two never hold
+ * the window's range at once; within a pass the gathered values never change, so two gathers of one bucket
+ * in flight write the same bytes. */
 static int bucket_staged(const sl_dp *dp, const dp_bucket *b) {
     return dp->window.stage && bk_comm(dp, b) && b->hi > b->lo;
 }
@@ -624,8 +624,16 @@ sl_status sl_dp_add_params(sl_dp *dp, int64_t lo, int64_t n, const float *delta)
         free(v);
         return st;
     }
-    if (!dp->shard.param) return sl_fail(SL_ERR_UNSUPPORTED, "dp: the ZeRO-3 shard is not host-visible");
     add_ctx a = {dp->shard.param, lo, n, delta};
+    if (!a.shard) { /* the shard on the device (Note [Staged gradients]): through a host copy */
+        if (!(a.shard = malloc(f32_bytes(dp->shard.len + 1))))
+            return sl_fail(SL_ERR_NOMEM, "dp: out of memory");
+        sl_status st = sl_backend_copy_out(dp->shard.param_buf, 0, a.shard, f32_bytes(dp->shard.len));
+        if (st == SL_OK) for_each_segment(dp, add_seg, &a);
+        if (st == SL_OK) st = sl_backend_copy_in(dp->shard.param_buf, 0, a.shard, f32_bytes(dp->shard.len));
+        free(a.shard);
+        return st;
+    }
     for_each_segment(dp, add_seg, &a);
     return SL_OK;
 }

@@ -368,7 +368,13 @@ static sl_status gather_bucket(sl_dp *dp, int k, sl_buffer *dst, int64_t off, sl
     int64_t len = b->hi - b->lo, q = b->q, tail = len - q * bk_n(dp, b);
     if (q > 0) {
         if (bk_comm(dp, b)) dp_count_bk(dp, b, 1, q * bk_n(dp, b));
-        if (bk_comm(dp, b))
+        if (bk_comm(dp, b) && !s->param) { /* staged (Note [Staged gradients]): finished by gather_done */
+            float *w = dp->window.stage + b->lo;
+            SL_TRY(
+                sl_backend_copy_out(s->param_buf, f32_bytes(b->part_off), w + q * bk_r(dp, b), f32_bytes(q)));
+            SL_TRY(sl_comm_all_gather_async(bk_comm(dp, b), w + q * bk_r(dp, b), w, (size_t)q, SL_COMM_F32,
+                                            req));
+        } else if (bk_comm(dp, b))
             SL_TRY(sl_comm_all_gather_async(bk_comm(dp, b), s->param + b->part_off,
                                             (float *)sl_buffer_map(dst) + off, (size_t)q, SL_COMM_F32, req));
         else
@@ -378,6 +384,14 @@ static sl_status gather_bucket(sl_dp *dp, int k, sl_buffer *dst, int64_t off, sl
         SL_TRY(sl_backend_copy(dst, f32_bytes(off + q * bk_n(dp, b)), s->param_buf, f32_bytes(b->tail_off),
                                f32_bytes(tail)));
     return SL_OK;
+}
+
+/* wait for bucket k's gather into dst at off; staged, its parts then go from the window to the device */
+static sl_status gather_done(sl_dp *dp, int k, sl_buffer *dst, int64_t off, sl_comm_req **req) {
+    SL_TRY(dp_wait_req(req));
+    const dp_bucket *b = &dp->buckets.v[k];
+    if (dp->shard.param || !bk_comm(dp, b) || b->q <= 0) return SL_OK;
+    return sl_backend_copy_in(dst, f32_bytes(off), dp->window.stage + b->lo, f32_bytes(b->q * bk_n(dp, b)));
 }
 
 /* gradient slots: wait for bucket k's reduction and copy this rank's reduced part and the tail to the shard
@@ -447,7 +461,7 @@ sl_status sl_dp_slots_advance(sl_dp *dp, int i) {
             return sl_fail(SL_ERR_INTERNAL, "dp: ZeRO-3 gather of bucket %d never launched", z->k);
         double t0 = sl_time_sec();
         z->launched = 0;
-        SL_TRY(dp_wait_req(&z->req));
+        SL_TRY(gather_done(dp, z->k, s->arena.buf, z->off, &z->req));
         dp->reduce.wait_sec += sl_time_sec() - t0;
         bind_bucket(dp, z->k, z->off, 0);
         bound = 1;
@@ -530,7 +544,8 @@ sl_status sl_dp_gather_params(sl_dp *dp) {
     for (int k = 0; k < dp->buckets.count && st == SL_OK; k++) {
         sl_comm_req *req = NULL;
         st = gather_bucket(dp, k, m->params_buf, dp->buckets.v[k].lo, &req);
-        sl_status s = dp_wait_req(&req);
+        sl_status s =
+            st == SL_OK ? gather_done(dp, k, m->params_buf, dp->buckets.v[k].lo, &req) : dp_wait_req(&req);
         if (st == SL_OK) st = s;
     }
     sl_graph_refresh_views(dp->g); /* sl_model_new_params bound the leaves */
@@ -539,4 +554,5 @@ sl_status sl_dp_gather_params(sl_dp *dp) {
 }
 
 float *sl_dp_param_shard(sl_dp *dp) { return dp->zero == 3 ? dp->shard.param : NULL; }
+sl_buffer *sl_dp_param_shard_buf(sl_dp *dp) { return dp->zero == 3 ? dp->shard.param_buf : NULL; }
 int sl_dp_grad_slots(const sl_dp *dp) { return dp->grad_slots; }

@@ -29,6 +29,7 @@ sl_status sl_trainer_ckpt_state(sl_trainer *tr, int rank, int world, sl_ckpt_sta
         st->write_optim = zero > 0 || first;
         st->adam_t = tr->opt_t;
         st->param_shard = sl_dp_param_shard(tr->dp);
+        if (!st->param_shard) st->param_shard_buf = sl_dp_param_shard_buf(tr->dp);
     } else {
         if (!tr->opt_ready) {
             SL_TRY(sl_adamw_init(&tr->opt, tr->model, tr->cfg.hp));
