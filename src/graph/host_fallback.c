@@ -28,7 +28,6 @@
 
 #include "graph/graph_internal.h"
 
-#define FB_MAX 256 /* tensors one node may reach */
 #define FB_DEPTH 4 /* source levels: MOE_PACKED_FFN_DX reads its backward's forward's input's route */
 
 typedef struct {
@@ -61,30 +60,37 @@ static int staged(const sl_tensor *t) {
 /* t and the chain of storages it lives in (an in-place node's view_src, and so on to the node that owns the
  * storage and its aux bytes: a chain of in-place MOE_PACKED_FFN nodes writes its first node's aux); `out`:
  * copied back after the kernel */
-static sl_status add(fb_item *it, int *n, sl_tensor *t, int out) {
+typedef struct {
+    fb_item *v;
+    int n, cap;
+} fb_items;
+
+static sl_status add(fb_items *it, sl_tensor *t, int out) {
     for (; t; t = t->view_src) {
         if (!staged(t)) continue;
         int i = 0;
-        while (i < *n && it[i].t != t) i++;
-        if (i < *n) {
-            it[i].out |= out;
+        while (i < it->n && it->v[i].t != t) i++;
+        if (i < it->n) {
+            it->v[i].out |= out;
             continue;
         }
-        if (*n == FB_MAX)
-            return sl_fail(SL_ERR_INTERNAL, "host fallback: node touches over %d tensors", FB_MAX);
         size_t bytes = span_bytes(t) + (t->op != SL_OP_NONE && t->op != SL_OP_VIEW ? t->aux_bytes : 0);
         if (!bytes) continue;
-        it[*n] = (fb_item){t, t->data, t->buffer_offs, t->buffer_offs + bytes, -1, out};
-        ++*n;
+        if (it->n == it->cap) {
+            fb_item *p = realloc(it->v, sizeof *p * (size_t)(it->cap = it->cap ? 2 * it->cap : 32));
+            if (!p) return sl_fail(SL_ERR_NOMEM, "host fallback: out of memory");
+            it->v = p;
+        }
+        it->v[it->n++] = (fb_item){t, t->data, t->buffer_offs, t->buffer_offs + bytes, -1, out};
     }
     return SL_OK;
 }
 
 /* t, its storage, and its sources to `depth` levels below FB_DEPTH */
-static sl_status gather(fb_item *it, int *n, sl_tensor *t, int depth) {
-    SL_TRY(add(it, n, t, depth == FB_DEPTH));
+static sl_status gather(fb_items *it, sl_tensor *t, int depth) {
+    SL_TRY(add(it, t, depth == FB_DEPTH));
     for (int s = 0; s < SL_MAX_SRC && depth > 0; s++)
-        if (t->src[s]) SL_TRY(gather(it, n, t->src[s], depth - 1));
+        if (t->src[s]) SL_TRY(gather(it, t->src[s], depth - 1));
     return SL_OK;
 }
 
@@ -125,11 +131,17 @@ sl_status sl_host_fallback(sl_backend *be, sl_tensor *t) {
                        be->name, sl_op_name(t->op), sl_dtype_name(t->dtype));
     warn_once(be, t);
     be->stats.fallback_nodes++;
-    fb_item it[FB_MAX];
-    fb_interval iv[FB_MAX];
-    int n = 0, niv = 0;
-    SL_TRY(gather(it, &n, t, FB_DEPTH));
-    qsort(it, (size_t)n, sizeof *it, by_buffer_lo);
+    fb_items items = {NULL, 0, 0};
+    sl_status st = gather(&items, t, FB_DEPTH);
+    fb_item *it = items.v;
+    int n = items.n, niv = 0;
+    fb_interval *iv = st == SL_OK && n ? malloc(sizeof *iv * (size_t)n) : NULL;
+    if (st == SL_OK && n && !iv) st = sl_fail(SL_ERR_NOMEM, "host fallback: out of memory");
+    if (st != SL_OK) {
+        free(it);
+        return st;
+    }
+    if (n) qsort(it, (size_t)n, sizeof *it, by_buffer_lo);
     for (int i = 0; i < n; i++) { /* merge overlapping extents of one buffer */
         fb_interval *last = niv ? &iv[niv - 1] : NULL;
         if (last && last->buf == it[i].t->buffer && it[i].lo < last->hi) {
@@ -139,7 +151,6 @@ sl_status sl_host_fallback(sl_backend *be, sl_tensor *t) {
         }
         it[i].iv = niv - 1;
     }
-    sl_status st = SL_OK;
     int ready = 0;
     for (; ready < niv && st == SL_OK; ready++) {
         fb_interval *v = &iv[ready];
@@ -165,5 +176,7 @@ sl_status sl_host_fallback(sl_backend *be, sl_tensor *t) {
         st = sl_backend_copy_in(v->buf, it[i].lo, v->host + (it[i].lo - v->lo), hi - it[i].lo);
     }
     for (int i = 0; i < ready; i++) free(iv[i].mem);
+    free(iv);
+    free(it);
     return st;
 }
