@@ -45,7 +45,7 @@ typedef struct {
 static const shape_tier k_tiers[] = {{"tiny", 2, 8, 32, 4, 2, 8, 48, 4},
                                      {"demo", 4, 64, 192, 6, 2, 32, 256, 8}};
 static int B, T, C, NH, NKV, HS, V, E;
-enum { MAXP = 6, N_CASES = 27 };
+enum { MAXP = 6, N_CASES = 28 };
 
 typedef struct {
     const char *name;
@@ -60,7 +60,8 @@ typedef struct {
  * refused there -> skipped */
 static int case_optional(const op_case *k) {
     return !strncmp(k->name, "moe-", 4) || !strcmp(k->name, "attention-window") ||
-           !strcmp(k->name, "matmul-f16") || !strcmp(k->name, "matmul-bf16");
+           !strcmp(k->name, "attention-eager-bf16-window") || !strcmp(k->name, "matmul-f16") ||
+           !strcmp(k->name, "matmul-bf16");
 }
 
 static sl_tensor *b_linear(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
@@ -132,6 +133,13 @@ static sl_tensor *b_att_h3(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
 static sl_tensor *b_att_h4(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
     (void)ids;
     return half_attention(c, p, 4);
+}
+/* with a sliding window (the Llama family's eager numerics: Mistral-style models under autocast) */
+static sl_tensor *b_att_h4_window(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
+    (void)ids;
+    sl_tensor *a = sl_attention_dropout(attention_case(c, p, T / 3 + 1), 0.1f, 9);
+    a->iparams[2] = 4;
+    return a;
 }
 /* RoPE with the numerics of a half model (Note [RoPE numerics]: 1 bf16, 2 f16: cos/sin, products and sums
  * rounded); a linear in front so the gradient reaches a parameter */
@@ -272,6 +280,7 @@ static void make_cases(void) {
         {"attention-half-f16", 2, {2, 2}, {{B * T, C}, {(NH + 2 * NKV) * HS, C}}, b_att_h2},
         {"attention-eager-f16", 2, {2, 2}, {{B * T, C}, {(NH + 2 * NKV) * HS, C}}, b_att_h3},
         {"attention-eager-bf16", 2, {2, 2}, {{B * T, C}, {(NH + 2 * NKV) * HS, C}}, b_att_h4},
+        {"attention-eager-bf16-window", 2, {2, 2}, {{B * T, C}, {(NH + 2 * NKV) * HS, C}}, b_att_h4_window},
         {"dropout-add-sp", 2, {2, 2}, {{B * T, C}, {C, C}}, b_dropout_add_sp},
         {"swiglu", 4, {2, 2, 2, 2}, {{B * T, C}, {2 * C, C}, {2 * C, C}, {C, 2 * C}}, b_swiglu},
         {"topk-gate", 3, {2, 2, 2}, {{B * T, C}, {E, C}, {E, C}}, b_topk},

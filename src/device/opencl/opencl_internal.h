@@ -29,36 +29,38 @@ typedef enum ocl_kernel_id {
     OK_GEMM_PACK_TA_B, /* gemm_reg.cl: the same three from bf16 operands (Note [OpenCL bf16 GEMM]) */
     OK_GEMM_PACK_TB_B,
     OK_GEMM_PACK_N_B,
-    OK_LAYERNORM,        /* norm.cl */
-    OK_LN_BACK_X,        /* norm.cl */
-    OK_LN_BACK_WB,       /* norm.cl */
-    OK_RMSNORM,          /* norm.cl */
-    OK_RMS_BACK_X,       /* norm.cl */
-    OK_RMS_BACK_W,       /* norm.cl */
-    OK_SOFTMAX,          /* norm.cl */
-    OK_SOFTMAX_BACK,     /* norm.cl */
-    OK_ATTN_FWD,         /* attention.cl */
-    OK_ATTN_BWD_DQ,      /* attention.cl */
-    OK_ATTN_BWD_DKV,     /* attention.cl */
-    OK_ATTN_KV,          /* attention.cl */
-    OK_EMBED,            /* loss.cl */
-    OK_EMBED_BACK,       /* loss.cl */
-    OK_CE_LSE,           /* loss.cl */
-    OK_CE_MEAN,          /* loss.cl */
-    OK_CE_BACK,          /* loss.cl */
-    OK_ROPE,             /* llama.cl */
-    OK_TOPK,             /* llama.cl */
-    OK_MOE_UP,           /* llama.cl */
-    OK_MOE_DOWN,         /* llama.cl */
-    OK_ADAMW,            /* optim.cl */
-    OK_SUMSQ,            /* optim.cl (needs cl_khr_fp64) */
-    OK_ATTN_HALF,        /* attention_half.cl (Note [OpenCL half attention]) */
-    OK_ATTN_HALF_BACK,   /* attention_half.cl */
-    OK_EMBED_SHARD,      /* loss.cl (Note [OpenCL tensor parallelism]) */
-    OK_EMBED_BACK_SHARD, /* loss.cl */
-    OK_CE_VP_STATS,      /* loss.cl */
-    OK_CE_VP,            /* loss.cl */
-    OK_DROPOUT,          /* dropout.cl (Note [OpenCL dropout], 0_common.cl) */
+    OK_LAYERNORM,         /* norm.cl */
+    OK_LN_BACK_X,         /* norm.cl */
+    OK_LN_BACK_WB,        /* norm.cl */
+    OK_RMSNORM,           /* norm.cl */
+    OK_RMS_BACK_X,        /* norm.cl */
+    OK_RMS_BACK_W,        /* norm.cl */
+    OK_SOFTMAX,           /* norm.cl */
+    OK_SOFTMAX_BACK,      /* norm.cl */
+    OK_ATTN_FWD,          /* attention.cl */
+    OK_ATTN_BWD_DQ,       /* attention.cl */
+    OK_ATTN_BWD_DKV,      /* attention.cl */
+    OK_ATTN_KV,           /* attention.cl */
+    OK_EMBED,             /* loss.cl */
+    OK_EMBED_BACK,        /* loss.cl */
+    OK_CE_LSE,            /* loss.cl */
+    OK_CE_MEAN,           /* loss.cl */
+    OK_CE_BACK,           /* loss.cl */
+    OK_ROPE,              /* llama.cl */
+    OK_TOPK,              /* llama.cl */
+    OK_MOE_UP,            /* llama.cl */
+    OK_MOE_DOWN,          /* llama.cl */
+    OK_ADAMW,             /* optim.cl */
+    OK_SUMSQ,             /* optim.cl (needs cl_khr_fp64) */
+    OK_ATTN_HALF,         /* attention_half.cl (Note [OpenCL half attention]) */
+    OK_ATTN_HALF_BACK_T,  /* attention_half.cl: K / V transposed, then */
+    OK_ATTN_HALF_BACK_Q,  /* dq, then */
+    OK_ATTN_HALF_BACK_KV, /* dk, dv */
+    OK_EMBED_SHARD,       /* loss.cl (Note [OpenCL tensor parallelism]) */
+    OK_EMBED_BACK_SHARD,  /* loss.cl */
+    OK_CE_VP_STATS,       /* loss.cl */
+    OK_CE_VP,             /* loss.cl */
+    OK_DROPOUT,           /* dropout.cl (Note [OpenCL dropout], 0_common.cl) */
     OK_COUNT
 } ocl_kernel_id;
 

@@ -251,18 +251,53 @@ static sl_status op_attention_back(sl_tensor *n) {
     REF(v, &rv);
     REF(g, &rg);
     cl_long4 gs = {{g->nb[0], g->nb[1], 0, 0}};
-    if (f->iparams[2]) { /* Note [OpenCL half attention]: a work-item per (b, kv head) */
+    if (f->iparams[2]) { /* Note [OpenCL half attention]: K / V transposed, query rows (dq), key rows (dk, dv)
+                          */
         cl_mem S;
-        SL_TRY(ocl_scratch(sizeof(float) * (size_t)(B * NKV) * (size_t)(3 * T + 2 * T * hs) + 4, &S));
-        ocl_call c = ocl_begin(OK_ATTN_HALF_BACK);
+        int64_t Tp = (T + 15) / 16 * 16 + 16; /* KT / VT rows: 16-key vectors from any key j <= T - 1 */
+        size_t rows = (size_t)(B * NH * T) * (size_t)(2 * T), kt = (size_t)(B * NKV * 2 * hs) * (size_t)Tp;
+        SL_TRY(ocl_scratch(sizeof(float) * (rows + kt) + 4, &S));
+        cl_long4 qs = strides4(q), ks = strides4(k), vs = strides4(v);
+        ocl_call c0 = ocl_begin(OK_ATTN_HALF_BACK_T);
+        ocl_ref_arg(&c0, rk);
+        ocl_arg(&c0, sizeof ks, &ks);
+        ocl_ref_arg(&c0, rv);
+        ocl_arg(&c0, sizeof vs, &vs);
+        ocl_long(&c0, T);
+        ocl_long(&c0, NKV);
+        ocl_long(&c0, hs);
+        ocl_long(&c0, Tp);
+        ocl_int(&c0, f->iparams[2]);
+        ocl_ref_arg(&c0, (ocl_ref){S, (int64_t)rows});
+        SL_TRY(ocl_run1(&c0, (size_t)(B * NKV * hs * Tp)));
+        ocl_call c = ocl_begin(OK_ATTN_HALF_BACK_Q);
         ocl_ref_arg(&c, o);
         ocl_ref_arg(&c, lse);
-        qkv_args(&c, rq, q, rk, k, rv, v);
+        ocl_ref_arg(&c, rq);
+        ocl_arg(&c, sizeof qs, &qs);
         ocl_ref_arg(&c, rg);
         ocl_arg(&c, sizeof gs, &gs);
         att_tail(&c, T, NH, NKV, hs, n->iparams[1], f, 0, 0);
         ocl_mem(&c, S);
-        return ocl_run1(&c, (size_t)(B * NKV));
+        ocl_long(&c, Tp);
+        ocl_long(&c, (int64_t)rows);
+        ocl_ref_arg(&c, rk);
+        ocl_arg(&c, sizeof ks, &ks);
+        SL_TRY(ocl_run1(&c, (size_t)(B * NH * T)));
+        ocl_call c2 = ocl_begin(OK_ATTN_HALF_BACK_KV);
+        ocl_ref_arg(&c2, o);
+        ocl_ref_arg(&c2, rq);
+        ocl_arg(&c2, sizeof qs, &qs);
+        ocl_ref_arg(&c2, rg);
+        ocl_arg(&c2, sizeof gs, &gs);
+        ocl_long(&c2, T);
+        ocl_long(&c2, NH);
+        ocl_long(&c2, NKV);
+        ocl_long(&c2, hs);
+        ocl_long(&c2, n->iparams[1]);
+        ocl_int(&c2, f->iparams[2]);
+        ocl_mem(&c2, S);
+        return ocl_run1(&c2, (size_t)(B * NKV * T));
     }
     cl_mem dsum;
     SL_TRY(ocl_scratch(sizeof(float) * (size_t)(B * NH * T > 0 ? B * NH * T : 1), &dsum));
