@@ -61,7 +61,8 @@ static sl_tensor *recompute_cast(sl_ctx *ctx, sl_tensor *x) {
  * Under bf16 autocast each Linear reads cast(w): forward casts the f32 weight into a bf16 copy and backward
  * casts it again (Note [Recomputed weight casts]), two passes that read 4 and write 2 bytes per parameter
  * for GEMMs that then read the copy. On GPT-2 124M at B4 T64 with AMX GEMMs those casts were 16 % of the
- * step. Where the backend says it can (caps.matmul_half_b: the CPU), the model builds the Linear as one
+ * step. Where the backend says it can (caps.matmul_half_b: the CPU; OpenCL's register GEMM, Note [OpenCL
+ * fused weight casts] in src/device/opencl/kernels/gemm_reg.cl), the model builds the Linear as one
  * MATMUL of the bf16 input and the f32 weight marked iparams[SL_MATMUL_IP_HALF_B] = SL_BF16
  * (sl_linear_half_w): the GEMM rounds the weight as it packs it (sl_gemm_bf16_f32b; the AMX and AVX512_BF16
  * packers read fp32 (Note [Fused weight casts on AVX512_BF16], gemm_avx512_bf16.inc), the other kernels

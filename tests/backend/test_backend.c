@@ -45,7 +45,7 @@ typedef struct {
 static const shape_tier k_tiers[] = {{"tiny", 2, 8, 32, 4, 2, 8, 48, 4},
                                      {"demo", 4, 64, 192, 6, 2, 32, 256, 8}};
 static int B, T, C, NH, NKV, HS, V, E;
-enum { MAXP = 6, N_CASES = 28 };
+enum { MAXP = 6, N_CASES = 29 };
 
 typedef struct {
     const char *name;
@@ -56,12 +56,13 @@ typedef struct {
     sl_tensor *(*build)(sl_ctx *ctx, sl_tensor **p, sl_tensor *ids);
 } op_case;
 /* cases of ops only some backends implement (the MoE ops: cpu and strict; sliding-window attention: not
- * every accelerator; f16 GEMMs: cpu, strict, opencl, cuda):
+ * every accelerator; f16 / bf16 GEMMs: cpu, strict, opencl, cuda; the fused weight cast:
+ * caps.matmul_half_b):
  * refused there -> skipped */
 static int case_optional(const op_case *k) {
     return !strncmp(k->name, "moe-", 4) || !strcmp(k->name, "attention-window") ||
            !strcmp(k->name, "attention-eager-bf16-window") || !strcmp(k->name, "matmul-f16") ||
-           !strcmp(k->name, "matmul-bf16");
+           !strncmp(k->name, "matmul-bf16", 11);
 }
 
 static sl_tensor *b_linear(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
@@ -211,6 +212,12 @@ static sl_tensor *b_bf16mm(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
     (void)ids;
     return sl_matmul(c, sl_cast(c, p[0], SL_BF16), sl_cast(c, p[1], SL_BF16), 0, 1);
 }
+/* the same Linear with the weight's cast fused into the GEMM (Note [Fused weight casts], src/ops/backward.c:
+ * backends with caps.matmul_half_b) and its output rounded to bf16 (Note [Rounded Linear outputs]) */
+static sl_tensor *b_bf16mm_fused(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
+    (void)ids;
+    return sl_linear_half_w_rounded(c, sl_cast(c, p[0], SL_BF16), p[1], NULL);
+}
 
 /* Trainable MoE: router (+ capacity), per-expert gather -> SwiGLU -> weighted combine, router losses
  * broadcast into the output. p: x (N, C), router (E, C), w1 / w3 (E*C, C), w2 (E*C, C) rows per expert. */
@@ -290,6 +297,7 @@ static void make_cases(void) {
         {"round-bf16", 2, {2, 2}, {{B * T, C}, {C, C}}, b_bf16},
         {"matmul-f16", 2, {2, 2}, {{B * T, C}, {C, C}}, b_f16},
         {"matmul-bf16", 2, {2, 2}, {{B * T, C}, {C + 3, C}}, b_bf16mm},
+        {"matmul-bf16-fused", 2, {2, 2}, {{B * T, C}, {C + 3, C}}, b_bf16mm_fused},
         {"moe-capacity",
          5,
          {2, 2, 2, 2, 2},
@@ -416,12 +424,14 @@ static sl_status run_case(sl_backend *be, const op_case *k, op_result *out) {
  *   noise, so bf16 training takes the same weight bar, and its gradient norm one bf16 ulp (2^-8).
  * - round-bf16: rounding to bf16 turns a last-digit f32 difference of an input into one bf16 ulp (2^-8
  *   relative) when the value sits at a rounding boundary; measured 5.6e-3 relative on 4 of 86016
- *   elements. Tolerance: 2^-7 relative for that case, and for matmul-bf16, whose weight gradient is rounded
- *   to bf16 in the GEMM (a different summation order lands on the other side of a rounding boundary). */
+ *   elements. Tolerance: 2^-7 relative for that case, and for matmul-bf16(-fused), whose weight gradient
+ *   (and the fused case's output) is rounded to bf16 in the GEMM (a different summation order lands on the
+ * other side of a rounding boundary). */
 static float case_rtol(const op_case *k) {
     if (g_rtol <= 0) return g_rtol;
     if (!strncmp(k->name, "attention-", 10)) return fmaxf(g_rtol, 1e-3f);
-    if (!strcmp(k->name, "round-bf16") || !strcmp(k->name, "matmul-bf16")) return fmaxf(g_rtol, 1.0f / 128);
+    if (!strcmp(k->name, "round-bf16") || !strncmp(k->name, "matmul-bf16", 11))
+        return fmaxf(g_rtol, 1.0f / 128);
     return g_rtol;
 }
 
@@ -448,14 +458,14 @@ static void test_ops(const shape_tier *tier) {
             /* Note [Conformance tolerances measured]: normwise atol, per-element rtol */
             TU_CHECK(tu_allclose(k->name, got.grads, ref.grads, got.n, (float)(g_rtol * gmax), case_rtol(k)),
                      "op %s (%s shapes) backward on %s", k->name, tier->name, g_be->name);
-            if (!strcmp(k->name, "matmul-bf16")) { /* the weight's gradient rounded in the GEMM: exact bf16 */
+            if (!strncmp(k->name, "matmul-bf16", 11)) { /* the weight's gradient rounded in the GEMM: bf16 */
                 int64_t off = (int64_t)B * T * C, odd = 0;
                 for (int64_t j = off; j < got.n; j++) {
                     uint32_t u;
                     memcpy(&u, &got.grads[j], 4);
                     odd += (u & 0xffffu) != 0;
                 }
-                TU_CHECK(odd == 0, "op matmul-bf16 on %s: %lld weight-gradient elements are not bf16 values",
+                TU_CHECK(odd == 0, "op %s on %s: %lld weight-gradient elements are not bf16 values", k->name,
                          g_be->name, (long long)odd);
             }
         }

@@ -11,7 +11,9 @@
  * bar, and two more the same with --bf16 and with --fp16 (autocast numerics: the bf16 GEMM and the eager half
  * attention) under 1e-3 per step: there the backends' last-digit f32 differences become whole bf16 / fp16
  * ulps at rounding boundaries. Measured 2026-12-07 (Intel Xeon, PoCL): opencl vs cpu bf16 2.1e-4 at worst,
- * fp16 2.6e-5; the CPU's own ISA paths in bf16, SUANLI_ISA=avx2 / scalar vs avx512, 1.3e-4 / 1.4e-4. Also:
+ * fp16 2.6e-5; the CPU's own ISA paths in bf16, SUANLI_ISA=avx2 / scalar vs avx512, 1.3e-4 / 1.4e-4. The
+ * opencl bf16 run with SUANLI_FUSED_WEIGHT_CAST=0 (CAST nodes instead of the GEMM's rounding of the f32
+ * weights, Note [OpenCL fused weight casts]) must end in the same weights bit for bit. Also:
  * `bench train --device opencl` reports its device; `opencl:N` names are parsed and bounds-checked. Exit 77
  * (skipped) when the library has no OpenCL backend or no OpenCL device is present. */
 #include <math.h>
@@ -431,6 +433,18 @@ int main(void) {
         int differs = 0;
         for (int st = 0; st < 30; st++) differs |= hloss[0][st] != dloss[0][st];
         TU_CHECK(differs, "%s: the cpu run's losses equal fp32's", half[h]);
+        if (h) continue;
+        /* Note [OpenCL fused weight casts]: the bf16 run again with the weight casts as CAST nodes ends in
+         * the same weights bit for bit */
+        setenv("SUANLI_FUSED_WEIGHT_CAST", "0", 1);
+        int rc = run("train --device opencl:0 --data-path %s/data " MODEL "%s --save %s/opencl_bf16_casts",
+                     dir, extra, dir);
+        unsetenv("SUANLI_FUSED_WEIGHT_CAST");
+        TU_CHECK(rc == 0, "train --device opencl --bf16 with cast nodes: %s", out);
+        char cmp[2048];
+        snprintf(cmp, sizeof cmp,
+                 "cmp -s %s/opencl_bf16/model.safetensors %s/opencl_bf16_casts/model.safetensors", dir, dir);
+        TU_CHECK(system(cmp) == 0, "--bf16 on opencl: fused weight casts change the trained weights");
     }
     test_dp(dir);
     test_moe(dir);

@@ -172,6 +172,8 @@ static sl_status init_device(void) {
     clGetDeviceInfo(d, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof g_ocl.max_wg, &g_ocl.max_wg, NULL);
     clGetDeviceInfo(d, CL_DEVICE_LOCAL_MEM_SIZE, sizeof g_ocl.local_mem, &g_ocl.local_mem, NULL);
     choose_tiles();
+    /* the register GEMM rounds an f32 weight into its bf16 panels (Note [OpenCL fused weight casts]) */
+    g_be.caps.matmul_half_b = g_ocl.gemm_kind == OCL_GEMM_REG;
     const char *pe = getenv("SUANLI_PROFILE");
     g_ocl.prof = pe && *pe && strcmp(pe, "0") != 0;
     cl_int err;

@@ -18,6 +18,7 @@ typedef enum ocl_kernel_id {
     OK_EWC,            /* elementwise.cl: contiguous k_ew (Note [OpenCL contiguous elementwise]) */
     OK_EWV,            /* elementwise.cl: contiguous, 16 per work-item (Note [OpenCL vector elementwise]) */
     OK_SUM_ROWS,       /* elementwise.cl: sum over leading rows of a contiguous tensor */
+    OK_SUM_ROWS_B,     /* elementwise.cl: the same from bf16 */
     OK_GEMM,           /* gemm.cl: tiled in local memory (GPU-type devices) */
     OK_GEMM_REG,       /* gemm_reg.cl: register-blocked, panels (CPU-type devices) */
     OK_GEMM_PACK_TA,   /* gemm_reg.cl: row-major A into MR-wide panels */
@@ -29,6 +30,8 @@ typedef enum ocl_kernel_id {
     OK_GEMM_PACK_TA_B, /* gemm_reg.cl: the same three from bf16 operands (Note [OpenCL bf16 GEMM]) */
     OK_GEMM_PACK_TB_B,
     OK_GEMM_PACK_N_B,
+    OK_GEMM_PACK_TB_R, /* gemm_reg.cl: f32 B rounded to bf16 as packed (Note [OpenCL fused weight casts]) */
+    OK_GEMM_PACK_N_R,
     OK_LAYERNORM,         /* norm.cl */
     OK_LN_BACK_X,         /* norm.cl */
     OK_LN_BACK_WB,        /* norm.cl */

@@ -143,15 +143,18 @@ static sl_status ew16(int op, ocl_ref o, cl_long8 nbo, ocl_ref a, cl_long8 nba, 
  * autocast GEMM) packs both operands into f32 panels (k_gemm_pack_*_h widen as they pack) and runs the
  * register-blocked kernel with f32 accumulation, as the CPU widens f16 for its GEMM. The tiled GEMM (GPU-
  * type devices) has no f16 path yet: there f16 MATMUL is refused by name. bf16 x bf16 MATMUL takes the same
- * path (k_gemm_pack_*_b), with the bf16 rounding of the product (Note [OpenCL bf16 GEMM], gemm_reg.cl). Not
- * done: the eager half attention and RoPE numerics (ATTENTION / ROPE iparams[2], the --fp16 / --bf16
- * paths), so half-precision training still stops there.
+ * path (k_gemm_pack_*_b), with the bf16 rounding of the product (Note [OpenCL bf16 GEMM], gemm_reg.cl), and
+ * so does a bf16 A with an f32 weight B rounded to bf16 as it is packed (Note [OpenCL fused weight casts]).
+ * The eager half attention and RoPE numerics (ATTENTION / ROPE iparams[2], the --fp16 / --bf16 paths) have
+ * kernels of their own (Note [OpenCL half attention], k_rope).
  *
  * Note [OpenCL supported ops]
  * The shared accelerator table (Note [Accelerator supported ops], src/device/accel_support.c: every f32 op of
  * GPT-2 / Llama-family training and KV-cache generation, sliding-window attention included; bf16 / f16
  * compute refused by name), with attention limited to head sizes whose tiles fit the device's local memory
  * (OCL_ATT_LOCAL, Note [OpenCL flash attention]). */
+static int sum_whole_rows(const sl_tensor *n); /* SUM_TO over whole rows (op_sum_to) */
+
 int ocl_supports(const sl_tensor *n) {
     const sl_tensor *a = n->src[0], *b = n->src[1];
     switch (n->op) {
@@ -166,12 +169,19 @@ int ocl_supports(const sl_tensor *n) {
         if ((n->dtype == SL_F16 && a->dtype == SL_F32) || (n->dtype == SL_F32 && a->dtype == SL_F16))
             return 1;
         return sl_accel_supports(n);
+    case SL_OP_SUM_TO: /* a bf16 source summed into f32 rows (the bias gradient of a fused-cast Linear) */
+        if (a->dtype == SL_BF16) return n->dtype == SL_F32 && sum_whole_rows(n);
+        return sl_accel_supports(n);
     case SL_OP_MATMUL: /* f16 x f16 and bf16 x bf16 -> f32 on the register-blocked GEMM, bf16 rounding of
                           the product there too (Note [OpenCL f16 storage], Note [OpenCL bf16 GEMM]) */
+        if (n->iparams[SL_MATMUL_IP_HALF_B] && (n->iparams[SL_MATMUL_IP_HALF_B] != SL_BF16 ||
+                                                a->dtype != SL_BF16 || b->dtype != SL_F32 || b->ndim != 2))
+            return 0; /* the fused weight cast: bf16 A, f32 B (Note [OpenCL fused weight casts]) */
         if (((a->dtype == SL_F16 && b->dtype == SL_F16) || (a->dtype == SL_BF16 && b->dtype == SL_BF16) ||
-             (a->dtype == SL_F32 && b->dtype == SL_F32 && n->iparams[SL_MATMUL_IP_ROUND] == SL_BF16)) &&
+             (a->dtype == SL_F32 && b->dtype == SL_F32 && n->iparams[SL_MATMUL_IP_ROUND] == SL_BF16) ||
+             n->iparams[SL_MATMUL_IP_HALF_B]) &&
             n->dtype == SL_F32 && (!n->src[2] || n->src[2]->dtype == SL_F32) &&
-            !n->iparams[SL_MATMUL_IP_HALF_B] && (a->dtype != SL_F16 || !n->iparams[SL_MATMUL_IP_ROUND]))
+            (a->dtype != SL_F16 || !n->iparams[SL_MATMUL_IP_ROUND]))
             return g_ocl.gemm_kind == OCL_GEMM_REG && a->ndim >= 2 && b->ndim >= 2 && n->ndim >= 2 &&
                    sl_accel_last_unit(a) && sl_accel_last_unit(b) && sl_accel_last_unit(n) &&
                    (!n->src[2] || sl_is_contiguous(n->src[2]));
@@ -286,19 +296,26 @@ static sl_status op_dropout(sl_tensor *n) {
     return ocl_run1(&c, (size_t)(nb * per));
 }
 
+/* SUM_TO with a contiguous source and n its trailing dims: a sum over whole rows */
+static int sum_whole_rows(const sl_tensor *n) {
+    ocl_it5 ia = ocl_it5_of(n->src[0]), io = ocl_it5_of(n);
+    int lead = 0;
+    while (lead < 5 && io.ne.s[lead] == 1) lead++;
+    int trailing = sl_is_contiguous(n->src[0]);
+    for (int d = lead; d < 5 && trailing; d++) trailing = io.ne.s[d] == ia.ne.s[d];
+    return trailing;
+}
+
 static sl_status op_sum_to(sl_tensor *n) {
     ocl_ref o, a;
     REF(n, &o);
     REF(n->src[0], &a);
     ocl_it5 ia = ocl_it5_of(n->src[0]), io = ocl_it5_of(n);
-    /* a contiguous, n its trailing dims: a sum over whole rows, in row order (the CPU's order) */
-    int lead = 0;
-    while (lead < 5 && io.ne.s[lead] == 1) lead++;
-    int trailing = sl_is_contiguous(n->src[0]);
-    for (int d = lead; d < 5 && trailing; d++) trailing = io.ne.s[d] == ia.ne.s[d];
-    if (trailing) {
+    /* a contiguous, n its trailing dims: a sum over whole rows, in row order (the CPU's order); a bf16 source
+     * (supports_op takes it only so) widened as it is read */
+    if (sum_whole_rows(n)) {
         int64_t P = sl_nelements(n);
-        ocl_call c = ocl_begin(OK_SUM_ROWS);
+        ocl_call c = ocl_begin(n->src[0]->dtype == SL_BF16 ? OK_SUM_ROWS_B : OK_SUM_ROWS);
         ocl_ref_arg(&c, o);
         ocl_ref_arg(&c, a);
         ocl_long(&c, P ? sl_nelements(n->src[0]) / P : 0);
@@ -373,11 +390,12 @@ static sl_status op_kv_store(sl_tensor *n) {
  * stored K-major (rows of X^T, k_gemm_pack_n), else row-major (k_gemm_pack_t*). Panels of batch element z
  * at P + po + z*pz. */
 static sl_status gemm_pack(ocl_ref r, int64_t ld, int kmajor, int rows, int K, int W, cl_mem P, int64_t po,
-                           int64_t pz, cl_long4 bne, cl_long4 bs, int64_t nz, sl_dtype dt) {
+                           int64_t pz, cl_long4 bne, cl_long4 bs, int64_t nz, sl_dtype dt, int rnd) {
     size_t panels = ((size_t)rows + (size_t)W - 1) / (size_t)W;
     ocl_kernel_id id = kmajor ? OK_GEMM_PACK_N : W == 32 ? OK_GEMM_PACK_TB : OK_GEMM_PACK_TA;
     if (dt == SL_F16) id = kmajor ? OK_GEMM_PACK_N_H : W == 32 ? OK_GEMM_PACK_TB_H : OK_GEMM_PACK_TA_H;
     if (dt == SL_BF16) id = kmajor ? OK_GEMM_PACK_N_B : W == 32 ? OK_GEMM_PACK_TB_B : OK_GEMM_PACK_TA_B;
+    if (rnd) id = kmajor ? OK_GEMM_PACK_N_R : OK_GEMM_PACK_TB_R; /* f32 B rounded to bf16 (W == 32) */
     ocl_call c = ocl_begin(id);
     ocl_int(&c, rows);
     ocl_int(&c, K);
@@ -405,7 +423,7 @@ static cl_long4 flat_bs(cl_long4 bne, int64_t per) {
  * MG m-tiles fell into 4-8 of the 64 L1 sets (Note [OpenCL GEMM packing]). */
 static sl_status gemm_reg(int M, int N, int K, ocl_ref ra, int64_t lda, int tA, ocl_ref rb, int64_t ldb,
                           int tB, ocl_ref rc, int64_t ldc, int beta1, const ocl_ref *rbias, cl_long4 bne,
-                          cl_long4 bsa, cl_long4 bsb, cl_long4 bsc, sl_dtype dt, int round) {
+                          cl_long4 bsa, cl_long4 bsb, cl_long4 bsc, sl_dtype dt, int half_b, int round) {
     const int MR = g_ocl.gemm_mr;
     int64_t nz = bne.s[0] * bne.s[1] * bne.s[2];
     int64_t Mp = ((int64_t)M + MR - 1) / MR * MR, Np = ((int64_t)N + 31) / 32 * 32;
@@ -416,8 +434,9 @@ static sl_status gemm_reg(int M, int N, int K, ocl_ref ra, int64_t lda, int tA, 
     int64_t cpn = K > g_ocl.gemm_kc ? nz * Mp * cpp * 32 : 0;
     cl_mem P;
     SL_TRY(ocl_scratch(sizeof(float) * (size_t)(nz * (pa + pb) + cpn + 1), &P)); /* + 1: never empty (K 0) */
-    SL_TRY(gemm_pack(ra, lda, tA, M, K, MR, P, 0, pa, bne, bsa, nz, dt));
-    SL_TRY(gemm_pack(rb, ldb, !tB, N, K, 32, P, nz * pa, pb, bne, bsb, nz, dt));
+    SL_TRY(gemm_pack(ra, lda, tA, M, K, MR, P, 0, pa, bne, bsa, nz, dt, 0));
+    /* half_b: an f32 B rounded to bf16 in its panels (Note [OpenCL fused weight casts], gemm_reg.cl) */
+    SL_TRY(gemm_pack(rb, ldb, !tB, N, K, 32, P, nz * pa, pb, bne, bsb, nz, half_b ? SL_F32 : dt, half_b));
     /* element (i, k) of A's panel p at A + p*a_pan + k*a_k + i; (k, j) of B's panel q at B + q*b_pan + k*b_k
      * + j */
     ra = (ocl_ref){P, 0}, rb = (ocl_ref){P, nz * pa};
@@ -494,6 +513,7 @@ sl_status ocl_op_matmul(sl_tensor *n) {
     if (g_ocl.gemm_kind == OCL_GEMM_REG)
         return gemm_reg((int)M, (int)N, (int)K, ra, lda, tA, rb, ldb, tB, rc, ldc, n->iparams[2] == 1,
                         bias ? &rbias : NULL, bne, bsa, bsb, bsc, a->dtype,
+                        n->iparams[SL_MATMUL_IP_HALF_B] == SL_BF16,
                         n->iparams[SL_MATMUL_IP_ROUND] == SL_BF16);
     ocl_call c = ocl_begin(OK_GEMM);
     ocl_int(&c, (int)M);

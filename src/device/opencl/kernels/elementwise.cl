@@ -182,6 +182,14 @@ kernel void k_sum_rows(global float *o, long oo, global const float *a, long ao,
     for (long r = 0; r < R; r++) acc += a[ao + r * P + i];
     o[oo + i] = acc;
 }
+/* the same over a bf16 a, each value widened exactly (the bias gradient of a Linear whose output is rounded
+ * to bf16: Note [Rounded Linear outputs] in src/device/cpu/kernels/gemm.c, sl_sum_to in src/ops/build.c) */
+kernel void k_sum_rows_b(global float *o, long oo, global const ushort *a, long ao, long R, long P) {
+    long i = get_global_id(0);
+    float acc = 0.0f;
+    for (long r = 0; r < R; r++) acc += as_float((uint)a[ao + r * P + i] << 16);
+    o[oo + i] = acc;
+}
 
 /* round to nearest even, quiet NaN (sl_f32_to_bf16 in suanli/base.h) */
 inline ushort to_bf16(float f) {

@@ -59,6 +59,11 @@ inline float16 bf16_16(long i, global const ushort *p) {
 }
 GEMM_PACK_T(k_gemm_pack_ta_b, MR, ushort, bf16_16, bf16_1)
 GEMM_PACK_T(k_gemm_pack_tb_b, 32, ushort, bf16_16, bf16_1)
+/* f32 weights rounded to bf16 as they are packed (Note [OpenCL fused weight casts]): B only, width 32 */
+#define RBF16_1(i, p) rbf16((p)[i])
+#define RBF16_8(i, p) rbf16_16((float16)(vload8(i, p), (float8)(0.0f))).lo
+#define RBF16_16(i, p) rbf16_16(vload16(i, p))
+GEMM_PACK_T(k_gemm_pack_tb_r, 32, float, RBF16_16, RBF16_1)
 
 /* Pack a k-major matrix S (K x cols, leading dim ld) into panels of W columns:
  * P[(p*K + k)*W + r] = S[k*ld + p*W + r] (0 beyond cols). One work-item per (panel, 16 rows of k): a
@@ -88,13 +93,23 @@ GEMM_PACK_T(k_gemm_pack_tb_b, 32, ushort, bf16_16, bf16_1)
 GEMM_PACK_N(k_gemm_pack_n, float, LOAD_F32, vload8, vload16)
 GEMM_PACK_N(k_gemm_pack_n_h, half, vload_half, vload_half8, vload_half16)
 GEMM_PACK_N(k_gemm_pack_n_b, ushort, bf16_1, bf16_8, bf16_16)
+GEMM_PACK_N(k_gemm_pack_n_r, float, RBF16_1, RBF16_8, RBF16_16)
 
 /* Note [OpenCL bf16 GEMM]
  * bf16 x bf16 -> f32 (the bf16 autocast Linear) widens both operands exactly into the f32 panels as they are
  * packed, as the f16 path does, and sums in f32. round = 1 (MATMUL iparams[SL_MATMUL_IP_ROUND] = bf16:
  * rounded Linear outputs and weight gradients) rounds each element of the product, with its bias, to bf16
  * before it is stored or accumulated, exactly as sl_f32_to_bf16 (round to nearest even; a NaN keeps its
- * high half with the quiet bit set), the CPU's rounding (rbf16 / rbf16_16 in 0_common.cl). */
+ * high half with the quiet bit set), the CPU's rounding (rbf16 / rbf16_16 in 0_common.cl).
+ *
+ * Note [OpenCL fused weight casts]
+ * A MATMUL marked iparams[SL_MATMUL_IP_HALF_B] = bf16 (a bf16 A and an f32 weight B: Note [Fused weight casts]
+ * in src/ops/backward.c, built where caps.matmul_half_b, which this backend sets with the register GEMM)
+ * rounds B to bf16 as it packs B's panels (k_gemm_pack_tb_r / k_gemm_pack_n_r, rbf16: the CAST kernel's
+ * rounding, NaN included). The panels then hold exactly what a CAST to bf16 followed by the bf16 packer
+ * (an exact widening) put there, and the GEMM itself is unchanged, so the product is bitwise that of the
+ * cast node and the bf16 x bf16 GEMM, without the cast's pass over the weights (4 bytes read, 2 written per
+ * parameter, twice a step: forward, and the recomputed cast of the backward). */
 
 /* One work-item: B's panel nb against MG consecutive A panels (m-blocks g*MG ...), K in blocks of
  * KC: within a k-block the 32 x KC slice of B's panel (32 KiB at KC 256) stays in L1 across the MG
