@@ -56,7 +56,7 @@ typedef enum ocl_kernel_id {
     OK_ADAMW,             /* optim.cl */
     OK_SUMSQ,             /* optim.cl (needs cl_khr_fp64) */
     OK_ATTN_HALF,         /* attention_half.cl (Note [OpenCL half attention]) */
-    OK_ATTN_HALF_BACK_T,  /* attention_half.cl: K / V transposed, then */
+    OK_ATTN_HALF_KT,      /* attention_half.cl: K / V transposed (forward and backward) */
     OK_ATTN_HALF_BACK_Q,  /* dq, then */
     OK_ATTN_HALF_BACK_KV, /* dk, dv */
     OK_EMBED_SHARD,       /* loss.cl (Note [OpenCL tensor parallelism]) */

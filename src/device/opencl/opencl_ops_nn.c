@@ -212,6 +212,26 @@ static sl_status att_run(ocl_call *c, int64_t T, int64_t heads, int64_t B) {
     return ocl_run(c, 3, global, local);
 }
 
+/* Note [OpenCL half attention]: KT / VT (k_attention_half_kt) in scratch S at kto, rows of Tp floats */
+static int64_t half_tp(int64_t T) { return (T + 15) / 16 * 16 + 16; } /* 16-key vectors from any j < T */
+static sl_status half_kt(ocl_ref rk, const sl_tensor *k, ocl_ref rv, const sl_tensor *v, int64_t B, int64_t T,
+                         int64_t NKV, int64_t hs, int hm, cl_mem S, int64_t kto) {
+    cl_long4 ks = strides4(k), vs = strides4(v);
+    int64_t Tp = half_tp(T);
+    ocl_call c = ocl_begin(OK_ATTN_HALF_KT);
+    ocl_ref_arg(&c, rk);
+    ocl_arg(&c, sizeof ks, &ks);
+    ocl_ref_arg(&c, rv);
+    ocl_arg(&c, sizeof vs, &vs);
+    ocl_long(&c, T);
+    ocl_long(&c, NKV);
+    ocl_long(&c, hs);
+    ocl_long(&c, Tp);
+    ocl_int(&c, hm);
+    ocl_ref_arg(&c, (ocl_ref){S, kto});
+    return ocl_run1(&c, (size_t)(B * NKV * hs * Tp));
+}
+
 static sl_status op_attention(sl_tensor *n) {
     const sl_tensor *q = n->src[0], *k = n->src[1], *v = n->src[2];
     int64_t B = q->ne[0], T = q->ne[1], NH = q->ne[2], hs = q->ne[3], NKV = k->ne[2];
@@ -221,15 +241,20 @@ static sl_status op_attention(sl_tensor *n) {
     REF(q, &rq);
     REF(k, &rk);
     REF(v, &rv);
-    if (n->iparams[2]) { /* Note [OpenCL half attention]: a work-item per query row */
+    if (n->iparams[2]) { /* Note [OpenCL half attention]: K / V transposed, then a work-item per query row */
         cl_mem P;
-        SL_TRY(ocl_scratch(sizeof(float) * (size_t)(B * NH * T) * (size_t)(2 * T) + 4, &P));
+        size_t rows = (size_t)(B * NH * T) * (size_t)(2 * T),
+               kt = (size_t)(B * NKV * 2 * hs) * (size_t)half_tp(T);
+        SL_TRY(ocl_scratch(sizeof(float) * (rows + kt) + 4, &P));
+        SL_TRY(half_kt(rk, k, rv, v, B, T, NKV, hs, (int)n->iparams[2], P, (int64_t)rows));
         ocl_call c = ocl_begin(OK_ATTN_HALF);
         ocl_ref_arg(&c, o);
         ocl_ref_arg(&c, lse);
         qkv_args(&c, rq, q, rk, k, rv, v);
         att_tail(&c, T, NH, NKV, hs, n->iparams[1], n, 0, 0);
         ocl_mem(&c, P);
+        ocl_long(&c, half_tp(T));
+        ocl_long(&c, (int64_t)rows);
         return ocl_run1(&c, (size_t)(B * NH * T));
     }
     ocl_call c = ocl_begin(OK_ATTN_FWD);
@@ -251,25 +276,13 @@ static sl_status op_attention_back(sl_tensor *n) {
     REF(v, &rv);
     REF(g, &rg);
     cl_long4 gs = {{g->nb[0], g->nb[1], 0, 0}};
-    if (f->iparams[2]) { /* Note [OpenCL half attention]: K / V transposed, query rows (dq), key rows (dk, dv)
-                          */
+    if (f->iparams[2]) { /* Note [OpenCL half attention]: K / V transposed, query rows, key rows */
         cl_mem S;
-        int64_t Tp = (T + 15) / 16 * 16 + 16; /* KT / VT rows: 16-key vectors from any key j <= T - 1 */
+        int64_t Tp = half_tp(T);
         size_t rows = (size_t)(B * NH * T) * (size_t)(2 * T), kt = (size_t)(B * NKV * 2 * hs) * (size_t)Tp;
         SL_TRY(ocl_scratch(sizeof(float) * (rows + kt) + 4, &S));
-        cl_long4 qs = strides4(q), ks = strides4(k), vs = strides4(v);
-        ocl_call c0 = ocl_begin(OK_ATTN_HALF_BACK_T);
-        ocl_ref_arg(&c0, rk);
-        ocl_arg(&c0, sizeof ks, &ks);
-        ocl_ref_arg(&c0, rv);
-        ocl_arg(&c0, sizeof vs, &vs);
-        ocl_long(&c0, T);
-        ocl_long(&c0, NKV);
-        ocl_long(&c0, hs);
-        ocl_long(&c0, Tp);
-        ocl_int(&c0, f->iparams[2]);
-        ocl_ref_arg(&c0, (ocl_ref){S, (int64_t)rows});
-        SL_TRY(ocl_run1(&c0, (size_t)(B * NKV * hs * Tp)));
+        cl_long4 qs = strides4(q), ks = strides4(k);
+        SL_TRY(half_kt(rk, k, rv, v, B, T, NKV, hs, (int)f->iparams[2], S, (int64_t)rows));
         ocl_call c = ocl_begin(OK_ATTN_HALF_BACK_Q);
         ocl_ref_arg(&c, o);
         ocl_ref_arg(&c, lse);

@@ -17,7 +17,11 @@
  * their order are the reference's, so the results are the CPU's bit for bit. Dropout of the probabilities
  * as in attention.cl (Note [OpenCL dropout]; the multipliers are drawn again where a pass needs them). The
  * parallelism is B NH T rows forward and B NH T + B NKV T items backward (it was one work-item per
- * (b, kv head) backward: 12 % of the GPT-2 124M bf16 step on PoCL, docs/BENCHMARKS.md). */
+ * (b, kv head) backward: 12 % of the GPT-2 124M bf16 step on PoCL, docs/BENCHMARKS.md). Within a
+ * work-item the sums run in 16 vector lanes where each lane is one of the reference's sums: the scores for
+ * 16 keys at once from a transposed copy of K (k_attention_half_kt; a lane per key, its sum over d in order),
+ * the output, dq, dk and dv for 16 elements d at once (a lane per element, its sum over keys or query rows
+ * in order), with the scalar loop for a head size's last hs % 16 elements. */
 #pragma OPENCL FP_CONTRACT OFF
 
 inline float hround(float x, int mode) { return mode == 2 || mode == 3 ? rf16(x) : mode ? rbf16(x) : x; }
@@ -38,50 +42,6 @@ inline float alog(float x) {
 }
 inline long jfirst(long t, long win) { return win > 0 && t - win + 1 > 0 ? t - win + 1 : 0; }
 
-/* global (B NH T); P: 2 T floats per row (probabilities, dropout multipliers) */
-kernel void k_attention_half(global float *out, long oo, global float *lse, long lo, global const float *q, long qo,
-                             long4 qs, global const float *k, long ko, long4 ks, global const float *v, long vo,
-                             long4 vs, long T, long NH, long NKV, long hs, long win, float scale, int hm, int drop,
-                             ulong dseed, ulong dhi, uint thr, float keep, long heads, long head0,
-                             global float *P) {
-    long idx = get_global_id(0);
-    long t = idx % T, h = (idx / T) % NH, b = idx / (T * NH), kh = h / (NH / NKV);
-    global const float *qr = q + qo + b * qs.s0 + t * qs.s1 + h * qs.s2;
-    global float *p = P + idx * 2 * T, *mk = p + T;
-    float mx = -INFINITY;
-    long j0 = jfirst(t, win);
-    for (long j = j0; j <= t; j++) {
-        global const float *kr = k + ko + b * ks.s0 + j * ks.s1 + kh * ks.s2;
-        float s = 0;
-        for (long d = 0; d < hs; d++) s += qr[d] * (p32(hm) ? hround(kr[d], hm) : kr[d]);
-        s = hround(hround(s, hm) * scale, hm);
-        p[j] = s;
-        if (s > mx) mx = s;
-    }
-    float sum = 0;
-    for (long j = j0; j <= t; j++) {
-        p[j] = aexp(p[j] - mx);
-        sum += p[j];
-    }
-    float inv = 1.0f / sum;
-    for (long j = j0; j <= t; j++) p[j] = hround(p[j] * inv, hm);
-    lse[lo + (b * NH + h) * T + t] = mx + alog(sum);
-    if (drop) {
-        drop_cache dc;
-        dc.valid = 0;
-        ulong eb = (ulong)(((b * heads + head0 + h) * T + t) * T);
-        for (long j = 0; j <= t; j++) mk[j] = drop_at(&dc, dseed, dhi, eb + (ulong)j, thr, keep);
-    }
-    global float *o = out + oo + (b * T + t) * NH * hs + h * hs;
-    for (long d = 0; d < hs; d++) o[d] = 0;
-    for (long j = j0; j <= t; j++) {
-        global const float *vr = v + vo + b * vs.s0 + j * vs.s1 + kh * vs.s2;
-        float pj = drop ? p[j] * mk[j] : p[j];
-        for (long d = 0; d < hs; d++) o[d] += pj * vr[d];
-    }
-    for (long d = 0; d < hs; d++) o[d] = hround(o[d], hm);
-}
-
 /* hround in 16 lanes: each lane exactly hround of its value */
 inline float16 hround16(float16 x, int mode) {
     if (mode == 2 || mode == 3) {
@@ -92,10 +52,11 @@ inline float16 hround16(float16 x, int mode) {
     return mode ? rbf16_16(x) : x;
 }
 
-/* Backward, pass 0 of 3: per (b, kv head), the keys transposed and rounded where the scores read them rounded
- * (KT[d][j] = k[j][d], rounded in modes 3 / 4) and the values transposed (VT[d][j]), rows of Tp (T rounded up
- * to 16, zero padded) floats, so pass 1 reads 16 keys' elements d as one vector. global (B NKV hs Tp). */
-kernel void k_attention_half_back_t(global const float *k, long ko, long4 ks, global const float *v, long vo,
+/* Per (b, kv head), the keys transposed and rounded where the scores read them rounded (KT[d][j] = k[j][d],
+ * rounded in modes 3 / 4) and the values transposed (VT[d][j]), rows of Tp (T rounded up to 16, plus 16)
+ * floats, zero padded, so the score loops read 16 keys' elements d as one vector from any key j < T (the
+ * forward and backward pass 1). global (B NKV hs Tp). */
+kernel void k_attention_half_kt(global const float *k, long ko, long4 ks, global const float *v, long vo,
                                     long4 vs, long T, long NKV, long hs, long Tp, int hm, global float *KT,
                                     long kto) {
     long idx = get_global_id(0);
@@ -111,7 +72,62 @@ kernel void k_attention_half_back_t(global const float *k, long ko, long4 ks, gl
     vt[d * Tp + j] = vv;
 }
 
-/* Backward, pass 1 of 3: out (B, T, NH + 2 NKV, hs) = dq | dk | dv; this pass writes dq. global (B NH T): one
+/* global (B NH T); P: 2 T floats per row (probabilities, dropout multipliers), then KT / VT at kto. The scores
+ * run for 16 keys at once (a lane per key, each lane's sum over d in the reference's order, from KT), the output for
+ * 16 elements d at once (a lane per element, each a sum over keys in increasing j). */
+kernel void k_attention_half(global float *out, long oo, global float *lse, long lo, global const float *q, long qo,
+                             long4 qs, global const float *k, long ko, long4 ks, global const float *v, long vo,
+                             long4 vs, long T, long NH, long NKV, long hs, long win, float scale, int hm, int drop,
+                             ulong dseed, ulong dhi, uint thr, float keep, long heads, long head0,
+                             global float *P, long Tp, long kto) {
+    long idx = get_global_id(0);
+    long t = idx % T, h = (idx / T) % NH, b = idx / (T * NH), kh = h / (NH / NKV);
+    global const float *qr = q + qo + b * qs.s0 + t * qs.s1 + h * qs.s2;
+    global const float *kt = P + kto + (b * NKV + kh) * 2 * hs * Tp;
+    global float *p = P + idx * 2 * T, *mk = p + T;
+    float mx = -INFINITY;
+    long j0 = jfirst(t, win);
+    for (long jb = j0; jb <= t; jb += 16) {
+        float16 s16 = (float16)(0.0f);
+        for (long d = 0; d < hs; d++) s16 += qr[d] * vload16(0, kt + d * Tp + jb);
+        float sv[16];
+        vstore16(s16, 0, sv);
+        for (long j = jb; j <= t && j < jb + 16; j++) {
+            float s = hround(hround(sv[j - jb], hm) * scale, hm);
+            p[j] = s;
+            if (s > mx) mx = s;
+        }
+    }
+    float sum = 0;
+    for (long j = j0; j <= t; j++) {
+        p[j] = aexp(p[j] - mx);
+        sum += p[j];
+    }
+    float inv = 1.0f / sum;
+    for (long j = j0; j <= t; j++) p[j] = hround(p[j] * inv, hm);
+    lse[lo + (b * NH + h) * T + t] = mx + alog(sum);
+    if (drop) {
+        drop_cache dc;
+        dc.valid = 0;
+        ulong eb = (ulong)(((b * heads + head0 + h) * T + t) * T);
+        for (long j = 0; j <= t; j++) mk[j] = drop_at(&dc, dseed, dhi, eb + (ulong)j, thr, keep);
+        for (long j = j0; j <= t; j++) p[j] *= mk[j]; /* the P v multipliers */
+    }
+    global float *o = out + oo + (b * T + t) * NH * hs + h * hs;
+    long d0 = 0;
+    for (; d0 + 16 <= hs; d0 += 16) {
+        float16 a = (float16)(0.0f);
+        for (long j = j0; j <= t; j++) a += p[j] * vload16(0, v + vo + b * vs.s0 + j * vs.s1 + kh * vs.s2 + d0);
+        vstore16(hround16(a, hm), 0, o + d0);
+    }
+    for (long d = d0; d < hs; d++) {
+        float a = 0;
+        for (long j = j0; j <= t; j++) a += p[j] * v[vo + b * vs.s0 + j * vs.s1 + kh * vs.s2 + d];
+        o[d] = hround(a, hm);
+    }
+}
+
+/* Backward, pass 1 of 2 (after k_attention_half_kt): out (B, T, NH + 2 NKV, hs) = dq | dk | dv; this pass writes dq. global (B NH T): one
  * work-item per query row (b, h, t), as the reference's inner loop over t: its p, dp, dot and dq row, then
  * its row of R (2 T floats: ds[j], the P v multiplier pj[j]) for pass 2. The scores' dot products run for
  * 16 keys at once (a lane per key, each lane's sum over d in the reference's order, from KT / VT), dq for
@@ -186,7 +202,7 @@ kernel void k_attention_half_back_q(global float *out, long oo, global const flo
         DV = RND(DV + RND(HV, hm), hm);                                                                      \
     } while (0)
 
-/* Backward, pass 2 of 3: dk | dv. global (B NKV T): one work-item per key row (b, kv head, j), which owns that
+/* Backward, pass 2 of 2: dk | dv. global (B NKV T): one work-item per key row (b, kv head, j), which owns that
  * row of the group's dk / dv. For each query head h of the group in order, the head's dk[j] / dv[j] sum over
  * the query rows t >= j that see key j, in increasing t (the reference's order), 16 elements d at once, and
  * are then rounded into the group's sums as the reference does. */
