@@ -212,7 +212,10 @@ static sl_status att_run(ocl_call *c, int64_t T, int64_t heads, int64_t B) {
     return ocl_run(c, 3, global, local);
 }
 
-/* Note [OpenCL half attention]: KT / VT (k_attention_half_kt) in scratch S at kto, rows of Tp floats */
+/* Note [OpenCL half attention]: KT / VT (k_attention_half_kt) in scratch S at kto, rows of Tp floats. The
+ * scratch before them is the forward's P rows (B NH T x 2 T floats), and the backward's ds / P-v rows are the
+ * same size, so the backward needs no more scratch than the forward (the old per-(b, kv head) backward took
+ * B NKV (3 T + 2 T hs) floats) */
 static int64_t half_tp(int64_t T) { return (T + 15) / 16 * 16 + 16; } /* 16-key vectors from any j < T */
 static sl_status half_kt(ocl_ref rk, const sl_tensor *k, ocl_ref rv, const sl_tensor *v, int64_t B, int64_t T,
                          int64_t NKV, int64_t hs, int hm, cl_mem S, int64_t kto) {
