@@ -142,11 +142,41 @@ typedef struct {
     sl_comm *lc;
     int me;
     int nowrite; /* lock step, but dest lives on another host: take part in every agreement, write nothing */
+    char xfer[1024]; /* the first read that failed because the transfer did (Note [Transfer failures]) */
 } ctx;
 
 /* a failure of the hosts' communication (a lost peer, a passed deadline), which a restart can cure: Note
  * [Peer failures in a pooled restore] */
 static int peer_failure(sl_status st) { return st == SL_ERR_PEER || st == SL_ERR_TIMEOUT; }
+
+/* Note [Transfer failures]
+ * Over the leaders' communicator a file of another host arrives by a transfer (read_host, the streams of
+ * pool_comm.c). A read that failed because the transfer did (the peer host unreachable, the connection
+ * reset, a piece cut short, a deadline passed) was folded into the same reasons as a file that is not there
+ * ("no host holds a readable manifest.json", "no intact copy of ..."): `suanli ckpt inspect` reported data
+ * missing, and `verify` / `gather` ended with the exit status of missing or damaged data. A communicator
+ * that failed stays failed (sl_comm_async_error), so a failed read is a transfer failure exactly when the
+ * communicator is in error afterwards: xfer_failed keeps the first one's reason (it names the host, and the
+ * communicator's message names the peer rank, which on the leaders' communicator is the host, and with TCP
+ * its address) and the read ends at once with SL_ERR_PEER (xfer_status), which the callers keep as it is and
+ * `suanli ckpt` reports with its own exit status (src/cli/cmd_ckpt.c). Tests: tests/fault/test_ckpt_pool.c
+ * (test_tools_peer: SUANLI_FAULT_RESTORE_EXIT / _STALL under `suanli ckpt`). */
+static int xfer_failed(ctx *c, const char *why) {
+    if (!c->lc || sl_comm_async_error(c->lc) == SL_OK) return 0;
+    if (!c->xfer[0]) snprintf(c->xfer, sizeof c->xfer, "%s", why);
+    return 1;
+}
+
+static sl_status xfer_status(ctx *c) { return sl_fail(SL_ERR_PEER, "%s", c->xfer); }
+
+/* a read of root's step that failed with the hosts' communication (msg: why), as inspect, verify, gather
+ * and the restore report it */
+static sl_status peer_lost(const char *root, const char *step_name, const char *msg) {
+    return sl_fail(SL_ERR_PEER,
+                   "%s: %s: a peer host was lost or missed the deadline (not missing or damaged "
+                   "data): %s",
+                   root, step_name, msg);
+}
 
 /* Lock step: every host's leader learns whether any of them failed at a local step (writing its restore
  * copy), so that all leave the assembly together; the status to go on with (a peer failure elsewhere stays
@@ -235,9 +265,11 @@ static int read_host(ctx *c, int h, const char *name, size_t want, char **buf, s
         if (b) b[m.n] = 0;
     }
     int32_t lack = b == NULL, any = 0; /* a leader without the memory: nobody sends, all report it */
-    if (sl_comm_all_reduce(c->lc, &lack, &any, 1, SL_COMM_I32, SL_COMM_MAX) != SL_OK || any) {
-        snprintf(why, wcap, "host %d: %s: %s", h, name,
-                 any ? "a host has no memory to receive it" : "transfer failed");
+    sl_status rs = sl_comm_all_reduce(c->lc, &lack, &any, 1, SL_COMM_I32, SL_COMM_MAX);
+    if (rs != SL_OK || any) {
+        snprintf(why, wcap, "host %d: %s: %s%s", h, name,
+                 rs != SL_OK ? "transfer failed: " : "a host has no memory to receive it",
+                 rs != SL_OK ? sl_errmsg() : "");
         free(b);
         return 0;
     }
@@ -293,6 +325,7 @@ static sl_status stream_replica(ctx *c, const char *file, cJSON *copies, size_t 
         }
         if (!ok) {
             if (linked) unlink(dest);
+            if (xfer_failed(c, one)) return xfer_status(c); /* not a missing copy: Note [Transfer failures] */
             note(c, "    %s copy on host %d: %s\n", file, hh,
                  strstr(one, "checksum mismatch") ? "checksum mismatch" : strchr(one, ':') + 2);
             snprintf(why + strlen(why), sizeof why - strlen(why), "%s%s", why[0] ? "; " : "", one);
@@ -736,9 +769,11 @@ static sl_status stream_ec(ctx *c, const char *file, cJSON *o, size_t size, cons
         e->np = (int64_t)((e->bs + e->piece - 1) / e->piece);
         int32_t lack = 0, any = 0;
         for (int i = 0; i < e->n; i++) lack |= !(e->pb[i] = sl_malloc_aligned_to(e->piece, EC_ALIGN));
-        if (sl_comm_all_reduce(c->lc, &lack, &any, 1, SL_COMM_I32, SL_COMM_MAX) != SL_OK || any)
-            st = sl_fail(any ? SL_ERR_NOMEM : SL_ERR_PEER, "%s: %s: %s", c->step_name, file,
-                         any ? "a host has no memory for the restore's pieces" : "transfer failed");
+        sl_status rs = sl_comm_all_reduce(c->lc, &lack, &any, 1, SL_COMM_I32, SL_COMM_MAX);
+        if (rs != SL_OK || any)
+            st = sl_fail(rs != SL_OK ? SL_ERR_PEER : SL_ERR_NOMEM, "%s: %s: %s%s", c->step_name, file,
+                         rs != SL_OK ? "transfer failed: " : "a host has no memory for the restore's pieces",
+                         rs != SL_OK ? sl_errmsg() : "");
     }
     int writing = dest && !c->nowrite, survey = c->report != NULL, have = 0, redo = 0;
     *wst = SL_OK;
@@ -788,7 +823,10 @@ static sl_status step_manifest(ctx *c, int scan, cJSON **man, char **text, char 
         char *t, why[600];
         size_t n;
         snprintf(path, sizeof path, "%s/host-%d/%s/manifest.json", c->root, h, c->step_name);
-        if (!read_host(c, h, "manifest.json", SIZE_MAX, &t, &n, why, sizeof why)) continue;
+        if (!read_host(c, h, "manifest.json", SIZE_MAX, &t, &n, why, sizeof why)) {
+            if (xfer_failed(c, why)) return xfer_status(c); /* Note [Transfer failures] */
+            continue;
+        }
         cJSON *j = cJSON_ParseWithLength(t, n);
         cJSON *fmt = cJSON_GetObjectItem(j, "format"), *pool = cJSON_GetObjectItem(j, "pool");
         if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "suanli-checkpoint") != 0 ||
@@ -799,7 +837,14 @@ static sl_status step_manifest(ctx *c, int scan, cJSON **man, char **text, char 
             free(t);
             continue;
         }
-        if (!read_host(c, h, "config.json", SIZE_MAX, config, clen, why, sizeof why)) *config = NULL;
+        if (!read_host(c, h, "config.json", SIZE_MAX, config, clen, why, sizeof why)) {
+            *config = NULL;
+            if (xfer_failed(c, why)) {
+                cJSON_Delete(j);
+                free(t);
+                return xfer_status(c);
+            }
+        }
         /* config.json is the manifest's "model" (one string, written on every host): a host whose copy is
          * missing or damaged gets it from the manifest, as the restored step dir must hold it */
         cJSON *model = cJSON_GetObjectItem(j, "model"),
@@ -970,7 +1015,8 @@ sl_status sl_ckpt_pool_restore_remove(const char *dest) {
 }
 
 /* Test hooks (docs/ENV.md), on the first attempt (SUANLI_RESTART_COUNT unset or 0), right after the
- * lock-step listing of a pooled restore's steps: SUANLI_FAULT_RESTORE_EXIT=h makes host h's leader die
+ * lock-step listing of the steps in a pooled read over comm (a restore, or `suanli ckpt
+ * inspect|verify|gather` under `suanli run`): SUANLI_FAULT_RESTORE_EXIT=h makes host h's leader die
  * (_exit 137, a lost host); SUANLI_FAULT_RESTORE_STALL=h:S makes it sleep S seconds and go on (alive but
  * silent past the communicators' deadline, SUANLI_COMM_TIMEOUT). */
 static void restore_fault(int me) {
@@ -979,18 +1025,16 @@ static void restore_fault(int me) {
     char *end;
     if (rc && strcmp(rc, "0") != 0) return;
     if (ex && *ex && strtol(ex, &end, 10) == me && !*end) {
-        fprintf(stderr,
-                "suanli: SUANLI_FAULT_RESTORE_EXIT=%s: host %d's leader dying inside the pooled restore\n",
+        fprintf(stderr, "suanli: SUANLI_FAULT_RESTORE_EXIT=%s: host %d's leader dying inside a pooled read\n",
                 ex, me);
         fflush(stderr);
         _exit(137);
     }
     if (stall && *stall && strtol(stall, &end, 10) == me && *end == ':') {
         unsigned sec = (unsigned)strtoul(end + 1, NULL, 10);
-        fprintf(
-            stderr,
-            "suanli: SUANLI_FAULT_RESTORE_STALL=%s: host %d's leader stalling %u s in the pooled restore\n",
-            stall, me, sec);
+        fprintf(stderr,
+                "suanli: SUANLI_FAULT_RESTORE_STALL=%s: host %d's leader stalling %u s in a pooled read\n",
+                stall, me, sec);
         fflush(stderr);
         while (sec > 0) sec = sleep(sec);
     }
@@ -1016,14 +1060,14 @@ static void restore_fault(int me) {
 
 /* nowrite: under lock step, this host only reads and sends (dest is written by another host) */
 static sl_status gather(const char *root, int hosts, int64_t step, const char *dest, int64_t *got,
-                        sl_comm *lc, int me, int nowrite, int restore) {
+                        sl_comm *lc, int me, int nowrite) {
     int scan = lc ? hosts : hosts_present(root);
     if (hosts > scan) scan = hosts;
     int64_t *steps = NULL;
     int n = lc ? pool_steps_comm(root, lc, me, &steps) : pool_steps(root, scan, &steps);
     if (n < 0)
         return sl_fail(SL_ERR_PEER, "%s: pooled restore: listing the hosts' steps: %s", root, sl_errmsg());
-    if (lc && restore) restore_fault(me);
+    if (lc) restore_fault(me);
     char tmp[4200], fin[4200], first[1200] = "";
     sl_status st = sl_fail(SL_ERR_IO, "%s: no pooled checkpoint (no host-*/step-* directories)", root);
     int tried = 0, lost = 0;
@@ -1036,6 +1080,12 @@ static sl_status gather(const char *root, int hosts, int64_t step, const char *d
     if (dest && n > 0) {
         ctx c0 = {.lc = lc};
         if ((st = agree(&c0, nowrite ? SL_OK : sl_mkdirs(dest))) != SL_OK) n = 0;
+        if (lc && peer_failure(st)) {
+            char name[32];
+            snprintf(name, sizeof name, "step-%07lld", (long long)steps[0]);
+            st = peer_lost(root, name, sl_errmsg());
+            lost = 1;
+        }
     }
     for (int i = 0; i < n; i++) {
         if (step >= 0 && steps[i] != step) continue;
@@ -1076,9 +1126,7 @@ static sl_status gather(const char *root, int hosts, int64_t step, const char *d
         if (dest && !nowrite) sl_ckpt_rm_rf(tmp);
         /* a peer failure: no older step is tried (Note [Peer failures in a pooled restore]) */
         if (lc && (peer_failure(st) || sl_comm_async_error(lc) != SL_OK)) {
-            st = sl_fail(SL_ERR_PEER,
-                         "%s: pooled restore of %s: a peer host was lost or missed the deadline: %s", root,
-                         c.step_name, sl_errmsg());
+            st = peer_lost(root, c.step_name, sl_errmsg());
             lost = 1;
             break;
         }
@@ -1098,20 +1146,20 @@ static sl_status gather(const char *root, int hosts, int64_t step, const char *d
 }
 
 sl_status sl_ckpt_pool_gather(const char *root, int hosts, int64_t step, const char *dest, int64_t *got) {
-    return gather(root, hosts, step, dest, got, NULL, 0, 0, 0);
+    return gather(root, hosts, step, dest, got, NULL, 0, 0);
 }
 
 sl_status sl_ckpt_pool_gather_comm(const char *root, sl_comm *hosts, int64_t step, const char *dest,
                                    int64_t *got) {
     int me = sl_comm_rank(hosts);
-    return gather(root, sl_comm_size(hosts), step, dest, got, hosts, me, me != 0, 0);
+    return gather(root, sl_comm_size(hosts), step, dest, got, hosts, me, me != 0);
 }
 
 sl_status sl_ckpt_pool_restore(const sl_ckpt_pool *p, sl_comm *leaders, const char *dest, int64_t *got) {
     if (!leaders || sl_comm_size(leaders) != p->hosts || sl_comm_rank(leaders) != p->host)
         return sl_fail(SL_ERR_INVALID,
                        "pooled restore: the leaders' communicator must have one rank per host");
-    return gather(p->local_root, p->hosts, -1, dest, got, leaders, p->host, 0, 1);
+    return gather(p->local_root, p->hosts, -1, dest, got, leaders, p->host, 0);
 }
 
 /* lc: lock step over the hosts' communicator (rank = host, each reading only its own directory); the
@@ -1122,6 +1170,7 @@ static sl_status inspect(const char *root, int hosts, FILE *f, sl_comm *lc) {
     if (me != 0) f = NULL;
     int64_t *steps = NULL;
     int n = lc ? pool_steps_comm(root, lc, me, &steps) : pool_steps(root, scan, &steps);
+    if (lc && n > 0) restore_fault(me);
     if (n <= 0) {
         free(steps);
         return n < 0 ? sl_fail(SL_ERR_PEER, "%s: listing the hosts' steps: %s", root, sl_errmsg())
@@ -1141,6 +1190,8 @@ static sl_status inspect(const char *root, int hosts, FILE *f, sl_comm *lc) {
     sl_status st = step_manifest(&c, scan, &man, &text, &config, &clen);
     if (st != SL_OK) {
         free(report);
+        if (lc && (peer_failure(st) || sl_comm_async_error(lc) != SL_OK))
+            return peer_lost(root, c.step_name, sl_errmsg()); /* Note [Transfer failures] */
         return st;
     }
     cJSON *pool = cJSON_GetObjectItem(man, "pool");
@@ -1175,9 +1226,13 @@ static sl_status inspect(const char *root, int hosts, FILE *f, sl_comm *lc) {
     free(config);
     if (st != SL_OK) {
         free(report);
-        return sl_fail(SL_ERR_PEER, "%s: inspect: %s", root, sl_errmsg());
+        return peer_lost(root, c.step_name, sl_errmsg());
     }
     st = assemble_step(&c, scan, NULL);
+    if (st != SL_OK && lc && (peer_failure(st) || sl_comm_async_error(lc) != SL_OK)) {
+        free(report); /* the survey so far is no verdict: Note [Transfer failures] */
+        return peer_lost(root, c.step_name, sl_errmsg());
+    }
     if (f) fputs(report, f);
     if (st == SL_OK && f) fprintf(f, "  every shard file of %s can be rebuilt\n", c.step_name);
     free(report);

@@ -429,9 +429,11 @@ int sl_ckpt_pool_restore_stream(sl_comm *lc, int holder, const char *path, const
     r.size = m.n;
     for (int b = 0; b < 2; b++) r.buf[b] = sl_malloc_aligned_to(PIECE, 4096);
     int32_t lack = !r.buf[0] || !r.buf[1], any = 0; /* a leader without the memory: all report it */
-    if (sl_comm_all_reduce(lc, &lack, &any, 1, SL_COMM_I32, SL_COMM_MAX) != SL_OK || any) {
-        snprintf(why, wcap, "host %d: %s: %s", holder, name,
-                 any ? "a host has no memory to receive it" : "transfer failed");
+    sl_status rs = sl_comm_all_reduce(lc, &lack, &any, 1, SL_COMM_I32, SL_COMM_MAX);
+    if (rs != SL_OK || any) {
+        snprintf(why, wcap, "host %d: %s: %s%s", holder, name,
+                 rs != SL_OK ? "transfer failed: " : "a host has no memory to receive it",
+                 rs != SL_OK ? sl_errmsg() : "");
         ok = 0;
     }
     if (ok && dest) {

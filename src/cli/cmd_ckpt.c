@@ -49,6 +49,16 @@ static int any_ok(sl_comm *w, int ok) {
     return r;
 }
 
+/* The exit status of a failed pooled read (Note [Transfer failures] in src/ckpt/pool.c): a transfer that
+ * failed (a peer host lost, a connection reset, a deadline passed) is a runtime failure, 1, which a retry
+ * may cure; missing or damaged data is 2. A transfer failure is printed by every rank that saw it (rank 0
+ * may be the host that was lost), anything else by rank 0. */
+static int pooled_failure(const char *what, sl_status st, int me) {
+    int peer = st == SL_ERR_PEER || st == SL_ERR_TIMEOUT;
+    if (me == 0 || peer) fprintf(stderr, "suanli ckpt %s: %s\n", what, sl_errmsg());
+    return peer ? 1 : 2;
+}
+
 static int usage(FILE *f) {
     fprintf(
         f,
@@ -57,7 +67,10 @@ static int usage(FILE *f) {
         "  DIR   a step dir, a checkpoint root (--save), or a pooled store (--ckpt-local-dir)\n"
         "  POOL  a pooled store; OUT (new or empty) receives OUT/step-N and OUT/latest, a checkpoint that\n"
         "        `suanli train --load OUT` resumes (newest step the surviving hosts can rebuild, or --step "
-        "N)\n");
+        "N)\n"
+        "exit status: 0 ok; 2 bad arguments, or data missing or damaged; 1 a transfer from a peer host\n"
+        "failed (under suanli run: a host lost, a connection reset, SUANLI_COMM_TIMEOUT passed) or another\n"
+        "runtime failure\n");
     return f == stdout ? 0 : 2;
 }
 
@@ -133,9 +146,9 @@ static int gather(int argc, char **argv, sl_comm *w) {
     sl_status st = w ? sl_ckpt_pool_gather_comm(pool, w, step, out, &got)
                      : sl_ckpt_pool_gather(pool, 0, step, out, &got);
     if (st != SL_OK) {
-        if (me == 0) fprintf(stderr, "suanli ckpt gather: %s\n", sl_errmsg());
+        int rc = pooled_failure("gather", st, me);
         if (me == 0 && made) rmdir(out); /* OUT made for a gather that failed (--step N absent): left empty */
-        return 2;
+        return rc;
     }
     if (me == 0)
         printf("gathered step %lld of %s into %s/step-%07lld%s\n", (long long)got, pool, out, (long long)got,
@@ -147,19 +160,12 @@ static int pooled(const char *what, const char *dir, sl_comm *w) {
     int me = w ? sl_comm_rank(w) : 0;
     if (!strcmp(what, "inspect")) {
         sl_status st = w ? sl_ckpt_pool_inspect_comm(dir, w, stdout) : sl_ckpt_pool_inspect(dir, 0, stdout);
-        if (st != SL_OK) {
-            if (me == 0) fprintf(stderr, "suanli ckpt: %s\n", sl_errmsg());
-            return 2;
-        }
-        return 0;
+        return st != SL_OK ? pooled_failure(what, st, me) : 0;
     }
     int64_t got;
     sl_status st =
         w ? sl_ckpt_pool_gather_comm(dir, w, -1, NULL, &got) : sl_ckpt_pool_gather(dir, 0, -1, NULL, &got);
-    if (st != SL_OK) {
-        if (me == 0) fprintf(stderr, "suanli ckpt: %s\n", sl_errmsg());
-        return 2;
-    }
+    if (st != SL_OK) return pooled_failure(what, st, me);
     if (me == 0)
         printf("%s: step-%07lld can be rebuilt; all checksums of the copies and blocks used match\n", dir,
                (long long)got);

@@ -472,6 +472,49 @@ static void test_restore_peer(void) {
              "restore peer: damaged copies -> exit 2, not restarted: rc %d %s", rc, out);
 }
 
+/* `suanli ckpt inspect|verify|gather` under `suanli run` (one rank per host, the other hosts' files over the
+ * network) when a transfer fails: a host lost (SUANLI_FAULT_RESTORE_EXIT) or silent past the deadline
+ * (_STALL). Each surviving rank says that a peer host was lost, naming the peer's rank and (TCP) address, and
+ * exits 1; the data was reported missing ("no host holds a readable manifest.json"), exit 2 like damaged
+ * data (Note [Transfer failures] in src/ckpt/pool.c). Damaged copies stay exit 2. Uses test_restore_peer's
+ * pools P (intact) and Q (rank 0's shard damaged in every step) and its rc.sh. */
+static void test_tools_peer(void) {
+    const char *env = "env SUANLI_COMM_TRANSPORT=tcp SUANLI_COMM_TIMEOUT=4";
+    int rc = run("%s SUANLI_FAULT_RESTORE_EXIT=1 %s run -n 2 -- sh rc.sh %s ckpt inspect P", env, cli, cli);
+    TU_CHECK(rc == 1 && strstr(out, "rank 1 exit 137") && strstr(out, "rank 0 exit 1") &&
+                 strstr(out, "[0] suanli ckpt inspect: P: step-0000012: a peer host was lost or missed the "
+                             "deadline (not missing or damaged data)") &&
+                 strstr(out, "rank 1 (127.0.0.1:") && !strstr(out, "no host holds") &&
+                 !strstr(out, "missing;"),
+             "ckpt inspect, host 1 lost: a transfer failure naming the peer, exit 1: rc %d %s", rc, out);
+    /* rank 0 is the lost host: rank 1 says so (only rank 0 used to print); rc0.sh: rc.sh with the ranks'
+     * roles swapped, so that the launcher waits for rank 1's own status */
+    char w[700];
+    snprintf(w, sizeof w, "%s/rc0.sh", dir);
+    FILE *f = fopen(w, "w");
+    TU_CHECK(f != NULL, "write rc0.sh");
+    if (f) {
+        fputs("\"$@\"; rc=$?; echo \"rank $RANK exit $rc\"; [ \"$RANK\" = 0 ] && exit 0; exit $rc\n", f);
+        fclose(f);
+    }
+    rc = run("%s SUANLI_FAULT_RESTORE_EXIT=0 %s run -n 2 -- sh rc0.sh %s ckpt verify P", env, cli, cli);
+    TU_CHECK(rc == 1 && strstr(out, "rank 1 exit 1") &&
+                 strstr(out, "[1] suanli ckpt verify: P: step-0000012: a peer host was lost") &&
+                 strstr(out, "rank 0 (127.0.0.1:") && !strstr(out, "no complete pooled checkpoint"),
+             "ckpt verify, host 0 lost: rank 1 reports the transfer failure, exit 1: rc %d %s", rc, out);
+    rc = run("%s SUANLI_FAULT_RESTORE_STALL=1:6 %s run -n 2 -- sh rc.sh %s ckpt gather P GP", env, cli, cli);
+    TU_CHECK(rc == 1 && strstr(out, "rank 0 exit 1") &&
+                 strstr(out, "[0] suanli ckpt gather: P: step-0000012: a peer host was lost") &&
+                 strstr(out, "no progress with rank 1 (127.0.0.1:") && !exists("GP"),
+             "ckpt gather, host 1 silent past the deadline: a transfer failure, exit 1, no OUT: rc %d %s", rc,
+             out);
+    /* the data itself damaged: still exit 2 */
+    rc = run("%s %s run -n 2 -- sh rc.sh %s ckpt verify Q", env, cli, cli);
+    TU_CHECK(rc == 1 && strstr(out, "rank 0 exit 2") && strstr(out, "no complete pooled checkpoint") &&
+                 strstr(out, "checksum mismatch") && !strstr(out, "peer host was lost"),
+             "ckpt verify, damaged copies: exit 2: rc %d %s", rc, out);
+}
+
 /* bad flags: one line naming the flag, exit 2, nothing written */
 static void test_bad_flags(void) {
     int rc;
@@ -519,6 +562,7 @@ int main(void) {
     test_replicas_lost_two();
     isolated_hosts();
     test_restore_peer();
+    test_tools_peer();
     test_bad_flags();
 
     char cmd[700];

@@ -1,7 +1,8 @@
 /* TCP transport (libc only): a full mesh of sockets, one per pair, non-blocking and driven by
  * poll(). RECV_REDUCE receives into a staging buffer and reduces whole elements as they arrive.
  * A closed or reset connection is SL_ERR_PEER; abort shuts every socket down so that peers see
- * EOF at once. Connections carry the job token; others are dropped. */
+ * EOF at once. Connections carry the job token; others are dropped. Errors name the peer by rank and
+ * by the address it announced (ip:port), so that a lost peer on another machine can be told apart. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -22,6 +23,7 @@ typedef struct tcp_tp {
     size_t stage_cap;
     struct pollfd *pfd;
     int *pidx;
+    char (*addr)[80]; /* [p] "ip:port" that rank p announced, for messages */
 } tcp_tp;
 
 static int first_pending(const sl_xfer *x, int n) {
@@ -58,11 +60,13 @@ static sl_status tcp_exchange(sl_transport *t_, sl_xfer *x, int n, double deadli
             t->pfd[t->pidx[p]].events |= x[i].kind == SL_XFER_SEND ? POLLOUT : POLLIN;
         }
         double left = deadline - sl_time_sec();
-        if (left <= 0)
+        if (left <= 0) {
+            int p = first_pending(x, n);
             return sl_fail(SL_ERR_TIMEOUT,
-                           "tcp transport: no progress with rank %d before the deadline "
+                           "tcp transport: no progress with rank %d (%s) before the deadline "
                            "(SUANLI_COMM_TIMEOUT)",
-                           first_pending(x, n));
+                           p, p >= 0 ? t->addr[p] : "?");
+        }
         int rc = poll(t->pfd, (nfds_t)np, left > 0.1 ? 100 : (int)(left * 1000) + 1);
         if (rc < 0 && errno != EINTR) return sl_fail(SL_ERR_IO, "tcp transport: poll: %s", strerror(errno));
         if (rc <= 0) continue;
@@ -85,7 +89,8 @@ static sl_status tcp_exchange(sl_transport *t_, sl_xfer *x, int n, double deadli
                 if (k > 0)
                     xi->done += (size_t)k;
                 else if (k < 0 && errno != EAGAIN && errno != EINTR)
-                    return sl_fail(SL_ERR_PEER, "rank %d: connection lost: %s", xi->peer, strerror(errno));
+                    return sl_fail(SL_ERR_PEER, "rank %d (%s): connection lost: %s", xi->peer,
+                                   t->addr[xi->peer], strerror(errno));
             } else {
                 if (!(re & (POLLIN | POLLERR | POLLHUP))) continue;
                 ssize_t k;
@@ -108,9 +113,11 @@ static sl_status tcp_exchange(sl_transport *t_, sl_xfer *x, int n, double deadli
                     }
                 }
                 if (k == 0)
-                    return sl_fail(SL_ERR_PEER, "rank %d closed the connection (died or aborted)", xi->peer);
+                    return sl_fail(SL_ERR_PEER, "rank %d (%s) closed the connection (died or aborted)",
+                                   xi->peer, t->addr[xi->peer]);
                 if (k < 0 && errno != EAGAIN && errno != EINTR)
-                    return sl_fail(SL_ERR_PEER, "rank %d: connection lost: %s", xi->peer, strerror(errno));
+                    return sl_fail(SL_ERR_PEER, "rank %d (%s): connection lost: %s", xi->peer,
+                                   t->addr[xi->peer], strerror(errno));
             }
             if (xi->done == xi->bytes) remaining--;
         }
@@ -134,6 +141,7 @@ static void tcp_destroy(sl_transport *t_) {
     free(t->stage);
     free(t->pfd);
     free(t->pidx);
+    free(t->addr);
     free(t);
 }
 
@@ -146,7 +154,8 @@ sl_status sl_tp_tcp_new(sl_oob *oob, sl_transport **out) {
     tcp_tp *t = calloc(1, sizeof *t);
     double timeout = sl_comm_env_timeout(), dl = sl_time_sec() + timeout;
     if (!t || !(t->fds = malloc(sizeof(int) * (size_t)n)) || !(t->pfd = calloc((size_t)n, sizeof *t->pfd)) ||
-        !(t->pidx = calloc((size_t)n, sizeof(int))) || !(all = calloc((size_t)n, sizeof *all))) {
+        !(t->pidx = calloc((size_t)n, sizeof(int))) || !(all = calloc((size_t)n, sizeof *all)) ||
+        !(t->addr = calloc((size_t)n, sizeof *t->addr))) {
         st = sl_fail(SL_ERR_NOMEM, "tcp transport: out of memory");
         goto done;
     }
@@ -162,6 +171,13 @@ sl_status sl_tp_tcp_new(sl_oob *oob, sl_transport **out) {
     snprintf(me.ip, sizeof me.ip, "%s", oob->local_ip);
     SL_CHECK(oob->allgather(oob, &me, all, sizeof me));
     for (int p = 0; p < r; p++) SL_CHECK(sl_wire_tcp_addr_check(&all[p], sizeof all[p], p)); /* we connect */
+    for (int p = 0; p < n;
+         p++) { /* for messages: printable characters only (higher ranks' are not checked) */
+        all[p].ip[sizeof all[p].ip - 1] = 0;
+        snprintf(t->addr[p], sizeof t->addr[p], "%s:%d", all[p].ip, (int)all[p].port);
+        for (char *q = t->addr[p]; *q; q++)
+            if (*q < 0x21 || *q > 0x7e) *q = '?';
+    }
     sl_wire_tcp_hello h = {.magic = SL_WIRE_TCP_MAGIC, .rank = (uint32_t)r};
     snprintf(h.token, sizeof h.token, "%s", oob->token);
     for (int p = 0; p < r; p++) { /* connect to lower ranks; their kernels queue us until accept */
