@@ -536,6 +536,26 @@ static sl_status pool_restore_done(sl_train_job *j) {
     return SL_OK;
 }
 
+/* Note [Where a resume came from]
+ * "resumed from X at step N" (run.c) named ckdir, the directory loaded. For a pooled restore that is
+ * LOCAL/host-<h>/.restore/step-N, which is removed as soon as every rank has loaded it (Note [.restore is
+ * removed once loaded]): the log named a directory that was never there afterwards, and nothing said the
+ * data had come from the pool. ckfrom names the source instead: "pooled checkpoint LOCAL step-N" (the pool
+ * and the step the surviving hosts rebuilt, which stay), "in-memory copy MEM/step-N" (the launcher's tmpfs
+ * copy, SUANLI_MEM_CKPT_DIR, removed when the launcher exits), or the step dir under --load itself. Parsers
+ * (bench/ckpt.sh, tests/fault/netns_pool.sh, slurm_requeue.sh, test_ckpt_kill.c, test_ckpt_pool.c,
+ * test_ckpt_io.c) read the text after "resumed from " up to " at step N", and the step from "step-". */
+static void set_ckpt_source(sl_train_job *j, int from_pool, int from_mem) {
+    const char *step = strrchr(j->ckdir, '/');
+    step = step ? step + 1 : j->ckdir;
+    if (from_pool)
+        snprintf(j->ckfrom, sizeof j->ckfrom, "pooled checkpoint %s %s", j->pool.local_root, step);
+    else if (from_mem)
+        snprintf(j->ckfrom, sizeof j->ckfrom, "in-memory copy %.4000s", j->ckdir);
+    else
+        snprintf(j->ckfrom, sizeof j->ckfrom, "%s", j->ckdir);
+}
+
 /* load_dir: a checkpoint to resume (the newest valid one, or the newer in-memory copy), else the weights
  * in load_dir/model.safetensors, else (load_dir == save_dir) a fresh start. With --ckpt-local-dir the pool
  * is a candidate too (Note [Pooled restore]). */
@@ -568,9 +588,11 @@ static sl_status find_start(sl_train_job *j) {
             snprintf(j->ckdir, sizeof j->ckdir, "%s", memdir);
             j->resume = 1;
             j->ckpt_verified = 1;
+            set_ckpt_source(j, 0, 1);
             return SL_OK;
         }
     }
+    int from_pool = 0, from_mem = 0;
     if (sl_ckpt_is_checkpoint(load)) {
         if (sl_ckpt_find_latest(load, j->ckdir, sizeof j->ckdir) != SL_OK)
             return sl_train_bad("--load: %s", sl_errmsg());
@@ -583,6 +605,7 @@ static sl_status find_start(sl_train_job *j) {
             snprintf(j->ckdir, sizeof j->ckdir, "%s", pooldir);
             j->resume = 1;
             j->ckpt_verified = 0;
+            from_pool = 1;
         }
     }
     if (mem && same && mem_state >= 0 && sl_ckpt_is_checkpoint(mem) &&
@@ -593,10 +616,12 @@ static sl_status find_start(sl_train_job *j) {
             snprintf(j->ckdir, sizeof j->ckdir, "%s", memdir);
             j->resume = 1;
             j->ckpt_verified = 1;
+            from_pool = 0;
+            from_mem = 1;
         }
     }
     if (j->resume) {
-        /* found above */
+        set_ckpt_source(j, from_pool, from_mem); /* found above */
     } else if (init_from && !same) {
         return sl_train_bad("--load %s with --init-from: no checkpoint (step-*/manifest.json) there", load);
     } else if (!init_from && access(j->wpath, F_OK) == 0) {

@@ -156,7 +156,7 @@ static void print_banner(const sl_train_job *j) {
     fflush(f);
     if (j->resume) {
         /* setup: comm, data, model build, the checkpoint's choice, verification and load (bench/ckpt.sh) */
-        fprintf(f, "resumed from %s at step %lld (%.2f s; setup %.2f s, %.2f CPU s)\n", j->ckdir,
+        fprintf(f, "resumed from %s at step %lld (%.2f s; setup %.2f s, %.2f CPU s)\n", j->ckfrom,
                 (long long)j->start_step, j->resume_seconds, sl_time_sec() - j->setup_t0,
                 sl_train_cpu_seconds() - j->setup_cpu0);
         fflush(f); /* bench/ckpt.sh times the restart by this line */

@@ -45,6 +45,8 @@ typedef struct sl_train_job {
     int note_fresh;    /* --load == --save without a checkpoint yet: a fresh start, noted after setup */
     int ckpt_verified; /* find_start verified ckdir's checksums (the load skips them) */
     char ckdir[4096], wpath[4200];
+    char
+        ckfrom[4200]; /* what the resume read, as "resumed from" names it (Note [Where a resume came from]) */
     int64_t start_step;
     int no_steps; /* the step loop ran no step (start_step >= train_iters): val loss of the start weights */
     double resume_seconds;

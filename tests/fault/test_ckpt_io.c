@@ -603,7 +603,8 @@ static void test_restart_choice(void) {
     TU_CHECK(rc == 0, "base: %s", out);
     flip_in(dir, "d1/step-0000008/shard-r00000.safetensors");
     rc = cli_run("mem1", "train " TINY " --save d1 --load d1 --save-interval 4");
-    TU_CHECK(rc == 0 && strstr(out, "resumed from mem1/step-0000008") && !strstr(out, "not usable"),
+    TU_CHECK(rc == 0 && strstr(out, "resumed from in-memory copy mem1/step-0000008") &&
+                 !strstr(out, "not usable"),
              "in-memory copy first, the corrupt disk copy not read: rc %d %s", rc, out);
     snprintf(a, sizeof a, "%s/d1/model.safetensors", dir);
     rc = cli_run("mem2", "train " TINY " --save d2 --save-interval 4");

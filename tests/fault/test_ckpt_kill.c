@@ -44,11 +44,12 @@ static int same_weights(const char *a, const char *b) {
     return tu_same_file(pa, pb);
 }
 
-/* the step of "resumed from DIR/step-NNNNNNN" in out, -1 when the run did not resume */
+/* the step of "resumed from [in-memory copy ]DIR/step-NNNNNNN" (or "pooled checkpoint LOCAL step-NNNNNNN")
+ * in out, -1 when the run did not resume (Note [Where a resume came from] in src/train/job.c) */
 static int resumed_step(void) {
     const char *p = strstr(out, "resumed from ");
-    const char *s = p ? strstr(p, "/step-") : NULL;
-    return s ? atoi(s + 6) : -1;
+    const char *s = p ? strstr(p, "step-") : NULL;
+    return s ? atoi(s + 5) : -1;
 }
 
 int main(void) {

@@ -232,8 +232,10 @@ static void test_replicas(void) {
     rc = run("%s run -n 4 --hosts 2 -- %s train " TINY
              " --save rep2 --load rep --ckpt-local-dir L --ckpt-replicas 2",
              cli, cli);
-    TU_CHECK(rc == 0 && strstr(out, "resumed from L/host-0/.restore/step-0000012") &&
-                 strstr(out, "checksum mismatch"),
+    /* the resume names the pool and the step it rebuilt, not the .restore dir it loaded (removed right
+     * after: Note [Where a resume came from]) */
+    TU_CHECK(rc == 0 && strstr(out, "resumed from pooled checkpoint L step-0000012 at step 12") &&
+                 strstr(out, "checksum mismatch") && !strstr(out, "/.restore/"),
              "resume past a corrupt replica: rc %d %s", rc, out);
     TU_CHECK(!restore_left("L") && !exists("L/host-0/.restore"),
              "corrupt replica: .restore removed once loaded");
@@ -243,7 +245,7 @@ static void test_replicas(void) {
     rc = run("sh -c 'rm L/host-0/step-0000012/config.json && %s run -n 4 --hosts 2 -- %s train " TINY
              " --save rep2c --load rep --ckpt-local-dir L --ckpt-replicas 2'",
              cli, cli);
-    TU_CHECK(rc == 0 && strstr(out, "resumed from L/host-0/.restore/step-0000012"),
+    TU_CHECK(rc == 0 && strstr(out, "resumed from pooled checkpoint L step-0000012 at step 12"),
              "resume without host 0's config.json: rc %d %s", rc, out);
     TU_CHECK(same("base", "rep2c"), "lost config.json: resumed weights bitwise equal");
     /* a shard smaller than recorded */
@@ -267,7 +269,7 @@ static void test_replicas(void) {
     rc = run("%s run -n 4 --hosts 2 -- %s train " TINY
              " --save rep3 --load rep3 --ckpt-local-dir L --ckpt-replicas 2",
              cli, cli);
-    TU_CHECK(rc == 0 && strstr(out, "resumed from L/host-0/.restore/step-0000008"),
+    TU_CHECK(rc == 0 && strstr(out, "resumed from pooled checkpoint L step-0000008 at step 8"),
              "resume from step 8: rc %d %s", rc, out);
     TU_CHECK(!exists("L/host-0/.restore/step-0000099.tmp") && !exists("L/host-0/.restore/step-0000012") &&
                  !exists("L/host-0/.restore/step-0000008") && !restore_left("L") &&
@@ -439,7 +441,7 @@ static void test_restore_peer(void) {
     TU_CHECK(rc == 0 && strstr(out, "host 1's leader stalling 6 s") && strstr(out, "before the deadline") &&
                  strstr(out, "exited with status 1") && strstr(out, "restarting (1 of 1)") &&
                  !strstr(out, "no complete pooled checkpoint") && !strstr(out, "status 2") &&
-                 strstr(out, "resumed from P/host-0/.restore/step-0000012"),
+                 strstr(out, "resumed from pooled checkpoint P step-0000012 at step 12"),
              "restore peer: a stalled host -> exit 1, restarted, restored: rc %d %s", rc, out);
     TU_CHECK(same("pb", "pr"), "restore peer: the restarted restore's weights bitwise equal");
     /* host 1's leader dies there: the survivor exits 1 naming the dead peer (each rank's status printed by
