@@ -63,8 +63,10 @@ void sl_ckpt_writer_free(sl_ckpt_writer *w);
  * sl_ckpt_writer_wait_snapshot) and writes ROOT/step-N.tmp/shard-rR.safetensors + its sidecar. */
 sl_status sl_ckpt_save_begin(sl_ckpt_writer *w, const char *root, const sl_ckpt_state *st);
 /* Root of the in-memory checkpoint copy: SUANLI_MEM_CKPT_DIR (a tmpfs dir that `suanli run` creates for
- * the job and removes at exit), or NULL. Writers mirror each shard there; rank 0 commits it like the disk
- * copy (keeping only the newest), and a restarted job loads from it when it is at least as new. */
+ * the job and removes at exit, one per node), or NULL. Writers mirror each shard there; rank 0 commits it
+ * like the disk copy (keeping only the newest), and a restarted job loads from it when it is at least as
+ * new. The first local rank of every other node removes its node's uncommitted copies (Note [In-memory
+ * roots on every node] in src/train/job.c). */
 const char *sl_ckpt_mem_root(void);
 /* Allocate the snapshot buffer ahead of the first save (floats = elements per save; 4096-aligned; its
  * pages are faulted in by the writer thread during the first snapshot). */
@@ -112,6 +114,10 @@ int sl_ckpt_is_checkpoint(const char *dir);
  * such a name neither). Call it only while no writer of the job runs (a restart's setup). Returns how many
  * were removed; names in `names` (may be NULL), ", "-separated, truncated to cap. */
 int sl_ckpt_remove_stale_tmp(const char *root, char *names, size_t cap);
+/* Remove root/step-N.tmpK, the uncommitted step dir this attempt's writers (K = SUANLI_RESTART_COUNT) left
+ * for step N: the in-memory copy of a node whose root no commit reaches (Note [In-memory roots on every
+ * node] in src/train/job.c). Call it once every writer of step N finished. Absent: SL_OK. */
+sl_status sl_ckpt_remove_uncommitted(const char *root, int64_t step);
 
 /* ---- pooled node-local storage (src/ckpt/pool.c; Note [Pooled checkpoint store]) ----
  * Each rank writes its shard into its host's local directory ROOT/host-<h>/step-N/ and makes it redundant

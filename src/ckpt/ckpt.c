@@ -592,6 +592,17 @@ static int stale_name(const char *n, int *want_dir) {
     return strspn(n + 16, "0123456789") == strlen(n + 16);
 }
 
+sl_status sl_ckpt_remove_uncommitted(const char *root, int64_t step) {
+    char tmp[4096], suffix[48];
+    const char *rc = getenv("SUANLI_RESTART_COUNT");
+    snprintf(suffix, sizeof suffix, ".tmp%s",
+             rc ? rc : ""); /* as sl_ckpt_save_begin and the commit name it */
+    step_name(tmp, sizeof tmp, root, step, suffix);
+    struct stat sb;
+    if (lstat(tmp, &sb) != 0 || !S_ISDIR(sb.st_mode)) return SL_OK;
+    return sl_ckpt_rm_rf(tmp);
+}
+
 int sl_ckpt_remove_stale_tmp(const char *root, char *names, size_t cap) {
     if (names && cap) names[0] = 0;
     DIR *d = opendir(root);

@@ -1007,6 +1007,71 @@ static sl_status open_outputs(sl_train_job *j) {
     return st;
 }
 
+/* Note [In-memory roots on every node]
+ * Each node's launcher owns its own in-memory root (SUANLI_MEM_CKPT_DIR, a /dev/shm dir: Note [In-memory
+ * checkpoint copy] in src/launch/launch.c) and every rank's writer mirrors its shard into its node's root as
+ * step-N.tmpK. Only rank 0 tended the in-memory root: it commits it (rename, `latest`, keep 1) and its
+ * restart's setup removes what interrupted saves left (Note [Stale temp dirs]). On a multi-node job no
+ * commit reaches the other nodes' roots, so every save's step-N.tmpK stayed there, a node's share of every
+ * checkpoint in tmpfs (RAM) until the launcher exited, and stale ones of a killed attempt too. Now the first
+ * local rank of every node (LOCAL_RANK 0 as the launcher, torchrun, mpirun or srun sets it; without one, the
+ * first rank of its host) cleans its node's root: at setup it removes the stale temp dirs as rank 0 does,
+ * and once every writer of step N finished (ckpt_poll) it removes that step's uncommitted copy (mem_drop).
+ * Those copies are not committed instead: a node's root holds its own ranks' shards only, so a committed
+ * one would be chosen by the node's ranks at a restart and fail to load (ZeRO shards of other nodes
+ * missing). A root shared with rank 0 (one tmpfs dir given to several launchers on one machine: same boot
+ * id, device and inode) is left to rank 0's commit. Test: tests/fault/test_ckpt_io.c (two launchers as two
+ * nodes). */
+static int node_first(const sl_train_job *j) {
+    sl_comm_env env = {0};
+    if (!j->world) return 1;
+    if (sl_comm_env_detect(&env) == SL_OK && env.local_rank >= 0 && env.size == j->mesh.world)
+        return env.local_rank == 0;
+    int me = j->mesh.rank, h = sl_comm_host_of(j->world, me);
+    for (int r = 0; r < me; r++)
+        if (sl_comm_host_of(j->world, r) == h) return 0;
+    return 1;
+}
+
+typedef struct {
+    uint64_t dev, ino;
+    char boot[48];
+} mem_id;
+
+static void mem_root_id(const char *mem, mem_id *id) {
+    struct stat sb;
+    memset(id, 0, sizeof *id);
+    if (!mem || stat(mem, &sb) != 0) return;
+    id->dev = (uint64_t)sb.st_dev;
+    id->ino = (uint64_t)sb.st_ino;
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(id->boot, sizeof id->boot, f)) id->boot[0] = 0;
+        fclose(f);
+    }
+}
+
+/* Collective (under --save): Note [In-memory roots on every node] */
+static sl_status mem_roots_setup(sl_train_job *j) {
+    const char *mem = sl_ckpt_mem_root();
+    if (!j->world || !j->o.ckpt.save_dir) return SL_OK;
+    mem_id r0, mine;
+    mem_root_id(mem, &mine);
+    r0 = mine;
+    if (sl_comm_broadcast(j->world, &r0, &r0, sizeof r0, SL_COMM_U8, 0) != SL_OK)
+        return sl_train_fail(SL_ERR_PEER, "rank %d: in-memory checkpoint root: %s", j->mesh.rank,
+                             sl_errmsg());
+    int shared =
+        mine.ino && r0.ino && mine.dev == r0.dev && mine.ino == r0.ino && !strcmp(mine.boot, r0.boot);
+    if (j->rank0 || !mem || shared || !node_first(j)) return SL_OK;
+    j->mem_drop = 1;
+    char names[512];
+    int n = sl_ckpt_remove_stale_tmp(mem, names, sizeof names);
+    if (n && j->out)
+        fprintf(j->out, "removed %d temp file(s) of interrupted saves from %s: %s\n", n, mem, names);
+    return SL_OK;
+}
+
 sl_status sl_train_job_setup(sl_train_job *j, const sl_train_opts *opts) {
     memset(j, 0, sizeof *j);
     j->o = *opts;
@@ -1022,6 +1087,7 @@ sl_status sl_train_job_setup(sl_train_job *j, const sl_train_opts *opts) {
     cap_eval_iters(j);
     SL_TRY(make_model(j));
     SL_TRY(make_trainer(j));
+    SL_TRY(mem_roots_setup(j)); /* Note [In-memory roots on every node] */
     SL_TRY(open_outputs(j));
     /* Note [Notes after the checks]: a run refused in setup prints its one error line only, so the notes
      * that setup finds wait until every check passed ("note: no checkpoint ..." had preceded the error of

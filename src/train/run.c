@@ -248,6 +248,12 @@ static sl_status ckpt_poll(sl_train_job *j, int force, const sl_train_callbacks 
             if (cb && cb->on_checkpoint) cb->on_checkpoint(cb->user, j->pending_step, root);
         }
     }
+    /* another node's in-memory root, which no commit reaches: every writer of the step finished (the
+     * all-reduces above), so its uncommitted copy goes (Note [In-memory roots on every node] in job.c) */
+    if (j->mem_drop && sl_ckpt_mem_root() &&
+        sl_ckpt_remove_uncommitted(sl_ckpt_mem_root(), j->pending_step) != SL_OK)
+        SL_LOGW("in-memory checkpoint copy of step %lld not removed: %s", (long long)j->pending_step,
+                sl_errmsg());
     j->pending_step = -1;
     return SL_OK;
 }

@@ -62,8 +62,10 @@ typedef struct sl_train_job {
     int64_t committing_step; /* pooled: step whose commit runs on the writer thread (rank 0, or every rank
                               * with pool.comm); -1: none */
     double commit_t0;
-    sl_ckpt_pool pool;  /* this rank's view of the pool */
-    int pool_restored;  /* pool_restore rebuilt a step into this host's .restore (removed once loaded) */
+    sl_ckpt_pool pool; /* this rank's view of the pool */
+    int pool_restored; /* pool_restore rebuilt a step into this host's .restore (removed once loaded) */
+    int mem_drop; /* the first rank of a node whose in-memory root rank 0 does not commit: removes each step's
+                   * uncommitted copy there (Note [In-memory roots on every node]) */
     sl_comm *ckpt_comm; /* pooled, several ranks: the writer threads' communicator (pool.comm) */
 } sl_train_job;
 

@@ -619,6 +619,50 @@ static void test_restart_choice(void) {
     TU_CHECK(tu_same_file(a, b), "resumed from disk: final weights bitwise equal to the uninterrupted run");
 }
 
+/* the entries of dir/sub whose names start with "step-" (-1: no such directory) */
+static int step_entries(const char *sub) {
+    char p[700];
+    snprintf(p, sizeof p, "%s/%s", dir, sub);
+    DIR *d = opendir(p);
+    if (!d) return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) n += !strncmp(e->d_name, "step-", 5);
+    closedir(d);
+    return n;
+}
+
+/* Note [In-memory roots on every node] (src/train/job.c): two launchers on this machine as two nodes of one
+ * job (--nnodes 2, pretend hosts by SUANLI_COMM_HOSTNAME), each with its own in-memory root. Node 0's root
+ * is rank 0's, committed (newest step only); node 1's root held every save's uncommitted step-N.tmp0 (and a
+ * stale one of an earlier attempt) until the launcher exited. Its first local rank now removes both. */
+static void test_mem_roots_nodes(void) {
+    char pre[900];
+    int port = 20000 + (int)((getpid() + 7919) % 20000);
+    TU_CHECK(tu_runf(out, sizeof out, "cd", "%s && mkdir -p nmB/step-0000099.tmp3", dir) == 0, "plant: %s",
+             out);
+    snprintf(pre, sizeof pre, "cd %s && timeout 200 sh -c", dir);
+    int rc =
+        tu_runf(out, sizeof out, pre,
+                "'SUANLI_COMM_HOSTNAME=nodeA SUANLI_MEM_CKPT_DIR=nmA %s run -n 2 --nnodes 2 --node-rank 0 "
+                "--master 127.0.0.1:%d -- %s train " TINY " --save dn --save-interval 4 > nA.log 2>&1 & "
+                "p=$!; SUANLI_COMM_HOSTNAME=nodeB SUANLI_MEM_CKPT_DIR=nmB %s run -n 2 --nnodes 2 "
+                "--node-rank 1 --master 127.0.0.1:%d -- %s train " TINY " --save dn --save-interval 4 "
+                "> nB.log 2>&1; r1=$?; wait $p; r0=$?; cat nA.log nB.log; echo rc $r0 $r1'",
+                tu_cli(), port, tu_cli(), tu_cli(), port, tu_cli());
+    TU_CHECK(rc == 0 && strstr(out, "rc 0 0") && strstr(out, "trained 8 steps"),
+             "two nodes, an in-memory root each: rc %d %s", rc, out);
+    TU_CHECK(step_entries("nmA") == 1 &&
+                 tu_runf(out, sizeof out, "cd", "%s && test -d nmA/step-0000008", dir) == 0,
+             "node 0's root: the committed newest step only (%d step entries)", step_entries("nmA"));
+    TU_CHECK(step_entries("nmB") == 0, "node 1's root: no step copies left (%d step entries)",
+             step_entries("nmB"));
+    TU_CHECK(tu_runf(out, sizeof out, "cd",
+                     "%s && grep -q 'removed 1 temp file(s) of interrupted saves from nmB: "
+                     "step-0000099.tmp3' nB.log",
+                     dir) == 0,
+             "node 1's first rank removed the stale temp dir at setup");
+}
+
 #define TINY4                                                                                                \
     "--data-path data --num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 "              \
     "--micro-batch-size 2 --train-iters 4 --lr-decay-iters 8 --eval-interval 0 --eval-iters 1 --threads 1"
@@ -742,6 +786,7 @@ int main(void) {
     test_writer();
     test_commit_config();
     test_restart_choice();
+    test_mem_roots_nodes();
     test_resume_seed();
     test_stale_tmp();
     return tu_finish("test_ckpt_io");
