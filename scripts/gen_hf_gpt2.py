@@ -32,7 +32,8 @@ def main():
         return
     torch.manual_seed(7)
     cfg = GPT2Config(vocab_size=97, n_positions=32, n_embd=48, n_layer=2, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0,
-                     attn_pdrop=0.0, activation_function="gelu_new", layer_norm_epsilon=1e-5)
+                     attn_pdrop=0.0, activation_function="gelu_new", layer_norm_epsilon=1e-5,
+                     bos_token_id=96, eos_token_id=96)  # GPT2Config's default 50256 is past vocab_size: refused
     m = GPT2LMHeadModel(cfg).eval()
     with torch.no_grad():  # non-trivial biases and norms
         for n, p in m.named_parameters():

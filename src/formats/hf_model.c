@@ -202,6 +202,29 @@ static sl_status add_eos(const cJSON *o, const char *path, sl_hf_info *info) {
     return SL_OK;
 }
 
+/* Note [Token ids below vocab_size]
+ * A token id names a row of the embedding: bos_token_id, eos_token_id (an integer or a list) and
+ * pad_token_id of config.json and generation_config.json must be below vocab_size. One that was not (a
+ * config edited by hand, or taken from a model with another vocabulary) was accepted, though no such token
+ * can be embedded or sampled (an eos that can never end a generation). It is refused, naming the file, the
+ * field, the id and vocab_size (SL_ERR_FORMAT: bad input, exit 2 in `suanli generate` and `suanli train
+ * --init-from`), also when only the config is read, so that it comes before the data's checks. Other values
+ * of these fields are judged by read_bos / add_eos (Note [Token ids in config.json]); pad_token_id, which
+ * suanli does not use, only for this bound (some configs write -1 for "none"). */
+static sl_status ids_below_vocab(const cJSON *o, const char *path, int vocab) {
+    static const char *const keys[] = {"bos_token_id", "eos_token_id", "pad_token_id"};
+    for (int k = 0; k < 3; k++) {
+        const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, keys[k]), *e;
+        if (!it) continue;
+        const cJSON *one = cJSON_IsArray(it) ? it->child : it;
+        for (e = one; e; e = cJSON_IsArray(it) ? e->next : NULL)
+            if (cJSON_IsNumber(e) && e->valuedouble >= vocab)
+                return sl_fail(SL_ERR_FORMAT, "%s: field '%s': token id %.0f is not below vocab_size %d",
+                               path, keys[k], e->valuedouble, vocab);
+    }
+    return SL_OK;
+}
+
 static sl_status parse_config(const cJSON *r, const char *path, sl_hf_config *c, sl_hf_info *info) {
     memset(c, 0, sizeof *c);
     const cJSON *archs = cJSON_GetObjectItemCaseSensitive(r, "architectures");
@@ -246,6 +269,7 @@ static sl_status parse_config(const cJSON *r, const char *path, sl_hf_config *c,
         if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "scale_attn_by_inverse_layer_idx")))
             return sl_fail(SL_ERR_UNSUPPORTED, "%s: field 'scale_attn_by_inverse_layer_idx' is not supported",
                            path);
+        SL_TRY(ids_below_vocab(r, path, c->vocab_size)); /* Note [Token ids below vocab_size] */
         if (info) {
             SL_TRY(read_bos(r, path, info));
             SL_TRY(add_eos(r, path, info));
@@ -330,7 +354,7 @@ static sl_status parse_config(const cJSON *r, const char *path, sl_hf_config *c,
         SL_TRY(read_bos(r, path, info));
         SL_TRY(add_eos(r, path, info));
     }
-    return SL_OK;
+    return ids_below_vocab(r, path, c->vocab_size); /* Note [Token ids below vocab_size] */
 }
 
 sl_status sl_hf_config_read(const char *dir, sl_hf_config *cfg, sl_hf_info *info) {
@@ -350,6 +374,7 @@ sl_status sl_hf_config_read(const char *dir, sl_hf_config *cfg, sl_hf_info *info
     if (info && file_exists(path)) {
         SL_TRY(sl_json_read_object(path, &r));
         st = add_eos(r, path, info);
+        if (st == SL_OK) st = ids_below_vocab(r, path, cfg->vocab_size);
         cJSON_Delete(r);
     }
     return st;

@@ -647,6 +647,56 @@ int main(void) {
     write_bytes(p, "{\"eos_token_id\": [-1]}", 22);
     bad("generation_config.json eos -1",
         "generation_config.json: field 'eos_token_id' must hold token ids (integers >= 0)", gen(d, ""));
+    /* token ids at or past vocab_size (320 in the fixtures; Note [Token ids below vocab_size]): accepted
+     * before, though no such token can be embedded or sampled */
+    const char *big[][3] = {
+        {"eos_token_id", "320",
+         "config.json: field 'eos_token_id': token id 320 is not below vocab_size 320"},
+        {"eos_token_id", "[2, 4000]",
+         "config.json: field 'eos_token_id': token id 4000 is not below vocab_size 320"},
+        {"bos_token_id", "320",
+         "config.json: field 'bos_token_id': token id 320 is not below vocab_size 320"},
+        {"pad_token_id", "1000000",
+         "config.json: field 'pad_token_id': token id 1000000 is not below vocab_size 320"}};
+    for (int i = 0; i < 4; i++) {
+        copy_fixture("qwen2", d);
+        set_cfg(d, big[i][0], big[i][1]);
+        char what[96];
+        snprintf(what, sizeof what, "%s %s", big[i][0], big[i][1]);
+        bad(what, big[i][2], gen(d, ""));
+    }
+    copy_fixture("qwen2", d);
+    set_cfg(d, "eos_token_id", "[2, 319]");
+    set_cfg(d, "pad_token_id", "-1"); /* "none" in some configs: pad_token_id is only bounded above */
+    TU_CHECK(gen(d, "") == 0, "eos 319 (vocab_size 320), pad -1: generates: %s", out);
+    copy_fixture("gpt2", d);
+    set_cfg(d, "eos_token_id", "320");
+    bad("GPT-2 eos_token_id 320",
+        "config.json: field 'eos_token_id': token id 320 is not below vocab_size 320", gen(d, ""));
+    copy_fixture("qwen2", d);
+    snprintf(p, sizeof p, "%s/generation_config.json", d);
+    write_bytes(p, "{\"eos_token_id\": [2, 320]}", 26);
+    bad("generation_config.json eos 320",
+        "generation_config.json: field 'eos_token_id': token id 320 is not below vocab_size 320", gen(d, ""));
+    { /* train --init-from: the config's error, before the data's (byte-level here) is looked at */
+        char tcmd[2400];
+        copy_fixture("llama", d);
+        set_cfg(d, "eos_token_id", "320");
+        snprintf(tcmd, sizeof tcmd,
+                 "head -c 5000 %s/data/tinyshakespeare.txt > %s/t.txt && $SUANLI_CLI data prepare --input "
+                 "%s/t.txt "
+                 "--output-prefix %s/bytes",
+                 SL_SOURCE_DIR, td, td, td);
+        TU_CHECK(tu_run(tcmd, out, sizeof out) == 0, "data prepare: %s", out);
+        snprintf(tcmd, sizeof tcmd,
+                 "$SUANLI_CLI train --data-path %s/bytes --init-from %s --seq-length 16 "
+                 "--train-iters 1",
+                 td, d);
+        bad("train --init-from, eos_token_id 320", "--init-from: ", tu_run(tcmd, out, sizeof out));
+        TU_CHECK(strstr(out, "config.json: field 'eos_token_id': token id 320 is not below vocab_size 320") !=
+                     NULL,
+                 "train --init-from names the file and field: %s", out);
+    }
 
     /* safetensors damage */
     copy_fixture("qwen2", d);
