@@ -64,9 +64,10 @@ void sl_ckpt_writer_free(sl_ckpt_writer *w);
 sl_status sl_ckpt_save_begin(sl_ckpt_writer *w, const char *root, const sl_ckpt_state *st);
 /* Root of the in-memory checkpoint copy: SUANLI_MEM_CKPT_DIR (a tmpfs dir that `suanli run` creates for
  * the job and removes at exit, one per node), or NULL. Writers mirror each shard there; rank 0 commits it
- * like the disk copy (keeping only the newest), and a restarted job loads from it when it is at least as
- * new. The first local rank of every other node removes its node's uncommitted copies (Note [In-memory
- * roots on every node] in src/train/job.c). */
+ * like the disk copy (keeping only the newest) when every rank writes into the same root, and a restarted
+ * job loads from it when it is at least as new. Otherwise (several nodes) the first local rank of every
+ * node removes its node's uncommitted copies (Notes [In-memory roots on every node] and [A partial
+ * in-memory copy is not committed] in src/train/job.c). */
 const char *sl_ckpt_mem_root(void);
 /* Allocate the snapshot buffer ahead of the first save (floats = elements per save; 4096-aligned; its
  * pages are faulted in by the writer thread during the first snapshot). */

@@ -1051,19 +1051,39 @@ static void mem_root_id(const char *mem, mem_id *id) {
     }
 }
 
+/* Note [A partial in-memory copy is not committed]
+ * Rank 0 committed its in-memory root like the disk copy, with the sidecars found there. On a multi-node
+ * job that root holds only the shards of rank 0's node (the others write into their own nodes' roots), so
+ * the committed copy was partial; it verified (its listed files are intact) and, being the newest, was what
+ * rank 0's node loaded at a restart, which failed ("checkpoint has no tensor 'param/...'", bad input: exit 2,
+ * not restarted) where the disk copy would have resumed. Rank 0 now commits its in-memory root only when
+ * every rank writes into that same root (mem_partial: one all-reduce at setup); otherwise each node's copy
+ * is dropped like the other nodes' (mem_drop, Note [In-memory roots on every node]) and a restart reads
+ * the disk copy. Test: tests/fault/test_ckpt_io.c (two launchers as two nodes, a rank killed). */
+
 /* Collective (under --save): Note [In-memory roots on every node] */
 static sl_status mem_roots_setup(sl_train_job *j) {
     const char *mem = sl_ckpt_mem_root();
     if (!j->world || !j->o.ckpt.save_dir) return SL_OK;
     mem_id r0, mine;
+    if (mem) (void)sl_mkdirs(mem); /* as the writers would (a root that does not exist yet has no inode) */
     mem_root_id(mem, &mine);
     r0 = mine;
     if (sl_comm_broadcast(j->world, &r0, &r0, sizeof r0, SL_COMM_U8, 0) != SL_OK)
         return sl_train_fail(SL_ERR_PEER, "rank %d: in-memory checkpoint root: %s", j->mesh.rank,
                              sl_errmsg());
-    int shared =
-        mine.ino && r0.ino && mine.dev == r0.dev && mine.ino == r0.ino && !strcmp(mine.boot, r0.boot);
-    if (j->rank0 || !mem || shared || !node_first(j)) return SL_OK;
+    int32_t shared =
+                mine.ino && r0.ino && mine.dev == r0.dev && mine.ino == r0.ino && !strcmp(mine.boot, r0.boot),
+            whole = 0;
+    if (sl_comm_all_reduce(j->world, &shared, &whole, 1, SL_COMM_I32, SL_COMM_MIN) != SL_OK)
+        return sl_train_fail(SL_ERR_PEER, "rank %d: in-memory checkpoint root: %s", j->mesh.rank,
+                             sl_errmsg());
+    j->mem_partial = !whole; /* Note [A partial in-memory copy is not committed] */
+    if (j->rank0) {
+        j->mem_drop = mem && !whole;
+        return SL_OK;
+    }
+    if (!mem || shared || !node_first(j)) return SL_OK;
     j->mem_drop = 1;
     char names[512];
     int n = sl_ckpt_remove_stale_tmp(mem, names, sizeof names);

@@ -240,7 +240,7 @@ static sl_status ckpt_poll(sl_train_job *j, int force, const sl_train_callbacks 
                                           j->model_json, j->layout_json);
             if (cs != SL_OK) return sl_train_fail(cs, "checkpoint commit: %s", sl_errmsg());
         }
-        if (mem &&
+        if (mem && !j->mem_partial && /* Note [A partial in-memory copy is not committed] in job.c */
             sl_ckpt_commit(mem, j->pending_step, mesh->world, 1, j->model_json, j->layout_json) != SL_OK)
             SL_LOGW("in-memory checkpoint copy not committed: %s", sl_errmsg());
         if (!j->pooled) {
@@ -248,8 +248,9 @@ static sl_status ckpt_poll(sl_train_job *j, int force, const sl_train_callbacks 
             if (cb && cb->on_checkpoint) cb->on_checkpoint(cb->user, j->pending_step, root);
         }
     }
-    /* another node's in-memory root, which no commit reaches: every writer of the step finished (the
-     * all-reduces above), so its uncommitted copy goes (Note [In-memory roots on every node] in job.c) */
+    /* an in-memory root that no commit reaches (another node's, or rank 0's holding part of the shards):
+     * every writer of the step finished (the all-reduces above), so its uncommitted copy goes (Note
+     * [In-memory roots on every node] in job.c) */
     if (j->mem_drop && sl_ckpt_mem_root() &&
         sl_ckpt_remove_uncommitted(sl_ckpt_mem_root(), j->pending_step) != SL_OK)
         SL_LOGW("in-memory checkpoint copy of step %lld not removed: %s", (long long)j->pending_step,

@@ -64,6 +64,8 @@ typedef struct sl_train_job {
     double commit_t0;
     sl_ckpt_pool pool; /* this rank's view of the pool */
     int pool_restored; /* pool_restore rebuilt a step into this host's .restore (removed once loaded) */
+    int mem_partial;   /* some rank's in-memory root is not rank 0's: rank 0 does not commit its root (Note [A
+                        * partial in-memory copy is not committed]) */
     int mem_drop; /* the first rank of a node whose in-memory root rank 0 does not commit: removes each step's
                    * uncommitted copy there (Note [In-memory roots on every node]) */
     sl_comm *ckpt_comm; /* pooled, several ranks: the writer threads' communicator (pool.comm) */
