@@ -32,27 +32,32 @@ static int movable(sl_dtype t) { return t == SL_F32 || t == SL_I32 || t == SL_BF
  * Every op of GPT-2 and Llama-family training (sliding-window attention included) and of KV-cache
  * generation in f32; data movement (CONT, CONCAT, ZEROS) in f32 / i32 / bf16 and CAST between f32 and bf16
  * (elementwise conversions, used by the autocast rounding sl_round_bf16). Refused, so the executor names
- * the op and dtype: bf16 / f16 compute (a backend may add its own GEMMs and f16 storage: Note [CUDA
- * supported ops], Note [OpenCL f16 storage]), the half-numerics variants of ATTENTION / ROPE / ATTENTION_KV /
- * MOE_EXPERT (iparams; a backend may add its own), MoE routing, and, unless the backend asks for them with
- * sl_accel_supports_ex, dropout (SL_ACCEL_DROPOUT: the backend draws the masks, Note [OpenCL dropout], Note
- * [CUDA dropout]) and the vocab-sharded ops of tensor parallelism (SL_ACCEL_VOCAB_SHARD). Both the OpenCL
- * and the CUDA backend ask for both. Layout limits are those of the CPU kernels (rows with a unit last
- * stride). */
+ * the op and dtype: bf16 / f16 compute (a backend adds its own GEMMs: Note [CUDA supported ops], Note
+ * [OpenCL bf16 GEMM]), the half-numerics variants of ATTENTION_KV / MOE_EXPERT, MoE routing, and, unless the
+ * backend asks for them with sl_accel_supports_ex, dropout (SL_ACCEL_DROPOUT: the backend draws the masks,
+ * Note [OpenCL dropout], Note [CUDA dropout]), the vocab-sharded ops of tensor parallelism
+ * (SL_ACCEL_VOCAB_SHARD), f16 storage (SL_ACCEL_F16_STORAGE) and the half numerics of ATTENTION and ROPE
+ * (SL_ACCEL_HALF_NUMERICS). The OpenCL and the CUDA backend ask for all four, so the rules live here once.
+ * Layout limits are those of the CPU kernels (rows with a unit last stride). */
 int sl_accel_supports(const sl_tensor *n) { return sl_accel_supports_ex(n, 0); }
 
 int sl_accel_supports_ex(const sl_tensor *n, int extra) {
     const sl_tensor *a = n->src[0], *b = n->src[1];
-    const int dropout = extra & SL_ACCEL_DROPOUT, vocab = (extra & SL_ACCEL_VOCAB_SHARD) != 0;
+    const int dropout = extra & SL_ACCEL_DROPOUT, vocab = (extra & SL_ACCEL_VOCAB_SHARD) != 0,
+              f16 = (extra & SL_ACCEL_F16_STORAGE) != 0, half = (extra & SL_ACCEL_HALF_NUMERICS) != 0;
     switch (n->op) {
     case SL_OP_VIEW:
         return 1;
     case SL_OP_CONT:
     case SL_OP_ZEROS:
-        return movable(n->dtype) && (!a || a->dtype == n->dtype || n->op == SL_OP_ZEROS);
+        return (movable(n->dtype) || (f16 && n->dtype == SL_F16)) &&
+               (!a || a->dtype == n->dtype || n->op == SL_OP_ZEROS);
     case SL_OP_CONCAT:
-        return movable(n->dtype) && a->dtype == n->dtype && b->dtype == n->dtype;
-    case SL_OP_CAST:
+        return (movable(n->dtype) || (f16 && n->dtype == SL_F16)) && a->dtype == n->dtype &&
+               b->dtype == n->dtype;
+    case SL_OP_CAST: /* f32 <-> bf16, and f32 <-> f16 with f16 storage */
+        if (f16 && ((n->dtype == SL_F16 && a->dtype == SL_F32) || (n->dtype == SL_F32 && a->dtype == SL_F16)))
+            return 1;
         return (n->dtype == SL_F32 || n->dtype == SL_BF16) && (a->dtype == SL_F32 || a->dtype == SL_BF16);
     case SL_OP_ADD:
     case SL_OP_MUL:
@@ -85,11 +90,16 @@ int sl_accel_supports_ex(const sl_tensor *n, int extra) {
     case SL_OP_SOFTMAX_BACK:
     case SL_OP_TOPK_GATE_BACK:
         return all_f32(n) && sl_is_contiguous(a) && last_unit(b);
-    case SL_OP_ATTENTION: /* sliding window (iparams[1]) too; no eager half rounding (iparams[2]); dropout
-                             (fparams[0]) where the backend asks for it */
+    case SL_OP_ATTENTION: /* sliding window (iparams[1]) too; the eager half numerics (iparams[2] 1-4) and
+                             dropout (fparams[0]) where the backend asks for them */
+        if (half && n->iparams[2] >= 1 && n->iparams[2] <= 4)
+            return all_f32(n) && last_unit(a) && last_unit(b) && last_unit(n->src[2]);
         return all_f32(n) && !n->iparams[2] && (dropout || !(n->fparams[0] > 0)) && last_unit(a) &&
                last_unit(b) && last_unit(n->src[2]);
     case SL_OP_ATTENTION_BACK:
+        if (half && a->iparams[2] >= 1 && a->iparams[2] <= 4)
+            return all_f32(n) && last_unit(b) && last_unit(n->src[2]) && last_unit(n->src[3]) &&
+                   last_unit(n->src[4]) && n->src[4]->ndim >= 3;
         return all_f32(n) && !a->iparams[2] && (dropout || !(a->fparams[0] > 0)) && last_unit(b) &&
                last_unit(n->src[2]) && last_unit(n->src[3]) && last_unit(n->src[4]) && n->src[4]->ndim >= 3;
     case SL_OP_DROPOUT: /* f32 (no half output), contiguous, a residual of the same size */
@@ -114,8 +124,9 @@ int sl_accel_supports_ex(const sl_tensor *n, int extra) {
         return f32_but_i32(n, 1) && sl_is_contiguous(a) && sl_is_contiguous(b);
     case SL_OP_CROSS_ENTROPY_BACK:
         return f32_but_i32(n, 2) && sl_is_contiguous(b) && sl_is_contiguous(n->src[2]);
-    case SL_OP_ROPE:
-        return all_f32(n) && !n->iparams[2] && last_unit(a) && a->ndim == 4;
+    case SL_OP_ROPE: /* the half numerics (iparams[2] 1-6) where the backend asks for them */
+        return all_f32(n) && (half ? n->iparams[2] >= 0 && n->iparams[2] <= 6 : !n->iparams[2]) &&
+               last_unit(a) && a->ndim == 4;
     case SL_OP_MOE_EXPERT:
         if (!all_f32(n) || n->iparams[1] || !sl_is_contiguous(a) || !last_unit(b)) return 0;
         for (int i = 2; i < 5; i++)

@@ -17,8 +17,10 @@ int sl_accel_supports(const sl_tensor *n);
 /* the same, also accepting what `extra` names (SL_ACCEL_*): the dropout ops (DROPOUT, ATTENTION /
  * ATTENTION_BACK with dropout of the probabilities) for a backend that draws the masks (Note [OpenCL
  * dropout]); the vocabulary-parallel ops of tensor parallelism (EMBEDDING / EMBEDDING_BACK of a vocab shard,
- * CE_VP_STATS, CE_VP, CE_VP_BACK: Note [OpenCL tensor parallelism]) */
-enum { SL_ACCEL_DROPOUT = 1, SL_ACCEL_VOCAB_SHARD = 2 };
+ * CE_VP_STATS, CE_VP, CE_VP_BACK: Note [OpenCL tensor parallelism]); f16 storage (CONT / ZEROS / CONCAT in
+ * f16, CAST f32 <-> f16: Note [OpenCL f16 storage]); the half numerics of ATTENTION / ATTENTION_BACK (the
+ * eager modes 1-4, Note [OpenCL half attention]) and ROPE (modes 0-6, Note [RoPE numerics]) */
+enum { SL_ACCEL_DROPOUT = 1, SL_ACCEL_VOCAB_SHARD = 2, SL_ACCEL_F16_STORAGE = 4, SL_ACCEL_HALF_NUMERICS = 8 };
 int sl_accel_supports_ex(const sl_tensor *n, int extra);
 
 /* What a dropout node draws (Note [Dropout from counters], src/ops/build.c): DROPOUT, or an ATTENTION node

@@ -69,20 +69,14 @@ sl_status cu_ew_flat(int op, float f, float *p, int64_t n) {
  * with CUDA_R_16F operands and CUBLAS_COMPUTE_32F: each product of two f16 values is exact in f32 and the
  * sums are fp32, as the CPU's widened f16 GEMM (the summation order is cuBLAS's). An f16 MATMUL rounded to
  * bf16 (SL_MATMUL_IP_ROUND) is refused, as on OpenCL. Compiled and linked, not yet run on a GPU. */
+/* what this backend adds to the shared table: dropout (Note [CUDA dropout]), the vocab-parallel ops (Note
+ * [CUDA tensor parallelism], kernels/loss.cu), f16 storage (Note [CUDA f16 storage]), the half numerics of
+ * attention (Note [CUDA half attention], kernels/attention_half.cu) and RoPE (k_rope in kernels/llama.cu) */
+#define CU_EXTRA (SL_ACCEL_DROPOUT | SL_ACCEL_VOCAB_SHARD | SL_ACCEL_F16_STORAGE | SL_ACCEL_HALF_NUMERICS)
+
 int cu_supports(const sl_tensor *n) {
     const sl_tensor *a = n->src[0], *b = n->src[1];
     switch (n->op) {
-    case SL_OP_CONT: /* f16 data movement: 16-bit copies (Note [CUDA f16 storage]) */
-    case SL_OP_ZEROS:
-        if (n->dtype == SL_F16) return !a || a->dtype == SL_F16 || n->op == SL_OP_ZEROS;
-        return sl_accel_supports(n);
-    case SL_OP_CONCAT:
-        if (n->dtype == SL_F16) return a->dtype == SL_F16 && b->dtype == SL_F16;
-        return sl_accel_supports(n);
-    case SL_OP_CAST: /* f32 <-> f16 besides the table's f32 <-> bf16 */
-        if ((n->dtype == SL_F16 && a->dtype == SL_F32) || (n->dtype == SL_F32 && a->dtype == SL_F16))
-            return 1;
-        return sl_accel_supports(n);
     case SL_OP_MATMUL: {
         /* bf16 x bf16 or f16 x f16 operands, f32 out and bias (cublasGemmEx, fp32 accumulation) */
         int bf =
@@ -99,30 +93,8 @@ int cu_supports(const sl_tensor *n) {
     case SL_OP_LINEAR_BF16:
         return n->dtype == SL_F32 && a->dtype == SL_F32 && b->dtype == SL_BF16 && b->ndim == 2 &&
                sl_accel_last_unit(a) && sl_is_contiguous(b) && sl_is_contiguous(n);
-    case SL_OP_ATTENTION: /* with dropout of the probabilities (Note [CUDA dropout]); the eager half numerics
-                             on their own kernels (Note [CUDA half attention], kernels/attention_half.cu) */
-        if (n->iparams[2] >= 1 && n->iparams[2] <= 4)
-            return sl_accel_all_f32(n) && sl_accel_last_unit(a) && sl_accel_last_unit(b) &&
-                   sl_accel_last_unit(n->src[2]);
-        return sl_accel_supports_ex(n, SL_ACCEL_DROPOUT);
-    case SL_OP_ATTENTION_BACK:
-        if (a->iparams[2] >= 1 && a->iparams[2] <= 4)
-            return sl_accel_all_f32(n) && sl_accel_last_unit(b) && sl_accel_last_unit(n->src[2]) &&
-                   sl_accel_last_unit(n->src[3]) && sl_accel_last_unit(n->src[4]) && n->src[4]->ndim >= 3;
-        return sl_accel_supports_ex(n, SL_ACCEL_DROPOUT);
-    case SL_OP_DROPOUT:
-        return sl_accel_supports_ex(n, SL_ACCEL_DROPOUT);
-    case SL_OP_EMBEDDING: /* vocab shards too (Note [CUDA tensor parallelism], kernels/loss.cu) */
-    case SL_OP_EMBEDDING_BACK:
-    case SL_OP_CE_VP_STATS:
-    case SL_OP_CE_VP:
-    case SL_OP_CE_VP_BACK:
-        return sl_accel_supports_ex(n, SL_ACCEL_VOCAB_SHARD);
-    case SL_OP_ROPE: /* the half numerics too (Note [RoPE numerics]; k_rope in kernels/llama.cu) */
-        return sl_accel_all_f32(n) && n->iparams[2] >= 0 && n->iparams[2] <= 6 && sl_accel_last_unit(a) &&
-               a->ndim == 4;
     default:
-        return sl_accel_supports(n);
+        return sl_accel_supports_ex(n, CU_EXTRA);
     }
 }
 

@@ -155,20 +155,14 @@ static sl_status ew16(int op, ocl_ref o, cl_long8 nbo, ocl_ref a, cl_long8 nba, 
  * (OCL_ATT_LOCAL, Note [OpenCL flash attention]). */
 static int sum_whole_rows(const sl_tensor *n); /* SUM_TO over whole rows (op_sum_to) */
 
+/* what this backend adds to the shared table: dropout (Note [OpenCL dropout]), the vocab-parallel ops (Note
+ * [OpenCL tensor parallelism], kernels/loss.cl), f16 storage, the half numerics of attention and RoPE (Note
+ * [OpenCL half attention], k_rope in kernels/llama.cl) */
+#define OCL_EXTRA (SL_ACCEL_DROPOUT | SL_ACCEL_VOCAB_SHARD | SL_ACCEL_F16_STORAGE | SL_ACCEL_HALF_NUMERICS)
+
 int ocl_supports(const sl_tensor *n) {
     const sl_tensor *a = n->src[0], *b = n->src[1];
     switch (n->op) {
-    case SL_OP_CONT: /* f16 data movement: 16-bit copies */
-    case SL_OP_ZEROS:
-        if (n->dtype == SL_F16) return !a || a->dtype == SL_F16 || n->op == SL_OP_ZEROS;
-        return sl_accel_supports(n);
-    case SL_OP_CONCAT:
-        if (n->dtype == SL_F16) return a->dtype == SL_F16 && b->dtype == SL_F16;
-        return sl_accel_supports(n);
-    case SL_OP_CAST: /* f32 <-> f16 besides the table's f32 <-> bf16 */
-        if ((n->dtype == SL_F16 && a->dtype == SL_F32) || (n->dtype == SL_F32 && a->dtype == SL_F16))
-            return 1;
-        return sl_accel_supports(n);
     case SL_OP_SUM_TO: /* a bf16 source summed into f32 rows (the bias gradient of a fused-cast Linear) */
         if (a->dtype == SL_BF16) return n->dtype == SL_F32 && sum_whole_rows(n);
         return sl_accel_supports(n);
@@ -185,33 +179,16 @@ int ocl_supports(const sl_tensor *n) {
             return g_ocl.gemm_kind == OCL_GEMM_REG && a->ndim >= 2 && b->ndim >= 2 && n->ndim >= 2 &&
                    sl_accel_last_unit(a) && sl_accel_last_unit(b) && sl_accel_last_unit(n) &&
                    (!n->src[2] || sl_is_contiguous(n->src[2]));
-        return sl_accel_supports(n);
-    case SL_OP_ATTENTION: /* with dropout of the probabilities too (Note [OpenCL dropout]); the eager half
-                             numerics on their own kernels (Note [OpenCL half attention]) */
-        if (n->iparams[2] >= 1 && n->iparams[2] <= 4)
-            return sl_accel_all_f32(n) && sl_accel_last_unit(a) && sl_accel_last_unit(b) &&
-                   sl_accel_last_unit(n->src[2]);
-        return sl_accel_supports_ex(n, SL_ACCEL_DROPOUT) &&
-               OCL_ATT_LOCAL(n->src[0]->ne[3]) <= g_ocl.local_mem;
+        return sl_accel_supports_ex(n, OCL_EXTRA);
+    case SL_OP_ATTENTION: /* the flash kernels' tiles must fit local memory (the eager half kernels need none)
+                           */
+        return sl_accel_supports_ex(n, OCL_EXTRA) &&
+               ((n->iparams[2] >= 1 && n->iparams[2] <= 4) || OCL_ATT_LOCAL(a->ne[3]) <= g_ocl.local_mem);
     case SL_OP_ATTENTION_BACK:
-        if (a->iparams[2] >= 1 && a->iparams[2] <= 4)
-            return sl_accel_all_f32(n) && sl_accel_last_unit(b) && sl_accel_last_unit(n->src[2]) &&
-                   sl_accel_last_unit(n->src[3]) && sl_accel_last_unit(n->src[4]) && n->src[4]->ndim >= 3;
-        return sl_accel_supports_ex(n, SL_ACCEL_DROPOUT) &&
-               OCL_ATT_LOCAL(n->src[1]->ne[3]) <= g_ocl.local_mem;
-    case SL_OP_DROPOUT:
-        return sl_accel_supports_ex(n, SL_ACCEL_DROPOUT);
-    case SL_OP_ROPE: /* the half numerics too (Note [RoPE numerics]; k_rope in kernels/llama.cl) */
-        return sl_accel_all_f32(n) && n->iparams[2] >= 0 && n->iparams[2] <= 6 && sl_accel_last_unit(a) &&
-               a->ndim == 4;
-    case SL_OP_EMBEDDING: /* vocab shards too (Note [OpenCL tensor parallelism], kernels/loss.cl) */
-    case SL_OP_EMBEDDING_BACK:
-    case SL_OP_CE_VP_STATS:
-    case SL_OP_CE_VP:
-    case SL_OP_CE_VP_BACK:
-        return sl_accel_supports_ex(n, SL_ACCEL_VOCAB_SHARD);
+        return sl_accel_supports_ex(n, OCL_EXTRA) &&
+               ((a->iparams[2] >= 1 && a->iparams[2] <= 4) || OCL_ATT_LOCAL(b->ne[3]) <= g_ocl.local_mem);
     default:
-        return sl_accel_supports(n);
+        return sl_accel_supports_ex(n, OCL_EXTRA);
     }
 }
 
