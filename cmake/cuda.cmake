@@ -62,7 +62,7 @@ if(SL_CUDA_ENABLED)
   else()
     set(_opt -O3 -lineinfo)
   endif()
-  # --fmad=false: no multiply-add contraction, as in the CPU reference kernels (Note [CUDA numerics]).
+  # --fmad=false: no multiply-add contraction, as in the CPU reference kernels (src/device/cuda/README.md, "Numerics").
   find_program(SL_CUDA_HOST_CXX NAMES g++ c++)
   file(GLOB SL_CUDA_KERNELS CONFIGURE_DEPENDS ${SL_CUDA_DIR}/kernels/*.cu)
   set(SL_CUDA_OBJS "")
