@@ -341,6 +341,9 @@ sl_status sl_kv_graph_set_pos(sl_graph *g, int pos0);
  * written through the backend). */
 int sl_model_is_moe(const sl_model *m);
 sl_status sl_moe_graph_stats(sl_graph *g, sl_moe_stats *out);
+/* the tokens an expert of m keeps when a sparse layer routes N tokens: ceil(capacity_factor N k / E), 0 when
+ * nothing can be dropped (no capacity factor, or a capacity >= N) */
+int64_t sl_moe_capacity(const sl_model *m, int64_t N);
 /* add(user, offset, n, delta): adds delta[0..n) to parameters [offset, offset + n) of the flat buffer where
  * the caller keeps them (ZeRO-3: the rank's shard, sl_dp_add_params); NULL: read, add, write through the
  * backend. The update is a function of the loads only (rate x sign(mean - load)), never of the bias. */

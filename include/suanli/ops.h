@@ -177,6 +177,12 @@ typedef struct sl_moe_route_opts {
  * offset from t->data. */
 sl_tensor *sl_moe_route(sl_ctx *ctx, sl_tensor *logits, sl_tensor *bias, const sl_moe_route_opts *o);
 size_t sl_moe_route_counts_offset(const sl_tensor *route);
+/* (B E): the tokens route (N = B x Tl rows, b-major; no capacity) selects per expert in each block of Tl */
+sl_tensor *sl_moe_route_block_counts(sl_ctx *ctx, sl_tensor *route, int64_t B);
+/* Makes route (a capacity > 0, N = B x Tl rows) apply its capacity as if its rows were sequence shard `shard`
+ * of a batch whose shards each hold (b, Tl) rows of every batch row b: counts (P B E) are every shard's
+ * sl_moe_route_block_counts, all-gathered shard-major (Note [Capacity under sequence parallelism]). */
+void sl_moe_route_shard(sl_tensor *route, sl_tensor *counts, int shard, int64_t B);
 /* Scalar aux_coeff * Switch load-balancing loss + z_coeff * router z-loss of one layer (shape (1)); the
  * node's aux holds the raw [aux, z] (2 floats after the value). */
 sl_tensor *sl_moe_router_loss(sl_ctx *ctx, sl_tensor *logits, sl_tensor *route, float aux_coeff,

@@ -23,9 +23,14 @@ extern "C" {
 #define SL_MAX_DIMS 5
 #define SL_MAX_SRC 5
 #define SL_MAX_IPARAMS 10
-/* MOE_ROUTE iparams[6]: a routing computed for the router losses only (Note [Router losses under sequence
- * parallelism], src/nn/moe.c): no expert reads it; statistics and the bias update skip it */
+/* MOE_ROUTE iparams[6]: a routing computed for the router losses or the capacity offsets only (Note [Router
+ * losses under sequence parallelism], Note [Capacity under sequence parallelism], src/nn/moe.c): no expert
+ * reads it; statistics and the bias update skip it */
 #define SL_MOE_ROUTE_IP_LOSS_ONLY 6
+/* MOE_ROUTE with src2 (sl_moe_route_shard): iparams[7] this rank's sequence shard, iparams[8] the blocks
+ * (batch rows) of its N rows */
+#define SL_MOE_ROUTE_IP_SHARD 7
+#define SL_MOE_ROUTE_IP_BLOCKS 8
 #define SL_MAX_FPARAMS 4
 
 /* SL_F16: IEEE binary16 (issue 19), appended so the stored values of the others do not change */
@@ -119,7 +124,9 @@ typedef enum sl_op {
                               weights (N, E): scores softmax|sigmoid (iparams[1] = 0|1), top iparams[0] per row
                               of score + bias, within the top iparams[4] of iparams[3] groups (DeepSeek-V3),
                               iparams[2]=1: renormalised over the selection, times fparams[0]; iparams[5] > 0:
-                              capacity per expert, later tokens dropped (weight 0); aux: scores, mask, counts */
+                              capacity per expert, later tokens dropped (weight 0); src2 (optional): every
+                              shard's pre-capacity counts per block, which place this shard's tokens in the
+                              whole batch's order (sl_moe_route_shard); aux: scores, mask, counts */
     SL_OP_MOE_ROUTE_BACK,  /* src0 = fwd, src1 = dy -> d logits (N, E) */
     SL_OP_MOE_ROUTER_LOSS, /* src0 = logits (N, E), src1 = route -> (1): fparams[0] * Switch
                               load-balancing loss + fparams[1] * router z-loss; aux: the two raw */
@@ -144,7 +151,8 @@ typedef enum sl_op {
     /* Expert parallelism (src/ops/moe_ops.c, Note [Expert-parallel dispatch]): E experts over P ranks, El =
      * E / P local ones; "cnt" (E) = this rank's kept tokens per global expert, "rcnt" (E) = block p holds
      * rank p's counts for this rank's El experts (an all-to-all of cnt) */
-    SL_OP_MOE_EP_COUNTS, /* src0 = route -> cnt (E): kept tokens per expert (floats) */
+    SL_OP_MOE_EP_COUNTS, /* src0 = route -> cnt (E): kept tokens per expert (floats); iparams[0] = B > 1:
+                            (B E), per block of N / B rows */
     SL_OP_MOE_EP_PACK,   /* src0 = x (N, C), src1 = route -> (S, C): the kept (token, expert) pairs ordered by
                             expert then token, unwritten past their count; iparams[1]=1: times the weight */
     SL_OP_MOE_EP_UNPACK, /* src0 = packed (S, C), src1 = route -> (N, C): per token the sum of its rows

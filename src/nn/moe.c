@@ -24,9 +24,26 @@
  * them once as replicated parameters). With sequence parallelism each TP rank runs its own T / tp tokens
  * through the experts, which halves nothing in memory but splits the expert FLOPs; the weights then take
  * partial gradients on each rank and enter the graph through sl_tp_rep (COPY forward, ALL-REDUCE of the
- * gradient), as the other replicated parameters SP applies to sequence shards. Capacity under SP counts each
- * rank's own tokens, and DeepSeek-V3's bias update sums the loads over the TP group too (train_moe.c).
+ * gradient), as the other replicated parameters SP applies to sequence shards. A capacity under SP is the
+ * whole batch's, applied in its token order (Note [Capacity under sequence parallelism]), and the step's
+ * statistics and DeepSeek-V3's bias update sum the loads over the TP group too (train_moe.c).
  * With expert tensor parallelism (below) the experts are split instead.
+ *
+ * Note [Capacity under sequence parallelism]
+ * One process keeps, per expert, the first capacity = ceil(f N k / E) tokens routed to it in the order of
+ * the N = B T rows (b-major; a token is routed to an expert at most once, so the order of its k choices does
+ * not matter): a token is kept iff its position among the tokens routed to that expert is below capacity.
+ * Under SP with whole experts, TP rank r holds tokens (b, t) for t in [r T / tp, (r + 1) T / tp) of every
+ * batch row b, so the tokens routed to e before its token (b, t) are those of rows b' < b on every rank,
+ * those of row b on ranks r' < r, then its own earlier ones. Each rank routes its shard once without a
+ * capacity (MOE_ROUTE marked loss-only: no expert reads it, statistics skip it), counts the selections per
+ * (batch row, expert) (MOE_EP_COUNTS by rows, B x E floats), and the TP group all-gathers the counts
+ * (COLLECTIVE ALLGATHER: no gradient, run by the TP provider, staged on backends without host memory); the
+ * layer's route then applies the capacity of all B T tokens with those offsets (sl_moe_route_shard), so it
+ * drops exactly the assignments the single process drops. Routing twice costs N E per rank; the
+ * all-gather moves tp B E floats. The kept rows per rank stay <= the capacity and <= its N, so an expert's
+ * buffers hold min(capacity, N) rows. The statistics (routed and dropped counts) are summed over the TP
+ * group after the step (train_moe.c), which gives the single process's moe_dropped_frac.
  *
  * Note [Expert tensor parallelism]
  * Megatron's --expert-tensor-parallel-size = tp: each routed expert's intermediate dimension I is split over
@@ -202,11 +219,16 @@ static sl_moe_route_opts route_opts(const sl_model *m, int64_t N) {
     default:
         break;
     }
-    if (m->moe.capacity_factor > 0) { /* Note [MoE dispatch in a static graph] */
-        double cap = ceil((double)m->moe.capacity_factor * (double)N * o.k / c->n_experts);
-        o.capacity = cap >= (double)N ? 0 : (int)cap; /* >= N: nothing can be dropped */
-    }
+    o.capacity = (int)sl_moe_capacity(m, N);
     return o;
+}
+
+int64_t sl_moe_capacity(const sl_model *m, int64_t N) {
+    const sl_llama_config *c = &m->lcfg;
+    if (!(m->moe.capacity_factor > 0) || c->n_experts < 1)
+        return 0; /* Note [MoE dispatch in a static graph] */
+    double cap = ceil((double)m->moe.capacity_factor * (double)N * c->n_experts_per_tok / c->n_experts);
+    return cap >= (double)N ? 0 : (int64_t)cap; /* >= N: nothing can be dropped */
 }
 
 /* The rows a step receives are a data-dependent prefix of the worst case (Note [Reserved rows]): the
@@ -283,8 +305,11 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
     int etp = m->etp && m->tp > 1;    /* Note [Expert tensor parallelism] */
     int esp = etp && m->sp;           /* ... with the tokens gathered over TP */
     int64_t Nr = esp ? N * m->tp : N; /* the tokens routed */
-    sl_moe_route_opts o = route_opts(m, Nr);
-    int64_t R = o.capacity > 0 ? o.capacity : Nr;
+    /* whole experts under SP: each rank routes its shard, with the whole batch's capacity (Note [Capacity
+     * under sequence parallelism]) */
+    int csp = !etp && m->sp && m->tp > 1;
+    sl_moe_route_opts o = route_opts(m, esp || csp ? N * m->tp : N);
+    int64_t R = o.capacity > 0 && o.capacity < Nr ? o.capacity : Nr;
     /* f without a half rounding: the route reads f32 logits; under SP the shards' logits gathered */
     sl_tensor *lr = logits;
     if (esp)
@@ -292,7 +317,19 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
                            Nr, E);
     else if (etp)
         lr = sl_tp_enter(ctx, logits, m->tp, 0);
+    sl_tensor *prior = NULL; /* every shard's pre-capacity counts per batch row */
+    if (csp && o.capacity > 0) {
+        sl_moe_route_opts po = o;
+        po.capacity = 0;
+        sl_tensor *pre = sl_moe_route(ctx, lr, bias, &po);
+        pre->iparams[SL_MOE_ROUTE_IP_LOSS_ONLY] = 1; /* not a layer's routing: no expert, no statistics */
+        sl_set_name(pre, "moe_route_pre.%d", l);
+        prior = sl_collective(ctx, sl_moe_route_block_counts(ctx, pre, B), SL_COLL_ALLGATHER, SL_COLL_NONE,
+                              SL_GROUP_TP, m->tp); /* (tp B E) */
+        sl_set_name(prior, "moe_capacity_counts.%d", l);
+    }
     sl_tensor *w = sl_moe_route(ctx, lr, bias, &o); /* (Nr, E) */
+    if (prior) sl_moe_route_shard(w, prior, m->tp_rank, B);
     sl_set_name(w, "moe_route.%d", l);
     sl_set_output(w); /* read back after the step (sl_moe_graph_stats) */
     /* Note [Router losses under sequence parallelism]
@@ -301,11 +338,11 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
      * z-loss is a mean over all of them. So the router losses read the shards' logits gathered over TP (the
      * SP all-gather, whose backward reduce-scatters) and a second routing of all of them (MOE_ROUTE marked
      * loss-only in iparams[6]: no experts read it, statistics and the bias update skip it; each token's
-     * choice is the one its own rank made, as routing is per token without a capacity, which SP refuses).
-     * Every rank then holds the whole loss, as under expert tensor parallelism, and passes 1 / tp of its
-     * gradient into the reduce-scatter, which sums the ranks' shares: the single process's gradient. Megatron
-     * all-reduces the counts over the TP group and lets each rank's partial loss carry its shard; the sum is
-     * the same loss. */
+     * choice is the one its own rank made, as the choice is per token, and the losses read the counts
+     * before any capacity drop). Every rank then holds the whole loss, as under expert tensor parallelism,
+     * and passes 1 / tp of its gradient into the reduce-scatter, which sums the ranks' shares: the single
+     * process's gradient. Megatron all-reduces the counts over the TP group and lets each rank's partial loss
+     * carry its shard; the sum is the same loss. */
     int lsp = !etp && m->sp && m->tp > 1 && (m->moe.aux_coeff > 0 || m->moe.z_coeff > 0);
     sl_tensor *ll = esp ? lr : logits, *lw = w;
     if (lsp) {

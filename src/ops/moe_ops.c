@@ -55,6 +55,25 @@ size_t sl_moe_route_counts_offset(const sl_tensor *route) {
     return sizeof(float) * (size_t)(3 * route->ne[0] * route->ne[1]);
 }
 
+sl_tensor *sl_moe_route_block_counts(sl_ctx *ctx, sl_tensor *route, int64_t B) {
+    SL_ASSERT(route->op == SL_OP_MOE_ROUTE && route->iparams[5] == 0 && B >= 1 && route->ne[0] % B == 0);
+    SL_ASSERT(B <= INT32_MAX);
+    sl_tensor *t = sl_new_op(ctx, SL_OP_MOE_EP_COUNTS, SL_F32, 1, (int64_t[]){B * route->ne[1]});
+    t->src[0] = route;
+    t->iparams[0] = (int)B;
+    return t;
+}
+
+void sl_moe_route_shard(sl_tensor *route, sl_tensor *counts, int shard, int64_t B) {
+    int64_t E = route->ne[1];
+    SL_ASSERT(route->op == SL_OP_MOE_ROUTE && route->iparams[5] > 0 && B >= 1 && route->ne[0] % B == 0);
+    SL_ASSERT(counts->dtype == SL_F32 && sl_is_contiguous(counts) && sl_nelements(counts) % (B * E) == 0);
+    SL_ASSERT(shard >= 0 && shard < sl_nelements(counts) / (B * E));
+    route->src[2] = counts;
+    route->iparams[SL_MOE_ROUTE_IP_SHARD] = shard;
+    route->iparams[SL_MOE_ROUTE_IP_BLOCKS] = (int)B;
+}
+
 sl_tensor *sl_moe_router_loss(sl_ctx *ctx, sl_tensor *logits, sl_tensor *route, float aux_coeff,
                               float z_coeff) {
     SL_ASSERT(row_major_2d(logits) && route->op == SL_OP_MOE_ROUTE && sl_same_shape(logits, route));

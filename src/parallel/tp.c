@@ -491,6 +491,10 @@ double sl_tp_comm_theory(const sl_model *m, int B, int T, int micro_batches) {
     }
     per -= sparse * 4 * f * S;
     if (m->etp) per += sparse * (4 * f * S + 2 * f * (double)B * T * E * sizeof(float));
+    /* whole experts under SP with a capacity: the all-gather of the shards' (B, E) counts (Note [Capacity
+     * under sequence parallelism]) */
+    if (!m->etp && m->sp && sl_moe_capacity(m, (int64_t)B * T) > 0)
+        per += sparse * f * n * (double)B * E * sizeof(float);
     per += 2 * f * sizeof(float) * rep;
     /* full recomputation under SP gathers again: the all-gathers before attention and before the MLP (the
      * experts only when split) of each recomputed layer (Note [Full recomputation], src/graph/autodiff.c):

@@ -96,13 +96,6 @@ sl_status sl_train_moe_check(sl_train_job *j) {
         return sl_train_bad(
             "--moe-* and --num-experts need a mixture-of-experts model: --init-from a Mixtral, "
             "Qwen2-MoE or DeepSeek-V3 directory (fresh models are dense GPT-2)");
-    /* the same for the capacity: each rank would keep ceil(f * shard tokens * k / E) per expert, in its
-     * shard's token order, not the whole sequence's first ones */
-    if (o->parallel.sequence_parallel && o->parallel.etp <= 1 && !isnan(mo->capacity_factor))
-        return sl_train_bad(
-            "--moe-capacity-factor with --sequence-parallel is not supported yet (each TP rank "
-            "would drop tokens by the capacity of its sequence shard alone; "
-            "--expert-tensor-parallel-size = tp routes all tokens on every rank)");
     if (mo->bias_update_rate > 0 && o->model.init_from) {
         sl_llama_config c;
         if (sl_hf_load_config(o->model.init_from, &c, NULL) == SL_OK && c.arch != SL_ARCH_DEEPSEEK_V3)
@@ -127,8 +120,10 @@ sl_status sl_train_moe_apply(sl_train_job *j) {
     return SL_OK;
 }
 
-/* Under SP with the experts whole, each TP rank routes its own sequence shard: its loads are a part of the
- * step's (with expert tensor parallelism every TP rank routes all the tokens) */
+/* Under SP with the experts whole, each TP rank routes its own sequence shard: its loads, and with a
+ * capacity its dropped assignments (those of the whole batch's capacity: Note [Capacity under sequence
+ * parallelism], src/nn/moe.c), are a part of the step's (with expert tensor parallelism every TP rank
+ * routes all the tokens) */
 static int tp_shards_route(const sl_train_job *j) {
     return j->m->sp && j->m->tp > 1 && !j->m->etp && j->mesh.tp_comm;
 }
@@ -142,7 +137,7 @@ static sl_status reduce_stats(sl_train_job *j, sl_moe_stats *s) {
     double v[SL_MOE_MAX_EXPERTS + 3], all[SL_MOE_MAX_EXPERTS + 3], routed = 0;
     for (int e = 0; e < E; e++) routed += (v[e] = s->load[e]);
     v[E] = s->dropped_frac * routed, v[E + 1] = s->aux, v[E + 2] = s->z;
-    if (tp_shards_route(j)) { /* the router losses are refused under SP: only the counts are summed */
+    if (tp_shards_route(j)) { /* only the counts: the router losses that count are whole on every TP rank */
         SL_TRY(sl_comm_all_reduce(j->mesh.tp_comm, v, all, (size_t)E + 1, SL_COMM_F64, SL_COMM_SUM));
         memcpy(v, all, sizeof(double) * (size_t)(E + 1));
         routed = 0;

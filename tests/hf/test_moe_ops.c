@@ -101,6 +101,75 @@ static void test_route_capacity(void) {
     tc_free(&t);
 }
 
+/* Note [Capacity under sequence parallelism]: the rows of B batch rows x T tokens split into P sequence
+ * shards; each shard routes its rows without a capacity, counts them per batch row
+ * (sl_moe_route_block_counts), and its capacity route, given every shard's counts (sl_moe_route_shard: the
+ * all-gather done here by hand), keeps and drops exactly what the one route over all B T rows does:
+ * weights, mask-derived counts summed over the shards, bitwise */
+static void test_route_shards(int P) {
+    tc t = {0};
+    t.ctx = sl_ctx_new(256);
+    enum { B = 3, T = 8, E = 6, N = B * T };
+    int64_t Tl = T / P, Nl = B * Tl;
+    sl_tensor *x = param(&t, 2, (int64_t[]){N, E}, 1.0f);
+    sl_moe_route_opts o = opts(2, SL_MOE_SCORE_SOFTMAX, 1);
+    o.capacity = 3; /* 24 tokens x 2 over 6 experts: 8 a expert on average, many dropped */
+    sl_tensor *rt = sl_moe_route(t.ctx, x, NULL, &o);
+    float *ref = fwd(&t, rt), refc[2 * E], cnt_all[4 * B * E], got_c[2 * E] = {0};
+    memcpy(refc, (const char *)rt->data + sl_moe_route_counts_offset(rt), sizeof refc);
+    float xs[4][N * E];
+    for (int p = 0; p < P; p++) /* shard p: rows (b, p Tl + i) */
+        for (int64_t b = 0; b < B; b++)
+            memcpy(xs[p] + b * Tl * E, t.pdata[0] + (b * T + p * Tl) * E, sizeof(float) * (size_t)(Tl * E));
+    for (int p = 0; p < P; p++) {
+        sl_ctx *c = sl_ctx_new(64);
+        sl_tensor *xl = sl_new_tensor(c, SL_F32, 2, (int64_t[]){Nl, E});
+        sl_tensor_bind(xl, xs[p]);
+        sl_moe_route_opts po = o;
+        po.capacity = 0;
+        sl_tensor *cnt = sl_moe_route_block_counts(c, sl_moe_route(c, xl, NULL, &po), B);
+        sl_set_output(cnt);
+        sl_graph *g = sl_graph_new(c);
+        sl_graph_build_forward(g, cnt);
+        TU_CHECK(sl_graph_plan(g, sl_backend_cpu(), NULL) == SL_OK &&
+                     sl_graph_compute(g, NULL, NULL) == SL_OK,
+                 "shard counts: %s", sl_errmsg());
+        memcpy(cnt_all + p * B * E, cnt->data, sizeof(float) * B * E);
+        sl_graph_free(g);
+        sl_ctx_free(c);
+    }
+    int bad = 0;
+    for (int p = 0; p < P; p++) {
+        sl_ctx *c = sl_ctx_new(64);
+        sl_tensor *xl = sl_new_tensor(c, SL_F32, 2, (int64_t[]){Nl, E}),
+                  *ca = sl_new_tensor(c, SL_F32, 1, (int64_t[]){P * B * E});
+        sl_tensor_bind(xl, xs[p]);
+        sl_tensor_bind(ca, cnt_all);
+        sl_tensor *w = sl_moe_route(c, xl, NULL, &o);
+        sl_moe_route_shard(w, ca, p, B);
+        sl_set_output(w);
+        sl_graph *g = sl_graph_new(c);
+        sl_graph_build_forward(g, w);
+        TU_CHECK(sl_graph_plan(g, sl_backend_cpu(), NULL) == SL_OK &&
+                     sl_graph_compute(g, NULL, NULL) == SL_OK,
+                 "shard route: %s", sl_errmsg());
+        const float *wd = w->data,
+                    *cd = (const float *)((const char *)w->data + sl_moe_route_counts_offset(w));
+        for (int64_t b = 0; b < B; b++)
+            bad += memcmp(wd + b * Tl * E, ref + (b * T + p * Tl) * E, sizeof(float) * (size_t)(Tl * E)) != 0;
+        for (int e = 0; e < 2 * E; e++) got_c[e] += cd[e];
+        sl_graph_free(g);
+        sl_ctx_free(c);
+    }
+    int dropped = 0;
+    for (int e = 0; e < E; e++) dropped += (int)(refc[e] - refc[E + e]);
+    TU_CHECK(bad == 0 && !memcmp(got_c, refc, sizeof refc) && dropped > 0,
+             "%d shards: %d batch rows' weights differ from one route's; counts %s; %d dropped", P, bad,
+             memcmp(got_c, refc, sizeof refc) ? "differ" : "equal", dropped);
+    free(ref);
+    tc_free(&t);
+}
+
 /* aux = E/(N^2 k) sum_e count_e sum_n p_ne and z = mean lse^2, in double */
 static void test_router_loss_value(void) {
     tc t = {0};
@@ -424,6 +493,8 @@ int main(void) {
     test_route_softmax();
     test_route_deepseek();
     test_route_capacity();
+    test_route_shards(2);
+    test_route_shards(4);
     test_router_loss_value();
     test_dispatch_dense();
     test_expert_ffn_dense();

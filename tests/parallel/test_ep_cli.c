@@ -1,4 +1,5 @@
-/* Expert parallelism through the CLI and the launcher (issue 17, items 2-5 and 7): `suanli run -n 2 --
+/* Expert parallelism through the CLI and the launcher (issue 17, items 2-5 and 7; item 3's capacity under
+ * sequence parallelism: capacity_sp): `suanli run -n 2 --
  * suanli train --ep 2`, `run -n 4 ... --ep 4 --zero-stage 1`, `run -n 2 ... --ep 2 --zero-stage 3` and, on 4
  * ranks, ep 2 with tp 2 and with pp 2 (1F1B and ZB-H1), and expert tensor parallelism (tp 2 with the experts
  * split, also with dp 2, pp 2, ep 2 and DeepSeek-V3's bias balancing), on the Qwen2-MoE fixture, reproduce
@@ -228,6 +229,51 @@ static void expert_tensor_parallel(const char *tmp, const char *base) {
     TU_CHECK(weight_diff(a, b) <= 1e-4, "resumed at tp 1 from the split layout: final weights");
 }
 
+/* the step's moe_dropped_frac in a run's metrics.jsonl */
+static double dropped_at(const char *dir, int step) {
+    char mp[1000];
+    snprintf(mp, sizeof mp, "%s/metrics.jsonl", dir);
+    return tu_metric_at(mp, step, "moe_dropped_frac");
+}
+
+/* A capacity under SP with whole experts (Note [Capacity under sequence parallelism], src/nn/moe.c): each TP
+ * rank routes its sequence shard but applies the whole batch's capacity in its token order, from every
+ * shard's counts per batch row, so it drops the assignments the single process drops: the same losses (1e-6
+ * relative), weights (the bars of weight_diff) and moe_dropped_frac at every step (tp 2 + SP, also with full
+ * recomputation and with pp 2); with ep 2 (dp 2) the statistics are both DP ranks' last micro-batches, so
+ * they are compared with ep 2 alone, whose losses also match the single process. Capacity factor 1 drops ~30
+ * % of the assignments here (each rank keeping its own shard's capacity was measured 6.6e-3 relative off the
+ * single process's loss at step 6, and the layout was refused until the ranks shared their counts). */
+static void capacity_sp(const char *tmp, const char *base) {
+    char a[900], b[900], e[900];
+    const char *cap = "--train-iters 4 --moe-capacity-factor 1";
+    TU_CHECK(run("%s %s %s --save %s/cap1", tu_cli(), base, cap, tmp) == 0, "capacity single: %s", out);
+    snprintf(a, sizeof a, "%s/cap1", tmp);
+    snprintf(e, sizeof e, "%s/capep2", tmp);
+    const char *lay[][3] = {{"capep2", "2", "--ep 2"},
+                            {"captpsp", "2", "--tp 2 --sequence-parallel"},
+                            {"captpsprc", "2", "--tp 2 --sequence-parallel --recompute-granularity full"},
+                            {"captpsppp", "4", "--tp 2 --sequence-parallel --pp 2"},
+                            {"captpspep", "4", "--tp 2 --sequence-parallel --ep 2"}};
+    for (int k = 0; k < (int)(sizeof lay / sizeof lay[0]); k++) {
+        TU_CHECK(run("%s run -n %s -- %s %s %s %s --save %s/%s", tu_cli(), lay[k][1], tu_cli(), base, cap,
+                     lay[k][2], tmp, lay[k][0]) == 0,
+                 "capacity, %s: %s", lay[k][2], out);
+        snprintf(b, sizeof b, "%s/%s", tmp, lay[k][0]);
+        same_losses(a, b, 1, 4);
+        const char *ref = strstr(lay[k][2], "--ep") ? e : a;
+        for (int s = 1; s <= 4; s++) {
+            double x = dropped_at(ref, s), y = dropped_at(b, s);
+            TU_CHECK(x > 0 && x == y, "capacity, %s step %d: dropped fraction %g, %s %g", lay[k][2], s, y,
+                     ref == e ? "ep 2" : "single", x);
+        }
+        double dd = weight_diff(a, b);
+        printf("capacity 1, %s: losses and dropped fractions (%.3f at step 4) match; weights rel diff %.2e\n",
+               lay[k][2], dropped_at(b, 4), dd);
+        TU_CHECK(dd <= 1e-4, "capacity, %s: final weights elementwise %.3g (bar 1e-4)", lay[k][2], dd);
+    }
+}
+
 /* DeepSeek-V3's bias balancing on every layout against its single process */
 static void deepseek_bias(const char *tmp, const char *data) {
     char a[900], b[900];
@@ -376,6 +422,7 @@ int main(void) {
     TU_CHECK(d <= 1e-4, "resumed: final weights elementwise %.3g (bar 1e-4)", d);
 
     expert_tensor_parallel(tmp, base);
+    capacity_sp(tmp, base);
     deepseek_bias(tmp, data);
 
     /* fp16 with dynamic loss scaling under EP: a start scale of 2^20 overflows, so steps are skipped; the
@@ -424,11 +471,6 @@ int main(void) {
         {"experts not divisible", "run -n 3 --", "--ep 3", "--expert-model-parallel-size"},
         {"etp without tp", "", "--expert-tensor-parallel-size 2",
          "--expert-tensor-parallel-size 2: must be 1 or the tensor-parallel size (1)"},
-        /* each TP rank would keep the capacity of its sequence shard (measured: loss 6.6e-3 relative off
-         * the single process at step 6 before this was refused) */
-        {"capacity with SP, experts whole", "run -n 2 --",
-         "--tp 2 --sequence-parallel --moe-capacity-factor 1",
-         "--moe-capacity-factor with --sequence-parallel is not supported yet"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         snprintf(b, sizeof b, "%s/bad%zu", tmp, i);

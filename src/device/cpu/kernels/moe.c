@@ -91,20 +91,49 @@ sl_status sl_k_moe_route(sl_tensor *n) {
                   taken_all + r * E);
     free(taken_all);
     free(choice_all);
-    /* counts, and the capacity: an expert keeps its first `cap` tokens in token order */
+    /* counts, and the capacity: an expert keeps its first `cap` tokens in token order, i.e. a token whose
+     * position among the tokens routed to e (kept or not) is below cap. For a sequence shard (src2: Note
+     * [Capacity under sequence parallelism], src/nn/moe.c) the position counts the whole batch's tokens
+     * routed to e before it: those of the earlier batch rows (every shard's) and of the earlier shards in its
+     * own batch row, then its own shard's */
+    const sl_tensor *prior = n->src[2];
+    int64_t P = 1, B = 1, me = 0;
+    const float *pc = NULL;
+    if (prior) {
+        B = n->iparams[SL_MOE_ROUTE_IP_BLOCKS], me = n->iparams[SL_MOE_ROUTE_IP_SHARD];
+        P = sl_nelements(prior) / (B * E), pc = prior->data;
+        if (B < 1 || N % B || P * B * E != sl_nelements(prior) || me >= P)
+            return sl_fail(SL_ERR_INVALID, "moe_route: shard counts of %lld floats for %lld blocks of %lld",
+                           (long long)sl_nelements(prior), (long long)B, (long long)E);
+    }
     float *routed = cnt, *kept = cnt + E;
+    double before[1024] = {0},
+           pos[1024] = {0}; /* tokens routed to e in the earlier blocks; before this one */
     for (int64_t e = 0; e < E; e++) routed[e] = kept[e] = 0;
-    for (int64_t r = 0; r < N; r++)
+    for (int64_t r = 0; r < N; r++) {
+        if (prior && r % (N / B) == 0) { /* block b starts: every earlier block, then the earlier shards' */
+            int64_t b = r / (N / B);
+            for (int64_t e = 0; e < E; e++) {
+                pos[e] = before[e];
+                for (int64_t p = 0; p < P; p++) {
+                    float c = pc[(p * B + b) * E + e];
+                    before[e] += c;
+                    if (p < me) pos[e] += c;
+                }
+            }
+        }
         for (int64_t e = 0; e < E; e++) {
             if (pm[r * E + e] == 0) continue;
             routed[e] += 1;
-            if (cap > 0 && kept[e] >= (float)cap) {
+            if (cap > 0 && (prior ? pos[e] : kept[e]) >= (double)cap) {
                 pm[r * E + e] = 2;
                 py[r * E + e] = 0;
             } else {
                 kept[e] += 1;
             }
+            pos[e] += 1;
         }
+    }
     return SL_OK;
 }
 

@@ -34,14 +34,15 @@ static sl_status pairs_for(const sl_tensor *route, int64_t S, const char *op, in
     return SL_OK;
 }
 
+/* iparams[0] = B > 1: per block of N / B rows (sl_moe_route_block_counts) */
 sl_status sl_k_moe_ep_counts(sl_tensor *n) {
     const sl_tensor *route = n->src[0];
-    int64_t N = route->ne[0], E = route->ne[1];
+    int64_t N = route->ne[0], E = route->ne[1], B = n->iparams[0] > 1 ? n->iparams[0] : 1, Nb = N / B;
     const float *pm = route_mask(route);
     float *out = n->data;
-    for (int64_t e = 0; e < E; e++) out[e] = 0;
+    for (int64_t i = 0; i < B * E; i++) out[i] = 0;
     for (int64_t r = 0; r < N; r++)
-        for (int64_t e = 0; e < E; e++) out[e] += pm[r * E + e] == 1;
+        for (int64_t e = 0; e < E; e++) out[r / Nb * E + e] += pm[r * E + e] == 1;
     return SL_OK;
 }
 
