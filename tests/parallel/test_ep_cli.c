@@ -273,9 +273,9 @@ static void capacity_sp(const char *tmp, const char *base) {
         TU_CHECK(dd <= 1e-4, "capacity, %s: final weights elementwise %.3g (bar 1e-4)", lay[k][2], dd);
     }
     /* a capacity above a rank's own token count (factor 3: 3 / 4 of the batch's tokens against a shard's
-     * half, so nothing can be dropped on a rank): the same run as the single process (an expert's buffers
-     * then hold the shard's rows, min(capacity, local N); more rows would only be zero padding, which this
-     * check cannot see) */
+     * half: a drop needs an expert drawing 3 / 4 of all tokens): the same run as the single process (an
+     * expert's buffers then hold the shard's rows, min(capacity, local N); more rows would only be zero
+     * padding, which this check cannot see) */
     const char *cap3 = "--train-iters 2 --moe-capacity-factor 3";
     TU_CHECK(run("%s %s %s --save %s/cap3", tu_cli(), base, cap3, tmp) == 0, "capacity 3 single: %s", out);
     TU_CHECK(run("%s run -n 2 -- %s %s %s --tp 2 --sequence-parallel --save %s/cap3tpsp", tu_cli(), tu_cli(),
