@@ -148,6 +148,8 @@ typedef struct sl_model {
     sl_dtype wdtype; /* SL_F32 (default) or SL_BF16 */
     int64_t wnumel;  /* bf16 elements */
     uint16_t *wmem;  /* owned bf16 storage for weights that are not memory-mapped (may be NULL) */
+    sl_buffer *wbuf; /* owned: on a backend without host-visible memory the bf16 leaves live here (offsets
+                      * in bf16 elements as for wmem) and the loader copies them in; NULL elsewhere */
     void *wsrc;      /* owned mapping that bf16 leaves point into (e.g. safetensors shards) */
     void (*wsrc_free)(void *);
     /* Training with PyTorch autocast-bf16 numerics (f32 master weights), the same as compute_dtype SL_BF16

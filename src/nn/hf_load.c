@@ -109,6 +109,22 @@ static void report_unused(const char *dir, const sl_hf_weights *s, const sl_mode
  * the read-only mapping of the safetensors shard, which the model then owns (wsrc). A 7B model in bf16
  * thus needs its 13.5 GB of mapped weights (paged in on demand, shared with the page cache) plus the f32
  * embedding and norms and the activations: well inside 24 GiB. F32/F16 tensors are converted into wmem. */
+/* a bf16 leaf of a model whose bf16 weights live in a device buffer (m->wbuf): BF16 data on disk is copied
+ * in as it is, other dtypes are converted to bf16 values on the host first */
+static sl_status copy_in_bf16(sl_model *m, const sl_param_info *p, const sl_st_tensor *x, const char *file) {
+    size_t off = sizeof(uint16_t) * (size_t)p->offset, bytes = sizeof(uint16_t) * (size_t)p->numel;
+    if (!strcmp(x->dtype, "BF16")) return sl_backend_copy_in(m->wbuf, off, x->data, bytes);
+    float *tmp = malloc(sizeof(float) * (size_t)p->numel);
+    uint16_t *h = malloc(bytes ? bytes : 1);
+    sl_status st =
+        tmp && h ? sl_hf_tensor_to_f32(x, tmp, p->numel, file) : sl_fail(SL_ERR_NOMEM, "out of memory");
+    for (int64_t k = 0; st == SL_OK && k < p->numel; k++) h[k] = sl_f32_to_bf16(tmp[k]);
+    if (st == SL_OK) st = sl_backend_copy_in(m->wbuf, off, h, bytes);
+    free(tmp);
+    free(h);
+    return st;
+}
+
 sl_status sl_hf_load_weights(sl_model *m, const char *dir, sl_hf_info *info) {
     sl_hf_weights *s;
     SL_TRY(sl_hf_weights_open(dir, &s));
@@ -120,7 +136,7 @@ sl_status sl_hf_load_weights(sl_model *m, const char *dir, sl_hf_info *info) {
         sl_hf_weights_close(s);
         return sl_fail(SL_ERR_NOMEM, "out of memory");
     }
-    for (int i = 0; m->wdtype == SL_BF16 && i < m->n_params; i++) {
+    for (int i = 0; m->wdtype == SL_BF16 && !m->wbuf && i < m->n_params; i++) {
         const char *file;
         const sl_st_tensor *x = sl_hf_weights_find(s, m->params[i].t->name, &file);
         if (m->params[i].t->dtype == SL_BF16 &&
@@ -158,7 +174,9 @@ sl_status sl_hf_load_weights(sl_model *m, const char *dir, sl_hf_info *info) {
                          file, p->t->name, got, want);
             break;
         }
-        if (p->t->dtype == SL_BF16) {
+        if (p->t->dtype == SL_BF16 && m->wbuf) { /* Note [bf16 weights on device memory] in model_state.c */
+            st = copy_in_bf16(m, p, x, file);
+        } else if (p->t->dtype == SL_BF16) {
             if (!strcmp(x->dtype, "BF16") && !((uintptr_t)x->data & 1)) {
                 sl_tensor_bind(p->t, (void *)x->data); /* zero copy: the mapping outlives the model's use */
                 mapped++;

@@ -267,12 +267,8 @@ static sl_status llama_new(const sl_llama_config *cfg, sl_dtype wdtype, sl_backe
         }
         b.tdim = -1;
     }
-    int train = wdtype == SL_F32;
-    if (!train && !be->caps.host_visible) {
-        sl_model_free(m);
-        return sl_fail(SL_ERR_UNSUPPORTED, "model: bf16 weights need a host-visible backend (cpu), not %s",
-                       be->name);
-    }
+    int train = wdtype == SL_F32; /* bf16: on a backend without host-visible memory the bf16 leaves get a
+                                     device buffer (Note [bf16 weights on device memory], model_state.c) */
     sl_status st = sl_model_alloc_state(m, be, train);
     if (st != SL_OK) {
         sl_model_free(m);

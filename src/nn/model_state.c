@@ -5,6 +5,12 @@
 
 #include "suanli/nn.h"
 
+/* Note [bf16 weights on device memory]
+ * A bf16 inference model on the CPU points its bf16 leaves into the mapped safetensors shards or wmem (Note
+ * [Memory-mapped bf16 weights] in hf_load.c). A backend whose memory the host cannot touch (OpenCL) cannot
+ * read host pointers, so there the leaves are bound into one owned device buffer (wbuf, 2 bytes per bf16
+ * element, at the offsets that would index wmem) and sl_hf_load_weights copies each tensor in through the
+ * backend contract (sl_backend_copy_in), as the f32 parameters reach params_buf. Nothing stays mapped. */
 sl_status sl_model_alloc_state(sl_model *m, sl_backend *be, int with_grads) {
     m->backend = be;
     size_t bytes = sizeof(float) * (size_t)m->numel;
@@ -16,6 +22,17 @@ sl_status sl_model_alloc_state(sl_model *m, sl_backend *be, int with_grads) {
     /* host-visible backends (cpu) expose a mapping; elsewhere these stay NULL and code uses copies */
     m->params_mem = be->caps.host_visible ? sl_buffer_map(m->params_buf) : NULL;
     m->grads_mem = be->caps.host_visible && m->grads_buf ? sl_buffer_map(m->grads_buf) : NULL;
+    /* Note [bf16 weights on device memory] */
+    if (m->wdtype == SL_BF16 && !be->caps.host_visible) {
+        st = sl_backend_alloc(be, sizeof(uint16_t) * (size_t)(m->wnumel ? m->wnumel : 1), &m->wbuf);
+        if (st != SL_OK)
+            return sl_fail(SL_ERR_NOMEM, "model: cannot allocate %lld bf16 weights on %s: %s",
+                           (long long)m->wnumel, be->name, sl_errmsg());
+        for (int i = 0; i < m->n_params; i++)
+            if (m->params[i].t->dtype == SL_BF16)
+                sl_tensor_bind_buffer(m->params[i].t, m->wbuf,
+                                      sizeof(uint16_t) * (size_t)m->params[i].offset);
+    }
     for (int i = 0; i < m->n_params; i++) {
         sl_param_info *p = &m->params[i];
         if (p->t->dtype != SL_F32) continue; /* bf16 inference leaves: bound by the loader */
@@ -36,6 +53,7 @@ void sl_model_free(sl_model *m) {
     if (m->backend) {
         sl_backend_free(m->backend, m->params_buf);
         sl_backend_free(m->backend, m->grads_buf);
+        sl_backend_free(m->backend, m->wbuf);
     }
     sl_free_aligned(m->wmem);
     if (m->wsrc_free) m->wsrc_free(m->wsrc);

@@ -62,31 +62,39 @@ static int read_losses(const char *dir, double *loss, int cap) {
 
 /* generate --dtype f16 --device opencl on a Llama-family model loaded it and then stopped with "op rope (f32)
  * not supported"; refused before loading since, and now run (RoPE's half numerics, Note [OpenCL half
- * attention]): f32 and f16 give the CPU's greedy ids on opencl. bf16 weights (host-visible memory only) are
- * refused before loading, one line naming both flags; f16 of GPT-2 runs too */
+ * attention]): f32 and f16 give the CPU's greedy ids on opencl. bf16 weights were refused on opencl (host-
+ * visible memory only); they are copied into a device buffer now (Note [bf16 weights on device memory]) and
+ * the bf16 projections and KV attention run on the device (Note [OpenCL bf16 linear]): the CPU's greedy ids
+ * for the llama (tied head) and qwen2 (qkv biases) fixtures, 8 tokens. Mixtral's bf16 experts
+ * (MOE_EXPERT's bf16 numerics) have no kernel: refused before loading, naming the op; f16 of GPT-2 runs. */
 static void test_generate_dtype_device(void) {
-    const char *llama = SL_SOURCE_DIR "/tests/fixtures/hf/llama", *dt[2] = {"f32", "f16"};
-    int rc =
-        run("generate --model %s --prompt-ids 1,2 --max-new-tokens 2 --dtype bf16 --device opencl", llama);
-    size_t n = strlen(out);
-    TU_CHECK(rc == 2 && strstr(out, "--dtype bf16 --device opencl") && !strstr(out, "loaded") && n &&
-                 strchr(out, '\n') == out + n - 1,
-             "llama bf16 weights on opencl refused up front: rc %d %s", rc, out);
-    for (int d = 0; d < 2; d++) {
+    static const struct {
+        const char *model, *dtype;
+        int tokens;
+    } cs[] = {{"llama", "f32", 4}, {"llama", "f16", 4}, {"llama", "bf16", 8}, {"qwen2", "bf16", 8}};
+    for (size_t d = 0; d < sizeof cs / sizeof cs[0]; d++) {
         char ids[2][512];
+        const char *mdl = cs[d].model, *dty = cs[d].dtype;
         for (int k = 0; k < 2; k++) {
-            rc = run("generate --model %s --prompt-ids 1,2 --max-new-tokens 4 --temperature 0 --ignore-eos "
-                     "--print-ids --dtype %s --device %s 2>/dev/null",
-                     llama, dt[d], k ? "opencl" : "cpu");
-            TU_CHECK(rc == 0, "llama %s on %s: rc %d %s", dt[d], k ? "opencl" : "cpu", rc, out);
+            int rc = run("generate --model %s/tests/fixtures/hf/%s --prompt-ids 1,2 --max-new-tokens %d "
+                         "--temperature 0 --ignore-eos --print-ids --dtype %s --device %s 2>/dev/null",
+                         SL_SOURCE_DIR, mdl, cs[d].tokens, dty, k ? "opencl" : "cpu");
+            TU_CHECK(rc == 0, "%s %s on %s: rc %d %s", mdl, dty, k ? "opencl" : "cpu", rc, out);
             /* the ids array alone: under the sanitizer build LeakSanitizer may report its suppressions
              * (PoCL's allocations) after the JSON */
             const char *a = strstr(out, "\"ids\""), *e = a ? strchr(a, ']') : NULL;
             snprintf(ids[k], sizeof ids[k], "%.*s", e ? (int)(e - a + 1) : 4, e ? a : "none");
         }
-        TU_CHECK(!strcmp(ids[0], ids[1]) && strcmp(ids[0], "none"), "llama %s opencl ids %s, cpu %s", dt[d],
+        TU_CHECK(!strcmp(ids[0], ids[1]) && strcmp(ids[0], "none"), "%s %s opencl ids %s, cpu %s", mdl, dty,
                  ids[1], ids[0]);
     }
+    int rc = run("generate --model %s/tests/fixtures/hf/mixtral --prompt-ids 1,2 --max-new-tokens 2 --dtype "
+                 "bf16 --device opencl",
+                 SL_SOURCE_DIR);
+    size_t n = strlen(out);
+    TU_CHECK(rc == 2 && strstr(out, "--dtype bf16 --device opencl") && strstr(out, "moe_expert") &&
+                 !strstr(out, "loaded") && n && strchr(out, '\n') == out + n - 1,
+             "mixtral bf16 experts on opencl refused up front, naming the op: rc %d %s", rc, out);
     rc = run(
         "generate --model %s/tests/fixtures/hf_gpt2 --prompt-ids 1,2 --max-new-tokens 2 --dtype f16 --device "
         "opencl --print-ids",

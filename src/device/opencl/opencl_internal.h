@@ -32,6 +32,7 @@ typedef enum ocl_kernel_id {
     OK_GEMM_PACK_N_B,
     OK_GEMM_PACK_TB_R, /* gemm_reg.cl: f32 B rounded to bf16 as packed (Note [OpenCL fused weight casts]) */
     OK_GEMM_PACK_N_R,
+    OK_GEMM_PACK_TA_R,    /* gemm_reg.cl: f32 A rounded to bf16 as packed (Note [OpenCL bf16 linear]) */
     OK_LAYERNORM,         /* norm.cl */
     OK_LN_BACK_X,         /* norm.cl */
     OK_LN_BACK_WB,        /* norm.cl */

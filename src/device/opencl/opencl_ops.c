@@ -166,6 +166,10 @@ int ocl_supports(const sl_tensor *n) {
     case SL_OP_SUM_TO: /* a bf16 source summed into f32 rows (the bias gradient of a fused-cast Linear) */
         if (a->dtype == SL_BF16) return n->dtype == SL_F32 && sum_whole_rows(n);
         return sl_accel_supports(n);
+    case SL_OP_LINEAR_BF16: /* Note [OpenCL bf16 linear] */
+        return g_ocl.gemm_kind == OCL_GEMM_REG && a->dtype == SL_F32 && b->dtype == SL_BF16 &&
+               n->dtype == SL_F32 && b->ndim == 2 && sl_is_contiguous(b) && sl_accel_last_unit(a) &&
+               sl_is_contiguous(n);
     case SL_OP_MATMUL: /* f16 x f16 and bf16 x bf16 -> f32 on the register-blocked GEMM, bf16 rounding of
                           the product there too (Note [OpenCL f16 storage], Note [OpenCL bf16 GEMM]) */
         if (n->iparams[SL_MATMUL_IP_HALF_B] && (n->iparams[SL_MATMUL_IP_HALF_B] != SL_BF16 ||
@@ -180,6 +184,9 @@ int ocl_supports(const sl_tensor *n) {
                    sl_accel_last_unit(a) && sl_accel_last_unit(b) && sl_accel_last_unit(n) &&
                    (!n->src[2] || sl_is_contiguous(n->src[2]));
         return sl_accel_supports_ex(n, OCL_EXTRA);
+    case SL_OP_ATTENTION_KV: /* also the bf16 numerics of a bf16 model (iparams[2] = 1, k_attention_kv) */
+        return sl_accel_all_f32(n) && n->iparams[2] >= 0 && n->iparams[2] <= 1 && sl_accel_last_unit(a) &&
+               sl_is_contiguous(b) && sl_is_contiguous(n->src[2]);
     case SL_OP_ATTENTION: /* the flash kernels' tiles must fit local memory (the eager half kernels need none)
                            */
         return sl_accel_supports_ex(n, OCL_EXTRA) &&
@@ -372,7 +379,8 @@ static sl_status gemm_pack(ocl_ref r, int64_t ld, int kmajor, int rows, int K, i
     ocl_kernel_id id = kmajor ? OK_GEMM_PACK_N : W == 32 ? OK_GEMM_PACK_TB : OK_GEMM_PACK_TA;
     if (dt == SL_F16) id = kmajor ? OK_GEMM_PACK_N_H : W == 32 ? OK_GEMM_PACK_TB_H : OK_GEMM_PACK_TA_H;
     if (dt == SL_BF16) id = kmajor ? OK_GEMM_PACK_N_B : W == 32 ? OK_GEMM_PACK_TB_B : OK_GEMM_PACK_TA_B;
-    if (rnd) id = kmajor ? OK_GEMM_PACK_N_R : OK_GEMM_PACK_TB_R; /* f32 B rounded to bf16 (W == 32) */
+    if (rnd) /* f32 rounded to bf16: B (W == 32), or row-major A (Note [OpenCL bf16 linear]) */
+        id = kmajor ? OK_GEMM_PACK_N_R : W == 32 ? OK_GEMM_PACK_TB_R : OK_GEMM_PACK_TA_R;
     ocl_call c = ocl_begin(id);
     ocl_int(&c, rows);
     ocl_int(&c, K);
@@ -400,7 +408,8 @@ static cl_long4 flat_bs(cl_long4 bne, int64_t per) {
  * MG m-tiles fell into 4-8 of the 64 L1 sets (Note [OpenCL GEMM packing]). */
 static sl_status gemm_reg(int M, int N, int K, ocl_ref ra, int64_t lda, int tA, ocl_ref rb, int64_t ldb,
                           int tB, ocl_ref rc, int64_t ldc, int beta1, const ocl_ref *rbias, cl_long4 bne,
-                          cl_long4 bsa, cl_long4 bsb, cl_long4 bsc, sl_dtype dt, int half_b, int round) {
+                          cl_long4 bsa, cl_long4 bsb, cl_long4 bsc, sl_dtype dt, int half_a, int half_b,
+                          int round) {
     const int MR = g_ocl.gemm_mr;
     int64_t nz = bne.s[0] * bne.s[1] * bne.s[2];
     int64_t Mp = ((int64_t)M + MR - 1) / MR * MR, Np = ((int64_t)N + 31) / 32 * 32;
@@ -411,7 +420,8 @@ static sl_status gemm_reg(int M, int N, int K, ocl_ref ra, int64_t lda, int tA, 
     int64_t cpn = K > g_ocl.gemm_kc ? nz * Mp * cpp * 32 : 0;
     cl_mem P;
     SL_TRY(ocl_scratch(sizeof(float) * (size_t)(nz * (pa + pb) + cpn + 1), &P)); /* + 1: never empty (K 0) */
-    SL_TRY(gemm_pack(ra, lda, tA, M, K, MR, P, 0, pa, bne, bsa, nz, dt, 0));
+    /* half_a: an f32 A rounded to bf16 in its panels (Note [OpenCL bf16 linear]) */
+    SL_TRY(gemm_pack(ra, lda, tA, M, K, MR, P, 0, pa, bne, bsa, nz, half_a ? SL_F32 : dt, half_a));
     /* half_b: an f32 B rounded to bf16 in its panels (Note [OpenCL fused weight casts], gemm_reg.cl) */
     SL_TRY(gemm_pack(rb, ldb, !tB, N, K, 32, P, nz * pa, pb, bne, bsb, nz, half_b ? SL_F32 : dt, half_b));
     /* element (i, k) of A's panel p at A + p*a_pan + k*a_k + i; (k, j) of B's panel q at B + q*b_pan + k*b_k
@@ -455,6 +465,29 @@ static sl_status gemm_reg(int M, int N, int K, ocl_ref ra, int64_t lda, int tA, 
     return SL_OK;
 }
 
+/* Note [OpenCL bf16 linear]
+ * LINEAR_BF16 (the projections of a bf16 inference model, Note [bf16 compute] in src/nn/llama.c) is
+ * bf16(x) @ w^T with fp32 sums, its output rounded to bf16 when iparams[1]: the register GEMM with A's panels
+ * rounded from f32 as they are packed (k_gemm_pack_ta_r: the CAST kernel's rounding, as the CPU rounds x's
+ * rows once), B's widened exactly from bf16 (k_gemm_pack_tb_b / n_b) and the product rounded by the GEMM's
+ * bf16 store (Note [OpenCL bf16 GEMM]). Only the order of the fp32 sums differs from the CPU kernel. */
+static sl_status op_linear_bf16(sl_tensor *n) {
+    const sl_tensor *x = n->src[0], *w = n->src[1];
+    int nx = x->ndim;
+    int64_t K = x->ne[nx - 1], N = n->ne[n->ndim - 1], M = 1;
+    for (int d = 0; d < nx - 1; d++) M *= x->ne[d]; /* x's leading dims fold into rows (sl_linear_bf16) */
+    if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX)
+        return sl_fail(SL_ERR_UNSUPPORTED, "opencl backend: linear_bf16 '%s' too large", n->name);
+    ocl_ref rc, ra, rb;
+    REF(n, &rc);
+    REF(x, &ra);
+    REF(w, &rb);
+    int64_t lda = nx >= 2 ? x->nb[nx - 2] : K;
+    cl_long4 bne = {{1, 1, 1, 1}}, z = {{0, 0, 0, 0}};
+    return gemm_reg((int)M, (int)N, (int)K, ra, lda, 0, rb, w->nb[0], n->iparams[0], rc, N, 0, NULL, bne, z,
+                    z, z, SL_BF16, 1, 0, n->iparams[1] != 0);
+}
+
 sl_status ocl_op_matmul(sl_tensor *n) {
     const sl_tensor *a = n->src[0], *b = n->src[1], *bias = n->src[2];
     int tA = n->iparams[0], tB = n->iparams[1];
@@ -489,7 +522,7 @@ sl_status ocl_op_matmul(sl_tensor *n) {
         return sl_fail(SL_ERR_UNSUPPORTED, "opencl backend: matmul '%s' too large", n->name);
     if (g_ocl.gemm_kind == OCL_GEMM_REG)
         return gemm_reg((int)M, (int)N, (int)K, ra, lda, tA, rb, ldb, tB, rc, ldc, n->iparams[2] == 1,
-                        bias ? &rbias : NULL, bne, bsa, bsb, bsc, a->dtype,
+                        bias ? &rbias : NULL, bne, bsa, bsb, bsc, a->dtype, 0,
                         n->iparams[SL_MATMUL_IP_HALF_B] == SL_BF16,
                         n->iparams[SL_MATMUL_IP_ROUND] == SL_BF16);
     ocl_call c = ocl_begin(OK_GEMM);
@@ -563,6 +596,8 @@ sl_status ocl_compute(sl_tensor *n) {
         return op_kv_store(n);
     case SL_OP_MATMUL:
         return ocl_op_matmul(n);
+    case SL_OP_LINEAR_BF16:
+        return op_linear_bf16(n);
     default:
         return ocl_op_nn(n);
     }

@@ -358,6 +358,7 @@ static sl_status op_attention_kv(sl_tensor *n) {
     ocl_long(&c, pos0);
     ocl_long(&c, n->iparams[1]);
     ocl_float(&c, 1.0f / sqrtf((float)hs));
+    ocl_int(&c, n->iparams[2] != 0); /* bf16 numerics */
     return ocl_run1(&c, (size_t)(B * NH * Tq));
 }
 

@@ -43,6 +43,7 @@ static const char *const k_names[OK_COUNT] = {
     [OK_GEMM_PACK_N_B] = "k_gemm_pack_n_b",
     [OK_GEMM_PACK_TB_R] = "k_gemm_pack_tb_r",
     [OK_GEMM_PACK_N_R] = "k_gemm_pack_n_r",
+    [OK_GEMM_PACK_TA_R] = "k_gemm_pack_ta_r",
     [OK_LAYERNORM] = "k_layernorm",
     [OK_LN_BACK_X] = "k_layernorm_back_x",
     [OK_LN_BACK_WB] = "k_layernorm_back_wb",

@@ -234,11 +234,19 @@ kernel void k_attention_back_dkv(global float *out, long oo, global const float 
     }
 }
 
+/* a score of k_attention_kv: bf (an eager bf16 model's numerics, ATTENTION_KV iparams[2]) rounds the
+ * product q.k and the scaled score to bf16, as the CPU kernel does */
+inline float kv_score(global const float *qr, global const float *kr, long hs, float scale, int bf) {
+    float s = dotp(qr, kr, hs);
+    return bf ? rbf16(rbf16(s) * scale) : s * scale;
+}
+
 /* inference over a KV cache (B, S, NKV, hs), contiguous: query t at position pos0 + t attends rows
- * [first, pos0 + t] (win > 0: a sliding window) -> out (B, Tq, NH*hs) */
+ * [first, pos0 + t] (win > 0: a sliding window) -> out (B, Tq, NH*hs); bf: bf16 numerics (scores rounded, and
+ * the probabilities rounded to bf16 before they weight v, as sl_k_attention_kv) */
 kernel void k_attention_kv(global float *out, long oo, global const float *q, long qo, long4 qs, global const float *k,
                            long ko, global const float *v, long vo, long Tq, long S, long NH, long NKV, long hs,
-                           long pos0, long win, float scale) {
+                           long pos0, long win, float scale, int bf) {
     long idx = get_global_id(0);
     long t = idx % Tq, h = (idx / Tq) % NH, b = idx / (Tq * NH), kh = h / (NH / NKV);
     long last = pos0 + t, first = (win > 0 && last - win + 1 > 0) ? last - win + 1 : 0;
@@ -246,14 +254,15 @@ kernel void k_attention_kv(global float *out, long oo, global const float *q, lo
     global const float *kb = k + ko + (b * S * NKV + kh) * hs, *vb = v + vo + (b * S * NKV + kh) * hs;
     long rs = NKV * hs;
     float mx = -INFINITY;
-    for (long j = first; j <= last; j++) mx = fmax(mx, dotp(qr, kb + j * rs, hs) * scale);
+    for (long j = first; j <= last; j++) mx = fmax(mx, kv_score(qr, kb + j * rs, hs, scale, bf));
     float sum = 0.0f;
-    for (long j = first; j <= last; j++) sum += exp(dotp(qr, kb + j * rs, hs) * scale - mx);
+    for (long j = first; j <= last; j++) sum += exp(kv_score(qr, kb + j * rs, hs, scale, bf) - mx);
     float inv = 1.0f / sum;
     global float *o = out + oo + (b * Tq + t) * NH * hs + h * hs;
     for (long d = 0; d < hs; d++) o[d] = 0.0f;
     for (long j = first; j <= last; j++) {
-        float pj = exp(dotp(qr, kb + j * rs, hs) * scale - mx) * inv;
+        float e = exp(kv_score(qr, kb + j * rs, hs, scale, bf) - mx);
+        float pj = bf ? rbf16(e * inv) / inv * inv : e * inv;
         global const float *vr = vb + j * rs;
         for (long d = 0; d < hs; d++) o[d] += pj * vr[d];
     }

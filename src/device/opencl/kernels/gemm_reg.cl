@@ -64,6 +64,8 @@ GEMM_PACK_T(k_gemm_pack_tb_b, 32, ushort, bf16_16, bf16_1)
 #define RBF16_8(i, p) rbf16_16((float16)(vload8(i, p), (float8)(0.0f))).lo
 #define RBF16_16(i, p) rbf16_16(vload16(i, p))
 GEMM_PACK_T(k_gemm_pack_tb_r, 32, float, RBF16_16, RBF16_1)
+/* f32 activations rounded to bf16 as they are packed: A of LINEAR_BF16 (Note [OpenCL bf16 linear]) */
+GEMM_PACK_T(k_gemm_pack_ta_r, MR, float, RBF16_16, RBF16_1)
 
 /* Pack a k-major matrix S (K x cols, leading dim ld) into panels of W columns:
  * P[(p*K + k)*W + r] = S[k*ld + p*W + r] (0 beyond cols). One work-item per (panel, 16 rows of k): a
