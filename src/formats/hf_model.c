@@ -163,22 +163,38 @@ static int is_token_id(const cJSON *it) { /* as sl_model_load_info reads suanli'
     return sl_json_is_count(it) && it->valuedouble <= INT_MAX;
 }
 
-/* bos_token_id: absent or null -> -1 */
-static sl_status read_bos(const cJSON *o, const char *path, sl_hf_info *info) {
+/* Note [Token ids below vocab_size]
+ * A token id names a row of the embedding: bos_token_id, eos_token_id (an integer or a list) and
+ * pad_token_id of config.json and generation_config.json are only used below vocab_size. Tiny models made
+ * by transformers carry its defaults past their vocabulary (GPT2Config's bos/eos 50256 with vocab_size 96),
+ * and transformers loads them; such an id (refused for a while) is ignored, with one warning naming the
+ * file, the field, the id and vocab_size, and treated as absent: no bos prefix, no stop token, no pad, so
+ * nothing downstream embeds or compares against a row that does not exist. The warning comes where the
+ * caller asks for the ids (info != NULL), once per load. Negative and non-integer values are still refused
+ * by read_bos / add_eos (Note [Token ids in config.json]); pad_token_id, which suanli does not use, only
+ * gets the warning (some configs write -1 for "none"). */
+static int below_vocab(double id, const char *path, const char *key, int vocab, const sl_hf_info *info) {
+    if (id < vocab) return 1;
+    if (info)
+        SL_LOGW("%s: field '%s': token id %.0f is not below vocab_size %d; ignored", path, key, id, vocab);
+    return 0;
+}
+
+/* bos_token_id: absent, null or past the vocabulary -> -1 */
+static sl_status read_bos(const cJSON *o, const char *path, int vocab, sl_hf_info *info) {
     const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, "bos_token_id");
-    if (!it || cJSON_IsNull(it)) {
-        info->bos_id = -1;
-        return SL_OK;
-    }
+    info->bos_id = -1;
+    if (!it || cJSON_IsNull(it)) return SL_OK;
     if (!is_token_id(it))
         return sl_fail(SL_ERR_FORMAT, "%s: field 'bos_token_id' must be a token id (an integer >= 0) or null",
                        path);
-    info->bos_id = (int)it->valuedouble;
+    if (below_vocab(it->valuedouble, path, "bos_token_id", vocab, info)) info->bos_id = (int)it->valuedouble;
     return SL_OK;
 }
 
-/* eos_token_id: int or list of ints (Note [Token ids in config.json]) */
-static sl_status add_eos(const cJSON *o, const char *path, sl_hf_info *info) {
+/* eos_token_id: int or list of ints (Note [Token ids in config.json]); ids past the vocabulary are left out
+ * (Note [Token ids below vocab_size]) */
+static sl_status add_eos(const cJSON *o, const char *path, int vocab, sl_hf_info *info) {
     const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, "eos_token_id");
     if (!it || cJSON_IsNull(it)) return SL_OK;
     const cJSON *e;
@@ -188,7 +204,8 @@ static sl_status add_eos(const cJSON *o, const char *path, sl_hf_info *info) {
                 SL_ERR_FORMAT,
                 "%s: field 'eos_token_id' must be a token id (an integer >= 0), a list of them or null",
                 path);
-        add_eos_id(info, (int)it->valuedouble);
+        if (below_vocab(it->valuedouble, path, "eos_token_id", vocab, info))
+            add_eos_id(info, (int)it->valuedouble);
         return SL_OK;
     }
     if (!cJSON_IsArray(it))
@@ -197,31 +214,31 @@ static sl_status add_eos(const cJSON *o, const char *path, sl_hf_info *info) {
         if (!is_token_id(e))
             return sl_fail(SL_ERR_FORMAT, "%s: field 'eos_token_id' must hold token ids (integers >= 0)",
                            path);
-        add_eos_id(info, (int)e->valuedouble);
+    }
+    cJSON_ArrayForEach(e, it) {
+        if (below_vocab(e->valuedouble, path, "eos_token_id", vocab, info))
+            add_eos_id(info, (int)e->valuedouble);
     }
     return SL_OK;
 }
 
-/* Note [Token ids below vocab_size]
- * A token id names a row of the embedding: bos_token_id, eos_token_id (an integer or a list) and
- * pad_token_id of config.json and generation_config.json must be below vocab_size. One that was not (a
- * config edited by hand, or taken from a model with another vocabulary) was accepted, though no such token
- * can be embedded or sampled (an eos that can never end a generation). It is refused, naming the file, the
- * field, the id and vocab_size (SL_ERR_FORMAT: bad input, exit 2 in `suanli generate` and `suanli train
- * --init-from`), also when only the config is read, so that it comes before the data's checks. Other values
- * of these fields are judged by read_bos / add_eos (Note [Token ids in config.json]); pad_token_id, which
- * suanli does not use, only for this bound (some configs write -1 for "none"). */
-static sl_status ids_below_vocab(const cJSON *o, const char *path, int vocab) {
-    static const char *const keys[] = {"bos_token_id", "eos_token_id", "pad_token_id"};
-    for (int k = 0; k < 3; k++) {
-        const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, keys[k]), *e;
-        if (!it) continue;
-        const cJSON *one = cJSON_IsArray(it) ? it->child : it;
-        for (e = one; e; e = cJSON_IsArray(it) ? e->next : NULL)
-            if (cJSON_IsNumber(e) && e->valuedouble >= vocab)
-                return sl_fail(SL_ERR_FORMAT, "%s: field '%s': token id %.0f is not below vocab_size %d",
-                               path, keys[k], e->valuedouble, vocab);
-    }
+/* a field that is not read (pad_token_id; bos_token_id of generation_config.json): bounded above only, the
+ * warning alone (Note [Token ids below vocab_size]) */
+static void warn_past_vocab(const cJSON *o, const char *path, const char *key, int vocab,
+                            const sl_hf_info *info) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (cJSON_IsNumber(it)) (void)below_vocab(it->valuedouble, path, key, vocab, info);
+}
+
+/* the token-id fields of config.json / generation_config.json into info (NULL: config only, nothing read) */
+static sl_status read_token_ids(const cJSON *o, const char *path, int vocab, int with_bos, sl_hf_info *info) {
+    if (!info) return SL_OK;
+    if (with_bos)
+        SL_TRY(read_bos(o, path, vocab, info));
+    else
+        warn_past_vocab(o, path, "bos_token_id", vocab, info);
+    SL_TRY(add_eos(o, path, vocab, info));
+    warn_past_vocab(o, path, "pad_token_id", vocab, info);
     return SL_OK;
 }
 
@@ -269,10 +286,8 @@ static sl_status parse_config(const cJSON *r, const char *path, sl_hf_config *c,
         if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "scale_attn_by_inverse_layer_idx")))
             return sl_fail(SL_ERR_UNSUPPORTED, "%s: field 'scale_attn_by_inverse_layer_idx' is not supported",
                            path);
-        SL_TRY(ids_below_vocab(r, path, c->vocab_size)); /* Note [Token ids below vocab_size] */
+        SL_TRY(read_token_ids(r, path, c->vocab_size, 1, info)); /* Note [Token ids below vocab_size] */
         if (info) {
-            SL_TRY(read_bos(r, path, info));
-            SL_TRY(add_eos(r, path, info));
             SL_TRY(jfloat(r, path, "attn_pdrop", 1, -1, &info->attn_pdrop));
             SL_TRY(jfloat(r, path, "resid_pdrop", 1, -1, &info->resid_pdrop));
             SL_TRY(jfloat(r, path, "embd_pdrop", 1, -1, &info->embd_pdrop));
@@ -350,11 +365,7 @@ static sl_status parse_config(const cJSON *r, const char *path, sl_hf_config *c,
         SL_TRY(jdim(r, path, "num_experts_per_tok", 0, 0, &c->n_experts_per_tok));
     }
     if (c->arch == SL_HF_QWEN2_MOE || c->arch == SL_HF_DEEPSEEK_V3) SL_TRY(parse_moe(r, path, c));
-    if (info) {
-        SL_TRY(read_bos(r, path, info));
-        SL_TRY(add_eos(r, path, info));
-    }
-    return ids_below_vocab(r, path, c->vocab_size); /* Note [Token ids below vocab_size] */
+    return read_token_ids(r, path, c->vocab_size, 1, info); /* Note [Token ids below vocab_size] */
 }
 
 sl_status sl_hf_config_read(const char *dir, sl_hf_config *cfg, sl_hf_info *info) {
@@ -373,8 +384,7 @@ sl_status sl_hf_config_read(const char *dir, sl_hf_config *cfg, sl_hf_info *info
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
     if (info && file_exists(path)) {
         SL_TRY(sl_json_read_object(path, &r));
-        st = add_eos(r, path, info);
-        if (st == SL_OK) st = ids_below_vocab(r, path, cfg->vocab_size);
+        st = read_token_ids(r, path, cfg->vocab_size, 0, info);
         cJSON_Delete(r);
     }
     return st;
