@@ -1,7 +1,10 @@
 /* suanli bench train — ms/step, tokens/s and MFU of GPT-2 training steps on synthetic tokens.
  * MFU uses the host's peak for the GEMMs' dtype measured in the same run (sl_bench_fma_peak, or
- * sl_bench_bf16_peak with --bf16, from bench_ops.c), also with --device (a device's own peak is not known
- * here; on PoCL's CPU device it is the same host). Peak RSS is the process's ru_maxrss. */
+ * sl_bench_bf16_peak with --bf16, from bench_ops.c; --fp16's GEMMs widen f16 to fp32 panels, Note [f16
+ * GEMM], so against the fp32 peak), also with --device (a device's own peak is not known here; on PoCL's
+ * CPU device it is the same host). --fp16 trains with dynamic loss scaling as `suanli train --fp16` (Note
+ * [Dynamic loss scaling]; overflow steps skip the update and are counted). Peak RSS is the process's
+ * ru_maxrss. */
 #define _GNU_SOURCE
 #include <math.h>
 #include <signal.h>
@@ -66,7 +69,8 @@ typedef struct {
     double *ts; /* seconds of each timed step */
     double wait_tot, step_tot, tp_tot, pipe_tot, tp_bytes, cpu_step, wall_mean;
     int64_t thr_sum;
-    float loss;
+    float loss, loss_scale; /* the last step's */
+    int64_t skipped;        /* overflow steps (--fp16), timed ones only */
 } timed;
 
 static int run_timed(sl_trainer *tr, sl_tp *tp, synth *s, int64_t warm, int64_t steps, int busy, timed *r) {
@@ -96,8 +100,10 @@ static int run_timed(sl_trainer *tr, sl_tp *tp, synth *s, int64_t warm, int64_t 
             r->ts[i - warm] = ss.seconds;
             r->wait_tot += ss.comm_wait_sec;
             r->step_tot += ss.seconds;
+            r->skipped += ss.skipped;
         }
         r->loss = ss.loss;
+        r->loss_scale = ss.loss_scale;
     }
     r->cpu_step = (cpu_sec() - cpu0) / (double)steps;
     r->wall_mean = (sl_time_sec() - wall0) / (double)steps;
@@ -190,8 +196,8 @@ static int make_dp(sl_dp **dp, sl_mesh *mesh, sl_model *m, sl_trainer *tr, int64
 int sl_bench_train(int argc, char **argv) {
     int64_t L = 12, NH = 12, C = 768, V = 50257, B = 4, T = 64, steps = 5, warm = 1, threads = 2, accum = 1,
             zero = 0, bucket = 1 << 20, tpn = 1, ppn = 1, pfirst = 0, plast = 0;
-    int json = 0, bf16 = 0, sp = 0, plan_only = 0, busy = 0, fixed = 0, zb = 0;
-    double pa = 0, ph = 0;
+    int json = 0, bf16 = 0, fp16 = 0, sp = 0, plan_only = 0, busy = 0, fixed = 0, zb = 0;
+    double pa = 0, ph = 0, init_scale = 4294967296.0;
     const char *device = "cpu", *recompute = NULL, *rc_method = NULL;
     int64_t rc_layers = 0;
     sl_flag flags[] = {
@@ -222,6 +228,11 @@ int sl_bench_train(int argc, char **argv) {
         {"plan-only", SL_FLAG_BOOL, &plan_only, 0, 1, "print the planned activation memory per rank and stop",
          0},
         {"bf16", SL_FLAG_BOOL, &bf16, 0, 1, "bf16 mixed precision", 0},
+        {"fp16", SL_FLAG_BOOL, &fp16, 0, 1,
+         "fp16 mixed precision with dynamic loss scaling (as train --fp16; MFU against the fp32 peak: the "
+         "f16 GEMMs run widened)",
+         0},
+        {"initial-loss-scale", SL_FLAG_FLOAT, &init_scale, 1, 1e38, "--fp16: starting loss scale (2^32)", 0},
         {"busy", SL_FLAG_BOOL, &busy, 0, 1,
          "start a neighbour process that spins on one core for the whole run (a shared machine)", 0},
         {"fixed-threads", SL_FLAG_BOOL, &fixed, 0, 1,
@@ -241,6 +252,10 @@ int sl_bench_train(int argc, char **argv) {
     if (sl_flags_help(flags, nf, argc, argv, "usage: suanli bench train [flags]")) return 0;
     if (sl_flags_parse(flags, nf, argc, argv, 1) != SL_OK) {
         fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
+        return 2;
+    }
+    if (bf16 && fp16) {
+        fprintf(stderr, "suanli bench train: --fp16 and --bf16 exclude each other\n");
         return 2;
     }
     int rc_kind = recompute_choice(recompute, rc_method);
@@ -277,7 +292,7 @@ int sl_bench_train(int argc, char **argv) {
     }
     sl_model_init_weights(m, 1);
     m->sp = sp && mesh.tp > 1;
-    m->compute_dtype = bf16 ? SL_BF16 : SL_F32;
+    m->compute_dtype = bf16 ? SL_BF16 : fp16 ? SL_F16 : SL_F32;
     m->attention_dropout = (float)pa;
     m->hidden_dropout = (float)ph;
     sl_trainer tr;
@@ -296,6 +311,8 @@ int sl_bench_train(int argc, char **argv) {
                             .pipe_schedule = zb ? SL_PIPE_ZB_H1 : SL_PIPE_1F1B,
                             .recompute = rc_kind,
                             .recompute_layers = (int)rc_layers};
+    if (fp16) /* train's defaults (src/train/job.c): min scale 1, window 1000, hysteresis 2 */
+        tc.loss_scale = (sl_loss_scale_config){(float)init_scale, 1.0f, 1000, 2};
     if (sl_trainer_init(&tr, m, &tc) != SL_OK) {
         fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
         sl_model_free(m);
@@ -326,9 +343,12 @@ int sl_bench_train(int argc, char **argv) {
     double wait_frac = step_tot > 0 ? wait_tot / step_tot : 0;
     double flops = sl_gpt2_flops_per_token(&cfg, (int)T) * tps;
     /* MFU against the peak of the dtype the GEMMs run in (PaLM's convention): bf16-mixed against the
-     * measured vdpbf16ps peak; mfu_f32_peak keeps the fp32 figure for comparison */
+     * measured vdpbf16ps peak, fp16-mixed against the fp32 FMA peak (the f16 GEMM widens its operands:
+     * Note [f16 GEMM]); mfu_f32_peak keeps the fp32 figure for comparison */
     double peak32 = sl_bench_fma_peak((int)threads) * 1e9 * mesh.world; /* GFLOP/s -> FLOP/s, all ranks */
     double peak = bf16 ? sl_bench_bf16_peak((int)threads) * 1e9 * mesh.world : peak32;
+    const char *dtname = bf16 ? "bf16-mixed" : fp16 ? "fp16-mixed" : "f32";
+    const char *peakname = bf16 ? "bf16" : fp16 ? "fp32 (f16 widened)" : "fp32";
     struct rusage ru;
     double rss_mib = getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss / 1024.0 : -1;
     double pipe_frac = step_tot > 0 ? pipe_tot / step_tot : 0;
@@ -355,16 +375,17 @@ int sl_bench_train(int argc, char **argv) {
             "\"mfu_f32_peak\": %.4f, \"peak_rss_mib\": %.1f, \"zero_bubble\": %d, \"probes_held_back\": "
             "%lld, "
             "\"load_signal\": %d, \"shared_mode_steps\": %lld, \"dp_early_launches\": %d, \"recompute\": "
-            "%d}\n",
+            "%d, \"peak_dtype\": \"%s\", \"loss_scale\": %.17g, \"skipped_steps\": %lld}\n",
             device, (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T,
-            (long long)threads, bf16 ? "bf16-mixed" : "f32", med * 1e3, tps, flops / 1e9, peak / 1e9, mfu,
+            (long long)threads, dtname, med * 1e3, tps, flops / 1e9, peak / 1e9, mfu,
             tr.plan.planned_bytes / 1048576.0, loss, mesh.dp, (long long)accum, (long long)zero, wait_frac,
             mesh.tp, tp_frac, tp_bytes / 1048576.0, m->numel * 4.0 / 1048576.0, mesh.pp, pipe_frac,
             (double)(mesh.pp - 1) / (double)((zb ? 3 : 1) * accum + mesh.pp - 1), (int)pfirst, (int)plast,
             bal[0], bal[1], busy, tr.gov.on, thr_mean, (long long)tr.gov.switches, (long long)tr.gov.probes,
             cpu_step * 1e3, wall_mean * 1e3, (double)(B * T) * (double)accum * mesh.dp / wall_mean, pa, ph,
             peak32 > 0 ? flops / peak32 : 0, rss_mib, zb, (long long)tr.gov.gated, tr.gov.ncpu > 0,
-            (long long)tr.gov.shared_steps, early, recompute != NULL);
+            (long long)tr.gov.shared_steps, early, recompute != NULL, peakname, r.loss_scale,
+            (long long)r.skipped);
     else
         printf("GPT-2 on %s, L%lld NH%lld C%lld V%lld B%lld T%lld %s, %lld threads: %.1f ms/step (median of "
                "%lld), "
@@ -373,15 +394,18 @@ int sl_bench_train(int argc, char **argv) {
                "%.0f MiB; dp %d x accum "
                "%lld, ZeRO-%lld, comm wait %.1f%% of step; tp %d, TP collectives %.1f%% of step\n",
                device, (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T,
-               bf16 ? "bf16-mixed" : "fp32", (long long)threads, med * 1e3, (long long)steps, tps,
-               flops / 1e9, 100 * mfu, peak / 1e9, bf16 ? "bf16" : "fp32", tr.plan.planned_bytes / 1048576.0,
-               rss_mib, mesh.dp, (long long)accum, (long long)zero, 100 * wait_frac, mesh.tp, 100 * tp_frac);
+               bf16 || fp16 ? dtname : "fp32", (long long)threads, med * 1e3, (long long)steps, tps,
+               flops / 1e9, 100 * mfu, peak / 1e9, peakname, tr.plan.planned_bytes / 1048576.0, rss_mib,
+               mesh.dp, (long long)accum, (long long)zero, 100 * wait_frac, mesh.tp, 100 * tp_frac);
     if (!json)
         printf("threads: mean %.2f per step (%s, %lld switches, %lld probes, %lld held back by the load, "
                "%lld steps bound in the shared mode)%s; CPU %.1f ms/step; mean wall %.1f ms/step\n",
                thr_mean, tr.gov.on ? "adaptive" : "fixed", (long long)tr.gov.switches,
                (long long)tr.gov.probes, (long long)tr.gov.gated, (long long)tr.gov.shared_steps,
                busy ? "; a spinning neighbour process ran throughout" : "", cpu_step * 1e3, wall_mean * 1e3);
+    if (!json && fp16)
+        printf("fp16 loss scale %g after the run; %lld of %lld timed steps skipped (overflow)\n",
+               r.loss_scale, (long long)r.skipped, (long long)steps);
     if (dp) print_dp_memory(dp, json, zero);
     free(ts);
     return free_run(dp, tp, &tr, m, &mesh, world);

@@ -52,23 +52,41 @@ static cJSON *bench_record(void) {
     return o;
 }
 
-/* `bench train --json` reports peak RSS and MFU against the GEMMs' dtype (issue 20 items 2, 5);
+/* `bench train --json` reports peak RSS and MFU against the GEMMs' dtype (issue 20 items 2, 5); --fp16
+ * (autocast fp16 with dynamic loss scaling) reports its dtype, a loss scale, and MFU against the fp32 peak
+ * (its GEMMs run widened to fp32: Note [f16 GEMM]: peak_dtype says so, and mfu equals mfu_f32_peak); --fp16
+ * with --bf16 is
+ * refused;
  * `--plan-only` shows the planner's donation (Note [Donated storage]): without it (SUANLI_PLAN_DONATE=0)
  * the arena holds the logits' gradient beside the logits, B * T * V floats more (2 * 16 * 4096 * 4 B =
  * 0.5 MiB here); GELU's gradient may take a buffer too, so "at least" */
 static void test_bench_train(void) {
-    for (int bf = 0; bf <= 1; bf++) {
-        int rc = run("bench train " TINY " --vocab-size 256 --steps 1 --warmup 0 --threads 1 --json%s",
-                     bf ? " --bf16" : "");
+    static const char *flag[3] = {"", " --bf16", " --fp16"}, *dtype[3] = {"f32", "bf16-mixed", "fp16-mixed"};
+    for (int k = 0; k < 3; k++) {
+        int rc =
+            run("bench train " TINY " --vocab-size 256 --steps 2 --warmup 0 --threads 1 --json%s", flag[k]);
         cJSON *o = rc == 0 ? bench_record() : NULL;
-        const cJSON *rss = cJSON_GetObjectItem(o, "peak_rss_mib"), *dt = cJSON_GetObjectItem(o, "dtype");
-        TU_CHECK(o && cJSON_IsNumber(rss) && rss->valuedouble > 0 &&
-                     cJSON_IsNumber(cJSON_GetObjectItem(o, "mfu")) &&
-                     cJSON_IsNumber(cJSON_GetObjectItem(o, "mfu_f32_peak")) && cJSON_IsString(dt) &&
-                     !strcmp(dt->valuestring, bf ? "bf16-mixed" : "f32"),
-                 "bench train --json%s: rc %d, record %s", bf ? " --bf16" : "", rc, out);
+        const cJSON *rss = cJSON_GetObjectItem(o, "peak_rss_mib"), *dt = cJSON_GetObjectItem(o, "dtype"),
+                    *mfu = cJSON_GetObjectItem(o, "mfu"), *mfu32 = cJSON_GetObjectItem(o, "mfu_f32_peak"),
+                    *ls = cJSON_GetObjectItem(o, "loss_scale"), *pk = cJSON_GetObjectItem(o, "peak_dtype");
+        TU_CHECK(o && cJSON_IsNumber(rss) && rss->valuedouble > 0 && cJSON_IsNumber(mfu) &&
+                     cJSON_IsNumber(mfu32) && cJSON_IsString(dt) && !strcmp(dt->valuestring, dtype[k]) &&
+                     cJSON_IsNumber(ls),
+                 "bench train --json%s: rc %d, record %s", flag[k], rc, out);
+        if (k == 2) /* 2^32 overflows at once here: the scaler halves and skips, as train --fp16 does */
+            TU_CHECK(cJSON_IsNumber(mfu) && cJSON_IsNumber(mfu32) && mfu->valuedouble == mfu32->valuedouble &&
+                         ls->valuedouble >= 1 && ls->valuedouble <= 4294967296.0 && cJSON_IsString(pk) &&
+                         !strcmp(pk->valuestring, "fp32 (f16 widened)") &&
+                         cJSON_IsNumber(cJSON_GetObjectItem(o, "skipped_steps")),
+                     "bench train --fp16: MFU against the fp32 peak, a loss scale: %s", out);
+        else
+            TU_CHECK(cJSON_IsNumber(ls) && ls->valuedouble == 1, "bench train%s: loss scale 1: %s", flag[k],
+                     out);
         cJSON_Delete(o);
     }
+    TU_CHECK(run("bench train " TINY " --vocab-size 256 --steps 1 --json --bf16 --fp16") == 2 &&
+                 strstr(out, "--fp16 and --bf16 exclude each other"),
+             "bench train --bf16 --fp16 refused: %s", out);
     double mib[2] = {0, 0};
     for (int k = 0; k < 2; k++) {
         if (k) setenv("SUANLI_PLAN_DONATE", "0", 1);
