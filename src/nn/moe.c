@@ -77,8 +77,8 @@ int sl_arch_is_moe(sl_arch a) {
 }
 int sl_model_is_moe(const sl_model *m) { return sl_arch_is_moe(m->arch); }
 
-/* whether the model's backend runs the MoE ops (cpu and strict do; a backend that does not gets Mixtral's
- * dense-gate form, and Qwen2-MoE / DeepSeek-V3 graphs are refused by the executor naming the op) */
+/* whether the model's backend runs the MoE ops (cpu, strict and opencl do; a backend that does not gets
+ * Mixtral's dense-gate form, and Qwen2-MoE / DeepSeek-V3 graphs are refused by the executor naming the op) */
 int sl_moe_backend_ok(const sl_model *m) {
     sl_tensor x = {.dtype = SL_F32, .ndim = 2, .ne = {1, 2}, .nb = {2, 1}};
     sl_tensor probe = x;

@@ -350,24 +350,35 @@ sl_status ocl_run(ocl_call *c, cl_uint dims, const size_t *global, const size_t 
 
 sl_status ocl_run1(ocl_call *c, size_t n) { return ocl_run(c, 1, &n, NULL); }
 
-sl_status ocl_scratch(size_t bytes, cl_mem *out) {
-    if (bytes > g_ocl.scratch_size) {
-        if (g_ocl.scratch) { /* after the queued work that uses it (rare: the scratch only grows) */
+static sl_status grow_scratch(cl_mem *m, size_t *size, size_t bytes, const char *what) {
+    if (bytes > *size) {
+        if (*m) { /* after the queued work that uses it (rare: the scratch only grows) */
             cl_int ferr = clFinish(g_ocl.queue);
             if (ferr != CL_SUCCESS) return ocl_fail(ferr, "clFinish (scratch)");
-            clReleaseMemObject(g_ocl.scratch);
+            clReleaseMemObject(*m);
         }
         cl_int err;
         size_t sz = bytes < 4096 ? 4096 : bytes;
-        g_ocl.scratch = clCreateBuffer(g_ocl.ctx, CL_MEM_READ_WRITE, sz, NULL, &err);
+        *m = clCreateBuffer(g_ocl.ctx, CL_MEM_READ_WRITE, sz, NULL, &err);
         if (err != CL_SUCCESS) {
-            g_ocl.scratch = NULL;
-            g_ocl.scratch_size = 0;
-            return ocl_fail(err, "clCreateBuffer (scratch)");
+            *m = NULL;
+            *size = 0;
+            return ocl_fail(err, what);
         }
-        g_ocl.scratch_size = sz;
+        *size = sz;
     }
+    return SL_OK;
+}
+
+sl_status ocl_scratch(size_t bytes, cl_mem *out) {
+    SL_TRY(grow_scratch(&g_ocl.scratch, &g_ocl.scratch_size, bytes, "clCreateBuffer (scratch)"));
     *out = g_ocl.scratch;
+    return SL_OK;
+}
+
+sl_status ocl_scratch2(size_t bytes, cl_mem *out) {
+    SL_TRY(grow_scratch(&g_ocl.scratch2, &g_ocl.scratch2_size, bytes, "clCreateBuffer (scratch2)"));
+    *out = g_ocl.scratch2;
     return SL_OK;
 }
 

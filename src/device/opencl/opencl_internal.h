@@ -65,6 +65,24 @@ typedef enum ocl_kernel_id {
     OK_CE_VP_STATS,       /* loss.cl */
     OK_CE_VP,             /* loss.cl */
     OK_DROPOUT,           /* dropout.cl (Note [OpenCL dropout], 0_common.cl) */
+    OK_MOE_ROUTE_ROW,     /* moe.cl (Note [OpenCL MoE kernels], opencl_ops_moe.c) */
+    OK_MOE_ROUTE_CAP,
+    OK_MOE_ROUTE_BACK,
+    OK_MOE_ROUTER_LOSS, /* moe.cl, needs cl_khr_fp64 */
+    OK_MOE_ROUTER_LOSS_BACK,
+    OK_MOE_KEPT_MAP,
+    OK_MOE_ROWS,
+    OK_MOE_COMBINE,
+    OK_MOE_COMBINE_BACK_GATE,
+    OK_MOE_EP_COUNTS,
+    OK_MOE_COL_COUNT,
+    OK_MOE_PAIR_ROWS,
+    OK_MOE_PACK,
+    OK_MOE_UNPACK,
+    OK_MOE_UNPACK_BACK_GATE,
+    OK_MOE_EP_MAP,
+    OK_MOE_SWIGLU,
+    OK_MOE_SWIGLU_BACK,
     OK_COUNT
 } ocl_kernel_id;
 
@@ -117,6 +135,8 @@ typedef struct ocl_state {
     int64_t gemm_cp_max; /* register-blocked GEMM: bytes of partial sums per launch */
     cl_mem scratch;      /* grown on demand: per-node temporaries (ordered by the in-order queue) */
     size_t scratch_size;
+    cl_mem scratch2; /* a second one, for temporaries that live across GEMM calls (opencl_ops_moe.c) */
+    size_t scratch2_size;
     cl_mem flag; /* 2 ints: an out-of-range id seen by a kernel (1, value) */
 } ocl_state;
 
@@ -141,6 +161,8 @@ sl_status ocl_ref_of(const sl_tensor *n, const sl_tensor *t, ocl_ref *r);
 sl_status ocl_aux_of(const sl_tensor *n, const sl_tensor *t, ocl_ref *r);
 /* A scratch region of at least `bytes` (valid until the next ocl_scratch call) */
 sl_status ocl_scratch(size_t bytes, cl_mem *out);
+/* A second scratch region, not touched by the GEMM (which uses the first) */
+sl_status ocl_scratch2(size_t bytes, cl_mem *out);
 /* Build or load the program (opencl_program.c) */
 sl_status ocl_program_build(ocl_state *s);
 
@@ -195,6 +217,12 @@ int ocl_supports(const sl_tensor *n);
 sl_status ocl_compute(sl_tensor *n);
 sl_status ocl_op_matmul(sl_tensor *n);
 sl_status ocl_op_nn(sl_tensor *n); /* norms, softmax, attention, embedding, loss, llama ops */
+/* f32 C (M x N, ldc) = op(A) op(B) (+ C when beta1): one GEMM on the backend's kernel (opencl_ops.c) */
+sl_status ocl_gemm_f32(int M, int N, int K, ocl_ref a, int64_t lda, int tA, ocl_ref b, int64_t ldb, int tB,
+                       ocl_ref c, int64_t ldc, int beta1);
+/* the trainable MoE ops (opencl_ops_moe.c) */
+int ocl_moe_supports(const sl_tensor *n);
+sl_status ocl_op_moe(sl_tensor *n);
 /* read the kernels' out-of-range flag; non-zero -> an error naming `what` */
 sl_status ocl_check_flag(const char *what, int64_t limit);
 #endif

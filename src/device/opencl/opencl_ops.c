@@ -152,7 +152,8 @@ static sl_status ew16(int op, ocl_ref o, cl_long8 nbo, ocl_ref a, cl_long8 nba, 
  * The shared accelerator table (Note [Accelerator supported ops], src/device/accel_support.c: every f32 op of
  * GPT-2 / Llama-family training and KV-cache generation, sliding-window attention included; bf16 / f16
  * compute refused by name), with attention limited to head sizes whose tiles fit the device's local memory
- * (OCL_ATT_LOCAL, Note [OpenCL flash attention]). */
+ * (OCL_ATT_LOCAL, Note [OpenCL flash attention]); the trainable MoE ops are decided first by
+ * ocl_moe_supports (f32, Note [OpenCL MoE kernels] in opencl_ops_moe.c). */
 static int sum_whole_rows(const sl_tensor *n); /* SUM_TO over whole rows (op_sum_to) */
 
 /* what this backend adds to the shared table: dropout (Note [OpenCL dropout]), the vocab-parallel ops (Note
@@ -162,6 +163,8 @@ static int sum_whole_rows(const sl_tensor *n); /* SUM_TO over whole rows (op_sum
 
 int ocl_supports(const sl_tensor *n) {
     const sl_tensor *a = n->src[0], *b = n->src[1];
+    int moe = ocl_moe_supports(n); /* the trainable MoE ops (opencl_ops_moe.c), -1 for other ops */
+    if (moe >= 0) return moe;
     switch (n->op) {
     case SL_OP_SUM_TO: /* a bf16 source summed into f32 rows (the bias gradient of a fused-cast Linear) */
         if (a->dtype == SL_BF16) return n->dtype == SL_F32 && sum_whole_rows(n);
@@ -551,6 +554,37 @@ sl_status ocl_op_matmul(sl_tensor *n) {
     return ocl_run(&c, 3, global, local);
 }
 
+sl_status ocl_gemm_f32(int M, int N, int K, ocl_ref a, int64_t lda, int tA, ocl_ref b, int64_t ldb, int tB,
+                       ocl_ref c, int64_t ldc, int beta1) {
+    if (M <= 0 || N <= 0) return SL_OK;
+    cl_long4 bne = {{1, 1, 1, 1}}, bs = {{0, 0, 0, 0}};
+    if (g_ocl.gemm_kind == OCL_GEMM_REG)
+        return gemm_reg(M, N, K, a, lda, tA, b, ldb, tB, c, ldc, beta1, NULL, bne, bs, bs, bs, SL_F32, 0, 0);
+    ocl_call k = ocl_begin(OK_GEMM);
+    ocl_int(&k, M);
+    ocl_int(&k, N);
+    ocl_int(&k, K);
+    ocl_ref_arg(&k, a);
+    ocl_long(&k, lda);
+    ocl_int(&k, tA);
+    ocl_ref_arg(&k, b);
+    ocl_long(&k, ldb);
+    ocl_int(&k, tB);
+    ocl_ref_arg(&k, c);
+    ocl_long(&k, ldc);
+    ocl_int(&k, beta1);
+    ocl_ref_arg(&k, c);
+    ocl_int(&k, 0);
+    ocl_arg(&k, sizeof bne, &bne);
+    ocl_arg(&k, sizeof bs, &bs);
+    ocl_arg(&k, sizeof bs, &bs);
+    ocl_arg(&k, sizeof bs, &bs);
+    size_t ts = (size_t)g_ocl.gemm_ts, rts = ts / 4;
+    size_t global[3] = {((size_t)N + ts - 1) / ts * rts, ((size_t)M + ts - 1) / ts * rts, 1};
+    size_t local[3] = {rts, rts, 1};
+    return ocl_run(&k, 3, global, local);
+}
+
 /* ---------------- dispatch ---------------- */
 
 sl_status ocl_compute(sl_tensor *n) {
@@ -599,6 +633,7 @@ sl_status ocl_compute(sl_tensor *n) {
     case SL_OP_LINEAR_BF16:
         return op_linear_bf16(n);
     default:
+        if (ocl_moe_supports(n) >= 0) return ocl_op_moe(n);
         return ocl_op_nn(n);
     }
 }

@@ -76,6 +76,24 @@ static const char *const k_names[OK_COUNT] = {
     [OK_CE_VP_STATS] = "k_ce_vp_stats",
     [OK_CE_VP] = "k_ce_vp",
     [OK_DROPOUT] = "k_dropout",
+    [OK_MOE_ROUTE_ROW] = "k_moe_route_row",
+    [OK_MOE_ROUTE_CAP] = "k_moe_route_cap",
+    [OK_MOE_ROUTE_BACK] = "k_moe_route_back",
+    [OK_MOE_ROUTER_LOSS] = "k_moe_router_loss",
+    [OK_MOE_ROUTER_LOSS_BACK] = "k_moe_router_loss_back",
+    [OK_MOE_KEPT_MAP] = "k_moe_kept_map",
+    [OK_MOE_ROWS] = "k_moe_rows",
+    [OK_MOE_COMBINE] = "k_moe_combine",
+    [OK_MOE_COMBINE_BACK_GATE] = "k_moe_combine_back_gate",
+    [OK_MOE_EP_COUNTS] = "k_moe_ep_counts",
+    [OK_MOE_COL_COUNT] = "k_moe_col_count",
+    [OK_MOE_PAIR_ROWS] = "k_moe_pair_rows",
+    [OK_MOE_PACK] = "k_moe_pack",
+    [OK_MOE_UNPACK] = "k_moe_unpack",
+    [OK_MOE_UNPACK_BACK_GATE] = "k_moe_unpack_back_gate",
+    [OK_MOE_EP_MAP] = "k_moe_ep_map",
+    [OK_MOE_SWIGLU] = "k_moe_swiglu",
+    [OK_MOE_SWIGLU_BACK] = "k_moe_swiglu_back",
 };
 _Static_assert(sizeof k_names / sizeof k_names[0] == OK_COUNT, "one name per kernel");
 
@@ -200,7 +218,8 @@ sl_status ocl_program_build(ocl_state *s) {
     }
     s->program = p;
     for (int i = 0; i < OK_COUNT; i++) {
-        if (i == OK_SUMSQ && !s->has_fp64) continue; /* sumsq is refused by name without fp64 */
+        if ((i == OK_SUMSQ || i == OK_MOE_ROUTER_LOSS || i == OK_MOE_ROUTER_LOSS_BACK) && !s->has_fp64)
+            continue; /* sumsq and the router losses are refused by name without fp64 */
         cl_int err;
         s->k[i] = clCreateKernel(p, k_names[i], &err);
         if (err != CL_SUCCESS) {

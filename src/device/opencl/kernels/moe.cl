@@ -1,0 +1,378 @@
+/* Trainable mixture-of-experts kernels: routing, the router losses, token gather / combine, the expert-parallel
+ * pack / unpack / regroup of (token, expert) pairs and the SwiGLU pointwise steps of the routed experts
+ * (semantics: src/device/cpu/kernels/moe.c, moe_ep.c, moe_packed.c; launches: opencl_ops_moe.c, Note [OpenCL
+ * MoE kernels] there). The route node's memory: weights (N, E), then scores (N, E), mask (N, E: 0 unrouted, 1
+ * kept, 2 dropped by capacity), E routed counts, E kept counts. Every loop below runs in the CPU kernel's order
+ * (one work-item per row, per expert or per output element), so selections are the CPU's and sums are its
+ * sums. */
+#pragma OPENCL FP_CONTRACT OFF
+
+#ifdef SL_FP64 /* glibc's expf is correctly rounded but for rare cases: the double exp rounded once is too */
+inline float moe_expf(float x) { return (float)exp((double)x); }
+#else
+inline float moe_expf(float x) { return exp(x); }
+#endif
+
+/* One row of MOE_ROUTE: scores, (group-limited) top-k into the mask, weights. The choice values live in the
+ * weight row and the taken flags in the mask row until the weights are written. */
+kernel void k_moe_route_row(global float *rt, long ro, global const float *x, long xo, long xs, long N, long E,
+                            global const float *bias, long bo, int has_bias, int k, int sigm, int norm, int ng,
+                            int tg, float scale) {
+    long r = get_global_id(0);
+    if (r >= N) return;
+    global float *c = rt + ro + r * E, *s = c + N * E, *m = c + 2 * N * E;
+    global const float *xr = x + xo + r * xs;
+    if (sigm) {
+        for (long e = 0; e < E; e++) s[e] = 1.0f / (1.0f + moe_expf(-xr[e]));
+    } else {
+        float mx = -INFINITY, sum = 0;
+        for (long e = 0; e < E; e++) mx = xr[e] > mx ? xr[e] : mx;
+        for (long e = 0; e < E; e++) sum += (s[e] = moe_expf(xr[e] - mx));
+        for (long e = 0; e < E; e++) s[e] /= sum;
+    }
+    for (long e = 0; e < E; e++) c[e] = s[e] + (has_bias ? bias[bo + e] : 0.0f);
+    if (ng > 1) { /* keep the tg groups with the largest sum of their top two (ties: the lower index) */
+        long gs = E / ng;
+        float gscore[64];
+        uchar gtaken[64];
+        for (int g = 0; g < ng; g++) {
+            global const float *cg = c + g * gs;
+            long i1 = 0, i2 = -1;
+            for (long i = 1; i < gs; i++)
+                if (cg[i] > cg[i1]) i1 = i;
+            for (long i = 0; i < gs; i++)
+                if (i != i1 && (i2 < 0 || cg[i] > cg[i2])) i2 = i;
+            gscore[g] = cg[i1] + cg[i2];
+            gtaken[g] = 0;
+        }
+        for (int j = 0; j < tg; j++) {
+            int best = -1;
+            for (int g = 0; g < ng; g++)
+                if (!gtaken[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
+            gtaken[best] = 1;
+        }
+        for (int g = 0; g < ng; g++)
+            if (!gtaken[g])
+                for (long i = 0; i < gs; i++) c[g * gs + i] = -INFINITY;
+    }
+    for (long e = 0; e < E; e++) m[e] = 0.0f;
+    for (int j = 0; j < k; j++) {
+        long best = -1;
+        for (long i = 0; i < E; i++)
+            if (m[i] == 0.0f && (best < 0 || c[i] > c[best])) best = i;
+        m[best] = 1.0f;
+    }
+    float sum = 0;
+    for (long e = 0; e < E; e++)
+        if (m[e] != 0.0f) sum += s[e];
+    float inv = norm && sum > 0 ? 1.0f / sum : 1.0f;
+    for (long e = 0; e < E; e++) c[e] = m[e] != 0.0f ? s[e] * inv * scale : 0.0f;
+}
+
+/* One work-item per expert: routed / kept counts, and the capacity (the first `cap` tokens in token order) */
+kernel void k_moe_route_cap(global float *rt, long ro, long N, long E, long cap) {
+    long e = get_global_id(0);
+    if (e >= E) return;
+    global float *y = rt + ro, *m = y + 2 * N * E, *cnt = y + 3 * N * E;
+    float routed = 0, kept = 0;
+    for (long r = 0; r < N; r++) {
+        if (m[r * E + e] == 0.0f) continue;
+        routed += 1;
+        if (cap > 0 && kept >= (float)cap) {
+            m[r * E + e] = 2.0f;
+            y[r * E + e] = 0.0f;
+        } else {
+            kept += 1;
+        }
+    }
+    cnt[e] = routed;
+    cnt[E + e] = kept;
+}
+
+kernel void k_moe_route_back(global float *d, long dO, global const float *rt, long ro, global const float *g,
+                             long go, long gs, long N, long E, int sigm, int norm, float scale) {
+    long r = get_global_id(0);
+    if (r >= N) return;
+    global const float *s = rt + ro + N * E + r * E, *m = s + N * E, *dy = g + go + r * gs;
+    global float *du = d + dO + r * E;
+    float S = 0, dot = 0;
+    for (long e = 0; e < E; e++) {
+        du[e] = m[e] == 1.0f ? dy[e] * scale : 0.0f;
+        if (m[e] != 0.0f) S += s[e];
+    }
+    if (norm && S > 0) {
+        for (long e = 0; e < E; e++) dot += du[e] * s[e];
+        for (long e = 0; e < E; e++) du[e] = m[e] != 0.0f ? (du[e] - dot / S) / S : 0.0f;
+    }
+    if (sigm) {
+        for (long e = 0; e < E; e++) du[e] *= s[e] * (1.0f - s[e]);
+    } else {
+        float d2 = 0;
+        for (long e = 0; e < E; e++) d2 += du[e] * s[e];
+        for (long e = 0; e < E; e++) du[e] = s[e] * (du[e] - d2);
+    }
+}
+
+#ifdef SL_FP64 /* the router losses sum in double as the CPU does (refused by name without fp64) */
+inline float moe_row_lse(global const float *x, long E) {
+    float mx = -INFINITY;
+    double sum = 0;
+    for (long e = 0; e < E; e++) mx = x[e] > mx ? x[e] : mx;
+    for (long e = 0; e < E; e++) sum += exp((double)x[e] - mx);
+    return mx + (float)log(sum);
+}
+
+/* one work-item: the whole (row, expert) sum in the CPU's order */
+kernel void k_moe_router_loss(global float *out, long oo, global const float *x, long xo, long xs,
+                              global const float *rt, long ro, long N, long E, int k, int sigm, float ca,
+                              float cz) {
+    if (get_global_id(0) != 0) return;
+    global const float *ps = rt + ro + N * E, *cnt = rt + ro + 3 * N * E;
+    double aux = 0, z = 0;
+    for (long r = 0; r < N; r++) {
+        global const float *s = ps + r * E;
+        float S = 0;
+        for (long e = 0; e < E; e++) S += s[e];
+        for (long e = 0; e < E; e++) aux += (double)cnt[e] * (sigm ? s[e] / S : s[e]);
+        double l = moe_row_lse(x + xo + r * xs, E);
+        z += l * l;
+    }
+    aux = N ? aux * (double)E / ((double)N * (double)N * k) : 0;
+    z = N ? z / (double)N : 0;
+    out[oo] = (float)(ca * aux + cz * z);
+    out[oo + 1] = (float)aux;
+    out[oo + 2] = (float)z;
+}
+
+kernel void k_moe_router_loss_back(global float *d, long dO, global const float *x, long xo, long xs,
+                                   global const float *rt, long ro, global const float *dl, long dlo, long N,
+                                   long E, int k, int sigm, float f0, float f1) {
+    long r = get_global_id(0);
+    if (r >= N) return;
+    float g = dl[dlo];
+    float ca = f0 * g * (float)E / ((float)N * (float)N * (float)k), cz = f1 * g * 2.0f / (float)N;
+    global const float *s = rt + ro + N * E + r * E, *cnt = rt + ro + 3 * N * E, *xr = x + xo + r * xs;
+    global float *dr = d + dO + r * E;
+    float S = 0, dot = 0;
+    for (long e = 0; e < E; e++) S += s[e];
+    for (long e = 0; e < E; e++) dot += ca * cnt[e] * (sigm ? s[e] / S : s[e]);
+    for (long e = 0; e < E; e++) {
+        float dp = ca * cnt[e];
+        dr[e] = sigm ? (dp - dot) / S * s[e] * (1.0f - s[e]) : s[e] * (dp - dot);
+    }
+    if (cz != 0) {
+        float l = moe_row_lse(xr, E);
+        for (long e = 0; e < E; e++) dr[e] += cz * l * moe_expf(xr[e] - l);
+    }
+}
+#endif
+
+/* One work-item: expert e's kept tokens in token order. map[0..R): the token of row r (-1 past the count),
+ * tok = map + R, tok[0..N): the row of token n (-1 if e does not keep it). Rows past R are not mapped (the CPU fails there;
+ * the graph sizes R to the capacity or N, so it cannot happen). */
+kernel void k_moe_kept_map(global int *map, global const float *rt, long ro, long N, long E, long e, long R) {
+    if (get_global_id(0) != 0) return;
+    global const float *m = rt + ro + 2 * N * E;
+    global int *tok = map + R;
+    long c = 0;
+    for (long n = 0; n < N; n++) {
+        int row = -1;
+        if (m[n * E + e] == 1.0f) {
+            if (c < R) map[c] = (int)n, row = (int)c;
+            c++;
+        }
+        tok[n] = row;
+    }
+    for (; c < R; c++) map[c] = -1;
+}
+
+/* o[q] = (weight of row map[q]) * x[map[q]], else (fill 1) zero, (fill 2) acc[q], (fill 0) unwritten; 2-D:
+ * columns x rows */
+kernel void k_moe_rows(global float *o, long oo, long ldo, global const float *x, long xo, long ldx,
+                       global const int *map, long mo, long C, long nrows, int fill, global const float *acc, long ao,
+                       long lda, global const float *w, long wo, long ws, long wc, int weighted) {
+    long c = get_global_id(0), q = get_global_id(1);
+    if (c >= C || q >= nrows) return;
+    int src = map[mo + q];
+    if (src >= 0)
+        o[oo + q * ldo + c] =
+            weighted ? w[wo + src * ws + wc] * x[xo + src * ldx + c] : x[xo + src * ldx + c];
+    else if (fill == 1)
+        o[oo + q * ldo + c] = 0.0f;
+    else if (fill == 2)
+        o[oo + q * ldo + c] = acc[ao + q * lda + c];
+}
+
+/* MOE_COMBINE: acc (or 0) + (weight *) y of the token's row for expert e */
+kernel void k_moe_combine(global float *o, long oo, global const float *y, long yo, long ldy,
+                          global const int *tok, long to, global const float *acc, long ao, long lda, int has_acc,
+                          global const float *w, long wo, long E, long e, int weighted, long C, long N) {
+    long c = get_global_id(0), n = get_global_id(1);
+    if (c >= C || n >= N) return;
+    float v = has_acc ? acc[ao + n * lda + c] : 0.0f;
+    int r = tok[to + n];
+    if (r >= 0) {
+        float s = weighted ? w[wo + n * E + e] : 1.0f;
+        v += s * y[yo + r * ldy + c];
+    }
+    o[oo + n * C + c] = v;
+}
+
+/* MOE_COMBINE_BACK_GATE: column e = dy . y of the token's row, zero elsewhere; one work-item per (n, j) */
+kernel void k_moe_combine_back_gate(global float *o, long oo, global const float *y, long yo, long ys,
+                                    global const float *dy, long dyo, long ds, global const int *tok, long to,
+                                    long N, long E, long e, long C) {
+    long i = get_global_id(0);
+    if (i >= N * E) return;
+    long n = i / E, j = i % E;
+    float dot = 0;
+    int r = j == e ? tok[to + n] : -1;
+    if (r >= 0)
+        for (long c = 0; c < C; c++) dot += y[yo + r * ys + c] * dy[dyo + n * ds + c];
+    o[oo + i] = dot;
+}
+
+/* ---------------- expert-parallel pairs ---------------- */
+
+/* MOE_EP_COUNTS: one work-item per expert, token order */
+kernel void k_moe_ep_counts(global float *o, long oo, global const float *rt, long ro, long N, long E) {
+    long e = get_global_id(0);
+    if (e >= E) return;
+    global const float *m = rt + ro + 2 * N * E;
+    float v = 0;
+    for (long n = 0; n < N; n++) v += m[n * E + e] == 1.0f;
+    o[oo + e] = v;
+}
+
+/* The packed row of every kept pair, expert-major then token order: cnt[e] (ints) first, then row[n E + e]
+ * (-1: not kept, or past the S rows) after them. One work-item per expert each time. */
+kernel void k_moe_col_count(global int *cnt, global const float *rt, long ro, long N, long E) {
+    long e = get_global_id(0);
+    if (e >= E) return;
+    global const float *m = rt + ro + 2 * N * E;
+    int v = 0;
+    for (long n = 0; n < N; n++) v += m[n * E + e] == 1.0f;
+    cnt[e] = v;
+}
+kernel void k_moe_pair_rows(global int *cnt, global const float *rt, long ro, long N, long E, long S) {
+    long e = get_global_id(0);
+    if (e >= E) return;
+    global int *row = cnt + E;
+    global const float *m = rt + ro + 2 * N * E;
+    long c = 0;
+    for (long j = 0; j < e; j++) c += cnt[j];
+    for (long n = 0; n < N; n++) {
+        int r = -1;
+        if (m[n * E + e] == 1.0f) r = c < S ? (int)c : -1, c++;
+        row[n * E + e] = r;
+    }
+}
+
+/* MOE_EP_PACK: every kept pair's row of x (times the weight) */
+kernel void k_moe_pack(global float *o, long oo, global const float *x, long xo, long xs, global const int *row,
+                       long rowo, global const float *w, long wo, int weighted, long N, long E, long C) {
+    long c = get_global_id(0), t = get_global_id(1);
+    if (c >= C || t >= N) return;
+    for (long e = 0; e < E; e++) {
+        int r = row[rowo + t * E + e];
+        if (r < 0) continue;
+        float s = weighted ? w[wo + t * E + e] : 1.0f;
+        o[oo + r * C + c] = s * x[xo + t * xs + c];
+    }
+}
+
+/* MOE_EP_UNPACK: per token the sum of its rows in expert order from zero */
+kernel void k_moe_unpack(global float *o, long oo, global const float *y, long yo, long ys, global const int *row,
+                         long rowo, global const float *w, long wo, int weighted, long N, long E, long C) {
+    long c = get_global_id(0), t = get_global_id(1);
+    if (c >= C || t >= N) return;
+    float v = 0;
+    for (long e = 0; e < E; e++) {
+        int r = row[rowo + t * E + e];
+        if (r < 0) continue;
+        float s = weighted ? w[wo + t * E + e] : 1.0f;
+        v += s * y[yo + r * ys + c];
+    }
+    o[oo + t * C + c] = v;
+}
+
+kernel void k_moe_unpack_back_gate(global float *o, long oo, global const float *y, long yo, long ys,
+                                   global const float *dy, long dyo, long ds, global const int *row, long rowo,
+                                   long N, long E, long C) {
+    long i = get_global_id(0);
+    if (i >= N * E) return;
+    int r = row[rowo + i];
+    float dot = 0;
+    if (r >= 0)
+        for (long c = 0; c < C; c++) dot += y[yo + r * ys + c] * dy[dyo + (i / E) * ds + c];
+    o[oo + i] = dot;
+}
+
+/* a received count as a whole number in [0, hi], else 0 (the host validates the counts where it reads them:
+ * the expert nodes of the same layer fail on a corrupt exchange) */
+inline long moe_whole(float v, long hi) { return v >= 0 && v <= (float)hi && v == (float)(long)v ? (long)v : 0; }
+
+/* One work-item: the row map of the received rows (block p from source rank p: rcnt[p El + j] rows for local
+ * expert j). mode 0: MOE_EP_GATHER (row r of local expert l's nmap rows <- received row), mode 1:
+ * MOE_EP_SCATTER (received row q of nmap <- row of y, lrows of them), mode 2: MOE_EP_REGROUP to expert-major
+ * (row q <- received row), mode 3: and back. -1: unmapped. */
+kernel void k_moe_ep_map(global int *map, global const float *rc, long rco, long P, long El, long l, long rows,
+                         long lrows, long nmap, int mode) {
+    if (get_global_id(0) != 0) return;
+    for (long q = 0; q < nmap; q++) map[q] = -1;
+    if (mode <= 1) {
+        long base = 0, r = 0;
+        for (long p = 0; p < P; p++) {
+            long o = base;
+            for (long j = 0; j < El; j++) {
+                long v = moe_whole(rc[rco + p * El + j], rows);
+                if (j < l) o += v;
+                base += v;
+            }
+            long cn = moe_whole(rc[rco + p * El + l], rows);
+            for (long i = 0; i < cn; i++, r++) {
+                long src = o + i;
+                if (src >= rows) break;
+                if (mode == 0 && r < nmap) map[r] = (int)src;
+                if (mode == 1 && r < lrows && src < nmap) map[src] = (int)r;
+            }
+        }
+        return;
+    }
+    long dst = 0;
+    for (long j = 0; j < El; j++)
+        for (long p = 0; p < P; p++) {
+            long s = 0; /* where block (p, j) starts in the received layout */
+            for (long i = 0; i < p * El + j; i++) s += moe_whole(rc[rco + i], rows);
+            long v = moe_whole(rc[rco + p * El + j], rows);
+            for (long i = 0; i < v; i++)
+                if (s + i < nmap && dst + i < nmap) {
+                    if (mode == 2)
+                        map[dst + i] = (int)(s + i);
+                    else
+                        map[s + i] = (int)(dst + i);
+                }
+            dst += v;
+        }
+}
+
+/* ---------------- the SwiGLU steps of the routed experts ---------------- */
+
+/* h = silu(a1) * a3 */
+kernel void k_moe_swiglu(global float *h, long ho, global const float *a1, long a1o, global const float *a3,
+                         long a3o, long n) {
+    long i = get_global_id(0);
+    if (i >= n) return;
+    float a = a1[a1o + i];
+    h[ho + i] = a / (1.0f + moe_expf(-a)) * a3[a3o + i];
+}
+
+/* from dh (in d1) the pre-activation gradients: d(w3 x) into d3, d(w1 x) into d1 */
+kernel void k_moe_swiglu_back(global float *d1, long d1o, global float *d3, long d3o, global const float *a1,
+                              long a1o, global const float *a3, long a3o, long n) {
+    long i = get_global_id(0);
+    if (i >= n) return;
+    float a = a1[a1o + i], sg = 1.0f / (1.0f + moe_expf(-a)), d = d1[d1o + i];
+    d3[d3o + i] = d * a * sg;
+    d1[d1o + i] = d * a3[a3o + i] * sg * (1.0f + a * (1.0f - sg));
+}
