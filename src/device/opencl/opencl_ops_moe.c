@@ -3,28 +3,30 @@
  * scatter, regroup) and the routed SwiGLU experts, per-expert (MOE_EXPERT_FFN) and packed (MOE_PACKED_FFN).
  *
  * Note [OpenCL MoE kernels]
- * Semantics are the CPU kernels' (src/device/cpu/kernels/moe.c, moe_ep.c, moe_packed.c), f32 only (the packed
- * experts' autocast numerics are refused by name). Order guarantees:
- *   - routing: one work-item per token runs the CPU's route_row (scores with exp in double rounded once where
- *     the device has fp64, as glibc's expf rounds; the first maximum wins every argmax, as the CPU's scans
- * do; group-limited top-k on the sum of each group's top two), so the selection is the CPU's; the capacity is
- *     one work-item per expert scanning its column in token order (an expert keeps its first `capacity`
- *     tokens, later ones are marked dropped), which is exactly the CPU's serial scan restricted to one
- * column;
- *   - row maps (token -> row of expert e, (token, expert) -> packed row, received row -> local expert row)
- * are built on the device by scans in the CPU's order (k_moe_kept_map: one work-item; k_moe_col_count /
- *     k_moe_pair_rows: one per expert, expert-major then token order; k_moe_ep_map: one work-item), and the
- *     data movement then runs one work-item per (row, column) element;
- *   - every sum runs in the CPU's order from the CPU's start value: a token's unpacked row over its experts
- * in expert order from 0, each gate gradient's dot over the columns in order, the router losses over (token,
- *     expert) in row-major order in double (one work-item; needs cl_khr_fp64, refused by name without it),
- * the routing backward per token as the CPU's loops; so these ops give the CPU's bits (the exp above aside);
- *   - the expert FFNs run the backend's GEMM (ocl_gemm_f32: the register-blocked kernel, or the tiled one on
- * GPU- type devices) on the expert's rows only, as the CPU runs sl_sgemm on them: their values are the MATMUL
- *     node's (within the GEMM's summation order of the CPU's). The row counts a GEMM needs on the host are
- * read back at the node (a blocking read of E floats: the route's kept counts or the exchanged counts), and
- *     validated there as the CPU validates them; the map kernels clamp corrupt counts to the tensors' rows
- *     instead (a corrupt exchange is reported by the expert nodes of the same layer).
+ * Semantics are the CPU kernels' (src/device/cpu/kernels/moe.c, moe_ep.c, moe_packed.c), f32 only (the
+ * packed experts' autocast numerics are refused by name). Order guarantees:
+ * - routing: one work-item per token runs the CPU's route_row (scores with exp in double rounded once where
+ *   the device has fp64, as glibc's expf rounds; the first maximum wins every argmax, as in the CPU's scans;
+ *   group-limited top-k on the sum of each group's top two), so the selection is the CPU's; the capacity is
+ *   one work-item per expert scanning its column in token order (an expert keeps its first `capacity`
+ *   tokens, later ones are marked dropped): the CPU's serial scan restricted to one column, the same result;
+ * - row maps (token -> row of expert e, (token, expert) -> packed row, received row -> local expert row) are
+ *   built on the device by scans in the CPU's order (k_moe_kept_map and k_moe_ep_map: one work-item;
+ *   k_moe_col_count / k_moe_pair_rows: one per expert, expert-major then token order); the data movement
+ *   then runs one work-item per (row, column) element;
+ * - every sum runs in the CPU's order from the CPU's start value: a token's unpacked row over its experts in
+ *   expert order from 0, each gate gradient's dot over the columns in order, the router losses over (token,
+ *   expert) in row-major order in double (one work-item; needs cl_khr_fp64, refused by name without it),
+ *   the routing backward per token as the CPU's loops; so these ops give the CPU's bits (exp aside);
+ * - the expert FFNs run the backend's GEMM (ocl_gemm_f32: the register-blocked kernel, or the tiled one on
+ *   GPU-type devices) on the expert's rows only, as the CPU runs sl_sgemm on them: their values are the
+ *   MATMUL node's (the GEMM's summation order, not the CPU's). The row counts a GEMM needs on the host are
+ *   read back at the node (a blocking read of up to E floats: the route's kept counts or the exchanged
+ *   counts) and validated there as the CPU validates them;
+ * - where the CPU fails (an expert keeping more tokens than its rows, more kept pairs than packed rows,
+ *   exchanged counts that are not whole numbers within the rows), the map kernels map only rows within the
+ *   tensors and raise the backend's flag, which the node reads back (8 bytes, blocking) and turns into the
+ *   CPU's error: silently clamping would make a wrong capacity look like a dropped token.
  * Temporaries (row maps, the experts' hidden rows) live in the second scratch region (ocl_scratch2), which
  * the GEMM does not use. */
 #include <string.h>
@@ -89,6 +91,22 @@ static sl_status read_floats(const sl_tensor *n, const sl_tensor *t, int64_t at,
 
 static sl_status fill(ocl_ref r, int64_t at, int64_t count, float v) {
     return count > 0 ? ocl_ew_flat(EW_FILL, v, r.mem, r.off + at, count) : SL_OK;
+}
+
+/* the map kernels' overflow flag (g_ocl.flag: 1, count or -1), read and cleared after the node: an error as
+ * the CPU kernel's */
+static sl_status moe_check(const sl_tensor *n, int64_t rows) {
+    cl_int f[2];
+    cl_int err = clEnqueueReadBuffer(g_ocl.queue, g_ocl.flag, CL_TRUE, 0, sizeof f, f, 0, NULL, NULL);
+    if (err != CL_SUCCESS) return ocl_fail(err, "reading the MoE row check");
+    if (!f[0]) return SL_OK;
+    cl_int zero[2] = {0, 0};
+    clEnqueueWriteBuffer(g_ocl.queue, g_ocl.flag, CL_TRUE, 0, sizeof zero, zero, 0, NULL, NULL);
+    if (f[1] < 0)
+        return sl_fail(SL_ERR_INVALID, "%s '%s': the exchanged token counts are invalid", sl_op_name(n->op),
+                       n->name);
+    return sl_fail(SL_ERR_INVALID, "%s '%s': %d kept tokens, more than the %lld rows", sl_op_name(n->op),
+                   n->name, (int)f[1], (long long)rows);
 }
 
 /* a whole count in [0, hi], else -1 */
@@ -203,6 +221,7 @@ static sl_status kept_map(const sl_tensor *n, const sl_tensor *route, int64_t e,
     ocl_long(&c, E);
     ocl_long(&c, e);
     ocl_long(&c, R);
+    ocl_mem(&c, g_ocl.flag);
     return ocl_run1(&c, 1);
 }
 
@@ -254,7 +273,8 @@ static sl_status op_gather(sl_tensor *n) {
     REF(n, &a.o);
     REF(x, &a.x);
     REF(route, &a.w);
-    return run_rows(&a);
+    SL_TRY(run_rows(&a));
+    return moe_check(n, R);
 }
 
 static sl_status op_combine(sl_tensor *n) {
@@ -285,7 +305,8 @@ static sl_status op_combine(sl_tensor *n) {
     ocl_long(&c, C);
     ocl_long(&c, N);
     size_t g[2] = {(size_t)C, (size_t)N};
-    return ocl_run(&c, 2, g, NULL);
+    SL_TRY(ocl_run(&c, 2, g, NULL));
+    return moe_check(n, R);
 }
 
 static sl_status op_combine_back_gate(sl_tensor *n) {
@@ -308,7 +329,8 @@ static sl_status op_combine_back_gate(sl_tensor *n) {
     ocl_long(&c, E);
     ocl_long(&c, e);
     ocl_long(&c, C);
-    return ocl_run1(&c, (size_t)(N * E));
+    SL_TRY(ocl_run1(&c, (size_t)(N * E)));
+    return moe_check(n, R);
 }
 
 /* ---------------- expert-parallel pairs ---------------- */
@@ -344,6 +366,7 @@ static sl_status pair_rows(const sl_tensor *n, const sl_tensor *route, int64_t S
     ocl_long(&k, N);
     ocl_long(&k, E);
     ocl_long(&k, S);
+    ocl_mem(&k, g_ocl.flag);
     return ocl_run1(&k, (size_t)E);
 }
 
@@ -368,7 +391,8 @@ static sl_status op_pack(sl_tensor *n, int pack) {
     ocl_long(&c, E);
     ocl_long(&c, C);
     size_t g[2] = {(size_t)C, (size_t)N};
-    return ocl_run(&c, 2, g, NULL);
+    SL_TRY(ocl_run(&c, 2, g, NULL));
+    return moe_check(n, S);
 }
 
 static sl_status op_unpack_back_gate(sl_tensor *n) {
@@ -390,7 +414,8 @@ static sl_status op_unpack_back_gate(sl_tensor *n) {
     ocl_long(&c, N);
     ocl_long(&c, E);
     ocl_long(&c, C);
-    return ocl_run1(&c, (size_t)(N * E));
+    SL_TRY(ocl_run1(&c, (size_t)(N * E)));
+    return moe_check(n, y->ne[0]);
 }
 
 /* EP_GATHER (mode 0), EP_SCATTER (1), EP_REGROUP (2: to expert-major, 3: back): a row map of the received
@@ -422,6 +447,7 @@ static sl_status op_ep_rows(sl_tensor *n) {
     ocl_long(&c, lrows);
     ocl_long(&c, nmap);
     ocl_int(&c, mode);
+    ocl_mem(&c, g_ocl.flag);
     SL_TRY(ocl_run1(&c, 1));
     int fill = n->op == SL_OP_MOE_EP_SCATTER  ? (acc ? 2 : 1)
                : n->op == SL_OP_MOE_EP_GATHER ? (n->iparams[2] ? 0 : 1)
@@ -437,7 +463,8 @@ static sl_status op_ep_rows(sl_tensor *n) {
     REF(n, &a.o);
     REF(x, &a.x);
     if (acc) REF(acc, &a.acc);
-    return run_rows(&a);
+    SL_TRY(run_rows(&a));
+    return moe_check(n, n->ne[0]);
 }
 
 /* ---------------- the routed SwiGLU experts ---------------- */

@@ -168,9 +168,10 @@ kernel void k_moe_router_loss_back(global float *d, long dO, global const float 
 #endif
 
 /* One work-item: expert e's kept tokens in token order. map[0..R): the token of row r (-1 past the count),
- * tok = map + R, tok[0..N): the row of token n (-1 if e does not keep it). Rows past R are not mapped (the CPU fails there;
- * the graph sizes R to the capacity or N, so it cannot happen). */
-kernel void k_moe_kept_map(global int *map, global const float *rt, long ro, long N, long E, long e, long R) {
+ * tok = map + R, tok[0..N): the row of token n (-1 if e does not keep it). More than R kept tokens (the CPU
+ * fails there) set flag (1, count) and map none past R. */
+kernel void k_moe_kept_map(global int *map, global const float *rt, long ro, long N, long E, long e, long R,
+                           global int *flag) {
     if (get_global_id(0) != 0) return;
     global const float *m = rt + ro + 2 * N * E;
     global int *tok = map + R;
@@ -183,6 +184,7 @@ kernel void k_moe_kept_map(global int *map, global const float *rt, long ro, lon
         }
         tok[n] = row;
     }
+    if (c > R) flag[0] = 1, flag[1] = (int)c;
     for (; c < R; c++) map[c] = -1;
 }
 
@@ -254,7 +256,8 @@ kernel void k_moe_col_count(global int *cnt, global const float *rt, long ro, lo
     for (long n = 0; n < N; n++) v += m[n * E + e] == 1.0f;
     cnt[e] = v;
 }
-kernel void k_moe_pair_rows(global int *cnt, global const float *rt, long ro, long N, long E, long S) {
+kernel void k_moe_pair_rows(global int *cnt, global const float *rt, long ro, long N, long E, long S,
+                            global int *flag) {
     long e = get_global_id(0);
     if (e >= E) return;
     global int *row = cnt + E;
@@ -266,6 +269,7 @@ kernel void k_moe_pair_rows(global int *cnt, global const float *rt, long ro, lo
         if (m[n * E + e] == 1.0f) r = c < S ? (int)c : -1, c++;
         row[n * E + e] = r;
     }
+    if (c > S) flag[0] = 1, flag[1] = (int)c; /* more kept pairs than packed rows (the CPU fails there) */
 }
 
 /* MOE_EP_PACK: every kept pair's row of x (times the weight) */
@@ -308,16 +312,20 @@ kernel void k_moe_unpack_back_gate(global float *o, long oo, global const float 
     o[oo + i] = dot;
 }
 
-/* a received count as a whole number in [0, hi], else 0 (the host validates the counts where it reads them:
- * the expert nodes of the same layer fail on a corrupt exchange) */
-inline long moe_whole(float v, long hi) { return v >= 0 && v <= (float)hi && v == (float)(long)v ? (long)v : 0; }
+/* a received count as a whole number in [0, hi], else 0 and flag (1, -1): a corrupt exchange (the CPU fails) */
+inline long moe_whole(float v, long hi, global int *flag) {
+    if (v >= 0 && v <= (float)hi && v == (float)(long)v) return (long)v;
+    flag[0] = 1, flag[1] = -1;
+    return 0;
+}
 
 /* One work-item: the row map of the received rows (block p from source rank p: rcnt[p El + j] rows for local
  * expert j). mode 0: MOE_EP_GATHER (row r of local expert l's nmap rows <- received row), mode 1:
  * MOE_EP_SCATTER (received row q of nmap <- row of y, lrows of them), mode 2: MOE_EP_REGROUP to expert-major
- * (row q <- received row), mode 3: and back. -1: unmapped. */
+ * (row q <- received row), mode 3: and back. -1: unmapped. Counts that are not whole numbers within the rows
+ * (the CPU fails on them) set flag (1, -1) and map only rows within the tensors. */
 kernel void k_moe_ep_map(global int *map, global const float *rc, long rco, long P, long El, long l, long rows,
-                         long lrows, long nmap, int mode) {
+                         long lrows, long nmap, int mode, global int *flag) {
     if (get_global_id(0) != 0) return;
     for (long q = 0; q < nmap; q++) map[q] = -1;
     if (mode <= 1) {
@@ -325,11 +333,11 @@ kernel void k_moe_ep_map(global int *map, global const float *rc, long rco, long
         for (long p = 0; p < P; p++) {
             long o = base;
             for (long j = 0; j < El; j++) {
-                long v = moe_whole(rc[rco + p * El + j], rows);
+                long v = moe_whole(rc[rco + p * El + j], rows, flag);
                 if (j < l) o += v;
                 base += v;
             }
-            long cn = moe_whole(rc[rco + p * El + l], rows);
+            long cn = moe_whole(rc[rco + p * El + l], rows, flag);
             for (long i = 0; i < cn; i++, r++) {
                 long src = o + i;
                 if (src >= rows) break;
@@ -337,14 +345,15 @@ kernel void k_moe_ep_map(global int *map, global const float *rc, long rco, long
                 if (mode == 1 && r < lrows && src < nmap) map[src] = (int)r;
             }
         }
+        if (base > rows || r > (mode == 0 ? nmap : lrows)) flag[0] = 1, flag[1] = -1; /* as the CPU's check */
         return;
     }
     long dst = 0;
     for (long j = 0; j < El; j++)
         for (long p = 0; p < P; p++) {
             long s = 0; /* where block (p, j) starts in the received layout */
-            for (long i = 0; i < p * El + j; i++) s += moe_whole(rc[rco + i], rows);
-            long v = moe_whole(rc[rco + p * El + j], rows);
+            for (long i = 0; i < p * El + j; i++) s += moe_whole(rc[rco + i], rows, flag);
+            long v = moe_whole(rc[rco + p * El + j], rows, flag);
             for (long i = 0; i < v; i++)
                 if (s + i < nmap && dst + i < nmap) {
                     if (mode == 2)
@@ -354,6 +363,7 @@ kernel void k_moe_ep_map(global int *map, global const float *rc, long rco, long
                 }
             dst += v;
         }
+    if (dst > nmap) flag[0] = 1, flag[1] = -1;
 }
 
 /* ---------------- the SwiGLU steps of the routed experts ---------------- */
