@@ -258,6 +258,8 @@ static void test_dp(const char *dir) {
  *   - the saved weights (ep 2: gathered from both ranks through host copies) against the previous row's:
  *     measured 0 of 184,000 (Qwen2-MoE) and 2 of 214,480 (DeepSeek-V3, opencl vs cpu) beyond 1e-5, worst
  *     5.6e-5; a gather that skips the peer's experts leaves 49,000 beyond, worst 0.6.
+ *   - Qwen2-MoE with capacity factor 1 (the per-expert gather / routed FFN / combine nodes, tokens dropped by
+ *     the device's capacity scan), opencl vs cpu: each step within 1e-4; measured 7.37e-8.
  * KV-cache generation of both families on the device gives the CPU's greedy ids. What still has no kernel
  * (the packed experts under autocast) is named with the variable to set. */
 /* every tensor of b in a; *beyond: elements apart by more than 1e-5, *worst: the largest difference */
@@ -376,6 +378,23 @@ static void test_moe(const char *dir) {
             TU_CHECK(system(cmd) == 0, "%s %s: the final weights are ZeRO-0's, bitwise", model[m],
                      lay[k].name);
         }
+    }
+    { /* capacity factor 1 (tokens dropped in token order): the per-expert gather / routed FFN / combine
+       * nodes, whose kept rows come from the device's capacity scan; opencl vs cpu within 1e-4 per step */
+        double cl[2][8];
+        for (int d = 0; d < 2; d++) {
+            snprintf(path, sizeof path, "%s/qwen2_moe_cap_%s", dir, d ? "opencl" : "cpu");
+            int rc = tu_runf(out, sizeof out, NOFB,
+                             "%s train --device %s --data-path %s/tok --init-from %s/qwen2_moe " MOE
+                             " --moe-capacity-factor 1 --moe-aux-loss-coeff 0.01 --save %s",
+                             tu_cli(), d ? "opencl" : "cpu", dir, dir, path);
+            TU_CHECK(rc == 0 && !strstr(out, FBW) && read_losses(path, cl[d], 8) == 4, "capacity run %d: %s",
+                     d, out);
+        }
+        double worst = 0;
+        for (int st = 0; st < 4; st++) worst = fmax(worst, fabs(cl[1][st] - cl[0][st]) / fabs(cl[0][st]));
+        printf("qwen2_moe capacity 1: opencl vs cpu, loss worst relative difference %.3g\n", worst);
+        TU_CHECK(worst <= 1e-4, "qwen2_moe capacity 1 on opencl: losses %.3g from cpu", worst);
     }
     if (N_MOE_MODELS > 1) { /* DeepSeek-V3's bias update into a ZeRO-3 shard on the device */
         const char *zl[2] = {"0", "3"};
