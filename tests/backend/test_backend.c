@@ -45,7 +45,7 @@ typedef struct {
 static const shape_tier k_tiers[] = {{"tiny", 2, 8, 32, 4, 2, 8, 48, 4},
                                      {"demo", 4, 64, 192, 6, 2, 32, 256, 8}};
 static int B, T, C, NH, NKV, HS, V, E;
-enum { MAXP = 6, N_CASES = 31 };
+enum { MAXP = 6, N_CASES = 33 };
 
 typedef struct {
     const char *name;
@@ -55,11 +55,13 @@ typedef struct {
     /* builds a tensor from the parameters; the harness turns it into a scalar with cross-entropy */
     sl_tensor *(*build)(sl_ctx *ctx, sl_tensor **p, sl_tensor *ids);
 } op_case;
-/* cases of ops only some backends implement (the MoE ops: cpu, strict and opencl, Note [OpenCL MoE kernels];
- * sliding-window attention: not every accelerator; f16 / bf16 GEMMs: cpu, strict, opencl, cuda; the fused
- * weight cast: caps.matmul_half_b): refused there -> skipped */
+/* cases of ops only some backends implement (the MoE ops: cpu, strict and opencl, Note [OpenCL MoE kernels],
+ * there with the bf16 GEMM of the packed experts only on the register-blocked GEMM; sliding-window attention:
+ * not every accelerator; f16 / bf16 GEMMs: cpu, strict, opencl, cuda; the fused weight cast:
+ * caps.matmul_half_b): refused there -> skipped */
 static int case_optional(const op_case *k) {
-    return (!strncmp(k->name, "moe-", 4) && strcmp(g_be->name, "opencl")) ||
+    return (!strncmp(k->name, "moe-", 4) &&
+            (strcmp(g_be->name, "opencl") || !strcmp(k->name, "moe-packed-bf16"))) ||
            !strcmp(k->name, "attention-window") || !strcmp(k->name, "attention-eager-bf16-window") ||
            !strcmp(k->name, "matmul-f16") || !strncmp(k->name, "matmul-bf16", 11);
 }
@@ -302,6 +304,26 @@ static sl_tensor *b_moe_ep_experts(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
     return moe_ep_case(c, p, 0);
 }
 
+/* the packed experts under autocast (Note [Packed experts under autocast]): bf16 with the bf16 GEMM, fp16 */
+static sl_tensor *moe_packed_half(sl_ctx *c, sl_tensor **p, sl_dtype half) {
+    sl_moe_route_opts o = {.k = 2, .score = SL_MOE_SCORE_SOFTMAX, .norm_topk = 1, .scale = 1};
+    sl_tensor *lg = sl_linear(c, p[0], p[1], NULL), *rt = sl_moe_route(c, lg, NULL, &o), *y = NULL;
+    sl_tensor *xp = sl_moe_ep_pack(c, p[0], rt, B * T * 2, 0);
+    for (int e = 0; e < E; e++) {
+        y = sl_moe_packed_ffn(c, xp, p[2], p[3], p[4], y, e, 0, B * T, half);
+        if (half == SL_BF16) sl_moe_packed_ffn_half_gemm(y);
+    }
+    return sl_moe_ep_unpack(c, y, rt, 1);
+}
+static sl_tensor *b_moe_packed_bf16(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
+    (void)ids;
+    return moe_packed_half(c, p, SL_BF16);
+}
+static sl_tensor *b_moe_packed_f16(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
+    (void)ids;
+    return moe_packed_half(c, p, SL_F16);
+}
+
 static op_case k_cases[N_CASES];
 /* the cases at the current tier's sizes */
 static void make_cases(void) {
@@ -361,6 +383,16 @@ static void make_cases(void) {
          {2, 2, 2, 2, 2},
          {{B * T, C}, {E, C}, {2 * C, C}, {2 * C, C}, {C, 2 * C}},
          b_moe_ep_experts},
+        {"moe-packed-bf16",
+         5,
+         {2, 2, 2, 2, 2},
+         {{B * T, C}, {E, C}, {2 * C, C}, {2 * C, C}, {C, 2 * C}},
+         b_moe_packed_bf16},
+        {"moe-packed-f16",
+         5,
+         {2, 2, 2, 2, 2},
+         {{B * T, C}, {E, C}, {2 * C, C}, {2 * C, C}, {C, 2 * C}},
+         b_moe_packed_f16},
     };
     memcpy(k_cases, v, sizeof v);
 }

@@ -83,6 +83,8 @@ typedef enum ocl_kernel_id {
     OK_MOE_EP_MAP,
     OK_MOE_SWIGLU,
     OK_MOE_SWIGLU_BACK,
+    OK_MOE_ROUND,
+    OK_MOE_ADD_ROUNDED,
     OK_COUNT
 } ocl_kernel_id;
 
@@ -217,9 +219,11 @@ int ocl_supports(const sl_tensor *n);
 sl_status ocl_compute(sl_tensor *n);
 sl_status ocl_op_matmul(sl_tensor *n);
 sl_status ocl_op_nn(sl_tensor *n); /* norms, softmax, attention, embedding, loss, llama ops */
-/* f32 C (M x N, ldc) = op(A) op(B) (+ C when beta1): one GEMM on the backend's kernel (opencl_ops.c) */
-sl_status ocl_gemm_f32(int M, int N, int K, ocl_ref a, int64_t lda, int tA, ocl_ref b, int64_t ldb, int tB,
-                       ocl_ref c, int64_t ldc, int beta1);
+/* f32 C (M x N, ldc) = op(A) op(B) (+ C when beta1): one GEMM on the backend's kernel (opencl_ops.c); dt: the
+ * operands' type (f32; bf16 on the register-blocked GEMM only), half_b: an f32 B rounded to bf16 as packed
+ * (Note [OpenCL fused weight casts]), round: the product rounded to bf16 (Note [OpenCL bf16 GEMM]) */
+sl_status ocl_gemm(int M, int N, int K, ocl_ref a, int64_t lda, int tA, ocl_ref b, int64_t ldb, int tB,
+                   ocl_ref c, int64_t ldc, int beta1, sl_dtype dt, int half_b, int round);
 /* the trainable MoE ops (opencl_ops_moe.c) */
 int ocl_moe_supports(const sl_tensor *n);
 sl_status ocl_op_moe(sl_tensor *n);

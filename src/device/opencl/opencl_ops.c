@@ -554,12 +554,15 @@ sl_status ocl_op_matmul(sl_tensor *n) {
     return ocl_run(&c, 3, global, local);
 }
 
-sl_status ocl_gemm_f32(int M, int N, int K, ocl_ref a, int64_t lda, int tA, ocl_ref b, int64_t ldb, int tB,
-                       ocl_ref c, int64_t ldc, int beta1) {
+sl_status ocl_gemm(int M, int N, int K, ocl_ref a, int64_t lda, int tA, ocl_ref b, int64_t ldb, int tB,
+                   ocl_ref c, int64_t ldc, int beta1, sl_dtype dt, int half_b, int round) {
     if (M <= 0 || N <= 0) return SL_OK;
     cl_long4 bne = {{1, 1, 1, 1}}, bs = {{0, 0, 0, 0}};
     if (g_ocl.gemm_kind == OCL_GEMM_REG)
-        return gemm_reg(M, N, K, a, lda, tA, b, ldb, tB, c, ldc, beta1, NULL, bne, bs, bs, bs, SL_F32, 0, 0);
+        return gemm_reg(M, N, K, a, lda, tA, b, ldb, tB, c, ldc, beta1, NULL, bne, bs, bs, bs, dt, half_b,
+                        round);
+    if (dt != SL_F32 || half_b || round) /* (refused in supports_op) */
+        return sl_fail(SL_ERR_UNSUPPORTED, "opencl backend: the tiled GEMM has no bf16 path");
     ocl_call k = ocl_begin(OK_GEMM);
     ocl_int(&k, M);
     ocl_int(&k, N);

@@ -3,8 +3,8 @@
  * scatter, regroup) and the routed SwiGLU experts, per-expert (MOE_EXPERT_FFN) and packed (MOE_PACKED_FFN).
  *
  * Note [OpenCL MoE kernels]
- * Semantics are the CPU kernels' (src/device/cpu/kernels/moe.c, moe_ep.c, moe_packed.c), f32 only (the
- * packed experts' autocast numerics are refused by name). Order guarantees:
+ * Semantics are the CPU kernels' (src/device/cpu/kernels/moe.c, moe_ep.c, moe_packed.c), f32, and the
+ * packed experts' autocast numerics (Note [Packed experts under autocast] below). Order guarantees:
  * - routing: one work-item per token runs the CPU's route_row (scores with exp in double rounded once where
  *   the device has fp64, as glibc's expf rounds; the first maximum wins every argmax, as in the CPU's scans;
  *   group-limited top-k on the sum of each group's top two), so the selection is the CPU's; the capacity is
@@ -18,7 +18,7 @@
  *   expert order from 0, each gate gradient's dot over the columns in order, the router losses over (token,
  *   expert) in row-major order in double (one work-item; needs cl_khr_fp64, refused by name without it),
  *   the routing backward per token as the CPU's loops; so these ops give the CPU's bits (exp aside);
- * - the expert FFNs run the backend's GEMM (ocl_gemm_f32: the register-blocked kernel, or the tiled one on
+ * - the expert FFNs run the backend's GEMM (ocl_gemm: the register-blocked kernel, or the tiled one on
  *   GPU-type devices) on the expert's rows only, as the CPU runs sl_sgemm on them: their values are the
  *   MATMUL node's (the GEMM's summation order, not the CPU's). The row counts a GEMM needs on the host are
  *   read back at the node (a blocking read of up to E floats: the route's kept counts or the exchanged
@@ -37,6 +37,13 @@
 
 static int f32_rows(const sl_tensor *t) { return t && t->dtype == SL_F32 && t->ndim == 2 && t->nb[1] == 1; }
 static int f32c(const sl_tensor *t) { return t && t->dtype == SL_F32 && sl_is_contiguous(t); }
+
+/* the packed chain node f's numerics: f32, or autocast bf16 / f16 (the bf16 GEMM needs the register-blocked
+ * GEMM's bf16 path) */
+static int half_ok(const sl_tensor *f) {
+    int h = f->iparams[3];
+    return h == 0 || h == SL_F16 || (h == SL_BF16 && (!f->iparams[4] || g_ocl.gemm_kind == OCL_GEMM_REG));
+}
 
 /* 1: supported, 0: refused (f32 only; the autocast numerics of the packed experts; the router losses without
  * fp64), -1: not an op of this file */
@@ -67,13 +74,13 @@ int ocl_moe_supports(const sl_tensor *n) {
     case SL_OP_MOE_EXPERT_FFN_BACK:
     case SL_OP_MOE_EXPERT_FFN_BACK_X:
         return n->dtype == SL_F32;
-    case SL_OP_MOE_PACKED_FFN:
-        return n->dtype == SL_F32 && n->iparams[3] == 0; /* autocast numerics: not yet */
+    case SL_OP_MOE_PACKED_FFN: /* autocast: bf16 / f16 roundings; the bf16 GEMM on the register-blocked one */
+        return n->dtype == SL_F32 && half_ok(n);
     case SL_OP_MOE_PACKED_FFN_BACK:
-        return n->dtype == SL_F32 && a->iparams[3] == 0 && f32_rows(n->src[1]);
+        return n->dtype == SL_F32 && half_ok(a) && f32_rows(n->src[1]);
     case SL_OP_MOE_PACKED_FFN_BACK_W:
     case SL_OP_MOE_PACKED_FFN_DX:
-        return n->dtype == SL_F32 && a->src[0]->iparams[3] == 0;
+        return n->dtype == SL_F32 && half_ok(a->src[0]);
     default:
         return -1;
     }
@@ -469,23 +476,35 @@ static sl_status op_ep_rows(sl_tensor *n) {
 
 /* ---------------- the routed SwiGLU experts ---------------- */
 
-static sl_status swiglu(ocl_ref h, ocl_ref a1, ocl_ref a3, int64_t n) {
+static sl_status gemm32(int M, int N, int K, ocl_ref a, int64_t lda, int tA, ocl_ref b, int64_t ldb, int tB,
+                        ocl_ref c, int64_t ldc, int beta1) {
+    return ocl_gemm(M, N, K, a, lda, tA, b, ldb, tB, c, ldc, beta1, SL_F32, 0, 0);
+}
+
+/* half: 0 none, 1 bf16, 2 f16 (k_moe_* kernels) */
+static sl_status swiglu_h(ocl_ref h, ocl_ref a1, ocl_ref a3, int64_t n, int half) {
     ocl_call c = ocl_begin(OK_MOE_SWIGLU);
     ocl_ref_arg(&c, h);
     ocl_ref_arg(&c, a1);
     ocl_ref_arg(&c, a3);
     ocl_long(&c, n);
+    ocl_int(&c, half);
     return ocl_run1(&c, (size_t)n);
 }
+static sl_status swiglu(ocl_ref h, ocl_ref a1, ocl_ref a3, int64_t n) { return swiglu_h(h, a1, a3, n, 0); }
 
-static sl_status swiglu_back(ocl_ref d1, ocl_ref d3, ocl_ref a1, ocl_ref a3, int64_t n) {
+static sl_status swiglu_back_h(ocl_ref d1, ocl_ref d3, ocl_ref a1, ocl_ref a3, int64_t n, int half) {
     ocl_call c = ocl_begin(OK_MOE_SWIGLU_BACK);
     ocl_ref_arg(&c, d1);
     ocl_ref_arg(&c, d3);
     ocl_ref_arg(&c, a1);
     ocl_ref_arg(&c, a3);
     ocl_long(&c, n);
+    ocl_int(&c, half);
     return ocl_run1(&c, (size_t)n);
+}
+static sl_status swiglu_back(ocl_ref d1, ocl_ref d3, ocl_ref a1, ocl_ref a3, int64_t n) {
+    return swiglu_back_h(d1, d3, a1, a3, n, 0);
 }
 
 static ocl_ref at(ocl_ref r, int64_t off) { return (ocl_ref){r.mem, r.off + off}; }
@@ -503,10 +522,10 @@ static sl_status ffn_forward(const sl_tensor *n, int64_t cnt, int64_t C, int64_t
     cl_mem hm;
     SL_TRY(ocl_scratch2(sizeof(float) * (size_t)(cnt * I), &hm));
     ocl_ref h = {hm, 0};
-    SL_TRY(ocl_gemm_f32((int)cnt, (int)I, (int)C, x, C, 0, w1, C, 1, a1, I, 0));
-    SL_TRY(ocl_gemm_f32((int)cnt, (int)I, (int)C, x, C, 0, w3, C, 1, a3, I, 0));
+    SL_TRY(gemm32((int)cnt, (int)I, (int)C, x, C, 0, w1, C, 1, a1, I, 0));
+    SL_TRY(gemm32((int)cnt, (int)I, (int)C, x, C, 0, w3, C, 1, a3, I, 0));
     SL_TRY(swiglu(h, a1, a3, cnt * I));
-    return ocl_gemm_f32((int)cnt, (int)C, (int)I, h, I, 0, w2, I, 1, y, C, 0);
+    return gemm32((int)cnt, (int)C, (int)I, h, I, 0, w2, I, 1, y, C, 0);
 }
 
 /* dw2 = dy^T h, then d(w1 x) into d1 and d(w3 x) into d3 (h and dh in d1's rows first) */
@@ -516,8 +535,8 @@ static sl_status ffn_back(const sl_tensor *n, int64_t cnt, int64_t C, int64_t I,
     if (cnt > INT32_MAX || C > INT32_MAX || I > INT32_MAX)
         return sl_fail(SL_ERR_UNSUPPORTED, "opencl backend: expert '%s' too large", n->name);
     SL_TRY(swiglu(d1, a1, a3, cnt * I));
-    SL_TRY(ocl_gemm_f32((int)C, (int)I, (int)cnt, dy, ds, 1, d1, I, 0, dw2, I, 0)); /* dw2 = dy^T h */
-    SL_TRY(ocl_gemm_f32((int)cnt, (int)I, (int)C, dy, ds, 0, w2, I, 0, d1, I, 0));  /* dh = dy w2 */
+    SL_TRY(gemm32((int)C, (int)I, (int)cnt, dy, ds, 1, d1, I, 0, dw2, I, 0)); /* dw2 = dy^T h */
+    SL_TRY(gemm32((int)cnt, (int)I, (int)C, dy, ds, 0, w2, I, 0, d1, I, 0));  /* dh = dy w2 */
     return swiglu_back(d1, d3, a1, a3, cnt * I);
 }
 
@@ -528,12 +547,12 @@ static sl_status ffn_back_x(const sl_tensor *n, int64_t cnt, int64_t C, int64_t 
     if (cnt > INT32_MAX || C > INT32_MAX || I > INT32_MAX)
         return sl_fail(SL_ERR_UNSUPPORTED, "opencl backend: expert '%s' too large", n->name);
     if (dw1) {
-        SL_TRY(ocl_gemm_f32((int)I, (int)C, (int)cnt, d1, I, 1, x, C, 0, *dw1, C, 0));
-        SL_TRY(ocl_gemm_f32((int)I, (int)C, (int)cnt, d3, I, 1, x, C, 0, at(*dw1, I * C), C, 0));
+        SL_TRY(gemm32((int)I, (int)C, (int)cnt, d1, I, 1, x, C, 0, *dw1, C, 0));
+        SL_TRY(gemm32((int)I, (int)C, (int)cnt, d3, I, 1, x, C, 0, at(*dw1, I * C), C, 0));
     }
     if (dx) {
-        SL_TRY(ocl_gemm_f32((int)cnt, (int)C, (int)I, d1, I, 0, w1, C, 0, *dx, C, 0));
-        SL_TRY(ocl_gemm_f32((int)cnt, (int)C, (int)I, d3, I, 0, w3, C, 0, *dx, C, 1));
+        SL_TRY(gemm32((int)cnt, (int)C, (int)I, d1, I, 0, w1, C, 0, *dx, C, 0));
+        SL_TRY(gemm32((int)cnt, (int)C, (int)I, d3, I, 0, w3, C, 0, *dx, C, 1));
     }
     return SL_OK;
 }
@@ -612,6 +631,163 @@ static sl_status op_expert_ffn_back_x(sl_tensor *n) {
     return ffn_back_x(n, cnt, C, I, rx, rb, at(rb, R * I), r1, r3, &dw1, &o);
 }
 
+/* ---------------- the packed experts under autocast ---------------- */
+
+/* Note [Packed experts under autocast] (src/device/cpu/kernels/moe_packed.c) on the device: the same
+ * roundings (k_moe_round, the rounding variants of k_moe_swiglu / k_moe_swiglu_back, k_moe_add_rounded); with
+ * the bf16 GEMM (iparams[4], bf16 only) the operands go as bf16 rows into the register-blocked GEMM's bf16
+ * path, the f32 weights rounded as they are packed and the weight gradients rounded in its writeback, as the
+ * MATMUL nodes of the per-expert path compute them; without it (fp16, or bf16 with
+ * SUANLI_FUSED_WEIGHT_CAST=0), f32 GEMMs on rounded copies. Temporaries: a carve of scratch2. */
+typedef struct {
+    int half;  /* 1 bf16, 2 f16 */
+    int fused; /* the bf16 GEMM */
+} moe_num;
+
+static moe_num num_of(const sl_tensor *f) {
+    int h = f->iparams[3];
+    moe_num m = {h == SL_BF16 ? 1 : h == SL_F16 ? 2 : 0, 0};
+    m.fused = m.half == 1 && f->iparams[4];
+    return m;
+}
+
+/* rows x cols of s (ld apart) rounded into packed rows at d: f32 (bf = 0) or bf16 bits (bf = 1; d.off counts
+ * 2-byte elements) */
+static sl_status round_rows(ocl_ref d, int bf, ocl_ref s, int64_t ld, int64_t rows, int64_t cols, int half) {
+    ocl_call c = ocl_begin(OK_MOE_ROUND);
+    ocl_ref_arg(&c, d);
+    ocl_ref_arg(&c, d);
+    ocl_ref_arg(&c, s);
+    ocl_long(&c, ld);
+    ocl_long(&c, cols);
+    ocl_long(&c, rows * cols);
+    ocl_int(&c, half);
+    ocl_int(&c, bf);
+    return ocl_run1(&c, (size_t)(rows * cols));
+}
+static sl_status round_in_place(ocl_ref d, int64_t n, int half) { return round_rows(d, 0, d, n, 1, n, half); }
+
+/* a carve of scratch2: *at floats used so far; returns the region (f32 element offsets) */
+static ocl_ref carve(cl_mem m, int64_t *used, int64_t floats) {
+    ocl_ref r = {m, *used};
+    *used += (floats + 15) / 16 * 16;
+    return r;
+}
+static ocl_ref as_bf(ocl_ref r) {
+    return (ocl_ref){r.mem, 2 * r.off};
+} /* the same bytes as 2-byte elements */
+
+static sl_status packed_fwd_half(const sl_tensor *n, moe_num nm, int64_t cnt, int64_t C, int64_t I, ocl_ref x,
+                                 ocl_ref y, ocl_ref a1, ocl_ref a3) {
+    ocl_ref w1, w3, w2;
+    REF(n->src[1], &w1);
+    REF(n->src[2], &w3);
+    REF(n->src[3], &w2);
+    cl_mem m;
+    int64_t used = 0;
+    SL_TRY(ocl_scratch2(sizeof(float) * (size_t)(2 * cnt * C + 3 * I * C + 2 * cnt * I + 96), &m));
+    ocl_ref xr = carve(m, &used, cnt * C), h = carve(m, &used, cnt * I), hh = carve(m, &used, cnt * I);
+    int M = (int)cnt, Ci = (int)C, Ii = (int)I;
+    if (nm.fused) {
+        SL_TRY(round_rows(as_bf(xr), 1, x, C, cnt, C, 1));
+        SL_TRY(ocl_gemm(M, Ii, Ci, as_bf(xr), C, 0, w1, C, 1, a1, I, 0, SL_BF16, 1, 0));
+        SL_TRY(ocl_gemm(M, Ii, Ci, as_bf(xr), C, 0, w3, C, 1, a3, I, 0, SL_BF16, 1, 0));
+    } else {
+        ocl_ref W1 = carve(m, &used, I * C), W3 = carve(m, &used, I * C);
+        SL_TRY(round_rows(xr, 0, x, C, cnt, C, nm.half));
+        SL_TRY(round_rows(W1, 0, w1, C, I, C, nm.half));
+        SL_TRY(round_rows(W3, 0, w3, C, I, C, nm.half));
+        SL_TRY(gemm32(M, Ii, Ci, xr, C, 0, W1, C, 1, a1, I, 0));
+        SL_TRY(gemm32(M, Ii, Ci, xr, C, 0, W3, C, 1, a3, I, 0));
+    }
+    SL_TRY(round_in_place(a1, cnt * I, nm.half));
+    SL_TRY(round_in_place(a3, cnt * I, nm.half));
+    SL_TRY(swiglu_h(h, a1, a3, cnt * I, nm.half));
+    if (nm.fused) {
+        SL_TRY(round_rows(as_bf(hh), 1, h, I, cnt, I, 1));
+        SL_TRY(ocl_gemm(M, Ci, Ii, as_bf(hh), I, 0, w2, I, 1, y, C, 0, SL_BF16, 1, 0));
+    } else {
+        ocl_ref W2 = carve(m, &used, I * C);
+        SL_TRY(round_rows(W2, 0, w2, I, C, I, nm.half));
+        SL_TRY(gemm32(M, Ci, Ii, h, I, 0, W2, I, 1, y, C, 0));
+    }
+    return round_in_place(y, cnt * C, nm.half);
+}
+
+static sl_status packed_back_half(moe_num nm, int64_t cnt, int64_t C, int64_t I, ocl_ref dy, int64_t ds,
+                                  ocl_ref w2, ocl_ref a1, ocl_ref a3, ocl_ref d1, ocl_ref d3, ocl_ref dw2) {
+    cl_mem m;
+    int64_t used = 0;
+    SL_TRY(ocl_scratch2(sizeof(float) * (size_t)(cnt * C + cnt * I + I * C + 64), &m));
+    ocl_ref g = carve(m, &used, cnt * C), hh = carve(m, &used, cnt * I);
+    int M = (int)cnt, Ci = (int)C, Ii = (int)I;
+    SL_TRY(swiglu_h(d1, a1, a3, cnt * I, nm.half)); /* h in d1's rows, then dh */
+    if (nm.fused) {
+        SL_TRY(round_rows(as_bf(g), 1, dy, ds, cnt, C, 1));
+        SL_TRY(round_rows(as_bf(hh), 1, d1, I, cnt, I, 1));
+        SL_TRY(ocl_gemm(Ci, Ii, M, as_bf(g), C, 1, as_bf(hh), I, 0, dw2, I, 0, SL_BF16, 0,
+                        1));                                                            /* bf16(dy^T h) */
+        SL_TRY(ocl_gemm(M, Ii, Ci, as_bf(g), C, 0, w2, I, 0, d1, I, 0, SL_BF16, 1, 0)); /* dh = dy w2 */
+    } else {
+        ocl_ref W2 = carve(m, &used, I * C);
+        SL_TRY(round_rows(g, 0, dy, ds, cnt, C, nm.half));
+        SL_TRY(round_rows(W2, 0, w2, I, C, I, nm.half));
+        SL_TRY(gemm32(Ci, Ii, M, g, C, 1, d1, I, 0, dw2, I, 0));
+        SL_TRY(round_in_place(dw2, C * I, nm.half));
+        SL_TRY(gemm32(M, Ii, Ci, g, C, 0, W2, I, 0, d1, I, 0));
+    }
+    return swiglu_back_h(d1, d3, a1, a3, cnt * I, nm.half);
+}
+
+static sl_status packed_back_w_half(moe_num nm, int64_t cnt, int64_t C, int64_t I, ocl_ref x, ocl_ref d1,
+                                    ocl_ref d3, ocl_ref dw1) {
+    cl_mem m;
+    int64_t used = 0;
+    SL_TRY(ocl_scratch2(sizeof(float) * (size_t)(cnt * C + 2 * cnt * I + 64), &m));
+    ocl_ref xr = carve(m, &used, cnt * C), h1 = carve(m, &used, cnt * I), h3 = carve(m, &used, cnt * I);
+    int M = (int)cnt, Ci = (int)C, Ii = (int)I;
+    ocl_ref dw3 = at(dw1, I * C);
+    if (nm.fused) {
+        SL_TRY(round_rows(as_bf(xr), 1, x, C, cnt, C, 1));
+        SL_TRY(round_rows(as_bf(h1), 1, d1, I, cnt, I, 1));
+        SL_TRY(round_rows(as_bf(h3), 1, d3, I, cnt, I, 1));
+        SL_TRY(ocl_gemm(Ii, Ci, M, as_bf(h1), I, 1, as_bf(xr), C, 0, dw1, C, 0, SL_BF16, 0, 1));
+        return ocl_gemm(Ii, Ci, M, as_bf(h3), I, 1, as_bf(xr), C, 0, dw3, C, 0, SL_BF16, 0, 1);
+    }
+    SL_TRY(round_rows(xr, 0, x, C, cnt, C, nm.half));
+    SL_TRY(gemm32(Ii, Ci, M, d1, I, 1, xr, C, 0, dw1, C, 0));
+    SL_TRY(gemm32(Ii, Ci, M, d3, I, 1, xr, C, 0, dw3, C, 0));
+    return round_in_place(dw1, 2 * I * C, nm.half);
+}
+
+static sl_status packed_dx_half(moe_num nm, int64_t cnt, int64_t C, int64_t I, ocl_ref d1, ocl_ref d3,
+                                ocl_ref w1, ocl_ref w3, ocl_ref dx) {
+    cl_mem m;
+    int64_t used = 0;
+    SL_TRY(ocl_scratch2(sizeof(float) * (size_t)(cnt * C + 2 * cnt * I + 2 * I * C + 96), &m));
+    ocl_ref t = carve(m, &used, cnt * C);
+    int M = (int)cnt, Ci = (int)C, Ii = (int)I;
+    if (nm.fused) {
+        ocl_ref h1 = carve(m, &used, cnt * I), h3 = carve(m, &used, cnt * I);
+        SL_TRY(round_rows(as_bf(h1), 1, d1, I, cnt, I, 1));
+        SL_TRY(round_rows(as_bf(h3), 1, d3, I, cnt, I, 1));
+        SL_TRY(ocl_gemm(M, Ci, Ii, as_bf(h1), I, 0, w1, C, 0, dx, C, 0, SL_BF16, 1, 0));
+        SL_TRY(ocl_gemm(M, Ci, Ii, as_bf(h3), I, 0, w3, C, 0, t, C, 0, SL_BF16, 1, 0));
+    } else {
+        ocl_ref W1 = carve(m, &used, I * C), W3 = carve(m, &used, I * C);
+        SL_TRY(round_rows(W1, 0, w1, C, I, C, nm.half));
+        SL_TRY(round_rows(W3, 0, w3, C, I, C, nm.half));
+        SL_TRY(gemm32(M, Ci, Ii, d1, I, 0, W1, C, 0, dx, C, 0));
+        SL_TRY(gemm32(M, Ci, Ii, d3, I, 0, W3, C, 0, t, C, 0));
+    }
+    ocl_call c = ocl_begin(OK_MOE_ADD_ROUNDED);
+    ocl_ref_arg(&c, dx);
+    ocl_ref_arg(&c, t);
+    ocl_long(&c, cnt * C);
+    ocl_int(&c, nm.half);
+    return ocl_run1(&c, (size_t)(cnt * C));
+}
+
 /* the rows [*off, *off + *cnt) of chain node f's expert in its packed input (the CPU's packed_rows) */
 static sl_status packed_rows(const sl_tensor *n, const sl_tensor *f, int64_t *off, int64_t *cnt) {
     const sl_tensor *xp = f->src[0], *c = xp->src[1];
@@ -664,6 +840,9 @@ static sl_status op_packed_ffn(sl_tensor *n) {
     REF(n, &o);
     REF(xp, &x);
     ocl_ref a1 = at(o, S * C + off * I);
+    moe_num nm = num_of(n);
+    if (nm.half && cnt > 0)
+        return packed_fwd_half(n, nm, cnt, C, I, at(x, off * C), at(o, off * C), a1, at(a1, S * I));
     return ffn_forward(n, cnt, C, I, at(x, off * C), at(o, off * C), a1, at(a1, S * I));
 }
 
@@ -680,6 +859,10 @@ static sl_status op_packed_ffn_back(sl_tensor *n) {
     REF(dy, &rd);
     REF(w2, &rw2);
     ocl_ref a1 = at(rf, S * C + off * I), d1 = at(o, C * I);
+    moe_num nm = num_of(f);
+    if (nm.half && cnt > 0)
+        return packed_back_half(nm, cnt, C, I, at(rd, off * dy->nb[0]), dy->nb[0], rw2, a1, at(a1, S * I), d1,
+                                at(d1, Rb * I), o);
     return ffn_back(n, cnt, C, I, at(rd, off * dy->nb[0]), dy->nb[0], rw2, a1, at(a1, S * I), d1,
                     at(d1, Rb * I), o);
 }
@@ -693,6 +876,8 @@ static sl_status op_packed_ffn_back_w(sl_tensor *n) {
     REF(b, &rb);
     REF(xp, &rx);
     ocl_ref d1 = at(rb, C * I);
+    moe_num nm = num_of(f);
+    if (nm.half && cnt > 0) return packed_back_w_half(nm, cnt, C, I, at(rx, off * C), d1, at(d1, Rb * I), o);
     return ffn_back_x(n, cnt, C, I, at(rx, off * C), d1, at(d1, Rb * I), rx, rx, &o, NULL);
 }
 
@@ -706,6 +891,8 @@ static sl_status op_packed_ffn_dx(sl_tensor *n) {
     REF(w1, &r1);
     REF(w3, &r3);
     ocl_ref d1 = at(rb, C * I), dx = at(o, off * C);
+    moe_num nm = num_of(f);
+    if (nm.half && cnt > 0) return packed_dx_half(nm, cnt, C, I, d1, at(d1, Rb * I), r1, r3, dx);
     return ffn_back_x(n, cnt, C, I, o, d1, at(d1, Rb * I), r1, r3, NULL, &dx);
 }
 

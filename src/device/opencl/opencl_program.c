@@ -94,6 +94,8 @@ static const char *const k_names[OK_COUNT] = {
     [OK_MOE_EP_MAP] = "k_moe_ep_map",
     [OK_MOE_SWIGLU] = "k_moe_swiglu",
     [OK_MOE_SWIGLU_BACK] = "k_moe_swiglu_back",
+    [OK_MOE_ROUND] = "k_moe_round",
+    [OK_MOE_ADD_ROUNDED] = "k_moe_add_rounded",
 };
 _Static_assert(sizeof k_names / sizeof k_names[0] == OK_COUNT, "one name per kernel");
 

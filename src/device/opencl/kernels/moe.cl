@@ -368,21 +368,54 @@ kernel void k_moe_ep_map(global int *map, global const float *rc, long rco, long
 
 /* ---------------- the SwiGLU steps of the routed experts ---------------- */
 
-/* h = silu(a1) * a3 */
+/* Under autocast (Note [Packed experts under autocast], src/device/cpu/kernels/moe_packed.c) the values are
+ * rounded where the CPU's kernels round: hm 1 = bf16, 2 = f16, 0 = none. */
+inline float moe_rnd(float v, int hm) { return hm == 1 ? rbf16(v) : hm == 2 ? rf16(v) : v; }
+
+/* h = silu(a1) * a3, under autocast R(R(silu(a1)) * a3) */
 kernel void k_moe_swiglu(global float *h, long ho, global const float *a1, long a1o, global const float *a3,
-                         long a3o, long n) {
+                         long a3o, long n, int hm) {
     long i = get_global_id(0);
     if (i >= n) return;
     float a = a1[a1o + i];
-    h[ho + i] = a / (1.0f + moe_expf(-a)) * a3[a3o + i];
+    h[ho + i] = hm ? moe_rnd(moe_rnd(a / (1.0f + moe_expf(-a)), hm) * a3[a3o + i], hm)
+                     : a / (1.0f + moe_expf(-a)) * a3[a3o + i];
 }
 
-/* from dh (in d1) the pre-activation gradients: d(w3 x) into d3, d(w1 x) into d1 */
+/* from dh (in d1) the pre-activation gradients: d(w3 x) into d3, d(w1 x) into d1 (rounded as the CPU's
+ * back_pointwise under autocast) */
 kernel void k_moe_swiglu_back(global float *d1, long d1o, global float *d3, long d3o, global const float *a1,
-                              long a1o, global const float *a3, long a3o, long n) {
+                              long a1o, global const float *a3, long a3o, long n, int hm) {
     long i = get_global_id(0);
     if (i >= n) return;
     float a = a1[a1o + i], sg = 1.0f / (1.0f + moe_expf(-a)), d = d1[d1o + i];
-    d3[d3o + i] = d * a * sg;
-    d1[d1o + i] = d * a3[a3o + i] * sg * (1.0f + a * (1.0f - sg));
+    if (!hm) {
+        d3[d3o + i] = d * a * sg;
+        d1[d1o + i] = d * a3[a3o + i] * sg * (1.0f + a * (1.0f - sg));
+        return;
+    }
+    d = moe_rnd(d, hm);
+    d3[d3o + i] = moe_rnd(d * moe_rnd(a / (1.0f + moe_expf(-a)), hm), hm);
+    float ds = moe_rnd(d * a3[a3o + i], hm);
+    d1[d1o + i] = moe_rnd(ds * sg * (1.0f + a * (1.0f - sg)), hm);
+}
+
+/* rows x cols of src (rows ld apart) rounded into packed rows of dst: f32 values (bf = 0) or bf16 bits (bf = 1,
+ * sl_f32_to_bf16's: the high hm of rbf16) */
+kernel void k_moe_round(global float *d, long dO, global ushort *db, long dbo, global const float *s, long so,
+                        long ld, long cols, long n, int hm, int bf) {
+    long i = get_global_id(0);
+    if (i >= n) return;
+    float v = moe_rnd(s[so + (i / cols) * ld + i % cols], hm);
+    if (bf)
+        db[dbo + i] = (ushort)(as_uint(v) >> 16);
+    else
+        d[dO + i] = v;
+}
+
+/* dx = R(dx) + R(t): the two linears' rounded input gradients summed */
+kernel void k_moe_add_rounded(global float *dx, long dxo, global const float *t, long to, long n, int hm) {
+    long i = get_global_id(0);
+    if (i >= n) return;
+    dx[dxo + i] = moe_rnd(dx[dxo + i], hm) + moe_rnd(t[to + i], hm);
 }
