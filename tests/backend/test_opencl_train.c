@@ -380,21 +380,44 @@ static void test_moe(const char *dir) {
         }
     }
     { /* capacity factor 1 (tokens dropped in token order): the per-expert gather / routed FFN / combine
-       * nodes, whose kept rows come from the device's capacity scan; opencl vs cpu within 1e-4 per step */
-        double cl[2][8];
-        for (int d = 0; d < 2; d++) {
-            snprintf(path, sizeof path, "%s/qwen2_moe_cap_%s", dir, d ? "opencl" : "cpu");
-            int rc = tu_runf(out, sizeof out, NOFB,
-                             "%s train --device %s --data-path %s/tok --init-from %s/qwen2_moe " MOE
-                             " --moe-capacity-factor 1 --moe-aux-loss-coeff 0.01 --save %s",
-                             tu_cli(), d ? "opencl" : "cpu", dir, dir, path);
-            TU_CHECK(rc == 0 && !strstr(out, FBW) && read_losses(path, cl[d], 8) == 4, "capacity run %d: %s",
-                     d, out);
+       * nodes, whose kept rows come from the device's capacity scan; opencl vs cpu within 1e-4 per step.
+       * Then tp 2 + SP on opencl: each rank scans its sequence shard with every shard's counts per batch row
+       * (Note [Capacity under sequence parallelism], src/nn/moe.c: the route's src2, MOE_EP_COUNTS by rows,
+       * the counts' all-gather staged through the host), so the same assignments are dropped as in one
+       * process: the dropped fraction equal at every step, the losses within 1e-6 of the single opencl run
+       * (its other parallel layouts: 9e-8) */
+        double cl[3][8];
+        static const char *cdev[3] = {"cpu", "opencl", "opencl_tpsp"};
+        for (int d = 0; d < 3; d++) {
+            snprintf(path, sizeof path, "%s/qwen2_moe_cap_%s", dir, cdev[d]);
+            int rc =
+                tu_runf(out, sizeof out, NOFB,
+                        "%s %strain --device %s --data-path %s/tok --init-from %s/qwen2_moe " MOE
+                        " --moe-capacity-factor 1 --moe-aux-loss-coeff 0.01 %s --save %s",
+                        tu_cli(), d == 2 ? "run -n 2 -- " SL_BINARY_DIR "/suanli " : "", d ? "opencl" : "cpu",
+                        dir, dir, d == 2 ? "--tp 2 --sequence-parallel" : "", path);
+            TU_CHECK(rc == 0 && !strstr(out, FBW) && read_losses(path, cl[d], 8) == 4, "capacity run %s: %s",
+                     cdev[d], out);
         }
-        double worst = 0;
-        for (int st = 0; st < 4; st++) worst = fmax(worst, fabs(cl[1][st] - cl[0][st]) / fabs(cl[0][st]));
-        printf("qwen2_moe capacity 1: opencl vs cpu, loss worst relative difference %.3g\n", worst);
+        double worst = 0, worst_sp = 0;
+        for (int st = 0; st < 4; st++) {
+            worst = fmax(worst, fabs(cl[1][st] - cl[0][st]) / fabs(cl[0][st]));
+            worst_sp = fmax(worst_sp, fabs(cl[2][st] - cl[1][st]) / fabs(cl[1][st]));
+        }
+        printf("qwen2_moe capacity 1: opencl vs cpu, loss worst relative difference %.3g; tp 2 + SP vs one "
+               "opencl process %.3g\n",
+               worst, worst_sp);
         TU_CHECK(worst <= 1e-4, "qwen2_moe capacity 1 on opencl: losses %.3g from cpu", worst);
+        TU_CHECK(worst_sp <= 1e-6, "qwen2_moe capacity 1, tp 2 + SP on opencl: losses %.3g from one process",
+                 worst_sp);
+        for (int st = 1; st <= 4; st++) {
+            char a[1300], b[1300];
+            snprintf(a, sizeof a, "%s/qwen2_moe_cap_cpu/metrics.jsonl", dir);
+            snprintf(b, sizeof b, "%s/qwen2_moe_cap_opencl_tpsp/metrics.jsonl", dir);
+            double x = tu_metric_at(a, st, "moe_dropped_frac"), y = tu_metric_at(b, st, "moe_dropped_frac");
+            TU_CHECK(x > 0 && x == y, "capacity 1, tp 2 + SP on opencl, step %d: dropped fraction %g, cpu %g",
+                     st, y, x);
+        }
     }
     if (N_MOE_MODELS > 1) { /* DeepSeek-V3's bias update into a ZeRO-3 shard on the device */
         const char *zl[2] = {"0", "3"};

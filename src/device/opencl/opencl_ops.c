@@ -559,7 +559,7 @@ sl_status ocl_gemm(int M, int N, int K, ocl_ref a, int64_t lda, int tA, ocl_ref 
     if (M <= 0 || N <= 0) return SL_OK;
     cl_long4 bne = {{1, 1, 1, 1}}, bs = {{0, 0, 0, 0}};
     if (g_ocl.gemm_kind == OCL_GEMM_REG)
-        return gemm_reg(M, N, K, a, lda, tA, b, ldb, tB, c, ldc, beta1, NULL, bne, bs, bs, bs, dt, half_b,
+        return gemm_reg(M, N, K, a, lda, tA, b, ldb, tB, c, ldc, beta1, NULL, bne, bs, bs, bs, dt, 0, half_b,
                         round);
     if (dt != SL_F32 || half_b || round) /* (refused in supports_op) */
         return sl_fail(SL_ERR_UNSUPPORTED, "opencl backend: the tiled GEMM has no bf16 path");

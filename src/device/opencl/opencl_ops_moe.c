@@ -10,6 +10,10 @@
  *   group-limited top-k on the sum of each group's top two), so the selection is the CPU's; the capacity is
  *   one work-item per expert scanning its column in token order (an expert keeps its first `capacity`
  *   tokens, later ones are marked dropped): the CPU's serial scan restricted to one column, the same result;
+ *   for a sequence shard under SP (src2, Note [Capacity under sequence parallelism] in src/nn/moe.c) the
+ *   scan starts each batch row at the position every shard's counts give it, as the CPU does (whole-number
+ *   counts: the float sums are exact), and MOE_EP_COUNTS counts per batch row (one work-item per (row,
+ *   expert)); tests/backend/test_opencl_train.c runs tp 2 + SP with a capacity on the device;
  * - row maps (token -> row of expert e, (token, expert) -> packed row, received row -> local expert row) are
  *   built on the device by scans in the CPU's order (k_moe_kept_map and k_moe_ep_map: one work-item;
  *   k_moe_col_count / k_moe_pair_rows: one per expert, expert-major then token order); the data movement
@@ -45,14 +49,24 @@ static int half_ok(const sl_tensor *f) {
     return h == 0 || h == SL_F16 || (h == SL_BF16 && (!f->iparams[4] || g_ocl.gemm_kind == OCL_GEMM_REG));
 }
 
+/* MOE_ROUTE's src2 (sl_moe_route_shard): P x B x E f32 counts for B blocks of the N rows, this shard < P, as
+ * the CPU kernel checks them */
+static int shard_counts_ok(const sl_tensor *n) {
+    const sl_tensor *pc = n->src[2];
+    int64_t N = n->src[0]->ne[0], E = n->src[0]->ne[1], B = n->iparams[SL_MOE_ROUTE_IP_BLOCKS],
+            me = n->iparams[SL_MOE_ROUTE_IP_SHARD];
+    if (!f32c(pc) || B < 1 || N % B || sl_nelements(pc) % (B * E)) return 0;
+    return me >= 0 && me < sl_nelements(pc) / (B * E);
+}
+
 /* 1: supported, 0: refused (f32 only; the autocast numerics of the packed experts; the router losses without
  * fp64), -1: not an op of this file */
 int ocl_moe_supports(const sl_tensor *n) {
     const sl_tensor *a = n->src[0];
     switch (n->op) {
-    case SL_OP_MOE_ROUTE:
+    case SL_OP_MOE_ROUTE: /* src2: a sequence shard's capacity offsets (shard_counts_ok) */
         return n->dtype == SL_F32 && f32_rows(a) && (!n->src[1] || f32c(n->src[1])) && a->ne[1] <= 1024 &&
-               n->iparams[3] <= 64;
+               n->iparams[3] <= 64 && (!n->src[2] || shard_counts_ok(n));
     case SL_OP_MOE_ROUTE_BACK:
         return n->dtype == SL_F32 && f32_rows(n->src[1]);
     case SL_OP_MOE_ROUTER_LOSS:
@@ -144,11 +158,21 @@ static sl_status op_route(sl_tensor *n) {
     for (int i = 0; i < 5; i++) ocl_int(&c, n->iparams[i]); /* k, sigmoid, norm, groups, top groups */
     ocl_float(&c, n->fparams[0]);
     SL_TRY(ocl_run1(&c, (size_t)N));
+    /* a sequence shard: every shard's counts per batch row place its tokens (Note [Capacity under sequence
+     * parallelism], src/nn/moe.c) */
+    const sl_tensor *prior = n->src[2];
+    int64_t B = prior ? n->iparams[SL_MOE_ROUTE_IP_BLOCKS] : 1;
+    ocl_ref pc = o;
+    if (prior) REF(prior, &pc);
     ocl_call k = ocl_begin(OK_MOE_ROUTE_CAP);
     ocl_ref_arg(&k, o);
     ocl_long(&k, N);
     ocl_long(&k, E);
     ocl_long(&k, n->iparams[5]);
+    ocl_ref_arg(&k, pc);
+    ocl_long(&k, prior ? sl_nelements(prior) / (B * E) : 0);
+    ocl_long(&k, B);
+    ocl_long(&k, prior ? n->iparams[SL_MOE_ROUTE_IP_SHARD] : 0);
     return ocl_run1(&k, (size_t)E);
 }
 
@@ -347,12 +371,14 @@ static sl_status op_ep_counts(sl_tensor *n) {
     ocl_ref o, rr;
     REF(n, &o);
     REF(route, &rr);
+    int64_t B = n->iparams[0] > 1 ? n->iparams[0] : 1; /* per block of rows (sl_moe_route_block_counts) */
     ocl_call c = ocl_begin(OK_MOE_EP_COUNTS);
     ocl_ref_arg(&c, o);
     ocl_ref_arg(&c, rr);
     ocl_long(&c, route->ne[0]);
     ocl_long(&c, route->ne[1]);
-    return ocl_run1(&c, (size_t)route->ne[1]);
+    ocl_long(&c, B);
+    return ocl_run1(&c, (size_t)(B * route->ne[1]));
 }
 
 /* the packed row of every kept pair (row[n E + e] at element E of *m), S rows at most */

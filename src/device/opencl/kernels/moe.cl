@@ -70,20 +70,36 @@ kernel void k_moe_route_row(global float *rt, long ro, global const float *x, lo
 }
 
 /* One work-item per expert: routed / kept counts, and the capacity (the first `cap` tokens in token order) */
-kernel void k_moe_route_cap(global float *rt, long ro, long N, long E, long cap) {
+/* The capacity scan, one work-item per expert in token order. P > 0: a sequence shard (me of P) of a batch of
+ * B rows (Note [Capacity under sequence parallelism], src/nn/moe.c): a token's position among the tokens
+ * routed to e counts, at the start of each batch row b, every shard's selections of the earlier rows and the
+ * earlier shards' of row b (pc: P x B x E counts, whole numbers, so the float sums are exact) */
+kernel void k_moe_route_cap(global float *rt, long ro, long N, long E, long cap, global const float *pc, long po,
+                            long P, long B, long me) {
     long e = get_global_id(0);
     if (e >= E) return;
     global float *y = rt + ro, *m = y + 2 * N * E, *cnt = y + 3 * N * E;
-    float routed = 0, kept = 0;
+    float routed = 0, kept = 0, before = 0, pos = 0;
+    long Nb = P > 0 ? N / B : N;
     for (long r = 0; r < N; r++) {
+        if (P > 0 && r % Nb == 0) {
+            long b = r / Nb;
+            pos = before;
+            for (long p = 0; p < P; p++) {
+                float c = pc[po + (p * B + b) * E + e];
+                before += c;
+                if (p < me) pos += c;
+            }
+        }
         if (m[r * E + e] == 0.0f) continue;
         routed += 1;
-        if (cap > 0 && kept >= (float)cap) {
+        if (cap > 0 && (P > 0 ? pos : kept) >= (float)cap) {
             m[r * E + e] = 2.0f;
             y[r * E + e] = 0.0f;
         } else {
             kept += 1;
         }
+        pos += 1;
     }
     cnt[e] = routed;
     cnt[E + e] = kept;
@@ -237,13 +253,16 @@ kernel void k_moe_combine_back_gate(global float *o, long oo, global const float
 /* ---------------- expert-parallel pairs ---------------- */
 
 /* MOE_EP_COUNTS: one work-item per expert, token order */
-kernel void k_moe_ep_counts(global float *o, long oo, global const float *rt, long ro, long N, long E) {
-    long e = get_global_id(0);
-    if (e >= E) return;
+/* kept tokens per expert; B > 1: per block of N / B rows, (B E) (sl_moe_route_block_counts). One work-item
+ * per (block, expert). */
+kernel void k_moe_ep_counts(global float *o, long oo, global const float *rt, long ro, long N, long E, long B) {
+    long i = get_global_id(0);
+    if (i >= B * E) return;
+    long e = i % E, b = i / E, Nb = N / B;
     global const float *m = rt + ro + 2 * N * E;
     float v = 0;
-    for (long n = 0; n < N; n++) v += m[n * E + e] == 1.0f;
-    o[oo + e] = v;
+    for (long n = b * Nb; n < (b + 1) * Nb; n++) v += m[n * E + e] == 1.0f;
+    o[oo + i] = v;
 }
 
 /* The packed row of every kept pair, expert-major then token order: cnt[e] (ints) first, then row[n E + e]
