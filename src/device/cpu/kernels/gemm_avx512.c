@@ -72,7 +72,15 @@ static inline __mmask16 mask_n(int n) {
  * both orders). The C prefetches at the start stay: C is written kc steps later. The AVX2 kernel had one
  * prefetcht0 per k step (one B line) since 89ee6a6 (added with the C prefetch, not measured alone); run as
  * SUANLI_ISA=avx2 on the same Intel host against oneDNN limited to AVX2, dropping it gained 4-5 % on the 30
- * shapes (both orders). Not measured on Zen 3, where the AVX2 kernel was tuned. */
+ * shapes (both orders). Not measured on Zen 3, where the AVX2 kernel was tuned.
+ * The plain kernels' C prefetch at the start is issued only when the tile reads C (beta != 0: a later K
+ * block, or a bias copied in first). A write-only tile (beta 0: the first K block) has nothing to wait for,
+ * and its 32 prefetches only took fill buffers from B's stream: on the Intel Xeon without AMX (Emerald
+ * Rapids VM), 1 thread, the dW products with K = 256 (one 256-deep K block, so every tile's C is
+ * write-only) gained 1.6-2.7 % in bench/tools/gemm_ab.c (per-call alternation, the 15 GPT-2 shapes at BT
+ * 256 +0.7 %, at BT 1024 +0.1 %), and bench ops' worst shape against oneDNN (TN 768 x 768 x 256) went from
+ * 0.86-0.90x to 0.92-0.97x in two alternated runs each (medians 0.991 / 0.998 before, 1.002 / 0.996 after).
+ */
 
 /* The 8 x 48 micro-kernel on NC of its three 16-column vectors: a panel at the right edge of C with nr <= 32
  * (N = 128: panels of 48, 48, 32) or nr <= 16 skips the FMAs of columns it does not store. Each stored
@@ -85,10 +93,11 @@ static inline __mmask16 mask_n(int n) {
         __m512 acc[MR][3];                                                                                   \
         _Pragma("GCC unroll 8") for (int i = 0; i < MR; i++) {                                               \
             acc[i][0] = acc[i][1] = acc[i][2] = _mm512_setzero_ps();                                         \
-            if (i < mr)                                                                                      \
+            if (beta != 0.0f && i < mr) /* Note [GEMM kernel without prefetch]: only a C that is read */     \
                 for (int v = 0; v < NC; v++)                                                                 \
                     _mm_prefetch((const char *)(c + i * ldc + 16 * v), _MM_HINT_T0);                         \
-            if (i < mr && NC == 3) _mm_prefetch((const char *)(c + i * ldc + 47), _MM_HINT_T0);              \
+            if (beta != 0.0f && i < mr && NC == 3)                                                           \
+                _mm_prefetch((const char *)(c + i * ldc + 47), _MM_HINT_T0);                                 \
         }                                                                                                    \
         _Pragma("GCC unroll 4") for (int64_t k = 0; k < ksteps; k++) {                                       \
             __m512 bv[3];                                                                                    \
