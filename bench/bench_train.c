@@ -193,6 +193,43 @@ static int make_dp(sl_dp **dp, sl_mesh *mesh, sl_model *m, sl_trainer *tr, int64
     return 0;
 }
 
+/* the trainer of the bench: AdamW with fixed hyperparameters, the pipeline schedule, recomputation, and under
+ * --fp16 train's loss-scale defaults (src/train/job.c: min scale 1, window 1000, hysteresis 2) */
+static sl_trainer_config bench_trainer_config(int64_t B, int64_t T, int64_t accum, sl_mesh *mesh, int zb,
+                                              int rc_kind, int64_t rc_layers, int fp16, double init_scale) {
+    sl_trainer_config tc = {.B = (int)B,
+                            .T = (int)T,
+                            .accum = (int)accum,
+                            .dp_size = mesh->dp,
+                            .lr = 1e-4f,
+                            .min_lr = 1e-5f,
+                            .clip = 1.0f,
+                            .warmup = 0,
+                            .decay_iters = 1000,
+                            .hp = {0.9f, 0.95f, 1e-8f, 0.1f},
+                            .mesh = mesh,
+                            .dropout_seed = 1,
+                            .pipe_schedule = zb ? SL_PIPE_ZB_H1 : SL_PIPE_1F1B,
+                            .recompute = rc_kind,
+                            .recompute_layers = (int)rc_layers};
+    if (fp16) tc.loss_scale = (sl_loss_scale_config){(float)init_scale, 1.0f, 1000, 2};
+    return tc;
+}
+
+/* the text report's last lines: the thread governor, and under --fp16 the loss scale */
+static void print_text_tail(const sl_trainer *tr, double thr_mean, int busy, const timed *r, int64_t steps,
+                            int fp16) {
+    printf("threads: mean %.2f per step (%s, %lld switches, %lld probes, %lld held back by the load, "
+           "%lld steps bound in the shared mode)%s; CPU %.1f ms/step; mean wall %.1f ms/step\n",
+           thr_mean, tr->gov.on ? "adaptive" : "fixed", (long long)tr->gov.switches,
+           (long long)tr->gov.probes, (long long)tr->gov.gated, (long long)tr->gov.shared_steps,
+           busy ? "; a spinning neighbour process ran throughout" : "", r->cpu_step * 1e3,
+           r->wall_mean * 1e3);
+    if (fp16)
+        printf("fp16 loss scale %g after the run; %lld of %lld timed steps skipped (overflow)\n",
+               r->loss_scale, (long long)r->skipped, (long long)steps);
+}
+
 int sl_bench_train(int argc, char **argv) {
     int64_t L = 12, NH = 12, C = 768, V = 50257, B = 4, T = 64, steps = 5, warm = 1, threads = 2, accum = 1,
             zero = 0, bucket = 1 << 20, tpn = 1, ppn = 1, pfirst = 0, plast = 0;
@@ -296,23 +333,7 @@ int sl_bench_train(int argc, char **argv) {
     m->attention_dropout = (float)pa;
     m->hidden_dropout = (float)ph;
     sl_trainer tr;
-    sl_trainer_config tc = {.B = (int)B,
-                            .T = (int)T,
-                            .accum = (int)accum,
-                            .dp_size = mesh.dp,
-                            .lr = 1e-4f,
-                            .min_lr = 1e-5f,
-                            .clip = 1.0f,
-                            .warmup = 0,
-                            .decay_iters = 1000,
-                            .hp = {0.9f, 0.95f, 1e-8f, 0.1f},
-                            .mesh = &mesh,
-                            .dropout_seed = 1,
-                            .pipe_schedule = zb ? SL_PIPE_ZB_H1 : SL_PIPE_1F1B,
-                            .recompute = rc_kind,
-                            .recompute_layers = (int)rc_layers};
-    if (fp16) /* train's defaults (src/train/job.c): min scale 1, window 1000, hysteresis 2 */
-        tc.loss_scale = (sl_loss_scale_config){(float)init_scale, 1.0f, 1000, 2};
+    sl_trainer_config tc = bench_trainer_config(B, T, accum, &mesh, zb, rc_kind, rc_layers, fp16, init_scale);
     if (sl_trainer_init(&tr, m, &tc) != SL_OK) {
         fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
         sl_model_free(m);
@@ -397,15 +418,7 @@ int sl_bench_train(int argc, char **argv) {
                bf16 || fp16 ? dtname : "fp32", (long long)threads, med * 1e3, (long long)steps, tps,
                flops / 1e9, 100 * mfu, peak / 1e9, peakname, tr.plan.planned_bytes / 1048576.0, rss_mib,
                mesh.dp, (long long)accum, (long long)zero, 100 * wait_frac, mesh.tp, 100 * tp_frac);
-    if (!json)
-        printf("threads: mean %.2f per step (%s, %lld switches, %lld probes, %lld held back by the load, "
-               "%lld steps bound in the shared mode)%s; CPU %.1f ms/step; mean wall %.1f ms/step\n",
-               thr_mean, tr.gov.on ? "adaptive" : "fixed", (long long)tr.gov.switches,
-               (long long)tr.gov.probes, (long long)tr.gov.gated, (long long)tr.gov.shared_steps,
-               busy ? "; a spinning neighbour process ran throughout" : "", cpu_step * 1e3, wall_mean * 1e3);
-    if (!json && fp16)
-        printf("fp16 loss scale %g after the run; %lld of %lld timed steps skipped (overflow)\n",
-               r.loss_scale, (long long)r.skipped, (long long)steps);
+    if (!json) print_text_tail(&tr, thr_mean, busy, &r, steps, fp16);
     if (dp) print_dp_memory(dp, json, zero);
     free(ts);
     return free_run(dp, tp, &tr, m, &mesh, world);

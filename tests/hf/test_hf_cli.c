@@ -539,89 +539,10 @@ static void test_train_help(void) {
     }
 }
 
-int main(void) {
-    test_unused_tensors();
-    test_train_help();
-    test_position_limit();
-    test_config_kept();
-    test_greedy_text();
-    test_round_trip();
-    char d[600];
-    const char *td = tu_tmpdir("hfcli");
-    snprintf(d, sizeof d, "%s/m", td);
-    tu_watch(td);
+/* bos / eos / pad ids in config.json and generation_config.json: malformed ones refused naming the field,
+ * ones past vocab_size ignored with a warning (Note [Token ids below vocab_size]) */
+static void test_token_ids(const char *td, const char *d) {
     char p[1024];
-
-    bad("missing dir", "config.json", gen("/nonexistent/model", ""));
-    bad("no model flag", "--load or --model", tu_run("$SUANLI_CLI generate --prompt x", out, sizeof out));
-    /* a model dir given to the other flag: the error names the flag that reads it */
-    copy_fixture("qwen2", d);
-    snprintf(p, sizeof p, "$SUANLI_CLI generate --load %s --max-new-tokens 1", d);
-    bad("--load of a Hugging Face dir", "use --model", tu_run(p, out, sizeof out));
-    snprintf(p, sizeof p, "%s/config.json", d);
-    write_bytes(p, "{\"architecture\": \"gpt2\"}", 24);
-    bad("--model of a suanli dir", "use --load", gen(d, ""));
-    copy_fixture("qwen2", d);
-    bad("prompt id out of range", "--prompt-ids", gen(d, "--prompt-ids 99999"));
-    /* a prompt that is not UTF-8 was reported as empty */
-    char dl[600];
-    snprintf(dl, sizeof dl, "%s/ml", td);
-    copy_fixture("llama", dl); /* a tokenizer.json (the qwen2 fixture has none) */
-    snprintf(p, sizeof p,
-             "$SUANLI_CLI generate --model %s --prompt \"$(printf '\\377\\376')\" --max-new-tokens 2", dl);
-    bad("prompt not UTF-8", "cannot encode the --prompt: tokenizer: text is not valid UTF-8",
-        tu_run(p, out, sizeof out));
-    /* strtok skipped empty entries: "1,,2" ran as 1,2 */
-    bad("empty prompt id", "--prompt-ids: '5,,6' has an empty entry", gen(d, "--prompt-ids 5,,6"));
-    bad("trailing comma in --stop", "--stop: '7,' has an empty entry", gen(d, "--stop 7,"));
-    set_cfg(d, "hidden_size", NULL);
-    bad("missing hidden_size", "missing field 'hidden_size'", gen(d, ""));
-    set_cfg(d, "hidden_size", "\"64\"");
-    bad("string hidden_size", "'hidden_size' must be an integer", gen(d, ""));
-    set_cfg(d, "hidden_size", "1e300"); /* was an undefined double -> int conversion (fuzz_hf_config) */
-    bad("huge hidden_size", "'hidden_size' must be an integer", gen(d, ""));
-    set_cfg(d, "hidden_size", "64");
-    set_cfg(d, "num_hidden_layers", "0");
-    bad("zero layers", "field 'num_hidden_layers' must be in [1, 16777216], got 0", gen(d, ""));
-    copy_fixture("qwen2", d);
-    set_cfg(d, "architectures", "[\"GPTNeoXForCausalLM\"]");
-    bad("unsupported arch", "unsupported architecture 'GPTNeoXForCausalLM'", gen(d, ""));
-    copy_fixture("qwen2", d);
-    set_cfg(d, "num_key_value_heads", "3");
-    bad("inconsistent heads", "num_key_value_heads", gen(d, ""));
-    copy_fixture("qwen2", d);
-    set_cfg(d, "intermediate_size", "100");
-    bad("shape mismatch",
-        "tensor 'model.layers.0.mlp.gate_proj.weight' has shape [128,64], config.json implies [100,64]",
-        gen(d, ""));
-    copy_fixture("qwen2", d);
-    set_cfg(d, "tie_word_embeddings", "false");
-    bad("missing tensor", "missing tensor 'lm_head.weight'", gen(d, ""));
-    copy_fixture("qwen2", d);
-    set_cfg(d, "rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4}");
-    set_cfg(d, "rope_parameters", NULL);
-    bad("rope scaling", "rope_scaling", gen(d, ""));
-    set_cfg(d, "rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8}");
-    set_cfg(d, "rope_parameters", NULL);
-    bad("llama3 rope scaling without its fields", "missing field 'low_freq_factor'", gen(d, ""));
-    copy_fixture("qwen2", d);
-    set_cfg(d, "hidden_act", "\"gelu\"");
-    bad("activation", "hidden_act", gen(d, ""));
-    copy_fixture("qwen2", d);
-    set_cfg(d, "rms_norm_eps", "-1");
-    bad("bad eps", "rms_norm_eps", gen(d, ""));
-    copy_fixture("mixtral", d);
-    set_cfg(d, "num_experts_per_tok", "9");
-    bad("experts per token", "num_experts_per_tok", gen(d, ""));
-    set_cfg(d, "num_experts_per_tok", "0");
-    bad("zero experts per token", "field 'num_experts_per_tok' must be in [1, 16777216], got 0", gen(d, ""));
-    /* shared experts whose width overflowed an int (fuzz_hf_config, regress-shared-overflow.bin) */
-    copy_fixture("deepseek_v3", d);
-    set_cfg(d, "n_shared_experts", "1073741824");
-    bad("shared experts overflow", "field 'n_shared_experts' must be in [0, ", gen(d, ""));
-    copy_fixture("qwen2_moe", d);
-    set_cfg(d, "shared_expert_intermediate_size", "-8");
-    bad("negative shared width", "field 'shared_expert_intermediate_size' must be in [0, ", gen(d, ""));
     /* token ids (Note [Token ids in config.json]): cJSON's valueint kept -1 and truncated 2.5; null is
      * transformers' "none" and stays accepted */
     copy_fixture("qwen2", d);
@@ -720,6 +641,92 @@ int main(void) {
                  "train --init-from, eos_token_id 320 past the vocabulary: a warning, and it trains: %s",
                  out);
     }
+}
+
+int main(void) {
+    test_unused_tensors();
+    test_train_help();
+    test_position_limit();
+    test_config_kept();
+    test_greedy_text();
+    test_round_trip();
+    char d[600];
+    const char *td = tu_tmpdir("hfcli");
+    snprintf(d, sizeof d, "%s/m", td);
+    tu_watch(td);
+    char p[1024];
+
+    bad("missing dir", "config.json", gen("/nonexistent/model", ""));
+    bad("no model flag", "--load or --model", tu_run("$SUANLI_CLI generate --prompt x", out, sizeof out));
+    /* a model dir given to the other flag: the error names the flag that reads it */
+    copy_fixture("qwen2", d);
+    snprintf(p, sizeof p, "$SUANLI_CLI generate --load %s --max-new-tokens 1", d);
+    bad("--load of a Hugging Face dir", "use --model", tu_run(p, out, sizeof out));
+    snprintf(p, sizeof p, "%s/config.json", d);
+    write_bytes(p, "{\"architecture\": \"gpt2\"}", 24);
+    bad("--model of a suanli dir", "use --load", gen(d, ""));
+    copy_fixture("qwen2", d);
+    bad("prompt id out of range", "--prompt-ids", gen(d, "--prompt-ids 99999"));
+    /* a prompt that is not UTF-8 was reported as empty */
+    char dl[600];
+    snprintf(dl, sizeof dl, "%s/ml", td);
+    copy_fixture("llama", dl); /* a tokenizer.json (the qwen2 fixture has none) */
+    snprintf(p, sizeof p,
+             "$SUANLI_CLI generate --model %s --prompt \"$(printf '\\377\\376')\" --max-new-tokens 2", dl);
+    bad("prompt not UTF-8", "cannot encode the --prompt: tokenizer: text is not valid UTF-8",
+        tu_run(p, out, sizeof out));
+    /* strtok skipped empty entries: "1,,2" ran as 1,2 */
+    bad("empty prompt id", "--prompt-ids: '5,,6' has an empty entry", gen(d, "--prompt-ids 5,,6"));
+    bad("trailing comma in --stop", "--stop: '7,' has an empty entry", gen(d, "--stop 7,"));
+    set_cfg(d, "hidden_size", NULL);
+    bad("missing hidden_size", "missing field 'hidden_size'", gen(d, ""));
+    set_cfg(d, "hidden_size", "\"64\"");
+    bad("string hidden_size", "'hidden_size' must be an integer", gen(d, ""));
+    set_cfg(d, "hidden_size", "1e300"); /* was an undefined double -> int conversion (fuzz_hf_config) */
+    bad("huge hidden_size", "'hidden_size' must be an integer", gen(d, ""));
+    set_cfg(d, "hidden_size", "64");
+    set_cfg(d, "num_hidden_layers", "0");
+    bad("zero layers", "field 'num_hidden_layers' must be in [1, 16777216], got 0", gen(d, ""));
+    copy_fixture("qwen2", d);
+    set_cfg(d, "architectures", "[\"GPTNeoXForCausalLM\"]");
+    bad("unsupported arch", "unsupported architecture 'GPTNeoXForCausalLM'", gen(d, ""));
+    copy_fixture("qwen2", d);
+    set_cfg(d, "num_key_value_heads", "3");
+    bad("inconsistent heads", "num_key_value_heads", gen(d, ""));
+    copy_fixture("qwen2", d);
+    set_cfg(d, "intermediate_size", "100");
+    bad("shape mismatch",
+        "tensor 'model.layers.0.mlp.gate_proj.weight' has shape [128,64], config.json implies [100,64]",
+        gen(d, ""));
+    copy_fixture("qwen2", d);
+    set_cfg(d, "tie_word_embeddings", "false");
+    bad("missing tensor", "missing tensor 'lm_head.weight'", gen(d, ""));
+    copy_fixture("qwen2", d);
+    set_cfg(d, "rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4}");
+    set_cfg(d, "rope_parameters", NULL);
+    bad("rope scaling", "rope_scaling", gen(d, ""));
+    set_cfg(d, "rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8}");
+    set_cfg(d, "rope_parameters", NULL);
+    bad("llama3 rope scaling without its fields", "missing field 'low_freq_factor'", gen(d, ""));
+    copy_fixture("qwen2", d);
+    set_cfg(d, "hidden_act", "\"gelu\"");
+    bad("activation", "hidden_act", gen(d, ""));
+    copy_fixture("qwen2", d);
+    set_cfg(d, "rms_norm_eps", "-1");
+    bad("bad eps", "rms_norm_eps", gen(d, ""));
+    copy_fixture("mixtral", d);
+    set_cfg(d, "num_experts_per_tok", "9");
+    bad("experts per token", "num_experts_per_tok", gen(d, ""));
+    set_cfg(d, "num_experts_per_tok", "0");
+    bad("zero experts per token", "field 'num_experts_per_tok' must be in [1, 16777216], got 0", gen(d, ""));
+    /* shared experts whose width overflowed an int (fuzz_hf_config, regress-shared-overflow.bin) */
+    copy_fixture("deepseek_v3", d);
+    set_cfg(d, "n_shared_experts", "1073741824");
+    bad("shared experts overflow", "field 'n_shared_experts' must be in [0, ", gen(d, ""));
+    copy_fixture("qwen2_moe", d);
+    set_cfg(d, "shared_expert_intermediate_size", "-8");
+    bad("negative shared width", "field 'shared_expert_intermediate_size' must be in [0, ", gen(d, ""));
+    test_token_ids(td, d);
 
     /* safetensors damage */
     copy_fixture("qwen2", d);
