@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "bench_train.h"
 #include "cli/flags.h"
 #include "suanli/parallel.h"
 #include "suanli/train.h"
@@ -133,19 +134,8 @@ int sl_bench_moe(int argc, char **argv) {
     m->compute_dtype = bf16 ? SL_BF16 : SL_F32;
     if (ep > 1 && sl_tp_new(&tp, &mesh) != SL_OK) return fail("");
     sl_trainer tr;
-    sl_trainer_config tc = {.B = (int)B,
-                            .T = (int)T,
-                            .accum = 1,
-                            .dp_size = mesh.dp,
-                            .lr = 1e-4f,
-                            .min_lr = 1e-5f,
-                            .clip = 1.0f,
-                            .warmup = 0,
-                            .decay_iters = 1000,
-                            .hp = {0.9f, 0.95f, 1e-8f, 0.1f},
-                            .mesh = &mesh,
-                            .recompute = rcg ? SL_RECOMPUTE_UNIFORM : SL_RECOMPUTE_NONE,
-                            .recompute_layers = 1};
+    sl_trainer_config tc =
+        sl_bench_trainer_config(B, T, 1, &mesh, 0, rcg ? SL_RECOMPUTE_UNIFORM : SL_RECOMPUTE_NONE, 1, 0, 0);
     if (sl_trainer_init(&tr, m, &tc) != SL_OK) return fail("");
     if (tp && sl_trainer_set_tp(&tr, tp) != SL_OK) return fail("");
     sl_dp *dp = NULL;

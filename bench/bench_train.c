@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "bench_ops.h"
+#include "bench_train.h"
 #include "cli/flags.h"
 #include "suanli/parallel.h"
 #include "suanli/train.h"
@@ -193,10 +194,8 @@ static int make_dp(sl_dp **dp, sl_mesh *mesh, sl_model *m, sl_trainer *tr, int64
     return 0;
 }
 
-/* the trainer of the bench: AdamW with fixed hyperparameters, the pipeline schedule, recomputation, and under
- * --fp16 train's loss-scale defaults (src/train/job.c: min scale 1, window 1000, hysteresis 2) */
-static sl_trainer_config bench_trainer_config(int64_t B, int64_t T, int64_t accum, sl_mesh *mesh, int zb,
-                                              int rc_kind, int64_t rc_layers, int fp16, double init_scale) {
+sl_trainer_config sl_bench_trainer_config(int64_t B, int64_t T, int64_t accum, sl_mesh *mesh, int zb,
+                                          int rc_kind, int64_t rc_layers, int fp16, double init_scale) {
     sl_trainer_config tc = {.B = (int)B,
                             .T = (int)T,
                             .accum = (int)accum,
@@ -333,7 +332,8 @@ int sl_bench_train(int argc, char **argv) {
     m->attention_dropout = (float)pa;
     m->hidden_dropout = (float)ph;
     sl_trainer tr;
-    sl_trainer_config tc = bench_trainer_config(B, T, accum, &mesh, zb, rc_kind, rc_layers, fp16, init_scale);
+    sl_trainer_config tc =
+        sl_bench_trainer_config(B, T, accum, &mesh, zb, rc_kind, rc_layers, fp16, init_scale);
     if (sl_trainer_init(&tr, m, &tc) != SL_OK) {
         fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
         sl_model_free(m);
