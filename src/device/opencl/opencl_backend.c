@@ -382,14 +382,22 @@ sl_status ocl_scratch2(size_t bytes, cl_mem *out) {
     return SL_OK;
 }
 
-sl_status ocl_check_flag(const char *what, int64_t limit) {
+sl_status ocl_read_flag(const char *reading, int *set, int *value) {
     cl_int f[2];
     cl_int err = clEnqueueReadBuffer(g_ocl.queue, g_ocl.flag, CL_TRUE, 0, sizeof f, f, 0, NULL, NULL);
-    if (err != CL_SUCCESS) return ocl_fail(err, "reading the id check");
+    if (err != CL_SUCCESS) return ocl_fail(err, reading);
+    *set = f[0] != 0, *value = f[1];
     if (!f[0]) return SL_OK;
     cl_int zero[2] = {0, 0};
     clEnqueueWriteBuffer(g_ocl.queue, g_ocl.flag, CL_TRUE, 0, sizeof zero, zero, 0, NULL, NULL);
-    return sl_fail(SL_ERR_INVALID, "%s: id %d out of range [0, %lld)", what, (int)f[1], (long long)limit);
+    return SL_OK;
+}
+
+sl_status ocl_check_flag(const char *what, int64_t limit) {
+    int set, v;
+    SL_TRY(ocl_read_flag("reading the id check", &set, &v));
+    if (!set) return SL_OK;
+    return sl_fail(SL_ERR_INVALID, "%s: id %d out of range [0, %lld)", what, v, (long long)limit);
 }
 
 /* ---------------- tensors -> (cl_mem, offset) ---------------- */

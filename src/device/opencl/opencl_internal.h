@@ -228,5 +228,7 @@ sl_status ocl_gemm(int M, int N, int K, ocl_ref a, int64_t lda, int tA, ocl_ref 
 int ocl_moe_supports(const sl_tensor *n);
 sl_status ocl_op_moe(sl_tensor *n);
 /* read the kernels' out-of-range flag; non-zero -> an error naming `what` */
+/* read the kernels' flag (g_ocl.flag: [set, value]) and clear it when set; `reading` names a failed read */
+sl_status ocl_read_flag(const char *reading, int *set, int *value);
 sl_status ocl_check_flag(const char *what, int64_t limit);
 #endif

@@ -117,17 +117,14 @@ static sl_status fill(ocl_ref r, int64_t at, int64_t count, float v) {
 /* the map kernels' overflow flag (g_ocl.flag: 1, count or -1), read and cleared after the node: an error as
  * the CPU kernel's */
 static sl_status moe_check(const sl_tensor *n, int64_t rows) {
-    cl_int f[2];
-    cl_int err = clEnqueueReadBuffer(g_ocl.queue, g_ocl.flag, CL_TRUE, 0, sizeof f, f, 0, NULL, NULL);
-    if (err != CL_SUCCESS) return ocl_fail(err, "reading the MoE row check");
-    if (!f[0]) return SL_OK;
-    cl_int zero[2] = {0, 0};
-    clEnqueueWriteBuffer(g_ocl.queue, g_ocl.flag, CL_TRUE, 0, sizeof zero, zero, 0, NULL, NULL);
-    if (f[1] < 0)
+    int set, v;
+    SL_TRY(ocl_read_flag("reading the MoE row check", &set, &v));
+    if (!set) return SL_OK;
+    if (v < 0)
         return sl_fail(SL_ERR_INVALID, "%s '%s': the exchanged token counts are invalid", sl_op_name(n->op),
                        n->name);
     return sl_fail(SL_ERR_INVALID, "%s '%s': %d kept tokens, more than the %lld rows", sl_op_name(n->op),
-                   n->name, (int)f[1], (long long)rows);
+                   n->name, v, (long long)rows);
 }
 
 /* a whole count in [0, hi], else -1 */
