@@ -322,7 +322,13 @@ static void round_rows_bias(float *c, int64_t ldc, const float *bias, int64_t ro
  * the FMA loop (its panel is a transpose of 48 rows), but when its K block is all of K (ldb = K) a panel's
  * source is one contiguous run of 48 rows: the chunk is walked panel by panel as above, each panel packed
  * by pack_b just before its tiles, and the last tiles prefetch the next panel's run (nt_walk): NT 256 x
- * {2304, 3072, 50304} x 768 at 1 thread 99-101 -> 109-110 GFLOP/s (oneDNN 103-104). The products and their
+ * {2304, 3072, 50304} x 768 at 1 thread 99-101 -> 109-110 GFLOP/s (oneDNN 103-104). The vdpbf16ps impl walks
+ * a transposed B the same way, bf16 (K even: whole k pairs) or fp32 rounded as it is packed (b_f32), the run
+ * 48 x K x 2 or 4 bytes (128 or 256 prefetched per k): before, its whole chunk was transposed from L3 up
+ * front (pack_rows48_t32 12 % of the call). Zen 4, 1 thread, in-process alternation with oneDNN's
+ * gemm_bf16bf16f32: NT 256 x {2304, 3072, 50304} x 768 0.94-0.99 -> 1.07 of oneDNN with bf16 B, 0.955-0.984
+ * -> 0.996-1.009 with fp32 B (the bf16 step's forward); the 1024-row NT shapes unchanged (+-2 %, noise).
+ * The products and their
  * order are the packed kernels', so C is the same bits (test_gemm compares the two paths for the fp32, bf16,
  * fp32-rounded and rounded-output calls; test_gemm_avx512_emu runs the kernels under SIMDe). Zen 4, 1 thread,
  * in-process alternation (docs/BENCHMARKS.md "Zen 4, eighth visit"): fp32 NN 256 x 768 x 2304 102 -> 111
@@ -359,8 +365,11 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
     const int fuse_b = pb_on && im->kernel_pb && !g->transB && kc % im->kgran == 0;
     /* a transposed fp32 B in one K block: each panel's source is one run of 48 whole rows (fp32 B with
      * b_f32 in an impl that packs fp32: the widened one, Note [Widened bf16 GEMM]) */
-    const int nt_walk = pb_on && im->kernel_pf && g->transB && (!im->in_bf16 || (g->b_f32 && im->esz == 4)) &&
-                        kc == g->K && g->ldb == g->K;
+    const int nt_walk = pb_on && im->kernel_pf && g->transB &&
+                        (!im->in_bf16 || g->b_f32 || (im->esz == 2 && g->K % 2 == 0)) && kc == g->K &&
+                        g->ldb == g->K;
+    /* the bytes of B's source per k in one panel's run (48 rows of fp32, or of bf16), prefetched per row */
+    const int nt_pf_row = g->b_f32 || !im->in_bf16 ? 256 : 128;
     /* split [n0,n1) into equal chunks of at most nc columns (multiples of nr) */
     int64_t len = n1 - n0, nchunks = ceil_div(len, im->nc);
     int64_t chunk = ceil_div(ceil_div(len, nchunks), nr) * nr;
@@ -399,13 +408,12 @@ static void block_times_b(const gemm_plan *p, const char *apack, const float *ua
                         /* the last pf_tiles tiles bring the next full panel's rows of B into L1, a
                          * 1 / pf_tiles of them each (a prefetch past B's end is dropped, never a fault) */
                         const int64_t r0 = (pa - pf_from) * (kc / pf_tiles);
-                        if (nt_walk) /* the next panel's run, kc x 256 / pf_tiles bytes per tile */
+                        if (nt_walk) /* the next panel's run, kc x nt_pf_row / pf_tiles bytes per tile */
                             im->kernel_pf(ksteps, rows ? (const void *)ar : a, rows ? g->lda : 0, bpack, c,
                                           g->ldc, g->alpha, beta, rnd ? lb : NULL, rnd, mi,
-                                          (const char *)g->B +
-                                              (size_t)((jc + (q + 1) * nr) * g->ldb) * sizeof(float) +
-                                              (size_t)(r0 * 256),
-                                          256, 256, pf_tiles);
+                                          (const char *)g->B + (size_t)((jc + (q + 1) * nr) * g->ldb) * bsz +
+                                              (size_t)(r0 * nt_pf_row),
+                                          nt_pf_row, nt_pf_row, pf_tiles);
                         else
                             im->kernel_pf(ksteps, rows ? (const void *)ar : a, rows ? g->lda : 0, bpack, c,
                                           g->ldc, g->alpha, beta, rnd ? lb : NULL, rnd, mi,
