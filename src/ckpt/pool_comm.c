@@ -40,14 +40,8 @@
 
 #include "ckpt/pool_internal.h"
 
-enum { PIECE = 8 << 20 };
-
-typedef struct {
-    int32_t src, dst; /* ranks */
-    int64_t hlen, blen;
-    char name[88]; /* file name in the receiver's host step dir */
-} stream_desc;
-_Static_assert(sizeof(stream_desc) == 112, "stream descriptor is 112 bytes");
+enum { PIECE = SL_CKPT_POOL_PIECE };
+typedef sl_ckpt_pool_stream_desc stream_desc;
 
 int sl_ckpt_pool_first_rank(int host, int world, int hosts) {
     int r = 0;
@@ -191,6 +185,23 @@ static void disk_round(void *arg, int64_t t) {
     }
 }
 
+/* The streams with a piece in round t, for a failed round's message: "NAME to rank D, NAME from rank S"
+ * (the transport's message names the peer that failed; this names the files at stake). */
+static void round_streams(char *buf, size_t cap, const stream_desc *mine, int nout, const incoming *in,
+                          int nin, int64_t t) {
+    size_t n = 0;
+    buf[0] = 0;
+    for (int i = 0; i < nout + nin && n < cap; i++) {
+        const stream_desc *d = i < nout ? &mine[i] : in[i - nout].d;
+        int part;
+        int64_t off, len;
+        if (!piece_of(d, t, &part, &off, &len)) continue;
+        int k = snprintf(buf + n, cap - n, "%s%.*s %s rank %d", n ? ", " : "", (int)sizeof d->name, d->name,
+                         i < nout ? "to" : "from", i < nout ? d->dst : d->src);
+        n += k > 0 ? (size_t)k : 0;
+    }
+}
+
 sl_status sl_ckpt_pool_exchange(const sl_ckpt_pool *p, const char *stepbase, const sl_ckpt_pool_stream *out,
                                 int nout) {
     sl_comm *c = p->comm;
@@ -309,9 +320,13 @@ sl_status sl_ckpt_pool_exchange(const sl_ckpt_pool *p, const char *stepbase, con
             sl_status ws = sl_comm_wait(reqs[q]);
             if (ps == SL_OK) ps = ws;
         }
-        if (st == SL_OK && ps != SL_OK)
-            st = sl_fail(ps, "checkpoint transfer, piece %lld of %lld: %s", (long long)t, (long long)rounds,
-                         sl_errmsg());
+        if (st == SL_OK && ps != SL_OK) { /* the incoming temp files are removed below */
+            char err[1024], what[400];
+            snprintf(err, sizeof err, "%s", sl_errmsg());
+            round_streams(what, sizeof what, mine, nout, in, nin, t);
+            st = sl_fail(ps, "checkpoint transfer of %s, piece %lld of %lld: %s", what, (long long)t + 1,
+                         (long long)rounds, err);
+        }
         if (st == SL_OK && writing) worker_post(&disk, t);
     }
     if (writing) worker_stop(&disk);

@@ -85,6 +85,17 @@ sl_status sl_ckpt_out_close(sl_ckpt_out *o, size_t size, int sync, int keep);
  * *placement (owned) describes where everything went, with sizes and checksums, for pool.files. */
 /* ---- pool_comm.c (Note [Pool transfers over comm]) ---- */
 #define SL_CKPT_POOL_MAX_STREAMS (SL_EC_MAX_K + SL_EC_MAX_M)
+/* the bytes move in pieces of this size (the exchange's rounds, a restore stream's broadcasts) */
+enum { SL_CKPT_POOL_PIECE = 8 << 20 };
+/* The exchange's wire record: every rank all-gathers SL_CKPT_POOL_MAX_STREAMS of these (unused: src = dst
+ * = -1), then stream i's pieces (head, then body) travel from src to dst in rounds. Here so that a test can
+ * stand in for a peer (tests/fault/test_pool_cut.c). */
+typedef struct {
+    int32_t src, dst; /* ranks */
+    int64_t hlen, blen;
+    char name[88]; /* file name in the receiver's host step dir */
+} sl_ckpt_pool_stream_desc;
+_Static_assert(sizeof(sl_ckpt_pool_stream_desc) == 112, "stream descriptor is 112 bytes");
 typedef struct {
     int dst;          /* receiving rank */
     const char *name; /* file name in the receiver's host step dir (< 88 bytes) */
