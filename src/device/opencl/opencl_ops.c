@@ -152,8 +152,9 @@ static sl_status ew16(int op, ocl_ref o, cl_long8 nbo, ocl_ref a, cl_long8 nba, 
  * The shared accelerator table (Note [Accelerator supported ops], src/device/accel_support.c: every f32 op of
  * GPT-2 / Llama-family training and KV-cache generation, sliding-window attention included; bf16 / f16
  * compute refused by name), with attention limited to head sizes whose tiles fit the device's local memory
- * (OCL_ATT_LOCAL, Note [OpenCL flash attention]); the trainable MoE ops are decided first by
- * ocl_moe_supports (f32, Note [OpenCL MoE kernels] in opencl_ops_moe.c). */
+ * (OCL_ATT_LOCAL, Note [OpenCL flash attention]); the trainable MoE ops and the bf16 numerics of MOE_EXPERT
+ * are decided first by ocl_moe_supports (Note [OpenCL MoE kernels], Note [OpenCL bf16 experts] in
+ * opencl_ops_moe.c). */
 static int sum_whole_rows(const sl_tensor *n); /* SUM_TO over whole rows (op_sum_to) */
 
 /* what this backend adds to the shared table: dropout (Note [OpenCL dropout]), the vocab-parallel ops (Note

@@ -1,6 +1,8 @@
 /* The trainable mixture-of-experts ops on the OpenCL backend (kernels/moe.cl): routing and its backward, the
  * router losses, the per-expert gather / combine, the expert-parallel pairs (counts, pack, unpack, gather,
- * scatter, regroup) and the routed SwiGLU experts, per-expert (MOE_EXPERT_FFN) and packed (MOE_PACKED_FFN).
+ * scatter, regroup) and the routed SwiGLU experts, per-expert (MOE_EXPERT_FFN) and packed (MOE_PACKED_FFN);
+ * and inference's MOE_EXPERT with the bf16 numerics (Note [OpenCL bf16 experts]; the f32 one is in
+ * opencl_ops_nn.c).
  *
  * Note [OpenCL MoE kernels]
  * Semantics are the CPU kernels' (src/device/cpu/kernels/moe.c, moe_ep.c, moe_packed.c), f32, and the
@@ -59,6 +61,8 @@ static int shard_counts_ok(const sl_tensor *n) {
     return me >= 0 && me < sl_nelements(pc) / (B * E);
 }
 
+static int bf16_expert_ok(const sl_tensor *n); /* MOE_EXPERT's bf16 numerics (Note [OpenCL bf16 experts]) */
+
 /* 1: supported, 0: refused (f32 only; the autocast numerics of the packed experts; the router losses without
  * fp64), -1: not an op of this file */
 int ocl_moe_supports(const sl_tensor *n) {
@@ -95,6 +99,9 @@ int ocl_moe_supports(const sl_tensor *n) {
     case SL_OP_MOE_PACKED_FFN_BACK_W:
     case SL_OP_MOE_PACKED_FFN_DX:
         return n->dtype == SL_F32 && half_ok(a->src[0]);
+    case SL_OP_MOE_EXPERT: /* the bf16 numerics of inference here (Note [OpenCL bf16 experts]); f32: -1, the
+                              shared table and ocl_op_nn */
+        return n->iparams[1] ? bf16_expert_ok(n) : -1;
     default:
         return -1;
     }
@@ -919,6 +926,103 @@ static sl_status op_packed_ffn_dx(sl_tensor *n) {
     return ffn_back_x(n, cnt, C, I, o, d1, at(d1, Rb * I), r1, r3, NULL, &dx);
 }
 
+/* ---------------- the bf16 expert of inference ---------------- */
+
+/* Note [OpenCL bf16 experts]
+ * MOE_EXPERT with the bf16 numerics (iparams[1]: a bf16 inference model's Mixtral experts, Note [Sparse
+ * experts] in src/device/cpu/kernels/llama_ops.c) as sl_k_moe_expert computes it, on the expert's routed rows
+ * only: k_moe_gate_map scans the gate column in token order (one work-item) and the row count is read back (4
+ * bytes, blocking, as the routed ops read theirs: Note [OpenCL MoE kernels]); the routed rows of h go into
+ * bf16 rows (k_moe_gate_rows_bf: the CPU's conversion of x); w1 x and w3 x are the register GEMM's bf16 path
+ * with the product rounded in its writeback (Note [OpenCL bf16 GEMM]; bf16 weights widened exactly, f32
+ * weights rounded as they are packed: Note [OpenCL fused weight casts], the CPU's wb copy); the SwiGLU rounds
+ * R(R(silu(a)) * b) (k_moe_swiglu, hm 1, exp as glibc's expf where the device has fp64); its bf16 rows go
+ * through the same GEMM with w2, and k_moe_gate_scatter writes R(o * gate) on the routed rows, zero on the
+ * others. Every rounding point is the CPU's; only the order of each GEMM's fp32 sums may differ (the register
+ * GEMM sums k in order with FMAs; the CPU's bf16 GEMM per its kernel: AMX, vdpbf16ps pairs or widened FMAs),
+ * which moves a value by one bf16 ulp where it sits at a rounding boundary. The tiled GEMM (GPU-type devices)
+ * has no bf16 path: refused there. Temporaries: a carve of scratch2 (the GEMM uses scratch). */
+static int bf16_expert_ok(const sl_tensor *n) {
+    const sl_tensor *h = n->src[0], *gate = n->src[1];
+    sl_dtype wt = n->src[2]->dtype;
+    if (g_ocl.gemm_kind != OCL_GEMM_REG || n->dtype != SL_F32 || !sl_is_contiguous(n) || !f32c(h) ||
+        h->ndim != 2 || !f32_rows(gate) || (wt != SL_BF16 && wt != SL_F32))
+        return 0;
+    for (int i = 2; i < 5; i++)
+        if (n->src[i]->dtype != wt || !sl_is_contiguous(n->src[i])) return 0;
+    return 1;
+}
+
+/* the gate map of expert e (k_moe_gate_map) into map */
+static sl_status gate_map(ocl_ref map, ocl_ref g, int64_t gs, int64_t N, int64_t e) {
+    ocl_call c = ocl_begin(OK_MOE_GATE_MAP);
+    ocl_ref_arg(&c, map);
+    ocl_ref_arg(&c, g);
+    ocl_long(&c, gs);
+    ocl_long(&c, N);
+    ocl_long(&c, e);
+    return ocl_run1(&c, 1);
+}
+
+static sl_status op_moe_expert_bf16(sl_tensor *n) {
+    const sl_tensor *h = n->src[0], *gate = n->src[1], *w1 = n->src[2];
+    int64_t N = h->ne[0], C = h->ne[1], I = w1->ne[0], gs = gate->nb[0], e = n->iparams[0];
+    int wf32 = w1->dtype == SL_F32; /* f32 weights under bf16 numerics: rounded as they are packed */
+    if (N >= INT32_MAX || C > INT32_MAX || I > INT32_MAX)
+        return sl_fail(SL_ERR_UNSUPPORTED, "opencl backend: moe_expert '%s' too large", n->name);
+    ocl_ref y, rh, rg, r1, r3, r2;
+    REF(n, &y);
+    REF(h, &rh);
+    REF(gate, &rg);
+    REF(w1, &r1);
+    REF(n->src[3], &r3);
+    REF(n->src[4], &r2);
+    cl_mem m;
+    int64_t used = 0, M = 0;
+    SL_TRY(ocl_scratch2(sizeof(float) * (size_t)(2 * N + 1 + 16), &m));
+    ocl_ref map = carve(m, &used, 2 * N + 1);
+    SL_TRY(gate_map(map, rg, gs, N, e));
+    cl_int cnt = 0, err = clEnqueueReadBuffer(g_ocl.queue, m, CL_TRUE, sizeof(float) * (size_t)(map.off + N),
+                                              sizeof cnt, &cnt, 0, NULL, NULL);
+    if (err != CL_SUCCESS) return ocl_fail(err, "reading the expert's row count");
+    M = cnt;
+    if (!M) return fill(y, 0, N * C, 0.0f);
+    /* the rows' temporaries after the map: bf16 x, w1 x, w3 x (then the SwiGLU in place), bf16 of it, w2 of
+     * it */
+    size_t need = sizeof(float) * (size_t)(used + (M * C + 1) / 2 + 2 * M * I + (M * I + 1) / 2 + M * C + 80);
+    if (need > g_ocl.scratch2_size) { /* scratch2 grows into a new buffer: the map again there */
+        SL_TRY(ocl_scratch2(need, &m));
+        map.mem = m;
+        SL_TRY(gate_map(map, rg, gs, N, e));
+    }
+    ocl_ref xb = as_bf(carve(m, &used, (M * C + 1) / 2)), u = carve(m, &used, M * I),
+            g = carve(m, &used, M * I), hb = as_bf(carve(m, &used, (M * I + 1) / 2)),
+            o = carve(m, &used, M * C);
+    ocl_call c = ocl_begin(OK_MOE_GATE_ROWS_BF);
+    ocl_ref_arg(&c, xb);
+    ocl_ref_arg(&c, rh);
+    ocl_ref_arg(&c, map);
+    ocl_long(&c, C);
+    ocl_long(&c, M * C);
+    SL_TRY(ocl_run1(&c, (size_t)(M * C)));
+    int Mi = (int)M, Ci = (int)C, Ii = (int)I;
+    SL_TRY(ocl_gemm(Mi, Ii, Ci, xb, C, 0, r1, C, 1, u, I, 0, SL_BF16, wf32, 1)); /* R(x w1^T) */
+    SL_TRY(ocl_gemm(Mi, Ii, Ci, xb, C, 0, r3, C, 1, g, I, 0, SL_BF16, wf32, 1)); /* R(x w3^T) */
+    SL_TRY(swiglu_h(u, u, g, M * I, 1));                                         /* R(R(silu(u)) g) */
+    SL_TRY(round_rows(hb, 1, u, I, M, I, 1));                                    /* its bits (exact) */
+    SL_TRY(ocl_gemm(Mi, Ci, Ii, hb, I, 0, r2, I, 1, o, C, 0, SL_BF16, wf32, 1)); /* R(h w2^T) */
+    ocl_call d = ocl_begin(OK_MOE_GATE_SCATTER);
+    ocl_ref_arg(&d, y);
+    ocl_ref_arg(&d, o);
+    ocl_ref_arg(&d, map);
+    ocl_long(&d, N);
+    ocl_ref_arg(&d, rg);
+    ocl_long(&d, gs);
+    ocl_long(&d, e);
+    ocl_long(&d, C);
+    return ocl_run1(&d, (size_t)(N * C));
+}
+
 sl_status ocl_op_moe(sl_tensor *n) {
     switch (n->op) {
     case SL_OP_MOE_ROUTE:
@@ -961,6 +1065,8 @@ sl_status ocl_op_moe(sl_tensor *n) {
         return op_packed_ffn_back_w(n);
     case SL_OP_MOE_PACKED_FFN_DX:
         return op_packed_ffn_dx(n);
+    case SL_OP_MOE_EXPERT: /* the bf16 numerics (the f32 expert is ocl_op_nn's) */
+        return op_moe_expert_bf16(n);
     default:
         return sl_fail(SL_ERR_UNSUPPORTED, "opencl backend: op %s is not a MoE op", sl_op_name(n->op));
     }

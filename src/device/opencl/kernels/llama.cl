@@ -1,6 +1,7 @@
 /* Llama-family kernels: rotate-half RoPE (with its half-precision numerics), the top-k routing gate, and the
  * sparse MoE expert of inference (semantics: src/device/cpu/kernels/llama_ops.c; SiLU is in elementwise.cl).
- * The bf16-numerics variant of MOE_EXPERT (iparams[1]) is refused by supports_op. */
+ * The bf16-numerics variant of MOE_EXPERT (iparams[1]) runs on the register GEMM: Note [OpenCL bf16 experts]
+ * in opencl_ops_moe.c, kernels in moe.cl. */
 #pragma OPENCL FP_CONTRACT OFF
 
 /* y (B,T,NH,hs) contiguous; inv (hs/2): inverse frequencies computed on the host exactly as the CPU does

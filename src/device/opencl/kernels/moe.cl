@@ -438,3 +438,38 @@ kernel void k_moe_add_rounded(global float *dx, long dxo, global const float *t,
     if (i >= n) return;
     dx[dxo + i] = moe_rnd(dx[dxo + i], hm) + moe_rnd(t[to + i], hm);
 }
+
+/* MOE_EXPERT's bf16 numerics (Note [OpenCL bf16 experts], opencl_ops_moe.c). One work-item: the rows routed to
+ * expert e (gate[n, e] != 0) in token order, as sl_k_moe_expert scans them: map[0..cnt) their tokens,
+ * map[N] = cnt, tok = map + N + 1: tok[n] the row of token n, or -1 */
+kernel void k_moe_gate_map(global int *map, long mo, global const float *gate, long go, long gs, long N, long e) {
+    if (get_global_id(0) != 0) return;
+    map += mo;
+    global int *tok = map + N + 1;
+    int c = 0;
+    for (long n = 0; n < N; n++) {
+        int r = -1;
+        if (gate[go + n * gs + e] != 0.0f) map[c] = (int)n, r = c++;
+        tok[n] = r;
+    }
+    map[N] = c;
+}
+
+/* the routed rows of h (C wide) as bf16 bits (sl_f32_to_bf16's: the high half of rbf16), n = cnt * C */
+kernel void k_moe_gate_rows_bf(global ushort *xb, long xbo, global const float *h, long ho, global const int *map,
+                               long mo, long C, long n) {
+    long i = get_global_id(0);
+    if (i >= n) return;
+    xb[xbo + i] = (ushort)(as_uint(rbf16(h[ho + (long)map[mo + i / C] * C + i % C])) >> 16);
+}
+
+/* y[n, c] = bf16(o[row of n, c] * gate[n, e]) for the routed tokens, 0 for the others; one work-item per
+ * element of y (N x C) */
+kernel void k_moe_gate_scatter(global float *y, long yo, global const float *o, long oo, global const int *map,
+                               long mo, long N, global const float *gate, long go, long gs, long e, long C) {
+    long i = get_global_id(0);
+    if (i >= N * C) return;
+    long n = i / C;
+    int r = map[mo + N + 1 + n];
+    y[yo + i] = r < 0 ? 0.0f : rbf16(o[oo + (long)r * C + i % C] * gate[go + n * gs + e]);
+}
