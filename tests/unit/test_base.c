@@ -1,4 +1,6 @@
 /* base layer: status messages, RNG reproducibility and distribution, bf16 rounding, atomic files. */
+#include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -81,8 +83,33 @@ static void test_cpu(void) {
     TU_CHECK(!strcmp(isa, "avx512") || !strcmp(isa, "avx2") || !strcmp(isa, "scalar"), "isa %s", isa);
 }
 
+/* Note [Huge pages for large buffers]: a large buffer starts on a 2 MiB boundary and holds what is written to
+ * all of it; a small one keeps 64-byte alignment. Whether the kernel backed it with huge pages depends on
+ * the host's THP setting and free memory, so that is printed, not asserted. */
+static void test_large_alloc(void) {
+    const size_t big = (40u << 20) + 12345, small = 1u << 20;
+    unsigned char *p = sl_malloc_aligned(big), *q = sl_malloc_aligned(small);
+    TU_CHECK(p && q, "allocation failed");
+    if (!p || !q) return;
+    TU_CHECK((uintptr_t)p % (2u << 20) == 0, "a %zu-byte buffer at %p: not on a 2 MiB boundary", big,
+             (void *)p);
+    TU_CHECK((uintptr_t)q % 64 == 0, "a %zu-byte buffer at %p: not 64-byte aligned", small, (void *)q);
+    for (size_t i = 0; i < big; i++) p[i] = (unsigned char)(i * 131u >> 3);
+    size_t bad = 0;
+    for (size_t i = 0; i < big; i++) bad += p[i] != (unsigned char)(i * 131u >> 3);
+    TU_CHECK(bad == 0, "%zu bytes of the large buffer changed", bad);
+    FILE *f = fopen("/proc/self/smaps_rollup", "r");
+    char line[256];
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "AnonHugePages:", 14)) printf("large buffer written; %s", line);
+    if (f) fclose(f);
+    sl_free_aligned(p);
+    sl_free_aligned(q);
+}
+
 int main(void) {
     test_status();
+    test_large_alloc();
     test_rng();
     test_bf16();
     test_files();
