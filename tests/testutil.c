@@ -182,6 +182,15 @@ int tu_same_file(const char *a, const char *b) {
     return eq;
 }
 
+int tu_file_is(const char *path, const void *a, size_t an, const void *b, size_t bn) {
+    char *text;
+    size_t len;
+    if (sl_file_read_all(path, &text, &len) != SL_OK) return 0;
+    int ok = len == an + bn && !memcmp(text, a, an) && !memcmp(text + an, b, bn);
+    free(text);
+    return ok;
+}
+
 int tu_cli_run(char *out, size_t cap, const char *fmt, ...) {
     char args[4096], cmd[8192];
     va_list ap;

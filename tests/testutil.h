@@ -32,6 +32,8 @@ void tu_leak_check_now(void);
 int tu_run(const char *cmd, char *buf, size_t cap);
 /* 1 when both files exist and have identical bytes */
 int tu_same_file(const char *a, const char *b);
+/* 1 when path holds exactly a[0,an) followed by b[0,bn) */
+int tu_file_is(const char *path, const void *a, size_t an, const void *b, size_t bn);
 const char *tu_cli(void); /* path to the suanli CLI (SUANLI_CLI env) */
 /* Run `suanli ARGS` (ARGS formatted like printf) capturing stdout+stderr into out; returns the exit status.
  */

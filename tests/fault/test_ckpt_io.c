@@ -51,16 +51,6 @@
 
 static const char *dir;
 
-/* 1 when path holds exactly a[0,an) + b[0,bn) */
-static int file_is(const char *path, const void *a, size_t an, const void *b, size_t bn) {
-    char *text;
-    size_t len;
-    if (sl_file_read_all(path, &text, &len) != SL_OK) return 0;
-    int ok = len == an + bn && !memcmp(text, a, an) && !memcmp(text + an, b, bn);
-    free(text);
-    return ok;
-}
-
 /* temp files in directory d (default: the test's directory) */
 static int count_tmp_at(const char *d) {
     DIR *dd = opendir(d);
@@ -88,20 +78,20 @@ static void test_direct_and_fallback(void) {
 
     sl_ckpt_io io = {0};
     sl_status st = sl_ckpt_write_file(path, hdr, hlen, data, dlen, SL_CKPT_IO_DIRECT | SL_CKPT_IO_SYNC, &io);
-    TU_CHECK(st == SL_OK && file_is(path, hdr, hlen, data, dlen), "O_DIRECT write: exact bytes (%s)",
+    TU_CHECK(st == SL_OK && tu_file_is(path, hdr, hlen, data, dlen), "O_DIRECT write: exact bytes (%s)",
              sl_errmsg());
     TU_CHECK(io.direct == fs_direct && io.bytes == hlen + dlen, "O_DIRECT used where the FS takes it: %d %d",
              io.direct, fs_direct);
 
     /* data 4 bytes off alignment: the kernel refuses the O_DIRECT write, the rest goes buffered */
     st = sl_ckpt_write_file(path, hdr, hlen, data + 4, dlen, SL_CKPT_IO_DIRECT | SL_CKPT_IO_SYNC, &io);
-    TU_CHECK(st == SL_OK && file_is(path, hdr, hlen, data + 4, dlen) && io.direct == 0,
+    TU_CHECK(st == SL_OK && tu_file_is(path, hdr, hlen, data + 4, dlen) && io.direct == 0,
              "O_DIRECT refused mid-file: buffered fallback, exact bytes (direct %d, %s)", io.direct,
              sl_errmsg());
 
     setenv("SUANLI_CKPT_DIRECT", "0", 1);
     st = sl_ckpt_write_file(path, hdr, hlen, data, dlen, SL_CKPT_IO_DIRECT | SL_CKPT_IO_SYNC, &io);
-    TU_CHECK(st == SL_OK && file_is(path, hdr, hlen, data, dlen) && io.direct == 0,
+    TU_CHECK(st == SL_OK && tu_file_is(path, hdr, hlen, data, dlen) && io.direct == 0,
              "SUANLI_CKPT_DIRECT=0: buffered, exact bytes");
     unsetenv("SUANLI_CKPT_DIRECT");
 
@@ -121,8 +111,8 @@ static void test_direct_and_fallback(void) {
         TU_CHECK(st == SL_ERR_IO && strstr(sl_errmsg(), "direct.bin: write failed"),
                  "partial write fails with a message naming the file (%s): %s", d ? "O_DIRECT" : "buffered",
                  sl_errmsg());
-        TU_CHECK(file_is(path, hdr, hlen, data, dlen), "partial write (%s): the previous file is untouched",
-                 d ? "O_DIRECT" : "buffered");
+        TU_CHECK(tu_file_is(path, hdr, hlen, data, dlen),
+                 "partial write (%s): the previous file is untouched", d ? "O_DIRECT" : "buffered");
         TU_CHECK(count_tmp() == 0, "partial write (%s): no temp file left", d ? "O_DIRECT" : "buffered");
     }
     unlink(path);
@@ -148,7 +138,7 @@ static void test_pieces(void) {
             st = sl_ckpt_out_write(&o, buf, n, hlen + off, room ? piece : n);
         }
         sl_status cs = sl_ckpt_out_close(&o, hlen + blen, 1, st == SL_OK);
-        TU_CHECK(st == SL_OK && cs == SL_OK && file_is(path, hdr, hlen, body, blen) && count_tmp() == 0,
+        TU_CHECK(st == SL_OK && cs == SL_OK && tu_file_is(path, hdr, hlen, body, blen) && count_tmp() == 0,
                  "file in pieces (%s): exact bytes (%s)", room ? "padded in place" : "padded copy",
                  sl_errmsg());
     }
@@ -156,7 +146,7 @@ static void test_pieces(void) {
     sl_ckpt_out o;
     TU_CHECK(sl_ckpt_out_open(&o, path, 1) == SL_OK && sl_ckpt_out_write(&o, hdr, hlen, 0, hlen) == SL_OK &&
                  sl_ckpt_out_close(&o, hlen, 1, 0) == SL_OK && count_tmp() == 0 &&
-                 file_is(path, hdr, hlen, body, blen),
+                 tu_file_is(path, hdr, hlen, body, blen),
              "discarded file in pieces: no temp, previous file untouched");
     /* the file size limit stops the second piece: the error names the file, the close discards */
     signal(SIGXFSZ, SIG_IGN);
@@ -174,7 +164,7 @@ static void test_pieces(void) {
              "a piece past the size limit fails naming the file: %s", sl_errmsg());
     TU_CHECK(sl_ckpt_out_write(&o, hdr, hlen, 0, hlen) == SL_ERR_IO, "a failed file refuses later pieces");
     TU_CHECK(sl_ckpt_out_close(&o, hlen + blen, 1, 0) == SL_OK && count_tmp() == 0 &&
-                 file_is(path, hdr, hlen, body, blen),
+                 tu_file_is(path, hdr, hlen, body, blen),
              "failed file in pieces: no temp, previous file untouched");
     unlink(path);
     sl_free_aligned(hdr);
@@ -269,7 +259,7 @@ static void test_exchange(void) {
             snprintf(path, sizeof path, "%s/host-%d/step-0000001/shard-r%05d.safetensors", root, h, 1 - h);
             int s = 1 - h;
             if (c < 2 || (c == 2 && h == 0)) {
-                TU_CHECK(rk[h].st == SL_OK && file_is(path, heads[s], rk[s].hlen, bodies[s], blen),
+                TU_CHECK(rk[h].st == SL_OK && tu_file_is(path, heads[s], rk[s].hlen, bodies[s], blen),
                          "exchange case %d: host %d holds rank %d's bytes (%s)", c, h, s, rk[h].err);
             } else {
                 TU_CHECK(rk[h].st == SL_ERR_IO || rk[h].st == SL_ERR_INVALID,
@@ -362,7 +352,7 @@ static void test_restore_stream(void) {
                 TU_CHECK(x->wst == SL_OK, "stream case %d: rank %d wrote: %s", c, r, x->err);
             }
             int kept = writes && !fails && c != 1;
-            TU_CHECK(kept ? file_is(dests[r], bytes, len, "", 0) : access(dests[r], F_OK) != 0,
+            TU_CHECK(kept ? tu_file_is(dests[r], bytes, len, "", 0) : access(dests[r], F_OK) != 0,
                      "stream case %d: rank %d %s", c, r, kept ? "holds the bytes" : "kept nothing");
         }
         TU_CHECK(count_tmp_at(d) == 0, "stream case %d: no temp file", c);

@@ -53,16 +53,6 @@ static double now(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* 1 when path holds exactly a[0,an) + b[0,bn) */
-static int file_is(const char *path, const void *a, size_t an, const void *b, size_t bn) {
-    char *text;
-    size_t len;
-    if (sl_file_read_all(path, &text, &len) != SL_OK) return 0;
-    int ok = len == an + bn && !memcmp(text, a, an) && !memcmp(text + an, b, bn);
-    free(text);
-    return ok;
-}
-
 /* the TCP transport's message for a peer gone mid-transfer: EOF (it died with nothing unread) or a reset */
 static int names_lost_peer(const char *msg) {
     return strstr(msg, "rank 0 (") &&
@@ -219,7 +209,7 @@ static void test_exchange(void) {
         outcome o;
         if (run_case(0, cut, &o) != 0) continue;
         if (!cut) {
-            TU_CHECK(o.ok && file_is(path, head, HLEN, body, BLEN),
+            TU_CHECK(o.ok && tu_file_is(path, head, HLEN, body, BLEN),
                      "exchange control: the file arrived whole: %s", o.msg);
             continue;
         }
@@ -243,7 +233,7 @@ static void test_restore(void) {
         outcome o;
         if (run_case(1, cut, &o) != 0) continue;
         if (!cut) {
-            TU_CHECK(o.ok && o.st == SL_OK && file_is(dest, body, BLEN, "", 0),
+            TU_CHECK(o.ok && o.st == SL_OK && tu_file_is(dest, body, BLEN, "", 0),
                      "restore control: the file arrived whole with its hash: %s", o.msg);
             continue;
         }
