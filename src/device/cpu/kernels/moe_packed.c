@@ -130,6 +130,55 @@ static sl_status packed_rows(const sl_tensor *f, const char *op, int64_t *off, i
     return SL_OK;
 }
 
+/* Note [EP weight gradients per source rank]: under autocast a weight gradient is rounded to the half type
+ * once per backward pass, over the rows that pass holds (a half-precision node's gradient, as torch's), and
+ * summed in fp32 across micro-batches. One process passes one micro-batch's rows; an EP rank passes the rows
+ * every source rank sent for the same micro-batch index, each source's block being one micro-batch of the
+ * single process. Rounding the sum of all blocks once moved the experts' weight gradients by ~2e-3
+ * (normwise, bf16) off the single process while every other gradient was bitwise equal, so the chain rounds
+ * each source's block and sums them in fp32 (source order): the single process's roundings. The blocks of
+ * expert e's cnt rows, in *nb (1 without EP or rounding); *bl is malloc'd. */
+static sl_status grad_blocks(const sl_tensor *f, int64_t cnt, int64_t **bl, int64_t *nb) {
+    const sl_tensor *c = f->src[0]->src[1];
+    int64_t e = f->iparams[0], El = f->iparams[1], P = El > 0 && f->iparams[3] ? c->ne[0] / El : 1;
+    if (!(*bl = malloc(sizeof(int64_t) * (size_t)P)))
+        return sl_fail(SL_ERR_NOMEM, "moe_packed_ffn: out of memory");
+    *nb = P;
+    if (P == 1) {
+        (*bl)[0] = cnt;
+        return SL_OK;
+    }
+    for (int64_t p = 0; p < P; p++) (*bl)[p] = whole(((const float *)c->data)[p * El + e], cnt);
+    return SL_OK; /* packed_rows checked the counts, whose sum is cnt */
+}
+
+/* dw (M x N) = the sum over the row blocks bl[0..nb) of R(A_b^T B_b), A rows lda apart and B rows ldb
+ * apart (floats; bf16: uint16_t rows), R the half rounding; one block: the one GEMM as before */
+static sl_status dw_blocks(int bf16, const void *A, int64_t lda, const void *B, int64_t ldb, int64_t M,
+                           int64_t N, const int64_t *bl, int64_t nb, int half, float *dw) {
+    float *t = nb > 1 ? malloc(sizeof(float) * (size_t)(M * N)) : NULL;
+    if (nb > 1 && !t) return sl_fail(SL_ERR_NOMEM, "moe_packed_ffn: out of memory");
+    int64_t r0 = 0, es = bf16 ? 2 : 4, done = 0;
+    for (int64_t b = 0; b < nb; r0 += bl[b++]) {
+        if (!bl[b]) continue;
+        float *dst = done ? t : dw;
+        const char *a = (const char *)A + r0 * lda * es, *bb = (const char *)B + r0 * ldb * es;
+        if (bf16)
+            dw_bf16((const uint16_t *)a, lda, (const uint16_t *)bb, ldb, M, N, bl[b], dst);
+        else {
+            sl_sgemm(1, 0, M, N, bl[b], 1.0f, (const float *)a, lda, (const float *)bb, ldb, 0.0f, dst, N);
+            rnd_n(dst, dst, M * N, half);
+        }
+        if (done)
+#pragma omp parallel for schedule(static) if (PAR(M * N))
+            for (int64_t i = 0; i < M * N; i++) dw[i] += t[i];
+        done = 1;
+    }
+    if (!done) memset(dw, 0, sizeof(float) * (size_t)(M * N));
+    free(t);
+    return SL_OK;
+}
+
 sl_status sl_k_moe_packed_ffn(sl_tensor *n) {
     sl_tensor *xp = n->src[0], *w1 = n->src[1], *w3 = n->src[2], *w2 = n->src[3];
     int64_t S = n->ne[0], C = n->ne[1], I = w1->ne[0], off, cnt;
@@ -225,9 +274,14 @@ sl_status sl_k_moe_packed_ffn_back(sl_tensor *n) {
             free(gh);
             return sl_fail(SL_ERR_NOMEM, "moe_packed_ffn_back: out of memory");
         }
-        dw_bf16(gh, C, hh, I, C, I, cnt, dw2); /* dw2 = bf16(dy^T h) */
-        sl_gemm_bf16_f32b(0, 0, cnt, I, C, 1.0f, gh, C, w2->data, I, 0.0f, NULL, h, I); /* dh = dy w2 */
-        free(gh), free(hh);
+        int64_t *bl = NULL, nb = 0;
+        sl_status st = grad_blocks(f, cnt, &bl, &nb);
+        if (st == SL_OK) /* dw2 = bf16(dy^T h), per source rank under EP */
+            st = dw_blocks(1, gh, C, hh, I, C, I, bl, nb, half, dw2);
+        if (st == SL_OK) /* dh = dy w2 */
+            sl_gemm_bf16_f32b(0, 0, cnt, I, C, 1.0f, gh, C, w2->data, I, 0.0f, NULL, h, I);
+        free(gh), free(hh), free(bl);
+        SL_TRY(st);
         back_pointwise(h, a1, a3, d1, d3, cnt * I, half);
         return SL_OK;
     }
@@ -244,8 +298,14 @@ sl_status sl_k_moe_packed_ffn_back(sl_tensor *n) {
         return sl_fail(SL_ERR_NOMEM, "moe_packed_ffn_back: out of memory");
     }
     hidden(h, a1, a3, cnt * I, half);
-    sl_sgemm(1, 0, C, I, cnt, 1.0f, g, gs, h, I, 0.0f, dw2, I); /* dw2 = dy^T h */
-    rnd_n(dw2, dw2, C * I, half);
+    int64_t *bl = NULL, nb = 0;
+    sl_status st = grad_blocks(f, cnt, &bl, &nb);
+    if (st == SL_OK) st = dw_blocks(0, g, gs, h, I, C, I, bl, nb, half, dw2); /* dw2 = R(dy^T h) */
+    free(bl);
+    if (st != SL_OK) {
+        free(og), free(ow);
+        return st;
+    }
     sl_sgemm(0, 0, cnt, I, C, 1.0f, g, gs, W2, I, 0.0f, h, I); /* dh = dy w2 */
     back_pointwise(h, a1, a3, d1, d3, cnt * I, half);
     free(og), free(ow);
@@ -266,22 +326,22 @@ sl_status sl_k_moe_packed_ffn_back_w(sl_tensor *n) {
     if (half == SL_BF16 && f->iparams[4]) { /* the bf16 GEMM (Note [Packed experts under autocast]) */
         uint16_t *xh = as_bf16((const float *)xp->data + off * C, cnt, C, C), *dh1 = as_bf16(d1, cnt, I, I),
                  *dh3 = as_bf16(d3, cnt, I, I);
-        if (xh && dh1 && dh3) {
-            dw_bf16(dh1, I, xh, C, I, C, cnt, dw1);
-            dw_bf16(dh3, I, xh, C, I, C, cnt, dw3);
-        }
-        sl_status st =
-            xh && dh1 && dh3 ? SL_OK : sl_fail(SL_ERR_NOMEM, "moe_packed_ffn_back_w: out of memory");
-        free(xh), free(dh1), free(dh3);
+        int64_t *bl = NULL, nb = 0;
+        sl_status st = xh && dh1 && dh3 ? grad_blocks(f, cnt, &bl, &nb)
+                                        : sl_fail(SL_ERR_NOMEM, "moe_packed_ffn_back_w: out of memory");
+        if (st == SL_OK) st = dw_blocks(1, dh1, I, xh, C, I, C, bl, nb, half, dw1);
+        if (st == SL_OK) st = dw_blocks(1, dh3, I, xh, C, I, C, bl, nb, half, dw3);
+        free(xh), free(dh1), free(dh3), free(bl);
         return st;
     }
     const float *x = rounded((const float *)xp->data + off * C, cnt * C, half, &ox);
     if (!x) return sl_fail(SL_ERR_NOMEM, "moe_packed_ffn_back_w: out of memory");
-    sl_sgemm(1, 0, I, C, cnt, 1.0f, d1, I, x, C, 0.0f, dw1, C);
-    sl_sgemm(1, 0, I, C, cnt, 1.0f, d3, I, x, C, 0.0f, dw3, C);
-    rnd_n(dw1, dw1, 2 * I * C, half);
-    free(ox);
-    return SL_OK;
+    int64_t *bl = NULL, nb = 0;
+    sl_status st = grad_blocks(f, cnt, &bl, &nb);
+    if (st == SL_OK) st = dw_blocks(0, d1, I, x, C, I, C, bl, nb, half, dw1);
+    if (st == SL_OK) st = dw_blocks(0, d3, I, x, C, I, C, bl, nb, half, dw3);
+    free(ox), free(bl);
+    return st;
 }
 
 /* the expert's rows of dx (in place on the later expert's DX node; rows of no expert stay unwritten: the
