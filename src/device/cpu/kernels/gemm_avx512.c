@@ -80,7 +80,18 @@ static inline __mmask16 mask_n(int n) {
  * write-only) gained 1.6-2.7 % in bench/tools/gemm_ab.c (per-call alternation, the 15 GPT-2 shapes at BT
  * 256 +0.7 %, at BT 1024 +0.1 %), and bench ops' worst shape against oneDNN (TN 768 x 768 x 256) went from
  * 0.86-0.90x to 0.92-0.97x in two alternated runs each (medians 0.991 / 0.998 before, 1.002 / 0.996 after).
- */
+ * A Zen core wants the opposite: on Zen 4 (1 MiB L2, 1 thread, the same tool, two runs) prefetching the
+ * write-only tiles' C too made the dW products with K = 256 faster by 1.7-8.5 % (15 shapes: geomean
+ * +1.1 / +2.1 %), and dropping it from the vdpbf16ps kernel (SL_ACC_INIT_8x48) cost its TN 2304 x 768 x 256
+ * 9 % against oneDNN. So the plain kernels keep the write-only prefetch where sl_cpu_features.zen is set, and
+ * the vdpbf16ps kernels (which run on Zen 4 only: Intel cores take AMX or the widened path, Note [Widened
+ * bf16 GEMM]) always prefetch. */
+static int c_prefetch_always(void) {
+    static int zen = -1; /* racing first calls read the same value */
+    int v = __atomic_load_n(&zen, __ATOMIC_RELAXED);
+    if (v < 0) __atomic_store_n(&zen, v = sl_cpu_features_get()->zen, __ATOMIC_RELAXED);
+    return v;
+}
 
 /* The 8 x 48 micro-kernel on NC of its three 16-column vectors: a panel at the right edge of C with nr <= 32
  * (N = 128: panels of 48, 48, 32) or nr <= 16 skips the FMAs of columns it does not store. Each stored
@@ -91,13 +102,13 @@ static inline __mmask16 mask_n(int n) {
     do {                                                                                                     \
         const float *b = (const float *)b_;                                                                  \
         __m512 acc[MR][3];                                                                                   \
+        const int pf_c_ = beta != 0.0f || c_prefetch_always(); /* Note [GEMM kernel without prefetch] */     \
         _Pragma("GCC unroll 8") for (int i = 0; i < MR; i++) {                                               \
             acc[i][0] = acc[i][1] = acc[i][2] = _mm512_setzero_ps();                                         \
-            if (beta != 0.0f && i < mr) /* Note [GEMM kernel without prefetch]: only a C that is read */     \
+            if (pf_c_ && i < mr)                                                                             \
                 for (int v = 0; v < NC; v++)                                                                 \
                     _mm_prefetch((const char *)(c + i * ldc + 16 * v), _MM_HINT_T0);                         \
-            if (beta != 0.0f && i < mr && NC == 3)                                                           \
-                _mm_prefetch((const char *)(c + i * ldc + 47), _MM_HINT_T0);                                 \
+            if (pf_c_ && i < mr && NC == 3) _mm_prefetch((const char *)(c + i * ldc + 47), _MM_HINT_T0);     \
         }                                                                                                    \
         _Pragma("GCC unroll 4") for (int64_t k = 0; k < ksteps; k++) {                                       \
             __m512 bv[3];                                                                                    \
