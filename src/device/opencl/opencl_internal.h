@@ -85,6 +85,7 @@ typedef enum ocl_kernel_id {
     OK_MOE_SWIGLU_BACK,
     OK_MOE_ROUND,
     OK_MOE_ADD_ROUNDED,
+    OK_MOE_ACC_ROUNDED,
     OK_MOE_GATE_MAP,
     OK_MOE_GATE_ROWS_BF,
     OK_MOE_GATE_SCATTER,

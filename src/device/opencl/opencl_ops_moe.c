@@ -674,6 +674,11 @@ typedef struct {
     int fused; /* the bf16 GEMM */
 } moe_num;
 
+/* an expert's received rows per source rank (the CPU's grad_blocks): n blocks, E / El <= 1024 */
+typedef struct {
+    int64_t n, rows[1024];
+} row_blocks;
+
 static moe_num num_of(const sl_tensor *f) {
     int h = f->iparams[3];
     moe_num m = {h == SL_BF16 ? 1 : h == SL_F16 ? 2 : 0, 0};
@@ -744,50 +749,79 @@ static sl_status packed_fwd_half(const sl_tensor *n, moe_num nm, int64_t cnt, in
     return round_in_place(y, cnt * C, nm.half);
 }
 
-static sl_status packed_back_half(moe_num nm, int64_t cnt, int64_t C, int64_t I, ocl_ref dy, int64_t ds,
-                                  ocl_ref w2, ocl_ref a1, ocl_ref a3, ocl_ref d1, ocl_ref d3, ocl_ref dw2) {
+/* dw (M x N) = the sum over the row blocks bk of R(A_b^T B_b) in f32, in block order (Note [EP weight
+ * gradients per source rank], src/device/cpu/kernels/moe_packed.c: an EP rank rounds each source rank's
+ * block, as the single process rounds each micro-batch); A rows lda apart, B rows ldb apart (bf16 elements
+ * under the bf16 GEMM, whose writeback rounds), R the half rounding; t: M x N of scratch when bk has more
+ * than one block. One block: the one GEMM as before. */
+static sl_status dw_blocks(moe_num nm, int64_t M, int64_t N, ocl_ref A, int64_t lda, ocl_ref B, int64_t ldb,
+                           const row_blocks *bk, ocl_ref t, ocl_ref dw) {
+    int64_t r0 = 0;
+    int done = 0;
+    for (int64_t b = 0; b < bk->n; r0 += bk->rows[b++]) {
+        if (!bk->rows[b]) continue;
+        ocl_ref dst = done ? t : dw, a = at(A, r0 * lda), bb = at(B, r0 * ldb);
+        int K = (int)bk->rows[b];
+        if (nm.fused)
+            SL_TRY(ocl_gemm((int)M, (int)N, K, a, lda, 1, bb, ldb, 0, dst, N, 0, SL_BF16, 0, 1));
+        else
+            SL_TRY(gemm32((int)M, (int)N, K, a, lda, 1, bb, ldb, 0, dst, N, 0));
+        if (!done && !nm.fused) SL_TRY(round_in_place(dw, M * N, nm.half));
+        if (done) { /* dw += R(t) (the bf16 GEMM's writeback rounded t already) */
+            ocl_call c = ocl_begin(OK_MOE_ACC_ROUNDED);
+            ocl_ref_arg(&c, dw);
+            ocl_ref_arg(&c, t);
+            ocl_long(&c, M * N);
+            ocl_int(&c, nm.fused ? 0 : nm.half);
+            SL_TRY(ocl_run1(&c, (size_t)(M * N)));
+        }
+        done = 1;
+    }
+    return done ? SL_OK : fill(dw, 0, M * N, 0.0f);
+}
+
+static sl_status packed_back_half(moe_num nm, const row_blocks *bk, int64_t cnt, int64_t C, int64_t I,
+                                  ocl_ref dy, int64_t ds, ocl_ref w2, ocl_ref a1, ocl_ref a3, ocl_ref d1,
+                                  ocl_ref d3, ocl_ref dw2) {
     cl_mem m;
     int64_t used = 0;
-    SL_TRY(ocl_scratch2(sizeof(float) * (size_t)(cnt * C + cnt * I + I * C + 64), &m));
-    ocl_ref g = carve(m, &used, cnt * C), hh = carve(m, &used, cnt * I);
+    SL_TRY(ocl_scratch2(sizeof(float) * (size_t)(cnt * C + cnt * I + 2 * I * C + 80), &m));
+    ocl_ref g = carve(m, &used, cnt * C), hh = carve(m, &used, cnt * I), t = carve(m, &used, I * C);
     int M = (int)cnt, Ci = (int)C, Ii = (int)I;
     SL_TRY(swiglu_h(d1, a1, a3, cnt * I, nm.half)); /* h in d1's rows, then dh */
     if (nm.fused) {
         SL_TRY(round_rows(as_bf(g), 1, dy, ds, cnt, C, 1));
         SL_TRY(round_rows(as_bf(hh), 1, d1, I, cnt, I, 1));
-        SL_TRY(ocl_gemm(Ci, Ii, M, as_bf(g), C, 1, as_bf(hh), I, 0, dw2, I, 0, SL_BF16, 0,
-                        1));                                                            /* bf16(dy^T h) */
+        SL_TRY(dw_blocks(nm, C, I, as_bf(g), C, as_bf(hh), I, bk, t, dw2));             /* bf16(dy^T h) */
         SL_TRY(ocl_gemm(M, Ii, Ci, as_bf(g), C, 0, w2, I, 0, d1, I, 0, SL_BF16, 1, 0)); /* dh = dy w2 */
     } else {
         ocl_ref W2 = carve(m, &used, I * C);
         SL_TRY(round_rows(g, 0, dy, ds, cnt, C, nm.half));
         SL_TRY(round_rows(W2, 0, w2, I, C, I, nm.half));
-        SL_TRY(gemm32(Ci, Ii, M, g, C, 1, d1, I, 0, dw2, I, 0));
-        SL_TRY(round_in_place(dw2, C * I, nm.half));
+        SL_TRY(dw_blocks(nm, C, I, g, C, d1, I, bk, t, dw2)); /* R(dy^T h) */
         SL_TRY(gemm32(M, Ii, Ci, g, C, 0, W2, I, 0, d1, I, 0));
     }
     return swiglu_back_h(d1, d3, a1, a3, cnt * I, nm.half);
 }
 
-static sl_status packed_back_w_half(moe_num nm, int64_t cnt, int64_t C, int64_t I, ocl_ref x, ocl_ref d1,
-                                    ocl_ref d3, ocl_ref dw1) {
+static sl_status packed_back_w_half(moe_num nm, const row_blocks *bk, int64_t cnt, int64_t C, int64_t I,
+                                    ocl_ref x, ocl_ref d1, ocl_ref d3, ocl_ref dw1) {
     cl_mem m;
     int64_t used = 0;
-    SL_TRY(ocl_scratch2(sizeof(float) * (size_t)(cnt * C + 2 * cnt * I + 64), &m));
-    ocl_ref xr = carve(m, &used, cnt * C), h1 = carve(m, &used, cnt * I), h3 = carve(m, &used, cnt * I);
-    int M = (int)cnt, Ci = (int)C, Ii = (int)I;
+    SL_TRY(ocl_scratch2(sizeof(float) * (size_t)(cnt * C + 2 * cnt * I + I * C + 80), &m));
+    ocl_ref xr = carve(m, &used, cnt * C), h1 = carve(m, &used, cnt * I), h3 = carve(m, &used, cnt * I),
+            t = carve(m, &used, I * C);
     ocl_ref dw3 = at(dw1, I * C);
     if (nm.fused) {
         SL_TRY(round_rows(as_bf(xr), 1, x, C, cnt, C, 1));
         SL_TRY(round_rows(as_bf(h1), 1, d1, I, cnt, I, 1));
         SL_TRY(round_rows(as_bf(h3), 1, d3, I, cnt, I, 1));
-        SL_TRY(ocl_gemm(Ii, Ci, M, as_bf(h1), I, 1, as_bf(xr), C, 0, dw1, C, 0, SL_BF16, 0, 1));
-        return ocl_gemm(Ii, Ci, M, as_bf(h3), I, 1, as_bf(xr), C, 0, dw3, C, 0, SL_BF16, 0, 1);
+        SL_TRY(dw_blocks(nm, I, C, as_bf(h1), I, as_bf(xr), C, bk, t, dw1));
+        return dw_blocks(nm, I, C, as_bf(h3), I, as_bf(xr), C, bk, t, dw3);
     }
     SL_TRY(round_rows(xr, 0, x, C, cnt, C, nm.half));
-    SL_TRY(gemm32(Ii, Ci, M, d1, I, 1, xr, C, 0, dw1, C, 0));
-    SL_TRY(gemm32(Ii, Ci, M, d3, I, 1, xr, C, 0, dw3, C, 0));
-    return round_in_place(dw1, 2 * I * C, nm.half);
+    SL_TRY(dw_blocks(nm, I, C, d1, I, xr, C, bk, t, dw1));
+    return dw_blocks(nm, I, C, d3, I, xr, C, bk, t, dw3);
 }
 
 static sl_status packed_dx_half(moe_num nm, int64_t cnt, int64_t C, int64_t I, ocl_ref d1, ocl_ref d3,
@@ -818,8 +852,10 @@ static sl_status packed_dx_half(moe_num nm, int64_t cnt, int64_t C, int64_t I, o
     return ocl_run1(&c, (size_t)(cnt * C));
 }
 
-/* the rows [*off, *off + *cnt) of chain node f's expert in its packed input (the CPU's packed_rows) */
-static sl_status packed_rows(const sl_tensor *n, const sl_tensor *f, int64_t *off, int64_t *cnt) {
+/* the rows [*off, *off + *cnt) of chain node f's expert in its packed input (the CPU's packed_rows); when bk
+ * is set, their blocks per source rank (the CPU's grad_blocks: one block without EP), from the same read */
+static sl_status packed_rows(const sl_tensor *n, const sl_tensor *f, int64_t *off, int64_t *cnt,
+                             row_blocks *bk) {
     const sl_tensor *xp = f->src[0], *c = xp->src[1];
     int64_t S = xp->ne[0], e = f->iparams[0], El = f->iparams[1], o = 0, k = 0;
     float v[1024];
@@ -852,20 +888,23 @@ static sl_status packed_rows(const sl_tensor *n, const sl_tensor *f, int64_t *of
                     o += w;
                 else
                     k += w;
+                if (bk && j == e) bk->rows[p] = w;
             }
+        if (bk) bk->n = P;
     }
     if (o + k > S)
         return sl_fail(SL_ERR_INVALID, "%s: expert %lld's rows [%lld, %lld) exceed the %lld packed rows",
                        sl_op_name(n->op), (long long)e, (long long)o, (long long)(o + k), (long long)S);
     *off = o;
     *cnt = k;
+    if (bk && El == 0) bk->n = 1, bk->rows[0] = k;
     return SL_OK;
 }
 
 static sl_status op_packed_ffn(sl_tensor *n) {
     const sl_tensor *xp = n->src[0];
     int64_t S = n->ne[0], C = n->ne[1], I = n->src[1]->ne[0], off, cnt;
-    SL_TRY(packed_rows(n, n, &off, &cnt));
+    SL_TRY(packed_rows(n, n, &off, &cnt, NULL));
     ocl_ref o, x; /* in place: the chain's first node's storage, its aux after its (S, C) rows */
     REF(n, &o);
     REF(xp, &x);
@@ -879,7 +918,8 @@ static sl_status op_packed_ffn(sl_tensor *n) {
 static sl_status op_packed_ffn_back(sl_tensor *n) {
     const sl_tensor *f = n->src[0], *dy = n->src[1], *w2 = n->src[2];
     int64_t S = f->ne[0], C = f->ne[1], I = w2->ne[1], Rb = n->iparams[2], off, cnt;
-    SL_TRY(packed_rows(n, f, &off, &cnt));
+    row_blocks bk;
+    SL_TRY(packed_rows(n, f, &off, &cnt, &bk));
     if (cnt > Rb)
         return sl_fail(SL_ERR_INVALID, "moe_packed_ffn_back: expert %d holds %lld rows, more than %lld",
                        f->iparams[0], (long long)cnt, (long long)Rb);
@@ -891,8 +931,8 @@ static sl_status op_packed_ffn_back(sl_tensor *n) {
     ocl_ref a1 = at(rf, S * C + off * I), d1 = at(o, C * I);
     moe_num nm = num_of(f);
     if (nm.half && cnt > 0)
-        return packed_back_half(nm, cnt, C, I, at(rd, off * dy->nb[0]), dy->nb[0], rw2, a1, at(a1, S * I), d1,
-                                at(d1, Rb * I), o);
+        return packed_back_half(nm, &bk, cnt, C, I, at(rd, off * dy->nb[0]), dy->nb[0], rw2, a1,
+                                at(a1, S * I), d1, at(d1, Rb * I), o);
     return ffn_back(n, cnt, C, I, at(rd, off * dy->nb[0]), dy->nb[0], rw2, a1, at(a1, S * I), d1,
                     at(d1, Rb * I), o);
 }
@@ -900,21 +940,23 @@ static sl_status op_packed_ffn_back(sl_tensor *n) {
 static sl_status op_packed_ffn_back_w(sl_tensor *n) {
     const sl_tensor *b = n->src[0], *xp = n->src[1], *f = b->src[0];
     int64_t C = f->ne[1], I = b->ne[1], Rb = b->iparams[2], off, cnt;
-    SL_TRY(packed_rows(n, f, &off, &cnt));
+    row_blocks bk;
+    SL_TRY(packed_rows(n, f, &off, &cnt, &bk));
     ocl_ref o, rb, rx;
     REF(n, &o);
     REF(b, &rb);
     REF(xp, &rx);
     ocl_ref d1 = at(rb, C * I);
     moe_num nm = num_of(f);
-    if (nm.half && cnt > 0) return packed_back_w_half(nm, cnt, C, I, at(rx, off * C), d1, at(d1, Rb * I), o);
+    if (nm.half && cnt > 0)
+        return packed_back_w_half(nm, &bk, cnt, C, I, at(rx, off * C), d1, at(d1, Rb * I), o);
     return ffn_back_x(n, cnt, C, I, at(rx, off * C), d1, at(d1, Rb * I), rx, rx, &o, NULL);
 }
 
 static sl_status op_packed_ffn_dx(sl_tensor *n) {
     const sl_tensor *b = n->src[0], *w1 = n->src[1], *w3 = n->src[2], *f = b->src[0];
     int64_t C = f->ne[1], I = w1->ne[0], Rb = b->iparams[2], off, cnt;
-    SL_TRY(packed_rows(n, f, &off, &cnt));
+    SL_TRY(packed_rows(n, f, &off, &cnt, NULL));
     ocl_ref o, rb, r1, r3;
     REF(n, &o);
     REF(b, &rb);

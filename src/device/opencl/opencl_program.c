@@ -96,6 +96,7 @@ static const char *const k_names[OK_COUNT] = {
     [OK_MOE_SWIGLU_BACK] = "k_moe_swiglu_back",
     [OK_MOE_ROUND] = "k_moe_round",
     [OK_MOE_ADD_ROUNDED] = "k_moe_add_rounded",
+    [OK_MOE_ACC_ROUNDED] = "k_moe_acc_rounded",
     [OK_MOE_GATE_MAP] = "k_moe_gate_map",
     [OK_MOE_GATE_ROWS_BF] = "k_moe_gate_rows_bf",
     [OK_MOE_GATE_SCATTER] = "k_moe_gate_scatter",

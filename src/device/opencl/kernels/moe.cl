@@ -439,6 +439,14 @@ kernel void k_moe_add_rounded(global float *dx, long dxo, global const float *t,
     dx[dxo + i] = moe_rnd(dx[dxo + i], hm) + moe_rnd(t[to + i], hm);
 }
 
+/* dw += R(t): a source rank's rounded weight-gradient block summed in f32 (Note [EP weight gradients per
+ * source rank], src/device/cpu/kernels/moe_packed.c) */
+kernel void k_moe_acc_rounded(global float *dw, long dwo, global const float *t, long to, long n, int hm) {
+    long i = get_global_id(0);
+    if (i >= n) return;
+    dw[dwo + i] += moe_rnd(t[to + i], hm);
+}
+
 /* MOE_EXPERT's bf16 numerics (Note [OpenCL bf16 experts], opencl_ops_moe.c). One work-item: the rows routed to
  * expert e (gate[n, e] != 0) in token order, as sl_k_moe_expert scans them: map[0..cnt) their tokens,
  * map[N] = cnt, tok = map + N + 1: tok[n] the row of token n, or -1 */
