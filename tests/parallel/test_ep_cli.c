@@ -345,6 +345,83 @@ static void deepseek_bias(const char *tmp, const char *data) {
     }
 }
 
+/* bf16 under EP against the single process (Note [EP weight gradients per source rank]) */
+static void bf16_ep(const char *tmp, const char *base) {
+    char a[900], b[900];
+    /* bf16 autocast under EP: an expert's weight gradient is rounded once per backward pass over the rows it
+     * holds; the packed chain rounds each source rank's block (one micro-batch of the single process) and
+     * sums them in fp32 (Note [EP weight gradients per source rank], src/device/cpu/kernels/moe_packed.c),
+     * so ep 2 reproduces the single process as fp32 does: every gradient of step 1 bitwise but the
+     * embedding's and a norm's (fp32 sums, ulps), losses within 1e-7 relative (measured 8.5e-8 at step 4).
+     * Rounding all received rows together put the experts' gradients 2e-3 (normwise) off and the loss 2.8e-5
+     * relative at step 2 while bf16's own effect on it (against the fp32 single process) is 4.3e-5 */
+    TU_CHECK(run("%s %s --train-iters 6 --bf16 --save %s/bf1", tu_cli(), base, tmp) == 0, "bf16 single: %s",
+             out);
+    TU_CHECK(run("%s run -n 2 -- %s %s --train-iters 6 --bf16 --ep 2 --save %s/bf2", tu_cli(), tu_cli(), base,
+                 tmp) == 0,
+             "bf16 ep 2: %s", out);
+    {
+        snprintf(a, sizeof a, "%s/bf1", tmp);
+        snprintf(b, sizeof b, "%s/bf2", tmp);
+        char m1[1000], mf[1000];
+        snprintf(m1, sizeof m1, "%s/metrics.jsonl", a);
+        snprintf(mf, sizeof mf, "%s/single/metrics.jsonl", tmp);
+        double gap = 0; /* bf16 moves the loss (so the bar below is finer than bf16's effect) */
+        for (int s = 1; s <= 6; s++) {
+            double x = tu_metric_at(m1, s, "loss"), y = tu_metric_at(mf, s, "loss");
+            if (fabs(x - y) / fabs(y) > gap) gap = fabs(x - y) / fabs(y);
+        }
+        TU_CHECK(gap > 1e-5, "bf16 single: loss within %.3g of fp32 (want bf16's own rounding)", gap);
+        same_losses(a, b, 1, 6); /* 1e-6 relative, the fp32 bar: measured 8.5e-8 */
+        double dd = weight_diff(a, b);
+        printf("bf16 ep 2: losses match the single process (bf16 vs fp32 %.2e); weights rel diff %.2e\n", gap,
+               dd);
+        TU_CHECK(dd <= 1e-4, "bf16 ep 2: final weights elementwise %.3g (bar 1e-4)", dd);
+    }
+}
+
+/* fp16 with dynamic loss scaling under EP: the same skipped steps and scales as the single process */
+static void fp16_ep(const char *tmp, const char *base) {
+    /* fp16 with dynamic loss scaling under EP: a start scale of 2^20 overflows, so steps are skipped; the
+     * found-inf test is the norm summed over every rank's experts, so ep 2 (and ZeRO-3 over the expert
+     * shards) skips the steps the single process skips, with the same scales */
+    const char *fp16 =
+        "--train-iters 12 --fp16 --initial-loss-scale 1048576 --loss-scale-window 3 --hysteresis 1";
+    TU_CHECK(run("%s %s %s --save %s/h1", tu_cli(), base, fp16, tmp) == 0, "fp16 single: %s", out);
+    TU_CHECK(run("%s run -n 2 -- %s %s %s --ep 2 --save %s/h2", tu_cli(), tu_cli(), base, fp16, tmp) == 0,
+             "fp16 ep 2: %s", out);
+    TU_CHECK(run("%s run -n 2 -- %s %s %s --ep 2 --zero-stage 3 --save %s/h2z3", tu_cli(), tu_cli(), base,
+                 fp16, tmp) == 0,
+             "fp16 ep 2 ZeRO-3: %s", out);
+    {
+        char h1[700], h2[700];
+        snprintf(h1, sizeof h1, "%s/h1/metrics.jsonl", tmp);
+        int nskip = 0;
+        for (int k = 0; k < 2; k++) {
+            snprintf(h2, sizeof h2, "%s/%s/metrics.jsonl", tmp, k ? "h2z3" : "h2");
+            double worst = 0;
+            for (int s = 1; s <= 12; s++) {
+                double sk = tu_metric_at(h1, s, "skipped"), sc = tu_metric_at(h1, s, "loss_scale");
+                nskip += k == 0 && sk == 1;
+                TU_CHECK(tu_metric_at(h2, s, "skipped") == sk && tu_metric_at(h2, s, "loss_scale") == sc,
+                         "fp16 %s step %d: skip/scale %g/%g, single %g/%g", h2, s,
+                         tu_metric_at(h2, s, "skipped"), tu_metric_at(h2, s, "loss_scale"), sk, sc);
+                double x = tu_metric_at(h1, s, "loss"), y = tu_metric_at(h2, s, "loss");
+                if (!(fabs(x - y) / fabs(x) <= worst)) worst = fabs(x - y) / fabs(x);
+            }
+            /* Bar: the fp32 one (1e-6). The experts' f16 weight gradients are rounded per source rank's block
+             * as the single process rounds per micro-batch (Note [EP weight gradients per source rank]):
+             * measured 9.3e-8 at ep 2. Rounded over all received rows together they were 2.6e-4 off, within
+             * the old 1e-3 bar; the single process's own sensitivity is far larger: the same batch split into
+             * micro-batches of 1 instead of 2 moves its fp16 losses by up to 4e-2. */
+            printf("fp16 %s: skips and scales as the single process (%d skipped), worst loss rel err %.2e\n",
+                   k ? "ep 2 ZeRO-3" : "ep 2", nskip, worst);
+            TU_CHECK(worst <= 1e-6, "fp16 %s: loss rel err %.3g (bar 1e-6)", h2, worst);
+        }
+        TU_CHECK(nskip >= 2 && nskip < 12, "fp16: %d of 12 steps skipped (want some, not all)", nskip);
+    }
+}
+
 int main(void) {
     const char *tmp = tu_tmpdir("epcli");
     char q[700], data[700], base[2048], flags[4096], a[900], b[900];
@@ -441,75 +518,8 @@ int main(void) {
     capacity_sp(tmp, base);
     deepseek_bias(tmp, data);
 
-    /* bf16 autocast under EP: an expert's weight gradient is rounded once per backward pass over the rows it
-     * holds; the packed chain rounds each source rank's block (one micro-batch of the single process) and
-     * sums them in fp32 (Note [EP weight gradients per source rank], src/device/cpu/kernels/moe_packed.c),
-     * so ep 2 reproduces the single process as fp32 does: every gradient of step 1 bitwise but the
-     * embedding's and a norm's (fp32 sums, ulps), losses within 1e-7 relative (measured 8.5e-8 at step 4).
-     * Rounding all received rows together put the experts' gradients 2e-3 (normwise) off and the loss 2.8e-5
-     * relative at step 2 while bf16's own effect on it (against the fp32 single process) is 4.3e-5 */
-    TU_CHECK(run("%s %s --train-iters 6 --bf16 --save %s/bf1", tu_cli(), base, tmp) == 0, "bf16 single: %s",
-             out);
-    TU_CHECK(run("%s run -n 2 -- %s %s --train-iters 6 --bf16 --ep 2 --save %s/bf2", tu_cli(), tu_cli(), base,
-                 tmp) == 0,
-             "bf16 ep 2: %s", out);
-    {
-        snprintf(a, sizeof a, "%s/bf1", tmp);
-        snprintf(b, sizeof b, "%s/bf2", tmp);
-        char m1[1000], mf[1000];
-        snprintf(m1, sizeof m1, "%s/metrics.jsonl", a);
-        snprintf(mf, sizeof mf, "%s/single/metrics.jsonl", tmp);
-        double gap = 0; /* bf16 moves the loss (so the bar below is finer than bf16's effect) */
-        for (int s = 1; s <= 6; s++) {
-            double x = tu_metric_at(m1, s, "loss"), y = tu_metric_at(mf, s, "loss");
-            if (fabs(x - y) / fabs(y) > gap) gap = fabs(x - y) / fabs(y);
-        }
-        TU_CHECK(gap > 1e-5, "bf16 single: loss within %.3g of fp32 (want bf16's own rounding)", gap);
-        same_losses(a, b, 1, 6); /* 1e-6 relative, the fp32 bar: measured 8.5e-8 */
-        double dd = weight_diff(a, b);
-        printf("bf16 ep 2: losses match the single process (bf16 vs fp32 %.2e); weights rel diff %.2e\n", gap,
-               dd);
-        TU_CHECK(dd <= 1e-4, "bf16 ep 2: final weights elementwise %.3g (bar 1e-4)", dd);
-    }
-
-    /* fp16 with dynamic loss scaling under EP: a start scale of 2^20 overflows, so steps are skipped; the
-     * found-inf test is the norm summed over every rank's experts, so ep 2 (and ZeRO-3 over the expert
-     * shards) skips the steps the single process skips, with the same scales */
-    const char *fp16 =
-        "--train-iters 12 --fp16 --initial-loss-scale 1048576 --loss-scale-window 3 --hysteresis 1";
-    TU_CHECK(run("%s %s %s --save %s/h1", tu_cli(), base, fp16, tmp) == 0, "fp16 single: %s", out);
-    TU_CHECK(run("%s run -n 2 -- %s %s %s --ep 2 --save %s/h2", tu_cli(), tu_cli(), base, fp16, tmp) == 0,
-             "fp16 ep 2: %s", out);
-    TU_CHECK(run("%s run -n 2 -- %s %s %s --ep 2 --zero-stage 3 --save %s/h2z3", tu_cli(), tu_cli(), base,
-                 fp16, tmp) == 0,
-             "fp16 ep 2 ZeRO-3: %s", out);
-    {
-        char h1[700], h2[700];
-        snprintf(h1, sizeof h1, "%s/h1/metrics.jsonl", tmp);
-        int nskip = 0;
-        for (int k = 0; k < 2; k++) {
-            snprintf(h2, sizeof h2, "%s/%s/metrics.jsonl", tmp, k ? "h2z3" : "h2");
-            double worst = 0;
-            for (int s = 1; s <= 12; s++) {
-                double sk = tu_metric_at(h1, s, "skipped"), sc = tu_metric_at(h1, s, "loss_scale");
-                nskip += k == 0 && sk == 1;
-                TU_CHECK(tu_metric_at(h2, s, "skipped") == sk && tu_metric_at(h2, s, "loss_scale") == sc,
-                         "fp16 %s step %d: skip/scale %g/%g, single %g/%g", h2, s,
-                         tu_metric_at(h2, s, "skipped"), tu_metric_at(h2, s, "loss_scale"), sk, sc);
-                double x = tu_metric_at(h1, s, "loss"), y = tu_metric_at(h2, s, "loss");
-                if (!(fabs(x - y) / fabs(x) <= worst)) worst = fabs(x - y) / fabs(x);
-            }
-            /* Bar: the fp32 one (1e-6). The experts' f16 weight gradients are rounded per source rank's block
-             * as the single process rounds per micro-batch (Note [EP weight gradients per source rank]):
-             * measured 9.3e-8 at ep 2. Rounded over all received rows together they were 2.6e-4 off, within
-             * the old 1e-3 bar; the single process's own sensitivity is far larger: the same batch split into
-             * micro-batches of 1 instead of 2 moves its fp16 losses by up to 4e-2. */
-            printf("fp16 %s: skips and scales as the single process (%d skipped), worst loss rel err %.2e\n",
-                   k ? "ep 2 ZeRO-3" : "ep 2", nskip, worst);
-            TU_CHECK(worst <= 1e-6, "fp16 %s: loss rel err %.3g (bar 1e-6)", h2, worst);
-        }
-        TU_CHECK(nskip >= 2 && nskip < 12, "fp16: %d of 12 steps skipped (want some, not all)", nskip);
-    }
+    bf16_ep(tmp, base);
+    fp16_ep(tmp, base);
 
     /* bad input: exit 2, one line naming the flag, no --save directory */
     struct {
