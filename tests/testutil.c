@@ -6,6 +6,7 @@
 
 #include <ftw.h>
 #include <stdlib.h>
+#include <dirent.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -180,6 +181,16 @@ int tu_same_file(const char *a, const char *b) {
     free(x);
     free(y);
     return eq;
+}
+
+int tu_count_names(const char *d, const char *part) {
+    DIR *dd = opendir(d);
+    int n = 0;
+    struct dirent *de;
+    while (dd && (de = readdir(dd)))
+        if (strstr(de->d_name, part)) n++;
+    if (dd) closedir(dd);
+    return n;
 }
 
 int tu_file_is(const char *path, const void *a, size_t an, const void *b, size_t bn) {

@@ -34,6 +34,8 @@ int tu_run(const char *cmd, char *buf, size_t cap);
 int tu_same_file(const char *a, const char *b);
 /* 1 when path holds exactly a[0,an) followed by b[0,bn) */
 int tu_file_is(const char *path, const void *a, size_t an, const void *b, size_t bn);
+/* the entries of directory d whose names contain `part` (0 when d cannot be opened) */
+int tu_count_names(const char *d, const char *part);
 const char *tu_cli(void); /* path to the suanli CLI (SUANLI_CLI env) */
 /* Run `suanli ARGS` (ARGS formatted like printf) capturing stdout+stderr into out; returns the exit status.
  */

@@ -52,15 +52,7 @@
 static const char *dir;
 
 /* temp files in directory d (default: the test's directory) */
-static int count_tmp_at(const char *d) {
-    DIR *dd = opendir(d);
-    int n = 0;
-    struct dirent *de;
-    while (dd && (de = readdir(dd)))
-        if (strstr(de->d_name, ".tmp.")) n++;
-    if (dd) closedir(dd);
-    return n;
-}
+static int count_tmp_at(const char *d) { return tu_count_names(d, ".tmp."); }
 static int count_tmp(void) { return count_tmp_at(dir); }
 
 static void test_direct_and_fallback(void) {

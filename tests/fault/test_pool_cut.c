@@ -16,7 +16,6 @@
  *   file too, with the stream's XXH3 (so the stand-in speaks the wire the library expects).
  * A receiver still running after 60 s is killed and counted as a hang. */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,15 +58,7 @@ static int names_lost_peer(const char *msg) {
            (strstr(msg, ") closed the connection") || strstr(msg, "): connection lost"));
 }
 
-static int count_tmp_at(const char *d) {
-    DIR *dd = opendir(d);
-    int n = 0;
-    struct dirent *de;
-    while (dd && (de = readdir(dd)))
-        if (strstr(de->d_name, ".tmp")) n++;
-    if (dd) closedir(dd);
-    return n;
-}
+static int count_tmp_at(const char *d) { return tu_count_names(d, ".tmp"); }
 
 /* the stand-in's sends: len bytes of buf, or only `cut` of them and then death */
 static void send_or_die(sl_comm *c, const char *buf, size_t len, size_t cut) {
