@@ -266,6 +266,12 @@ void sl_model_drop_params(sl_model *m);
 void sl_model_drop_grads(sl_model *m);
 sl_status sl_model_new_params(sl_model *m);
 sl_status sl_model_adopt_grads(sl_model *m, sl_buffer *buf);
+/* A lane of m (Note [Micro-batch lanes], src/train/lanes.c): a model of the same architecture and layout
+ * whose f32 parameter leaves are bound to m's parameter buffer (read, never owned) and which owns its own
+ * gradient buffer; the settings a graph reads when it is built (compute dtype, dropout, recomputation) are
+ * m's. For a whole f32 training model on a host-visible backend (not split by TP, PP or EP); free it with
+ * sl_model_free before m. */
+sl_status sl_model_new_lane(const sl_model *m, sl_model **out);
 void sl_model_free(sl_model *m);
 /* GPT-2 init: N(0, 0.02); residual projections N(0, 0.02/sqrt(2L)); biases 0; norm weights 1.
  * Deterministic in (seed) through the counter RNG: each tensor uses its own stream. */

@@ -52,6 +52,9 @@ typedef struct sl_trainer_config {
     /* full recomputation (sl_graph_set_recompute): SL_RECOMPUTE_NONE (0), _UNIFORM (1: every
      * recompute_layers layers a checkpoint) or _BLOCK (the first recompute_layers layers); layers 0: 1 */
     int recompute, recompute_layers;
+    /* micro-batch lanes (Note [Micro-batch lanes], src/train/lanes.c): the B rows of a micro-batch split
+     * into `lanes` graphs run side by side, one thread each; 0 or 1: one graph */
+    int lanes;
 } sl_trainer_config;
 
 typedef struct sl_step_stats {
@@ -69,6 +72,8 @@ typedef struct sl_step_stats {
 
 typedef struct sl_dp sl_dp;
 typedef struct sl_tp sl_tp;
+typedef struct sl_trainer_lane sl_trainer_lane;
+enum { SL_MAX_LANES = 16 };
 typedef struct sl_pipeline sl_pipeline;
 
 /* Fill one micro-batch: ids and targets are (B, T) int32. `micro` is the global micro-batch index of the
@@ -134,6 +139,8 @@ typedef struct sl_trainer {
     float seed_base; /* 1 / (accum * dp) */
     int scaling;     /* dynamic loss scaling on (cfg.loss_scale.initial > 0) */
     sl_loss_scaler scaler;
+    int lanes;             /* micro-batch lanes (>= 1); the graph above is lane 0's, for B / lanes rows */
+    sl_trainer_lane *lane; /* owned: every lane, lane 0 borrowing the fields above (NULL: one lane) */
     int dp_pass; /* this step's DP pass began in a pipeline's last backward unit (Note [DP overlap under PP])
                   */
 } sl_trainer;
@@ -301,6 +308,9 @@ typedef struct sl_train_parallel_opts {
      * --recompute-method "uniform" (default) or "block", --recompute-num-layers (1) */
     const char *recompute_granularity, *recompute_method;
     int64_t recompute_num_layers;
+    /* --micro-batch-lanes: each micro-batch's rows split over this many graphs run side by side, one
+     * thread each (Note [Micro-batch lanes], src/train/lanes.c); 0 or 1: one graph */
+    int64_t micro_batch_lanes;
 } sl_train_parallel_opts;
 
 /* Mixture of experts (MoE models from --init-from; src/train/train_moe.c). Megatron-LM's flag names. */

@@ -191,6 +191,38 @@ sl_status sl_model_adopt_grads(sl_model *m, sl_buffer *buf) {
     return SL_OK;
 }
 
+sl_status sl_model_new_lane(const sl_model *m, sl_model **out) {
+    *out = NULL;
+    if (!m->params_buf || !m->grads_buf || !m->backend->caps.host_visible || m->tp > 1 || m->pp > 1 ||
+        m->ep > 1 || m->wdtype != SL_F32)
+        return sl_fail(SL_ERR_UNSUPPORTED,
+                       "model lane: needs a whole f32 training model on a host-visible backend");
+    sl_model_split whole = {.tp = 1, .pp = 1, .ep = 1};
+    sl_model *t;
+    SL_TRY(sl_model_new_split(m, m->backend, &whole, &t));
+    int same = t->numel == m->numel && t->n_params == m->n_params;
+    for (int i = 0; same && i < m->n_params; i++)
+        same = t->params[i].offset == m->params[i].offset && t->params[i].numel == m->params[i].numel &&
+               t->params[i].t->dtype == m->params[i].t->dtype;
+    if (!same) {
+        sl_model_free(t);
+        return sl_fail(SL_ERR_INVALID, "model lane: the rebuilt model's layout differs from the original's");
+    }
+    sl_model_drop_params(t); /* its leaves read m's parameters: one copy, updated by m's optimizer */
+    for (int i = 0; i < t->n_params; i++)
+        if (t->params[i].t->dtype == SL_F32)
+            sl_tensor_bind_buffer(t->params[i].t, m->params_buf, sizeof(float) * (size_t)t->params[i].offset);
+    t->compute_dtype = m->compute_dtype;
+    t->autocast_bf16 = m->autocast_bf16;
+    t->attention_dropout = m->attention_dropout;
+    t->hidden_dropout = m->hidden_dropout;
+    t->recompute = m->recompute;
+    t->recompute_layers = m->recompute_layers;
+    t->moe = m->moe;
+    *out = t;
+    return SL_OK;
+}
+
 sl_status sl_model_params_host(const sl_model *m, const float **out, float **owned) {
     *owned = NULL;
     if (m->params_mem) {

@@ -815,6 +815,7 @@ static sl_status make_trainer(sl_train_job *j) {
                                              ? SL_RECOMPUTE_BLOCK
                                              : SL_RECOMPUTE_UNIFORM,
                             .recompute_layers = (int)o->parallel.recompute_num_layers,
+                            .lanes = (int)o->parallel.micro_batch_lanes,
                             /* the masks' Philox key: the run's seed, moved off the data loader's key */
                             .dropout_seed = (uint64_t)o->seed ^ 0x64726f706f757421ull};
     if (o->model.fp16)

@@ -6,6 +6,7 @@
 #include "suanli/parallel.h"
 #include "suanli/comm.h"
 #include "suanli/train.h"
+#include "lanes.h"
 
 sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *cfg) {
     memset(tr, 0, sizeof *tr);
@@ -23,8 +24,10 @@ sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *
                        cfg->recompute_layers);
     m->recompute = cfg->recompute; /* read by the graphs built below and by a pipeline's slots */
     m->recompute_layers = cfg->recompute_layers;
-    sl_status st = SL_OK;
-    size_t n = (size_t)cfg->B * (size_t)cfg->T;
+    sl_status st = sl_lanes_check(m, cfg); /* Note [Micro-batch lanes] */
+    if (st != SL_OK) return st;
+    tr->lanes = cfg->lanes > 1 ? cfg->lanes : 1;
+    size_t n = (size_t)cfg->B * (size_t)cfg->T, nl = n / (size_t)tr->lanes; /* a lane's rows: B / lanes */
     tr->ids_buf = calloc(n, sizeof(int32_t));
     tr->tg_buf = calloc(n, sizeof(int32_t));
     if (!tr->ids_buf || !tr->tg_buf) {
@@ -37,7 +40,7 @@ sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *
         if (st != SL_OK) goto done;
         tr->scaling = 1;
     }
-    tr->seed_base = 1.0f / (float)(cfg->accum * dpn);
+    tr->seed_base = 1.0f / (float)(cfg->accum * dpn * tr->lanes);
     if (m->pp > 1) { /* a pipeline stage: the graphs are the schedule's slots */
         if (!cfg->mesh) {
             st = sl_fail(SL_ERR_INVALID, "trainer: a pipeline stage needs the mesh (sl_trainer_config.mesh)");
@@ -51,14 +54,14 @@ sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *
         goto done;
     }
     /* the inputs live on the model's backend: ids at byte 0, targets after them */
-    st = sl_backend_alloc(m->backend, 2 * n * sizeof(int32_t), &tr->input_buf);
+    st = sl_backend_alloc(m->backend, 2 * nl * sizeof(int32_t), &tr->input_buf);
     if (st != SL_OK) goto done;
-    tr->ids = sl_set_name(sl_new_tensor_2d(m->ctx, SL_I32, cfg->B, cfg->T), "ids");
-    tr->targets = sl_set_name(sl_new_tensor_2d(m->ctx, SL_I32, cfg->B, cfg->T), "targets");
+    tr->ids = sl_set_name(sl_new_tensor_2d(m->ctx, SL_I32, cfg->B / tr->lanes, cfg->T), "ids");
+    tr->targets = sl_set_name(sl_new_tensor_2d(m->ctx, SL_I32, cfg->B / tr->lanes, cfg->T), "targets");
     sl_set_input(tr->ids);
     sl_set_input(tr->targets);
     sl_tensor_bind_buffer(tr->ids, tr->input_buf, 0);
-    sl_tensor_bind_buffer(tr->targets, tr->input_buf, n * sizeof(int32_t));
+    sl_tensor_bind_buffer(tr->targets, tr->input_buf, nl * sizeof(int32_t));
     tr->loss = sl_model_build(m, tr->ids, tr->targets, &tr->logits); /* any architecture */
     tr->graph = sl_graph_new(m->ctx);
     if (!tr->graph) {
@@ -71,6 +74,7 @@ sl_status sl_trainer_init(sl_trainer *tr, sl_model *m, const sl_trainer_config *
     sl_graph_build_backward(tr->graph, tr->loss, tr->seed_base);
     tr->seed = sl_graph_grad_of(tr->graph, tr->loss);
     SL_CHECK(sl_graph_plan(tr->graph, m->backend, &tr->plan));
+    if (tr->lanes > 1) st = sl_lanes_build(tr); /* Note [Micro-batch lanes] */
 done:
     if (st != SL_OK) sl_trainer_free(tr);
     return st;
@@ -242,6 +246,7 @@ sl_status sl_trainer_set_tp(sl_trainer *tr, sl_tp *tp) {
 }
 
 void sl_trainer_free(sl_trainer *tr) {
+    sl_lanes_free(tr);
     if (tr->pipe)
         sl_pipeline_free(tr->pipe); /* owns the graphs */
     else
@@ -259,6 +264,7 @@ void sl_trainer_free(sl_trainer *tr) {
 
 sl_status sl_trainer_forward_backward(sl_trainer *tr, const int32_t *ids, const int32_t *targets,
                                       float *loss) {
+    if (tr->lane) return sl_lanes_run(tr, ids, targets, 0, loss); /* Note [Micro-batch lanes] */
     size_t n = (size_t)tr->cfg.B * (size_t)tr->cfg.T;
     SL_TRY(sl_backend_copy_in(tr->input_buf, 0, ids, n * sizeof(int32_t)));
     SL_TRY(sl_backend_copy_in(tr->input_buf, n * sizeof(int32_t), targets, n * sizeof(int32_t)));
@@ -301,13 +307,16 @@ static sl_status trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void
             if (sl_graph_last_grad_write(tr->graph, m->params[i].t) < 0)
                 SL_TRY(sl_backend_memset_zero(m->grads_buf, sizeof(float) * (size_t)m->params[i].offset,
                                               sizeof(float) * (size_t)m->params[i].numel));
+    if (overwrite && tr->lane) SL_TRY(sl_lanes_zero_unwritten(tr));
     double tot = 0, wait = 0;
     int dp_rank = tr->dp ? sl_dp_rank(tr->dp) : 0;
     float S = tr->scaling ? tr->scaler.scale : 1.0f; /* Note [Dynamic loss scaling] */
     if (tr->scaling && tr->pipe) /* every stage's gradients carry S: the skip test below sees them all */
         sl_pipeline_set_loss_seed(tr->pipe, tr->seed_base * S);
-    else if (tr->scaling)
+    else if (tr->scaling) {
         tr->seed->fparams[0] = tr->seed_base * S;
+        if (tr->lane) sl_lanes_set_seed(tr, tr->seed_base * S);
+    }
     sl_status st = SL_OK;
     if (tr->pipe) { /* the schedule runs every micro-batch; the last stage has the loss */
         float l = 0;
@@ -337,12 +346,15 @@ static sl_status trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void
             (uint64_t)step * (uint64_t)(tr->cfg.accum * (tr->cfg.dp_size > 1 ? tr->cfg.dp_size : 1)) +
             (uint64_t)(dp_rank * tr->cfg.accum + micro);
         sl_graph_set_dropout(tr->graph, 1, tr->cfg.dropout_seed, stream);
+        if (tr->lane) sl_lanes_set(tr, overwrite && micro == 0, 1, tr->cfg.dropout_seed, stream);
         st = sl_trainer_forward_backward(tr, tr->ids_buf, tr->tg_buf, &l);
         sl_graph_set_dropout(tr->graph, 0, 0, 0); /* other runs of the graph (eval) without dropout */
+        if (tr->lane) sl_lanes_set(tr, 0, 0, 0, 0);
         if (st == SL_OK && tr->after_micro) st = tr->after_micro(tr->after_micro_user, micro);
         tot += l;
     }
-    sl_graph_set_grad_overwrite(tr->graph, 0); /* other callers of the graph accumulate */
+    sl_graph_set_grad_overwrite(tr->graph, 0);                /* other callers of the graph accumulate */
+    if (st == SL_OK && tr->lane) st = sl_lanes_sum_grads(tr); /* lane order: Note [Micro-batch lanes] */
     SL_TRY(st);
     float lr = sl_lr_schedule(step, tr->cfg.lr, tr->cfg.min_lr, tr->cfg.warmup, tr->cfg.decay_iters);
     float norm, loss = (float)(tot / tr->cfg.accum), inv = 1.0f / S;
@@ -416,6 +428,12 @@ sl_status sl_trainer_eval(sl_trainer *tr, sl_batch_fn fn, void *user, int iters,
     for (int it = 0; it < iters * accum; it++) {
         int i = it / accum, micro = micro0 + it % accum;
         SL_TRY(fn(user, i, micro, tr->ids_buf, tr->tg_buf));
+        float l;
+        if (tr->lane) { /* Note [Micro-batch lanes] */
+            SL_TRY(sl_lanes_run(tr, tr->ids_buf, tr->tg_buf, 1, &l));
+            tot += l;
+            continue;
+        }
         SL_TRY(sl_backend_copy_in(tr->input_buf, 0, tr->ids_buf, n * sizeof(int32_t)));
         SL_TRY(sl_backend_copy_in(tr->input_buf, n * sizeof(int32_t), tr->tg_buf, n * sizeof(int32_t)));
         if (tr->dp) SL_TRY(sl_dp_begin_pass(tr->dp, tr->n_forward));
@@ -426,7 +444,6 @@ sl_status sl_trainer_eval(sl_trainer *tr, sl_batch_fn fn, void *user, int iters,
             if (st == SL_OK) st = es;
         }
         SL_TRY(st);
-        float l;
         SL_TRY(sl_tensor_copy_out(tr->loss, &l));
         tot += l;
     }
