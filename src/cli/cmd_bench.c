@@ -1,4 +1,5 @@
-/* suanli bench ops|kernels|comm|train|moe|generate|ec|ckpt-io — dispatch to the benchmark suites in bench/.
+/* suanli bench ops|kernels|comm|train|moe|generate|ec|ckpt-io|c2c — dispatch to the benchmark suites in
+ * bench/.
  */
 #include <stdio.h>
 #include <string.h>
@@ -12,12 +13,13 @@ int sl_bench_generate(int argc, char **argv); /* bench/bench_generate.c */
 #include "bench_comm.h"
 #include "bench_ckpt_io.h"
 #include "bench_ec.h"
+#include "bench_c2c.h"
 #include "bench_kernels.h"
 
 int sl_cmd_bench(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         fprintf(argc < 2 ? stderr : stdout,
-                "usage: suanli bench ops|kernels|comm|train|moe|generate|ec|ckpt-io [--json] [flags]\n");
+                "usage: suanli bench ops|kernels|comm|train|moe|generate|ec|ckpt-io|c2c [--json] [flags]\n");
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "ops")) return sl_bench_ops(argc - 1, argv + 1);
@@ -28,8 +30,9 @@ int sl_cmd_bench(int argc, char **argv) {
     if (!strcmp(argv[1], "kernels")) return sl_bench_kernels(argc - 1, argv + 1);
     if (!strcmp(argv[1], "ec")) return sl_bench_ec(argc - 1, argv + 1);
     if (!strcmp(argv[1], "ckpt-io")) return sl_bench_ckpt_io(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "c2c")) return sl_bench_c2c(argc - 1, argv + 1);
     fprintf(stderr,
-            "suanli bench: unknown suite '%s' (ops, kernels, comm, train, moe, generate, ec, ckpt-io)\n",
+            "suanli bench: unknown suite '%s' (ops, kernels, comm, train, moe, generate, ec, ckpt-io, c2c)\n",
             argv[1]);
     return 2;
 }
