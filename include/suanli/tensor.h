@@ -161,9 +161,11 @@ typedef enum sl_op {
                                       row of each kept pair, zero elsewhere */
     SL_OP_MOE_EP_GATHER,  /* src0 = received (Rx, C), src1 = rcnt -> (Rl, C): local expert iparams[0]'s (of
                              iparams[1] = El) rows from every source rank in rank order; past the count zero
-                             (iparams[2]=1: unwritten) */
+                             (iparams[2]=1: unwritten); iparams[3] = p + 1: source rank p's rows only (0: all;
+                             Note [EP weight gradients per source rank]) */
     SL_OP_MOE_EP_SCATTER, /* src0 = y (Rl, C), src1 = rcnt, src2 = acc (Rx, C) or NULL -> (Rx, C): acc (or
-                             zeros) with local expert iparams[0]'s rows put back where EP_GATHER read them */
+                             zeros) with local expert iparams[0]'s rows put back where EP_GATHER read them
+                             (iparams[3] as EP_GATHER's: one source's rows) */
     /* Dropout (issue 20; Note [Dropout from counters], src/ops/build.c) */
     SL_OP_DROPOUT, /* src0 * keep / (1 - p) (+ src1, a residual, when set): p = fparams[0], the keep mask a
                       pure function of the counters in iparams (SL_DROPOUT_IP_*); its backward is the same

@@ -273,18 +273,26 @@ static sl_tensor *ep_experts(sl_model *m, sl_tensor *h2, sl_tensor *w, int l, co
         }
         yr = reserved(sl_moe_ep_regroup(ctx, yg, rcnt, El, 1), 0, 1);
     }
+    /* autocast: one source rank's rows at a time, R rows as the single process's expert (Note [EP weight
+     * gradients per source rank], src/device/cpu/kernels/moe_packed.c) */
+    int per_src = half != SL_F32;
+    int64_t R = o->capacity > 0 && o->capacity < N ? o->capacity : N;
     for (int j = 0; j < El && !packed; j++) {
         int e = m->ep_rank * El + j;
-        sl_tensor *xl = sl_moe_ep_gather(ctx, xr, rcnt, j, El, Rl);
-        xl->iparams[2] = routed; /* the routed expert reads its received rows only; else zero-filled */
         sl_tensor *w1 = sl_llama_W(m, nm.expert, l, e, nm.proj[0]),
                   *w3 = sl_llama_W(m, nm.expert, l, e, nm.proj[1]),
                   *w2 = sl_llama_W(m, nm.expert, l, e, nm.proj[2]);
         if (!etp) w1 = moe_W(m, w1), w3 = moe_W(m, w3), w2 = moe_W(m, w2); /* ETP: this rank's I slices */
-        /* autocast numerics: matmul nodes over all Rl rows, as the single process runs its R rows */
-        sl_tensor *yl = routed ? sl_moe_expert_ffn_ep(ctx, xl, w1, w3, w2, rcnt, j, El)
-                               : sl_llama_swiglu(m, xl, w1, w3, w2);
-        yr = sl_moe_ep_scatter(ctx, yl, rcnt, yr, j, El, Rx);
+        for (int p = 0; p < (per_src ? P : 1); p++) {
+            sl_tensor *xl = sl_moe_ep_gather(ctx, xr, rcnt, j, El, per_src ? R : Rl);
+            xl->iparams[2] = routed; /* the routed expert reads its received rows only; else zero-filled */
+            xl->iparams[3] = per_src ? p + 1 : 0;
+            /* autocast numerics: matmul nodes (their own weight casts) over source p's rows */
+            sl_tensor *yl = routed ? sl_moe_expert_ffn_ep(ctx, xl, w1, w3, w2, rcnt, j, El)
+                                   : sl_llama_swiglu(m, xl, w1, w3, w2);
+            yr = sl_moe_ep_scatter(ctx, yl, rcnt, yr, j, El, Rx);
+            yr->iparams[3] = xl->iparams[3];
+        }
     }
     sl_tensor *ys = sl_moe_ep_alltoallv(ctx, yr, cnt, rcnt, S, 1, P);
     sl_set_name(ys, "moe_ep_combine.%d", l);

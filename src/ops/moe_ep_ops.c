@@ -18,7 +18,9 @@
  * receive counts; shapes stay static: S = N k pairs at most, Rx = P min(N k, N El) rows, Rl = P N rows (an
  * expert takes a token at most once). Ranks of the EP group are consecutive data-parallel ranks, so an
  * expert sees its tokens in the order of the single process that runs the group's micro-batches as one
- * batch (dropless) and its GEMMs compute every row as that process does.
+ * batch (dropless) and its GEMMs compute every row as that process does. Under autocast the per-expert
+ * path gathers and scatters one source rank's rows at a time (iparams[3]; Note [EP weight gradients per
+ * source rank], src/device/cpu/kernels/moe_packed.c), so each weight gradient is rounded per micro-batch.
  * Backward is the same machinery transposed: the gradient of an ALLTOALLV is an ALLTOALLV_REV with the same
  * counts (and the reverse), PACK and UNPACK are adjoint, GATHER and SCATTER too; the routing weights get
  * their gradient from UNPACK (dy . row per kept pair). Expert gradients are reduced over the
@@ -145,14 +147,18 @@ int sl_moe_ep_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng
         return 1;
     }
     case SL_OP_MOE_EP_GATHER:
-        if (ng[0])
-            emit(st, a,
-                 sl_moe_ep_scatter(ctx, rows(ctx, g), b, NULL, n->iparams[0], n->iparams[1], a->ne[0]));
+        if (ng[0]) {
+            sl_tensor *d =
+                sl_moe_ep_scatter(ctx, rows(ctx, g), b, NULL, n->iparams[0], n->iparams[1], a->ne[0]);
+            d->iparams[3] = n->iparams[3]; /* one source's rows: back to where they came from */
+            emit(st, a, d);
+        }
         return 1;
     case SL_OP_MOE_EP_SCATTER:
         if (ng[0]) {
             sl_tensor *d = sl_moe_ep_gather(ctx, rows(ctx, g), b, n->iparams[0], n->iparams[1], a->ne[0]);
             d->iparams[2] = a->op == SL_OP_MOE_EXPERT_FFN; /* its backward reads the received rows only */
+            d->iparams[3] = n->iparams[3];
             emit(st, a, d);
         }
         /* the rows of expert l in g belong to y; the earlier experts' scatters read only their own rows */

@@ -5,10 +5,11 @@
  * split, also with dp 2, pp 2, ep 2 and DeepSeek-V3's bias balancing), on the Qwen2-MoE fixture, reproduce
  * the single process that runs the same micro-batches (losses within 1e-6 relative per step, saved weights
  * within 1e-5 normwise and 1e-4 elementwise, as test_hf_par_cli: the bars and why are in
- * tests/parallel/test_ep.c and weight_diff below), also under --bf16 and --fp16; metrics.jsonl carries the
- * all-to-all time and bytes; a checkpoint saved at ep = 4 loads at ep = 2 and ep = 1 with bitwise the same
- * weights, and a run resumed from it at ep = 2 continues as the uninterrupted one; bad EP layouts exit 2 with
- * one line naming the flag, before anything is written. */
+ * tests/parallel/test_ep.c and weight_diff below), also under --bf16 and --fp16 (there also on the
+ * per-expert path, SUANLI_MOE_PACKED=0); metrics.jsonl carries the all-to-all time and bytes; a checkpoint
+ * saved at ep = 4 loads at ep = 2 and ep = 1 with bitwise the same weights, and a run resumed from it at
+ * ep = 2 continues as the uninterrupted one; bad EP layouts exit 2 with one line naming the flag, before
+ * anything is written. */
 #include <string.h>
 #include <sys/stat.h>
 
@@ -19,6 +20,10 @@ static char out[1 << 17];
 
 #define run(...)                                                                                             \
     tu_runf(out, sizeof out, "SUANLI_COMM_ALGO=direct SUANLI_COMM_TIMEOUT=60 timeout 300", __VA_ARGS__)
+/* the per-expert experts (SUANLI_MOE_PACKED=0: Note [MoE dispatch in a static graph]), not the packed */
+#define run_per_expert(...)                                                                                  \
+    tu_runf(out, sizeof out,                                                                                 \
+            "SUANLI_MOE_PACKED=0 SUANLI_COMM_ALGO=direct SUANLI_COMM_TIMEOUT=60 timeout 300", __VA_ARGS__)
 
 static int exists(const char *p) {
     struct stat st;
@@ -354,12 +359,19 @@ static void bf16_ep(const char *tmp, const char *base) {
      * so ep 2 reproduces the single process as fp32 does: every gradient of step 1 bitwise but the
      * embedding's and a norm's (fp32 sums, ulps), losses within 1e-7 relative (measured 8.5e-8 at step 4).
      * Rounding all received rows together put the experts' gradients 2e-3 (normwise) off and the loss 2.8e-5
-     * relative at step 2 while bf16's own effect on it (against the fp32 single process) is 4.3e-5 */
+     * relative at step 2 while bf16's own effect on it (against the fp32 single process) is 4.3e-5.
+     * The per-expert path (SUANLI_MOE_PACKED=0) runs each source rank's rows through their own casts and
+     * GEMMs (the same Note): at the same bars, measured 8.5e-8, weights 4.9e-10 normwise; rounding all its
+     * received rows together it was 5.6e-4 off (weights 4.6e-4). The single process's per-expert path gives
+     * the packed one's values bitwise, so bf1 is the reference for both. */
     TU_CHECK(run("%s %s --train-iters 6 --bf16 --save %s/bf1", tu_cli(), base, tmp) == 0, "bf16 single: %s",
              out);
     TU_CHECK(run("%s run -n 2 -- %s %s --train-iters 6 --bf16 --ep 2 --save %s/bf2", tu_cli(), tu_cli(), base,
                  tmp) == 0,
              "bf16 ep 2: %s", out);
+    TU_CHECK(run_per_expert("%s run -n 2 -- %s %s --train-iters 6 --bf16 --ep 2 --save %s/bf2pe", tu_cli(),
+                            tu_cli(), base, tmp) == 0,
+             "bf16 ep 2, per-expert path: %s", out);
     {
         snprintf(a, sizeof a, "%s/bf1", tmp);
         snprintf(b, sizeof b, "%s/bf2", tmp);
@@ -372,11 +384,15 @@ static void bf16_ep(const char *tmp, const char *base) {
             if (fabs(x - y) / fabs(y) > gap) gap = fabs(x - y) / fabs(y);
         }
         TU_CHECK(gap > 1e-5, "bf16 single: loss within %.3g of fp32 (want bf16's own rounding)", gap);
-        same_losses(a, b, 1, 6); /* 1e-6 relative, the fp32 bar: measured 8.5e-8 */
-        double dd = weight_diff(a, b);
-        printf("bf16 ep 2: losses match the single process (bf16 vs fp32 %.2e); weights rel diff %.2e\n", gap,
-               dd);
-        TU_CHECK(dd <= 1e-4, "bf16 ep 2: final weights elementwise %.3g (bar 1e-4)", dd);
+        for (int k = 0; k < 2; k++) {
+            snprintf(b, sizeof b, "%s/%s", tmp, k ? "bf2pe" : "bf2");
+            same_losses(a, b, 1, 6); /* 1e-6 relative, the fp32 bar: measured 8.5e-8 (both paths) */
+            double dd = weight_diff(a, b);
+            printf(
+                "bf16 ep 2%s: losses match the single process (bf16 vs fp32 %.2e); weights rel diff %.2e\n",
+                k ? " (per-expert path)" : "", gap, dd);
+            TU_CHECK(dd <= 1e-4, "%s: final weights elementwise %.3g (bar 1e-4)", b, dd);
+        }
     }
 }
 
@@ -393,12 +409,18 @@ static void fp16_ep(const char *tmp, const char *base) {
     TU_CHECK(run("%s run -n 2 -- %s %s %s --ep 2 --zero-stage 3 --save %s/h2z3", tu_cli(), tu_cli(), base,
                  fp16, tmp) == 0,
              "fp16 ep 2 ZeRO-3: %s", out);
+    /* ... and the per-expert path (bf16_ep) */
+    TU_CHECK(run_per_expert("%s run -n 2 -- %s %s %s --ep 2 --save %s/h2pe", tu_cli(), tu_cli(), base, fp16,
+                            tmp) == 0,
+             "fp16 ep 2, per-expert path: %s", out);
     {
         char h1[700], h2[700];
+        static const char *lay[3] = {"h2", "h2z3", "h2pe"},
+                          *what[3] = {"ep 2", "ep 2 ZeRO-3", "ep 2 per-expert"};
         snprintf(h1, sizeof h1, "%s/h1/metrics.jsonl", tmp);
         int nskip = 0;
-        for (int k = 0; k < 2; k++) {
-            snprintf(h2, sizeof h2, "%s/%s/metrics.jsonl", tmp, k ? "h2z3" : "h2");
+        for (int k = 0; k < 3; k++) {
+            snprintf(h2, sizeof h2, "%s/%s/metrics.jsonl", tmp, lay[k]);
             double worst = 0;
             for (int s = 1; s <= 12; s++) {
                 double sk = tu_metric_at(h1, s, "skipped"), sc = tu_metric_at(h1, s, "loss_scale");
@@ -411,13 +433,20 @@ static void fp16_ep(const char *tmp, const char *base) {
             }
             /* Bar: the fp32 one (1e-6). The experts' f16 weight gradients are rounded per source rank's block
              * as the single process rounds per micro-batch (Note [EP weight gradients per source rank]):
-             * measured 9.3e-8 at ep 2. Rounded over all received rows together they were 2.6e-4 off, within
-             * the old 1e-3 bar; the single process's own sensitivity is far larger: the same batch split into
-             * micro-batches of 1 instead of 2 moves its fp16 losses by up to 4e-2. */
+             * measured 9.3e-8 at ep 2, the packed and the per-expert path alike. Rounded over all received
+             * rows together they were 2.6e-4 off (either path), within the old 1e-3 bar; the single
+             * process's own sensitivity is far larger: the same batch split into micro-batches of 1 instead
+             * of 2 moves its fp16 losses by up to 4e-2. */
             printf("fp16 %s: skips and scales as the single process (%d skipped), worst loss rel err %.2e\n",
-                   k ? "ep 2 ZeRO-3" : "ep 2", nskip, worst);
+                   what[k], nskip, worst);
             TU_CHECK(worst <= 1e-6, "fp16 %s: loss rel err %.3g (bar 1e-6)", h2, worst);
         }
+        char w1[700], w2[700];
+        snprintf(w1, sizeof w1, "%s/h1", tmp);
+        snprintf(w2, sizeof w2, "%s/h2pe", tmp);
+        double dd = weight_diff(w1, w2); /* 1e-5 normwise: measured 6.5e-9 (4.2e-4 before) */
+        printf("fp16 ep 2 per-expert: saved weights rel diff %.2e\n", dd);
+        TU_CHECK(dd <= 1e-4, "fp16 ep 2 per-expert: final weights elementwise %.3g (bar 1e-4)", dd);
         TU_CHECK(nskip >= 2 && nskip < 12, "fp16: %d of 12 steps skipped (want some, not all)", nskip);
     }
 }

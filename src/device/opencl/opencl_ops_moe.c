@@ -480,6 +480,7 @@ static sl_status op_ep_rows(sl_tensor *n) {
     ocl_long(&c, rcnt->ne[0] / El);
     ocl_long(&c, El);
     ocl_long(&c, l);
+    ocl_long(&c, n->op == SL_OP_MOE_EP_REGROUP ? 0 : n->iparams[3]); /* one source's rows */
     ocl_long(&c, rows);
     ocl_long(&c, lrows);
     ocl_long(&c, nmap);

@@ -110,9 +110,11 @@ sl_status sl_k_moe_ep_unpack_back_gate(sl_tensor *n) {
     return SL_OK;
 }
 
-/* the segments of local expert l in the received rows: from source p, cnt[p] rows at off[p]; returns the
- * total, or -1 when the counts are not whole numbers within [0, rows] (a corrupt exchange) */
-static int64_t segments(const sl_tensor *rcnt, int El, int l, int64_t rows, int64_t *off, int64_t *cnt) {
+/* the segments of local expert l in the received rows: from source p, cnt[p] rows at off[p] (sel > 0: only
+ * source sel - 1's, the others' cnt 0); returns the total, or -1 when the counts are not whole numbers within
+ * [0, rows] (a corrupt exchange) */
+static int64_t segments(const sl_tensor *rcnt, int El, int l, int sel, int64_t rows, int64_t *off,
+                        int64_t *cnt) {
     const float *rc = rcnt->data;
     int64_t E = rcnt->ne[0], P = E / El, base = 0, tot = 0;
     for (int64_t p = 0; p < P; p++) {
@@ -124,7 +126,7 @@ static int64_t segments(const sl_tensor *rcnt, int El, int l, int64_t rows, int6
             base += (int64_t)v;
         }
         off[p] = o;
-        cnt[p] = (int64_t)rc[p * El + l];
+        cnt[p] = sel > 0 && p != sel - 1 ? 0 : (int64_t)rc[p * El + l];
         tot += cnt[p];
     }
     return base > rows ? -1 : tot;
@@ -137,7 +139,7 @@ static sl_status expert_segments(const sl_tensor *n, const sl_tensor *rcnt, int6
     *off = malloc(sizeof(int64_t) * (size_t)(2 * P));
     if (!*off) return sl_fail(SL_ERR_NOMEM, "%s: out of memory", op);
     *cnt = *off + P;
-    *tot = segments(rcnt, El, l, rows, *off, *cnt);
+    *tot = segments(rcnt, El, l, n->iparams[3], rows, *off, *cnt);
     if (*tot < 0 || *tot > lrows) {
         free(*off);
         return sl_fail(SL_ERR_INVALID, "%s: the exchanged token counts of local expert %d are invalid", op,

@@ -140,8 +140,19 @@ static sl_status packed_rows(const sl_tensor *f, const char *op, int64_t *off, i
  * backend does the same on the device (dw_blocks in src/device/opencl/opencl_ops_moe.c: one GEMM per block,
  * the later ones into scratch and added rounded, the blocks from the counts it reads to place the rows):
  * before, its bf16 ep 2 losses were 4.8e-5 .. 9.8e-5 relative off one opencl process, now bitwise equal
- * (4 steps, tests/backend/test_opencl_train.c). The blocks of expert e's cnt rows, in *nb (1 without EP or
- * rounding); *bl is malloc'd. */
+ * (4 steps, tests/backend/test_opencl_train.c). The per-expert path (SUANLI_MOE_PACKED=0, ep_experts in
+ * src/nn/moe.c) builds the same with graph nodes: under autocast each local expert runs once per source rank
+ * p, on MOE_EP_GATHER / MOE_EP_SCATTER with iparams[3] = p + 1 (source p's rows only, in R rows as the single
+ * process's expert: the capacity, else N), each run with its own weight casts, so each block's weight
+ * gradient is rounded by its own cast (Note [Rounded weight gradients], src/ops/ops_internal.h) and the
+ * blocks meet in fp32 in the gradient, in the order autodiff adds them (two terms commute). Measured on the
+ * layouts of tests/parallel/test_ep_cli.c with SUANLI_MOE_PACKED=0, against one process: bf16 ep 2 (6
+ * steps) worst loss 5.6e-4 relative, weights 4.6e-4 normwise before, 8.5e-8 and 4.9e-10 after (ep 4:
+ * every loss equal; capacity factor 1: 4.5e-4 -> equal); fp16 ep 2 (12 steps) 2.6e-4 and 4.2e-4 before,
+ * 9.3e-8 and 6.5e-9 after; OpenCL (PoCL) against one opencl process, bf16 3.7e-4 -> 7.4e-8, fp16 1.8e-4 ->
+ * 8.1e-8. Its cost: P GEMMs of R rows per expert where there was one of P N rows, P weight casts (without
+ * the fused bf16 GEMM) and P scatters into the received rows' gradient. The blocks of expert e's cnt rows,
+ * in *nb (1 without EP or rounding); *bl is malloc'd. */
 static sl_status grad_blocks(const sl_tensor *f, int64_t cnt, int64_t **bl, int64_t *nb) {
     const sl_tensor *c = f->src[0]->src[1];
     int64_t e = f->iparams[0], El = f->iparams[1], P = El > 0 && f->iparams[3] ? c->ne[0] / El : 1;

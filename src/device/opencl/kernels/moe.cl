@@ -341,10 +341,11 @@ inline long moe_whole(float v, long hi, global int *flag) {
 /* One work-item: the row map of the received rows (block p from source rank p: rcnt[p El + j] rows for local
  * expert j). mode 0: MOE_EP_GATHER (row r of local expert l's nmap rows <- received row), mode 1:
  * MOE_EP_SCATTER (received row q of nmap <- row of y, lrows of them), mode 2: MOE_EP_REGROUP to expert-major
- * (row q <- received row), mode 3: and back. -1: unmapped. Counts that are not whole numbers within the rows
- * (the CPU fails on them) set flag (1, -1) and map only rows within the tensors. */
-kernel void k_moe_ep_map(global int *map, global const float *rc, long rco, long P, long El, long l, long rows,
-                         long lrows, long nmap, int mode, global int *flag) {
+ * (row q <- received row), mode 3: and back. -1: unmapped. sel > 0 (modes 0 and 1): source sel - 1's rows
+ * only (iparams[3] of the node). Counts that are not whole numbers within the rows (the CPU fails on them)
+ * set flag (1, -1) and map only rows within the tensors. */
+kernel void k_moe_ep_map(global int *map, global const float *rc, long rco, long P, long El, long l, long sel,
+                         long rows, long lrows, long nmap, int mode, global int *flag) {
     if (get_global_id(0) != 0) return;
     for (long q = 0; q < nmap; q++) map[q] = -1;
     if (mode <= 1) {
@@ -357,6 +358,7 @@ kernel void k_moe_ep_map(global int *map, global const float *rc, long rco, long
                 base += v;
             }
             long cn = moe_whole(rc[rco + p * El + l], rows, flag);
+            if (sel > 0 && p != sel - 1) cn = 0;
             for (long i = 0; i < cn; i++, r++) {
                 long src = o + i;
                 if (src >= rows) break;
