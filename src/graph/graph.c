@@ -644,33 +644,39 @@ sl_status sl_graph_compute(sl_graph *g, sl_node_hook hook, void *user) {
 }
 
 /* Note [Op profile]
- * SUANLI_PROFILE=1 accumulates wall time per op kind in the executor and prints a table at exit. */
-static double g_prof_sec[SL_OP_COUNT];
+ * SUANLI_PROFILE=1 accumulates wall time per op kind in the executor and prints a table at exit. Graphs may
+ * run side by side (micro-batch lanes: Note [Micro-batch lanes], src/train/lanes.c), so the sums are atomic
+ * (nanoseconds); with lanes the table sums every lane's time. */
+static int64_t g_prof_ns[SL_OP_COUNT];
 static long g_prof_cnt[SL_OP_COUNT];
 static int g_prof = -1;
 
 static void profile_report(void) {
     double tot = 0;
-    for (int i = 0; i < SL_OP_COUNT; i++) tot += g_prof_sec[i];
+    for (int i = 0; i < SL_OP_COUNT; i++) tot += (double)g_prof_ns[i] * 1e-9;
     fprintf(stderr, "[suanli profile] op time (s), calls, share\n");
     for (int i = 0; i < SL_OP_COUNT; i++)
-        if (g_prof_cnt[i])
-            fprintf(stderr, "  %-20s %9.3f %8ld %5.1f%%\n", sl_op_name((sl_op)i), g_prof_sec[i],
-                    g_prof_cnt[i], 100 * g_prof_sec[i] / (tot > 0 ? tot : 1));
+        if (g_prof_cnt[i]) {
+            double sec = (double)g_prof_ns[i] * 1e-9;
+            fprintf(stderr, "  %-20s %9.3f %8ld %5.1f%%\n", sl_op_name((sl_op)i), sec, g_prof_cnt[i],
+                    100 * sec / (tot > 0 ? tot : 1));
+        }
 }
 
 int sl_profile_enabled(void) {
-    if (g_prof < 0) {
-        const char *e = getenv("SUANLI_PROFILE");
-        g_prof = e && *e && strcmp(e, "0") != 0;
-        if (g_prof) atexit(profile_report);
-    }
-    return g_prof;
+    int v = __atomic_load_n(&g_prof, __ATOMIC_ACQUIRE), unset = -1;
+    if (v >= 0) return v;
+    const char *e = getenv("SUANLI_PROFILE");
+    v = e && *e && strcmp(e, "0") != 0;
+    /* the first caller registers the report (lanes may start their graphs at once) */
+    if (__atomic_compare_exchange_n(&g_prof, &unset, v, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) && v)
+        atexit(profile_report);
+    return __atomic_load_n(&g_prof, __ATOMIC_ACQUIRE);
 }
 
 void sl_profile_add(sl_op op, double sec) {
-    g_prof_sec[op] += sec;
-    g_prof_cnt[op]++;
+    __atomic_fetch_add(&g_prof_ns[op], (int64_t)(sec * 1e9), __ATOMIC_RELAXED);
+    __atomic_fetch_add(&g_prof_cnt[op], 1, __ATOMIC_RELAXED);
 }
 
 void sl_graph_print(sl_graph *g, FILE *f) {
