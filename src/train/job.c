@@ -12,6 +12,7 @@
 #include "suanli/metrics.h"
 #include "suanli/model_io.h"
 #include "train/train_internal.h"
+#include "train/lanes.h"
 
 /* Note [Bad input before any write]
  * Every check of the options and of the files they name runs before the first byte is written: the save
@@ -822,6 +823,7 @@ static sl_status make_trainer(sl_train_job *j) {
         tc.loss_scale =
             (sl_loss_scale_config){(float)o->optim.initial_loss_scale, (float)o->optim.min_loss_scale,
                                    (int)o->optim.loss_scale_window, (int)o->optim.hysteresis};
+    if (sl_lanes_check(m, &tc) != SL_OK) return sl_train_bad("%s", sl_errmsg()); /* bad input: exit 2 */
     sl_status st = sl_trainer_init(&j->tr, m, &tc);
     if (st != SL_OK) return sl_train_fail(st, "%s", sl_errmsg());
     j->trainer_ok = 1;

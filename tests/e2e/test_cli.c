@@ -273,6 +273,12 @@ static void test_bad_input(void) {
         run("train --save %s/never --data-path %s " TINY
             " --recompute-granularity full --recompute-method all",
             dir, data));
+    /* micro-batch lanes (Note [Micro-batch lanes]): a count that does not divide the micro-batch, and one out
+     * of range, are bad input checked before anything is written (the first exited 1 at the trainer) */
+    bad("lanes not dividing", "--micro-batch-lanes 3 does not divide --micro-batch-size 2",
+        run("train --save %s/never --data-path %s " TINY " --micro-batch-lanes 3", dir, data));
+    bad("lanes out of range", "--micro-batch-lanes",
+        run("train --save %s/never --data-path %s " TINY " --micro-batch-lanes 17", dir, data));
     /* interleaving without a pipeline was accepted (the check sat under tp > 1 || pp > 1) */
     bad("virtual stages without pp", "--num-layers-per-virtual-pipeline-stage needs",
         run("train --save %s/never --data-path %s " TINY " --num-layers 2 "
