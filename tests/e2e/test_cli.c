@@ -214,6 +214,34 @@ static void test_input_audit(void) {
             dir, data, dir));
 }
 
+/* bad values of the recomputation, lanes and pipeline-chunk flags (exit 2, nothing written) */
+static void test_bad_layout_flags(void) {
+    /* full recomputation takes Megatron's value full; selective is refused with the reason */
+    bad("recompute selective", "--recompute-granularity: expected full, got 'selective' (selective is what",
+        run("train --save %s/never --data-path %s " TINY " --recompute-granularity selective", dir, data));
+    bad("recompute bogus", "--recompute-granularity: expected full, got 'layer'",
+        run("train --save %s/never --data-path %s " TINY " --recompute-granularity layer", dir, data));
+    bad("recompute method alone", "--recompute-method needs --recompute-granularity full",
+        run("train --save %s/never --data-path %s " TINY " --recompute-method block", dir, data));
+    bad("recompute layers alone", "--recompute-num-layers needs --recompute-granularity full",
+        run("train --save %s/never --data-path %s " TINY " --recompute-num-layers 2", dir, data));
+    bad("recompute method bogus", "--recompute-method: expected uniform or block, got 'all'",
+        run("train --save %s/never --data-path %s " TINY
+            " --recompute-granularity full --recompute-method all",
+            dir, data));
+    /* micro-batch lanes (Note [Micro-batch lanes]): a count that does not divide the micro-batch, and one out
+     * of range, are bad input checked before anything is written (the first exited 1 at the trainer) */
+    bad("lanes not dividing", "--micro-batch-lanes 3 does not divide --micro-batch-size 2",
+        run("train --save %s/never --data-path %s " TINY " --micro-batch-lanes 3", dir, data));
+    bad("lanes out of range", "--micro-batch-lanes",
+        run("train --save %s/never --data-path %s " TINY " --micro-batch-lanes 17", dir, data));
+    /* interleaving without a pipeline was accepted (the check sat under tp > 1 || pp > 1) */
+    bad("virtual stages without pp", "--num-layers-per-virtual-pipeline-stage needs",
+        run("train --save %s/never --data-path %s " TINY " --num-layers 2 "
+            "--num-layers-per-virtual-pipeline-stage 1",
+            dir, data));
+}
+
 static void test_bad_input(void) {
     int rc;
     char cmd[2048], cfgp[700];
@@ -260,30 +288,7 @@ static void test_bad_input(void) {
                 "--micro-batch-size 1 --seq-length %lld",
                 dir, data, n));
     }
-    /* full recomputation takes Megatron's value full; selective is refused with the reason */
-    bad("recompute selective", "--recompute-granularity: expected full, got 'selective' (selective is what",
-        run("train --save %s/never --data-path %s " TINY " --recompute-granularity selective", dir, data));
-    bad("recompute bogus", "--recompute-granularity: expected full, got 'layer'",
-        run("train --save %s/never --data-path %s " TINY " --recompute-granularity layer", dir, data));
-    bad("recompute method alone", "--recompute-method needs --recompute-granularity full",
-        run("train --save %s/never --data-path %s " TINY " --recompute-method block", dir, data));
-    bad("recompute layers alone", "--recompute-num-layers needs --recompute-granularity full",
-        run("train --save %s/never --data-path %s " TINY " --recompute-num-layers 2", dir, data));
-    bad("recompute method bogus", "--recompute-method: expected uniform or block, got 'all'",
-        run("train --save %s/never --data-path %s " TINY
-            " --recompute-granularity full --recompute-method all",
-            dir, data));
-    /* micro-batch lanes (Note [Micro-batch lanes]): a count that does not divide the micro-batch, and one out
-     * of range, are bad input checked before anything is written (the first exited 1 at the trainer) */
-    bad("lanes not dividing", "--micro-batch-lanes 3 does not divide --micro-batch-size 2",
-        run("train --save %s/never --data-path %s " TINY " --micro-batch-lanes 3", dir, data));
-    bad("lanes out of range", "--micro-batch-lanes",
-        run("train --save %s/never --data-path %s " TINY " --micro-batch-lanes 17", dir, data));
-    /* interleaving without a pipeline was accepted (the check sat under tp > 1 || pp > 1) */
-    bad("virtual stages without pp", "--num-layers-per-virtual-pipeline-stage needs",
-        run("train --save %s/never --data-path %s " TINY " --num-layers 2 "
-            "--num-layers-per-virtual-pipeline-stage 1",
-            dir, data));
+    test_bad_layout_flags();
     bad("heads divide", "divisible",
         run("train --save %s/never --data-path %s --hidden-size 30 --num-attention-heads 4", dir, data));
     bad("vocab mismatch", "vocab",
