@@ -231,7 +231,7 @@ static void print_text_tail(const sl_trainer *tr, double thr_mean, int busy, con
 
 int sl_bench_train(int argc, char **argv) {
     int64_t L = 12, NH = 12, C = 768, V = 50257, B = 4, T = 64, steps = 5, warm = 1, threads = 2, accum = 1,
-            zero = 0, bucket = 1 << 20, tpn = 1, ppn = 1, pfirst = 0, plast = 0;
+            zero = 0, bucket = 1 << 20, tpn = 1, ppn = 1, pfirst = 0, plast = 0, lanes = 1;
     int json = 0, bf16 = 0, fp16 = 0, sp = 0, plan_only = 0, busy = 0, fixed = 0, zb = 0;
     double pa = 0, ph = 0, init_scale = 4294967296.0;
     const char *device = "cpu", *recompute = NULL, *rc_method = NULL;
@@ -249,6 +249,8 @@ int sl_bench_train(int argc, char **argv) {
         {"warmup", SL_FLAG_INT, &warm, 0, 1000, "untimed steps (1)", 0},
         {"threads", SL_FLAG_INT, &threads, 1, 1024, "(2)", 0},
         {"accum", SL_FLAG_INT, &accum, 1, 4096, "micro-batches per step and rank (1)", 0},
+        {"micro-batch-lanes", SL_FLAG_INT, &lanes, 1, 16,
+         "the micro-batch's rows over this many graphs side by side (Note [Micro-batch lanes]; 1)", 0},
         {"zero-stage", SL_FLAG_INT, &zero, 0, 3, "ZeRO stage under DP (0)", 0},
         {"tensor-model-parallel-size", SL_FLAG_INT, &tpn, 1, 64, "TP ranks (1); world = dp x pp x tp", 0},
         {"pipeline-model-parallel-size", SL_FLAG_INT, &ppn, 1, 64, "pipeline stages (1); 1F1B over --accum",
@@ -334,10 +336,12 @@ int sl_bench_train(int argc, char **argv) {
     sl_trainer tr;
     sl_trainer_config tc =
         sl_bench_trainer_config(B, T, accum, &mesh, zb, rc_kind, rc_layers, fp16, init_scale);
-    if (sl_trainer_init(&tr, m, &tc) != SL_OK) {
+    tc.lanes = (int)lanes;
+    sl_status tst = sl_trainer_init(&tr, m, &tc);
+    if (tst != SL_OK) {
         fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
         sl_model_free(m);
-        return 1;
+        return tst == SL_ERR_INVALID ? 2 : 1;
     }
     if (tp && sl_trainer_set_tp(&tr, tp) != SL_OK) {
         fprintf(stderr, "suanli bench train: %s\n", sl_errmsg());
@@ -396,7 +400,7 @@ int sl_bench_train(int argc, char **argv) {
             "\"mfu_f32_peak\": %.4f, \"peak_rss_mib\": %.1f, \"zero_bubble\": %d, \"probes_held_back\": "
             "%lld, "
             "\"load_signal\": %d, \"shared_mode_steps\": %lld, \"dp_early_launches\": %d, \"recompute\": "
-            "%d, \"peak_dtype\": \"%s\", \"loss_scale\": %.17g, \"skipped_steps\": %lld}\n",
+            "%d, \"peak_dtype\": \"%s\", \"loss_scale\": %.17g, \"skipped_steps\": %lld, \"lanes\": %d}\n",
             device, (long long)L, (long long)NH, (long long)C, (long long)V, (long long)B, (long long)T,
             (long long)threads, dtname, med * 1e3, tps, flops / 1e9, peak / 1e9, mfu,
             tr.plan.planned_bytes / 1048576.0, loss, mesh.dp, (long long)accum, (long long)zero, wait_frac,
@@ -406,7 +410,7 @@ int sl_bench_train(int argc, char **argv) {
             cpu_step * 1e3, wall_mean * 1e3, (double)(B * T) * (double)accum * mesh.dp / wall_mean, pa, ph,
             peak32 > 0 ? flops / peak32 : 0, rss_mib, zb, (long long)tr.gov.gated, tr.gov.ncpu > 0,
             (long long)tr.gov.shared_steps, early, recompute != NULL, peakname, r.loss_scale,
-            (long long)r.skipped);
+            (long long)r.skipped, tr.lanes);
     else
         printf("GPT-2 on %s, L%lld NH%lld C%lld V%lld B%lld T%lld %s, %lld threads: %.1f ms/step (median of "
                "%lld), "
