@@ -1,8 +1,8 @@
 /* Micro-batch lanes (Note [Micro-batch lanes], src/train/lanes.c; `suanli train --micro-batch-lanes L`): a
  * micro-batch's rows split over L graphs run side by side. Oracles:
- * - the thread count: lanes at 1 thread (one after the other) and at 2 threads (side by side) must give
- *   the same bits, every step's loss and the final weights (the trainer may switch thread counts at any
- *   step: Note [Threads on a shared machine]);
+ * - the thread count: lanes at 1 thread (one after the other), 2 threads (side by side) and 4 (two kernel
+ *   threads per lane, nested) must give the same bits, every step's loss and the final weights (the trainer
+ *   may switch thread counts at any step: Note [Threads on a shared machine]);
  * - the run without lanes (one graph over all B rows): lanes change only how the sums over the rows are
  *   grouped (per lane, then added), as data parallelism does, so they are held at the DP bars: each step's
  *   loss within 1e-6 relative, the final weights within 1e-5. Dropout is on (p = 0.2, attention and hidden),
@@ -117,23 +117,28 @@ static void diffs(const run_out *a, const run_out *b, double *loss, double *w) {
         if (fabs((double)a->params[i] - b->params[i]) > *w) *w = fabs((double)a->params[i] - b->params[i]);
 }
 
-/* lanes L at 1 and 2 threads (bitwise), against the one-graph run `ref` at the DP bars */
+/* lanes L at 1, 2 and 4 threads (bitwise; 4 threads and 2 lanes: two kernel threads per lane, nested),
+ * against the one-graph run `ref` at the DP bars */
 static void check_lanes(const char *what, run_spec sp, const run_out *ref) {
-    run_out t1, t2;
+    run_out t1, t2, t4;
     sp.threads = 1;
     run(&sp, &t1);
     sp.threads = 2;
     run(&sp, &t2);
-    TU_CHECK(bitwise(&t1, &t2), "%s, %d lanes: 1 and 2 threads differ", what, sp.lanes);
+    sp.threads = 4;
+    run(&sp, &t4);
+    TU_CHECK(bitwise(&t1, &t2) && bitwise(&t1, &t4), "%s, %d lanes: 1, 2 and 4 threads differ", what,
+             sp.lanes);
     double dl, dw;
     diffs(ref, &t2, &dl, &dw);
     TU_CHECK(dl <= 1e-6 && dw <= 1e-5, "%s, %d lanes: loss %.3g relative (bar 1e-6), weights %.3g (bar 1e-5)",
              what, sp.lanes, dl, dw);
-    printf("%s, %d lanes: 1 and 2 threads bitwise; against one graph: loss %.2g relative, weights %.2g; "
+    printf("%s, %d lanes: 1, 2 and 4 threads bitwise; against one graph: loss %.2g relative, weights %.2g; "
            "planned %.1f KiB (one graph %.1f)\n",
            what, sp.lanes, dl, dw, t2.planned / 1024.0, ref->planned / 1024.0);
     free(t1.params);
     free(t2.params);
+    free(t4.params);
 }
 
 static void fp32_family(int llama) {
