@@ -242,12 +242,19 @@ void sl_gemm_fused_b_pack_set(int mode) { __atomic_store_n(&g_pb_mode, mode, __A
  * B's panels come from DRAM for fewer tiles each. Packing B inside the first tile of a chunk instead (each
  * panel's first tile packs it into its slot, then the chunk order) measured as the chunk order, and below
  * it on the 50304-deep products, so the chunk order packs as before. A core whose L2 (sysconf) holds less
- * than two of the impl's chunks keeps the walk everywhere, as measured on Zen 4. */
+ * than two of the impl's chunks keeps the walk everywhere, as measured on Zen 4. Zen cores keep it in any
+ * case: the bf16 (vdpbf16ps) chunk is 336 x 768 x 2 bytes, two of which (1.03 MB) just fit Zen 4's 1 MiB L2
+ * as two fp32 chunks fit the Xeon's 2 MiB, and there the chunk order lost. bench ops, bf16, 1 thread, the
+ * two orders alternated on Zen 4 (2026-12-07): median 0.983-0.985x oneDNN in chunks, 1.002-1.012x walked
+ * (the 1024-row NT / NN products 0.975-0.989 -> 0.96-1.016); 2 threads 1.017x -> 1.020x (worst 0.864 ->
+ * 0.939). */
 enum { PB_WALK_PANELS = 32 };
 static int l2_holds_two_chunks(const sl_gemm_impl *im) {
-    static long l2 = -2; /* racing first calls read the same value */
+    static long l2 = -2; /* racing first calls read the same value (-1: a Zen core, walk) */
     long v = __atomic_load_n(&l2, __ATOMIC_RELAXED);
-    if (v == -2) __atomic_store_n(&l2, v = sysconf(_SC_LEVEL2_CACHE_SIZE), __ATOMIC_RELAXED);
+    if (v == -2)
+        __atomic_store_n(&l2, v = sl_cpu_features_get()->zen ? -1 : sysconf(_SC_LEVEL2_CACHE_SIZE),
+                         __ATOMIC_RELAXED);
     return v > 0 && (double)v >= 2.0 * (double)im->nc * (double)im->kc * (double)im->esz;
 }
 
