@@ -12,7 +12,8 @@
  *   micro-batch B / L with L times the accumulation (the same rows per pass), up to the order of fp32 sums;
  *   the half types turn that into a drift, so the bar there is issue 19's (see half() below).
  * GPT-2 and a GQA Llama with q/k/v biases, two micro-batches per step, 2 and 4 lanes. Bad input: lanes that
- * do not divide the micro-batch, out of range, or on a MoE model are SL_ERR_INVALID naming the flag. */
+ * do not divide the micro-batch, out of range, on a MoE model or with data parallelism are SL_ERR_INVALID
+ * naming the flag. */
 #include <math.h>
 #include <string.h>
 
@@ -195,9 +196,13 @@ static void half(sl_dtype dt) {
 
 static void bad_input(void) {
     struct {
-        int lanes, llama_moe;
+        int lanes, llama_moe, dp;
         const char *want;
-    } cases[] = {{3, 0, "does not divide"}, {17, 0, "1..16"}, {-1, 0, "1..16"}, {2, 1, "MoE"}};
+    } cases[] = {{3, 0, 1, "does not divide"},
+                 {17, 0, 1, "1..16"},
+                 {-1, 0, 1, "1..16"},
+                 {2, 1, 1, "MoE"},
+                 {2, 0, 2, "data parallelism"}};
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         sl_model *m = NULL;
         sl_llama_config moe = LCFG;
@@ -207,13 +212,14 @@ static void bad_input(void) {
         moe.n_experts_per_tok = 2;
         TU_CHECK((cases[k].llama_moe ? sl_llama_new(&moe, &m) : sl_gpt2_new(&CFG, &m)) == SL_OK, "model: %s",
                  sl_errmsg());
-        sl_trainer_config tc = {.B = B, .T = T, .accum = 1, .lr = 1e-3f, .lanes = cases[k].lanes};
+        sl_trainer_config tc = {
+            .B = B, .T = T, .accum = 1, .dp_size = cases[k].dp, .lr = 1e-3f, .lanes = cases[k].lanes};
         sl_trainer tr;
         sl_status st = sl_trainer_init(&tr, m, &tc);
         TU_CHECK(st == SL_ERR_INVALID && strstr(sl_errmsg(), "--micro-batch-lanes") &&
                      strstr(sl_errmsg(), cases[k].want),
-                 "lanes %d%s: status %s, '%s'", cases[k].lanes, cases[k].llama_moe ? " (MoE)" : "",
-                 sl_status_name(st), sl_errmsg());
+                 "lanes %d%s, dp %d: status %s, '%s'", cases[k].lanes, cases[k].llama_moe ? " (MoE)" : "",
+                 cases[k].dp, sl_status_name(st), sl_errmsg());
         if (st == SL_OK) sl_trainer_free(&tr);
         sl_model_free(m);
     }
