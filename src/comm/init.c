@@ -385,9 +385,13 @@ sl_status sl_comm_env_detect(sl_comm_env *e) {
     if (!strcmp(e->source, "slurm") && !e->master_addr[0] && nl)
         slurm_first_host(nl, e->master_addr, sizeof e->master_addr);
     if (!strcmp(e->source, "slurm") && !e->master_port && jid) {
+        /* Note [Slurm rendezvous port]: a port derived from the job and step, in [12000, 32000), below
+         * Linux's ephemeral range (32768-60999 by default). The range was [20000, 40000): a CI run's srun
+         * step drew 36192 while another test's connection held it as an ephemeral port ("cannot listen on
+         * port 36192: Address already in use"). MASTER_PORT overrides it. */
         const char *step = getenv("SLURM_STEP_ID");
         e->master_port =
-            20000 + (int)((strtoul(jid, NULL, 10) * 7 + (step ? strtoul(step, NULL, 10) : 0)) % 20000);
+            12000 + (int)((strtoul(jid, NULL, 10) * 7 + (step ? strtoul(step, NULL, 10) : 0)) % 20000);
     }
     if (e->master_port && !e->master_addr[0]) snprintf(e->master_addr, sizeof e->master_addr, "127.0.0.1");
     const char *tok = getenv("SUANLI_JOB_TOKEN");

@@ -175,7 +175,7 @@ int main(void) {
      * two hosts, so the communicator is hybrid (shm inside a host, tcp between) with the hierarchical
      * all-reduce */
     char mn[3072];
-    int port = 20000 + (int)(getpid() % 20000);
+    int port = 12000 + (int)(getpid() % 20000); /* below the ephemeral range (Note [Slurm rendezvous port]) */
     snprintf(mn, sizeof mn,
              "SUANLI_COMM_HOSTNAME=nodeA %s run -n 2 --nnodes 2 --node-rank 0 --master 127.0.0.1:%d -- %s "
              "env & p=$!; "

@@ -624,7 +624,7 @@ static int step_entries(const char *sub) {
  * rank 0's, was committed with node 0's shards only, and a restart failed loading it: it is dropped too. */
 static void test_mem_roots_nodes(void) {
     char pre[900];
-    int port = 20000 + (int)((getpid() + 7919) % 20000);
+    int port = 12000 + (int)((getpid() + 7919) % 20000); /* below the ephemeral range */
     TU_CHECK(tu_runf(out, sizeof out, "cd", "%s && mkdir -p nmB/step-0000099.tmp3", dir) == 0, "plant: %s",
              out);
     snprintf(pre, sizeof pre, "cd %s && timeout 200 sh -c", dir);
@@ -653,7 +653,7 @@ static void test_mem_roots_nodes(void) {
      * or 8, as far as the commits got; node 0's partial in-memory copy was committed, chosen by ranks 0 and
      * 1, and failed to load: "checkpoint has no tensor", exit 2, not restarted); final weights bitwise those
      * of the run above */
-    port = 20000 + (int)((getpid() + 104729) % 20000);
+    port = 12000 + (int)((getpid() + 104729) % 20000);
     rc = tu_runf(out, sizeof out, pre,
                  "'export SUANLI_FAULT_KILL_AT_STEP=10 SUANLI_FAULT_RANK=3; SUANLI_COMM_HOSTNAME=nodeA "
                  "SUANLI_MEM_CKPT_DIR=nmA %s run -n 2 --nnodes 2 --node-rank 0 --max-restarts 1 --master "
