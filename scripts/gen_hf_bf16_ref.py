@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """bf16 inference references (issue 19 item 2) for tests/hf/test_hf_models.c, beside each model of
-tests/fixtures/hf/ that gen_hf_fixtures.py wrote: transformers with model.to(torch.bfloat16) (eager attention),
-the weights as stored on disk (read as fp32, then rounded to bf16 as suanli's bf16 load does). Writes
-<model>/ref_bf16.safetensors:
-    logits_bf16  F32 (1, T, V) the prompt's logits (this run; ref.safetensors' logits_bf16 are from the
-                             transformers of gen_hf_fixtures.py and differ for llama31 and mistral)
+tests/fixtures/hf/ that gen_hf_fixtures.py wrote: transformers loaded as HF documents a bf16 model,
+from_pretrained(dir, dtype=torch.bfloat16) (eager attention; the fp32 weights on disk rounded to bf16 as
+suanli's bf16 load does). Writes <model>/ref_bf16.safetensors:
+    logits_bf16  F32 (1, T, V) the prompt's logits
+    logits_to    F32 (1, T, V) the same from from_pretrained(fp32).to(torch.bfloat16), which also rounds the
+                             RoPE inv_freq buffer to bf16 (from_pretrained(dtype=bf16) keeps it fp32): a
+                             different model at the positions' angles; suanli follows from_pretrained
+                             (ref.safetensors' logits_bf16, from gen_hf_fixtures.py, are .to()'s too)
     greedy_bf16  I32 (NEW,)  greedy continuation of ref.safetensors' prompt, argmax of a full bf16 forward
     top_bf16     F32 (NEW,)  the top logit at each greedy step (its bf16 ulp is the resolution of the margin)
     gap_bf16     F32 (NEW,)  top1 - top2 logit margin at each step
@@ -15,6 +18,7 @@ import os
 import sys
 
 import torch
+import transformers
 from safetensors.torch import load_file, save_file
 from transformers import LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM
 
@@ -29,11 +33,14 @@ def main():
     for name, cls in MODELS.items():
         d = os.path.join(ROOT, name)
         ref = load_file(os.path.join(d, "ref.safetensors"))
-        m = cls.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval().to(torch.bfloat16)
+        m = cls.from_pretrained(d, dtype=torch.bfloat16, attn_implementation="eager").eval()
+        mt = cls.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval().to(torch.bfloat16)
+        assert m.model.rotary_emb.inv_freq.dtype == torch.float32 and mt.model.rotary_emb.inv_freq.dtype == torch.bfloat16
         ids = ref["ids"].long()
         with torch.no_grad():
             lg = m(ids).logits.float()
-            same = torch.equal(lg, ref["logits_bf16"])
+            lt = mt(ids).logits.float()
+            same = torch.equal(lt, ref["logits_bf16"])
             seq, out, tops, gaps = ids.clone(), [], [], []
             for _ in range(NEW):
                 last = m(seq).logits[0, -1].float()
@@ -44,11 +51,12 @@ def main():
                 gaps.append(float(top[0] - top[1]))
                 seq = torch.cat([seq, torch.tensor([[t]])], dim=1)
         gap_mean = (lg - ref["logits"]).abs().mean()
-        save_file({"logits_bf16": lg.contiguous(), "greedy_bf16": torch.tensor(out, dtype=torch.int32), "top_bf16": torch.tensor(tops),
+        save_file({"logits_bf16": lg.contiguous(), "logits_to": lt.contiguous(), "greedy_bf16": torch.tensor(out, dtype=torch.int32), "top_bf16": torch.tensor(tops),
                    "gap_bf16": torch.tensor(gaps), "gap_mean": gap_mean.reshape(1).float()},
                   os.path.join(d, "ref_bf16.safetensors"))
-        print(f"{name}: logits_bf16 reproduced: {same}; mean |bf16-fp32| {gap_mean:.4g}; greedy {out[:8]}...; "
-              f"min margin {min(gaps):.3g}")
+        print(f"{name}: ref.safetensors' .to() logits reproduced: {same}; mean |bf16-fp32| {gap_mean:.4g}; "
+              f"mean |from_pretrained - .to()| {(lg - lt).abs().mean():.4g}; greedy {out[:8]}...; "
+              f"min margin {min(gaps):.3g}; transformers {transformers.__version__}")
 
 
 if __name__ == "__main__":

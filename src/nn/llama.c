@@ -301,7 +301,11 @@ sl_tensor *sl_llama_W(sl_model *m, const char *fmt, ...) {
  * take bf16 activations and weights with fp32 accumulation (SL_OP_LINEAR_BF16), and the tensors that
  * transformers keeps in bf16 (linear outputs, norm outputs, RoPE outputs, attention output, SiLU and
  * gating products, the residual stream) are rounded to bf16 values. Norm statistics, RoPE angles,
- * softmax and the MoE routing softmax stay fp32, as in transformers. In f32 mode rnd() is the identity. */
+ * softmax and the MoE routing softmax stay fp32, as in transformers. In f32 mode rnd() is the identity.
+ * The model followed is from_pretrained(dir, dtype=torch.bfloat16), whose RoPE inv_freq buffer stays fp32;
+ * from_pretrained(fp32).to(torch.bfloat16) also rounds inv_freq to bf16, which moves every angle (0.54-0.78
+ * of the bf16-vs-fp32 logit gap on the fixtures). Against the former, the fixtures' bf16 logits and greedy
+ * continuations are bitwise on Zen 4 (tests/hf/test_hf_models.c). */
 /* the autocast dtype: SL_BF16 (m->compute_dtype or m->autocast_bf16), SL_F16 (m->compute_dtype), or SL_F32
  * (off); Note [Half autocast] in gpt2.c. One path for both half types: only the dtype of the rounding
  * differs. */
@@ -388,20 +392,29 @@ static sl_tensor *moe(sl_model *m, sl_tensor *h, int l, int sparse) {
     sl_tensor *gate =
         sl_topk_gate(ctx, lin(m, h2, W(m, "model.layers.%d.block_sparse_moe.gate.weight", l), NULL),
                      c->n_experts_per_tok); /* (N, E) */
-    gate = rnd(m, gate);
+    /* Note [bf16 Mixtral experts]
+     * A transformers 5 bf16 Mixtral (MixtralTopKRouter, the default grouped_mm experts) keeps the routing
+     * weights fp32 and sums each token's weighted expert outputs in fp32: bf16(sum_k y_k * w_k), with y_k
+     * the expert's bf16 down projection. The bf16 model does the same: fp32 gate, unrounded products and
+     * sums, one rounding at the end (k = 2: the same bits, since 0 + a and a + b do not depend on the
+     * order). Autocast still rounds the gate, each product and each sum (no autocast Mixtral reference). */
+    int bfm = m->wdtype == SL_BF16;
+    if (!bfm) gate = rnd(m, gate);
     sl_tensor *y = NULL;
     for (int e = 0; e < E; e++) {
         const char *pre = "model.layers.%d.block_sparse_moe.experts.%d.w%d.weight";
         sl_tensor *ye;
         if (sparse) { /* inference: only the rows routed to e (Note [Sparse experts]) */
             ye = sl_moe_expert(ctx, h2, gate, e, W(m, pre, l, e, 1), W(m, pre, l, e, 3), W(m, pre, l, e, 2),
-                               m->wdtype == SL_BF16);
+                               bfm);
         } else {
             ye = swiglu_mlp(m, h2, W(m, pre, l, e, 1), W(m, pre, l, e, 3), W(m, pre, l, e, 2)); /* (N, C) */
-            ye = rnd(m, sl_mul(ctx, ye, sl_slice(ctx, gate, 1, e, 1)));
+            ye = sl_mul(ctx, ye, sl_slice(ctx, gate, 1, e, 1));
+            if (!bfm) ye = rnd(m, ye);
         }
-        y = y ? rnd(m, sl_add(ctx, y, ye)) : ye;
+        y = !y ? ye : bfm ? sl_add(ctx, y, ye) : rnd(m, sl_add(ctx, y, ye));
     }
+    if (bfm) y = rnd(m, y);
     return sl_reshape(ctx, y, 3, (int64_t[]){B, T, C});
 }
 

@@ -3,10 +3,10 @@
  *   - logits of the full-sequence (training) graph vs transformers fp32: max|d| <= 1e-4
  *   - logits of the KV-cache prefill graph: max|d| <= 1e-4
  *   - greedy 32-token continuation through the KV cache identical to transformers' greedy
- *   - bf16 mode (bf16 weights, memory-mapped when stored bf16; bf16 compute) vs transformers bf16:
- *     max|d| / max|ref| <= 2e-2; mean |d| <= 0.85 x transformers' own mean |bf16 - fp32|; the greedy
- *     32-token continuation token by token against transformers bf16 up to the reference's first top-2
- *     margin below a bf16 ulp (see check_bf16) */
+ *   - bf16 mode (bf16 weights, memory-mapped when stored bf16; bf16 compute) vs transformers bf16
+ *     (from_pretrained(dtype=bf16)): max|d| / max|ref| <= 2e-2; mean |d| <= 0.25 x transformers' own mean
+ *     |bf16 - fp32| (measured 0: bitwise); the greedy 32-token continuation token by token against
+ *     transformers bf16 up to the reference's first top-2 margin below a bf16 ulp (see check_bf16) */
 #include <stdlib.h>
 #include <string.h>
 
@@ -167,14 +167,18 @@ static void check_bf16(const char *name) {
            "vs fp32 %.3g; "
            "%d weights memory-mapped, %s on disk)\n",
            name, rel, rel32, hf_rel, info.n_mapped, info.disk_dtype);
+    /* ref.safetensors holds .to(bf16)'s logits (gen_hf_fixtures.py; RoPE inv_freq in bf16): a loose bound */
     TU_CHECK(rel <= 2e-2, "%s bf16 logits rel %.3g > 2e-2", name, rel);
     /* against ref_bf16.safetensors (scripts/gen_hf_bf16_ref.py; not for baichuan, which transformers lacks):
      * mean |suanli - transformers bf16| over the prompt's logits against transformers' own mean |bf16 - fp32|
      * (gap_mean, measured by the generator); the max above is one element's flips, the mean is the rounding
-     * model. Measured 0.54-0.78 x gap_mean (llama 0.58, llama31 0.66, qwen2 0.78, mistral 0.54, mixtral
-     * 0.69): tighter than the bf16-vs-fp32 gap but not the 0.25 the autocast training path reaches
-     * (tests/e2e/test_bf16_train.c); where the bf16-model path (Note [bf16 compute] in llama.c) still rounds
-     * differently from transformers' bf16 model is not yet found. Bar 0.85 x gap_mean. */
+     * model. The reference is from_pretrained(dtype=bf16). Measured on Zen 4 (vdpbf16ps, transformers
+     * 5.25): 0 for all five, every logit bitwise. Bar 0.25 x gap_mean, issue 19's step-0 bar: another
+     * host's bf16 GEMM sums in another order, which moves a value by one ulp where it sits on a rounding
+     * boundary. The bar fails for the model of from_pretrained(fp32).to(bf16) (logits_to, kept in the
+     * fixture), which also rounds RoPE's inv_freq to bf16: suanli sits at 0.54-0.78 x gap_mean from it,
+     * as every earlier reference here did; and for transformers 4's Mixtral expert sum (bf16 routing
+     * weights, each weighted output and each sum rounded: Note [bf16 Mixtral experts] in llama.c), 0.69. */
     sl_safetensors *rb16 = NULL;
     snprintf(path, sizeof path, "%s/ref_bf16.safetensors", dir);
     if (strcmp(name, "baichuan") && sl_safetensors_open(path, &rb16) == SL_OK) {
@@ -190,7 +194,14 @@ static void check_bf16(const char *name) {
                name, dm, dm / gap, gap);
         TU_CHECK(fabs(gm - gap) <= 1e-6 * gap + 1e-7, "%s: gap_mean %.4g is not the stored logits' %.4g",
                  name, gap, gm);
-        TU_CHECK(dm <= 0.85 * gap, "%s bf16 logits mean |d| %.3g > 0.85 x %.3g", name, dm, gap);
+        TU_CHECK(dm <= 0.25 * gap, "%s bf16 logits mean |d| %.3g > 0.25 x %.3g", name, dm, gap);
+        /* the other reference (.to(bf16)) is farther than the bar: the bar tells the two models apart */
+        const float *lt = need(rb16, "logits_to")->data;
+        double dt = 0;
+        for (int64_t i = 0; i < nl; i++)
+            dt += fabs((double)((const float *)logits->data)[i] - lt[i]) / (double)nl;
+        printf("%-9s bf16 logits mean |suanli - transformers .to(bf16)| = %.3f x gap\n", name, dt / gap);
+        TU_CHECK(dt > 0.25 * gap, "%s: .to(bf16)'s logits %.3g within the bar", name, dt);
         TU_CHECK(dm > 0 || gap > 0, "%s: bf16 differs from fp32", name);
     } else
         TU_CHECK(!strcmp(name, "baichuan"), "%s: %s", name, sl_errmsg());
@@ -215,17 +226,17 @@ static void check_bf16(const char *name) {
             if (gap[i] < ldexpf(1.0f, e - 8)) upto = i; /* bf16 ulp of |top| in [2^(e-1), 2^e): 2^(e-8) */
         }
         while (same < upto && out[same] == want_ids[same]) same++;
-        printf(
-            "%-9s bf16 greedy: %d of %d tokens identical to transformers bf16 (compared up to step %d, where "
-            "its top-2 margin %.3g is below a bf16 ulp)\n",
-            name, same, n, upto, upto < n ? gap[upto] : 0.0);
-        /* Mixtral: identical for 6 steps, then a different token where the reference's logit margin is 0.70:
-         * at that position transformers' bf16 layer-1 router has its 2nd and 3rd experts 0.0078 apart (4 bf16
-         * ulps), so the top-2 routing is the near-tie, not the logits (measured in PyTorch with
-         * output_router_logits; suanli's router logits there not inspected): asserted as measured */
-        int need_same = strcmp(name, "mixtral") ? upto : 6;
-        TU_CHECK(upto >= 4 && same >= need_same, "%s bf16 greedy: first difference at %d of %d compared",
-                 name, same, upto);
+        int all = 0; /* past the cut, for the record: ties break to the lower id in both */
+        while (all < n && out[all] == want_ids[all]) all++;
+        if (upto < n)
+            printf(
+                "%-9s bf16 greedy: %d of %d tokens identical to transformers bf16 (compared up to step %d, "
+                "where its top-2 margin %.3g is below a bf16 ulp; %d before the first difference in all)\n",
+                name, same, n, upto, gap[upto], all);
+        else
+            printf("%-9s bf16 greedy: %d of %d tokens identical to transformers bf16\n", name, same, n);
+        TU_CHECK(upto >= 4 && same >= upto, "%s bf16 greedy: first difference at %d of %d compared", name,
+                 same, upto);
         sl_safetensors_close(rb16);
     }
     free(ids), free(want), free(want32);

@@ -980,11 +980,12 @@ static sl_status op_packed_ffn_dx(sl_tensor *n) {
  * with the product rounded in its writeback (Note [OpenCL bf16 GEMM]; bf16 weights widened exactly, f32
  * weights rounded as they are packed: Note [OpenCL fused weight casts], the CPU's wb copy); the SwiGLU rounds
  * R(R(silu(a)) * b) (k_moe_swiglu, hm 1, exp as glibc's expf where the device has fp64); its bf16 rows go
- * through the same GEMM with w2, and k_moe_gate_scatter writes R(o * gate) on the routed rows, zero on the
- * others. Every rounding point is the CPU's; only the order of each GEMM's fp32 sums may differ (the register
- * GEMM sums k in order with FMAs; the CPU's bf16 GEMM per its kernel: AMX, vdpbf16ps pairs or widened FMAs),
- * which moves a value by one bf16 ulp where it sits at a rounding boundary. The tiled GEMM (GPU-type devices)
- * has no bf16 path: refused there. Temporaries: a carve of scratch2 (the GEMM uses scratch). */
+ * through the same GEMM with w2, and k_moe_gate_scatter writes o * gate on the routed rows (unrounded: Note
+ * [bf16 Mixtral experts] in src/nn/llama.c), zero on the others. Every rounding point is the CPU's; only the
+ * order of each GEMM's fp32 sums may differ (the register GEMM sums k in order with FMAs; the CPU's bf16 GEMM
+ * per its kernel: AMX, vdpbf16ps pairs or widened FMAs), which moves a value by one bf16 ulp where it sits at
+ * a rounding boundary. The tiled GEMM (GPU-type devices) has no bf16 path: refused there. Temporaries: a
+ * carve of scratch2 (the GEMM uses scratch). */
 static int bf16_expert_ok(const sl_tensor *n) {
     const sl_tensor *h = n->src[0], *gate = n->src[1];
     sl_dtype wt = n->src[2]->dtype;

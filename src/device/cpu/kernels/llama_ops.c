@@ -452,7 +452,7 @@ sl_status sl_k_moe_expert(sl_tensor *n) {
     for (int64_t k = 0; st == SL_OK && k < M; k++) {
         float gw = pg[rows[k] * gs + e];
         for (int64_t c = 0; c < C; c++)
-            y[rows[k] * C + c] = bf ? round_bf16(o[k * C + c] * gw) : o[k * C + c] * gw;
+            y[rows[k] * C + c] = o[k * C + c] * gw; /* unrounded: Note [bf16 Mixtral experts] (llama.c) */
     }
     free(rows), free(xs), free(a), free(b), free(o);
     return st;

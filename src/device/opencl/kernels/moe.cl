@@ -473,13 +473,13 @@ kernel void k_moe_gate_rows_bf(global ushort *xb, long xbo, global const float *
     xb[xbo + i] = (ushort)(as_uint(rbf16(h[ho + (long)map[mo + i / C] * C + i % C])) >> 16);
 }
 
-/* y[n, c] = bf16(o[row of n, c] * gate[n, e]) for the routed tokens, 0 for the others; one work-item per
- * element of y (N x C) */
+/* y[n, c] = o[row of n, c] * gate[n, e] for the routed tokens (unrounded: Note [bf16 Mixtral experts] in
+ * src/nn/llama.c), 0 for the others; one work-item per element of y (N x C) */
 kernel void k_moe_gate_scatter(global float *y, long yo, global const float *o, long oo, global const int *map,
                                long mo, long N, global const float *gate, long go, long gs, long e, long C) {
     long i = get_global_id(0);
     if (i >= N * C) return;
     long n = i / C;
     int r = map[mo + N + 1 + n];
-    y[yo + i] = r < 0 ? 0.0f : rbf16(o[oo + (long)r * C + i % C] * gate[go + n * gs + e]);
+    y[yo + i] = r < 0 ? 0.0f : o[oo + (long)r * C + i % C] * gate[go + n * gs + e];
 }
