@@ -12,6 +12,8 @@ suanli's bf16 load does). Writes <model>/ref_bf16.safetensors:
     top_bf16     F32 (NEW,)  the top logit at each greedy step (its bf16 ulp is the resolution of the margin)
     gap_bf16     F32 (NEW,)  top1 - top2 logit margin at each step
     gap_mean     F32 (1,)    mean |bf16 - fp32| of the prompt's logits (transformers' own bf16-vs-fp32 gap)
+    logits_autocast F32 (1, T, V) the fp32 model's prompt logits under torch.autocast("cpu", bfloat16)
+    gap_autocast F32 (1,)    mean |autocast - fp32| of them
 Baichuan2 (not in transformers) is left out. Usage: python3 scripts/gen_hf_bf16_ref.py
 """
 import os
@@ -40,6 +42,9 @@ def main():
         with torch.no_grad():
             lg = m(ids).logits.float()
             lt = mt(ids).logits.float()
+            m32 = cls.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                la = m32(ids).logits.float()
             same = torch.equal(lt, ref["logits_bf16"])
             seq, out, tops, gaps = ids.clone(), [], [], []
             for _ in range(NEW):
@@ -52,7 +57,8 @@ def main():
                 seq = torch.cat([seq, torch.tensor([[t]])], dim=1)
         gap_mean = (lg - ref["logits"]).abs().mean()
         save_file({"logits_bf16": lg.contiguous(), "logits_to": lt.contiguous(), "greedy_bf16": torch.tensor(out, dtype=torch.int32), "top_bf16": torch.tensor(tops),
-                   "gap_bf16": torch.tensor(gaps), "gap_mean": gap_mean.reshape(1).float()},
+                   "gap_bf16": torch.tensor(gaps), "gap_mean": gap_mean.reshape(1).float(),
+                   "logits_autocast": la.contiguous(), "gap_autocast": (la - ref["logits"]).abs().mean().reshape(1).float()},
                   os.path.join(d, "ref_bf16.safetensors"))
         print(f"{name}: ref.safetensors' .to() logits reproduced: {same}; mean |bf16-fp32| {gap_mean:.4g}; "
               f"mean |from_pretrained - .to()| {(lg - lt).abs().mean():.4g}; greedy {out[:8]}...; "

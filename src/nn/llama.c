@@ -393,13 +393,16 @@ static sl_tensor *moe(sl_model *m, sl_tensor *h, int l, int sparse) {
         sl_topk_gate(ctx, lin(m, h2, W(m, "model.layers.%d.block_sparse_moe.gate.weight", l), NULL),
                      c->n_experts_per_tok); /* (N, E) */
     /* Note [bf16 Mixtral experts]
-     * A transformers 5 bf16 Mixtral (MixtralTopKRouter, the default grouped_mm experts) keeps the routing
-     * weights fp32 and sums each token's weighted expert outputs in fp32: bf16(sum_k y_k * w_k), with y_k
-     * the expert's bf16 down projection. The bf16 model does the same: fp32 gate, unrounded products and
-     * sums, one rounding at the end (k = 2: the same bits, since 0 + a and a + b do not depend on the
-     * order). Autocast still rounds the gate, each product and each sum (no autocast Mixtral reference). */
+     * transformers 5's Mixtral (MixtralTopKRouter, the default grouped_mm experts) keeps the routing weights
+     * fp32 and sums each token's weighted expert outputs in fp32: sum_k y_k * w_k, with y_k the expert's
+     * down projection, cast to the dtype of the hidden states at the end: bf16 in a bf16 model, fp32 (no
+     * rounding) under autocast. So the gate, the products and the sums stay fp32 here and a bf16 model
+     * rounds once (k = 2: the same bits as torch's sum over k, since 0 + a and a + b do not depend on the
+     * order). transformers 4 rounded the weights, each product and each sum (index_add_ on bf16).
+     * Under autocast the experts themselves are fp32: grouped_mm is not on autocast's cast list, and
+     * transformers casts the fp32 norm output to the weights' dtype (fp32) for it; only the router's linear
+     * rounds (to bf16 logits). Measured on the fixture's step-0 forward (tests/hf/test_hf_models.c). */
     int bfm = m->wdtype == SL_BF16;
-    if (!bfm) gate = rnd(m, gate);
     sl_tensor *y = NULL;
     for (int e = 0; e < E; e++) {
         const char *pre = "model.layers.%d.block_sparse_moe.experts.%d.w%d.weight";
@@ -408,13 +411,19 @@ static sl_tensor *moe(sl_model *m, sl_tensor *h, int l, int sparse) {
             ye = sl_moe_expert(ctx, h2, gate, e, W(m, pre, l, e, 1), W(m, pre, l, e, 3), W(m, pre, l, e, 2),
                                bfm);
         } else {
-            ye = swiglu_mlp(m, h2, W(m, pre, l, e, 1), W(m, pre, l, e, 3), W(m, pre, l, e, 2)); /* (N, C) */
+            sl_tensor *w1 = W(m, pre, l, e, 1), *w3 = W(m, pre, l, e, 3), *w2 = W(m, pre, l, e, 2);
+            if (!bfm && autocast(m) != SL_F32) /* fp32 experts under autocast: Note [bf16 Mixtral experts] */
+                ye = sl_linear(
+                    ctx,
+                    sl_mul(ctx, sl_silu(ctx, sl_linear(ctx, h2, w1, NULL)), sl_linear(ctx, h2, w3, NULL)), w2,
+                    NULL);
+            else
+                ye = swiglu_mlp(m, h2, w1, w3, w2); /* (N, C) */
             ye = sl_mul(ctx, ye, sl_slice(ctx, gate, 1, e, 1));
-            if (!bfm) ye = rnd(m, ye);
         }
-        y = !y ? ye : bfm ? sl_add(ctx, y, ye) : rnd(m, sl_add(ctx, y, ye));
+        y = y ? sl_add(ctx, y, ye) : ye;
     }
-    if (bfm) y = rnd(m, y);
+    y = rnd_model(m, y);
     return sl_reshape(ctx, y, 3, (int64_t[]){B, T, C});
 }
 
