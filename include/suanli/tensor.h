@@ -31,6 +31,10 @@ extern "C" {
  * (batch rows) of its N rows */
 #define SL_MOE_ROUTE_IP_SHARD 7
 #define SL_MOE_ROUTE_IP_BLOCKS 8
+/* MOE_ROUTE iparams[9]: the weights rounded to 1 bf16 / 2 f16 values, and their gradient rounded the same
+ * way in backward (Qwen2-MoE's router_top_value.to(router_logits.dtype): Note [Half routing weights],
+ * src/nn/moe.c); 0 fp32 */
+#define SL_MOE_ROUTE_IP_HALF 9
 #define SL_MAX_FPARAMS 4
 
 /* SL_F16: IEEE binary16 (issue 19), appended so the stored values of the others do not change */

@@ -399,9 +399,9 @@ static sl_tensor *moe(sl_model *m, sl_tensor *h, int l, int sparse) {
      * rounding) under autocast. So the gate, the products and the sums stay fp32 here and a bf16 model
      * rounds once (k = 2: the same bits as torch's sum over k, since 0 + a and a + b do not depend on the
      * order). transformers 4 rounded the weights, each product and each sum (index_add_ on bf16).
-     * Under autocast the experts themselves are fp32: grouped_mm is not on autocast's cast list, and
-     * transformers casts the fp32 norm output to the weights' dtype (fp32) for it; only the router's linear
-     * rounds (to bf16 logits). Measured on the fixture's step-0 forward (tests/hf/test_hf_models.c). */
+     * Under autocast the experts themselves are fp32 (Note [Experts under autocast] in moe.c; half with
+     * SUANLI_MOE_HALF_EXPERTS=1); only the router's linear rounds (to bf16 logits). Measured on the
+     * fixture's step-0 forward (tests/hf/test_hf_models.c). */
     int bfm = m->wdtype == SL_BF16;
     sl_tensor *y = NULL;
     for (int e = 0; e < E; e++) {
@@ -412,7 +412,8 @@ static sl_tensor *moe(sl_model *m, sl_tensor *h, int l, int sparse) {
                                bfm);
         } else {
             sl_tensor *w1 = W(m, pre, l, e, 1), *w3 = W(m, pre, l, e, 3), *w2 = W(m, pre, l, e, 2);
-            if (!bfm && autocast(m) != SL_F32) /* fp32 experts under autocast: Note [bf16 Mixtral experts] */
+            if (!bfm && autocast(m) != SL_F32 &&
+                sl_moe_experts_half(m) == SL_F32) /* Note [bf16 Mixtral experts] */
                 ye = sl_linear(
                     ctx,
                     sl_mul(ctx, sl_silu(ctx, sl_linear(ctx, h2, w1, NULL)), sl_linear(ctx, h2, w3, NULL)), w2,

@@ -33,6 +33,9 @@ sl_tensor *sl_llama_swiglu(sl_model *m, sl_tensor *h, sl_tensor *wg, sl_tensor *
 int sl_arch_is_moe(sl_arch a);
 int sl_moe_layer_is_sparse(const sl_llama_config *c, int l);
 int sl_moe_backend_ok(const sl_model *m);
+/* the half dtype of the routed experts under autocast: SL_F32 unless SUANLI_MOE_HALF_EXPERTS=1 (Note
+ * [Experts under autocast] in moe.c) */
+sl_dtype sl_moe_experts_half(const sl_model *m);
 sl_status sl_moe_check_cfg(const sl_llama_config *c);
 void sl_moe_add_params(sl_llama_builder *b, int l); /* Qwen2-MoE / DeepSeek-V3 sparse layer l */
 /* h (B, T, C) -> (B, T, C): routed experts (+ shared experts) of layer l */

@@ -194,6 +194,19 @@ static int packed_experts(void) {
     return !(s && !strcmp(s, "0"));
 }
 
+/* Note [Experts under autocast]
+ * transformers 5 runs the routed experts of Mixtral, Qwen2-MoE and DeepSeek-V3 through grouped_mm
+ * (integrations/moe.py), which is not on autocast's cast list: the fp32 norm output is cast to the weights'
+ * dtype (fp32) and the experts compute in fp32 under torch.autocast; only the router's and the shared
+ * expert's linears round. So autocast's routed experts here are the fp32 ones (the routed kernels, packed
+ * or not); the step-0 forward of the fixtures is bitwise torch.autocast's (tests/hf/test_hf_models.c).
+ * SUANLI_MOE_HALF_EXPERTS=1 keeps half experts instead (rounded as matmul nodes under autocast, as
+ * transformers 4 and Megatron's bf16 experts: faster, not the fixtures' numerics). */
+sl_dtype sl_moe_experts_half(const sl_model *m) {
+    const char *s = getenv("SUANLI_MOE_HALF_EXPERTS");
+    return m->wdtype == SL_F32 && s && !strcmp(s, "1") ? sl_llama_autocast(m) : SL_F32;
+}
+
 static sl_moe_route_opts route_opts(const sl_model *m, int64_t N) {
     const sl_llama_config *c = &m->lcfg;
     sl_moe_route_opts o = {.k = c->n_experts_per_tok, .scale = 1.0f};
@@ -337,6 +350,14 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
         sl_set_name(prior, "moe_capacity_counts.%d", l);
     }
     sl_tensor *w = sl_moe_route(ctx, lr, bias, &o); /* (Nr, E) */
+    /* Note [Half routing weights]
+     * Qwen2-MoE's router casts its weights to the logits' dtype (router_top_value.to(router_logits.dtype)):
+     * bf16 in a bf16 model, the autocast dtype under autocast (its linear's output). The route rounds them,
+     * and its backward rounds their gradient as that half tensor's gradient is. Mixtral keeps fp32 weights;
+     * DeepSeek-V3's are not checked against transformers here (its fixture config does not load there). */
+    sl_dtype wh = m->wdtype == SL_BF16 ? SL_BF16 : sl_llama_autocast(m);
+    if (c->arch == SL_ARCH_QWEN2_MOE && wh != SL_F32)
+        w->iparams[SL_MOE_ROUTE_IP_HALF] = wh == SL_BF16 ? 1 : 2;
     if (prior) sl_moe_route_shard(w, prior, m->tp_rank, B);
     sl_set_name(w, "moe_route.%d", l);
     sl_set_output(w); /* read back after the step (sl_moe_graph_stats) */
@@ -372,8 +393,15 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
      * autocast numerics: matmul nodes on all R rows, rounded as transformers rounds. The packed experts
      * (f32 weights) run on the kept rows in both, rounding as those nodes do under autocast (Note [Packed
      * experts under autocast]) */
-    int routed = m->wdtype == SL_F32 && sl_llama_autocast(m) == SL_F32;
-    sl_dtype half = m->wdtype == SL_F32 ? sl_llama_autocast(m) : SL_F32;
+    sl_dtype half = sl_moe_experts_half(m); /* Note [Experts under autocast] */
+    int routed = m->wdtype == SL_F32 && half == SL_F32;
+    /* Note [bf16 MoE combine]
+     * A transformers 5 bf16 model sums each token's weighted expert outputs as grouped_mm_experts_forward
+     * does: the bf16 products y_k * w_k summed over k in fp32 and rounded once; Qwen2-MoE's router casts its
+     * weights to the logits' dtype first (router_top_value.to(router_logits.dtype)), so there the weights
+     * and each product are bf16 (MOE_COMBINE weighted = 2); Mixtral keeps fp32 weights (Note [bf16 Mixtral
+     * experts] in llama.c). The shared expert's sigmoid gate is a bf16 op, rounded too. */
+    int bf16_weights = m->wdtype == SL_BF16 && c->arch == SL_ARCH_QWEN2_MOE;
     sl_tensor *hx = h2; /* the experts' input: f(h), under SP the gathered tokens */
     if (esp)
         hx = sl_reshape_2d(ctx, sl_llama_tp_f(m, sl_reshape(ctx, h2, 3, (int64_t[]){B, T, C})), Nr, C);
@@ -407,8 +435,9 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
         if (!etp) w1 = moe_W(m, w1), w3 = moe_W(m, w3), w2 = moe_W(m, w2);
         sl_tensor *ye =
             routed ? sl_moe_expert_ffn(ctx, xe, w1, w3, w2, w, e) : sl_llama_swiglu(m, xe, w1, w3, w2);
-        y = sl_moe_combine(ctx, ye, w, y, e, 1); /* (Nr, C) */
+        y = sl_moe_combine(ctx, ye, w, y, e, bf16_weights ? 2 : 1); /* (Nr, C) */
     }
+    if (m->wdtype == SL_BF16) y = sl_llama_rnd(m, y); /* Note [bf16 MoE combine] */
     /* the partial sums of the TP ranks' expert slices (under SP reduce-scattered to this rank's tokens) */
     if (esp)
         y = sl_reshape_2d(ctx, sl_llama_tp_g(m, sl_reshape(ctx, y, 3, (int64_t[]){B, T * m->tp, C})), N, C);
@@ -424,9 +453,10 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
                 m, h2, moe_W(m, sl_llama_W(m, "model.layers.%d.mlp.shared_expert_gate.weight", l)),
                 NULL); /* (N, 1) */
             sl_moe_route_opts so = {.k = 1, .score = SL_MOE_SCORE_SIGMOID, .scale = 1.0f};
-            s = sl_llama_rnd(m, sl_mul(ctx, s, sl_moe_route(ctx, g, NULL, &so)));
+            s = sl_llama_rnd(m, sl_mul(ctx, s, sl_llama_rnd(m, sl_moe_route(ctx, g, NULL, &so))));
         }
-        y = sl_llama_rnd(m, sl_add(ctx, y, s));
+        y = sl_add(ctx, y, s); /* a bf16 model's sum is bf16; under autocast fp32 (routed) + half (shared) */
+        if (m->wdtype == SL_BF16) y = sl_llama_rnd(m, y);
     }
     return sl_reshape(ctx, y, 3, (int64_t[]){B, T, C});
 }

@@ -271,6 +271,7 @@ int sl_moe_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, s
         return 1;
     case SL_OP_MOE_COMBINE: {
         int e = n->iparams[0], w = n->iparams[1];
+        SL_ASSERT(w != 2 && "the bf16 combine of a bf16 inference model has no backward");
         sl_tensor *gr = rows(ctx, g);
         if (ng[0]) {
             sl_tensor *d = sl_moe_gather(ctx, gr, route, e, a->ne[0], w);

@@ -226,8 +226,14 @@ static void check_layout(const rank_job *ref, layout L) {
  * weights 0.73x). ep = 1 (plain DP) has no such rounding: in the release build its losses match the single
  * process bitwise and its weights to 1.2e-7; the ASan build vectorizes other fp32 sums, so values cross bf16
  * rounding boundaries elsewhere (measured there: 0.066x the loss gap, 0.03x the weight gap). Its bar is a
- * quarter of the gap. */
-static void bf16_layout(const rank_job *f32, int ep) {
+ * quarter of the gap. All that with the half experts (half = 1: SUANLI_MOE_HALF_EXPERTS=1). Autocast's
+ * default experts are fp32 (Note [Experts under autocast], src/nn/moe.c): no gradient rounding, but DP and
+ * EP sum the experts' fp32 gradients in another order than the single process, and bf16 rounding elsewhere
+ * turns those ulps into flipped roundings: measured (Zen 4, release) ep 1: 0.265x the loss gap, 0.108x the
+ * weight gap; ep 2: 0 and 8e-4x. Bars there: issue 19's multi-step bf16 bar, half the loss gap, and the
+ * weight gap. */
+static void bf16_layout(const rank_job *f32, int ep, int half) {
+    if (half) setenv("SUANLI_MOE_HALF_EXPERTS", "1", 1);
     rank_job b16 = {.ep = 1, .accum = 2, .bf16 = 1};
     run_rank(&b16);
     TU_CHECK(b16.st == SL_OK, "single bf16: %s", sl_errmsg());
@@ -247,16 +253,19 @@ static void bf16_layout(const rank_job *f32, int ep) {
         wmax = fmax(wmax, fabs(f->params_mem[k]));
     }
     wgap /= wmax;
-    printf(
-        "bf16 ep=%d dp=2: loss mean |ep - single| %.2e vs |bf16 - fp32| %.2e; final weights %.2e vs %.2e\n",
-        ep, dev, gap, wd, wgap);
+    printf("bf16 ep=%d dp=2, %s experts: loss mean |ep - single| %.2e vs |bf16 - fp32| %.2e; final weights "
+           "%.2e vs %.2e\n",
+           ep, half ? "half" : "fp32", dev, gap, wd, wgap);
     TU_CHECK(gap > 0 && wgap > 0, "bf16 differs from fp32");
-    TU_CHECK(ep > 1 || (dev < 0.25 * gap && wd < 0.25 * wgap), "bf16 dp=2 without EP: %.3g / %.3g of the gap",
-             dev / gap, wd / wgap);
+    TU_CHECK(!half || ep > 1 || (dev < 0.25 * gap && wd < 0.25 * wgap),
+             "bf16 dp=2 without EP: %.3g / %.3g of the gap", dev / gap, wd / wgap);
+    TU_CHECK(half || dev < 0.5 * gap, "bf16 ep=%d, fp32 experts: loss deviation %.3g of the gap", ep,
+             dev / gap);
     TU_CHECK(dev < gap, "bf16 ep=%d loss deviation %.3g >= the bf16 - fp32 gap %.3g", ep, dev, gap);
     TU_CHECK(wd < wgap, "bf16 ep=%d weight deviation %.3g >= the bf16 - fp32 gap %.3g", ep, wd, wgap);
     for (int r = 0; r < 2; r++) free(jobs[r].replicated);
     sl_model_free(b16.final);
+    unsetenv("SUANLI_MOE_HALF_EXPERTS");
 }
 
 static void bad_splits(void) {
@@ -286,8 +295,10 @@ int main(void) {
     check_layout(&ref4, (layout){.n = 4, .ep = 2, .zero = 1});
     check_layout(&ref4, (layout){.n = 4, .ep = 4, .zero = 2});
     check_layout(&cap2, (layout){.n = 2, .ep = 2, .capacity = 1.0f});
-    bf16_layout(&ref2, 1);
-    bf16_layout(&ref2, 2);
+    for (int half = 0; half < 2; half++) {
+        bf16_layout(&ref2, 1, half);
+        bf16_layout(&ref2, 2, half);
+    }
     check_layout(&ref4, (layout){.n = 4, .ep = 2, .zero = 3});
     check_layout(&ref4, (layout){.n = 4, .ep = 4, .zero = 3});
     /* with tensor parallelism (experts whole on every TP rank, Note [MoE under TP]) and pipeline stages */

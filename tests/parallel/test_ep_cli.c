@@ -350,9 +350,13 @@ static void deepseek_bias(const char *tmp, const char *data) {
     }
 }
 
-/* bf16 under EP against the single process (Note [EP weight gradients per source rank]) */
+/* bf16 under EP against the single process (Note [EP weight gradients per source rank]), with the half
+ * experts (SUANLI_MOE_HALF_EXPERTS=1): autocast's default fp32 experts (Note [Experts under autocast],
+ * src/nn/moe.c) are the fp32 path the fp32 layouts above hold to their bars; the half experts' rounding per
+ * source rank is what this pins */
 static void bf16_ep(const char *tmp, const char *base) {
     char a[900], b[900];
+    setenv("SUANLI_MOE_HALF_EXPERTS", "1", 1);
     /* bf16 autocast under EP: an expert's weight gradient is rounded once per backward pass over the rows it
      * holds; the packed chain rounds each source rank's block (one micro-batch of the single process) and
      * sums them in fp32 (Note [EP weight gradients per source rank], src/device/cpu/kernels/moe_packed.c),
@@ -394,10 +398,12 @@ static void bf16_ep(const char *tmp, const char *base) {
             TU_CHECK(dd <= 1e-4, "%s: final weights elementwise %.3g (bar 1e-4)", b, dd);
         }
     }
+    unsetenv("SUANLI_MOE_HALF_EXPERTS");
 }
 
 /* fp16 with dynamic loss scaling under EP: the same skipped steps and scales as the single process */
 static void fp16_ep(const char *tmp, const char *base) {
+    setenv("SUANLI_MOE_HALF_EXPERTS", "1", 1); /* half experts, as bf16_ep */
     /* fp16 with dynamic loss scaling under EP: a start scale of 2^20 overflows, so steps are skipped; the
      * found-inf test is the norm summed over every rank's experts, so ep 2 (and ZeRO-3 over the expert
      * shards) skips the steps the single process skips, with the same scales */
@@ -449,6 +455,7 @@ static void fp16_ep(const char *tmp, const char *base) {
         TU_CHECK(dd <= 1e-4, "fp16 ep 2 per-expert: final weights elementwise %.3g (bar 1e-4)", dd);
         TU_CHECK(nskip >= 2 && nskip < 12, "fp16: %d of 12 steps skipped (want some, not all)", nskip);
     }
+    unsetenv("SUANLI_MOE_HALF_EXPERTS");
 }
 
 int main(void) {

@@ -161,6 +161,7 @@ static sl_status op_route(sl_tensor *n) {
     ocl_int(&c, bias != NULL);
     for (int i = 0; i < 5; i++) ocl_int(&c, n->iparams[i]); /* k, sigmoid, norm, groups, top groups */
     ocl_float(&c, n->fparams[0]);
+    ocl_int(&c, n->iparams[SL_MOE_ROUTE_IP_HALF]);
     SL_TRY(ocl_run1(&c, (size_t)N));
     /* a sequence shard: every shard's counts per batch row place its tokens (Note [Capacity under sequence
      * parallelism], src/nn/moe.c) */
@@ -196,6 +197,7 @@ static sl_status op_route_back(sl_tensor *n) {
     ocl_int(&c, f->iparams[1]);
     ocl_int(&c, f->iparams[2]);
     ocl_float(&c, f->fparams[0]);
+    ocl_int(&c, f->iparams[SL_MOE_ROUTE_IP_HALF]);
     return ocl_run1(&c, (size_t)f->ne[0]);
 }
 

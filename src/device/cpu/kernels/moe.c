@@ -73,6 +73,11 @@ static void route_row(const sl_tensor *n, const float *x, float *y, float *s, fl
     for (int64_t e = 0; e < E; e++) y[e] = taken[e] ? s[e] * inv * scale : 0.0f;
 }
 
+/* hm 1: the bf16 value of v, 2: the f16 value */
+static float half_round(float v, int hm) {
+    return hm == 1 ? sl_bf16_to_f32(sl_f32_to_bf16(v)) : sl_f16_to_f32(sl_f32_to_f16(v));
+}
+
 sl_status sl_k_moe_route(sl_tensor *n) {
     sl_tensor *a = n->src[0];
     int64_t N = a->ne[0], E = a->ne[1], as = a->nb[0], cap = n->iparams[5];
@@ -91,6 +96,9 @@ sl_status sl_k_moe_route(sl_tensor *n) {
                   taken_all + r * E);
     free(taken_all);
     free(choice_all);
+    int hm = n->iparams[SL_MOE_ROUTE_IP_HALF]; /* Note [Half routing weights] (src/nn/moe.c) */
+    if (hm)
+        for (int64_t i = 0; i < N * E; i++) py[i] = half_round(py[i], hm);
     /* counts, and the capacity: an expert keeps its first `cap` tokens in token order, i.e. a token whose
      * position among the tokens routed to e (kept or not) is below cap. For a sequence shard (src2: Note
      * [Capacity under sequence parallelism], src/nn/moe.c) the position counts the whole batch's tokens
@@ -141,7 +149,7 @@ sl_status sl_k_moe_route(sl_tensor *n) {
 sl_status sl_k_moe_route_back(sl_tensor *n) {
     sl_tensor *f = n->src[0], *g = n->src[1];
     int64_t N = f->ne[0], E = f->ne[1], gs = g->nb[0];
-    int sigmoid = f->iparams[1], norm = f->iparams[2];
+    int sigmoid = f->iparams[1], norm = f->iparams[2], hm = f->iparams[SL_MOE_ROUTE_IP_HALF];
     float scale = f->fparams[0];
     const float *ps = route_scores(f), *pm = route_mask(f), *pg = g->data;
     float *pd = n->data;
@@ -150,7 +158,9 @@ sl_status sl_k_moe_route_back(sl_tensor *n) {
         const float *s = ps + r * E, *m = pm + r * E, *dy = pg + r * gs;
         float *du = pd + r * E, S = 0, dot = 0;
         for (int64_t e = 0; e < E; e++) {
-            du[e] = m[e] == 1 ? dy[e] * scale : 0.0f; /* d(unnormalised weight u = s * scale) */
+            /* d(unnormalised weight u = s * scale); half weights: their gradient rounded as a half tensor's
+             */
+            du[e] = m[e] == 1 ? (hm ? half_round(dy[e], hm) : dy[e]) * scale : 0.0f;
             if (m[e] != 0) S += s[e];
         }
         if (norm && S > 0) { /* w = u / S over the selection (dropped entries stay in S) */
@@ -298,6 +308,11 @@ sl_status sl_k_moe_combine(sl_tensor *n) {
     for (int64_t r = 0; r < cnt; r++) { /* distinct tokens: no two rows write the same output row */
         float *o = out + idx[r] * C, s = w ? pw[idx[r] * E + e] : 1.0f;
         const float *yr = py + r * ys;
+        if (w == 2) { /* bf16 weight, bf16 product (Note [bf16 MoE combine], src/nn/moe.c) */
+            s = sl_bf16_to_f32(sl_f32_to_bf16(s));
+            for (int64_t c = 0; c < C; c++) o[c] += sl_bf16_to_f32(sl_f32_to_bf16(s * yr[c]));
+            continue;
+        }
         for (int64_t c = 0; c < C; c++) o[c] += s * yr[c];
     }
     free(idx);

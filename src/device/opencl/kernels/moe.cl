@@ -17,7 +17,7 @@ inline float moe_expf(float x) { return exp(x); }
  * weight row and the taken flags in the mask row until the weights are written. */
 kernel void k_moe_route_row(global float *rt, long ro, global const float *x, long xo, long xs, long N, long E,
                             global const float *bias, long bo, int has_bias, int k, int sigm, int norm, int ng,
-                            int tg, float scale) {
+                            int tg, float scale, int hm) {
     long r = get_global_id(0);
     if (r >= N) return;
     global float *c = rt + ro + r * E, *s = c + N * E, *m = c + 2 * N * E;
@@ -66,7 +66,10 @@ kernel void k_moe_route_row(global float *rt, long ro, global const float *x, lo
     for (long e = 0; e < E; e++)
         if (m[e] != 0.0f) sum += s[e];
     float inv = norm && sum > 0 ? 1.0f / sum : 1.0f;
-    for (long e = 0; e < E; e++) c[e] = m[e] != 0.0f ? s[e] * inv * scale : 0.0f;
+    for (long e = 0; e < E; e++) { /* hm: half weights (Note [Half routing weights], src/nn/moe.c) */
+        float v = m[e] != 0.0f ? s[e] * inv * scale : 0.0f;
+        c[e] = hm == 1 ? rbf16(v) : hm == 2 ? rf16(v) : v;
+    }
 }
 
 /* One work-item per expert: routed / kept counts, and the capacity (the first `cap` tokens in token order) */
@@ -106,14 +109,15 @@ kernel void k_moe_route_cap(global float *rt, long ro, long N, long E, long cap,
 }
 
 kernel void k_moe_route_back(global float *d, long dO, global const float *rt, long ro, global const float *g,
-                             long go, long gs, long N, long E, int sigm, int norm, float scale) {
+                             long go, long gs, long N, long E, int sigm, int norm, float scale, int hm) {
     long r = get_global_id(0);
     if (r >= N) return;
     global const float *s = rt + ro + N * E + r * E, *m = s + N * E, *dy = g + go + r * gs;
     global float *du = d + dO + r * E;
     float S = 0, dot = 0;
     for (long e = 0; e < E; e++) {
-        du[e] = m[e] == 1.0f ? dy[e] * scale : 0.0f;
+        float g = hm == 1 ? rbf16(dy[e]) : hm == 2 ? rf16(dy[e]) : dy[e];
+        du[e] = m[e] == 1.0f ? g * scale : 0.0f;
         if (m[e] != 0.0f) S += s[e];
     }
     if (norm && S > 0) {
@@ -231,7 +235,7 @@ kernel void k_moe_combine(global float *o, long oo, global const float *y, long 
     int r = tok[to + n];
     if (r >= 0) {
         float s = weighted ? w[wo + n * E + e] : 1.0f;
-        v += s * y[yo + r * ldy + c];
+        v += weighted == 2 ? rbf16(rbf16(s) * y[yo + r * ldy + c]) : s * y[yo + r * ldy + c];
     }
     o[oo + n * C + c] = v;
 }
