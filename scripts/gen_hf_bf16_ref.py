@@ -14,6 +14,10 @@ suanli's bf16 load does). Writes <model>/ref_bf16.safetensors:
     gap_mean     F32 (1,)    mean |bf16 - fp32| of the prompt's logits (transformers' own bf16-vs-fp32 gap)
     logits_autocast F32 (1, T, V) the fp32 model's prompt logits under torch.autocast("cpu", bfloat16)
     gap_autocast F32 (1,)    mean |autocast - fp32| of them
+    gradac.<name>, grad32.<name>  F32  step-0 gradients under autocast and in fp32 of the mean cross-entropy of
+                             ids[:, 1:] given ids[:, :-1] (no router losses), for layer 0's q_proj, layer 1's
+                             attention projections and post-attention norm, every MoE layer's router, shared
+                             expert and shared-expert gate, under suanli's parameter names
 Baichuan2 (not in transformers) and DeepSeek-V3 (its fixture config does not load in transformers 5.25) are
 left out. Usage: python3 scripts/gen_hf_bf16_ref.py
 """
@@ -21,6 +25,7 @@ import os
 import sys
 
 import torch
+import torch.nn.functional as F
 import transformers
 from safetensors.torch import load_file, save_file
 from transformers import (LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM,
@@ -58,9 +63,23 @@ def main():
                 gaps.append(float(top[0] - top[1]))
                 seq = torch.cat([seq, torch.tensor([[t]])], dim=1)
         gap_mean = (lg - ref["logits"]).abs().mean()
+        grads = {}
+        want = {"model.layers.0.self_attn.q_proj.weight"} | {
+            n for n, _ in m32.named_parameters()
+            if n.endswith("mlp.gate.weight") or "shared_expert" in n or "layers.1.self_attn" in n or "layers.1.post" in n}
+        for mode in ("ac", "32"):
+            m32.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "ac"):
+                lo = m32(ids[:, :-1]).logits
+            F.cross_entropy(lo.float().reshape(-1, lo.shape[-1]), ids[:, 1:].reshape(-1)).backward()
+            for n, p in m32.named_parameters():
+                if n in want:
+                    key = n.replace("mlp.gate.", "block_sparse_moe.gate.") if name == "mixtral" else n
+                    grads[f"grad{mode}.{key}"] = p.grad.detach().float().contiguous()
         save_file({"logits_bf16": lg.contiguous(), "logits_to": lt.contiguous(), "greedy_bf16": torch.tensor(out, dtype=torch.int32), "top_bf16": torch.tensor(tops),
                    "gap_bf16": torch.tensor(gaps), "gap_mean": gap_mean.reshape(1).float(),
-                   "logits_autocast": la.contiguous(), "gap_autocast": (la - ref["logits"]).abs().mean().reshape(1).float()},
+                   "logits_autocast": la.contiguous(), "gap_autocast": (la - ref["logits"]).abs().mean().reshape(1).float(),
+                   **grads},
                   os.path.join(d, "ref_bf16.safetensors"))
         print(f"{name}: ref.safetensors' .to() logits reproduced: {same}; mean |bf16-fp32| {gap_mean:.4g}; "
               f"mean |from_pretrained - .to()| {(lg - lt).abs().mean():.4g}; greedy {out[:8]}...; "

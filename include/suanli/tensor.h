@@ -35,6 +35,9 @@ extern "C" {
  * way in backward (Qwen2-MoE's router_top_value.to(router_logits.dtype): Note [Half routing weights],
  * src/nn/moe.c); 0 fp32 */
 #define SL_MOE_ROUTE_IP_HALF 9
+/* MUL iparams[0]: SL_BF16 / SL_F16 for a half op whose broadcast operand's gradient rounds each product
+ * before the reduction to its shape (Note [Half routing weights], src/nn/moe.c); 0 none */
+#define SL_MUL_IP_HALF 0
 #define SL_MAX_FPARAMS 4
 
 /* SL_F16: IEEE binary16 (issue 19), appended so the stored values of the others do not change */

@@ -353,7 +353,10 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
     /* Note [Half routing weights]
      * Qwen2-MoE's router casts its weights to the logits' dtype (router_top_value.to(router_logits.dtype)):
      * bf16 in a bf16 model, the autocast dtype under autocast (its linear's output). The route rounds them,
-     * and its backward rounds their gradient as that half tensor's gradient is. Mixtral keeps fp32 weights;
+     * and its backward rounds their gradient as that half tensor's gradient is. The shared expert's sigmoid
+     * gate is a half op the same way, and its backward differentiates the rounded output (sigmoid_backward
+     * reads the op's half output); the product with it is a half mul whose gradient to the (N, 1) gate
+     * rounds each product before summing over C (SL_MUL_IP_HALF). Mixtral keeps fp32 weights;
      * DeepSeek-V3's are not checked against transformers here (its fixture config does not load there). */
     sl_dtype wh = m->wdtype == SL_BF16 ? SL_BF16 : sl_llama_autocast(m);
     if (c->arch == SL_ARCH_QWEN2_MOE && wh != SL_F32)
@@ -453,7 +456,13 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
                 m, h2, moe_W(m, sl_llama_W(m, "model.layers.%d.mlp.shared_expert_gate.weight", l)),
                 NULL); /* (N, 1) */
             sl_moe_route_opts so = {.k = 1, .score = SL_MOE_SCORE_SIGMOID, .scale = 1.0f};
-            s = sl_llama_rnd(m, sl_mul(ctx, s, sl_llama_rnd(m, sl_moe_route(ctx, g, NULL, &so))));
+            sl_tensor *sg = sl_moe_route(ctx, g, NULL, &so);
+            /* a half op: its output rounded, its backward torch's sigmoid_backward of that half output
+             * (Note [Half routing weights]) */
+            sl_tensor *sm = sl_mul(ctx, s, sg);
+            if (wh != SL_F32)
+                sg->iparams[SL_MOE_ROUTE_IP_HALF] = wh == SL_BF16 ? 1 : 2, sm->iparams[SL_MUL_IP_HALF] = wh;
+            s = sl_llama_rnd(m, sm);
         }
         y = sl_add(ctx, y, s); /* a bf16 model's sum is bf16; under autocast fp32 (routed) + half (shared) */
         if (m->wdtype == SL_BF16) y = sl_llama_rnd(m, y);

@@ -205,6 +205,10 @@ void sl_op_backward(sl_ctx *ctx, sl_tensor *n, sl_tensor *g, const int *ng, sl_g
         if (ng[0]) emit(st, a, sl_mul(ctx, g, b));
         if (ng[1]) {
             sl_tensor *gb = sl_mul(ctx, g, a);
+            /* a half mul with a broadcast b (iparams[0], SL_MUL_IP_HALF): torch's gradient of b is the half
+             * tensor g * a (each product rounded), then summed to b's shape in fp32 */
+            if (n->iparams[SL_MUL_IP_HALF] && !sl_same_shape(a, b))
+                gb = sl_round_half(ctx, gb, (sl_dtype)n->iparams[SL_MUL_IP_HALF]);
             emit(st, b, sl_same_shape(a, b) ? gb : sl_sum_to(ctx, gb, b));
         }
         break;

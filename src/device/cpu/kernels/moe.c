@@ -167,8 +167,13 @@ sl_status sl_k_moe_route_back(sl_tensor *n) {
             for (int64_t e = 0; e < E; e++) dot += du[e] * s[e];
             for (int64_t e = 0; e < E; e++) du[e] = m[e] != 0 ? (du[e] - dot / S) / S : 0.0f;
         }
-        if (sigmoid) {
-            for (int64_t e = 0; e < E; e++) du[e] *= s[e] * (1.0f - s[e]);
+        if (sigmoid) { /* a half sigmoid (its output rounded, no normalisation): torch's sigmoid_backward of
+                          the half output (Note [Half routing weights], src/nn/moe.c) */
+            int ho = hm && !norm && scale == 1.0f;
+            for (int64_t e = 0; e < E; e++) {
+                float se = ho ? half_round(s[e], hm) : s[e];
+                du[e] = ho ? du[e] * (1.0f - se) * se : du[e] * (se * (1.0f - se)); /* torch's order there */
+            }
         } else {
             float d2 = 0;
             for (int64_t e = 0; e < E; e++) d2 += du[e] * s[e];

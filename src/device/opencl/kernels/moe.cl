@@ -124,8 +124,12 @@ kernel void k_moe_route_back(global float *d, long dO, global const float *rt, l
         for (long e = 0; e < E; e++) dot += du[e] * s[e];
         for (long e = 0; e < E; e++) du[e] = m[e] != 0.0f ? (du[e] - dot / S) / S : 0.0f;
     }
-    if (sigm) {
-        for (long e = 0; e < E; e++) du[e] *= s[e] * (1.0f - s[e]);
+    if (sigm) { /* a half sigmoid: the derivative of its rounded output, as the CPU's */
+        int ho = hm && !norm && scale == 1.0f;
+        for (long e = 0; e < E; e++) {
+            float se = !ho ? s[e] : hm == 1 ? rbf16(s[e]) : rf16(s[e]);
+            du[e] = ho ? du[e] * (1.0f - se) * se : du[e] * (se * (1.0f - se));
+        }
     } else {
         float d2 = 0;
         for (long e = 0; e < E; e++) d2 += du[e] * s[e];
