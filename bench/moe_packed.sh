@@ -4,7 +4,8 @@
 # buffers sized for every token), interleaved, on two shapes: the default 8 experts top-2 (width 256) and a
 # fine-grained 32 experts top-4 (width 128, T = 256), one process x 2 threads; and the 8-expert shape under
 # expert parallelism (2 ranks x 1 thread, ep 2), and the 32-expert shape in bf16 mixed precision (--bf16:
-# autocast numerics). Prints one JSON line per run and, per configuration, the
+# autocast numerics, whose routed experts are fp32 unless SUANLI_MOE_HALF_EXPERTS=1: Note [Experts under
+# autocast] in src/nn/moe.c). Prints one JSON line per run and, per configuration, the
 # medians: ms per step, tokens/s, the planned activation arena (MiB) and the peak RSS (MiB).
 # Usage: bench/moe_packed.sh [--steps N] [--repeat R]
 set -euo pipefail

@@ -41,6 +41,15 @@ static int collect_tok(void *u, int32_t t) {
     return 0;
 }
 
+/* the forward graph of `out` on the CPU, planned and computed */
+static sl_graph *computed(sl_model *m, sl_tensor *out) {
+    sl_graph *g = sl_graph_new(m->ctx);
+    sl_graph_build_forward(g, out);
+    TU_CHECK(sl_graph_plan(g, sl_backend_cpu(), NULL) == SL_OK, "plan");
+    TU_CHECK(sl_graph_compute(g, NULL, NULL) == SL_OK, "compute: %s", sl_errmsg());
+    return g;
+}
+
 static void check_model(const char *name) {
     char dir[1024], path[1100];
     snprintf(dir, sizeof dir, "%s/tests/fixtures/hf/%s", SL_SOURCE_DIR, name);
@@ -66,10 +75,7 @@ static void check_model(const char *name) {
         sl_tensor *x = sl_new_tensor_2d(m->ctx, SL_I32, 1, T), *logits;
         sl_tensor_bind(x, ids);
         sl_model_build(m, x, NULL, &logits);
-        sl_graph *g = sl_graph_new(m->ctx);
-        sl_graph_build_forward(g, logits);
-        TU_CHECK(sl_graph_plan(g, sl_backend_cpu(), NULL) == SL_OK, "plan");
-        TU_CHECK(sl_graph_compute(g, NULL, NULL) == SL_OK, "compute: %s", sl_errmsg());
+        sl_graph *g = computed(m, logits);
         double d = maxabs(logits->data, want, nl);
         printf("%-9s full-sequence logits  max|d| = %.3g  (disk %s, %d file(s))\n", name, d, info.disk_dtype,
                info.n_files);
@@ -83,10 +89,7 @@ static void check_model(const char *name) {
         sl_tensor *x = sl_new_tensor_2d(m->ctx, SL_I32, 1, T);
         sl_tensor_bind(x, ids);
         sl_tensor *logits = sl_model_build_kv(m, x, &kv, 0);
-        sl_graph *g = sl_graph_new(m->ctx);
-        sl_graph_build_forward(g, logits);
-        TU_CHECK(sl_graph_plan(g, sl_backend_cpu(), NULL) == SL_OK, "plan");
-        TU_CHECK(sl_graph_compute(g, NULL, NULL) == SL_OK, "compute: %s", sl_errmsg());
+        sl_graph *g = computed(m, logits);
         double d = maxabs(logits->data, want, nl);
         printf("%-9s kv-prefill logits     max|d| = %.3g\n", name, d);
         TU_CHECK(d <= 1e-4, "%s kv logits max|d| %.3g > 1e-4", name, d);
@@ -164,10 +167,7 @@ static void check_bf16(const char *name) {
     sl_tensor *x = sl_new_tensor_2d(m->ctx, SL_I32, 1, T);
     sl_tensor_bind(x, ids);
     sl_tensor *logits = sl_model_build_kv(m, x, &kv, 0);
-    sl_graph *g = sl_graph_new(m->ctx);
-    sl_graph_build_forward(g, logits);
-    TU_CHECK(sl_graph_plan(g, sl_backend_cpu(), NULL) == SL_OK, "plan");
-    TU_CHECK(sl_graph_compute(g, NULL, NULL) == SL_OK, "compute: %s", sl_errmsg());
+    sl_graph *g = computed(m, logits);
     double rel = tu_rel_maxdiff(logits->data, want, nl), rel32 = tu_rel_maxdiff(logits->data, want32, nl);
     double hf_rel = tu_rel_maxdiff(want, want32, nl);
     printf("%-9s bf16 logits vs transformers bf16: max|d|/max|ref| = %.3g (vs fp32 %.3g; transformers bf16 "
@@ -364,10 +364,7 @@ static void check_autocast(const char *name) {
     sl_tensor *x = sl_new_tensor_2d(m->ctx, SL_I32, 1, T), *logits = NULL;
     sl_tensor_bind(x, ids);
     sl_model_build(m, x, NULL, &logits);
-    sl_graph *g = sl_graph_new(m->ctx);
-    sl_graph_build_forward(g, logits);
-    TU_CHECK(sl_graph_plan(g, sl_backend_cpu(), NULL) == SL_OK, "plan");
-    TU_CHECK(sl_graph_compute(g, NULL, NULL) == SL_OK, "compute: %s", sl_errmsg());
+    sl_graph *g = computed(m, logits);
     const float *got = logits->data, *want = ra->data, *f32 = rf->data;
     double dm = 0, d32 = 0;
     for (int64_t i = 0; i < nl; i++)
