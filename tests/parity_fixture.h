@@ -37,6 +37,32 @@ static inline void load_params(sl_model *m, const char *prefix) {
 }
 
 /* micro-batches from a (steps, accum, B, T+1) token tensor */
+/* the fixture's tiny GPT-2 or Llama (meta n_layer, n_head, ...) with its param.* weights (the bf16 and fp16
+ * parity tests) */
+static inline sl_model *parity_tiny_model(int llama) {
+    sl_model *m = NULL;
+    if (llama) {
+        sl_llama_config cfg = {.arch = SL_ARCH_LLAMA,
+                               .n_layer = meta_i("n_layer"),
+                               .n_head = meta_i("n_head"),
+                               .n_kv_head = meta_i("n_kv_head"),
+                               .hidden = meta_i("n_embd"),
+                               .intermediate = meta_i("intermediate"),
+                               .vocab_size = meta_i("vocab_size"),
+                               .max_seq_len = meta_i("seq_len"),
+                               .rms_eps = 1e-5f,
+                               .rope_theta = 10000.0f};
+        cfg.head_dim = cfg.hidden / cfg.n_head;
+        TU_CHECK(sl_llama_new(&cfg, &m) == SL_OK, "llama: %s", sl_errmsg());
+    } else {
+        sl_gpt2_config cfg = {meta_i("n_layer"), meta_i("n_head"), meta_i("n_embd"), meta_i("vocab_size"),
+                              meta_i("seq_len")};
+        TU_CHECK(sl_gpt2_new(&cfg, &m) == SL_OK, "gpt2: %s", sl_errmsg());
+    }
+    if (m) load_params(m, "param.");
+    return m;
+}
+
 typedef struct {
     const int32_t *tok;
     int B, T, accum;

@@ -41,30 +41,6 @@
 #include "parity_fixture.h"
 #include "testutil.h"
 
-static sl_model *make_model(int llama) {
-    sl_model *m = NULL;
-    if (llama) {
-        sl_llama_config cfg = {.arch = SL_ARCH_LLAMA,
-                               .n_layer = meta_i("n_layer"),
-                               .n_head = meta_i("n_head"),
-                               .n_kv_head = meta_i("n_kv_head"),
-                               .hidden = meta_i("n_embd"),
-                               .intermediate = meta_i("intermediate"),
-                               .vocab_size = meta_i("vocab_size"),
-                               .max_seq_len = meta_i("seq_len"),
-                               .rms_eps = 1e-5f,
-                               .rope_theta = 10000.0f};
-        cfg.head_dim = cfg.hidden / cfg.n_head;
-        TU_CHECK(sl_llama_new(&cfg, &m) == SL_OK, "llama: %s", sl_errmsg());
-    } else {
-        sl_gpt2_config cfg = {meta_i("n_layer"), meta_i("n_head"), meta_i("n_embd"), meta_i("vocab_size"),
-                              meta_i("seq_len")};
-        TU_CHECK(sl_gpt2_new(&cfg, &m) == SL_OK, "gpt2: %s", sl_errmsg());
-    }
-    if (m) load_params(m, "param.");
-    return m;
-}
-
 static void set_dtype(sl_model *m, int bf16) { m->compute_dtype = bf16 ? SL_BF16 : SL_F32; }
 
 static sl_trainer_config train_config(void) {
@@ -75,7 +51,7 @@ static sl_trainer_config train_config(void) {
 /* step-0 forward of `tokens`: loss and logits (B*T*V); and the initial weights' losses on each step's first
  * micro-batch (batch_loss, `steps` of them) */
 static void forward0(int llama, int bf16, float *loss, float *logits, float *batch_loss) {
-    sl_model *m = make_model(llama);
+    sl_model *m = parity_tiny_model(llama);
     set_dtype(m, bf16);
     sl_trainer tr;
     sl_trainer_config tc = train_config();
@@ -107,7 +83,7 @@ static double mean_abs_diff(const float *a, const float *b, int64_t n) {
  * parameter, mean |suanli - autocast| against mean |fp32 - autocast|; returns sum|suanli-autocast| /
  * sum|fp32-autocast| over every gradient element */
 static double grads0(const char *name, int llama, float batch_loss0) {
-    sl_model *m = make_model(llama);
+    sl_model *m = parity_tiny_model(llama);
     set_dtype(m, 1);
     int B = meta_i("batch"), T = meta_i("seq_len");
     sl_trainer tr;
@@ -185,7 +161,7 @@ static void check_model(const char *name, int llama) {
     TU_CHECK(rg <= 0.25, "%s step-0 gradients: ratio %.3f > 0.25", name, rg);
 
     /* 100 training steps */
-    sl_model *m = make_model(llama);
+    sl_model *m = parity_tiny_model(llama);
     set_dtype(m, 1);
     sl_trainer tr;
     sl_trainer_config tc = train_config();
@@ -225,7 +201,7 @@ static void check_fused_cast(void) {
     int64_t numel = 0;
     for (int fused = 0; fused < 2; fused++) {
         if (!fused) setenv("SUANLI_FUSED_WEIGHT_CAST", "0", 1);
-        sl_model *m = make_model(0);
+        sl_model *m = parity_tiny_model(0);
         set_dtype(m, 1);
         sl_trainer tr;
         sl_trainer_config tc = train_config();

@@ -31,30 +31,6 @@
 #include "parity_fixture.h"
 #include "testutil.h"
 
-static sl_model *make_model(int llama) {
-    sl_model *m = NULL;
-    if (llama) {
-        sl_llama_config cfg = {.arch = SL_ARCH_LLAMA,
-                               .n_layer = meta_i("n_layer"),
-                               .n_head = meta_i("n_head"),
-                               .n_kv_head = meta_i("n_kv_head"),
-                               .hidden = meta_i("n_embd"),
-                               .intermediate = meta_i("intermediate"),
-                               .vocab_size = meta_i("vocab_size"),
-                               .max_seq_len = meta_i("seq_len"),
-                               .rms_eps = 1e-5f,
-                               .rope_theta = 10000.0f};
-        cfg.head_dim = cfg.hidden / cfg.n_head;
-        TU_CHECK(sl_llama_new(&cfg, &m) == SL_OK, "llama: %s", sl_errmsg());
-    } else {
-        sl_gpt2_config cfg = {meta_i("n_layer"), meta_i("n_head"), meta_i("n_embd"), meta_i("vocab_size"),
-                              meta_i("seq_len")};
-        TU_CHECK(sl_gpt2_new(&cfg, &m) == SL_OK, "gpt2: %s", sl_errmsg());
-    }
-    if (m) load_params(m, "param.");
-    return m;
-}
-
 static sl_trainer_config train_config(int fp16) {
     int B = meta_i("batch"), T = meta_i("seq_len");
     sl_trainer_config tc = parity_train_config(B, T, meta_i("accum"), meta_i("steps"), meta_i("warmup"));
@@ -67,7 +43,7 @@ static sl_trainer_config train_config(int fp16) {
 /* step-0 forward of `tokens`: loss and logits (B*T*V); and the losses of the initial weights on each step's
  * first micro-batch (batch_loss, `steps` of them) */
 static void forward0(int llama, int fp16, float *loss, float *logits, float *batch_loss) {
-    sl_model *m = make_model(llama);
+    sl_model *m = parity_tiny_model(llama);
     m->compute_dtype = fp16 ? SL_F16 : SL_F32;
     sl_trainer tr;
     sl_trainer_config tc = train_config(fp16);
@@ -136,7 +112,7 @@ static void check_model(const char *name, int llama) {
     free(lg32);
 
     /* 100 steps with dynamic loss scaling */
-    sl_model *m = make_model(llama);
+    sl_model *m = parity_tiny_model(llama);
     m->compute_dtype = SL_F16;
     sl_trainer tr;
     sl_trainer_config tc = train_config(1);
