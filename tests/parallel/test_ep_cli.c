@@ -437,15 +437,18 @@ static void fp16_ep(const char *tmp, const char *base) {
                 double x = tu_metric_at(h1, s, "loss"), y = tu_metric_at(h2, s, "loss");
                 if (!(fabs(x - y) / fabs(x) <= worst)) worst = fabs(x - y) / fabs(x);
             }
-            /* Bar: the fp32 one (1e-6). The experts' f16 weight gradients are rounded per source rank's block
-             * as the single process rounds per micro-batch (Note [EP weight gradients per source rank]):
-             * measured 9.3e-8 at ep 2, the packed and the per-expert path alike. Rounded over all received
-             * rows together they were 2.6e-4 off (either path), within the old 1e-3 bar; the single
-             * process's own sensitivity is far larger: the same batch split into micro-batches of 1 instead
-             * of 2 moves its fp16 losses by up to 4e-2. */
+            /* Bar 1e-5. The experts' f16 weight gradients are rounded per source rank's block as the single
+             * process rounds per micro-batch (Note [EP weight gradients per source rank]): measured 9.3e-8
+             * at ep 2, the packed and the per-expert path alike (Release: 8.5e-8 still). Rounded over all
+             * received rows together they were 2.6e-4 off (either path). Since the shared expert's sigmoid
+             * gate is a half op whose gradient rounds (Note [Half routing weights], src/nn/moe.c), an fp32
+             * sum in another order flips one of those f16 roundings in the ASan build: 4.8e-6 there (9.5e-8
+             * with that gate's rounding taken out), so the bar is no longer the fp32 one (1e-6); it stays 26x
+             * below the per-rank rounding bug, and the single process's own sensitivity is far larger: the
+             * same batch split into micro-batches of 1 instead of 2 moves its fp16 losses by up to 4e-2. */
             printf("fp16 %s: skips and scales as the single process (%d skipped), worst loss rel err %.2e\n",
                    what[k], nskip, worst);
-            TU_CHECK(worst <= 1e-6, "fp16 %s: loss rel err %.3g (bar 1e-6)", h2, worst);
+            TU_CHECK(worst <= 1e-5, "fp16 %s: loss rel err %.3g (bar 1e-5)", h2, worst);
         }
         char w1[700], w2[700];
         snprintf(w1, sizeof w1, "%s/h1", tmp);
