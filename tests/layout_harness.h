@@ -24,6 +24,14 @@
 #include "suanli/parallel.h"
 #include "suanli/train.h"
 
+/* The tiny Llama-family shape the layout tests train (4 query heads, 2 kv heads of 8, hidden 32, MLP 48),
+ * as designated initializers beside the test's own .arch and extras; V and T are the test's vocabulary and
+ * sequence length: static const sl_llama_config C = {.arch = SL_ARCH_QWEN2, TU_TINY_LLAMA(2), .qkv_bias = 1};
+ */
+#define TU_TINY_LLAMA(layers)                                                                                \
+    .n_layer = (layers), .n_head = 4, .n_kv_head = 2, .head_dim = 8, .hidden = 32, .intermediate = 48,       \
+    .vocab_size = V, .max_seq_len = T, .rms_eps = 1e-5f, .rope_theta = 10000.0f
+
 typedef struct tu_layout_rank tu_layout_rank;
 
 typedef struct {

@@ -17,16 +17,7 @@ static tu_layout_tokens TOK = {B, T, V}; /* the batches (tu_layout_synth) */
 
 /* a tiny Mixtral-style Llama-family model: GQA, q/k/v biases, tied embeddings, 2 experts top-1 */
 static const sl_llama_config LCFG = {.arch = SL_ARCH_MIXTRAL,
-                                     .n_layer = 2,
-                                     .n_head = 4,
-                                     .n_kv_head = 2,
-                                     .head_dim = 8,
-                                     .hidden = 32,
-                                     .intermediate = 48,
-                                     .vocab_size = V,
-                                     .max_seq_len = T,
-                                     .rms_eps = 1e-5f,
-                                     .rope_theta = 10000.0f,
+                                     TU_TINY_LLAMA(2),
                                      .tie_embeddings = 1,
                                      .qkv_bias = 1,
                                      .n_experts = 2,

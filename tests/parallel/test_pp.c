@@ -25,19 +25,8 @@ static const sl_gpt2_config CFG = {
     .n_layer = 4, .n_head = 4, .n_embd = 32, .vocab_size = V, .max_seq_len = T};
 
 /* a GQA Qwen2 (q/k/v biases), 4 layers; tied or untied head (LCFG_UNTIED) */
-static const sl_llama_config LCFG = {.arch = SL_ARCH_QWEN2,
-                                     .n_layer = 4,
-                                     .n_head = 4,
-                                     .n_kv_head = 2,
-                                     .head_dim = 8,
-                                     .hidden = 32,
-                                     .intermediate = 48,
-                                     .vocab_size = V,
-                                     .max_seq_len = T,
-                                     .rms_eps = 1e-5f,
-                                     .rope_theta = 10000.0f,
-                                     .tie_embeddings = 1,
-                                     .qkv_bias = 1};
+static const sl_llama_config LCFG = {
+    .arch = SL_ARCH_QWEN2, TU_TINY_LLAMA(4), .tie_embeddings = 1, .qkv_bias = 1};
 static int g_llama; /* 0: GPT-2, 1: the tied Qwen2, 2: untied */
 
 static sl_llama_config llama_cfg(void) {

@@ -19,19 +19,8 @@ static const sl_gpt2_config CFG = {
     .n_layer = 2, .n_head = 4, .n_embd = 32, .vocab_size = V, .max_seq_len = T};
 
 /* a GQA Qwen2 (q/k/v biases) with an untied head: 4 query heads, 2 kv heads */
-static const sl_llama_config LCFG = {.arch = SL_ARCH_QWEN2,
-                                     .n_layer = 2,
-                                     .n_head = 4,
-                                     .n_kv_head = 2,
-                                     .head_dim = 8,
-                                     .hidden = 32,
-                                     .intermediate = 48,
-                                     .vocab_size = V,
-                                     .max_seq_len = T,
-                                     .rms_eps = 1e-5f,
-                                     .rope_theta = 10000.0f,
-                                     .tie_embeddings = 0,
-                                     .qkv_bias = 1};
+static const sl_llama_config LCFG = {
+    .arch = SL_ARCH_QWEN2, TU_TINY_LLAMA(2), .tie_embeddings = 0, .qkv_bias = 1};
 
 static tu_layout_tokens TOK = {B, T, V}; /* the batches (tu_layout_synth) */
 

@@ -22,18 +22,7 @@
 
 enum { STEPS = 8, B = 4, T = 16, V = 64 };
 static const sl_gpt2_config CFG = {2, 2, 32, V, T};
-static const sl_llama_config LCFG = {.arch = SL_ARCH_LLAMA,
-                                     .n_layer = 2,
-                                     .n_head = 4,
-                                     .n_kv_head = 2,
-                                     .head_dim = 8,
-                                     .hidden = 32,
-                                     .intermediate = 48,
-                                     .vocab_size = V,
-                                     .max_seq_len = T,
-                                     .rms_eps = 1e-5f,
-                                     .rope_theta = 10000.0f,
-                                     .qkv_bias = 1};
+static const sl_llama_config LCFG = {.arch = SL_ARCH_LLAMA, TU_TINY_LLAMA(2), .qkv_bias = 1};
 
 typedef struct {
     float loss[STEPS], val;
