@@ -56,7 +56,7 @@ static int fail(const char *what) {
 int sl_bench_moe(int argc, char **argv) {
     int64_t L = 4, NH = 8, NKV = 4, C = 256, E = 8, K = 2, I = 256, S = 512, V = 4096, B = 4, T = 64,
             steps = 8, warm = 2, threads = 1, ep = 1, zero = 0;
-    int json = 0, bf16 = 0;
+    int json = 0, bf16 = 0, mixtral = 0;
     double cf = 0;
     const char *rcg = NULL;
     sl_flag flags[] = {
@@ -82,6 +82,8 @@ int sl_bench_moe(int argc, char **argv) {
          0},
         {"recompute-granularity", SL_FLAG_STR, &rcg, 0, 0,
          "full: every layer computed again in the backward (Note [Full recomputation])", 0},
+        {"mixtral", SL_FLAG_BOOL, &mixtral, 0, 1,
+         "a Mixtral block instead of Qwen2-MoE's (top-k then softmax, no shared expert, no qkv bias)", 0},
         {"json", SL_FLAG_BOOL, &json, 0, 1, "machine-readable output", 0},
     };
     if (sl_flags_help(flags, (int)(sizeof flags / sizeof flags[0]), argc, argv,
@@ -106,7 +108,8 @@ int sl_bench_moe(int argc, char **argv) {
         return 2;
     }
     if (mesh.rank != 0 && !freopen("/dev/null", "w", stdout)) return 1;
-    sl_llama_config cfg = {.arch = SL_ARCH_QWEN2_MOE,
+    if (mixtral && S > 0) S = 0; /* Mixtral has no shared expert */
+    sl_llama_config cfg = {.arch = mixtral ? SL_ARCH_MIXTRAL : SL_ARCH_QWEN2_MOE,
                            .n_layer = (int)L,
                            .n_head = (int)NH,
                            .n_kv_head = (int)NKV,
@@ -121,7 +124,7 @@ int sl_bench_moe(int argc, char **argv) {
                            .max_seq_len = (int)T,
                            .rms_eps = 1e-6f,
                            .rope_theta = 10000.0f,
-                           .qkv_bias = 1};
+                           .qkv_bias = !mixtral};
     sl_model *m = NULL;
     sl_tp *tp = NULL;
     sl_model_split split = {1, 0, 1, 0, 1, 0, 0, (int)ep, mesh.ep_rank, 0};
@@ -179,7 +182,7 @@ int sl_bench_moe(int argc, char **argv) {
     double a2a_frac = step_tot > 0 ? a2a_tot / step_tot : 0,
            wait_frac = step_tot > 0 ? wait_tot / step_tot : 0;
     if (json)
-        printf("{\"bench\": \"moe_train\", \"model\": \"qwen2_moe\", \"L\": %lld, \"C\": %lld, \"E\": %lld, "
+        printf("{\"bench\": \"moe_train\", \"model\": \"%s\", \"L\": %lld, \"C\": %lld, \"E\": %lld, "
                "\"topk\": %lld, \"moe_ffn\": %lld, \"shared\": %lld, \"V\": %lld, \"B\": %lld, \"T\": %lld, "
                "\"threads\": %lld, \"world\": %d, \"dp\": %d, \"ep\": %lld, \"zero_stage\": %lld, "
                "\"capacity_factor\": %g, \"params_per_rank\": %lld, \"ms_per_step\": %.2f, \"tokens_per_s\": "
@@ -187,21 +190,20 @@ int sl_bench_moe(int argc, char **argv) {
                "\"packed_experts\": %d, \"bf16\": %d, \"recompute\": %d, \"activation_mib\": %.1f, "
                "\"reserved_rows_mib\": %.2f, "
                "\"reserved_resident_mib\": %.2f, \"peak_rss_mib\": %.1f, \"rss_mib\": %.1f}\n",
-               (long long)L, (long long)C, (long long)E, (long long)K, (long long)I, (long long)S,
-               (long long)V, (long long)B, (long long)T, (long long)threads, mesh.world, mesh.dp,
-               (long long)ep, (long long)zero, cf, (long long)m->numel, med * 1e3, tps, a2a_frac,
-               a2a_bytes / steps / 1048576.0, wait_frac, packed, bf16, rcg != NULL, act_mib, rsv_mib,
-               rsv_res_mib, rss_mib, rss_end_mib);
+               mixtral ? "mixtral" : "qwen2_moe", (long long)L, (long long)C, (long long)E, (long long)K,
+               (long long)I, (long long)S, (long long)V, (long long)B, (long long)T, (long long)threads,
+               mesh.world, mesh.dp, (long long)ep, (long long)zero, cf, (long long)m->numel, med * 1e3, tps,
+               a2a_frac, a2a_bytes / steps / 1048576.0, wait_frac, packed, bf16, rcg != NULL, act_mib,
+               rsv_mib, rsv_res_mib, rss_mib, rss_end_mib);
     else
-        printf(
-            "Qwen2-MoE L%lld C%lld, %lld experts top-%lld, B%lld T%lld, %lld threads x %d ranks (dp %d, ep "
-            "%lld): %.1f ms/step, %.1f tokens/s; all-to-all %.1f%% of the step (%.2f MiB sent per rank), "
-            "gradient waits %.1f%%; %lld parameters per rank; activations %.1f MiB (%s experts; received "
-            "rows: %.2f MiB reserved, %.2f resident), peak RSS %.1f MiB (%.1f MiB after the steps)\n",
-            (long long)L, (long long)C, (long long)E, (long long)K, (long long)B, (long long)T,
-            (long long)threads, mesh.world, mesh.dp, (long long)ep, med * 1e3, tps, 100 * a2a_frac,
-            a2a_bytes / steps / 1048576.0, 100 * wait_frac, (long long)m->numel, act_mib,
-            packed ? "packed" : "per-expert", rsv_mib, rsv_res_mib, rss_mib, rss_end_mib);
+        printf("%s L%lld C%lld, %lld experts top-%lld, B%lld T%lld, %lld threads x %d ranks (dp %d, ep "
+               "%lld): %.1f ms/step, %.1f tokens/s; all-to-all %.1f%% of the step (%.2f MiB sent per rank), "
+               "gradient waits %.1f%%; %lld parameters per rank; activations %.1f MiB (%s experts; received "
+               "rows: %.2f MiB reserved, %.2f resident), peak RSS %.1f MiB (%.1f MiB after the steps)\n",
+               mixtral ? "Mixtral" : "Qwen2-MoE", (long long)L, (long long)C, (long long)E, (long long)K,
+               (long long)B, (long long)T, (long long)threads, mesh.world, mesh.dp, (long long)ep, med * 1e3,
+               tps, 100 * a2a_frac, a2a_bytes / steps / 1048576.0, 100 * wait_frac, (long long)m->numel,
+               act_mib, packed ? "packed" : "per-expert", rsv_mib, rsv_res_mib, rss_mib, rss_end_mib);
     free(ts);
     sl_dp_free(dp);
     sl_tp_free(tp);

@@ -565,11 +565,12 @@ static sl_tensor *body_stage(sl_model *m, int chunk, sl_tensor *ids, sl_tensor *
                          : sl_model_hidden_dropout_add(m, x, ao, sl_model_dropout_site(l, SL_DROP_ATTN_OUT)));
         h = norm(m, x, tp_rep(m, W(m, "%s.%d.post_attention_layernorm.weight", pre, l)), c->rms_eps);
         sl_tensor *f;
-        /* Mixtral's dense gate form (every expert on every token): inference, bf16 numerics, backends
-         * without the routing ops; a model split over TP or EP routes (the form needs every expert, and
-         * TP's g would sum tp copies of it) */
+        /* Mixtral's dense gate form (every expert on every token): inference, bf16 weights, half experts
+         * under autocast (SUANLI_MOE_HALF_EXPERTS=1), backends without the routing ops; a model split over
+         * TP or EP routes (the form needs every expert, and TP's g would sum tp copies of it). Autocast's
+         * default fp32 experts route as fp32 training does (Note [Experts under autocast] in moe.c) */
         if (c->arch == SL_ARCH_MIXTRAL && m->tp <= 1 && m->ep <= 1 &&
-            (kv || m->wdtype == SL_BF16 || autocast(m) != SL_F32 || !sl_moe_backend_ok(m)))
+            (kv || m->wdtype == SL_BF16 || sl_moe_experts_half(m) != SL_F32 || !sl_moe_backend_ok(m)))
             f = tp_g(
                 m,
                 moe(m, tp_f(m, h), l,
