@@ -383,7 +383,8 @@ sl_tensor *sl_llama_swiglu(sl_model *m, sl_tensor *h, sl_tensor *wg, sl_tensor *
  * routed rows (SL_OP_MOE_EXPERT, Note [Sparse experts]). f32 training of every MoE architecture dispatches
  * tokens instead (src/nn/moe.c, Note [MoE dispatch in a static graph]); this dense form, where every expert
  * runs on every token (E/k times the FLOPs, exact because unselected experts are multiplied by 0), remains
- * for Mixtral's bf16 and autocast numerics, which the fixtures pin down. */
+ * for bf16 weights and for half experts under autocast (SUANLI_MOE_HALF_EXPERTS=1); autocast's default fp32
+ * experts route (Note [Experts under autocast] in moe.c). */
 static sl_tensor *moe(sl_model *m, sl_tensor *h, int l, int sparse) {
     sl_ctx *ctx = m->ctx;
     const sl_llama_config *c = &m->lcfg;

@@ -298,9 +298,10 @@ static void mutations(void) {
  * weights' rounded gradient, Note [Half routing weights] in src/nn/moe.c): the mean cross-entropy of ids[1:]
  * given ids[:-1], no router losses, against torch.autocast's gradients of layer 0's q_proj and every router
  * (gradac.*): mean |suanli - autocast| <= 0.25 x mean |autocast - fp32| per tensor, issue 19's step-0 bar.
- * Measured on Zen 4 (vdpbf16ps, transformers 5.25): 0, every compared gradient bitwise, for all six;
- * Qwen2-MoE was at 0.13-0.76 before its shared gate's half sigmoid backward and half mul (Note [Half
- * routing weights]). */
+ * Measured on Zen 4 (vdpbf16ps, transformers 5.25): 0, every compared gradient bitwise, for all six but
+ * Mixtral's layer-0 q_proj, 0.010 (its routed fp32 experts sum their dx in another order than the dense
+ * form, which was bitwise: a few bf16 flips); Qwen2-MoE was at 0.13-0.76 before its shared gate's half
+ * sigmoid backward and half mul (Note [Half routing weights]). */
 static void autocast_grads(sl_model *m, sl_safetensors *rb16, const int32_t *ids, int T, const char *name) {
     m->moe.aux_coeff = m->moe.z_coeff = 0;
     sl_trainer tr;
