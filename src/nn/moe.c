@@ -201,7 +201,8 @@ static int packed_experts(void) {
  * expert's linears round. So autocast's routed experts here are the fp32 ones (the routed kernels, packed
  * or not); the step-0 forward of the fixtures is bitwise torch.autocast's (tests/hf/test_hf_models.c).
  * SUANLI_MOE_HALF_EXPERTS=1 keeps half experts instead (rounded as matmul nodes under autocast, as
- * transformers 4 and Megatron's bf16 experts: faster, not the fixtures' numerics). */
+ * transformers' eager experts and Megatron's bf16 experts; not the fixtures' default numerics, and at the
+ * widths measured not faster: docs/BENCHMARKS.md). */
 sl_dtype sl_moe_experts_half(const sl_model *m) {
     const char *s = getenv("SUANLI_MOE_HALF_EXPERTS");
     return m->wdtype == SL_F32 && s && !strcmp(s, "1") ? sl_llama_autocast(m) : SL_F32;
