@@ -157,6 +157,13 @@ static void test_bench_flags(void) {
     bad("bench kernels --only", "--only 'nosuch' matches no kernel", run("bench kernels --only nosuch"));
     bad("bench moe --recompute-granularity", "--recompute-granularity: expected full, got 'selective'",
         run("bench moe --recompute-granularity selective"));
+    /* --mixtral: a Mixtral block (no shared expert), named in the record */
+    rc = run(
+        "bench moe --mixtral --num-layers 1 --hidden-size 32 --num-attention-heads 2 --num-query-groups 1 "
+        "--moe-ffn-hidden-size 16 --vocab-size 64 --seq-length 8 --micro-batch-size 2 --steps 1 --warmup 0 "
+        "--bf16 --json");
+    TU_CHECK(rc == 0 && strstr(out, "\"model\": \"mixtral\"") && strstr(out, "\"shared\": 0"),
+             "bench moe --mixtral: %d %s", rc, out);
     /* 2^44 MiB wrapped to 0 bytes and "measured" 0 GB/s, exit 0 */
     bad("bench ec --mib", "--mib: 17592186044416 out of range [1, 65536]",
         run("bench ec --mib 17592186044416 --reps 1"));
