@@ -190,7 +190,8 @@ sl_tensor *sl_moe_router_loss(sl_ctx *ctx, sl_tensor *logits, sl_tensor *route, 
 /* x (N, C) -> (R, C): the rows of the tokens expert e keeps, in token order; zero rows past the count. */
 sl_tensor *sl_moe_gather(sl_ctx *ctx, sl_tensor *x, sl_tensor *route, int e, int64_t R, int weighted);
 /* acc (N, C) or NULL + routing weight * y (R, C) scattered back to expert e's tokens -> (N, C). weighted: 0
- * y, 1 w * y, 2 bf16(bf16(w) * y) (a bf16 inference model's Qwen2-MoE; forward only). */
+ * y, 1 w * y, 2 bf16(w * y) (a bf16 inference model's Qwen2-MoE, whose route already rounds w to bf16;
+ * forward only). */
 sl_tensor *sl_moe_combine(sl_ctx *ctx, sl_tensor *y, sl_tensor *route, sl_tensor *acc, int e, int weighted);
 /* The SwiGLU expert e on x (R, C) from sl_moe_gather, computed on the kept rows only (f32 weights): what
  * makes dropless dispatch cost FLOPs in proportion to the routed tokens (see SL_OP_MOE_EXPERT_FFN). */

@@ -403,7 +403,8 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
      * A transformers 5 bf16 model sums each token's weighted expert outputs as grouped_mm_experts_forward
      * does: the bf16 products y_k * w_k summed over k in fp32 and rounded once; Qwen2-MoE's router casts its
      * weights to the logits' dtype first (router_top_value.to(router_logits.dtype)), so there the weights
-     * and each product are bf16 (MOE_COMBINE weighted = 2); Mixtral keeps fp32 weights (Note [bf16 Mixtral
+     * and each product are bf16 (the route rounds the weights, Note [Half routing weights]; MOE_COMBINE
+     * weighted = 2 rounds the products); Mixtral keeps fp32 weights (Note [bf16 Mixtral
      * experts] in llama.c). The shared expert's sigmoid gate is a bf16 op, rounded too. */
     int bf16_weights = m->wdtype == SL_BF16 && c->arch == SL_ARCH_QWEN2_MOE;
     sl_tensor *hx = h2; /* the experts' input: f(h), under SP the gathered tokens */

@@ -313,8 +313,7 @@ sl_status sl_k_moe_combine(sl_tensor *n) {
     for (int64_t r = 0; r < cnt; r++) { /* distinct tokens: no two rows write the same output row */
         float *o = out + idx[r] * C, s = w ? pw[idx[r] * E + e] : 1.0f;
         const float *yr = py + r * ys;
-        if (w == 2) { /* bf16 weight, bf16 product (Note [bf16 MoE combine], src/nn/moe.c) */
-            s = sl_bf16_to_f32(sl_f32_to_bf16(s));
+        if (w == 2) { /* bf16 products of the route's bf16 weights (Note [bf16 MoE combine], src/nn/moe.c) */
             for (int64_t c = 0; c < C; c++) o[c] += sl_bf16_to_f32(sl_f32_to_bf16(s * yr[c]));
             continue;
         }

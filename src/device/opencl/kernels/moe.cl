@@ -239,7 +239,7 @@ kernel void k_moe_combine(global float *o, long oo, global const float *y, long 
     int r = tok[to + n];
     if (r >= 0) {
         float s = weighted ? w[wo + n * E + e] : 1.0f;
-        v += weighted == 2 ? rbf16(rbf16(s) * y[yo + r * ldy + c]) : s * y[yo + r * ldy + c];
+        v += weighted == 2 ? rbf16(s * y[yo + r * ldy + c]) : s * y[yo + r * ldy + c];
     }
     o[oo + n * C + c] = v;
 }
