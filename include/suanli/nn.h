@@ -45,6 +45,9 @@ typedef struct sl_param_info {
     /* Expert parallelism: 1 for a routed expert's weight, held only by the EP ranks that own the expert
      * (its gradient is reduced over the expert-data-parallel group, src/parallel/dp.c) */
     int expert;
+    /* a bf16 model keeps this leaf's fp32 values (transformers' _keep_in_fp32_modules: DeepSeek-V3's router
+     * weight and e_score_correction_bias); other f32 leaves of a bf16 model hold bf16 values */
+    int keep_f32;
 } sl_param_info;
 
 enum { SL_INIT_NORMAL = 0, SL_INIT_NORMAL_RESID, SL_INIT_ZERO, SL_INIT_ONE };

@@ -33,8 +33,12 @@ extern "C" {
 #define SL_MOE_ROUTE_IP_BLOCKS 8
 /* MOE_ROUTE iparams[9]: the weights rounded to 1 bf16 / 2 f16 values, and their gradient rounded the same
  * way in backward (Qwen2-MoE's router_top_value.to(router_logits.dtype): Note [Half routing weights],
- * src/nn/moe.c); 0 fp32 */
+ * src/nn/moe.c); 0 fp32. Or'ed with SL_MOE_ROUTE_HALF_OPS: every step of the route is a half op, as
+ * DeepSeek-V3's router under autocast (the sigmoid scores, the normalisation's sum and division and the
+ * scaling each rounded, and its backward torch's half autograd of them: Note [DeepSeek-V3's router under
+ * autocast], src/nn/moe.c); the shared gate's half sigmoid of Qwen2-MoE is the same op with k = 1. */
 #define SL_MOE_ROUTE_IP_HALF 9
+#define SL_MOE_ROUTE_HALF_OPS 4
 /* MUL iparams[0]: SL_BF16 / SL_F16 for a half op whose broadcast operand's gradient rounds each product
  * before the reduction to its shape (Note [Half routing weights], src/nn/moe.c); 0 none */
 #define SL_MUL_IP_HALF 0

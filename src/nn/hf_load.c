@@ -195,8 +195,8 @@ sl_status sl_hf_load_weights(sl_model *m, const char *dir, sl_hf_info *info) {
             float *tmp = m->params_mem ? NULL : malloc(sizeof(float) * (size_t)p->numel),
                   *dst = m->params_mem ? m->params_mem + p->offset : tmp;
             st = dst ? sl_hf_tensor_to_f32(x, dst, p->numel, file) : sl_fail(SL_ERR_NOMEM, "out of memory");
-            if (st == SL_OK &&
-                m->wdtype == SL_BF16) /* a bf16 model's embedding, norms, biases: bf16 values */
+            if (st == SL_OK && m->wdtype == SL_BF16 &&
+                !p->keep_f32) /* a bf16 model's embedding, norms, biases: bf16 values */
                 for (int64_t k = 0; k < p->numel; k++) {
                     uint32_t u = (uint32_t)sl_f32_to_bf16(dst[k]) << 16;
                     memcpy(dst + k, &u, 4);
@@ -356,12 +356,14 @@ sl_status sl_hf_save(const sl_model *m, const char *dir, sl_dtype dtype, const s
     SL_CHECK(sl_model_params_host(m, &pm, &owned));
     for (int i = 0; i < m->n_params; i++) {
         const sl_param_info *p = &m->params[i];
+        /* DeepSeek-V3's router stays F32 in a bf16 / f16 file, as transformers saves it (keep_f32) */
+        sl_dtype td = p->keep_f32 ? SL_F32 : dtype;
         ts[i].name = p->t->name;
-        ts[i].dtype = sl_safetensors_dtype_name(dtype); /* F32, BF16, F16 */
+        ts[i].dtype = sl_safetensors_dtype_name(td); /* F32, BF16, F16 */
         ts[i].ndim = p->t->ndim;
         for (int d = 0; d < p->t->ndim; d++) ts[i].shape[d] = p->t->ne[d];
-        ts[i].nbytes = es * (size_t)p->numel;
-        if (dtype == SL_F32)
+        ts[i].nbytes = (td == SL_F32 ? 4 : es) * (size_t)p->numel;
+        if (td == SL_F32)
             ts[i].data = pm + p->offset;
         else {
             for (int64_t k = 0; k < p->numel;

@@ -66,8 +66,9 @@ void sl_llama_add_param(sl_llama_builder *b, int decay, int init, int ndim, cons
                         const char *fmt, ...) {
     sl_model *m = b->m;
     SL_ASSERT(m->n_params < b->cap);
-    /* bf16 mode: projection matrices are bf16; the embedding (gathered by id) stays f32 */
-    int bf = m->wdtype == SL_BF16 && ndim == 2 && m->n_params > 0;
+    /* bf16 mode: projection matrices are bf16; the embedding (gathered by id) stays f32, and what the
+     * builder marks (b->f32) */
+    int bf = m->wdtype == SL_BF16 && ndim == 2 && m->n_params > 0 && !b->f32, keep_f32 = b->f32;
     int tdim = m->tp > 1 ? b->tdim : -1, tpack = b->tpack > 0 ? b->tpack : 1;
     int64_t lne[SL_MAX_DIMS];
     for (int d = 0; d < ndim; d++) lne[d] = ne[d];
@@ -83,6 +84,7 @@ void sl_llama_add_param(sl_llama_builder *b, int decay, int init, int ndim, cons
     b->tdim = -1;
     b->tpack = 1;
     b->tparts = 0;
+    b->f32 = 0;
     sl_tensor *t = sl_new_tensor(m->ctx, bf ? SL_BF16 : SL_F32, ndim, lne);
     sl_set_param(t);
     va_list ap;
@@ -99,6 +101,7 @@ void sl_llama_add_param(sl_llama_builder *b, int decay, int init, int ndim, cons
     p->tp_pack = tdim >= 0 ? tpack : 1;
     p->tp_full = tdim >= 0 ? ne[tdim] : 0;
     p->tp_parts = tparts;
+    p->keep_f32 = keep_f32;
     if (bf)
         m->wnumel += p->numel;
     else
@@ -207,7 +210,7 @@ static sl_status llama_new(const sl_llama_config *cfg, sl_dtype wdtype, sl_backe
     int L = c->n_layer, E = sl_arch_is_moe(c->arch) ? c->n_experts : 1;
     int64_t C = c->hidden, V = c->vocab_size, I = c->intermediate, hd = c->head_dim;
     int64_t QD = c->n_head * hd, KD = c->n_kv_head * hd;
-    sl_llama_builder b = {m, 4 + L * (16 + 3 * E), -1, 1, 0};
+    sl_llama_builder b = {.m = m, .cap = 4 + L * (16 + 3 * E), .tdim = -1, .tpack = 1};
     m->params = calloc((size_t)b.cap, sizeof(sl_param_info));
     m->ctx = sl_ctx_new(64 * 1024 + (600 + 128 * E) * L);
     if (!m->params || !m->ctx) {

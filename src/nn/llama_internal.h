@@ -8,6 +8,7 @@ typedef struct {
     int cap;
     int tdim, tpack; /* TP split of the next add_param (Note [TP shard layout]); tdim -1: replicated */
     int tparts;      /* of the next add_param: > 0 splits into that many parts (replicated kv heads) */
+    int f32;         /* the next add_param keeps its fp32 values in a bf16 model (sl_param_info.keep_f32) */
 } sl_llama_builder;
 
 /* a parameter leaf in the flat buffer (bf16 when the model's weights are and it is a 2-D matrix) */

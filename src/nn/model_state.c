@@ -122,9 +122,13 @@ sl_status sl_model_init_bf16_random(sl_model *m, uint64_t seed) {
         return sl_fail(SL_ERR_INVALID,
                        "init_bf16_random: needs an unbound bf16 model on a host-visible backend");
     SL_TRY(sl_model_init_weights_ex(m, seed));
-    for (int64_t k = 0; k < m->numel; k++) {
-        uint32_t u = (uint32_t)sl_f32_to_bf16(m->params_mem[k]) << 16;
-        memcpy(&m->params_mem[k], &u, 4);
+    for (int i = 0; i < m->n_params; i++) {
+        const sl_param_info *p = &m->params[i];
+        if (p->t->dtype != SL_F32 || p->keep_f32) continue; /* DeepSeek-V3's fp32 router */
+        for (int64_t k = p->offset; k < p->offset + p->numel; k++) {
+            uint32_t u = (uint32_t)sl_f32_to_bf16(m->params_mem[k]) << 16;
+            memcpy(&m->params_mem[k], &u, 4);
+        }
     }
     m->wmem = sl_malloc_aligned(sizeof(uint16_t) * (size_t)(m->wnumel ? m->wnumel : 1));
     if (!m->wmem)

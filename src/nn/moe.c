@@ -164,7 +164,15 @@ void sl_moe_add_params(sl_llama_builder *b, int l) {
     int64_t I =
         c->arch == SL_ARCH_MIXTRAL ? c->intermediate : c->moe_intermediate; /* Mixtral: no moe_ field */
     moe_names nm = names_of(c->arch);
+    /* Note [DeepSeek-V3's fp32 router]
+     * transformers keeps DeepSeek-V3's router weight and e_score_correction_bias fp32 in a bf16 model
+     * (DeepseekV3PreTrainedModel._keep_in_fp32_modules_strict) and computes the logits from the bf16 hidden
+     * states cast to fp32 (DeepseekV3TopkRouter.forward): an fp32 linear, fp32 sigmoid scores and routing
+     * weights. A bf16 model here keeps both f32 (sl_param_info.keep_f32: not rounded at load, nor by a bf16
+     * conversion); sl_llama_lin multiplies an f32 weight in f32. */
+    b->f32 = c->arch == SL_ARCH_DEEPSEEK_V3;
     sl_llama_add_param(b, 1, SL_INIT_NORMAL, 2, (int64_t[]){E, C}, nm.router, l);
+    b->f32 = c->arch == SL_ARCH_DEEPSEEK_V3;
     if (c->arch == SL_ARCH_DEEPSEEK_V3) /* a buffer in transformers: no gradient, moved by the bias update */
         sl_llama_add_param(b, 0, SL_INIT_ZERO, 1, (int64_t[]){E},
                            "model.layers.%d.mlp.gate.e_score_correction_bias", l);
@@ -235,6 +243,23 @@ static sl_moe_route_opts route_opts(const sl_model *m, int64_t N) {
     }
     o.capacity = (int)sl_moe_capacity(m, N);
     return o;
+}
+
+/* Note [DeepSeek-V3's router under autocast]
+ * DeepseekV3TopkRouter.forward casts to fp32 and calls F.linear, which torch.autocast runs in the half
+ * dtype: the logits are half, and so is everything computed from them. The sigmoid scores are rounded. The
+ * choice adds the fp32 e_score_correction_bias, which makes it fp32. The selected scores' sum (+ 1e-20),
+ * the division by it and the product with routed_scaling_factor are half ops, each rounded. The backward is
+ * torch's autograd through those half tensors. A route marked SL_MOE_ROUTE_HALF_OPS computes exactly that
+ * (src/device/cpu/kernels/moe.c). The routed experts are fp32 under autocast (Note [Experts under
+ * autocast]); the products of their outputs with the half weights, and the sum over k, are fp32. A bf16
+ * model keeps this router fp32 instead (Note [DeepSeek-V3's fp32 router]). Measured on the fixture's step 0
+ * (tests/hf/test_hf_models.c). Every route of a layer carries the flag, since the rounded scores make the
+ * choice. */
+static int route_half_ops(const sl_model *m, const sl_moe_route_opts *o) {
+    sl_dtype ac = sl_llama_autocast(m); /* f32 for a bf16 model */
+    if (m->lcfg.arch != SL_ARCH_DEEPSEEK_V3 || o->score != SL_MOE_SCORE_SIGMOID || ac == SL_F32) return 0;
+    return (ac == SL_BF16 ? 1 : 2) | SL_MOE_ROUTE_HALF_OPS;
 }
 
 int64_t sl_moe_capacity(const sl_model *m, int64_t N) {
@@ -344,6 +369,7 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
         sl_moe_route_opts po = o;
         po.capacity = 0;
         sl_tensor *pre = sl_moe_route(ctx, lr, bias, &po);
+        pre->iparams[SL_MOE_ROUTE_IP_HALF] = route_half_ops(m, &po); /* the same choice as w's */
         pre->iparams[SL_MOE_ROUTE_IP_LOSS_ONLY] = 1; /* not a layer's routing: no expert, no statistics */
         sl_set_name(pre, "moe_route_pre.%d", l);
         prior = sl_collective(ctx, sl_moe_route_block_counts(ctx, pre, B), SL_COLL_ALLGATHER, SL_COLL_NONE,
@@ -362,6 +388,7 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
     sl_dtype wh = m->wdtype == SL_BF16 ? SL_BF16 : sl_llama_autocast(m);
     if (c->arch == SL_ARCH_QWEN2_MOE && wh != SL_F32)
         w->iparams[SL_MOE_ROUTE_IP_HALF] = wh == SL_BF16 ? 1 : 2;
+    w->iparams[SL_MOE_ROUTE_IP_HALF] |= route_half_ops(m, &o);
     if (prior) sl_moe_route_shard(w, prior, m->tp_rank, B);
     sl_set_name(w, "moe_route.%d", l);
     sl_set_output(w); /* read back after the step (sl_moe_graph_stats) */
@@ -383,6 +410,7 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
                            N * m->tp, E);
         sl_moe_route_opts lo = route_opts(m, N * m->tp);
         lw = sl_moe_route(ctx, ll, bias, &lo);
+        lw->iparams[SL_MOE_ROUTE_IP_HALF] = route_half_ops(m, &lo);
         lw->iparams[SL_MOE_ROUTE_IP_LOSS_ONLY] = 1;
         sl_set_name(lw, "moe_route_loss.%d", l);
     }
@@ -463,7 +491,8 @@ sl_tensor *sl_moe_ffn(sl_model *m, sl_tensor *h, int l) {
              * (Note [Half routing weights]) */
             sl_tensor *sm = sl_mul(ctx, s, sg);
             if (wh != SL_F32)
-                sg->iparams[SL_MOE_ROUTE_IP_HALF] = wh == SL_BF16 ? 1 : 2, sm->iparams[SL_MUL_IP_HALF] = wh;
+                sg->iparams[SL_MOE_ROUTE_IP_HALF] = (wh == SL_BF16 ? 1 : 2) | SL_MOE_ROUTE_HALF_OPS,
+                sm->iparams[SL_MUL_IP_HALF] = wh;
             s = sl_llama_rnd(m, sm);
         }
         y = sl_add(ctx, y, s); /* a bf16 model's sum is bf16; under autocast fp32 (routed) + half (shared) */

@@ -45,7 +45,7 @@ typedef struct {
 static const shape_tier k_tiers[] = {{"tiny", 2, 8, 32, 4, 2, 8, 48, 4},
                                      {"demo", 4, 64, 192, 6, 2, 32, 256, 8}};
 static int B, T, C, NH, NKV, HS, V, E;
-enum { MAXP = 6, N_CASES = 33 };
+enum { MAXP = 6, N_CASES = 34 };
 
 typedef struct {
     const char *name;
@@ -247,6 +247,23 @@ static sl_tensor *b_moe_sigmoid(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
     return moe_case(c, p, &o, p[5], B * T);
 }
 
+/* the same route with every step a half op (SL_MOE_ROUTE_HALF_OPS: DeepSeek-V3's router under autocast,
+ * Note [DeepSeek-V3's router under autocast] in src/nn/moe.c): rounded scores, sum, division and scaling,
+ * and torch's half autograd of them in the backward */
+static sl_tensor *b_moe_sigmoid_half(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
+    (void)ids;
+    sl_moe_route_opts o = {
+        .k = 2, .score = SL_MOE_SCORE_SIGMOID, .norm_topk = 1, .n_group = 2, .topk_group = 1, .scale = 2.5f};
+    sl_tensor *lg = sl_linear(c, p[0], p[1], NULL), *rt = sl_moe_route(c, lg, p[5], &o), *y = NULL;
+    rt->iparams[SL_MOE_ROUTE_IP_HALF] = 1 | SL_MOE_ROUTE_HALF_OPS;
+    for (int e = 0; e < E; e++) {
+        sl_tensor *ye =
+            sl_moe_expert_ffn(c, sl_moe_gather(c, p[0], rt, e, B * T, 0), p[2], p[3], p[4], rt, e);
+        y = sl_moe_combine(c, ye, rt, y, e, 1);
+    }
+    return y;
+}
+
 /* dropless top-2 with the routed expert op (GEMMs on the kept rows only); the experts share p[2..4] */
 static sl_tensor *b_moe_routed(sl_ctx *c, sl_tensor **p, sl_tensor *ids) {
     (void)ids;
@@ -363,6 +380,11 @@ static void make_cases(void) {
          {2, 2, 2, 2, 2, 1},
          {{B * T, C}, {E, C}, {E * C, C}, {E * C, C}, {E * C, C}, {E}},
          b_moe_sigmoid},
+        {"moe-sigmoid-half-ops",
+         6,
+         {2, 2, 2, 2, 2, 1},
+         {{B * T, C}, {E, C}, {2 * C, C}, {2 * C, C}, {C, 2 * C}, {E}},
+         b_moe_sigmoid_half},
         {"moe-routed-ffn",
          5,
          {2, 2, 2, 2, 2},

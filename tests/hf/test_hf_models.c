@@ -178,8 +178,10 @@ static void check_bf16(const char *name) {
     /* against ref_bf16.safetensors (scripts/gen_hf_bf16_ref.py; not for baichuan, which transformers lacks):
      * mean |suanli - transformers bf16| over the prompt's logits against transformers' own mean |bf16 - fp32|
      * (gap_mean, measured by the generator); the max above is one element's flips, the mean is the rounding
-     * model. The reference is from_pretrained(dtype=bf16). Measured on Zen 4 (vdpbf16ps, transformers
-     * 5.25): 0 for all five, every logit bitwise. Bar 0.25 x gap_mean, issue 19's step-0 bar: another
+     * model. The reference is from_pretrained(dtype=bf16) (DeepSeek-V3: the model gen_hf_bf16_ref.py loads
+     * as from_pretrained would, its router fp32). Measured on Zen 4 (vdpbf16ps, transformers 5.25): 0 for
+     * all seven, every logit bitwise (DeepSeek-V3 was 0.108 while its bf16 model rounded the router:
+     * Note [DeepSeek-V3's fp32 router] in src/nn/moe.c). Bar 0.25 x gap_mean, issue 19's step-0 bar: another
      * host's bf16 GEMM sums in another order, which moves a value by one ulp where it sits on a rounding
      * boundary. The bar fails for the model of from_pretrained(fp32).to(bf16) (logits_to, kept in the
      * fixture), which also rounds RoPE's inv_freq to bf16: suanli sits at 0.54-0.78 x gap_mean from it,
@@ -291,9 +293,11 @@ static void mutations(void) {
 /* torch.autocast("cpu", bfloat16) on the fp32 model, forward only (issue 19 item 2's step-0 bar): the
  * full-sequence (training) graph with autocast numerics against ref_bf16.safetensors' logits_autocast
  * (scripts/gen_hf_bf16_ref.py): mean |suanli - autocast| <= 0.25 x mean |autocast - fp32|. Measured on Zen 4
- * (vdpbf16ps, transformers 5.25): 0 for all six, every logit bitwise; Mixtral was 0.71 while its experts
+ * (vdpbf16ps, transformers 5.25): 0 for all seven, every logit bitwise; Mixtral was 0.71 while its experts
  * ran in bf16 with rounded routing weights (Note [bf16 Mixtral experts] in src/nn/llama.c), Qwen2-MoE 0.53
- * (its experts in bf16, fp32 routing weights, an unrounded shared-expert sigmoid and a rounded sum). */
+ * (its experts in bf16, fp32 routing weights, an unrounded shared-expert sigmoid and a rounded sum),
+ * DeepSeek-V3 0.89 with an fp32 route (the half logits' rounded scores choose other experts: Note
+ * [DeepSeek-V3's router under autocast] in src/nn/moe.c). */
 /* step-0 gradients under autocast (the backward's rounding points: for the MoE families the routing
  * weights' rounded gradient, Note [Half routing weights] in src/nn/moe.c): the mean cross-entropy of ids[1:]
  * given ids[:-1], no router losses, against torch.autocast's gradients of layer 0's q_proj and every router
@@ -301,7 +305,9 @@ static void mutations(void) {
  * Measured on Zen 4 (vdpbf16ps, transformers 5.25): 0, every compared gradient bitwise, for all six but
  * Mixtral's layer-0 q_proj, 0.010 (its routed fp32 experts sum their dx in another order than the dense
  * form, which was bitwise: a few bf16 flips); Qwen2-MoE was at 0.13-0.76 before its shared gate's half
- * sigmoid backward and half mul (Note [Half routing weights]). */
+ * sigmoid backward and half mul (Note [Half routing weights]). DeepSeek-V3: layer 2 (the last) bitwise,
+ * the layers below 0.001-0.025 (layer 0's q_proj): its routed dx meets the shared expert's and the router's
+ * in another order than torch's autograd, and bf16 rounds the ulps apart; 0.9-1.0 with an fp32 route. */
 static void autocast_grads(sl_model *m, sl_safetensors *rb16, const int32_t *ids, int T, const char *name) {
     m->moe.aux_coeff = m->moe.z_coeff = 0;
     sl_trainer tr;
@@ -384,6 +390,73 @@ static void check_autocast(const char *name) {
     sl_model_free(m);
 }
 
+/* Note [DeepSeek-V3's fp32 router] (src/nn/moe.c): a bf16 conversion keeps the router weight and
+ * e_score_correction_bias F32, as transformers saves a bf16 DeepSeek-V3; loading that file in bf16 gives the
+ * bf16 model loaded from the f32 file, logit for logit (the same values in the same kernels) */
+static void check_keep_f32(void) {
+    char src[1024], path[1100];
+    snprintf(src, sizeof src, "%s/tests/fixtures/hf/deepseek_v3", SL_SOURCE_DIR);
+    const char *dir = tu_tmpdir("ds_bf16");
+    sl_model *m = NULL, *mb = NULL, *mc = NULL;
+    sl_hf_info info;
+    TU_CHECK(sl_hf_load(src, &m, &info) == SL_OK, "load: %s", sl_errmsg());
+    if (!m) return;
+    TU_CHECK(sl_hf_save(m, dir, SL_BF16, &info) == SL_OK, "convert bf16: %s", sl_errmsg());
+    sl_model_free(m);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    sl_safetensors *st;
+    if (sl_safetensors_open(path, &st) != SL_OK) {
+        TU_CHECK(0, "%s", sl_errmsg());
+        return;
+    }
+    const char *names[] = {
+        "model.layers.1.mlp.gate.weight", "model.layers.2.mlp.gate.e_score_correction_bias",
+        "model.layers.1.mlp.experts.0.up_proj.weight", "model.layers.1.mlp.shared_experts.down_proj.weight"};
+    const char *want[] = {"F32", "F32", "BF16", "BF16"};
+    for (int i = 0; i < 4; i++) {
+        const sl_st_tensor *t = sl_safetensors_find(st, names[i]);
+        TU_CHECK(t && !strcmp(t->dtype, want[i]), "converted %s: %s, want %s", names[i],
+                 t ? t->dtype : "missing", want[i]);
+    }
+    sl_safetensors_close(st);
+    TU_CHECK(sl_hf_load_ex(src, SL_BF16, &mb, NULL) == SL_OK &&
+                 sl_hf_load_ex(dir, SL_BF16, &mc, NULL) == SL_OK,
+             "bf16 loads: %s", sl_errmsg());
+    if (!mb || !mc) return;
+    snprintf(path, sizeof path, "%s/ref.safetensors", src);
+    sl_safetensors *ref;
+    TU_CHECK(sl_safetensors_open(path, &ref) == SL_OK, "%s", sl_errmsg());
+    const sl_st_tensor *rids = need(ref, "ids");
+    int T = (int)rids->shape[1];
+    float *lg[2] = {NULL, NULL};
+    int64_t nl = 0;
+    sl_model *ms[2] = {mb, mc};
+    for (int k = 0; k < 2; k++) {
+        sl_kv_cache kv;
+        TU_CHECK(sl_kv_cache_new(ms[k], 1, T, &kv) == SL_OK, "kv: %s", sl_errmsg());
+        sl_tensor *x = sl_new_tensor_2d(ms[k]->ctx, SL_I32, 1, T);
+        sl_tensor_bind(x, (void *)rids->data);
+        sl_tensor *logits = sl_model_build_kv(ms[k], x, &kv, 0);
+        sl_graph *g = computed(ms[k], logits);
+        nl = sl_nelements(logits);
+        lg[k] = malloc(sizeof(float) * (size_t)nl);
+        memcpy(lg[k], logits->data, sizeof(float) * (size_t)nl);
+        sl_graph_free(g);
+        sl_kv_cache_free(&kv);
+    }
+    int64_t differ = 0;
+    for (int64_t i = 0; i < nl; i++) differ += lg[0][i] != lg[1][i];
+    printf("deepseek_v3 bf16 from the converted bf16 file: %lld of %lld logits differ from the bf16 load of "
+           "the f32 file\n",
+           (long long)differ, (long long)nl);
+    TU_CHECK(nl > 0 && differ == 0, "deepseek_v3: %lld logits differ after a bf16 conversion",
+             (long long)differ);
+    free(lg[0]), free(lg[1]);
+    sl_safetensors_close(ref);
+    sl_model_free(mb);
+    sl_model_free(mc);
+}
+
 int main(void) {
     mutations();
     const char *models[] = {"llama", "llama31", "qwen2", "mistral", "mixtral", "baichuan"};
@@ -396,9 +469,12 @@ int main(void) {
     for (size_t i = 0; i + 1 < sizeof models / sizeof models[0]; i++)
         check_autocast(models[i]); /* not baichuan */
     /* Qwen2-MoE's half routing weights, bf16 products and fp32 experts under autocast (Note [Half routing
-     * weights], Note [Experts under autocast] in src/nn/moe.c); DeepSeek-V3's fixture config does not load
-     * in transformers 5.25, so it has no bf16 reference */
+     * weights], Note [Experts under autocast] in src/nn/moe.c); DeepSeek-V3's MoE block, whose reference
+     * gen_hf_bf16_ref.py builds as from_pretrained(dtype=bf16) would load it (its fp32 router) */
     check_bf16("qwen2_moe");
     check_autocast("qwen2_moe");
+    check_bf16("deepseek_v3");
+    check_autocast("deepseek_v3");
+    check_keep_f32();
     return tu_finish("test_hf_models");
 }

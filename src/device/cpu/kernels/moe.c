@@ -24,13 +24,19 @@ static int64_t argmax_free(const float *v, const unsigned char *taken, int64_t n
     return best;
 }
 
+/* hm 1: the bf16 value of v, 2: the f16 value */
+static float half_round(float v, int hm) {
+    return hm == 1 ? sl_bf16_to_f32(sl_f32_to_bf16(v)) : sl_f16_to_f32(sl_f32_to_f16(v));
+}
+
 /* One row: scores, choice values, (group-limited) top-k selection into mask (1 = selected), weights. */
 static void route_row(const sl_tensor *n, const float *x, float *y, float *s, float *mask, float *choice,
                       unsigned char *taken) {
     const sl_tensor *bias = n->src[1];
     int64_t E = n->ne[1];
     int k = n->iparams[0], sigmoid = n->iparams[1], norm = n->iparams[2], ng = n->iparams[3],
-        tg = n->iparams[4];
+        tg = n->iparams[4], hm = n->iparams[SL_MOE_ROUTE_IP_HALF] & 3,
+        ops = n->iparams[SL_MOE_ROUTE_IP_HALF] & SL_MOE_ROUTE_HALF_OPS;
     float scale = n->fparams[0];
     if (sigmoid) {
         for (int64_t e = 0; e < E; e++) s[e] = 1.0f / (1.0f + expf(-x[e]));
@@ -40,6 +46,8 @@ static void route_row(const sl_tensor *n, const float *x, float *y, float *s, fl
         for (int64_t e = 0; e < E; e++) sum += (s[e] = expf(x[e] - mx));
         for (int64_t e = 0; e < E; e++) s[e] /= sum;
     }
+    if (ops) /* half scores: the choice adds the f32 bias to them (a half + f32 tensor sum is f32) */
+        for (int64_t e = 0; e < E; e++) s[e] = half_round(s[e], hm);
     for (int64_t e = 0; e < E; e++) choice[e] = s[e] + (bias ? ((const float *)bias->data)[e] : 0.0f);
     if (ng > 1) { /* DeepSeek-V3: keep the topk_group groups with the largest sum of their top two */
         int64_t gs = E / ng;
@@ -69,13 +77,14 @@ static void route_row(const sl_tensor *n, const float *x, float *y, float *s, fl
         mask[e] = taken[e];
         if (taken[e]) sum += s[e];
     }
+    if (ops) { /* torch's half ops: d = sum + 1e-20, w = s / d, w * scale, each rounded */
+        float d = half_round(half_round(sum, hm) + 1e-20f, hm);
+        for (int64_t e = 0; e < E; e++)
+            y[e] = taken[e] ? half_round((norm ? half_round(s[e] / d, hm) : s[e]) * scale, hm) : 0.0f;
+        return;
+    }
     float inv = norm && sum > 0 ? 1.0f / sum : 1.0f;
     for (int64_t e = 0; e < E; e++) y[e] = taken[e] ? s[e] * inv * scale : 0.0f;
-}
-
-/* hm 1: the bf16 value of v, 2: the f16 value */
-static float half_round(float v, int hm) {
-    return hm == 1 ? sl_bf16_to_f32(sl_f32_to_bf16(v)) : sl_f16_to_f32(sl_f32_to_f16(v));
 }
 
 sl_status sl_k_moe_route(sl_tensor *n) {
@@ -97,7 +106,7 @@ sl_status sl_k_moe_route(sl_tensor *n) {
     free(taken_all);
     free(choice_all);
     int hm = n->iparams[SL_MOE_ROUTE_IP_HALF]; /* Note [Half routing weights] (src/nn/moe.c) */
-    if (hm)
+    if (hm && !(hm & SL_MOE_ROUTE_HALF_OPS))   /* half ops: rounded by route_row */
         for (int64_t i = 0; i < N * E; i++) py[i] = half_round(py[i], hm);
     /* counts, and the capacity: an expert keeps its first `cap` tokens in token order, i.e. a token whose
      * position among the tokens routed to e (kept or not) is below cap. For a sequence shard (src2: Note
@@ -145,11 +154,42 @@ sl_status sl_k_moe_route(sl_tensor *n) {
     return SL_OK;
 }
 
+/* The backward of a route of half ops (SL_MOE_ROUTE_HALF_OPS), as torch's autograd runs the forward's half
+ * tensors, each result rounded (R): with d = R(R(sum of the selected s) + 1e-20) and g the gradient of the
+ * weights w = R(R(s / d) * scale): g2 = R(R(g) * scale); the division's gradients R(g2 / d) to s and
+ * R(sum of -R(g2 * R(R(s / d) / d))) to d, which the sum hands to every selected s, R(R(g2 / d) + that);
+ * then sigmoid_backward of the half scores, grad * (1 - s) * s. Checked bitwise against torch's autograd on
+ * the DeepSeek-V3 fixture's step-0 gradients (tests/hf/test_hf_models.c). */
+static void route_back_half_ops(const float *s, const float *m, const float *dy, float *du, int64_t E,
+                                int sigmoid, int norm, float scale, int hm) {
+    float S = 0;
+    for (int64_t e = 0; e < E; e++) {
+        du[e] = m[e] == 1 ? half_round(half_round(dy[e], hm) * scale, hm) : 0.0f; /* g2 */
+        if (m[e] != 0) S += s[e];
+    }
+    if (norm) {
+        float d = half_round(half_round(S, hm) + 1e-20f, hm), gd = 0;
+        for (int64_t e = 0; e < E; e++)
+            if (m[e] != 0) gd -= half_round(du[e] * half_round(half_round(s[e] / d, hm) / d, hm), hm);
+        gd = half_round(gd, hm);
+        for (int64_t e = 0; e < E; e++)
+            du[e] = m[e] != 0 ? half_round(half_round(du[e] / d, hm) + gd, hm) : 0.0f;
+    }
+    if (sigmoid) {
+        for (int64_t e = 0; e < E; e++) du[e] = du[e] * (1.0f - s[e]) * s[e]; /* sigmoid_backward's order */
+    } else { /* not built by the models (a half softmax would round in its own backward) */
+        float d2 = 0;
+        for (int64_t e = 0; e < E; e++) d2 += du[e] * s[e];
+        for (int64_t e = 0; e < E; e++) du[e] = s[e] * (du[e] - d2);
+    }
+}
+
 /* d logits from d weights: through the kept weights, the top-k normalisation and the score function */
 sl_status sl_k_moe_route_back(sl_tensor *n) {
     sl_tensor *f = n->src[0], *g = n->src[1];
     int64_t N = f->ne[0], E = f->ne[1], gs = g->nb[0];
-    int sigmoid = f->iparams[1], norm = f->iparams[2], hm = f->iparams[SL_MOE_ROUTE_IP_HALF];
+    int sigmoid = f->iparams[1], norm = f->iparams[2], hm = f->iparams[SL_MOE_ROUTE_IP_HALF] & 3,
+        ops = f->iparams[SL_MOE_ROUTE_IP_HALF] & SL_MOE_ROUTE_HALF_OPS;
     float scale = f->fparams[0];
     const float *ps = route_scores(f), *pm = route_mask(f), *pg = g->data;
     float *pd = n->data;
@@ -157,6 +197,10 @@ sl_status sl_k_moe_route_back(sl_tensor *n) {
     for (int64_t r = 0; r < N; r++) {
         const float *s = ps + r * E, *m = pm + r * E, *dy = pg + r * gs;
         float *du = pd + r * E, S = 0, dot = 0;
+        if (ops) { /* Note [DeepSeek-V3's router under autocast] (src/nn/moe.c): torch's half autograd */
+            route_back_half_ops(s, m, dy, du, E, sigmoid, norm, scale, hm);
+            continue;
+        }
         for (int64_t e = 0; e < E; e++) {
             /* d(unnormalised weight u = s * scale); half weights: their gradient rounded as a half tensor's
              */
@@ -167,13 +211,8 @@ sl_status sl_k_moe_route_back(sl_tensor *n) {
             for (int64_t e = 0; e < E; e++) dot += du[e] * s[e];
             for (int64_t e = 0; e < E; e++) du[e] = m[e] != 0 ? (du[e] - dot / S) / S : 0.0f;
         }
-        if (sigmoid) { /* a half sigmoid (its output rounded, no normalisation): torch's sigmoid_backward of
-                          the half output (Note [Half routing weights], src/nn/moe.c) */
-            int ho = hm && !norm && scale == 1.0f;
-            for (int64_t e = 0; e < E; e++) {
-                float se = ho ? half_round(s[e], hm) : s[e];
-                du[e] = ho ? du[e] * (1.0f - se) * se : du[e] * (se * (1.0f - se)); /* torch's order there */
-            }
+        if (sigmoid) {
+            for (int64_t e = 0; e < E; e++) du[e] = du[e] * (s[e] * (1.0f - s[e]));
         } else {
             float d2 = 0;
             for (int64_t e = 0; e < E; e++) d2 += du[e] * s[e];

@@ -13,6 +13,9 @@ inline float moe_expf(float x) { return (float)exp((double)x); }
 inline float moe_expf(float x) { return exp(x); }
 #endif
 
+/* hm & 3: 1 the bf16 value, 2 the f16 value, 0 v (the half kind of a route, a packed expert, ...) */
+inline float moe_hr(float v, int hm) { return (hm & 3) == 1 ? rbf16(v) : (hm & 3) == 2 ? rf16(v) : v; }
+
 /* One row of MOE_ROUTE: scores, (group-limited) top-k into the mask, weights. The choice values live in the
  * weight row and the taken flags in the mask row until the weights are written. */
 kernel void k_moe_route_row(global float *rt, long ro, global const float *x, long xo, long xs, long N, long E,
@@ -30,6 +33,9 @@ kernel void k_moe_route_row(global float *rt, long ro, global const float *x, lo
         for (long e = 0; e < E; e++) sum += (s[e] = moe_expf(xr[e] - mx));
         for (long e = 0; e < E; e++) s[e] /= sum;
     }
+    int ops = hm & 4; /* SL_MOE_ROUTE_HALF_OPS: every step a half op, as the CPU's route_row */
+    if (ops)
+        for (long e = 0; e < E; e++) s[e] = moe_hr(s[e], hm);
     for (long e = 0; e < E; e++) c[e] = s[e] + (has_bias ? bias[bo + e] : 0.0f);
     if (ng > 1) { /* keep the tg groups with the largest sum of their top two (ties: the lower index) */
         long gs = E / ng;
@@ -65,10 +71,16 @@ kernel void k_moe_route_row(global float *rt, long ro, global const float *x, lo
     float sum = 0;
     for (long e = 0; e < E; e++)
         if (m[e] != 0.0f) sum += s[e];
+    if (ops) {
+        float d = moe_hr(moe_hr(sum, hm) + 1e-20f, hm);
+        for (long e = 0; e < E; e++)
+            c[e] = m[e] != 0.0f ? moe_hr((norm ? moe_hr(s[e] / d, hm) : s[e]) * scale, hm) : 0.0f;
+        return;
+    }
     float inv = norm && sum > 0 ? 1.0f / sum : 1.0f;
     for (long e = 0; e < E; e++) { /* hm: half weights (Note [Half routing weights], src/nn/moe.c) */
         float v = m[e] != 0.0f ? s[e] * inv * scale : 0.0f;
-        c[e] = hm == 1 ? rbf16(v) : hm == 2 ? rf16(v) : v;
+        c[e] = moe_hr(v, hm);
     }
 }
 
@@ -115,21 +127,37 @@ kernel void k_moe_route_back(global float *d, long dO, global const float *rt, l
     global const float *s = rt + ro + N * E + r * E, *m = s + N * E, *dy = g + go + r * gs;
     global float *du = d + dO + r * E;
     float S = 0, dot = 0;
+    if (hm & 4) { /* SL_MOE_ROUTE_HALF_OPS: torch's half autograd, as the CPU's route_back_half_ops */
+        for (long e = 0; e < E; e++) {
+            du[e] = m[e] == 1.0f ? moe_hr(moe_hr(dy[e], hm) * scale, hm) : 0.0f;
+            if (m[e] != 0.0f) S += s[e];
+        }
+        if (norm) {
+            float dd = moe_hr(moe_hr(S, hm) + 1e-20f, hm), gd = 0;
+            for (long e = 0; e < E; e++)
+                if (m[e] != 0.0f) gd -= moe_hr(du[e] * moe_hr(moe_hr(s[e] / dd, hm) / dd, hm), hm);
+            gd = moe_hr(gd, hm);
+            for (long e = 0; e < E; e++) du[e] = m[e] != 0.0f ? moe_hr(moe_hr(du[e] / dd, hm) + gd, hm) : 0.0f;
+        }
+        if (sigm) {
+            for (long e = 0; e < E; e++) du[e] = du[e] * (1.0f - s[e]) * s[e];
+        } else {
+            float d2 = 0;
+            for (long e = 0; e < E; e++) d2 += du[e] * s[e];
+            for (long e = 0; e < E; e++) du[e] = s[e] * (du[e] - d2);
+        }
+        return;
+    }
     for (long e = 0; e < E; e++) {
-        float g = hm == 1 ? rbf16(dy[e]) : hm == 2 ? rf16(dy[e]) : dy[e];
-        du[e] = m[e] == 1.0f ? g * scale : 0.0f;
+        du[e] = m[e] == 1.0f ? moe_hr(dy[e], hm) * scale : 0.0f;
         if (m[e] != 0.0f) S += s[e];
     }
     if (norm && S > 0) {
         for (long e = 0; e < E; e++) dot += du[e] * s[e];
         for (long e = 0; e < E; e++) du[e] = m[e] != 0.0f ? (du[e] - dot / S) / S : 0.0f;
     }
-    if (sigm) { /* a half sigmoid: the derivative of its rounded output, as the CPU's */
-        int ho = hm && !norm && scale == 1.0f;
-        for (long e = 0; e < E; e++) {
-            float se = !ho ? s[e] : hm == 1 ? rbf16(s[e]) : rf16(s[e]);
-            du[e] = ho ? du[e] * (1.0f - se) * se : du[e] * (se * (1.0f - se));
-        }
+    if (sigm) {
+        for (long e = 0; e < E; e++) du[e] = du[e] * (s[e] * (1.0f - s[e]));
     } else {
         float d2 = 0;
         for (long e = 0; e < E; e++) d2 += du[e] * s[e];
@@ -399,7 +427,6 @@ kernel void k_moe_ep_map(global int *map, global const float *rc, long rco, long
 
 /* Under autocast (Note [Packed experts under autocast], src/device/cpu/kernels/moe_packed.c) the values are
  * rounded where the CPU's kernels round: hm 1 = bf16, 2 = f16, 0 = none. */
-inline float moe_rnd(float v, int hm) { return hm == 1 ? rbf16(v) : hm == 2 ? rf16(v) : v; }
 
 /* h = silu(a1) * a3, under autocast R(R(silu(a1)) * a3) */
 kernel void k_moe_swiglu(global float *h, long ho, global const float *a1, long a1o, global const float *a3,
@@ -407,7 +434,7 @@ kernel void k_moe_swiglu(global float *h, long ho, global const float *a1, long 
     long i = get_global_id(0);
     if (i >= n) return;
     float a = a1[a1o + i];
-    h[ho + i] = hm ? moe_rnd(moe_rnd(a / (1.0f + moe_expf(-a)), hm) * a3[a3o + i], hm)
+    h[ho + i] = hm ? moe_hr(moe_hr(a / (1.0f + moe_expf(-a)), hm) * a3[a3o + i], hm)
                      : a / (1.0f + moe_expf(-a)) * a3[a3o + i];
 }
 
@@ -423,10 +450,10 @@ kernel void k_moe_swiglu_back(global float *d1, long d1o, global float *d3, long
         d1[d1o + i] = d * a3[a3o + i] * sg * (1.0f + a * (1.0f - sg));
         return;
     }
-    d = moe_rnd(d, hm);
-    d3[d3o + i] = moe_rnd(d * moe_rnd(a / (1.0f + moe_expf(-a)), hm), hm);
-    float ds = moe_rnd(d * a3[a3o + i], hm);
-    d1[d1o + i] = moe_rnd(ds * sg * (1.0f + a * (1.0f - sg)), hm);
+    d = moe_hr(d, hm);
+    d3[d3o + i] = moe_hr(d * moe_hr(a / (1.0f + moe_expf(-a)), hm), hm);
+    float ds = moe_hr(d * a3[a3o + i], hm);
+    d1[d1o + i] = moe_hr(ds * sg * (1.0f + a * (1.0f - sg)), hm);
 }
 
 /* rows x cols of src (rows ld apart) rounded into packed rows of dst: f32 values (bf = 0) or bf16 bits (bf = 1,
@@ -435,7 +462,7 @@ kernel void k_moe_round(global float *d, long dO, global ushort *db, long dbo, g
                         long ld, long cols, long n, int hm, int bf) {
     long i = get_global_id(0);
     if (i >= n) return;
-    float v = moe_rnd(s[so + (i / cols) * ld + i % cols], hm);
+    float v = moe_hr(s[so + (i / cols) * ld + i % cols], hm);
     if (bf)
         db[dbo + i] = (ushort)(as_uint(v) >> 16);
     else
@@ -446,7 +473,7 @@ kernel void k_moe_round(global float *d, long dO, global ushort *db, long dbo, g
 kernel void k_moe_add_rounded(global float *dx, long dxo, global const float *t, long to, long n, int hm) {
     long i = get_global_id(0);
     if (i >= n) return;
-    dx[dxo + i] = moe_rnd(dx[dxo + i], hm) + moe_rnd(t[to + i], hm);
+    dx[dxo + i] = moe_hr(dx[dxo + i], hm) + moe_hr(t[to + i], hm);
 }
 
 /* dw += R(t): a source rank's rounded weight-gradient block summed in f32 (Note [EP weight gradients per
@@ -454,7 +481,7 @@ kernel void k_moe_add_rounded(global float *dx, long dxo, global const float *t,
 kernel void k_moe_acc_rounded(global float *dw, long dwo, global const float *t, long to, long n, int hm) {
     long i = get_global_id(0);
     if (i >= n) return;
-    dw[dwo + i] += moe_rnd(t[to + i], hm);
+    dw[dwo + i] += moe_hr(t[to + i], hm);
 }
 
 /* MOE_EXPERT's bf16 numerics (Note [OpenCL bf16 experts], opencl_ops_moe.c). One work-item: the rows routed to
