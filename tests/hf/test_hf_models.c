@@ -306,8 +306,9 @@ static void mutations(void) {
  * Mixtral's layer-0 q_proj, 0.010 (its routed fp32 experts sum their dx in another order than the dense
  * form, which was bitwise: a few bf16 flips); Qwen2-MoE was at 0.13-0.76 before its shared gate's half
  * sigmoid backward and half mul (Note [Half routing weights]). DeepSeek-V3: layer 2 (the last) bitwise,
- * the layers below 0.001-0.025 (layer 0's q_proj): its routed dx meets the shared expert's and the router's
- * in another order than torch's autograd, and bf16 rounds the ulps apart; 0.9-1.0 with an fp32 route. */
+ * the layers below 0.001-0.025 (layer 0's q_proj): the first difference lies in the fp32 dx that layer 2
+ * hands down (not traced further; its fp32 expert GEMMs sum in their own order, and the attention's bf16
+ * casts round the ulps apart); 0.9-1.0 with an fp32 route. */
 static void autocast_grads(sl_model *m, sl_safetensors *rb16, const int32_t *ids, int T, const char *name) {
     m->moe.aux_coeff = m->moe.z_coeff = 0;
     sl_trainer tr;
