@@ -302,13 +302,16 @@ static void mutations(void) {
  * weights' rounded gradient, Note [Half routing weights] in src/nn/moe.c): the mean cross-entropy of ids[1:]
  * given ids[:-1], no router losses, against torch.autocast's gradients of layer 0's q_proj and every router
  * (gradac.*): mean |suanli - autocast| <= 0.25 x mean |autocast - fp32| per tensor, issue 19's step-0 bar.
- * Measured on Zen 4 (vdpbf16ps, transformers 5.25): 0, every compared gradient bitwise, for all six but
- * Mixtral's layer-0 q_proj, 0.010 (its routed fp32 experts sum their dx in another order than the dense
- * form, which was bitwise: a few bf16 flips); Qwen2-MoE was at 0.13-0.76 before its shared gate's half
- * sigmoid backward and half mul (Note [Half routing weights]). DeepSeek-V3: layer 2 (the last) bitwise,
- * the layers below 0.001-0.025 (layer 0's q_proj): the first difference lies in the fp32 dx that layer 2
- * hands down (not traced further; its fp32 expert GEMMs sum in their own order, and the attention's bf16
- * casts round the ulps apart); 0.9-1.0 with an fp32 route. */
+ * Measured on Zen 4 (vdpbf16ps, transformers 5.25): 0, every compared gradient bitwise, for all seven
+ * but Mixtral's layer-0 q_proj, 0.010 (281 of 4,096 elements: its routed fp32 experts sum their dx in
+ * another order than the dense form, which was bitwise: a few bf16 flips), and the MoE families' layer-1
+ * post-attention norm weight (0.000: 55-61 of 64 elements an fp32 ulp apart; that norm's output gathers
+ * the gradients of the router, the experts and the shared experts, whose order of summation here was not
+ * traced). Qwen2-MoE was at 0.13-0.76 before its shared gate's half sigmoid backward and half mul (Note
+ * [Half routing weights]); DeepSeek-V3 at 0.9-1.0 with an fp32 route (Note [DeepSeek-V3's router under
+ * autocast]) and then 0.001-0.025 below its last layer until the RMSNorm kernels followed transformers'
+ * formula and torch's summation order (Note [RMSNorm as transformers computes it] in
+ * src/device/cpu/kernels/llama_ops.c). */
 static void autocast_grads(sl_model *m, sl_safetensors *rb16, const int32_t *ids, int T, const char *name) {
     m->moe.aux_coeff = m->moe.z_coeff = 0;
     sl_trainer tr;
@@ -335,9 +338,13 @@ static void autocast_grads(sl_model *m, sl_safetensors *rb16, const int32_t *ids
         if ((int64_t)(ga->nbytes / 4) != k) continue;
         const float *got = m->grads_mem + m->params[i].offset, *a = ga->data, *f = gf->data;
         double d = 0, gap = 0;
-        for (int64_t j = 0; j < k; j++) d += fabs((double)got[j] - a[j]), gap += fabs((double)a[j] - f[j]);
-        printf("%-9s autocast gradient %-44s mean |suanli - autocast| = %.3f x |autocast - fp32|\n", name,
-               m->params[i].t->name, gap > 0 ? d / gap : 0.0);
+        int64_t differ = 0;
+        for (int64_t j = 0; j < k; j++)
+            d += fabs((double)got[j] - a[j]), gap += fabs((double)a[j] - f[j]), differ += got[j] != a[j];
+        printf(
+            "%-9s autocast gradient %-44s mean |suanli - autocast| = %.3f x |autocast - fp32| (%lld of %lld "
+            "differ)\n",
+            name, m->params[i].t->name, gap > 0 ? d / gap : 0.0, (long long)differ, (long long)k);
         TU_CHECK(gap > 0 && d <= 0.25 * gap, "%s autocast gradient %s: %.3g x the gap", name,
                  m->params[i].t->name, gap > 0 ? d / gap : 0.0);
         n++;

@@ -3,8 +3,10 @@
  * every reduction runs in a fixed order, so results do not depend on the thread count. */
 #include <math.h>
 #include <omp.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "device/cpu/kernels/aten_sum.h"
 #include "device/cpu/kernels/gemm.h"
 #include "device/cpu/kernels/kernels.h"
 #include "device/cpu/kernels/llama_ops.h"
@@ -24,79 +26,94 @@ static int64_t row_stride(const sl_tensor *t) { return t->ndim >= 2 ? t->nb[t->n
 
 /* ---------------- RMSNorm ---------------- */
 
+/* Note [RMSNorm as transformers computes it]
+ * transformers' LlamaRMSNorm is a chain of fp32 tensor ops: v = x.pow(2).mean(-1), r = rsqrt(v + eps),
+ * y = w * (x * r). Its gradient is autograd's through them: dh = dy * w; dr = sum over the row of dh * x;
+ * dv = (-0.5 * dr) * r.pow(3) (r * r * r); the mean's gradient dv / C, times pow's 2 * x; so
+ * dx = dh * r + (dv / C) * (2 * x); and dw = sum over the rows of dy * (x * r). The kernels below
+ * evaluate exactly those expressions, and take the three sums in PyTorch's own order (Note [ATen's
+ * summation order], aten_sum.c), so a row's r, dx and dw carry torch's bits: under bf16 autocast an ulp
+ * of the fp32 dx decides roundings further down (test_hf_models' autocast gradients). The sums' scratch:
+ * one row of C floats per thread. */
+
 sl_status sl_k_rmsnorm(sl_tensor *n) {
     sl_tensor *x = n->src[0], *w = n->src[1];
     int64_t C = x->ne[x->ndim - 1], R = rows_of(x), xs = row_stride(x);
     float eps = n->fparams[0];
     const float *px = x->data, *pw = w ? w->data : NULL;
     float *py = n->data, *rstd = (float *)((char *)n->data + sl_nbytes(n));
-#pragma omp parallel for schedule(static) if (PAR(R * C))
-    for (int64_t r = 0; r < R; r++) {
-        const float *xr = px + r * xs;
-        float *yr = py + r * C;
-        float ss = 0;
-#pragma omp simd reduction(+ : ss)
-        for (int64_t c = 0; c < C; c++) ss += xr[c] * xr[c];
-        float rs = 1.0f / sqrtf(ss / (float)C + eps);
-        if (pw) {
+    int bad = 0;
+#pragma omp parallel if (PAR(R * C)) reduction(| : bad)
+    {
+        float *sq = malloc(sizeof(float) * (size_t)(C > 0 ? C : 1));
+        bad = sq == NULL; /* every thread still meets the worksharing loop */
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < R; r++) {
+            if (!sq) continue;
+            const float *xr = px + r * xs;
+            float *yr = py + r * C;
+            for (int64_t c = 0; c < C; c++) sq[c] = xr[c] * xr[c];
+            float rs = 1.0f / sqrtf(sl_aten_row_sum(sq, C) / (float)C + eps);
+            if (pw) {
 #pragma omp simd
-            for (int64_t c = 0; c < C; c++) yr[c] = pw[c] * (xr[c] * rs);
-        } else {
+                for (int64_t c = 0; c < C; c++) yr[c] = pw[c] * (xr[c] * rs);
+            } else {
 #pragma omp simd
-            for (int64_t c = 0; c < C; c++) yr[c] = xr[c] * rs;
+                for (int64_t c = 0; c < C; c++) yr[c] = xr[c] * rs;
+            }
+            rstd[r] = rs;
         }
-        rstd[r] = rs;
+        free(sq);
     }
-    return SL_OK;
+    return bad ? sl_fail(SL_ERR_NOMEM, "rmsnorm: out of memory") : SL_OK;
 }
 
-/* dx = rs * (g*w - xhat * mean(g*w*xhat)),  xhat = x * rs */
+/* dx = dh * r + ((-0.5 * sum(dh * x)) * r^3 / C) * (2 * x), dh = g * w (Note [RMSNorm as transformers
+ * computes it]) */
 sl_status sl_k_rmsnorm_back_x(sl_tensor *n) {
     sl_tensor *f = n->src[0], *x = n->src[1], *w = n->src[2], *g = n->src[3];
     int64_t C = x->ne[x->ndim - 1], R = rows_of(x), xs = row_stride(x), gs = row_stride(g);
     const float *rstd = (const float *)((const char *)f->data + sl_nbytes(f));
     const float *px = x->data, *pw = w ? w->data : NULL, *pg = g->data;
     float *pdx = n->data;
-#pragma omp parallel for schedule(static) if (PAR(R * C))
-    for (int64_t r = 0; r < R; r++) {
-        const float *xr = px + r * xs, *gr = pg + r * gs;
-        float *dx = pdx + r * C;
-        float rs = rstd[r], s = 0;
-        if (pw) {
-#pragma omp simd reduction(+ : s)
-            for (int64_t c = 0; c < C; c++) s += gr[c] * pw[c] * xr[c] * rs;
-            s /= (float)C;
+    int bad = 0;
+#pragma omp parallel if (PAR(R * C)) reduction(| : bad)
+    {
+        float *pr = malloc(sizeof(float) * (size_t)(C > 0 ? C : 1));
+        bad = pr == NULL;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < R; r++) {
+            if (!pr) continue;
+            const float *xr = px + r * xs, *gr = pg + r * gs;
+            float *dx = pdx + r * C, rs = rstd[r];
+            /* dh lives in dx until the last loop overwrites it with the row's gradient */
+            for (int64_t c = 0; c < C; c++) dx[c] = pw ? gr[c] * pw[c] : gr[c], pr[c] = dx[c] * xr[c];
+            float t = (-0.5f * sl_aten_row_sum(pr, C)) * ((rs * rs) * rs) / (float)C;
 #pragma omp simd
-            for (int64_t c = 0; c < C; c++) dx[c] = rs * (gr[c] * pw[c] - xr[c] * rs * s);
-        } else {
-#pragma omp simd reduction(+ : s)
-            for (int64_t c = 0; c < C; c++) s += gr[c] * xr[c] * rs;
-            s /= (float)C;
-#pragma omp simd
-            for (int64_t c = 0; c < C; c++) dx[c] = rs * (gr[c] - xr[c] * rs * s);
+            for (int64_t c = 0; c < C; c++) dx[c] = dx[c] * rs + t * (2.0f * xr[c]);
         }
+        free(pr);
     }
-    return SL_OK;
+    return bad ? sl_fail(SL_ERR_NOMEM, "rmsnorm_back: out of memory") : SL_OK;
 }
 
+/* dw = sum over the rows of g * (x * r), in ATen's order down the rows */
 sl_status sl_k_rmsnorm_back_w(sl_tensor *n) {
     sl_tensor *f = n->src[0], *x = n->src[1], *g = n->src[2];
     int64_t C = x->ne[x->ndim - 1], R = rows_of(x), xs = row_stride(x), gs = row_stride(g);
     const float *rstd = (const float *)((const char *)f->data + sl_nbytes(f));
     const float *px = x->data, *pg = g->data;
-    float *dw = n->data;
-    /* column blocks; each column sums its rows in order: deterministic for any thread count */
+    float *dw = n->data, *prod = malloc(sizeof(float) * (size_t)(R * C > 0 ? R * C : 1));
+    if (!prod)
+        return sl_fail(SL_ERR_NOMEM, "rmsnorm_back_w: out of memory (%lld floats)", (long long)(R * C));
 #pragma omp parallel for schedule(static) if (PAR(R * C))
-    for (int64_t c0 = 0; c0 < C; c0 += 64) {
-        int64_t c1 = c0 + 64 < C ? c0 + 64 : C;
-        float acc[64] = {0};
-        for (int64_t r = 0; r < R; r++) {
-            const float *xr = px + r * xs, *gr = pg + r * gs;
-            float rs = rstd[r];
-            for (int64_t c = c0; c < c1; c++) acc[c - c0] += gr[c] * (xr[c] * rs);
-        }
-        memcpy(dw + c0, acc, sizeof(float) * (size_t)(c1 - c0));
+    for (int64_t r = 0; r < R; r++) {
+        const float *xr = px + r * xs, *gr = pg + r * gs;
+        float rs = rstd[r];
+        for (int64_t c = 0; c < C; c++) prod[r * C + c] = gr[c] * (xr[c] * rs);
     }
+    sl_aten_col_sums(prod, R, C, C, dw); /* column blocks in parallel: the same bits for any thread count */
+    free(prod);
     return SL_OK;
 }
 
