@@ -26,55 +26,60 @@
 
 enum { LANES = 8, LEVELS = 4, LEVEL_POWER = 4 }; /* max(4, CeilLog2(size) / 4) is 4 below 2^20 items */
 
-/* multi_row_sum of 4 rows of `w` floats each: item i of row k starts at in + i * istride + k * kstride;
- * `size` items; ret: 4 x w */
-static void multi_row_sum(const float *in, int64_t istride, int64_t kstride, int64_t size, int w,
-                          float *ret) {
-    float acc[LEVELS][4][LANES];
-    memset(acc, 0, sizeof acc);
-    const int64_t step = (int64_t)1 << LEVEL_POWER, mask = step - 1;
-    int64_t i = 0;
-    while (i + step <= size) {
-        for (int64_t j = 0; j < step; ++j, ++i)
-            for (int k = 0; k < 4; k++)
-                for (int l = 0; l < w; l++) acc[0][k][l] += in[i * istride + k * kstride + l];
-        for (int j = 1; j < LEVELS; j++) {
-            for (int k = 0; k < 4; k++)
-                for (int l = 0; l < w; l++) acc[j][k][l] += acc[j - 1][k][l], acc[j - 1][k][l] = 0;
-            if ((i & (mask << (j * LEVEL_POWER))) != 0) break;
-        }
+/* multi_row_sum of 4 rows of W floats each (W = LANES: vectors, W = 1: scalars; compile-time widths, so the
+ * lane loops vectorise): item i of row k starts at in + i * istride + k * kstride; `size` items; ret: 4 x W
+ */
+#define DEF_MULTI_ROW_SUM(NAME, W)                                                                           \
+    static void NAME(const float *in, int64_t istride, int64_t kstride, int64_t size, float *ret) {          \
+        float acc[LEVELS][4][W];                                                                             \
+        memset(acc, 0, sizeof acc);                                                                          \
+        const int64_t step = (int64_t)1 << LEVEL_POWER, mask = step - 1;                                     \
+        int64_t i = 0;                                                                                       \
+        while (i + step <= size) {                                                                           \
+            for (int64_t j = 0; j < step; ++j, ++i)                                                          \
+                for (int k = 0; k < 4; k++)                                                                  \
+                    for (int l = 0; l < W; l++) acc[0][k][l] += in[i * istride + k * kstride + l];           \
+            for (int j = 1; j < LEVELS; j++) {                                                               \
+                for (int k = 0; k < 4; k++)                                                                  \
+                    for (int l = 0; l < W; l++) acc[j][k][l] += acc[j - 1][k][l], acc[j - 1][k][l] = 0;      \
+                if ((i & (mask << (j * LEVEL_POWER))) != 0) break;                                           \
+            }                                                                                                \
+        }                                                                                                    \
+        for (; i < size; ++i)                                                                                \
+            for (int k = 0; k < 4; k++)                                                                      \
+                for (int l = 0; l < W; l++) acc[0][k][l] += in[i * istride + k * kstride + l];               \
+        for (int j = 1; j < LEVELS; j++)                                                                     \
+            for (int k = 0; k < 4; k++)                                                                      \
+                for (int l = 0; l < W; l++) acc[0][k][l] += acc[j][k][l];                                    \
+        memcpy(ret, acc[0], sizeof(float) * 4 * W);                                                          \
     }
-    for (; i < size; ++i)
-        for (int k = 0; k < 4; k++)
-            for (int l = 0; l < w; l++) acc[0][k][l] += in[i * istride + k * kstride + l];
-    for (int j = 1; j < LEVELS; j++)
-        for (int k = 0; k < 4; k++)
-            for (int l = 0; l < w; l++) acc[0][k][l] += acc[j][k][l];
-    for (int k = 0; k < 4; k++)
-        for (int l = 0; l < w; l++) ret[k * w + l] = acc[0][k][l];
-}
+DEF_MULTI_ROW_SUM(multi_row_sum_v, LANES)
+DEF_MULTI_ROW_SUM(multi_row_sum_s, 1)
 
-/* row_sum of `size` items of w floats, item i at in + i * stride; out: w */
-static void row_sum(const float *in, int64_t stride, int64_t size, int w, float *out) {
-    float ps[4 * LANES];
-    int64_t size_ilp = size / 4;
-    multi_row_sum(in, 4 * stride, stride, size_ilp, w, ps);
-    for (int64_t i = size_ilp * 4; i < size; i++)
-        for (int l = 0; l < w; l++) ps[l] += in[i * stride + l];
-    for (int k = 1; k < 4; k++)
-        for (int l = 0; l < w; l++) ps[l] += ps[k * w + l];
-    memcpy(out, ps, sizeof(float) * (size_t)w);
-}
+/* row_sum of `size` items of W floats, item i at in + i * stride; out: W */
+#define DEF_ROW_SUM(NAME, MRS, W)                                                                            \
+    static void NAME(const float *in, int64_t stride, int64_t size, float *out) {                            \
+        float ps[4][W];                                                                                      \
+        int64_t size_ilp = size / 4;                                                                         \
+        MRS(in, 4 * stride, stride, size_ilp, &ps[0][0]);                                                    \
+        for (int64_t i = size_ilp * 4; i < size; i++)                                                        \
+            for (int l = 0; l < W; l++) ps[0][l] += in[i * stride + l];                                      \
+        for (int k = 1; k < 4; k++)                                                                          \
+            for (int l = 0; l < W; l++) ps[0][l] += ps[k][l];                                                \
+        memcpy(out, ps[0], sizeof(float) * W);                                                               \
+    }
+DEF_ROW_SUM(row_sum_v, multi_row_sum_v, LANES)
+DEF_ROW_SUM(row_sum_s, multi_row_sum_s, 1)
 
 float sl_aten_row_sum(const float *p, int64_t n) {
     float r;
     if (n < LANES) {
-        row_sum(p, 1, n, 1, &r);
+        row_sum_s(p, 1, n, &r);
         return 0.0f + r;
     }
     float v[LANES];
     int64_t nv = n / LANES;
-    row_sum(p, LANES, nv, LANES, v);
+    row_sum_v(p, LANES, nv, v);
     r = 0;
     for (int64_t k = nv * LANES; k < n; k++) r += p[k];
     for (int l = 0; l < LANES; l++) r += v[l];
@@ -86,11 +91,11 @@ void sl_aten_col_sums(const float *p, int64_t R, int64_t C, int64_t ld, float *o
     float t[4 * LANES];
     if (C < LANES) { /* scalar_outer_sum: columns 4 at a time down the rows, then row_sum */
         for (; c + 4 <= C; c += 4) {
-            multi_row_sum(p + c, ld, 1, R, 1, t);
+            multi_row_sum_s(p + c, ld, 1, R, t);
             for (int k = 0; k < 4; k++) out[c + k] = 0.0f + t[k];
         }
         for (; c < C; c++) {
-            row_sum(p + c, ld, R, 1, t);
+            row_sum_s(p + c, ld, R, t);
             out[c] = 0.0f + t[0];
         }
         return;
@@ -100,15 +105,15 @@ void sl_aten_col_sums(const float *p, int64_t R, int64_t C, int64_t ld, float *o
 #pragma omp parallel for schedule(static) if (R * C >= 16384 && nb > 1)
     for (int64_t b = 0; b < nb; b++) {
         float tb[4 * LANES];
-        multi_row_sum(p + b * 4 * LANES, ld, LANES, R, LANES, tb);
+        multi_row_sum_v(p + b * 4 * LANES, ld, LANES, R, tb);
         for (int k = 0; k < 4 * LANES; k++) out[b * 4 * LANES + k] = 0.0f + tb[k];
     }
     for (c = nb * 4 * LANES; c + LANES <= C; c += LANES) {
-        row_sum(p + c, ld, R, LANES, t);
+        row_sum_v(p + c, ld, R, t);
         for (int k = 0; k < LANES; k++) out[c + k] = 0.0f + t[k];
     }
     for (; c < C; c++) {
-        row_sum(p + c, ld, R, 1, t);
+        row_sum_s(p + c, ld, R, t);
         out[c] = 0.0f + t[0];
     }
 }
