@@ -305,13 +305,14 @@ static void mutations(void) {
  * Measured on Zen 4 (vdpbf16ps, transformers 5.25): 0, every compared gradient bitwise, for all seven
  * but Mixtral's layer-0 q_proj, 0.010 (281 of 4,096 elements: its routed fp32 experts sum their dx in
  * another order than the dense form, which was bitwise: a few bf16 flips), and the MoE families' layer-1
- * post-attention norm weight (0.000: 55-61 of 64 elements an fp32 ulp apart; that norm's output gathers
- * the gradients of the router, the experts and the shared experts, whose order of summation here was not
- * traced). Qwen2-MoE was at 0.13-0.76 before its shared gate's half sigmoid backward and half mul (Note
- * [Half routing weights]); DeepSeek-V3 at 0.9-1.0 with an fp32 route (Note [DeepSeek-V3's router under
- * autocast]) and then 0.001-0.025 below its last layer until the RMSNorm kernels followed transformers'
- * formula and torch's summation order (Note [RMSNorm as transformers computes it] in
- * src/device/cpu/kernels/llama_ops.c). */
+ * post-attention norm weight (0.000: 55-61 of 64 elements an fp32 ulp apart: torch sums that norm output's
+ * gradient as ((shared gate_proj + shared up_proj) + experts) + router, and no order of its four parts
+ * gives suanli's weight gradient, so a part differs; the routed experts' fp32 dx is the candidate, whose
+ * GEMMs torch runs in MKL (grouped_mm's per-expert matmuls), each in its own order). Qwen2-MoE was at
+ * 0.13-0.76 before its shared gate's half sigmoid backward and half mul (Note [Half routing weights]);
+ * DeepSeek-V3 at 0.9-1.0 with an fp32 route (Note [DeepSeek-V3's router under autocast]) and then 0.001-0.025
+ * below its last layer until the RMSNorm kernels followed transformers' formula and torch's summation order
+ * (Note [RMSNorm as transformers computes it] in src/device/cpu/kernels/llama_ops.c). */
 static void autocast_grads(sl_model *m, sl_safetensors *rb16, const int32_t *ids, int T, const char *name) {
     m->moe.aux_coeff = m->moe.z_coeff = 0;
     sl_trainer tr;
