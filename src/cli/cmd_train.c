@@ -81,7 +81,8 @@ static int train_flags(sl_train_opts *o, const char **config, sl_flag *flags, in
         {"threads", SL_FLAG_INT, &o->threads, 0, 1024, "compute threads (default: OpenMP's)", 0},
         {"micro-batch-lanes", SL_FLAG_INT, &o->parallel.micro_batch_lanes, 1, 16,
          "split each micro-batch's rows over this many graphs run side by side, one thread each, "
-         "gradients added in lane order (small models on several cores; single process; 1)",
+         "gradients added in lane order (small models on several cores; also under data parallelism with "
+         "ZeRO-0/1; 1)",
          0},
         {"device", SL_FLAG_STR, &o->model.device, 0, 0,
          "backend the model's state and compute live on: cpu (default), opencl[:N], strict (test backend); "

@@ -824,6 +824,9 @@ static sl_status make_trainer(sl_train_job *j) {
             (sl_loss_scale_config){(float)o->optim.initial_loss_scale, (float)o->optim.min_loss_scale,
                                    (int)o->optim.loss_scale_window, (int)o->optim.hysteresis};
     if (sl_lanes_check(m, &tc) != SL_OK) return sl_train_bad("%s", sl_errmsg()); /* bad input: exit 2 */
+    if (tc.lanes > 1 && j->mesh.dp > 1 && o->parallel.zero_stage >= 2) /* Note [Micro-batch lanes] */
+        return sl_train_bad("--micro-batch-lanes %d: not supported with --zero-stage %d", tc.lanes,
+                            (int)o->parallel.zero_stage);
     sl_status st = sl_trainer_init(&j->tr, m, &tc);
     if (st != SL_OK) return sl_train_fail(st, "%s", sl_errmsg());
     j->trainer_ok = 1;

@@ -33,8 +33,13 @@
  * one thread the lanes run one after the other, with the same bits (the governor of Note [Threads on a
  * shared machine] may switch at any step), and the run is reproducible. Cost: one more gradient buffer
  * per extra lane (the parameters' size; the lane models share the parameters) and arenas planned for B / L
- * rows each. Single process only: data, tensor, pipeline and expert parallelism, MoE models and backends
- * whose memory the host cannot touch are refused at start (exit 2 naming the flag). */
+ * rows each. Under data parallelism (ZeRO-0 and ZeRO-1) each rank's lanes split its own micro-batch; the
+ * gradient buckets are reduced after the lanes' sum, all at the end of the backward (the executor hook that
+ * launches them during the one graph's backward would send gradients that lanes 1.. have not added yet),
+ * and ZeRO-1's parameter all-gathers are waited for before the lanes read the parameters. ZeRO-2 (gradient
+ * shards and slots) and ZeRO-3 (parameters gathered into the one graph bucket by bucket) follow the one
+ * graph's backward and are refused, as are tensor, pipeline and expert parallelism, MoE models and backends
+ * whose memory the host cannot touch (exit 2 naming the flag, before anything is written). */
 
 struct sl_trainer_lane {
     sl_model *m; /* lane 0: the trainer's model (borrowed); others: owned lane models */
@@ -54,8 +59,7 @@ sl_status sl_lanes_check(const sl_model *m, const sl_trainer_config *cfg) {
     if (cfg->B % L)
         return sl_fail(SL_ERR_INVALID, "--micro-batch-lanes %d does not divide --micro-batch-size %d", L,
                        cfg->B);
-    const char *why = cfg->dp_size > 1                 ? "data parallelism"
-                      : m->tp > 1                      ? "tensor parallelism"
+    const char *why = m->tp > 1                        ? "tensor parallelism"
                       : m->pp > 1                      ? "pipeline parallelism"
                       : m->ep > 1                      ? "expert parallelism"
                       : sl_model_is_moe(m)             ? "MoE models"

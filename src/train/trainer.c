@@ -335,11 +335,18 @@ static sl_status trainer_step(sl_trainer *tr, int64_t step, sl_batch_fn fn, void
         if (st == SL_OK) st = pipe_after_backward(tr, &l);
         tot = (double)l * tr->cfg.accum;
     }
+    if (tr->lane && tr->dp) { /* Note [Micro-batch lanes]: lanes read the gathered parameters, and their
+                                 gradients are reduced after the lanes' sum (sl_dp_finish_grads) */
+        if (sl_dp_zero_stage(tr->dp) >= 2)
+            return sl_fail(SL_ERR_INVALID, "--micro-batch-lanes %d: not supported with ZeRO-%d", tr->lanes,
+                           sl_dp_zero_stage(tr->dp));
+        st = sl_dp_sync_params(tr->dp);
+    }
     for (int micro = 0; micro < tr->cfg.accum && st == SL_OK && !tr->pipe; micro++) {
         st = fn(user, step, dp_rank * tr->cfg.accum + micro, tr->ids_buf, tr->tg_buf);
         if (st != SL_OK) break;
         float l;
-        if (tr->dp) sl_dp_arm(tr->dp, micro == tr->cfg.accum - 1);
+        if (tr->dp) sl_dp_arm(tr->dp, !tr->lane && micro == tr->cfg.accum - 1);
         sl_graph_set_grad_overwrite(tr->graph, overwrite && micro == 0);
         /* Note [Dropout from counters]: the global micro-batch counter keys this micro-batch's masks */
         uint64_t stream =
@@ -425,6 +432,7 @@ sl_status sl_trainer_eval(sl_trainer *tr, sl_batch_fn fn, void *user, int iters,
     }
     double tot = 0;
     size_t n = (size_t)tr->cfg.B * (size_t)tr->cfg.T;
+    if (tr->lane && tr->dp) SL_TRY(sl_dp_sync_params(tr->dp)); /* lanes read the gathered parameters */
     for (int it = 0; it < iters * accum; it++) {
         int i = it / accum, micro = micro0 + it % accum;
         SL_TRY(fn(user, i, micro, tr->ids_buf, tr->tg_buf));

@@ -2,6 +2,7 @@
  * run's losses (and the same run under mpirun); bad layouts and mismatched configs fail with a clear error on
  * every rank, no hang. */
 #include <string.h>
+#include <unistd.h>
 
 #include "suanli/base.h"
 #include "testutil.h"
@@ -66,6 +67,26 @@ int main(void) {
         double x = tu_metric_at(a, s, "loss"), y = tu_metric_at(b, s, "loss");
         TU_CHECK(x == y, "step %d: dp2 %.7f dp2 zero3 %.7f", s, x, y);
     }
+    /* micro-batch lanes under DP (Note [Micro-batch lanes]): each rank's 2 lanes of one row each, ZeRO-1; the
+     * loss at the DP bar of the single process (test_lanes holds the weights); ZeRO-2 refused by name with
+     * exit 2 on each rank (the launcher exits non-zero) before anything is written */
+    rc = run("%s run -n 2 -- %s train --data-path %s " TINY
+             " --zero-stage 1 --micro-batch-lanes 2 --save %s/lanes",
+             cli, cli, data, dir);
+    TU_CHECK(rc == 0, "dp2 with lanes: %s", out);
+    snprintf(a, sizeof a, "%s/single/metrics.jsonl", dir);
+    snprintf(b, sizeof b, "%s/lanes/metrics.jsonl", dir);
+    for (int s = 1; s <= 8; s++) {
+        double x = tu_metric_at(a, s, "loss"), y = tu_metric_at(b, s, "loss");
+        TU_CHECK(fabs(x - y) <= 1e-6 * fabs(x), "step %d: single %.7f dp2 with lanes %.7f", s, x, y);
+    }
+    rc = run("%s run -n 2 -- %s train --data-path %s " TINY
+             " --zero-stage 2 --micro-batch-lanes 2 --save %s/lanes_z2",
+             cli, cli, data, dir);
+    snprintf(a, sizeof a, "%s/lanes_z2", dir);
+    TU_CHECK(rc != 0 && strstr(out, "--micro-batch-lanes 2: not supported with --zero-stage 2") &&
+                 access(a, F_OK) != 0,
+             "lanes with ZeRO-2: rc %d %s", rc, out);
     /* bad layouts: clear error on every rank, exit non-zero, no hang */
     rc = run("%s run -n 2 -- %s train --data-path %s " TINY " --global-batch-size 6", cli, cli, data);
     TU_CHECK(rc != 0 && strstr(out, "[0]") && strstr(out, "[1]") && strstr(out, "data-parallel size 2"),
