@@ -471,28 +471,36 @@ static void test_moe(const char *dir) {
      * same bits: weights identical), fp16 steps 3.9e-6, val 7e-8; in the sanitizer build (other CPU code)
      * bf16 steps 6.2e-4, val 1.1e-4. Those are the Intel Xeon without AMX, whose CPU bf16 GEMM (the widened
      * path) sums products one by one as the OpenCL GEMM does; on Zen 4 the CPU's vdpbf16ps sums them in
-     * pairs, a rounding flip here and there: bf16 steps 7.95e-4 (2026-12-07), inside the same bar */
-    for (int h = 0; h < 2; h++) {
-        const char *flag = h ? "--fp16" : "--bf16";
-        double hl[2][8], hv[2];
-        for (int d = 0; d < 2; d++) {
-            snprintf(path, sizeof path, "%s/qwen2_moe_%s_%s", dir, flag + 2, d ? "opencl" : "cpu");
-            int rc = tu_runf(out, sizeof out, NOFB,
-                             "%s train --device %s %s --data-path %s/tok --init-from %s/qwen2_moe " MOE
-                             " --moe-aux-loss-coeff 0.01 --save %s",
-                             tu_cli(), d ? "opencl" : "cpu", flag, dir, dir, path);
-            TU_CHECK(rc == 0 && !strstr(out, FBW) && read_losses(path, hl[d], 8) == 4, "%s run %d: %s", flag,
-                     d, out);
-            hv[d] = tu_metric_at(strcat(path, "/metrics.jsonl"), 4, "val_loss");
+     * pairs, a rounding flip here and there: bf16 steps 7.95e-4 (2026-12-07), inside the same bar.
+     * DeepSeek-V3 under autocast routes through the half-ops route (Note [DeepSeek-V3's router under
+     * autocast], its OpenCL kernel). Its bf16 scores tie often once rounded, so a last-digit difference in
+     * a logit can change an expert: measured 2026-12-07 on Zen 4, opencl vs cpu bf16 steps 1.3e-3, val
+     * 7.3e-4; the CPU's own ISA paths against avx512 (the oracle's spread), avx2 steps 1.3e-3 / val 1.3e-3,
+     * scalar 1.6e-3 / 2.5e-3. So its bf16 val bar is one bf16 ulp (2^-8), as its steps'; fp16 5.1e-6. */
+    for (int mi = 0; mi < N_MOE_MODELS; mi++)
+        for (int h = 0; h < 2; h++) {
+            const char *flag = h ? "--fp16" : "--bf16";
+            double hl[2][8], hv[2];
+            for (int d = 0; d < 2; d++) {
+                snprintf(path, sizeof path, "%s/%s_%s_%s", dir, model[mi], flag + 2, d ? "opencl" : "cpu");
+                int rc = tu_runf(out, sizeof out, NOFB,
+                                 "%s train --device %s %s --data-path %s/tok --init-from %s/%s " MOE
+                                 " --moe-aux-loss-coeff 0.01 --save %s",
+                                 tu_cli(), d ? "opencl" : "cpu", flag, dir, dir, model[mi], path);
+                TU_CHECK(rc == 0 && !strstr(out, FBW) && read_losses(path, hl[d], 8) == 4, "%s %s run %d: %s",
+                         model[mi], flag, d, out);
+                hv[d] = tu_metric_at(strcat(path, "/metrics.jsonl"), 4, "val_loss");
+            }
+            double worst = 0;
+            for (int st = 0; st < 4; st++) worst = fmax(worst, fabs(hl[1][st] - hl[0][st]) / fabs(hl[0][st]));
+            printf("%s %s: opencl vs cpu, loss worst relative difference %.3g, val %.9g vs %.9g\n", model[mi],
+                   flag, worst, hv[1], hv[0]);
+            double bar = h ? 1e-4 : 0x1p-8; /* bf16: one bf16 ulp (the sanitizer build's CPU: 6.2e-4) */
+            double vbar = mi == 1 && !h ? 0x1p-8 : 1e-3;
+            TU_CHECK(worst <= bar && fabs(hv[1] - hv[0]) <= vbar * fabs(hv[0]),
+                     "%s %s on opencl: losses %.3g from cpu, val %.9g vs %.9g", model[mi], flag, worst, hv[1],
+                     hv[0]);
         }
-        double worst = 0;
-        for (int st = 0; st < 4; st++) worst = fmax(worst, fabs(hl[1][st] - hl[0][st]) / fabs(hl[0][st]));
-        printf("qwen2_moe %s: opencl vs cpu, loss worst relative difference %.3g, val %.9g vs %.9g\n", flag,
-               worst, hv[1], hv[0]);
-        double bar = h ? 1e-4 : 0x1p-8; /* bf16: one bf16 ulp (the sanitizer build's CPU: 6.2e-4) */
-        TU_CHECK(worst <= bar && fabs(hv[1] - hv[0]) <= 1e-3 * fabs(hv[0]),
-                 "qwen2_moe %s on opencl: losses %.3g from cpu, val %.9g vs %.9g", flag, worst, hv[1], hv[0]);
-    }
 }
 
 static void test_moe_bf16_ep(const char *dir) {
