@@ -99,6 +99,7 @@ static double grads0(const char *name, int llama, float batch_loss0) {
     TU_CHECK(loss == batch_loss0, "%s: the training graph's loss %.9g is the evaluation graph's %.9g", name,
              loss, batch_loss0);
     double sd = 0, sb = 0;
+    int64_t differ = 0, total = 0;
     for (int i = 0; i < m->n_params; i++) {
         char nb[128], nf[128];
         snprintf(nb, sizeof nb, "grad0_bf16.%s", m->params[i].t->name);
@@ -108,11 +109,14 @@ static double grads0(const char *name, int llama, float batch_loss0) {
         double d = mean_abs_diff(gs, ga, n), bar = *(const float *)need(nf)->data / (double)n;
         sd += d * (double)n;
         sb += bar * (double)n;
+        for (int64_t k = 0; k < n; k++) differ += gs[k] != ga[k];
+        total += n;
         if (getenv("SL_TEST_VERBOSE"))
             printf("%s step-0 grad %-40s mean |suanli-autocast| %.3g |fp32-autocast| %.3g (ratio %.3f)\n",
                    name, m->params[i].t->name, d, bar, d / bar);
     }
-    printf("%s step-0 gradients, all elements: ratio %.3f\n", name, sd / sb);
+    printf("%s step-0 gradients, all elements: ratio %.3f (%lld of %lld elements differ)\n", name, sd / sb,
+           (long long)differ, (long long)total);
     free(ids);
     free(tg);
     sl_trainer_free(&tr);
