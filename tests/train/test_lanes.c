@@ -54,6 +54,22 @@ static sl_status data(void *user, int64_t step, int micro, int32_t *ids, int32_t
     return SL_OK;
 }
 
+/* the runs' trainer: b rows per micro-batch, accum micro-batches per step and rank, dp ranks */
+static sl_trainer_config lanes_tc(int b, int accum, int lanes, int dp) {
+    return (sl_trainer_config){.B = b,
+                               .T = T,
+                               .accum = accum,
+                               .dp_size = dp,
+                               .lr = 3e-3f,
+                               .min_lr = 3e-4f,
+                               .clip = 1.0f,
+                               .warmup = 2,
+                               .decay_iters = STEPS,
+                               .hp = {0.9f, 0.95f, 1e-8f, 0.1f},
+                               .dropout_seed = 42,
+                               .lanes = lanes};
+}
+
 static void run(const run_spec *sp, run_out *r) {
     sl_model *m = NULL;
     TU_CHECK((sp->llama ? sl_llama_new(&LCFG, &m) : sl_gpt2_new(&CFG, &m)) == SL_OK, "model: %s",
@@ -61,17 +77,7 @@ static void run(const run_spec *sp, run_out *r) {
     sl_model_init_weights(m, 5);
     m->compute_dtype = sp->dt;
     m->attention_dropout = m->hidden_dropout = sp->no_dropout ? 0.0f : 0.2f;
-    sl_trainer_config tc = {.B = sp->b,
-                            .T = T,
-                            .accum = sp->accum,
-                            .lr = 3e-3f,
-                            .min_lr = 3e-4f,
-                            .clip = 1.0f,
-                            .warmup = 2,
-                            .decay_iters = STEPS,
-                            .hp = {0.9f, 0.95f, 1e-8f, 0.1f},
-                            .dropout_seed = 42,
-                            .lanes = sp->lanes};
+    sl_trainer_config tc = lanes_tc(sp->b, sp->accum, sp->lanes, 1);
     if (sp->dt == SL_F16) /* dynamic loss scaling from 2^16: every lane's seed carries the scale */
         tc.loss_scale =
             (sl_loss_scale_config){.initial = 65536.0f, .min_scale = 1.0f, .window = 4, .hysteresis = 2};
@@ -239,18 +245,7 @@ static void *dp_rank(void *arg) {
     tu_layout_spec s = {.world = j->world,
                         .gpt2 = &CFG,
                         .seed = 5,
-                        .tc = {.B = B,
-                               .T = T,
-                               .accum = j->accum,
-                               .dp_size = j->n,
-                               .lr = 3e-3f,
-                               .min_lr = 3e-4f,
-                               .clip = 1.0f,
-                               .warmup = 2,
-                               .decay_iters = STEPS,
-                               .hp = {0.9f, 0.95f, 1e-8f, 0.1f},
-                               .dropout_seed = 42,
-                               .lanes = j->lanes},
+                        .tc = lanes_tc(B, j->accum, j->lanes, j->n),
                         .dp = {.zero_stage = j->zero, .bucket_elems = 3000, .accum = j->accum},
                         .steps = STEPS,
                         .data = tu_layout_synth,
