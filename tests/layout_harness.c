@@ -101,6 +101,19 @@ sl_status tu_layout_run_rank(const tu_layout_spec *spec) {
     return st;
 }
 
+sl_trainer_config tu_layout_tc(int B, int T, int accum, int dp, int warmup, int steps) {
+    return (sl_trainer_config){.B = B,
+                               .T = T,
+                               .accum = accum,
+                               .dp_size = dp,
+                               .lr = 3e-3f,
+                               .min_lr = 3e-4f,
+                               .clip = 1.0f,
+                               .warmup = warmup,
+                               .decay_iters = steps,
+                               .hp = {0.9f, 0.95f, 1e-8f, 0.1f}};
+}
+
 sl_status tu_layout_synth(void *tokens, int64_t step, int micro, int32_t *ids, int32_t *tg) {
     const tu_layout_tokens *k = tokens;
     tu_synth_tokens(k->B, k->T, k->V, step, micro, ids, tg);

@@ -84,6 +84,11 @@ typedef struct {
 } tu_layout_tokens;
 sl_status tu_layout_synth(void *tokens, int64_t step, int micro, int32_t *ids, int32_t *tg);
 
+/* The layout tests' trainer: B rows of T per micro-batch, accum micro-batches per step and rank, dp ranks;
+ * AdamW (0.9, 0.95, eps 1e-8, weight decay 0.1), lr 3e-3 warming up over `warmup` steps and decaying to
+ * 3e-4 at step `steps`, gradients clipped at norm 1. The test adds what else it needs. */
+sl_trainer_config tu_layout_tc(int B, int T, int accum, int dp, int warmup, int steps);
+
 /* Runs one rank as the spec says; frees all it built but a model a hook kept. The first status other than
  * SL_OK (the mesh, the model, the trainer, DP, a step, a hook) ends the run and is returned. */
 sl_status tu_layout_run_rank(const tu_layout_spec *spec);

@@ -33,18 +33,7 @@ typedef struct {
     sl_status st;
 } rank_job;
 
-static sl_trainer_config tcfg(int accum, int dp) {
-    return (sl_trainer_config){.B = B,
-                               .T = T,
-                               .accum = accum,
-                               .dp_size = dp,
-                               .lr = 3e-3f,
-                               .min_lr = 3e-4f,
-                               .clip = 1.0f,
-                               .warmup = 3,
-                               .decay_iters = STEPS,
-                               .hp = {0.9f, 0.95f, 1e-8f, 0.1f}};
-}
+static sl_trainer_config tcfg(int accum, int dp) { return tu_layout_tc(B, T, accum, dp, 3, STEPS); }
 
 /* the per-rank bytes of each ZeRO stage, from the allocation sizes (before the first step) */
 static sl_status dp_memory(tu_layout_rank *R, void *u) {

@@ -56,18 +56,10 @@ static sl_status data(void *user, int64_t step, int micro, int32_t *ids, int32_t
 
 /* the runs' trainer: b rows per micro-batch, accum micro-batches per step and rank, dp ranks */
 static sl_trainer_config lanes_tc(int b, int accum, int lanes, int dp) {
-    return (sl_trainer_config){.B = b,
-                               .T = T,
-                               .accum = accum,
-                               .dp_size = dp,
-                               .lr = 3e-3f,
-                               .min_lr = 3e-4f,
-                               .clip = 1.0f,
-                               .warmup = 2,
-                               .decay_iters = STEPS,
-                               .hp = {0.9f, 0.95f, 1e-8f, 0.1f},
-                               .dropout_seed = 42,
-                               .lanes = lanes};
+    sl_trainer_config tc = tu_layout_tc(b, T, accum, dp, 2, STEPS);
+    tc.dropout_seed = 42;
+    tc.lanes = lanes;
+    return tc;
 }
 
 static void run(const run_spec *sp, run_out *r) {

@@ -49,18 +49,11 @@ typedef struct {
 /* the training of every run: two micro-batches per step, dropout drawn from seed 42; recompute / layers:
  * sl_graph_set_recompute's */
 static sl_trainer_config tcfg(int recompute, int layers) {
-    return (sl_trainer_config){.B = B,
-                               .T = T,
-                               .accum = 2,
-                               .lr = 3e-3f,
-                               .min_lr = 3e-4f,
-                               .clip = 1.0f,
-                               .warmup = 2,
-                               .decay_iters = STEPS,
-                               .hp = {0.9f, 0.95f, 1e-8f, 0.1f},
-                               .dropout_seed = 42,
-                               .recompute = recompute,
-                               .recompute_layers = layers};
+    sl_trainer_config tc = tu_layout_tc(B, T, 2, 0, 2, STEPS);
+    tc.dropout_seed = 42;
+    tc.recompute = recompute;
+    tc.recompute_layers = layers;
+    return tc;
 }
 
 static void run(int llama, sl_dtype dt, int recompute, int layers, run_out *r) {
