@@ -97,24 +97,40 @@ sl_status sl_k_rmsnorm_back_x(sl_tensor *n) {
     return bad ? sl_fail(SL_ERR_NOMEM, "rmsnorm_back: out of memory") : SL_OK;
 }
 
-/* dw = sum over the rows of g * (x * r), in ATen's order down the rows */
+/* dw = sum over the rows of g * (x * r), in ATen's order down the rows (Note [ATen's summation order]): each
+ * block of 32 columns, and each trailing column block, is summed from a per-thread R x 32 buffer of its
+ * products, with the order of its place in the whole row (trailing columns under 8 one at a time, as
+ * row_sum takes them, where C >= 8) */
 sl_status sl_k_rmsnorm_back_w(sl_tensor *n) {
     sl_tensor *f = n->src[0], *x = n->src[1], *g = n->src[2];
     int64_t C = x->ne[x->ndim - 1], R = rows_of(x), xs = row_stride(x), gs = row_stride(g);
     const float *rstd = (const float *)((const char *)f->data + sl_nbytes(f));
     const float *px = x->data, *pg = g->data;
-    float *dw = n->data, *prod = malloc(sizeof(float) * (size_t)(R * C > 0 ? R * C : 1));
-    if (!prod)
-        return sl_fail(SL_ERR_NOMEM, "rmsnorm_back_w: out of memory (%lld floats)", (long long)(R * C));
-#pragma omp parallel for schedule(static) if (PAR(R * C))
-    for (int64_t r = 0; r < R; r++) {
-        const float *xr = px + r * xs, *gr = pg + r * gs;
-        float rs = rstd[r];
-        for (int64_t c = 0; c < C; c++) prod[r * C + c] = gr[c] * (xr[c] * rs);
+    float *dw = n->data;
+    int64_t nb = (C + 31) / 32;
+    int bad = 0;
+#pragma omp parallel if (PAR(R * C) && nb > 1) reduction(| : bad)
+    {
+        float *buf = malloc(sizeof(float) * (size_t)(R > 0 ? R : 1) * 32);
+        bad = buf == NULL;
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < nb; b++) {
+            if (!buf) continue;
+            int64_t c0 = b * 32, w = C - c0 < 32 ? C - c0 : 32;
+            for (int64_t r = 0; r < R; r++) {
+                const float *xr = px + r * xs, *gr = pg + r * gs;
+                float rs = rstd[r];
+                for (int64_t c = 0; c < w; c++) buf[r * w + c] = gr[c0 + c] * (xr[c0 + c] * rs);
+            }
+            if (w >= 8 || C < 8) {
+                sl_aten_col_sums(buf, R, w, w, dw + c0);
+            } else { /* single trailing columns of a wider row: row_sum each (a width of 1 takes it) */
+                for (int64_t c = 0; c < w; c++) sl_aten_col_sums(buf + c, R, 1, w, dw + c0 + c);
+            }
+        }
+        free(buf);
     }
-    sl_aten_col_sums(prod, R, C, C, dw); /* column blocks in parallel: the same bits for any thread count */
-    free(prod);
-    return SL_OK;
+    return bad ? sl_fail(SL_ERR_NOMEM, "rmsnorm_back_w: out of memory") : SL_OK;
 }
 
 /* ---------------- RoPE ---------------- */
